@@ -1,0 +1,173 @@
+//! The one place for durable, atomic file writes: write to a temporary name in the destination
+//! directory, fsync the file, rename it over the final name, fsync the directory. A crash at any
+//! instant leaves either the old file or the new one under the final name, never a partial one.
+//!
+//! Temporary names start with [`TEMP_PREFIX`] so that cleanup tools can recognise strays.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Every temporary file made by this module starts with this prefix.
+pub const TEMP_PREFIX: &str = ".tmp-";
+
+/// Whether a file name is one of our temporaries (a stray after a crash).
+pub fn is_temp_name(name: &str) -> bool {
+    name.starts_with(TEMP_PREFIX)
+}
+
+/// A file being written under a temporary name beside its final path. Dropping it without
+/// [`AtomicFile::commit`] removes the temporary.
+pub struct AtomicFile {
+    file: Option<File>,
+    temp: PathBuf,
+    dest: PathBuf,
+    committed: bool,
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn temp_path_for(dest: &Path) -> io::Result<PathBuf> {
+    let dir = parent_dir(dest);
+    let name = dest
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "destination has no file name"))?
+        .to_string_lossy();
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    Ok(dir.join(format!("{TEMP_PREFIX}{}-{n}-{name}", std::process::id())))
+}
+
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+impl AtomicFile {
+    /// Create a temporary file beside `dest`.
+    pub fn create(dest: impl AsRef<Path>) -> io::Result<Self> {
+        let dest = dest.as_ref().to_path_buf();
+        let temp = temp_path_for(&dest)?;
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)?;
+        Ok(Self {
+            file: Some(file),
+            temp,
+            dest,
+            committed: false,
+        })
+    }
+
+    pub fn dest(&self) -> &Path {
+        &self.dest
+    }
+
+    pub fn temp_path(&self) -> &Path {
+        &self.temp
+    }
+
+    /// The open temporary file. Panics after [`AtomicFile::sync`].
+    pub fn file(&mut self) -> &mut File {
+        self.file
+            .as_mut()
+            .expect("file is open until sync or commit")
+    }
+
+    /// fsync the data and close the file, but keep it under its temporary name. Lets many files
+    /// be made durable first and renamed into place together later.
+    pub fn sync(&mut self) -> io::Result<()> {
+        if let Some(file) = self.file.take() {
+            file.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// fsync the data (unless [`AtomicFile::sync`] did) and rename it over the final name. The
+    /// directory is not synced here so that many files can share one directory sync; call
+    /// [`sync_dir`] afterwards (or use [`AtomicFile::commit_and_sync_dir`]).
+    pub fn commit(mut self) -> io::Result<PathBuf> {
+        self.sync()?;
+        fs::rename(&self.temp, &self.dest)?;
+        self.committed = true;
+        Ok(std::mem::take(&mut self.dest))
+    }
+
+    /// [`AtomicFile::commit`], then fsync the directory so the rename itself is durable.
+    pub fn commit_and_sync_dir(self) -> io::Result<PathBuf> {
+        let dest = self.commit()?;
+        sync_dir(parent_dir(&dest))?;
+        Ok(dest)
+    }
+}
+
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file().write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file().flush()
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.file = None;
+            let _ = fs::remove_file(&self.temp);
+        }
+    }
+}
+
+/// Write `data` to `dest` atomically and durably (file and directory fsynced).
+pub fn write_atomic(dest: impl AsRef<Path>, data: &[u8]) -> io::Result<()> {
+    let mut f = AtomicFile::create(dest)?;
+    f.write_all(data)?;
+    f.commit_and_sync_dir()?;
+    Ok(())
+}
+
+/// fsync a directory so that renames and removals in it survive a power cut.
+pub fn sync_dir(dir: impl AsRef<Path>) -> io::Result<()> {
+    File::open(dir.as_ref())?.sync_all()
+}
+
+/// Remove a file if it exists; a missing file is not an error.
+pub fn remove_if_exists(path: impl AsRef<Path>) -> io::Result<bool> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropped_atomic_file_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("x.bin");
+        {
+            let mut f = AtomicFile::create(&dest).unwrap();
+            f.write_all(b"partial").unwrap();
+        }
+        assert!(!dest.exists());
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn write_atomic_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("x");
+        write_atomic(&dest, b"one").unwrap();
+        write_atomic(&dest, b"two").unwrap();
+        assert_eq!(fs::read(&dest).unwrap(), b"two");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}

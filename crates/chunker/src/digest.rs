@@ -1,0 +1,142 @@
+//! The SHA-256 digest newtype and streaming hashing helpers.
+
+use std::fmt;
+use std::io::{self, Read};
+use std::path::Path;
+use std::str::FromStr;
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, IoContext};
+
+/// Size of the buffers used for every streaming read in this workspace.
+pub const IO_BUFFER_SIZE: usize = 1 << 20;
+
+/// A SHA-256 digest. It can only be built from 32 bytes or from exactly 64 lowercase hex digits,
+/// which is the form every StarPilot manifest and `.sha256` sidecar uses.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Sha256Digest([u8; 32]);
+
+/// Why a string is not a [`Sha256Digest`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not 64 lowercase hex digits")]
+pub struct InvalidDigest;
+
+impl Sha256Digest {
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The 64 lowercase hex digits.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Digest of an in-memory byte string (small inputs only: tests, sidecars).
+    pub fn of_bytes(data: &[u8]) -> Self {
+        Self(Sha256::digest(data).into())
+    }
+
+    /// Digest of everything `reader` yields, streamed through a bounded buffer.
+    /// Returns the digest and the number of bytes read.
+    pub fn of_reader(mut reader: impl Read) -> io::Result<(Self, u64)> {
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; IO_BUFFER_SIZE];
+        let mut total = 0u64;
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            hasher.update(&buf[..n]);
+            total += n as u64;
+        }
+        Ok((Self(hasher.finalize().into()), total))
+    }
+
+    /// Digest and size of a file on disk, streamed.
+    pub fn of_file(path: &Path) -> Result<(Self, u64), Error> {
+        let file = std::fs::File::open(path).ctx(path)?;
+        Self::of_reader(file).ctx(path)
+    }
+}
+
+impl FromStr for Sha256Digest {
+    type Err = InvalidDigest;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.len() != 64 || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return Err(InvalidDigest);
+        }
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).map_err(|_| InvalidDigest)?;
+        Ok(Self(out))
+    }
+}
+
+impl fmt::Display for Sha256Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for Sha256Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Sha256Digest({})", self.to_hex())
+    }
+}
+
+impl serde::Serialize for Sha256Digest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Sha256Digest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse()
+            .map_err(|_| serde::de::Error::custom(format!("{s:?} is not 64 lowercase hex digits")))
+    }
+}
+
+/// A running SHA-256 that can be fed piece by piece; a thin wrapper so callers need not depend on
+/// `sha2` themselves.
+#[derive(Clone, Default)]
+pub struct Hasher(Sha256);
+
+impl Hasher {
+    pub fn new() -> Self {
+        Self(Sha256::new())
+    }
+
+    pub fn update(&mut self, data: &[u8]) {
+        self.0.update(data);
+    }
+
+    pub fn finish(self) -> Sha256Digest {
+        Sha256Digest(self.0.finalize().into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_only_lowercase_hex() {
+        let good = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+        assert_eq!(good.parse::<Sha256Digest>().unwrap().to_hex(), good);
+        assert_eq!(Sha256Digest::of_bytes(b"").to_hex(), good);
+        assert!(good.to_uppercase().parse::<Sha256Digest>().is_err());
+        assert!(good[..63].parse::<Sha256Digest>().is_err());
+        assert!(format!("{good}0").parse::<Sha256Digest>().is_err());
+        assert!("g".repeat(64).parse::<Sha256Digest>().is_err());
+    }
+}

@@ -1,0 +1,99 @@
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::Sha256Digest;
+
+/// Everything that can go wrong while splitting, reading, joining or verifying a chunk set.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("{path}: not found (no plain file, no complete chunk set, no legacy parts)")]
+    NotFound { path: PathBuf },
+
+    #[error("chunk {index} of {count} is missing: {path}")]
+    MissingChunk {
+        index: u32,
+        count: u32,
+        path: PathBuf,
+    },
+
+    #[error("malformed chunk manifest {path}: content {content:?} is not a chunk count in 1..=99")]
+    MalformedChunkManifest { path: PathBuf, content: String },
+
+    #[error(
+        "malformed SHA-256 sidecar {path}: content {content:?} does not start with 64 lowercase hex digits"
+    )]
+    MalformedSidecar { path: PathBuf, content: String },
+
+    #[error("chunk count mismatch for {name}: expected {expected}, found {actual}")]
+    CountMismatch {
+        name: String,
+        expected: u32,
+        actual: u32,
+    },
+
+    #[error("size mismatch for {what}: expected {expected} bytes, found {actual}")]
+    SizeMismatch {
+        what: String,
+        expected: u64,
+        actual: u64,
+    },
+
+    #[error("SHA-256 mismatch for {what}: expected {expected}, actual {actual}")]
+    DigestMismatch {
+        what: String,
+        expected: Sha256Digest,
+        actual: Sha256Digest,
+    },
+
+    #[error(
+        "{name}: {size} bytes need {needed} chunks of {chunk_size} bytes, more than the limit of {max}; use a larger --chunk-size"
+    )]
+    TooManyChunks {
+        name: String,
+        size: u64,
+        chunk_size: u64,
+        needed: u64,
+        max: u32,
+    },
+
+    #[error("{name}: the input is empty; an artifact must have at least one byte")]
+    EmptyInput { name: String },
+
+    #[error("chunk size must be at least 1 byte")]
+    ZeroChunkSize,
+
+    #[error("{name:?} is not a valid artifact file name (it must be a bare file name)")]
+    InvalidName { name: String },
+
+    #[error(
+        "{path}: the input changed while it was being read (expected {expected} bytes, read {actual})"
+    )]
+    InputChanged {
+        path: PathBuf,
+        expected: u64,
+        actual: u64,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Attach the path an I/O error happened on.
+pub(crate) trait IoContext<T> {
+    fn ctx(self, path: &Path) -> Result<T>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn ctx(self, path: &Path) -> Result<T> {
+        self.map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}

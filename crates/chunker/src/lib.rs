@@ -1,0 +1,195 @@
+//! The StarPilot chunk-set format (SPEC.md section 3): how a logical artifact such as
+//! `pop223_driving_tinygrad.pkl` is published as `NAME.chunkNNofMM` files plus a
+//! `NAME.chunkmanifest` and a `NAME.sha256` sidecar, and how legacy `NAME.pNN` parts are read.
+//!
+//! It offers a streaming split (one pass, bounded memory, every output fsynced and renamed into
+//! place, the chunk manifest last), a `Read + Seek` reader over whatever form is present, join,
+//! and verification with typed errors that name the first bad chunk.
+//!
+//! It does not know about manifests, model IDs or stores; those live in the `manifest` and
+//! `artifact-store` crates. It never holds a whole artifact in memory.
+
+pub mod atomic;
+mod digest;
+mod error;
+mod read;
+mod split;
+mod verify;
+
+pub use digest::{Hasher, IO_BUFFER_SIZE, InvalidDigest, Sha256Digest};
+pub use error::{Error, Result};
+pub use read::{ArtifactReader, Resolved, join, open, resolve};
+pub use split::{ChunkInfo, SplitOptions, SplitReport, split_file, split_reader};
+pub use verify::{Expected, VerifiedChunk, VerifyReport, verify};
+
+use std::path::Path;
+
+/// 45 MiB: every chunk stays under GitHub's 50 MB warning.
+pub const DEFAULT_CHUNK_SIZE: u64 = 45 * 1024 * 1024;
+
+/// Chunk indices and counts are written with two digits, so a set has at most 99 chunks.
+pub const MAX_CHUNKS: u32 = 99;
+
+/// Legacy multipart sets had at most 100 parts (`.p00` ..= `.p99`).
+pub const MAX_LEGACY_PARTS: u32 = 100;
+
+/// The legacy writer's part size (95 MiB). Only informative: readers take parts as they are.
+pub const LEGACY_PART_SIZE: u64 = 95 * 1024 * 1024;
+
+/// `NAME.chunkNNofMM`, 1-based `index`.
+pub fn chunk_name(name: &str, index: u32, count: u32) -> String {
+    format!("{name}.chunk{index:02}of{count:02}")
+}
+
+/// `NAME.chunkmanifest`.
+pub fn chunk_manifest_name(name: &str) -> String {
+    format!("{name}.chunkmanifest")
+}
+
+/// `NAME.sha256`.
+pub fn sidecar_name(name: &str) -> String {
+    format!("{name}.sha256")
+}
+
+/// `NAME.pNN`, 0-based `index` (legacy multipart).
+pub fn legacy_part_name(name: &str, index: u32) -> String {
+    format!("{name}.p{index:02}")
+}
+
+/// The content of a `.chunkmanifest`: the decimal count, no newline.
+pub fn format_chunk_manifest(count: u32) -> String {
+    count.to_string()
+}
+
+/// Parse a `.chunkmanifest` body. Whitespace around the number is accepted (readers strip it),
+/// anything else, and any count outside 1..=99, is an error quoting the content.
+pub fn parse_chunk_manifest(content: &[u8], path: &Path) -> Result<u32> {
+    let malformed = || Error::MalformedChunkManifest {
+        path: path.to_path_buf(),
+        content: String::from_utf8_lossy(&content[..content.len().min(64)]).into_owned(),
+    };
+    let text = std::str::from_utf8(content)
+        .map_err(|_| malformed())?
+        .trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) || text.len() > 3 {
+        return Err(malformed());
+    }
+    match text.parse::<u32>() {
+        Ok(n) if (1..=MAX_CHUNKS).contains(&n) => Ok(n),
+        _ => Err(malformed()),
+    }
+}
+
+/// The content of a `.sha256` sidecar: `<64 hex>  NAME\n`.
+pub fn format_sidecar(digest: &Sha256Digest, name: &str) -> String {
+    format!("{digest}  {name}\n")
+}
+
+/// Parse a `.sha256` sidecar: its first whitespace-separated token must be 64 lowercase hex.
+pub fn parse_sidecar(content: &[u8], path: &Path) -> Result<Sha256Digest> {
+    let malformed = || Error::MalformedSidecar {
+        path: path.to_path_buf(),
+        content: String::from_utf8_lossy(&content[..content.len().min(128)]).into_owned(),
+    };
+    let text = std::str::from_utf8(content).map_err(|_| malformed())?;
+    text.split_whitespace()
+        .next()
+        .and_then(|tok| tok.parse().ok())
+        .ok_or_else(malformed)
+}
+
+/// Parse a chunk file name of the logical artifact `name`: `Some((index, count))` for
+/// `NAME.chunkNNofMM`, else `None`.
+pub fn parse_chunk_name(name: &str, file_name: &str) -> Option<(u32, u32)> {
+    let rest = file_name.strip_prefix(name)?.strip_prefix(".chunk")?;
+    let (idx, count) = rest.split_once("of")?;
+    if idx.len() != 2 || count.len() != 2 {
+        return None;
+    }
+    if !idx.bytes().chain(count.bytes()).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((idx.parse().ok()?, count.parse().ok()?))
+}
+
+/// Number of chunks a `size`-byte artifact splits into.
+pub fn chunk_count_for(size: u64, chunk_size: u64) -> u64 {
+    size.div_ceil(chunk_size)
+}
+
+/// The logical name must be a bare file name: no separators, not `.`/`..`, not empty.
+pub(crate) fn check_name(name: &str) -> Result<()> {
+    let bad = name.is_empty()
+        || name == "."
+        || name == ".."
+        || name.contains('/')
+        || name.contains('\\')
+        || name.contains('\0');
+    if bad {
+        return Err(Error::InvalidName {
+            name: name.to_string(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_match_the_fleet() {
+        let n = "pop223_driving_tinygrad.pkl";
+        assert_eq!(
+            chunk_name(n, 1, 2),
+            "pop223_driving_tinygrad.pkl.chunk01of02"
+        );
+        assert_eq!(
+            chunk_name(n, 12, 99),
+            "pop223_driving_tinygrad.pkl.chunk12of99"
+        );
+        assert_eq!(
+            chunk_manifest_name(n),
+            "pop223_driving_tinygrad.pkl.chunkmanifest"
+        );
+        assert_eq!(sidecar_name(n), "pop223_driving_tinygrad.pkl.sha256");
+        assert_eq!(legacy_part_name(n, 0), "pop223_driving_tinygrad.pkl.p00");
+        assert_eq!(format_chunk_manifest(2), "2");
+        assert_eq!(parse_chunk_name(n, &chunk_name(n, 3, 7)), Some((3, 7)));
+        assert_eq!(parse_chunk_name(n, "other.chunk01of02"), None);
+        assert_eq!(parse_chunk_name(n, &format!("{n}.chunk1of2")), None);
+    }
+
+    #[test]
+    fn chunk_manifest_parsing() {
+        let p = Path::new("x.chunkmanifest");
+        assert_eq!(parse_chunk_manifest(b"2", p).unwrap(), 2);
+        assert_eq!(parse_chunk_manifest(b" 12\n", p).unwrap(), 12);
+        for bad in [
+            &b""[..],
+            b"0",
+            b"100",
+            b"two",
+            b"-1",
+            b"1.0",
+            b"\xff",
+            b"1 2",
+        ] {
+            match parse_chunk_manifest(bad, p) {
+                Err(Error::MalformedChunkManifest { content, .. }) => {
+                    assert_eq!(content, String::from_utf8_lossy(bad))
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn sidecar_round_trip() {
+        let d = Sha256Digest::of_bytes(b"abc");
+        let text = format_sidecar(&d, "a.pkl");
+        assert_eq!(text, format!("{}  a.pkl\n", d.to_hex()));
+        assert_eq!(parse_sidecar(text.as_bytes(), Path::new("s")).unwrap(), d);
+        assert!(parse_sidecar(b"nothex  a.pkl\n", Path::new("s")).is_err());
+    }
+}

@@ -1,0 +1,344 @@
+//! Finding and reading a logical artifact in whatever form is on disk.
+//!
+//! Resolution follows SPEC.md section 3: a plain file `NAME` wins; otherwise a `.chunkmanifest`
+//! whose chunks are all present; otherwise legacy `.pNN` parts with their `.sha256` sidecar. A
+//! chunk manifest with a missing chunk means "not present" to [`resolve`], and a
+//! [`Error::MissingChunk`] to the strict entry points ([`open`], [`join`], [`crate::verify`]).
+
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use crate::atomic::AtomicFile;
+use crate::error::{Error, IoContext, Result};
+use crate::{
+    Hasher, IO_BUFFER_SIZE, MAX_LEGACY_PARTS, Sha256Digest, chunk_manifest_name, chunk_name,
+    legacy_part_name, parse_chunk_manifest, parse_sidecar, sidecar_name,
+};
+
+/// A logical artifact found on disk, with the size of every piece at the time it was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// One plain file.
+    Plain { path: PathBuf, size: u64 },
+    /// A native chunk set; `pieces` are the chunks in order.
+    Chunked {
+        manifest: PathBuf,
+        pieces: Vec<(PathBuf, u64)>,
+    },
+    /// Legacy `.pNN` parts in order, with the digest from their `.sha256` sidecar.
+    Legacy {
+        sidecar: PathBuf,
+        digest: Sha256Digest,
+        pieces: Vec<(PathBuf, u64)>,
+    },
+}
+
+impl Resolved {
+    /// The files to concatenate, in order, with their sizes.
+    pub fn pieces(&self) -> Vec<(PathBuf, u64)> {
+        match self {
+            Resolved::Plain { path, size } => vec![(path.clone(), *size)],
+            Resolved::Chunked { pieces, .. } | Resolved::Legacy { pieces, .. } => pieces.clone(),
+        }
+    }
+
+    pub fn size(&self) -> u64 {
+        match self {
+            Resolved::Plain { size, .. } => *size,
+            Resolved::Chunked { pieces, .. } | Resolved::Legacy { pieces, .. } => {
+                pieces.iter().map(|(_, s)| s).sum()
+            }
+        }
+    }
+
+    /// The manifest's `artifact_chunk_count` for this form: 0 for one plain file.
+    pub fn chunk_count(&self) -> u32 {
+        match self {
+            Resolved::Plain { .. } => 0,
+            Resolved::Chunked { pieces, .. } | Resolved::Legacy { pieces, .. } => {
+                pieces.len() as u32
+            }
+        }
+    }
+
+    /// `plain`, `chunked` or `legacy`.
+    pub fn form(&self) -> &'static str {
+        match self {
+            Resolved::Plain { .. } => "plain",
+            Resolved::Chunked { .. } => "chunked",
+            Resolved::Legacy { .. } => "legacy",
+        }
+    }
+}
+
+/// What is on disk for a logical name, before the "incomplete means absent" rule is applied.
+pub(crate) enum Found {
+    Present(Resolved),
+    MissingChunk {
+        index: u32,
+        count: u32,
+        path: PathBuf,
+    },
+    Absent,
+}
+
+fn split_logical(logical: &Path) -> Result<(&Path, String)> {
+    let name = logical
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| Error::InvalidName {
+            name: logical.display().to_string(),
+        })?;
+    let dir = match logical.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Ok((dir, name))
+}
+
+fn file_size(path: &Path) -> Result<Option<u64>> {
+    match fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(Some(m.len())),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+    }
+}
+
+pub(crate) fn inspect(logical: &Path) -> Result<Found> {
+    let (dir, name) = split_logical(logical)?;
+    if let Some(size) = file_size(logical)? {
+        return Ok(Found::Present(Resolved::Plain {
+            path: logical.to_path_buf(),
+            size,
+        }));
+    }
+    let manifest = dir.join(chunk_manifest_name(&name));
+    if file_size(&manifest)?.is_some() {
+        let content = read_small(&manifest)?;
+        let count = parse_chunk_manifest(&content, &manifest)?;
+        let mut pieces = Vec::with_capacity(count as usize);
+        for index in 1..=count {
+            let path = dir.join(chunk_name(&name, index, count));
+            match file_size(&path)? {
+                Some(size) => pieces.push((path, size)),
+                None => return Ok(Found::MissingChunk { index, count, path }),
+            }
+        }
+        return Ok(Found::Present(Resolved::Chunked { manifest, pieces }));
+    }
+    let first = dir.join(legacy_part_name(&name, 0));
+    let sidecar = dir.join(sidecar_name(&name));
+    if file_size(&first)?.is_some() && file_size(&sidecar)?.is_some() {
+        let digest = parse_sidecar(&read_small(&sidecar)?, &sidecar)?;
+        let mut pieces = Vec::new();
+        for index in 0..MAX_LEGACY_PARTS {
+            let path = dir.join(legacy_part_name(&name, index));
+            match file_size(&path)? {
+                Some(size) => pieces.push((path, size)),
+                None => break,
+            }
+        }
+        return Ok(Found::Present(Resolved::Legacy {
+            sidecar,
+            digest,
+            pieces,
+        }));
+    }
+    Ok(Found::Absent)
+}
+
+/// Read a sidecar or chunk manifest, refusing anything larger than a sidecar could be.
+fn read_small(path: &Path) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    File::open(path)
+        .ctx(path)?
+        .take(4096)
+        .read_to_end(&mut buf)
+        .ctx(path)?;
+    Ok(buf)
+}
+
+/// Find the logical artifact at `logical` (e.g. `models/pop223_driving_tinygrad.pkl`).
+/// `Ok(None)` when nothing complete is there; an error only for I/O failures and malformed
+/// chunk manifests or sidecars.
+pub fn resolve(logical: &Path) -> Result<Option<Resolved>> {
+    Ok(match inspect(logical)? {
+        Found::Present(r) => Some(r),
+        Found::MissingChunk { .. } | Found::Absent => None,
+    })
+}
+
+/// Like [`resolve`], but a missing chunk or a missing artifact is an error saying which.
+pub(crate) fn resolve_strict(logical: &Path) -> Result<Resolved> {
+    match inspect(logical)? {
+        Found::Present(r) => Ok(r),
+        Found::MissingChunk { index, count, path } => {
+            Err(Error::MissingChunk { index, count, path })
+        }
+        Found::Absent => Err(Error::NotFound {
+            path: logical.to_path_buf(),
+        }),
+    }
+}
+
+/// Open the logical artifact for streaming reads, in whatever form it is present.
+pub fn open(logical: &Path) -> Result<ArtifactReader> {
+    Ok(ArtifactReader::new(resolve_strict(logical)?.pieces()))
+}
+
+/// A `Read + Seek` view of several files as one, opening one file at a time. Sizes are those
+/// recorded when the artifact was resolved; a piece that turns out shorter is an error naming it,
+/// and bytes past a piece's recorded size are never read.
+pub struct ArtifactReader {
+    pieces: Vec<(PathBuf, u64)>,
+    starts: Vec<u64>,
+    total: u64,
+    pos: u64,
+    /// The open piece, and the offset within it that the file cursor is at.
+    current: Option<(usize, File, u64)>,
+}
+
+impl ArtifactReader {
+    pub fn new(pieces: Vec<(PathBuf, u64)>) -> Self {
+        let mut starts = Vec::with_capacity(pieces.len());
+        let mut total = 0;
+        for (_, size) in &pieces {
+            starts.push(total);
+            total += size;
+        }
+        Self {
+            pieces,
+            starts,
+            total,
+            pos: 0,
+            current: None,
+        }
+    }
+
+    /// Total size of the logical artifact.
+    pub fn len(&self) -> u64 {
+        self.total
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Index of the piece holding the byte at `pos` (which must be < total).
+    fn piece_at(&self, pos: u64) -> usize {
+        match self.starts.binary_search(&pos) {
+            Ok(mut i) => {
+                // Skip empty pieces that start at the same offset.
+                while self.pieces[i].1 == 0 {
+                    i += 1;
+                }
+                i
+            }
+            Err(i) => i - 1,
+        }
+    }
+}
+
+impl Read for ArtifactReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.pos >= self.total || buf.is_empty() {
+            return Ok(0);
+        }
+        let idx = self.piece_at(self.pos);
+        let (path, size) = &self.pieces[idx];
+        let offset = self.pos - self.starts[idx];
+        let reopen = !matches!(&self.current, Some((i, _, o)) if *i == idx && *o == offset);
+        if reopen {
+            let mut f = File::open(path)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+            if offset > 0 {
+                f.seek(SeekFrom::Start(offset))?;
+            }
+            self.current = Some((idx, f, offset));
+        }
+        let (_, file, cursor) = self.current.as_mut().expect("opened above");
+        let want = (size - offset).min(buf.len() as u64) as usize;
+        let n = loop {
+            match file.read(&mut buf[..want]) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => break other?,
+            }
+        };
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: truncated (expected {size} bytes, ended at {offset})",
+                    path.display()
+                ),
+            ));
+        }
+        *cursor += n as u64;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for ArtifactReader {
+    fn seek(&mut self, from: SeekFrom) -> io::Result<u64> {
+        let target = match from {
+            SeekFrom::Start(p) => Some(p),
+            SeekFrom::End(d) => self.total.checked_add_signed(d),
+            SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        };
+        let target = target.ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "seek before start of artifact")
+        })?;
+        self.pos = target;
+        Ok(target)
+    }
+}
+
+/// Join the logical artifact at `logical` into the plain file `output`, atomically and durably.
+/// Returns its digest and size. Where a `.sha256` sidecar is present (always for legacy parts),
+/// the joined bytes must match it, or nothing is written.
+pub fn join(logical: &Path, output: &Path) -> Result<(Sha256Digest, u64)> {
+    let resolved = resolve_strict(logical)?;
+    let expected = match &resolved {
+        Resolved::Legacy { digest, .. } => Some(*digest),
+        _ => {
+            let (dir, name) = split_logical(logical)?;
+            let sidecar = dir.join(sidecar_name(&name));
+            match file_size(&sidecar)? {
+                Some(_) => Some(parse_sidecar(&read_small(&sidecar)?, &sidecar)?),
+                None => None,
+            }
+        }
+    };
+    let mut reader = ArtifactReader::new(resolved.pieces());
+    let mut out = AtomicFile::create(output).ctx(output)?;
+    let mut hasher = Hasher::new();
+    let mut buf = vec![0u8; IO_BUFFER_SIZE];
+    let mut total = 0u64;
+    loop {
+        let n = reader.read(&mut buf).ctx(logical)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n]).ctx(output)?;
+        total += n as u64;
+    }
+    let digest = hasher.finish();
+    if let Some(expected) = expected
+        && expected != digest
+    {
+        return Err(Error::DigestMismatch {
+            what: logical.display().to_string(),
+            expected,
+            actual: digest,
+        });
+    }
+    out.commit_and_sync_dir().ctx(output)?;
+    Ok((digest, total))
+}

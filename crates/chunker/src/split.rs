@@ -1,0 +1,360 @@
+//! Streaming split of one artifact into a chunk set.
+//!
+//! One pass over the input, three threads: the reader hashes the whole artifact, the writer hashes
+//! each chunk and writes it to a temporary file, and the syncer fsyncs finished chunks while the
+//! next ones are written. Hashing twice costs two cores' worth of SHA-256 at most, and fsync runs
+//! beside it, so the split is bounded by the slower of hashing and durable writing rather than by
+//! their sum. Memory is a small fixed pool of buffers whatever the artifact size.
+//!
+//! Nothing appears under a final name until every chunk is durable: then the old chunk manifest
+//! (if any) is removed, the chunks are renamed into place, the `.sha256` sidecar is written, and the
+//! `.chunkmanifest` is written last. A crash at any point leaves either the previous complete set
+//! or something that readers treat as "not present".
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::thread;
+
+use serde::Serialize;
+
+use crate::atomic::{self, AtomicFile};
+use crate::error::{Error, IoContext, Result};
+use crate::{
+    DEFAULT_CHUNK_SIZE, Hasher, IO_BUFFER_SIZE, MAX_CHUNKS, Sha256Digest, check_name,
+    chunk_count_for, chunk_manifest_name, chunk_name, format_chunk_manifest, format_sidecar,
+    parse_chunk_name, sidecar_name,
+};
+
+/// Buffers in flight between the reader and the writer: bounds memory to this many
+/// [`IO_BUFFER_SIZE`] buffers.
+const BUFFERS_IN_FLIGHT: usize = 8;
+
+/// How to split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitOptions {
+    /// Bytes per chunk; every chunk but the last has exactly this size.
+    pub chunk_size: u64,
+}
+
+impl Default for SplitOptions {
+    fn default() -> Self {
+        Self {
+            chunk_size: DEFAULT_CHUNK_SIZE,
+        }
+    }
+}
+
+/// One written chunk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChunkInfo {
+    pub name: String,
+    pub size: u64,
+    pub sha256: Sha256Digest,
+}
+
+/// What a split produced. Serializes to the `release-cli chunk split --json` shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SplitReport {
+    pub name: String,
+    pub size: u64,
+    pub sha256: Sha256Digest,
+    pub chunk_count: u32,
+    pub chunks: Vec<ChunkInfo>,
+}
+
+/// Split the file `src` into a chunk set named after it in `out_dir`.
+///
+/// The source file itself is left untouched. If `out_dir` is the source's directory, the plain
+/// file keeps winning over the chunk set for readers (SPEC.md section 3) until it is removed.
+pub fn split_file(src: &Path, out_dir: &Path, opts: &SplitOptions) -> Result<SplitReport> {
+    let name = src
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| Error::InvalidName {
+            name: src.display().to_string(),
+        })?;
+    let file = fs::File::open(src).ctx(src)?;
+    let size = file.metadata().ctx(src)?.len();
+    split_reader(file, size, &name, out_dir, opts).map_err(|e| match e {
+        Error::InputChanged {
+            expected, actual, ..
+        } => Error::InputChanged {
+            path: src.to_path_buf(),
+            expected,
+            actual,
+        },
+        other => other,
+    })
+}
+
+/// Split exactly `size` bytes from `reader` into the chunk set `name` in `out_dir`.
+/// The size must be known up front because every chunk name carries the count.
+pub fn split_reader<R: Read>(
+    mut reader: R,
+    size: u64,
+    name: &str,
+    out_dir: &Path,
+    opts: &SplitOptions,
+) -> Result<SplitReport> {
+    check_name(name)?;
+    let count = planned_count(name, size, opts.chunk_size)?;
+
+    let (full_tx, full_rx) = sync_channel::<(Vec<u8>, usize)>(BUFFERS_IN_FLIGHT);
+    let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(BUFFERS_IN_FLIGHT);
+    for _ in 0..BUFFERS_IN_FLIGHT {
+        empty_tx.send(vec![0u8; IO_BUFFER_SIZE]).expect("pool fits");
+    }
+
+    let writer_cfg = WriterConfig {
+        name: name.to_string(),
+        out_dir: out_dir.to_path_buf(),
+        chunk_size: opts.chunk_size,
+        count,
+    };
+
+    let (read_result, write_result) = thread::scope(|scope| {
+        let writer = scope.spawn(move || write_chunks(writer_cfg, full_rx, empty_tx));
+        let read_result = read_and_hash(&mut reader, size, full_tx, empty_rx);
+        let write_result = writer.join().expect("chunk writer panicked");
+        (read_result, write_result)
+    });
+    // A writer error explains a reader's broken pipe, so report it first.
+    let staged = write_result?;
+    let (whole, read_total) = read_result?;
+    if read_total != size {
+        return Err(Error::InputChanged {
+            path: out_dir.join(name),
+            expected: size,
+            actual: read_total,
+        });
+    }
+    install(name, out_dir, staged, whole, size)
+}
+
+fn planned_count(name: &str, size: u64, chunk_size: u64) -> Result<u32> {
+    if chunk_size == 0 {
+        return Err(Error::ZeroChunkSize);
+    }
+    if size == 0 {
+        return Err(Error::EmptyInput {
+            name: name.to_string(),
+        });
+    }
+    let needed = chunk_count_for(size, chunk_size);
+    if needed > u64::from(MAX_CHUNKS) {
+        return Err(Error::TooManyChunks {
+            name: name.to_string(),
+            size,
+            chunk_size,
+            needed,
+            max: MAX_CHUNKS,
+        });
+    }
+    Ok(needed as u32)
+}
+
+/// Reader side: fill buffers, hash the whole artifact, hand buffers to the writer. Reads at most
+/// `size + 1` bytes so that a growing input is noticed without reading it all.
+fn read_and_hash<R: Read>(
+    reader: &mut R,
+    size: u64,
+    full_tx: SyncSender<(Vec<u8>, usize)>,
+    empty_rx: Receiver<Vec<u8>>,
+) -> Result<(Sha256Digest, u64)> {
+    let mut hasher = Hasher::new();
+    let mut total = 0u64;
+    let limit = size + 1;
+    while total < limit {
+        let Ok(mut buf) = empty_rx.recv() else {
+            break; // writer stopped; its error is reported by the caller
+        };
+        let want = (limit - total).min(buf.len() as u64) as usize;
+        let n = match fill(reader, &mut buf[..want]) {
+            Ok(n) => n,
+            Err(source) => {
+                return Err(Error::Io {
+                    path: PathBuf::from("<input>"),
+                    source,
+                });
+            }
+        };
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        if total > size {
+            break; // the input grew; report it, do not write past the declared size
+        }
+        hasher.update(&buf[..n]);
+        if full_tx.send((buf, n)).is_err() {
+            break;
+        }
+    }
+    Ok((hasher.finish(), total))
+}
+
+/// Read until `buf` is full or EOF.
+fn fill<R: Read>(reader: &mut R, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+struct WriterConfig {
+    name: String,
+    out_dir: PathBuf,
+    chunk_size: u64,
+    count: u32,
+}
+
+/// Chunks written and fsynced under temporary names, waiting to be renamed.
+struct Staged {
+    files: Vec<AtomicFile>,
+    chunks: Vec<ChunkInfo>,
+}
+
+struct OpenChunk {
+    file: AtomicFile,
+    hasher: Hasher,
+    written: u64,
+}
+
+/// Writer side: cut the stream into chunks, hash and write each, hand finished ones to a syncer.
+fn write_chunks(
+    cfg: WriterConfig,
+    full_rx: Receiver<(Vec<u8>, usize)>,
+    empty_tx: SyncSender<Vec<u8>>,
+) -> Result<Staged> {
+    let (sync_tx, sync_rx) = sync_channel::<AtomicFile>(MAX_CHUNKS as usize);
+    thread::scope(|scope| {
+        let syncer = scope.spawn(move || -> Result<Vec<AtomicFile>> {
+            let mut done = Vec::new();
+            for mut f in sync_rx {
+                f.sync().ctx(f.temp_path())?;
+                done.push(f);
+            }
+            Ok(done)
+        });
+        let written = cut_and_write(&cfg, full_rx, empty_tx, sync_tx);
+        let synced = syncer.join().expect("chunk syncer panicked");
+        let chunks = written?;
+        let files = synced?;
+        Ok(Staged { files, chunks })
+    })
+}
+
+fn cut_and_write(
+    cfg: &WriterConfig,
+    full_rx: Receiver<(Vec<u8>, usize)>,
+    empty_tx: SyncSender<Vec<u8>>,
+    sync_tx: SyncSender<AtomicFile>,
+) -> Result<Vec<ChunkInfo>> {
+    let mut chunks = Vec::with_capacity(cfg.count as usize);
+    let mut current: Option<OpenChunk> = None;
+    for (buf, len) in full_rx {
+        let mut data = &buf[..len];
+        while !data.is_empty() {
+            if current.is_none() {
+                let index = chunks.len() as u32 + 1;
+                let dest = cfg.out_dir.join(chunk_name(&cfg.name, index, cfg.count));
+                let file = AtomicFile::create(&dest).ctx(&dest)?;
+                current = Some(OpenChunk {
+                    file,
+                    hasher: Hasher::new(),
+                    written: 0,
+                });
+            }
+            let chunk = current.as_mut().expect("just opened");
+            let room = (cfg.chunk_size - chunk.written).min(data.len() as u64) as usize;
+            let (piece, rest) = data.split_at(room);
+            chunk.hasher.update(piece);
+            let temp = chunk.file.temp_path().to_path_buf();
+            chunk.file.write_all(piece).ctx(&temp)?;
+            chunk.written += room as u64;
+            data = rest;
+            if chunk.written == cfg.chunk_size {
+                let done = current.take().expect("open");
+                chunks.push(finish_chunk(cfg, done, chunks.len() as u32 + 1, &sync_tx));
+            }
+        }
+        // The reader may have stopped; returning the buffer is best effort.
+        let _ = empty_tx.try_send(buf);
+    }
+    if let Some(done) = current.take() {
+        chunks.push(finish_chunk(cfg, done, chunks.len() as u32 + 1, &sync_tx));
+    }
+    Ok(chunks)
+}
+
+fn finish_chunk(
+    cfg: &WriterConfig,
+    chunk: OpenChunk,
+    index: u32,
+    sync_tx: &SyncSender<AtomicFile>,
+) -> ChunkInfo {
+    let info = ChunkInfo {
+        name: chunk_name(&cfg.name, index, cfg.count),
+        size: chunk.written,
+        sha256: chunk.hasher.finish(),
+    };
+    // The syncer only stops early on error; the file is then dropped, removing its temporary.
+    let _ = sync_tx.send(chunk.file);
+    info
+}
+
+/// Make the staged set visible: old manifest out, chunks in, sidecar, manifest last.
+fn install(
+    name: &str,
+    out_dir: &Path,
+    staged: Staged,
+    whole: Sha256Digest,
+    size: u64,
+) -> Result<SplitReport> {
+    let count = staged.chunks.len() as u32;
+    let manifest_path = out_dir.join(chunk_manifest_name(name));
+    atomic::remove_if_exists(&manifest_path).ctx(&manifest_path)?;
+    atomic::sync_dir(out_dir).ctx(out_dir)?;
+    for file in staged.files {
+        let dest = file.dest().to_path_buf();
+        file.commit().ctx(&dest)?;
+    }
+    remove_stale_chunks(name, out_dir, count)?;
+    let sidecar = out_dir.join(sidecar_name(name));
+    atomic::write_atomic(&sidecar, format_sidecar(&whole, name).as_bytes()).ctx(&sidecar)?;
+    atomic::write_atomic(&manifest_path, format_chunk_manifest(count).as_bytes())
+        .ctx(&manifest_path)?;
+    Ok(SplitReport {
+        name: name.to_string(),
+        size,
+        sha256: whole,
+        chunk_count: count,
+        chunks: staged.chunks,
+    })
+}
+
+/// Chunks of an earlier split with a different count would only confuse people and tools.
+fn remove_stale_chunks(name: &str, dir: &Path, count: u32) -> Result<()> {
+    for entry in fs::read_dir(dir).ctx(dir)? {
+        let entry = entry.ctx(dir)?;
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        if let Some((_, c)) = parse_chunk_name(name, file_name)
+            && c != count
+        {
+            let p = entry.path();
+            atomic::remove_if_exists(&p).ctx(&p)?;
+        }
+    }
+    Ok(())
+}

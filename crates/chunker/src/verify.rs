@@ -1,0 +1,261 @@
+//! Verification of a logical artifact against what a manifest or sidecar promises.
+//!
+//! Cheap checks come first (chunk count, total size, chunk sizes), then one streaming pass that
+//! hashes the whole artifact and, when per-chunk digests are expected, each chunk on a second
+//! thread so that the extra hash does not slow the pass down.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::sync_channel;
+use std::thread;
+
+use serde::Serialize;
+
+use crate::error::{Error, IoContext, Result};
+use crate::read::resolve_strict;
+use crate::{Hasher, IO_BUFFER_SIZE, Resolved, Sha256Digest};
+
+/// What the artifact must be. Every field is optional; `None` means "not checked".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Expected {
+    pub sha256: Option<Sha256Digest>,
+    pub size: Option<u64>,
+    /// 0 means one plain file.
+    pub chunk_count: Option<u32>,
+    /// Per-chunk digests in order (the `artifact_chunk_sha256` manifest extension).
+    pub chunk_sha256: Option<Vec<Sha256Digest>>,
+}
+
+/// What was found and checked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VerifyReport {
+    pub path: PathBuf,
+    /// `plain`, `chunked` or `legacy`.
+    pub form: &'static str,
+    pub size: u64,
+    pub sha256: Sha256Digest,
+    pub chunk_count: u32,
+    /// Every piece read, in order.
+    pub chunks: Vec<VerifiedChunk>,
+}
+
+/// One piece of a verified artifact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VerifiedChunk {
+    pub name: String,
+    pub size: u64,
+    /// Computed only when per-chunk digests were expected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<Sha256Digest>,
+}
+
+/// Verify the logical artifact at `logical` against `expected`. Legacy parts are always checked
+/// against their sidecar digest as well.
+pub fn verify(logical: &Path, expected: &Expected) -> Result<VerifyReport> {
+    let resolved = resolve_strict(logical)?;
+    let name = logical
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let pieces = resolved.pieces();
+    let count = resolved.chunk_count();
+
+    if let Some(want) = expected.chunk_count
+        && want != count
+    {
+        return Err(Error::CountMismatch {
+            name,
+            expected: want,
+            actual: count,
+        });
+    }
+    let total = resolved.size();
+    if let Some(want) = expected.size
+        && want != total
+    {
+        return Err(Error::SizeMismatch {
+            what: name,
+            expected: want,
+            actual: total,
+        });
+    }
+    if let Resolved::Chunked { .. } = resolved {
+        check_chunk_sizes(&pieces)?;
+    }
+    let chunk_digests_wanted = match &expected.chunk_sha256 {
+        Some(list) if list.len() != pieces.len() => {
+            return Err(Error::CountMismatch {
+                name: format!("{name} (per-chunk digests)"),
+                expected: list.len() as u32,
+                actual: pieces.len() as u32,
+            });
+        }
+        Some(list) => Some(list),
+        None => None,
+    };
+
+    let (whole, chunk_digests) = hash_pieces(&pieces, chunk_digests_wanted.is_some())?;
+
+    if let Some(list) = chunk_digests_wanted {
+        for (i, ((path, _), (want, got))) in pieces
+            .iter()
+            .zip(list.iter().zip(chunk_digests.iter()))
+            .enumerate()
+        {
+            if want != got {
+                return Err(Error::DigestMismatch {
+                    what: format!("chunk {} of {} ({})", i + 1, pieces.len(), path.display()),
+                    expected: *want,
+                    actual: *got,
+                });
+            }
+        }
+    }
+    let mut wanted_whole = vec![];
+    if let Some(d) = expected.sha256 {
+        wanted_whole.push(d);
+    }
+    if let Resolved::Legacy { digest, .. } = &resolved {
+        wanted_whole.push(*digest);
+    }
+    for want in wanted_whole {
+        if want != whole {
+            return Err(Error::DigestMismatch {
+                what: format!("{} (whole artifact)", logical.display()),
+                expected: want,
+                actual: whole,
+            });
+        }
+    }
+
+    let chunks = pieces
+        .iter()
+        .enumerate()
+        .map(|(i, (path, size))| VerifiedChunk {
+            name: path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            size: *size,
+            sha256: chunk_digests.get(i).copied(),
+        })
+        .collect();
+    Ok(VerifyReport {
+        path: logical.to_path_buf(),
+        form: resolved.form(),
+        size: total,
+        sha256: whole,
+        chunk_count: count,
+        chunks,
+    })
+}
+
+/// Every chunk but the last has the first chunk's size; none is empty; the last is not larger.
+fn check_chunk_sizes(pieces: &[(PathBuf, u64)]) -> Result<()> {
+    let Some(&(_, first)) = pieces.first() else {
+        return Ok(());
+    };
+    let n = pieces.len();
+    for (i, (path, size)) in pieces.iter().enumerate() {
+        let last = i + 1 == n;
+        let ok = if last {
+            *size >= 1 && *size <= first
+        } else {
+            *size == first && *size >= 1
+        };
+        if !ok {
+            return Err(Error::SizeMismatch {
+                what: format!(
+                    "chunk {} of {n} ({}){}",
+                    i + 1,
+                    path.display(),
+                    if last {
+                        " (the last chunk must hold 1 to chunk-size bytes)"
+                    } else {
+                        " (every chunk but the last must have the chunk size)"
+                    }
+                ),
+                expected: first,
+                actual: *size,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Hash the concatenation of `pieces`, and each piece too when `per_piece` is set. The per-piece
+/// hashes run on a second thread fed the same buffers, so each byte is read from disk once.
+fn hash_pieces(
+    pieces: &[(PathBuf, u64)],
+    per_piece: bool,
+) -> Result<(Sha256Digest, Vec<Sha256Digest>)> {
+    let mut reader = crate::ArtifactReader::new(pieces.to_vec());
+    let describe = |pieces: &[(PathBuf, u64)]| {
+        pieces
+            .first()
+            .map(|(p, _)| p.clone())
+            .unwrap_or_else(|| PathBuf::from("<artifact>"))
+    };
+    if !per_piece {
+        let mut hasher = Hasher::new();
+        let mut buf = vec![0u8; IO_BUFFER_SIZE];
+        loop {
+            let n = reader.read(&mut buf).ctx(&describe(pieces))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+        return Ok((hasher.finish(), Vec::new()));
+    }
+
+    let sizes: Vec<u64> = pieces.iter().map(|(_, s)| *s).collect();
+    let (tx, rx) = sync_channel::<Arc<Vec<u8>>>(4);
+    thread::scope(|scope| {
+        let chunk_thread = scope.spawn(move || {
+            let mut digests = Vec::with_capacity(sizes.len());
+            let mut sizes = sizes.into_iter();
+            let mut remaining = sizes.next().unwrap_or(0);
+            let mut hasher = Hasher::new();
+            for buf in rx {
+                let mut data = &buf[..];
+                while !data.is_empty() {
+                    while remaining == 0 {
+                        digests.push(std::mem::take(&mut hasher).finish());
+                        remaining = sizes.next().unwrap_or(u64::MAX);
+                    }
+                    let take = remaining.min(data.len() as u64) as usize;
+                    hasher.update(&data[..take]);
+                    remaining -= take as u64;
+                    data = &data[take..];
+                }
+            }
+            digests.push(hasher.finish());
+            // Trailing empty pieces still get their digest.
+            for _ in sizes {
+                digests.push(Hasher::new().finish());
+            }
+            digests
+        });
+        let mut whole = Hasher::new();
+        let result = (|| {
+            loop {
+                let mut buf = vec![0u8; IO_BUFFER_SIZE];
+                let n = reader.read(&mut buf).ctx(&describe(pieces))?;
+                if n == 0 {
+                    break;
+                }
+                buf.truncate(n);
+                whole.update(&buf);
+                if tx.send(Arc::new(buf)).is_err() {
+                    break;
+                }
+            }
+            Ok(())
+        })();
+        drop(tx);
+        let digests = chunk_thread.join().expect("chunk hasher panicked");
+        result.map(|()| (whole.finish(), digests))
+    })
+}

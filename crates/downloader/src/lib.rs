@@ -1,0 +1,1 @@
+//! Device-side download: origins, manifest fetch, parallel verified resumable chunk download, atomic install. Filled in by its own issue.

@@ -1,0 +1,1 @@
+//! Shared test helpers: temporary trees and local servers on 127.0.0.1.
