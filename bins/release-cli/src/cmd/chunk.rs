@@ -1,0 +1,209 @@
+//! `release-cli chunk split|join|verify`.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use chunker::{Expected, Sha256Digest, SplitOptions};
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use crate::output::print_json;
+use crate::progress::{ProgressReader, bytes_bar};
+use crate::units::parse_size;
+use crate::{CliError, CliResult};
+
+#[derive(Debug, Subcommand)]
+pub enum ChunkCommand {
+    /// Split FILE into a chunk set named after it: `NAME.chunk01ofNN` …, `NAME.sha256`, and
+    /// `NAME.chunkmanifest` written last. FILE itself is left in place.
+    Split(SplitArgs),
+    /// Join a chunk set (or legacy `.pNN` parts) back into one file, atomically.
+    Join(JoinArgs),
+    /// Check a chunk set: every chunk present, sizes, count and SHA-256. Exits 3 on a problem.
+    Verify(VerifyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SplitArgs {
+    /// The artifact to split, e.g. `pop223_driving_tinygrad.pkl`.
+    pub file: PathBuf,
+    /// Where to write the chunk set (default: FILE's directory).
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
+    /// Bytes per chunk: a number of bytes or a size with a unit (`45MiB`, `1GiB`, `500kB`).
+    #[arg(long, value_name = "SIZE", default_value = "45MiB", value_parser = parse_size)]
+    pub chunk_size: u64,
+    /// Print `{"name","size","sha256","chunk_count","chunks":[{"name","size","sha256"}]}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct JoinArgs {
+    /// The logical artifact path, e.g. `out/pop223_driving_tinygrad.pkl`, whose chunk set or
+    /// legacy parts exist beside it.
+    pub logical: PathBuf,
+    /// The file to write.
+    #[arg(long, short, value_name = "FILE")]
+    pub output: PathBuf,
+    /// Print `{"output","size","sha256"}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The logical artifact path whose chunk set (or plain file, or legacy parts) to check.
+    pub logical: PathBuf,
+    /// Expected SHA-256 of the whole artifact (default: the `.sha256` sidecar beside it).
+    #[arg(long, value_name = "HEX")]
+    pub sha256: Option<Sha256Digest>,
+    /// Expected size of the whole artifact in bytes.
+    #[arg(long, value_name = "N")]
+    pub size: Option<u64>,
+    /// Expected chunk count (0 means one plain file).
+    #[arg(long, value_name = "N")]
+    pub chunk_count: Option<u32>,
+    /// Print the verification report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(command: ChunkCommand) -> CliResult {
+    match command {
+        ChunkCommand::Split(a) => split(a),
+        ChunkCommand::Join(a) => join(a),
+        ChunkCommand::Verify(a) => verify(a),
+    }
+}
+
+fn split(args: SplitArgs) -> CliResult {
+    let out_dir = match &args.out_dir {
+        Some(d) => d.clone(),
+        None => parent_of(&args.file),
+    };
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|e| CliError::failure(format!("{}: {e}", out_dir.display())))?;
+    let name = args
+        .file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| CliError::usage(format!("{} is not a file", args.file.display())))?;
+    let file = File::open(&args.file)
+        .map_err(|e| CliError::failure(format!("{}: {e}", args.file.display())))?;
+    let size = file
+        .metadata()
+        .map_err(|e| CliError::failure(format!("{}: {e}", args.file.display())))?
+        .len();
+    let bar = bytes_bar(size, format!("splitting {name}"), args.json);
+    let reader = ProgressReader {
+        inner: file,
+        bar: bar.clone(),
+    };
+    let opts = SplitOptions {
+        chunk_size: args.chunk_size,
+    };
+    let report = chunker::split_reader(reader, size, &name, &out_dir, &opts);
+    bar.finish_and_clear();
+    let report = report?;
+    if args.json {
+        return print_json(&report);
+    }
+    println!(
+        "{}: {} bytes, sha256 {}, {} chunk(s) in {}",
+        report.name,
+        report.size,
+        report.sha256,
+        report.chunk_count,
+        out_dir.display()
+    );
+    for c in &report.chunks {
+        println!("  {}  {:>12}  {}", c.sha256, c.size, c.name);
+    }
+    println!(
+        "next: publish the directory, or check it with `release-cli chunk verify {}`",
+        out_dir.join(&report.name).display()
+    );
+    Ok(())
+}
+
+fn parent_of(file: &Path) -> PathBuf {
+    match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+#[derive(Serialize)]
+struct JoinReport<'a> {
+    output: &'a Path,
+    size: u64,
+    sha256: Sha256Digest,
+}
+
+fn join(args: JoinArgs) -> CliResult {
+    let (sha256, size) = chunker::join(&args.logical, &args.output)?;
+    if args.json {
+        return print_json(&JoinReport {
+            output: &args.output,
+            size,
+            sha256,
+        });
+    }
+    println!(
+        "wrote {} ({size} bytes, sha256 {sha256})",
+        args.output.display()
+    );
+    Ok(())
+}
+
+fn verify(args: VerifyArgs) -> CliResult {
+    let mut expected = Expected {
+        sha256: args.sha256,
+        size: args.size,
+        chunk_count: args.chunk_count,
+        chunk_sha256: None,
+    };
+    let mut against_sidecar = false;
+    if expected.sha256.is_none() {
+        let sidecar = sidecar_path(&args.logical)?;
+        match std::fs::read(&sidecar) {
+            Ok(content) => {
+                expected.sha256 = Some(chunker::parse_sidecar(&content, &sidecar)?);
+                against_sidecar = true;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(CliError::usage(format!(
+                    "no --sha256 given and no sidecar {} to check against; pass --sha256 HEX",
+                    sidecar.display()
+                )));
+            }
+            Err(e) => return Err(CliError::failure(format!("{}: {e}", sidecar.display()))),
+        }
+    }
+    let report = chunker::verify(&args.logical, &expected)?;
+    if args.json {
+        return print_json(&report);
+    }
+    println!(
+        "ok: {} ({}, {} bytes, {} chunk(s), sha256 {}{})",
+        args.logical.display(),
+        report.form,
+        report.size,
+        report.chunk_count,
+        report.sha256,
+        if against_sidecar {
+            ", matches the .sha256 sidecar"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+fn sidecar_path(logical: &Path) -> CliResult<PathBuf> {
+    let name = logical
+        .file_name()
+        .ok_or_else(|| CliError::usage(format!("{} is not a file path", logical.display())))?;
+    Ok(parent_of(logical).join(chunker::sidecar_name(&name.to_string_lossy())))
+}

@@ -1,0 +1,76 @@
+//! Errors as the user sees them, with stable exit codes, and `--json` printing.
+
+use std::fmt::Display;
+use std::process::ExitCode;
+
+use serde::Serialize;
+
+/// An error with its exit code. The message says what failed and, where it helps, what to do.
+#[derive(Debug)]
+pub struct CliError {
+    pub code: u8,
+    pub message: String,
+}
+
+pub type CliResult<T = ()> = Result<T, CliError>;
+
+/// Exit code for an operation that failed.
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit code for a usage error (clap uses it too).
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code for a check that found a problem (verify, validate, release guard).
+pub const EXIT_CHECK_FAILED: u8 = 3;
+
+impl CliError {
+    pub fn failure(message: impl Display) -> Self {
+        Self {
+            code: EXIT_FAILURE,
+            message: message.to_string(),
+        }
+    }
+
+    pub fn usage(message: impl Display) -> Self {
+        Self {
+            code: EXIT_USAGE,
+            message: message.to_string(),
+        }
+    }
+
+    pub fn check_failed(message: impl Display) -> Self {
+        Self {
+            code: EXIT_CHECK_FAILED,
+            message: message.to_string(),
+        }
+    }
+
+    pub fn report(&self) -> ExitCode {
+        eprintln!("error: {}", self.message);
+        ExitCode::from(self.code)
+    }
+}
+
+impl From<chunker::Error> for CliError {
+    fn from(e: chunker::Error) -> Self {
+        use chunker::Error as E;
+        match e {
+            E::MissingChunk { .. }
+            | E::MalformedChunkManifest { .. }
+            | E::MalformedSidecar { .. }
+            | E::CountMismatch { .. }
+            | E::SizeMismatch { .. }
+            | E::DigestMismatch { .. }
+            | E::NotFound { .. } => CliError::check_failed(e),
+            E::TooManyChunks { .. } | E::ZeroChunkSize | E::InvalidName { .. } => {
+                CliError::usage(e)
+            }
+            other => CliError::failure(other),
+        }
+    }
+}
+
+/// Print a value as one line of JSON on stdout.
+pub fn print_json<T: Serialize>(value: &T) -> CliResult {
+    let text = serde_json::to_string(value).map_err(CliError::failure)?;
+    println!("{text}");
+    Ok(())
+}
