@@ -1,1 +1,56 @@
-fn main() {}
+//! Workspace automation, run as `cargo xtask <task>`:
+//!
+//! - `ci`: `cargo fmt --check`, `cargo clippy --workspace --all-targets -D warnings`, every test.
+//!   This is the README's test command and what `.ci/run` runs.
+//! - `bench [--size SIZE_MIB]`: builds release binaries and prints one table of benchmark ratios,
+//!   each measured against an anchor (openssl, dd, curl) run on the same data in the same run.
+//!
+//! Plain Rust with one small dependency (libc, for per-child peak RSS), so it builds fast.
+
+mod bench;
+mod util;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: cargo xtask <task>
+
+tasks:
+  ci                 fmt --check, clippy -D warnings, and every test (the README's test command)
+  bench [--size N]   benchmark ratios against anchors; N = artifact size in MiB (default 1024)
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("ci") => ci(),
+        Some("bench") => bench::run(&args[1..]),
+        Some("-h" | "--help" | "help") | None => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown task {other:?}\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn ci() -> Result<(), String> {
+    util::cargo(&["fmt", "--all", "--check"])?;
+    util::cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--locked",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
+    util::cargo(&["test", "--workspace", "--locked"])?;
+    eprintln!("xtask ci: all checks passed");
+    Ok(())
+}

@@ -1,0 +1,199 @@
+//! `cargo xtask bench`: every benchmark as a ratio against an anchor measured in the same run on
+//! the same data, so that the figures mean the same on a laptop, a CI box or a comma.
+//!
+//! Times are best-of-3 wall clock of whole processes (release builds). Peak RSS comes from the
+//! kernel's per-child accounting (wait4), so it covers the whole process, not a sample.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::util::{self, Measured, best_of};
+
+const RUNS: usize = 3;
+
+/// One line of the final table.
+struct Row {
+    name: &'static str,
+    ours: String,
+    anchor: String,
+    ratio: f64,
+    bar: &'static str,
+    pass: bool,
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let mut size_mib: u64 = 1024;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--size" => {
+                size_mib = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--size needs a number of MiB")?
+            }
+            other => return Err(format!("bench: unknown argument {other:?}")),
+        }
+    }
+    for tool in ["openssl", "dd"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            return Err(format!("bench needs `{tool}` on PATH (apt-get install {tool})"));
+        }
+    }
+    util::cargo(&["build", "--release", "--quiet", "-p", "release-cli"])?;
+    let bin = util::root().join("target/release/release-cli");
+
+    let work = util::root().join("target/xtask-bench");
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let input = work.join("bench_driving_tinygrad.pkl");
+    eprintln!("bench: writing a {size_mib} MiB artifact to {}", input.display());
+    write_pseudo_random(&input, size_mib << 20)?;
+    warm(&input)?;
+
+    let mut rows = Vec::new();
+    rows.extend(chunker_rows(&bin, &work, &input)?);
+
+    print_table(size_mib, &rows);
+    let _ = fs::remove_dir_all(&work);
+    Ok(())
+}
+
+fn chunker_rows(bin: &Path, work: &Path, input: &Path) -> Result<Vec<Row>, String> {
+    eprintln!("bench: anchors (openssl dgst -sha256, dd bs=4M conv=fsync)");
+    let openssl = best_of(RUNS, || {}, || quiet(Command::new("openssl").args(["dgst", "-sha256"]).arg(input)))?;
+    let dd_out = work.join("dd.out");
+    let dd = best_of(
+        RUNS,
+        || {
+            let _ = fs::remove_file(&dd_out);
+        },
+        || {
+            quiet(Command::new("dd").args([
+                format!("if={}", input.display()),
+                format!("of={}", dd_out.display()),
+                "bs=4M".into(),
+                "conv=fsync".into(),
+            ]))
+        },
+    )?;
+    let _ = fs::remove_file(&dd_out);
+
+    eprintln!("bench: release-cli chunk split");
+    let out = work.join("chunks");
+    let split = best_of(
+        RUNS,
+        || {
+            let _ = fs::remove_dir_all(&out);
+            let _ = fs::create_dir_all(&out);
+        },
+        || {
+            let mut c = Command::new(bin);
+            c.args(["chunk", "split"]).arg(input).arg("--out-dir").arg(&out);
+            quiet(&mut c)
+        },
+    )?;
+    eprintln!("bench: release-cli chunk verify");
+    let logical = out.join(input.file_name().expect("file name"));
+    let verify = best_of(RUNS, || {}, || {
+        let mut c = Command::new(bin);
+        c.args(["chunk", "verify"]).arg(&logical);
+        quiet(&mut c)
+    })?;
+
+    let floor = if openssl.wall > dd.wall { openssl } else { dd };
+    let floor_name = if openssl.wall > dd.wall { "openssl" } else { "dd fsync" };
+    let split_ratio = split.wall.as_secs_f64() / floor.wall.as_secs_f64();
+    let verify_ratio = openssl.wall.as_secs_f64() / verify.wall.as_secs_f64();
+    let split_rss_mib = split.max_rss_kib as f64 / 1024.0;
+    Ok(vec![
+        Row {
+            name: "chunk split time / slower anchor",
+            ours: secs(split),
+            anchor: format!("{} ({floor_name}; openssl {}, dd {})", secs(floor), secs(openssl), secs(dd)),
+            ratio: split_ratio,
+            bar: "<= 1.18 (1/0.85)",
+            pass: split_ratio <= 1.0 / 0.85,
+        },
+        Row {
+            name: "chunk split peak RSS (MiB)",
+            ours: format!("{split_rss_mib:.1} MiB"),
+            anchor: "64 MiB budget".into(),
+            ratio: split_rss_mib / 64.0,
+            bar: "<= 1.00 of budget",
+            pass: split_rss_mib <= 64.0,
+        },
+        Row {
+            name: "chunk verify throughput / openssl",
+            ours: secs(verify),
+            anchor: format!("{} (openssl dgst -sha256)", secs(openssl)),
+            ratio: verify_ratio,
+            bar: ">= 0.85",
+            pass: verify_ratio >= 0.85,
+        },
+    ])
+}
+
+fn secs(m: Measured) -> String {
+    format!("{:.3} s", m.wall.as_secs_f64())
+}
+
+fn quiet(cmd: &mut Command) -> Command {
+    let mut c = Command::new(cmd.get_program());
+    c.args(cmd.get_args());
+    c.stdout(Stdio::null()).stderr(Stdio::null());
+    c
+}
+
+/// Incompressible, reproducible bytes (xorshift), written in 1 MiB blocks.
+fn write_pseudo_random(path: &PathBuf, len: u64) -> Result<(), String> {
+    let f = File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut w = BufWriter::with_capacity(1 << 20, f);
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut block = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        for word in block.chunks_exact_mut(8) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            word.copy_from_slice(&state.to_le_bytes());
+        }
+        let n = left.min(block.len() as u64) as usize;
+        w.write_all(&block[..n]).map_err(|e| e.to_string())?;
+        left -= n as u64;
+    }
+    w.into_inner()
+        .map_err(|e| e.to_string())?
+        .sync_all()
+        .map_err(|e| e.to_string())
+}
+
+/// Read the file once so every contender starts from the page cache.
+fn warm(path: &Path) -> Result<(), String> {
+    let mut f = File::open(path).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 1 << 20];
+    while f.read(&mut buf).map_err(|e| e.to_string())? > 0 {}
+    Ok(())
+}
+
+fn print_table(size_mib: u64, rows: &[Row]) {
+    println!("\nbenchmarks on a {size_mib} MiB artifact (best of {RUNS}; ratios are ours vs the anchor in this run)\n");
+    println!(
+        "{:<38} {:>12}  {:<48} {:>7}  {:<18} {}",
+        "benchmark", "ours", "anchor", "ratio", "bar", "result"
+    );
+    for r in rows {
+        println!(
+            "{:<38} {:>12}  {:<48} {:>7.3}  {:<18} {}",
+            r.name,
+            r.ours,
+            r.anchor,
+            r.ratio,
+            r.bar,
+            if r.pass { "ok" } else { "MISSED" }
+        );
+    }
+}
