@@ -1,0 +1,199 @@
+//! The `release-cli chunk` contract, run against the real binary.
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+
+const NAME: &str = "pop223_driving_tinygrad.pkl";
+
+fn cli(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_release-cli"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run release-cli")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn artifact(dir: &Path, len: usize) -> Vec<u8> {
+    let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+    fs::write(dir.join(NAME), &data).unwrap();
+    data
+}
+
+#[test]
+fn split_json_join_verify_round_trip() {
+    let t = tempfile::tempdir().unwrap();
+    let data = artifact(t.path(), 2500);
+    let out = cli(
+        &[
+            "chunk",
+            "split",
+            NAME,
+            "--out-dir",
+            "out",
+            "--chunk-size",
+            "1KiB",
+            "--json",
+        ],
+        t.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["name"], NAME);
+    assert_eq!(v["size"], 2500);
+    assert_eq!(v["chunk_count"], 3);
+    let chunks = v["chunks"].as_array().unwrap();
+    assert_eq!(chunks.len(), 3);
+    assert_eq!(chunks[0]["name"], format!("{NAME}.chunk01of03"));
+    assert_eq!(chunks[0]["size"], 1024);
+    assert_eq!(chunks[2]["size"], 2500 - 2048);
+    assert_eq!(v["sha256"].as_str().unwrap().len(), 64);
+    let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["name", "size", "sha256", "chunk_count", "chunks"]);
+
+    let logical = format!("out/{NAME}");
+    let out = cli(&["chunk", "verify", &logical], t.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let sha = v["sha256"].as_str().unwrap();
+    let out = cli(
+        &[
+            "chunk",
+            "verify",
+            &logical,
+            "--sha256",
+            sha,
+            "--size",
+            "2500",
+            "--chunk-count",
+            "3",
+        ],
+        t.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let out = cli(
+        &["chunk", "join", &logical, "--output", "joined.pkl"],
+        t.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(fs::read(t.path().join("joined.pkl")).unwrap(), data);
+}
+
+#[test]
+fn default_out_dir_is_the_files_directory_and_default_chunk_size_is_45_mib() {
+    let t = tempfile::tempdir().unwrap();
+    artifact(t.path(), 100);
+    let out = cli(&["chunk", "split", NAME, "--json"], t.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(t.path().join(format!("{NAME}.chunk01of01")).exists());
+    assert_eq!(
+        fs::read_to_string(t.path().join(format!("{NAME}.chunkmanifest"))).unwrap(),
+        "1"
+    );
+}
+
+#[test]
+fn verify_fails_with_the_reason() {
+    let t = tempfile::tempdir().unwrap();
+    artifact(t.path(), 3000);
+    let out = cli(
+        &[
+            "chunk",
+            "split",
+            NAME,
+            "--out-dir",
+            "o",
+            "--chunk-size",
+            "1000",
+        ],
+        t.path(),
+    );
+    assert!(out.status.success());
+    let logical = format!("o/{NAME}");
+
+    let out = cli(
+        &["chunk", "verify", &logical, "--chunk-count", "2"],
+        t.path(),
+    );
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        text(&out.stderr).contains("chunk count mismatch"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = cli(&["chunk", "verify", &logical, "--size", "3001"], t.path());
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        text(&out.stderr).contains("expected 3001 bytes"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    fs::write(
+        t.path().join(format!("o/{NAME}.chunk02of03")),
+        vec![0u8; 1000],
+    )
+    .unwrap();
+    let out = cli(&["chunk", "verify", &logical], t.path());
+    assert_eq!(out.status.code(), Some(3));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("SHA-256 mismatch") && err.contains("expected"),
+        "{err}"
+    );
+
+    fs::remove_file(t.path().join(format!("o/{NAME}.chunk02of03"))).unwrap();
+    let out = cli(&["chunk", "verify", &logical], t.path());
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        text(&out.stderr).contains("chunk 2 of 3 is missing"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn bad_input_is_a_clear_usage_error() {
+    let t = tempfile::tempdir().unwrap();
+    artifact(t.path(), 1000);
+    let out = cli(
+        &["chunk", "split", NAME, "--chunk-size", "5 parsecs"],
+        t.path(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("unknown unit"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = cli(&["chunk", "split", NAME, "--chunk-size", "10"], t.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("more than the limit of 99"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    fs::write(t.path().join("empty.pkl"), b"").unwrap();
+    let out = cli(&["chunk", "split", "empty.pkl"], t.path());
+    assert_ne!(out.status.code(), Some(0));
+    assert!(text(&out.stderr).contains("empty"), "{}", text(&out.stderr));
+
+    let out = cli(&["chunk", "verify", NAME], t.path());
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "plain file without sidecar or --sha256"
+    );
+    assert!(
+        text(&out.stderr).contains("--sha256"),
+        "{}",
+        text(&out.stderr)
+    );
+}
