@@ -1,1 +1,2 @@
 //! Shared test helpers: temporary trees and local servers on 127.0.0.1.
+pub mod http_server;

@@ -1,0 +1,71 @@
+//! `test-http-server --dir D [--addr 127.0.0.1:0] [--rate-per-conn BYTES_PER_SEC] [--latency-ms N]`
+//!
+//! Serves `D` with the fault server's normal (non-faulty) behaviour plus the per-connection
+//! bandwidth cap and latency, for benchmarks. Prints `http://ADDR` as its first stdout line, then
+//! serves until killed.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use test_support::http_server::{FaultServer, ServerConfig};
+
+fn main() -> ExitCode {
+    let mut dir: Option<PathBuf> = None;
+    let mut config = ServerConfig::new(PathBuf::new());
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
+        let res: Result<(), String> = (|| {
+            match flag.as_str() {
+                "--dir" => dir = Some(PathBuf::from(value()?)),
+                "--addr" => {
+                    config.addr = value()?
+                        .parse::<SocketAddr>()
+                        .map_err(|e| format!("--addr: {e}"))?
+                }
+                "--rate-per-conn" => {
+                    let v: u64 = value()?.parse().map_err(|e| format!("--rate-per-conn: {e}"))?;
+                    config.rate_per_conn = (v > 0).then_some(v);
+                }
+                "--latency-ms" => {
+                    let v: u64 = value()?.parse().map_err(|e| format!("--latency-ms: {e}"))?;
+                    config.latency = Duration::from_millis(v);
+                }
+                "-h" | "--help" => {
+                    println!(
+                        "usage: test-http-server --dir D [--addr 127.0.0.1:0] [--rate-per-conn BYTES_PER_SEC] [--latency-ms N]"
+                    );
+                    std::process::exit(0);
+                }
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+            Ok(())
+        })();
+        if let Err(e) = res {
+            eprintln!("test-http-server: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let Some(dir) = dir else {
+        eprintln!("test-http-server: --dir is required");
+        return ExitCode::from(2);
+    };
+    config.root = dir;
+    let server = match FaultServer::with_config(config) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("test-http-server: cannot listen: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{}", server.url());
+    let _ = out.flush();
+    drop(out);
+    loop {
+        std::thread::park();
+    }
+}
