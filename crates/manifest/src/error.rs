@@ -1,0 +1,90 @@
+//! The one error type of this crate.
+
+use std::fmt;
+
+use crate::validate::Problem;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A value that does not fit one of the crate's newtypes (`ModelId`, `Generation`, ...).
+    #[error("invalid {kind} {value:?}: {reason}")]
+    InvalidValue {
+        kind: &'static str,
+        value: String,
+        reason: String,
+    },
+
+    /// The manifest is larger than [`crate::Limits::max_manifest_bytes`]; checked before parsing
+    /// so a hostile server cannot make us parse endless data.
+    #[error("manifest is {actual} bytes, more than the limit of {limit} bytes")]
+    TooLarge { limit: u64, actual: u64 },
+
+    #[error("manifest is not valid JSON: {0}")]
+    Json(#[source] serde_json::Error),
+
+    #[error("could not read manifest: {0}")]
+    Read(#[source] std::io::Error),
+
+    /// The document parsed as JSON but breaks the rules every reader enforces. Every problem is
+    /// listed, each with its JSON path.
+    #[error("manifest is invalid ({} problem{}):\n{}", .0.len(), if .0.len() == 1 { "" } else { "s" }, ProblemList(.0))]
+    Invalid(Vec<Problem>),
+
+    /// A setter was given a value for a known field that is not valid for that field.
+    #[error("invalid value for {key}: {problems}", problems = ProblemList(.problems))]
+    InvalidField { key: String, problems: Vec<Problem> },
+
+    #[error("model {0} is already in the manifest")]
+    DuplicateId(String),
+
+    #[error("the `id` of an entry cannot be removed or changed in place; build a new entry")]
+    IdIsFixed,
+}
+
+impl Error {
+    pub(crate) fn invalid(kind: &'static str, value: &str, reason: impl Into<String>) -> Self {
+        Self::InvalidValue {
+            kind,
+            value: crate::validate::abbreviate(value),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Why [`crate::guard()`] refuses to publish: every unexpected change, named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("refusing to publish: the new manifest makes {} unexpected change{} to the live one:\n{}",
+    .changes.len(), if .changes.len() == 1 { "" } else { "s" }, ChangeList(changes))]
+pub struct GuardRefusal {
+    pub changes: Vec<crate::guard::UnexpectedChange>,
+}
+
+struct ProblemList<'a>(&'a [Problem]);
+
+impl fmt::Display for ProblemList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "  {p}")?;
+        }
+        Ok(())
+    }
+}
+
+struct ChangeList<'a>(&'a [crate::guard::UnexpectedChange]);
+
+impl fmt::Display for ChangeList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, c) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "  - {c}")?;
+        }
+        Ok(())
+    }
+}

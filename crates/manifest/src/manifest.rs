@@ -1,0 +1,279 @@
+//! The whole manifest document.
+
+use std::io::Read;
+
+use serde::ser::SerializeMap;
+use serde::{Serialize, Serializer};
+use serde_json::{Map, Value};
+
+use crate::entry::ModelEntry;
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::types::{Generation, GitCommit, ModelId};
+use crate::validate::{Problem, ValidationMode, check_document};
+
+/// Bounds a reader puts on what a server can make it process (tough-style).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest manifest accepted, checked before parsing. Default 2 MiB: the real v25 catalog
+    /// with artifact fields is under 100 KiB.
+    pub max_manifest_bytes: u64,
+}
+
+impl Limits {
+    pub const DEFAULT_MAX_MANIFEST_BYTES: u64 = 2 * 1024 * 1024;
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_manifest_bytes: Self::DEFAULT_MAX_MANIFEST_BYTES,
+        }
+    }
+}
+
+/// A parsed `model_names_<gen>.json`: top-level keys in order (unknown ones kept) and the model
+/// entries. Always written in the object form, whatever was read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    /// Every top-level key in order; the `models` slot holds `Null` and is filled from
+    /// `models` on output, so the array's position among the other keys is kept.
+    top: Map<String, Value>,
+    models: Vec<ModelEntry>,
+}
+
+impl Default for Manifest {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Manifest {
+    /// An empty manifest: `{"models": []}`.
+    pub fn new() -> Self {
+        let mut top = Map::new();
+        top.insert(keys::MODELS.into(), Value::Null);
+        Self {
+            top,
+            models: Vec::new(),
+        }
+    }
+
+    /// An empty manifest for a generation built with the given tinygrad commit:
+    /// `{"generation": ..., "tinygrad_commit": ..., "models": []}`.
+    pub fn for_generation(generation: Generation, tinygrad_commit: &GitCommit) -> Self {
+        let mut top = Map::new();
+        top.insert(keys::GENERATION.into(), generation.to_string().into());
+        top.insert(
+            keys::TINYGRAD_COMMIT.into(),
+            tinygrad_commit.as_str().into(),
+        );
+        top.insert(keys::MODELS.into(), Value::Null);
+        Self {
+            top,
+            models: Vec::new(),
+        }
+    }
+
+    /// Parses manifest bytes with the default [`Limits`] and the reader rules.
+    pub fn from_slice(bytes: &[u8]) -> Result<Self> {
+        Self::from_slice_limited(bytes, &Limits::default())
+    }
+
+    /// Parses manifest bytes: size limit first, then JSON, then the reader rules
+    /// ([`ValidationMode::Reader`]), reporting every problem at once.
+    pub fn from_slice_limited(bytes: &[u8], limits: &Limits) -> Result<Self> {
+        if bytes.len() as u64 > limits.max_manifest_bytes {
+            return Err(Error::TooLarge {
+                limit: limits.max_manifest_bytes,
+                actual: bytes.len() as u64,
+            });
+        }
+        let doc: Value = serde_json::from_slice(bytes).map_err(Error::Json)?;
+        Self::from_value(doc)
+    }
+
+    /// Reads at most `limits.max_manifest_bytes + 1` bytes, so an endless body is cut off
+    /// instead of being buffered, then parses as [`Manifest::from_slice_limited`].
+    pub fn from_reader_limited(reader: impl Read, limits: &Limits) -> Result<Self> {
+        let mut buf = Vec::new();
+        reader
+            .take(limits.max_manifest_bytes.saturating_add(1))
+            .read_to_end(&mut buf)
+            .map_err(Error::Read)?;
+        Self::from_slice_limited(&buf, limits)
+    }
+
+    /// Builds a manifest from a JSON document (object with `models`, or a bare array),
+    /// enforcing the reader rules.
+    pub fn from_value(doc: Value) -> Result<Self> {
+        let problems = check_document(&doc, ValidationMode::Reader);
+        if !problems.is_empty() {
+            return Err(Error::Invalid(problems));
+        }
+        let (mut top, items) = match doc {
+            Value::Array(items) => {
+                let mut top = Map::new();
+                top.insert(keys::MODELS.into(), Value::Null);
+                (top, items)
+            }
+            Value::Object(mut top) => {
+                let items = match top.get_mut(keys::MODELS).map(Value::take) {
+                    Some(Value::Array(items)) => items,
+                    _ => unreachable!("check_document checked the models array"),
+                };
+                (top, items)
+            }
+            _ => unreachable!("check_document checked the document shape"),
+        };
+        let mut models = Vec::with_capacity(items.len());
+        for item in items {
+            let Value::Object(map) = item else {
+                unreachable!("check_document checked every entry is an object")
+            };
+            models.push(ModelEntry::from_map(map)?);
+        }
+        top.entry(keys::MODELS).or_insert(Value::Null);
+        Ok(Self { top, models })
+    }
+
+    /// The canonical text (see [`crate::json`]): what the Python tools would write.
+    pub fn to_canonical_string(&self) -> String {
+        crate::json::to_canonical_string(self)
+    }
+
+    pub fn to_canonical_bytes(&self) -> Vec<u8> {
+        self.to_canonical_string().into_bytes()
+    }
+
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).expect("a manifest always converts to a JSON value")
+    }
+
+    /// Every problem at the given level (see [`crate::validate`]). A parsed manifest already
+    /// passes [`ValidationMode::Reader`], so only catalog and release rules can fail here.
+    pub fn validate(&self, mode: ValidationMode) -> Vec<Problem> {
+        check_document(&self.to_value(), mode)
+    }
+
+    pub fn models(&self) -> &[ModelEntry] {
+        &self.models
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = &ModelId> {
+        self.models.iter().map(ModelEntry::id)
+    }
+
+    pub fn get(&self, id: &ModelId) -> Option<&ModelEntry> {
+        self.models.iter().find(|e| e.id() == id)
+    }
+
+    /// Mutable access to one entry; its ID cannot change, so IDs stay unique.
+    pub fn get_mut(&mut self, id: &ModelId) -> Option<&mut ModelEntry> {
+        self.models.iter_mut().find(|e| e.id() == id)
+    }
+
+    /// Replaces the entry with the same ID where it stands, or appends it — the release tool's
+    /// update rule. Returns the replaced entry.
+    pub fn upsert(&mut self, entry: ModelEntry) -> Option<ModelEntry> {
+        match self.models.iter_mut().find(|e| e.id() == entry.id()) {
+            Some(slot) => Some(std::mem::replace(slot, entry)),
+            None => {
+                self.models.push(entry);
+                None
+            }
+        }
+    }
+
+    /// Appends a model that must not be there yet.
+    pub fn insert(&mut self, entry: ModelEntry) -> Result<()> {
+        if self.get(entry.id()).is_some() {
+            return Err(Error::DuplicateId(entry.id().to_string()));
+        }
+        self.models.push(entry);
+        Ok(())
+    }
+
+    pub fn remove(&mut self, id: &ModelId) -> Option<ModelEntry> {
+        let pos = self.models.iter().position(|e| e.id() == id)?;
+        Some(self.models.remove(pos))
+    }
+
+    /// Extension `generation`, when present.
+    pub fn generation(&self) -> Option<Generation> {
+        self.top.get(keys::GENERATION)?.as_str()?.parse().ok()
+    }
+
+    /// Extension `tinygrad_commit`, when present.
+    pub fn tinygrad_commit(&self) -> Option<GitCommit> {
+        self.top.get(keys::TINYGRAD_COMMIT)?.as_str()?.parse().ok()
+    }
+
+    /// Sets `generation` in place, or appends it after the existing keys.
+    pub fn set_generation(&mut self, generation: Generation) {
+        self.put_top(keys::GENERATION, generation.to_string().into());
+    }
+
+    pub fn set_tinygrad_commit(&mut self, commit: &GitCommit) {
+        self.put_top(keys::TINYGRAD_COMMIT, commit.as_str().into());
+    }
+
+    fn put_top(&mut self, key: &str, value: Value) {
+        match self.top.get_mut(key) {
+            Some(slot) => *slot = value,
+            None => {
+                self.top.insert(key.into(), value);
+            }
+        }
+    }
+
+    /// Top-level keys other than `models`, in order.
+    pub fn top_level(&self) -> impl Iterator<Item = (&str, &Value)> {
+        self.top
+            .iter()
+            .filter(|(k, _)| *k != keys::MODELS)
+            .map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// Sets any top-level key except `models`; the extension keys must be valid.
+    pub fn set_top_level(&mut self, key: &str, value: Value) -> Result<()> {
+        let problem = |message: String| Error::InvalidField {
+            key: key.into(),
+            problems: vec![Problem {
+                path: key.into(),
+                message,
+            }],
+        };
+        match key {
+            keys::MODELS => return Err(problem("use upsert/insert/remove for models".into())),
+            keys::GENERATION | keys::TINYGRAD_COMMIT => {
+                let s = value
+                    .as_str()
+                    .ok_or_else(|| problem("expected a string".into()))?;
+                let ok = if key == keys::GENERATION {
+                    s.parse::<Generation>().map(drop)
+                } else {
+                    s.parse::<GitCommit>().map(drop)
+                };
+                ok.map_err(|e| problem(e.to_string()))?;
+            }
+            _ => {}
+        }
+        self.put_top(key, value);
+        Ok(())
+    }
+}
+
+impl Serialize for Manifest {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.top.len()))?;
+        for (k, v) in &self.top {
+            if k == keys::MODELS {
+                map.serialize_entry(k, &self.models)?;
+            } else {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        map.end()
+    }
+}

@@ -1,0 +1,488 @@
+//! Validation: every problem of a manifest, each with its JSON path.
+//!
+//! There are three levels ([`ValidationMode`]); each includes the one before:
+//!
+//! - **Reader** — what every reader enforces and what [`crate::Manifest`] guarantees once parsed:
+//!   the document shape (an object with a `models` array, or a bare array); every entry an
+//!   object with a valid, unique `id`; and every *known* field that is present well-formed
+//!   (types, `vN`, `YYYY-MM-DD`, digests, `(0, 2 GiB]` sizes, `0..=99` chunk counts, bare file
+//!   names, names without commas, our extension fields). Fields may be missing, and an
+//!   unsupported `artifact_format` is kept, because the Python fleet accepts both (it drops
+//!   such an entry instead of failing): the downloader filters with
+//!   [`crate::ModelEntry::is_supported`].
+//! - **Catalog** — a complete catalog as the Python tools write one, with or without artifacts
+//!   (the v25 catalog fixture passes): at least one model; `id`, `name`, `version`, `series`,
+//!   `released`, `community_favorite` in every entry; `artifact_format` absent, `""` or
+//!   `tinygrad_single_v1`; `model_size` `small`/`chestnut`; `artifact_size` and
+//!   `artifact_sha256` together (also in each `accelerator_artifacts` variant);
+//!   `artifact_chunk_sha256` only with `artifact_chunk_count`, one digest per chunk;
+//!   `artifact_url` an http(s) URL.
+//! - **Release** — what we publish: additionally, no `local-` model (local builds never leave
+//!   their device) and every entry downloadable: `artifact_format` exactly `tinygrad_single_v1`
+//!   plus `artifact_size`, `artifact_sha256` and `artifact_chunk_count`. A count of 0 (one plain
+//!   file) is allowed because entries published earlier by the Python tools may use it; our
+//!   own builds always publish chunk sets.
+//!
+//! The 2 MiB size limit applies at every level and is checked before parsing.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde_json::{Map, Value};
+
+use crate::Limits;
+use crate::error::Error;
+use crate::keys;
+use crate::types::{
+    ArtifactFormat, ArtifactSize, BehaviorVersion, ChunkCount, FileName, Generation, GitCommit,
+    ModelId, ModelName, ReleaseDate,
+};
+
+/// One problem found in a manifest: where (a JSON path such as `models[3].artifact_sha256`, or
+/// `$` for the whole document) and what.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// How much validation demands; see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ValidationMode {
+    Reader,
+    Catalog,
+    Release,
+}
+
+/// Validates raw manifest bytes: size limit first, then JSON, then every rule of `mode`.
+/// Returns every problem found; empty means valid.
+pub fn validate_bytes(bytes: &[u8], mode: ValidationMode, limits: &Limits) -> Vec<Problem> {
+    if bytes.len() as u64 > limits.max_manifest_bytes {
+        return vec![Problem {
+            path: ROOT.into(),
+            message: format!(
+                "manifest is {} bytes, more than the limit of {} bytes",
+                bytes.len(),
+                limits.max_manifest_bytes
+            ),
+        }];
+    }
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(doc) => check_document(&doc, mode),
+        Err(e) => vec![Problem {
+            path: ROOT.into(),
+            message: format!("not valid JSON: {e}"),
+        }],
+    }
+}
+
+pub(crate) const ROOT: &str = "$";
+
+/// Cuts long values so that a hostile manifest cannot flood an error message.
+pub(crate) fn abbreviate(s: &str) -> String {
+    const MAX: usize = 80;
+    if s.len() <= MAX {
+        return s.to_owned();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+pub(crate) fn join_key(parent: &str, key: &str) -> String {
+    let plain = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    match (parent.is_empty() || parent == ROOT, plain) {
+        (true, true) => key.to_owned(),
+        (true, false) => format!("[{key:?}]"),
+        (false, true) => format!("{parent}.{key}"),
+        (false, false) => format!("{parent}[{key:?}]"),
+    }
+}
+
+pub(crate) fn entry_path(index: usize) -> String {
+    format!("{}[{index}]", keys::MODELS)
+}
+
+struct Sink<'a>(&'a mut Vec<Problem>);
+
+impl Sink<'_> {
+    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+}
+
+fn kind_of(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("boolean {b}"),
+        Value::Number(n) => format!("number {n}"),
+        Value::String(s) => format!("string {:?}", abbreviate(s)),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
+/// The reason of a newtype parse error, with the offending value.
+fn reason(err: Error) -> String {
+    match err {
+        Error::InvalidValue { value, reason, .. } => format!("{reason} (got {value:?})"),
+        other => other.to_string(),
+    }
+}
+
+fn expect_str(v: &Value) -> Result<&str, String> {
+    v.as_str()
+        .ok_or_else(|| format!("expected a string, found {}", kind_of(v)))
+}
+
+fn expect_bool(v: &Value) -> Result<(), String> {
+    v.as_bool()
+        .map(drop)
+        .ok_or_else(|| format!("expected true or false, found {}", kind_of(v)))
+}
+
+fn expect_uint(v: &Value) -> Result<u64, String> {
+    v.as_u64()
+        .ok_or_else(|| format!("expected a non-negative integer, found {}", kind_of(v)))
+}
+
+/// Reader-level check of one scalar field, shared by entries and `accelerator_artifacts`
+/// variants. Unknown keys are not ours to judge.
+fn check_scalar(key: &str, v: &Value) -> Result<(), String> {
+    match key {
+        keys::ID => expect_str(v)?.parse::<ModelId>().map(drop).map_err(reason),
+        keys::NAME => expect_str(v)?
+            .parse::<ModelName>()
+            .map(drop)
+            .map_err(reason),
+        keys::VERSION => expect_str(v)?
+            .parse::<BehaviorVersion>()
+            .map(drop)
+            .map_err(reason),
+        keys::RELEASED => expect_str(v)?
+            .parse::<ReleaseDate>()
+            .map(drop)
+            .map_err(reason),
+        keys::SERIES
+        | keys::MODEL_SIZE
+        | keys::ARTIFACT_FORMAT
+        | keys::ARTIFACT_URL
+        | keys::EXECUTION_DEVICE => expect_str(v).map(drop),
+        keys::COMMUNITY_FAVORITE | keys::USES_EXTERNAL_GPU | keys::MODEL_LAB_ELIGIBLE => {
+            expect_bool(v)
+        }
+        keys::ARTIFACT_SIZE => ArtifactSize::new(expect_uint(v)?).map(drop).map_err(reason),
+        keys::ARTIFACT_CHUNK_COUNT => ChunkCount::new(expect_uint(v)?).map(drop).map_err(reason),
+        keys::ARTIFACT_SHA256 => check_digest(v),
+        keys::ARTIFACT_FILENAME => expect_str(v)?.parse::<FileName>().map(drop).map_err(reason),
+        keys::SOURCE_COMMIT => expect_str(v)?
+            .parse::<GitCommit>()
+            .map(drop)
+            .map_err(reason),
+        _ => Ok(()),
+    }
+}
+
+fn check_digest(v: &Value) -> Result<(), String> {
+    let s = expect_str(v)?;
+    s.parse::<crate::Sha256Digest>()
+        .map(drop)
+        .map_err(|_| format!("not 64 lowercase hex digits (got {:?})", abbreviate(s)))
+}
+
+/// Reader-level check of every known field of one entry (but not its `id`'s uniqueness).
+pub(crate) fn check_entry_reader(map: &Map<String, Value>, path: &str, out: &mut Vec<Problem>) {
+    let mut sink = Sink(out);
+    if !map.contains_key(keys::ID) {
+        sink.push(join_key(path, keys::ID), "missing; every entry needs an id");
+    }
+    for (key, v) in map {
+        let here = join_key(path, key);
+        match key.as_str() {
+            keys::ACCELERATOR_ARTIFACTS => check_accelerators_reader(v, &here, &mut sink),
+            keys::ARTIFACT_CHUNK_SHA256 => match v {
+                Value::Array(items) => {
+                    if items.len() > ChunkCount::MAX as usize {
+                        sink.push(&here, "more than 99 chunk digests");
+                    }
+                    for (i, item) in items.iter().enumerate() {
+                        if let Err(m) = check_digest(item) {
+                            sink.push(format!("{here}[{i}]"), m);
+                        }
+                    }
+                }
+                other => sink.push(
+                    here,
+                    format!("expected an array of digests, found {}", kind_of(other)),
+                ),
+            },
+            _ => {
+                if let Err(m) = check_scalar(key, v) {
+                    sink.push(here, m);
+                }
+            }
+        }
+    }
+}
+
+fn check_accelerators_reader(v: &Value, path: &str, sink: &mut Sink<'_>) {
+    let Some(variants) = v.as_object() else {
+        sink.push(path, format!("expected an object, found {}", kind_of(v)));
+        return;
+    };
+    for (name, variant) in variants {
+        let vpath = join_key(path, name);
+        let Some(fields) = variant.as_object() else {
+            sink.push(
+                vpath,
+                format!("expected an object, found {}", kind_of(variant)),
+            );
+            continue;
+        };
+        for (key, fv) in fields {
+            if let Err(m) = check_scalar(key, fv) {
+                sink.push(join_key(&vpath, key), m);
+            }
+        }
+    }
+}
+
+fn check_top_reader(top: &Map<String, Value>, out: &mut Vec<Problem>) {
+    let mut sink = Sink(out);
+    for (key, v) in top {
+        let r = match key.as_str() {
+            keys::GENERATION => {
+                expect_str(v).and_then(|s| s.parse::<Generation>().map(drop).map_err(reason))
+            }
+            keys::TINYGRAD_COMMIT => {
+                expect_str(v).and_then(|s| s.parse::<GitCommit>().map(drop).map_err(reason))
+            }
+            _ => Ok(()),
+        };
+        if let Err(m) = r {
+            sink.push(join_key(ROOT, key), m);
+        }
+    }
+}
+
+/// A document split into its top-level object (absent for a bare array) and its entries.
+type Parts<'a> = (Option<&'a Map<String, Value>>, &'a [Value]);
+
+/// The entries of a document, or a problem explaining why there are none.
+fn entries_of(doc: &Value) -> Result<Parts<'_>, Problem> {
+    let bad = |message: String| Problem {
+        path: ROOT.into(),
+        message,
+    };
+    match doc {
+        Value::Array(items) => Ok((None, items)),
+        Value::Object(top) => match top.get(keys::MODELS) {
+            Some(Value::Array(items)) => Ok((Some(top), items)),
+            Some(other) => Err(Problem {
+                path: keys::MODELS.into(),
+                message: format!(
+                    "expected an array of model entries, found {}",
+                    kind_of(other)
+                ),
+            }),
+            None => Err(bad("missing the \"models\" array".into())),
+        },
+        other => Err(bad(format!(
+            "expected an object with a \"models\" array, found {}",
+            kind_of(other)
+        ))),
+    }
+}
+
+/// Every problem of a parsed document at the given level.
+pub(crate) fn check_document(doc: &Value, mode: ValidationMode) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let (top, entries) = match entries_of(doc) {
+        Ok(x) => x,
+        Err(p) => return vec![p],
+    };
+    if let Some(top) = top {
+        check_top_reader(top, &mut out);
+    }
+    if mode != ValidationMode::Reader && entries.is_empty() {
+        out.push(Problem {
+            path: keys::MODELS.into(),
+            message: "no models; devices ignore a manifest without entries".into(),
+        });
+    }
+    let mut first_seen: HashMap<&str, usize> = HashMap::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let path = entry_path(i);
+        let Some(map) = entry.as_object() else {
+            out.push(Problem {
+                path,
+                message: format!("expected an object, found {}", kind_of(entry)),
+            });
+            continue;
+        };
+        check_entry_reader(map, &path, &mut out);
+        if let Some(id) = map.get(keys::ID).and_then(Value::as_str) {
+            if let Some(first) = first_seen.get(id) {
+                out.push(Problem {
+                    path: join_key(&path, keys::ID),
+                    message: format!(
+                        "duplicate model ID {:?} (first at {})",
+                        abbreviate(id),
+                        entry_path(*first)
+                    ),
+                });
+            } else {
+                first_seen.insert(id, i);
+            }
+        }
+        if mode != ValidationMode::Reader {
+            check_entry_strict(map, &path, mode, &mut out);
+        }
+    }
+    out
+}
+
+/// Catalog and release rules for one entry. Only reports what the reader check did not: a
+/// missing key, or a well-typed value that breaks a stricter rule.
+fn check_entry_strict(
+    map: &Map<String, Value>,
+    path: &str,
+    mode: ValidationMode,
+    out: &mut Vec<Problem>,
+) {
+    let mut sink = Sink(out);
+    for key in keys::CATALOG_REQUIRED {
+        // `id` missing is already a reader problem.
+        if *key != keys::ID && !map.contains_key(*key) {
+            sink.push(
+                join_key(path, key),
+                "missing; required in every catalog entry",
+            );
+        }
+    }
+    check_artifact_fields_strict(map, path, &mut sink);
+    if let Some(Value::String(size)) = map.get(keys::MODEL_SIZE)
+        && !matches!(size.as_str(), "small" | "chestnut")
+    {
+        sink.push(
+            join_key(path, keys::MODEL_SIZE),
+            format!(
+                "must be \"small\" or \"chestnut\" (got {:?})",
+                abbreviate(size)
+            ),
+        );
+    }
+    if let Some(Value::Array(digests)) = map.get(keys::ARTIFACT_CHUNK_SHA256) {
+        let here = join_key(path, keys::ARTIFACT_CHUNK_SHA256);
+        match map.get(keys::ARTIFACT_CHUNK_COUNT).and_then(Value::as_u64) {
+            None if !map.contains_key(keys::ARTIFACT_CHUNK_COUNT) => {
+                sink.push(here, "present without artifact_chunk_count");
+            }
+            Some(count) if count != digests.len() as u64 => sink.push(
+                here,
+                format!(
+                    "has {} digests but artifact_chunk_count is {count}",
+                    digests.len()
+                ),
+            ),
+            _ => {}
+        }
+    }
+    if let Some(Value::Object(variants)) = map.get(keys::ACCELERATOR_ARTIFACTS) {
+        let apath = join_key(path, keys::ACCELERATOR_ARTIFACTS);
+        for (name, variant) in variants {
+            if let Value::Object(fields) = variant {
+                check_artifact_fields_strict(fields, &join_key(&apath, name), &mut sink);
+            }
+        }
+    }
+
+    if mode != ValidationMode::Release {
+        return;
+    }
+    let local = map
+        .get(keys::ID)
+        .and_then(Value::as_str)
+        .is_some_and(|id| id.starts_with(ModelId::LOCAL_PREFIX));
+    if local {
+        sink.push(
+            join_key(path, keys::ID),
+            "local models are never published in a release manifest",
+        );
+        return;
+    }
+    match map.get(keys::ARTIFACT_FORMAT) {
+        None => sink.push(
+            join_key(path, keys::ARTIFACT_FORMAT),
+            "missing; a release entry must be tinygrad_single_v1",
+        ),
+        Some(Value::String(f)) if f.is_empty() => sink.push(
+            join_key(path, keys::ARTIFACT_FORMAT),
+            "empty; a release entry must be tinygrad_single_v1",
+        ),
+        _ => {}
+    }
+    for key in [
+        keys::ARTIFACT_SIZE,
+        keys::ARTIFACT_SHA256,
+        keys::ARTIFACT_CHUNK_COUNT,
+    ] {
+        if !map.contains_key(key) {
+            sink.push(
+                join_key(path, key),
+                "missing; required for every published model",
+            );
+        }
+    }
+}
+
+/// Rules shared by an entry and its accelerator variants.
+fn check_artifact_fields_strict(map: &Map<String, Value>, path: &str, sink: &mut Sink<'_>) {
+    if let Some(Value::String(f)) = map.get(keys::ARTIFACT_FORMAT)
+        && !ArtifactFormat::parse(f).is_supported()
+    {
+        sink.push(
+                join_key(path, keys::ARTIFACT_FORMAT),
+                format!(
+                    "unknown artifact_format {:?} (allowed: absent, \"\", \"tinygrad_single_v1\"); devices would drop this entry",
+                    abbreviate(f)
+                ),
+            );
+    }
+    let has_size = map.contains_key(keys::ARTIFACT_SIZE);
+    let has_sha = map.contains_key(keys::ARTIFACT_SHA256);
+    if has_size && !has_sha {
+        sink.push(
+            join_key(path, keys::ARTIFACT_SHA256),
+            "missing; required when artifact_size is present",
+        );
+    }
+    if has_sha && !has_size {
+        sink.push(
+            join_key(path, keys::ARTIFACT_SIZE),
+            "missing; required when artifact_sha256 is present",
+        );
+    }
+    if let Some(Value::String(url)) = map.get(keys::ARTIFACT_URL)
+        && !(url.starts_with("https://") || url.starts_with("http://"))
+    {
+        sink.push(
+            join_key(path, keys::ARTIFACT_URL),
+            format!("not an http(s) URL (got {:?})", abbreviate(url)),
+        );
+    }
+}
