@@ -1,6 +1,7 @@
 //! One module per command group. Each exposes a clap `Args`/`Subcommand` type and a `run`.
 
 pub mod chunk;
+pub mod manifest;
 
 use clap::Subcommand;
 
@@ -11,10 +12,14 @@ pub enum Command {
     /// Split, join and verify chunk sets (`NAME.chunkNNofMM` + `.chunkmanifest` + `.sha256`).
     #[command(subcommand)]
     Chunk(chunk::ChunkCommand),
+    /// Validate, format and diff manifests (`model_names_<gen>.json`).
+    #[command(subcommand)]
+    Manifest(manifest::ManifestCommand),
 }
 
 pub fn run(command: Command) -> CliResult {
     match command {
         Command::Chunk(c) => chunk::run(c),
+        Command::Manifest(c) => manifest::run(c),
     }
 }

@@ -1,0 +1,146 @@
+//! The `release-cli manifest` contract, run against the real binary.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn catalog() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../crates/manifest/tests/fixtures/model_names_v25.catalog.json")
+}
+
+fn cli(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_release-cli"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run release-cli")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn the_real_catalog_validates_and_formats_to_itself() {
+    let t = tempfile::tempdir().unwrap();
+    let path = catalog();
+    let p = path.to_str().unwrap();
+    let out = cli(&["manifest", "validate", p], t.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("97 models"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let out = cli(&["manifest", "fmt", p], t.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.stdout, fs::read(&path).unwrap());
+    assert!(
+        cli(&["manifest", "fmt", "--check", p], t.path())
+            .status
+            .success()
+    );
+
+    // The catalog has no artifact fields yet, so it is not publishable as is.
+    let out = cli(
+        &["manifest", "validate", "--mode", "release", "--json", p],
+        t.path(),
+    );
+    assert_eq!(out.status.code(), Some(3));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["valid"], false);
+    assert_eq!(v["problems"].as_array().unwrap().len(), 4 * 97);
+}
+
+#[test]
+fn validate_lists_every_problem_with_its_path() {
+    let t = tempfile::tempdir().unwrap();
+    let bad = r#"{"models": [
+  {"id": "../x", "name": "A, B", "version": "v8", "series": "S", "released": "2025-01-01", "community_favorite": false},
+  {"id": "ok1", "name": "Ok", "version": "v8", "series": "S", "released": "2025-01-01", "community_favorite": false,
+   "artifact_format": "split", "artifact_size": 10, "artifact_sha256": "ABC", "artifact_chunk_count": 1000},
+  {"id": "ok1", "name": "Dup", "version": "v8", "series": "S", "released": "2025-01-01", "community_favorite": false}
+]}"#;
+    fs::write(t.path().join("bad.json"), bad).unwrap();
+    let out = cli(&["manifest", "validate", "bad.json"], t.path());
+    assert_eq!(out.status.code(), Some(3));
+    let listed = text(&out.stdout);
+    for want in [
+        "models[0].id",
+        "models[0].name",
+        "models[1].artifact_format",
+        "models[1].artifact_sha256",
+        "models[1].artifact_chunk_count",
+        "models[2].id",
+    ] {
+        assert!(listed.contains(want), "missing {want} in:\n{listed}");
+    }
+    assert!(
+        text(&out.stderr).contains("problems"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn oversized_manifest_is_refused_before_parsing() {
+    let t = tempfile::tempdir().unwrap();
+    let mut big = String::from("{\"models\": [], \"pad\": \"");
+    big.push_str(&"x".repeat(3 << 20));
+    big.push_str("\"}");
+    fs::write(t.path().join("big.json"), big).unwrap();
+    let out = cli(&["manifest", "validate", "big.json"], t.path());
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        text(&out.stdout).contains("more than the limit"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn diff_shows_added_removed_and_changed() {
+    let t = tempfile::tempdir().unwrap();
+    let entry = |id: &str, name: &str| {
+        format!(
+            r#"{{"id": "{id}", "name": "{name}", "version": "v8", "series": "S", "released": "2025-01-01", "community_favorite": false}}"#
+        )
+    };
+    fs::write(
+        t.path().join("old.json"),
+        format!(
+            r#"{{"models": [{}, {}]}}"#,
+            entry("a1", "A"),
+            entry("b1", "B")
+        ),
+    )
+    .unwrap();
+    fs::write(
+        t.path().join("new.json"),
+        format!(
+            r#"{{"models": [{}, {}]}}"#,
+            entry("a1", "A2"),
+            entry("c1", "C")
+        ),
+    )
+    .unwrap();
+    let out = cli(&["manifest", "diff", "old.json", "new.json"], t.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(s.contains("+ model c1"), "{s}");
+    assert!(s.contains("- model b1"), "{s}");
+    assert!(
+        s.contains("~ model a1") && s.contains("name: \"A\" -> \"A2\""),
+        "{s}"
+    );
+
+    let out = cli(
+        &["manifest", "diff", "--json", "old.json", "new.json"],
+        t.path(),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["added"], serde_json::json!(["c1"]));
+    assert_eq!(v["changed"][0]["fields"][0]["new"], "A2");
+}
