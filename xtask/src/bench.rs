@@ -39,7 +39,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     for tool in ["openssl", "dd"] {
         if Command::new(tool).arg("--version").output().is_err() {
-            return Err(format!("bench needs `{tool}` on PATH (apt-get install {tool})"));
+            return Err(format!(
+                "bench needs `{tool}` on PATH (apt-get install {tool})"
+            ));
         }
     }
     util::cargo(&["build", "--release", "--quiet", "-p", "release-cli"])?;
@@ -49,7 +51,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
     let input = work.join("bench_driving_tinygrad.pkl");
-    eprintln!("bench: writing a {size_mib} MiB artifact to {}", input.display());
+    eprintln!(
+        "bench: writing a {size_mib} MiB artifact to {}",
+        input.display()
+    );
     write_pseudo_random(&input, size_mib << 20)?;
     warm(&input)?;
 
@@ -63,7 +68,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
 fn chunker_rows(bin: &Path, work: &Path, input: &Path) -> Result<Vec<Row>, String> {
     eprintln!("bench: anchors (openssl dgst -sha256, dd bs=4M conv=fsync)");
-    let openssl = best_of(RUNS, || {}, || quiet(Command::new("openssl").args(["dgst", "-sha256"]).arg(input)))?;
+    let openssl = best_of(
+        RUNS,
+        || {},
+        || quiet(Command::new("openssl").args(["dgst", "-sha256"]).arg(input)),
+    )?;
     let dd_out = work.join("dd.out");
     let dd = best_of(
         RUNS,
@@ -91,20 +100,31 @@ fn chunker_rows(bin: &Path, work: &Path, input: &Path) -> Result<Vec<Row>, Strin
         },
         || {
             let mut c = Command::new(bin);
-            c.args(["chunk", "split"]).arg(input).arg("--out-dir").arg(&out);
+            c.args(["chunk", "split"])
+                .arg(input)
+                .arg("--out-dir")
+                .arg(&out);
             quiet(&mut c)
         },
     )?;
     eprintln!("bench: release-cli chunk verify");
     let logical = out.join(input.file_name().expect("file name"));
-    let verify = best_of(RUNS, || {}, || {
-        let mut c = Command::new(bin);
-        c.args(["chunk", "verify"]).arg(&logical);
-        quiet(&mut c)
-    })?;
+    let verify = best_of(
+        RUNS,
+        || {},
+        || {
+            let mut c = Command::new(bin);
+            c.args(["chunk", "verify"]).arg(&logical);
+            quiet(&mut c)
+        },
+    )?;
 
     let floor = if openssl.wall > dd.wall { openssl } else { dd };
-    let floor_name = if openssl.wall > dd.wall { "openssl" } else { "dd fsync" };
+    let floor_name = if openssl.wall > dd.wall {
+        "openssl"
+    } else {
+        "dd fsync"
+    };
     let split_ratio = split.wall.as_secs_f64() / floor.wall.as_secs_f64();
     let verify_ratio = openssl.wall.as_secs_f64() / verify.wall.as_secs_f64();
     let split_rss_mib = split.max_rss_kib as f64 / 1024.0;
@@ -112,7 +132,12 @@ fn chunker_rows(bin: &Path, work: &Path, input: &Path) -> Result<Vec<Row>, Strin
         Row {
             name: "chunk split time / slower anchor",
             ours: secs(split),
-            anchor: format!("{} ({floor_name}; openssl {}, dd {})", secs(floor), secs(openssl), secs(dd)),
+            anchor: format!(
+                "{} ({floor_name}; openssl {}, dd {})",
+                secs(floor),
+                secs(openssl),
+                secs(dd)
+            ),
             ratio: split_ratio,
             bar: "<= 1.18 (1/0.85)",
             pass: split_ratio <= 1.0 / 0.85,
@@ -180,7 +205,9 @@ fn warm(path: &Path) -> Result<(), String> {
 }
 
 fn print_table(size_mib: u64, rows: &[Row]) {
-    println!("\nbenchmarks on a {size_mib} MiB artifact (best of {RUNS}; ratios are ours vs the anchor in this run)\n");
+    println!(
+        "\nbenchmarks on a {size_mib} MiB artifact (best of {RUNS}; ratios are ours vs the anchor in this run)\n"
+    );
     println!(
         "{:<38} {:>12}  {:<48} {:>7}  {:<18} {}",
         "benchmark", "ours", "anchor", "ratio", "bar", "result"
