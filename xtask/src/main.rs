@@ -4,10 +4,12 @@
 //!   This is the README's test command and what `.ci/run` runs.
 //! - `bench [--size SIZE_MIB]`: builds release binaries and prints one table of benchmark ratios,
 //!   each measured against an anchor (openssl, dd, curl) run on the same data in the same run.
+//! - `docs`: regenerate `docs/cli.md` from the binaries' clap help.
 //!
 //! Plain Rust with one small dependency (libc, for per-child peak RSS), so it builds fast.
 
 mod bench;
+mod docs;
 mod util;
 
 use std::process::ExitCode;
@@ -17,6 +19,7 @@ const USAGE: &str = "usage: cargo xtask <task>
 tasks:
   ci                 fmt --check, clippy -D warnings, and every test (the README's test command)
   bench [--size N]   benchmark ratios against anchors; N = artifact size in MiB (default 1024)
+  docs               regenerate docs/cli.md from the binaries' clap help
 ";
 
 fn main() -> ExitCode {
@@ -24,6 +27,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("bench") => bench::run(&args[1..]),
+        Some("docs") => docs::run(),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
             Ok(())
