@@ -1,1 +1,158 @@
-//! Device-side download: origins, manifest fetch, parallel verified resumable chunk download, atomic install. Filled in by its own issue.
+//! Device-side download of StarPilot driving models: the generation's manifest from Hugging Face
+//! then GitHub, and a model's artifact fetched in parallel, resumed, retried, verified and
+//! installed atomically under `/data/models`.
+//!
+//! What it guarantees:
+//! - only the current generation's versioned paths are requested (`manifest::layout`);
+//! - manifests are size-capped and strictly validated, and a bad one falls through to the next
+//!   origin;
+//! - payload bytes are never written past the size the manifest declares, and nothing reaches
+//!   its final name before the whole SHA-256 (and each chunk's, when published) matched;
+//! - a failure on every origin leaves nothing under a final name.
+//!
+//! What it does not do: decide what to download or delete (that is `migration`), touch params,
+//! or load models. It never holds an artifact in memory: pieces stream to a staging file.
+
+mod download;
+mod error;
+mod http;
+mod origin;
+pub mod space;
+
+pub use download::{
+    CancelToken, DownloadConfig, Event, Installed, Piece, Target, plan_pieces, remove_other_forms,
+};
+pub use error::{Error, Result};
+pub use http::HttpConfig;
+pub use origin::{DEFAULT_GITHUB_BASE, DEFAULT_HF_BASE, Origin, OriginKind, Origins};
+
+use std::path::Path;
+
+use manifest::{Generation, Limits, Manifest, ModelEntry};
+
+use crate::http::Http;
+
+/// A manifest and where it came from.
+#[derive(Debug, Clone)]
+pub struct FetchedManifest {
+    pub manifest: Manifest,
+    pub origin: String,
+    pub url: String,
+}
+
+/// Origins, an HTTP client and tuning, shared by every download of a manager.
+pub struct Downloader {
+    http: Http,
+    origins: Origins,
+    config: DownloadConfig,
+    limits: Limits,
+}
+
+impl Downloader {
+    pub fn new(origins: Origins, config: DownloadConfig) -> Self {
+        Self {
+            http: Http::new(&config.http),
+            origins,
+            config,
+            limits: Limits::default(),
+        }
+    }
+
+    pub fn origins(&self) -> &Origins {
+        &self.origins
+    }
+
+    pub fn config(&self) -> &DownloadConfig {
+        &self.config
+    }
+
+    /// The generation's manifest from the first origin that serves a valid one. Each origin's
+    /// failure (HTTP error, oversize, invalid JSON, broken rules, another generation) is kept
+    /// in the error if none succeeds.
+    pub fn fetch_manifest(&self, generation: Generation) -> Result<FetchedManifest> {
+        let mut attempts = Vec::new();
+        for origin in self.origins.iter() {
+            let url = origin.manifest_url(generation);
+            match self.fetch_one_manifest(&url, generation) {
+                Ok(manifest) => {
+                    return Ok(FetchedManifest {
+                        manifest,
+                        origin: origin.to_string(),
+                        url,
+                    });
+                }
+                Err(e) => attempts.push((origin.to_string(), e)),
+            }
+        }
+        Err(Error::ManifestUnavailable {
+            generation: generation.to_string(),
+            attempts,
+        })
+    }
+
+    fn fetch_one_manifest(&self, url: &str, generation: Generation) -> Result<Manifest> {
+        let cancel = CancelToken::new();
+        let id = manifest::layout::builtin_model_id();
+        let bytes = download::with_retries(&self.config, &cancel, &id, || {
+            self.http.get_small(url, self.limits.max_manifest_bytes)
+        })?;
+        let manifest = Manifest::from_slice_limited(&bytes, &self.limits).map_err(|source| {
+            Error::BadManifest {
+                url: url.to_string(),
+                source,
+            }
+        })?;
+        if let Some(found) = manifest.generation()
+            && found != generation
+        {
+            return Err(Error::WrongGeneration {
+                url: url.to_string(),
+                expected: generation.to_string(),
+                found: found.to_string(),
+            });
+        }
+        Ok(manifest)
+    }
+
+    /// Download `entry`'s artifact of `generation` into `models_dir`, trying each origin in
+    /// order. Progress and origin changes go to `on_event`.
+    pub fn download(
+        &self,
+        generation: Generation,
+        entry: &ModelEntry,
+        models_dir: &Path,
+        cancel: &CancelToken,
+        on_event: &(dyn Fn(Event) + Sync),
+    ) -> Result<Installed> {
+        let target = Target::from_entry(entry)?;
+        let mut attempts = Vec::new();
+        let job = download::Job {
+            http: &self.http,
+            config: &self.config,
+            generation,
+            target: &target,
+            models_dir,
+            cancel,
+            on_event,
+        };
+        for origin in self.origins.iter() {
+            if cancel.is_cancelled() {
+                return Err(Error::Cancelled {
+                    model: target.id.to_string(),
+                });
+            }
+            on_event(Event::Origin {
+                origin: origin.to_string(),
+            });
+            match download::download_from(&job, origin) {
+                Ok(done) => return Ok(done),
+                Err(e) if e.is_local() => return Err(e),
+                Err(e) => attempts.push((origin.to_string(), e)),
+            }
+        }
+        Err(Error::AllOriginsFailed {
+            model: target.id.to_string(),
+            attempts,
+        })
+    }
+}

@@ -276,10 +276,7 @@ fn take_fault(shared: &Shared, path: &str) -> Option<Fault> {
 
 fn local_path(root: &Path, url_path: &str) -> Option<PathBuf> {
     let rel = Path::new(url_path.trim_start_matches('/'));
-    if rel
-        .components()
-        .any(|c| !matches!(c, Component::Normal(_)))
-    {
+    if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
         return None;
     }
     Some(root.join(rel))
@@ -590,8 +587,15 @@ mod tests {
         assert!(r.starts_with(b"HTTP/1.1 206"));
         assert_eq!(body_of(&r), b"234");
 
-        let r = raw(srv.addr(), "GET /a/../etc HTTP/1.1\r\nConnection: close\r\n\r\n");
-        assert!(r.starts_with(b"HTTP/1.1 400"), "{}", String::from_utf8_lossy(&r));
+        let r = raw(
+            srv.addr(),
+            "GET /a/../etc HTTP/1.1\r\nConnection: close\r\n\r\n",
+        );
+        assert!(
+            r.starts_with(b"HTTP/1.1 400"),
+            "{}",
+            String::from_utf8_lossy(&r)
+        );
 
         srv.add_fault("/a/f.bin", Fault::IgnoreRange, Some(1));
         let r = raw(
@@ -606,7 +610,10 @@ mod tests {
         assert_eq!(body_of(&r), b"012");
 
         srv.add_fault("/a/f.bin", Fault::Status(429), Some(1));
-        let r = raw(srv.addr(), "GET /a/f.bin HTTP/1.1\r\nConnection: close\r\n\r\n");
+        let r = raw(
+            srv.addr(),
+            "GET /a/f.bin HTTP/1.1\r\nConnection: close\r\n\r\n",
+        );
         assert!(r.starts_with(b"HTTP/1.1 429"));
 
         srv.add_fault("/a/f.bin", Fault::OverSend(5), Some(1));

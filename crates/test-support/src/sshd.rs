@@ -169,7 +169,9 @@ impl Sshd {
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("sshd did not listen on 127.0.0.1:{port} within 15 s"));
+                return Err(format!(
+                    "sshd did not listen on 127.0.0.1:{port} within 15 s"
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -222,7 +224,16 @@ impl Drop for Sshd {
 
 fn keygen(path: &Path) -> Result<(), String> {
     let out = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", "starpilot-test", "-f"])
+        .args([
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-C",
+            "starpilot-test",
+            "-f",
+        ])
         .arg(path)
         .stdin(Stdio::null())
         .output()

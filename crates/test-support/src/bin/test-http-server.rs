@@ -27,7 +27,9 @@ fn main() -> ExitCode {
                         .map_err(|e| format!("--addr: {e}"))?
                 }
                 "--rate-per-conn" => {
-                    let v: u64 = value()?.parse().map_err(|e| format!("--rate-per-conn: {e}"))?;
+                    let v: u64 = value()?
+                        .parse()
+                        .map_err(|e| format!("--rate-per-conn: {e}"))?;
                     config.rate_per_conn = (v > 0).then_some(v);
                 }
                 "--latency-ms" => {

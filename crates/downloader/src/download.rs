@@ -1,0 +1,881 @@
+//! One model's artifact: plan the pieces, fetch them in parallel into one staging file, verify,
+//! then install with a single rename.
+//!
+//! Install layout: whatever the published form (plain file or chunk set), the artifact is
+//! assembled into one staging file `.tmp-partial-<sha16>-<name>` beside its final place, each
+//! piece written at its own offset. After the whole SHA-256 matches, the file is fsynced and
+//! renamed over `<id>_driving_tinygrad.pkl`, and the directory fsynced. A plain file wins over a
+//! chunk set for every reader (SPEC.md section 3), so that one rename is the moment the new
+//! artifact becomes visible; a reader holding the old file keeps reading the old inode, so it can
+//! never see a mix. Leftover chunk-set or `.pNN` files of the same name are removed afterwards,
+//! `.chunkmanifest` first.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::fs::{self, File, OpenOptions};
+use std::hash::{BuildHasher, Hasher as _};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use chunker::atomic::{TEMP_PREFIX, remove_if_exists, sync_dir, write_atomic};
+use chunker::{Hasher, Sha256Digest};
+use manifest::{FileName, Generation, ModelEntry, ModelId};
+
+use crate::error::{Error, IoContext, Result};
+use crate::http::{Http, HttpConfig};
+use crate::origin::Origin;
+use crate::space;
+
+/// Tuning of one download.
+#[derive(Debug, Clone)]
+pub struct DownloadConfig {
+    /// Parallel connections per download.
+    pub connections: usize,
+    /// Ranges fetched in parallel within one chunk (1 = a chunk is one request).
+    pub ranges_per_chunk: usize,
+    /// Tries per range before the origin counts as failed.
+    pub max_attempts: u32,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// Free space required beyond the artifact itself.
+    pub space_margin: u64,
+    pub http: HttpConfig,
+}
+
+impl Default for DownloadConfig {
+    fn default() -> Self {
+        Self {
+            connections: 4,
+            ranges_per_chunk: 1,
+            max_attempts: 5,
+            backoff_base: Duration::from_millis(250),
+            backoff_max: Duration::from_secs(8),
+            space_margin: 64 * 1024 * 1024,
+            http: HttpConfig::default(),
+        }
+    }
+}
+
+/// What a download reports while it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Trying this origin.
+    Origin { origin: String },
+    /// Bytes of the artifact present in staging so far.
+    Progress { done: u64, total: u64 },
+    /// All bytes are in; hashing before install.
+    Verifying,
+    /// Verified and renamed into place.
+    Installed { path: PathBuf },
+}
+
+/// A cancellation flag shared between the one who asks and the download.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A verified, installed artifact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    pub path: PathBuf,
+    pub size: u64,
+    pub sha256: Sha256Digest,
+    pub origin: String,
+}
+
+/// What to fetch, checked against the manifest entry before any request.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub id: ModelId,
+    /// Remote logical name (`artifact_filename` or `<id>_driving_tinygrad.pkl`).
+    pub remote_name: FileName,
+    /// Local logical name, always `<id>_driving_tinygrad.pkl`: what modeld opens.
+    pub local_name: FileName,
+    pub size: u64,
+    pub sha256: Sha256Digest,
+    /// 0 = one plain file.
+    pub chunk_count: u32,
+    pub chunk_sha256: Option<Vec<Sha256Digest>>,
+}
+
+impl Target {
+    pub fn from_entry(entry: &ModelEntry) -> Result<Self> {
+        let model = entry.id().to_string();
+        let bad = |reason: &str| Error::NotDownloadable {
+            model: model.clone(),
+            reason: reason.to_string(),
+        };
+        if entry.id().is_local() {
+            return Err(bad("local models are never downloaded"));
+        }
+        if !entry.is_supported() {
+            return Err(bad("unsupported artifact_format"));
+        }
+        let artifact = entry
+            .artifact()
+            .ok_or_else(|| bad("artifact_size or artifact_sha256 missing"))?;
+        let chunk_sha256 = entry.chunk_digests();
+        if let Some(list) = &chunk_sha256
+            && list.len() != artifact.chunk_count.get() as usize
+        {
+            return Err(bad(
+                "artifact_chunk_sha256 does not have one digest per chunk",
+            ));
+        }
+        Ok(Self {
+            id: entry.id().clone(),
+            remote_name: entry.file_name(),
+            local_name: manifest::layout::artifact_file_name(entry.id()),
+            size: artifact.size.get(),
+            sha256: artifact.sha256,
+            chunk_count: artifact.chunk_count.get(),
+            chunk_sha256,
+        })
+    }
+
+    /// The staging file's name: tied to the artifact digest so bytes of two different artifacts
+    /// are never mixed, and starting with the shared temp prefix so `gc` knows it.
+    pub fn staging_name(&self) -> String {
+        format!(
+            "{TEMP_PREFIX}partial-{}-{}",
+            &self.sha256.to_hex()[..16],
+            self.local_name
+        )
+    }
+}
+
+/// One remote file of the artifact, placed at `offset` in the assembled artifact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    /// 1-based chunk index (1 for a plain file).
+    pub index: u32,
+    pub remote: String,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// A byte range `[start, end)` of one piece, fetched by one request (plus retries).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Segment {
+    piece: usize,
+    start: u64,
+    end: u64,
+}
+
+/// Pieces of an artifact of `size` bytes published as `count` chunks whose first chunk has
+/// `chunk_len` bytes (ignored for `count <= 1`). Pure: no I/O.
+pub fn plan_pieces(
+    remote_name: &str,
+    size: u64,
+    count: u32,
+    chunk_len: u64,
+) -> std::result::Result<Vec<Piece>, String> {
+    if count == 0 {
+        return Ok(vec![Piece {
+            index: 1,
+            remote: remote_name.to_string(),
+            offset: 0,
+            len: size,
+        }]);
+    }
+    let n = u64::from(count);
+    let chunk_len = if count == 1 { size } else { chunk_len };
+    let before_last = chunk_len
+        .checked_mul(n - 1)
+        .filter(|b| *b < size && chunk_len > 0)
+        .ok_or_else(|| {
+            format!("{count} chunks of {chunk_len} bytes cannot hold a {size}-byte artifact")
+        })?;
+    let last = size - before_last;
+    if last > chunk_len {
+        return Err(format!(
+            "{count} chunks of {chunk_len} bytes leave {last} bytes for the last chunk; more than a chunk"
+        ));
+    }
+    Ok((1..=count)
+        .map(|i| Piece {
+            index: i,
+            remote: chunker::chunk_name(remote_name, i, count),
+            offset: u64::from(i - 1) * chunk_len,
+            len: if i == count { last } else { chunk_len },
+        })
+        .collect())
+}
+
+/// Split every piece not yet done into up to `ranges` segments of at least 1 MiB.
+fn plan_segments(pieces: &[Piece], done: &BTreeSet<u32>, ranges: usize) -> Vec<Segment> {
+    const MIN_SEGMENT: u64 = 1024 * 1024;
+    let mut out = Vec::new();
+    for (i, p) in pieces.iter().enumerate() {
+        if done.contains(&p.index) {
+            continue;
+        }
+        let parts = (ranges.max(1) as u64)
+            .min(p.len.div_ceil(MIN_SEGMENT))
+            .max(1);
+        let step = p.len.div_ceil(parts);
+        let mut start = 0;
+        while start < p.len {
+            let end = (start + step).min(p.len);
+            out.push(Segment {
+                piece: i,
+                start,
+                end,
+            });
+            start = end;
+        }
+    }
+    out
+}
+
+/// The staging file plus the record of which pieces are complete and fsynced.
+struct Staging {
+    data: PathBuf,
+    state: PathBuf,
+    file: File,
+    done: Mutex<BTreeSet<u32>>,
+    header: String,
+}
+
+impl Staging {
+    fn open(dir: &Path, target: &Target, pieces: &[Piece], margin: u64) -> Result<Self> {
+        let data = dir.join(target.staging_name());
+        let state = dir.join(format!("{}.state", target.staging_name()));
+        let header = format!(
+            "{} {} {}\n",
+            target.sha256,
+            target.size,
+            pieces.first().map(|p| p.len).unwrap_or(0)
+        );
+        let resumed = Self::read_state(&data, &state, &header, target.size, pieces);
+        let file = match (
+            &resumed,
+            OpenOptions::new().read(true).write(true).open(&data),
+        ) {
+            (Some(_), Ok(f)) => f,
+            _ => {
+                let available = space::available_bytes(dir).ctx(dir)?;
+                let needed = target.size.saturating_add(margin);
+                if available < needed {
+                    return Err(Error::InsufficientSpace {
+                        path: dir.to_path_buf(),
+                        needed,
+                        available,
+                    });
+                }
+                remove_if_exists(&state).ctx(&state)?;
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&data)
+                    .ctx(&data)?;
+                if let Err(e) = space::reserve(&f, target.size) {
+                    drop(f);
+                    let _ = fs::remove_file(&data);
+                    if e.raw_os_error() == Some(libc::ENOSPC) {
+                        return Err(Error::InsufficientSpace {
+                            path: dir.to_path_buf(),
+                            needed,
+                            available: space::available_bytes(dir).unwrap_or(0),
+                        });
+                    }
+                    return Err(Error::Io {
+                        path: data,
+                        source: e,
+                    });
+                }
+                f
+            }
+        };
+        Ok(Self {
+            data,
+            state,
+            file,
+            done: Mutex::new(resumed.unwrap_or_default()),
+            header,
+        })
+    }
+
+    /// Pieces recorded as complete by an earlier run, if its record matches this artifact.
+    fn read_state(
+        data: &Path,
+        state: &Path,
+        header: &str,
+        size: u64,
+        pieces: &[Piece],
+    ) -> Option<BTreeSet<u32>> {
+        let len = fs::metadata(data).ok()?.len();
+        if len != size {
+            return None;
+        }
+        let text = fs::read_to_string(state).ok()?;
+        let rest = text.strip_prefix(header)?;
+        let mut done = BTreeSet::new();
+        for line in rest.lines() {
+            let i: u32 = line.trim().parse().ok()?;
+            if !pieces.iter().any(|p| p.index == i) {
+                return None;
+            }
+            done.insert(i);
+        }
+        Some(done)
+    }
+
+    /// fsync the data, then record `index` as complete (atomically), so a restart skips it.
+    fn mark_done(&self, index: u32) -> Result<()> {
+        self.file.sync_data().ctx(&self.data)?;
+        let mut done = self.done.lock().unwrap();
+        done.insert(index);
+        let mut text = self.header.clone();
+        for i in done.iter() {
+            text.push_str(&format!("{i}\n"));
+        }
+        write_atomic(&self.state, text.as_bytes()).ctx(&self.state)
+    }
+
+    fn discard(self) {
+        let _ = fs::remove_file(&self.state);
+        let _ = fs::remove_file(&self.data);
+    }
+}
+
+struct Run<'a> {
+    http: &'a Http,
+    config: &'a DownloadConfig,
+    target: &'a Target,
+    pieces: Vec<Piece>,
+    urls: Vec<String>,
+    staging: &'a Staging,
+    cancel: &'a CancelToken,
+    on_event: &'a (dyn Fn(Event) + Sync),
+    queue: Mutex<VecDeque<Segment>>,
+    open_segments: Mutex<Vec<usize>>,
+    done_bytes: AtomicU64,
+    abort: AtomicBool,
+    error: Mutex<Option<Error>>,
+}
+
+/// Fetch the artifact from one origin into staging, verify it and install it.
+pub(crate) struct Job<'a> {
+    pub http: &'a Http,
+    pub config: &'a DownloadConfig,
+    pub generation: Generation,
+    pub target: &'a Target,
+    pub models_dir: &'a Path,
+    pub cancel: &'a CancelToken,
+    pub on_event: &'a (dyn Fn(Event) + Sync),
+}
+
+pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed> {
+    let Job {
+        http,
+        config,
+        generation,
+        target,
+        models_dir,
+        cancel,
+        on_event,
+    } = *job;
+    let url_of = |name: &str| -> Result<String> {
+        let file: FileName = name.parse().map_err(|e| Error::NotDownloadable {
+            model: target.id.to_string(),
+            reason: format!("bad remote file name: {e}"),
+        })?;
+        Ok(origin.artifact_url(generation, &target.id, &file))
+    };
+    let remote = target.remote_name.as_str();
+
+    // The chunk count must agree with the published `.chunkmanifest`, and the chunk length
+    // comes from the first chunk: one small GET and one HEAD before any payload byte.
+    let chunk_len = if target.chunk_count >= 1 {
+        let url = url_of(&chunker::chunk_manifest_name(remote))?;
+        let body = with_retries(config, cancel, &target.id, || http.get_small(&url, 64))?;
+        let remote_count =
+            chunker::parse_chunk_manifest(&body, Path::new(&url)).map_err(|source| {
+                Error::BadChunkManifest {
+                    url: url.clone(),
+                    source,
+                }
+            })?;
+        if remote_count != target.chunk_count {
+            return Err(Error::ChunkCountMismatch {
+                url,
+                expected: target.chunk_count,
+                remote: remote_count,
+            });
+        }
+        if target.chunk_count > 1 {
+            let first = url_of(&chunker::chunk_name(remote, 1, target.chunk_count))?;
+            let (len, _) = with_retries(config, cancel, &target.id, || http.head(&first))?;
+            len.ok_or_else(|| Error::Protocol {
+                url: first.clone(),
+                message: "HEAD gave no Content-Length".into(),
+            })?
+        } else {
+            target.size
+        }
+    } else {
+        target.size
+    };
+    let pieces =
+        plan_pieces(remote, target.size, target.chunk_count, chunk_len).map_err(|message| {
+            Error::Protocol {
+                url: url_of(&chunker::chunk_name(remote, 1, target.chunk_count.max(1)))
+                    .unwrap_or_default(),
+                message,
+            }
+        })?;
+    let urls = pieces
+        .iter()
+        .map(|p| url_of(&p.remote))
+        .collect::<Result<Vec<_>>>()?;
+
+    let staging = Staging::open(models_dir, target, &pieces, config.space_margin)?;
+    let done = staging.done.lock().unwrap().clone();
+    let segments = plan_segments(&pieces, &done, config.ranges_per_chunk);
+    let mut open_segments = vec![0usize; pieces.len()];
+    for s in &segments {
+        open_segments[s.piece] += 1;
+    }
+    let already: u64 = pieces
+        .iter()
+        .filter(|p| done.contains(&p.index))
+        .map(|p| p.len)
+        .sum();
+    let run = Run {
+        http,
+        config,
+        target,
+        urls,
+        staging: &staging,
+        cancel,
+        on_event,
+        queue: Mutex::new(segments.into_iter().collect()),
+        open_segments: Mutex::new(open_segments),
+        done_bytes: AtomicU64::new(already),
+        abort: AtomicBool::new(false),
+        error: Mutex::new(None),
+        pieces,
+    };
+    on_event(Event::Progress {
+        done: already,
+        total: target.size,
+    });
+    let workers = config.connections.max(1);
+    thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| run.worker());
+        }
+    });
+    if let Some(e) = run.error.lock().unwrap().take() {
+        // A digest failure means these bytes are bad: drop them. Anything else keeps the
+        // complete pieces for a resume.
+        if matches!(e, Error::DigestMismatch { .. }) {
+            staging.discard();
+        }
+        return Err(e);
+    }
+    if cancel.is_cancelled() {
+        return Err(Error::Cancelled {
+            model: target.id.to_string(),
+        });
+    }
+
+    on_event(Event::Verifying);
+    let actual = hash_file(&staging.file, target.size, &staging.data)?;
+    if actual != target.sha256 {
+        staging.discard();
+        return Err(Error::DigestMismatch {
+            what: format!("{} from {origin}", target.local_name),
+            expected: target.sha256,
+            actual,
+        });
+    }
+    if cancel.is_cancelled() {
+        return Err(Error::Cancelled {
+            model: target.id.to_string(),
+        });
+    }
+    let path = install(&staging, models_dir, &target.local_name)?;
+    on_event(Event::Installed { path: path.clone() });
+    Ok(Installed {
+        path,
+        size: target.size,
+        sha256: actual,
+        origin: origin.to_string(),
+    })
+}
+
+/// Rename the verified staging file over the final name and remove any other form of the same
+/// artifact (see the module docs for why this is atomic for modeld).
+fn install(staging: &Staging, dir: &Path, local: &FileName) -> Result<PathBuf> {
+    staging.file.sync_all().ctx(&staging.data)?;
+    let dest = dir.join(local.as_str());
+    fs::rename(&staging.data, &dest).ctx(&dest)?;
+    sync_dir(dir).ctx(dir)?;
+    remove_other_forms(dir, local.as_str())?;
+    remove_if_exists(&staging.state).ctx(&staging.state)?;
+    sync_dir(dir).ctx(dir)?;
+    Ok(dest)
+}
+
+/// Remove the chunk-set and legacy forms of `name` in `dir` (`.chunkmanifest` first, so no reader
+/// ever sees a manifest without its chunks), leaving the plain file.
+pub fn remove_other_forms(dir: &Path, name: &str) -> Result<()> {
+    let manifest = dir.join(chunker::chunk_manifest_name(name));
+    remove_if_exists(&manifest).ctx(&manifest)?;
+    let sidecar = dir.join(chunker::sidecar_name(name));
+    for entry in fs::read_dir(dir).ctx(dir)? {
+        let entry = entry.ctx(dir)?;
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        let legacy = file_name
+            .strip_prefix(name)
+            .and_then(|r| r.strip_prefix(".p"))
+            .is_some_and(|d| d.len() == 2 && d.bytes().all(|b| b.is_ascii_digit()));
+        if chunker::parse_chunk_name(name, file_name).is_some() || legacy {
+            remove_if_exists(entry.path()).ctx(&entry.path())?;
+        }
+    }
+    remove_if_exists(&sidecar).ctx(&sidecar)?;
+    Ok(())
+}
+
+fn hash_file(file: &File, size: u64, path: &Path) -> Result<Sha256Digest> {
+    let mut hasher = Hasher::new();
+    hash_region(file, 0, size, path, &mut hasher)?;
+    Ok(hasher.finish())
+}
+
+fn hash_region(file: &File, offset: u64, len: u64, path: &Path, hasher: &mut Hasher) -> Result<()> {
+    let mut buf = vec![0u8; chunker::IO_BUFFER_SIZE];
+    let mut pos = 0;
+    while pos < len {
+        let want = (len - pos).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..want], offset + pos)
+            .ctx(path)?;
+        hasher.update(&buf[..want]);
+        pos += want as u64;
+    }
+    Ok(())
+}
+
+/// Run `op` with exponential backoff and jitter while its error is retryable.
+pub(crate) fn with_retries<T>(
+    config: &DownloadConfig,
+    cancel: &CancelToken,
+    id: &ModelId,
+    mut op: impl FnMut() -> Result<T>,
+) -> Result<T> {
+    let mut attempt = 0;
+    loop {
+        match op() {
+            Err(e) if e.is_retryable() && attempt + 1 < config.max_attempts => {
+                backoff_sleep(config, attempt, cancel, id)?;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// `base * 2^attempt`, capped, plus up to half of it again at random, so that many devices
+/// failing together do not retry in lockstep. Wakes early on cancel.
+fn backoff_sleep(
+    config: &DownloadConfig,
+    attempt: u32,
+    cancel: &CancelToken,
+    id: &ModelId,
+) -> Result<()> {
+    let base = config
+        .backoff_base
+        .saturating_mul(1u32 << attempt.min(16))
+        .min(config.backoff_max);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(attempt);
+    let jitter_ms = base.as_millis() as u64 / 2;
+    let jitter = if jitter_ms == 0 {
+        Duration::ZERO
+    } else {
+        Duration::from_millis(h.finish() % (jitter_ms + 1))
+    };
+    let until = std::time::Instant::now() + base + jitter;
+    while std::time::Instant::now() < until {
+        if cancel.is_cancelled() {
+            return Err(Error::Cancelled {
+                model: id.to_string(),
+            });
+        }
+        thread::sleep(Duration::from_millis(20).min(until - std::time::Instant::now()));
+    }
+    Ok(())
+}
+
+impl Run<'_> {
+    fn stopped(&self) -> bool {
+        self.abort.load(Ordering::SeqCst) || self.cancel.is_cancelled()
+    }
+
+    fn fail(&self, e: Error) {
+        let mut slot = self.error.lock().unwrap();
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+        self.abort.store(true, Ordering::SeqCst);
+    }
+
+    fn worker(&self) {
+        loop {
+            if self.stopped() {
+                return;
+            }
+            let Some(seg) = self.queue.lock().unwrap().pop_front() else {
+                return;
+            };
+            let res = self.fetch_segment(&seg).and_then(|()| {
+                let finished = {
+                    let mut open = self.open_segments.lock().unwrap();
+                    open[seg.piece] -= 1;
+                    open[seg.piece] == 0
+                };
+                if finished {
+                    self.finish_piece(seg.piece)
+                } else {
+                    Ok(())
+                }
+            });
+            if let Err(e) = res {
+                if !matches!(e, Error::Cancelled { .. }) || !self.abort.load(Ordering::SeqCst) {
+                    self.fail(e);
+                }
+                return;
+            }
+        }
+    }
+
+    /// A piece is complete: check its own digest when the manifest has one, then record it.
+    fn finish_piece(&self, i: usize) -> Result<()> {
+        let piece = &self.pieces[i];
+        if let Some(list) = &self.target.chunk_sha256 {
+            let want = list[i];
+            let mut h = Hasher::new();
+            hash_region(
+                &self.staging.file,
+                piece.offset,
+                piece.len,
+                &self.staging.data,
+                &mut h,
+            )?;
+            let got = h.finish();
+            if got != want {
+                return Err(Error::DigestMismatch {
+                    what: format!("chunk {} ({})", piece.index, self.urls[i]),
+                    expected: want,
+                    actual: got,
+                });
+            }
+        }
+        self.staging.mark_done(piece.index)
+    }
+
+    fn fetch_segment(&self, seg: &Segment) -> Result<()> {
+        let mut written = 0u64;
+        let mut etag: Option<String> = None;
+        let mut attempt = 0;
+        loop {
+            match self.try_segment(seg, &mut written, &mut etag) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_retryable() && attempt + 1 < self.config.max_attempts => {
+                    backoff_sleep(self.config, attempt, self.cancel, &self.target.id)?;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One request for the rest of `seg`. `written` is how much of the segment is already on
+    /// disk (kept across attempts, so a retry resumes); `etag` is the validator for `If-Range`.
+    fn try_segment(
+        &self,
+        seg: &Segment,
+        written: &mut u64,
+        etag: &mut Option<String>,
+    ) -> Result<()> {
+        let piece = &self.pieces[seg.piece];
+        let url = &self.urls[seg.piece];
+        let start = seg.start + *written;
+        let last = seg.end - 1;
+        let protocol = |message: String| Error::Protocol {
+            url: url.clone(),
+            message,
+        };
+        let validator = if *written > 0 { etag.as_deref() } else { None };
+        let body = self.http.get(url, Some((start, last)), validator)?;
+        let mut reader = body.reader;
+        match body.status {
+            206 => {
+                let ok = matches!(body.content_range, Some((a, b, total))
+                    if a == start && b == last && total.is_none_or(|t| t == piece.len));
+                if !ok {
+                    return Err(protocol(format!(
+                        "asked for bytes {start}-{last} of {}, got Content-Range {:?}",
+                        piece.len, body.content_range
+                    )));
+                }
+                if let Some(len) = body.content_length
+                    && len != last - start + 1
+                {
+                    return Err(protocol(format!(
+                        "Content-Length {len} for a {}-byte range",
+                        last - start + 1
+                    )));
+                }
+            }
+            _ => {
+                // The server ignored Range (or If-Range did not match): this is the whole piece.
+                // Start the segment over from the body, skipping what lies before it.
+                if let Some(len) = body.content_length
+                    && len != piece.len
+                {
+                    return Err(protocol(format!(
+                        "Content-Length {len}, but this piece is {} bytes; refusing a size the manifest does not declare",
+                        piece.len
+                    )));
+                }
+                self.done_bytes.fetch_sub(*written, Ordering::SeqCst);
+                *written = 0;
+                let skip = seg.start;
+                let copied = std::io::copy(&mut (&mut reader).take(skip), &mut std::io::sink())
+                    .map_err(|e| Error::Transport {
+                        url: url.clone(),
+                        message: e.to_string(),
+                    })?;
+                if copied < skip {
+                    return Err(Error::Transport {
+                        url: url.clone(),
+                        message: format!("body ended after {copied} bytes"),
+                    });
+                }
+            }
+        }
+        if body.etag.is_some() {
+            *etag = body.etag;
+        }
+        let seg_len = seg.end - seg.start;
+        let mut buf = vec![0u8; 64 * 1024];
+        while *written < seg_len {
+            if self.stopped() {
+                return Err(Error::Cancelled {
+                    model: self.target.id.to_string(),
+                });
+            }
+            // Never ask for more than the segment still needs: extra bytes a server sends are
+            // never read, let alone written.
+            let want = (seg_len - *written).min(buf.len() as u64) as usize;
+            let n = match reader.read(&mut buf[..want]) {
+                Ok(0) => {
+                    return Err(Error::Transport {
+                        url: url.clone(),
+                        message: format!("body ended after {} of {} bytes", *written, seg_len),
+                    });
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(Error::Transport {
+                        url: url.clone(),
+                        message: e.to_string(),
+                    });
+                }
+            };
+            let at = piece.offset + seg.start + *written;
+            debug_assert!(at + n as u64 <= self.target.size);
+            self.staging
+                .file
+                .write_all_at(&buf[..n], at)
+                .ctx(&self.staging.data)?;
+            *written += n as u64;
+            let done = self.done_bytes.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
+            (self.on_event)(Event::Progress {
+                done,
+                total: self.target.size,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_match_the_chunk_format() {
+        let p = plan_pieces("a.pkl", 10, 3, 4).unwrap();
+        assert_eq!(
+            p.iter()
+                .map(|p| (p.remote.as_str(), p.offset, p.len))
+                .collect::<Vec<_>>(),
+            [
+                ("a.pkl.chunk01of03", 0, 4),
+                ("a.pkl.chunk02of03", 4, 4),
+                ("a.pkl.chunk03of03", 8, 2)
+            ]
+        );
+        assert_eq!(plan_pieces("a.pkl", 10, 0, 0).unwrap()[0].remote, "a.pkl");
+        assert_eq!(plan_pieces("a.pkl", 10, 1, 999).unwrap()[0].len, 10);
+        assert!(
+            plan_pieces("a.pkl", 10, 3, 3).is_err(),
+            "last chunk would be 4 > 3"
+        );
+        assert!(
+            plan_pieces("a.pkl", 10, 3, 5).is_err(),
+            "two chunks already hold it all"
+        );
+        assert!(plan_pieces("a.pkl", 10, 3, 0).is_err());
+    }
+
+    #[test]
+    fn segments_cover_each_missing_piece_once() {
+        let pieces = plan_pieces("a", 5 << 20, 2, 3 << 20).unwrap();
+        let segs = plan_segments(&pieces, &BTreeSet::new(), 4);
+        for (i, p) in pieces.iter().enumerate() {
+            let mut covered = 0;
+            for s in segs.iter().filter(|s| s.piece == i) {
+                assert_eq!(s.start, covered);
+                covered = s.end;
+            }
+            assert_eq!(covered, p.len);
+        }
+        assert_eq!(segs.len(), 3 + 2);
+        let segs = plan_segments(&pieces, &BTreeSet::from([1]), 1);
+        assert_eq!(
+            segs,
+            [Segment {
+                piece: 1,
+                start: 0,
+                end: 2 << 20
+            }]
+        );
+    }
+}

@@ -1,0 +1,145 @@
+//! The one error type of the downloader.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use chunker::Sha256Digest;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A non-success HTTP status. 404/403/410 are final for that origin; 429 and 5xx are retried.
+    #[error("{url}: HTTP {status}")]
+    Status { url: String, status: u16 },
+
+    /// Connect/read failure, reset, timeout, or a body that ended early.
+    #[error("{url}: transfer failed: {message}")]
+    Transport { url: String, message: String },
+
+    /// The server answered something no correct server would (wrong Content-Range, a body
+    /// longer than asked for, a size other than the manifest's).
+    #[error("{url}: protocol violation: {message}")]
+    Protocol { url: String, message: String },
+
+    #[error("{url}: manifest rejected: {source}")]
+    BadManifest {
+        url: String,
+        #[source]
+        source: manifest::Error,
+    },
+
+    #[error(
+        "{url}: manifest says generation {found} but this device reads {expected}; not using it"
+    )]
+    WrongGeneration {
+        url: String,
+        expected: String,
+        found: String,
+    },
+
+    #[error("no origin served a valid {generation} manifest:\n{}", AttemptList(.attempts))]
+    ManifestUnavailable {
+        generation: String,
+        attempts: Vec<(String, Error)>,
+    },
+
+    #[error(
+        "{url}: remote .chunkmanifest says {remote} chunks, the manifest says {expected}; the published set is inconsistent"
+    )]
+    ChunkCountMismatch {
+        url: String,
+        expected: u32,
+        remote: u32,
+    },
+
+    #[error("{url}: malformed .chunkmanifest: {source}")]
+    BadChunkManifest {
+        url: String,
+        #[source]
+        source: chunker::Error,
+    },
+
+    #[error("{what}: SHA-256 is {actual}, expected {expected}; the download was discarded")]
+    DigestMismatch {
+        what: String,
+        expected: Sha256Digest,
+        actual: Sha256Digest,
+    },
+
+    #[error("model {model} has no downloadable artifact in the manifest ({reason})")]
+    NotDownloadable { model: String, reason: String },
+
+    #[error(
+        "not enough free space in {}: need {needed} bytes (artifact plus margin), {available} available; free space or remove unused models (`device-modeld-manager gc`)",
+        path.display()
+    )]
+    InsufficientSpace {
+        path: PathBuf,
+        needed: u64,
+        available: u64,
+    },
+
+    #[error("download of {model} was cancelled")]
+    Cancelled { model: String },
+
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Every origin failed; each attempt's error is listed. Nothing was installed.
+    #[error("download of {model} failed on every origin:\n{}", AttemptList(.attempts))]
+    AllOriginsFailed {
+        model: String,
+        attempts: Vec<(String, Error)>,
+    },
+}
+
+impl Error {
+    /// Whether another try against the same URL may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Status { status, .. } => *status == 429 || *status == 408 || *status >= 500,
+            Error::Transport { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// Errors that no other origin can fix: stop instead of trying the next one.
+    pub fn is_local(&self) -> bool {
+        matches!(
+            self,
+            Error::Cancelled { .. } | Error::InsufficientSpace { .. } | Error::Io { .. }
+        )
+    }
+}
+
+struct AttemptList<'a>(&'a [(String, Error)]);
+
+impl fmt::Display for AttemptList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (origin, err)) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "  {origin}: {err}")?;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) trait IoContext<T> {
+    fn ctx(self, path: &std::path::Path) -> Result<T>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn ctx(self, path: &std::path::Path) -> Result<T> {
+        self.map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}

@@ -1,0 +1,483 @@
+//! The downloader against a real, misbehaving HTTP server on 127.0.0.1.
+
+use std::fs;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use downloader::{CancelToken, DownloadConfig, Downloader, Error, Event, Origins};
+use manifest::{Generation, Manifest, ModelId};
+use test_support::http_server::{Fault, FaultServer};
+use test_support::published::{
+    GH_DIR, HF_DIR, PublishedModel, artifact_bytes, manifest_json, publish_model, write_manifest,
+    write_manifest_at,
+};
+
+const GEN: &str = "v25";
+const CHUNK: usize = 64 * 1024;
+
+struct World {
+    _dir: tempfile::TempDir,
+    root: std::path::PathBuf,
+    models: std::path::PathBuf,
+    server: FaultServer,
+}
+
+fn world() -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("origin");
+    let models = dir.path().join("models");
+    fs::create_dir_all(&root).unwrap();
+    fs::create_dir_all(&models).unwrap();
+    let server = FaultServer::start(&root).unwrap();
+    World {
+        _dir: dir,
+        root,
+        models,
+        server,
+    }
+}
+
+fn config() -> DownloadConfig {
+    DownloadConfig {
+        connections: 3,
+        ranges_per_chunk: 1,
+        max_attempts: 4,
+        backoff_base: Duration::from_millis(5),
+        backoff_max: Duration::from_millis(20),
+        space_margin: 0,
+        ..DownloadConfig::default()
+    }
+}
+
+impl World {
+    fn downloader(&self, config: DownloadConfig) -> Downloader {
+        let url = self.server.url();
+        Downloader::new(
+            Origins::new(&format!("{url}/{HF_DIR}"), &format!("{url}/{GH_DIR}")),
+            config,
+        )
+    }
+
+    fn publish(
+        &self,
+        id: &str,
+        seed: u64,
+        len: usize,
+        chunked: bool,
+        digests: bool,
+    ) -> (Vec<u8>, Manifest) {
+        let data = artifact_bytes(seed, len);
+        let m = publish_model(&self.root, GEN, id, &data, chunked.then_some(CHUNK));
+        let json = manifest_json(GEN, &[m], digests);
+        write_manifest(&self.root, GEN, json.as_bytes());
+        (data, Manifest::from_slice(json.as_bytes()).unwrap())
+    }
+
+    fn download(
+        &self,
+        d: &Downloader,
+        m: &Manifest,
+        id: &str,
+    ) -> Result<downloader::Installed, Error> {
+        let entry = m.get(&id.parse::<ModelId>().unwrap()).unwrap();
+        d.download(
+            generation(),
+            entry,
+            &self.models,
+            &CancelToken::new(),
+            &|_| {},
+        )
+    }
+
+    fn installed(&self, id: &str) -> Option<Vec<u8>> {
+        fs::read(self.models.join(format!("{id}_driving_tinygrad.pkl"))).ok()
+    }
+
+    /// Every file in the models dir (temporaries included).
+    fn listing(&self) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(&self.models)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn hf_chunk(&self, id: &str, i: u32, n: u32) -> String {
+        format!("/{HF_DIR}/models/{GEN}/{id}/{id}_driving_tinygrad.pkl.chunk{i:02}of{n:02}")
+    }
+}
+
+fn generation() -> Generation {
+    GEN.parse().unwrap()
+}
+
+#[test]
+fn parallel_chunked_download_installs_verified_plain_file() {
+    let w = world();
+    let (data, m) = w.publish("pop223", 1, 5 * CHUNK + 123, true, true);
+    // An older chunk set of the same model is on the device: it must stay readable until the
+    // new artifact is verified, and be gone afterwards.
+    fs::write(
+        w.models.join("pop223_driving_tinygrad.pkl.chunk01of01"),
+        b"old",
+    )
+    .unwrap();
+    fs::write(
+        w.models.join("pop223_driving_tinygrad.pkl.chunkmanifest"),
+        b"1",
+    )
+    .unwrap();
+    let d = w.downloader(DownloadConfig {
+        ranges_per_chunk: 3,
+        connections: 4,
+        ..config()
+    });
+    let events = Mutex::new(Vec::new());
+    let entry = m.get(&"pop223".parse().unwrap()).unwrap();
+    let done = d
+        .download(generation(), entry, &w.models, &CancelToken::new(), &|e| {
+            events.lock().unwrap().push(e)
+        })
+        .unwrap();
+    assert_eq!(done.size, data.len() as u64);
+    assert_eq!(w.installed("pop223").unwrap(), data);
+    assert_eq!(w.listing(), ["pop223_driving_tinygrad.pkl"]);
+    let events = events.into_inner().unwrap();
+    assert!(matches!(events.last(), Some(Event::Installed { .. })));
+    let last_progress = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Progress { done, total } => Some((*done, *total)),
+            _ => None,
+        })
+        .next_back()
+        .unwrap();
+    assert_eq!(last_progress, (data.len() as u64, data.len() as u64));
+    // Only HF was needed, only versioned paths were asked for, and ranges were used.
+    let reqs = w.server.requests();
+    assert!(reqs.iter().all(|r| {
+        r.path
+            .starts_with(&format!("/{HF_DIR}/models/{GEN}/pop223/"))
+    }));
+    assert!(reqs.iter().filter(|r| r.range.is_some()).count() >= 6);
+}
+
+#[test]
+fn plain_file_artifact() {
+    let w = world();
+    let (data, m) = w.publish("plain1", 2, 3 * CHUNK, false, false);
+    w.download(&w.downloader(config()), &m, "plain1").unwrap();
+    assert_eq!(w.installed("plain1").unwrap(), data);
+}
+
+#[test]
+fn hf_errors_fall_back_to_github() {
+    for status in [404, 500, 429] {
+        let w = world();
+        let (data, m) = w.publish("pop223", 3, 3 * CHUNK + 5, true, false);
+        w.server
+            .add_fault(&w.hf_chunk("pop223", 2, 4), Fault::Status(status), None);
+        let done = w.download(&w.downloader(config()), &m, "pop223").unwrap();
+        assert!(
+            done.origin.starts_with("GitHub"),
+            "{status}: {}",
+            done.origin
+        );
+        assert_eq!(w.installed("pop223").unwrap(), data, "{status}");
+        let gh = w
+            .server
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.starts_with("/gh/"))
+            .count();
+        assert!(gh > 0);
+        assert!(
+            w.server
+                .requests()
+                .iter()
+                .all(|r| r.path.contains("/v25/pop223/"))
+        );
+    }
+}
+
+#[test]
+fn corrupt_or_truncated_chunk_on_hf_is_never_installed() {
+    for (digests, truncate) in [(true, false), (false, false), (false, true)] {
+        let w = world();
+        let (data, m) = w.publish("pop223", 4, 3 * CHUNK + 7, true, digests);
+        let bad = w.root.join(format!(
+            "{HF_DIR}/models/{GEN}/pop223/pop223_driving_tinygrad.pkl.chunk02of04"
+        ));
+        let mut bytes = fs::read(&bad).unwrap();
+        if truncate {
+            bytes.truncate(CHUNK / 2);
+        } else {
+            bytes[100] ^= 0xff;
+        }
+        fs::write(&bad, bytes).unwrap();
+        let done = w.download(&w.downloader(config()), &m, "pop223").unwrap();
+        assert!(done.origin.starts_with("GitHub"), "{digests} {truncate}");
+        assert_eq!(w.installed("pop223").unwrap(), data);
+        assert_eq!(w.listing(), ["pop223_driving_tinygrad.pkl"]);
+    }
+}
+
+#[test]
+fn wrong_chunkmanifest_falls_through() {
+    let w = world();
+    let (data, m) = w.publish("pop223", 5, 2 * CHUNK + 1, true, false);
+    fs::write(
+        w.root.join(format!(
+            "{HF_DIR}/models/{GEN}/pop223/pop223_driving_tinygrad.pkl.chunkmanifest"
+        )),
+        b"2",
+    )
+    .unwrap();
+    let done = w.download(&w.downloader(config()), &m, "pop223").unwrap();
+    assert!(done.origin.starts_with("GitHub"));
+    assert_eq!(w.installed("pop223").unwrap(), data);
+}
+
+#[test]
+fn both_origins_bad_leaves_old_artifact_and_nothing_partial() {
+    let w = world();
+    let (_, m) = w.publish("pop223", 6, 3 * CHUNK, true, false);
+    fs::write(w.models.join("pop223_driving_tinygrad.pkl"), b"previous").unwrap();
+    w.server
+        .add_fault("/hf/models/v25/pop223/*", Fault::Status(500), None);
+    w.server.add_fault(
+        "/gh/v25/pop223/pop223_driving_tinygrad.pkl.chunk03of03",
+        Fault::Status(404),
+        None,
+    );
+    let err = w
+        .download(&w.downloader(config()), &m, "pop223")
+        .unwrap_err();
+    match &err {
+        Error::AllOriginsFailed { model, attempts } => {
+            assert_eq!(model, "pop223");
+            assert_eq!(attempts.len(), 2);
+            assert!(err.to_string().contains("HTTP 500"), "{err}");
+            assert!(err.to_string().contains("HTTP 404"), "{err}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(w.installed("pop223").unwrap(), b"previous");
+    // Only the staging file (a temporary name) may remain, for a later resume.
+    for name in w.listing() {
+        assert!(
+            name == "pop223_driving_tinygrad.pkl" || name.starts_with(".tmp-"),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn reset_and_truncation_mid_chunk_resume_with_range_and_if_range() {
+    for fault in [Fault::Reset(10_000), Fault::Truncate(20_000)] {
+        let w = world();
+        let (data, m) = w.publish("pop223", 7, 3 * CHUNK, true, true);
+        let chunk = w.hf_chunk("pop223", 2, 3);
+        w.server.add_fault(&chunk, fault.clone(), Some(2));
+        let done = w.download(&w.downloader(config()), &m, "pop223").unwrap();
+        assert!(done.origin.starts_with("Hugging Face"), "{fault:?}");
+        assert_eq!(w.installed("pop223").unwrap(), data);
+        let resumed: Vec<_> = w
+            .server
+            .requests()
+            .into_iter()
+            .filter(|r| r.path == chunk && r.if_range.is_some())
+            .collect();
+        assert!(!resumed.is_empty(), "{fault:?}: no resumed request");
+        assert!(
+            resumed
+                .iter()
+                .all(|r| r.range.as_deref() != Some("bytes=0-65535"))
+        );
+    }
+}
+
+#[test]
+fn server_ignoring_range_and_over_sending() {
+    for fault in [Fault::IgnoreRange, Fault::OverSend(5000)] {
+        let w = world();
+        let (data, m) = w.publish("pop223", 8, 4 * CHUNK + 9, true, false);
+        w.server.add_fault("/hf/*", fault.clone(), None);
+        let done = w
+            .download(
+                &w.downloader(DownloadConfig {
+                    ranges_per_chunk: 4,
+                    ..config()
+                }),
+                &m,
+                "pop223",
+            )
+            .unwrap();
+        assert!(done.origin.starts_with("Hugging Face"), "{fault:?}");
+        assert_eq!(w.installed("pop223").unwrap(), data, "{fault:?}");
+    }
+}
+
+#[test]
+fn hostile_manifests_fall_through_to_github() {
+    let w = world();
+    let good = PublishedModel {
+        id: "pop223".into(),
+        name: "Pop".into(),
+        size: 10,
+        sha256: "a".repeat(64),
+        chunk_count: 1,
+        chunk_sha256: vec![],
+    };
+    write_manifest_at(
+        &w.root,
+        GH_DIR,
+        GEN,
+        manifest_json(GEN, &[good.clone()], false).as_bytes(),
+    );
+    let mut hostile = Vec::new();
+    let mut m = good.clone();
+    m.id = "../etc".into();
+    hostile.push(("dotdot id", manifest_json(GEN, &[m], false).into_bytes()));
+    let mut m = good.clone();
+    m.size = 1_000_000_000_000;
+    hostile.push(("10^12 size", manifest_json(GEN, &[m], false).into_bytes()));
+    let mut m = good.clone();
+    m.chunk_count = 1000;
+    hostile.push(("1000 chunks", manifest_json(GEN, &[m], false).into_bytes()));
+    let mut big = manifest_json(GEN, &[good.clone()], false).into_bytes();
+    big.truncate(big.len() - 2);
+    big.extend(std::iter::repeat_n(b' ', 3 * 1024 * 1024));
+    big.extend(b"}\n");
+    hostile.push(("3 MiB", big));
+    hostile.push(("not json", b"<html>".to_vec()));
+    hostile.push((
+        "other generation",
+        manifest_json("v24", &[good.clone()], false).into_bytes(),
+    ));
+    let d = w.downloader(config());
+    for (what, body) in hostile {
+        write_manifest_at(&w.root, HF_DIR, GEN, &body);
+        let got = d.fetch_manifest(generation()).unwrap();
+        assert!(got.origin.starts_with("GitHub"), "{what}");
+        assert_eq!(got.manifest.models().len(), 1, "{what}");
+    }
+    write_manifest_at(&w.root, GH_DIR, GEN, b"[{\"id\": \"../x\"}]");
+    let err = d.fetch_manifest(generation()).unwrap_err();
+    assert!(
+        matches!(err, Error::ManifestUnavailable { ref attempts, .. } if attempts.len() == 2),
+        "{err}"
+    );
+}
+
+#[test]
+fn cancel_stops_and_installs_nothing() {
+    let w = world();
+    let (_, m) = w.publish("pop223", 9, 8 * CHUNK, true, false);
+    w.server.set_rate_per_conn(Some(256 * 1024));
+    let d = w.downloader(config());
+    let cancel = CancelToken::new();
+    let entry = m.get(&"pop223".parse().unwrap()).unwrap();
+    let err = d
+        .download(generation(), entry, &w.models, &cancel, &|e| {
+            if let Event::Progress { done, .. } = e
+                && done > 0
+            {
+                cancel.cancel();
+            }
+        })
+        .unwrap_err();
+    assert!(matches!(err, Error::Cancelled { .. }), "{err}");
+    assert!(w.installed("pop223").is_none());
+    // GitHub was not tried after a cancel.
+    assert!(
+        w.server
+            .requests()
+            .iter()
+            .all(|r| r.path.starts_with("/hf/"))
+    );
+}
+
+#[test]
+fn complete_chunks_survive_a_failed_run_and_are_not_fetched_again() {
+    let w = world();
+    let (data, m) = w.publish("pop223", 10, 4 * CHUNK, true, true);
+    w.server.add_fault(
+        "/hf/models/v25/pop223/pop223_driving_tinygrad.pkl.chunk04of04",
+        Fault::Status(503),
+        None,
+    );
+    w.server.add_fault(
+        "/gh/v25/pop223/pop223_driving_tinygrad.pkl.chunk04of04",
+        Fault::Status(503),
+        None,
+    );
+    let d = w.downloader(DownloadConfig {
+        connections: 1,
+        ..config()
+    });
+    assert!(w.download(&d, &m, "pop223").is_err());
+    w.server.clear_faults();
+    w.server.clear_requests();
+    w.download(&d, &m, "pop223").unwrap();
+    assert_eq!(w.installed("pop223").unwrap(), data);
+    let fetched: Vec<_> = w
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path.contains(".chunk0"))
+        .map(|r| r.path)
+        .collect();
+    assert_eq!(
+        fetched,
+        [w.hf_chunk("pop223", 4, 4)],
+        "chunks 1-3 were kept from the first run"
+    );
+    assert_eq!(w.listing(), ["pop223_driving_tinygrad.pkl"]);
+}
+
+/// A real full filesystem: a 1 MiB tmpfs when we may mount one (root in CI), otherwise the
+/// test says so and checks the same refusal through the free-space margin on the real disk.
+#[test]
+fn full_disk_is_refused_before_writing() {
+    let w = world();
+    let (_, m) = w.publish("pop223", 11, 24 * CHUNK, true, false);
+    let small = w._dir.path().join("small");
+    fs::create_dir_all(&small).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&small)
+        .status()
+        .is_ok_and(|s| s.success());
+    let (dir, cfg) = if mounted {
+        (small.clone(), config())
+    } else {
+        eprintln!("cannot mount tmpfs here; using a free-space margin larger than the disk");
+        (
+            w.models.clone(),
+            DownloadConfig {
+                space_margin: u64::MAX / 2,
+                ..config()
+            },
+        )
+    };
+    fs::write(dir.join("pop223_driving_tinygrad.pkl"), b"previous").unwrap();
+    let entry = m.get(&"pop223".parse().unwrap()).unwrap();
+    let err = w
+        .downloader(cfg)
+        .download(generation(), entry, &dir, &CancelToken::new(), &|_| {})
+        .unwrap_err();
+    let listing: Vec<_> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let previous = fs::read(dir.join("pop223_driving_tinygrad.pkl")).unwrap();
+    if mounted {
+        let _ = std::process::Command::new("umount").arg(&small).status();
+    }
+    assert!(matches!(err, Error::InsufficientSpace { .. }), "{err}");
+    assert!(err.to_string().contains("gc"), "{err}");
+    assert_eq!(previous, b"previous");
+    assert_eq!(listing.len(), 1, "{listing:?}");
+}
