@@ -334,7 +334,7 @@ fn hostile_manifests_fall_through_to_github() {
         &w.root,
         GH_DIR,
         GEN,
-        manifest_json(GEN, &[good.clone()], false).as_bytes(),
+        manifest_json(GEN, std::slice::from_ref(&good), false).as_bytes(),
     );
     let mut hostile = Vec::new();
     let mut m = good.clone();
@@ -346,7 +346,7 @@ fn hostile_manifests_fall_through_to_github() {
     let mut m = good.clone();
     m.chunk_count = 1000;
     hostile.push(("1000 chunks", manifest_json(GEN, &[m], false).into_bytes()));
-    let mut big = manifest_json(GEN, &[good.clone()], false).into_bytes();
+    let mut big = manifest_json(GEN, std::slice::from_ref(&good), false).into_bytes();
     big.truncate(big.len() - 2);
     big.extend(std::iter::repeat_n(b' ', 3 * 1024 * 1024));
     big.extend(b"}\n");
@@ -354,7 +354,7 @@ fn hostile_manifests_fall_through_to_github() {
     hostile.push(("not json", b"<html>".to_vec()));
     hostile.push((
         "other generation",
-        manifest_json("v24", &[good.clone()], false).into_bytes(),
+        manifest_json("v24", std::slice::from_ref(&good), false).into_bytes(),
     ));
     let d = w.downloader(config());
     for (what, body) in hostile {
