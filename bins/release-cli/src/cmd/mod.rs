@@ -15,11 +15,21 @@ pub enum Command {
     /// Validate, format and diff manifests (`model_names_<gen>.json`).
     #[command(subcommand)]
     Manifest(manifest::ManifestCommand),
+    /// Print a shell completion script, e.g. `release-cli completions bash > /etc/bash_completion.d/release-cli`.
+    Completions {
+        /// The shell to generate for.
+        shell: clap_complete::Shell,
+    },
 }
 
 pub fn run(command: Command) -> CliResult {
     match command {
         Command::Chunk(c) => chunk::run(c),
         Command::Manifest(c) => manifest::run(c),
+        Command::Completions { shell } => {
+            let mut cmd = <crate::Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "release-cli", &mut std::io::stdout());
+            Ok(())
+        }
     }
 }
