@@ -74,3 +74,14 @@ pub fn print_json<T: Serialize>(value: &T) -> CliResult {
     println!("{text}");
     Ok(())
 }
+
+/// Write bytes to stdout; a closed pipe (`| head`) is not an error worth a panic.
+pub fn write_stdout(bytes: &[u8]) -> CliResult {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(CliError::failure(format!("stdout: {e}"))),
+    }
+}

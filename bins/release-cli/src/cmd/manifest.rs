@@ -1,6 +1,5 @@
 //! `release-cli manifest validate|fmt|diff`.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand, ValueEnum};
@@ -161,10 +160,7 @@ fn fmt(args: FmtArgs) -> CliResult {
             )))
         };
     }
-    let mut out = std::io::stdout().lock();
-    out.write_all(&canonical)
-        .and_then(|()| out.flush())
-        .map_err(|e| CliError::failure(format!("stdout: {e}")))
+    crate::output::write_stdout(&canonical)
 }
 
 fn diff(args: DiffArgs) -> CliResult {

@@ -28,8 +28,9 @@ pub fn run(command: Command) -> CliResult {
         Command::Manifest(c) => manifest::run(c),
         Command::Completions { shell } => {
             let mut cmd = <crate::Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut cmd, "release-cli", &mut std::io::stdout());
-            Ok(())
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "release-cli", &mut script);
+            crate::output::write_stdout(&script)
         }
     }
 }
