@@ -1,1 +1,97 @@
-//! The compiler comma over SSH and rsync: sync, marker check, stage, compile, fetch. Filled in by its own issue.
+//! The compiler comma over SSH and rsync: sync, marker check, stage, compile, fetch.
+//!
+//! StarPilot driving models are compiled on one comma (the supported compiler is
+//! `comma@192.168.3.110`; another needs `allow_other_compiler`). This crate drives it:
+//!
+//! - [`Compiler::connect`] opens one SSH session through the system `ssh` (the `openssh` crate,
+//!   one ControlMaster, `~/.ssh/config` honoured) and checks rsync on both ends;
+//! - [`Compiler::sync`] runs the seed's four rsync transfers over that same master and then
+//!   checks `<remote-root>/tinygrad_repo/TINYGRAD_COMMIT` against the pin;
+//! - [`Compiler::compile`] builds one model: marker check first, an emptied staging directory
+//!   holding exactly that model's sources, `./models --<id> --version <vN>`, output streamed
+//!   live and saved to a log, outputs fetched and checked (chunk count, SHA-256) before they are
+//!   moved into place, remote directories cleaned;
+//! - [`Compiler::build_dm`] builds the four driver-monitoring files, all or nothing;
+//! - [`Compiler::validate`] runs the device-side validator and returns its own verdict.
+//!
+//! The pure core — command lines ([`plan`]), rsync version policy ([`rsync`]), output checks
+//! ([`outputs`]), destination policy ([`target`]) — does no I/O and is unit-tested; the
+//! [`Compiler`] shell is tested against a real sshd on 127.0.0.1.
+//!
+//! What it does not do: fetch sources from a store, keep results or write manifests (that is the
+//! release CLI's `rebuild`), or judge a model (only the device validator does).
+
+mod compiler;
+mod error;
+pub mod outputs;
+pub mod plan;
+pub mod rsync;
+pub mod target;
+
+use std::path::Path;
+
+pub use compiler::{
+    Compiler, ConnectOptions, DEVICE_PREFIX, DEVICE_STDERR_PREFIX, DmFile, LineSink, SyncReport,
+    Verdict,
+};
+pub use error::{Error, Result, Side};
+pub use outputs::FetchedArtifact;
+pub use plan::{CompileRequest, InputFormat};
+pub use target::{DEFAULT_REMOTE_ROOT, Destination, RemotePath, SUPPORTED_COMPILER};
+
+use manifest::GitCommit;
+
+/// The marker file in an openpilot tree, relative to its root.
+pub const MARKER_PATH: &str = plan::MARKER;
+
+/// Read the tinygrad pin recorded in a local openpilot tree.
+pub fn read_tree_pin(openpilot: &Path) -> Result<GitCommit> {
+    let path = openpilot.join(MARKER_PATH);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::Pin {
+        path: path.clone(),
+        reason: format!("{e}; pass --tinygrad-commit SHA or run `release-cli tinygrad bump`"),
+    })?;
+    text.trim()
+        .parse()
+        .map_err(|e: manifest::Error| Error::Pin {
+            path,
+            reason: e.to_string(),
+        })
+}
+
+/// The pin to build with: `--tinygrad-commit` when given, else the openpilot tree's marker.
+pub fn resolve_pin(explicit: Option<GitCommit>, openpilot: Option<&Path>) -> Result<GitCommit> {
+    match (explicit, openpilot) {
+        (Some(c), _) => Ok(c),
+        (None, Some(dir)) => read_tree_pin(dir),
+        (None, None) => Err(Error::Pin {
+            path: Path::new("--tinygrad-commit").to_path_buf(),
+            reason: "no tinygrad pin: pass --tinygrad-commit SHA or --openpilot DIR (whose \
+                     tinygrad_repo/TINYGRAD_COMMIT is the pin)"
+                .to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pin_resolution() {
+        let t = tempfile::tempdir().unwrap();
+        let c = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
+        assert!(resolve_pin(None, None).is_err());
+        assert!(resolve_pin(None, Some(t.path())).is_err());
+        std::fs::create_dir_all(t.path().join("tinygrad_repo")).unwrap();
+        std::fs::write(t.path().join(MARKER_PATH), format!("{c}\n")).unwrap();
+        assert_eq!(resolve_pin(None, Some(t.path())).unwrap().as_str(), c);
+        let other: GitCommit = "0000000000000000000000000000000000000000".parse().unwrap();
+        assert_eq!(
+            resolve_pin(Some(other.clone()), Some(t.path())).unwrap(),
+            other
+        );
+        std::fs::write(t.path().join(MARKER_PATH), "e837e36\n").unwrap();
+        assert!(resolve_pin(None, Some(t.path())).is_err());
+    }
+}

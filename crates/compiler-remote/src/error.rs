@@ -1,0 +1,191 @@
+use std::io;
+use std::path::PathBuf;
+
+use chunker::Sha256Digest;
+
+/// Which end of an rsync transfer a problem is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Local,
+    Remote,
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Local => "this machine",
+            Side::Remote => "the compiler",
+        })
+    }
+}
+
+/// Everything that can go wrong talking to the compiler comma.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "refusing to build on {destination}: the only supported compiler is {supported}; \
+         pass --allow-other-compiler only if the release owner approved {destination}"
+    )]
+    OtherCompiler {
+        destination: String,
+        supported: &'static str,
+    },
+
+    #[error("invalid --remote {value:?}: {reason}; use [USER@]HOST, e.g. comma@192.168.3.110")]
+    InvalidDestination { value: String, reason: &'static str },
+
+    #[error("invalid remote path {value:?}: {reason}")]
+    InvalidRemotePath { value: String, reason: &'static str },
+
+    #[error(
+        "could not open an SSH session to {destination}: {source}{detail}; check that the comma \
+         is on, reachable, and that `ssh {destination}` works without a password"
+    )]
+    Connect {
+        destination: String,
+        #[source]
+        source: openssh::Error,
+        detail: String,
+    },
+
+    #[error("SSH to {destination} failed while running `{command}`: {source}")]
+    Ssh {
+        destination: String,
+        command: String,
+        #[source]
+        source: openssh::Error,
+    },
+
+    #[error("`{command}` on {destination} exited with {status}: {stderr}")]
+    RemoteCommand {
+        destination: String,
+        command: String,
+        status: String,
+        stderr: String,
+    },
+
+    #[error(
+        "rsync is missing on {side}{host}: {detail}; install rsync 3.x there (apt-get install rsync, or brew install rsync on a Mac)"
+    )]
+    RsyncMissing {
+        side: Side,
+        host: String,
+        detail: String,
+    },
+
+    #[error(
+        "rsync on {side}{host} is not compatible: {version:?}; {detail}. Install rsync 3.x \
+         (on a Mac: brew install rsync, then put it first on PATH or pass --rsync)"
+    )]
+    RsyncIncompatible {
+        side: Side,
+        host: String,
+        version: String,
+        detail: String,
+    },
+
+    #[error("rsync {what} failed ({status}): {stderr}")]
+    Rsync {
+        what: String,
+        status: String,
+        stderr: String,
+    },
+
+    #[error(
+        "{destination}:{path} is missing: the compiler has no tinygrad marker; run \
+         `release-cli sync` first"
+    )]
+    MarkerMissing { destination: String, path: String },
+
+    #[error(
+        "tinygrad marker mismatch on {destination}:{path}: found {found:?}, expected {expected}; \
+         refusing to build. Run `release-cli sync` with the right tree, or fix the pin"
+    )]
+    MarkerMismatch {
+        destination: String,
+        path: String,
+        found: String,
+        expected: String,
+    },
+
+    #[error("{path}: {reason}")]
+    Pin { path: PathBuf, reason: String },
+
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("could not start the async runtime for SSH: {0}")]
+    Runtime(#[source] io::Error),
+
+    #[error("compile of {model} failed on the compiler ({status}); see {log}")]
+    CompileFailed {
+        model: String,
+        status: String,
+        log: PathBuf,
+    },
+
+    #[error("the compiler produced no {expected} output for {model} in {remote_dir}; see {log}")]
+    MissingOutputs {
+        model: String,
+        expected: String,
+        remote_dir: String,
+        log: PathBuf,
+    },
+
+    #[error("the compiler returned invalid output for {model}: {detail}; see {log}")]
+    InvalidOutputs {
+        model: String,
+        detail: String,
+        log: PathBuf,
+    },
+
+    #[error(
+        "SHA-256 mismatch for {model}: the compiler's .sha256 says {expected}, the fetched \
+         artifact is {actual}; see {log}"
+    )]
+    DigestMismatch {
+        model: String,
+        expected: Sha256Digest,
+        actual: Sha256Digest,
+        log: PathBuf,
+    },
+
+    #[error(
+        "the DM build is incomplete: missing {missing:?}; all four files must be replaced \
+         together, nothing was written to {out}; see {log}"
+    )]
+    DmIncomplete {
+        missing: Vec<String>,
+        out: PathBuf,
+        log: PathBuf,
+    },
+
+    #[error("the validator for {model} failed: {detail}; see {log}")]
+    Validator {
+        model: String,
+        detail: String,
+        log: PathBuf,
+    },
+
+    #[error(transparent)]
+    Chunker(#[from] chunker::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) trait IoContext<T> {
+    fn ctx(self, path: &std::path::Path) -> Result<T>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn ctx(self, path: &std::path::Path) -> Result<T> {
+        self.map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}

@@ -1,0 +1,248 @@
+//! The pure core: what to run on the comma and with which arguments. Nothing here does I/O, so
+//! every command line is unit-tested.
+
+use std::fmt;
+
+use manifest::{BehaviorVersion, ModelId};
+
+use crate::target::RemotePath;
+
+/// The staging directory for ONNX sources, under the remote root.
+pub const STAGING_DIR: &str = "uncompiledmodels";
+/// Where `./models` writes its outputs, under the remote root.
+pub const OUTPUT_DIR: &str = "compiledmodels";
+/// The tinygrad marker, under the remote root.
+pub const MARKER: &str = "tinygrad_repo/TINYGRAD_COMMIT";
+/// Where the seed builds the DM set.
+pub const DEFAULT_DM_OUTPUT_DIR: &str = "/tmp/dm_artifacts";
+
+/// The four driver-monitoring files, replaced together once per generation.
+pub const DM_FILES: [&str; 4] = manifest::layout::DM_FILES;
+
+/// How the model's ONNX sources are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InputFormat {
+    /// One `driving_supercombo.onnx` (or `big_driving_supercombo.onnx`): the compiler default.
+    #[default]
+    Supercombo,
+    /// Legacy split sources: `driving_vision.onnx` plus a policy ONNX.
+    Split,
+}
+
+impl InputFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InputFormat::Supercombo => "supercombo",
+            InputFormat::Split => "split",
+        }
+    }
+}
+
+impl std::str::FromStr for InputFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "supercombo" => Ok(InputFormat::Supercombo),
+            "split" => Ok(InputFormat::Split),
+            other => Err(format!(
+                "unknown input format {other:?}; use supercombo or split"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for InputFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One model to compile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompileRequest {
+    /// The release model ID (without `local-`; [`CompileRequest::local`] adds it).
+    pub id: ModelId,
+    pub version: BehaviorVersion,
+    /// Compile for Chestnut, the USB AMD external GPU.
+    pub gpu: bool,
+    pub input_format: InputFormat,
+    /// A `local-<id>` build: one plain PKL for one device, never published.
+    pub local: bool,
+}
+
+impl CompileRequest {
+    /// The ID the compiler builds: `local-<id>` for a local build.
+    pub fn build_id(&self) -> ModelId {
+        if self.local {
+            self.id.to_local()
+        } else {
+            self.id.clone()
+        }
+    }
+
+    /// `<build id>_driving_tinygrad.pkl`.
+    pub fn artifact_name(&self) -> String {
+        manifest::layout::artifact_file_name(&self.build_id())
+            .as_str()
+            .to_string()
+    }
+
+    /// The arguments after `./models`. Input and output directories are always explicit so a
+    /// non-default remote root cannot make the compiler read or write the default one.
+    pub fn models_args(&self, input_dir: &RemotePath, output_dir: &RemotePath) -> Vec<String> {
+        let mut args = vec![
+            format!("--{}", self.build_id()),
+            "--version".to_string(),
+            self.version.to_string(),
+        ];
+        if self.gpu {
+            args.push("--gpu".to_string());
+        }
+        if self.input_format == InputFormat::Split {
+            args.push("--input-format".to_string());
+            args.push("split".to_string());
+        }
+        args.extend([
+            "--input-dir".to_string(),
+            input_dir.to_string(),
+            "--output-dir".to_string(),
+            output_dir.to_string(),
+        ]);
+        args
+    }
+}
+
+/// Quote one word for a POSIX shell; words made only of safe characters stay as they are.
+pub fn shell_quote(word: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c);
+    if !word.is_empty() && word.chars().all(safe) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// Join words into one shell command line, each quoted.
+pub fn shell_words<S: AsRef<str>>(words: &[S]) -> String {
+    words
+        .iter()
+        .map(|w| shell_quote(w.as_ref()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `cd ROOT && ./models ARGS 2>&1`: one merged stream, so the log reads in the order it happened.
+pub fn run_models_command(root: &RemotePath, args: &[String]) -> String {
+    format!(
+        "cd {} && ./models {} 2>&1",
+        shell_quote(root.as_str()),
+        shell_words(args)
+    )
+}
+
+/// Empty the staging directory (a stale input there could be picked up by the compiler) and
+/// remove any earlier outputs of this artifact, so whatever is fetched afterwards is new.
+pub fn prepare_command(staging: &RemotePath, output: &RemotePath, artifact: &str) -> String {
+    let (s, o, a) = (
+        shell_quote(staging.as_str()),
+        shell_quote(output.as_str()),
+        shell_quote(artifact),
+    );
+    format!("rm -rf {s} && mkdir -p {s} {o} && rm -f {o}/{a} {o}/{a}.*")
+}
+
+/// Remove the staged sources and this artifact's outputs after a build.
+pub fn cleanup_command(staging: &RemotePath, output: &RemotePath, artifact: &str) -> String {
+    let (s, o, a) = (
+        shell_quote(staging.as_str()),
+        shell_quote(output.as_str()),
+        shell_quote(artifact),
+    );
+    format!("rm -rf {s} && mkdir -p {s} && rm -f {o}/{a} {o}/{a}.*")
+}
+
+/// `cd ROOT && ./models --dm --input-dir STAGING --output-dir OUT 2>&1`.
+pub fn dm_args(input_dir: &RemotePath, output_dir: &RemotePath) -> Vec<String> {
+    vec![
+        "--dm".to_string(),
+        "--input-dir".to_string(),
+        input_dir.to_string(),
+        "--output-dir".to_string(),
+        output_dir.to_string(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(id: &str) -> CompileRequest {
+        CompileRequest {
+            id: id.parse().unwrap(),
+            version: "v16".parse().unwrap(),
+            gpu: false,
+            input_format: InputFormat::Supercombo,
+            local: false,
+        }
+    }
+
+    #[test]
+    fn models_command_lines() {
+        let root: RemotePath = "/data/openpilot".parse().unwrap();
+        let i = root.join(STAGING_DIR).unwrap();
+        let o = root.join(OUTPUT_DIR).unwrap();
+        let r = req("pop223");
+        assert_eq!(
+            run_models_command(&root, &r.models_args(&i, &o)),
+            "cd /data/openpilot && ./models --pop223 --version v16 --input-dir \
+             /data/openpilot/uncompiledmodels --output-dir /data/openpilot/compiledmodels 2>&1"
+        );
+        let mut g = req("bmrlnapv6");
+        g.gpu = true;
+        g.input_format = InputFormat::Split;
+        let args = g.models_args(&i, &o);
+        assert_eq!(
+            &args[..6],
+            [
+                "--bmrlnapv6",
+                "--version",
+                "v16",
+                "--gpu",
+                "--input-format",
+                "split"
+            ]
+        );
+        let mut l = req("mine");
+        l.local = true;
+        assert_eq!(l.models_args(&i, &o)[0], "--local-mine");
+        assert_eq!(l.artifact_name(), "local-mine_driving_tinygrad.pkl");
+        assert_eq!(r.artifact_name(), "pop223_driving_tinygrad.pkl");
+    }
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("/data/x_1.pkl"), "/data/x_1.pkl");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("$(rm -rf /)"), "'$(rm -rf /)'");
+    }
+
+    #[test]
+    fn prepare_and_cleanup_touch_only_this_artifact() {
+        let s: RemotePath = "/r/uncompiledmodels".parse().unwrap();
+        let o: RemotePath = "/r/compiledmodels".parse().unwrap();
+        let p = prepare_command(&s, &o, "pop223_driving_tinygrad.pkl");
+        assert_eq!(
+            p,
+            "rm -rf /r/uncompiledmodels && mkdir -p /r/uncompiledmodels /r/compiledmodels && \
+             rm -f /r/compiledmodels/pop223_driving_tinygrad.pkl \
+             /r/compiledmodels/pop223_driving_tinygrad.pkl.*"
+        );
+        assert!(
+            cleanup_command(&s, &o, "x_driving_tinygrad.pkl")
+                .starts_with("rm -rf /r/uncompiledmodels")
+        );
+    }
+}
