@@ -1,0 +1,269 @@
+//! The GitHub `Models` branch store: a git checkout of `firestar5683/StarPilot-Resources` on
+//! branch `Models`, published by committing and pushing.
+//!
+//! - It refuses a checkout that is dirty, on another branch, or not in sync with its origin after
+//!   a fetch: publishing from such a tree would push someone else's changes or fail halfway.
+//! - Store paths are in the bucket layout and mapped to the branch layout
+//!   (`model_names_<gen>.json`, `<gen>/<id>/<file>`) by [`crate::layout_map`].
+//! - Every write is one commit and one push, so every push stays under GitHub's 100 MB limit
+//!   (chunks are 45 MiB) and an interrupted publish leaves whole files on the remote. Publish
+//!   writes the manifest last.
+//!
+//! Reads come from the working tree, which the checks above keep equal to the remote branch.
+
+use std::ffi::OsStr;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::error::{Error, IoContext, Result};
+use crate::layout_map::{bucket_to_github, github_to_bucket};
+use crate::local::LocalStore;
+use crate::paths::StorePath;
+use crate::store::{FileStat, ListEntry, Store};
+
+#[derive(Debug, Clone)]
+pub struct GithubStore {
+    checkout: PathBuf,
+    branch: String,
+    remote: String,
+    files: LocalStore,
+}
+
+impl GithubStore {
+    /// Open a checkout for publishing: fetch `origin`, then check that the checkout is on
+    /// `branch`, clean, and at the same commit as `origin/<branch>`.
+    pub fn open(checkout: impl Into<PathBuf>, branch: &str) -> Result<Self> {
+        let checkout: PathBuf = checkout.into();
+        let store = Self {
+            files: LocalStore::new(checkout.clone()),
+            checkout,
+            branch: branch.to_string(),
+            remote: "origin".to_string(),
+        };
+        store.check_ready()?;
+        Ok(store)
+    }
+
+    pub fn checkout(&self) -> &Path {
+        &self.checkout
+    }
+
+    pub fn branch(&self) -> &str {
+        &self.branch
+    }
+
+    fn refuse(&self, reason: impl Into<String>) -> Error {
+        Error::GitRefused {
+            checkout: self.checkout.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The three preconditions, checked before anything is written.
+    pub fn check_ready(&self) -> Result<()> {
+        if !self.checkout.join(".git").exists() {
+            return Err(self.refuse(
+                "not a git checkout; clone the resources repository and check out the Models branch",
+            ));
+        }
+        let head = self
+            .git(["symbolic-ref", "--quiet", "--short", "HEAD"])
+            .map_err(|_| self.refuse(format!("HEAD is detached; run `git checkout {}`", self.branch)))?;
+        if head != self.branch {
+            return Err(self.refuse(format!(
+                "on branch {head:?}, not {:?}; run `git checkout {}`",
+                self.branch, self.branch
+            )));
+        }
+        let dirty = self.git(["status", "--porcelain", "--untracked-files=all"])?;
+        if !dirty.is_empty() {
+            let shown: Vec<&str> = dirty.lines().take(5).collect();
+            return Err(self.refuse(format!(
+                "has uncommitted changes ({}{}); commit or remove them first",
+                shown.join(", "),
+                if dirty.lines().count() > 5 { ", …" } else { "" }
+            )));
+        }
+        self.git(["fetch", "--quiet", &self.remote, &self.branch])?;
+        let local = self.git(["rev-parse", "HEAD"])?;
+        let remote_ref = format!("refs/remotes/{}/{}", self.remote, self.branch);
+        let remote = self
+            .git(["rev-parse", "--verify", "--quiet", &remote_ref])
+            .map_err(|_| {
+                self.refuse(format!(
+                    "{}/{} does not exist; push the branch first",
+                    self.remote, self.branch
+                ))
+            })?;
+        if local != remote {
+            let counts = self.git([
+                "rev-list",
+                "--left-right",
+                "--count",
+                &format!("HEAD...{remote_ref}"),
+            ])?;
+            let mut it = counts.split_whitespace();
+            let (ahead, behind) = (it.next().unwrap_or("?"), it.next().unwrap_or("?"));
+            return Err(self.refuse(format!(
+                "not in sync with {}/{}: {ahead} commit(s) ahead, {behind} behind; run `git pull --ff-only` or push first",
+                self.remote, self.branch
+            )));
+        }
+        Ok(())
+    }
+
+    fn git<I, S>(&self, args: I) -> Result<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(&self.checkout)
+            .args(&args)
+            // Never wait for a password prompt: fail and say so.
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .output()
+            .at(&self.checkout)?;
+        if !out.status.success() {
+            return Err(Error::Git {
+                checkout: self.checkout.clone(),
+                args: args
+                    .iter()
+                    .map(|a| a.to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    fn branch_path(&self, path: &StorePath) -> Result<StorePath> {
+        bucket_to_github(path).ok_or_else(|| Error::Unsupported {
+            store: self.describe(),
+            path: path.to_string(),
+            reason: "the Models branch holds only manifests/model_names_<gen>.json and models/<gen>/<id>/<file>".into(),
+        })
+    }
+
+    /// Commit `rel` (already staged or removed) if it changed, then push. Idempotent: after a
+    /// failed push, calling it again pushes the existing commit.
+    fn commit_and_push(&self, rel: &StorePath, message: &str) -> Result<()> {
+        let unchanged = Command::new("git")
+            .arg("-C")
+            .arg(&self.checkout)
+            .args(["diff", "--cached", "--quiet", "--", rel.as_str()])
+            .status()
+            .at(&self.checkout)?
+            .success();
+        if !unchanged {
+            self.git(["commit", "--quiet", "-m", message, "--", rel.as_str()])?;
+        }
+        self.git([
+            "push",
+            "--quiet",
+            &self.remote,
+            &format!("HEAD:refs/heads/{}", self.branch),
+        ])?;
+        Ok(())
+    }
+}
+
+impl Store for GithubStore {
+    fn describe(&self) -> String {
+        format!("github:{}", self.checkout.display())
+    }
+
+    fn stat(&self, path: &StorePath) -> Result<Option<FileStat>> {
+        match bucket_to_github(path) {
+            Some(rel) => self.files.stat(&rel),
+            None => Ok(None),
+        }
+    }
+
+    fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
+        let rel = bucket_to_github(path).ok_or_else(|| Error::NotFound {
+            store: self.describe(),
+            path: path.to_string(),
+        })?;
+        self.files.open(&rel).map_err(|e| match e {
+            Error::NotFound { .. } => Error::NotFound {
+                store: self.describe(),
+                path: path.to_string(),
+            },
+            other => other,
+        })
+    }
+
+    fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
+        let rel = self.branch_path(path)?;
+        let n = self.files.write(&rel, src)?;
+        self.git(["add", "--", rel.as_str()])?;
+        self.commit_and_push(&rel, &format!("Publish {rel}"))?;
+        Ok(n)
+    }
+
+    fn list(&self, prefix: &StorePath) -> Result<Vec<ListEntry>> {
+        // `manifests` has no directory of its own on the branch: its files sit at the root.
+        if prefix.as_str() == "manifests" {
+            let mut out = Vec::new();
+            for entry in std::fs::read_dir(&self.checkout).at(&self.checkout)? {
+                let entry = entry.at(&self.checkout)?;
+                let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                    continue;
+                };
+                let Ok(rel) = name.parse::<StorePath>() else { continue };
+                if let Some(bucket) = github_to_bucket(&rel)
+                    && let Some(stat) = self.files.stat(&rel)?
+                {
+                    out.push(ListEntry {
+                        path: bucket,
+                        size: stat.size,
+                    });
+                }
+            }
+            out.sort_by(|a, b| a.path.cmp(&b.path));
+            return Ok(out);
+        }
+        let Some(rel) = bucket_to_github(prefix).or_else(|| {
+            // `models/<gen>` is a directory prefix; map it by hand.
+            let rest = prefix.as_str().strip_prefix("models/")?;
+            rest.parse().ok()
+        }) else {
+            return Ok(Vec::new());
+        };
+        let mut out: Vec<ListEntry> = self
+            .files
+            .list(&rel)?
+            .into_iter()
+            .filter_map(|e| {
+                Some(ListEntry {
+                    path: github_to_bucket(&e.path)?,
+                    size: e.size,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    fn copy(&self, from: &StorePath, to: &StorePath) -> Result<()> {
+        let mut src = self.open(from)?;
+        self.write(to, &mut src)?;
+        Ok(())
+    }
+
+    fn delete(&self, path: &StorePath) -> Result<bool> {
+        let rel = self.branch_path(path)?;
+        if self.files.stat(&rel)?.is_none() {
+            return Ok(false);
+        }
+        self.git(["rm", "--quiet", "--", rel.as_str()])?;
+        self.commit_and_push(&rel, &format!("Remove {rel}"))?;
+        Ok(true)
+    }
+}

@@ -1,0 +1,192 @@
+//! The local directory store: the embedded default, the origin `serve` publishes, and the
+//! stand-in for a bucket in tests. Every write goes through `chunker::atomic` (temp file in the
+//! same directory, fsync, rename, fsync the directory), so a crash leaves the old file or the
+//! new one and a stray `.tmp-*` at worst, which listings skip.
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use chunker::atomic::{self, AtomicFile};
+
+use crate::error::{Error, IoContext, Result};
+use crate::paths::{StorePath, to_fs_path};
+use crate::store::{FileStat, ListEntry, Store};
+
+#[derive(Debug, Clone)]
+pub struct LocalStore {
+    root: PathBuf,
+}
+
+impl LocalStore {
+    /// A store rooted at `root`. The directory is created on the first write if missing.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn fs_path(&self, path: &StorePath) -> PathBuf {
+        to_fs_path(path, &self.root)
+    }
+
+    fn not_found(&self, path: &StorePath) -> Error {
+        Error::NotFound {
+            store: self.describe(),
+            path: path.to_string(),
+        }
+    }
+}
+
+impl Store for LocalStore {
+    fn describe(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    fn stat(&self, path: &StorePath) -> Result<Option<FileStat>> {
+        let p = self.fs_path(path);
+        match fs::metadata(&p) {
+            Ok(m) if m.is_file() => Ok(Some(FileStat { size: m.len() })),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            // A file where a directory should be (ENOTDIR) also means "not there".
+            Err(e) if e.raw_os_error() == Some(20) => Ok(None),
+            Err(e) => Err(e).at(p),
+        }
+    }
+
+    fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
+        let p = self.fs_path(path);
+        match File::open(&p) {
+            Ok(f) if f.metadata().at(&p)?.is_file() => Ok(Box::new(f)),
+            Ok(_) => Err(self.not_found(path)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(self.not_found(path)),
+            Err(e) => Err(e).at(p),
+        }
+    }
+
+    fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
+        let dest = self.fs_path(path);
+        let dir = dest.parent().expect("store paths have a parent under the root");
+        fs::create_dir_all(dir).at(dir)?;
+        let mut tmp = AtomicFile::create(&dest).at(&dest)?;
+        let n = io::copy(src, tmp.file()).at(&dest)?;
+        tmp.commit_and_sync_dir().at(&dest)?;
+        Ok(n)
+    }
+
+    fn list(&self, prefix: &StorePath) -> Result<Vec<ListEntry>> {
+        let start = self.fs_path(prefix);
+        let mut out = Vec::new();
+        match fs::metadata(&start) {
+            Ok(m) if m.is_file() => {
+                out.push(ListEntry {
+                    path: prefix.clone(),
+                    size: m.len(),
+                });
+                return Ok(out);
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(e).at(start),
+        }
+        walk(&start, prefix.as_str(), &mut out)?;
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    fn copy(&self, from: &StorePath, to: &StorePath) -> Result<()> {
+        let mut src = self.open(from)?;
+        self.write(to, &mut src)?;
+        Ok(())
+    }
+
+    fn delete(&self, path: &StorePath) -> Result<bool> {
+        let p = self.fs_path(path);
+        let removed = atomic::remove_if_exists(&p).at(&p)?;
+        if removed && let Some(dir) = p.parent() {
+            atomic::sync_dir(dir).at(dir)?;
+        }
+        Ok(removed)
+    }
+}
+
+fn walk(dir: &Path, rel: &str, out: &mut Vec<ListEntry>) -> Result<()> {
+    for entry in fs::read_dir(dir).at(dir)? {
+        let entry = entry.at(dir)?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        // Temporaries are half-written files, not content.
+        if atomic::is_temp_name(name) {
+            continue;
+        }
+        let child_rel = format!("{rel}/{name}");
+        let Ok(store_path) = child_rel.parse::<StorePath>() else {
+            continue;
+        };
+        let ty = entry.file_type().at(entry.path())?;
+        if ty.is_dir() {
+            walk(&entry.path(), &child_rel, out)?;
+        } else {
+            let meta = entry.metadata().at(entry.path())?;
+            if meta.is_file() {
+                out.push(ListEntry {
+                    path: store_path,
+                    size: meta.len(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> StorePath {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn write_read_stat_list_copy_delete() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path().join("store"));
+        let a = p("models/v25/x/a.bin");
+        assert_eq!(store.stat(&a).unwrap(), None);
+        assert!(store.open(&a).err().unwrap().is_not_found());
+        assert_eq!(store.write_bytes(&a, b"hello").unwrap(), 5);
+        assert_eq!(store.stat(&a).unwrap(), Some(FileStat { size: 5 }));
+        let mut s = String::new();
+        store.open(&a).unwrap().read_to_string(&mut s).unwrap();
+        assert_eq!(s, "hello");
+        let b = p("models/v25/y/b.bin");
+        store.copy(&a, &b).unwrap();
+        assert_eq!(store.read_small(&b, 10).unwrap().unwrap(), b"hello");
+        // A stray temporary is not listed.
+        fs::write(dir.path().join("store/models/v25/x/.tmp-1-a.bin"), b"x").unwrap();
+        let listed: Vec<_> = store
+            .list(&p("models/v25"))
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.path.to_string(), e.size))
+            .collect();
+        assert_eq!(
+            listed,
+            vec![
+                ("models/v25/x/a.bin".to_string(), 5),
+                ("models/v25/y/b.bin".to_string(), 5)
+            ]
+        );
+        assert!(store.list(&p("models/v24")).unwrap().is_empty());
+        assert!(store.delete(&a).unwrap());
+        assert!(!store.delete(&a).unwrap());
+        assert_eq!(
+            store.sha256(&b).unwrap().unwrap().0,
+            chunker::Sha256Digest::of_bytes(b"hello")
+        );
+        assert!(store.read_small(&b, 4).is_err());
+    }
+}

@@ -1,0 +1,437 @@
+//! Store names as users type them, parsed once:
+//!
+//! | spelling | store |
+//! |---|---|
+//! | `PATH`, `file://PATH` | [`LocalStore`] |
+//! | `hf://buckets/NS/NAME` | [`HfBucketStore`] |
+//! | `github:PATH` | [`GithubStore`] (a checkout of the `Models` branch) |
+//!
+//! A [`Location`] is a store plus a path in it; as a reuse source it may also be a Hub repository
+//! file, `hf://datasets/ORG/REPO[@REV]/PATH` (or `hf://models/...`), which is read-only here.
+
+use std::fmt;
+use std::io::Read;
+use std::path::PathBuf;
+
+use reqwest::{Method, StatusCode};
+
+use crate::error::{Error, Result};
+use crate::github::GithubStore;
+use crate::hf::{HfBucketStore, HfConfig, HubHttp};
+use crate::local::LocalStore;
+use crate::paths::StorePath;
+use crate::store::{FileStat, ListEntry, Store};
+
+/// A parsed store name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    Local(PathBuf),
+    HfBucket { bucket: String },
+    Github(PathBuf),
+    /// `hf://datasets/ORG/REPO` or `hf://models/ORG/REPO`, read-only (a reuse source).
+    HfRepo {
+        kind: RepoKind,
+        repo: String,
+        revision: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepoKind {
+    Datasets,
+    Models,
+}
+
+impl RepoKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            RepoKind::Datasets => "datasets",
+            RepoKind::Models => "models",
+        }
+    }
+}
+
+impl fmt::Display for StoreSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreSpec::Local(p) => write!(f, "{}", p.display()),
+            StoreSpec::HfBucket { bucket } => write!(f, "hf://buckets/{bucket}"),
+            StoreSpec::Github(p) => write!(f, "github:{}", p.display()),
+            StoreSpec::HfRepo {
+                kind,
+                repo,
+                revision,
+            } => {
+                write!(f, "hf://{}/{repo}", kind.as_str())?;
+                if let Some(r) = revision {
+                    write!(f, "@{r}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A store and a path inside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub store: StoreSpec,
+    pub path: StorePath,
+}
+
+fn invalid(spec: &str, reason: impl Into<String>) -> Error {
+    Error::InvalidStore {
+        spec: spec.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Split `hf://KIND/NS/NAME[/REST]` into (kind, "NS/NAME", rest).
+fn split_hub(spec: &str) -> Result<(String, String, Option<String>)> {
+    let rest = spec.strip_prefix("hf://").expect("caller checked");
+    let mut parts = rest.splitn(4, '/');
+    let kind = parts.next().unwrap_or_default().to_string();
+    let ns = parts.next().unwrap_or_default();
+    let name = parts.next().unwrap_or_default();
+    if ns.is_empty() || name.is_empty() {
+        return Err(invalid(spec, format!("expected hf://{kind}/NAMESPACE/NAME")));
+    }
+    let tail = parts.next().filter(|t| !t.is_empty()).map(str::to_string);
+    Ok((kind, format!("{ns}/{name}"), tail))
+}
+
+impl StoreSpec {
+    /// Parse a store name (no path inside the store).
+    pub fn parse(spec: &str) -> Result<Self> {
+        if spec.starts_with("hf://") {
+            let (kind, id, tail) = split_hub(spec)?;
+            if tail.is_some() {
+                return Err(invalid(
+                    spec,
+                    "a store is the bucket itself; drop the path after NAMESPACE/NAME",
+                ));
+            }
+            return match kind.as_str() {
+                "buckets" => Ok(StoreSpec::HfBucket { bucket: id }),
+                "datasets" | "models" => Err(invalid(
+                    spec,
+                    "Hub repositories are read-only here (a reuse --from source); publish to a bucket",
+                )),
+                other => Err(invalid(spec, format!("unknown Hub kind {other:?}"))),
+            };
+        }
+        if let Some(path) = spec.strip_prefix("github:") {
+            if path.is_empty() {
+                return Err(invalid(spec, "github: needs the path of a Models branch checkout"));
+            }
+            return Ok(StoreSpec::Github(PathBuf::from(path)));
+        }
+        if let Some(path) = spec.strip_prefix("file://") {
+            if path.is_empty() {
+                return Err(invalid(spec, "file:// needs a path"));
+            }
+            return Ok(StoreSpec::Local(PathBuf::from(path)));
+        }
+        if let Some((scheme, _)) = spec.split_once("://") {
+            return Err(invalid(spec, format!("unknown scheme {scheme:?}")));
+        }
+        if spec.is_empty() {
+            return Err(invalid(spec, "empty"));
+        }
+        Ok(StoreSpec::Local(PathBuf::from(spec)))
+    }
+
+    pub fn is_hf(&self) -> bool {
+        matches!(self, StoreSpec::HfBucket { .. } | StoreSpec::HfRepo { .. })
+    }
+
+    pub fn is_github(&self) -> bool {
+        matches!(self, StoreSpec::Github(_))
+    }
+
+    /// Open the store. A GitHub checkout is checked (branch, clean, in sync) here.
+    pub fn open(&self, hf: &HfConfig, github_branch: &str) -> Result<Box<dyn Store>> {
+        Ok(match self {
+            StoreSpec::Local(p) => Box::new(LocalStore::new(p.clone())),
+            StoreSpec::HfBucket { bucket } => Box::new(HfBucketStore::new(bucket, hf.clone())?),
+            StoreSpec::Github(p) => Box::new(GithubStore::open(p.clone(), github_branch)?),
+            StoreSpec::HfRepo {
+                kind,
+                repo,
+                revision,
+            } => Box::new(HfRepoStore::new(*kind, repo, revision.clone(), hf)?),
+        })
+    }
+}
+
+impl Location {
+    /// Parse a file location: `hf://buckets/NS/NAME/PATH`, `hf://datasets/ORG/REPO[@REV]/PATH`,
+    /// `hf://models/ORG/REPO[@REV]/PATH`, `github:CHECKOUT//PATH`, or a local file path (whose
+    /// parent directory becomes the store).
+    pub fn parse(spec: &str) -> Result<Self> {
+        let need_path = |spec: &str| invalid(spec, "needs a path inside the store after the store name");
+        let path = |s: &str, spec: &str| -> Result<StorePath> {
+            s.parse().map_err(|e: manifest::Error| invalid(spec, e.to_string()))
+        };
+        if spec.starts_with("hf://") {
+            let (kind, id, tail) = split_hub(spec)?;
+            let tail = tail.ok_or_else(|| need_path(spec))?;
+            let store = match kind.as_str() {
+                "buckets" => StoreSpec::HfBucket { bucket: id },
+                "datasets" | "models" => {
+                    let (repo, revision) = match id.split_once('@') {
+                        Some((r, rev)) if !rev.is_empty() => (r.to_string(), Some(rev.to_string())),
+                        Some(_) => return Err(invalid(spec, "empty revision after '@'")),
+                        None => (id, None),
+                    };
+                    StoreSpec::HfRepo {
+                        kind: if kind == "datasets" {
+                            RepoKind::Datasets
+                        } else {
+                            RepoKind::Models
+                        },
+                        repo,
+                        revision,
+                    }
+                }
+                other => return Err(invalid(spec, format!("unknown Hub kind {other:?}"))),
+            };
+            return Ok(Location {
+                store,
+                path: path(&tail, spec)?,
+            });
+        }
+        if let Some(rest) = spec.strip_prefix("github:") {
+            let (checkout, inner) = rest.split_once("//").ok_or_else(|| need_path(spec))?;
+            return Ok(Location {
+                store: StoreSpec::Github(PathBuf::from(checkout)),
+                path: path(inner, spec)?,
+            });
+        }
+        let local = spec.strip_prefix("file://").unwrap_or(spec);
+        if local.contains("://") {
+            return Err(invalid(spec, "unknown scheme"));
+        }
+        let p = PathBuf::from(local);
+        let name = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| invalid(spec, "a local location must name a file"))?;
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        Ok(Location {
+            store: StoreSpec::Local(dir),
+            path: path(name, spec)?,
+        })
+    }
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.store {
+            StoreSpec::Local(p) => write!(f, "{}", p.join(self.path.as_str()).display()),
+            StoreSpec::Github(p) => write!(f, "github:{}//{}", p.display(), self.path),
+            other => write!(f, "{other}/{}", self.path),
+        }
+    }
+}
+
+/// A Hub dataset or model repository, read over HTTP
+/// (`<endpoint>/datasets/ORG/REPO/resolve/<rev>/<path>`). Only a reuse source: writes are
+/// refused, and listing is not offered (reuse reads the `.chunkmanifest` instead).
+#[derive(Debug, Clone)]
+pub struct HfRepoStore {
+    kind: RepoKind,
+    repo: String,
+    revision: Option<String>,
+    http: HubHttp,
+}
+
+impl HfRepoStore {
+    pub fn new(kind: RepoKind, repo: &str, revision: Option<String>, hf: &HfConfig) -> Result<Self> {
+        Ok(Self {
+            kind,
+            repo: repo.to_string(),
+            revision,
+            http: HubHttp::new(hf)?,
+        })
+    }
+
+    fn resolve_url(&self, path: &StorePath) -> String {
+        let prefix = match self.kind {
+            RepoKind::Datasets => "datasets/",
+            RepoKind::Models => "",
+        };
+        format!(
+            "{}/{prefix}{}/resolve/{}/{}",
+            self.http.endpoint(),
+            self.repo,
+            self.revision.as_deref().unwrap_or("main"),
+            path.url_encoded()
+        )
+    }
+
+    fn read_only(&self, path: &StorePath) -> Error {
+        Error::Unsupported {
+            store: self.describe(),
+            path: path.to_string(),
+            reason: "Hub repositories are read-only here".into(),
+        }
+    }
+}
+
+impl Store for HfRepoStore {
+    fn describe(&self) -> String {
+        StoreSpec::HfRepo {
+            kind: self.kind,
+            repo: self.repo.clone(),
+            revision: self.revision.clone(),
+        }
+        .to_string()
+    }
+
+    fn hub_uri(&self, path: &StorePath) -> Option<String> {
+        Some(format!("{}/{}", self.describe(), path))
+    }
+
+    fn stat(&self, path: &StorePath) -> Result<Option<FileStat>> {
+        let url = self.resolve_url(path);
+        let (resp, first) = self.http.send(Method::HEAD, &url)?;
+        match resp.status() {
+            StatusCode::NOT_FOUND => Ok(None),
+            s if s.is_success() => {
+                let size = ["x-linked-size"]
+                    .iter()
+                    .find_map(|h| first.get(*h)?.to_str().ok()?.parse().ok())
+                    .or_else(|| {
+                        resp.headers()
+                            .get(reqwest::header::CONTENT_LENGTH)?
+                            .to_str()
+                            .ok()?
+                            .parse()
+                            .ok()
+                    })
+                    .ok_or_else(|| Error::BadResponse {
+                        url: url.clone(),
+                        reason: "no Content-Length or X-Linked-Size".into(),
+                    })?;
+                Ok(Some(FileStat { size }))
+            }
+            s => Err(Error::HttpStatus {
+                method: "HEAD",
+                url,
+                status: s.as_u16(),
+                hint: "",
+            }),
+        }
+    }
+
+    fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
+        let url = self.resolve_url(path);
+        let (resp, _) = self.http.send(Method::GET, &url)?;
+        match resp.status() {
+            StatusCode::NOT_FOUND => Err(Error::NotFound {
+                store: self.describe(),
+                path: path.to_string(),
+            }),
+            StatusCode::OK => Ok(Box::new(resp)),
+            s => Err(Error::HttpStatus {
+                method: "GET",
+                url,
+                status: s.as_u16(),
+                hint: "",
+            }),
+        }
+    }
+
+    fn write(&self, path: &StorePath, _src: &mut dyn Read) -> Result<u64> {
+        Err(self.read_only(path))
+    }
+
+    fn list(&self, prefix: &StorePath) -> Result<Vec<ListEntry>> {
+        Err(self.read_only(prefix))
+    }
+
+    fn copy(&self, from: &StorePath, _to: &StorePath) -> Result<()> {
+        Err(self.read_only(from))
+    }
+
+    fn delete(&self, path: &StorePath) -> Result<bool> {
+        Err(self.read_only(path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_names() {
+        assert_eq!(
+            StoreSpec::parse("/srv/store").unwrap(),
+            StoreSpec::Local("/srv/store".into())
+        );
+        assert_eq!(
+            StoreSpec::parse("file:///srv/store").unwrap(),
+            StoreSpec::Local("/srv/store".into())
+        );
+        assert_eq!(
+            StoreSpec::parse("hf://buckets/StarPilot-Driving/StarPilot-Resources").unwrap(),
+            StoreSpec::HfBucket {
+                bucket: "StarPilot-Driving/StarPilot-Resources".into()
+            }
+        );
+        assert_eq!(
+            StoreSpec::parse("github:../res").unwrap(),
+            StoreSpec::Github("../res".into())
+        );
+        for bad in [
+            "",
+            "s3://x/y",
+            "hf://buckets/only",
+            "hf://buckets/a/b/extra",
+            "hf://datasets/a/b",
+            "hf://spaces/a/b",
+            "github:",
+            "file://",
+        ] {
+            assert!(StoreSpec::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn locations() {
+        let l = Location::parse("hf://datasets/org/repo/dir/x_driving_tinygrad.pkl").unwrap();
+        assert_eq!(
+            l.store,
+            StoreSpec::HfRepo {
+                kind: RepoKind::Datasets,
+                repo: "org/repo".into(),
+                revision: None
+            }
+        );
+        assert_eq!(l.path.as_str(), "dir/x_driving_tinygrad.pkl");
+        assert_eq!(l.to_string(), "hf://datasets/org/repo/dir/x_driving_tinygrad.pkl");
+        let l = Location::parse("hf://datasets/org/repo@abc/x.pkl").unwrap();
+        assert_eq!(l.to_string(), "hf://datasets/org/repo@abc/x.pkl");
+        let l = Location::parse("hf://buckets/a/b/models/v24/p/p.pkl").unwrap();
+        assert_eq!(l.store, StoreSpec::HfBucket { bucket: "a/b".into() });
+        assert_eq!(l.path.as_str(), "models/v24/p/p.pkl");
+        let l = Location::parse("/tmp/build/p.pkl").unwrap();
+        assert_eq!(l.store, StoreSpec::Local("/tmp/build".into()));
+        assert_eq!(l.path.as_str(), "p.pkl");
+        let l = Location::parse("github:/co//v25/p/p.pkl").unwrap();
+        assert_eq!(l.store, StoreSpec::Github("/co".into()));
+        for bad in [
+            "hf://datasets/org/repo",
+            "hf://datasets/org/repo/../x",
+            "hf://datasets/org/repo@/x",
+            "github:/co",
+            "ftp://x/y",
+        ] {
+            assert!(Location::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

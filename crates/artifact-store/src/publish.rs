@@ -1,0 +1,921 @@
+//! Publishing a generation: artifacts first, manifest last, one store after the other.
+//!
+//! For each store, in the order given (Hugging Face before GitHub, enforced):
+//! 1. upload each model in the artifacts directory whose files are missing or different there:
+//!    its chunks, then `.sha256`, then `.chunkmanifest` last (a directory is complete once its
+//!    chunk manifest is there; if chunks must change under an existing chunk manifest, that
+//!    manifest is removed first, so the directory reads "not present" rather than "wrong");
+//! 2. check that every artifact the new manifest lists is complete in that store and matches the
+//!    manifest's size, digest and count;
+//! 3. fetch the live manifest again and run the release guard (`manifest::guard`), with the IDs
+//!    that have a directory in the artifacts directory as the intended changes;
+//! 4. write the manifest, last.
+//!
+//! The plan ([`plan_model`]) is pure and unit-tested; [`publish`] is the I/O around it. A second
+//! run after an interruption re-plans from what the store holds, so nothing already there is
+//! uploaded again.
+
+use std::collections::BTreeSet;
+use std::fs::{self, File};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chunker::{
+    Hasher, IO_BUFFER_SIZE, Resolved, Sha256Digest, chunk_manifest_name, format_chunk_manifest,
+    format_sidecar, parse_chunk_manifest, parse_sidecar, sidecar_name,
+};
+use manifest::{Generation, Manifest, ModelEntry, ModelId, StoreLayout};
+use serde::Serialize;
+
+use crate::error::{Error, IoContext, Result};
+use crate::paths::StorePath;
+use crate::retry::RetryPolicy;
+use crate::store::Store;
+
+/// Small files (`.sha256`, `.chunkmanifest`) are never larger than this.
+const SMALL_FILE_LIMIT: u64 = 4096;
+
+/// What a local artifact file is, which fixes its place in the upload order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileRole {
+    Chunk,
+    Sidecar,
+    ChunkManifest,
+}
+
+/// Where the bytes of a file to upload come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileSource {
+    Path(PathBuf),
+    Bytes(Vec<u8>),
+}
+
+/// One file of a model's published form, with what it must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalFile {
+    pub name: String,
+    pub role: FileRole,
+    pub size: u64,
+    pub sha256: Sha256Digest,
+    pub source: FileSource,
+}
+
+/// A model found in the artifacts directory, verified against the manifest, in upload order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalArtifact {
+    pub id: ModelId,
+    /// The logical artifact name, `<id>_driving_tinygrad.pkl` unless the entry says otherwise.
+    pub name: String,
+    pub files: Vec<LocalFile>,
+}
+
+/// What the store holds for one file, as observed before planning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observed {
+    Missing,
+    /// Present; `sha256` is `None` when it was not worth reading (the size already differs).
+    Present {
+        size: u64,
+        sha256: Option<Sha256Digest>,
+    },
+}
+
+/// Why a file is uploaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    Missing,
+    SizeDiffers,
+    ContentDiffers,
+    /// The chunk manifest is rewritten because the chunks under it changed.
+    ChunksChanged,
+}
+
+/// One step of a store's plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Step {
+    /// Remove the chunk manifest before changing chunks under it.
+    Retract { path: String },
+    Upload {
+        path: String,
+        #[serde(skip)]
+        file: usize,
+        size: u64,
+        reason: Reason,
+    },
+    /// A plain `NAME` beside the chunk set would win over it for every reader.
+    RemoveShadowingPlain { path: String },
+    Skip { path: String, size: u64 },
+}
+
+/// The steps for one model: retract if needed, chunks, `.sha256`, `.chunkmanifest`, then drop a
+/// shadowing plain file. `observed[i]` is what the store holds for `local.files[i]`;
+/// `plain_present` whether a plain `NAME` file is in the store directory.
+pub fn plan_model(
+    local: &LocalArtifact,
+    dir: &StorePath,
+    observed: &[Observed],
+    plain_present: bool,
+) -> Vec<Step> {
+    assert_eq!(local.files.len(), observed.len(), "one observation per file");
+    let path_of = |name: &str| format!("{dir}/{name}");
+    let needs = |f: &LocalFile, o: &Observed| -> Option<Reason> {
+        match o {
+            Observed::Missing => Some(Reason::Missing),
+            Observed::Present { size, .. } if *size != f.size => Some(Reason::SizeDiffers),
+            Observed::Present { sha256, .. } if *sha256 != Some(f.sha256) => {
+                Some(Reason::ContentDiffers)
+            }
+            Observed::Present { .. } => None,
+        }
+    };
+    let mut order: Vec<usize> = (0..local.files.len()).collect();
+    // Stable: chunks keep their index order, then the sidecar, then the chunk manifest.
+    order.sort_by_key(|&i| local.files[i].role);
+
+    let content_changes = order.iter().any(|&i| {
+        local.files[i].role != FileRole::ChunkManifest && needs(&local.files[i], &observed[i]).is_some()
+    });
+    let mut steps = Vec::new();
+    for &i in &order {
+        let f = &local.files[i];
+        let o = &observed[i];
+        let path = path_of(&f.name);
+        if f.role == FileRole::ChunkManifest {
+            let present = matches!(o, Observed::Present { .. });
+            if content_changes && present {
+                steps.insert(0, Step::Retract { path: path.clone() });
+            }
+            let reason = if content_changes {
+                Some(needs(f, o).unwrap_or(Reason::ChunksChanged))
+            } else {
+                needs(f, o)
+            };
+            // After a retract the chunk manifest is gone, so it is always written again.
+            let reason = if content_changes && present { Some(Reason::ChunksChanged) } else { reason };
+            match reason {
+                Some(reason) => steps.push(Step::Upload {
+                    path,
+                    file: i,
+                    size: f.size,
+                    reason,
+                }),
+                None => steps.push(Step::Skip { path, size: f.size }),
+            }
+            continue;
+        }
+        match needs(f, o) {
+            Some(reason) => steps.push(Step::Upload {
+                path,
+                file: i,
+                size: f.size,
+                reason,
+            }),
+            None => steps.push(Step::Skip { path, size: f.size }),
+        }
+    }
+    if plain_present {
+        steps.push(Step::RemoveShadowingPlain {
+            path: path_of(&local.name),
+        });
+    }
+    steps
+}
+
+/// Hash a local file in one pass, feeding `whole` as well.
+fn hash_file(path: &Path, whole: &mut Hasher) -> Result<(Sha256Digest, u64)> {
+    let mut f = File::open(path).at(path)?;
+    let mut h = Hasher::new();
+    let mut buf = vec![0u8; IO_BUFFER_SIZE];
+    let mut n_total = 0u64;
+    loop {
+        let n = f.read(&mut buf).at(path)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        whole.update(&buf[..n]);
+        n_total += n as u64;
+    }
+    Ok((h.finish(), n_total))
+}
+
+fn entry_file_name(entry: &ModelEntry) -> String {
+    entry.file_name().as_str().to_string()
+}
+
+/// Scan the artifacts directory: one `<id>/` per model, each a chunk set matching its manifest
+/// entry (count, size, whole digest, and per-chunk digests when the entry lists them). Reads
+/// every chunk once, streaming.
+pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifact>> {
+    let mut ids = Vec::new();
+    for entry in fs::read_dir(dir).at(dir)? {
+        let entry = entry.at(dir)?;
+        if !entry.file_type().at(entry.path())?.is_dir() {
+            continue;
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        let id: ModelId = name.parse().map_err(|e: manifest::Error| {
+            Error::Refused(format!(
+                "{}: directory name is not a model ID ({e}); the artifacts directory holds one <id>/ per model",
+                entry.path().display()
+            ))
+        })?;
+        ids.push(id);
+    }
+    ids.sort();
+    let mut out = Vec::new();
+    for id in ids {
+        let entry = manifest.get(&id).ok_or_else(|| {
+            Error::Refused(format!(
+                "{}: model {id} has no entry in the new manifest; add the entry or remove the directory",
+                dir.join(id.as_str()).display()
+            ))
+        })?;
+        out.push(prepare_model(dir, &id, entry)?);
+    }
+    Ok(out)
+}
+
+fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalArtifact> {
+    let name = entry_file_name(entry);
+    let logical = dir.join(id.as_str()).join(&name);
+    let artifact = entry.artifact().ok_or_else(|| {
+        Error::Refused(format!(
+            "model {id}: the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count; fill them in (release-cli chunk verify prints them)"
+        ))
+    })?;
+    let expected_count = artifact.chunk_count.get();
+    if expected_count == 0 {
+        return Err(Error::Refused(format!(
+            "model {id}: artifact_chunk_count is 0 (one plain file); release builds are published as chunk sets"
+        )));
+    }
+    let resolved = chunker::resolve(&logical)?.ok_or_else(|| chunker::Error::NotFound {
+        path: logical.clone(),
+    })?;
+    let pieces = match &resolved {
+        Resolved::Chunked { pieces, .. } => pieces.clone(),
+        other => {
+            return Err(Error::Refused(format!(
+                "{}: found a {} artifact; publish needs a chunk set (release-cli chunk split)",
+                logical.display(),
+                other.form()
+            )));
+        }
+    };
+    if pieces.len() as u32 != expected_count {
+        return Err(chunker::Error::CountMismatch {
+            name: logical.display().to_string(),
+            expected: expected_count,
+            actual: pieces.len() as u32,
+        }
+        .into());
+    }
+    let chunk_digests = entry.chunk_digests();
+    let mut whole = Hasher::new();
+    let mut files = Vec::new();
+    let mut total = 0u64;
+    for (i, (path, _)) in pieces.iter().enumerate() {
+        let (digest, size) = hash_file(path, &mut whole)?;
+        if let Some(expected) = chunk_digests.as_ref().and_then(|d| d.get(i))
+            && *expected != digest
+        {
+            return Err(chunker::Error::DigestMismatch {
+                what: path.display().to_string(),
+                expected: *expected,
+                actual: digest,
+            }
+            .into());
+        }
+        total += size;
+        files.push(LocalFile {
+            name: path
+                .file_name()
+                .expect("chunk paths have names")
+                .to_string_lossy()
+                .into_owned(),
+            role: FileRole::Chunk,
+            size,
+            sha256: digest,
+            source: FileSource::Path(path.clone()),
+        });
+    }
+    let digest = whole.finish();
+    if total != artifact.size.get() {
+        return Err(chunker::Error::SizeMismatch {
+            what: logical.display().to_string(),
+            expected: artifact.size.get(),
+            actual: total,
+        }
+        .into());
+    }
+    if digest != artifact.sha256 {
+        return Err(chunker::Error::DigestMismatch {
+            what: logical.display().to_string(),
+            expected: artifact.sha256,
+            actual: digest,
+        }
+        .into());
+    }
+    // A sidecar in the directory must agree; the uploaded one is always written fresh.
+    let sidecar_path = logical.with_file_name(sidecar_name(&name));
+    if let Ok(bytes) = fs::read(&sidecar_path) {
+        let found = parse_sidecar(&bytes, &sidecar_path)?;
+        if found != digest {
+            return Err(chunker::Error::DigestMismatch {
+                what: sidecar_path.display().to_string(),
+                expected: digest,
+                actual: found,
+            }
+            .into());
+        }
+    }
+    let sidecar = format_sidecar(&digest, &name).into_bytes();
+    files.push(LocalFile {
+        name: sidecar_name(&name),
+        role: FileRole::Sidecar,
+        size: sidecar.len() as u64,
+        sha256: Sha256Digest::of_bytes(&sidecar),
+        source: FileSource::Bytes(sidecar),
+    });
+    let cm = format_chunk_manifest(expected_count).into_bytes();
+    files.push(LocalFile {
+        name: chunk_manifest_name(&name),
+        role: FileRole::ChunkManifest,
+        size: cm.len() as u64,
+        sha256: Sha256Digest::of_bytes(&cm),
+        source: FileSource::Bytes(cm),
+    });
+    Ok(LocalArtifact {
+        id: id.clone(),
+        name,
+        files,
+    })
+}
+
+/// Everything publish needs besides the stores.
+#[derive(Debug, Clone)]
+pub struct PublishOptions {
+    pub generation: Generation,
+    pub dry_run: bool,
+    pub retry: RetryPolicy,
+    /// Re-read every listed artifact in the store and check its SHA-256 (slow on the Hub).
+    pub deep_verify: bool,
+}
+
+/// Progress and decisions, as they happen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    StoreStarted { store: String, upload_bytes: u64 },
+    Uploading { store: String, path: String, size: u64 },
+    Uploaded { store: String, path: String, size: u64 },
+    Retrying { store: String, path: String, attempt: u32, error: String, wait_ms: u64 },
+    Removed { store: String, path: String },
+    Checked { store: String, models: usize },
+    Guarded { store: String, first_publish: bool },
+    ManifestWritten { store: String, path: String },
+    ManifestUnchanged { store: String, path: String },
+}
+
+/// The outcome for one store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StoreReport {
+    pub store: String,
+    pub steps: Vec<Step>,
+    pub uploaded_files: usize,
+    pub uploaded_bytes: u64,
+    pub skipped_files: usize,
+    /// No live manifest existed: the first publish of this generation to this store.
+    pub first_publish: bool,
+    /// `written`, `unchanged`, or in a dry run `would_write` / `unchanged`.
+    pub manifest: &'static str,
+    pub manifest_path: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PublishReport {
+    pub dry_run: bool,
+    pub generation: String,
+    pub models: Vec<String>,
+    pub stores: Vec<StoreReport>,
+}
+
+/// Hugging Face before GitHub (SPEC.md 5.4): devices try the Hub first, so the fallback must
+/// never be ahead of it.
+pub fn check_store_order(kinds: &[(String, bool, bool)]) -> Result<()> {
+    // (name, is_hf, is_github)
+    if let Some(first_gh) = kinds.iter().position(|k| k.2)
+        && let Some(late_hf) = kinds.iter().skip(first_gh).find(|k| k.1)
+    {
+        return Err(Error::Refused(format!(
+            "store order: {} comes after {}; publish to Hugging Face first and GitHub second (give the hf:// --to before the github: one)",
+            late_hf.0, kinds[first_gh].0
+        )));
+    }
+    Ok(())
+}
+
+/// Publish `manifest` and the artifacts in `artifacts_dir` to each store in turn.
+pub fn publish(
+    manifest: &Manifest,
+    artifacts_dir: &Path,
+    stores: &[&dyn Store],
+    opts: &PublishOptions,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<PublishReport> {
+    if let Some(g) = manifest.generation()
+        && g != opts.generation
+    {
+        return Err(Error::Refused(format!(
+            "the manifest says generation {g} but --generation is {}; fix one of them",
+            opts.generation
+        )));
+    }
+    let problems = manifest.validate(manifest::ValidationMode::Release);
+    if !problems.is_empty() {
+        return Err(manifest::Error::Invalid(problems).into());
+    }
+    let local = prepare_local(artifacts_dir, manifest)?;
+    let intended: BTreeSet<ModelId> = local.iter().map(|a| a.id.clone()).collect();
+    let manifest_bytes = manifest.to_canonical_bytes();
+    let mut report = PublishReport {
+        dry_run: opts.dry_run,
+        generation: opts.generation.to_string(),
+        models: intended.iter().map(|i| i.to_string()).collect(),
+        stores: Vec::new(),
+    };
+    for store in stores {
+        report.stores.push(publish_one(
+            manifest,
+            &manifest_bytes,
+            &local,
+            &intended,
+            *store,
+            opts,
+            on_event,
+        )?);
+    }
+    Ok(report)
+}
+
+fn observe(store: &dyn Store, path: &StorePath, want: &LocalFile) -> Result<Observed> {
+    match store.stat(path)? {
+        None => Ok(Observed::Missing),
+        Some(s) if s.size != want.size => Ok(Observed::Present {
+            size: s.size,
+            sha256: None,
+        }),
+        Some(s) => {
+            let sha256 = store.sha256(path)?.map(|(d, _)| d);
+            Ok(Observed::Present {
+                size: s.size,
+                sha256,
+            })
+        }
+    }
+}
+
+fn publish_one(
+    manifest: &Manifest,
+    manifest_bytes: &[u8],
+    local: &[LocalArtifact],
+    intended: &BTreeSet<ModelId>,
+    store: &dyn Store,
+    opts: &PublishOptions,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<StoreReport> {
+    let name = store.describe();
+    let layout = StoreLayout::HfBucket;
+    // 1. Plan every model from what the store holds now.
+    let mut plans = Vec::new();
+    for art in local {
+        let dir = layout.artifact_dir(opts.generation, &art.id);
+        let mut observed = Vec::new();
+        for f in &art.files {
+            observed.push(observe(store, &dir.join(&f.name)?, f)?);
+        }
+        let plain_present = store.stat(&dir.join(&art.name)?)?.is_some();
+        plans.push((art, dir.clone(), plan_model(art, &dir, &observed, plain_present)));
+    }
+    let upload_bytes: u64 = plans
+        .iter()
+        .flat_map(|(_, _, s)| s)
+        .map(|s| match s {
+            Step::Upload { size, .. } => *size,
+            _ => 0,
+        })
+        .sum();
+    let mut rep = StoreReport {
+        store: name.clone(),
+        steps: plans.iter().flat_map(|(_, _, s)| s.clone()).collect(),
+        uploaded_files: 0,
+        uploaded_bytes: 0,
+        skipped_files: 0,
+        first_publish: false,
+        manifest: "unchanged",
+        manifest_path: layout.manifest_path(opts.generation).to_string(),
+    };
+    if !opts.dry_run {
+        on_event(&Event::StoreStarted {
+            store: name.clone(),
+            upload_bytes,
+        });
+        for (art, _, steps) in &plans {
+            for step in steps {
+                run_step(store, art, step, opts.retry, &mut rep, on_event)?;
+            }
+        }
+    } else {
+        rep.skipped_files = rep.steps.iter().filter(|s| matches!(s, Step::Skip { .. })).count();
+    }
+
+    // 2. Every listed artifact complete and matching. In a dry run, what would be uploaded
+    // counts as there.
+    let would_upload: BTreeSet<&ModelId> = if opts.dry_run {
+        local.iter().map(|a| &a.id).collect()
+    } else {
+        BTreeSet::new()
+    };
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for entry in manifest.models() {
+        if entry.id().is_local() || would_upload.contains(entry.id()) {
+            continue;
+        }
+        checked += 1;
+        check_entry(store, opts.generation, entry, opts.deep_verify, &mut problems)?;
+    }
+    if !problems.is_empty() {
+        return Err(Error::Incomplete {
+            store: name,
+            problems,
+        });
+    }
+    on_event(&Event::Checked {
+        store: name.clone(),
+        models: checked,
+    });
+
+    // 3. The live manifest, fetched again now, and the guard.
+    let manifest_path = layout.manifest_path(opts.generation);
+    let live_bytes = store.read_small(&manifest_path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)?;
+    match &live_bytes {
+        None => rep.first_publish = true,
+        Some(bytes) => {
+            let live = Manifest::from_slice(bytes).map_err(|e| {
+                Error::Refused(format!(
+                    "{name}: the live manifest {manifest_path} does not parse ({e}); fix it by hand before publishing over it"
+                ))
+            })?;
+            manifest::guard(&live, manifest, intended).map_err(|refusal| Error::Guard {
+                store: name.clone(),
+                refusal,
+            })?;
+        }
+    }
+    on_event(&Event::Guarded {
+        store: name.clone(),
+        first_publish: rep.first_publish,
+    });
+
+    // 4. The manifest, last.
+    if live_bytes.as_deref() == Some(manifest_bytes) {
+        rep.manifest = "unchanged";
+        on_event(&Event::ManifestUnchanged {
+            store: name.clone(),
+            path: manifest_path.to_string(),
+        });
+    } else if opts.dry_run {
+        rep.manifest = "would_write";
+    } else {
+        let path_s = manifest_path.to_string();
+        opts.retry.run(
+            &name,
+            &path_s,
+            |attempt, e, wait| {
+                on_event(&Event::Retrying {
+                    store: name.clone(),
+                    path: path_s.clone(),
+                    attempt,
+                    error: e.to_string(),
+                    wait_ms: wait.as_millis() as u64,
+                })
+            },
+            || store.write_bytes(&manifest_path, manifest_bytes),
+        )?;
+        rep.manifest = "written";
+        on_event(&Event::ManifestWritten {
+            store: name.clone(),
+            path: path_s,
+        });
+    }
+    Ok(rep)
+}
+
+fn run_step(
+    store: &dyn Store,
+    art: &LocalArtifact,
+    step: &Step,
+    retry: RetryPolicy,
+    rep: &mut StoreReport,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<()> {
+    let name = store.describe();
+    match step {
+        Step::Skip { .. } => {
+            rep.skipped_files += 1;
+        }
+        Step::Retract { path } | Step::RemoveShadowingPlain { path } => {
+            let p: StorePath = path.parse()?;
+            retry.run(&name, path, |_, _, _| {}, || store.delete(&p))?;
+            on_event(&Event::Removed {
+                store: name.clone(),
+                path: path.clone(),
+            });
+        }
+        Step::Upload {
+            path, file, size, ..
+        } => {
+            let p: StorePath = path.parse()?;
+            let f = &art.files[*file];
+            on_event(&Event::Uploading {
+                store: name.clone(),
+                path: path.clone(),
+                size: *size,
+            });
+            let mut retry_events = Vec::new();
+            let result = retry.run(
+                &name,
+                path,
+                |attempt, e, wait| {
+                    retry_events.push(Event::Retrying {
+                        store: name.clone(),
+                        path: path.clone(),
+                        attempt,
+                        error: e.to_string(),
+                        wait_ms: wait.as_millis() as u64,
+                    })
+                },
+                || match &f.source {
+                    FileSource::Path(local) => store.write_file(&p, local),
+                    FileSource::Bytes(b) => store.write_bytes(&p, b),
+                },
+            );
+            for e in &retry_events {
+                on_event(e);
+            }
+            result?;
+            rep.uploaded_files += 1;
+            rep.uploaded_bytes += size;
+            on_event(&Event::Uploaded {
+                store: name.clone(),
+                path: path.clone(),
+                size: *size,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Check one manifest entry against the store, adding a line per problem.
+fn check_entry(
+    store: &dyn Store,
+    generation: Generation,
+    entry: &ModelEntry,
+    deep: bool,
+    problems: &mut Vec<String>,
+) -> Result<()> {
+    let id = entry.id();
+    let Some(artifact) = entry.artifact() else {
+        problems.push(format!(
+            "  - model {id}: the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count"
+        ));
+        return Ok(());
+    };
+    let dir = StoreLayout::HfBucket.artifact_dir(generation, id);
+    let name = entry_file_name(entry);
+    let count = artifact.chunk_count.get();
+    let mut pieces = Vec::new();
+    if count == 0 {
+        let p = dir.join(&name)?;
+        match store.stat(&p)? {
+            Some(s) => pieces.push((p, s.size)),
+            None => {
+                problems.push(format!("  - model {id}: {p} is missing"));
+                return Ok(());
+            }
+        }
+    } else {
+        let cm_path = dir.join(&chunk_manifest_name(&name))?;
+        let Some(cm) = store.read_small(&cm_path, SMALL_FILE_LIMIT)? else {
+            problems.push(format!(
+                "  - model {id}: {cm_path} is missing (the artifact directory is incomplete or absent; put its chunk set in the artifacts directory)"
+            ));
+            return Ok(());
+        };
+        let found = match parse_chunk_manifest(&cm, Path::new(cm_path.as_str())) {
+            Ok(n) => n,
+            Err(e) => {
+                problems.push(format!("  - model {id}: {e}"));
+                return Ok(());
+            }
+        };
+        if found != count {
+            problems.push(format!(
+                "  - model {id}: {cm_path} says {found} chunks, the manifest says {count}"
+            ));
+            return Ok(());
+        }
+        for i in 1..=count {
+            let p = dir.join(&chunker::chunk_name(&name, i, count))?;
+            match store.stat(&p)? {
+                Some(s) => pieces.push((p, s.size)),
+                None => problems.push(format!("  - model {id}: chunk {p} is missing")),
+            }
+        }
+        if pieces.len() as u32 != count {
+            return Ok(());
+        }
+        let sc_path = dir.join(&sidecar_name(&name))?;
+        match store.read_small(&sc_path, SMALL_FILE_LIMIT)? {
+            None => problems.push(format!("  - model {id}: {sc_path} is missing")),
+            Some(b) => match parse_sidecar(&b, Path::new(sc_path.as_str())) {
+                Ok(d) if d == artifact.sha256 => {}
+                Ok(d) => problems.push(format!(
+                    "  - model {id}: {sc_path} says {d}, the manifest says {}",
+                    artifact.sha256
+                )),
+                Err(e) => problems.push(format!("  - model {id}: {e}")),
+            },
+        }
+    }
+    let total: u64 = pieces.iter().map(|(_, s)| s).sum();
+    if total != artifact.size.get() {
+        problems.push(format!(
+            "  - model {id}: the store holds {total} bytes, the manifest says {}",
+            artifact.size
+        ));
+        return Ok(());
+    }
+    if deep {
+        let mut h = Hasher::new();
+        for (p, _) in &pieces {
+            let mut r = store.open(p)?;
+            let mut buf = vec![0u8; IO_BUFFER_SIZE];
+            loop {
+                let n = r.read(&mut buf).at(p.as_str())?;
+                if n == 0 {
+                    break;
+                }
+                h.update(&buf[..n]);
+            }
+        }
+        let d = h.finish();
+        if d != artifact.sha256 {
+            problems.push(format!(
+                "  - model {id}: the stored artifact's SHA-256 is {d}, the manifest says {}",
+                artifact.sha256
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Default retry policy for the CLI; exposed so callers can print it.
+pub fn default_retry() -> RetryPolicy {
+    RetryPolicy {
+        attempts: 4,
+        initial_delay: Duration::from_secs(2),
+        max_delay: Duration::from_secs(30),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn art() -> LocalArtifact {
+        let f = |name: &str, role, size| LocalFile {
+            name: name.into(),
+            role,
+            size,
+            sha256: Sha256Digest::of_bytes(name.as_bytes()),
+            source: FileSource::Bytes(vec![]),
+        };
+        LocalArtifact {
+            id: "pop".parse().unwrap(),
+            name: "pop_driving_tinygrad.pkl".into(),
+            // Deliberately not in upload order: the plan must order them.
+            files: vec![
+                f("n.chunkmanifest", FileRole::ChunkManifest, 1),
+                f("n.chunk01of02", FileRole::Chunk, 10),
+                f("n.sha256", FileRole::Sidecar, 5),
+                f("n.chunk02of02", FileRole::Chunk, 3),
+            ],
+        }
+    }
+
+    fn same(a: &LocalArtifact) -> Vec<Observed> {
+        a.files
+            .iter()
+            .map(|f| Observed::Present {
+                size: f.size,
+                sha256: Some(f.sha256),
+            })
+            .collect()
+    }
+
+    fn paths(steps: &[Step]) -> Vec<String> {
+        steps
+            .iter()
+            .map(|s| match s {
+                Step::Retract { path } => format!("retract {path}"),
+                Step::Upload { path, .. } => format!("upload {path}"),
+                Step::RemoveShadowingPlain { path } => format!("rm {path}"),
+                Step::Skip { path, .. } => format!("skip {path}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fresh_store_uploads_chunks_then_sidecar_then_chunk_manifest() {
+        let a = art();
+        let dir: StorePath = "models/v25/pop".parse().unwrap();
+        let steps = plan_model(&a, &dir, &[Observed::Missing; 4], false);
+        assert_eq!(
+            paths(&steps),
+            [
+                "upload models/v25/pop/n.chunk01of02",
+                "upload models/v25/pop/n.chunk02of02",
+                "upload models/v25/pop/n.sha256",
+                "upload models/v25/pop/n.chunkmanifest",
+            ]
+        );
+    }
+
+    #[test]
+    fn complete_store_uploads_nothing() {
+        let a = art();
+        let dir: StorePath = "d".parse().unwrap();
+        let steps = plan_model(&a, &dir, &same(&a), false);
+        assert!(steps.iter().all(|s| matches!(s, Step::Skip { .. })), "{steps:?}");
+    }
+
+    #[test]
+    fn interrupted_upload_resumes_with_only_the_rest() {
+        let a = art();
+        let dir: StorePath = "d".parse().unwrap();
+        let mut obs = same(&a);
+        obs[0] = Observed::Missing; // chunk manifest
+        obs[3] = Observed::Missing; // chunk 2
+        obs[2] = Observed::Missing; // sidecar
+        assert_eq!(
+            paths(&plan_model(&a, &dir, &obs, false)),
+            [
+                "skip d/n.chunk01of02",
+                "upload d/n.chunk02of02",
+                "upload d/n.sha256",
+                "upload d/n.chunkmanifest",
+            ]
+        );
+    }
+
+    #[test]
+    fn changed_chunk_under_a_chunk_manifest_retracts_it_first() {
+        let a = art();
+        let dir: StorePath = "d".parse().unwrap();
+        let mut obs = same(&a);
+        obs[1] = Observed::Present {
+            size: 10,
+            sha256: Some(Sha256Digest::of_bytes(b"other")),
+        };
+        assert_eq!(
+            paths(&plan_model(&a, &dir, &obs, true)),
+            [
+                "retract d/n.chunkmanifest",
+                "upload d/n.chunk01of02",
+                "skip d/n.chunk02of02",
+                "skip d/n.sha256",
+                "upload d/n.chunkmanifest",
+                "rm d/pop_driving_tinygrad.pkl",
+            ]
+        );
+    }
+
+    #[test]
+    fn store_order_is_hf_then_github() {
+        let k = |n: &str, hf, gh| (n.to_string(), hf, gh);
+        assert!(check_store_order(&[k("hf", true, false), k("gh", false, true)]).is_ok());
+        assert!(check_store_order(&[k("local", false, false), k("gh", false, true)]).is_ok());
+        let e = check_store_order(&[k("gh", false, true), k("hf", true, false)]).unwrap_err();
+        assert!(e.to_string().contains("Hugging Face first"), "{e}");
+    }
+}

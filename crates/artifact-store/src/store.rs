@@ -1,0 +1,127 @@
+//! The `Store` trait: what publish, reuse and serve need from a place that holds artifacts.
+//!
+//! Paths are [`StorePath`]s in the Hugging Face bucket layout (`manifests/model_names_v25.json`,
+//! `models/v25/<id>/<file>`, `onnx/<source-id>/<file>`); a backend with another layout (the
+//! GitHub `Models` branch) maps them itself, so callers never think about it.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::Path;
+
+use chunker::{Hasher, IO_BUFFER_SIZE, Sha256Digest};
+
+use crate::error::{Error, IoContext, Result};
+use crate::paths::StorePath;
+
+/// What a store knows about one file without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStat {
+    pub size: u64,
+}
+
+/// One file found by [`Store::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListEntry {
+    pub path: StorePath,
+    pub size: u64,
+}
+
+/// A place that holds artifacts and manifests.
+pub trait Store: Send + Sync {
+    /// How the user names this store (`/srv/store`, `hf://buckets/NS/NAME`, `github:/x`).
+    fn describe(&self) -> String;
+
+    /// Size of a file, `None` when it does not exist.
+    fn stat(&self, path: &StorePath) -> Result<Option<FileStat>>;
+
+    /// A streaming reader over a file's bytes; [`Error::NotFound`] when it does not exist.
+    fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>>;
+
+    /// Write a file from a stream, replacing any previous content. Atomic where the backend
+    /// allows: readers see the old file or the new one, never a part. Returns the bytes written.
+    fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64>;
+
+    /// Write a file from a local file. Backends that can hand the file over directly (the `hf`
+    /// CLI) override this; the default streams it through [`Store::write`].
+    fn write_file(&self, path: &StorePath, local: &Path) -> Result<u64> {
+        let mut f = File::open(local).at(local)?;
+        self.write(path, &mut f)
+    }
+
+    /// Every file at or below `prefix`, sorted by path. A missing prefix lists nothing.
+    fn list(&self, prefix: &StorePath) -> Result<Vec<ListEntry>>;
+
+    /// Copy a file within the store, server-side where the backend can.
+    fn copy(&self, from: &StorePath, to: &StorePath) -> Result<()>;
+
+    /// Delete a file; `Ok(false)` when it was not there.
+    fn delete(&self, path: &StorePath) -> Result<bool>;
+
+    /// The file's `hf://` address when it lives on the Hugging Face Hub, so that a copy between
+    /// two Hub locations can happen server-side.
+    fn hub_uri(&self, _path: &StorePath) -> Option<String> {
+        None
+    }
+
+    /// Copy a Hub file (`hf://...`) into this store without the bytes passing through this
+    /// machine. `Ok(false)` when this backend cannot do that (the caller then streams).
+    fn copy_from_hub(&self, _src_uri: &str, _to: &StorePath) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// SHA-256 and size of a file, streamed; `None` when it does not exist.
+    fn sha256(&self, path: &StorePath) -> Result<Option<(Sha256Digest, u64)>> {
+        let mut reader = match self.open(path) {
+            Ok(r) => r,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let what = format!("{} {}", self.describe(), path);
+        hash_reader(&mut reader, &what).map(Some)
+    }
+
+    /// Read a small file (manifests, sidecars, chunk manifests) whole, refusing anything larger
+    /// than `limit` so a bad store cannot make us read endless data.
+    fn read_small(&self, path: &StorePath, limit: u64) -> Result<Option<Vec<u8>>> {
+        let reader = match self.open(path) {
+            Ok(r) => r,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut buf = Vec::new();
+        reader
+            .take(limit + 1)
+            .read_to_end(&mut buf)
+            .at(format!("{} {}", self.describe(), path))?;
+        if buf.len() as u64 > limit {
+            return Err(Error::BadResponse {
+                url: format!("{} {}", self.describe(), path),
+                reason: format!("larger than the {limit}-byte limit for this kind of file"),
+            });
+        }
+        Ok(Some(buf))
+    }
+
+    /// Write a small in-memory file.
+    fn write_bytes(&self, path: &StorePath, data: &[u8]) -> Result<u64> {
+        self.write(path, &mut io::Cursor::new(data))
+    }
+}
+
+/// Hash a stream in bounded memory.
+pub(crate) fn hash_reader(reader: &mut dyn Read, what: &str) -> Result<(Sha256Digest, u64)> {
+    let mut hasher = Hasher::new();
+    let mut buf = vec![0u8; IO_BUFFER_SIZE];
+    let mut total = 0u64;
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e).at(what),
+        };
+        hasher.update(&buf[..n]);
+        total += n as u64;
+    }
+    Ok((hasher.finish(), total))
+}
