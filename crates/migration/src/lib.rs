@@ -1,1 +1,28 @@
-//! Device state (params, /data/models), crash-safe generation migration, fallback, locking. Filled in by its own issue.
+//! Device state and the crash-safe generation migration of the StarPilot model manager.
+//!
+//! It owns the comma's layout (`<data>/models`, `<data>/params/d`, the memory params), reads and
+//! writes params the way openpilot does, keeps one manager at a time with a file lock, decides
+//! what a generation change deletes (a pure plan over file names), runs the migration as a
+//! journaled state machine that survives kill -9 at any instant, and answers `resolve` with a
+//! verified path only.
+//!
+//! It does not speak HTTP (that is `downloader`) or parse command lines (that is the
+//! `device-modeld-manager` binary).
+
+mod device;
+mod error;
+pub mod lock;
+mod manager;
+pub mod params;
+pub mod plan;
+
+pub use device::{
+    CATALOG_FILE, Device, DeviceConfig, JOURNAL_FILE, Selection, VERIFIED_FILE, VerifyState,
+};
+pub use error::{Error, Result};
+pub use lock::ManagerLock;
+pub use manager::{
+    Journal, Phase, ProgressFn, RefreshReport, download_model, downloadable, gc, install,
+    is_builtin_id, read_journal, refresh,
+};
+pub use params::Params;

@@ -1,0 +1,339 @@
+//! The device's state on disk: `<data>/models`, `<data>/params/d`, the memory params, the stored
+//! catalog, the verification cache, and `resolve` for modeld.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use chunker::atomic::write_atomic;
+use manifest::{Generation, Manifest, ModelEntry, ModelId, layout};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, IoContext, Result};
+use crate::params::{Params, keys};
+
+/// The stored catalog: the validated manifest this device last accepted.
+pub const CATALOG_FILE: &str = ".catalog.json";
+/// Verification results keyed by file name, valid while the stat signature is unchanged.
+pub const VERIFIED_FILE: &str = ".verified.json";
+/// Present while a generation migration is in progress.
+pub const JOURNAL_FILE: &str = ".migration.json";
+
+/// Where things are on this device.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    pub data_dir: PathBuf,
+    /// The memory params `d` directory (`/dev/shm/params/d` on a comma).
+    pub memory_params_dir: PathBuf,
+    /// The directory holding the built-in `driving_tinygrad.pkl` (chunk set).
+    pub builtin_dir: PathBuf,
+    pub generation: Generation,
+}
+
+#[derive(Debug, Clone)]
+pub struct Device {
+    pub config: DeviceConfig,
+    pub params: Params,
+    pub memory: Params,
+}
+
+/// A model as selected in params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Selection {
+    pub id: String,
+    pub name: String,
+    pub version: String,
+}
+
+impl Selection {
+    pub fn builtin() -> Self {
+        Self {
+            id: layout::BUILTIN_MODEL_ID.to_string(),
+            name: layout::BUILTIN_MODEL_NAME.to_string(),
+            version: layout::BUILTIN_MODEL_VERSION.to_string(),
+        }
+    }
+
+    pub fn is_builtin(&self) -> bool {
+        crate::manager::is_builtin_id(&self.id)
+    }
+
+    pub fn of_entry(entry: &ModelEntry) -> Self {
+        Self {
+            id: entry.id().to_string(),
+            name: entry.name().unwrap_or(entry.id().as_str()).to_string(),
+            version: entry.version().map(|v| v.to_string()).unwrap_or_default(),
+        }
+    }
+}
+
+/// The stat signature of every file of an installed artifact; equal signatures mean the bytes
+/// were not replaced since they were hashed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct CacheEntry {
+    signature: String,
+    sha256: String,
+    size: u64,
+}
+
+/// Verification state of one model for `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifyState {
+    Verified,
+    Unverified,
+    Corrupt,
+    Missing,
+}
+
+impl Device {
+    pub fn new(config: DeviceConfig) -> Self {
+        let params = Params::new(config.data_dir.join("params").join("d"));
+        let memory = Params::new(config.memory_params_dir.clone());
+        Self {
+            config,
+            params,
+            memory,
+        }
+    }
+
+    pub fn models_dir(&self) -> PathBuf {
+        self.config.data_dir.join("models")
+    }
+
+    pub fn builtin_path(&self) -> PathBuf {
+        self.config.builtin_dir.join("driving_tinygrad.pkl")
+    }
+
+    pub fn artifact_path(&self, id: &ModelId) -> PathBuf {
+        self.models_dir()
+            .join(layout::artifact_file_name(id).as_str())
+    }
+
+    pub fn ensure_dirs(&self) -> Result<()> {
+        let m = self.models_dir();
+        fs::create_dir_all(&m).ctx(&m)
+    }
+
+    /// The selection from params: `DrivingModel` wins over `Model` when they differ and it is
+    /// set (openpilot keeps the pair mirrored; the newer key is the one modeld writes).
+    pub fn selection(&self) -> Result<Selection> {
+        let id = match (
+            self.params.get_str(keys::DRIVING_MODEL)?,
+            self.params.get_str(keys::MODEL)?,
+        ) {
+            (Some(d), _) => d,
+            (None, Some(m)) => m,
+            (None, None) => return Ok(Selection::builtin()),
+        };
+        Ok(Selection {
+            name: self
+                .params
+                .get_str(keys::DRIVING_MODEL_NAME)?
+                .unwrap_or_default(),
+            version: self
+                .params
+                .get_str(keys::DRIVING_MODEL_VERSION)?
+                .or(self.params.get_str(keys::MODEL_VERSION)?)
+                .unwrap_or_default(),
+            id,
+        })
+    }
+
+    /// Write the five selection params (each atomically; `Model`/`DrivingModel` last so a
+    /// reader that sees the new ID also sees its name and version).
+    pub fn select(&self, s: &Selection) -> Result<()> {
+        self.params.put(keys::DRIVING_MODEL_NAME, &s.name)?;
+        self.params.put(keys::MODEL_VERSION, &s.version)?;
+        self.params.put(keys::DRIVING_MODEL_VERSION, &s.version)?;
+        self.params.put(keys::MODEL, &s.id)?;
+        self.params.put(keys::DRIVING_MODEL, &s.id)?;
+        Ok(())
+    }
+
+    /// The stored catalog, if it is for this device's generation.
+    pub fn catalog(&self) -> Result<Option<Manifest>> {
+        let path = self.models_dir().join(CATALOG_FILE);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::Io { path, source: e }),
+        };
+        let m = Manifest::from_slice(&bytes).map_err(|e| Error::CorruptState {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        Ok((m.generation() == Some(self.config.generation)).then_some(m))
+    }
+
+    /// Store `m` as the catalog (tagged with this generation), atomically.
+    pub fn store_catalog(&self, m: &Manifest) -> Result<()> {
+        let mut m = m.clone();
+        m.set_generation(self.config.generation);
+        let path = self.models_dir().join(CATALOG_FILE);
+        write_atomic(&path, m.to_canonical_string().as_bytes()).ctx(&path)
+    }
+
+    pub fn require_catalog(&self) -> Result<Manifest> {
+        self.catalog()?.ok_or_else(|| Error::NoCatalog {
+            generation: self.config.generation.to_string(),
+        })
+    }
+
+    /// Whether the device has finished migrating to this build's generation.
+    pub fn is_current(&self) -> Result<bool> {
+        Ok(!self.models_dir().join(JOURNAL_FILE).exists()
+            && self
+                .params
+                .get_str(keys::MODEL_MANIFEST_VERSION)?
+                .as_deref()
+                == Some(self.config.generation.to_string().as_str()))
+    }
+
+    fn signature(path: &Path) -> Result<Option<String>> {
+        let Some(resolved) = chunker::resolve(path).map_err(|e| Error::NotVerified {
+            path: path.display().to_string(),
+            source: e,
+        })?
+        else {
+            return Ok(None);
+        };
+        let mut sig = String::new();
+        let mut files: Vec<PathBuf> = resolved.pieces().into_iter().map(|(p, _)| p).collect();
+        if let chunker::Resolved::Chunked { manifest, .. } = &resolved {
+            files.push(manifest.clone());
+        }
+        for f in files {
+            let m = fs::symlink_metadata(&f).ctx(&f)?;
+            if !m.file_type().is_file() {
+                // A symlink could be re-pointed without changing its own stat.
+                return Ok(None);
+            }
+            sig.push_str(&format!(
+                "{}:{}:{}:{}.{}:{}.{};",
+                m.dev(),
+                m.ino(),
+                m.size(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime(),
+                m.ctime_nsec()
+            ));
+        }
+        Ok(Some(sig))
+    }
+
+    fn load_cache(&self) -> BTreeMap<String, CacheEntry> {
+        fs::read(self.models_dir().join(VERIFIED_FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    fn save_cache(&self, cache: &BTreeMap<String, CacheEntry>) -> Result<()> {
+        let path = self.models_dir().join(VERIFIED_FILE);
+        let body = serde_json::to_vec(cache).expect("plain map serializes");
+        write_atomic(&path, &body).ctx(&path)
+    }
+
+    /// Whether `entry`'s artifact is installed and verified: size and SHA-256 against the
+    /// catalog. A cached result is reused while the stat signature of every file is unchanged,
+    /// so a re-check of an untouched model costs a few `stat`s; `force` re-hashes anyway.
+    pub fn verify_entry(&self, entry: &ModelEntry, force: bool) -> Result<VerifyState> {
+        let Some(artifact) = entry.artifact() else {
+            return Ok(VerifyState::Unverified);
+        };
+        let path = self.artifact_path(entry.id());
+        let Some(sig) = Self::signature(&path)? else {
+            return Ok(VerifyState::Missing);
+        };
+        let name = layout::artifact_file_name(entry.id()).to_string();
+        let mut cache = self.load_cache();
+        if !force
+            && let Some(c) = cache.get(&name)
+            && c.signature == sig
+        {
+            return Ok(
+                if c.sha256 == artifact.sha256.to_hex() && c.size == artifact.size.get() {
+                    VerifyState::Verified
+                } else {
+                    VerifyState::Corrupt
+                },
+            );
+        }
+        let expected = chunker::Expected {
+            sha256: None,
+            size: None,
+            chunk_count: None,
+            chunk_sha256: None,
+        };
+        let state = match chunker::verify(&path, &expected) {
+            Ok(report) => {
+                cache.insert(
+                    name,
+                    CacheEntry {
+                        signature: sig,
+                        sha256: report.sha256.to_hex(),
+                        size: report.size,
+                    },
+                );
+                if report.sha256 == artifact.sha256 && report.size == artifact.size.get() {
+                    VerifyState::Verified
+                } else {
+                    VerifyState::Corrupt
+                }
+            }
+            Err(_) => {
+                cache.remove(&name);
+                VerifyState::Corrupt
+            }
+        };
+        self.save_cache(&cache)?;
+        Ok(state)
+    }
+
+    /// Forget a cached verification (after deleting or replacing an artifact).
+    pub fn forget(&self, id: &ModelId) -> Result<()> {
+        let mut cache = self.load_cache();
+        if cache
+            .remove(layout::artifact_file_name(id).as_str())
+            .is_some()
+        {
+            self.save_cache(&cache)?;
+        }
+        Ok(())
+    }
+
+    /// The path modeld should load: the selected model when it is verified for this generation
+    /// (or a `local-*` plain file), else the built-in. Never an unverified or old-generation
+    /// file: while a migration is unfinished the answer is the built-in.
+    pub fn resolve(&self) -> Result<(PathBuf, Selection)> {
+        let sel = self.selection()?;
+        if sel.is_builtin() || !self.is_current()? {
+            return Ok((self.builtin_path(), Selection::builtin()));
+        }
+        let Ok(id) = sel.id.parse::<ModelId>() else {
+            return Ok((self.builtin_path(), Selection::builtin()));
+        };
+        if id.is_local() {
+            let path = self.artifact_path(&id);
+            let ok = fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() > 0);
+            return Ok(if ok {
+                (path, sel)
+            } else {
+                (self.builtin_path(), Selection::builtin())
+            });
+        }
+        let Some(catalog) = self.catalog()? else {
+            return Ok((self.builtin_path(), Selection::builtin()));
+        };
+        match catalog.get(&id) {
+            Some(entry) if self.verify_entry(entry, false)? == VerifyState::Verified => {
+                Ok((self.artifact_path(&id), sel))
+            }
+            _ => Ok((self.builtin_path(), Selection::builtin())),
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The one error type of the migration crate.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "another model manager is running (lock {} is held); wait for it to finish or stop it",
+        path.display()
+    )]
+    Busy { path: PathBuf },
+
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("invalid param key {key:?}: keys are ASCII letters, digits and _")]
+    BadParamKey { key: String },
+
+    #[error("{}: corrupt state file ({message}); remove it to start over", path.display())]
+    CorruptState { path: PathBuf, message: String },
+
+    #[error(
+        "model {id} is not in the {generation} catalog; run `refresh` first or pick a listed model"
+    )]
+    UnknownModel { id: String, generation: String },
+
+    #[error("no {generation} catalog on this device yet; run `refresh` while online")]
+    NoCatalog { generation: String },
+
+    #[error(transparent)]
+    Download(#[from] downloader::Error),
+
+    #[error("{path}: not verified: {source}")]
+    NotVerified {
+        path: String,
+        #[source]
+        source: chunker::Error,
+    },
+
+    #[error(transparent)]
+    Manifest(#[from] manifest::Error),
+}
+
+pub(crate) trait IoContext<T> {
+    fn ctx(self, path: &std::path::Path) -> Result<T>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn ctx(self, path: &std::path::Path) -> Result<T> {
+        self.map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}

@@ -1,0 +1,129 @@
+//! openpilot-style params: one file per key in a directory (`/data/params/d`, or the memory
+//! params `/dev/shm/params/d`), each written atomically and durably (temp file in the same
+//! directory, fsync, rename, fsync the directory), so a power cut leaves the old value or the
+//! new one, never a torn one.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use chunker::atomic::{remove_if_exists, sync_dir, write_atomic};
+
+use crate::error::{Error, IoContext, Result};
+
+/// Persistent keys this manager reads and writes.
+pub mod keys {
+    pub const MODEL: &str = "Model";
+    pub const DRIVING_MODEL: &str = "DrivingModel";
+    pub const MODEL_VERSION: &str = "ModelVersion";
+    pub const DRIVING_MODEL_VERSION: &str = "DrivingModelVersion";
+    pub const DRIVING_MODEL_NAME: &str = "DrivingModelName";
+    pub const MODEL_MANIFEST_VERSION: &str = "ModelManifestVersion";
+    pub const AVAILABLE_MODELS: &str = "AvailableModels";
+    pub const AVAILABLE_MODEL_NAMES: &str = "AvailableModelNames";
+    pub const AVAILABLE_MODEL_SERIES: &str = "AvailableModelSeries";
+    pub const AVAILABLE_MODEL_ARTIFACT_FORMATS: &str = "AvailableModelArtifactFormats";
+    pub const MODEL_RELEASED_DATES: &str = "ModelReleasedDates";
+    pub const MODEL_VERSIONS: &str = "ModelVersions";
+    pub const COMMUNITY_FAVORITES: &str = "CommunityFavorites";
+    /// Memory params the UI writes and this manager clears once handled.
+    pub const MODEL_TO_DOWNLOAD: &str = "ModelToDownload";
+    pub const DOWNLOAD_ALL_MODELS: &str = "DownloadAllModels";
+    pub const CANCEL_MODEL_DOWNLOAD: &str = "CancelModelDownload";
+    pub const MODEL_DOWNLOAD_PROGRESS: &str = "ModelDownloadProgress";
+}
+
+#[derive(Debug, Clone)]
+pub struct Params {
+    dir: PathBuf,
+}
+
+fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return Err(Error::BadParamKey {
+            key: key.to_string(),
+        });
+    }
+    Ok(())
+}
+
+impl Params {
+    /// Params stored in `dir` (the `d` directory itself). Created on first write.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn path(&self, key: &str) -> PathBuf {
+        self.dir.join(key)
+    }
+
+    /// The value, with a trailing NUL or newline left as written; `None` when unset.
+    pub fn get(&self, key: &str) -> Result<Option<String>> {
+        check_key(key)?;
+        let path = self.path(key);
+        match fs::read(&path) {
+            Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::Io { path, source: e }),
+        }
+    }
+
+    /// The value with surrounding whitespace trimmed; `None` when unset or empty.
+    pub fn get_str(&self, key: &str) -> Result<Option<String>> {
+        Ok(self
+            .get(key)?
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty()))
+    }
+
+    /// openpilot bools: "1" is true.
+    pub fn get_bool(&self, key: &str) -> Result<bool> {
+        Ok(self
+            .get_str(key)?
+            .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true")))
+    }
+
+    pub fn put(&self, key: &str, value: &str) -> Result<()> {
+        check_key(key)?;
+        if self.get(key)?.as_deref() == Some(value) {
+            return Ok(()); // spare the flash a rewrite
+        }
+        fs::create_dir_all(&self.dir).ctx(&self.dir)?;
+        let path = self.path(key);
+        write_atomic(&path, value.as_bytes()).ctx(&path)
+    }
+
+    pub fn remove(&self, key: &str) -> Result<()> {
+        check_key(key)?;
+        let path = self.path(key);
+        if remove_if_exists(&path).ctx(&path)? {
+            sync_dir(&self.dir).ctx(&self.dir)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Params::new(dir.path().join("d"));
+        assert_eq!(p.get("Model").unwrap(), None);
+        p.put("Model", "pop223").unwrap();
+        assert_eq!(p.get_str("Model").unwrap().as_deref(), Some("pop223"));
+        p.put("DownloadAllModels", "1").unwrap();
+        assert!(p.get_bool("DownloadAllModels").unwrap());
+        p.remove("Model").unwrap();
+        p.remove("Model").unwrap();
+        assert_eq!(p.get("Model").unwrap(), None);
+        assert!(matches!(p.put("../x", "1"), Err(Error::BadParamKey { .. })));
+        assert_eq!(fs::read_dir(dir.path().join("d")).unwrap().count(), 1);
+    }
+}

@@ -1,0 +1,142 @@
+//! Pure decisions over file names: what a generation change deletes and what `gc` deletes. No
+//! I/O here, so every rule is tested on plain lists.
+
+use std::collections::BTreeSet;
+
+use chunker::atomic::is_temp_name;
+use manifest::ModelId;
+
+const DRIVING: &str = "_driving_";
+
+/// The model key of a driving artifact name: the text before `_driving_` (`pop223` for
+/// `pop223_driving_tinygrad.pkl.chunk01of02`), `Some("")` for legacy keyless `driving_*` files,
+/// `None` for anything that is not a driving artifact.
+pub fn driving_key(name: &str) -> Option<&str> {
+    if let Some(at) = name.find(DRIVING) {
+        return Some(&name[..at]);
+    }
+    name.starts_with("driving_").then_some("")
+}
+
+fn is_local_key(key: &str) -> bool {
+    key.starts_with(ModelId::LOCAL_PREFIX)
+}
+
+/// Files a generation change removes from `/data/models`: every driving artifact in every form
+/// (plain PKLs, `.pNN` parts and `.sha256`, chunks, `.chunkmanifest`, eGPU variants, pre-v23
+/// split files) except `local-*` models. Temporaries are left to `gc` (the current download's
+/// staging file is one of them). DM files and everything else are kept.
+pub fn purge_plan<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let mut out: Vec<String> = names
+        .into_iter()
+        .filter(|n| !is_temp_name(n) && !n.starts_with('.'))
+        .filter(|n| driving_key(n).is_some_and(|k| !is_local_key(k)))
+        .map(str::to_string)
+        .collect();
+    // `.chunkmanifest` files first: a set without its manifest is "not present" to every
+    // reader, so no reader can see a manifest whose chunks are already gone.
+    out.sort_by_key(|n| (!n.ends_with(".chunkmanifest"), n.clone()));
+    out
+}
+
+/// Files `gc` removes: stray temporaries (ours start with `.tmp-`, the Python manager's with
+/// `tmp`), legacy keyless `driving_*` files, and non-local driving artifacts whose model is not
+/// in the catalog. Never `local-*`.
+pub fn gc_plan<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+    catalog: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut out: Vec<String> = names
+        .into_iter()
+        .filter(|n| {
+            if is_temp_name(n) || (n.starts_with("tmp") && !n.contains(DRIVING)) {
+                return true;
+            }
+            match driving_key(n) {
+                Some(k) if is_local_key(k) => false,
+                Some("") => true,
+                Some(k) => !catalog.contains(k),
+                None => false,
+            }
+        })
+        .map(str::to_string)
+        .collect();
+    out.sort_by_key(|n| (!n.ends_with(".chunkmanifest"), n.clone()));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OLD_DEVICE: &[&str] = &[
+        "pop223_driving_tinygrad.pkl",
+        "pop223_driving_tinygrad.pkl.p00",
+        "pop223_driving_tinygrad.pkl.p01",
+        "pop223_driving_tinygrad.pkl.sha256",
+        "other_driving_tinygrad.pkl.chunk01of02",
+        "other_driving_tinygrad.pkl.chunk02of02",
+        "other_driving_tinygrad.pkl.chunkmanifest",
+        "gpu_driving_chestnut_tinygrad.pkl",
+        "driving_vision_tinygrad.pkl",
+        "driving_off_policy_tinygrad.pkl.p00",
+        "local-test_driving_tinygrad.pkl",
+        "local-test.json",
+        "dmonitoring_model_tinygrad.pkl",
+        "dm_warp_1344x760_tinygrad.pkl",
+        ".model_versions.json",
+        ".tmp-partial-0123456789abcdef-pop223_driving_tinygrad.pkl",
+        ".manager.lock",
+        "notes.txt",
+    ];
+
+    #[test]
+    fn purge_takes_every_old_driving_form_and_nothing_else() {
+        let plan = purge_plan(OLD_DEVICE.iter().copied());
+        assert_eq!(
+            plan,
+            [
+                "other_driving_tinygrad.pkl.chunkmanifest",
+                "driving_off_policy_tinygrad.pkl.p00",
+                "driving_vision_tinygrad.pkl",
+                "gpu_driving_chestnut_tinygrad.pkl",
+                "other_driving_tinygrad.pkl.chunk01of02",
+                "other_driving_tinygrad.pkl.chunk02of02",
+                "pop223_driving_tinygrad.pkl",
+                "pop223_driving_tinygrad.pkl.p00",
+                "pop223_driving_tinygrad.pkl.p01",
+                "pop223_driving_tinygrad.pkl.sha256",
+            ]
+        );
+    }
+
+    #[test]
+    fn gc_keeps_catalog_and_local_models() {
+        let catalog: BTreeSet<String> = ["pop223".to_string()].into();
+        let plan = gc_plan(OLD_DEVICE.iter().copied().chain(["tmpab12cd"]), &catalog);
+        assert_eq!(
+            plan,
+            [
+                "other_driving_tinygrad.pkl.chunkmanifest",
+                ".tmp-partial-0123456789abcdef-pop223_driving_tinygrad.pkl",
+                "driving_off_policy_tinygrad.pkl.p00",
+                "driving_vision_tinygrad.pkl",
+                "gpu_driving_chestnut_tinygrad.pkl",
+                "other_driving_tinygrad.pkl.chunk01of02",
+                "other_driving_tinygrad.pkl.chunk02of02",
+                "tmpab12cd",
+            ]
+        );
+    }
+
+    #[test]
+    fn keys() {
+        assert_eq!(
+            driving_key("pop223_driving_tinygrad.pkl.p00"),
+            Some("pop223")
+        );
+        assert_eq!(driving_key("driving_policy_tinygrad.pkl"), Some(""));
+        assert_eq!(driving_key("dmonitoring_model_tinygrad.pkl"), None);
+        assert_eq!(driving_key("local-x_driving_tinygrad.pkl"), Some("local-x"));
+    }
+}
