@@ -23,6 +23,7 @@ pub mod location;
 pub mod paths;
 pub mod publish;
 pub mod retry;
+pub mod reuse;
 
 
 pub mod serve;

@@ -2,3 +2,4 @@
 pub mod http_server;
 pub mod published;
 pub mod sshd;
+pub mod release_stores;

@@ -1,0 +1,297 @@
+//! Reusing a compatible artifact built elsewhere (SPEC.md section 6, the seed's "Reuse Compatible
+//! Artifacts").
+//!
+//! An artifact may be adopted only when its catalog records exactly the same tinygrad commit
+//! and exactly the same source-model commit as the caller states; names and dates prove nothing.
+//! Adoption is a copy of every chunk, server-side when both ends are on the Hub, renamed to the
+//! stable StarPilot ID (`<id>_driving_tinygrad.pkl.chunkNNofMM`), then the `.sha256`, then the
+//! `.chunkmanifest` last. The source's SHA-256 and chunk count can then go into our manifest.
+//!
+//! The compatibility decision ([`check_compatibility`]) is pure and runs before anything is
+//! read from or written to a store.
+
+use std::path::Path;
+
+use chunker::{
+    Sha256Digest, chunk_manifest_name, chunk_name, format_chunk_manifest, format_sidecar,
+    parse_chunk_manifest, parse_sidecar, sidecar_name,
+};
+use manifest::{Artifact, Generation, GitCommit, Manifest, ModelId, StoreLayout};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::paths::{StorePath, parent};
+use crate::store::Store;
+
+const SMALL_FILE_LIMIT: u64 = 4096;
+
+/// What the source catalog says about the artifact, once it is proven compatible.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compatible {
+    pub artifact: Artifact,
+    pub chunk_digests: Option<Vec<Sha256Digest>>,
+}
+
+/// Refuse unless the catalog entry `source_id` records exactly `tinygrad_commit` (top-level
+/// `tinygrad_commit`) and `source_commit` (the entry's `source_commit`). Every difference is
+/// named.
+pub fn check_compatibility(
+    catalog: &Manifest,
+    source_id: &ModelId,
+    source_commit: &GitCommit,
+    tinygrad_commit: &GitCommit,
+) -> Result<Compatible> {
+    let entry = catalog.get(source_id).ok_or_else(|| {
+        Error::ReuseRefused(format!(
+            "the source catalog has no model {source_id:?}; pass --source-id with the ID it uses"
+        ))
+    })?;
+    let mut differs = Vec::new();
+    match catalog.tinygrad_commit() {
+        None => differs.push(format!(
+            "the source catalog records no tinygrad commit (top-level \"{}\"), so compatibility cannot be proven; rebuild instead",
+            manifest::keys::TINYGRAD_COMMIT
+        )),
+        Some(c) if &c != tinygrad_commit => differs.push(format!(
+            "tinygrad commit differs: the source catalog records {c}, you gave {tinygrad_commit}"
+        )),
+        Some(_) => {}
+    }
+    match entry.source_commit() {
+        None => differs.push(format!(
+            "the source catalog entry {source_id} records no source-model commit (\"{}\"), so compatibility cannot be proven; rebuild instead",
+            manifest::keys::SOURCE_COMMIT
+        )),
+        Some(c) if &c != source_commit => differs.push(format!(
+            "source-model commit differs: the source catalog entry {source_id} records {c}, you gave {source_commit}"
+        )),
+        Some(_) => {}
+    }
+    if !differs.is_empty() {
+        return Err(Error::ReuseRefused(differs.join("; ")));
+    }
+    let artifact = entry.artifact().ok_or_else(|| {
+        Error::ReuseRefused(format!(
+            "the source catalog entry {source_id} has no artifact_size/artifact_sha256/artifact_chunk_count"
+        ))
+    })?;
+    if artifact.chunk_count.is_plain_file() {
+        return Err(Error::ReuseRefused(format!(
+            "the source artifact of {source_id} is one plain file (artifact_chunk_count 0); reuse copies chunk sets"
+        )));
+    }
+    Ok(Compatible {
+        artifact,
+        chunk_digests: entry.chunk_digests(),
+    })
+}
+
+/// A reuse to carry out.
+pub struct ReuseRequest<'a> {
+    pub model: ModelId,
+    pub generation: Generation,
+    pub source: &'a dyn Store,
+    /// The logical artifact in the source store (`dir/x_driving_tinygrad.pkl`).
+    pub source_path: StorePath,
+    pub compatible: Compatible,
+    pub dest: &'a dyn Store,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReuseReport {
+    pub model: String,
+    pub sha256: Sha256Digest,
+    pub size: u64,
+    pub chunk_count: u32,
+    /// Every chunk went Hub-to-Hub: no artifact bytes passed through this machine.
+    pub server_side: bool,
+    pub copied: Vec<CopiedChunk>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CopiedChunk {
+    pub from: String,
+    pub to: String,
+    pub size: u64,
+}
+
+/// Copy the source chunk set into `models/<gen>/<model>/`, renamed, `.chunkmanifest` last.
+/// `on_chunk(index, count, size)` is called after each chunk (for progress).
+pub fn reuse(req: &ReuseRequest<'_>, on_chunk: &mut dyn FnMut(u32, u32, u64)) -> Result<ReuseReport> {
+    let artifact = &req.compatible.artifact;
+    let count = artifact.chunk_count.get();
+    let src_name = req.source_path.file_name().to_string();
+    let src_dir = parent(&req.source_path);
+    let src_file = |name: &str| -> Result<StorePath> {
+        Ok(match &src_dir {
+            Some(d) => d.join(name)?,
+            None => name.parse()?,
+        })
+    };
+
+    // The source must be what its catalog says: the same count, the same digest in its sidecar
+    // if it has one, every chunk present and the sizes adding up. All small reads.
+    let cm_path = src_file(&chunk_manifest_name(&src_name))?;
+    let cm = req.source.read_small(&cm_path, SMALL_FILE_LIMIT)?.ok_or_else(|| {
+        Error::ReuseRefused(format!(
+            "{} {cm_path} is missing: the source chunk set is incomplete",
+            req.source.describe()
+        ))
+    })?;
+    let found = parse_chunk_manifest(&cm, Path::new(cm_path.as_str()))?;
+    if found != count {
+        return Err(Error::ReuseRefused(format!(
+            "{} {cm_path} says {found} chunks, the source catalog says {count}",
+            req.source.describe()
+        )));
+    }
+    let sc_path = src_file(&sidecar_name(&src_name))?;
+    if let Some(sc) = req.source.read_small(&sc_path, SMALL_FILE_LIMIT)? {
+        let d = parse_sidecar(&sc, Path::new(sc_path.as_str()))?;
+        if d != artifact.sha256 {
+            return Err(Error::ReuseRefused(format!(
+                "{} {sc_path} says {d}, the source catalog says {}",
+                req.source.describe(),
+                artifact.sha256
+            )));
+        }
+    }
+    let mut sources = Vec::new();
+    let mut total = 0u64;
+    for i in 1..=count {
+        let p = src_file(&chunk_name(&src_name, i, count))?;
+        let stat = req.source.stat(&p)?.ok_or_else(|| {
+            Error::ReuseRefused(format!("{} {p} is missing", req.source.describe()))
+        })?;
+        total += stat.size;
+        sources.push((p, stat.size));
+    }
+    if total != artifact.size.get() {
+        return Err(Error::ReuseRefused(format!(
+            "the source chunks hold {total} bytes, the source catalog says {}",
+            artifact.size
+        )));
+    }
+
+    let dest_name = manifest::layout::artifact_file_name(&req.model).to_string();
+    let dir = StoreLayout::HfBucket.artifact_dir(req.generation, &req.model);
+    let dest_cm = dir.join(&chunk_manifest_name(&dest_name))?;
+    // Chunks are about to change: the directory must read "not present" until they are all in.
+    req.dest.delete(&dest_cm)?;
+
+    let mut copied = Vec::new();
+    let mut server_side = true;
+    for (i, (src, size)) in sources.iter().enumerate() {
+        let index = i as u32 + 1;
+        let to = dir.join(&chunk_name(&dest_name, index, count))?;
+        let hub = match req.source.hub_uri(src) {
+            Some(uri) => req.dest.copy_from_hub(&uri, &to)?,
+            None => false,
+        };
+        if !hub {
+            server_side = false;
+            let mut r = req.source.open(src)?;
+            req.dest.write(&to, &mut r)?;
+        }
+        if req.dest.stat(&to)?.map(|s| s.size) != Some(*size) {
+            return Err(Error::BadResponse {
+                url: format!("{} {to}", req.dest.describe()),
+                reason: format!("after the copy it is not {size} bytes; run reuse again"),
+            });
+        }
+        copied.push(CopiedChunk {
+            from: format!("{} {src}", req.source.describe()),
+            to: to.to_string(),
+            size: *size,
+        });
+        on_chunk(index, count, *size);
+    }
+    req.dest.write_bytes(
+        &dir.join(&sidecar_name(&dest_name))?,
+        format_sidecar(&artifact.sha256, &dest_name).as_bytes(),
+    )?;
+    req.dest
+        .write_bytes(&dest_cm, format_chunk_manifest(count).as_bytes())?;
+    Ok(ReuseReport {
+        model: req.model.to_string(),
+        sha256: artifact.sha256,
+        size: artifact.size.get(),
+        chunk_count: count,
+        server_side,
+        copied,
+    })
+}
+
+/// Put the reused artifact into `manifest`'s entry for `model` (which must exist: reuse does not
+/// add models), with the source commit and, when known, the per-chunk digests.
+pub fn update_manifest_entry(
+    manifest: &mut Manifest,
+    model: &ModelId,
+    compatible: &Compatible,
+    source_commit: &GitCommit,
+) -> Result<()> {
+    let entry = manifest.get_mut(model).ok_or_else(|| {
+        Error::ReuseRefused(format!(
+            "the manifest has no entry {model}; reuse does not add models (add the entry first if the release asks for it)"
+        ))
+    })?;
+    match &compatible.chunk_digests {
+        Some(d) => entry.set_artifact_with_chunks(&compatible.artifact, d)?,
+        None => entry.set_artifact(&compatible.artifact),
+    }
+    entry.set_source_commit(source_commit);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TG: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
+    const SRC: &str = "1111111111111111111111111111111111111111";
+    const OTHER: &str = "2222222222222222222222222222222222222222";
+
+    fn catalog(tg: Option<&str>, src: Option<&str>) -> Manifest {
+        let mut top = serde_json::Map::new();
+        if let Some(t) = tg {
+            top.insert("tinygrad_commit".into(), t.into());
+        }
+        let mut e = serde_json::json!({
+            "id": "pop", "name": "Pop", "version": "v15", "series": "OP Series",
+            "released": "2025-01-01", "community_favorite": false,
+            "artifact_format": "tinygrad_single_v1", "artifact_size": 10,
+            "artifact_sha256": Sha256Digest::of_bytes(b"x").to_hex(),
+            "artifact_chunk_count": 2, "uses_external_gpu": false
+        });
+        if let Some(s) = src {
+            e["source_commit"] = s.into();
+        }
+        top.insert("models".into(), serde_json::Value::Array(vec![e]));
+        Manifest::from_value(serde_json::Value::Object(top)).unwrap()
+    }
+
+    fn c(s: &str) -> GitCommit {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn exact_commits_are_compatible() {
+        let ok = check_compatibility(&catalog(Some(TG), Some(SRC)), &"pop".parse().unwrap(), &c(SRC), &c(TG)).unwrap();
+        assert_eq!(ok.artifact.chunk_count.get(), 2);
+    }
+
+    #[test]
+    fn each_difference_is_named() {
+        let id: ModelId = "pop".parse().unwrap();
+        let e = check_compatibility(&catalog(Some(TG), Some(SRC)), &id, &c(SRC), &c(OTHER)).unwrap_err().to_string();
+        assert!(e.contains("tinygrad commit differs") && !e.contains("source-model commit differs"), "{e}");
+        let e = check_compatibility(&catalog(Some(TG), Some(SRC)), &id, &c(OTHER), &c(TG)).unwrap_err().to_string();
+        assert!(e.contains("source-model commit differs") && !e.contains("tinygrad commit differs"), "{e}");
+        let e = check_compatibility(&catalog(Some(OTHER), Some(OTHER)), &id, &c(SRC), &c(TG)).unwrap_err().to_string();
+        assert!(e.contains("tinygrad commit differs") && e.contains("source-model commit differs"), "{e}");
+        let e = check_compatibility(&catalog(None, None), &id, &c(SRC), &c(TG)).unwrap_err().to_string();
+        assert!(e.contains("records no tinygrad commit") && e.contains("records no source-model commit"), "{e}");
+        let e = check_compatibility(&catalog(Some(TG), Some(SRC)), &"nope".parse().unwrap(), &c(SRC), &c(TG)).unwrap_err().to_string();
+        assert!(e.contains("--source-id"), "{e}");
+    }
+}

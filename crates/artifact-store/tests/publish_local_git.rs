@@ -1,0 +1,298 @@
+//! Publish against a real local directory and a real git bare repository as `origin`.
+
+mod common;
+
+use std::fs;
+
+use artifact_store::publish::{PublishOptions, publish};
+use artifact_store::retry::RetryPolicy;
+use artifact_store::{Error, GithubStore, LocalStore, Store};
+use common::*;
+use manifest::Generation;
+use test_support::release_stores::{GitRemote, git};
+
+fn opts(dry_run: bool) -> PublishOptions {
+    PublishOptions {
+        generation: Generation::new(25),
+        dry_run,
+        retry: RetryPolicy::immediate(3),
+        deep_verify: true,
+    }
+}
+
+#[test]
+fn publish_to_a_local_store_writes_in_order_and_a_second_run_uploads_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let (a, b) = (model("pop223", 1, 2500), model("wm9", 2, 900));
+    let dir = artifacts_dir(t.path(), &[&a, &b]);
+    let m = manifest_of(vec![entry("pop223", &a.data, "Pop"), entry("wm9", &b.data, "WM 9")]);
+    let store = Recording::new(LocalStore::new(t.path().join("store")));
+
+    let rep = publish(&m, &dir, &[&store], &opts(false), &mut |_| {}).unwrap();
+    assert_eq!(rep.stores[0].manifest, "written");
+    assert!(rep.stores[0].first_publish);
+    assert_eq!(
+        store.writes(),
+        [
+            "write models/v25/pop223/pop223_driving_tinygrad.pkl.chunk01of03",
+            "write models/v25/pop223/pop223_driving_tinygrad.pkl.chunk02of03",
+            "write models/v25/pop223/pop223_driving_tinygrad.pkl.chunk03of03",
+            "write models/v25/pop223/pop223_driving_tinygrad.pkl.sha256",
+            "write models/v25/pop223/pop223_driving_tinygrad.pkl.chunkmanifest",
+            "write models/v25/wm9/wm9_driving_tinygrad.pkl.chunk01of01",
+            "write models/v25/wm9/wm9_driving_tinygrad.pkl.sha256",
+            "write models/v25/wm9/wm9_driving_tinygrad.pkl.chunkmanifest",
+            "write manifests/model_names_v25.json",
+        ]
+    );
+    assert_eq!(read_artifact(&store, "pop223"), a.data);
+    let sidecar = store
+        .read_small(&p("models/v25/pop223/pop223_driving_tinygrad.pkl.sha256"), 200)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(sidecar).unwrap(),
+        format!(
+            "{}  pop223_driving_tinygrad.pkl\n",
+            chunker::Sha256Digest::of_bytes(&a.data)
+        )
+    );
+    let live = store
+        .read_small(&p("manifests/model_names_v25.json"), 1 << 20)
+        .unwrap()
+        .unwrap();
+    assert_eq!(live, m.to_canonical_bytes());
+
+    let again = Recording::new(LocalStore::new(t.path().join("store")));
+    let rep = publish(&m, &dir, &[&again], &opts(false), &mut |_| {}).unwrap();
+    assert!(again.writes().is_empty(), "{:?}", again.writes());
+    assert_eq!(rep.stores[0].uploaded_files, 0);
+    assert_eq!(rep.stores[0].manifest, "unchanged");
+}
+
+#[test]
+fn an_interrupted_publish_resumes_without_re_uploading() {
+    let t = tempfile::tempdir().unwrap();
+    let a = model("pop223", 3, 2500);
+    let dir = artifacts_dir(t.path(), &[&a]);
+    let m = manifest_of(vec![entry("pop223", &a.data, "Pop")]);
+    let root = t.path().join("store");
+
+    let first = Recording::new(LocalStore::new(&root));
+    *first.budget.lock().unwrap() = Some(2);
+    let err = publish(&m, &dir, &[&first], &opts(false), &mut |_| {}).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("models/v25/pop223/pop223_driving_tinygrad.pkl.chunk03of03") && msg.contains("3 attempts"),
+        "{msg}"
+    );
+    assert_eq!(first.writes().len(), 2);
+    assert!(LocalStore::new(&root).stat(&p("manifests/model_names_v25.json")).unwrap().is_none());
+
+    let second = Recording::new(LocalStore::new(&root));
+    publish(&m, &dir, &[&second], &opts(false), &mut |_| {}).unwrap();
+    assert_eq!(
+        second.writes(),
+        [
+            "write models/v25/pop223/pop223_driving_tinygrad.pkl.chunk03of03",
+            "write models/v25/pop223/pop223_driving_tinygrad.pkl.sha256",
+            "write models/v25/pop223/pop223_driving_tinygrad.pkl.chunkmanifest",
+            "write manifests/model_names_v25.json",
+        ]
+    );
+    assert_eq!(read_artifact(&second, "pop223"), a.data);
+}
+
+#[test]
+fn transient_failures_are_retried() {
+    let t = tempfile::tempdir().unwrap();
+    let a = model("pop223", 4, 500);
+    let dir = artifacts_dir(t.path(), &[&a]);
+    let m = manifest_of(vec![entry("pop223", &a.data, "Pop")]);
+    let store = Recording::new(LocalStore::new(t.path().join("store")));
+    *store.transient.lock().unwrap() = 2;
+    let mut retries = 0;
+    publish(&m, &dir, &[&store], &opts(false), &mut |e| {
+        if matches!(e, artifact_store::publish::Event::Retrying { .. }) {
+            retries += 1
+        }
+    })
+    .unwrap();
+    assert_eq!(retries, 2);
+    assert_eq!(read_artifact(&store, "pop223"), a.data);
+}
+
+#[test]
+fn a_changed_chunk_retracts_the_chunk_manifest_first() {
+    let t = tempfile::tempdir().unwrap();
+    let a = model("pop223", 5, 2500);
+    let dir = artifacts_dir(t.path(), &[&a]);
+    let m = manifest_of(vec![entry("pop223", &a.data, "Pop")]);
+    let root = t.path().join("store");
+    publish(&m, &dir, &[&LocalStore::new(&root)], &opts(false), &mut |_| {}).unwrap();
+    // Corrupt one stored chunk (same size, other bytes).
+    let chunk = root.join("models/v25/pop223/pop223_driving_tinygrad.pkl.chunk02of03");
+    fs::write(&chunk, vec![0u8; 1000]).unwrap();
+    let store = Recording::new(LocalStore::new(&root));
+    publish(&m, &dir, &[&store], &opts(false), &mut |_| {}).unwrap();
+    assert_eq!(
+        store.writes(),
+        [
+            "delete models/v25/pop223/pop223_driving_tinygrad.pkl.chunkmanifest",
+            "write models/v25/pop223/pop223_driving_tinygrad.pkl.chunk02of03",
+            "write models/v25/pop223/pop223_driving_tinygrad.pkl.chunkmanifest",
+        ]
+    );
+    assert_eq!(read_artifact(&store, "pop223"), a.data);
+}
+
+#[test]
+fn a_listed_model_missing_everywhere_is_refused_before_the_manifest() {
+    let t = tempfile::tempdir().unwrap();
+    let (a, ghost) = (model("pop223", 6, 500), model("ghost", 7, 500));
+    let dir = artifacts_dir(t.path(), &[&a]);
+    let m = manifest_of(vec![entry("pop223", &a.data, "Pop"), entry("ghost", &ghost.data, "Ghost")]);
+    let store = Recording::new(LocalStore::new(t.path().join("store")));
+    let err = publish(&m, &dir, &[&store], &opts(false), &mut |_| {}).unwrap_err();
+    assert!(matches!(err, Error::Incomplete { .. }), "{err}");
+    assert!(err.to_string().contains("model ghost"), "{err}");
+    assert!(!store.writes().iter().any(|w| w.contains("manifests/")));
+}
+
+#[test]
+fn a_wrong_artifact_in_the_directory_is_refused_before_any_upload() {
+    let t = tempfile::tempdir().unwrap();
+    let a = model("pop223", 8, 1500);
+    let dir = artifacts_dir(t.path(), &[&a]);
+    let mut wrong = a.data.clone();
+    wrong[0] ^= 1;
+    let m = manifest_of(vec![entry("pop223", &wrong, "Pop")]);
+    let store = Recording::new(LocalStore::new(t.path().join("store")));
+    let err = publish(&m, &dir, &[&store], &opts(false), &mut |_| {}).unwrap_err();
+    assert!(err.to_string().contains("SHA-256 mismatch"), "{err}");
+    assert!(store.writes().is_empty());
+}
+
+#[test]
+fn the_guard_names_every_unrelated_change_and_nothing_is_written() {
+    let t = tempfile::tempdir().unwrap();
+    let (a, b, c) = (model("pop223", 9, 500), model("wm9", 10, 500), model("keep", 11, 500));
+    let root = t.path().join("store");
+    // First release: all three.
+    let dir1 = artifacts_dir(&t.path().join("one"), &[&a, &b, &c]);
+    let m1 = manifest_of(vec![
+        entry("pop223", &a.data, "Pop"),
+        entry("wm9", &b.data, "WM 9"),
+        entry("keep", &c.data, "Keep"),
+    ]);
+    publish(&m1, &dir1, &[&LocalStore::new(&root)], &opts(false), &mut |_| {}).unwrap();
+    // Second release rebuilds pop223 only, but the manifest also renames wm9 and drops keep.
+    let a2 = model("pop223", 12, 700);
+    let dir2 = artifacts_dir(&t.path().join("two"), &[&a2]);
+    let m2 = manifest_of(vec![entry("pop223", &a2.data, "Pop"), entry("wm9", &b.data, "WM Nine")]);
+    let store = Recording::new(LocalStore::new(&root));
+    let err = publish(&m2, &dir2, &[&store], &opts(false), &mut |_| {}).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Guard { .. }), "{msg}");
+    assert!(msg.contains("wm9") && msg.contains("name") && msg.contains("keep"), "{msg}");
+    assert!(!store.writes().iter().any(|w| w.contains("manifests/")));
+    let live = LocalStore::new(&root)
+        .read_small(&p("manifests/model_names_v25.json"), 1 << 20)
+        .unwrap()
+        .unwrap();
+    assert_eq!(live, m1.to_canonical_bytes());
+}
+
+#[test]
+fn dry_run_plans_and_changes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let a = model("pop223", 13, 1500);
+    let dir = artifacts_dir(t.path(), &[&a]);
+    let m = manifest_of(vec![entry("pop223", &a.data, "Pop")]);
+    let root = t.path().join("store");
+    let store = Recording::new(LocalStore::new(&root));
+    let rep = publish(&m, &dir, &[&store], &opts(true), &mut |_| {}).unwrap();
+    assert!(store.writes().is_empty());
+    assert!(!root.exists());
+    assert_eq!(rep.stores[0].manifest, "would_write");
+    assert_eq!(rep.stores[0].steps.len(), 4);
+}
+
+#[test]
+fn github_store_refuses_a_checkout_it_must_not_touch() {
+    let t = tempfile::tempdir().unwrap();
+    let remote = GitRemote::new(t.path(), "Models", None);
+    assert!(GithubStore::open(&remote.checkout, "Models").is_ok());
+
+    // Another branch.
+    git(&remote.checkout, &["checkout", "--quiet", "-b", "other"]);
+    let e = GithubStore::open(&remote.checkout, "Models").unwrap_err().to_string();
+    assert!(e.contains("on branch \"other\""), "{e}");
+    git(&remote.checkout, &["checkout", "--quiet", "Models"]);
+
+    // Dirty.
+    fs::write(remote.checkout.join("stray.txt"), "x").unwrap();
+    let e = GithubStore::open(&remote.checkout, "Models").unwrap_err().to_string();
+    assert!(e.contains("uncommitted changes") && e.contains("stray.txt"), "{e}");
+    fs::remove_file(remote.checkout.join("stray.txt")).unwrap();
+
+    // Behind origin: someone else pushed.
+    let other = t.path().join("other");
+    git(t.path(), &["clone", "--quiet", "-b", "Models", remote.bare.to_str().unwrap(), other.to_str().unwrap()]);
+    git(&other, &["config", "user.name", "x"]);
+    git(&other, &["config", "user.email", "x@example.invalid"]);
+    fs::write(other.join("b.txt"), "b").unwrap();
+    git(&other, &["add", "b.txt"]);
+    git(&other, &["commit", "--quiet", "-m", "b"]);
+    git(&other, &["push", "--quiet", "origin", "Models"]);
+    let e = GithubStore::open(&remote.checkout, "Models").unwrap_err().to_string();
+    assert!(e.contains("not in sync") && e.contains("1 behind"), "{e}");
+    git(&remote.checkout, &["pull", "--quiet", "--ff-only"]);
+
+    // Ahead of origin: a local commit not pushed.
+    fs::write(remote.checkout.join("c.txt"), "c").unwrap();
+    git(&remote.checkout, &["add", "c.txt"]);
+    git(&remote.checkout, &["commit", "--quiet", "-m", "c"]);
+    let e = GithubStore::open(&remote.checkout, "Models").unwrap_err().to_string();
+    assert!(e.contains("1 commit(s) ahead"), "{e}");
+}
+
+#[test]
+fn publish_to_github_is_one_commit_and_push_per_file_manifest_last() {
+    let t = tempfile::tempdir().unwrap();
+    let remote = GitRemote::new(t.path(), "Models", None);
+    let a = model("pop223", 14, 1500);
+    let dir = artifacts_dir(t.path(), &[&a]);
+    let m = manifest_of(vec![entry("pop223", &a.data, "Pop")]);
+    let store = GithubStore::open(&remote.checkout, "Models").unwrap();
+    publish(&m, &dir, &[&store], &opts(false), &mut |_| {}).unwrap();
+    assert_eq!(
+        remote.remote_files_per_commit(),
+        [
+            vec!["v25/pop223/pop223_driving_tinygrad.pkl.chunk01of02"],
+            vec!["v25/pop223/pop223_driving_tinygrad.pkl.chunk02of02"],
+            vec!["v25/pop223/pop223_driving_tinygrad.pkl.sha256"],
+            vec!["v25/pop223/pop223_driving_tinygrad.pkl.chunkmanifest"],
+            vec!["model_names_v25.json"],
+        ]
+    );
+    // The remote branch holds exactly the published bytes.
+    let shown = git(&remote.bare, &["show", "Models:model_names_v25.json"]);
+    assert_eq!(format!("{shown}\n").as_bytes(), &m.to_canonical_bytes()[..]);
+    // Still clean and in sync, so the next publish is allowed and has nothing to do.
+    let again = GithubStore::open(&remote.checkout, "Models").unwrap();
+    let rep = publish(&m, &dir, &[&again], &opts(false), &mut |_| {}).unwrap();
+    assert_eq!(rep.stores[0].uploaded_files, 0);
+    assert_eq!(remote.remote_subjects().len(), 6);
+    // And the store reads back through the branch layout.
+    assert_eq!(read_artifact(&again, "pop223"), a.data);
+    let listed: Vec<String> = again
+        .list(&p("models/v25"))
+        .unwrap()
+        .into_iter()
+        .map(|e| e.path.to_string())
+        .collect();
+    assert_eq!(listed.len(), 4, "{listed:?}");
+    let manifests: Vec<String> = again.list(&p("manifests")).unwrap().into_iter().map(|e| e.path.to_string()).collect();
+    assert_eq!(manifests, ["manifests/model_names_v25.json"]);
+}
