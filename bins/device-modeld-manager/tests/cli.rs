@@ -1,0 +1,448 @@
+//! The real `device-modeld-manager` binary against a real HTTP server on 127.0.0.1, on a
+//! temporary data dir with the comma's layout.
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use test_support::http_server::{Fault, FaultServer};
+use test_support::published::{
+    GH_DIR, HF_DIR, artifact_bytes, manifest_json, publish_model, write_manifest,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_device-modeld-manager");
+const CHUNK: usize = 256 * 1024;
+
+struct World {
+    dir: tempfile::TempDir,
+    server: FaultServer,
+    pop_new: Vec<u8>,
+    other_new: Vec<u8>,
+}
+
+impl World {
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+    fn models(&self) -> PathBuf {
+        self.data().join("models")
+    }
+    fn params(&self) -> PathBuf {
+        self.data().join("params/d")
+    }
+    fn memory(&self) -> PathBuf {
+        self.dir.path().join("shm/params/d")
+    }
+    fn builtin(&self) -> PathBuf {
+        self.dir.path().join("builtin")
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--data-dir")
+            .arg(self.data())
+            .arg("--hf-base")
+            .arg(format!("{}/{HF_DIR}", self.server.url()))
+            .arg("--github-base")
+            .arg(format!("{}/{GH_DIR}", self.server.url()))
+            .arg("--generation")
+            .arg("v25")
+            .arg("--builtin-dir")
+            .arg(self.builtin())
+            .arg("--memory-params-dir")
+            .arg(self.memory())
+            .arg("--space-margin-mib")
+            .arg("0")
+            .args(args);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    fn param(&self, key: &str) -> Option<String> {
+        fs::read_to_string(self.params().join(key)).ok()
+    }
+
+    fn mem(&self, key: &str) -> Option<String> {
+        fs::read_to_string(self.memory().join(key)).ok()
+    }
+
+    fn set_param(&self, key: &str, value: &str) {
+        fs::create_dir_all(self.params()).unwrap();
+        fs::write(self.params().join(key), value).unwrap();
+    }
+
+    fn set_mem(&self, key: &str, value: &str) {
+        fs::create_dir_all(self.memory()).unwrap();
+        fs::write(self.memory().join(key), value).unwrap();
+    }
+
+    fn model_files(&self) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(self.models())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+/// A v24 device (selected `pop223`, old artifacts in every form, a local model, a DM file) and
+/// a server publishing the v25 catalog with `pop223` and `other` as chunk sets.
+fn world(size: usize) -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("origin");
+    fs::create_dir_all(&root).unwrap();
+    let pop_new = artifact_bytes(25, size);
+    let other_new = artifact_bytes(26, size / 2 + 17);
+    let p = publish_model(&root, "v25", "pop223", &pop_new, Some(CHUNK));
+    let o = publish_model(&root, "v25", "other", &other_new, Some(CHUNK));
+    write_manifest(&root, "v25", manifest_json("v25", &[p, o], true).as_bytes());
+    let server = FaultServer::start(&root).unwrap();
+    let w = World {
+        dir,
+        server,
+        pop_new,
+        other_new,
+    };
+    let models = w.models();
+    fs::create_dir_all(&models).unwrap();
+    for name in [
+        "pop223_driving_tinygrad.pkl",
+        "pop223_driving_tinygrad.pkl.p00",
+        "pop223_driving_tinygrad.pkl.sha256",
+        "other_driving_tinygrad.pkl.chunk01of02",
+        "other_driving_tinygrad.pkl.chunk02of02",
+        "other_driving_tinygrad.pkl.chunkmanifest",
+        "driving_vision_tinygrad.pkl",
+        "local-test_driving_tinygrad.pkl",
+        "dmonitoring_model_tinygrad.pkl",
+    ] {
+        let body: &[u8] = if name.ends_with("chunkmanifest") {
+            b"2"
+        } else {
+            b"old"
+        };
+        fs::write(models.join(name), body).unwrap();
+    }
+    fs::create_dir_all(w.builtin()).unwrap();
+    fs::write(
+        w.builtin().join("driving_tinygrad.pkl.chunk01of01"),
+        b"builtin",
+    )
+    .unwrap();
+    fs::write(w.builtin().join("driving_tinygrad.pkl.chunkmanifest"), b"1").unwrap();
+    for (k, v) in [
+        ("Model", "pop223"),
+        ("DrivingModel", "pop223"),
+        ("DrivingModelName", "Model pop223"),
+        ("ModelVersion", "v16"),
+        ("DrivingModelVersion", "v16"),
+        ("ModelManifestVersion", "v24"),
+    ] {
+        w.set_param(k, v);
+    }
+    w
+}
+
+fn last_line(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The invariants that must hold after any run that completed, whatever crashed before it.
+fn assert_consistent(w: &World, context: &str) {
+    let files = w.model_files();
+    assert!(
+        !files.iter().any(|f| f == ".migration.json"),
+        "{context}: journal left: {files:?}"
+    );
+    for f in &files {
+        let driving = f.contains("_driving_") || f.starts_with("driving_");
+        if driving && !f.starts_with("local-") && !f.starts_with(".tmp-") {
+            assert_eq!(
+                f, "pop223_driving_tinygrad.pkl",
+                "{context}: old artifact {f} survived"
+            );
+            assert_eq!(
+                fs::read(w.models().join(f)).unwrap(),
+                w.pop_new,
+                "{context}: {f} is not the v25 artifact"
+            );
+        }
+    }
+    assert_eq!(
+        fs::read(w.models().join("local-test_driving_tinygrad.pkl")).unwrap(),
+        b"old",
+        "{context}"
+    );
+    assert_eq!(
+        fs::read(w.models().join("dmonitoring_model_tinygrad.pkl")).unwrap(),
+        b"old",
+        "{context}"
+    );
+    let model = w.param("Model").unwrap();
+    assert_eq!(Some(model.clone()), w.param("DrivingModel"), "{context}");
+    assert_eq!(
+        w.param("ModelVersion"),
+        w.param("DrivingModelVersion"),
+        "{context}"
+    );
+    assert_eq!(
+        w.param("ModelManifestVersion").as_deref(),
+        Some("v25"),
+        "{context}"
+    );
+    let resolved = last_line(&w.run(&["resolve"]));
+    match model.as_str() {
+        "pop223" => {
+            assert_eq!(
+                w.param("DrivingModelName").as_deref(),
+                Some("Model pop223"),
+                "{context}"
+            );
+            assert_eq!(
+                PathBuf::from(&resolved),
+                w.models().join("pop223_driving_tinygrad.pkl"),
+                "{context}"
+            );
+        }
+        "rdf43" => {
+            assert_eq!(
+                w.param("DrivingModelName").as_deref(),
+                Some("Regret Driven Framework V4"),
+                "{context}"
+            );
+            assert_eq!(w.param("ModelVersion").as_deref(), Some("v15"), "{context}");
+            assert_eq!(
+                PathBuf::from(&resolved),
+                w.builtin().join("driving_tinygrad.pkl"),
+                "{context}"
+            );
+        }
+        other => panic!("{context}: unexpected selection {other}"),
+    }
+}
+
+#[test]
+fn refresh_migrates_v24_to_v25_keeping_the_selection() {
+    let w = world(3 * CHUNK + 1000);
+    let out = w.run(&["refresh", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["migrated_from"], "v24");
+    assert_eq!(report["selected"], "pop223");
+    assert_eq!(report["fell_back_to_builtin"], false);
+    assert_consistent(&w, "plain run");
+    assert_eq!(
+        w.model_files()
+            .iter()
+            .filter(|f| f.contains("other_"))
+            .count(),
+        0
+    );
+    assert_eq!(w.param("AvailableModels").as_deref(), Some("pop223,other"));
+    // Only v25 versioned paths were ever requested.
+    assert!(
+        w.server.requests().iter().all(|r| r.path.contains("v25")),
+        "{:?}",
+        w.server.requests()
+    );
+
+    // Second refresh: nothing to migrate, nothing downloaded again.
+    w.server.clear_requests();
+    assert!(w.run(&["refresh"]).status.success());
+    assert!(
+        w.server
+            .requests()
+            .iter()
+            .all(|r| r.path.ends_with(".json"))
+    );
+
+    let status = w.run(&["status", "--json"]);
+    let s: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(s["selected"]["id"], "pop223");
+    assert_eq!(s["installed"][0]["state"], "verified");
+    assert!(s["interrupted_migration"].is_null());
+
+    // A same-size corruption is caught by verify (and resolve then falls back).
+    let path = w.models().join("pop223_driving_tinygrad.pkl");
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[10] ^= 1;
+    fs::write(&path, bytes).unwrap();
+    let v = w.run(&["verify", "pop223"]);
+    assert_eq!(v.status.code(), Some(6));
+    assert_eq!(
+        PathBuf::from(last_line(&w.run(&["resolve"]))),
+        w.builtin().join("driving_tinygrad.pkl")
+    );
+}
+
+#[test]
+fn unavailable_selection_falls_back_to_builtin() {
+    let w = world(2 * CHUNK);
+    w.server
+        .add_fault("/hf/models/v25/pop223/*", Fault::Status(404), None);
+    w.server
+        .add_fault("/gh/v25/pop223/*", Fault::Status(500), None);
+    let out = w.run(&["refresh", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["fell_back_to_builtin"], true);
+    assert_eq!(w.param("Model").as_deref(), Some("rdf43"));
+    assert_consistent(&w, "fallback");
+}
+
+#[test]
+fn both_origins_offline_changes_nothing() {
+    let w = world(CHUNK);
+    w.server.add_fault("/*", Fault::Status(503), None);
+    let out = w.run(&["refresh"]);
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(w.param("ModelManifestVersion").as_deref(), Some("v24"));
+    assert!(
+        w.model_files()
+            .contains(&"pop223_driving_tinygrad.pkl.p00".to_string())
+    );
+}
+
+#[test]
+fn second_manager_is_busy() {
+    let w = world(CHUNK);
+    let _held = migration::ManagerLock::acquire(&w.models()).unwrap();
+    let out = w.run(&["refresh"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another model manager is running"));
+    assert_eq!(w.param("ModelManifestVersion").as_deref(), Some("v24"));
+}
+
+#[test]
+fn gc_removes_strays_but_never_local_models() {
+    let w = world(CHUNK);
+    assert!(w.run(&["refresh"]).status.success());
+    fs::write(w.models().join(".tmp-123-0-x"), b"stray").unwrap();
+    fs::write(w.models().join("gone_driving_tinygrad.pkl"), b"x").unwrap();
+    let out = w.run(&["gc", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["removed"],
+        serde_json::json!([".tmp-123-0-x", "gone_driving_tinygrad.pkl"])
+    );
+    assert!(w.models().join("local-test_driving_tinygrad.pkl").exists());
+    assert!(w.models().join("pop223_driving_tinygrad.pkl").exists());
+}
+
+#[test]
+fn daemon_serves_download_requests_and_clears_them() {
+    let w = world(CHUNK);
+    w.set_mem("CancelModelDownload", "1"); // stale: must not cancel the next download
+    let mut child = w
+        .cmd(&["run", "--poll-ms", "20"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !f() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "timed out waiting for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for("migration", &|| {
+        w.param("ModelManifestVersion").as_deref() == Some("v25")
+    });
+    wait_for("stale cancel cleared", &|| {
+        w.mem("CancelModelDownload").is_none()
+    });
+    w.set_mem("ModelToDownload", "other");
+    wait_for("download", &|| {
+        w.mem("ModelDownloadProgress").as_deref() == Some("Downloaded!")
+    });
+    wait_for("request cleared", &|| w.mem("ModelToDownload").is_none());
+    assert_eq!(
+        fs::read(w.models().join("other_driving_tinygrad.pkl")).unwrap(),
+        w.other_new
+    );
+
+    w.set_mem("ModelToDownload", "nosuchmodel");
+    wait_for("failure text", &|| {
+        w.mem("ModelDownloadProgress")
+            .is_some_and(|p| p.starts_with("Download failed"))
+    });
+    wait_for("request cleared", &|| w.mem("ModelToDownload").is_none());
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// Kill the real binary with SIGKILL at many instants of a migration, re-run it, and check the
+/// device always ends in the same consistent state.
+#[test]
+fn kill_9_at_any_point_then_rerun_is_consistent() {
+    let size = 6 * CHUNK + 333;
+    // Measure one slow, uninterrupted run to spread the kill points over it.
+    let probe = world(size);
+    probe.server.set_rate_per_conn(Some(1024 * 1024));
+    probe.server.set_latency(Duration::from_millis(15));
+    let start = Instant::now();
+    assert!(probe.run(&["refresh"]).status.success());
+    let total = start.elapsed();
+    assert_consistent(&probe, "probe");
+
+    let points = 14;
+    for k in 0..points {
+        let w = world(size);
+        w.server.set_rate_per_conn(Some(1024 * 1024));
+        w.server.set_latency(Duration::from_millis(15));
+        let delay = total.mul_f64(k as f64 / points as f64);
+        let mut child = w
+            .cmd(&["refresh"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        let _ = child.kill(); // SIGKILL
+        child.wait().unwrap();
+        // Whatever state the kill left must never make resolve return an unverified file.
+        let resolved = PathBuf::from(last_line(&w.run(&["resolve"])));
+        if resolved != w.builtin().join("driving_tinygrad.pkl") {
+            assert_eq!(fs::read(&resolved).unwrap(), w.pop_new, "kill at {delay:?}");
+        }
+        w.server.set_rate_per_conn(None);
+        let out = w.run(&["refresh"]);
+        assert!(
+            out.status.success(),
+            "rerun after kill at {delay:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_consistent(&w, &format!("kill at {delay:?}"));
+        assert_eq!(
+            w.param("Model").as_deref(),
+            Some("pop223"),
+            "kill at {delay:?}"
+        );
+    }
+}
