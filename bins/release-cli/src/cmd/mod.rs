@@ -1,7 +1,9 @@
 //! One module per command group. Each exposes a clap `Args`/`Subcommand` type and a `run`.
 
+pub mod build;
 pub mod chunk;
 pub mod manifest;
+pub mod rebuild;
 
 use clap::Subcommand;
 
@@ -15,6 +17,22 @@ pub enum Command {
     /// Validate, format and diff manifests (`model_names_<gen>.json`).
     #[command(subcommand)]
     Manifest(manifest::ManifestCommand),
+    /// Tinygrad pin changes: `tinygrad bump` replaces tinygrad_repo/ and records the commit.
+    #[command(subcommand)]
+    Tinygrad(build::TinygradCommand),
+    /// Send tinygrad_repo/, selfdrive/modeld/, the compiler and ./models to the compiler comma,
+    /// then check its tinygrad marker.
+    Sync(build::SyncArgs),
+    /// Compile one model on the compiler comma and fetch its verified chunk set.
+    Compile(build::CompileArgs),
+    /// Build the four driver-monitoring files on the compiler comma (all or nothing).
+    Dm(build::DmArgs),
+    /// Replace the built-in RDF V4 in an openpilot tree with its native chunk set.
+    Builtin(build::BuiltinArgs),
+    /// Resumable bulk rebuild of a generation: fetch sources, compile, stage, write the manifest.
+    Rebuild(rebuild::RebuildArgs),
+    /// Run the device-side validator on the compiler comma and record its verdict.
+    Validate(build::ValidateArgs),
     /// Print a shell completion script, e.g. `release-cli completions bash > /etc/bash_completion.d/release-cli`.
     Completions {
         /// The shell to generate for.
@@ -26,6 +44,13 @@ pub fn run(command: Command) -> CliResult {
     match command {
         Command::Chunk(c) => chunk::run(c),
         Command::Manifest(c) => manifest::run(c),
+        Command::Tinygrad(c) => build::tinygrad(c),
+        Command::Sync(a) => build::sync(a),
+        Command::Compile(a) => build::compile(a),
+        Command::Dm(a) => build::dm(a),
+        Command::Builtin(a) => build::builtin(a),
+        Command::Rebuild(a) => rebuild::run(a),
+        Command::Validate(a) => build::validate(a),
         Command::Completions { shell } => {
             let mut cmd = <crate::Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();
