@@ -47,10 +47,11 @@ map() {
     hf://buckets/*/*/*|hf://datasets/*/*/*|hf://models/*/*/*) ;;
     *) echo "stand-in hf: not a file URI: $1" >&2; exit 2 ;;
   esac
-  case "$1" in
+  rest=${1#hf://}
+  case "$rest" in
     *'/../'*|*'/./'*|*'/..'|*'//'*) echo "stand-in hf: bad path $1" >&2; exit 2 ;;
   esac
-  printf '%s/%s' "$ROOT" "${1#hf://}"
+  printf '%s/%s' "$ROOT" "$rest"
 }
 
 if [ "${1:-}" = "buckets" ] && [ "${2:-}" = "cp" ] && [ $# -eq 4 ]; then
