@@ -4,6 +4,7 @@ pub mod build;
 pub mod chunk;
 pub mod manifest;
 pub mod rebuild;
+pub mod store;
 
 use clap::Subcommand;
 
@@ -24,6 +25,8 @@ pub enum Command {
     /// then check its tinygrad marker.
     Sync(build::SyncArgs),
     /// Compile one model on the compiler comma and fetch its verified chunk set.
+    // `--version` is the model's behaviour version here, not the tool's.
+    #[command(disable_version_flag = true)]
     Compile(build::CompileArgs),
     /// Build the four driver-monitoring files on the compiler comma (all or nothing).
     Dm(build::DmArgs),
@@ -32,7 +35,14 @@ pub enum Command {
     /// Resumable bulk rebuild of a generation: fetch sources, compile, stage, write the manifest.
     Rebuild(rebuild::RebuildArgs),
     /// Run the device-side validator on the compiler comma and record its verdict.
+    #[command(disable_version_flag = true)]
     Validate(build::ValidateArgs),
+    /// Publish a generation: artifacts, then the manifest, to each store in order.
+    Publish(store::PublishArgs),
+    /// Adopt a compatible artifact by server-side copy, renamed to the stable model ID.
+    Reuse(store::ReuseArgs),
+    /// Serve a local store over HTTP in the Hugging Face and GitHub URL layouts.
+    Serve(store::ServeArgs),
     /// Print a shell completion script, e.g. `release-cli completions bash > /etc/bash_completion.d/release-cli`.
     Completions {
         /// The shell to generate for.
@@ -51,6 +61,9 @@ pub fn run(command: Command) -> CliResult {
         Command::Builtin(a) => build::builtin(a),
         Command::Rebuild(a) => rebuild::run(a),
         Command::Validate(a) => build::validate(a),
+        Command::Publish(a) => store::publish_cmd(a),
+        Command::Reuse(a) => store::reuse_cmd(a),
+        Command::Serve(a) => store::serve_cmd(a),
         Command::Completions { shell } => {
             let mut cmd = <crate::Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();

@@ -1,0 +1,498 @@
+//! The build half of `release-cli` (sync, compile, dm, rebuild, validate, builtin, tinygrad
+//! bump), run as the real binary against a real sshd on 127.0.0.1 and a stand-in device root.
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use test_support::sshd::{DeviceRoot, Sshd};
+
+const PIN: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
+const OTHER: &str = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+const REF: &str = "62bf6fb072880905a4c490f0f4f4a6b3c23346ec";
+
+fn cli(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_release-cli"))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("STARPILOT_SSH_CONFIG")
+        .output()
+        .expect("run release-cli")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The remote flags pointing at the loopback sshd and the device root.
+fn remote<'a>(sshd: &'a Sshd, dev: &'a DeviceRoot, buf: &'a mut Vec<String>) -> Vec<&'a str> {
+    buf.clear();
+    buf.push(sshd.ssh_config().to_str().unwrap().to_string());
+    buf.push(dev.remote_root().to_str().unwrap().to_string());
+    vec![
+        "--remote",
+        Sshd::alias(),
+        "--allow-other-compiler",
+        "--ssh-config",
+        &buf[0],
+        "--remote-root",
+        &buf[1],
+        "--tinygrad-commit",
+        PIN,
+    ]
+}
+
+fn write(path: &Path, body: &[u8]) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, body).unwrap();
+}
+
+const BASE: &str = r#"{
+  "models": [
+    {
+      "id": "pop223",
+      "name": "Pop",
+      "version": "v11",
+      "series": "OP Series",
+      "released": "2025-01-01",
+      "community_favorite": true,
+      "artifact_format": "tinygrad_single_v1",
+      "artifact_size": 5,
+      "artifact_sha256": "0000000000000000000000000000000000000000000000000000000000000000",
+      "artifact_chunk_count": 1,
+      "uses_external_gpu": false
+    },
+    {
+      "id": "sc23",
+      "name": "SC",
+      "version": "v9",
+      "series": "OP Series",
+      "released": "2025-01-02",
+      "community_favorite": false,
+      "uses_external_gpu": false
+    },
+    {
+      "id": "rdf43",
+      "name": "Regret Driven Framework V4",
+      "version": "v15",
+      "series": "OP Series",
+      "released": "2025-01-03",
+      "community_favorite": false,
+      "uses_external_gpu": false
+    }
+  ]
+}
+"#;
+
+#[test]
+fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
+    let Some(sshd) = Sshd::start() else { return };
+    let dev = DeviceRoot::new(Some(PIN));
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    // The source store: the archive layout onnx/<source-id>/.
+    write(
+        &root.join("store/onnx/pop22/driving_vision.onnx"),
+        b"pop vision",
+    );
+    write(
+        &root.join("store/onnx/pop22/driving_policy.onnx"),
+        b"pop policy",
+    );
+    write(&root.join("store/onnx/pop22/README.txt"), b"not a source");
+    write(
+        &root.join("store/onnx/sc23/driving_supercombo.onnx"),
+        b"sc supercombo",
+    );
+    write(
+        &root.join("map.json"),
+        format!(
+            r#"{{"pop223": {{"source_id": "pop22", "input_format": "split", "ref": "{REF}"}},
+                "sc23": {{"source_id": "sc23", "input_format": "supercombo"}},
+                "newmodel": {{"input_format": "supercombo"}}}}"#
+        )
+        .as_bytes(),
+    );
+    write(&root.join("base.json"), BASE.as_bytes());
+    dev.set("fail", "sc23");
+
+    let mut buf = Vec::new();
+    let mut args = vec![
+        "rebuild",
+        "--workspace",
+        "ws",
+        "--source-map",
+        "map.json",
+        "--base-manifest",
+        "base.json",
+        "--sources",
+        "store",
+        "--generation",
+        "v26",
+        "--json",
+    ];
+    args.extend(remote(&sshd, &dev, &mut buf));
+
+    let out = cli(&args, root);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("[model 1 of 2] pop223"), "{err}");
+    assert!(err.contains("elapsed"), "{err}");
+    assert!(
+        err.contains("[device] compile of sc23 failed: injected failure"),
+        "{err}"
+    );
+    assert!(err.contains("1 model(s) failed: sc23"), "{err}");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["compiled"], 1);
+    assert_eq!(summary["failed"], 1);
+    assert_eq!(summary["not_in_catalog"], serde_json::json!(["newmodel"]));
+    let ws = root.join("ws");
+    assert!(ws.join("results/pop223.json").is_file());
+    let failure: serde_json::Value =
+        serde_json::from_slice(&fs::read(ws.join("results/sc23.failure.json")).unwrap()).unwrap();
+    assert_eq!(failure["status"], "failed");
+    assert!(failure["error"].as_str().unwrap().contains("sc23.log"));
+    assert!(
+        fs::read_to_string(ws.join("logs/sc23.log"))
+            .unwrap()
+            .contains("injected failure")
+    );
+    // Only the ONNX files were fetched and staged.
+    let calls = dev.calls();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(calls[0].ends_with("inputs=driving_policy.onnx,driving_vision.onnx"));
+    assert!(calls[0].starts_with("--pop223 --version v11 --input-format split"));
+
+    let manifest = fs::read(ws.join("ready/model_names_v26.json")).unwrap();
+    let m: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
+    assert_eq!(m["generation"], "v26");
+    assert_eq!(m["tinygrad_commit"], PIN);
+    assert_eq!(m["models"][0]["version"], "v11");
+    assert_eq!(m["models"][0]["source_commit"], REF);
+    assert_eq!(m["models"][0]["artifact_chunk_count"], 3);
+    assert!(m["models"][1].get("artifact_sha256").is_none());
+    assert_eq!(
+        m["models"].as_array().unwrap().len(),
+        3,
+        "no model was added"
+    );
+
+    // Resume: the failure is fixed; pop223 is skipped, sc23 retried.
+    dev.clear("fail");
+    let out = cli(&args, root);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["skipped"], 1);
+    assert_eq!(summary["compiled"], 1);
+    assert_eq!(summary["failed"], 0);
+    assert!(!ws.join("results/sc23.failure.json").exists());
+    assert_eq!(dev.calls().len(), 3, "pop223 was compiled again");
+    let m: serde_json::Value =
+        serde_json::from_slice(&fs::read(ws.join("ready/model_names_v26.json")).unwrap()).unwrap();
+    assert_eq!(m["models"][1]["version"], "v9");
+    assert_eq!(m["models"][1]["artifact_format"], "tinygrad_single_v1");
+    assert_eq!(m["models"][1]["artifact_size"], 2500);
+    let sha = m["models"][1]["artifact_sha256"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The staged chunk set verifies against the manifest.
+    let v = cli(
+        &[
+            "chunk",
+            "verify",
+            "ws/ready/sc23/sc23_driving_tinygrad.pkl",
+            "--sha256",
+            &sha,
+            "--chunk-count",
+            "3",
+        ],
+        root,
+    );
+    assert_eq!(v.status.code(), Some(0), "{}", text(&v.stderr));
+
+    // validate records the device's own verdict.
+    let mut vargs = vec![
+        "validate",
+        "--model",
+        "sc23",
+        "--workspace",
+        "ws",
+        "--python",
+        "python3",
+        "--json",
+    ];
+    let models_dir = dev.models_dir().to_str().unwrap().to_string();
+    vargs.extend(["--remote-models-dir", &models_dir]);
+    vargs.extend(remote(&sshd, &dev, &mut buf));
+    let out = cli(&vargs, root);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&fs::read(ws.join("results/sc23.validation.json")).unwrap())
+            .unwrap();
+    assert_eq!(recorded["passed"], true);
+    assert_eq!(recorded["version"], "v9");
+    assert_eq!(recorded["artifact_sha256"], sha.as_str());
+}
+
+#[test]
+fn compile_refusals_and_exit_codes() {
+    let Some(sshd) = Sshd::start() else { return };
+    let dev = DeviceRoot::new(Some(OTHER));
+    let t = tempfile::tempdir().unwrap();
+    write(&t.path().join("src/driving_supercombo.onnx"), b"src");
+    let mut buf = Vec::new();
+    let base = [
+        "compile",
+        "--model",
+        "rdf43",
+        "--version",
+        "v15",
+        "--source",
+        "src/driving_supercombo.onnx",
+        "--out",
+        "out",
+    ];
+
+    // Marker mismatch: exit 3, ./models never ran.
+    let mut args = base.to_vec();
+    args.extend(remote(&sshd, &dev, &mut buf));
+    let out = cli(&args, t.path());
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("tinygrad marker mismatch"));
+    assert!(dev.calls().is_empty());
+
+    // Another host without --allow-other-compiler: refused before connecting.
+    let mut args = base.to_vec();
+    args.extend(["--remote", "comma@192.168.3.111", "--tinygrad-commit", PIN]);
+    let out = cli(&args, t.path());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("comma@192.168.3.111") && err.contains("--allow-other-compiler"));
+
+    // The right marker: compiled, live output on stderr, JSON on stdout.
+    fs::write(dev.remote_root().join("tinygrad_repo/TINYGRAD_COMMIT"), PIN).unwrap();
+    let mut args = base.to_vec();
+    args.extend(["--log", "logs/rdf43.log", "--json"]);
+    args.extend(remote(&sshd, &dev, &mut buf));
+    let out = cli(&args, t.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("[device] wrote 3 chunk(s)"));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["artifact"]["chunk_count"], 3);
+    assert!(
+        t.path()
+            .join("out/rdf43_driving_tinygrad.pkl.chunkmanifest")
+            .is_file()
+    );
+
+    // A digest mismatch: exit 3, the log is named.
+    dev.set("corrupt", "rdf43");
+    let mut args = base.to_vec();
+    args.extend(["--log", "logs/rdf43.log"]);
+    args.extend(remote(&sshd, &dev, &mut buf));
+    let out = cli(&args, t.path());
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("SHA-256 mismatch for rdf43"));
+    assert!(text(&out.stderr).contains("logs/rdf43.log"));
+    // The earlier good set is still there, untouched.
+    assert!(
+        t.path()
+            .join("out/rdf43_driving_tinygrad.pkl.chunkmanifest")
+            .is_file()
+    );
+}
+
+#[test]
+fn sync_and_dm_through_the_cli() {
+    let Some(sshd) = Sshd::start() else { return };
+    let dev = DeviceRoot::new(None);
+    let t = tempfile::tempdir().unwrap();
+    let op = t.path().join("openpilot");
+    write(
+        &op.join("tinygrad_repo/TINYGRAD_COMMIT"),
+        format!("{PIN}\n").as_bytes(),
+    );
+    write(&op.join("tinygrad_repo/.git/HEAD"), b"ref");
+    write(&op.join("selfdrive/modeld/modeld.py"), b"#");
+    write(&op.join("scripts/model_compiler.py"), b"#");
+    write(
+        &op.join("selfdrive/modeld/models/dmonitoring_model.onnx"),
+        b"dm",
+    );
+    fs::copy(dev.remote_root().join("models"), op.join("models")).unwrap();
+    let mut buf = Vec::new();
+    let op_s = op.to_str().unwrap().to_string();
+
+    // The pin comes from the tree when --tinygrad-commit is absent.
+    let mut args = vec!["sync", "--openpilot", &op_s, "--json"];
+    let r = remote(&sshd, &dev, &mut buf);
+    args.extend(&r[..r.len() - 2]);
+    let out = cli(&args, t.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["tinygrad_commit"], PIN);
+    assert!(!dev.remote_root().join("tinygrad_repo/.git").exists());
+
+    let remote_dm = dev.remote_root().join("dm_out");
+    let remote_dm = remote_dm.to_str().unwrap().to_string();
+    dev.set("dm_missing", "dmonitoring_model_metadata.pkl");
+    let mut args = vec![
+        "dm",
+        "--out",
+        "dm",
+        "--openpilot",
+        &op_s,
+        "--remote-output-dir",
+        &remote_dm,
+    ];
+    let r = remote(&sshd, &dev, &mut buf);
+    args.extend(&r[..r.len() - 2]);
+    let out = cli(&args, t.path());
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("dmonitoring_model_metadata.pkl"));
+    assert!(!t.path().join("dm/dmonitoring_model_tinygrad.pkl").exists());
+
+    dev.clear("dm_missing");
+    let out = cli(&args, t.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(fs::read_dir(t.path().join("dm")).unwrap().count(), 4);
+}
+
+#[test]
+fn builtin_replaces_the_full_pkl_with_a_chunk_set() {
+    let t = tempfile::tempdir().unwrap();
+    let models = t.path().join("op/selfdrive/modeld/models");
+    write(
+        &models.join("driving_tinygrad.pkl"),
+        b"the old built-in, a full PKL",
+    );
+    write(&models.join("dmonitoring_model_tinygrad.pkl"), b"dm stays");
+    write(&t.path().join("rdf43.pkl"), &[5u8; 3000]);
+    let out = cli(
+        &[
+            "builtin",
+            "--artifact",
+            "rdf43.pkl",
+            "--openpilot",
+            "op",
+            "--json",
+        ],
+        t.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["chunk_count"], 1);
+    assert_eq!(r["removed"], serde_json::json!(["driving_tinygrad.pkl"]));
+    let mut names: Vec<String> = fs::read_dir(&models)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "dmonitoring_model_tinygrad.pkl",
+            "driving_tinygrad.pkl.chunk01of01",
+            "driving_tinygrad.pkl.chunkmanifest",
+            "driving_tinygrad.pkl.sha256",
+        ]
+    );
+    let v = cli(
+        &[
+            "chunk",
+            "verify",
+            "op/selfdrive/modeld/models/driving_tinygrad.pkl",
+        ],
+        t.path(),
+    );
+    assert_eq!(v.status.code(), Some(0), "{}", text(&v.stderr));
+
+    // An artifact whose sidecar disagrees is refused and nothing changes.
+    write(&t.path().join("bad/x.pkl"), b"bytes");
+    write(
+        &t.path().join("bad/x.pkl.sha256"),
+        format!("{}  x.pkl\n", "ab".repeat(32)).as_bytes(),
+    );
+    let out = cli(
+        &["builtin", "--artifact", "bad/x.pkl", "--openpilot", "op"],
+        t.path(),
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(models.join("driving_tinygrad.pkl.chunk01of01").is_file());
+}
+
+#[test]
+fn tinygrad_bump_replaces_the_tree_without_git_metadata() {
+    let t = tempfile::tempdir().unwrap();
+    let op = t.path().join("op");
+    write(&op.join("tinygrad_repo/old_only.py"), b"old");
+    write(
+        &op.join("starpilot/assets/model_manager.py"),
+        b"import os\nMANIFEST_CANDIDATES = (\"v25\",)\n",
+    );
+    let src = t.path().join("tg");
+    write(&src.join("tinygrad/tensor.py"), b"new");
+    write(&src.join("extra/sub/.git"), b"gitdir: elsewhere");
+    write(&src.join("extra/sub/file.py"), b"x");
+    let out = cli(
+        &[
+            "tinygrad",
+            "bump",
+            "--openpilot",
+            "op",
+            "--tinygrad-src",
+            "tg",
+            "--commit",
+            OTHER,
+            "--json",
+        ],
+        t.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["generation"]["from"], "v25");
+    assert_eq!(r["generation"]["to"], "v26");
+    assert!(
+        r["manifest_candidates"]
+            .as_str()
+            .unwrap()
+            .ends_with("model_manager.py:2")
+    );
+    let tg = op.join("tinygrad_repo");
+    assert_eq!(
+        fs::read_to_string(tg.join("TINYGRAD_COMMIT")).unwrap(),
+        format!("{OTHER}\n")
+    );
+    assert!(tg.join("tinygrad/tensor.py").is_file());
+    assert!(tg.join("extra/sub/file.py").is_file());
+    assert!(!tg.join("extra/sub/.git").exists());
+    assert!(!tg.join("old_only.py").exists());
+
+    // A git checkout at another commit is refused.
+    let g = Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(&src)
+        .status();
+    if g.is_ok_and(|s| s.success()) {
+        let out = cli(
+            &[
+                "tinygrad",
+                "bump",
+                "--openpilot",
+                "op",
+                "--tinygrad-src",
+                "tg",
+                "--commit",
+                PIN,
+            ],
+            t.path(),
+        );
+        assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+        assert_eq!(
+            fs::read_to_string(tg.join("TINYGRAD_COMMIT")).unwrap(),
+            format!("{OTHER}\n")
+        );
+    }
+}
