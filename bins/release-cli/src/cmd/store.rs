@@ -1,0 +1,406 @@
+//! `release-cli publish`, `reuse` and `serve`: the front of the `artifact-store` crate.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use artifact_store::publish::{Event, PublishOptions, PublishReport, Step, check_store_order, publish};
+use artifact_store::retry::RetryPolicy;
+use artifact_store::reuse::{ReuseRequest, check_compatibility, reuse, update_manifest_entry};
+use artifact_store::serve::{ServeConfig, Server};
+use artifact_store::{HfConfig, Location, Store, StoreSpec};
+use clap::Args;
+use manifest::{Generation, GitCommit, Manifest, ModelId, layout};
+
+use crate::output::print_json;
+use crate::progress::bytes_bar;
+use crate::{CliError, CliResult};
+
+fn store_error(e: artifact_store::Error) -> CliError {
+    use artifact_store::Error as E;
+    match e {
+        E::InvalidStore { .. } | E::InvalidPath { .. } => CliError::usage(e),
+        e if e.is_check_failure() => CliError::check_failed(e),
+        e => CliError::failure(e),
+    }
+}
+
+fn read_manifest(path: &PathBuf) -> CliResult<Manifest> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| CliError::usage(format!("{}: {e}", path.display())))?;
+    Manifest::from_slice(&bytes)
+        .map_err(|e| CliError::check_failed(format!("{}: {e}", path.display())))
+}
+
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    /// The generation to publish, e.g. `v25`.
+    #[arg(long, value_name = "vNN")]
+    pub generation: Generation,
+    /// The new manifest (`model_names_<gen>.json`) to publish, last.
+    #[arg(long, value_name = "FILE")]
+    pub manifest: PathBuf,
+    /// One `<id>/` directory per model to upload, each holding that model's chunk set.
+    #[arg(long, value_name = "DIR")]
+    pub artifacts: PathBuf,
+    /// A store: a directory, `file://DIR`, `hf://buckets/NS/NAME` or `github:CHECKOUT`.
+    /// Repeat for several stores; they are published in order (Hugging Face before GitHub).
+    #[arg(long = "to", value_name = "STORE", required = true)]
+    pub to: Vec<String>,
+    /// Print the plan (what would be uploaded, skipped and written) and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Re-read every listed artifact in the store and check its SHA-256 (slow on the Hub).
+    #[arg(long)]
+    pub deep_verify: bool,
+    /// Attempts per upload before giving up (with exponential backoff from 2 s up to 30 s).
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub attempts: u32,
+    /// The `hf` CLI to run (default: `HF_CLI`, else `hf` on PATH).
+    #[arg(long, value_name = "PATH")]
+    pub hf_cli: Option<PathBuf>,
+    /// The branch a `github:` checkout must be on.
+    #[arg(long, default_value = layout::GITHUB_BRANCH, value_name = "BRANCH")]
+    pub github_branch: String,
+    /// Print one JSON line per event, then the report (see docs/release.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn open_stores(specs: &[String], hf: &HfConfig, branch: &str) -> CliResult<Vec<Box<dyn Store>>> {
+    let parsed: Vec<StoreSpec> = specs
+        .iter()
+        .map(|s| StoreSpec::parse(s))
+        .collect::<Result<_, _>>()
+        .map_err(store_error)?;
+    let kinds: Vec<(String, bool, bool)> = parsed
+        .iter()
+        .map(|s| (s.to_string(), s.is_hf(), s.is_github()))
+        .collect();
+    check_store_order(&kinds).map_err(CliError::usage)?;
+    parsed
+        .iter()
+        .map(|s| s.open(hf, branch).map_err(store_error))
+        .collect()
+}
+
+pub fn publish_cmd(args: PublishArgs) -> CliResult {
+    let manifest = read_manifest(&args.manifest)?;
+    if !args.artifacts.is_dir() {
+        return Err(CliError::usage(format!(
+            "--artifacts {}: not a directory",
+            args.artifacts.display()
+        )));
+    }
+    let hf = HfConfig::from_env(args.hf_cli.clone());
+    let stores = open_stores(&args.to, &hf, &args.github_branch)?;
+    let store_refs: Vec<&dyn Store> = stores.iter().map(|s| s.as_ref()).collect();
+    let opts = PublishOptions {
+        generation: args.generation,
+        dry_run: args.dry_run,
+        retry: RetryPolicy {
+            attempts: args.attempts.max(1),
+            ..RetryPolicy::default()
+        },
+        deep_verify: args.deep_verify,
+    };
+    let json = args.json;
+    let mut bar = None;
+    let mut on_event = |e: &Event| {
+        if json {
+            let _ = print_json(e);
+            return;
+        }
+        match e {
+            Event::StoreStarted {
+                store,
+                upload_bytes,
+            } => {
+                eprintln!("publishing to {store}");
+                bar = Some(bytes_bar(*upload_bytes, store.clone(), false));
+            }
+            Event::Uploaded { size, .. } => {
+                if let Some(b) = &bar {
+                    b.inc(*size)
+                }
+            }
+            Event::Retrying {
+                path,
+                attempt,
+                error,
+                wait_ms,
+                ..
+            } => eprintln!(
+                "warning: upload of {path} failed (attempt {attempt}): {error}; retrying in {:.1} s",
+                *wait_ms as f64 / 1000.0
+            ),
+            Event::Removed { path, .. } => eprintln!("removed {path}"),
+            Event::Checked { store, models } => {
+                if let Some(b) = bar.take() {
+                    b.finish_and_clear()
+                }
+                eprintln!("{store}: {models} listed artifact(s) complete and matching")
+            }
+            Event::Guarded {
+                store,
+                first_publish,
+            } => {
+                if *first_publish {
+                    eprintln!("{store}: no live manifest yet: first publish of this generation")
+                } else {
+                    eprintln!("{store}: release guard passed against the live manifest")
+                }
+            }
+            Event::ManifestWritten { store, path } => eprintln!("{store}: wrote {path}"),
+            Event::ManifestUnchanged { store, path } => {
+                eprintln!("{store}: {path} already identical, not rewritten")
+            }
+            Event::Uploading { .. } => {}
+        }
+    };
+    let report = publish(&manifest, &args.artifacts, &store_refs, &opts, &mut on_event)
+        .map_err(store_error)?;
+    if json {
+        return print_json(&report);
+    }
+    print_report(&report);
+    Ok(())
+}
+
+fn print_report(report: &PublishReport) {
+    let mut out = std::io::stdout().lock();
+    let verb = if report.dry_run { "plan" } else { "published" };
+    let _ = writeln!(
+        out,
+        "{verb} {} ({} model(s) from the artifacts directory: {})",
+        report.generation,
+        report.models.len(),
+        report.models.join(", ")
+    );
+    for s in &report.stores {
+        let _ = writeln!(out, "{}:", s.store);
+        if report.dry_run {
+            for step in &s.steps {
+                let _ = match step {
+                    Step::Retract { path } => writeln!(out, "  remove   {path} (chunks change under it)"),
+                    Step::Upload {
+                        path, size, reason, ..
+                    } => writeln!(out, "  upload   {path} ({size} bytes, {reason:?})"),
+                    Step::RemoveShadowingPlain { path } => {
+                        writeln!(out, "  remove   {path} (plain file would shadow the chunk set)")
+                    }
+                    Step::Skip { path, .. } => writeln!(out, "  present  {path}"),
+                };
+            }
+        } else {
+            let _ = writeln!(
+                out,
+                "  uploaded {} file(s), {} bytes; {} already present",
+                s.uploaded_files, s.uploaded_bytes, s.skipped_files
+            );
+        }
+        let _ = writeln!(out, "  manifest {}: {}", s.manifest_path, s.manifest.replace('_', " "));
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ReuseArgs {
+    /// The StarPilot model ID to publish the artifact as.
+    #[arg(long, value_name = "ID")]
+    pub model: ModelId,
+    /// The model's ID in the source catalog (default: --model).
+    #[arg(long, value_name = "ID")]
+    pub source_id: Option<ModelId>,
+    /// The source logical artifact, e.g. `hf://datasets/ORG/REPO/dir/x_driving_tinygrad.pkl`
+    /// (its `.chunkNNofMM` files and `.chunkmanifest` sit beside that name).
+    #[arg(long, value_name = "LOCATION")]
+    pub from: String,
+    /// The source catalog: a manifest with top-level `tinygrad_commit` and per-entry
+    /// `source_commit`.
+    #[arg(long, value_name = "FILE")]
+    pub source_catalog: PathBuf,
+    /// The source-model commit the artifact must have been built from (40 hex).
+    #[arg(long, value_name = "SHA")]
+    pub source_commit: GitCommit,
+    /// The tinygrad commit the artifact must have been compiled with (40 hex).
+    #[arg(long, value_name = "SHA")]
+    pub tinygrad_commit: GitCommit,
+    /// The store to copy into (`hf://buckets/NS/NAME` for a server-side copy).
+    #[arg(long, value_name = "STORE")]
+    pub to: String,
+    /// The generation to copy into, e.g. `v25`.
+    #[arg(long, value_name = "vNN")]
+    pub generation: Generation,
+    /// Also write the artifact's SHA-256 and chunk count into this manifest's entry for --model.
+    #[arg(long, value_name = "FILE")]
+    pub manifest: Option<PathBuf>,
+    /// The `hf` CLI to run (default: `HF_CLI`, else `hf` on PATH).
+    #[arg(long, value_name = "PATH")]
+    pub hf_cli: Option<PathBuf>,
+    /// The branch a `github:` checkout must be on.
+    #[arg(long, default_value = layout::GITHUB_BRANCH, value_name = "BRANCH")]
+    pub github_branch: String,
+    /// Print `{"model","sha256","size","chunk_count","server_side","copied":[...]}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
+    // Everything that can refuse is decided before any store is touched.
+    let catalog = read_manifest(&args.source_catalog)?;
+    let source_id = args.source_id.clone().unwrap_or_else(|| args.model.clone());
+    let compatible = check_compatibility(
+        &catalog,
+        &source_id,
+        &args.source_commit,
+        &args.tinygrad_commit,
+    )
+    .map_err(store_error)?;
+    if args.generation == layout::CURRENT_GENERATION
+        && args.tinygrad_commit != layout::current_tinygrad_commit()
+    {
+        return Err(CliError::check_failed(format!(
+            "reuse refused: generation {} is pinned to tinygrad {}, not {}; an artifact from another tinygrad revision is never renamed into this generation",
+            args.generation,
+            layout::CURRENT_TINYGRAD_COMMIT,
+            args.tinygrad_commit
+        )));
+    }
+    let mut target = match &args.manifest {
+        Some(path) => {
+            let mut m = read_manifest(path)?;
+            if let Some(tg) = m.tinygrad_commit()
+                && tg != args.tinygrad_commit
+            {
+                return Err(CliError::check_failed(format!(
+                    "reuse refused: {} records tinygrad {tg}, not {}",
+                    path.display(),
+                    args.tinygrad_commit
+                )));
+            }
+            // Check the entry exists now, so a refusal comes before any copy.
+            update_manifest_entry(&mut m, &args.model, &compatible, &args.source_commit)
+                .map_err(store_error)?;
+            Some((path.clone(), m))
+        }
+        None => None,
+    };
+    let from = Location::parse(&args.from).map_err(store_error)?;
+    let hf = HfConfig::from_env(args.hf_cli.clone());
+    let source = from.store.open(&hf, &args.github_branch).map_err(store_error)?;
+    let dest = StoreSpec::parse(&args.to)
+        .map_err(store_error)?
+        .open(&hf, &args.github_branch)
+        .map_err(store_error)?;
+    let bar = bytes_bar(compatible.artifact.size.get(), format!("reuse {}", args.model), args.json);
+    let report = reuse(
+        &ReuseRequest {
+            model: args.model.clone(),
+            generation: args.generation,
+            source: source.as_ref(),
+            source_path: from.path.clone(),
+            compatible,
+            dest: dest.as_ref(),
+        },
+        &mut |_, _, size| bar.inc(size),
+    )
+    .map_err(store_error)?;
+    bar.finish_and_clear();
+    if let Some((path, m)) = target.take() {
+        chunker::atomic::write_atomic(&path, &m.to_canonical_bytes())
+            .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))?;
+    }
+    if args.json {
+        return print_json(&report);
+    }
+    println!("model        {}", report.model);
+    println!("sha256       {}", report.sha256);
+    println!("size         {}", report.size);
+    println!("chunk_count  {}", report.chunk_count);
+    println!(
+        "copy         {}",
+        if report.server_side {
+            "server-side (no artifact bytes passed through this machine)"
+        } else {
+            "streamed through this machine"
+        }
+    );
+    if let Some(p) = &args.manifest {
+        println!("manifest     {} updated", p.display());
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The local store directory to serve (bucket layout: `manifests/`, `models/<gen>/…`).
+    #[arg(long, value_name = "DIR")]
+    pub store: PathBuf,
+    /// Address to listen on; port 0 picks a free one. Loopback unless you say otherwise.
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
+    pub addr: SocketAddr,
+    /// Bucket name in `/buckets/<NS/NAME>/resolve/…` URLs.
+    #[arg(long, default_value = layout::HF_BUCKET, value_name = "NS/NAME")]
+    pub bucket: String,
+    /// Repository in `/<OWNER/REPO>/<BRANCH>/…` URLs.
+    #[arg(long, default_value = layout::GITHUB_REPO, value_name = "OWNER/REPO")]
+    pub github_repo: String,
+    /// Branch in `/<OWNER/REPO>/<BRANCH>/…` URLs.
+    #[arg(long, default_value = layout::GITHUB_BRANCH, value_name = "BRANCH")]
+    pub github_branch: String,
+    /// Log one line per request (same as RUST_LOG=debug).
+    #[arg(long, short)]
+    pub verbose: bool,
+}
+
+pub fn serve_cmd(args: ServeArgs) -> CliResult {
+    if !args.store.is_dir() {
+        return Err(CliError::usage(format!(
+            "--store {}: not a directory",
+            args.store.display()
+        )));
+    }
+    for (flag, v) in [("--bucket", &args.bucket), ("--github-repo", &args.github_repo)] {
+        let parts: Vec<&str> = v.split('/').collect();
+        if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
+            return Err(CliError::usage(format!("{flag} {v:?}: expected NAMESPACE/NAME")));
+        }
+    }
+    if args.github_branch.is_empty() || args.github_branch.contains('/') {
+        return Err(CliError::usage("--github-branch must be one path segment"));
+    }
+    let filter = if args.verbose {
+        tracing_subscriber::EnvFilter::new("debug")
+    } else {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let config = ServeConfig::standard(
+        &args.store,
+        &args.bucket,
+        &args.github_repo,
+        &args.github_branch,
+    );
+    let server = Server::start(args.addr, config)
+        .map_err(|e| CliError::failure(format!("cannot listen on {}: {e}", args.addr)))?;
+    // The first line of stdout is the base URL and nothing else: scripts and tests read it.
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", server.url()).map_err(CliError::failure)?;
+    out.flush().map_err(CliError::failure)?;
+    drop(out);
+    eprintln!(
+        "serving {} as {}/buckets/{}/resolve/… and {}/{}/{}/…",
+        args.store.display(),
+        server.url(),
+        args.bucket,
+        server.url(),
+        args.github_repo,
+        args.github_branch
+    );
+    server.wait();
+    Ok(())
+}

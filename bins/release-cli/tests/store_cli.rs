@@ -1,0 +1,194 @@
+//! `release-cli publish`, `reuse` and `serve` as a release engineer runs them: the real binary,
+//! a real local store, a real bare git origin, the stand-in `hf`, and HTTP on 127.0.0.1.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::{Value, json};
+use test_support::published::{artifact_bytes, sha256_hex};
+use test_support::release_stores::{GitRemote, StandinHf};
+
+const TG: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
+const SRC: &str = "1111111111111111111111111111111111111111";
+
+fn cli(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_release-cli"))
+        .args(args)
+        .env_remove("HF_TOKEN")
+        .output()
+        .unwrap()
+}
+
+fn entry(id: &str, data: &[u8], chunks: u32) -> Value {
+    json!({
+        "id": id, "name": id, "version": "v15", "series": "OP Series", "released": "2025-06-01",
+        "community_favorite": false, "artifact_format": "tinygrad_single_v1",
+        "artifact_size": data.len(), "artifact_sha256": sha256_hex(data),
+        "artifact_chunk_count": chunks, "uses_external_gpu": false
+    })
+}
+
+/// `dir/artifacts/<id>/` chunk sets made by `release-cli chunk split`, and a manifest.
+fn release(dir: &Path, data: &[u8]) -> (String, String) {
+    let build = dir.join("build");
+    std::fs::create_dir_all(&build).unwrap();
+    let pkl = build.join("pop223_driving_tinygrad.pkl");
+    std::fs::write(&pkl, data).unwrap();
+    let out = dir.join("artifacts/pop223");
+    let o = cli(&[
+        "chunk", "split", pkl.to_str().unwrap(), "--out-dir", out.to_str().unwrap(), "--chunk-size", "1000",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let manifest = dir.join("model_names_v25.json");
+    let doc = json!({"generation": "v25", "tinygrad_commit": TG, "models": [entry("pop223", data, 3)]});
+    std::fs::write(&manifest, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();
+    (
+        dir.join("artifacts").to_str().unwrap().to_string(),
+        manifest.to_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn publish_dry_run_then_publish_to_a_directory_and_github() {
+    let t = tempfile::tempdir().unwrap();
+    let data = artifact_bytes(1, 2500);
+    let (artifacts, manifest) = release(t.path(), &data);
+    let store = t.path().join("store");
+    let remote = GitRemote::new(&t.path().join("git"), "Models", None);
+    let gh = format!("github:{}", remote.checkout.display());
+    let args = |extra: &[&str]| {
+        let mut v = vec![
+            "publish", "--generation", "v25", "--manifest", &manifest, "--artifacts", &artifacts,
+            "--to", store.to_str().unwrap(), "--to", &gh,
+        ];
+        v.extend_from_slice(extra);
+        v.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&str]| {
+        let a = args(extra);
+        cli(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+
+    let o = run(&["--dry-run"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let plan = String::from_utf8_lossy(&o.stdout);
+    assert!(plan.contains("upload   models/v25/pop223/pop223_driving_tinygrad.pkl.chunk01of03"), "{plan}");
+    assert!(plan.contains("would write"), "{plan}");
+    assert!(!store.exists());
+    assert_eq!(remote.remote_subjects(), ["init"]);
+
+    let o = run(&["--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines: Vec<Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let report = lines.last().unwrap();
+    assert_eq!(report["stores"][0]["manifest"], "written");
+    assert_eq!(report["stores"][1]["manifest"], "written");
+    assert_eq!(report["stores"][1]["uploaded_files"], 5);
+    assert!(lines.iter().any(|l| l["event"] == "manifest_written"));
+    assert_eq!(remote.remote_subjects().last().unwrap(), "Publish model_names_v25.json");
+
+    // GitHub before the Hub is a usage error; nothing is opened.
+    let o = cli(&[
+        "publish", "--generation", "v25", "--manifest", &manifest, "--artifacts", &artifacts,
+        "--to", &gh, "--to", "hf://buckets/a/b", "--dry-run",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn reuse_refusal_exits_3_and_a_compatible_reuse_updates_the_manifest() {
+    let t = tempfile::tempdir().unwrap();
+    let hf = StandinHf::install(&t.path().join("hub"), None);
+    let data = artifact_bytes(2, 1500);
+    // The source chunk set in a local directory (a build kept on disk by another fork).
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("x.pkl"), &data).unwrap();
+    let o = cli(&["chunk", "split", src.join("x.pkl").to_str().unwrap(), "--chunk-size", "1000"]);
+    assert!(o.status.success());
+    std::fs::remove_file(src.join("x.pkl")).unwrap();
+    let mut e = entry("x", &data, 2);
+    e["source_commit"] = SRC.into();
+    let catalog = t.path().join("catalog.json");
+    std::fs::write(&catalog, json!({"tinygrad_commit": TG, "models": [e]}).to_string()).unwrap();
+    let ours = t.path().join("model_names_v25.json");
+    let before = json!({"generation": "v25", "tinygrad_commit": TG, "models": [entry("pop223", b"old", 1)]});
+    std::fs::write(&ours, serde_json::to_string_pretty(&before).unwrap() + "\n").unwrap();
+    let store = t.path().join("store");
+    let from = src.join("x.pkl");
+    let base = |source_commit: &str| {
+        vec![
+            "reuse".to_string(), "--model".into(), "pop223".into(), "--source-id".into(), "x".into(),
+            "--from".into(), from.to_str().unwrap().into(),
+            "--source-catalog".into(), catalog.to_str().unwrap().into(),
+            "--source-commit".into(), source_commit.into(), "--tinygrad-commit".into(), TG.into(),
+            "--to".into(), store.to_str().unwrap().into(), "--generation".into(), "v25".into(),
+            "--manifest".into(), ours.to_str().unwrap().into(),
+            "--hf-cli".into(), hf.exe.to_str().unwrap().into(),
+        ]
+    };
+    let run = |a: Vec<String>| cli(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let manifest_before = std::fs::read(&ours).unwrap();
+
+    let o = run(base("2222222222222222222222222222222222222222"));
+    assert_eq!(o.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("source-model commit differs"), "{err}");
+    assert!(!store.exists());
+    assert_eq!(std::fs::read(&ours).unwrap(), manifest_before);
+
+    let o = run(base(SRC));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains(&sha256_hex(&data)) && out.contains("chunk_count  2"), "{out}");
+    let d = store.join("models/v25/pop223");
+    let mut joined = std::fs::read(d.join("pop223_driving_tinygrad.pkl.chunk01of02")).unwrap();
+    joined.extend(std::fs::read(d.join("pop223_driving_tinygrad.pkl.chunk02of02")).unwrap());
+    assert_eq!(joined, data);
+    assert_eq!(std::fs::read_to_string(d.join("pop223_driving_tinygrad.pkl.chunkmanifest")).unwrap(), "2");
+    let after: Value = serde_json::from_slice(&std::fs::read(&ours).unwrap()).unwrap();
+    assert_eq!(after["models"][0]["artifact_sha256"], sha256_hex(&data));
+    assert_eq!(after["models"][0]["artifact_chunk_count"], 2);
+    assert_eq!(after["models"][0]["source_commit"], SRC);
+    assert!(hf.calls().is_empty(), "a local reuse never runs hf");
+}
+
+#[test]
+fn serve_prints_its_address_first_and_serves_both_layouts() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    std::fs::create_dir_all(store.join("manifests")).unwrap();
+    std::fs::write(store.join("manifests/model_names_v25.json"), b"{\"models\": []}\n").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_release-cli"))
+        .args(["serve", "--store", store.to_str().unwrap(), "--addr", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let url = first.trim().to_string();
+    let addr = url.strip_prefix("http://").expect("first line is the URL").to_string();
+    let get = |path: &str| {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).unwrap();
+        buf
+    };
+    let hf = get("/buckets/StarPilot-Driving/StarPilot-Resources/resolve/manifests/model_names_v25.json");
+    assert!(hf.starts_with("HTTP/1.1 200") && hf.ends_with("{\"models\": []}\n"), "{hf}");
+    let gh = get("/firestar5683/StarPilot-Resources/Models/model_names_v25.json");
+    assert!(gh.starts_with("HTTP/1.1 200"), "{gh}");
+    assert!(get("/buckets/StarPilot-Driving/StarPilot-Resources/resolve/../x").starts_with("HTTP/1.1 404"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let o = cli(&["serve", "--store", t.path().join("nope").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+}
