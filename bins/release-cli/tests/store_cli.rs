@@ -38,12 +38,23 @@ fn release(dir: &Path, data: &[u8]) -> (String, String) {
     std::fs::write(&pkl, data).unwrap();
     let out = dir.join("artifacts/pop223");
     let o = cli(&[
-        "chunk", "split", pkl.to_str().unwrap(), "--out-dir", out.to_str().unwrap(), "--chunk-size", "1000",
+        "chunk",
+        "split",
+        pkl.to_str().unwrap(),
+        "--out-dir",
+        out.to_str().unwrap(),
+        "--chunk-size",
+        "1000",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let manifest = dir.join("model_names_v25.json");
-    let doc = json!({"generation": "v25", "tinygrad_commit": TG, "models": [entry("pop223", data, 3)]});
-    std::fs::write(&manifest, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();
+    let doc =
+        json!({"generation": "v25", "tinygrad_commit": TG, "models": [entry("pop223", data, 3)]});
+    std::fs::write(
+        &manifest,
+        serde_json::to_string_pretty(&doc).unwrap() + "\n",
+    )
+    .unwrap();
     (
         dir.join("artifacts").to_str().unwrap().to_string(),
         manifest.to_str().unwrap().to_string(),
@@ -60,8 +71,17 @@ fn publish_dry_run_then_publish_to_a_directory_and_github() {
     let gh = format!("github:{}", remote.checkout.display());
     let args = |extra: &[&str]| {
         let mut v = vec![
-            "publish", "--generation", "v25", "--manifest", &manifest, "--artifacts", &artifacts,
-            "--to", store.to_str().unwrap(), "--to", &gh,
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            &manifest,
+            "--artifacts",
+            &artifacts,
+            "--to",
+            store.to_str().unwrap(),
+            "--to",
+            &gh,
         ];
         v.extend_from_slice(extra);
         v.iter().map(|s| s.to_string()).collect::<Vec<_>>()
@@ -74,7 +94,10 @@ fn publish_dry_run_then_publish_to_a_directory_and_github() {
     let o = run(&["--dry-run"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let plan = String::from_utf8_lossy(&o.stdout);
-    assert!(plan.contains("upload   models/v25/pop223/pop223_driving_tinygrad.pkl.chunk01of03"), "{plan}");
+    assert!(
+        plan.contains("upload   models/v25/pop223/pop223_driving_tinygrad.pkl.chunk01of03"),
+        "{plan}"
+    );
     assert!(plan.contains("would write"), "{plan}");
     assert!(!store.exists());
     assert_eq!(remote.remote_subjects(), ["init"]);
@@ -90,14 +113,32 @@ fn publish_dry_run_then_publish_to_a_directory_and_github() {
     assert_eq!(report["stores"][1]["manifest"], "written");
     assert_eq!(report["stores"][1]["uploaded_files"], 5);
     assert!(lines.iter().any(|l| l["event"] == "manifest_written"));
-    assert_eq!(remote.remote_subjects().last().unwrap(), "Publish model_names_v25.json");
+    assert_eq!(
+        remote.remote_subjects().last().unwrap(),
+        "Publish model_names_v25.json"
+    );
 
     // GitHub before the Hub is a usage error; nothing is opened.
     let o = cli(&[
-        "publish", "--generation", "v25", "--manifest", &manifest, "--artifacts", &artifacts,
-        "--to", &gh, "--to", "hf://buckets/a/b", "--dry-run",
+        "publish",
+        "--generation",
+        "v25",
+        "--manifest",
+        &manifest,
+        "--artifacts",
+        &artifacts,
+        "--to",
+        &gh,
+        "--to",
+        "hf://buckets/a/b",
+        "--dry-run",
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 #[test]
@@ -109,27 +150,52 @@ fn reuse_refusal_exits_3_and_a_compatible_reuse_updates_the_manifest() {
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("x.pkl"), &data).unwrap();
-    let o = cli(&["chunk", "split", src.join("x.pkl").to_str().unwrap(), "--chunk-size", "1000"]);
+    let o = cli(&[
+        "chunk",
+        "split",
+        src.join("x.pkl").to_str().unwrap(),
+        "--chunk-size",
+        "1000",
+    ]);
     assert!(o.status.success());
     std::fs::remove_file(src.join("x.pkl")).unwrap();
     let mut e = entry("x", &data, 2);
     e["source_commit"] = SRC.into();
     let catalog = t.path().join("catalog.json");
-    std::fs::write(&catalog, json!({"tinygrad_commit": TG, "models": [e]}).to_string()).unwrap();
+    std::fs::write(
+        &catalog,
+        json!({"tinygrad_commit": TG, "models": [e]}).to_string(),
+    )
+    .unwrap();
     let ours = t.path().join("model_names_v25.json");
-    let before = json!({"generation": "v25", "tinygrad_commit": TG, "models": [entry("pop223", b"old", 1)]});
+    let before =
+        json!({"generation": "v25", "tinygrad_commit": TG, "models": [entry("pop223", b"old", 1)]});
     std::fs::write(&ours, serde_json::to_string_pretty(&before).unwrap() + "\n").unwrap();
     let store = t.path().join("store");
     let from = src.join("x.pkl");
     let base = |source_commit: &str| {
         vec![
-            "reuse".to_string(), "--model".into(), "pop223".into(), "--source-id".into(), "x".into(),
-            "--from".into(), from.to_str().unwrap().into(),
-            "--source-catalog".into(), catalog.to_str().unwrap().into(),
-            "--source-commit".into(), source_commit.into(), "--tinygrad-commit".into(), TG.into(),
-            "--to".into(), store.to_str().unwrap().into(), "--generation".into(), "v25".into(),
-            "--manifest".into(), ours.to_str().unwrap().into(),
-            "--hf-cli".into(), hf.exe.to_str().unwrap().into(),
+            "reuse".to_string(),
+            "--model".into(),
+            "pop223".into(),
+            "--source-id".into(),
+            "x".into(),
+            "--from".into(),
+            from.to_str().unwrap().into(),
+            "--source-catalog".into(),
+            catalog.to_str().unwrap().into(),
+            "--source-commit".into(),
+            source_commit.into(),
+            "--tinygrad-commit".into(),
+            TG.into(),
+            "--to".into(),
+            store.to_str().unwrap().into(),
+            "--generation".into(),
+            "v25".into(),
+            "--manifest".into(),
+            ours.to_str().unwrap().into(),
+            "--hf-cli".into(),
+            hf.exe.to_str().unwrap().into(),
         ]
     };
     let run = |a: Vec<String>| cli(&a.iter().map(String::as_str).collect::<Vec<_>>());
@@ -145,12 +211,18 @@ fn reuse_refusal_exits_3_and_a_compatible_reuse_updates_the_manifest() {
     let o = run(base(SRC));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains(&sha256_hex(&data)) && out.contains("chunk_count  2"), "{out}");
+    assert!(
+        out.contains(&sha256_hex(&data)) && out.contains("chunk_count  2"),
+        "{out}"
+    );
     let d = store.join("models/v25/pop223");
     let mut joined = std::fs::read(d.join("pop223_driving_tinygrad.pkl.chunk01of02")).unwrap();
     joined.extend(std::fs::read(d.join("pop223_driving_tinygrad.pkl.chunk02of02")).unwrap());
     assert_eq!(joined, data);
-    assert_eq!(std::fs::read_to_string(d.join("pop223_driving_tinygrad.pkl.chunkmanifest")).unwrap(), "2");
+    assert_eq!(
+        std::fs::read_to_string(d.join("pop223_driving_tinygrad.pkl.chunkmanifest")).unwrap(),
+        "2"
+    );
     let after: Value = serde_json::from_slice(&std::fs::read(&ours).unwrap()).unwrap();
     assert_eq!(after["models"][0]["artifact_sha256"], sha256_hex(&data));
     assert_eq!(after["models"][0]["artifact_chunk_count"], 2);
@@ -163,17 +235,32 @@ fn serve_prints_its_address_first_and_serves_both_layouts() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     std::fs::create_dir_all(store.join("manifests")).unwrap();
-    std::fs::write(store.join("manifests/model_names_v25.json"), b"{\"models\": []}\n").unwrap();
+    std::fs::write(
+        store.join("manifests/model_names_v25.json"),
+        b"{\"models\": []}\n",
+    )
+    .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_release-cli"))
-        .args(["serve", "--store", store.to_str().unwrap(), "--addr", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--store",
+            store.to_str().unwrap(),
+            "--addr",
+            "127.0.0.1:0",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
     let url = first.trim().to_string();
-    let addr = url.strip_prefix("http://").expect("first line is the URL").to_string();
+    let addr = url
+        .strip_prefix("http://")
+        .expect("first line is the URL")
+        .to_string();
     let get = |path: &str| {
         let mut s = TcpStream::connect(&addr).unwrap();
         write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -181,11 +268,19 @@ fn serve_prints_its_address_first_and_serves_both_layouts() {
         s.read_to_string(&mut buf).unwrap();
         buf
     };
-    let hf = get("/buckets/StarPilot-Driving/StarPilot-Resources/resolve/manifests/model_names_v25.json");
-    assert!(hf.starts_with("HTTP/1.1 200") && hf.ends_with("{\"models\": []}\n"), "{hf}");
+    let hf = get(
+        "/buckets/StarPilot-Driving/StarPilot-Resources/resolve/manifests/model_names_v25.json",
+    );
+    assert!(
+        hf.starts_with("HTTP/1.1 200") && hf.ends_with("{\"models\": []}\n"),
+        "{hf}"
+    );
     let gh = get("/firestar5683/StarPilot-Resources/Models/model_names_v25.json");
     assert!(gh.starts_with("HTTP/1.1 200"), "{gh}");
-    assert!(get("/buckets/StarPilot-Driving/StarPilot-Resources/resolve/../x").starts_with("HTTP/1.1 404"));
+    assert!(
+        get("/buckets/StarPilot-Driving/StarPilot-Resources/resolve/../x")
+            .starts_with("HTTP/1.1 404")
+    );
     child.kill().unwrap();
     child.wait().unwrap();
 

@@ -98,7 +98,10 @@ pub enum Error {
 
     /// Publish refused before writing the manifest: what was checked and what is wrong.
     #[error("refusing to publish to {store}:\n{}", problems.join("\n"))]
-    Incomplete { store: String, problems: Vec<String> },
+    Incomplete {
+        store: String,
+        problems: Vec<String>,
+    },
 
     #[error("{0}")]
     Refused(String),

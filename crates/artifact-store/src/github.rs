@@ -69,7 +69,12 @@ impl GithubStore {
         }
         let head = self
             .git(["symbolic-ref", "--quiet", "--short", "HEAD"])
-            .map_err(|_| self.refuse(format!("HEAD is detached; run `git checkout {}`", self.branch)))?;
+            .map_err(|_| {
+                self.refuse(format!(
+                    "HEAD is detached; run `git checkout {}`",
+                    self.branch
+                ))
+            })?;
         if head != self.branch {
             return Err(self.refuse(format!(
                 "on branch {head:?}, not {:?}; run `git checkout {}`",
@@ -82,7 +87,11 @@ impl GithubStore {
             return Err(self.refuse(format!(
                 "has uncommitted changes ({}{}); commit or remove them first",
                 shown.join(", "),
-                if dirty.lines().count() > 5 { ", …" } else { "" }
+                if dirty.lines().count() > 5 {
+                    ", …"
+                } else {
+                    ""
+                }
             )));
         }
         self.git(["fetch", "--quiet", &self.remote, &self.branch])?;
@@ -216,7 +225,9 @@ impl Store for GithubStore {
                 let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
                     continue;
                 };
-                let Ok(rel) = name.parse::<StorePath>() else { continue };
+                let Ok(rel) = name.parse::<StorePath>() else {
+                    continue;
+                };
                 if let Some(bucket) = github_to_bucket(&rel)
                     && let Some(stat) = self.files.stat(&rel)?
                 {

@@ -128,7 +128,11 @@ impl HubHttp {
     /// Send a request, following redirects by hand. Returns the final response and the headers
     /// of the first one (the Hub puts `X-Linked-Size` on the redirect, not on the CDN answer).
     pub fn send(&self, method: Method, url: &str) -> Result<(Response, HeaderMap)> {
-        let method_name: &'static str = if method == Method::HEAD { "HEAD" } else { "GET" };
+        let method_name: &'static str = if method == Method::HEAD {
+            "HEAD"
+        } else {
+            "GET"
+        };
         let mut url = Url::parse(url).map_err(|e| Error::Http {
             method: method_name,
             url: url.to_string(),
@@ -246,7 +250,10 @@ impl HfCli {
                 }
                 _ => None,
             };
-            (waiter.join().expect("waiting for a child does not panic"), fed)
+            (
+                waiter.join().expect("waiting for a child does not panic"),
+                fed,
+            )
         });
         let out = out.at(&self.config.cli)?;
         if !out.status.success() {
@@ -294,7 +301,11 @@ impl HfBucketStore {
     /// `bucket` is `NS/NAME`.
     pub fn new(bucket: &str, config: HfConfig) -> Result<Self> {
         let parts: Vec<&str> = bucket.split('/').collect();
-        if parts.len() != 2 || parts.iter().any(|p| p.is_empty() || *p == "." || *p == "..") {
+        if parts.len() != 2
+            || parts
+                .iter()
+                .any(|p| p.is_empty() || *p == "." || *p == "..")
+        {
             return Err(Error::InvalidStore {
                 spec: format!("hf://buckets/{bucket}"),
                 reason: "a bucket is named NAMESPACE/NAME".into(),
@@ -457,7 +468,12 @@ fn next_link(headers: &HeaderMap) -> Option<String> {
         let mut pieces = part.split(';');
         let target = pieces.next()?.trim();
         if pieces.any(|p| p.trim().replace(' ', "") == "rel=\"next\"") {
-            return Some(target.trim_start_matches('<').trim_end_matches('>').to_string());
+            return Some(
+                target
+                    .trim_start_matches('<')
+                    .trim_end_matches('>')
+                    .to_string(),
+            );
         }
     }
     None
@@ -506,6 +522,15 @@ mod tests {
             s.resolve_url(&p),
             "http://127.0.0.1:1/buckets/StarPilot-Driving/StarPilot-Resources/resolve/models/v25/x/y"
         );
-        assert!(!format!("{:?}", HfConfig { token: Some("secret".into()), ..HfConfig::from_env(None) }).contains("secret"));
+        assert!(
+            !format!(
+                "{:?}",
+                HfConfig {
+                    token: Some("secret".into()),
+                    ..HfConfig::from_env(None)
+                }
+            )
+            .contains("secret")
+        );
     }
 }

@@ -39,7 +39,12 @@ pub fn bucket_to_github(path: &StorePath) -> Option<StorePath> {
         }
         [MODELS_DIR, generation, rest @ ..] if !rest.is_empty() => {
             canonical_generation(generation)?;
-            Some(segs[1..].join("/").parse().expect("segments of a valid path"))
+            Some(
+                segs[1..]
+                    .join("/")
+                    .parse()
+                    .expect("segments of a valid path"),
+            )
         }
         _ => None,
     }

@@ -25,7 +25,6 @@ pub mod publish;
 pub mod retry;
 pub mod reuse;
 
-
 pub mod serve;
 mod store;
 

@@ -69,7 +69,9 @@ impl Store for LocalStore {
 
     fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
         let dest = self.fs_path(path);
-        let dir = dest.parent().expect("store paths have a parent under the root");
+        let dir = dest
+            .parent()
+            .expect("store paths have a parent under the root");
         fs::create_dir_all(dir).at(dir)?;
         let mut tmp = AtomicFile::create(&dest).at(&dest)?;
         let n = io::copy(src, tmp.file()).at(&dest)?;

@@ -26,7 +26,9 @@ use crate::store::{FileStat, ListEntry, Store};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreSpec {
     Local(PathBuf),
-    HfBucket { bucket: String },
+    HfBucket {
+        bucket: String,
+    },
     Github(PathBuf),
     /// `hf://datasets/ORG/REPO` or `hf://models/ORG/REPO`, read-only (a reuse source).
     HfRepo {
@@ -94,7 +96,10 @@ fn split_hub(spec: &str) -> Result<(String, String, Option<String>)> {
     let ns = parts.next().unwrap_or_default();
     let name = parts.next().unwrap_or_default();
     if ns.is_empty() || name.is_empty() {
-        return Err(invalid(spec, format!("expected hf://{kind}/NAMESPACE/NAME")));
+        return Err(invalid(
+            spec,
+            format!("expected hf://{kind}/NAMESPACE/NAME"),
+        ));
     }
     let tail = parts.next().filter(|t| !t.is_empty()).map(str::to_string);
     Ok((kind, format!("{ns}/{name}"), tail))
@@ -122,7 +127,10 @@ impl StoreSpec {
         }
         if let Some(path) = spec.strip_prefix("github:") {
             if path.is_empty() {
-                return Err(invalid(spec, "github: needs the path of a Models branch checkout"));
+                return Err(invalid(
+                    spec,
+                    "github: needs the path of a Models branch checkout",
+                ));
             }
             return Ok(StoreSpec::Github(PathBuf::from(path)));
         }
@@ -169,9 +177,11 @@ impl Location {
     /// `hf://models/ORG/REPO[@REV]/PATH`, `github:CHECKOUT//PATH`, or a local file path (whose
     /// parent directory becomes the store).
     pub fn parse(spec: &str) -> Result<Self> {
-        let need_path = |spec: &str| invalid(spec, "needs a path inside the store after the store name");
+        let need_path =
+            |spec: &str| invalid(spec, "needs a path inside the store after the store name");
         let path = |s: &str, spec: &str| -> Result<StorePath> {
-            s.parse().map_err(|e: manifest::Error| invalid(spec, e.to_string()))
+            s.parse()
+                .map_err(|e: manifest::Error| invalid(spec, e.to_string()))
         };
         if spec.starts_with("hf://") {
             let (kind, id, tail) = split_hub(spec)?;
@@ -250,7 +260,12 @@ pub struct HfRepoStore {
 }
 
 impl HfRepoStore {
-    pub fn new(kind: RepoKind, repo: &str, revision: Option<String>, hf: &HfConfig) -> Result<Self> {
+    pub fn new(
+        kind: RepoKind,
+        repo: &str,
+        revision: Option<String>,
+        hf: &HfConfig,
+    ) -> Result<Self> {
         Ok(Self {
             kind,
             repo: repo.to_string(),
@@ -413,11 +428,19 @@ mod tests {
             }
         );
         assert_eq!(l.path.as_str(), "dir/x_driving_tinygrad.pkl");
-        assert_eq!(l.to_string(), "hf://datasets/org/repo/dir/x_driving_tinygrad.pkl");
+        assert_eq!(
+            l.to_string(),
+            "hf://datasets/org/repo/dir/x_driving_tinygrad.pkl"
+        );
         let l = Location::parse("hf://datasets/org/repo@abc/x.pkl").unwrap();
         assert_eq!(l.to_string(), "hf://datasets/org/repo@abc/x.pkl");
         let l = Location::parse("hf://buckets/a/b/models/v24/p/p.pkl").unwrap();
-        assert_eq!(l.store, StoreSpec::HfBucket { bucket: "a/b".into() });
+        assert_eq!(
+            l.store,
+            StoreSpec::HfBucket {
+                bucket: "a/b".into()
+            }
+        );
         assert_eq!(l.path.as_str(), "models/v24/p/p.pkl");
         let l = Location::parse("/tmp/build/p.pkl").unwrap();
         assert_eq!(l.store, StoreSpec::Local("/tmp/build".into()));

@@ -98,7 +98,9 @@ pub enum Reason {
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Step {
     /// Remove the chunk manifest before changing chunks under it.
-    Retract { path: String },
+    Retract {
+        path: String,
+    },
     Upload {
         path: String,
         #[serde(skip)]
@@ -107,8 +109,13 @@ pub enum Step {
         reason: Reason,
     },
     /// A plain `NAME` beside the chunk set would win over it for every reader.
-    RemoveShadowingPlain { path: String },
-    Skip { path: String, size: u64 },
+    RemoveShadowingPlain {
+        path: String,
+    },
+    Skip {
+        path: String,
+        size: u64,
+    },
 }
 
 /// The steps for one model: retract if needed, chunks, `.sha256`, `.chunkmanifest`, then drop a
@@ -120,7 +127,11 @@ pub fn plan_model(
     observed: &[Observed],
     plain_present: bool,
 ) -> Vec<Step> {
-    assert_eq!(local.files.len(), observed.len(), "one observation per file");
+    assert_eq!(
+        local.files.len(),
+        observed.len(),
+        "one observation per file"
+    );
     let path_of = |name: &str| format!("{dir}/{name}");
     let needs = |f: &LocalFile, o: &Observed| -> Option<Reason> {
         match o {
@@ -137,7 +148,8 @@ pub fn plan_model(
     order.sort_by_key(|&i| local.files[i].role);
 
     let content_changes = order.iter().any(|&i| {
-        local.files[i].role != FileRole::ChunkManifest && needs(&local.files[i], &observed[i]).is_some()
+        local.files[i].role != FileRole::ChunkManifest
+            && needs(&local.files[i], &observed[i]).is_some()
     });
     let mut steps = Vec::new();
     for &i in &order {
@@ -155,7 +167,11 @@ pub fn plan_model(
                 needs(f, o)
             };
             // After a retract the chunk manifest is gone, so it is always written again.
-            let reason = if content_changes && present { Some(Reason::ChunksChanged) } else { reason };
+            let reason = if content_changes && present {
+                Some(Reason::ChunksChanged)
+            } else {
+                reason
+            };
             match reason {
                 Some(reason) => steps.push(Step::Upload {
                     path,
@@ -374,15 +390,47 @@ pub struct PublishOptions {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
-    StoreStarted { store: String, upload_bytes: u64 },
-    Uploading { store: String, path: String, size: u64 },
-    Uploaded { store: String, path: String, size: u64 },
-    Retrying { store: String, path: String, attempt: u32, error: String, wait_ms: u64 },
-    Removed { store: String, path: String },
-    Checked { store: String, models: usize },
-    Guarded { store: String, first_publish: bool },
-    ManifestWritten { store: String, path: String },
-    ManifestUnchanged { store: String, path: String },
+    StoreStarted {
+        store: String,
+        upload_bytes: u64,
+    },
+    Uploading {
+        store: String,
+        path: String,
+        size: u64,
+    },
+    Uploaded {
+        store: String,
+        path: String,
+        size: u64,
+    },
+    Retrying {
+        store: String,
+        path: String,
+        attempt: u32,
+        error: String,
+        wait_ms: u64,
+    },
+    Removed {
+        store: String,
+        path: String,
+    },
+    Checked {
+        store: String,
+        models: usize,
+    },
+    Guarded {
+        store: String,
+        first_publish: bool,
+    },
+    ManifestWritten {
+        store: String,
+        path: String,
+    },
+    ManifestUnchanged {
+        store: String,
+        path: String,
+    },
 }
 
 /// The outcome for one store.
@@ -503,7 +551,11 @@ fn publish_one(
             observed.push(observe(store, &dir.join(&f.name)?, f)?);
         }
         let plain_present = store.stat(&dir.join(&art.name)?)?.is_some();
-        plans.push((art, dir.clone(), plan_model(art, &dir, &observed, plain_present)));
+        plans.push((
+            art,
+            dir.clone(),
+            plan_model(art, &dir, &observed, plain_present),
+        ));
     }
     let upload_bytes: u64 = plans
         .iter()
@@ -534,7 +586,11 @@ fn publish_one(
             }
         }
     } else {
-        rep.skipped_files = rep.steps.iter().filter(|s| matches!(s, Step::Skip { .. })).count();
+        rep.skipped_files = rep
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Skip { .. }))
+            .count();
     }
 
     // 2. Every listed artifact complete and matching. In a dry run, what would be uploaded
@@ -551,7 +607,13 @@ fn publish_one(
             continue;
         }
         checked += 1;
-        check_entry(store, opts.generation, entry, opts.deep_verify, &mut problems)?;
+        check_entry(
+            store,
+            opts.generation,
+            entry,
+            opts.deep_verify,
+            &mut problems,
+        )?;
     }
     if !problems.is_empty() {
         return Err(Error::Incomplete {
@@ -566,7 +628,8 @@ fn publish_one(
 
     // 3. The live manifest, fetched again now, and the guard.
     let manifest_path = layout.manifest_path(opts.generation);
-    let live_bytes = store.read_small(&manifest_path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)?;
+    let live_bytes =
+        store.read_small(&manifest_path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)?;
     match &live_bytes {
         None => rep.first_publish = true,
         Some(bytes) => {
@@ -866,7 +929,10 @@ mod tests {
         let a = art();
         let dir: StorePath = "d".parse().unwrap();
         let steps = plan_model(&a, &dir, &same(&a), false);
-        assert!(steps.iter().all(|s| matches!(s, Step::Skip { .. })), "{steps:?}");
+        assert!(
+            steps.iter().all(|s| matches!(s, Step::Skip { .. })),
+            "{steps:?}"
+        );
     }
 
     #[test]

@@ -112,20 +112,37 @@ mod tests {
         assert_eq!(calls, 3);
         assert_eq!(retried, [1, 2]);
         let msg = err.to_string();
-        assert!(msg.contains("models/v25/x/y") && msg.contains("3 attempts"), "{msg}");
+        assert!(
+            msg.contains("models/v25/x/y") && msg.contains("3 attempts"),
+            "{msg}"
+        );
 
         let mut calls = 0;
-        let ok = RetryPolicy::immediate(3).run("s", "p", |_, _, _| {}, || {
-            calls += 1;
-            if calls < 2 { Err(Error::Refused("x".into()).into_transient()) } else { Ok(7) }
-        });
+        let ok = RetryPolicy::immediate(3).run(
+            "s",
+            "p",
+            |_, _, _| {},
+            || {
+                calls += 1;
+                if calls < 2 {
+                    Err(Error::Refused("x".into()).into_transient())
+                } else {
+                    Ok(7)
+                }
+            },
+        );
         assert_eq!(ok.unwrap(), 7);
 
         let mut calls = 0;
-        let refused = RetryPolicy::immediate(3).run("s", "p", |_, _, _| {}, || -> Result<()> {
-            calls += 1;
-            Err(Error::Refused("no".into()))
-        });
+        let refused = RetryPolicy::immediate(3).run(
+            "s",
+            "p",
+            |_, _, _| {},
+            || -> Result<()> {
+                calls += 1;
+                Err(Error::Refused("no".into()))
+            },
+        );
         assert!(matches!(refused, Err(Error::Refused(_))));
         assert_eq!(calls, 1);
     }

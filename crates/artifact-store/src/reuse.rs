@@ -117,7 +117,10 @@ pub struct CopiedChunk {
 
 /// Copy the source chunk set into `models/<gen>/<model>/`, renamed, `.chunkmanifest` last.
 /// `on_chunk(index, count, size)` is called after each chunk (for progress).
-pub fn reuse(req: &ReuseRequest<'_>, on_chunk: &mut dyn FnMut(u32, u32, u64)) -> Result<ReuseReport> {
+pub fn reuse(
+    req: &ReuseRequest<'_>,
+    on_chunk: &mut dyn FnMut(u32, u32, u64),
+) -> Result<ReuseReport> {
     let artifact = &req.compatible.artifact;
     let count = artifact.chunk_count.get();
     let src_name = req.source_path.file_name().to_string();
@@ -132,12 +135,15 @@ pub fn reuse(req: &ReuseRequest<'_>, on_chunk: &mut dyn FnMut(u32, u32, u64)) ->
     // The source must be what its catalog says: the same count, the same digest in its sidecar
     // if it has one, every chunk present and the sizes adding up. All small reads.
     let cm_path = src_file(&chunk_manifest_name(&src_name))?;
-    let cm = req.source.read_small(&cm_path, SMALL_FILE_LIMIT)?.ok_or_else(|| {
-        Error::ReuseRefused(format!(
-            "{} {cm_path} is missing: the source chunk set is incomplete",
-            req.source.describe()
-        ))
-    })?;
+    let cm = req
+        .source
+        .read_small(&cm_path, SMALL_FILE_LIMIT)?
+        .ok_or_else(|| {
+            Error::ReuseRefused(format!(
+                "{} {cm_path} is missing: the source chunk set is incomplete",
+                req.source.describe()
+            ))
+        })?;
     let found = parse_chunk_manifest(&cm, Path::new(cm_path.as_str()))?;
     if found != count {
         return Err(Error::ReuseRefused(format!(
@@ -276,22 +282,56 @@ mod tests {
 
     #[test]
     fn exact_commits_are_compatible() {
-        let ok = check_compatibility(&catalog(Some(TG), Some(SRC)), &"pop".parse().unwrap(), &c(SRC), &c(TG)).unwrap();
+        let ok = check_compatibility(
+            &catalog(Some(TG), Some(SRC)),
+            &"pop".parse().unwrap(),
+            &c(SRC),
+            &c(TG),
+        )
+        .unwrap();
         assert_eq!(ok.artifact.chunk_count.get(), 2);
     }
 
     #[test]
     fn each_difference_is_named() {
         let id: ModelId = "pop".parse().unwrap();
-        let e = check_compatibility(&catalog(Some(TG), Some(SRC)), &id, &c(SRC), &c(OTHER)).unwrap_err().to_string();
-        assert!(e.contains("tinygrad commit differs") && !e.contains("source-model commit differs"), "{e}");
-        let e = check_compatibility(&catalog(Some(TG), Some(SRC)), &id, &c(OTHER), &c(TG)).unwrap_err().to_string();
-        assert!(e.contains("source-model commit differs") && !e.contains("tinygrad commit differs"), "{e}");
-        let e = check_compatibility(&catalog(Some(OTHER), Some(OTHER)), &id, &c(SRC), &c(TG)).unwrap_err().to_string();
-        assert!(e.contains("tinygrad commit differs") && e.contains("source-model commit differs"), "{e}");
-        let e = check_compatibility(&catalog(None, None), &id, &c(SRC), &c(TG)).unwrap_err().to_string();
-        assert!(e.contains("records no tinygrad commit") && e.contains("records no source-model commit"), "{e}");
-        let e = check_compatibility(&catalog(Some(TG), Some(SRC)), &"nope".parse().unwrap(), &c(SRC), &c(TG)).unwrap_err().to_string();
+        let e = check_compatibility(&catalog(Some(TG), Some(SRC)), &id, &c(SRC), &c(OTHER))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tinygrad commit differs") && !e.contains("source-model commit differs"),
+            "{e}"
+        );
+        let e = check_compatibility(&catalog(Some(TG), Some(SRC)), &id, &c(OTHER), &c(TG))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("source-model commit differs") && !e.contains("tinygrad commit differs"),
+            "{e}"
+        );
+        let e = check_compatibility(&catalog(Some(OTHER), Some(OTHER)), &id, &c(SRC), &c(TG))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tinygrad commit differs") && e.contains("source-model commit differs"),
+            "{e}"
+        );
+        let e = check_compatibility(&catalog(None, None), &id, &c(SRC), &c(TG))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("records no tinygrad commit")
+                && e.contains("records no source-model commit"),
+            "{e}"
+        );
+        let e = check_compatibility(
+            &catalog(Some(TG), Some(SRC)),
+            &"nope".parse().unwrap(),
+            &c(SRC),
+            &c(TG),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("--source-id"), "{e}");
     }
 }

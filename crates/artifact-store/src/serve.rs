@@ -268,7 +268,10 @@ fn percent_decode(s: &str) -> Option<String> {
 /// What a URL path names: a file in a mount, a tree listing, or nothing.
 enum Route {
     File(PathBuf),
-    Tree { root: PathBuf, prefix: Option<StorePath> },
+    Tree {
+        root: PathBuf,
+        prefix: Option<StorePath>,
+    },
     NotFound,
 }
 
@@ -335,7 +338,10 @@ fn etag(meta: &fs::Metadata) -> String {
 pub enum RangeAnswer {
     /// No usable Range header (absent, malformed, several ranges): the whole file.
     Full,
-    Partial { start: u64, end: u64 },
+    Partial {
+        start: u64,
+        end: u64,
+    },
     Unsatisfiable,
 }
 
@@ -455,7 +461,12 @@ fn respond(out: &mut impl Write, req: &Request, config: &ServeConfig) -> io::Res
     }
 }
 
-fn tree(out: &mut impl Write, root: &Path, prefix: Option<&StorePath>, head: bool) -> io::Result<(u16, u64)> {
+fn tree(
+    out: &mut impl Write,
+    root: &Path,
+    prefix: Option<&StorePath>,
+    head: bool,
+) -> io::Result<(u16, u64)> {
     let store = crate::local::LocalStore::new(root);
     let entries = match prefix {
         Some(p) => crate::store::Store::list(&store, p),
@@ -464,10 +475,10 @@ fn tree(out: &mut impl Write, root: &Path, prefix: Option<&StorePath>, head: boo
             let mut all = Vec::new();
             if let Ok(rd) = fs::read_dir(root) {
                 for e in rd.flatten() {
-                    if let Some(Ok(p)) = e.file_name().to_str().map(str::parse::<StorePath>) {
-                        if let Ok(mut v) = crate::store::Store::list(&store, &p) {
-                            all.append(&mut v);
-                        }
+                    if let Some(Ok(p)) = e.file_name().to_str().map(str::parse::<StorePath>)
+                        && let Ok(mut v) = crate::store::Store::list(&store, &p)
+                    {
+                        all.append(&mut v);
                     }
                 }
             }

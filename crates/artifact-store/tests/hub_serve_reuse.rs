@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use artifact_store::hf::{HfConfig, HubHttp};
-use artifact_store::location::{RepoKind, HfRepoStore};
+use artifact_store::location::{HfRepoStore, RepoKind};
 use artifact_store::publish::{PublishOptions, publish};
 use artifact_store::retry::RetryPolicy;
 use artifact_store::reuse::{ReuseRequest, check_compatibility, reuse, update_manifest_entry};
@@ -35,7 +35,12 @@ fn hub(dir: &Path, journal: Option<&Path>) -> Hub {
     let hf = StandinHf::install(dir, journal);
     let bucket_dir = hf.bucket_dir(BUCKET);
     fs::create_dir_all(&bucket_dir).unwrap();
-    let mut config = ServeConfig::standard(&bucket_dir, BUCKET, "firestar5683/StarPilot-Resources", "Models");
+    let mut config = ServeConfig::standard(
+        &bucket_dir,
+        BUCKET,
+        "firestar5683/StarPilot-Resources",
+        "Models",
+    );
     config.mounts.push(Mount {
         prefix: "/datasets/org/src/resolve/main/".into(),
         root: hf.dataset_dir("org/src"),
@@ -100,13 +105,26 @@ fn hf_store_basic_operations_go_through_the_cli_and_http() {
         h.hf.calls(),
         [
             format!("buckets cp - {}", uri("models/v25/x/a.bin")),
-            format!("buckets cp {} {}", local.display(), uri("models/v25/x/b.bin")),
-            format!("buckets cp {} {}", uri("models/v25/x/a.bin"), uri("models/v25/y/c.bin")),
+            format!(
+                "buckets cp {} {}",
+                local.display(),
+                uri("models/v25/x/b.bin")
+            ),
+            format!(
+                "buckets cp {} {}",
+                uri("models/v25/x/a.bin"),
+                uri("models/v25/y/c.bin")
+            ),
             format!("buckets rm {}", uri("models/v25/x/a.bin")),
         ]
     );
     // The token went to the endpoint with every read.
-    assert!(h.server.requests().iter().all(|r| r.authorization.as_deref() == Some("Bearer hf_test_token")));
+    assert!(
+        h.server
+            .requests()
+            .iter()
+            .all(|r| r.authorization.as_deref() == Some("Bearer hf_test_token"))
+    );
 }
 
 #[test]
@@ -115,18 +133,30 @@ fn a_failing_cli_is_reported_with_its_stderr() {
     let h = hub(t.path(), None);
     let store = HfBucketStore::new(BUCKET, h.config.clone()).unwrap();
     h.hf.fail_next(1);
-    let e = store.write_bytes(&p("models/v25/x/a"), b"x").unwrap_err().to_string();
-    assert!(e.contains("buckets cp - hf://buckets/") && e.contains("injected failure"), "{e}");
+    let e = store
+        .write_bytes(&p("models/v25/x/a"), b"x")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("buckets cp - hf://buckets/") && e.contains("injected failure"),
+        "{e}"
+    );
     let missing = HfConfig {
         cli: t.path().join("no-such-hf"),
         ..h.config.clone()
     };
-    let e = HfBucketStore::new(BUCKET, missing).unwrap().write_bytes(&p("a/b"), b"x").unwrap_err().to_string();
+    let e = HfBucketStore::new(BUCKET, missing)
+        .unwrap()
+        .write_bytes(&p("a/b"), b"x")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("--hf-cli") && e.contains("no-such-hf"), "{e}");
 }
 
 /// A server on another origin that a redirect points to, recording Authorization headers.
-fn redirecting_pair() -> (String, Arc<Mutex<Vec<Option<String>>>>, Arc<Mutex<Vec<Option<String>>>>) {
+type Seen = Arc<Mutex<Vec<Option<String>>>>;
+
+fn redirecting_pair() -> (String, Seen, Seen) {
     let cdn_seen = Arc::new(Mutex::new(Vec::new()));
     let endpoint_seen = Arc::new(Mutex::new(Vec::new()));
     let cdn = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -175,13 +205,19 @@ fn the_token_is_not_forwarded_to_another_host_on_redirect() {
     })
     .unwrap();
     let (mut resp, first) = http
-        .send(reqwest::Method::GET, &format!("{endpoint}/buckets/a/b/resolve/x"))
+        .send(
+            reqwest::Method::GET,
+            &format!("{endpoint}/buckets/a/b/resolve/x"),
+        )
         .unwrap();
     let mut body = String::new();
     resp.read_to_string(&mut body).unwrap();
     assert_eq!(body, "hello");
     assert_eq!(first.get("x-linked-size").unwrap(), "5");
-    assert_eq!(*endpoint_seen.lock().unwrap(), [Some("Bearer hf_secret".to_string())]);
+    assert_eq!(
+        *endpoint_seen.lock().unwrap(),
+        [Some("Bearer hf_secret".to_string())]
+    );
     assert_eq!(*cdn_seen.lock().unwrap(), [None]);
 }
 
@@ -194,15 +230,26 @@ fn publish_goes_to_the_hub_first_then_github_in_order_and_resumes() {
     let remote = GitRemote::new(&t.path().join("git"), "Models", Some(&journal));
     let (a, b) = (model("pop223", 21, 2500), model("wm9", 22, 800));
     let dir = artifacts_dir(t.path(), &[&a, &b]);
-    let m = manifest_of(vec![entry("pop223", &a.data, "Pop"), entry("wm9", &b.data, "WM 9")]);
+    let m = manifest_of(vec![
+        entry("pop223", &a.data, "Pop"),
+        entry("wm9", &b.data, "WM 9"),
+    ]);
     let hf_store = HfBucketStore::new(BUCKET, h.config.clone()).unwrap();
 
     // Interrupted: the connection drops after three uploads (and retries fail too).
     h.hf.allow_only(3);
     let gh = GithubStore::open(&remote.checkout, "Models").unwrap();
     let err = publish(&m, &dir, &[&hf_store, &gh], &opts(), &mut |_| {}).unwrap_err();
-    assert!(err.to_string().contains("pop223_driving_tinygrad.pkl.sha256"), "{err}");
-    assert_eq!(remote.remote_subjects(), ["init"], "GitHub untouched while the Hub failed");
+    assert!(
+        err.to_string()
+            .contains("pop223_driving_tinygrad.pkl.sha256"),
+        "{err}"
+    );
+    assert_eq!(
+        remote.remote_subjects(),
+        ["init"],
+        "GitHub untouched while the Hub failed"
+    );
     h.hf.heal();
     let before = h.hf.calls().len();
 
@@ -210,7 +257,10 @@ fn publish_goes_to_the_hub_first_then_github_in_order_and_resumes() {
     publish(&m, &dir, &[&hf_store, &gh], &opts(), &mut |_| {}).unwrap();
     let resumed: Vec<String> = h.hf.calls()[before..].to_vec();
     let uri = |s: &str| format!("hf://buckets/{BUCKET}/{s}");
-    let dests: Vec<&str> = resumed.iter().map(|c| c.rsplit(' ').next().unwrap()).collect();
+    let dests: Vec<&str> = resumed
+        .iter()
+        .map(|c| c.rsplit(' ').next().unwrap())
+        .collect();
     assert_eq!(
         dests,
         [
@@ -225,7 +275,11 @@ fn publish_goes_to_the_hub_first_then_github_in_order_and_resumes() {
     );
 
     // Across both stores: every Hub write before the first GitHub commit, manifest last in each.
-    let lines: Vec<String> = fs::read_to_string(&journal).unwrap().lines().map(str::to_string).collect();
+    let lines: Vec<String> = fs::read_to_string(&journal)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
     let first_git = lines.iter().position(|l| l.starts_with("git ")).unwrap();
     assert!(lines[..first_git].iter().all(|l| l.starts_with("hf ")));
     assert!(lines[first_git..].iter().all(|l| l.starts_with("git ")));
@@ -237,7 +291,10 @@ fn publish_goes_to_the_hub_first_then_github_in_order_and_resumes() {
 }
 
 fn get(server: &Server, path: &str, extra: &str) -> (u16, Vec<(String, String)>, Vec<u8>) {
-    raw_http(server.addr(), &format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n"))
+    raw_http(
+        server.addr(),
+        &format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n"),
+    )
 }
 
 #[test]
@@ -247,8 +304,16 @@ fn serve_speaks_both_layouts_with_ranges_etags_and_no_way_out() {
     let data = bytes(31, 3000);
     fs::create_dir_all(store.join("models/v25/pop")).unwrap();
     fs::create_dir_all(store.join("manifests")).unwrap();
-    fs::write(store.join("models/v25/pop/pop_driving_tinygrad.pkl.chunk01of01"), &data).unwrap();
-    fs::write(store.join("manifests/model_names_v25.json"), b"{\"models\": []}\n").unwrap();
+    fs::write(
+        store.join("models/v25/pop/pop_driving_tinygrad.pkl.chunk01of01"),
+        &data,
+    )
+    .unwrap();
+    fs::write(
+        store.join("manifests/model_names_v25.json"),
+        b"{\"models\": []}\n",
+    )
+    .unwrap();
     fs::write(store.join("models/v25/pop/.tmp-1-x"), b"half").unwrap();
     fs::write(t.path().join("secret"), b"outside").unwrap();
     std::os::unix::fs::symlink(t.path().join("secret"), store.join("models/v25/pop/link")).unwrap();
@@ -257,8 +322,10 @@ fn serve_speaks_both_layouts_with_ranges_etags_and_no_way_out() {
         ServeConfig::standard(&store, BUCKET, "firestar5683/StarPilot-Resources", "Models"),
     )
     .unwrap();
-    let hf_chunk = format!("/buckets/{BUCKET}/resolve/models/v25/pop/pop_driving_tinygrad.pkl.chunk01of01");
-    let gh_chunk = "/firestar5683/StarPilot-Resources/Models/v25/pop/pop_driving_tinygrad.pkl.chunk01of01";
+    let hf_chunk =
+        format!("/buckets/{BUCKET}/resolve/models/v25/pop/pop_driving_tinygrad.pkl.chunk01of01");
+    let gh_chunk =
+        "/firestar5683/StarPilot-Resources/Models/v25/pop/pop_driving_tinygrad.pkl.chunk01of01";
 
     let (s, h, body) = get(&server, &hf_chunk, "");
     assert_eq!(s, 200);
@@ -271,7 +338,11 @@ fn serve_speaks_both_layouts_with_ranges_etags_and_no_way_out() {
     let (s, h2, body) = get(&server, gh_chunk, "");
     assert_eq!((s, body.len()), (200, 3000));
     assert_eq!(header(&h2, "etag"), Some(etag.as_str()));
-    let (s, _, body) = get(&server, "/firestar5683/StarPilot-Resources/Models/model_names_v25.json", "");
+    let (s, _, body) = get(
+        &server,
+        "/firestar5683/StarPilot-Resources/Models/model_names_v25.json",
+        "",
+    );
     assert_eq!((s, body.as_slice()), (200, &b"{\"models\": []}\n"[..]));
 
     let (s, h, body) = get(&server, &hf_chunk, "Range: bytes=1000-1999\r\n");
@@ -283,15 +354,29 @@ fn serve_speaks_both_layouts_with_ranges_etags_and_no_way_out() {
     let (s, h, _) = get(&server, &hf_chunk, "Range: bytes=3000-\r\n");
     assert_eq!(s, 416);
     assert_eq!(header(&h, "content-range"), Some("bytes */3000"));
-    let (s, _, body) = get(&server, &hf_chunk, &format!("Range: bytes=0-9\r\nIf-Range: {etag}\r\n"));
+    let (s, _, body) = get(
+        &server,
+        &hf_chunk,
+        &format!("Range: bytes=0-9\r\nIf-Range: {etag}\r\n"),
+    );
     assert_eq!((s, body.len()), (206, 10));
-    let (s, _, body) = get(&server, &hf_chunk, "Range: bytes=0-9\r\nIf-Range: \"stale\"\r\n");
+    let (s, _, body) = get(
+        &server,
+        &hf_chunk,
+        "Range: bytes=0-9\r\nIf-Range: \"stale\"\r\n",
+    );
     assert_eq!((s, body.len()), (200, 3000));
     let (s, _, _) = get(&server, &hf_chunk, &format!("If-None-Match: {etag}\r\n"));
     assert_eq!(s, 304);
 
-    let (s, h, body) = raw_http(server.addr(), &format!("HEAD {hf_chunk} HTTP/1.1\r\nHost: x\r\n\r\n"));
-    assert_eq!((s, header(&h, "content-length"), body.len()), (200, Some("3000"), 0));
+    let (s, h, body) = raw_http(
+        server.addr(),
+        &format!("HEAD {hf_chunk} HTTP/1.1\r\nHost: x\r\n\r\n"),
+    );
+    assert_eq!(
+        (s, header(&h, "content-length"), body.len()),
+        (200, Some("3000"), 0)
+    );
 
     for bad in [
         format!("/buckets/{BUCKET}/resolve/../../secret"),
@@ -309,7 +394,10 @@ fn serve_speaks_both_layouts_with_ranges_etags_and_no_way_out() {
         assert_eq!(s, 404, "{bad}");
         assert!(!body.windows(7).any(|w| w == b"outside"), "{bad}");
     }
-    let (s, _, _) = raw_http(server.addr(), &format!("DELETE {hf_chunk} HTTP/1.1\r\nHost: x\r\n\r\n"));
+    let (s, _, _) = raw_http(
+        server.addr(),
+        &format!("DELETE {hf_chunk} HTTP/1.1\r\nHost: x\r\n\r\n"),
+    );
     assert_eq!(s, 405);
     let (s, _, _) = raw_http(server.addr(), "garbage\r\n\r\n");
     assert_eq!(s, 400);
@@ -369,7 +457,8 @@ fn reuse_hub_to_hub_copies_server_side_renamed_chunk_manifest_last() {
     assert_eq!(report.chunk_count, 3);
     assert_eq!(report.sha256, chunker::Sha256Digest::of_bytes(&source.data));
     assert_eq!(progress, [(1, 3), (2, 3), (3, 3)]);
-    let dst = |f: &str| format!("hf://buckets/{BUCKET}/models/v25/pop223/pop223_driving_tinygrad.pkl{f}");
+    let dst =
+        |f: &str| format!("hf://buckets/{BUCKET}/models/v25/pop223/pop223_driving_tinygrad.pkl{f}");
     let src = |f: &str| format!("hf://datasets/org/src/builds/supercombo_tinygrad.pkl{f}");
     let calls = h.hf.calls();
     assert_eq!(
@@ -385,18 +474,35 @@ fn reuse_hub_to_hub_copies_server_side_renamed_chunk_manifest_last() {
     // No artifact bytes through this machine: no chunk was ever fetched with GET, and every
     // chunk copy named two Hub addresses.
     for r in h.server.requests() {
-        assert!(!(r.method == "GET" && r.target.contains(".chunk0")), "{r:?}");
+        assert!(
+            !(r.method == "GET" && r.target.contains(".chunk0")),
+            "{r:?}"
+        );
     }
     assert_eq!(read_artifact(&dest, "pop223"), source.data);
 
     // And the manifest entry takes the source's digest and count.
     let mut m = manifest_of(vec![entry("pop223", b"old bytes", "Pop")]);
-    update_manifest_entry(&mut m, &"pop223".parse().unwrap(), &compatible, &SRC.parse().unwrap()).unwrap();
+    update_manifest_entry(
+        &mut m,
+        &"pop223".parse().unwrap(),
+        &compatible,
+        &SRC.parse().unwrap(),
+    )
+    .unwrap();
     let e = m.get(&"pop223".parse().unwrap()).unwrap();
     assert_eq!(e.artifact_sha256(), Some(report.sha256));
     assert_eq!(e.artifact_chunk_count().unwrap().get(), 3);
     assert_eq!(e.source_commit().unwrap().as_str(), SRC);
-    assert!(update_manifest_entry(&mut m, &"absent".parse().unwrap(), &compatible, &SRC.parse().unwrap()).is_err());
+    assert!(
+        update_manifest_entry(
+            &mut m,
+            &"absent".parse().unwrap(),
+            &compatible,
+            &SRC.parse().unwrap()
+        )
+        .is_err()
+    );
 }
 
 #[test]
@@ -417,7 +523,10 @@ fn reuse_refuses_a_different_commit_and_writes_nothing() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("source-model commit differs") && e.contains(SRC) && e.contains(other), "{e}");
+    assert!(
+        e.contains("source-model commit differs") && e.contains(SRC) && e.contains(other),
+        "{e}"
+    );
     assert!(h.hf.calls().is_empty());
     assert!(h.server.requests().is_empty());
 }

@@ -25,7 +25,10 @@ fn publish_to_a_local_store_writes_in_order_and_a_second_run_uploads_nothing() {
     let t = tempfile::tempdir().unwrap();
     let (a, b) = (model("pop223", 1, 2500), model("wm9", 2, 900));
     let dir = artifacts_dir(t.path(), &[&a, &b]);
-    let m = manifest_of(vec![entry("pop223", &a.data, "Pop"), entry("wm9", &b.data, "WM 9")]);
+    let m = manifest_of(vec![
+        entry("pop223", &a.data, "Pop"),
+        entry("wm9", &b.data, "WM 9"),
+    ]);
     let store = Recording::new(LocalStore::new(t.path().join("store")));
 
     let rep = publish(&m, &dir, &[&store], &opts(false), &mut |_| {}).unwrap();
@@ -47,7 +50,10 @@ fn publish_to_a_local_store_writes_in_order_and_a_second_run_uploads_nothing() {
     );
     assert_eq!(read_artifact(&store, "pop223"), a.data);
     let sidecar = store
-        .read_small(&p("models/v25/pop223/pop223_driving_tinygrad.pkl.sha256"), 200)
+        .read_small(
+            &p("models/v25/pop223/pop223_driving_tinygrad.pkl.sha256"),
+            200,
+        )
         .unwrap()
         .unwrap();
     assert_eq!(
@@ -83,11 +89,17 @@ fn an_interrupted_publish_resumes_without_re_uploading() {
     let err = publish(&m, &dir, &[&first], &opts(false), &mut |_| {}).unwrap_err();
     let msg = err.to_string();
     assert!(
-        msg.contains("models/v25/pop223/pop223_driving_tinygrad.pkl.chunk03of03") && msg.contains("3 attempts"),
+        msg.contains("models/v25/pop223/pop223_driving_tinygrad.pkl.chunk03of03")
+            && msg.contains("3 attempts"),
         "{msg}"
     );
     assert_eq!(first.writes().len(), 2);
-    assert!(LocalStore::new(&root).stat(&p("manifests/model_names_v25.json")).unwrap().is_none());
+    assert!(
+        LocalStore::new(&root)
+            .stat(&p("manifests/model_names_v25.json"))
+            .unwrap()
+            .is_none()
+    );
 
     let second = Recording::new(LocalStore::new(&root));
     publish(&m, &dir, &[&second], &opts(false), &mut |_| {}).unwrap();
@@ -129,7 +141,14 @@ fn a_changed_chunk_retracts_the_chunk_manifest_first() {
     let dir = artifacts_dir(t.path(), &[&a]);
     let m = manifest_of(vec![entry("pop223", &a.data, "Pop")]);
     let root = t.path().join("store");
-    publish(&m, &dir, &[&LocalStore::new(&root)], &opts(false), &mut |_| {}).unwrap();
+    publish(
+        &m,
+        &dir,
+        &[&LocalStore::new(&root)],
+        &opts(false),
+        &mut |_| {},
+    )
+    .unwrap();
     // Corrupt one stored chunk (same size, other bytes).
     let chunk = root.join("models/v25/pop223/pop223_driving_tinygrad.pkl.chunk02of03");
     fs::write(&chunk, vec![0u8; 1000]).unwrap();
@@ -151,7 +170,10 @@ fn a_listed_model_missing_everywhere_is_refused_before_the_manifest() {
     let t = tempfile::tempdir().unwrap();
     let (a, ghost) = (model("pop223", 6, 500), model("ghost", 7, 500));
     let dir = artifacts_dir(t.path(), &[&a]);
-    let m = manifest_of(vec![entry("pop223", &a.data, "Pop"), entry("ghost", &ghost.data, "Ghost")]);
+    let m = manifest_of(vec![
+        entry("pop223", &a.data, "Pop"),
+        entry("ghost", &ghost.data, "Ghost"),
+    ]);
     let store = Recording::new(LocalStore::new(t.path().join("store")));
     let err = publish(&m, &dir, &[&store], &opts(false), &mut |_| {}).unwrap_err();
     assert!(matches!(err, Error::Incomplete { .. }), "{err}");
@@ -176,7 +198,11 @@ fn a_wrong_artifact_in_the_directory_is_refused_before_any_upload() {
 #[test]
 fn the_guard_names_every_unrelated_change_and_nothing_is_written() {
     let t = tempfile::tempdir().unwrap();
-    let (a, b, c) = (model("pop223", 9, 500), model("wm9", 10, 500), model("keep", 11, 500));
+    let (a, b, c) = (
+        model("pop223", 9, 500),
+        model("wm9", 10, 500),
+        model("keep", 11, 500),
+    );
     let root = t.path().join("store");
     // First release: all three.
     let dir1 = artifacts_dir(&t.path().join("one"), &[&a, &b, &c]);
@@ -185,16 +211,29 @@ fn the_guard_names_every_unrelated_change_and_nothing_is_written() {
         entry("wm9", &b.data, "WM 9"),
         entry("keep", &c.data, "Keep"),
     ]);
-    publish(&m1, &dir1, &[&LocalStore::new(&root)], &opts(false), &mut |_| {}).unwrap();
+    publish(
+        &m1,
+        &dir1,
+        &[&LocalStore::new(&root)],
+        &opts(false),
+        &mut |_| {},
+    )
+    .unwrap();
     // Second release rebuilds pop223 only, but the manifest also renames wm9 and drops keep.
     let a2 = model("pop223", 12, 700);
     let dir2 = artifacts_dir(&t.path().join("two"), &[&a2]);
-    let m2 = manifest_of(vec![entry("pop223", &a2.data, "Pop"), entry("wm9", &b.data, "WM Nine")]);
+    let m2 = manifest_of(vec![
+        entry("pop223", &a2.data, "Pop"),
+        entry("wm9", &b.data, "WM Nine"),
+    ]);
     let store = Recording::new(LocalStore::new(&root));
     let err = publish(&m2, &dir2, &[&store], &opts(false), &mut |_| {}).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, Error::Guard { .. }), "{msg}");
-    assert!(msg.contains("wm9") && msg.contains("name") && msg.contains("keep"), "{msg}");
+    assert!(
+        msg.contains("wm9") && msg.contains("name") && msg.contains("keep"),
+        "{msg}"
+    );
     assert!(!store.writes().iter().any(|w| w.contains("manifests/")));
     let live = LocalStore::new(&root)
         .read_small(&p("manifests/model_names_v25.json"), 1 << 20)
@@ -226,26 +265,45 @@ fn github_store_refuses_a_checkout_it_must_not_touch() {
 
     // Another branch.
     git(&remote.checkout, &["checkout", "--quiet", "-b", "other"]);
-    let e = GithubStore::open(&remote.checkout, "Models").unwrap_err().to_string();
+    let e = GithubStore::open(&remote.checkout, "Models")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("on branch \"other\""), "{e}");
     git(&remote.checkout, &["checkout", "--quiet", "Models"]);
 
     // Dirty.
     fs::write(remote.checkout.join("stray.txt"), "x").unwrap();
-    let e = GithubStore::open(&remote.checkout, "Models").unwrap_err().to_string();
-    assert!(e.contains("uncommitted changes") && e.contains("stray.txt"), "{e}");
+    let e = GithubStore::open(&remote.checkout, "Models")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("uncommitted changes") && e.contains("stray.txt"),
+        "{e}"
+    );
     fs::remove_file(remote.checkout.join("stray.txt")).unwrap();
 
     // Behind origin: someone else pushed.
     let other = t.path().join("other");
-    git(t.path(), &["clone", "--quiet", "-b", "Models", remote.bare.to_str().unwrap(), other.to_str().unwrap()]);
+    git(
+        t.path(),
+        &[
+            "clone",
+            "--quiet",
+            "-b",
+            "Models",
+            remote.bare.to_str().unwrap(),
+            other.to_str().unwrap(),
+        ],
+    );
     git(&other, &["config", "user.name", "x"]);
     git(&other, &["config", "user.email", "x@example.invalid"]);
     fs::write(other.join("b.txt"), "b").unwrap();
     git(&other, &["add", "b.txt"]);
     git(&other, &["commit", "--quiet", "-m", "b"]);
     git(&other, &["push", "--quiet", "origin", "Models"]);
-    let e = GithubStore::open(&remote.checkout, "Models").unwrap_err().to_string();
+    let e = GithubStore::open(&remote.checkout, "Models")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("not in sync") && e.contains("1 behind"), "{e}");
     git(&remote.checkout, &["pull", "--quiet", "--ff-only"]);
 
@@ -253,7 +311,9 @@ fn github_store_refuses_a_checkout_it_must_not_touch() {
     fs::write(remote.checkout.join("c.txt"), "c").unwrap();
     git(&remote.checkout, &["add", "c.txt"]);
     git(&remote.checkout, &["commit", "--quiet", "-m", "c"]);
-    let e = GithubStore::open(&remote.checkout, "Models").unwrap_err().to_string();
+    let e = GithubStore::open(&remote.checkout, "Models")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("1 commit(s) ahead"), "{e}");
 }
 
@@ -293,6 +353,11 @@ fn publish_to_github_is_one_commit_and_push_per_file_manifest_last() {
         .map(|e| e.path.to_string())
         .collect();
     assert_eq!(listed.len(), 4, "{listed:?}");
-    let manifests: Vec<String> = again.list(&p("manifests")).unwrap().into_iter().map(|e| e.path.to_string()).collect();
+    let manifests: Vec<String> = again
+        .list(&p("manifests"))
+        .unwrap()
+        .into_iter()
+        .map(|e| e.path.to_string())
+        .collect();
     assert_eq!(manifests, ["manifests/model_names_v25.json"]);
 }

@@ -234,10 +234,13 @@ impl GitRemote {
 
     /// Commit subjects on the remote branch, oldest first.
     pub fn remote_subjects(&self) -> Vec<String> {
-        git(&self.bare, &["log", "--reverse", "--format=%s", &self.branch])
-            .lines()
-            .map(str::to_string)
-            .collect()
+        git(
+            &self.bare,
+            &["log", "--reverse", "--format=%s", &self.branch],
+        )
+        .lines()
+        .map(str::to_string)
+        .collect()
     }
 
     /// The files a commit on the remote changed, per commit, oldest first.
@@ -260,6 +263,9 @@ impl GitRemote {
 
 fn configure(repo: &Path) {
     git(repo, &["config", "user.name", "Release Test"]);
-    git(repo, &["config", "user.email", "release-test@example.invalid"]);
+    git(
+        repo,
+        &["config", "user.email", "release-test@example.invalid"],
+    );
     git(repo, &["config", "commit.gpgsign", "false"]);
 }

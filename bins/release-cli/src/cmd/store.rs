@@ -4,7 +4,9 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use artifact_store::publish::{Event, PublishOptions, PublishReport, Step, check_store_order, publish};
+use artifact_store::publish::{
+    Event, PublishOptions, PublishReport, Step, check_store_order, publish,
+};
 use artifact_store::retry::RetryPolicy;
 use artifact_store::reuse::{ReuseRequest, check_compatibility, reuse, update_manifest_entry};
 use artifact_store::serve::{ServeConfig, Server};
@@ -26,8 +28,8 @@ fn store_error(e: artifact_store::Error) -> CliError {
 }
 
 fn read_manifest(path: &PathBuf) -> CliResult<Manifest> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| CliError::usage(format!("{}: {e}", path.display())))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| CliError::usage(format!("{}: {e}", path.display())))?;
     Manifest::from_slice(&bytes)
         .map_err(|e| CliError::check_failed(format!("{}: {e}", path.display())))
 }
@@ -158,8 +160,14 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             Event::Uploading { .. } => {}
         }
     };
-    let report = publish(&manifest, &args.artifacts, &store_refs, &opts, &mut on_event)
-        .map_err(store_error)?;
+    let report = publish(
+        &manifest,
+        &args.artifacts,
+        &store_refs,
+        &opts,
+        &mut on_event,
+    )
+    .map_err(store_error)?;
     if json {
         return print_json(&report);
     }
@@ -182,12 +190,17 @@ fn print_report(report: &PublishReport) {
         if report.dry_run {
             for step in &s.steps {
                 let _ = match step {
-                    Step::Retract { path } => writeln!(out, "  remove   {path} (chunks change under it)"),
+                    Step::Retract { path } => {
+                        writeln!(out, "  remove   {path} (chunks change under it)")
+                    }
                     Step::Upload {
                         path, size, reason, ..
                     } => writeln!(out, "  upload   {path} ({size} bytes, {reason:?})"),
                     Step::RemoveShadowingPlain { path } => {
-                        writeln!(out, "  remove   {path} (plain file would shadow the chunk set)")
+                        writeln!(
+                            out,
+                            "  remove   {path} (plain file would shadow the chunk set)"
+                        )
                     }
                     Step::Skip { path, .. } => writeln!(out, "  present  {path}"),
                 };
@@ -199,7 +212,12 @@ fn print_report(report: &PublishReport) {
                 s.uploaded_files, s.uploaded_bytes, s.skipped_files
             );
         }
-        let _ = writeln!(out, "  manifest {}: {}", s.manifest_path, s.manifest.replace('_', " "));
+        let _ = writeln!(
+            out,
+            "  manifest {}: {}",
+            s.manifest_path,
+            s.manifest.replace('_', " ")
+        );
     }
 }
 
@@ -287,12 +305,19 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
     };
     let from = Location::parse(&args.from).map_err(store_error)?;
     let hf = HfConfig::from_env(args.hf_cli.clone());
-    let source = from.store.open(&hf, &args.github_branch).map_err(store_error)?;
+    let source = from
+        .store
+        .open(&hf, &args.github_branch)
+        .map_err(store_error)?;
     let dest = StoreSpec::parse(&args.to)
         .map_err(store_error)?
         .open(&hf, &args.github_branch)
         .map_err(store_error)?;
-    let bar = bytes_bar(compatible.artifact.size.get(), format!("reuse {}", args.model), args.json);
+    let bar = bytes_bar(
+        compatible.artifact.size.get(),
+        format!("reuse {}", args.model),
+        args.json,
+    );
     let report = reuse(
         &ReuseRequest {
             model: args.model.clone(),
@@ -360,10 +385,15 @@ pub fn serve_cmd(args: ServeArgs) -> CliResult {
             args.store.display()
         )));
     }
-    for (flag, v) in [("--bucket", &args.bucket), ("--github-repo", &args.github_repo)] {
+    for (flag, v) in [
+        ("--bucket", &args.bucket),
+        ("--github-repo", &args.github_repo),
+    ] {
         let parts: Vec<&str> = v.split('/').collect();
         if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
-            return Err(CliError::usage(format!("{flag} {v:?}: expected NAMESPACE/NAME")));
+            return Err(CliError::usage(format!(
+                "{flag} {v:?}: expected NAMESPACE/NAME"
+            )));
         }
     }
     if args.github_branch.is_empty() || args.github_branch.contains('/') {

@@ -188,11 +188,21 @@ pub fn raw_http(addr: SocketAddr, request: &str) -> (u16, Vec<(String, String)>,
     s.write_all(request.as_bytes()).unwrap();
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).unwrap();
-    let split = buf.windows(4).position(|w| w == b"\r\n\r\n").expect("a head");
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head");
     let head = String::from_utf8_lossy(&buf[..split]).into_owned();
     let body = buf[split + 4..].to_vec();
     let mut lines = head.lines();
-    let status = lines.next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    let status = lines
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     let headers = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
