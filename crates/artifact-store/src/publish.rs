@@ -261,7 +261,17 @@ pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifac
 
 fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalArtifact> {
     let name = entry_file_name(entry);
-    let logical = dir.join(id.as_str()).join(&name);
+    let model_dir = dir.join(id.as_str());
+    let logical = model_dir.join(&name);
+    // An empty `<id>/` marks the model as intended without uploading anything: its files are
+    // already in the store (a reuse copied them there), where step 2 checks them.
+    if fs::read_dir(&model_dir).at(&model_dir)?.next().is_none() {
+        return Ok(LocalArtifact {
+            id: id.clone(),
+            name,
+            files: Vec::new(),
+        });
+    }
     let artifact = entry.artifact().ok_or_else(|| {
         Error::Refused(format!(
             "model {id}: the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count; fill them in (release-cli chunk verify prints them)"

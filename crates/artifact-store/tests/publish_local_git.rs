@@ -361,3 +361,62 @@ fn publish_to_github_is_one_commit_and_push_per_file_manifest_last() {
         .collect();
     assert_eq!(manifests, ["manifests/model_names_v25.json"]);
 }
+
+#[test]
+fn an_empty_model_directory_intends_a_change_already_in_the_store() {
+    let t = tempfile::tempdir().unwrap();
+    let (a, b) = (model("pop223", 15, 500), model("wm9", 16, 500));
+    let root = t.path().join("store");
+    let dir1 = artifacts_dir(&t.path().join("one"), &[&a, &b]);
+    let m1 = manifest_of(vec![
+        entry("pop223", &a.data, "Pop"),
+        entry("wm9", &b.data, "WM 9"),
+    ]);
+    publish(
+        &m1,
+        &dir1,
+        &[&LocalStore::new(&root)],
+        &opts(false),
+        &mut |_| {},
+    )
+    .unwrap();
+    // A reuse put new pop223 files in the store; the new manifest points at them.
+    let a2 = model("pop223", 17, 1200);
+    let staged = artifacts_dir(&t.path().join("reused"), &[&a2]);
+    let store = LocalStore::new(&root);
+    for e in fs::read_dir(staged.join("pop223")).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().into_string().unwrap();
+        store
+            .write_bytes(
+                &p(&format!("models/v25/pop223/{name}")),
+                &fs::read(e.path()).unwrap(),
+            )
+            .unwrap();
+    }
+    let m2 = manifest_of(vec![
+        entry("pop223", &a2.data, "Pop"),
+        entry("wm9", &b.data, "WM 9"),
+    ]);
+    let empty = t.path().join("two");
+    fs::create_dir_all(empty.join("pop223")).unwrap();
+    let rec = Recording::new(LocalStore::new(&root));
+    publish(&m2, &empty, &[&rec], &opts(false), &mut |_| {}).unwrap();
+    assert_eq!(rec.writes(), ["write manifests/model_names_v25.json"]);
+    // Without the directory, the same manifest is an unintended change.
+    let none = t.path().join("three");
+    fs::create_dir_all(&none).unwrap();
+    let m3 = manifest_of(vec![
+        entry("pop223", &a.data, "Pop"),
+        entry("wm9", &b.data, "WM 9"),
+    ]);
+    let err = publish(
+        &m3,
+        &none,
+        &[&LocalStore::new(&root)],
+        &opts(false),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("pop223"), "{err}");
+}
