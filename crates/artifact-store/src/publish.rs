@@ -606,7 +606,11 @@ fn publish_one(
     // 2. Every listed artifact complete and matching. In a dry run, what would be uploaded
     // counts as there.
     let would_upload: BTreeSet<&ModelId> = if opts.dry_run {
-        local.iter().map(|a| &a.id).collect()
+        local
+            .iter()
+            .filter(|a| !a.files.is_empty())
+            .map(|a| &a.id)
+            .collect()
     } else {
         BTreeSet::new()
     };
