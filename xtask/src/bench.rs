@@ -11,20 +11,21 @@ use std::process::{Command, Stdio};
 
 use crate::util::{self, Measured, best_of};
 
-const RUNS: usize = 3;
+pub const RUNS: usize = 3;
 
 /// One line of the final table.
-struct Row {
-    name: &'static str,
-    ours: String,
-    anchor: String,
-    ratio: f64,
-    bar: &'static str,
-    pass: bool,
+pub struct Row {
+    pub name: &'static str,
+    pub ours: String,
+    pub anchor: String,
+    pub ratio: f64,
+    pub bar: &'static str,
+    pub pass: bool,
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let mut size_mib: u64 = 1024;
+    let mut download_mib: u64 = 256;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -33,6 +34,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     .next()
                     .and_then(|v| v.parse().ok())
                     .ok_or("--size needs a number of MiB")?
+            }
+            "--download-size" => {
+                download_mib = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--download-size needs a number of MiB")?
             }
             other => return Err(format!("bench: unknown argument {other:?}")),
         }
@@ -44,7 +51,24 @@ pub fn run(args: &[String]) -> Result<(), String> {
             ));
         }
     }
-    util::cargo(&["build", "--release", "--quiet", "-p", "release-cli"])?;
+    for tool in ["curl"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            return Err(format!(
+                "bench needs `{tool}` on PATH (apt-get install {tool})"
+            ));
+        }
+    }
+    util::cargo(&[
+        "build",
+        "--release",
+        "--quiet",
+        "-p",
+        "release-cli",
+        "-p",
+        "device-modeld-manager",
+        "-p",
+        "test-support",
+    ])?;
     let bin = util::root().join("target/release/release-cli");
 
     let work = util::root().join("target/xtask-bench");
@@ -60,6 +84,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     let mut rows = Vec::new();
     rows.extend(chunker_rows(&bin, &work, &input)?);
+    rows.extend(crate::bench_device::rows(&work, &input, download_mib)?);
 
     print_table(size_mib, &rows);
     let _ = fs::remove_dir_all(&work);
@@ -161,11 +186,11 @@ fn chunker_rows(bin: &Path, work: &Path, input: &Path) -> Result<Vec<Row>, Strin
     ])
 }
 
-fn secs(m: Measured) -> String {
+pub fn secs(m: Measured) -> String {
     format!("{:.3} s", m.wall.as_secs_f64())
 }
 
-fn quiet(cmd: &mut Command) -> Command {
+pub fn quiet(cmd: &mut Command) -> Command {
     let mut c = Command::new(cmd.get_program());
     c.args(cmd.get_args());
     c.stdout(Stdio::null()).stderr(Stdio::null());
@@ -173,7 +198,7 @@ fn quiet(cmd: &mut Command) -> Command {
 }
 
 /// Incompressible, reproducible bytes (xorshift), written in 1 MiB blocks.
-fn write_pseudo_random(path: &PathBuf, len: u64) -> Result<(), String> {
+pub fn write_pseudo_random(path: &PathBuf, len: u64) -> Result<(), String> {
     let f = File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut w = BufWriter::with_capacity(1 << 20, f);
     let mut state: u64 = 0x9E37_79B9_7F4A_7C15;

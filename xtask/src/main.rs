@@ -9,6 +9,7 @@
 //! Plain Rust with one small dependency (libc, for per-child peak RSS), so it builds fast.
 
 mod bench;
+mod bench_device;
 mod docs;
 mod util;
 

@@ -1,0 +1,265 @@
+//! Device-side benchmarks: `device-modeld-manager` against the throttled local origin
+//! (`test-http-server`, which limits each connection's bandwidth and adds latency, as the Hub's
+//! CDN does per connection), with `curl` over one connection as the anchor; then verification of
+//! an installed model against `openssl dgst -sha256` on the same file, and the cached re-check.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use crate::bench::{RUNS, Row, quiet, secs, write_pseudo_random};
+use crate::util::{self, best_of};
+
+const GENERATION: &str = "v25";
+const SMALL_ID: &str = "benchmodel";
+const BIG_ID: &str = "bigbench";
+const CHUNK: u64 = 45 << 20;
+/// Per-connection bandwidth of the stand-in origin, and its latency.
+const RATE_PER_CONN: u64 = 32 << 20;
+const LATENCY_MS: u64 = 20;
+const CONNECTIONS: &str = "8";
+const RANGES_PER_CHUNK: &str = "2";
+
+/// Kills the origin server when the bench ends, however it ends.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, String> {
+    let release = util::root().join("target/release");
+    let cli = release.join("release-cli");
+    let dmm = release.join("device-modeld-manager");
+    let origin = work.join("origin");
+    let hf_dir = origin.join("hf");
+    let small_dir = hf_dir.join(format!("models/{GENERATION}/{SMALL_ID}"));
+    mkdirs(&small_dir)?;
+    mkdirs(&hf_dir.join("manifests"))?;
+    mkdirs(&origin.join("gh"))?;
+
+    eprintln!("bench: publishing a {download_mib} MiB model to the local origin");
+    let small_name = format!("{SMALL_ID}_driving_tinygrad.pkl");
+    let small = work.join(&small_name);
+    write_pseudo_random(&small.to_path_buf(), download_mib << 20)?;
+    run_ok(
+        Command::new(&cli)
+            .args(["chunk", "split"])
+            .arg(&small)
+            .arg("--out-dir")
+            .arg(&small_dir),
+    )?;
+    let small_sha = sidecar_digest(&small_dir.join(format!("{small_name}.sha256")))?;
+    let small_count = (download_mib << 20).div_ceil(CHUNK);
+    fs::remove_file(&small).map_err(|e| e.to_string())?;
+
+    let big_size = fs::metadata(big).map_err(|e| e.to_string())?.len();
+    let big_sha = openssl_digest(big)?;
+    let manifest = format!(
+        "{{\n  \"models\": [\n{},\n{}\n  ]\n}}\n",
+        entry(SMALL_ID, download_mib << 20, &small_sha, small_count),
+        entry(BIG_ID, big_size, &big_sha, big_size.div_ceil(CHUNK)),
+    );
+    fs::write(
+        hf_dir.join(format!("manifests/model_names_{GENERATION}.json")),
+        manifest,
+    )
+    .map_err(|e| e.to_string())?;
+
+    let (_server, url) = start_server(&release.join("test-http-server"), &origin)?;
+    let device = work.join("device");
+    mkdirs(&device.join("builtin"))?;
+    let dmm_cmd = |args: &[&str]| {
+        let mut c = Command::new(&dmm);
+        c.arg("--data-dir")
+            .arg(&device)
+            .arg("--memory-params-dir")
+            .arg(device.join("shm"))
+            .arg("--builtin-dir")
+            .arg(device.join("builtin"))
+            .args(["--hf-base", &format!("{url}/hf")])
+            .args(["--github-base", &format!("{url}/gh")])
+            .args(args);
+        c
+    };
+    run_ok(&mut dmm_cmd(&["refresh"]))?;
+
+    eprintln!("bench: curl, one connection, the same chunks");
+    let chunk_urls: Vec<String> = (1..=small_count)
+        .map(|i| {
+            format!(
+                "{url}/hf/models/{GENERATION}/{SMALL_ID}/{small_name}.chunk{i:02}of{small_count:02}"
+            )
+        })
+        .collect();
+    let curl = best_of(
+        2,
+        || {},
+        || {
+            let mut c = Command::new("curl");
+            c.args(["-s", "--fail"]);
+            for u in &chunk_urls {
+                c.args(["-o", "/dev/null", u]);
+            }
+            quiet(&mut c)
+        },
+    )?;
+    eprintln!(
+        "bench: device-modeld-manager download ({CONNECTIONS} connections, {RANGES_PER_CHUNK} ranges per chunk)"
+    );
+    let installed = device.join("models").join(&small_name);
+    let ours = best_of(
+        2,
+        || {
+            let _ = fs::remove_file(&installed);
+        },
+        || {
+            quiet(&mut dmm_cmd(&[
+                "--connections",
+                CONNECTIONS,
+                "--ranges-per-chunk",
+                RANGES_PER_CHUNK,
+                "download",
+                SMALL_ID,
+            ]))
+        },
+    )?;
+    if !installed.exists() {
+        return Err(format!("download did not install {}", installed.display()));
+    }
+
+    eprintln!("bench: verify an installed {} MiB model", big_size >> 20);
+    let big_installed = device
+        .join("models")
+        .join(format!("{BIG_ID}_driving_tinygrad.pkl"));
+    fs::hard_link(big, &big_installed)
+        .or_else(|_| fs::copy(big, &big_installed).map(|_| ()))
+        .map_err(|e| format!("{}: {e}", big_installed.display()))?;
+    let openssl = best_of(
+        RUNS,
+        || {},
+        || {
+            quiet(
+                Command::new("openssl")
+                    .args(["dgst", "-sha256"])
+                    .arg(&big_installed),
+            )
+        },
+    )?;
+    let verify = best_of(RUNS, || {}, || quiet(&mut dmm_cmd(&["verify", BIG_ID])))?;
+    let recheck = best_of(RUNS, || {}, || quiet(&mut dmm_cmd(&["status", "--json"])))?;
+
+    let speedup = curl.wall.as_secs_f64() / ours.wall.as_secs_f64();
+    let rss_mib = ours.max_rss_kib as f64 / 1024.0;
+    let verify_ratio = openssl.wall.as_secs_f64() / verify.wall.as_secs_f64();
+    let recheck_s = recheck.wall.as_secs_f64();
+    Ok(vec![
+        Row {
+            name: "device download speed / curl (1 conn)",
+            ours: secs(ours),
+            anchor: format!(
+                "{} (curl; {} MiB/s per conn, {LATENCY_MS} ms)",
+                secs(curl),
+                RATE_PER_CONN >> 20
+            ),
+            ratio: speedup,
+            bar: ">= 3.0",
+            pass: speedup >= 3.0,
+        },
+        Row {
+            name: "device download peak RSS (MiB)",
+            ours: format!("{rss_mib:.1} MiB"),
+            anchor: "32 MiB budget".into(),
+            ratio: rss_mib / 32.0,
+            bar: "<= 1.00 of budget",
+            pass: rss_mib <= 32.0,
+        },
+        Row {
+            name: "device verify throughput / openssl",
+            ours: secs(verify),
+            anchor: format!("{} (openssl dgst -sha256)", secs(openssl)),
+            ratio: verify_ratio,
+            bar: ">= 0.85",
+            pass: verify_ratio >= 0.85,
+        },
+        Row {
+            name: "device re-check (status) / verify",
+            ours: secs(recheck),
+            anchor: format!("{} (full verify)", secs(verify)),
+            ratio: recheck_s / verify.wall.as_secs_f64(),
+            bar: "ours < 1 s",
+            pass: recheck_s < 1.0,
+        },
+    ])
+}
+
+fn entry(id: &str, size: u64, sha: &str, count: u64) -> String {
+    format!(
+        "    {{\n      \"id\": \"{id}\",\n      \"name\": \"Bench {id}\",\n      \"version\": \"v16\",\n      \"series\": \"OP Series\",\n      \"released\": \"2026-01-01\",\n      \"community_favorite\": false,\n      \"artifact_format\": \"tinygrad_single_v1\",\n      \"artifact_size\": {size},\n      \"artifact_sha256\": \"{sha}\",\n      \"artifact_chunk_count\": {count},\n      \"uses_external_gpu\": false\n    }}"
+    )
+}
+
+fn mkdirs(p: &Path) -> Result<(), String> {
+    fs::create_dir_all(p).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+fn run_ok(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+fn sidecar_digest(path: &Path) -> Result<String, String> {
+    let text = fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.split_whitespace()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| format!("{}: empty sidecar", path.display()))
+}
+
+fn openssl_digest(path: &Path) -> Result<String, String> {
+    let out = Command::new("openssl")
+        .args(["dgst", "-sha256", "-r"])
+        .arg(path)
+        .output()
+        .map_err(|e| e.to_string())?;
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| "openssl printed no digest".to_string())
+}
+
+fn start_server(bin: &PathBuf, dir: &Path) -> Result<(Server, String), String> {
+    let mut child = Command::new(bin)
+        .arg("--dir")
+        .arg(dir)
+        .args(["--addr", "127.0.0.1:0"])
+        .args(["--rate-per-conn", &RATE_PER_CONN.to_string()])
+        .args(["--latency-ms", &LATENCY_MS.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+    let stdout = child.stdout.take().expect("piped");
+    let server = Server(child);
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    let url = line.trim().to_string();
+    if !url.starts_with("http://") {
+        return Err(format!("test-http-server printed {url:?}, not its URL"));
+    }
+    Ok((server, url))
+}
