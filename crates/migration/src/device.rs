@@ -246,8 +246,18 @@ impl Device {
             return Ok(VerifyState::Unverified);
         };
         let path = self.artifact_path(entry.id());
-        let Some(sig) = Self::signature(&path)? else {
-            return Ok(VerifyState::Missing);
+        let sig = match Self::signature(&path) {
+            Ok(Some(sig)) => sig,
+            Ok(None) => return Ok(VerifyState::Missing),
+            // A torn `.chunkmanifest` or `.sha256` (the Python manager never fsyncs) is a broken
+            // install, not a reason to fail: reporting it corrupt lets `download` replace it.
+            Err(Error::NotVerified {
+                source:
+                    chunker::Error::MalformedChunkManifest { .. }
+                    | chunker::Error::MalformedSidecar { .. },
+                ..
+            }) => return Ok(VerifyState::Corrupt),
+            Err(e) => return Err(e),
         };
         let name = layout::artifact_file_name(entry.id()).to_string();
         let mut cache = self.load_cache();
@@ -334,6 +344,67 @@ impl Device {
                 Ok((self.artifact_path(&id), sel))
             }
             _ => Ok((self.builtin_path(), Selection::builtin())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(root: &Path) -> Device {
+        Device::new(DeviceConfig {
+            data_dir: root.join("data"),
+            memory_params_dir: root.join("shm"),
+            builtin_dir: root.join("builtin"),
+            generation: layout::CURRENT_GENERATION,
+        })
+    }
+
+    /// A device on the current generation whose catalog lists `pop223` and selects it.
+    fn current_device_selecting_pop223(root: &Path) -> (Device, ModelEntry) {
+        let d = device(root);
+        d.ensure_dirs().unwrap();
+        let data = b"pop223 artifact bytes";
+        let m = Manifest::from_value(serde_json::json!({"models": [{
+            "id": "pop223", "name": "Pop", "version": "v16",
+            "artifact_format": "tinygrad_single_v1", "artifact_size": data.len(),
+            "artifact_sha256": chunker::Sha256Digest::of_bytes(data).to_hex(),
+            "artifact_chunk_count": 1,
+        }]}))
+        .unwrap();
+        d.store_catalog(&m).unwrap();
+        d.params
+            .put(
+                keys::MODEL_MANIFEST_VERSION,
+                &d.config.generation.to_string(),
+            )
+            .unwrap();
+        let entry = m.models()[0].clone();
+        d.select(&Selection::of_entry(&entry)).unwrap();
+        (d, entry)
+    }
+
+    #[test]
+    fn malformed_local_chunkmanifest_is_corrupt_not_an_error() {
+        // A torn `.chunkmanifest` (the Python manager never fsyncs) must not wedge the manager:
+        // the model reads as corrupt, so `download` replaces it and `resolve` answers the
+        // built-in instead of failing.
+        let t = tempfile::tempdir().unwrap();
+        let (d, entry) = current_device_selecting_pop223(t.path());
+        let cm = d
+            .models_dir()
+            .join(chunker::chunk_manifest_name("pop223_driving_tinygrad.pkl"));
+        for torn in [&b""[..], b"\0\0", b"two"] {
+            fs::write(&cm, torn).unwrap();
+            assert_eq!(
+                d.verify_entry(&entry, false).unwrap(),
+                VerifyState::Corrupt,
+                "{torn:?}"
+            );
+            let (path, sel) = d.resolve().unwrap();
+            assert_eq!(path, d.builtin_path(), "{torn:?}");
+            assert!(sel.is_builtin());
         }
     }
 }
