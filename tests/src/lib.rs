@@ -1,1 +1,4 @@
-//! Workspace integration tests live in `tests/tests/`; this library is empty on purpose.
+//! Workspace integration: the end-to-end story (release -> store -> serve -> device) shared by
+//! `cargo xtask demo` (the `starpilot-demo` binary) and the integration tests in `tests/tests/`.
+
+pub mod story;

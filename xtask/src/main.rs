@@ -1,5 +1,6 @@
 //! Workspace automation, run as `cargo xtask <task>`:
 //!
+//! - `demo [WORK_DIR]`: the main job end to end (see `demo.rs`).
 //! - `ci`: `cargo fmt --check`, `cargo clippy --workspace --all-targets -D warnings`, every test.
 //!   This is the README's test command and what `.ci/run` runs.
 //! - `bench [--size SIZE_MIB]`: builds release binaries and prints one table of benchmark ratios,
@@ -10,6 +11,7 @@
 
 mod bench;
 mod bench_device;
+mod demo;
 mod docs;
 mod util;
 
@@ -19,6 +21,7 @@ const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
   ci                 fmt --check, clippy -D warnings, and every test (the README's test command)
+  demo [WORK_DIR]    the main job end to end: publish v25, serve it, migrate a v24 device
   bench [--size N]   benchmark ratios against anchors; N = artifact size in MiB (default 1024)
   docs               regenerate docs/cli.md from the binaries' clap help
 ";
@@ -29,6 +32,7 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("bench") => bench::run(&args[1..]),
         Some("docs") => docs::run(),
+        Some("demo") => demo::run(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
             Ok(())

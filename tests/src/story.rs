@@ -1,0 +1,678 @@
+//! The main job, end to end, with the real binaries: build stand-in artifacts and chunk them,
+//! publish generation v25 to a local store and a local git `Models` branch, serve the store on
+//! 127.0.0.1, prepare a device data dir that looks like a v24 device, run
+//! `device-modeld-manager refresh` against it, and report what changed.
+//!
+//! `cargo xtask demo` prints the report; the workspace integration tests assert on it, including
+//! the failure versions (Hugging Face down, selected model missing from v25).
+//!
+//! Everything runs as child processes (`release-cli`, `device-modeld-manager`, `git`) on real
+//! files and a real HTTP server; nothing is mocked. The only stand-ins are the artifact bytes
+//! (deterministic pseudo-random, not real tinygrad pickles, which only modeld looks into).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Instant;
+
+use manifest::layout::{self, DM_FILES};
+use manifest::{Artifact, ArtifactSize, ChunkCount, Manifest, ModelId, Sha256Digest};
+
+/// The real v25 catalog; the story publishes a few of its models.
+const CATALOG: &str =
+    include_str!("../../crates/manifest/tests/fixtures/model_names_v25.catalog.json");
+
+/// The generation the device moves from.
+pub const OLD_GENERATION: &str = "v24";
+/// The generation published.
+pub const NEW_GENERATION: &str = "v25";
+/// A `local-` model built on the device; never touched.
+pub const LOCAL_MODEL: &str = "local-mine";
+
+pub type Result<T, E = String> = std::result::Result<T, E>;
+
+/// Where the two binaries are.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub release_cli: PathBuf,
+    pub device_manager: PathBuf,
+}
+
+impl Binaries {
+    /// The binaries of this workspace's `target/<profile>` directory (honouring
+    /// `CARGO_TARGET_DIR`). They must be built already: `cargo test --workspace` and
+    /// `cargo xtask demo` build them.
+    pub fn in_target_dir(profile: &str) -> Result<Self> {
+        let target = match std::env::var_os("CARGO_TARGET_DIR") {
+            Some(t) => PathBuf::from(t),
+            None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
+        };
+        let dir = target.join(profile);
+        let bins = Self {
+            release_cli: dir.join("release-cli"),
+            device_manager: dir.join("device-modeld-manager"),
+        };
+        for b in [&bins.release_cli, &bins.device_manager] {
+            if !b.is_file() {
+                return Err(format!(
+                    "{} is not built; run `cargo build -p release-cli -p device-modeld-manager` first",
+                    b.display()
+                ));
+            }
+        }
+        Ok(bins)
+    }
+}
+
+/// What to play.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Models published in v25 (IDs from the real catalog) with their stand-in artifact sizes.
+    pub published: Vec<(&'static str, usize)>,
+    /// The device's selected model, also published unless `selected_missing`.
+    pub selected: &'static str,
+    /// Leave the selected model out of v25: the device must fall back to the built-in.
+    pub selected_missing: bool,
+    /// Hugging Face refuses connections: the device must use GitHub.
+    pub hf_down: bool,
+    /// Chunk size for the stand-in artifacts (small, so that every model has several chunks).
+    pub chunk_size: u64,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Self {
+            published: vec![
+                ("pop223", 300_000),
+                ("gwm8223", 200_000),
+                ("tr16223", 120_000),
+            ],
+            selected: "pop223",
+            selected_missing: false,
+            hf_down: false,
+            chunk_size: 64 * 1024,
+        }
+    }
+}
+
+/// What happened, for the demo's report and the tests' assertions.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub work: PathBuf,
+    /// `name -> sha256` of every file in `<data>/models` before and after the refresh.
+    pub before: BTreeMap<String, String>,
+    pub after: BTreeMap<String, String>,
+    pub params_before: BTreeMap<String, String>,
+    pub params_after: BTreeMap<String, String>,
+    /// What `device-modeld-manager resolve` printed last: the file modeld should load.
+    pub resolved: PathBuf,
+    /// `refresh --json`.
+    pub refresh: serde_json::Value,
+    /// The published v25 manifest.
+    pub manifest: Manifest,
+    /// Commit subjects on the GitHub origin's `Models` branch, oldest first.
+    pub github_commits: Vec<String>,
+    /// The origin URLs the device was given.
+    pub hf_base: String,
+    pub github_base: String,
+    pub builtin_dir: PathBuf,
+    pub models_dir: PathBuf,
+    pub seconds: f64,
+}
+
+impl Report {
+    pub fn deleted(&self) -> Vec<&str> {
+        names(self.before.keys().filter(|n| !self.after.contains_key(*n)))
+    }
+
+    pub fn kept(&self) -> Vec<&str> {
+        names(
+            self.before
+                .iter()
+                .filter(|(n, d)| self.after.get(*n) == Some(d))
+                .map(|(n, _)| n),
+        )
+    }
+
+    /// New files, and files whose content was replaced (the manager's own dotfiles aside).
+    pub fn downloaded(&self) -> Vec<&str> {
+        names(
+            self.after
+                .iter()
+                .filter(|(n, d)| !n.starts_with('.') && self.before.get(*n) != Some(d))
+                .map(|(n, _)| n),
+        )
+    }
+
+    /// The manager's own state files (catalog cache, lock, verification cache).
+    pub fn manager_state(&self) -> Vec<&str> {
+        names(self.after.keys().filter(|n| n.starts_with('.')))
+    }
+
+    pub fn selected_after(&self) -> Option<&str> {
+        self.params_after.get("Model").map(String::as_str)
+    }
+}
+
+fn names<'a>(it: impl Iterator<Item = &'a String>) -> Vec<&'a str> {
+    it.map(String::as_str).collect()
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |f: &mut fmt::Formatter<'_>, title: &str, items: Vec<&str>| {
+            writeln!(f, "  {title} ({}):", items.len())?;
+            if items.is_empty() {
+                writeln!(f, "    (none)")?;
+            }
+            for i in items {
+                writeln!(f, "    {i}")?;
+            }
+            Ok(())
+        };
+        let p =
+            |m: &BTreeMap<String, String>, k: &str| m.get(k).cloned().unwrap_or("(unset)".into());
+        writeln!(
+            f,
+            "device {} after `device-modeld-manager refresh`:",
+            self.models_dir.display()
+        )?;
+        list(f, "deleted", self.deleted())?;
+        list(f, "kept", self.kept())?;
+        list(f, "downloaded", self.downloaded())?;
+        list(f, "manager state", self.manager_state())?;
+        writeln!(
+            f,
+            "  manifest from: {}",
+            self.refresh["manifest_origin"].as_str().unwrap_or("?")
+        )?;
+        writeln!(
+            f,
+            "  generation:    {} -> {}",
+            p(&self.params_before, "ModelManifestVersion"),
+            p(&self.params_after, "ModelManifestVersion")
+        )?;
+        writeln!(
+            f,
+            "  selected:      {} -> {} ({})",
+            p(&self.params_before, "Model"),
+            p(&self.params_after, "Model"),
+            p(&self.params_after, "DrivingModelName")
+        )?;
+        writeln!(f, "  modeld loads:  {}", self.resolved.display())?;
+        Ok(())
+    }
+}
+
+/// Kills a child process when dropped, so a failed step never leaves a server running.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Play `scenario` in the empty directory `work`. Prints each step to stderr when `narrate`.
+pub fn play(bins: &Binaries, scenario: &Scenario, work: &Path, narrate: bool) -> Result<Report> {
+    let start = Instant::now();
+    let say = |s: String| {
+        if narrate {
+            eprintln!("{s}");
+        }
+    };
+    fs::create_dir_all(work).map_err(|e| format!("{}: {e}", work.display()))?;
+
+    say("1. build stand-in artifacts and chunk them (release-cli chunk split)".into());
+    let ready = work.join("ready");
+    let mut published = Vec::new();
+    for (i, (id, size)) in scenario.published.iter().enumerate() {
+        if scenario.selected_missing && *id == scenario.selected {
+            continue;
+        }
+        let split = build_chunk_set(
+            bins,
+            work,
+            &ready,
+            id,
+            *size,
+            1000 + i as u64,
+            scenario.chunk_size,
+        )?;
+        say(format!(
+            "   {id}: {} bytes, {} chunks, sha256 {}",
+            split.size,
+            split.chunks.len(),
+            split.sha256
+        ));
+        published.push((model_id(id)?, split));
+    }
+    let manifest = v25_manifest(&published)?;
+    let manifest_path = ready.join(format!("model_names_{NEW_GENERATION}.json"));
+    fs::write(&manifest_path, manifest.to_canonical_bytes()).map_err(|e| e.to_string())?;
+
+    say("2. publish v25 to a local store and a git Models branch (release-cli publish)".into());
+    let store = work.join("store");
+    let origin = work.join("github-origin.git");
+    let checkout = work.join("models-checkout");
+    init_models_branch(&origin, &checkout)?;
+    run(Command::new(&bins.release_cli)
+        .args(["publish", "--generation", NEW_GENERATION, "--manifest"])
+        .arg(&manifest_path)
+        .arg("--artifacts")
+        .arg(&ready)
+        .arg("--to")
+        .arg(&store)
+        .arg("--to")
+        .arg(format!("github:{}", checkout.display()))
+        .envs(git_identity()))?;
+    let github_commits = git(&origin, &["log", "--reverse", "--format=%s", "Models"])?
+        .lines()
+        .map(str::to_string)
+        .collect();
+
+    say("3. serve the store on 127.0.0.1 (release-cli serve)".into());
+    let (server, url) = serve(bins, &store)?;
+    let hf_base = if scenario.hf_down {
+        format!(
+            "{}/buckets/{}/resolve",
+            closed_port_url()?,
+            layout::HF_BUCKET
+        )
+    } else {
+        format!("{url}/buckets/{}/resolve", layout::HF_BUCKET)
+    };
+    let github_base = format!("{url}/{}/{}", layout::GITHUB_REPO, layout::GITHUB_BRANCH);
+    say(format!("   Hugging Face layout: {hf_base}"));
+    say(format!("   GitHub layout:       {github_base}"));
+
+    say("4. prepare a device that looks like a v24 device".into());
+    let device = work.join("device");
+    let data = device.join("data");
+    let models_dir = data.join("models");
+    let builtin_dir = device.join("builtin");
+    prepare_v24_device(bins, scenario, &data, &builtin_dir)?;
+    let before = digests(&models_dir)?;
+    let params_before = params(&data)?;
+
+    say("5. device-modeld-manager refresh".into());
+    let manager = |args: &[&str]| {
+        let mut c = Command::new(&bins.device_manager);
+        c.arg("--data-dir")
+            .arg(&data)
+            .arg("--memory-params-dir")
+            .arg(device.join("shm/params/d"))
+            .arg("--builtin-dir")
+            .arg(&builtin_dir)
+            .args(["--hf-base", &hf_base, "--github-base", &github_base])
+            .args(["--generation", NEW_GENERATION])
+            .args(args);
+        c
+    };
+    let out = run(&mut manager(&["refresh", "--json"]))?;
+    let refresh: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "refresh --json printed no JSON ({e}): {}",
+            text(&out.stdout)
+        )
+    })?;
+    let out = run(&mut manager(&["resolve"]))?;
+    let resolved = PathBuf::from(
+        text(&out.stdout)
+            .lines()
+            .last()
+            .ok_or("resolve printed nothing")?
+            .trim(),
+    );
+    drop(server);
+
+    Ok(Report {
+        work: work.to_path_buf(),
+        after: digests(&models_dir)?,
+        params_after: params(&data)?,
+        before,
+        params_before,
+        resolved,
+        refresh,
+        manifest,
+        github_commits,
+        hf_base,
+        github_base,
+        builtin_dir,
+        models_dir,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// What `release-cli chunk split --json` reported.
+#[derive(Debug, Clone)]
+pub struct Split {
+    pub size: u64,
+    pub sha256: Sha256Digest,
+    pub chunks: Vec<Sha256Digest>,
+}
+
+fn build_chunk_set(
+    bins: &Binaries,
+    work: &Path,
+    ready: &Path,
+    id: &str,
+    size: usize,
+    seed: u64,
+    chunk_size: u64,
+) -> Result<Split> {
+    let build = work.join("build");
+    fs::create_dir_all(&build).map_err(|e| e.to_string())?;
+    let full = build.join(format!("{id}{}", layout::ARTIFACT_SUFFIX));
+    fs::write(&full, stand_in_bytes(seed, size)).map_err(|e| e.to_string())?;
+    let out = run(Command::new(&bins.release_cli)
+        .args(["chunk", "split"])
+        .arg(&full)
+        .arg("--out-dir")
+        .arg(ready.join(id))
+        .args(["--chunk-size", &chunk_size.to_string(), "--json"]))?;
+    // Release builds keep only the chunk set (SPEC.md section 3).
+    fs::remove_file(&full).map_err(|e| e.to_string())?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("chunk split --json: {e}"))?;
+    let digest = |v: &serde_json::Value| -> Result<Sha256Digest> {
+        v.as_str()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("chunk split --json: bad sha256 {v}"))
+    };
+    Ok(Split {
+        size: v["size"].as_u64().ok_or("chunk split --json: no size")?,
+        sha256: digest(&v["sha256"])?,
+        chunks: v["chunks"]
+            .as_array()
+            .ok_or("chunk split --json: no chunks")?
+            .iter()
+            .map(|c| digest(&c["sha256"]))
+            .collect::<Result<_>>()?,
+    })
+}
+
+/// The v25 manifest: the real catalog's entries for the published models, with their artifact
+/// fields, the generation and the tinygrad pin.
+fn v25_manifest(published: &[(ModelId, Split)]) -> Result<Manifest> {
+    let mut m = Manifest::from_slice(CATALOG.as_bytes()).map_err(|e| e.to_string())?;
+    let all: Vec<ModelId> = m.ids().cloned().collect();
+    for id in all {
+        if !published.iter().any(|(p, _)| *p == id) {
+            m.remove(&id);
+        }
+    }
+    for (id, split) in published {
+        let entry = m
+            .get_mut(id)
+            .ok_or_else(|| format!("{id} is not in the v25 catalog"))?;
+        let artifact = Artifact::tinygrad(
+            ArtifactSize::new(split.size).map_err(|e| e.to_string())?,
+            split.sha256,
+            ChunkCount::new(split.chunks.len() as u64).map_err(|e| e.to_string())?,
+        );
+        entry
+            .set_artifact_with_chunks(&artifact, &split.chunks)
+            .map_err(|e| e.to_string())?;
+    }
+    m.set_generation(NEW_GENERATION.parse().map_err(|e| format!("{e}"))?);
+    m.set_tinygrad_commit(&layout::current_tinygrad_commit());
+    Ok(m)
+}
+
+/// Deterministic, incompressible stand-in bytes.
+pub fn stand_in_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        out.extend_from_slice(&state.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn git_identity() -> [(&'static str, &'static str); 4] {
+    [
+        ("GIT_AUTHOR_NAME", "StarPilot release"),
+        ("GIT_AUTHOR_EMAIL", "release@localhost"),
+        ("GIT_COMMITTER_NAME", "StarPilot release"),
+        ("GIT_COMMITTER_EMAIL", "release@localhost"),
+    ]
+}
+
+fn git(dir: &Path, args: &[&str]) -> Result<String> {
+    let out = run(Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .envs(git_identity()))?;
+    Ok(text(&out.stdout))
+}
+
+/// A bare repository standing in for GitHub, with a `Models` branch, and a checkout of it.
+fn init_models_branch(origin: &Path, checkout: &Path) -> Result<()> {
+    let parent = origin.parent().ok_or("origin has no parent")?;
+    git(
+        parent,
+        &[
+            "init",
+            "-q",
+            "--bare",
+            "-b",
+            layout::GITHUB_BRANCH,
+            &origin.to_string_lossy(),
+        ],
+    )?;
+    git(
+        parent,
+        &[
+            "init",
+            "-q",
+            "-b",
+            layout::GITHUB_BRANCH,
+            &checkout.to_string_lossy(),
+        ],
+    )?;
+    fs::write(
+        checkout.join("README.md"),
+        "StarPilot model artifacts (Models branch)\n",
+    )
+    .map_err(|e| e.to_string())?;
+    git(checkout, &["add", "README.md"])?;
+    git(checkout, &["commit", "-q", "-m", "Models branch"])?;
+    git(
+        checkout,
+        &["remote", "add", "origin", &origin.to_string_lossy()],
+    )?;
+    git(
+        checkout,
+        &["push", "-q", "-u", "origin", layout::GITHUB_BRANCH],
+    )?;
+    Ok(())
+}
+
+/// Start `release-cli serve` on a free loopback port; its first stdout line is the base URL.
+fn serve(bins: &Binaries, store: &Path) -> Result<(Running, String)> {
+    let mut child = Command::new(&bins.release_cli)
+        .arg("serve")
+        .arg("--store")
+        .arg(store)
+        .args(["--addr", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start release-cli serve: {e}"))?;
+    let stdout = child.stdout.take().ok_or("serve has no stdout")?;
+    let running = Running(child);
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    let url = line.trim().trim_end_matches('/').to_string();
+    if !url.starts_with("http://127.0.0.1:") {
+        return Err(format!("release-cli serve printed {line:?}, not its URL"));
+    }
+    Ok((running, url))
+}
+
+/// A URL on a loopback port nobody listens on: connections are refused, as when a host is down.
+fn closed_port_url() -> Result<String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let port = l.local_addr().map_err(|e| e.to_string())?.port();
+    drop(l);
+    Ok(format!("http://127.0.0.1:{port}"))
+}
+
+/// A v24 device: the selected model as a plain PKL, another as legacy `.pNN` parts, a third as
+/// a chunk set, a `local-` model, the DM set, and a built-in RDF V4 chunk set.
+fn prepare_v24_device(
+    bins: &Binaries,
+    scenario: &Scenario,
+    data: &Path,
+    builtin_dir: &Path,
+) -> Result<()> {
+    let models = data.join("models");
+    let params = data.join("params/d");
+    for d in [&models, &params, builtin_dir] {
+        fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    let write = |path: PathBuf, bytes: &[u8]| {
+        fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let name = |id: &str| format!("{id}{}", layout::ARTIFACT_SUFFIX);
+    let others: Vec<&str> = scenario
+        .published
+        .iter()
+        .map(|(id, _)| *id)
+        .filter(|id| *id != scenario.selected)
+        .collect();
+
+    // The selected model, downloaded in v24 as one plain file.
+    write(
+        models.join(name(scenario.selected)),
+        &stand_in_bytes(24, 50_000),
+    )?;
+
+    // Legacy multipart parts with their sidecar.
+    if let Some(legacy) = others.first() {
+        let bytes = stand_in_bytes(25, 40_000);
+        for (i, part) in bytes.chunks(16_000).enumerate() {
+            write(models.join(format!("{}.p{i:02}", name(legacy))), part)?;
+        }
+        write(
+            models.join(chunker::sidecar_name(&name(legacy))),
+            chunker::format_sidecar(&Sha256Digest::of_bytes(&bytes), &name(legacy)).as_bytes(),
+        )?;
+    }
+
+    // A v24 native chunk set.
+    if let Some(chunked) = others.get(1) {
+        let full = data.join(name(chunked));
+        write(full.clone(), &stand_in_bytes(26, 30_000))?;
+        run(Command::new(&bins.release_cli)
+            .args(["chunk", "split"])
+            .arg(&full)
+            .arg("--out-dir")
+            .arg(&models)
+            .args(["--chunk-size", "16000"]))?;
+        fs::remove_file(&full).map_err(|e| e.to_string())?;
+        let sidecar = models.join(chunker::sidecar_name(&name(chunked)));
+        fs::remove_file(&sidecar).map_err(|e| e.to_string())?;
+    }
+
+    // A model built on this device, and the driver-monitoring set: both stay.
+    write(models.join(name(LOCAL_MODEL)), &stand_in_bytes(27, 20_000))?;
+    for (i, dm) in DM_FILES.iter().enumerate() {
+        write(models.join(dm), &stand_in_bytes(30 + i as u64, 5_000))?;
+    }
+
+    // The built-in RDF V4 shipped in the openpilot tree, as its native chunk set.
+    let builtin = builtin_dir.join("driving_tinygrad.pkl");
+    write(builtin.clone(), &stand_in_bytes(43, 70_000))?;
+    run(Command::new(&bins.release_cli)
+        .args(["chunk", "split"])
+        .arg(&builtin)
+        .args(["--chunk-size", "32000"]))?;
+    fs::remove_file(&builtin).map_err(|e| e.to_string())?;
+
+    // Params as the v24 Python manager left them.
+    let entry_name = Manifest::from_slice(CATALOG.as_bytes())
+        .ok()
+        .and_then(|m| {
+            let id: ModelId = scenario.selected.parse().ok()?;
+            let e = m.get(&id)?;
+            Some((e.name()?.to_string(), e.version()?.to_string()))
+        })
+        .unwrap_or_else(|| (scenario.selected.to_string(), "v11".into()));
+    for (key, value) in [
+        ("Model", scenario.selected),
+        ("DrivingModel", scenario.selected),
+        ("DrivingModelName", entry_name.0.as_str()),
+        ("ModelVersion", entry_name.1.as_str()),
+        ("DrivingModelVersion", entry_name.1.as_str()),
+        ("ModelManifestVersion", OLD_GENERATION),
+    ] {
+        write(params.join(key), value.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// `name -> sha256` of every regular file in `dir`.
+pub fn digests(dir: &Path) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for entry in fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        if !entry.file_type().map_err(|e| e.to_string())?.is_file() {
+            continue;
+        }
+        let (d, _) = Sha256Digest::of_file(&entry.path()).map_err(|e| e.to_string())?;
+        out.insert(entry.file_name().to_string_lossy().into_owned(), d.to_hex());
+    }
+    Ok(out)
+}
+
+fn params(data: &Path) -> Result<BTreeMap<String, String>> {
+    let dir = data.join("params/d");
+    let mut out = BTreeMap::new();
+    for entry in fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        if let Ok(v) = fs::read_to_string(entry.path()) {
+            out.insert(entry.file_name().to_string_lossy().into_owned(), v);
+        }
+    }
+    Ok(out)
+}
+
+fn run(cmd: &mut Command) -> Result<Output> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {:?}: {e}", cmd.get_program()))?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(format!(
+            "{:?} {:?} failed ({}):\n{}{}",
+            cmd.get_program(),
+            cmd.get_args().collect::<Vec<_>>(),
+            out.status,
+            text(&out.stdout),
+            text(&out.stderr)
+        ))
+    }
+}
+
+fn model_id(id: &str) -> Result<ModelId> {
+    id.parse().map_err(|e| format!("{e}"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
