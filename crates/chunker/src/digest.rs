@@ -43,21 +43,10 @@ impl Sha256Digest {
 
     /// Digest of everything `reader` yields, streamed through a bounded buffer.
     /// Returns the digest and the number of bytes read.
-    pub fn of_reader(mut reader: impl Read) -> io::Result<(Self, u64)> {
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; IO_BUFFER_SIZE];
-        let mut total = 0u64;
-        loop {
-            let n = match reader.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
-            hasher.update(&buf[..n]);
-            total += n as u64;
-        }
-        Ok((Self(hasher.finalize().into()), total))
+    pub fn of_reader(reader: impl Read) -> io::Result<(Self, u64)> {
+        let mut hasher = Hasher::new();
+        let total = hasher.update_from_reader(reader)?;
+        Ok((hasher.finish(), total))
     }
 
     /// Digest and size of a file on disk, streamed.
@@ -118,6 +107,23 @@ impl Hasher {
 
     pub fn update(&mut self, data: &[u8]) {
         self.0.update(data);
+    }
+
+    /// Feed everything `reader` yields, streamed through a bounded buffer; returns the number
+    /// of bytes read. Lets several readers (the chunks of a set) feed one digest.
+    pub fn update_from_reader(&mut self, mut reader: impl Read) -> io::Result<u64> {
+        let mut buf = vec![0u8; IO_BUFFER_SIZE];
+        let mut total = 0u64;
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => return Ok(total),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            self.0.update(&buf[..n]);
+            total += n as u64;
+        }
     }
 
     pub fn finish(self) -> Sha256Digest {

@@ -1,10 +1,11 @@
 //! Streaming split of one artifact into a chunk set.
 //!
-//! One pass over the input, three threads: the reader hashes the whole artifact, the writer hashes
-//! each chunk and writes it to a temporary file, and the syncer fsyncs finished chunks while the
-//! next ones are written. Hashing twice costs two cores' worth of SHA-256 at most, and fsync runs
-//! beside it, so the split is bounded by the slower of hashing and durable writing rather than by
-//! their sum. Memory is a small fixed pool of buffers whatever the artifact size.
+//! One pass over the input, in a pipeline of four threads that pass a small fixed pool of buffers
+//! along: the reader hashes the whole artifact, the chunk hasher hashes each chunk, the writer
+//! writes each chunk to a temporary file, and the syncer fsyncs finished chunks while the next
+//! ones are written. The two SHA-256 passes every byte needs run on two cores, and writing and
+//! fsync run beside them, so the split is bounded by the slower of hashing and durable writing
+//! rather than by their sum. Memory is the buffer pool whatever the artifact size.
 //!
 //! Nothing appears under a final name until every chunk is durable: then the old chunk manifest
 //! (if any) is removed, the chunks are renamed into place, the `.sha256` sidecar is written, and the
@@ -114,14 +115,30 @@ pub fn split_reader<R: Read>(
         count,
     };
 
-    let (read_result, write_result) = thread::scope(|scope| {
-        let writer = scope.spawn(move || write_chunks(writer_cfg, full_rx, empty_tx));
+    let (hashed_tx, hashed_rx) = sync_channel::<(Vec<u8>, usize)>(BUFFERS_IN_FLIGHT);
+    let chunk_size = opts.chunk_size;
+    let (read_result, digests, write_result) = thread::scope(|scope| {
+        let hasher = scope.spawn(move || hash_chunks(chunk_size, full_rx, hashed_tx));
+        let writer = scope.spawn(move || write_chunks(writer_cfg, hashed_rx, empty_tx));
         let read_result = read_and_hash(&mut reader, size, full_tx, empty_rx);
+        let digests = hasher.join().expect("chunk hasher panicked");
         let write_result = writer.join().expect("chunk writer panicked");
-        (read_result, write_result)
+        (read_result, digests, write_result)
     });
     // A writer error explains a reader's broken pipe, so report it first.
-    let staged = write_result?;
+    let mut staged = write_result?;
+    if digests.len() != staged.chunks.len() {
+        // Only possible when a stage stopped early; the reader's error says why.
+        read_result?;
+        return Err(Error::InputChanged {
+            path: out_dir.join(name),
+            expected: size,
+            actual: staged.chunks.iter().map(|c| c.size).sum(),
+        });
+    }
+    for (chunk, digest) in staged.chunks.iter_mut().zip(digests) {
+        chunk.sha256 = digest;
+    }
     let (whole, read_total) = read_result?;
     if read_total != size {
         return Err(Error::InputChanged {
@@ -209,6 +226,64 @@ fn fill<R: Read>(reader: &mut R, buf: &mut [u8]) -> io::Result<usize> {
     Ok(filled)
 }
 
+/// Cuts a byte stream into chunk-size pieces, remembering where the current chunk stands, so that
+/// the hashing and the writing stage cut the same stream at the same places.
+struct Cutter {
+    chunk_size: u64,
+    filled: u64,
+}
+
+impl Cutter {
+    /// Split off the next piece of `data` that fits in the current chunk. The flag says whether
+    /// the piece completes the chunk.
+    fn next<'a>(&mut self, data: &mut &'a [u8]) -> (&'a [u8], bool) {
+        let room = (self.chunk_size - self.filled).min(data.len() as u64) as usize;
+        let (piece, rest) = data.split_at(room);
+        *data = rest;
+        self.filled += room as u64;
+        let full = self.filled == self.chunk_size;
+        if full {
+            self.filled = 0;
+        }
+        (piece, full)
+    }
+}
+
+/// Hashing stage: one SHA-256 per chunk, on its own thread so that the two hashes of every byte
+/// (whole artifact and chunk) run on two cores; buffers go on to the writer untouched.
+fn hash_chunks(
+    chunk_size: u64,
+    full_rx: Receiver<(Vec<u8>, usize)>,
+    hashed_tx: SyncSender<(Vec<u8>, usize)>,
+) -> Vec<Sha256Digest> {
+    let mut cutter = Cutter {
+        chunk_size,
+        filled: 0,
+    };
+    let mut digests = Vec::new();
+    let mut hasher = Hasher::new();
+    let mut pending = false;
+    for (buf, len) in full_rx {
+        let mut data = &buf[..len];
+        while !data.is_empty() {
+            let (piece, full) = cutter.next(&mut data);
+            hasher.update(piece);
+            pending = true;
+            if full {
+                digests.push(std::mem::take(&mut hasher).finish());
+                pending = false;
+            }
+        }
+        if hashed_tx.send((buf, len)).is_err() {
+            break; // the writer stopped; its error is reported by the caller
+        }
+    }
+    if pending {
+        digests.push(hasher.finish());
+    }
+    digests
+}
+
 struct WriterConfig {
     name: String,
     out_dir: PathBuf,
@@ -216,22 +291,18 @@ struct WriterConfig {
     count: u32,
 }
 
-/// Chunks written and fsynced under temporary names, waiting to be renamed.
+/// Chunks written and fsynced under temporary names, waiting to be renamed. Chunk digests are
+/// filled in from the hashing stage.
 struct Staged {
     files: Vec<AtomicFile>,
     chunks: Vec<ChunkInfo>,
 }
 
-struct OpenChunk {
-    file: AtomicFile,
-    hasher: Hasher,
-    written: u64,
-}
-
-/// Writer side: cut the stream into chunks, hash and write each, hand finished ones to a syncer.
+/// Writing stage: cut the stream into chunks, write each to a temporary file, hand finished ones
+/// to a syncer thread so fsync overlaps the next chunk's writes.
 fn write_chunks(
     cfg: WriterConfig,
-    full_rx: Receiver<(Vec<u8>, usize)>,
+    hashed_rx: Receiver<(Vec<u8>, usize)>,
     empty_tx: SyncSender<Vec<u8>>,
 ) -> Result<Staged> {
     let (sync_tx, sync_rx) = sync_channel::<AtomicFile>(MAX_CHUNKS as usize);
@@ -244,7 +315,7 @@ fn write_chunks(
             }
             Ok(done)
         });
-        let written = cut_and_write(&cfg, full_rx, empty_tx, sync_tx);
+        let written = cut_and_write(&cfg, hashed_rx, empty_tx, sync_tx);
         let synced = syncer.join().expect("chunk syncer panicked");
         let chunks = written?;
         let files = synced?;
@@ -254,60 +325,73 @@ fn write_chunks(
 
 fn cut_and_write(
     cfg: &WriterConfig,
-    full_rx: Receiver<(Vec<u8>, usize)>,
+    hashed_rx: Receiver<(Vec<u8>, usize)>,
     empty_tx: SyncSender<Vec<u8>>,
     sync_tx: SyncSender<AtomicFile>,
 ) -> Result<Vec<ChunkInfo>> {
     let mut chunks = Vec::with_capacity(cfg.count as usize);
-    let mut current: Option<OpenChunk> = None;
-    for (buf, len) in full_rx {
+    let mut cutter = Cutter {
+        chunk_size: cfg.chunk_size,
+        filled: 0,
+    };
+    let mut current: Option<(AtomicFile, u64)> = None;
+    for (buf, len) in hashed_rx {
         let mut data = &buf[..len];
         while !data.is_empty() {
-            if current.is_none() {
-                let index = chunks.len() as u32 + 1;
-                let dest = cfg.out_dir.join(chunk_name(&cfg.name, index, cfg.count));
-                let file = AtomicFile::create(&dest).ctx(&dest)?;
-                current = Some(OpenChunk {
+            let (file, written) = match &mut current {
+                Some(open) => open,
+                None => {
+                    let index = chunks.len() as u32 + 1;
+                    let dest = cfg.out_dir.join(chunk_name(&cfg.name, index, cfg.count));
+                    let file = AtomicFile::create(&dest).ctx(&dest)?;
+                    current.insert((file, 0))
+                }
+            };
+            let (piece, full) = cutter.next(&mut data);
+            let temp = file.temp_path().to_path_buf();
+            file.write_all(piece).ctx(&temp)?;
+            *written += piece.len() as u64;
+            if full {
+                let (file, size) = current.take().expect("open");
+                chunks.push(finish_chunk(
+                    cfg,
                     file,
-                    hasher: Hasher::new(),
-                    written: 0,
-                });
-            }
-            let chunk = current.as_mut().expect("just opened");
-            let room = (cfg.chunk_size - chunk.written).min(data.len() as u64) as usize;
-            let (piece, rest) = data.split_at(room);
-            chunk.hasher.update(piece);
-            let temp = chunk.file.temp_path().to_path_buf();
-            chunk.file.write_all(piece).ctx(&temp)?;
-            chunk.written += room as u64;
-            data = rest;
-            if chunk.written == cfg.chunk_size {
-                let done = current.take().expect("open");
-                chunks.push(finish_chunk(cfg, done, chunks.len() as u32 + 1, &sync_tx));
+                    size,
+                    chunks.len() as u32 + 1,
+                    &sync_tx,
+                ));
             }
         }
         // The reader may have stopped; returning the buffer is best effort.
         let _ = empty_tx.try_send(buf);
     }
-    if let Some(done) = current.take() {
-        chunks.push(finish_chunk(cfg, done, chunks.len() as u32 + 1, &sync_tx));
+    if let Some((file, size)) = current.take() {
+        chunks.push(finish_chunk(
+            cfg,
+            file,
+            size,
+            chunks.len() as u32 + 1,
+            &sync_tx,
+        ));
     }
     Ok(chunks)
 }
 
 fn finish_chunk(
     cfg: &WriterConfig,
-    chunk: OpenChunk,
+    file: AtomicFile,
+    size: u64,
     index: u32,
     sync_tx: &SyncSender<AtomicFile>,
 ) -> ChunkInfo {
     let info = ChunkInfo {
         name: chunk_name(&cfg.name, index, cfg.count),
-        size: chunk.written,
-        sha256: chunk.hasher.finish(),
+        size,
+        // Filled in from the hashing stage once every stage is done.
+        sha256: Sha256Digest::from_bytes([0; 32]),
     };
     // The syncer only stops early on error; the file is then dropped, removing its temporary.
-    let _ = sync_tx.send(chunk.file);
+    let _ = sync_tx.send(file);
     info
 }
 

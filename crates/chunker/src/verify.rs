@@ -191,23 +191,14 @@ fn hash_pieces(
     per_piece: bool,
 ) -> Result<(Sha256Digest, Vec<Sha256Digest>)> {
     let mut reader = crate::ArtifactReader::new(pieces.to_vec());
-    let describe = |pieces: &[(PathBuf, u64)]| {
-        pieces
-            .first()
-            .map(|(p, _)| p.clone())
-            .unwrap_or_else(|| PathBuf::from("<artifact>"))
-    };
+    // Where a read error is reported (the reader's own message names the exact piece).
+    let what = pieces
+        .first()
+        .map(|(p, _)| p.clone())
+        .unwrap_or_else(|| PathBuf::from("<artifact>"));
     if !per_piece {
-        let mut hasher = Hasher::new();
-        let mut buf = vec![0u8; IO_BUFFER_SIZE];
-        loop {
-            let n = reader.read(&mut buf).ctx(&describe(pieces))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-        }
-        return Ok((hasher.finish(), Vec::new()));
+        let (whole, _) = Sha256Digest::of_reader(reader).ctx(&what)?;
+        return Ok((whole, Vec::new()));
     }
 
     let sizes: Vec<u64> = pieces.iter().map(|(_, s)| *s).collect();
@@ -242,7 +233,7 @@ fn hash_pieces(
         let result = (|| {
             loop {
                 let mut buf = vec![0u8; IO_BUFFER_SIZE];
-                let n = reader.read(&mut buf).ctx(&describe(pieces))?;
+                let n = reader.read(&mut buf).ctx(&what)?;
                 if n == 0 {
                     break;
                 }
