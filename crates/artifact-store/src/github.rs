@@ -262,12 +262,6 @@ impl Store for GithubStore {
         Ok(out)
     }
 
-    fn copy(&self, from: &StorePath, to: &StorePath) -> Result<()> {
-        let mut src = self.open(from)?;
-        self.write(to, &mut src)?;
-        Ok(())
-    }
-
     fn delete(&self, path: &StorePath) -> Result<bool> {
         let rel = self.branch_path(path)?;
         if self.files.stat(&rel)?.is_none() {

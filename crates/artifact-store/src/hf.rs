@@ -180,6 +180,42 @@ impl HubHttp {
     }
 }
 
+impl HubHttp {
+    /// HEAD a resolve URL: the stored file's size, `None` on 404. A redirect's own
+    /// Content-Length describes the redirect body, so the Hub's `X-Linked-Size` on the first
+    /// answer is trusted there, and Content-Length only on the final one.
+    pub(crate) fn stat(&self, url: &str) -> Result<Option<FileStat>> {
+        let (resp, first) = self.send(Method::HEAD, url)?;
+        match resp.status() {
+            StatusCode::NOT_FOUND => Ok(None),
+            s if s.is_success() => {
+                let size = header_u64(&first, "x-linked-size")
+                    .or_else(|| header_u64(resp.headers(), CONTENT_LENGTH.as_str()))
+                    .ok_or_else(|| Error::BadResponse {
+                        url: url.to_string(),
+                        reason: "no Content-Length or X-Linked-Size".into(),
+                    })?;
+                Ok(Some(FileStat { size }))
+            }
+            s => Err(status_error("HEAD", url, s)),
+        }
+    }
+
+    /// GET a resolve URL as a stream; `not_found()` on 404.
+    pub(crate) fn open(
+        &self,
+        url: &str,
+        not_found: impl FnOnce() -> Error,
+    ) -> Result<Box<dyn Read + Send>> {
+        let (resp, _) = self.send(Method::GET, url)?;
+        match resp.status() {
+            StatusCode::NOT_FOUND => Err(not_found()),
+            StatusCode::OK => Ok(Box::new(resp)),
+            s => Err(status_error("GET", url, s)),
+        }
+    }
+}
+
 fn status_error(method: &'static str, url: &str, status: StatusCode) -> Error {
     let hint = match status.as_u16() {
         401 | 403 => "; check HF_TOKEN (it must have access to this bucket or repository)",
@@ -361,36 +397,14 @@ impl Store for HfBucketStore {
     }
 
     fn stat(&self, path: &StorePath) -> Result<Option<FileStat>> {
-        let url = self.resolve_url(path);
-        let (resp, first) = self.http.send(Method::HEAD, &url)?;
-        match resp.status() {
-            StatusCode::NOT_FOUND => Ok(None),
-            s if s.is_success() => {
-                // A redirect's own Content-Length describes the redirect body: trust the
-                // Hub's X-Linked-Size there, and Content-Length only on the final answer.
-                let size = header_u64(&first, "x-linked-size")
-                    .or_else(|| header_u64(resp.headers(), CONTENT_LENGTH.as_str()))
-                    .ok_or_else(|| Error::BadResponse {
-                        url: url.clone(),
-                        reason: "no Content-Length or X-Linked-Size".into(),
-                    })?;
-                Ok(Some(FileStat { size }))
-            }
-            s => Err(status_error("HEAD", &url, s)),
-        }
+        self.http.stat(&self.resolve_url(path))
     }
 
     fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
-        let url = self.resolve_url(path);
-        let (resp, _) = self.http.send(Method::GET, &url)?;
-        match resp.status() {
-            StatusCode::NOT_FOUND => Err(Error::NotFound {
-                store: self.describe(),
-                path: path.to_string(),
-            }),
-            StatusCode::OK => Ok(Box::new(resp)),
-            s => Err(status_error("GET", &url, s)),
-        }
+        self.http.open(&self.resolve_url(path), || Error::NotFound {
+            store: self.describe(),
+            path: path.to_string(),
+        })
     }
 
     fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {

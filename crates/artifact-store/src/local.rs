@@ -99,12 +99,6 @@ impl Store for LocalStore {
         Ok(out)
     }
 
-    fn copy(&self, from: &StorePath, to: &StorePath) -> Result<()> {
-        let mut src = self.open(from)?;
-        self.write(to, &mut src)?;
-        Ok(())
-    }
-
     fn delete(&self, path: &StorePath) -> Result<bool> {
         let p = self.fs_path(path);
         let removed = atomic::remove_if_exists(&p).at(&p)?;

@@ -13,8 +13,6 @@ use std::fmt;
 use std::io::Read;
 use std::path::PathBuf;
 
-use reqwest::{Method, StatusCode};
-
 use crate::error::{Error, Result};
 use crate::github::GithubStore;
 use crate::hf::{HfBucketStore, HfConfig, HubHttp};
@@ -312,53 +310,14 @@ impl Store for HfRepoStore {
     }
 
     fn stat(&self, path: &StorePath) -> Result<Option<FileStat>> {
-        let url = self.resolve_url(path);
-        let (resp, first) = self.http.send(Method::HEAD, &url)?;
-        match resp.status() {
-            StatusCode::NOT_FOUND => Ok(None),
-            s if s.is_success() => {
-                let size = ["x-linked-size"]
-                    .iter()
-                    .find_map(|h| first.get(*h)?.to_str().ok()?.parse().ok())
-                    .or_else(|| {
-                        resp.headers()
-                            .get(reqwest::header::CONTENT_LENGTH)?
-                            .to_str()
-                            .ok()?
-                            .parse()
-                            .ok()
-                    })
-                    .ok_or_else(|| Error::BadResponse {
-                        url: url.clone(),
-                        reason: "no Content-Length or X-Linked-Size".into(),
-                    })?;
-                Ok(Some(FileStat { size }))
-            }
-            s => Err(Error::HttpStatus {
-                method: "HEAD",
-                url,
-                status: s.as_u16(),
-                hint: "",
-            }),
-        }
+        self.http.stat(&self.resolve_url(path))
     }
 
     fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
-        let url = self.resolve_url(path);
-        let (resp, _) = self.http.send(Method::GET, &url)?;
-        match resp.status() {
-            StatusCode::NOT_FOUND => Err(Error::NotFound {
-                store: self.describe(),
-                path: path.to_string(),
-            }),
-            StatusCode::OK => Ok(Box::new(resp)),
-            s => Err(Error::HttpStatus {
-                method: "GET",
-                url,
-                status: s.as_u16(),
-                hint: "",
-            }),
-        }
+        self.http.open(&self.resolve_url(path), || Error::NotFound {
+            store: self.describe(),
+            path: path.to_string(),
+        })
     }
 
     fn write(&self, path: &StorePath, _src: &mut dyn Read) -> Result<u64> {

@@ -19,7 +19,6 @@ use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use chunker::{
     Hasher, IO_BUFFER_SIZE, Resolved, Sha256Digest, chunk_manifest_name, format_chunk_manifest,
@@ -845,15 +844,7 @@ fn check_entry(
     if deep {
         let mut h = Hasher::new();
         for (p, _) in &pieces {
-            let mut r = store.open(p)?;
-            let mut buf = vec![0u8; IO_BUFFER_SIZE];
-            loop {
-                let n = r.read(&mut buf).at(p.as_str())?;
-                if n == 0 {
-                    break;
-                }
-                h.update(&buf[..n]);
-            }
+            h.update_from_reader(store.open(p)?).at(p.as_str())?;
         }
         let d = h.finish();
         if d != artifact.sha256 {
@@ -864,15 +855,6 @@ fn check_entry(
         }
     }
     Ok(())
-}
-
-/// Default retry policy for the CLI; exposed so callers can print it.
-pub fn default_retry() -> RetryPolicy {
-    RetryPolicy {
-        attempts: 4,
-        initial_delay: Duration::from_secs(2),
-        max_delay: Duration::from_secs(30),
-    }
 }
 
 #[cfg(test)]

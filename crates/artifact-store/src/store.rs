@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
 
-use chunker::{Hasher, IO_BUFFER_SIZE, Sha256Digest};
+use chunker::Sha256Digest;
 
 use crate::error::{Error, IoContext, Result};
 use crate::paths::StorePath;
@@ -51,8 +51,13 @@ pub trait Store: Send + Sync {
     /// Every file at or below `prefix`, sorted by path. A missing prefix lists nothing.
     fn list(&self, prefix: &StorePath) -> Result<Vec<ListEntry>>;
 
-    /// Copy a file within the store, server-side where the backend can.
-    fn copy(&self, from: &StorePath, to: &StorePath) -> Result<()>;
+    /// Copy a file within the store, server-side where the backend can; the default streams it
+    /// through [`Store::open`] and [`Store::write`].
+    fn copy(&self, from: &StorePath, to: &StorePath) -> Result<()> {
+        let mut src = self.open(from)?;
+        self.write(to, &mut src)?;
+        Ok(())
+    }
 
     /// Delete a file; `Ok(false)` when it was not there.
     fn delete(&self, path: &StorePath) -> Result<bool>;
@@ -77,7 +82,7 @@ pub trait Store: Send + Sync {
             Err(e) => return Err(e),
         };
         let what = format!("{} {}", self.describe(), path);
-        hash_reader(&mut reader, &what).map(Some)
+        Sha256Digest::of_reader(&mut reader).at(what).map(Some)
     }
 
     /// Read a small file (manifests, sidecars, chunk manifests) whole, refusing anything larger
@@ -106,22 +111,4 @@ pub trait Store: Send + Sync {
     fn write_bytes(&self, path: &StorePath, data: &[u8]) -> Result<u64> {
         self.write(path, &mut io::Cursor::new(data))
     }
-}
-
-/// Hash a stream in bounded memory.
-pub(crate) fn hash_reader(reader: &mut dyn Read, what: &str) -> Result<(Sha256Digest, u64)> {
-    let mut hasher = Hasher::new();
-    let mut buf = vec![0u8; IO_BUFFER_SIZE];
-    let mut total = 0u64;
-    loop {
-        let n = match reader.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e).at(what),
-        };
-        hasher.update(&buf[..n]);
-        total += n as u64;
-    }
-    Ok((hasher.finish(), total))
 }
