@@ -2,10 +2,11 @@
 //! `migration` and `downloader` crates; see `docs/device.md` for the contract (flags, exit codes,
 //! `--json` shapes, params).
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -28,42 +29,63 @@ mod code {
     pub const NO_SPACE: u8 = 8;
 }
 
+/// The exit codes, as `--help` shows them (and docs/cli.md, generated from it).
+const EXIT_CODES_HELP: &str = "\
+Exit codes (stable, see docs/device.md):
+  0  success
+  1  other failure (I/O, bad argument value, corrupt state file, unknown model)
+  2  usage error (bad flags or arguments)
+  3  busy: another manager holds the lock
+  4  download failed on every origin, or the published set is inconsistent
+  5  no origin served a valid manifest (offline, or every manifest rejected)
+  6  verification failed (a model is missing or does not match the catalog)
+  7  cancelled
+  8  not enough free space";
+
 #[derive(Parser)]
 #[command(
+    name = "device-modeld-manager",
     version,
-    about = "StarPilot on-device model manager: download, verify, migrate, resolve"
+    about = "StarPilot on-device model manager: download, verify, migrate, resolve",
+    after_help = EXIT_CODES_HELP
 )]
 struct Cli {
     /// Persistent data root (holds models/ and params/d/).
-    #[arg(long, global = true, default_value = "/data")]
+    #[arg(long, global = true, value_name = "DIR", default_value = "/data")]
     data_dir: PathBuf,
     /// Hugging Face bucket resolve base URL (tried first).
-    #[arg(long, global = true, default_value = downloader::DEFAULT_HF_BASE)]
+    #[arg(long, global = true, value_name = "URL", default_value = downloader::DEFAULT_HF_BASE)]
     hf_base: String,
     /// GitHub raw base URL of the Models branch (tried second).
-    #[arg(long, global = true, default_value = downloader::DEFAULT_GITHUB_BASE)]
+    #[arg(long, global = true, value_name = "URL", default_value = downloader::DEFAULT_GITHUB_BASE)]
     github_base: String,
-    /// Manifest generation this device reads (vNN).
-    #[arg(long, global = true, default_value_t = layout::CURRENT_GENERATION)]
+    /// Manifest generation this device reads, e.g. `v25`.
+    #[arg(long, global = true, value_name = "vNN", default_value_t = layout::CURRENT_GENERATION)]
     generation: Generation,
     /// Directory holding the built-in RDF V4 chunk set driving_tinygrad.pkl.*.
     #[arg(
         long,
         global = true,
+        value_name = "DIR",
         default_value = "/data/openpilot/selfdrive/modeld/models"
     )]
     builtin_dir: PathBuf,
     /// Memory params directory (ModelToDownload, ModelDownloadProgress, ...).
-    #[arg(long, global = true, default_value = "/dev/shm/params/d")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        default_value = "/dev/shm/params/d"
+    )]
     memory_params_dir: PathBuf,
     /// Parallel connections per download.
-    #[arg(long, global = true, default_value_t = 4)]
+    #[arg(long, global = true, value_name = "N", default_value_t = 4)]
     connections: usize,
     /// Parallel ranges within one chunk.
-    #[arg(long, global = true, default_value_t = 1)]
+    #[arg(long, global = true, value_name = "N", default_value_t = 1)]
     ranges_per_chunk: usize,
     /// Free space required beyond the artifact, in MiB.
-    #[arg(long, global = true, default_value_t = 64)]
+    #[arg(long, global = true, value_name = "N", default_value_t = 64)]
     space_margin_mib: u64,
     #[command(subcommand)]
     command: Command,
@@ -74,48 +96,86 @@ enum Command {
     /// Generation, selection, installed models and their verification state, free space, any
     /// interrupted migration.
     Status {
+        /// Print `{"generation","manifest_version","selected":{"id","name","version"},"resolved",
+        /// "catalog_models","installed":[{"id","state"}],"free_bytes","interrupted_migration"}`.
         #[arg(long)]
         json: bool,
     },
     /// Fetch the manifest, update the catalog params, migrate if the generation changed.
     Refresh {
+        /// Print `{"generation","manifest_origin","models","migrated_from","purged":[…],
+        /// "selected","fell_back_to_builtin"}`.
         #[arg(long)]
         json: bool,
     },
-    /// Download one model, or every downloadable model with --all.
+    /// Download one model, or every downloadable model with --all; prints the installed path.
     Download {
-        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        /// The model ID, e.g. `pop223`.
+        #[arg(
+            value_name = "ID",
+            required_unless_present = "all",
+            conflicts_with = "all"
+        )]
         id: Option<String>,
+        /// Every downloadable catalog model (not external-GPU, built-in or local).
         #[arg(long)]
         all: bool,
-    },
-    /// Re-hash installed models (or one) against the catalog.
-    Verify {
-        id: Option<String>,
+        /// Print `{"models":[{"id","path","downloaded"}]}`; `downloaded` is false when a verified
+        /// copy was already installed (or the model is built-in or local).
         #[arg(long)]
         json: bool,
     },
-    /// Print the path modeld should load (last line).
-    Resolve,
+    /// Re-hash installed models (or one) against the catalog. Exits 6 on a missing or bad one.
+    Verify {
+        /// Only this model (default: every installed catalog model).
+        #[arg(value_name = "ID")]
+        id: Option<String>,
+        /// Print `{"models":[{"id","state"}]}`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the path modeld should load (last line of stdout).
+    Resolve {
+        /// Print `{"path","id","name","version","builtin"}` as the last line instead.
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove stray temporaries and artifacts not in the catalog (never local-*).
     Gc {
+        /// Print `{"removed":[…]}`.
         #[arg(long)]
         json: bool,
     },
     /// Daemon: serve ModelToDownload / DownloadAllModels / CancelModelDownload.
     Run {
-        /// How often the memory params are polled.
-        #[arg(long, default_value_t = 1000)]
+        /// How often the memory params are polled, in milliseconds.
+        #[arg(long, value_name = "MS", default_value_t = 1000)]
         poll_ms: u64,
-        /// How often the manifest is refreshed.
-        #[arg(long, default_value_t = 3600)]
+        /// How often the manifest is refreshed, in seconds.
+        #[arg(long, value_name = "SECS", default_value_t = 3600)]
         refresh_secs: u64,
+    },
+    /// Print a shell completion script, e.g.
+    /// `device-modeld-manager completions bash > /etc/bash_completion.d/device-modeld-manager`.
+    Completions {
+        /// The shell to generate for.
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
     },
 }
 
 struct Fail {
     code: u8,
     message: String,
+}
+
+impl Fail {
+    fn new(code: u8, message: impl Into<String>) -> Self {
+        Fail {
+            code,
+            message: message.into(),
+        }
+    }
 }
 
 impl From<migration::Error> for Fail {
@@ -126,10 +186,38 @@ impl From<migration::Error> for Fail {
             migration::Error::NotVerified { .. } => code::NOT_VERIFIED,
             _ => code::FAILURE,
         };
-        Fail {
-            code,
-            message: e.to_string(),
+        let mut message = e.to_string();
+        if let Some(next) = next_step(&e) {
+            message.push_str("\nnext: ");
+            message.push_str(next);
         }
+        Fail { code, message }
+    }
+}
+
+/// What to do next, for the errors whose own message does not already say it.
+fn next_step(e: &migration::Error) -> Option<&'static str> {
+    use downloader::Error as D;
+    match e {
+        migration::Error::Download(D::ManifestUnavailable { .. }) => Some(
+            "nothing on this device was changed; check the network (or --hf-base/--github-base) \
+             and run `refresh` again",
+        ),
+        migration::Error::Download(D::Cancelled { .. }) => {
+            Some("run the same command again; finished chunks are kept and not fetched twice")
+        }
+        migration::Error::Download(D::InsufficientSpace { .. }) => None,
+        migration::Error::Download(D::Io { .. }) => {
+            Some("check that the data dir is writable and not full, then run the command again")
+        }
+        migration::Error::Download(_) => Some(
+            "the previously installed model (or the built-in) stays in use; run the same command \
+             again later (finished chunks are resumed), or `status` to see what is installed",
+        ),
+        migration::Error::NotVerified { .. } => {
+            Some("download the model again (`download <ID>`); `resolve` will not hand it to modeld")
+        }
+        _ => None,
     }
 }
 
@@ -154,7 +242,104 @@ fn main() -> ExitCode {
     }
 }
 
+/// Write bytes to stdout; a closed pipe (`| head`) is not an error worth a panic.
+fn write_stdout(bytes: &[u8]) -> Result<(), Fail> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Fail::new(code::FAILURE, format!("stdout: {e}"))),
+    }
+}
+
+/// Print one line on stdout (a closed pipe is not an error).
+fn out_line(line: impl std::fmt::Display) -> Result<(), Fail> {
+    write_stdout(format!("{line}\n").as_bytes())
+}
+
+/// Progress text on stderr. On a terminal, percentages redraw one line as a bar; elsewhere
+/// (logs, pipes) every tenth percent gets a line of its own. Other messages always get a line.
+struct Progress {
+    tty: bool,
+    state: Mutex<ProgressState>,
+}
+
+#[derive(Default)]
+struct ProgressState {
+    label: String,
+    /// A bar is drawn on the current line and must be cleared before other text.
+    drawn: bool,
+    last_logged: Option<u64>,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress {
+            tty: std::io::stderr().is_terminal(),
+            state: Mutex::new(ProgressState::default()),
+        }
+    }
+
+    /// What the following percentages are about, e.g. `pop223`.
+    fn label(&self, label: &str) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.label = label.to_string();
+        st.last_logged = None;
+    }
+
+    fn say(&self, text: &str) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let pct = text
+            .strip_suffix('%')
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|p| *p <= 100);
+        match pct {
+            Some(p) if self.tty => {
+                const WIDTH: u64 = 30;
+                let filled = (p * WIDTH / 100) as usize;
+                eprint!(
+                    "\r\x1b[2K{} [{}{}] {p:>3}%",
+                    st.label,
+                    "=".repeat(filled),
+                    " ".repeat(WIDTH as usize - filled)
+                );
+                st.drawn = true;
+            }
+            Some(p) => {
+                if p / 10 != st.last_logged.unwrap_or(u64::MAX) / 10 || p == 100 {
+                    if st.last_logged != Some(p) {
+                        eprintln!("{} {p}%", st.label);
+                    }
+                    st.last_logged = Some(p);
+                }
+            }
+            None => {
+                if st.drawn {
+                    eprint!("\r\x1b[2K");
+                    st.drawn = false;
+                }
+                eprintln!("{text}");
+            }
+        }
+    }
+
+    fn finish(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.drawn {
+            eprintln!();
+            st.drawn = false;
+        }
+    }
+}
+
 fn run(cli: Cli) -> Result<(), Fail> {
+    if let Command::Completions { shell } = cli.command {
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut cmd, "device-modeld-manager", &mut script);
+        return write_stdout(&script);
+    }
     let device = Device::new(DeviceConfig {
         data_dir: cli.data_dir.clone(),
         memory_params_dir: cli.memory_params_dir.clone(),
@@ -170,61 +355,112 @@ fn run(cli: Cli) -> Result<(), Fail> {
             ..DownloadConfig::default()
         },
     );
-    let print = |s: &str| eprintln!("{s}");
+    let progress = Progress::new();
+    let print = |s: &str| progress.say(s);
     match cli.command {
-        Command::Resolve => {
+        Command::Resolve { json } => {
             let (path, sel) = device.resolve()?;
+            if json {
+                return out_line(json!({
+                    "path": path,
+                    "id": sel.id,
+                    "name": sel.name,
+                    "version": sel.version,
+                    "builtin": sel.is_builtin(),
+                }));
+            }
             eprintln!("model: {} ({})", sel.id, sel.name);
-            println!("{}", path.display());
-            Ok(())
+            out_line(path.display())
         }
         Command::Status { json } => status(&device, json),
         Command::Refresh { json } => {
             let _lock = ManagerLock::acquire(&device.models_dir())?;
-            let r = migration::refresh(&device, &dl, &CancelToken::new(), &print)?;
+            progress.label("selected model");
+            let r = migration::refresh(&device, &dl, &CancelToken::new(), &print);
+            progress.finish();
+            let r = r?;
             if json {
-                println!("{}", serde_json::to_string(&r).expect("serializable"));
-            } else {
-                println!(
-                    "{} manifest from {}: {} models; selected {}{}{}",
-                    r.generation,
-                    r.manifest_origin,
-                    r.models,
-                    r.selected,
-                    r.migrated_from
-                        .as_ref()
-                        .map(|f| format!("; migrated from {f}, purged {} files", r.purged.len()))
-                        .unwrap_or_default(),
-                    if r.fell_back_to_builtin {
-                        " (fell back to the built-in model)"
-                    } else {
-                        ""
-                    }
+                return out_line(serde_json::to_string(&r).expect("serializable"));
+            }
+            out_line(format_args!(
+                "{} manifest from {}: {} models; selected {}{}{}",
+                r.generation,
+                r.manifest_origin,
+                r.models,
+                r.selected,
+                r.migrated_from
+                    .as_ref()
+                    .map(|f| format!("; migrated from {f}, purged {} files", r.purged.len()))
+                    .unwrap_or_default(),
+                if r.fell_back_to_builtin {
+                    " (fell back to the built-in model)"
+                } else {
+                    ""
+                }
+            ))?;
+            if r.fell_back_to_builtin {
+                eprintln!(
+                    "next: the selected model is not available for {}; pick another one, then \
+                     `download <ID>` it",
+                    r.generation
                 );
+            } else {
+                eprintln!("next: `resolve` prints the path modeld loads; `status` shows the rest");
             }
             Ok(())
         }
-        Command::Download { id, all } => {
+        Command::Download { id, all, json } => {
             let _lock = ManagerLock::acquire(&device.models_dir())?;
             let cancel = CancelToken::new();
+            let mut done = Vec::new();
             if all {
                 let catalog = device.require_catalog()?;
                 for entry in migration::downloadable(&catalog) {
-                    eprintln!("downloading {}", entry.id());
-                    migration::install(&device, &dl, entry, &cancel, &print)?;
+                    progress.label(entry.id().as_str());
+                    print(&format!("downloading {}", entry.id()));
+                    let r = migration::install(&device, &dl, entry, &cancel, &print);
+                    progress.finish();
+                    done.push((entry.id().clone(), r?.is_some()));
                 }
-                println!("All models downloaded!");
             } else {
                 let id: ModelId =
                     id.unwrap_or_default()
                         .parse()
-                        .map_err(|e: manifest::Error| Fail {
-                            code: code::FAILURE,
-                            message: e.to_string(),
+                        .map_err(|e: manifest::Error| {
+                            Fail::new(
+                                code::FAILURE,
+                                format!("{e}\nnext: `status` lists the catalog's models"),
+                            )
                         })?;
-                migration::download_model(&device, &dl, &id, &cancel, &print)?;
-                println!("{}", device.artifact_path(&id).display());
+                progress.label(id.as_str());
+                let r = migration::download_model(&device, &dl, &id, &cancel, &print);
+                progress.finish();
+                done.push((id, r?.is_some()));
             }
+            let path_of = |id: &ModelId| {
+                if migration::is_builtin_id(id.as_str()) {
+                    device.builtin_path()
+                } else {
+                    device.artifact_path(id)
+                }
+            };
+            if json {
+                let models: Vec<_> = done
+                    .iter()
+                    .map(|(id, downloaded)| {
+                        json!({"id": id.as_str(), "path": path_of(id), "downloaded": downloaded})
+                    })
+                    .collect();
+                return out_line(json!({ "models": models }));
+            }
+            if all {
+                out_line("All models downloaded!")?;
+            } else if let Some((id, _)) = done.first() {
+                out_line(path_of(id).display())?;
+            }
+            eprintln!(
+                "next: select a model in the UI (param `Model`); `resolve` prints what modeld loads"
+            );
             Ok(())
         }
         Command::Verify { id, json } => verify(&device, id, json),
@@ -232,11 +468,13 @@ fn run(cli: Cli) -> Result<(), Fail> {
             let _lock = ManagerLock::acquire(&device.models_dir())?;
             let removed = migration::gc(&device)?;
             if json {
-                println!("{}", json!({ "removed": removed }));
-            } else {
-                for r in &removed {
-                    println!("removed {r}");
-                }
+                return out_line(json!({ "removed": removed }));
+            }
+            for r in &removed {
+                out_line(format_args!("removed {r}"))?;
+            }
+            if removed.is_empty() {
+                eprintln!("nothing to remove");
             }
             Ok(())
         }
@@ -249,6 +487,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
             Duration::from_millis(poll_ms),
             Duration::from_secs(refresh_secs),
         ),
+        Command::Completions { .. } => unreachable!("handled before the device is opened"),
     }
 }
 
@@ -278,25 +517,55 @@ fn status(device: &Device, json_out: bool) -> Result<(), Fail> {
         "interrupted_migration": journal,
     });
     if json_out {
-        println!("{v}");
-    } else {
-        println!("generation: {}", v["generation"]);
-        println!("manifest version: {}", v["manifest_version"]);
-        println!("selected: {} ({} {})", sel.id, sel.name, sel.version);
-        println!("resolves to: {}", resolved.display());
-        for m in &models {
-            println!("  {} {}", m["id"].as_str().unwrap_or_default(), m["state"]);
-        }
-        println!(
-            "free bytes: {}",
-            free.map(|f| f.to_string()).unwrap_or("unknown".into())
+        return out_line(v);
+    }
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("none").to_string();
+    let mut lines = vec![
+        format!("generation: {}", text(&v["generation"])),
+        format!("manifest version: {}", text(&v["manifest_version"])),
+        format!("selected: {} ({} {})", sel.id, sel.name, sel.version),
+        format!("resolves to: {}", resolved.display()),
+        match catalog.as_ref() {
+            Some(c) => format!("catalog: {} models", c.models().len()),
+            None => "catalog: none yet".to_string(),
+        },
+    ];
+    for m in &models {
+        lines.push(format!(
+            "  {} {}",
+            m["id"].as_str().unwrap_or_default(),
+            m["state"].as_str().unwrap_or_default()
+        ));
+    }
+    lines.push(format!(
+        "free bytes: {}",
+        free.map(|f| f.to_string()).unwrap_or("unknown".into())
+    ));
+    if let Some(j) = &journal {
+        lines.push(format!(
+            "interrupted migration: {} -> {} at phase {:?}",
+            j.from.as_deref().unwrap_or("none"),
+            j.to,
+            j.phase
+        ));
+    }
+    for l in lines {
+        out_line(l)?;
+    }
+    if journal.is_some() {
+        eprintln!("next: `refresh` finishes the interrupted migration");
+    } else if catalog.is_none() {
+        eprintln!(
+            "next: `refresh` (online) fetches the {} catalog",
+            device.config.generation
         );
-        if let Some(j) = journal {
-            println!(
-                "interrupted migration: {:?} -> {} at phase {:?}",
-                j.from, j.to, j.phase
-            );
-        }
+    } else if models
+        .iter()
+        .any(|m| m["state"].as_str() == Some("corrupt"))
+    {
+        eprintln!(
+            "next: `download <ID>` replaces a corrupt model; `resolve` never hands one to modeld"
+        );
     }
     Ok(())
 }
@@ -311,6 +580,10 @@ fn verify(device: &Device, id: Option<String>, json_out: bool) -> Result<(), Fai
         {
             continue;
         }
+        // Only artifacts that are there get hashed; say so, since that can take a while.
+        if !json_out && matches!(chunker::resolve(&device.artifact_path(e.id())), Ok(Some(_))) {
+            eprintln!("verifying {}...", e.id());
+        }
         let state = device.verify_entry(e, true)?;
         if state == VerifyState::Missing && id.is_none() {
             continue;
@@ -321,27 +594,34 @@ fn verify(device: &Device, id: Option<String>, json_out: bool) -> Result<(), Fai
     if let Some(want) = &id
         && results.is_empty()
     {
-        return Err(Fail {
-            code: code::FAILURE,
-            message: format!(
-                "model {want} is not in the {} catalog",
+        return Err(Fail::new(
+            code::FAILURE,
+            format!(
+                "model {want} is not in the {} catalog; `status` lists the installed models",
                 device.config.generation
             ),
-        });
+        ));
     }
     if json_out {
-        println!("{}", json!({ "models": results }));
+        out_line(json!({ "models": results }))?;
     } else {
         for r in &results {
-            println!("{} {}", r["id"].as_str().unwrap_or_default(), r["state"]);
+            out_line(format_args!(
+                "{} {}",
+                r["id"].as_str().unwrap_or_default(),
+                r["state"].as_str().unwrap_or_default()
+            ))?;
+        }
+        if results.is_empty() {
+            eprintln!("no installed models to verify");
         }
     }
     if bad {
-        return Err(Fail {
-            code: code::NOT_VERIFIED,
-            message: "some models are missing or do not match the catalog; run `download` again"
-                .into(),
-        });
+        return Err(Fail::new(
+            code::NOT_VERIFIED,
+            "some models are missing or do not match the catalog; run `download <ID>` for each \
+             one not listed as verified",
+        ));
     }
     Ok(())
 }

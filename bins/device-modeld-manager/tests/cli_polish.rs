@@ -1,0 +1,268 @@
+//! The CLI surface added for operators: `--json` on `download` and `resolve`, `completions`,
+//! the exit-code table in `--help`, and errors that say what to do next. The real binary
+//! against a real HTTP server on 127.0.0.1.
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use test_support::http_server::{Fault, FaultServer};
+use test_support::published::{GH_DIR, HF_DIR};
+use test_support::published::{artifact_bytes, manifest_json, publish_model, write_manifest};
+
+const BIN: &str = env!("CARGO_BIN_EXE_device-modeld-manager");
+const CHUNK: usize = 64 * 1024;
+
+/// A fresh device (no params, no models) and an origin publishing v25 with `pop223`.
+struct Fresh {
+    dir: tempfile::TempDir,
+    server: FaultServer,
+}
+
+impl Fresh {
+    fn new() -> Fresh {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("origin");
+        fs::create_dir_all(&root).unwrap();
+        let pop = publish_model(
+            &root,
+            "v25",
+            "pop223",
+            &artifact_bytes(7, 3 * CHUNK + 5),
+            Some(CHUNK),
+        );
+        write_manifest(&root, "v25", manifest_json("v25", &[pop], true).as_bytes());
+        let server = FaultServer::start(&root).unwrap();
+        let builtin = dir.path().join("builtin");
+        fs::create_dir_all(&builtin).unwrap();
+        fs::write(builtin.join("driving_tinygrad.pkl.chunk01of01"), b"builtin").unwrap();
+        fs::write(builtin.join("driving_tinygrad.pkl.chunkmanifest"), b"1").unwrap();
+        Fresh { dir, server }
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn builtin(&self) -> PathBuf {
+        self.dir.path().join("builtin")
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("--data-dir")
+            .arg(self.data())
+            .arg("--hf-base")
+            .arg(format!("{}/{HF_DIR}", self.server.url()))
+            .arg("--github-base")
+            .arg(format!("{}/{GH_DIR}", self.server.url()))
+            .args(["--generation", "v25", "--space-margin-mib", "0"])
+            .arg("--builtin-dir")
+            .arg(self.builtin())
+            .arg("--memory-params-dir")
+            .arg(self.dir.path().join("shm"))
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+fn ok(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().expect("a line on stdout");
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn download_and_resolve_report_as_json() {
+    let w = Fresh::new();
+    ok(&w.run(&["refresh", "--json"]));
+    let installed = w.data().join("models/pop223_driving_tinygrad.pkl");
+
+    // The selection of a fresh device is the built-in: resolve says so.
+    let r = ok(&w.run(&["resolve", "--json"]));
+    assert_eq!(r["id"], "rdf43");
+    assert_eq!(r["builtin"], true);
+    assert_eq!(
+        Path::new(r["path"].as_str().unwrap()),
+        w.builtin().join("driving_tinygrad.pkl")
+    );
+
+    // First download fetches it, the second finds it verified and fetches nothing.
+    let d = ok(&w.run(&["download", "pop223", "--json"]));
+    assert_eq!(d["models"][0]["id"], "pop223");
+    assert_eq!(d["models"][0]["downloaded"], true);
+    assert_eq!(
+        Path::new(d["models"][0]["path"].as_str().unwrap()),
+        installed
+    );
+    assert!(installed.is_file());
+    w.server.clear_requests();
+    let d = ok(&w.run(&["download", "--all", "--json"]));
+    assert_eq!(d["models"].as_array().unwrap().len(), 1);
+    assert_eq!(d["models"][0]["downloaded"], false);
+    assert!(w.server.requests().is_empty(), "{:?}", w.server.requests());
+
+    // The built-in is never downloaded, and its path is the built-in's, not /data/models.
+    let d = ok(&w.run(&["download", "rdf43", "--json"]));
+    assert_eq!(d["models"][0]["downloaded"], false);
+    assert_eq!(
+        Path::new(d["models"][0]["path"].as_str().unwrap()),
+        w.builtin().join("driving_tinygrad.pkl")
+    );
+    let human = w.run(&["download", "rdf43"]);
+    assert_eq!(
+        String::from_utf8_lossy(&human.stdout).trim(),
+        w.builtin()
+            .join("driving_tinygrad.pkl")
+            .display()
+            .to_string()
+    );
+
+    // Once selected (the UI writes the params), resolve points at the verified install.
+    let params = w.data().join("params/d");
+    for key in ["Model", "DrivingModel"] {
+        fs::write(params.join(key), "pop223").unwrap();
+    }
+    let r = ok(&w.run(&["resolve", "--json"]));
+    assert_eq!(r["id"], "pop223");
+    assert_eq!(r["builtin"], false);
+    assert_eq!(Path::new(r["path"].as_str().unwrap()), installed);
+    // Without --json the last line stays the bare path (the modeld contract).
+    let plain = w.run(&["resolve"]);
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout).lines().last(),
+        Some(installed.display().to_string().as_str())
+    );
+}
+
+#[test]
+fn errors_say_what_to_do_next() {
+    let w = Fresh::new();
+    // No catalog yet.
+    let out = w.run(&["download", "pop223"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("run `refresh` while online"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Offline: exit 5, nothing changed, and the next step is named.
+    w.server.add_fault("/*", Fault::Status(503), None);
+    let out = w.run(&["refresh"]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("next: nothing on this device was changed"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A bad ID is named, with where to find good ones.
+    let out = w.run(&["download", "../x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("../x") && stderr(&out).contains("next:"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn download_failure_names_the_next_step_and_keeps_exit_4() {
+    let w = Fresh::new();
+    ok(&w.run(&["refresh", "--json"]));
+    w.server
+        .add_fault("/hf/models/v25/pop223/*", Fault::Status(404), None);
+    w.server
+        .add_fault("/gh/v25/pop223/*", Fault::Status(404), None);
+    let out = w.run(&["download", "pop223", "--json"]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(out.stdout.is_empty(), "no report on failure");
+    assert!(
+        stderr(&out).contains("next: the previously installed model"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!w.data().join("models/pop223_driving_tinygrad.pkl").exists());
+}
+
+#[test]
+fn help_lists_the_exit_codes() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "Exit codes",
+        "3  busy",
+        "5  no origin served a valid manifest",
+        "8  not enough free space",
+    ] {
+        assert!(help.contains(line), "{line:?} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn completions_for_every_shell_name_the_subcommands() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}: {}", stderr(&out));
+        let script = String::from_utf8_lossy(&out.stdout);
+        for word in ["device-modeld-manager", "refresh", "resolve", "data-dir"] {
+            assert!(script.contains(word), "{shell}: {word} missing");
+        }
+    }
+    // Completions never touch a device: no data dir is created for them.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["completions", "bash"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(!data.exists());
+    let out = Command::new(BIN)
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an unknown shell is a usage error"
+    );
+}
+
+#[test]
+fn completions_into_a_closed_pipe_do_not_panic() {
+    let mut child = Command::new(BIN)
+        .args(["completions", "bash"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read one byte, then close the pipe, as `| head -c1` would.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut one = [0u8; 1];
+    stdout.read_exact(&mut one).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.status.success(), "{err}");
+}
