@@ -4,7 +4,7 @@
 //! - It refuses a checkout that is dirty, on another branch, or not in sync with its origin after
 //!   a fetch: publishing from such a tree would push someone else's changes or fail halfway.
 //! - Store paths are in the bucket layout and mapped to the branch layout
-//!   (`model_names_<gen>.json`, `<gen>/<id>/<file>`) by [`crate::layout_map`].
+//!   (`model_names_<gen>.json`, `<gen>/<id>/<file>`) by `manifest::layout` ([`StoreLayout::translate`]).
 //! - Every write is one commit and one push, so every push stays under GitHub's 100 MB limit
 //!   (chunks are 45 MiB) and an interrupted publish leaves whole files on the remote. Publish
 //!   writes the manifest last.
@@ -16,11 +16,23 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use manifest::StoreLayout;
+
 use crate::error::{Error, IoContext, Result};
-use crate::layout_map::{bucket_to_github, github_to_bucket};
 use crate::local::LocalStore;
 use crate::paths::StorePath;
 use crate::store::{FileStat, ListEntry, Store};
+
+/// Bucket layout (what every [`Store`] speaks) → branch layout; `None` for what the branch
+/// does not hold.
+pub(crate) fn bucket_to_github(path: &StorePath) -> Option<StorePath> {
+    StoreLayout::HfBucket.translate(path, StoreLayout::GithubBranch)
+}
+
+/// Branch layout → bucket layout; `None` for files outside the layout (README, leftovers).
+pub(crate) fn github_to_bucket(path: &StorePath) -> Option<StorePath> {
+    StoreLayout::GithubBranch.translate(path, StoreLayout::HfBucket)
+}
 
 #[derive(Debug, Clone)]
 pub struct GithubStore {

@@ -17,7 +17,6 @@
 mod error;
 pub mod github;
 pub mod hf;
-pub mod layout_map;
 pub mod local;
 pub mod location;
 pub mod paths;

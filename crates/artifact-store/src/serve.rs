@@ -2,7 +2,7 @@
 //!
 //! - `/buckets/<ns>/<name>/resolve/<path>`: store paths as they are (the Hugging Face layout);
 //! - `/<owner>/<repo>/<branch>/<path>`: the GitHub raw layout, `model_names_<gen>.json` at the
-//!   branch root and `<gen>/<id>/<file>`, mapped by [`crate::layout_map`];
+//!   branch root and `<gen>/<id>/<file>`, mapped by `manifest::layout`;
 //! - `/api/buckets/<ns>/<name>/tree/<prefix>`: the bucket tree listing, so the Hugging Face
 //!   store can be pointed at a mirror (its tests do exactly that);
 //! - any number of extra mounts (`/datasets/<org>/<repo>/resolve/<rev>/...` in tests).
@@ -31,7 +31,7 @@ use std::time::Duration;
 use chunker::atomic::is_temp_name;
 
 use crate::error::{Error, IoContext, Result};
-use crate::layout_map::github_to_bucket;
+use crate::github::github_to_bucket;
 use crate::paths::{StorePath, to_fs_path};
 
 const MAX_HEAD_BYTES: usize = 16 * 1024;

@@ -68,6 +68,15 @@ pub fn manifest_file_name(generation: Generation) -> FileName {
         .expect("a generation makes a valid file name")
 }
 
+/// The generation a manifest file name `model_names_<gen>.json` is for; `None` for any other
+/// name (the generation must be spelled canonically: `v025` is not `v25`).
+pub fn parse_manifest_file_name(file: &str) -> Option<Generation> {
+    file.strip_prefix("model_names_")?
+        .strip_suffix(".json")?
+        .parse()
+        .ok()
+}
+
 /// A relative, `/`-separated path inside a store. It cannot be absolute, contain `..` or `.`,
 /// empty segments, backslashes or control characters, so joining it onto a store root or URL
 /// never escapes that root.
@@ -173,13 +182,19 @@ impl StoreLayout {
         }
     }
 
-    /// The directory of a model's artifact files: HF `models/<gen>/<id>`, GitHub `<gen>/<id>`.
-    pub fn artifact_dir(self, generation: Generation, id: &ModelId) -> StorePath {
+    /// The directory of every model of a generation: HF `models/<gen>`, GitHub `<gen>`.
+    pub fn generation_dir(self, generation: Generation) -> StorePath {
         let generation = generation.to_string();
         match self {
-            Self::HfBucket => StorePath::from_segments(&["models", &generation, id.as_str()]),
-            Self::GithubBranch => StorePath::from_segments(&[&generation, id.as_str()]),
+            Self::HfBucket => StorePath::from_segments(&["models", &generation]),
+            Self::GithubBranch => StorePath::from_segments(&[&generation]),
         }
+    }
+
+    /// The directory of a model's artifact files: HF `models/<gen>/<id>`, GitHub `<gen>/<id>`.
+    pub fn artifact_dir(self, generation: Generation, id: &ModelId) -> StorePath {
+        let dir = self.generation_dir(generation);
+        StorePath::from_segments(&[dir.as_str(), id.as_str()])
     }
 
     /// One artifact file (logical artifact, chunk, `.chunkmanifest` or `.sha256`):
@@ -187,6 +202,37 @@ impl StoreLayout {
     pub fn artifact_path(self, generation: Generation, id: &ModelId, file: &FileName) -> StorePath {
         let dir = self.artifact_dir(generation, id);
         StorePath::from_segments(&[dir.as_str(), file.as_str()])
+    }
+}
+
+impl StoreLayout {
+    /// What `path` names in this layout: a generation's manifest (`None` as the rest), or
+    /// something below a generation's directory (its path relative to that directory).
+    fn locate(self, path: &StorePath) -> Option<(Generation, Option<&str>)> {
+        let s = path.as_str();
+        let manifest = match self {
+            Self::HfBucket => s.strip_prefix("manifests/"),
+            Self::GithubBranch => Some(s),
+        };
+        if let Some(generation) = manifest.and_then(parse_manifest_file_name) {
+            return Some((generation, None));
+        }
+        let below = match self {
+            Self::HfBucket => s.strip_prefix("models/")?,
+            Self::GithubBranch => s,
+        };
+        let (generation, rest) = below.split_once('/')?;
+        Some((generation.parse().ok()?, Some(rest)))
+    }
+
+    /// The same file in the layout `to`: a manifest, or anything below a generation's
+    /// directory (a model directory, an artifact file). `None` for what `to` does not hold
+    /// (`onnx/…`, a README, a generation directory itself).
+    pub fn translate(self, path: &StorePath, to: StoreLayout) -> Option<StorePath> {
+        match self.locate(path)? {
+            (generation, None) => Some(to.manifest_path(generation)),
+            (generation, Some(rest)) => to.generation_dir(generation).join(rest).ok(),
+        }
     }
 }
 
@@ -294,6 +340,43 @@ mod tests {
         assert!(p.join("").is_err());
         assert_eq!(p.join("x").unwrap().file_name(), "x");
         assert_eq!(p.segments().collect::<Vec<_>>(), ["models", "v25"]);
+    }
+
+    #[test]
+    fn translates_between_the_layouts_both_ways() {
+        let p = |s: &str| s.parse::<StorePath>().unwrap();
+        let (hf, gh) = (StoreLayout::HfBucket, StoreLayout::GithubBranch);
+        let cases = [
+            ("manifests/model_names_v25.json", "model_names_v25.json"),
+            (
+                "models/v25/pop223/pop223_driving_tinygrad.pkl.chunk01of02",
+                "v25/pop223/pop223_driving_tinygrad.pkl.chunk01of02",
+            ),
+            ("models/v25/pop223", "v25/pop223"),
+        ];
+        for (bucket, github) in cases {
+            assert_eq!(hf.translate(&p(bucket), gh), Some(p(github)), "{bucket}");
+            assert_eq!(gh.translate(&p(github), hf), Some(p(bucket)), "{github}");
+        }
+        for bucket in [
+            "onnx/pop22/x.onnx",
+            "manifests/other.json",
+            "manifests/model_names_v025.json",
+            "models/latest/x",
+            "models/v25",
+            "manifests",
+        ] {
+            assert_eq!(hf.translate(&p(bucket), gh), None, "{bucket}");
+        }
+        for github in ["README.md", "model_names_x.json", "docs/a.md", "v25"] {
+            assert_eq!(gh.translate(&p(github), hf), None, "{github}");
+        }
+        assert_eq!(
+            parse_manifest_file_name("model_names_v25.json"),
+            Some(CURRENT_GENERATION)
+        );
+        assert_eq!(hf.generation_dir(CURRENT_GENERATION).as_str(), "models/v25");
+        assert_eq!(gh.generation_dir(CURRENT_GENERATION).as_str(), "v25");
     }
 
     #[test]
