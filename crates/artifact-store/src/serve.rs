@@ -61,7 +61,13 @@ pub struct Mount {
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub mounts: Vec<Mount>,
+    /// Most requests [`Server::requests`] remembers; the oldest half is forgotten beyond it, so a
+    /// mirror left running for days does not grow without bound.
+    pub request_log_limit: usize,
 }
+
+/// The default [`ServeConfig::request_log_limit`]: far more than any test makes.
+pub const REQUEST_LOG_LIMIT: usize = 10_000;
 
 impl ServeConfig {
     /// The two device layouts over one store: `/buckets/<bucket>/resolve/` and
@@ -82,6 +88,7 @@ impl ServeConfig {
                     tree_api_bucket: None,
                 },
             ],
+            request_log_limit: REQUEST_LOG_LIMIT,
         }
     }
 }
@@ -414,13 +421,20 @@ fn handle(stream: TcpStream, config: &ServeConfig, log: &Mutex<Vec<RequestRecord
         bytes,
         "request"
     );
-    log.lock().expect("log lock").push(RequestRecord {
+    let mut log = log.lock().expect("log lock");
+    if log.len() >= config.request_log_limit.max(1) {
+        // Forget the oldest half at once: amortized O(1) per request.
+        let half = log.len().div_ceil(2);
+        log.drain(..half);
+    }
+    log.push(RequestRecord {
         method: req.method.clone(),
         target: req.target.clone(),
         status,
         bytes,
         authorization: req.header("authorization").map(str::to_string),
     });
+    drop(log);
     let _ = stream.shutdown(std::net::Shutdown::Write);
 }
 
@@ -603,6 +617,32 @@ mod tests {
         assert_eq!(parse_range("bytes=0-1,3-4", 10), Full);
         assert_eq!(parse_range("items=0-1", 10), Full);
         assert_eq!(parse_range("bytes=x-1", 10), Full);
+    }
+
+    #[test]
+    fn serve_request_log_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = ServeConfig::standard(dir.path(), "a/b", "o/r", "Models");
+        config.request_log_limit = 4;
+        let server = Server::start("127.0.0.1:0", config).unwrap();
+        for i in 0..10 {
+            let mut s = TcpStream::connect(server.addr()).unwrap();
+            write!(s, "GET /r{i} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            let _ = s.read_to_end(&mut Vec::new());
+        }
+        // The log is pushed after the response; give the last handler a moment.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while server.requests().last().map(|r| r.target.as_str()) != Some("/r9") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{:?}",
+                server.requests()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let log = server.requests();
+        assert!(log.len() <= 4, "{log:?}");
+        assert!(log.iter().all(|r| r.status == 404));
     }
 
     #[test]
