@@ -351,16 +351,15 @@ fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalAr
     }
     // A sidecar in the directory must agree; the uploaded one is always written fresh.
     let sidecar_path = logical.with_file_name(sidecar_name(&name));
-    if let Ok(bytes) = fs::read(&sidecar_path) {
-        let found = parse_sidecar(&bytes, &sidecar_path)?;
-        if found != digest {
-            return Err(chunker::Error::DigestMismatch {
-                what: sidecar_path.display().to_string(),
-                expected: digest,
-                actual: found,
-            }
-            .into());
+    if let Some(found) = chunker::read_sidecar(&sidecar_path)?
+        && found != digest
+    {
+        return Err(chunker::Error::DigestMismatch {
+            what: sidecar_path.display().to_string(),
+            expected: digest,
+            actual: found,
         }
+        .into());
     }
     let sidecar = format_sidecar(&digest, &name).into_bytes();
     files.push(LocalFile {

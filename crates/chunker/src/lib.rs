@@ -18,7 +18,7 @@ mod verify;
 
 pub use digest::{Hasher, IO_BUFFER_SIZE, InvalidDigest, Sha256Digest};
 pub use error::{Error, Result};
-pub use read::{ArtifactReader, Resolved, join, open, resolve};
+pub use read::{ArtifactReader, Resolved, join, open, read_chunk_manifest, read_sidecar, resolve};
 pub use split::{ChunkInfo, SplitOptions, SplitReport, split_file, split_reader};
 pub use verify::{Expected, VerifiedChunk, VerifyReport, verify};
 
@@ -182,6 +182,25 @@ mod tests {
                 other => panic!("{bad:?}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn small_files_read_from_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let cm = dir.path().join(chunk_manifest_name("a.pkl"));
+        let sc = dir.path().join(sidecar_name("a.pkl"));
+        assert_eq!(read_chunk_manifest(&cm).unwrap(), None);
+        assert_eq!(read_sidecar(&sc).unwrap(), None);
+        std::fs::write(&cm, "3").unwrap();
+        let d = Sha256Digest::of_bytes(b"abc");
+        std::fs::write(&sc, format_sidecar(&d, "a.pkl")).unwrap();
+        assert_eq!(read_chunk_manifest(&cm).unwrap(), Some(3));
+        assert_eq!(read_sidecar(&sc).unwrap(), Some(d));
+        std::fs::write(&cm, "3".repeat(1 << 20)).unwrap();
+        assert!(matches!(
+            read_chunk_manifest(&cm),
+            Err(Error::MalformedChunkManifest { .. })
+        ));
     }
 
     #[test]

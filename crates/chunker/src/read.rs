@@ -118,9 +118,7 @@ pub(crate) fn inspect(logical: &Path) -> Result<Found> {
         }));
     }
     let manifest = dir.join(chunk_manifest_name(&name));
-    if file_size(&manifest)?.is_some() {
-        let content = read_small(&manifest)?;
-        let count = parse_chunk_manifest(&content, &manifest)?;
+    if let Some(count) = read_chunk_manifest(&manifest)? {
         let mut pieces = Vec::with_capacity(count as usize);
         for index in 1..=count {
             let path = dir.join(chunk_name(&name, index, count));
@@ -133,8 +131,9 @@ pub(crate) fn inspect(logical: &Path) -> Result<Found> {
     }
     let first = dir.join(legacy_part_name(&name, 0));
     let sidecar = dir.join(sidecar_name(&name));
-    if file_size(&first)?.is_some() && file_size(&sidecar)?.is_some() {
-        let digest = parse_sidecar(&read_small(&sidecar)?, &sidecar)?;
+    if file_size(&first)?.is_some()
+        && let Some(digest) = read_sidecar(&sidecar)?
+    {
         let mut pieces = Vec::new();
         for index in 0..MAX_LEGACY_PARTS {
             let path = dir.join(legacy_part_name(&name, index));
@@ -152,7 +151,24 @@ pub(crate) fn inspect(logical: &Path) -> Result<Found> {
     Ok(Found::Absent)
 }
 
-/// Read a sidecar or chunk manifest, refusing anything larger than a sidecar could be.
+/// Read and parse the `.chunkmanifest` at `path`; `Ok(None)` when there is none.
+pub fn read_chunk_manifest(path: &Path) -> Result<Option<u32>> {
+    match file_size(path)? {
+        Some(_) => parse_chunk_manifest(&read_small(path)?, path).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Read and parse the `.sha256` sidecar at `path`; `Ok(None)` when there is none.
+pub fn read_sidecar(path: &Path) -> Result<Option<Sha256Digest>> {
+    match file_size(path)? {
+        Some(_) => parse_sidecar(&read_small(path)?, path).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Read a sidecar or chunk manifest, never more than a sidecar could hold, so a bogus file
+/// cannot make a reader load it whole.
 fn read_small(path: &Path) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     File::open(path)
@@ -309,10 +325,7 @@ pub fn join(logical: &Path, output: &Path) -> Result<(Sha256Digest, u64)> {
         _ => {
             let (dir, name) = split_logical(logical)?;
             let sidecar = dir.join(sidecar_name(&name));
-            match file_size(&sidecar)? {
-                Some(_) => Some(parse_sidecar(&read_small(&sidecar)?, &sidecar)?),
-                None => None,
-            }
+            read_sidecar(&sidecar)?
         }
     };
     let mut reader = ArtifactReader::new(resolved.pieces());
