@@ -1,7 +1,7 @@
 //! `release-cli`: the StarPilot release engineer's tool. A thin clap front over the workspace
 //! crates; every subcommand lives in its own module under `cmd/`.
 //!
-//! Exit codes (stable, documented in `docs/cli.md`):
+//! Exit codes (stable, shown in `--help`, so in `docs/cli.md`, and in `docs/release.md`):
 //! - 0: success;
 //! - 1: the operation failed (I/O, network, remote command);
 //! - 2: usage error (bad flags or arguments);
@@ -18,9 +18,27 @@ use clap::Parser;
 
 pub use output::{CliError, CliResult};
 
+/// The exit codes, as `--help` shows them.
+const EXIT_CODES_HELP: &str = "\
+Exit codes (stable, see docs/release.md):
+  0  success
+  1  the operation failed (I/O, network, remote command); the message names what and where
+  2  usage error: bad flags or arguments, or a refused flag (another compiler, store order)
+  3  a check failed: verification, validation, tinygrad marker, or a refused release guard
+
+Every command that reports takes --json and then prints JSON on stdout (shapes in --help and
+docs/release.md); progress and messages go to stderr.";
+
 /// The StarPilot release engineer's tool: chunk artifacts, check manifests, publish generations.
 #[derive(Debug, Parser)]
-#[command(name = "release-cli", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "release-cli",
+    version,
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_help = EXIT_CODES_HELP
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: cmd::Command,

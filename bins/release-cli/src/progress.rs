@@ -34,3 +34,18 @@ impl<R: Read> Read for ProgressReader<R> {
         Ok(n)
     }
 }
+
+/// A spinner with elapsed time on stderr, for work whose length the library does not report
+/// (hashing a chunk set, an rsync run). Hidden when stderr is not a terminal or with `--json`.
+pub fn spinner(message: impl Into<String>, json: bool) -> ProgressBar {
+    if json || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("valid template"),
+    );
+    bar.set_message(message.into());
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}

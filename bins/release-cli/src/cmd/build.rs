@@ -114,7 +114,7 @@ pub struct BumpArgs {
 pub struct SyncArgs {
     #[command(flatten)]
     pub remote: RemoteArgs,
-    /// Print the sync report as JSON.
+    /// Print `{"destination","remote_root","transfers":[…],"tinygrad_commit"}`.
     #[arg(long)]
     pub json: bool,
 }
@@ -140,7 +140,7 @@ pub struct CompileArgs {
     #[arg(long = "source", value_name = "ONNX", required = true, num_args = 1..)]
     pub sources: Vec<PathBuf>,
     /// Where the verified chunk set (or local PKL) goes.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", alias = "out-dir")]
     pub out: PathBuf,
     /// The compile log (default: logs/<id>.log).
     #[arg(long, value_name = "FILE")]
@@ -155,7 +155,7 @@ pub struct CompileArgs {
 #[derive(Debug, Args)]
 pub struct DmArgs {
     /// Where the four DM files go (written only when all four came back).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", alias = "out-dir")]
     pub out: PathBuf,
     /// The DM ONNX (default: <--openpilot>/selfdrive/modeld/models/dmonitoring_model.onnx).
     #[arg(long = "source", value_name = "ONNX")]
@@ -219,7 +219,7 @@ pub struct ValidateArgs {
     pub log: Option<PathBuf>,
     #[command(flatten)]
     pub remote: RemoteArgs,
-    /// Print `{"model","passed","verdict","record"}`.
+    /// Print `{"model","passed","verdict","record","log"}`.
     #[arg(long)]
     pub json: bool,
 }
@@ -235,8 +235,17 @@ pub fn sync(args: SyncArgs) -> CliResult {
         CliError::usage("sync needs --openpilot DIR, the tree to send to the compiler")
     })?;
     let pin = args.remote.pin()?;
-    let c = args.remote.connect()?;
-    let report = c.sync(&openpilot, &pin).map_err(remote_error)?;
+    let bar = crate::progress::spinner(format!("connecting to {}", args.remote.remote), args.json);
+    let c = args.remote.connect();
+    bar.set_message(format!(
+        "syncing {} to {}:{}",
+        openpilot.display(),
+        args.remote.remote,
+        args.remote.remote_root
+    ));
+    let report = c.and_then(|c| c.sync(&openpilot, &pin).map_err(remote_error));
+    bar.finish_and_clear();
+    let report = report?;
     if args.json {
         return print_json(&report);
     }
@@ -246,6 +255,9 @@ pub fn sync(args: SyncArgs) -> CliResult {
     println!(
         "ok: {}:{}/tinygrad_repo/TINYGRAD_COMMIT is {}",
         report.destination, report.remote_root, report.tinygrad_commit
+    );
+    eprintln!(
+        "next: `release-cli compile --model ID …` for one model, or `release-cli rebuild …` for the generation"
     );
     Ok(())
 }
@@ -290,6 +302,19 @@ pub fn compile(args: CompileArgs) -> CliResult {
         args.out.display(),
         log.display()
     );
+    if args.local {
+        eprintln!(
+            "next: copy {} to the device's /data/models; local builds are never published",
+            args.out.join(&artifact.name).display()
+        );
+    } else {
+        eprintln!(
+            "next: `release-cli validate --model {} --version {} --artifact {}`, then publish it",
+            req.build_id(),
+            args.version,
+            args.out.join(&artifact.name).display()
+        );
+    }
     Ok(())
 }
 
@@ -379,6 +404,11 @@ pub fn builtin(args: BuiltinArgs) -> CliResult {
     };
     let reader = chunker::open(&args.artifact)?;
     let size = reader.len();
+    let bar = crate::progress::bytes_bar(size, "splitting the built-in model", args.json);
+    let reader = crate::progress::ProgressReader {
+        inner: reader,
+        bar: bar.clone(),
+    };
     let staging = models.join(format!(
         "{}builtin-{}",
         atomic::TEMP_PREFIX,
@@ -446,6 +476,7 @@ pub fn builtin(args: BuiltinArgs) -> CliResult {
             removed,
         })
     })();
+    bar.finish_and_clear();
     let _ = fs::remove_dir_all(&staging);
     let report = result?;
     if args.json {

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use crate::output::print_json;
-use crate::progress::{ProgressReader, bytes_bar};
+use crate::progress::{ProgressReader, bytes_bar, spinner};
 use crate::units::parse_size;
 use crate::{CliError, CliResult};
 
@@ -28,7 +28,7 @@ pub struct SplitArgs {
     /// The artifact to split, e.g. `pop223_driving_tinygrad.pkl`.
     pub file: PathBuf,
     /// Where to write the chunk set (default: FILE's directory).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", alias = "out")]
     pub out_dir: Option<PathBuf>,
     /// Bytes per chunk: a number of bytes or a size with a unit (`45MiB`, `1GiB`, `500kB`).
     #[arg(long, value_name = "SIZE", default_value = "45MiB", value_parser = parse_size)]
@@ -64,7 +64,8 @@ pub struct VerifyArgs {
     /// Expected chunk count (0 means one plain file).
     #[arg(long, value_name = "N")]
     pub chunk_count: Option<u32>,
-    /// Print the verification report as JSON.
+    /// Print `{"path","form","size","sha256","chunk_count","chunks":[{"name","size"}]}` (`form` is
+    /// `plain`, `chunked` or `legacy`).
     #[arg(long)]
     pub json: bool,
 }
@@ -142,7 +143,10 @@ struct JoinReport<'a> {
 }
 
 fn join(args: JoinArgs) -> CliResult {
-    let (sha256, size) = chunker::join(&args.logical, &args.output)?;
+    let bar = spinner(format!("joining {}", args.logical.display()), args.json);
+    let joined = chunker::join(&args.logical, &args.output);
+    bar.finish_and_clear();
+    let (sha256, size) = joined?;
     if args.json {
         return print_json(&JoinReport {
             output: &args.output,
@@ -152,6 +156,10 @@ fn join(args: JoinArgs) -> CliResult {
     }
     println!(
         "wrote {} ({size} bytes, sha256 {sha256})",
+        args.output.display()
+    );
+    eprintln!(
+        "next: `release-cli chunk split {}` makes a chunk set of it again",
         args.output.display()
     );
     Ok(())
@@ -181,7 +189,10 @@ fn verify(args: VerifyArgs) -> CliResult {
             Err(e) => return Err(CliError::failure(format!("{}: {e}", sidecar.display()))),
         }
     }
-    let report = chunker::verify(&args.logical, &expected)?;
+    let bar = spinner(format!("verifying {}", args.logical.display()), args.json);
+    let report = chunker::verify(&args.logical, &expected);
+    bar.finish_and_clear();
+    let report = report?;
     if args.json {
         return print_json(&report);
     }

@@ -59,6 +59,9 @@ pub struct FmtArgs {
     /// Print nothing; exit 3 if the file is not already in canonical form.
     #[arg(long)]
     pub check: bool,
+    /// With --check: print `{"file","canonical"}`.
+    #[arg(long, requires = "check")]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -128,6 +131,12 @@ fn validate(args: ValidateArgs) -> CliResult {
             "ok: {} is a valid manifest ({models} models, {mode} rules)",
             args.file.display()
         );
+        if args.mode != Mode::Release {
+            eprintln!(
+                "next: `release-cli manifest validate --mode release {}` checks what publish requires",
+                args.file.display()
+            );
+        }
     } else {
         for p in &problems {
             println!("{p}");
@@ -150,7 +159,11 @@ fn fmt(args: FmtArgs) -> CliResult {
     let m = load(&args.file)?;
     let canonical = m.to_canonical_bytes();
     if args.check {
-        return if canonical == original {
+        let is_canonical = canonical == original;
+        if args.json {
+            print_json(&json!({"file": args.file, "canonical": is_canonical}))?;
+        }
+        return if is_canonical {
             Ok(())
         } else {
             Err(CliError::check_failed(format!(

@@ -46,6 +46,7 @@ pub enum Command {
     /// Print a shell completion script, e.g. `release-cli completions bash > /etc/bash_completion.d/release-cli`.
     Completions {
         /// The shell to generate for.
+        #[arg(value_name = "SHELL")]
         shell: clap_complete::Shell,
     },
 }

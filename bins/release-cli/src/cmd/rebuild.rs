@@ -57,12 +57,18 @@ pub struct RebuildArgs {
     /// Only these models (default: every source-map model that is in the base manifest).
     #[arg(long = "model", value_name = "ID")]
     pub models: Vec<ModelId>,
-    /// The `hf` CLI, for a Hugging Face source store.
-    #[arg(long, value_name = "PROGRAM")]
+    /// The `hf` CLI to run for a Hugging Face source store (default: `HF_CLI`, else `hf` on
+    /// PATH).
+    #[arg(long, value_name = "PATH")]
     pub hf_cli: Option<PathBuf>,
+    /// The branch a `github:` source checkout must be on.
+    #[arg(long, default_value = manifest::layout::GITHUB_BRANCH, value_name = "BRANCH")]
+    pub github_branch: String,
     #[command(flatten)]
     pub remote: RemoteArgs,
-    /// Print the final summary as JSON on stdout.
+    /// Print the final summary `{"workspace","generation","tinygrad_commit","manifest","compiled",
+    /// "skipped","failed","not_attempted","not_in_catalog","without_artifact",
+    /// "models":[{"id","status","error"?}]}`.
     #[arg(long)]
     pub json: bool,
 }
@@ -504,7 +510,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
                 let hf = HfConfig::from_env(args.hf_cli.clone());
                 store = Some(
                     store_spec
-                        .open(&hf, manifest::layout::GITHUB_BRANCH)
+                        .open(&hf, &args.github_branch)
                         .map_err(|e| (e.to_string(), true))?,
                 );
             }

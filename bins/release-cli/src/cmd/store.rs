@@ -64,7 +64,8 @@ pub struct PublishArgs {
     /// The branch a `github:` checkout must be on.
     #[arg(long, default_value = layout::GITHUB_BRANCH, value_name = "BRANCH")]
     pub github_branch: String,
-    /// Print one JSON line per event, then the report (see docs/release.md).
+    /// Print one JSON line per event (`{"event":…}`), then the report `{"dry_run","generation",
+    /// "models","stores":[…]}` (see docs/release.md).
     #[arg(long)]
     pub json: bool,
 }
@@ -172,6 +173,14 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
         return print_json(&report);
     }
     print_report(&report);
+    if report.dry_run {
+        eprintln!("next: run the same command without --dry-run to publish");
+    } else {
+        eprintln!(
+            "next: devices pick up {} on their next refresh; try it offline with `release-cli serve --store DIR` and `device-modeld-manager refresh`",
+            report.generation
+        );
+    }
     Ok(())
 }
 
@@ -350,8 +359,21 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
             "streamed through this machine"
         }
     );
-    if let Some(p) = &args.manifest {
-        println!("manifest     {} updated", p.display());
+    match &args.manifest {
+        Some(p) => {
+            println!("manifest     {} updated", p.display());
+            eprintln!(
+                "next: `release-cli publish --generation {} --manifest {} --artifacts DIR --to {}` with an empty DIR/{}/ (nothing to upload; publish checks the copied files)",
+                args.generation,
+                p.display(),
+                args.to,
+                args.model
+            );
+        }
+        None => eprintln!(
+            "next: put these values in the manifest entry of {} (or rerun with --manifest FILE), then publish",
+            args.model
+        ),
     }
     Ok(())
 }
@@ -376,6 +398,10 @@ pub struct ServeArgs {
     /// Log one line per request (same as RUST_LOG=debug).
     #[arg(long, short)]
     pub verbose: bool,
+    /// Print `{"url","hf_base","github_base","store"}` as the first stdout line instead of the
+    /// bare URL (`hf_base` and `github_base` are what `device-modeld-manager` takes).
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn serve_cmd(args: ServeArgs) -> CliResult {
@@ -417,19 +443,36 @@ pub fn serve_cmd(args: ServeArgs) -> CliResult {
     );
     let server = Server::start(args.addr, config)
         .map_err(|e| CliError::failure(format!("cannot listen on {}: {e}", args.addr)))?;
-    // The first line of stdout is the base URL and nothing else: scripts and tests read it.
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{}", server.url()).map_err(CliError::failure)?;
-    out.flush().map_err(CliError::failure)?;
-    drop(out);
-    eprintln!(
-        "serving {} as {}/buckets/{}/resolve/… and {}/{}/{}/…",
-        args.store.display(),
-        server.url(),
-        args.bucket,
+    let hf_base = format!("{}/buckets/{}/resolve", server.url(), args.bucket);
+    let github_base = format!(
+        "{}/{}/{}",
         server.url(),
         args.github_repo,
         args.github_branch
+    );
+    // The first line of stdout is the base URL and nothing else (or, with --json, one object):
+    // scripts and tests read it.
+    let first_line = if args.json {
+        serde_json::json!({
+            "url": server.url(),
+            "hf_base": hf_base,
+            "github_base": github_base,
+            "store": args.store,
+        })
+        .to_string()
+    } else {
+        server.url().to_string()
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{first_line}").map_err(CliError::failure)?;
+    out.flush().map_err(CliError::failure)?;
+    drop(out);
+    eprintln!(
+        "serving {} as {hf_base}/… and {github_base}/…; stop with Ctrl-C",
+        args.store.display(),
+    );
+    eprintln!(
+        "next: device-modeld-manager --hf-base {hf_base} --github-base {github_base} refresh"
     );
     server.wait();
     Ok(())

@@ -1,0 +1,298 @@
+//! The CLI surface as a whole, against the real binary: the exit-code table in `--help`,
+//! `--json` on every command that reports, completions, `serve --json`, `manifest fmt --check
+//! --json`, and the flag spellings shared across subcommands.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_release-cli");
+const PIN: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
+
+fn cli(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("run release-cli")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The subcommand names under `Commands:` in a help text, except `help`.
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter(|l| !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| *n != "help")
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every leaf subcommand path of a binary, with its help text.
+fn leaves(bin: &str, path: &[String], out: &mut Vec<(Vec<String>, String)>) {
+    let o = Command::new(bin).args(path).arg("--help").output().unwrap();
+    assert!(o.status.success(), "{path:?} --help");
+    let help = text(&o.stdout);
+    let subs = subcommands(&help);
+    if subs.is_empty() {
+        out.push((path.to_vec(), help));
+    }
+    for s in subs {
+        let mut p = path.to_vec();
+        p.push(s);
+        leaves(bin, &p, out);
+    }
+}
+
+#[test]
+fn help_lists_the_exit_codes() {
+    let help = text(&cli(&["--help"]).stdout);
+    for line in [
+        "Exit codes",
+        "0  success",
+        "2  usage error",
+        "3  a check failed",
+    ] {
+        assert!(help.contains(line), "{line:?} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn every_command_that_reports_has_json_with_a_documented_shape() {
+    let mut all = Vec::new();
+    leaves(BIN, &[], &mut all);
+    let names: Vec<String> = all.iter().map(|(p, _)| p.join(" ")).collect();
+    for must in [
+        "chunk split",
+        "publish",
+        "serve",
+        "tinygrad bump",
+        "completions",
+    ] {
+        assert!(
+            names.contains(&must.to_string()),
+            "{must} not found in {names:?}"
+        );
+    }
+    for (path, help) in &all {
+        let name = path.join(" ");
+        if name == "completions" {
+            continue;
+        }
+        let json_line = help
+            .lines()
+            .find(|l| l.trim_start().starts_with("--json"))
+            .unwrap_or_else(|| panic!("`{name}` has no --json:\n{help}"));
+        // The shape is spelled out (an object or a JSON line), not just "as JSON": look at
+        // the flag's own help, up to the next flag.
+        let from_json = &help[help.find(json_line).unwrap()..];
+        let own: String = from_json
+            .lines()
+            .enumerate()
+            .take_while(|(i, l)| *i == 0 || !l.trim_start().starts_with('-'))
+            .map(|(_, l)| l)
+            .collect();
+        assert!(
+            own.contains('{'),
+            "`{name} --json` does not document its shape:\n{help}"
+        );
+    }
+}
+
+#[test]
+fn shared_flags_are_spelled_the_same_everywhere() {
+    let mut all = Vec::new();
+    leaves(BIN, &[], &mut all);
+    for (path, help) in &all {
+        let name = path.join(" ");
+        for (flag, value) in [
+            ("--generation", "<vNN>"),
+            ("--hf-cli", "<PATH>"),
+            ("--github-branch", "<BRANCH>"),
+            ("--remote", "<[USER@]HOST>"),
+            ("--tinygrad-commit", "<SHA>"),
+            ("--openpilot", "<DIR>"),
+            ("--model", "<ID>"),
+        ] {
+            for l in help.lines().filter(|l| l.contains(&format!("{flag} "))) {
+                let l = l.trim_start();
+                if l.starts_with(flag) {
+                    assert!(
+                        l.starts_with(&format!("{flag} {value}")),
+                        "`{name}`: {flag} is not spelled `{flag} {value}`: {l}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn completions_name_the_subcommands_and_survive_a_closed_pipe() {
+    for shell in ["bash", "zsh", "fish"] {
+        let o = cli(&["completions", shell]);
+        assert!(o.status.success(), "{shell}: {}", text(&o.stderr));
+        let script = text(&o.stdout);
+        for word in ["release-cli", "publish", "rebuild", "generation"] {
+            assert!(script.contains(word), "{shell}: {word} missing");
+        }
+    }
+    let mut child = Command::new(BIN)
+        .args(["completions", "zsh"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    stdout.read_exact(&mut [0u8; 1]).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        !text(&out.stderr).contains("panicked"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(out.status.success());
+}
+
+#[test]
+fn serve_json_gives_the_device_base_urls() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    fs::create_dir_all(store.join("manifests")).unwrap();
+    fs::create_dir_all(store.join("models/v25/pop223")).unwrap();
+    fs::write(
+        store.join("manifests/model_names_v25.json"),
+        b"{\"models\": []}\n",
+    )
+    .unwrap();
+    fs::write(store.join("models/v25/pop223/x.chunkmanifest"), b"1").unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--json", "--addr", "127.0.0.1:0", "--store"])
+        .arg(&store)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&first).expect("first line is JSON");
+    let url = v["url"].as_str().unwrap().to_string();
+    let get = |full: &str| {
+        let path = full.strip_prefix(&url).expect("under the base URL");
+        let mut s = TcpStream::connect(url.strip_prefix("http://").unwrap()).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).unwrap();
+        buf
+    };
+    let hf = v["hf_base"].as_str().unwrap();
+    let gh = v["github_base"].as_str().unwrap();
+    let r = get(&format!("{hf}/manifests/model_names_v25.json"));
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    let r = get(&format!("{gh}/model_names_v25.json"));
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    let r = get(&format!("{gh}/v25/pop223/x.chunkmanifest"));
+    assert!(
+        r.starts_with("HTTP/1.1 200") && r.ends_with("\r\n\r\n1"),
+        "{r}"
+    );
+    assert_eq!(Path::new(v["store"].as_str().unwrap()), store);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn manifest_fmt_check_json() {
+    let t = tempfile::tempdir().unwrap();
+    let good = t.path().join("good.json");
+    let bad = t.path().join("bad.json");
+    let doc = "{\n  \"models\": [\n    {\n      \"id\": \"pop223\",\n      \"name\": \"Pop\"\n    }\n  ]\n}\n";
+    fs::write(&good, doc).unwrap();
+    fs::write(&bad, doc.replace('\n', "")).unwrap();
+    let o = cli(&[
+        "manifest",
+        "fmt",
+        "--check",
+        "--json",
+        good.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["canonical"], true);
+    let o = cli(&[
+        "manifest",
+        "fmt",
+        "--check",
+        "--json",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(3));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["canonical"], false);
+    assert_eq!(Path::new(v["file"].as_str().unwrap()), bad);
+    // --json only means something with --check (fmt itself prints the manifest).
+    let o = cli(&["manifest", "fmt", "--json", good.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn out_and_out_dir_are_both_accepted() {
+    let t = tempfile::tempdir().unwrap();
+    let file = t.path().join("m_driving_tinygrad.pkl");
+    fs::write(&file, vec![7u8; 3000]).unwrap();
+    let out = t.path().join("set");
+    let o = cli(&[
+        "chunk",
+        "split",
+        file.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--chunk-size",
+        "1000",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(out.join("m_driving_tinygrad.pkl.chunkmanifest").is_file());
+
+    // compile and dm take --out-dir too; the refusal of another compiler comes after parsing
+    // and before any network, so it proves the flag was accepted.
+    for cmd in [
+        vec![
+            "compile",
+            "--model",
+            "pop223",
+            "--version",
+            "v11",
+            "--source",
+            "x.onnx",
+        ],
+        vec!["dm", "--source", "x.onnx"],
+    ] {
+        let mut args = cmd.clone();
+        args.extend([
+            "--out-dir",
+            "o",
+            "--remote",
+            "other@127.0.0.1",
+            "--tinygrad-commit",
+            PIN,
+        ]);
+        let o = cli(&args);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).contains("allow-other-compiler"),
+            "{cmd:?}: {}",
+            text(&o.stderr)
+        );
+    }
+}
