@@ -765,10 +765,16 @@ impl FetchDir {
         self.install_files(out, files)
     }
 
+    /// Move `files` into `out` in the given order. The last one (the `.chunkmanifest` of a chunk
+    /// set) is renamed only after the renames before it are durable, so that after a power cut
+    /// a present chunk manifest always means its chunks are there too.
     fn install_files(self, out: &Path, files: &[String]) -> Result<()> {
-        for f in files {
+        for (i, f) in files.iter().enumerate() {
             let src = self.path.join(f);
             File::open(&src).and_then(|f| f.sync_all()).ctx(&src)?;
+            if i + 1 == files.len() && i > 0 {
+                chunker::atomic::sync_dir(out).ctx(out)?;
+            }
             fs::rename(&src, out.join(f)).ctx(&out.join(f))?;
         }
         chunker::atomic::sync_dir(out).ctx(out)?;
