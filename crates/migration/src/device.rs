@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use chunker::atomic::write_atomic;
-use manifest::{Generation, Manifest, ModelEntry, ModelId, layout};
+use manifest::{Generation, Manifest, ModelEntry, ModelId, Sha256Digest, layout};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
@@ -304,6 +304,31 @@ impl Device {
         Ok(state)
     }
 
+    /// Record that the artifact just installed at `entry`'s path was verified as `sha256` /
+    /// `size` (the downloader hashed every byte before the install rename), so the next check is
+    /// a few `stat`s instead of hashing the whole artifact again on the device.
+    pub fn record_verified(
+        &self,
+        entry: &ModelEntry,
+        sha256: &Sha256Digest,
+        size: u64,
+    ) -> Result<()> {
+        let path = self.artifact_path(entry.id());
+        let Some(signature) = Self::signature(&path)? else {
+            return Ok(());
+        };
+        let mut cache = self.load_cache();
+        cache.insert(
+            layout::artifact_file_name(entry.id()).to_string(),
+            CacheEntry {
+                signature,
+                sha256: sha256.to_hex(),
+                size,
+            },
+        );
+        self.save_cache(&cache)
+    }
+
     /// Forget a cached verification (after deleting or replacing an artifact).
     pub fn forget(&self, id: &ModelId) -> Result<()> {
         let mut cache = self.load_cache();
@@ -406,5 +431,26 @@ mod tests {
             assert_eq!(path, d.builtin_path(), "{torn:?}");
             assert!(sel.is_builtin());
         }
+    }
+
+    #[test]
+    fn a_recorded_verification_is_reused_until_the_file_changes() {
+        let t = tempfile::tempdir().unwrap();
+        let (d, entry) = current_device_selecting_pop223(t.path());
+        let path = d.artifact_path(entry.id());
+        fs::write(&path, b"pop223 artifact bytes").unwrap();
+        let artifact = entry.artifact().unwrap();
+        d.record_verified(&entry, &artifact.sha256, artifact.size.get())
+            .unwrap();
+        assert_eq!(
+            d.verify_entry(&entry, false).unwrap(),
+            VerifyState::Verified
+        );
+        assert_eq!(d.resolve().unwrap().0, path);
+
+        // Any change to the file (here: same size, other bytes) invalidates the record.
+        fs::write(&path, b"POP223 ARTIFACT BYTES").unwrap();
+        assert_eq!(d.verify_entry(&entry, false).unwrap(), VerifyState::Corrupt);
+        assert_eq!(d.resolve().unwrap().0, d.builtin_path());
     }
 }

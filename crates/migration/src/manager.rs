@@ -272,7 +272,7 @@ pub fn install(
         &on_event,
     )?;
     // Record the fresh verification so the next resolve is a stat, not a re-hash.
-    device.verify_entry(entry, true)?;
+    device.record_verified(entry, &installed.sha256, installed.size)?;
     Ok(Some(installed))
 }
 
