@@ -51,21 +51,28 @@ Exit codes (stable, see docs/device.md):
 )]
 struct Cli {
     /// Persistent data root (holds models/ and params/d/).
-    #[arg(long, global = true, value_name = "DIR", default_value = "/data")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "DIR",
+        default_value = "/data"
+    )]
     data_dir: PathBuf,
     /// Hugging Face bucket resolve base URL (tried first).
-    #[arg(long, global = true, value_name = "URL", default_value = downloader::DEFAULT_HF_BASE)]
+    #[arg(long, global = true, help_heading = "Global options", value_name = "URL", default_value = downloader::DEFAULT_HF_BASE)]
     hf_base: String,
     /// GitHub raw base URL of the Models branch (tried second).
-    #[arg(long, global = true, value_name = "URL", default_value = downloader::DEFAULT_GITHUB_BASE)]
+    #[arg(long, global = true, help_heading = "Global options", value_name = "URL", default_value = downloader::DEFAULT_GITHUB_BASE)]
     github_base: String,
     /// Manifest generation this device reads, e.g. `v25`.
-    #[arg(long, global = true, value_name = "vNN", default_value_t = layout::CURRENT_GENERATION)]
+    #[arg(long, global = true, help_heading = "Global options", value_name = "vNN", default_value_t = layout::CURRENT_GENERATION)]
     generation: Generation,
     /// Directory holding the built-in RDF V4 chunk set driving_tinygrad.pkl.*.
     #[arg(
         long,
         global = true,
+        help_heading = "Global options",
         value_name = "DIR",
         default_value = "/data/openpilot/selfdrive/modeld/models"
     )]
@@ -74,18 +81,37 @@ struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = "Global options",
         value_name = "DIR",
         default_value = "/dev/shm/params/d"
     )]
     memory_params_dir: PathBuf,
     /// Parallel connections per download.
-    #[arg(long, global = true, value_name = "N", default_value_t = 4)]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "N",
+        default_value_t = 4
+    )]
     connections: usize,
     /// Parallel ranges within one chunk.
-    #[arg(long, global = true, value_name = "N", default_value_t = 1)]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "N",
+        default_value_t = 1
+    )]
     ranges_per_chunk: usize,
     /// Free space required beyond the artifact, in MiB.
-    #[arg(long, global = true, value_name = "N", default_value_t = 64)]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "N",
+        default_value_t = 64
+    )]
     space_margin_mib: u64,
     #[command(subcommand)]
     command: Command,

@@ -266,3 +266,46 @@ fn completions_into_a_closed_pipe_do_not_panic() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(out.status.success(), "{err}");
 }
+
+#[test]
+fn every_command_that_reports_has_json_with_a_documented_shape() {
+    let top = String::from_utf8_lossy(&Command::new(BIN).arg("--help").output().unwrap().stdout)
+        .into_owned();
+    let subs: Vec<String> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter(|l| !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|n| n != "help")
+        .collect();
+    assert!(subs.len() >= 8, "{subs:?}");
+    for sub in subs {
+        // `run` is the daemon (it reports through params) and `completions` prints a script.
+        if sub == "run" || sub == "completions" {
+            continue;
+        }
+        let help = String::from_utf8_lossy(
+            &Command::new(BIN)
+                .args([&sub, "--help"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .into_owned();
+        let at = help
+            .find("--json")
+            .unwrap_or_else(|| panic!("`{sub}` has no --json:\n{help}"));
+        let own: String = help[at..]
+            .lines()
+            .enumerate()
+            .take_while(|(i, l)| *i == 0 || !l.trim_start().starts_with('-'))
+            .map(|(_, l)| l)
+            .collect();
+        assert!(
+            own.contains('{'),
+            "`{sub} --json` does not document its shape:\n{help}"
+        );
+    }
+}

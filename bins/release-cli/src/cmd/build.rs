@@ -112,11 +112,11 @@ pub struct BumpArgs {
 
 #[derive(Debug, Args)]
 pub struct SyncArgs {
-    #[command(flatten)]
-    pub remote: RemoteArgs,
     /// Print `{"destination","remote_root","transfers":[…],"tinygrad_commit"}`.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten, next_help_heading = "Compiler options")]
+    pub remote: RemoteArgs,
 }
 
 #[derive(Debug, Args)]
@@ -145,11 +145,11 @@ pub struct CompileArgs {
     /// The compile log (default: logs/<id>.log).
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
-    #[command(flatten)]
-    pub remote: RemoteArgs,
-    /// Print `{"model","log","artifact":{name,size,sha256,chunk_count,files}}`.
+    /// Print `{"model","log","artifact":{"name","size","sha256","chunk_count","files"}}`.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten, next_help_heading = "Compiler options")]
+    pub remote: RemoteArgs,
 }
 
 #[derive(Debug, Args)]
@@ -166,11 +166,11 @@ pub struct DmArgs {
     /// The build log (default: logs/dm.log).
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
-    #[command(flatten)]
-    pub remote: RemoteArgs,
-    /// Print `{"out","log","files":[{name,size,sha256}]}`.
+    /// Print `{"out","log","files":[{"name","size","sha256"}]}`.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten, next_help_heading = "Compiler options")]
+    pub remote: RemoteArgs,
 }
 
 #[derive(Debug, Args)]
@@ -217,11 +217,11 @@ pub struct ValidateArgs {
     /// The validation log (default: logs/<id>.validate.log, under the workspace when given).
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
-    #[command(flatten)]
-    pub remote: RemoteArgs,
     /// Print `{"model","passed","verdict","record","log"}`.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten, next_help_heading = "Compiler options")]
+    pub remote: RemoteArgs,
 }
 
 pub fn tinygrad(command: TinygradCommand) -> CliResult {

@@ -64,13 +64,13 @@ pub struct RebuildArgs {
     /// The branch a `github:` source checkout must be on.
     #[arg(long, default_value = manifest::layout::GITHUB_BRANCH, value_name = "BRANCH")]
     pub github_branch: String,
-    #[command(flatten)]
-    pub remote: RemoteArgs,
     /// Print the final summary `{"workspace","generation","tinygrad_commit","manifest","compiled",
     /// "skipped","failed","not_attempted","not_in_catalog","without_artifact",
     /// "models":[{"id","status","error"?}]}`.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten, next_help_heading = "Compiler options")]
+    pub remote: RemoteArgs,
 }
 
 // ---- the pure core ------------------------------------------------------------------------
