@@ -296,6 +296,9 @@ struct ProgressState {
     label: String,
     /// A bar is drawn on the current line and must be cleared before other text.
     drawn: bool,
+    /// The highest percentage shown for this label: parallel workers report out of order, and
+    /// a bar that goes backwards helps nobody.
+    highest: Option<u64>,
     last_logged: Option<u64>,
 }
 
@@ -311,41 +314,54 @@ impl Progress {
     fn label(&self, label: &str) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.label = label.to_string();
+        st.highest = None;
         st.last_logged = None;
     }
 
     fn say(&self, text: &str) {
+        let out = self.render(text);
+        if !out.is_empty() {
+            eprint!("{out}");
+        }
+    }
+
+    /// What `say` writes to stderr for `text` (empty: nothing), updating the state.
+    fn render(&self, text: &str) -> String {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let pct = text
             .strip_suffix('%')
             .and_then(|n| n.parse::<u64>().ok())
             .filter(|p| *p <= 100);
+        if let Some(p) = pct {
+            if st.highest.is_some_and(|h| p <= h) {
+                return String::new();
+            }
+            st.highest = Some(p);
+        }
         match pct {
             Some(p) if self.tty => {
                 const WIDTH: u64 = 30;
                 let filled = (p * WIDTH / 100) as usize;
-                eprint!(
+                st.drawn = true;
+                format!(
                     "\r\x1b[2K{} [{}{}] {p:>3}%",
                     st.label,
                     "=".repeat(filled),
                     " ".repeat(WIDTH as usize - filled)
-                );
-                st.drawn = true;
+                )
             }
             Some(p) => {
-                if p / 10 != st.last_logged.unwrap_or(u64::MAX) / 10 || p == 100 {
-                    if st.last_logged != Some(p) {
-                        eprintln!("{} {p}%", st.label);
-                    }
+                if st.last_logged.is_none_or(|l| p / 10 > l / 10) {
                     st.last_logged = Some(p);
+                    format!("{} {p}%\n", st.label)
+                } else {
+                    String::new()
                 }
             }
             None => {
-                if st.drawn {
-                    eprint!("\r\x1b[2K");
-                    st.drawn = false;
-                }
-                eprintln!("{text}");
+                let clear = if st.drawn { "\r\x1b[2K" } else { "" };
+                st.drawn = false;
+                format!("{clear}{text}\n")
             }
         }
     }
@@ -757,5 +773,59 @@ fn daemon(
             device.memory.remove(keys::CANCEL_MODEL_DOWNLOAD)?;
         }
         thread::sleep(poll);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(tty: bool) -> Progress {
+        let p = Progress {
+            tty,
+            state: Mutex::new(ProgressState::default()),
+        };
+        p.label("pop223");
+        p
+    }
+
+    #[test]
+    fn logs_get_a_line_per_tenth_and_never_go_backwards() {
+        let p = progress(false);
+        let shown: Vec<String> = ["0%", "3%", "12%", "9%", "13%", "25%", "100%", "Downloaded!"]
+            .iter()
+            .map(|t| p.render(t))
+            .filter(|s| !s.is_empty())
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "pop223 0%\n",
+                "pop223 12%\n",
+                "pop223 25%\n",
+                "pop223 100%\n",
+                "Downloaded!\n"
+            ]
+        );
+        // A new label starts over.
+        p.label("other");
+        assert_eq!(p.render("5%"), "other 5%\n");
+    }
+
+    #[test]
+    fn a_terminal_gets_one_redrawn_bar_cleared_before_text() {
+        let p = progress(true);
+        let bar = p.render("50%");
+        assert!(
+            bar.starts_with("\r\x1b[2Kpop223 [") && bar.ends_with(" 50%"),
+            "{bar:?}"
+        );
+        assert!(!bar.contains('\n'));
+        assert_eq!(p.render("40%"), "", "out-of-order progress is dropped");
+        assert_eq!(
+            p.render("Verifying authenticity..."),
+            "\r\x1b[2KVerifying authenticity...\n"
+        );
+        assert_eq!(p.render("Downloaded!"), "Downloaded!\n");
     }
 }
