@@ -251,13 +251,10 @@ pub fn install(
         return Ok(None);
     }
     device.forget(entry.id())?;
-    let last = std::sync::Mutex::new(None::<u64>);
+    let percent = PercentFilter::default();
     let on_event = |e: Event| match e {
-        Event::Progress { done, total } if total > 0 => {
-            let pct = done * 100 / total;
-            let mut l = last.lock().unwrap();
-            if *l != Some(pct) {
-                *l = Some(pct);
+        Event::Progress { done, total } => {
+            if let Some(pct) = percent.advance(done, total) {
                 progress(&format!("{pct}%"));
             }
         }
@@ -277,6 +274,26 @@ pub fn install(
 }
 
 /// `download <ID>`: the catalog entry, downloaded and verified.
+/// Turns byte counts into the percentages the UI shows: each one once, and never going down,
+/// although parallel workers report out of order.
+#[derive(Default)]
+struct PercentFilter(std::sync::Mutex<Option<u64>>);
+
+impl PercentFilter {
+    fn advance(&self, done: u64, total: u64) -> Option<u64> {
+        if total == 0 {
+            return None;
+        }
+        let pct = done.min(total) * 100 / total;
+        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|prev| pct <= prev) {
+            return None;
+        }
+        *last = Some(pct);
+        Some(pct)
+    }
+}
+
 pub fn download_model(
     device: &Device,
     dl: &Downloader,
@@ -379,4 +396,27 @@ pub fn gc(device: &Device) -> Result<Vec<String>> {
     }
     sync_dir(&dir).ctx(&dir)?;
     Ok(plan)
+}
+
+#[cfg(test)]
+mod percent_tests {
+    use super::PercentFilter;
+
+    #[test]
+    fn progress_percentages_never_go_backwards_or_repeat() {
+        let f = PercentFilter::default();
+        let shown: Vec<u64> = [
+            (13, 100),
+            (12, 100),
+            (13, 100),
+            (50, 100),
+            (40, 100),
+            (100, 100),
+        ]
+        .into_iter()
+        .filter_map(|(d, t)| f.advance(d, t))
+        .collect();
+        assert_eq!(shown, vec![13, 50, 100]);
+        assert_eq!(f.advance(5, 0), None);
+    }
 }
