@@ -20,7 +20,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use artifact_store::{HfConfig, Store, StoreSpec};
+use artifact_store::{Store, StoreSpec};
 use chunker::{Expected, atomic};
 use clap::Args;
 use compiler_remote::{CompileRequest, FetchedArtifact, InputFormat};
@@ -57,13 +57,8 @@ pub struct RebuildArgs {
     /// Only these models (default: every source-map model that is in the base manifest).
     #[arg(long = "model", value_name = "ID")]
     pub models: Vec<ModelId>,
-    /// The `hf` CLI to run for a Hugging Face source store (default: `HF_CLI`, else `hf` on
-    /// PATH).
-    #[arg(long, value_name = "PATH")]
-    pub hf_cli: Option<PathBuf>,
-    /// The branch a `github:` source checkout must be on.
-    #[arg(long, default_value = manifest::layout::GITHUB_BRANCH, value_name = "BRANCH")]
-    pub github_branch: String,
+    #[command(flatten)]
+    pub access: crate::cmd::store::StoreAccess,
     /// Print the final summary `{"workspace","generation","tinygrad_commit","manifest","compiled",
     /// "skipped","failed","not_attempted","not_in_catalog","without_artifact",
     /// "models":[{"id","status","error"?}]}`.
@@ -507,10 +502,9 @@ pub fn run(args: RebuildArgs) -> CliResult {
         let attempt = (|| -> Result<BuildRecord, (String, bool)> {
             progress("fetching sources");
             if store.is_none() {
-                let hf = HfConfig::from_env(args.hf_cli.clone());
                 store = Some(
-                    store_spec
-                        .open(&hf, &args.github_branch)
+                    args.access
+                        .open(&store_spec)
                         .map_err(|e| (e.to_string(), true))?,
                 );
             }

@@ -58,19 +58,36 @@ pub struct PublishArgs {
     /// Attempts per upload before giving up (with exponential backoff from 2 s up to 30 s).
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub attempts: u32,
-    /// The `hf` CLI to run (default: `HF_CLI`, else `hf` on PATH).
-    #[arg(long, value_name = "PATH")]
-    pub hf_cli: Option<PathBuf>,
-    /// The branch a `github:` checkout must be on.
-    #[arg(long, default_value = layout::GITHUB_BRANCH, value_name = "BRANCH")]
-    pub github_branch: String,
+    #[command(flatten)]
+    pub access: StoreAccess,
     /// Print one JSON line per event (`{"event":…}`), then the report `{"dry_run","generation",
     /// "models","stores":[…]}` (see docs/release.md).
     #[arg(long)]
     pub json: bool,
 }
 
-fn open_stores(specs: &[String], hf: &HfConfig, branch: &str) -> CliResult<Vec<Box<dyn Store>>> {
+/// How to reach stores: the flags `publish`, `reuse` and `rebuild` share.
+#[derive(Debug, Args)]
+pub struct StoreAccess {
+    /// The `hf` CLI to run for Hugging Face stores (default: `HF_CLI`, else `hf` on PATH).
+    #[arg(long, value_name = "PATH")]
+    pub hf_cli: Option<PathBuf>,
+    /// The branch a `github:` checkout must be on.
+    #[arg(long, default_value = layout::GITHUB_BRANCH, value_name = "BRANCH")]
+    pub github_branch: String,
+}
+
+impl StoreAccess {
+    pub fn hf(&self) -> HfConfig {
+        HfConfig::from_env(self.hf_cli.clone())
+    }
+
+    pub fn open(&self, spec: &StoreSpec) -> artifact_store::Result<Box<dyn Store>> {
+        spec.open(&self.hf(), &self.github_branch)
+    }
+}
+
+fn open_stores(specs: &[String], access: &StoreAccess) -> CliResult<Vec<Box<dyn Store>>> {
     let parsed: Vec<StoreSpec> = specs
         .iter()
         .map(|s| StoreSpec::parse(s))
@@ -83,7 +100,7 @@ fn open_stores(specs: &[String], hf: &HfConfig, branch: &str) -> CliResult<Vec<B
     check_store_order(&kinds).map_err(CliError::usage)?;
     parsed
         .iter()
-        .map(|s| s.open(hf, branch).map_err(store_error))
+        .map(|s| access.open(s).map_err(store_error))
         .collect()
 }
 
@@ -95,8 +112,7 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             args.artifacts.display()
         )));
     }
-    let hf = HfConfig::from_env(args.hf_cli.clone());
-    let stores = open_stores(&args.to, &hf, &args.github_branch)?;
+    let stores = open_stores(&args.to, &args.access)?;
     let store_refs: Vec<&dyn Store> = stores.iter().map(|s| s.as_ref()).collect();
     let opts = PublishOptions {
         generation: args.generation,
@@ -261,12 +277,8 @@ pub struct ReuseArgs {
     /// Also write the artifact's SHA-256 and chunk count into this manifest's entry for --model.
     #[arg(long, value_name = "FILE")]
     pub manifest: Option<PathBuf>,
-    /// The `hf` CLI to run (default: `HF_CLI`, else `hf` on PATH).
-    #[arg(long, value_name = "PATH")]
-    pub hf_cli: Option<PathBuf>,
-    /// The branch a `github:` checkout must be on.
-    #[arg(long, default_value = layout::GITHUB_BRANCH, value_name = "BRANCH")]
-    pub github_branch: String,
+    #[command(flatten)]
+    pub access: StoreAccess,
     /// Print `{"model","sha256","size","chunk_count","server_side","copied":[...]}`.
     #[arg(long)]
     pub json: bool,
@@ -313,14 +325,9 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
         None => None,
     };
     let from = Location::parse(&args.from).map_err(store_error)?;
-    let hf = HfConfig::from_env(args.hf_cli.clone());
-    let source = from
-        .store
-        .open(&hf, &args.github_branch)
-        .map_err(store_error)?;
+    let source = args.access.open(&from.store).map_err(store_error)?;
     let dest = StoreSpec::parse(&args.to)
-        .map_err(store_error)?
-        .open(&hf, &args.github_branch)
+        .and_then(|spec| args.access.open(&spec))
         .map_err(store_error)?;
     let bar = bytes_bar(
         compatible.artifact.size.get(),
