@@ -4,10 +4,16 @@ use std::time::{Duration, Instant};
 
 /// The workspace root (xtask lives one level below it).
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    // `cargo run` sets CARGO_MANIFEST_DIR for the process it starts; prefer it over the
+    // compile-time value so that a binary built from another checkout sharing this target
+    // directory still works on the checkout it was run from.
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest_dir
         .parent()
-        .expect("xtask is inside the workspace")
-        .to_path_buf()
+        .map(Path::to_path_buf)
+        .unwrap_or(manifest_dir)
 }
 
 /// Run cargo with `args` in the workspace root, echoing the command.
