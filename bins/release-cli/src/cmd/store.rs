@@ -124,6 +124,7 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
         deep_verify: args.deep_verify,
     };
     let json = args.json;
+    let dry_run = args.dry_run;
     let mut bar = None;
     let mut on_event = |e: &Event| {
         if json {
@@ -158,7 +159,13 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
                 if let Some(b) = bar.take() {
                     b.finish_and_clear()
                 }
-                eprintln!("{store}: {models} listed artifact(s) complete and matching")
+                if dry_run {
+                    eprintln!(
+                        "{store}: {models} listed artifact(s) not in --artifacts are complete and matching there"
+                    )
+                } else {
+                    eprintln!("{store}: {models} listed artifact(s) complete and matching")
+                }
             }
             Event::Guarded {
                 store,
