@@ -445,9 +445,11 @@ pub fn serve_cmd(args: ServeArgs) -> CliResult {
         tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
     };
+    // Colours only on a terminal: a redirected log stays plain text that tools can parse.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let config = ServeConfig::standard(
         &args.store,
