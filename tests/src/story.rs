@@ -99,6 +99,43 @@ impl Default for Scenario {
     }
 }
 
+/// One request logged by `release-cli serve -v`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub method: String,
+    /// The URL path, e.g. `/buckets/NS/NAME/resolve/models/v25/pop223/…`.
+    pub target: String,
+    pub status: u16,
+}
+
+impl Request {
+    /// The store path asked for, with the layout's prefix removed: the Hugging Face layout's
+    /// paths as they are, the GitHub layout's as stored on the branch.
+    pub fn path(&self) -> &str {
+        let hf = format!("/buckets/{}/resolve/", layout::HF_BUCKET);
+        let gh = format!("/{}/{}/", layout::GITHUB_REPO, layout::GITHUB_BRANCH);
+        self.target
+            .strip_prefix(&hf)
+            .or_else(|| self.target.strip_prefix(&gh))
+            .unwrap_or(&self.target)
+    }
+
+    /// Whether the path is one of the generation's own: its manifest or its artifact directory.
+    /// The v25 downloader must never ask for anything else (no unversioned, no v24 path).
+    pub fn is_generation_path(&self, generation: &str) -> bool {
+        let p = self.path();
+        p == format!("manifests/model_names_{generation}.json")
+            || p == format!("model_names_{generation}.json")
+            || p.starts_with(&format!("models/{generation}/"))
+            || p.starts_with(&format!("{generation}/"))
+    }
+
+    pub fn is_github(&self) -> bool {
+        self.target
+            .starts_with(&format!("/{}/", layout::GITHUB_REPO))
+    }
+}
+
 /// What happened, for the demo's report and the tests' assertions.
 #[derive(Debug, Clone)]
 pub struct Report {
@@ -116,6 +153,8 @@ pub struct Report {
     pub manifest: Manifest,
     /// Commit subjects on the GitHub origin's `Models` branch, oldest first.
     pub github_commits: Vec<String>,
+    /// Every request the device made to the mirror, in order, from `release-cli serve -v`.
+    pub requests: Vec<Request>,
     /// The origin URLs the device was given.
     pub hf_base: String,
     pub github_base: String,
@@ -204,6 +243,27 @@ impl fmt::Display for Report {
             p(&self.params_after, "DrivingModelName")
         )?;
         writeln!(f, "  modeld loads:  {}", self.resolved.display())?;
+        let stray = self
+            .requests
+            .iter()
+            .filter(|r| !r.is_generation_path(NEW_GENERATION))
+            .count();
+        writeln!(
+            f,
+            "  requests the device made to the mirror ({}; outside the {NEW_GENERATION} paths: {stray}):",
+            self.requests.len()
+        )?;
+        for r in &self.requests {
+            let origin = if r.is_github() { "GitHub" } else { "HF" };
+            writeln!(
+                f,
+                "    {:<4} {:<6} {} {}",
+                r.method,
+                origin,
+                r.status,
+                r.path()
+            )?;
+        }
         Ok(())
     }
 }
@@ -277,7 +337,8 @@ pub fn play(bins: &Binaries, scenario: &Scenario, work: &Path, narrate: bool) ->
         .collect();
 
     say("3. serve the store on 127.0.0.1 (release-cli serve)".into());
-    let (server, url) = serve(bins, &store)?;
+    let serve_log = work.join("serve.log");
+    let (server, url) = serve(bins, &store, &serve_log)?;
     let hf_base = if scenario.hf_down {
         format!(
             "{}/buckets/{}/resolve",
@@ -330,6 +391,7 @@ pub fn play(bins: &Binaries, scenario: &Scenario, work: &Path, narrate: bool) ->
             .trim(),
     );
     drop(server);
+    let requests = parse_serve_log(&serve_log)?;
 
     Ok(Report {
         work: work.to_path_buf(),
@@ -341,6 +403,7 @@ pub fn play(bins: &Binaries, scenario: &Scenario, work: &Path, narrate: bool) ->
         refresh,
         manifest,
         github_commits,
+        requests,
         hf_base,
         github_base,
         builtin_dir,
@@ -499,15 +562,17 @@ fn init_models_branch(origin: &Path, checkout: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Start `release-cli serve` on a free loopback port; its first stdout line is the base URL.
-fn serve(bins: &Binaries, store: &Path) -> Result<(Running, String)> {
+/// Start `release-cli serve -v` on a free loopback port, logging requests to `log`; its first
+/// stdout line is the base URL.
+fn serve(bins: &Binaries, store: &Path, log: &Path) -> Result<(Running, String)> {
+    let log = fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
     let mut child = Command::new(&bins.release_cli)
         .arg("serve")
         .arg("--store")
         .arg(store)
-        .args(["--addr", "127.0.0.1:0"])
+        .args(["--addr", "127.0.0.1:0", "--verbose"])
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::from(log))
         .spawn()
         .map_err(|e| format!("cannot start release-cli serve: {e}"))?;
     let stdout = child.stdout.take().ok_or("serve has no stdout")?;
@@ -521,6 +586,25 @@ fn serve(bins: &Binaries, store: &Path) -> Result<(Running, String)> {
         return Err(format!("release-cli serve printed {line:?}, not its URL"));
     }
     Ok((running, url))
+}
+
+/// The requests in a `release-cli serve -v` log (`… method=GET target=/… status=200 …`).
+fn parse_serve_log(log: &Path) -> Result<Vec<Request>> {
+    let text = fs::read_to_string(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let field = |line: &str, key: &str| -> Option<String> {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key).map(str::to_string))
+    };
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            Some(Request {
+                method: field(line, "method=")?,
+                target: field(line, "target=")?,
+                status: field(line, "status=")?.parse().ok()?,
+            })
+        })
+        .collect())
 }
 
 /// A URL on a loopback port nobody listens on: connections are refused, as when a host is down.

@@ -51,6 +51,15 @@ fn assert_no_old_generation_artifact(report: &Report, selected: Option<&str>) {
     }
 }
 
+/// The device asked only for v25 paths (never an unversioned or v24 one), from `github` or not.
+fn assert_only_v25_requests(report: &Report, github: bool) {
+    assert!(!report.requests.is_empty(), "no request logged");
+    for r in &report.requests {
+        assert!(r.is_generation_path("v25"), "device asked for {}", r.target);
+        assert_eq!(r.is_github(), github, "device asked {} ", r.target);
+    }
+}
+
 fn assert_locals_and_dm_kept(report: &Report) {
     let mut expected: Vec<String> = DM_FILES.iter().map(|s| s.to_string()).collect();
     expected.push(format!("{LOCAL_MODEL}{}", layout::ARTIFACT_SUFFIX));
@@ -84,6 +93,7 @@ fn a_v24_device_migrates_to_the_published_v25() {
     assert_eq!(r.resolved, r.models_dir.join("pop223_driving_tinygrad.pkl"));
     let origin = r.refresh["manifest_origin"].as_str().unwrap();
     assert!(origin.starts_with("Hugging Face"), "{origin}");
+    assert_only_v25_requests(&r, false);
 }
 
 #[test]
@@ -126,6 +136,7 @@ fn with_hugging_face_down_the_device_uses_github() {
     });
     let origin = r.refresh["manifest_origin"].as_str().unwrap();
     assert!(origin.starts_with("GitHub"), "{origin}");
+    assert_only_v25_requests(&r, true);
     assert_eq!(r.downloaded(), vec!["pop223_driving_tinygrad.pkl"]);
     assert_no_old_generation_artifact(&r, Some("pop223"));
     assert_locals_and_dm_kept(&r);
@@ -154,4 +165,11 @@ fn with_the_selected_model_missing_from_v25_the_device_falls_back_to_the_builtin
     assert_eq!(p["ModelManifestVersion"], "v25");
     assert_eq!(r.resolved, r.builtin_dir.join("driving_tinygrad.pkl"));
     assert_eq!(r.refresh["fell_back_to_builtin"], true);
+    // Only the manifest was asked for: the missing model is not probed elsewhere.
+    assert_only_v25_requests(&r, false);
+    assert!(
+        r.requests.iter().all(|q| !q.target.contains("pop223")),
+        "{:?}",
+        r.requests
+    );
 }
