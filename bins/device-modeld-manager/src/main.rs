@@ -761,10 +761,12 @@ fn daemon(
             };
             progress_param(&text);
             // Clear each request once handled, and the cancel flag with it, so neither a
-            // stale request nor a stale cancel survives (the Python manager kept both).
+            // stale request nor a stale cancel survives (the Python manager kept both). A
+            // `ModelToDownload` the UI replaced while this one ran is a new request: keep it
+            // for the next poll instead of dropping it unhandled.
             if all {
                 device.memory.remove(keys::DOWNLOAD_ALL_MODELS)?;
-            } else {
+            } else if device.memory.get_str(keys::MODEL_TO_DOWNLOAD)? == one {
                 device.memory.remove(keys::MODEL_TO_DOWNLOAD)?;
             }
             device.memory.remove(keys::CANCEL_MODEL_DOWNLOAD)?;

@@ -446,3 +446,49 @@ fn kill_9_at_any_point_then_rerun_is_consistent() {
         );
     }
 }
+
+fn wait_for(what: &str, f: &dyn Fn() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Regression: the UI replaced `ModelToDownload` while another download ran, and the daemon
+/// cleared the new request along with the old one, so the second model was never downloaded.
+#[test]
+fn a_request_replaced_during_a_download_is_served_next_not_dropped() {
+    let w = world(4 * CHUNK);
+    assert!(w.run(&["refresh"]).status.success());
+    let pop = w.models().join("pop223_driving_tinygrad.pkl");
+    fs::remove_file(&pop).unwrap();
+    w.server.set_rate_per_conn(Some(128 * 1024));
+    let mut child = w
+        .cmd(&["run", "--poll-ms", "20"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    w.set_mem("ModelToDownload", "other");
+    wait_for("the first download to be under way", &|| {
+        w.mem("ModelDownloadProgress")
+            .is_some_and(|p| p.ends_with('%') && p != "100%")
+    });
+    w.set_mem("ModelToDownload", "pop223");
+    wait_for("the replacing request to be served", &|| {
+        fs::read(&pop).is_ok_and(|b| b == w.pop_new)
+    });
+    wait_for("the request to be cleared", &|| {
+        w.mem("ModelToDownload").is_none()
+    });
+    assert_eq!(
+        fs::read(w.models().join("other_driving_tinygrad.pkl")).unwrap(),
+        w.other_new
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
