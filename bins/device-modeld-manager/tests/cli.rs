@@ -492,3 +492,24 @@ fn a_request_replaced_during_a_download_is_served_next_not_dropped() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// Regression: a journal left by an interrupted migration to another generation was resumed
+/// as is, so `ModelManifestVersion` was set to that generation instead of ours and `resolve`
+/// kept answering the built-in until a second migration deleted and re-fetched everything.
+#[test]
+fn a_journal_for_another_generation_is_migrated_to_ours() {
+    let w = world(2 * CHUNK);
+    fs::write(
+        w.models().join(".migration.json"),
+        r#"{"from":"v24","to":"v23","selected":"pop223","phase":"download"}"#,
+    )
+    .unwrap();
+    let out = w.run(&["refresh", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_consistent(&w, "journal for v23");
+    assert_eq!(w.param("Model").as_deref(), Some("pop223"));
+}

@@ -100,6 +100,16 @@ pub fn refresh(
     let previous = device.params.get_str(keys::MODEL_MANIFEST_VERSION)?;
     let mut journal = read_journal(device)?;
     let target = generation.to_string();
+    if let Some(j) = journal.as_mut()
+        && j.to != target
+    {
+        // A migration to another generation was interrupted and this build reads a different
+        // one: whatever that run downloaded is another generation's pickle, so migrate again
+        // from the purge, keeping the selection it recorded.
+        j.to = target.clone();
+        j.phase = Phase::Purge;
+        write_journal(device, j)?;
+    }
     if journal.is_none() && previous.as_deref() != Some(target.as_str()) {
         let j = Journal {
             from: previous.clone(),
