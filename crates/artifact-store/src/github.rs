@@ -199,6 +199,10 @@ impl Store for GithubStore {
         format!("github:{}", self.checkout.display())
     }
 
+    fn reads_are_local(&self) -> bool {
+        true
+    }
+
     fn stat(&self, path: &StorePath) -> Result<Option<FileStat>> {
         match bucket_to_github(path) {
             Some(rel) => self.files.stat(&rel),

@@ -45,6 +45,10 @@ impl Store for LocalStore {
         self.root.display().to_string()
     }
 
+    fn reads_are_local(&self) -> bool {
+        true
+    }
+
     fn stat(&self, path: &StorePath) -> Result<Option<FileStat>> {
         let p = self.fs_path(path);
         match fs::metadata(&p) {

@@ -391,6 +391,7 @@ pub struct PublishOptions {
     pub dry_run: bool,
     pub retry: RetryPolicy,
     /// Re-read every listed artifact in the store and check its SHA-256 (slow on the Hub).
+    /// Stores whose reads are local ([`Store::reads_are_local`]) are always checked this way.
     pub deep_verify: bool,
 }
 
@@ -612,6 +613,18 @@ fn publish_one(
     } else {
         BTreeSet::new()
     };
+    // Step 1 hashed every file of the models it uploaded (or found already there); the other
+    // listed models are re-hashed where that is cheap, or everywhere with --deep-verify.
+    let verified_in_step_1: BTreeSet<&ModelId> = if opts.dry_run {
+        BTreeSet::new()
+    } else {
+        local
+            .iter()
+            .filter(|a| !a.files.is_empty())
+            .map(|a| &a.id)
+            .collect()
+    };
+    let deep = opts.deep_verify || store.reads_are_local();
     let mut problems = Vec::new();
     let mut checked = 0;
     for entry in manifest.models() {
@@ -623,7 +636,7 @@ fn publish_one(
             store,
             opts.generation,
             entry,
-            opts.deep_verify,
+            deep && !verified_in_step_1.contains(entry.id()),
             &mut problems,
         )?;
     }
@@ -848,7 +861,7 @@ fn check_entry(
         let d = h.finish();
         if d != artifact.sha256 {
             problems.push(format!(
-                "  - model {id}: the stored artifact's SHA-256 is {d}, the manifest says {}",
+                "  - model {id}: the stored artifact's SHA-256 is {d}, the manifest says {} (a chunk in {dir} is corrupt; put the model's chunk set in --artifacts {id}/ so publish replaces it)",
                 artifact.sha256
             ));
         }

@@ -62,6 +62,13 @@ pub trait Store: Send + Sync {
     /// Delete a file; `Ok(false)` when it was not there.
     fn delete(&self, path: &StorePath) -> Result<bool>;
 
+    /// Whether reading a file costs only local disk I/O (a directory, a git checkout). Publish
+    /// then re-hashes every listed artifact it did not just verify, because a sidecar that
+    /// agrees with the manifest cannot catch a chunk corrupted in place at the same size.
+    fn reads_are_local(&self) -> bool {
+        false
+    }
+
     /// The file's `hf://` address when it lives on the Hugging Face Hub, so that a copy between
     /// two Hub locations can happen server-side.
     fn hub_uri(&self, _path: &StorePath) -> Option<String> {

@@ -181,6 +181,57 @@ fn a_listed_model_missing_everywhere_is_refused_before_the_manifest() {
     assert!(!store.writes().iter().any(|w| w.contains("manifests/")));
 }
 
+/// Regression: a chunk corrupted in place (same size) in a local store passed the completeness
+/// check, because only the sidecar was compared unless --deep-verify was given.
+#[test]
+fn a_corrupt_chunk_already_in_a_local_store_is_refused_without_deep_verify() {
+    let t = tempfile::tempdir().unwrap();
+    let (a, b) = (model("pop223", 11, 2500), model("tr14223", 12, 2500));
+    let root = t.path().join("store");
+    let shallow = PublishOptions {
+        deep_verify: false,
+        ..opts(false)
+    };
+    let both = artifacts_dir(t.path(), &[&a, &b]);
+    let m = manifest_of(vec![
+        entry("pop223", &a.data, "Pop"),
+        entry("tr14223", &b.data, "TR14"),
+    ]);
+    publish(&m, &both, &[&LocalStore::new(&root)], &shallow, &mut |_| {}).unwrap();
+
+    let chunk = root.join("models/v25/tr14223/tr14223_driving_tinygrad.pkl.chunk02of03");
+    let mut bad = fs::read(&chunk).unwrap();
+    bad[0] ^= 0xff;
+    fs::write(&chunk, bad).unwrap();
+
+    // Only pop223 is released this time; tr14223 must be found wrong where it lies.
+    let only_a = t.path().join("only-a");
+    fs::create_dir_all(only_a.join("pop223")).unwrap();
+    for f in fs::read_dir(both.join("pop223")).unwrap() {
+        let f = f.unwrap();
+        fs::copy(f.path(), only_a.join("pop223").join(f.file_name())).unwrap();
+    }
+    let m2 = manifest_of(vec![
+        entry("pop223", &a.data, "Pop 2"),
+        entry("tr14223", &b.data, "TR14"),
+    ]);
+    let live_before = fs::read(root.join("manifests/model_names_v25.json")).unwrap();
+    let store = Recording::new(LocalStore::new(&root));
+    let err = publish(&m2, &only_a, &[&store], &shallow, &mut |_| {}).unwrap_err();
+    assert!(matches!(err, Error::Incomplete { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("model tr14223") && msg.contains("SHA-256"),
+        "{msg}"
+    );
+    assert!(!msg.contains("model pop223"), "{msg}");
+    assert!(!store.writes().iter().any(|w| w.contains("manifests/")));
+    assert_eq!(
+        fs::read(root.join("manifests/model_names_v25.json")).unwrap(),
+        live_before
+    );
+}
+
 #[test]
 fn a_wrong_artifact_in_the_directory_is_refused_before_any_upload() {
     let t = tempfile::tempdir().unwrap();

@@ -52,7 +52,8 @@ pub struct PublishArgs {
     /// Print the plan (what would be uploaded, skipped and written) and change nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Re-read every listed artifact in the store and check its SHA-256 (slow on the Hub).
+    /// Also on the Hub, re-read every listed artifact and check its SHA-256 (a download of
+    /// each; directory and github: stores are always checked this way).
     #[arg(long)]
     pub deep_verify: bool,
     /// Attempts per upload before giving up (with exponential backoff from 2 s up to 30 s).

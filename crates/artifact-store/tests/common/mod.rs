@@ -153,6 +153,9 @@ impl<S: Store> Store for Recording<S> {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+    fn reads_are_local(&self) -> bool {
+        self.inner.reads_are_local()
+    }
     fn stat(&self, path: &StorePath) -> Result<Option<FileStat>> {
         self.inner.stat(path)
     }
