@@ -212,6 +212,34 @@ fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
     );
     assert_eq!(v.status.code(), Some(0), "{}", text(&v.stderr));
 
+    // Regression: a success record only counts for the plan it was built from. After the base
+    // catalog moves pop223 to another behaviour version, the rerun rebuilds it instead of
+    // skipping it and publishing the old build under the new version.
+    assert_eq!(BASE.matches(r#""version": "v11""#).count(), 1);
+    write(
+        &root.join("base.json"),
+        BASE.replace(r#""version": "v11""#, r#""version": "v12""#)
+            .as_bytes(),
+    );
+    let before = dev.calls().len();
+    let out = cli(&args, root);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["compiled"], 1, "{summary}");
+    assert_eq!(summary["skipped"], 1, "{summary}");
+    let calls = dev.calls();
+    assert_eq!(calls.len(), before + 1, "{calls:?}");
+    assert!(
+        calls[before].starts_with("--pop223 --version v12"),
+        "{calls:?}"
+    );
+    let m: serde_json::Value =
+        serde_json::from_slice(&fs::read(ws.join("ready/model_names_v26.json")).unwrap()).unwrap();
+    assert_eq!(m["models"][0]["version"], "v12");
+    let rec: serde_json::Value =
+        serde_json::from_slice(&fs::read(ws.join("results/pop223.json")).unwrap()).unwrap();
+    assert_eq!(rec["version"], "v12");
+
     // validate records the device's own verdict.
     let mut vargs = vec![
         "validate",

@@ -250,6 +250,18 @@ pub fn record_matches(r: &BuildRecord, generation: Generation, pin: &GitCommit) 
     r.status == "compiled" && r.generation == generation && &r.tinygrad_commit == pin
 }
 
+/// Whether a success record was built from what the plan asks for now: the same behaviour
+/// version, sources (`source_id`, `ref`), input format and GPU target. A record made before the
+/// source map or the base catalog changed is stale, and the model is built again.
+pub fn record_fits(r: &BuildRecord, p: &PlannedModel) -> bool {
+    r.id == p.source.id
+        && r.version == p.version
+        && r.source_id == p.source.source_id
+        && r.input_format == p.source.input_format
+        && r.uses_external_gpu == p.gpu
+        && r.source_commit == p.source.source_commit
+}
+
 /// The manifest for publish: the base catalog with, for every model built for this generation
 /// and pin, its artifact fields and `source_commit`; artifact fields of every other model are
 /// dropped (they describe another generation's pickle). Behaviour versions are never touched.
@@ -487,6 +499,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
         let failure_path = results.join(format!("{id}.failure.json"));
         if let Some(r) = read_json::<BuildRecord>(&record_path)
             && record_matches(&r, args.generation, &pin)
+            && record_fits(&r, p)
             && ready_verifies(ws, &r)
         {
             progress("done earlier, skipped");
@@ -605,11 +618,18 @@ pub fn run(args: RebuildArgs) -> CliResult {
     drop(compiler);
 
     // Every success record for this generation and pin counts, including models outside this
-    // run's --model selection, so a partial rerun never drops finished work from the manifest.
+    // run's --model selection, so a partial rerun never drops finished work from the manifest;
+    // but never a stale one (built for another behaviour version or from other sources than
+    // the plan now says, e.g. a model a stopped run did not reach).
     let mut records = Vec::new();
     for id in base.ids() {
+        let fits = |r: &BuildRecord| match planned.iter().find(|p| &p.source.id == id) {
+            Some(p) => record_fits(r, p),
+            None => base.get(id).and_then(|e| e.version()) == Some(r.version),
+        };
         if let Some(r) = read_json::<BuildRecord>(&results.join(format!("{id}.json")))
             && record_matches(&r, args.generation, &pin)
+            && fits(&r)
             && ready_verifies(ws, &r)
         {
             records.push(r);
@@ -811,6 +831,45 @@ mod tests {
         };
         assert!(record_matches(&rec, g, &pin));
         assert!(!record_matches(&rec, Generation::new(25), &pin));
+
+        // A record only counts as done for the plan it was built from.
+        let map = parse_source_map(
+            format!(r#"{{"sc23": {{"input_format": "supercombo", "ref": "{REF}"}}}}"#).as_bytes(),
+            Path::new("m"),
+        )
+        .unwrap();
+        let (planned, _) = plan(&map, &base(), &[]).unwrap();
+        assert!(record_fits(&rec, &planned[0]));
+        let changed = [
+            ("version", {
+                let mut p = planned[0].clone();
+                p.version = "v10".parse().unwrap();
+                p
+            }),
+            ("input format", {
+                let mut p = planned[0].clone();
+                p.source.input_format = InputFormat::Split;
+                p
+            }),
+            ("source id", {
+                let mut p = planned[0].clone();
+                p.source.source_id = "sc2".parse().unwrap();
+                p
+            }),
+            ("ref", {
+                let mut p = planned[0].clone();
+                p.source.source_commit = None;
+                p
+            }),
+            ("gpu", {
+                let mut p = planned[0].clone();
+                p.gpu = true;
+                p
+            }),
+        ];
+        for (what, p) in changed {
+            assert!(!record_fits(&rec, &p), "{what} changed");
+        }
         let m = build_manifest(&base(), &[rec], g, &pin).unwrap();
         assert_eq!(m.generation(), Some(g));
         assert_eq!(m.tinygrad_commit(), Some(pin));
