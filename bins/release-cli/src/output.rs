@@ -60,9 +60,10 @@ impl From<chunker::Error> for CliError {
             | E::SizeMismatch { .. }
             | E::DigestMismatch { .. }
             | E::NotFound { .. } => CliError::check_failed(e),
-            E::TooManyChunks { .. } | E::ZeroChunkSize | E::InvalidName { .. } => {
-                CliError::usage(e)
-            }
+            E::TooManyChunks { .. }
+            | E::ZeroChunkSize
+            | E::InvalidName { .. }
+            | E::EmptyInput { .. } => CliError::usage(e),
             other => CliError::failure(other),
         }
     }

@@ -182,7 +182,8 @@ fn bad_input_is_a_clear_usage_error() {
 
     fs::write(t.path().join("empty.pkl"), b"").unwrap();
     let out = cli(&["chunk", "split", "empty.pkl"], t.path());
-    assert_ne!(out.status.code(), Some(0));
+    // An empty input is a bad argument like too many chunks: exit 2, not 1 (an I/O failure).
+    assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("empty"), "{}", text(&out.stderr));
 
     let out = cli(&["chunk", "verify", NAME], t.path());
@@ -193,6 +194,20 @@ fn bad_input_is_a_clear_usage_error() {
     );
     assert!(
         text(&out.stderr).contains("--sha256"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A huge bogus sidecar is reported as malformed (exit 3), read only as far as a sidecar
+    // could reach.
+    let out = cli(&["chunk", "split", NAME, "--chunk-size", "300"], t.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    fs::remove_file(t.path().join(NAME)).unwrap();
+    fs::write(t.path().join(format!("{NAME}.sha256")), "a".repeat(8 << 20)).unwrap();
+    let out = cli(&["chunk", "verify", NAME], t.path());
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("malformed SHA-256 sidecar"),
         "{}",
         text(&out.stderr)
     );

@@ -98,6 +98,29 @@ fn oversized_manifest_is_refused_before_parsing() {
         "{}",
         text(&out.stdout)
     );
+    // Regression: the message gave the bytes read (limit + 1), not the file's size.
+    let size = fs::metadata(t.path().join("big.json")).unwrap().len();
+    assert!(
+        text(&out.stdout).contains(&format!("manifest is {size} bytes")),
+        "{}",
+        text(&out.stdout)
+    );
+    for args in [
+        ["manifest", "fmt", "big.json"],
+        ["manifest", "diff", "big.json"],
+    ] {
+        let mut args = args.to_vec();
+        if args[1] == "diff" {
+            args.push("big.json");
+        }
+        let out = cli(&args, t.path());
+        assert_eq!(out.status.code(), Some(3), "{args:?}");
+        assert!(
+            text(&out.stderr).contains(&format!("big.json: manifest is {size} bytes")),
+            "{}",
+            text(&out.stderr)
+        );
+    }
 }
 
 #[test]

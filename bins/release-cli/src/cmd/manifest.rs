@@ -83,17 +83,41 @@ pub fn run(command: ManifestCommand) -> CliResult {
     }
 }
 
-/// Read a manifest file, refusing anything over the fleet's size limit before reading it all.
-fn read_limited(path: &Path) -> CliResult<Vec<u8>> {
+/// A manifest file's bytes, read no further than one byte past the fleet's size limit.
+/// `Err(size)` when the file is over the limit: its real size where the file system knows it.
+fn read_bounded(path: &Path) -> CliResult<Result<Vec<u8>, u64>> {
     use std::io::Read;
     let limit = Limits::default().max_manifest_bytes;
     let file = std::fs::File::open(path)
         .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))?;
+    let known = file.metadata().map(|m| m.len()).unwrap_or(0);
     let mut bytes = Vec::new();
     file.take(limit + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))?;
-    Ok(bytes)
+    if bytes.len() as u64 > limit {
+        return Ok(Err(known.max(bytes.len() as u64)));
+    }
+    Ok(Ok(bytes))
+}
+
+fn too_large_message(size: u64) -> String {
+    format!(
+        "manifest is {size} bytes, more than the limit of {} bytes that devices enforce",
+        Limits::default().max_manifest_bytes
+    )
+}
+
+/// Read a manifest file for a command that needs all of it; over the size limit is a failed
+/// check (exit 3) naming the file and its size.
+pub(crate) fn read_limited(path: &Path) -> CliResult<Vec<u8>> {
+    read_bounded(path)?.map_err(|size| {
+        CliError::check_failed(format!(
+            "{}: {}; devices would refuse it, so shrink it (fewer entries or fields) before using it",
+            path.display(),
+            too_large_message(size)
+        ))
+    })
 }
 
 fn load(path: &Path) -> CliResult<Manifest> {
@@ -108,8 +132,19 @@ fn load(path: &Path) -> CliResult<Manifest> {
 }
 
 fn validate(args: ValidateArgs) -> CliResult {
-    let bytes = read_limited(&args.file)?;
-    let problems = manifest::validate_bytes(&bytes, args.mode.into(), &Limits::default());
+    let (bytes, problems) = match read_bounded(&args.file)? {
+        Ok(bytes) => {
+            let problems = manifest::validate_bytes(&bytes, args.mode.into(), &Limits::default());
+            (bytes, problems)
+        }
+        Err(size) => (
+            Vec::new(),
+            vec![manifest::Problem {
+                path: "$".into(),
+                message: too_large_message(size),
+            }],
+        ),
+    };
     let models = if problems.is_empty() {
         Manifest::from_slice(&bytes)
             .map(|m| m.models().len())
@@ -156,7 +191,13 @@ fn validate(args: ValidateArgs) -> CliResult {
 
 fn fmt(args: FmtArgs) -> CliResult {
     let original = read_limited(&args.file)?;
-    let m = load(&args.file)?;
+    let m = Manifest::from_slice_limited(&original, &Limits::default()).map_err(|e| {
+        CliError::check_failed(format!(
+            "{}: {e}\nnext: `release-cli manifest validate {}` lists every problem",
+            args.file.display(),
+            args.file.display()
+        ))
+    })?;
     let canonical = m.to_canonical_bytes();
     if args.check {
         let is_canonical = canonical == original;

@@ -28,8 +28,10 @@ fn store_error(e: artifact_store::Error) -> CliError {
 }
 
 fn read_manifest(path: &PathBuf) -> CliResult<Manifest> {
-    let bytes =
-        std::fs::read(path).map_err(|e| CliError::usage(format!("{}: {e}", path.display())))?;
+    if let Err(e) = std::fs::metadata(path) {
+        return Err(CliError::usage(format!("{}: {e}", path.display())));
+    }
+    let bytes = super::manifest::read_limited(path)?;
     Manifest::from_slice(&bytes)
         .map_err(|e| CliError::check_failed(format!("{}: {e}", path.display())))
 }
