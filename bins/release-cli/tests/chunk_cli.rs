@@ -180,6 +180,18 @@ fn bad_input_is_a_clear_usage_error() {
         text(&out.stderr)
     );
 
+    // Regression: a directory was reported as "<input>: Is a directory" and left --out-dir
+    // created behind it.
+    fs::create_dir(t.path().join("adir")).unwrap();
+    let out = cli(&["chunk", "split", "adir", "--out-dir", "made"], t.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("adir is not a regular file"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!t.path().join("made").exists());
+
     fs::write(t.path().join("empty.pkl"), b"").unwrap();
     let out = cli(&["chunk", "split", "empty.pkl"], t.path());
     // An empty input is a bad argument like too many chunks: exit 2, not 1 (an I/O failure).

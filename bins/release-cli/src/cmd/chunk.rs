@@ -83,8 +83,6 @@ fn split(args: SplitArgs) -> CliResult {
         Some(d) => d.clone(),
         None => parent_of(&args.file),
     };
-    std::fs::create_dir_all(&out_dir)
-        .map_err(|e| CliError::failure(format!("{}: {e}", out_dir.display())))?;
     let name = args
         .file
         .file_name()
@@ -92,10 +90,18 @@ fn split(args: SplitArgs) -> CliResult {
         .ok_or_else(|| CliError::usage(format!("{} is not a file", args.file.display())))?;
     let file = File::open(&args.file)
         .map_err(|e| CliError::failure(format!("{}: {e}", args.file.display())))?;
-    let size = file
+    let meta = file
         .metadata()
-        .map_err(|e| CliError::failure(format!("{}: {e}", args.file.display())))?
-        .len();
+        .map_err(|e| CliError::failure(format!("{}: {e}", args.file.display())))?;
+    if !meta.is_file() {
+        return Err(CliError::usage(format!(
+            "{} is not a regular file; give the artifact file to split, e.g. out/pop223_driving_tinygrad.pkl",
+            args.file.display()
+        )));
+    }
+    let size = meta.len();
+    std::fs::create_dir_all(&out_dir)
+        .map_err(|e| CliError::failure(format!("{}: {e}", out_dir.display())))?;
     let bar = bytes_bar(size, format!("splitting {name}"), args.json);
     let reader = ProgressReader {
         inner: file,
@@ -106,7 +112,21 @@ fn split(args: SplitArgs) -> CliResult {
     };
     let report = chunker::split_reader(reader, size, &name, &out_dir, &opts);
     bar.finish_and_clear();
-    let report = report?;
+    // The library reads from a stream it cannot name; name the file the stream came from.
+    let report = report.map_err(|e| match e {
+        chunker::Error::Io { path, source } if path == Path::new("<input>") => chunker::Error::Io {
+            path: args.file.clone(),
+            source,
+        },
+        chunker::Error::InputChanged {
+            expected, actual, ..
+        } => chunker::Error::InputChanged {
+            path: args.file.clone(),
+            expected,
+            actual,
+        },
+        other => other,
+    })?;
     if args.json {
         return print_json(&report);
     }
