@@ -81,7 +81,9 @@ pub enum Error {
     #[error("{0}")]
     Chunk(#[from] chunker::Error),
 
-    #[error("{store}: {refusal}")]
+    #[error(
+        "{store}: {refusal}\nnext: give each model meant to change an <id>/ directory in --artifacts (an empty one when its files are already in the store), or undo the other changes in the new manifest (`release-cli manifest diff LIVE NEW` shows them)"
+    )]
     Guard {
         store: String,
         #[source]

@@ -68,7 +68,10 @@ pub fn check_compatibility(
         Some(_) => {}
     }
     if !differs.is_empty() {
-        return Err(Error::ReuseRefused(differs.join("; ")));
+        return Err(Error::ReuseRefused(format!(
+            "{}\nnext: nothing was written; rebuild {source_id} for this generation with `release-cli compile` (names and release dates do not prove compatibility)",
+            differs.join("; ")
+        )));
     }
     let artifact = entry.artifact().ok_or_else(|| {
         Error::ReuseRefused(format!(
@@ -302,6 +305,7 @@ mod tests {
             e.contains("tinygrad commit differs") && !e.contains("source-model commit differs"),
             "{e}"
         );
+        assert!(e.contains("next: nothing was written; rebuild pop"), "{e}");
         let e = check_compatibility(&catalog(Some(TG), Some(SRC)), &id, &c(OTHER), &c(TG))
             .unwrap_err()
             .to_string();

@@ -285,6 +285,11 @@ fn the_guard_names_every_unrelated_change_and_nothing_is_written() {
         msg.contains("wm9") && msg.contains("name") && msg.contains("keep"),
         "{msg}"
     );
+    // The refusal says what to do about it.
+    assert!(
+        msg.contains("next: give each model meant to change an <id>/ directory"),
+        "{msg}"
+    );
     assert!(!store.writes().iter().any(|w| w.contains("manifests/")));
     let live = LocalStore::new(&root)
         .read_small(&p("manifests/model_names_v25.json"), 1 << 20)
