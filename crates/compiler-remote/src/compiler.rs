@@ -755,6 +755,12 @@ impl FetchDir {
     /// Replace any earlier set of `name` in `out` with the checked files, `.chunkmanifest`
     /// last (it is what makes a set complete to readers).
     fn install(self, out: &Path, name: &str, files: &[String]) -> Result<()> {
+        // Retract an older chunk set first: without its `.chunkmanifest` it reads as "not
+        // present", so a crash while the rest goes never leaves a manifest over missing chunks.
+        let old_manifest = out.join(chunker::chunk_manifest_name(name));
+        if chunker::atomic::remove_if_exists(&old_manifest).ctx(&old_manifest)? {
+            chunker::atomic::sync_dir(out).ctx(out)?;
+        }
         for entry in fs::read_dir(out).ctx(out)? {
             let entry = entry.ctx(out)?;
             let f = entry.file_name().to_string_lossy().into_owned();
