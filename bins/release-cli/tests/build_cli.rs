@@ -171,6 +171,17 @@ fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
     assert_eq!(m["models"][0]["version"], "v11");
     assert_eq!(m["models"][0]["source_commit"], REF);
     assert_eq!(m["models"][0]["artifact_chunk_count"], 3);
+    // Per-chunk digests, in chunk order, match the chunk files staged in ready/.
+    let digests = m["models"][0]["artifact_chunk_sha256"].as_array().unwrap();
+    assert_eq!(digests.len(), 3);
+    for (i, d) in digests.iter().enumerate() {
+        let chunk = ws.join(format!(
+            "ready/pop223/pop223_driving_tinygrad.pkl.chunk{:02}of03",
+            i + 1
+        ));
+        let (want, _) = chunker::Sha256Digest::of_file(&chunk).unwrap();
+        assert_eq!(d.as_str().unwrap(), want.to_hex());
+    }
     assert!(m["models"][1].get("artifact_sha256").is_none());
     assert_eq!(
         m["models"].as_array().unwrap().len(),

@@ -233,6 +233,23 @@ pub struct RecordedArtifact {
     pub sha256: chunker::Sha256Digest,
     pub chunk_count: u32,
     pub files: Vec<String>,
+    /// SHA-256 of each chunk, in order: written to the manifest as `artifact_chunk_sha256` so
+    /// devices reject a bad chunk as soon as it arrives. Empty in records made before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunk_sha256: Vec<chunker::Sha256Digest>,
+}
+
+/// The SHA-256 of each chunk of the verified chunk set `out/<name>`, in order (one pass over
+/// the chunks, which are small next to the compile that made them).
+fn chunk_digests(out: &Path, name: &str, count: u32) -> Result<Vec<chunker::Sha256Digest>, String> {
+    (1..=count)
+        .map(|i| {
+            let path = out.join(chunker::chunk_name(name, i, count));
+            chunker::Sha256Digest::of_file(&path)
+                .map(|(d, _)| d)
+                .map_err(|e| e.to_string())
+        })
+        .collect()
 }
 
 /// `results/<id>.failure.json`: the latest failed attempt.
@@ -285,7 +302,18 @@ pub fn build_manifest(
                     ChunkCount::new(u64::from(r.artifact.chunk_count))
                         .map_err(CliError::failure)?,
                 );
-                entry.set_artifact(&artifact);
+                if r.artifact.chunk_sha256.len() == r.artifact.chunk_count as usize
+                    && r.artifact.chunk_count > 0
+                {
+                    entry
+                        .set_artifact_with_chunks(&artifact, &r.artifact.chunk_sha256)
+                        .map_err(CliError::failure)?;
+                } else {
+                    entry.set_artifact(&artifact);
+                    entry
+                        .remove(keys::ARTIFACT_CHUNK_SHA256)
+                        .map_err(CliError::failure)?;
+                }
                 if let Some(c) = &r.source_commit {
                     entry.set_source_commit(c);
                 }
@@ -373,7 +401,8 @@ fn ready_verifies(workspace: &Path, r: &BuildRecord) -> bool {
             sha256: Some(r.artifact.sha256),
             size: Some(r.artifact.size),
             chunk_count: Some(r.artifact.chunk_count),
-            chunk_sha256: None,
+            chunk_sha256: (!r.artifact.chunk_sha256.is_empty())
+                .then(|| r.artifact.chunk_sha256.clone()),
         },
     )
     .is_ok()
@@ -552,6 +581,8 @@ pub fn run(args: RebuildArgs) -> CliResult {
                     let stop = stops_the_run(&e);
                     (e.to_string(), stop)
                 })?;
+            let chunk_sha256 =
+                chunk_digests(&out, &a.name, a.chunk_count).map_err(|e| (e, false))?;
             Ok(BuildRecord {
                 id: id.clone(),
                 status: "compiled".into(),
@@ -572,6 +603,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
                     sha256: a.sha256,
                     chunk_count: a.chunk_count,
                     files: a.files,
+                    chunk_sha256,
                 },
                 log: log.clone(),
             })
@@ -826,6 +858,8 @@ mod tests {
                 sha256: chunker::Sha256Digest::of_bytes(b"x"),
                 chunk_count: 3,
                 files: vec![],
+                // A record written before per-chunk digests were kept.
+                chunk_sha256: vec![],
             },
             log: "l".into(),
         };
@@ -870,9 +904,9 @@ mod tests {
         for (what, p) in changed {
             assert!(!record_fits(&rec, &p), "{what} changed");
         }
-        let m = build_manifest(&base(), &[rec], g, &pin).unwrap();
+        let m = build_manifest(&base(), std::slice::from_ref(&rec), g, &pin).unwrap();
         assert_eq!(m.generation(), Some(g));
-        assert_eq!(m.tinygrad_commit(), Some(pin));
+        assert_eq!(m.tinygrad_commit(), Some(pin.clone()));
         let sc = m.get(&"sc23".parse().unwrap()).unwrap();
         assert_eq!(sc.version().unwrap().to_string(), "v9");
         assert_eq!(sc.artifact_size().unwrap().get(), 2500);
@@ -883,5 +917,20 @@ mod tests {
         assert!(pop.artifact_sha256().is_none() && pop.artifact_format().is_none());
         assert_eq!(pop.version().unwrap().to_string(), "v11");
         assert_eq!(m.models().len(), 3);
+        assert!(
+            sc.chunk_digests().is_none(),
+            "no digests recorded, none written"
+        );
+
+        // With per-chunk digests recorded, they go into the manifest in chunk order.
+        let digests: Vec<_> = [b"a", b"b", b"c"]
+            .iter()
+            .map(|b| chunker::Sha256Digest::of_bytes(&b[..]))
+            .collect();
+        let mut with = rec.clone();
+        with.artifact.chunk_sha256 = digests.clone();
+        let m = build_manifest(&base(), &[with], g, &pin).unwrap();
+        let sc = m.get(&"sc23".parse().unwrap()).unwrap();
+        assert_eq!(sc.chunk_digests().unwrap(), digests);
     }
 }
