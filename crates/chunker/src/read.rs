@@ -319,6 +319,15 @@ impl Seek for ArtifactReader {
 /// Returns its digest and size. Where a `.sha256` sidecar is present (always for legacy parts),
 /// the joined bytes must match it, or nothing is written.
 pub fn join(logical: &Path, output: &Path) -> Result<(Sha256Digest, u64)> {
+    join_with_progress(logical, output, &mut |_| {})
+}
+
+/// [`join`], calling `progress` with the number of bytes read each time it reads.
+pub fn join_with_progress(
+    logical: &Path,
+    output: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(Sha256Digest, u64)> {
     let resolved = resolve_strict(logical)?;
     let expected = match &resolved {
         Resolved::Legacy { digest, .. } => Some(*digest),
@@ -328,7 +337,10 @@ pub fn join(logical: &Path, output: &Path) -> Result<(Sha256Digest, u64)> {
             read_sidecar(&sidecar)?
         }
     };
-    let mut reader = ArtifactReader::new(resolved.pieces());
+    let mut reader = Counting {
+        inner: ArtifactReader::new(resolved.pieces()),
+        progress,
+    };
     let mut out = AtomicFile::create(output).ctx(output)?;
     let mut hasher = Hasher::new();
     let mut buf = vec![0u8; IO_BUFFER_SIZE];
@@ -354,4 +366,18 @@ pub fn join(logical: &Path, output: &Path) -> Result<(Sha256Digest, u64)> {
     }
     out.commit_and_sync_dir().ctx(output)?;
     Ok((digest, total))
+}
+
+/// A reader that reports how many bytes each read returned, for progress bars.
+pub(crate) struct Counting<'a, R> {
+    pub(crate) inner: R,
+    pub(crate) progress: &'a mut dyn FnMut(u64),
+}
+
+impl<R: Read> Read for Counting<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        (self.progress)(n as u64);
+        Ok(n)
+    }
 }

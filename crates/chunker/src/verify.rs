@@ -53,6 +53,16 @@ pub struct VerifiedChunk {
 /// Verify the logical artifact at `logical` against `expected`. Legacy parts are always checked
 /// against their sidecar digest as well.
 pub fn verify(logical: &Path, expected: &Expected) -> Result<VerifyReport> {
+    verify_with_progress(logical, expected, &mut |_| {})
+}
+
+/// [`verify`], calling `progress` with the number of bytes read each time it reads, so a caller
+/// can show how far the hashing has got.
+pub fn verify_with_progress(
+    logical: &Path,
+    expected: &Expected,
+    progress: &mut dyn FnMut(u64),
+) -> Result<VerifyReport> {
     let resolved = resolve_strict(logical)?;
     let name = logical
         .file_name()
@@ -95,7 +105,7 @@ pub fn verify(logical: &Path, expected: &Expected) -> Result<VerifyReport> {
         None => None,
     };
 
-    let (whole, chunk_digests) = hash_pieces(&pieces, chunk_digests_wanted.is_some())?;
+    let (whole, chunk_digests) = hash_pieces(&pieces, chunk_digests_wanted.is_some(), progress)?;
 
     if let Some(list) = chunk_digests_wanted {
         for (i, ((path, _), (want, got))) in pieces
@@ -207,8 +217,12 @@ fn check_chunk_sizes(pieces: &[(PathBuf, u64)]) -> Result<()> {
 fn hash_pieces(
     pieces: &[(PathBuf, u64)],
     per_piece: bool,
+    progress: &mut dyn FnMut(u64),
 ) -> Result<(Sha256Digest, Vec<Sha256Digest>)> {
-    let mut reader = crate::ArtifactReader::new(pieces.to_vec());
+    let mut reader = crate::read::Counting {
+        inner: crate::ArtifactReader::new(pieces.to_vec()),
+        progress,
+    };
     // Where a read error is reported (the reader's own message names the exact piece).
     let what = pieces
         .first()

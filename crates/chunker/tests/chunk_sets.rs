@@ -544,3 +544,23 @@ proptest! {
         prop_assert!(names_in(dir.path()).is_empty());
     }
 }
+
+#[test]
+fn join_and_verify_report_progress_up_to_the_artifact_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = payload(5000, 8);
+    let report = split_bytes(dir.path(), &data, 1024).unwrap();
+    let logical = dir.path().join(NAME);
+    let mut seen = 0u64;
+    chunker::join_with_progress(&logical, &dir.path().join("out"), &mut |n| seen += n).unwrap();
+    assert_eq!(seen, 5000);
+    for per_chunk in [None, Some(report.chunks.iter().map(|c| c.sha256).collect())] {
+        let mut seen = 0u64;
+        let expected = Expected {
+            chunk_sha256: per_chunk,
+            ..Expected::default()
+        };
+        chunker::verify_with_progress(&logical, &expected, &mut |n| seen += n).unwrap();
+        assert_eq!(seen, 5000);
+    }
+}

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use crate::output::print_json;
-use crate::progress::{ProgressReader, bytes_bar, spinner};
+use crate::progress::{ProgressReader, bytes_bar};
 use crate::units::parse_size;
 use crate::{CliError, CliResult};
 
@@ -162,9 +162,22 @@ struct JoinReport<'a> {
     sha256: Sha256Digest,
 }
 
+/// The artifact's size for a progress bar; 0 when it cannot be found (the operation itself then
+/// reports why).
+fn logical_size(logical: &Path) -> u64 {
+    chunker::resolve(logical)
+        .ok()
+        .flatten()
+        .map_or(0, |r| r.size())
+}
+
 fn join(args: JoinArgs) -> CliResult {
-    let bar = spinner(format!("joining {}", args.logical.display()), args.json);
-    let joined = chunker::join(&args.logical, &args.output);
+    let bar = bytes_bar(
+        logical_size(&args.logical),
+        format!("joining {}", args.logical.display()),
+        args.json,
+    );
+    let joined = chunker::join_with_progress(&args.logical, &args.output, &mut |n| bar.inc(n));
     bar.finish_and_clear();
     let (sha256, size) = joined?;
     if args.json {
@@ -209,8 +222,12 @@ fn verify(args: VerifyArgs) -> CliResult {
             }
         }
     }
-    let bar = spinner(format!("verifying {}", args.logical.display()), args.json);
-    let report = chunker::verify(&args.logical, &expected);
+    let bar = bytes_bar(
+        logical_size(&args.logical),
+        format!("verifying {}", args.logical.display()),
+        args.json,
+    );
+    let report = chunker::verify_with_progress(&args.logical, &expected, &mut |n| bar.inc(n));
     bar.finish_and_clear();
     let report = report?;
     if args.json {
