@@ -564,3 +564,57 @@ fn join_and_verify_report_progress_up_to_the_artifact_size() {
         assert_eq!(seen, 5000);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Aligned chunk sizes take the O_DIRECT write path (where the filesystem has it): chunks
+    /// start inside and across the 1 MiB pool buffers, and the artifact's tail is unaligned.
+    #[test]
+    fn aligned_chunk_sizes_split_then_join_is_identity(
+        pages in 1u64..600,
+        size in 1usize..(3 << 20),
+        seed in any::<u8>(),
+    ) {
+        let chunk_size = pages * 4096;
+        prop_assume!(chunker::chunk_count_for(size as u64, chunk_size) <= 99);
+        let data = payload(size, seed);
+        let dir = tempfile::tempdir().unwrap();
+        let report = split_bytes(dir.path(), &data, chunk_size).unwrap();
+        for (i, c) in report.chunks.iter().enumerate() {
+            let start = i * chunk_size as usize;
+            let end = (start + chunk_size as usize).min(size);
+            prop_assert_eq!(c.sha256, Sha256Digest::of_bytes(&data[start..end]));
+        }
+        let out = dir.path().join("joined");
+        chunker::join(&dir.path().join(NAME), &out).unwrap();
+        prop_assert_eq!(fs::read(&out).unwrap(), data);
+    }
+}
+
+#[test]
+fn direct_writes_fall_back_for_unaligned_pieces_on_any_filesystem() {
+    use chunker::atomic::{AtomicFile, DIRECT_ALIGN};
+    let shm = Path::new("/dev/shm");
+    let mut dirs = vec![tempfile::tempdir().unwrap()];
+    if shm.is_dir() {
+        dirs.push(tempfile::tempdir_in(shm).unwrap());
+    }
+    for dir in &dirs {
+        let dest = dir.path().join("x.bin");
+        let mut f = AtomicFile::create_direct(&dest).unwrap();
+        // An aligned page, then an unaligned tail from an unaligned address.
+        let mut page = vec![0u8; 3 * DIRECT_ALIGN];
+        let off = page.as_ptr().align_offset(DIRECT_ALIGN);
+        page[off..off + DIRECT_ALIGN].fill(7);
+        f.write_piece(&page[off..off + DIRECT_ALIGN]).unwrap();
+        f.write_piece(b"tail bytes").unwrap();
+        f.write_piece(&page[off..off + DIRECT_ALIGN]).unwrap();
+        f.commit_and_sync_dir().unwrap();
+        let back = fs::read(&dest).unwrap();
+        let mut want = vec![7u8; DIRECT_ALIGN];
+        want.extend_from_slice(b"tail bytes");
+        want.extend_from_slice(&[7u8; DIRECT_ALIGN]);
+        assert_eq!(back, want, "{}", dir.path().display());
+    }
+}
