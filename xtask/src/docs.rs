@@ -8,7 +8,9 @@ use crate::util;
 
 const BINARIES: &[&str] = &["release-cli", "device-modeld-manager"];
 
-pub fn run() -> Result<(), String> {
+/// Write `docs/cli.md`, or with `check` only compare it with what the binaries say now and fail
+/// when it is stale (run by `cargo xtask ci`).
+pub fn run(check: bool) -> Result<(), String> {
     let mut args = vec!["build", "--quiet"];
     for b in BINARIES {
         args.extend(["-p", b]);
@@ -22,6 +24,17 @@ pub fn run() -> Result<(), String> {
         walk(&path.to_string_lossy(), bin, &[], &mut doc)?;
     }
     let out = util::root().join("docs/cli.md");
+    if check {
+        let current = std::fs::read_to_string(&out).unwrap_or_default();
+        if current != doc {
+            return Err(format!(
+                "{} does not match the binaries' --help; run `cargo xtask docs` and commit it",
+                out.display()
+            ));
+        }
+        eprintln!("{} is up to date", out.display());
+        return Ok(());
+    }
     std::fs::write(&out, doc).map_err(|e| format!("{}: {e}", out.display()))?;
     eprintln!("wrote {}", out.display());
     Ok(())

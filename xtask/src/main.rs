@@ -1,7 +1,8 @@
 //! Workspace automation, run as `cargo xtask <task>`:
 //!
 //! - `demo [WORK_DIR]`: the main job end to end (see `demo.rs`).
-//! - `ci`: `cargo fmt --check`, `cargo clippy --workspace --all-targets -D warnings`, every test.
+//! - `ci`: `cargo fmt --check`, `cargo clippy --workspace --all-targets -D warnings`, every test,
+//!   and a check that `docs/cli.md` matches the binaries' help.
 //!   This is the README's test command and what `.ci/run` runs.
 //! - `bench [--size SIZE_MIB]`: builds release binaries and prints one table of benchmark ratios,
 //!   each measured against an anchor (openssl, dd, curl) run on the same data in the same run.
@@ -23,7 +24,7 @@ tasks:
   ci                 fmt --check, clippy -D warnings, and every test (the README's test command)
   demo [WORK_DIR]    the main job end to end: publish v25, serve it, migrate a v24 device
   bench [--size N]   benchmark ratios against anchors; N = artifact size in MiB (default 1024)
-  docs               regenerate docs/cli.md from the binaries' clap help
+  docs [--check]     regenerate docs/cli.md from the binaries' clap help (--check: fail if stale)
 ";
 
 fn main() -> ExitCode {
@@ -31,7 +32,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("bench") => bench::run(&args[1..]),
-        Some("docs") => docs::run(),
+        Some("docs") => docs::run(args.get(1).map(String::as_str) == Some("--check")),
         Some("demo") => demo::run(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
@@ -60,6 +61,7 @@ fn ci() -> Result<(), String> {
         "warnings",
     ])?;
     util::cargo(&["test", "--workspace", "--locked"])?;
+    docs::run(true)?;
     eprintln!("xtask ci: all checks passed");
     Ok(())
 }
