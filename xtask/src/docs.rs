@@ -42,7 +42,12 @@ pub fn run(check: bool) -> Result<(), String> {
 
 fn walk(bin: &str, name: &str, path: &[String], doc: &mut String) -> Result<(), String> {
     let mut cmd = Command::new(bin);
-    cmd.args(path).arg("--help");
+    // A fixed width, whatever terminal (or COLUMNS) the task runs under, so the page is stable.
+    cmd.args(path)
+        .arg("--help")
+        .env("COLUMNS", "100")
+        .env("LINES", "50")
+        .stdin(std::process::Stdio::null());
     let out = cmd.output().map_err(|e| format!("cannot run {bin}: {e}"))?;
     if !out.status.success() {
         return Err(format!("`{name} {} --help` failed", path.join(" ")));
