@@ -1,28 +1,18 @@
 //! The build half of `release-cli` (sync, compile, dm, rebuild, validate, builtin, tinygrad
 //! bump), run as the real binary against a real sshd on 127.0.0.1 and a stand-in device root.
 
+mod common;
+use common::{cli_in as cli, text};
+
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use test_support::sshd::{DeviceRoot, Sshd};
 
 const PIN: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
 const OTHER: &str = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
 const REF: &str = "62bf6fb072880905a4c490f0f4f4a6b3c23346ec";
-
-fn cli(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_release-cli"))
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("STARPILOT_SSH_CONFIG")
-        .output()
-        .expect("run release-cli")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// The remote flags pointing at the loopback sshd and the device root.
 fn remote<'a>(sshd: &'a Sshd, dev: &'a DeviceRoot, buf: &'a mut Vec<String>) -> Vec<&'a str> {

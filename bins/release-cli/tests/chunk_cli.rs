@@ -1,22 +1,12 @@
 //! The `release-cli chunk` contract, run against the real binary.
 
+mod common;
+use common::{cli_in as cli, text};
+
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Output};
 
 const NAME: &str = "pop223_driving_tinygrad.pkl";
-
-fn cli(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_release-cli"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run release-cli")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 fn artifact(dir: &Path, len: usize) -> Vec<u8> {
     let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();

@@ -2,25 +2,16 @@
 //! `--json` on every command that reports, completions, `serve --json`, `manifest fmt --check
 //! --json`, and the flag spellings shared across subcommands.
 
+mod common;
+use common::{BIN, cli, text};
+
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_release-cli");
 const PIN: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
-
-fn cli(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("run release-cli")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// The subcommand names under `Commands:` in a help text, except `help`.
 fn subcommands(help: &str) -> Vec<String> {

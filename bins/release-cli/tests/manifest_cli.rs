@@ -1,24 +1,14 @@
 //! The `release-cli manifest` contract, run against the real binary.
 
+mod common;
+use common::{cli_in as cli, text};
+
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 fn catalog() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../crates/manifest/tests/fixtures/model_names_v25.catalog.json")
-}
-
-fn cli(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_release-cli"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("run release-cli")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 #[test]

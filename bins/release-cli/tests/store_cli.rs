@@ -1,10 +1,13 @@
 //! `release-cli publish`, `reuse` and `serve` as a release engineer runs them: the real binary,
 //! a real local store, a real bare git origin, the stand-in `hf`, and HTTP on 127.0.0.1.
 
+mod common;
+use common::cli;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 use test_support::published::{artifact_bytes, sha256_hex};
@@ -12,14 +15,6 @@ use test_support::release_stores::{GitRemote, StandinHf};
 
 const TG: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
 const SRC: &str = "1111111111111111111111111111111111111111";
-
-fn cli(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_release-cli"))
-        .args(args)
-        .env_remove("HF_TOKEN")
-        .output()
-        .unwrap()
-}
 
 fn entry(id: &str, data: &[u8], chunks: u32) -> Value {
     json!({
