@@ -80,16 +80,31 @@ pub fn split_file(src: &Path, out_dir: &Path, opts: &SplitOptions) -> Result<Spl
         })?;
     let file = fs::File::open(src).ctx(src)?;
     let size = file.metadata().ctx(src)?.len();
-    split_reader(file, size, &name, out_dir, opts).map_err(|e| match e {
-        Error::InputChanged {
-            expected, actual, ..
-        } => Error::InputChanged {
-            path: src.to_path_buf(),
-            expected,
-            actual,
-        },
-        other => other,
-    })
+    split_reader(file, size, &name, out_dir, opts).map_err(|e| e.naming_input(src))
+}
+
+/// What [`split_reader`]'s errors call the stream it reads, which it cannot name.
+const INPUT: &str = "<input>";
+
+impl Error {
+    /// Name the file a [`split_reader`] stream came from in the errors about that stream (a
+    /// read error, an input that changed size), which otherwise name `<input>` or the output.
+    pub fn naming_input(self, src: &Path) -> Self {
+        match self {
+            Error::Io { path, source } if path == Path::new(INPUT) => Error::Io {
+                path: src.to_path_buf(),
+                source,
+            },
+            Error::InputChanged {
+                expected, actual, ..
+            } => Error::InputChanged {
+                path: src.to_path_buf(),
+                expected,
+                actual,
+            },
+            other => other,
+        }
+    }
 }
 
 /// Split exactly `size` bytes from `reader` into the chunk set `name` in `out_dir`.
@@ -197,7 +212,7 @@ fn read_and_hash<R: Read>(
             Ok(n) => n,
             Err(source) => {
                 return Err(Error::Io {
-                    path: PathBuf::from("<input>"),
+                    path: PathBuf::from(INPUT),
                     source,
                 });
             }

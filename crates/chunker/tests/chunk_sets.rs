@@ -198,6 +198,45 @@ fn a_shorter_input_than_declared_is_refused() {
 }
 
 #[test]
+fn naming_input_names_the_file_a_failed_stream_came_from() {
+    struct Failing;
+    impl std::io::Read for Failing {
+        fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::other("disk on fire"))
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("model.pkl");
+    let err = split_reader(
+        Failing,
+        10,
+        NAME,
+        dir.path(),
+        &SplitOptions { chunk_size: 5 },
+    )
+    .unwrap_err()
+    .naming_input(&src);
+    assert!(
+        matches!(&err, Error::Io { path, .. } if *path == src),
+        "{err}"
+    );
+    let err = split_reader(
+        &[0u8; 3][..],
+        4,
+        NAME,
+        dir.path(),
+        &SplitOptions { chunk_size: 5 },
+    )
+    .unwrap_err()
+    .naming_input(&src);
+    assert!(
+        matches!(&err, Error::InputChanged { path, .. } if *path == src),
+        "{err}"
+    );
+    assert!(names_in(dir.path()).is_empty());
+}
+
+#[test]
 fn resplitting_with_another_count_removes_stale_chunks() {
     let dir = tempfile::tempdir().unwrap();
     split_bytes(dir.path(), &payload(30, 1), 10).unwrap();

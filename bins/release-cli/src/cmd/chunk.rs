@@ -112,21 +112,7 @@ fn split(args: SplitArgs) -> CliResult {
     };
     let report = chunker::split_reader(reader, size, &name, &out_dir, &opts);
     bar.finish_and_clear();
-    // The library reads from a stream it cannot name; name the file the stream came from.
-    let report = report.map_err(|e| match e {
-        chunker::Error::Io { path, source } if path == Path::new("<input>") => chunker::Error::Io {
-            path: args.file.clone(),
-            source,
-        },
-        chunker::Error::InputChanged {
-            expected, actual, ..
-        } => chunker::Error::InputChanged {
-            path: args.file.clone(),
-            expected,
-            actual,
-        },
-        other => other,
-    })?;
+    let report = report.map_err(|e| e.naming_input(&args.file))?;
     if args.json {
         return print_json(&report);
     }
