@@ -121,8 +121,12 @@ pub(crate) fn read_limited(path: &Path) -> CliResult<Vec<u8>> {
 }
 
 fn load(path: &Path) -> CliResult<Manifest> {
-    let bytes = read_limited(path)?;
-    Manifest::from_slice_limited(&bytes, &Limits::default()).map_err(|e| {
+    parse(path, &read_limited(path)?)
+}
+
+/// Parse a manifest file's bytes; a malformed one is a failed check pointing at `validate`.
+fn parse(path: &Path, bytes: &[u8]) -> CliResult<Manifest> {
+    Manifest::from_slice_limited(bytes, &Limits::default()).map_err(|e| {
         CliError::check_failed(format!(
             "{}: {e}\nnext: `release-cli manifest validate {}` lists every problem",
             path.display(),
@@ -191,14 +195,7 @@ fn validate(args: ValidateArgs) -> CliResult {
 
 fn fmt(args: FmtArgs) -> CliResult {
     let original = read_limited(&args.file)?;
-    let m = Manifest::from_slice_limited(&original, &Limits::default()).map_err(|e| {
-        CliError::check_failed(format!(
-            "{}: {e}\nnext: `release-cli manifest validate {}` lists every problem",
-            args.file.display(),
-            args.file.display()
-        ))
-    })?;
-    let canonical = m.to_canonical_bytes();
+    let canonical = parse(&args.file, &original)?.to_canonical_bytes();
     if args.check {
         let is_canonical = canonical == original;
         if args.json {
