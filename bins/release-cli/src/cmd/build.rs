@@ -389,17 +389,14 @@ pub fn builtin(args: BuiltinArgs) -> CliResult {
             models.display()
         )));
     }
-    // The artifact may carry a sidecar (a compile output does); then it must match.
+    // The artifact may carry a sidecar (a compile output does); then it must match. Bounded
+    // read: a bogus multi-gigabyte "sidecar" is reported, not loaded.
     let expected = match args.artifact.file_name() {
-        Some(n) => {
-            let sidecar = args
+        Some(n) => chunker::read_sidecar(
+            &args
                 .artifact
-                .with_file_name(chunker::sidecar_name(&n.to_string_lossy()));
-            match fs::read(&sidecar) {
-                Ok(b) => Some(chunker::parse_sidecar(&b, &sidecar)?),
-                Err(_) => None,
-            }
-        }
+                .with_file_name(chunker::sidecar_name(&n.to_string_lossy())),
+        )?,
         None => None,
     };
     let reader = chunker::open(&args.artifact)?;
