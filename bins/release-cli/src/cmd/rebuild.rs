@@ -408,6 +408,19 @@ fn ready_verifies(workspace: &Path, r: &BuildRecord) -> bool {
     .is_ok()
 }
 
+/// The success record at `path` if it still counts as done: made for this generation and pin,
+/// accepted by `fits`, and its ready chunk set still verifies against it.
+fn done_record(
+    workspace: &Path,
+    path: &Path,
+    generation: Generation,
+    pin: &GitCommit,
+    fits: impl Fn(&BuildRecord) -> bool,
+) -> Option<BuildRecord> {
+    read_json::<BuildRecord>(path)
+        .filter(|r| record_matches(r, generation, pin) && fits(r) && ready_verifies(workspace, r))
+}
+
 /// Errors after which every further model would fail the same way: stop the run.
 fn stops_the_run(e: &compiler_remote::Error) -> bool {
     use compiler_remote::Error as E;
@@ -511,6 +524,9 @@ pub fn run(args: RebuildArgs) -> CliResult {
 
     let n = planned.len();
     let mut outcomes = Vec::new();
+    // Records this run checked (skipped) or built: the manifest below takes them as they are
+    // rather than reading and re-hashing their ready chunk sets a second time.
+    let mut this_run: Vec<BuildRecord> = Vec::new();
     let mut stopped: Option<String> = None;
     for (k, p) in planned.iter().enumerate() {
         let id = &p.source.id;
@@ -526,11 +542,9 @@ pub fn run(args: RebuildArgs) -> CliResult {
         }
         let record_path = results.join(format!("{id}.json"));
         let failure_path = results.join(format!("{id}.failure.json"));
-        if let Some(r) = read_json::<BuildRecord>(&record_path)
-            && record_matches(&r, args.generation, &pin)
-            && record_fits(&r, p)
-            && ready_verifies(ws, &r)
-        {
+        if let Some(r) = done_record(ws, &record_path, args.generation, &pin, |r| {
+            record_fits(r, p)
+        }) {
             progress("done earlier, skipped");
             let _ = atomic::remove_if_exists(&failure_path);
             outcomes.push(ModelOutcome {
@@ -538,6 +552,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
                 status: "skipped",
                 error: None,
             });
+            this_run.push(r);
             continue;
         }
         let log = ws.join("logs").join(format!("{id}.log"));
@@ -621,6 +636,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
                     status: "compiled",
                     error: None,
                 });
+                this_run.push(record);
             }
             Err((error, stop)) => {
                 // A failed attempt invalidates an older success record of this model.
@@ -655,15 +671,16 @@ pub fn run(args: RebuildArgs) -> CliResult {
     // the plan now says, e.g. a model a stopped run did not reach).
     let mut records = Vec::new();
     for id in base.ids() {
+        if let Some(i) = this_run.iter().position(|r| &r.id == id) {
+            records.push(this_run.swap_remove(i));
+            continue;
+        }
         let fits = |r: &BuildRecord| match planned.iter().find(|p| &p.source.id == id) {
             Some(p) => record_fits(r, p),
             None => base.get(id).and_then(|e| e.version()) == Some(r.version),
         };
-        if let Some(r) = read_json::<BuildRecord>(&results.join(format!("{id}.json")))
-            && record_matches(&r, args.generation, &pin)
-            && fits(&r)
-            && ready_verifies(ws, &r)
-        {
+        let path = results.join(format!("{id}.json"));
+        if let Some(r) = done_record(ws, &path, args.generation, &pin, fits) {
             records.push(r);
         }
     }
