@@ -78,9 +78,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "-p",
         "test-support",
     ])?;
-    let bin = util::root().join("target/release/release-cli");
+    let bin = util::target_dir().join("release/release-cli");
 
-    let work = util::root().join("target/xtask-bench");
+    let work = util::target_dir().join("xtask-bench");
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
     let input = work.join("bench_driving_tinygrad.pkl");

@@ -32,7 +32,7 @@ impl Drop for Server {
 }
 
 pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, String> {
-    let release = util::root().join("target/release");
+    let release = util::target_dir().join("release");
     let cli = release.join("release-cli");
     let dmm = release.join("device-modeld-manager");
     let origin = work.join("origin");

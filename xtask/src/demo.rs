@@ -25,11 +25,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "--bin",
         "starpilot-demo",
     ])?;
-    let target = match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(t) => std::path::PathBuf::from(t),
-        None => util::root().join("target"),
-    };
-    let status = Command::new(target.join("debug/starpilot-demo"))
+    let status = Command::new(util::target_dir().join("debug/starpilot-demo"))
         .args(args)
         .env("STARPILOT_DEMO_PROFILE", "debug")
         .status()

@@ -16,6 +16,14 @@ pub fn root() -> PathBuf {
         .unwrap_or(manifest_dir)
 }
 
+/// Where cargo puts build outputs: `CARGO_TARGET_DIR` when set, else `<root>/target`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(t) => PathBuf::from(t),
+        None => root().join("target"),
+    }
+}
+
 /// Run cargo with `args` in the workspace root, echoing the command.
 pub fn cargo(args: &[&str]) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
