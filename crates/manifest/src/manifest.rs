@@ -12,7 +12,7 @@ use crate::keys;
 use crate::types::{Generation, GitCommit, ModelId};
 use crate::validate::{Problem, ValidationMode, check_document};
 
-/// Bounds a reader puts on what a server can make it process (tough-style).
+/// Bounds a reader puts on what a server can make it process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Largest manifest accepted, checked before parsing. Default 2 MiB: the real v25 catalog
