@@ -451,56 +451,43 @@ fn verify_names_the_problem() {
 
 /// Regression: a truncated first chunk was reported as "chunk 2 of 3 ... expected 100" because
 /// the first chunk's size was taken as the chunk size, blaming every good chunk after it.
+/// (artifact size, chunk replaced, chunk count, its new bytes, expected size if checked,
+/// actual size); chunk size 10 throughout.
+type BadChunkCase = (usize, u32, u32, &'static [u8], Option<u64>, u64);
+
 #[test]
 fn verify_names_a_truncated_first_chunk() {
-    let dir = tempfile::tempdir().unwrap();
-    split_bytes(dir.path(), &payload(25, 1), 10).unwrap();
-    let logical = dir.path().join(NAME);
-    fs::write(dir.path().join(chunk_name(NAME, 1, 3)), b"xyz").unwrap();
-    match chunker::verify(&logical, &Expected::default()) {
-        Err(Error::SizeMismatch {
-            what,
-            expected: 10,
-            actual: 3,
-        }) => assert!(what.starts_with("chunk 1 of 3"), "{what}"),
-        other => panic!("{other:?}"),
-    }
-
-    // Two chunks: a first chunk shorter than the last one is named too.
-    let dir = tempfile::tempdir().unwrap();
-    split_bytes(dir.path(), &payload(18, 2), 10).unwrap();
-    let logical = dir.path().join(NAME);
-    fs::write(dir.path().join(chunk_name(NAME, 1, 2)), b"xyz").unwrap();
-    match chunker::verify(&logical, &Expected::default()) {
-        Err(Error::SizeMismatch {
-            what,
-            expected: 8,
-            actual: 3,
-        }) => assert!(what.starts_with("chunk 1 of 2"), "{what}"),
-        other => panic!("{other:?}"),
-    }
-
-    // An empty or oversized last chunk is still the last chunk's fault.
-    let dir = tempfile::tempdir().unwrap();
-    split_bytes(dir.path(), &payload(25, 3), 10).unwrap();
-    let logical = dir.path().join(NAME);
-    fs::write(dir.path().join(chunk_name(NAME, 3, 3)), b"").unwrap();
-    match chunker::verify(&logical, &Expected::default()) {
-        Err(Error::SizeMismatch {
-            what, actual: 0, ..
-        }) => {
-            assert!(what.starts_with("chunk 3 of 3"), "{what}")
+    let cases: [BadChunkCase; 4] = [
+        (25, 1, 3, b"xyz", Some(10), 3),
+        // Two chunks: a first chunk shorter than the last one is named too.
+        (18, 1, 2, b"xyz", Some(8), 3),
+        // An empty or oversized last chunk is still the last chunk's fault.
+        (25, 3, 3, b"", None, 0),
+        (25, 3, 3, &[0u8; 11], Some(10), 11),
+    ];
+    for (i, (size, index, count, bytes, want_expected, want_actual)) in
+        cases.into_iter().enumerate()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        split_bytes(dir.path(), &payload(size, i as u8 + 1), 10).unwrap();
+        fs::write(dir.path().join(chunk_name(NAME, index, count)), bytes).unwrap();
+        match chunker::verify(&dir.path().join(NAME), &Expected::default()) {
+            Err(Error::SizeMismatch {
+                what,
+                expected,
+                actual,
+            }) => {
+                assert!(
+                    what.starts_with(&format!("chunk {index} of {count}")),
+                    "{what}"
+                );
+                assert_eq!(actual, want_actual, "case {i}");
+                if let Some(e) = want_expected {
+                    assert_eq!(expected, e, "case {i}");
+                }
+            }
+            other => panic!("case {i}: {other:?}"),
         }
-        other => panic!("{other:?}"),
-    }
-    fs::write(dir.path().join(chunk_name(NAME, 3, 3)), [0u8; 11]).unwrap();
-    match chunker::verify(&logical, &Expected::default()) {
-        Err(Error::SizeMismatch {
-            what,
-            expected: 10,
-            actual: 11,
-        }) => assert!(what.starts_with("chunk 3 of 3"), "{what}"),
-        other => panic!("{other:?}"),
     }
 }
 
