@@ -13,20 +13,19 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::hash::{BuildHasher, Hasher as _};
-use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chunker::atomic::{TEMP_PREFIX, remove_if_exists, sync_dir, write_atomic};
 use chunker::{Hasher, Sha256Digest};
 use manifest::{FileName, Generation, ModelEntry, ModelId};
 
 use crate::error::{Error, IoContext, Result};
-use crate::http::{Http, HttpConfig};
+use crate::http::{Ctl, Http, HttpConfig};
 use crate::origin::Origin;
 use crate::space;
 
@@ -365,10 +364,11 @@ struct Run<'a> {
     staging: &'a Staging,
     cancel: &'a CancelToken,
     on_event: &'a (dyn Fn(Event) + Sync),
+    ctl: Ctl,
     queue: Mutex<VecDeque<Segment>>,
     open_segments: Mutex<Vec<usize>>,
     done_bytes: AtomicU64,
-    abort: AtomicBool,
+    abort: Arc<AtomicBool>,
     error: Mutex<Option<Error>>,
 }
 
@@ -401,12 +401,20 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
         Ok(origin.artifact_url(generation, &target.id, &file))
     };
     let remote = target.remote_name.as_str();
+    let now = Instant::now();
+    let deadline = config.http.artifact_deadline(now, target.size);
+    let mut ctl = Ctl::new(
+        cancel,
+        target.id.as_str(),
+        deadline.saturating_duration_since(now),
+        deadline,
+    );
 
     // The chunk count must agree with the published `.chunkmanifest`, and the chunk length
     // comes from the first chunk: one small GET and one HEAD before any payload byte.
     let chunk_len = if target.chunk_count >= 1 {
         let url = url_of(&chunker::chunk_manifest_name(remote))?;
-        let body = with_retries(config, cancel, &target.id, || http.get_small(&url, 64))?;
+        let body = with_retries(config, &ctl, &url, || http.get_small(&url, 64, &ctl))?;
         let remote_count =
             chunker::parse_chunk_manifest(&body, Path::new(&url)).map_err(|source| {
                 Error::BadChunkManifest {
@@ -423,7 +431,7 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
         }
         if target.chunk_count > 1 {
             let first = url_of(&chunker::chunk_name(remote, 1, target.chunk_count))?;
-            let (len, _) = with_retries(config, cancel, &target.id, || http.head(&first))?;
+            let (len, _) = with_retries(config, &ctl, &first, || http.head(&first, &ctl))?;
             len.ok_or_else(|| Error::Protocol {
                 url: first.clone(),
                 message: "HEAD gave no Content-Length".into(),
@@ -459,8 +467,11 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
         .filter(|p| done.contains(&p.index))
         .map(|p| p.len)
         .sum();
+    let abort = Arc::new(AtomicBool::new(false));
+    ctl.abort = Some(abort.clone());
     let run = Run {
         http,
+        ctl,
         config,
         target,
         urls,
@@ -470,7 +481,7 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
         queue: Mutex::new(segments.into_iter().collect()),
         open_segments: Mutex::new(open_segments),
         done_bytes: AtomicU64::new(already),
-        abort: AtomicBool::new(false),
+        abort,
         error: Mutex::new(None),
         pieces,
     };
@@ -582,15 +593,15 @@ fn hash_region(file: &File, offset: u64, len: u64, path: &Path, hasher: &mut Has
 /// Run `op` with exponential backoff and jitter while its error is retryable.
 pub(crate) fn with_retries<T>(
     config: &DownloadConfig,
-    cancel: &CancelToken,
-    id: &ModelId,
+    ctl: &Ctl,
+    url: &str,
     mut op: impl FnMut() -> Result<T>,
 ) -> Result<T> {
     let mut attempt = 0;
     loop {
         match op() {
             Err(e) if e.is_retryable() && attempt + 1 < config.max_attempts => {
-                backoff_sleep(config, attempt, cancel, id)?;
+                backoff_sleep(config, attempt, ctl, url)?;
                 attempt += 1;
             }
             other => return other,
@@ -599,13 +610,9 @@ pub(crate) fn with_retries<T>(
 }
 
 /// `base * 2^attempt`, capped, plus up to half of it again at random, so that many devices
-/// failing together do not retry in lockstep. Wakes early on cancel.
-fn backoff_sleep(
-    config: &DownloadConfig,
-    attempt: u32,
-    cancel: &CancelToken,
-    id: &ModelId,
-) -> Result<()> {
+/// failing together do not retry in lockstep. Wakes early on cancel; a sleep that would pass the
+/// origin's deadline fails at once with [`Error::Deadline`].
+fn backoff_sleep(config: &DownloadConfig, attempt: u32, ctl: &Ctl, url: &str) -> Result<()> {
     let base = config
         .backoff_base
         .saturating_mul(1u32 << attempt.min(16))
@@ -618,16 +625,21 @@ fn backoff_sleep(
     } else {
         Duration::from_millis(h.finish() % (jitter_ms + 1))
     };
-    let until = std::time::Instant::now() + base + jitter;
-    while std::time::Instant::now() < until {
-        if cancel.is_cancelled() {
-            return Err(Error::Cancelled {
-                model: id.to_string(),
-            });
-        }
-        thread::sleep(Duration::from_millis(20).min(until - std::time::Instant::now()));
+    let until = Instant::now() + base + jitter;
+    if until >= ctl.deadline {
+        return Err(Error::Deadline {
+            url: url.to_string(),
+            seconds: ctl.budget.as_secs(),
+        });
     }
-    Ok(())
+    loop {
+        ctl.check(url)?;
+        let now = Instant::now();
+        if now >= until {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(20).min(until - now));
+    }
 }
 
 impl Run<'_> {
@@ -705,7 +717,7 @@ impl Run<'_> {
             match self.try_segment(seg, &mut written, &mut etag) {
                 Ok(()) => return Ok(()),
                 Err(e) if e.is_retryable() && attempt + 1 < self.config.max_attempts => {
-                    backoff_sleep(self.config, attempt, self.cancel, &self.target.id)?;
+                    backoff_sleep(self.config, attempt, &self.ctl, &self.urls[seg.piece])?;
                     attempt += 1;
                 }
                 Err(e) => return Err(e),
@@ -730,19 +742,20 @@ impl Run<'_> {
             message,
         };
         let validator = if *written > 0 { etag.as_deref() } else { None };
-        let body = self.http.get(url, Some((start, last)), validator)?;
-        let mut reader = body.reader;
-        match body.status {
+        let mut body = self
+            .http
+            .get(url, Some((start, last)), validator, &self.ctl)?;
+        match body.meta.status {
             206 => {
-                let ok = matches!(body.content_range, Some((a, b, total))
+                let ok = matches!(body.meta.content_range, Some((a, b, total))
                     if a == start && b == last && total.is_none_or(|t| t == piece.len));
                 if !ok {
                     return Err(protocol(format!(
                         "asked for bytes {start}-{last} of {}, got Content-Range {:?}",
-                        piece.len, body.content_range
+                        piece.len, body.meta.content_range
                     )));
                 }
-                if let Some(len) = body.content_length
+                if let Some(len) = body.meta.content_length
                     && len != last - start + 1
                 {
                     return Err(protocol(format!(
@@ -754,7 +767,7 @@ impl Run<'_> {
             _ => {
                 // The server ignored Range (or If-Range did not match): this is the whole piece.
                 // Start the segment over from the body, skipping what lies before it.
-                if let Some(len) = body.content_length
+                if let Some(len) = body.meta.content_length
                     && len != piece.len
                 {
                     return Err(protocol(format!(
@@ -764,22 +777,11 @@ impl Run<'_> {
                 }
                 self.done_bytes.fetch_sub(*written, Ordering::SeqCst);
                 *written = 0;
-                let skip = seg.start;
-                let copied = std::io::copy(&mut (&mut reader).take(skip), &mut std::io::sink())
-                    .map_err(|e| Error::Transport {
-                        url: url.clone(),
-                        message: e.to_string(),
-                    })?;
-                if copied < skip {
-                    return Err(Error::Transport {
-                        url: url.clone(),
-                        message: format!("body ended after {copied} bytes"),
-                    });
-                }
+                body.skip(seg.start)?;
             }
         }
-        if body.etag.is_some() {
-            *etag = body.etag;
+        if body.meta.etag.is_some() {
+            *etag = body.meta.etag.clone();
         }
         let seg_len = seg.end - seg.start;
         let mut buf = vec![0u8; 64 * 1024];
@@ -792,22 +794,13 @@ impl Run<'_> {
             // Never ask for more than the segment still needs: extra bytes a server sends are
             // never read, let alone written.
             let want = (seg_len - *written).min(buf.len() as u64) as usize;
-            let n = match reader.read(&mut buf[..want]) {
-                Ok(0) => {
-                    return Err(Error::Transport {
-                        url: url.clone(),
-                        message: format!("body ended after {} of {} bytes", *written, seg_len),
-                    });
-                }
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    return Err(Error::Transport {
-                        url: url.clone(),
-                        message: e.to_string(),
-                    });
-                }
-            };
+            let n = body.read(&mut buf[..want])?;
+            if n == 0 {
+                return Err(Error::Transport {
+                    url: url.clone(),
+                    message: format!("body ended after {} of {} bytes", *written, seg_len),
+                });
+            }
             let at = piece.offset + seg.start + *written;
             debug_assert!(at + n as u64 <= self.target.size);
             self.staging

@@ -17,6 +17,19 @@ pub enum Error {
     #[error("{url}: transfer failed: {message}")]
     Transport { url: String, message: String },
 
+    /// A redirect the device refuses to follow (not http/https, no host, user info, a downgrade
+    /// to http, too many hops, no Location). The next origin is tried.
+    #[error("{url}: redirect to `{location}` refused: {reason}")]
+    Redirect {
+        url: String,
+        location: String,
+        reason: String,
+    },
+
+    /// This origin used up its time; the next origin is tried.
+    #[error("{url}: this origin took longer than its deadline of {seconds} s; giving up on it")]
+    Deadline { url: String, seconds: u64 },
+
     /// The server answered something no correct server would (wrong Content-Range, a body
     /// longer than asked for, a size other than the manifest's).
     #[error("{url}: protocol violation: {message}")]

@@ -1,17 +1,52 @@
-//! A thin blocking HTTP client (ureq: no async runtime, rustls) with the few calls the
-//! downloader needs, each mapping statuses and transport failures onto [`Error`].
+//! A blocking HTTP client that a hostile or broken origin cannot turn against the device.
+//!
+//! ureq (no async runtime, rustls) does the wire work, but every decision that protects the device
+//! is taken here:
+//! - **Redirects are followed by us**, never by ureq (ureq 2 panics on a redirect to a URL with
+//!   no host, such as `file:`, `data:`, `mailto:` or `unix:`). A hop is taken only to `http` or
+//!   `https` with a host, never from `https` down to `http`, never to a URL with user info, at
+//!   most [`HttpConfig::max_redirects`] times; credentials (`Authorization`) are only ever sent to
+//!   the origin (scheme, host, port) they were given for. See [`next_hop`].
+//! - **Every request runs on its own thread** and the caller waits on a channel, polling every
+//!   50 ms: a cancel, the origin's deadline, a response-header timeout and the minimum transfer
+//!   rate are all checked while waiting, so nothing the network does (a silent connect, headers
+//!   trickled one byte a second, a body at 1 byte/s) can hold the caller. An abandoned request
+//!   thread ends by itself: at its next read when the body is flowing, at the idle timeout when it
+//!   is silent, at the origin deadline at the latest.
+//! - **A panic inside the HTTP stack** is caught on that thread and becomes a transfer error of
+//!   this origin; it never unwinds into the manager.
 
-use std::io::Read;
-use std::time::Duration;
+use std::io::Read as _;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::thread;
+use std::time::{Duration, Instant};
 
+use url::Url;
+
+use crate::download::CancelToken;
 use crate::error::{Error, Result};
 
-/// Timeouts and pool size.
+/// Timeouts, rate floor, redirect bound and pool size of every device request.
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
+    /// TCP (and TLS) connect.
     pub connect_timeout: Duration,
-    /// Longest silence while reading a body before the transfer counts as failed.
+    /// Idle timeout: the longest silence on an open connection (between any two reads).
     pub read_timeout: Duration,
+    /// From sending a request to having the final response's headers, redirects included.
+    pub response_timeout: Duration,
+    /// Minimum transfer rate of a body in bytes per second, averaged over `rate_window`; a slower
+    /// transfer fails (and is retried, within the origin's deadline).
+    pub min_rate: u64,
+    pub rate_window: Duration,
+    /// How long one origin may take before the next is tried: the whole manifest fetch, or the
+    /// whole artifact download plus `size / min_rate` (retries and backoff included).
+    pub origin_deadline: Duration,
+    /// Redirect hops followed per request.
+    pub max_redirects: u32,
     pub max_idle_per_host: usize,
 }
 
@@ -19,25 +54,180 @@ impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(10),
-            read_timeout: Duration::from_secs(30),
+            read_timeout: Duration::from_secs(20),
+            response_timeout: Duration::from_secs(30),
+            min_rate: 4 * 1024,
+            rate_window: Duration::from_secs(20),
+            origin_deadline: Duration::from_secs(120),
+            max_redirects: 5,
             max_idle_per_host: 16,
         }
+    }
+}
+
+impl HttpConfig {
+    /// The deadline of one origin for an artifact of `size` bytes, from `now`.
+    pub fn artifact_deadline(&self, now: Instant, size: u64) -> Instant {
+        let transfer = Duration::from_secs(size / self.min_rate.max(1));
+        now.checked_add(self.origin_deadline.saturating_add(transfer))
+            .unwrap_or(now + Duration::from_secs(365 * 24 * 3600))
+    }
+}
+
+/// How often a waiting caller looks at its cancel flag and clocks.
+const POLL: Duration = Duration::from_millis(50);
+/// Body bytes handed over per message; at most `QUEUE` messages wait, so a request never buffers
+/// more than `QUEUE * PIECE` bytes.
+const PIECE: usize = 64 * 1024;
+const QUEUE: usize = 4;
+
+/// What stops a request early: a cancel, another worker's failure, the origin's deadline.
+#[derive(Clone)]
+pub(crate) struct Ctl {
+    pub cancel: CancelToken,
+    pub abort: Option<Arc<AtomicBool>>,
+    pub deadline: Instant,
+    /// What a cancel error names (a model id or "the v25 manifest").
+    pub what: String,
+    /// The deadline's length, for the message.
+    pub budget: Duration,
+}
+
+impl Ctl {
+    pub fn new(cancel: &CancelToken, what: &str, budget: Duration, deadline: Instant) -> Self {
+        Self {
+            cancel: cancel.clone(),
+            abort: None,
+            deadline,
+            what: what.to_string(),
+            budget,
+        }
+    }
+
+    pub fn check(&self, url: &str) -> Result<()> {
+        if self.cancel.is_cancelled()
+            || self
+                .abort
+                .as_ref()
+                .is_some_and(|a| a.load(Ordering::SeqCst))
+        {
+            return Err(Error::Cancelled {
+                model: self.what.clone(),
+            });
+        }
+        if Instant::now() >= self.deadline {
+            return Err(Error::Deadline {
+                url: url.to_string(),
+                seconds: self.budget.as_secs(),
+            });
+        }
+        Ok(())
     }
 }
 
 #[derive(Clone)]
 pub struct Http {
     agent: ureq::Agent,
+    config: HttpConfig,
 }
 
-/// A response whose status was 200 or 206.
-pub struct Body {
+/// Headers of a 200 or 206 response.
+#[derive(Debug, Clone, Default)]
+pub struct Meta {
     pub status: u16,
     pub content_length: Option<u64>,
     /// `Content-Range: bytes a-b/total` parsed, on 206.
     pub content_range: Option<(u64, u64, Option<u64>)>,
     pub etag: Option<String>,
-    pub reader: Box<dyn Read + Send + Sync + 'static>,
+}
+
+enum Msg {
+    Head(Result<Meta>),
+    Data(Vec<u8>),
+    End,
+    Fail(String),
+}
+
+/// A response whose status was 200 or 206, its body streamed from the request thread.
+pub struct Body {
+    pub meta: Meta,
+    url: String,
+    rx: Receiver<Msg>,
+    buf: Vec<u8>,
+    pos: usize,
+    ended: bool,
+    ctl: Ctl,
+    rate: RateGuard,
+}
+
+impl Body {
+    /// Read up to `out.len()` bytes; `Ok(0)` at the end of the body. Fails on cancel, deadline,
+    /// a transfer slower than the floor, or a broken connection.
+    pub fn read(&mut self, out: &mut [u8]) -> Result<usize> {
+        loop {
+            if self.pos < self.buf.len() {
+                let n = out.len().min(self.buf.len() - self.pos);
+                out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+                self.pos += n;
+                return Ok(n);
+            }
+            if self.ended || out.is_empty() {
+                return Ok(0);
+            }
+            self.ctl.check(&self.url)?;
+            if let Some(message) = self.rate.check(Instant::now()) {
+                return Err(Error::Transport {
+                    url: self.url.clone(),
+                    message,
+                });
+            }
+            match self.rx.recv_timeout(POLL) {
+                Ok(Msg::Data(v)) => {
+                    self.rate.observe(Instant::now(), v.len() as u64);
+                    self.buf = v;
+                    self.pos = 0;
+                }
+                Ok(Msg::End) => self.ended = true,
+                Ok(Msg::Fail(message)) => {
+                    return Err(Error::Transport {
+                        url: self.url.clone(),
+                        message,
+                    });
+                }
+                Ok(Msg::Head(_)) => {
+                    return Err(Error::Protocol {
+                        url: self.url.clone(),
+                        message: "a second response head".into(),
+                    });
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Transport {
+                        url: self.url.clone(),
+                        message: "the connection ended without finishing the body".into(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Read and drop `n` bytes; fewer available is a transfer error.
+    pub fn skip(&mut self, n: u64) -> Result<()> {
+        let mut buf = vec![0u8; PIECE];
+        let mut left = n;
+        while left > 0 {
+            let want = left.min(buf.len() as u64) as usize;
+            let got = self.read(&mut buf[..want])?;
+            if got == 0 {
+                return Err(Error::Transport {
+                    url: self.url.clone(),
+                    message: format!("body ended after {} bytes", n - left),
+                });
+            }
+            left -= got as u64;
+        }
+        Ok(())
+    }
 }
 
 impl Http {
@@ -45,14 +235,19 @@ impl Http {
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(config.connect_timeout)
             .timeout_read(config.read_timeout)
+            .timeout_write(config.read_timeout)
             .max_idle_connections_per_host(config.max_idle_per_host)
-            .redirects(5)
+            // Never let ureq follow a redirect: see the module docs.
+            .redirects(0)
             .user_agent(concat!(
                 "starpilot-device-modeld-manager/",
                 env!("CARGO_PKG_VERSION")
             ))
             .build();
-        Self { agent }
+        Self {
+            agent,
+            config: config.clone(),
+        }
     }
 
     /// GET `url`, optionally with a byte range (`end` inclusive) and an `If-Range` validator.
@@ -61,71 +256,29 @@ impl Http {
         url: &str,
         range: Option<(u64, u64)>,
         if_range: Option<&str>,
+        ctl: &Ctl,
     ) -> Result<Body> {
-        let mut req = self.agent.get(url);
+        let mut headers = Vec::new();
         if let Some((a, b)) = range {
-            req = req.set("Range", &format!("bytes={a}-{b}"));
+            headers.push(("Range".to_string(), format!("bytes={a}-{b}")));
             if let Some(tag) = if_range {
-                req = req.set("If-Range", tag);
+                headers.push(("If-Range".to_string(), tag.to_string()));
             }
         }
-        match req.call() {
-            Ok(resp) => {
-                let status = resp.status();
-                if status != 200 && status != 206 {
-                    return Err(Error::Status {
-                        url: url.to_string(),
-                        status,
-                    });
-                }
-                let content_length = resp
-                    .header("content-length")
-                    .and_then(|v| v.trim().parse().ok());
-                let content_range = resp.header("content-range").and_then(parse_content_range);
-                let etag = resp.header("etag").map(str::to_string);
-                Ok(Body {
-                    status,
-                    content_length,
-                    content_range,
-                    etag,
-                    reader: resp.into_reader(),
-                })
-            }
-            Err(ureq::Error::Status(status, _)) => Err(Error::Status {
-                url: url.to_string(),
-                status,
-            }),
-            Err(ureq::Error::Transport(t)) => Err(Error::Transport {
-                url: url.to_string(),
-                message: t.to_string(),
-            }),
-        }
+        self.start("GET", url, headers, ctl, true)
     }
 
     /// HEAD `url`: the length and ETag.
-    pub fn head(&self, url: &str) -> Result<(Option<u64>, Option<String>)> {
-        match self.agent.head(url).call() {
-            Ok(resp) => Ok((
-                resp.header("content-length")
-                    .and_then(|v| v.trim().parse().ok()),
-                resp.header("etag").map(str::to_string),
-            )),
-            Err(ureq::Error::Status(status, _)) => Err(Error::Status {
-                url: url.to_string(),
-                status,
-            }),
-            Err(ureq::Error::Transport(t)) => Err(Error::Transport {
-                url: url.to_string(),
-                message: t.to_string(),
-            }),
-        }
+    pub fn head(&self, url: &str, ctl: &Ctl) -> Result<(Option<u64>, Option<String>)> {
+        let body = self.start("HEAD", url, Vec::new(), ctl, false)?;
+        Ok((body.meta.content_length, body.meta.etag))
     }
 
     /// GET a small document, reading at most `max` bytes; a longer body is a protocol error
     /// (never buffered beyond `max + 1`).
-    pub fn get_small(&self, url: &str, max: u64) -> Result<Vec<u8>> {
-        let body = self.get(url, None, None)?;
-        if let Some(len) = body.content_length
+    pub fn get_small(&self, url: &str, max: u64, ctl: &Ctl) -> Result<Vec<u8>> {
+        let mut body = self.get(url, None, None, ctl)?;
+        if let Some(len) = body.meta.content_length
             && len > max
         {
             return Err(Error::Protocol {
@@ -133,21 +286,321 @@ impl Http {
                 message: format!("body is {len} bytes, more than the limit of {max}"),
             });
         }
-        let mut buf = Vec::new();
-        body.reader
-            .take(max + 1)
-            .read_to_end(&mut buf)
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; PIECE];
+        loop {
+            let n = body.read(&mut buf)?;
+            if n == 0 {
+                return Ok(out);
+            }
+            out.extend_from_slice(&buf[..n]);
+            if out.len() as u64 > max {
+                return Err(Error::Protocol {
+                    url: url.to_string(),
+                    message: format!("body is more than the limit of {max} bytes"),
+                });
+            }
+        }
+    }
+
+    /// Start `method url` on a request thread and wait for its final response head.
+    fn start(
+        &self,
+        method: &'static str,
+        url: &str,
+        headers: Vec<(String, String)>,
+        ctl: &Ctl,
+        want_body: bool,
+    ) -> Result<Body> {
+        ctl.check(url)?;
+        let first = check_url(url).map_err(|reason| Error::Redirect {
+            url: url.to_string(),
+            location: url.to_string(),
+            reason,
+        })?;
+        let (tx, rx) = mpsc::sync_channel::<Msg>(QUEUE);
+        let job = RequestJob {
+            agent: self.agent.clone(),
+            method,
+            first,
+            headers,
+            max_redirects: self.config.max_redirects,
+            deadline: ctl.deadline,
+            want_body,
+        };
+        thread::Builder::new()
+            .name("http-request".into())
+            .spawn(move || {
+                let res = std::panic::catch_unwind(AssertUnwindSafe(|| job.run(&tx)));
+                if let Err(panic) = res {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown".into());
+                    let message = format!("the HTTP client failed on this response ({what})");
+                    // Whichever message the caller waits for, it sees this one.
+                    let _ = tx.send(Msg::Fail(message));
+                }
+            })
             .map_err(|e| Error::Transport {
                 url: url.to_string(),
-                message: e.to_string(),
+                message: format!("cannot start a request thread: {e}"),
             })?;
-        if buf.len() as u64 > max {
-            return Err(Error::Protocol {
-                url: url.to_string(),
-                message: format!("body is more than the limit of {max} bytes"),
-            });
+        let started = Instant::now();
+        let head = loop {
+            ctl.check(url)?;
+            if started.elapsed() >= self.config.response_timeout {
+                return Err(Error::Transport {
+                    url: url.to_string(),
+                    message: format!(
+                        "no response within {} s",
+                        self.config.response_timeout.as_secs_f32()
+                    ),
+                });
+            }
+            match rx.recv_timeout(POLL) {
+                Ok(Msg::Head(h)) => break h?,
+                Ok(Msg::Fail(message)) => {
+                    return Err(Error::Transport {
+                        url: url.to_string(),
+                        message,
+                    });
+                }
+                Ok(_) => {
+                    return Err(Error::Protocol {
+                        url: url.to_string(),
+                        message: "body before the response head".into(),
+                    });
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Transport {
+                        url: url.to_string(),
+                        message: "the request ended without a response".into(),
+                    });
+                }
+            }
+        };
+        Ok(Body {
+            meta: head,
+            url: url.to_string(),
+            rx,
+            buf: Vec::new(),
+            pos: 0,
+            ended: !want_body,
+            ctl: ctl.clone(),
+            rate: RateGuard::new(
+                Instant::now(),
+                self.config.min_rate,
+                self.config.rate_window,
+            ),
+        })
+    }
+}
+
+/// Everything a request thread needs, owned.
+struct RequestJob {
+    agent: ureq::Agent,
+    method: &'static str,
+    first: Url,
+    headers: Vec<(String, String)>,
+    max_redirects: u32,
+    deadline: Instant,
+    want_body: bool,
+}
+
+impl RequestJob {
+    fn run(self, tx: &SyncSender<Msg>) {
+        let url0 = self.first.to_string();
+        let head = |r: Result<Meta>| {
+            let _ = tx.send(Msg::Head(r));
+        };
+        let mut url = self.first.clone();
+        let mut hops = 0;
+        let resp = loop {
+            let remaining = self.deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return head(Err(Error::Transport {
+                    url: url0,
+                    message: "the origin's deadline passed".into(),
+                }));
+            }
+            let mut req = self.agent.request_url(self.method, &url).timeout(remaining);
+            let same_origin = same_origin(&self.first, &url);
+            for (name, value) in &self.headers {
+                if !same_origin && is_credential(name) {
+                    continue;
+                }
+                req = req.set(name, value);
+            }
+            match req.call() {
+                Ok(resp) if (300..400).contains(&resp.status()) => {
+                    let location = resp.header("location").map(str::to_string);
+                    match next_hop(&url, location.as_deref(), hops, self.max_redirects) {
+                        Ok(next) => {
+                            url = next;
+                            hops += 1;
+                        }
+                        Err(reason) => {
+                            return head(Err(Error::Redirect {
+                                url: url0,
+                                location: location.unwrap_or_default(),
+                                reason,
+                            }));
+                        }
+                    }
+                }
+                Ok(resp) => break resp,
+                Err(ureq::Error::Status(status, _)) => {
+                    return head(Err(Error::Status { url: url0, status }));
+                }
+                Err(ureq::Error::Transport(t)) => {
+                    return head(Err(Error::Transport {
+                        url: url0,
+                        message: t.to_string(),
+                    }));
+                }
+            }
+        };
+        let status = resp.status();
+        if status != 200 && status != 206 {
+            return head(Err(Error::Status { url: url0, status }));
         }
-        Ok(buf)
+        let meta = Meta {
+            status,
+            content_length: resp
+                .header("content-length")
+                .and_then(|v| v.trim().parse().ok()),
+            content_range: resp.header("content-range").and_then(parse_content_range),
+            etag: resp.header("etag").map(str::to_string),
+        };
+        if tx.send(Msg::Head(Ok(meta))).is_err() || !self.want_body {
+            return;
+        }
+        let mut reader = resp.into_reader();
+        loop {
+            let mut buf = vec![0u8; PIECE];
+            match reader.read(&mut buf) {
+                Ok(0) => {
+                    let _ = tx.send(Msg::End);
+                    return;
+                }
+                Ok(n) => {
+                    buf.truncate(n);
+                    if tx.send(Msg::Data(buf)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let _ = tx.send(Msg::Fail(e.to_string()));
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Why a URL may not be requested, if it may not: only `http`/`https` with a host and no user
+/// info.
+fn check_url(s: &str) -> std::result::Result<Url, String> {
+    let url = Url::parse(s).map_err(|e| format!("not a URL ({e})"))?;
+    check_parsed(url)
+}
+
+fn check_parsed(url: Url) -> std::result::Result<Url, String> {
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("scheme `{}` is not http or https", url.scheme()));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("the URL has no host".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("the URL carries user info".into());
+    }
+    Ok(url)
+}
+
+/// Where a redirect from `current` with `location` leads, after `hops` earlier hops, or why it
+/// is refused. Pure: the rule every redirect goes through.
+pub(crate) fn next_hop(
+    current: &Url,
+    location: Option<&str>,
+    hops: u32,
+    max: u32,
+) -> std::result::Result<Url, String> {
+    let location = location.ok_or("a redirect without a Location header")?;
+    if hops >= max {
+        return Err(format!("more than {max} redirects"));
+    }
+    let next = current
+        .join(location.trim())
+        .map_err(|e| format!("unusable Location ({e})"))?;
+    let next = check_parsed(next)?;
+    if current.scheme() == "https" && next.scheme() == "http" {
+        return Err("a redirect from https down to http".into());
+    }
+    Ok(next)
+}
+
+/// Whether `a` and `b` are the same origin (scheme, host, port): the only case in which
+/// credentials given for `a` may be sent to `b`.
+pub(crate) fn same_origin(a: &Url, b: &Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
+}
+
+fn is_credential(header: &str) -> bool {
+    header.eq_ignore_ascii_case("authorization")
+        || header.eq_ignore_ascii_case("cookie")
+        || header.eq_ignore_ascii_case("proxy-authorization")
+}
+
+/// The minimum-rate rule: bytes seen in the current window of `window`; when a window closes
+/// with fewer than `min_rate * window` bytes, the transfer is too slow. Pure over the clock it is
+/// given.
+#[derive(Debug, Clone)]
+pub(crate) struct RateGuard {
+    min_rate: u64,
+    window: Duration,
+    start: Instant,
+    bytes: u64,
+}
+
+impl RateGuard {
+    pub fn new(now: Instant, min_rate: u64, window: Duration) -> Self {
+        Self {
+            min_rate,
+            window,
+            start: now,
+            bytes: 0,
+        }
+    }
+
+    pub fn observe(&mut self, now: Instant, bytes: u64) {
+        self.bytes = self.bytes.saturating_add(bytes);
+        if now.duration_since(self.start) >= self.window && self.check(now).is_none() {
+            self.start = now;
+            self.bytes = 0;
+        }
+    }
+
+    /// Why the transfer is too slow, if it is.
+    pub fn check(&self, now: Instant) -> Option<String> {
+        if self.min_rate == 0 || now.duration_since(self.start) < self.window {
+            return None;
+        }
+        let need = (self.min_rate as f64 * self.window.as_secs_f64()) as u64;
+        (self.bytes < need).then(|| {
+            format!(
+                "{} bytes in {:.1} s, slower than the minimum of {} bytes/s",
+                self.bytes,
+                now.duration_since(self.start).as_secs_f64(),
+                self.min_rate
+            )
+        })
     }
 }
 
@@ -166,6 +619,8 @@ fn parse_content_range(v: &str) -> Option<(u64, u64, Option<u64>)> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn content_range() {
         assert_eq!(
@@ -177,5 +632,92 @@ mod tests {
             Some((2, 4, None))
         );
         assert_eq!(super::parse_content_range("items 2-4/10"), None);
+        assert_eq!(
+            super::parse_content_range("bytes 99999999999999999999-4/10"),
+            None
+        );
+    }
+
+    #[test]
+    fn redirect_rule() {
+        let http: Url = "http://origin.example/a/b".parse().unwrap();
+        let https: Url = "https://origin.example/a/b".parse().unwrap();
+        let ok = |from: &Url, loc: &str| next_hop(from, Some(loc), 0, 5).map(|u| u.to_string());
+        let cases: &[(&Url, &str, std::result::Result<&str, &str>)] = &[
+            (&http, "/c", Ok("http://origin.example/c")),
+            (&http, "c", Ok("http://origin.example/a/c")),
+            (&http, "https://cdn.example/x", Ok("https://cdn.example/x")),
+            (&https, "//cdn.example/x", Ok("https://cdn.example/x")),
+            (&https, "http://cdn.example/x", Err("down to http")),
+            (&http, "file:///etc/passwd", Err("scheme `file`")),
+            (&http, "data:text/plain,hi", Err("scheme `data`")),
+            (&http, "mailto:a@b.c", Err("scheme `mailto`")),
+            (&http, "unix:/run/x.sock", Err("scheme `unix`")),
+            (&http, "ftp://h/x", Err("scheme `ftp`")),
+            (&http, "http://", Err("")),
+            (&http, "http://user:pw@cdn.example/", Err("user info")),
+            (&http, "http://[::1", Err("unusable Location")),
+        ];
+        for (from, loc, want) in cases {
+            let got = ok(from, loc);
+            match (want, &got) {
+                (Ok(w), Ok(g)) => assert_eq!(w, g, "{loc}"),
+                (Err(w), Err(g)) => assert!(g.contains(w), "{loc}: {g}"),
+                _ => panic!("{loc}: expected {want:?}, got {got:?}"),
+            }
+        }
+        assert!(
+            next_hop(&http, None, 0, 5)
+                .unwrap_err()
+                .contains("without a Location")
+        );
+        assert!(
+            next_hop(&http, Some("/c"), 5, 5)
+                .unwrap_err()
+                .contains("more than 5")
+        );
+        assert!(next_hop(&http, Some("/c"), 4, 5).is_ok());
+    }
+
+    #[test]
+    fn credentials_stay_on_their_origin() {
+        let u = |s: &str| s.parse::<Url>().unwrap();
+        let cases = [
+            ("https://h/a", "https://h/b", true),
+            ("https://h/a", "https://h:443/b", true),
+            ("https://h/a", "https://h:8443/b", false),
+            ("https://h/a", "https://cdn.h/b", false),
+            ("http://h/a", "https://h/a", false),
+        ];
+        for (a, b, want) in cases {
+            assert_eq!(same_origin(&u(a), &u(b)), want, "{a} -> {b}");
+        }
+        assert!(is_credential("authorization") && is_credential("Cookie"));
+        assert!(!is_credential("Range"));
+    }
+
+    #[test]
+    fn rate_floor() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut g = RateGuard::new(t0, 100, 10 * s);
+        assert!(
+            g.check(t0 + 9 * s).is_none(),
+            "no verdict before a window closes"
+        );
+        g.observe(t0 + 5 * s, 999);
+        assert!(g.check(t0 + 10 * s).unwrap().contains("999 bytes"));
+        g.observe(t0 + 10 * s, 1);
+        assert!(
+            g.check(t0 + 10 * s).is_none(),
+            "1000 bytes in 10 s is enough"
+        );
+        // The window restarted when it closed with enough bytes.
+        assert!(g.check(t0 + 19 * s).is_none());
+        assert!(g.check(t0 + 20 * s).is_some());
+        assert!(
+            RateGuard::new(t0, 0, s).check(t0 + 100 * s).is_none(),
+            "0 = off"
+        );
     }
 }

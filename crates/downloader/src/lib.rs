@@ -27,6 +27,7 @@ pub use http::HttpConfig;
 pub use origin::{DEFAULT_GITHUB_BASE, DEFAULT_HF_BASE, Origin, OriginKind, Origins};
 
 use std::path::Path;
+use std::time::Instant;
 
 use manifest::{Generation, Limits, Manifest, ModelEntry};
 
@@ -70,10 +71,21 @@ impl Downloader {
     /// failure (HTTP error, oversize, invalid JSON, broken rules, another generation) is kept
     /// in the error if none succeeds.
     pub fn fetch_manifest(&self, generation: Generation) -> Result<FetchedManifest> {
+        self.fetch_manifest_cancellable(generation, &CancelToken::new())
+    }
+
+    /// [`Downloader::fetch_manifest`] that stops within a second of `cancel` (with
+    /// [`Error::Cancelled`], no other origin tried). Each origin gets
+    /// [`HttpConfig::origin_deadline`] before the next is tried.
+    pub fn fetch_manifest_cancellable(
+        &self,
+        generation: Generation,
+        cancel: &CancelToken,
+    ) -> Result<FetchedManifest> {
         let mut attempts = Vec::new();
         for origin in self.origins.iter() {
             let url = origin.manifest_url(generation);
-            match self.fetch_one_manifest(&url, generation) {
+            match self.fetch_one_manifest(&url, generation, cancel) {
                 Ok(manifest) => {
                     return Ok(FetchedManifest {
                         manifest,
@@ -81,6 +93,7 @@ impl Downloader {
                         url,
                     });
                 }
+                Err(e @ Error::Cancelled { .. }) => return Err(e),
                 Err(e) => attempts.push((origin.to_string(), e)),
             }
         }
@@ -90,11 +103,22 @@ impl Downloader {
         })
     }
 
-    fn fetch_one_manifest(&self, url: &str, generation: Generation) -> Result<Manifest> {
-        let cancel = CancelToken::new();
-        let id = manifest::layout::builtin_model_id();
-        let bytes = download::with_retries(&self.config, &cancel, &id, || {
-            self.http.get_small(url, self.limits.max_manifest_bytes)
+    fn fetch_one_manifest(
+        &self,
+        url: &str,
+        generation: Generation,
+        cancel: &CancelToken,
+    ) -> Result<Manifest> {
+        let budget = self.config.http.origin_deadline;
+        let ctl = http::Ctl::new(
+            cancel,
+            &format!("the {generation} manifest"),
+            budget,
+            Instant::now() + budget,
+        );
+        let bytes = download::with_retries(&self.config, &ctl, url, || {
+            self.http
+                .get_small(url, self.limits.max_manifest_bytes, &ctl)
         })?;
         let manifest = Manifest::from_slice_limited(&bytes, &self.limits).map_err(|source| {
             Error::BadManifest {
