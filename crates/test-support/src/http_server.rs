@@ -36,6 +36,18 @@ pub enum Fault {
     OverSend(u64),
     /// Serve these bytes instead of the file (with a matching length and a fresh ETag).
     Body(Vec<u8>),
+    /// Answer `status` (301, 302, 303, 307, 308) with this `Location`, whatever it is: another
+    /// host, a relative path, `file:`, `data:`, `mailto:`, `unix:`, garbage, or none (`None`).
+    Redirect {
+        status: u16,
+        location: Option<String>,
+    },
+    /// Send the normal response (head and body) one byte at a time, one byte per interval.
+    Trickle(Duration),
+    /// Write these bytes as the whole response (any malformed head or body), then close.
+    Raw(Vec<u8>),
+    /// Read the request and never answer; the connection stays open until the server stops.
+    Stall,
 }
 
 /// A fault applied to requests whose path equals `path` (or starts with it when it ends in `*`).
@@ -343,10 +355,72 @@ fn respond(req: &Request, out: &mut TcpStream, shared: &Shared) -> io::Result<bo
         return Ok(true);
     }
     let fault = take_fault(shared, &req.path);
-    if let Some(Fault::Status(code)) = fault {
-        simple(out, code, &format!("injected status {code}\n"), head_only)?;
-        return Ok(true);
+    match &fault {
+        Some(Fault::Status(code)) => {
+            simple(out, *code, &format!("injected status {code}\n"), head_only)?;
+            return Ok(true);
+        }
+        Some(Fault::Redirect { status, location }) => {
+            let mut head = format!("HTTP/1.1 {status} {}\r\n", reason(*status));
+            if let Some(l) = location {
+                head.push_str(&format!("Location: {l}\r\n"));
+            }
+            head.push_str("Content-Length: 0\r\n\r\n");
+            out.write_all(head.as_bytes())?;
+            return Ok(true);
+        }
+        Some(Fault::Raw(bytes)) => {
+            out.write_all(bytes)?;
+            out.flush()?;
+            return Ok(false);
+        }
+        Some(Fault::Stall) => {
+            while !shared.stop.load(Ordering::SeqCst) {
+                thread::sleep(Duration::from_millis(50));
+            }
+            return Ok(false);
+        }
+        Some(Fault::Trickle(every)) => {
+            // Render the normal response into memory, then drip it.
+            let mut rendered = Vec::new();
+            let mut sink = Capture(&mut rendered);
+            respond_to(req, &mut sink, shared, None)?;
+            for b in rendered {
+                if shared.stop.load(Ordering::SeqCst) {
+                    return Ok(false);
+                }
+                out.write_all(&[b])?;
+                out.flush()?;
+                thread::sleep(*every);
+            }
+            return Ok(false);
+        }
+        _ => {}
     }
+    respond_to(req, out, shared, fault)
+}
+
+/// Writes into a buffer (used to render a response that is then trickled).
+struct Capture<'a>(&'a mut Vec<u8>);
+
+impl Write for Capture<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The normal response for `req` (with `fault` applied), written to `out`.
+fn respond_to(
+    req: &Request,
+    out: &mut dyn SocketWrite,
+    shared: &Shared,
+    fault: Option<Fault>,
+) -> io::Result<bool> {
+    let head_only = req.method == "HEAD";
     let Some(path) = local_path(&shared.root, &req.path) else {
         simple(out, 400, "bad path\n", head_only)?;
         return Ok(true);
@@ -426,7 +500,7 @@ fn respond(req: &Request, out: &mut TcpStream, shared: &Shared) -> io::Result<bo
     }
     match cut {
         Some(true) => {
-            reset(out);
+            out.reset();
             Ok(false)
         }
         Some(false) => Ok(false),
@@ -435,7 +509,7 @@ fn respond(req: &Request, out: &mut TcpStream, shared: &Shared) -> io::Result<bo
 }
 
 fn send_body(
-    out: &mut TcpStream,
+    out: &mut dyn SocketWrite,
     source: &dyn ReadAt,
     start: u64,
     count: u64,
@@ -466,6 +540,20 @@ fn send_body(
     out.flush()
 }
 
+/// Where a response goes: a socket, or a buffer for a response that is trickled later.
+trait SocketWrite: Write {
+    /// End the connection with a TCP RST (nothing for a buffer).
+    fn reset(&mut self) {}
+}
+
+impl SocketWrite for TcpStream {
+    fn reset(&mut self) {
+        reset(self);
+    }
+}
+
+impl SocketWrite for Capture<'_> {}
+
 fn reset(stream: &TcpStream) {
     use std::os::fd::AsRawFd;
     // SO_LINGER with a zero timeout makes close() send RST instead of FIN: the client sees
@@ -486,7 +574,7 @@ fn reset(stream: &TcpStream) {
     }
 }
 
-fn simple(out: &mut TcpStream, code: u16, body: &str, head_only: bool) -> io::Result<()> {
+fn simple(out: &mut dyn SocketWrite, code: u16, body: &str, head_only: bool) -> io::Result<()> {
     let mut resp = format!(
         "HTTP/1.1 {code} {}\r\nContent-Length: {}\r\nContent-Type: text/plain\r\n\r\n",
         reason(code),
@@ -627,5 +715,46 @@ mod tests {
         );
         assert!(r.starts_with(b"HTTP/1.1 200"));
         assert_eq!(srv.requests().len(), 7);
+    }
+
+    #[test]
+    fn hostile_modes() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"0123456789").unwrap();
+        let srv = FaultServer::start(dir.path()).unwrap();
+        srv.add_fault(
+            "/f",
+            Fault::Redirect {
+                status: 302,
+                location: Some("file:///etc/passwd".into()),
+            },
+            Some(1),
+        );
+        let r = raw(srv.addr(), "GET /f HTTP/1.1\r\nConnection: close\r\n\r\n");
+        assert!(r.starts_with(b"HTTP/1.1 302 "));
+        assert!(String::from_utf8_lossy(&r).contains("\r\nLocation: file:///etc/passwd\r\n"));
+
+        srv.add_fault("/f", Fault::Raw(b"HTTP/1.1 abc\r\n".to_vec()), Some(1));
+        assert_eq!(
+            raw(srv.addr(), "GET /f HTTP/1.1\r\n\r\n"),
+            b"HTTP/1.1 abc\r\n"
+        );
+
+        srv.add_fault("/f", Fault::Trickle(Duration::from_millis(1)), Some(1));
+        let r = raw(srv.addr(), "GET /f HTTP/1.1\r\nRange: bytes=2-4\r\n\r\n");
+        assert!(r.starts_with(b"HTTP/1.1 206"));
+        assert_eq!(body_of(&r), b"234");
+
+        srv.add_fault("/f", Fault::Stall, Some(1));
+        let mut s = TcpStream::connect(srv.addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        s.write_all(b"GET /f HTTP/1.1\r\n\r\n").unwrap();
+        let mut buf = [0u8; 1];
+        let e = s.read(&mut buf).unwrap_err();
+        assert!(matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ));
     }
 }
