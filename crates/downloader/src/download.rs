@@ -2,8 +2,8 @@
 //! then install with a single rename.
 //!
 //! Install layout: whatever the published form (plain file or chunk set), the artifact is
-//! assembled into one staging file `.tmp-partial-<sha16>-<name>` beside its final place, each
-//! piece written at its own offset. After the whole SHA-256 matches, the file is fsynced and
+//! assembled into one staging file `<sha16>-<name>` in the staging directory
+//! `<models>/.starpilot-staging` (see [`crate::staging`]), each piece written at its own offset. After the whole SHA-256 matches, the file is fsynced and
 //! renamed over `<id>_driving_tinygrad.pkl`, and the directory fsynced. A plain file wins over a
 //! chunk set for every reader (SPEC.md section 3), so that one rename is the moment the new
 //! artifact becomes visible; a reader holding the old file keeps reading the old inode, so it can
@@ -11,7 +11,7 @@
 //! `.chunkmanifest` first.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::hash::{BuildHasher, Hasher as _};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use chunker::atomic::{TEMP_PREFIX, remove_if_exists, sync_dir, write_atomic};
+use chunker::atomic::{remove_if_exists, sync_dir};
 use chunker::{Hasher, Sha256Digest};
 use manifest::{FileName, Generation, ModelEntry, ModelId};
 
@@ -28,6 +28,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::http::{Ctl, Http, HttpConfig};
 use crate::origin::Origin;
 use crate::space;
+use crate::staging::{STAGING_DIR, StagingDir, staging_names};
 
 /// Tuning of one download.
 #[derive(Debug, Clone)]
@@ -147,14 +148,10 @@ impl Target {
         })
     }
 
-    /// The staging file's name: tied to the artifact digest so bytes of two different artifacts
-    /// are never mixed, and starting with the shared temp prefix so `gc` knows it.
+    /// The staging file's name inside [`STAGING_DIR`]: tied to the artifact digest so bytes of
+    /// two different artifacts are never mixed.
     pub fn staging_name(&self) -> String {
-        format!(
-            "{TEMP_PREFIX}partial-{}-{}",
-            &self.sha256.to_hex()[..16],
-            self.local_name
-        )
+        staging_names(&self.sha256.to_hex(), self.local_name.as_str()).0
     }
 }
 
@@ -242,8 +239,13 @@ fn plan_segments(pieces: &[Piece], done: &BTreeSet<u32>, ranges: usize) -> Vec<S
     out
 }
 
-/// The staging file plus the record of which pieces are complete and fsynced.
+/// The staging file plus the record of which pieces are complete and fsynced, both in the
+/// verified staging directory (see [`crate::staging`]).
 struct Staging {
+    dir: StagingDir,
+    data_name: String,
+    state_name: String,
+    /// `data_name` inside the directory, for messages.
     data: PathBuf,
     state: PathBuf,
     file: File,
@@ -251,48 +253,50 @@ struct Staging {
     header: String,
 }
 
+/// The completion record is a header line and one index per line: small by construction.
+const MAX_STATE_BYTES: u64 = 64 * 1024;
+
 impl Staging {
-    fn open(dir: &Path, target: &Target, pieces: &[Piece], margin: u64) -> Result<Self> {
-        let data = dir.join(target.staging_name());
-        let state = dir.join(format!("{}.state", target.staging_name()));
+    fn open(models_dir: &Path, target: &Target, pieces: &[Piece], margin: u64) -> Result<Self> {
+        let dir_path = models_dir.join(STAGING_DIR);
+        let dir = StagingDir::open(models_dir).ctx(&dir_path)?;
+        let (data_name, state_name) =
+            staging_names(&target.sha256.to_hex(), target.local_name.as_str());
+        dir.clean(&[&data_name, &state_name], target.local_name.as_str());
+        let data = dir.join(&data_name);
+        let state = dir.join(&state_name);
         let header = format!(
             "{} {} {}\n",
             target.sha256,
             target.size,
             pieces.first().map(|p| p.len).unwrap_or(0)
         );
-        let resumed = Self::read_state(&data, &state, &header, target.size, pieces);
-        let file = match (
-            &resumed,
-            OpenOptions::new().read(true).write(true).open(&data),
-        ) {
-            (Some(_), Ok(f)) => f,
+        let existing = dir.open_existing(&data_name).ok();
+        let resumed = existing
+            .as_ref()
+            .and_then(|f| Self::read_state(&dir, f, &state_name, &header, target.size, pieces));
+        let file = match (resumed.is_some(), existing) {
+            (true, Some(f)) => f,
             _ => {
-                let available = space::available_bytes(dir).ctx(dir)?;
+                let available = space::available_bytes(models_dir).ctx(models_dir)?;
                 let needed = target.size.saturating_add(margin);
                 if available < needed {
                     return Err(Error::InsufficientSpace {
-                        path: dir.to_path_buf(),
+                        path: models_dir.to_path_buf(),
                         needed,
                         available,
                     });
                 }
-                remove_if_exists(&state).ctx(&state)?;
-                let f = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(&data)
-                    .ctx(&data)?;
+                dir.remove(&state_name).ctx(&state)?;
+                let f = dir.create_new(&data_name).ctx(&data)?;
                 if let Err(e) = space::reserve(&f, target.size) {
                     drop(f);
-                    let _ = fs::remove_file(&data);
+                    let _ = dir.remove(&data_name);
                     if e.raw_os_error() == Some(libc::ENOSPC) {
                         return Err(Error::InsufficientSpace {
-                            path: dir.to_path_buf(),
+                            path: models_dir.to_path_buf(),
                             needed,
-                            available: space::available_bytes(dir).unwrap_or(0),
+                            available: space::available_bytes(models_dir).unwrap_or(0),
                         });
                     }
                     return Err(Error::Io {
@@ -304,6 +308,9 @@ impl Staging {
             }
         };
         Ok(Self {
+            dir,
+            data_name,
+            state_name,
             data,
             state,
             file,
@@ -314,17 +321,19 @@ impl Staging {
 
     /// Pieces recorded as complete by an earlier run, if its record matches this artifact.
     fn read_state(
-        data: &Path,
-        state: &Path,
+        dir: &StagingDir,
+        data: &File,
+        state_name: &str,
         header: &str,
         size: u64,
         pieces: &[Piece],
     ) -> Option<BTreeSet<u32>> {
-        let len = fs::metadata(data).ok()?.len();
+        let len = data.metadata().ok()?.len();
         if len != size {
             return None;
         }
-        let text = fs::read_to_string(state).ok()?;
+        let bytes = dir.read_small(state_name, MAX_STATE_BYTES).ok()?;
+        let text = String::from_utf8(bytes).ok()?;
         let rest = text.strip_prefix(header)?;
         let mut done = BTreeSet::new();
         for line in rest.lines() {
@@ -346,12 +355,14 @@ impl Staging {
         for i in done.iter() {
             text.push_str(&format!("{i}\n"));
         }
-        write_atomic(&self.state, text.as_bytes()).ctx(&self.state)
+        self.dir
+            .write_atomic(&self.state_name, text.as_bytes())
+            .ctx(&self.state)
     }
 
     fn discard(self) {
-        let _ = fs::remove_file(&self.state);
-        let _ = fs::remove_file(&self.data);
+        let _ = self.dir.remove(&self.state_name);
+        let _ = self.dir.remove(&self.data_name);
     }
 }
 
@@ -539,10 +550,17 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
 fn install(staging: &Staging, dir: &Path, local: &FileName) -> Result<PathBuf> {
     staging.file.sync_all().ctx(&staging.data)?;
     let dest = dir.join(local.as_str());
-    fs::rename(&staging.data, &dest).ctx(&dest)?;
+    staging
+        .dir
+        .rename_out(&staging.data_name, &dest)
+        .ctx(&dest)?;
     sync_dir(dir).ctx(dir)?;
     remove_other_forms(dir, local.as_str())?;
-    remove_if_exists(&staging.state).ctx(&staging.state)?;
+    staging
+        .dir
+        .remove(&staging.state_name)
+        .ctx(&staging.state)?;
+    staging.dir.sync().ctx(staging.dir.path())?;
     sync_dir(dir).ctx(dir)?;
     Ok(dest)
 }

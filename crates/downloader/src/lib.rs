@@ -18,6 +18,7 @@ mod error;
 mod http;
 mod origin;
 pub mod space;
+mod staging;
 
 pub use download::{
     CancelToken, DownloadConfig, Event, Installed, Piece, Target, plan_pieces, remove_other_forms,
@@ -25,6 +26,7 @@ pub use download::{
 pub use error::{Error, Result};
 pub use http::HttpConfig;
 pub use origin::{DEFAULT_GITHUB_BASE, DEFAULT_HF_BASE, Origin, OriginKind, Origins};
+pub use staging::{LEGACY_STAGING_PREFIX, STAGING_DIR, STALE_AFTER};
 
 use std::path::Path;
 use std::time::Instant;

@@ -4,7 +4,7 @@ use std::fs;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use downloader::{CancelToken, DownloadConfig, Downloader, Error, Event, Origins};
+use downloader::{CancelToken, DownloadConfig, Downloader, Error, Event, Origins, STAGING_DIR};
 use manifest::{Generation, Manifest, ModelId};
 use test_support::http_server::{Fault, FaultServer};
 use test_support::published::{
@@ -93,12 +93,26 @@ impl World {
         fs::read(self.models.join(format!("{id}_driving_tinygrad.pkl"))).ok()
     }
 
-    /// Every file in the models dir (temporaries included).
+    /// Every file in the models dir (temporaries included) but the staging directory, whose
+    /// contents [`World::staged`] lists.
     fn listing(&self) -> Vec<String> {
         let mut v: Vec<String> = fs::read_dir(&self.models)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != STAGING_DIR)
             .collect();
+        v.sort();
+        v
+    }
+
+    /// Files in the staging directory.
+    fn staged(&self) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(self.models.join(STAGING_DIR))
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
         v.sort();
         v
     }
@@ -264,13 +278,15 @@ fn both_origins_bad_leaves_old_artifact_and_nothing_partial() {
         other => panic!("{other:?}"),
     }
     assert_eq!(w.installed("pop223").unwrap(), b"previous");
-    // Only the staging file (a temporary name) may remain, for a later resume.
-    for name in w.listing() {
-        assert!(
-            name == "pop223_driving_tinygrad.pkl" || name.starts_with(".tmp-"),
-            "{name}"
-        );
-    }
+    // Only the staging file (in the staging directory) may remain, for a later resume.
+    assert_eq!(w.listing(), ["pop223_driving_tinygrad.pkl"]);
+    assert!(
+        w.staged()
+            .iter()
+            .all(|n| n.ends_with("-pop223_driving_tinygrad.pkl")),
+        "{:?}",
+        w.staged()
+    );
 }
 
 #[test]
@@ -435,6 +451,7 @@ fn complete_chunks_survive_a_failed_run_and_are_not_fetched_again() {
         "chunks 1-3 were kept from the first run"
     );
     assert_eq!(w.listing(), ["pop223_driving_tinygrad.pkl"]);
+    assert!(w.staged().is_empty(), "{:?}", w.staged());
 }
 
 /// A real full filesystem: a 1 MiB tmpfs when we may mount one (root in CI), otherwise the
@@ -471,7 +488,9 @@ fn full_disk_is_refused_before_writing() {
     let listing: Vec<_> = fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name())
+        .filter(|n| n != STAGING_DIR)
         .collect();
+    let staged = fs::read_dir(dir.join(STAGING_DIR)).map_or(0, |d| d.count());
     let previous = fs::read(dir.join("pop223_driving_tinygrad.pkl")).unwrap();
     if mounted {
         let _ = std::process::Command::new("umount").arg(&small).status();
@@ -480,4 +499,5 @@ fn full_disk_is_refused_before_writing() {
     assert!(err.to_string().contains("gc"), "{err}");
     assert_eq!(previous, b"previous");
     assert_eq!(listing.len(), 1, "{listing:?}");
+    assert_eq!(staged, 0, "nothing was staged");
 }

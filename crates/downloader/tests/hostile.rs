@@ -490,3 +490,78 @@ fn cancel_is_honoured_within_a_second_before_and_during_every_request() {
         assert_eq!(w.github_requests(), 0, "{suffix}");
     }
 }
+
+#[test]
+fn planted_symlinks_are_never_followed_and_superseded_staging_is_cleaned() {
+    let w = world();
+    let (data, m) = w.publish("pop223", 3 * CHUNK + 1, true);
+    let outside = w._dir.path().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    fs::write(outside.join("victim"), b"precious").unwrap();
+    let entry = m.get(&"pop223".parse::<ModelId>().unwrap()).unwrap();
+    let target = downloader::Target::from_entry(entry).unwrap();
+
+    // The staging directory's name is a symlink to a directory outside, holding a symlink at
+    // the (predictable) staging name; the previous build's staging name is a symlink too.
+    let evil = outside.join("evil");
+    fs::create_dir_all(&evil).unwrap();
+    std::os::unix::fs::symlink(outside.join("victim"), evil.join(target.staging_name())).unwrap();
+    std::os::unix::fs::symlink(&evil, w.models.join(downloader::STAGING_DIR)).unwrap();
+    std::os::unix::fs::symlink(
+        outside.join("victim"),
+        w.models.join(format!(
+            "{}{}",
+            downloader::LEGACY_STAGING_PREFIX,
+            target.staging_name()
+        )),
+    )
+    .unwrap();
+    let d = w.downloader(config());
+    d.download(generation(), entry, &w.models, &CancelToken::new(), &|_| {})
+        .unwrap();
+    assert_eq!(w.installed("pop223").unwrap(), data);
+    assert_eq!(fs::read(outside.join("victim")).unwrap(), b"precious");
+    assert!(
+        fs::symlink_metadata(evil.join(target.staging_name())).is_ok(),
+        "untouched"
+    );
+    let staging = w.models.join(downloader::STAGING_DIR);
+    assert!(fs::symlink_metadata(&staging).unwrap().is_dir());
+    let names: Vec<_> = fs::read_dir(&w.models)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| !n.starts_with(downloader::LEGACY_STAGING_PREFIX)),
+        "{names:?}"
+    );
+
+    // Cleanup without gc: a partial of another digest of the same model goes, another model's
+    // recent partial stays, at the start of the next download.
+    fs::write(
+        staging.join("ffffffffffffffff-pop223_driving_tinygrad.pkl"),
+        b"old",
+    )
+    .unwrap();
+    fs::write(
+        staging.join("ffffffffffffffff-pop223_driving_tinygrad.pkl.state"),
+        b"x",
+    )
+    .unwrap();
+    fs::write(
+        staging.join("1111111111111111-other_driving_tinygrad.pkl"),
+        b"o",
+    )
+    .unwrap();
+    fs::remove_file(w.models.join("pop223_driving_tinygrad.pkl")).unwrap();
+    d.download(generation(), entry, &w.models, &CancelToken::new(), &|_| {})
+        .unwrap();
+    let mut left: Vec<_> = fs::read_dir(&staging)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["1111111111111111-other_driving_tinygrad.pkl"]);
+}

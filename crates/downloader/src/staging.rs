@@ -1,0 +1,418 @@
+//! The staging directory: where a download's bytes are assembled before the one rename that
+//! installs them, and nothing in it is followed that we did not create.
+//!
+//! `<models>/.starpilot-staging` is created with mode `0700`, opened with `O_NOFOLLOW |
+//! O_DIRECTORY`, and checked (on the open descriptor) to be a directory owned by this user with
+//! no group or other access. Every file in it is opened relative to that descriptor (`openat`)
+//! with `O_NOFOLLOW`, and a new file with `O_CREAT | O_EXCL`, so a symlink planted at a staging
+//! name, or the directory swapped for a symlink after the check, is never followed. A symlink or
+//! a file found at the directory's own name is unlinked (which never touches its target) and the
+//! directory made afresh; a directory owned by another user is refused.
+//!
+//! The name is chosen so that upstream's Python cleanup never touches it: that cleanup deletes
+//! entries of `/data/models` that start with `tmp` or `driving_` or contain `_driving_`, and this
+//! name does none of those; it also starts with `.`, which our own purge and `gc` plans skip.
+//! Upstream's cleanup lists only `/data/models` itself, never subdirectories.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+/// Name of the staging directory inside the models directory.
+pub const STAGING_DIR: &str = ".starpilot-staging";
+
+/// Prefix of the staging files the previous build kept directly in the models directory; they
+/// are removed when the staging directory is opened.
+pub const LEGACY_STAGING_PREFIX: &str = ".tmp-partial-";
+
+/// Entries of other artifacts untouched for this long are removed when a download starts.
+pub const STALE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Temporaries of [`StagingDir::write_atomic`] start with this.
+const NEW_PREFIX: &str = ".new-";
+
+fn cstr(name: &str) -> io::Result<CString> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("`{name}` is not a plain file name"),
+        ));
+    }
+    CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in a name"))
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// The open, verified staging directory.
+pub(crate) struct StagingDir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl StagingDir {
+    /// Open `<models_dir>/.starpilot-staging`, creating it, as the module docs describe.
+    pub fn open(models_dir: &Path) -> io::Result<Self> {
+        let path = models_dir.join(STAGING_DIR);
+        let c = CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in the path"))?;
+        for _ in 0..3 {
+            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+            // SAFETY: a valid NUL-terminated path; the result is checked.
+            let fd = unsafe {
+                libc::open(
+                    c.as_ptr(),
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                )
+            };
+            if fd < 0 {
+                let e = io::Error::last_os_error();
+                if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) {
+                    // A symlink or a file at our name: not ours. Unlinking it never touches
+                    // what a symlink points to.
+                    std::fs::remove_file(&path)?;
+                    continue;
+                }
+                return Err(e);
+            }
+            // SAFETY: `fd` is a freshly opened descriptor we own.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            let st = fstat(fd.as_raw_fd())?;
+            // SAFETY: no arguments, cannot fail.
+            let me = unsafe { libc::geteuid() };
+            if st.st_uid != me {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "the staging directory is owned by uid {}, not by this user (uid {me}); remove it",
+                        st.st_uid
+                    ),
+                ));
+            }
+            if st.st_mode & 0o077 != 0 {
+                // SAFETY: a valid descriptor.
+                check(unsafe { libc::fchmod(fd.as_raw_fd(), 0o700) })?;
+            }
+            let dir = Self { fd, path };
+            dir.remove_legacy(models_dir);
+            return Ok(dir);
+        }
+        Err(io::Error::other(
+            "something keeps replacing the staging directory with another kind of file",
+        ))
+    }
+
+    /// The previous build's staging files, directly in the models directory.
+    fn remove_legacy(&self, models_dir: &Path) {
+        let Ok(entries) = std::fs::read_dir(models_dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            if e.file_name()
+                .as_bytes()
+                .starts_with(LEGACY_STAGING_PREFIX.as_bytes())
+            {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    fn openat(&self, name: &str, flags: libc::c_int) -> io::Result<File> {
+        let c = cstr(name)?;
+        // SAFETY: a valid directory descriptor and NUL-terminated name; the result is checked.
+        let fd = check(unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        })?;
+        // SAFETY: a freshly opened descriptor we own.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    /// A new, empty file at `name` (whatever was there is removed first; never followed).
+    pub fn create_new(&self, name: &str) -> io::Result<File> {
+        self.remove(name)?;
+        self.openat(name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL)
+    }
+
+    /// The existing regular file at `name`, read-write; a symlink or anything else is refused.
+    pub fn open_existing(&self, name: &str) -> io::Result<File> {
+        let f = self.openat(name, libc::O_RDWR)?;
+        let st = fstat(f.as_raw_fd())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a regular file",
+            ));
+        }
+        Ok(f)
+    }
+
+    /// At most `max` bytes of the regular file `name`; longer is an error.
+    pub fn read_small(&self, name: &str, max: u64) -> io::Result<Vec<u8>> {
+        let f = self.open_existing(name)?;
+        let mut out = Vec::new();
+        f.take(max + 1).read_to_end(&mut out)?;
+        if out.len() as u64 > max {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("longer than {max} bytes"),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Replace `name` with `data` durably: a new temporary, fsync, rename, fsync the directory.
+    pub fn write_atomic(&self, name: &str, data: &[u8]) -> io::Result<()> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let tmp = format!(
+            "{NEW_PREFIX}{}-{}-{name}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut f = self.create_new(&tmp)?;
+        let res = f
+            .write_all(data)
+            .and_then(|()| f.sync_all())
+            .and_then(|()| self.rename_within(&tmp, name))
+            .and_then(|()| self.sync());
+        if res.is_err() {
+            let _ = self.remove(&tmp);
+        }
+        res
+    }
+
+    fn rename_within(&self, from: &str, to: &str) -> io::Result<()> {
+        let (a, b) = (cstr(from)?, cstr(to)?);
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: valid descriptors and NUL-terminated names.
+        check(unsafe { libc::renameat(fd, a.as_ptr(), fd, b.as_ptr()) }).map(drop)
+    }
+
+    /// Move `name` to `dest` (outside the staging directory, same filesystem). The rename
+    /// replaces whatever is at `dest` (a symlink included) without following it.
+    pub fn rename_out(&self, name: &str, dest: &Path) -> io::Result<()> {
+        let a = cstr(name)?;
+        let b = CString::new(dest.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in the path"))?;
+        // SAFETY: valid descriptor and NUL-terminated names.
+        check(unsafe {
+            libc::renameat(self.fd.as_raw_fd(), a.as_ptr(), libc::AT_FDCWD, b.as_ptr())
+        })
+        .map(drop)
+    }
+
+    /// Unlink `name` (never following it); absent is fine.
+    pub fn remove(&self, name: &str) -> io::Result<()> {
+        let c = cstr(name)?;
+        // SAFETY: a valid descriptor and NUL-terminated name.
+        match check(unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) }) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn sync(&self) -> io::Result<()> {
+        // SAFETY: a valid descriptor.
+        check(unsafe { libc::fsync(self.fd.as_raw_fd()) }).map(drop)
+    }
+
+    /// Names in the directory with their age (by modification time, never following a link).
+    fn entries(&self) -> io::Result<Vec<(String, Duration)>> {
+        let now = SystemTime::now();
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(&self.path)? {
+            let e = e?;
+            let Ok(name) = e.file_name().into_string() else {
+                continue;
+            };
+            let age = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| now.duration_since(t).ok())
+                .unwrap_or_default();
+            out.push((name, age));
+        }
+        Ok(out)
+    }
+
+    /// Remove what [`stale_entries`] calls stale, keeping `current` (the names of the download
+    /// about to run). Failures are ignored: this is housekeeping.
+    pub fn clean(&self, current: &[&str], local_name: &str) {
+        if let Ok(entries) = self.entries() {
+            for name in stale_entries(&entries, current, local_name) {
+                let _ = self.remove(&name);
+            }
+            let _ = self.sync();
+        }
+    }
+}
+
+fn fstat(fd: libc::c_int) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a correctly sized buffer.
+    check(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(st)
+}
+
+/// The staging names of an artifact: data `<sha16>-<local_name>`, its record `<...>.state`.
+pub(crate) fn staging_names(sha_hex: &str, local_name: &str) -> (String, String) {
+    let data = format!("{}-{local_name}", &sha_hex[..16.min(sha_hex.len())]);
+    let state = format!("{data}.state");
+    (data, state)
+}
+
+/// Which entries of the staging directory to remove before a download of `local_name` whose own
+/// names are `current`. Pure: a table decides.
+/// - the current download's names: kept (they are what a resume continues);
+/// - another digest's files of the same model: removed (superseded by a republish or another
+///   generation; they can never be resumed into this artifact);
+/// - anything else (another model's partial, a temporary of an interrupted write, a name we do
+///   not make): removed once untouched for [`STALE_AFTER`].
+pub(crate) fn stale_entries(
+    entries: &[(String, Duration)],
+    current: &[&str],
+    local_name: &str,
+) -> Vec<String> {
+    let same_model = |n: &str| {
+        let base = n.strip_suffix(".state").unwrap_or(n);
+        base.split_once('-')
+            .is_some_and(|(sha, rest)| rest == local_name && sha.len() == 16)
+    };
+    entries
+        .iter()
+        .filter(|(n, age)| !current.contains(&n.as_str()) && (same_model(n) || *age >= STALE_AFTER))
+        .map(|(n, _)| n.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn stale_rule() {
+        let day = Duration::from_secs(24 * 3600);
+        let (data, state) = staging_names("0123456789abcdef00", "a_driving_tinygrad.pkl");
+        assert_eq!(data, "0123456789abcdef-a_driving_tinygrad.pkl");
+        let e = |n: &str, age: Duration| (n.to_string(), age);
+        let entries = [
+            e(&data, 30 * day),
+            e(&state, 30 * day),
+            e("ffffffffffffffff-a_driving_tinygrad.pkl", Duration::ZERO),
+            e(
+                "ffffffffffffffff-a_driving_tinygrad.pkl.state",
+                Duration::ZERO,
+            ),
+            e("1111111111111111-b_driving_tinygrad.pkl", day),
+            e("2222222222222222-b_driving_tinygrad.pkl", 8 * day),
+            e(".new-12-0-x.state", 8 * day),
+            e(".new-12-1-y.state", Duration::ZERO),
+            e("stranger", 8 * day),
+        ];
+        let got = stale_entries(&entries, &[&data, &state], "a_driving_tinygrad.pkl");
+        assert_eq!(
+            got,
+            [
+                "ffffffffffffffff-a_driving_tinygrad.pkl",
+                "ffffffffffffffff-a_driving_tinygrad.pkl.state",
+                "2222222222222222-b_driving_tinygrad.pkl",
+                ".new-12-0-x.state",
+                "stranger",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_planted_symlink_is_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let models = dir.path().join("models");
+        std::fs::create_dir(&models).unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("victim"), b"precious").unwrap();
+
+        // The directory's own name is a symlink to a directory elsewhere.
+        std::os::unix::fs::symlink(&outside, models.join(STAGING_DIR)).unwrap();
+        let s = StagingDir::open(&models).unwrap();
+        let meta = std::fs::symlink_metadata(models.join(STAGING_DIR)).unwrap();
+        assert!(meta.is_dir(), "replaced by a real directory");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+        assert_eq!(std::fs::read(outside.join("victim")).unwrap(), b"precious");
+
+        // A symlink at a staging name inside: opening it is refused, creating replaces it.
+        std::os::unix::fs::symlink(outside.join("victim"), s.join("x")).unwrap();
+        assert_eq!(
+            s.open_existing("x").unwrap_err().raw_os_error(),
+            Some(libc::ELOOP)
+        );
+        assert!(s.read_small("x", 100).is_err());
+        let mut f = s.create_new("x").unwrap();
+        f.write_all(b"model bytes").unwrap();
+        assert_eq!(std::fs::read(outside.join("victim")).unwrap(), b"precious");
+        s.write_atomic("y", b"state").unwrap();
+        assert_eq!(s.read_small("y", 5).unwrap(), b"state");
+        assert!(s.read_small("y", 4).is_err(), "size cap");
+
+        // A loose mode is tightened; a file at the name is replaced by the directory.
+        drop(s);
+        std::fs::set_permissions(
+            models.join(STAGING_DIR),
+            std::fs::Permissions::from_mode(0o777),
+        )
+        .unwrap();
+        StagingDir::open(&models).unwrap();
+        let mode = std::fs::metadata(models.join(STAGING_DIR))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        std::fs::remove_dir_all(models.join(STAGING_DIR)).unwrap();
+        std::fs::write(models.join(STAGING_DIR), b"file").unwrap();
+        StagingDir::open(&models).unwrap();
+        assert!(models.join(STAGING_DIR).is_dir());
+
+        // The previous build's staging files in the models dir are cleaned up.
+        std::fs::write(
+            models.join(".tmp-partial-0123-a_driving_tinygrad.pkl"),
+            b"old",
+        )
+        .unwrap();
+        StagingDir::open(&models).unwrap();
+        assert!(
+            !models
+                .join(".tmp-partial-0123-a_driving_tinygrad.pkl")
+                .exists()
+        );
+    }
+}
