@@ -1,18 +1,30 @@
-//! One manager at a time: an exclusive lock on `<models>/.manager.lock` (std `File::try_lock`,
-//! flock on Linux). The kernel drops it when the process dies, even by kill -9, so a crash never
-//! leaves the device locked.
+//! One manager at a time: an exclusive `flock` on the models directory itself (std
+//! `File::try_lock` on the directory's descriptor). The kernel drops it when the process dies,
+//! even by kill -9, so a crash never leaves the device locked.
+//!
+//! Locking the directory, not a file in it, means the lock survives anyone deleting or replacing
+//! a lock file: there is no path to delete while the directory holds files. The previous build
+//! locked `<models>/.manager.lock`; that file is still locked too, so a manager of the previous
+//! build (during an update) and this one exclude each other, but it is opened with `O_NOFOLLOW`
+//! and `O_NONBLOCK`, never written, and used only when it is a regular file: a symlink planted at
+//! that name is unlinked (which never touches its target) instead of being followed, and a FIFO
+//! or directory there is ignored.
 
 use std::fs::{File, OpenOptions, TryLockError};
+use std::io;
+use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, IoContext, Result};
 
+/// The previous build's lock file, still locked for compatibility (see the module docs).
 pub const LOCK_FILE: &str = ".manager.lock";
 
 /// Held while alive.
 #[derive(Debug)]
 pub struct ManagerLock {
-    _file: File,
+    _dir: File,
+    _legacy: Option<File>,
     path: PathBuf,
 }
 
@@ -20,23 +32,78 @@ impl ManagerLock {
     /// Take the lock or fail at once with [`Error::Busy`].
     pub fn acquire(models_dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(models_dir).ctx(models_dir)?;
-        let path = models_dir.join(LOCK_FILE);
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .ctx(&path)?;
-        match file.try_lock() {
-            Ok(()) => Ok(Self { _file: file, path }),
-            Err(TryLockError::WouldBlock) => Err(Error::Busy { path }),
-            Err(TryLockError::Error(e)) => Err(Error::Io { path, source: e }),
+        let dir = File::open(models_dir).ctx(models_dir)?;
+        if !dir.metadata().ctx(models_dir)?.is_dir() {
+            return Err(Error::Io {
+                path: models_dir.to_path_buf(),
+                source: io::Error::new(io::ErrorKind::NotADirectory, "not a directory"),
+            });
         }
+        take(&dir, models_dir)?;
+        let legacy_path = models_dir.join(LOCK_FILE);
+        let legacy = open_legacy(&legacy_path).ctx(&legacy_path)?;
+        if let Some(f) = &legacy {
+            take(f, &legacy_path)?;
+        }
+        Ok(Self {
+            _dir: dir,
+            _legacy: legacy,
+            path: models_dir.to_path_buf(),
+        })
     }
 
+    /// What is locked: the models directory.
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+fn take(file: &File, path: &Path) -> Result<()> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(TryLockError::WouldBlock) => Err(Error::Busy {
+            path: path.to_path_buf(),
+        }),
+        Err(TryLockError::Error(e)) => Err(Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+    }
+}
+
+/// The previous build's lock file as a regular file, or `None` when something other than a
+/// regular file or symlink sits at its name.
+fn open_legacy(path: &Path) -> io::Result<Option<File>> {
+    for _ in 0..3 {
+        let opened = OpenOptions::new()
+            .read(true)
+            .create(true)
+            .write(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path);
+        match opened {
+            Ok(f) => {
+                let t = f.metadata()?.file_type();
+                return Ok((t.is_file() && !t.is_fifo()).then_some(f));
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                // A symlink: remove the link itself and make our own file.
+                std::fs::remove_file(path)?;
+            }
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EISDIR) | Some(libc::ENXIO) | Some(libc::ENOTDIR)
+                ) =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -54,5 +121,44 @@ mod tests {
         );
         drop(first);
         ManagerLock::acquire(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn deleting_the_lock_file_does_not_let_a_second_manager_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = ManagerLock::acquire(dir.path()).unwrap();
+        std::fs::remove_file(dir.path().join(LOCK_FILE)).unwrap();
+        let err = ManagerLock::acquire(dir.path()).unwrap_err();
+        assert!(matches!(err, Error::Busy { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_symlinked_lock_file_is_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let models = dir.path().join("models");
+        std::fs::create_dir(&models).unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        // Dangling: following it would create a file outside the data dir.
+        std::os::unix::fs::symlink(outside.join("created"), models.join(LOCK_FILE)).unwrap();
+        let lock = ManagerLock::acquire(&models).unwrap();
+        assert!(!outside.join("created").exists());
+        assert!(
+            std::fs::symlink_metadata(models.join(LOCK_FILE))
+                .unwrap()
+                .is_file()
+        );
+        drop(lock);
+
+        // A FIFO at the name neither blocks nor breaks the lock.
+        std::fs::remove_file(models.join(LOCK_FILE)).unwrap();
+        let c = std::ffi::CString::new(models.join(LOCK_FILE).to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let _held = ManagerLock::acquire(&models).unwrap();
+        assert!(matches!(
+            ManagerLock::acquire(&models).unwrap_err(),
+            Error::Busy { .. }
+        ));
     }
 }
