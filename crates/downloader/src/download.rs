@@ -455,7 +455,7 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
     };
     let pieces =
         plan_pieces(remote, target.size, target.chunk_count, chunk_len).map_err(|message| {
-            Error::Protocol {
+            Error::SizeMismatch {
                 url: url_of(&chunker::chunk_name(remote, 1, target.chunk_count.max(1)))
                     .unwrap_or_default(),
                 message,
@@ -759,19 +759,30 @@ impl Run<'_> {
             url: url.clone(),
             message,
         };
+        let mismatch = |message: String| Error::SizeMismatch {
+            url: url.clone(),
+            message,
+        };
         let validator = if *written > 0 { etag.as_deref() } else { None };
         let mut body = self
             .http
             .get(url, Some((start, last)), validator, &self.ctl)?;
         match body.meta.status {
             206 => {
-                let ok = matches!(body.meta.content_range, Some((a, b, total))
-                    if a == start && b == last && total.is_none_or(|t| t == piece.len));
-                if !ok {
-                    return Err(protocol(format!(
+                let range_ok = matches!(body.meta.content_range, Some((a, b, _))
+                    if a == start && b == last);
+                let total_ok = matches!(body.meta.content_range, Some((_, _, total))
+                    if total.is_none_or(|t| t == piece.len));
+                if !range_ok || !total_ok {
+                    let message = format!(
                         "asked for bytes {start}-{last} of {}, got Content-Range {:?}",
                         piece.len, body.meta.content_range
-                    )));
+                    );
+                    return Err(if range_ok {
+                        mismatch(message)
+                    } else {
+                        protocol(message)
+                    });
                 }
                 if let Some(len) = body.meta.content_length
                     && len != last - start + 1
@@ -788,7 +799,7 @@ impl Run<'_> {
                 if let Some(len) = body.meta.content_length
                     && len != piece.len
                 {
-                    return Err(protocol(format!(
+                    return Err(mismatch(format!(
                         "Content-Length {len}, but this piece is {} bytes; refusing a size the manifest does not declare",
                         piece.len
                     )));

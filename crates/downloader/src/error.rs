@@ -35,6 +35,11 @@ pub enum Error {
     #[error("{url}: protocol violation: {message}")]
     Protocol { url: String, message: String },
 
+    /// The published files have another size than the manifest implies (the first chunk's
+    /// length cannot make up the artifact, or a piece is longer or shorter than planned).
+    #[error("{url}: the published files do not match the manifest: {message}")]
+    SizeMismatch { url: String, message: String },
+
     #[error("{url}: manifest rejected: {source}")]
     BadManifest {
         url: String,
@@ -117,6 +122,26 @@ impl Error {
         match self {
             Error::Status { status, .. } => *status == 429 || *status == 408 || *status >= 500,
             Error::Transport { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// The published files disagree with the manifest: a chunk count, a chunk's or the whole
+    /// artifact's digest, or the sizes the chunks imply. That is what a republish in progress
+    /// looks like (one origin's manifest ahead of or behind its chunks), so it means "not yet":
+    /// nothing was installed, what the device has is intact, and the caller should keep its
+    /// current model and try again on a later refresh, never treat the model as gone or the
+    /// installed copy as corrupt. For [`Error::AllOriginsFailed`], true when any origin failed
+    /// this way (the others then failed for reasons that are also transient or local to them).
+    pub fn is_not_yet(&self) -> bool {
+        match self {
+            Error::ChunkCountMismatch { .. }
+            | Error::DigestMismatch { .. }
+            | Error::BadChunkManifest { .. } => true,
+            Error::SizeMismatch { .. } => true,
+            Error::AllOriginsFailed { attempts, .. } => {
+                attempts.iter().any(|(_, e)| e.is_not_yet())
+            }
             _ => false,
         }
     }

@@ -565,3 +565,45 @@ fn planted_symlinks_are_never_followed_and_superseded_staging_is_cleaned() {
     left.sort();
     assert_eq!(left, ["1111111111111111-other_driving_tinygrad.pkl"]);
 }
+
+#[test]
+fn a_manifest_ahead_of_or_behind_its_chunks_is_not_yet_and_keeps_the_installed_model() {
+    let w = world();
+    let old = artifact_bytes(1, 3 * CHUNK - 100);
+    let new = artifact_bytes(2, 4 * CHUNK - 50);
+    fs::write(w.models.join("pop223_driving_tinygrad.pkl"), &old).unwrap();
+    let d = w.downloader(config());
+    let cases = [
+        // The new manifest went live before the new chunks (both origins).
+        (&new, &old),
+        // The new chunks are up, the manifest is still the old one.
+        (&old, &new),
+        // Same size, other bytes: only the digests can tell.
+        (&old, &artifact_bytes(3, 3 * CHUNK - 100)),
+    ];
+    for (listed, served) in cases {
+        let listed_m = publish_model(&w.root, GEN, "pop223", listed, Some(CHUNK));
+        publish_model(&w.root, GEN, "pop223", served, Some(CHUNK));
+        let json = manifest_json(GEN, &[listed_m], false);
+        write_manifest(&w.root, GEN, json.as_bytes());
+        let m = Manifest::from_slice(json.as_bytes()).unwrap();
+        let entry = m.get(&"pop223".parse::<ModelId>().unwrap()).unwrap();
+        let err = d
+            .download(generation(), entry, &w.models, &CancelToken::new(), &|_| {})
+            .unwrap_err();
+        assert!(err.is_not_yet(), "{err}");
+        assert_eq!(
+            w.installed("pop223").unwrap(),
+            old,
+            "the installed model is kept"
+        );
+    }
+    // Once the chunks catch up, the same manifest downloads.
+    let listed_m = publish_model(&w.root, GEN, "pop223", &new, Some(CHUNK));
+    let json = manifest_json(GEN, &[listed_m], false);
+    let m = Manifest::from_slice(json.as_bytes()).unwrap();
+    let entry = m.get(&"pop223".parse::<ModelId>().unwrap()).unwrap();
+    d.download(generation(), entry, &w.models, &CancelToken::new(), &|_| {})
+        .unwrap();
+    assert_eq!(w.installed("pop223").unwrap(), new);
+}
