@@ -11,6 +11,14 @@
 //!    that have a directory in the artifacts directory as the intended changes;
 //! 4. write the manifest, last.
 //!
+//! One store is finished (its artifacts, then its manifest) before the next is touched. That is
+//! what keeps a republish of changed bytes under an existing id without a window: while a store
+//! is being changed its live manifest may disagree with its chunks, but every other store is
+//! either not yet touched (old manifest, old chunks) or done (new and new), so at every instant
+//! at least one origin is consistent, and a device, which treats a mismatch as "not yet" and
+//! falls through to the next origin, always gets a verified model. `tests/republish_window.rs`
+//! interrupts a republish after each of its store effects and checks exactly that.
+//!
 //! The plan ([`plan_model`]) is pure and unit-tested; [`publish`] is the I/O around it. A second
 //! run after an interruption re-plans from what the store holds, so nothing already there is
 //! uploaded again.
