@@ -17,16 +17,28 @@
 //! are streamed from the file with a fixed buffer, and a thread per connection (capped) is ample
 //! for a mirror a test car or a test suite talks to. Every response closes its connection, which
 //! keeps request framing trivial and correct.
+//!
+//! Idle and slow clients cannot starve it: a connection must deliver its whole request head
+//! within [`HEAD_TIMEOUT`] (a deadline for the head, not per read, so trickling does not extend
+//! it); at most [`IDLE_PER_CLIENT`] connections per client address (and [`MAX_IDLE`] in all) may
+//! be waiting for their head at once, and a new one beyond that closes the oldest waiting
+//! connection instead of being refused, so a client that sends its request at once is answered
+//! however many idle connections are open. Only connections with a request count against the
+//! [`MAX_CONNECTIONS`] busy cap (503 beyond it).
+//!
+//! Nothing whose real path is outside the store is served or listed: a file's path and a tree
+//! listing's prefix and every entry are resolved (`canonicalize`) and must stay under the root.
 
+use std::collections::VecDeque;
 use std::fs::{self, File};
-use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chunker::atomic::is_temp_name;
 
@@ -35,7 +47,14 @@ use crate::github::github_to_bucket;
 use crate::paths::{StorePath, to_fs_path};
 
 const MAX_HEAD_BYTES: usize = 16 * 1024;
-const MAX_CONNECTIONS: usize = 128;
+/// Connections with a request being answered at once; more get 503.
+pub const MAX_CONNECTIONS: usize = 128;
+/// Connections of one client address still waiting for their request head.
+pub const IDLE_PER_CLIENT: usize = 16;
+/// Connections of all clients still waiting for their request head.
+pub const MAX_IDLE: usize = 256;
+/// The whole request head must arrive within this time of the connection being accepted.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 const BUF: usize = 256 * 1024;
 
@@ -171,32 +190,116 @@ impl Drop for Server {
     }
 }
 
+/// Connections still waiting for their request head, oldest first.
+#[derive(Default)]
+struct Waiting {
+    next_id: u64,
+    list: VecDeque<(u64, IpAddr, TcpStream)>,
+}
+
+impl Waiting {
+    /// Register a new waiting connection; returns its id and the connections to close to keep
+    /// within [`IDLE_PER_CLIENT`] and [`MAX_IDLE`] (the oldest of the same client first).
+    fn add(&mut self, ip: IpAddr, stream: TcpStream) -> (u64, Vec<TcpStream>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.list.push_back((id, ip, stream));
+        let ips: Vec<IpAddr> = self.list.iter().map(|(_, ip, _)| *ip).collect();
+        let mut evicted = Vec::new();
+        // Highest index first, so the earlier indices stay valid.
+        for i in evictions(&ips, IDLE_PER_CLIENT, MAX_IDLE).into_iter().rev() {
+            if let Some((_, _, s)) = self.list.remove(i) {
+                evicted.push(s);
+            }
+        }
+        (id, evicted)
+    }
+
+    fn remove(&mut self, id: u64) {
+        self.list.retain(|(i, _, _)| *i != id);
+    }
+}
+
+/// Which waiting connections (indices into `ips`, oldest first, the newest last) to close so
+/// that no address has more than `per_client` and there are no more than `total` in all: the
+/// oldest ones of an address over its bound, then the oldest overall. Pure. Sorted ascending.
+fn evictions(ips: &[IpAddr], per_client: usize, total: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut seen: std::collections::HashMap<IpAddr, usize> = std::collections::HashMap::new();
+    for ip in ips {
+        *seen.entry(*ip).or_default() += 1;
+    }
+    for (i, ip) in ips.iter().enumerate() {
+        let n = seen.get_mut(ip).expect("counted");
+        if *n > per_client {
+            *n -= 1;
+            out.push(i);
+        }
+    }
+    let mut left = ips.len() - out.len();
+    for i in 0..ips.len() {
+        if left <= total {
+            break;
+        }
+        if !out.contains(&i) {
+            out.push(i);
+            left -= 1;
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
 fn accept_loop(
     listener: TcpListener,
     config: Arc<ServeConfig>,
     stop: Arc<AtomicBool>,
     log: Arc<Mutex<Vec<RequestRecord>>>,
 ) {
-    let active = Arc::new(AtomicUsize::new(0));
+    let busy = Arc::new(AtomicUsize::new(0));
+    let waiting = Arc::new(Mutex::new(Waiting::default()));
     for conn in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
             break;
         }
         let Ok(stream) = conn else { continue };
-        if active.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
-            let mut s = stream;
-            let _ = s.write_all(
-                b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            );
+        let ip = stream
+            .peer_addr()
+            .map(|a| a.ip())
+            .unwrap_or(IpAddr::from([0, 0, 0, 0]));
+        let Ok(handle_clone) = stream.try_clone() else {
             continue;
+        };
+        let (id, evicted) = waiting.lock().expect("waiting lock").add(ip, handle_clone);
+        for s in evicted {
+            // Its thread's read returns at once and the thread ends.
+            let _ = s.shutdown(std::net::Shutdown::Both);
         }
-        active.fetch_add(1, Ordering::SeqCst);
-        let (config, log, active) = (config.clone(), log.clone(), active.clone());
+        let (config, log, busy, waiting) =
+            (config.clone(), log.clone(), busy.clone(), waiting.clone());
         let spawned = std::thread::Builder::new()
             .name("serve-conn".into())
             .spawn(move || {
-                handle(stream, &config, &log);
-                active.fetch_sub(1, Ordering::SeqCst);
+                let req = read_request(&stream, Instant::now() + HEAD_TIMEOUT);
+                waiting.lock().expect("waiting lock").remove(id);
+                let req = match req {
+                    Ok(Some(r)) => r,
+                    _ => {
+                        let mut s = &stream;
+                        let _ = simple(&mut s, 400, "Bad Request", false);
+                        return;
+                    }
+                };
+                if busy.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                    busy.fetch_sub(1, Ordering::SeqCst);
+                    let mut s = &stream;
+                    let _ = s.write_all(
+                        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                    );
+                    return;
+                }
+                handle(&stream, req, &config, &log);
+                busy.fetch_sub(1, Ordering::SeqCst);
             });
         if spawned.is_err() {
             // Could not start a thread: the connection is dropped, the server goes on.
@@ -220,12 +323,36 @@ impl Request {
     }
 }
 
-fn read_request(stream: &TcpStream) -> io::Result<Option<Request>> {
-    let mut reader = BufReader::new(stream.take(MAX_HEAD_BYTES as u64));
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Ok(None);
-    }
+/// The request head, which must be complete by `deadline` (each read waits at most until then,
+/// so a client trickling bytes gains nothing) and fit in [`MAX_HEAD_BYTES`].
+fn read_request(stream: &TcpStream, deadline: Instant) -> io::Result<Option<Request>> {
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 2048];
+    let end = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = match (&*stream).read(&mut buf) {
+            Ok(0) => return Ok(None),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let from = head.len().saturating_sub(3);
+        head.extend_from_slice(&buf[..n]);
+        if let Some(at) = head[from..].windows(4).position(|w| w == b"\r\n\r\n") {
+            break from + at;
+        }
+        if head.len() > MAX_HEAD_BYTES {
+            return Ok(None);
+        }
+    };
+    // Anything after the head (a body) is ignored: GET and HEAD have none we use.
+    let text = String::from_utf8_lossy(&head[..end]);
+    let mut lines = text.split("\r\n");
+    let line = lines.next().unwrap_or_default();
     let mut parts = line.split_whitespace();
     let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
     else {
@@ -234,20 +361,10 @@ fn read_request(stream: &TcpStream) -> io::Result<Option<Request>> {
     if !version.starts_with("HTTP/1.") {
         return Ok(None);
     }
-    let mut headers = Vec::new();
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h)? == 0 {
-            return Ok(None); // head cut off or too long
-        }
-        let h = h.trim_end_matches(['\r', '\n']);
-        if h.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            headers.push((k.trim().to_string(), v.trim().to_string()));
-        }
-    }
+    let headers = lines
+        .filter_map(|h| h.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
     Ok(Some(Request {
         method: method.to_string(),
         target: target.to_string(),
@@ -401,18 +518,10 @@ fn content_type(path: &Path) -> &'static str {
     }
 }
 
-fn handle(stream: TcpStream, config: &ServeConfig, log: &Mutex<Vec<RequestRecord>>) {
+fn handle(stream: &TcpStream, req: Request, config: &ServeConfig, log: &Mutex<Vec<RequestRecord>>) {
     let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
-    let req = match read_request(&stream) {
-        Ok(Some(r)) => r,
-        _ => {
-            let mut s = &stream;
-            let _ = simple(&mut s, 400, "Bad Request", false);
-            return;
-        }
-    };
-    let mut out = &stream;
+    let mut out = stream;
     let (status, bytes) = respond(&mut out, &req, config).unwrap_or((0, 0));
     tracing::debug!(
         method = %req.method,
@@ -503,6 +612,21 @@ fn tree(
     let Ok(entries) = entries else {
         return simple(out, 500, "Internal Server Error", head);
     };
+    // Nothing whose real path leaves the store: not the prefix (a symlinked directory), not an
+    // entry (a symlinked file).
+    let Ok(real_root) = fs::canonicalize(root) else {
+        return simple(out, 404, "Not Found", head);
+    };
+    let inside = |p: &StorePath| {
+        fs::canonicalize(to_fs_path(p, root)).is_ok_and(|real| real.starts_with(&real_root))
+    };
+    if let Some(p) = prefix
+        && fs::symlink_metadata(to_fs_path(p, root)).is_ok()
+        && !inside(p)
+    {
+        return simple(out, 404, "Not Found", head);
+    }
+    let entries: Vec<_> = entries.into_iter().filter(|e| inside(&e.path)).collect();
     let body: Vec<serde_json::Value> = entries
         .iter()
         .map(|e| serde_json::json!({"type": "file", "path": e.path.as_str(), "size": e.size}))
@@ -643,6 +767,19 @@ mod tests {
         let log = server.requests();
         assert!(log.len() <= 4, "{log:?}");
         assert!(log.iter().all(|r| r.status == 404));
+    }
+
+    #[test]
+    fn eviction_rule() {
+        let a = IpAddr::from([10, 0, 0, 1]);
+        let b = IpAddr::from([10, 0, 0, 2]);
+        assert!(evictions(&[a, a, b], 2, 10).is_empty());
+        // Three of `a` with a bound of two: the oldest `a` goes.
+        assert_eq!(evictions(&[a, b, a, a], 2, 10), [0]);
+        assert_eq!(evictions(&[b, a, a, a, a], 2, 10), [1, 2]);
+        // Over the total: the oldest overall, after the per-client ones.
+        assert_eq!(evictions(&[b, a, a, a], 2, 2), [0, 1]);
+        assert_eq!(evictions(&[], 2, 2), Vec::<usize>::new());
     }
 
     #[test]
