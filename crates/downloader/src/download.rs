@@ -521,7 +521,7 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
     }
 
     on_event(Event::Verifying);
-    let actual = hash_file(&staging.file, target.size, &staging.data)?;
+    let actual = hash_file(&staging.file, target.size, &staging.data, &run.ctl)?;
     if actual != target.sha256 {
         staging.discard();
         return Err(Error::DigestMismatch {
@@ -589,9 +589,21 @@ pub fn remove_other_forms(dir: &Path, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn hash_file(file: &File, size: u64, path: &Path) -> Result<Sha256Digest> {
+/// The whole staging file's digest; a cancel stops it between two buffers.
+fn hash_file(file: &File, size: u64, path: &Path, ctl: &Ctl) -> Result<Sha256Digest> {
     let mut hasher = Hasher::new();
-    hash_region(file, 0, size, path, &mut hasher)?;
+    let step = 16 * chunker::IO_BUFFER_SIZE as u64;
+    let mut at = 0;
+    while at < size {
+        if ctl.cancel.is_cancelled() {
+            return Err(Error::Cancelled {
+                model: ctl.what.clone(),
+            });
+        }
+        let len = step.min(size - at);
+        hash_region(file, at, len, path, &mut hasher)?;
+        at += len;
+    }
     Ok(hasher.finish())
 }
 

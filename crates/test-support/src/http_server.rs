@@ -3,8 +3,11 @@
 //! It serves a directory (`GET`/`HEAD`, single `Range`, `If-Range`, `ETag`, keep-alive) and lets a
 //! test inject the faults a CDN or a flaky car modem produces: an error status for a path, a body
 //! cut short, a connection reset mid-body, a `Range` header ignored, more bytes sent than
-//! `Content-Length` declares, a per-connection bandwidth cap and a per-request latency. Every
-//! request is logged so tests can assert which URLs a client asked for.
+//! `Content-Length` declares, a per-connection bandwidth cap and a per-request latency; and the
+//! ones a hostile origin produces: a redirect to anywhere (`file:`, `data:`, `mailto:`, `unix:`,
+//! garbage, none), a response trickled a byte at a time, any raw (malformed) response, and a
+//! request never answered. Every request is logged so tests can assert which URLs a client asked
+//! for.
 //!
 //! Hand-rolled on `std::net` so that each fault is exact: a real server library would not let us
 //! lie about `Content-Length` or reset a socket after a chosen byte. It is a test tool: one thread
