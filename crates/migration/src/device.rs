@@ -11,6 +11,8 @@ use chunker::atomic::write_atomic;
 use manifest::{Generation, Manifest, ModelEntry, ModelId, Sha256Digest, layout};
 use serde::{Deserialize, Serialize};
 
+use crate::contract::{self, Catalog, LocalModel, ProfilesRead, SelectionParams};
+use crate::effects::Effects;
 use crate::error::{Error, IoContext, Result};
 use crate::params::{Params, keys};
 
@@ -37,6 +39,7 @@ pub struct Device {
     pub config: DeviceConfig,
     pub params: Params,
     pub memory: Params,
+    pub(crate) effects: Effects,
 }
 
 /// A model as selected in params.
@@ -90,12 +93,114 @@ pub enum VerifyState {
 
 impl Device {
     pub fn new(config: DeviceConfig) -> Self {
-        let params = Params::new(config.data_dir.join("params").join("d"));
+        Self::with_effects(config, Effects::none())
+    }
+
+    /// A device whose every durable effect reports to `effects` (the crash enumeration).
+    pub fn with_effects(config: DeviceConfig, effects: Effects) -> Self {
+        let params =
+            Params::with_effects(config.data_dir.join("params").join("d"), effects.clone());
         let memory = Params::new(config.memory_params_dir.clone());
         Self {
             config,
             params,
             memory,
+            effects,
+        }
+    }
+
+    /// Write a state or cache file in the models dir atomically and report the effect.
+    pub(crate) fn write_file(&self, name: &str, body: &[u8]) -> Result<()> {
+        let path = self.models_dir().join(name);
+        if fs::read(&path).is_ok_and(|old| old == body) {
+            return Ok(());
+        }
+        write_atomic(&path, body).ctx(&path)?;
+        self.effects.done(|| format!("write {name}"))
+    }
+
+    /// Remove a file of the models dir and report the effect (nothing when it is not there).
+    pub(crate) fn remove_file(&self, name: &str) -> Result<()> {
+        let dir = self.models_dir();
+        let path = dir.join(name);
+        if chunker::atomic::remove_if_exists(&path).ctx(&path)? {
+            chunker::atomic::sync_dir(&dir).ctx(&dir)?;
+            self.effects.done(|| format!("remove {name}"))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn effect(&self, what: impl FnOnce() -> String) -> Result<()> {
+        self.effects.done(what)
+    }
+
+    /// The five selection params as read.
+    pub fn selection_params(&self) -> Result<SelectionParams> {
+        let g = |k| self.params.get_str(k);
+        Ok(SelectionParams {
+            model: g(keys::MODEL)?,
+            driving_model: g(keys::DRIVING_MODEL)?,
+            model_version: g(keys::MODEL_VERSION)?,
+            driving_model_version: g(keys::DRIVING_MODEL_VERSION)?,
+            driving_model_name: g(keys::DRIVING_MODEL_NAME)?,
+        })
+    }
+
+    /// The profile ids as read (`ActiveSmallModel`, `ActiveBigModel`).
+    pub fn profiles_read(&self) -> Result<ProfilesRead> {
+        Ok(ProfilesRead {
+            small: self.params.get_str(keys::ACTIVE_SMALL_MODEL)?,
+            big: self.params.get_str(keys::ACTIVE_BIG_MODEL)?,
+        })
+    }
+
+    /// File names directly in the models dir (regular files and symlinks).
+    pub fn model_file_names(&self) -> Result<Vec<String>> {
+        let dir = self.models_dir();
+        let rd = match fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::Io { path: dir, source: e }),
+        };
+        let mut names: Vec<String> = rd
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Local models in the models dir with their sidecars (`local-<id>.json`, used when it
+    /// parses as a JSON object, as upstream reads it).
+    pub fn local_models(&self) -> Result<Vec<LocalModel>> {
+        let names = self.model_file_names()?;
+        Ok(contract::discover_locals(names.iter().map(String::as_str))
+            .into_iter()
+            .map(|id| {
+                let sidecar = fs::read(self.models_dir().join(format!("{id}.json")))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                    .and_then(|v| v.as_object().cloned());
+                LocalModel { id, sidecar }
+            })
+            .collect())
+    }
+
+    /// The catalog as the UIs list it: the stored manifest's entries plus local models.
+    pub fn device_catalog(&self, manifest: &Manifest) -> Result<Catalog> {
+        Ok(Catalog::new(manifest, &self.local_models()?))
+    }
+
+    /// Whether a local model's artifact is there (a non-empty plain file or a chunk set).
+    pub fn local_present(&self, id: &ModelId) -> bool {
+        let path = self.artifact_path(id);
+        match chunker::resolve(&path) {
+            Ok(Some(r)) => r
+                .pieces()
+                .iter()
+                .all(|(p, _)| fs::symlink_metadata(p).is_ok_and(|m| m.is_file() && m.len() > 0)),
+            _ => false,
         }
     }
 
@@ -117,27 +222,15 @@ impl Device {
         fs::create_dir_all(&m).ctx(&m)
     }
 
-    /// The selection from params: `DrivingModel` wins over `Model` when they differ and it is
-    /// set (openpilot keeps the pair mirrored; the newer key is the one modeld writes).
+    /// The selection from params under upstream's precedence: unset means the default
+    /// (`rdf43`/`v15`); when `Model` and `DrivingModel` differ the non-default one wins,
+    /// preferring `DrivingModel` (and likewise for the versions).
     pub fn selection(&self) -> Result<Selection> {
-        let id = match (
-            self.params.get_str(keys::DRIVING_MODEL)?,
-            self.params.get_str(keys::MODEL)?,
-        ) {
-            (Some(d), _) => d,
-            (None, Some(m)) => m,
-            (None, None) => return Ok(Selection::builtin()),
-        };
+        let p = self.selection_params()?;
+        let (id, version) = contract::selected(&p);
         Ok(Selection {
-            name: self
-                .params
-                .get_str(keys::DRIVING_MODEL_NAME)?
-                .unwrap_or_default(),
-            version: self
-                .params
-                .get_str(keys::DRIVING_MODEL_VERSION)?
-                .or(self.params.get_str(keys::MODEL_VERSION)?)
-                .unwrap_or_default(),
+            name: p.driving_model_name.unwrap_or_default(),
+            version,
             id,
         })
     }
@@ -172,8 +265,7 @@ impl Device {
     pub fn store_catalog(&self, m: &Manifest) -> Result<()> {
         let mut m = m.clone();
         m.set_generation(self.config.generation);
-        let path = self.models_dir().join(CATALOG_FILE);
-        write_atomic(&path, m.to_canonical_string().as_bytes()).ctx(&path)
+        self.write_file(CATALOG_FILE, m.to_canonical_string().as_bytes())
     }
 
     pub fn require_catalog(&self) -> Result<Manifest> {

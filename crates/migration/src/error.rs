@@ -45,6 +45,10 @@ pub enum Error {
 
     #[error(transparent)]
     Manifest(#[from] manifest::Error),
+
+    /// A simulated crash (tests only, see `Effects`): nothing after effect `effect` ran.
+    #[error("simulated crash after effect {effect} ({what})")]
+    Crashed { effect: usize, what: String },
 }
 
 pub(crate) trait IoContext<T> {

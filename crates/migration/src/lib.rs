@@ -9,20 +9,25 @@
 //! It does not speak HTTP (that is `downloader`) or parse command lines (that is the
 //! `device-modeld-manager` binary).
 
+pub mod contract;
 mod device;
+pub mod effects;
 mod error;
 pub mod lock;
 mod manager;
 pub mod params;
 pub mod plan;
+pub mod progress;
 
 pub use device::{
     CATALOG_FILE, Device, DeviceConfig, JOURNAL_FILE, Selection, VERIFIED_FILE, VerifyState,
 };
 pub use error::{Error, Result};
 pub use lock::ManagerLock;
+pub use effects::Effects;
+pub use progress::{Progress, ProgressFn};
 pub use manager::{
-    Journal, Phase, ProgressFn, RefreshReport, download_model, downloadable, gc, install,
+    Journal, Phase, RefreshReport, download_model, downloadable, gc, install,
     is_builtin_id, read_journal, refresh,
 };
 pub use params::Params;

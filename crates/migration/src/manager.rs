@@ -7,9 +7,14 @@
 //! 1. the new catalog is stored (`.catalog.json`), then the journal is written with phase
 //!    `purge` and the selection to keep;
 //! 2. `purge`: every non-local driving artifact is deleted (idempotent), then phase `download`;
-//! 3. `download`: the kept selection is downloaded and verified (an already verified install is
-//!    kept); if it cannot be had, the five selection params are set to the built-in;
-//! 4. the catalog params are written, then `ModelManifestVersion`, then the journal is removed.
+//! 3. `download`: the kept selection and profile models are downloaded and verified (an already
+//!    verified install is kept); what cannot be had is replaced by the built-in (selection,
+//!    small profile) or dropped (big profile), see `contract::decide`;
+//! 4. the selection and profile params, the catalog params and the three JSON caches are
+//!    written, then `ModelManifestVersion`, then the journal is removed.
+//!
+//! A refresh of the same generation runs steps 3 and 4 without a journal: it re-checks the
+//! selection and repairs a device whose selected artifact is missing or of another generation.
 //!
 //! A crash anywhere leaves the journal, and the next run resumes at the recorded phase, so the
 //! end state is the same as an uninterrupted run. `resolve` answers the built-in while a journal
@@ -18,15 +23,19 @@
 use std::collections::BTreeSet;
 use std::fs;
 
-use chunker::atomic::{remove_if_exists, sync_dir, write_atomic};
+use chunker::atomic::{remove_if_exists, sync_dir};
 use downloader::{CancelToken, Downloader, Event, Installed};
 use manifest::{Manifest, ModelEntry, ModelId};
 use serde::{Deserialize, Serialize};
 
-use crate::device::{Device, JOURNAL_FILE, Selection, VerifyState};
+use crate::contract::{
+    self, BigProfile, Catalog, ModelKind, Outcome, ProfilesRead, SelectionParams, Start, Wanted,
+};
+use crate::device::{Device, JOURNAL_FILE, VerifyState};
 use crate::error::{Error, IoContext, Result};
 use crate::params::keys;
 use crate::plan;
+use crate::progress::{Progress, ProgressFn};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -39,8 +48,46 @@ pub enum Phase {
 pub struct Journal {
     pub from: Option<String>,
     pub to: String,
+    /// The selection to keep (already mapped into the new catalog's namespace).
     pub selected: String,
+    /// The small profile to keep (`None` in a journal written before profiles were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub small: Option<String>,
+    /// The big profile to keep: a model id, `none` (disabled), or `None` (unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub big: Option<String>,
     pub phase: Phase,
+}
+
+impl Journal {
+    fn new(from: Option<String>, to: String, w: &Wanted) -> Self {
+        Journal {
+            from,
+            to,
+            selected: w.selection.to_string(),
+            small: Some(w.profiles.small.to_string()),
+            big: match &w.profiles.big {
+                BigProfile::Unset => None,
+                BigProfile::Disabled => Some(contract::BIG_DISABLED.to_string()),
+                BigProfile::Model(id) => Some(id.to_string()),
+            },
+            phase: Phase::Purge,
+        }
+    }
+
+    /// What the journal says to keep, under the catalog's rules.
+    fn wanted(&self, catalog: &Catalog) -> Wanted {
+        let sel = SelectionParams {
+            model: Some(self.selected.clone()),
+            driving_model: Some(self.selected.clone()),
+            ..SelectionParams::default()
+        };
+        let profiles = ProfilesRead {
+            small: self.small.clone(),
+            big: self.big.clone(),
+        };
+        contract::wanted(&sel, &profiles, catalog)
+    }
 }
 
 /// What a refresh did.
@@ -55,12 +102,9 @@ pub struct RefreshReport {
     pub fell_back_to_builtin: bool,
 }
 
-/// Progress text for `ModelDownloadProgress` and the terminal.
-pub type ProgressFn<'a> = &'a (dyn Fn(&str) + Sync);
-
 /// `rdf43` and its old alias `rdf`.
 pub fn is_builtin_id(id: &str) -> bool {
-    id == manifest::layout::BUILTIN_MODEL_ID || id == "rdf"
+    contract::canonical_id(id) == manifest::layout::BUILTIN_MODEL_ID
 }
 
 /// Read the journal, if any.
@@ -79,12 +123,16 @@ pub fn read_journal(device: &Device) -> Result<Option<Journal>> {
 }
 
 fn write_journal(device: &Device, j: &Journal) -> Result<()> {
-    let path = device.models_dir().join(JOURNAL_FILE);
-    write_atomic(&path, &serde_json::to_vec_pretty(j).expect("serializable")).ctx(&path)
+    device.write_file(
+        JOURNAL_FILE,
+        &serde_json::to_vec_pretty(j).expect("serializable"),
+    )
 }
 
 /// Fetch the manifest, store it, migrate if the generation changed (or a migration was
-/// interrupted), and update the catalog params.
+/// interrupted), then make everything modeld and the UIs read agree with the catalog: the
+/// selection and profile params (repaired to the built-in where a wanted model cannot be had),
+/// the catalog params and the three JSON caches.
 pub fn refresh(
     device: &Device,
     dl: &Downloader,
@@ -93,160 +141,143 @@ pub fn refresh(
 ) -> Result<RefreshReport> {
     device.ensure_dirs()?;
     let generation = device.config.generation;
+    let target = generation.to_string();
     let fetched = dl.fetch_manifest(generation)?;
     device.store_catalog(&fetched.manifest)?;
-    let catalog = device.require_catalog()?;
+    let manifest = device.require_catalog()?;
+    let catalog = device.device_catalog(&manifest)?;
 
     let previous = device.params.get_str(keys::MODEL_MANIFEST_VERSION)?;
-    let mut journal = read_journal(device)?;
-    let target = generation.to_string();
-    if let Some(j) = journal.as_mut()
-        && j.to != target
-    {
-        // A migration to another generation was interrupted and this build reads a different
-        // one: whatever that run downloaded is another generation's pickle, so migrate again
-        // from the purge, keeping the selection it recorded.
-        j.to = target.clone();
-        j.phase = Phase::Purge;
-        write_journal(device, j)?;
-    }
-    if journal.is_none() && previous.as_deref() != Some(target.as_str()) {
-        let j = Journal {
-            from: previous.clone(),
-            to: target.clone(),
-            selected: device.selection()?.id,
-            phase: Phase::Purge,
+    let journal = read_journal(device)?;
+    let wanted_now =
+        || -> Result<Wanted> {
+            Ok(contract::wanted(
+                &device.selection_params()?,
+                &device.profiles_read()?,
+                &catalog,
+            ))
         };
-        write_journal(device, &j)?;
-        journal = Some(j);
-    }
+    let journal = match (
+        contract::start(
+            journal.as_ref().map(|j| j.to.as_str()),
+            previous.as_deref(),
+            &target,
+        ),
+        journal,
+    ) {
+        (Start::SameGeneration, _) => None,
+        (Start::Migrate { from }, _) => {
+            let j = Journal::new(from, target.clone(), &wanted_now()?);
+            write_journal(device, &j)?;
+            Some(j)
+        }
+        (Start::Resume, j) => j,
+        (Start::Retarget, Some(mut j)) => {
+            // A migration to another generation was interrupted and this build reads a
+            // different one: whatever that run downloaded is another generation's pickle, so
+            // migrate again from the purge, keeping the selection it recorded.
+            j.to = target.clone();
+            j.phase = Phase::Purge;
+            write_journal(device, &j)?;
+            Some(j)
+        }
+        (Start::Retarget, None) => unreachable!("retarget needs a journal"),
+    };
+    let wanted = match &journal {
+        Some(j) => j.wanted(&catalog),
+        None => wanted_now()?,
+    };
     let mut report = RefreshReport {
         generation: target.clone(),
         manifest_origin: fetched.origin,
-        models: catalog.models().len(),
-        migrated_from: None,
+        models: manifest.models().len(),
+        migrated_from: journal.as_ref().and_then(|j| j.from.clone()),
         purged: Vec::new(),
-        selected: device.selection()?.id,
+        selected: wanted.selection.to_string(),
         fell_back_to_builtin: false,
     };
-    if let Some(mut j) = journal {
-        report.migrated_from = j.from.clone();
-        if j.phase == Phase::Purge {
-            report.purged = purge(device)?;
-            j.phase = Phase::Download;
-            write_journal(device, &j)?;
+    if let Some(mut j) = journal.clone()
+        && j.phase == Phase::Purge
+    {
+        report.purged = purge(device)?;
+        j.phase = Phase::Download;
+        write_journal(device, &j)?;
+    }
+
+    // Every wanted catalog model verified (kept) or installed; what cannot be had is replaced.
+    let mut ok: BTreeSet<ModelId> = BTreeSet::new();
+    for id in wanted.to_install() {
+        let Some(entry) = manifest.get(&id) else {
+            continue;
+        };
+        if device.verify_entry(entry, false)? == VerifyState::Verified {
+            ok.insert(id);
+            continue;
         }
-        let sel = ensure_selected(device, dl, &catalog, &j.selected, cancel, progress)?;
-        report.fell_back_to_builtin = sel.is_builtin() && !is_builtin_id(&j.selected);
-        report.selected = sel.id.clone();
-        write_catalog_params(device, &catalog)?;
+        progress(&Progress::DownloadingSelected(id.clone()));
+        match install(device, dl, entry, cancel, progress) {
+            Ok(_) => {
+                ok.insert(id);
+            }
+            // A simulated crash, a cancel or a local I/O failure: stop here (with the journal
+            // in place during a migration), so the next run tries again instead of giving up
+            // the selection.
+            Err(e @ Error::Crashed { .. }) => return Err(e),
+            Err(Error::Download(e))
+                if e.is_local() && !matches!(e, downloader::Error::InsufficientSpace { .. }) =>
+            {
+                return Err(Error::Download(e));
+            }
+            Err(e @ Error::Io { .. }) => return Err(e),
+            Err(_) => {}
+        }
+    }
+    let available = |id: &ModelId| match contract::kind(id) {
+        ModelKind::BuiltIn => true,
+        ModelKind::Catalog => ok.contains(id),
+        ModelKind::Local => device.local_present(id),
+    };
+    let outcome = contract::decide(&wanted, &catalog, &available);
+    if outcome.fell_back {
+        progress(&Progress::SelectedUnavailable);
+    }
+    write_contract(device, &catalog, &outcome)?;
+    report.selected = outcome.selection.id.to_string();
+    report.fell_back_to_builtin = outcome.fell_back;
+
+    if let Some(j) = journal {
         device.params.put(keys::MODEL_MANIFEST_VERSION, &j.to)?;
-        let path = device.models_dir().join(JOURNAL_FILE);
-        remove_if_exists(&path).ctx(&path)?;
-        sync_dir(device.models_dir()).ctx(&device.models_dir())?;
-    } else {
-        write_catalog_params(device, &catalog)?;
-        // Same generation: keep the selection unless it left the catalog.
-        let sel = device.selection()?;
-        if !sel.is_builtin()
-            && !sel.id.starts_with(ModelId::LOCAL_PREFIX)
-            && sel
-                .id
-                .parse::<ModelId>()
-                .ok()
-                .and_then(|id| catalog.get(&id).cloned())
-                .is_none()
-        {
-            device.select(&builtin_selection(&catalog))?;
-            report.fell_back_to_builtin = true;
-            report.selected = manifest::layout::BUILTIN_MODEL_ID.to_string();
-        }
+        device.remove_file(JOURNAL_FILE)?;
     }
     Ok(report)
 }
 
+/// Write what modeld and the UIs read: selection and profile params, catalog params, caches.
+fn write_contract(device: &Device, catalog: &Catalog, outcome: &Outcome) -> Result<()> {
+    for (key, value) in contract::selection_writes(outcome) {
+        match value {
+            Some(v) => device.params.put(key, &v)?,
+            None => device.params.remove(key)?,
+        }
+    }
+    for (key, value) in catalog.params() {
+        device.params.put(key, &value)?;
+    }
+    for (name, body) in catalog.caches() {
+        device.write_file(name, &contract::cache_bytes(&body))?;
+    }
+    Ok(())
+}
+
 /// Delete every non-local driving artifact in the models dir.
 fn purge(device: &Device) -> Result<Vec<String>> {
-    let dir = device.models_dir();
-    let names: Vec<String> = fs::read_dir(&dir)
-        .ctx(&dir)?
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()))
-        .filter_map(|e| e.file_name().into_string().ok())
-        .collect();
+    let names = device.model_file_names()?;
     let plan = plan::purge_plan(names.iter().map(String::as_str));
+    let _ = fs::remove_file(device.models_dir().join(crate::device::VERIFIED_FILE));
     for name in &plan {
-        let p = dir.join(name);
-        remove_if_exists(&p).ctx(&p)?;
+        device.remove_file(name)?;
     }
-    sync_dir(&dir).ctx(&dir)?;
-    let _ = fs::remove_file(dir.join(crate::device::VERIFIED_FILE));
     Ok(plan)
-}
-
-/// The built-in selection, with its name and version from the catalog when listed there.
-fn builtin_selection(catalog: &Manifest) -> Selection {
-    let id = manifest::layout::builtin_model_id();
-    let mut sel = Selection::builtin();
-    if let Some(e) = catalog.get(&id) {
-        if let Some(n) = e.name() {
-            sel.name = n.to_string();
-        }
-        if let Some(v) = e.version() {
-            sel.version = v.to_string();
-        }
-    }
-    sel
-}
-
-/// Make `selected` usable for this generation: keep a verified install, else download it; if
-/// that fails (or it is not in the catalog), select the built-in. Returns the final selection.
-fn ensure_selected(
-    device: &Device,
-    dl: &Downloader,
-    catalog: &Manifest,
-    selected: &str,
-    cancel: &CancelToken,
-    progress: ProgressFn,
-) -> Result<Selection> {
-    let builtin = builtin_selection(catalog);
-    let id = match selected.parse::<ModelId>() {
-        Ok(id) if !is_builtin_id(selected) => id,
-        _ => {
-            device.select(&builtin)?;
-            return Ok(builtin);
-        }
-    };
-    if id.is_local() {
-        let sel = device.selection()?;
-        return Ok(sel);
-    }
-    let Some(entry) = catalog.get(&id) else {
-        progress("Selected model unavailable; using built-in model.");
-        device.select(&builtin)?;
-        return Ok(builtin);
-    };
-    progress(&format!("Downloading selected model \"{id}\"..."));
-    match install(device, dl, entry, cancel, progress) {
-        Ok(_) => {
-            let sel = Selection::of_entry(entry);
-            device.select(&sel)?;
-            Ok(sel)
-        }
-        // Cancelled or a local I/O failure: stop with the journal in place, so the next run
-        // tries again instead of giving up the selection.
-        Err(Error::Download(e))
-            if e.is_local() && !matches!(e, downloader::Error::InsufficientSpace { .. }) =>
-        {
-            Err(Error::Download(e))
-        }
-        Err(Error::Io { path, source }) => Err(Error::Io { path, source }),
-        Err(_) => {
-            progress("Selected model unavailable; using built-in model.");
-            device.select(&builtin)?;
-            Ok(builtin)
-        }
-    }
 }
 
 /// Install `entry` unless a verified copy is already there. `Ok(None)` = already installed.
@@ -265,10 +296,10 @@ pub fn install(
     let on_event = |e: Event| match e {
         Event::Progress { done, total } => {
             if let Some(pct) = percent.advance(done, total) {
-                progress(&format!("{pct}%"));
+                progress(&Progress::Percent(pct));
             }
         }
-        Event::Verifying => progress("Verifying authenticity..."),
+        Event::Verifying => progress(&Progress::Verifying),
         _ => {}
     };
     let installed = dl.download(
@@ -280,6 +311,7 @@ pub fn install(
     )?;
     // Record the fresh verification so the next resolve is a stat, not a re-hash.
     device.record_verified(entry, &installed.sha256, installed.size)?;
+    device.effect(|| format!("install {}", entry.id()))?;
     Ok(Some(installed))
 }
 
@@ -312,11 +344,11 @@ pub fn download_model(
     progress: ProgressFn,
 ) -> Result<Option<Installed>> {
     if is_builtin_id(id.as_str()) {
-        progress("Built-in model already downloaded.");
+        progress(&Progress::BuiltinAlreadyDownloaded);
         return Ok(None);
     }
     if id.is_local() {
-        progress("Local model, nothing to download.");
+        progress(&Progress::LocalNothingToDownload);
         return Ok(None);
     }
     let catalog = device.require_catalog()?;
@@ -325,7 +357,7 @@ pub fn download_model(
         generation: device.config.generation.to_string(),
     })?;
     let r = install(device, dl, entry, cancel, progress)?;
-    progress("Downloaded!");
+    progress(&Progress::Downloaded);
     Ok(r)
 }
 
@@ -337,52 +369,6 @@ pub fn downloadable(catalog: &Manifest) -> Vec<&ModelEntry> {
         .filter(|e| e.is_supported() && e.artifact().is_some() && !e.id().is_local())
         .filter(|e| e.id().as_str() != manifest::layout::BUILTIN_MODEL_ID && !e.uses_external_gpu())
         .collect()
-}
-
-/// Comma-joined catalog params, in catalog order (names cannot contain commas: the manifest
-/// crate refuses them).
-fn write_catalog_params(device: &Device, catalog: &Manifest) -> Result<()> {
-    let models: Vec<&ModelEntry> = catalog
-        .models()
-        .iter()
-        .filter(|e| e.is_supported())
-        .collect();
-    let join = |f: &dyn Fn(&ModelEntry) -> String| {
-        models.iter().map(|e| f(e)).collect::<Vec<_>>().join(",")
-    };
-    let p = &device.params;
-    p.put(keys::AVAILABLE_MODELS, &join(&|e| e.id().to_string()))?;
-    p.put(
-        keys::AVAILABLE_MODEL_NAMES,
-        &join(&|e| e.name().unwrap_or_default().to_string()),
-    )?;
-    p.put(
-        keys::AVAILABLE_MODEL_SERIES,
-        &join(&|e| e.series().unwrap_or_default().to_string()),
-    )?;
-    p.put(
-        keys::AVAILABLE_MODEL_ARTIFACT_FORMATS,
-        &join(&|e| {
-            e.artifact_format()
-                .map(|f| f.to_string())
-                .unwrap_or_default()
-        }),
-    )?;
-    p.put(
-        keys::MODEL_RELEASED_DATES,
-        &join(&|e| e.released().map(|d| d.to_string()).unwrap_or_default()),
-    )?;
-    p.put(
-        keys::MODEL_VERSIONS,
-        &join(&|e| e.version().map(|v| v.to_string()).unwrap_or_default()),
-    )?;
-    let favs: Vec<String> = models
-        .iter()
-        .filter(|e| e.community_favorite() == Some(true))
-        .map(|e| e.id().to_string())
-        .collect();
-    p.put(keys::COMMUNITY_FAVORITES, &favs.join(","))?;
-    Ok(())
 }
 
 /// `gc`: remove stray temporaries and artifacts of models not in the catalog; never `local-*`.

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use chunker::atomic::{remove_if_exists, sync_dir, write_atomic};
 
+use crate::effects::Effects;
 use crate::error::{Error, IoContext, Result};
 
 /// Persistent keys this manager reads and writes.
@@ -26,6 +27,13 @@ pub mod keys {
     pub const MODEL_RELEASED_DATES: &str = "ModelReleasedDates";
     pub const MODEL_VERSIONS: &str = "ModelVersions";
     pub const COMMUNITY_FAVORITES: &str = "CommunityFavorites";
+    /// The Small/Big profiles modeld loads from (`none` disables the big one).
+    pub const ACTIVE_SMALL_MODEL: &str = "ActiveSmallModel";
+    pub const ACTIVE_SMALL_MODEL_NAME: &str = "ActiveSmallModelName";
+    pub const ACTIVE_SMALL_MODEL_VERSION: &str = "ActiveSmallModelVersion";
+    pub const ACTIVE_BIG_MODEL: &str = "ActiveBigModel";
+    pub const ACTIVE_BIG_MODEL_NAME: &str = "ActiveBigModelName";
+    pub const ACTIVE_BIG_MODEL_VERSION: &str = "ActiveBigModelVersion";
     /// Memory params the UI writes and this manager clears once handled.
     pub const MODEL_TO_DOWNLOAD: &str = "ModelToDownload";
     pub const DOWNLOAD_ALL_MODELS: &str = "DownloadAllModels";
@@ -36,6 +44,7 @@ pub mod keys {
 #[derive(Debug, Clone)]
 pub struct Params {
     dir: PathBuf,
+    effects: Effects,
 }
 
 fn check_key(key: &str) -> Result<()> {
@@ -50,7 +59,15 @@ fn check_key(key: &str) -> Result<()> {
 impl Params {
     /// Params stored in `dir` (the `d` directory itself). Created on first write.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+        Self::with_effects(dir, Effects::none())
+    }
+
+    /// Params whose every write and removal is reported to `effects` (crash enumeration).
+    pub fn with_effects(dir: impl Into<PathBuf>, effects: Effects) -> Self {
+        Self {
+            dir: dir.into(),
+            effects,
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -94,7 +111,8 @@ impl Params {
         }
         fs::create_dir_all(&self.dir).ctx(&self.dir)?;
         let path = self.path(key);
-        write_atomic(&path, value.as_bytes()).ctx(&path)
+        write_atomic(&path, value.as_bytes()).ctx(&path)?;
+        self.effects.done(|| format!("param {key}={value}"))
     }
 
     pub fn remove(&self, key: &str) -> Result<()> {
@@ -102,6 +120,7 @@ impl Params {
         let path = self.path(key);
         if remove_if_exists(&path).ctx(&path)? {
             sync_dir(&self.dir).ctx(&self.dir)?;
+            self.effects.done(|| format!("param {key} removed"))?;
         }
         Ok(())
     }
