@@ -5,15 +5,12 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use downloader::{CancelToken, DownloadConfig, Downloader, Origins};
 use manifest::{Generation, ModelId, layout};
-use migration::params::keys;
 use migration::{Device, DeviceConfig, ManagerLock, VerifyState};
 use serde_json::json;
 
@@ -398,21 +395,15 @@ fn run(cli: Cli) -> Result<(), Fail> {
         },
     );
     let progress = Progress::new();
-    let print = |s: &str| progress.say(s);
+    let print = |p: &migration::Progress| progress.say(&p.to_string());
     match cli.command {
         Command::Resolve { json } => {
-            let (path, sel) = device.resolve()?;
+            let r = migration::report::resolve(&device)?;
             if json {
-                return out_line(json!({
-                    "path": path,
-                    "id": sel.id,
-                    "name": sel.name,
-                    "version": sel.version,
-                    "builtin": sel.is_builtin(),
-                }));
+                return out_line(serde_json::to_string(&r).expect("serializable"));
             }
-            eprintln!("model: {} ({})", sel.id, sel.name);
-            out_line(path.display())
+            eprintln!("model: {} ({} {})", r.id, r.name, r.version);
+            out_line(r.path.display())
         }
         Command::Status { json } => status(&device, json),
         Command::Refresh { json } => {
@@ -459,7 +450,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 let catalog = device.require_catalog()?;
                 for entry in migration::downloadable(&catalog) {
                     progress.label(entry.id().as_str());
-                    print(&format!("downloading {}", entry.id()));
+                    progress.say(&format!("downloading {}", entry.id()));
                     let r = migration::install(&device, &dl, entry, &cancel, &print);
                     progress.finish();
                     done.push((entry.id().clone(), r?.is_some()));
@@ -534,56 +525,36 @@ fn run(cli: Cli) -> Result<(), Fail> {
 }
 
 fn status(device: &Device, json_out: bool) -> Result<(), Fail> {
-    let sel = device.selection()?;
-    let journal = migration::read_journal(device)?;
-    let catalog = device.catalog()?;
-    let mut models = Vec::new();
-    if let Some(c) = &catalog {
-        for e in c.models() {
-            let state = device.verify_entry(e, false)?;
-            if state != VerifyState::Missing {
-                models.push(json!({ "id": e.id().as_str(), "state": state }));
-            }
-        }
-    }
-    let free = downloader::space::available_bytes(&device.models_dir()).ok();
-    let (resolved, _) = device.resolve()?;
-    let v = json!({
-        "generation": device.config.generation.to_string(),
-        "manifest_version": device.params.get_str(keys::MODEL_MANIFEST_VERSION)?,
-        "selected": { "id": sel.id, "name": sel.name, "version": sel.version },
-        "resolved": resolved,
-        "catalog_models": catalog.as_ref().map(|c| c.models().len()),
-        "installed": models,
-        "free_bytes": free,
-        "interrupted_migration": journal,
-    });
+    let r = migration::report::status(device)?;
     if json_out {
-        return out_line(v);
+        return out_line(serde_json::to_string(&r).expect("serializable"));
     }
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or("none").to_string();
     let mut lines = vec![
-        format!("generation: {}", text(&v["generation"])),
-        format!("manifest version: {}", text(&v["manifest_version"])),
-        format!("selected: {} ({} {})", sel.id, sel.name, sel.version),
-        format!("resolves to: {}", resolved.display()),
-        match catalog.as_ref() {
-            Some(c) => format!("catalog: {} models", c.models().len()),
+        format!("generation: {}", r.generation),
+        format!(
+            "manifest version: {}",
+            r.manifest_version.as_deref().unwrap_or("none")
+        ),
+        format!(
+            "selected: {} ({} {})",
+            r.selected.id, r.selected.name, r.selected.version
+        ),
+        format!("resolves to: {}", r.resolved.display()),
+        match r.catalog_models {
+            Some(n) => format!("catalog: {n} models"),
             None => "catalog: none yet".to_string(),
         },
     ];
-    for m in &models {
-        lines.push(format!(
-            "  {} {}",
-            m["id"].as_str().unwrap_or_default(),
-            m["state"].as_str().unwrap_or_default()
-        ));
+    for m in &r.installed {
+        lines.push(format!("  {} {}", m.id, state_text(m.state)));
     }
     lines.push(format!(
         "free bytes: {}",
-        free.map(|f| f.to_string()).unwrap_or("unknown".into())
+        r.free_bytes
+            .map(|f| f.to_string())
+            .unwrap_or("unknown".into())
     ));
-    if let Some(j) = &journal {
+    if let Some(j) = &r.interrupted_migration {
         lines.push(format!(
             "interrupted migration: {} -> {} at phase {:?}",
             j.from.as_deref().unwrap_or("none"),
@@ -594,17 +565,14 @@ fn status(device: &Device, json_out: bool) -> Result<(), Fail> {
     for l in lines {
         out_line(l)?;
     }
-    if journal.is_some() {
+    if r.interrupted_migration.is_some() {
         eprintln!("next: `refresh` finishes the interrupted migration");
-    } else if catalog.is_none() {
+    } else if r.catalog_models.is_none() {
         eprintln!(
             "next: `refresh` (online) fetches the {} catalog",
             device.config.generation
         );
-    } else if models
-        .iter()
-        .any(|m| m["state"].as_str() == Some("corrupt"))
-    {
+    } else if r.installed.iter().any(|m| m.state == VerifyState::Corrupt) {
         eprintln!(
             "next: `download <ID>` replaces a corrupt model; `resolve` never hands one to modeld"
         );
@@ -612,53 +580,43 @@ fn status(device: &Device, json_out: bool) -> Result<(), Fail> {
     Ok(())
 }
 
+fn state_text(s: VerifyState) -> &'static str {
+    match s {
+        VerifyState::Verified => "verified",
+        VerifyState::Unverified => "unverified",
+        VerifyState::Corrupt => "corrupt",
+        VerifyState::Missing => "missing",
+    }
+}
+
 fn verify(device: &Device, id: Option<String>, json_out: bool) -> Result<(), Fail> {
-    let catalog = device.require_catalog()?;
-    let mut results = Vec::new();
-    let mut bad = false;
-    for e in catalog.models() {
-        if let Some(want) = &id
-            && e.id().as_str() != want
-        {
-            continue;
+    let on_hash = |id: &ModelId| {
+        if !json_out {
+            eprintln!("verifying {id}...");
         }
-        // Only artifacts that are there get hashed; say so, since that can take a while.
-        if !json_out && matches!(chunker::resolve(&device.artifact_path(e.id())), Ok(Some(_))) {
-            eprintln!("verifying {}...", e.id());
+    };
+    let r = match migration::report::verify(device, id.as_deref(), &on_hash) {
+        Err(migration::Error::UnknownModel { id, generation }) => {
+            return Err(Fail::new(
+                code::FAILURE,
+                format!(
+                    "model {id} is not in the {generation} catalog; `status` lists the installed models"
+                ),
+            ));
         }
-        let state = device.verify_entry(e, true)?;
-        if state == VerifyState::Missing && id.is_none() {
-            continue;
-        }
-        bad |= state != VerifyState::Verified;
-        results.push(json!({ "id": e.id().as_str(), "state": state }));
-    }
-    if let Some(want) = &id
-        && results.is_empty()
-    {
-        return Err(Fail::new(
-            code::FAILURE,
-            format!(
-                "model {want} is not in the {} catalog; `status` lists the installed models",
-                device.config.generation
-            ),
-        ));
-    }
+        r => r?,
+    };
     if json_out {
-        out_line(json!({ "models": results }))?;
+        out_line(serde_json::to_string(&r).expect("serializable"))?;
     } else {
-        for r in &results {
-            out_line(format_args!(
-                "{} {}",
-                r["id"].as_str().unwrap_or_default(),
-                r["state"].as_str().unwrap_or_default()
-            ))?;
+        for m in &r.models {
+            out_line(format_args!("{} {}", m.id, state_text(m.state)))?;
         }
-        if results.is_empty() {
+        if r.models.is_empty() {
             eprintln!("no installed models to verify");
         }
     }
-    if bad {
+    if !r.all_verified() {
         return Err(Fail::new(
             code::NOT_VERIFIED,
             "some models are missing or do not match the catalog; run `download <ID>` for each \
@@ -668,45 +626,6 @@ fn verify(device: &Device, id: Option<String>, json_out: bool) -> Result<(), Fai
     Ok(())
 }
 
-/// A cancel token that trips when the UI sets `CancelModelDownload`.
-fn watch_cancel(device: &Device, stop: &Arc<AtomicBool>) -> (CancelToken, thread::JoinHandle<()>) {
-    let token = CancelToken::new();
-    let t = token.clone();
-    let memory = device.memory.clone();
-    let stop = stop.clone();
-    let h = thread::spawn(move || {
-        while !stop.load(Ordering::SeqCst) {
-            if memory
-                .get_bool(keys::CANCEL_MODEL_DOWNLOAD)
-                .unwrap_or(false)
-            {
-                t.cancel();
-                return;
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-    });
-    (token, h)
-}
-
-fn failure_text(e: &migration::Error) -> String {
-    match e {
-        migration::Error::Download(downloader::Error::Cancelled { .. }) => {
-            "Download cancelled...".into()
-        }
-        migration::Error::Download(downloader::Error::InsufficientSpace { .. }) => {
-            "Download failed: not enough free space".into()
-        }
-        migration::Error::Download(downloader::Error::ManifestUnavailable { .. }) => {
-            "Hugging Face and GitHub are offline...".into()
-        }
-        migration::Error::Download(_) => {
-            "Download failed: model could not be downloaded and verified".into()
-        }
-        other => format!("Download failed: {other}"),
-    }
-}
-
 fn daemon(
     device: &Device,
     dl: &Downloader,
@@ -714,68 +633,8 @@ fn daemon(
     refresh_every: Duration,
 ) -> Result<(), Fail> {
     let _lock = ManagerLock::acquire(&device.models_dir())?;
-    let progress_param = |s: &str| {
-        let _ = device.memory.put(keys::MODEL_DOWNLOAD_PROGRESS, s);
-    };
-    let mut last_refresh: Option<Instant> = None;
-    loop {
-        if last_refresh.is_none_or(|t| t.elapsed() >= refresh_every) {
-            if let Err(e) = migration::refresh(device, dl, &CancelToken::new(), &progress_param) {
-                eprintln!("refresh failed: {e}");
-            }
-            last_refresh = Some(Instant::now());
-        }
-        let all = device.memory.get_bool(keys::DOWNLOAD_ALL_MODELS)?;
-        let one = device.memory.get_str(keys::MODEL_TO_DOWNLOAD)?;
-        if all || one.is_some() {
-            let stop = Arc::new(AtomicBool::new(false));
-            let (cancel, watcher) = watch_cancel(device, &stop);
-            let outcome: Result<String, migration::Error> = if all {
-                (|| {
-                    let catalog = device.require_catalog()?;
-                    for entry in migration::downloadable(&catalog) {
-                        progress_param(&format!(
-                            "Downloading \"{}\"...",
-                            entry.name().unwrap_or(entry.id().as_str())
-                        ));
-                        migration::install(device, dl, entry, &cancel, &progress_param)?;
-                    }
-                    Ok("All models downloaded!".to_string())
-                })()
-            } else {
-                let id = one.clone().unwrap_or_default();
-                match id.parse::<ModelId>() {
-                    Ok(id) => migration::download_model(device, dl, &id, &cancel, &progress_param)
-                        .map(|_| "Downloaded!".to_string()),
-                    Err(e) => Ok(format!("Download failed: {e}")),
-                }
-            };
-            stop.store(true, Ordering::SeqCst);
-            let _ = watcher.join();
-            let text = match &outcome {
-                Ok(t) => t.clone(),
-                Err(e) => {
-                    eprintln!("download failed: {e}");
-                    failure_text(e)
-                }
-            };
-            progress_param(&text);
-            // Clear each request once handled, and the cancel flag with it, so neither a
-            // stale request nor a stale cancel survives (the Python manager kept both). A
-            // `ModelToDownload` the UI replaced while this one ran is a new request: keep it
-            // for the next poll instead of dropping it unhandled.
-            if all {
-                device.memory.remove(keys::DOWNLOAD_ALL_MODELS)?;
-            } else if device.memory.get_str(keys::MODEL_TO_DOWNLOAD)? == one {
-                device.memory.remove(keys::MODEL_TO_DOWNLOAD)?;
-            }
-            device.memory.remove(keys::CANCEL_MODEL_DOWNLOAD)?;
-        } else if device.memory.get_bool(keys::CANCEL_MODEL_DOWNLOAD)? {
-            // Nothing to cancel: a leftover flag must not cancel the next download.
-            device.memory.remove(keys::CANCEL_MODEL_DOWNLOAD)?;
-        }
-        thread::sleep(poll);
-    }
+    migration::daemon::run(device, dl, poll, refresh_every, &|line| eprintln!("{line}"))?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -251,7 +251,11 @@ fn refresh_migrates_v24_to_v25_keeping_the_selection() {
             .count(),
         0
     );
-    assert_eq!(w.param("AvailableModels").as_deref(), Some("pop223,other"));
+    // The catalog, then the device's local models (upstream lists them so the UI can pick one).
+    assert_eq!(
+        w.param("AvailableModels").as_deref(),
+        Some("pop223,other,local-test")
+    );
     // Only v25 versioned paths were ever requested.
     assert!(
         w.server.requests().iter().all(|r| r.path.contains("v25")),
@@ -466,6 +470,11 @@ fn a_request_replaced_during_a_download_is_served_next_not_dropped() {
     assert!(w.run(&["refresh"]).status.success());
     let pop = w.models().join("pop223_driving_tinygrad.pkl");
     fs::remove_file(&pop).unwrap();
+    // Select the built-in everywhere, so the daemon's start-up refresh has nothing to repair
+    // and both models are fetched only on request.
+    for key in ["Model", "DrivingModel", "ActiveSmallModel"] {
+        w.set_param(key, "rdf43");
+    }
     w.server.set_rate_per_conn(Some(128 * 1024));
     let mut child = w
         .cmd(&["run", "--poll-ms", "20"])

@@ -200,7 +200,11 @@ pub fn ensure_profiles(read: &ProfilesRead, selection: &ModelId, catalog: &Catal
             (selection.clone(), BigProfile::Unset)
         }
     } else {
-        let small = read.small.as_deref().and_then(parse).unwrap_or_else(builtin_id);
+        let small = read
+            .small
+            .as_deref()
+            .and_then(parse)
+            .unwrap_or_else(builtin_id);
         let big = match read.big.as_deref() {
             None => BigProfile::Unset,
             Some(b) if b.eq_ignore_ascii_case(BIG_DISABLED) => BigProfile::Disabled,
@@ -367,7 +371,10 @@ pub fn selection_writes(o: &Outcome) -> Vec<(&'static str, Option<String>)> {
         (keys::MODEL, Some(s.id.to_string())),
         (keys::DRIVING_MODEL, Some(s.id.to_string())),
         (keys::ACTIVE_SMALL_MODEL_NAME, Some(o.small.name.clone())),
-        (keys::ACTIVE_SMALL_MODEL_VERSION, Some(o.small.version.clone())),
+        (
+            keys::ACTIVE_SMALL_MODEL_VERSION,
+            Some(o.small.version.clone()),
+        ),
         (keys::ACTIVE_SMALL_MODEL, Some(o.small.id.to_string())),
     ];
     match &o.big {
@@ -550,8 +557,8 @@ fn artifacts_object(id: &ModelId, f: &Map<String, Value>, gpu: bool) -> Map<Stri
 /// `download_urls`), then base URLs (`artifact_base_url`, `download_base_url`) joined with the
 /// artifact file name, then the direct URL (`artifact_url`, `download_url`) for that name.
 fn urls_object(id: &ModelId, f: &Map<String, Value>) -> Map<String, Value> {
-    let file = s(f.get("artifact_filename"))
-        .unwrap_or_else(|| layout::artifact_file_name(id).to_string());
+    let file =
+        s(f.get("artifact_filename")).unwrap_or_else(|| layout::artifact_file_name(id).to_string());
     let mut o = Map::new();
     for key in ["artifact_urls", "download_urls"] {
         if let Some(Value::Object(m)) = f.get(key) {
@@ -712,9 +719,8 @@ impl Catalog {
 
     /// The comma-joined catalog params, in catalog order, exactly as upstream writes them.
     pub fn params(&self) -> Vec<(&'static str, String)> {
-        let join = |f: &dyn Fn(&Row) -> String| {
-            self.rows.iter().map(f).collect::<Vec<_>>().join(",")
-        };
+        let join =
+            |f: &dyn Fn(&Row) -> String| self.rows.iter().map(f).collect::<Vec<_>>().join(",");
         vec![
             (keys::AVAILABLE_MODELS, join(&|r| r.id.to_string())),
             (keys::AVAILABLE_MODEL_NAMES, join(&|r| r.name.clone())),
@@ -848,9 +854,16 @@ mod tests {
 
     #[test]
     fn aliases_and_namespace_follow_upstream() {
-        let ids: BTreeSet<String> = ["pop223", "tr14223", "sc2", "remove-avgpoolv4", "deeprl33", "deeprl333"]
-            .map(String::from)
-            .into();
+        let ids: BTreeSet<String> = [
+            "pop223",
+            "tr14223",
+            "sc2",
+            "remove-avgpoolv4",
+            "deeprl33",
+            "deeprl333",
+        ]
+        .map(String::from)
+        .into();
         for (from, to) in [
             ("pop22", "pop223"),
             ("tr1422", "tr14223"),
@@ -867,7 +880,10 @@ mod tests {
         }
         assert_eq!(aliases("rdf43"), ["rdf43", "rdf", "rdf432"]);
         assert_eq!(aliases("sc2"), ["sc2", "sc"]);
-        assert_eq!(aliases("pop_default"), ["pop_default", "pop", "pop_default2"]);
+        assert_eq!(
+            aliases("pop_default"),
+            ["pop_default", "pop", "pop_default2"]
+        );
     }
 
     #[test]
@@ -904,12 +920,32 @@ mod tests {
             // legacy GPU selection: built-in small, the model big
             (read(None, None), "big1", "rdf43", big("big1")),
             // disabled big never migrates
-            (read(None, Some("none")), "big1", "rdf43", BigProfile::Disabled),
+            (
+                read(None, Some("none")),
+                "big1",
+                "rdf43",
+                BigProfile::Disabled,
+            ),
             // set profiles are kept
-            (read(Some("tr14223"), Some("big1")), "pop223", "tr14223", big("big1")),
+            (
+                read(Some("tr14223"), Some("big1")),
+                "pop223",
+                "tr14223",
+                big("big1"),
+            ),
             // a GPU model may not be small, a non-GPU one not big
-            (read(Some("big1"), Some("pop223")), "pop223", "rdf43", BigProfile::Unset),
-            (read(Some("rdf"), None), "pop223", "rdf43", BigProfile::Unset),
+            (
+                read(Some("big1"), Some("pop223")),
+                "pop223",
+                "rdf43",
+                BigProfile::Unset,
+            ),
+            (
+                read(Some("rdf"), None),
+                "pop223",
+                "rdf43",
+                BigProfile::Unset,
+            ),
         ] {
             let p = ensure_profiles(&r, &id(sel), &c);
             assert_eq!((p.small.as_str(), &p.big), (small, &bigp), "{r:?} {sel}");
@@ -924,20 +960,90 @@ mod tests {
             driving_model: Some(m.into()),
             ..Default::default()
         };
-        let no_profiles = ProfilesRead { small: None, big: None };
+        let no_profiles = ProfilesRead {
+            small: None,
+            big: None,
+        };
         let up = |ok: &'static [&'static str]| move |i: &ModelId| ok.contains(&i.as_str());
         // (selection, profiles, available) -> (selection, small, big, fell back)
-        let cases: Vec<(SelectionParams, ProfilesRead, &[&str], &str, &str, Option<&str>, bool)> = vec![
-            (sel("pop22"), no_profiles.clone(), &["pop223"], "pop223", "pop223", None, false),
-            (sel("pop223"), no_profiles.clone(), &[], "rdf43", "rdf43", None, true),
-            (sel("gone"), no_profiles.clone(), &[], "rdf43", "rdf43", None, true),
-            (sel("big1"), no_profiles.clone(), &["big1"], "big1", "rdf43", Some("big1"), false),
-            (sel("big1"), no_profiles.clone(), &[], "rdf43", "rdf43", None, true),
-            (sel("local-mine"), no_profiles.clone(), &["local-mine"], "local-mine", "local-mine", None, false),
-            (sel("local-gone"), no_profiles.clone(), &[], "rdf43", "rdf43", None, true),
+        let cases: Vec<(
+            SelectionParams,
+            ProfilesRead,
+            &[&str],
+            &str,
+            &str,
+            Option<&str>,
+            bool,
+        )> = vec![
+            (
+                sel("pop22"),
+                no_profiles.clone(),
+                &["pop223"],
+                "pop223",
+                "pop223",
+                None,
+                false,
+            ),
             (
                 sel("pop223"),
-                ProfilesRead { small: Some("tr1422".into()), big: Some("big1".into()) },
+                no_profiles.clone(),
+                &[],
+                "rdf43",
+                "rdf43",
+                None,
+                true,
+            ),
+            (
+                sel("gone"),
+                no_profiles.clone(),
+                &[],
+                "rdf43",
+                "rdf43",
+                None,
+                true,
+            ),
+            (
+                sel("big1"),
+                no_profiles.clone(),
+                &["big1"],
+                "big1",
+                "rdf43",
+                Some("big1"),
+                false,
+            ),
+            (
+                sel("big1"),
+                no_profiles.clone(),
+                &[],
+                "rdf43",
+                "rdf43",
+                None,
+                true,
+            ),
+            (
+                sel("local-mine"),
+                no_profiles.clone(),
+                &["local-mine"],
+                "local-mine",
+                "local-mine",
+                None,
+                false,
+            ),
+            (
+                sel("local-gone"),
+                no_profiles.clone(),
+                &[],
+                "rdf43",
+                "rdf43",
+                None,
+                true,
+            ),
+            (
+                sel("pop223"),
+                ProfilesRead {
+                    small: Some("tr1422".into()),
+                    big: Some("big1".into()),
+                },
                 &["pop223", "tr14223"],
                 "pop223",
                 "tr14223",
@@ -953,7 +1059,12 @@ mod tests {
                 _ => None,
             };
             assert_eq!(
-                (o.selection.id.as_str(), o.small.id.as_str(), big, o.fell_back),
+                (
+                    o.selection.id.as_str(),
+                    o.small.id.as_str(),
+                    big,
+                    o.fell_back
+                ),
                 (want_sel, want_small, want_big, fell),
                 "{s:?} {p:?} {ok:?}"
             );
@@ -1011,14 +1122,20 @@ mod tests {
         let caches: BTreeMap<_, _> = c.caches().into_iter().collect();
         assert_eq!(caches[VERSIONS_CACHE]["local-mine"], "v16");
         assert!(caches[VERSIONS_CACHE].get("local-bare_one").is_none());
-        assert!(caches[VERSIONS_CACHE].get("odd").is_none(), "unsupported format dropped");
+        assert!(
+            caches[VERSIONS_CACHE].get("odd").is_none(),
+            "unsupported format dropped"
+        );
         let a = &caches[ARTIFACTS_CACHE];
         assert_eq!(a["big1"]["model_size"], "chestnut");
         assert_eq!(a["big1"]["model_lab_eligible"], false);
         assert_eq!(a["pop223"]["model_size"], "small");
         assert_eq!(a["pop223"]["model_size_declared"], false);
         assert_eq!(a["pop223"]["model_lab_eligible"], true);
-        assert_eq!(a["pop223"]["artifact_filename"], "pop223_driving_tinygrad.pkl");
+        assert_eq!(
+            a["pop223"]["artifact_filename"],
+            "pop223_driving_tinygrad.pkl"
+        );
         assert_eq!(a["local-mine"]["uses_external_gpu"], false);
         assert_eq!(a["local-mine"]["artifact_size"], 0);
         assert_eq!(
@@ -1039,7 +1156,10 @@ mod tests {
             "pop223_driving_tinygrad.pkl",
             ".tmp-x-local-f_driving_tinygrad.pkl",
         ];
-        let got: Vec<String> = discover_locals(names).iter().map(|i| i.to_string()).collect();
+        let got: Vec<String> = discover_locals(names)
+            .iter()
+            .map(|i| i.to_string())
+            .collect();
         assert_eq!(got, ["local-a", "local-b", "local-e"]);
     }
 
@@ -1047,7 +1167,13 @@ mod tests {
     fn where_a_refresh_starts() {
         for (journal, mv, want) in [
             (None, Some("v25"), Start::SameGeneration),
-            (None, Some("v24"), Start::Migrate { from: Some("v24".into()) }),
+            (
+                None,
+                Some("v24"),
+                Start::Migrate {
+                    from: Some("v24".into()),
+                },
+            ),
             (None, None, Start::Migrate { from: None }),
             (Some("v25"), Some("v24"), Start::Resume),
             (Some("v25"), Some("v25"), Start::Resume),

@@ -160,7 +160,12 @@ impl Device {
         let rd = match fs::read_dir(&dir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::Io { path: dir, source: e }),
+            Err(e) => {
+                return Err(Error::Io {
+                    path: dir,
+                    source: e,
+                });
+            }
         };
         let mut names: Vec<String> = rd
             .filter_map(|e| e.ok())

@@ -10,6 +10,7 @@
 //! `device-modeld-manager` binary).
 
 pub mod contract;
+pub mod daemon;
 mod device;
 pub mod effects;
 mod error;
@@ -18,16 +19,17 @@ mod manager;
 pub mod params;
 pub mod plan;
 pub mod progress;
+pub mod report;
 
 pub use device::{
     CATALOG_FILE, Device, DeviceConfig, JOURNAL_FILE, Selection, VERIFIED_FILE, VerifyState,
 };
+pub use effects::Effects;
 pub use error::{Error, Result};
 pub use lock::ManagerLock;
-pub use effects::Effects;
-pub use progress::{Progress, ProgressFn};
 pub use manager::{
-    Journal, Phase, RefreshReport, download_model, downloadable, gc, install,
-    is_builtin_id, read_journal, refresh,
+    Journal, Phase, RefreshReport, download_model, downloadable, gc, install, is_builtin_id,
+    read_journal, refresh,
 };
 pub use params::Params;
+pub use progress::{Progress, ProgressFn};

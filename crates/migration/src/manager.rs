@@ -149,14 +149,13 @@ pub fn refresh(
 
     let previous = device.params.get_str(keys::MODEL_MANIFEST_VERSION)?;
     let journal = read_journal(device)?;
-    let wanted_now =
-        || -> Result<Wanted> {
-            Ok(contract::wanted(
-                &device.selection_params()?,
-                &device.profiles_read()?,
-                &catalog,
-            ))
-        };
+    let wanted_now = || -> Result<Wanted> {
+        Ok(contract::wanted(
+            &device.selection_params()?,
+            &device.profiles_read()?,
+            &catalog,
+        ))
+    };
     let journal = match (
         contract::start(
             journal.as_ref().map(|j| j.to.as_str()),

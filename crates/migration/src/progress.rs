@@ -41,7 +41,9 @@ impl fmt::Display for Progress {
             Progress::Downloaded => f.write_str("Downloaded!"),
             Progress::BuiltinAlreadyDownloaded => f.write_str("Built-in model already downloaded."),
             Progress::LocalNothingToDownload => f.write_str("Local model, nothing to download."),
-            Progress::DownloadingSelected(id) => write!(f, "Downloading selected model \"{id}\"..."),
+            Progress::DownloadingSelected(id) => {
+                write!(f, "Downloading selected model \"{id}\"...")
+            }
             Progress::Downloading(name) => write!(f, "Downloading \"{name}\"..."),
             Progress::AllDownloaded => f.write_str("All models downloaded!"),
             Progress::Cancelled => f.write_str("Download cancelled..."),
@@ -68,10 +70,22 @@ mod tests {
             (Progress::Percent(42), "42%"),
             (Progress::Verifying, "Verifying authenticity..."),
             (Progress::Downloaded, "Downloaded!"),
-            (Progress::BuiltinAlreadyDownloaded, "Built-in model already downloaded."),
-            (Progress::LocalNothingToDownload, "Local model, nothing to download."),
-            (Progress::DownloadingSelected(id), "Downloading selected model \"pop223\"..."),
-            (Progress::Downloading("Pop".into()), "Downloading \"Pop\"..."),
+            (
+                Progress::BuiltinAlreadyDownloaded,
+                "Built-in model already downloaded.",
+            ),
+            (
+                Progress::LocalNothingToDownload,
+                "Local model, nothing to download.",
+            ),
+            (
+                Progress::DownloadingSelected(id),
+                "Downloading selected model \"pop223\"...",
+            ),
+            (
+                Progress::Downloading("Pop".into()),
+                "Downloading \"Pop\"...",
+            ),
             (Progress::AllDownloaded, "All models downloaded!"),
             (Progress::Cancelled, "Download cancelled..."),
             (Progress::Offline, "Hugging Face and GitHub are offline..."),

@@ -1,0 +1,176 @@
+//! What `status`, `verify` and `resolve` report, as typed values (the binary only renders them).
+//! Names and versions come from the catalog, never from params, so a report cannot repeat a
+//! stale param.
+
+use serde::Serialize;
+
+use manifest::ModelId;
+
+use crate::contract::{self, ModelKind};
+use crate::device::{Device, VerifyState};
+use crate::error::{Error, Result};
+use crate::manager::{Journal, read_journal};
+use crate::params::keys;
+
+/// A model as reported: id, and name and version from the catalog.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelRef {
+    pub id: String,
+    pub name: String,
+    pub version: String,
+}
+
+/// `resolve`: the path modeld should load and what it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResolveReport {
+    pub path: std::path::PathBuf,
+    pub id: String,
+    pub name: String,
+    pub version: String,
+    pub builtin: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InstalledModel {
+    pub id: String,
+    pub state: VerifyState,
+}
+
+/// `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StatusReport {
+    pub generation: String,
+    pub manifest_version: Option<String>,
+    pub selected: ModelRef,
+    pub resolved: std::path::PathBuf,
+    pub catalog_models: Option<usize>,
+    pub installed: Vec<InstalledModel>,
+    pub free_bytes: Option<u64>,
+    pub interrupted_migration: Option<Journal>,
+}
+
+/// `verify`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VerifyReport {
+    pub models: Vec<InstalledModel>,
+}
+
+impl VerifyReport {
+    /// Every reported model verified (the built-in, which has no catalog digest, counts as
+    /// verified: it ships with the checkout).
+    pub fn all_verified(&self) -> bool {
+        self.models.iter().all(|m| m.state == VerifyState::Verified)
+    }
+}
+
+fn model_ref(device: &Device, id: &str) -> Result<ModelRef> {
+    let named = match (device.catalog()?, id.parse::<ModelId>()) {
+        (Some(m), Ok(id)) => device.device_catalog(&m)?.named(&id),
+        (None, Ok(id)) => contract::Catalog::default().named(&id),
+        (_, Err(_)) => {
+            return Ok(ModelRef {
+                id: id.to_string(),
+                name: String::new(),
+                version: String::new(),
+            });
+        }
+    };
+    Ok(ModelRef {
+        id: named.id.to_string(),
+        name: named.name,
+        version: named.version,
+    })
+}
+
+pub fn resolve(device: &Device) -> Result<ResolveReport> {
+    let (path, sel) = device.resolve()?;
+    let r = model_ref(device, &sel.id)?;
+    Ok(ResolveReport {
+        path,
+        builtin: sel.is_builtin(),
+        id: r.id,
+        name: r.name,
+        version: r.version,
+    })
+}
+
+pub fn status(device: &Device) -> Result<StatusReport> {
+    let sel = device.selection()?;
+    let journal = read_journal(device)?;
+    let catalog = device.catalog()?;
+    let mut installed = Vec::new();
+    if let Some(c) = &catalog {
+        for e in c.models() {
+            if contract::kind(e.id()) == ModelKind::BuiltIn {
+                continue;
+            }
+            let state = device.verify_entry(e, false)?;
+            if state != VerifyState::Missing {
+                installed.push(InstalledModel {
+                    id: e.id().to_string(),
+                    state,
+                });
+            }
+        }
+    }
+    let (resolved, _) = device.resolve()?;
+    Ok(StatusReport {
+        generation: device.config.generation.to_string(),
+        manifest_version: device.params.get_str(keys::MODEL_MANIFEST_VERSION)?,
+        selected: model_ref(device, &sel.id)?,
+        resolved,
+        catalog_models: catalog.as_ref().map(|c| c.models().len()),
+        installed,
+        free_bytes: downloader::space::available_bytes(&device.models_dir()).ok(),
+        interrupted_migration: journal,
+    })
+}
+
+/// Re-hash installed catalog models (or the one named) against the catalog. `on_hash` is
+/// called before a model that is present gets hashed (that can take a while).
+pub fn verify(
+    device: &Device,
+    only: Option<&str>,
+    on_hash: &dyn Fn(&ModelId),
+) -> Result<VerifyReport> {
+    let catalog = device.require_catalog()?;
+    let mut models = Vec::new();
+    if let Some(want) = only
+        && contract::canonical_id(want) == manifest::layout::BUILTIN_MODEL_ID
+    {
+        models.push(InstalledModel {
+            id: contract::builtin_id().to_string(),
+            state: VerifyState::Verified,
+        });
+        return Ok(VerifyReport { models });
+    }
+    for e in catalog.models() {
+        if only.is_some_and(|want| e.id().as_str() != want) {
+            continue;
+        }
+        // The built-in ships with the checkout and has no catalog digest: not a failure.
+        if contract::kind(e.id()) == ModelKind::BuiltIn {
+            continue;
+        }
+        if matches!(chunker::resolve(&device.artifact_path(e.id())), Ok(Some(_))) {
+            on_hash(e.id());
+        }
+        let state = device.verify_entry(e, true)?;
+        if state == VerifyState::Missing && only.is_none() {
+            continue;
+        }
+        models.push(InstalledModel {
+            id: e.id().to_string(),
+            state,
+        });
+    }
+    if let Some(want) = only
+        && models.is_empty()
+    {
+        return Err(Error::UnknownModel {
+            id: want.to_string(),
+            generation: device.config.generation.to_string(),
+        });
+    }
+    Ok(VerifyReport { models })
+}
