@@ -215,7 +215,10 @@ pub fn ensure_profiles(read: &ProfilesRead, selection: &ModelId, catalog: &Catal
     let small = canonicalise(&small);
     let small = if is_gpu(&small) { builtin_id() } else { small };
     let big = match big {
-        BigProfile::Model(id) if is_gpu(&id) => BigProfile::Model(canonicalise(&id)),
+        // An id the catalog does not list stays, so `decide` reports it as a fallback.
+        BigProfile::Model(id) if is_gpu(&id) || !catalog.contains(&id) => {
+            BigProfile::Model(canonicalise(&id))
+        }
         BigProfile::Model(_) => BigProfile::Unset,
         other => other,
     };
@@ -357,6 +360,21 @@ pub fn decide(w: &Wanted, catalog: &Catalog, avail: &dyn Availability) -> Outcom
         small,
         big,
         fell_back,
+    }
+}
+
+/// What the params say while a migration runs: the built-in everywhere modeld reads (a big
+/// profile the user disabled stays disabled). The journal holds [`Wanted`] until the end.
+pub fn interim(w: &Wanted, catalog: &Catalog) -> Outcome {
+    let builtin = Named::builtin(catalog);
+    Outcome {
+        selection: builtin.clone(),
+        small: builtin,
+        big: match w.profiles.big {
+            BigProfile::Disabled => BigOutcome::Disabled,
+            _ => BigOutcome::Unset,
+        },
+        fell_back: false,
     }
 }
 

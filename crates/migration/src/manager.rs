@@ -198,6 +198,10 @@ pub fn refresh(
     if let Some(mut j) = journal.clone()
         && j.phase == Phase::Purge
     {
+        // Before anything is deleted, point everything modeld and the UIs read at the built-in
+        // (the journal keeps what to restore): a modeld starting mid-migration then loads the
+        // built-in, never an old-generation pickle and never a file about to be purged.
+        write_contract(device, &catalog, &contract::interim(&wanted, &catalog))?;
         report.purged = purge(device)?;
         j.phase = Phase::Download;
         write_journal(device, &j)?;

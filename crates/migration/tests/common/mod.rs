@@ -1,0 +1,258 @@
+//! Fixtures shared by the in-process tests: a v25 origin on the fault-injecting server, and data
+//! dirs laid out the way the Python model manager leaves a v24 device.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use downloader::{DownloadConfig, Downloader, Origins};
+use manifest::Generation;
+use migration::{Device, DeviceConfig, Effects};
+use serde_json::json;
+use test_support::http_server::FaultServer;
+use test_support::published::{GH_DIR, HF_DIR, artifact_bytes, publish_model, write_manifest};
+
+pub const V25: Generation = Generation::new(25);
+pub const CHUNK: usize = 64 * 1024;
+
+/// One published v25 model.
+pub struct Published {
+    pub bytes: Vec<u8>,
+    pub sha256: String,
+}
+
+/// The v25 origin: `rdf43` listed without an artifact (built-in), `pop223` (a chunk set, a
+/// community favourite, emoji in its name), `tr14223` (a plain file) and `big223` (an eGPU
+/// model with an explicit URL map), served in both layouts.
+pub struct Origin {
+    pub dir: tempfile::TempDir,
+    pub server: FaultServer,
+    pub models: BTreeMap<&'static str, Published>,
+}
+
+pub const CATALOG_IDS: [&str; 4] = ["rdf43", "pop223", "tr14223", "big223"];
+
+impl Origin {
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("origin");
+        fs::create_dir_all(&root).unwrap();
+        let mut models = BTreeMap::new();
+        let mut entries = vec![json!({
+            "id": "rdf43", "name": "Regret Driven Framework V4 🗺️", "version": "v15",
+            "series": "RDF Series", "released": "2025-01-01", "community_favorite": false,
+        })];
+        for (seed, id, chunk, gpu, fav, name, version) in [
+            (1u64, "pop223", Some(CHUNK), false, true, "Pop 👀📡", "v16"),
+            (2, "tr14223", None, false, false, "TR14 👀📡", "v8"),
+            (3, "big223", Some(CHUNK), true, false, "Big Chestnut", "v16"),
+        ] {
+            let bytes = artifact_bytes(seed, 2 * CHUNK + 1000 * seed as usize);
+            let p = publish_model(&root, "v25", id, &bytes, chunk);
+            let mut e = json!({
+                "id": id, "name": name, "version": version, "series": "Test Series",
+                "released": "2025-06-01", "community_favorite": fav,
+                "artifact_format": "tinygrad_single_v1", "artifact_size": p.size,
+                "artifact_sha256": p.sha256, "artifact_chunk_count": p.chunk_count,
+                "uses_external_gpu": gpu,
+            });
+            if gpu {
+                e["artifact_urls"] = json!({
+                    format!("{id}_driving_tinygrad.pkl"): format!("https://example.invalid/{id}")
+                });
+            }
+            entries.push(e);
+            models.insert(
+                id,
+                Published {
+                    sha256: p.sha256,
+                    bytes,
+                },
+            );
+        }
+        let manifest = json!({"generation": "v25", "models": entries});
+        write_manifest(
+            &root,
+            "v25",
+            serde_json::to_string_pretty(&manifest).unwrap().as_bytes(),
+        );
+        let server = FaultServer::start(&root).unwrap();
+        Origin {
+            dir,
+            server,
+            models,
+        }
+    }
+
+    pub fn downloader(&self) -> Downloader {
+        Downloader::new(
+            Origins::new(
+                &format!("{}/{HF_DIR}", self.server.url()),
+                &format!("{}/{GH_DIR}", self.server.url()),
+            ),
+            DownloadConfig {
+                space_margin: 0,
+                max_attempts: 2,
+                backoff_base: std::time::Duration::from_millis(5),
+                backoff_max: std::time::Duration::from_millis(20),
+                ..DownloadConfig::default()
+            },
+        )
+    }
+
+    pub fn sha(&self, id: &str) -> &str {
+        &self.models[id].sha256
+    }
+}
+
+/// A data dir (plus built-in dir and memory params) as the Python manager leaves a v24 device.
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+}
+
+pub const LOCAL_MINE: &[u8] = b"local-mine bytes, compiled on the device";
+pub const LOCAL_BARE: &[u8] = b"local-bare_model bytes";
+
+/// Old files every fixture starts with.
+pub const V24_FILES: [&str; 14] = [
+    "pop223_driving_tinygrad.pkl.chunk01of02",
+    "pop223_driving_tinygrad.pkl.chunk02of02",
+    "pop223_driving_tinygrad.pkl.chunkmanifest",
+    "tr14223_driving_tinygrad.pkl",
+    "tr14223_driving_tinygrad.pkl.p00",
+    "tr14223_driving_tinygrad.pkl.sha256",
+    "big223_driving_tinygrad.pkl",
+    "big223_driving_chestnut_tinygrad.pkl",
+    "gone223_driving_tinygrad.pkl",
+    "driving_vision_tinygrad.pkl",
+    "driving_off_policy_tinygrad.pkl.p00",
+    "dmonitoring_model_tinygrad.pkl",
+    "tmpk3j4h5",
+    "notes.txt",
+];
+
+impl Fixture {
+    /// A v24 device: old artifacts in every form, two local models (`local-mine` with a
+    /// sidecar, `local-bare_model` without), stale v24 caches, `ModelManifestVersion=v24`, and
+    /// the given params.
+    pub fn v24(params: &[(&str, &str)]) -> Self {
+        let f = Fixture {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        let m = f.models();
+        fs::create_dir_all(&m).unwrap();
+        for name in V24_FILES {
+            let body: &[u8] = if name.ends_with(".chunkmanifest") {
+                b"2"
+            } else {
+                b"v24 bytes"
+            };
+            fs::write(m.join(name), body).unwrap();
+        }
+        fs::write(m.join("local-mine_driving_tinygrad.pkl"), LOCAL_MINE).unwrap();
+        fs::write(
+            m.join("local-mine.json"),
+            r#"{"name": "Mine, tuned", "version": "v16", "uses_external_gpu": false}"#,
+        )
+        .unwrap();
+        fs::write(m.join("local-bare_model_driving_tinygrad.pkl"), LOCAL_BARE).unwrap();
+        fs::write(
+            m.join(".model_versions.json"),
+            r#"{"pop223": "v7", "gone223": "v9", "tr14223": "v8"}"#,
+        )
+        .unwrap();
+        fs::write(
+            m.join(".model_artifacts.json"),
+            r#"{"pop223": {"artifact_sha256": "00", "artifact_size": 9, "uses_external_gpu": false},
+                "gone223": {"artifact_sha256": "11", "artifact_size": 9, "uses_external_gpu": true}}"#,
+        )
+        .unwrap();
+        fs::write(
+            m.join(".model_artifact_urls.json"),
+            r#"{"gone223": {"gone223_driving_tinygrad.pkl": "https://example.invalid/v24/gone223"}}"#,
+        )
+        .unwrap();
+        fs::create_dir_all(f.builtin()).unwrap();
+        fs::write(
+            f.builtin().join("driving_tinygrad.pkl.chunk01of01"),
+            b"builtin",
+        )
+        .unwrap();
+        fs::write(f.builtin().join("driving_tinygrad.pkl.chunkmanifest"), b"1").unwrap();
+        f.set("ModelManifestVersion", "v24");
+        f.set("AvailableModels", "pop223,tr14223,big223,gone223");
+        for (k, v) in params {
+            f.set(k, v);
+        }
+        f
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+    pub fn models(&self) -> PathBuf {
+        self.data().join("models")
+    }
+    pub fn builtin(&self) -> PathBuf {
+        self.dir.path().join("builtin")
+    }
+
+    pub fn set(&self, key: &str, value: &str) {
+        let d = self.data().join("params/d");
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join(key), value).unwrap();
+    }
+
+    pub fn param(&self, key: &str) -> Option<String> {
+        fs::read_to_string(self.data().join("params/d").join(key)).ok()
+    }
+
+    pub fn device(&self) -> Device {
+        self.device_with(Effects::none())
+    }
+
+    pub fn device_with(&self, effects: Effects) -> Device {
+        Device::with_effects(
+            DeviceConfig {
+                data_dir: self.data(),
+                memory_params_dir: self.dir.path().join("shm"),
+                builtin_dir: self.builtin(),
+                generation: V25,
+            },
+            effects,
+        )
+    }
+
+    /// Everything a refresh's outcome consists of: every persistent param, and every file of
+    /// the models dir with its SHA-256, except the verification cache (keyed by inode and
+    /// times, so it differs between equal states) and the lock file.
+    pub fn snapshot(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for dir in [self.data().join("params/d"), self.models()] {
+            let Ok(rd) = fs::read_dir(&dir) else { continue };
+            for e in rd {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name == ".verified.json" || name == ".manager.lock" {
+                    continue;
+                }
+                let body = fs::read(e.path()).unwrap();
+                let key = format!("{}/{name}", dir.file_name().unwrap().to_string_lossy());
+                let value = match String::from_utf8(body.clone()) {
+                    Ok(s) if s.len() < 4096 => s,
+                    _ => test_support::published::sha256_hex(&body),
+                };
+                out.insert(key, value);
+            }
+        }
+        out
+    }
+}
+
+pub fn sha_of(path: &Path) -> Option<String> {
+    fs::read(path)
+        .ok()
+        .map(|b| test_support::published::sha256_hex(&b))
+}
