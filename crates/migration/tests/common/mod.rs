@@ -138,9 +138,7 @@ impl Fixture {
     /// sidecar, `local-bare_model` without), stale v24 caches, `ModelManifestVersion=v24`, and
     /// the given params.
     pub fn v24(params: &[(&str, &str)]) -> Self {
-        let f = Fixture {
-            dir: tempfile::tempdir().unwrap(),
-        };
+        let f = Fixture { dir: scratch() };
         let m = f.models();
         fs::create_dir_all(&m).unwrap();
         for name in V24_FILES {
@@ -249,6 +247,19 @@ impl Fixture {
         }
         out
     }
+}
+
+/// A scratch dir on tmpfs when there is one: the manager fsyncs every param and file, and the
+/// crash enumeration runs hundreds of refreshes; on tmpfs an fsync costs nothing, and the code
+/// paths are the same.
+pub fn scratch() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir()
+        && let Ok(d) = tempfile::tempdir_in(shm)
+    {
+        return d;
+    }
+    tempfile::tempdir().unwrap()
 }
 
 pub fn sha_of(path: &Path) -> Option<String> {

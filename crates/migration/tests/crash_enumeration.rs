@@ -1,0 +1,194 @@
+//! Crash safety by enumeration: for every durable effect of a refresh (each param written or
+//! removed, each state or cache file written, each purged file, each install), crash right after
+//! it, check what upstream modeld would load at that instant, then rerun and require the state
+//! an uninterrupted run leaves. The effects are counted by the crate's own checkpoints
+//! (`migration::Effects`); the crash stops the refresh at once, as kill -9 would.
+
+mod common;
+mod upstream;
+
+use common::{Fixture, Origin};
+use downloader::CancelToken;
+use migration::{Effects, Error};
+use upstream::Load;
+
+/// The starting devices: rich ones (two installs, both profiles) and a fallback.
+const STARTS: &[(&str, &[(&str, &str)], bool)] = &[
+    (
+        "eGPU profile",
+        &[
+            ("Model", "big223"),
+            ("DrivingModel", "big223"),
+            ("ActiveSmallModel", "pop223"),
+            ("ActiveBigModel", "big223"),
+        ],
+        true,
+    ),
+    (
+        "legacy alias selection",
+        &[("Model", "pop22"), ("DrivingModel", "pop22")],
+        false,
+    ),
+    (
+        "selection dropped from v25",
+        &[("Model", "gone223"), ("DrivingModel", "gone223")],
+        false,
+    ),
+];
+
+/// What modeld may load right after a crash: the built-in, a verified v25 artifact, a local
+/// model, or exactly what it loaded before the refresh started (the Python manager's state) —
+/// never a missing file (a synchronous Python download) and never a half-migrated mix.
+fn assert_modeld_safe(
+    origin: &Origin,
+    f: &Fixture,
+    egpu: bool,
+    before: &upstream::Modeld,
+    ctx: &str,
+) {
+    let now = upstream::modeld(&f.data(), egpu);
+    let slots = [
+        (Some(&now.small), Some(&before.small)),
+        (now.big.as_ref(), before.big.as_ref()),
+    ];
+    for (load, was) in slots {
+        let Some(load) = load else { continue };
+        if Some(load) == was {
+            continue; // still what the Python manager left; the refresh has not touched it yet
+        }
+        match load {
+            Load::BuiltIn => {}
+            Load::File { id, path } if id.starts_with("local-") => assert!(path.is_file(), "{ctx}"),
+            Load::File { id, path } => {
+                let bytes = upstream::read_chunked(path).unwrap_or_default();
+                assert_eq!(
+                    test_support::published::sha256_hex(&bytes),
+                    origin.sha(id),
+                    "{ctx}: modeld would load {id} that is not the verified v25 artifact"
+                );
+            }
+            Load::SyncDownload { id } => {
+                panic!("{ctx}: modeld would find {id} missing and download it itself")
+            }
+        }
+    }
+}
+
+#[test]
+fn a_crash_after_any_effect_then_a_rerun_ends_as_an_uninterrupted_refresh() {
+    let origin = Origin::start();
+    let mut total = 0;
+    for (name, params, egpu) in STARTS {
+        // The uninterrupted run: its end state and its effects.
+        let clean = Fixture::v24(params);
+        let effects = Effects::recording();
+        migration::refresh(
+            &clean.device_with(effects.clone()),
+            &origin.downloader(),
+            &CancelToken::new(),
+            &|_| {},
+        )
+        .unwrap();
+        let want = clean.snapshot();
+        let log = effects.log();
+        assert!(
+            log.len() > 20,
+            "{name}: only {} effects: {log:?}",
+            log.len()
+        );
+        for kind in [
+            "param ",
+            "write .model_artifacts.json",
+            "remove ",
+            "write .migration.json",
+        ] {
+            assert!(
+                log.iter().any(|e| e.starts_with(kind)),
+                "{name}: no {kind} in {log:?}"
+            );
+        }
+
+        for n in 0..log.len() {
+            let f = Fixture::v24(params);
+            let before = upstream::modeld(&f.data(), *egpu);
+            let ctx = format!("{name}: crash after effect {n} ({})", log[n]);
+            match migration::refresh(
+                &f.device_with(Effects::crash_after(n)),
+                &origin.downloader(),
+                &CancelToken::new(),
+                &|_| {},
+            ) {
+                Err(Error::Crashed { effect, .. }) => assert_eq!(effect, n, "{ctx}"),
+                other => panic!("{ctx}: expected the simulated crash, got {other:?}"),
+            }
+            assert_modeld_safe(&origin, &f, *egpu, &before, &ctx);
+            migration::refresh(
+                &f.device(),
+                &origin.downloader(),
+                &CancelToken::new(),
+                &|_| {},
+            )
+            .unwrap_or_else(|e| panic!("{ctx}: rerun failed: {e}"));
+            assert_eq!(f.snapshot(), want, "{ctx}: rerun ends elsewhere");
+        }
+        total += log.len();
+    }
+    eprintln!("crashed after each of {total} effects");
+}
+
+#[test]
+fn a_crash_during_a_same_generation_repair_reruns_to_the_same_state() {
+    let origin = Origin::start();
+    let params: &[(&str, &str)] = &[("Model", "pop223"), ("DrivingModel", "pop223")];
+    // Bring a device to v25, then delete its selected artifact and drop the model from the
+    // UI's profile so the repair has params to rewrite as well as a model to fetch.
+    let prepare = || {
+        let f = Fixture::v24(params);
+        migration::refresh(
+            &f.device(),
+            &origin.downloader(),
+            &CancelToken::new(),
+            &|_| {},
+        )
+        .unwrap();
+        std::fs::remove_file(f.models().join("pop223_driving_tinygrad.pkl")).unwrap();
+        f.set("ActiveSmallModelName", "stale");
+        f
+    };
+    let clean = prepare();
+    let effects = Effects::recording();
+    migration::refresh(
+        &clean.device_with(effects.clone()),
+        &origin.downloader(),
+        &CancelToken::new(),
+        &|_| {},
+    )
+    .unwrap();
+    let want = clean.snapshot();
+    let log = effects.log();
+    assert!(log.iter().any(|e| e == "install pop223"), "{log:?}");
+    for n in 0..log.len() {
+        let f = prepare();
+        let ctx = format!("crash after effect {n} ({})", log[n]);
+        assert!(
+            matches!(
+                migration::refresh(
+                    &f.device_with(Effects::crash_after(n)),
+                    &origin.downloader(),
+                    &CancelToken::new(),
+                    &|_| {},
+                ),
+                Err(Error::Crashed { .. })
+            ),
+            "{ctx}"
+        );
+        migration::refresh(
+            &f.device(),
+            &origin.downloader(),
+            &CancelToken::new(),
+            &|_| {},
+        )
+        .unwrap();
+        assert_eq!(f.snapshot(), want, "{ctx}");
+    }
+}
