@@ -984,15 +984,16 @@ mod tests {
         };
         let up = |ok: &'static [&'static str]| move |i: &ModelId| ok.contains(&i.as_str());
         // (selection, profiles, available) -> (selection, small, big, fell back)
-        let cases: Vec<(
+        type Case = (
             SelectionParams,
             ProfilesRead,
-            &[&str],
-            &str,
-            &str,
-            Option<&str>,
+            &'static [&'static str],
+            &'static str,
+            &'static str,
+            Option<&'static str>,
             bool,
-        )> = vec![
+        );
+        let cases: Vec<Case> = vec![
             (
                 sel("pop22"),
                 no_profiles.clone(),

@@ -13,7 +13,9 @@ use migration::{Effects, Error};
 use upstream::Load;
 
 /// The starting devices: rich ones (two installs, both profiles) and a fallback.
-const STARTS: &[(&str, &[(&str, &str)], bool)] = &[
+type Params = &'static [(&'static str, &'static str)];
+
+const STARTS: &[(&str, Params, bool)] = &[
     (
         "eGPU profile",
         &[
@@ -108,10 +110,10 @@ fn a_crash_after_any_effect_then_a_rerun_ends_as_an_uninterrupted_refresh() {
             );
         }
 
-        for n in 0..log.len() {
+        for (n, what) in log.iter().enumerate() {
             let f = Fixture::v24(params);
             let before = upstream::modeld(&f.data(), *egpu);
-            let ctx = format!("{name}: crash after effect {n} ({})", log[n]);
+            let ctx = format!("{name}: crash after effect {n} ({what})");
             match migration::refresh(
                 &f.device_with(Effects::crash_after(n)),
                 &origin.downloader(),
@@ -167,9 +169,9 @@ fn a_crash_during_a_same_generation_repair_reruns_to_the_same_state() {
     let want = clean.snapshot();
     let log = effects.log();
     assert!(log.iter().any(|e| e == "install pop223"), "{log:?}");
-    for n in 0..log.len() {
+    for (n, what) in log.iter().enumerate() {
         let f = prepare();
-        let ctx = format!("crash after effect {n} ({})", log[n]);
+        let ctx = format!("crash after effect {n} ({what})");
         assert!(
             matches!(
                 migration::refresh(

@@ -1,0 +1,219 @@
+//! refresh, install, gc, verify and the daemon's request protocol, in-process against the
+//! fault-injecting server (no binary is spawned).
+
+mod common;
+
+use std::fs;
+use std::sync::Mutex;
+
+use common::{Fixture, Origin, sha_of};
+use downloader::CancelToken;
+use manifest::ModelId;
+use migration::daemon::{self, Request};
+use migration::params::keys;
+use migration::{Progress, VerifyState};
+use test_support::http_server::Fault;
+
+fn refreshed(origin: &Origin, params: &[(&str, &str)]) -> Fixture {
+    let f = Fixture::v24(params);
+    migration::refresh(
+        &f.device(),
+        &origin.downloader(),
+        &CancelToken::new(),
+        &|_| {},
+    )
+    .unwrap();
+    f
+}
+
+#[test]
+fn refresh_falls_through_to_github_when_hugging_face_fails() {
+    let origin = Origin::start();
+    origin.server.add_fault(
+        "/hf/manifests/model_names_v25.json",
+        Fault::Status(500),
+        None,
+    );
+    origin
+        .server
+        .add_fault("/hf/models/*", Fault::Status(503), None);
+    let f = Fixture::v24(&[("Model", "pop223"), ("DrivingModel", "pop223")]);
+    let r = migration::refresh(
+        &f.device(),
+        &origin.downloader(),
+        &CancelToken::new(),
+        &|_| {},
+    )
+    .unwrap();
+    assert!(
+        r.manifest_origin.starts_with("GitHub"),
+        "{}",
+        r.manifest_origin
+    );
+    assert!(!r.fell_back_to_builtin);
+    assert_eq!(
+        sha_of(&f.models().join("pop223_driving_tinygrad.pkl")).as_deref(),
+        Some(origin.sha("pop223"))
+    );
+}
+
+#[test]
+fn install_survives_a_truncated_chunk_and_reports_upstreams_texts() {
+    let origin = Origin::start();
+    let f = refreshed(&origin, &[]);
+    origin.server.add_fault(
+        "/hf/models/v25/tr14223/tr14223_driving_tinygrad.pkl",
+        Fault::Truncate(100),
+        Some(1),
+    );
+    let seen = Mutex::new(Vec::new());
+    let id: ModelId = "tr14223".parse().unwrap();
+    migration::download_model(
+        &f.device(),
+        &origin.downloader(),
+        &id,
+        &CancelToken::new(),
+        &|p| seen.lock().unwrap().push(p.clone()),
+    )
+    .unwrap();
+    assert_eq!(
+        sha_of(&f.models().join("tr14223_driving_tinygrad.pkl")).as_deref(),
+        Some(origin.sha("tr14223"))
+    );
+    let seen = seen.into_inner().unwrap();
+    assert!(seen.contains(&Progress::Verifying), "{seen:?}");
+    assert_eq!(seen.last(), Some(&Progress::Downloaded));
+    assert!(
+        matches!(seen.first(), Some(Progress::Percent(_))),
+        "{seen:?}"
+    );
+
+    for (raw, text) in [
+        ("rdf", Progress::BuiltinAlreadyDownloaded),
+        ("local-mine", Progress::LocalNothingToDownload),
+    ] {
+        let last = Mutex::new(None);
+        let id: ModelId = raw.parse().unwrap();
+        let r = migration::download_model(
+            &f.device(),
+            &origin.downloader(),
+            &id,
+            &CancelToken::new(),
+            &|p| *last.lock().unwrap() = Some(p.clone()),
+        )
+        .unwrap();
+        assert!(r.is_none());
+        assert_eq!(last.into_inner().unwrap(), Some(text));
+    }
+}
+
+#[test]
+fn gc_removes_strays_and_unlisted_models_but_never_local_ones() {
+    let origin = Origin::start();
+    let f = refreshed(&origin, &[("Model", "pop223"), ("DrivingModel", "pop223")]);
+    for stray in [
+        "tmpa1b2c3",
+        "gone223_driving_tinygrad.pkl",
+        "driving_policy_tinygrad.pkl",
+    ] {
+        fs::write(f.models().join(stray), b"x").unwrap();
+    }
+    let mut removed = migration::gc(&f.device()).unwrap();
+    removed.sort();
+    assert_eq!(
+        removed,
+        [
+            "driving_policy_tinygrad.pkl",
+            "gone223_driving_tinygrad.pkl",
+            "tmpa1b2c3",
+            "tmpk3j4h5", // the Python manager's temporary, left by the fixture
+        ]
+    );
+    for kept in [
+        "pop223_driving_tinygrad.pkl",
+        "local-mine_driving_tinygrad.pkl",
+        "local-mine.json",
+        "local-bare_model_driving_tinygrad.pkl",
+        ".model_artifacts.json",
+    ] {
+        assert!(f.models().join(kept).exists(), "{kept}");
+    }
+}
+
+#[test]
+fn verify_passes_on_a_fully_installed_device_whose_catalog_lists_the_builtin() {
+    let origin = Origin::start();
+    let f = refreshed(&origin, &[("Model", "pop223"), ("DrivingModel", "pop223")]);
+    let device = f.device();
+    let r = migration::report::verify(&device, None, &|_| {}).unwrap();
+    assert!(r.all_verified(), "{r:?}");
+    assert_eq!(r.models.len(), 1, "{r:?}");
+    let one = migration::report::verify(&device, Some("rdf43"), &|_| {}).unwrap();
+    assert!(one.all_verified());
+    fs::write(f.models().join("pop223_driving_tinygrad.pkl"), b"bad").unwrap();
+    let r = migration::report::verify(&device, None, &|_| {}).unwrap();
+    assert_eq!(r.models[0].state, VerifyState::Corrupt);
+    assert!(!r.all_verified());
+
+    // status and resolve name the model from the catalog, not from a stale param.
+    f.set(keys::DRIVING_MODEL_NAME, "a stale name");
+    let s = migration::report::status(&device).unwrap();
+    assert_eq!(s.selected.name, "Pop");
+    assert_eq!(s.selected.version, "v16");
+    let resolved = migration::report::resolve(&device).unwrap();
+    assert!(
+        resolved.builtin,
+        "a corrupt selection resolves to the built-in"
+    );
+    assert_eq!(resolved.name, "Regret Driven Framework V4");
+}
+
+#[test]
+fn the_daemon_serves_one_request_clears_it_and_drops_a_stale_cancel() {
+    let origin = Origin::start();
+    let f = refreshed(&origin, &[]);
+    let device = f.device();
+    let dl = origin.downloader();
+
+    device.memory.put(keys::CANCEL_MODEL_DOWNLOAD, "1").unwrap();
+    assert_eq!(daemon::poll_once(&device, &dl).unwrap(), None);
+    assert_eq!(
+        device.memory.get(keys::CANCEL_MODEL_DOWNLOAD).unwrap(),
+        None
+    );
+
+    device
+        .memory
+        .put(keys::MODEL_TO_DOWNLOAD, "TR14223")
+        .unwrap();
+    let (req, last) = daemon::poll_once(&device, &dl).unwrap().unwrap();
+    assert!(matches!(req, Request::Download { .. }));
+    assert_eq!(last, Progress::Downloaded);
+    assert_eq!(device.memory.get(keys::MODEL_TO_DOWNLOAD).unwrap(), None);
+    assert_eq!(
+        device
+            .memory
+            .get_str(keys::MODEL_DOWNLOAD_PROGRESS)
+            .unwrap()
+            .as_deref(),
+        Some("Downloaded!")
+    );
+
+    device.memory.put(keys::DOWNLOAD_ALL_MODELS, "1").unwrap();
+    let (req, last) = daemon::poll_once(&device, &dl).unwrap().unwrap();
+    assert_eq!(req, Request::DownloadAll);
+    assert_eq!(last, Progress::AllDownloaded);
+    assert!(f.models().join("pop223_driving_tinygrad.pkl").is_file());
+    assert!(
+        !f.models().join("big223_driving_tinygrad.pkl").exists(),
+        "download-all skips eGPU models"
+    );
+
+    device
+        .memory
+        .put(keys::MODEL_TO_DOWNLOAD, "gone223")
+        .unwrap();
+    let (_, last) = daemon::poll_once(&device, &dl).unwrap().unwrap();
+    assert!(matches!(last, Progress::Failed(_)), "{last:?}");
+    assert_eq!(device.memory.get(keys::MODEL_TO_DOWNLOAD).unwrap(), None);
+}
