@@ -242,6 +242,13 @@ impl fmt::Display for Report {
             p(&self.params_after, "Model"),
             p(&self.params_after, "DrivingModelName")
         )?;
+        writeln!(
+            f,
+            "  profiles:      small {} -> {}, big {}",
+            p(&self.params_before, "ActiveSmallModel"),
+            p(&self.params_after, "ActiveSmallModel"),
+            p(&self.params_after, "ActiveBigModel")
+        )?;
         writeln!(f, "  modeld loads:  {}", self.resolved.display())?;
         let stray = self
             .requests
@@ -678,6 +685,29 @@ fn prepare_v24_device(
         write(models.join(dm), &stand_in_bytes(30 + i as u64, 5_000))?;
     }
 
+    // The three JSON caches the v24 manager wrote, with an entry for a model v25 dropped.
+    let sel = scenario.selected;
+    for (cache, body) in [
+        (
+            ".model_versions.json",
+            format!(r#"{{"{sel}": "v11", "dropped223": "v9"}}"#),
+        ),
+        (
+            ".model_artifacts.json",
+            format!(
+                r#"{{"{sel}": {{"artifact_sha256": "{}", "artifact_size": 50000, "uses_external_gpu": false}}, "dropped223": {{"uses_external_gpu": false}}}}"#,
+                Sha256Digest::of_bytes(&stand_in_bytes(24, 50_000)).to_hex()
+            ),
+        ),
+        (
+            ".model_artifact_urls.json",
+            r#"{"dropped223": {"dropped223_driving_tinygrad.pkl": "https://example.invalid/v24"}}"#
+                .to_string(),
+        ),
+    ] {
+        write(models.join(cache), body.as_bytes())?;
+    }
+
     // The built-in RDF V4 shipped in the openpilot tree, as its native chunk set.
     let builtin = builtin_dir.join("driving_tinygrad.pkl");
     write(builtin.clone(), &stand_in_bytes(43, 70_000))?;
@@ -702,6 +732,11 @@ fn prepare_v24_device(
         ("DrivingModelName", entry_name.0.as_str()),
         ("ModelVersion", entry_name.1.as_str()),
         ("DrivingModelVersion", entry_name.1.as_str()),
+        // The Small/Big profiles modeld actually loads from.
+        ("ActiveSmallModel", scenario.selected),
+        ("ActiveSmallModelName", entry_name.0.as_str()),
+        ("ActiveSmallModelVersion", entry_name.1.as_str()),
+        ("ActiveBigModel", "none"),
         ("ModelManifestVersion", OLD_GENERATION),
     ] {
         write(params.join(key), value.as_bytes())?;

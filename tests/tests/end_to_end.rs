@@ -60,6 +60,43 @@ fn assert_only_v25_requests(report: &Report, github: bool) {
     }
 }
 
+/// What upstream modeld and the UIs read names `small`: the small profile (with the catalog's
+/// name), the comma-joined catalog plus the local model, and caches with no v24 leftovers.
+fn assert_device_contract(r: &Report, small: &str) {
+    let p = &r.params_after;
+    assert_eq!(p["ActiveSmallModel"], small);
+    let want_name = match r
+        .manifest
+        .get(&small.parse().unwrap())
+        .and_then(|e| e.name())
+    {
+        Some(n) => n
+            .replace(['👀', '📡', '🗺', '\u{fe0f}'], "")
+            .trim()
+            .to_string(),
+        None => layout::BUILTIN_MODEL_NAME.to_string(),
+    };
+    assert_eq!(p["ActiveSmallModelName"], want_name);
+    assert_eq!(
+        p["ActiveBigModel"], "none",
+        "a disabled big profile stays disabled"
+    );
+    let listed: Vec<&str> = p["AvailableModels"].split(',').collect();
+    assert_eq!(listed.len(), r.manifest.models().len() + 1, "{listed:?}");
+    assert_eq!(listed.last(), Some(&LOCAL_MODEL));
+    for cache in [
+        ".model_versions.json",
+        ".model_artifacts.json",
+        ".model_artifact_urls.json",
+    ] {
+        let body = std::fs::read(r.models_dir.join(cache)).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        for id in v.as_object().unwrap().keys() {
+            assert!(listed.contains(&id.as_str()), "{cache} keeps {id}");
+        }
+    }
+}
+
 fn assert_locals_and_dm_kept(report: &Report) {
     let mut expected: Vec<String> = DM_FILES.iter().map(|s| s.to_string()).collect();
     expected.push(format!("{LOCAL_MODEL}{}", layout::ARTIFACT_SUFFIX));
@@ -91,6 +128,7 @@ fn a_v24_device_migrates_to_the_published_v25() {
     assert_eq!(r.params_after["DrivingModel"], "pop223");
     assert_eq!(r.params_after["ModelManifestVersion"], "v25");
     assert_eq!(r.resolved, r.models_dir.join("pop223_driving_tinygrad.pkl"));
+    assert_device_contract(&r, "pop223");
     let origin = r.refresh["manifest_origin"].as_str().unwrap();
     assert!(origin.starts_with("Hugging Face"), "{origin}");
     assert_only_v25_requests(&r, false);
@@ -165,6 +203,7 @@ fn with_the_selected_model_missing_from_v25_the_device_falls_back_to_the_builtin
     assert_eq!(p["ModelManifestVersion"], "v25");
     assert_eq!(r.resolved, r.builtin_dir.join("driving_tinygrad.pkl"));
     assert_eq!(r.refresh["fell_back_to_builtin"], true);
+    assert_device_contract(&r, layout::BUILTIN_MODEL_ID);
     // Only the manifest was asked for: the missing model is not probed elsewhere.
     assert_only_v25_requests(&r, false);
     assert!(
