@@ -25,7 +25,7 @@ use std::fs;
 
 use chunker::atomic::{remove_if_exists, sync_dir};
 use downloader::{CancelToken, Downloader, Event, Installed};
-use manifest::{Manifest, ModelEntry, ModelId};
+use manifest::{Generation, Manifest, ModelEntry, ModelId};
 use serde::{Deserialize, Serialize};
 
 use crate::contract::{
@@ -46,13 +46,15 @@ pub enum Phase {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Journal {
+    /// `ModelManifestVersion` before the migration, as the param said it (the Python manager
+    /// writes "unknown" when it found no manifest, so this is not a [`Generation`]).
     pub from: Option<String>,
-    pub to: String,
+    pub to: Generation,
     /// The selection to keep (already mapped into the new catalog's namespace).
-    pub selected: String,
+    pub selected: ModelId,
     /// The small profile to keep (`None` in a journal written before profiles were kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub small: Option<String>,
+    pub small: Option<ModelId>,
     /// The big profile to keep: a model id, `none` (disabled), or `None` (unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub big: Option<String>,
@@ -60,12 +62,12 @@ pub struct Journal {
 }
 
 impl Journal {
-    fn new(from: Option<String>, to: String, w: &Wanted) -> Self {
+    fn new(from: Option<String>, to: Generation, w: &Wanted) -> Self {
         Journal {
             from,
             to,
-            selected: w.selection.to_string(),
-            small: Some(w.profiles.small.to_string()),
+            selected: w.selection.clone(),
+            small: Some(w.profiles.small.clone()),
             big: match &w.profiles.big {
                 BigProfile::Unset => None,
                 BigProfile::Disabled => Some(contract::BIG_DISABLED.to_string()),
@@ -78,12 +80,12 @@ impl Journal {
     /// What the journal says to keep, under the catalog's rules.
     fn wanted(&self, catalog: &Catalog) -> Wanted {
         let sel = SelectionParams {
-            model: Some(self.selected.clone()),
-            driving_model: Some(self.selected.clone()),
+            model: Some(self.selected.to_string()),
+            driving_model: Some(self.selected.to_string()),
             ..SelectionParams::default()
         };
         let profiles = ProfilesRead {
-            small: self.small.clone(),
+            small: self.small.as_ref().map(ModelId::to_string),
             big: self.big.clone(),
         };
         contract::wanted(&sel, &profiles, catalog)
@@ -93,12 +95,12 @@ impl Journal {
 /// What a refresh did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RefreshReport {
-    pub generation: String,
+    pub generation: Generation,
     pub manifest_origin: String,
     pub models: usize,
     pub migrated_from: Option<String>,
     pub purged: Vec<String>,
-    pub selected: String,
+    pub selected: ModelId,
     pub fell_back_to_builtin: bool,
 }
 
@@ -158,7 +160,7 @@ pub fn refresh(
     };
     let journal = match (
         contract::start(
-            journal.as_ref().map(|j| j.to.as_str()),
+            journal.as_ref().map(|j| j.to.to_string()).as_deref(),
             previous.as_deref(),
             &target,
         ),
@@ -166,7 +168,7 @@ pub fn refresh(
     ) {
         (Start::SameGeneration, _) => None,
         (Start::Migrate { from }, _) => {
-            let j = Journal::new(from, target.clone(), &wanted_now()?);
+            let j = Journal::new(from, generation, &wanted_now()?);
             write_journal(device, &j)?;
             Some(j)
         }
@@ -175,7 +177,7 @@ pub fn refresh(
             // A migration to another generation was interrupted and this build reads a
             // different one: whatever that run downloaded is another generation's pickle, so
             // migrate again from the purge, keeping the selection it recorded.
-            j.to = target.clone();
+            j.to = generation;
             j.phase = Phase::Purge;
             write_journal(device, &j)?;
             Some(j)
@@ -187,12 +189,12 @@ pub fn refresh(
         None => wanted_now()?,
     };
     let mut report = RefreshReport {
-        generation: target.clone(),
+        generation,
         manifest_origin: fetched.origin,
         models: manifest.models().len(),
         migrated_from: journal.as_ref().and_then(|j| j.from.clone()),
         purged: Vec::new(),
-        selected: wanted.selection.to_string(),
+        selected: wanted.selection.clone(),
         fell_back_to_builtin: false,
     };
     if let Some(mut j) = journal.clone()
@@ -245,11 +247,13 @@ pub fn refresh(
         progress(&Progress::SelectedUnavailable);
     }
     write_contract(device, &catalog, &outcome)?;
-    report.selected = outcome.selection.id.to_string();
+    report.selected = outcome.selection.id.clone();
     report.fell_back_to_builtin = outcome.fell_back;
 
     if let Some(j) = journal {
-        device.params.put(keys::MODEL_MANIFEST_VERSION, &j.to)?;
+        device
+            .params
+            .put(keys::MODEL_MANIFEST_VERSION, &j.to.to_string())?;
         device.remove_file(JOURNAL_FILE)?;
     }
     Ok(report)

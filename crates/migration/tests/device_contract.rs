@@ -350,7 +350,7 @@ fn python_manager_devices_end_on_the_verified_v25_model_or_the_builtin() {
             case.name
         );
         assert_eq!(report.fell_back_to_builtin, case.fell_back, "{}", case.name);
-        assert_eq!(report.selected, case.selected, "{}", case.name);
+        assert_eq!(report.selected.as_str(), case.selected, "{}", case.name);
         check(case, &origin, &f);
 
         // A second refresh (same generation) changes nothing.
