@@ -83,7 +83,14 @@ pub fn serve(
             Ok(Progress::AllDownloaded)
         })(),
         Request::Download { id: Some(id), .. } => {
-            download_model(device, dl, id, cancel, &say).map(|_| Progress::Downloaded)
+            download_model(device, dl, id, cancel, &say).map(|_| {
+                let canonical = crate::contract::canonical_id(id.as_str());
+                match canonical.parse().map(|c| crate::contract::kind(&c)) {
+                    Ok(crate::contract::ModelKind::BuiltIn) => Progress::BuiltinAlreadyDownloaded,
+                    Ok(crate::contract::ModelKind::Local) => Progress::LocalNothingToDownload,
+                    _ => Progress::Downloaded,
+                }
+            })
         }
         Request::Download { raw, id: None } => {
             Ok(Progress::Failed(format!("{raw:?} is not a model id")))

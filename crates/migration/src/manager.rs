@@ -350,6 +350,11 @@ pub fn download_model(
     cancel: &CancelToken,
     progress: ProgressFn,
 ) -> Result<Option<Installed>> {
+    // Upstream canonicalises the requested key first (`sc`→`sc2`, `napv4`→`remove-avgpoolv4`).
+    let canonical: ModelId = contract::canonical_id(id.as_str())
+        .parse()
+        .unwrap_or_else(|_| id.clone());
+    let id = &canonical;
     if is_builtin_id(id.as_str()) {
         progress(&Progress::BuiltinAlreadyDownloaded);
         return Ok(None);

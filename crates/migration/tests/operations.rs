@@ -199,6 +199,11 @@ fn the_daemon_serves_one_request_clears_it_and_drops_a_stale_cancel() {
         Some("Downloaded!")
     );
 
+    // An old alias of a catalog id is canonicalised before it is looked up.
+    device.memory.put(keys::MODEL_TO_DOWNLOAD, "rdf").unwrap();
+    let (_, last) = daemon::poll_once(&device, &dl).unwrap().unwrap();
+    assert_eq!(last, Progress::BuiltinAlreadyDownloaded);
+
     device.memory.put(keys::DOWNLOAD_ALL_MODELS, "1").unwrap();
     let (req, last) = daemon::poll_once(&device, &dl).unwrap().unwrap();
     assert_eq!(req, Request::DownloadAll);
