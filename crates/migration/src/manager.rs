@@ -224,12 +224,16 @@ pub fn refresh(
             Ok(_) => {
                 ok.insert(id);
             }
-            // A simulated crash, a cancel or a local I/O failure: stop here (with the journal
-            // in place during a migration), so the next run tries again instead of giving up
-            // the selection.
+            // A simulated crash, a cancel, a local I/O failure, or an origin whose files do not
+            // match its manifest yet (a republish in progress): stop here, so the next run tries
+            // again instead of giving up the selection. During a migration the journal stays
+            // and the params already point at the built-in; on the same generation nothing was
+            // written, so the selection is kept as it was.
             Err(e @ Error::Crashed { .. }) => return Err(e),
             Err(Error::Download(e))
-                if e.is_local() && !matches!(e, downloader::Error::InsufficientSpace { .. }) =>
+                if e.is_not_yet()
+                    || (e.is_local()
+                        && !matches!(e, downloader::Error::InsufficientSpace { .. })) =>
             {
                 return Err(Error::Download(e));
             }

@@ -222,3 +222,46 @@ fn the_daemon_serves_one_request_clears_it_and_drops_a_stale_cancel() {
     assert!(matches!(last, Progress::Failed(_)), "{last:?}");
     assert_eq!(device.memory.get(keys::MODEL_TO_DOWNLOAD).unwrap(), None);
 }
+
+#[test]
+fn a_republish_in_progress_keeps_the_selection_for_the_next_refresh() {
+    let origin = Origin::start();
+    // The origins' chunks do not match the manifest yet (a republish between its steps).
+    for prefix in ["/hf/models/v25/pop223/", "/gh/v25/pop223/"] {
+        for chunk in ["chunk01of03", "chunk02of03", "chunk03of03"] {
+            origin.server.add_fault(
+                &format!("{prefix}pop223_driving_tinygrad.pkl.{chunk}"),
+                Fault::Body(vec![7u8; common::CHUNK]),
+                None,
+            );
+        }
+    }
+    let f = Fixture::v24(&[("Model", "pop223"), ("DrivingModel", "pop223")]);
+    let device = f.device();
+    let err = migration::refresh(&device, &origin.downloader(), &CancelToken::new(), &|_| {})
+        .expect_err("the artifact does not match its manifest yet");
+    assert!(
+        matches!(&err, migration::Error::Download(e) if e.is_not_yet()),
+        "{err}"
+    );
+    // Mid-migration: the journal keeps pop223, everything modeld reads says the built-in.
+    let journal = migration::read_journal(&device)
+        .unwrap()
+        .expect("journal kept");
+    assert_eq!(journal.selected.as_str(), "pop223");
+    assert_eq!(f.param("ActiveSmallModel").as_deref(), Some("rdf43"));
+    assert_eq!(f.param("ModelManifestVersion").as_deref(), Some("v24"));
+    assert!(migration::report::resolve(&device).unwrap().builtin);
+
+    // The republish finished: the next refresh installs pop223 and selects it again.
+    origin.server.clear_faults();
+    let r =
+        migration::refresh(&device, &origin.downloader(), &CancelToken::new(), &|_| {}).unwrap();
+    assert_eq!(r.selected.as_str(), "pop223");
+    assert!(!r.fell_back_to_builtin);
+    assert_eq!(f.param("ActiveSmallModel").as_deref(), Some("pop223"));
+    assert_eq!(
+        sha_of(&f.models().join("pop223_driving_tinygrad.pkl")).as_deref(),
+        Some(origin.sha("pop223"))
+    );
+}

@@ -236,8 +236,18 @@ impl Fixture {
                 if name == ".verified.json" || name == ".manager.lock" {
                     continue;
                 }
-                let body = fs::read(e.path()).unwrap();
                 let key = format!("{}/{name}", dir.file_name().unwrap().to_string_lossy());
+                if e.file_type().unwrap().is_dir() {
+                    // The downloader's staging directory: what is left in it counts too.
+                    let mut inside: Vec<String> = fs::read_dir(e.path())
+                        .unwrap()
+                        .map(|x| x.unwrap().file_name().to_string_lossy().into_owned())
+                        .collect();
+                    inside.sort();
+                    out.insert(format!("{key}/"), inside.join(","));
+                    continue;
+                }
+                let body = fs::read(e.path()).unwrap();
                 let value = match String::from_utf8(body.clone()) {
                     Ok(s) if s.len() < 4096 => s,
                     _ => test_support::published::sha256_hex(&body),
