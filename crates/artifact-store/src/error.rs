@@ -57,10 +57,13 @@ pub enum Error {
         source: io::Error,
     },
 
-    #[error("`{command}` failed ({status}): {stderr}")]
+    #[error("`{command}` failed ({status}): {kind}: {stderr}\nnext: {}", kind.next_step())]
     HfCli {
         command: String,
         status: String,
+        /// What the failure means, read from the CLI's own words.
+        kind: HfFailure,
+        /// The CLI's error lines (no traceback), with any token redacted.
         stderr: String,
     },
 
@@ -112,6 +115,63 @@ pub enum Error {
     ReuseRefused(String),
 }
 
+/// What a failed `hf` CLI call means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HfFailure {
+    /// The bucket (or repository) does not exist.
+    BucketMissing,
+    /// The token was refused (401/403).
+    AuthRefused,
+    /// The Hub refused some operations of a batch.
+    BatchFailed,
+    /// The CLI asked for a confirmation it could not get.
+    ConfirmationRequired,
+    /// The source of a copy is not there.
+    SourceMissing,
+    Other,
+}
+
+impl HfFailure {
+    /// Whether trying again cannot help.
+    pub fn is_permanent(self) -> bool {
+        !matches!(self, HfFailure::Other | HfFailure::BatchFailed)
+    }
+
+    pub fn next_step(self) -> &'static str {
+        match self {
+            HfFailure::BucketMissing => {
+                "create the bucket first (`hf buckets create NS/NAME`), or check the name and HF_ENDPOINT"
+            }
+            HfFailure::AuthRefused => {
+                "set HF_TOKEN to a token with write access to this bucket (or run `hf auth login`)"
+            }
+            HfFailure::BatchFailed => {
+                "the Hub refused the change named above; run the command again, and check the path if it persists"
+            }
+            HfFailure::ConfirmationRequired => {
+                "the CLI asked for a confirmation; this is a bug in how we call it, please report it"
+            }
+            HfFailure::SourceMissing => "check the source path; it is not on the Hub",
+            HfFailure::Other => {
+                "run the command again; if it keeps failing, run it by hand with HF_DEBUG=1"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for HfFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HfFailure::BucketMissing => "bucket not found",
+            HfFailure::AuthRefused => "the Hub refused the token",
+            HfFailure::BatchFailed => "the Hub refused part of the change",
+            HfFailure::ConfirmationRequired => "the CLI asked for confirmation",
+            HfFailure::SourceMissing => "source not found",
+            HfFailure::Other => "error",
+        })
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Attach a path to an `io::Error`.
@@ -129,6 +189,11 @@ impl<T> IoContext<T> for io::Result<T> {
 }
 
 impl Error {
+    /// Whether trying the same call again cannot help (a refused token, a missing bucket).
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Error::HfCli { kind, .. } if kind.is_permanent())
+    }
+
     /// Whether the error is a plain "it is not there" (as opposed to "could not find out").
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::NotFound { .. })

@@ -8,14 +8,25 @@
 //!   whose two ends are on the Hub moves no bytes through this machine.
 //! - `HF_TOKEN` is sent only to the configured endpoint's origin. Redirects are followed by hand
 //!   so that a hop to a CDN or any other host never carries the token.
+//! - The token never appears in what we print: every error built here passes through
+//!   [`redact`] (the token, any `Authorization`/`Bearer` value, anything shaped like an `hf_`
+//!   token), so a CLI that echoes it cannot leak it into a message or a `--json` event.
+//! - The CLI runs non-interactively and isolated: `--yes` on `rm` (it asks for confirmation
+//!   otherwise, and with no terminal aborts), `--format json` after the subcommand, and unless
+//!   the user set them `HF_HUB_DISABLE_UPDATE_CHECK=1`, `HF_HUB_DISABLE_TELEMETRY=1`,
+//!   `HF_HUB_DISABLE_PROGRESS_BARS=1` and a private `HF_HOME` (see [`child_env`]). Its failures
+//!   are read into an [`HfFailure`] kind (see [`classify_cli_failure`]).
 //!
-//! The Hub is unreachable from the machines this was written on: this code is tested against a
-//! stand-in `hf` executable and a local HTTP server (`serve`) with the same URL shapes. The
-//! first live publish should confirm the tree API's JSON shape and `hf buckets rm`.
+//! The Hub is unreachable from the machines this was written on: this code is tested against the
+//! real `hf` CLI (huggingface_hub 2.4.0, hf-xet 1.8.0) driving a local Hub emulator
+//! (`test_support::hub`), which our HTTP reads use too.
 
+use std::collections::HashSet;
+use std::ffi::OsString;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use reqwest::blocking::{Client, Response};
@@ -23,7 +34,7 @@ use reqwest::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_LENGTH, HeaderMap,
 use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, HfFailure, IoContext, Result};
 use crate::paths::{StorePath, is_under};
 use crate::store::{FileStat, ListEntry, Store};
 
@@ -31,6 +42,9 @@ use crate::store::{FileStat, ListEntry, Store};
 const MAX_REDIRECTS: usize = 8;
 /// Listing pages are small JSON documents; refuse anything absurd.
 const MAX_LISTING_PAGE_BYTES: u64 = 64 * 1024 * 1024;
+/// A listing longer than this many pages is refused (the Hub pages by the thousand, so this is
+/// millions of files): a server that links on forever cannot keep us listing.
+pub const MAX_LISTING_PAGES: usize = 10_000;
 
 /// How to reach the Hub: the endpoint, the token and the CLI.
 #[derive(Clone)]
@@ -56,16 +70,24 @@ impl std::fmt::Debug for HfConfig {
 }
 
 impl HfConfig {
-    /// From the environment, as huggingface_hub reads it: `HF_ENDPOINT`, `HF_TOKEN`, plus our
-    /// `HF_CLI`. `cli_override` (the `--hf-cli` flag) wins over `HF_CLI`.
+    /// From the environment, as huggingface_hub reads it: `HF_ENDPOINT`, `HF_TOKEN` (else the
+    /// token `hf auth login` stored, see [`stored_token_path`]), plus our `HF_CLI`.
+    /// `cli_override` (the `--hf-cli` flag) wins over `HF_CLI`.
     pub fn from_env(cli_override: Option<PathBuf>) -> Self {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        // The CLI runs with a private HF_HOME (see `child_env`), where it would not find a
+        // stored token: read it here and hand it over explicitly, as our HTTP reads need it too.
+        let stored = || {
+            let path = stored_token_path(&|k| std::env::var_os(k))?;
+            let text = std::fs::read_to_string(path).ok()?;
+            Some(text.trim().to_string()).filter(|t| !t.is_empty())
+        };
         Self {
             endpoint: var("HF_ENDPOINT")
                 .unwrap_or_else(|| manifest::layout::HF_ENDPOINT.to_string())
                 .trim_end_matches('/')
                 .to_string(),
-            token: var("HF_TOKEN"),
+            token: var("HF_TOKEN").or_else(stored),
             cli: cli_override
                 .or_else(|| var("HF_CLI").map(PathBuf::from))
                 .unwrap_or_else(|| PathBuf::from("hf")),
@@ -119,6 +141,11 @@ impl HubHttp {
         self.endpoint.as_str().trim_end_matches('/')
     }
 
+    /// [`redact`] with our token.
+    pub fn redact(&self, text: &str) -> String {
+        redact(text, &[self.token.as_deref().unwrap_or_default()])
+    }
+
     fn same_origin(&self, url: &Url) -> bool {
         url.scheme() == self.endpoint.scheme()
             && url.host_str() == self.endpoint.host_str()
@@ -152,8 +179,8 @@ impl HubHttp {
             }
             let resp = req.send().map_err(|e| Error::Http {
                 method: method_name,
-                url: url.to_string(),
-                message: e.to_string(),
+                url: self.redact(url.as_str()),
+                message: self.redact(&e.to_string()),
             })?;
             if first_headers.is_none() {
                 first_headers = Some(resp.headers().clone());
@@ -235,33 +262,240 @@ fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
     headers.get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
+/// Where huggingface_hub keeps the token `hf auth login` stored: `HF_TOKEN_PATH`, else
+/// `HF_HOME/token`, else `XDG_CACHE_HOME/huggingface/token`, else `~/.cache/huggingface/token`.
+pub fn stored_token_path(env: &dyn Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
+    let set = |k: &str| env(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(p) = set("HF_TOKEN_PATH") {
+        return Some(p);
+    }
+    if let Some(h) = set("HF_HOME") {
+        return Some(h.join("token"));
+    }
+    let cache = set("XDG_CACHE_HOME").or_else(|| set("HOME").map(|h| h.join(".cache")))?;
+    Some(cache.join("huggingface").join("token"))
+}
+
+/// What we add to the CLI's environment, given the user's (`env`) and the private `HF_HOME` we
+/// would use: each variable only when the user did not set it, so a deliberate choice wins.
+/// - `HF_HUB_DISABLE_UPDATE_CHECK=1`: else the CLI asks the package index once a day;
+/// - `HF_HUB_DISABLE_TELEMETRY=1`: nothing about our runs leaves the machine;
+/// - `HF_HUB_DISABLE_PROGRESS_BARS=1`: its stderr stays readable for error messages;
+/// - `HF_HOME=<private>`: no stored token or cache of the user's leaks in (the token is handed
+///   over explicitly), and hf-xet's deduplication cache cannot claim content a store never got.
+pub fn child_env(
+    env: &dyn Fn(&str) -> Option<OsString>,
+    private_home: &Path,
+) -> Vec<(&'static str, OsString)> {
+    let mut out = Vec::new();
+    for (k, v) in [
+        ("HF_HUB_DISABLE_UPDATE_CHECK", "1"),
+        ("HF_HUB_DISABLE_TELEMETRY", "1"),
+        ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+    ] {
+        if env(k).is_none() {
+            out.push((k, OsString::from(v)));
+        }
+    }
+    if env("HF_HOME").is_none() {
+        out.push(("HF_HOME", private_home.as_os_str().to_owned()));
+    }
+    out
+}
+
+/// Remove secrets from text we are about to show: each of `secrets` (the token), the value of
+/// any `Authorization:` header and any `Bearer` credential, and anything shaped like a Hugging
+/// Face token (`hf_` followed by 20 or more letters and digits), whoever's it is.
+pub fn redact(text: &str, secrets: &[&str]) -> String {
+    const MARK: &str = "<redacted>";
+    let mut s = text.to_string();
+    for secret in secrets.iter().filter(|t| t.len() >= 4) {
+        s = s.replace(secret, MARK);
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s.as_str();
+    // `authorization: VALUE` (to the end of the line) and `Bearer VALUE` (one word).
+    loop {
+        let lower = rest.to_ascii_lowercase();
+        let a = lower.find("authorization");
+        let b = lower.find("bearer ");
+        let (at, is_auth) = match (a, b) {
+            (Some(a), Some(b)) if a <= b => (a, true),
+            (Some(a), None) => (a, true),
+            (_, Some(b)) => (b, false),
+            (None, None) => break,
+        };
+        if is_auth {
+            let after = &rest[at + "authorization".len()..];
+            // Only a header-like use: `authorization: x`, `authorization=x`, `'authorization': 'x'`.
+            let sep = after
+                .char_indices()
+                .find(|(_, c)| !matches!(c, ' ' | '"' | '\'' | ':' | '='))
+                .map(|(i, _)| i)
+                .unwrap_or(after.len());
+            if after[..sep].contains([':', '=']) {
+                let value_end = after[sep..]
+                    .find(['\n', '\r', ',', '}'])
+                    .map(|i| sep + i)
+                    .unwrap_or(after.len());
+                out.push_str(&rest[..at + "authorization".len()]);
+                out.push_str(&after[..sep]);
+                out.push_str(MARK);
+                rest = &after[value_end..];
+            } else {
+                out.push_str(&rest[..at + "authorization".len()]);
+                rest = after;
+            }
+        } else {
+            let after = &rest[at + "bearer ".len()..];
+            let end = after
+                .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ',' | '}'))
+                .unwrap_or(after.len());
+            out.push_str(&rest[..at + "bearer ".len()]);
+            out.push_str(MARK);
+            rest = &after[end..];
+        }
+    }
+    out.push_str(rest);
+    redact_hf_tokens(&out)
+}
+
+fn redact_hf_tokens(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < b.len() {
+        let boundary = i == 0 || !b[i - 1].is_ascii_alphanumeric();
+        if boundary && b[i..].starts_with(b"hf_") {
+            let n = b[i + 3..]
+                .iter()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .count();
+            if n >= 20 {
+                out.push_str("<redacted>");
+                i += 3 + n;
+                continue;
+            }
+        }
+        let ch = s[i..].chars().next().expect("in bounds");
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    out
+}
+
+/// What a failed `hf` call means, from its stderr (huggingface_hub 2.4.0's wording).
+pub fn classify_cli_failure(stderr: &str) -> HfFailure {
+    let has = |n: &str| stderr.contains(n);
+    if has("Use --yes to skip confirmation") || has("Aborted!") || has("[y/N]") {
+        HfFailure::ConfirmationRequired
+    } else if has("401 Unauthorized")
+        || has("403 Forbidden")
+        || has("Invalid credentials")
+        || has("Invalid user token")
+    {
+        HfFailure::AuthRefused
+    } else if has("Failed to apply") && has("operation(s)") {
+        HfFailure::BatchFailed
+    } else if has("RepoNotFound")
+        || has("Bucket not found")
+        || (has("404 Not Found") && has("/api/buckets/"))
+    {
+        HfFailure::BucketMissing
+    } else if has("No files found at") || has("EntryNotFound") || has("Entry Not Found") {
+        HfFailure::SourceMissing
+    } else {
+        HfFailure::Other
+    }
+}
+
+/// The useful part of the CLI's stderr: the error lines, not the Python traceback or the
+/// `Hint:` about `HF_DEBUG`.
+fn summarize_stderr(stderr: &str) -> String {
+    let keep: Vec<&str> = stderr
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| {
+            !l.is_empty()
+                && !l.starts_with(' ')
+                && !l.starts_with("Traceback (most recent call last)")
+                && !l.starts_with("Hint: set HF_DEBUG")
+                && !l.starts_with("For more information check:")
+        })
+        .collect();
+    let mut s = keep.join("\n");
+    if s.is_empty() {
+        s = stderr.trim().to_string();
+    }
+    if s.len() > 4000 {
+        let mut cut = 4000;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
 /// The `hf` CLI, run with our endpoint and token in its environment.
 #[derive(Debug, Clone)]
 pub struct HfCli {
     config: HfConfig,
+    /// The private `HF_HOME`, made on first use and removed with the last clone.
+    home: Arc<OnceLock<tempfile::TempDir>>,
 }
 
 impl HfCli {
     pub fn new(config: HfConfig) -> Self {
-        Self { config }
+        Self {
+            config,
+            home: Arc::new(OnceLock::new()),
+        }
     }
 
-    fn command(&self, args: &[&str]) -> Command {
+    fn private_home(&self) -> Result<PathBuf> {
+        if let Some(d) = self.home.get() {
+            return Ok(d.path().to_path_buf());
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("starpilot-hf-home-")
+            .tempdir()
+            .at(std::env::temp_dir())?;
+        let _ = self.home.set(dir);
+        Ok(self.home.get().expect("just set").path().to_path_buf())
+    }
+
+    fn command(&self, args: &[&str]) -> Result<Command> {
         let mut cmd = Command::new(&self.config.cli);
         cmd.args(args).env("HF_ENDPOINT", &self.config.endpoint);
         if let Some(t) = &self.config.token {
             cmd.env("HF_TOKEN", t);
         }
-        cmd
+        let user = |k: &str| std::env::var_os(k);
+        let home = if user("HF_HOME").is_none() {
+            self.private_home()?
+        } else {
+            PathBuf::new()
+        };
+        for (k, v) in child_env(&user, &home) {
+            cmd.env(k, v);
+        }
+        Ok(cmd)
     }
 
     fn describe(&self, args: &[&str]) -> String {
-        format!("{} {}", self.config.cli.display(), args.join(" "))
+        self.redact(&format!("{} {}", self.config.cli.display(), args.join(" ")))
+    }
+
+    /// [`redact`] with our token.
+    pub fn redact(&self, text: &str) -> String {
+        redact(text, &[self.config.token.as_deref().unwrap_or_default()])
     }
 
     /// Run `hf ARGS`, optionally feeding `stdin` to it, streamed.
     pub fn run(&self, args: &[&str], stdin: Option<&mut dyn Read>) -> Result<u64> {
-        let mut cmd = self.command(args);
+        let mut cmd = self.command(args)?;
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         cmd.stdin(if stdin.is_some() {
             Stdio::piped()
@@ -293,26 +527,42 @@ impl HfCli {
         });
         let out = out.at(&self.config.cli)?;
         if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            // A CLI that fails on stdout (some errors print there with --format json).
+            let text = if stderr.trim().is_empty() {
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            } else {
+                stderr.into_owned()
+            };
             return Err(Error::HfCli {
                 command: self.describe(args),
                 status: out.status.to_string(),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                kind: classify_cli_failure(&text),
+                stderr: self.redact(&summarize_stderr(&text)),
             });
         }
         let fed = match fed {
             Some(r) => r.map_err(|e| Error::HfCli {
                 command: self.describe(args),
                 status: "stdin".into(),
-                stderr: format!("could not stream the data to the CLI: {e}"),
+                kind: HfFailure::Other,
+                stderr: self.redact(&format!("could not stream the data to the CLI: {e}")),
             })?,
             None => 0,
         };
         Ok(fed)
     }
 
-    /// `hf buckets cp SRC DST`.
+    /// `hf buckets cp SRC DST --format json`.
     pub fn cp(&self, src: &str, dst: &str, stdin: Option<&mut dyn Read>) -> Result<u64> {
-        self.run(&["buckets", "cp", src, dst], stdin)
+        self.run(&["buckets", "cp", src, dst, "--format", "json"], stdin)
+    }
+
+    /// `hf buckets rm URI --yes --format json`: without `--yes` the CLI asks for confirmation
+    /// and, with no terminal, aborts.
+    pub fn rm(&self, uri: &str) -> Result<()> {
+        self.run(&["buckets", "rm", uri, "--yes", "--format", "json"], None)?;
+        Ok(())
     }
 }
 
@@ -322,6 +572,7 @@ pub struct HfBucketStore {
     bucket: String,
     http: HubHttp,
     cli: HfCli,
+    max_pages: usize,
 }
 
 #[derive(Deserialize)]
@@ -351,7 +602,14 @@ impl HfBucketStore {
             bucket: bucket.to_string(),
             http: HubHttp::new(&config)?,
             cli: HfCli::new(config),
+            max_pages: MAX_LISTING_PAGES,
         })
+    }
+
+    /// Refuse listings longer than `pages` pages (default [`MAX_LISTING_PAGES`]).
+    pub fn with_max_listing_pages(mut self, pages: usize) -> Self {
+        self.max_pages = pages.max(1);
+        self
     }
 
     pub fn bucket(&self) -> &str {
@@ -423,8 +681,10 @@ impl Store for HfBucketStore {
     }
 
     fn list(&self, prefix: &StorePath) -> Result<Vec<ListEntry>> {
+        let first = self.tree_url(prefix);
         let mut out = Vec::new();
-        let mut next = Some(self.tree_url(prefix));
+        let mut pages = Pagination::new(&first, self.max_pages);
+        let mut next = Some(first.clone());
         while let Some(url) = next.take() {
             let (resp, _) = self.http.send(Method::GET, &url)?;
             match resp.status() {
@@ -456,8 +716,18 @@ impl Store for HfBucketStore {
                     });
                 }
             }
+            if let Some(n) = &next {
+                pages.follow(n).map_err(|reason| Error::BadResponse {
+                    url: self.http.redact(&url),
+                    reason: self.http.redact(&format!(
+                        "{reason}; the listing of {} was stopped (nothing was changed; try again later, and report it if it persists)",
+                        self.describe()
+                    )),
+                })?;
+            }
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
+        out.dedup_by(|a, b| a.path == b.path);
         Ok(out)
     }
 
@@ -470,8 +740,65 @@ impl Store for HfBucketStore {
         if self.stat(path)?.is_none() {
             return Ok(false);
         }
-        self.cli.run(&["buckets", "rm", &self.uri(path)], None)?;
+        self.cli.rm(&self.uri(path))?;
         Ok(true)
+    }
+}
+
+/// The guard over a paginated listing: every `next` link must stay on the first page's origin
+/// and API path, must not repeat a page already fetched, and the listing must end within
+/// `max_pages` pages. Pure, so each refusal has a table test.
+#[derive(Debug)]
+pub struct Pagination {
+    origin: Option<(String, Option<String>, Option<u16>)>,
+    path: String,
+    seen: HashSet<String>,
+    max_pages: usize,
+}
+
+impl Pagination {
+    pub fn new(first: &str, max_pages: usize) -> Self {
+        let parsed = Url::parse(first).ok();
+        let mut seen = HashSet::new();
+        seen.insert(first.to_string());
+        Self {
+            origin: parsed.as_ref().map(|u| {
+                (
+                    u.scheme().to_string(),
+                    u.host_str().map(str::to_string),
+                    u.port_or_known_default(),
+                )
+            }),
+            path: parsed.map(|u| u.path().to_string()).unwrap_or_default(),
+            seen,
+            max_pages,
+        }
+    }
+
+    /// Accept `next` as the following page, or say why not.
+    pub fn follow(&mut self, next: &str) -> Result<(), String> {
+        let url = Url::parse(next)
+            .map_err(|e| format!("the next-page link {next:?} is not a URL ({e})"))?;
+        let origin = (
+            url.scheme().to_string(),
+            url.host_str().map(str::to_string),
+            url.port_or_known_default(),
+        );
+        if self.origin.as_ref() != Some(&origin) || url.path() != self.path {
+            return Err(format!(
+                "the next-page link {next:?} leads away from this listing ({})",
+                self.path
+            ));
+        }
+        if !self.seen.insert(next.to_string()) {
+            return Err(format!(
+                "the next-page link {next:?} repeats a page already listed (the listing would loop)"
+            ));
+        }
+        if self.seen.len() > self.max_pages {
+            return Err(format!("the listing goes on past {} pages", self.max_pages));
+        }
+        Ok(())
     }
 }
 
@@ -512,6 +839,167 @@ mod tests {
             Some("https://h/api/buckets/a/b/tree?cursor=x")
         );
         assert_eq!(next_link(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn child_env_adds_only_what_the_user_did_not_set() {
+        let home = Path::new("/tmp/private-home");
+        let none = |_: &str| None;
+        let got: Vec<(&str, OsString)> = child_env(&none, home);
+        assert_eq!(
+            got,
+            [
+                ("HF_HUB_DISABLE_UPDATE_CHECK", "1".into()),
+                ("HF_HUB_DISABLE_TELEMETRY", "1".into()),
+                ("HF_HUB_DISABLE_PROGRESS_BARS", "1".into()),
+                ("HF_HOME", "/tmp/private-home".into()),
+            ]
+        );
+        let user = |k: &str| {
+            matches!(k, "HF_HOME" | "HF_HUB_DISABLE_TELEMETRY").then(|| OsString::from("0"))
+        };
+        let names: Vec<&str> = child_env(&user, home).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            names,
+            [
+                "HF_HUB_DISABLE_UPDATE_CHECK",
+                "HF_HUB_DISABLE_PROGRESS_BARS"
+            ]
+        );
+    }
+
+    #[test]
+    fn stored_token_path_follows_huggingface_hub() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| OsString::from(v))
+            }
+        };
+        let cases: &[(&[(&str, &str)], Option<&str>)] = &[
+            (&[("HF_TOKEN_PATH", "/t"), ("HF_HOME", "/h")], Some("/t")),
+            (&[("HF_HOME", "/h"), ("HOME", "/home/u")], Some("/h/token")),
+            (
+                &[("XDG_CACHE_HOME", "/c"), ("HOME", "/home/u")],
+                Some("/c/huggingface/token"),
+            ),
+            (
+                &[("HOME", "/home/u")],
+                Some("/home/u/.cache/huggingface/token"),
+            ),
+            (&[], None),
+        ];
+        for (vars, want) in cases {
+            let got = stored_token_path(&env(vars));
+            assert_eq!(got.as_deref(), want.map(Path::new), "{vars:?}");
+        }
+    }
+
+    #[test]
+    fn redaction_removes_every_form_of_the_token() {
+        let tok = "hf_SECRETsecretSECRETsecret1234";
+        let cases = [
+            (format!("token is {tok}."), "token is <redacted>."),
+            (
+                "headers: {'authorization': 'Bearer abc.def', 'x': 1}".to_string(),
+                "headers: {'authorization': '<redacted>, 'x': 1}",
+            ),
+            (
+                "Authorization: Bearer xyz\nnext line".to_string(),
+                "Authorization: <redacted>\nnext line",
+            ),
+            (
+                "sent Bearer abc123 to host".to_string(),
+                "sent Bearer <redacted> to host",
+            ),
+            (
+                "someone else's hf_abcdefghijklmnopqrstuvwxyz0 leaked".to_string(),
+                "someone else's <redacted> leaked",
+            ),
+            (
+                "the authorization was refused".to_string(),
+                "the authorization was refused",
+            ),
+            ("short hf_abc stays".to_string(), "short hf_abc stays"),
+            ("ünïcode ok".to_string(), "ünïcode ok"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(redact(&input, &[tok]), want, "{input}");
+        }
+        // A token without the hf_ shape is still removed, and an empty one is no pattern.
+        assert_eq!(
+            redact("x plain-secret y", &["plain-secret"]),
+            "x <redacted> y"
+        );
+        assert_eq!(redact("abc", &[""]), "abc");
+    }
+
+    #[test]
+    fn cli_failures_are_classified_from_the_real_wording() {
+        let cases = [
+            (
+                "Remove 'models/c.bin' from 'ns/bk'? [y/N]: Aborted!",
+                HfFailure::ConfirmationRequired,
+            ),
+            (
+                "Error: Remove 'models/c.bin' from 'ns/bk'? Use --yes to skip confirmation.",
+                HfFailure::ConfirmationRequired,
+            ),
+            (
+                "ConnectionError: Network error: Request error: HTTP status client error (401 Unauthorized), domain: http://127.0.0.1:1/api/buckets/ns/bk/xet-write-token",
+                HfFailure::AuthRefused,
+            ),
+            (
+                "Error: Client error '401 Unauthorized' for url 'http://h/api/buckets/ns/bk/batch'\nInvalid credentials in Authorization header",
+                HfFailure::AuthRefused,
+            ),
+            (
+                "ConnectionError: Network error: Request error: HTTP status client error (404 Not Found), domain: http://127.0.0.1:1/api/buckets/ns/nope/xet-write-token",
+                HfFailure::BucketMissing,
+            ),
+            (
+                "Error: Failed to apply 1 out of 1 operation(s) on bucket 'ns/bk':\n  - models/zzz: Entry not found",
+                HfFailure::BatchFailed,
+            ),
+            (
+                "Error: No files found at 'hf://buckets/ns/bk/models/zzz' in bucket 'ns/bk'.",
+                HfFailure::SourceMissing,
+            ),
+            ("Error: something else", HfFailure::Other),
+        ];
+        for (stderr, want) in cases {
+            assert_eq!(classify_cli_failure(stderr), want, "{stderr}");
+        }
+        assert_eq!(
+            summarize_stderr(
+                "Traceback (most recent call last):\n  File \"x\", line 1\n    f()\nConnectionError: boom\nHint: set HF_DEBUG=1 as environment variable for full traceback.\n"
+            ),
+            "ConnectionError: boom"
+        );
+    }
+
+    #[test]
+    fn pagination_refuses_loops_foreign_links_and_endless_listings() {
+        let first = "http://h:1/api/buckets/a/b/tree/p?recursive=true";
+        let next = |c: u32| format!("http://h:1/api/buckets/a/b/tree/p?recursive=true&cursor={c}");
+        let mut p = Pagination::new(first, 3);
+        assert_eq!(p.follow(&next(1)), Ok(()));
+        assert!(p.follow(&next(1)).unwrap_err().contains("repeats"));
+        assert!(p.follow(first).unwrap_err().contains("repeats"));
+        assert_eq!(p.follow(&next(2)), Ok(()));
+        assert!(p.follow(&next(3)).unwrap_err().contains("past 3 pages"));
+        for foreign in [
+            "http://evil:1/api/buckets/a/b/tree/p?cursor=1",
+            "https://h:1/api/buckets/a/b/tree/p?cursor=1",
+            "http://h:2/api/buckets/a/b/tree/p?cursor=1",
+            "http://h:1/api/buckets/other/bucket/tree/p?cursor=1",
+            "not a url",
+        ] {
+            let mut p = Pagination::new(first, 10);
+            assert!(p.follow(foreign).is_err(), "{foreign}");
+        }
     }
 
     #[test]

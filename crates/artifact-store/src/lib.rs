@@ -27,7 +27,7 @@ pub mod reuse;
 pub mod serve;
 mod store;
 
-pub use error::{Error, Result};
+pub use error::{Error, HfFailure, Result};
 pub use github::GithubStore;
 pub use hf::{HfBucketStore, HfConfig};
 pub use local::LocalStore;

@@ -59,7 +59,7 @@ impl RetryPolicy {
             n += 1;
             match op() {
                 Ok(v) => return Ok(v),
-                Err(e) if e.is_check_failure() => return Err(e),
+                Err(e) if e.is_check_failure() || e.is_permanent() => return Err(e),
                 Err(e) if n >= attempts => {
                     return Err(Error::UploadFailed {
                         store: store.to_string(),
