@@ -1,60 +1,77 @@
-//! The Hugging Face bucket store against a stand-in `hf` executable plus `serve` for Hub reads;
-//! `serve` itself over raw HTTP; reuse by server-side copy.
+//! The Hugging Face bucket store against the real `hf` CLI (huggingface_hub 2.4.0, hf-xet 1.8.0)
+//! driving the Hub emulator of `test_support::hub`, which our own HTTP reads use too; `serve`
+//! over raw HTTP; reuse by server-side copy. The tests that need the CLI skip locally without it
+//! (with a message) and fail in CI (`STARPILOT_REQUIRE_HF=1`). A shell stand-in remains only
+//! where a test needs a CLI that misbehaves in a way the real one cannot be made to.
 
 mod common;
 
 use std::fs;
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::path::Path;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use artifact_store::hf::{HfConfig, HubHttp};
+use artifact_store::hf::{HfConfig, HubHttp, classify_cli_failure};
 use artifact_store::location::{HfRepoStore, RepoKind};
 use artifact_store::publish::{PublishOptions, publish};
 use artifact_store::retry::RetryPolicy;
 use artifact_store::reuse::{ReuseRequest, check_compatibility, reuse, update_manifest_entry};
-use artifact_store::serve::{Mount, MountKind, ServeConfig, Server};
-use artifact_store::{GithubStore, HfBucketStore, Store};
+use artifact_store::serve::{ServeConfig, Server};
+use artifact_store::{Error, GithubStore, HfBucketStore, HfFailure, Store};
 use common::*;
 use manifest::Generation;
-use test_support::release_stores::{GitRemote, StandinHf};
+use test_support::hub::{HubConfig, HubEmulator, HubOp, LinkFault, Listener, real_hf_cli};
+use test_support::release_stores::GitRemote;
 
 const BUCKET: &str = "StarPilot-Driving/StarPilot-Resources";
 
 struct Hub {
-    hf: StandinHf,
-    server: Server,
+    emu: HubEmulator,
     config: HfConfig,
 }
 
-/// A stand-in Hub: the `hf` stand-in writes under `root`, `serve` reads it back over HTTP in
-/// the bucket layout (resolve + tree API) and the dataset layout.
-fn hub(dir: &Path, journal: Option<&Path>) -> Hub {
-    let hf = StandinHf::install(dir, journal);
-    let bucket_dir = hf.bucket_dir(BUCKET);
-    fs::create_dir_all(&bucket_dir).unwrap();
-    let mut config = ServeConfig::standard(
-        &bucket_dir,
-        BUCKET,
-        "firestar5683/StarPilot-Resources",
-        "Models",
-    );
-    config.mounts.push(Mount {
-        prefix: "/datasets/org/src/resolve/main/".into(),
-        root: hf.dataset_dir("org/src"),
-        kind: MountKind::Identity,
-        tree_api_bucket: None,
-    });
-    let server = Server::start("127.0.0.1:0", config).unwrap();
+/// The emulator with the release bucket created, and a config that runs `cli` against it.
+fn hub_with(cli: PathBuf, page_size: usize) -> Hub {
+    let emu = HubEmulator::start(HubConfig {
+        page_size,
+        ..HubConfig::default()
+    })
+    .unwrap();
+    emu.create_bucket(BUCKET);
     let config = HfConfig {
-        endpoint: server.url(),
-        token: Some("hf_test_token".into()),
-        cli: hf.exe.clone(),
-        timeout: Duration::from_secs(10),
+        endpoint: emu.url(),
+        token: Some(emu.token().to_string()),
+        cli,
+        timeout: Duration::from_secs(20),
     };
-    Hub { hf, server, config }
+    Hub { emu, config }
+}
+
+/// For tests that never run the CLI: a path that does not exist, so a call would fail loudly.
+fn hub_without_cli() -> Hub {
+    hub_with(PathBuf::from("/nonexistent/hf-must-not-run"), 2)
+}
+
+fn uri(path: &str) -> String {
+    format!("hf://buckets/{BUCKET}/{path}")
+}
+
+fn add(path: &str) -> HubOp {
+    HubOp::Add {
+        bucket: BUCKET.into(),
+        path: path.into(),
+    }
+}
+
+fn delete(path: &str) -> HubOp {
+    HubOp::Delete {
+        bucket: BUCKET.into(),
+        path: path.into(),
+    }
 }
 
 fn opts() -> PublishOptions {
@@ -67,9 +84,10 @@ fn opts() -> PublishOptions {
 }
 
 #[test]
-fn hf_store_basic_operations_go_through_the_cli_and_http() {
+fn hf_store_operations_through_the_real_cli_and_http() {
+    let Some(cli) = real_hf_cli() else { return };
     let t = tempfile::tempdir().unwrap();
-    let h = hub(t.path(), None);
+    let h = hub_with(cli.clone(), 2);
     let store = HfBucketStore::new(BUCKET, h.config.clone()).unwrap();
     let a = p("models/v25/x/a.bin");
     assert_eq!(store.stat(&a).unwrap(), None);
@@ -83,6 +101,7 @@ fn hf_store_basic_operations_go_through_the_cli_and_http() {
     store.open(&b).unwrap().read_to_string(&mut s).unwrap();
     assert_eq!(s, "handed over by path");
     store.copy(&a, &p("models/v25/y/c.bin")).unwrap();
+    // Three files, two per page: the listing follows the Link header.
     let listed: Vec<(String, u64)> = store
         .list(&p("models/v25"))
         .unwrap()
@@ -97,60 +116,201 @@ fn hf_store_basic_operations_go_through_the_cli_and_http() {
             ("models/v25/y/c.bin".into(), 22)
         ]
     );
-    assert!(store.list(&p("models/v24")).unwrap().is_empty());
-    assert!(store.delete(&a).unwrap());
-    assert!(!store.delete(&a).unwrap());
-    let uri = |s: &str| format!("hf://buckets/{BUCKET}/{s}");
-    assert_eq!(
-        h.hf.calls(),
-        [
-            format!("buckets cp - {}", uri("models/v25/x/a.bin")),
-            format!(
-                "buckets cp {} {}",
-                local.display(),
-                uri("models/v25/x/b.bin")
-            ),
-            format!(
-                "buckets cp {} {}",
-                uri("models/v25/x/a.bin"),
-                uri("models/v25/y/c.bin")
-            ),
-            format!("buckets rm {}", uri("models/v25/x/a.bin")),
-        ]
-    );
-    // The token went to the endpoint with every read.
     assert!(
-        h.server
+        h.emu
             .requests()
             .iter()
-            .all(|r| r.authorization.as_deref() == Some("Bearer hf_test_token"))
+            .any(|r| r.target.contains("cursor=")),
+        "the listing took a second page"
     );
+    assert!(store.list(&p("models/v24")).unwrap().is_empty());
+
+    // The bug this suite was built for: the real CLI asks before removing. Without a terminal
+    // and without --yes it aborts, exit 1, and the file stays.
+    let out = Command::new(&cli)
+        .args(["buckets", "rm", &uri("models/v25/x/a.bin")])
+        .env("HF_ENDPOINT", h.emu.url())
+        .env("HF_TOKEN", h.emu.token())
+        .env("HF_HOME", t.path().join("hf-home"))
+        .env("HF_HUB_DISABLE_UPDATE_CHECK", "1")
+        .env("HF_HUB_DISABLE_TELEMETRY", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stdout.contains("[y/N]") && stderr.contains("Aborted!"),
+        "{stdout}{stderr}"
+    );
+    assert_eq!(
+        classify_cli_failure(&stderr),
+        HfFailure::ConfirmationRequired
+    );
+    assert!(store.stat(&a).unwrap().is_some(), "nothing was removed");
+    // Our delete passes --yes.
+    assert!(store.delete(&a).unwrap());
+    assert!(store.stat(&a).unwrap().is_none());
+    assert!(
+        !store.delete(&a).unwrap(),
+        "a missing file needs no CLI call"
+    );
+
+    assert_eq!(
+        h.emu.ops(),
+        [
+            add("models/v25/x/a.bin"),
+            add("models/v25/x/b.bin"),
+            HubOp::Copy {
+                bucket: BUCKET.into(),
+                path: "models/v25/y/c.bin".into(),
+                source: format!("bucket:{BUCKET}"),
+            },
+            delete("models/v25/x/a.bin"),
+        ]
+    );
+    // The token went with every Hub API call, never to the content host.
+    let log = h.emu.requests();
+    assert!(log.iter().any(|r| r.listener == Listener::Content));
+    for r in &log {
+        match r.listener {
+            Listener::Content => assert_eq!(r.authorization, None, "{r:?}"),
+            Listener::Hub
+                if r.target.starts_with("/buckets/") || r.target.starts_with("/api/buckets/") =>
+            {
+                assert_eq!(
+                    r.authorization.as_deref(),
+                    Some(format!("Bearer {}", h.emu.token()).as_str()),
+                    "{r:?}"
+                )
+            }
+            Listener::Hub => {}
+        }
+    }
 }
 
 #[test]
-fn a_failing_cli_is_reported_with_its_stderr() {
+fn real_cli_failures_become_typed_errors() {
+    let Some(cli) = real_hf_cli() else { return };
     let t = tempfile::tempdir().unwrap();
-    let h = hub(t.path(), None);
-    let store = HfBucketStore::new(BUCKET, h.config.clone()).unwrap();
-    h.hf.fail_next(1);
-    let e = store
-        .write_bytes(&p("models/v25/x/a"), b"x")
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("buckets cp - hf://buckets/") && e.contains("injected failure"),
-        "{e}"
-    );
-    let missing = HfConfig {
-        cli: t.path().join("no-such-hf"),
+    let h = hub_with(cli, 2);
+    let kind = |e: Error| match e {
+        Error::HfCli { kind, .. } => kind,
+        other => panic!("not a CLI failure: {other}"),
+    };
+    // A bucket nobody created.
+    let missing = HfBucketStore::new("StarPilot-Driving/no-such-bucket", h.config.clone()).unwrap();
+    let e = missing.write_bytes(&p("a/b"), b"x").unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("hf buckets create"), "{msg}");
+    assert!(!msg.contains("Traceback"), "{msg}");
+    assert_eq!(kind(e), HfFailure::BucketMissing);
+    // A token the Hub refuses: not retried (it cannot get better), and not printed.
+    let wrong = HfConfig {
+        token: Some("hf_refusedRefusedRefusedRefused00".into()),
         ..h.config.clone()
     };
-    let e = HfBucketStore::new(BUCKET, missing)
+    let store = HfBucketStore::new(BUCKET, wrong).unwrap();
+    let before = h.emu.requests().len();
+    let e = RetryPolicy::immediate(3)
+        .run(
+            "hf",
+            "a/b",
+            |_, _, _| {},
+            || store.write_bytes(&p("a/b"), b"x"),
+        )
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(!msg.contains("hf_refused"), "{msg}");
+    assert_eq!(kind(e), HfFailure::AuthRefused);
+    let token_calls = h.emu.requests()[before..]
+        .iter()
+        .filter(|r| r.target.ends_with("/xet-write-token"))
+        .count();
+    assert_eq!(token_calls, 1, "tried once");
+    assert!(h.emu.ops().is_empty());
+    // No CLI at all.
+    let e = HfBucketStore::new(
+        BUCKET,
+        HfConfig {
+            cli: t.path().join("no-such-hf"),
+            ..h.config.clone()
+        },
+    )
+    .unwrap()
+    .write_bytes(&p("a/b"), b"x")
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("--hf-cli") && e.contains("no-such-hf"), "{e}");
+}
+
+/// A CLI that fails by echoing the token (as a debug log or a traceback of request headers
+/// would): the real one cannot be made to do this on demand, so a script stands in.
+#[test]
+fn a_cli_that_echoes_the_token_never_gets_it_printed() {
+    let t = tempfile::tempdir().unwrap();
+    let exe = t.path().join("hf");
+    fs::write(
+        &exe,
+        "#!/bin/sh\necho \"debug: token=$HF_TOKEN headers={'authorization': 'Bearer $HF_TOKEN'}\" >&2\necho \"Authorization: Bearer $HF_TOKEN\" >&2\nexit 1\n",
+    )
+    .unwrap();
+    fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
+    let h = hub_with(exe, 2);
+    let secret = h.emu.token().to_string();
+    let store = HfBucketStore::new(BUCKET, h.config.clone()).unwrap();
+    let mut events = Vec::new();
+    let e = RetryPolicy::immediate(2)
+        .run(
+            "hf",
+            "a/b",
+            |_, e, _| events.push(e.to_string()),
+            || store.write_bytes(&p("a/b"), b"x"),
+        )
+        .unwrap_err();
+    let all = format!("{e}\n{e:?}\n{}", events.join("\n"));
+    assert!(!all.contains(&secret), "{all}");
+    assert!(all.contains("<redacted>"), "{all}");
+    assert_eq!(events.len(), 1, "the retry was reported");
+}
+
+#[test]
+fn tree_pagination_stops_on_loops_foreign_links_and_endless_listings() {
+    let h = hub_without_cli();
+    for i in 0..5 {
+        h.emu
+            .seed_bucket_file(BUCKET, &format!("models/v25/m/f{i}"), b"data");
+    }
+    let store = HfBucketStore::new(BUCKET, h.config.clone()).unwrap();
+    assert_eq!(store.list(&p("models/v25")).unwrap().len(), 5);
+
+    h.emu.set_link_fault(Some(LinkFault::SelfLoop));
+    let e = store.list(&p("models/v25")).unwrap_err().to_string();
+    assert!(e.contains("repeats a page"), "{e}");
+
+    let (foreign, seen, _) = redirecting_pair();
+    h.emu.set_link_fault(Some(LinkFault::Foreign(format!(
+        "{foreign}/api/buckets/{BUCKET}/tree/models"
+    ))));
+    let e = store.list(&p("models/v25")).unwrap_err().to_string();
+    assert!(e.contains("leads away"), "{e}");
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "the foreign link was not fetched"
+    );
+
+    h.emu.set_link_fault(Some(LinkFault::Endless));
+    let before = h.emu.requests().len();
+    let e = HfBucketStore::new(BUCKET, h.config.clone())
         .unwrap()
-        .write_bytes(&p("a/b"), b"x")
+        .with_max_listing_pages(4)
+        .list(&p("models/v25"))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("--hf-cli") && e.contains("no-such-hf"), "{e}");
+    assert!(e.contains("past 4 pages"), "{e}");
+    assert_eq!(h.emu.requests().len() - before, 4);
+    assert!(!e.contains(h.emu.token()));
 }
 
 /// A server on another origin that a redirect points to, recording Authorization headers.
@@ -223,10 +383,12 @@ fn the_token_is_not_forwarded_to_another_host_on_redirect() {
 
 #[test]
 fn publish_goes_to_the_hub_first_then_github_in_order_and_resumes() {
+    let Some(cli) = real_hf_cli() else { return };
     let t = tempfile::tempdir().unwrap();
     let journal = t.path().join("journal");
     fs::write(&journal, "").unwrap();
-    let h = hub(&t.path().join("hub"), Some(&journal));
+    let h = hub_with(cli, 2);
+    h.emu.set_journal(Some(journal.clone()));
     let remote = GitRemote::new(&t.path().join("git"), "Models", Some(&journal));
     let (a, b) = (model("pop223", 21, 2500), model("wm9", 22, 800));
     let dir = artifacts_dir(t.path(), &[&a, &b]);
@@ -236,8 +398,8 @@ fn publish_goes_to_the_hub_first_then_github_in_order_and_resumes() {
     ]);
     let hf_store = HfBucketStore::new(BUCKET, h.config.clone()).unwrap();
 
-    // Interrupted: the connection drops after three uploads (and retries fail too).
-    h.hf.allow_only(3);
+    // Interrupted: the Hub fails every batch after three (and the retry fails too).
+    h.emu.allow_batches(3);
     let gh = GithubStore::open(&remote.checkout, "Models").unwrap();
     let err = publish(&m, &dir, &[&hf_store, &gh], &opts(), &mut |_| {}).unwrap_err();
     assert!(
@@ -250,26 +412,29 @@ fn publish_goes_to_the_hub_first_then_github_in_order_and_resumes() {
         ["init"],
         "GitHub untouched while the Hub failed"
     );
-    h.hf.heal();
-    let before = h.hf.calls().len();
+    let dir_of = |id: &str, f: &str| format!("models/v25/{id}/{id}_driving_tinygrad.pkl{f}");
+    assert_eq!(
+        h.emu.ops(),
+        [
+            add(&dir_of("pop223", ".chunk01of03")),
+            add(&dir_of("pop223", ".chunk02of03")),
+            add(&dir_of("pop223", ".chunk03of03")),
+        ]
+    );
+    h.emu.heal();
+    h.emu.clear_log();
 
     let gh = GithubStore::open(&remote.checkout, "Models").unwrap();
     publish(&m, &dir, &[&hf_store, &gh], &opts(), &mut |_| {}).unwrap();
-    let resumed: Vec<String> = h.hf.calls()[before..].to_vec();
-    let uri = |s: &str| format!("hf://buckets/{BUCKET}/{s}");
-    let dests: Vec<&str> = resumed
-        .iter()
-        .map(|c| c.rsplit(' ').next().unwrap())
-        .collect();
     assert_eq!(
-        dests,
+        h.emu.ops(),
         [
-            uri("models/v25/pop223/pop223_driving_tinygrad.pkl.sha256"),
-            uri("models/v25/pop223/pop223_driving_tinygrad.pkl.chunkmanifest"),
-            uri("models/v25/wm9/wm9_driving_tinygrad.pkl.chunk01of01"),
-            uri("models/v25/wm9/wm9_driving_tinygrad.pkl.sha256"),
-            uri("models/v25/wm9/wm9_driving_tinygrad.pkl.chunkmanifest"),
-            uri("manifests/model_names_v25.json"),
+            add(&dir_of("pop223", ".sha256")),
+            add(&dir_of("pop223", ".chunkmanifest")),
+            add(&dir_of("wm9", ".chunk01of01")),
+            add(&dir_of("wm9", ".sha256")),
+            add(&dir_of("wm9", ".chunkmanifest")),
+            add("manifests/model_names_v25.json"),
         ],
         "only what was missing, in order, manifest last"
     );
@@ -288,6 +453,114 @@ fn publish_goes_to_the_hub_first_then_github_in_order_and_resumes() {
     // The Hub (as devices read it, over HTTP) and GitHub hold the same bytes.
     assert_eq!(read_artifact(&hf_store, "pop223"), a.data);
     assert_eq!(read_artifact(&gh, "wm9"), b.data);
+    assert_eq!(
+        h.emu
+            .bucket_file(BUCKET, &dir_of("pop223", ".chunk02of03"))
+            .unwrap(),
+        a.data[1000..2000]
+    );
+}
+
+/// Seed the bucket with a published release (no CLI): chunk sets for `models` and the manifest.
+fn seed_release(emu: &HubEmulator, models: &[&Model], m: &manifest::Manifest) {
+    let t = tempfile::tempdir().unwrap();
+    let dir = artifacts_dir(t.path(), models);
+    for model in models {
+        for f in fs::read_dir(dir.join(model.id)).unwrap() {
+            let f = f.unwrap();
+            let name = f.file_name().to_string_lossy().into_owned();
+            emu.seed_bucket_file(
+                BUCKET,
+                &format!("models/v25/{}/{name}", model.id),
+                &fs::read(f.path()).unwrap(),
+            );
+        }
+    }
+    emu.seed_bucket_file(
+        BUCKET,
+        "manifests/model_names_v25.json",
+        &m.to_canonical_bytes(),
+    );
+}
+
+#[test]
+fn republish_retracts_first_deep_verify_reads_everything_and_the_guard_holds() {
+    let Some(cli) = real_hf_cli() else { return };
+    let t = tempfile::tempdir().unwrap();
+    let h = hub_with(cli, 2);
+    let (old, wm) = (model("pop223", 51, 2500), model("wm9", 52, 800));
+    let live = manifest_of(vec![
+        entry("pop223", &old.data, "Pop"),
+        entry("wm9", &wm.data, "WM 9"),
+    ]);
+    seed_release(&h.emu, &[&old, &wm], &live);
+    let store = HfBucketStore::new(BUCKET, h.config.clone()).unwrap();
+
+    // The guard: a manifest that renames wm9 without a wm9/ directory is refused, nothing written.
+    let quiet = t.path().join("quiet");
+    fs::create_dir_all(quiet.join("pop223")).unwrap();
+    let renamed = manifest_of(vec![
+        entry("pop223", &old.data, "Pop"),
+        entry("wm9", &wm.data, "WM 9 renamed"),
+    ]);
+    let e = publish(&renamed, &quiet, &[&store], &opts(), &mut |_| {}).unwrap_err();
+    assert!(matches!(e, Error::Guard { .. }), "{e}");
+    assert!(h.emu.ops().is_empty());
+
+    // Changed bytes under pop223 (same chunk count): the chunk manifest goes first (the real
+    // `rm`, which needs --yes), then the chunks, the sidecar, the chunk manifest, the manifest.
+    let new = model("pop223", 53, 2500);
+    let dir = artifacts_dir(&t.path().join("v2"), &[&new]);
+    let m2 = manifest_of(vec![
+        entry("pop223", &new.data, "Pop"),
+        entry("wm9", &wm.data, "WM 9"),
+    ]);
+    publish(&m2, &dir, &[&store], &opts(), &mut |_| {}).unwrap();
+    let d = |f: &str| format!("models/v25/pop223/pop223_driving_tinygrad.pkl{f}");
+    assert_eq!(
+        h.emu.ops(),
+        [
+            delete(&d(".chunkmanifest")),
+            add(&d(".chunk01of03")),
+            add(&d(".chunk02of03")),
+            add(&d(".chunk03of03")),
+            add(&d(".sha256")),
+            add(&d(".chunkmanifest")),
+            add("manifests/model_names_v25.json"),
+        ]
+    );
+    assert_eq!(read_artifact(&store, "pop223"), new.data);
+
+    // A wm9 chunk corrupted in place at the same size: only --deep-verify reads it and refuses.
+    let mut bad = wm.data.clone();
+    bad[10] ^= 0xff;
+    h.emu.corrupt_bucket_file(
+        BUCKET,
+        "models/v25/wm9/wm9_driving_tinygrad.pkl.chunk01of01",
+        &bad,
+    );
+    h.emu.clear_log();
+    let empty = t.path().join("none");
+    fs::create_dir_all(&empty).unwrap();
+    let rep = publish(&m2, &empty, &[&store], &opts(), &mut |_| {}).unwrap();
+    assert_eq!(rep.stores[0].manifest, "unchanged");
+    let deep = PublishOptions {
+        deep_verify: true,
+        ..opts()
+    };
+    let e = publish(&m2, &empty, &[&store], &deep, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("model wm9") && e.contains("SHA-256"), "{e}");
+    assert!(h.emu.ops().is_empty(), "nothing written by either run");
+    // Deep verify read every chunk of both models through resolve and the content host.
+    let reads = h
+        .emu
+        .requests()
+        .into_iter()
+        .filter(|r| r.listener == Listener::Content && r.method == "GET" && r.bytes_out >= 800)
+        .count();
+    assert_eq!(reads, 4, "3 pop223 chunks + 1 wm9 chunk");
 }
 
 fn get(server: &Server, path: &str, extra: &str) -> (u16, Vec<(String, String)>, Vec<u8>) {
@@ -413,23 +686,40 @@ const SRC: &str = "1111111111111111111111111111111111111111";
 
 #[test]
 fn reuse_hub_to_hub_copies_server_side_renamed_chunk_manifest_last() {
+    let Some(cli) = real_hf_cli() else { return };
     let t = tempfile::tempdir().unwrap();
-    let h = hub(t.path(), None);
+    let h = hub_with(cli, 2);
     let source = Model {
         id: "supercombo-pop",
         data: bytes(41, 2500),
     };
     // The source dataset holds the chunk set under its own name.
-    let src_dir = h.hf.dataset_dir("org/src").join("builds");
-    fs::create_dir_all(&src_dir).unwrap();
+    let split = t.path().join("split");
+    fs::create_dir_all(&split).unwrap();
     chunker::split_reader(
         &source.data[..],
         2500,
         "supercombo_tinygrad.pkl",
-        &src_dir,
+        &split,
         &chunker::SplitOptions { chunk_size: CHUNK },
     )
     .unwrap();
+    for f in fs::read_dir(&split).unwrap() {
+        let f = f.unwrap();
+        h.emu.seed_repo_file(
+            "datasets",
+            "org/src",
+            &format!("builds/{}", f.file_name().to_string_lossy()),
+            &fs::read(f.path()).unwrap(),
+        );
+    }
+    // The destination already holds an older set: its chunk manifest must go first (rm --yes).
+    let dst_path = |f: &str| format!("models/v25/pop223/pop223_driving_tinygrad.pkl{f}");
+    h.emu
+        .seed_bucket_file(BUCKET, &dst_path(".chunkmanifest"), b"1");
+    h.emu
+        .seed_bucket_file(BUCKET, &dst_path(".chunk01of01"), b"old");
+
     let catalog = catalog_with_source(&source, SRC);
     let compatible = check_compatibility(
         &catalog,
@@ -457,26 +747,36 @@ fn reuse_hub_to_hub_copies_server_side_renamed_chunk_manifest_last() {
     assert_eq!(report.chunk_count, 3);
     assert_eq!(report.sha256, chunker::Sha256Digest::of_bytes(&source.data));
     assert_eq!(progress, [(1, 3), (2, 3), (3, 3)]);
-    let dst =
-        |f: &str| format!("hf://buckets/{BUCKET}/models/v25/pop223/pop223_driving_tinygrad.pkl{f}");
-    let src = |f: &str| format!("hf://datasets/org/src/builds/supercombo_tinygrad.pkl{f}");
-    let calls = h.hf.calls();
+    let copy = |f: &str| HubOp::Copy {
+        bucket: BUCKET.into(),
+        path: dst_path(f),
+        source: "dataset:org/src".into(),
+    };
     assert_eq!(
-        calls,
+        h.emu.ops(),
         [
-            format!("buckets cp {} {}", src(".chunk01of03"), dst(".chunk01of03")),
-            format!("buckets cp {} {}", src(".chunk02of03"), dst(".chunk02of03")),
-            format!("buckets cp {} {}", src(".chunk03of03"), dst(".chunk03of03")),
-            format!("buckets cp - {}", dst(".sha256")),
-            format!("buckets cp - {}", dst(".chunkmanifest")),
+            delete(&dst_path(".chunkmanifest")),
+            copy(".chunk01of03"),
+            copy(".chunk02of03"),
+            copy(".chunk03of03"),
+            add(&dst_path(".sha256")),
+            add(&dst_path(".chunkmanifest")),
         ]
     );
-    // No artifact bytes through this machine: no chunk was ever fetched with GET, and every
-    // chunk copy named two Hub addresses.
-    for r in h.server.requests() {
+    // No chunk byte through this machine: the only content uploads are the two small files, and
+    // nothing chunk-sized was read back.
+    let log = h.emu.requests();
+    let uploads: Vec<usize> = log
+        .iter()
+        .filter(|r| r.target.starts_with("/cas/v1/xorbs/"))
+        .map(|r| r.bytes_in)
+        .collect();
+    assert_eq!(uploads.len(), 2, "{uploads:?}");
+    assert!(uploads.iter().all(|&n| n < 300), "{uploads:?}");
+    for r in &log {
         assert!(
-            !(r.method == "GET" && r.target.contains(".chunk0")),
-            "{r:?}"
+            r.bytes_out < 450 && r.bytes_in < 450,
+            "{r:?} may have carried a chunk (the smallest is 500 bytes)"
         );
     }
     assert_eq!(read_artifact(&dest, "pop223"), source.data);
@@ -507,8 +807,7 @@ fn reuse_hub_to_hub_copies_server_side_renamed_chunk_manifest_last() {
 
 #[test]
 fn reuse_refuses_a_different_commit_and_writes_nothing() {
-    let t = tempfile::tempdir().unwrap();
-    let h = hub(t.path(), None);
+    let h = hub_without_cli();
     let source = Model {
         id: "supercombo-pop",
         data: bytes(42, 1500),
@@ -527,6 +826,5 @@ fn reuse_refuses_a_different_commit_and_writes_nothing() {
         e.contains("source-model commit differs") && e.contains(SRC) && e.contains(other),
         "{e}"
     );
-    assert!(h.hf.calls().is_empty());
-    assert!(h.server.requests().is_empty());
+    assert!(h.emu.requests().is_empty());
 }

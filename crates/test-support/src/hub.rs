@@ -296,7 +296,7 @@ impl HubEmulator {
         st.ops.clear();
     }
 
-    /// After `n` more successful batches, every batch answers 500 (an interrupted run).
+    /// After `n` more successful batches, every batch is refused (an interrupted run).
     pub fn allow_batches(&self, n: u32) {
         self.state().batch_budget = Some(n);
     }
@@ -421,6 +421,65 @@ pub fn xet_hash_string(h: &[u8; 32]) -> String {
             hex(&r)
         })
         .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real CLI
+
+/// The huggingface_hub version the Hub tests are written against (with hf-xet 1.8.0).
+pub const PINNED_HF_VERSION: &str = "2.4.0";
+/// Where `.ci/run` puts the real `hf` executable (its private venv).
+pub const HF_CLI_ENV: &str = "STARPILOT_HF_CLI";
+/// Set to `1` (by `.ci/run`) to make a missing or wrong `hf` a test failure instead of a skip.
+pub const REQUIRE_HF_ENV: &str = "STARPILOT_REQUIRE_HF";
+
+/// The real `hf` CLI at the pinned version: `$STARPILOT_HF_CLI`, else `hf` on `PATH`. `None`
+/// (after a loud message) when there is none and `STARPILOT_REQUIRE_HF` is not `1`; a panic
+/// when it is. Checked once per test process (each `hf` start costs about half a second).
+pub fn real_hf_cli() -> Option<PathBuf> {
+    static FOUND: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    let found = FOUND.get_or_init(|| {
+        let cli = std::env::var_os(HF_CLI_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("PATH").and_then(|p| {
+                    std::env::split_paths(&p)
+                        .map(|d| d.join("hf"))
+                        .find(|c| c.is_file())
+                })
+            })
+            .ok_or_else(|| format!("no `hf` CLI (set {HF_CLI_ENV} or put `hf` on PATH)"))?;
+        let out = std::process::Command::new(&cli)
+            .arg("--version")
+            .env("HF_HUB_DISABLE_UPDATE_CHECK", "1")
+            .env("HF_HUB_DISABLE_TELEMETRY", "1")
+            .env("HF_HOME", std::env::temp_dir().join("starpilot-hf-version-check"))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("{} does not run: {e}", cli.display()))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !text.lines().any(|l| l.trim() == PINNED_HF_VERSION) {
+            return Err(format!(
+                "{} is version {:?}, the Hub tests need huggingface_hub=={PINNED_HF_VERSION} with hf-xet==1.8.0",
+                cli.display(),
+                text.trim()
+            ));
+        }
+        Ok(cli)
+    });
+    match found {
+        Ok(p) => Some(p.clone()),
+        Err(msg) => {
+            if std::env::var(REQUIRE_HF_ENV).as_deref() == Ok("1") {
+                panic!("{msg}, and {REQUIRE_HF_ENV}=1 requires it");
+            }
+            eprintln!(
+                "\n\n!!! SKIPPED: {msg}; this test needs the real hf CLI (python3 -m venv V && V/bin/pip install huggingface_hub=={PINNED_HF_VERSION} hf-xet==1.8.0, then {HF_CLI_ENV}=V/bin/hf) !!!\n"
+            );
+            None
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1160,13 +1219,19 @@ fn xet_token(shared: &Shared, write: bool) -> Response {
 
 fn batch(req: &Request, bucket: &str, shared: &Shared) -> Response {
     let mut st = shared.state.lock().unwrap();
+    let text = String::from_utf8_lossy(&req.body).into_owned();
     if let Some(n) = st.batch_budget.as_mut() {
         if *n == 0 {
-            return Response::error(500, None, "injected failure: the Hub is unavailable");
+            // Refused as a whole (422): a 5xx would make the CLI back off for ~25 s first.
+            let failed: Vec<Value> = text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .map(|op| json!({"path": op["path"], "error": "injected: the Hub refused the write"}))
+                .collect();
+            return Response::json(422, &json!({ "failed": failed }));
         }
         *n -= 1;
     }
-    let text = String::from_utf8_lossy(&req.body).into_owned();
     let mut failed = Vec::new();
     let mut total = 0;
     let now = now_ms();
@@ -1498,7 +1563,7 @@ mod tests {
         let h: [u8; 32] = std::array::from_fn(|i| i as u8);
         assert_eq!(
             xet_hash_string(&h),
-            "07060504030201000f0e0d0c0b0a0908171615141312111f1e1d1c1b1a1918"
+            "07060504030201000f0e0d0c0b0a090817161514131211101f1e1d1c1b1a1918"
         );
     }
 

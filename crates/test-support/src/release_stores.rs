@@ -1,8 +1,10 @@
 //! Stand-ins for the release engineer's two remote stores:
 //!
 //! - [`StandinHf`]: an executable named `hf` that records every call (one line of arguments per
-//!   call) and carries out `hf buckets cp SRC DST` and `hf buckets rm URI` on a local directory,
-//!   `hf://buckets/NS/NAME/PATH` ↔ `<root>/buckets/NS/NAME/PATH` (and `hf://datasets/…` ↔
+//!   call) and carries out `hf buckets cp SRC DST` and `hf buckets rm URI --yes` on a local
+//!   directory, refusing what the real CLI refuses (see the script). The Hub tests run the real
+//!   CLI against `crate::hub`; this stand-in is for failures that cannot be had from it.
+//!   It maps `hf://buckets/NS/NAME/PATH` ↔ `<root>/buckets/NS/NAME/PATH` (and `hf://datasets/…` ↔
 //!   `<root>/datasets/…`). Serve `<root>/buckets/NS/NAME` over HTTP to stand in for Hub reads.
 //!   Failures can be injected: the next N calls fail, or every call after N successful ones
 //!   (an interrupted run).
@@ -17,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const SCRIPT: &str = r#"#!/usr/bin/env bash
-# Stand-in for the Hugging Face `hf` CLI (tests only). Acts on a local directory.
+# Stand-in for the Hugging Face `hf` CLI (tests only). Acts on a local directory, and refuses
+# what huggingface_hub 2.4.0's `hf` refuses: options before the subcommand, `rm` without --yes
+# (it asks, and with no terminal aborts), a bucket that does not exist, a missing source.
 set -u
 ROOT=__ROOT__
 LOG=__LOG__
@@ -42,6 +46,26 @@ if [ -f "$ROOT/.budget" ]; then
   echo $((n - 1)) > "$ROOT/.budget"
 fi
 
+case "${1:-}" in
+  -*) echo "Error: No such option: $1 (options go after the subcommand)" >&2; exit 2 ;;
+esac
+group=${1:-}; cmd=${2:-}
+shift 2 2>/dev/null || shift $#
+pos=(); yes=0; format=auto
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --yes|-y) yes=1 ;;
+    --format) shift; case "${1:-}" in auto|human|agent|json|quiet) format=$1 ;;
+                *) echo "Error: Invalid value for '--format': '${1:-}'" >&2; exit 2 ;; esac ;;
+    --json) format=json ;;
+    -q|--quiet) format=quiet ;;
+    -) pos+=("$1") ;;
+    -*) echo "Error: No such option: $1" >&2; exit 2 ;;
+    *) pos+=("$1") ;;
+  esac
+  shift
+done
+
 map() {
   case "$1" in
     hf://buckets/*/*/*|hf://datasets/*/*/*|hf://models/*/*/*) ;;
@@ -51,11 +75,16 @@ map() {
   case "$rest" in
     *'/../'*|*'/./'*|*'/..'|*'//'*) echo "stand-in hf: bad path $1" >&2; exit 2 ;;
   esac
+  kind=${rest%%/*}; r=${rest#*/}; ns=${r%%/*}; r=${r#*/}; name=${r%%/*}
+  if [ ! -d "$ROOT/$kind/$ns/$name" ]; then
+    echo "ConnectionError: Network error: Request error: HTTP status client error (404 Not Found), domain: http://stand-in/api/$kind/$ns/$name/xet-write-token" >&2
+    exit 1
+  fi
   printf '%s/%s' "$ROOT" "$rest"
 }
 
-if [ "${1:-}" = "buckets" ] && [ "${2:-}" = "cp" ] && [ $# -eq 4 ]; then
-  src=$3; dst=$4
+if [ "$group" = "buckets" ] && [ "$cmd" = "cp" ] && [ ${#pos[@]} -eq 2 ]; then
+  src=${pos[0]}; dst=${pos[1]}
   case "$dst" in
     hf://*) out=$(map "$dst") || exit $? ;;
     *) out=$dst ;;
@@ -65,21 +94,31 @@ if [ "${1:-}" = "buckets" ] && [ "${2:-}" = "cp" ] && [ $# -eq 4 ]; then
   case "$src" in
     -) cat > "$tmp" || { rm -f "$tmp"; exit 1; } ;;
     hf://*) in=$(map "$src") || exit $?
-            [ -f "$in" ] || { echo "stand-in hf: 404 $src" >&2; exit 1; }
+            [ -f "$in" ] || { echo "Error: No files found at '$src'." >&2; exit 1; }
             cp "$in" "$tmp" || exit 1 ;;
-    *) [ -f "$src" ] || { echo "stand-in hf: no such file $src" >&2; exit 1; }
+    *) [ -f "$src" ] || { echo "Error: no such file $src" >&2; exit 1; }
        cp "$src" "$tmp" || exit 1 ;;
   esac
   mv -f "$tmp" "$out"
+  [ "$format" = json ] && printf '{"src": "%s", "dst": "%s"}\n' "$src" "$dst"
   exit 0
 fi
-if [ "${1:-}" = "buckets" ] && [ "${2:-}" = "rm" ] && [ $# -eq 3 ]; then
-  out=$(map "$3") || exit $?
-  [ -f "$out" ] || { echo "stand-in hf: 404 $3" >&2; exit 1; }
+if [ "$group" = "buckets" ] && { [ "$cmd" = "rm" ] || [ "$cmd" = "remove" ]; } && [ ${#pos[@]} -eq 1 ]; then
+  out=$(map "${pos[0]}") || exit $?
+  if [ $yes -eq 0 ]; then
+    if [ "$format" = json ]; then
+      echo "Error: Remove '${pos[0]}'? Use --yes to skip confirmation." >&2
+    else
+      printf "Remove '%s'? [y/N]: " "${pos[0]}"
+      echo "Aborted!" >&2
+    fi
+    exit 1
+  fi
+  [ -f "$out" ] || { echo "Error: Failed to apply 1 out of 1 operation(s): Entry not found" >&2; exit 1; }
   rm -f "$out"
   exit 0
 fi
-echo "stand-in hf: unsupported command: $*" >&2
+echo "stand-in hf: unsupported command: $group $cmd ${pos[*]:-}" >&2
 exit 2
 "#;
 
@@ -121,7 +160,8 @@ impl StandinHf {
         Self { exe, root, log }
     }
 
-    /// The local directory behind `hf://buckets/<bucket>`.
+    /// The local directory behind `hf://buckets/<bucket>` (create it: like the real CLI, the
+    /// stand-in never creates a bucket).
     pub fn bucket_dir(&self, bucket: &str) -> PathBuf {
         self.root.join("buckets").join(bucket)
     }
@@ -268,4 +308,80 @@ fn configure(repo: &Path) {
         &["config", "user.email", "release-test@example.invalid"],
     );
     git(repo, &["config", "commit.gpgsign", "false"]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stand-in refuses what the real CLI refuses, with the real CLI's wording.
+    #[test]
+    fn standin_hf_rejects_what_the_real_cli_rejects() {
+        let t = tempfile::tempdir().unwrap();
+        let hf = StandinHf::install(t.path(), None);
+        let run = |args: &[&str]| {
+            let o = Command::new(&hf.exe)
+                .args(args)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        };
+        let src = t.path().join("f");
+        fs::write(&src, b"x").unwrap();
+        let dst = "hf://buckets/ns/b/d/f";
+        // No bucket yet: cp never creates one.
+        let (code, _, err) = run(&["buckets", "cp", src.to_str().unwrap(), dst]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("404 Not Found"), "{err}");
+        fs::create_dir_all(hf.bucket_dir("ns/b")).unwrap();
+        // Options go after the subcommand.
+        let (code, _, _) = run(&[
+            "--format",
+            "json",
+            "buckets",
+            "cp",
+            src.to_str().unwrap(),
+            dst,
+        ]);
+        assert_eq!(code, Some(2));
+        let (code, out, _) = run(&[
+            "buckets",
+            "cp",
+            src.to_str().unwrap(),
+            dst,
+            "--format",
+            "json",
+        ]);
+        assert_eq!(code, Some(0));
+        assert!(out.starts_with("{\"src\""), "{out}");
+        // rm asks; with no terminal it aborts, and with --format json it says to pass --yes.
+        let (code, out, err) = run(&["buckets", "rm", dst]);
+        assert_eq!(code, Some(1));
+        assert!(
+            out.contains("[y/N]") && err.contains("Aborted!"),
+            "{out}{err}"
+        );
+        let (code, _, err) = run(&["buckets", "rm", dst, "--format", "json"]);
+        assert_eq!(code, Some(1));
+        assert!(err.contains("Use --yes to skip confirmation"), "{err}");
+        assert!(hf.bucket_dir("ns/b").join("d/f").exists());
+        let (code, _, err) = run(&["buckets", "rm", dst, "--yes", "--format", "json"]);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(!hf.bucket_dir("ns/b").join("d/f").exists());
+        let (code, _, err) = run(&[
+            "buckets",
+            "cp",
+            dst,
+            "hf://buckets/ns/b/g",
+            "--format",
+            "json",
+        ]);
+        assert_eq!(code, Some(1));
+        assert!(err.contains("No files found at"), "{err}");
+    }
 }
