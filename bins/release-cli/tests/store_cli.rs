@@ -282,3 +282,117 @@ fn serve_prints_its_address_first_and_serves_both_layouts() {
     let o = cli(&["serve", "--store", t.path().join("nope").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// `release-cli publish` to a Hugging Face bucket through the real `hf` CLI and the Hub
+/// emulator (skipped locally without the CLI, required in CI).
+#[test]
+fn publish_to_a_hub_bucket_through_the_real_hf_cli() {
+    use test_support::hub::{HubConfig, HubEmulator, HubOp, real_hf_cli};
+    let Some(hf_cli) = real_hf_cli() else { return };
+    let t = tempfile::tempdir().unwrap();
+    let data = artifact_bytes(3, 2500);
+    let (artifacts, manifest) = release(t.path(), &data);
+    let hub = HubEmulator::start(HubConfig::default()).unwrap();
+    let bucket = "StarPilot-Driving/StarPilot-Resources";
+    hub.create_bucket(bucket);
+    let o = common::command()
+        .env("HF_ENDPOINT", hub.url())
+        .env("HF_TOKEN", hub.token())
+        .args([
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            &manifest,
+            "--artifacts",
+            &artifacts,
+            "--to",
+            &format!("hf://buckets/{bucket}"),
+            "--hf-cli",
+            hf_cli.to_str().unwrap(),
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["stores"][0]["manifest"], "written");
+    assert_eq!(report["stores"][0]["uploaded_files"], 5);
+    let paths: Vec<String> = hub
+        .ops()
+        .into_iter()
+        .map(|op| match op {
+            HubOp::Add { path, .. } => path,
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(paths.len(), 6);
+    assert_eq!(paths.last().unwrap(), "manifests/model_names_v25.json");
+    assert_eq!(
+        hub.bucket_file(
+            bucket,
+            "models/v25/pop223/pop223_driving_tinygrad.pkl.chunk03of03"
+        )
+        .unwrap(),
+        data[2000..]
+    );
+    assert!(!stdout.contains(hub.token()));
+}
+
+/// A CLI that echoes the token as it fails (a stand-in: the real one cannot be made to on
+/// demand): neither the `--json` events nor the error message carry it.
+#[test]
+fn the_token_never_reaches_json_events_or_messages() {
+    use test_support::hub::{HubConfig, HubEmulator};
+    let t = tempfile::tempdir().unwrap();
+    let data = artifact_bytes(4, 2500);
+    let (artifacts, manifest) = release(t.path(), &data);
+    let hub = HubEmulator::start(HubConfig::default()).unwrap();
+    hub.create_bucket("a/b");
+    let exe = t.path().join("hf");
+    std::fs::write(
+        &exe,
+        "#!/bin/sh\necho \"token=$HF_TOKEN\" >&2\necho \"Authorization: Bearer $HF_TOKEN\" >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let secret = "hf_NotForPrintingNotForPrinting42";
+    let o = common::command()
+        .env("HF_ENDPOINT", hub.url())
+        .env("HF_TOKEN", secret)
+        .args([
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            &manifest,
+            "--artifacts",
+            &artifacts,
+            "--to",
+            "hf://buckets/a/b",
+            "--hf-cli",
+            exe.to_str().unwrap(),
+            "--attempts",
+            "2",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!o.status.success(), "{all}");
+    assert!(all.contains("\"event\":\"retrying\""), "{all}");
+    assert!(all.contains("<redacted>"), "{all}");
+    assert!(
+        !all.contains(secret) && !all.contains("NotForPrinting"),
+        "{all}"
+    );
+}

@@ -49,7 +49,7 @@ pub enum Error {
     BadResponse { url: String, reason: String },
 
     #[error(
-        "could not run the Hugging Face CLI {program:?}: {source}; install it (pip install -U huggingface_hub) or pass --hf-cli PATH / set HF_CLI"
+        "could not run the Hugging Face CLI {program:?}: {source}; install it (pip install huggingface_hub==2.4.0 hf-xet==1.8.0, the versions tested) or pass --hf-cli PATH / set HF_CLI"
     )]
     HfCliMissing {
         program: String,
