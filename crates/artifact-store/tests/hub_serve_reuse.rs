@@ -92,14 +92,52 @@ fn hf_store_operations_through_the_real_cli_and_http() {
     let a = p("models/v25/x/a.bin");
     assert_eq!(store.stat(&a).unwrap(), None);
     store.write_bytes(&a, b"streamed through stdin").unwrap();
+    // Text, then floats: hf-xet 1.8 LZ4-compresses such chunks (it chose plain LZ4, not byte
+    // grouping, for these), so the emulator's LZ4 decoding is exercised by real uploads.
+    let mut big: Vec<u8> = (0..6000)
+        .flat_map(|i| format!("line {i}: handed over by path\n").into_bytes())
+        .collect();
+    // Floats in [1, 2) with noisy mantissas.
+    let mut x: u32 = 12345;
+    big.extend((0..60_000).flat_map(|_| {
+        x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        (1.0f32 + (x >> 9) as f32 / (1u32 << 23) as f32).to_le_bytes()
+    }));
     let local = t.path().join("local.bin");
-    fs::write(&local, b"handed over by path").unwrap();
+    fs::write(&local, &big).unwrap();
     let b = p("models/v25/x/b.bin");
     store.write_file(&b, &local).unwrap();
     assert_eq!(store.stat(&a).unwrap().unwrap().size, 22);
-    let mut s = String::new();
-    store.open(&b).unwrap().read_to_string(&mut s).unwrap();
-    assert_eq!(s, "handed over by path");
+    let mut back = Vec::new();
+    store.open(&b).unwrap().read_to_end(&mut back).unwrap();
+    assert!(back == big, "b.bin read back differs");
+    let schemes = h.emu.chunk_schemes();
+    eprintln!("chunk compression schemes seen: {schemes:?}");
+    assert!(schemes.get(&1).is_some_and(|&n| n > 0), "{schemes:?}");
+    // The CLI reads it back too (reconstruction API, ranged xorb reads from the content host).
+    let out = Command::new(&cli)
+        .args([
+            "buckets",
+            "cp",
+            &uri("models/v25/x/b.bin"),
+            "-",
+            "--format",
+            "quiet",
+        ])
+        .env("HF_ENDPOINT", h.emu.url())
+        .env("HF_TOKEN", h.emu.token())
+        .env("HF_HOME", t.path().join("hf-home-read"))
+        .env("HF_HUB_DISABLE_UPDATE_CHECK", "1")
+        .env("HF_HUB_DISABLE_TELEMETRY", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout == big, "the CLI read back other bytes");
     store.copy(&a, &p("models/v25/y/c.bin")).unwrap();
     // Three files, two per page: the listing follows the Link header.
     let listed: Vec<(String, u64)> = store
@@ -112,7 +150,7 @@ fn hf_store_operations_through_the_real_cli_and_http() {
         listed,
         [
             ("models/v25/x/a.bin".into(), 22),
-            ("models/v25/x/b.bin".into(), 19),
+            ("models/v25/x/b.bin".into(), big.len() as u64),
             ("models/v25/y/c.bin".into(), 22)
         ]
     );

@@ -278,6 +278,18 @@ impl HubEmulator {
             .unwrap_or_default()
     }
 
+    /// How many uploaded chunks used each compression scheme (0 none, 1 LZ4, 2 byte-grouped
+    /// LZ4), so a test can show which decoders real uploads exercised.
+    pub fn chunk_schemes(&self) -> BTreeMap<u8, usize> {
+        let mut out = BTreeMap::new();
+        for x in self.state().xorbs.values() {
+            for c in &x.chunks {
+                *out.entry(c.scheme).or_default() += 1;
+            }
+        }
+        out
+    }
+
     pub fn has_bucket(&self, bucket: &str) -> bool {
         self.state().buckets.contains_key(bucket)
     }
