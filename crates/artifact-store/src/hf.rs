@@ -878,7 +878,8 @@ mod tests {
                     .map(|(_, v)| OsString::from(v))
             }
         };
-        let cases: &[(&[(&str, &str)], Option<&str>)] = &[
+        type Vars = &'static [(&'static str, &'static str)];
+        let cases: &[(Vars, Option<&str>)] = &[
             (&[("HF_TOKEN_PATH", "/t"), ("HF_HOME", "/h")], Some("/t")),
             (&[("HF_HOME", "/h"), ("HOME", "/home/u")], Some("/h/token")),
             (
