@@ -232,7 +232,7 @@ fn hf_store_operations_through_the_real_cli_and_http() {
 fn real_cli_failures_become_typed_errors() {
     let Some(cli) = real_hf_cli() else { return };
     let t = tempfile::tempdir().unwrap();
-    let h = hub_with(cli, 2);
+    let h = hub_with(cli.clone(), 2);
     let kind = |e: Error| match e {
         Error::HfCli { kind, .. } => kind,
         other => panic!("not a CLI failure: {other}"),
@@ -244,6 +244,29 @@ fn real_cli_failures_become_typed_errors() {
     assert!(msg.contains("hf buckets create"), "{msg}");
     assert!(!msg.contains("Traceback"), "{msg}");
     assert_eq!(kind(e), HfFailure::BucketMissing);
+    // The next step the message names works: the real CLI creates the bucket.
+    let out = Command::new(&cli)
+        .args([
+            "buckets",
+            "create",
+            "StarPilot-Driving/no-such-bucket",
+            "--exist-ok",
+            "--format",
+            "json",
+        ])
+        .env("HF_ENDPOINT", h.emu.url())
+        .env("HF_TOKEN", h.emu.token())
+        .env("HF_HOME", t.path().join("hf-home"))
+        .env("HF_HUB_DISABLE_UPDATE_CHECK", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(h.emu.has_bucket("StarPilot-Driving/no-such-bucket"));
     // A token the Hub refuses: not retried (it cannot get better), and not printed.
     let wrong = HfConfig {
         token: Some("hf_refusedRefusedRefusedRefused00".into()),
@@ -267,7 +290,13 @@ fn real_cli_failures_become_typed_errors() {
         .filter(|r| r.target.ends_with("/xet-write-token"))
         .count();
     assert_eq!(token_calls, 1, "tried once");
-    assert!(h.emu.ops().is_empty());
+    assert_eq!(
+        h.emu.ops(),
+        [HubOp::CreateBucket {
+            bucket: "StarPilot-Driving/no-such-bucket".into()
+        }],
+        "the refused token wrote nothing"
+    );
     // No CLI at all.
     let e = HfBucketStore::new(
         BUCKET,
