@@ -42,8 +42,8 @@ use crate::store::{FileStat, ListEntry, Store};
 const MAX_REDIRECTS: usize = 8;
 /// Listing pages are small JSON documents; refuse anything absurd.
 const MAX_LISTING_PAGE_BYTES: u64 = 64 * 1024 * 1024;
-/// A listing longer than this many pages is refused (the Hub pages by the thousand, so this is
-/// millions of files): a server that links on forever cannot keep us listing.
+/// A listing longer than this many pages is refused (far more than a bucket of models needs):
+/// a server that links on forever cannot keep us listing.
 pub const MAX_LISTING_PAGES: usize = 10_000;
 
 /// How to reach the Hub: the endpoint, the token and the CLI.
