@@ -35,26 +35,39 @@ pub const LOCAL_MODEL: &str = "local-mine";
 
 pub type Result<T, E = String> = std::result::Result<T, E>;
 
+/// Set to a `device-modeld-manager` built elsewhere (e.g. the aarch64 one from
+/// `cargo xtask dist`) to play the story with it instead of `target/<profile>`'s.
+pub const DEVICE_BIN_ENV: &str = "STARPILOT_DEVICE_BIN";
+/// Set to a program that runs the device binary, e.g. `/usr/bin/qemu-aarch64-static`: the story
+/// then runs `RUNNER DEVICE_BIN ARGS…` (qemu-user reads `QEMU_LD_PREFIX` and `QEMU_CPU` from
+/// the environment, which the child inherits).
+pub const DEVICE_RUNNER_ENV: &str = "STARPILOT_DEVICE_RUNNER";
+
 /// Where the two binaries are.
 #[derive(Debug, Clone)]
 pub struct Binaries {
     pub release_cli: PathBuf,
     pub device_manager: PathBuf,
+    /// Runs `device_manager` (an emulator) when set.
+    pub device_runner: Option<PathBuf>,
 }
 
 impl Binaries {
     /// The binaries of this workspace's `target/<profile>` directory (honouring
     /// `CARGO_TARGET_DIR`). They must be built already: `cargo test --workspace` and
-    /// `cargo xtask demo` build them.
+    /// `cargo xtask demo` build them. [`DEVICE_BIN_ENV`] and [`DEVICE_RUNNER_ENV`] swap in
+    /// another device binary (`cargo xtask dist --test` plays the story with the aarch64 one
+    /// under qemu).
     pub fn in_target_dir(profile: &str) -> Result<Self> {
         let target = match std::env::var_os("CARGO_TARGET_DIR") {
             Some(t) => PathBuf::from(t),
             None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
         };
         let dir = target.join(profile);
-        let bins = Self {
+        let mut bins = Self {
             release_cli: dir.join("release-cli"),
             device_manager: dir.join("device-modeld-manager"),
+            device_runner: None,
         };
         for b in [&bins.release_cli, &bins.device_manager] {
             if !b.is_file() {
@@ -64,7 +77,42 @@ impl Binaries {
                 ));
             }
         }
+        if let Some(dev) = std::env::var_os(DEVICE_BIN_ENV).filter(|v| !v.is_empty()) {
+            bins.device_manager = PathBuf::from(dev);
+            bins.device_runner = std::env::var_os(DEVICE_RUNNER_ENV)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from);
+            for b in std::iter::once(&bins.device_manager).chain(&bins.device_runner) {
+                if !b.is_file() {
+                    return Err(format!(
+                        "{} (from {DEVICE_BIN_ENV}/{DEVICE_RUNNER_ENV}) is not a file",
+                        b.display()
+                    ));
+                }
+            }
+            eprintln!("story: device binary {}", bins.describe_device());
+        }
         Ok(bins)
+    }
+
+    /// A command that runs the device binary (through its runner, if any).
+    pub fn device_command(&self) -> Command {
+        match &self.device_runner {
+            Some(runner) => {
+                let mut c = Command::new(runner);
+                c.arg(&self.device_manager);
+                c
+            }
+            None => Command::new(&self.device_manager),
+        }
+    }
+
+    /// `BIN` or `RUNNER BIN`, for messages.
+    pub fn describe_device(&self) -> String {
+        match &self.device_runner {
+            Some(r) => format!("{} {}", r.display(), self.device_manager.display()),
+            None => self.device_manager.display().to_string(),
+        }
     }
 }
 
@@ -368,9 +416,12 @@ pub fn play(bins: &Binaries, scenario: &Scenario, work: &Path, narrate: bool) ->
     let before = digests(&models_dir)?;
     let params_before = params(&data)?;
 
-    say("5. device-modeld-manager refresh".into());
+    say(format!(
+        "5. device-modeld-manager refresh ({})",
+        bins.describe_device()
+    ));
     let manager = |args: &[&str]| {
-        let mut c = Command::new(&bins.device_manager);
+        let mut c = bins.device_command();
         c.arg("--data-dir")
             .arg(&data)
             .arg("--memory-params-dir")

@@ -94,6 +94,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut rows = Vec::new();
     rows.extend(chunker_rows(&bin, &work, &input)?);
     rows.extend(crate::bench_device::rows(&work, &input, download_mib)?);
+    rows.extend(crate::bench_budget::rows(&work)?);
 
     print_table(size_mib, &rows);
     let _ = fs::remove_dir_all(&work);

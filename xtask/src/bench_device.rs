@@ -22,7 +22,7 @@ const CONNECTIONS: &str = "8";
 const RANGES_PER_CHUNK: &str = "2";
 
 /// Kills the origin server when the bench ends, however it ends.
-struct Server(Child);
+pub(crate) struct Server(Child);
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -197,17 +197,17 @@ pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, Stri
     ])
 }
 
-fn entry(id: &str, size: u64, sha: &str, count: u64) -> String {
+pub(crate) fn entry(id: &str, size: u64, sha: &str, count: u64) -> String {
     format!(
         "    {{\n      \"id\": \"{id}\",\n      \"name\": \"Bench {id}\",\n      \"version\": \"v16\",\n      \"series\": \"OP Series\",\n      \"released\": \"2026-01-01\",\n      \"community_favorite\": false,\n      \"artifact_format\": \"tinygrad_single_v1\",\n      \"artifact_size\": {size},\n      \"artifact_sha256\": \"{sha}\",\n      \"artifact_chunk_count\": {count},\n      \"uses_external_gpu\": false\n    }}"
     )
 }
 
-fn mkdirs(p: &Path) -> Result<(), String> {
+pub(crate) fn mkdirs(p: &Path) -> Result<(), String> {
     fs::create_dir_all(p).map_err(|e| format!("{}: {e}", p.display()))
 }
 
-fn run_ok(cmd: &mut Command) -> Result<(), String> {
+pub(crate) fn run_ok(cmd: &mut Command) -> Result<(), String> {
     let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
     if out.status.success() {
         Ok(())
@@ -219,7 +219,7 @@ fn run_ok(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
-fn sidecar_digest(path: &Path) -> Result<String, String> {
+pub(crate) fn sidecar_digest(path: &Path) -> Result<String, String> {
     let text = fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     text.split_whitespace()
         .next()
@@ -240,7 +240,7 @@ fn openssl_digest(path: &Path) -> Result<String, String> {
         .ok_or_else(|| "openssl printed no digest".to_string())
 }
 
-fn start_server(bin: &PathBuf, dir: &Path) -> Result<(Server, String), String> {
+pub(crate) fn start_server(bin: &PathBuf, dir: &Path) -> Result<(Server, String), String> {
     let mut child = Command::new(bin)
         .arg("--dir")
         .arg(dir)

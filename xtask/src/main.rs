@@ -7,12 +7,15 @@
 //! - `bench [--size SIZE_MIB]`: builds release binaries and prints one table of benchmark ratios,
 //!   each measured against an anchor (openssl, dd, curl) run on the same data in the same run.
 //! - `docs`: regenerate `docs/cli.md` from the binaries' clap help.
+//! - `dist [--reproducible] [--test]`: the aarch64 device binary for the comma (see `dist.rs`).
 //!
 //! Plain Rust with one small dependency (libc, for per-child peak RSS), so it builds fast.
 
 mod bench;
+mod bench_budget;
 mod bench_device;
 mod demo;
+mod dist;
 mod docs;
 mod util;
 
@@ -25,6 +28,11 @@ tasks:
   demo [WORK_DIR]    the main job end to end: publish v25, serve it, migrate a v24 device
   bench [--size N]   benchmark ratios against anchors; N = artifact size in MiB (default 1024)
   docs [--check]     regenerate docs/cli.md from the binaries' clap help (--check: fail if stale)
+  dist [--reproducible] [--test]
+                     build device-modeld-manager for the comma (aarch64, glibc 2.31) into
+                     target/dist/, installing its toolchain on Debian; --reproducible: build
+                     twice from clean dirs and compare bytes; --test: the end-to-end story with
+                     the binary under qemu-aarch64
 ";
 
 fn main() -> ExitCode {
@@ -34,6 +42,7 @@ fn main() -> ExitCode {
         Some("bench") => bench::run(&args[1..]),
         Some("docs") => docs::run(args.get(1).map(String::as_str) == Some("--check")),
         Some("demo") => demo::run(&args[1..]),
+        Some("dist") => dist::run(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
             Ok(())
