@@ -286,7 +286,21 @@ impl Tools {
             pkgs.push("qemu-user-static");
         }
         apt_install(&pkgs)?;
-        let rustc_version = dpkg_version("rustc-web").ok_or("rustc-web did not install")?;
+        let mut rustc_version = dpkg_version("rustc-web").ok_or("rustc-web did not install")?;
+        if rustc_minor(&rustc_version).is_none_or(|v| v < MIN_RUSTC) {
+            // Installed from stale package lists (bookworm main has 1.85): refresh them and
+            // upgrade once before giving up.
+            eprintln!("dist: rustc-web {rustc_version} is too old; apt-get update and upgrade");
+            run_ok(&mut apt_get(&["update"]))?;
+            run_ok(&mut apt_get(&[
+                "install",
+                "-y",
+                "--no-install-recommends",
+                "rustc-web",
+                "cargo-web",
+            ]))?;
+            rustc_version = dpkg_version("rustc-web").ok_or("rustc-web did not install")?;
+        }
         match rustc_minor(&rustc_version) {
             Some(v) if v >= MIN_RUSTC => {}
             _ => {
@@ -561,6 +575,23 @@ fn dpkg_version(pkg: &str) -> Option<String> {
     (status.ends_with(" installed") && !version.is_empty()).then(|| version.to_string())
 }
 
+/// `apt-get ARGS`, as root or through sudo, non-interactive, waiting for the dpkg lock.
+fn apt_get(args: &[&str]) -> Command {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut c = if root {
+        Command::new("apt-get")
+    } else {
+        let mut c = Command::new("sudo");
+        c.arg("apt-get");
+        c
+    };
+    c.env("DEBIAN_FRONTEND", "noninteractive")
+        .args(["-o", "DPkg::Lock::Timeout=600", "-qq"])
+        .args(args);
+    c
+}
+
 /// `apt-get install` of the packages not installed yet (as root, or through sudo); an
 /// `apt-get update` first only when the install cannot find them.
 fn apt_install(pkgs: &[&str]) -> Result<(), String> {
@@ -573,31 +604,18 @@ fn apt_install(pkgs: &[&str]) -> Result<(), String> {
         return Ok(());
     }
     eprintln!("dist: apt-get install {}", missing.join(" "));
-    let apt = |args: &[&str]| {
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        let mut c = if root {
-            Command::new("apt-get")
-        } else {
-            let mut c = Command::new("sudo");
-            c.arg("apt-get");
-            c
-        };
-        c.env("DEBIAN_FRONTEND", "noninteractive")
-            .args(["-o", "DPkg::Lock::Timeout=600", "-qq"])
-            .args(args);
-        c
-    };
-    let install = |extra: &[&str]| {
-        let mut c = apt(&["install", "-y", "--no-install-recommends"]);
-        c.args(extra);
+    let install = || {
+        let mut c = apt_get(&["install", "-y", "--no-install-recommends"]);
         c.args(&missing);
         c
     };
-    if run_ok(&mut install(&[])).is_err() {
-        run_ok(&mut apt(&["update"]))?;
-        run_ok(&mut install(&[])).map_err(|e| {
-            format!("{e}\nnext: these packages come from Debian bookworm (rustc-web 1.96 from bookworm-security); check the apt sources")
+    if run_ok(&mut install()).is_err() {
+        run_ok(&mut apt_get(&["update"]))?;
+        run_ok(&mut install()).map_err(|e| {
+            format!(
+                "{e}\nnext: these come from Debian bookworm (rustc-web 1.96 from \
+                 bookworm-security); check the apt sources"
+            )
         })?;
     }
     Ok(())
