@@ -14,6 +14,8 @@ use manifest::{Generation, ModelId, layout};
 use migration::{Device, DeviceConfig, ManagerLock, VerifyState};
 use serde_json::json;
 
+mod trust;
+
 /// Stable exit codes (documented in docs/device.md).
 mod code {
     pub const OK: u8 = 0;
@@ -110,6 +112,18 @@ struct Cli {
         default_value_t = 64
     )]
     space_margin_mib: u64,
+    /// Minisign public keys the release is signed with (one or more, e.g. during a key
+    /// rotation). With keys, a manifest is installed only if one of them signed it, for this
+    /// generation, unexpired, and not older than the last accepted release. Default: the
+    /// StarPilot keys file if it exists; without keys the device is unprotected (`status` says
+    /// so).
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "FILE"
+    )]
+    trusted_keys: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -222,6 +236,15 @@ impl From<migration::Error> for Fail {
 fn next_step(e: &migration::Error) -> Option<&'static str> {
     use downloader::Error as D;
     match e {
+        migration::Error::Download(d @ D::ManifestUnavailable { .. })
+            if !downloader::trust::refusals(d).is_empty() =>
+        {
+            Some(
+                "nothing on this device was changed; the stores serve no manifest the trusted \
+                 keys accept (reasons above). The release engineer must publish it signed \
+                 (`release-cli publish --sign-key`); `status` shows the accepted release",
+            )
+        }
         migration::Error::Download(D::ManifestUnavailable { .. }) => Some(
             "nothing on this device was changed; check the network (or --hf-base/--github-base) \
              and run `refresh` again",
@@ -394,6 +417,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
             ..DownloadConfig::default()
         },
     );
+    let dl = trust::with_keys(dl, cli.trusted_keys.as_deref())?;
     let progress = Progress::new();
     let print = |p: &migration::Progress| progress.say(&p.to_string());
     match cli.command {
@@ -405,7 +429,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
             eprintln!("model: {} ({} {})", r.id, r.name, r.version);
             out_line(r.path.display())
         }
-        Command::Status { json } => status(&device, json),
+        Command::Status { json } => status(&device, &dl, json),
         Command::Refresh { json } => {
             let _lock = ManagerLock::acquire(&device.models_dir())?;
             progress.label("selected model");
@@ -524,10 +548,13 @@ fn run(cli: Cli) -> Result<(), Fail> {
     }
 }
 
-fn status(device: &Device, json_out: bool) -> Result<(), Fail> {
+fn status(device: &Device, dl: &Downloader, json_out: bool) -> Result<(), Fail> {
     let r = migration::report::status(device)?;
+    let trust = trust::status_json(device, dl)?;
     if json_out {
-        return out_line(serde_json::to_string(&r).expect("serializable"));
+        let mut v = serde_json::to_value(&r).expect("serializable");
+        v["trust"] = trust;
+        return out_line(v);
     }
     let mut lines = vec![
         format!("generation: {}", r.generation),
@@ -562,6 +589,7 @@ fn status(device: &Device, json_out: bool) -> Result<(), Fail> {
             j.phase
         ));
     }
+    lines.extend(trust::status_lines(&trust));
     for l in lines {
         out_line(l)?;
     }

@@ -111,6 +111,10 @@ pub enum Error {
     #[error("{0}")]
     Refused(String),
 
+    /// A signing or verifying key that cannot be used (never shows the key itself).
+    #[error("signing key {}: {message}", path.display())]
+    Signing { path: PathBuf, message: String },
+
     #[error("reuse refused: {0}")]
     ReuseRefused(String),
 }

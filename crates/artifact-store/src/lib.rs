@@ -25,6 +25,7 @@ pub mod retry;
 pub mod reuse;
 
 pub mod serve;
+pub mod signing;
 mod store;
 
 pub use error::{Error, HfFailure, Result};

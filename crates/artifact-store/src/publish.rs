@@ -496,6 +496,23 @@ pub fn publish(
     opts: &PublishOptions,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<PublishReport> {
+    publish_signed(manifest, artifacts_dir, stores, opts, None, on_event)
+}
+
+/// [`publish`], with `signature` (the text of `model_names_<gen>.json.minisig` for the
+/// manifest's canonical bytes, see [`crate::signing`]) written beside the manifest in each store
+/// right before it, after the guard passed: the old manifest is never left beside the new
+/// signature by a refused publish, and the new manifest is never live before its signature
+/// (docs/formats.md, "Signed manifests"). The event for it is `ManifestWritten` with the
+/// signature's path.
+pub fn publish_signed(
+    manifest: &Manifest,
+    artifacts_dir: &Path,
+    stores: &[&dyn Store],
+    opts: &PublishOptions,
+    signature: Option<&[u8]>,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<PublishReport> {
     if let Some(g) = manifest.generation()
         && g != opts.generation
     {
@@ -525,6 +542,7 @@ pub fn publish(
             &intended,
             *store,
             opts,
+            signature,
             on_event,
         )?);
     }
@@ -548,6 +566,8 @@ fn observe(store: &dyn Store, path: &StorePath, want: &LocalFile) -> Result<Obse
     }
 }
 
+// One store's publish needs everything publish was given; a struct for it would only rename them.
+#[allow(clippy::too_many_arguments)]
 fn publish_one(
     manifest: &Manifest,
     manifest_bytes: &[u8],
@@ -555,6 +575,7 @@ fn publish_one(
     intended: &BTreeSet<ModelId>,
     store: &dyn Store,
     opts: &PublishOptions,
+    signature: Option<&[u8]>,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<StoreReport> {
     let name = store.describe();
@@ -682,7 +703,12 @@ fn publish_one(
         first_publish: rep.first_publish,
     });
 
-    // 4. The manifest, last.
+    // 4. The signature, then the manifest, last.
+    if let Some(sig) = signature
+        && !opts.dry_run
+    {
+        write_signature(store, opts, sig, on_event)?;
+    }
     if live_bytes.as_deref() == Some(manifest_bytes) {
         rep.manifest = "unchanged";
         on_event(&Event::ManifestUnchanged {
@@ -714,6 +740,44 @@ fn publish_one(
         });
     }
     Ok(rep)
+}
+
+/// Write the manifest's signature file unless the store already holds exactly it.
+fn write_signature(
+    store: &dyn Store,
+    opts: &PublishOptions,
+    sig: &[u8],
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<()> {
+    let name = store.describe();
+    let path = StoreLayout::HfBucket.signature_path(opts.generation);
+    if store
+        .read_small(&path, manifest::signature::MAX_SIGNATURE_BYTES)?
+        .as_deref()
+        == Some(sig)
+    {
+        return Ok(());
+    }
+    let path_s = path.to_string();
+    opts.retry.run(
+        &name,
+        &path_s,
+        |attempt, e, wait| {
+            on_event(&Event::Retrying {
+                store: name.clone(),
+                path: path_s.clone(),
+                attempt,
+                error: e.to_string(),
+                wait_ms: wait.as_millis() as u64,
+            })
+        },
+        || store.write_bytes(&path, sig),
+    )?;
+    on_event(&Event::ManifestWritten {
+        store: name.clone(),
+        path: path_s,
+    });
+    Ok(())
 }
 
 fn run_step(

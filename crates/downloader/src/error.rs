@@ -56,6 +56,20 @@ pub enum Error {
         found: String,
     },
 
+    /// The manifest is not signed as the device's trusted keys require (`trust`).
+    #[error("{url}: manifest refused: {refusal}")]
+    Refused {
+        url: String,
+        refusal: manifest::signature::Refusal,
+    },
+
+    /// The trusted keys file cannot be used.
+    #[error(
+        "trusted keys {}: {message}",
+        path.display()
+    )]
+    TrustedKeys { path: PathBuf, message: String },
+
     #[error("no origin served a valid {generation} manifest:\n{}", AttemptList(.attempts))]
     ManifestUnavailable {
         generation: String,

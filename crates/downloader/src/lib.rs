@@ -19,6 +19,7 @@ mod http;
 mod origin;
 pub mod space;
 mod staging;
+pub mod trust;
 
 pub use download::{
     CancelToken, DownloadConfig, Event, Installed, Piece, Target, plan_pieces, remove_other_forms,
@@ -31,7 +32,7 @@ pub use staging::{LEGACY_STAGING_PREFIX, STAGING_DIR, STALE_AFTER};
 use std::path::Path;
 use std::time::Instant;
 
-use manifest::{Generation, Limits, Manifest, ModelEntry};
+use manifest::{Generation, Limits, Manifest, ModelEntry, ReleaseNumber, UnixSeconds};
 
 use crate::http::Http;
 
@@ -41,6 +42,11 @@ pub struct FetchedManifest {
     pub manifest: Manifest,
     pub origin: String,
     pub url: String,
+    /// What its signature vouched for, when the downloader has trusted keys.
+    pub signed: Option<trust::Accepted>,
+    /// Origins tried before this one whose manifest was refused on trust grounds (e.g. a bad
+    /// signature on Hugging Face when GitHub's was good): worth reporting.
+    pub refused: Vec<(String, manifest::signature::Refusal)>,
 }
 
 /// Origins, an HTTP client and tuning, shared by every download of a manager.
@@ -49,6 +55,7 @@ pub struct Downloader {
     origins: Origins,
     config: DownloadConfig,
     limits: Limits,
+    trusted_keys: Option<trust::TrustedKeys>,
 }
 
 impl Downloader {
@@ -58,7 +65,18 @@ impl Downloader {
             origins,
             config,
             limits: Limits::default(),
+            trusted_keys: None,
         }
+    }
+
+    /// Accept only manifests signed by one of `keys` (see [`trust`]).
+    pub fn with_trusted_keys(mut self, keys: trust::TrustedKeys) -> Self {
+        self.trusted_keys = Some(keys);
+        self
+    }
+
+    pub fn trusted_keys(&self) -> Option<&trust::TrustedKeys> {
+        self.trusted_keys.as_ref()
     }
 
     pub fn origins(&self) -> &Origins {
@@ -84,15 +102,36 @@ impl Downloader {
         generation: Generation,
         cancel: &CancelToken,
     ) -> Result<FetchedManifest> {
+        self.fetch_manifest_accepting(generation, None, cancel)
+    }
+
+    /// [`Downloader::fetch_manifest_cancellable`]; with trusted keys, a manifest whose signed
+    /// release is lower than `accepted` (the last release this device accepted) is refused as a
+    /// replay, like any other manifest the keys do not accept.
+    pub fn fetch_manifest_accepting(
+        &self,
+        generation: Generation,
+        accepted: Option<ReleaseNumber>,
+        cancel: &CancelToken,
+    ) -> Result<FetchedManifest> {
         let mut attempts = Vec::new();
         for origin in self.origins.iter() {
             let url = origin.manifest_url(generation);
-            match self.fetch_one_manifest(&url, generation, cancel) {
-                Ok(manifest) => {
+            match self.fetch_one_manifest(&url, generation, accepted, cancel) {
+                Ok((manifest, signed)) => {
+                    let refused = attempts
+                        .into_iter()
+                        .filter_map(|(origin, e)| match e {
+                            Error::Refused { refusal, .. } => Some((origin, refusal)),
+                            _ => None,
+                        })
+                        .collect();
                     return Ok(FetchedManifest {
                         manifest,
                         origin: origin.to_string(),
                         url,
+                        signed,
+                        refused,
                     });
                 }
                 Err(e @ Error::Cancelled { .. }) => return Err(e),
@@ -109,8 +148,9 @@ impl Downloader {
         &self,
         url: &str,
         generation: Generation,
+        accepted: Option<ReleaseNumber>,
         cancel: &CancelToken,
-    ) -> Result<Manifest> {
+    ) -> Result<(Manifest, Option<trust::Accepted>)> {
         let budget = self.config.http.origin_deadline;
         let ctl = http::Ctl::new(
             cancel,
@@ -118,10 +158,39 @@ impl Downloader {
             budget,
             Instant::now() + budget,
         );
-        let bytes = download::with_retries(&self.config, &ctl, url, || {
-            self.http
-                .get_small(url, self.limits.max_manifest_bytes, &ctl)
-        })?;
+        let get = |url: &str, max: u64| {
+            download::with_retries(&self.config, &ctl, url, || {
+                self.http.get_small(url, max, &ctl)
+            })
+        };
+        let bytes = get(url, self.limits.max_manifest_bytes)?;
+        // With trusted keys, the signature is checked over the raw bytes before they are parsed
+        // (within the same per-origin deadline).
+        let signed = match &self.trusted_keys {
+            None => None,
+            Some(keys) => {
+                let sig_url = format!("{url}{}", manifest::signature::SIGNATURE_SUFFIX);
+                let sig = match get(&sig_url, manifest::signature::MAX_SIGNATURE_BYTES) {
+                    Ok(b) => Some(b),
+                    Err(Error::Status {
+                        status: 404 | 410, ..
+                    }) => None,
+                    Err(e) => return Err(e),
+                };
+                let verdict = trust::verify_manifest(
+                    keys,
+                    &bytes,
+                    sig.as_deref(),
+                    generation,
+                    accepted,
+                    UnixSeconds::now(),
+                );
+                Some(verdict.map_err(|refusal| Error::Refused {
+                    url: url.to_string(),
+                    refusal,
+                })?)
+            }
+        };
         let manifest = Manifest::from_slice_limited(&bytes, &self.limits).map_err(|source| {
             Error::BadManifest {
                 url: url.to_string(),
@@ -137,7 +206,7 @@ impl Downloader {
                 found: found.to_string(),
             });
         }
-        Ok(manifest)
+        Ok((manifest, signed))
     }
 
     /// Download `entry`'s artifact of `generation` into `models_dir`, trying each origin in

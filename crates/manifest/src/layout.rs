@@ -4,6 +4,7 @@
 //! | what | Hugging Face bucket | GitHub `Models` branch |
 //! |---|---|---|
 //! | manifest | `manifests/model_names_<gen>.json` | `model_names_<gen>.json` |
+//! | its signature | `manifests/model_names_<gen>.json.minisig` | `model_names_<gen>.json.minisig` |
 //! | artifact files | `models/<gen>/<id>/<file>` | `<gen>/<id>/<file>` |
 //! | archived ONNX sources | `onnx/<source-id>/<file>` | — |
 
@@ -229,6 +230,15 @@ impl StoreLayout {
     /// directory (a model directory, an artifact file). `None` for what `to` does not hold
     /// (`onnx/…`, a README, a generation directory itself).
     pub fn translate(self, path: &StorePath, to: StoreLayout) -> Option<StorePath> {
+        // A manifest's detached signature sits beside it in both layouts.
+        if let Some(manifest) = path
+            .as_str()
+            .strip_suffix(crate::signature::SIGNATURE_SUFFIX)
+            .and_then(|m| m.parse::<StorePath>().ok())
+            && let Some((generation, None)) = self.locate(&manifest)
+        {
+            return Some(to.signature_path(generation));
+        }
         match self.locate(path)? {
             (generation, None) => Some(to.manifest_path(generation)),
             (generation, Some(rest)) => to.generation_dir(generation).join(rest).ok(),

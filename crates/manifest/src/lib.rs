@@ -21,6 +21,7 @@ pub mod guard;
 pub mod json;
 pub mod layout;
 mod manifest;
+pub mod signature;
 mod types;
 pub mod validate;
 
@@ -31,6 +32,7 @@ pub use guard::{FieldChange, ManifestDiff, ModelChange, UnexpectedChange, diff, 
 pub use json::to_canonical_string;
 pub use layout::{StoreLayout, StorePath};
 pub use manifest::{Limits, Manifest};
+pub use signature::{ReleaseNumber, TrustedComment, UnixSeconds};
 pub use types::{
     ArtifactFormat, ArtifactSize, BehaviorVersion, ChunkCount, FileName, Generation, GitCommit,
     ModelId, ModelName, ReleaseDate,

@@ -52,7 +52,12 @@ pub fn failure_progress(e: &Error) -> Progress {
         Error::Download(downloader::Error::InsufficientSpace { .. }) => {
             Progress::Failed("not enough free space".into())
         }
-        Error::Download(downloader::Error::ManifestUnavailable { .. }) => Progress::Offline,
+        Error::Download(d @ downloader::Error::ManifestUnavailable { .. }) => {
+            match crate::trust_state::refusal_text(d) {
+                Some(text) => Progress::ManifestRefused(text),
+                None => Progress::Offline,
+            }
+        }
         Error::Download(_) => Progress::Failed("model could not be downloaded and verified".into()),
         other => Progress::Failed(other.to_string()),
     }
@@ -177,6 +182,11 @@ pub fn run(
         if last_refresh.is_none_or(|t| t.elapsed() >= refresh_every) {
             if let Err(e) = refresh(device, dl, &CancelToken::new(), &say) {
                 log(&format!("refresh failed: {e}"));
+                if let Error::Download(d) = &e
+                    && let Some(text) = crate::trust_state::refusal_text(d)
+                {
+                    say(&Progress::ManifestRefused(text));
+                }
             }
             last_refresh = Some(Instant::now());
         }

@@ -20,6 +20,7 @@ pub mod params;
 pub mod plan;
 pub mod progress;
 pub mod report;
+pub mod trust_state;
 
 pub use device::{
     CATALOG_FILE, Device, DeviceConfig, JOURNAL_FILE, Selection, VERIFIED_FILE, VerifyState,

@@ -144,7 +144,7 @@ pub fn refresh(
     device.ensure_dirs()?;
     let generation = device.config.generation;
     let target = generation.to_string();
-    let fetched = dl.fetch_manifest(generation)?;
+    let fetched = crate::trust_state::fetch_accepted(device, dl)?;
     device.store_catalog(&fetched.manifest)?;
     let manifest = device.require_catalog()?;
     let catalog = device.device_catalog(&manifest)?;

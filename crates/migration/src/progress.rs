@@ -31,6 +31,9 @@ pub enum Progress {
     SelectedUnavailable,
     /// `"Download failed: <reason>"`.
     Failed(String),
+    /// `"Model list refused: <why>"`: the manifest was not signed as the trusted keys require
+    /// (`manifest::signature::Refusal::ui_text`).
+    ManifestRefused(&'static str),
 }
 
 impl fmt::Display for Progress {
@@ -52,6 +55,7 @@ impl fmt::Display for Progress {
                 f.write_str("Selected model unavailable; using built-in model.")
             }
             Progress::Failed(reason) => write!(f, "Download failed: {reason}"),
+            Progress::ManifestRefused(text) => f.write_str(text),
         }
     }
 }

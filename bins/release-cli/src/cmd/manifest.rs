@@ -17,6 +17,12 @@ pub enum ManifestCommand {
     Fmt(FmtArgs),
     /// Show, model by model, what was added, removed and changed between two manifests.
     Diff(DiffArgs),
+    /// Sign a manifest with a minisign key: writes MANIFEST.minisig with the trusted comment
+    /// `generation=<gen> release=<N> expires=<unix seconds>`.
+    Sign(super::sign::SignArgs),
+    /// Check a manifest's signature as a device with these public keys would. Exits 3 if a
+    /// device would refuse it.
+    Verify(super::sign::VerifyArgs),
 }
 
 /// How much `validate` demands.
@@ -80,6 +86,8 @@ pub fn run(command: ManifestCommand) -> CliResult {
         ManifestCommand::Validate(a) => validate(a),
         ManifestCommand::Fmt(a) => fmt(a),
         ManifestCommand::Diff(a) => diff(a),
+        ManifestCommand::Sign(a) => super::sign::sign(a),
+        ManifestCommand::Verify(a) => super::sign::verify(a),
     }
 }
 

@@ -4,6 +4,7 @@ pub mod build;
 pub mod chunk;
 pub mod manifest;
 pub mod rebuild;
+pub mod sign;
 pub mod store;
 
 use clap::Subcommand;
@@ -15,7 +16,7 @@ pub enum Command {
     /// Split, join and verify chunk sets (`NAME.chunkNNofMM` + `.chunkmanifest` + `.sha256`).
     #[command(subcommand)]
     Chunk(chunk::ChunkCommand),
-    /// Validate, format and diff manifests (`model_names_<gen>.json`).
+    /// Validate, format, diff, sign and verify manifests (`model_names_<gen>.json`).
     #[command(subcommand)]
     Manifest(manifest::ManifestCommand),
     /// Tinygrad pin changes: `tinygrad bump` replaces tinygrad_repo/ and records the commit.

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use artifact_store::publish::{
-    Event, PublishOptions, PublishReport, Step, check_store_order, publish,
+    Event, PublishOptions, PublishReport, Step, check_store_order, publish_signed,
 };
 use artifact_store::retry::RetryPolicy;
 use artifact_store::reuse::{ReuseRequest, check_compatibility, reuse, update_manifest_entry};
@@ -67,6 +67,17 @@ pub struct PublishArgs {
     /// "models","stores":[…]}` (see docs/release.md).
     #[arg(long)]
     pub json: bool,
+    /// Sign the manifest with this minisign secret key and upload `model_names_<gen>.json.minisig`
+    /// just before the manifest in each store. Repeat during a key rotation. An encrypted key's
+    /// passphrase comes from STARPILOT_SIGN_PASSPHRASE, else from the terminal.
+    #[arg(long, value_name = "KEY")]
+    pub sign_key: Vec<PathBuf>,
+    /// With --sign-key: the release number (default: one more than the live signed manifest's).
+    #[arg(long, value_name = "N", requires = "sign_key")]
+    pub release: Option<manifest::ReleaseNumber>,
+    /// With --sign-key: days until devices refuse the signature.
+    #[arg(long, value_name = "DAYS", requires = "sign_key", default_value_t = super::sign::DEFAULT_EXPIRES_IN_DAYS)]
+    pub expires_in: u64,
 }
 
 /// How to reach stores: the flags `publish`, `reuse` and `rebuild` share.
@@ -187,11 +198,21 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             Event::Uploading { .. } => {}
         }
     };
-    let report = publish(
+    let signature = super::sign::publish_signature(
+        &manifest,
+        &store_refs,
+        args.generation,
+        &args.sign_key,
+        args.release,
+        args.expires_in,
+        json,
+    )?;
+    let report = publish_signed(
         &manifest,
         &args.artifacts,
         &store_refs,
         &opts,
+        signature.as_deref().map(str::as_bytes),
         &mut on_event,
     )
     .map_err(store_error)?;

@@ -1,0 +1,316 @@
+//! `release-cli manifest sign|verify`, and the `--sign-key` part of `publish`: the front of
+//! `artifact_store::signing` (docs/formats.md, "Signed manifests").
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use artifact_store::signing::{self, PASSPHRASE_ENV, SigningKey, VerifyingKey};
+use clap::Args;
+use manifest::signature::{self, Refusal};
+use manifest::{Generation, Manifest, ReleaseNumber, UnixSeconds};
+use serde_json::json;
+
+use crate::output::print_json;
+use crate::{CliError, CliResult};
+
+/// Default validity of a signature, in days.
+pub const DEFAULT_EXPIRES_IN_DAYS: u64 = 180;
+
+#[derive(Debug, Args)]
+pub struct SignArgs {
+    /// The release secret key (`minisign -G`'s .key file). Repeat during a key rotation to sign
+    /// with both keys (the first one's signature is what `minisign -V` checks). An encrypted
+    /// key's passphrase comes from STARPILOT_SIGN_PASSPHRASE, else from the terminal.
+    #[arg(long, value_name = "KEY", required = true)]
+    pub key: Vec<PathBuf>,
+    /// The release number (default: one more than the signature already beside the manifest,
+    /// when the key verifies it, else 1). Devices refuse a release lower than one they accepted.
+    #[arg(long, value_name = "N")]
+    pub release: Option<ReleaseNumber>,
+    /// Days until devices refuse the signature (re-sign before then).
+    #[arg(long, value_name = "DAYS", default_value_t = DEFAULT_EXPIRES_IN_DAYS)]
+    pub expires_in: u64,
+    /// The generation signed for (default: the manifest's `generation` key, else its file name).
+    #[arg(long, value_name = "vNN")]
+    pub generation: Option<Generation>,
+    /// Where to write the signature (default: MANIFEST.minisig).
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Print `{"manifest","signature","generation","release","expires","keys":[…]}`.
+    #[arg(long)]
+    pub json: bool,
+    /// The manifest (`model_names_<gen>.json`, in canonical form), signed byte for byte.
+    #[arg(value_name = "MANIFEST")]
+    pub manifest: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// A public key file (`minisign -G`'s .pub; several keys may be concatenated), or repeat.
+    #[arg(long, value_name = "PUB", required = true)]
+    pub key: Vec<PathBuf>,
+    /// The signature (default: MANIFEST.minisig).
+    #[arg(long, value_name = "FILE")]
+    pub signature: Option<PathBuf>,
+    /// The generation a device would be fetching (default: the manifest's, else its file name).
+    #[arg(long, value_name = "vNN")]
+    pub generation: Option<Generation>,
+    /// Print `{"manifest","signature","accepted","blocks":[{"block","verified_by","comment"}],
+    /// "release","expires","refusal"}`.
+    #[arg(long)]
+    pub json: bool,
+    /// The manifest the signature is for.
+    #[arg(value_name = "MANIFEST")]
+    pub manifest: PathBuf,
+}
+
+/// An encrypted key's passphrase: the environment variable, else the terminal (never echoed,
+/// never logged).
+fn ask_passphrase(path: &Path) -> Result<String, String> {
+    if let Ok(p) = std::env::var(PASSPHRASE_ENV) {
+        return Ok(p);
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(format!(
+            "the key is encrypted and there is no terminal to ask for its passphrase; set \
+             {PASSPHRASE_ENV}"
+        ));
+    }
+    rpassword::prompt_password(format!("passphrase for {}: ", path.display()))
+        .map_err(|e| format!("cannot read the passphrase: {e}"))
+}
+
+/// Load every `--key`/`--sign-key`, in order.
+pub fn load_signing_keys(paths: &[PathBuf]) -> CliResult<Vec<SigningKey>> {
+    paths
+        .iter()
+        .map(|p| {
+            SigningKey::load(p, &mut ask_passphrase).map_err(|e| {
+                CliError::usage(format!(
+                    "{e}\nnext: generate a key with `minisign -G -p release.pub -s release.key` \
+                     (docs/release.md)"
+                ))
+            })
+        })
+        .collect()
+}
+
+fn default_signature_path(manifest: &Path) -> PathBuf {
+    let mut s = manifest.as_os_str().to_owned();
+    s.push(signature::SIGNATURE_SUFFIX);
+    PathBuf::from(s)
+}
+
+/// The generation of a manifest file: `--generation`, else its `generation` key, else its name.
+fn generation_of(path: &Path, m: &Manifest, flag: Option<Generation>) -> CliResult<Generation> {
+    if let Some(g) = flag {
+        if let Some(found) = m.generation()
+            && found != g
+        {
+            return Err(CliError::usage(format!(
+                "{}: the manifest says generation {found}, --generation says {g}",
+                path.display()
+            )));
+        }
+        return Ok(g);
+    }
+    m.generation()
+        .or_else(|| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(manifest::layout::parse_manifest_file_name)
+        })
+        .ok_or_else(|| {
+            CliError::usage(format!(
+                "{}: no `generation` key and not named model_names_<gen>.json; pass --generation",
+                path.display()
+            ))
+        })
+}
+
+fn read_manifest(path: &Path) -> CliResult<(Vec<u8>, Manifest)> {
+    let bytes = super::manifest::read_limited(path)?;
+    let m = Manifest::from_slice(&bytes)
+        .map_err(|e| CliError::check_failed(format!("{}: {e}", path.display())))?;
+    Ok((bytes, m))
+}
+
+pub fn sign(a: SignArgs) -> CliResult {
+    let (bytes, m) = read_manifest(&a.manifest)?;
+    if m.to_canonical_bytes() != bytes {
+        return Err(CliError::check_failed(format!(
+            "{}: not in canonical form, which is what publish uploads, so this signature would \
+             not match the published bytes\nnext: `release-cli manifest fmt {0} > FIXED` and sign \
+             FIXED, or sign while publishing with `publish --sign-key`",
+            a.manifest.display()
+        )));
+    }
+    let generation = generation_of(&a.manifest, &m, a.generation)?;
+    let keys = load_signing_keys(&a.key)?;
+    let output = a
+        .output
+        .clone()
+        .unwrap_or_else(|| default_signature_path(&a.manifest));
+    // The release before this one: the existing signature beside the manifest, if ours.
+    let verifying: Vec<VerifyingKey> = keys.iter().map(VerifyingKey::from).collect();
+    let seen: Vec<ReleaseNumber> = match std::fs::read_to_string(&output) {
+        Ok(text) => signing::check_signature(&verifying, &bytes, &text)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.verified_by.is_some())
+            .filter_map(|c| c.comment.parse::<manifest::TrustedComment>().ok())
+            .filter(|c| c.generation == generation)
+            .map(|c| c.release)
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let release = signature::next_release(seen, a.release).map_err(CliError::usage)?;
+    let comment =
+        signing::new_comment(generation, release, a.expires_in).map_err(CliError::usage)?;
+    let text = signing::sign_manifest(&keys, &bytes, &comment).map_err(CliError::failure)?;
+    chunker::atomic::write_atomic(&output, text.as_bytes())
+        .map_err(|e| CliError::failure(format!("{}: {e}", output.display())))?;
+    let ids: Vec<&str> = keys.iter().map(|k| k.id()).collect();
+    if a.json {
+        return print_json(&json!({
+            "manifest": a.manifest,
+            "signature": output,
+            "generation": generation.to_string(),
+            "release": release.get(),
+            "expires": comment.expires.0,
+            "keys": ids,
+        }));
+    }
+    println!(
+        "signed {} as {generation} release {release} with key {} (expires {} Unix seconds): {}",
+        a.manifest.display(),
+        ids.join(" and "),
+        comment.expires,
+        output.display()
+    );
+    eprintln!(
+        "next: check it with `minisign -V -p release.pub -m {} -x {}` or `release-cli manifest \
+         verify --key release.pub {0}`",
+        a.manifest.display(),
+        output.display()
+    );
+    Ok(())
+}
+
+pub fn verify(a: VerifyArgs) -> CliResult {
+    let (bytes, m) = read_manifest(&a.manifest)?;
+    let generation = generation_of(&a.manifest, &m, a.generation)?;
+    let mut keys = Vec::new();
+    for k in &a.key {
+        keys.extend(VerifyingKey::load_all(k).map_err(CliError::usage)?);
+    }
+    let sig_path = a
+        .signature
+        .clone()
+        .unwrap_or_else(|| default_signature_path(&a.manifest));
+    let text = std::fs::read_to_string(&sig_path).map_err(|e| {
+        CliError::check_failed(format!(
+            "{}: {e}\nnext: sign the manifest with `release-cli manifest sign --key KEY {}`",
+            sig_path.display(),
+            a.manifest.display()
+        ))
+    })?;
+    let (blocks, outcome) = match signing::check_signature(&keys, &bytes, &text) {
+        Err(r) => (Vec::new(), Err(r)),
+        Ok(blocks) => {
+            let mut outcome = Err(Refusal::UntrustedSignature { keys: keys.len() });
+            for b in blocks.iter().filter(|b| b.verified_by.is_some()) {
+                outcome = signature::check_signed_comment(
+                    &b.comment,
+                    generation,
+                    None,
+                    UnixSeconds::now(),
+                );
+                if outcome.is_ok() {
+                    break;
+                }
+            }
+            (blocks, outcome)
+        }
+    };
+    if a.json {
+        print_json(&json!({
+            "manifest": a.manifest,
+            "signature": sig_path,
+            "accepted": outcome.is_ok(),
+            "blocks": blocks,
+            "release": outcome.as_ref().ok().map(|c| c.release.get()),
+            "expires": outcome.as_ref().ok().map(|c| c.expires.0),
+            "refusal": outcome.as_ref().err().map(|r| r.to_string()),
+        }))?;
+    } else {
+        for b in &blocks {
+            println!(
+                "block {}: {} ({})",
+                b.block,
+                match &b.verified_by {
+                    Some(id) => format!("verified by key {id}"),
+                    None => "not verified by the given key(s)".to_string(),
+                },
+                b.comment
+            );
+        }
+    }
+    match outcome {
+        Ok(c) => {
+            if !a.json {
+                println!(
+                    "devices with these keys accept it: {generation} release {} (expires {} Unix \
+                     seconds)",
+                    c.release, c.expires
+                );
+            }
+            Ok(())
+        }
+        Err(r) => Err(CliError::check_failed(format!(
+            "{}: devices would refuse it: {r}",
+            a.manifest.display()
+        ))),
+    }
+}
+
+/// `publish --sign-key`: the signature file for the manifest's canonical bytes (what publish
+/// uploads), with the next release after every live signed one. `None` without keys.
+pub fn publish_signature(
+    manifest: &Manifest,
+    stores: &[&dyn artifact_store::Store],
+    generation: Generation,
+    key_paths: &[PathBuf],
+    release: Option<ReleaseNumber>,
+    expires_in: u64,
+    json: bool,
+) -> CliResult<Option<String>> {
+    if key_paths.is_empty() {
+        return Ok(None);
+    }
+    let keys = load_signing_keys(key_paths)?;
+    let bytes = manifest.to_canonical_bytes();
+    let verifying: Vec<VerifyingKey> = keys.iter().map(VerifyingKey::from).collect();
+    let live = signing::live_signatures(stores, generation, &verifying, &bytes)
+        .map_err(CliError::failure)?;
+    let release = signing::choose_release(&live, release).map_err(CliError::usage)?;
+    let comment = signing::new_comment(generation, release, expires_in).map_err(CliError::usage)?;
+    let text = signing::sign_manifest(&keys, &bytes, &comment).map_err(CliError::failure)?;
+    let ids: Vec<&str> = keys.iter().map(|k| k.id()).collect();
+    if json {
+        print_json(&json!({
+            "event": "signed",
+            "generation": generation.to_string(),
+            "release": release.get(),
+            "expires": comment.expires.0,
+            "keys": ids,
+        }))?;
+    } else {
+        eprintln!(
+            "signing {generation} release {release} with key {} (expires {} Unix seconds)",
+            ids.join(" and "),
+            comment.expires
+        );
+    }
+    Ok(Some(text))
+}

@@ -1,0 +1,354 @@
+//! Release side of signed manifests (docs/formats.md, "Signed manifests"): loading standard
+//! minisign keys (`minisign -G`, encrypted or not), signing a manifest's exact bytes with the
+//! trusted comment `generation=<gen> release=<N> expires=<secs>`, checking a signature file the
+//! way a release engineer wants to see it, and finding the release numbers already live in the
+//! stores. Ed25519, scrypt and the file formats are the `minisign` crate's.
+//!
+//! The secret key stays in this process: [`SigningKey`] has no `Debug`/`Display` that shows it,
+//! only signatures leave, and [`crate::publish::publish_signed`] is given the signature file's
+//! bytes, never the key.
+
+use std::fmt;
+use std::io::{Cursor, Read};
+use std::path::{Path, PathBuf};
+
+use manifest::signature::{self, SignatureBlock, TrustedComment};
+use manifest::{Generation, ReleaseNumber, StoreLayout, UnixSeconds};
+
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+/// Environment variable holding the passphrase of an encrypted secret key, for unattended use.
+pub const PASSPHRASE_ENV: &str = "STARPILOT_SIGN_PASSPHRASE";
+
+/// Key files are a few hundred bytes.
+const MAX_KEY_FILE_BYTES: u64 = 16 * 1024;
+
+/// minisign's key ID: the 8-byte key number as a little-endian integer, in upper-case hex (what
+/// `minisign -G` prints and puts in the `.pub` comment).
+fn key_id(keynum: &[u8]) -> String {
+    let mut n = [0u8; 8];
+    n.copy_from_slice(&keynum[..8]);
+    format!("{:016X}", u64::from_le_bytes(n))
+}
+
+fn read_key_file(path: &Path) -> Result<String> {
+    let bad = |message: String| Error::Signing {
+        path: path.to_path_buf(),
+        message,
+    };
+    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let mut text = String::new();
+    file.take(MAX_KEY_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| bad(format!("{e} (is it a minisign key file?)")))?;
+    if text.len() as u64 > MAX_KEY_FILE_BYTES {
+        return Err(bad("too large for a minisign key file".into()));
+    }
+    Ok(text)
+}
+
+/// A release signing key, decrypted in memory.
+pub struct SigningKey {
+    secret: minisign::SecretKey,
+    public: minisign::PublicKey,
+    path: PathBuf,
+    id: String,
+}
+
+impl fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the secret (minisign's own Debug prints it).
+        f.debug_struct("SigningKey")
+            .field("path", &self.path)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SigningKey {
+    /// Load a `minisign -G` secret key. An encrypted key asks `passphrase` (called only then) for
+    /// its passphrase.
+    pub fn load(
+        path: &Path,
+        passphrase: &mut dyn FnMut(&Path) -> std::result::Result<String, String>,
+    ) -> Result<Self> {
+        let bad = |message: String| Error::Signing {
+            path: path.to_path_buf(),
+            message,
+        };
+        let text = read_key_file(path)?;
+        if !text.contains("secret key") {
+            return Err(bad(
+                "not a minisign secret key (its first line says `... secret key`); pass the \
+                 .key file of `minisign -G`, not the .pub"
+                    .into(),
+            ));
+        }
+        let unencrypted = minisign::SecretKeyBox::from_string(&text)
+            .and_then(|b| b.into_unencrypted_secret_key());
+        let secret = match unencrypted {
+            Ok(sk) => sk,
+            Err(_) if text.contains("encrypted secret key") => {
+                let pass = passphrase(path).map_err(bad)?;
+                minisign::SecretKeyBox::from_string(&text)
+                    .and_then(|b| b.into_secret_key(Some(pass)))
+                    .map_err(|e| bad(format!("cannot decrypt: {e}")))?
+            }
+            Err(e) => return Err(bad(format!("not a usable minisign secret key: {e}"))),
+        };
+        let public = minisign::PublicKey::from_secret_key(&secret)
+            .map_err(|e| bad(format!("no public key in it: {e}")))?;
+        let id = key_id(public.keynum());
+        Ok(Self {
+            secret,
+            public,
+            path: path.to_path_buf(),
+            id,
+        })
+    }
+
+    /// The key ID `minisign` shows.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The public half, as the two lines of a `.pub` file.
+    pub fn public_key_file(&self) -> String {
+        format!(
+            "untrusted comment: minisign public key {}\n{}\n",
+            self.id,
+            self.public.to_base64()
+        )
+    }
+
+    /// One signature block over `data`.
+    pub fn sign(&self, data: &[u8], comment: &TrustedComment) -> Result<SignatureBlock> {
+        let untrusted = format!("signature from StarPilot release key {}", self.id);
+        let sig = minisign::sign(
+            Some(&self.public),
+            &self.secret,
+            Cursor::new(data),
+            Some(&comment.to_string()),
+            Some(&untrusted),
+        )
+        .map_err(|e| Error::Signing {
+            path: self.path.clone(),
+            message: format!("signing failed: {e}"),
+        })?;
+        SignatureBlock::from_minisign_text(&sig.into_string()).map_err(|e| Error::Signing {
+            path: self.path.clone(),
+            message: format!("minisign produced an unexpected signature: {e}"),
+        })
+    }
+}
+
+/// The signature file for `data`: one block per key, all with the same comment (more than one
+/// key only during a key rotation; the first key's block is what `minisign -V` checks).
+pub fn sign_manifest(keys: &[SigningKey], data: &[u8], comment: &TrustedComment) -> Result<String> {
+    if keys.is_empty() {
+        return Err(Error::Refused("no signing key given".into()));
+    }
+    let blocks = keys
+        .iter()
+        .map(|k| k.sign(data, comment))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(signature::join_signature_blocks(&blocks))
+}
+
+/// A public key the release engineer checks signatures with.
+pub struct VerifyingKey {
+    public: minisign::PublicKey,
+    id: String,
+}
+
+impl VerifyingKey {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn from_public(public: minisign::PublicKey) -> Self {
+        let id = key_id(public.keynum());
+        Self { public, id }
+    }
+
+    /// Public keys from a `.pub` file (several may be concatenated), or the public half of a
+    /// secret key.
+    pub fn load_all(path: &Path) -> Result<Vec<Self>> {
+        let text = read_key_file(path)?;
+        let bad = |message: String| Error::Signing {
+            path: path.to_path_buf(),
+            message,
+        };
+        let mut keys = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') || line.starts_with("untrusted comment:") {
+                continue;
+            }
+            let pk = minisign::PublicKey::from_base64(line).map_err(|e| {
+                bad(format!(
+                    "line {}: not a minisign public key ({e}); pass a .pub file of `minisign -G`",
+                    n + 1
+                ))
+            })?;
+            keys.push(Self::from_public(pk));
+        }
+        if keys.is_empty() {
+            return Err(bad("no public key in the file".into()));
+        }
+        Ok(keys)
+    }
+}
+
+impl From<&SigningKey> for VerifyingKey {
+    fn from(k: &SigningKey) -> Self {
+        Self::from_public(k.public.clone())
+    }
+}
+
+/// One block of a signature file, checked.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BlockCheck {
+    /// 1-based position in the file.
+    pub block: usize,
+    /// The ID of the key that verified it, if any of the given keys did.
+    pub verified_by: Option<String>,
+    /// The trusted comment (only meaningful when verified).
+    pub comment: String,
+}
+
+/// Check every block of `signature_text` against `data` with `keys`.
+pub fn check_signature(
+    keys: &[VerifyingKey],
+    data: &[u8],
+    signature_text: &str,
+) -> std::result::Result<Vec<BlockCheck>, signature::Refusal> {
+    let blocks = signature::signature_blocks(signature_text)?;
+    let mut out = Vec::new();
+    for (i, block) in blocks.iter().enumerate() {
+        let sig = minisign::SignatureBox::from_string(block.as_str()).map_err(|e| {
+            signature::Refusal::Malformed {
+                reason: format!("block {}: {e}", i + 1),
+            }
+        })?;
+        let verified_by = keys
+            .iter()
+            .find(|k| {
+                minisign::verify(&k.public, &sig, Cursor::new(data), true, false, false).is_ok()
+            })
+            .map(|k| k.id.clone());
+        out.push(BlockCheck {
+            block: i + 1,
+            verified_by,
+            comment: block.trusted_comment().to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// The signature found in one store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveSignature {
+    pub store: String,
+    /// The release of a block one of our keys verified (over the live manifest or the new one:
+    /// an interrupted publish leaves the new signature beside the old manifest).
+    pub verified_release: Option<ReleaseNumber>,
+    /// There is a signature file, but none of our keys verified it (e.g. the previous key).
+    pub unverified_comment: Option<String>,
+}
+
+/// Read every store's live manifest and signature for `generation`.
+pub fn live_signatures(
+    stores: &[&dyn Store],
+    generation: Generation,
+    keys: &[VerifyingKey],
+    new_manifest: &[u8],
+) -> Result<Vec<LiveSignature>> {
+    let layout = StoreLayout::HfBucket;
+    let mut out = Vec::new();
+    for store in stores {
+        let name = store.describe();
+        let sig = store.read_small(
+            &layout.signature_path(generation),
+            signature::MAX_SIGNATURE_BYTES,
+        )?;
+        let Some(sig) = sig else {
+            out.push(LiveSignature {
+                store: name,
+                verified_release: None,
+                unverified_comment: None,
+            });
+            continue;
+        };
+        let live = store
+            .read_small(
+                &layout.manifest_path(generation),
+                manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES,
+            )?
+            .unwrap_or_default();
+        let text = String::from_utf8_lossy(&sig);
+        let mut verified_release = None;
+        let mut first_comment = None;
+        for data in [live.as_slice(), new_manifest] {
+            if let Ok(checks) = check_signature(keys, data, &text) {
+                for c in checks {
+                    first_comment.get_or_insert_with(|| c.comment.clone());
+                    if c.verified_by.is_some()
+                        && let Ok(tc) = c.comment.parse::<TrustedComment>()
+                        && tc.generation == generation
+                    {
+                        verified_release = verified_release.max(Some(tc.release));
+                    }
+                }
+            }
+        }
+        out.push(LiveSignature {
+            store: name,
+            unverified_comment: if verified_release.is_none() {
+                Some(first_comment.unwrap_or_else(|| "(unreadable signature file)".into()))
+            } else {
+                None
+            },
+            verified_release,
+        });
+    }
+    Ok(out)
+}
+
+/// The release number for the new signature: one more than any verified live one, or
+/// `requested`. A live signature our keys cannot verify (another key, a damaged file) hides its
+/// release number, so the engineer must then say the number with `--release`.
+pub fn choose_release(
+    live: &[LiveSignature],
+    requested: Option<ReleaseNumber>,
+) -> Result<ReleaseNumber> {
+    if requested.is_none()
+        && let Some(l) = live.iter().find(|l| l.unverified_comment.is_some())
+    {
+        return Err(Error::Refused(format!(
+            "{}: the live signature does not verify with the signing key(s) (its comment says \
+             {:?}); if it was made with another key (a rotation), check it with `release-cli \
+             manifest verify --key OLD.pub`, then pass --release with a number above its release",
+            l.store,
+            l.unverified_comment.as_deref().unwrap_or_default()
+        )));
+    }
+    Ok(signature::next_release(
+        live.iter().filter_map(|l| l.verified_release),
+        requested,
+    )?)
+}
+
+/// The comment of a new signature.
+pub fn new_comment(
+    generation: Generation,
+    release: ReleaseNumber,
+    expires_in_days: u64,
+) -> Result<TrustedComment> {
+    Ok(TrustedComment {
+        generation,
+        release,
+        expires: UnixSeconds::now().plus_days(expires_in_days)?,
+    })
+}

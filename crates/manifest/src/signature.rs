@@ -1,0 +1,546 @@
+//! Signed manifests: the detached minisign signature published beside
+//! `model_names_<gen>.json` as `model_names_<gen>.json.minisig`, and the rules a device applies
+//! to the comment it signs (docs/formats.md, "Signed manifests").
+//!
+//! The signature file is one or more standard minisign signature blocks (four lines each:
+//! untrusted comment, signature, `trusted comment: …`, global signature) one after the other.
+//! `minisign -V` checks the first block; a device accepts the file when any block is valid under
+//! one of its trusted keys. Several blocks exist only during a key rotation (one per key).
+//!
+//! The trusted comment — covered by the signature, so it cannot be changed without the key — is
+//! exactly `generation=<gen> release=<N> expires=<unix seconds>`.
+//!
+//! This module is pure: it parses and decides. Verifying Ed25519 signatures is done with a
+//! minisign crate by the caller (`downloader` on the device, `artifact-store` on the release
+//! side); no signature code lives here.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::layout::{StoreLayout, StorePath, manifest_file_name};
+use crate::types::{FileName, Generation};
+
+/// Appended to the manifest's name: `model_names_v25.json.minisig`.
+pub const SIGNATURE_SUFFIX: &str = ".minisig";
+/// A signature file is a few hundred bytes per block; anything larger is refused unread.
+pub const MAX_SIGNATURE_BYTES: u64 = 8 * 1024;
+/// More blocks than this is not a key rotation but garbage.
+pub const MAX_SIGNATURE_BLOCKS: usize = 8;
+
+/// `model_names_<gen>.json.minisig`.
+pub fn signature_file_name(generation: Generation) -> FileName {
+    format!("{}{SIGNATURE_SUFFIX}", manifest_file_name(generation))
+        .parse()
+        .expect("a manifest name plus a fixed suffix is a valid file name")
+}
+
+impl StoreLayout {
+    /// Beside the manifest: HF `manifests/model_names_<gen>.json.minisig`, GitHub
+    /// `model_names_<gen>.json.minisig`.
+    pub fn signature_path(self, generation: Generation) -> StorePath {
+        let manifest = self.manifest_path(generation);
+        format!("{manifest}{SIGNATURE_SUFFIX}")
+            .parse()
+            .expect("a manifest path plus a fixed suffix is a valid store path")
+    }
+}
+
+/// The release number of a signed generation: starts at 1 and strictly increases with each
+/// signed publish of that generation.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
+#[serde(try_from = "u64", into = "u64")]
+pub struct ReleaseNumber(u64);
+
+impl ReleaseNumber {
+    pub const FIRST: ReleaseNumber = ReleaseNumber(1);
+
+    pub fn new(n: u64) -> Result<Self> {
+        if n == 0 {
+            return Err(Error::invalid("release number", "0", "releases start at 1"));
+        }
+        Ok(Self(n))
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The release after this one.
+    pub fn next(self) -> Result<Self> {
+        self.0
+            .checked_add(1)
+            .map(Self)
+            .ok_or_else(|| Error::invalid("release number", &self.0.to_string(), "no next one"))
+    }
+}
+
+impl TryFrom<u64> for ReleaseNumber {
+    type Error = Error;
+    fn try_from(n: u64) -> Result<Self> {
+        Self::new(n)
+    }
+}
+
+impl From<ReleaseNumber> for u64 {
+    fn from(r: ReleaseNumber) -> u64 {
+        r.0
+    }
+}
+
+impl FromStr for ReleaseNumber {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Self::new(parse_decimal("release number", s)?)
+    }
+}
+
+impl fmt::Display for ReleaseNumber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Seconds since the Unix epoch (UTC).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct UnixSeconds(pub u64);
+
+impl UnixSeconds {
+    /// The system clock now (0 if it is before 1970).
+    pub fn now() -> Self {
+        Self(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        )
+    }
+
+    pub fn plus_days(self, days: u64) -> Result<Self> {
+        days.checked_mul(86_400)
+            .and_then(|s| self.0.checked_add(s))
+            .map(Self)
+            .ok_or_else(|| Error::invalid("expiry in days", &days.to_string(), "too far ahead"))
+    }
+}
+
+impl fmt::Display for UnixSeconds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Plain ASCII digits, no sign, no leading zero (so one number has one spelling).
+fn parse_decimal(kind: &'static str, s: &str) -> Result<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || (s.len() > 1 && s.starts_with('0'))
+    {
+        return Err(Error::invalid(kind, s, "must be a decimal number"));
+    }
+    s.parse()
+        .map_err(|_| Error::invalid(kind, s, "does not fit in 64 bits"))
+}
+
+/// What the release key vouches for besides the manifest's bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TrustedComment {
+    pub generation: Generation,
+    pub release: ReleaseNumber,
+    pub expires: UnixSeconds,
+}
+
+impl fmt::Display for TrustedComment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "generation={} release={} expires={}",
+            self.generation, self.release, self.expires
+        )
+    }
+}
+
+impl FromStr for TrustedComment {
+    type Err = Error;
+    /// Exactly `generation=<gen> release=<N> expires=<secs>`, single spaces, in that order:
+    /// one signed text has one meaning.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = |reason: &str| Error::invalid("trusted comment", s, reason);
+        let form = "must be `generation=vNN release=N expires=UNIX_SECONDS`";
+        let mut parts = s.split(' ');
+        let mut field = |key: &str| -> Result<&str> {
+            parts
+                .next()
+                .and_then(|p| p.strip_prefix(key))
+                .and_then(|p| p.strip_prefix('='))
+                .ok_or_else(|| bad(form))
+        };
+        let generation: Generation = field("generation")?.parse()?;
+        let release: ReleaseNumber = field("release")?.parse()?;
+        let expires = UnixSeconds(parse_decimal("expiry", field("expires")?)?);
+        if parts.next().is_some() {
+            return Err(bad(form));
+        }
+        Ok(Self {
+            generation,
+            release,
+            expires,
+        })
+    }
+}
+
+/// One minisign signature block of a signature file, as text (four lines, each ending in `\n`).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct SignatureBlock(String);
+
+impl SignatureBlock {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The text after `trusted comment: `, unverified.
+    pub fn trusted_comment(&self) -> &str {
+        self.0
+            .lines()
+            .nth(2)
+            .and_then(|l| l.strip_prefix("trusted comment: "))
+            .unwrap_or_default()
+    }
+}
+
+/// Split a signature file into its blocks. Blank lines between blocks and `\r\n` endings are
+/// tolerated; anything that is not whole four-line blocks is refused.
+pub fn signature_blocks(text: &str) -> std::result::Result<Vec<SignatureBlock>, Refusal> {
+    let malformed = |reason: String| Refusal::Malformed { reason };
+    let lines: Vec<&str> = text
+        .lines()
+        .map(|l| l.trim_end_matches('\r'))
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    if lines.is_empty() {
+        return Err(malformed("the file is empty".into()));
+    }
+    if !lines.len().is_multiple_of(4) {
+        return Err(malformed(format!(
+            "{} non-empty lines; a minisign signature is blocks of 4",
+            lines.len()
+        )));
+    }
+    let blocks: Vec<SignatureBlock> = lines
+        .chunks(4)
+        .map(|b| SignatureBlock(format!("{}\n{}\n{}\n{}\n", b[0], b[1], b[2], b[3])))
+        .collect();
+    if blocks.len() > MAX_SIGNATURE_BLOCKS {
+        return Err(malformed(format!(
+            "{} signature blocks, more than {MAX_SIGNATURE_BLOCKS}",
+            blocks.len()
+        )));
+    }
+    for (i, b) in blocks.iter().enumerate() {
+        let l: Vec<&str> = b.0.lines().collect();
+        if !l[0].starts_with("untrusted comment:") || !l[2].starts_with("trusted comment: ") {
+            return Err(malformed(format!(
+                "block {} does not have minisign's untrusted/trusted comment lines",
+                i + 1
+            )));
+        }
+    }
+    Ok(blocks)
+}
+
+/// Join blocks into one signature file (the first is what `minisign -V` checks).
+pub fn join_signature_blocks(blocks: &[SignatureBlock]) -> String {
+    blocks.iter().map(|b| b.as_str()).collect()
+}
+
+impl SignatureBlock {
+    /// A block from one minisign signature's text (as a minisign library prints it).
+    pub fn from_minisign_text(text: &str) -> std::result::Result<Self, Refusal> {
+        let mut blocks = signature_blocks(text)?;
+        if blocks.len() != 1 {
+            return Err(Refusal::Malformed {
+                reason: format!("expected one signature block, found {}", blocks.len()),
+            });
+        }
+        Ok(blocks.remove(0))
+    }
+}
+
+/// Why a device refuses a fetched manifest when it has trusted keys. Refusing changes nothing on
+/// the device; the next origin is tried.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("no signature is published beside the manifest")]
+    Unsigned,
+    #[error("the signature file is malformed: {reason}")]
+    Malformed { reason: String },
+    #[error(
+        "the signature does not verify under any of the {keys} trusted key(s): the manifest or \
+         its signature was changed after signing, or another key signed it"
+    )]
+    UntrustedSignature { keys: usize },
+    #[error("the signed comment is not `generation=vNN release=N expires=SECONDS`: {reason}")]
+    BadComment { reason: String },
+    #[error("the signature is for generation {found}, but this device fetched {expected}")]
+    OtherGeneration {
+        expected: Generation,
+        found: Generation,
+    },
+    #[error(
+        "the signature expired at {expires} (Unix seconds) and the device clock says {now}; the \
+         release engineer must sign the manifest again"
+    )]
+    Expired {
+        expires: UnixSeconds,
+        now: UnixSeconds,
+    },
+    #[error(
+        "release {release} is older than release {accepted}, which this device already accepted \
+         (an old manifest served again); keeping the newer one"
+    )]
+    Rollback {
+        release: ReleaseNumber,
+        accepted: ReleaseNumber,
+    },
+}
+
+impl Refusal {
+    /// Short text for the device UI (`ModelDownloadProgress`).
+    pub fn ui_text(&self) -> &'static str {
+        match self {
+            Refusal::Unsigned => "Model list refused: not signed",
+            Refusal::Malformed { .. } | Refusal::UntrustedSignature { .. } => {
+                "Model list refused: not signed by a trusted key"
+            }
+            Refusal::BadComment { .. } | Refusal::OtherGeneration { .. } => {
+                "Model list refused: signed for another generation"
+            }
+            Refusal::Expired { .. } => "Model list refused: signature expired",
+            Refusal::Rollback { .. } => "Model list refused: older than the installed one",
+        }
+    }
+}
+
+/// The rule for a comment whose signature verified: the generation fetched, not expired, and not
+/// older than the last release this device accepted for that generation (equal is accepted: the
+/// same manifest fetched again).
+pub fn check_signed_comment(
+    comment: &str,
+    expected: Generation,
+    accepted: Option<ReleaseNumber>,
+    now: UnixSeconds,
+) -> std::result::Result<TrustedComment, Refusal> {
+    let c: TrustedComment = comment.parse().map_err(|e: Error| Refusal::BadComment {
+        reason: e.to_string(),
+    })?;
+    if c.generation != expected {
+        return Err(Refusal::OtherGeneration {
+            expected,
+            found: c.generation,
+        });
+    }
+    if now >= c.expires {
+        return Err(Refusal::Expired {
+            expires: c.expires,
+            now,
+        });
+    }
+    if let Some(accepted) = accepted
+        && c.release < accepted
+    {
+        return Err(Refusal::Rollback {
+            release: c.release,
+            accepted,
+        });
+    }
+    Ok(c)
+}
+
+/// The release number a new signed publish gets: one more than every release already seen
+/// (verified live signatures), or `requested` if given, which must be higher than all of them.
+pub fn next_release(
+    seen: impl IntoIterator<Item = ReleaseNumber>,
+    requested: Option<ReleaseNumber>,
+) -> Result<ReleaseNumber> {
+    let highest = seen.into_iter().max();
+    match (requested, highest) {
+        (Some(r), Some(h)) if r <= h => Err(Error::invalid(
+            "release number",
+            &r.to_string(),
+            format!(
+                "release {h} is already published and devices that accepted it refuse anything \
+                 lower; use --release {} or more, or leave --release out",
+                h.get().saturating_add(1)
+            ),
+        )),
+        (Some(r), _) => Ok(r),
+        (None, Some(h)) => h.next(),
+        (None, None) => Ok(ReleaseNumber::FIRST),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(n: u64) -> ReleaseNumber {
+        ReleaseNumber::new(n).unwrap()
+    }
+
+    const V25: Generation = Generation::new(25);
+
+    #[test]
+    fn signature_sits_beside_the_manifest_in_both_layouts() {
+        assert_eq!(
+            StoreLayout::HfBucket.signature_path(V25).as_str(),
+            "manifests/model_names_v25.json.minisig"
+        );
+        assert_eq!(
+            StoreLayout::GithubBranch.signature_path(V25).as_str(),
+            "model_names_v25.json.minisig"
+        );
+        assert_eq!(
+            signature_file_name(V25).as_str(),
+            "model_names_v25.json.minisig"
+        );
+        let (hf, gh) = (StoreLayout::HfBucket, StoreLayout::GithubBranch);
+        assert_eq!(
+            hf.translate(&hf.signature_path(V25), gh),
+            Some(gh.signature_path(V25))
+        );
+        assert_eq!(
+            gh.translate(&gh.signature_path(V25), hf),
+            Some(hf.signature_path(V25))
+        );
+    }
+
+    #[test]
+    fn trusted_comment_round_trips_and_is_strict() {
+        let c: TrustedComment = "generation=v25 release=7 expires=1767225600"
+            .parse()
+            .unwrap();
+        assert_eq!(c.generation, V25);
+        assert_eq!(c.release, r(7));
+        assert_eq!(c.expires, UnixSeconds(1_767_225_600));
+        assert_eq!(c.to_string(), "generation=v25 release=7 expires=1767225600");
+        for bad in [
+            "",
+            "timestamp:1633700835\tfile:x",
+            "generation=v25 release=7",
+            "generation=v25 release=7 expires=1 extra=1",
+            "release=7 generation=v25 expires=1",
+            "generation=v25  release=7 expires=1",
+            "generation=v025 release=7 expires=1",
+            "generation=v25 release=0 expires=1",
+            "generation=v25 release=07 expires=1",
+            "generation=v25 release=-1 expires=1",
+            "generation=v25 release=7 expires=99999999999999999999",
+            "generation=v25 release=7 expires=1 ",
+        ] {
+            assert!(bad.parse::<TrustedComment>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn acceptance_rule_table() {
+        let now = UnixSeconds(1000);
+        let ok = "generation=v25 release=5 expires=2000";
+        let cases: [(&str, Generation, Option<u64>, Result<u64, &str>); 9] = [
+            (ok, V25, None, Ok(5)),
+            (ok, V25, Some(4), Ok(5)),
+            (ok, V25, Some(5), Ok(5)),
+            (ok, V25, Some(6), Err("rollback")),
+            (ok, Generation::new(26), None, Err("generation")),
+            (
+                "generation=v25 release=5 expires=1000",
+                V25,
+                None,
+                Err("expired"),
+            ),
+            (
+                "generation=v25 release=5 expires=999",
+                V25,
+                None,
+                Err("expired"),
+            ),
+            ("generation=v25 release=5 expires=1001", V25, None, Ok(5)),
+            ("timestamp:1", V25, None, Err("comment")),
+        ];
+        for (comment, generation, accepted, want) in cases {
+            let got = check_signed_comment(comment, generation, accepted.map(r), now);
+            match (want, got) {
+                (Ok(n), Ok(c)) => assert_eq!(c.release, r(n), "{comment}"),
+                (Err("rollback"), Err(Refusal::Rollback { .. }))
+                | (Err("generation"), Err(Refusal::OtherGeneration { .. }))
+                | (Err("expired"), Err(Refusal::Expired { .. }))
+                | (Err("comment"), Err(Refusal::BadComment { .. })) => {}
+                (want, got) => panic!("{comment} {accepted:?}: want {want:?}, got {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn next_release_is_one_more_than_anything_seen() {
+        assert_eq!(next_release([], None).unwrap(), r(1));
+        assert_eq!(next_release([r(3), r(7), r(5)], None).unwrap(), r(8));
+        assert_eq!(next_release([r(3)], Some(r(10))).unwrap(), r(10));
+        assert_eq!(next_release([], Some(r(4))).unwrap(), r(4));
+        let e = next_release([r(7)], Some(r(7))).unwrap_err().to_string();
+        assert!(e.contains("--release 8"), "{e}");
+        assert!(next_release([r(u64::MAX)], None).is_err());
+    }
+
+    #[test]
+    fn blocks_are_split_and_checked() {
+        let block = "untrusted comment: x\nRUQ=\ntrusted comment: generation=v25 release=1 expires=9\nAAA=\n";
+        let two = format!("{block}\n{}", block.replace("\n", "\r\n"));
+        let b = signature_blocks(&two).unwrap();
+        assert_eq!(b.len(), 2);
+        assert_eq!(b[1].as_str(), block);
+        assert_eq!(b[0].trusted_comment(), "generation=v25 release=1 expires=9");
+        assert_eq!(join_signature_blocks(&b), format!("{block}{block}"));
+        for bad in [
+            "".to_string(),
+            "untrusted comment: x\nRUQ=\n".to_string(),
+            block.replace("trusted comment: g", "comment: g"),
+            block.repeat(MAX_SIGNATURE_BLOCKS + 1),
+        ] {
+            assert!(
+                matches!(signature_blocks(&bad), Err(Refusal::Malformed { .. })),
+                "{bad:?}"
+            );
+        }
+        assert!(SignatureBlock::from_minisign_text(&two).is_err());
+        assert_eq!(
+            SignatureBlock::from_minisign_text(block).unwrap().as_str(),
+            block
+        );
+    }
+
+    #[test]
+    fn ui_texts_are_short() {
+        let all = [
+            Refusal::Unsigned,
+            Refusal::Malformed { reason: "x".into() },
+            Refusal::UntrustedSignature { keys: 1 },
+            Refusal::BadComment { reason: "x".into() },
+            Refusal::OtherGeneration {
+                expected: V25,
+                found: V25,
+            },
+            Refusal::Expired {
+                expires: UnixSeconds(1),
+                now: UnixSeconds(2),
+            },
+            Refusal::Rollback {
+                release: r(1),
+                accepted: r(2),
+            },
+        ];
+        for refusal in all {
+            assert!(refusal.ui_text().len() <= 60, "{refusal:?}");
+            assert!(!refusal.to_string().is_empty());
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! What the device remembers about signed manifests, in the models directory:
+//!
+//! - `.accepted-release.json`: per generation, the highest signed release this device accepted
+//!   (and which key signed it, and when it expires). Written atomically *before* the catalog is
+//!   stored, so the catalog is never newer than the floor that protects it; a replayed older
+//!   release is refused against it, across restarts.
+//! - `.refused-manifest.json`: the last refusal (when, which generation, why, per origin), for
+//!   `status`; removed at the next accepted manifest. It is a report, not state: nothing else
+//!   reads it.
+//!
+//! Both are dot files, which the purge and `gc` plans never touch.
+
+use std::collections::BTreeMap;
+use std::fs;
+
+use chunker::atomic::{remove_if_exists, write_atomic};
+use downloader::{Downloader, FetchedManifest, trust};
+use manifest::{Generation, ReleaseNumber, UnixSeconds};
+use serde::{Deserialize, Serialize};
+
+use crate::device::Device;
+use crate::error::{Error, IoContext, Result};
+
+pub const ACCEPTED_RELEASE_FILE: &str = ".accepted-release.json";
+pub const REFUSED_MANIFEST_FILE: &str = ".refused-manifest.json";
+
+/// The last signed release accepted for one generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcceptedRelease {
+    pub release: ReleaseNumber,
+    pub expires: UnixSeconds,
+    pub key: String,
+    pub accepted_at: UnixSeconds,
+}
+
+/// The last manifest fetch that ended with every origin failing and at least one refusing on
+/// trust grounds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedManifest {
+    pub generation: String,
+    pub at: UnixSeconds,
+    /// The UI text of the first refusal (`ModelDownloadProgress`).
+    pub text: String,
+    /// `<origin>: <why>` per refusing origin.
+    pub reasons: Vec<String>,
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(device: &Device, name: &str) -> Result<Option<T>> {
+    let path = device.models_dir().join(name);
+    match fs::read(&path) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| Error::CorruptState {
+                path,
+                message: e.to_string(),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::Io { path, source: e }),
+    }
+}
+
+/// Every generation's accepted release.
+pub fn accepted_releases(device: &Device) -> Result<BTreeMap<String, AcceptedRelease>> {
+    Ok(read_json(device, ACCEPTED_RELEASE_FILE)?.unwrap_or_default())
+}
+
+/// The accepted release of `generation`, if any.
+pub fn accepted_release(
+    device: &Device,
+    generation: Generation,
+) -> Result<Option<AcceptedRelease>> {
+    Ok(accepted_releases(device)?.remove(&generation.to_string()))
+}
+
+pub fn last_refusal(device: &Device) -> Result<Option<RefusedManifest>> {
+    read_json(device, REFUSED_MANIFEST_FILE)
+}
+
+/// Fetch the generation's manifest; with trusted keys, refuse one older than the accepted
+/// release and record a newly accepted release durably before returning it. A refusal is
+/// recorded for `status` and returned as the fetch error; nothing else is written.
+pub fn fetch_accepted(device: &Device, dl: &Downloader) -> Result<FetchedManifest> {
+    let generation = device.config.generation;
+    let floor = match dl.trusted_keys() {
+        Some(_) => accepted_release(device, generation)?.map(|a| a.release),
+        None => None,
+    };
+    match dl.fetch_manifest_accepting(generation, floor, &downloader::CancelToken::new()) {
+        Ok(fetched) => {
+            if let Some(signed) = &fetched.signed {
+                record_accepted(device, generation, signed)?;
+            }
+            let path = device.models_dir().join(REFUSED_MANIFEST_FILE);
+            remove_if_exists(&path).ctx(&path)?;
+            Ok(fetched)
+        }
+        Err(e) => {
+            let refusals = trust::refusals(&e);
+            if let Some((_, first)) = refusals.first() {
+                let report = RefusedManifest {
+                    generation: generation.to_string(),
+                    at: UnixSeconds::now(),
+                    text: first.ui_text().to_string(),
+                    reasons: refusals
+                        .iter()
+                        .map(|(origin, r)| format!("{origin}: {r}"))
+                        .collect(),
+                };
+                let path = device.models_dir().join(REFUSED_MANIFEST_FILE);
+                write_atomic(
+                    &path,
+                    &serde_json::to_vec_pretty(&report).expect("serializable"),
+                )
+                .ctx(&path)?;
+            }
+            Err(e.into())
+        }
+    }
+}
+
+fn record_accepted(
+    device: &Device,
+    generation: Generation,
+    signed: &trust::Accepted,
+) -> Result<()> {
+    let mut all = accepted_releases(device)?;
+    let key = generation.to_string();
+    if all.get(&key).is_some_and(|a| {
+        a.release == signed.release && a.expires == signed.expires && a.key == signed.key
+    }) {
+        return Ok(());
+    }
+    all.insert(
+        key,
+        AcceptedRelease {
+            release: signed.release,
+            expires: signed.expires,
+            key: signed.key.clone(),
+            accepted_at: UnixSeconds::now(),
+        },
+    );
+    let path = device.models_dir().join(ACCEPTED_RELEASE_FILE);
+    write_atomic(
+        &path,
+        &serde_json::to_vec_pretty(&all).expect("serializable"),
+    )
+    .ctx(&path)
+}
+
+/// The UI text (`ModelDownloadProgress`) of a manifest fetch refused on trust grounds.
+pub fn refusal_text(e: &downloader::Error) -> Option<&'static str> {
+    trust::refusals(e).first().map(|(_, r)| r.ui_text())
+}
