@@ -1,0 +1,498 @@
+//! Signed manifests, end to end: the real `device-modeld-manager` with `--trusted-keys` against a
+//! real HTTP server on 127.0.0.1 serving both store layouts. Signatures are made with the
+//! `minisign` crate (the release side's implementation), so the device's `minisign-verify` is
+//! checked against another implementation of the format.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use test_support::http_server::FaultServer;
+use test_support::published::{
+    GH_DIR, HF_DIR, PublishedModel, artifact_bytes, manifest_json, publish_model, write_manifest,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_device-modeld-manager");
+const CHUNK: usize = 64 * 1024;
+const SIG: &str = "model_names_v25.json.minisig";
+
+struct Key {
+    pk: minisign::PublicKey,
+    sk: minisign::SecretKey,
+}
+
+impl Key {
+    fn new() -> Key {
+        let kp = minisign::KeyPair::generate_unencrypted_keypair().unwrap();
+        Key {
+            pk: kp.pk,
+            sk: kp.sk,
+        }
+    }
+
+    fn pub_file(&self) -> String {
+        self.pk.to_box().unwrap().into_string()
+    }
+
+    fn sign(&self, data: &[u8], comment: &str) -> String {
+        minisign::sign(
+            Some(&self.pk),
+            &self.sk,
+            Cursor::new(data),
+            Some(comment),
+            None,
+        )
+        .unwrap()
+        .into_string()
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn comment(release: u64) -> String {
+    format!(
+        "generation=v25 release={release} expires={}",
+        now() + 86_400
+    )
+}
+
+struct World {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    server: FaultServer,
+    pop: PublishedModel,
+    pop_bytes: Vec<u8>,
+    other: PublishedModel,
+}
+
+fn world() -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("origin");
+    fs::create_dir_all(&root).unwrap();
+    let pop_bytes = artifact_bytes(25, 3 * CHUNK / 2);
+    let pop = publish_model(&root, "v25", "pop223", &pop_bytes, Some(CHUNK));
+    let other = publish_model(
+        &root,
+        "v25",
+        "other",
+        &artifact_bytes(26, CHUNK),
+        Some(CHUNK),
+    );
+    let server = FaultServer::start(&root).unwrap();
+    World {
+        dir,
+        root,
+        server,
+        pop,
+        pop_bytes,
+        other,
+    }
+}
+
+impl World {
+    /// Release 1's catalog: `pop223` only.
+    fn m1(&self) -> Vec<u8> {
+        manifest_json("v25", std::slice::from_ref(&self.pop), true).into_bytes()
+    }
+
+    /// A later catalog: `pop223` and `other`.
+    fn m2(&self) -> Vec<u8> {
+        manifest_json("v25", &[self.pop.clone(), self.other.clone()], true).into_bytes()
+    }
+
+    /// Serve `manifest` with `sig` (or no signature file) from both origins.
+    fn serve(&self, manifest: &[u8], sig: Option<&str>) {
+        write_manifest(&self.root, "v25", manifest);
+        for dir in [
+            self.root.join(HF_DIR).join("manifests"),
+            self.root.join(GH_DIR),
+        ] {
+            match sig {
+                Some(s) => fs::write(dir.join(SIG), s).unwrap(),
+                None => {
+                    let _ = fs::remove_file(dir.join(SIG));
+                }
+            }
+        }
+    }
+
+    fn serve_at(&self, layout_dir: &str, manifest: &[u8], sig: &str) {
+        test_support::published::write_manifest_at(&self.root, layout_dir, "v25", manifest);
+        let dir = if layout_dir == HF_DIR {
+            self.root.join(HF_DIR).join("manifests")
+        } else {
+            self.root.join(GH_DIR)
+        };
+        fs::write(dir.join(SIG), sig).unwrap();
+    }
+
+    fn keys_file(&self, name: &str, keys: &[&Key]) -> PathBuf {
+        let p = self.dir.path().join(name);
+        let text: String = keys.iter().map(|k| k.pub_file()).collect();
+        fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn data(&self, device: &str) -> PathBuf {
+        self.dir.path().join(device)
+    }
+
+    fn run(&self, device: &str, keys: Option<&Path>, args: &[&str]) -> Output {
+        let mut c = Command::new(BIN);
+        c.arg("--data-dir")
+            .arg(self.data(device))
+            .arg("--hf-base")
+            .arg(format!("{}/{HF_DIR}", self.server.url()))
+            .arg("--github-base")
+            .arg(format!("{}/{GH_DIR}", self.server.url()))
+            .arg("--generation")
+            .arg("v25")
+            .arg("--builtin-dir")
+            .arg(self.dir.path().join("builtin"))
+            .arg("--memory-params-dir")
+            .arg(self.dir.path().join(device).join("shm"))
+            .arg("--space-margin-mib")
+            .arg("0");
+        if let Some(k) = keys {
+            c.arg("--trusted-keys").arg(k);
+        }
+        c.args(args).stdin(Stdio::null()).output().unwrap()
+    }
+
+    fn status(&self, device: &str, keys: Option<&Path>) -> Value {
+        let out = self.run(device, keys, &["status", "--json"]);
+        assert!(out.status.success(), "{}", text(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn param(&self, device: &str, key: &str) -> Option<String> {
+        fs::read_to_string(self.data(device).join("params/d").join(key)).ok()
+    }
+
+    /// Every file of the device's data dir (models, params, state) and its bytes, except the
+    /// refusal report, which exists to say what was refused.
+    fn snapshot(&self, device: &str) -> BTreeMap<PathBuf, Vec<u8>> {
+        fn walk(dir: &Path, base: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
+            for e in fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    walk(&p, base, out);
+                } else if p.file_name().unwrap() != ".refused-manifest.json" {
+                    out.insert(p.strip_prefix(base).unwrap().into(), fs::read(&p).unwrap());
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        let d = self.data(device);
+        walk(&d, &d, &mut out);
+        out
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn pinned_key_installs_and_every_bad_signature_is_refused_without_a_change() {
+    let w = world();
+    let (a, b) = (Key::new(), Key::new());
+    let keys = w.keys_file("a.pub", &[&a]);
+
+    // Signed by the pinned key: accepted, and its model installs.
+    let m1 = w.m1();
+    w.serve(&m1, Some(&a.sign(&m1, &comment(1))));
+    let out = w.run("dev", Some(&keys), &["refresh"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = w.run("dev", Some(&keys), &["download", "pop223"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        fs::read(w.data("dev").join("models/pop223_driving_tinygrad.pkl")).unwrap(),
+        w.pop_bytes
+    );
+    let s = w.status("dev", Some(&keys));
+    assert_eq!(s["trust"]["protected"], true);
+    assert_eq!(s["trust"]["accepted_release"]["release"], 1);
+    assert_eq!(s["trust"]["last_refusal"], Value::Null);
+    let before = w.snapshot("dev");
+    assert_eq!(w.param("dev", "AvailableModels").as_deref(), Some("pop223"));
+
+    // Every bad case serves the newer catalog (which would add `other`) with a bad signature.
+    let m2 = w.m2();
+    let mut tampered = m2.clone();
+    let sig_of_m2 = a.sign(&m2, &comment(2));
+    let pos = tampered.windows(6).position(|x| x == b"pop223").unwrap();
+    tampered[pos..pos + 6].copy_from_slice(b"pwn223");
+    let expired = format!("generation=v25 release=2 expires={}", now() - 60);
+    let cases: Vec<(&str, Vec<u8>, Option<String>, &str)> = vec![
+        (
+            "tampered after signing",
+            tampered,
+            Some(sig_of_m2.clone()),
+            "Model list refused: not signed by a trusted key",
+        ),
+        (
+            "unsigned",
+            m2.clone(),
+            None,
+            "Model list refused: not signed",
+        ),
+        (
+            "signed by another key",
+            m2.clone(),
+            Some(b.sign(&m2, &comment(2))),
+            "Model list refused: not signed by a trusted key",
+        ),
+        (
+            "other generation in the comment",
+            m2.clone(),
+            Some(a.sign(
+                &m2,
+                &format!("generation=v26 release=2 expires={}", now() + 86_400),
+            )),
+            "Model list refused: signed for another generation",
+        ),
+        (
+            "expired",
+            m2.clone(),
+            Some(a.sign(&m2, &expired)),
+            "Model list refused: signature expired",
+        ),
+        (
+            "signature file of garbage",
+            m2.clone(),
+            Some("not a signature\n".into()),
+            "Model list refused: not signed by a trusted key",
+        ),
+    ];
+    for (what, manifest, sig, ui) in cases {
+        w.serve(&manifest, sig.as_deref());
+        let out = w.run("dev", Some(&keys), &["refresh"]);
+        assert_eq!(out.status.code(), Some(5), "{what}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("manifest refused"), "{what}: {err}");
+        assert!(
+            err.contains("nothing on this device was changed"),
+            "{what}: {err}"
+        );
+        assert_eq!(w.snapshot("dev"), before, "{what}: the device changed");
+        let s = w.status("dev", Some(&keys));
+        assert_eq!(s["trust"]["last_refusal"]["text"], ui, "{what}");
+        assert_eq!(
+            s["trust"]["last_refusal"]["reasons"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2,
+            "{what}: both origins were tried"
+        );
+        assert_eq!(s["trust"]["accepted_release"]["release"], 1, "{what}");
+        let human = w.run("dev", Some(&keys), &["status"]);
+        assert!(
+            String::from_utf8_lossy(&human.stdout).contains(ui),
+            "{what}: {}",
+            text(&human)
+        );
+    }
+
+    // The properly signed catalog is accepted after all that, and clears the refusal.
+    w.serve(&m2, Some(&sig_of_m2));
+    let out = w.run("dev", Some(&keys), &["refresh"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        w.param("dev", "AvailableModels").as_deref(),
+        Some("pop223,other")
+    );
+    let s = w.status("dev", Some(&keys));
+    assert_eq!(s["trust"]["accepted_release"]["release"], 2);
+    assert_eq!(s["trust"]["last_refusal"], Value::Null);
+}
+
+#[test]
+fn a_replayed_older_release_is_refused_and_the_newer_state_kept() {
+    let w = world();
+    let a = Key::new();
+    let keys = w.keys_file("a.pub", &[&a]);
+    let (m1, m2) = (w.m1(), w.m2());
+    let (s1, s2) = (a.sign(&m1, &comment(1)), a.sign(&m2, &comment(2)));
+
+    w.serve(&m1, Some(&s1));
+    assert!(w.run("dev", Some(&keys), &["refresh"]).status.success());
+    w.serve(&m2, Some(&s2));
+    assert!(w.run("dev", Some(&keys), &["refresh"]).status.success());
+    let newer = w.snapshot("dev");
+    assert_eq!(
+        w.param("dev", "AvailableModels").as_deref(),
+        Some("pop223,other")
+    );
+
+    // Release 1 again, validly signed, served by both origins: a rollback.
+    w.serve(&m1, Some(&s1));
+    let out = w.run("dev", Some(&keys), &["refresh"]);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("older than release 2"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(w.snapshot("dev"), newer);
+    let s = w.status("dev", Some(&keys));
+    assert_eq!(s["trust"]["accepted_release"]["release"], 2);
+    assert_eq!(
+        s["trust"]["last_refusal"]["text"],
+        "Model list refused: older than the installed one"
+    );
+
+    // The same release fetched again is fine.
+    w.serve(&m2, Some(&s2));
+    assert!(w.run("dev", Some(&keys), &["refresh"]).status.success());
+}
+
+#[test]
+fn key_rotation_with_two_keys() {
+    let w = world();
+    let (old, new) = (Key::new(), Key::new());
+    let only_old = w.keys_file("old.pub", &[&old]);
+    let only_new = w.keys_file("new.pub", &[&new]);
+    let both = w.keys_file("both.pub", &[&old, &new]);
+    let (m1, m2) = (w.m1(), w.m2());
+
+    // 1. Before the rotation: the old key signs; devices have the old key, or already both.
+    w.serve(&m1, Some(&old.sign(&m1, &comment(1))));
+    for (dev, keys) in [("old", &only_old), ("both", &both)] {
+        let out = w.run(dev, Some(keys), &["refresh"]);
+        assert!(out.status.success(), "{dev}: {}", text(&out));
+    }
+
+    // 2. The overlap: one signature file with a block per key. Every device accepts it, also
+    //    a freshly installed one that only knows the new key.
+    let overlap = format!(
+        "{}{}",
+        new.sign(&m2, &comment(2)),
+        old.sign(&m2, &comment(2))
+    );
+    w.serve(&m2, Some(&overlap));
+    for (dev, keys) in [("old", &only_old), ("both", &both), ("new", &only_new)] {
+        let out = w.run(dev, Some(keys), &["refresh"]);
+        assert!(out.status.success(), "{dev}: {}", text(&out));
+        assert_eq!(
+            w.status(dev, Some(keys))["trust"]["accepted_release"]["release"],
+            2,
+            "{dev}"
+        );
+    }
+
+    // 3. The old key retired: only the new key signs. A device still on the old key alone
+    //    refuses (and keeps release 2); the others accept.
+    w.serve(&m1, Some(&new.sign(&m1, &comment(3))));
+    let before = w.snapshot("old");
+    let out = w.run("old", Some(&only_old), &["refresh"]);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    assert_eq!(w.snapshot("old"), before);
+    for (dev, keys) in [("both", &both), ("new", &only_new)] {
+        let out = w.run(dev, Some(keys), &["refresh"]);
+        assert!(out.status.success(), "{dev}: {}", text(&out));
+        assert_eq!(w.param(dev, "AvailableModels").as_deref(), Some("pop223"));
+    }
+}
+
+#[test]
+fn a_bad_signature_on_hugging_face_falls_through_to_github() {
+    let w = world();
+    let (a, b) = (Key::new(), Key::new());
+    let keys = w.keys_file("a.pub", &[&a]);
+    let m2 = w.m2();
+    w.serve_at(HF_DIR, &m2, &b.sign(&m2, &comment(1)));
+    w.serve_at(GH_DIR, &m2, &a.sign(&m2, &comment(1)));
+    let out = w.run("dev", Some(&keys), &["refresh", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        r["manifest_origin"].as_str().unwrap().starts_with("GitHub"),
+        "{r}"
+    );
+}
+
+#[test]
+fn without_keys_nothing_changes_but_status_says_unprotected() {
+    let w = world();
+    let m1 = w.m1();
+    w.serve(&m1, None);
+    let out = w.run("dev", None, &["refresh"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let s = w.status("dev", None);
+    assert_eq!(s["trust"]["protected"], false);
+    let human = w.run("dev", None, &["status"]);
+    assert!(
+        String::from_utf8_lossy(&human.stdout).contains("manifest trust: UNPROTECTED"),
+        "{}",
+        text(&human)
+    );
+    // A keys file that was asked for but cannot be read is an error, not "unprotected".
+    let missing = w.dir.path().join("missing.pub");
+    let out = w.run("dev", Some(&missing), &["status"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("missing.pub"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn the_daemon_shows_a_refusal_in_model_download_progress() {
+    let w = world();
+    let (a, b) = (Key::new(), Key::new());
+    let keys = w.keys_file("a.pub", &[&a]);
+    let m1 = w.m1();
+    w.serve(&m1, Some(&b.sign(&m1, &comment(1))));
+    let mut child = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(w.data("dev"))
+        .arg("--hf-base")
+        .arg(format!("{}/{HF_DIR}", w.server.url()))
+        .arg("--github-base")
+        .arg(format!("{}/{GH_DIR}", w.server.url()))
+        .arg("--builtin-dir")
+        .arg(w.dir.path().join("builtin"))
+        .arg("--memory-params-dir")
+        .arg(w.dir.path().join("shm"))
+        .arg("--trusted-keys")
+        .arg(&keys)
+        .args(["run", "--poll-ms", "20"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let progress = w.dir.path().join("shm/ModelDownloadProgress");
+    let start = Instant::now();
+    let shown = loop {
+        if let Ok(t) = fs::read_to_string(&progress)
+            && t.starts_with("Model list refused")
+        {
+            break t;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            break String::new();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(shown, "Model list refused: not signed by a trusted key");
+    assert_eq!(w.param("dev", "AvailableModels"), None);
+}

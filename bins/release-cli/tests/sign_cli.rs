@@ -1,0 +1,417 @@
+//! `release-cli manifest sign|verify` and `publish --sign-key` as a release engineer runs them,
+//! and the signatures checked with the real `minisign` tool (Debian package `minisign`).
+
+mod common;
+use common::{cli, command, text};
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+use test_support::published::{artifact_bytes, sha256_hex};
+use test_support::release_stores::GitRemote;
+
+const TG: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
+
+/// Set to `1` (as `.ci/run` does) to make a missing `minisign` binary a failure, not a skip.
+const REQUIRE_MINISIGN: &str = "STARPILOT_REQUIRE_MINISIGN";
+
+/// The real `minisign`, or `None` (after saying why) when it is not installed and not required.
+fn minisign_binary() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("minisign"))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        if std::env::var(REQUIRE_MINISIGN).as_deref() == Ok("1") {
+            panic!("{REQUIRE_MINISIGN}=1 but `minisign` is not on PATH; apt-get install minisign");
+        }
+        eprintln!(
+            "SKIPPED: `minisign` is not installed (apt-get install minisign); set \
+             {REQUIRE_MINISIGN}=1 to make this a failure"
+        );
+    }
+    found
+}
+
+/// An unencrypted key pair written as `minisign -G` writes it: `<name>.key`, `<name>.pub`.
+fn keypair(dir: &Path, name: &str) -> (PathBuf, PathBuf, String) {
+    let kp = minisign::KeyPair::generate_unencrypted_keypair().unwrap();
+    let sk_text = kp.sk.to_box(None).unwrap().into_string();
+    let (sk, pk) = (
+        dir.join(format!("{name}.key")),
+        dir.join(format!("{name}.pub")),
+    );
+    std::fs::write(&sk, &sk_text).unwrap();
+    std::fs::write(&pk, kp.pk.to_box().unwrap().into_string()).unwrap();
+    // The secret's base64 line: what must never leave this process.
+    let secret_line = sk_text.lines().nth(1).unwrap().to_string();
+    (sk, pk, secret_line)
+}
+
+fn entry(id: &str, data: &[u8], chunks: u32) -> Value {
+    json!({
+        "id": id, "name": id, "version": "v15", "series": "OP Series", "released": "2025-06-01",
+        "community_favorite": false, "artifact_format": "tinygrad_single_v1",
+        "artifact_size": data.len(), "artifact_sha256": sha256_hex(data),
+        "artifact_chunk_count": chunks, "uses_external_gpu": false
+    })
+}
+
+/// A canonical manifest (as `manifest fmt` writes it) and the artifacts directory for it.
+fn release(dir: &Path, data: &[u8]) -> (PathBuf, PathBuf) {
+    let build = dir.join("build");
+    std::fs::create_dir_all(&build).unwrap();
+    let pkl = build.join("pop223_driving_tinygrad.pkl");
+    std::fs::write(&pkl, data).unwrap();
+    let artifacts = dir.join("artifacts");
+    let o = cli(&[
+        "chunk",
+        "split",
+        pkl.to_str().unwrap(),
+        "--out-dir",
+        artifacts.join("pop223").to_str().unwrap(),
+        "--chunk-size",
+        "1000",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let raw = dir.join("raw.json");
+    let doc =
+        json!({"generation": "v25", "tinygrad_commit": TG, "models": [entry("pop223", data, 3)]});
+    std::fs::write(&raw, doc.to_string()).unwrap();
+    let o = cli(&["manifest", "fmt", raw.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let manifest = dir.join("model_names_v25.json");
+    std::fs::write(&manifest, &o.stdout).unwrap();
+    (artifacts, manifest)
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn sign_then_verify_and_every_refusal() {
+    let t = tempfile::tempdir().unwrap();
+    let (_, manifest) = release(t.path(), &artifact_bytes(1, 2500));
+    let (a_key, a_pub, secret) = keypair(t.path(), "a");
+    let (_, b_pub, _) = keypair(t.path(), "b");
+    let m = s(&manifest);
+
+    let o = cli(&["manifest", "sign", "--key", s(&a_key), "--json", m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["release"], 1);
+    assert_eq!(r["generation"], "v25");
+    let sig_path = t.path().join("model_names_v25.json.minisig");
+    let sig = std::fs::read_to_string(&sig_path).unwrap();
+    assert!(
+        sig.contains("trusted comment: generation=v25 release=1 expires="),
+        "{sig}"
+    );
+    assert!(!sig.contains(&secret) && !text(&o.stdout).contains(&secret));
+
+    // Signing again is the next release; a lower explicit release is refused.
+    let o = cli(&["manifest", "sign", "--key", s(&a_key), m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        std::fs::read_to_string(&sig_path)
+            .unwrap()
+            .contains("release=2 ")
+    );
+    let o = cli(&["manifest", "sign", "--key", s(&a_key), "--release", "2", m]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("--release 3"),
+        "{}",
+        text(&o.stderr)
+    );
+
+    let o = cli(&["manifest", "verify", "--key", s(&a_pub), "--json", m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["accepted"], true);
+    assert_eq!(r["release"], 2);
+
+    // Another key, a changed manifest, the wrong generation, an expired signature: exit 3.
+    let o = cli(&["manifest", "verify", "--key", s(&b_pub), m]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("does not verify"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = cli(&[
+        "manifest",
+        "verify",
+        "--key",
+        s(&a_pub),
+        "--generation",
+        "v26",
+        m,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    let o = cli(&[
+        "manifest",
+        "sign",
+        "--key",
+        s(&a_key),
+        "--expires-in",
+        "0",
+        m,
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = cli(&["manifest", "verify", "--key", s(&a_pub), m]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("expired"), "{}", text(&o.stderr));
+    let o = cli(&["manifest", "sign", "--key", s(&a_key), m]);
+    assert!(o.status.success());
+    let mut changed = std::fs::read(&manifest).unwrap();
+    changed.extend_from_slice(b" ");
+    let other = t.path().join("changed.json");
+    std::fs::write(&other, changed).unwrap();
+    let o = cli(&[
+        "manifest",
+        "verify",
+        "--key",
+        s(&a_pub),
+        "--signature",
+        s(&sig_path),
+        "--generation",
+        "v25",
+        s(&other),
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+
+    // A public key given as the signing key, and a manifest not in canonical form: refused.
+    let o = cli(&["manifest", "sign", "--key", s(&a_pub), m]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("not a minisign secret key"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = cli(&["manifest", "sign", "--key", s(&a_key), s(&other)]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("canonical"), "{}", text(&o.stderr));
+}
+
+#[test]
+fn publish_signs_each_release_and_uploads_the_signature_before_the_manifest() {
+    let t = tempfile::tempdir().unwrap();
+    let (artifacts, manifest) = release(t.path(), &artifact_bytes(2, 2500));
+    let (a_key, a_pub, secret) = keypair(t.path(), "a");
+    let (b_key, b_pub, secret_b) = keypair(t.path(), "b");
+    let store = t.path().join("store");
+    let remote = GitRemote::new(&t.path().join("git"), "Models", None);
+    let gh = format!("github:{}", remote.checkout.display());
+    let publish = |keys: &[&Path], extra: &[&str]| {
+        let mut a = vec![
+            "publish".to_string(),
+            "--generation".into(),
+            "v25".into(),
+            "--manifest".into(),
+            s(&manifest).into(),
+            "--artifacts".into(),
+            s(&artifacts).into(),
+            "--to".into(),
+            s(&store).into(),
+            "--to".into(),
+            gh.clone(),
+        ];
+        for k in keys {
+            a.push("--sign-key".into());
+            a.push(s(k).into());
+        }
+        a.extend(extra.iter().map(|x| x.to_string()));
+        cli(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let live_manifest = store.join("manifests/model_names_v25.json");
+    let live_sig = store.join("manifests/model_names_v25.json.minisig");
+    let verify = |key: &Path| {
+        let o = cli(&[
+            "manifest",
+            "verify",
+            "--key",
+            s(key),
+            "--signature",
+            s(&live_sig),
+            "--json",
+            s(&live_manifest),
+        ]);
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()
+    };
+
+    let o = publish(&[&a_key], &[]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("release 1"), "{}", text(&o.stderr));
+    assert_eq!(verify(&a_pub)["release"], 1);
+    // The GitHub checkout got the same signature, in a commit before (or with) the manifest.
+    let gh_sig = remote.checkout.join("model_names_v25.json.minisig");
+    assert_eq!(
+        std::fs::read(&gh_sig).unwrap(),
+        std::fs::read(&live_sig).unwrap()
+    );
+    let commits = remote.remote_files_per_commit();
+    let when = |f: &str| {
+        commits
+            .iter()
+            .position(|c| c.iter().any(|x| x == f))
+            .unwrap_or_else(|| panic!("{f} never committed: {commits:?}"))
+    };
+    assert!(
+        when("model_names_v25.json.minisig") <= when("model_names_v25.json"),
+        "{commits:?}"
+    );
+
+    // The next publish reads release 1 from the live signature: release 2.
+    let o = publish(&[&a_key], &["--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let first: Value = serde_json::from_str(text(&o.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(first["event"], "signed");
+    assert_eq!(first["release"], 2);
+    assert_eq!(verify(&a_pub)["release"], 2);
+
+    // Rotation: the new key cannot read the old key's release, so it must be told.
+    let o = publish(&[&b_key], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("--release"), "{}", text(&o.stderr));
+    // Signing with both keys works on its own: the old key vouches for release 2.
+    let o = publish(&[&b_key, &a_key], &[]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(verify(&a_pub)["release"], 3);
+    assert_eq!(verify(&b_pub)["release"], 3);
+    let o = publish(&[&b_key], &["--release", "4"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(verify(&b_pub)["release"], 4);
+    assert_eq!(verify(&a_pub)["accepted"], false);
+
+    // A dry run signs nothing into the store.
+    let before = std::fs::read(&live_sig).unwrap();
+    let o = publish(&[&b_key], &["--dry-run"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(std::fs::read(&live_sig).unwrap(), before);
+
+    // The secret keys are nowhere in either store.
+    for root in [&store, &remote.checkout] {
+        for f in walk(root) {
+            let bytes = std::fs::read(&f).unwrap();
+            let body = String::from_utf8_lossy(&bytes);
+            assert!(
+                !body.contains(&secret) && !body.contains(&secret_b),
+                "{}",
+                f.display()
+            );
+        }
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn real_minisign_keys_load_and_real_minisign_verifies_our_signatures() {
+    let Some(minisign) = minisign_binary() else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let (artifacts, manifest) = release(t.path(), &artifact_bytes(3, 2500));
+    let (key, public) = (t.path().join("release.key"), t.path().join("release.pub"));
+    // An encrypted key, as a release engineer makes it (the passphrase typed twice).
+    let mut g = Command::new(&minisign)
+        .args(["-G", "-p", s(&public), "-s", s(&key)])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = g.stdin.take().unwrap();
+        stdin.write_all(b"correct horse\ncorrect horse\n").unwrap();
+    }
+    let g = g.wait_with_output().unwrap();
+    assert!(g.status.success(), "minisign -G: {}", text(&g.stderr));
+    assert!(
+        std::fs::read_to_string(&key)
+            .unwrap()
+            .contains("encrypted secret key")
+    );
+
+    // Without a passphrase and without a terminal: a clear error, nothing written.
+    let o = command()
+        .args(["manifest", "sign", "--key", s(&key), s(&manifest)])
+        .env_remove("STARPILOT_SIGN_PASSPHRASE")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("STARPILOT_SIGN_PASSPHRASE"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(!t.path().join("model_names_v25.json.minisig").exists());
+
+    // Published with the passphrase from the environment; the real tool verifies the result.
+    let store = t.path().join("store");
+    let o = command()
+        .args([
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            s(&manifest),
+            "--artifacts",
+            s(&artifacts),
+            "--to",
+            s(&store),
+            "--sign-key",
+            s(&key),
+        ])
+        .env("STARPILOT_SIGN_PASSPHRASE", "correct horse")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(!text(&o.stderr).contains("correct horse"));
+    let v = Command::new(&minisign)
+        .args(["-V", "-p", s(&public)])
+        .arg("-m")
+        .arg(store.join("manifests/model_names_v25.json"))
+        .arg("-x")
+        .arg(store.join("manifests/model_names_v25.json.minisig"))
+        .output()
+        .unwrap();
+    assert!(v.status.success(), "minisign -V: {}", text(&v.stderr));
+    let said = format!("{}{}", text(&v.stdout), text(&v.stderr));
+    assert!(
+        said.contains("Trusted comment: generation=v25 release=1 expires="),
+        "{said}"
+    );
+
+    // A wrong passphrase is refused with the key's path, not a garbage signature.
+    let o = command()
+        .args(["manifest", "sign", "--key", s(&key), s(&manifest)])
+        .env("STARPILOT_SIGN_PASSPHRASE", "wrong")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("release.key"),
+        "{}",
+        text(&o.stderr)
+    );
+}
