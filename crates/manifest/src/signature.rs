@@ -446,7 +446,9 @@ mod tests {
     fn acceptance_rule_table() {
         let now = UnixSeconds(1000);
         let ok = "generation=v25 release=5 expires=2000";
-        let cases: [(&str, Generation, Option<u64>, Result<u64, &str>); 9] = [
+        // (comment, generation fetched, accepted release, Ok(release) or the refusal's kind)
+        type Case<'a> = (&'a str, Generation, Option<u64>, Result<u64, &'a str>);
+        let cases: [Case; 9] = [
             (ok, V25, None, Ok(5)),
             (ok, V25, Some(4), Ok(5)),
             (ok, V25, Some(5), Ok(5)),
