@@ -496,3 +496,59 @@ fn the_daemon_shows_a_refusal_in_model_download_progress() {
     assert_eq!(shown, "Model list refused: not signed by a trusted key");
     assert_eq!(w.param("dev", "AvailableModels"), None);
 }
+
+/// The refresh of a signed manifest adds two effects before the existing ones: the accepted
+/// release is written, then the old refusal report removed, then the catalog stored. A crash
+/// after each of them leaves a state the next refresh completes; `gc` and a later refresh keep
+/// the release state.
+#[test]
+fn a_crash_after_each_new_effect_is_completed_by_the_next_refresh() {
+    let w = world();
+    let a = Key::new();
+    let keys = w.keys_file("a.pub", &[&a]);
+    let (m1, m2) = (w.m1(), w.m2());
+    let (s1, s2) = (a.sign(&m1, &comment(1)), a.sign(&m2, &comment(2)));
+    // A twin device that took release 2 cleanly gives the state file written by effect 1.
+    w.serve(&m2, Some(&s2));
+    assert!(w.run("twin", Some(&keys), &["refresh"]).status.success());
+    let release_2_state = fs::read(w.data("twin").join("models/.accepted-release.json")).unwrap();
+
+    for crash_after in ["release recorded", "refusal report removed"] {
+        let dev = format!("dev-{}", crash_after.replace(' ', "-"));
+        w.serve(&m1, Some(&s1));
+        assert!(w.run(&dev, Some(&keys), &["refresh"]).status.success());
+        // A refused fetch leaves a refusal report behind.
+        w.serve(&m2, None);
+        assert_eq!(
+            w.run(&dev, Some(&keys), &["refresh"]).status.code(),
+            Some(5)
+        );
+        let models = w.data(&dev).join("models");
+        assert!(models.join(".refused-manifest.json").exists());
+        // The crash: release 2 was recorded (and the report removed), the catalog not stored.
+        fs::write(models.join(".accepted-release.json"), &release_2_state).unwrap();
+        if crash_after == "refusal report removed" {
+            fs::remove_file(models.join(".refused-manifest.json")).unwrap();
+        }
+        assert_eq!(w.param(&dev, "AvailableModels").as_deref(), Some("pop223"));
+        w.serve(&m2, Some(&s2));
+        let out = w.run(&dev, Some(&keys), &["refresh"]);
+        assert!(out.status.success(), "{crash_after}: {}", text(&out));
+        assert_eq!(
+            w.param(&dev, "AvailableModels").as_deref(),
+            Some("pop223,other"),
+            "{crash_after}"
+        );
+        assert!(
+            !models.join(".refused-manifest.json").exists(),
+            "{crash_after}"
+        );
+        assert!(w.run(&dev, Some(&keys), &["gc"]).status.success());
+        let s = w.status(&dev, Some(&keys));
+        assert_eq!(
+            s["trust"]["accepted_release"]["release"], 2,
+            "{crash_after}"
+        );
+        assert_eq!(s["trust"]["last_refusal"], Value::Null, "{crash_after}");
+    }
+}
