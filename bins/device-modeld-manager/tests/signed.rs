@@ -425,6 +425,22 @@ fn a_bad_signature_on_hugging_face_falls_through_to_github() {
         r["manifest_origin"].as_str().unwrap().starts_with("GitHub"),
         "{r}"
     );
+    // Accepted, but what Hugging Face served is reported.
+    let s = w.status("dev", Some(&keys));
+    assert_eq!(s["trust"]["accepted_release"]["release"], 1);
+    let reasons = s["trust"]["last_refusal"]["reasons"].as_array().unwrap();
+    assert_eq!(reasons.len(), 1, "{s}");
+    assert!(
+        reasons[0].as_str().unwrap().starts_with("Hugging Face"),
+        "{s}"
+    );
+    // Once Hugging Face serves the signed manifest again, the report is cleared.
+    w.serve_at(HF_DIR, &m2, &a.sign(&m2, &comment(1)));
+    assert!(w.run("dev", Some(&keys), &["refresh"]).status.success());
+    assert_eq!(
+        w.status("dev", Some(&keys))["trust"]["last_refusal"],
+        Value::Null
+    );
 }
 
 #[test]

@@ -5,8 +5,9 @@
 //!   stored, so the catalog is never newer than the floor that protects it; a replayed older
 //!   release is refused against it, across restarts.
 //! - `.refused-manifest.json`: the last refusal (when, which generation, why, per origin), for
-//!   `status`; removed at the next accepted manifest. It is a report, not state: nothing else
-//!   reads it.
+//!   `status`: written when every origin failed and one refused on trust grounds, or when an
+//!   origin refused before another was accepted; removed at the next fetch accepted from the
+//!   first origin tried. It is a report, not state: nothing else reads it.
 //!
 //! Both are dot files, which the purge and `gc` plans never touch.
 
@@ -15,6 +16,7 @@ use std::fs;
 
 use chunker::atomic::{remove_if_exists, write_atomic};
 use downloader::{Downloader, FetchedManifest, trust};
+use manifest::signature::Refusal;
 use manifest::{Generation, ReleaseNumber, UnixSeconds};
 use serde::{Deserialize, Serialize};
 
@@ -90,32 +92,50 @@ pub fn fetch_accepted(device: &Device, dl: &Downloader) -> Result<FetchedManifes
             if let Some(signed) = &fetched.signed {
                 record_accepted(device, generation, signed)?;
             }
-            let path = device.models_dir().join(REFUSED_MANIFEST_FILE);
-            remove_if_exists(&path).ctx(&path)?;
+            // An origin that served a refused manifest before another served a good one is
+            // still worth a look (someone may have written to that store); else clear.
+            let refused: Vec<(&str, &Refusal)> = fetched
+                .refused
+                .iter()
+                .map(|(o, r)| (o.as_str(), r))
+                .collect();
+            record_refusal(device, generation, &refused)?;
             Ok(fetched)
         }
         Err(e) => {
             let refusals = trust::refusals(&e);
-            if let Some((_, first)) = refusals.first() {
-                let report = RefusedManifest {
-                    generation: generation.to_string(),
-                    at: UnixSeconds::now(),
-                    text: first.ui_text().to_string(),
-                    reasons: refusals
-                        .iter()
-                        .map(|(origin, r)| format!("{origin}: {r}"))
-                        .collect(),
-                };
-                let path = device.models_dir().join(REFUSED_MANIFEST_FILE);
-                write_atomic(
-                    &path,
-                    &serde_json::to_vec_pretty(&report).expect("serializable"),
-                )
-                .ctx(&path)?;
+            if !refusals.is_empty() {
+                record_refusal(device, generation, &refusals)?;
             }
             Err(e.into())
         }
     }
+}
+
+/// Write the refusal report for `refusals`, or remove it when there are none.
+fn record_refusal(
+    device: &Device,
+    generation: Generation,
+    refusals: &[(&str, &Refusal)],
+) -> Result<()> {
+    let path = device.models_dir().join(REFUSED_MANIFEST_FILE);
+    let Some((_, first)) = refusals.first() else {
+        return remove_if_exists(&path).ctx(&path).map(drop);
+    };
+    let report = RefusedManifest {
+        generation: generation.to_string(),
+        at: UnixSeconds::now(),
+        text: first.ui_text().to_string(),
+        reasons: refusals
+            .iter()
+            .map(|(origin, r)| format!("{origin}: {r}"))
+            .collect(),
+    };
+    write_atomic(
+        &path,
+        &serde_json::to_vec_pretty(&report).expect("serializable"),
+    )
+    .ctx(&path)
 }
 
 fn record_accepted(
