@@ -9,19 +9,19 @@
 //!   origin refused before another was accepted; removed at the next fetch accepted from the
 //!   first origin tried. It is a report, not state: nothing else reads it.
 //!
-//! Both are dot files, which the purge and `gc` plans never touch.
+//! Both are dot files, which the purge and `gc` plans never touch. Both are written with
+//! `Device::write_file`/`remove_file`, so the crash enumeration sees them as effects.
 
 use std::collections::BTreeMap;
 use std::fs;
 
-use chunker::atomic::{remove_if_exists, write_atomic};
 use downloader::{Downloader, FetchedManifest, trust};
 use manifest::signature::Refusal;
 use manifest::{Generation, ReleaseNumber, UnixSeconds};
 use serde::{Deserialize, Serialize};
 
 use crate::device::Device;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 
 pub const ACCEPTED_RELEASE_FILE: &str = ".accepted-release.json";
 pub const REFUSED_MANIFEST_FILE: &str = ".refused-manifest.json";
@@ -118,9 +118,8 @@ fn record_refusal(
     generation: Generation,
     refusals: &[(&str, &Refusal)],
 ) -> Result<()> {
-    let path = device.models_dir().join(REFUSED_MANIFEST_FILE);
     let Some((_, first)) = refusals.first() else {
-        return remove_if_exists(&path).ctx(&path).map(drop);
+        return device.remove_file(REFUSED_MANIFEST_FILE);
     };
     let report = RefusedManifest {
         generation: generation.to_string(),
@@ -131,11 +130,10 @@ fn record_refusal(
             .map(|(origin, r)| format!("{origin}: {r}"))
             .collect(),
     };
-    write_atomic(
-        &path,
+    device.write_file(
+        REFUSED_MANIFEST_FILE,
         &serde_json::to_vec_pretty(&report).expect("serializable"),
     )
-    .ctx(&path)
 }
 
 fn record_accepted(
@@ -159,12 +157,11 @@ fn record_accepted(
             accepted_at: UnixSeconds::now(),
         },
     );
-    let path = device.models_dir().join(ACCEPTED_RELEASE_FILE);
-    write_atomic(
-        &path,
+    // Atomic, and reported to the crash enumeration like every other effect of a refresh.
+    device.write_file(
+        ACCEPTED_RELEASE_FILE,
         &serde_json::to_vec_pretty(&all).expect("serializable"),
     )
-    .ctx(&path)
 }
 
 /// The UI text (`ModelDownloadProgress`) of a manifest fetch refused on trust grounds.
