@@ -32,7 +32,6 @@ pub struct AcceptedRelease {
     pub release: ReleaseNumber,
     pub expires: UnixSeconds,
     pub key: String,
-    pub accepted_at: UnixSeconds,
 }
 
 /// The last manifest fetch that ended with every origin failing and at least one refusing on
@@ -154,7 +153,6 @@ fn record_accepted(
             release: signed.release,
             expires: signed.expires,
             key: signed.key.clone(),
-            accepted_at: UnixSeconds::now(),
         },
     );
     // Atomic, and reported to the crash enumeration like every other effect of a refresh.
