@@ -278,12 +278,15 @@ fn both_origins_bad_leaves_old_artifact_and_nothing_partial() {
         other => panic!("{other:?}"),
     }
     assert_eq!(w.installed("pop223").unwrap(), b"previous");
-    // Only the staging file (in the staging directory) may remain, for a later resume.
+    // Only the staging file and its piece record (in the staging directory) may remain, for a
+    // later resume. Whether the record exists depends on whether GitHub completed a piece before
+    // its 404 ended the attempt, so either is right; a stray temporary is not.
     assert_eq!(w.listing(), ["pop223_driving_tinygrad.pkl"]);
     assert!(
-        w.staged()
-            .iter()
-            .all(|n| n.ends_with("-pop223_driving_tinygrad.pkl")),
+        w.staged().iter().all(|n| {
+            let base = n.strip_suffix(".state").unwrap_or(n);
+            !base.starts_with('.') && base.ends_with("-pop223_driving_tinygrad.pkl")
+        }),
         "{:?}",
         w.staged()
     );
