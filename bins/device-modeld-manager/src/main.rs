@@ -134,14 +134,16 @@ enum Command {
     /// interrupted migration.
     Status {
         /// Print `{"generation","manifest_version","selected":{"id","name","version"},"resolved",
-        /// "catalog_models","installed":[{"id","state"}],"free_bytes","interrupted_migration"}`.
+        /// "catalog_models","installed":[{"id","state"}],"free_bytes","interrupted_migration",
+        /// "fallback":{"chosen","pending":[{"id","case","failures","next_retry","reason"}],
+        /// "dropped"}}`.
         #[arg(long)]
         json: bool,
     },
     /// Fetch the manifest, update the catalog params, migrate if the generation changed.
     Refresh {
         /// Print `{"generation","manifest_origin","models","migrated_from","purged":[…],
-        /// "selected","fell_back_to_builtin"}`.
+        /// "selected","fell_back_to_builtin","retrying":[…],"dropped":[…]}`.
         #[arg(long)]
         json: bool,
     },
@@ -173,7 +175,8 @@ enum Command {
     },
     /// Print the path modeld should load (last line of stdout).
     Resolve {
-        /// Print `{"path","id","name","version","builtin"}` as the last line instead.
+        /// Print `{"path","id","name","version","builtin"}` as the last line instead (plus
+        /// `"doubt"` when a param or state file could not be read and the built-in is answered).
         #[arg(long)]
         json: bool,
     },
@@ -246,8 +249,9 @@ fn next_step(e: &migration::Error) -> Option<&'static str> {
             )
         }
         migration::Error::Download(D::ManifestUnavailable { .. }) => Some(
-            "nothing on this device was changed; check the network (or --hf-base/--github-base) \
-             and run `refresh` again",
+            "check the network (or --hf-base/--github-base) and run `refresh` again; a device \
+             still on another generation now uses the built-in model, and its own model is \
+             downloaded once a refresh gets the catalog",
         ),
         migration::Error::Download(D::Cancelled { .. }) => {
             Some("run the same command again; finished chunks are kept and not fetched twice")
@@ -423,6 +427,9 @@ fn run(cli: Cli) -> Result<(), Fail> {
     match cli.command {
         Command::Resolve { json } => {
             let r = migration::report::resolve(&device)?;
+            if let Some(d) = &r.doubt {
+                eprintln!("warning: answering the built-in model: {d}");
+            }
             if json {
                 return out_line(serde_json::to_string(&r).expect("serializable"));
             }
@@ -455,7 +462,23 @@ fn run(cli: Cli) -> Result<(), Fail> {
                     ""
                 }
             ))?;
-            if r.fell_back_to_builtin {
+            if !r.retrying.is_empty() {
+                eprintln!(
+                    "retrying later: {} (the built-in, or the verified older copy, stands in \
+                     until it downloads)",
+                    r.retrying.join(", ")
+                );
+            }
+            if !r.dropped.is_empty() {
+                eprintln!(
+                    "dropped for good (not in the {} catalog): {}",
+                    r.generation,
+                    r.dropped.join(", ")
+                );
+            }
+            if !r.retrying.is_empty() && r.dropped.is_empty() {
+                eprintln!("next: nothing to do; every refresh retries it (`status` shows when)");
+            } else if r.fell_back_to_builtin {
                 eprintln!(
                     "next: the selected model is not available for {}; pick another one, then \
                      `download <ID>` it",
@@ -581,6 +604,27 @@ fn status(device: &Device, dl: &Downloader, json_out: bool) -> Result<(), Fail> 
             .map(|f| f.to_string())
             .unwrap_or("unknown".into())
     ));
+    if let Some(fb) = &r.fallback {
+        for p in &fb.pending {
+            lines.push(format!(
+                "{} {}: {} failed attempt(s), next retry at unix {} ({})",
+                match p.case {
+                    migration::report::PendingCase::Temporary => "waiting for",
+                    migration::report::PendingCase::Update => "update pending for",
+                },
+                p.id,
+                p.failures,
+                p.next_retry,
+                p.reason
+            ));
+        }
+        if !fb.dropped.is_empty() {
+            lines.push(format!(
+                "dropped for good (not in the catalog): {}",
+                fb.dropped.join(", ")
+            ));
+        }
+    }
     if let Some(j) = &r.interrupted_migration {
         lines.push(format!(
             "interrupted migration: {} -> {} at phase {:?}",
@@ -611,6 +655,7 @@ fn status(device: &Device, dl: &Downloader, json_out: bool) -> Result<(), Fail> 
 fn state_text(s: VerifyState) -> &'static str {
     match s {
         VerifyState::Verified => "verified",
+        VerifyState::Outdated => "outdated (verified copy of an earlier publish; in use)",
         VerifyState::Unverified => "unverified",
         VerifyState::Corrupt => "corrupt",
         VerifyState::Missing => "missing",

@@ -40,6 +40,9 @@ use crate::http::Http;
 #[derive(Debug, Clone)]
 pub struct FetchedManifest {
     pub manifest: Manifest,
+    /// The bytes as served (within the manifest size limit), so the device can store exactly
+    /// what it accepted.
+    pub raw: Vec<u8>,
     pub origin: String,
     pub url: String,
     /// What its signature vouched for, when the downloader has trusted keys.
@@ -118,7 +121,7 @@ impl Downloader {
         for origin in self.origins.iter() {
             let url = origin.manifest_url(generation);
             match self.fetch_one_manifest(&url, generation, accepted, cancel) {
-                Ok((manifest, signed)) => {
+                Ok((manifest, signed, raw)) => {
                     let refused = attempts
                         .into_iter()
                         .filter_map(|(origin, e)| match e {
@@ -128,6 +131,7 @@ impl Downloader {
                         .collect();
                     return Ok(FetchedManifest {
                         manifest,
+                        raw,
                         origin: origin.to_string(),
                         url,
                         signed,
@@ -150,7 +154,7 @@ impl Downloader {
         generation: Generation,
         accepted: Option<ReleaseNumber>,
         cancel: &CancelToken,
-    ) -> Result<(Manifest, Option<trust::Accepted>)> {
+    ) -> Result<(Manifest, Option<trust::Accepted>, Vec<u8>)> {
         let budget = self.config.http.origin_deadline;
         let ctl = http::Ctl::new(
             cancel,
@@ -206,7 +210,7 @@ impl Downloader {
                 found: found.to_string(),
             });
         }
-        Ok((manifest, signed))
+        Ok((manifest, signed, bytes))
     }
 
     /// Download `entry`'s artifact of `generation` into `models_dir`, trying each origin in

@@ -11,6 +11,8 @@ use chunker::atomic::write_atomic;
 use manifest::{Generation, Manifest, ModelEntry, ModelId, Sha256Digest, layout};
 use serde::{Deserialize, Serialize};
 
+use crate::bounded::{self, read_capped};
+use crate::choice::{CHOICE_FILE, Choice};
 use crate::contract::{self, Catalog, LocalModel, ProfilesRead, SelectionParams};
 use crate::effects::Effects;
 use crate::error::{Error, IoContext, Result};
@@ -79,6 +81,10 @@ struct CacheEntry {
     signature: String,
     sha256: String,
     size: u64,
+    /// These bytes matched the catalog's digest when they were hashed: a later catalog that
+    /// republished the model with other bytes makes them an older verified copy, not corrupt.
+    #[serde(default)]
+    catalog_verified: bool,
 }
 
 /// Verification state of one model for `status`.
@@ -86,6 +92,9 @@ struct CacheEntry {
 #[serde(rename_all = "snake_case")]
 pub enum VerifyState {
     Verified,
+    /// A verified copy of an earlier publish of this model in this generation: the catalog now
+    /// names other bytes. Kept and used until the new ones verify.
+    Outdated,
     Unverified,
     Corrupt,
     Missing,
@@ -112,7 +121,7 @@ impl Device {
     /// Write a state or cache file in the models dir atomically and report the effect.
     pub(crate) fn write_file(&self, name: &str, body: &[u8]) -> Result<()> {
         let path = self.models_dir().join(name);
-        if fs::read(&path).is_ok_and(|old| old == body) {
+        if read_capped(&path, body.len() as u64).is_ok_and(|old| old.as_deref() == Some(body)) {
             return Ok(());
         }
         write_atomic(&path, body).ctx(&path)?;
@@ -183,9 +192,13 @@ impl Device {
         Ok(contract::discover_locals(names.iter().map(String::as_str))
             .into_iter()
             .map(|id| {
-                let sidecar = fs::read(self.models_dir().join(format!("{id}.json")))
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                let sidecar = read_capped(
+                    &self.models_dir().join(format!("{id}.json")),
+                    bounded::SIDECAR_LIMIT,
+                )
+                .ok()
+                .flatten()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
                     .and_then(|v| v.as_object().cloned());
                 LocalModel { id, sidecar }
             })
@@ -254,10 +267,8 @@ impl Device {
     /// The stored catalog, if it is for this device's generation.
     pub fn catalog(&self) -> Result<Option<Manifest>> {
         let path = self.models_dir().join(CATALOG_FILE);
-        let bytes = match fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(Error::Io { path, source: e }),
+        let Some(bytes) = read_capped(&path, bounded::CATALOG_LIMIT)? else {
+            return Ok(None);
         };
         let m = Manifest::from_slice(&bytes).map_err(|e| Error::CorruptState {
             path: path.clone(),
@@ -266,11 +277,59 @@ impl Device {
         Ok((m.generation() == Some(self.config.generation)).then_some(m))
     }
 
-    /// Store `m` as the catalog (tagged with this generation), atomically.
+    /// Store `m` as the catalog (tagged with this generation), atomically. What is written must
+    /// fit the read limit, or the device would refuse its own catalog: over it, nothing is
+    /// written and the error says so.
     pub fn store_catalog(&self, m: &Manifest) -> Result<()> {
         let mut m = m.clone();
         m.set_generation(self.config.generation);
-        self.write_file(CATALOG_FILE, m.to_canonical_string().as_bytes())
+        let body = m.to_canonical_string();
+        if body.len() as u64 > bounded::CATALOG_LIMIT {
+            return Err(Error::CatalogTooLarge {
+                size: body.len() as u64,
+                limit: bounded::CATALOG_LIMIT,
+            });
+        }
+        self.write_file(CATALOG_FILE, body.as_bytes())
+    }
+
+    /// Store the manifest exactly as received (`raw`, which parsed as `m`): byte for byte when
+    /// it names this generation itself, so what passed the download's size limit passes the
+    /// same limit when read back; a manifest without a `generation` field is tagged instead
+    /// ([`store_catalog`](Self::store_catalog), limit checked on what is written).
+    pub fn store_catalog_bytes(&self, raw: &[u8], m: &Manifest) -> Result<()> {
+        if m.generation() == Some(self.config.generation)
+            && (raw.len() as u64) <= bounded::CATALOG_LIMIT
+        {
+            return self.write_file(CATALOG_FILE, raw);
+        }
+        self.store_catalog(m)
+    }
+
+    /// The remembered choice (`.choice.json`), if any.
+    pub fn choice(&self) -> Result<Option<Choice>> {
+        let path = self.models_dir().join(CHOICE_FILE);
+        let Some(b) = read_capped(&path, bounded::JOURNAL_LIMIT)? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| Error::CorruptState {
+                path,
+                message: e.to_string(),
+            })
+    }
+
+    pub(crate) fn store_choice(&self, c: &Choice) -> Result<()> {
+        self.write_file(
+            CHOICE_FILE,
+            &serde_json::to_vec_pretty(c).expect("serializable"),
+        )
+    }
+
+    /// `IsOnroad` as openpilot's manager sets it (persistent params); unreadable = offroad.
+    pub fn is_onroad(&self) -> bool {
+        self.params.get_bool("IsOnroad").unwrap_or(false)
     }
 
     pub fn require_catalog(&self) -> Result<Manifest> {
@@ -323,8 +382,9 @@ impl Device {
     }
 
     fn load_cache(&self) -> BTreeMap<String, CacheEntry> {
-        fs::read(self.models_dir().join(VERIFIED_FILE))
+        read_capped(&self.models_dir().join(VERIFIED_FILE), bounded::VERIFIED_LIMIT)
             .ok()
+            .flatten()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default()
     }
@@ -365,6 +425,8 @@ impl Device {
             return Ok(
                 if c.sha256 == artifact.sha256.to_hex() && c.size == artifact.size.get() {
                     VerifyState::Verified
+                } else if c.catalog_verified {
+                    VerifyState::Outdated
                 } else {
                     VerifyState::Corrupt
                 },
@@ -378,16 +440,26 @@ impl Device {
         };
         let state = match chunker::verify(&path, &expected) {
             Ok(report) => {
+                let matches = report.sha256 == artifact.sha256 && report.size == artifact.size.get();
+                // The same bytes, verified against an earlier catalog: still that verified copy.
+                let earlier = cache.get(&name).is_some_and(|c| {
+                    c.catalog_verified
+                        && c.sha256 == report.sha256.to_hex()
+                        && c.size == report.size
+                });
                 cache.insert(
                     name,
                     CacheEntry {
                         signature: sig,
                         sha256: report.sha256.to_hex(),
                         size: report.size,
+                        catalog_verified: matches || earlier,
                     },
                 );
-                if report.sha256 == artifact.sha256 && report.size == artifact.size.get() {
+                if matches {
                     VerifyState::Verified
+                } else if earlier {
+                    VerifyState::Outdated
                 } else {
                     VerifyState::Corrupt
                 }
@@ -421,6 +493,7 @@ impl Device {
                 signature,
                 sha256: sha256.to_hex(),
                 size,
+                catalog_verified: true,
             },
         );
         self.save_cache(&cache)
@@ -438,9 +511,16 @@ impl Device {
         Ok(())
     }
 
+    /// Whether the built-in chunk set is there (the one thing `resolve` cannot do without).
+    pub fn builtin_present(&self) -> bool {
+        matches!(chunker::resolve(&self.builtin_path()), Ok(Some(_)))
+    }
+
     /// The path modeld should load: the selected model when it is verified for this generation
     /// (or a `local-*` plain file), else the built-in. Never an unverified or old-generation
-    /// file: while a migration is unfinished the answer is the built-in.
+    /// file: while a migration is unfinished the answer is the built-in. A verified copy of an
+    /// earlier publish in this generation ([`VerifyState::Outdated`]) is used until the new one
+    /// verifies.
     pub fn resolve(&self) -> Result<(PathBuf, Selection)> {
         let sel = self.selection()?;
         if sel.is_builtin() || !self.is_current()? {
@@ -462,7 +542,12 @@ impl Device {
             return Ok((self.builtin_path(), Selection::builtin()));
         };
         match catalog.get(&id) {
-            Some(entry) if self.verify_entry(entry, false)? == VerifyState::Verified => {
+            Some(entry)
+                if matches!(
+                    self.verify_entry(entry, false)?,
+                    VerifyState::Verified | VerifyState::Outdated
+                ) =>
+            {
                 Ok((self.artifact_path(&id), sel))
             }
             _ => Ok((self.builtin_path(), Selection::builtin())),

@@ -33,6 +33,20 @@ pub enum Error {
     #[error("no {generation} catalog on this device yet; run `refresh` while online")]
     NoCatalog { generation: String },
 
+    #[error(
+        "the catalog would take {size} bytes on the device, over the {limit}-byte limit it is read \
+         back with; nothing was changed (the publisher must add a `generation` field to the \
+         manifest or shrink it)"
+    )]
+    CatalogTooLarge { size: u64, limit: u64 },
+
+    #[error(
+        "the built-in model is missing at {}; reinstall the openpilot checkout (or pass \
+         --builtin-dir)",
+        path.display()
+    )]
+    BuiltinMissing { path: PathBuf },
+
     #[error(transparent)]
     Download(#[from] downloader::Error),
 

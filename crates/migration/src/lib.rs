@@ -9,6 +9,8 @@
 //! It does not speak HTTP (that is `downloader`) or parse command lines (that is the
 //! `device-modeld-manager` binary).
 
+pub mod bounded;
+pub mod choice;
 pub mod contract;
 pub mod daemon;
 mod device;
@@ -16,6 +18,7 @@ pub mod effects;
 mod error;
 pub mod lock;
 mod manager;
+mod offline;
 pub mod params;
 pub mod plan;
 pub mod progress;
@@ -30,7 +33,7 @@ pub use error::{Error, Result};
 pub use lock::ManagerLock;
 pub use manager::{
     Journal, Phase, RefreshReport, download_model, downloadable, gc, install, is_builtin_id,
-    read_journal, refresh,
+    read_journal, refresh, refresh_at, unix_now,
 };
 pub use params::Params;
 pub use progress::{Progress, ProgressFn};

@@ -20,7 +20,7 @@
 //! end state is the same as an uninterrupted run. `resolve` answers the built-in while a journal
 //! exists, so modeld never loads an old-generation pickle in between.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 
 use chunker::atomic::{remove_if_exists, sync_dir};
@@ -28,6 +28,7 @@ use downloader::{CancelToken, Downloader, Event, Installed};
 use manifest::{Generation, Manifest, ModelEntry, ModelId};
 use serde::{Deserialize, Serialize};
 
+use crate::choice::{self, Fate, Slots};
 use crate::contract::{
     self, BigProfile, Catalog, ModelKind, Outcome, ProfilesRead, SelectionParams, Start, Wanted,
 };
@@ -58,12 +59,18 @@ pub struct Journal {
     /// The big profile to keep: a model id, `none` (disabled), or `None` (unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub big: Option<String>,
+    /// The user's choice as the params (or `.choice.json`) said at the start, before any
+    /// mapping: a migration started offline, without a catalog, maps it once the catalog is
+    /// there (absent in a journal of an earlier build).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<Slots>,
     pub phase: Phase,
 }
 
 impl Journal {
-    fn new(from: Option<String>, to: Generation, w: &Wanted) -> Self {
+    fn new(from: Option<String>, to: Generation, w: &Wanted, raw: &Slots) -> Self {
         Journal {
+            raw: Some(raw.clone()),
             from,
             to,
             selected: w.selection.clone(),
@@ -79,6 +86,9 @@ impl Journal {
 
     /// What the journal says to keep, under the catalog's rules.
     fn wanted(&self, catalog: &Catalog) -> Wanted {
+        if let Some(raw) = &self.raw {
+            return wanted_of(raw, catalog);
+        }
         let sel = SelectionParams {
             model: Some(self.selected.to_string()),
             driving_model: Some(self.selected.to_string()),
@@ -92,6 +102,99 @@ impl Journal {
     }
 }
 
+/// The slots as the params say them now (selection under upstream's precedence).
+pub(crate) fn param_slots(device: &Device) -> Result<Slots> {
+    let (selection, _) = contract::selected(&device.selection_params()?);
+    let p = device.profiles_read()?;
+    Ok(Slots {
+        selection: Some(selection),
+        small: p.small.map(|s| s.to_ascii_lowercase()),
+        big: p.big.map(|b| b.to_ascii_lowercase()),
+    })
+}
+
+/// What the device wants for these slots under the catalog's rules.
+pub(crate) fn wanted_of(slots: &Slots, catalog: &Catalog) -> Wanted {
+    let sel = SelectionParams {
+        model: slots.selection.clone(),
+        driving_model: slots.selection.clone(),
+        ..SelectionParams::default()
+    };
+    let profiles = ProfilesRead {
+        small: slots.small.clone(),
+        big: slots.big.clone(),
+    };
+    contract::wanted(&sel, &profiles, catalog)
+}
+
+/// What the user wants now: the params, with slots still in a fallback read from
+/// `.choice.json` (see [`choice::remember`]).
+pub(crate) fn remembered(device: &Device) -> Result<Slots> {
+    Ok(choice::remember(device.choice()?.as_ref(), &param_slots(device)?))
+}
+
+/// Seconds since the epoch (0 if the clock is before it).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Steps 1–2 of a migration (journal, built-in everywhere, purge), or where an interrupted
+/// one stands. `catalog` is the new generation's, or the offline stand-in (built-in and local
+/// models only) when no manifest could be fetched. Returns the journal (`None` on the same
+/// generation) and the purged files.
+pub(crate) fn begin_migration(
+    device: &Device,
+    catalog: &Catalog,
+) -> Result<(Option<Journal>, Vec<String>)> {
+    let generation = device.config.generation;
+    let previous = device.params.get_str(keys::MODEL_MANIFEST_VERSION)?;
+    let journal = read_journal(device)?;
+    let journal = match (
+        contract::start(
+            journal.as_ref().map(|j| j.to.to_string()).as_deref(),
+            previous.as_deref(),
+            &generation.to_string(),
+        ),
+        journal,
+    ) {
+        (Start::SameGeneration, _) => None,
+        (Start::Migrate { from }, _) => {
+            let raw = remembered(device)?;
+            let j = Journal::new(from, generation, &wanted_of(&raw, catalog), &raw);
+            write_journal(device, &j)?;
+            Some(j)
+        }
+        (Start::Resume, j) => j,
+        (Start::Retarget, Some(mut j)) => {
+            // A migration to another generation was interrupted and this build reads a
+            // different one: whatever that run downloaded is another generation's pickle, so
+            // migrate again from the purge, keeping the selection it recorded.
+            j.to = generation;
+            j.phase = Phase::Purge;
+            write_journal(device, &j)?;
+            Some(j)
+        }
+        (Start::Retarget, None) => unreachable!("retarget needs a journal"),
+    };
+    let mut purged = Vec::new();
+    if let Some(j) = &journal
+        && j.phase == Phase::Purge
+    {
+        // Before anything is deleted, point everything modeld and the UIs read at the built-in
+        // (the journal keeps what to restore): a modeld starting mid-migration then loads the
+        // built-in, never an old-generation pickle and never a file about to be purged.
+        write_contract(device, catalog, &contract::interim(&j.wanted(catalog), catalog))?;
+        purged = purge(device)?;
+        let mut j = j.clone();
+        j.phase = Phase::Download;
+        write_journal(device, &j)?;
+        return Ok((Some(j), purged));
+    }
+    Ok((journal, purged))
+}
+
 /// What a refresh did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RefreshReport {
@@ -102,6 +205,11 @@ pub struct RefreshReport {
     pub purged: Vec<String>,
     pub selected: ModelId,
     pub fell_back_to_builtin: bool,
+    /// Chosen models that could not be had this time: the built-in (or a verified older copy)
+    /// stands in and later refreshes retry them.
+    pub retrying: Vec<String>,
+    /// Chosen models absent from the catalog, dropped for good.
+    pub dropped: Vec<String>,
 }
 
 /// `rdf43` and its old alias `rdf`.
@@ -112,19 +220,18 @@ pub fn is_builtin_id(id: &str) -> bool {
 /// Read the journal, if any.
 pub fn read_journal(device: &Device) -> Result<Option<Journal>> {
     let path = device.models_dir().join(JOURNAL_FILE);
-    match fs::read(&path) {
-        Ok(b) => serde_json::from_slice(&b)
-            .map(Some)
-            .map_err(|e| Error::CorruptState {
-                path,
-                message: e.to_string(),
-            }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::Io { path, source: e }),
-    }
+    let Some(b) = crate::bounded::read_capped(&path, crate::bounded::JOURNAL_LIMIT)? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&b)
+        .map(Some)
+        .map_err(|e| Error::CorruptState {
+            path,
+            message: e.to_string(),
+        })
 }
 
-fn write_journal(device: &Device, j: &Journal) -> Result<()> {
+pub(crate) fn write_journal(device: &Device, j: &Journal) -> Result<()> {
     device.write_file(
         JOURNAL_FILE,
         &serde_json::to_vec_pretty(j).expect("serializable"),
@@ -141,82 +248,85 @@ pub fn refresh(
     cancel: &CancelToken,
     progress: ProgressFn,
 ) -> Result<RefreshReport> {
+    refresh_at(device, dl, cancel, progress, unix_now())
+}
+
+/// [`refresh`] at a given time (Unix seconds), which decides which retries are due.
+pub fn refresh_at(
+    device: &Device,
+    dl: &Downloader,
+    cancel: &CancelToken,
+    progress: ProgressFn,
+    now_unix: u64,
+) -> Result<RefreshReport> {
     device.ensure_dirs()?;
     let generation = device.config.generation;
-    let target = generation.to_string();
-    let fetched = crate::trust_state::fetch_accepted(device, dl)?;
-    device.store_catalog(&fetched.manifest)?;
+    let fetched = match crate::trust_state::fetch_accepted(device, dl) {
+        Ok(f) => f,
+        Err(e) => {
+            // Offline (or every manifest refused): a device still on another generation stops
+            // loading that generation's pickles now, not once it is online.
+            if !matches!(e, Error::Download(downloader::Error::Cancelled { .. })) {
+                crate::offline::first_boot(device)?;
+            }
+            return Err(e);
+        }
+    };
+    device.store_catalog_bytes(&fetched.raw, &fetched.manifest)?;
     let manifest = device.require_catalog()?;
     let catalog = device.device_catalog(&manifest)?;
 
-    let previous = device.params.get_str(keys::MODEL_MANIFEST_VERSION)?;
-    let journal = read_journal(device)?;
-    let wanted_now = || -> Result<Wanted> {
-        Ok(contract::wanted(
-            &device.selection_params()?,
-            &device.profiles_read()?,
-            &catalog,
-        ))
-    };
-    let journal = match (
-        contract::start(
-            journal.as_ref().map(|j| j.to.to_string()).as_deref(),
-            previous.as_deref(),
-            &target,
-        ),
-        journal,
-    ) {
-        (Start::SameGeneration, _) => None,
-        (Start::Migrate { from }, _) => {
-            let j = Journal::new(from, generation, &wanted_now()?);
-            write_journal(device, &j)?;
-            Some(j)
-        }
-        (Start::Resume, j) => j,
-        (Start::Retarget, Some(mut j)) => {
-            // A migration to another generation was interrupted and this build reads a
-            // different one: whatever that run downloaded is another generation's pickle, so
-            // migrate again from the purge, keeping the selection it recorded.
-            j.to = generation;
-            j.phase = Phase::Purge;
-            write_journal(device, &j)?;
-            Some(j)
-        }
-        (Start::Retarget, None) => unreachable!("retarget needs a journal"),
+    let (journal, purged) = begin_migration(device, &catalog)?;
+    let record = device.choice()?;
+    let slots_now = param_slots(device)?;
+    // What the user chose: the journal's record during a migration (the params say the
+    // built-in then), else the params with `.choice.json` filling slots still in a fallback.
+    let raw = match &journal {
+        Some(j) => j.raw.clone().unwrap_or_else(|| Slots {
+            selection: Some(j.selected.to_string()),
+            small: j.small.as_ref().map(ModelId::to_string),
+            big: j.big.clone(),
+        }),
+        None => choice::remember(record.as_ref(), &slots_now),
     };
     let wanted = match &journal {
         Some(j) => j.wanted(&catalog),
-        None => wanted_now()?,
+        None => wanted_of(&raw, &catalog),
     };
     let mut report = RefreshReport {
         generation,
         manifest_origin: fetched.origin,
         models: manifest.models().len(),
         migrated_from: journal.as_ref().and_then(|j| j.from.clone()),
-        purged: Vec::new(),
+        purged,
         selected: wanted.selection.clone(),
         fell_back_to_builtin: false,
+        retrying: Vec::new(),
+        dropped: Vec::new(),
     };
-    if let Some(mut j) = journal.clone()
-        && j.phase == Phase::Purge
-    {
-        // Before anything is deleted, point everything modeld and the UIs read at the built-in
-        // (the journal keeps what to restore): a modeld starting mid-migration then loads the
-        // built-in, never an old-generation pickle and never a file about to be purged.
-        write_contract(device, &catalog, &contract::interim(&wanted, &catalog))?;
-        report.purged = purge(device)?;
-        j.phase = Phase::Download;
-        write_journal(device, &j)?;
-    }
 
     // Every wanted catalog model verified (kept) or installed; what cannot be had is replaced.
     let mut ok: BTreeSet<ModelId> = BTreeSet::new();
+    let mut old_copy: BTreeSet<ModelId> = BTreeSet::new();
+    let mut failed: BTreeMap<ModelId, (bool, String)> = BTreeMap::new();
     for id in wanted.to_install() {
         let Some(entry) = manifest.get(&id) else {
             continue;
         };
-        if device.verify_entry(entry, false)? == VerifyState::Verified {
-            ok.insert(id);
+        match device.verify_entry(entry, false)? {
+            VerifyState::Verified => {
+                ok.insert(id);
+                continue;
+            }
+            VerifyState::Outdated => {
+                old_copy.insert(id.clone());
+            }
+            _ => {}
+        }
+        let retry = record.as_ref().and_then(|r| r.retry.get(id.as_str()));
+        if !choice::due(retry, now_unix) {
+            let reason = retry.map(|r| r.reason.clone()).unwrap_or_default();
+            failed.insert(id, (false, reason));
             continue;
         }
         progress(&Progress::DownloadingSelected(id.clone()));
@@ -238,18 +348,58 @@ pub fn refresh(
                 return Err(Error::Download(e));
             }
             Err(e @ Error::Io { .. }) => return Err(e),
-            Err(_) => {}
+            // Anything else (every origin refused it, a full disk): the built-in, or the
+            // verified older copy, stands in, and later refreshes retry it.
+            Err(e) => {
+                failed.insert(id, (true, e.to_string()));
+            }
         }
     }
     let available = |id: &ModelId| match contract::kind(id) {
         ModelKind::BuiltIn => true,
-        ModelKind::Catalog => ok.contains(id),
+        ModelKind::Catalog => ok.contains(id) || old_copy.contains(id),
         ModelKind::Local => device.local_present(id),
     };
-    let outcome = contract::decide(&wanted, &catalog, &available);
-    if outcome.fell_back {
-        progress(&Progress::SelectedUnavailable);
+    let mut fates: BTreeMap<ModelId, Fate> = BTreeMap::new();
+    for id in wanted.all() {
+        let f = choice::fate(
+            &id,
+            &catalog,
+            available(&id),
+            old_copy.contains(&id),
+            failed.get(&id).cloned(),
+        );
+        fates.insert(id, f);
     }
+    let mut outcome = contract::decide(&wanted, &catalog, &available);
+    if device.is_onroad() {
+        outcome = choice::hold_onroad(outcome, &slots_now, record.as_ref(), &catalog);
+    }
+    for (id, f) in &fates {
+        match f {
+            Fate::Temporary { .. } | Fate::OldCopyInUse { .. } => report.retrying.push(id.to_string()),
+            Fate::Dropped => report.dropped.push(id.to_string()),
+            Fate::Ok => {}
+        }
+    }
+    match fates.get(&wanted.selection) {
+        Some(Fate::Dropped) => progress(&Progress::SelectedUnavailable),
+        Some(Fate::Temporary { .. }) => progress(&Progress::SelectedRetrying),
+        Some(Fate::OldCopyInUse { .. }) => progress(&Progress::UpdateRetrying),
+        _ if outcome.fell_back => progress(&Progress::SelectedUnavailable),
+        _ => {}
+    }
+    // The choice first: a crash before the params are written then reads them as the user's
+    // (unchanged) choice, never as a fallback to keep.
+    let written = choice::written_slots(&outcome);
+    device.store_choice(&choice::after_refresh(
+        record.as_ref(),
+        &raw,
+        &wanted,
+        &fates,
+        &written,
+        now_unix,
+    ))?;
     write_contract(device, &catalog, &outcome)?;
     report.selected = outcome.selection.id.clone();
     report.fell_back_to_builtin = outcome.fell_back;
@@ -264,7 +414,7 @@ pub fn refresh(
 }
 
 /// Write what modeld and the UIs read: selection and profile params, catalog params, caches.
-fn write_contract(device: &Device, catalog: &Catalog, outcome: &Outcome) -> Result<()> {
+pub(crate) fn write_contract(device: &Device, catalog: &Catalog, outcome: &Outcome) -> Result<()> {
     for (key, value) in contract::selection_writes(outcome) {
         match value {
             Some(v) => device.params.put(key, &v)?,
@@ -299,10 +449,13 @@ pub fn install(
     cancel: &CancelToken,
     progress: ProgressFn,
 ) -> Result<Option<Installed>> {
-    if device.verify_entry(entry, false)? == VerifyState::Verified {
-        return Ok(None);
+    match device.verify_entry(entry, false)? {
+        VerifyState::Verified => return Ok(None),
+        // A verified copy of an earlier publish stays (and stays on record) until the new
+        // bytes are installed over it.
+        VerifyState::Outdated => {}
+        _ => device.forget(entry.id())?,
     }
-    device.forget(entry.id())?;
     let percent = PercentFilter::default();
     let on_event = |e: Event| match e {
         Event::Progress { done, total } => {

@@ -4,11 +4,11 @@
 //! new one, never a torn one.
 
 use std::fs;
-use std::io;
 use std::path::{Path, PathBuf};
 
 use chunker::atomic::{remove_if_exists, sync_dir, write_atomic};
 
+use crate::bounded::{PARAM_LIMIT, read_capped};
 use crate::effects::Effects;
 use crate::error::{Error, IoContext, Result};
 
@@ -78,15 +78,13 @@ impl Params {
         self.dir.join(key)
     }
 
-    /// The value, with a trailing NUL or newline left as written; `None` when unset.
+    /// The value, with a trailing NUL or newline left as written; `None` when unset. A value
+    /// over [`PARAM_LIMIT`](crate::bounded::PARAM_LIMIT) bytes (or a param path that is not a
+    /// regular file) is an error naming the path; it is never read whole.
     pub fn get(&self, key: &str) -> Result<Option<String>> {
         check_key(key)?;
         let path = self.path(key);
-        match fs::read(&path) {
-            Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::Io { path, source: e }),
-        }
+        Ok(read_capped(&path, PARAM_LIMIT)?.map(|b| String::from_utf8_lossy(&b).into_owned()))
     }
 
     /// The value with surrounding whitespace trimmed; `None` when unset or empty.
@@ -106,7 +104,8 @@ impl Params {
 
     pub fn put(&self, key: &str, value: &str) -> Result<()> {
         check_key(key)?;
-        if self.get(key)?.as_deref() == Some(value) {
+        // An unreadable or oversized old value is simply replaced.
+        if self.get(key).ok().flatten().as_deref() == Some(value) {
             return Ok(()); // spare the flash a rewrite
         }
         fs::create_dir_all(&self.dir).ctx(&self.dir)?;
@@ -144,5 +143,18 @@ mod tests {
         assert_eq!(p.get("Model").unwrap(), None);
         assert!(matches!(p.put("../x", "1"), Err(Error::BadParamKey { .. })));
         assert_eq!(fs::read_dir(dir.path().join("d")).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn an_oversized_param_is_refused_without_reading_it_and_can_be_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Params::new(dir.path().join("d"));
+        fs::create_dir_all(p.dir()).unwrap();
+        let f = fs::File::create(p.path("Model")).unwrap();
+        f.set_len(PARAM_LIMIT + 1).unwrap(); // sparse: no disk used
+        let e = p.get("Model").unwrap_err();
+        assert!(matches!(e, Error::CorruptState { .. }), "{e}");
+        p.put("Model", "pop223").unwrap();
+        assert_eq!(p.get_str("Model").unwrap().as_deref(), Some("pop223"));
     }
 }

@@ -29,6 +29,13 @@ pub enum Progress {
     Offline,
     /// `"Selected model unavailable; using built-in model."`.
     SelectedUnavailable,
+    /// `"Selected model download failed; using built-in model until it downloads."`: a
+    /// temporary fallback (the model is in the catalog; later refreshes retry it).
+    SelectedRetrying,
+    /// `"Model update download failed; using the installed version until it downloads."`: the
+    /// catalog republished the selected model, the new bytes could not be had yet, and the
+    /// verified older copy stays in use.
+    UpdateRetrying,
     /// `"Download failed: <reason>"`.
     Failed(String),
     /// `"Model list refused: <why>"`: the manifest was not signed as the trusted keys require
@@ -54,6 +61,12 @@ impl fmt::Display for Progress {
             Progress::SelectedUnavailable => {
                 f.write_str("Selected model unavailable; using built-in model.")
             }
+            Progress::SelectedRetrying => f.write_str(
+                "Selected model download failed; using built-in model until it downloads.",
+            ),
+            Progress::UpdateRetrying => f.write_str(
+                "Model update download failed; using the installed version until it downloads.",
+            ),
             Progress::Failed(reason) => write!(f, "Download failed: {reason}"),
             Progress::ManifestRefused(text) => f.write_str(text),
         }
@@ -96,6 +109,14 @@ mod tests {
             (
                 Progress::SelectedUnavailable,
                 "Selected model unavailable; using built-in model.",
+            ),
+            (
+                Progress::SelectedRetrying,
+                "Selected model download failed; using built-in model until it downloads.",
+            ),
+            (
+                Progress::UpdateRetrying,
+                "Model update download failed; using the installed version until it downloads.",
             ),
             (Progress::Failed("x".into()), "Download failed: x"),
         ] {

@@ -28,6 +28,37 @@ pub struct ResolveReport {
     pub name: String,
     pub version: String,
     pub builtin: bool,
+    /// Why the built-in was answered although something else may be selected: a param or state
+    /// file could not be read (`resolve` answers the built-in when in doubt).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub doubt: Option<String>,
+}
+
+/// A chosen model that cannot be had right now, as `status` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PendingModel {
+    pub id: String,
+    /// `temporary`: the built-in stands in; `update`: a verified older copy stands in.
+    pub case: PendingCase,
+    pub failures: u32,
+    /// Unix seconds of the next attempt.
+    pub next_retry: u64,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PendingCase {
+    Temporary,
+    Update,
+}
+
+/// The fallback state: what the user chose, what is retried, what was dropped for good.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FallbackReport {
+    pub chosen: crate::choice::Slots,
+    pub pending: Vec<PendingModel>,
+    pub dropped: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -47,6 +78,8 @@ pub struct StatusReport {
     pub installed: Vec<InstalledModel>,
     pub free_bytes: Option<u64>,
     pub interrupted_migration: Option<Journal>,
+    /// From `.choice.json`; `None` before the first refresh of this build.
+    pub fallback: Option<FallbackReport>,
 }
 
 /// `verify`.
@@ -82,16 +115,70 @@ fn model_ref(device: &Device, id: &str) -> Result<ModelRef> {
     })
 }
 
+/// What modeld should load. Always an answer: anything that cannot be read (an oversized or
+/// unreadable param, a corrupt state file) makes it the built-in, with the reason in `doubt`.
+/// The only error is a missing built-in ([`Error::BuiltinMissing`]).
 pub fn resolve(device: &Device) -> Result<ResolveReport> {
-    let (path, sel) = device.resolve()?;
-    let r = model_ref(device, &sel.id)?;
+    let builtin = || {
+        let n = contract::Named::builtin(&contract::Catalog::default());
+        (n.id.to_string(), n.name, n.version)
+    };
+    let (path, sel, doubt) = match device.resolve() {
+        Ok((path, sel)) => (path, sel, None),
+        Err(e) => (
+            device.builtin_path(),
+            crate::device::Selection::builtin(),
+            Some(e.to_string()),
+        ),
+    };
+    if sel.is_builtin() && !device.builtin_present() {
+        return Err(Error::BuiltinMissing {
+            path: device.builtin_path(),
+        });
+    }
+    let (id, name, version) = match model_ref(device, &sel.id) {
+        Ok(r) => (r.id, r.name, r.version),
+        Err(_) if sel.is_builtin() => builtin(),
+        Err(_) => (sel.id.clone(), sel.name.clone(), sel.version.clone()),
+    };
     Ok(ResolveReport {
         path,
         builtin: sel.is_builtin(),
-        id: r.id,
-        name: r.name,
-        version: r.version,
+        id,
+        name,
+        version,
+        doubt,
     })
+}
+
+fn fallback(device: &Device, catalog: Option<&manifest::Manifest>) -> Result<Option<FallbackReport>> {
+    let Some(c) = device.choice()? else {
+        return Ok(None);
+    };
+    let mut pending = Vec::new();
+    for (id, r) in &c.retry {
+        let case = match (catalog, id.parse::<ModelId>()) {
+            (Some(m), Ok(mid)) => match m.get(&mid) {
+                Some(e) if device.verify_entry(e, false)? == VerifyState::Outdated => {
+                    PendingCase::Update
+                }
+                _ => PendingCase::Temporary,
+            },
+            _ => PendingCase::Temporary,
+        };
+        pending.push(PendingModel {
+            id: id.clone(),
+            case,
+            failures: r.failures,
+            next_retry: r.next_unix,
+            reason: r.reason.clone(),
+        });
+    }
+    Ok(Some(FallbackReport {
+        chosen: c.wanted,
+        pending,
+        dropped: c.dropped.into_iter().collect(),
+    }))
 }
 
 pub fn status(device: &Device) -> Result<StatusReport> {
@@ -122,6 +209,7 @@ pub fn status(device: &Device) -> Result<StatusReport> {
         catalog_models: catalog.as_ref().map(|c| c.models().len()),
         installed,
         free_bytes: downloader::space::available_bytes(&device.models_dir()).ok(),
+        fallback: fallback(device, catalog.as_ref())?,
         interrupted_migration: journal,
     })
 }

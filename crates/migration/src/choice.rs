@@ -1,0 +1,393 @@
+//! The user's choice, remembered apart from the params modeld reads (`<models>/.choice.json`).
+//!
+//! The UI writes the user's pick into the selection and profile params; modeld reads the same
+//! params. When a chosen model cannot be had, the manager points those params at the built-in,
+//! and this record keeps what the user chose, so the fallback is temporary: every later refresh
+//! retries the model (with [`backoff`]) and switches back once it verified, offroad. Only a model
+//! absent from the catalog is dropped for good.
+//!
+//! How a pick is told from a fallback: the record also holds what the manager last *wrote* to
+//! each slot. A slot whose param still says what we wrote is unchanged by the user, so the
+//! remembered choice stands; a slot that says anything else is a new pick. Each slot (selection,
+//! small profile, big profile) is judged on its own, so a crash between two param writes cannot
+//! turn half a fallback into a "pick".
+//!
+//! The decisions are pure functions over typed values (table tests below); `manager.rs` does
+//! the reading and writing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use manifest::ModelId;
+use serde::{Deserialize, Serialize};
+
+use crate::contract::{self, BigOutcome, BigProfile, Catalog, ModelKind, Outcome, Wanted};
+
+/// The record's file in the models dir.
+pub const CHOICE_FILE: &str = ".choice.json";
+
+/// The first retry waits this long after a failure; each further failure doubles it.
+pub const BACKOFF_BASE: Duration = Duration::from_secs(5 * 60);
+/// The longest wait between two retries.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(6 * 60 * 60);
+
+/// The three slots a user chooses, as the params name them (ids, lower-cased; `None` unset).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Slots {
+    pub selection: Option<String>,
+    #[serde(default)]
+    pub small: Option<String>,
+    #[serde(default)]
+    pub big: Option<String>,
+}
+
+/// A chosen model that could not be had, and when it is tried again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retry {
+    pub failures: u32,
+    /// Unix seconds; a refresh before then does not download it.
+    pub next_unix: u64,
+    /// Why the last attempt failed (for `status`).
+    pub reason: String,
+}
+
+/// `.choice.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Choice {
+    /// What the user chose.
+    pub wanted: Slots,
+    /// What this manager last wrote to the params, slot by slot.
+    pub written: Slots,
+    /// Chosen catalog models that could not be had (or whose newer version could not), by id.
+    #[serde(default)]
+    pub retry: BTreeMap<String, Retry>,
+    /// Models dropped for good at the last refresh that dropped any (absent from the catalog).
+    #[serde(default)]
+    pub dropped: BTreeSet<String>,
+}
+
+/// What the user wants now: per slot, the remembered choice while the param still says what we
+/// wrote, else the param (a new pick). Without a record, the params are the choice.
+pub fn remember(record: Option<&Choice>, params: &Slots) -> Slots {
+    let Some(r) = record else {
+        return params.clone();
+    };
+    let pick = |now: &Option<String>, written: &Option<String>, wanted: &Option<String>| {
+        if now == written {
+            wanted.clone()
+        } else {
+            now.clone()
+        }
+    };
+    Slots {
+        selection: pick(&params.selection, &r.written.selection, &r.wanted.selection),
+        small: pick(&params.small, &r.written.small, &r.wanted.small),
+        big: pick(&params.big, &r.written.big, &r.wanted.big),
+    }
+}
+
+/// The wait before retry number `failures + 1`: 5 min, 10 min, 20 min, … at most 6 h.
+pub fn backoff(failures: u32) -> Duration {
+    let factor = 1u32 << failures.saturating_sub(1).min(16);
+    BACKOFF_BASE.saturating_mul(factor).min(BACKOFF_MAX)
+}
+
+/// Whether a refresh at `now_unix` may try to download a model with this retry state.
+pub fn due(retry: Option<&Retry>, now_unix: u64) -> bool {
+    retry.is_none_or(|r| now_unix >= r.next_unix)
+}
+
+/// What became of one wanted model in a refresh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fate {
+    /// Verified for the catalog's digest (or built-in, or a present local model).
+    Ok,
+    /// A verified copy of an earlier publish in this generation is in use; the catalog's newer
+    /// bytes could not be had yet and are retried.
+    OldCopyInUse { attempted: bool, reason: String },
+    /// In the catalog but could not be had: the built-in stands in, and it is retried.
+    Temporary { attempted: bool, reason: String },
+    /// Not in the catalog: dropped for good.
+    Dropped,
+}
+
+/// The fate of a wanted model: `available` after the installs, `old_copy` when a verified copy
+/// of an earlier publish is there, `failure` the reason this refresh could not install it
+/// (`attempted` false when the backoff skipped the download).
+pub fn fate(
+    id: &ModelId,
+    catalog: &Catalog,
+    available: bool,
+    old_copy: bool,
+    failure: Option<(bool, String)>,
+) -> Fate {
+    if contract::kind(id) == ModelKind::BuiltIn {
+        return Fate::Ok;
+    }
+    if !catalog.contains(id) {
+        return Fate::Dropped;
+    }
+    match (available, old_copy, failure) {
+        (true, _, None) => Fate::Ok,
+        (_, true, Some((attempted, reason))) => Fate::OldCopyInUse { attempted, reason },
+        (true, false, Some(_)) => Fate::Ok,
+        (false, _, f) => {
+            let (attempted, reason) = f.unwrap_or((false, "not installed".into()));
+            Fate::Temporary { attempted, reason }
+        }
+    }
+}
+
+/// The slots as written by `o` (ids; the big profile `none` when disabled, `None` when unset).
+pub fn written_slots(o: &Outcome) -> Slots {
+    Slots {
+        selection: Some(o.selection.id.to_string()),
+        small: Some(o.small.id.to_string()),
+        big: match &o.big {
+            BigOutcome::Unset => None,
+            BigOutcome::Disabled => Some(contract::BIG_DISABLED.to_string()),
+            BigOutcome::Model(n) => Some(n.id.to_string()),
+        },
+    }
+}
+
+/// The record after a refresh: a slot whose model was dropped for good takes what was written
+/// (the fallback becomes the choice); every other slot keeps the user's choice. Retries: a
+/// model whose download failed this time counts one more failure and waits [`backoff`]; one the
+/// backoff skipped keeps its schedule; a model that is fine or dropped, or no longer wanted,
+/// leaves the list.
+pub fn after_refresh(
+    prev: Option<&Choice>,
+    wanted_slots: &Slots,
+    wanted: &Wanted,
+    fates: &BTreeMap<ModelId, Fate>,
+    written: &Slots,
+    now_unix: u64,
+) -> Choice {
+    let dropped = |id: &ModelId| matches!(fates.get(id), Some(Fate::Dropped));
+    let mut slots = wanted_slots.clone();
+    if dropped(&wanted.selection) {
+        slots.selection = written.selection.clone();
+    }
+    if dropped(&wanted.profiles.small) {
+        slots.small = written.small.clone();
+    }
+    if let BigProfile::Model(b) = &wanted.profiles.big
+        && dropped(b)
+    {
+        slots.big = written.big.clone();
+    }
+    let mut retry = BTreeMap::new();
+    for (id, f) in fates {
+        let (attempted, reason) = match f {
+            Fate::Temporary { attempted, reason } | Fate::OldCopyInUse { attempted, reason } => {
+                (*attempted, reason)
+            }
+            Fate::Ok | Fate::Dropped => continue,
+        };
+        let before = prev.and_then(|p| p.retry.get(id.as_str()));
+        let r = match (attempted, before) {
+            (false, Some(b)) => b.clone(),
+            _ => {
+                let failures = before.map_or(0, |b| b.failures).saturating_add(1);
+                Retry {
+                    failures,
+                    next_unix: now_unix.saturating_add(backoff(failures).as_secs()),
+                    reason: reason.clone(),
+                }
+            }
+        };
+        retry.insert(id.to_string(), r);
+    }
+    let newly_dropped: BTreeSet<String> = fates
+        .iter()
+        .filter(|(_, f)| **f == Fate::Dropped)
+        .map(|(id, _)| id.to_string())
+        .collect();
+    Choice {
+        wanted: slots,
+        written: written.clone(),
+        retry,
+        dropped: if newly_dropped.is_empty() {
+            prev.map(|p| p.dropped.clone()).unwrap_or_default()
+        } else {
+            newly_dropped
+        },
+    }
+}
+
+/// While the car is onroad, a refresh does not move a slot from its stand-in back to the chosen
+/// model (modeld would pick the change up mid-drive on its next start); the switch waits for the
+/// first refresh offroad. Falling back (to the built-in) is never held: a model that is not
+/// there must not be named.
+pub fn hold_onroad(next: Outcome, current: &Slots, record: Option<&Choice>, catalog: &Catalog) -> Outcome {
+    let Some(r) = record else { return next };
+    let in_fallback = |w: &Option<String>, cur: &Option<String>| w != cur;
+    let mut o = next;
+    let builtin = contract::Named::builtin(catalog);
+    if in_fallback(&r.wanted.selection, &r.written.selection)
+        && current.selection.as_deref() == Some(builtin.id.as_str())
+        && o.selection.id != builtin.id
+    {
+        o.selection = builtin.clone();
+    }
+    if in_fallback(&r.wanted.small, &r.written.small)
+        && current.small.as_deref() == Some(builtin.id.as_str())
+        && o.small.id != builtin.id
+    {
+        o.small = builtin.clone();
+    }
+    if in_fallback(&r.wanted.big, &r.written.big)
+        && current.big.is_none()
+        && matches!(o.big, BigOutcome::Model(_))
+    {
+        o.big = BigOutcome::Unset;
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::{ProfilesRead, SelectionParams};
+    use manifest::Manifest;
+    use serde_json::json;
+
+    fn s(sel: &str, small: Option<&str>, big: Option<&str>) -> Slots {
+        Slots {
+            selection: Some(sel.into()),
+            small: small.map(String::from),
+            big: big.map(String::from),
+        }
+    }
+
+    fn id(x: &str) -> ModelId {
+        x.parse().unwrap()
+    }
+
+    fn catalog() -> Catalog {
+        let m = Manifest::from_value(json!({"models": [
+            {"id": "rdf43", "name": "RDF", "version": "v15"},
+            {"id": "pop223", "name": "Pop", "version": "v16"},
+            {"id": "big1", "name": "Big", "version": "v16", "uses_external_gpu": true},
+        ]}))
+        .unwrap();
+        Catalog::new(&m, &[])
+    }
+
+    #[test]
+    fn a_slot_still_saying_what_we_wrote_keeps_the_choice_any_other_value_is_a_pick() {
+        let rec = Choice {
+            wanted: s("pop223", Some("pop223"), Some("big1")),
+            written: s("rdf43", Some("rdf43"), None),
+            ..Choice::default()
+        };
+        for (params, want) in [
+            // Untouched fallback: the choice stands.
+            (s("rdf43", Some("rdf43"), None), s("pop223", Some("pop223"), Some("big1"))),
+            // A crash between writes: the selection written, the small profile not yet.
+            (s("rdf43", Some("pop223"), Some("big1")), s("pop223", Some("pop223"), Some("big1"))),
+            // The user picked another model: that is the choice now.
+            (s("tr14223", Some("rdf43"), None), s("tr14223", Some("pop223"), Some("big1"))),
+            // The user disabled the big profile.
+            (s("rdf43", Some("rdf43"), Some("none")), s("pop223", Some("pop223"), Some("none"))),
+        ] {
+            assert_eq!(remember(Some(&rec), &params), want, "{params:?}");
+        }
+        let p = s("pop223", None, None);
+        assert_eq!(remember(None, &p), p);
+    }
+
+    #[test]
+    fn backoff_doubles_from_five_minutes_to_six_hours() {
+        let mins: Vec<u64> = [1, 2, 3, 4, 5, 6, 7, 8, 40].map(|f| backoff(f).as_secs() / 60).into();
+        assert_eq!(mins, [5, 10, 20, 40, 80, 160, 320, 360, 360]);
+        let r = Retry { failures: 1, next_unix: 100, reason: String::new() };
+        assert!(!due(Some(&r), 99));
+        assert!(due(Some(&r), 100));
+        assert!(due(None, 0));
+    }
+
+    #[test]
+    fn fates_table() {
+        let c = catalog();
+        let fail = || Some((true, "404".to_string()));
+        for (m, avail, old, failure, want) in [
+            ("rdf43", false, false, None, Fate::Ok),
+            ("pop223", true, false, None, Fate::Ok),
+            ("gone", false, false, fail(), Fate::Dropped),
+            ("pop223", false, false, fail(), Fate::Temporary { attempted: true, reason: "404".into() }),
+            ("pop223", true, true, fail(), Fate::OldCopyInUse { attempted: true, reason: "404".into() }),
+            ("pop223", false, false, None, Fate::Temporary { attempted: false, reason: "not installed".into() }),
+        ] {
+            assert_eq!(fate(&id(m), &c, avail, old, failure.clone()), want, "{m} {avail} {old} {failure:?}");
+        }
+    }
+
+    #[test]
+    fn after_a_refresh_temporary_failures_are_retried_and_absent_models_dropped() {
+        let c = catalog();
+        let wanted_slots = s("pop223", None, Some("gone"));
+        let w = contract::wanted(
+            &SelectionParams { model: Some("pop223".into()), driving_model: Some("pop223".into()), ..Default::default() },
+            &ProfilesRead { small: None, big: Some("gone".into()) },
+            &c,
+        );
+        let written = s("rdf43", Some("rdf43"), None);
+        let mut fates = BTreeMap::new();
+        fates.insert(id("pop223"), Fate::Temporary { attempted: true, reason: "404".into() });
+        fates.insert(id("gone"), Fate::Dropped);
+        let r1 = after_refresh(None, &wanted_slots, &w, &fates, &written, 1000);
+        assert_eq!(r1.wanted, s("pop223", None, None), "gone dropped for good, pop223 kept");
+        assert_eq!(r1.retry["pop223"], Retry { failures: 1, next_unix: 1300, reason: "404".into() });
+        assert_eq!(r1.dropped, BTreeSet::from(["gone".to_string()]));
+
+        // Skipped by the backoff: the schedule stays. Tried and failed again: doubled.
+        fates.insert(id("pop223"), Fate::Temporary { attempted: false, reason: "x".into() });
+        let r2 = after_refresh(Some(&r1), &r1.wanted, &w, &fates, &written, 1100);
+        assert_eq!(r2.retry["pop223"], r1.retry["pop223"]);
+        fates.insert(id("pop223"), Fate::Temporary { attempted: true, reason: "503".into() });
+        let r3 = after_refresh(Some(&r2), &r2.wanted, &w, &fates, &written, 1300);
+        assert_eq!(r3.retry["pop223"], Retry { failures: 2, next_unix: 1900, reason: "503".into() });
+
+        // Verified at last: the retry is gone, the choice unchanged.
+        fates.insert(id("pop223"), Fate::Ok);
+        fates.remove(&id("gone"));
+        let r4 = after_refresh(Some(&r3), &r3.wanted, &w, &fates, &s("pop223", Some("pop223"), None), 2000);
+        assert!(r4.retry.is_empty());
+        assert_eq!(r4.wanted, s("pop223", None, None));
+        assert_eq!(r4.dropped, r1.dropped, "the last drop stays on record");
+    }
+
+    #[test]
+    fn onroad_a_switch_back_waits_but_a_fallback_does_not() {
+        let c = catalog();
+        let rec = Choice {
+            wanted: s("pop223", None, None),
+            written: s("rdf43", Some("rdf43"), None),
+            ..Choice::default()
+        };
+        let pop = Outcome {
+            selection: c.named(&id("pop223")),
+            small: c.named(&id("pop223")),
+            big: BigOutcome::Unset,
+            fell_back: false,
+        };
+        let current = s("rdf43", Some("rdf43"), None);
+        let held = hold_onroad(pop.clone(), &current, Some(&rec), &c);
+        assert_eq!(held.selection.id.as_str(), "rdf43");
+        assert_eq!(held.small.id.as_str(), "rdf43");
+        // Not in a fallback (a plain pick): nothing is held.
+        let plain = Choice { wanted: current.clone(), written: current.clone(), ..Choice::default() };
+        assert_eq!(hold_onroad(pop.clone(), &current, Some(&plain), &c), pop);
+        // Falling back is never held.
+        let builtin = Outcome {
+            selection: contract::Named::builtin(&c),
+            small: contract::Named::builtin(&c),
+            big: BigOutcome::Unset,
+            fell_back: true,
+        };
+        let on_pop = s("pop223", Some("pop223"), None);
+        assert_eq!(hold_onroad(builtin.clone(), &on_pop, Some(&rec), &c), builtin);
+    }
+}

@@ -1,0 +1,33 @@
+//! The offline first boot: a build of another generation than the device's, started with no
+//! network. The device must not keep loading the old generation's pickles until it is online, so
+//! the migration's first steps run without a manifest: the choice is journaled, everything
+//! modeld and the UIs read points at the built-in (listed with the local models, the only ones
+//! known without a catalog), and the old generation's driving artifacts are purged. Once a
+//! manifest is fetched, `refresh` resumes the journal at its download phase and installs the
+//! user's model.
+
+use manifest::{Manifest, layout};
+use serde_json::json;
+
+use crate::contract::Catalog;
+use crate::device::Device;
+use crate::error::Result;
+use crate::manager::begin_migration;
+
+/// The catalog a device knows without a manifest: the built-in and its local models.
+pub(crate) fn offline_catalog(device: &Device) -> Result<Catalog> {
+    let builtin = Manifest::from_value(json!({"models": [{
+        "id": layout::BUILTIN_MODEL_ID,
+        "name": layout::BUILTIN_MODEL_NAME,
+        "version": layout::BUILTIN_MODEL_VERSION.to_string(),
+    }]}))?;
+    device.device_catalog(&builtin)
+}
+
+/// Run the migration's journal and purge steps without a manifest when the device is not on
+/// this build's generation (nothing on the same generation). Returns the purged files.
+pub(crate) fn first_boot(device: &Device) -> Result<Vec<String>> {
+    let catalog = offline_catalog(device)?;
+    let (_, purged) = begin_migration(device, &catalog)?;
+    Ok(purged)
+}
