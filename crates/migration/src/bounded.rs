@@ -85,7 +85,10 @@ mod tests {
         assert_eq!(read_capped(&p, 4).unwrap().as_deref(), Some(&b"1234"[..]));
         std::fs::write(&p, b"12345").unwrap();
         let e = read_capped(&p, 4).unwrap_err().to_string();
-        assert!(e.contains("over the 4-byte limit") && e.contains("/x"), "{e}");
+        assert!(
+            e.contains("over the 4-byte limit") && e.contains("/x"),
+            "{e}"
+        );
         // A FIFO would block a plain read forever; here it is refused at once.
         let fifo = d.path().join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();

@@ -64,6 +64,10 @@ pub struct Choice {
     /// Models dropped for good at the last refresh that dropped any (absent from the catalog).
     #[serde(default)]
     pub dropped: BTreeSet<String>,
+    /// Set while the params are being rewritten: what they are about to say. A slot saying
+    /// this is ours too (see [`staged`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<Slots>,
 }
 
 /// What the user wants now: per slot, the remembered choice while the param still says what we
@@ -72,17 +76,49 @@ pub fn remember(record: Option<&Choice>, params: &Slots) -> Slots {
     let Some(r) = record else {
         return params.clone();
     };
-    let pick = |now: &Option<String>, written: &Option<String>, wanted: &Option<String>| {
-        if now == written {
+    let pending = r.pending.as_ref();
+    let pick = |now: &Option<String>,
+                written: &Option<String>,
+                pending: Option<&Option<String>>,
+                wanted: &Option<String>| {
+        if now == written || pending == Some(now) {
             wanted.clone()
         } else {
             now.clone()
         }
     };
     Slots {
-        selection: pick(&params.selection, &r.written.selection, &r.wanted.selection),
-        small: pick(&params.small, &r.written.small, &r.wanted.small),
-        big: pick(&params.big, &r.written.big, &r.wanted.big),
+        selection: pick(
+            &params.selection,
+            &r.written.selection,
+            pending.map(|p| &p.selection),
+            &r.wanted.selection,
+        ),
+        small: pick(
+            &params.small,
+            &r.written.small,
+            pending.map(|p| &p.small),
+            &r.wanted.small,
+        ),
+        big: pick(
+            &params.big,
+            &r.written.big,
+            pending.map(|p| &p.big),
+            &r.wanted.big,
+        ),
+    }
+}
+
+/// The record to store before the params are rewritten towards `next` (the record to store
+/// after): the new choice, with `written` the params as this refresh read them and `pending`
+/// what they are about to say. A crash anywhere between the two stores leaves every slot at
+/// one of those two values, both read as "ours", so the choice survives (a fallback, and a
+/// switch back, in either direction).
+pub fn staged(next: &Choice, params_before: &Slots) -> Choice {
+    Choice {
+        written: params_before.clone(),
+        pending: Some(next.written.clone()),
+        ..next.clone()
     }
 }
 
@@ -213,6 +249,7 @@ pub fn after_refresh(
         } else {
             newly_dropped
         },
+        pending: None,
     }
 }
 
@@ -220,7 +257,12 @@ pub fn after_refresh(
 /// model (modeld would pick the change up mid-drive on its next start); the switch waits for the
 /// first refresh offroad. Falling back (to the built-in) is never held: a model that is not
 /// there must not be named.
-pub fn hold_onroad(next: Outcome, current: &Slots, record: Option<&Choice>, catalog: &Catalog) -> Outcome {
+pub fn hold_onroad(
+    next: Outcome,
+    current: &Slots,
+    record: Option<&Choice>,
+    catalog: &Catalog,
+) -> Outcome {
     let Some(r) = record else { return next };
     let in_fallback = |w: &Option<String>, cur: &Option<String>| w != cur;
     let mut o = next;
@@ -284,25 +326,66 @@ mod tests {
         };
         for (params, want) in [
             // Untouched fallback: the choice stands.
-            (s("rdf43", Some("rdf43"), None), s("pop223", Some("pop223"), Some("big1"))),
+            (
+                s("rdf43", Some("rdf43"), None),
+                s("pop223", Some("pop223"), Some("big1")),
+            ),
             // A crash between writes: the selection written, the small profile not yet.
-            (s("rdf43", Some("pop223"), Some("big1")), s("pop223", Some("pop223"), Some("big1"))),
+            (
+                s("rdf43", Some("pop223"), Some("big1")),
+                s("pop223", Some("pop223"), Some("big1")),
+            ),
             // The user picked another model: that is the choice now.
-            (s("tr14223", Some("rdf43"), None), s("tr14223", Some("pop223"), Some("big1"))),
+            (
+                s("tr14223", Some("rdf43"), None),
+                s("tr14223", Some("pop223"), Some("big1")),
+            ),
             // The user disabled the big profile.
-            (s("rdf43", Some("rdf43"), Some("none")), s("pop223", Some("pop223"), Some("none"))),
+            (
+                s("rdf43", Some("rdf43"), Some("none")),
+                s("pop223", Some("pop223"), Some("none")),
+            ),
         ] {
             assert_eq!(remember(Some(&rec), &params), want, "{params:?}");
         }
         let p = s("pop223", None, None);
         assert_eq!(remember(None, &p), p);
+
+        // Switching back from the built-in: the staged record is stored before the params.
+        let next = Choice {
+            wanted: s("pop223", None, None),
+            written: s("pop223", Some("pop223"), None),
+            ..Choice::default()
+        };
+        let before = s("rdf43", Some("rdf43"), None);
+        let st = staged(&next, &before);
+        for params in [
+            before.clone(),                    // crashed before any param write
+            s("pop223", Some("rdf43"), None),  // between two writes
+            s("pop223", Some("pop223"), None), // after the last write
+        ] {
+            assert_eq!(remember(Some(&st), &params), next.wanted, "{params:?}");
+        }
+        // A pick of a third model is still a pick.
+        assert_eq!(
+            remember(Some(&st), &s("tr14223", Some("rdf43"), None))
+                .selection
+                .as_deref(),
+            Some("tr14223")
+        );
     }
 
     #[test]
     fn backoff_doubles_from_five_minutes_to_six_hours() {
-        let mins: Vec<u64> = [1, 2, 3, 4, 5, 6, 7, 8, 40].map(|f| backoff(f).as_secs() / 60).into();
+        let mins: Vec<u64> = [1, 2, 3, 4, 5, 6, 7, 8, 40]
+            .map(|f| backoff(f).as_secs() / 60)
+            .into();
         assert_eq!(mins, [5, 10, 20, 40, 80, 160, 320, 360, 360]);
-        let r = Retry { failures: 1, next_unix: 100, reason: String::new() };
+        let r = Retry {
+            failures: 1,
+            next_unix: 100,
+            reason: String::new(),
+        };
         assert!(!due(Some(&r), 99));
         assert!(due(Some(&r), 100));
         assert!(due(None, 0));
@@ -316,11 +399,42 @@ mod tests {
             ("rdf43", false, false, None, Fate::Ok),
             ("pop223", true, false, None, Fate::Ok),
             ("gone", false, false, fail(), Fate::Dropped),
-            ("pop223", false, false, fail(), Fate::Temporary { attempted: true, reason: "404".into() }),
-            ("pop223", true, true, fail(), Fate::OldCopyInUse { attempted: true, reason: "404".into() }),
-            ("pop223", false, false, None, Fate::Temporary { attempted: false, reason: "not installed".into() }),
+            (
+                "pop223",
+                false,
+                false,
+                fail(),
+                Fate::Temporary {
+                    attempted: true,
+                    reason: "404".into(),
+                },
+            ),
+            (
+                "pop223",
+                true,
+                true,
+                fail(),
+                Fate::OldCopyInUse {
+                    attempted: true,
+                    reason: "404".into(),
+                },
+            ),
+            (
+                "pop223",
+                false,
+                false,
+                None,
+                Fate::Temporary {
+                    attempted: false,
+                    reason: "not installed".into(),
+                },
+            ),
         ] {
-            assert_eq!(fate(&id(m), &c, avail, old, failure.clone()), want, "{m} {avail} {old} {failure:?}");
+            assert_eq!(
+                fate(&id(m), &c, avail, old, failure.clone()),
+                want,
+                "{m} {avail} {old} {failure:?}"
+            );
         }
     }
 
@@ -329,31 +443,81 @@ mod tests {
         let c = catalog();
         let wanted_slots = s("pop223", None, Some("gone"));
         let w = contract::wanted(
-            &SelectionParams { model: Some("pop223".into()), driving_model: Some("pop223".into()), ..Default::default() },
-            &ProfilesRead { small: None, big: Some("gone".into()) },
+            &SelectionParams {
+                model: Some("pop223".into()),
+                driving_model: Some("pop223".into()),
+                ..Default::default()
+            },
+            &ProfilesRead {
+                small: None,
+                big: Some("gone".into()),
+            },
             &c,
         );
         let written = s("rdf43", Some("rdf43"), None);
         let mut fates = BTreeMap::new();
-        fates.insert(id("pop223"), Fate::Temporary { attempted: true, reason: "404".into() });
+        fates.insert(
+            id("pop223"),
+            Fate::Temporary {
+                attempted: true,
+                reason: "404".into(),
+            },
+        );
         fates.insert(id("gone"), Fate::Dropped);
         let r1 = after_refresh(None, &wanted_slots, &w, &fates, &written, 1000);
-        assert_eq!(r1.wanted, s("pop223", None, None), "gone dropped for good, pop223 kept");
-        assert_eq!(r1.retry["pop223"], Retry { failures: 1, next_unix: 1300, reason: "404".into() });
+        assert_eq!(
+            r1.wanted,
+            s("pop223", None, None),
+            "gone dropped for good, pop223 kept"
+        );
+        assert_eq!(
+            r1.retry["pop223"],
+            Retry {
+                failures: 1,
+                next_unix: 1300,
+                reason: "404".into()
+            }
+        );
         assert_eq!(r1.dropped, BTreeSet::from(["gone".to_string()]));
 
         // Skipped by the backoff: the schedule stays. Tried and failed again: doubled.
-        fates.insert(id("pop223"), Fate::Temporary { attempted: false, reason: "x".into() });
+        fates.insert(
+            id("pop223"),
+            Fate::Temporary {
+                attempted: false,
+                reason: "x".into(),
+            },
+        );
         let r2 = after_refresh(Some(&r1), &r1.wanted, &w, &fates, &written, 1100);
         assert_eq!(r2.retry["pop223"], r1.retry["pop223"]);
-        fates.insert(id("pop223"), Fate::Temporary { attempted: true, reason: "503".into() });
+        fates.insert(
+            id("pop223"),
+            Fate::Temporary {
+                attempted: true,
+                reason: "503".into(),
+            },
+        );
         let r3 = after_refresh(Some(&r2), &r2.wanted, &w, &fates, &written, 1300);
-        assert_eq!(r3.retry["pop223"], Retry { failures: 2, next_unix: 1900, reason: "503".into() });
+        assert_eq!(
+            r3.retry["pop223"],
+            Retry {
+                failures: 2,
+                next_unix: 1900,
+                reason: "503".into()
+            }
+        );
 
         // Verified at last: the retry is gone, the choice unchanged.
         fates.insert(id("pop223"), Fate::Ok);
         fates.remove(&id("gone"));
-        let r4 = after_refresh(Some(&r3), &r3.wanted, &w, &fates, &s("pop223", Some("pop223"), None), 2000);
+        let r4 = after_refresh(
+            Some(&r3),
+            &r3.wanted,
+            &w,
+            &fates,
+            &s("pop223", Some("pop223"), None),
+            2000,
+        );
         assert!(r4.retry.is_empty());
         assert_eq!(r4.wanted, s("pop223", None, None));
         assert_eq!(r4.dropped, r1.dropped, "the last drop stays on record");
@@ -378,7 +542,11 @@ mod tests {
         assert_eq!(held.selection.id.as_str(), "rdf43");
         assert_eq!(held.small.id.as_str(), "rdf43");
         // Not in a fallback (a plain pick): nothing is held.
-        let plain = Choice { wanted: current.clone(), written: current.clone(), ..Choice::default() };
+        let plain = Choice {
+            wanted: current.clone(),
+            written: current.clone(),
+            ..Choice::default()
+        };
         assert_eq!(hold_onroad(pop.clone(), &current, Some(&plain), &c), pop);
         // Falling back is never held.
         let builtin = Outcome {
@@ -388,6 +556,9 @@ mod tests {
             fell_back: true,
         };
         let on_pop = s("pop223", Some("pop223"), None);
-        assert_eq!(hold_onroad(builtin.clone(), &on_pop, Some(&rec), &c), builtin);
+        assert_eq!(
+            hold_onroad(builtin.clone(), &on_pop, Some(&rec), &c),
+            builtin
+        );
     }
 }

@@ -199,7 +199,7 @@ impl Device {
                 .ok()
                 .flatten()
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                    .and_then(|v| v.as_object().cloned());
+                .and_then(|v| v.as_object().cloned());
                 LocalModel { id, sidecar }
             })
             .collect())
@@ -382,11 +382,14 @@ impl Device {
     }
 
     fn load_cache(&self) -> BTreeMap<String, CacheEntry> {
-        read_capped(&self.models_dir().join(VERIFIED_FILE), bounded::VERIFIED_LIMIT)
-            .ok()
-            .flatten()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default()
+        read_capped(
+            &self.models_dir().join(VERIFIED_FILE),
+            bounded::VERIFIED_LIMIT,
+        )
+        .ok()
+        .flatten()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
     }
 
     fn save_cache(&self, cache: &BTreeMap<String, CacheEntry>) -> Result<()> {
@@ -440,7 +443,8 @@ impl Device {
         };
         let state = match chunker::verify(&path, &expected) {
             Ok(report) => {
-                let matches = report.sha256 == artifact.sha256 && report.size == artifact.size.get();
+                let matches =
+                    report.sha256 == artifact.sha256 && report.size == artifact.size.get();
                 // The same bytes, verified against an earlier catalog: still that verified copy.
                 let earlier = cache.get(&name).is_some_and(|c| {
                     c.catalog_verified

@@ -130,7 +130,10 @@ pub(crate) fn wanted_of(slots: &Slots, catalog: &Catalog) -> Wanted {
 /// What the user wants now: the params, with slots still in a fallback read from
 /// `.choice.json` (see [`choice::remember`]).
 pub(crate) fn remembered(device: &Device) -> Result<Slots> {
-    Ok(choice::remember(device.choice()?.as_ref(), &param_slots(device)?))
+    Ok(choice::remember(
+        device.choice()?.as_ref(),
+        &param_slots(device)?,
+    ))
 }
 
 /// Seconds since the epoch (0 if the clock is before it).
@@ -185,7 +188,11 @@ pub(crate) fn begin_migration(
         // Before anything is deleted, point everything modeld and the UIs read at the built-in
         // (the journal keeps what to restore): a modeld starting mid-migration then loads the
         // built-in, never an old-generation pickle and never a file about to be purged.
-        write_contract(device, catalog, &contract::interim(&j.wanted(catalog), catalog))?;
+        write_contract(
+            device,
+            catalog,
+            &contract::interim(&j.wanted(catalog), catalog),
+        )?;
         purged = purge(device)?;
         let mut j = j.clone();
         j.phase = Phase::Download;
@@ -266,7 +273,12 @@ pub fn refresh_at(
         Err(e) => {
             // Offline (or every manifest refused): a device still on another generation stops
             // loading that generation's pickles now, not once it is online.
-            if !matches!(e, Error::Download(downloader::Error::Cancelled { .. })) {
+            // Not on a cancel, and not when a manifest was refused on trust grounds (a refused
+            // manifest changes nothing, see docs/device.md, *Trust*).
+            if let Error::Download(d) = &e
+                && !matches!(d, downloader::Error::Cancelled { .. })
+                && downloader::trust::refusals(d).is_empty()
+            {
                 crate::offline::first_boot(device)?;
             }
             return Err(e);
@@ -377,7 +389,9 @@ pub fn refresh_at(
     }
     for (id, f) in &fates {
         match f {
-            Fate::Temporary { .. } | Fate::OldCopyInUse { .. } => report.retrying.push(id.to_string()),
+            Fate::Temporary { .. } | Fate::OldCopyInUse { .. } => {
+                report.retrying.push(id.to_string())
+            }
             Fate::Dropped => report.dropped.push(id.to_string()),
             Fate::Ok => {}
         }
@@ -389,18 +403,13 @@ pub fn refresh_at(
         _ if outcome.fell_back => progress(&Progress::SelectedUnavailable),
         _ => {}
     }
-    // The choice first: a crash before the params are written then reads them as the user's
-    // (unchanged) choice, never as a fallback to keep.
+    // The choice first, staged (see `choice::staged`): a crash anywhere in the param writes
+    // reads every slot as ours, so neither a fallback nor a switch back loses the choice.
     let written = choice::written_slots(&outcome);
-    device.store_choice(&choice::after_refresh(
-        record.as_ref(),
-        &raw,
-        &wanted,
-        &fates,
-        &written,
-        now_unix,
-    ))?;
+    let next = choice::after_refresh(record.as_ref(), &raw, &wanted, &fates, &written, now_unix);
+    device.store_choice(&choice::staged(&next, &slots_now))?;
     write_contract(device, &catalog, &outcome)?;
+    device.store_choice(&next)?;
     report.selected = outcome.selection.id.clone();
     report.fell_back_to_builtin = outcome.fell_back;
 

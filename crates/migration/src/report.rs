@@ -151,7 +151,10 @@ pub fn resolve(device: &Device) -> Result<ResolveReport> {
     })
 }
 
-fn fallback(device: &Device, catalog: Option<&manifest::Manifest>) -> Result<Option<FallbackReport>> {
+fn fallback(
+    device: &Device,
+    catalog: Option<&manifest::Manifest>,
+) -> Result<Option<FallbackReport>> {
     let Some(c) = device.choice()? else {
         return Ok(None);
     };

@@ -30,6 +30,8 @@ pub struct Origin {
     pub dir: tempfile::TempDir,
     pub server: FaultServer,
     pub models: BTreeMap<&'static str, Published>,
+    /// The served manifest, as a JSON value (see [`Origin::republish`]).
+    pub manifest: serde_json::Value,
 }
 
 pub const CATALOG_IDS: [&str; 4] = ["rdf43", "pop223", "tr14223", "big223"];
@@ -83,7 +85,56 @@ impl Origin {
             dir,
             server,
             models,
+            manifest,
         }
+    }
+
+    /// Publish other bytes under an existing id (same generation): artifacts first, then the
+    /// manifest, as the release tools do.
+    pub fn republish(&mut self, id: &'static str, seed: u64) {
+        let root = self.dir.path().join("origin");
+        let bytes = artifact_bytes(seed, 2 * CHUNK + 777);
+        let chunk = (id != "tr14223").then_some(CHUNK);
+        let p = publish_model(&root, "v25", id, &bytes, chunk);
+        for e in self.manifest["models"].as_array_mut().unwrap() {
+            if e["id"] == id {
+                e["artifact_size"] = json!(p.size);
+                e["artifact_sha256"] = json!(p.sha256);
+                e["artifact_chunk_count"] = json!(p.chunk_count);
+            }
+        }
+        write_manifest(
+            &root,
+            "v25",
+            serde_json::to_string_pretty(&self.manifest)
+                .unwrap()
+                .as_bytes(),
+        );
+        self.models.insert(
+            id,
+            Published {
+                sha256: p.sha256,
+                bytes,
+            },
+        );
+    }
+
+    /// Both origins answer 404 for every file of `id`.
+    pub fn refuse(&self, id: &str) {
+        use test_support::http_server::Fault;
+        self.server
+            .add_fault(&format!("/hf/models/v25/{id}/*"), Fault::Status(404), None);
+        self.server
+            .add_fault(&format!("/gh/v25/{id}/*"), Fault::Status(404), None);
+    }
+
+    /// Neither origin serves a manifest (the device is offline, as far as it can tell).
+    pub fn no_manifest(&self) {
+        use test_support::http_server::Fault;
+        self.server
+            .add_fault("/hf/manifests/*", Fault::Status(503), None);
+        self.server
+            .add_fault("/gh/model_names_v25.json", Fault::Status(503), None);
     }
 
     pub fn downloader(&self) -> Downloader {
