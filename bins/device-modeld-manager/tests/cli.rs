@@ -312,7 +312,7 @@ fn unavailable_selection_falls_back_to_builtin() {
 }
 
 #[test]
-fn both_origins_offline_changes_nothing() {
+fn both_origins_offline_purges_the_old_generation_and_the_next_online_refresh_migrates() {
     let w = world(CHUNK);
     w.server.add_fault("/*", Fault::Status(503), None);
     let out = w.run(&["refresh"]);
@@ -322,11 +322,32 @@ fn both_origins_offline_changes_nothing() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("now uses the built-in model"));
+    // The offline first boot: no v24 pickle left, the built-in named, the choice journaled.
     assert_eq!(w.param("ModelManifestVersion").as_deref(), Some("v24"));
     assert!(
+        !w.model_files()
+            .iter()
+            .any(|n| n.starts_with("pop223_driving")),
+        "{:?}",
         w.model_files()
-            .contains(&"pop223_driving_tinygrad.pkl.p00".to_string())
     );
+    assert_eq!(w.param("Model").as_deref(), Some("rdf43"));
+    assert_eq!(
+        PathBuf::from(last_line(&w.run(&["resolve"]))),
+        w.builtin().join("driving_tinygrad.pkl")
+    );
+    // Online again: the user's model comes back.
+    w.server.clear_faults();
+    let out = w.run(&["refresh"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(w.param("Model").as_deref(), Some("pop223"));
+    assert_eq!(w.param("ModelManifestVersion").as_deref(), Some("v25"));
+    assert_consistent(&w, "offline first boot, then online");
 }
 
 #[test]
