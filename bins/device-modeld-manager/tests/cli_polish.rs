@@ -159,12 +159,12 @@ fn errors_say_what_to_do_next() {
         stderr(&out)
     );
 
-    // Offline: exit 5, nothing changed, and the next step is named.
+    // Offline: exit 5, and the next step is named (with what the offline first boot did).
     w.server.add_fault("/*", Fault::Status(503), None);
     let out = w.run(&["refresh"]);
     assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("next: nothing on this device was changed"),
+        stderr(&out).contains("next: check the network"),
         "{}",
         stderr(&out)
     );
