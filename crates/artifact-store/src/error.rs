@@ -16,7 +16,8 @@ pub enum Error {
     InvalidPath { path: String, reason: String },
 
     #[error(
-        "invalid store {spec:?}: {reason} (use a directory path, file://PATH, hf://buckets/NS/NAME or github:PATH)"
+        "invalid store {spec:?}: {reason}; accepted forms: {}",
+        crate::location::ACCEPTED_STORE_FORMS
     )]
     InvalidStore { spec: String, reason: String },
 

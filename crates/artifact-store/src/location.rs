@@ -2,9 +2,15 @@
 //!
 //! | spelling | store |
 //! |---|---|
-//! | `PATH`, `file://PATH` | [`LocalStore`] |
+//! | `PATH`, `file:PATH`, `file://PATH` | [`LocalStore`] |
 //! | `hf://buckets/NS/NAME` | [`HfBucketStore`] |
+//! | `hf://datasets/ORG/REPO`, `hf://models/ORG/REPO` | [`HfRepoStore`] (read-only) |
 //! | `github:PATH` | [`GithubStore`] (a checkout of the `Models` branch) |
+//!
+//! Anything else with a `word:` prefix (`hf:/buckets/…`, `hf:buckets/…`, `gh:…`, `s3://…`) is
+//! refused ([`scheme_prefix`]): a typo must never become a local folder in the working
+//! directory, which would bypass the Hugging Face-before-GitHub order and exit 0. A local
+//! directory whose name really starts with `word:` is written `./word:…` or `file:word:…`.
 //!
 //! A [`Location`] is a store plus a path in it; as a reuse source it may also be a Hub repository
 //! file, `hf://datasets/ORG/REPO[@REV]/PATH` (or `hf://models/...`), which is read-only here.
@@ -103,6 +109,38 @@ fn split_hub(spec: &str) -> Result<(String, String, Option<String>)> {
     Ok((kind, format!("{ns}/{name}"), tail))
 }
 
+/// The accepted spellings, for refusals.
+pub const ACCEPTED_STORE_FORMS: &str = "hf://buckets/NS/NAME, hf://datasets/ORG/REPO, github:PATH, file:PATH, or a plain path without a `word:` prefix";
+
+/// The `word` of a leading `word:` (letters, digits, `+`, `-`, `.`, starting with a letter, as
+/// in a URL scheme), when there is one. `C:\x` style drive letters count too: this tool runs
+/// on Linux and macOS, where such a name is a typo as well.
+pub fn scheme_prefix(spec: &str) -> Option<&str> {
+    let (word, _) = spec.split_once(':')?;
+    let mut chars = word.chars();
+    let first = chars.next()?;
+    (first.is_ascii_alphabetic()
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+    .then_some(word)
+}
+
+/// Refuse an unknown `word:` prefix, naming the closest accepted form when the word is a
+/// likely typo of one.
+fn unknown_prefix(spec: &str, word: &str) -> Error {
+    let hint = match word.to_ascii_lowercase().as_str() {
+        "hf" | "huggingface" | "hugging-face" => {
+            " (Hugging Face stores are written hf://buckets/NS/NAME, with two slashes)"
+        }
+        "gh" | "git" | "github" => " (a GitHub checkout is written github:PATH)",
+        "file" => " (write file:PATH or file://PATH)",
+        _ => "",
+    };
+    invalid(
+        spec,
+        format!("unknown store prefix {word:?}{hint}"),
+    )
+}
+
 impl StoreSpec {
     /// Parse a store name (no path inside the store).
     pub fn parse(spec: &str) -> Result<Self> {
@@ -132,14 +170,17 @@ impl StoreSpec {
             }
             return Ok(StoreSpec::Github(PathBuf::from(path)));
         }
-        if let Some(path) = spec.strip_prefix("file://") {
+        if let Some(path) = spec
+            .strip_prefix("file://")
+            .or_else(|| spec.strip_prefix("file:"))
+        {
             if path.is_empty() {
-                return Err(invalid(spec, "file:// needs a path"));
+                return Err(invalid(spec, "file: needs a path"));
             }
             return Ok(StoreSpec::Local(PathBuf::from(path)));
         }
-        if let Some((scheme, _)) = spec.split_once("://") {
-            return Err(invalid(spec, format!("unknown scheme {scheme:?}")));
+        if let Some(word) = scheme_prefix(spec) {
+            return Err(unknown_prefix(spec, word));
         }
         if spec.is_empty() {
             return Err(invalid(spec, "empty"));
@@ -216,9 +257,14 @@ impl Location {
                 path: path(inner, spec)?,
             });
         }
-        let local = spec.strip_prefix("file://").unwrap_or(spec);
-        if local.contains("://") {
-            return Err(invalid(spec, "unknown scheme"));
+        let local = spec
+            .strip_prefix("file://")
+            .or_else(|| spec.strip_prefix("file:"))
+            .unwrap_or(spec);
+        if local.len() == spec.len()
+            && let Some(word) = scheme_prefix(spec)
+        {
+            return Err(unknown_prefix(spec, word));
         }
         let p = PathBuf::from(local);
         let name = p
@@ -361,9 +407,24 @@ mod tests {
             StoreSpec::parse("github:../res").unwrap(),
             StoreSpec::Github("../res".into())
         );
+        assert_eq!(
+            StoreSpec::parse("file:rel/store").unwrap(),
+            StoreSpec::Local("rel/store".into())
+        );
+        assert_eq!(
+            StoreSpec::parse("./hf:odd").unwrap(),
+            StoreSpec::Local("./hf:odd".into())
+        );
         for bad in [
             "",
             "s3://x/y",
+            // The typos that used to become local folders and publish "successfully".
+            "hf:/buckets/StarPilot-Driving/StarPilot-Resources",
+            "hf:buckets/StarPilot-Driving/StarPilot-Resources",
+            "gh:../res",
+            "git:../res",
+            "C:store",
+            "file:",
             "hf://buckets/only",
             "hf://buckets/a/b/extra",
             "hf://datasets/a/b",
@@ -373,6 +434,19 @@ mod tests {
         ] {
             assert!(StoreSpec::parse(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn refusals_name_the_accepted_forms() {
+        let e = StoreSpec::parse("hf:/buckets/a/b").unwrap_err().to_string();
+        assert!(e.contains("two slashes"), "{e}");
+        assert!(e.contains(ACCEPTED_STORE_FORMS), "{e}");
+        let e = StoreSpec::parse("gh:x").unwrap_err().to_string();
+        assert!(e.contains("github:PATH"), "{e}");
+        assert_eq!(scheme_prefix("hf:/x"), Some("hf"));
+        assert_eq!(scheme_prefix("/abs/hf:x"), None);
+        assert_eq!(scheme_prefix("rel/dir"), None);
+        assert_eq!(scheme_prefix("1x:y"), None);
     }
 
     #[test]
@@ -412,6 +486,8 @@ mod tests {
             "hf://datasets/org/repo@/x",
             "github:/co",
             "ftp://x/y",
+            "hf:/buckets/a/b/x.pkl",
+            "gh:/co//x.pkl",
         ] {
             assert!(Location::parse(bad).is_err(), "{bad:?} accepted");
         }

@@ -235,13 +235,15 @@ fn entry_file_name(entry: &ModelEntry) -> String {
 /// every chunk once, streaming.
 pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifact>> {
     let mut ids = Vec::new();
+    let mut loose = Vec::new();
     for entry in fs::read_dir(dir).at(dir)? {
         let entry = entry.at(dir)?;
-        if !entry.file_type().at(entry.path())?.is_dir() {
-            continue;
-        }
         let name = entry.file_name().to_string_lossy().into_owned();
         if name.starts_with('.') {
+            continue;
+        }
+        if !entry.file_type().at(entry.path())?.is_dir() {
+            loose.push(name);
             continue;
         }
         let id: ModelId = name.parse().map_err(|e: manifest::Error| {
@@ -251,6 +253,10 @@ pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifac
             ))
         })?;
         ids.push(id);
+    }
+    if !loose.is_empty() {
+        loose.sort();
+        return Err(flat_layout_error(dir, &loose));
     }
     ids.sort();
     let mut out = Vec::new();
@@ -264,6 +270,39 @@ pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifac
         out.push(prepare_model(dir, &id, entry)?);
     }
     Ok(out)
+}
+
+/// The refusal for files lying directly in the artifacts directory (a flat `chunk split`
+/// output): it names the files and the layout publish expects, with the command that fixes it.
+fn flat_layout_error(dir: &Path, loose: &[String]) -> Error {
+    let suffix = manifest::layout::ARTIFACT_SUFFIX;
+    let ids: BTreeSet<&str> = loose
+        .iter()
+        .filter_map(|n| n.split_once(suffix).map(|(id, _)| id))
+        .filter(|id| id.parse::<ModelId>().is_ok())
+        .collect();
+    let shown: Vec<&str> = loose.iter().take(5).map(String::as_str).collect();
+    let more = if loose.len() > shown.len() {
+        format!(" and {} more", loose.len() - shown.len())
+    } else {
+        String::new()
+    };
+    let fix = if ids.is_empty() {
+        "move each model's files into <DIR>/<id>/".to_string()
+    } else {
+        ids.iter()
+            .map(|id| {
+                let d = dir.display();
+                format!("mkdir -p {d}/{id} && mv {d}/{id}{suffix}* {d}/{id}/")
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    Error::Refused(format!(
+        "{}: the artifacts directory holds one <id>/ directory per model (<id>/<id>{suffix}.chunkNNofMM and .chunkmanifest), not loose files; found {}{more} at its top level, nothing was published\nnext: {fix}",
+        dir.display(),
+        shown.join(", ")
+    ))
 }
 
 fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalArtifact> {

@@ -73,6 +73,15 @@ pub enum Error {
     InvalidName { name: String },
 
     #[error(
+        "{what}: not an out-of-band (OOB) pickle container at byte {offset}: {defect}; every v25 driving artifact is serialised OOB, so rebuild it with the generation's tinygrad (`release-cli compile`), never rename another file into place"
+    )]
+    NotOob {
+        what: String,
+        offset: u64,
+        defect: crate::oob::OobDefect,
+    },
+
+    #[error(
         "{path}: the input changed while it was being read (expected {expected} bytes, read {actual})"
     )]
     InputChanged {

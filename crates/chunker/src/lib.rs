@@ -12,6 +12,7 @@
 pub mod atomic;
 mod digest;
 mod error;
+pub mod oob;
 mod read;
 mod split;
 mod verify;
@@ -22,10 +23,35 @@ pub use read::{
     ArtifactReader, Resolved, join, join_with_progress, open, read_chunk_manifest, read_sidecar,
     resolve,
 };
+pub use oob::{OobDefect, OobLayout};
 pub use split::{ChunkInfo, SplitOptions, SplitReport, split_file, split_reader};
 pub use verify::{Expected, VerifiedChunk, VerifyReport, verify, verify_with_progress};
 
 use std::path::Path;
+
+/// Check that the logical artifact at `logical` (a plain file or a chunk set) is an OOB pickle
+/// container, reading only its headers through a seeking [`ArtifactReader`]. The error names
+/// the artifact and the offset.
+pub fn check_oob(logical: &Path) -> Result<OobLayout> {
+    let mut reader = open(logical)?;
+    check_oob_reader(&mut reader, &logical.display().to_string())
+}
+
+/// [`check_oob`] over an open reader; `what` names it in errors.
+pub fn check_oob_reader(reader: &mut ArtifactReader, what: &str) -> Result<OobLayout> {
+    let size = reader.len();
+    oob::check_oob(reader, size).map_err(|e| match e {
+        oob::OobCheckError::Defect(d) => Error::NotOob {
+            what: what.to_string(),
+            offset: d.offset,
+            defect: d.defect,
+        },
+        oob::OobCheckError::Io(source) => Error::Io {
+            path: what.into(),
+            source,
+        },
+    })
+}
 
 /// 45 MiB: every chunk stays under GitHub's 50 MB warning.
 pub const DEFAULT_CHUNK_SIZE: u64 = 45 * 1024 * 1024;

@@ -268,6 +268,15 @@ impl Read for ArtifactReader {
         let idx = self.piece_at(self.pos);
         let (path, size) = &self.pieces[idx];
         let offset = self.pos - self.starts[idx];
+        // Within the open piece a seek is a seek, not a reopen (the OOB check hops over
+        // every buffer record).
+        if let Some((i, f, o)) = &mut self.current
+            && *i == idx
+            && *o != offset
+        {
+            f.seek(SeekFrom::Start(offset))?;
+            *o = offset;
+        }
         let reopen = !matches!(&self.current, Some((i, _, o)) if *i == idx && *o == offset);
         if reopen {
             let mut f = File::open(path)
