@@ -59,6 +59,7 @@ impl From<chunker::Error> for CliError {
             | E::CountMismatch { .. }
             | E::SizeMismatch { .. }
             | E::DigestMismatch { .. }
+            | E::NotOob { .. }
             | E::NotFound { .. } => CliError::check_failed(e),
             E::TooManyChunks { .. }
             | E::ZeroChunkSize

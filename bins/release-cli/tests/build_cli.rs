@@ -398,7 +398,29 @@ fn builtin_replaces_the_full_pkl_with_a_chunk_set() {
         b"the old built-in, a full PKL",
     );
     write(&models.join("dmonitoring_model_tinygrad.pkl"), b"dm stays");
-    write(&t.path().join("rdf43.pkl"), &[5u8; 3000]);
+    // A plain pickle is refused with the offset, and the tree is untouched.
+    write(&t.path().join("plain.pkl"), &[5u8; 3000]);
+    let out = cli(
+        &["builtin", "--artifact", "plain.pkl", "--openpilot", "op"],
+        t.path(),
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr)
+            .contains("plain.pkl: not an out-of-band (OOB) pickle container at byte 0"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        fs::read(models.join("driving_tinygrad.pkl")).unwrap(),
+        b"the old built-in, a full PKL"
+    );
+    assert_eq!(fs::read_dir(&models).unwrap().count(), 2);
+
+    write(
+        &t.path().join("rdf43.pkl"),
+        &test_support::published::artifact_bytes(5, 3000),
+    );
     let out = cli(
         &[
             "builtin",
@@ -439,7 +461,10 @@ fn builtin_replaces_the_full_pkl_with_a_chunk_set() {
     assert_eq!(v.status.code(), Some(0), "{}", text(&v.stderr));
 
     // An artifact whose sidecar disagrees is refused and nothing changes.
-    write(&t.path().join("bad/x.pkl"), b"bytes");
+    write(
+        &t.path().join("bad/x.pkl"),
+        &test_support::published::artifact_bytes(6, 100),
+    );
     write(
         &t.path().join("bad/x.pkl.sha256"),
         format!("{}  x.pkl\n", "ab".repeat(32)).as_bytes(),

@@ -222,6 +222,7 @@ impl Error {
                         | chunker::Error::CountMismatch { .. }
                         | chunker::Error::SizeMismatch { .. }
                         | chunker::Error::DigestMismatch { .. }
+                        | chunker::Error::NotOob { .. }
                         | chunker::Error::NotFound { .. }
                 )
         )

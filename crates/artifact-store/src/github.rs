@@ -224,6 +224,14 @@ impl Store for GithubStore {
         })
     }
 
+    fn read_at(&self, path: &StorePath, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let rel = bucket_to_github(path).ok_or_else(|| Error::NotFound {
+            store: self.describe(),
+            path: path.to_string(),
+        })?;
+        self.files.read_at(&rel, offset, buf)
+    }
+
     fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
         let rel = self.branch_path(path)?;
         let n = self.files.write(&rel, src)?;

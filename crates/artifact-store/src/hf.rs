@@ -155,6 +155,16 @@ impl HubHttp {
     /// Send a request, following redirects by hand. Returns the final response and the headers
     /// of the first one (the Hub puts `X-Linked-Size` on the redirect, not on the CDN answer).
     pub fn send(&self, method: Method, url: &str) -> Result<(Response, HeaderMap)> {
+        self.send_range(method, url, None)
+    }
+
+    /// [`HubHttp::send`] with an optional `Range: bytes=START-END` (inclusive) on every hop.
+    fn send_range(
+        &self,
+        method: Method,
+        url: &str,
+        range: Option<(u64, u64)>,
+    ) -> Result<(Response, HeaderMap)> {
         let method_name: &'static str = if method == Method::HEAD {
             "HEAD"
         } else {
@@ -172,6 +182,9 @@ impl HubHttp {
                 .client
                 .request(method.clone(), url.clone())
                 .header(ACCEPT_ENCODING, "identity");
+            if let Some((start, end)) = range {
+                req = req.header(reqwest::header::RANGE, format!("bytes={start}-{end}"));
+            }
             if let Some(token) = &self.token
                 && self.same_origin(&url)
             {
@@ -238,6 +251,45 @@ impl HubHttp {
         match resp.status() {
             StatusCode::NOT_FOUND => Err(not_found()),
             StatusCode::OK => Ok(Box::new(resp)),
+            s => Err(status_error("GET", url, s)),
+        }
+    }
+}
+
+impl HubHttp {
+    /// Fill `buf` from `offset` of a resolve URL with one ranged GET; `not_found()` on 404. A
+    /// server that ignores the range (200) is read up to the range and no further.
+    pub(crate) fn read_range(
+        &self,
+        url: &str,
+        offset: u64,
+        buf: &mut [u8],
+        not_found: impl FnOnce() -> Error,
+    ) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let end = offset + buf.len() as u64 - 1;
+        let (mut resp, _) = self.send_range(Method::GET, url, Some((offset, end)))?;
+        let io_err = |e: std::io::Error| Error::Http {
+            method: "GET",
+            url: url.to_string(),
+            message: e.to_string(),
+        };
+        match resp.status() {
+            StatusCode::NOT_FOUND => Err(not_found()),
+            StatusCode::PARTIAL_CONTENT => resp.read_exact(buf).map_err(io_err),
+            StatusCode::OK => {
+                let skipped = std::io::copy(&mut (&mut resp).take(offset), &mut std::io::sink())
+                    .map_err(io_err)?;
+                if skipped != offset {
+                    return Err(Error::BadResponse {
+                        url: url.to_string(),
+                        reason: format!("ends at byte {skipped}, before {offset}"),
+                    });
+                }
+                resp.read_exact(buf).map_err(io_err)
+            }
             s => Err(status_error("GET", url, s)),
         }
     }
@@ -663,6 +715,14 @@ impl Store for HfBucketStore {
             store: self.describe(),
             path: path.to_string(),
         })
+    }
+
+    fn read_at(&self, path: &StorePath, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.http
+            .read_range(&self.resolve_url(path), offset, buf, || Error::NotFound {
+                store: self.describe(),
+                path: path.to_string(),
+            })
     }
 
     fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {

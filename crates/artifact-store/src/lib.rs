@@ -19,6 +19,7 @@ pub mod github;
 pub mod hf;
 pub mod local;
 pub mod location;
+pub mod oob;
 pub mod paths;
 pub mod publish;
 pub mod retry;

@@ -71,6 +71,18 @@ impl Store for LocalStore {
         }
     }
 
+    fn read_at(&self, path: &StorePath, offset: u64, buf: &mut [u8]) -> Result<()> {
+        use std::io::{Seek, SeekFrom};
+        let p = self.fs_path(path);
+        let mut f = match File::open(&p) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(self.not_found(path)),
+            Err(e) => return Err(e).at(p),
+        };
+        f.seek(SeekFrom::Start(offset)).at(&p)?;
+        f.read_exact(buf).at(p)
+    }
+
     fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
         let dest = self.fs_path(path);
         let dir = dest

@@ -135,10 +135,7 @@ fn unknown_prefix(spec: &str, word: &str) -> Error {
         "file" => " (write file:PATH or file://PATH)",
         _ => "",
     };
-    invalid(
-        spec,
-        format!("unknown store prefix {word:?}{hint}"),
-    )
+    invalid(spec, format!("unknown store prefix {word:?}{hint}"))
 }
 
 impl StoreSpec {
@@ -364,6 +361,14 @@ impl Store for HfRepoStore {
             store: self.describe(),
             path: path.to_string(),
         })
+    }
+
+    fn read_at(&self, path: &StorePath, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.http
+            .read_range(&self.resolve_url(path), offset, buf, || Error::NotFound {
+                store: self.describe(),
+                path: path.to_string(),
+            })
     }
 
     fn write(&self, path: &StorePath, _src: &mut dyn Read) -> Result<u64> {

@@ -243,7 +243,11 @@ pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifac
             continue;
         }
         if !entry.file_type().at(entry.path())?.is_dir() {
-            loose.push(name);
+            // Other files (the manifest, `artifacts.json` beside a rebuild's staging) are fine;
+            // artifact pieces out of their `<id>/` would silently publish nothing.
+            if looks_like_artifact_piece(&name) {
+                loose.push(name);
+            }
             continue;
         }
         let id: ModelId = name.parse().map_err(|e: manifest::Error| {
@@ -270,6 +274,21 @@ pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifac
         out.push(prepare_model(dir, &id, entry)?);
     }
     Ok(out)
+}
+
+/// A name that is part of a logical artifact: `X.pkl`, its chunks, chunk manifest, sidecar or
+/// legacy parts.
+fn looks_like_artifact_piece(name: &str) -> bool {
+    let Some((_, tail)) = name.split_once(".pkl") else {
+        return false;
+    };
+    tail.is_empty()
+        || tail == ".chunkmanifest"
+        || tail == ".sha256"
+        || tail.starts_with(".chunk")
+        || (tail.len() == 4
+            && tail.starts_with(".p")
+            && tail[2..].bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The refusal for files lying directly in the artifacts directory (a flat `chunk split`
@@ -396,6 +415,12 @@ fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalAr
         }
         .into());
     }
+    // Every v25 driving artifact is an out-of-band pickle container; the check reads only its
+    // headers, seeking over the buffers through the chunk set.
+    chunker::check_oob_reader(
+        &mut chunker::ArtifactReader::new(pieces.clone()),
+        &logical.display().to_string(),
+    )?;
     // A sidecar in the directory must agree; the uploaded one is always written fresh.
     let sidecar_path = logical.with_file_name(sidecar_name(&name));
     if let Some(found) = chunker::read_sidecar(&sidecar_path)?
@@ -964,6 +989,13 @@ fn check_entry(
         ));
         return Ok(());
     }
+    // Found in the store rather than uploaded now: it must be an OOB container too (a few
+    // small reads: a seek on disk, an HTTP range on the Hub).
+    let what = format!("{} {}", store.describe(), dir.join(&name)?);
+    if let Err(not_oob) = crate::oob::check_pieces(store, &pieces, &what)? {
+        problems.push(format!("  - model {id}: {not_oob}"));
+        return Ok(());
+    }
     if deep {
         let mut h = Hasher::new();
         for (p, _) in &pieces {
@@ -983,6 +1015,23 @@ fn check_entry(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn artifact_pieces_out_of_place() {
+        for (name, piece) in [
+            ("pop_driving_tinygrad.pkl", true),
+            ("pop_driving_tinygrad.pkl.chunk01of03", true),
+            ("pop_driving_tinygrad.pkl.chunkmanifest", true),
+            ("pop_driving_tinygrad.pkl.sha256", true),
+            ("pop_driving_tinygrad.pkl.p07", true),
+            ("model_names_v25.json", false),
+            ("artifacts.json", false),
+            ("README.md", false),
+            ("x.pkl.json", false),
+        ] {
+            assert_eq!(looks_like_artifact_piece(name), piece, "{name}");
+        }
+    }
 
     fn art() -> LocalArtifact {
         let f = |name: &str, role, size| LocalFile {

@@ -181,6 +181,12 @@ pub fn reuse(
             artifact.size
         )));
     }
+    // Only an out-of-band pickle container may become a v25 artifact: checked on the source
+    // before anything is copied, reading only its headers (HTTP ranges on the Hub).
+    let what = format!("{} {}", req.source.describe(), req.source_path);
+    if let Err(not_oob) = crate::oob::check_pieces(req.source, &sources, &what)? {
+        return Err(Error::ReuseRefused(not_oob.to_string()));
+    }
 
     let dest_name = manifest::layout::artifact_file_name(&req.model).to_string();
     let dir = StoreLayout::HfBucket.artifact_dir(req.generation, &req.model);

@@ -81,6 +81,22 @@ pub trait Store: Send + Sync {
         Ok(false)
     }
 
+    /// Fill `buf` with the bytes of `path` from `offset` on ([`Error::NotFound`] when the file
+    /// does not exist, an error when it ends first). Backends that can read a range without the
+    /// bytes before it (a seek, an HTTP range) override this; the default streams up to it.
+    fn read_at(&self, path: &StorePath, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let mut reader = self.open(path)?;
+        let what = format!("{} {}", self.describe(), path);
+        let skipped = io::copy(&mut (&mut reader).take(offset), &mut io::sink()).at(&what)?;
+        if skipped != offset {
+            return Err(Error::BadResponse {
+                url: what,
+                reason: format!("ends at byte {skipped}, before {offset}"),
+            });
+        }
+        reader.read_exact(buf).at(what)
+    }
+
     /// SHA-256 and size of a file, streamed; `None` when it does not exist.
     fn sha256(&self, path: &StorePath) -> Result<Option<(Sha256Digest, u64)>> {
         let mut reader = match self.open(path) {

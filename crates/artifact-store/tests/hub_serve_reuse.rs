@@ -831,7 +831,7 @@ fn reuse_hub_to_hub_copies_server_side_renamed_chunk_manifest_last() {
         ]
     );
     // No chunk byte through this machine: the only content uploads are the two small files, and
-    // nothing chunk-sized was read back.
+    // nothing chunk-sized was read back (the OOB check reads the source's headers by ranges).
     let log = h.emu.requests();
     let uploads: Vec<usize> = log
         .iter()
@@ -894,4 +894,76 @@ fn reuse_refuses_a_different_commit_and_writes_nothing() {
         "{e}"
     );
     assert!(h.emu.requests().is_empty());
+}
+
+#[test]
+fn reuse_refuses_a_source_that_is_not_oob_reading_only_its_head_and_copies_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    // No hf CLI at all: the refusal must come before any copy.
+    let h = hub_without_cli();
+    // Same size and digest as its catalog says, but a plain pickle: not an OOB container.
+    let source = Model {
+        id: "supercombo-pop",
+        data: test_support::published::random_bytes(43, 2500),
+    };
+    let split = t.path().join("split");
+    fs::create_dir_all(&split).unwrap();
+    chunker::split_reader(
+        &source.data[..],
+        2500,
+        "supercombo_tinygrad.pkl",
+        &split,
+        &chunker::SplitOptions { chunk_size: CHUNK },
+    )
+    .unwrap();
+    for f in fs::read_dir(&split).unwrap() {
+        let f = f.unwrap();
+        h.emu.seed_repo_file(
+            "datasets",
+            "org/src",
+            &format!("builds/{}", f.file_name().to_string_lossy()),
+            &fs::read(f.path()).unwrap(),
+        );
+    }
+    let catalog = catalog_with_source(&source, SRC);
+    let compatible = check_compatibility(
+        &catalog,
+        &"supercombo-pop".parse().unwrap(),
+        &SRC.parse().unwrap(),
+        &TG.parse().unwrap(),
+    )
+    .unwrap();
+    let src_store = HfRepoStore::new(RepoKind::Datasets, "org/src", None, &h.config).unwrap();
+    let dest = HfBucketStore::new(BUCKET, h.config.clone()).unwrap();
+    let e = reuse(
+        &ReuseRequest {
+            model: "pop223".parse().unwrap(),
+            generation: Generation::new(25),
+            source: &src_store,
+            source_path: p("builds/supercombo_tinygrad.pkl"),
+            compatible,
+            dest: &dest,
+        },
+        &mut |_, _, _| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("not an out-of-band (OOB) pickle container at byte")
+            && e.contains("builds/supercombo_tinygrad.pkl"),
+        "{e}"
+    );
+    // Nothing was copied, and the check read only the 10-byte head, by range.
+    assert!(h.emu.ops().is_empty(), "{:?}", h.emu.ops());
+    assert!(h.emu.bucket_paths(BUCKET).is_empty());
+    let chunk_reads: Vec<_> = h
+        .emu
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.target.contains(".chunk0"))
+        .collect();
+    assert!(!chunk_reads.is_empty());
+    for r in &chunk_reads {
+        assert!(r.range.is_some() && r.bytes_out <= 10, "{r:?}");
+    }
 }

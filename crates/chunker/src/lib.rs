@@ -19,11 +19,11 @@ mod verify;
 
 pub use digest::{Hasher, IO_BUFFER_SIZE, InvalidDigest, Sha256Digest};
 pub use error::{Error, Result};
+pub use oob::{OobDefect, OobLayout};
 pub use read::{
     ArtifactReader, Resolved, join, join_with_progress, open, read_chunk_manifest, read_sidecar,
     resolve,
 };
-pub use oob::{OobDefect, OobLayout};
 pub use split::{ChunkInfo, SplitOptions, SplitReport, split_file, split_reader};
 pub use verify::{Expected, VerifiedChunk, VerifyReport, verify, verify_with_progress};
 

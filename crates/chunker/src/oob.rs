@@ -74,10 +74,9 @@ impl fmt::Display for OobDefect {
             Self::TooShort { size } => {
                 write!(f, "only {size} bytes; an OOB container has a 10-byte head")
             }
-            Self::OpcodeLength { value } => write!(
-                f,
-                "opcode length {value} is not in 2..={MAX_OPCODE_LEN}"
-            ),
+            Self::OpcodeLength { value } => {
+                write!(f, "opcode length {value} is not in 2..={MAX_OPCODE_LEN}")
+            }
             Self::NoProtoOpcode { found } => write!(
                 f,
                 "byte 8 is 0x{found:02x}, not the pickle PROTO opcode 0x80 (a plain pickle, not an OOB container?)"
@@ -345,7 +344,14 @@ mod tests {
         ];
         for (name, bytes, offset, want) in cases {
             let got = check(&bytes).expect_err(name);
-            assert_eq!(got, OobError { offset, defect: want }, "{name}");
+            assert_eq!(
+                got,
+                OobError {
+                    offset,
+                    defect: want
+                },
+                "{name}"
+            );
         }
     }
 

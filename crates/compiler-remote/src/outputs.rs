@@ -125,6 +125,10 @@ pub fn check_release(dir: &Path, name: &str) -> Result<Result<FetchedArtifact, O
             actual: report.sha256,
         }));
     }
+    // Every v25 driving artifact is an out-of-band pickle container (headers only are read).
+    if let Err(e) = chunker::check_oob(&dir.join(name)) {
+        return invalid(e.to_string());
+    }
     let mut list: Vec<String> = chunks.into_iter().map(|(_, f)| f).collect();
     list.push(sidecar_name);
     list.push(manifest_name);
@@ -166,6 +170,10 @@ pub fn check_local(dir: &Path, name: &str) -> Result<Result<FetchedArtifact, Out
         }
         list.push(sidecar_name);
     }
+    // `./models --local-<id>` keeps one OOB PKL: the same container, unchunked.
+    if let Err(e) = chunker::check_oob(&path) {
+        return Ok(Err(OutputProblem::Invalid(e.to_string())));
+    }
     Ok(Ok(FetchedArtifact {
         name: name.to_string(),
         size,
@@ -194,6 +202,10 @@ mod tests {
 
     const N: &str = "m_driving_tinygrad.pkl";
 
+    fn oob(seed: u64, len: usize) -> Vec<u8> {
+        test_support::published::artifact_bytes(seed, len)
+    }
+
     fn set(dir: &Path, data: &[u8], chunk: u64) -> chunker::SplitReport {
         let src = dir.join("src.bin");
         fs::write(&src, data).unwrap();
@@ -212,11 +224,11 @@ mod tests {
     #[test]
     fn a_good_chunk_set() {
         let t = tempfile::tempdir().unwrap();
-        set(t.path(), &[7u8; 25], 10);
+        set(t.path(), &oob(7, 25), 10);
         let a = check_release(&t.path().join("out"), N).unwrap().unwrap();
         assert_eq!(a.chunk_count, 3);
         assert_eq!(a.size, 25);
-        assert_eq!(a.sha256, Sha256Digest::of_bytes(&[7u8; 25]));
+        assert_eq!(a.sha256, Sha256Digest::of_bytes(&oob(7, 25)));
         assert_eq!(a.files.last().unwrap(), &format!("{N}.chunkmanifest"));
         assert_eq!(a.files.len(), 5);
     }
@@ -227,14 +239,15 @@ mod tests {
         let out = t.path().join("out");
         fs::create_dir_all(&out).unwrap();
         assert_eq!(check_release(&out, N).unwrap(), Err(OutputProblem::Missing));
-        set(t.path(), &[1u8; 25], 10);
+        let data = oob(1, 25);
+        set(t.path(), &data, 10);
         // A chunk missing.
         fs::remove_file(out.join(format!("{N}.chunk02of03"))).unwrap();
         match check_release(&out, N).unwrap() {
             Err(OutputProblem::Invalid(m)) => assert!(m.contains("[1, 3]"), "{m}"),
             r => panic!("{r:?}"),
         }
-        fs::write(out.join(format!("{N}.chunk02of03")), [1u8; 10]).unwrap();
+        fs::write(out.join(format!("{N}.chunk02of03")), &data[10..20]).unwrap();
         // The sidecar lies.
         fs::write(
             out.join(format!("{N}.sha256")),
@@ -254,15 +267,34 @@ mod tests {
     }
 
     #[test]
+    fn a_chunk_set_that_is_not_oob_is_refused_with_its_offset() {
+        let t = tempfile::tempdir().unwrap();
+        let mut data = oob(3, 25);
+        data.push(0); // one trailing byte after the last buffer record
+        set(t.path(), &data, 10);
+        match check_release(&t.path().join("out"), N).unwrap() {
+            Err(OutputProblem::Invalid(m)) => {
+                assert!(m.contains("out-of-band") && m.contains("at byte 25"), "{m}")
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+
+    #[test]
     fn local_and_dm() {
         let t = tempfile::tempdir().unwrap();
         assert_eq!(
             check_local(t.path(), N).unwrap(),
             Err(OutputProblem::Missing)
         );
-        fs::write(t.path().join(N), b"local").unwrap();
+        fs::write(t.path().join(N), b"local, but a plain pickle").unwrap();
+        match check_local(t.path(), N).unwrap() {
+            Err(OutputProblem::Invalid(m)) => assert!(m.contains("at byte 0"), "{m}"),
+            r => panic!("{r:?}"),
+        }
+        fs::write(t.path().join(N), oob(2, 40)).unwrap();
         let a = check_local(t.path(), N).unwrap().unwrap();
-        assert_eq!((a.chunk_count, a.size), (0, 5));
+        assert_eq!((a.chunk_count, a.size), (0, 40));
         assert_eq!(missing_dm_files(t.path()).len(), 4);
         for f in crate::plan::DM_FILES {
             fs::write(t.path().join(f), b"x").unwrap();

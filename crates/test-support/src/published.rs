@@ -40,8 +40,47 @@ fn hex(bytes: &[u8]) -> String {
     s
 }
 
-/// Deterministic, incompressible-looking bytes (xorshift), different for each `seed`.
+/// A deterministic artifact of exactly `len` bytes (at least 11), different for each `seed`,
+/// shaped as every v25 driving artifact is (`docs/formats.md`, "Artifact payload"): an
+/// out-of-band pickle container, i.e. an 8-byte little-endian opcode length, a protocol-5
+/// opcode stream ending in `STOP`, then records of (8-byte length, buffer bytes) tiling the rest.
+/// The buffers are incompressible-looking (xorshift) bytes.
 pub fn artifact_bytes(seed: u64, len: usize) -> Vec<u8> {
+    oob_container(&random_bytes(seed, len), 700)
+}
+
+/// Frame `payload.len()` bytes as an OOB container of exactly that length (at least 11): the
+/// opcode stream and buffers take their bytes from `payload`; buffers hold at most `max_buffer`
+/// bytes each.
+pub fn oob_container(payload: &[u8], max_buffer: usize) -> Vec<u8> {
+    let size = payload.len();
+    assert!(
+        size >= 11,
+        "an OOB container has at least 11 bytes, not {size}"
+    );
+    // Room for at least one record after a 9-byte opcode stream, or the opcodes take it all.
+    let opcodes = if size >= 25 { 9 } else { size - 8 };
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&(opcodes as i64).to_le_bytes());
+    out.extend_from_slice(&[0x80, 0x05]);
+    out.extend_from_slice(&payload[..opcodes - 3]);
+    out.push(b'.');
+    while out.len() < size {
+        let left = size - out.len();
+        let mut n = (left - 8).min(max_buffer.max(1));
+        if (1..8).contains(&(left - 8 - n)) {
+            n = left - 8;
+        }
+        out.extend_from_slice(&(n as i64).to_le_bytes());
+        let at = out.len();
+        out.extend_from_slice(&payload[at..at + n]);
+    }
+    out
+}
+
+/// Deterministic, incompressible-looking bytes (xorshift), different for each `seed`: not an
+/// OOB container (what a plain pickle or a wrong file looks like to the OOB check).
+pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut out = Vec::with_capacity(len);
     while out.len() < len {

@@ -276,7 +276,7 @@ pub struct DeviceRoot {
 /// (the reason staging must start from an empty directory), and writes a real chunk set.
 const MODELS_STANDIN: &str = r#"#!/usr/bin/env python3
 # Stand-in for StarPilot's ./models (scripts/model_compiler.py) used by tests.
-import hashlib, os, sys
+import hashlib, os, struct, sys
 root = os.path.dirname(os.path.abspath(__file__))
 state = os.path.join(root, ".standin")
 os.makedirs(state, exist_ok=True)
@@ -357,6 +357,18 @@ while len(blob) < size:
     blob += hashlib.sha256(seed + counter.to_bytes(4, "little")).digest()
     counter += 1
 blob = bytes(blob[:size])
+# Shape it as the real compiler's output: an out-of-band pickle container (8-byte LE opcode
+# length, a protocol-5 opcode stream ending in STOP, then (8-byte LE length, buffer) records).
+if read("plain_pickle") != model:
+    ops = 9 if size - 17 >= 8 else size - 8
+    out = struct.pack("<q", ops) + b"\x80\x05" + blob[:ops - 3] + b"."
+    while len(out) < size:
+        left = size - len(out)
+        n = min(left - 8, 700)
+        if 0 < left - 8 - n < 8:
+            n = left - 8
+        out += struct.pack("<q", n) + blob[len(out) + 8:len(out) + 8 + n]
+    blob = out
 name = model + "_driving_tinygrad.pkl"
 print("compiled %s (%d bytes)" % (model, size), flush=True)
 if model.startswith("local-"):

@@ -2,7 +2,7 @@
 //! remote flags `rebuild` uses too). Thin over `compiler-remote`; see `docs/release.md`.
 
 use std::fs;
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 
 use chunker::{SplitOptions, atomic};
@@ -399,7 +399,12 @@ pub fn builtin(args: BuiltinArgs) -> CliResult {
         )?,
         None => None,
     };
-    let reader = chunker::open(&args.artifact)?;
+    let mut reader = chunker::open(&args.artifact)?;
+    // The built-in model is a v25 driving artifact like any other: an OOB container.
+    chunker::check_oob_reader(&mut reader, &args.artifact.display().to_string())?;
+    reader
+        .seek(std::io::SeekFrom::Start(0))
+        .map_err(|e| io_err(&args.artifact, e))?;
     let size = reader.len();
     let bar = crate::progress::bytes_bar(size, "splitting the built-in model", args.json);
     let reader = crate::progress::ProgressReader {

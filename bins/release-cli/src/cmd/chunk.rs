@@ -1,4 +1,4 @@
-//! `release-cli chunk split|join|verify`.
+//! `release-cli chunk split|join|verify|oob`.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -21,6 +21,19 @@ pub enum ChunkCommand {
     Join(JoinArgs),
     /// Check a chunk set: every chunk present, sizes, count and SHA-256. Exits 3 on a problem.
     Verify(VerifyArgs),
+    /// Check that an artifact (chunk set or plain file) is an out-of-band pickle container, as
+    /// every v25 driving artifact must be: the header and every buffer record tile the file
+    /// exactly. Reads only the headers. Exits 3, naming the byte offset, when it is not.
+    Oob(OobArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct OobArgs {
+    /// The logical artifact path (its chunk set, plain file or legacy parts).
+    pub logical: PathBuf,
+    /// Print `{"path","size","opcode_len","protocol","buffers","buffer_bytes"}`.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -75,7 +88,32 @@ pub fn run(command: ChunkCommand) -> CliResult {
         ChunkCommand::Split(a) => split(a),
         ChunkCommand::Join(a) => join(a),
         ChunkCommand::Verify(a) => verify(a),
+        ChunkCommand::Oob(a) => oob(a),
     }
+}
+
+fn oob(args: OobArgs) -> CliResult {
+    let layout = chunker::check_oob(&args.logical)?;
+    if args.json {
+        return print_json(&serde_json::json!({
+            "path": args.logical,
+            "size": layout.size,
+            "opcode_len": layout.opcode_len,
+            "protocol": layout.protocol,
+            "buffers": layout.buffers,
+            "buffer_bytes": layout.buffer_bytes,
+        }));
+    }
+    println!(
+        "{}: OOB pickle container, {} bytes: {}-byte protocol-{} opcode stream and {} buffer(s) of {} bytes",
+        args.logical.display(),
+        layout.size,
+        layout.opcode_len,
+        layout.protocol,
+        layout.buffers,
+        layout.buffer_bytes
+    );
+    Ok(())
 }
 
 fn split(args: SplitArgs) -> CliResult {
@@ -128,7 +166,7 @@ fn split(args: SplitArgs) -> CliResult {
         println!("  {}  {:>12}  {}", c.sha256, c.size, c.name);
     }
     println!(
-        "next: publish the directory, or check it with `release-cli chunk verify {}`",
+        "next: check it with `release-cli chunk verify {}`; publish takes --artifacts DIR where this directory is DIR/<id>/",
         out_dir.join(&report.name).display()
     );
     Ok(())
