@@ -523,6 +523,58 @@ fn tinygrad_bump_replaces_the_tree_without_git_metadata() {
     assert!(tg.join("extra/sub/file.py").is_file());
     assert!(!tg.join("extra/sub/.git").exists());
     assert!(!tg.join("old_only.py").exists());
+    // The generation↔pin pair is recorded in the tree, not only on the command line.
+    let pins: serde_json::Value =
+        serde_json::from_slice(&fs::read(op.join("tinygrad_pins.json")).unwrap()).unwrap();
+    assert_eq!(pins, serde_json::json!({"v25": PIN, "v26": OTHER}));
+
+    // v26 is pinned now: another commit for it, or the old pin for the generation after it,
+    // is refused before anything changes.
+    let bump = |commit: &str| {
+        cli(
+            &[
+                "tinygrad",
+                "bump",
+                "--openpilot",
+                "op",
+                "--tinygrad-src",
+                "tg",
+                "--commit",
+                commit,
+            ],
+            t.path(),
+        )
+    };
+    let out = bump(REF);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("v26 is already pinned"),
+        "{}",
+        text(&out.stderr)
+    );
+    write(
+        &op.join("starpilot/assets/model_manager.py"),
+        b"import os\nMANIFEST_CANDIDATES = (\"v26\",)\n",
+    );
+    let out = bump(PIN);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr)
+            .contains("already v25's pin; a new generation (v27) needs a new tinygrad commit"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        fs::read_to_string(tg.join("TINYGRAD_COMMIT")).unwrap(),
+        format!("{OTHER}\n")
+    );
+    let pins_after: serde_json::Value =
+        serde_json::from_slice(&fs::read(op.join("tinygrad_pins.json")).unwrap()).unwrap();
+    assert_eq!(pins_after, pins);
+    write(
+        &op.join("starpilot/assets/model_manager.py"),
+        b"import os\nMANIFEST_CANDIDATES = (\"v25\",)\n",
+    );
 
     // A git checkout at another commit is refused.
     let g = Command::new("git")

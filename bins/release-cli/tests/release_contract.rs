@@ -250,3 +250,162 @@ fn chunk_oob_reports_the_layout_or_the_offset() {
         text(&o.stderr)
     );
 }
+
+const NEXT_PIN: &str = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+
+/// A v26 release of pop223 (pinned to NEXT_PIN) with extra manifest entries.
+fn v26_release(dir: &Path, pin: &str, extra: Vec<Value>) -> (PathBuf, PathBuf) {
+    let data = artifact_bytes(9, 2500);
+    let (artifacts, manifest) = release(dir, &data, "artifacts/pop223");
+    let mut models = vec![entry("pop223", &data, 3)];
+    models.extend(extra);
+    let doc = json!({"generation": "v26", "tinygrad_commit": pin, "models": models});
+    fs::write(
+        &manifest,
+        serde_json::to_string_pretty(&doc).unwrap() + "\n",
+    )
+    .unwrap();
+    let manifest26 = dir.join("model_names_v26.json");
+    fs::rename(&manifest, &manifest26).unwrap();
+    (artifacts, manifest26)
+}
+
+fn publish26(
+    dir: &Path,
+    manifest: &Path,
+    artifacts: &Path,
+    store: &Path,
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args = vec![
+        "publish",
+        "--generation",
+        "v26",
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--artifacts",
+        artifacts.to_str().unwrap(),
+        "--to",
+        store.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    cli_in(&args, dir)
+}
+
+#[test]
+fn a_manifest_whose_pin_is_not_its_generations_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    // --generation v26 with a v25-pinned manifest.
+    let (artifacts, manifest) = v26_release(t.path(), TG, vec![]);
+    let op = t.path().join("op");
+    fs::create_dir_all(&op).unwrap();
+    fs::write(
+        op.join("tinygrad_pins.json"),
+        format!("{{\"v25\": \"{TG}\", \"v26\": \"{NEXT_PIN}\"}}\n"),
+    )
+    .unwrap();
+    let o = publish26(
+        t.path(),
+        &manifest,
+        &artifacts,
+        &store,
+        &["--openpilot", "op"],
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains(&format!("tinygrad_commit {TG} is not v26's pin {NEXT_PIN}"))
+            && err.contains("it is v25's"),
+        "{err}"
+    );
+    assert!(!store.exists());
+    // Without a recorded v26 pin, v26 cannot be published at all.
+    let (artifacts, manifest) = v26_release(t.path(), NEXT_PIN, vec![]);
+    let o = publish26(t.path(), &manifest, &artifacts, &store, &[]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("no tinygrad pin is recorded for v26"), "{err}");
+    assert!(!store.exists());
+}
+
+#[test]
+fn a_new_generation_keeps_the_previous_ids_versions_and_gpu_flags() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    // The store holds v25: pop223 (v15), gwm (v8), chest (v16, Chestnut).
+    let old = |id: &str, v: &str, gpu: bool| {
+        json!({"id": id, "name": id, "version": v, "series": "OP Series",
+               "released": "2025-06-01", "community_favorite": false, "uses_external_gpu": gpu})
+    };
+    fs::create_dir_all(store.join("manifests")).unwrap();
+    let v25 = json!({"generation": "v25", "tinygrad_commit": TG, "models": [
+        old("pop223", "v15", false), old("gwm", "v8", false), old("chest", "v16", true)]});
+    fs::write(
+        store.join("manifests/model_names_v25.json"),
+        serde_json::to_string_pretty(&v25).unwrap(),
+    )
+    .unwrap();
+    let op = t.path().join("op");
+    fs::create_dir_all(&op).unwrap();
+    fs::write(
+        op.join("tinygrad_pins.json"),
+        format!("{{\"v25\": \"{TG}\", \"v26\": \"{NEXT_PIN}\"}}\n"),
+    )
+    .unwrap();
+    // v26 drops gwm, adds fresh, flips chest's GPU flag; pop223 keeps v15.
+    let listed = |id: &str, v: &str, gpu: bool| {
+        let mut e = entry(id, &artifact_bytes(10, 2500), 3);
+        e["version"] = v.into();
+        e["uses_external_gpu"] = gpu.into();
+        e
+    };
+    let (artifacts, manifest) = v26_release(
+        t.path(),
+        NEXT_PIN,
+        vec![listed("chest", "v16", false), listed("fresh", "v16", false)],
+    );
+    let before = tree(&store);
+    let o = publish26(
+        t.path(),
+        &manifest,
+        &artifacts,
+        &store,
+        &["--openpilot", "op"],
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    for want in [
+        "departs from v25 (manifests/model_names_v25.json)",
+        "+ model fresh is new (name it with --add-model fresh)",
+        "- model gwm is missing",
+        "--drop-model gwm",
+        "~ model chest: uses_external_gpu true -> false",
+    ] {
+        assert!(err.contains(want), "{want:?} not in {err}");
+    }
+    assert_eq!(tree(&store), before, "nothing written");
+
+    // Naming the intended changes is not enough while chest's target changes.
+    let o = publish26(
+        t.path(),
+        &manifest,
+        &artifacts,
+        &store,
+        &[
+            "--openpilot",
+            "op",
+            "--add-model",
+            "fresh",
+            "--drop-model",
+            "gwm",
+        ],
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("chest") && !err.contains("fresh is new"),
+        "{err}"
+    );
+    assert_eq!(tree(&store), before);
+}

@@ -109,6 +109,26 @@ pub enum Error {
         problems: Vec<String>,
     },
 
+    #[error(
+        "publish refused: {refusal}\nnext: publish with the manifest's own generation, or record the new generation's pin with `release-cli tinygrad bump` and pass --openpilot"
+    )]
+    Pin {
+        #[source]
+        refusal: manifest::PinRefusal,
+    },
+
+    #[error(
+        "refusing to publish {generation} to {store}: it departs from {previous} ({path}):\n{refusal}\nnext: keep every {previous} model ID, version and uses_external_gpu, or name each intended addition/removal with --add-model ID / --drop-model ID"
+    )]
+    GenerationGuard {
+        store: String,
+        generation: manifest::Generation,
+        previous: manifest::Generation,
+        path: String,
+        #[source]
+        refusal: manifest::GenerationRefusal,
+    },
+
     #[error("{0}")]
     Refused(String),
 
@@ -215,6 +235,8 @@ impl Error {
                 | Error::GitRefused { .. }
                 | Error::Manifest(_)
                 | Error::Guard { .. }
+                | Error::Pin { .. }
+                | Error::GenerationGuard { .. }
                 | Error::Chunk(
                     chunker::Error::MissingChunk { .. }
                         | chunker::Error::MalformedChunkManifest { .. }

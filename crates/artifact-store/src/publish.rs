@@ -465,6 +465,62 @@ pub struct PublishOptions {
     /// Re-read every listed artifact in the store and check its SHA-256 (slow on the Hub).
     /// Stores whose reads are local ([`Store::reads_are_local`]) are always checked this way.
     pub deep_verify: bool,
+    /// The release contract's pins and intended generation changes.
+    pub contract: Contract,
+}
+
+/// What the release contract checks before anything is written: the manifest's tinygrad pin
+/// against the generation's ([`manifest::check_pin`]), and, where a store holds the previous
+/// generation's manifest, the generation guard ([`manifest::generation_guard`]).
+#[derive(Debug, Clone, Default)]
+pub struct Contract {
+    pub pins: manifest::PinTable,
+    /// IDs the new generation may add (`--add-model`).
+    pub add_models: BTreeSet<ModelId>,
+    /// IDs the new generation may drop (`--drop-model`).
+    pub drop_models: BTreeSet<ModelId>,
+}
+
+/// The pin rule and, per store, the generation guard against the previous generation's
+/// manifest when the store holds one. Reads only; runs before any store is written.
+pub fn check_contract(
+    manifest: &Manifest,
+    stores: &[&dyn Store],
+    generation: Generation,
+    contract: &Contract,
+) -> Result<()> {
+    manifest::check_pin(
+        &contract.pins,
+        generation,
+        manifest.tinygrad_commit().as_ref(),
+    )
+    .map_err(|refusal| Error::Pin { refusal })?;
+    let Some(previous) = generation.previous() else {
+        return Ok(());
+    };
+    let layout = StoreLayout::HfBucket;
+    let path = layout.manifest_path(previous);
+    for store in stores {
+        let Some(bytes) = store.read_small(&path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)?
+        else {
+            continue;
+        };
+        let old = Manifest::from_slice(&bytes).map_err(|e| {
+            Error::Refused(format!(
+                "{}: the previous generation's manifest {path} does not parse ({e}); the new generation is checked against it, so fix it first",
+                store.describe()
+            ))
+        })?;
+        manifest::generation_guard(&old, manifest, &contract.add_models, &contract.drop_models)
+            .map_err(|refusal| Error::GenerationGuard {
+                store: store.describe(),
+                generation,
+                previous,
+                path: path.to_string(),
+                refusal,
+            })?;
+    }
+    Ok(())
 }
 
 /// Progress and decisions, as they happen.
@@ -589,6 +645,7 @@ pub fn publish_signed(
     if !problems.is_empty() {
         return Err(manifest::Error::Invalid(problems).into());
     }
+    check_contract(manifest, stores, opts.generation, &opts.contract)?;
     let local = prepare_local(artifacts_dir, manifest)?;
     let intended: BTreeSet<ModelId> = local.iter().map(|a| a.id.clone()).collect();
     let manifest_bytes = manifest.to_canonical_bytes();

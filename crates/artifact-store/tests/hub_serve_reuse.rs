@@ -80,6 +80,7 @@ fn opts() -> PublishOptions {
         dry_run: false,
         retry: RetryPolicy::immediate(2),
         deep_verify: false,
+        contract: Default::default(),
     }
 }
 

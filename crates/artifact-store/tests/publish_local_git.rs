@@ -17,6 +17,7 @@ fn opts(dry_run: bool) -> PublishOptions {
         dry_run,
         retry: RetryPolicy::immediate(3),
         deep_verify: true,
+        contract: Default::default(),
     }
 }
 

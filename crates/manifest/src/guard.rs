@@ -236,3 +236,283 @@ pub fn guard(
         Err(GuardRefusal { changes })
     }
 }
+
+/// One way a new generation's manifest departs from the previous generation's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GenerationChange {
+    /// In the new generation but not the old, and not named with `--add-model`.
+    Added(ModelId),
+    /// In the old generation but not the new, and not named with `--drop-model`.
+    Dropped(ModelId),
+    /// Named with `--add-model` but already in the old generation (or absent from the new).
+    NamedAddNotAdded(ModelId),
+    /// Named with `--drop-model` but not in the old generation (or still in the new).
+    NamedDropNotDropped(ModelId),
+    /// The behaviour version changed: it must stay when only tinygrad changes.
+    Version {
+        id: ModelId,
+        old: Option<String>,
+        new: Option<String>,
+    },
+    /// `uses_external_gpu` changed: a Chestnut build stays a Chestnut build.
+    ExternalGpu { id: ModelId, old: bool, new: bool },
+}
+
+impl fmt::Display for GenerationChange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(absent)".into());
+        match self {
+            Self::Added(id) => write!(f, "+ model {id} is new (name it with --add-model {id})"),
+            Self::Dropped(id) => write!(
+                f,
+                "- model {id} is missing (model IDs stay stable across generations; name it with --drop-model {id} to retire it)"
+            ),
+            Self::NamedAddNotAdded(id) => write!(
+                f,
+                "--add-model {id}, but {id} is not a new model in this manifest"
+            ),
+            Self::NamedDropNotDropped(id) => write!(
+                f,
+                "--drop-model {id}, but {id} is not a model the previous generation had and this one lacks"
+            ),
+            Self::Version { id, old, new } => write!(
+                f,
+                "~ model {id}: version {} -> {} (behaviour versions stay unchanged when only tinygrad changes)",
+                show(old),
+                show(new)
+            ),
+            Self::ExternalGpu { id, old, new } => write!(
+                f,
+                "~ model {id}: uses_external_gpu {old} -> {new} (only Chestnut builds set it, and a model keeps its target)"
+            ),
+        }
+    }
+}
+
+/// Every departure of a new generation from the previous one, refused together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenerationRefusal {
+    pub changes: Vec<GenerationChange>,
+}
+
+impl fmt::Display for GenerationRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, c) in self.changes.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "  {c}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for GenerationRefusal {}
+
+/// The rule between generations: a new generation keeps the previous one's model IDs (except
+/// those named in `add` and `drop`), every behaviour version and every `uses_external_gpu`.
+/// Local models (`local-…`) are not published and are ignored.
+pub fn generation_guard(
+    previous: &Manifest,
+    new: &Manifest,
+    add: &BTreeSet<ModelId>,
+    drop: &BTreeSet<ModelId>,
+) -> Result<(), GenerationRefusal> {
+    let old: BTreeMap<&ModelId, _> = previous
+        .models()
+        .iter()
+        .filter(|e| !e.id().is_local())
+        .map(|e| (e.id(), e))
+        .collect();
+    let cur: BTreeMap<&ModelId, _> = new
+        .models()
+        .iter()
+        .filter(|e| !e.id().is_local())
+        .map(|e| (e.id(), e))
+        .collect();
+    let mut changes = Vec::new();
+    for id in cur.keys().filter(|id| !old.contains_key(*id)) {
+        if !add.contains(*id) {
+            changes.push(GenerationChange::Added((*id).clone()));
+        }
+    }
+    for id in old.keys().filter(|id| !cur.contains_key(*id)) {
+        if !drop.contains(*id) {
+            changes.push(GenerationChange::Dropped((*id).clone()));
+        }
+    }
+    for id in add {
+        if old.contains_key(id) || !cur.contains_key(id) {
+            changes.push(GenerationChange::NamedAddNotAdded(id.clone()));
+        }
+    }
+    for id in drop {
+        if !old.contains_key(id) || cur.contains_key(id) {
+            changes.push(GenerationChange::NamedDropNotDropped(id.clone()));
+        }
+    }
+    for (id, before) in &old {
+        let Some(after) = cur.get(id) else { continue };
+        let raw = |e: &crate::ModelEntry| {
+            e.fields().get(keys::VERSION).map(|v| match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+        };
+        let (ov, nv) = (raw(before), raw(after));
+        if ov != nv {
+            changes.push(GenerationChange::Version {
+                id: (*id).clone(),
+                old: ov,
+                new: nv,
+            });
+        }
+        let (og, ng) = (before.uses_external_gpu(), after.uses_external_gpu());
+        if og != ng {
+            changes.push(GenerationChange::ExternalGpu {
+                id: (*id).clone(),
+                old: og,
+                new: ng,
+            });
+        }
+    }
+    if changes.is_empty() {
+        Ok(())
+    } else {
+        Err(GenerationRefusal { changes })
+    }
+}
+
+#[cfg(test)]
+mod generation_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn m(entries: &[(&str, &str, bool)]) -> Manifest {
+        let models: Vec<Value> = entries
+            .iter()
+            .map(|(id, v, gpu)| json!({"id": id, "name": id, "version": v, "uses_external_gpu": gpu}))
+            .collect();
+        Manifest::from_value(json!({ "models": models })).unwrap()
+    }
+
+    fn ids(list: &[&str]) -> BTreeSet<ModelId> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn id(s: &str) -> ModelId {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_generation_rule() {
+        let v25 = m(&[
+            ("pop", "v15", false),
+            ("gwm", "v8", false),
+            ("chest", "v16", true),
+        ]);
+        type Case<'a> = (
+            &'a str,
+            Manifest,
+            &'a [&'a str],
+            &'a [&'a str],
+            Vec<GenerationChange>,
+        );
+        let cases: Vec<Case> = vec![
+            ("same ids and versions", v25.clone(), &[], &[], vec![]),
+            (
+                "new pin only (artifacts change, versions stay)",
+                m(&[
+                    ("gwm", "v8", false),
+                    ("chest", "v16", true),
+                    ("pop", "v15", false),
+                ]),
+                &[],
+                &[],
+                vec![],
+            ),
+            (
+                "an id appears and one vanishes, unnamed",
+                m(&[
+                    ("pop", "v15", false),
+                    ("chest", "v16", true),
+                    ("new", "v16", false),
+                ]),
+                &[],
+                &[],
+                vec![
+                    GenerationChange::Added(id("new")),
+                    GenerationChange::Dropped(id("gwm")),
+                ],
+            ),
+            (
+                "both named",
+                m(&[
+                    ("pop", "v15", false),
+                    ("chest", "v16", true),
+                    ("new", "v16", false),
+                ]),
+                &["new"],
+                &["gwm"],
+                vec![],
+            ),
+            (
+                "names that do not match a difference",
+                v25.clone(),
+                &["pop"],
+                &["ghost"],
+                vec![
+                    GenerationChange::NamedAddNotAdded(id("pop")),
+                    GenerationChange::NamedDropNotDropped(id("ghost")),
+                ],
+            ),
+            (
+                "version and external GPU changes, each listed",
+                m(&[
+                    ("pop", "v16", false),
+                    ("gwm", "v8", true),
+                    ("chest", "v16", false),
+                ]),
+                &[],
+                &[],
+                vec![
+                    GenerationChange::ExternalGpu {
+                        id: id("chest"),
+                        old: true,
+                        new: false,
+                    },
+                    GenerationChange::ExternalGpu {
+                        id: id("gwm"),
+                        old: false,
+                        new: true,
+                    },
+                    GenerationChange::Version {
+                        id: id("pop"),
+                        old: Some("v15".into()),
+                        new: Some("v16".into()),
+                    },
+                ],
+            ),
+        ];
+        for (name, new, add, drop, want) in cases {
+            let got = generation_guard(&v25, &new, &ids(add), &ids(drop))
+                .err()
+                .map(|r| r.changes)
+                .unwrap_or_default();
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_refusal_lists_every_difference_with_its_flag() {
+        let old = m(&[("a", "v8", false), ("b", "v8", false)]);
+        let new = m(&[("a", "v9", false), ("c", "v8", false)]);
+        let text = generation_guard(&old, &new, &BTreeSet::new(), &BTreeSet::new())
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("--add-model c"), "{text}");
+        assert!(text.contains("--drop-model b"), "{text}");
+        assert!(text.contains("version v8 -> v9"), "{text}");
+        assert_eq!(text.lines().count(), 3, "{text}");
+    }
+}

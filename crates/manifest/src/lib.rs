@@ -21,6 +21,7 @@ pub mod guard;
 pub mod json;
 pub mod layout;
 mod manifest;
+pub mod pins;
 pub mod signature;
 mod types;
 pub mod validate;
@@ -28,10 +29,14 @@ pub mod validate;
 pub use chunker::Sha256Digest;
 pub use entry::{AcceleratorArtifact, Artifact, ModelEntry, NewEntry};
 pub use error::{Error, GuardRefusal, Result};
-pub use guard::{FieldChange, ManifestDiff, ModelChange, UnexpectedChange, diff, guard};
+pub use guard::{
+    FieldChange, GenerationChange, GenerationRefusal, ManifestDiff, ModelChange, UnexpectedChange,
+    diff, generation_guard, guard,
+};
 pub use json::to_canonical_string;
 pub use layout::{StoreLayout, StorePath};
 pub use manifest::{Limits, Manifest};
+pub use pins::{PinRefusal, PinTable, check_pin};
 pub use signature::{ReleaseNumber, TrustedComment, UnixSeconds};
 pub use types::{
     ArtifactFormat, ArtifactSize, BehaviorVersion, ChunkCount, FileName, Generation, GitCommit,

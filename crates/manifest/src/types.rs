@@ -54,6 +54,11 @@ impl Generation {
     pub fn next(self) -> Option<Self> {
         self.0.checked_add(1).map(Self)
     }
+
+    /// The generation before this one (`None` for `v0`).
+    pub fn previous(self) -> Option<Self> {
+        self.0.checked_sub(1).map(Self)
+    }
 }
 
 impl FromStr for Generation {

@@ -105,7 +105,8 @@ pub struct BumpArgs {
     /// The full tinygrad commit.
     #[arg(long, value_name = "SHA")]
     pub commit: GitCommit,
-    /// Print `{"openpilot","commit","files","generation":{"from","to"},"manifest_candidates"}`.
+    /// Print `{"openpilot","commit","files","generation":{"from","to"},"manifest_candidates"}`
+    /// (`generation` is null when --commit is already the current generation's pin).
     #[arg(long)]
     pub json: bool,
 }
@@ -622,6 +623,27 @@ fn bump(args: BumpArgs) -> CliResult {
             args.openpilot.display()
         )));
     }
+    // The generation↔pin pair first (pure, before anything is written): the same pin as the
+    // current generation is the same ABI (no new generation); a new pin makes the next
+    // generation, and a pin another generation has, or a second pin for the next generation,
+    // is refused.
+    let mut pins = super::store::load_pins(Some(&args.openpilot))?;
+    let candidates = find_manifest_candidates(&args.openpilot);
+    let current = candidates
+        .as_ref()
+        .and_then(|(_, _, gens)| gens.iter().max().copied())
+        .unwrap_or(manifest::layout::CURRENT_GENERATION);
+    let same_abi = pins.owner_of(&args.commit) == Some(current);
+    let generation = if same_abi {
+        None
+    } else {
+        let to = current
+            .next()
+            .ok_or_else(|| CliError::usage(format!("{current} is the last generation number")))?;
+        pins.record(to, &args.commit)
+            .map_err(|e| CliError::check_failed(format!("tinygrad bump refused: {e}")))?;
+        Some(GenerationMove { from: current, to })
+    };
     // A git checkout must be at the commit we are about to record.
     if src.join(".git").exists() {
         let out = std::process::Command::new("git")
@@ -667,14 +689,12 @@ fn bump(args: BumpArgs) -> CliResult {
         fs::remove_dir_all(&old).map_err(|e| io_err(&old, e))?;
     }
 
-    let candidates = find_manifest_candidates(&args.openpilot);
-    let current = candidates
-        .as_ref()
-        .and_then(|(_, _, gens)| gens.iter().max().copied())
-        .unwrap_or(manifest::layout::CURRENT_GENERATION);
-    let generation = current
-        .next()
-        .map(|to| GenerationMove { from: current, to });
+    // Recorded after the swap: a crash in between leaves the pair unrecorded, and rerunning
+    // the same bump records it.
+    if generation.is_some() {
+        let path = args.openpilot.join(manifest::pins::PINS_FILE);
+        atomic::write_atomic(&path, pins.to_json().as_bytes()).map_err(|e| io_err(&path, e))?;
+    }
     let report = BumpReport {
         openpilot: args.openpilot.clone(),
         commit: args.commit.clone(),
@@ -693,6 +713,19 @@ fn bump(args: BumpArgs) -> CliResult {
         report.files,
         args.commit
     );
+    match &report.generation {
+        Some(g) => println!(
+            "recorded {} = tinygrad {} in {} (publish --openpilot {} checks manifests against it)",
+            g.to,
+            args.commit,
+            args.openpilot.join(manifest::pins::PINS_FILE).display(),
+            args.openpilot.display()
+        ),
+        None => println!(
+            "{} is already {current}'s pin: same ABI, no new generation",
+            args.commit
+        ),
+    }
     if let Some(g) = &report.generation {
         println!(
             "next generation: {} -> {}. Build and publish it with --generation {} \

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use artifact_store::publish::{
-    Event, PublishOptions, PublishReport, Step, check_store_order, publish_signed,
+    Contract, Event, PublishOptions, PublishReport, Step, check_store_order, publish_signed,
 };
 use artifact_store::retry::RetryPolicy;
 use artifact_store::reuse::{ReuseRequest, check_compatibility, reuse, update_manifest_entry};
@@ -36,6 +36,30 @@ fn read_manifest(path: &PathBuf) -> CliResult<Manifest> {
         .map_err(|e| CliError::check_failed(format!("{}: {e}", path.display())))
 }
 
+/// The built-in pins plus those `tinygrad bump` recorded in `<openpilot>/tinygrad_pins.json`.
+pub fn load_pins(openpilot: Option<&std::path::Path>) -> CliResult<manifest::PinTable> {
+    let mut pins = manifest::PinTable::builtin();
+    let Some(dir) = openpilot else {
+        return Ok(pins);
+    };
+    let path = dir.join(manifest::pins::PINS_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => pins
+            .merge_json(&bytes)
+            .map_err(|e| CliError::check_failed(format!("{}: {e}", path.display())))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if !dir.is_dir() {
+                return Err(CliError::usage(format!(
+                    "--openpilot {}: not a directory",
+                    dir.display()
+                )));
+            }
+        }
+        Err(e) => return Err(CliError::failure(format!("{}: {e}", path.display()))),
+    }
+    Ok(pins)
+}
+
 #[derive(Debug, Args)]
 pub struct PublishArgs {
     /// The generation to publish, e.g. `v25`.
@@ -61,6 +85,18 @@ pub struct PublishArgs {
     /// Attempts per upload before giving up (with exponential backoff from 2 s up to 30 s).
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub attempts: u32,
+    /// A model this generation adds to the previous generation's IDs (repeat for several).
+    /// Without it, a new ID is refused when a store holds the previous generation's manifest.
+    #[arg(long = "add-model", value_name = "ID")]
+    pub add_models: Vec<ModelId>,
+    /// A model of the previous generation this one retires (repeat for several). Without it, a
+    /// missing ID is refused: model IDs stay stable across generations.
+    #[arg(long = "drop-model", value_name = "ID")]
+    pub drop_models: Vec<ModelId>,
+    /// The openpilot tree whose `tinygrad_pins.json` (written by `tinygrad bump`) records the
+    /// pins of generations after v25. The manifest's tinygrad_commit must be --generation's pin.
+    #[arg(long, value_name = "DIR")]
+    pub openpilot: Option<PathBuf>,
     #[command(flatten)]
     pub access: StoreAccess,
     /// Print one JSON line per event (`{"event":…}`), then the report `{"dry_run","generation",
@@ -136,6 +172,11 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             ..RetryPolicy::default()
         },
         deep_verify: args.deep_verify,
+        contract: Contract {
+            pins: load_pins(args.openpilot.as_deref())?,
+            add_models: args.add_models.iter().cloned().collect(),
+            drop_models: args.drop_models.iter().cloned().collect(),
+        },
     };
     let json = args.json;
     let dry_run = args.dry_run;
