@@ -126,12 +126,38 @@ impl GithubStore {
             ])?;
             let mut it = counts.split_whitespace();
             let (ahead, behind) = (it.next().unwrap_or("?"), it.next().unwrap_or("?"));
+            // An interrupted publish leaves its own commits unpushed: a rerun pushes them.
+            let subjects = self.git(["log", "--format=%s", &format!("{remote_ref}..HEAD")])?;
+            if behind == "0" && is_resumable(&subjects) {
+                return self.push();
+            }
             return Err(self.refuse(format!(
                 "not in sync with {}/{}: {ahead} commit(s) ahead, {behind} behind; run `git pull --ff-only` or push first",
                 self.remote, self.branch
             )));
         }
         Ok(())
+    }
+
+    /// Push `HEAD` to the branch. A rejection (the remote moved, a protected branch, no
+    /// permission) is reported at once with what to do; only transport failures are retried.
+    fn push(&self) -> Result<()> {
+        match self.git([
+            "push",
+            "--quiet",
+            &self.remote,
+            &format!("HEAD:refs/heads/{}", self.branch),
+        ]) {
+            Err(Error::Git { stderr, .. }) if push_rejected(&stderr) => Err(self.refuse(format!(
+                "push to {}/{} was rejected: {stderr}\nnext: the commit stays in the checkout; if the branch moved, `git -C {} pull --rebase {} {}`; if access or branch protection refused it, fix that; then rerun the same publish, which pushes the local commits first",
+                self.remote,
+                self.branch,
+                self.checkout.display(),
+                self.remote,
+                self.branch
+            ))),
+            other => other.map(|_| ()),
+        }
     }
 
     fn git<I, S>(&self, args: I) -> Result<String>
@@ -184,13 +210,72 @@ impl GithubStore {
         if !unchanged {
             self.git(["commit", "--quiet", "-m", message, "--", rel.as_str()])?;
         }
-        self.git([
-            "push",
-            "--quiet",
-            &self.remote,
-            &format!("HEAD:refs/heads/{}", self.branch),
-        ])?;
-        Ok(())
+        self.push()
+    }
+}
+
+/// Whether commits ahead of the remote (subjects, newest first) are all publish commits this
+/// store made, so pushing them on a rerun is finishing an interrupted publish.
+fn is_resumable(subjects: &str) -> bool {
+    let mut any = false;
+    for line in subjects.lines() {
+        any = true;
+        if !(line.starts_with("Publish ") || line.starts_with("Remove ")) {
+            return false;
+        }
+    }
+    any
+}
+
+/// Whether `git push`'s stderr is a refusal (retrying cannot help) rather than a transport
+/// failure.
+fn push_rejected(stderr: &str) -> bool {
+    const MARKS: [&str; 9] = [
+        "[rejected]",
+        "[remote rejected]",
+        "non-fast-forward",
+        "fetch first",
+        "pre-receive hook declined",
+        "protected branch",
+        "Permission to",
+        "permission denied",
+        "The requested URL returned error: 403",
+    ];
+    let lower = stderr.to_lowercase();
+    MARKS.iter().any(|m| lower.contains(&m.to_lowercase()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejected_pushes_and_resumable_commits() {
+        for (stderr, rejected) in [
+            (" ! [rejected]        HEAD -> Models (fetch first)", true),
+            (
+                " ! [remote rejected] HEAD -> Models (pre-receive hook declined)",
+                true,
+            ),
+            ("remote: error: GH006: Protected branch update failed", true),
+            ("remote: Permission to x/y.git denied to bot.", true),
+            (
+                "fatal: unable to access 'https://github.com/x/': The requested URL returned error: 403",
+                true,
+            ),
+            (
+                "fatal: unable to access 'https://github.com/x/': Could not resolve host: github.com",
+                false,
+            ),
+            ("fatal: the remote end hung up unexpectedly", false),
+        ] {
+            assert_eq!(push_rejected(stderr), rejected, "{stderr}");
+        }
+        assert!(is_resumable(
+            "Publish model_names_v25.json\nRemove v25/p/x.chunkmanifest"
+        ));
+        assert!(!is_resumable(""));
+        assert!(!is_resumable("Publish a\nmy own fix"));
     }
 }
 

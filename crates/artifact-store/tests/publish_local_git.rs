@@ -477,3 +477,65 @@ fn an_empty_model_directory_intends_a_change_already_in_the_store() {
     .unwrap_err();
     assert!(err.to_string().contains("pop223"), "{err}");
 }
+
+/// A push the remote refuses fails at once (no retries) with what to do, leaving the commit in
+/// the checkout; the rerun pushes it and finishes the publish, without a manual `git push`.
+#[test]
+fn a_rejected_push_is_reported_at_once_and_the_rerun_resumes_from_the_local_commit() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let remote = GitRemote::new(t.path(), "Models", None);
+    let hook = remote.bare.join("hooks/pre-receive");
+    fs::write(&hook, "#!/bin/sh\necho 'branch is protected' >&2\nexit 1\n").unwrap();
+    fs::set_permissions(&hook, fs::Permissions::from_mode(0o755)).unwrap();
+    let a = model("pop223", 15, 1500);
+    let dir = artifacts_dir(t.path(), &[&a]);
+    let m = manifest_of(vec![entry("pop223", &a.data, "Pop")]);
+    let store = GithubStore::open(&remote.checkout, "Models").unwrap();
+    let mut retries = 0;
+    let e = publish(&m, &dir, &[&store], &opts(false), &mut |ev| {
+        if matches!(ev, artifact_store::publish::Event::Retrying { .. }) {
+            retries += 1;
+        }
+    })
+    .unwrap_err()
+    .to_string();
+    assert_eq!(retries, 0, "a rejection is not retried");
+    assert!(
+        e.contains("was rejected")
+            && e.contains("pre-receive hook declined")
+            && e.contains("rerun the same publish"),
+        "{e}"
+    );
+    assert_eq!(remote.remote_subjects(), ["init"]);
+    let ahead = git(
+        &remote.checkout,
+        &["rev-list", "--count", "origin/Models..HEAD"],
+    );
+    assert_eq!(ahead.trim(), "1");
+
+    // The remote accepts again: reopening pushes the interrupted publish's commit, and the
+    // publish completes with nothing uploaded twice.
+    fs::remove_file(&hook).unwrap();
+    let store = GithubStore::open(&remote.checkout, "Models").unwrap();
+    assert_eq!(remote.remote_subjects().len(), 2);
+    let report = publish(&m, &dir, &[&store], &opts(false), &mut |_| {}).unwrap();
+    assert_eq!(report.stores[0].uploaded_files, 3);
+    assert_eq!(report.stores[0].skipped_files, 1);
+    assert_eq!(
+        remote.remote_subjects().last().unwrap(),
+        "Publish model_names_v25.json"
+    );
+
+    // Commits that are not this tool's are never pushed for the user.
+    fs::write(remote.checkout.join("notes.txt"), "mine").unwrap();
+    git(&remote.checkout, &["add", "notes.txt"]);
+    git(
+        &remote.checkout,
+        &["commit", "--quiet", "-m", "my own change"],
+    );
+    let e = GithubStore::open(&remote.checkout, "Models")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("1 commit(s) ahead"), "{e}");
+}
