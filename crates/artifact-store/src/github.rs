@@ -245,40 +245,6 @@ fn push_rejected(stderr: &str) -> bool {
     MARKS.iter().any(|m| lower.contains(&m.to_lowercase()))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rejected_pushes_and_resumable_commits() {
-        for (stderr, rejected) in [
-            (" ! [rejected]        HEAD -> Models (fetch first)", true),
-            (
-                " ! [remote rejected] HEAD -> Models (pre-receive hook declined)",
-                true,
-            ),
-            ("remote: error: GH006: Protected branch update failed", true),
-            ("remote: Permission to x/y.git denied to bot.", true),
-            (
-                "fatal: unable to access 'https://github.com/x/': The requested URL returned error: 403",
-                true,
-            ),
-            (
-                "fatal: unable to access 'https://github.com/x/': Could not resolve host: github.com",
-                false,
-            ),
-            ("fatal: the remote end hung up unexpectedly", false),
-        ] {
-            assert_eq!(push_rejected(stderr), rejected, "{stderr}");
-        }
-        assert!(is_resumable(
-            "Publish model_names_v25.json\nRemove v25/p/x.chunkmanifest"
-        ));
-        assert!(!is_resumable(""));
-        assert!(!is_resumable("Publish a\nmy own fix"));
-    }
-}
-
 impl Store for GithubStore {
     fn describe(&self) -> String {
         format!("github:{}", self.checkout.display())
@@ -379,5 +345,39 @@ impl Store for GithubStore {
         self.git(["rm", "--quiet", "--", rel.as_str()])?;
         self.commit_and_push(&rel, &format!("Remove {rel}"))?;
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejected_pushes_and_resumable_commits() {
+        for (stderr, rejected) in [
+            (" ! [rejected]        HEAD -> Models (fetch first)", true),
+            (
+                " ! [remote rejected] HEAD -> Models (pre-receive hook declined)",
+                true,
+            ),
+            ("remote: error: GH006: Protected branch update failed", true),
+            ("remote: Permission to x/y.git denied to bot.", true),
+            (
+                "fatal: unable to access 'https://github.com/x/': The requested URL returned error: 403",
+                true,
+            ),
+            (
+                "fatal: unable to access 'https://github.com/x/': Could not resolve host: github.com",
+                false,
+            ),
+            ("fatal: the remote end hung up unexpectedly", false),
+        ] {
+            assert_eq!(push_rejected(stderr), rejected, "{stderr}");
+        }
+        assert!(is_resumable(
+            "Publish model_names_v25.json\nRemove v25/p/x.chunkmanifest"
+        ));
+        assert!(!is_resumable(""));
+        assert!(!is_resumable("Publish a\nmy own fix"));
     }
 }
