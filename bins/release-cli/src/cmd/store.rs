@@ -71,7 +71,8 @@ pub struct PublishArgs {
     /// One `<id>/` directory per model to upload, each holding that model's chunk set.
     #[arg(long, value_name = "DIR")]
     pub artifacts: PathBuf,
-    /// A store: a directory, `file://DIR`, `hf://buckets/NS/NAME` or `github:CHECKOUT`.
+    /// A store: `hf://buckets/NS/NAME`, `github:CHECKOUT`, `file:DIR` or a plain directory path
+    /// without a `word:` prefix (anything else, e.g. `hf:/buckets/…` or `gh:…`, is refused).
     /// Repeat for several stores; they are published in order (Hugging Face before GitHub).
     #[arg(long = "to", value_name = "STORE", required = true)]
     pub to: Vec<String>,
