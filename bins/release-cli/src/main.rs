@@ -46,8 +46,16 @@ pub struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Every command's JSON switch is spelled `--json`; with it, a failure is also one JSON
+    // object on stdout, so a script reading stdout never has to parse stderr.
+    let json = std::env::args_os().skip(1).any(|a| a == "--json");
     match cmd::run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => e.report(),
+        Err(e) => {
+            if json {
+                e.print_json();
+            }
+            e.report()
+        }
     }
 }

@@ -43,6 +43,19 @@ impl CliError {
         }
     }
 
+    /// `{"error":{"exit_code","kind","message"}}` on stdout (`kind`: `failure`, `usage` or
+    /// `check_failed`).
+    pub fn print_json(&self) {
+        let kind = match self.code {
+            EXIT_USAGE => "usage",
+            EXIT_CHECK_FAILED => "check_failed",
+            _ => "failure",
+        };
+        let _ = print_json(&serde_json::json!({
+            "error": {"exit_code": self.code, "kind": kind, "message": self.message}
+        }));
+    }
+
     pub fn report(&self) -> ExitCode {
         eprintln!("error: {}", self.message);
         ExitCode::from(self.code)

@@ -133,7 +133,12 @@ fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
         "{err}"
     );
     assert!(err.contains("1 model(s) failed: sc23"), "{err}");
-    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The summary, then the error object every --json failure prints.
+    let stdout = text(&out.stdout);
+    let mut lines = stdout.lines();
+    let summary: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    let error: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(error["error"]["exit_code"], 1);
     assert_eq!(summary["compiled"], 1);
     assert_eq!(summary["failed"], 1);
     assert_eq!(summary["not_in_catalog"], serde_json::json!(["newmodel"]));

@@ -228,10 +228,12 @@ fn manifest_fmt_check_json() {
         bad.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(3));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // The report, then the error object every --json failure prints.
+    let out = text(&o.stdout);
+    let v: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
     assert_eq!(v["canonical"], false);
     assert_eq!(Path::new(v["file"].as_str().unwrap()), bad);
-    // --json only means something with --check (fmt itself prints the manifest).
+    // --json only means something with --check or --write (fmt itself prints the manifest).
     let o = cli(&["manifest", "fmt", "--json", good.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
 }

@@ -39,9 +39,15 @@ fn the_real_catalog_validates_and_formats_to_itself() {
         t.path(),
     );
     assert_eq!(out.status.code(), Some(3));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The report, then the error object every --json failure prints.
+    let lines: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let v = &lines[0];
     assert_eq!(v["valid"], false);
     assert_eq!(v["problems"].as_array().unwrap().len(), 4 * 97);
+    assert_eq!(lines[1]["error"]["kind"], "check_failed");
 }
 
 #[test]

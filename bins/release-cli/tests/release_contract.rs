@@ -409,3 +409,116 @@ fn a_new_generation_keeps_the_previous_ids_versions_and_gpu_flags() {
     );
     assert_eq!(tree(&store), before);
 }
+
+#[test]
+fn manifest_set_artifact_fills_the_entry_and_refuses_without_writing() {
+    let t = tempfile::tempdir().unwrap();
+    let data = artifact_bytes(11, 2500);
+    let (artifacts, manifest) = release(t.path(), &data, "artifacts/pop223");
+    // Start from an entry without artifact fields, in non-canonical form.
+    let doc = json!({"generation": "v25", "tinygrad_commit": TG, "models": [{
+        "id": "pop223", "name": "Pop", "version": "v15", "series": "OP Series",
+        "released": "2025-06-01", "community_favorite": false}]});
+    fs::write(&manifest, serde_json::to_string(&doc).unwrap()).unwrap();
+    let dir = artifacts.join("pop223");
+    let o = cli(&[
+        "manifest",
+        "set-artifact",
+        manifest.to_str().unwrap(),
+        dir.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let m: Value = serde_json::from_slice(&fs::read(&manifest).unwrap()).unwrap();
+    let e = &m["models"][0];
+    assert_eq!(e["artifact_size"], 2500);
+    assert_eq!(e["artifact_sha256"], sha256_hex(&data));
+    assert_eq!(e["artifact_chunk_count"], 3);
+    assert_eq!(e["artifact_format"], "tinygrad_single_v1");
+    let chunks: Vec<String> = data.chunks(1000).map(sha256_hex).collect();
+    assert_eq!(e["artifact_chunk_sha256"], json!(chunks));
+    // The file is now canonical.
+    let o = cli(&["manifest", "fmt", "--check", manifest.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+
+    // Refusals leave the manifest byte for byte as it was.
+    let before = fs::read(&manifest).unwrap();
+    let o = cli(&[
+        "manifest",
+        "set-artifact",
+        manifest.to_str().unwrap(),
+        dir.to_str().unwrap(),
+        "--model",
+        "absent",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    // With --json the failure is a JSON object on stdout too.
+    let err: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(err["error"]["exit_code"], 3);
+    assert_eq!(err["error"]["kind"], "check_failed");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no entry for model absent")
+    );
+    assert_eq!(fs::read(&manifest).unwrap(), before);
+
+    let plain = t.path().join("plain/pop223");
+    let pkl = t.path().join("pop223_driving_tinygrad.pkl");
+    fs::write(&pkl, random_bytes(12, 2500)).unwrap();
+    let o = cli(&[
+        "chunk",
+        "split",
+        pkl.to_str().unwrap(),
+        "--out-dir",
+        plain.to_str().unwrap(),
+    ]);
+    assert!(o.status.success());
+    let o = cli(&[
+        "manifest",
+        "set-artifact",
+        manifest.to_str().unwrap(),
+        plain.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("not an out-of-band"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(fs::read(&manifest).unwrap(), before);
+}
+
+#[test]
+fn manifest_fmt_write_rewrites_in_place_once() {
+    let t = tempfile::tempdir().unwrap();
+    let f = t.path().join("model_names_v25.json");
+    fs::write(
+        &f,
+        r#"{"models":[{"id":"pop223","name":"Pop","version":"v15"}]}"#,
+    )
+    .unwrap();
+    let o = cli(&["manifest", "fmt", "--check", f.to_str().unwrap(), "--json"]);
+    assert_eq!(o.status.code(), Some(3));
+    let lines: Vec<Value> = text(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["canonical"], false);
+    assert_eq!(lines[1]["error"]["exit_code"], 3);
+    let o = cli(&["manifest", "fmt", "--write", f.to_str().unwrap(), "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()["changed"],
+        true
+    );
+    let o = cli(&["manifest", "fmt", "--write", f.to_str().unwrap(), "--json"]);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()["changed"],
+        false
+    );
+    let o = cli(&["manifest", "fmt", "--check", f.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0));
+}

@@ -1,4 +1,4 @@
-//! `release-cli manifest validate|fmt|diff`.
+//! `release-cli manifest validate|fmt|diff|set-artifact`.
 
 use std::path::{Path, PathBuf};
 
@@ -23,6 +23,24 @@ pub enum ManifestCommand {
     /// Check a manifest's signature as a device with these public keys would. Exits 3 if a
     /// device would refuse it.
     Verify(super::sign::VerifyArgs),
+    /// Write a chunk set's size, SHA-256, chunk count and per-chunk digests into its model's
+    /// entry (after checking that it is an OOB container and agrees with its `.sha256`).
+    SetArtifact(SetArtifactArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SetArtifactArgs {
+    /// The manifest to update in place (atomically, in canonical form).
+    pub manifest: PathBuf,
+    /// The model's chunk set directory, e.g. `ready/pop223/` (holding
+    /// `pop223_driving_tinygrad.pkl.chunkNNofMM` and `.chunkmanifest`).
+    pub dir: PathBuf,
+    /// The model ID (default: DIR's name).
+    #[arg(long, value_name = "ID")]
+    pub model: Option<manifest::ModelId>,
+    /// Print `{"manifest","model","size","sha256","chunk_count","chunk_sha256":[…]}`.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// How much `validate` demands.
@@ -59,14 +77,18 @@ pub struct ValidateArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("fmt_mode").args(["check", "write"])))]
 pub struct FmtArgs {
     /// The manifest to format.
     pub file: PathBuf,
     /// Print nothing; exit 3 if the file is not already in canonical form.
     #[arg(long)]
     pub check: bool,
-    /// With --check: print `{"file","canonical"}`.
-    #[arg(long, requires = "check")]
+    /// Rewrite FILE in canonical form (atomically) instead of printing it.
+    #[arg(long, conflicts_with = "check")]
+    pub write: bool,
+    /// With --check: print `{"file","canonical"}`; with --write: `{"file","changed"}`.
+    #[arg(long, requires = "fmt_mode")]
     pub json: bool,
 }
 
@@ -88,7 +110,119 @@ pub fn run(command: ManifestCommand) -> CliResult {
         ManifestCommand::Diff(a) => diff(a),
         ManifestCommand::Sign(a) => super::sign::sign(a),
         ManifestCommand::Verify(a) => super::sign::verify(a),
+        ManifestCommand::SetArtifact(a) => set_artifact(a),
     }
+}
+
+fn set_artifact(args: SetArtifactArgs) -> CliResult {
+    use std::io::Read;
+    let id = match &args.model {
+        Some(id) => id.clone(),
+        None => args
+            .dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .parse()
+            .map_err(|e| {
+                CliError::usage(format!(
+                    "{}: the directory name is not a model ID ({e}); pass --model ID",
+                    args.dir.display()
+                ))
+            })?,
+    };
+    let mut m = load(&args.manifest)?;
+    let name = m
+        .get(&id)
+        .ok_or_else(|| {
+            CliError::check_failed(format!(
+                "{}: no entry for model {id}; add it first (nothing was written)",
+                args.manifest.display()
+            ))
+        })?
+        .file_name()
+        .as_str()
+        .to_string();
+    let logical = args.dir.join(&name);
+    let pieces = match chunker::resolve(&logical)? {
+        Some(chunker::Resolved::Chunked { pieces, .. }) => pieces,
+        Some(other) => {
+            return Err(CliError::check_failed(format!(
+                "{}: found a {} artifact; a release entry describes a chunk set (release-cli chunk split)",
+                logical.display(),
+                other.form()
+            )));
+        }
+        None => {
+            return Err(CliError::check_failed(format!(
+                "{}: no complete chunk set ({name}.chunkmanifest and every chunk)",
+                args.dir.display()
+            )));
+        }
+    };
+    chunker::check_oob_reader(
+        &mut chunker::ArtifactReader::new(pieces.clone()),
+        &logical.display().to_string(),
+    )?;
+    // One pass: each chunk's digest and the whole artifact's.
+    let mut whole = chunker::Hasher::new();
+    let mut chunk_sha256 = Vec::new();
+    let mut size = 0u64;
+    let mut buf = vec![0u8; chunker::IO_BUFFER_SIZE];
+    for (path, _) in &pieces {
+        let mut f = std::fs::File::open(path)
+            .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))?;
+        let mut h = chunker::Hasher::new();
+        loop {
+            let n = f
+                .read(&mut buf)
+                .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+            whole.update(&buf[..n]);
+            size += n as u64;
+        }
+        chunk_sha256.push(h.finish());
+    }
+    let sha256 = whole.finish();
+    let sidecar = logical.with_file_name(chunker::sidecar_name(&name));
+    if let Some(found) = chunker::read_sidecar(&sidecar)?
+        && found != sha256
+    {
+        return Err(CliError::check_failed(format!(
+            "{}: says {found}, the chunks hash to {sha256}; nothing was written",
+            sidecar.display()
+        )));
+    }
+    let artifact = manifest::Artifact::tinygrad(
+        manifest::ArtifactSize::new(size).map_err(CliError::check_failed)?,
+        sha256,
+        manifest::ChunkCount::new(pieces.len() as u64).map_err(CliError::check_failed)?,
+    );
+    m.get_mut(&id)
+        .expect("looked up above")
+        .set_artifact_with_chunks(&artifact, &chunk_sha256)
+        .map_err(CliError::failure)?;
+    chunker::atomic::write_atomic(&args.manifest, &m.to_canonical_bytes())
+        .map_err(|e| CliError::failure(format!("{}: {e}", args.manifest.display())))?;
+    if args.json {
+        return print_json(&json!({
+            "manifest": args.manifest,
+            "model": id.as_str(),
+            "size": size,
+            "sha256": sha256.to_hex(),
+            "chunk_count": pieces.len(),
+            "chunk_sha256": chunk_sha256.iter().map(|d| d.to_hex()).collect::<Vec<_>>(),
+        }));
+    }
+    println!(
+        "{}: {id} = {size} bytes, sha256 {sha256}, {} chunk(s) (with per-chunk digests)",
+        args.manifest.display(),
+        pieces.len()
+    );
+    Ok(())
 }
 
 /// A manifest file's bytes, read no further than one byte past the fleet's size limit.
@@ -213,11 +347,31 @@ fn fmt(args: FmtArgs) -> CliResult {
             Ok(())
         } else {
             Err(CliError::check_failed(format!(
-                "{} is not in canonical form; `release-cli manifest fmt {} > new.json` writes it",
+                "{} is not in canonical form; `release-cli manifest fmt --write {}` rewrites it",
                 args.file.display(),
                 args.file.display()
             )))
         };
+    }
+    if args.write {
+        let changed = canonical != original;
+        if changed {
+            chunker::atomic::write_atomic(&args.file, &canonical)
+                .map_err(|e| CliError::failure(format!("{}: {e}", args.file.display())))?;
+        }
+        if args.json {
+            return print_json(&json!({"file": args.file, "changed": changed}));
+        }
+        eprintln!(
+            "{}: {}",
+            args.file.display(),
+            if changed {
+                "rewritten in canonical form"
+            } else {
+                "already canonical"
+            }
+        );
+        return Ok(());
     }
     crate::output::write_stdout(&canonical)
 }
