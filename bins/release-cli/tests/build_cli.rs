@@ -305,8 +305,26 @@ fn compile_refusals_and_exit_codes() {
     let err = text(&out.stderr);
     assert!(err.contains("comma@192.168.3.111") && err.contains("--allow-other-compiler"));
 
-    // The right marker: compiled, live output on stderr, JSON on stdout.
+    // The right marker, but the build is a plain pickle, not an OOB container: refused as
+    // invalid outputs naming the offset, and nothing lands in out/.
     fs::write(dev.remote_root().join("tinygrad_repo/TINYGRAD_COMMIT"), PIN).unwrap();
+    dev.set("plain_pickle", "rdf43");
+    let mut args = base.to_vec();
+    args.extend(remote(&sshd, &dev, &mut buf));
+    let out = cli(&args, t.path());
+    let err = text(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("not an out-of-band (OOB) pickle container at byte"),
+        "{err}"
+    );
+    assert!(
+        !t.path().join("out").exists()
+            || fs::read_dir(t.path().join("out")).unwrap().next().is_none()
+    );
+    dev.clear("plain_pickle");
+
+    // The right marker: compiled, live output on stderr, JSON on stdout.
     let mut args = base.to_vec();
     args.extend(["--log", "logs/rdf43.log", "--json"]);
     args.extend(remote(&sshd, &dev, &mut buf));
