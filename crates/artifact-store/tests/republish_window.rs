@@ -91,6 +91,7 @@ fn opts() -> PublishOptions {
         dry_run: false,
         retry: RetryPolicy::immediate(1),
         deep_verify: true,
+        contract: Default::default(),
     }
 }
 
