@@ -240,7 +240,9 @@ fn publish_signs_each_release_and_uploads_the_signature_before_the_manifest() {
             "--json",
             s(&live_manifest),
         ]);
-        serde_json::from_slice::<Value>(&o.stdout).unwrap()
+        // The report; a refusal adds the --json error object as a second line.
+        let out = text(&o.stdout);
+        serde_json::from_str::<Value>(out.lines().next().unwrap()).unwrap()
     };
 
     let o = publish(&[&a_key], &[]);
