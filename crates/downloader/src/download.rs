@@ -10,7 +10,7 @@
 //! never see a mix. Leftover chunk-set or `.pNN` files of the same name are removed afterwards,
 //! `.chunkmanifest` first.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::{self, File};
 use std::hash::{BuildHasher, Hasher as _};
 use std::os::unix::fs::FileExt;
@@ -89,27 +89,58 @@ impl CancelToken {
     }
 }
 
+/// Where the digest a download was verified against came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DigestSource {
+    /// `artifact_sha256` of the manifest entry.
+    Manifest,
+    /// The origin's `<name>.sha256` sidecar, because the entry declares no digest (the live
+    /// manifest's shape). The bytes are still verified against it before install, and the
+    /// digest is kept next to the installed file ([`installed_sidecar_digest`]).
+    Sidecar,
+}
+
+impl DigestSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Manifest => "manifest",
+            Self::Sidecar => "sidecar",
+        }
+    }
+}
+
+impl std::fmt::Display for DigestSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A verified, installed artifact.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Installed {
     pub path: PathBuf,
     pub size: u64,
     pub sha256: Sha256Digest,
+    pub digest_source: DigestSource,
     pub origin: String,
 }
 
-/// What to fetch, checked against the manifest entry before any request.
+/// What to fetch, checked against the manifest entry before any request. Fields the entry
+/// does not declare are `None` and learned from each origin before the first payload byte:
+/// the chunk count from `.chunkmanifest` (absent: one plain file), the digest from the
+/// `.sha256` sidecar (absent too: not downloadable), the size from `HEAD`.
 #[derive(Debug, Clone)]
 pub struct Target {
     pub id: ModelId,
     /// Remote logical name (`artifact_filename` or `<id>_driving_tinygrad.pkl`).
     pub remote_name: FileName,
-    /// Local logical name, always `<id>_driving_tinygrad.pkl`: what modeld opens.
+    /// Local logical name: `<id>_driving_tinygrad.pkl` (what modeld opens), or
+    /// `<id>_driving_chestnut_tinygrad.pkl` for the eGPU variant.
     pub local_name: FileName,
-    pub size: u64,
-    pub sha256: Sha256Digest,
-    /// 0 = one plain file.
-    pub chunk_count: u32,
+    pub size: Option<u64>,
+    pub sha256: Option<Sha256Digest>,
+    /// `Some(0)` = one plain file.
+    pub chunk_count: Option<u32>,
     pub chunk_sha256: Option<Vec<Sha256Digest>>,
 }
 
@@ -126,12 +157,10 @@ impl Target {
         if !entry.is_supported() {
             return Err(bad("unsupported artifact_format"));
         }
-        let artifact = entry
-            .artifact()
-            .ok_or_else(|| bad("artifact_size or artifact_sha256 missing"))?;
+        let chunk_count = entry.artifact_chunk_count().map(|c| c.get());
         let chunk_sha256 = entry.chunk_digests();
-        if let Some(list) = &chunk_sha256
-            && list.len() != artifact.chunk_count.get() as usize
+        if let (Some(list), Some(count)) = (&chunk_sha256, chunk_count)
+            && list.len() != count as usize
         {
             return Err(bad(
                 "artifact_chunk_sha256 does not have one digest per chunk",
@@ -141,18 +170,64 @@ impl Target {
             id: entry.id().clone(),
             remote_name: entry.file_name(),
             local_name: manifest::layout::artifact_file_name(entry.id()),
-            size: artifact.size.get(),
-            sha256: artifact.sha256,
-            chunk_count: artifact.chunk_count.get(),
+            size: entry.artifact_size().map(|s| s.get()),
+            sha256: entry.artifact_sha256(),
+            chunk_count,
             chunk_sha256,
         })
     }
 
-    /// The staging file's name inside [`STAGING_DIR`]: tied to the artifact digest so bytes of
-    /// two different artifacts are never mixed.
-    pub fn staging_name(&self) -> String {
-        staging_names(&self.sha256.to_hex(), self.local_name.as_str()).0
+    /// Where this target's digest will come from.
+    pub fn digest_source(&self) -> DigestSource {
+        if self.sha256.is_some() {
+            DigestSource::Manifest
+        } else {
+            DigestSource::Sidecar
+        }
     }
+
+    /// The staging file's name inside [`STAGING_DIR`]: tied to the artifact digest so bytes of
+    /// two different artifacts are never mixed. `None` until the digest is known.
+    pub fn staging_name(&self) -> Option<String> {
+        self.sha256
+            .map(|d| staging_names(&d.to_hex(), self.local_name.as_str()).0)
+    }
+}
+
+/// What one origin publishes for a target, every unknown resolved: what the payload must be.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub size: u64,
+    pub sha256: Sha256Digest,
+    pub digest_source: DigestSource,
+    pub chunk_count: u32,
+    pub chunk_sha256: Option<Vec<Sha256Digest>>,
+}
+
+/// Digest of an installed artifact whose entry declares none, as recorded at install from the
+/// origin's sidecar (`<models>/<local_name>.sha256`, upstream's sidecar format). `None` when
+/// there is no such record or it is malformed.
+pub fn installed_sidecar_digest(models_dir: &Path, local_name: &str) -> Option<Sha256Digest> {
+    let path = models_dir.join(chunker::sidecar_name(local_name));
+    chunker::read_sidecar(&path).ok().flatten()
+}
+
+/// A sidecar's digest as upstream reads it: the first token, 64 hex digits in either case.
+fn parse_remote_sidecar(body: &[u8], url: &str) -> Result<Sha256Digest> {
+    let token = std::str::from_utf8(body)
+        .ok()
+        .and_then(|t| t.split_whitespace().next())
+        .unwrap_or("");
+    token
+        .to_ascii_lowercase()
+        .parse()
+        .map_err(|_| Error::Protocol {
+            url: url.to_string(),
+            message: format!(
+                "malformed .sha256 sidecar: first token is not 64 hex digits (got {:?})",
+                &token[..token.len().min(80)]
+            ),
+        })
 }
 
 /// One remote file of the artifact, placed at `offset` in the assembled artifact.
@@ -213,14 +288,42 @@ pub fn plan_pieces(
         .collect())
 }
 
-/// Split every piece not yet done into up to `ranges` segments of at least 1 MiB.
-fn plan_segments(pieces: &[Piece], done: &BTreeSet<u32>, ranges: usize) -> Vec<Segment> {
+/// Byte ranges `[a, b)` of pieces already on disk (by piece index), kept merged.
+pub(crate) type Partial = BTreeMap<u32, Vec<(u64, u64)>>;
+
+/// Adds `[a, b)` to a sorted list of disjoint ranges, merging what touches. Pure.
+fn add_range(ranges: &mut Vec<(u64, u64)>, (a, b): (u64, u64)) {
+    if a >= b {
+        return;
+    }
+    ranges.push((a, b));
+    ranges.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for &(x, y) in ranges.iter() {
+        match merged.last_mut() {
+            Some((_, end)) if x <= *end => *end = (*end).max(y),
+            _ => merged.push((x, y)),
+        }
+    }
+    *ranges = merged;
+}
+
+/// Split every piece not yet done into up to `ranges` segments of at least 1 MiB, each starting
+/// after whatever prefix of it `partial` already has on disk (so a resume never fetches those
+/// bytes again). A segment wholly on disk stays, empty, so its piece still gets finished. Pure.
+fn plan_segments(
+    pieces: &[Piece],
+    done: &BTreeSet<u32>,
+    partial: &Partial,
+    ranges: usize,
+) -> Vec<Segment> {
     const MIN_SEGMENT: u64 = 1024 * 1024;
     let mut out = Vec::new();
     for (i, p) in pieces.iter().enumerate() {
         if done.contains(&p.index) {
             continue;
         }
+        let have = partial.get(&p.index).map(Vec::as_slice).unwrap_or(&[]);
         let parts = (ranges.max(1) as u64)
             .min(p.len.div_ceil(MIN_SEGMENT))
             .max(1);
@@ -228,9 +331,15 @@ fn plan_segments(pieces: &[Piece], done: &BTreeSet<u32>, ranges: usize) -> Vec<S
         let mut start = 0;
         while start < p.len {
             let end = (start + step).min(p.len);
+            let mut from = start;
+            for &(a, b) in have {
+                if a <= from && from < b {
+                    from = b.min(end);
+                }
+            }
             out.push(Segment {
                 piece: i,
-                start,
+                start: from,
                 end,
             });
             start = end;
@@ -239,8 +348,30 @@ fn plan_segments(pieces: &[Piece], done: &BTreeSet<u32>, ranges: usize) -> Vec<S
     out
 }
 
-/// The staging file plus the record of which pieces are complete and fsynced, both in the
-/// verified staging directory (see [`crate::staging`]).
+/// Bytes of `pieces` on disk according to `done` and `partial`.
+fn bytes_on_disk(pieces: &[Piece], done: &BTreeSet<u32>, partial: &Partial) -> u64 {
+    pieces
+        .iter()
+        .map(|p| {
+            if done.contains(&p.index) {
+                p.len
+            } else {
+                partial
+                    .get(&p.index)
+                    .map(|r| {
+                        r.iter()
+                            .map(|(a, b)| b.min(&p.len).saturating_sub(*a))
+                            .sum()
+                    })
+                    .unwrap_or(0)
+            }
+        })
+        .sum()
+}
+
+/// The staging file plus the record of which pieces (and, when each chunk has its own digest,
+/// which ranges inside unfinished pieces) are on disk and fsynced, both in the verified staging
+/// directory (see [`crate::staging`]).
 struct Staging {
     dir: StagingDir,
     data_name: String,
@@ -249,37 +380,58 @@ struct Staging {
     data: PathBuf,
     state: PathBuf,
     file: File,
-    done: Mutex<BTreeSet<u32>>,
+    record: Mutex<(BTreeSet<u32>, Partial)>,
     header: String,
+    /// Whether ranges inside a piece are recorded: only when each chunk's digest is known, so
+    /// bytes resumed into a chunk are checked before the chunk counts as done.
+    keep_partial: bool,
 }
+
+/// How often, in bytes of one segment, its progress is recorded (fsync + record) while it
+/// downloads, so even a crash loses at most this much of a chunk.
+const RANGE_RECORD_STEP: u64 = 8 * 1024 * 1024;
 
 /// The completion record is a header line and one index per line: small by construction.
 const MAX_STATE_BYTES: u64 = 64 * 1024;
 
 impl Staging {
-    fn open(models_dir: &Path, target: &Target, pieces: &[Piece], margin: u64) -> Result<Self> {
+    fn open(
+        models_dir: &Path,
+        local_name: &FileName,
+        plan: &Plan,
+        pieces: &[Piece],
+        margin: u64,
+    ) -> Result<Self> {
         let dir_path = models_dir.join(STAGING_DIR);
         let dir = StagingDir::open(models_dir).ctx(&dir_path)?;
-        let (data_name, state_name) =
-            staging_names(&target.sha256.to_hex(), target.local_name.as_str());
-        dir.clean(&[&data_name, &state_name], target.local_name.as_str());
+        let (data_name, state_name) = staging_names(&plan.sha256.to_hex(), local_name.as_str());
+        dir.clean(&[&data_name, &state_name], local_name.as_str());
         let data = dir.join(&data_name);
         let state = dir.join(&state_name);
         let header = format!(
             "{} {} {}\n",
-            target.sha256,
-            target.size,
+            plan.sha256,
+            plan.size,
             pieces.first().map(|p| p.len).unwrap_or(0)
         );
+        let keep_partial = plan.chunk_sha256.is_some();
         let existing = dir.open_existing(&data_name).ok();
-        let resumed = existing
-            .as_ref()
-            .and_then(|f| Self::read_state(&dir, f, &state_name, &header, target.size, pieces));
+        let resumed = existing.as_ref().and_then(|f| {
+            Self::read_state(
+                &dir,
+                f,
+                &state_name,
+                &header,
+                plan.size,
+                pieces,
+                keep_partial,
+            )
+        });
         let file = match (resumed.is_some(), existing) {
             (true, Some(f)) => f,
             _ => {
                 let available = space::available_bytes(models_dir).ctx(models_dir)?;
-                let needed = target.size.saturating_add(margin);
+                let needed = plan.size.saturating_add(margin);
                 if available < needed {
                     return Err(Error::InsufficientSpace {
                         path: models_dir.to_path_buf(),
@@ -289,7 +441,7 @@ impl Staging {
                 }
                 dir.remove(&state_name).ctx(&state)?;
                 let f = dir.create_new(&data_name).ctx(&data)?;
-                if let Err(e) = space::reserve(&f, target.size) {
+                if let Err(e) = space::reserve(&f, plan.size) {
                     drop(f);
                     let _ = dir.remove(&data_name);
                     if e.raw_os_error() == Some(libc::ENOSPC) {
@@ -314,12 +466,14 @@ impl Staging {
             data,
             state,
             file,
-            done: Mutex::new(resumed.unwrap_or_default()),
+            record: Mutex::new(resumed.unwrap_or_default()),
             header,
+            keep_partial,
         })
     }
 
-    /// Pieces recorded as complete by an earlier run, if its record matches this artifact.
+    /// Pieces (and ranges) recorded by an earlier run, if its record matches this artifact.
+    /// Lines: `<index>` for a complete piece, `<index> <start> <end>` for a range inside one.
     fn read_state(
         dir: &StagingDir,
         data: &File,
@@ -327,7 +481,8 @@ impl Staging {
         header: &str,
         size: u64,
         pieces: &[Piece],
-    ) -> Option<BTreeSet<u32>> {
+        keep_partial: bool,
+    ) -> Option<(BTreeSet<u32>, Partial)> {
         let len = data.metadata().ok()?.len();
         if len != size {
             return None;
@@ -336,28 +491,77 @@ impl Staging {
         let text = String::from_utf8(bytes).ok()?;
         let rest = text.strip_prefix(header)?;
         let mut done = BTreeSet::new();
+        let mut partial = Partial::new();
         for line in rest.lines() {
-            let i: u32 = line.trim().parse().ok()?;
-            if !pieces.iter().any(|p| p.index == i) {
-                return None;
+            let mut words = line.split_ascii_whitespace();
+            let i: u32 = words.next()?.parse().ok()?;
+            let piece = pieces.iter().find(|p| p.index == i)?;
+            match (words.next(), words.next(), words.next()) {
+                (None, None, None) => {
+                    done.insert(i);
+                }
+                (Some(a), Some(b), None) if keep_partial => {
+                    let (a, b): (u64, u64) = (a.parse().ok()?, b.parse().ok()?);
+                    if a >= b || b > piece.len {
+                        return None;
+                    }
+                    add_range(partial.entry(i).or_default(), (a, b));
+                }
+                _ => return None,
             }
-            done.insert(i);
         }
-        Some(done)
+        for i in &done {
+            partial.remove(i);
+        }
+        Some((done, partial))
+    }
+
+    fn write_record(&self, record: &(BTreeSet<u32>, Partial)) -> Result<()> {
+        let mut text = self.header.clone();
+        for i in record.0.iter() {
+            text.push_str(&format!("{i}\n"));
+        }
+        for (i, ranges) in &record.1 {
+            for (a, b) in ranges {
+                text.push_str(&format!("{i} {a} {b}\n"));
+            }
+        }
+        self.dir
+            .write_atomic(&self.state_name, text.as_bytes())
+            .ctx(&self.state)
     }
 
     /// fsync the data, then record `index` as complete (atomically), so a restart skips it.
     fn mark_done(&self, index: u32) -> Result<()> {
         self.file.sync_data().ctx(&self.data)?;
-        let mut done = self.done.lock().unwrap();
-        done.insert(index);
-        let mut text = self.header.clone();
-        for i in done.iter() {
-            text.push_str(&format!("{i}\n"));
+        let mut record = self.record.lock().unwrap();
+        record.0.insert(index);
+        record.1.remove(&index);
+        self.write_record(&record)
+    }
+
+    /// fsync the data, then record bytes `[a, b)` of piece `index` as on disk, so a restart
+    /// continues inside the piece. A no-op unless each chunk has its own digest.
+    fn mark_range(&self, index: u32, a: u64, b: u64) -> Result<()> {
+        if !self.keep_partial || a >= b {
+            return Ok(());
         }
-        self.dir
-            .write_atomic(&self.state_name, text.as_bytes())
-            .ctx(&self.state)
+        self.file.sync_data().ctx(&self.data)?;
+        let mut record = self.record.lock().unwrap();
+        if record.0.contains(&index) {
+            return Ok(());
+        }
+        add_range(record.1.entry(index).or_default(), (a, b));
+        self.write_record(&record)
+    }
+
+    /// Forget every range of piece `index` (its bytes failed the chunk digest).
+    fn forget(&self, index: u32) -> Result<()> {
+        let mut record = self.record.lock().unwrap();
+        if record.1.remove(&index).is_some() {
+            self.write_record(&record)?;
+        }
+        Ok(())
     }
 
     fn discard(self) {
@@ -370,6 +574,7 @@ struct Run<'a> {
     http: &'a Http,
     config: &'a DownloadConfig,
     target: &'a Target,
+    plan: &'a Plan,
     pieces: Vec<Piece>,
     urls: Vec<String>,
     staging: &'a Staging,
@@ -412,51 +617,34 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
         Ok(origin.artifact_url(generation, &target.id, &file))
     };
     let remote = target.remote_name.as_str();
-    let now = Instant::now();
-    let deadline = config.http.artifact_deadline(now, target.size);
-    let mut ctl = Ctl::new(
-        cancel,
-        target.id.as_str(),
-        deadline.saturating_duration_since(now),
-        deadline,
-    );
-
-    // The chunk count must agree with the published `.chunkmanifest`, and the chunk length
-    // comes from the first chunk: one small GET and one HEAD before any payload byte.
-    let chunk_len = if target.chunk_count >= 1 {
-        let url = url_of(&chunker::chunk_manifest_name(remote))?;
-        let body = with_retries(config, &ctl, &url, || http.get_small(&url, 64, &ctl))?;
-        let remote_count =
-            chunker::parse_chunk_manifest(&body, Path::new(&url)).map_err(|source| {
-                Error::BadChunkManifest {
-                    url: url.clone(),
-                    source,
-                }
-            })?;
-        if remote_count != target.chunk_count {
-            return Err(Error::ChunkCountMismatch {
-                url,
-                expected: target.chunk_count,
-                remote: remote_count,
-            });
-        }
-        if target.chunk_count > 1 {
-            let first = url_of(&chunker::chunk_name(remote, 1, target.chunk_count))?;
-            let (len, _) = with_retries(config, &ctl, &first, || http.head(&first, &ctl))?;
-            len.ok_or_else(|| Error::Protocol {
-                url: first.clone(),
-                message: "HEAD gave no Content-Length".into(),
-            })?
-        } else {
-            target.size
-        }
-    } else {
-        target.size
-    };
+    let start = Instant::now();
+    // What the entry leaves open is learned under the manifest's budget; the transfer then
+    // gets the artifact's deadline, counted from the same start.
+    let budget = config.http.origin_deadline;
+    let mut ctl = Ctl::new(cancel, target.id.as_str(), budget, start + budget);
+    if let Some(size) = target.size {
+        let deadline = config.http.artifact_deadline(start, size);
+        ctl = Ctl::new(
+            cancel,
+            target.id.as_str(),
+            deadline.saturating_duration_since(start),
+            deadline,
+        );
+    }
+    let (plan, chunk_len) = resolve_plan(http, config, target, &ctl, &url_of)?;
+    if target.size.is_none() {
+        let deadline = config.http.artifact_deadline(start, plan.size);
+        ctl = Ctl::new(
+            cancel,
+            target.id.as_str(),
+            deadline.saturating_duration_since(start),
+            deadline,
+        );
+    }
     let pieces =
-        plan_pieces(remote, target.size, target.chunk_count, chunk_len).map_err(|message| {
+        plan_pieces(remote, plan.size, plan.chunk_count, chunk_len).map_err(|message| {
             Error::SizeMismatch {
-                url: url_of(&chunker::chunk_name(remote, 1, target.chunk_count.max(1)))
+                url: url_of(&chunker::chunk_name(remote, 1, plan.chunk_count.max(1)))
                     .unwrap_or_default(),
                 message,
             }
@@ -466,18 +654,20 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
         .map(|p| url_of(&p.remote))
         .collect::<Result<Vec<_>>>()?;
 
-    let staging = Staging::open(models_dir, target, &pieces, config.space_margin)?;
-    let done = staging.done.lock().unwrap().clone();
-    let segments = plan_segments(&pieces, &done, config.ranges_per_chunk);
+    let staging = Staging::open(
+        models_dir,
+        &target.local_name,
+        &plan,
+        &pieces,
+        config.space_margin,
+    )?;
+    let (done, partial) = staging.record.lock().unwrap().clone();
+    let segments = plan_segments(&pieces, &done, &partial, config.ranges_per_chunk);
     let mut open_segments = vec![0usize; pieces.len()];
     for s in &segments {
         open_segments[s.piece] += 1;
     }
-    let already: u64 = pieces
-        .iter()
-        .filter(|p| done.contains(&p.index))
-        .map(|p| p.len)
-        .sum();
+    let already = bytes_on_disk(&pieces, &done, &partial);
     let abort = Arc::new(AtomicBool::new(false));
     ctl.abort = Some(abort.clone());
     let run = Run {
@@ -485,6 +675,7 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
         ctl,
         config,
         target,
+        plan: &plan,
         urls,
         staging: &staging,
         cancel,
@@ -498,7 +689,7 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
     };
     on_event(Event::Progress {
         done: already,
-        total: target.size,
+        total: plan.size,
     });
     let workers = config.connections.max(1);
     thread::scope(|s| {
@@ -507,9 +698,10 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
         }
     });
     if let Some(e) = run.error.lock().unwrap().take() {
-        // A digest failure means these bytes are bad: drop them. Anything else keeps the
-        // complete pieces for a resume.
-        if matches!(e, Error::DigestMismatch { .. }) {
+        // Without per-chunk digests a digest failure cannot say which bytes are bad: drop them
+        // all. With them, only the failing chunk was forgotten (in `finish_piece`); every
+        // verified chunk is kept. Anything else keeps what is on disk for a resume.
+        if matches!(e, Error::DigestMismatch { .. }) && plan.chunk_sha256.is_none() {
             staging.discard();
         }
         return Err(e);
@@ -521,12 +713,15 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
     }
 
     on_event(Event::Verifying);
-    let actual = hash_file(&staging.file, target.size, &staging.data, &run.ctl)?;
-    if actual != target.sha256 {
+    let actual = hash_file(&staging.file, plan.size, &staging.data, &run.ctl)?;
+    if actual != plan.sha256 {
         staging.discard();
         return Err(Error::DigestMismatch {
-            what: format!("{} from {origin}", target.local_name),
-            expected: target.sha256,
+            what: format!(
+                "{} from {origin} (digest from the {})",
+                target.local_name, plan.digest_source
+            ),
+            expected: plan.sha256,
             actual,
         });
     }
@@ -535,27 +730,180 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
             model: target.id.to_string(),
         });
     }
-    let path = install(&staging, models_dir, &target.local_name)?;
+    let path = install(&staging, models_dir, &target.local_name, &plan)?;
     on_event(Event::Installed { path: path.clone() });
     Ok(Installed {
         path,
-        size: target.size,
+        size: plan.size,
         sha256: actual,
+        digest_source: plan.digest_source,
         origin: origin.to_string(),
     })
 }
 
+/// Everything one origin must tell before the first payload byte: the chunk count (checked
+/// against the entry's, or learned from `.chunkmanifest`; none published means one plain
+/// file), the digest (the entry's, or the `.sha256` sidecar's), the size (the entry's, or
+/// from `HEAD`), and the first chunk's length. A few small requests; no payload.
+fn resolve_plan(
+    http: &Http,
+    config: &DownloadConfig,
+    target: &Target,
+    ctl: &Ctl,
+    url_of: &dyn Fn(&str) -> Result<String>,
+) -> Result<(Plan, u64)> {
+    let remote = target.remote_name.as_str();
+    let gone = |e: &Error| {
+        matches!(
+            e,
+            Error::Status {
+                status: 404 | 403 | 410,
+                ..
+            }
+        )
+    };
+
+    let chunk_count = match target.chunk_count {
+        Some(0) => 0,
+        declared => {
+            let url = url_of(&chunker::chunk_manifest_name(remote))?;
+            match with_retries(config, ctl, &url, || http.get_small(&url, 64, ctl)) {
+                Ok(body) => {
+                    let remote_count = chunker::parse_chunk_manifest(&body, Path::new(&url))
+                        .map_err(|source| Error::BadChunkManifest {
+                            url: url.clone(),
+                            source,
+                        })?;
+                    if let Some(expected) = declared
+                        && remote_count != expected
+                    {
+                        return Err(Error::ChunkCountMismatch {
+                            url,
+                            expected,
+                            remote: remote_count,
+                        });
+                    }
+                    remote_count
+                }
+                // Nothing published as chunks, and the entry does not say there are any:
+                // upstream then reads the name as one plain file.
+                Err(e) if declared.is_none() && gone(&e) => 0,
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    if let Some(list) = &target.chunk_sha256
+        && list.len() != chunk_count as usize
+    {
+        return Err(Error::ChunkCountMismatch {
+            url: url_of(&chunker::chunk_manifest_name(remote))?,
+            expected: list.len() as u32,
+            remote: chunk_count,
+        });
+    }
+
+    let (sha256, digest_source) = match target.sha256 {
+        Some(d) => (d, DigestSource::Manifest),
+        None => {
+            let url = url_of(&chunker::sidecar_name(remote))?;
+            match with_retries(config, ctl, &url, || http.get_small(&url, 1024, ctl)) {
+                Ok(body) => (parse_remote_sidecar(&body, &url)?, DigestSource::Sidecar),
+                Err(e) if gone(&e) => {
+                    return Err(Error::NotDownloadable {
+                        model: target.id.to_string(),
+                        reason: format!(
+                            "the manifest declares no artifact_sha256 and the origin has no sidecar ({url}: {e}); nothing to verify the bytes against"
+                        ),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    };
+
+    let head_len = |name: &str| -> Result<u64> {
+        let url = url_of(name)?;
+        let (len, _) = with_retries(config, ctl, &url, || http.head(&url, ctl))?;
+        len.ok_or_else(|| Error::Protocol {
+            url,
+            message: "HEAD gave no Content-Length".into(),
+        })
+    };
+    let first_len = if chunk_count > 1 {
+        Some(head_len(&chunker::chunk_name(remote, 1, chunk_count))?)
+    } else {
+        None
+    };
+    let size = match target.size {
+        Some(s) => s,
+        None => {
+            let learned = match (chunk_count, first_len) {
+                (0, _) => head_len(remote)?,
+                (1, _) => head_len(&chunker::chunk_name(remote, 1, 1))?,
+                (n, Some(first)) => {
+                    let last = head_len(&chunker::chunk_name(remote, n, n))?;
+                    first
+                        .checked_mul(u64::from(n - 1))
+                        .and_then(|b| b.checked_add(last))
+                        .unwrap_or(u64::MAX)
+                }
+                (_, None) => unreachable!("the first chunk's length is read for n > 1"),
+            };
+            manifest::ArtifactSize::new(learned)
+                .map_err(|e| Error::SizeMismatch {
+                    url: url_of(remote).unwrap_or_default(),
+                    message: format!("the published files add up to {learned} bytes: {e}"),
+                })?
+                .get()
+        }
+    };
+    let plan = Plan {
+        size,
+        sha256,
+        digest_source,
+        chunk_count,
+        chunk_sha256: target.chunk_sha256.clone(),
+    };
+    Ok((plan, first_len.unwrap_or(size)))
+}
+
 /// Rename the verified staging file over the final name and remove any other form of the same
-/// artifact (see the module docs for why this is atomic for modeld).
-fn install(staging: &Staging, dir: &Path, local: &FileName) -> Result<PathBuf> {
+/// artifact (see the module docs for why this is atomic for modeld). Right before the rename
+/// the staging name is checked to still be the file we wrote and verified: another manager's
+/// cleanup may have removed it (then nothing is installed and the next try starts over), and
+/// nothing swapped in under our name is ever installed. A digest learned from the origin's
+/// sidecar is written next to the installed file afterwards, so `status` and `verify` can check
+/// it later.
+fn install(staging: &Staging, dir: &Path, local: &FileName, plan: &Plan) -> Result<PathBuf> {
     staging.file.sync_all().ctx(&staging.data)?;
     let dest = dir.join(local.as_str());
+    let ours = staging
+        .dir
+        .still_is(&staging.data_name, &staging.file)
+        .unwrap_or(false);
+    if !ours {
+        return Err(Error::Io {
+            path: staging.data.clone(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the verified staging file was removed or replaced before install (another process cleaning the models directory?); nothing was installed, the next try downloads it again",
+            ),
+        });
+    }
     staging
         .dir
         .rename_out(&staging.data_name, &dest)
         .ctx(&dest)?;
     sync_dir(dir).ctx(dir)?;
     remove_other_forms(dir, local.as_str())?;
+    if plan.digest_source == DigestSource::Sidecar {
+        let sidecar = dir.join(chunker::sidecar_name(local.as_str()));
+        chunker::atomic::write_atomic(
+            &sidecar,
+            chunker::format_sidecar(&plan.sha256, local.as_str()).as_bytes(),
+        )
+        .ctx(&sidecar)?;
+    }
     staging
         .dir
         .remove(&staging.state_name)
@@ -717,7 +1065,7 @@ impl Run<'_> {
     /// A piece is complete: check its own digest when the manifest has one, then record it.
     fn finish_piece(&self, i: usize) -> Result<()> {
         let piece = &self.pieces[i];
-        if let Some(list) = &self.target.chunk_sha256 {
+        if let Some(list) = &self.plan.chunk_sha256 {
             let want = list[i];
             let mut h = Hasher::new();
             hash_region(
@@ -729,6 +1077,8 @@ impl Run<'_> {
             )?;
             let got = h.finish();
             if got != want {
+                // Only this chunk's bytes are known bad: forget them, keep every other chunk.
+                self.staging.forget(piece.index)?;
                 return Err(Error::DigestMismatch {
                     what: format!("chunk {} ({})", piece.index, self.urls[i]),
                     expected: want,
@@ -740,19 +1090,35 @@ impl Run<'_> {
     }
 
     fn fetch_segment(&self, seg: &Segment) -> Result<()> {
+        if seg.start == seg.end {
+            return Ok(());
+        }
         let mut written = 0u64;
         let mut etag: Option<String> = None;
         let mut attempt = 0;
-        loop {
+        let res = loop {
             match self.try_segment(seg, &mut written, &mut etag) {
-                Ok(()) => return Ok(()),
+                Ok(()) => break Ok(()),
                 Err(e) if e.is_retryable() && attempt + 1 < self.config.max_attempts => {
-                    backoff_sleep(self.config, attempt, &self.ctl, &self.urls[seg.piece])?;
+                    if let Err(e) =
+                        backoff_sleep(self.config, attempt, &self.ctl, &self.urls[seg.piece])
+                    {
+                        break Err(e);
+                    }
                     attempt += 1;
                 }
-                Err(e) => return Err(e),
+                Err(e) => break Err(e),
             }
+        };
+        if res.is_err() {
+            // Stopping (cancel, SIGTERM, this origin given up): what this segment has on disk
+            // is kept for the next run, when each chunk's digest can check it.
+            let index = self.pieces[seg.piece].index;
+            let _ = self
+                .staging
+                .mark_range(index, seg.start, seg.start + written);
         }
+        res
     }
 
     /// One request for the rest of `seg`. `written` is how much of the segment is already on
@@ -843,16 +1209,21 @@ impl Run<'_> {
                 });
             }
             let at = piece.offset + seg.start + *written;
-            debug_assert!(at + n as u64 <= self.target.size);
+            debug_assert!(at + n as u64 <= self.plan.size);
             self.staging
                 .file
                 .write_all_at(&buf[..n], at)
                 .ctx(&self.staging.data)?;
+            let before = *written;
             *written += n as u64;
+            if before / RANGE_RECORD_STEP != *written / RANGE_RECORD_STEP {
+                self.staging
+                    .mark_range(piece.index, seg.start, seg.start + *written)?;
+            }
             let done = self.done_bytes.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
             (self.on_event)(Event::Progress {
                 done,
-                total: self.target.size,
+                total: self.plan.size,
             });
         }
         Ok(())
@@ -890,9 +1261,66 @@ mod tests {
     }
 
     #[test]
+    fn ranges_merge() {
+        let table: &[(&[(u64, u64)], (u64, u64), &[(u64, u64)])] = &[
+            (&[], (0, 5), &[(0, 5)]),
+            (&[(0, 5)], (5, 9), &[(0, 9)]),
+            (&[(0, 5)], (7, 9), &[(0, 5), (7, 9)]),
+            (&[(0, 5), (7, 9)], (4, 8), &[(0, 9)]),
+            (&[(2, 3)], (3, 3), &[(2, 3)]),
+            (&[(2, 8)], (3, 4), &[(2, 8)]),
+        ];
+        for (have, add, want) in table {
+            let mut r = have.to_vec();
+            add_range(&mut r, *add);
+            assert_eq!(&r, want, "{have:?} + {add:?}");
+        }
+    }
+
+    /// A resume starts each segment after the prefix already on disk and keeps wholly present
+    /// segments (empty) so their piece is still finished and checked.
+    #[test]
+    fn segments_resume_inside_a_piece() {
+        let pieces = plan_pieces("a", 5 << 20, 2, 3 << 20).unwrap();
+        let mut partial = Partial::new();
+        partial.insert(1, vec![(0, 1000)]);
+        partial.insert(2, vec![(0, 2 << 20)]);
+        let segs = plan_segments(&pieces, &BTreeSet::new(), &partial, 1);
+        assert_eq!(
+            segs,
+            [
+                Segment {
+                    piece: 0,
+                    start: 1000,
+                    end: 3 << 20
+                },
+                Segment {
+                    piece: 1,
+                    start: 2 << 20,
+                    end: 2 << 20
+                }
+            ]
+        );
+        assert_eq!(
+            bytes_on_disk(&pieces, &BTreeSet::new(), &partial),
+            1000 + (2 << 20)
+        );
+        assert_eq!(
+            bytes_on_disk(&pieces, &BTreeSet::from([1]), &partial),
+            5 << 20
+        );
+        // A range that does not start at a segment's start does not move it.
+        partial.insert(1, vec![(10, 1000)]);
+        assert_eq!(
+            plan_segments(&pieces, &BTreeSet::new(), &partial, 1)[0].start,
+            0
+        );
+    }
+
+    #[test]
     fn segments_cover_each_missing_piece_once() {
         let pieces = plan_pieces("a", 5 << 20, 2, 3 << 20).unwrap();
-        let segs = plan_segments(&pieces, &BTreeSet::new(), 4);
+        let segs = plan_segments(&pieces, &BTreeSet::new(), &Partial::new(), 4);
         for (i, p) in pieces.iter().enumerate() {
             let mut covered = 0;
             for s in segs.iter().filter(|s| s.piece == i) {
@@ -902,7 +1330,7 @@ mod tests {
             assert_eq!(covered, p.len);
         }
         assert_eq!(segs.len(), 3 + 2);
-        let segs = plan_segments(&pieces, &BTreeSet::from([1]), 1);
+        let segs = plan_segments(&pieces, &BTreeSet::from([1]), &Partial::new(), 1);
         assert_eq!(
             segs,
             [Segment {

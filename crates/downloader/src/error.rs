@@ -47,6 +47,10 @@ pub enum Error {
         source: manifest::Error,
     },
 
+    /// The manifest parsed, but not one entry in it is usable (every one refused, or none).
+    #[error("{url}: manifest has no usable model entry{}", RefusedList(.refused))]
+    NoUsableEntries { url: String, refused: Vec<String> },
+
     #[error(
         "{url}: manifest says generation {found} but this device reads {expected}; not using it"
     )]
@@ -166,6 +170,21 @@ impl Error {
             self,
             Error::Cancelled { .. } | Error::InsufficientSpace { .. } | Error::Io { .. }
         )
+    }
+}
+
+struct RefusedList<'a>(&'a [String]);
+
+impl fmt::Display for RefusedList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SHOWN: usize = 5;
+        for r in self.0.iter().take(SHOWN) {
+            write!(f, "\n    {r}")?;
+        }
+        if self.0.len() > SHOWN {
+            write!(f, "\n    … and {} more", self.0.len() - SHOWN)?;
+        }
+        Ok(())
     }
 }
 

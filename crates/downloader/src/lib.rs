@@ -22,7 +22,8 @@ mod staging;
 pub mod trust;
 
 pub use download::{
-    CancelToken, DownloadConfig, Event, Installed, Piece, Target, plan_pieces, remove_other_forms,
+    CancelToken, DigestSource, DownloadConfig, Event, Installed, Piece, Target,
+    installed_sidecar_digest, plan_pieces, remove_other_forms,
 };
 pub use error::{Error, Result};
 pub use http::HttpConfig;
@@ -32,11 +33,15 @@ pub use staging::{LEGACY_STAGING_PREFIX, STAGING_DIR, STALE_AFTER};
 use std::path::Path;
 use std::time::Instant;
 
-use manifest::{Generation, Limits, Manifest, ModelEntry, ReleaseNumber, UnixSeconds};
+use manifest::validate::Problem;
+use manifest::{
+    Generation, Limits, Manifest, ModelEntry, RefusedEntry, ReleaseNumber, UnixSeconds,
+};
 
 use crate::http::Http;
 
-/// A manifest and where it came from.
+/// A manifest and where it came from, read the device's way (`manifest::tolerant`): the
+/// usable entries, the ones left out with their reasons, and what was normalised.
 #[derive(Debug, Clone)]
 pub struct FetchedManifest {
     pub manifest: Manifest,
@@ -50,6 +55,11 @@ pub struct FetchedManifest {
     /// Origins tried before this one whose manifest was refused on trust grounds (e.g. a bad
     /// signature on Hugging Face when GitHub's was good): worth reporting.
     pub refused: Vec<(String, manifest::signature::Refusal)>,
+    /// Entries left out of `manifest`, each with every reason (the manifest itself was
+    /// accepted; see [`manifest::tolerant`]).
+    pub refused_entries: Vec<RefusedEntry>,
+    /// Values read as upstream reads them (an uppercase digest lowercased, `1` read as `true`).
+    pub normalised: Vec<Problem>,
 }
 
 /// Origins, an HTTP client and tuning, shared by every download of a manager.
@@ -121,7 +131,7 @@ impl Downloader {
         for origin in self.origins.iter() {
             let url = origin.manifest_url(generation);
             match self.fetch_one_manifest(&url, generation, accepted, cancel) {
-                Ok((manifest, signed, raw)) => {
+                Ok((read, signed, raw)) => {
                     let refused = attempts
                         .into_iter()
                         .filter_map(|(origin, e)| match e {
@@ -130,12 +140,14 @@ impl Downloader {
                         })
                         .collect();
                     return Ok(FetchedManifest {
-                        manifest,
+                        manifest: read.manifest,
                         raw,
                         origin: origin.to_string(),
                         url,
                         signed,
                         refused,
+                        refused_entries: read.refused,
+                        normalised: read.normalised,
                     });
                 }
                 Err(e @ Error::Cancelled { .. }) => return Err(e),
@@ -154,7 +166,7 @@ impl Downloader {
         generation: Generation,
         accepted: Option<ReleaseNumber>,
         cancel: &CancelToken,
-    ) -> Result<(Manifest, Option<trust::Accepted>, Vec<u8>)> {
+    ) -> Result<(manifest::Tolerated, Option<trust::Accepted>, Vec<u8>)> {
         let budget = self.config.http.origin_deadline;
         let ctl = http::Ctl::new(
             cancel,
@@ -195,12 +207,23 @@ impl Downloader {
                 })?)
             }
         };
-        let manifest = Manifest::from_slice_limited(&bytes, &self.limits).map_err(|source| {
+        // Only what makes the whole manifest unusable is an error here; a bad entry is left
+        // out with its reason and the rest of the catalog still works. (The signature, when
+        // required, covers the raw bytes, so a signed manifest's refused entries were signed too.)
+        let read = Manifest::from_slice_tolerant(&bytes, &self.limits).map_err(|source| {
             Error::BadManifest {
                 url: url.to_string(),
                 source,
             }
         })?;
+        let manifest = &read.manifest;
+        // Upstream takes the first manifest that yields at least one usable entry.
+        if !manifest.models().iter().any(ModelEntry::is_supported) {
+            return Err(Error::NoUsableEntries {
+                url: url.to_string(),
+                refused: read.refused.iter().map(ToString::to_string).collect(),
+            });
+        }
         if let Some(found) = manifest.generation()
             && found != generation
         {
@@ -210,7 +233,7 @@ impl Downloader {
                 found: found.to_string(),
             });
         }
-        Ok((manifest, signed, bytes))
+        Ok((read, signed, bytes))
     }
 
     /// Download `entry`'s artifact of `generation` into `models_dir`, trying each origin in

@@ -228,6 +228,28 @@ impl StagingDir {
         .map(drop)
     }
 
+    /// Whether `name` in the directory is still the very file `file` is open on (same device and
+    /// inode, a regular file, not a symlink): checked right before an install's rename, so that
+    /// bytes someone swapped in under our name are never installed.
+    pub fn still_is(&self, name: &str, file: &File) -> io::Result<bool> {
+        let c = cstr(name)?;
+        // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+        let mut at: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid descriptor, a NUL-terminated name and a correctly sized buffer.
+        check(unsafe {
+            libc::fstatat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                &mut at,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
+        let open = fstat(file.as_raw_fd())?;
+        Ok(at.st_mode & libc::S_IFMT == libc::S_IFREG
+            && at.st_dev == open.st_dev
+            && at.st_ino == open.st_ino)
+    }
+
     /// Unlink `name` (never following it); absent is fine.
     pub fn remove(&self, name: &str) -> io::Result<()> {
         let c = cstr(name)?;

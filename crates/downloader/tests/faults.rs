@@ -382,6 +382,57 @@ fn hostile_manifests_fall_through_to_github() {
         assert!(got.origin.starts_with("GitHub"), "{what}");
         assert_eq!(got.manifest.models().len(), 1, "{what}");
     }
+    // A hostile value beside a good entry refuses that entry only; a path-like ID anywhere
+    // refuses the whole manifest.
+    let mut ok = good.clone();
+    ok.id = "ok223".into();
+    for (what, bad, whole) in [
+        (
+            "10^12 size",
+            PublishedModel {
+                size: 1_000_000_000_000,
+                ..good.clone()
+            },
+            false,
+        ),
+        (
+            "1000 chunks",
+            PublishedModel {
+                chunk_count: 1000,
+                ..good.clone()
+            },
+            false,
+        ),
+        (
+            "underscore id",
+            PublishedModel {
+                id: "pop_223".into(),
+                ..good.clone()
+            },
+            false,
+        ),
+        (
+            "dotdot id",
+            PublishedModel {
+                id: "../etc".into(),
+                ..good.clone()
+            },
+            true,
+        ),
+    ] {
+        let body = manifest_json(GEN, &[ok.clone(), bad], false);
+        write_manifest_at(&w.root, HF_DIR, GEN, body.as_bytes());
+        let got = d.fetch_manifest(generation()).unwrap();
+        if whole {
+            assert!(got.origin.starts_with("GitHub"), "{what}");
+        } else {
+            assert!(got.origin.starts_with("Hugging Face"), "{what}");
+            let ids: Vec<_> = got.manifest.ids().map(|i| i.to_string()).collect();
+            assert_eq!(ids, ["ok223"], "{what}");
+            assert_eq!(got.refused_entries.len(), 1, "{what}");
+            assert_eq!(got.refused_entries[0].index, 1, "{what}");
+        }
+    }
     write_manifest_at(&w.root, GH_DIR, GEN, b"[{\"id\": \"../x\"}]");
     let err = d.fetch_manifest(generation()).unwrap_err();
     assert!(

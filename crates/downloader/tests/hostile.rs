@@ -505,14 +505,18 @@ fn planted_symlinks_are_never_followed_and_superseded_staging_is_cleaned() {
     // the (predictable) staging name; the previous build's staging name is a symlink too.
     let evil = outside.join("evil");
     fs::create_dir_all(&evil).unwrap();
-    std::os::unix::fs::symlink(outside.join("victim"), evil.join(target.staging_name())).unwrap();
+    std::os::unix::fs::symlink(
+        outside.join("victim"),
+        evil.join(target.staging_name().unwrap()),
+    )
+    .unwrap();
     std::os::unix::fs::symlink(&evil, w.models.join(downloader::STAGING_DIR)).unwrap();
     std::os::unix::fs::symlink(
         outside.join("victim"),
         w.models.join(format!(
             "{}{}",
             downloader::LEGACY_STAGING_PREFIX,
-            target.staging_name()
+            target.staging_name().unwrap()
         )),
     )
     .unwrap();
@@ -522,7 +526,7 @@ fn planted_symlinks_are_never_followed_and_superseded_staging_is_cleaned() {
     assert_eq!(w.installed("pop223").unwrap(), data);
     assert_eq!(fs::read(outside.join("victim")).unwrap(), b"precious");
     assert!(
-        fs::symlink_metadata(evil.join(target.staging_name())).is_ok(),
+        fs::symlink_metadata(evil.join(target.staging_name().unwrap())).is_ok(),
         "untouched"
     );
     let staging = w.models.join(downloader::STAGING_DIR);

@@ -23,6 +23,7 @@ pub mod layout;
 mod manifest;
 pub mod pins;
 pub mod signature;
+pub mod tolerant;
 mod types;
 pub mod validate;
 
@@ -38,6 +39,7 @@ pub use layout::{StoreLayout, StorePath};
 pub use manifest::{Limits, Manifest};
 pub use pins::{PinRefusal, PinTable, check_pin};
 pub use signature::{ReleaseNumber, TrustedComment, UnixSeconds};
+pub use tolerant::{RefusedEntry, Tolerated};
 pub use types::{
     ArtifactFormat, ArtifactSize, BehaviorVersion, ChunkCount, FileName, Generation, GitCommit,
     ModelId, ModelName, ReleaseDate,

@@ -137,6 +137,12 @@ impl Manifest {
         Ok(Self { top, models })
     }
 
+    /// A manifest of entries that already passed the reader rules, under top-level keys that did
+    /// (with a `models` slot).
+    pub(crate) fn from_parts(top: Map<String, Value>, models: Vec<ModelEntry>) -> Self {
+        Self { top, models }
+    }
+
     /// The canonical text (see [`crate::json`]): what the Python tools would write.
     pub fn to_canonical_string(&self) -> String {
         crate::json::to_canonical_string(self)
