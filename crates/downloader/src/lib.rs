@@ -14,6 +14,7 @@
 //! or load models. It never holds an artifact in memory: pieces stream to a staging file.
 
 mod download;
+pub mod egpu;
 mod error;
 mod http;
 mod origin;
@@ -247,12 +248,25 @@ impl Downloader {
         on_event: &(dyn Fn(Event) + Sync),
     ) -> Result<Installed> {
         let target = Target::from_entry(entry)?;
+        self.download_target(generation, &target, models_dir, cancel, on_event)
+    }
+
+    /// [`Downloader::download`] of an explicit target: a model's artifact
+    /// ([`Target::from_entry`]) or its Chestnut variant ([`Target::chestnut_variant`]).
+    pub fn download_target(
+        &self,
+        generation: Generation,
+        target: &Target,
+        models_dir: &Path,
+        cancel: &CancelToken,
+        on_event: &(dyn Fn(Event) + Sync),
+    ) -> Result<Installed> {
         let mut attempts = Vec::new();
         let job = download::Job {
             http: &self.http,
             config: &self.config,
             generation,
-            target: &target,
+            target,
             models_dir,
             cancel,
             on_event,
