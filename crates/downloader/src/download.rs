@@ -1262,7 +1262,8 @@ mod tests {
 
     #[test]
     fn ranges_merge() {
-        let table: &[(&[(u64, u64)], (u64, u64), &[(u64, u64)])] = &[
+        type Ranges = &'static [(u64, u64)];
+        let table: &[(Ranges, (u64, u64), Ranges)] = &[
             (&[], (0, 5), &[(0, 5)]),
             (&[(0, 5)], (5, 9), &[(0, 9)]),
             (&[(0, 5)], (7, 9), &[(0, 5), (7, 9)]),
