@@ -24,6 +24,38 @@ pub const CATALOG_FILE: &str = ".catalog.json";
 pub const VERIFIED_FILE: &str = ".verified.json";
 /// Present while a generation migration is in progress.
 pub const JOURNAL_FILE: &str = ".migration.json";
+/// The entries the last accepted manifest had that this device left out, with their reasons
+/// (`[{"index","id","reason"}]`), for `status`.
+pub const REFUSED_FILE: &str = ".catalog-refused.json";
+
+/// One manifest entry the device left out of its catalog.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedModel {
+    /// Position in the published `models` array.
+    pub index: usize,
+    /// The `id` as published, when it had a string one.
+    pub id: Option<String>,
+    pub reason: String,
+}
+
+impl From<&manifest::RefusedEntry> for RefusedModel {
+    fn from(r: &manifest::RefusedEntry) -> Self {
+        Self {
+            index: r.index,
+            id: r.id.clone(),
+            reason: r.reason(),
+        }
+    }
+}
+
+/// What an installed artifact is checked against, and where that came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpectedDigest {
+    pub sha256: Sha256Digest,
+    /// `None` when only the sidecar is known (it carries no size).
+    pub size: Option<u64>,
+    pub source: downloader::DigestSource,
+}
 
 /// Where things are on this device.
 #[derive(Debug, Clone)]
@@ -402,9 +434,6 @@ impl Device {
     /// catalog. A cached result is reused while the stat signature of every file is unchanged,
     /// so a re-check of an untouched model costs a few `stat`s; `force` re-hashes anyway.
     pub fn verify_entry(&self, entry: &ModelEntry, force: bool) -> Result<VerifyState> {
-        let Some(artifact) = entry.artifact() else {
-            return Ok(VerifyState::Unverified);
-        };
         let path = self.artifact_path(entry.id());
         let sig = match Self::signature(&path) {
             Ok(Some(sig)) => sig,
@@ -419,21 +448,25 @@ impl Device {
             }) => return Ok(VerifyState::Corrupt),
             Err(e) => return Err(e),
         };
+        let Some(expected) = self.expected_digest(entry) else {
+            return Ok(VerifyState::Unverified);
+        };
+        let fits = |sha: &str, size: u64| {
+            sha == expected.sha256.to_hex() && expected.size.is_none_or(|s| s == size)
+        };
         let name = layout::artifact_file_name(entry.id()).to_string();
         let mut cache = self.load_cache();
         if !force
             && let Some(c) = cache.get(&name)
             && c.signature == sig
         {
-            return Ok(
-                if c.sha256 == artifact.sha256.to_hex() && c.size == artifact.size.get() {
-                    VerifyState::Verified
-                } else if c.catalog_verified {
-                    VerifyState::Outdated
-                } else {
-                    VerifyState::Corrupt
-                },
-            );
+            return Ok(if fits(&c.sha256, c.size) {
+                VerifyState::Verified
+            } else if c.catalog_verified {
+                VerifyState::Outdated
+            } else {
+                VerifyState::Corrupt
+            });
         }
         let expected = chunker::Expected {
             sha256: None,
@@ -443,8 +476,7 @@ impl Device {
         };
         let state = match chunker::verify(&path, &expected) {
             Ok(report) => {
-                let matches =
-                    report.sha256 == artifact.sha256 && report.size == artifact.size.get();
+                let matches = fits(&report.sha256.to_hex(), report.size);
                 // The same bytes, verified against an earlier catalog: still that verified copy.
                 let earlier = cache.get(&name).is_some_and(|c| {
                     c.catalog_verified
@@ -475,6 +507,49 @@ impl Device {
         };
         self.save_cache(&cache)?;
         Ok(state)
+    }
+
+    /// The digest `entry`'s installed artifact must have: the manifest's `artifact_sha256`, or,
+    /// for an entry without one (the live manifest's shape), the origin's sidecar digest the
+    /// downloader verified the bytes against and kept beside the install. `None`: nothing to
+    /// check against (reported `unverified`, never handed to modeld).
+    pub fn expected_digest(&self, entry: &ModelEntry) -> Option<ExpectedDigest> {
+        if let Some(sha256) = entry.artifact_sha256() {
+            return Some(ExpectedDigest {
+                sha256,
+                size: entry.artifact_size().map(|s| s.get()),
+                source: downloader::DigestSource::Manifest,
+            });
+        }
+        let name = layout::artifact_file_name(entry.id());
+        downloader::installed_sidecar_digest(&self.models_dir(), name.as_str()).map(|sha256| {
+            ExpectedDigest {
+                sha256,
+                size: None,
+                source: downloader::DigestSource::Sidecar,
+            }
+        })
+    }
+
+    /// Store the entries the accepted manifest had that this device left out.
+    pub fn store_refused(&self, refused: &[RefusedModel]) -> Result<()> {
+        self.write_file(
+            REFUSED_FILE,
+            &serde_json::to_vec_pretty(refused).expect("serializable"),
+        )
+    }
+
+    /// The entries the stored catalog's manifest had that were left out (none if unknown).
+    /// A report, never trusted for a decision: bounded like the catalog it describes.
+    pub fn refused(&self) -> Vec<RefusedModel> {
+        read_capped(
+            &self.models_dir().join(REFUSED_FILE),
+            bounded::CATALOG_LIMIT,
+        )
+        .ok()
+        .flatten()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
     }
 
     /// Record that the artifact just installed at `entry`'s path was verified as `sha256` /

@@ -217,6 +217,8 @@ pub struct RefreshReport {
     pub retrying: Vec<String>,
     /// Chosen models absent from the catalog, dropped for good.
     pub dropped: Vec<String>,
+    /// Manifest entries left out of the catalog, each with its reason; the rest work.
+    pub refused: Vec<crate::device::RefusedModel>,
 }
 
 /// `rdf43` and its old alias `rdf`.
@@ -284,7 +286,16 @@ pub fn refresh_at(
             return Err(e);
         }
     };
-    device.store_catalog_bytes(&fetched.raw, &fetched.manifest)?;
+    if fetched.refused_entries.is_empty() && fetched.normalised.is_empty() {
+        device.store_catalog_bytes(&fetched.raw, &fetched.manifest)?;
+    } else {
+        // Entries were left out or values normalised: the catalog is what this device
+        // accepted (the raw bytes would bring the refused entries back when read), canonical.
+        device.store_catalog(&fetched.manifest)?;
+    }
+    let refused: Vec<crate::device::RefusedModel> =
+        fetched.refused_entries.iter().map(Into::into).collect();
+    device.store_refused(&refused)?;
     let manifest = device.require_catalog()?;
     let catalog = device.device_catalog(&manifest)?;
 
@@ -315,6 +326,7 @@ pub fn refresh_at(
         fell_back_to_builtin: false,
         retrying: Vec::new(),
         dropped: Vec::new(),
+        refused,
     };
 
     // Every wanted catalog model verified (kept) or installed; what cannot be had is replaced.
@@ -544,7 +556,7 @@ pub fn downloadable(catalog: &Manifest) -> Vec<&ModelEntry> {
     catalog
         .models()
         .iter()
-        .filter(|e| e.is_supported() && e.artifact().is_some() && !e.id().is_local())
+        .filter(|e| downloader::Target::from_entry(e).is_ok())
         .filter(|e| e.id().as_str() != manifest::layout::BUILTIN_MODEL_ID && !e.uses_external_gpu())
         .collect()
 }

@@ -65,6 +65,9 @@ pub struct FallbackReport {
 pub struct InstalledModel {
     pub id: String,
     pub state: VerifyState,
+    /// Where the digest it is checked against comes from: `"manifest"` (`artifact_sha256`),
+    /// `"sidecar"` (the origin's `.sha256`, for an entry without one), or `null` (none known).
+    pub digest_source: Option<&'static str>,
 }
 
 /// `status`.
@@ -80,6 +83,8 @@ pub struct StatusReport {
     pub interrupted_migration: Option<Journal>,
     /// From `.choice.json`; `None` before the first refresh of this build.
     pub fallback: Option<FallbackReport>,
+    /// Entries of the last accepted manifest this device left out, each with its reason.
+    pub refused: Vec<crate::device::RefusedModel>,
 }
 
 /// `verify`.
@@ -113,6 +118,10 @@ fn model_ref(device: &Device, id: &str) -> Result<ModelRef> {
         name: named.name,
         version: named.version,
     })
+}
+
+fn digest_source(device: &Device, entry: &manifest::ModelEntry) -> Option<&'static str> {
+    device.expected_digest(entry).map(|d| d.source.as_str())
 }
 
 /// What modeld should load. Always an answer: anything that cannot be read (an oversized or
@@ -199,6 +208,7 @@ pub fn status(device: &Device) -> Result<StatusReport> {
                 installed.push(InstalledModel {
                     id: e.id().to_string(),
                     state,
+                    digest_source: digest_source(device, e),
                 });
             }
         }
@@ -214,6 +224,7 @@ pub fn status(device: &Device) -> Result<StatusReport> {
         free_bytes: downloader::space::available_bytes(&device.models_dir()).ok(),
         fallback: fallback(device, catalog.as_ref())?,
         interrupted_migration: journal,
+        refused: device.refused(),
     })
 }
 
@@ -232,6 +243,7 @@ pub fn verify(
         models.push(InstalledModel {
             id: contract::builtin_id().to_string(),
             state: VerifyState::Verified,
+            digest_source: None,
         });
         return Ok(VerifyReport { models });
     }
@@ -253,6 +265,7 @@ pub fn verify(
         models.push(InstalledModel {
             id: e.id().to_string(),
             state,
+            digest_source: digest_source(device, e),
         });
     }
     if let Some(want) = only
