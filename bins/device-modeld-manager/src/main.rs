@@ -5,7 +5,8 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +27,7 @@ mod code {
     pub const NOT_VERIFIED: u8 = 6;
     pub const CANCELLED: u8 = 7;
     pub const NO_SPACE: u8 = 8;
+    pub const ONROAD: u8 = 9;
 }
 
 /// The exit codes, as `--help` shows them (and docs/cli.md, generated from it).
@@ -39,7 +41,8 @@ Exit codes (stable, see docs/device.md):
   5  no origin served a valid manifest (offline, or every manifest rejected)
   6  verification failed (a model is missing or does not match the catalog)
   7  cancelled
-  8  not enough free space";
+  8  not enough free space
+  9  deferred while driving: IsOnroad is set, nothing was changed";
 
 #[derive(Parser)]
 #[command(
@@ -103,6 +106,15 @@ struct Cli {
         default_value_t = 1
     )]
     ranges_per_chunk: usize,
+    /// sysfs root where USB devices are listed, for the external GPU (Chestnut) check.
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "DIR",
+        default_value = "/sys"
+    )]
+    sysfs_root: PathBuf,
     /// Free space required beyond the artifact, in MiB.
     #[arg(
         long,
@@ -194,6 +206,9 @@ enum Command {
         /// How often the manifest is refreshed, in seconds.
         #[arg(long, value_name = "SECS", default_value_t = 3600)]
         refresh_secs: u64,
+        /// How soon a refresh or request that found no network is tried again, in seconds.
+        #[arg(long, value_name = "SECS", default_value_t = 30)]
+        retry_secs: u64,
     },
     /// Print a shell completion script, e.g.
     /// `device-modeld-manager completions bash > /etc/bash_completion.d/device-modeld-manager`.
@@ -222,6 +237,7 @@ impl From<migration::Error> for Fail {
     fn from(e: migration::Error) -> Self {
         let code = match &e {
             migration::Error::Busy { .. } => code::BUSY,
+            migration::Error::Onroad { .. } => code::ONROAD,
             migration::Error::Download(d) => download_code(d),
             migration::Error::NotVerified { .. } => code::NOT_VERIFIED,
             _ => code::FAILURE,
@@ -406,12 +422,13 @@ fn run(cli: Cli) -> Result<(), Fail> {
         clap_complete::generate(shell, &mut cmd, "device-modeld-manager", &mut script);
         return write_stdout(&script);
     }
-    let device = Device::new(DeviceConfig {
+    let mut device = Device::new(DeviceConfig {
         data_dir: cli.data_dir.clone(),
         memory_params_dir: cli.memory_params_dir.clone(),
         builtin_dir: cli.builtin_dir.clone(),
         generation: cli.generation,
     });
+    device.sysfs_root = cli.sysfs_root.clone();
     let dl = Downloader::new(
         Origins::new(&cli.hf_base, &cli.github_base),
         DownloadConfig {
@@ -495,7 +512,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
             let mut done = Vec::new();
             if all {
                 let catalog = device.require_catalog()?;
-                for entry in migration::downloadable(&catalog) {
+                for entry in migration::downloadable(&catalog, device.chestnut()) {
                     progress.label(entry.id().as_str());
                     progress.say(&format!("downloading {}", entry.id()));
                     let r = migration::install(&device, &dl, entry, &cancel, &print);
@@ -561,11 +578,15 @@ fn run(cli: Cli) -> Result<(), Fail> {
         Command::Run {
             poll_ms,
             refresh_secs,
+            retry_secs,
         } => daemon(
             &device,
             &dl,
-            Duration::from_millis(poll_ms),
-            Duration::from_secs(refresh_secs),
+            &migration::daemon::DaemonConfig {
+                poll: Duration::from_millis(poll_ms),
+                refresh_every: Duration::from_secs(refresh_secs),
+                retry_offline: Duration::from_secs(retry_secs),
+            },
         ),
         Command::Completions { .. } => unreachable!("handled before the device is opened"),
     }
@@ -699,14 +720,39 @@ fn verify(device: &Device, id: Option<String>, json_out: bool) -> Result<(), Fai
     Ok(())
 }
 
+/// Set by SIGTERM/SIGINT; the daemon polls it.
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    STOPPING.store(true, Ordering::SeqCst);
+}
+
 fn daemon(
     device: &Device,
     dl: &Downloader,
-    poll: Duration,
-    refresh_every: Duration,
+    config: &migration::daemon::DaemonConfig,
 ) -> Result<(), Fail> {
     let _lock = ManagerLock::acquire(&device.models_dir())?;
-    migration::daemon::run(device, dl, poll, refresh_every, &|line| eprintln!("{line}"))?;
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t);
+        }
+    }
+    let stopping = Arc::new(AtomicBool::new(false));
+    let relay = {
+        let stopping = stopping.clone();
+        std::thread::spawn(move || {
+            while !STOPPING.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            stopping.store(true, Ordering::SeqCst);
+        })
+    };
+    let log = |line: &str| eprintln!("device-modeld-manager: {line}");
+    migration::daemon::run(device, dl, config, &stopping, &log)?;
+    drop(relay);
     Ok(())
 }
 

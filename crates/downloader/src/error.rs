@@ -164,6 +164,21 @@ impl Error {
         }
     }
 
+    /// Whether this looks like no (usable) network: connection failures, timeouts, server
+    /// trouble, on every origin tried. A caller keeps the request and tries again when the
+    /// network may be back, instead of giving it up.
+    pub fn is_offline(&self) -> bool {
+        match self {
+            Error::Transport { .. } | Error::Deadline { .. } => true,
+            Error::Status { .. } => self.is_retryable(),
+            Error::ManifestUnavailable { attempts, .. }
+            | Error::AllOriginsFailed { attempts, .. } => {
+                !attempts.is_empty() && attempts.iter().all(|(_, e)| e.is_offline())
+            }
+            _ => false,
+        }
+    }
+
     /// Errors that no other origin can fix: stop instead of trying the next one.
     pub fn is_local(&self) -> bool {
         matches!(

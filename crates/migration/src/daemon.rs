@@ -58,12 +58,14 @@ pub fn failure_progress(e: &Error) -> Progress {
                 None => Progress::Offline,
             }
         }
+        Error::ExternalGpuRequired { .. } => Progress::ExternalGpuRequired,
         Error::Download(_) => Progress::Failed("model could not be downloaded and verified".into()),
         other => Progress::Failed(other.to_string()),
     }
 }
 
-/// Serve one request to the end; returns the final progress.
+/// Serve one request to the end; returns the final progress (written to
+/// `ModelDownloadProgress` too).
 pub fn serve(
     device: &Device,
     dl: &Downloader,
@@ -75,20 +77,33 @@ pub fn serve(
             .memory
             .put(keys::MODEL_DOWNLOAD_PROGRESS, &p.to_string());
     };
-    let outcome: Result<Progress> = match request {
+    let last =
+        serve_outcome(device, dl, request, cancel, &say).unwrap_or_else(|e| failure_progress(&e));
+    say(&last);
+    last
+}
+
+fn serve_outcome(
+    device: &Device,
+    dl: &Downloader,
+    request: &Request,
+    cancel: &CancelToken,
+    say: &(dyn Fn(&Progress) + Sync),
+) -> Result<Progress> {
+    match request {
         Request::DownloadAll => (|| {
             let catalog = device.require_catalog()?;
-            for entry in downloadable(&catalog) {
+            for entry in downloadable(&catalog, device.chestnut()) {
                 if cancel.is_cancelled() {
                     return Ok(Progress::Cancelled);
                 }
                 say(&Progress::Downloading(contract_name(entry)));
-                install(device, dl, entry, cancel, &say)?;
+                install(device, dl, entry, cancel, say)?;
             }
             Ok(Progress::AllDownloaded)
         })(),
         Request::Download { id: Some(id), .. } => {
-            download_model(device, dl, id, cancel, &say).map(|_| {
+            download_model(device, dl, id, cancel, say).map(|_| {
                 let canonical = crate::contract::canonical_id(id.as_str());
                 match canonical.parse().map(|c| crate::contract::kind(&c)) {
                     Ok(crate::contract::ModelKind::BuiltIn) => Progress::BuiltinAlreadyDownloaded,
@@ -100,10 +115,7 @@ pub fn serve(
         Request::Download { raw, id: None } => {
             Ok(Progress::Failed(format!("{raw:?} is not a model id")))
         }
-    };
-    let last = outcome.unwrap_or_else(|e| failure_progress(&e));
-    say(&last);
-    last
+    }
 }
 
 fn contract_name(entry: &manifest::ModelEntry) -> String {
@@ -123,30 +135,92 @@ pub fn finish(device: &Device, request: &Request) -> Result<()> {
     device.memory.remove(keys::CANCEL_MODEL_DOWNLOAD)
 }
 
-/// A cancel token that trips when the UI sets `CancelModelDownload`, until `stop` is set.
-fn watch_cancel(device: &Device, stop: &Arc<AtomicBool>) -> (CancelToken, thread::JoinHandle<()>) {
+/// Why a running request stopped early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interrupt {
+    /// The UI set `CancelModelDownload`: the request is over.
+    Cancelled,
+    /// The car went onroad: the request stays pending and is served once offroad.
+    Onroad,
+    /// The daemon is stopping (SIGTERM): the request stays for the next start.
+    Stopping,
+}
+
+/// A cancel token that trips within 50 ms when the UI sets `CancelModelDownload`, the car goes
+/// onroad, or `stopping` is set; it records which, until `done` is set.
+fn watch(
+    device: &Device,
+    stopping: &Arc<AtomicBool>,
+    done: &Arc<AtomicBool>,
+) -> (
+    CancelToken,
+    Arc<std::sync::Mutex<Option<Interrupt>>>,
+    thread::JoinHandle<()>,
+) {
     let token = CancelToken::new();
-    let t = token.clone();
-    let memory = device.memory.clone();
-    let stop = stop.clone();
+    let why = Arc::new(std::sync::Mutex::new(None));
+    let (t, w) = (token.clone(), why.clone());
+    let device = device.clone();
+    let (stopping, done) = (stopping.clone(), done.clone());
     let h = thread::spawn(move || {
-        while !stop.load(Ordering::SeqCst) {
-            if memory
+        while !done.load(Ordering::SeqCst) {
+            let reason = if stopping.load(Ordering::SeqCst) {
+                Some(Interrupt::Stopping)
+            } else if device.is_onroad().unwrap_or(false) {
+                Some(Interrupt::Onroad)
+            } else if device
+                .memory
                 .get_bool(keys::CANCEL_MODEL_DOWNLOAD)
                 .unwrap_or(false)
             {
+                Some(Interrupt::Cancelled)
+            } else {
+                None
+            };
+            if let Some(r) = reason {
+                *w.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
                 t.cancel();
                 return;
             }
-            thread::sleep(Duration::from_millis(100));
+            thread::sleep(Duration::from_millis(50));
         }
     });
-    (token, h)
+    (token, why, h)
+}
+
+/// How one served request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Served {
+    /// Handled (done, failed for good, or cancelled by the UI): the request was cleared.
+    Finished(Progress),
+    /// Not over: onroad, stopping, or no network. The request is kept and served again later.
+    Kept { progress: Progress, why: String },
+}
+
+/// Whether a failure means "try again when the network is back" (never "failed for good").
+fn is_offline(e: &Error) -> bool {
+    match e {
+        Error::Download(d) => d.is_offline(),
+        Error::NoCatalog { .. } => true,
+        _ => false,
+    }
 }
 
 /// One poll: serve the pending request (watching for a cancel), or drop a leftover cancel flag
-/// when nothing runs. Returns the request served, if any.
+/// when nothing runs. Returns the request served, if any, and its last progress.
 pub fn poll_once(device: &Device, dl: &Downloader) -> Result<Option<(Request, Progress)>> {
+    let stopping = Arc::new(AtomicBool::new(false));
+    Ok(poll(device, dl, &stopping)?.map(|(r, s)| match s {
+        Served::Finished(p) | Served::Kept { progress: p, .. } => (r, p),
+    }))
+}
+
+/// [`poll_once`], stopping early when `stopping` is set; says whether the request was kept.
+pub fn poll(
+    device: &Device,
+    dl: &Downloader,
+    stopping: &Arc<AtomicBool>,
+) -> Result<Option<(Request, Served)>> {
     let Some(request) = read_request(device)? else {
         if device.memory.get_bool(keys::CANCEL_MODEL_DOWNLOAD)? {
             // Nothing to cancel: a leftover flag must not cancel the next download.
@@ -154,22 +228,92 @@ pub fn poll_once(device: &Device, dl: &Downloader) -> Result<Option<(Request, Pr
         }
         return Ok(None);
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    let (cancel, watcher) = watch_cancel(device, &stop);
-    let last = serve(device, dl, &request, &cancel);
-    stop.store(true, Ordering::SeqCst);
+    if device.is_onroad()? {
+        // Served once the car is offroad; not a byte fetched, not a file touched.
+        return Ok(Some((
+            request,
+            Served::Kept {
+                progress: Progress::Cancelled,
+                why: "deferred while driving".into(),
+            },
+        )));
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let (cancel, why, watcher) = watch(device, stopping, &done);
+    let say = |p: &Progress| {
+        let _ = device
+            .memory
+            .put(keys::MODEL_DOWNLOAD_PROGRESS, &p.to_string());
+    };
+    let outcome = serve_outcome(device, dl, &request, &cancel, &say);
+    done.store(true, Ordering::SeqCst);
     let _ = watcher.join();
-    finish(device, &request)?;
-    Ok(Some((request, last)))
+    let interrupt = *why.lock().unwrap_or_else(|e| e.into_inner());
+    let served = match (outcome, interrupt) {
+        (Err(_), Some(Interrupt::Onroad)) | (Err(Error::Onroad { .. }), _) => Served::Kept {
+            progress: Progress::Cancelled,
+            why: "deferred while driving".into(),
+        },
+        (Err(_), Some(Interrupt::Stopping)) => Served::Kept {
+            progress: Progress::Cancelled,
+            why: "stopping; kept for the next start (finished chunks are kept)".into(),
+        },
+        (Err(e), _) if is_offline(&e) => Served::Kept {
+            progress: Progress::Offline,
+            why: format!("no network, will retry: {e}"),
+        },
+        (Ok(p), _) => Served::Finished(p),
+        (Err(e), _) => Served::Finished(failure_progress(&e)),
+    };
+    match &served {
+        Served::Finished(p) => {
+            say(p);
+            finish(device, &request)?;
+        }
+        Served::Kept { progress, .. } => say(progress),
+    }
+    Ok(Some((request, served)))
 }
 
-/// The daemon loop: refresh at start and every `refresh_every`, poll requests every `poll`.
-/// `log` receives one line per refresh failure or failed request. The caller holds the lock.
+/// Tuning of the daemon loop.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// How often the memory params are polled.
+    pub poll: Duration,
+    /// How often the manifest is refreshed (also once when the car goes offroad).
+    pub refresh_every: Duration,
+    /// How soon a refresh or request that found no network is tried again.
+    pub retry_offline: Duration,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        Self {
+            poll: Duration::from_secs(1),
+            refresh_every: Duration::from_secs(3600),
+            retry_offline: Duration::from_secs(30),
+        }
+    }
+}
+
+fn describe(r: &Request) -> String {
+    match r {
+        Request::DownloadAll => "download all".into(),
+        Request::Download { raw, .. } => format!("download {raw}"),
+    }
+}
+
+/// The daemon loop: refresh at start, every `refresh_every` and when the car goes offroad;
+/// serve requests every `poll`; nothing at all while onroad (requests wait); no automatic
+/// refresh on a metered network (user requests are still served). Returns when `stopping` is
+/// set (SIGTERM), within a poll step or the download's cancel latency, leaving a running
+/// download resumable and its request pending. `log` gets one line at start, per job and per
+/// result.
 pub fn run(
     device: &Device,
     dl: &Downloader,
-    poll: Duration,
-    refresh_every: Duration,
+    config: &DaemonConfig,
+    stopping: &Arc<AtomicBool>,
     log: &dyn Fn(&str),
 ) -> Result<()> {
     let say = |p: &Progress| {
@@ -177,27 +321,104 @@ pub fn run(
             .memory
             .put(keys::MODEL_DOWNLOAD_PROGRESS, &p.to_string());
     };
-    let mut last_refresh: Option<Instant> = None;
-    loop {
-        if last_refresh.is_none_or(|t| t.elapsed() >= refresh_every) {
-            if let Err(e) = refresh(device, dl, &CancelToken::new(), &say) {
-                log(&format!("refresh failed: {e}"));
-                if let Error::Download(d) = &e
-                    && let Some(text) = crate::trust_state::refusal_text(d)
-                {
-                    say(&Progress::ManifestRefused(text));
+    log(&format!(
+        "started: generation {}, models in {}, polling every {} ms, refreshing every {} s",
+        device.config.generation,
+        device.models_dir().display(),
+        config.poll.as_millis(),
+        config.refresh_every.as_secs()
+    ));
+    let mut next_refresh = Instant::now();
+    let mut next_request = Instant::now();
+    let mut onroad_logged = false;
+    let mut metered_logged = false;
+    while !stopping.load(Ordering::SeqCst) {
+        let onroad = device.is_onroad().unwrap_or(false);
+        if onroad {
+            if !onroad_logged {
+                log("deferred while driving: no refresh, purge or download until offroad");
+                onroad_logged = true;
+            }
+        } else {
+            if onroad_logged {
+                log("offroad: refreshing and serving pending requests");
+                onroad_logged = false;
+                next_refresh = Instant::now();
+                next_request = Instant::now();
+            }
+            if Instant::now() >= next_refresh {
+                if device.is_metered().unwrap_or(false) {
+                    if !metered_logged {
+                        log(
+                            "refresh skipped: metered network (requests from the UI are still served)",
+                        );
+                        metered_logged = true;
+                    }
+                    next_refresh = Instant::now() + config.retry_offline;
+                } else {
+                    metered_logged = false;
+                    log("job: refresh");
+                    let cancel = CancelToken::new();
+                    next_refresh = match refresh(device, dl, &cancel, &say) {
+                        Ok(r) => {
+                            log(&format!(
+                                "refresh: {} manifest from {}, {} models, {} refused, selected {}{}",
+                                r.generation,
+                                r.manifest_origin,
+                                r.models,
+                                r.refused.len(),
+                                r.selected,
+                                if r.fell_back_to_builtin {
+                                    " (fell back to the built-in)"
+                                } else {
+                                    ""
+                                }
+                            ));
+                            Instant::now() + config.refresh_every
+                        }
+                        Err(e) => {
+                            let first = e.to_string();
+                            let first = first.lines().next().unwrap_or("");
+                            log(&format!("refresh failed, will retry: {first}"));
+                            // A manifest refused on trust grounds is shown to the user.
+                            if let Error::Download(d) = &e
+                                && let Some(text) = crate::trust_state::refusal_text(d)
+                            {
+                                say(&Progress::ManifestRefused(text));
+                            }
+                            if is_offline(&e) || matches!(e, Error::Onroad { .. }) {
+                                Instant::now() + config.retry_offline
+                            } else {
+                                Instant::now() + config.refresh_every
+                            }
+                        }
+                    };
                 }
             }
-            last_refresh = Some(Instant::now());
+            if Instant::now() >= next_request
+                && let Some(request) = read_request(device)?
+            {
+                log(&format!("job: {}", describe(&request)));
+                if let Some((request, served)) = poll(device, dl, stopping)? {
+                    match served {
+                        Served::Finished(p) => log(&format!("{}: {p}", describe(&request))),
+                        Served::Kept { why, .. } => {
+                            let why = why.lines().next().unwrap_or("").to_string();
+                            log(&format!("{}: kept pending ({why})", describe(&request)));
+                            next_request = Instant::now() + config.retry_offline;
+                        }
+                    }
+                }
+            } else if read_request(device)?.is_none() {
+                // Nothing pending: drop a leftover cancel flag (see `poll`).
+                let _ = poll(device, dl, stopping)?;
+            }
         }
-        if let Some((_, p)) = poll_once(device, dl)?
-            && matches!(
-                p,
-                Progress::Failed(_) | Progress::Cancelled | Progress::Offline
-            )
-        {
-            log(&format!("download: {p}"));
+        let wake = Instant::now() + config.poll;
+        while Instant::now() < wake && !stopping.load(Ordering::SeqCst) {
+            thread::sleep(Duration::from_millis(20).min(config.poll));
         }
-        thread::sleep(poll);
     }
+    log("stopped: any download in progress is kept and resumes at the next start");
+    Ok(())
 }

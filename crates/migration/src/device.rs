@@ -73,6 +73,8 @@ pub struct Device {
     pub config: DeviceConfig,
     pub params: Params,
     pub memory: Params,
+    /// Where the USB devices are listed (`/sys` on a comma), for the external-GPU check.
+    pub sysfs_root: PathBuf,
     pub(crate) effects: Effects,
 }
 
@@ -146,8 +148,35 @@ impl Device {
             config,
             params,
             memory,
+            sysfs_root: PathBuf::from("/sys"),
             effects,
         }
+    }
+
+    /// Whether the car is driving (`IsOnroad`).
+    pub fn is_onroad(&self) -> Result<bool> {
+        self.params.get_bool(keys::IS_ONROAD)
+    }
+
+    /// Whether the connection is metered (`NetworkMetered`).
+    pub fn is_metered(&self) -> Result<bool> {
+        self.params.get_bool(keys::NETWORK_METERED)
+    }
+
+    /// [`Error::Onroad`] while the car is driving: called before anything that purges,
+    /// migrates or downloads, so none of it happens onroad.
+    pub fn ensure_offroad(&self, what: &str) -> Result<()> {
+        if self.is_onroad()? {
+            return Err(Error::Onroad {
+                what: what.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The external GPU as upstream detects it, under [`Device::sysfs_root`].
+    pub fn chestnut(&self) -> downloader::egpu::Chestnut {
+        downloader::egpu::detect_chestnut(&self.sysfs_root)
     }
 
     /// Write a state or cache file in the models dir atomically and report the effect.
@@ -357,11 +386,6 @@ impl Device {
             CHOICE_FILE,
             &serde_json::to_vec_pretty(c).expect("serializable"),
         )
-    }
-
-    /// `IsOnroad` as openpilot's manager sets it (persistent params); unreadable = offroad.
-    pub fn is_onroad(&self) -> bool {
-        self.params.get_bool("IsOnroad").unwrap_or(false)
     }
 
     pub fn require_catalog(&self) -> Result<Manifest> {

@@ -47,6 +47,19 @@ pub enum Error {
     )]
     BuiltinMissing { path: PathBuf },
 
+    /// `IsOnroad` is set: nothing was purged, migrated or downloaded, and every file is as it
+    /// was. The daemon serves the request once the car is offroad.
+    #[error(
+        "deferred while driving: {what} waits until the car is offroad (IsOnroad is set); nothing was changed"
+    )]
+    Onroad { what: String },
+
+    /// A GPU-only model without a ready external GPU (upstream's "External GPU required...").
+    #[error(
+        "model {id} needs the external GPU (Chestnut), and none is ready; set AllowGpuModelDownloadWithoutGpu to download it anyway"
+    )]
+    ExternalGpuRequired { id: String },
+
     #[error(transparent)]
     Download(#[from] downloader::Error),
 

@@ -188,6 +188,8 @@ pub(crate) fn begin_migration(
         // Before anything is deleted, point everything modeld and the UIs read at the built-in
         // (the journal keeps what to restore): a modeld starting mid-migration then loads the
         // built-in, never an old-generation pickle and never a file about to be purged.
+        // Onroad (the car may have left since the refresh began), nothing is purged.
+        device.ensure_offroad("the migration")?;
         write_contract(
             device,
             catalog,
@@ -268,6 +270,8 @@ pub fn refresh_at(
     progress: ProgressFn,
     now_unix: u64,
 ) -> Result<RefreshReport> {
+    // Onroad: not one request, not one file touched.
+    device.ensure_offroad("refresh")?;
     device.ensure_dirs()?;
     let generation = device.config.generation;
     let fetched = match crate::trust_state::fetch_accepted(device, dl) {
@@ -396,7 +400,7 @@ pub fn refresh_at(
         fates.insert(id, f);
     }
     let mut outcome = contract::decide(&wanted, &catalog, &available);
-    if device.is_onroad() {
+    if device.is_onroad().unwrap_or(false) {
         outcome = choice::hold_onroad(outcome, &slots_now, record.as_ref(), &catalog);
     }
     for (id, f) in &fates {
@@ -470,8 +474,18 @@ pub fn install(
     cancel: &CancelToken,
     progress: ProgressFn,
 ) -> Result<Option<Installed>> {
+    device.ensure_offroad(&format!("the download of {}", entry.id()))?;
+    let chestnut = device.chestnut();
+    let variant = downloader::egpu::artifacts_to_fetch(entry, chestnut)?
+        .into_iter()
+        .nth(1);
     match device.verify_entry(entry, false)? {
-        VerifyState::Verified => return Ok(None),
+        VerifyState::Verified => {
+            if let Some(v) = variant {
+                install_variant(device, dl, &v, cancel)?;
+            }
+            return Ok(None);
+        }
         // A verified copy of an earlier publish stays (and stays on record) until the new
         // bytes are installed over it.
         VerifyState::Outdated => {}
@@ -497,7 +511,36 @@ pub fn install(
     // Record the fresh verification so the next resolve is a stat, not a re-hash.
     device.record_verified(entry, &installed.sha256, installed.size)?;
     device.effect(|| format!("install {}", entry.id()))?;
+    if let Some(v) = variant {
+        install_variant(device, dl, &v, cancel)?;
+    }
     Ok(Some(installed))
+}
+
+/// With a ready external GPU, a model's Chestnut build (`<id>_driving_chestnut_tinygrad.pkl`)
+/// is fetched beside it, unless the same file is already there and verifies.
+fn install_variant(
+    device: &Device,
+    dl: &Downloader,
+    target: &downloader::Target,
+    cancel: &CancelToken,
+) -> Result<()> {
+    let path = device.models_dir().join(target.local_name.as_str());
+    if let Some(want) = target.sha256
+        && let Ok((got, size)) = chunker::Sha256Digest::of_file(&path)
+        && got == want
+        && target.size.is_none_or(|s| s == size)
+    {
+        return Ok(());
+    }
+    dl.download_target(
+        device.config.generation,
+        target,
+        &device.models_dir(),
+        cancel,
+        &|_| {},
+    )?;
+    device.effect(|| format!("install {}", target.local_name))
 }
 
 /// `download <ID>`: the catalog entry, downloaded and verified.
@@ -546,18 +589,33 @@ pub fn download_model(
         id: id.to_string(),
         generation: device.config.generation.to_string(),
     })?;
+    // Upstream: a GPU-only model needs a ready Chestnut, unless the UI set the one-request
+    // override (used up here, whatever the outcome).
+    let allow = device.memory.get_bool(keys::ALLOW_GPU_WITHOUT_GPU)?;
+    if allow {
+        device.memory.remove(keys::ALLOW_GPU_WITHOUT_GPU)?;
+    }
+    if downloader::egpu::single_download(entry.uses_external_gpu(), device.chestnut(), allow)
+        .is_err()
+    {
+        return Err(Error::ExternalGpuRequired { id: id.to_string() });
+    }
     let r = install(device, dl, entry, cancel, progress)?;
     progress(&Progress::Downloaded);
     Ok(r)
 }
 
-/// Every downloadable catalog model that is not installed yet (external-GPU models skipped).
-pub fn downloadable(catalog: &Manifest) -> Vec<&ModelEntry> {
+/// Every catalog model "download all" takes: downloadable, not the built-in, and an
+/// external-GPU model only with a ready Chestnut (upstream's rule).
+pub fn downloadable(catalog: &Manifest, chestnut: downloader::egpu::Chestnut) -> Vec<&ModelEntry> {
     catalog
         .models()
         .iter()
         .filter(|e| downloader::Target::from_entry(e).is_ok())
-        .filter(|e| e.id().as_str() != manifest::layout::BUILTIN_MODEL_ID && !e.uses_external_gpu())
+        .filter(|e| {
+            e.id().as_str() != manifest::layout::BUILTIN_MODEL_ID
+                && downloader::egpu::in_download_all(e.uses_external_gpu(), chestnut)
+        })
         .collect()
 }
 

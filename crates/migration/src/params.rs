@@ -39,6 +39,14 @@ pub mod keys {
     pub const DOWNLOAD_ALL_MODELS: &str = "DownloadAllModels";
     pub const CANCEL_MODEL_DOWNLOAD: &str = "CancelModelDownload";
     pub const MODEL_DOWNLOAD_PROGRESS: &str = "ModelDownloadProgress";
+    /// Memory param: set by the UI for one GPU-model download without an external GPU; used up
+    /// by that one request.
+    pub const ALLOW_GPU_WITHOUT_GPU: &str = "AllowGpuModelDownloadWithoutGpu";
+    /// Persistent (openpilot's manager sets it while driving): nothing is purged, migrated or
+    /// downloaded while it is set.
+    pub const IS_ONROAD: &str = "IsOnroad";
+    /// Persistent (set by openpilot when the connection is metered): no automatic download.
+    pub const NETWORK_METERED: &str = "NetworkMetered";
 }
 
 #[derive(Debug, Clone)]

@@ -36,6 +36,8 @@ pub enum Progress {
     /// catalog republished the selected model, the new bytes could not be had yet, and the
     /// verified older copy stays in use.
     UpdateRetrying,
+    /// `"External GPU required..."` (a GPU-only model without a ready Chestnut).
+    ExternalGpuRequired,
     /// `"Download failed: <reason>"`.
     Failed(String),
     /// `"Model list refused: <why>"`: the manifest was not signed as the trusted keys require
@@ -67,6 +69,7 @@ impl fmt::Display for Progress {
             Progress::UpdateRetrying => f.write_str(
                 "Model update download failed; using the installed version until it downloads.",
             ),
+            Progress::ExternalGpuRequired => f.write_str("External GPU required..."),
             Progress::Failed(reason) => write!(f, "Download failed: {reason}"),
             Progress::ManifestRefused(text) => f.write_str(text),
         }
@@ -118,6 +121,7 @@ mod tests {
                 Progress::UpdateRetrying,
                 "Model update download failed; using the installed version until it downloads.",
             ),
+            (Progress::ExternalGpuRequired, "External GPU required..."),
             (Progress::Failed("x".into()), "Download failed: x"),
         ] {
             assert_eq!(p.to_string(), text);
