@@ -455,6 +455,8 @@ fn run(cli: Cli) -> Result<(), Fail> {
         }
         Command::Status { json } => status(&device, &dl, json),
         Command::Refresh { json } => {
+            // Onroad: refused before the lock file is even created.
+            device.ensure_offroad("refresh")?;
             let _lock = ManagerLock::acquire(&device.models_dir())?;
             progress.label("selected model");
             let r = migration::refresh(&device, &dl, &CancelToken::new(), &print);
@@ -507,6 +509,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
             Ok(())
         }
         Command::Download { id, all, json } => {
+            device.ensure_offroad("download")?;
             let _lock = ManagerLock::acquire(&device.models_dir())?;
             let cancel = CancelToken::new();
             let mut done = Vec::new();
@@ -562,6 +565,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
         }
         Command::Verify { id, json } => verify(&device, id, json),
         Command::Gc { json } => {
+            device.ensure_offroad("gc")?;
             let _lock = ManagerLock::acquire(&device.models_dir())?;
             let removed = migration::gc(&device)?;
             if json {
