@@ -491,3 +491,93 @@ fn the_live_manifest_shape_through_the_binary() {
     let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(d["models"].as_array().unwrap().len(), 1, "{d}");
 }
+
+/// The external GPU through the binary: a GPU-only model is refused without a ready Chestnut
+/// (unless the one-request override is set), download-all leaves it out; with a ready one,
+/// download-all takes it and its Chestnut build.
+#[test]
+fn a_chestnut_decides_gpu_downloads_through_the_binary() {
+    let w = world();
+    let gpu_main = artifact_bytes(71, CHUNK + 5);
+    let gpu_amd = artifact_bytes(72, CHUNK / 3);
+    let p = publish_model(
+        &w.root,
+        "v25",
+        "pop223",
+        &artifact_bytes(61, 2 * CHUNK + 7),
+        Some(CHUNK),
+    );
+    let g = publish_model(&w.root, "v25", "gpu223", &gpu_main, Some(CHUNK));
+    for dir in test_support::published::artifact_dirs(&w.root, "v25", "gpu223") {
+        fs::write(dir.join("gpu223_amd.pkl"), &gpu_amd).unwrap();
+    }
+    let mut m: serde_json::Value =
+        serde_json::from_str(&manifest_json("v25", &[p, g], true)).unwrap();
+    m["models"][1]["uses_external_gpu"] = true.into();
+    m["models"][1]["accelerator_artifacts"] = serde_json::json!({"chestnut": {
+        "artifact_format": "tinygrad_single_v1", "artifact_filename": "gpu223_amd.pkl",
+        "artifact_size": gpu_amd.len(),
+        "artifact_sha256": test_support::published::sha256_hex(&gpu_amd),
+        "artifact_chunk_count": 0, "execution_device": "AMD"}});
+    write_manifest(&w.root, "v25", m.to_string().as_bytes());
+    let out = w.run(&["refresh"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // No Chestnut: refused, nothing fetched for it; download-all leaves it out.
+    w.server().clear_requests();
+    let out = w.run(&["download", "gpu223"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("needs the external GPU"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        w.server()
+            .requests()
+            .iter()
+            .all(|r| !r.path.contains("gpu223"))
+    );
+    let out = w.run(&["download", "--all", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<&str> = d["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["pop223"]);
+    // The override lets one request through, and is used up by it.
+    w.set_mem("AllowGpuModelDownloadWithoutGpu", "1");
+    let out = w.run(&["download", "gpu223"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(w.mem("AllowGpuModelDownloadWithoutGpu").is_none());
+    assert_eq!(w.installed("gpu223").unwrap(), gpu_main);
+    assert!(
+        !w.models()
+            .join("gpu223_driving_chestnut_tinygrad.pkl")
+            .exists()
+    );
+
+    // A ready Chestnut: download-all takes the GPU model and its Chestnut build.
+    let usb = w.dir.path().join("sys/bus/usb/devices/2-1");
+    fs::create_dir_all(&usb).unwrap();
+    fs::write(usb.join("idVendor"), "add1\n").unwrap();
+    fs::write(usb.join("idProduct"), "0001\n").unwrap();
+    fs::write(usb.join("product"), "custom ed4e39b7-CLEAN\n").unwrap();
+    let out = w.run(&["download", "--all", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<&str> = d["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["pop223", "gpu223"]);
+    assert_eq!(
+        fs::read(w.models().join("gpu223_driving_chestnut_tinygrad.pkl")).unwrap(),
+        gpu_amd
+    );
+}
