@@ -358,8 +358,13 @@ pub fn run(
                 } else {
                     metered_logged = false;
                     log("job: refresh");
-                    let cancel = CancelToken::new();
-                    next_refresh = match refresh(device, dl, &cancel, &say) {
+                    // Stopped by SIGTERM or the car going onroad like any download.
+                    let done = Arc::new(AtomicBool::new(false));
+                    let (cancel, _, watcher) = watch(device, stopping, &done);
+                    let result = refresh(device, dl, &cancel, &say);
+                    done.store(true, Ordering::SeqCst);
+                    let _ = watcher.join();
+                    next_refresh = match result {
                         Ok(r) => {
                             log(&format!(
                                 "refresh: {} manifest from {}, {} models, {} refused, selected {}{}",

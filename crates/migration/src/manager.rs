@@ -274,7 +274,8 @@ pub fn refresh_at(
     device.ensure_offroad("refresh")?;
     device.ensure_dirs()?;
     let generation = device.config.generation;
-    let fetched = match crate::trust_state::fetch_accepted(device, dl) {
+    // Cancellable (SIGTERM, the car going onroad), signature checked when keys are trusted.
+    let fetched = match crate::trust_state::fetch_accepted(device, dl, cancel) {
         Ok(f) => f,
         Err(e) => {
             // Offline (or every manifest refused): a device still on another generation stops
@@ -368,6 +369,8 @@ pub fn refresh_at(
             // and the params already point at the built-in; on the same generation nothing was
             // written, so the selection is kept as it was.
             Err(e @ Error::Crashed { .. }) => return Err(e),
+            // The car went onroad: stop before the download, keep everything for offroad.
+            Err(e @ Error::Onroad { .. }) => return Err(e),
             Err(Error::Download(e))
                 if e.is_not_yet()
                     || (e.is_local()

@@ -79,14 +79,19 @@ pub fn last_refusal(device: &Device) -> Result<Option<RefusedManifest>> {
 
 /// Fetch the generation's manifest; with trusted keys, refuse one older than the accepted
 /// release and record a newly accepted release durably before returning it. A refusal is
-/// recorded for `status` and returned as the fetch error; nothing else is written.
-pub fn fetch_accepted(device: &Device, dl: &Downloader) -> Result<FetchedManifest> {
+/// recorded for `status` and returned as the fetch error; nothing else is written. `cancel`
+/// stops the fetch (a cancelled fetch records nothing).
+pub fn fetch_accepted(
+    device: &Device,
+    dl: &Downloader,
+    cancel: &downloader::CancelToken,
+) -> Result<FetchedManifest> {
     let generation = device.config.generation;
     let floor = match dl.trusted_keys() {
         Some(_) => accepted_release(device, generation)?.map(|a| a.release),
         None => None,
     };
-    match dl.fetch_manifest_accepting(generation, floor, &downloader::CancelToken::new()) {
+    match dl.fetch_manifest_accepting(generation, floor, cancel) {
         Ok(fetched) => {
             if let Some(signed) = &fetched.signed {
                 record_accepted(device, generation, signed)?;
