@@ -152,6 +152,7 @@ fn watch(
     device: &Device,
     stopping: &Arc<AtomicBool>,
     done: &Arc<AtomicBool>,
+    ui_cancel: bool,
 ) -> (
     CancelToken,
     Arc<std::sync::Mutex<Option<Interrupt>>>,
@@ -168,10 +169,11 @@ fn watch(
                 Some(Interrupt::Stopping)
             } else if device.is_onroad().unwrap_or(false) {
                 Some(Interrupt::Onroad)
-            } else if device
-                .memory
-                .get_bool(keys::CANCEL_MODEL_DOWNLOAD)
-                .unwrap_or(false)
+            } else if ui_cancel
+                && device
+                    .memory
+                    .get_bool(keys::CANCEL_MODEL_DOWNLOAD)
+                    .unwrap_or(false)
             {
                 Some(Interrupt::Cancelled)
             } else {
@@ -239,7 +241,7 @@ pub fn poll(
         )));
     }
     let done = Arc::new(AtomicBool::new(false));
-    let (cancel, why, watcher) = watch(device, stopping, &done);
+    let (cancel, why, watcher) = watch(device, stopping, &done, true);
     let say = |p: &Progress| {
         let _ = device
             .memory
@@ -358,9 +360,10 @@ pub fn run(
                 } else {
                     metered_logged = false;
                     log("job: refresh");
-                    // Stopped by SIGTERM or the car going onroad like any download.
+                    // Stopped by SIGTERM or the car going onroad like any download (not by the
+                    // UI's cancel flag, which is about the UI's own requests).
                     let done = Arc::new(AtomicBool::new(false));
-                    let (cancel, _, watcher) = watch(device, stopping, &done);
+                    let (cancel, _, watcher) = watch(device, stopping, &done, false);
                     let result = refresh(device, dl, &cancel, &say);
                     done.store(true, Ordering::SeqCst);
                     let _ = watcher.join();
@@ -391,7 +394,12 @@ pub fn run(
                             {
                                 say(&Progress::ManifestRefused(text));
                             }
-                            if is_offline(&e) || matches!(e, Error::Onroad { .. }) {
+                            let stopped = matches!(
+                                e,
+                                Error::Onroad { .. }
+                                    | Error::Download(downloader::Error::Cancelled { .. })
+                            );
+                            if is_offline(&e) || stopped {
                                 Instant::now() + config.retry_offline
                             } else {
                                 Instant::now() + config.refresh_every
