@@ -586,6 +586,8 @@ struct Run<'a> {
     done_bytes: AtomicU64,
     abort: Arc<AtomicBool>,
     error: Mutex<Option<Error>>,
+    /// Pieces already fetched once more from their first byte after failing their digest.
+    refetched: Mutex<BTreeSet<usize>>,
 }
 
 /// Fetch the artifact from one origin into staging, verify it and install it.
@@ -685,6 +687,7 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
         done_bytes: AtomicU64::new(already),
         abort,
         error: Mutex::new(None),
+        refetched: Mutex::new(BTreeSet::new()),
         pieces,
     };
     on_event(Event::Progress {
@@ -1079,6 +1082,19 @@ impl Run<'_> {
             if got != want {
                 // Only this chunk's bytes are known bad: forget them, keep every other chunk.
                 self.staging.forget(piece.index)?;
+                if self.refetched.lock().unwrap().insert(i) {
+                    // Bytes resumed from an earlier run or origin, or a prefix a broken answer
+                    // left before a retry, may be the bad ones: fetch the whole chunk once more
+                    // from its first byte before giving up on this origin.
+                    self.done_bytes.fetch_sub(piece.len, Ordering::SeqCst);
+                    self.open_segments.lock().unwrap()[i] = 1;
+                    self.queue.lock().unwrap().push_back(Segment {
+                        piece: i,
+                        start: 0,
+                        end: piece.len,
+                    });
+                    return Ok(());
+                }
                 return Err(Error::DigestMismatch {
                     what: format!("chunk {} ({})", piece.index, self.urls[i]),
                     expected: want,
