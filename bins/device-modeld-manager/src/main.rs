@@ -38,7 +38,8 @@ Exit codes (stable, see docs/device.md):
   2  usage error (bad flags or arguments)
   3  busy: another manager holds the lock
   4  download failed on every origin, or the published set is inconsistent
-  5  no origin served a valid manifest (offline, or every manifest rejected)
+  5  no origin served a valid manifest (offline, or every manifest rejected, an unsigned or
+     badly signed one included when keys are trusted)
   6  verification failed (a model is missing or does not match the catalog)
   7  cancelled
   8  not enough free space
@@ -146,16 +147,18 @@ enum Command {
     /// interrupted migration.
     Status {
         /// Print `{"generation","manifest_version","selected":{"id","name","version"},"resolved",
-        /// "catalog_models","installed":[{"id","state"}],"free_bytes","interrupted_migration",
-        /// "fallback":{"chosen","pending":[{"id","case","failures","next_retry","reason"}],
-        /// "dropped"}}`.
+        /// "catalog_models","installed":[{"id","state","digest_source"}],"free_bytes",
+        /// "interrupted_migration","fallback":{"chosen","pending":[{"id","case","failures",
+        /// "next_retry","reason"}],"dropped"},"refused_entries":[{"index","id","reason"}],
+        /// "trust":{…}}`.
         #[arg(long)]
         json: bool,
     },
     /// Fetch the manifest, update the catalog params, migrate if the generation changed.
     Refresh {
         /// Print `{"generation","manifest_origin","models","migrated_from","purged":[…],
-        /// "selected","fell_back_to_builtin","retrying":[…],"dropped":[…]}`.
+        /// "selected","fell_back_to_builtin","retrying":[…],"dropped":[…],
+        /// "refused_entries":[{"index","id","reason"}]}`.
         #[arg(long)]
         json: bool,
     },

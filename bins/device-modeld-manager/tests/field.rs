@@ -452,7 +452,7 @@ fn the_live_manifest_shape_through_the_binary() {
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["selected"], "pop223", "{r}");
     assert_eq!(r["fell_back_to_builtin"], false);
-    assert_eq!(r["refused"].as_array().unwrap().len(), 2, "{r}");
+    assert_eq!(r["refused_entries"].as_array().unwrap().len(), 2, "{r}");
     assert!(w.installed("pop223").is_some());
 
     let out = w.run(&["status", "--json"]);
@@ -463,7 +463,7 @@ fn the_live_manifest_shape_through_the_binary() {
         serde_json::json!([{"id": "pop223", "state": "verified", "digest_source": "sidecar"}]),
         "{s}"
     );
-    let refused = s["refused"].as_array().unwrap();
+    let refused = s["refused_entries"].as_array().unwrap();
     assert_eq!(refused[0]["id"], "odd223");
     assert!(
         refused[0]["reason"].as_str().unwrap().contains("comma"),

@@ -370,11 +370,11 @@ pub fn run(
                     next_refresh = match result {
                         Ok(r) => {
                             log(&format!(
-                                "refresh: {} manifest from {}, {} models, {} refused, selected {}{}",
+                                "refresh: {} manifest from {}, {} models, {} entries refused, selected {}{}",
                                 r.generation,
                                 r.manifest_origin,
                                 r.models,
-                                r.refused.len(),
+                                r.refused_entries.len(),
                                 r.selected,
                                 if r.fell_back_to_builtin {
                                     " (fell back to the built-in)"

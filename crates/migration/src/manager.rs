@@ -220,7 +220,7 @@ pub struct RefreshReport {
     /// Chosen models absent from the catalog, dropped for good.
     pub dropped: Vec<String>,
     /// Manifest entries left out of the catalog, each with its reason; the rest work.
-    pub refused: Vec<crate::device::RefusedModel>,
+    pub refused_entries: Vec<crate::device::RefusedModel>,
 }
 
 /// `rdf43` and its old alias `rdf`.
@@ -331,7 +331,7 @@ pub fn refresh_at(
         fell_back_to_builtin: false,
         retrying: Vec::new(),
         dropped: Vec::new(),
-        refused,
+        refused_entries: refused,
     };
 
     // Every wanted catalog model verified (kept) or installed; what cannot be had is replaced.

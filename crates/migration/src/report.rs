@@ -84,7 +84,7 @@ pub struct StatusReport {
     /// From `.choice.json`; `None` before the first refresh of this build.
     pub fallback: Option<FallbackReport>,
     /// Entries of the last accepted manifest this device left out, each with its reason.
-    pub refused: Vec<crate::device::RefusedModel>,
+    pub refused_entries: Vec<crate::device::RefusedModel>,
 }
 
 /// `verify`.
@@ -224,7 +224,7 @@ pub fn status(device: &Device) -> Result<StatusReport> {
         free_bytes: downloader::space::available_bytes(&device.models_dir()).ok(),
         fallback: fallback(device, catalog.as_ref())?,
         interrupted_migration: journal,
-        refused: device.refused(),
+        refused_entries: device.refused(),
     })
 }
 

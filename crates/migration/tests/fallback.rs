@@ -90,10 +90,30 @@ fn a_failed_download_falls_back_for_now_is_retried_with_backoff_and_switches_bac
         (2, T0 + 300 + 600)
     );
 
-    // The origin serves it again, but the car is onroad: downloaded and verified, not switched.
+    // The origin serves it again, but the car is onroad: a refresh is deferred (only offroad),
+    // nothing is fetched or changed.
     origin.server.clear_faults();
+    origin.server.clear_requests();
     f.set("IsOnroad", "1");
     let (r, _) = refresh_at(&f, &origin, T0 + 900);
+    assert!(matches!(r, Err(migration::Error::Onroad { .. })), "{r:?}");
+    assert!(origin.server.requests().is_empty(), "fetched while onroad");
+    assert_eq!(f.param("Model").as_deref(), Some("rdf43"));
+
+    // Offroad at the start, but the car goes onroad while the model downloads: downloaded and
+    // verified, not switched.
+    f.set("IsOnroad", "0");
+    let r = migration::refresh_at(
+        &f.device(),
+        &origin.downloader(),
+        &CancelToken::new(),
+        &|p| {
+            if matches!(p, Progress::Percent(_) | Progress::Verifying) {
+                f.set("IsOnroad", "1");
+            }
+        },
+        T0 + 900,
+    );
     let r = r.unwrap();
     assert_eq!(r.selected.as_str(), "rdf43", "no switch while onroad");
     assert_eq!(f.param("Model").as_deref(), Some("rdf43"));
