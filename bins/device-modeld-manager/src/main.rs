@@ -313,13 +313,9 @@ fn main() -> ExitCode {
 
 /// Write bytes to stdout; a closed pipe (`| head`) is not an error worth a panic.
 fn write_stdout(bytes: &[u8]) -> Result<(), Fail> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        Err(e) => Err(Fail::new(code::FAILURE, format!("stdout: {e}"))),
-    }
+    cli_support::write_stdout(bytes)
+        .map(drop)
+        .map_err(|e| Fail::new(code::FAILURE, format!("stdout: {e}")))
 }
 
 /// Print one line on stdout (a closed pipe is not an error).
@@ -421,8 +417,7 @@ impl Progress {
 fn run(cli: Cli) -> Result<(), Fail> {
     if let Command::Completions { shell } = cli.command {
         let mut cmd = <Cli as clap::CommandFactory>::command();
-        let mut script = Vec::new();
-        clap_complete::generate(shell, &mut cmd, "device-modeld-manager", &mut script);
+        let script = cli_support::completion_script(shell, &mut cmd, "device-modeld-manager");
         return write_stdout(&script);
     }
     let mut device = Device::new(DeviceConfig {

@@ -309,3 +309,23 @@ fn every_command_that_reports_has_json_with_a_documented_shape() {
         );
     }
 }
+
+/// Regression: clap_complete labels a hyphenated binary's `case` arms differently from the state
+/// its word loop builds, so bash completed file names after the first word.
+#[test]
+fn bash_completes_past_the_first_word() {
+    let out = Command::new(BIN)
+        .args(["completions", "bash"])
+        .output()
+        .unwrap();
+    let script = String::from_utf8_lossy(&out.stdout);
+    let complete = |words: &[&str]| test_support::shell::bash_complete(&script, words);
+    let top = complete(&["device-modeld-manager", ""]);
+    for sub in ["status", "refresh", "download", "resolve"] {
+        assert!(top.contains(&sub.to_string()), "{top:?}");
+    }
+    let flags = complete(&["device-modeld-manager", "download", "--al"]);
+    assert_eq!(flags, ["--all"], "download --al<TAB>");
+    let flags = complete(&["device-modeld-manager", "status", "--js"]);
+    assert_eq!(flags, ["--json"], "status --js<TAB>");
+}

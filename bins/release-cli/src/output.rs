@@ -92,11 +92,7 @@ pub fn print_json<T: Serialize>(value: &T) -> CliResult {
 
 /// Write bytes to stdout; a closed pipe (`| head`) is not an error worth a panic.
 pub fn write_stdout(bytes: &[u8]) -> CliResult {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        Err(e) => Err(CliError::failure(format!("stdout: {e}"))),
-    }
+    cli_support::write_stdout(bytes)
+        .map(drop)
+        .map_err(|e| CliError::failure(format!("stdout: {e}")))
 }

@@ -289,3 +289,21 @@ fn out_and_out_dir_are_both_accepted() {
         );
     }
 }
+
+/// Regression: clap_complete labels a hyphenated binary's `case` arms differently from the state
+/// its word loop builds, so bash completed file names after the first word.
+#[test]
+fn bash_completes_past_the_first_word() {
+    let script = text(&cli(&["completions", "bash"]).stdout);
+    let complete = |words: &[&str]| test_support::shell::bash_complete(&script, words);
+    let top = complete(&["release-cli", ""]);
+    assert!(top.contains(&"chunk".to_string()), "{top:?}");
+    let mut chunk = complete(&["release-cli", "chunk", ""]);
+    chunk.sort();
+    for sub in ["join", "split", "verify"] {
+        assert!(chunk.contains(&sub.to_string()), "chunk <TAB>: {chunk:?}");
+    }
+    assert!(!chunk.contains(&"publish".to_string()), "{chunk:?}");
+    let flags = complete(&["release-cli", "publish", "--gen"]);
+    assert_eq!(flags, ["--generation"], "publish --gen<TAB>");
+}

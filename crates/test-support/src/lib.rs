@@ -3,4 +3,5 @@ pub mod http_server;
 pub mod hub;
 pub mod published;
 pub mod release_stores;
+pub mod shell;
 pub mod sshd;

@@ -68,8 +68,7 @@ pub fn run(command: Command) -> CliResult {
         Command::Serve(a) => store::serve_cmd(a),
         Command::Completions { shell } => {
             let mut cmd = <crate::Cli as clap::CommandFactory>::command();
-            let mut script = Vec::new();
-            clap_complete::generate(shell, &mut cmd, "release-cli", &mut script);
+            let script = cli_support::completion_script(shell, &mut cmd, "release-cli");
             crate::output::write_stdout(&script)
         }
     }
