@@ -81,11 +81,12 @@ pub struct Mount {
 pub struct ServeConfig {
     pub mounts: Vec<Mount>,
     /// Most requests [`Server::requests`] remembers; the oldest half is forgotten beyond it, so a
-    /// mirror left running for days does not grow without bound.
+    /// mirror left running for days does not grow without bound. 0 (the default) keeps no log at
+    /// all: only tests read it, through [`ServeConfig::with_request_log`].
     pub request_log_limit: usize,
 }
 
-/// The default [`ServeConfig::request_log_limit`]: far more than any test makes.
+/// The limit [`ServeConfig::with_request_log`] sets: far more than any test makes.
 pub const REQUEST_LOG_LIMIT: usize = 10_000;
 
 impl ServeConfig {
@@ -107,8 +108,15 @@ impl ServeConfig {
                     tree_api_bucket: None,
                 },
             ],
-            request_log_limit: REQUEST_LOG_LIMIT,
+            request_log_limit: 0,
         }
+    }
+
+    /// Test hook: remember served requests (up to [`REQUEST_LOG_LIMIT`]) for [`Server::requests`].
+    /// A production server keeps none; `release-cli serve -v` logs requests to stderr instead.
+    pub fn with_request_log(mut self) -> Self {
+        self.request_log_limit = REQUEST_LOG_LIMIT;
+        self
     }
 }
 
@@ -119,7 +127,9 @@ pub struct RequestRecord {
     pub target: String,
     pub status: u16,
     pub bytes: u64,
-    pub authorization: Option<String>,
+    /// Whether the request carried an `Authorization` header. Its value is never kept: it may
+    /// be a token.
+    pub authorized: bool,
 }
 
 /// A running server. Dropping it stops it.
@@ -166,7 +176,8 @@ impl Server {
         format!("http://{}", self.addr)
     }
 
-    /// Every request served so far.
+    /// The requests served so far, when the config asked for a log
+    /// ([`ServeConfig::with_request_log`]); always empty otherwise.
     pub fn requests(&self) -> Vec<RequestRecord> {
         self.log.lock().expect("log lock").clone()
     }
@@ -530,8 +541,12 @@ fn handle(stream: &TcpStream, req: Request, config: &ServeConfig, log: &Mutex<Ve
         bytes,
         "request"
     );
+    if config.request_log_limit == 0 {
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        return;
+    }
     let mut log = log.lock().expect("log lock");
-    if log.len() >= config.request_log_limit.max(1) {
+    if log.len() >= config.request_log_limit {
         // Forget the oldest half at once: amortized O(1) per request.
         let half = log.len().div_ceil(2);
         log.drain(..half);
@@ -541,7 +556,7 @@ fn handle(stream: &TcpStream, req: Request, config: &ServeConfig, log: &Mutex<Ve
         target: req.target.clone(),
         status,
         bytes,
-        authorization: req.header("authorization").map(str::to_string),
+        authorized: req.header("authorization").is_some(),
     });
     drop(log);
     let _ = stream.shutdown(std::net::Shutdown::Write);
@@ -746,7 +761,8 @@ mod tests {
     #[test]
     fn serve_request_log_is_bounded() {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = ServeConfig::standard(dir.path(), "a/b", "o/r", "Models");
+        let mut config =
+            ServeConfig::standard(dir.path(), "a/b", "o/r", "Models").with_request_log();
         config.request_log_limit = 4;
         let server = Server::start("127.0.0.1:0", config).unwrap();
         for i in 0..10 {
@@ -767,6 +783,40 @@ mod tests {
         let log = server.requests();
         assert!(log.len() <= 4, "{log:?}");
         assert!(log.iter().all(|r| r.status == 404));
+    }
+
+    /// Regression: every request's `Authorization` header was kept in memory, in production too.
+    #[test]
+    fn serve_keeps_no_log_unless_asked_and_never_a_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let send = |server: &Server| {
+            let mut s = TcpStream::connect(server.addr()).unwrap();
+            write!(
+                s,
+                "GET /r HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer hf_secret\r\n\r\n"
+            )
+            .unwrap();
+            let _ = s.read_to_end(&mut Vec::new());
+        };
+        let plain = ServeConfig::standard(dir.path(), "a/b", "o/r", "Models");
+        assert_eq!(plain.request_log_limit, 0);
+        let server = Server::start("127.0.0.1:0", plain).unwrap();
+        send(&server);
+        send(&server);
+        let log = server.log.clone();
+        drop(server);
+        assert!(log.lock().unwrap().is_empty(), "a log was kept unasked");
+        let config = ServeConfig::standard(dir.path(), "a/b", "o/r", "Models").with_request_log();
+        let logged = Server::start("127.0.0.1:0", config).unwrap();
+        send(&logged);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while logged.requests().is_empty() {
+            assert!(std::time::Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let r = &logged.requests()[0];
+        assert!(r.authorized);
+        assert!(!format!("{r:?}").contains("hf_secret"), "{r:?}");
     }
 
     #[test]

@@ -99,7 +99,7 @@ impl Compiler {
             .map_err(Error::Runtime)?;
         let mut builder = SessionBuilder::default();
         builder
-            .known_hosts_check(KnownHosts::Add)
+            .known_hosts_check(KnownHosts::Strict)
             .connect_timeout(opts.connect_timeout)
             .server_alive_interval(Duration::from_secs(30))
             .control_directory(std::env::temp_dir());
@@ -107,13 +107,21 @@ impl Compiler {
             builder.config_file(cfg);
         }
         let dest = opts.destination.as_str().to_string();
-        let session = rt
-            .block_on(builder.connect(&dest))
-            .map_err(|source| Error::Connect {
-                destination: dest.clone(),
-                detail: connect_detail(&source),
-                source,
-            })?;
+        let session = rt.block_on(builder.connect(&dest)).map_err(|source| {
+            let detail = connect_detail(&source);
+            if is_host_key_refusal(&detail) {
+                Error::HostKeyNotKnown {
+                    destination: dest.clone(),
+                    detail,
+                }
+            } else {
+                Error::Connect {
+                    destination: dest.clone(),
+                    detail,
+                    source,
+                }
+            }
+        })?;
         let compiler = Compiler {
             rt,
             session: Some(session),
@@ -861,6 +869,19 @@ fn status_text(status: &ExitStatus) -> String {
         Some(c) => format!("exit code {c}"),
         None => "a signal".to_string(),
     }
+}
+
+/// Whether ssh's own words say it refused the server's host key (unknown or changed).
+fn is_host_key_refusal(detail: &str) -> bool {
+    [
+        "Host key verification failed",
+        "No ED25519 host key is known",
+        "No RSA host key is known",
+        "No ECDSA host key is known",
+        "REMOTE HOST IDENTIFICATION HAS CHANGED",
+    ]
+    .iter()
+    .any(|m| detail.contains(m))
 }
 
 fn connect_detail(e: &openssh::Error) -> String {

@@ -37,6 +37,17 @@ pub enum Error {
     #[error("invalid remote path {value:?}: {reason}")]
     InvalidRemotePath { value: String, reason: &'static str },
 
+    /// The compiler's host key is not in known_hosts (or does not match it). The key is never
+    /// trusted on first use: the whole fleet runs what that machine builds.
+    #[error(
+        "refusing to connect to {destination}: its host key is not known or does not match \
+         known_hosts{detail}; the compiler's key is never accepted on first use. First connect: \
+         read the key's fingerprint on the comma (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`), \
+         then run `ssh {destination}` once by hand and accept only that fingerprint, or pin it \
+         in a known_hosts file named by --ssh-config (docs/release.md, \"First connect\")"
+    )]
+    HostKeyNotKnown { destination: String, detail: String },
+
     #[error(
         "could not open an SSH session to {destination}: {source}{detail}; check that the comma \
          is on, reachable, and that `ssh {destination}` works without a password"

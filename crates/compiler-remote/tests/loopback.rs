@@ -501,3 +501,33 @@ fn validate_returns_the_device_verdict() {
     // The copies sent for validation are removed again.
     assert!(names(&dev.models_dir()).is_empty());
 }
+
+/// Regression: the compiler's host key was accepted on first use (`accept-new`). An unknown key
+/// is now refused with the first-connect step, and nothing is added to known_hosts.
+#[test]
+fn an_unknown_host_key_is_refused_not_learnt() {
+    let Some(sshd) = Sshd::start() else { return };
+    let dev = DeviceRoot::new(None);
+    let (cfg, known_hosts) = sshd.ssh_config_without_host_key();
+    let mut o = opts(&sshd, &dev);
+    o.ssh_config = Some(cfg);
+    let err = Compiler::connect(o)
+        .err()
+        .expect("an unknown host key is refused");
+    assert!(matches!(err, Error::HostKeyNotKnown { .. }), "{err}");
+    let text = err.to_string();
+    for part in [
+        "never accepted on first use",
+        "ssh-keygen -lf",
+        "--ssh-config",
+    ] {
+        assert!(text.contains(part), "{part:?} missing from: {text}");
+    }
+    assert_eq!(
+        fs::read_to_string(&known_hosts).unwrap(),
+        "",
+        "key was learnt"
+    );
+    // The pinned config still connects.
+    Compiler::connect(opts(&sshd, &dev)).unwrap();
+}

@@ -193,6 +193,21 @@ impl Sshd {
         &self.ssh_config
     }
 
+    /// A client ssh config like [`Sshd::ssh_config`] but whose known_hosts file (returned too)
+    /// is empty: the server's host key is not known, as on a first connect.
+    pub fn ssh_config_without_host_key(&self) -> (PathBuf, PathBuf) {
+        let d = self.dir.path();
+        let empty = d.join("known_hosts.empty");
+        fs::write(&empty, "").expect("write empty known_hosts");
+        let pinned = d.join("known_hosts").display().to_string();
+        let text = fs::read_to_string(&self.ssh_config).expect("read ssh config");
+        assert!(text.contains(&pinned), "the config names its known_hosts");
+        let cfg = d.join("ssh_config.unpinned");
+        fs::write(&cfg, text.replace(&pinned, &empty.display().to_string()))
+            .expect("write ssh config");
+        (cfg, empty)
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }

@@ -77,7 +77,8 @@ pub fn remote_error(e: compiler_remote::Error) -> CliError {
         | E::DigestMismatch { .. }
         | E::InvalidOutputs { .. }
         | E::MissingOutputs { .. }
-        | E::DmIncomplete { .. } => CliError::check_failed(e),
+        | E::DmIncomplete { .. }
+        | E::HostKeyNotKnown { .. } => CliError::check_failed(e),
         other => CliError::failure(other),
     }
 }

@@ -429,6 +429,7 @@ fn stops_the_run(e: &compiler_remote::Error) -> bool {
         E::MarkerMismatch { .. }
             | E::MarkerMissing { .. }
             | E::Connect { .. }
+            | E::HostKeyNotKnown { .. }
             | E::Ssh { .. }
             | E::RsyncMissing { .. }
             | E::RsyncIncompatible { .. }
