@@ -420,6 +420,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
         let script = cli_support::completion_script(shell, &mut cmd, "device-modeld-manager");
         return write_stdout(&script);
     }
+    require_data_dir(&cli.data_dir)?;
     let mut device = Device::new(DeviceConfig {
         data_dir: cli.data_dir.clone(),
         memory_params_dir: cli.memory_params_dir.clone(),
@@ -594,6 +595,29 @@ fn run(cli: Cli) -> Result<(), Fail> {
     }
 }
 
+/// The data root must already exist: on a comma `/data` always does, so a missing one is a typo
+/// (or the wrong machine), and answering for an empty device there would mislead.
+fn require_data_dir(dir: &std::path::Path) -> Result<(), Fail> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Fail::new(
+            code::FAILURE,
+            format!(
+                "--data-dir {}: not a directory\nnext: pass the device's data root (default /data)",
+                dir.display()
+            ),
+        )),
+        Err(e) => Err(Fail::new(
+            code::FAILURE,
+            format!(
+                "--data-dir {}: {e}\nnext: pass the device's data root (default /data); it is \
+                 never created",
+                dir.display()
+            ),
+        )),
+    }
+}
+
 fn status(device: &Device, dl: &Downloader, json_out: bool) -> Result<(), Fail> {
     let r = migration::report::status(device)?;
     let trust = trust::status_json(device, dl)?;
@@ -650,10 +674,13 @@ fn status(device: &Device, dl: &Downloader, json_out: bool) -> Result<(), Fail> 
     }
     if let Some(j) = &r.interrupted_migration {
         lines.push(format!(
-            "interrupted migration: {} -> {} at phase {:?}",
+            "interrupted migration: {} -> {} at the {} phase",
             j.from.as_deref().unwrap_or("none"),
             j.to,
-            j.phase
+            match j.phase {
+                migration::Phase::Purge => "purge",
+                migration::Phase::Download => "download",
+            }
         ));
     }
     lines.extend(trust::status_lines(&trust));

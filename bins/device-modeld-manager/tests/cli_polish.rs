@@ -34,6 +34,8 @@ impl Fresh {
         );
         write_manifest(&root, "v25", manifest_json("v25", &[pop], true).as_bytes());
         let server = FaultServer::start(&root).unwrap();
+        // A comma's data root always exists; the manager never creates it.
+        fs::create_dir_all(dir.path().join("data")).unwrap();
         let builtin = dir.path().join("builtin");
         fs::create_dir_all(&builtin).unwrap();
         fs::write(builtin.join("driving_tinygrad.pkl.chunk01of01"), b"builtin").unwrap();
@@ -328,4 +330,33 @@ fn bash_completes_past_the_first_word() {
     assert_eq!(flags, ["--all"], "download --al<TAB>");
     let flags = complete(&["device-modeld-manager", "status", "--js"]);
     assert_eq!(flags, ["--json"], "status --js<TAB>");
+}
+
+/// Regression: `--data-dir /nonexistent status` answered for an empty device and exited 0.
+#[test]
+fn a_missing_data_dir_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nonexistent");
+    let file = dir.path().join("file");
+    fs::write(&file, b"x").unwrap();
+    for (data, says) in [(&missing, "No such file"), (&file, "not a directory")] {
+        for sub in [
+            &["status"][..],
+            &["status", "--json"],
+            &["gc"],
+            &["resolve"],
+        ] {
+            let out = Command::new(BIN)
+                .arg("--data-dir")
+                .arg(data)
+                .args(sub)
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(1), "{sub:?}: {}", stderr(&out));
+            let err = stderr(&out);
+            assert!(err.contains("--data-dir") && err.contains(says), "{err}");
+            assert!(out.stdout.is_empty());
+        }
+    }
+    assert!(!missing.exists(), "the data dir was created");
 }

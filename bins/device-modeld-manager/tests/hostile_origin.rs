@@ -14,6 +14,8 @@ use test_support::published::{
 const BIN: &str = env!("CARGO_BIN_EXE_device-modeld-manager");
 
 fn run(dir: &Path, server: &FaultServer, args: &[&str]) -> Output {
+    // A comma's data root always exists; the manager never creates it.
+    std::fs::create_dir_all(dir.join("data")).unwrap();
     Command::new(BIN)
         .arg("--data-dir")
         .arg(dir.join("data"))

@@ -56,8 +56,19 @@ impl CliError {
         }));
     }
 
+    /// An exit code with nothing to say: the output already said it (`manifest diff` found
+    /// differences).
+    pub fn quiet(code: u8) -> Self {
+        Self {
+            code,
+            message: String::new(),
+        }
+    }
+
     pub fn report(&self) -> ExitCode {
-        eprintln!("error: {}", self.message);
+        if !self.message.is_empty() {
+            eprintln!("error: {}", self.message);
+        }
         ExitCode::from(self.code)
     }
 }
@@ -85,9 +96,17 @@ impl From<chunker::Error> for CliError {
 
 /// Print a value as one line of JSON on stdout.
 pub fn print_json<T: Serialize>(value: &T) -> CliResult {
-    let text = serde_json::to_string(value).map_err(CliError::failure)?;
-    println!("{text}");
-    Ok(())
+    let mut text = serde_json::to_string(value).map_err(CliError::failure)?;
+    text.push('\n');
+    write_stdout(text.as_bytes())
+}
+
+/// `println!` for stdout that survives a closed pipe: evaluates to a [`CliResult`].
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format!("{}\n", format_args!($($arg)*)).as_bytes())
+    };
 }
 
 /// Write bytes to stdout; a closed pipe (`| head`) is not an error worth a panic.

@@ -146,7 +146,17 @@ fn diff_shows_added_removed_and_changed() {
     )
     .unwrap();
     let out = cli(&["manifest", "diff", "old.json", "new.json"], t.path());
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "they differ: {}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        text(&out.stderr),
+        "",
+        "differences are not an error message"
+    );
     let s = text(&out.stdout);
     assert!(s.contains("+ model c1"), "{s}");
     assert!(s.contains("- model b1"), "{s}");
@@ -159,7 +169,61 @@ fn diff_shows_added_removed_and_changed() {
         &["manifest", "diff", "--json", "old.json", "new.json"],
         t.path(),
     );
+    assert_eq!(out.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["added"], serde_json::json!(["c1"]));
     assert_eq!(v["changed"][0]["fields"][0]["new"], "A2");
+
+    // Equal files: exit 0. A missing file is trouble (2), not "they differ" (1).
+    let out = cli(&["manifest", "diff", "old.json", "old.json"], t.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "no changes\n");
+    let out = cli(&["manifest", "diff", "old.json", "gone.json"], t.path());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    // Not a terminal: no colour, whatever NO_COLOR says.
+    let out = cli(&["manifest", "diff", "old.json", "new.json"], t.path());
+    assert!(!text(&out.stdout).contains('\x1b'));
+}
+
+/// Regression: `manifest diff … | head -c1` panicked in `println!` on the closed pipe.
+#[test]
+fn diff_into_a_closed_pipe_does_not_panic() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let t = tempfile::tempdir().unwrap();
+    let models = |n: usize, name: &str| {
+        (0..n)
+            .map(|i| {
+                format!(
+                    r#"{{"id": "m{i}", "name": "{name}", "version": "v8", "series": "S", "released": "2025-01-01", "community_favorite": false}}"#
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    // Enough changed lines to fill a pipe buffer many times over.
+    fs::write(
+        t.path().join("a.json"),
+        format!(r#"{{"models": [{}]}}"#, models(3000, "A")),
+    )
+    .unwrap();
+    fs::write(
+        t.path().join("b.json"),
+        format!(r#"{{"models": [{}]}}"#, models(3000, "B")),
+    )
+    .unwrap();
+    let mut child = Command::new(common::BIN)
+        .args(["manifest", "diff", "a.json", "b.json"])
+        .current_dir(t.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    stdout.read_exact(&mut [0u8; 1]).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
 }

@@ -94,6 +94,12 @@ fn publish_dry_run_then_publish_to_a_directory_and_github() {
         "{plan}"
     );
     assert!(plan.contains("would write"), "{plan}");
+    // Regression: reasons were Rust spellings (`Missing`, `SizeDiffers`).
+    assert!(plan.contains(" bytes, missing)"), "{plan}");
+    assert!(
+        !plan.contains("Missing") && !plan.contains("Differs"),
+        "{plan}"
+    );
     assert!(!store.exists());
     assert_eq!(remote.remote_subjects(), ["init"]);
 

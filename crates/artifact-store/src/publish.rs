@@ -100,6 +100,17 @@ pub enum Reason {
     ChunksChanged,
 }
 
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Reason::Missing => "missing",
+            Reason::SizeDiffers => "size differs",
+            Reason::ContentDiffers => "content differs",
+            Reason::ChunksChanged => "chunks changed",
+        })
+    }
+}
+
 /// One step of a store's plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case")]

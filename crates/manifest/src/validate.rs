@@ -334,6 +334,7 @@ pub(crate) fn check_document(doc: &Value, mode: ValidationMode) -> Vec<Problem> 
             });
             continue;
         };
+        let first_problem = out.len();
         check_entry_reader(map, &path, &mut out);
         if let Some(id) = map.get(keys::ID).and_then(Value::as_str) {
             if let Some(first) = first_seen.get(id) {
@@ -351,9 +352,101 @@ pub(crate) fn check_document(doc: &Value, mode: ValidationMode) -> Vec<Problem> 
         }
         if mode != ValidationMode::Reader {
             check_entry_strict(map, &path, mode, &mut out);
+            check_misspelt_keys(map, &path, &mut out);
+        }
+        // Name the model as well as its index: `models[6]` alone sends you counting.
+        if let Some(id) = map.get(keys::ID).and_then(Value::as_str)
+            && id.parse::<ModelId>().is_ok()
+        {
+            for p in out[first_problem..]
+                .iter_mut()
+                .filter(|p| !p.path.ends_with(".id"))
+            {
+                p.message
+                    .push_str(&format!(" (model {:?})", abbreviate(id)));
+            }
         }
     }
     out
+}
+
+/// Every key an entry may carry that this crate knows.
+const ENTRY_KEYS: [&str; 18] = [
+    keys::ID,
+    keys::NAME,
+    keys::VERSION,
+    keys::SERIES,
+    keys::RELEASED,
+    keys::COMMUNITY_FAVORITE,
+    keys::ARTIFACT_FORMAT,
+    keys::ARTIFACT_SIZE,
+    keys::ARTIFACT_SHA256,
+    keys::ARTIFACT_CHUNK_COUNT,
+    keys::USES_EXTERNAL_GPU,
+    keys::MODEL_SIZE,
+    keys::MODEL_LAB_ELIGIBLE,
+    keys::ACCELERATOR_ARTIFACTS,
+    keys::ARTIFACT_FILENAME,
+    keys::ARTIFACT_URL,
+    keys::SOURCE_COMMIT,
+    keys::ARTIFACT_CHUNK_SHA256,
+];
+
+/// The known key an unknown one is most likely a typo of: at most two edits away (one for
+/// short keys), closest first. `None` for a known key or one unlike any.
+pub fn closest_key(unknown: &str, known: &[&'static str]) -> Option<&'static str> {
+    if known.contains(&unknown) {
+        return None;
+    }
+    let limit = if unknown.chars().count() <= 4 { 1 } else { 2 };
+    known
+        .iter()
+        .map(|k| (edit_distance(unknown, k), *k))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Optimal string alignment distance: insertions, deletions, substitutions and adjacent
+/// transpositions (`versoin` is one edit from `version`).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for j in 0..=b.len() {
+        d[0][j] = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+/// Catalog and release rule: an unknown key close to a known one is a typo, named with the key
+/// it was meant to be (devices ignore unknown keys, so the intended field is silently absent).
+/// Unknown keys unlike any known one are extensions and pass.
+fn check_misspelt_keys(map: &Map<String, Value>, path: &str, out: &mut Vec<Problem>) {
+    let mut sink = Sink(out);
+    for key in map.keys() {
+        if let Some(meant) = closest_key(key, &ENTRY_KEYS) {
+            sink.push(
+                join_key(path, key),
+                format!("unknown key; did you mean {meant:?}? devices ignore unknown keys"),
+            );
+        }
+    }
 }
 
 /// Catalog and release rules for one entry. Only reports what the reader check did not: a
@@ -484,5 +577,61 @@ fn check_artifact_fields_strict(map: &Map<String, Value>, path: &str, sink: &mut
             join_key(path, keys::ARTIFACT_URL),
             format!("not an http(s) URL (got {:?})", abbreviate(url)),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closest_key_table() {
+        for (unknown, want) in [
+            ("versoin", Some("version")),
+            ("verison", Some("version")),
+            ("nme", Some("name")),
+            ("artifact_sha265", Some("artifact_sha256")),
+            ("relased", Some("released")),
+            ("version", None),
+            ("description", None),
+            ("ix", Some("id")),
+            ("zz", None),
+            ("idx", Some("id")),
+        ] {
+            assert_eq!(closest_key(unknown, &ENTRY_KEYS), want, "{unknown}");
+        }
+    }
+
+    /// Regression: `versoin` was reported only as "version missing", at `models[1]` without the
+    /// model's id.
+    #[test]
+    fn a_misspelt_key_is_named_with_the_key_meant_and_the_model() {
+        let doc: Value = serde_json::from_str(
+            r#"{"models": [
+                {"id": "a1", "name": "A", "version": "v8", "series": "S", "released": "2025-01-01", "community_favorite": false},
+                {"id": "b1", "name": "B", "versoin": "v8", "series": "S", "released": "2025-01-01", "community_favorite": false, "notes": "extension"}
+            ]}"#,
+        )
+        .unwrap();
+        let problems = check_document(&doc, ValidationMode::Catalog);
+        let texts: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert!(
+            texts.contains(
+                &"models[1].versoin: unknown key; did you mean \"version\"? devices ignore \
+                  unknown keys (model \"b1\")"
+                    .to_string()
+            ),
+            "{texts:#?}"
+        );
+        assert!(
+            texts.contains(
+                &"models[1].version: missing; required in every catalog entry (model \"b1\")"
+                    .to_string()
+            ),
+            "{texts:#?}"
+        );
+        assert_eq!(texts.len(), 2, "the extension key passes: {texts:#?}");
+        // A reader does not judge unknown keys.
+        assert!(check_document(&doc, ValidationMode::Reader).is_empty());
     }
 }

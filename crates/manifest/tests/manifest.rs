@@ -65,11 +65,11 @@ fn real_v25_catalog_is_not_a_release_manifest() {
     assert_eq!(problems.len(), 97 * 4);
     assert_eq!(
         problems[0].to_string(),
-        "models[0].artifact_format: missing; a release entry must be tinygrad_single_v1"
+        "models[0].artifact_format: missing; a release entry must be tinygrad_single_v1 (model \"tr14223\")"
     );
     assert_eq!(
         problems[1].to_string(),
-        "models[0].artifact_size: missing; required for every published model"
+        "models[0].artifact_size: missing; required for every published model (model \"tr14223\")"
     );
 }
 
@@ -222,22 +222,22 @@ fn every_problem_is_reported_with_its_path() {
         "models[0].id: must match ^[a-z0-9][a-z0-9_-]*$ (got \"../x\")",
         "models[1].id: must match ^[a-z0-9][a-z0-9_-]*$ (got \"A\")",
         "models[2].id: must not be empty (got \"\")",
-        "models[3].name: must not contain a comma (got \"Bad, name\")",
-        "models[3].version: must look like v15 (got \"16\")",
-        "models[3].released: no such day in that month (got \"2025-02-30\")",
-        "models[3].community_favorite: expected true or false, found string \"no\"",
-        "models[3].artifact_size: must be in (0, 2 GiB] (got \"0\")",
-        "models[3].artifact_sha256: not 64 lowercase hex digits (got \"ABC\")",
-        "models[3].artifact_chunk_count: must be in 0..=99 (got \"100\")",
-        "models[3].artifact_filename: must be a bare file name without path separators (got \"../evil.pkl\")",
-        "models[3].artifact_format: unknown artifact_format \"split\" (allowed: absent, \"\", \"tinygrad_single_v1\"); devices would drop this entry",
-        "models[4].artifact_size: must be in (0, 2 GiB] (got \"2147483649\")",
-        "models[4].artifact_chunk_sha256[1]: not 64 lowercase hex digits (got \"nope\")",
-        "models[4].accelerator_artifacts.chestnut.artifact_sha256: not 64 lowercase hex digits (got \"zz\")",
-        "models[4].accelerator_artifacts.chestnut.artifact_filename: must be a bare file name without path separators (got \"a/b\")",
+        "models[3].name: must not contain a comma (got \"Bad, name\") (model \"dup\")",
+        "models[3].version: must look like v15 (got \"16\") (model \"dup\")",
+        "models[3].released: no such day in that month (got \"2025-02-30\") (model \"dup\")",
+        "models[3].community_favorite: expected true or false, found string \"no\" (model \"dup\")",
+        "models[3].artifact_size: must be in (0, 2 GiB] (got \"0\") (model \"dup\")",
+        "models[3].artifact_sha256: not 64 lowercase hex digits (got \"ABC\") (model \"dup\")",
+        "models[3].artifact_chunk_count: must be in 0..=99 (got \"100\") (model \"dup\")",
+        "models[3].artifact_filename: must be a bare file name without path separators (got \"../evil.pkl\") (model \"dup\")",
+        "models[3].artifact_format: unknown artifact_format \"split\" (allowed: absent, \"\", \"tinygrad_single_v1\"); devices would drop this entry (model \"dup\")",
+        "models[4].artifact_size: must be in (0, 2 GiB] (got \"2147483649\") (model \"dup\")",
+        "models[4].artifact_chunk_sha256[1]: not 64 lowercase hex digits (got \"nope\") (model \"dup\")",
+        "models[4].accelerator_artifacts.chestnut.artifact_sha256: not 64 lowercase hex digits (got \"zz\") (model \"dup\")",
+        "models[4].accelerator_artifacts.chestnut.artifact_filename: must be a bare file name without path separators (got \"a/b\") (model \"dup\")",
         "models[4].id: duplicate model ID \"dup\" (first at models[3])",
-        "models[4].accelerator_artifacts.chestnut.artifact_format: unknown artifact_format \"amd_v9\" (allowed: absent, \"\", \"tinygrad_single_v1\"); devices would drop this entry",
-        "models[4].accelerator_artifacts.chestnut.artifact_size: missing; required when artifact_sha256 is present",
+        "models[4].accelerator_artifacts.chestnut.artifact_format: unknown artifact_format \"amd_v9\" (allowed: absent, \"\", \"tinygrad_single_v1\"); devices would drop this entry (model \"dup\")",
+        "models[4].accelerator_artifacts.chestnut.artifact_size: missing; required when artifact_sha256 is present (model \"dup\")",
         "models[5]: expected an object, found string \"not an object\"",
         "models[6].id: missing; every entry needs an id",
         "models[6].version: missing; required in every catalog entry",
@@ -278,7 +278,9 @@ fn chunk_digest_list_must_match_the_count() {
         "artifact_sha256": sha, "artifact_chunk_count": 2, "artifact_chunk_sha256": [sha]});
     assert_eq!(
         problems(&json!({"models": [base]}), ValidationMode::Catalog),
-        ["models[0].artifact_chunk_sha256: has 1 digests but artifact_chunk_count is 2"]
+        [
+            "models[0].artifact_chunk_sha256: has 1 digests but artifact_chunk_count is 2 (model \"a\")"
+        ]
     );
     let mut no_count = base.clone();
     no_count
@@ -287,7 +289,7 @@ fn chunk_digest_list_must_match_the_count() {
         .shift_remove("artifact_chunk_count");
     assert_eq!(
         problems(&json!({"models": [no_count]}), ValidationMode::Catalog),
-        ["models[0].artifact_chunk_sha256: present without artifact_chunk_count"]
+        ["models[0].artifact_chunk_sha256: present without artifact_chunk_count (model \"a\")"]
     );
 }
 
@@ -306,7 +308,7 @@ fn release_mode_demands_downloadable_non_local_entries() {
     assert_eq!(
         problems(&doc, ValidationMode::Release),
         [
-            "models[1].artifact_format: empty; a release entry must be tinygrad_single_v1",
+            "models[1].artifact_format: empty; a release entry must be tinygrad_single_v1 (model \"b\")",
             "models[2].id: local models are never published in a release manifest",
         ]
     );

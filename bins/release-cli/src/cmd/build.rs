@@ -252,12 +252,14 @@ pub fn sync(args: SyncArgs) -> CliResult {
         return print_json(&report);
     }
     for t in &report.transfers {
-        println!("synced {t}");
+        crate::outln!("synced {t}")?;
     }
-    println!(
+    crate::outln!(
         "ok: {}:{}/tinygrad_repo/TINYGRAD_COMMIT is {}",
-        report.destination, report.remote_root, report.tinygrad_commit
-    );
+        report.destination,
+        report.remote_root,
+        report.tinygrad_commit
+    )?;
     eprintln!(
         "next: `release-cli compile --model ID …` for one model, or `release-cli rebuild …` for the generation"
     );
@@ -295,7 +297,7 @@ pub fn compile(args: CompileArgs) -> CliResult {
             artifact: &artifact,
         });
     }
-    println!(
+    crate::outln!(
         "ok: {} ({} bytes, sha256 {}, {} chunk(s)) in {}; log {}",
         artifact.name,
         artifact.size,
@@ -303,7 +305,7 @@ pub fn compile(args: CompileArgs) -> CliResult {
         artifact.chunk_count,
         args.out.display(),
         log.display()
-    );
+    )?;
     if args.local {
         eprintln!(
             "next: copy {} to the device's /data/models; local builds are never published",
@@ -360,12 +362,12 @@ pub fn dm(args: DmArgs) -> CliResult {
         });
     }
     for f in &files {
-        println!("  {}  {:>10}  {}", f.sha256, f.size, f.name);
+        crate::outln!("  {}  {:>10}  {}", f.sha256, f.size, f.name)?;
     }
-    println!(
+    crate::outln!(
         "ok: all four DM files in {}; replace them together",
         args.out.display()
-    );
+    )?;
     Ok(())
 }
 
@@ -486,15 +488,21 @@ pub fn builtin(args: BuiltinArgs) -> CliResult {
     if args.json {
         return print_json(&report);
     }
-    println!(
-        "ok: {} is now a chunk set ({} bytes, sha256 {}, {} chunk(s)); removed {:?}",
+    crate::outln!(
+        "ok: {} is now a chunk set ({} bytes, sha256 {}, {} chunk(s)); removed {}",
         report.path.display(),
         report.size,
         report.sha256,
         report.chunk_count,
-        report.removed
-    );
-    println!("next: commit selfdrive/modeld/models/driving_tinygrad.pkl.* (no full PKL remains)");
+        if report.removed.is_empty() {
+            "nothing".to_string()
+        } else {
+            report.removed.join(", ")
+        }
+    )?;
+    crate::outln!(
+        "next: commit selfdrive/modeld/models/driving_tinygrad.pkl.* (no full PKL remains)"
+    )?;
     Ok(())
 }
 
@@ -571,12 +579,12 @@ pub fn validate(args: ValidateArgs) -> CliResult {
             log: &log,
         })?;
     } else {
-        println!(
+        crate::outln!(
             "{}: the device validator says {}; verdict recorded in {}",
             id,
             if verdict.passed { "passed" } else { "FAILED" },
             record.display()
-        );
+        )?;
     }
     if verdict.passed {
         Ok(())
@@ -708,49 +716,52 @@ fn bump(args: BumpArgs) -> CliResult {
     if args.json {
         return print_json(&report);
     }
-    println!(
+    crate::outln!(
         "ok: {} replaced ({} files, no git metadata); TINYGRAD_COMMIT = {}",
         dest.display(),
         report.files,
         args.commit
-    );
+    )?;
     match &report.generation {
-        Some(g) => println!(
+        Some(g) => crate::outln!(
             "recorded {} = tinygrad {} in {} (publish --openpilot {} checks manifests against it)",
             g.to,
             args.commit,
             args.openpilot.join(manifest::pins::PINS_FILE).display(),
             args.openpilot.display()
-        ),
-        None => println!(
+        )?,
+        None => crate::outln!(
             "{} is already {current}'s pin: same ABI, no new generation",
             args.commit
-        ),
+        )?,
     }
     if let Some(g) = &report.generation {
-        println!(
+        crate::outln!(
             "next generation: {} -> {}. Build and publish it with --generation {} \
              (rebuild, publish); never fall back to {}.",
-            g.from, g.to, g.to, g.from
-        );
+            g.from,
+            g.to,
+            g.to,
+            g.from
+        )?;
         match &report.manifest_candidates {
-            Some(at) => println!(
+            Some(at) => crate::outln!(
                 "change MANIFEST_CANDIDATES at {at} to (\"{}\",) by hand: this tool does not edit \
                  Python",
                 g.to
-            ),
-            None => println!(
+            )?,
+            None => crate::outln!(
                 "MANIFEST_CANDIDATES was not found under {}; set it to (\"{}\",) wherever the \
                  device code defines it",
                 args.openpilot.join("starpilot").display(),
                 g.to
-            ),
+            )?,
         }
     }
-    println!(
+    crate::outln!(
         "then: release-cli sync --openpilot {}",
         args.openpilot.display()
-    );
+    )?;
     Ok(())
 }
 

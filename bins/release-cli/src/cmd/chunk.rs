@@ -154,21 +154,21 @@ fn split(args: SplitArgs) -> CliResult {
     if args.json {
         return print_json(&report);
     }
-    println!(
+    crate::outln!(
         "{}: {} bytes, sha256 {}, {} chunk(s) in {}",
         report.name,
         report.size,
         report.sha256,
         report.chunk_count,
         out_dir.display()
-    );
+    )?;
     for c in &report.chunks {
-        println!("  {}  {:>12}  {}", c.sha256, c.size, c.name);
+        crate::outln!("  {}  {:>12}  {}", c.sha256, c.size, c.name)?;
     }
-    println!(
+    crate::outln!(
         "next: check it with `release-cli chunk verify {}`; publish takes --artifacts DIR where this directory is DIR/<id>/",
         out_dir.join(&report.name).display()
-    );
+    )?;
     Ok(())
 }
 
@@ -211,10 +211,10 @@ fn join(args: JoinArgs) -> CliResult {
             sha256,
         });
     }
-    println!(
+    crate::outln!(
         "wrote {} ({size} bytes, sha256 {sha256})",
         args.output.display()
-    );
+    )?;
     eprintln!(
         "next: `release-cli chunk split {}` makes a chunk set of it again",
         args.output.display()
@@ -257,7 +257,7 @@ fn verify(args: VerifyArgs) -> CliResult {
     if args.json {
         return print_json(&report);
     }
-    println!(
+    crate::outln!(
         "ok: {} ({}, {} bytes, {} chunk(s), sha256 {}{})",
         args.logical.display(),
         report.form,
@@ -269,7 +269,7 @@ fn verify(args: VerifyArgs) -> CliResult {
         } else {
             ""
         }
-    );
+    )?;
     Ok(())
 }
 

@@ -16,6 +16,9 @@ pub enum ManifestCommand {
     /// Print the manifest's canonical bytes (what the Python release tools write) on stdout.
     Fmt(FmtArgs),
     /// Show, model by model, what was added, removed and changed between two manifests.
+    ///
+    /// Exits 0 when they are the same, 1 when they differ (as diff(1)), 2 when a file cannot be
+    /// read, 3 when one is not a valid manifest. Coloured on a terminal unless NO_COLOR is set.
     Diff(DiffArgs),
     /// Sign a manifest with a minisign key: writes MANIFEST.minisig with the trusted comment
     /// `generation=<gen> release=<N> expires=<unix seconds>`.
@@ -308,10 +311,10 @@ fn validate(args: ValidateArgs) -> CliResult {
             "problems": problems.iter().map(|p| json!({"path": p.path, "message": p.message})).collect::<Vec<_>>(),
         }))?;
     } else if problems.is_empty() {
-        println!(
+        crate::outln!(
             "ok: {} is a valid manifest ({models} models, {mode} rules)",
             args.file.display()
-        );
+        )?;
         if args.mode != Mode::Release {
             eprintln!(
                 "next: `release-cli manifest validate --mode release {}` checks what publish requires",
@@ -320,7 +323,7 @@ fn validate(args: ValidateArgs) -> CliResult {
         }
     } else {
         for p in &problems {
-            println!("{p}");
+            crate::outln!("{p}")?;
         }
     }
     if problems.is_empty() {
@@ -377,22 +380,62 @@ fn fmt(args: FmtArgs) -> CliResult {
 }
 
 fn diff(args: DiffArgs) -> CliResult {
-    let old = load(&args.old)?;
-    let new = load(&args.new)?;
+    // As diff(1): 1 means "they differ", so a file that cannot be read is 2, not 1.
+    let trouble = |e: CliError| {
+        if e.code == crate::output::EXIT_FAILURE {
+            CliError::usage(e.message)
+        } else {
+            e
+        }
+    };
+    let old = load(&args.old).map_err(trouble)?;
+    let new = load(&args.new).map_err(trouble)?;
     let d = manifest::diff(&old, &new);
     if args.json {
-        return print_json(&diff_json(&d));
-    }
-    print!("{d}");
-    if !d.is_empty() {
-        println!(
-            "summary: {} added, {} removed, {} changed",
-            d.added.len(),
-            d.removed.len(),
-            d.changed.len()
+        print_json(&diff_json(&d))?;
+    } else {
+        use std::io::IsTerminal;
+        let color = cli_support::use_color(
+            std::io::stdout().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
         );
+        let mut text = render_diff(&d, color);
+        if !d.is_empty() {
+            text.push_str(&format!(
+                "summary: {} added, {} removed, {} changed\n",
+                d.added.len(),
+                d.removed.len(),
+                d.changed.len()
+            ));
+        }
+        crate::output::write_stdout(text.as_bytes())?;
     }
-    Ok(())
+    if d.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::quiet(crate::output::EXIT_FAILURE))
+    }
+}
+
+/// The diff's text, one line per change; with `color`, added lines green, removed red, changed
+/// yellow (ANSI SGR).
+fn render_diff(d: &ManifestDiff, color: bool) -> String {
+    let plain = d.to_string();
+    if !color {
+        return plain;
+    }
+    plain
+        .lines()
+        .map(|l| {
+            let sgr = match l.chars().next() {
+                Some('+') => "32",
+                Some('-') => "31",
+                Some('~') => "33",
+                _ => return format!("{l}\n"),
+            };
+            format!("\x1b[{sgr}m{l}\x1b[0m\n")
+        })
+        .collect()
 }
 
 fn diff_json(d: &ManifestDiff) -> Value {
@@ -406,4 +449,42 @@ fn diff_json(d: &ManifestDiff) -> Value {
             "fields": m.fields.iter().map(field).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_marks_added_removed_and_changed_lines_only() {
+        let old = Manifest::from_slice(
+            br#"{"models": [{"id": "a1", "name": "A"}, {"id": "b1", "name": "B"}]}"#,
+        )
+        .unwrap();
+        let new = Manifest::from_slice(
+            br#"{"models": [{"id": "a1", "name": "A2"}, {"id": "c1", "name": "C"}]}"#,
+        )
+        .unwrap();
+        let d = manifest::diff(&old, &new);
+        let plain = render_diff(&d, false);
+        assert!(!plain.contains('\x1b'));
+        let coloured = render_diff(&d, true);
+        assert!(
+            coloured.contains("\x1b[32m+ model c1\x1b[0m\n"),
+            "{coloured:?}"
+        );
+        assert!(
+            coloured.contains("\x1b[31m- model b1\x1b[0m\n"),
+            "{coloured:?}"
+        );
+        assert!(
+            coloured.contains("\x1b[33m~ model a1\x1b[0m\n"),
+            "{coloured:?}"
+        );
+        // Field lines under a changed model stay plain.
+        assert!(coloured.contains("\n    name"), "{coloured:?}");
+        let stripped = coloured.replace("\x1b[32m", "").replace("\x1b[31m", "");
+        let stripped = stripped.replace("\x1b[33m", "").replace("\x1b[0m", "");
+        assert_eq!(stripped, plain);
+    }
 }

@@ -718,7 +718,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
     if args.json {
         print_json(&summary)?;
     } else {
-        println!(
+        crate::outln!(
             "rebuild {} ({}): {} compiled, {} skipped (done earlier), {} failed, {} not attempted, in {}s",
             summary.generation,
             summary.tinygrad_commit,
@@ -727,31 +727,32 @@ pub fn run(args: RebuildArgs) -> CliResult {
             summary.failed,
             summary.not_attempted.len(),
             started.elapsed().as_secs()
-        );
+        )?;
         for o in summary.models.iter().filter(|o| o.status == "failed") {
-            println!(
+            crate::outln!(
                 "  FAILED {}: {}",
                 o.id,
                 o.error.as_deref().unwrap_or_default()
-            );
+            )?;
         }
         if !summary.not_in_catalog.is_empty() {
-            println!(
-                "  not in the base catalog (not added): {:?}",
+            crate::outln!(
+                "  not in the base catalog (not added): {}",
                 summary
                     .not_in_catalog
                     .iter()
                     .map(|i| i.as_str())
                     .collect::<Vec<_>>()
-            );
+                    .join(", ")
+            )?;
         }
-        println!(
+        crate::outln!(
             "manifest: {} ({} of {} models have a {} artifact)",
             manifest_path.display(),
             records.len(),
             base.models().len(),
             args.generation
-        );
+        )?;
     }
     let failed: Vec<&str> = summary
         .models
@@ -774,11 +775,11 @@ pub fn run(args: RebuildArgs) -> CliResult {
         )));
     }
     if summary.without_artifact.is_empty() {
-        println!(
+        crate::outln!(
             "next: release-cli publish --artifacts {} --manifest {}",
             ws.join("ready").display(),
             manifest_path.display()
-        );
+        )?;
     }
     Ok(())
 }

@@ -293,7 +293,7 @@ fn print_report(report: &PublishReport) {
                     }
                     Step::Upload {
                         path, size, reason, ..
-                    } => writeln!(out, "  upload   {path} ({size} bytes, {reason:?})"),
+                    } => writeln!(out, "  upload   {path} ({size} bytes, {reason})"),
                     Step::RemoveShadowingPlain { path } => {
                         writeln!(
                             out,
@@ -427,21 +427,21 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
     if args.json {
         return print_json(&report);
     }
-    println!("model        {}", report.model);
-    println!("sha256       {}", report.sha256);
-    println!("size         {}", report.size);
-    println!("chunk_count  {}", report.chunk_count);
-    println!(
+    crate::outln!("model        {}", report.model)?;
+    crate::outln!("sha256       {}", report.sha256)?;
+    crate::outln!("size         {}", report.size)?;
+    crate::outln!("chunk_count  {}", report.chunk_count)?;
+    crate::outln!(
         "copy         {}",
         if report.server_side {
             "server-side (no artifact bytes passed through this machine)"
         } else {
             "streamed through this machine"
         }
-    );
+    )?;
     match &args.manifest {
         Some(p) => {
-            println!("manifest     {} updated", p.display());
+            crate::outln!("manifest     {} updated", p.display())?;
             eprintln!(
                 "next: `release-cli publish --generation {} --manifest {} --artifacts DIR --to {}` with an empty DIR/{}/ (nothing to upload; publish checks the copied files)",
                 args.generation,
