@@ -17,6 +17,28 @@ pub fn is_temp_name(name: &str) -> bool {
     name.starts_with(TEMP_PREFIX)
 }
 
+/// The process and final file name a temporary was made for: `.tmp-<pid>-<n>-<dest>` gives
+/// `Some((pid, dest))`; `None` for any other name.
+pub fn temp_owner(name: &str) -> Option<(u32, &str)> {
+    let rest = name.strip_prefix(TEMP_PREFIX)?;
+    let (pid, rest) = rest.split_once('-')?;
+    let (n, dest) = rest.split_once('-')?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || dest.is_empty() {
+        return None;
+    }
+    Some((pid.parse().ok()?, dest))
+}
+
+/// Whether a process is still running. Only Linux can tell (`/proc`); elsewhere every process
+/// counts as alive, so nothing of a possibly running writer is ever removed.
+pub fn process_alive(pid: u32) -> bool {
+    if cfg!(target_os = "linux") {
+        Path::new("/proc").join(pid.to_string()).exists()
+    } else {
+        true
+    }
+}
+
 /// A file being written under a temporary name beside its final path. Dropping it without
 /// [`AtomicFile::commit`] removes the temporary.
 pub struct AtomicFile {

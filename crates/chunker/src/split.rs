@@ -83,6 +83,61 @@ pub fn split_file(src: &Path, out_dir: &Path, opts: &SplitOptions) -> Result<Spl
     split_reader(file, size, &name, out_dir, opts).map_err(|e| e.naming_input(src))
 }
 
+/// The temporaries in `file_names` that an earlier, no longer running split of the chunk set
+/// `name` left behind (killed by Ctrl-C or a crash): made for one of the set's files
+/// (`NAME.chunkNNofMM`, `NAME.chunkmanifest`, `NAME.sha256`) by a process `alive` says is gone.
+/// Another set's temporaries and a running writer's are never chosen.
+pub fn stale_temporaries<'a>(
+    name: &str,
+    file_names: impl IntoIterator<Item = &'a str>,
+    alive: impl Fn(u32) -> bool,
+) -> Vec<&'a str> {
+    file_names
+        .into_iter()
+        .filter(|f| {
+            atomic::temp_owner(f).is_some_and(|(pid, dest)| {
+                let ours = dest == crate::chunk_manifest_name(name)
+                    || dest == crate::sidecar_name(name)
+                    || crate::parse_chunk_name(name, dest).is_some();
+                ours && !alive(pid)
+            })
+        })
+        .collect()
+}
+
+/// Remove the stale temporaries of the chunk set `name` from `out_dir` (see
+/// [`stale_temporaries`]), so an interrupted split does not leave them for good.
+fn remove_stale_temporaries(out_dir: &Path, name: &str) -> Result<()> {
+    let entries = match fs::read_dir(out_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).ctx(out_dir),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        names.push(
+            entry
+                .ctx(out_dir)?
+                .file_name()
+                .to_string_lossy()
+                .into_owned(),
+        );
+    }
+    for stale in stale_temporaries(
+        name,
+        names.iter().map(String::as_str),
+        atomic::process_alive,
+    ) {
+        let path = out_dir.join(stale);
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).ctx(&path),
+        }
+    }
+    Ok(())
+}
+
 /// What [`split_reader`]'s errors call the stream it reads, which it cannot name.
 const INPUT: &str = "<input>";
 
@@ -118,6 +173,7 @@ pub fn split_reader<R: Read>(
 ) -> Result<SplitReport> {
     check_name(name)?;
     let count = planned_count(name, size, opts.chunk_size)?;
+    remove_stale_temporaries(out_dir, name)?;
 
     let (full_tx, full_rx) = sync_channel::<(Buf, usize)>(BUFFERS_IN_FLIGHT);
     let (empty_tx, empty_rx) = sync_channel::<Buf>(BUFFERS_IN_FLIGHT);
@@ -497,4 +553,56 @@ fn remove_stale_chunks(name: &str, dir: &Path, count: u32) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_temporaries_table() {
+        let names = [
+            ".tmp-100-0-m.pkl.chunk01of03",   // ours, dead writer
+            ".tmp-100-1-m.pkl.chunkmanifest", // ours, dead writer
+            ".tmp-100-2-m.pkl.sha256",        // ours, dead writer
+            ".tmp-200-0-m.pkl.chunk02of03",   // ours, writer still running
+            ".tmp-100-3-other.pkl.chunk01of01",
+            ".tmp-100-4-m.pkl.x.chunk01of01", // the set `m.pkl.x`, not `m.pkl`
+            ".tmp-100-5-m.pkl",               // the whole artifact, not a chunk-set file
+            "m.pkl.chunk01of03",
+            ".tmp-junk",
+        ];
+        let stale = stale_temporaries("m.pkl", names, |pid| pid == 200);
+        assert_eq!(
+            stale,
+            [
+                ".tmp-100-0-m.pkl.chunk01of03",
+                ".tmp-100-1-m.pkl.chunkmanifest",
+                ".tmp-100-2-m.pkl.sha256"
+            ]
+        );
+    }
+
+    /// Regression: a Ctrl-C'd split left its `.tmp-*` files for good.
+    #[test]
+    fn a_split_removes_its_own_stale_temporaries_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        // A pid that cannot be running: above the kernel's pid_max limit (2^22).
+        let dead = 4_194_305;
+        let stale = out.join(format!(".tmp-{dead}-0-m.pkl.chunk01of02"));
+        let other = out.join(format!(".tmp-{dead}-1-other.pkl.chunk01of01"));
+        let live = out.join(format!(".tmp-{}-9-m.pkl.chunkmanifest", std::process::id()));
+        for p in [&stale, &other, &live] {
+            fs::write(p, b"half").unwrap();
+        }
+        let data = vec![7u8; 10];
+        split_reader(&data[..], 10, "m.pkl", out, &SplitOptions { chunk_size: 5 }).unwrap();
+        assert!(!stale.exists(), "the stale temporary is still there");
+        assert!(other.exists(), "another set's temporary was removed");
+        if cfg!(target_os = "linux") {
+            assert!(live.exists(), "a running writer's temporary was removed");
+        }
+        assert!(out.join("m.pkl.chunk02of02").exists());
+    }
 }
