@@ -37,6 +37,12 @@ tasks:
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // `cargo xtask demo --help` prints help; it must not run the task (demo would take
+    // `--help` for its work directory).
+    if let Some(help) = task_help(&args) {
+        print!("{help}");
+        return ExitCode::SUCCESS;
+    }
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("bench") => bench::run(&args[1..]),
@@ -58,6 +64,22 @@ fn main() -> ExitCode {
     }
 }
 
+/// The help for `<task> … -h|--help`: the task's line of [`USAGE`] (or all of it for a task
+/// not listed there). `None` when no help flag follows a task.
+fn task_help(args: &[String]) -> Option<String> {
+    let (task, rest) = args.split_first()?;
+    if !rest.iter().any(|a| a == "-h" || a == "--help") {
+        return None;
+    }
+    let line = USAGE
+        .lines()
+        .find(|l| l.trim_start().split_whitespace().next() == Some(task.as_str()));
+    Some(match line {
+        Some(l) => format!("usage: cargo xtask {}\n", l.trim()),
+        None => USAGE.to_string(),
+    })
+}
+
 fn ci() -> Result<(), String> {
     util::cargo(&["fmt", "--all", "--check"])?;
     util::cargo(&[
@@ -73,4 +95,29 @@ fn ci() -> Result<(), String> {
     docs::run(true)?;
     eprintln!("xtask ci: all checks passed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn help(args: &[&str]) -> Option<String> {
+        task_help(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+    }
+
+    /// Regression: `cargo xtask demo --help` ran the demo in a folder named `--help`.
+    #[test]
+    fn every_task_answers_help_without_running() {
+        for task in ["ci", "demo", "bench", "docs"] {
+            for flag in ["-h", "--help"] {
+                let h = help(&[task, flag]).unwrap_or_else(|| panic!("{task} {flag}"));
+                assert!(h.starts_with(&format!("usage: cargo xtask {task}")), "{h}");
+            }
+        }
+        assert!(help(&["demo", "work", "--help"]).is_some());
+        assert_eq!(help(&["demo", "work"]), None);
+        assert_eq!(help(&["demo"]), None);
+        assert_eq!(help(&[]), None);
+        assert_eq!(help(&["nope", "--help"]).as_deref(), Some(USAGE));
+    }
 }
