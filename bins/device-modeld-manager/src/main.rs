@@ -43,7 +43,11 @@ Exit codes (stable, see docs/device.md):
   6  verification failed (a model is missing or does not match the catalog)
   7  cancelled
   8  not enough free space
-  9  deferred while driving: IsOnroad is set, nothing was changed";
+  9  deferred while driving: IsOnroad is set, nothing was changed
+
+With --json, a failure too prints one JSON document on stdout,
+{\"error\":{\"kind\",\"message\",\"next\"}}, where kind names the exit code (failure, busy,
+download_failed, manifest_unavailable, not_verified, cancelled, no_space, deferred); the code is unchanged.";
 
 #[derive(Parser)]
 #[command(
@@ -225,6 +229,9 @@ enum Command {
 struct Fail {
     code: u8,
     message: String,
+    /// The command already printed its `--json` document (verify's report before exit 6), so
+    /// no error document follows it.
+    json_printed: bool,
 }
 
 impl Fail {
@@ -232,6 +239,21 @@ impl Fail {
         Fail {
             code,
             message: message.into(),
+            json_printed: false,
+        }
+    }
+
+    /// The stable name of the exit code, the `kind` of a `--json` error document.
+    fn kind(&self) -> &'static str {
+        match self.code {
+            code::BUSY => "busy",
+            code::DOWNLOAD_FAILED => "download_failed",
+            code::MANIFEST_UNAVAILABLE => "manifest_unavailable",
+            code::NOT_VERIFIED => "not_verified",
+            code::CANCELLED => "cancelled",
+            code::NO_SPACE => "no_space",
+            code::ONROAD => "deferred",
+            _ => "failure",
         }
     }
 }
@@ -250,7 +272,7 @@ impl From<migration::Error> for Fail {
             message.push_str("\nnext: ");
             message.push_str(next);
         }
-        Fail { code, message }
+        Fail::new(code, message)
     }
 }
 
@@ -302,12 +324,31 @@ fn download_code(d: &downloader::Error) -> u8 {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let json = wants_json(&cli.command);
     match run(cli) {
         Ok(()) => ExitCode::from(code::OK),
         Err(f) => {
             eprintln!("error: {}", f.message);
+            if json && !f.json_printed {
+                // The exit code says the same; a closed pipe changes nothing now.
+                let _ = write_stdout(cli_support::error_json(f.kind(), &f.message).as_bytes());
+            }
             ExitCode::from(f.code)
         }
+    }
+}
+
+/// Whether the command asked for `--json`: then a failure, too, prints one JSON document
+/// (`{"error":{"kind","message","next"}}`) on stdout, and the exit code is unchanged.
+fn wants_json(c: &Command) -> bool {
+    match c {
+        Command::Status { json }
+        | Command::Refresh { json }
+        | Command::Download { json, .. }
+        | Command::Verify { json, .. }
+        | Command::Resolve { json }
+        | Command::Gc { json } => *json,
+        Command::Run { .. } | Command::Completions { .. } => false,
     }
 }
 
@@ -740,11 +781,14 @@ fn verify(device: &Device, id: Option<String>, json_out: bool) -> Result<(), Fai
         }
     }
     if !r.all_verified() {
-        return Err(Fail::new(
-            code::NOT_VERIFIED,
-            "some models are missing or do not match the catalog; run `download <ID>` for each \
-             one not listed as verified",
-        ));
+        return Err(Fail {
+            json_printed: json_out,
+            ..Fail::new(
+                code::NOT_VERIFIED,
+                "some models are missing or do not match the catalog; run `download <ID>` for \
+                 each one not listed as verified",
+            )
+        });
     }
     Ok(())
 }

@@ -191,7 +191,15 @@ fn download_failure_names_the_next_step_and_keeps_exit_4() {
         .add_fault("/gh/v25/pop223/*", Fault::Status(404), None);
     let out = w.run(&["download", "pop223", "--json"]);
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
-    assert!(out.stdout.is_empty(), "no report on failure");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one error document");
+    assert_eq!(v["error"]["kind"], "download_failed", "{v}");
+    assert!(
+        v["error"]["next"]
+            .as_str()
+            .unwrap()
+            .starts_with("the previously installed model"),
+        "{v}"
+    );
     assert!(
         stderr(&out).contains("next: the previously installed model"),
         "{}",
@@ -355,8 +363,59 @@ fn a_missing_data_dir_is_an_error() {
             assert_eq!(out.status.code(), Some(1), "{sub:?}: {}", stderr(&out));
             let err = stderr(&out);
             assert!(err.contains("--data-dir") && err.contains(says), "{err}");
-            assert!(out.stdout.is_empty());
+            if sub.contains(&"--json") {
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                assert_eq!(v["error"]["kind"], "failure", "{v}");
+            } else {
+                assert!(out.stdout.is_empty());
+            }
         }
     }
     assert!(!missing.exists(), "the data dir was created");
+}
+
+/// Regression: with `--json`, a failure (here `refresh` offline) printed no JSON at all.
+#[test]
+fn json_failures_print_one_error_document_and_keep_the_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    fs::create_dir_all(&data).unwrap();
+    // A port nothing listens on: every origin is offline.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let run = |args: &[&str]| {
+        Command::new(BIN)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--hf-base", &url, "--github-base", &url])
+            .arg("--memory-params-dir")
+            .arg(dir.path().join("shm"))
+            .arg("--builtin-dir")
+            .arg(dir.path().join("builtin"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["refresh", "--json"]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 1, "one document: {text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["kind"], "manifest_unavailable", "{v}");
+    assert!(!v["error"]["message"].as_str().unwrap().is_empty(), "{v}");
+    assert!(
+        v["error"]["next"].as_str().unwrap().contains("refresh"),
+        "{v}"
+    );
+    // Without --json, stdout stays empty and the message goes to stderr.
+    let out = run(&["refresh"]);
+    assert_eq!(out.status.code(), Some(5));
+    assert!(out.stdout.is_empty());
+    assert!(stderr(&out).contains("next: "));
+    // `download --json` of an unknown id: kind failure, exit 1.
+    let out = run(&["download", "--json", "Not An Id"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["error"]["kind"], "failure", "{v}");
 }

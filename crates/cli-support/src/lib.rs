@@ -55,6 +55,19 @@ pub fn write_stdout(bytes: &[u8]) -> io::Result<bool> {
     }
 }
 
+/// The one JSON document a `--json` command prints on stdout when it fails:
+/// `{"error":{"kind","message","next"}}`. A message's `next: …` line (the convention of both
+/// binaries) becomes `next` (`null` without one); `kind` is a stable snake_case name of the exit
+/// code.
+pub fn error_json(kind: &str, message: &str) -> String {
+    let (message, next) = match message.split_once("\nnext: ") {
+        Some((m, n)) => (m, Some(n.trim_end())),
+        None => (message, None),
+    };
+    let doc = serde_json::json!({"error": {"kind": kind, "message": message, "next": next}});
+    format!("{doc}\n")
+}
+
 /// Whether to colour output on a stream: only on a terminal, and never when `NO_COLOR` is set to
 /// a non-empty value (<https://no-color.org>).
 pub fn use_color(is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
@@ -95,6 +108,23 @@ mod tests {
             ),
             "  device__modeld__manager__subcmd__gc)\n"
         );
+    }
+
+    #[test]
+    fn error_documents_split_off_the_next_step() {
+        let v: serde_json::Value = serde_json::from_str(&error_json(
+            "manifest_unavailable",
+            "no origin served a manifest\nnext: run `refresh` again",
+        ))
+        .unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"error": {"kind": "manifest_unavailable",
+                "message": "no origin served a manifest", "next": "run `refresh` again"}})
+        );
+        let v: serde_json::Value = serde_json::from_str(&error_json("failure", "boom")).unwrap();
+        assert_eq!(v["error"]["next"], serde_json::Value::Null);
+        assert_eq!(error_json("failure", "a\nb").lines().count(), 1, "one line");
     }
 
     #[test]
