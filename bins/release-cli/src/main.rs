@@ -27,7 +27,10 @@ Exit codes (stable, see docs/release.md):
   3  a check failed: verification, validation, tinygrad marker, or a refused release guard
 
 Every command that reports takes --json and then prints JSON on stdout (shapes in --help and
-docs/release.md); progress and messages go to stderr.";
+docs/release.md); progress and messages go to stderr. A --json command that fails prints one
+{\"error\":{\"kind\",\"message\",\"next\"}} document instead (kind: failure, usage,
+check_failed), with the same exit code; a report that already says what failed (manifest
+validate, fmt --check, diff) is not followed by one.";
 
 /// The StarPilot release engineer's tool: chunk artifacts, check manifests, publish generations.
 #[derive(Debug, Parser)]
@@ -46,16 +49,9 @@ pub struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Every command's JSON switch is spelled `--json`; with it, a failure is also one JSON
-    // object on stdout, so a script reading stdout never has to parse stderr.
-    let json = std::env::args_os().skip(1).any(|a| a == "--json");
+    let json = cli.command.json();
     match cmd::run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            if json {
-                e.print_json();
-            }
-            e.report()
-        }
+        Err(e) => e.report(json),
     }
 }

@@ -10,6 +10,9 @@ use serde::Serialize;
 pub struct CliError {
     pub code: u8,
     pub message: String,
+    /// The command already printed its `--json` document (a validation report before exit 3),
+    /// so no error document follows it.
+    pub json_printed: bool,
 }
 
 pub type CliResult<T = ()> = Result<T, CliError>;
@@ -26,6 +29,7 @@ impl CliError {
         Self {
             code: EXIT_FAILURE,
             message: message.to_string(),
+            json_printed: false,
         }
     }
 
@@ -33,6 +37,7 @@ impl CliError {
         Self {
             code: EXIT_USAGE,
             message: message.to_string(),
+            json_printed: false,
         }
     }
 
@@ -40,20 +45,8 @@ impl CliError {
         Self {
             code: EXIT_CHECK_FAILED,
             message: message.to_string(),
+            json_printed: false,
         }
-    }
-
-    /// `{"error":{"exit_code","kind","message"}}` on stdout (`kind`: `failure`, `usage` or
-    /// `check_failed`).
-    pub fn print_json(&self) {
-        let kind = match self.code {
-            EXIT_USAGE => "usage",
-            EXIT_CHECK_FAILED => "check_failed",
-            _ => "failure",
-        };
-        let _ = print_json(&serde_json::json!({
-            "error": {"exit_code": self.code, "kind": kind, "message": self.message}
-        }));
     }
 
     /// An exit code with nothing to say: the output already said it (`manifest diff` found
@@ -62,12 +55,33 @@ impl CliError {
         Self {
             code,
             message: String::new(),
+            json_printed: true,
         }
     }
 
-    pub fn report(&self) -> ExitCode {
+    /// Mark that the command's `--json` document, which says what failed, is already out.
+    pub fn after_json_report(mut self) -> Self {
+        self.json_printed = true;
+        self
+    }
+
+    /// The stable name of the exit code, the `kind` of a `--json` error document.
+    pub fn kind(&self) -> &'static str {
+        match self.code {
+            EXIT_USAGE => "usage",
+            EXIT_CHECK_FAILED => "check_failed",
+            _ => "failure",
+        }
+    }
+
+    /// Print the message on stderr and, for a `--json` command, one error document
+    /// `{"error":{"kind","message","next"}}` on stdout; the exit code is the same either way.
+    pub fn report(&self, json: bool) -> ExitCode {
         if !self.message.is_empty() {
             eprintln!("error: {}", self.message);
+        }
+        if json && !self.json_printed {
+            let _ = write_stdout(cli_support::error_json(self.kind(), &self.message).as_bytes());
         }
         ExitCode::from(self.code)
     }

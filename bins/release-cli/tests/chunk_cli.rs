@@ -214,3 +214,61 @@ fn bad_input_is_a_clear_usage_error() {
         text(&out.stderr)
     );
 }
+
+/// Regression: `--json` failures printed no JSON. Now one `{"error":{…}}` document, same exit.
+#[test]
+fn json_failures_print_one_error_document_with_the_same_exit_code() {
+    let t = tempfile::tempdir().unwrap();
+    let data = artifact(t.path(), 2500);
+    let doc = |out: &std::process::Output| -> serde_json::Value {
+        let s = text(&out.stdout);
+        assert_eq!(s.lines().count(), 1, "one document: {s}");
+        serde_json::from_str(&s).unwrap()
+    };
+    // A missing input: failure, exit 1.
+    let out = cli(&["chunk", "split", "missing.pkl", "--json"], t.path());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let v = doc(&out);
+    assert_eq!(v["error"]["kind"], "failure", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing.pkl"),
+        "{v}"
+    );
+
+    // A chunk set that does not match: check failed, exit 3, with and without --json.
+    let out = cli(&["chunk", "split", NAME, "--chunk-size", "1KiB"], t.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    fs::remove_file(t.path().join(NAME)).unwrap();
+    let mut bad = data[..1024].to_vec();
+    bad[0] ^= 1;
+    fs::write(t.path().join(format!("{NAME}.chunk01of03")), &bad).unwrap();
+    let out = cli(&["chunk", "verify", NAME, "--json"], t.path());
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let v = doc(&out);
+    assert_eq!(v["error"]["kind"], "check_failed", "{v}");
+    let out = cli(&["chunk", "verify", NAME], t.path());
+    assert_eq!(out.status.code(), Some(3));
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+
+    // manifest validate --json: its report is the one document, not followed by an error.
+    fs::write(t.path().join("m.json"), r#"{"models": [{"name": "x"}]}"#).unwrap();
+    let out = cli(&["manifest", "validate", "m.json", "--json"], t.path());
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(doc(&out)["valid"], false);
+}
+
+/// Regression: a Ctrl-C'd split left its `.tmp-*` files for good; the next split removes them.
+#[test]
+fn a_split_cleans_its_own_stale_temporaries() {
+    let t = tempfile::tempdir().unwrap();
+    artifact(t.path(), 2500);
+    // A pid above the kernel's limit (2^22) cannot be running.
+    let stale = t.path().join(format!(".tmp-4194305-0-{NAME}.chunk01of03"));
+    fs::write(&stale, b"half").unwrap();
+    let out = cli(&["chunk", "split", NAME, "--chunk-size", "1KiB"], t.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!stale.exists());
+}

@@ -334,7 +334,8 @@ fn validate(args: ValidateArgs) -> CliResult {
             args.file.display(),
             problems.len(),
             if problems.len() == 1 { "" } else { "s" }
-        )))
+        ))
+        .after_json_report())
     }
 }
 
@@ -353,7 +354,8 @@ fn fmt(args: FmtArgs) -> CliResult {
                 "{} is not in canonical form; `release-cli manifest fmt --write {}` rewrites it",
                 args.file.display(),
                 args.file.display()
-            )))
+            ))
+            .after_json_report())
         };
     }
     if args.write {
