@@ -73,7 +73,7 @@ fn task_help(args: &[String]) -> Option<String> {
     }
     let line = USAGE
         .lines()
-        .find(|l| l.trim_start().split_whitespace().next() == Some(task.as_str()));
+        .find(|l| l.split_whitespace().next() == Some(task.as_str()));
     Some(match line {
         Some(l) => format!("usage: cargo xtask {}\n", l.trim()),
         None => USAGE.to_string(),

@@ -596,7 +596,7 @@ mod tests {
         for p in [&stale, &other, &live] {
             fs::write(p, b"half").unwrap();
         }
-        let data = vec![7u8; 10];
+        let data = [7u8; 10];
         split_reader(&data[..], 10, "m.pkl", out, &SplitOptions { chunk_size: 5 }).unwrap();
         assert!(!stale.exists(), "the stale temporary is still there");
         assert!(other.exists(), "another set's temporary was removed");
