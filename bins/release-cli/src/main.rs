@@ -30,7 +30,7 @@ Every command that reports takes --json and then prints JSON on stdout (shapes i
 docs/release.md); progress and messages go to stderr. A --json command that fails prints one
 {\"error\":{\"kind\",\"message\",\"next\"}} document instead (kind: failure, usage,
 check_failed), with the same exit code; a report that already says what failed (manifest
-validate, fmt --check, diff) is not followed by one.";
+validate, fmt --check, diff, the rebuild summary) is not followed by one.";
 
 /// The StarPilot release engineer's tool: chunk artifacts, check manifests, publish generations.
 #[derive(Debug, Parser)]

@@ -761,9 +761,11 @@ pub fn run(args: RebuildArgs) -> CliResult {
         .map(|o| o.id.as_str())
         .collect();
     if let Some(reason) = stopped {
+        // With --json the summary above already says what failed.
         return Err(CliError::failure(format!(
             "the run stopped: {reason}; fix it and rerun the same command to resume"
-        )));
+        ))
+        .after_json_report());
     }
     if !failed.is_empty() {
         return Err(CliError::failure(format!(
@@ -772,7 +774,8 @@ pub fn run(args: RebuildArgs) -> CliResult {
             failed.len(),
             failed.join(", "),
             results.display()
-        )));
+        ))
+        .after_json_report());
     }
     if summary.without_artifact.is_empty() {
         crate::outln!(
