@@ -65,6 +65,8 @@ impl Command {
                 manifest::ManifestCommand::Validate(a) => a.json,
                 manifest::ManifestCommand::Fmt(a) => a.json,
                 manifest::ManifestCommand::Diff(a) => a.json,
+                manifest::ManifestCommand::Sign(a) => a.json,
+                manifest::ManifestCommand::Verify(a) => a.json,
             },
             Command::Tinygrad(build::TinygradCommand::Bump(a)) => a.json,
             Command::Sync(a) => a.json,

@@ -181,13 +181,13 @@ pub fn sign(a: SignArgs) -> CliResult {
             "keys": ids,
         }));
     }
-    println!(
+    crate::outln!(
         "signed {} as {generation} release {release} with key {} (expires {} Unix seconds): {}",
         a.manifest.display(),
         ids.join(" and "),
         comment.expires,
         output.display()
-    );
+    )?;
     eprintln!(
         "next: check it with `minisign -V -p release.pub -m {} -x {}` or `release-cli manifest \
          verify --key release.pub {0}`",
@@ -245,7 +245,7 @@ pub fn verify(a: VerifyArgs) -> CliResult {
         }))?;
     } else {
         for b in &blocks {
-            println!(
+            crate::outln!(
                 "block {}: {} ({})",
                 b.block,
                 match &b.verified_by {
@@ -253,24 +253,29 @@ pub fn verify(a: VerifyArgs) -> CliResult {
                     None => "not verified by the given key(s)".to_string(),
                 },
                 b.comment
-            );
+            )?;
         }
     }
     match outcome {
         Ok(c) => {
             if !a.json {
-                println!(
+                crate::outln!(
                     "devices with these keys accept it: {generation} release {} (expires {} Unix \
                      seconds)",
-                    c.release, c.expires
-                );
+                    c.release,
+                    c.expires
+                )?;
             }
             Ok(())
         }
-        Err(r) => Err(CliError::check_failed(format!(
-            "{}: devices would refuse it: {r}",
-            a.manifest.display()
-        ))),
+        Err(r) => {
+            let e = CliError::check_failed(format!(
+                "{}: devices would refuse it: {r}",
+                a.manifest.display()
+            ));
+            // With --json the report above already carries the refusal.
+            Err(if a.json { e.after_json_report() } else { e })
+        }
     }
 }
 
