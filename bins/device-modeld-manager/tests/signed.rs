@@ -142,8 +142,11 @@ impl World {
         p
     }
 
+    /// The device's data root; created, as a comma's `/data` always exists.
     fn data(&self, device: &str) -> PathBuf {
-        self.dir.path().join(device)
+        let d = self.dir.path().join(device);
+        fs::create_dir_all(&d).unwrap();
+        d
     }
 
     fn run(&self, device: &str, keys: Option<&Path>, args: &[&str]) -> Output {
