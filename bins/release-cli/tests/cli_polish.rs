@@ -228,8 +228,9 @@ fn manifest_fmt_check_json() {
         bad.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(3));
-    // The report, then the error object every --json failure prints.
+    // The report says what failed: it is the whole --json answer.
     let out = text(&o.stdout);
+    assert_eq!(out.lines().count(), 1, "{out}");
     let v: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
     assert_eq!(v["canonical"], false);
     assert_eq!(Path::new(v["file"].as_str().unwrap()), bad);

@@ -39,7 +39,7 @@ fn the_real_catalog_validates_and_formats_to_itself() {
         t.path(),
     );
     assert_eq!(out.status.code(), Some(3));
-    // The report, then the error object every --json failure prints.
+    // The report says what failed, so it is the whole --json answer: no error document follows.
     let lines: Vec<serde_json::Value> = text(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -47,7 +47,7 @@ fn the_real_catalog_validates_and_formats_to_itself() {
     let v = &lines[0];
     assert_eq!(v["valid"], false);
     assert_eq!(v["problems"].as_array().unwrap().len(), 4 * 97);
-    assert_eq!(lines[1]["error"]["kind"], "check_failed");
+    assert_eq!(lines.len(), 1, "{lines:?}");
 }
 
 #[test]

@@ -240,7 +240,7 @@ fn publish_signs_each_release_and_uploads_the_signature_before_the_manifest() {
             "--json",
             s(&live_manifest),
         ]);
-        // The report; a refusal adds the --json error object as a second line.
+        // The report (a refusal carries it; no error document follows).
         let out = text(&o.stdout);
         serde_json::from_str::<Value>(out.lines().next().unwrap()).unwrap()
     };

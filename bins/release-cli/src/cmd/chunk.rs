@@ -104,7 +104,7 @@ fn oob(args: OobArgs) -> CliResult {
             "buffer_bytes": layout.buffer_bytes,
         }));
     }
-    println!(
+    crate::outln!(
         "{}: OOB pickle container, {} bytes: {}-byte protocol-{} opcode stream and {} buffer(s) of {} bytes",
         args.logical.display(),
         layout.size,
@@ -112,8 +112,7 @@ fn oob(args: OobArgs) -> CliResult {
         layout.protocol,
         layout.buffers,
         layout.buffer_bytes
-    );
-    Ok(())
+    )
 }
 
 fn split(args: SplitArgs) -> CliResult {

@@ -220,12 +220,11 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
             "chunk_sha256": chunk_sha256.iter().map(|d| d.to_hex()).collect::<Vec<_>>(),
         }));
     }
-    println!(
+    crate::outln!(
         "{}: {id} = {size} bytes, sha256 {sha256}, {} chunk(s) (with per-chunk digests)",
         args.manifest.display(),
         pieces.len()
-    );
-    Ok(())
+    )
 }
 
 /// A manifest file's bytes, read no further than one byte past the fleet's size limit.

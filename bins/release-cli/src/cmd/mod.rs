@@ -60,6 +60,7 @@ impl Command {
                 chunk::ChunkCommand::Split(a) => a.json,
                 chunk::ChunkCommand::Join(a) => a.json,
                 chunk::ChunkCommand::Verify(a) => a.json,
+                chunk::ChunkCommand::Oob(a) => a.json,
             },
             Command::Manifest(c) => match c {
                 manifest::ManifestCommand::Validate(a) => a.json,
@@ -67,6 +68,7 @@ impl Command {
                 manifest::ManifestCommand::Diff(a) => a.json,
                 manifest::ManifestCommand::Sign(a) => a.json,
                 manifest::ManifestCommand::Verify(a) => a.json,
+                manifest::ManifestCommand::SetArtifact(a) => a.json,
             },
             Command::Tinygrad(build::TinygradCommand::Bump(a)) => a.json,
             Command::Sync(a) => a.json,
