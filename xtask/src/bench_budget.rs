@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::bench::{Row, write_pseudo_random};
-use crate::bench_device::{entry, mkdirs, run_ok, sidecar_digest, start_server};
+use crate::bench_device::{device_command, entry, mkdirs, run_ok, sidecar_digest, start_server};
 use crate::util::{self, best_of};
 
 /// Stripped size budget (decimal megabytes, as a download is counted).
@@ -112,19 +112,7 @@ fn download_rss_row(work: &Path) -> Result<Row, String> {
     let (_server, url) = start_server(&release.join("test-http-server"), &origin)?;
     let device = work.join("budget-device");
     mkdirs(&device.join("builtin"))?;
-    let dmm_cmd = |args: &[&str]| {
-        let mut c = Command::new(&dmm);
-        c.arg("--data-dir")
-            .arg(&device)
-            .arg("--memory-params-dir")
-            .arg(device.join("shm"))
-            .arg("--builtin-dir")
-            .arg(device.join("builtin"))
-            .args(["--hf-base", &format!("{url}/hf")])
-            .args(["--github-base", &format!("{url}/gh")])
-            .args(args);
-        c
-    };
+    let dmm_cmd = |args: &[&str]| device_command(&dmm, &device, &url, args);
     run_ok(&mut dmm_cmd(&["refresh"]))?;
     let installed = device.join("models").join(&name);
     eprintln!("bench: device-modeld-manager download (default settings), peak RSS");

@@ -73,19 +73,7 @@ pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, Stri
     let (_server, url) = start_server(&release.join("test-http-server"), &origin)?;
     let device = work.join("device");
     mkdirs(&device.join("builtin"))?;
-    let dmm_cmd = |args: &[&str]| {
-        let mut c = Command::new(&dmm);
-        c.arg("--data-dir")
-            .arg(&device)
-            .arg("--memory-params-dir")
-            .arg(device.join("shm"))
-            .arg("--builtin-dir")
-            .arg(device.join("builtin"))
-            .args(["--hf-base", &format!("{url}/hf")])
-            .args(["--github-base", &format!("{url}/gh")])
-            .args(args);
-        c
-    };
+    let dmm_cmd = |args: &[&str]| device_command(&dmm, &device, &url, args);
     run_ok(&mut dmm_cmd(&["refresh"]))?;
 
     eprintln!("bench: curl, one connection, the same chunks");
@@ -262,4 +250,19 @@ pub(crate) fn start_server(bin: &PathBuf, dir: &Path) -> Result<(Server, String)
         return Err(format!("test-http-server printed {url:?}, not its URL"));
     }
     Ok((server, url))
+}
+
+/// `device-modeld-manager` against a bench device dir and the local origin (both benches use it).
+pub(crate) fn device_command(dmm: &Path, device: &Path, url: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(dmm);
+    c.arg("--data-dir")
+        .arg(device)
+        .arg("--memory-params-dir")
+        .arg(device.join("shm"))
+        .arg("--builtin-dir")
+        .arg(device.join("builtin"))
+        .args(["--hf-base", &format!("{url}/hf")])
+        .args(["--github-base", &format!("{url}/gh")])
+        .args(args);
+    c
 }
