@@ -9,3 +9,6 @@
 mod error;
 
 pub use error::{Error, Result};
+pub mod gate;
+pub mod preflight;
+pub mod records;

@@ -1,0 +1,1095 @@
+//! The validation gate: the typed records `preflight` and `validate` leave in the rebuild
+//! workspace's `results/`, and [`coverage`], the pure rule that decides whether they cover the
+//! seed's validation matrix for one manifest.
+//!
+//! The matrix (seed, "Validation"): the repository tests passed in the openpilot checkout
+//! (`preflight`); representative v8, v11, v12, v15, v16 and external-GPU artifacts validated at
+//! both camera resolutions on the device with finite plan, lane-line, road-edge, lead, pose and
+//! action outputs; a stable `modelV2` publication; DM `driverStateV2` at both resolutions. A
+//! record counts only for the bytes and the tinygrad pin being published: a record of another
+//! artifact SHA-256 or pin is stale. Every cell that is missing, failed or stale is reported, not
+//! only the first.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use chunker::Sha256Digest;
+use manifest::{BehaviorVersion, GitCommit, Manifest, ModelId};
+use serde::{Deserialize, Serialize};
+
+/// A camera resolution the driving model is compiled for (`1928x1208`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct CameraResolution {
+    pub width: u32,
+    pub height: u32,
+}
+
+/// The two camera resolutions every driving artifact and the DM warps are built for (the
+/// `--camera-resolutions` of the compile and the `dm_warp_<W>x<H>_tinygrad.pkl` names).
+pub const CAMERA_RESOLUTIONS: [CameraResolution; 2] = [
+    CameraResolution {
+        width: 1928,
+        height: 1208,
+    },
+    CameraResolution {
+        width: 1344,
+        height: 760,
+    },
+];
+
+impl fmt::Display for CameraResolution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}x{}", self.width, self.height)
+    }
+}
+
+impl FromStr for CameraResolution {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("camera resolution {s:?}: expected WIDTHxHEIGHT, e.g. 1928x1208");
+        let (w, h) = s.split_once('x').ok_or_else(bad)?;
+        let num = |t: &str| {
+            if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            t.parse::<u32>().ok().filter(|n| *n > 0)
+        };
+        Ok(Self {
+            width: num(w).ok_or_else(bad)?,
+            height: num(h).ok_or_else(bad)?,
+        })
+    }
+}
+
+impl Serialize for CameraResolution {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for CameraResolution {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// The behaviour versions the seed names as representative (each validated on one artifact).
+pub const REPRESENTATIVE_VERSIONS: [BehaviorVersion; 5] = [
+    BehaviorVersion::new(8),
+    BehaviorVersion::new(11),
+    BehaviorVersion::new(12),
+    BehaviorVersion::new(15),
+    BehaviorVersion::new(16),
+];
+
+/// The driving outputs the device must report finite at each resolution, as the verdict names
+/// them.
+pub const REQUIRED_OUTPUTS: [&str; 6] =
+    ["plan", "lane_lines", "road_edges", "lead", "pose", "action"];
+
+/// A point in time, whole seconds since 1970 UTC; written as `2026-12-02T19:04:55Z`.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+pub struct UtcTime(pub u64);
+
+impl UtcTime {
+    pub fn now() -> Self {
+        Self(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        )
+    }
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// (year, month, day) to days since 1970-01-01, the inverse of [`civil`].
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = i64::from((m + 9) % 12);
+    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+impl fmt::Display for UtcTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = self.0 as i64;
+        let (y, m, d) = civil(secs.div_euclid(86_400));
+        let t = secs.rem_euclid(86_400);
+        write!(
+            f,
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+            t / 3600,
+            t / 60 % 60,
+            t % 60
+        )
+    }
+}
+
+impl FromStr for UtcTime {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("time {s:?}: expected YYYY-MM-DDTHH:MM:SSZ (UTC)");
+        let b = s.as_bytes();
+        if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[19] != b'Z' {
+            return Err(bad());
+        }
+        let n = |r: std::ops::Range<usize>| -> Result<u32, String> {
+            let t = &s[r];
+            if !t.bytes().all(|c| c.is_ascii_digit()) {
+                return Err(bad());
+            }
+            t.parse().map_err(|_| bad())
+        };
+        let (y, mo, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+        if b[13] != b':' || b[16] != b':' {
+            return Err(bad());
+        }
+        let (h, mi, se) = (n(11..13)?, n(14..16)?, n(17..19)?);
+        if !(1970..=9999).contains(&y)
+            || !(1..=12).contains(&mo)
+            || !(1..=31).contains(&d)
+            || h > 23
+            || mi > 59
+            || se > 59
+        {
+            return Err(bad());
+        }
+        let days = days_from_civil(i64::from(y), mo, d);
+        if civil(days) != (i64::from(y), mo, d) {
+            return Err(bad());
+        }
+        Ok(Self(
+            days as u64 * 86_400 + u64::from(h) * 3600 + u64::from(mi) * 60 + u64::from(se),
+        ))
+    }
+}
+
+impl Serialize for UtcTime {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for UtcTime {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+// ---- the records --------------------------------------------------------------------------
+
+/// One command preflight ran in the openpilot checkout.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandRun {
+    /// The command line, as run from the checkout's root.
+    pub argv: Vec<String>,
+    /// Its exit code; `null` when it was killed by a signal or could not start.
+    pub exit_code: Option<i32>,
+    pub passed: bool,
+    pub started_at: UtcTime,
+    pub duration_ms: u64,
+}
+
+/// `results/preflight.json`: the repository tests in the openpilot checkout.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreflightRecord {
+    /// The checkout the commands ran in.
+    pub openpilot: PathBuf,
+    /// Its `HEAD`, when it is a git checkout.
+    pub openpilot_commit: Option<GitCommit>,
+    /// Whether `git status --porcelain` listed changes (tests ran on uncommitted work).
+    pub openpilot_dirty: Option<bool>,
+    /// The checkout's `tinygrad_repo/TINYGRAD_COMMIT`.
+    pub tinygrad_commit: GitCommit,
+    /// Every command run, in order; a failing command ends the run.
+    pub commands: Vec<CommandRun>,
+    /// Every command of the seed ran and exited 0.
+    pub passed: bool,
+    pub finished_at: UtcTime,
+    /// The commands' combined output.
+    pub log: PathBuf,
+}
+
+/// The device's verdict on one driving artifact at one camera resolution.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolutionVerdict {
+    pub resolution: CameraResolution,
+    pub passed: bool,
+    /// Why it did not pass (empty when it passed).
+    pub problems: Vec<String>,
+}
+
+/// `results/<id>.validation.json`: one driving artifact validated on the device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidationRecord {
+    pub model: ModelId,
+    pub version: BehaviorVersion,
+    /// The SHA-256 of the chunk set that was sent to the device.
+    pub artifact_sha256: Sha256Digest,
+    /// The tinygrad pin the device's marker was checked against.
+    pub tinygrad_commit: GitCommit,
+    pub checked_at: UtcTime,
+    /// One verdict per camera resolution in [`CAMERA_RESOLUTIONS`].
+    pub resolutions: Vec<ResolutionVerdict>,
+    /// The device validator's own JSON, unchanged.
+    pub verdict: serde_json::Value,
+    pub log: PathBuf,
+}
+
+impl ValidationRecord {
+    /// Every resolution passed.
+    pub fn passed(&self) -> bool {
+        CAMERA_RESOLUTIONS
+            .iter()
+            .all(|r| self.at(*r).is_some_and(|v| v.passed))
+    }
+
+    pub fn at(&self, r: CameraResolution) -> Option<&ResolutionVerdict> {
+        self.resolutions.iter().find(|v| v.resolution == r)
+    }
+}
+
+/// Read the device validator's verdict per camera resolution. The verdict passes a resolution
+/// only when its top-level `passed` is true, `resolutions."<W>x<H>".passed` is true and every
+/// output in [`REQUIRED_OUTPUTS`] is reported finite (`finite.<output>: true`); when it names an
+/// `artifact_sha256`, that must be the artifact that was sent.
+pub fn read_verdict(verdict: &serde_json::Value, sent: &Sha256Digest) -> Vec<ResolutionVerdict> {
+    let mut common = Vec::new();
+    if verdict.get("passed").and_then(|v| v.as_bool()) != Some(true) {
+        common.push("the device's verdict is \"passed\": false".to_string());
+    }
+    if let Some(d) = verdict.get("artifact_sha256")
+        && d.as_str() != Some(sent.to_string().as_str())
+    {
+        common.push(format!(
+            "the device validated artifact_sha256 {d}, not the {sent} that was sent"
+        ));
+    }
+    CAMERA_RESOLUTIONS
+        .iter()
+        .map(|&resolution| {
+            let mut problems = common.clone();
+            let key = resolution.to_string();
+            match verdict.get("resolutions").and_then(|r| r.get(&key)) {
+                None => problems.push(format!(
+                    "the verdict has no \"resolutions\".\"{key}\" result (the validator must \
+                     report each camera resolution)"
+                )),
+                Some(r) => {
+                    if r.get("passed").and_then(|v| v.as_bool()) != Some(true) {
+                        problems.push(format!("{key}: not passed"));
+                    }
+                    for out in REQUIRED_OUTPUTS {
+                        match r.get("finite").and_then(|f| f.get(out)) {
+                            Some(serde_json::Value::Bool(true)) => {}
+                            Some(serde_json::Value::Bool(false)) => {
+                                problems.push(format!("{key}: {out} output is not finite"))
+                            }
+                            _ => problems.push(format!(
+                                "{key}: the verdict does not say whether the {out} output is \
+                                 finite"
+                            )),
+                        }
+                    }
+                }
+            }
+            ResolutionVerdict {
+                resolution,
+                passed: problems.is_empty(),
+                problems,
+            }
+        })
+        .collect()
+}
+
+/// A check that is not one artifact's validation.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckKind {
+    /// `modeld` publishes `modelV2` steadily (one record per generation).
+    ModelV2,
+    /// DM publishes `driverStateV2` (one record per camera resolution).
+    DriverState,
+}
+
+impl CheckKind {
+    /// Whether the check is made once per camera resolution.
+    pub fn per_resolution(self) -> bool {
+        matches!(self, CheckKind::DriverState)
+    }
+}
+
+impl fmt::Display for CheckKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CheckKind::ModelV2 => "model-v2",
+            CheckKind::DriverState => "driver-state",
+        })
+    }
+}
+
+impl FromStr for CheckKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "model-v2" => Ok(CheckKind::ModelV2),
+            "driver-state" => Ok(CheckKind::DriverState),
+            _ => Err(format!(
+                "check {s:?}: expected model-v2 (stable modelV2 from modeld) or driver-state \
+                 (DM driverStateV2)"
+            )),
+        }
+    }
+}
+
+/// `results/<check>[.<W>x<H>].check.json`: a check made on the device by the release engineer
+/// (starting `modeld` and watching `modelV2`; DM's `driverStateV2`), recorded with who made it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckRecord {
+    pub check: CheckKind,
+    /// For `driver-state`: the camera resolution checked.
+    pub resolution: Option<CameraResolution>,
+    /// For `model-v2`: the model `modeld` ran.
+    pub model: Option<ModelId>,
+    pub passed: bool,
+    /// The tinygrad pin of the build that was checked.
+    pub tinygrad_commit: GitCommit,
+    pub checked_by: String,
+    pub checked_at: UtcTime,
+    /// What was observed.
+    pub note: String,
+}
+
+/// Every record found in a workspace's `results/`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Records {
+    pub preflight: Option<PreflightRecord>,
+    pub validations: Vec<ValidationRecord>,
+    pub checks: Vec<CheckRecord>,
+}
+
+// ---- the coverage rule --------------------------------------------------------------------
+
+/// What a driving-validation cell asks for.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub enum Subject {
+    /// One QCOM artifact of this behaviour version.
+    Version(BehaviorVersion),
+    /// One external-GPU (`uses_external_gpu`) artifact.
+    Gpu,
+    /// This artifact: the device failed it, and it is in the manifest being published.
+    Model(ModelId),
+}
+
+/// One cell of the matrix.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub enum Cell {
+    Preflight,
+    Driving(Subject, CameraResolution),
+    ModelV2,
+    DriverState(CameraResolution),
+}
+
+impl fmt::Display for Cell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cell::Preflight => f.write_str("preflight (./dev sync and the repository tests)"),
+            Cell::Driving(Subject::Version(v), r) => write!(f, "{v} artifact at {r}"),
+            Cell::Driving(Subject::Gpu, r) => write!(f, "external-GPU artifact at {r}"),
+            Cell::Driving(Subject::Model(id), r) => write!(f, "{id} at {r}"),
+            Cell::ModelV2 => f.write_str("stable modelV2 from modeld"),
+            Cell::DriverState(r) => write!(f, "DM driverStateV2 at {r}"),
+        }
+    }
+}
+
+/// Why a cell is not covered.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Gap {
+    /// No record; `next` says which command makes one.
+    Missing { next: String },
+    /// A current record that did not pass.
+    Failed { detail: String },
+    /// A record of other bytes or another pin.
+    Stale { detail: String },
+}
+
+/// The gate's answer for one manifest.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct Coverage {
+    /// Covered cells, each with the record that covers it.
+    pub covered: Vec<(Cell, String)>,
+    /// Every cell that is missing, failed or stale, in matrix order.
+    pub gaps: Vec<(Cell, Gap)>,
+    /// Representative versions the manifest has no artifact of (nothing to validate).
+    pub not_in_manifest: Vec<BehaviorVersion>,
+    /// Whether the manifest has an external-GPU artifact.
+    pub has_gpu: bool,
+}
+
+impl Coverage {
+    pub fn is_complete(&self) -> bool {
+        self.gaps.is_empty()
+    }
+
+    /// One line per gap: `<cell>: missing|failed|stale: <detail>`.
+    pub fn gap_lines(&self) -> Vec<String> {
+        self.gaps
+            .iter()
+            .map(|(cell, gap)| match gap {
+                Gap::Missing { next } => format!("{cell}: missing: {next}"),
+                Gap::Failed { detail } => format!("{cell}: failed: {detail}"),
+                Gap::Stale { detail } => format!("{cell}: stale: {detail}"),
+            })
+            .collect()
+    }
+}
+
+/// Whether `records` cover the seed's validation matrix for `manifest`: the pure rule behind
+/// `publish`'s validation gate (see the module docs for the matrix).
+///
+/// A representative version (or the GPU row) is required when the manifest lists an artifact of
+/// it; it is covered at a resolution by one current, passing validation of any such artifact.
+/// Current means the record's `artifact_sha256` is the manifest entry's and its pin is the
+/// manifest's `tinygrad_commit`. A current record that failed an artifact the manifest lists is
+/// a gap of its own, even when another artifact covers its row: a known-bad artifact is not
+/// published.
+pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
+    let pin = manifest.tinygrad_commit();
+    let mut cov = Coverage::default();
+    let pin_problem = |recorded: &GitCommit| -> Option<String> {
+        match &pin {
+            None => Some("the manifest records no tinygrad_commit to compare with".into()),
+            Some(p) if p != recorded => Some(format!(
+                "recorded with tinygrad {recorded}, the manifest is pinned to {p}"
+            )),
+            Some(_) => None,
+        }
+    };
+
+    // Preflight.
+    match &records.preflight {
+        None => cov.gaps.push((
+            Cell::Preflight,
+            Gap::Missing {
+                next: "run `release-cli preflight --openpilot DIR --workspace WS`".into(),
+            },
+        )),
+        Some(p) => {
+            if let Some(detail) = pin_problem(&p.tinygrad_commit) {
+                cov.gaps.push((Cell::Preflight, Gap::Stale { detail }));
+            } else if !p.passed {
+                let failed = p
+                    .commands
+                    .iter()
+                    .find(|c| !c.passed)
+                    .map(|c| {
+                        format!(
+                            "`{}` exited {}",
+                            c.argv.join(" "),
+                            c.exit_code
+                                .map_or("by a signal".to_string(), |c| c.to_string())
+                        )
+                    })
+                    .unwrap_or_else(|| "not every command ran".to_string());
+                cov.gaps.push((
+                    Cell::Preflight,
+                    Gap::Failed {
+                        detail: format!("{failed} (see {})", p.log.display()),
+                    },
+                ));
+            } else {
+                cov.covered.push((
+                    Cell::Preflight,
+                    format!(
+                        "preflight of {} at {}",
+                        p.openpilot.display(),
+                        p.finished_at
+                    ),
+                ));
+            }
+        }
+    }
+
+    // The artifacts the manifest publishes, with what row they belong to.
+    let published: Vec<(&ModelId, BehaviorVersion, bool, Sha256Digest)> = manifest
+        .models()
+        .iter()
+        .filter(|e| !e.id().is_local())
+        .filter_map(|e| {
+            Some((
+                e.id(),
+                e.version()?,
+                e.uses_external_gpu(),
+                e.artifact_sha256()?,
+            ))
+        })
+        .collect();
+    let record_of = |id: &ModelId| records.validations.iter().find(|r| &r.model == id);
+    // A record is current for an entry when it is of the same bytes and pin.
+    let staleness = |r: &ValidationRecord, sha: &Sha256Digest| -> Option<String> {
+        if &r.artifact_sha256 != sha {
+            return Some(format!(
+                "{} was validated as artifact_sha256 {}, the manifest lists {sha}",
+                r.model, r.artifact_sha256
+            ));
+        }
+        pin_problem(&r.tinygrad_commit).map(|d| format!("{}: {d}", r.model))
+    };
+
+    // Failures already named in a row's gap, so they are not listed twice.
+    let mut named_failures: BTreeSet<(ModelId, CameraResolution)> = BTreeSet::new();
+    let mut rows: Vec<Subject> = Vec::new();
+    for v in REPRESENTATIVE_VERSIONS {
+        if published.iter().any(|(_, ver, gpu, _)| *ver == v && !gpu) {
+            rows.push(Subject::Version(v));
+        } else {
+            cov.not_in_manifest.push(v);
+        }
+    }
+    cov.has_gpu = published.iter().any(|(_, _, gpu, _)| *gpu);
+    if cov.has_gpu {
+        rows.push(Subject::Gpu);
+    }
+    for row in rows {
+        let candidates: Vec<_> = published
+            .iter()
+            .filter(|(_, ver, gpu, _)| match row {
+                Subject::Version(v) => *ver == v && !gpu,
+                _ => *gpu,
+            })
+            .collect();
+        for res in CAMERA_RESOLUTIONS {
+            let cell = Cell::Driving(row.clone(), res);
+            let mut failed = Vec::new();
+            let mut stale = Vec::new();
+            let mut by = None;
+            for (id, _, _, sha) in &candidates {
+                let Some(r) = record_of(id) else { continue };
+                if let Some(s) = staleness(r, sha) {
+                    stale.push(s);
+                    continue;
+                }
+                match r.at(res) {
+                    Some(v) if v.passed => {
+                        by = Some(format!("{id} validated at {}", r.checked_at));
+                        break;
+                    }
+                    Some(v) => failed.push(((*id).clone(), v.problems.join("; "))),
+                    None => {
+                        failed.push(((*id).clone(), format!("the record has no {res} verdict")))
+                    }
+                }
+            }
+            if let Some(by) = by {
+                cov.covered.push((cell, by));
+            } else if !failed.is_empty() {
+                let detail: Vec<String> =
+                    failed.iter().map(|(id, d)| format!("{id}: {d}")).collect();
+                named_failures.extend(failed.into_iter().map(|(id, _)| (id, res)));
+                cov.gaps.push((
+                    cell,
+                    Gap::Failed {
+                        detail: detail.join("; "),
+                    },
+                ));
+            } else if !stale.is_empty() {
+                cov.gaps.push((
+                    cell,
+                    Gap::Stale {
+                        detail: format!("{}; validate it again", stale.join("; ")),
+                    },
+                ));
+            } else {
+                let ids: Vec<&str> = candidates.iter().map(|(id, ..)| id.as_str()).collect();
+                cov.gaps.push((
+                    cell,
+                    Gap::Missing {
+                        next: format!(
+                            "validate one of {} (`release-cli validate --model ID --workspace WS`)",
+                            ids.join(", ")
+                        ),
+                    },
+                ));
+            }
+        }
+    }
+    // A current failure of a published artifact outside its row's cover.
+    for (id, _, _, sha) in &published {
+        let Some(r) = record_of(id) else { continue };
+        if staleness(r, sha).is_some() {
+            continue;
+        }
+        for v in &r.resolutions {
+            if !v.passed && !named_failures.contains(&((*id).clone(), v.resolution)) {
+                let cell = Cell::Driving(Subject::Model((*id).clone()), v.resolution);
+                cov.gaps.push((
+                    cell,
+                    Gap::Failed {
+                        detail: format!(
+                            "the device failed this published artifact: {}",
+                            v.problems.join("; ")
+                        ),
+                    },
+                ));
+            }
+        }
+    }
+
+    // modelV2 once, driverStateV2 per resolution.
+    let mut check_cell = |cell: Cell, kind: CheckKind, res: Option<CameraResolution>| {
+        let found = records
+            .checks
+            .iter()
+            .find(|c| c.check == kind && c.resolution == res);
+        let flag = res.map_or(String::new(), |r| format!(" --resolution {r}"));
+        match found {
+            None => cov.gaps.push((
+                cell,
+                Gap::Missing {
+                    next: format!(
+                        "check it on the device, then `release-cli validate --check {kind}{flag} \
+                         --passed --note TEXT --workspace WS`"
+                    ),
+                },
+            )),
+            Some(c) => {
+                if let Some(detail) = pin_problem(&c.tinygrad_commit) {
+                    cov.gaps.push((cell, Gap::Stale { detail }));
+                } else if !c.passed {
+                    cov.gaps.push((
+                        cell,
+                        Gap::Failed {
+                            detail: format!("{} recorded a failure: {}", c.checked_by, c.note),
+                        },
+                    ));
+                } else {
+                    cov.covered.push((
+                        cell,
+                        format!("checked by {} at {}", c.checked_by, c.checked_at),
+                    ));
+                }
+            }
+        }
+    };
+    check_cell(Cell::ModelV2, CheckKind::ModelV2, None);
+    for res in CAMERA_RESOLUTIONS {
+        check_cell(Cell::DriverState(res), CheckKind::DriverState, Some(res));
+    }
+    cov
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PIN: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
+    const OTHER_PIN: &str = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+
+    fn sha(n: u8) -> Sha256Digest {
+        format!("{n:02x}").repeat(32).parse().unwrap()
+    }
+
+    /// (id, version, gpu, artifact digest byte)
+    fn manifest(models: &[(&str, u32, bool, u8)]) -> Manifest {
+        let entries: Vec<serde_json::Value> = models
+            .iter()
+            .map(|(id, v, gpu, d)| {
+                serde_json::json!({
+                    "id": id, "name": id, "version": format!("v{v}"), "series": "OP Series",
+                    "released": "2025-01-01", "community_favorite": false,
+                    "artifact_format": "tinygrad_single_v1", "artifact_size": 5,
+                    "artifact_sha256": sha(*d).to_string(), "artifact_chunk_count": 1,
+                    "uses_external_gpu": gpu
+                })
+            })
+            .collect();
+        let doc =
+            serde_json::json!({"generation": "v25", "tinygrad_commit": PIN, "models": entries});
+        Manifest::from_slice(doc.to_string().as_bytes()).unwrap()
+    }
+
+    fn full() -> Manifest {
+        manifest(&[
+            ("a8", 8, false, 1),
+            ("a11", 11, false, 2),
+            ("b11", 11, false, 3),
+            ("a12", 12, false, 4),
+            ("a15", 15, false, 5),
+            ("a16", 16, false, 6),
+            ("gpu16", 16, true, 7),
+        ])
+    }
+
+    fn preflight(passed: bool, pin: &str) -> PreflightRecord {
+        PreflightRecord {
+            openpilot: "/op".into(),
+            openpilot_commit: None,
+            openpilot_dirty: None,
+            tinygrad_commit: pin.parse().unwrap(),
+            commands: vec![CommandRun {
+                argv: vec!["./dev".into(), "sync".into()],
+                exit_code: Some(if passed { 0 } else { 1 }),
+                passed,
+                started_at: UtcTime(0),
+                duration_ms: 1,
+            }],
+            passed,
+            finished_at: UtcTime(1),
+            log: "logs/preflight.log".into(),
+        }
+    }
+
+    fn validation(id: &str, v: u32, d: u8, pin: &str, pass: [bool; 2]) -> ValidationRecord {
+        ValidationRecord {
+            model: id.parse().unwrap(),
+            version: BehaviorVersion::new(v),
+            artifact_sha256: sha(d),
+            tinygrad_commit: pin.parse().unwrap(),
+            checked_at: UtcTime(2),
+            resolutions: CAMERA_RESOLUTIONS
+                .iter()
+                .zip(pass)
+                .map(|(r, p)| ResolutionVerdict {
+                    resolution: *r,
+                    passed: p,
+                    problems: if p {
+                        vec![]
+                    } else {
+                        vec![format!("{r}: lead output is not finite")]
+                    },
+                })
+                .collect(),
+            verdict: serde_json::json!({"passed": true}),
+            log: "logs/x.validate.log".into(),
+        }
+    }
+
+    fn check(
+        kind: CheckKind,
+        res: Option<CameraResolution>,
+        passed: bool,
+        pin: &str,
+    ) -> CheckRecord {
+        CheckRecord {
+            check: kind,
+            resolution: res,
+            model: None,
+            passed,
+            tinygrad_commit: pin.parse().unwrap(),
+            checked_by: "tester".into(),
+            checked_at: UtcTime(3),
+            note: "watched it".into(),
+        }
+    }
+
+    fn complete_records() -> Records {
+        Records {
+            preflight: Some(preflight(true, PIN)),
+            validations: vec![
+                validation("a8", 8, 1, PIN, [true, true]),
+                validation("a11", 11, 2, PIN, [true, true]),
+                validation("a12", 12, 4, PIN, [true, true]),
+                validation("a15", 15, 5, PIN, [true, true]),
+                validation("a16", 16, 6, PIN, [true, true]),
+                validation("gpu16", 16, 7, PIN, [true, true]),
+            ],
+            checks: vec![
+                check(CheckKind::ModelV2, None, true, PIN),
+                check(
+                    CheckKind::DriverState,
+                    Some(CAMERA_RESOLUTIONS[0]),
+                    true,
+                    PIN,
+                ),
+                check(
+                    CheckKind::DriverState,
+                    Some(CAMERA_RESOLUTIONS[1]),
+                    true,
+                    PIN,
+                ),
+            ],
+        }
+    }
+
+    const HI: CameraResolution = CAMERA_RESOLUTIONS[0];
+    const LO: CameraResolution = CAMERA_RESOLUTIONS[1];
+
+    fn v(n: u32) -> Subject {
+        Subject::Version(BehaviorVersion::new(n))
+    }
+
+    #[test]
+    fn coverage_table() {
+        type Edit = fn(&mut Records);
+        type Case = (&'static str, Manifest, Edit, Vec<(Cell, &'static str)>);
+        // (case, manifest, edit to the complete records, expected gaps as (cell, kind))
+        let cases: Vec<Case> = vec![
+            ("complete", full(), |_| {}, vec![]),
+            (
+                "no records at all: every cell is listed",
+                full(),
+                |r| *r = Records::default(),
+                {
+                    let mut g = vec![(Cell::Preflight, "missing")];
+                    for s in [v(8), v(11), v(12), v(15), v(16), Subject::Gpu] {
+                        g.push((Cell::Driving(s.clone(), HI), "missing"));
+                        g.push((Cell::Driving(s, LO), "missing"));
+                    }
+                    g.push((Cell::ModelV2, "missing"));
+                    g.push((Cell::DriverState(HI), "missing"));
+                    g.push((Cell::DriverState(LO), "missing"));
+                    g
+                },
+            ),
+            (
+                "a failing preflight",
+                full(),
+                |r| r.preflight = Some(preflight(false, PIN)),
+                vec![(Cell::Preflight, "failed")],
+            ),
+            (
+                "a preflight of another pin",
+                full(),
+                |r| r.preflight = Some(preflight(true, OTHER_PIN)),
+                vec![(Cell::Preflight, "stale")],
+            ),
+            (
+                "one resolution failed",
+                full(),
+                |r| r.validations[1] = validation("a11", 11, 2, PIN, [true, false]),
+                vec![(Cell::Driving(v(11), LO), "failed")],
+            ),
+            (
+                "another v11 artifact covers the row",
+                full(),
+                |r| r.validations[1] = validation("b11", 11, 3, PIN, [true, true]),
+                vec![],
+            ),
+            (
+                "a failed artifact is refused even when another covers its row",
+                full(),
+                |r| {
+                    r.validations
+                        .push(validation("b11", 11, 3, PIN, [false, true]))
+                },
+                vec![(
+                    Cell::Driving(Subject::Model("b11".parse().unwrap()), HI),
+                    "failed",
+                )],
+            ),
+            (
+                "a record of other bytes is stale",
+                full(),
+                |r| r.validations[0] = validation("a8", 8, 9, PIN, [true, true]),
+                vec![
+                    (Cell::Driving(v(8), HI), "stale"),
+                    (Cell::Driving(v(8), LO), "stale"),
+                ],
+            ),
+            (
+                "a record of another pin is stale",
+                full(),
+                |r| r.validations[5] = validation("gpu16", 16, 7, OTHER_PIN, [true, true]),
+                vec![
+                    (Cell::Driving(Subject::Gpu, HI), "stale"),
+                    (Cell::Driving(Subject::Gpu, LO), "stale"),
+                ],
+            ),
+            (
+                "a GPU validation does not cover the QCOM v16 row",
+                full(),
+                |r| {
+                    r.validations.retain(|x| x.model.as_str() != "a16");
+                },
+                vec![
+                    (Cell::Driving(v(16), HI), "missing"),
+                    (Cell::Driving(v(16), LO), "missing"),
+                ],
+            ),
+            (
+                "DM at one resolution only, modelV2 failed",
+                full(),
+                |r| {
+                    r.checks.retain(|c| c.resolution != Some(LO));
+                    r.checks[0] = check(CheckKind::ModelV2, None, false, PIN);
+                },
+                vec![
+                    (Cell::ModelV2, "failed"),
+                    (Cell::DriverState(LO), "missing"),
+                ],
+            ),
+            (
+                "a DM check of another pin",
+                full(),
+                |r| r.checks[1] = check(CheckKind::DriverState, Some(HI), true, OTHER_PIN),
+                vec![(Cell::DriverState(HI), "stale")],
+            ),
+            (
+                "versions the manifest lacks are not required",
+                manifest(&[("a11", 11, false, 2)]),
+                |_| {},
+                vec![],
+            ),
+        ];
+        for (case, m, edit, want) in cases {
+            let mut records = complete_records();
+            edit(&mut records);
+            let got: Vec<(Cell, &str)> = coverage(&m, &records)
+                .gaps
+                .into_iter()
+                .map(|(c, g)| {
+                    let kind = match g {
+                        Gap::Missing { .. } => "missing",
+                        Gap::Failed { .. } => "failed",
+                        Gap::Stale { .. } => "stale",
+                    };
+                    (c, kind)
+                })
+                .collect();
+            assert_eq!(got, want, "{case}");
+        }
+    }
+
+    #[test]
+    fn rows_follow_the_manifest_and_gaps_say_what_to_run() {
+        let m = manifest(&[("a11", 11, false, 2), ("x9", 9, false, 8)]);
+        let cov = coverage(&m, &Records::default());
+        let v = |n| BehaviorVersion::new(n);
+        assert_eq!(cov.not_in_manifest, vec![v(8), v(12), v(15), v(16)]);
+        assert!(!cov.has_gpu);
+        let lines = cov.gap_lines();
+        assert_eq!(lines.len(), 6, "{lines:#?}");
+        assert!(lines[0].starts_with("preflight"), "{lines:#?}");
+        assert!(
+            lines[1].contains("v11 artifact at 1928x1208: missing: validate one of a11"),
+            "{lines:#?}"
+        );
+        assert!(
+            lines[4].contains("--check driver-state --resolution 1928x1208"),
+            "{lines:#?}"
+        );
+        let complete = coverage(&full(), &complete_records());
+        assert!(complete.is_complete());
+        assert_eq!(complete.covered.len(), 1 + 12 + 3);
+    }
+
+    fn resolution_result(finite: &[&str]) -> serde_json::Value {
+        let f: serde_json::Map<String, serde_json::Value> = REQUIRED_OUTPUTS
+            .iter()
+            .map(|o| (o.to_string(), serde_json::Value::Bool(finite.contains(o))))
+            .collect();
+        serde_json::json!({"passed": true, "finite": f})
+    }
+
+    #[test]
+    fn verdict_table() {
+        let all = resolution_result(&REQUIRED_OUTPUTS);
+        let good = serde_json::json!({"passed": true, "artifact_sha256": sha(1).to_string(),
+            "resolutions": {"1928x1208": all, "1344x760": all}});
+        let mut no_lead = good.clone();
+        no_lead["resolutions"]["1344x760"] =
+            resolution_result(&["plan", "lane_lines", "road_edges", "pose", "action"]);
+        let mut unreported = good.clone();
+        unreported["resolutions"]["1928x1208"]["finite"]
+            .as_object_mut()
+            .unwrap()
+            .remove("pose");
+        let mut other_bytes = good.clone();
+        other_bytes["artifact_sha256"] = sha(2).to_string().into();
+        let mut failed = good.clone();
+        failed["passed"] = false.into();
+        let cases: Vec<(&str, serde_json::Value, [bool; 2], &str)> = vec![
+            ("both resolutions finite", good.clone(), [true, true], ""),
+            (
+                "lead not finite at 1344x760",
+                no_lead,
+                [true, false],
+                "lead output is not finite",
+            ),
+            (
+                "pose not reported",
+                unreported,
+                [false, true],
+                "whether the pose output",
+            ),
+            (
+                "the stand-in's old flat verdict",
+                serde_json::json!({"passed": true}),
+                [false, false],
+                "no \"resolutions\"",
+            ),
+            ("other bytes", other_bytes, [false, false], "not the"),
+            ("passed false", failed, [false, false], "\"passed\": false"),
+        ];
+        for (case, verdict, want, problem) in cases {
+            let got = read_verdict(&verdict, &sha(1));
+            assert_eq!(got.len(), 2, "{case}");
+            assert_eq!(got[0].resolution, HI);
+            assert_eq!([got[0].passed, got[1].passed], want, "{case}: {got:?}");
+            for r in &got {
+                assert_eq!(r.passed, r.problems.is_empty(), "{case}");
+                if !r.passed {
+                    assert!(
+                        r.problems.iter().any(|p| p.contains(problem)),
+                        "{case}: {r:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn times_and_resolutions_round_trip() {
+        for (secs, text) in [
+            (0, "1970-01-01T00:00:00Z"),
+            (951_868_799, "2000-02-29T23:59:59Z"),
+            (1_796_238_295, "2026-12-02T19:04:55Z"),
+        ] {
+            assert_eq!(UtcTime(secs).to_string(), text);
+            assert_eq!(text.parse::<UtcTime>().unwrap(), UtcTime(secs));
+        }
+        for bad in [
+            "2026-02-30T00:00:00Z",
+            "2026-12-02 19:04:55Z",
+            "2026-12-02T24:00:00Z",
+            "",
+        ] {
+            assert!(bad.parse::<UtcTime>().is_err(), "{bad}");
+        }
+        assert_eq!("1928x1208".parse::<CameraResolution>().unwrap(), HI);
+        for bad in ["1928", "x1208", "1928x", "0x760", "+1x2", "1928X1208"] {
+            assert!(bad.parse::<CameraResolution>().is_err(), "{bad}");
+        }
+        let r = complete_records().validations.remove(0);
+        let back: ValidationRecord =
+            serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+        assert_eq!(
+            serde_json::to_value(CheckKind::DriverState).unwrap(),
+            serde_json::json!("driver-state")
+        );
+    }
+}

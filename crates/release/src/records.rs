@@ -1,0 +1,129 @@
+//! Where the gate's records live in the rebuild workspace, and reading and writing them.
+//!
+//! `results/preflight.json`, `results/<id>.validation.json`, `results/model-v2.check.json` and
+//! `results/driver-state.<W>x<H>.check.json`, each written atomically as pretty JSON; the types
+//! are in [`crate::gate`].
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use manifest::ModelId;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::gate::{
+    CameraResolution, CheckKind, CheckRecord, PreflightRecord, Records, ValidationRecord,
+};
+use crate::{Error, Result};
+
+/// Records are a few kilobytes; anything much larger is not one.
+const MAX_RECORD_BYTES: u64 = 4 << 20;
+const VALIDATION_SUFFIX: &str = ".validation.json";
+const CHECK_SUFFIX: &str = ".check.json";
+
+pub fn results_dir(workspace: &Path) -> PathBuf {
+    workspace.join("results")
+}
+
+pub fn preflight_path(workspace: &Path) -> PathBuf {
+    results_dir(workspace).join("preflight.json")
+}
+
+pub fn preflight_log(workspace: &Path) -> PathBuf {
+    workspace.join("logs").join("preflight.log")
+}
+
+pub fn validation_path(workspace: &Path, id: &ModelId) -> PathBuf {
+    results_dir(workspace).join(format!("{id}{VALIDATION_SUFFIX}"))
+}
+
+pub fn check_path(workspace: &Path, kind: CheckKind, res: Option<CameraResolution>) -> PathBuf {
+    let name = match res {
+        Some(r) => format!("{kind}.{r}{CHECK_SUFFIX}"),
+        None => format!("{kind}{CHECK_SUFFIX}"),
+    };
+    results_dir(workspace).join(name)
+}
+
+/// Write a record atomically (temp file, fsync, rename), creating `results/` when needed.
+pub fn write<T: Serialize>(path: &Path, record: &T) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::create_dir_all(dir).map_err(|source| Error::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    let mut text = serde_json::to_string_pretty(record).map_err(|e| Error::Record {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    text.push('\n');
+    chunker::atomic::write_atomic(path, text.as_bytes()).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn read<T: DeserializeOwned>(path: &Path) -> Result<T> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let len = fs::metadata(path).map_err(io)?.len();
+    if len > MAX_RECORD_BYTES {
+        return Err(Error::Record {
+            path: path.to_path_buf(),
+            reason: format!("{len} bytes is too large for a record"),
+        });
+    }
+    let bytes = fs::read(path).map_err(io)?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::Record {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// Every record in `<workspace>/results/`. A missing directory is no records; a record that
+/// does not parse is an error naming it (rerun the command that writes it).
+pub fn load(workspace: &Path) -> Result<Records> {
+    let dir = results_dir(workspace);
+    let mut records = Records::default();
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if !workspace.is_dir() {
+                return Err(Error::Io {
+                    path: workspace.to_path_buf(),
+                    source: e,
+                });
+            }
+            return Ok(records);
+        }
+        Err(source) => return Err(Error::Io { path: dir, source }),
+    };
+    let mut paths = Vec::new();
+    for e in entries {
+        let e = e.map_err(|source| Error::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        paths.push(e.path());
+    }
+    paths.sort();
+    let preflight = preflight_path(workspace);
+    if preflight.is_file() {
+        records.preflight = Some(read::<PreflightRecord>(&preflight)?);
+    }
+    for p in paths {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if name.ends_with(VALIDATION_SUFFIX) {
+            records.validations.push(read::<ValidationRecord>(&p)?);
+        } else if name.ends_with(CHECK_SUFFIX) {
+            records.checks.push(read::<CheckRecord>(&p)?);
+        }
+    }
+    Ok(records)
+}
