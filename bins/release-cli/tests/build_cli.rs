@@ -264,9 +264,135 @@ fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
     let recorded: serde_json::Value =
         serde_json::from_slice(&fs::read(ws.join("results/sc23.validation.json")).unwrap())
             .unwrap();
-    assert_eq!(recorded["passed"], true);
+    // The typed record: one verdict per camera resolution, the bytes and pin it is for, and the
+    // device's own JSON unchanged.
+    assert_eq!(recorded["model"], "sc23");
     assert_eq!(recorded["version"], "v9");
     assert_eq!(recorded["artifact_sha256"], sha.as_str());
+    assert_eq!(recorded["tinygrad_commit"], PIN);
+    assert_eq!(recorded["verdict"]["passed"], true);
+    assert_eq!(recorded["verdict"]["artifact_sha256"], sha.as_str());
+    let res = &recorded["resolutions"];
+    assert_eq!(res[0]["resolution"], "1928x1208", "{recorded}");
+    assert_eq!(res[1]["resolution"], "1344x760", "{recorded}");
+    assert_eq!(res[0]["passed"], true, "{recorded}");
+    assert_eq!(res[1]["passed"], true, "{recorded}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["passed"], true);
+
+    // A non-finite output at one resolution: that cell fails, the record says why, exit 3.
+    dev.set("nonfinite", "1344x760 lead");
+    let out = cli(&vargs, root);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&fs::read(ws.join("results/sc23.validation.json")).unwrap())
+            .unwrap();
+    assert_eq!(recorded["resolutions"][0]["passed"], true, "{recorded}");
+    assert_eq!(recorded["resolutions"][1]["passed"], false, "{recorded}");
+    let problems = recorded["resolutions"][1]["problems"].to_string();
+    assert!(
+        problems.contains("1344x760: lead output is not finite"),
+        "{problems}"
+    );
+    dev.clear("nonfinite");
+}
+
+#[test]
+fn validate_check_records_a_device_check_and_refuses_incomplete_ones() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let pin = ["--tinygrad-commit", PIN];
+    let base = ["validate", "--workspace", "ws", "--by", "ana"];
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = base.to_vec();
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&pin);
+        cli(&a, root)
+    };
+    // Refusals: usage errors, nothing written.
+    for (extra, why) in [
+        (
+            &["--check", "driver-state", "--passed", "--note", "ok"][..],
+            "add --resolution 1928x1208 or 1344x760",
+        ),
+        (
+            &[
+                "--check",
+                "model-v2",
+                "--resolution",
+                "1928x1208",
+                "--passed",
+                "--note",
+                "ok",
+            ][..],
+            "drop --resolution",
+        ),
+        (
+            &[
+                "--check",
+                "driver-state",
+                "--resolution",
+                "640x480",
+                "--passed",
+                "--note",
+                "ok",
+            ][..],
+            "the camera resolutions are 1928x1208 and 1344x760",
+        ),
+        (
+            &["--check", "model-v2", "--note", "ok"][..],
+            "needs --passed or --failed",
+        ),
+        (
+            &["--check", "model-v2", "--passed", "--note", " "][..],
+            "needs --note TEXT",
+        ),
+    ] {
+        let o = run(extra);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).contains(why),
+            "{extra:?}: {}",
+            text(&o.stderr)
+        );
+        assert!(!root.join("ws").exists(), "{extra:?} wrote something");
+    }
+    let o = run(&[
+        "--check",
+        "driver-state",
+        "--resolution",
+        "1344x760",
+        "--failed",
+        "--note",
+        "driverStateV2 stopped after 3 s",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let rec: serde_json::Value = serde_json::from_slice(
+        &fs::read(root.join("ws/results/driver-state.1344x760.check.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(rec["check"], "driver-state");
+    assert_eq!(rec["resolution"], "1344x760");
+    assert_eq!(rec["passed"], false);
+    assert_eq!(rec["checked_by"], "ana");
+    assert_eq!(rec["tinygrad_commit"], PIN);
+    assert_eq!(rec["note"], "driverStateV2 stopped after 3 s");
+    let o = run(&[
+        "--check",
+        "model-v2",
+        "--model",
+        "sc23",
+        "--passed",
+        "--note",
+        "20 Hz for 10 min",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let rec: serde_json::Value =
+        serde_json::from_slice(&fs::read(root.join("ws/results/model-v2.check.json")).unwrap())
+            .unwrap();
+    assert_eq!(rec["model"], "sc23");
+    assert_eq!(rec["passed"], true);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! local folder in the working directory).
 
 mod common;
-use common::{cli, cli_in, text};
+use common::{cli, cli_in, covering_records, text};
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -49,7 +49,10 @@ fn release(dir: &Path, data: &[u8], out: &str) -> (PathBuf, PathBuf) {
     (dir.join("artifacts"), manifest)
 }
 
+/// `release-cli publish` of `manifest` with a workspace whose records cover the validation
+/// matrix (written beside the manifest, in `ws/`), so the other gates are what is tested.
 fn publish(cwd: &Path, manifest: &Path, artifacts: &Path, to: &[&str]) -> std::process::Output {
+    let ws = covering_records(&manifest.parent().unwrap().join("ws"), manifest);
     let mut args = vec![
         "publish".to_string(),
         "--generation".into(),
@@ -58,6 +61,8 @@ fn publish(cwd: &Path, manifest: &Path, artifacts: &Path, to: &[&str]) -> std::p
         manifest.to_str().unwrap().into(),
         "--artifacts".into(),
         artifacts.to_str().unwrap().into(),
+        "--workspace".into(),
+        ws.to_str().unwrap().into(),
     ];
     for t in to {
         args.push("--to".into());
@@ -277,6 +282,7 @@ fn publish26(
     store: &Path,
     extra: &[&str],
 ) -> std::process::Output {
+    let ws = covering_records(&dir.join("ws"), manifest);
     let mut args = vec![
         "publish",
         "--generation",
@@ -287,6 +293,8 @@ fn publish26(
         artifacts.to_str().unwrap(),
         "--to",
         store.to_str().unwrap(),
+        "--workspace",
+        ws.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
     cli_in(&args, dir)
@@ -523,4 +531,312 @@ fn manifest_fmt_write_rewrites_in_place_once() {
     );
     let o = cli(&["manifest", "fmt", "--check", f.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0));
+}
+
+// ---- the validation gate ------------------------------------------------------------------
+
+/// `release-cli publish --generation v25` of `manifest` to `store` with `extra` flags (no
+/// records are written: the gate is what is tested).
+fn publish_gated(
+    dir: &Path,
+    manifest: &Path,
+    artifacts: &Path,
+    store: &Path,
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args = vec![
+        "publish",
+        "--generation",
+        "v25",
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--artifacts",
+        artifacts.to_str().unwrap(),
+        "--to",
+        store.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    cli_in(&args, dir)
+}
+
+/// A store that already holds a file, so "untouched" is a real comparison.
+fn existing_store(dir: &Path) -> PathBuf {
+    let store = dir.join("store");
+    fs::create_dir_all(store.join("manifests")).unwrap();
+    fs::write(store.join("manifests/README"), "an older file\n").unwrap();
+    store
+}
+
+fn edit_record(path: &Path, edit: impl FnOnce(&mut Value)) {
+    let mut v: Value = serde_json::from_slice(&fs::read(path).unwrap()).unwrap();
+    edit(&mut v);
+    fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn publish_without_covering_records_is_refused_and_writes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let (artifacts, manifest) = release(t.path(), &artifact_bytes(11, 2500), "artifacts/pop223");
+    let store = existing_store(t.path());
+    let before = tree(&store);
+    let record = t.path().join("model_names_v25.publish.json");
+    let ws = t.path().join("ws");
+    let w = ws.to_str().unwrap();
+    let unchanged = |case: &str| {
+        assert_eq!(tree(&store), before, "{case}: the store changed");
+        assert!(!record.exists(), "{case}: a publish record was written");
+    };
+
+    // Neither a workspace nor a reason to skip: a usage error saying what to pass.
+    let o = publish_gated(t.path(), &manifest, &artifacts, &store, &[]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("publish needs --workspace DIR"), "{err}");
+    unchanged("no workspace");
+
+    // An empty workspace: every cell of the matrix for this manifest (one v15 artifact) is
+    // listed, not only the first; a dry run is refused the same way.
+    fs::create_dir_all(&ws).unwrap();
+    for extra in [
+        &["--workspace", w][..],
+        &["--workspace", w, "--dry-run"][..],
+    ] {
+        let o = publish_gated(t.path(), &manifest, &artifacts, &store, extra);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "{err}");
+        for line in [
+            "preflight (./dev sync and the repository tests): missing: run `release-cli preflight",
+            "v15 artifact at 1928x1208: missing: validate one of pop223",
+            "v15 artifact at 1344x760: missing: validate one of pop223",
+            "stable modelV2 from modeld: missing",
+            "DM driverStateV2 at 1928x1208: missing",
+            "DM driverStateV2 at 1344x760: missing",
+            "--skip-validation",
+        ] {
+            assert!(err.contains(line), "{line:?} not in:\n{err}");
+        }
+        unchanged("empty workspace");
+    }
+
+    // Covering records, then one resolution failed on the device, a DM check missing and a
+    // preflight of another pin: each is named with what is wrong.
+    covering_records(&ws, &manifest);
+    edit_record(&ws.join("results/pop223.validation.json"), |v| {
+        v["resolutions"][1]["passed"] = false.into();
+        v["resolutions"][1]["problems"] = json!(["1344x760: lead output is not finite"]);
+    });
+    fs::remove_file(ws.join("results/driver-state.1344x760.check.json")).unwrap();
+    edit_record(&ws.join("results/preflight.json"), |v| {
+        v["tinygrad_commit"] = NEXT_PIN.into();
+    });
+    let o = publish_gated(t.path(), &manifest, &artifacts, &store, &["--workspace", w]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    for line in [
+        &format!(
+            "preflight (./dev sync and the repository tests): stale: recorded with tinygrad {NEXT_PIN}, the manifest is pinned to {TG}"
+        )[..],
+        "v15 artifact at 1344x760: failed: pop223: 1344x760: lead output is not finite",
+        "DM driverStateV2 at 1344x760: missing",
+    ] {
+        assert!(err.contains(line), "{line:?} not in:\n{err}");
+    }
+    assert!(
+        !err.contains("at 1928x1208"),
+        "covered cells are not listed:\n{err}"
+    );
+    unchanged("failed and missing cells");
+
+    // New bytes for pop223: the records of the old artifact are stale.
+    covering_records(&ws, &manifest);
+    let (artifacts, manifest) = release(t.path(), &artifact_bytes(12, 2500), "artifacts2/pop223");
+    let o = publish_gated(
+        t.path(),
+        &manifest,
+        &artifacts.with_file_name("artifacts2"),
+        &store,
+        &["--workspace", w],
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("v15 artifact at 1928x1208: stale: pop223 was validated as artifact_sha256"),
+        "{err}"
+    );
+    unchanged("stale records");
+
+    // A record that is not one is an error naming it, not a silent gap.
+    fs::write(
+        ws.join("results/sc23.validation.json"),
+        "{\"passed\": true}\n",
+    )
+    .unwrap();
+    let o = publish_gated(t.path(), &manifest, &artifacts, &store, &["--workspace", w]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("sc23.validation.json: not a readable record"),
+        "{err}"
+    );
+    unchanged("malformed record");
+}
+
+#[test]
+fn skip_validation_publishes_and_its_reason_is_in_the_publish_record() {
+    let t = tempfile::tempdir().unwrap();
+    let (artifacts, manifest) = release(t.path(), &artifact_bytes(13, 2500), "artifacts/pop223");
+    let store = existing_store(t.path());
+    let before = tree(&store);
+    // An empty reason is refused, and nothing is written.
+    let o = publish_gated(
+        t.path(),
+        &manifest,
+        &artifacts,
+        &store,
+        &["--skip-validation", " "],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("--skip-validation needs a reason"));
+    assert_eq!(tree(&store), before);
+
+    let reason = "hotfix: validated by hand on QCOM";
+    let o = publish_gated(
+        t.path(),
+        &manifest,
+        &artifacts,
+        &store,
+        &["--skip-validation", reason, "--json"],
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains(&format!(
+            "warning: publishing without validation ({reason})"
+        )),
+        "{err}"
+    );
+    let report: Value = serde_json::from_str(text(&o.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(report["validation"]["status"], "skipped", "{report}");
+    assert_eq!(report["validation"]["reason"], reason);
+    let path = t.path().join("model_names_v25.publish.json");
+    assert_eq!(report["publish_record"], path.to_str().unwrap());
+    let rec: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    assert_eq!(rec["validation"]["status"], "skipped");
+    assert_eq!(rec["validation"]["reason"], reason);
+    assert_eq!(rec["generation"], "v25");
+    assert_eq!(rec["tinygrad_commit"], TG);
+    assert_eq!(rec["models"], json!(["pop223"]));
+    assert_eq!(rec["stores"], json!([store.to_str().unwrap()]));
+    let published = fs::read(store.join("manifests/model_names_v25.json")).unwrap();
+    assert_eq!(rec["manifest_sha256"], sha256_hex(&published));
+}
+
+/// A stand-in openpilot checkout: `./dev` and `.venv/bin/pytest` shell scripts; pytest exits
+/// with `pytest_exit`.
+fn stand_in_checkout(dir: &Path, pytest_exit: i32) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let op = dir.join("openpilot");
+    fs::create_dir_all(op.join("tinygrad_repo")).unwrap();
+    fs::write(op.join("tinygrad_repo/TINYGRAD_COMMIT"), format!("{TG}\n")).unwrap();
+    for (path, body) in [
+        ("dev", "#!/bin/sh\necho \"syncing $*\"\n".to_string()),
+        (
+            ".venv/bin/pytest",
+            format!(
+                "#!/bin/sh\necho \"pytest $*\"\necho 'E assert 1 == 2' >&2\nexit {pytest_exit}\n"
+            ),
+        ),
+    ] {
+        let p = op.join(path);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, body).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    op
+}
+
+#[test]
+fn preflight_records_the_repository_tests_and_publish_requires_it_passing() {
+    let t = tempfile::tempdir().unwrap();
+    let (artifacts, manifest) = release(t.path(), &artifact_bytes(14, 2500), "artifacts/pop223");
+    let store = existing_store(t.path());
+    let before = tree(&store);
+    let ws = t.path().join("ws");
+    let w = ws.to_str().unwrap();
+    // The device's records are there; the repository tests are what decides.
+    covering_records(&ws, &manifest);
+    fs::remove_file(ws.join("results/preflight.json")).unwrap();
+
+    // A failing pytest: a failing record, exit 3, and publish refuses.
+    let op = stand_in_checkout(&t.path().join("failing"), 1);
+    let o = cli(&[
+        "preflight",
+        "--openpilot",
+        op.to_str().unwrap(),
+        "--workspace",
+        w,
+        "--json",
+    ]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("E assert 1 == 2"), "live output: {err}");
+    let rec: Value =
+        serde_json::from_slice(&fs::read(ws.join("results/preflight.json")).unwrap()).unwrap();
+    assert_eq!(rec["passed"], false, "{rec}");
+    assert_eq!(rec["commands"][0]["argv"], json!(["./dev", "sync"]));
+    assert_eq!(rec["commands"][1]["exit_code"], 1);
+    assert_eq!(rec["tinygrad_commit"], TG);
+    let o = publish_gated(t.path(), &manifest, &artifacts, &store, &["--workspace", w]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("preflight (./dev sync and the repository tests): failed: `./.venv/bin/pytest -q -n0 starpilot/assets/tests/test_model_pipeline.py common/tests/test_file_chunker.py scripts/tests/test_model_release.py` exited 1"),
+        "{err}"
+    );
+    assert_eq!(tree(&store), before);
+
+    // Passing: publish goes through and its record names the records that covered the matrix.
+    let op = stand_in_checkout(&t.path().join("passing"), 0);
+    let o = cli(&[
+        "preflight",
+        "--openpilot",
+        op.to_str().unwrap(),
+        "--workspace",
+        w,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).contains("preflight passed"),
+        "{}",
+        text(&o.stdout)
+    );
+    let o = publish_gated(t.path(), &manifest, &artifacts, &store, &["--workspace", w]);
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(
+        out.contains("validation: 6 cell(s) of the seed's matrix covered"),
+        "{out}"
+    );
+    let rec: Value =
+        serde_json::from_slice(&fs::read(t.path().join("model_names_v25.publish.json")).unwrap())
+            .unwrap();
+    assert_eq!(rec["validation"]["status"], "passed", "{rec}");
+    let cells: Vec<&str> = rec["validation"]["covered"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["cell"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        cells,
+        [
+            "preflight (./dev sync and the repository tests)",
+            "v15 artifact at 1928x1208",
+            "v15 artifact at 1344x760",
+            "stable modelV2 from modeld",
+            "DM driverStateV2 at 1928x1208",
+            "DM driverStateV2 at 1344x760"
+        ]
+    );
+    assert!(store.join("manifests/model_names_v25.json").is_file());
 }

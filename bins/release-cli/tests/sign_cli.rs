@@ -2,7 +2,7 @@
 //! and the signatures checked with the real `minisign` tool (Debian package `minisign`).
 
 mod common;
-use common::{cli, command, text};
+use common::{cli, command, covering_records, text};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -206,6 +206,7 @@ fn publish_signs_each_release_and_uploads_the_signature_before_the_manifest() {
     let store = t.path().join("store");
     let remote = GitRemote::new(&t.path().join("git"), "Models", None);
     let gh = format!("github:{}", remote.checkout.display());
+    let ws = covering_records(&t.path().join("ws"), &manifest);
     let publish = |keys: &[&Path], extra: &[&str]| {
         let mut a = vec![
             "publish".to_string(),
@@ -215,6 +216,8 @@ fn publish_signs_each_release_and_uploads_the_signature_before_the_manifest() {
             s(&manifest).into(),
             "--artifacts".into(),
             s(&artifacts).into(),
+            "--workspace".into(),
+            s(&ws).into(),
             "--to".into(),
             s(&store).into(),
             "--to".into(),
@@ -368,6 +371,7 @@ fn real_minisign_keys_load_and_real_minisign_verifies_our_signatures() {
 
     // Published with the passphrase from the environment; the real tool verifies the result.
     let store = t.path().join("store");
+    let ws = covering_records(&t.path().join("ws"), &manifest);
     let o = command()
         .args([
             "publish",
@@ -377,6 +381,8 @@ fn real_minisign_keys_load_and_real_minisign_verifies_our_signatures() {
             s(&manifest),
             "--artifacts",
             s(&artifacts),
+            "--workspace",
+            s(&ws),
             "--to",
             s(&store),
             "--sign-key",

@@ -2,7 +2,7 @@
 //! a real local store, a real bare git origin, the stand-in `hf`, and HTTP on 127.0.0.1.
 
 mod common;
-use common::cli;
+use common::{cli, covering_records};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -64,6 +64,7 @@ fn publish_dry_run_then_publish_to_a_directory_and_github() {
     let store = t.path().join("store");
     let remote = GitRemote::new(&t.path().join("git"), "Models", None);
     let gh = format!("github:{}", remote.checkout.display());
+    let ws = covering_records(&t.path().join("ws"), Path::new(&manifest));
     let args = |extra: &[&str]| {
         let mut v = vec![
             "publish",
@@ -73,6 +74,8 @@ fn publish_dry_run_then_publish_to_a_directory_and_github() {
             &manifest,
             "--artifacts",
             &artifacts,
+            "--workspace",
+            ws.to_str().unwrap(),
             "--to",
             store.to_str().unwrap(),
             "--to",
@@ -314,6 +317,10 @@ fn publish_to_a_hub_bucket_through_the_real_hf_cli() {
             &artifacts,
             "--to",
             &format!("hf://buckets/{bucket}"),
+            "--workspace",
+            covering_records(&t.path().join("ws"), Path::new(&manifest))
+                .to_str()
+                .unwrap(),
             "--hf-cli",
             hf_cli.to_str().unwrap(),
             "--json",
@@ -383,6 +390,10 @@ fn the_token_never_reaches_json_events_or_messages() {
             "hf://buckets/a/b",
             "--hf-cli",
             exe.to_str().unwrap(),
+            "--workspace",
+            covering_records(&t.path().join("ws"), Path::new(&manifest))
+                .to_str()
+                .unwrap(),
             "--attempts",
             "2",
             "--json",

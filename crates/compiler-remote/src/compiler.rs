@@ -75,6 +75,8 @@ pub struct DmFile {
 pub struct Verdict {
     pub passed: bool,
     pub verdict: serde_json::Value,
+    /// The SHA-256 of the verified chunk set that was sent to the device.
+    pub artifact_sha256: chunker::Sha256Digest,
 }
 
 /// A sink for live compiler output, one line at a time (already prefixed).
@@ -660,8 +662,8 @@ impl Compiler {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let files = match outputs::check_release(&dir, &name)? {
-            Ok(a) => a.files,
+        let (files, artifact_sha256) = match outputs::check_release(&dir, &name)? {
+            Ok(a) => (a.files, a.sha256),
             Err(problem) => {
                 return Err(Error::Validator {
                     model: id.to_string(),
@@ -728,7 +730,11 @@ impl Compiler {
                 detail: format!("the verdict has no boolean \"passed\": {last}"),
                 log: log.to_path_buf(),
             })?;
-        Ok(Verdict { passed, verdict })
+        Ok(Verdict {
+            passed,
+            verdict,
+            artifact_sha256,
+        })
     }
 }
 

@@ -498,6 +498,7 @@ fn validate_returns_the_device_verdict() {
     assert!(v.passed, "{}", v.verdict);
     assert_eq!(v.verdict["model"], "rdf43");
     assert_eq!(v.verdict["version"], "v15");
+    assert_eq!(v.verdict["artifact_sha256"], v.artifact_sha256.to_string());
     // The copies sent for validation are removed again.
     assert!(names(&dev.models_dir()).is_empty());
 }

@@ -272,14 +272,12 @@ impl ValidationRecord {
 }
 
 /// Read the device validator's verdict per camera resolution. The verdict passes a resolution
-/// only when its top-level `passed` is true, `resolutions."<W>x<H>".passed` is true and every
-/// output in [`REQUIRED_OUTPUTS`] is reported finite (`finite.<output>: true`); when it names an
-/// `artifact_sha256`, that must be the artifact that was sent.
+/// when `resolutions."<W>x<H>".passed` is true and every output in [`REQUIRED_OUTPUTS`] is
+/// reported finite there (`finite.<output>: true`); when it names an `artifact_sha256`, that
+/// must be the artifact that was sent. A top-level `passed` that is not true fails every
+/// resolution unless a resolution's own failure explains it.
 pub fn read_verdict(verdict: &serde_json::Value, sent: &Sha256Digest) -> Vec<ResolutionVerdict> {
     let mut common = Vec::new();
-    if verdict.get("passed").and_then(|v| v.as_bool()) != Some(true) {
-        common.push("the device's verdict is \"passed\": false".to_string());
-    }
     if let Some(d) = verdict.get("artifact_sha256")
         && d.as_str() != Some(sent.to_string().as_str())
     {
@@ -287,7 +285,7 @@ pub fn read_verdict(verdict: &serde_json::Value, sent: &Sha256Digest) -> Vec<Res
             "the device validated artifact_sha256 {d}, not the {sent} that was sent"
         ));
     }
-    CAMERA_RESOLUTIONS
+    let mut verdicts: Vec<ResolutionVerdict> = CAMERA_RESOLUTIONS
         .iter()
         .map(|&resolution| {
             let mut problems = common.clone();
@@ -321,7 +319,19 @@ pub fn read_verdict(verdict: &serde_json::Value, sent: &Sha256Digest) -> Vec<Res
                 problems,
             }
         })
-        .collect()
+        .collect();
+    // An overall failure that no resolution explains fails them all; one that a resolution
+    // explains leaves the other resolution's own result standing.
+    if verdict.get("passed").and_then(|v| v.as_bool()) != Some(true)
+        && verdicts.iter().all(|v| v.passed)
+    {
+        for v in &mut verdicts {
+            v.passed = false;
+            v.problems
+                .push("the device's verdict is \"passed\": false".to_string());
+        }
+    }
+    verdicts
 }
 
 /// A check that is not one artifact's validation.
@@ -701,6 +711,93 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
     cov
 }
 
+// ---- the decision and the publish record ------------------------------------------------
+
+/// A covered cell, as the publish record lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoveredCell {
+    pub cell: String,
+    pub by: String,
+}
+
+/// What the validation gate decided for one publish; written into the publish record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum GateOutcome {
+    /// The workspace's records cover the matrix.
+    Passed {
+        workspace: PathBuf,
+        covered: Vec<CoveredCell>,
+    },
+    /// `--skip-validation REASON`: published without a covering record. `gaps` are the cells
+    /// that were not covered when a workspace was given (empty without one: not checked).
+    Skipped {
+        reason: String,
+        workspace: Option<PathBuf>,
+        gaps: Vec<String>,
+    },
+}
+
+/// The gate: publish when the records cover the matrix, or when the release engineer skipped
+/// validation with a reason; otherwise refuse with every gap. `coverage` is `None` when no
+/// workspace was given (then only a skip lets the publish through).
+pub fn decide(
+    workspace: Option<&std::path::Path>,
+    coverage: Option<&Coverage>,
+    skip_reason: Option<&str>,
+) -> crate::Result<GateOutcome> {
+    let gaps = coverage.map(Coverage::gap_lines).unwrap_or_default();
+    if let Some(reason) = skip_reason {
+        return Ok(GateOutcome::Skipped {
+            reason: reason.to_string(),
+            workspace: workspace.map(|w| w.to_path_buf()),
+            gaps,
+        });
+    }
+    match (workspace, coverage) {
+        (Some(ws), Some(cov)) if cov.is_complete() => Ok(GateOutcome::Passed {
+            workspace: ws.to_path_buf(),
+            covered: cov
+                .covered
+                .iter()
+                .map(|(cell, by)| CoveredCell {
+                    cell: cell.to_string(),
+                    by: by.clone(),
+                })
+                .collect(),
+        }),
+        (ws, _) => Err(crate::Error::ValidationGate {
+            workspace: ws.map_or_else(|| PathBuf::from("(no --workspace)"), |w| w.to_path_buf()),
+            gaps: if coverage.is_none() {
+                vec![
+                    "no --workspace DIR given: pass the rebuild workspace whose results/ \
+                      holds the preflight and validation records"
+                        .to_string(),
+                ]
+            } else {
+                gaps
+            },
+        }),
+    }
+}
+
+/// `<manifest stem>.publish.json` beside the manifest: what one publish did and why it was
+/// allowed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishRecord {
+    pub generation: manifest::Generation,
+    pub manifest: PathBuf,
+    /// The SHA-256 of the canonical manifest that was published.
+    pub manifest_sha256: Sha256Digest,
+    pub tinygrad_commit: Option<GitCommit>,
+    pub published_at: UtcTime,
+    /// The stores, in the order published.
+    pub stores: Vec<String>,
+    /// The models uploaded from `--artifacts`.
+    pub models: Vec<String>,
+    pub validation: GateOutcome,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1021,6 +1118,9 @@ mod tests {
         other_bytes["artifact_sha256"] = sha(2).to_string().into();
         let mut failed = good.clone();
         failed["passed"] = false.into();
+        let mut explained = good.clone();
+        explained["passed"] = false.into();
+        explained["resolutions"]["1928x1208"]["passed"] = false.into();
         let cases: Vec<(&str, serde_json::Value, [bool; 2], &str)> = vec![
             ("both resolutions finite", good.clone(), [true, true], ""),
             (
@@ -1042,7 +1142,18 @@ mod tests {
                 "no \"resolutions\"",
             ),
             ("other bytes", other_bytes, [false, false], "not the"),
-            ("passed false", failed, [false, false], "\"passed\": false"),
+            (
+                "passed false, unexplained",
+                failed,
+                [false, false],
+                "\"passed\": false",
+            ),
+            (
+                "passed false, explained by 1928x1208",
+                explained,
+                [false, true],
+                "1928x1208: not passed",
+            ),
         ];
         for (case, verdict, want, problem) in cases {
             let got = read_verdict(&verdict, &sha(1));
@@ -1091,5 +1202,45 @@ mod tests {
             serde_json::to_value(CheckKind::DriverState).unwrap(),
             serde_json::json!("driver-state")
         );
+    }
+
+    #[test]
+    fn decide_table() {
+        let ws = std::path::Path::new("/ws");
+        let complete = coverage(&full(), &complete_records());
+        let gappy = coverage(&full(), &Records::default());
+        // Complete records pass, naming what covered each cell.
+        match decide(Some(ws), Some(&complete), None).unwrap() {
+            GateOutcome::Passed { workspace, covered } => {
+                assert_eq!(workspace, ws);
+                assert_eq!(covered.len(), complete.covered.len());
+            }
+            other => panic!("{other:?}"),
+        }
+        // Gaps refuse, listing every one of them.
+        let e = decide(Some(ws), Some(&gappy), None).unwrap_err();
+        let crate::Error::ValidationGate { gaps, .. } = &e else {
+            panic!("{e}")
+        };
+        assert_eq!(gaps.len(), gappy.gaps.len());
+        assert!(e.to_string().contains("--skip-validation"), "{e}");
+        // No workspace and no skip: refused, saying what to pass.
+        let e = decide(None, None, None).unwrap_err();
+        assert!(e.to_string().contains("no --workspace DIR"), "{e}");
+        // A skip lets it through and keeps the reason and the gaps it skipped.
+        match decide(Some(ws), Some(&gappy), Some("hotfix, validated by hand")).unwrap() {
+            GateOutcome::Skipped { reason, gaps, .. } => {
+                assert_eq!(reason, "hotfix, validated by hand");
+                assert_eq!(gaps.len(), gappy.gaps.len());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            decide(None, None, Some("r")).unwrap(),
+            GateOutcome::Skipped {
+                workspace: None,
+                ..
+            }
+        ));
     }
 }

@@ -45,6 +45,16 @@ pub fn check_path(workspace: &Path, kind: CheckKind, res: Option<CameraResolutio
     results_dir(workspace).join(name)
 }
 
+/// The publish record's place: `<manifest stem>.publish.json` beside the manifest
+/// (`ready/model_names_v25.json` → `ready/model_names_v25.publish.json`).
+pub fn publish_record_path(manifest: &Path) -> PathBuf {
+    let stem = manifest
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "manifest".into());
+    manifest.with_file_name(format!("{stem}.publish.json"))
+}
+
 /// Write a record atomically (temp file, fsync, rename), creating `results/` when needed.
 pub fn write<T: Serialize>(path: &Path, record: &T) -> Result<()> {
     if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {

@@ -406,13 +406,19 @@ print("wrote %d chunk(s)" % n, flush=True)
 "#;
 
 /// The stand-in device validator: checks the chunk set in `/data/models` and prints a JSON
-/// verdict as its last line, like `scripts/validate_model_artifact.py`.
+/// verdict as its last line, like `scripts/validate_model_artifact.py`, with one result per
+/// camera resolution (`resolutions."<W>x<H>"`: `passed` and `finite.<output>`, the contract
+/// docs/release.md describes). The `nonfinite` knob (`<W>x<H> <output>`) makes that output
+/// non-finite at that resolution.
 const VALIDATOR_STANDIN: &str = r#"#!/usr/bin/env python3
 import hashlib, json, os, sys
 args = sys.argv[1:]
 model = args[args.index("--model") + 1]
 version = args[args.index("--version") + 1]
-models = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models")
+here = os.path.dirname(os.path.abspath(__file__))
+models = os.path.join(here, "..", "..", "models")
+knob = os.path.join(here, "..", ".standin", "nonfinite")
+bad = open(knob).read().split() if os.path.exists(knob) else []
 name = model + "_driving_tinygrad.pkl"
 print("validating " + name, flush=True)
 try:
@@ -421,7 +427,12 @@ try:
     for i in range(n):
         h.update(open(os.path.join(models, "%s.chunk%02dof%02d" % (name, i + 1, n)), "rb").read())
     ok = open(os.path.join(models, name + ".sha256")).read().split()[0] == h.hexdigest()
-    print(json.dumps({"model": model, "version": version, "passed": ok, "artifact_sha256": h.hexdigest()}))
+    res = {}
+    for r in ("1928x1208", "1344x760"):
+        finite = {o: ok and bad != [r, o] for o in ("plan", "lane_lines", "road_edges", "lead", "pose", "action")}
+        res[r] = {"passed": all(finite.values()), "finite": finite}
+    passed = all(v["passed"] for v in res.values())
+    print(json.dumps({"model": model, "version": version, "passed": passed, "artifact_sha256": h.hexdigest(), "resolutions": res}))
 except FileNotFoundError as e:
     print(json.dumps({"model": model, "version": version, "passed": False, "error": str(e)}))
 "#;
@@ -461,7 +472,7 @@ impl DeviceRoot {
     }
 
     /// A knob file under `.standin/` (`fail`, `corrupt`, `dm_missing`, `chunk_size`,
-    /// `artifact_size`).
+    /// `artifact_size`, `nonfinite`).
     pub fn set(&self, knob: &str, value: &str) {
         let state = self.remote_root().join(".standin");
         fs::create_dir_all(&state).unwrap();

@@ -190,20 +190,20 @@ pub struct BuiltinArgs {
 
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
-    /// The model to validate.
-    #[arg(long, value_name = "ID")]
-    pub model: ModelId,
+    /// The model to validate on the device (with --check model-v2: the model modeld ran).
+    #[arg(long, value_name = "ID", required_unless_present = "check")]
+    pub model: Option<ModelId>,
     /// Its behaviour version (default: from <workspace>/results/<id>.json).
     #[arg(long, value_name = "vN")]
     pub version: Option<BehaviorVersion>,
-    /// The rebuild workspace: the artifact defaults to ready/<id>/, the verdict goes to
-    /// results/<id>.validation.json.
+    /// The rebuild workspace: the artifact defaults to ready/<id>/, the record goes to
+    /// results/<id>.validation.json (results/<check>[.<W>x<H>].check.json with --check).
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
     /// The chunk set's logical path (default: <workspace>/ready/<id>/<id>_driving_tinygrad.pkl).
     #[arg(long, value_name = "PATH")]
     pub artifact: Option<PathBuf>,
-    /// Where the verdict is recorded (default: <workspace>/results/<id>.validation.json).
+    /// Where the record is written (default: under <workspace>/results/, see --workspace).
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
     /// The models directory on the compiler the validator reads.
@@ -219,7 +219,29 @@ pub struct ValidateArgs {
     /// The validation log (default: logs/<id>.validate.log, under the workspace when given).
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
-    /// Print `{"model","passed","verdict","record","log"}`.
+    /// Record a check you made on the device instead of running the validator: `model-v2`
+    /// (modeld publishes modelV2 steadily) or `driver-state` (DM driverStateV2, per
+    /// --resolution). Needs --passed or --failed, --note and the pin (--openpilot or
+    /// --tinygrad-commit); nothing is run.
+    #[arg(long, value_name = "CHECK", requires = "note")]
+    pub check: Option<release::gate::CheckKind>,
+    /// With --check driver-state: the camera resolution checked (1928x1208 or 1344x760).
+    #[arg(long, value_name = "WxH", requires = "check")]
+    pub resolution: Option<release::gate::CameraResolution>,
+    /// With --check: the check passed.
+    #[arg(long, requires = "check", conflicts_with = "failed")]
+    pub passed: bool,
+    /// With --check: the check failed.
+    #[arg(long, requires = "check")]
+    pub failed: bool,
+    /// With --check: what you observed (kept in the record).
+    #[arg(long, value_name = "TEXT", requires = "check")]
+    pub note: Option<String>,
+    /// With --check: who made it (default: $USER).
+    #[arg(long, value_name = "NAME", requires = "check")]
+    pub by: Option<String>,
+    /// Print `{"model","passed","resolutions":[{"resolution","passed","problems"}],"verdict",
+    /// "record","log"}` (with --check: the check record).
     #[arg(long)]
     pub json: bool,
     #[command(flatten, next_help_heading = "Compiler options")]
@@ -510,13 +532,21 @@ pub fn builtin(args: BuiltinArgs) -> CliResult {
 struct ValidateReport<'a> {
     model: &'a ModelId,
     passed: bool,
+    resolutions: &'a [release::gate::ResolutionVerdict],
     verdict: &'a serde_json::Value,
     record: &'a Path,
     log: &'a Path,
 }
 
 pub fn validate(args: ValidateArgs) -> CliResult {
-    let id = &args.model;
+    if let Some(kind) = args.check {
+        return record_check(kind, &args);
+    }
+    let Some(id) = &args.model else {
+        return Err(CliError::usage(
+            "validate needs --model ID (or --check CHECK)",
+        ));
+    };
     let ws = args.workspace.as_deref();
     let version = match (args.version, ws) {
         (Some(v), _) => v,
@@ -541,7 +571,7 @@ pub fn validate(args: ValidateArgs) -> CliResult {
     };
     let record = match (&args.record, ws) {
         (Some(r), _) => r.clone(),
-        (None, Some(ws)) => ws.join("results").join(format!("{id}.validation.json")),
+        (None, Some(ws)) => release::records::validation_path(ws, id),
         (None, None) => PathBuf::from(format!("{id}.validation.json")),
     };
     let log = args.log.clone().unwrap_or_else(|| {
@@ -563,30 +593,43 @@ pub fn validate(args: ValidateArgs) -> CliResult {
             &mut live,
         )
         .map_err(remote_error)?;
-    // Record the validator's own JSON, unchanged.
-    if let Some(dir) = record.parent().filter(|p| !p.as_os_str().is_empty()) {
-        fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
-    }
-    let mut text = serde_json::to_string_pretty(&verdict.verdict).map_err(CliError::failure)?;
-    text.push('\n');
-    atomic::write_atomic(&record, text.as_bytes()).map_err(|e| io_err(&record, e))?;
+    // The device's verdict per camera resolution, with its own JSON kept unchanged.
+    let rec = release::gate::ValidationRecord {
+        model: id.clone(),
+        version,
+        resolutions: release::gate::read_verdict(&verdict.verdict, &verdict.artifact_sha256),
+        artifact_sha256: verdict.artifact_sha256,
+        tinygrad_commit: pin,
+        checked_at: release::gate::UtcTime::now(),
+        verdict: verdict.verdict,
+        log: log.clone(),
+    };
+    release::records::write(&record, &rec).map_err(super::gate::release_error)?;
+    let passed = rec.passed();
     if args.json {
         print_json(&ValidateReport {
             model: id,
-            passed: verdict.passed,
-            verdict: &verdict.verdict,
+            passed,
+            resolutions: &rec.resolutions,
+            verdict: &rec.verdict,
             record: &record,
             log: &log,
         })?;
     } else {
-        crate::outln!(
-            "{}: the device validator says {}; verdict recorded in {}",
-            id,
-            if verdict.passed { "passed" } else { "FAILED" },
-            record.display()
-        )?;
+        for r in &rec.resolutions {
+            crate::outln!(
+                "{id} at {}: {}",
+                r.resolution,
+                if r.passed {
+                    "passed".to_string()
+                } else {
+                    format!("FAILED ({})", r.problems.join("; "))
+                }
+            )?;
+        }
+        crate::outln!("verdict recorded in {}", record.display())?;
     }
-    if verdict.passed {
+    if passed {
         Ok(())
     } else {
         Err(CliError::check_failed(format!(
@@ -595,6 +638,77 @@ pub fn validate(args: ValidateArgs) -> CliResult {
             log.display()
         )))
     }
+}
+
+/// `validate --check`: record a check the release engineer made on the device.
+fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResult {
+    use release::gate::{CAMERA_RESOLUTIONS, CheckRecord, UtcTime};
+    if args.passed == args.failed {
+        return Err(CliError::usage(format!(
+            "--check {kind} needs --passed or --failed: what you saw on the device"
+        )));
+    }
+    match (kind.per_resolution(), args.resolution) {
+        (true, None) => {
+            return Err(CliError::usage(format!(
+                "--check {kind} is made per camera resolution: add --resolution {} or {}",
+                CAMERA_RESOLUTIONS[0], CAMERA_RESOLUTIONS[1]
+            )));
+        }
+        (false, Some(r)) => {
+            return Err(CliError::usage(format!(
+                "--check {kind} is one check per generation: drop --resolution {r}"
+            )));
+        }
+        (true, Some(r)) if !CAMERA_RESOLUTIONS.contains(&r) => {
+            return Err(CliError::usage(format!(
+                "--resolution {r}: the camera resolutions are {} and {}",
+                CAMERA_RESOLUTIONS[0], CAMERA_RESOLUTIONS[1]
+            )));
+        }
+        _ => {}
+    }
+    let note = args.note.clone().unwrap_or_default();
+    if note.trim().is_empty() {
+        return Err(CliError::usage(format!(
+            "--check {kind} needs --note TEXT: what you observed"
+        )));
+    }
+    let checked_by = match args.by.clone().or_else(|| std::env::var("USER").ok()) {
+        Some(b) if !b.trim().is_empty() => b,
+        _ => return Err(CliError::usage("--check needs --by NAME (USER is not set)")),
+    };
+    let record = match (&args.record, &args.workspace) {
+        (Some(r), _) => r.clone(),
+        (None, Some(ws)) => release::records::check_path(ws, kind, args.resolution),
+        (None, None) => {
+            return Err(CliError::usage(format!(
+                "--check {kind} needs --workspace DIR (or --record FILE)"
+            )));
+        }
+    };
+    let rec = CheckRecord {
+        check: kind,
+        resolution: args.resolution,
+        model: args.model.clone(),
+        passed: args.passed,
+        tinygrad_commit: args.remote.pin()?,
+        checked_by,
+        checked_at: UtcTime::now(),
+        note,
+    };
+    release::records::write(&record, &rec).map_err(super::gate::release_error)?;
+    if args.json {
+        return print_json(&rec);
+    }
+    crate::outln!(
+        "{kind}{}: recorded {} by {} in {}",
+        rec.resolution.map_or(String::new(), |r| format!(" at {r}")),
+        if rec.passed { "passed" } else { "FAILED" },
+        rec.checked_by,
+        record.display()
+    )?;
+    Ok(())
 }
 
 pub fn io_err(path: &Path, e: std::io::Error) -> CliError {

@@ -2,6 +2,7 @@
 
 pub mod build;
 pub mod chunk;
+pub mod gate;
 pub mod manifest;
 pub mod rebuild;
 pub mod sign;
@@ -35,7 +36,11 @@ pub enum Command {
     Builtin(build::BuiltinArgs),
     /// Resumable bulk rebuild of a generation: fetch sources, compile, stage, write the manifest.
     Rebuild(rebuild::RebuildArgs),
-    /// Run the device-side validator on the compiler comma and record its verdict.
+    /// Run `./dev sync` and the seed's repository tests in the openpilot checkout and record
+    /// the result (publish requires a passing one).
+    Preflight(gate::PreflightArgs),
+    /// Run the device-side validator on the compiler comma and record its verdict per camera
+    /// resolution (or record a modelV2/driverStateV2 check made on the device).
     #[command(disable_version_flag = true)]
     Validate(build::ValidateArgs),
     /// Publish a generation: artifacts, then the manifest, to each store in order.
@@ -76,6 +81,7 @@ impl Command {
             Command::Dm(a) => a.json,
             Command::Builtin(a) => a.json,
             Command::Rebuild(a) => a.json,
+            Command::Preflight(a) => a.json,
             Command::Validate(a) => a.json,
             Command::Publish(a) => a.json,
             Command::Reuse(a) => a.json,
@@ -95,6 +101,7 @@ pub fn run(command: Command) -> CliResult {
         Command::Dm(a) => build::dm(a),
         Command::Builtin(a) => build::builtin(a),
         Command::Rebuild(a) => rebuild::run(a),
+        Command::Preflight(a) => gate::preflight(a),
         Command::Validate(a) => build::validate(a),
         Command::Publish(a) => store::publish_cmd(a),
         Command::Reuse(a) => store::reuse_cmd(a),

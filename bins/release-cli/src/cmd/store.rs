@@ -13,6 +13,7 @@ use artifact_store::serve::{ServeConfig, Server};
 use artifact_store::{HfConfig, Location, Store, StoreSpec};
 use clap::Args;
 use manifest::{Generation, GitCommit, Manifest, ModelId, layout};
+use release::gate::GateOutcome;
 
 use crate::output::print_json;
 use crate::progress::bytes_bar;
@@ -98,10 +99,18 @@ pub struct PublishArgs {
     /// pins of generations after v25. The manifest's tinygrad_commit must be --generation's pin.
     #[arg(long, value_name = "DIR")]
     pub openpilot: Option<PathBuf>,
+    /// The rebuild workspace whose results/ holds the preflight and validation records; they
+    /// must cover the seed's validation matrix for this manifest, or nothing is published.
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Publish without a covering validation record; the reason is written into the publish
+    /// record (`<manifest stem>.publish.json` beside the manifest).
+    #[arg(long, value_name = "REASON")]
+    pub skip_validation: Option<String>,
     #[command(flatten)]
     pub access: StoreAccess,
     /// Print one JSON line per event (`{"event":…}`), then the report `{"dry_run","generation",
-    /// "models","stores":[…]}` (see docs/release.md).
+    /// "models","stores":[…],"validation","publish_record"}` (see docs/release.md).
     #[arg(long)]
     pub json: bool,
     /// Sign the manifest with this minisign secret key and upload `model_names_<gen>.json.minisig`
@@ -162,6 +171,18 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             "--artifacts {}: not a directory",
             args.artifacts.display()
         )));
+    }
+    // The validation gate, before any store is opened or anything written.
+    let validation = super::gate::check_publish(
+        &manifest,
+        args.workspace.as_deref(),
+        args.skip_validation.as_deref(),
+    )?;
+    if let GateOutcome::Skipped { reason, gaps, .. } = &validation {
+        eprintln!(
+            "warning: publishing without validation ({reason}); {} uncovered cell(s) recorded",
+            gaps.len()
+        );
     }
     let stores = open_stores(&args.to, &args.access)?;
     let store_refs: Vec<&dyn Store> = stores.iter().map(|s| s.as_ref()).collect();
@@ -258,10 +279,41 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
         &mut on_event,
     )
     .map_err(store_error)?;
+    let publish_record = if report.dry_run {
+        None
+    } else {
+        Some(super::gate::write_publish_record(
+            &args.manifest,
+            &manifest,
+            args.generation,
+            &report
+                .stores
+                .iter()
+                .map(|s| s.store.clone())
+                .collect::<Vec<_>>(),
+            &report.models,
+            &validation,
+        )?)
+    };
     if json {
-        return print_json(&report);
+        return print_json(&GatedReport {
+            report: &report,
+            validation: &validation,
+            publish_record: publish_record.as_deref(),
+        });
     }
     print_report(&report);
+    match &validation {
+        GateOutcome::Passed { workspace, covered } => crate::outln!(
+            "validation: {} cell(s) of the seed's matrix covered by the records in {}",
+            covered.len(),
+            workspace.display()
+        )?,
+        GateOutcome::Skipped { reason, .. } => crate::outln!("validation: SKIPPED ({reason})")?,
+    }
+    if let Some(p) = &publish_record {
+        crate::outln!("publish record: {}", p.display())?;
+    }
     if report.dry_run {
         eprintln!("next: run the same command without --dry-run to publish");
     } else {
@@ -271,6 +323,15 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
         );
     }
     Ok(())
+}
+
+/// The publish report with what the validation gate decided.
+#[derive(serde::Serialize)]
+struct GatedReport<'a> {
+    #[serde(flatten)]
+    report: &'a PublishReport,
+    validation: &'a GateOutcome,
+    publish_record: Option<&'a std::path::Path>,
 }
 
 fn print_report(report: &PublishReport) {

@@ -1,0 +1,138 @@
+//! `release-cli preflight` and publish's validation gate: the front of `release::preflight`
+//! and `release::gate` (see docs/release.md, "Validate" and "The release gates").
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use manifest::{Generation, Manifest};
+use release::gate::{GateOutcome, PublishRecord, UtcTime};
+
+use crate::output::print_json;
+use crate::{CliError, CliResult};
+
+/// Map a `release` error to the CLI's exit codes.
+pub fn release_error(e: release::Error) -> CliError {
+    match e {
+        release::Error::NotACheckout { .. } => CliError::usage(e),
+        release::Error::Record { .. } | release::Error::ValidationGate { .. } => {
+            CliError::check_failed(e)
+        }
+        e => CliError::failure(e),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct PreflightArgs {
+    /// The openpilot checkout to test (with ./dev, .venv and tinygrad_repo/TINYGRAD_COMMIT).
+    #[arg(long, value_name = "DIR")]
+    pub openpilot: PathBuf,
+    /// The rebuild workspace: the record goes to results/preflight.json, the output to
+    /// logs/preflight.log.
+    #[arg(long, value_name = "DIR")]
+    pub workspace: PathBuf,
+    /// Print the record: `{"openpilot","openpilot_commit","openpilot_dirty","tinygrad_commit",
+    /// "commands":[{"argv","exit_code","passed","started_at","duration_ms"}],"passed",
+    /// "finished_at","log"}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn preflight(args: PreflightArgs) -> CliResult {
+    if !args.openpilot.is_dir() {
+        return Err(CliError::usage(format!(
+            "--openpilot {}: not a directory",
+            args.openpilot.display()
+        )));
+    }
+    let record_path = release::records::preflight_path(&args.workspace);
+    let log = release::records::preflight_log(&args.workspace);
+    let rec = release::preflight::run(&args.openpilot, &log, &mut super::build::live)
+        .map_err(release_error)?;
+    release::records::write(&record_path, &rec).map_err(release_error)?;
+    if args.json {
+        print_json(&rec)?;
+    } else {
+        for c in &rec.commands {
+            crate::outln!(
+                "{} `{}` ({:.1} s)",
+                if c.passed { "ok    " } else { "FAILED" },
+                c.argv.join(" "),
+                c.duration_ms as f64 / 1000.0
+            )?;
+        }
+        crate::outln!(
+            "preflight {} in {} (tinygrad {}); recorded in {}",
+            if rec.passed { "passed" } else { "FAILED" },
+            rec.openpilot.display(),
+            rec.tinygrad_commit,
+            record_path.display()
+        )?;
+    }
+    if rec.passed {
+        eprintln!(
+            "next: `release-cli validate --model ID --workspace {}` for the seed's matrix",
+            args.workspace.display()
+        );
+        Ok(())
+    } else {
+        Err(CliError::check_failed(format!(
+            "the repository tests failed in {}; see {}, fix them and rerun preflight",
+            args.openpilot.display(),
+            log.display()
+        )))
+    }
+}
+
+/// Publish's validation gate, decided before any store is opened: the records in `workspace`
+/// must cover the seed's matrix for `manifest`, unless validation is skipped with a reason.
+pub fn check_publish(
+    manifest: &Manifest,
+    workspace: Option<&Path>,
+    skip_reason: Option<&str>,
+) -> CliResult<GateOutcome> {
+    if let Some(r) = skip_reason
+        && r.trim().is_empty()
+    {
+        return Err(CliError::usage(
+            "--skip-validation needs a reason, e.g. --skip-validation \"hotfix: validated by hand on QCOM\"; it is written into the publish record",
+        ));
+    }
+    if workspace.is_none() && skip_reason.is_none() {
+        return Err(CliError::usage(
+            "publish needs --workspace DIR, the rebuild workspace whose results/ holds the \
+             preflight and validation records (or --skip-validation \"REASON\")",
+        ));
+    }
+    let coverage = match workspace {
+        Some(ws) => {
+            let records = release::records::load(ws).map_err(release_error)?;
+            Some(release::gate::coverage(manifest, &records))
+        }
+        None => None,
+    };
+    release::gate::decide(workspace, coverage.as_ref(), skip_reason).map_err(release_error)
+}
+
+/// Write the publish record beside the manifest; returns its path.
+pub fn write_publish_record(
+    manifest_path: &Path,
+    manifest: &Manifest,
+    generation: Generation,
+    stores: &[String],
+    models: &[String],
+    validation: &GateOutcome,
+) -> CliResult<PathBuf> {
+    let path = release::records::publish_record_path(manifest_path);
+    let rec = PublishRecord {
+        generation,
+        manifest: manifest_path.to_path_buf(),
+        manifest_sha256: chunker::Sha256Digest::of_bytes(&manifest.to_canonical_bytes()),
+        tinygrad_commit: manifest.tinygrad_commit(),
+        published_at: UtcTime::now(),
+        stores: stores.to_vec(),
+        models: models.to_vec(),
+        validation: validation.clone(),
+    };
+    release::records::write(&path, &rec).map_err(release_error)?;
+    Ok(path)
+}
