@@ -108,6 +108,33 @@ impl From<chunker::Error> for CliError {
     }
 }
 
+impl From<release::Error> for CliError {
+    fn from(e: release::Error) -> Self {
+        use release::Error as E;
+        match e {
+            E::Chunk(e) => e.into(),
+            E::Store(e) => crate::cmd::store::store_error(e),
+            E::Compiler(e) => crate::cmd::build::remote_error(e),
+            E::NotADirectory { .. }
+            | E::NotAnOpenpilotTree { .. }
+            | E::SourceMap { .. }
+            | E::NotInSourceMap { .. }
+            | E::NotInCatalog { .. }
+            | E::NoBehaviourVersion { .. }
+            | E::ManifestFile { .. }
+            | E::RecordMissing { .. }
+            | E::LastGeneration { .. } => CliError::usage(e),
+            E::Pins { .. }
+            | E::BumpRefused { .. }
+            | E::CheckoutAtOtherCommit { .. }
+            | E::SidecarMismatch { .. }
+            | E::ReuseOtherPin { .. }
+            | E::ReuseManifestPin { .. } => CliError::check_failed(e),
+            other => CliError::failure(other),
+        }
+    }
+}
+
 /// Print a value as one line of JSON on stdout.
 pub fn print_json<T: Serialize>(value: &T) -> CliResult {
     let mut text = serde_json::to_string(value).map_err(CliError::failure)?;

@@ -750,3 +750,155 @@ fn tinygrad_bump_replaces_the_tree_without_git_metadata() {
         );
     }
 }
+
+/// Every file under `dir` with its content, sorted: equal snapshots mean nothing changed.
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
+                out.push((rel, fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn builtin_and_tinygrad_bump_dry_runs_report_and_change_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let op = t.path().join("op");
+    let models = op.join("selfdrive/modeld/models");
+    write(&models.join("driving_tinygrad.pkl"), b"the old built-in");
+    write(&models.join("driving_tinygrad.pkl.p00"), b"a legacy part");
+    write(&op.join("tinygrad_repo/old_only.py"), b"old");
+    write(
+        &op.join("starpilot/assets/model_manager.py"),
+        b"MANIFEST_CANDIDATES = (\"v25\",)\n",
+    );
+    write(&t.path().join("tg/tinygrad/tensor.py"), b"new");
+    write(&t.path().join("tg/tinygrad/ops.py"), b"new");
+    let bytes = test_support::published::artifact_bytes(5, 3000);
+    write(&t.path().join("rdf43.pkl"), &bytes);
+    let before = snapshot(t.path());
+
+    let out = cli(
+        &[
+            "builtin",
+            "--artifact",
+            "rdf43.pkl",
+            "--openpilot",
+            "op",
+            "--dry-run",
+            "--json",
+        ],
+        t.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["dry_run"], true);
+    assert_eq!(r["chunk_count"], 1);
+    assert_eq!(r["size"], bytes.len());
+    assert_eq!(
+        r["sha256"],
+        chunker::Sha256Digest::of_bytes(&bytes).to_hex().as_str()
+    );
+    assert_eq!(
+        r["written"],
+        serde_json::json!([
+            "driving_tinygrad.pkl.chunk01of01",
+            "driving_tinygrad.pkl.sha256",
+            "driving_tinygrad.pkl.chunkmanifest"
+        ])
+    );
+    assert_eq!(
+        r["removed"],
+        serde_json::json!(["driving_tinygrad.pkl", "driving_tinygrad.pkl.p00"])
+    );
+    let out = cli(
+        &[
+            "builtin",
+            "--artifact",
+            "rdf43.pkl",
+            "--openpilot",
+            "op",
+            "--dry-run",
+        ],
+        t.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("would remove driving_tinygrad.pkl, driving_tinygrad.pkl.p00"),
+        "{said}"
+    );
+    // A dry run still refuses what the real run refuses.
+    write(
+        &t.path().join("rdf43.pkl.sha256"),
+        format!("{}  rdf43.pkl\n", "ab".repeat(32)).as_bytes(),
+    );
+    let out = cli(
+        &[
+            "builtin",
+            "--artifact",
+            "rdf43.pkl",
+            "--openpilot",
+            "op",
+            "--dry-run",
+        ],
+        t.path(),
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    fs::remove_file(t.path().join("rdf43.pkl.sha256")).unwrap();
+    assert_eq!(
+        snapshot(t.path()),
+        before,
+        "a builtin dry run wrote something"
+    );
+
+    let bump = |extra: &[&str]| {
+        let mut a = vec![
+            "tinygrad",
+            "bump",
+            "--openpilot",
+            "op",
+            "--tinygrad-src",
+            "tg",
+            "--commit",
+            OTHER,
+            "--dry-run",
+        ];
+        a.extend(extra);
+        cli(&a, t.path())
+    };
+    let out = bump(&["--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["dry_run"], true);
+    assert_eq!(r["files"], 2);
+    assert_eq!(r["generation"]["to"], "v26");
+    // Paths as --openpilot named them.
+    assert_eq!(
+        r["written"],
+        serde_json::json!([
+            "op/tinygrad_repo",
+            "op/tinygrad_repo/TINYGRAD_COMMIT",
+            "op/tinygrad_pins.json"
+        ])
+    );
+    assert_eq!(r["removed"], serde_json::json!(["op/tinygrad_repo"]));
+    let out = bump(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("nothing was changed"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(snapshot(t.path()), before, "a bump dry run wrote something");
+}

@@ -24,7 +24,10 @@ pub use read::{
     ArtifactReader, Resolved, join, join_with_progress, open, read_chunk_manifest, read_sidecar,
     resolve,
 };
-pub use split::{ChunkInfo, SplitOptions, SplitReport, split_file, split_reader};
+pub use split::{
+    ChunkInfo, SplitOptions, SplitReport, StagedSplit, other_forms, set_file_names, split_file,
+    split_reader, stage_reader,
+};
 pub use verify::{Expected, VerifiedChunk, VerifyReport, verify, verify_with_progress};
 
 use std::path::Path;

@@ -165,12 +165,24 @@ impl Error {
 /// Split exactly `size` bytes from `reader` into the chunk set `name` in `out_dir`.
 /// The size must be known up front because every chunk name carries the count.
 pub fn split_reader<R: Read>(
-    mut reader: R,
+    reader: R,
     size: u64,
     name: &str,
     out_dir: &Path,
     opts: &SplitOptions,
 ) -> Result<SplitReport> {
+    stage_reader(reader, size, name, out_dir, opts)?.install()
+}
+
+/// The first half of [`split_reader`]: every chunk written and durable under a temporary name,
+/// nothing visible yet.
+pub fn stage_reader<R: Read>(
+    mut reader: R,
+    size: u64,
+    name: &str,
+    out_dir: &Path,
+    opts: &SplitOptions,
+) -> Result<StagedSplit> {
     check_name(name)?;
     let count = planned_count(name, size, opts.chunk_size)?;
     remove_stale_temporaries(out_dir, name)?;
@@ -223,7 +235,104 @@ pub fn split_reader<R: Read>(
             actual: read_total,
         });
     }
-    install(name, out_dir, staged, whole, size)
+    Ok(StagedSplit {
+        name: name.to_string(),
+        out_dir: out_dir.to_path_buf(),
+        staged,
+        whole,
+        size,
+    })
+}
+
+/// A split whose chunks are written and fsynced under temporary names but not yet visible:
+/// [`StagedSplit::install`] it, or drop it, which removes the temporaries and leaves `out_dir`
+/// as it was. Lets a caller check the digest (against a sidecar, say) before anything changes.
+pub struct StagedSplit {
+    name: String,
+    out_dir: PathBuf,
+    staged: Staged,
+    whole: Sha256Digest,
+    size: u64,
+}
+
+impl StagedSplit {
+    /// The SHA-256 of the whole artifact.
+    pub fn sha256(&self) -> Sha256Digest {
+        self.whole
+    }
+
+    /// The chunks, in order, with their sizes and digests.
+    pub fn chunks(&self) -> &[ChunkInfo] {
+        &self.staged.chunks
+    }
+
+    /// Make the set visible (see the module comment for the crash-safe order).
+    pub fn install(self) -> Result<SplitReport> {
+        install(
+            &self.name,
+            &self.out_dir,
+            self.staged,
+            self.whole,
+            self.size,
+        )
+    }
+
+    /// [`StagedSplit::install`], then remove every other form of the artifact in `out_dir`
+    /// ([`other_forms`]: the plain file, which would shadow the set, and legacy parts), so
+    /// that only the new chunk set remains. They go only once the new set is complete: a crash
+    /// before leaves the old artifact readable (a plain file wins over a chunk set), after it
+    /// the new one. Returns the report and the names removed (including chunks of the old set
+    /// with another count), sorted.
+    pub fn install_replacing(self) -> Result<(SplitReport, Vec<String>)> {
+        let out_dir = self.out_dir.clone();
+        let removed = other_forms(&self.name, &out_dir, self.staged.chunks.len() as u32)?;
+        let report = self.install()?;
+        for name in &removed {
+            let path = out_dir.join(name);
+            atomic::remove_if_exists(&path).ctx(&path)?;
+        }
+        atomic::sync_dir(&out_dir).ctx(&out_dir)?;
+        Ok((report, removed))
+    }
+}
+
+/// The names of the files a chunk set of `count` chunks of `name` consists of: the chunks in
+/// order, the `.sha256` sidecar and the `.chunkmanifest`.
+pub fn set_file_names(name: &str, count: u32) -> Vec<String> {
+    let mut names: Vec<String> = (1..=count).map(|i| chunk_name(name, i, count)).collect();
+    names.push(sidecar_name(name));
+    names.push(chunk_manifest_name(name));
+    names
+}
+
+/// The files in `dir` that hold `name` in a form other than a chunk set of `count` chunks:
+/// the plain file, legacy `.pNN` parts and chunks of a set with another count, sorted.
+/// [`StagedSplit::install_replacing`] removes exactly these; a dry run can list them.
+pub fn other_forms(name: &str, dir: &Path, count: u32) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir).ctx(dir)? {
+        let entry = entry.ctx(dir)?;
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        let other_count = parse_chunk_name(name, file_name).is_some_and(|(_, c)| c != count);
+        if (file_name == name || is_legacy_part(name, file_name) || other_count)
+            && entry.file_type().ctx(&entry.path())?.is_file()
+        {
+            found.push(file_name.to_string());
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// `NAME.pNN`, two digits.
+fn is_legacy_part(name: &str, file_name: &str) -> bool {
+    file_name
+        .strip_prefix(name)
+        .and_then(|r| r.strip_prefix(".p"))
+        .is_some_and(|d| d.len() == 2 && d.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn planned_count(name: &str, size: u64, chunk_size: u64) -> Result<u32> {
@@ -592,7 +701,13 @@ mod tests {
         let dead = 4_194_305;
         let stale = out.join(format!(".tmp-{dead}-0-m.pkl.chunk01of02"));
         let other = out.join(format!(".tmp-{dead}-1-other.pkl.chunk01of01"));
-        let live = out.join(format!(".tmp-{}-9-m.pkl.chunkmanifest", std::process::id()));
+        // A counter value this process's own writes never reach (other tests in the binary
+        // advance the shared counter; a small one would collide with the split's own temporary).
+        let live = out.join(format!(
+            ".tmp-{}-{}-m.pkl.chunkmanifest",
+            std::process::id(),
+            u64::MAX
+        ));
         for p in [&stale, &other, &live] {
             fs::write(p, b"half").unwrap();
         }
@@ -604,5 +719,86 @@ mod tests {
             assert!(live.exists(), "a running writer's temporary was removed");
         }
         assert!(out.join("m.pkl.chunk02of02").exists());
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_dropped_stage_leaves_the_directory_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("m.pkl"), b"old").unwrap();
+        let staged = stage_reader(
+            &[1u8; 10][..],
+            10,
+            "m.pkl",
+            dir.path(),
+            &SplitOptions { chunk_size: 4 },
+        )
+        .unwrap();
+        assert_eq!(staged.chunks().len(), 3);
+        assert_eq!(staged.sha256(), Sha256Digest::of_bytes(&[1u8; 10]));
+        drop(staged);
+        assert_eq!(names_in(dir.path()), ["m.pkl"]);
+    }
+
+    #[test]
+    fn install_replacing_leaves_only_the_new_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for n in [
+            "m.pkl",
+            "m.pkl.p00",
+            "m.pkl.p01",
+            "m.pkl.chunk01of03",
+            "m.pkl.chunk02of03",
+            "m.pkl.chunk03of03",
+            "m.pkl.chunkmanifest",
+            "m.pkl.sha256",
+            "m.pkl.px",
+            "other.pkl",
+        ] {
+            fs::write(d.join(n), b"old").unwrap();
+        }
+        assert_eq!(
+            other_forms("m.pkl", d, 2).unwrap(),
+            [
+                "m.pkl",
+                "m.pkl.chunk01of03",
+                "m.pkl.chunk02of03",
+                "m.pkl.chunk03of03",
+                "m.pkl.p00",
+                "m.pkl.p01"
+            ]
+        );
+        let staged = stage_reader(
+            &[2u8; 8][..],
+            8,
+            "m.pkl",
+            d,
+            &SplitOptions { chunk_size: 4 },
+        )
+        .unwrap();
+        let (report, removed) = staged.install_replacing().unwrap();
+        assert_eq!(report.chunk_count, 2);
+        assert_eq!(removed.len(), 6, "{removed:?}");
+        let mut want = set_file_names("m.pkl", 2);
+        want.extend(["m.pkl.px".to_string(), "other.pkl".to_string()]);
+        want.sort();
+        assert_eq!(names_in(d), want);
+        crate::verify(
+            &d.join("m.pkl"),
+            &crate::Expected {
+                sha256: Some(Sha256Digest::of_bytes(&[2u8; 8])),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     }
 }

@@ -1,12 +1,20 @@
 //! The release workflow, between `release-cli` (which only parses flags and renders) and the
-//! stores (`artifact-store`) and the compiler comma (`compiler-remote`).
+//! stores (`artifact-store`) and the compiler comma (`compiler-remote`):
 //!
-//! Every rule that decides (skip a finished build, rebuild a stale record, refuse a release
-//! without a passing validation) is a function over typed values with a table test; the code
-//! around it performs the I/O. Errors are [`Error`], one enum for the crate, each variant naming
-//! the path or value involved and the next step.
+//! - [`rebuild`]: the resumable bulk rebuild of a generation, its rules (skip what is done,
+//!   rebuild stale records, stop the run) over a [`rebuild::Builder`];
+//! - [`tree`]: edits of the openpilot checkout, `tinygrad bump` and `builtin`, each decided
+//!   before anything is written and able to stop there (dry run);
+//! - [`reuse`]: when an artifact built elsewhere may be adopted, and the copy.
+//!
+//! Every rule that decides is a function over typed values with a table test; the code around
+//! it performs the I/O. Errors are [`Error`], one enum for the crate, each variant naming the
+//! path or value involved and the next step.
 
 mod error;
+pub mod rebuild;
+pub mod reuse;
+pub mod tree;
 
 pub use error::{Error, Result};
 pub mod gate;

@@ -1,16 +1,14 @@
 //! The build half: `tinygrad bump`, `sync`, `compile`, `dm`, `builtin`, `validate` (and the shared
-//! remote flags `rebuild` uses too). Thin over `compiler-remote`; see `docs/release.md`.
+//! remote flags `rebuild` uses too). Flags and rendering over `compiler-remote` and, for the
+//! openpilot-tree edits (`tinygrad bump`, `builtin`), `release::tree`; see `docs/release.md`.
 
-use std::fs;
-use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 
-use chunker::{SplitOptions, atomic};
 use clap::{Args, Subcommand};
 use compiler_remote::{
     CompileRequest, Compiler, ConnectOptions, Destination, InputFormat, RemotePath,
 };
-use manifest::{BehaviorVersion, Generation, GitCommit, ModelId};
+use manifest::{BehaviorVersion, GitCommit, ModelId};
 use serde::Serialize;
 
 use crate::output::print_json;
@@ -50,16 +48,19 @@ impl RemoteArgs {
             .map_err(remote_error)
     }
 
-    pub fn connect(&self) -> CliResult<Compiler> {
-        Compiler::connect(ConnectOptions {
+    pub fn connect_options(&self) -> ConnectOptions {
+        ConnectOptions {
             destination: self.remote.clone(),
             allow_other_compiler: self.allow_other_compiler,
             remote_root: self.remote_root.clone(),
             ssh_config: self.ssh_config.clone(),
             rsync: self.rsync.clone(),
             ..ConnectOptions::default()
-        })
-        .map_err(remote_error)
+        }
+    }
+
+    pub fn connect(&self) -> CliResult<Compiler> {
+        Compiler::connect(self.connect_options()).map_err(remote_error)
     }
 }
 
@@ -106,8 +107,13 @@ pub struct BumpArgs {
     /// The full tinygrad commit.
     #[arg(long, value_name = "SHA")]
     pub commit: GitCommit,
-    /// Print `{"openpilot","commit","files","generation":{"from","to"},"manifest_candidates"}`
-    /// (`generation` is null when --commit is already the current generation's pin).
+    /// Say what would be written and removed, and change nothing (every refusal still applies).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print `{"openpilot","commit","files","generation":{"from","to"},"manifest_candidates",
+    /// "dry_run","written":[…],"removed":[…]}` (`generation` is null when --commit is already
+    /// the current generation's pin; `written`/`removed` are paths, a directory standing for
+    /// its content).
     #[arg(long)]
     pub json: bool,
 }
@@ -183,7 +189,12 @@ pub struct BuiltinArgs {
     /// The openpilot tree whose selfdrive/modeld/models/driving_tinygrad.pkl is replaced.
     #[arg(long, value_name = "DIR")]
     pub openpilot: PathBuf,
-    /// Print `{"path","size","sha256","chunk_count","removed"}`.
+    /// Read and check the artifact, say what would be written and removed, and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print `{"path","size","sha256","chunk_count","dry_run","written":[…],"removed":[…]}`
+    /// (file names in selfdrive/modeld/models; `removed` lists old files not replaced by a new
+    /// one of the same name).
     #[arg(long)]
     pub json: bool,
 }
@@ -393,134 +404,43 @@ pub fn dm(args: DmArgs) -> CliResult {
     Ok(())
 }
 
-/// The built-in model's logical name in the openpilot tree.
-const BUILTIN_NAME: &str = "driving_tinygrad.pkl";
-/// GitHub refuses files over 100 MB; nothing that size may stay in the tree.
-const REPOSITORY_FILE_LIMIT: u64 = 100_000_000;
-
-#[derive(Serialize)]
-struct BuiltinReport {
-    path: PathBuf,
-    size: u64,
-    sha256: chunker::Sha256Digest,
-    chunk_count: u32,
-    removed: Vec<String>,
-}
-
 pub fn builtin(args: BuiltinArgs) -> CliResult {
-    let models = args.openpilot.join("selfdrive/modeld/models");
-    if !models.is_dir() {
-        return Err(CliError::usage(format!(
-            "{} does not exist; is --openpilot the openpilot tree?",
-            models.display()
-        )));
-    }
-    // The artifact may carry a sidecar (a compile output does); then it must match. Bounded
-    // read: a bogus multi-gigabyte "sidecar" is reported, not loaded.
-    let expected = match args.artifact.file_name() {
-        Some(n) => chunker::read_sidecar(
-            &args
-                .artifact
-                .with_file_name(chunker::sidecar_name(&n.to_string_lossy())),
-        )?,
-        None => None,
-    };
-    let mut reader = chunker::open(&args.artifact)?;
-    // The built-in model is a v25 driving artifact like any other: an OOB container.
-    chunker::check_oob_reader(&mut reader, &args.artifact.display().to_string())?;
-    reader
-        .seek(std::io::SeekFrom::Start(0))
-        .map_err(|e| io_err(&args.artifact, e))?;
-    let size = reader.len();
-    let bar = crate::progress::bytes_bar(size, "splitting the built-in model", args.json);
-    let reader = crate::progress::ProgressReader {
-        inner: reader,
-        bar: bar.clone(),
-    };
-    let staging = models.join(format!(
-        "{}builtin-{}",
-        atomic::TEMP_PREFIX,
-        std::process::id()
-    ));
-    if staging.exists() {
-        fs::remove_dir_all(&staging).map_err(|e| io_err(&staging, e))?;
-    }
-    fs::create_dir_all(&staging).map_err(|e| io_err(&staging, e))?;
-    let result = (|| {
-        let report = chunker::split_reader(
-            reader,
-            size,
-            BUILTIN_NAME,
-            &staging,
-            &SplitOptions {
-                chunk_size: chunker::DEFAULT_CHUNK_SIZE,
-            },
-        )?;
-        if let Some(want) = expected
-            && want != report.sha256
-        {
-            return Err(CliError::check_failed(format!(
-                "{}: SHA-256 {} does not match its .sha256 ({want}); the built-in model was not \
-                 changed",
-                args.artifact.display(),
-                report.sha256
-            )));
-        }
-        // Remove the old built-in in every form it may have: a plain PKL, chunks, legacy parts.
-        let mut removed = Vec::new();
-        for entry in fs::read_dir(&models).map_err(|e| io_err(&models, e))? {
-            let entry = entry.map_err(|e| io_err(&models, e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if (name == BUILTIN_NAME || name.starts_with(&format!("{BUILTIN_NAME}.")))
-                && entry.path().is_file()
-            {
-                fs::remove_file(entry.path()).map_err(|e| io_err(&entry.path(), e))?;
-                removed.push(name);
-            }
-        }
-        removed.sort();
-        let mut names: Vec<String> = report.chunks.iter().map(|c| c.name.clone()).collect();
-        names.push(chunker::sidecar_name(BUILTIN_NAME));
-        names.push(chunker::chunk_manifest_name(BUILTIN_NAME));
-        for n in &names {
-            fs::rename(staging.join(n), models.join(n)).map_err(|e| io_err(&models.join(n), e))?;
-        }
-        atomic::sync_dir(&models).map_err(|e| io_err(&models, e))?;
-        if let Some(big) = report
-            .chunks
-            .iter()
-            .find(|c| c.size > REPOSITORY_FILE_LIMIT)
-        {
-            return Err(CliError::failure(format!(
-                "{} is {} bytes, over GitHub's 100 MB limit",
-                big.name, big.size
-            )));
-        }
-        Ok(BuiltinReport {
-            path: models.join(BUILTIN_NAME),
-            size: report.size,
-            sha256: report.sha256,
-            chunk_count: report.chunk_count,
-            removed,
-        })
-    })();
+    let bar = crate::progress::bytes_bar(0, "reading the built-in model", args.json);
+    let report =
+        release::tree::builtin(&args.artifact, &args.openpilot, args.dry_run, |n, total| {
+            bar.set_length(total);
+            bar.inc(n)
+        });
     bar.finish_and_clear();
-    let _ = fs::remove_dir_all(&staging);
-    let report = result?;
+    let report = report?;
     if args.json {
         return print_json(&report);
     }
+    let removed = if report.removed.is_empty() {
+        "nothing".to_string()
+    } else {
+        report.removed.join(", ")
+    };
+    if report.dry_run {
+        crate::outln!(
+            "dry run: {} would become a chunk set ({} bytes, sha256 {}, {} chunk(s)); nothing \
+             was changed",
+            report.path.display(),
+            report.size,
+            report.sha256,
+            report.chunk_count
+        )?;
+        crate::outln!("  would write  {}", report.written.join(", "))?;
+        crate::outln!("  would remove {removed}")?;
+        crate::outln!("next: run the same command without --dry-run")?;
+        return Ok(());
+    }
     crate::outln!(
-        "ok: {} is now a chunk set ({} bytes, sha256 {}, {} chunk(s)); removed {}",
+        "ok: {} is now a chunk set ({} bytes, sha256 {}, {} chunk(s)); removed {removed}",
         report.path.display(),
         report.size,
         report.sha256,
         report.chunk_count,
-        if report.removed.is_empty() {
-            "nothing".to_string()
-        } else {
-            report.removed.join(", ")
-        }
     )?;
     crate::outln!(
         "next: commit selfdrive/modeld/models/driving_tinygrad.pkl.* (no full PKL remains)"
@@ -711,143 +631,53 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
     Ok(())
 }
 
-pub fn io_err(path: &Path, e: std::io::Error) -> CliError {
-    CliError::failure(format!("{}: {e}", path.display()))
-}
-
 // ---- tinygrad bump ------------------------------------------------------------------------
 
-#[derive(Serialize)]
-struct BumpReport {
-    openpilot: PathBuf,
-    commit: GitCommit,
-    files: u64,
-    generation: Option<GenerationMove>,
-    manifest_candidates: Option<String>,
-}
-
-#[derive(Serialize)]
-struct GenerationMove {
-    from: Generation,
-    to: Generation,
-}
-
 fn bump(args: BumpArgs) -> CliResult {
-    let src = &args.tinygrad_src;
-    if !src.is_dir() {
-        return Err(CliError::usage(format!(
-            "--tinygrad-src {} is not a directory",
-            src.display()
-        )));
-    }
-    if !args.openpilot.is_dir() {
-        return Err(CliError::usage(format!(
-            "--openpilot {} is not a directory",
-            args.openpilot.display()
-        )));
-    }
-    // The generation↔pin pair first (pure, before anything is written): the same pin as the
-    // current generation is the same ABI (no new generation); a new pin makes the next
-    // generation, and a pin another generation has, or a second pin for the next generation,
-    // is refused.
-    let mut pins = super::store::load_pins(Some(&args.openpilot))?;
-    let candidates = find_manifest_candidates(&args.openpilot);
-    let current = candidates
-        .as_ref()
-        .and_then(|(_, _, gens)| gens.iter().max().copied())
-        .unwrap_or(manifest::layout::CURRENT_GENERATION);
-    let same_abi = pins.owner_of(&args.commit) == Some(current);
-    let generation = if same_abi {
-        None
-    } else {
-        let to = current
-            .next()
-            .ok_or_else(|| CliError::usage(format!("{current} is the last generation number")))?;
-        pins.record(to, &args.commit)
-            .map_err(|e| CliError::check_failed(format!("tinygrad bump refused: {e}")))?;
-        Some(GenerationMove { from: current, to })
-    };
-    // A git checkout must be at the commit we are about to record.
-    if src.join(".git").exists() {
-        let out = std::process::Command::new("git")
-            .arg("-C")
-            .arg(src)
-            .args(["rev-parse", "HEAD"])
-            .output()
-            .map_err(|e| CliError::failure(format!("git rev-parse in {}: {e}", src.display())))?;
-        let head = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        if !out.status.success() || head != args.commit.as_str() {
-            return Err(CliError::check_failed(format!(
-                "{} is at {head:?}, not {}; check out the commit first",
-                src.display(),
-                args.commit
-            )));
-        }
-    }
-    let dest = args.openpilot.join("tinygrad_repo");
-    let new = args
-        .openpilot
-        .join(format!("{}tinygrad_repo-new", atomic::TEMP_PREFIX));
-    let old = args
-        .openpilot
-        .join(format!("{}tinygrad_repo-old", atomic::TEMP_PREFIX));
-    for p in [&new, &old] {
-        if p.exists() {
-            fs::remove_dir_all(p).map_err(|e| io_err(p, e))?;
-        }
-    }
-    let files = copy_tree_without_git(src, &new)?;
-    atomic::write_atomic(
-        new.join("TINYGRAD_COMMIT"),
-        format!("{}\n", args.commit).as_bytes(),
-    )
-    .map_err(|e| io_err(&new, e))?;
-    // Swap by rename so tinygrad_repo/ is never half old, half new.
-    if dest.exists() {
-        fs::rename(&dest, &old).map_err(|e| io_err(&dest, e))?;
-    }
-    fs::rename(&new, &dest).map_err(|e| io_err(&dest, e))?;
-    atomic::sync_dir(&args.openpilot).map_err(|e| io_err(&args.openpilot, e))?;
-    if old.exists() {
-        fs::remove_dir_all(&old).map_err(|e| io_err(&old, e))?;
-    }
-
-    // Recorded after the swap: a crash in between leaves the pair unrecorded, and rerunning
-    // the same bump records it.
-    if generation.is_some() {
-        let path = args.openpilot.join(manifest::pins::PINS_FILE);
-        atomic::write_atomic(&path, pins.to_json().as_bytes()).map_err(|e| io_err(&path, e))?;
-    }
-    let report = BumpReport {
+    let report = release::tree::bump(&release::tree::BumpRequest {
         openpilot: args.openpilot.clone(),
+        tinygrad_src: args.tinygrad_src.clone(),
         commit: args.commit.clone(),
-        files,
-        manifest_candidates: candidates
-            .as_ref()
-            .map(|(p, line, _)| format!("{}:{line}", p.display())),
-        generation,
-    };
+        dry_run: args.dry_run,
+    })?;
     if args.json {
         return print_json(&report);
     }
+    let dest = args.openpilot.join("tinygrad_repo");
+    let pins = args.openpilot.join(manifest::pins::PINS_FILE);
+    let (would, done) = if report.dry_run {
+        ("would be ", "dry run: ")
+    } else {
+        ("", "ok: ")
+    };
     crate::outln!(
-        "ok: {} replaced ({} files, no git metadata); TINYGRAD_COMMIT = {}",
+        "{done}{} {would}replaced ({} files, no git metadata); TINYGRAD_COMMIT = {}",
         dest.display(),
         report.files,
         args.commit
     )?;
     match &report.generation {
         Some(g) => crate::outln!(
-            "recorded {} = tinygrad {} in {} (publish --openpilot {} checks manifests against it)",
+            "{} {}= tinygrad {} in {} (publish --openpilot {} checks manifests against it)",
             g.to,
+            if report.dry_run {
+                "would be recorded "
+            } else {
+                "recorded "
+            },
             args.commit,
-            args.openpilot.join(manifest::pins::PINS_FILE).display(),
+            pins.display(),
             args.openpilot.display()
         )?,
         None => crate::outln!(
-            "{} is already {current}'s pin: same ABI, no new generation",
-            args.commit
+            "{} is already {}'s pin: same ABI, no new generation",
+            args.commit,
+            report.current
         )?,
+    }
+    if report.dry_run {
+        crate::outln!("nothing was changed; run the same command without --dry-run")?;
+        return Ok(());
     }
     if let Some(g) = &report.generation {
         crate::outln!(
@@ -877,88 +707,4 @@ fn bump(args: BumpArgs) -> CliResult {
         args.openpilot.display()
     )?;
     Ok(())
-}
-
-/// Copy a directory tree, skipping every `.git` entry (directory or gitfile) at any depth.
-fn copy_tree_without_git(src: &Path, dst: &Path) -> CliResult<u64> {
-    fs::create_dir_all(dst).map_err(|e| io_err(dst, e))?;
-    let mut count = 0;
-    for entry in fs::read_dir(src).map_err(|e| io_err(src, e))? {
-        let entry = entry.map_err(|e| io_err(src, e))?;
-        if entry.file_name() == ".git" {
-            continue;
-        }
-        let from = entry.path();
-        let to = dst.join(entry.file_name());
-        let ty = entry.file_type().map_err(|e| io_err(&from, e))?;
-        if ty.is_symlink() {
-            let target = fs::read_link(&from).map_err(|e| io_err(&from, e))?;
-            std::os::unix::fs::symlink(&target, &to).map_err(|e| io_err(&to, e))?;
-            count += 1;
-        } else if ty.is_dir() {
-            count += copy_tree_without_git(&from, &to)?;
-        } else {
-            fs::copy(&from, &to).map_err(|e| io_err(&to, e))?;
-            count += 1;
-        }
-    }
-    Ok(count)
-}
-
-/// Find `MANIFEST_CANDIDATES = ("v25",)` in the device code under `starpilot/`.
-fn find_manifest_candidates(openpilot: &Path) -> Option<(PathBuf, usize, Vec<Generation>)> {
-    let mut stack = vec![openpilot.join("starpilot")];
-    while let Some(dir) = stack.pop() {
-        let Ok(rd) = fs::read_dir(&dir) else { continue };
-        let mut entries: Vec<_> = rd.flatten().map(|e| e.path()).collect();
-        entries.sort();
-        for p in entries {
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|e| e == "py") {
-                let mut text = String::new();
-                if fs::File::open(&p)
-                    .and_then(|mut f| f.read_to_string(&mut text))
-                    .is_err()
-                {
-                    continue;
-                }
-                for (i, line) in text.lines().enumerate() {
-                    let t = line.trim_start();
-                    if let Some(rest) = t.strip_prefix("MANIFEST_CANDIDATES") {
-                        let gens = parse_generations(rest);
-                        if !gens.is_empty() {
-                            return Some((p, i + 1, gens));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    None
-}
-
-/// The `"vNN"` strings in a Python tuple literal.
-fn parse_generations(text: &str) -> Vec<Generation> {
-    text.split(['"', '\''])
-        .filter_map(|s| s.parse::<Generation>().ok())
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn generations_in_python() {
-        assert_eq!(
-            parse_generations(" = (\"v25\",)"),
-            vec![Generation::new(25)]
-        );
-        assert_eq!(
-            parse_generations(": tuple[str, ...] = ('v24', 'v25')"),
-            vec![Generation::new(24), Generation::new(25)]
-        );
-        assert!(parse_generations(" = ()").is_empty());
-    }
 }

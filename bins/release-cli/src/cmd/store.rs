@@ -8,7 +8,6 @@ use artifact_store::publish::{
     Contract, Event, PublishOptions, PublishReport, Step, check_store_order, publish_signed,
 };
 use artifact_store::retry::RetryPolicy;
-use artifact_store::reuse::{ReuseRequest, check_compatibility, reuse, update_manifest_entry};
 use artifact_store::serve::{ServeConfig, Server};
 use artifact_store::{HfConfig, Location, Store, StoreSpec};
 use clap::Args;
@@ -19,7 +18,7 @@ use crate::output::print_json;
 use crate::progress::bytes_bar;
 use crate::{CliError, CliResult};
 
-fn store_error(e: artifact_store::Error) -> CliError {
+pub(crate) fn store_error(e: artifact_store::Error) -> CliError {
     use artifact_store::Error as E;
     match e {
         E::InvalidStore { .. } | E::InvalidPath { .. } => CliError::usage(e),
@@ -39,26 +38,7 @@ fn read_manifest(path: &PathBuf) -> CliResult<Manifest> {
 
 /// The built-in pins plus those `tinygrad bump` recorded in `<openpilot>/tinygrad_pins.json`.
 pub fn load_pins(openpilot: Option<&std::path::Path>) -> CliResult<manifest::PinTable> {
-    let mut pins = manifest::PinTable::builtin();
-    let Some(dir) = openpilot else {
-        return Ok(pins);
-    };
-    let path = dir.join(manifest::pins::PINS_FILE);
-    match std::fs::read(&path) {
-        Ok(bytes) => pins
-            .merge_json(&bytes)
-            .map_err(|e| CliError::check_failed(format!("{}: {e}", path.display())))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if !dir.is_dir() {
-                return Err(CliError::usage(format!(
-                    "--openpilot {}: not a directory",
-                    dir.display()
-                )));
-            }
-        }
-        Err(e) => return Err(CliError::failure(format!("{}: {e}", path.display()))),
-    }
-    Ok(pins)
+    Ok(release::tree::load_pins(openpilot)?)
 }
 
 #[derive(Debug, Args)]
@@ -421,70 +401,40 @@ pub struct ReuseArgs {
 pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
     // Everything that can refuse is decided before any store is touched.
     let catalog = read_manifest(&args.source_catalog)?;
-    let source_id = args.source_id.clone().unwrap_or_else(|| args.model.clone());
-    let compatible = check_compatibility(
-        &catalog,
-        &source_id,
-        &args.source_commit,
-        &args.tinygrad_commit,
-    )
-    .map_err(store_error)?;
-    if args.generation == layout::CURRENT_GENERATION
-        && args.tinygrad_commit != layout::current_tinygrad_commit()
-    {
-        return Err(CliError::check_failed(format!(
-            "reuse refused: generation {} is pinned to tinygrad {}, not {}; an artifact from another tinygrad revision is never renamed into this generation",
-            args.generation,
-            layout::CURRENT_TINYGRAD_COMMIT,
-            args.tinygrad_commit
-        )));
-    }
-    let mut target = match &args.manifest {
-        Some(path) => {
-            let mut m = read_manifest(path)?;
-            if let Some(tg) = m.tinygrad_commit()
-                && tg != args.tinygrad_commit
-            {
-                return Err(CliError::check_failed(format!(
-                    "reuse refused: {} records tinygrad {tg}, not {}",
-                    path.display(),
-                    args.tinygrad_commit
-                )));
-            }
-            // Check the entry exists now, so a refusal comes before any copy.
-            update_manifest_entry(&mut m, &args.model, &compatible, &args.source_commit)
-                .map_err(store_error)?;
-            Some((path.clone(), m))
-        }
+    let target = match &args.manifest {
+        Some(path) => Some((path.clone(), read_manifest(path)?)),
         None => None,
     };
+    let approved = release::reuse::approve(
+        release::reuse::ReuseAsk {
+            model: args.model.clone(),
+            source_id: args.source_id.clone().unwrap_or_else(|| args.model.clone()),
+            source_commit: args.source_commit.clone(),
+            tinygrad_commit: args.tinygrad_commit.clone(),
+            generation: args.generation,
+        },
+        &catalog,
+        target,
+    )?;
     let from = Location::parse(&args.from).map_err(store_error)?;
     let source = args.access.open(&from.store).map_err(store_error)?;
     let dest = StoreSpec::parse(&args.to)
         .and_then(|spec| args.access.open(&spec))
         .map_err(store_error)?;
     let bar = bytes_bar(
-        compatible.artifact.size.get(),
+        approved.compatible.artifact.size.get(),
         format!("reuse {}", args.model),
         args.json,
     );
-    let report = reuse(
-        &ReuseRequest {
-            model: args.model.clone(),
-            generation: args.generation,
-            source: source.as_ref(),
-            source_path: from.path.clone(),
-            compatible,
-            dest: dest.as_ref(),
-        },
+    let report = release::reuse::run(
+        approved,
+        source.as_ref(),
+        from.path.clone(),
+        dest.as_ref(),
         &mut |_, _, size| bar.inc(size),
-    )
-    .map_err(store_error)?;
+    );
     bar.finish_and_clear();
-    if let Some((path, m)) = target.take() {
-        chunker::atomic::write_atomic(&path, &m.to_canonical_bytes())
-            .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))?;
-    }
+    let report = report?;
     if args.json {
         return print_json(&report);
     }

@@ -1,0 +1,454 @@
+//! The resumable bulk rebuild of a generation.
+//!
+//! Workspace layout (everything a rerun needs to resume):
+//!
+//! ```text
+//! <workspace>/onnx/<id>/<file>.onnx        sources fetched from <store>/onnx/<source-id>/
+//! <workspace>/logs/<id>.log                the compile log of the latest attempt
+//! <workspace>/results/<id>.json            success record (what was built, with which pin)
+//! <workspace>/results/<id>.failure.json    failure record of the latest attempt
+//! <workspace>/ready/<id>/<id>_driving_tinygrad.pkl.chunkNNofMM + .sha256 + .chunkmanifest
+//! <workspace>/ready/model_names_<gen>.json the manifest for `release-cli publish`
+//! ```
+//!
+//! The rules: a model is done (skipped) when its success record names this generation and pin,
+//! was built from what the plan asks for now (behaviour version, sources, input format, GPU
+//! target) and its ready chunk set still verifies against the record; anything else is
+//! (re)built. A failure is recorded and the run goes on, unless it is one after which every
+//! further model would fail the same way (no store, no compiler, a wrong tinygrad marker): then
+//! the run stops. The building itself is a [`Builder`]: [`RemoteBuilder`] fetches from a store
+//! and compiles on the compiler comma; the unit tests drive the rules with a fake.
+
+mod plan;
+mod record;
+mod remote;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use chunker::atomic;
+use compiler_remote::FetchedArtifact;
+use manifest::{Generation, GitCommit, Manifest, ModelId};
+use serde::Serialize;
+
+use crate::{Error, Result};
+
+pub use plan::{PlannedModel, SourceEntry, parse_source_map, plan};
+pub use record::{
+    BuildRecord, FailureRecord, RecordedArtifact, build_manifest, record_fits, record_matches,
+    recorded_version,
+};
+use record::{read_json, ready_verifies, write_json};
+pub use remote::{RemoteBuilder, fetch_sources};
+
+/// The default source store: the bucket where the seed archives ONNX sources.
+pub const DEFAULT_SOURCES: &str = "hf://buckets/StarPilot-Driving/StarPilot-Resources";
+
+/// Why one model's build failed, and whether every further model would fail the same way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildError {
+    pub message: String,
+    /// Stop the run: the store or the compiler cannot be used at all.
+    pub stops_the_run: bool,
+}
+
+impl BuildError {
+    /// A failure of this model only; the run goes on with the next one.
+    pub fn model(message: impl std::fmt::Display) -> Self {
+        Self {
+            message: message.to_string(),
+            stops_the_run: false,
+        }
+    }
+
+    /// A failure every further model would meet too: the run stops.
+    pub fn run(message: impl std::fmt::Display) -> Self {
+        Self {
+            message: message.to_string(),
+            stops_the_run: true,
+        }
+    }
+}
+
+impl From<compiler_remote::Error> for BuildError {
+    fn from(e: compiler_remote::Error) -> Self {
+        Self {
+            stops_the_run: stops_the_run(&e),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Compiler errors after which every further model would fail the same way: no session, no
+/// usable rsync, or a compiler at another tinygrad.
+pub fn stops_the_run(e: &compiler_remote::Error) -> bool {
+    use compiler_remote::Error as E;
+    matches!(
+        e,
+        E::MarkerMismatch { .. }
+            | E::MarkerMissing { .. }
+            | E::Connect { .. }
+            | E::HostKeyNotKnown { .. }
+            | E::Ssh { .. }
+            | E::RsyncMissing { .. }
+            | E::RsyncIncompatible { .. }
+    )
+}
+
+/// What builds one model: fetch its sources, compile them into a verified chunk set.
+pub trait Builder {
+    /// Put the model's ONNX sources in `dir` (what a resumed run finds there may be kept) and
+    /// return their paths. `say` takes a status line ("connecting to …").
+    fn fetch_sources(
+        &mut self,
+        model: &PlannedModel,
+        dir: &Path,
+        say: &mut dyn FnMut(&str),
+    ) -> Result<Vec<PathBuf>, BuildError>;
+
+    /// Compile `sources` for `model` and leave the verified chunk set in `out`, the build log in
+    /// `log`.
+    fn compile(
+        &mut self,
+        model: &PlannedModel,
+        sources: &[PathBuf],
+        out: &Path,
+        log: &Path,
+        say: &mut dyn FnMut(&str),
+    ) -> Result<FetchedArtifact, BuildError>;
+}
+
+// ---- the run ------------------------------------------------------------------------------
+
+/// A rebuild, planned: what to build, for which generation and pin, into which workspace.
+#[derive(Debug, Clone)]
+pub struct Rebuild {
+    pub workspace: PathBuf,
+    pub generation: Generation,
+    pub pin: GitCommit,
+    pub base: Manifest,
+    pub planned: Vec<PlannedModel>,
+    /// Source-map models the base catalog does not list (never added unasked).
+    pub not_in_catalog: Vec<ModelId>,
+}
+
+/// How one model of a run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelOutcome {
+    pub id: ModelId,
+    /// `compiled`, `skipped` (already done) or `failed`.
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What a run did. Serializes to the `release-cli rebuild --json` summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub workspace: PathBuf,
+    pub generation: Generation,
+    pub tinygrad_commit: GitCommit,
+    pub manifest: PathBuf,
+    pub compiled: usize,
+    pub skipped: usize,
+    pub failed: usize,
+    /// Models the run did not reach (after an error that stops the whole run).
+    pub not_attempted: Vec<ModelId>,
+    /// Source-map models the base catalog does not list (never added unasked).
+    pub not_in_catalog: Vec<ModelId>,
+    /// Catalog models without an artifact for this generation yet.
+    pub without_artifact: Vec<ModelId>,
+    pub models: Vec<ModelOutcome>,
+    /// Why the run stopped early, if it did.
+    #[serde(skip)]
+    pub stopped: Option<String>,
+    /// Catalog models with an artifact for this generation in the manifest.
+    #[serde(skip)]
+    pub with_artifact: usize,
+}
+
+impl Summary {
+    /// The run as a result: [`Error::RunStopped`] if it stopped, [`Error::ModelsFailed`] if
+    /// some model failed, else `Ok`.
+    pub fn result(&self) -> Result<()> {
+        if let Some(reason) = &self.stopped {
+            return Err(Error::RunStopped {
+                reason: reason.clone(),
+            });
+        }
+        let ids: Vec<ModelId> = self
+            .models
+            .iter()
+            .filter(|o| o.status == "failed")
+            .map(|o| o.id.clone())
+            .collect();
+        if ids.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::ModelsFailed {
+                ids,
+                results: self.workspace.join("results"),
+            })
+        }
+    }
+
+    /// Every catalog model has an artifact for this generation and nothing failed.
+    pub fn complete(&self) -> bool {
+        self.without_artifact.is_empty()
+    }
+}
+
+/// A status line of a run, for the model `index` (0-based) of `total`.
+pub struct Progress<'a> {
+    pub index: usize,
+    pub total: usize,
+    pub id: &'a ModelId,
+    pub message: &'a str,
+}
+
+/// The SHA-256 of each chunk of the verified chunk set `out/<name>`, in order (one pass over
+/// the chunks, which are small next to the compile that made them).
+fn chunk_digests(out: &Path, name: &str, count: u32) -> Result<Vec<chunker::Sha256Digest>> {
+    (1..=count)
+        .map(|i| {
+            let path = out.join(chunker::chunk_name(name, i, count));
+            Ok(chunker::Sha256Digest::of_file(&path)?.0)
+        })
+        .collect()
+}
+
+impl Rebuild {
+    /// Read the source map and the base catalog and plan the run (`only`: just these models).
+    pub fn prepare(
+        workspace: PathBuf,
+        source_map: &Path,
+        base_manifest: &Path,
+        only: &[ModelId],
+        generation: Generation,
+        pin: GitCommit,
+    ) -> Result<Self> {
+        let map_bytes = fs::read(source_map).map_err(Error::io(source_map))?;
+        let map = parse_source_map(&map_bytes, source_map)?;
+        let base_bytes = fs::read(base_manifest).map_err(Error::io(base_manifest))?;
+        let base = Manifest::from_slice(&base_bytes).map_err(|source| Error::ManifestFile {
+            path: base_manifest.to_path_buf(),
+            source,
+        })?;
+        let (planned, not_in_catalog) = plan(&map, &base, only)?;
+        Ok(Self {
+            workspace,
+            generation,
+            pin,
+            base,
+            planned,
+            not_in_catalog,
+        })
+    }
+
+    /// The success record at `path` if it still counts as done: made for this generation and
+    /// pin, accepted by `fits`, and its ready chunk set still verifies against it.
+    fn done_record(&self, path: &Path, fits: impl Fn(&BuildRecord) -> bool) -> Option<BuildRecord> {
+        read_json::<BuildRecord>(path).filter(|r| {
+            record_matches(r, self.generation, &self.pin)
+                && fits(r)
+                && ready_verifies(&self.workspace, r)
+        })
+    }
+
+    /// Build every planned model that is not done, record each outcome, and write the
+    /// manifest. Only I/O errors of the workspace itself end it with `Err`; model failures are
+    /// in the summary ([`Summary::result`]).
+    pub fn run(
+        &self,
+        builder: &mut dyn Builder,
+        on_progress: &mut dyn FnMut(Progress<'_>),
+    ) -> Result<Summary> {
+        let ws = &self.workspace;
+        for d in ["onnx", "logs", "results", "ready"] {
+            fs::create_dir_all(ws.join(d)).map_err(Error::io(ws.join(d)))?;
+        }
+        let results = ws.join("results");
+        let total = self.planned.len();
+        let mut outcomes = Vec::new();
+        // Records this run checked (skipped) or built: the manifest below takes them as they
+        // are rather than reading and re-hashing their ready chunk sets a second time.
+        let mut this_run: Vec<BuildRecord> = Vec::new();
+        let mut stopped: Option<String> = None;
+        for (index, p) in self.planned.iter().enumerate() {
+            if stopped.is_some() {
+                break;
+            }
+            let id = &p.source.id;
+            let mut say = |message: &str| {
+                on_progress(Progress {
+                    index,
+                    total,
+                    id,
+                    message,
+                })
+            };
+            let record_path = results.join(format!("{id}.json"));
+            let failure_path = results.join(format!("{id}.failure.json"));
+            if let Some(r) = self.done_record(&record_path, |r| record_fits(r, p)) {
+                say("done earlier, skipped");
+                let _ = atomic::remove_if_exists(&failure_path);
+                outcomes.push(ModelOutcome {
+                    id: id.clone(),
+                    status: "skipped",
+                    error: None,
+                });
+                this_run.push(r);
+                continue;
+            }
+            let log = ws.join("logs").join(format!("{id}.log"));
+            let attempt = self.build_one(builder, p, &log, &mut say);
+            match attempt {
+                Ok(record) => {
+                    write_json(&record_path, &record)?;
+                    let _ = atomic::remove_if_exists(&failure_path);
+                    say(&format!(
+                        "compiled: {} bytes, {} chunk(s), sha256 {}",
+                        record.artifact.size, record.artifact.chunk_count, record.artifact.sha256
+                    ));
+                    outcomes.push(ModelOutcome {
+                        id: id.clone(),
+                        status: "compiled",
+                        error: None,
+                    });
+                    this_run.push(record);
+                }
+                Err(e) => {
+                    // A failed attempt invalidates an older success record of this model.
+                    let _ = atomic::remove_if_exists(&record_path);
+                    write_json(
+                        &failure_path,
+                        &FailureRecord {
+                            id: id.clone(),
+                            status: "failed".into(),
+                            generation: self.generation,
+                            error: e.message.clone(),
+                            log: log.clone(),
+                        },
+                    )?;
+                    say(&format!("FAILED: {}", e.message));
+                    outcomes.push(ModelOutcome {
+                        id: id.clone(),
+                        status: "failed",
+                        error: Some(e.message.clone()),
+                    });
+                    if e.stops_the_run {
+                        stopped = Some(e.message);
+                    }
+                }
+            }
+        }
+
+        let records = self.manifest_records(this_run);
+        let m = build_manifest(&self.base, &records, self.generation, &self.pin)?;
+        let manifest_path = ws
+            .join("ready")
+            .join(manifest::layout::manifest_file_name(self.generation).as_str());
+        atomic::write_atomic(&manifest_path, &m.to_canonical_bytes())
+            .map_err(Error::io(&manifest_path))?;
+
+        let count = |s: &str| outcomes.iter().filter(|o| o.status == s).count();
+        Ok(Summary {
+            workspace: ws.clone(),
+            generation: self.generation,
+            tinygrad_commit: self.pin.clone(),
+            manifest: manifest_path,
+            compiled: count("compiled"),
+            skipped: count("skipped"),
+            failed: count("failed"),
+            not_attempted: self
+                .planned
+                .iter()
+                .map(|p| p.source.id.clone())
+                .filter(|id| !outcomes.iter().any(|o| &o.id == id))
+                .collect(),
+            not_in_catalog: self.not_in_catalog.clone(),
+            without_artifact: self
+                .base
+                .ids()
+                .filter(|id| !records.iter().any(|r| &r.id == *id))
+                .cloned()
+                .collect(),
+            models: outcomes,
+            stopped,
+            with_artifact: records.len(),
+        })
+    }
+
+    fn build_one(
+        &self,
+        builder: &mut dyn Builder,
+        p: &PlannedModel,
+        log: &Path,
+        say: &mut dyn FnMut(&str),
+    ) -> Result<BuildRecord, BuildError> {
+        let id = &p.source.id;
+        say("fetching sources");
+        let sources =
+            builder.fetch_sources(p, &self.workspace.join("onnx").join(id.as_str()), say)?;
+        say(&format!(
+            "compiling ({}, {}{})",
+            p.version,
+            p.source.input_format,
+            if p.gpu { ", gpu" } else { "" }
+        ));
+        let out = self.workspace.join("ready").join(id.as_str());
+        let a = builder.compile(p, &sources, &out, log, say)?;
+        let chunk_sha256 =
+            chunk_digests(&out, &a.name, a.chunk_count).map_err(BuildError::model)?;
+        Ok(BuildRecord {
+            id: id.clone(),
+            status: "compiled".into(),
+            generation: self.generation,
+            tinygrad_commit: self.pin.clone(),
+            version: p.version,
+            source_id: p.source.source_id.clone(),
+            input_format: p.source.input_format,
+            uses_external_gpu: p.gpu,
+            source_commit: p.source.source_commit.clone(),
+            sources: sources
+                .iter()
+                .filter_map(|s| s.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect(),
+            artifact: RecordedArtifact {
+                name: a.name,
+                size: a.size,
+                sha256: a.sha256,
+                chunk_count: a.chunk_count,
+                files: a.files,
+                chunk_sha256,
+            },
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// Every success record for this generation and pin counts, including models outside this
+    /// run's selection, so a partial rerun never drops finished work from the manifest; but
+    /// never a stale one (built for another behaviour version or from other sources than the
+    /// plan now says, e.g. a model a stopped run did not reach).
+    fn manifest_records(&self, mut this_run: Vec<BuildRecord>) -> Vec<BuildRecord> {
+        let mut records = Vec::new();
+        for id in self.base.ids() {
+            if let Some(i) = this_run.iter().position(|r| &r.id == id) {
+                records.push(this_run.swap_remove(i));
+                continue;
+            }
+            let fits = |r: &BuildRecord| match self.planned.iter().find(|p| &p.source.id == id) {
+                Some(p) => record_fits(r, p),
+                None => self.base.get(id).and_then(|e| e.version()) == Some(r.version),
+            };
+            let path = self.workspace.join("results").join(format!("{id}.json"));
+            if let Some(r) = self.done_record(&path, fits) {
+                records.push(r);
+            }
+        }
+        records
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,166 @@
+//! The records a run keeps in the workspace, when one still counts as done, and the manifest
+//! made from them.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use chunker::{Expected, atomic};
+use compiler_remote::InputFormat;
+use manifest::{
+    Artifact, ArtifactSize, BehaviorVersion, ChunkCount, Generation, GitCommit, Manifest, ModelId,
+    keys,
+};
+use serde::{Deserialize, Serialize};
+
+use super::PlannedModel;
+use crate::{Error, Result};
+
+/// `results/<id>.json`: what was built, from what, with which pin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuildRecord {
+    pub id: ModelId,
+    pub status: String,
+    pub generation: Generation,
+    pub tinygrad_commit: GitCommit,
+    pub version: BehaviorVersion,
+    pub source_id: ModelId,
+    pub input_format: InputFormat,
+    pub uses_external_gpu: bool,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub source_commit: Option<GitCommit>,
+    pub sources: Vec<String>,
+    pub artifact: RecordedArtifact,
+    pub log: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedArtifact {
+    pub name: String,
+    pub size: u64,
+    pub sha256: chunker::Sha256Digest,
+    pub chunk_count: u32,
+    pub files: Vec<String>,
+    /// SHA-256 of each chunk, in order: written to the manifest as `artifact_chunk_sha256` so
+    /// devices reject a bad chunk as soon as it arrives. Empty in records made before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunk_sha256: Vec<chunker::Sha256Digest>,
+}
+
+/// `results/<id>.failure.json`: the latest failed attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureRecord {
+    pub id: ModelId,
+    pub status: String,
+    pub generation: Generation,
+    pub error: String,
+    pub log: PathBuf,
+}
+
+/// Whether a success record is for this build (same generation and pin).
+pub fn record_matches(r: &BuildRecord, generation: Generation, pin: &GitCommit) -> bool {
+    r.status == "compiled" && r.generation == generation && &r.tinygrad_commit == pin
+}
+
+/// Whether a success record was built from what the plan asks for now: the same behaviour
+/// version, sources (`source_id`, `ref`), input format and GPU target. A record made before the
+/// source map or the base catalog changed is stale, and the model is built again.
+pub fn record_fits(r: &BuildRecord, p: &PlannedModel) -> bool {
+    r.id == p.source.id
+        && r.version == p.version
+        && r.source_id == p.source.source_id
+        && r.input_format == p.source.input_format
+        && r.uses_external_gpu == p.gpu
+        && r.source_commit == p.source.source_commit
+}
+
+/// The manifest for publish: the base catalog with, for every model built for this generation
+/// and pin, its artifact fields and `source_commit`; artifact fields of every other model are
+/// dropped (they describe another generation's pickle). Behaviour versions are never touched.
+pub fn build_manifest(
+    base: &Manifest,
+    records: &[BuildRecord],
+    generation: Generation,
+    pin: &GitCommit,
+) -> Result<Manifest> {
+    let mut m = base.clone();
+    m.set_generation(generation);
+    m.set_tinygrad_commit(pin);
+    let ids: Vec<ModelId> = m.ids().cloned().collect();
+    for id in ids {
+        let entry = m.get_mut(&id).expect("listed");
+        match records.iter().find(|r| r.id == id) {
+            Some(r) => {
+                let artifact = Artifact::tinygrad(
+                    ArtifactSize::new(r.artifact.size)?,
+                    r.artifact.sha256,
+                    ChunkCount::new(u64::from(r.artifact.chunk_count))?,
+                );
+                if r.artifact.chunk_sha256.len() == r.artifact.chunk_count as usize
+                    && r.artifact.chunk_count > 0
+                {
+                    entry.set_artifact_with_chunks(&artifact, &r.artifact.chunk_sha256)?;
+                } else {
+                    entry.set_artifact(&artifact);
+                    entry.remove(keys::ARTIFACT_CHUNK_SHA256)?;
+                }
+                if let Some(c) = &r.source_commit {
+                    entry.set_source_commit(c);
+                }
+                entry.set_uses_external_gpu(r.uses_external_gpu);
+            }
+            None => {
+                for k in [
+                    keys::ARTIFACT_FORMAT,
+                    keys::ARTIFACT_SIZE,
+                    keys::ARTIFACT_SHA256,
+                    keys::ARTIFACT_CHUNK_COUNT,
+                    keys::ARTIFACT_URL,
+                    keys::ARTIFACT_CHUNK_SHA256,
+                ] {
+                    entry.remove(k)?;
+                }
+            }
+        }
+    }
+    Ok(m)
+}
+
+// ---- building -----------------------------------------------------------------------------
+
+pub(super) fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
+    let bytes = fs::read(path).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+pub(super) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let mut text = serde_json::to_string_pretty(value).expect("records serialize");
+    text.push('\n');
+    atomic::write_atomic(path, text.as_bytes()).map_err(Error::io(path))
+}
+
+/// The recorded behaviour version of a built model (for `validate --workspace`).
+pub fn recorded_version(workspace: &Path, id: &ModelId) -> Result<BehaviorVersion> {
+    let path = workspace.join("results").join(format!("{id}.json"));
+    read_json::<BuildRecord>(&path)
+        .map(|r| r.version)
+        .ok_or(Error::RecordMissing { path })
+}
+
+/// Whether `ready/<id>/` still holds exactly what the record says.
+pub(super) fn ready_verifies(workspace: &Path, r: &BuildRecord) -> bool {
+    let logical = workspace
+        .join("ready")
+        .join(r.id.as_str())
+        .join(&r.artifact.name);
+    chunker::verify(
+        &logical,
+        &Expected {
+            sha256: Some(r.artifact.sha256),
+            size: Some(r.artifact.size),
+            chunk_count: Some(r.artifact.chunk_count),
+            chunk_sha256: (!r.artifact.chunk_sha256.is_empty())
+                .then(|| r.artifact.chunk_sha256.clone()),
+        },
+    )
+    .is_ok()
+}

@@ -1,0 +1,576 @@
+//! The rebuild's rules, driven by a fake builder: no store, no SSH.
+
+use std::collections::HashMap;
+
+use compiler_remote::InputFormat;
+
+use super::*;
+
+const PIN: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
+const OTHER_PIN: &str = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+const REF: &str = "62bf6fb072880905a4c490f0f4f4a6b3c23346ec";
+
+const BASE: &str = r#"{"models": [
+  {"id": "pop223", "name": "Pop", "version": "v11", "series": "OP Series", "released": "2025-01-01", "community_favorite": true, "artifact_format": "tinygrad_single_v1", "artifact_size": 5, "artifact_sha256": "0000000000000000000000000000000000000000000000000000000000000000", "artifact_chunk_count": 1, "uses_external_gpu": false},
+  {"id": "sc23", "name": "SC", "version": "v9", "series": "OP Series", "released": "2025-01-02", "community_favorite": false},
+  {"id": "bmrlnapv6", "name": "B", "version": "v16", "series": "WM Series", "released": "2025-01-03", "community_favorite": false, "uses_external_gpu": true}
+]}"#;
+
+fn base() -> Manifest {
+    Manifest::from_slice(BASE.as_bytes()).unwrap()
+}
+
+fn id(s: &str) -> ModelId {
+    s.parse().unwrap()
+}
+
+#[test]
+fn source_map_shapes() {
+    let map = parse_source_map(
+        format!(
+            r#"{{"pop223": {{"source_id": "pop22", "input_format": "split", "ref": "{REF}"}},
+                "sc23": {{"input_format": "supercombo"}},
+                "new1": {{"input_format": "auto", "uses_external_gpu": true}}}}"#
+        )
+        .as_bytes(),
+        Path::new("m.json"),
+    )
+    .unwrap();
+    assert_eq!(map.len(), 3);
+    assert_eq!(map[0].source_id.as_str(), "pop22");
+    assert_eq!(map[0].input_format, InputFormat::Split);
+    assert_eq!(map[0].source_commit.as_ref().unwrap().as_str(), REF);
+    assert_eq!(map[1].source_id.as_str(), "sc23");
+    assert_eq!(map[2].uses_external_gpu, Some(true));
+    for bad in [
+        r#"[]"#,
+        r#"{"Bad": {}}"#,
+        r#"{"a": {"input_format": "onnx"}}"#,
+        r#"{"a": {"ref": "62bf6fb"}}"#,
+        r#"{"a": {"uses_external_gpu": "yes"}}"#,
+    ] {
+        assert!(
+            matches!(
+                parse_source_map(bad.as_bytes(), Path::new("m")),
+                Err(Error::SourceMap { .. })
+            ),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn plan_keeps_versions_and_never_adds_models() {
+    let map = parse_source_map(
+        br#"{"pop223": {"input_format": "split"}, "new1": {}, "bmrlnapv6": {}}"#,
+        Path::new("m"),
+    )
+    .unwrap();
+    let (p, missing) = plan(&map, &base(), &[]).unwrap();
+    assert_eq!(p.len(), 2);
+    assert_eq!(p[0].version.to_string(), "v11");
+    assert!(!p[0].gpu);
+    assert!(
+        p[1].gpu,
+        "uses_external_gpu comes from the catalog when the map is silent"
+    );
+    assert_eq!(missing, vec![id("new1")]);
+    assert!(matches!(
+        plan(&map, &base(), &[id("new1")]),
+        Err(Error::NotInCatalog { .. })
+    ));
+    assert!(matches!(
+        plan(&map, &base(), &[id("sc23")]),
+        Err(Error::NotInSourceMap { .. })
+    ));
+    let (p, _) = plan(&map, &base(), &[id("bmrlnapv6")]).unwrap();
+    assert_eq!(p.len(), 1);
+}
+
+fn record(g: Generation, pin: &GitCommit) -> BuildRecord {
+    BuildRecord {
+        id: id("sc23"),
+        status: "compiled".into(),
+        generation: g,
+        tinygrad_commit: pin.clone(),
+        version: "v9".parse().unwrap(),
+        source_id: id("sc23"),
+        input_format: InputFormat::Supercombo,
+        uses_external_gpu: false,
+        source_commit: Some(REF.parse().unwrap()),
+        sources: vec!["a.onnx".into()],
+        artifact: RecordedArtifact {
+            name: "sc23_driving_tinygrad.pkl".into(),
+            size: 2500,
+            sha256: chunker::Sha256Digest::of_bytes(b"x"),
+            chunk_count: 3,
+            files: vec![],
+            // A record written before per-chunk digests were kept.
+            chunk_sha256: vec![],
+        },
+        log: "l".into(),
+    }
+}
+
+#[test]
+fn manifest_from_records() {
+    let pin: GitCommit = PIN.parse().unwrap();
+    let g = Generation::new(26);
+    let rec = record(g, &pin);
+    assert!(record_matches(&rec, g, &pin));
+    assert!(!record_matches(&rec, Generation::new(25), &pin));
+    assert!(!record_matches(&rec, g, &OTHER_PIN.parse().unwrap()));
+
+    let m = build_manifest(&base(), std::slice::from_ref(&rec), g, &pin).unwrap();
+    assert_eq!(m.generation(), Some(g));
+    assert_eq!(m.tinygrad_commit(), Some(pin.clone()));
+    let sc = m.get(&id("sc23")).unwrap();
+    assert_eq!(sc.version().unwrap().to_string(), "v9");
+    assert_eq!(sc.artifact_size().unwrap().get(), 2500);
+    assert_eq!(sc.artifact_chunk_count().unwrap().get(), 3);
+    assert_eq!(sc.source_commit().unwrap().as_str(), REF);
+    // The v25 digest of pop223 describes another generation's pickle: gone.
+    let pop = m.get(&id("pop223")).unwrap();
+    assert!(pop.artifact_sha256().is_none() && pop.artifact_format().is_none());
+    assert_eq!(pop.version().unwrap().to_string(), "v11");
+    assert_eq!(m.models().len(), 3);
+    assert!(
+        sc.chunk_digests().is_none(),
+        "no digests recorded, none written"
+    );
+
+    // With per-chunk digests recorded, they go into the manifest in chunk order.
+    let digests: Vec<_> = [b"a", b"b", b"c"]
+        .iter()
+        .map(|b| chunker::Sha256Digest::of_bytes(&b[..]))
+        .collect();
+    let mut with = rec.clone();
+    with.artifact.chunk_sha256 = digests.clone();
+    let m = build_manifest(&base(), &[with], g, &pin).unwrap();
+    let sc = m.get(&id("sc23")).unwrap();
+    assert_eq!(sc.chunk_digests().unwrap(), digests);
+}
+
+#[test]
+fn a_record_fits_only_the_plan_it_was_built_from() {
+    let pin: GitCommit = PIN.parse().unwrap();
+    let rec = record(Generation::new(26), &pin);
+    let map = parse_source_map(
+        format!(r#"{{"sc23": {{"input_format": "supercombo", "ref": "{REF}"}}}}"#).as_bytes(),
+        Path::new("m"),
+    )
+    .unwrap();
+    let (planned, _) = plan(&map, &base(), &[]).unwrap();
+    assert!(record_fits(&rec, &planned[0]));
+    type Change = fn(&mut PlannedModel);
+    let changes: [(&str, Change); 5] = [
+        ("version", |p| p.version = "v10".parse().unwrap()),
+        ("input format", |p| {
+            p.source.input_format = InputFormat::Split
+        }),
+        ("source id", |p| p.source.source_id = "sc2".parse().unwrap()),
+        ("ref", |p| p.source.source_commit = None),
+        ("gpu", |p| p.gpu = true),
+    ];
+    for (what, change) in changes {
+        let mut p = planned[0].clone();
+        change(&mut p);
+        assert!(!record_fits(&rec, &p), "{what} changed");
+    }
+}
+
+#[test]
+fn which_compiler_errors_stop_the_run() {
+    use compiler_remote::{Error as E, Side};
+    let table = [
+        (
+            E::MarkerMissing {
+                destination: "c".into(),
+                path: "p".into(),
+            },
+            true,
+        ),
+        (
+            E::MarkerMismatch {
+                destination: "c".into(),
+                path: "p".into(),
+                found: "x".into(),
+                expected: PIN.into(),
+            },
+            true,
+        ),
+        (
+            E::HostKeyNotKnown {
+                destination: "c".into(),
+                detail: String::new(),
+            },
+            true,
+        ),
+        (
+            E::RsyncMissing {
+                side: Side::Remote,
+                host: "c".into(),
+                detail: "d".into(),
+            },
+            true,
+        ),
+        (
+            E::RsyncIncompatible {
+                side: Side::Local,
+                host: String::new(),
+                version: "openrsync".into(),
+                detail: "d".into(),
+            },
+            true,
+        ),
+        (
+            E::CompileFailed {
+                model: "sc23".into(),
+                status: "exit 1".into(),
+                log: "l".into(),
+            },
+            false,
+        ),
+        (
+            E::Io {
+                path: "p".into(),
+                source: std::io::Error::other("disk"),
+            },
+            false,
+        ),
+        (
+            E::RemoteCommand {
+                destination: "c".into(),
+                command: "ls".into(),
+                status: "1".into(),
+                stderr: String::new(),
+            },
+            false,
+        ),
+    ];
+    for (e, stops) in table {
+        assert_eq!(stops_the_run(&e), stops, "{e}");
+        assert_eq!(BuildError::from(e).stops_the_run, stops);
+    }
+}
+
+// ---- the run, with a fake builder ---------------------------------------------------------
+
+/// Builds a model by splitting a few bytes derived from its plan into a real chunk set; fails
+/// the models it is told to.
+#[derive(Default)]
+struct FakeBuilder {
+    fail: HashMap<ModelId, BuildError>,
+    fetched: Vec<ModelId>,
+    compiled: Vec<ModelId>,
+}
+
+impl Builder for FakeBuilder {
+    fn fetch_sources(
+        &mut self,
+        model: &PlannedModel,
+        dir: &Path,
+        _say: &mut dyn FnMut(&str),
+    ) -> Result<Vec<PathBuf>, BuildError> {
+        self.fetched.push(model.source.id.clone());
+        fs::create_dir_all(dir).unwrap();
+        let src = dir.join("driving_supercombo.onnx");
+        fs::write(&src, model.source.source_id.as_str()).unwrap();
+        Ok(vec![src])
+    }
+
+    fn compile(
+        &mut self,
+        model: &PlannedModel,
+        _sources: &[PathBuf],
+        out: &Path,
+        log: &Path,
+        say: &mut dyn FnMut(&str),
+    ) -> Result<FetchedArtifact, BuildError> {
+        let id = &model.source.id;
+        self.compiled.push(id.clone());
+        say("fake compile");
+        fs::write(log, format!("compiling {id}\n")).unwrap();
+        if let Some(e) = self.fail.get(id) {
+            return Err(e.clone());
+        }
+        let bytes = format!("{id} {} {} {:?}", model.version, model.gpu, model.source);
+        let name = manifest::layout::artifact_file_name(id)
+            .as_str()
+            .to_string();
+        fs::create_dir_all(out).unwrap();
+        let r = chunker::split_reader(
+            bytes.as_bytes(),
+            bytes.len() as u64,
+            &name,
+            out,
+            &chunker::SplitOptions { chunk_size: 16 },
+        )
+        .unwrap();
+        Ok(FetchedArtifact {
+            files: chunker::set_file_names(&name, r.chunk_count),
+            name,
+            size: r.size,
+            sha256: r.sha256,
+            chunk_count: r.chunk_count,
+        })
+    }
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    ws: PathBuf,
+    map: PathBuf,
+    base: PathBuf,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let map = dir.path().join("map.json");
+    fs::write(
+        &map,
+        format!(
+            r#"{{"pop223": {{"source_id": "pop22", "input_format": "split", "ref": "{REF}"}},
+                "sc23": {{}}, "bmrlnapv6": {{}}, "newmodel": {{}}}}"#
+        ),
+    )
+    .unwrap();
+    let base = dir.path().join("base.json");
+    fs::write(&base, BASE).unwrap();
+    Setup {
+        ws: dir.path().join("ws"),
+        map,
+        base,
+        _dir: dir,
+    }
+}
+
+fn rebuild(s: &Setup, pin: &str, only: &[ModelId]) -> Rebuild {
+    Rebuild::prepare(
+        s.ws.clone(),
+        &s.map,
+        &s.base,
+        only,
+        Generation::new(26),
+        pin.parse().unwrap(),
+    )
+    .unwrap()
+}
+
+/// Run and return the summary and the progress lines.
+fn run(r: &Rebuild, b: &mut FakeBuilder) -> (Summary, Vec<String>) {
+    let mut lines = Vec::new();
+    let s = r
+        .run(b, &mut |p| {
+            lines.push(format!(
+                "[{} of {}] {}: {}",
+                p.index + 1,
+                p.total,
+                p.id,
+                p.message
+            ))
+        })
+        .unwrap();
+    (s, lines)
+}
+
+fn statuses(s: &Summary) -> Vec<(&str, &str)> {
+    s.models.iter().map(|o| (o.id.as_str(), o.status)).collect()
+}
+
+#[test]
+fn a_rerun_skips_what_is_done_and_the_manifest_lists_it() {
+    let s = setup();
+    let r = rebuild(&s, PIN, &[]);
+    let mut b = FakeBuilder::default();
+    let (first, lines) = run(&r, &mut b);
+    assert_eq!(
+        statuses(&first),
+        [
+            ("pop223", "compiled"),
+            ("sc23", "compiled"),
+            ("bmrlnapv6", "compiled")
+        ]
+    );
+    assert!(first.result().is_ok() && first.complete());
+    assert_eq!(first.not_in_catalog, [id("newmodel")]);
+    assert!(lines.contains(&"[1 of 3] pop223: compiling (v11, split)".to_string()));
+    assert!(lines.contains(&"[3 of 3] bmrlnapv6: compiling (v16, supercombo, gpu)".to_string()));
+    let m = Manifest::from_slice(&fs::read(&first.manifest).unwrap()).unwrap();
+    assert_eq!(m.generation(), Some(Generation::new(26)));
+    assert!(m.get(&id("sc23")).unwrap().chunk_digests().is_some());
+
+    let mut again = FakeBuilder::default();
+    let (second, lines) = run(&r, &mut again);
+    assert!(again.fetched.is_empty() && again.compiled.is_empty());
+    assert_eq!(second.skipped, 3);
+    assert!(lines.iter().all(|l| l.ends_with("done earlier, skipped")));
+    assert_eq!(fs::read(&second.manifest).unwrap(), m.to_canonical_bytes());
+}
+
+/// What makes a finished model stale, so that the next run builds it again.
+#[test]
+fn stale_records_are_rebuilt() {
+    type Change = fn(&Setup) -> Option<&'static str>;
+    let table: [(&str, &str, Change); 7] = [
+        ("behaviour version changed in the catalog", "pop223", |s| {
+            let base = BASE.replace(r#""version": "v11""#, r#""version": "v12""#);
+            fs::write(&s.base, base).unwrap();
+            None
+        }),
+        ("source id changed", "pop223", |s| {
+            let map = fs::read_to_string(&s.map)
+                .unwrap()
+                .replace(r#""source_id": "pop22""#, r#""source_id": "pop23""#);
+            fs::write(&s.map, map).unwrap();
+            None
+        }),
+        ("ref changed", "pop223", |s| {
+            let map = fs::read_to_string(&s.map).unwrap().replace(REF, PIN);
+            fs::write(&s.map, map).unwrap();
+            None
+        }),
+        ("input format changed", "pop223", |s| {
+            let map = fs::read_to_string(&s.map).unwrap().replace(
+                r#""input_format": "split""#,
+                r#""input_format": "supercombo""#,
+            );
+            fs::write(&s.map, map).unwrap();
+            None
+        }),
+        ("GPU target changed", "sc23", |s| {
+            let map = fs::read_to_string(&s.map)
+                .unwrap()
+                .replace(r#""sc23": {}"#, r#""sc23": {"uses_external_gpu": true}"#);
+            fs::write(&s.map, map).unwrap();
+            None
+        }),
+        ("ready chunk set no longer verifies", "sc23", |s| {
+            let dir = s.ws.join("ready/sc23");
+            let chunk = fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.to_string_lossy().contains(".chunk01of"))
+                .unwrap();
+            fs::write(chunk, b"tampered").unwrap();
+            None
+        }),
+        ("another tinygrad pin", "*", |_| Some(OTHER_PIN)),
+    ];
+    for (what, rebuilt, change) in table {
+        let s = setup();
+        run(&rebuild(&s, PIN, &[]), &mut FakeBuilder::default());
+        let pin = change(&s).unwrap_or(PIN);
+        let mut b = FakeBuilder::default();
+        let (summary, _) = run(&rebuild(&s, pin, &[]), &mut b);
+        let want: Vec<ModelId> = if rebuilt == "*" {
+            vec![id("pop223"), id("sc23"), id("bmrlnapv6")]
+        } else {
+            vec![id(rebuilt)]
+        };
+        assert_eq!(b.compiled, want, "{what}");
+        assert_eq!(summary.compiled, want.len(), "{what}");
+        assert_eq!(summary.skipped, 3 - want.len(), "{what}");
+        let rec: BuildRecord = read_json(&s.ws.join(format!("results/{}.json", want[0]))).unwrap();
+        assert_eq!(rec.tinygrad_commit.as_str(), pin, "{what}");
+    }
+}
+
+#[test]
+fn a_model_failure_is_recorded_and_the_run_goes_on() {
+    let s = setup();
+    let r = rebuild(&s, PIN, &[]);
+    run(&r, &mut FakeBuilder::default());
+    // sc23 is stale now (GPU target), and its rebuild fails.
+    fs::write(
+        &s.map,
+        fs::read_to_string(&s.map)
+            .unwrap()
+            .replace(r#""sc23": {}"#, r#""sc23": {"uses_external_gpu": true}"#),
+    )
+    .unwrap();
+    let r = rebuild(&s, PIN, &[]);
+    let mut b = FakeBuilder::default();
+    b.fail.insert(
+        id("sc23"),
+        BuildError::model("compile of sc23 failed; see sc23.log"),
+    );
+    let (summary, lines) = run(&r, &mut b);
+    assert_eq!(
+        statuses(&summary),
+        [
+            ("pop223", "skipped"),
+            ("sc23", "failed"),
+            ("bmrlnapv6", "skipped")
+        ]
+    );
+    assert!(lines.contains(&"[2 of 3] sc23: FAILED: compile of sc23 failed; see sc23.log".into()));
+    match summary.result() {
+        Err(Error::ModelsFailed { ids, .. }) => assert_eq!(ids, [id("sc23")]),
+        other => panic!("{other:?}"),
+    }
+    // The older success record is gone with the failed attempt; the manifest has no sc23
+    // artifact, the others keep theirs.
+    assert!(!s.ws.join("results/sc23.json").exists());
+    let failure: FailureRecord = read_json(&s.ws.join("results/sc23.failure.json")).unwrap();
+    assert!(failure.error.contains("sc23.log"));
+    assert_eq!(summary.without_artifact, [id("sc23")]);
+    assert_eq!(summary.with_artifact, 2);
+
+    // Fixed: the retry clears the failure record.
+    let (summary, _) = run(&r, &mut FakeBuilder::default());
+    assert_eq!(summary.compiled, 1);
+    assert!(summary.result().is_ok());
+    assert!(!s.ws.join("results/sc23.failure.json").exists());
+}
+
+#[test]
+fn an_error_every_model_would_meet_stops_the_run() {
+    for stop in [
+        BuildError::run("could not open an SSH session"),
+        BuildError::from(compiler_remote::Error::MarkerMismatch {
+            destination: "c".into(),
+            path: "p".into(),
+            found: "x".into(),
+            expected: PIN.into(),
+        }),
+    ] {
+        let s = setup();
+        let r = rebuild(&s, PIN, &[]);
+        let mut b = FakeBuilder::default();
+        b.fail.insert(id("pop223"), stop.clone());
+        let (summary, _) = run(&r, &mut b);
+        assert_eq!(
+            b.compiled,
+            [id("pop223")],
+            "nothing after the stop is tried"
+        );
+        assert_eq!(statuses(&summary), [("pop223", "failed")]);
+        assert_eq!(summary.not_attempted, [id("sc23"), id("bmrlnapv6")]);
+        match summary.result() {
+            Err(Error::RunStopped { reason }) => assert_eq!(reason, stop.message),
+            other => panic!("{other:?}"),
+        }
+        // The manifest is still written, with no artifact for this generation.
+        assert!(summary.manifest.is_file());
+        assert_eq!(summary.with_artifact, 0);
+    }
+}
+
+#[test]
+fn a_partial_rerun_keeps_finished_work_outside_its_selection() {
+    let s = setup();
+    run(&rebuild(&s, PIN, &[]), &mut FakeBuilder::default());
+    let mut b = FakeBuilder::default();
+    let (summary, _) = run(&rebuild(&s, PIN, &[id("sc23")]), &mut b);
+    assert_eq!(statuses(&summary), [("sc23", "skipped")]);
+    assert_eq!(summary.with_artifact, 3, "{summary:?}");
+    // A record outside the selection whose behaviour version the catalog changed is dropped.
+    fs::write(
+        &s.base,
+        BASE.replace(r#""version": "v16""#, r#""version": "v17""#),
+    )
+    .unwrap();
+    let (summary, _) = run(&rebuild(&s, PIN, &[id("sc23")]), &mut b);
+    assert_eq!(summary.without_artifact, [id("bmrlnapv6")]);
+}

@@ -1,0 +1,176 @@
+//! The reuse policy: when an artifact built elsewhere may be adopted under a StarPilot model ID
+//! by server-side copy, and the copy itself.
+//!
+//! `artifact-store` proves the source compatible (the source catalog records the same tinygrad
+//! and source-model commits, [`check_compatibility`]); the release adds the generation's rules:
+//! an artifact from another tinygrad revision is never renamed into the current generation, and
+//! a target manifest built with another tinygrad is never updated. Every refusal comes before
+//! any store is touched.
+
+use std::path::{Path, PathBuf};
+
+use artifact_store::Store;
+use artifact_store::reuse::{
+    Compatible, ReuseReport, ReuseRequest, check_compatibility, update_manifest_entry,
+};
+use manifest::{Generation, GitCommit, Manifest, ModelId, StorePath, layout};
+
+use crate::{Error, Result};
+
+/// What a reuse is asked to adopt.
+#[derive(Debug, Clone)]
+pub struct ReuseAsk {
+    /// The StarPilot model ID to publish the artifact as.
+    pub model: ModelId,
+    /// The model's ID in the source catalog.
+    pub source_id: ModelId,
+    pub source_commit: GitCommit,
+    pub tinygrad_commit: GitCommit,
+    pub generation: Generation,
+}
+
+/// A reuse that passed every check: what to copy, and the target manifest updated in memory.
+#[derive(Debug)]
+pub struct Approved {
+    pub ask: ReuseAsk,
+    pub compatible: Compatible,
+    /// The manifest to write once the copy is done, with its path.
+    pub target: Option<(PathBuf, Manifest)>,
+}
+
+/// Decide a reuse: the source catalog proves compatibility, the generation's pin agrees, and a
+/// target manifest (if given) has the model and the same tinygrad.
+pub fn approve(
+    ask: ReuseAsk,
+    catalog: &Manifest,
+    target: Option<(PathBuf, Manifest)>,
+) -> Result<Approved> {
+    let compatible = check_compatibility(
+        catalog,
+        &ask.source_id,
+        &ask.source_commit,
+        &ask.tinygrad_commit,
+    )?;
+    if ask.generation == layout::CURRENT_GENERATION
+        && ask.tinygrad_commit != layout::current_tinygrad_commit()
+    {
+        return Err(Error::ReuseOtherPin {
+            generation: ask.generation,
+            pinned: layout::current_tinygrad_commit(),
+            given: ask.tinygrad_commit.clone(),
+        });
+    }
+    let target = match target {
+        Some((path, mut m)) => {
+            if let Some(recorded) = m.tinygrad_commit()
+                && recorded != ask.tinygrad_commit
+            {
+                return Err(Error::ReuseManifestPin {
+                    path,
+                    recorded,
+                    given: ask.tinygrad_commit.clone(),
+                });
+            }
+            // Check the entry exists now, so a refusal comes before any copy.
+            update_manifest_entry(&mut m, &ask.model, &compatible, &ask.source_commit)?;
+            Some((path, m))
+        }
+        None => None,
+    };
+    Ok(Approved {
+        ask,
+        compatible,
+        target,
+    })
+}
+
+/// Copy the approved chunk set from `source` (`source_path`, its logical artifact) into `dest`,
+/// then write the updated target manifest. `on_chunk(index, count, size)` follows the copy.
+pub fn run(
+    approved: Approved,
+    source: &dyn Store,
+    source_path: StorePath,
+    dest: &dyn Store,
+    on_chunk: &mut dyn FnMut(u32, u32, u64),
+) -> Result<ReuseReport> {
+    let report = artifact_store::reuse::reuse(
+        &ReuseRequest {
+            model: approved.ask.model.clone(),
+            generation: approved.ask.generation,
+            source,
+            source_path,
+            compatible: approved.compatible,
+            dest,
+        },
+        on_chunk,
+    )?;
+    if let Some((path, m)) = &approved.target {
+        write_manifest(path, m)?;
+    }
+    Ok(report)
+}
+
+fn write_manifest(path: &Path, m: &Manifest) -> Result<()> {
+    chunker::atomic::write_atomic(path, &m.to_canonical_bytes()).map_err(Error::io(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REF: &str = "62bf6fb072880905a4c490f0f4f4a6b3c23346ec";
+    const OTHER: &str = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+
+    fn catalog(tinygrad: &str) -> Manifest {
+        Manifest::from_slice(
+            format!(
+                r#"{{"tinygrad_commit": "{tinygrad}", "models": [{{"id": "pop223", "name": "Pop", "version": "v11", "series": "OP Series", "released": "2025-01-01", "community_favorite": true, "source_commit": "{REF}", "artifact_format": "tinygrad_single_v1", "artifact_size": 5, "artifact_sha256": "{}", "artifact_chunk_count": 1}}]}}"#,
+                "0".repeat(64)
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    fn ask(tinygrad: &str, generation: u32) -> ReuseAsk {
+        ReuseAsk {
+            model: "pop223".parse().unwrap(),
+            source_id: "pop223".parse().unwrap(),
+            source_commit: REF.parse().unwrap(),
+            tinygrad_commit: tinygrad.parse().unwrap(),
+            generation: Generation::new(generation),
+        }
+    }
+
+    #[test]
+    fn the_generation_rules() {
+        let pin = layout::CURRENT_TINYGRAD_COMMIT;
+        let g = layout::CURRENT_GENERATION.number();
+        assert!(approve(ask(pin, g), &catalog(pin), None).is_ok());
+        // Another tinygrad into the current generation: refused though the catalog agrees.
+        assert!(matches!(
+            approve(ask(OTHER, g), &catalog(OTHER), None),
+            Err(Error::ReuseOtherPin { .. })
+        ));
+        // The next generation may carry another pin.
+        assert!(approve(ask(OTHER, g + 1), &catalog(OTHER), None).is_ok());
+        // A catalog that disagrees is artifact-store's refusal.
+        assert!(matches!(
+            approve(ask(pin, g), &catalog(OTHER), None),
+            Err(Error::Store(_))
+        ));
+        // A target manifest built with another tinygrad.
+        let target = (PathBuf::from("t.json"), catalog(OTHER));
+        assert!(matches!(
+            approve(ask(pin, g), &catalog(pin), Some(target)),
+            Err(Error::ReuseManifestPin { .. })
+        ));
+        let approved = approve(
+            ask(pin, g),
+            &catalog(pin),
+            Some(("t.json".into(), catalog(pin))),
+        )
+        .unwrap();
+        assert!(approved.target.is_some());
+    }
+}
