@@ -6,95 +6,41 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use test_support::http_server::{Fault, FaultServer};
-use test_support::published::{
-    GH_DIR, HF_DIR, artifact_bytes, manifest_json, publish_model, write_manifest,
-};
+use test_support::published::{artifact_bytes, manifest_json, publish_model, write_manifest};
 
-const BIN: &str = env!("CARGO_BIN_EXE_device-modeld-manager");
 const CHUNK: usize = 256 * 1024;
 
 struct World {
-    dir: tempfile::TempDir,
+    device: Device,
     server: FaultServer,
     pop_new: Vec<u8>,
     other_new: Vec<u8>,
 }
 
-impl World {
-    fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
+impl std::ops::Deref for World {
+    type Target = Device;
+    fn deref(&self) -> &Device {
+        &self.device
     }
-    fn models(&self) -> PathBuf {
-        self.data().join("models")
-    }
-    fn params(&self) -> PathBuf {
-        self.data().join("params/d")
-    }
-    fn memory(&self) -> PathBuf {
-        self.dir.path().join("shm/params/d")
-    }
-    fn builtin(&self) -> PathBuf {
-        self.dir.path().join("builtin")
-    }
+}
 
+impl World {
     fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.arg("--data-dir")
-            .arg(self.data())
-            .arg("--hf-base")
-            .arg(format!("{}/{HF_DIR}", self.server.url()))
-            .arg("--github-base")
-            .arg(format!("{}/{GH_DIR}", self.server.url()))
-            .arg("--generation")
-            .arg("v25")
-            .arg("--builtin-dir")
-            .arg(self.builtin())
-            .arg("--memory-params-dir")
-            .arg(self.memory())
-            .arg("--space-margin-mib")
-            .arg("0")
-            .args(args);
-        c
+        self.command(&self.server.url(), args)
     }
 
     fn run(&self, args: &[&str]) -> Output {
         self.cmd(args).output().unwrap()
-    }
-
-    fn param(&self, key: &str) -> Option<String> {
-        fs::read_to_string(self.params().join(key)).ok()
-    }
-
-    fn mem(&self, key: &str) -> Option<String> {
-        fs::read_to_string(self.memory().join(key)).ok()
-    }
-
-    fn set_param(&self, key: &str, value: &str) {
-        fs::create_dir_all(self.params()).unwrap();
-        fs::write(self.params().join(key), value).unwrap();
-    }
-
-    fn set_mem(&self, key: &str, value: &str) {
-        fs::create_dir_all(self.memory()).unwrap();
-        fs::write(self.memory().join(key), value).unwrap();
-    }
-
-    fn model_files(&self) -> Vec<String> {
-        let mut v: Vec<String> = fs::read_dir(self.models())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
     }
 }
 
 /// A v24 device (selected `pop223`, old artifacts in every form, a local model, a DM file) and
 /// a server publishing the v25 catalog with `pop223` and `other` as chunk sets.
 fn world(size: usize) -> World {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("origin");
+    let device = Device::new();
+    let root = device.dir.path().join("origin");
     fs::create_dir_all(&root).unwrap();
     let pop_new = artifact_bytes(25, size);
     let other_new = artifact_bytes(26, size / 2 + 17);
@@ -102,50 +48,26 @@ fn world(size: usize) -> World {
     let o = publish_model(&root, "v25", "other", &other_new, Some(CHUNK));
     write_manifest(&root, "v25", manifest_json("v25", &[p, o], true).as_bytes());
     let server = FaultServer::start(&root).unwrap();
-    let w = World {
-        dir,
+    device.make_v24(
+        &[
+            "pop223_driving_tinygrad.pkl",
+            "pop223_driving_tinygrad.pkl.p00",
+            "pop223_driving_tinygrad.pkl.sha256",
+            "other_driving_tinygrad.pkl.chunk01of02",
+            "other_driving_tinygrad.pkl.chunk02of02",
+            "other_driving_tinygrad.pkl.chunkmanifest",
+            "driving_vision_tinygrad.pkl",
+            "local-test_driving_tinygrad.pkl",
+            "dmonitoring_model_tinygrad.pkl",
+        ],
+        "2",
+    );
+    World {
+        device,
         server,
         pop_new,
         other_new,
-    };
-    let models = w.models();
-    fs::create_dir_all(&models).unwrap();
-    for name in [
-        "pop223_driving_tinygrad.pkl",
-        "pop223_driving_tinygrad.pkl.p00",
-        "pop223_driving_tinygrad.pkl.sha256",
-        "other_driving_tinygrad.pkl.chunk01of02",
-        "other_driving_tinygrad.pkl.chunk02of02",
-        "other_driving_tinygrad.pkl.chunkmanifest",
-        "driving_vision_tinygrad.pkl",
-        "local-test_driving_tinygrad.pkl",
-        "dmonitoring_model_tinygrad.pkl",
-    ] {
-        let body: &[u8] = if name.ends_with("chunkmanifest") {
-            b"2"
-        } else {
-            b"old"
-        };
-        fs::write(models.join(name), body).unwrap();
     }
-    fs::create_dir_all(w.builtin()).unwrap();
-    fs::write(
-        w.builtin().join("driving_tinygrad.pkl.chunk01of01"),
-        b"builtin",
-    )
-    .unwrap();
-    fs::write(w.builtin().join("driving_tinygrad.pkl.chunkmanifest"), b"1").unwrap();
-    for (k, v) in [
-        ("Model", "pop223"),
-        ("DrivingModel", "pop223"),
-        ("DrivingModelName", "Model pop223"),
-        ("ModelVersion", "v16"),
-        ("DrivingModelVersion", "v16"),
-        ("ModelManifestVersion", "v24"),
-    ] {
-        w.set_param(k, v);
-    }
-    w
 }
 
 fn last_line(out: &Output) -> String {
@@ -386,38 +308,32 @@ fn daemon_serves_download_requests_and_clears_them() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
-        let start = Instant::now();
-        while !f() {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "timed out waiting for {what}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    wait_for("migration", &|| {
+    wait_for("migration", Duration::from_secs(30), || {
         w.param("ModelManifestVersion").as_deref() == Some("v25")
     });
-    wait_for("stale cancel cleared", &|| {
+    wait_for("stale cancel cleared", Duration::from_secs(30), || {
         w.mem("CancelModelDownload").is_none()
     });
     w.set_mem("ModelToDownload", "other");
-    wait_for("download", &|| {
+    wait_for("download", Duration::from_secs(30), || {
         w.mem("ModelDownloadProgress").as_deref() == Some("Downloaded!")
     });
-    wait_for("request cleared", &|| w.mem("ModelToDownload").is_none());
+    wait_for("request cleared", Duration::from_secs(30), || {
+        w.mem("ModelToDownload").is_none()
+    });
     assert_eq!(
         fs::read(w.models().join("other_driving_tinygrad.pkl")).unwrap(),
         w.other_new
     );
 
     w.set_mem("ModelToDownload", "nosuchmodel");
-    wait_for("failure text", &|| {
+    wait_for("failure text", Duration::from_secs(30), || {
         w.mem("ModelDownloadProgress")
             .is_some_and(|p| p.starts_with("Download failed"))
     });
-    wait_for("request cleared", &|| w.mem("ModelToDownload").is_none());
+    wait_for("request cleared", Duration::from_secs(30), || {
+        w.mem("ModelToDownload").is_none()
+    });
     child.kill().unwrap();
     child.wait().unwrap();
 }
@@ -472,17 +388,6 @@ fn kill_9_at_any_point_then_rerun_is_consistent() {
     }
 }
 
-fn wait_for(what: &str, f: &dyn Fn() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Regression: the UI replaced `ModelToDownload` while another download ran, and the daemon
 /// cleared the new request along with the old one, so the second model was never downloaded.
 #[test]
@@ -504,15 +409,21 @@ fn a_request_replaced_during_a_download_is_served_next_not_dropped() {
         .spawn()
         .unwrap();
     w.set_mem("ModelToDownload", "other");
-    wait_for("the first download to be under way", &|| {
-        w.mem("ModelDownloadProgress")
-            .is_some_and(|p| p.ends_with('%') && p != "100%")
-    });
+    wait_for(
+        "the first download to be under way",
+        Duration::from_secs(30),
+        || {
+            w.mem("ModelDownloadProgress")
+                .is_some_and(|p| p.ends_with('%') && p != "100%")
+        },
+    );
     w.set_mem("ModelToDownload", "pop223");
-    wait_for("the replacing request to be served", &|| {
-        fs::read(&pop).is_ok_and(|b| b == w.pop_new)
-    });
-    wait_for("the request to be cleared", &|| {
+    wait_for(
+        "the replacing request to be served",
+        Duration::from_secs(30),
+        || fs::read(&pop).is_ok_and(|b| b == w.pop_new),
+    );
+    wait_for("the request to be cleared", Duration::from_secs(30), || {
         w.mem("ModelToDownload").is_none()
     });
     assert_eq!(

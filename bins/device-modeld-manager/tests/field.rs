@@ -7,59 +7,34 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use test_support::http_server::{FaultServer, ServerConfig};
-use test_support::published::{
-    GH_DIR, HF_DIR, artifact_bytes, manifest_json, publish_model, write_manifest,
-};
+use test_support::published::{artifact_bytes, manifest_json, publish_model, write_manifest};
 
-const BIN: &str = env!("CARGO_BIN_EXE_device-modeld-manager");
 const CHUNK: usize = 256 * 1024;
 
 struct World {
-    dir: tempfile::TempDir,
+    device: Device,
     root: PathBuf,
     server: Option<FaultServer>,
     base: String,
     other: Vec<u8>,
 }
 
+impl std::ops::Deref for World {
+    type Target = Device;
+    fn deref(&self) -> &Device {
+        &self.device
+    }
+}
+
 impl World {
-    fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
-    }
-    fn models(&self) -> PathBuf {
-        self.data().join("models")
-    }
-    fn params(&self) -> PathBuf {
-        self.data().join("params/d")
-    }
-    fn memory(&self) -> PathBuf {
-        self.dir.path().join("shm/params/d")
-    }
     fn server(&self) -> &FaultServer {
         self.server.as_ref().unwrap()
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.arg("--data-dir")
-            .arg(self.data())
-            .arg("--hf-base")
-            .arg(format!("{}/{HF_DIR}", self.base))
-            .arg("--github-base")
-            .arg(format!("{}/{GH_DIR}", self.base))
-            .arg("--generation")
-            .arg("v25")
-            .arg("--builtin-dir")
-            .arg(self.dir.path().join("builtin"))
-            .arg("--memory-params-dir")
-            .arg(self.memory())
-            .arg("--sysfs-root")
-            .arg(self.dir.path().join("sys"))
-            .arg("--space-margin-mib")
-            .arg("0")
-            .args(args);
-        c
+        self.command(&self.base, args)
     }
 
     fn run(&self, args: &[&str]) -> Output {
@@ -73,28 +48,13 @@ impl World {
             .spawn()
             .unwrap()
     }
-
-    fn set_param(&self, key: &str, value: &str) {
-        fs::create_dir_all(self.params()).unwrap();
-        fs::write(self.params().join(key), value).unwrap();
-    }
-    fn set_mem(&self, key: &str, value: &str) {
-        fs::create_dir_all(self.memory()).unwrap();
-        fs::write(self.memory().join(key), value).unwrap();
-    }
-    fn mem(&self, key: &str) -> Option<String> {
-        fs::read_to_string(self.memory().join(key)).ok()
-    }
-    fn installed(&self, id: &str) -> Option<Vec<u8>> {
-        fs::read(self.models().join(format!("{id}_driving_tinygrad.pkl"))).ok()
-    }
 }
 
 /// A v24 device selecting `pop223` (old artifacts in several forms, a local model, a DM file),
 /// and an origin publishing `pop223` and `other` as chunk sets with per-chunk digests.
 fn world() -> World {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("origin");
+    let device = Device::new();
+    let root = device.dir.path().join("origin");
     fs::create_dir_all(&root).unwrap();
     let p = publish_model(
         &root,
@@ -108,44 +68,24 @@ fn world() -> World {
     write_manifest(&root, "v25", manifest_json("v25", &[p, o], true).as_bytes());
     let server = FaultServer::start(&root).unwrap();
     let base = server.url();
-    let w = World {
-        dir,
+    device.make_v24(
+        &[
+            "pop223_driving_tinygrad.pkl",
+            "pop223_driving_tinygrad.pkl.p00",
+            "other_driving_tinygrad.pkl.chunk01of01",
+            "other_driving_tinygrad.pkl.chunkmanifest",
+            "local-test_driving_tinygrad.pkl",
+            "dmonitoring_model_tinygrad.pkl",
+        ],
+        "1",
+    );
+    World {
+        device,
         root,
         server: Some(server),
         base,
         other,
-    };
-    fs::create_dir_all(w.models()).unwrap();
-    for name in [
-        "pop223_driving_tinygrad.pkl",
-        "pop223_driving_tinygrad.pkl.p00",
-        "other_driving_tinygrad.pkl.chunk01of01",
-        "other_driving_tinygrad.pkl.chunkmanifest",
-        "local-test_driving_tinygrad.pkl",
-        "dmonitoring_model_tinygrad.pkl",
-    ] {
-        let body: &[u8] = if name.ends_with("chunkmanifest") {
-            b"1"
-        } else {
-            b"old"
-        };
-        fs::write(w.models().join(name), body).unwrap();
     }
-    let builtin = w.dir.path().join("builtin");
-    fs::create_dir_all(&builtin).unwrap();
-    fs::write(builtin.join("driving_tinygrad.pkl.chunk01of01"), b"builtin").unwrap();
-    fs::write(builtin.join("driving_tinygrad.pkl.chunkmanifest"), b"1").unwrap();
-    for (k, v) in [
-        ("Model", "pop223"),
-        ("DrivingModel", "pop223"),
-        ("DrivingModelName", "Model pop223"),
-        ("ModelVersion", "v16"),
-        ("DrivingModelVersion", "v16"),
-        ("ModelManifestVersion", "v24"),
-    ] {
-        w.set_param(k, v);
-    }
-    w
 }
 
 /// Every file under `dir` with its bytes and mode (the staging directory included).
@@ -170,18 +110,6 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (Vec<u8>, u32)> {
         }
     }
     out
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn sigterm(child: &Child) {

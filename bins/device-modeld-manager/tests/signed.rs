@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::common::*;
 use serde_json::Value;
 use test_support::http_server::FaultServer;
 use test_support::published::{
     GH_DIR, HF_DIR, PublishedModel, artifact_bytes, manifest_json, publish_model, write_manifest,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_device-modeld-manager");
 const CHUNK: usize = 64 * 1024;
 const SIG: &str = "model_names_v25.json.minisig";
 
@@ -150,21 +150,13 @@ impl World {
     }
 
     fn run(&self, device: &str, keys: Option<&Path>, args: &[&str]) -> Output {
-        let mut c = Command::new(BIN);
-        c.arg("--data-dir")
-            .arg(self.data(device))
-            .arg("--hf-base")
-            .arg(format!("{}/{HF_DIR}", self.server.url()))
-            .arg("--github-base")
-            .arg(format!("{}/{GH_DIR}", self.server.url()))
-            .arg("--generation")
-            .arg("v25")
-            .arg("--builtin-dir")
-            .arg(self.dir.path().join("builtin"))
-            .arg("--memory-params-dir")
-            .arg(self.dir.path().join(device).join("shm"))
-            .arg("--space-margin-mib")
-            .arg("0");
+        let mut c = manager(
+            &self.data(device),
+            &self.dir.path().join(device).join("shm"),
+            &self.dir.path().join("builtin"),
+            &self.dir.path().join("sys"),
+            &self.server.url(),
+        );
         if let Some(k) = keys {
             c.arg("--trusted-keys").arg(k);
         }

@@ -1,8 +1,7 @@
 //! The build half of `release-cli` (sync, compile, dm, rebuild, validate, builtin, tinygrad
 //! bump), run as the real binary against a real sshd on 127.0.0.1 and a stand-in device root.
 
-mod common;
-use common::{cli_in as cli, text};
+use crate::common::{cli_in as cli, text};
 
 use std::fs;
 use std::path::Path;

@@ -1,7 +1,6 @@
 //! The `release-cli chunk` contract, run against the real binary.
 
-mod common;
-use common::{cli_in as cli, text};
+use crate::common::{cli_in as cli, text};
 
 use std::fs;
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! The `release-cli manifest` contract, run against the real binary.
 
-mod common;
-use common::{cli_in as cli, text};
+use crate::common;
+use crate::common::{cli_in as cli, text};
 
 use std::fs;
 use std::path::{Path, PathBuf};

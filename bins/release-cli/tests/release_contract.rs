@@ -2,52 +2,15 @@
 //! what is wrong and what to do, and writes nothing (no store directory, no file in a store, no
 //! local folder in the working directory).
 
-mod common;
-use common::{cli, cli_in, covering_records, text};
+use crate::common::{
+    TG, cli, cli_in, covering_records, entry, refused, release_in as release, text,
+};
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use test_support::published::{artifact_bytes, random_bytes, sha256_hex};
-
-const TG: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
-
-fn entry(id: &str, data: &[u8], chunks: u32) -> Value {
-    json!({
-        "id": id, "name": id, "version": "v15", "series": "OP Series", "released": "2025-06-01",
-        "community_favorite": false, "artifact_format": "tinygrad_single_v1",
-        "artifact_size": data.len(), "artifact_sha256": sha256_hex(data),
-        "artifact_chunk_count": chunks, "uses_external_gpu": false
-    })
-}
-
-/// `dir/<out>` holding `pop223`'s chunk set of `data` (1000-byte chunks), and a v25 manifest.
-fn release(dir: &Path, data: &[u8], out: &str) -> (PathBuf, PathBuf) {
-    let pkl = dir.join("build/pop223_driving_tinygrad.pkl");
-    fs::create_dir_all(pkl.parent().unwrap()).unwrap();
-    fs::write(&pkl, data).unwrap();
-    let o = cli(&[
-        "chunk",
-        "split",
-        pkl.to_str().unwrap(),
-        "--out-dir",
-        dir.join(out).to_str().unwrap(),
-        "--chunk-size",
-        "1000",
-    ]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let manifest = dir.join("model_names_v25.json");
-    let count = data.len().div_ceil(1000) as u32;
-    let doc = json!({"generation": "v25", "tinygrad_commit": TG,
-        "models": [entry("pop223", data, count)]});
-    fs::write(
-        &manifest,
-        serde_json::to_string_pretty(&doc).unwrap() + "\n",
-    )
-    .unwrap();
-    (dir.join("artifacts"), manifest)
-}
 
 /// `release-cli publish` of `manifest` with a workspace whose records cover the validation
 /// matrix (written beside the manifest, in `ws/`), so the other gates are what is tested.
@@ -69,6 +32,16 @@ fn publish(cwd: &Path, manifest: &Path, artifacts: &Path, to: &[&str]) -> std::p
         args.push(t.to_string());
     }
     cli_in(&args.iter().map(String::as_str).collect::<Vec<_>>(), cwd)
+}
+
+/// Publishes to the local store `dir/store` (which does not exist yet) and requires a refusal
+/// (exit 3) that created nothing there; its message.
+fn refused_into_a_new_store(dir: &Path, manifest: &Path, artifacts: &Path) -> String {
+    let store = dir.join("store");
+    let o = publish(dir, manifest, artifacts, &[store.to_str().unwrap()]);
+    let err = refused(&o);
+    assert!(!store.exists(), "{} was created: {err}", store.display());
+    err
 }
 
 /// Every file under `dir`, relative, sorted.
@@ -139,10 +112,7 @@ fn a_flat_artifacts_folder_is_refused_with_the_expected_layout() {
     let t = tempfile::tempdir().unwrap();
     // What `chunk split --out-dir artifacts` makes: the chunk set directly in artifacts/.
     let (artifacts, manifest) = release(t.path(), &artifact_bytes(2, 2500), "artifacts");
-    let store = t.path().join("store");
-    let o = publish(t.path(), &manifest, &artifacts, &[store.to_str().unwrap()]);
-    let err = text(&o.stderr);
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    let err = refused_into_a_new_store(t.path(), &manifest, &artifacts);
     assert!(
         err.contains("one <id>/ directory per model")
             && err.contains("pop223_driving_tinygrad.pkl.chunk01of03")
@@ -150,7 +120,6 @@ fn a_flat_artifacts_folder_is_refused_with_the_expected_layout() {
             && err.contains("/pop223"),
         "{err}"
     );
-    assert!(!store.exists());
 }
 
 #[test]
@@ -158,28 +127,21 @@ fn publish_refuses_an_artifact_that_is_not_oob_and_names_file_and_offset() {
     let t = tempfile::tempdir().unwrap();
     // A plain pickle (not an OOB container) with a manifest that matches it byte for byte.
     let (artifacts, manifest) = release(t.path(), &random_bytes(3, 2500), "artifacts/pop223");
-    let store = t.path().join("store");
-    let o = publish(t.path(), &manifest, &artifacts, &[store.to_str().unwrap()]);
-    let err = text(&o.stderr);
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    let err = refused_into_a_new_store(t.path(), &manifest, &artifacts);
     assert!(
         err.contains(
             "pop223/pop223_driving_tinygrad.pkl: not an out-of-band (OOB) pickle container at byte "
         ),
         "{err}"
     );
-    assert!(!store.exists());
 
     // An OOB container with one byte too many: the records no longer tile the file.
     let mut data = artifact_bytes(4, 2500);
     data.push(0);
     let t = tempfile::tempdir().unwrap();
     let (artifacts, manifest) = release(t.path(), &data, "artifacts/pop223");
-    let o = publish(t.path(), &manifest, &artifacts, &[store.to_str().unwrap()]);
-    let err = text(&o.stderr);
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    let err = refused_into_a_new_store(t.path(), &manifest, &artifacts);
     assert!(err.contains("at byte 2500: 1 trailing byte(s)"), "{err}");
-    assert!(!store.exists());
 }
 
 #[test]
@@ -215,8 +177,7 @@ fn publish_refuses_a_listed_artifact_in_the_store_that_is_not_oob() {
     fs::create_dir_all(&artifacts).unwrap();
     let before = tree(&store);
     let o = publish(t.path(), &manifest, &artifacts, &[store.to_str().unwrap()]);
-    let err = text(&o.stderr);
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    let err = refused(&o);
     assert!(
         err.contains("model pop223")
             && err.contains("not an out-of-band (OOB) pickle container at byte"),
@@ -320,8 +281,7 @@ fn a_manifest_whose_pin_is_not_its_generations_is_refused() {
         &store,
         &["--openpilot", "op"],
     );
-    let err = text(&o.stderr);
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    let err = refused(&o);
     assert!(
         err.contains(&format!("tinygrad_commit {TG} is not v26's pin {NEXT_PIN}"))
             && err.contains("it is v25's"),
@@ -331,8 +291,7 @@ fn a_manifest_whose_pin_is_not_its_generations_is_refused() {
     // Without a recorded v26 pin, v26 cannot be published at all.
     let (artifacts, manifest) = v26_release(t.path(), NEXT_PIN, vec![]);
     let o = publish26(t.path(), &manifest, &artifacts, &store, &[]);
-    let err = text(&o.stderr);
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    let err = refused(&o);
     assert!(err.contains("no tinygrad pin is recorded for v26"), "{err}");
     assert!(!store.exists());
 }
@@ -381,8 +340,7 @@ fn a_new_generation_keeps_the_previous_ids_versions_and_gpu_flags() {
         &store,
         &["--openpilot", "op"],
     );
-    let err = text(&o.stderr);
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    let err = refused(&o);
     for want in [
         "departs from v25 (manifests/model_names_v25.json)",
         "+ model fresh is new (name it with --add-model fresh)",
@@ -409,8 +367,7 @@ fn a_new_generation_keeps_the_previous_ids_versions_and_gpu_flags() {
             "gwm",
         ],
     );
-    let err = text(&o.stderr);
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    let err = refused(&o);
     assert!(
         err.contains("chest") && !err.contains("fresh is new"),
         "{err}"

@@ -1,17 +1,14 @@
 //! `release-cli manifest sign|verify` and `publish --sign-key` as a release engineer runs them,
 //! and the signatures checked with the real `minisign` tool (Debian package `minisign`).
 
-mod common;
-use common::{cli, command, covering_records, text};
+use crate::common::{cli, command, covering_records, release, text};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use serde_json::{Value, json};
-use test_support::published::{artifact_bytes, sha256_hex};
+use serde_json::Value;
+use test_support::published::artifact_bytes;
 use test_support::release_stores::GitRemote;
-
-const TG: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
 
 /// Set to `1` (as `.ci/run` does) to make a missing `minisign` binary a failure, not a skip.
 const REQUIRE_MINISIGN: &str = "STARPILOT_REQUIRE_MINISIGN";
@@ -48,43 +45,6 @@ fn keypair(dir: &Path, name: &str) -> (PathBuf, PathBuf, String) {
     // The secret's base64 line: what must never leave this process.
     let secret_line = sk_text.lines().nth(1).unwrap().to_string();
     (sk, pk, secret_line)
-}
-
-fn entry(id: &str, data: &[u8], chunks: u32) -> Value {
-    json!({
-        "id": id, "name": id, "version": "v15", "series": "OP Series", "released": "2025-06-01",
-        "community_favorite": false, "artifact_format": "tinygrad_single_v1",
-        "artifact_size": data.len(), "artifact_sha256": sha256_hex(data),
-        "artifact_chunk_count": chunks, "uses_external_gpu": false
-    })
-}
-
-/// A canonical manifest (as `manifest fmt` writes it) and the artifacts directory for it.
-fn release(dir: &Path, data: &[u8]) -> (PathBuf, PathBuf) {
-    let build = dir.join("build");
-    std::fs::create_dir_all(&build).unwrap();
-    let pkl = build.join("pop223_driving_tinygrad.pkl");
-    std::fs::write(&pkl, data).unwrap();
-    let artifacts = dir.join("artifacts");
-    let o = cli(&[
-        "chunk",
-        "split",
-        pkl.to_str().unwrap(),
-        "--out-dir",
-        artifacts.join("pop223").to_str().unwrap(),
-        "--chunk-size",
-        "1000",
-    ]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let raw = dir.join("raw.json");
-    let doc =
-        json!({"generation": "v25", "tinygrad_commit": TG, "models": [entry("pop223", data, 3)]});
-    std::fs::write(&raw, doc.to_string()).unwrap();
-    let o = cli(&["manifest", "fmt", raw.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let manifest = dir.join("model_names_v25.json");
-    std::fs::write(&manifest, &o.stdout).unwrap();
-    (artifacts, manifest)
 }
 
 fn s(p: &Path) -> &str {

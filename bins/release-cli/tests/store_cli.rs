@@ -1,59 +1,63 @@
 //! `release-cli publish`, `reuse` and `serve` as a release engineer runs them: the real binary,
 //! a real local store, a real bare git origin, the stand-in `hf`, and HTTP on 127.0.0.1.
 
-mod common;
-use common::{cli, covering_records};
+use crate::common;
+use crate::common::{TG, cli, covering_records, entry, http_get, serve};
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 use test_support::published::{artifact_bytes, sha256_hex};
 use test_support::release_stores::{GitRemote, StandinHf};
 
-const TG: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
 const SRC: &str = "1111111111111111111111111111111111111111";
 
-fn entry(id: &str, data: &[u8], chunks: u32) -> Value {
-    json!({
-        "id": id, "name": id, "version": "v15", "series": "OP Series", "released": "2025-06-01",
-        "community_favorite": false, "artifact_format": "tinygrad_single_v1",
-        "artifact_size": data.len(), "artifact_sha256": sha256_hex(data),
-        "artifact_chunk_count": chunks, "uses_external_gpu": false
-    })
-}
-
-/// `dir/artifacts/<id>/` chunk sets made by `release-cli chunk split`, and a manifest.
+/// [`common::release`], as the strings the command lines take.
 fn release(dir: &Path, data: &[u8]) -> (String, String) {
-    let build = dir.join("build");
-    std::fs::create_dir_all(&build).unwrap();
-    let pkl = build.join("pop223_driving_tinygrad.pkl");
-    std::fs::write(&pkl, data).unwrap();
-    let out = dir.join("artifacts/pop223");
-    let o = cli(&[
-        "chunk",
-        "split",
-        pkl.to_str().unwrap(),
-        "--out-dir",
-        out.to_str().unwrap(),
-        "--chunk-size",
-        "1000",
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let manifest = dir.join("model_names_v25.json");
-    let doc =
-        json!({"generation": "v25", "tinygrad_commit": TG, "models": [entry("pop223", data, 3)]});
-    std::fs::write(
-        &manifest,
-        serde_json::to_string_pretty(&doc).unwrap() + "\n",
-    )
-    .unwrap();
+    let (artifacts, manifest) = common::release(dir, data);
     (
-        dir.join("artifacts").to_str().unwrap().to_string(),
+        artifacts.to_str().unwrap().to_string(),
         manifest.to_str().unwrap().to_string(),
     )
+}
+
+/// `release-cli publish --json` of [`release`]'s files to `hf://buckets/{bucket}` through the
+/// `hf` at `hf_cli`, against `hub` with `token`.
+fn publish_to_hub(
+    hub: &test_support::hub::HubEmulator,
+    token: &str,
+    (artifacts, manifest): &(String, String),
+    bucket: &str,
+    hf_cli: &Path,
+    extra: &[&str],
+) -> std::process::Output {
+    common::command()
+        .env("HF_ENDPOINT", hub.url())
+        .env("HF_TOKEN", token)
+        .args([
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            manifest,
+            "--artifacts",
+            artifacts,
+            "--to",
+            &format!("hf://buckets/{bucket}"),
+            "--hf-cli",
+            hf_cli.to_str().unwrap(),
+            "--workspace",
+            covering_records(
+                &Path::new(manifest).parent().unwrap().join("ws"),
+                Path::new(manifest),
+            )
+            .to_str()
+            .unwrap(),
+            "--json",
+        ])
+        .args(extra)
+        .output()
+        .unwrap()
 }
 
 #[test]
@@ -244,34 +248,13 @@ fn serve_prints_its_address_first_and_serves_both_layouts() {
         b"{\"models\": []}\n",
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_release-cli"))
-        .args([
-            "serve",
-            "--store",
-            store.to_str().unwrap(),
-            "--addr",
-            "127.0.0.1:0",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let url = first.trim().to_string();
+    let server = serve(&["--store", store.to_str().unwrap()]);
+    let url = server.first_line.trim().to_string();
     let addr = url
         .strip_prefix("http://")
         .expect("first line is the URL")
         .to_string();
-    let get = |path: &str| {
-        let mut s = TcpStream::connect(&addr).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        let mut buf = String::new();
-        s.read_to_string(&mut buf).unwrap();
-        buf
-    };
+    let get = |path: &str| http_get(&addr, path);
     let hf = get(
         "/buckets/StarPilot-Driving/StarPilot-Resources/resolve/manifests/model_names_v25.json",
     );
@@ -285,8 +268,7 @@ fn serve_prints_its_address_first_and_serves_both_layouts() {
         get("/buckets/StarPilot-Driving/StarPilot-Resources/resolve/../x")
             .starts_with("HTTP/1.1 404")
     );
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(server);
 
     let o = cli(&["serve", "--store", t.path().join("nope").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
@@ -300,33 +282,11 @@ fn publish_to_a_hub_bucket_through_the_real_hf_cli() {
     let Some(hf_cli) = real_hf_cli() else { return };
     let t = tempfile::tempdir().unwrap();
     let data = artifact_bytes(3, 2500);
-    let (artifacts, manifest) = release(t.path(), &data);
+    let files = release(t.path(), &data);
     let hub = HubEmulator::start(HubConfig::default()).unwrap();
     let bucket = "StarPilot-Driving/StarPilot-Resources";
     hub.create_bucket(bucket);
-    let o = common::command()
-        .env("HF_ENDPOINT", hub.url())
-        .env("HF_TOKEN", hub.token())
-        .args([
-            "publish",
-            "--generation",
-            "v25",
-            "--manifest",
-            &manifest,
-            "--artifacts",
-            &artifacts,
-            "--to",
-            &format!("hf://buckets/{bucket}"),
-            "--workspace",
-            covering_records(&t.path().join("ws"), Path::new(&manifest))
-                .to_str()
-                .unwrap(),
-            "--hf-cli",
-            hf_cli.to_str().unwrap(),
-            "--json",
-        ])
-        .output()
-        .unwrap();
+    let o = publish_to_hub(&hub, hub.token(), &files, bucket, &hf_cli, &[]);
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success(),
@@ -364,7 +324,7 @@ fn the_token_never_reaches_json_events_or_messages() {
     use test_support::hub::{HubConfig, HubEmulator};
     let t = tempfile::tempdir().unwrap();
     let data = artifact_bytes(4, 2500);
-    let (artifacts, manifest) = release(t.path(), &data);
+    let files = release(t.path(), &data);
     let hub = HubEmulator::start(HubConfig::default()).unwrap();
     hub.create_bucket("a/b");
     let exe = t.path().join("hf");
@@ -375,31 +335,7 @@ fn the_token_never_reaches_json_events_or_messages() {
     .unwrap();
     std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let secret = "hf_NotForPrintingNotForPrinting42";
-    let o = common::command()
-        .env("HF_ENDPOINT", hub.url())
-        .env("HF_TOKEN", secret)
-        .args([
-            "publish",
-            "--generation",
-            "v25",
-            "--manifest",
-            &manifest,
-            "--artifacts",
-            &artifacts,
-            "--to",
-            "hf://buckets/a/b",
-            "--hf-cli",
-            exe.to_str().unwrap(),
-            "--workspace",
-            covering_records(&t.path().join("ws"), Path::new(&manifest))
-                .to_str()
-                .unwrap(),
-            "--attempts",
-            "2",
-            "--json",
-        ])
-        .output()
-        .unwrap();
+    let o = publish_to_hub(&hub, secret, &files, "a/b", &exe, &["--attempts", "2"]);
     let all = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),

@@ -4,25 +4,25 @@
 //! (with a message) and fail in CI (`STARPILOT_REQUIRE_HF=1`). A shell stand-in remains only
 //! where a test needs a CLI that misbehaves in a way the real one cannot be made to.
 
-mod common;
-
 use std::fs;
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::*;
 use artifact_store::hf::{HfConfig, HubHttp, classify_cli_failure};
 use artifact_store::location::{HfRepoStore, RepoKind};
 use artifact_store::publish::{PublishOptions, publish};
 use artifact_store::retry::RetryPolicy;
-use artifact_store::reuse::{ReuseRequest, check_compatibility, reuse, update_manifest_entry};
+use artifact_store::reuse::{
+    Compatible, ReuseReport, ReuseRequest, check_compatibility, reuse, update_manifest_entry,
+};
 use artifact_store::serve::{ServeConfig, Server};
 use artifact_store::{Error, GithubStore, HfBucketStore, HfFailure, Store};
-use common::*;
 use manifest::Generation;
 use test_support::hub::{HubConfig, HubEmulator, HubOp, LinkFault, Listener, real_hf_cli};
 use test_support::release_stores::GitRemote;
@@ -54,6 +54,21 @@ fn hub_with(cli: PathBuf, page_size: usize) -> Hub {
 /// For tests that never run the CLI: a path that does not exist, so a call would fail loudly.
 fn hub_without_cli() -> Hub {
     hub_with(PathBuf::from("/nonexistent/hf-must-not-run"), 2)
+}
+
+/// Runs the real `hf` CLI against the emulator, with its own `HF_HOME`, no update check and no
+/// telemetry.
+fn hf(cli: &Path, h: &Hub, home: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(cli)
+        .args(args)
+        .env("HF_ENDPOINT", h.emu.url())
+        .env("HF_TOKEN", h.emu.token())
+        .env("HF_HOME", home)
+        .env("HF_HUB_DISABLE_UPDATE_CHECK", "1")
+        .env("HF_HUB_DISABLE_TELEMETRY", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
 }
 
 fn uri(path: &str) -> String {
@@ -116,23 +131,19 @@ fn hf_store_operations_through_the_real_cli_and_http() {
     eprintln!("chunk compression schemes seen: {schemes:?}");
     assert!(schemes.get(&1).is_some_and(|&n| n > 0), "{schemes:?}");
     // The CLI reads it back too (reconstruction API, ranged xorb reads from the content host).
-    let out = Command::new(&cli)
-        .args([
+    let out = hf(
+        &cli,
+        &h,
+        &t.path().join("hf-home-read"),
+        &[
             "buckets",
             "cp",
             &uri("models/v25/x/b.bin"),
             "-",
             "--format",
             "quiet",
-        ])
-        .env("HF_ENDPOINT", h.emu.url())
-        .env("HF_TOKEN", h.emu.token())
-        .env("HF_HOME", t.path().join("hf-home-read"))
-        .env("HF_HUB_DISABLE_UPDATE_CHECK", "1")
-        .env("HF_HUB_DISABLE_TELEMETRY", "1")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+        ],
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -166,16 +177,12 @@ fn hf_store_operations_through_the_real_cli_and_http() {
 
     // The bug this suite was built for: the real CLI asks before removing. Without a terminal
     // and without --yes it aborts, exit 1, and the file stays.
-    let out = Command::new(&cli)
-        .args(["buckets", "rm", &uri("models/v25/x/a.bin")])
-        .env("HF_ENDPOINT", h.emu.url())
-        .env("HF_TOKEN", h.emu.token())
-        .env("HF_HOME", t.path().join("hf-home"))
-        .env("HF_HUB_DISABLE_UPDATE_CHECK", "1")
-        .env("HF_HUB_DISABLE_TELEMETRY", "1")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = hf(
+        &cli,
+        &h,
+        &t.path().join("hf-home"),
+        &["buckets", "rm", &uri("models/v25/x/a.bin")],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -246,22 +253,19 @@ fn real_cli_failures_become_typed_errors() {
     assert!(!msg.contains("Traceback"), "{msg}");
     assert_eq!(kind(e), HfFailure::BucketMissing);
     // The next step the message names works: the real CLI creates the bucket.
-    let out = Command::new(&cli)
-        .args([
+    let out = hf(
+        &cli,
+        &h,
+        &t.path().join("hf-home"),
+        &[
             "buckets",
             "create",
             "StarPilot-Driving/no-such-bucket",
             "--exist-ok",
             "--format",
             "json",
-        ])
-        .env("HF_ENDPOINT", h.emu.url())
-        .env("HF_TOKEN", h.emu.token())
-        .env("HF_HOME", t.path().join("hf-home"))
-        .env("HF_HUB_DISABLE_UPDATE_CHECK", "1")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+        ],
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -752,27 +756,19 @@ fn catalog_with_source(source: &Model, src_commit: &str) -> manifest::Manifest {
 
 const SRC: &str = "1111111111111111111111111111111111111111";
 
-#[test]
-fn reuse_hub_to_hub_copies_server_side_renamed_chunk_manifest_last() {
-    let Some(cli) = real_hf_cli() else { return };
-    let t = tempfile::tempdir().unwrap();
-    let h = hub_with(cli, 2);
-    let source = Model {
-        id: "supercombo-pop",
-        data: bytes(41, 2500),
-    };
-    // The source dataset holds the chunk set under its own name.
-    let split = t.path().join("split");
-    fs::create_dir_all(&split).unwrap();
+/// The source dataset `org/src` holds `source` as a chunk set under its own name,
+/// `builds/supercombo_tinygrad.pkl`.
+fn seed_source(h: &Hub, source: &Model) {
+    let split = tempfile::tempdir().unwrap();
     chunker::split_reader(
         &source.data[..],
-        2500,
+        source.data.len() as u64,
         "supercombo_tinygrad.pkl",
-        &split,
+        split.path(),
         &chunker::SplitOptions { chunk_size: CHUNK },
     )
     .unwrap();
-    for f in fs::read_dir(&split).unwrap() {
+    for f in fs::read_dir(split.path()).unwrap() {
         let f = f.unwrap();
         h.emu.seed_repo_file(
             "datasets",
@@ -781,6 +777,49 @@ fn reuse_hub_to_hub_copies_server_side_renamed_chunk_manifest_last() {
             &fs::read(f.path()).unwrap(),
         );
     }
+}
+
+/// The catalog's verdict on reusing `source` built at `SRC` with the pinned tinygrad.
+fn compatible_at_src(source: &Model) -> Compatible {
+    check_compatibility(
+        &catalog_with_source(source, SRC),
+        &source.id.parse().unwrap(),
+        &SRC.parse().unwrap(),
+        &TG.parse().unwrap(),
+    )
+    .unwrap()
+}
+
+/// Reuses the seeded `org/src` build as `pop223` of v25 in `dest`.
+fn reuse_pop223(
+    h: &Hub,
+    compatible: Compatible,
+    dest: &dyn Store,
+    on_chunk: &mut dyn FnMut(u32, u32, u64),
+) -> artifact_store::Result<ReuseReport> {
+    let source = HfRepoStore::new(RepoKind::Datasets, "org/src", None, &h.config).unwrap();
+    reuse(
+        &ReuseRequest {
+            model: "pop223".parse().unwrap(),
+            generation: Generation::new(25),
+            source: &source,
+            source_path: p("builds/supercombo_tinygrad.pkl"),
+            compatible,
+            dest,
+        },
+        on_chunk,
+    )
+}
+
+#[test]
+fn reuse_hub_to_hub_copies_server_side_renamed_chunk_manifest_last() {
+    let Some(cli) = real_hf_cli() else { return };
+    let h = hub_with(cli, 2);
+    let source = Model {
+        id: "supercombo-pop",
+        data: bytes(41, 2500),
+    };
+    seed_source(&h, &source);
     // The destination already holds an older set: its chunk manifest must go first (rm --yes).
     let dst_path = |f: &str| format!("models/v25/pop223/pop223_driving_tinygrad.pkl{f}");
     h.emu
@@ -788,28 +827,12 @@ fn reuse_hub_to_hub_copies_server_side_renamed_chunk_manifest_last() {
     h.emu
         .seed_bucket_file(BUCKET, &dst_path(".chunk01of01"), b"old");
 
-    let catalog = catalog_with_source(&source, SRC);
-    let compatible = check_compatibility(
-        &catalog,
-        &"supercombo-pop".parse().unwrap(),
-        &SRC.parse().unwrap(),
-        &TG.parse().unwrap(),
-    )
-    .unwrap();
-    let src_store = HfRepoStore::new(RepoKind::Datasets, "org/src", None, &h.config).unwrap();
+    let compatible = compatible_at_src(&source);
     let dest = HfBucketStore::new(BUCKET, h.config.clone()).unwrap();
     let mut progress = Vec::new();
-    let report = reuse(
-        &ReuseRequest {
-            model: "pop223".parse().unwrap(),
-            generation: Generation::new(25),
-            source: &src_store,
-            source_path: p("builds/supercombo_tinygrad.pkl"),
-            compatible: compatible.clone(),
-            dest: &dest,
-        },
-        &mut |i, n, _| progress.push((i, n)),
-    )
+    let report = reuse_pop223(&h, compatible.clone(), &dest, &mut |i, n, _| {
+        progress.push((i, n))
+    })
     .unwrap();
     assert!(report.server_side);
     assert_eq!(report.chunk_count, 3);
@@ -899,7 +922,6 @@ fn reuse_refuses_a_different_commit_and_writes_nothing() {
 
 #[test]
 fn reuse_refuses_a_source_that_is_not_oob_reading_only_its_head_and_copies_nothing() {
-    let t = tempfile::tempdir().unwrap();
     // No hf CLI at all: the refusal must come before any copy.
     let h = hub_without_cli();
     // Same size and digest as its catalog says, but a plain pickle: not an OOB container.
@@ -907,48 +929,12 @@ fn reuse_refuses_a_source_that_is_not_oob_reading_only_its_head_and_copies_nothi
         id: "supercombo-pop",
         data: test_support::published::random_bytes(43, 2500),
     };
-    let split = t.path().join("split");
-    fs::create_dir_all(&split).unwrap();
-    chunker::split_reader(
-        &source.data[..],
-        2500,
-        "supercombo_tinygrad.pkl",
-        &split,
-        &chunker::SplitOptions { chunk_size: CHUNK },
-    )
-    .unwrap();
-    for f in fs::read_dir(&split).unwrap() {
-        let f = f.unwrap();
-        h.emu.seed_repo_file(
-            "datasets",
-            "org/src",
-            &format!("builds/{}", f.file_name().to_string_lossy()),
-            &fs::read(f.path()).unwrap(),
-        );
-    }
-    let catalog = catalog_with_source(&source, SRC);
-    let compatible = check_compatibility(
-        &catalog,
-        &"supercombo-pop".parse().unwrap(),
-        &SRC.parse().unwrap(),
-        &TG.parse().unwrap(),
-    )
-    .unwrap();
-    let src_store = HfRepoStore::new(RepoKind::Datasets, "org/src", None, &h.config).unwrap();
+    seed_source(&h, &source);
+    let compatible = compatible_at_src(&source);
     let dest = HfBucketStore::new(BUCKET, h.config.clone()).unwrap();
-    let e = reuse(
-        &ReuseRequest {
-            model: "pop223".parse().unwrap(),
-            generation: Generation::new(25),
-            source: &src_store,
-            source_path: p("builds/supercombo_tinygrad.pkl"),
-            compatible,
-            dest: &dest,
-        },
-        &mut |_, _, _| {},
-    )
-    .unwrap_err()
-    .to_string();
+    let e = reuse_pop223(&h, compatible, &dest, &mut |_, _, _| {})
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("not an out-of-band (OOB) pickle container at byte")
             && e.contains("builds/supercombo_tinygrad.pkl"),

@@ -1,13 +1,11 @@
 //! Publish against a real local directory and a real git bare repository as `origin`.
 
-mod common;
-
 use std::fs;
 
+use crate::common::*;
 use artifact_store::publish::{PublishOptions, publish};
 use artifact_store::retry::RetryPolicy;
 use artifact_store::{Error, GithubStore, LocalStore, Store};
-use common::*;
 use manifest::Generation;
 use test_support::release_stores::{GitRemote, git};
 

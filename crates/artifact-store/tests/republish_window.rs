@@ -7,17 +7,15 @@
 //! and delete, on both stores), and at each of those states both stores are checked and a real
 //! device download runs against them over HTTP on 127.0.0.1.
 
-mod common;
-
 use std::fs;
 use std::io::Read;
 use std::path::Path;
 use std::sync::Mutex;
 
+use crate::common::*;
 use artifact_store::publish::{PublishOptions, publish};
 use artifact_store::retry::RetryPolicy;
 use artifact_store::{FileStat, ListEntry, LocalStore, Result, Store, StorePath};
-use common::*;
 use downloader::{CancelToken, DownloadConfig, Downloader, Origins};
 use manifest::{Generation, Manifest};
 use test_support::http_server::FaultServer;

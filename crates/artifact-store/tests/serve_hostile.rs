@@ -1,15 +1,13 @@
 //! `serve` against idle and slow clients and against symlinks that lead out of the store
 //! (issue 16, item 9), over real sockets on 127.0.0.1.
 
-mod common;
-
 use std::fs;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use artifact_store::serve::{ServeConfig, Server};
-use common::*;
 
 const BUCKET: &str = "StarPilot-Driving/StarPilot-Resources";
 

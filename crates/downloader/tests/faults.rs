@@ -2,97 +2,13 @@
 
 use std::fs;
 use std::sync::Mutex;
-use std::time::Duration;
 
-use downloader::{CancelToken, DownloadConfig, Downloader, Error, Event, Origins, STAGING_DIR};
-use manifest::{Generation, Manifest, ModelId};
-use test_support::http_server::{Fault, FaultServer};
-use test_support::published::{
-    GH_DIR, HF_DIR, PublishedModel, artifact_bytes, manifest_json, publish_model, write_manifest,
-    write_manifest_at,
-};
-
-const GEN: &str = "v25";
-const CHUNK: usize = 64 * 1024;
-
-struct World {
-    _dir: tempfile::TempDir,
-    root: std::path::PathBuf,
-    models: std::path::PathBuf,
-    server: FaultServer,
-}
-
-fn world() -> World {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("origin");
-    let models = dir.path().join("models");
-    fs::create_dir_all(&root).unwrap();
-    fs::create_dir_all(&models).unwrap();
-    let server = FaultServer::start(&root).unwrap();
-    World {
-        _dir: dir,
-        root,
-        models,
-        server,
-    }
-}
-
-fn config() -> DownloadConfig {
-    DownloadConfig {
-        connections: 3,
-        ranges_per_chunk: 1,
-        max_attempts: 4,
-        backoff_base: Duration::from_millis(5),
-        backoff_max: Duration::from_millis(20),
-        space_margin: 0,
-        ..DownloadConfig::default()
-    }
-}
+use crate::common::*;
+use downloader::{CancelToken, DownloadConfig, Error, Event, STAGING_DIR};
+use test_support::http_server::Fault;
+use test_support::published::{GH_DIR, HF_DIR, PublishedModel, manifest_json, write_manifest_at};
 
 impl World {
-    fn downloader(&self, config: DownloadConfig) -> Downloader {
-        let url = self.server.url();
-        Downloader::new(
-            Origins::new(&format!("{url}/{HF_DIR}"), &format!("{url}/{GH_DIR}")),
-            config,
-        )
-    }
-
-    fn publish(
-        &self,
-        id: &str,
-        seed: u64,
-        len: usize,
-        chunked: bool,
-        digests: bool,
-    ) -> (Vec<u8>, Manifest) {
-        let data = artifact_bytes(seed, len);
-        let m = publish_model(&self.root, GEN, id, &data, chunked.then_some(CHUNK));
-        let json = manifest_json(GEN, &[m], digests);
-        write_manifest(&self.root, GEN, json.as_bytes());
-        (data, Manifest::from_slice(json.as_bytes()).unwrap())
-    }
-
-    fn download(
-        &self,
-        d: &Downloader,
-        m: &Manifest,
-        id: &str,
-    ) -> Result<downloader::Installed, Error> {
-        let entry = m.get(&id.parse::<ModelId>().unwrap()).unwrap();
-        d.download(
-            generation(),
-            entry,
-            &self.models,
-            &CancelToken::new(),
-            &|_| {},
-        )
-    }
-
-    fn installed(&self, id: &str) -> Option<Vec<u8>> {
-        fs::read(self.models.join(format!("{id}_driving_tinygrad.pkl"))).ok()
-    }
-
     /// Every file in the models dir (temporaries included) but the staging directory, whose
     /// contents [`World::staged`] lists.
     fn listing(&self) -> Vec<String> {
@@ -120,10 +36,6 @@ impl World {
     fn hf_chunk(&self, id: &str, i: u32, n: u32) -> String {
         format!("/{HF_DIR}/models/{GEN}/{id}/{id}_driving_tinygrad.pkl.chunk{i:02}of{n:02}")
     }
-}
-
-fn generation() -> Generation {
-    GEN.parse().unwrap()
 }
 
 #[test]
@@ -514,7 +426,7 @@ fn complete_chunks_survive_a_failed_run_and_are_not_fetched_again() {
 fn full_disk_is_refused_before_writing() {
     let w = world();
     let (_, m) = w.publish("pop223", 11, 24 * CHUNK, true, false);
-    let small = w._dir.path().join("small");
+    let small = w.dir.path().join("small");
     fs::create_dir_all(&small).unwrap();
     let mounted = std::process::Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])

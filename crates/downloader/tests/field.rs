@@ -10,83 +10,18 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::thread;
 use std::time::Duration;
 
+use crate::common::*;
 use downloader::egpu::{self, Chestnut};
-use downloader::{
-    CancelToken, DigestSource, DownloadConfig, Downloader, Error, Event, Origins, STAGING_DIR,
-    Target,
-};
-use manifest::{Generation, ModelId};
-use test_support::http_server::FaultServer;
+use downloader::{CancelToken, DigestSource, Error, Event, STAGING_DIR, Target};
 use test_support::published::{
-    GH_DIR, HF_DIR, artifact_bytes, artifact_dirs, manifest_json, publish_model, sha256_hex,
-    write_manifest,
+    HF_DIR, artifact_bytes, artifact_dirs, manifest_json, publish_model, sha256_hex, write_manifest,
 };
 
-const GEN: &str = "v25";
-const CHUNK: usize = 64 * 1024;
 /// The published v25 catalog as it is live: no artifact fields at all.
 const LIVE_CATALOG: &str =
     include_str!("../../manifest/tests/fixtures/model_names_v25.catalog.json");
 
-struct World {
-    _dir: tempfile::TempDir,
-    root: std::path::PathBuf,
-    models: std::path::PathBuf,
-    server: FaultServer,
-}
-
-fn world() -> World {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("origin");
-    let models = dir.path().join("models");
-    fs::create_dir_all(&root).unwrap();
-    fs::create_dir_all(&models).unwrap();
-    let server = FaultServer::start(&root).unwrap();
-    World {
-        _dir: dir,
-        root,
-        models,
-        server,
-    }
-}
-
-fn config() -> DownloadConfig {
-    DownloadConfig {
-        connections: 3,
-        ranges_per_chunk: 1,
-        max_attempts: 4,
-        backoff_base: Duration::from_millis(5),
-        backoff_max: Duration::from_millis(20),
-        space_margin: 0,
-        ..DownloadConfig::default()
-    }
-}
-
-fn generation() -> Generation {
-    GEN.parse().unwrap()
-}
-
-fn id(s: &str) -> ModelId {
-    s.parse().unwrap()
-}
-
 impl World {
-    fn downloader(&self, config: DownloadConfig) -> Downloader {
-        let url = self.server.url();
-        Downloader::new(
-            Origins::new(&format!("{url}/{HF_DIR}"), &format!("{url}/{GH_DIR}")),
-            config,
-        )
-    }
-
-    fn installed(&self, name: &str) -> Option<Vec<u8>> {
-        fs::read(self.models.join(name)).ok()
-    }
-
-    fn pkl(&self, model: &str) -> Option<Vec<u8>> {
-        self.installed(&format!("{model}_driving_tinygrad.pkl"))
-    }
-
     fn gets(&self) -> Vec<(String, Option<String>)> {
         self.server
             .requests()
@@ -95,21 +30,6 @@ impl World {
             .map(|r| (r.path, r.range))
             .collect()
     }
-}
-
-fn download(
-    w: &World,
-    d: &Downloader,
-    m: &manifest::Manifest,
-    model: &str,
-) -> Result<downloader::Installed, Error> {
-    d.download(
-        generation(),
-        m.get(&id(model)).unwrap(),
-        &w.models,
-        &CancelToken::new(),
-        &|_| {},
-    )
 }
 
 #[test]
@@ -129,11 +49,11 @@ fn the_live_manifest_installs_a_verified_model() {
     );
     let entry = fetched.manifest.get(&id("tr14223")).unwrap();
     assert!(entry.artifact().is_none(), "the live shape has no artifact");
-    let done = download(&w, &d, &fetched.manifest, "tr14223").unwrap();
+    let done = w.download(&d, &fetched.manifest, "tr14223").unwrap();
     assert_eq!(done.digest_source, DigestSource::Sidecar);
     assert_eq!(done.sha256.to_hex(), sha256_hex(&data));
     assert!(done.origin.starts_with("Hugging Face"));
-    assert_eq!(w.pkl("tr14223").unwrap(), data);
+    assert_eq!(w.installed("tr14223").unwrap(), data);
     // The digest it was verified against is kept beside it, in upstream's sidecar format.
     assert_eq!(
         downloader::installed_sidecar_digest(&w.models, "tr14223_driving_tinygrad.pkl")
@@ -160,9 +80,9 @@ fn the_live_manifest_installs_a_verified_model() {
         )
         .unwrap();
     }
-    let done = download(&w, &d, &fetched.manifest, "tr15223").unwrap();
+    let done = w.download(&d, &fetched.manifest, "tr15223").unwrap();
     assert_eq!(done.digest_source, DigestSource::Sidecar);
-    assert_eq!(w.pkl("tr15223").unwrap(), plain);
+    assert_eq!(w.installed("tr15223").unwrap(), plain);
 }
 
 #[test]
@@ -176,11 +96,11 @@ fn without_a_digest_anywhere_nothing_is_installed_and_it_says_so() {
     }
     let d = w.downloader(config());
     let m = d.fetch_manifest(generation()).unwrap().manifest;
-    let err = download(&w, &d, &m, "tr14223").unwrap_err();
+    let err = w.download(&d, &m, "tr14223").unwrap_err();
     let text = err.to_string();
     assert!(text.contains("declares no artifact_sha256"), "{text}");
     assert!(text.contains("nothing to verify"), "{text}");
-    assert!(w.pkl("tr14223").is_none());
+    assert!(w.installed("tr14223").is_none());
     // Not one payload byte was asked for.
     assert!(
         w.gets().iter().all(|(p, _)| !p.contains(".chunk0")),
@@ -196,9 +116,9 @@ fn without_a_digest_anywhere_nothing_is_installed_and_it_says_so() {
         )
         .unwrap();
     }
-    let err = download(&w, &d, &m, "tr14223").unwrap_err();
+    let err = w.download(&d, &m, "tr14223").unwrap_err();
     assert!(err.to_string().contains("digest from the sidecar"), "{err}");
-    assert!(w.pkl("tr14223").is_none());
+    assert!(w.installed("tr14223").is_none());
     assert!(
         downloader::installed_sidecar_digest(&w.models, "tr14223_driving_tinygrad.pkl").is_none()
     );
@@ -243,14 +163,16 @@ fn each_tolerated_irregularity_leaves_the_rest_of_the_catalog_working() {
         assert!(fetched.origin.starts_with("Hugging Face"), "{what}");
         let ids: Vec<String> = fetched.manifest.ids().map(ToString::to_string).collect();
         fs::remove_file(w.models.join("pop223_driving_tinygrad.pkl")).ok();
-        download(&w, &d, &fetched.manifest, "pop223").unwrap_or_else(|e| panic!("{what}: {e}"));
+        w.download(&d, &fetched.manifest, "pop223")
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
         if kept {
             assert_eq!(ids, ["pop223", "odd223"], "{what}");
             assert!(fetched.refused_entries.is_empty(), "{what}");
             assert!(!fetched.normalised.is_empty(), "{what}");
             fs::remove_file(w.models.join("odd223_driving_tinygrad.pkl")).ok();
-            download(&w, &d, &fetched.manifest, "odd223").unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_eq!(w.pkl("odd223").unwrap(), odd_data, "{what}");
+            w.download(&d, &fetched.manifest, "odd223")
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(w.installed("odd223").unwrap(), odd_data, "{what}");
         } else {
             assert_eq!(ids, ["pop223"], "{what}");
             assert_eq!(fetched.refused_entries.len(), 1, "{what}");
@@ -365,7 +287,7 @@ fn upstream_cleanup_every_second_beside_a_slow_download_does_not_stop_the_instal
         "the cleanup is real, and it never touched the download"
     );
     assert_eq!(done.digest_source, DigestSource::Manifest);
-    assert_eq!(w.pkl("pop223").unwrap(), data);
+    assert_eq!(w.installed("pop223").unwrap(), data);
     // And the installed model survives the next pass, as modeld will need it.
     let available = BTreeSet::from(["pop223".to_string()]);
     assert!(upstream_cleanup(&w.models, &available).is_empty());
@@ -397,20 +319,20 @@ fn a_stop_then_a_restart_never_fetches_a_finished_chunk_again() {
             })
             .unwrap_err();
         assert!(matches!(err, Error::Cancelled { .. }), "{err}");
-        assert!(w.pkl("pop223").is_none());
+        assert!(w.installed("pop223").is_none());
         let first: Vec<(String, Option<String>)> = w.gets();
         let (done, partial) = staging_record(&w.models);
         w.server.clear_requests();
         w.server.set_rate_per_conn(None);
 
         let resumed_from = std::sync::Mutex::new(None);
-        download_with(&w, &d, &manifest, "pop223", &|e| {
+        w.download_with(&d, &manifest, "pop223", &|e| {
             if let Event::Progress { done, .. } = e {
                 resumed_from.lock().unwrap().get_or_insert(done);
             }
         })
         .unwrap();
-        assert_eq!(w.pkl("pop223").unwrap(), data);
+        assert_eq!(w.installed("pop223").unwrap(), data);
         let second = w.gets();
         let chunk = |i: u32| format!("pop223_driving_tinygrad.pkl.chunk{i:02}of09");
         // No chunk the first run finished is asked for again; with per-chunk digests a chunk
@@ -475,22 +397,6 @@ fn staging_record(models: &Path) -> (Vec<u32>, Vec<(u32, u64)>) {
         }
     }
     (done, partial)
-}
-
-fn download_with(
-    w: &World,
-    d: &Downloader,
-    m: &manifest::Manifest,
-    model: &str,
-    on_event: &(dyn Fn(Event) + Sync),
-) -> Result<downloader::Installed, Error> {
-    d.download(
-        generation(),
-        m.get(&id(model)).unwrap(),
-        &w.models,
-        &CancelToken::new(),
-        on_event,
-    )
 }
 
 /// A GPU model with a Chestnut build: without a ready Chestnut a single download is refused
@@ -562,7 +468,7 @@ fn a_chestnut_present_or_absent_decides_gpu_downloads() {
             .all(|r| !r.path.contains("gpu223"))
     );
     assert_eq!(run(c, true, false), ["cpu223_driving_tinygrad.pkl"]);
-    assert!(w.pkl("gpu223").is_none());
+    assert!(w.installed("gpu223").is_none());
     // The override lets one single download through, without the Chestnut build.
     assert_eq!(run(c, false, true), ["gpu223_driving_tinygrad.pkl"]);
     fs::remove_file(w.models.join("gpu223_driving_tinygrad.pkl")).unwrap();
@@ -578,9 +484,11 @@ fn a_chestnut_present_or_absent_decides_gpu_downloads() {
             "gpu223_driving_chestnut_tinygrad.pkl"
         ]
     );
-    assert_eq!(w.pkl("gpu223").unwrap(), main);
+    assert_eq!(w.installed("gpu223").unwrap(), main);
     assert_eq!(
-        w.installed("gpu223_driving_chestnut_tinygrad.pkl").unwrap(),
+        fs::read(w.models.join("gpu223_driving_chestnut_tinygrad.pkl"))
+            .ok()
+            .unwrap(),
         amd
     );
     let t = Target::chestnut_variant(m.get(&id("gpu223")).unwrap())

@@ -6,42 +6,17 @@
 //! abandoned at its deadline), with the configured limits far below them, not speed measurements.
 
 use std::fs;
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use downloader::{CancelToken, DownloadConfig, Downloader, Error, HttpConfig, Origins};
-use manifest::{Generation, Manifest, ModelId};
-use test_support::http_server::{Fault, FaultServer};
+use crate::common::*;
+use downloader::{CancelToken, DownloadConfig, Error, HttpConfig};
+use manifest::{Manifest, ModelId};
+use test_support::http_server::Fault;
 use test_support::published::{
     GH_DIR, HF_DIR, artifact_bytes, manifest_json, publish_model, write_manifest,
 };
-
-const GEN: &str = "v25";
-const CHUNK: usize = 64 * 1024;
-
-struct World {
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-    models: PathBuf,
-    server: FaultServer,
-}
-
-fn world() -> World {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("origin");
-    let models = dir.path().join("models");
-    fs::create_dir_all(&root).unwrap();
-    fs::create_dir_all(&models).unwrap();
-    let server = FaultServer::start(&root).unwrap();
-    World {
-        _dir: dir,
-        root,
-        models,
-        server,
-    }
-}
 
 /// Short limits so that every hostile case ends in well under a second per origin.
 fn config() -> DownloadConfig {
@@ -87,10 +62,6 @@ fn assert_no_request_panics() {
     assert!(p.is_empty(), "the HTTP stack panicked: {p:?}");
 }
 
-fn generation() -> Generation {
-    GEN.parse().unwrap()
-}
-
 fn manifest_path(layout: &str) -> String {
     if layout == HF_DIR {
         format!("/{HF_DIR}/manifests/model_names_{GEN}.json")
@@ -100,26 +71,6 @@ fn manifest_path(layout: &str) -> String {
 }
 
 impl World {
-    fn downloader(&self, config: DownloadConfig) -> Downloader {
-        let url = self.server.url();
-        Downloader::new(
-            Origins::new(&format!("{url}/{HF_DIR}"), &format!("{url}/{GH_DIR}")),
-            config,
-        )
-    }
-
-    fn publish(&self, id: &str, len: usize, chunked: bool) -> (Vec<u8>, Manifest) {
-        let data = artifact_bytes(7, len);
-        let m = publish_model(&self.root, GEN, id, &data, chunked.then_some(CHUNK));
-        let json = manifest_json(GEN, &[m], true);
-        write_manifest(&self.root, GEN, json.as_bytes());
-        (data, Manifest::from_slice(json.as_bytes()).unwrap())
-    }
-
-    fn installed(&self, id: &str) -> Option<Vec<u8>> {
-        fs::read(self.models.join(format!("{id}_driving_tinygrad.pkl"))).ok()
-    }
-
     fn hf_file(&self, id: &str, suffix: &str) -> String {
         format!("/{HF_DIR}/models/{GEN}/{id}/{id}_driving_tinygrad.pkl{suffix}")
     }
@@ -170,7 +121,7 @@ fn hostile_locations() -> Vec<Option<String>> {
 fn a_redirect_anywhere_never_panics_and_github_serves_the_manifest() {
     watch_request_panics();
     let w = world();
-    w.publish("pop223", 3 * CHUNK, true);
+    w.publish("pop223", 7, 3 * CHUNK, true, true);
     let d = w.downloader(config());
     for location in hostile_locations() {
         for status in [301, 302, 303, 307, 308] {
@@ -199,7 +150,7 @@ fn a_redirect_anywhere_never_panics_and_github_serves_the_manifest() {
 #[test]
 fn redirect_loops_are_bounded_and_good_redirects_are_followed() {
     let w = world();
-    w.publish("pop223", 3 * CHUNK, true);
+    w.publish("pop223", 7, 3 * CHUNK, true, true);
     let d = w.downloader(config());
     // A loop: the manifest redirects to itself.
     w.server.add_fault(
@@ -248,7 +199,7 @@ fn a_hostile_redirect_of_a_chunk_or_head_falls_back_to_github() {
             None,
         ] {
             let w = world();
-            let (data, m) = w.publish("pop223", 3 * CHUNK - 5, true);
+            let (data, m) = w.publish("pop223", 7, 3 * CHUNK - 5, true, true);
             w.server.add_fault(
                 &w.hf_file("pop223", suffix),
                 Fault::Redirect {
@@ -277,7 +228,7 @@ fn a_trickled_or_stalled_manifest_gives_way_to_github_at_the_deadline() {
         Fault::Trickle(Duration::from_millis(50)),
     ] {
         let w = world();
-        w.publish("pop223", 3 * CHUNK, true);
+        w.publish("pop223", 7, 3 * CHUNK, true, true);
         w.server
             .add_fault(&manifest_path(HF_DIR), fault.clone(), None);
         let cfg = config();
@@ -299,7 +250,7 @@ fn a_trickled_or_stalled_manifest_gives_way_to_github_at_the_deadline() {
 #[test]
 fn a_body_below_the_minimum_rate_gives_way_to_github() {
     let w = world();
-    let (data, m) = w.publish("pop223", 3 * CHUNK, true);
+    let (data, m) = w.publish("pop223", 7, 3 * CHUNK, true, true);
     // The head arrives in time (about 200 bytes at 1 ms each) but the 64 KiB body at 1 kB/s
     // is below the 2 KiB/s floor.
     w.server.add_fault(
@@ -390,7 +341,7 @@ fn every_malformed_response_ends_in_an_error_for_that_origin_and_never_a_panic()
     watch_request_panics();
 
     let w = world();
-    let (data, m) = w.publish("pop223", 3 * CHUNK - 1, true);
+    let (data, m) = w.publish("pop223", 7, 3 * CHUNK - 1, true, true);
     let d = w.downloader(config());
     let entry = m.get(&"pop223".parse::<ModelId>().unwrap()).unwrap();
     for (i, raw) in malformed_responses().into_iter().enumerate() {
@@ -453,7 +404,7 @@ fn cancel_is_honoured_within_a_second_before_and_during_every_request() {
     };
     // The manifest request, stalled before its headers.
     let w = world();
-    w.publish("pop223", 3 * CHUNK, true);
+    w.publish("pop223", 7, 3 * CHUNK, true, true);
     w.server
         .add_fault(&manifest_path(HF_DIR), Fault::Stall, None);
     let d = w.downloader(slow.clone());
@@ -473,7 +424,7 @@ fn cancel_is_honoured_within_a_second_before_and_during_every_request() {
     ];
     for (suffix, fault) in cases {
         let w = world();
-        let (_, m) = w.publish("pop223", 3 * CHUNK - 9, true);
+        let (_, m) = w.publish("pop223", 7, 3 * CHUNK - 9, true, true);
         w.server
             .add_fault(&w.hf_file("pop223", suffix), fault.clone(), None);
         let d = w.downloader(slow.clone());
@@ -494,8 +445,8 @@ fn cancel_is_honoured_within_a_second_before_and_during_every_request() {
 #[test]
 fn planted_symlinks_are_never_followed_and_superseded_staging_is_cleaned() {
     let w = world();
-    let (data, m) = w.publish("pop223", 3 * CHUNK + 1, true);
-    let outside = w._dir.path().join("outside");
+    let (data, m) = w.publish("pop223", 7, 3 * CHUNK + 1, true, true);
+    let outside = w.dir.path().join("outside");
     fs::create_dir_all(&outside).unwrap();
     fs::write(outside.join("victim"), b"precious").unwrap();
     let entry = m.get(&"pop223".parse::<ModelId>().unwrap()).unwrap();

@@ -4,13 +4,11 @@
 //! an uninterrupted run leaves. The effects are counted by the crate's own checkpoints
 //! (`migration::Effects`); the crash stops the refresh at once, as kill -9 would.
 
-mod common;
-mod upstream;
-
-use common::{Fixture, Origin};
+use crate::common::{Fixture, Origin};
+use crate::upstream;
+use crate::upstream::Load;
 use downloader::CancelToken;
 use migration::{Effects, Error};
-use upstream::Load;
 
 /// The starting devices: rich ones (two installs, both profiles) and a fallback.
 type Params = &'static [(&'static str, &'static str)];

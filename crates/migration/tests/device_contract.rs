@@ -5,15 +5,13 @@
 //! fallback) the built-in — never a missing file (modeld's synchronous Python download) and
 //! never a v24 pickle.
 
-mod common;
-mod upstream;
-
+use crate::upstream;
 use std::fs;
 
-use common::{CATALOG_IDS, Fixture, LOCAL_BARE, LOCAL_MINE, Origin, sha_of};
+use crate::common::{CATALOG_IDS, Fixture, LOCAL_BARE, LOCAL_MINE, Origin, sha_of};
+use crate::upstream::Load;
 use downloader::CancelToken;
 use test_support::http_server::Fault;
-use upstream::Load;
 
 /// What a fixture must end as.
 struct Case {

@@ -1,13 +1,11 @@
 //! A fallback is temporary, an offline first boot purges the old generation, and state reads
 //! are bounded: each against the fault-injecting server on 127.0.0.1, in-process.
 
-mod common;
-mod upstream;
-
+use crate::upstream;
 use std::fs;
 use std::sync::Mutex;
 
-use common::{Fixture, Origin, sha_of};
+use crate::common::{Fixture, Origin, sha_of};
 use downloader::CancelToken;
 use migration::report::PendingCase;
 use migration::{Progress, VerifyState};

@@ -1,12 +1,11 @@
 //! refresh, install, gc, verify and the daemon's request protocol, in-process against the
 //! fault-injecting server (no binary is spawned).
 
-mod common;
-
+use crate::common;
 use std::fs;
 use std::sync::Mutex;
 
-use common::{Fixture, Origin, sha_of};
+use crate::common::{Fixture, Origin, sha_of};
 use downloader::CancelToken;
 use manifest::ModelId;
 use migration::daemon::{self, Request};

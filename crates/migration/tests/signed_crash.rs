@@ -3,13 +3,11 @@
 //! removed). Crash right after each effect of the whole refresh, rerun, and require the state an
 //! uninterrupted run leaves, including the accepted release.
 
-mod common;
-
 use std::fs;
 use std::io::Cursor;
 use std::path::Path;
 
-use common::{Fixture, Origin};
+use crate::common::{Fixture, Origin};
 use downloader::CancelToken;
 use downloader::trust::TrustedKeys;
 use migration::{Effects, Error};

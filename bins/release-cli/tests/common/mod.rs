@@ -1,11 +1,18 @@
-//! Shared by the `release-cli` test binaries: run the real binary, read its output.
-//! (Each test binary uses some of these, hence the `dead_code` allowance.)
-#![allow(dead_code)]
+//! Shared by every `release-cli` test module: run the real binary, read its output, and make the
+//! small release (one model, `pop223`, in 1000-byte chunks) most tests publish.
 
-use std::path::Path;
-use std::process::{Command, Output};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use serde_json::{Value, json};
+use test_support::published::sha256_hex;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_release-cli");
+
+/// The tinygrad commit v25 is pinned to.
+pub const TG: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
 
 /// The binary with an environment that does not depend on the developer's: no token for the
 /// Hub, no replacement ssh config.
@@ -123,4 +130,94 @@ pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf
         records::write(&records::check_path(workspace, kind, res), &rec).unwrap();
     }
     workspace.to_path_buf()
+}
+
+/// Requires the refusal of a check (exit 3); its message.
+pub fn refused(o: &Output) -> String {
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    err
+}
+
+/// A manifest entry for `data` as a chunk set of `chunks` chunks.
+pub fn entry(id: &str, data: &[u8], chunks: u32) -> Value {
+    json!({
+        "id": id, "name": id, "version": "v15", "series": "OP Series", "released": "2025-06-01",
+        "community_favorite": false, "artifact_format": "tinygrad_single_v1",
+        "artifact_size": data.len(), "artifact_sha256": sha256_hex(data),
+        "artifact_chunk_count": chunks, "uses_external_gpu": false
+    })
+}
+
+/// `pop223`'s artifact `data` split by `release-cli chunk split` into 1000-byte chunks in
+/// `dir/<out>`, and `dir/model_names_v25.json` listing it, as `manifest fmt` writes it. Returns
+/// `dir/artifacts` and the manifest.
+pub fn release_in(dir: &Path, data: &[u8], out: &str) -> (PathBuf, PathBuf) {
+    let pkl = dir.join("build/pop223_driving_tinygrad.pkl");
+    std::fs::create_dir_all(pkl.parent().unwrap()).unwrap();
+    std::fs::write(&pkl, data).unwrap();
+    let o = cli(&[
+        "chunk",
+        "split",
+        pkl.to_str().unwrap(),
+        "--out-dir",
+        dir.join(out).to_str().unwrap(),
+        "--chunk-size",
+        "1000",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let count = data.len().div_ceil(1000) as u32;
+    let raw = dir.join("raw.json");
+    let doc = json!({"generation": "v25", "tinygrad_commit": TG,
+        "models": [entry("pop223", data, count)]});
+    std::fs::write(&raw, doc.to_string()).unwrap();
+    let o = cli(&["manifest", "fmt", raw.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let manifest = dir.join("model_names_v25.json");
+    std::fs::write(&manifest, &o.stdout).unwrap();
+    (dir.join("artifacts"), manifest)
+}
+
+/// [`release_in`] with the layout `publish` expects: `dir/artifacts/pop223/`.
+pub fn release(dir: &Path, data: &[u8]) -> (PathBuf, PathBuf) {
+    release_in(dir, data, "artifacts/pop223")
+}
+
+/// A running `release-cli serve ARGS --addr 127.0.0.1:0`, killed when dropped.
+pub struct Serving {
+    child: Child,
+    /// The first line it printed: the URL, or with `--json` the JSON document.
+    pub first_line: String,
+}
+
+pub fn serve(args: &[&str]) -> Serving {
+    let mut child = command()
+        .arg("serve")
+        .args(args)
+        .args(["--addr", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first_line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first_line)
+        .unwrap();
+    Serving { child, first_line }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A bare `GET path` to `addr` (`host:port`); the whole response as text.
+pub fn http_get(addr: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    buf
 }

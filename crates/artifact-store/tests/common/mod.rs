@@ -1,8 +1,6 @@
 //! Fixtures shared by the integration tests: a release (artifacts directory + manifest) built
 //! with the real chunker, store wrappers that record or break writes, and a raw HTTP client.
 
-#![allow(dead_code)]
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

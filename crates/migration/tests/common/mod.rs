@@ -1,8 +1,6 @@
 //! Fixtures shared by the in-process tests: a v25 origin on the fault-injecting server, and data
 //! dirs laid out the way the Python model manager leaves a v24 device.
 
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -19,7 +17,6 @@ pub const CHUNK: usize = 64 * 1024;
 
 /// One published v25 model.
 pub struct Published {
-    pub bytes: Vec<u8>,
     pub sha256: String,
 }
 
@@ -66,13 +63,7 @@ impl Origin {
                 });
             }
             entries.push(e);
-            models.insert(
-                id,
-                Published {
-                    sha256: p.sha256,
-                    bytes,
-                },
-            );
+            models.insert(id, Published { sha256: p.sha256 });
         }
         let manifest = json!({"generation": "v25", "models": entries});
         write_manifest(
@@ -110,13 +101,7 @@ impl Origin {
                 .unwrap()
                 .as_bytes(),
         );
-        self.models.insert(
-            id,
-            Published {
-                sha256: p.sha256,
-                bytes,
-            },
-        );
+        self.models.insert(id, Published { sha256: p.sha256 });
     }
 
     /// Both origins answer 404 for every file of `id`.

@@ -4,8 +4,6 @@
 //! two questions about a data dir: what would upstream modeld load, and what would the model UIs
 //! list. The tests compare its answers with the published catalog.
 
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -2,12 +2,10 @@
 //! `--json` on every command that reports, completions, `serve --json`, `manifest fmt --check
 //! --json`, and the flag spellings shared across subcommands.
 
-mod common;
-use common::{BIN, cli, text};
+use crate::common::{BIN, cli, http_get, serve, text};
 
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -165,26 +163,13 @@ fn serve_json_gives_the_device_base_urls() {
     )
     .unwrap();
     fs::write(store.join("models/v25/pop223/x.chunkmanifest"), b"1").unwrap();
-    let mut child = Command::new(BIN)
-        .args(["serve", "--json", "--addr", "127.0.0.1:0", "--store"])
-        .arg(&store)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_str(&first).expect("first line is JSON");
+    let server = serve(&["--json", "--store", store.to_str().unwrap()]);
+    let v: serde_json::Value =
+        serde_json::from_str(&server.first_line).expect("first line is JSON");
     let url = v["url"].as_str().unwrap().to_string();
     let get = |full: &str| {
         let path = full.strip_prefix(&url).expect("under the base URL");
-        let mut s = TcpStream::connect(url.strip_prefix("http://").unwrap()).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        let mut buf = String::new();
-        s.read_to_string(&mut buf).unwrap();
-        buf
+        http_get(url.strip_prefix("http://").unwrap(), path)
     };
     let hf = v["hf_base"].as_str().unwrap();
     let gh = v["github_base"].as_str().unwrap();
@@ -198,8 +183,6 @@ fn serve_json_gives_the_device_base_urls() {
         "{r}"
     );
     assert_eq!(Path::new(v["store"].as_str().unwrap()), store);
-    child.kill().unwrap();
-    child.wait().unwrap();
 }
 
 #[test]

@@ -1,29 +1,35 @@
-//! The CLI surface added for operators: `--json` on `download` and `resolve`, `completions`,
+//! The CLI surface for operators: `--json` on `download` and `resolve`, `completions`,
 //! the exit-code table in `--help`, and errors that say what to do next. The real binary
 //! against a real HTTP server on 127.0.0.1.
 
 use std::fs;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
+use crate::common::*;
 use test_support::http_server::{Fault, FaultServer};
-use test_support::published::{GH_DIR, HF_DIR};
 use test_support::published::{artifact_bytes, manifest_json, publish_model, write_manifest};
 
-const BIN: &str = env!("CARGO_BIN_EXE_device-modeld-manager");
 const CHUNK: usize = 64 * 1024;
 
 /// A fresh device (no params, no models) and an origin publishing v25 with `pop223`.
 struct Fresh {
-    dir: tempfile::TempDir,
+    device: Device,
     server: FaultServer,
+}
+
+impl std::ops::Deref for Fresh {
+    type Target = Device;
+    fn deref(&self) -> &Device {
+        &self.device
+    }
 }
 
 impl Fresh {
     fn new() -> Fresh {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("origin");
+        let device = Device::new();
+        let root = device.dir.path().join("origin");
         fs::create_dir_all(&root).unwrap();
         let pop = publish_model(
             &root,
@@ -34,39 +40,11 @@ impl Fresh {
         );
         write_manifest(&root, "v25", manifest_json("v25", &[pop], true).as_bytes());
         let server = FaultServer::start(&root).unwrap();
-        // A comma's data root always exists; the manager never creates it.
-        fs::create_dir_all(dir.path().join("data")).unwrap();
-        let builtin = dir.path().join("builtin");
-        fs::create_dir_all(&builtin).unwrap();
-        fs::write(builtin.join("driving_tinygrad.pkl.chunk01of01"), b"builtin").unwrap();
-        fs::write(builtin.join("driving_tinygrad.pkl.chunkmanifest"), b"1").unwrap();
-        Fresh { dir, server }
-    }
-
-    fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
-    }
-
-    fn builtin(&self) -> PathBuf {
-        self.dir.path().join("builtin")
+        Fresh { device, server }
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .arg("--data-dir")
-            .arg(self.data())
-            .arg("--hf-base")
-            .arg(format!("{}/{HF_DIR}", self.server.url()))
-            .arg("--github-base")
-            .arg(format!("{}/{GH_DIR}", self.server.url()))
-            .args(["--generation", "v25", "--space-margin-mib", "0"])
-            .arg("--builtin-dir")
-            .arg(self.builtin())
-            .arg("--memory-params-dir")
-            .arg(self.dir.path().join("shm"))
-            .args(args)
-            .output()
-            .unwrap()
+        self.command(&self.server.url(), args).output().unwrap()
     }
 }
 
@@ -80,10 +58,6 @@ fn ok(out: &Output) -> serde_json::Value {
     let text = String::from_utf8_lossy(&out.stdout);
     let last = text.lines().last().expect("a line on stdout");
     serde_json::from_str(last).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]

@@ -1,0 +1,158 @@
+//! The device every test runs the real binary on: a temporary directory laid out like a comma
+//! (the data root, the in-memory params, the openpilot checkout's built-in model, an empty sysfs),
+//! and the command line that points the binary at it and at an origin on 127.0.0.1.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use test_support::published::{GH_DIR, HF_DIR};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_device-modeld-manager");
+
+/// The files of the built-in model in the openpilot checkout (a one-chunk set).
+const BUILTIN_FILES: [(&str, &[u8]); 2] = [
+    ("driving_tinygrad.pkl.chunk01of01", b"builtin"),
+    ("driving_tinygrad.pkl.chunkmanifest", b"1"),
+];
+
+/// What a v24 device selecting `pop223` has in its params.
+const V24_SELECTION: [(&str, &str); 6] = [
+    ("Model", "pop223"),
+    ("DrivingModel", "pop223"),
+    ("DrivingModelName", "Model pop223"),
+    ("ModelVersion", "v16"),
+    ("DrivingModelVersion", "v16"),
+    ("ModelManifestVersion", "v24"),
+];
+
+/// `device-modeld-manager` for the device whose data root is `data`, with the built-in model in
+/// `builtin`, the in-memory params in `memory` and sysfs at `sysfs`, against the origins below
+/// `base` (`{base}/hf` and `{base}/gh`), generation v25, no space margin.
+pub fn manager(data: &Path, memory: &Path, builtin: &Path, sysfs: &Path, base: &str) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("--data-dir")
+        .arg(data)
+        .arg("--hf-base")
+        .arg(format!("{base}/{HF_DIR}"))
+        .arg("--github-base")
+        .arg(format!("{base}/{GH_DIR}"))
+        .args(["--generation", "v25", "--space-margin-mib", "0"])
+        .arg("--builtin-dir")
+        .arg(builtin)
+        .arg("--memory-params-dir")
+        .arg(memory)
+        .arg("--sysfs-root")
+        .arg(sysfs);
+    c
+}
+
+/// A comma under a temporary directory: `data/` (created, as a comma's `/data` always exists),
+/// `shm/params/d`, `builtin/` (with the built-in model) and `sys/` (absent until a test plugs
+/// in a device).
+pub struct Device {
+    pub dir: tempfile::TempDir,
+}
+
+impl Device {
+    pub fn new() -> Device {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("data")).unwrap();
+        let d = Device { dir };
+        fs::create_dir_all(d.builtin()).unwrap();
+        for (name, body) in BUILTIN_FILES {
+            fs::write(d.builtin().join(name), body).unwrap();
+        }
+        d
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+    pub fn models(&self) -> PathBuf {
+        self.data().join("models")
+    }
+    pub fn params(&self) -> PathBuf {
+        self.data().join("params/d")
+    }
+    pub fn memory(&self) -> PathBuf {
+        self.dir.path().join("shm/params/d")
+    }
+    pub fn builtin(&self) -> PathBuf {
+        self.dir.path().join("builtin")
+    }
+
+    /// The binary for this device against the origins below `base`, with `args`.
+    pub fn command(&self, base: &str, args: &[&str]) -> Command {
+        let mut c = manager(
+            &self.data(),
+            &self.memory(),
+            &self.builtin(),
+            &self.dir.path().join("sys"),
+            base,
+        );
+        c.args(args);
+        c
+    }
+
+    pub fn param(&self, key: &str) -> Option<String> {
+        fs::read_to_string(self.params().join(key)).ok()
+    }
+    pub fn set_param(&self, key: &str, value: &str) {
+        fs::create_dir_all(self.params()).unwrap();
+        fs::write(self.params().join(key), value).unwrap();
+    }
+    pub fn mem(&self, key: &str) -> Option<String> {
+        fs::read_to_string(self.memory().join(key)).ok()
+    }
+    pub fn set_mem(&self, key: &str, value: &str) {
+        fs::create_dir_all(self.memory()).unwrap();
+        fs::write(self.memory().join(key), value).unwrap();
+    }
+
+    /// The installed driving artifact of `id`, if any.
+    pub fn installed(&self, id: &str) -> Option<Vec<u8>> {
+        fs::read(self.models().join(format!("{id}_driving_tinygrad.pkl"))).ok()
+    }
+
+    /// The names in the models directory, sorted.
+    pub fn model_files(&self) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(self.models())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Makes this a v24 device selecting `pop223`: `old` files in the models directory (a
+    /// `.chunkmanifest` holds `chunks`, every other file `old`) and the v24 selection params.
+    pub fn make_v24(&self, old: &[&str], chunks: &str) {
+        fs::create_dir_all(self.models()).unwrap();
+        for name in old {
+            let body = if name.ends_with("chunkmanifest") {
+                chunks
+            } else {
+                "old"
+            };
+            fs::write(self.models().join(name), body).unwrap();
+        }
+        for (k, v) in V24_SELECTION {
+            self.set_param(k, v);
+        }
+    }
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Polls `f` every 20 ms until it holds; fails the test naming `what` after `limit`.
+pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,10 @@
+//! The real `device-modeld-manager` binary, one test binary: every module runs it on a
+//! temporary device laid out like a comma (`common::Device`) against a real HTTP server on
+//! 127.0.0.1.
+
+mod cli;
+mod cli_surface;
+mod common;
+mod field;
+mod hostile_origin;
+mod signed;

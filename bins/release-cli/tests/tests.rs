@@ -1,0 +1,12 @@
+//! The real `release-cli` binary, one test binary: every module runs it (`common::cli`) on
+//! temporary files, local stores and git remotes, a real sshd, the Hub emulator, and HTTP on
+//! 127.0.0.1.
+
+mod build_cli;
+mod chunk_cli;
+mod cli_surface;
+mod common;
+mod manifest_cli;
+mod release_contract;
+mod sign_cli;
+mod store_cli;

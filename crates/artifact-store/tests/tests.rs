@@ -1,0 +1,9 @@
+//! The stores' integration tests, one binary: publish to a local store and a local git remote,
+//! the Hub emulator with the real `hf` CLI, republish kill points, and `serve` against hostile
+//! clients. Shared fixtures are in `common`.
+
+mod common;
+mod hub_serve_reuse;
+mod publish_local_git;
+mod republish_window;
+mod serve_hostile;

@@ -1,0 +1,11 @@
+//! The migration crate's integration tests, one binary: each module refreshes devices in-process
+//! against the fault-injecting server on 127.0.0.1 (`common`), and `upstream` reads the result
+//! the way StarPilot's Python side does.
+
+mod common;
+mod crash_enumeration;
+mod device_contract;
+mod fallback;
+mod operations;
+mod signed_crash;
+mod upstream;
