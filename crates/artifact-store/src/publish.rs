@@ -604,7 +604,7 @@ pub struct PublishReport {
     pub stores: Vec<StoreReport>,
 }
 
-/// Hugging Face before GitHub (SPEC.md 5.4): devices try the Hub first, so the fallback must
+/// Hugging Face before GitHub (docs/formats.md, "Publish order", point 4): devices try the Hub first, so the fallback must
 /// never be ahead of it.
 pub fn check_store_order(kinds: &[(String, bool, bool)]) -> Result<()> {
     // (name, is_hf, is_github)

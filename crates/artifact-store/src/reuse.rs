@@ -1,4 +1,4 @@
-//! Reusing a compatible artifact built elsewhere (SPEC.md section 6, the seed's "Reuse Compatible
+//! Reusing a compatible artifact built elsewhere (docs/formats.md, "Artifact reuse"; the seed's "Reuse Compatible
 //! Artifacts").
 //!
 //! An artifact may be adopted only when its catalog records exactly the same tinygrad commit

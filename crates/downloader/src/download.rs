@@ -5,7 +5,7 @@
 //! assembled into one staging file `<sha16>-<name>` in the staging directory
 //! `<models>/.starpilot-staging` (see [`crate::staging`]), each piece written at its own offset. After the whole SHA-256 matches, the file is fsynced and
 //! renamed over `<id>_driving_tinygrad.pkl`, and the directory fsynced. A plain file wins over a
-//! chunk set for every reader (SPEC.md section 3), so that one rename is the moment the new
+//! chunk set for every reader (docs/formats.md, "Reading"), so that one rename is the moment the new
 //! artifact becomes visible; a reader holding the old file keeps reading the old inode, so it can
 //! never see a mix. Leftover chunk-set or `.pNN` files of the same name are removed afterwards,
 //! `.chunkmanifest` first.
