@@ -103,10 +103,10 @@ pub enum Error {
     },
 
     /// Publish refused before writing the manifest: what was checked and what is wrong.
-    #[error("refusing to publish to {store}:\n{}", problems.join("\n"))]
+    #[error("refusing to publish to {store}:{}", ProblemLines(problems))]
     Incomplete {
         store: String,
-        problems: Vec<String>,
+        problems: Vec<crate::publish::StoreProblem>,
     },
 
     #[error(
@@ -136,8 +136,9 @@ pub enum Error {
     #[error("signing key {}: {message}", path.display())]
     Signing { path: PathBuf, message: String },
 
+    /// A reuse refused before anything was written; match on the [`ReuseRefusal`].
     #[error("reuse refused: {0}")]
-    ReuseRefused(String),
+    ReuseRefused(crate::reuse::ReuseRefusal),
 }
 
 /// What a failed `hf` CLI call means.
@@ -198,6 +199,18 @@ impl std::fmt::Display for HfFailure {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `Incomplete`'s problems, one indented line each.
+struct ProblemLines<'a>(&'a [crate::publish::StoreProblem]);
+
+impl std::fmt::Display for ProblemLines<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for p in self.0 {
+            write!(f, "\n  - {p}")?;
+        }
+        Ok(())
+    }
+}
 
 /// Attach a path to an `io::Error`.
 pub(crate) trait IoContext<T> {
