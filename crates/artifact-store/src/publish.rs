@@ -35,7 +35,7 @@ use chunker::{
 use manifest::{Generation, Manifest, ModelEntry, ModelId, StoreLayout};
 use serde::Serialize;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, IoContext, Refusal, Result};
 use crate::paths::StorePath;
 use crate::retry::RetryPolicy;
 use crate::store::Store;
@@ -262,10 +262,10 @@ pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifac
             continue;
         }
         let id: ModelId = name.parse().map_err(|e: manifest::Error| {
-            Error::Refused(format!(
-                "{}: directory name is not a model ID ({e}); the artifacts directory holds one <id>/ per model",
-                entry.path().display()
-            ))
+            Error::Refused(Refusal::NotAModelId {
+                path: entry.path(),
+                source: e,
+            })
         })?;
         ids.push(id);
     }
@@ -277,10 +277,10 @@ pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifac
     let mut out = Vec::new();
     for id in ids {
         let entry = manifest.get(&id).ok_or_else(|| {
-            Error::Refused(format!(
-                "{}: model {id} has no entry in the new manifest; add the entry or remove the directory",
-                dir.join(id.as_str()).display()
-            ))
+            Error::Refused(Refusal::NoManifestEntry {
+                path: dir.join(id.as_str()),
+                model: id.clone(),
+            })
         })?;
         out.push(prepare_model(dir, &id, entry)?);
     }
@@ -303,36 +303,12 @@ fn looks_like_artifact_piece(name: &str) -> bool {
 }
 
 /// The refusal for files lying directly in the artifacts directory (a flat `chunk split`
-/// output): it names the files and the layout publish expects, with the command that fixes it.
+/// output).
 fn flat_layout_error(dir: &Path, loose: &[String]) -> Error {
-    let suffix = manifest::layout::ARTIFACT_SUFFIX;
-    let ids: BTreeSet<&str> = loose
-        .iter()
-        .filter_map(|n| n.split_once(suffix).map(|(id, _)| id))
-        .filter(|id| id.parse::<ModelId>().is_ok())
-        .collect();
-    let shown: Vec<&str> = loose.iter().take(5).map(String::as_str).collect();
-    let more = if loose.len() > shown.len() {
-        format!(" and {} more", loose.len() - shown.len())
-    } else {
-        String::new()
-    };
-    let fix = if ids.is_empty() {
-        "move each model's files into <DIR>/<id>/".to_string()
-    } else {
-        ids.iter()
-            .map(|id| {
-                let d = dir.display();
-                format!("mkdir -p {d}/{id} && mv {d}/{id}{suffix}* {d}/{id}/")
-            })
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
-    Error::Refused(format!(
-        "{}: the artifacts directory holds one <id>/ directory per model (<id>/<id>{suffix}.chunkNNofMM and .chunkmanifest), not loose files; found {}{more} at its top level, nothing was published\nnext: {fix}",
-        dir.display(),
-        shown.join(", ")
-    ))
+    Error::Refused(Refusal::LooseFiles {
+        dir: dir.to_path_buf(),
+        loose: loose.to_vec(),
+    })
 }
 
 fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalArtifact> {
@@ -348,16 +324,14 @@ fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalAr
             files: Vec::new(),
         });
     }
-    let artifact = entry.artifact().ok_or_else(|| {
-        Error::Refused(format!(
-            "model {id}: the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count; fill them in (release-cli chunk verify prints them)"
-        ))
-    })?;
+    let artifact = entry
+        .artifact()
+        .ok_or_else(|| Error::Refused(Refusal::NoArtifactFields { model: id.clone() }))?;
     let expected_count = artifact.chunk_count.get();
     if expected_count == 0 {
-        return Err(Error::Refused(format!(
-            "model {id}: artifact_chunk_count is 0 (one plain file); release builds are published as chunk sets"
-        )));
+        return Err(Error::Refused(Refusal::PlainFileCount {
+            model: id.clone(),
+        }));
     }
     let resolved = chunker::resolve(&logical)?.ok_or_else(|| chunker::Error::NotFound {
         path: logical.clone(),
@@ -365,11 +339,10 @@ fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalAr
     let pieces = match &resolved {
         Resolved::Chunked { pieces, .. } => pieces.clone(),
         other => {
-            return Err(Error::Refused(format!(
-                "{}: found a {} artifact; publish needs a chunk set (release-cli chunk split)",
-                logical.display(),
-                other.form()
-            )));
+            return Err(Error::Refused(Refusal::NotAChunkSet {
+                path: logical.clone(),
+                form: other.form(),
+            }));
         }
     };
     if pieces.len() as u32 != expected_count {
@@ -517,10 +490,11 @@ pub fn check_contract(
             continue;
         };
         let old = Manifest::from_slice(&bytes).map_err(|e| {
-            Error::Refused(format!(
-                "{}: the previous generation's manifest {path} does not parse ({e}); the new generation is checked against it, so fix it first",
-                store.describe()
-            ))
+            Error::Refused(Refusal::PreviousUnparsable {
+                store: store.describe(),
+                path: path.clone(),
+                source: e,
+            })
         })?;
         manifest::generation_guard(&old, manifest, &contract.add_models, &contract.drop_models)
             .map_err(|refusal| Error::GenerationGuard {
@@ -611,10 +585,10 @@ pub fn check_store_order(kinds: &[(String, bool, bool)]) -> Result<()> {
     if let Some(first_gh) = kinds.iter().position(|k| k.2)
         && let Some(late_hf) = kinds.iter().skip(first_gh).find(|k| k.1)
     {
-        return Err(Error::Refused(format!(
-            "store order: {} comes after {}; publish to Hugging Face first and GitHub second (give the hf:// --to before the github: one)",
-            late_hf.0, kinds[first_gh].0
-        )));
+        return Err(Error::Refused(Refusal::StoreOrder {
+            hf: late_hf.0.clone(),
+            github: kinds[first_gh].0.clone(),
+        }));
     }
     Ok(())
 }
@@ -647,10 +621,10 @@ pub fn publish_signed(
     if let Some(g) = manifest.generation()
         && g != opts.generation
     {
-        return Err(Error::Refused(format!(
-            "the manifest says generation {g} but --generation is {}; fix one of them",
-            opts.generation
-        )));
+        return Err(Error::Refused(Refusal::GenerationMismatch {
+            manifest: g,
+            flag: opts.generation,
+        }));
     }
     let problems = manifest.validate(manifest::ValidationMode::Release);
     if !problems.is_empty() {
@@ -820,9 +794,11 @@ fn publish_one(
         None => rep.first_publish = true,
         Some(bytes) => {
             let live = Manifest::from_slice(bytes).map_err(|e| {
-                Error::Refused(format!(
-                    "{name}: the live manifest {manifest_path} does not parse ({e}); fix it by hand before publishing over it"
-                ))
+                Error::Refused(Refusal::LiveUnparsable {
+                    store: name.clone(),
+                    path: manifest_path.clone(),
+                    source: e,
+                })
             })?;
             manifest::guard(&live, manifest, intended).map_err(|refusal| Error::Guard {
                 store: name.clone(),
@@ -1179,6 +1155,39 @@ fn check_entry(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The store-order rule as a table: a Hugging Face store after a GitHub one is refused,
+    /// typed, naming both.
+    #[test]
+    fn store_order() {
+        let k = |n: &str, hf, gh| (n.to_string(), hf, gh);
+        let cases = [
+            (vec![k("hf", true, false), k("gh", false, true)], None),
+            (vec![k("gh", false, true)], None),
+            (vec![k("local", false, false), k("hf", true, false)], None),
+            (
+                vec![k("gh", false, true), k("hf", true, false)],
+                Some(("hf", "gh")),
+            ),
+            (
+                vec![
+                    k("hf1", true, false),
+                    k("gh", false, true),
+                    k("hf2", true, false),
+                ],
+                Some(("hf2", "gh")),
+            ),
+        ];
+        for (kinds, want) in cases {
+            match (check_store_order(&kinds), want) {
+                (Ok(()), None) => {}
+                (Err(Error::Refused(Refusal::StoreOrder { hf, github })), Some((h, g))) => {
+                    assert_eq!((hf.as_str(), github.as_str()), (h, g));
+                }
+                (got, want) => panic!("{kinds:?}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
 
     #[test]
     fn artifact_pieces_out_of_place() {
