@@ -503,7 +503,7 @@ fn build_chunk_set(
         .arg("--out-dir")
         .arg(ready.join(id))
         .args(["--chunk-size", &chunk_size.to_string(), "--json"]))?;
-    // Release builds keep only the chunk set (SPEC.md section 3).
+    // Release builds keep only the chunk set (docs/formats.md, "Chunk sets").
     fs::remove_file(&full).map_err(|e| e.to_string())?;
     let v: serde_json::Value =
         serde_json::from_slice(&out.stdout).map_err(|e| format!("chunk split --json: {e}"))?;

@@ -103,10 +103,10 @@ pub enum Error {
     },
 
     /// Publish refused before writing the manifest: what was checked and what is wrong.
-    #[error("refusing to publish to {store}:\n{}", problems.join("\n"))]
+    #[error("refusing to publish to {store}:{}", ProblemLines(problems))]
     Incomplete {
         store: String,
-        problems: Vec<String>,
+        problems: Vec<crate::publish::StoreProblem>,
     },
 
     #[error(
@@ -129,15 +129,164 @@ pub enum Error {
         refusal: manifest::GenerationRefusal,
     },
 
+    /// Publish or signing refused before anything was written; match on the [`Refusal`].
     #[error("{0}")]
-    Refused(String),
+    Refused(Refusal),
 
     /// A signing or verifying key that cannot be used (never shows the key itself).
     #[error("signing key {}: {message}", path.display())]
     Signing { path: PathBuf, message: String },
 
+    /// A reuse refused before anything was written; match on the [`ReuseRefusal`].
     #[error("reuse refused: {0}")]
-    ReuseRefused(String),
+    ReuseRefused(crate::reuse::ReuseRefusal),
+}
+
+/// Why a publish (or its signing step) was refused before it wrote anything. `Display` names
+/// the path, store or value involved and the next step.
+#[derive(Debug)]
+pub enum Refusal {
+    /// A directory in the artifacts directory whose name is not a model ID.
+    NotAModelId {
+        path: PathBuf,
+        source: manifest::Error,
+    },
+    /// A model directory in the artifacts directory without an entry in the new manifest.
+    NoManifestEntry {
+        path: PathBuf,
+        model: manifest::ModelId,
+    },
+    /// Artifact files lying directly in the artifacts directory (a flat `chunk split` output).
+    LooseFiles { dir: PathBuf, loose: Vec<String> },
+    /// A model to upload whose manifest entry has no artifact fields.
+    NoArtifactFields { model: manifest::ModelId },
+    /// A model to upload whose entry says one plain file (`artifact_chunk_count` 0).
+    PlainFileCount { model: manifest::ModelId },
+    /// A model to upload whose local artifact is not a chunk set.
+    NotAChunkSet { path: PathBuf, form: &'static str },
+    /// The previous generation's live manifest, which the generation guard needs, does not parse.
+    PreviousUnparsable {
+        store: String,
+        path: manifest::StorePath,
+        source: manifest::Error,
+    },
+    /// The live manifest to be replaced does not parse.
+    LiveUnparsable {
+        store: String,
+        path: manifest::StorePath,
+        source: manifest::Error,
+    },
+    /// A Hugging Face store given after a GitHub one.
+    StoreOrder { hf: String, github: String },
+    /// The manifest's own `generation` is not `--generation`.
+    GenerationMismatch {
+        manifest: manifest::Generation,
+        flag: manifest::Generation,
+    },
+    /// Signing was asked for with no key.
+    NoSigningKey,
+    /// A live signature none of the signing keys verifies hides its release number.
+    LiveSignatureUnverified { store: String, comment: String },
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::NotAModelId { path, source } => write!(
+                f,
+                "{}: directory name is not a model ID ({source}); the artifacts directory holds one <id>/ per model",
+                path.display()
+            ),
+            Refusal::NoManifestEntry { path, model } => write!(
+                f,
+                "{}: model {model} has no entry in the new manifest; add the entry or remove the directory",
+                path.display()
+            ),
+            Refusal::LooseFiles { dir, loose } => loose_files(f, dir, loose),
+            Refusal::NoArtifactFields { model } => write!(
+                f,
+                "model {model}: the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count; fill them in (release-cli chunk verify prints them)"
+            ),
+            Refusal::PlainFileCount { model } => write!(
+                f,
+                "model {model}: artifact_chunk_count is 0 (one plain file); release builds are published as chunk sets"
+            ),
+            Refusal::NotAChunkSet { path, form } => write!(
+                f,
+                "{}: found a {form} artifact; publish needs a chunk set (release-cli chunk split)",
+                path.display()
+            ),
+            Refusal::PreviousUnparsable {
+                store,
+                path,
+                source,
+            } => write!(
+                f,
+                "{store}: the previous generation's manifest {path} does not parse ({source}); the new generation is checked against it, so fix it first"
+            ),
+            Refusal::LiveUnparsable {
+                store,
+                path,
+                source,
+            } => write!(
+                f,
+                "{store}: the live manifest {path} does not parse ({source}); fix it by hand before publishing over it"
+            ),
+            Refusal::StoreOrder { hf, github } => write!(
+                f,
+                "store order: {hf} comes after {github}; publish to Hugging Face first and GitHub second (give the hf:// --to before the github: one)"
+            ),
+            Refusal::GenerationMismatch { manifest, flag } => write!(
+                f,
+                "the manifest says generation {manifest} but --generation is {flag}; fix one of them"
+            ),
+            Refusal::NoSigningKey => f.write_str("no signing key given"),
+            Refusal::LiveSignatureUnverified { store, comment } => write!(
+                f,
+                "{store}: the live signature does not verify with the signing key(s) (its comment says \
+                 {comment:?}); if it was made with another key (a rotation), check it with `release-cli \
+                 manifest verify --key OLD.pub`, then pass --release with a number above its release"
+            ),
+        }
+    }
+}
+
+/// [`Refusal::LooseFiles`]: names the files and the layout publish expects, with the command
+/// that fixes it.
+fn loose_files(
+    f: &mut std::fmt::Formatter<'_>,
+    dir: &std::path::Path,
+    loose: &[String],
+) -> std::fmt::Result {
+    let suffix = manifest::layout::ARTIFACT_SUFFIX;
+    let ids: std::collections::BTreeSet<&str> = loose
+        .iter()
+        .filter_map(|n| n.split_once(suffix).map(|(id, _)| id))
+        .filter(|id| id.parse::<manifest::ModelId>().is_ok())
+        .collect();
+    let shown: Vec<&str> = loose.iter().take(5).map(String::as_str).collect();
+    let more = if loose.len() > shown.len() {
+        format!(" and {} more", loose.len() - shown.len())
+    } else {
+        String::new()
+    };
+    let fix = if ids.is_empty() {
+        "move each model's files into <DIR>/<id>/".to_string()
+    } else {
+        ids.iter()
+            .map(|id| {
+                let d = dir.display();
+                format!("mkdir -p {d}/{id} && mv {d}/{id}{suffix}* {d}/{id}/")
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    write!(
+        f,
+        "{}: the artifacts directory holds one <id>/ directory per model (<id>/<id>{suffix}.chunkNNofMM and .chunkmanifest), not loose files; found {}{more} at its top level, nothing was published\nnext: {fix}",
+        dir.display(),
+        shown.join(", ")
+    )
 }
 
 /// What a failed `hf` CLI call means.
@@ -198,6 +347,18 @@ impl std::fmt::Display for HfFailure {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `Incomplete`'s problems, one indented line each.
+struct ProblemLines<'a>(&'a [crate::publish::StoreProblem]);
+
+impl std::fmt::Display for ProblemLines<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for p in self.0 {
+            write!(f, "\n  - {p}")?;
+        }
+        Ok(())
+    }
+}
 
 /// Attach a path to an `io::Error`.
 pub(crate) trait IoContext<T> {

@@ -29,7 +29,7 @@ pub mod serve;
 pub mod signing;
 mod store;
 
-pub use error::{Error, HfFailure, Result};
+pub use error::{Error, HfFailure, Refusal, Result};
 pub use github::GithubStore;
 pub use hf::{HfBucketStore, HfConfig};
 pub use local::LocalStore;

@@ -105,7 +105,7 @@ mod tests {
                 |n, _, _| retried.push(n),
                 || -> Result<()> {
                     calls += 1;
-                    Err(Error::Refused("never".into()).into_transient())
+                    Err(Error::Refused(crate::Refusal::NoSigningKey).into_transient())
                 },
             )
             .unwrap_err();
@@ -125,7 +125,7 @@ mod tests {
             || {
                 calls += 1;
                 if calls < 2 {
-                    Err(Error::Refused("x".into()).into_transient())
+                    Err(Error::Refused(crate::Refusal::NoSigningKey).into_transient())
                 } else {
                     Ok(7)
                 }
@@ -140,7 +140,7 @@ mod tests {
             |_, _, _| {},
             || -> Result<()> {
                 calls += 1;
-                Err(Error::Refused("no".into()))
+                Err(Error::Refused(crate::Refusal::NoSigningKey))
             },
         );
         assert!(matches!(refused, Err(Error::Refused(_))));

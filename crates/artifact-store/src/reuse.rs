@@ -1,5 +1,5 @@
-//! Reusing a compatible artifact built elsewhere (SPEC.md section 6, the seed's "Reuse Compatible
-//! Artifacts").
+//! Reusing a compatible artifact built elsewhere (docs/formats.md, "Artifact reuse"; the seed's
+//! "Reuse Compatible Artifacts").
 //!
 //! An artifact may be adopted only when its catalog records exactly the same tinygrad commit
 //! and exactly the same source-model commit as the caller states; names and dates prove nothing.
@@ -25,6 +25,158 @@ use crate::store::Store;
 
 const SMALL_FILE_LIMIT: u64 = 4096;
 
+/// Why a reuse was refused (`Error::ReuseRefused`); nothing was written. Each names the
+/// model, store or path involved and renders the next step in `Display`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReuseRefusal {
+    /// The source catalog has no entry with this ID.
+    UnknownSource { source_id: ModelId },
+    /// The source cannot be proven built from the same tinygrad and source-model commits.
+    Incompatible {
+        source_id: ModelId,
+        differences: Vec<Difference>,
+    },
+    /// The source entry has no artifact fields.
+    NoArtifact { source_id: ModelId },
+    /// The source artifact is one plain file, not a chunk set.
+    PlainFile { source_id: ModelId },
+    /// A file of the source chunk set is not in the source store. `whole_set` when it is the
+    /// `.chunkmanifest`, i.e. the set as a whole is incomplete.
+    SourceFileMissing {
+        store: String,
+        path: StorePath,
+        whole_set: bool,
+    },
+    /// The source `.chunkmanifest` disagrees with the source catalog's chunk count.
+    ChunkCountDiffers {
+        store: String,
+        path: StorePath,
+        found: u32,
+        catalog: u32,
+    },
+    /// The source `.sha256` disagrees with the source catalog's digest.
+    DigestDiffers {
+        store: String,
+        path: StorePath,
+        found: Sha256Digest,
+        catalog: Sha256Digest,
+    },
+    /// The source chunks add up to another size than the source catalog's.
+    SizeDiffers { total: u64, catalog: u64 },
+    /// The source bytes are not an out-of-band pickle container.
+    NotOob(crate::oob::NotOob),
+    /// Our manifest has no entry for the model; reuse does not add models.
+    NoManifestEntry { model: ModelId },
+}
+
+/// One way a source fails to prove compatibility.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Difference {
+    /// The source catalog records no top-level `tinygrad_commit`.
+    NoTinygradCommit,
+    TinygradCommit {
+        recorded: GitCommit,
+        given: GitCommit,
+    },
+    /// The source entry records no `source_commit`.
+    NoSourceCommit,
+    SourceCommit {
+        recorded: GitCommit,
+        given: GitCommit,
+    },
+}
+
+impl std::fmt::Display for ReuseRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReuseRefusal::UnknownSource { source_id } => write!(
+                f,
+                "the source catalog has no model {source_id:?}; pass --source-id with the ID it uses"
+            ),
+            ReuseRefusal::Incompatible {
+                source_id,
+                differences,
+            } => {
+                for (i, d) in differences.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    match d {
+                        Difference::NoTinygradCommit => write!(
+                            f,
+                            "the source catalog records no tinygrad commit (top-level \"{}\"), so compatibility cannot be proven; rebuild instead",
+                            manifest::keys::TINYGRAD_COMMIT
+                        )?,
+                        Difference::TinygradCommit { recorded, given } => write!(
+                            f,
+                            "tinygrad commit differs: the source catalog records {recorded}, you gave {given}"
+                        )?,
+                        Difference::NoSourceCommit => write!(
+                            f,
+                            "the source catalog entry {source_id} records no source-model commit (\"{}\"), so compatibility cannot be proven; rebuild instead",
+                            manifest::keys::SOURCE_COMMIT
+                        )?,
+                        Difference::SourceCommit { recorded, given } => write!(
+                            f,
+                            "source-model commit differs: the source catalog entry {source_id} records {recorded}, you gave {given}"
+                        )?,
+                    }
+                }
+                write!(
+                    f,
+                    "\nnext: nothing was written; rebuild {source_id} for this generation with `release-cli compile` (names and release dates do not prove compatibility)"
+                )
+            }
+            ReuseRefusal::NoArtifact { source_id } => write!(
+                f,
+                "the source catalog entry {source_id} has no artifact_size/artifact_sha256/artifact_chunk_count"
+            ),
+            ReuseRefusal::PlainFile { source_id } => write!(
+                f,
+                "the source artifact of {source_id} is one plain file (artifact_chunk_count 0); reuse copies chunk sets"
+            ),
+            ReuseRefusal::SourceFileMissing {
+                store,
+                path,
+                whole_set,
+            } => {
+                write!(f, "{store} {path} is missing")?;
+                if *whole_set {
+                    f.write_str(": the source chunk set is incomplete")?;
+                }
+                Ok(())
+            }
+            ReuseRefusal::ChunkCountDiffers {
+                store,
+                path,
+                found,
+                catalog,
+            } => write!(
+                f,
+                "{store} {path} says {found} chunks, the source catalog says {catalog}"
+            ),
+            ReuseRefusal::DigestDiffers {
+                store,
+                path,
+                found,
+                catalog,
+            } => write!(
+                f,
+                "{store} {path} says {found}, the source catalog says {catalog}"
+            ),
+            ReuseRefusal::SizeDiffers { total, catalog } => write!(
+                f,
+                "the source chunks hold {total} bytes, the source catalog says {catalog}"
+            ),
+            ReuseRefusal::NotOob(not_oob) => write!(f, "{not_oob}"),
+            ReuseRefusal::NoManifestEntry { model } => write!(
+                f,
+                "the manifest has no entry {model}; reuse does not add models (add the entry first if the release asks for it)"
+            ),
+        }
+    }
+}
+
 /// What the source catalog says about the artifact, once it is proven compatible.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compatible {
@@ -42,46 +194,42 @@ pub fn check_compatibility(
     tinygrad_commit: &GitCommit,
 ) -> Result<Compatible> {
     let entry = catalog.get(source_id).ok_or_else(|| {
-        Error::ReuseRefused(format!(
-            "the source catalog has no model {source_id:?}; pass --source-id with the ID it uses"
-        ))
+        Error::ReuseRefused(ReuseRefusal::UnknownSource {
+            source_id: source_id.clone(),
+        })
     })?;
     let mut differs = Vec::new();
     match catalog.tinygrad_commit() {
-        None => differs.push(format!(
-            "the source catalog records no tinygrad commit (top-level \"{}\"), so compatibility cannot be proven; rebuild instead",
-            manifest::keys::TINYGRAD_COMMIT
-        )),
-        Some(c) if &c != tinygrad_commit => differs.push(format!(
-            "tinygrad commit differs: the source catalog records {c}, you gave {tinygrad_commit}"
-        )),
+        None => differs.push(Difference::NoTinygradCommit),
+        Some(c) if &c != tinygrad_commit => differs.push(Difference::TinygradCommit {
+            recorded: c,
+            given: tinygrad_commit.clone(),
+        }),
         Some(_) => {}
     }
     match entry.source_commit() {
-        None => differs.push(format!(
-            "the source catalog entry {source_id} records no source-model commit (\"{}\"), so compatibility cannot be proven; rebuild instead",
-            manifest::keys::SOURCE_COMMIT
-        )),
-        Some(c) if &c != source_commit => differs.push(format!(
-            "source-model commit differs: the source catalog entry {source_id} records {c}, you gave {source_commit}"
-        )),
+        None => differs.push(Difference::NoSourceCommit),
+        Some(c) if &c != source_commit => differs.push(Difference::SourceCommit {
+            recorded: c,
+            given: source_commit.clone(),
+        }),
         Some(_) => {}
     }
     if !differs.is_empty() {
-        return Err(Error::ReuseRefused(format!(
-            "{}\nnext: nothing was written; rebuild {source_id} for this generation with `release-cli compile` (names and release dates do not prove compatibility)",
-            differs.join("; ")
-        )));
+        return Err(Error::ReuseRefused(ReuseRefusal::Incompatible {
+            source_id: source_id.clone(),
+            differences: differs,
+        }));
     }
     let artifact = entry.artifact().ok_or_else(|| {
-        Error::ReuseRefused(format!(
-            "the source catalog entry {source_id} has no artifact_size/artifact_sha256/artifact_chunk_count"
-        ))
+        Error::ReuseRefused(ReuseRefusal::NoArtifact {
+            source_id: source_id.clone(),
+        })
     })?;
     if artifact.chunk_count.is_plain_file() {
-        return Err(Error::ReuseRefused(format!(
-            "the source artifact of {source_id} is one plain file (artifact_chunk_count 0); reuse copies chunk sets"
-        )));
+        return Err(Error::ReuseRefused(ReuseRefusal::PlainFile {
+            source_id: source_id.clone(),
+        }));
     }
     Ok(Compatible {
         artifact,
@@ -142,27 +290,31 @@ pub fn reuse(
         .source
         .read_small(&cm_path, SMALL_FILE_LIMIT)?
         .ok_or_else(|| {
-            Error::ReuseRefused(format!(
-                "{} {cm_path} is missing: the source chunk set is incomplete",
-                req.source.describe()
-            ))
+            Error::ReuseRefused(ReuseRefusal::SourceFileMissing {
+                store: req.source.describe(),
+                path: cm_path.clone(),
+                whole_set: true,
+            })
         })?;
     let found = parse_chunk_manifest(&cm, Path::new(cm_path.as_str()))?;
     if found != count {
-        return Err(Error::ReuseRefused(format!(
-            "{} {cm_path} says {found} chunks, the source catalog says {count}",
-            req.source.describe()
-        )));
+        return Err(Error::ReuseRefused(ReuseRefusal::ChunkCountDiffers {
+            store: req.source.describe(),
+            path: cm_path,
+            found,
+            catalog: count,
+        }));
     }
     let sc_path = src_file(&sidecar_name(&src_name))?;
     if let Some(sc) = req.source.read_small(&sc_path, SMALL_FILE_LIMIT)? {
         let d = parse_sidecar(&sc, Path::new(sc_path.as_str()))?;
         if d != artifact.sha256 {
-            return Err(Error::ReuseRefused(format!(
-                "{} {sc_path} says {d}, the source catalog says {}",
-                req.source.describe(),
-                artifact.sha256
-            )));
+            return Err(Error::ReuseRefused(ReuseRefusal::DigestDiffers {
+                store: req.source.describe(),
+                path: sc_path,
+                found: d,
+                catalog: artifact.sha256,
+            }));
         }
     }
     let mut sources = Vec::new();
@@ -170,22 +322,26 @@ pub fn reuse(
     for i in 1..=count {
         let p = src_file(&chunk_name(&src_name, i, count))?;
         let stat = req.source.stat(&p)?.ok_or_else(|| {
-            Error::ReuseRefused(format!("{} {p} is missing", req.source.describe()))
+            Error::ReuseRefused(ReuseRefusal::SourceFileMissing {
+                store: req.source.describe(),
+                path: p.clone(),
+                whole_set: false,
+            })
         })?;
         total += stat.size;
         sources.push((p, stat.size));
     }
     if total != artifact.size.get() {
-        return Err(Error::ReuseRefused(format!(
-            "the source chunks hold {total} bytes, the source catalog says {}",
-            artifact.size
-        )));
+        return Err(Error::ReuseRefused(ReuseRefusal::SizeDiffers {
+            total,
+            catalog: artifact.size.get(),
+        }));
     }
     // Only an out-of-band pickle container may become a v25 artifact: checked on the source
     // before anything is copied, reading only its headers (HTTP ranges on the Hub).
     let what = format!("{} {}", req.source.describe(), req.source_path);
     if let Err(not_oob) = crate::oob::check_pieces(req.source, &sources, &what)? {
-        return Err(Error::ReuseRefused(not_oob.to_string()));
+        return Err(Error::ReuseRefused(ReuseRefusal::NotOob(not_oob)));
     }
 
     let dest_name = manifest::layout::artifact_file_name(&req.model).to_string();
@@ -246,9 +402,9 @@ pub fn update_manifest_entry(
     source_commit: &GitCommit,
 ) -> Result<()> {
     let entry = manifest.get_mut(model).ok_or_else(|| {
-        Error::ReuseRefused(format!(
-            "the manifest has no entry {model}; reuse does not add models (add the entry first if the release asks for it)"
-        ))
+        Error::ReuseRefused(ReuseRefusal::NoManifestEntry {
+            model: model.clone(),
+        })
     })?;
     match &compatible.chunk_digests {
         Some(d) => entry.set_artifact_with_chunks(&compatible.artifact, d)?,
@@ -299,6 +455,60 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok.artifact.chunk_count.get(), 2);
+    }
+
+    /// The refusal is typed: callers match on the variant and each difference, not on text.
+    #[test]
+    fn refusals_are_typed() {
+        let id: ModelId = "pop".parse().unwrap();
+        let refusal = |cat: Manifest, id: &ModelId, src: &str, tg: &str| match check_compatibility(
+            &cat,
+            id,
+            &c(src),
+            &c(tg),
+        )
+        .unwrap_err()
+        {
+            Error::ReuseRefused(r) => r,
+            other => panic!("not a reuse refusal: {other}"),
+        };
+        let cases: Vec<(Manifest, &str, Vec<Difference>)> = vec![
+            (
+                catalog(Some(TG), Some(SRC)),
+                OTHER,
+                vec![Difference::TinygradCommit {
+                    recorded: c(TG),
+                    given: c(OTHER),
+                }],
+            ),
+            (
+                catalog(None, None),
+                TG,
+                vec![Difference::NoTinygradCommit, Difference::NoSourceCommit],
+            ),
+            (
+                catalog(Some(TG), Some(OTHER)),
+                TG,
+                vec![Difference::SourceCommit {
+                    recorded: c(OTHER),
+                    given: c(SRC),
+                }],
+            ),
+        ];
+        for (cat, tg, want) in cases {
+            assert_eq!(
+                refusal(cat, &id, SRC, tg),
+                ReuseRefusal::Incompatible {
+                    source_id: id.clone(),
+                    differences: want
+                }
+            );
+        }
+        let nope: ModelId = "nope".parse().unwrap();
+        assert_eq!(
+            refusal(catalog(Some(TG), Some(SRC)), &nope, SRC, TG),
+            ReuseRefusal::UnknownSource { source_id: nope }
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use manifest::signature::{self, SignatureBlock, TrustedComment};
 use manifest::{Generation, ReleaseNumber, StoreLayout, UnixSeconds};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result};
 use crate::store::Store;
 
 /// Environment variable holding the passphrase of an encrypted secret key, for unattended use.
@@ -147,7 +147,7 @@ impl SigningKey {
 /// key only during a key rotation; the first key's block is what `minisign -V` checks).
 pub fn sign_manifest(keys: &[SigningKey], data: &[u8], comment: &TrustedComment) -> Result<String> {
     if keys.is_empty() {
-        return Err(Error::Refused("no signing key given".into()));
+        return Err(Error::Refused(Refusal::NoSigningKey));
     }
     let blocks = keys
         .iter()
@@ -326,13 +326,10 @@ pub fn choose_release(
     if requested.is_none()
         && let Some(l) = live.iter().find(|l| l.unverified_comment.is_some())
     {
-        return Err(Error::Refused(format!(
-            "{}: the live signature does not verify with the signing key(s) (its comment says \
-             {:?}); if it was made with another key (a rotation), check it with `release-cli \
-             manifest verify --key OLD.pub`, then pass --release with a number above its release",
-            l.store,
-            l.unverified_comment.as_deref().unwrap_or_default()
-        )));
+        return Err(Error::Refused(Refusal::LiveSignatureUnverified {
+            store: l.store.clone(),
+            comment: l.unverified_comment.clone().unwrap_or_default(),
+        }));
     }
     Ok(signature::next_release(
         live.iter().filter_map(|l| l.verified_release),

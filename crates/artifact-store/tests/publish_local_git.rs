@@ -3,7 +3,7 @@
 use std::fs;
 
 use crate::common::*;
-use artifact_store::publish::{PublishOptions, publish};
+use artifact_store::publish::{PublishOptions, StoreProblem, StoreProblemKind, publish};
 use artifact_store::retry::RetryPolicy;
 use artifact_store::{Error, GithubStore, LocalStore, Store};
 use manifest::Generation;
@@ -175,7 +175,14 @@ fn a_listed_model_missing_everywhere_is_refused_before_the_manifest() {
     ]);
     let store = Recording::new(LocalStore::new(t.path().join("store")));
     let err = publish(&m, &dir, &[&store], &opts(false), &mut |_| {}).unwrap_err();
-    assert!(matches!(err, Error::Incomplete { .. }), "{err}");
+    assert!(
+        matches!(&err, Error::Incomplete { problems, .. } if matches!(
+            problems.as_slice(),
+            [StoreProblem { model, kind: StoreProblemKind::ChunkManifestMissing { .. } }]
+                if model.as_str() == "ghost"
+        )),
+        "{err}"
+    );
     assert!(err.to_string().contains("model ghost"), "{err}");
     assert!(!store.writes().iter().any(|w| w.contains("manifests/")));
 }
@@ -217,7 +224,14 @@ fn a_corrupt_chunk_already_in_a_local_store_is_refused_without_deep_verify() {
     let live_before = fs::read(root.join("manifests/model_names_v25.json")).unwrap();
     let store = Recording::new(LocalStore::new(&root));
     let err = publish(&m2, &only_a, &[&store], &shallow, &mut |_| {}).unwrap_err();
-    assert!(matches!(err, Error::Incomplete { .. }), "{err}");
+    assert!(
+        matches!(&err, Error::Incomplete { problems, .. } if matches!(
+            problems.as_slice(),
+            [StoreProblem { model, kind: StoreProblemKind::Corrupt { .. } }]
+                if model.as_str() == "tr14223"
+        )),
+        "{err}"
+    );
     let msg = err.to_string();
     assert!(
         msg.contains("model tr14223") && msg.contains("SHA-256"),

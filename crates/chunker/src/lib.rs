@@ -1,4 +1,4 @@
-//! The StarPilot chunk-set format (SPEC.md section 3): how a logical artifact such as
+//! The StarPilot chunk-set format (docs/formats.md, "Chunk sets"): how a logical artifact such as
 //! `pop223_driving_tinygrad.pkl` is published as `NAME.chunkNNofMM` files plus a
 //! `NAME.chunkmanifest` and a `NAME.sha256` sidecar, and how legacy `NAME.pNN` parts are read.
 //!

@@ -1,6 +1,6 @@
 //! Finding and reading a logical artifact in whatever form is on disk.
 //!
-//! Resolution follows SPEC.md section 3: a plain file `NAME` wins; otherwise a `.chunkmanifest`
+//! Resolution follows docs/formats.md, "Reading": a plain file `NAME` wins; otherwise a `.chunkmanifest`
 //! whose chunks are all present; otherwise legacy `.pNN` parts with their `.sha256` sidecar. A
 //! chunk manifest with a missing chunk means "not present" to [`resolve`], and a
 //! [`Error::MissingChunk`] to the strict entry points ([`open`], [`join`], [`crate::verify`]).

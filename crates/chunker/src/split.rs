@@ -70,7 +70,7 @@ pub struct SplitReport {
 /// Split the file `src` into a chunk set named after it in `out_dir`.
 ///
 /// The source file itself is left untouched. If `out_dir` is the source's directory, the plain
-/// file keeps winning over the chunk set for readers (SPEC.md section 3) until it is removed.
+/// file keeps winning over the chunk set for readers (docs/formats.md, "Reading") until it is removed.
 pub fn split_file(src: &Path, out_dir: &Path, opts: &SplitOptions) -> Result<SplitReport> {
     let name = src
         .file_name()

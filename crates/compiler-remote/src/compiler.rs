@@ -13,7 +13,7 @@ use openssh::{KnownHosts, Session, SessionBuilder};
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
-use crate::error::{Error, IoContext, Result, Side};
+use crate::error::{Error, IoContext, Result, Side, SourceProblem};
 use crate::outputs::{self, FetchedArtifact, OutputProblem};
 use crate::plan::{self, CompileRequest, shell_quote, shell_words};
 use crate::rsync;
@@ -348,13 +348,7 @@ impl Compiler {
             let p = openpilot.join(rel);
             let ok = if is_dir { p.is_dir() } else { p.exists() };
             if !ok {
-                return Err(Error::Pin {
-                    path: p,
-                    reason: "missing from the openpilot tree; sync needs tinygrad_repo/, \
-                             selfdrive/modeld/, scripts/model_compiler.py and models (is \
-                             --openpilot the right directory?)"
-                        .to_string(),
-                });
+                return Err(Error::TreeIncomplete { path: p });
             }
         }
         let root = &self.opts.remote_root;
@@ -817,25 +811,25 @@ fn create_log(log: &Path) -> Result<File> {
 
 fn check_sources(sources: &[PathBuf]) -> Result<()> {
     if sources.is_empty() {
-        return Err(Error::Pin {
+        return Err(Error::Source {
             path: PathBuf::from("--source"),
-            reason: "no source files given; pass the model's ONNX file(s)".to_string(),
+            problem: SourceProblem::NoneGiven,
         });
     }
     let mut names = std::collections::BTreeSet::new();
     for s in sources {
         let meta = fs::metadata(s).ctx(s)?;
         if !meta.is_file() || meta.len() == 0 {
-            return Err(Error::Pin {
+            return Err(Error::Source {
                 path: s.clone(),
-                reason: "not a non-empty file".to_string(),
+                problem: SourceProblem::NotANonEmptyFile,
             });
         }
         let name = s.file_name().map(|n| n.to_os_string()).unwrap_or_default();
         if !names.insert(name) {
-            return Err(Error::Pin {
+            return Err(Error::Source {
                 path: s.clone(),
-                reason: "two sources share this file name; staging would overwrite one".into(),
+                problem: SourceProblem::DuplicateName,
             });
         }
     }
@@ -895,5 +889,51 @@ fn connect_detail(e: &openssh::Error) -> String {
     match e.source() {
         Some(s) => format!(" ({s})"),
         None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Source problems are typed (callers match on them) and render what they rendered as
+    /// `Error::Pin` before, path first.
+    #[test]
+    fn source_problems_are_typed_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.onnx");
+        fs::write(&empty, b"").unwrap();
+        let a = dir.path().join("a").join("m.onnx");
+        let b = dir.path().join("b").join("m.onnx");
+        for p in [&a, &b] {
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, b"onnx").unwrap();
+        }
+        let cases: [(Vec<PathBuf>, SourceProblem, &str); 3] = [
+            (
+                vec![],
+                SourceProblem::NoneGiven,
+                "--source: no source files given",
+            ),
+            (
+                vec![empty.clone()],
+                SourceProblem::NotANonEmptyFile,
+                "empty.onnx: not a non-empty file",
+            ),
+            (
+                vec![a.clone(), b.clone()],
+                SourceProblem::DuplicateName,
+                "m.onnx: two sources share this file name",
+            ),
+        ];
+        for (sources, want, text) in cases {
+            let err = check_sources(&sources).unwrap_err();
+            assert!(
+                matches!(&err, Error::Source { problem, .. } if *problem == want),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains(text), "{err}");
+        }
+        check_sources(&[a]).unwrap();
     }
 }

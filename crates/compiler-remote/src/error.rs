@@ -19,6 +19,29 @@ impl std::fmt::Display for Side {
     }
 }
 
+/// Why a compile's source files cannot be staged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceProblem {
+    /// No source file was given at all.
+    NoneGiven,
+    /// The path is not a regular file, or the file is empty.
+    NotANonEmptyFile,
+    /// Two sources have the same file name, so staging one would overwrite the other.
+    DuplicateName,
+}
+
+impl std::fmt::Display for SourceProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SourceProblem::NoneGiven => "no source files given; pass the model's ONNX file(s)",
+            SourceProblem::NotANonEmptyFile => "not a non-empty file",
+            SourceProblem::DuplicateName => {
+                "two sources share this file name; staging would overwrite one"
+            }
+        })
+    }
+}
+
 /// Everything that can go wrong talking to the compiler comma.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -119,8 +142,24 @@ pub enum Error {
         expected: String,
     },
 
+    /// The tinygrad pin cannot be had: no `--tinygrad-commit` and no marker, or a marker that
+    /// cannot be read or is not a commit.
     #[error("{path}: {reason}")]
     Pin { path: PathBuf, reason: String },
+
+    /// A part of the openpilot tree that `sync` transfers is not there.
+    #[error(
+        "{path}: missing from the openpilot tree; sync needs tinygrad_repo/, selfdrive/modeld/, \
+         scripts/model_compiler.py and models (is --openpilot the right directory?)"
+    )]
+    TreeIncomplete { path: PathBuf },
+
+    /// A model source given to `compile` cannot be staged.
+    #[error("{path}: {problem}")]
+    Source {
+        path: PathBuf,
+        problem: SourceProblem,
+    },
 
     #[error("{path}: {source}")]
     Io {

@@ -34,7 +34,7 @@ pub use compiler::{
     Compiler, ConnectOptions, DEVICE_PREFIX, DEVICE_STDERR_PREFIX, DmFile, LineSink, SyncReport,
     Verdict,
 };
-pub use error::{Error, Result, Side};
+pub use error::{Error, Result, Side, SourceProblem};
 pub use outputs::FetchedArtifact;
 pub use plan::{CompileRequest, InputFormat};
 pub use target::{DEFAULT_REMOTE_ROOT, Destination, RemotePath, SUPPORTED_COMPILER};

@@ -5,7 +5,7 @@
 //! assembled into one staging file `<sha16>-<name>` in the staging directory
 //! `<models>/.starpilot-staging` (see [`crate::staging`]), each piece written at its own offset. After the whole SHA-256 matches, the file is fsynced and
 //! renamed over `<id>_driving_tinygrad.pkl`, and the directory fsynced. A plain file wins over a
-//! chunk set for every reader (SPEC.md section 3), so that one rename is the moment the new
+//! chunk set for every reader (docs/formats.md, "Reading"), so that one rename is the moment the new
 //! artifact becomes visible; a reader holding the old file keeps reading the old inode, so it can
 //! never see a mix. Leftover chunk-set or `.pNN` files of the same name are removed afterwards,
 //! `.chunkmanifest` first.
@@ -981,7 +981,7 @@ pub(crate) fn with_retries<T>(
     let mut attempt = 0;
     loop {
         match op() {
-            Err(e) if e.is_retryable() && attempt + 1 < config.max_attempts => {
+            Err(e) if retry_again(&e, attempt, config.max_attempts) => {
                 backoff_sleep(config, attempt, ctl, url)?;
                 attempt += 1;
             }
@@ -990,14 +990,26 @@ pub(crate) fn with_retries<T>(
     }
 }
 
+/// The retry decision: another try after failed attempt `attempt` (0-based) when the error is
+/// one a retry can fix and the attempts are not used up.
+fn retry_again(e: &Error, attempt: u32, max_attempts: u32) -> bool {
+    e.is_retryable() && attempt + 1 < max_attempts
+}
+
+/// The wait after failed attempt `attempt` (0-based) before jitter: `base * 2^attempt`, capped
+/// at `backoff_max`.
+fn backoff_delay(config: &DownloadConfig, attempt: u32) -> Duration {
+    config
+        .backoff_base
+        .saturating_mul(1u32 << attempt.min(16))
+        .min(config.backoff_max)
+}
+
 /// `base * 2^attempt`, capped, plus up to half of it again at random, so that many devices
 /// failing together do not retry in lockstep. Wakes early on cancel; a sleep that would pass the
 /// origin's deadline fails at once with [`Error::Deadline`].
 fn backoff_sleep(config: &DownloadConfig, attempt: u32, ctl: &Ctl, url: &str) -> Result<()> {
-    let base = config
-        .backoff_base
-        .saturating_mul(1u32 << attempt.min(16))
-        .min(config.backoff_max);
+    let base = backoff_delay(config, attempt);
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u32(attempt);
     let jitter_ms = base.as_millis() as u64 / 2;
@@ -1111,21 +1123,9 @@ impl Run<'_> {
         }
         let mut written = 0u64;
         let mut etag: Option<String> = None;
-        let mut attempt = 0;
-        let res = loop {
-            match self.try_segment(seg, &mut written, &mut etag) {
-                Ok(()) => break Ok(()),
-                Err(e) if e.is_retryable() && attempt + 1 < self.config.max_attempts => {
-                    if let Err(e) =
-                        backoff_sleep(self.config, attempt, &self.ctl, &self.urls[seg.piece])
-                    {
-                        break Err(e);
-                    }
-                    attempt += 1;
-                }
-                Err(e) => break Err(e),
-            }
-        };
+        let res = with_retries(self.config, &self.ctl, &self.urls[seg.piece], || {
+            self.try_segment(seg, &mut written, &mut etag)
+        });
         if res.is_err() {
             // Stopping (cancel, SIGTERM, this origin given up): what this segment has on disk
             // is kept for the next run, when each chunk's digest can check it.
@@ -1249,6 +1249,88 @@ impl Run<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one device retry helper stops waiting as soon as the download is cancelled (what a
+    /// SIGTERM or IsOnroad turns into), well before a long backoff would end.
+    #[test]
+    fn retries_stop_waiting_on_cancel() {
+        let config = DownloadConfig {
+            backoff_base: Duration::from_secs(30),
+            backoff_max: Duration::from_secs(30),
+            max_attempts: 5,
+            ..DownloadConfig::default()
+        };
+        let cancel = CancelToken::new();
+        let ctl = crate::http::Ctl::new(
+            &cancel,
+            "m",
+            Duration::from_secs(600),
+            Instant::now() + Duration::from_secs(600),
+        );
+        let canceller = cancel.clone();
+        let start = Instant::now();
+        let mut calls = 0;
+        let err = with_retries(&config, &ctl, "http://o/x", || -> Result<()> {
+            calls += 1;
+            let c = canceller.clone();
+            thread::spawn(move || {
+                thread::sleep(Duration::from_millis(50));
+                c.cancel();
+            });
+            Err(Error::Status {
+                url: "http://o/x".into(),
+                status: 503,
+            })
+        })
+        .unwrap_err();
+        assert!(matches!(err, Error::Cancelled { .. }), "{err}");
+        assert_eq!(calls, 1);
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    /// The device's backoff schedule and retry decision as a table: doubling from the base,
+    /// capped; retried only while the error is retryable and attempts remain.
+    #[test]
+    fn backoff_schedule_and_retry_decision() {
+        let config = DownloadConfig {
+            backoff_base: Duration::from_millis(250),
+            backoff_max: Duration::from_secs(8),
+            ..DownloadConfig::default()
+        };
+        let ms: Vec<u128> = [0, 1, 2, 3, 4, 5, 6, 40]
+            .iter()
+            .map(|&a| backoff_delay(&config, a).as_millis())
+            .collect();
+        assert_eq!(ms, [250, 500, 1000, 2000, 4000, 8000, 8000, 8000]);
+
+        let status = |status| Error::Status {
+            url: "u".into(),
+            status,
+        };
+        let transport = Error::Transport {
+            url: "u".into(),
+            message: "reset".into(),
+        };
+        let cases = [
+            (status(503), 0, 3, true),
+            (status(429), 1, 3, true),
+            (status(503), 2, 3, false),
+            (status(404), 0, 3, false),
+            (transport, 0, 1, false),
+            (Error::Cancelled { model: "m".into() }, 0, 5, false),
+        ];
+        for (e, attempt, max, want) in cases {
+            assert_eq!(
+                retry_again(&e, attempt, max),
+                want,
+                "{e} after attempt {attempt}/{max}"
+            );
+        }
+    }
 
     #[test]
     fn plans_match_the_chunk_format() {

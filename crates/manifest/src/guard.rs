@@ -1,4 +1,5 @@
-//! Manifest diff and the release guard (SPEC.md section 5, point 3).
+//! Manifest diff and the release guard (docs/formats.md, "Release guard" and
+//! "Publish order", point 3).
 //!
 //! Both compare JSON values, not text: key order and entry order are not changes (the Python
 //! guard compares parsed values too). Nested objects such as `accelerator_artifacts` are

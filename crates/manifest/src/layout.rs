@@ -1,4 +1,4 @@
-//! Where things live in the two stores (SPEC.md section 4), and the defaults that name them.
+//! Where things live in the two stores (docs/formats.md, "Store layout"), and the defaults that name them.
 //! Every store path in the workspace is built here, so a layout change is a change to one file.
 //!
 //! | what | Hugging Face bucket | GitHub `Models` branch |

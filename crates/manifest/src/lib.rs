@@ -1,4 +1,5 @@
-//! StarPilot model manifests, `model_names_<gen>.json` (SPEC.md sections 2, 4 and 5.3).
+//! StarPilot model manifests, `model_names_<gen>.json` (docs/formats.md, "The manifest",
+//! "Store layout" and "Release guard").
 //!
 //! What this crate does:
 //! - parses a manifest into a typed [`Manifest`] of [`ModelEntry`]s, with newtypes that can only
@@ -48,9 +49,10 @@ pub use validate::{Problem, ValidationMode, validate_bytes};
 
 /// JSON keys of the manifest, each named once.
 ///
-/// The Python fleet reads the SPEC keys and ignores every other key, so our extensions
-/// ([`keys::GENERATION`], [`keys::TINYGRAD_COMMIT`], [`keys::SOURCE_COMMIT`],
-/// [`keys::ARTIFACT_CHUNK_SHA256`]) are plain extra keys to it and safe to add.
+/// The Python fleet reads the documented keys (docs/formats.md, "Entry fields") and ignores
+/// every other key, so our extensions ([`keys::GENERATION`], [`keys::TINYGRAD_COMMIT`],
+/// [`keys::SOURCE_COMMIT`], [`keys::ARTIFACT_CHUNK_SHA256`]) are plain extra keys to it and safe
+/// to add.
 pub mod keys {
     pub const MODELS: &str = "models";
 
@@ -78,7 +80,7 @@ pub mod keys {
     /// separated from its name still says which ABI it is for.
     pub const GENERATION: &str = "generation";
     /// Extension, top level: the full 40-hex tinygrad commit every artifact was compiled
-    /// with. Reuse across catalogs requires it to be equal (SPEC.md section 6).
+    /// with. Reuse across catalogs requires it to be equal (docs/formats.md, "Artifact reuse").
     pub const TINYGRAD_COMMIT: &str = "tinygrad_commit";
     /// Extension, per entry: the full 40-hex commit of the source model (the openpilot commit
     /// holding the ONNX). Reuse requires it to be equal too.

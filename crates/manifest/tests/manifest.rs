@@ -1,4 +1,5 @@
-//! Manifest crate tests against real data and the rules of SPEC.md sections 2, 4 and 5.3.
+//! Manifest crate tests against real data and the rules of docs/formats.md ("The manifest",
+//! "Store layout", "Release guard").
 
 use std::collections::BTreeSet;
 
@@ -93,7 +94,7 @@ fn extension_fields_are_plain_extra_keys() {
     let text = m.to_canonical_string();
     let written: Value = serde_json::from_str(&text).unwrap();
     // What the Python fleet does with the document: a top-level object with a `models` list
-    // of dicts, each read by key. Every SPEC key it reads is where it was; ours are extra.
+    // of dicts, each read by key. Every documented key it reads is where it was; ours are extra.
     let models = written["models"].as_array().unwrap();
     assert_eq!(models.len(), 97);
     for (old, new) in original["models"].as_array().unwrap().iter().zip(models) {

@@ -2,7 +2,8 @@
 //! (Hugging Face `hf/models/<gen>/<id>/…`, GitHub `gh/<gen>/<id>/…`) under one root that a
 //! [`crate::http_server::FaultServer`] serves, plus the manifest in both places.
 //!
-//! Written from the format description (SPEC.md sections 2–4) with plain file operations, not
+//! Written from the format description (docs/formats.md, "Chunk sets", "The manifest" and
+//! "Store layout") with plain file operations, not
 //! with the crates under test, so the tests check those crates against the format itself.
 
 use std::fmt::Write as _;

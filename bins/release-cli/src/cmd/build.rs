@@ -72,7 +72,7 @@ pub fn remote_error(e: compiler_remote::Error) -> CliError {
         E::OtherCompiler { .. } | E::InvalidDestination { .. } | E::InvalidRemotePath { .. } => {
             CliError::usage(e)
         }
-        E::Pin { .. } => CliError::usage(e),
+        E::Pin { .. } | E::TreeIncomplete { .. } | E::Source { .. } => CliError::usage(e),
         E::MarkerMissing { .. }
         | E::MarkerMismatch { .. }
         | E::DigestMismatch { .. }

@@ -24,448 +24,25 @@
 //! uploaded again.
 
 use std::collections::BTreeSet;
-use std::fs::{self, File};
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use chunker::{
-    Hasher, IO_BUFFER_SIZE, Resolved, Sha256Digest, chunk_manifest_name, format_chunk_manifest,
-    format_sidecar, parse_chunk_manifest, parse_sidecar, sidecar_name,
-};
-use manifest::{Generation, Manifest, ModelEntry, ModelId, StoreLayout};
+use manifest::{Generation, Manifest, ModelId, StoreLayout};
 use serde::Serialize;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Refusal, Result};
 use crate::paths::StorePath;
 use crate::retry::RetryPolicy;
 use crate::store::Store;
 
+mod inspect;
+mod plan;
+
+use inspect::check_entry;
+pub use inspect::{StoreProblem, StoreProblemKind};
+pub use plan::*;
+
 /// Small files (`.sha256`, `.chunkmanifest`) are never larger than this.
-const SMALL_FILE_LIMIT: u64 = 4096;
-
-/// What a local artifact file is, which fixes its place in the upload order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FileRole {
-    Chunk,
-    Sidecar,
-    ChunkManifest,
-}
-
-/// Where the bytes of a file to upload come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FileSource {
-    Path(PathBuf),
-    Bytes(Vec<u8>),
-}
-
-/// One file of a model's published form, with what it must be.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LocalFile {
-    pub name: String,
-    pub role: FileRole,
-    pub size: u64,
-    pub sha256: Sha256Digest,
-    pub source: FileSource,
-}
-
-/// A model found in the artifacts directory, verified against the manifest, in upload order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LocalArtifact {
-    pub id: ModelId,
-    /// The logical artifact name, `<id>_driving_tinygrad.pkl` unless the entry says otherwise.
-    pub name: String,
-    pub files: Vec<LocalFile>,
-}
-
-/// What the store holds for one file, as observed before planning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Observed {
-    Missing,
-    /// Present; `sha256` is `None` when it was not worth reading (the size already differs).
-    Present {
-        size: u64,
-        sha256: Option<Sha256Digest>,
-    },
-}
-
-/// Why a file is uploaded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reason {
-    Missing,
-    SizeDiffers,
-    ContentDiffers,
-    /// The chunk manifest is rewritten because the chunks under it changed.
-    ChunksChanged,
-}
-
-impl std::fmt::Display for Reason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Reason::Missing => "missing",
-            Reason::SizeDiffers => "size differs",
-            Reason::ContentDiffers => "content differs",
-            Reason::ChunksChanged => "chunks changed",
-        })
-    }
-}
-
-/// One step of a store's plan.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "action", rename_all = "snake_case")]
-pub enum Step {
-    /// Remove the chunk manifest before changing chunks under it.
-    Retract {
-        path: String,
-    },
-    Upload {
-        path: String,
-        #[serde(skip)]
-        file: usize,
-        size: u64,
-        reason: Reason,
-    },
-    /// A plain `NAME` beside the chunk set would win over it for every reader.
-    RemoveShadowingPlain {
-        path: String,
-    },
-    Skip {
-        path: String,
-        size: u64,
-    },
-}
-
-/// The steps for one model: retract if needed, chunks, `.sha256`, `.chunkmanifest`, then drop a
-/// shadowing plain file. `observed[i]` is what the store holds for `local.files[i]`;
-/// `plain_present` whether a plain `NAME` file is in the store directory.
-pub fn plan_model(
-    local: &LocalArtifact,
-    dir: &StorePath,
-    observed: &[Observed],
-    plain_present: bool,
-) -> Vec<Step> {
-    assert_eq!(
-        local.files.len(),
-        observed.len(),
-        "one observation per file"
-    );
-    let path_of = |name: &str| format!("{dir}/{name}");
-    let needs = |f: &LocalFile, o: &Observed| -> Option<Reason> {
-        match o {
-            Observed::Missing => Some(Reason::Missing),
-            Observed::Present { size, .. } if *size != f.size => Some(Reason::SizeDiffers),
-            Observed::Present { sha256, .. } if *sha256 != Some(f.sha256) => {
-                Some(Reason::ContentDiffers)
-            }
-            Observed::Present { .. } => None,
-        }
-    };
-    let mut order: Vec<usize> = (0..local.files.len()).collect();
-    // Stable: chunks keep their index order, then the sidecar, then the chunk manifest.
-    order.sort_by_key(|&i| local.files[i].role);
-
-    let content_changes = order.iter().any(|&i| {
-        local.files[i].role != FileRole::ChunkManifest
-            && needs(&local.files[i], &observed[i]).is_some()
-    });
-    let mut steps = Vec::new();
-    for &i in &order {
-        let f = &local.files[i];
-        let o = &observed[i];
-        let path = path_of(&f.name);
-        if f.role == FileRole::ChunkManifest {
-            let present = matches!(o, Observed::Present { .. });
-            if content_changes && present {
-                steps.insert(0, Step::Retract { path: path.clone() });
-            }
-            let reason = if content_changes {
-                Some(needs(f, o).unwrap_or(Reason::ChunksChanged))
-            } else {
-                needs(f, o)
-            };
-            // After a retract the chunk manifest is gone, so it is always written again.
-            let reason = if content_changes && present {
-                Some(Reason::ChunksChanged)
-            } else {
-                reason
-            };
-            match reason {
-                Some(reason) => steps.push(Step::Upload {
-                    path,
-                    file: i,
-                    size: f.size,
-                    reason,
-                }),
-                None => steps.push(Step::Skip { path, size: f.size }),
-            }
-            continue;
-        }
-        match needs(f, o) {
-            Some(reason) => steps.push(Step::Upload {
-                path,
-                file: i,
-                size: f.size,
-                reason,
-            }),
-            None => steps.push(Step::Skip { path, size: f.size }),
-        }
-    }
-    if plain_present {
-        steps.push(Step::RemoveShadowingPlain {
-            path: path_of(&local.name),
-        });
-    }
-    steps
-}
-
-/// Hash a local file in one pass, feeding `whole` as well.
-fn hash_file(path: &Path, whole: &mut Hasher) -> Result<(Sha256Digest, u64)> {
-    let mut f = File::open(path).at(path)?;
-    let mut h = Hasher::new();
-    let mut buf = vec![0u8; IO_BUFFER_SIZE];
-    let mut n_total = 0u64;
-    loop {
-        let n = f.read(&mut buf).at(path)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        whole.update(&buf[..n]);
-        n_total += n as u64;
-    }
-    Ok((h.finish(), n_total))
-}
-
-fn entry_file_name(entry: &ModelEntry) -> String {
-    entry.file_name().as_str().to_string()
-}
-
-/// Scan the artifacts directory: one `<id>/` per model, each a chunk set matching its manifest
-/// entry (count, size, whole digest, and per-chunk digests when the entry lists them). Reads
-/// every chunk once, streaming.
-pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifact>> {
-    let mut ids = Vec::new();
-    let mut loose = Vec::new();
-    for entry in fs::read_dir(dir).at(dir)? {
-        let entry = entry.at(dir)?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') {
-            continue;
-        }
-        if !entry.file_type().at(entry.path())?.is_dir() {
-            // Other files (the manifest, `artifacts.json` beside a rebuild's staging) are fine;
-            // artifact pieces out of their `<id>/` would silently publish nothing.
-            if looks_like_artifact_piece(&name) {
-                loose.push(name);
-            }
-            continue;
-        }
-        let id: ModelId = name.parse().map_err(|e: manifest::Error| {
-            Error::Refused(format!(
-                "{}: directory name is not a model ID ({e}); the artifacts directory holds one <id>/ per model",
-                entry.path().display()
-            ))
-        })?;
-        ids.push(id);
-    }
-    if !loose.is_empty() {
-        loose.sort();
-        return Err(flat_layout_error(dir, &loose));
-    }
-    ids.sort();
-    let mut out = Vec::new();
-    for id in ids {
-        let entry = manifest.get(&id).ok_or_else(|| {
-            Error::Refused(format!(
-                "{}: model {id} has no entry in the new manifest; add the entry or remove the directory",
-                dir.join(id.as_str()).display()
-            ))
-        })?;
-        out.push(prepare_model(dir, &id, entry)?);
-    }
-    Ok(out)
-}
-
-/// A name that is part of a logical artifact: `X.pkl`, its chunks, chunk manifest, sidecar or
-/// legacy parts.
-fn looks_like_artifact_piece(name: &str) -> bool {
-    let Some((_, tail)) = name.split_once(".pkl") else {
-        return false;
-    };
-    tail.is_empty()
-        || tail == ".chunkmanifest"
-        || tail == ".sha256"
-        || tail.starts_with(".chunk")
-        || (tail.len() == 4
-            && tail.starts_with(".p")
-            && tail[2..].bytes().all(|b| b.is_ascii_digit()))
-}
-
-/// The refusal for files lying directly in the artifacts directory (a flat `chunk split`
-/// output): it names the files and the layout publish expects, with the command that fixes it.
-fn flat_layout_error(dir: &Path, loose: &[String]) -> Error {
-    let suffix = manifest::layout::ARTIFACT_SUFFIX;
-    let ids: BTreeSet<&str> = loose
-        .iter()
-        .filter_map(|n| n.split_once(suffix).map(|(id, _)| id))
-        .filter(|id| id.parse::<ModelId>().is_ok())
-        .collect();
-    let shown: Vec<&str> = loose.iter().take(5).map(String::as_str).collect();
-    let more = if loose.len() > shown.len() {
-        format!(" and {} more", loose.len() - shown.len())
-    } else {
-        String::new()
-    };
-    let fix = if ids.is_empty() {
-        "move each model's files into <DIR>/<id>/".to_string()
-    } else {
-        ids.iter()
-            .map(|id| {
-                let d = dir.display();
-                format!("mkdir -p {d}/{id} && mv {d}/{id}{suffix}* {d}/{id}/")
-            })
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
-    Error::Refused(format!(
-        "{}: the artifacts directory holds one <id>/ directory per model (<id>/<id>{suffix}.chunkNNofMM and .chunkmanifest), not loose files; found {}{more} at its top level, nothing was published\nnext: {fix}",
-        dir.display(),
-        shown.join(", ")
-    ))
-}
-
-fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalArtifact> {
-    let name = entry_file_name(entry);
-    let model_dir = dir.join(id.as_str());
-    let logical = model_dir.join(&name);
-    // An empty `<id>/` marks the model as intended without uploading anything: its files are
-    // already in the store (a reuse copied them there), where step 2 checks them.
-    if fs::read_dir(&model_dir).at(&model_dir)?.next().is_none() {
-        return Ok(LocalArtifact {
-            id: id.clone(),
-            name,
-            files: Vec::new(),
-        });
-    }
-    let artifact = entry.artifact().ok_or_else(|| {
-        Error::Refused(format!(
-            "model {id}: the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count; fill them in (release-cli chunk verify prints them)"
-        ))
-    })?;
-    let expected_count = artifact.chunk_count.get();
-    if expected_count == 0 {
-        return Err(Error::Refused(format!(
-            "model {id}: artifact_chunk_count is 0 (one plain file); release builds are published as chunk sets"
-        )));
-    }
-    let resolved = chunker::resolve(&logical)?.ok_or_else(|| chunker::Error::NotFound {
-        path: logical.clone(),
-    })?;
-    let pieces = match &resolved {
-        Resolved::Chunked { pieces, .. } => pieces.clone(),
-        other => {
-            return Err(Error::Refused(format!(
-                "{}: found a {} artifact; publish needs a chunk set (release-cli chunk split)",
-                logical.display(),
-                other.form()
-            )));
-        }
-    };
-    if pieces.len() as u32 != expected_count {
-        return Err(chunker::Error::CountMismatch {
-            name: logical.display().to_string(),
-            expected: expected_count,
-            actual: pieces.len() as u32,
-        }
-        .into());
-    }
-    let chunk_digests = entry.chunk_digests();
-    let mut whole = Hasher::new();
-    let mut files = Vec::new();
-    let mut total = 0u64;
-    for (i, (path, _)) in pieces.iter().enumerate() {
-        let (digest, size) = hash_file(path, &mut whole)?;
-        if let Some(expected) = chunk_digests.as_ref().and_then(|d| d.get(i))
-            && *expected != digest
-        {
-            return Err(chunker::Error::DigestMismatch {
-                what: path.display().to_string(),
-                expected: *expected,
-                actual: digest,
-            }
-            .into());
-        }
-        total += size;
-        files.push(LocalFile {
-            name: path
-                .file_name()
-                .expect("chunk paths have names")
-                .to_string_lossy()
-                .into_owned(),
-            role: FileRole::Chunk,
-            size,
-            sha256: digest,
-            source: FileSource::Path(path.clone()),
-        });
-    }
-    let digest = whole.finish();
-    if total != artifact.size.get() {
-        return Err(chunker::Error::SizeMismatch {
-            what: logical.display().to_string(),
-            expected: artifact.size.get(),
-            actual: total,
-        }
-        .into());
-    }
-    if digest != artifact.sha256 {
-        return Err(chunker::Error::DigestMismatch {
-            what: logical.display().to_string(),
-            expected: artifact.sha256,
-            actual: digest,
-        }
-        .into());
-    }
-    // Every v25 driving artifact is an out-of-band pickle container; the check reads only its
-    // headers, seeking over the buffers through the chunk set.
-    chunker::check_oob_reader(
-        &mut chunker::ArtifactReader::new(pieces.clone()),
-        &logical.display().to_string(),
-    )?;
-    // A sidecar in the directory must agree; the uploaded one is always written fresh.
-    let sidecar_path = logical.with_file_name(sidecar_name(&name));
-    if let Some(found) = chunker::read_sidecar(&sidecar_path)?
-        && found != digest
-    {
-        return Err(chunker::Error::DigestMismatch {
-            what: sidecar_path.display().to_string(),
-            expected: digest,
-            actual: found,
-        }
-        .into());
-    }
-    let sidecar = format_sidecar(&digest, &name).into_bytes();
-    files.push(LocalFile {
-        name: sidecar_name(&name),
-        role: FileRole::Sidecar,
-        size: sidecar.len() as u64,
-        sha256: Sha256Digest::of_bytes(&sidecar),
-        source: FileSource::Bytes(sidecar),
-    });
-    let cm = format_chunk_manifest(expected_count).into_bytes();
-    files.push(LocalFile {
-        name: chunk_manifest_name(&name),
-        role: FileRole::ChunkManifest,
-        size: cm.len() as u64,
-        sha256: Sha256Digest::of_bytes(&cm),
-        source: FileSource::Bytes(cm),
-    });
-    Ok(LocalArtifact {
-        id: id.clone(),
-        name,
-        files,
-    })
-}
+pub(crate) const SMALL_FILE_LIMIT: u64 = 4096;
 
 /// Everything publish needs besides the stores.
 #[derive(Debug, Clone)]
@@ -517,10 +94,11 @@ pub fn check_contract(
             continue;
         };
         let old = Manifest::from_slice(&bytes).map_err(|e| {
-            Error::Refused(format!(
-                "{}: the previous generation's manifest {path} does not parse ({e}); the new generation is checked against it, so fix it first",
-                store.describe()
-            ))
+            Error::Refused(Refusal::PreviousUnparsable {
+                store: store.describe(),
+                path: path.clone(),
+                source: e,
+            })
         })?;
         manifest::generation_guard(&old, manifest, &contract.add_models, &contract.drop_models)
             .map_err(|refusal| Error::GenerationGuard {
@@ -604,17 +182,17 @@ pub struct PublishReport {
     pub stores: Vec<StoreReport>,
 }
 
-/// Hugging Face before GitHub (SPEC.md 5.4): devices try the Hub first, so the fallback must
+/// Hugging Face before GitHub (docs/formats.md, "Publish order", point 4): devices try the Hub first, so the fallback must
 /// never be ahead of it.
 pub fn check_store_order(kinds: &[(String, bool, bool)]) -> Result<()> {
     // (name, is_hf, is_github)
     if let Some(first_gh) = kinds.iter().position(|k| k.2)
         && let Some(late_hf) = kinds.iter().skip(first_gh).find(|k| k.1)
     {
-        return Err(Error::Refused(format!(
-            "store order: {} comes after {}; publish to Hugging Face first and GitHub second (give the hf:// --to before the github: one)",
-            late_hf.0, kinds[first_gh].0
-        )));
+        return Err(Error::Refused(Refusal::StoreOrder {
+            hf: late_hf.0.clone(),
+            github: kinds[first_gh].0.clone(),
+        }));
     }
     Ok(())
 }
@@ -647,10 +225,10 @@ pub fn publish_signed(
     if let Some(g) = manifest.generation()
         && g != opts.generation
     {
-        return Err(Error::Refused(format!(
-            "the manifest says generation {g} but --generation is {}; fix one of them",
-            opts.generation
-        )));
+        return Err(Error::Refused(Refusal::GenerationMismatch {
+            manifest: g,
+            flag: opts.generation,
+        }));
     }
     let problems = manifest.validate(manifest::ValidationMode::Release);
     if !problems.is_empty() {
@@ -820,9 +398,11 @@ fn publish_one(
         None => rep.first_publish = true,
         Some(bytes) => {
             let live = Manifest::from_slice(bytes).map_err(|e| {
-                Error::Refused(format!(
-                    "{name}: the live manifest {manifest_path} does not parse ({e}); fix it by hand before publishing over it"
-                ))
+                Error::Refused(Refusal::LiveUnparsable {
+                    store: name.clone(),
+                    path: manifest_path.clone(),
+                    source: e,
+                })
             })?;
             manifest::guard(&live, manifest, intended).map_err(|refusal| Error::Guard {
                 store: name.clone(),
@@ -977,112 +557,44 @@ fn run_step(
     Ok(())
 }
 
-/// Check one manifest entry against the store, adding a line per problem.
-fn check_entry(
-    store: &dyn Store,
-    generation: Generation,
-    entry: &ModelEntry,
-    deep: bool,
-    problems: &mut Vec<String>,
-) -> Result<()> {
-    let id = entry.id();
-    let Some(artifact) = entry.artifact() else {
-        problems.push(format!(
-            "  - model {id}: the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count"
-        ));
-        return Ok(());
-    };
-    let dir = StoreLayout::HfBucket.artifact_dir(generation, id);
-    let name = entry_file_name(entry);
-    let count = artifact.chunk_count.get();
-    let mut pieces = Vec::new();
-    if count == 0 {
-        let p = dir.join(&name)?;
-        match store.stat(&p)? {
-            Some(s) => pieces.push((p, s.size)),
-            None => {
-                problems.push(format!("  - model {id}: {p} is missing"));
-                return Ok(());
-            }
-        }
-    } else {
-        let cm_path = dir.join(&chunk_manifest_name(&name))?;
-        let Some(cm) = store.read_small(&cm_path, SMALL_FILE_LIMIT)? else {
-            problems.push(format!(
-                "  - model {id}: {cm_path} is missing (the artifact directory is incomplete or absent; put its chunk set in the artifacts directory)"
-            ));
-            return Ok(());
-        };
-        let found = match parse_chunk_manifest(&cm, Path::new(cm_path.as_str())) {
-            Ok(n) => n,
-            Err(e) => {
-                problems.push(format!("  - model {id}: {e}"));
-                return Ok(());
-            }
-        };
-        if found != count {
-            problems.push(format!(
-                "  - model {id}: {cm_path} says {found} chunks, the manifest says {count}"
-            ));
-            return Ok(());
-        }
-        for i in 1..=count {
-            let p = dir.join(&chunker::chunk_name(&name, i, count))?;
-            match store.stat(&p)? {
-                Some(s) => pieces.push((p, s.size)),
-                None => problems.push(format!("  - model {id}: chunk {p} is missing")),
-            }
-        }
-        if pieces.len() as u32 != count {
-            return Ok(());
-        }
-        let sc_path = dir.join(&sidecar_name(&name))?;
-        match store.read_small(&sc_path, SMALL_FILE_LIMIT)? {
-            None => problems.push(format!("  - model {id}: {sc_path} is missing")),
-            Some(b) => match parse_sidecar(&b, Path::new(sc_path.as_str())) {
-                Ok(d) if d == artifact.sha256 => {}
-                Ok(d) => problems.push(format!(
-                    "  - model {id}: {sc_path} says {d}, the manifest says {}",
-                    artifact.sha256
-                )),
-                Err(e) => problems.push(format!("  - model {id}: {e}")),
-            },
-        }
-    }
-    let total: u64 = pieces.iter().map(|(_, s)| s).sum();
-    if total != artifact.size.get() {
-        problems.push(format!(
-            "  - model {id}: the store holds {total} bytes, the manifest says {}",
-            artifact.size
-        ));
-        return Ok(());
-    }
-    // Found in the store rather than uploaded now: it must be an OOB container too (a few
-    // small reads: a seek on disk, an HTTP range on the Hub).
-    let what = format!("{} {}", store.describe(), dir.join(&name)?);
-    if let Err(not_oob) = crate::oob::check_pieces(store, &pieces, &what)? {
-        problems.push(format!("  - model {id}: {not_oob}"));
-        return Ok(());
-    }
-    if deep {
-        let mut h = Hasher::new();
-        for (p, _) in &pieces {
-            h.update_from_reader(store.open(p)?).at(p.as_str())?;
-        }
-        let d = h.finish();
-        if d != artifact.sha256 {
-            problems.push(format!(
-                "  - model {id}: the stored artifact's SHA-256 is {d}, the manifest says {} (a chunk in {dir} is corrupt; put the model's chunk set in --artifacts {id}/ so publish replaces it)",
-                artifact.sha256
-            ));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
+    use super::plan::looks_like_artifact_piece;
     use super::*;
+    use chunker::Sha256Digest;
+
+    /// The store-order rule as a table: a Hugging Face store after a GitHub one is refused,
+    /// typed, naming both.
+    #[test]
+    fn store_order() {
+        let k = |n: &str, hf, gh| (n.to_string(), hf, gh);
+        let cases = [
+            (vec![k("hf", true, false), k("gh", false, true)], None),
+            (vec![k("gh", false, true)], None),
+            (vec![k("local", false, false), k("hf", true, false)], None),
+            (
+                vec![k("gh", false, true), k("hf", true, false)],
+                Some(("hf", "gh")),
+            ),
+            (
+                vec![
+                    k("hf1", true, false),
+                    k("gh", false, true),
+                    k("hf2", true, false),
+                ],
+                Some(("hf2", "gh")),
+            ),
+        ];
+        for (kinds, want) in cases {
+            match (check_store_order(&kinds), want) {
+                (Ok(()), None) => {}
+                (Err(Error::Refused(Refusal::StoreOrder { hf, github })), Some((h, g))) => {
+                    assert_eq!((hf.as_str(), github.as_str()), (h, g));
+                }
+                (got, want) => panic!("{kinds:?}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
 
     #[test]
     fn artifact_pieces_out_of_place() {

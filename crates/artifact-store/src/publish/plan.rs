@@ -1,0 +1,414 @@
+//! The plan of a publish, pure apart from reading the local artifacts directory: which local
+//! files make up each model ([`prepare_local`]) and what each store needs of them, in upload
+//! order ([`plan_model`]).
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use chunker::{
+    Hasher, IO_BUFFER_SIZE, Resolved, Sha256Digest, chunk_manifest_name, format_chunk_manifest,
+    format_sidecar, sidecar_name,
+};
+use manifest::{Manifest, ModelEntry, ModelId};
+use serde::Serialize;
+
+use crate::error::{Error, IoContext, Refusal, Result};
+use crate::paths::StorePath;
+
+/// What a local artifact file is, which fixes its place in the upload order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileRole {
+    Chunk,
+    Sidecar,
+    ChunkManifest,
+}
+
+/// Where the bytes of a file to upload come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileSource {
+    Path(PathBuf),
+    Bytes(Vec<u8>),
+}
+
+/// One file of a model's published form, with what it must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalFile {
+    pub name: String,
+    pub role: FileRole,
+    pub size: u64,
+    pub sha256: Sha256Digest,
+    pub source: FileSource,
+}
+
+/// A model found in the artifacts directory, verified against the manifest, in upload order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalArtifact {
+    pub id: ModelId,
+    /// The logical artifact name, `<id>_driving_tinygrad.pkl` unless the entry says otherwise.
+    pub name: String,
+    pub files: Vec<LocalFile>,
+}
+
+/// What the store holds for one file, as observed before planning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observed {
+    Missing,
+    /// Present; `sha256` is `None` when it was not worth reading (the size already differs).
+    Present {
+        size: u64,
+        sha256: Option<Sha256Digest>,
+    },
+}
+
+/// Why a file is uploaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    Missing,
+    SizeDiffers,
+    ContentDiffers,
+    /// The chunk manifest is rewritten because the chunks under it changed.
+    ChunksChanged,
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Reason::Missing => "missing",
+            Reason::SizeDiffers => "size differs",
+            Reason::ContentDiffers => "content differs",
+            Reason::ChunksChanged => "chunks changed",
+        })
+    }
+}
+
+/// One step of a store's plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Step {
+    /// Remove the chunk manifest before changing chunks under it.
+    Retract {
+        path: String,
+    },
+    Upload {
+        path: String,
+        #[serde(skip)]
+        file: usize,
+        size: u64,
+        reason: Reason,
+    },
+    /// A plain `NAME` beside the chunk set would win over it for every reader.
+    RemoveShadowingPlain {
+        path: String,
+    },
+    Skip {
+        path: String,
+        size: u64,
+    },
+}
+
+/// The steps for one model: retract if needed, chunks, `.sha256`, `.chunkmanifest`, then drop a
+/// shadowing plain file. `observed[i]` is what the store holds for `local.files[i]`;
+/// `plain_present` whether a plain `NAME` file is in the store directory.
+pub fn plan_model(
+    local: &LocalArtifact,
+    dir: &StorePath,
+    observed: &[Observed],
+    plain_present: bool,
+) -> Vec<Step> {
+    assert_eq!(
+        local.files.len(),
+        observed.len(),
+        "one observation per file"
+    );
+    let path_of = |name: &str| format!("{dir}/{name}");
+    let needs = |f: &LocalFile, o: &Observed| -> Option<Reason> {
+        match o {
+            Observed::Missing => Some(Reason::Missing),
+            Observed::Present { size, .. } if *size != f.size => Some(Reason::SizeDiffers),
+            Observed::Present { sha256, .. } if *sha256 != Some(f.sha256) => {
+                Some(Reason::ContentDiffers)
+            }
+            Observed::Present { .. } => None,
+        }
+    };
+    let mut order: Vec<usize> = (0..local.files.len()).collect();
+    // Stable: chunks keep their index order, then the sidecar, then the chunk manifest.
+    order.sort_by_key(|&i| local.files[i].role);
+
+    let content_changes = order.iter().any(|&i| {
+        local.files[i].role != FileRole::ChunkManifest
+            && needs(&local.files[i], &observed[i]).is_some()
+    });
+    let mut steps = Vec::new();
+    for &i in &order {
+        let f = &local.files[i];
+        let o = &observed[i];
+        let path = path_of(&f.name);
+        if f.role == FileRole::ChunkManifest {
+            let present = matches!(o, Observed::Present { .. });
+            if content_changes && present {
+                steps.insert(0, Step::Retract { path: path.clone() });
+            }
+            let reason = if content_changes {
+                Some(needs(f, o).unwrap_or(Reason::ChunksChanged))
+            } else {
+                needs(f, o)
+            };
+            // After a retract the chunk manifest is gone, so it is always written again.
+            let reason = if content_changes && present {
+                Some(Reason::ChunksChanged)
+            } else {
+                reason
+            };
+            match reason {
+                Some(reason) => steps.push(Step::Upload {
+                    path,
+                    file: i,
+                    size: f.size,
+                    reason,
+                }),
+                None => steps.push(Step::Skip { path, size: f.size }),
+            }
+            continue;
+        }
+        match needs(f, o) {
+            Some(reason) => steps.push(Step::Upload {
+                path,
+                file: i,
+                size: f.size,
+                reason,
+            }),
+            None => steps.push(Step::Skip { path, size: f.size }),
+        }
+    }
+    if plain_present {
+        steps.push(Step::RemoveShadowingPlain {
+            path: path_of(&local.name),
+        });
+    }
+    steps
+}
+
+/// Hash a local file in one pass, feeding `whole` as well.
+fn hash_file(path: &Path, whole: &mut Hasher) -> Result<(Sha256Digest, u64)> {
+    let mut f = File::open(path).at(path)?;
+    let mut h = Hasher::new();
+    let mut buf = vec![0u8; IO_BUFFER_SIZE];
+    let mut n_total = 0u64;
+    loop {
+        let n = f.read(&mut buf).at(path)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        whole.update(&buf[..n]);
+        n_total += n as u64;
+    }
+    Ok((h.finish(), n_total))
+}
+
+pub(crate) fn entry_file_name(entry: &ModelEntry) -> String {
+    entry.file_name().as_str().to_string()
+}
+
+/// Scan the artifacts directory: one `<id>/` per model, each a chunk set matching its manifest
+/// entry (count, size, whole digest, and per-chunk digests when the entry lists them). Reads
+/// every chunk once, streaming.
+pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifact>> {
+    let mut ids = Vec::new();
+    let mut loose = Vec::new();
+    for entry in fs::read_dir(dir).at(dir)? {
+        let entry = entry.at(dir)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        if !entry.file_type().at(entry.path())?.is_dir() {
+            // Other files (the manifest, `artifacts.json` beside a rebuild's staging) are fine;
+            // artifact pieces out of their `<id>/` would silently publish nothing.
+            if looks_like_artifact_piece(&name) {
+                loose.push(name);
+            }
+            continue;
+        }
+        let id: ModelId = name.parse().map_err(|e: manifest::Error| {
+            Error::Refused(Refusal::NotAModelId {
+                path: entry.path(),
+                source: e,
+            })
+        })?;
+        ids.push(id);
+    }
+    if !loose.is_empty() {
+        loose.sort();
+        return Err(flat_layout_error(dir, &loose));
+    }
+    ids.sort();
+    let mut out = Vec::new();
+    for id in ids {
+        let entry = manifest.get(&id).ok_or_else(|| {
+            Error::Refused(Refusal::NoManifestEntry {
+                path: dir.join(id.as_str()),
+                model: id.clone(),
+            })
+        })?;
+        out.push(prepare_model(dir, &id, entry)?);
+    }
+    Ok(out)
+}
+
+/// A name that is part of a logical artifact: `X.pkl`, its chunks, chunk manifest, sidecar or
+/// legacy parts.
+pub(crate) fn looks_like_artifact_piece(name: &str) -> bool {
+    let Some((_, tail)) = name.split_once(".pkl") else {
+        return false;
+    };
+    tail.is_empty()
+        || tail == ".chunkmanifest"
+        || tail == ".sha256"
+        || tail.starts_with(".chunk")
+        || (tail.len() == 4
+            && tail.starts_with(".p")
+            && tail[2..].bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The refusal for files lying directly in the artifacts directory (a flat `chunk split`
+/// output).
+fn flat_layout_error(dir: &Path, loose: &[String]) -> Error {
+    Error::Refused(Refusal::LooseFiles {
+        dir: dir.to_path_buf(),
+        loose: loose.to_vec(),
+    })
+}
+
+fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalArtifact> {
+    let name = entry_file_name(entry);
+    let model_dir = dir.join(id.as_str());
+    let logical = model_dir.join(&name);
+    // An empty `<id>/` marks the model as intended without uploading anything: its files are
+    // already in the store (a reuse copied them there), where step 2 checks them.
+    if fs::read_dir(&model_dir).at(&model_dir)?.next().is_none() {
+        return Ok(LocalArtifact {
+            id: id.clone(),
+            name,
+            files: Vec::new(),
+        });
+    }
+    let artifact = entry
+        .artifact()
+        .ok_or_else(|| Error::Refused(Refusal::NoArtifactFields { model: id.clone() }))?;
+    let expected_count = artifact.chunk_count.get();
+    if expected_count == 0 {
+        return Err(Error::Refused(Refusal::PlainFileCount {
+            model: id.clone(),
+        }));
+    }
+    let resolved = chunker::resolve(&logical)?.ok_or_else(|| chunker::Error::NotFound {
+        path: logical.clone(),
+    })?;
+    let pieces = match &resolved {
+        Resolved::Chunked { pieces, .. } => pieces.clone(),
+        other => {
+            return Err(Error::Refused(Refusal::NotAChunkSet {
+                path: logical.clone(),
+                form: other.form(),
+            }));
+        }
+    };
+    if pieces.len() as u32 != expected_count {
+        return Err(chunker::Error::CountMismatch {
+            name: logical.display().to_string(),
+            expected: expected_count,
+            actual: pieces.len() as u32,
+        }
+        .into());
+    }
+    let chunk_digests = entry.chunk_digests();
+    let mut whole = Hasher::new();
+    let mut files = Vec::new();
+    let mut total = 0u64;
+    for (i, (path, _)) in pieces.iter().enumerate() {
+        let (digest, size) = hash_file(path, &mut whole)?;
+        if let Some(expected) = chunk_digests.as_ref().and_then(|d| d.get(i))
+            && *expected != digest
+        {
+            return Err(chunker::Error::DigestMismatch {
+                what: path.display().to_string(),
+                expected: *expected,
+                actual: digest,
+            }
+            .into());
+        }
+        total += size;
+        files.push(LocalFile {
+            name: path
+                .file_name()
+                .expect("chunk paths have names")
+                .to_string_lossy()
+                .into_owned(),
+            role: FileRole::Chunk,
+            size,
+            sha256: digest,
+            source: FileSource::Path(path.clone()),
+        });
+    }
+    let digest = whole.finish();
+    if total != artifact.size.get() {
+        return Err(chunker::Error::SizeMismatch {
+            what: logical.display().to_string(),
+            expected: artifact.size.get(),
+            actual: total,
+        }
+        .into());
+    }
+    if digest != artifact.sha256 {
+        return Err(chunker::Error::DigestMismatch {
+            what: logical.display().to_string(),
+            expected: artifact.sha256,
+            actual: digest,
+        }
+        .into());
+    }
+    // Every v25 driving artifact is an out-of-band pickle container; the check reads only its
+    // headers, seeking over the buffers through the chunk set.
+    chunker::check_oob_reader(
+        &mut chunker::ArtifactReader::new(pieces.clone()),
+        &logical.display().to_string(),
+    )?;
+    // A sidecar in the directory must agree; the uploaded one is always written fresh.
+    let sidecar_path = logical.with_file_name(sidecar_name(&name));
+    if let Some(found) = chunker::read_sidecar(&sidecar_path)?
+        && found != digest
+    {
+        return Err(chunker::Error::DigestMismatch {
+            what: sidecar_path.display().to_string(),
+            expected: digest,
+            actual: found,
+        }
+        .into());
+    }
+    let sidecar = format_sidecar(&digest, &name).into_bytes();
+    files.push(LocalFile {
+        name: sidecar_name(&name),
+        role: FileRole::Sidecar,
+        size: sidecar.len() as u64,
+        sha256: Sha256Digest::of_bytes(&sidecar),
+        source: FileSource::Bytes(sidecar),
+    });
+    let cm = format_chunk_manifest(expected_count).into_bytes();
+    files.push(LocalFile {
+        name: chunk_manifest_name(&name),
+        role: FileRole::ChunkManifest,
+        size: cm.len() as u64,
+        sha256: Sha256Digest::of_bytes(&cm),
+        source: FileSource::Bytes(cm),
+    });
+    Ok(LocalArtifact {
+        id: id.clone(),
+        name,
+        files,
+    })
+}
