@@ -463,7 +463,11 @@ fn gc_dry_run_lists_what_gc_removes_and_changes_nothing() {
         String::from_utf8_lossy(&out.stdout),
         "would remove .tmp-stale\nwould remove gone223_driving_tinygrad.pkl\n"
     );
-    assert_eq!(snapshot(&w.data()), before, "a dry run changes nothing, not even the lock");
+    assert_eq!(
+        snapshot(&w.data()),
+        before,
+        "a dry run changes nothing, not even the lock"
+    );
 
     let done = ok(&w.run(&["gc", "--json"]));
     assert_eq!(done["removed"], plan["would_remove"]);
@@ -497,13 +501,18 @@ fn quiet_prints_only_the_answer_and_verbose_each_step() {
         "{err}"
     );
     // Off a terminal the default logs each tenth; -v every percentage it reaches.
-    let lines = err.lines().filter(|l| l.starts_with("pop223 ") && l.ends_with('%'));
+    let lines = err
+        .lines()
+        .filter(|l| l.starts_with("pop223 ") && l.ends_with('%'));
     assert!(lines.count() > 11, "{err}");
     let quiet = w.run(&["download", "pop223", "-q"]);
     assert_eq!(stderr(&quiet), "");
     assert_eq!(
         String::from_utf8_lossy(&quiet.stdout).trim_end(),
-        w.data().join("models/pop223_driving_tinygrad.pkl").display().to_string()
+        w.data()
+            .join("models/pop223_driving_tinygrad.pkl")
+            .display()
+            .to_string()
     );
     // A failure still says why under -q.
     let fail = w.run(&["-q", "verify", "nope223"]);

@@ -227,18 +227,26 @@ fn colour_on_a_terminal_follows_no_color_and_the_flag() {
     let diff = "manifest diff old.json new.json";
     let coloured = on_tty(diff, None);
     assert!(coloured.contains("\x1b[32m+ model c1"), "{coloured:?}");
-    assert!(on_tty(diff, Some("")).contains("\x1b[32m"), "empty NO_COLOR is unset");
+    assert!(
+        on_tty(diff, Some("")).contains("\x1b[32m"),
+        "empty NO_COLOR is unset"
+    );
     for (args, no_color) in [(diff, Some("1")), (&*format!("--color never {diff}"), None)] {
         let plain = on_tty(args, no_color);
         assert!(plain.contains("+ model c1"), "{plain:?}");
-        assert!(!plain.contains('\x1b'), "{args} NO_COLOR={no_color:?}: {plain:?}");
+        assert!(
+            !plain.contains('\x1b'),
+            "{args} NO_COLOR={no_color:?}: {plain:?}"
+        );
     }
     // clap's own styling follows the same rule.
     assert!(on_tty("--help", None).contains('\x1b'));
     assert!(!on_tty("--help", Some("1")).contains('\x1b'));
     // The flag overrides NO_COLOR, even off a terminal.
     let out = std::process::Command::new(common::BIN)
-        .args(["--color", "always", "manifest", "diff", "old.json", "new.json"])
+        .args([
+            "--color", "always", "manifest", "diff", "old.json", "new.json",
+        ])
         .current_dir(t.path())
         .env("NO_COLOR", "1")
         .output()

@@ -440,7 +440,11 @@ fn reuse_dry_run_checks_the_source_prints_the_plan_and_writes_nothing() {
     let mut e = entry("x", &data, 2);
     e["source_commit"] = SRC.into();
     let catalog = t.path().join("catalog.json");
-    std::fs::write(&catalog, json!({"tinygrad_commit": TG, "models": [e]}).to_string()).unwrap();
+    std::fs::write(
+        &catalog,
+        json!({"tinygrad_commit": TG, "models": [e]}).to_string(),
+    )
+    .unwrap();
     let ours = t.path().join("model_names_v25.json");
     let doc =
         json!({"generation": "v25", "tinygrad_commit": TG, "models": [entry("pop223", b"old", 1)]});
@@ -498,8 +502,15 @@ fn reuse_dry_run_checks_the_source_prints_the_plan_and_writes_nothing() {
     let o = run(&[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.starts_with("plan reuse pop223 (1500 bytes, 2 chunk(s)"), "{out}");
-    assert!(out.contains(&format!("  copy     ")) && out.contains(&format!("-> {dir}.chunk01of02 (1000 bytes)")), "{out}");
+    assert!(
+        out.starts_with("plan reuse pop223 (1500 bytes, 2 chunk(s)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("  copy     hf://datasets/org/src")
+            && out.contains(&format!("-> {dir}.chunk01of02 (1000 bytes)")),
+        "{out}"
+    );
     assert!(out.contains("  update   "), "{out}");
 
     assert!(hf.calls().is_empty(), "no hf call: {:?}", hf.calls());
@@ -516,9 +527,18 @@ fn reuse_dry_run_checks_the_source_prints_the_plan_and_writes_nothing() {
     // The same checks as a real reuse: a source that does not match its catalog is refused.
     let mut bad = entry("x", &data, 3);
     bad["source_commit"] = SRC.into();
-    std::fs::write(&catalog, json!({"tinygrad_commit": TG, "models": [bad]}).to_string()).unwrap();
+    std::fs::write(
+        &catalog,
+        json!({"tinygrad_commit": TG, "models": [bad]}).to_string(),
+    )
+    .unwrap();
     let o = run(&[]);
-    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// `-q` leaves stdout as it is and stderr empty; `-v` adds one line per uploaded file.
@@ -547,7 +567,10 @@ fn publish_quiet_prints_the_report_only_and_verbose_each_upload() {
         (out, String::from_utf8_lossy(&o.stderr).into_owned())
     };
     let (out, err) = publish("a", None);
-    assert!(err.contains("publishing to") && err.contains("next: "), "{err}");
+    assert!(
+        err.contains("publishing to") && err.contains("next: "),
+        "{err}"
+    );
     assert!(!err.contains("uploading"), "{err}");
     let (quiet_out, quiet_err) = publish("b", Some("--quiet"));
     assert_eq!(quiet_err, "");
