@@ -141,9 +141,16 @@ struct Cli {
         value_name = "FILE"
     )]
     trusted_keys: Option<PathBuf>,
+    #[command(flatten)]
+    output: cli_support::OutputFlags,
     #[command(subcommand)]
     command: Command,
 }
+
+/// What `-v` adds, as `--help` shows it.
+const VERBOSE_HELP: &str = "Also print each step on stderr: the data, models, memory-params and \
+built-in directories, origins, generation and trusted keys in use; every download percentage \
+(not only every tenth) when stderr is not a terminal";
 
 #[derive(Subcommand)]
 enum Command {
@@ -201,7 +208,11 @@ enum Command {
     },
     /// Remove stray temporaries and artifacts not in the catalog (never local-*).
     Gc {
-        /// Print `{"removed":[…]}`.
+        /// Print what would be removed and change nothing (no lock file either; allowed while
+        /// driving).
+        #[arg(long)]
+        dry_run: bool,
+        /// Print `{"removed":[…]}`; with --dry-run `{"dry_run":true,"would_remove":[…]}`.
         #[arg(long)]
         json: bool,
     },
@@ -323,7 +334,7 @@ fn download_code(d: &downloader::Error) -> u8 {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = cli_support::parse::<Cli>(VERBOSE_HELP, |c| &c.output);
     let json = wants_json(&cli.command);
     match run(cli) {
         Ok(()) => ExitCode::from(code::OK),
@@ -347,7 +358,7 @@ fn wants_json(c: &Command) -> bool {
         | Command::Download { json, .. }
         | Command::Verify { json, .. }
         | Command::Resolve { json }
-        | Command::Gc { json } => *json,
+        | Command::Gc { json, .. } => *json,
         Command::Run { .. } | Command::Completions { .. } => false,
     }
 }
@@ -368,6 +379,7 @@ fn out_line(line: impl std::fmt::Display) -> Result<(), Fail> {
 /// (logs, pipes) every tenth percent gets a line of its own. Other messages always get a line.
 struct Progress {
     tty: bool,
+    verbosity: cli_support::Verbosity,
     state: Mutex<ProgressState>,
 }
 
@@ -386,6 +398,7 @@ impl Progress {
     fn new() -> Self {
         Progress {
             tty: std::io::stderr().is_terminal(),
+            verbosity: cli_support::verbosity(),
             state: Mutex::new(ProgressState::default()),
         }
     }
@@ -405,8 +418,13 @@ impl Progress {
         }
     }
 
-    /// What `say` writes to stderr for `text` (empty: nothing), updating the state.
+    /// What `say` writes to stderr for `text` (empty: nothing), updating the state. `-q` shows
+    /// nothing; `-v` logs every percentage off a terminal.
     fn render(&self, text: &str) -> String {
+        if self.verbosity == cli_support::Verbosity::Quiet {
+            return String::new();
+        }
+        let every = self.verbosity == cli_support::Verbosity::Verbose;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let pct = text
             .strip_suffix('%')
@@ -431,7 +449,7 @@ impl Progress {
                 )
             }
             Some(p) => {
-                if st.last_logged.is_none_or(|l| p / 10 > l / 10) {
+                if every || st.last_logged.is_none_or(|l| p / 10 > l / 10) {
                     st.last_logged = Some(p);
                     format!("{} {p}%\n", st.label)
                 } else {
@@ -479,6 +497,19 @@ fn run(cli: Cli) -> Result<(), Fail> {
         },
     );
     let dl = trust::with_keys(dl, cli.trusted_keys.as_deref())?;
+    cli_support::detail!(
+        "data dir {}, models {}, memory params {}, built-in {}, generation {}, origins {} then {}, trusted keys {}",
+        cli.data_dir.display(),
+        device.models_dir().display(),
+        cli.memory_params_dir.display(),
+        cli.builtin_dir.display(),
+        cli.generation,
+        cli.hf_base,
+        cli.github_base,
+        cli.trusted_keys
+            .as_deref()
+            .map_or("default".to_string(), |k| k.display().to_string())
+    );
     let progress = Progress::new();
     let print = |p: &migration::Progress| progress.say(&p.to_string());
     match cli.command {
@@ -490,7 +521,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
             if json {
                 return out_line(serde_json::to_string(&r).expect("serializable"));
             }
-            eprintln!("model: {} ({} {})", r.id, r.name, r.version);
+            cli_support::info!("model: {} ({} {})", r.id, r.name, r.version);
             out_line(r.path.display())
         }
         Command::Status { json } => status(&device, &dl, json),
@@ -522,29 +553,33 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 }
             ))?;
             if !r.retrying.is_empty() {
-                eprintln!(
+                cli_support::info!(
                     "retrying later: {} (the built-in, or the verified older copy, stands in \
                      until it downloads)",
                     r.retrying.join(", ")
                 );
             }
             if !r.dropped.is_empty() {
-                eprintln!(
+                cli_support::info!(
                     "dropped for good (not in the {} catalog): {}",
                     r.generation,
                     r.dropped.join(", ")
                 );
             }
             if !r.retrying.is_empty() && r.dropped.is_empty() {
-                eprintln!("next: nothing to do; every refresh retries it (`status` shows when)");
+                cli_support::info!(
+                    "next: nothing to do; every refresh retries it (`status` shows when)"
+                );
             } else if r.fell_back_to_builtin {
-                eprintln!(
+                cli_support::info!(
                     "next: the selected model is not available for {}; pick another one, then \
                      `download <ID>` it",
                     r.generation
                 );
             } else {
-                eprintln!("next: `resolve` prints the path modeld loads; `status` shows the rest");
+                cli_support::info!(
+                    "next: `resolve` prints the path modeld loads; `status` shows the rest"
+                );
             }
             Ok(())
         }
@@ -598,13 +633,31 @@ fn run(cli: Cli) -> Result<(), Fail> {
             } else if let Some((id, _)) = done.first() {
                 out_line(path_of(id).display())?;
             }
-            eprintln!(
+            cli_support::info!(
                 "next: select a model in the UI (param `Model`); `resolve` prints what modeld loads"
             );
             Ok(())
         }
         Command::Verify { id, json } => verify(&device, id, json),
-        Command::Gc { json } => {
+        Command::Gc {
+            dry_run: true,
+            json,
+        } => {
+            let plan = migration::gc_plan(&device)?;
+            if json {
+                return out_line(json!({ "dry_run": true, "would_remove": plan }));
+            }
+            for r in &plan {
+                out_line(format_args!("would remove {r}"))?;
+            }
+            if plan.is_empty() {
+                cli_support::info!("nothing to remove");
+            } else {
+                cli_support::info!("next: run `gc` without --dry-run to remove them");
+            }
+            Ok(())
+        }
+        Command::Gc { json, .. } => {
             device.ensure_offroad("gc")?;
             let _lock = ManagerLock::acquire(&device.models_dir())?;
             let removed = migration::gc(&device)?;
@@ -615,7 +668,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 out_line(format_args!("removed {r}"))?;
             }
             if removed.is_empty() {
-                eprintln!("nothing to remove");
+                cli_support::info!("nothing to remove");
             }
             Ok(())
         }
@@ -729,14 +782,14 @@ fn status(device: &Device, dl: &Downloader, json_out: bool) -> Result<(), Fail> 
         out_line(l)?;
     }
     if r.interrupted_migration.is_some() {
-        eprintln!("next: `refresh` finishes the interrupted migration");
+        cli_support::info!("next: `refresh` finishes the interrupted migration");
     } else if r.catalog_models.is_none() {
-        eprintln!(
+        cli_support::info!(
             "next: `refresh` (online) fetches the {} catalog",
             device.config.generation
         );
     } else if r.installed.iter().any(|m| m.state == VerifyState::Corrupt) {
-        eprintln!(
+        cli_support::info!(
             "next: `download <ID>` replaces a corrupt model; `resolve` never hands one to modeld"
         );
     }
@@ -756,7 +809,7 @@ fn state_text(s: VerifyState) -> &'static str {
 fn verify(device: &Device, id: Option<String>, json_out: bool) -> Result<(), Fail> {
     let on_hash = |id: &ModelId| {
         if !json_out {
-            eprintln!("verifying {id}...");
+            cli_support::info!("verifying {id}...");
         }
     };
     let r = match migration::report::verify(device, id.as_deref(), &on_hash) {
@@ -777,7 +830,7 @@ fn verify(device: &Device, id: Option<String>, json_out: bool) -> Result<(), Fai
             out_line(format_args!("{} {}", m.id, state_text(m.state)))?;
         }
         if r.models.is_empty() {
-            eprintln!("no installed models to verify");
+            cli_support::info!("no installed models to verify");
         }
     }
     if !r.all_verified() {
@@ -823,7 +876,7 @@ fn daemon(
             stopping.store(true, Ordering::SeqCst);
         })
     };
-    let log = |line: &str| eprintln!("device-modeld-manager: {line}");
+    let log = |line: &str| cli_support::info!("device-modeld-manager: {line}");
     migration::daemon::run(device, dl, config, &stopping, &log)?;
     drop(relay);
     Ok(())
@@ -834,8 +887,13 @@ mod tests {
     use super::*;
 
     fn progress(tty: bool) -> Progress {
+        progress_at(tty, cli_support::Verbosity::Normal)
+    }
+
+    fn progress_at(tty: bool, verbosity: cli_support::Verbosity) -> Progress {
         let p = Progress {
             tty,
+            verbosity,
             state: Mutex::new(ProgressState::default()),
         };
         p.label("pop223");
@@ -863,6 +921,29 @@ mod tests {
         // A new label starts over.
         p.label("other");
         assert_eq!(p.render("5%"), "other 5%\n");
+    }
+
+    #[test]
+    fn quiet_shows_no_progress_and_verbose_logs_every_percentage() {
+        let texts = ["0%", "3%", "12%", "9%", "13%", "Downloaded!"];
+        for tty in [false, true] {
+            let q = progress_at(tty, cli_support::Verbosity::Quiet);
+            assert!(texts.iter().all(|t| q.render(t).is_empty()), "tty {tty}");
+        }
+        let v = progress_at(false, cli_support::Verbosity::Verbose);
+        let shown: Vec<String> = texts.iter().map(|t| v.render(t)).collect();
+        assert_eq!(
+            shown,
+            [
+                "pop223 0%\n",
+                "pop223 3%\n",
+                "pop223 12%\n",
+                "",
+                "pop223 13%\n",
+                "Downloaded!\n"
+            ],
+            "every new percentage, still never backwards"
+        );
     }
 
     #[test]

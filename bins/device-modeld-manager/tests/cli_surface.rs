@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use crate::common::*;
@@ -46,6 +46,25 @@ impl Fresh {
     fn run(&self, args: &[&str]) -> Output {
         self.command(&self.server.url(), args).output().unwrap()
     }
+}
+
+/// Every path under `dir` with its bytes (directories as `None`), to compare before and after.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Option<Vec<u8>>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                out.push((p.clone(), None));
+                todo.push(p);
+            } else {
+                out.push((p.clone(), Some(fs::read(&p).unwrap())));
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 fn ok(out: &Output) -> serde_json::Value {
@@ -392,4 +411,109 @@ fn json_failures_print_one_error_document_and_keep_the_exit_code() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["error"]["kind"], "failure", "{v}");
+}
+
+#[test]
+fn gc_dry_run_lists_what_gc_removes_and_changes_nothing() {
+    let w = Fresh::new();
+    ok(&w.run(&["refresh", "--json"]));
+    let models = w.data().join("models");
+    fs::write(models.join("gone223_driving_tinygrad.pkl"), b"old").unwrap();
+    fs::write(models.join(".tmp-stale"), b"x").unwrap();
+    fs::write(models.join("local-mine_driving_tinygrad.pkl"), b"mine").unwrap();
+    let _ = fs::remove_file(models.join(".manager.lock"));
+    let before = snapshot(&w.data());
+
+    let plan = ok(&w.run(&["gc", "--dry-run", "--json"]));
+    assert_eq!(plan["dry_run"], true);
+    let would: Vec<String> = serde_json::from_value(plan["would_remove"].clone()).unwrap();
+    assert_eq!(would, [".tmp-stale", "gone223_driving_tinygrad.pkl"]);
+    let out = w.run(&["gc", "--dry-run"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "would remove .tmp-stale\nwould remove gone223_driving_tinygrad.pkl\n"
+    );
+    assert_eq!(
+        snapshot(&w.data()),
+        before,
+        "a dry run changes nothing, not even the lock"
+    );
+
+    let done = ok(&w.run(&["gc", "--json"]));
+    assert_eq!(done["removed"], plan["would_remove"]);
+    assert!(!models.join("gone223_driving_tinygrad.pkl").exists());
+    assert!(models.join("local-mine_driving_tinygrad.pkl").exists());
+}
+
+#[test]
+fn quiet_prints_only_the_answer_and_verbose_each_step() {
+    // Two fresh devices, so both refreshes do the same work; the origins' ports differ.
+    let answer = |w: &Fresh, out: &Output| {
+        String::from_utf8_lossy(&out.stdout).replace(&w.server.url(), "ORIGIN")
+    };
+    let w = Fresh::new();
+    let normal = w.run(&["refresh"]);
+    assert!(normal.status.success(), "{}", stderr(&normal));
+    assert!(stderr(&normal).contains("next: "), "{}", stderr(&normal));
+    let normal = answer(&w, &normal);
+
+    let w = Fresh::new();
+    let quiet = w.run(&["-q", "refresh"]);
+    assert!(quiet.status.success(), "{}", stderr(&quiet));
+    assert_eq!(stderr(&quiet), "", "no progress, no hints");
+    assert_eq!(answer(&w, &quiet), normal, "the answer is the same");
+
+    let verbose = w.run(&["download", "pop223", "--verbose"]);
+    assert!(verbose.status.success(), "{}", stderr(&verbose));
+    let err = stderr(&verbose);
+    assert!(
+        err.contains(&format!("data dir {}", w.data().display())) && err.contains("origins http"),
+        "{err}"
+    );
+    // Off a terminal the default logs each tenth; -v every percentage it reaches.
+    let lines = err
+        .lines()
+        .filter(|l| l.starts_with("pop223 ") && l.ends_with('%'));
+    assert!(lines.count() > 11, "{err}");
+    let quiet = w.run(&["download", "pop223", "-q"]);
+    assert_eq!(stderr(&quiet), "");
+    assert_eq!(
+        String::from_utf8_lossy(&quiet.stdout).trim_end(),
+        w.data()
+            .join("models/pop223_driving_tinygrad.pkl")
+            .display()
+            .to_string()
+    );
+    // A failure still says why under -q.
+    let fail = w.run(&["-q", "verify", "nope223"]);
+    assert_eq!(fail.status.code(), Some(1));
+    assert!(stderr(&fail).starts_with("error: "), "{}", stderr(&fail));
+    let both = w.run(&["-q", "-v", "status"]);
+    assert_eq!(both.status.code(), Some(2), "-q and -v conflict");
+}
+
+/// `status --json | head -c1` and `status | head -c1`: the closed pipe ends the output quietly.
+#[test]
+fn status_into_a_closed_pipe_does_not_panic() {
+    let w = Fresh::new();
+    ok(&w.run(&["refresh", "--json"]));
+    for json in [true, false] {
+        let mut args = vec!["status"];
+        if json {
+            args.push("--json");
+        }
+        let mut child = w
+            .command(&w.server.url(), &args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        stdout.read_exact(&mut [0u8; 1]).unwrap();
+        drop(stdout);
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(out.status.success(), "json {json}: {err}");
+    }
 }

@@ -43,12 +43,19 @@ validate, fmt --check, diff, the rebuild summary) is not followed by one.";
     after_help = EXIT_CODES_HELP
 )]
 pub struct Cli {
+    #[command(flatten)]
+    pub output: cli_support::OutputFlags,
     #[command(subcommand)]
     pub command: cmd::Command,
 }
 
+/// What `-v` adds, as `--help` shows it.
+const VERBOSE_HELP: &str = "Also print each step on stderr: every file publish uploads or \
+removes, every chunk reuse copies (with its source and destination), the stores opened, and \
+one log line per request `serve` answers (as RUST_LOG=debug)";
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = cli_support::parse::<Cli>(VERBOSE_HELP, |c| &c.output);
     let json = cli.command.json();
     match cmd::run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,

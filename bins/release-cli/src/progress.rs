@@ -1,4 +1,5 @@
-//! Progress bars on a terminal; nothing when stderr is not one or `--json` is asked for.
+//! Progress bars on a terminal; nothing when stderr is not one, with `--json` or with `-q`. The
+//! bars carry no colour, so `NO_COLOR` has nothing to remove from them.
 
 use std::io::{IsTerminal, Read};
 
@@ -6,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 /// A byte-count progress bar on stderr, hidden when it would only be noise.
 pub fn bytes_bar(len: u64, message: impl Into<String>, json: bool) -> ProgressBar {
-    if json || !std::io::stderr().is_terminal() {
+    if hidden(json) {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(len);
@@ -36,9 +37,9 @@ impl<R: Read> Read for ProgressReader<R> {
 }
 
 /// A spinner with elapsed time on stderr, for work whose length the library does not report
-/// (hashing a chunk set, an rsync run). Hidden when stderr is not a terminal or with `--json`.
+/// (hashing a chunk set, an rsync run). Hidden like [`bytes_bar`].
 pub fn spinner(message: impl Into<String>, json: bool) -> ProgressBar {
-    if json || !std::io::stderr().is_terminal() {
+    if hidden(json) {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new_spinner();
@@ -48,4 +49,10 @@ pub fn spinner(message: impl Into<String>, json: bool) -> ProgressBar {
     bar.set_message(message.into());
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar
+}
+
+/// A bar would only be noise: `--json`, `-q`, or stderr is not a terminal.
+fn hidden(json: bool) -> bool {
+    json || cli_support::verbosity() == cli_support::Verbosity::Quiet
+        || !std::io::stderr().is_terminal()
 }

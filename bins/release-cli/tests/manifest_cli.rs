@@ -6,6 +6,13 @@ use crate::common::{cli_in as cli, text};
 use std::fs;
 use std::path::{Path, PathBuf};
 
+/// One catalog entry for the diff tests.
+fn entry(id: &str, name: &str) -> String {
+    format!(
+        r#"{{"id": "{id}", "name": "{name}", "version": "v8", "series": "S", "released": "2025-01-01", "community_favorite": false}}"#
+    )
+}
+
 fn catalog() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../crates/manifest/tests/fixtures/model_names_v25.catalog.json")
@@ -122,11 +129,6 @@ fn oversized_manifest_is_refused_before_parsing() {
 #[test]
 fn diff_shows_added_removed_and_changed() {
     let t = tempfile::tempdir().unwrap();
-    let entry = |id: &str, name: &str| {
-        format!(
-            r#"{{"id": "{id}", "name": "{name}", "version": "v8", "series": "S", "released": "2025-01-01", "community_favorite": false}}"#
-        )
-    };
     fs::write(
         t.path().join("old.json"),
         format!(
@@ -183,6 +185,73 @@ fn diff_shows_added_removed_and_changed() {
     // Not a terminal: no colour, whatever NO_COLOR says.
     let out = cli(&["manifest", "diff", "old.json", "new.json"], t.path());
     assert!(!text(&out.stdout).contains('\x1b'));
+}
+
+/// `NO_COLOR` and `--color` where colour would show: on a pseudo-terminal (util-linux
+/// `script`), the diff and clap's help are coloured by default, plain with NO_COLOR=1 or
+/// `--color never`, and `--color always` colours even a pipe.
+#[test]
+fn colour_on_a_terminal_follows_no_color_and_the_flag() {
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipping: util-linux `script` (a pseudo-terminal) is not installed");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    fs::write(
+        t.path().join("old.json"),
+        format!(r#"{{"models": [{}]}}"#, entry("a1", "A")),
+    )
+    .unwrap();
+    fs::write(
+        t.path().join("new.json"),
+        format!(r#"{{"models": [{}]}}"#, entry("c1", "C")),
+    )
+    .unwrap();
+    // `script -qec CMD /dev/null` runs CMD with a terminal as its stdout and stderr.
+    let on_tty = |args: &str, no_color: Option<&str>| {
+        let mut c = std::process::Command::new("script");
+        c.arg("-qec")
+            .arg(format!("{} {args}", common::BIN))
+            .arg("/dev/null")
+            .current_dir(t.path())
+            .env_remove("NO_COLOR");
+        if let Some(v) = no_color {
+            c.env("NO_COLOR", v);
+        }
+        text(&c.output().unwrap().stdout)
+    };
+    let diff = "manifest diff old.json new.json";
+    let coloured = on_tty(diff, None);
+    assert!(coloured.contains("\x1b[32m+ model c1"), "{coloured:?}");
+    assert!(
+        on_tty(diff, Some("")).contains("\x1b[32m"),
+        "empty NO_COLOR is unset"
+    );
+    for (args, no_color) in [(diff, Some("1")), (&*format!("--color never {diff}"), None)] {
+        let plain = on_tty(args, no_color);
+        assert!(plain.contains("+ model c1"), "{plain:?}");
+        assert!(
+            !plain.contains('\x1b'),
+            "{args} NO_COLOR={no_color:?}: {plain:?}"
+        );
+    }
+    // clap's own styling follows the same rule.
+    assert!(on_tty("--help", None).contains('\x1b'));
+    assert!(!on_tty("--help", Some("1")).contains('\x1b'));
+    // The flag overrides NO_COLOR, even off a terminal.
+    let out = std::process::Command::new(common::BIN)
+        .args([
+            "--color", "always", "manifest", "diff", "old.json", "new.json",
+        ])
+        .current_dir(t.path())
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    assert!(text(&out.stdout).contains("\x1b[32m+ model c1"));
 }
 
 /// Regression: `manifest diff … | head -c1` panicked in `println!` on the closed pipe.

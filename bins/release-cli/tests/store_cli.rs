@@ -349,3 +349,186 @@ fn the_token_never_reaches_json_events_or_messages() {
         "{all}"
     );
 }
+
+/// `reuse --dry-run` from a Hub dataset into a Hub bucket (the Hub emulator for reads, the
+/// stand-in `hf` for writes): it checks the source and prints the plan, and writes nothing: no
+/// `hf` call, no write operation at the Hub, the bucket and the manifest unchanged.
+#[test]
+fn reuse_dry_run_checks_the_source_prints_the_plan_and_writes_nothing() {
+    use test_support::hub::{HubConfig, HubEmulator};
+    let t = tempfile::tempdir().unwrap();
+    let emu = HubEmulator::start(HubConfig::default()).unwrap();
+    emu.create_bucket("ns/dest");
+    let hf = StandinHf::install(&t.path().join("standin"), None);
+    let data = artifact_bytes(4, 1500);
+    let build = t.path().join("build");
+    std::fs::create_dir_all(&build).unwrap();
+    std::fs::write(build.join("x_driving_tinygrad.pkl"), &data).unwrap();
+    let split = t.path().join("split");
+    let o = cli(&[
+        "chunk",
+        "split",
+        build.join("x_driving_tinygrad.pkl").to_str().unwrap(),
+        "--out-dir",
+        split.to_str().unwrap(),
+        "--chunk-size",
+        "1000",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for f in std::fs::read_dir(&split).unwrap() {
+        let f = f.unwrap();
+        emu.seed_repo_file(
+            "datasets",
+            "org/src",
+            &format!("builds/{}", f.file_name().to_string_lossy()),
+            &std::fs::read(f.path()).unwrap(),
+        );
+    }
+    let mut e = entry("x", &data, 2);
+    e["source_commit"] = SRC.into();
+    let catalog = t.path().join("catalog.json");
+    std::fs::write(
+        &catalog,
+        json!({"tinygrad_commit": TG, "models": [e]}).to_string(),
+    )
+    .unwrap();
+    let ours = t.path().join("model_names_v25.json");
+    let doc =
+        json!({"generation": "v25", "tinygrad_commit": TG, "models": [entry("pop223", b"old", 1)]});
+    std::fs::write(&ours, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();
+    let manifest_before = std::fs::read(&ours).unwrap();
+    emu.clear_log();
+    let run = |extra: &[&str]| {
+        common::command()
+            .args([
+                "reuse",
+                "--dry-run",
+                "--model",
+                "pop223",
+                "--source-id",
+                "x",
+                "--from",
+                "hf://datasets/org/src/builds/x_driving_tinygrad.pkl",
+                "--source-catalog",
+                catalog.to_str().unwrap(),
+                "--source-commit",
+                SRC,
+                "--tinygrad-commit",
+                TG,
+                "--to",
+                "hf://buckets/ns/dest",
+                "--generation",
+                "v25",
+                "--manifest",
+                ours.to_str().unwrap(),
+                "--hf-cli",
+                hf.exe.to_str().unwrap(),
+            ])
+            .args(extra)
+            .env("HF_ENDPOINT", emu.url())
+            .env("HF_TOKEN", emu.token())
+            .output()
+            .unwrap()
+    };
+    let o = run(&["--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let dir = "models/v25/pop223/pop223_driving_tinygrad.pkl";
+    assert_eq!(v["dry_run"], true);
+    assert_eq!(v["sha256"], sha256_hex(&data));
+    assert_eq!(v["chunk_count"], 2);
+    assert_eq!(v["server_side"], true, "{v}");
+    assert_eq!(v["remove"], format!("{dir}.chunkmanifest"));
+    assert_eq!(v["copy"][1]["to"], format!("{dir}.chunk02of02"));
+    assert_eq!(v["copy"][1]["size"], 500);
+    assert_eq!(
+        v["write"],
+        json!([format!("{dir}.sha256"), format!("{dir}.chunkmanifest")])
+    );
+    assert_eq!(v["manifest"], ours.to_str().unwrap());
+    let o = run(&[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.starts_with("plan reuse pop223 (1500 bytes, 2 chunk(s)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("  copy     hf://datasets/org/src")
+            && out.contains(&format!("-> {dir}.chunk01of02 (1000 bytes)")),
+        "{out}"
+    );
+    assert!(out.contains("  update   "), "{out}");
+
+    assert!(hf.calls().is_empty(), "no hf call: {:?}", hf.calls());
+    assert!(emu.ops().is_empty(), "no write at the Hub: {:?}", emu.ops());
+    let reqs = emu.requests();
+    assert!(!reqs.is_empty(), "the source was read");
+    assert!(
+        reqs.iter().all(|r| r.method == "GET" || r.method == "HEAD"),
+        "{reqs:?}"
+    );
+    assert!(emu.bucket_paths("ns/dest").is_empty());
+    assert_eq!(std::fs::read(&ours).unwrap(), manifest_before);
+
+    // The same checks as a real reuse: a source that does not match its catalog is refused.
+    let mut bad = entry("x", &data, 3);
+    bad["source_commit"] = SRC.into();
+    std::fs::write(
+        &catalog,
+        json!({"tinygrad_commit": TG, "models": [bad]}).to_string(),
+    )
+    .unwrap();
+    let o = run(&[]);
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// `-q` leaves stdout as it is and stderr empty; `-v` adds one line per uploaded file.
+#[test]
+fn publish_quiet_prints_the_report_only_and_verbose_each_upload() {
+    let t = tempfile::tempdir().unwrap();
+    let data = artifact_bytes(3, 2500);
+    let (artifacts, manifest) = release(t.path(), &data);
+    let publish = |store: &str, flag: Option<&str>| {
+        let dir = t.path().join(store);
+        let mut a = vec![
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            &manifest,
+            "--artifacts",
+            &artifacts,
+            "--to",
+            dir.to_str().unwrap(),
+        ];
+        a.extend(flag);
+        let o = cli(&a);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8_lossy(&o.stdout).replace(dir.to_str().unwrap(), "STORE");
+        (out, String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (out, err) = publish("a", None);
+    assert!(
+        err.contains("publishing to") && err.contains("next: "),
+        "{err}"
+    );
+    assert!(!err.contains("uploading"), "{err}");
+    let (quiet_out, quiet_err) = publish("b", Some("--quiet"));
+    assert_eq!(quiet_err, "");
+    assert_eq!(quiet_out, out);
+    let (verbose_out, verbose_err) = publish("c", Some("-v"));
+    assert_eq!(verbose_out, out);
+    for (i, size) in [(1, 1000), (2, 1000), (3, 500)] {
+        let line = format!(
+            "uploading models/v25/pop223/pop223_driving_tinygrad.pkl.chunk0{i}of03 ({size} bytes)"
+        );
+        assert!(verbose_err.contains(&line), "{line} in {verbose_err}");
+    }
+    assert!(verbose_err.contains("next: "), "{verbose_err}");
+}

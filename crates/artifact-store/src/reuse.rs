@@ -266,12 +266,34 @@ pub struct CopiedChunk {
     pub size: u64,
 }
 
-/// Copy the source chunk set into `models/<gen>/<model>/`, renamed, `.chunkmanifest` last.
-/// `on_chunk(index, count, size)` is called after each chunk (for progress).
-pub fn reuse(
-    req: &ReuseRequest<'_>,
-    on_chunk: &mut dyn FnMut(u32, u32, u64),
-) -> Result<ReuseReport> {
+/// What a reuse does, worked out by reading the source only: nothing is written anywhere
+/// (`reuse --dry-run` prints it; [`reuse`] carries it out).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReusePlan {
+    pub model: String,
+    pub sha256: Sha256Digest,
+    pub size: u64,
+    pub chunk_count: u32,
+    /// Every chunk can go Hub-to-Hub (both ends are on the Hub).
+    pub server_side: bool,
+    /// Removed from the destination first, so the model reads "not present" until every chunk
+    /// is in.
+    pub remove: String,
+    /// The chunk copies, in order.
+    pub copy: Vec<CopiedChunk>,
+    /// Written last, in this order: the `.sha256`, then the `.chunkmanifest`.
+    pub write: Vec<String>,
+    #[serde(skip)]
+    steps: Vec<(StorePath, StorePath, u64)>,
+    #[serde(skip)]
+    dest_sidecar: StorePath,
+    #[serde(skip)]
+    dest_cm: StorePath,
+}
+
+/// Check the source against its catalog (count, sidecar digest, every chunk present, sizes, OOB
+/// container) and plan the copy into `models/<gen>/<model>/`, renamed. Only reads the source.
+pub fn plan(req: &ReuseRequest<'_>) -> Result<ReusePlan> {
     let artifact = &req.compatible.artifact;
     let count = artifact.chunk_count.get();
     let src_name = req.source_path.file_name().to_string();
@@ -347,46 +369,83 @@ pub fn reuse(
     let dest_name = manifest::layout::artifact_file_name(&req.model).to_string();
     let dir = StoreLayout::HfBucket.artifact_dir(req.generation, &req.model);
     let dest_cm = dir.join(&chunk_manifest_name(&dest_name))?;
-    // Chunks are about to change: the directory must read "not present" until they are all in.
-    req.dest.delete(&dest_cm)?;
 
+    let mut steps = Vec::new();
+    let mut copy = Vec::new();
+    let mut server_side = true;
+    for (i, (src, size)) in sources.into_iter().enumerate() {
+        let to = dir.join(&chunk_name(&dest_name, i as u32 + 1, count))?;
+        server_side &= req.source.hub_uri(&src).is_some() && req.dest.hub_uri(&to).is_some();
+        copy.push(CopiedChunk {
+            from: format!("{} {src}", req.source.describe()),
+            to: to.to_string(),
+            size,
+        });
+        steps.push((src, to, size));
+    }
+    let dest_sidecar = dir.join(&sidecar_name(&dest_name))?;
+    Ok(ReusePlan {
+        model: req.model.to_string(),
+        sha256: artifact.sha256,
+        size: artifact.size.get(),
+        chunk_count: count,
+        server_side,
+        remove: dest_cm.to_string(),
+        copy,
+        write: vec![dest_sidecar.to_string(), dest_cm.to_string()],
+        steps,
+        dest_sidecar,
+        dest_cm,
+    })
+}
+
+/// Copy the source chunk set into `models/<gen>/<model>/`, renamed, `.chunkmanifest` last
+/// (the [`plan`], carried out). `on_chunk(index, count, size)` is called after each chunk (for
+/// progress).
+pub fn reuse(
+    req: &ReuseRequest<'_>,
+    on_chunk: &mut dyn FnMut(u32, u32, u64),
+) -> Result<ReuseReport> {
+    let plan = plan(req)?;
+    let count = plan.chunk_count;
+    // Chunks are about to change: the directory must read "not present" until they are all in.
+    req.dest.delete(&plan.dest_cm)?;
     let mut copied = Vec::new();
     let mut server_side = true;
-    for (i, (src, size)) in sources.iter().enumerate() {
+    for (i, (src, to, size)) in plan.steps.iter().enumerate() {
         let index = i as u32 + 1;
-        let to = dir.join(&chunk_name(&dest_name, index, count))?;
         let hub = match req.source.hub_uri(src) {
-            Some(uri) => req.dest.copy_from_hub(&uri, &to)?,
+            Some(uri) => req.dest.copy_from_hub(&uri, to)?,
             None => false,
         };
         if !hub {
             server_side = false;
             let mut r = req.source.open(src)?;
-            req.dest.write(&to, &mut r)?;
+            req.dest.write(to, &mut r)?;
         }
-        if req.dest.stat(&to)?.map(|s| s.size) != Some(*size) {
+        if req.dest.stat(to)?.map(|s| s.size) != Some(*size) {
             return Err(Error::BadResponse {
                 url: format!("{} {to}", req.dest.describe()),
                 reason: format!("after the copy it is not {size} bytes; run reuse again"),
             });
         }
-        copied.push(CopiedChunk {
-            from: format!("{} {src}", req.source.describe()),
-            to: to.to_string(),
-            size: *size,
-        });
+        copied.push(plan.copy[i].clone());
         on_chunk(index, count, *size);
     }
     req.dest.write_bytes(
-        &dir.join(&sidecar_name(&dest_name))?,
-        format_sidecar(&artifact.sha256, &dest_name).as_bytes(),
+        &plan.dest_sidecar,
+        format_sidecar(
+            &plan.sha256,
+            &manifest::layout::artifact_file_name(&req.model).to_string(),
+        )
+        .as_bytes(),
     )?;
     req.dest
-        .write_bytes(&dest_cm, format_chunk_manifest(count).as_bytes())?;
+        .write_bytes(&plan.dest_cm, format_chunk_manifest(count).as_bytes())?;
     Ok(ReuseReport {
-        model: req.model.to_string(),
-        sha256: artifact.sha256,
-        size: artifact.size.get(),
+        model: plan.model,
+        sha256: plan.sha256,
+        size: plan.size,
         chunk_count: count,
         server_side,
         copied,

@@ -1,7 +1,10 @@
 //! What the two binaries' fronts share and nothing else: shell completion scripts that work past
-//! the first word, and stdout writes that survive a closed pipe (`| head -c1`).
+//! the first word, stdout writes that survive a closed pipe (`| head -c1`), the `-q`/`-v`/`--color`
+//! output flags and the colour rule (`NO_COLOR`).
 
-use std::io::{self, Write};
+use std::ffi::{OsStr, OsString};
+use std::io::{self, IsTerminal, Write};
+use std::sync::OnceLock;
 
 use clap_complete::Shell;
 
@@ -68,10 +71,155 @@ pub fn error_json(kind: &str, message: &str) -> String {
     format!("{doc}\n")
 }
 
-/// Whether to colour output on a stream: only on a terminal, and never when `NO_COLOR` is set to
-/// a non-empty value (<https://no-color.org>).
-pub fn use_color(is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
-    is_terminal && no_color.is_none_or(|v| v.is_empty())
+/// `--color WHEN`: `auto` colours a terminal unless `NO_COLOR` is set; the flag, asked for on
+/// this one run, overrides `NO_COLOR` (<https://no-color.org>).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    Auto,
+    Always,
+    Never,
+}
+
+/// Whether to colour (and style) output on a stream: `--color always`/`never` decide; `auto`
+/// colours only a terminal, and never when `NO_COLOR` is set to a non-empty value.
+pub fn use_colour(is_terminal: bool, no_color: Option<&OsStr>, flag: ColorChoice) -> bool {
+    match flag {
+        ColorChoice::Always => true,
+        ColorChoice::Never => false,
+        ColorChoice::Auto => is_terminal && no_color.is_none_or(|v| v.is_empty()),
+    }
+}
+
+/// How much a binary says on stderr besides errors (`-q`, default, `-v`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verbosity {
+    /// Errors, warnings and the requested output only.
+    Quiet,
+    Normal,
+    /// Each step as well.
+    Verbose,
+}
+
+/// The output flags both binaries take before or after any subcommand.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OutputFlags {
+    /// Print only the requested output on stdout plus errors and warnings on stderr: no progress
+    /// bars or percentages, no informational lines, no `next:` hints. Exit codes are unchanged.
+    #[arg(
+        short,
+        long,
+        global = true,
+        conflicts_with = "verbose",
+        help_heading = "Output options"
+    )]
+    pub quiet: bool,
+    /// Also print each step on stderr (what the binary's --help says under this flag).
+    #[arg(short, long, global = true, help_heading = "Output options")]
+    pub verbose: bool,
+    /// When to colour output (manifest diff, log lines, clap's help and errors): auto colours a
+    /// terminal unless NO_COLOR is set to a non-empty value; always and never override NO_COLOR.
+    /// Progress bars never use colour.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        value_name = "WHEN",
+        default_value_t = ColorChoice::Auto,
+        help_heading = "Output options"
+    )]
+    pub color: ColorChoice,
+}
+
+impl OutputFlags {
+    pub fn verbosity(&self) -> Verbosity {
+        match (self.quiet, self.verbose) {
+            (true, _) => Verbosity::Quiet,
+            (false, true) => Verbosity::Verbose,
+            (false, false) => Verbosity::Normal,
+        }
+    }
+}
+
+static FLAGS: OnceLock<(Verbosity, ColorChoice)> = OnceLock::new();
+
+/// The run's verbosity, set once by [`parse`] (`Normal` before that, e.g. in unit tests).
+pub fn verbosity() -> Verbosity {
+    FLAGS.get().map_or(Verbosity::Normal, |f| f.0)
+}
+
+/// Whether this run colours stdout (`stderr: false`) or stderr: [`use_colour`] over that stream,
+/// `NO_COLOR` and the `--color` that [`parse`] recorded.
+pub fn colour_on(stderr: bool) -> bool {
+    let tty = if stderr {
+        io::stderr().is_terminal()
+    } else {
+        io::stdout().is_terminal()
+    };
+    let flag = FLAGS.get().map_or(ColorChoice::Auto, |f| f.1);
+    use_colour(tty, std::env::var_os("NO_COLOR").as_deref(), flag)
+}
+
+/// An informational line on stderr, left out with `-q`.
+#[macro_export]
+macro_rules! info {
+    ($($arg:tt)*) => {
+        if $crate::verbosity() >= $crate::Verbosity::Normal {
+            eprintln!($($arg)*);
+        }
+    };
+}
+
+/// A step's line on stderr, printed only with `-v`.
+#[macro_export]
+macro_rules! detail {
+    ($($arg:tt)*) => {
+        if $crate::verbosity() >= $crate::Verbosity::Verbose {
+            eprintln!($($arg)*);
+        }
+    };
+}
+
+/// The last `--color WHEN` (or `--color=WHEN`) before a `--` in `args`; clap checks the value
+/// itself later, so an unknown one here is `auto`.
+fn color_flag(args: &[OsString]) -> ColorChoice {
+    use clap::ValueEnum;
+    let mut choice = ColorChoice::Auto;
+    let mut it = args.iter().skip(1).map(|a| a.to_string_lossy());
+    while let Some(a) = it.next() {
+        let value = match a.as_ref() {
+            "--" => break,
+            "--color" => it.next().map(|v| v.into_owned()),
+            other => other.strip_prefix("--color=").map(str::to_string),
+        };
+        if let Some(v) = value {
+            choice = ColorChoice::from_str(&v, false).unwrap_or(ColorChoice::Auto);
+        }
+    }
+    choice
+}
+
+/// Parse the process's arguments into `C`, with clap's own styling (help, errors) coloured by
+/// the same rule as the rest of the output, `verbose_help` as `-v`'s help, and the run's
+/// verbosity recorded for [`info!`] and [`detail!`]. `flags` picks the [`OutputFlags`] out of `C`.
+pub fn parse<C: clap::Parser>(verbose_help: &'static str, flags: fn(&C) -> &OutputFlags) -> C {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let colour = use_colour(
+        io::stdout().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+        color_flag(&args),
+    );
+    let cmd = C::command()
+        .color(if colour {
+            clap::ColorChoice::Always
+        } else {
+            clap::ColorChoice::Never
+        })
+        .mut_arg("verbose", |a| a.help(verbose_help));
+    let matches = cmd.clone().get_matches_from(args);
+    let cli = C::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut cmd.clone()).exit());
+    let f = flags(&cli);
+    let _ = FLAGS.set((f.verbosity(), f.color));
+    cli
 }
 
 #[cfg(test)]
@@ -128,16 +276,57 @@ mod tests {
     }
 
     #[test]
-    fn color_table() {
-        use std::ffi::OsStr;
-        for (tty, env, want) in [
-            (true, None, true),
-            (false, None, false),
-            (true, Some(""), true),
-            (true, Some("1"), false),
-            (false, Some("1"), false),
+    fn colour_table() {
+        use ColorChoice::{Always, Auto, Never};
+        for (tty, env, flag, want) in [
+            (true, None, Auto, true),
+            (false, None, Auto, false),
+            (true, Some(""), Auto, true),
+            (true, Some("1"), Auto, false),
+            (false, Some("1"), Auto, false),
+            // The flag is this run's explicit ask: it overrides NO_COLOR and the terminal test.
+            (false, None, Always, true),
+            (true, Some("1"), Always, true),
+            (true, None, Never, false),
+            (false, Some(""), Never, false),
         ] {
-            assert_eq!(use_color(tty, env.map(OsStr::new)), want, "{tty} {env:?}");
+            assert_eq!(
+                use_colour(tty, env.map(OsStr::new), flag),
+                want,
+                "{tty} {env:?} {flag:?}"
+            );
         }
+    }
+
+    #[test]
+    fn the_colour_flag_is_found_before_parsing() {
+        let args = |a: &[&str]| -> Vec<OsString> { a.iter().map(OsString::from).collect() };
+        for (a, want) in [
+            (&["bin", "status"][..], ColorChoice::Auto),
+            (&["bin", "--color", "never", "status"], ColorChoice::Never),
+            (&["bin", "status", "--color=always"], ColorChoice::Always),
+            (
+                &["bin", "--color=never", "x", "--color", "always"],
+                ColorChoice::Always,
+            ),
+            (&["bin", "--", "--color=never"], ColorChoice::Auto),
+            (&["bin", "--color", "purple"], ColorChoice::Auto),
+            (&["bin", "--color"], ColorChoice::Auto),
+        ] {
+            assert_eq!(color_flag(&args(a)), want, "{a:?}");
+        }
+    }
+
+    #[test]
+    fn verbosity_of_the_flags() {
+        let f = |quiet, verbose| OutputFlags {
+            quiet,
+            verbose,
+            color: ColorChoice::Auto,
+        };
+        assert_eq!(f(false, false).verbosity(), Verbosity::Normal);
+        assert_eq!(f(true, false).verbosity(), Verbosity::Quiet);
+        assert_eq!(f(false, true).verbosity(), Verbosity::Verbose);
+        assert!(Verbosity::Quiet < Verbosity::Normal && Verbosity::Normal < Verbosity::Verbose);
     }
 }

@@ -18,7 +18,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::manager::{download_model, downloadable, install, refresh};
 use crate::params::keys;
-use crate::progress::Progress;
+use crate::progress::{DisplayName, FailReason, Progress};
 
 /// One request read from the memory params.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,18 +49,14 @@ pub fn read_request(device: &Device) -> Result<Option<Request>> {
 pub fn failure_progress(e: &Error) -> Progress {
     match e {
         Error::Download(downloader::Error::Cancelled { .. }) => Progress::Cancelled,
-        Error::Download(downloader::Error::InsufficientSpace { .. }) => {
-            Progress::Failed("not enough free space".into())
-        }
         Error::Download(d @ downloader::Error::ManifestUnavailable { .. }) => {
-            match crate::trust_state::refusal_text(d) {
-                Some(text) => Progress::ManifestRefused(text),
+            match crate::trust_state::refusal(d) {
+                Some(r) => Progress::ManifestRefused(r),
                 None => Progress::Offline,
             }
         }
         Error::ExternalGpuRequired { .. } => Progress::ExternalGpuRequired,
-        Error::Download(_) => Progress::Failed("model could not be downloaded and verified".into()),
-        other => Progress::Failed(other.to_string()),
+        other => Progress::Failed(FailReason::of(other)),
     }
 }
 
@@ -97,7 +93,7 @@ fn serve_outcome(
                 if cancel.is_cancelled() {
                     return Ok(Progress::Cancelled);
                 }
-                say(&Progress::Downloading(contract_name(entry)));
+                say(&Progress::Downloading(DisplayName::of(entry)));
                 install(device, dl, entry, cancel, say)?;
             }
             Ok(Progress::AllDownloaded)
@@ -112,14 +108,8 @@ fn serve_outcome(
                 }
             })
         }
-        Request::Download { raw, id: None } => {
-            Ok(Progress::Failed(format!("{raw:?} is not a model id")))
-        }
+        Request::Download { id: None, .. } => Ok(Progress::Failed(FailReason::NotAModel)),
     }
-}
-
-fn contract_name(entry: &manifest::ModelEntry) -> String {
-    crate::contract::clean_name(entry.name().unwrap_or(entry.id().as_str()))
 }
 
 /// Clear a handled request and the cancel flag.
@@ -390,9 +380,9 @@ pub fn run(
                             log(&format!("refresh failed, will retry: {first}"));
                             // A manifest refused on trust grounds is shown to the user.
                             if let Error::Download(d) = &e
-                                && let Some(text) = crate::trust_state::refusal_text(d)
+                                && let Some(r) = crate::trust_state::refusal(d)
                             {
-                                say(&Progress::ManifestRefused(text));
+                                say(&Progress::ManifestRefused(r));
                             }
                             let stopped = matches!(
                                 e,

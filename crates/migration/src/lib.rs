@@ -33,8 +33,8 @@ pub use effects::Effects;
 pub use error::{Error, Result};
 pub use lock::ManagerLock;
 pub use manager::{
-    Journal, Phase, RefreshReport, download_model, downloadable, gc, install, is_builtin_id,
-    read_journal, refresh, refresh_at, unix_now,
+    Journal, Phase, RefreshReport, download_model, downloadable, gc, gc_plan, install,
+    is_builtin_id, read_journal, refresh, refresh_at, unix_now,
 };
 pub use params::Params;
-pub use progress::{Progress, ProgressFn};
+pub use progress::{DisplayName, FailReason, Progress, ProgressFn};

@@ -622,8 +622,8 @@ pub fn downloadable(catalog: &Manifest, chestnut: downloader::egpu::Chestnut) ->
         .collect()
 }
 
-/// `gc`: remove stray temporaries and artifacts of models not in the catalog; never `local-*`.
-pub fn gc(device: &Device) -> Result<Vec<String>> {
+/// The names [`gc`] would remove from the models directory, read-only (`gc --dry-run`).
+pub fn gc_plan(device: &Device) -> Result<Vec<String>> {
     let catalog = device.require_catalog()?;
     let ids: BTreeSet<String> = catalog.ids().map(|i| i.to_string()).collect();
     let dir = device.models_dir();
@@ -632,7 +632,13 @@ pub fn gc(device: &Device) -> Result<Vec<String>> {
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();
-    let plan = plan::gc_plan(names.iter().map(String::as_str), &ids);
+    Ok(plan::gc_plan(names.iter().map(String::as_str), &ids))
+}
+
+/// `gc`: remove stray temporaries and artifacts of models not in the catalog; never `local-*`.
+pub fn gc(device: &Device) -> Result<Vec<String>> {
+    let plan = gc_plan(device)?;
+    let dir = device.models_dir();
     for name in &plan {
         let p = dir.join(name);
         if p.is_dir() {

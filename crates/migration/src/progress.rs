@@ -1,9 +1,87 @@
 //! Progress, typed. Every text the manager shows in `ModelDownloadProgress` (the UI reads it
 //! verbatim) is rendered here, in one place, with upstream's exact wording.
+//!
+//! The type is closed: no variant carries free text. A failure is a [`FailReason`] (decided from
+//! the error by [`FailReason::of`], never the error's own message, which speaks to an operator
+//! at a shell: "run `refresh` first"), a refused manifest is its [`Refusal`] (rendered by
+//! `Refusal::ui_text`), and a model name comes from the catalog entry ([`DisplayName::of`]).
 
 use std::fmt;
 
 use manifest::ModelId;
+use manifest::signature::Refusal;
+
+use crate::error::Error;
+
+/// A catalog model's name as the UI shows it (upstream's emoji stripped, see
+/// `contract::clean_name`): made only from a catalog entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DisplayName(String);
+
+impl DisplayName {
+    pub fn of(entry: &manifest::ModelEntry) -> Self {
+        DisplayName(crate::contract::clean_name(
+            entry.name().unwrap_or(entry.id().as_str()),
+        ))
+    }
+}
+
+/// Why a download request failed, in words for the driver (`"Download failed: <reason>"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailReason {
+    /// Not enough free space for the model.
+    NoSpace,
+    /// No origin delivered bytes that verify.
+    NotVerified,
+    /// `ModelToDownload` does not name a model.
+    NotAModel,
+    /// The model is not in this generation's list.
+    NotInList,
+    /// No model list on the device yet (no refresh has succeeded).
+    NoModelList,
+    /// The built-in model's files are missing.
+    BuiltinMissing,
+    /// Another manager holds the lock.
+    Busy,
+    /// Anything else on the device (storage, a corrupt state file): the log says which.
+    DeviceError,
+}
+
+impl FailReason {
+    /// The reason a failed request shows, decided from the error's kind only.
+    pub fn of(e: &Error) -> Self {
+        use downloader::Error as D;
+        match e {
+            Error::Download(D::InsufficientSpace { .. }) => FailReason::NoSpace,
+            Error::Download(D::Io { .. }) => FailReason::DeviceError,
+            Error::Download(_) | Error::NotVerified { .. } => FailReason::NotVerified,
+            Error::UnknownModel { .. } => FailReason::NotInList,
+            Error::NoCatalog { .. } | Error::CatalogTooLarge { .. } => FailReason::NoModelList,
+            Error::BuiltinMissing { .. } => FailReason::BuiltinMissing,
+            Error::Busy { .. } => FailReason::Busy,
+            Error::Io { .. }
+            | Error::BadParamKey { .. }
+            | Error::CorruptState { .. }
+            | Error::Onroad { .. }
+            | Error::ExternalGpuRequired { .. }
+            | Error::Manifest(_)
+            | Error::Crashed { .. } => FailReason::DeviceError,
+        }
+    }
+
+    fn text(self) -> &'static str {
+        match self {
+            FailReason::NoSpace => "not enough free space",
+            FailReason::NotVerified => "model could not be downloaded and verified",
+            FailReason::NotAModel => "not a model name",
+            FailReason::NotInList => "model not in the model list",
+            FailReason::NoModelList => "model list not downloaded yet",
+            FailReason::BuiltinMissing => "built-in model missing",
+            FailReason::Busy => "another download is running",
+            FailReason::DeviceError => "device storage error",
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Progress {
@@ -20,7 +98,7 @@ pub enum Progress {
     /// `"Downloading selected model \"<id>\"..."` (a migration keeping the selection).
     DownloadingSelected(ModelId),
     /// `"Downloading \"<name>\"..."` (download-all, one model).
-    Downloading(String),
+    Downloading(DisplayName),
     /// `"All models downloaded!"`.
     AllDownloaded,
     /// `"Download cancelled..."`.
@@ -39,10 +117,10 @@ pub enum Progress {
     /// `"External GPU required..."` (a GPU-only model without a ready Chestnut).
     ExternalGpuRequired,
     /// `"Download failed: <reason>"`.
-    Failed(String),
+    Failed(FailReason),
     /// `"Model list refused: <why>"`: the manifest was not signed as the trusted keys require
     /// (`manifest::signature::Refusal::ui_text`).
-    ManifestRefused(&'static str),
+    ManifestRefused(Refusal),
 }
 
 impl fmt::Display for Progress {
@@ -56,7 +134,7 @@ impl fmt::Display for Progress {
             Progress::DownloadingSelected(id) => {
                 write!(f, "Downloading selected model \"{id}\"...")
             }
-            Progress::Downloading(name) => write!(f, "Downloading \"{name}\"..."),
+            Progress::Downloading(DisplayName(name)) => write!(f, "Downloading \"{name}\"..."),
             Progress::AllDownloaded => f.write_str("All models downloaded!"),
             Progress::Cancelled => f.write_str("Download cancelled..."),
             Progress::Offline => f.write_str("Hugging Face and GitHub are offline..."),
@@ -70,8 +148,8 @@ impl fmt::Display for Progress {
                 "Model update download failed; using the installed version until it downloads.",
             ),
             Progress::ExternalGpuRequired => f.write_str("External GPU required..."),
-            Progress::Failed(reason) => write!(f, "Download failed: {reason}"),
-            Progress::ManifestRefused(text) => f.write_str(text),
+            Progress::Failed(reason) => write!(f, "Download failed: {}", reason.text()),
+            Progress::ManifestRefused(refusal) => f.write_str(refusal.ui_text()),
         }
     }
 }
@@ -103,7 +181,7 @@ mod tests {
                 "Downloading selected model \"pop223\"...",
             ),
             (
-                Progress::Downloading("Pop".into()),
+                Progress::Downloading(DisplayName("Pop".into())),
                 "Downloading \"Pop\"...",
             ),
             (Progress::AllDownloaded, "All models downloaded!"),
@@ -122,9 +200,85 @@ mod tests {
                 "Model update download failed; using the installed version until it downloads.",
             ),
             (Progress::ExternalGpuRequired, "External GPU required..."),
-            (Progress::Failed("x".into()), "Download failed: x"),
+            (
+                Progress::Failed(FailReason::NoSpace),
+                "Download failed: not enough free space",
+            ),
+            (
+                Progress::ManifestRefused(Refusal::Unsigned),
+                "Model list refused: not signed",
+            ),
         ] {
             assert_eq!(p.to_string(), text);
+        }
+    }
+
+    /// Every error a request can end with maps to a reason, and no driver text reads like a
+    /// shell hint (a backtick, "run", "--flag", a path).
+    #[test]
+    fn failures_are_driver_texts_never_cli_hints() {
+        let io = || std::io::Error::other("disk");
+        let g = || "v25".to_string();
+        let cases = [
+            (
+                Error::NoCatalog { generation: g() },
+                FailReason::NoModelList,
+            ),
+            (
+                Error::UnknownModel {
+                    id: "gone223".into(),
+                    generation: g(),
+                },
+                FailReason::NotInList,
+            ),
+            (
+                Error::Busy {
+                    path: "/data/models/.manager.lock".into(),
+                },
+                FailReason::Busy,
+            ),
+            (
+                Error::CorruptState {
+                    path: "/data/models/x.json".into(),
+                    message: "eof".into(),
+                },
+                FailReason::DeviceError,
+            ),
+            (
+                Error::Io {
+                    path: "/data/models".into(),
+                    source: io(),
+                },
+                FailReason::DeviceError,
+            ),
+            (
+                Error::BuiltinMissing {
+                    path: "/data/openpilot".into(),
+                },
+                FailReason::BuiltinMissing,
+            ),
+            (
+                Error::CatalogTooLarge { size: 9, limit: 1 },
+                FailReason::NoModelList,
+            ),
+            (
+                Error::Crashed {
+                    effect: 1,
+                    what: "x".into(),
+                },
+                FailReason::DeviceError,
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(FailReason::of(&e), want, "{e}");
+            // The operator's message says what to run; the driver's text never does.
+            let operator = e.to_string();
+            let driver = Progress::Failed(FailReason::of(&e)).to_string();
+            assert!(
+                !driver.contains('`') && !driver.contains("run ") && !driver.contains("--"),
+                "{driver:?} (from {operator:?})"
+            );
+            assert!(!driver.contains('/'), "{driver:?} names a path");
         }
     }
 }

@@ -167,7 +167,8 @@ fn record_accepted(
     )
 }
 
-/// The UI text (`ModelDownloadProgress`) of a manifest fetch refused on trust grounds.
-pub fn refusal_text(e: &downloader::Error) -> Option<&'static str> {
-    trust::refusals(e).first().map(|(_, r)| r.ui_text())
+/// The first refusal of a manifest fetch refused on trust grounds (shown in
+/// `ModelDownloadProgress` as `Progress::ManifestRefused`).
+pub fn refusal(e: &downloader::Error) -> Option<manifest::signature::Refusal> {
+    trust::refusals(e).first().map(|(_, r)| (*r).clone())
 }

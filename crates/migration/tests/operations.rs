@@ -10,7 +10,7 @@ use downloader::CancelToken;
 use manifest::ModelId;
 use migration::daemon::{self, Request};
 use migration::params::keys;
-use migration::{Progress, VerifyState};
+use migration::{FailReason, Progress, VerifyState};
 use test_support::http_server::Fault;
 
 fn refreshed(origin: &Origin, params: &[(&str, &str)]) -> Fixture {
@@ -218,8 +218,55 @@ fn the_daemon_serves_one_request_clears_it_and_drops_a_stale_cancel() {
         .put(keys::MODEL_TO_DOWNLOAD, "gone223")
         .unwrap();
     let (_, last) = daemon::poll_once(&device, &dl).unwrap().unwrap();
-    assert!(matches!(last, Progress::Failed(_)), "{last:?}");
+    assert_eq!(last, Progress::Failed(FailReason::NotInList));
     assert_eq!(device.memory.get(keys::MODEL_TO_DOWNLOAD).unwrap(), None);
+}
+
+/// Regression (issue 15): "download all" on a device that never got this generation's catalog
+/// left the operator's hint "no v25 catalog on this device yet; run `refresh` while online" in
+/// `ModelDownloadProgress`, which the driver reads. The origin is down as well.
+#[test]
+fn requests_without_a_catalog_leave_driver_texts_not_cli_hints() {
+    let origin = Origin::start();
+    origin.server.add_fault("/*", Fault::Status(503), None);
+    let f = Fixture::v24(&[("Model", "pop223"), ("DrivingModel", "pop223")]);
+    let device = f.device();
+    let dl = origin.downloader();
+    // Served directly (`daemon::serve`, no offline retry around it): the catalog is missing.
+    let last = daemon::serve(&device, &dl, &Request::DownloadAll, &CancelToken::new());
+    assert_eq!(last, Progress::Failed(FailReason::NoModelList));
+    assert_eq!(
+        device
+            .memory
+            .get_str(keys::MODEL_DOWNLOAD_PROGRESS)
+            .unwrap()
+            .as_deref(),
+        Some("Download failed: model list not downloaded yet")
+    );
+    // Through the daemon's poll: offline is kept for a retry, a bad id ends the request.
+    for (key, value, want) in [
+        (
+            keys::MODEL_TO_DOWNLOAD,
+            "pop223",
+            "Hugging Face and GitHub are offline...",
+        ),
+        (
+            keys::MODEL_TO_DOWNLOAD,
+            "not a model!",
+            "Download failed: not a model name",
+        ),
+    ] {
+        device.memory.put(key, value).unwrap();
+        let (_, last) = daemon::poll_once(&device, &dl).unwrap().unwrap();
+        let shown = device
+            .memory
+            .get_str(keys::MODEL_DOWNLOAD_PROGRESS)
+            .unwrap()
+            .unwrap();
+        assert_eq!(shown, last.to_string());
+        assert_eq!(shown, want, "{key}={value}");
+        device.memory.remove(key).unwrap();
+    }
 }
 
 #[test]

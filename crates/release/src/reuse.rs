@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use artifact_store::Store;
 use artifact_store::reuse::{
-    Compatible, ReuseReport, ReuseRequest, check_compatibility, update_manifest_entry,
+    Compatible, ReusePlan, ReuseReport, ReuseRequest, check_compatibility, update_manifest_entry,
 };
 use manifest::{Generation, GitCommit, Manifest, ModelId, StorePath, layout};
 
@@ -82,6 +82,24 @@ pub fn approve(
         compatible,
         target,
     })
+}
+
+/// What [`run`] would remove, copy and write for the approved reuse, reading only the source
+/// (`--dry-run`): no store is written and the target manifest is left as it is.
+pub fn plan(
+    approved: &Approved,
+    source: &dyn Store,
+    source_path: StorePath,
+    dest: &dyn Store,
+) -> Result<ReusePlan> {
+    Ok(artifact_store::reuse::plan(&ReuseRequest {
+        model: approved.ask.model.clone(),
+        generation: approved.ask.generation,
+        source,
+        source_path,
+        compatible: approved.compatible.clone(),
+        dest,
+    })?)
 }
 
 /// Copy the approved chunk set from `source` (`source_path`, its logical artifact) into `dest`,

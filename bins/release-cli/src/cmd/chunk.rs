@@ -214,7 +214,7 @@ fn join(args: JoinArgs) -> CliResult {
         "wrote {} ({size} bytes, sha256 {sha256})",
         args.output.display()
     )?;
-    eprintln!(
+    cli_support::info!(
         "next: `release-cli chunk split {}` makes a chunk set of it again",
         args.output.display()
     );

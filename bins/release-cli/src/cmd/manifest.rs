@@ -18,7 +18,7 @@ pub enum ManifestCommand {
     /// Show, model by model, what was added, removed and changed between two manifests.
     ///
     /// Exits 0 when they are the same, 1 when they differ (as diff(1)), 2 when a file cannot be
-    /// read, 3 when one is not a valid manifest. Coloured on a terminal unless NO_COLOR is set.
+    /// read, 3 when one is not a valid manifest. Coloured on a terminal unless NO_COLOR is set (see --color).
     Diff(DiffArgs),
     /// Sign a manifest with a minisign key: writes MANIFEST.minisig with the trusted comment
     /// `generation=<gen> release=<N> expires=<unix seconds>`.
@@ -315,7 +315,7 @@ fn validate(args: ValidateArgs) -> CliResult {
             args.file.display()
         )?;
         if args.mode != Mode::Release {
-            eprintln!(
+            cli_support::info!(
                 "next: `release-cli manifest validate --mode release {}` checks what publish requires",
                 args.file.display()
             );
@@ -366,7 +366,7 @@ fn fmt(args: FmtArgs) -> CliResult {
         if args.json {
             return print_json(&json!({"file": args.file, "changed": changed}));
         }
-        eprintln!(
+        cli_support::info!(
             "{}: {}",
             args.file.display(),
             if changed {
@@ -395,12 +395,7 @@ fn diff(args: DiffArgs) -> CliResult {
     if args.json {
         print_json(&diff_json(&d))?;
     } else {
-        use std::io::IsTerminal;
-        let color = cli_support::use_color(
-            std::io::stdout().is_terminal(),
-            std::env::var_os("NO_COLOR").as_deref(),
-        );
-        let mut text = render_diff(&d, color);
+        let mut text = render_diff(&d, cli_support::colour_on(false));
         if !d.is_empty() {
             text.push_str(&format!(
                 "summary: {} added, {} removed, {} changed\n",

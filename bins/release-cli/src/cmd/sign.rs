@@ -188,7 +188,7 @@ pub fn sign(a: SignArgs) -> CliResult {
         comment.expires,
         output.display()
     )?;
-    eprintln!(
+    cli_support::info!(
         "next: check it with `minisign -V -p release.pub -m {} -x {}` or `release-cli manifest \
          verify --key release.pub {0}`",
         a.manifest.display(),
@@ -311,7 +311,7 @@ pub fn publish_signature(
             "keys": ids,
         }))?;
     } else {
-        eprintln!(
+        cli_support::info!(
             "signing {generation} release {release} with key {} (expires {} Unix seconds)",
             ids.join(" and "),
             comment.expires

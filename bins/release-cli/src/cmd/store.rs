@@ -8,6 +8,7 @@ use artifact_store::publish::{
     Contract, Event, PublishOptions, PublishReport, Step, check_store_order, publish_signed,
 };
 use artifact_store::retry::RetryPolicy;
+use artifact_store::reuse::ReusePlan;
 use artifact_store::serve::{ServeConfig, Server};
 use artifact_store::{HfConfig, Location, Store, StoreSpec};
 use clap::Args;
@@ -193,7 +194,7 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
                 store,
                 upload_bytes,
             } => {
-                eprintln!("publishing to {store}");
+                cli_support::info!("publishing to {store}");
                 bar = Some(bytes_bar(*upload_bytes, store.clone(), false));
             }
             Event::Uploaded { size, .. } => {
@@ -211,17 +212,17 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
                 "warning: upload of {path} failed (attempt {attempt}): {error}; retrying in {:.1} s",
                 *wait_ms as f64 / 1000.0
             ),
-            Event::Removed { path, .. } => eprintln!("removed {path}"),
+            Event::Removed { path, .. } => cli_support::info!("removed {path}"),
             Event::Checked { store, models } => {
                 if let Some(b) = bar.take() {
                     b.finish_and_clear()
                 }
                 if dry_run {
-                    eprintln!(
+                    cli_support::info!(
                         "{store}: {models} listed artifact(s) not in --artifacts are complete and matching there"
                     )
                 } else {
-                    eprintln!("{store}: {models} listed artifact(s) complete and matching")
+                    cli_support::info!("{store}: {models} listed artifact(s) complete and matching")
                 }
             }
             Event::Guarded {
@@ -229,16 +230,20 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
                 first_publish,
             } => {
                 if *first_publish {
-                    eprintln!("{store}: no live manifest yet: first publish of this generation")
+                    cli_support::info!(
+                        "{store}: no live manifest yet: first publish of this generation"
+                    )
                 } else {
-                    eprintln!("{store}: release guard passed against the live manifest")
+                    cli_support::info!("{store}: release guard passed against the live manifest")
                 }
             }
-            Event::ManifestWritten { store, path } => eprintln!("{store}: wrote {path}"),
+            Event::ManifestWritten { store, path } => cli_support::info!("{store}: wrote {path}"),
             Event::ManifestUnchanged { store, path } => {
-                eprintln!("{store}: {path} already identical, not rewritten")
+                cli_support::info!("{store}: {path} already identical, not rewritten")
             }
-            Event::Uploading { .. } => {}
+            Event::Uploading { store, path, size } => {
+                cli_support::detail!("{store}: uploading {path} ({size} bytes)")
+            }
         }
     };
     let signature = super::sign::publish_signature(
@@ -295,9 +300,9 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
         crate::outln!("publish record: {}", p.display())?;
     }
     if report.dry_run {
-        eprintln!("next: run the same command without --dry-run to publish");
+        cli_support::info!("next: run the same command without --dry-run to publish");
     } else {
-        eprintln!(
+        cli_support::info!(
             "next: devices pick up {} on their next refresh; try it offline with `release-cli serve --store DIR` and `device-modeld-manager refresh`",
             report.generation
         );
@@ -393,7 +398,14 @@ pub struct ReuseArgs {
     pub manifest: Option<PathBuf>,
     #[command(flatten)]
     pub access: StoreAccess,
-    /// Print `{"model","sha256","size","chunk_count","server_side","copied":[...]}`.
+    /// Check the source (catalog, chunk set, OOB container) and print what would be removed,
+    /// copied and written, and whether --manifest would change; nothing is written to the
+    /// store or the manifest.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print `{"model","sha256","size","chunk_count","server_side","copied":[...]}`; with
+    /// --dry-run `{"dry_run":true,"model","sha256","size","chunk_count","server_side","remove",
+    /// "copy":[{"from","to","size"}],"write":[…],"manifest"}`.
     #[arg(long)]
     pub json: bool,
 }
@@ -421,6 +433,13 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
     let dest = StoreSpec::parse(&args.to)
         .and_then(|spec| args.access.open(&spec))
         .map_err(store_error)?;
+    cli_support::detail!("source: {}", source.describe());
+    cli_support::detail!("destination: {}", dest.describe());
+    if args.dry_run {
+        let plan =
+            release::reuse::plan(&approved, source.as_ref(), from.path.clone(), dest.as_ref())?;
+        return print_reuse_plan(&plan, args.manifest.as_deref(), args.json);
+    }
     let bar = bytes_bar(
         approved.compatible.artifact.size.get(),
         format!("reuse {}", args.model),
@@ -435,6 +454,9 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
     );
     bar.finish_and_clear();
     let report = report?;
+    for c in &report.copied {
+        cli_support::detail!("copied {} -> {} ({} bytes)", c.from, c.to, c.size);
+    }
     if args.json {
         return print_json(&report);
     }
@@ -453,7 +475,7 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
     match &args.manifest {
         Some(p) => {
             crate::outln!("manifest     {} updated", p.display())?;
-            eprintln!(
+            cli_support::info!(
                 "next: `release-cli publish --generation {} --manifest {} --artifacts DIR --to {}` with an empty DIR/{}/ (nothing to upload; publish checks the copied files)",
                 args.generation,
                 p.display(),
@@ -461,11 +483,53 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
                 args.model
             );
         }
-        None => eprintln!(
+        None => cli_support::info!(
             "next: put these values in the manifest entry of {} (or rerun with --manifest FILE), then publish",
             args.model
         ),
     }
+    Ok(())
+}
+
+/// `reuse --dry-run`'s output: the plan, and whether the manifest would be updated.
+fn print_reuse_plan(plan: &ReusePlan, manifest: Option<&std::path::Path>, json: bool) -> CliResult {
+    if json {
+        let mut v = serde_json::to_value(plan).map_err(CliError::failure)?;
+        v["dry_run"] = true.into();
+        v["manifest"] = serde_json::to_value(manifest).map_err(CliError::failure)?;
+        return print_json(&v);
+    }
+    let mut text = format!(
+        "plan reuse {} ({} bytes, {} chunk(s), sha256 {}), {}\n  remove   {}\n",
+        plan.model,
+        plan.size,
+        plan.chunk_count,
+        plan.sha256,
+        if plan.server_side {
+            "server-side copies"
+        } else {
+            "streamed through this machine"
+        },
+        plan.remove
+    );
+    for c in &plan.copy {
+        text.push_str(&format!(
+            "  copy     {} -> {} ({} bytes)\n",
+            c.from, c.to, c.size
+        ));
+    }
+    for w in &plan.write {
+        text.push_str(&format!("  write    {w}\n"));
+    }
+    if let Some(m) = manifest {
+        text.push_str(&format!(
+            "  update   {} (entry {})\n",
+            m.display(),
+            plan.model
+        ));
+    }
+    crate::output::write_stdout(text.as_bytes())?;
+    cli_support::info!("next: run the same command without --dry-run to copy");
     Ok(())
 }
 
@@ -486,9 +550,6 @@ pub struct ServeArgs {
     /// Branch in `/<OWNER/REPO>/<BRANCH>/…` URLs.
     #[arg(long, default_value = layout::GITHUB_BRANCH, value_name = "BRANCH")]
     pub github_branch: String,
-    /// Log one line per request (same as RUST_LOG=debug).
-    #[arg(long, short)]
-    pub verbose: bool,
     /// Print `{"url","hf_base","github_base","store"}` as the first stdout line instead of the
     /// bare URL (`hf_base` and `github_base` are what `device-modeld-manager` takes).
     #[arg(long)]
@@ -516,17 +577,18 @@ pub fn serve_cmd(args: ServeArgs) -> CliResult {
     if args.github_branch.is_empty() || args.github_branch.contains('/') {
         return Err(CliError::usage("--github-branch must be one path segment"));
     }
-    let filter = if args.verbose {
-        tracing_subscriber::EnvFilter::new("debug")
-    } else {
-        tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    // -v logs each request, -q only warnings; otherwise RUST_LOG decides (default info).
+    let filter = match cli_support::verbosity() {
+        cli_support::Verbosity::Verbose => tracing_subscriber::EnvFilter::new("debug"),
+        cli_support::Verbosity::Quiet => tracing_subscriber::EnvFilter::new("warn"),
+        cli_support::Verbosity::Normal => tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
     };
-    // Colours only on a terminal: a redirected log stays plain text that tools can parse.
+    // Colours only on a terminal and without NO_COLOR: a redirected log stays plain text.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(cli_support::colour_on(true))
         .try_init();
     let config = ServeConfig::standard(
         &args.store,
@@ -556,15 +618,12 @@ pub fn serve_cmd(args: ServeArgs) -> CliResult {
     } else {
         server.url().to_string()
     };
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{first_line}").map_err(CliError::failure)?;
-    out.flush().map_err(CliError::failure)?;
-    drop(out);
-    eprintln!(
+    crate::outln!("{first_line}")?;
+    cli_support::info!(
         "serving {} as {hf_base}/… and {github_base}/…; stop with Ctrl-C",
         args.store.display(),
     );
-    eprintln!(
+    cli_support::info!(
         "next: device-modeld-manager --hf-base {hf_base} --github-base {github_base} refresh"
     );
     server.wait();
