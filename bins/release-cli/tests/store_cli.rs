@@ -494,6 +494,7 @@ fn publish_quiet_prints_the_report_only_and_verbose_each_upload() {
     let t = tempfile::tempdir().unwrap();
     let data = artifact_bytes(3, 2500);
     let (artifacts, manifest) = release(t.path(), &data);
+    let ws = covering_records(&t.path().join("ws"), Path::new(&manifest));
     let publish = |store: &str, flag: Option<&str>| {
         let dir = t.path().join(store);
         let mut a = vec![
@@ -506,6 +507,8 @@ fn publish_quiet_prints_the_report_only_and_verbose_each_upload() {
             &artifacts,
             "--to",
             dir.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
         ];
         a.extend(flag);
         let o = cli(&a);
