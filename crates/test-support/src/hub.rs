@@ -1272,22 +1272,10 @@ fn batch(req: &Request, bucket: &str, shared: &Shared) -> Response {
         let mtime = op["mtime"].as_u64().unwrap_or(now);
         match op["type"].as_str() {
             Some("addFile") => {
-                let Some(size) = file_size(&st, &hash) else {
-                    fail(
-                        &mut failed,
-                        format!("Xet hash {hash} not found in the content store"),
-                    );
+                if let Err(e) = place_file(&mut st, bucket, &path, hash, mtime, now) {
+                    fail(&mut failed, e);
                     continue;
-                };
-                st.buckets.get_mut(bucket).unwrap().insert(
-                    path.clone(),
-                    Entry {
-                        xet_hash: hash,
-                        size,
-                        mtime_ms: mtime,
-                        uploaded_ms: now,
-                    },
-                );
+                }
                 st.ops.push(HubOp::Add {
                     bucket: bucket.into(),
                     path: path.clone(),
@@ -1314,22 +1302,10 @@ fn batch(req: &Request, bucket: &str, shared: &Shared) -> Response {
                     );
                     continue;
                 }
-                let Some(size) = file_size(&st, &hash) else {
-                    fail(
-                        &mut failed,
-                        format!("Xet hash {hash} not found in the content store"),
-                    );
+                if let Err(e) = place_file(&mut st, bucket, &path, hash, mtime, now) {
+                    fail(&mut failed, e);
                     continue;
-                };
-                st.buckets.get_mut(bucket).unwrap().insert(
-                    path.clone(),
-                    Entry {
-                        xet_hash: hash,
-                        size,
-                        mtime_ms: mtime,
-                        uploaded_ms: now,
-                    },
-                );
+                }
                 st.ops.push(HubOp::Copy {
                     bucket: bucket.into(),
                     path: path.clone(),
@@ -1357,6 +1333,31 @@ fn batch(req: &Request, bucket: &str, shared: &Shared) -> Response {
         200
     };
     Response::json(status, &json!({ "failed": failed }))
+}
+
+/// Puts the uploaded content `hash` at `bucket/path` (what `addFile` and `copyFile` do once
+/// their source is checked); refused when the content store does not hold it.
+fn place_file(
+    st: &mut State,
+    bucket: &str,
+    path: &str,
+    hash: String,
+    mtime_ms: u64,
+    now: u64,
+) -> Result<(), String> {
+    let Some(size) = file_size(st, &hash) else {
+        return Err(format!("Xet hash {hash} not found in the content store"));
+    };
+    st.buckets.get_mut(bucket).unwrap().insert(
+        path.to_string(),
+        Entry {
+            xet_hash: hash,
+            size,
+            mtime_ms,
+            uploaded_ms: now,
+        },
+    );
+    Ok(())
 }
 
 fn journal(st: &State, op: &str, path: &str) {
