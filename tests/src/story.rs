@@ -54,8 +54,8 @@ pub struct Binaries {
 
 impl Binaries {
     /// The binaries of this workspace's `target/<profile>` directory (honouring
-    /// `CARGO_TARGET_DIR`). They must be built already: `cargo test --workspace` and
-    /// `cargo xtask demo` build them. [`DEVICE_BIN_ENV`] and [`DEVICE_RUNNER_ENV`] swap in
+    /// `CARGO_TARGET_DIR`), refused when missing or stale (see [`crate::binaries`]).
+    /// `cargo xtask demo` builds them first. [`DEVICE_BIN_ENV`] and [`DEVICE_RUNNER_ENV`] swap in
     /// another device binary (`cargo xtask dist --test` plays the story with the aarch64 one
     /// under qemu).
     pub fn in_target_dir(profile: &str) -> Result<Self> {
@@ -63,19 +63,36 @@ impl Binaries {
             Some(t) => PathBuf::from(t),
             None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
         };
-        let dir = target.join(profile);
+        Self::in_dir(&target.join(profile))
+    }
+
+    /// The binaries next to the running test executable (`target/<profile>/`, where the same
+    /// `cargo test` invocation put them), refused when missing or older than their sources.
+    pub fn next_to_test_executable() -> Result<Self> {
+        Self::in_dir(&crate::binaries::profile_dir_of_current_exe()?)
+    }
+
+    fn in_dir(dir: &Path) -> Result<Self> {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap_or(Path::new(".."));
         let mut bins = Self {
             release_cli: dir.join("release-cli"),
             device_manager: dir.join("device-modeld-manager"),
             device_runner: None,
         };
-        for b in [&bins.release_cli, &bins.device_manager] {
-            if !b.is_file() {
-                return Err(format!(
-                    "{} is not built; run `cargo build -p release-cli -p device-modeld-manager` first",
-                    b.display()
-                ));
-            }
+        crate::binaries::check(
+            &bins.release_cli,
+            workspace,
+            &workspace.join("bins/release-cli"),
+        )?;
+        let swapped = std::env::var_os(DEVICE_BIN_ENV).is_some_and(|v| !v.is_empty());
+        if !swapped {
+            crate::binaries::check(
+                &bins.device_manager,
+                workspace,
+                &workspace.join("bins/device-modeld-manager"),
+            )?;
         }
         if let Some(dev) = std::env::var_os(DEVICE_BIN_ENV).filter(|v| !v.is_empty()) {
             bins.device_manager = PathBuf::from(dev);

@@ -9,7 +9,7 @@ use manifest::ModelId;
 use manifest::layout::{self, DM_FILES};
 
 fn play(scenario: Scenario) -> (tempfile::TempDir, Report) {
-    let bins = Binaries::in_target_dir("debug").expect("binaries built by cargo test --workspace");
+    let bins = Binaries::next_to_test_executable().unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
     let report = story::play(&bins, &scenario, &dir.path().join("work"), false)
         .unwrap_or_else(|e| panic!("story failed: {e}"));
