@@ -430,26 +430,8 @@ fn publish_one(
     } else if opts.dry_run {
         rep.manifest = "would_write";
     } else {
-        let path_s = manifest_path.to_string();
-        opts.retry.run(
-            &name,
-            &path_s,
-            |attempt, e, wait| {
-                on_event(&Event::Retrying {
-                    store: name.clone(),
-                    path: path_s.clone(),
-                    attempt,
-                    error: e.to_string(),
-                    wait_ms: wait.as_millis() as u64,
-                })
-            },
-            || store.write_bytes(&manifest_path, manifest_bytes),
-        )?;
+        write_small(store, opts.retry, &manifest_path, manifest_bytes, on_event)?;
         rep.manifest = "written";
-        on_event(&Event::ManifestWritten {
-            store: name.clone(),
-            path: path_s,
-        });
     }
     Ok(rep)
 }
@@ -461,7 +443,6 @@ fn write_signature(
     sig: &[u8],
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<()> {
-    let name = store.describe();
     let path = StoreLayout::HfBucket.signature_path(opts.generation);
     if store
         .read_small(&path, manifest::signature::MAX_SIGNATURE_BYTES)?
@@ -470,8 +451,21 @@ fn write_signature(
     {
         return Ok(());
     }
+    write_small(store, opts.retry, &path, sig, on_event)
+}
+
+/// Write a small file (the manifest or its signature) with retries, reporting each retry and,
+/// once written, `ManifestWritten`.
+fn write_small(
+    store: &dyn Store,
+    retry: RetryPolicy,
+    path: &StorePath,
+    bytes: &[u8],
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<()> {
+    let name = store.describe();
     let path_s = path.to_string();
-    opts.retry.run(
+    retry.run(
         &name,
         &path_s,
         |attempt, e, wait| {
@@ -483,10 +477,10 @@ fn write_signature(
                 wait_ms: wait.as_millis() as u64,
             })
         },
-        || store.write_bytes(&path, sig),
+        || store.write_bytes(path, bytes),
     )?;
     on_event(&Event::ManifestWritten {
-        store: name.clone(),
+        store: name,
         path: path_s,
     });
     Ok(())
