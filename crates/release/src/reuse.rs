@@ -92,14 +92,29 @@ pub fn plan(
     source_path: StorePath,
     dest: &dyn Store,
 ) -> Result<ReusePlan> {
-    Ok(artifact_store::reuse::plan(&ReuseRequest {
+    Ok(artifact_store::reuse::plan(&request(
+        approved,
+        source,
+        source_path,
+        dest,
+    ))?)
+}
+
+/// The store-level request for an approved reuse.
+fn request<'a>(
+    approved: &Approved,
+    source: &'a dyn Store,
+    source_path: StorePath,
+    dest: &'a dyn Store,
+) -> ReuseRequest<'a> {
+    ReuseRequest {
         model: approved.ask.model.clone(),
         generation: approved.ask.generation,
         source,
         source_path,
         compatible: approved.compatible.clone(),
         dest,
-    })?)
+    }
 }
 
 /// Copy the approved chunk set from `source` (`source_path`, its logical artifact) into `dest`,
@@ -111,17 +126,8 @@ pub fn run(
     dest: &dyn Store,
     on_chunk: &mut dyn FnMut(u32, u32, u64),
 ) -> Result<ReuseReport> {
-    let report = artifact_store::reuse::reuse(
-        &ReuseRequest {
-            model: approved.ask.model.clone(),
-            generation: approved.ask.generation,
-            source,
-            source_path,
-            compatible: approved.compatible,
-            dest,
-        },
-        on_chunk,
-    )?;
+    let report =
+        artifact_store::reuse::reuse(&request(&approved, source, source_path, dest), on_chunk)?;
     if let Some((path, m)) = &approved.target {
         write_manifest(path, m)?;
     }
