@@ -40,13 +40,16 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use chunker::atomic::is_temp_name;
-
 use crate::error::{Error, IoContext, Result};
-use crate::github::github_to_bucket;
 use crate::paths::{StorePath, to_fs_path};
 
-const MAX_HEAD_BYTES: usize = 16 * 1024;
+mod http;
+mod route;
+
+pub use http::{RangeAnswer, parse_range};
+use http::{Request, percent_decode, read_request};
+use route::{Route, route};
+
 /// Connections with a request being answered at once; more get 503.
 pub const MAX_CONNECTIONS: usize = 128;
 /// Connections of one client address still waiting for their request head.
@@ -319,146 +322,6 @@ fn accept_loop(
     }
 }
 
-struct Request {
-    method: String,
-    target: String,
-    headers: Vec<(String, String)>,
-}
-
-impl Request {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// The request head, which must be complete by `deadline` (each read waits at most until then,
-/// so a client trickling bytes gains nothing) and fit in [`MAX_HEAD_BYTES`].
-fn read_request(stream: &TcpStream, deadline: Instant) -> io::Result<Option<Request>> {
-    let mut head = Vec::with_capacity(1024);
-    let mut buf = [0u8; 2048];
-    let end = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Ok(None);
-        }
-        stream.set_read_timeout(Some(left))?;
-        let n = match (&*stream).read(&mut buf) {
-            Ok(0) => return Ok(None),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        let from = head.len().saturating_sub(3);
-        head.extend_from_slice(&buf[..n]);
-        if let Some(at) = head[from..].windows(4).position(|w| w == b"\r\n\r\n") {
-            break from + at;
-        }
-        if head.len() > MAX_HEAD_BYTES {
-            return Ok(None);
-        }
-    };
-    // Anything after the head (a body) is ignored: GET and HEAD have none we use.
-    let text = String::from_utf8_lossy(&head[..end]);
-    let mut lines = text.split("\r\n");
-    let line = lines.next().unwrap_or_default();
-    let mut parts = line.split_whitespace();
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return Ok(None);
-    };
-    if !version.starts_with("HTTP/1.") {
-        return Ok(None);
-    }
-    let headers = lines
-        .filter_map(|h| h.split_once(':'))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
-    Ok(Some(Request {
-        method: method.to_string(),
-        target: target.to_string(),
-        headers,
-    }))
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// What a URL path names: a file in a mount, a tree listing, or nothing.
-enum Route {
-    File(PathBuf),
-    Tree {
-        root: PathBuf,
-        prefix: Option<StorePath>,
-    },
-    NotFound,
-}
-
-fn route(config: &ServeConfig, path: &str) -> Route {
-    for m in &config.mounts {
-        if let Some(bucket) = &m.tree_api_bucket {
-            let api = format!("/api/buckets/{bucket}/tree");
-            if path == api || path == format!("{api}/") {
-                return Route::Tree {
-                    root: m.root.clone(),
-                    prefix: None,
-                };
-            }
-            if let Some(rest) = path.strip_prefix(&format!("{api}/")) {
-                return match rest.parse::<StorePath>() {
-                    Ok(p) => Route::Tree {
-                        root: m.root.clone(),
-                        prefix: Some(p),
-                    },
-                    Err(_) => Route::NotFound,
-                };
-            }
-        }
-        let Some(rest) = path.strip_prefix(&m.prefix) else {
-            continue;
-        };
-        let Ok(rel) = rest.parse::<StorePath>() else {
-            return Route::NotFound;
-        };
-        let rel = match m.kind {
-            MountKind::Identity => rel,
-            MountKind::Github => match github_to_bucket(&rel) {
-                Some(p) => p,
-                None => return Route::NotFound,
-            },
-        };
-        if rel.segments().any(is_temp_name) {
-            return Route::NotFound;
-        }
-        let full = to_fs_path(&rel, &m.root);
-        // Symlinks inside the store must not lead out of it.
-        let (Ok(root), Ok(real)) = (fs::canonicalize(&m.root), fs::canonicalize(&full)) else {
-            return Route::NotFound;
-        };
-        if !real.starts_with(&root) {
-            return Route::NotFound;
-        }
-        return Route::File(real);
-    }
-    Route::NotFound
-}
-
 fn etag(meta: &fs::Metadata) -> String {
     format!(
         "\"{:x}-{:x}-{:x}\"",
@@ -466,60 +329,6 @@ fn etag(meta: &fs::Metadata) -> String {
         meta.mtime() as u64 * 1_000_000_000 + meta.mtime_nsec() as u64,
         meta.ino()
     )
-}
-
-/// A single byte range resolved against the file size.
-#[derive(Debug, PartialEq, Eq)]
-pub enum RangeAnswer {
-    /// No usable Range header (absent, malformed, several ranges): the whole file.
-    Full,
-    Partial {
-        start: u64,
-        end: u64,
-    },
-    Unsatisfiable,
-}
-
-/// Resolve a `Range` header value for a file of `size` bytes (RFC 9110 §14.1.2, one range).
-pub fn parse_range(value: &str, size: u64) -> RangeAnswer {
-    let Some(spec) = value.trim().strip_prefix("bytes=") else {
-        return RangeAnswer::Full;
-    };
-    if spec.contains(',') {
-        return RangeAnswer::Full;
-    }
-    let Some((a, b)) = spec.trim().split_once('-') else {
-        return RangeAnswer::Full;
-    };
-    let (a, b) = (a.trim(), b.trim());
-    if a.is_empty() {
-        // Suffix range: the last N bytes.
-        let Ok(n) = b.parse::<u64>() else {
-            return RangeAnswer::Full;
-        };
-        if n == 0 || size == 0 {
-            return RangeAnswer::Unsatisfiable;
-        }
-        return RangeAnswer::Partial {
-            start: size.saturating_sub(n),
-            end: size - 1,
-        };
-    }
-    let Ok(start) = a.parse::<u64>() else {
-        return RangeAnswer::Full;
-    };
-    let end = if b.is_empty() {
-        size.saturating_sub(1)
-    } else {
-        match b.parse::<u64>() {
-            Ok(e) if e >= start => e.min(size.saturating_sub(1)),
-            _ => return RangeAnswer::Full,
-        }
-    };
-    if start >= size {
-        return RangeAnswer::Unsatisfiable;
-    }
-    RangeAnswer::Partial { start, end }
 }
 
 fn content_type(path: &Path) -> &'static str {
