@@ -299,7 +299,17 @@ fn entries_of(doc: &Value) -> Result<Parts<'_>, Problem> {
                     kind_of(other)
                 ),
             }),
-            None => Err(bad("missing the \"models\" array".into())),
+            None => Err(bad(
+                match top
+                    .keys()
+                    .find(|k| closest_key(k, &[keys::MODELS]).is_some())
+                {
+                    Some(typo) => format!(
+                        "missing the \"models\" array; found the unknown key {typo:?}: did you mean \"models\"?"
+                    ),
+                    None => "missing the \"models\" array".into(),
+                },
+            )),
         },
         other => Err(bad(format!(
             "expected an object with a \"models\" array, found {}",
@@ -317,6 +327,9 @@ pub(crate) fn check_document(doc: &Value, mode: ValidationMode) -> Vec<Problem> 
     };
     if let Some(top) = top {
         check_top_reader(top, &mut out);
+        if mode != ValidationMode::Reader {
+            check_misspelt_keys(top, ROOT, &TOP_KEYS, &mut out);
+        }
     }
     if mode != ValidationMode::Reader && entries.is_empty() {
         out.push(Problem {
@@ -352,7 +365,7 @@ pub(crate) fn check_document(doc: &Value, mode: ValidationMode) -> Vec<Problem> 
         }
         if mode != ValidationMode::Reader {
             check_entry_strict(map, &path, mode, &mut out);
-            check_misspelt_keys(map, &path, &mut out);
+            check_misspelt_keys(map, &path, &ENTRY_KEYS, &mut out);
         }
         // Name the model as well as its index: `models[6]` alone sends you counting.
         if let Some(id) = map.get(keys::ID).and_then(Value::as_str)
@@ -369,6 +382,9 @@ pub(crate) fn check_document(doc: &Value, mode: ValidationMode) -> Vec<Problem> 
     }
     out
 }
+
+/// Every top-level key of a manifest object that this crate knows.
+const TOP_KEYS: [&str; 3] = [keys::MODELS, keys::GENERATION, keys::TINYGRAD_COMMIT];
 
 /// Every key an entry may carry that this crate knows.
 const ENTRY_KEYS: [&str; 18] = [
@@ -437,10 +453,15 @@ fn edit_distance(a: &str, b: &str) -> usize {
 /// Catalog and release rule: an unknown key close to a known one is a typo, named with the key
 /// it was meant to be (devices ignore unknown keys, so the intended field is silently absent).
 /// Unknown keys unlike any known one are extensions and pass.
-fn check_misspelt_keys(map: &Map<String, Value>, path: &str, out: &mut Vec<Problem>) {
+fn check_misspelt_keys(
+    map: &Map<String, Value>,
+    path: &str,
+    known: &[&'static str],
+    out: &mut Vec<Problem>,
+) {
     let mut sink = Sink(out);
     for key in map.keys() {
-        if let Some(meant) = closest_key(key, &ENTRY_KEYS) {
+        if let Some(meant) = closest_key(key, known) {
             sink.push(
                 join_key(path, key),
                 format!("unknown key; did you mean {meant:?}? devices ignore unknown keys"),
@@ -633,5 +654,42 @@ mod tests {
         assert_eq!(texts.len(), 2, "the extension key passes: {texts:#?}");
         // A reader does not judge unknown keys.
         assert!(check_document(&doc, ValidationMode::Reader).is_empty());
+    }
+
+    /// Regression: a misspelt top-level key (`modles`, `generaton`) was reported only as
+    /// "missing the models array", or not at all.
+    #[test]
+    fn a_misspelt_top_level_key_is_named_with_the_key_meant() {
+        let entry = r#"{"id": "a1", "name": "A", "version": "v8", "series": "S", "released": "2025-01-01", "community_favorite": false}"#;
+        let texts = |doc: &str, mode| -> Vec<String> {
+            let doc: Value = serde_json::from_str(doc).unwrap();
+            check_document(&doc, mode)
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert_eq!(
+            texts(
+                &format!(r#"{{"modles": [{entry}]}}"#),
+                ValidationMode::Catalog
+            ),
+            [
+                "$: missing the \"models\" array; found the unknown key \"modles\": did you mean \"models\"?"
+            ]
+        );
+        assert_eq!(
+            texts(
+                &format!(r#"{{"models": [{entry}], "generaton": "v25", "notes": "x"}}"#),
+                ValidationMode::Catalog
+            ),
+            ["generaton: unknown key; did you mean \"generation\"? devices ignore unknown keys"]
+        );
+        assert!(
+            texts(
+                &format!(r#"{{"models": [{entry}], "generaton": "v25"}}"#),
+                ValidationMode::Reader
+            )
+            .is_empty()
+        );
     }
 }
