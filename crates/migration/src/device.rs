@@ -1,8 +1,8 @@
 //! The device's state on disk: `<data>/models`, `<data>/params/d`, the memory params, the stored
 //! catalog, the verification cache, and `resolve` for modeld.
 
+use fs_err as fs;
 use std::collections::BTreeMap;
-use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -15,7 +15,7 @@ use crate::bounded::{self, read_capped};
 use crate::choice::{CHOICE_FILE, Choice};
 use crate::contract::{self, Catalog, LocalModel, ProfilesRead, SelectionParams};
 use crate::effects::Effects;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::params::{Params, keys};
 
 /// The stored catalog: the validated manifest this device last accepted.
@@ -185,7 +185,7 @@ impl Device {
         if read_capped(&path, body.len() as u64).is_ok_and(|old| old.as_deref() == Some(body)) {
             return Ok(());
         }
-        write_atomic(&path, body).ctx(&path)?;
+        write_atomic(&path, body)?;
         self.effects.done(|| format!("write {name}"))
     }
 
@@ -193,8 +193,8 @@ impl Device {
     pub(crate) fn remove_file(&self, name: &str) -> Result<()> {
         let dir = self.models_dir();
         let path = dir.join(name);
-        if chunker::atomic::remove_if_exists(&path).ctx(&path)? {
-            chunker::atomic::sync_dir(&dir).ctx(&dir)?;
+        if chunker::atomic::remove_if_exists(&path)? {
+            chunker::atomic::sync_dir(&dir)?;
             self.effects.done(|| format!("remove {name}"))?;
         }
         Ok(())
@@ -230,12 +230,7 @@ impl Device {
         let rd = match fs::read_dir(&dir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => {
-                return Err(Error::Io {
-                    path: dir,
-                    source: e,
-                });
-            }
+            Err(e) => return Err(e.into()),
         };
         let mut names: Vec<String> = rd
             .filter_map(|e| e.ok())
@@ -298,7 +293,7 @@ impl Device {
 
     pub fn ensure_dirs(&self) -> Result<()> {
         let m = self.models_dir();
-        fs::create_dir_all(&m).ctx(&m)
+        Ok(fs::create_dir_all(&m)?)
     }
 
     /// The selection from params under upstream's precedence: unset means the default
@@ -418,7 +413,7 @@ impl Device {
             files.push(manifest.clone());
         }
         for f in files {
-            let m = fs::symlink_metadata(&f).ctx(&f)?;
+            let m = fs::symlink_metadata(&f)?;
             if !m.file_type().is_file() {
                 // A symlink could be re-pointed without changing its own stat.
                 return Ok(None);
@@ -451,7 +446,7 @@ impl Device {
     fn save_cache(&self, cache: &BTreeMap<String, CacheEntry>) -> Result<()> {
         let path = self.models_dir().join(VERIFIED_FILE);
         let body = serde_json::to_vec(cache).expect("plain map serializes");
-        write_atomic(&path, &body).ctx(&path)
+        Ok(write_atomic(&path, &body)?)
     }
 
     /// Whether `entry`'s artifact is installed and verified: size and SHA-256 against the

@@ -20,8 +20,8 @@
 //! end state is the same as an uninterrupted run. `resolve` answers the built-in while a journal
 //! exists, so modeld never loads an old-generation pickle in between.
 
+use fs_err as fs;
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs;
 
 use chunker::atomic::{remove_if_exists, sync_dir};
 use downloader::{CancelToken, Downloader, Event, Installed};
@@ -33,7 +33,7 @@ use crate::contract::{
     self, BigProfile, Catalog, ModelKind, Outcome, ProfilesRead, SelectionParams, Start, Wanted,
 };
 use crate::device::{Device, JOURNAL_FILE, VerifyState};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::params::keys;
 use crate::plan;
 use crate::progress::{Progress, ProgressFn};
@@ -378,7 +378,7 @@ pub fn refresh_at(
             {
                 return Err(Error::Download(e));
             }
-            Err(e @ Error::Io { .. }) => return Err(e),
+            Err(e @ Error::Io(_)) => return Err(e),
             // Anything else (every origin refused it, a full disk): the built-in, or the
             // verified older copy, stands in, and later refreshes retry it.
             Err(e) => {
@@ -627,8 +627,7 @@ pub fn gc_plan(device: &Device) -> Result<Vec<String>> {
     let catalog = device.require_catalog()?;
     let ids: BTreeSet<String> = catalog.ids().map(|i| i.to_string()).collect();
     let dir = device.models_dir();
-    let names: Vec<String> = fs::read_dir(&dir)
-        .ctx(&dir)?
+    let names: Vec<String> = fs::read_dir(&dir)?
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();
@@ -642,12 +641,12 @@ pub fn gc(device: &Device) -> Result<Vec<String>> {
     for name in &plan {
         let p = dir.join(name);
         if p.is_dir() {
-            fs::remove_dir_all(&p).ctx(&p)?;
+            fs::remove_dir_all(&p)?;
         } else {
-            remove_if_exists(&p).ctx(&p)?;
+            remove_if_exists(&p)?;
         }
     }
-    sync_dir(&dir).ctx(&dir)?;
+    sync_dir(&dir)?;
     Ok(plan)
 }
 

@@ -12,8 +12,8 @@
 //! Both are dot files, which the purge and `gc` plans never touch. Both are written with
 //! `Device::write_file`/`remove_file`, so the crash enumeration sees them as effects.
 
+use fs_err as fs;
 use std::collections::BTreeMap;
-use std::fs;
 
 use downloader::{Downloader, FetchedManifest, trust};
 use manifest::signature::Refusal;
@@ -56,7 +56,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(device: &Device, name: &str) -> Resul
                 message: e.to_string(),
             }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::Io { path, source: e }),
+        Err(e) => Err(e.into()),
     }
 }
 
