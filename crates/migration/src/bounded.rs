@@ -14,7 +14,8 @@ use crate::error::{Error, Result};
 /// A param value (`/data/params/d/<key>`, the memory params): the longest we write is a
 /// comma-joined catalog list, a few KiB.
 pub const PARAM_LIMIT: u64 = 256 * 1024;
-/// `.migration.json`, `.choice.json`: a few hundred bytes.
+/// `.migration.json`, `.choice.json`, `.accepted-release.json` (one entry per generation),
+/// `.refused-manifest.json`: a few hundred bytes.
 pub const JOURNAL_LIMIT: u64 = 64 * 1024;
 /// `.verified.json`: one line per installed artifact.
 pub const VERIFIED_LIMIT: u64 = 1024 * 1024;

@@ -138,9 +138,7 @@ pub(crate) fn remembered(device: &Device) -> Result<Slots> {
 
 /// Seconds since the epoch (0 if the clock is before it).
 pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    manifest::UnixSeconds::now().0
 }
 
 /// Steps 1–2 of a migration (journal, built-in everywhere, purge), or where an interrupted
@@ -230,23 +228,11 @@ pub fn is_builtin_id(id: &str) -> bool {
 
 /// Read the journal, if any.
 pub fn read_journal(device: &Device) -> Result<Option<Journal>> {
-    let path = device.models_dir().join(JOURNAL_FILE);
-    let Some(b) = crate::bounded::read_capped(&path, crate::bounded::JOURNAL_LIMIT)? else {
-        return Ok(None);
-    };
-    serde_json::from_slice(&b)
-        .map(Some)
-        .map_err(|e| Error::CorruptState {
-            path,
-            message: e.to_string(),
-        })
+    device.read_json(JOURNAL_FILE, crate::bounded::JOURNAL_LIMIT)
 }
 
 pub(crate) fn write_journal(device: &Device, j: &Journal) -> Result<()> {
-    device.write_file(
-        JOURNAL_FILE,
-        &serde_json::to_vec_pretty(j).expect("serializable"),
-    )
+    device.write_json(JOURNAL_FILE, j)
 }
 
 /// Fetch the manifest, store it, migrate if the generation changed (or a migration was
