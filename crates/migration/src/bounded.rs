@@ -3,17 +3,19 @@
 //! `resolve`), refuses anything that is not a regular file, and never reads more than the
 //! limit, so a 1 GiB param costs a `stat`, not a gigabyte of memory.
 
-use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+
+use fs_err::os::unix::fs::OpenOptionsExt;
+use fs_err::{File, OpenOptions};
 
 use crate::error::{Error, Result};
 
 /// A param value (`/data/params/d/<key>`, the memory params): the longest we write is a
 /// comma-joined catalog list, a few KiB.
 pub const PARAM_LIMIT: u64 = 256 * 1024;
-/// `.migration.json`, `.choice.json`: a few hundred bytes.
+/// `.migration.json`, `.choice.json`, `.accepted-release.json` (one entry per generation),
+/// `.refused-manifest.json`: a few hundred bytes.
 pub const JOURNAL_LIMIT: u64 = 64 * 1024;
 /// `.verified.json`: one line per installed artifact.
 pub const VERIFIED_LIMIT: u64 = 1024 * 1024;
@@ -36,17 +38,9 @@ pub fn read_capped(path: &Path, limit: u64) -> Result<Option<Vec<u8>>> {
     {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(Error::Io {
-                path: path.to_path_buf(),
-                source,
-            });
-        }
+        Err(e) => return Err(e.into()),
     };
-    let meta = file.metadata().map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(corrupt("not a regular file".into()));
     }
@@ -57,10 +51,7 @@ pub fn read_capped(path: &Path, limit: u64) -> Result<Option<Vec<u8>>> {
         )));
     }
     let mut out = Vec::with_capacity(meta.len() as usize);
-    read_at_most(file, limit, &mut out).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    read_at_most(file, limit, &mut out)?;
     if out.len() as u64 > limit {
         // The file grew between the stat and the read.
         return Err(corrupt(format!("over the {limit}-byte limit")));
@@ -100,5 +91,26 @@ mod tests {
                 .contains("not a regular file")
         );
         assert!(read_capped(d.path(), 4).is_err());
+    }
+
+    /// A file error is an `Error::Io` from fs-err: its message names the operation and the
+    /// path, and its kind is kept for the callers that branch on it.
+    #[test]
+    fn a_file_error_names_the_path() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("params");
+        std::fs::write(&file, b"").unwrap();
+        // A path under a regular file: ENOTDIR, even as root.
+        let below = file.join("Model");
+        let e = read_capped(&below, 4).unwrap_err();
+        let Error::Io(io) = &e else {
+            panic!("not an Io error: {e:?}")
+        };
+        assert_eq!(io.kind(), io::ErrorKind::NotADirectory);
+        let text = e.to_string();
+        assert!(
+            text.contains("failed to open file") && text.contains(&*below.to_string_lossy()),
+            "{text}"
+        );
     }
 }

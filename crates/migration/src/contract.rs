@@ -1115,28 +1115,32 @@ mod tests {
     fn catalog_params_and_caches_as_upstream_writes_them() {
         let c = catalog();
         let p: BTreeMap<_, _> = c.params().into_iter().collect();
-        assert_eq!(
-            p[keys::AVAILABLE_MODELS],
-            "rdf43,pop223,tr14223,sc2,remove-avgpoolv4,big1,local-mine,local-bare_one"
-        );
-        assert_eq!(
-            p[keys::AVAILABLE_MODEL_NAMES],
-            "Regret Driven Framework V4,Pop,TR14,SC2,NAP4,Big,Mine  built here,bare one"
-        );
-        assert_eq!(
-            p[keys::AVAILABLE_MODEL_SERIES],
-            "Custom Series,Pop Series,Custom Series,Custom Series,Custom Series,Custom Series,Local Series,Local Series"
-        );
-        assert_eq!(
-            p[keys::MODEL_RELEASED_DATES],
-            "2023-01-01,2025-05-01,2023-01-01,2023-01-01,2023-01-01,2023-01-01,2100-01-01,2100-01-01"
-        );
-        assert_eq!(p[keys::MODEL_VERSIONS], "v15,v16,v8,v9,v9,v16,v16,");
-        assert_eq!(
-            p[keys::AVAILABLE_MODEL_ARTIFACT_FORMATS],
-            ",tinygrad_single_v1,,,,,tinygrad_single_v1,tinygrad_single_v1"
-        );
-        assert_eq!(p[keys::COMMUNITY_FAVORITES], "pop223");
+        for (key, want) in [
+            (
+                keys::AVAILABLE_MODELS,
+                "rdf43,pop223,tr14223,sc2,remove-avgpoolv4,big1,local-mine,local-bare_one",
+            ),
+            (
+                keys::AVAILABLE_MODEL_NAMES,
+                "Regret Driven Framework V4,Pop,TR14,SC2,NAP4,Big,Mine  built here,bare one",
+            ),
+            (
+                keys::AVAILABLE_MODEL_SERIES,
+                "Custom Series,Pop Series,Custom Series,Custom Series,Custom Series,Custom Series,Local Series,Local Series",
+            ),
+            (
+                keys::MODEL_RELEASED_DATES,
+                "2023-01-01,2025-05-01,2023-01-01,2023-01-01,2023-01-01,2023-01-01,2100-01-01,2100-01-01",
+            ),
+            (keys::MODEL_VERSIONS, "v15,v16,v8,v9,v9,v16,v16,"),
+            (
+                keys::AVAILABLE_MODEL_ARTIFACT_FORMATS,
+                ",tinygrad_single_v1,,,,,tinygrad_single_v1,tinygrad_single_v1",
+            ),
+            (keys::COMMUNITY_FAVORITES, "pop223"),
+        ] {
+            assert_eq!(p[key], want, "{key}");
+        }
 
         let caches: BTreeMap<_, _> = c.caches().into_iter().collect();
         assert_eq!(caches[VERSIONS_CACHE]["local-mine"], "v16");

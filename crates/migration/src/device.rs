@@ -1,21 +1,22 @@
 //! The device's state on disk: `<data>/models`, `<data>/params/d`, the memory params, the stored
 //! catalog, the verification cache, and `resolve` for modeld.
 
+use fs_err as fs;
 use std::collections::BTreeMap;
-use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use chunker::atomic::write_atomic;
 use manifest::{Generation, Manifest, ModelEntry, ModelId, Sha256Digest, layout};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::bounded::{self, read_capped};
 use crate::choice::{CHOICE_FILE, Choice};
 use crate::contract::{self, Catalog, LocalModel, ProfilesRead, SelectionParams};
 use crate::effects::Effects;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::params::{Params, keys};
 
 /// The stored catalog: the validated manifest this device last accepted.
@@ -185,16 +186,44 @@ impl Device {
         if read_capped(&path, body.len() as u64).is_ok_and(|old| old.as_deref() == Some(body)) {
             return Ok(());
         }
-        write_atomic(&path, body).ctx(&path)?;
+        write_atomic(&path, body)?;
         self.effects.done(|| format!("write {name}"))
+    }
+
+    /// A JSON state file of the models dir (`.choice.json`, `.migration.json`, the trust
+    /// records): `None` when it is not there; over `limit` bytes, not a regular file, or not
+    /// parsing as `T` is an [`Error::CorruptState`] naming it.
+    pub(crate) fn read_json<T: DeserializeOwned>(
+        &self,
+        name: &str,
+        limit: u64,
+    ) -> Result<Option<T>> {
+        let path = self.models_dir().join(name);
+        let Some(b) = read_capped(&path, limit)? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| Error::CorruptState {
+                path,
+                message: e.to_string(),
+            })
+    }
+
+    /// Write a JSON state file of the models dir (pretty) with [`Device::write_file`].
+    pub(crate) fn write_json<T: Serialize + ?Sized>(&self, name: &str, value: &T) -> Result<()> {
+        self.write_file(
+            name,
+            &serde_json::to_vec_pretty(value).expect("state serializes"),
+        )
     }
 
     /// Remove a file of the models dir and report the effect (nothing when it is not there).
     pub(crate) fn remove_file(&self, name: &str) -> Result<()> {
         let dir = self.models_dir();
         let path = dir.join(name);
-        if chunker::atomic::remove_if_exists(&path).ctx(&path)? {
-            chunker::atomic::sync_dir(&dir).ctx(&dir)?;
+        if chunker::atomic::remove_if_exists(&path)? {
+            chunker::atomic::sync_dir(&dir)?;
             self.effects.done(|| format!("remove {name}"))?;
         }
         Ok(())
@@ -230,12 +259,7 @@ impl Device {
         let rd = match fs::read_dir(&dir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => {
-                return Err(Error::Io {
-                    path: dir,
-                    source: e,
-                });
-            }
+            Err(e) => return Err(e.into()),
         };
         let mut names: Vec<String> = rd
             .filter_map(|e| e.ok())
@@ -298,7 +322,7 @@ impl Device {
 
     pub fn ensure_dirs(&self) -> Result<()> {
         let m = self.models_dir();
-        fs::create_dir_all(&m).ctx(&m)
+        Ok(fs::create_dir_all(&m)?)
     }
 
     /// The selection from params under upstream's precedence: unset means the default
@@ -369,23 +393,11 @@ impl Device {
 
     /// The remembered choice (`.choice.json`), if any.
     pub fn choice(&self) -> Result<Option<Choice>> {
-        let path = self.models_dir().join(CHOICE_FILE);
-        let Some(b) = read_capped(&path, bounded::JOURNAL_LIMIT)? else {
-            return Ok(None);
-        };
-        serde_json::from_slice(&b)
-            .map(Some)
-            .map_err(|e| Error::CorruptState {
-                path,
-                message: e.to_string(),
-            })
+        self.read_json(CHOICE_FILE, bounded::JOURNAL_LIMIT)
     }
 
     pub(crate) fn store_choice(&self, c: &Choice) -> Result<()> {
-        self.write_file(
-            CHOICE_FILE,
-            &serde_json::to_vec_pretty(c).expect("serializable"),
-        )
+        self.write_json(CHOICE_FILE, c)
     }
 
     pub fn require_catalog(&self) -> Result<Manifest> {
@@ -418,7 +430,7 @@ impl Device {
             files.push(manifest.clone());
         }
         for f in files {
-            let m = fs::symlink_metadata(&f).ctx(&f)?;
+            let m = fs::symlink_metadata(&f)?;
             if !m.file_type().is_file() {
                 // A symlink could be re-pointed without changing its own stat.
                 return Ok(None);
@@ -437,21 +449,18 @@ impl Device {
         Ok(Some(sig))
     }
 
+    /// The verification cache; an unreadable one is an empty cache (everything is re-hashed).
     fn load_cache(&self) -> BTreeMap<String, CacheEntry> {
-        read_capped(
-            &self.models_dir().join(VERIFIED_FILE),
-            bounded::VERIFIED_LIMIT,
-        )
-        .ok()
-        .flatten()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+        self.read_json(VERIFIED_FILE, bounded::VERIFIED_LIMIT)
+            .ok()
+            .flatten()
+            .unwrap_or_default()
     }
 
     fn save_cache(&self, cache: &BTreeMap<String, CacheEntry>) -> Result<()> {
         let path = self.models_dir().join(VERIFIED_FILE);
         let body = serde_json::to_vec(cache).expect("plain map serializes");
-        write_atomic(&path, &body).ctx(&path)
+        Ok(write_atomic(&path, &body)?)
     }
 
     /// Whether `entry`'s artifact is installed and verified: size and SHA-256 against the
@@ -557,23 +566,16 @@ impl Device {
 
     /// Store the entries the accepted manifest had that this device left out.
     pub fn store_refused(&self, refused: &[RefusedModel]) -> Result<()> {
-        self.write_file(
-            REFUSED_FILE,
-            &serde_json::to_vec_pretty(refused).expect("serializable"),
-        )
+        self.write_json(REFUSED_FILE, refused)
     }
 
     /// The entries the stored catalog's manifest had that were left out (none if unknown).
     /// A report, never trusted for a decision: bounded like the catalog it describes.
     pub fn refused(&self) -> Vec<RefusedModel> {
-        read_capped(
-            &self.models_dir().join(REFUSED_FILE),
-            bounded::CATALOG_LIMIT,
-        )
-        .ok()
-        .flatten()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+        self.read_json(REFUSED_FILE, bounded::CATALOG_LIMIT)
+            .ok()
+            .flatten()
+            .unwrap_or_default()
     }
 
     /// Record that the artifact just installed at `entry`'s path was verified as `sha256` /
@@ -669,6 +671,29 @@ mod tests {
             builtin_dir: root.join("builtin"),
             generation: layout::CURRENT_GENERATION,
         })
+    }
+
+    /// Every JSON state file (journal, choice, trust records) is read one way: absent is
+    /// `None`; torn, oversized or not a regular file is `CorruptState` naming it.
+    #[test]
+    fn state_files_are_read_capped_and_a_bad_one_is_named() {
+        let t = tempfile::tempdir().unwrap();
+        let d = device(t.path());
+        d.ensure_dirs().unwrap();
+        let none: Option<BTreeMap<String, u32>> = d.read_json("s.json", 64).unwrap();
+        assert_eq!(none, None);
+        d.write_json("s.json", &BTreeMap::from([("a", 1)])).unwrap();
+        let got: Option<BTreeMap<String, u32>> = d.read_json("s.json", 64).unwrap();
+        assert_eq!(got, Some(BTreeMap::from([("a".to_string(), 1)])));
+        let path = d.models_dir().join("s.json");
+        for (body, limit) in [(&b"{\"a\": "[..], 64), (&b"{\"a\": 1}"[..], 4)] {
+            fs::write(&path, body).unwrap();
+            let e = d
+                .read_json::<BTreeMap<String, u32>>("s.json", limit)
+                .unwrap_err();
+            assert!(matches!(e, Error::CorruptState { .. }), "{e:?}");
+            assert!(e.to_string().contains(&*path.to_string_lossy()), "{e}");
+        }
     }
 
     /// A device on the current generation whose catalog lists `pop223` and selects it.

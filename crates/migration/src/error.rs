@@ -12,8 +12,18 @@ pub enum Error {
     )]
     Busy { path: PathBuf },
 
-    #[error("{}: {source}", path.display())]
-    Io {
+    /// A file or directory operation failed. Every filesystem call of this crate goes through
+    /// `fs-err`, whose message names the operation and the path ("failed to open file `…`: …")
+    /// and keeps the `kind()`.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+
+    /// The manager lock could not be taken for a reason other than another holder (see
+    /// [`Error::Busy`]): the models directory is not a directory, or the previous build's lock
+    /// file could not be opened. Not an `Io` error because the lock code must read the raw
+    /// errno of the open, which `fs-err`'s wrapped error does not expose.
+    #[error("could not lock {}: {source}", path.display())]
+    Lock {
         path: PathBuf,
         #[source]
         source: std::io::Error,
@@ -76,17 +86,4 @@ pub enum Error {
     /// A simulated crash (tests only, see `Effects`): nothing after effect `effect` ran.
     #[error("simulated crash after effect {effect} ({what})")]
     Crashed { effect: usize, what: String },
-}
-
-pub(crate) trait IoContext<T> {
-    fn ctx(self, path: &std::path::Path) -> Result<T>;
-}
-
-impl<T> IoContext<T> for std::io::Result<T> {
-    fn ctx(self, path: &std::path::Path) -> Result<T> {
-        self.map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })
-    }
 }

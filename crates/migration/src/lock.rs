@@ -10,12 +10,14 @@
 //! that name is unlinked (which never touches its target) instead of being followed, and a FIFO
 //! or directory there is ignored.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::TryLockError;
 use std::io;
 use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, IoContext, Result};
+use fs_err::File;
+
+use crate::error::{Error, Result};
 
 /// The previous build's lock file, still locked for compatibility (see the module docs).
 pub const LOCK_FILE: &str = ".manager.lock";
@@ -31,17 +33,20 @@ pub struct ManagerLock {
 impl ManagerLock {
     /// Take the lock or fail at once with [`Error::Busy`].
     pub fn acquire(models_dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(models_dir).ctx(models_dir)?;
-        let dir = File::open(models_dir).ctx(models_dir)?;
-        if !dir.metadata().ctx(models_dir)?.is_dir() {
-            return Err(Error::Io {
+        fs_err::create_dir_all(models_dir)?;
+        let dir = File::open(models_dir)?;
+        if !dir.metadata()?.is_dir() {
+            return Err(Error::Lock {
                 path: models_dir.to_path_buf(),
                 source: io::Error::new(io::ErrorKind::NotADirectory, "not a directory"),
             });
         }
         take(&dir, models_dir)?;
         let legacy_path = models_dir.join(LOCK_FILE);
-        let legacy = open_legacy(&legacy_path).ctx(&legacy_path)?;
+        let legacy = open_legacy(&legacy_path).map_err(|source| Error::Lock {
+            path: legacy_path.clone(),
+            source,
+        })?;
         if let Some(f) = &legacy {
             take(f, &legacy_path)?;
         }
@@ -64,18 +69,22 @@ fn take(file: &File, path: &Path) -> Result<()> {
         Err(TryLockError::WouldBlock) => Err(Error::Busy {
             path: path.to_path_buf(),
         }),
-        Err(TryLockError::Error(e)) => Err(Error::Io {
+        Err(TryLockError::Error(source)) => Err(Error::Lock {
             path: path.to_path_buf(),
-            source: e,
+            source,
         }),
     }
 }
 
 /// The previous build's lock file as a regular file, or `None` when something other than a
 /// regular file or symlink sits at its name.
+///
+/// The open is std's, not fs-err's: what to do next depends on its raw errno (`ELOOP`, `ENXIO`
+/// have no stable `ErrorKind`), which fs-err's wrapped error hides; the caller names the path
+/// in [`Error::Lock`].
 fn open_legacy(path: &Path) -> io::Result<Option<File>> {
     for _ in 0..3 {
-        let opened = OpenOptions::new()
+        let opened = std::fs::OpenOptions::new()
             .read(true)
             .create(true)
             .write(true)
@@ -85,12 +94,13 @@ fn open_legacy(path: &Path) -> io::Result<Option<File>> {
             .open(path);
         match opened {
             Ok(f) => {
+                let f = File::from_parts(f, path);
                 let t = f.metadata()?.file_type();
                 return Ok((t.is_file() && !t.is_fifo()).then_some(f));
             }
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
                 // A symlink: remove the link itself and make our own file.
-                std::fs::remove_file(path)?;
+                fs_err::remove_file(path)?;
             }
             Err(e)
                 if matches!(

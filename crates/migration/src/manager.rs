@@ -20,8 +20,8 @@
 //! end state is the same as an uninterrupted run. `resolve` answers the built-in while a journal
 //! exists, so modeld never loads an old-generation pickle in between.
 
+use fs_err as fs;
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs;
 
 use chunker::atomic::{remove_if_exists, sync_dir};
 use downloader::{CancelToken, Downloader, Event, Installed};
@@ -33,7 +33,7 @@ use crate::contract::{
     self, BigProfile, Catalog, ModelKind, Outcome, ProfilesRead, SelectionParams, Start, Wanted,
 };
 use crate::device::{Device, JOURNAL_FILE, VerifyState};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::params::keys;
 use crate::plan;
 use crate::progress::{Progress, ProgressFn};
@@ -138,9 +138,7 @@ pub(crate) fn remembered(device: &Device) -> Result<Slots> {
 
 /// Seconds since the epoch (0 if the clock is before it).
 pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    manifest::UnixSeconds::now().0
 }
 
 /// Steps 1–2 of a migration (journal, built-in everywhere, purge), or where an interrupted
@@ -230,23 +228,11 @@ pub fn is_builtin_id(id: &str) -> bool {
 
 /// Read the journal, if any.
 pub fn read_journal(device: &Device) -> Result<Option<Journal>> {
-    let path = device.models_dir().join(JOURNAL_FILE);
-    let Some(b) = crate::bounded::read_capped(&path, crate::bounded::JOURNAL_LIMIT)? else {
-        return Ok(None);
-    };
-    serde_json::from_slice(&b)
-        .map(Some)
-        .map_err(|e| Error::CorruptState {
-            path,
-            message: e.to_string(),
-        })
+    device.read_json(JOURNAL_FILE, crate::bounded::JOURNAL_LIMIT)
 }
 
 pub(crate) fn write_journal(device: &Device, j: &Journal) -> Result<()> {
-    device.write_file(
-        JOURNAL_FILE,
-        &serde_json::to_vec_pretty(j).expect("serializable"),
-    )
+    device.write_json(JOURNAL_FILE, j)
 }
 
 /// Fetch the manifest, store it, migrate if the generation changed (or a migration was
@@ -378,7 +364,7 @@ pub fn refresh_at(
             {
                 return Err(Error::Download(e));
             }
-            Err(e @ Error::Io { .. }) => return Err(e),
+            Err(e @ Error::Io(_)) => return Err(e),
             // Anything else (every origin refused it, a full disk): the built-in, or the
             // verified older copy, stands in, and later refreshes retry it.
             Err(e) => {
@@ -627,8 +613,7 @@ pub fn gc_plan(device: &Device) -> Result<Vec<String>> {
     let catalog = device.require_catalog()?;
     let ids: BTreeSet<String> = catalog.ids().map(|i| i.to_string()).collect();
     let dir = device.models_dir();
-    let names: Vec<String> = fs::read_dir(&dir)
-        .ctx(&dir)?
+    let names: Vec<String> = fs::read_dir(&dir)?
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();
@@ -642,12 +627,12 @@ pub fn gc(device: &Device) -> Result<Vec<String>> {
     for name in &plan {
         let p = dir.join(name);
         if p.is_dir() {
-            fs::remove_dir_all(&p).ctx(&p)?;
+            fs::remove_dir_all(&p)?;
         } else {
-            remove_if_exists(&p).ctx(&p)?;
+            remove_if_exists(&p)?;
         }
     }
-    sync_dir(&dir).ctx(&dir)?;
+    sync_dir(&dir)?;
     Ok(plan)
 }
 

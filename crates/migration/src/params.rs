@@ -3,14 +3,14 @@
 //! directory, fsync, rename, fsync the directory), so a power cut leaves the old value or the
 //! new one, never a torn one.
 
-use std::fs;
+use fs_err as fs;
 use std::path::{Path, PathBuf};
 
 use chunker::atomic::{remove_if_exists, sync_dir, write_atomic};
 
 use crate::bounded::{PARAM_LIMIT, read_capped};
 use crate::effects::Effects;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 
 /// Persistent keys this manager reads and writes.
 pub mod keys {
@@ -116,17 +116,17 @@ impl Params {
         if self.get(key).ok().flatten().as_deref() == Some(value) {
             return Ok(()); // spare the flash a rewrite
         }
-        fs::create_dir_all(&self.dir).ctx(&self.dir)?;
+        fs::create_dir_all(&self.dir)?;
         let path = self.path(key);
-        write_atomic(&path, value.as_bytes()).ctx(&path)?;
+        write_atomic(&path, value.as_bytes())?;
         self.effects.done(|| format!("param {key}={value}"))
     }
 
     pub fn remove(&self, key: &str) -> Result<()> {
         check_key(key)?;
         let path = self.path(key);
-        if remove_if_exists(&path).ctx(&path)? {
-            sync_dir(&self.dir).ctx(&self.dir)?;
+        if remove_if_exists(&path)? {
+            sync_dir(&self.dir)?;
             self.effects.done(|| format!("param {key} removed"))?;
         }
         Ok(())

@@ -59,7 +59,8 @@ impl FailReason {
             Error::NoCatalog { .. } | Error::CatalogTooLarge { .. } => FailReason::NoModelList,
             Error::BuiltinMissing { .. } => FailReason::BuiltinMissing,
             Error::Busy { .. } => FailReason::Busy,
-            Error::Io { .. }
+            Error::Io(_)
+            | Error::Lock { .. }
             | Error::BadParamKey { .. }
             | Error::CorruptState { .. }
             | Error::Onroad { .. }
@@ -244,8 +245,9 @@ mod tests {
                 },
                 FailReason::DeviceError,
             ),
+            (Error::Io(io()), FailReason::DeviceError),
             (
-                Error::Io {
+                Error::Lock {
                     path: "/data/models".into(),
                     source: io(),
                 },

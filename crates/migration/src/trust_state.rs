@@ -13,15 +13,15 @@
 //! `Device::write_file`/`remove_file`, so the crash enumeration sees them as effects.
 
 use std::collections::BTreeMap;
-use std::fs;
 
 use downloader::{Downloader, FetchedManifest, trust};
 use manifest::signature::Refusal;
 use manifest::{Generation, ReleaseNumber, UnixSeconds};
 use serde::{Deserialize, Serialize};
 
+use crate::bounded::JOURNAL_LIMIT;
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 pub const ACCEPTED_RELEASE_FILE: &str = ".accepted-release.json";
 pub const REFUSED_MANIFEST_FILE: &str = ".refused-manifest.json";
@@ -46,23 +46,11 @@ pub struct RefusedManifest {
     pub reasons: Vec<String>,
 }
 
-fn read_json<T: for<'de> Deserialize<'de>>(device: &Device, name: &str) -> Result<Option<T>> {
-    let path = device.models_dir().join(name);
-    match fs::read(&path) {
-        Ok(b) => serde_json::from_slice(&b)
-            .map(Some)
-            .map_err(|e| Error::CorruptState {
-                path,
-                message: e.to_string(),
-            }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::Io { path, source: e }),
-    }
-}
-
 /// Every generation's accepted release.
 pub fn accepted_releases(device: &Device) -> Result<BTreeMap<String, AcceptedRelease>> {
-    Ok(read_json(device, ACCEPTED_RELEASE_FILE)?.unwrap_or_default())
+    Ok(device
+        .read_json(ACCEPTED_RELEASE_FILE, JOURNAL_LIMIT)?
+        .unwrap_or_default())
 }
 
 /// The accepted release of `generation`, if any.
@@ -74,7 +62,7 @@ pub fn accepted_release(
 }
 
 pub fn last_refusal(device: &Device) -> Result<Option<RefusedManifest>> {
-    read_json(device, REFUSED_MANIFEST_FILE)
+    device.read_json(REFUSED_MANIFEST_FILE, JOURNAL_LIMIT)
 }
 
 /// Fetch the generation's manifest; with trusted keys, refuse one older than the accepted
@@ -134,10 +122,7 @@ fn record_refusal(
             .map(|(origin, r)| format!("{origin}: {r}"))
             .collect(),
     };
-    device.write_file(
-        REFUSED_MANIFEST_FILE,
-        &serde_json::to_vec_pretty(&report).expect("serializable"),
-    )
+    device.write_json(REFUSED_MANIFEST_FILE, &report)
 }
 
 fn record_accepted(
@@ -161,10 +146,7 @@ fn record_accepted(
         },
     );
     // Atomic, and reported to the crash enumeration like every other effect of a refresh.
-    device.write_file(
-        ACCEPTED_RELEASE_FILE,
-        &serde_json::to_vec_pretty(&all).expect("serializable"),
-    )
+    device.write_json(ACCEPTED_RELEASE_FILE, &all)
 }
 
 /// The first refusal of a manifest fetch refused on trust grounds (shown in

@@ -4,11 +4,13 @@
 //! an uninterrupted run leaves. The effects are counted by the crate's own checkpoints
 //! (`migration::Effects`); the crash stops the refresh at once, as kill -9 would.
 
-use crate::common::{Fixture, Origin};
+use std::collections::BTreeMap;
+
+use crate::common::{Fixture, Origin, refresh};
 use crate::upstream;
 use crate::upstream::Load;
 use downloader::CancelToken;
-use migration::{Effects, Error};
+use migration::{Effects, Error, RefreshReport};
 
 /// The starting devices: rich ones (two installs, both profiles) and a fallback.
 type Params = &'static [(&'static str, &'static str)];
@@ -74,23 +76,90 @@ fn assert_modeld_safe(
     }
 }
 
+/// One crash enumeration: `run` (a refresh under the given effects hook) on fresh devices from
+/// `prepare`.
+pub struct Enumeration<'a> {
+    pub origin: &'a Origin,
+    pub label: &'a str,
+    pub prepare: &'a dyn Fn() -> Fixture,
+    pub run: &'a dyn Fn(&Fixture, Effects) -> migration::Result<RefreshReport>,
+    /// The run ends in an error, uninterrupted and on every rerun (an offline refresh).
+    pub offline: bool,
+    /// modeld runs with the external GPU (it loads the big profile too).
+    pub egpu: bool,
+    /// More checks right after each crash, before the rerun, given the uninterrupted run's end
+    /// state ([`Fixture::snapshot`]); the `&str` names the crash.
+    pub after_crash: &'a dyn Fn(&Fixture, &Snapshot, &str),
+}
+
+impl<'a> Enumeration<'a> {
+    /// Online, no eGPU, no checks beyond the common ones.
+    pub fn new(
+        origin: &'a Origin,
+        label: &'a str,
+        prepare: &'a dyn Fn() -> Fixture,
+        run: &'a dyn Fn(&Fixture, Effects) -> migration::Result<RefreshReport>,
+    ) -> Self {
+        Self {
+            origin,
+            label,
+            prepare,
+            run,
+            offline: false,
+            egpu: false,
+            after_crash: &|_, _, _| {},
+        }
+    }
+}
+
+/// What the uninterrupted run did: its effects in order, and the state it ended in.
+pub struct Uninterrupted {
+    pub log: Vec<String>,
+    pub end: Snapshot,
+}
+
+type Snapshot = BTreeMap<String, String>;
+
+/// Run `e` uninterrupted, then for each of its effects: on a fresh device, crash right after
+/// it, check what modeld would load at that instant (and `after_crash`), rerun, and require the
+/// uninterrupted run's end state.
+pub fn enumerate(e: &Enumeration) -> Uninterrupted {
+    let label = e.label;
+    let clean = (e.prepare)();
+    let effects = Effects::recording();
+    let r = (e.run)(&clean, effects.clone());
+    assert_eq!(r.is_err(), e.offline, "{label}: {r:?}");
+    let want = clean.snapshot();
+    let log = effects.log();
+    assert!(!log.is_empty(), "{label}: no effects");
+    for (n, what) in log.iter().enumerate() {
+        let f = (e.prepare)();
+        let before = upstream::modeld(&f.data(), e.egpu);
+        let ctx = format!("{label}: crash after effect {n} ({what})");
+        match (e.run)(&f, Effects::crash_after(n)) {
+            Err(Error::Crashed { effect, .. }) => assert_eq!(effect, n, "{ctx}"),
+            other => panic!("{ctx}: expected the simulated crash, got {other:?}"),
+        }
+        assert_modeld_safe(e.origin, &f, e.egpu, &before, &ctx);
+        (e.after_crash)(&f, &want, &ctx);
+        let r = (e.run)(&f, Effects::none());
+        assert_eq!(r.is_err(), e.offline, "{ctx}: rerun {r:?}");
+        assert_eq!(f.snapshot(), want, "{ctx}: rerun ends elsewhere");
+    }
+    Uninterrupted { log, end: want }
+}
+
 #[test]
 fn a_crash_after_any_effect_then_a_rerun_ends_as_an_uninterrupted_refresh() {
     let origin = Origin::start();
+    let run =
+        |f: &Fixture, effects: Effects| refresh(&f.device_with(effects), &origin.downloader());
     let mut total = 0;
     for (name, params, egpu) in STARTS {
-        // The uninterrupted run: its end state and its effects.
-        let clean = Fixture::v24(params);
-        let effects = Effects::recording();
-        migration::refresh(
-            &clean.device_with(effects.clone()),
-            &origin.downloader(),
-            &CancelToken::new(),
-            &|_| {},
-        )
-        .unwrap();
-        let want = clean.snapshot();
-        let log = effects.log();
+        let Uninterrupted { log, .. } = enumerate(&Enumeration {
+            egpu: *egpu,
+            ..Enumeration::new(&origin, name, &|| Fixture::v24(params), &run)
+        });
         assert!(
             log.len() > 20,
             "{name}: only {} effects: {log:?}",
@@ -107,30 +176,6 @@ fn a_crash_after_any_effect_then_a_rerun_ends_as_an_uninterrupted_refresh() {
                 "{name}: no {kind} in {log:?}"
             );
         }
-
-        for (n, what) in log.iter().enumerate() {
-            let f = Fixture::v24(params);
-            let before = upstream::modeld(&f.data(), *egpu);
-            let ctx = format!("{name}: crash after effect {n} ({what})");
-            match migration::refresh(
-                &f.device_with(Effects::crash_after(n)),
-                &origin.downloader(),
-                &CancelToken::new(),
-                &|_| {},
-            ) {
-                Err(Error::Crashed { effect, .. }) => assert_eq!(effect, n, "{ctx}"),
-                other => panic!("{ctx}: expected the simulated crash, got {other:?}"),
-            }
-            assert_modeld_safe(&origin, &f, *egpu, &before, &ctx);
-            migration::refresh(
-                &f.device(),
-                &origin.downloader(),
-                &CancelToken::new(),
-                &|_| {},
-            )
-            .unwrap_or_else(|e| panic!("{ctx}: rerun failed: {e}"));
-            assert_eq!(f.snapshot(), want, "{ctx}: rerun ends elsewhere");
-        }
         total += log.len();
     }
     eprintln!("crashed after each of {total} effects");
@@ -143,87 +188,15 @@ fn a_crash_during_a_same_generation_repair_reruns_to_the_same_state() {
     // Bring a device to v25, then delete its selected artifact and drop the model from the
     // UI's profile so the repair has params to rewrite as well as a model to fetch.
     let prepare = || {
-        let f = Fixture::v24(params);
-        migration::refresh(
-            &f.device(),
-            &origin.downloader(),
-            &CancelToken::new(),
-            &|_| {},
-        )
-        .unwrap();
+        let f = origin.refreshed(params);
         std::fs::remove_file(f.models().join("pop223_driving_tinygrad.pkl")).unwrap();
         f.set("ActiveSmallModelName", "stale");
         f
     };
-    let clean = prepare();
-    let effects = Effects::recording();
-    migration::refresh(
-        &clean.device_with(effects.clone()),
-        &origin.downloader(),
-        &CancelToken::new(),
-        &|_| {},
-    )
-    .unwrap();
-    let want = clean.snapshot();
-    let log = effects.log();
+    let run =
+        |f: &Fixture, effects: Effects| refresh(&f.device_with(effects), &origin.downloader());
+    let Uninterrupted { log, .. } = enumerate(&Enumeration::new(&origin, "repair", &prepare, &run));
     assert!(log.iter().any(|e| e == "install pop223"), "{log:?}");
-    for (n, what) in log.iter().enumerate() {
-        let f = prepare();
-        let ctx = format!("crash after effect {n} ({what})");
-        assert!(
-            matches!(
-                migration::refresh(
-                    &f.device_with(Effects::crash_after(n)),
-                    &origin.downloader(),
-                    &CancelToken::new(),
-                    &|_| {},
-                ),
-                Err(Error::Crashed { .. })
-            ),
-            "{ctx}"
-        );
-        migration::refresh(
-            &f.device(),
-            &origin.downloader(),
-            &CancelToken::new(),
-            &|_| {},
-        )
-        .unwrap();
-        assert_eq!(f.snapshot(), want, "{ctx}");
-    }
-}
-
-/// Enumerate `run` (a refresh at a fixed time on a fresh device from `prepare`): crash after
-/// each of its effects, check what modeld loads, rerun `run` the same way, and require the end
-/// state of the uninterrupted run. Returns how many effects there were.
-fn enumerate(
-    origin: &Origin,
-    prepare: &dyn Fn() -> Fixture,
-    run: &dyn Fn(&Fixture, Effects) -> migration::Result<migration::RefreshReport>,
-    offline: bool,
-    label: &str,
-) -> usize {
-    let clean = prepare();
-    let effects = Effects::recording();
-    let r = run(&clean, effects.clone());
-    assert_eq!(r.is_err(), offline, "{label}: {r:?}");
-    let want = clean.snapshot();
-    let log = effects.log();
-    assert!(!log.is_empty(), "{label}: no effects");
-    for (n, what) in log.iter().enumerate() {
-        let f = prepare();
-        let before = upstream::modeld(&f.data(), false);
-        let ctx = format!("{label}: crash after effect {n} ({what})");
-        match run(&f, Effects::crash_after(n)) {
-            Err(Error::Crashed { effect, .. }) => assert_eq!(effect, n, "{ctx}"),
-            other => panic!("{ctx}: expected the simulated crash, got {other:?}"),
-        }
-        assert_modeld_safe(origin, &f, false, &before, &ctx);
-        let r = run(&f, Effects::none());
-        assert_eq!(r.is_err(), offline, "{ctx}: rerun {r:?}");
-        assert_eq!(f.snapshot(), want, "{ctx}: rerun ends elsewhere");
-    }
-    log.len()
 }
 
 const T0: u64 = 1_000_000;
@@ -231,7 +204,7 @@ const T0: u64 = 1_000_000;
 fn at(
     origin: &Origin,
     now: u64,
-) -> impl Fn(&Fixture, Effects) -> migration::Result<migration::RefreshReport> + '_ {
+) -> impl Fn(&Fixture, Effects) -> migration::Result<RefreshReport> + '_ {
     move |f: &Fixture, effects: Effects| {
         migration::refresh_at(
             &f.device_with(effects),
@@ -254,13 +227,17 @@ fn an_offline_first_boot_survives_a_crash_after_any_effect_and_then_migrates_onl
     let online_ref = Fixture::v24(params);
     at(&origin, T0)(&online_ref, Effects::none()).unwrap();
     origin.no_manifest();
-    let n = enumerate(
-        &origin,
-        &|| Fixture::v24(params),
-        &at(&origin, T0),
-        true,
-        "offline first boot",
-    );
+    let n = enumerate(&Enumeration {
+        offline: true,
+        ..Enumeration::new(
+            &origin,
+            "offline first boot",
+            &|| Fixture::v24(params),
+            &at(&origin, T0),
+        )
+    })
+    .log
+    .len();
     assert!(n > 15, "{n}");
     // Every crashed-and-rerun offline device, once online, ends as one refreshed online at once
     // (checked on one; the offline end states are all equal to the clean one above).
@@ -278,13 +255,14 @@ fn a_temporary_fallback_and_its_switch_back_survive_a_crash_after_any_effect() {
     let sel: &[(&str, &str)] = &[("Model", "pop223"), ("DrivingModel", "pop223")];
     // 1. The fallback itself: the selected model is refused during the migration.
     origin.refuse("pop223");
-    let n1 = enumerate(
+    let n1 = enumerate(&Enumeration::new(
         &origin,
+        "falling back",
         &|| Fixture::v24(sel),
         &at(&origin, T0),
-        false,
-        "falling back",
-    );
+    ))
+    .log
+    .len();
     // 2. The switch back: the model is served again, the retry is due.
     let fallen = || {
         let f = Fixture::v24(sel);
@@ -295,13 +273,14 @@ fn a_temporary_fallback_and_its_switch_back_survive_a_crash_after_any_effect() {
         f
     };
     origin.server.clear_faults();
-    let n2 = enumerate(
+    let n2 = enumerate(&Enumeration::new(
         &origin,
+        "switching back",
         &fallen,
         &at(&origin, T0 + 300),
-        false,
-        "switching back",
-    );
+    ))
+    .log
+    .len();
     let f = fallen();
     at(&origin, T0 + 300)(&f, Effects::none()).unwrap();
     assert_eq!(f.param("Model").as_deref(), Some("pop223"));

@@ -8,10 +8,9 @@
 use crate::upstream;
 use std::fs;
 
-use crate::common::{CATALOG_IDS, Fixture, LOCAL_BARE, LOCAL_MINE, Origin, sha_of};
+use crate::common::{CATALOG_IDS, Fixture, LOCAL_BARE, LOCAL_MINE, Origin, refresh, sha_of};
 use crate::upstream::Load;
 use downloader::CancelToken;
-use test_support::http_server::Fault;
 
 /// What a fixture must end as.
 struct Case {
@@ -29,6 +28,18 @@ struct Case {
 
 const SEL_POP: [(&str, &str); 2] = [("Model", "pop223"), ("DrivingModel", "pop223")];
 
+/// What a row leaves out: nothing refused, no eGPU, no big profile, no fallback.
+const PLAIN: Case = Case {
+    name: "",
+    params: &[],
+    refused: &[],
+    egpu: false,
+    small: "",
+    big: None,
+    selected: "",
+    fell_back: false,
+};
+
 const CASES: &[Case] = &[
     Case {
         name: "profiles set, big disabled",
@@ -40,42 +51,31 @@ const CASES: &[Case] = &[
             ("ActiveSmallModelVersion", "v7"),
             ("ActiveBigModel", "none"),
         ],
-        refused: &[],
-        egpu: false,
         small: "pop223",
         big: Some("none"),
         selected: "pop223",
-        fell_back: false,
+        ..PLAIN
     },
     Case {
         name: "legacy selection",
         params: &[("Model", "tr14223"), ("DrivingModel", "tr14223")],
-        refused: &[],
-        egpu: false,
         small: "tr14223",
-        big: None,
         selected: "tr14223",
-        fell_back: false,
+        ..PLAIN
     },
     Case {
         name: "legacy selection, only Model set off the default",
         params: &[("Model", "tr14223"), ("DrivingModel", "rdf43")],
-        refused: &[],
-        egpu: false,
         small: "tr14223",
-        big: None,
         selected: "tr14223",
-        fell_back: false,
+        ..PLAIN
     },
     Case {
         name: "pre-v23 alias",
         params: &[("Model", "pop22"), ("DrivingModel", "pop22")],
-        refused: &[],
-        egpu: false,
         small: "pop223",
-        big: None,
         selected: "pop223",
-        fell_back: false,
+        ..PLAIN
     },
     Case {
         name: "local model with sidecar",
@@ -84,12 +84,9 @@ const CASES: &[Case] = &[
             ("DrivingModel", "local-mine"),
             ("ActiveSmallModel", "local-mine"),
         ],
-        refused: &[],
-        egpu: false,
         small: "local-mine",
-        big: None,
         selected: "local-mine",
-        fell_back: false,
+        ..PLAIN
     },
     Case {
         name: "local model without sidecar",
@@ -97,12 +94,9 @@ const CASES: &[Case] = &[
             ("Model", "local-bare_model"),
             ("DrivingModel", "local-bare_model"),
         ],
-        refused: &[],
-        egpu: false,
         small: "local-bare_model",
-        big: None,
         selected: "local-bare_model",
-        fell_back: false,
+        ..PLAIN
     },
     Case {
         name: "eGPU profile",
@@ -112,22 +106,20 @@ const CASES: &[Case] = &[
             ("ActiveSmallModel", "pop223"),
             ("ActiveBigModel", "big223"),
         ],
-        refused: &[],
         egpu: true,
         small: "pop223",
         big: Some("big223"),
         selected: "big223",
-        fell_back: false,
+        ..PLAIN
     },
     Case {
         name: "legacy eGPU selection",
         params: &[("Model", "big223"), ("DrivingModel", "big223")],
-        refused: &[],
         egpu: true,
         small: "rdf43",
         big: Some("big223"),
         selected: "big223",
-        fell_back: false,
+        ..PLAIN
     },
     Case {
         name: "selection dropped from v25",
@@ -136,12 +128,10 @@ const CASES: &[Case] = &[
             ("DrivingModel", "gone223"),
             ("ActiveSmallModel", "gone223"),
         ],
-        refused: &[],
-        egpu: false,
         small: "rdf43",
-        big: None,
         selected: "rdf43",
         fell_back: true,
+        ..PLAIN
     },
     Case {
         name: "big profile dropped from v25",
@@ -151,33 +141,22 @@ const CASES: &[Case] = &[
             ("ActiveSmallModel", "pop223"),
             ("ActiveBigModel", "gone223"),
         ],
-        refused: &[],
         egpu: true,
         small: "pop223",
-        big: None,
         selected: "pop223",
         fell_back: true,
+        ..PLAIN
     },
     Case {
         name: "selected artifact cannot be downloaded",
         params: &[SEL_POP[0], SEL_POP[1], ("ActiveSmallModel", "pop223")],
         refused: &["pop223"],
-        egpu: false,
         small: "rdf43",
-        big: None,
         selected: "rdf43",
         fell_back: true,
+        ..PLAIN
     },
 ];
-
-fn refuse(origin: &Origin, id: &str) {
-    origin
-        .server
-        .add_fault(&format!("/hf/models/v25/{id}/*"), Fault::Status(404), None);
-    origin
-        .server
-        .add_fault(&format!("/gh/v25/{id}/*"), Fault::Status(404), None);
-}
 
 /// The checks every refreshed device passes, whatever it started as.
 fn check(case: &Case, origin: &Origin, f: &Fixture) {
@@ -334,13 +313,12 @@ fn python_manager_devices_end_on_the_verified_v25_model_or_the_builtin() {
     for case in CASES {
         let origin = Origin::start();
         for id in case.refused {
-            refuse(&origin, id);
+            origin.refuse(id);
         }
         let f = Fixture::v24(case.params);
         let device = f.device();
         let report =
-            migration::refresh(&device, &origin.downloader(), &CancelToken::new(), &|_| {})
-                .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+            refresh(&device, &origin.downloader()).unwrap_or_else(|e| panic!("{}: {e}", case.name));
         assert_eq!(
             report.migrated_from.as_deref(),
             Some("v24"),
@@ -353,7 +331,7 @@ fn python_manager_devices_end_on_the_verified_v25_model_or_the_builtin() {
 
         // A second refresh (same generation) changes nothing.
         let before = f.snapshot();
-        migration::refresh(&device, &origin.downloader(), &CancelToken::new(), &|_| {}).unwrap();
+        refresh(&device, &origin.downloader()).unwrap();
         assert_eq!(f.snapshot(), before, "{}: second refresh", case.name);
 
         // What `resolve` answers agrees with what upstream modeld loads.
@@ -384,7 +362,7 @@ fn a_same_generation_refresh_repairs_a_missing_or_old_selected_artifact() {
     let f = Fixture::v24(&[SEL_POP[0], SEL_POP[1]]);
     let device = f.device();
     let dl = origin.downloader();
-    migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+    refresh(&device, &dl).unwrap();
     let path = f.models().join("pop223_driving_tinygrad.pkl");
 
     // Deleted behind the manager's back: modeld would start a synchronous Python download.
@@ -410,13 +388,13 @@ fn a_same_generation_refresh_repairs_a_missing_or_old_selected_artifact() {
 
     // Replaced by an old-generation pickle of the same name: re-fetched, not trusted.
     fs::write(&path, b"a v24 pickle").unwrap();
-    migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+    refresh(&device, &dl).unwrap();
     assert_eq!(sha_of(&path).as_deref(), Some(origin.sha("pop223")));
 
     // Gone from the origin as well: the built-in everywhere modeld and the UIs look.
     fs::remove_file(&path).unwrap();
-    refuse(&origin, "pop223");
-    let r = migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+    origin.refuse("pop223");
+    let r = refresh(&device, &dl).unwrap();
     assert!(r.fell_back_to_builtin);
     assert_eq!(upstream::modeld(&f.data(), false).small, Load::BuiltIn);
     assert_eq!(upstream::ui(&f.data()).selected.0, "rdf43");
@@ -428,13 +406,13 @@ fn a_deleted_local_model_falls_back_and_leaves_the_list() {
     let f = Fixture::v24(&[("Model", "local-mine"), ("DrivingModel", "local-mine")]);
     let device = f.device();
     let dl = origin.downloader();
-    migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+    refresh(&device, &dl).unwrap();
     assert!(matches!(
         upstream::modeld(&f.data(), false).small,
         Load::File { .. }
     ));
     fs::remove_file(f.models().join("local-mine_driving_tinygrad.pkl")).unwrap();
-    let r = migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+    let r = refresh(&device, &dl).unwrap();
     assert!(r.fell_back_to_builtin);
     assert_eq!(upstream::modeld(&f.data(), false).small, Load::BuiltIn);
     let ui = upstream::ui(&f.data());

@@ -5,7 +5,7 @@ use crate::common;
 use std::fs;
 use std::sync::Mutex;
 
-use crate::common::{Fixture, Origin, sha_of};
+use crate::common::{Fixture, Origin, refresh, sha_of};
 use downloader::CancelToken;
 use manifest::ModelId;
 use migration::daemon::{self, Request};
@@ -13,16 +13,12 @@ use migration::params::keys;
 use migration::{FailReason, Progress, VerifyState};
 use test_support::http_server::Fault;
 
-fn refreshed(origin: &Origin, params: &[(&str, &str)]) -> Fixture {
-    let f = Fixture::v24(params);
-    migration::refresh(
-        &f.device(),
-        &origin.downloader(),
-        &CancelToken::new(),
-        &|_| {},
-    )
-    .unwrap();
-    f
+/// The driver-facing text the daemon left in `ModelDownloadProgress`.
+fn progress_text(device: &migration::Device) -> Option<String> {
+    device
+        .memory
+        .get_str(keys::MODEL_DOWNLOAD_PROGRESS)
+        .unwrap()
 }
 
 #[test]
@@ -37,13 +33,7 @@ fn refresh_falls_through_to_github_when_hugging_face_fails() {
         .server
         .add_fault("/hf/models/*", Fault::Status(503), None);
     let f = Fixture::v24(&[("Model", "pop223"), ("DrivingModel", "pop223")]);
-    let r = migration::refresh(
-        &f.device(),
-        &origin.downloader(),
-        &CancelToken::new(),
-        &|_| {},
-    )
-    .unwrap();
+    let r = refresh(&f.device(), &origin.downloader()).unwrap();
     assert!(
         r.manifest_origin.starts_with("GitHub"),
         "{}",
@@ -59,7 +49,7 @@ fn refresh_falls_through_to_github_when_hugging_face_fails() {
 #[test]
 fn install_survives_a_truncated_chunk_and_reports_upstreams_texts() {
     let origin = Origin::start();
-    let f = refreshed(&origin, &[]);
+    let f = origin.refreshed(&[]);
     origin.server.add_fault(
         "/hf/models/v25/tr14223/tr14223_driving_tinygrad.pkl",
         Fault::Truncate(100),
@@ -109,7 +99,7 @@ fn install_survives_a_truncated_chunk_and_reports_upstreams_texts() {
 #[test]
 fn gc_removes_strays_and_unlisted_models_but_never_local_ones() {
     let origin = Origin::start();
-    let f = refreshed(&origin, &[("Model", "pop223"), ("DrivingModel", "pop223")]);
+    let f = origin.refreshed(&[("Model", "pop223"), ("DrivingModel", "pop223")]);
     for stray in [
         "tmpa1b2c3",
         "gone223_driving_tinygrad.pkl",
@@ -142,7 +132,7 @@ fn gc_removes_strays_and_unlisted_models_but_never_local_ones() {
 #[test]
 fn verify_passes_on_a_fully_installed_device_whose_catalog_lists_the_builtin() {
     let origin = Origin::start();
-    let f = refreshed(&origin, &[("Model", "pop223"), ("DrivingModel", "pop223")]);
+    let f = origin.refreshed(&[("Model", "pop223"), ("DrivingModel", "pop223")]);
     let device = f.device();
     let r = migration::report::verify(&device, None, &|_| {}).unwrap();
     assert!(r.all_verified(), "{r:?}");
@@ -170,7 +160,7 @@ fn verify_passes_on_a_fully_installed_device_whose_catalog_lists_the_builtin() {
 #[test]
 fn the_daemon_serves_one_request_clears_it_and_drops_a_stale_cancel() {
     let origin = Origin::start();
-    let f = refreshed(&origin, &[]);
+    let f = origin.refreshed(&[]);
     let device = f.device();
     let dl = origin.downloader();
 
@@ -189,14 +179,7 @@ fn the_daemon_serves_one_request_clears_it_and_drops_a_stale_cancel() {
     assert!(matches!(req, Request::Download { .. }));
     assert_eq!(last, Progress::Downloaded);
     assert_eq!(device.memory.get(keys::MODEL_TO_DOWNLOAD).unwrap(), None);
-    assert_eq!(
-        device
-            .memory
-            .get_str(keys::MODEL_DOWNLOAD_PROGRESS)
-            .unwrap()
-            .as_deref(),
-        Some("Downloaded!")
-    );
+    assert_eq!(progress_text(&device).as_deref(), Some("Downloaded!"));
 
     // An old alias of a catalog id is canonicalised before it is looked up.
     device.memory.put(keys::MODEL_TO_DOWNLOAD, "rdf").unwrap();
@@ -236,11 +219,7 @@ fn requests_without_a_catalog_leave_driver_texts_not_cli_hints() {
     let last = daemon::serve(&device, &dl, &Request::DownloadAll, &CancelToken::new());
     assert_eq!(last, Progress::Failed(FailReason::NoModelList));
     assert_eq!(
-        device
-            .memory
-            .get_str(keys::MODEL_DOWNLOAD_PROGRESS)
-            .unwrap()
-            .as_deref(),
+        progress_text(&device).as_deref(),
         Some("Download failed: model list not downloaded yet")
     );
     // Through the daemon's poll: offline is kept for a retry, a bad id ends the request.
@@ -258,11 +237,7 @@ fn requests_without_a_catalog_leave_driver_texts_not_cli_hints() {
     ] {
         device.memory.put(key, value).unwrap();
         let (_, last) = daemon::poll_once(&device, &dl).unwrap().unwrap();
-        let shown = device
-            .memory
-            .get_str(keys::MODEL_DOWNLOAD_PROGRESS)
-            .unwrap()
-            .unwrap();
+        let shown = progress_text(&device).unwrap();
         assert_eq!(shown, last.to_string());
         assert_eq!(shown, want, "{key}={value}");
         device.memory.remove(key).unwrap();
@@ -284,7 +259,7 @@ fn a_republish_in_progress_keeps_the_selection_for_the_next_refresh() {
     }
     let f = Fixture::v24(&[("Model", "pop223"), ("DrivingModel", "pop223")]);
     let device = f.device();
-    let err = migration::refresh(&device, &origin.downloader(), &CancelToken::new(), &|_| {})
+    let err = refresh(&device, &origin.downloader())
         .expect_err("the artifact does not match its manifest yet");
     assert!(
         matches!(&err, migration::Error::Download(e) if e.is_not_yet()),
@@ -301,8 +276,7 @@ fn a_republish_in_progress_keeps_the_selection_for_the_next_refresh() {
 
     // The republish finished: the next refresh installs pop223 and selects it again.
     origin.server.clear_faults();
-    let r =
-        migration::refresh(&device, &origin.downloader(), &CancelToken::new(), &|_| {}).unwrap();
+    let r = refresh(&device, &origin.downloader()).unwrap();
     assert_eq!(r.selected.as_str(), "pop223");
     assert!(!r.fell_back_to_builtin);
     assert_eq!(f.param("ActiveSmallModel").as_deref(), Some("pop223"));

@@ -3,14 +3,15 @@
 //! removed). Crash right after each effect of the whole refresh, rerun, and require the state an
 //! uninterrupted run leaves, including the accepted release.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Cursor;
 use std::path::Path;
 
-use crate::common::{Fixture, Origin};
-use downloader::CancelToken;
+use crate::common::{Fixture, Origin, refresh};
+use crate::crash_enumeration::{Enumeration, Uninterrupted, enumerate};
 use downloader::trust::TrustedKeys;
-use migration::{Effects, Error};
+use migration::Effects;
 
 #[test]
 fn a_crash_after_any_effect_of_a_signed_refresh_then_a_rerun_ends_as_an_uninterrupted_one() {
@@ -47,17 +48,19 @@ fn a_crash_after_any_effect_of_a_signed_refresh_then_a_rerun_ends_as_an_uninterr
         f
     };
 
-    let clean = start();
-    let effects = Effects::recording();
-    migration::refresh(
-        &clean.device_with(effects.clone()),
-        &dl(),
-        &CancelToken::new(),
-        &|_| {},
-    )
-    .unwrap();
-    let want = clean.snapshot();
-    let log = effects.log();
+    let run = |f: &Fixture, effects: Effects| refresh(&f.device_with(effects), &dl());
+    // The stored catalog is never newer than the accepted release that guards it: a crash
+    // between the two must not let a replayed release 1 in afterwards.
+    let catalog_guarded = |f: &Fixture, want: &BTreeMap<String, String>, ctx: &str| {
+        if f.snapshot().get("models/.catalog.json") == want.get("models/.catalog.json") {
+            let floor = fs::read_to_string(f.models().join(".accepted-release.json")).unwrap();
+            assert!(floor.contains("\"release\": 2"), "{ctx}: {floor}");
+        }
+    };
+    let Uninterrupted { log, end: want } = enumerate(&Enumeration {
+        after_crash: &catalog_guarded,
+        ..Enumeration::new(&origin, "signed refresh", &start, &run)
+    });
     assert_eq!(
         &log[..2],
         [
@@ -70,28 +73,6 @@ fn a_crash_after_any_effect_of_a_signed_refresh_then_a_rerun_ends_as_an_uninterr
         want["models/.accepted-release.json"].contains("\"release\": 2"),
         "{want:?}"
     );
-    for (n, what) in log.iter().enumerate() {
-        let f = start();
-        let ctx = format!("crash after effect {n} ({what})");
-        match migration::refresh(
-            &f.device_with(Effects::crash_after(n)),
-            &dl(),
-            &CancelToken::new(),
-            &|_| {},
-        ) {
-            Err(Error::Crashed { effect, .. }) => assert_eq!(effect, n, "{ctx}"),
-            other => panic!("{ctx}: expected the simulated crash, got {other:?}"),
-        }
-        // The stored catalog is never newer than the accepted release that guards it: a crash
-        // between the two must not let a replayed release 1 in afterwards.
-        if f.snapshot().get("models/.catalog.json") == want.get("models/.catalog.json") {
-            let floor = fs::read_to_string(f.models().join(".accepted-release.json")).unwrap();
-            assert!(floor.contains("\"release\": 2"), "{ctx}: {floor}");
-        }
-        migration::refresh(&f.device(), &dl(), &CancelToken::new(), &|_| {})
-            .unwrap_or_else(|e| panic!("{ctx}: rerun failed: {e}"));
-        assert_eq!(f.snapshot(), want, "{ctx}: rerun ends elsewhere");
-    }
     eprintln!(
         "crashed after each of {} effects of a signed refresh",
         log.len()

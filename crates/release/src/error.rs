@@ -9,13 +9,12 @@ use manifest::{Generation, GitCommit, ModelId};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Reading or writing a local file failed.
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Reading or writing a local file failed. Every filesystem call of this crate goes
+    /// through `fs-err`, whose message names the operation and the path ("failed to open file
+    /// `…`: …") and keeps the `kind()`; child processes have their own variants ([`Error::Spawn`],
+    /// [`Error::Git`]).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
     /// A gate record in the workspace that does not parse.
     #[error(
         "{path}: not a readable record ({reason}); rerun the command that writes it (`release-cli \
@@ -179,13 +178,6 @@ pub enum Error {
     /// The compiler refused or failed (its error names the host and command).
     #[error(transparent)]
     Compiler(#[from] compiler_remote::Error),
-}
-
-impl Error {
-    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
-        let path = path.into();
-        move |source| Error::Io { path, source }
-    }
 }
 
 /// The crate's result type.

@@ -96,13 +96,9 @@ pub const REQUIRED_OUTPUTS: [&str; 6] =
 pub struct UtcTime(pub u64);
 
 impl UtcTime {
+    /// The system clock now (0 if it is before 1970), as the signature's clock reads it.
     pub fn now() -> Self {
-        Self(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-        )
+        Self(manifest::UnixSeconds::now().0)
     }
 }
 

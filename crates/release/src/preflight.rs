@@ -49,29 +49,21 @@ pub fn run(openpilot: &Path, log: &Path, sink: &mut dyn FnMut(&str)) -> Result<P
         })?;
     let (openpilot_commit, openpilot_dirty) = git_state(openpilot);
     if let Some(dir) = log.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        fs_err::create_dir_all(dir)?;
     }
-    let io = |source| Error::Io {
-        path: log.to_path_buf(),
-        source,
-    };
-    let mut log_file = std::fs::File::create(log).map_err(io)?;
+    let mut log_file = fs_err::File::create(log)?;
     let mut commands = Vec::new();
     for argv in COMMANDS {
         let started_at = UtcTime::now();
         let t0 = Instant::now();
-        writeln!(log_file, "$ {}", argv.join(" ")).map_err(io)?;
-        let exit_code = run_one(openpilot, argv, &mut log_file, log, sink)?;
+        writeln!(log_file, "$ {}", argv.join(" "))?;
+        let exit_code = run_one(openpilot, argv, &mut log_file, sink)?;
         let passed = exit_code == Some(0);
         writeln!(
             log_file,
             "# exit {}",
             exit_code.map_or("by a signal".to_string(), |c| c.to_string())
-        )
-        .map_err(io)?;
+        )?;
         commands.push(CommandRun {
             argv: argv.iter().map(|s| s.to_string()).collect(),
             exit_code,
@@ -83,7 +75,7 @@ pub fn run(openpilot: &Path, log: &Path, sink: &mut dyn FnMut(&str)) -> Result<P
             break;
         }
     }
-    log_file.sync_all().map_err(io)?;
+    log_file.sync_all()?;
     Ok(PreflightRecord {
         openpilot: openpilot.to_path_buf(),
         openpilot_commit,
@@ -101,14 +93,9 @@ pub fn run(openpilot: &Path, log: &Path, sink: &mut dyn FnMut(&str)) -> Result<P
 fn run_one(
     dir: &Path,
     argv: &[&str],
-    log_file: &mut std::fs::File,
-    log: &Path,
+    log_file: &mut fs_err::File,
     sink: &mut dyn FnMut(&str),
 ) -> Result<Option<i32>> {
-    let io = |source| Error::Io {
-        path: log.to_path_buf(),
-        source,
-    };
     let spawned = Command::new(argv[0])
         .args(&argv[1..])
         .current_dir(dir)
@@ -122,7 +109,7 @@ fn run_one(
         Ok(c) => c,
         Err(e) => {
             let line = format!("cannot start {}: {e}", argv[0]);
-            writeln!(log_file, "{line}").map_err(io)?;
+            writeln!(log_file, "{line}")?;
             sink(&line);
             return Ok(None);
         }
@@ -151,7 +138,7 @@ fn run_one(
     }
     drop(tx);
     for line in rx {
-        writeln!(log_file, "{line}").map_err(io)?;
+        writeln!(log_file, "{line}")?;
         sink(&line);
     }
     for r in readers {

@@ -23,7 +23,7 @@ mod plan;
 mod record;
 mod remote;
 
-use std::fs;
+use fs_err as fs;
 use std::path::{Path, PathBuf};
 
 use chunker::atomic;
@@ -227,9 +227,9 @@ impl Rebuild {
         generation: Generation,
         pin: GitCommit,
     ) -> Result<Self> {
-        let map_bytes = fs::read(source_map).map_err(Error::io(source_map))?;
+        let map_bytes = fs::read(source_map)?;
         let map = parse_source_map(&map_bytes, source_map)?;
-        let base_bytes = fs::read(base_manifest).map_err(Error::io(base_manifest))?;
+        let base_bytes = fs::read(base_manifest)?;
         let base = Manifest::from_slice(&base_bytes).map_err(|source| Error::ManifestFile {
             path: base_manifest.to_path_buf(),
             source,
@@ -265,7 +265,7 @@ impl Rebuild {
     ) -> Result<Summary> {
         let ws = &self.workspace;
         for d in ["onnx", "logs", "results", "ready"] {
-            fs::create_dir_all(ws.join(d)).map_err(Error::io(ws.join(d)))?;
+            fs::create_dir_all(ws.join(d))?;
         }
         let results = ws.join("results");
         let total = self.planned.len();
@@ -348,8 +348,7 @@ impl Rebuild {
         let manifest_path = ws
             .join("ready")
             .join(manifest::layout::manifest_file_name(self.generation).as_str());
-        atomic::write_atomic(&manifest_path, &m.to_canonical_bytes())
-            .map_err(Error::io(&manifest_path))?;
+        atomic::write_atomic(&manifest_path, &m.to_canonical_bytes())?;
 
         let count = |s: &str| outcomes.iter().filter(|o| o.status == s).count();
         Ok(Summary {

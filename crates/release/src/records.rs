@@ -4,7 +4,7 @@
 //! `results/driver-state.<W>x<H>.check.json`, each written atomically as pretty JSON; the types
 //! are in [`crate::gate`].
 
-use std::fs;
+use fs_err as fs;
 use std::path::{Path, PathBuf};
 
 use manifest::ModelId;
@@ -58,35 +58,26 @@ pub fn publish_record_path(manifest: &Path) -> PathBuf {
 /// Write a record atomically (temp file, fsync, rename), creating `results/` when needed.
 pub fn write<T: Serialize>(path: &Path, record: &T) -> Result<()> {
     if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        fs::create_dir_all(dir).map_err(|source| Error::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        fs::create_dir_all(dir)?;
     }
     let mut text = serde_json::to_string_pretty(record).map_err(|e| Error::Record {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
     text.push('\n');
-    chunker::atomic::write_atomic(path, text.as_bytes()).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    chunker::atomic::write_atomic(path, text.as_bytes())?;
+    Ok(())
 }
 
 fn read<T: DeserializeOwned>(path: &Path) -> Result<T> {
-    let io = |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let len = fs::metadata(path).map_err(io)?.len();
+    let len = fs::metadata(path)?.len();
     if len > MAX_RECORD_BYTES {
         return Err(Error::Record {
             path: path.to_path_buf(),
             reason: format!("{len} bytes is too large for a record"),
         });
     }
-    let bytes = fs::read(path).map_err(io)?;
+    let bytes = fs::read(path)?;
     serde_json::from_slice(&bytes).map_err(|e| Error::Record {
         path: path.to_path_buf(),
         reason: e.to_string(),
@@ -102,22 +93,18 @@ pub fn load(workspace: &Path) -> Result<Records> {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if !workspace.is_dir() {
-                return Err(Error::Io {
+                return Err(Error::NotADirectory {
+                    flag: "--workspace",
                     path: workspace.to_path_buf(),
-                    source: e,
                 });
             }
             return Ok(records);
         }
-        Err(source) => return Err(Error::Io { path: dir, source }),
+        Err(e) => return Err(e.into()),
     };
     let mut paths = Vec::new();
     for e in entries {
-        let e = e.map_err(|source| Error::Io {
-            path: dir.clone(),
-            source,
-        })?;
-        paths.push(e.path());
+        paths.push(e?.path());
     }
     paths.sort();
     let preflight = preflight_path(workspace);
@@ -136,4 +123,32 @@ pub fn load(workspace: &Path) -> Result<Records> {
         }
     }
     Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_workspace_is_named_and_an_empty_one_has_no_records() {
+        let t = tempfile::tempdir().unwrap();
+        let ws = t.path().join("ws");
+        let e = load(&ws).unwrap_err();
+        assert!(matches!(e, Error::NotADirectory { .. }), "{e:?}");
+        assert!(e.to_string().contains(&*ws.to_string_lossy()), "{e}");
+        fs::create_dir(&ws).unwrap();
+        let r = load(&ws).unwrap();
+        assert!(r.preflight.is_none() && r.validations.is_empty() && r.checks.is_empty());
+    }
+
+    #[test]
+    fn an_unreadable_record_names_its_path() {
+        let t = tempfile::tempdir().unwrap();
+        let path = preflight_path(t.path());
+        // A directory where the record should be: reading it fails, naming the file.
+        fs::create_dir_all(&path).unwrap();
+        let e = read::<PreflightRecord>(&path).unwrap_err();
+        assert!(matches!(e, Error::Io(_)), "{e:?}");
+        assert!(e.to_string().contains(&*path.to_string_lossy()), "{e}");
+    }
 }

@@ -135,7 +135,8 @@ pub fn run(
 }
 
 fn write_manifest(path: &Path, m: &Manifest) -> Result<()> {
-    chunker::atomic::write_atomic(path, &m.to_canonical_bytes()).map_err(Error::io(path))
+    chunker::atomic::write_atomic(path, &m.to_canonical_bytes())?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use downloader::{DownloadConfig, Downloader, Origins};
+use downloader::{CancelToken, DownloadConfig, Downloader, Origins};
 use manifest::Generation;
-use migration::{Device, DeviceConfig, Effects};
+use migration::{Device, DeviceConfig, Effects, RefreshReport};
 use serde_json::json;
 use test_support::http_server::FaultServer;
 use test_support::published::{GH_DIR, HF_DIR, artifact_bytes, publish_model, write_manifest};
@@ -141,6 +141,18 @@ impl Origin {
     pub fn sha(&self, id: &str) -> &str {
         &self.models[id].sha256
     }
+
+    /// A v24 device with `params`, refreshed once against this origin.
+    pub fn refreshed(&self, params: &[(&str, &str)]) -> Fixture {
+        let f = Fixture::v24(params);
+        refresh(&f.device(), &self.downloader()).unwrap();
+        f
+    }
+}
+
+/// A refresh now, not cancelled, its progress ignored.
+pub fn refresh(device: &Device, dl: &Downloader) -> migration::Result<RefreshReport> {
+    migration::refresh(device, dl, &CancelToken::new(), &|_| {})
 }
 
 /// A data dir (plus built-in dir and memory params) as the Python manager leaves a v24 device.

@@ -1,7 +1,7 @@
 //! The records a run keeps in the workspace, when one still counts as done, and the manifest
 //! made from them.
 
-use std::fs;
+use fs_err as fs;
 use std::path::{Path, PathBuf};
 
 use chunker::{Expected, atomic};
@@ -135,7 +135,7 @@ pub(super) fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> 
 pub(super) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let mut text = serde_json::to_string_pretty(value).expect("records serialize");
     text.push('\n');
-    atomic::write_atomic(path, text.as_bytes()).map_err(Error::io(path))
+    Ok(atomic::write_atomic(path, text.as_bytes())?)
 }
 
 /// The recorded behaviour version of a built model (for `validate --workspace`).

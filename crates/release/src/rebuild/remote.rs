@@ -1,6 +1,6 @@
 //! The real [`Builder`]: ONNX sources from a store, compiles on the compiler comma over SSH.
 
-use std::fs;
+use fs_err as fs;
 use std::path::{Path, PathBuf};
 
 use artifact_store::{HfConfig, Store, StoreSpec};
@@ -116,13 +116,13 @@ pub fn fetch_sources(
             store.describe()
         ));
     }
-    fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let wanted: Vec<String> = onnx
         .iter()
         .map(|e| e.path.file_name().to_string())
         .collect();
-    for entry in fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
-        let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in fs::read_dir(dir).map_err(|e| e.to_string())? {
+        let entry = entry.map_err(|e| e.to_string())?;
         if !wanted.contains(&entry.file_name().to_string_lossy().into_owned()) {
             let _ = fs::remove_file(entry.path());
         }

@@ -574,3 +574,30 @@ fn a_partial_rerun_keeps_finished_work_outside_its_selection() {
     let (summary, _) = run(&rebuild(&s, PIN, &[id("sc23")]), &mut b);
     assert_eq!(summary.without_artifact, [id("bmrlnapv6")]);
 }
+
+/// File errors come from fs-err: a missing source map is an `Error::Io` whose message names the
+/// operation and the file, and whose kind is kept.
+#[test]
+fn a_missing_source_map_names_its_path() {
+    let s = setup();
+    fs::remove_file(&s.map).unwrap();
+    let Err(e) = Rebuild::prepare(
+        s.ws.clone(),
+        &s.map,
+        &s.base,
+        &[],
+        Generation::new(26),
+        PIN.parse().unwrap(),
+    ) else {
+        panic!("prepared without a source map")
+    };
+    let Error::Io(io) = &e else {
+        panic!("not an Io error: {e:?}")
+    };
+    assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    let text = e.to_string();
+    assert!(
+        text.contains("failed to open file") && text.contains(&*s.map.to_string_lossy()),
+        "{text}"
+    );
+}
