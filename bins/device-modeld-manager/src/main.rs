@@ -309,7 +309,7 @@ fn next_step(e: &migration::Error) -> Option<&'static str> {
             Some("run the same command again; finished chunks are kept and not fetched twice")
         }
         migration::Error::Download(D::InsufficientSpace { .. }) => None,
-        migration::Error::Download(D::Io { .. }) => {
+        migration::Error::Download(D::Io(_)) => {
             Some("check that the data dir is writable and not full, then run the command again")
         }
         migration::Error::Download(_) => Some(
@@ -328,7 +328,7 @@ fn download_code(d: &downloader::Error) -> u8 {
         downloader::Error::ManifestUnavailable { .. } => code::MANIFEST_UNAVAILABLE,
         downloader::Error::Cancelled { .. } => code::CANCELLED,
         downloader::Error::InsufficientSpace { .. } => code::NO_SPACE,
-        downloader::Error::Io { .. } => code::FAILURE,
+        downloader::Error::Io(_) => code::FAILURE,
         _ => code::DOWNLOAD_FAILED,
     }
 }

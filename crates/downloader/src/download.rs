@@ -11,9 +11,7 @@
 //! `.chunkmanifest` first.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::fs::{self, File};
 use std::hash::{BuildHasher, Hasher as _};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,13 +20,16 @@ use std::time::{Duration, Instant};
 
 use chunker::atomic::{remove_if_exists, sync_dir};
 use chunker::{Hasher, Sha256Digest};
+use fs_err as fs;
+use fs_err::File;
+use fs_err::os::unix::fs::FileExt;
 use manifest::{FileName, Generation, ModelEntry, ModelId};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::http::{Ctl, Http, HttpConfig};
 use crate::origin::Origin;
 use crate::space;
-use crate::staging::{STAGING_DIR, StagingDir, staging_names};
+use crate::staging::{StagingDir, staging_names};
 
 /// Tuning of one download.
 #[derive(Debug, Clone)]
@@ -186,7 +187,7 @@ impl Target {
         }
     }
 
-    /// The staging file's name inside [`STAGING_DIR`]: tied to the artifact digest so bytes of
+    /// The staging file's name inside [`STAGING_DIR`](crate::STAGING_DIR): tied to the artifact digest so bytes of
     /// two different artifacts are never mixed. `None` until the digest is known.
     pub fn staging_name(&self) -> Option<String> {
         self.sha256
@@ -376,9 +377,7 @@ struct Staging {
     dir: StagingDir,
     data_name: String,
     state_name: String,
-    /// `data_name` inside the directory, for messages.
-    data: PathBuf,
-    state: PathBuf,
+    /// Open on `data_name`; its errors name that path (fs-err).
     file: File,
     record: Mutex<(BTreeSet<u32>, Partial)>,
     header: String,
@@ -402,12 +401,9 @@ impl Staging {
         pieces: &[Piece],
         margin: u64,
     ) -> Result<Self> {
-        let dir_path = models_dir.join(STAGING_DIR);
-        let dir = StagingDir::open(models_dir).ctx(&dir_path)?;
+        let dir = StagingDir::open(models_dir)?;
         let (data_name, state_name) = staging_names(&plan.sha256.to_hex(), local_name.as_str());
         dir.clean(&[&data_name, &state_name], local_name.as_str());
-        let data = dir.join(&data_name);
-        let state = dir.join(&state_name);
         let header = format!(
             "{} {} {}\n",
             plan.sha256,
@@ -430,7 +426,7 @@ impl Staging {
         let file = match (resumed.is_some(), existing) {
             (true, Some(f)) => f,
             _ => {
-                let available = space::available_bytes(models_dir).ctx(models_dir)?;
+                let available = space::available_bytes(models_dir)?;
                 let needed = plan.size.saturating_add(margin);
                 if available < needed {
                     return Err(Error::InsufficientSpace {
@@ -439,22 +435,19 @@ impl Staging {
                         available,
                     });
                 }
-                dir.remove(&state_name).ctx(&state)?;
-                let f = dir.create_new(&data_name).ctx(&data)?;
+                dir.remove(&state_name)?;
+                let f = dir.create_new(&data_name)?;
                 if let Err(e) = space::reserve(&f, plan.size) {
                     drop(f);
                     let _ = dir.remove(&data_name);
-                    if e.raw_os_error() == Some(libc::ENOSPC) {
+                    if e.kind() == std::io::ErrorKind::StorageFull {
                         return Err(Error::InsufficientSpace {
                             path: models_dir.to_path_buf(),
                             needed,
                             available: space::available_bytes(models_dir).unwrap_or(0),
                         });
                     }
-                    return Err(Error::Io {
-                        path: data,
-                        source: e,
-                    });
+                    return Err(e.into());
                 }
                 f
             }
@@ -463,8 +456,6 @@ impl Staging {
             dir,
             data_name,
             state_name,
-            data,
-            state,
             file,
             record: Mutex::new(resumed.unwrap_or_default()),
             header,
@@ -526,14 +517,12 @@ impl Staging {
                 text.push_str(&format!("{i} {a} {b}\n"));
             }
         }
-        self.dir
-            .write_atomic(&self.state_name, text.as_bytes())
-            .ctx(&self.state)
+        Ok(self.dir.write_atomic(&self.state_name, text.as_bytes())?)
     }
 
     /// fsync the data, then record `index` as complete (atomically), so a restart skips it.
     fn mark_done(&self, index: u32) -> Result<()> {
-        self.file.sync_data().ctx(&self.data)?;
+        self.file.sync_data()?;
         let mut record = self.record.lock().unwrap();
         record.0.insert(index);
         record.1.remove(&index);
@@ -546,7 +535,7 @@ impl Staging {
         if !self.keep_partial || a >= b {
             return Ok(());
         }
-        self.file.sync_data().ctx(&self.data)?;
+        self.file.sync_data()?;
         let mut record = self.record.lock().unwrap();
         if record.0.contains(&index) {
             return Ok(());
@@ -716,7 +705,7 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
     }
 
     on_event(Event::Verifying);
-    let actual = hash_file(&staging.file, plan.size, &staging.data, &run.ctl)?;
+    let actual = hash_file(&staging.file, plan.size, &run.ctl)?;
     if actual != plan.sha256 {
         staging.discard();
         return Err(Error::DigestMismatch {
@@ -878,41 +867,34 @@ fn resolve_plan(
 /// sidecar is written next to the installed file afterwards, so `status` and `verify` can check
 /// it later.
 fn install(staging: &Staging, dir: &Path, local: &FileName, plan: &Plan) -> Result<PathBuf> {
-    staging.file.sync_all().ctx(&staging.data)?;
+    staging.file.sync_all()?;
     let dest = dir.join(local.as_str());
     let ours = staging
         .dir
         .still_is(&staging.data_name, &staging.file)
         .unwrap_or(false);
     if !ours {
-        return Err(Error::Io {
-            path: staging.data.clone(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "the verified staging file was removed or replaced before install (another process cleaning the models directory?); nothing was installed, the next try downloads it again",
+        return Err(Error::Io(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!(
+                "{}: the verified staging file was removed or replaced before install (another process cleaning the models directory?); nothing was installed, the next try downloads it again",
+                staging.file.path().display()
             ),
-        });
+        )));
     }
-    staging
-        .dir
-        .rename_out(&staging.data_name, &dest)
-        .ctx(&dest)?;
-    sync_dir(dir).ctx(dir)?;
+    staging.dir.rename_out(&staging.data_name, &dest)?;
+    sync_dir(dir)?;
     remove_other_forms(dir, local.as_str())?;
     if plan.digest_source == DigestSource::Sidecar {
         let sidecar = dir.join(chunker::sidecar_name(local.as_str()));
         chunker::atomic::write_atomic(
             &sidecar,
             chunker::format_sidecar(&plan.sha256, local.as_str()).as_bytes(),
-        )
-        .ctx(&sidecar)?;
+        )?;
     }
-    staging
-        .dir
-        .remove(&staging.state_name)
-        .ctx(&staging.state)?;
-    staging.dir.sync().ctx(staging.dir.path())?;
-    sync_dir(dir).ctx(dir)?;
+    staging.dir.remove(&staging.state_name)?;
+    staging.dir.sync()?;
+    sync_dir(dir)?;
     Ok(dest)
 }
 
@@ -920,10 +902,10 @@ fn install(staging: &Staging, dir: &Path, local: &FileName, plan: &Plan) -> Resu
 /// ever sees a manifest without its chunks), leaving the plain file.
 pub fn remove_other_forms(dir: &Path, name: &str) -> Result<()> {
     let manifest = dir.join(chunker::chunk_manifest_name(name));
-    remove_if_exists(&manifest).ctx(&manifest)?;
+    remove_if_exists(&manifest)?;
     let sidecar = dir.join(chunker::sidecar_name(name));
-    for entry in fs::read_dir(dir).ctx(dir)? {
-        let entry = entry.ctx(dir)?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
         let file_name = entry.file_name();
         let Some(file_name) = file_name.to_str() else {
             continue;
@@ -933,15 +915,15 @@ pub fn remove_other_forms(dir: &Path, name: &str) -> Result<()> {
             .and_then(|r| r.strip_prefix(".p"))
             .is_some_and(|d| d.len() == 2 && d.bytes().all(|b| b.is_ascii_digit()));
         if chunker::parse_chunk_name(name, file_name).is_some() || legacy {
-            remove_if_exists(entry.path()).ctx(&entry.path())?;
+            remove_if_exists(entry.path())?;
         }
     }
-    remove_if_exists(&sidecar).ctx(&sidecar)?;
+    remove_if_exists(&sidecar)?;
     Ok(())
 }
 
 /// The whole staging file's digest; a cancel stops it between two buffers.
-fn hash_file(file: &File, size: u64, path: &Path, ctl: &Ctl) -> Result<Sha256Digest> {
+fn hash_file(file: &File, size: u64, ctl: &Ctl) -> Result<Sha256Digest> {
     let mut hasher = Hasher::new();
     let step = 16 * chunker::IO_BUFFER_SIZE as u64;
     let mut at = 0;
@@ -952,19 +934,18 @@ fn hash_file(file: &File, size: u64, path: &Path, ctl: &Ctl) -> Result<Sha256Dig
             });
         }
         let len = step.min(size - at);
-        hash_region(file, at, len, path, &mut hasher)?;
+        hash_region(file, at, len, &mut hasher)?;
         at += len;
     }
     Ok(hasher.finish())
 }
 
-fn hash_region(file: &File, offset: u64, len: u64, path: &Path, hasher: &mut Hasher) -> Result<()> {
+fn hash_region(file: &File, offset: u64, len: u64, hasher: &mut Hasher) -> Result<()> {
     let mut buf = vec![0u8; chunker::IO_BUFFER_SIZE];
     let mut pos = 0;
     while pos < len {
         let want = (len - pos).min(buf.len() as u64) as usize;
-        file.read_exact_at(&mut buf[..want], offset + pos)
-            .ctx(path)?;
+        file.read_exact_at(&mut buf[..want], offset + pos)?;
         hasher.update(&buf[..want]);
         pos += want as u64;
     }
@@ -1083,13 +1064,7 @@ impl Run<'_> {
         if let Some(list) = &self.plan.chunk_sha256 {
             let want = list[i];
             let mut h = Hasher::new();
-            hash_region(
-                &self.staging.file,
-                piece.offset,
-                piece.len,
-                &self.staging.data,
-                &mut h,
-            )?;
+            hash_region(&self.staging.file, piece.offset, piece.len, &mut h)?;
             let got = h.finish();
             if got != want {
                 // Only this chunk's bytes are known bad: forget them, keep every other chunk.
@@ -1226,10 +1201,7 @@ impl Run<'_> {
             }
             let at = piece.offset + seg.start + *written;
             debug_assert!(at + n as u64 <= self.plan.size);
-            self.staging
-                .file
-                .write_all_at(&buf[..n], at)
-                .ctx(&self.staging.data)?;
+            self.staging.file.write_all_at(&buf[..n], at)?;
             let before = *written;
             *written += n as u64;
             if before / RANGE_RECORD_STEP != *written / RANGE_RECORD_STEP {
@@ -1330,6 +1302,27 @@ mod tests {
                 "{e} after attempt {attempt}/{max}"
             );
         }
+    }
+
+    /// A file error says which operation failed on which path (fs-err), is the crate's one
+    /// I/O variant, and keeps its kind; it is local, so no other origin is tried.
+    #[test]
+    fn file_errors_name_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-models-dir");
+        let e = remove_other_forms(&missing, "a_driving_tinygrad.pkl").unwrap_err();
+        let Error::Io(io) = &e else {
+            panic!("not an I/O error: {e:?}")
+        };
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+        assert!(
+            e.to_string().starts_with(&format!(
+                "failed to read directory `{}`: ",
+                missing.display()
+            )),
+            "{e}"
+        );
+        assert!(e.is_local());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The one error type of the downloader.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use chunker::Sha256Digest;
 
@@ -119,12 +119,12 @@ pub enum Error {
     #[error("download of {model} was cancelled")]
     Cancelled { model: String },
 
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A file or directory operation on the device failed. File errors come from `fs-err` (or,
+    /// for the staging directory's raw system calls, from [`os_error`]), so the message names
+    /// the operation and the path, and `kind()` is the OS error's. Network I/O never lands
+    /// here: it is [`Error::Transport`], which names the URL.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
 
     /// Every origin failed; each attempt's error is listed. Nothing was installed.
     #[error("download of {model} failed on every origin:\n{}", AttemptList(.attempts))]
@@ -183,7 +183,7 @@ impl Error {
     pub fn is_local(&self) -> bool {
         matches!(
             self,
-            Error::Cancelled { .. } | Error::InsufficientSpace { .. } | Error::Io { .. }
+            Error::Cancelled { .. } | Error::InsufficientSpace { .. } | Error::Io(_)
         )
     }
 }
@@ -217,15 +217,38 @@ impl fmt::Display for AttemptList<'_> {
     }
 }
 
-pub(crate) trait IoContext<T> {
-    fn ctx(self, path: &std::path::Path) -> Result<T>;
-}
-
-impl<T> IoContext<T> for std::io::Result<T> {
-    fn ctx(self, path: &std::path::Path) -> Result<T> {
-        self.map_err(|source| Error::Io {
+/// An I/O error of a system call that `fs-err` has no wrapper for (`openat`, `renameat`,
+/// `unlinkat`, `fstat`, `fsync` on the staging directory's descriptor, `statvfs`,
+/// `posix_fallocate`), worded the way `fs-err` words its own: the operation and the path, then
+/// the OS error. `kind()` is kept, so a `NotFound` is still a `NotFound`.
+pub(crate) fn os_error(op: &'static str, path: &Path, source: std::io::Error) -> std::io::Error {
+    std::io::Error::new(
+        source.kind(),
+        OsError {
+            op,
             path: path.to_path_buf(),
             source,
-        })
+        },
+    )
+}
+
+#[derive(Debug)]
+struct OsError {
+    op: &'static str,
+    path: PathBuf,
+    source: std::io::Error,
+}
+
+impl fmt::Display for OsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "failed to {} `{}`: {}",
+            self.op,
+            self.path.display(),
+            self.source
+        )
     }
 }
+
+impl std::error::Error for OsError {}
