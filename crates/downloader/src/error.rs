@@ -1,9 +1,10 @@
 //! The one error type of the downloader.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::path::{Path, PathBuf};
 
 use chunker::Sha256Digest;
+use manifest::{ArtifactFormat, Problem};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -47,9 +48,13 @@ pub enum Error {
         source: manifest::Error,
     },
 
-    /// The manifest parsed, but not one entry in it is usable (every one refused, or none).
-    #[error("{url}: manifest has no usable model entry{}", RefusedList(.refused))]
-    NoUsableEntries { url: String, refused: Vec<String> },
+    /// The manifest parsed, but not one entry in it is usable: each entry with why not (empty
+    /// when the manifest lists no models). The next origin is tried.
+    #[error("{url}: manifest has no usable model entry{}", UnusableList(.entries))]
+    NoUsableEntries {
+        url: String,
+        entries: Vec<UnusableEntry>,
+    },
 
     #[error(
         "{url}: manifest says generation {found} but this device reads {expected}; not using it"
@@ -188,11 +193,82 @@ impl Error {
     }
 }
 
-struct RefusedList<'a>(&'a [String]);
+/// A manifest entry the device cannot use, and why (see [`Error::NoUsableEntries`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnusableEntry {
+    /// Position in the published `models` array.
+    pub index: usize,
+    /// The entry's `id` as published, when it had a string one (possibly not a valid ID).
+    pub id: Option<String>,
+    pub reason: UnusableReason,
+}
 
-impl fmt::Display for RefusedList<'_> {
+/// Why a manifest entry is not usable on this device.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UnusableReason {
+    /// The device's reading of the manifest left it out (`manifest::tolerant`): every problem,
+    /// each with its JSON path (`models[3].artifact_sha256`).
+    Refused { problems: Vec<Problem> },
+    /// A valid entry in an `artifact_format` this device cannot load (it loads only
+    /// `tinygrad_single_v1`, or no format given): a newer release of the manager may.
+    UnsupportedFormat { format: ArtifactFormat },
+}
+
+impl fmt::Display for UnusableEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let at = format!("models[{}]", self.index);
+        match &self.id {
+            Some(id) => write!(f, "model {:?} ({at})", Shortened(id))?,
+            None => write!(f, "{at}")?,
+        }
+        match &self.reason {
+            UnusableReason::Refused { problems } => {
+                f.write_str(" refused: ")?;
+                for (i, p) in problems.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    // The entry is named already: its problems' paths are shown relative to it.
+                    match p.path.strip_prefix(&at) {
+                        Some("") => write!(f, "{}", p.message)?,
+                        Some(rest) => write!(f, "{}: {}", rest.trim_start_matches('.'), p.message)?,
+                        None => write!(f, "{p}")?,
+                    }
+                }
+                Ok(())
+            }
+            UnusableReason::UnsupportedFormat { format } => write!(
+                f,
+                " skipped: artifact_format {:?} is not one this device loads (only {:?}); a newer device-modeld-manager may",
+                format.as_str(),
+                ArtifactFormat::TINYGRAD_SINGLE_V1
+            ),
+        }
+    }
+}
+
+/// An ID from a hostile manifest is shown with at most this many characters.
+struct Shortened<'a>(&'a str);
+
+impl fmt::Debug for Shortened<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const MAX: usize = 64;
+        match self.0.char_indices().nth(MAX) {
+            None => write!(f, "{:?}", self.0),
+            Some((cut, _)) => write!(f, "{:?}…", &self.0[..cut]),
+        }
+    }
+}
+
+struct UnusableList<'a>(&'a [UnusableEntry]);
+
+impl fmt::Display for UnusableList<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const SHOWN: usize = 5;
+        if self.0.is_empty() {
+            return f.write_str(": it lists no models");
+        }
+        f.write_char(':')?;
         for r in self.0.iter().take(SHOWN) {
             write!(f, "\n    {r}")?;
         }
