@@ -125,9 +125,9 @@ pub enum Error {
     Cancelled { model: String },
 
     /// A file or directory operation on the device failed. File errors come from `fs-err` (or,
-    /// for the staging directory's raw system calls, from [`os_error`]), so the message names
-    /// the operation and the path, and `kind()` is the OS error's. Network I/O never lands
-    /// here: it is [`Error::Transport`], which names the URL.
+    /// for the staging directory's raw system calls, from a wrapper worded the same way), so
+    /// the message names the operation and the path, and `kind()` is the OS error's. Network
+    /// I/O never lands here: it is [`Error::Transport`], which names the URL.
     #[error(transparent)]
     Io(#[from] std::io::Error),
 
