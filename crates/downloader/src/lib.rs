@@ -23,8 +23,8 @@ mod staging;
 pub mod trust;
 
 pub use download::{
-    CancelToken, DigestSource, DownloadConfig, Event, Installed, Piece, Target,
-    installed_sidecar_digest, plan_pieces, remove_other_forms,
+    CancelToken, DigestSource, DownloadConfig, DownloadPlan, Event, Installed, Piece, Target,
+    installed_sidecar_digest, other_forms, plan_pieces, remove_other_forms,
 };
 pub use error::{Error, Result, UnusableEntry, UnusableReason};
 pub use http::HttpConfig;
@@ -249,6 +249,47 @@ impl Downloader {
     ) -> Result<Installed> {
         let target = Target::from_entry(entry)?;
         self.download_target(generation, &target, models_dir, cancel, on_event)
+    }
+
+    /// What [`Downloader::download_target`] would fetch: each origin in order is asked what it
+    /// publishes for `target` (the `.chunkmanifest`, `.sha256` sidecar and `HEAD` requests a
+    /// download makes before its first payload byte), and the first complete answer is
+    /// returned. No payload is requested and nothing is written (a dry run's view).
+    pub fn plan_target(
+        &self,
+        generation: Generation,
+        target: &Target,
+        cancel: &CancelToken,
+    ) -> Result<DownloadPlan> {
+        let mut attempts = Vec::new();
+        let job = download::Job {
+            http: &self.http,
+            config: &self.config,
+            generation,
+            target,
+            models_dir: Path::new(""),
+            cancel,
+            on_event: &|_| {},
+        };
+        for origin in self.origins.iter() {
+            match download::resolve_from(&job, origin) {
+                Ok(r) => {
+                    return Ok(DownloadPlan {
+                        origin: origin.to_string(),
+                        size: r.plan.size,
+                        sha256: r.plan.sha256,
+                        digest_source: r.plan.digest_source,
+                        pieces: r.pieces,
+                    });
+                }
+                Err(e) if e.is_local() => return Err(e),
+                Err(e) => attempts.push((origin.to_string(), e)),
+            }
+        }
+        Err(Error::AllOriginsFailed {
+            model: target.id.to_string(),
+            attempts,
+        })
     }
 
     /// [`Downloader::download`] of an explicit target: a model's artifact

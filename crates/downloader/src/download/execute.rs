@@ -53,15 +53,24 @@ pub(crate) struct Job<'a> {
     pub on_event: &'a (dyn Fn(Event) + Sync),
 }
 
-pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed> {
+/// What one origin publishes for the job's target, as pieces with their URLs, and the
+/// transfer's control (deadline counted from the start of this origin's try). A few small
+/// requests, no payload, nothing written.
+pub(crate) struct Resolved {
+    pub plan: Plan,
+    pub pieces: Vec<Piece>,
+    pub urls: Vec<String>,
+    pub ctl: Ctl,
+}
+
+pub(crate) fn resolve_from(job: &Job<'_>, origin: &Origin) -> Result<Resolved> {
     let Job {
         http,
         config,
         generation,
         target,
-        models_dir,
         cancel,
-        on_event,
+        ..
     } = *job;
     let url_of = |name: &str| -> Result<String> {
         let file: FileName = name.parse().map_err(|e| Error::NotDownloadable {
@@ -107,6 +116,30 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
         .iter()
         .map(|p| url_of(&p.remote))
         .collect::<Result<Vec<_>>>()?;
+    Ok(Resolved {
+        plan,
+        pieces,
+        urls,
+        ctl,
+    })
+}
+
+pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed> {
+    let Job {
+        http,
+        config,
+        target,
+        models_dir,
+        cancel,
+        on_event,
+        ..
+    } = *job;
+    let Resolved {
+        plan,
+        pieces,
+        urls,
+        mut ctl,
+    } = resolve_from(job, origin)?;
 
     let staging = Staging::open(
         models_dir,

@@ -23,9 +23,9 @@ mod resolve;
 mod retry;
 mod staged;
 
-pub(crate) use execute::{Job, download_from};
+pub(crate) use execute::{Job, download_from, resolve_from};
 pub use inspect::installed_sidecar_digest;
-pub use plan::{Piece, plan_pieces};
+pub use plan::{Piece, other_forms, plan_pieces};
 pub(crate) use retry::with_retries;
 pub use staged::remove_other_forms;
 
@@ -134,6 +134,19 @@ pub struct Installed {
     pub sha256: Sha256Digest,
     pub digest_source: DigestSource,
     pub origin: String,
+}
+
+/// What a download of a target would fetch from the first origin that answers, learned the way
+/// a download learns it before its first payload byte ([`crate::Downloader::plan_target`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DownloadPlan {
+    pub origin: String,
+    /// The artifact's size (the entry's, or learned from the origin).
+    pub size: u64,
+    pub sha256: Sha256Digest,
+    pub digest_source: DigestSource,
+    /// The remote files, each placed at its offset in the artifact.
+    pub pieces: Vec<Piece>,
 }
 
 /// What to fetch, checked against the manifest entry before any request. Fields the entry

@@ -77,6 +77,38 @@ pub fn plan_pieces(
         .collect())
 }
 
+/// The names among `names` (a models directory's listing) that installing the plain file `name`
+/// removes, in the order they go: its `.chunkmanifest` first (no reader ever sees a manifest
+/// without its chunks), then its chunks and legacy `.pNN` parts, then its `.sha256` sidecar
+/// (rewritten afterwards when the digest came from the origin's). Pure.
+pub fn other_forms<'a>(names: impl IntoIterator<Item = &'a str>, name: &str) -> Vec<String> {
+    let manifest = chunker::chunk_manifest_name(name);
+    let sidecar = chunker::sidecar_name(name);
+    let names: Vec<&str> = names.into_iter().collect();
+    let is_part = |file_name: &str| {
+        let legacy = file_name
+            .strip_prefix(name)
+            .and_then(|r| r.strip_prefix(".p"))
+            .is_some_and(|d| d.len() == 2 && d.bytes().all(|b| b.is_ascii_digit()));
+        chunker::parse_chunk_name(name, file_name).is_some() || legacy
+    };
+    let mut out = Vec::new();
+    out.extend(
+        names
+            .iter()
+            .filter(|n| **n == manifest)
+            .map(|n| n.to_string()),
+    );
+    out.extend(names.iter().filter(|n| is_part(n)).map(|n| n.to_string()));
+    out.extend(
+        names
+            .iter()
+            .filter(|n| **n == sidecar)
+            .map(|n| n.to_string()),
+    );
+    out
+}
+
 /// Byte ranges `[a, b)` of pieces already on disk (by piece index), kept merged.
 pub(crate) type Partial = BTreeMap<u32, Vec<(u64, u64)>>;
 
@@ -186,6 +218,33 @@ mod tests {
             "two chunks already hold it all"
         );
         assert!(plan_pieces("a.pkl", 10, 3, 0).is_err());
+    }
+
+    #[test]
+    fn other_forms_of_an_artifact() {
+        let name = "a_driving_tinygrad.pkl";
+        let listing = [
+            "a_driving_tinygrad.pkl.sha256",
+            "a_driving_tinygrad.pkl.chunk02of02",
+            "a_driving_tinygrad.pkl",
+            "a_driving_tinygrad.pkl.p01",
+            "a_driving_tinygrad.pkl.chunkmanifest",
+            "a_driving_tinygrad.pkl.chunk01of02",
+            "a_driving_tinygrad.pkl.p1",
+            "b_driving_tinygrad.pkl.chunk01of02",
+            "ab_driving_tinygrad.pkl.chunkmanifest",
+        ];
+        assert_eq!(
+            other_forms(listing, name),
+            [
+                "a_driving_tinygrad.pkl.chunkmanifest",
+                "a_driving_tinygrad.pkl.chunk02of02",
+                "a_driving_tinygrad.pkl.p01",
+                "a_driving_tinygrad.pkl.chunk01of02",
+                "a_driving_tinygrad.pkl.sha256",
+            ]
+        );
+        assert!(other_forms([name], name).is_empty());
     }
 
     #[test]

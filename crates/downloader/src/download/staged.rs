@@ -12,7 +12,7 @@ use fs_err::File;
 use manifest::FileName;
 
 use super::DigestSource;
-use super::plan::{Partial, Piece, Plan, add_range};
+use super::plan::{Partial, Piece, Plan, add_range, other_forms};
 use crate::error::{Error, Result};
 use crate::space;
 use crate::staging::{StagingDir, staging_names};
@@ -256,26 +256,17 @@ pub(crate) fn install(
 }
 
 /// Remove the chunk-set and legacy forms of `name` in `dir` (`.chunkmanifest` first, so no reader
-/// ever sees a manifest without its chunks), leaving the plain file.
+/// ever sees a manifest without its chunks), leaving the plain file. Which names those are is
+/// [`other_forms`].
 pub fn remove_other_forms(dir: &Path, name: &str) -> Result<()> {
-    let manifest = dir.join(chunker::chunk_manifest_name(name));
-    remove_if_exists(&manifest)?;
-    let sidecar = dir.join(chunker::sidecar_name(name));
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        let file_name = entry.file_name();
-        let Some(file_name) = file_name.to_str() else {
-            continue;
-        };
-        let legacy = file_name
-            .strip_prefix(name)
-            .and_then(|r| r.strip_prefix(".p"))
-            .is_some_and(|d| d.len() == 2 && d.bytes().all(|b| b.is_ascii_digit()));
-        if chunker::parse_chunk_name(name, file_name).is_some() || legacy {
-            remove_if_exists(entry.path())?;
-        }
+    // The manifest goes before the directory is even listed.
+    remove_if_exists(dir.join(chunker::chunk_manifest_name(name)))?;
+    let listed: Vec<String> = fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    for other in other_forms(listed.iter().map(String::as_str), name) {
+        remove_if_exists(dir.join(other))?;
     }
-    remove_if_exists(&sidecar)?;
     Ok(())
 }
 
