@@ -15,6 +15,7 @@ use manifest::{Generation, ModelId, layout};
 use migration::{Device, DeviceConfig, ManagerLock, VerifyState};
 use serde_json::json;
 
+mod dry_run;
 mod trust;
 
 /// Stable exit codes (documented in docs/device.md).
@@ -167,9 +168,19 @@ enum Command {
     },
     /// Fetch the manifest, update the catalog params, migrate if the generation changed.
     Refresh {
+        /// Fetch and check the manifest as the real run does (signature included), read the
+        /// device, and print what it would purge, download, write and set, assuming every
+        /// download succeeds; write nothing (no lock file, no param, no cache, no trust
+        /// record). Refused while driving, like the real run. Downloads no model.
+        #[arg(long)]
+        dry_run: bool,
         /// Print `{"generation","manifest_origin","models","migrated_from","purged":[…],
         /// "selected","fell_back_to_builtin","retrying":[…],"dropped":[…],
-        /// "refused_entries":[{"index","id","reason"}]}`.
+        /// "refused_entries":[{"index","id","reason"}]}`; with --dry-run `{"dry_run":true,
+        /// "generation","manifest_origin","manifest_url","models","refused_entries",
+        /// "migrating","migrated_from","would_purge":[…],"would_download":[{"id","installed"}],
+        /// "would_keep":[…],"not_due":[…],"selected","fell_back_to_builtin","would_write":[…],
+        /// "would_remove":[…],"would_set_params":[{"key","value"}]}` (`value` null: removed).
         #[arg(long)]
         json: bool,
     },
@@ -185,8 +196,18 @@ enum Command {
         /// Every downloadable catalog model (not external-GPU, built-in or local).
         #[arg(long)]
         all: bool,
+        /// Check as the real run does (catalog, GPU rule, installed copy re-hashed, free space
+        /// for every download) and ask the origins what they publish (the small requests a
+        /// download makes first, no model bytes), then print what would be downloaded,
+        /// installed and removed; write nothing (no lock file, no staging file). Exits as the
+        /// real run would on a refusal (8 when the space check fails).
+        #[arg(long)]
+        dry_run: bool,
         /// Print `{"models":[{"id","path","downloaded"}]}`; `downloaded` is false when a verified
-        /// copy was already installed (or the model is built-in or local).
+        /// copy was already installed (or the model is built-in or local). With --dry-run
+        /// `{"dry_run":true,"models":[{"id","action","artifacts":[{"name","origin","size",
+        /// "sha256","digest_source","pieces","would_install","would_remove"}]}],
+        /// "download_bytes","free_bytes"}` (`action`: download, installed or none).
         #[arg(long)]
         json: bool,
     },
@@ -195,7 +216,13 @@ enum Command {
         /// Only this model (default: every installed catalog model).
         #[arg(value_name = "ID")]
         id: Option<String>,
-        /// Print `{"models":[{"id","state"}]}`.
+        /// Re-hash and report exactly as without it (same states, same exit code), but do not
+        /// record the results in the verification cache `.verified.json`, which `verify`
+        /// otherwise rewrites; nothing is written.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print `{"models":[{"id","state","digest_source"}]}`; with --dry-run
+        /// `"dry_run":true` is added.
         #[arg(long)]
         json: bool,
     },
@@ -309,7 +336,7 @@ fn next_step(e: &migration::Error) -> Option<&'static str> {
             Some("run the same command again; finished chunks are kept and not fetched twice")
         }
         migration::Error::Download(D::InsufficientSpace { .. }) => None,
-        migration::Error::Download(D::Io { .. }) => {
+        migration::Error::Download(D::Io(_)) => {
             Some("check that the data dir is writable and not full, then run the command again")
         }
         migration::Error::Download(_) => Some(
@@ -328,7 +355,7 @@ fn download_code(d: &downloader::Error) -> u8 {
         downloader::Error::ManifestUnavailable { .. } => code::MANIFEST_UNAVAILABLE,
         downloader::Error::Cancelled { .. } => code::CANCELLED,
         downloader::Error::InsufficientSpace { .. } => code::NO_SPACE,
-        downloader::Error::Io { .. } => code::FAILURE,
+        downloader::Error::Io(_) => code::FAILURE,
         _ => code::DOWNLOAD_FAILED,
     }
 }
@@ -354,7 +381,7 @@ fn main() -> ExitCode {
 fn wants_json(c: &Command) -> bool {
     match c {
         Command::Status { json }
-        | Command::Refresh { json }
+        | Command::Refresh { json, .. }
         | Command::Download { json, .. }
         | Command::Verify { json, .. }
         | Command::Resolve { json }
@@ -525,7 +552,21 @@ fn run(cli: Cli) -> Result<(), Fail> {
             out_line(r.path.display())
         }
         Command::Status { json } => status(&device, &dl, json),
-        Command::Refresh { json } => {
+        Command::Refresh {
+            dry_run: true,
+            json,
+        } => {
+            let preview = dry_run::refresh(&device, &dl, migration::unix_now())?;
+            if json {
+                return out_line(preview.to_json());
+            }
+            for line in preview.lines() {
+                out_line(line)?;
+            }
+            cli_support::info!("next: run `refresh` without --dry-run to do it");
+            Ok(())
+        }
+        Command::Refresh { json, .. } => {
             // Onroad: refused before the lock file is even created.
             device.ensure_offroad("refresh")?;
             let _lock = ManagerLock::acquire(&device.models_dir())?;
@@ -583,7 +624,32 @@ fn run(cli: Cli) -> Result<(), Fail> {
             }
             Ok(())
         }
-        Command::Download { id, all, json } => {
+        Command::Download {
+            id,
+            all,
+            dry_run: true,
+            json,
+        } => {
+            let id = match all {
+                true => None,
+                false => Some(parse_model_id(id)?),
+            };
+            let (models, needed, free) = dry_run::download(
+                &device,
+                &dl,
+                id.as_ref(),
+                cli.space_margin_mib * 1024 * 1024,
+            )?;
+            if json {
+                return out_line(dry_run::download_json(&models, needed, free));
+            }
+            for line in dry_run::download_lines(&models, needed, free) {
+                out_line(line)?;
+            }
+            cli_support::info!("next: run `download` without --dry-run to do it");
+            Ok(())
+        }
+        Command::Download { id, all, json, .. } => {
             device.ensure_offroad("download")?;
             let _lock = ManagerLock::acquire(&device.models_dir())?;
             let cancel = CancelToken::new();
@@ -598,15 +664,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
                     done.push((entry.id().clone(), r?.is_some()));
                 }
             } else {
-                let id: ModelId =
-                    id.unwrap_or_default()
-                        .parse()
-                        .map_err(|e: manifest::Error| {
-                            Fail::new(
-                                code::FAILURE,
-                                format!("{e}\nnext: `status` lists the catalog's models"),
-                            )
-                        })?;
+                let id = parse_model_id(id)?;
                 progress.label(id.as_str());
                 let r = migration::download_model(&device, &dl, &id, &cancel, &print);
                 progress.finish();
@@ -638,7 +696,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
             );
             Ok(())
         }
-        Command::Verify { id, json } => verify(&device, id, json),
+        Command::Verify { id, dry_run, json } => verify(&device, id, dry_run, json),
         Command::Gc {
             dry_run: true,
             json,
@@ -687,6 +745,18 @@ fn run(cli: Cli) -> Result<(), Fail> {
         ),
         Command::Completions { .. } => unreachable!("handled before the device is opened"),
     }
+}
+
+/// The `ID` argument of `download`.
+fn parse_model_id(id: Option<String>) -> Result<ModelId, Fail> {
+    id.unwrap_or_default()
+        .parse()
+        .map_err(|e: manifest::Error| {
+            Fail::new(
+                code::FAILURE,
+                format!("{e}\nnext: `status` lists the catalog's models"),
+            )
+        })
 }
 
 /// The data root must already exist: on a comma `/data` always does, so a missing one is a typo
@@ -806,13 +876,18 @@ fn state_text(s: VerifyState) -> &'static str {
     }
 }
 
-fn verify(device: &Device, id: Option<String>, json_out: bool) -> Result<(), Fail> {
+fn verify(device: &Device, id: Option<String>, dry_run: bool, json_out: bool) -> Result<(), Fail> {
     let on_hash = |id: &ModelId| {
         if !json_out {
             cli_support::info!("verifying {id}...");
         }
     };
-    let r = match migration::report::verify(device, id.as_deref(), &on_hash) {
+    let r = if dry_run {
+        dry_run::verify(device, id.as_deref(), &on_hash)
+    } else {
+        migration::report::verify(device, id.as_deref(), &on_hash)
+    };
+    let r = match r {
         Err(migration::Error::UnknownModel { id, generation }) => {
             return Err(Fail::new(
                 code::FAILURE,
@@ -824,7 +899,11 @@ fn verify(device: &Device, id: Option<String>, json_out: bool) -> Result<(), Fai
         r => r?,
     };
     if json_out {
-        out_line(serde_json::to_string(&r).expect("serializable"))?;
+        if dry_run {
+            out_line(json!({"dry_run": true, "models": r.models}))?;
+        } else {
+            out_line(serde_json::to_string(&r).expect("serializable"))?;
+        }
     } else {
         for m in &r.models {
             out_line(format_args!("{} {}", m.id, state_text(m.state)))?;

@@ -517,3 +517,208 @@ fn status_into_a_closed_pipe_does_not_panic() {
         assert!(out.status.success(), "json {json}: {err}");
     }
 }
+
+/// No GET of a model byte: only manifests, `.chunkmanifest`, `.sha256` sidecars and `HEAD`s.
+fn payload_requests(w: &Fresh) -> Vec<String> {
+    w.server
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.method == "GET"
+                && !r.path.ends_with(".json")
+                && !r.path.ends_with(".json.minisig")
+                && !r.path.ends_with(".chunkmanifest")
+                && !r.path.ends_with(".sha256")
+        })
+        .map(|r| r.path)
+        .collect()
+}
+
+#[test]
+fn refresh_dry_run_predicts_the_migration_and_changes_nothing() {
+    let w = Fresh::new();
+    // A v24 device selecting pop223, with a v24 artifact and legacy parts to purge.
+    w.make_v24(
+        &[
+            "pop223_driving_tinygrad.pkl",
+            "old1_driving_tinygrad.pkl.p01",
+        ],
+        "",
+    );
+    let before = snapshot(w.dir.path());
+
+    let plan = ok(&w.run(&["refresh", "--dry-run", "--json"]));
+    assert_eq!(plan["dry_run"], true);
+    assert_eq!(plan["migrating"], true, "{plan}");
+    assert_eq!(plan["would_download"][0]["id"], "pop223", "{plan}");
+    assert_eq!(plan["selected"], "pop223", "{plan}");
+    let list = |k: &str| -> Vec<String> { serde_json::from_value(plan[k].clone()).unwrap() };
+    assert!(
+        list("would_purge").contains(&"pop223_driving_tinygrad.pkl".to_string()),
+        "{plan}"
+    );
+    assert!(
+        list("would_write").contains(&".catalog.json".to_string()),
+        "{plan}"
+    );
+    assert!(
+        plan["would_set_params"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["key"] == "ModelManifestVersion" && p["value"] == "v25"),
+        "{plan}"
+    );
+    let human = w.run(&["refresh", "--dry-run"]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    for want in [
+        "would migrate from ",
+        "would purge pop223_driving_tinygrad.pkl",
+        "would download pop223 (installed: missing)",
+        "would write .catalog.json",
+        "would set param ModelManifestVersion = v25",
+        "would select pop223",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    assert_eq!(
+        snapshot(w.dir.path()),
+        before,
+        "a dry run writes nothing: no lock, no param, no cache"
+    );
+    assert_eq!(payload_requests(&w), Vec::<String>::new());
+
+    // Driving: refused as the real run is (exit 9), before one request.
+    w.set_param("IsOnroad", "1");
+    let before = snapshot(w.dir.path());
+    w.server.clear_requests();
+    for args in [
+        &["refresh", "--dry-run"][..],
+        &["download", "--all", "--dry-run"],
+    ] {
+        let out = w.run(args);
+        assert_eq!(out.status.code(), Some(9), "{args:?}: {}", stderr(&out));
+    }
+    assert!(w.server.requests().is_empty());
+    assert_eq!(snapshot(w.dir.path()), before);
+    w.set_param("IsOnroad", "0");
+
+    // The real run does what the dry run said.
+    let done = ok(&w.run(&["refresh", "--json"]));
+    assert_eq!(done["selected"], plan["selected"]);
+    assert_eq!(done["purged"], plan["would_purge"]);
+    assert!(w.models().join(".catalog.json").exists());
+    assert_eq!(w.param("ModelManifestVersion").as_deref(), Some("v25"));
+    // Now nothing is left to do but keep the verified selection.
+    let again = ok(&w.run(&["refresh", "--dry-run", "--json"]));
+    assert_eq!(again["migrating"], false, "{again}");
+    assert_eq!(again["would_download"], serde_json::json!([]), "{again}");
+    assert_eq!(
+        again["would_keep"],
+        serde_json::json!(["pop223"]),
+        "{again}"
+    );
+    assert_eq!(again["would_write"], serde_json::json!([]), "{again}");
+    assert_eq!(again["would_set_params"], serde_json::json!([]), "{again}");
+}
+
+#[test]
+fn download_dry_run_names_what_it_would_fetch_and_changes_nothing() {
+    let w = Fresh::new();
+    ok(&w.run(&["refresh", "--json"]));
+    ok(&w.run(&["download", "pop223", "--json"]));
+    // A verified copy: nothing to fetch.
+    let plan = ok(&w.run(&["download", "pop223", "--dry-run", "--json"]));
+    assert_eq!(plan["models"][0]["action"], "installed", "{plan}");
+    // Replace it with stale chunk-set leftovers: the dry run names the download and the cleanup.
+    let models = w.models();
+    fs::remove_file(models.join("pop223_driving_tinygrad.pkl")).unwrap();
+    fs::write(models.join("pop223_driving_tinygrad.pkl.chunk01of02"), b"x").unwrap();
+    let _ = fs::remove_file(models.join(".manager.lock"));
+    w.server.clear_requests();
+    let before = snapshot(w.dir.path());
+
+    let plan = ok(&w.run(&["download", "pop223", "--dry-run", "--json"]));
+    assert_eq!(plan["dry_run"], true);
+    let a = &plan["models"][0]["artifacts"][0];
+    assert_eq!(plan["models"][0]["action"], "download", "{plan}");
+    assert_eq!(a["size"], 3 * CHUNK as u64 + 5, "{plan}");
+    assert_eq!(a["pieces"], 4, "{plan}");
+    assert_eq!(
+        a["would_install"],
+        serde_json::json!(["pop223_driving_tinygrad.pkl"]),
+        "{plan}"
+    );
+    assert_eq!(
+        a["would_remove"],
+        serde_json::json!(["pop223_driving_tinygrad.pkl.chunk01of02"]),
+        "{plan}"
+    );
+    let human = w.run(&["download", "--all", "--dry-run"]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        text.contains("would download pop223_driving_tinygrad.pkl (")
+            && text.contains("would remove pop223_driving_tinygrad.pkl.chunk01of02"),
+        "{text}"
+    );
+    assert_eq!(snapshot(w.dir.path()), before, "no staging file, no lock");
+    assert_eq!(payload_requests(&w), Vec::<String>::new());
+
+    // The space check refuses as the real run would (exit 8), still writing nothing.
+    let full = w.run(&[
+        "download",
+        "pop223",
+        "--dry-run",
+        "--json",
+        "--space-margin-mib",
+        "100000000",
+    ]);
+    assert_eq!(full.status.code(), Some(8), "{}", stderr(&full));
+    let err: serde_json::Value = serde_json::from_slice(&full.stdout).unwrap();
+    assert_eq!(err["error"]["kind"], "no_space");
+    assert_eq!(snapshot(w.dir.path()), before);
+
+    ok(&w.run(&["download", "pop223", "--json"]));
+    assert!(
+        !models
+            .join("pop223_driving_tinygrad.pkl.chunk01of02")
+            .exists()
+    );
+}
+
+/// `verify` records what it hashed in `.verified.json`; `verify --dry-run` reports the same
+/// states and exit code and writes nothing.
+#[test]
+fn verify_dry_run_reports_the_same_and_records_nothing() {
+    let w = Fresh::new();
+    ok(&w.run(&["refresh", "--json"]));
+    ok(&w.run(&["download", "pop223", "--json"]));
+    let models = w.models();
+    let _ = fs::remove_file(models.join(".manager.lock"));
+    fs::remove_file(models.join(".verified.json")).unwrap();
+    let before = snapshot(w.dir.path());
+
+    let dry = ok(&w.run(&["verify", "--dry-run", "--json"]));
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(dry["models"][0]["id"], "pop223");
+    assert_eq!(dry["models"][0]["state"], "verified", "{dry}");
+    assert_eq!(snapshot(w.dir.path()), before, "no .verified.json");
+
+    // Other bytes of the same size: the same refusal (exit 6) from both, only one records it.
+    let path = models.join("pop223_driving_tinygrad.pkl");
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[0] ^= 1;
+    fs::write(&path, &bytes).unwrap();
+    let before = snapshot(w.dir.path());
+    let dry = w.run(&["verify", "pop223", "--dry-run", "--json"]);
+    assert_eq!(dry.status.code(), Some(6), "{}", stderr(&dry));
+    let text = String::from_utf8_lossy(&dry.stdout);
+    assert!(text.contains(r#""state":"corrupt""#), "{text}");
+    assert_eq!(snapshot(w.dir.path()), before);
+    let real = w.run(&["verify", "pop223", "--json"]);
+    assert_eq!(real.status.code(), Some(6));
+    assert!(
+        models.join(".verified.json").exists(),
+        "the real run records it"
+    );
+}

@@ -14,7 +14,7 @@
 //! - with a ready Chestnut, an entry's `accelerator_artifacts.chestnut` variant (an AMD build)
 //!   is fetched too, installed as `<id>_driving_chestnut_tinygrad.pkl` ([`artifacts_to_fetch`]).
 
-use std::fs;
+use fs_err as fs;
 use std::io::Read;
 use std::path::Path;
 

@@ -1,9 +1,10 @@
 //! The one error type of the downloader.
 
-use std::fmt;
-use std::path::PathBuf;
+use std::fmt::{self, Write as _};
+use std::path::{Path, PathBuf};
 
 use chunker::Sha256Digest;
+use manifest::{ArtifactFormat, Problem};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -47,9 +48,13 @@ pub enum Error {
         source: manifest::Error,
     },
 
-    /// The manifest parsed, but not one entry in it is usable (every one refused, or none).
-    #[error("{url}: manifest has no usable model entry{}", RefusedList(.refused))]
-    NoUsableEntries { url: String, refused: Vec<String> },
+    /// The manifest parsed, but not one entry in it is usable: each entry with why not (empty
+    /// when the manifest lists no models). The next origin is tried.
+    #[error("{url}: manifest has no usable model entry{}", UnusableList(.entries))]
+    NoUsableEntries {
+        url: String,
+        entries: Vec<UnusableEntry>,
+    },
 
     #[error(
         "{url}: manifest says generation {found} but this device reads {expected}; not using it"
@@ -119,12 +124,12 @@ pub enum Error {
     #[error("download of {model} was cancelled")]
     Cancelled { model: String },
 
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A file or directory operation on the device failed. File errors come from `fs-err` (or,
+    /// for the staging directory's raw system calls, from a wrapper worded the same way), so
+    /// the message names the operation and the path, and `kind()` is the OS error's. Network
+    /// I/O never lands here: it is [`Error::Transport`], which names the URL.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
 
     /// Every origin failed; each attempt's error is listed. Nothing was installed.
     #[error("download of {model} failed on every origin:\n{}", AttemptList(.attempts))]
@@ -183,16 +188,87 @@ impl Error {
     pub fn is_local(&self) -> bool {
         matches!(
             self,
-            Error::Cancelled { .. } | Error::InsufficientSpace { .. } | Error::Io { .. }
+            Error::Cancelled { .. } | Error::InsufficientSpace { .. } | Error::Io(_)
         )
     }
 }
 
-struct RefusedList<'a>(&'a [String]);
+/// A manifest entry the device cannot use, and why (see [`Error::NoUsableEntries`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnusableEntry {
+    /// Position in the published `models` array.
+    pub index: usize,
+    /// The entry's `id` as published, when it had a string one (possibly not a valid ID).
+    pub id: Option<String>,
+    pub reason: UnusableReason,
+}
 
-impl fmt::Display for RefusedList<'_> {
+/// Why a manifest entry is not usable on this device.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UnusableReason {
+    /// The device's reading of the manifest left it out (`manifest::tolerant`): every problem,
+    /// each with its JSON path (`models[3].artifact_sha256`).
+    Refused { problems: Vec<Problem> },
+    /// A valid entry in an `artifact_format` this device cannot load (it loads only
+    /// `tinygrad_single_v1`, or no format given): a newer release of the manager may.
+    UnsupportedFormat { format: ArtifactFormat },
+}
+
+impl fmt::Display for UnusableEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let at = format!("models[{}]", self.index);
+        match &self.id {
+            Some(id) => write!(f, "model {:?} ({at})", Shortened(id))?,
+            None => write!(f, "{at}")?,
+        }
+        match &self.reason {
+            UnusableReason::Refused { problems } => {
+                f.write_str(" refused: ")?;
+                for (i, p) in problems.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    // The entry is named already: its problems' paths are shown relative to it.
+                    match p.path.strip_prefix(&at) {
+                        Some("") => write!(f, "{}", p.message)?,
+                        Some(rest) => write!(f, "{}: {}", rest.trim_start_matches('.'), p.message)?,
+                        None => write!(f, "{p}")?,
+                    }
+                }
+                Ok(())
+            }
+            UnusableReason::UnsupportedFormat { format } => write!(
+                f,
+                " skipped: artifact_format {:?} is not one this device loads (only {:?}); a newer device-modeld-manager may",
+                format.as_str(),
+                ArtifactFormat::TINYGRAD_SINGLE_V1
+            ),
+        }
+    }
+}
+
+/// An ID from a hostile manifest is shown with at most this many characters.
+struct Shortened<'a>(&'a str);
+
+impl fmt::Debug for Shortened<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const MAX: usize = 64;
+        match self.0.char_indices().nth(MAX) {
+            None => write!(f, "{:?}", self.0),
+            Some((cut, _)) => write!(f, "{:?}…", &self.0[..cut]),
+        }
+    }
+}
+
+struct UnusableList<'a>(&'a [UnusableEntry]);
+
+impl fmt::Display for UnusableList<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const SHOWN: usize = 5;
+        if self.0.is_empty() {
+            return f.write_str(": it lists no models");
+        }
+        f.write_char(':')?;
         for r in self.0.iter().take(SHOWN) {
             write!(f, "\n    {r}")?;
         }
@@ -217,15 +293,38 @@ impl fmt::Display for AttemptList<'_> {
     }
 }
 
-pub(crate) trait IoContext<T> {
-    fn ctx(self, path: &std::path::Path) -> Result<T>;
-}
-
-impl<T> IoContext<T> for std::io::Result<T> {
-    fn ctx(self, path: &std::path::Path) -> Result<T> {
-        self.map_err(|source| Error::Io {
+/// An I/O error of a system call that `fs-err` has no wrapper for (`openat`, `renameat`,
+/// `unlinkat`, `fstat`, `fsync` on the staging directory's descriptor, `statvfs`,
+/// `posix_fallocate`), worded the way `fs-err` words its own: the operation and the path, then
+/// the OS error. `kind()` is kept, so a `NotFound` is still a `NotFound`.
+pub(crate) fn os_error(op: &'static str, path: &Path, source: std::io::Error) -> std::io::Error {
+    std::io::Error::new(
+        source.kind(),
+        OsError {
+            op,
             path: path.to_path_buf(),
             source,
-        })
+        },
+    )
+}
+
+#[derive(Debug)]
+struct OsError {
+    op: &'static str,
+    path: PathBuf,
+    source: std::io::Error,
+}
+
+impl fmt::Display for OsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "failed to {} `{}`: {}",
+            self.op,
+            self.path.display(),
+            self.source
+        )
     }
 }
+
+impl std::error::Error for OsError {}

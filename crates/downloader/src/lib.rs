@@ -23,10 +23,10 @@ mod staging;
 pub mod trust;
 
 pub use download::{
-    CancelToken, DigestSource, DownloadConfig, Event, Installed, Piece, Target,
-    installed_sidecar_digest, plan_pieces, remove_other_forms,
+    CancelToken, DigestSource, DownloadConfig, DownloadPlan, Event, Installed, Piece, Target,
+    installed_sidecar_digest, other_forms, plan_pieces, remove_other_forms,
 };
-pub use error::{Error, Result};
+pub use error::{Error, Result, UnusableEntry, UnusableReason};
 pub use http::HttpConfig;
 pub use origin::{DEFAULT_GITHUB_BASE, DEFAULT_HF_BASE, Origin, OriginKind, Origins};
 pub use staging::{LEGACY_STAGING_PREFIX, STAGING_DIR, STALE_AFTER};
@@ -222,7 +222,7 @@ impl Downloader {
         if !manifest.models().iter().any(ModelEntry::is_supported) {
             return Err(Error::NoUsableEntries {
                 url: url.to_string(),
-                refused: read.refused.iter().map(ToString::to_string).collect(),
+                entries: unusable_entries(&read),
             });
         }
         if let Some(found) = manifest.generation()
@@ -249,6 +249,47 @@ impl Downloader {
     ) -> Result<Installed> {
         let target = Target::from_entry(entry)?;
         self.download_target(generation, &target, models_dir, cancel, on_event)
+    }
+
+    /// What [`Downloader::download_target`] would fetch: each origin in order is asked what it
+    /// publishes for `target` (the `.chunkmanifest`, `.sha256` sidecar and `HEAD` requests a
+    /// download makes before its first payload byte), and the first complete answer is
+    /// returned. No payload is requested and nothing is written (a dry run's view).
+    pub fn plan_target(
+        &self,
+        generation: Generation,
+        target: &Target,
+        cancel: &CancelToken,
+    ) -> Result<DownloadPlan> {
+        let mut attempts = Vec::new();
+        let job = download::Job {
+            http: &self.http,
+            config: &self.config,
+            generation,
+            target,
+            models_dir: Path::new(""),
+            cancel,
+            on_event: &|_| {},
+        };
+        for origin in self.origins.iter() {
+            match download::resolve_from(&job, origin) {
+                Ok(r) => {
+                    return Ok(DownloadPlan {
+                        origin: origin.to_string(),
+                        size: r.plan.size,
+                        sha256: r.plan.sha256,
+                        digest_source: r.plan.digest_source,
+                        pieces: r.pieces,
+                    });
+                }
+                Err(e) if e.is_local() => return Err(e),
+                Err(e) => attempts.push((origin.to_string(), e)),
+            }
+        }
+        Err(Error::AllOriginsFailed {
+            model: target.id.to_string(),
+            attempts,
+        })
     }
 
     /// [`Downloader::download`] of an explicit target: a model's artifact
@@ -290,5 +331,127 @@ impl Downloader {
             model: target.id.to_string(),
             attempts,
         })
+    }
+}
+
+/// Every entry of a manifest read the device's way that the device cannot use, in published
+/// order: the ones the reading left out, and the kept ones in a format it cannot load. Pure.
+fn unusable_entries(read: &manifest::Tolerated) -> Vec<UnusableEntry> {
+    let mut out: Vec<UnusableEntry> = read
+        .refused
+        .iter()
+        .map(|r| UnusableEntry {
+            index: r.index,
+            id: r.id.clone(),
+            reason: UnusableReason::Refused {
+                problems: r.problems.clone(),
+            },
+        })
+        .collect();
+    // The kept entries are the published ones minus the refused, in order: number them back.
+    let refused: std::collections::BTreeSet<usize> = read.refused.iter().map(|r| r.index).collect();
+    let published = (0..).filter(|i| !refused.contains(i));
+    for (index, entry) in published.zip(read.manifest.models()) {
+        if let Some(format) = entry.artifact_format().filter(|f| !f.is_supported()) {
+            out.push(UnusableEntry {
+                index,
+                id: Some(entry.id().to_string()),
+                reason: UnusableReason::UnsupportedFormat { format },
+            });
+        }
+    }
+    out.sort_by_key(|e| e.index);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn entry(id: &str, extra: serde_json::Value) -> serde_json::Value {
+        let mut e = json!({"id": id, "name": "N", "version": "v16", "series": "S",
+            "released": "2025-01-01", "community_favorite": false});
+        for (k, v) in extra.as_object().unwrap() {
+            e[k] = v.clone();
+        }
+        e
+    }
+
+    fn no_usable(doc: serde_json::Value) -> Error {
+        let read = Manifest::from_value_tolerant(doc).unwrap();
+        Error::NoUsableEntries {
+            url: "https://o/m.json".into(),
+            entries: unusable_entries(&read),
+        }
+    }
+
+    /// Every unusable entry is listed in published order with its index, its id and why, the
+    /// problems relative to the entry; an empty catalog says so.
+    #[test]
+    fn unusable_entries_render_each_reason() {
+        let e = no_usable(json!({"models": [
+            entry("new1", json!({"artifact_format": "tinygrad_multi_v2"})),
+            entry("bad1", json!({"released": "2025-02-30"})),
+            {"name": "no id"},
+        ]}));
+        let text = e.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "https://o/m.json: manifest has no usable model entry:"
+        );
+        assert_eq!(
+            lines[1],
+            "    model \"new1\" (models[0]) skipped: artifact_format \"tinygrad_multi_v2\" is not \
+             one this device loads (only \"tinygrad_single_v1\"); a newer device-modeld-manager may"
+        );
+        assert!(
+            lines[2].starts_with("    model \"bad1\" (models[1]) refused: released: "),
+            "{text}"
+        );
+        assert!(lines[3].starts_with("    models[2] refused: "), "{text}");
+        assert_eq!(lines.len(), 4, "{text}");
+
+        assert_eq!(
+            no_usable(json!({"models": []})).to_string(),
+            "https://o/m.json: manifest has no usable model entry: it lists no models"
+        );
+    }
+
+    /// A caller tells "this catalog is only in formats a newer manager loads" from "this
+    /// catalog is broken" by matching the reasons.
+    #[test]
+    fn callers_match_the_reason() {
+        let only_newer = |e: &Error| match e {
+            Error::NoUsableEntries { entries, .. } => {
+                !entries.is_empty()
+                    && entries
+                        .iter()
+                        .all(|u| matches!(u.reason, UnusableReason::UnsupportedFormat { .. }))
+            }
+            _ => false,
+        };
+        let newer = no_usable(json!({"models": [
+            entry("a1", json!({"artifact_format": "x"})),
+            entry("b1", json!({"artifact_format": "y"})),
+        ]}));
+        assert!(only_newer(&newer));
+        let Error::NoUsableEntries { entries, .. } = &newer else {
+            unreachable!()
+        };
+        assert_eq!(
+            entries
+                .iter()
+                .map(|u| (u.index, u.id.as_deref()))
+                .collect::<Vec<_>>(),
+            [(0, Some("a1")), (1, Some("b1"))]
+        );
+        let broken = no_usable(json!({"models": [
+            entry("a1", json!({"artifact_format": "x"})),
+            entry("b1", json!({"version": "v013"})),
+        ]}));
+        assert!(!only_newer(&broken));
+        assert!(!only_newer(&no_usable(json!({"models": []}))));
     }
 }

@@ -15,7 +15,6 @@
 //! Upstream's cleanup lists only `/data/models` itself, never subdirectories.
 
 use std::ffi::CString;
-use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -23,6 +22,11 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
+
+use fs_err as fs;
+use fs_err::File;
+
+use crate::error::os_error;
 
 /// Name of the staging directory inside the models directory.
 pub const STAGING_DIR: &str = ".starpilot-staging";
@@ -65,13 +69,19 @@ impl StagingDir {
     /// Open `<models_dir>/.starpilot-staging`, creating it, as the module docs describe.
     pub fn open(models_dir: &Path) -> io::Result<Self> {
         let path = models_dir.join(STAGING_DIR);
-        let c = CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in the path"))?;
+        let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+            os_error(
+                "open directory",
+                &path,
+                io::Error::new(io::ErrorKind::InvalidInput, "NUL in the path"),
+            )
+        })?;
         for _ in 0..3 {
+            // fs-err has no DirBuilder (the mode must be set at creation).
             match std::fs::DirBuilder::new().mode(0o700).create(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e),
+                Err(e) => return Err(os_error("create directory", &path, e)),
             }
             // SAFETY: a valid NUL-terminated path; the result is checked.
             let fd = unsafe {
@@ -85,41 +95,44 @@ impl StagingDir {
                 if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) {
                     // A symlink or a file at our name: not ours. Unlinking it never touches
                     // what a symlink points to.
-                    std::fs::remove_file(&path)?;
+                    fs::remove_file(&path)?;
                     continue;
                 }
-                return Err(e);
+                return Err(os_error("open directory", &path, e));
             }
             // SAFETY: `fd` is a freshly opened descriptor we own.
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            let st = fstat(fd.as_raw_fd())?;
+            let st = fstat(fd.as_raw_fd()).map_err(|e| os_error("query metadata", &path, e))?;
             // SAFETY: no arguments, cannot fail.
             let me = unsafe { libc::geteuid() };
             if st.st_uid != me {
                 return Err(io::Error::new(
                     io::ErrorKind::PermissionDenied,
                     format!(
-                        "the staging directory is owned by uid {}, not by this user (uid {me}); remove it",
+                        "the staging directory {} is owned by uid {}, not by this user (uid {me}); remove it",
+                        path.display(),
                         st.st_uid
                     ),
                 ));
             }
             if st.st_mode & 0o077 != 0 {
                 // SAFETY: a valid descriptor.
-                check(unsafe { libc::fchmod(fd.as_raw_fd(), 0o700) })?;
+                check(unsafe { libc::fchmod(fd.as_raw_fd(), 0o700) })
+                    .map_err(|e| os_error("set permissions of", &path, e))?;
             }
             let dir = Self { fd, path };
             dir.remove_legacy(models_dir);
             return Ok(dir);
         }
-        Err(io::Error::other(
-            "something keeps replacing the staging directory with another kind of file",
-        ))
+        Err(io::Error::other(format!(
+            "something keeps replacing the staging directory {} with another kind of file",
+            path.display()
+        )))
     }
 
     /// The previous build's staging files, directly in the models directory.
     fn remove_legacy(&self, models_dir: &Path) {
-        let Ok(entries) = std::fs::read_dir(models_dir) else {
+        let Ok(entries) = fs::read_dir(models_dir) else {
             return;
         };
         for e in entries.flatten() {
@@ -127,21 +140,25 @@ impl StagingDir {
                 .as_bytes()
                 .starts_with(LEGACY_STAGING_PREFIX.as_bytes())
             {
-                let _ = std::fs::remove_file(e.path());
+                let _ = fs::remove_file(e.path());
             }
         }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     pub fn join(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }
 
+    /// A file of the directory, opened relative to its descriptor; the result carries its path,
+    /// so every later error on it (fs-err) names it.
     fn openat(&self, name: &str, flags: libc::c_int) -> io::Result<File> {
-        let c = cstr(name)?;
+        let path = self.join(name);
+        let op = if flags & libc::O_CREAT != 0 {
+            "create file"
+        } else {
+            "open file"
+        };
+        let c = cstr(name).map_err(|e| os_error(op, &path, e))?;
         // SAFETY: a valid directory descriptor and NUL-terminated name; the result is checked.
         let fd = check(unsafe {
             libc::openat(
@@ -150,9 +167,11 @@ impl StagingDir {
                 flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
                 0o600 as libc::c_uint,
             )
-        })?;
+        })
+        .map_err(|e| os_error(op, &path, e))?;
         // SAFETY: a freshly opened descriptor we own.
-        Ok(unsafe { File::from_raw_fd(fd) })
+        let file = unsafe { std::fs::File::from_raw_fd(fd) };
+        Ok(File::from_parts(file, path))
     }
 
     /// A new, empty file at `name` (whatever was there is removed first; never followed).
@@ -164,11 +183,12 @@ impl StagingDir {
     /// The existing regular file at `name`, read-write; a symlink or anything else is refused.
     pub fn open_existing(&self, name: &str) -> io::Result<File> {
         let f = self.openat(name, libc::O_RDWR)?;
-        let st = fstat(f.as_raw_fd())?;
+        let st = fstat(f.as_raw_fd()).map_err(|e| os_error("query metadata", f.path(), e))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "not a regular file",
+            return Err(os_error(
+                "open file",
+                f.path(),
+                io::Error::new(io::ErrorKind::InvalidData, "not a regular file"),
             ));
         }
         Ok(f)
@@ -178,11 +198,15 @@ impl StagingDir {
     pub fn read_small(&self, name: &str, max: u64) -> io::Result<Vec<u8>> {
         let f = self.open_existing(name)?;
         let mut out = Vec::new();
-        f.take(max + 1).read_to_end(&mut out)?;
+        (&f).take(max + 1).read_to_end(&mut out)?;
         if out.len() as u64 > max {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("longer than {max} bytes"),
+            return Err(os_error(
+                "read",
+                f.path(),
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("longer than {max} bytes"),
+                ),
             ));
         }
         Ok(out)
@@ -209,30 +233,40 @@ impl StagingDir {
     }
 
     fn rename_within(&self, from: &str, to: &str) -> io::Result<()> {
-        let (a, b) = (cstr(from)?, cstr(to)?);
+        let fail = |e| os_error("rename", &self.join(from), e);
+        let (a, b) = (cstr(from).map_err(fail)?, cstr(to).map_err(fail)?);
         let fd = self.fd.as_raw_fd();
         // SAFETY: valid descriptors and NUL-terminated names.
-        check(unsafe { libc::renameat(fd, a.as_ptr(), fd, b.as_ptr()) }).map(drop)
+        check(unsafe { libc::renameat(fd, a.as_ptr(), fd, b.as_ptr()) })
+            .map(drop)
+            .map_err(fail)
     }
 
     /// Move `name` to `dest` (outside the staging directory, same filesystem). The rename
     /// replaces whatever is at `dest` (a symlink included) without following it.
     pub fn rename_out(&self, name: &str, dest: &Path) -> io::Result<()> {
-        let a = cstr(name)?;
-        let b = CString::new(dest.as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in the path"))?;
+        let fail = |e| os_error("rename into place", dest, e);
+        let a = cstr(name).map_err(fail)?;
+        let b = CString::new(dest.as_os_str().as_bytes()).map_err(|_| {
+            fail(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "NUL in the path",
+            ))
+        })?;
         // SAFETY: valid descriptor and NUL-terminated names.
         check(unsafe {
             libc::renameat(self.fd.as_raw_fd(), a.as_ptr(), libc::AT_FDCWD, b.as_ptr())
         })
         .map(drop)
+        .map_err(fail)
     }
 
     /// Whether `name` in the directory is still the very file `file` is open on (same device and
     /// inode, a regular file, not a symlink): checked right before an install's rename, so that
     /// bytes someone swapped in under our name are never installed.
     pub fn still_is(&self, name: &str, file: &File) -> io::Result<bool> {
-        let c = cstr(name)?;
+        let fail = |e| os_error("query metadata", &self.join(name), e);
+        let c = cstr(name).map_err(fail)?;
         // SAFETY: an all-zero `stat` is a valid value to be overwritten.
         let mut at: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: a valid descriptor, a NUL-terminated name and a correctly sized buffer.
@@ -243,8 +277,9 @@ impl StagingDir {
                 &mut at,
                 libc::AT_SYMLINK_NOFOLLOW,
             )
-        })?;
-        let open = fstat(file.as_raw_fd())?;
+        })
+        .map_err(fail)?;
+        let open = fstat(file.as_raw_fd()).map_err(fail)?;
         Ok(at.st_mode & libc::S_IFMT == libc::S_IFREG
             && at.st_dev == open.st_dev
             && at.st_ino == open.st_ino)
@@ -252,25 +287,28 @@ impl StagingDir {
 
     /// Unlink `name` (never following it); absent is fine.
     pub fn remove(&self, name: &str) -> io::Result<()> {
-        let c = cstr(name)?;
+        let fail = |e| os_error("remove file", &self.join(name), e);
+        let c = cstr(name).map_err(fail)?;
         // SAFETY: a valid descriptor and NUL-terminated name.
         match check(unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) }) {
             Ok(_) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
+            Err(e) => Err(fail(e)),
         }
     }
 
     pub fn sync(&self) -> io::Result<()> {
         // SAFETY: a valid descriptor.
-        check(unsafe { libc::fsync(self.fd.as_raw_fd()) }).map(drop)
+        check(unsafe { libc::fsync(self.fd.as_raw_fd()) })
+            .map(drop)
+            .map_err(|e| os_error("sync directory", &self.path, e))
     }
 
     /// Names in the directory with their age (by modification time, never following a link).
     fn entries(&self) -> io::Result<Vec<(String, Duration)>> {
         let now = SystemTime::now();
         let mut out = Vec::new();
-        for e in std::fs::read_dir(&self.path)? {
+        for e in fs::read_dir(&self.path)? {
             let e = e?;
             let Ok(name) = e.file_name().into_string() else {
                 continue;
@@ -375,6 +413,37 @@ mod tests {
         );
     }
 
+    /// File errors of the staging directory's raw system calls name the operation and the
+    /// path, like fs-err's, and keep their kind.
+    #[test]
+    fn staging_errors_name_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StagingDir::open(dir.path()).unwrap();
+        let e = s.read_small("missing.state", 10).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        let want = dir.path().join(STAGING_DIR).join("missing.state");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("failed to open file `{}`: ", want.display())),
+            "{e}"
+        );
+        let e = crate::Error::from(e);
+        assert!(
+            e.is_local(),
+            "a device-side error: no other origin is tried"
+        );
+
+        let not_a_dir = dir.path().join("file");
+        std::fs::write(&not_a_dir, b"x").unwrap();
+        let Err(e) = StagingDir::open(&not_a_dir) else {
+            panic!("a file cannot hold the staging directory")
+        };
+        assert!(
+            e.to_string().contains(&not_a_dir.display().to_string()),
+            "{e}"
+        );
+    }
+
     #[test]
     fn a_planted_symlink_is_never_followed() {
         let dir = tempfile::tempdir().unwrap();
@@ -394,9 +463,10 @@ mod tests {
 
         // A symlink at a staging name inside: opening it is refused, creating replaces it.
         std::os::unix::fs::symlink(outside.join("victim"), s.join("x")).unwrap();
-        assert_eq!(
-            s.open_existing("x").unwrap_err().raw_os_error(),
-            Some(libc::ELOOP)
+        let refused = s.open_existing("x").unwrap_err().to_string();
+        assert!(
+            refused.ends_with(&format!("(os error {})", libc::ELOOP)),
+            "{refused}"
         );
         assert!(s.read_small("x", 100).is_err());
         let mut f = s.create_new("x").unwrap();

@@ -61,7 +61,8 @@ impl TrustedKeys {
             path: path.to_path_buf(),
             message,
         };
-        let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+        // An unreadable file is an I/O error naming it (fs-err); what is in it, `TrustedKeys`.
+        let file = fs_err::File::open(path)?;
         let mut text = String::new();
         file.take(MAX_KEYS_FILE_BYTES + 1)
             .read_to_string(&mut text)

@@ -467,3 +467,31 @@ fn full_disk_is_refused_before_writing() {
     assert_eq!(listing.len(), 1, "{listing:?}");
     assert_eq!(staged, 0, "nothing was staged");
 }
+
+/// `plan_target` (a dry run's view) learns what a download would fetch with the small requests
+/// a download makes first, never a payload byte, and writes nothing, not even the staging
+/// directory.
+#[test]
+fn plan_target_fetches_no_payload_and_writes_nothing() {
+    let w = world();
+    let (data, m) = w.publish("pop223", 3, 3 * CHUNK + 5, true, false);
+    let d = w.downloader(config());
+    let mut target = downloader::Target::from_entry(m.get(&id("pop223")).unwrap()).unwrap();
+    target.size = None; // learned from HEAD, as for an entry without artifact_size
+    let plan = d
+        .plan_target(generation(), &target, &CancelToken::new())
+        .unwrap();
+    assert_eq!(plan.size, data.len() as u64);
+    assert_eq!(plan.pieces.len(), 4);
+    assert_eq!(plan.digest_source, downloader::DigestSource::Manifest);
+    assert!(plan.origin.starts_with("Hugging Face"), "{}", plan.origin);
+    let payload: Vec<_> = w
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && !r.path.ends_with(".chunkmanifest"))
+        .map(|r| r.path)
+        .collect();
+    assert!(payload.is_empty(), "{payload:?}");
+    assert!(fs::read_dir(&w.models).unwrap().next().is_none());
+}

@@ -53,7 +53,7 @@ impl FailReason {
         use downloader::Error as D;
         match e {
             Error::Download(D::InsufficientSpace { .. }) => FailReason::NoSpace,
-            Error::Download(D::Io { .. }) => FailReason::DeviceError,
+            Error::Download(D::Io(_)) => FailReason::DeviceError,
             Error::Download(_) | Error::NotVerified { .. } => FailReason::NotVerified,
             Error::UnknownModel { .. } => FailReason::NotInList,
             Error::NoCatalog { .. } | Error::CatalogTooLarge { .. } => FailReason::NoModelList,

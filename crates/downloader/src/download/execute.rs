@@ -1,0 +1,432 @@
+//! One origin's run: resolve the plan, open staging, fetch the segments with parallel workers
+//! (each range retried, resumed, checked against the plan), verify the whole, install.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Instant;
+
+use chunker::Hasher;
+use fs_err::os::unix::fs::FileExt;
+use manifest::{FileName, Generation};
+
+use super::inspect::{hash_file, hash_region};
+use super::plan::{Piece, Plan, Segment, bytes_on_disk, plan_pieces, plan_segments};
+use super::resolve::resolve_plan;
+use super::retry::with_retries;
+use super::staged::{RANGE_RECORD_STEP, Staging, install};
+use super::{CancelToken, DownloadConfig, Event, Installed, Target};
+use crate::error::{Error, Result};
+use crate::http::{Ctl, Http};
+use crate::origin::Origin;
+
+struct Run<'a> {
+    http: &'a Http,
+    config: &'a DownloadConfig,
+    target: &'a Target,
+    plan: &'a Plan,
+    pieces: Vec<Piece>,
+    urls: Vec<String>,
+    staging: &'a Staging,
+    cancel: &'a CancelToken,
+    on_event: &'a (dyn Fn(Event) + Sync),
+    ctl: Ctl,
+    queue: Mutex<VecDeque<Segment>>,
+    open_segments: Mutex<Vec<usize>>,
+    done_bytes: AtomicU64,
+    abort: Arc<AtomicBool>,
+    error: Mutex<Option<Error>>,
+    /// Pieces already fetched once more from their first byte after failing their digest.
+    refetched: Mutex<BTreeSet<usize>>,
+}
+
+/// Fetch the artifact from one origin into staging, verify it and install it.
+pub(crate) struct Job<'a> {
+    pub http: &'a Http,
+    pub config: &'a DownloadConfig,
+    pub generation: Generation,
+    pub target: &'a Target,
+    pub models_dir: &'a Path,
+    pub cancel: &'a CancelToken,
+    pub on_event: &'a (dyn Fn(Event) + Sync),
+}
+
+/// What one origin publishes for the job's target, as pieces with their URLs, and the
+/// transfer's control (deadline counted from the start of this origin's try). A few small
+/// requests, no payload, nothing written.
+pub(crate) struct Resolved {
+    pub plan: Plan,
+    pub pieces: Vec<Piece>,
+    pub urls: Vec<String>,
+    pub ctl: Ctl,
+}
+
+pub(crate) fn resolve_from(job: &Job<'_>, origin: &Origin) -> Result<Resolved> {
+    let Job {
+        http,
+        config,
+        generation,
+        target,
+        cancel,
+        ..
+    } = *job;
+    let url_of = |name: &str| -> Result<String> {
+        let file: FileName = name.parse().map_err(|e| Error::NotDownloadable {
+            model: target.id.to_string(),
+            reason: format!("bad remote file name: {e}"),
+        })?;
+        Ok(origin.artifact_url(generation, &target.id, &file))
+    };
+    let remote = target.remote_name.as_str();
+    let start = Instant::now();
+    // What the entry leaves open is learned under the manifest's budget; the transfer then
+    // gets the artifact's deadline, counted from the same start.
+    let budget = config.http.origin_deadline;
+    let mut ctl = Ctl::new(cancel, target.id.as_str(), budget, start + budget);
+    if let Some(size) = target.size {
+        let deadline = config.http.artifact_deadline(start, size);
+        ctl = Ctl::new(
+            cancel,
+            target.id.as_str(),
+            deadline.saturating_duration_since(start),
+            deadline,
+        );
+    }
+    let (plan, chunk_len) = resolve_plan(http, config, target, &ctl, &url_of)?;
+    if target.size.is_none() {
+        let deadline = config.http.artifact_deadline(start, plan.size);
+        ctl = Ctl::new(
+            cancel,
+            target.id.as_str(),
+            deadline.saturating_duration_since(start),
+            deadline,
+        );
+    }
+    let pieces =
+        plan_pieces(remote, plan.size, plan.chunk_count, chunk_len).map_err(|message| {
+            Error::SizeMismatch {
+                url: url_of(&chunker::chunk_name(remote, 1, plan.chunk_count.max(1)))
+                    .unwrap_or_default(),
+                message,
+            }
+        })?;
+    let urls = pieces
+        .iter()
+        .map(|p| url_of(&p.remote))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Resolved {
+        plan,
+        pieces,
+        urls,
+        ctl,
+    })
+}
+
+pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed> {
+    let Job {
+        http,
+        config,
+        target,
+        models_dir,
+        cancel,
+        on_event,
+        ..
+    } = *job;
+    let Resolved {
+        plan,
+        pieces,
+        urls,
+        mut ctl,
+    } = resolve_from(job, origin)?;
+
+    let staging = Staging::open(
+        models_dir,
+        &target.local_name,
+        &plan,
+        &pieces,
+        config.space_margin,
+    )?;
+    let (done, partial) = staging.recorded();
+    let segments = plan_segments(&pieces, &done, &partial, config.ranges_per_chunk);
+    let mut open_segments = vec![0usize; pieces.len()];
+    for s in &segments {
+        open_segments[s.piece] += 1;
+    }
+    let already = bytes_on_disk(&pieces, &done, &partial);
+    let abort = Arc::new(AtomicBool::new(false));
+    ctl.abort = Some(abort.clone());
+    let run = Run {
+        http,
+        ctl,
+        config,
+        target,
+        plan: &plan,
+        urls,
+        staging: &staging,
+        cancel,
+        on_event,
+        queue: Mutex::new(segments.into_iter().collect()),
+        open_segments: Mutex::new(open_segments),
+        done_bytes: AtomicU64::new(already),
+        abort,
+        error: Mutex::new(None),
+        refetched: Mutex::new(BTreeSet::new()),
+        pieces,
+    };
+    on_event(Event::Progress {
+        done: already,
+        total: plan.size,
+    });
+    let workers = config.connections.max(1);
+    thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| run.worker());
+        }
+    });
+    if let Some(e) = run.error.lock().unwrap().take() {
+        // Without per-chunk digests a digest failure cannot say which bytes are bad: drop them
+        // all. With them, only the failing chunk was forgotten (in `finish_piece`); every
+        // verified chunk is kept. Anything else keeps what is on disk for a resume.
+        if matches!(e, Error::DigestMismatch { .. }) && plan.chunk_sha256.is_none() {
+            staging.discard();
+        }
+        return Err(e);
+    }
+    if cancel.is_cancelled() {
+        return Err(Error::Cancelled {
+            model: target.id.to_string(),
+        });
+    }
+
+    on_event(Event::Verifying);
+    let actual = hash_file(&staging.file, plan.size, &run.ctl)?;
+    if actual != plan.sha256 {
+        staging.discard();
+        return Err(Error::DigestMismatch {
+            what: format!(
+                "{} from {origin} (digest from the {})",
+                target.local_name, plan.digest_source
+            ),
+            expected: plan.sha256,
+            actual,
+        });
+    }
+    if cancel.is_cancelled() {
+        return Err(Error::Cancelled {
+            model: target.id.to_string(),
+        });
+    }
+    let path = install(&staging, models_dir, &target.local_name, &plan)?;
+    on_event(Event::Installed { path: path.clone() });
+    Ok(Installed {
+        path,
+        size: plan.size,
+        sha256: actual,
+        digest_source: plan.digest_source,
+        origin: origin.to_string(),
+    })
+}
+
+impl Run<'_> {
+    fn stopped(&self) -> bool {
+        self.abort.load(Ordering::SeqCst) || self.cancel.is_cancelled()
+    }
+
+    fn fail(&self, e: Error) {
+        let mut slot = self.error.lock().unwrap();
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+        self.abort.store(true, Ordering::SeqCst);
+    }
+
+    fn worker(&self) {
+        loop {
+            if self.stopped() {
+                return;
+            }
+            let Some(seg) = self.queue.lock().unwrap().pop_front() else {
+                return;
+            };
+            let res = self.fetch_segment(&seg).and_then(|()| {
+                let finished = {
+                    let mut open = self.open_segments.lock().unwrap();
+                    open[seg.piece] -= 1;
+                    open[seg.piece] == 0
+                };
+                if finished {
+                    self.finish_piece(seg.piece)
+                } else {
+                    Ok(())
+                }
+            });
+            if let Err(e) = res {
+                if !matches!(e, Error::Cancelled { .. }) || !self.abort.load(Ordering::SeqCst) {
+                    self.fail(e);
+                }
+                return;
+            }
+        }
+    }
+
+    /// A piece is complete: check its own digest when the manifest has one, then record it.
+    fn finish_piece(&self, i: usize) -> Result<()> {
+        let piece = &self.pieces[i];
+        if let Some(list) = &self.plan.chunk_sha256 {
+            let want = list[i];
+            let mut h = Hasher::new();
+            hash_region(&self.staging.file, piece.offset, piece.len, &mut h)?;
+            let got = h.finish();
+            if got != want {
+                // Only this chunk's bytes are known bad: forget them, keep every other chunk.
+                self.staging.forget(piece.index)?;
+                if self.refetched.lock().unwrap().insert(i) {
+                    // Bytes resumed from an earlier run or origin, or a prefix a broken answer
+                    // left before a retry, may be the bad ones: fetch the whole chunk once more
+                    // from its first byte before giving up on this origin.
+                    self.done_bytes.fetch_sub(piece.len, Ordering::SeqCst);
+                    self.open_segments.lock().unwrap()[i] = 1;
+                    self.queue.lock().unwrap().push_back(Segment {
+                        piece: i,
+                        start: 0,
+                        end: piece.len,
+                    });
+                    return Ok(());
+                }
+                return Err(Error::DigestMismatch {
+                    what: format!("chunk {} ({})", piece.index, self.urls[i]),
+                    expected: want,
+                    actual: got,
+                });
+            }
+        }
+        self.staging.mark_done(piece.index)
+    }
+
+    fn fetch_segment(&self, seg: &Segment) -> Result<()> {
+        if seg.start == seg.end {
+            return Ok(());
+        }
+        let mut written = 0u64;
+        let mut etag: Option<String> = None;
+        let res = with_retries(self.config, &self.ctl, &self.urls[seg.piece], || {
+            self.try_segment(seg, &mut written, &mut etag)
+        });
+        if res.is_err() {
+            // Stopping (cancel, SIGTERM, this origin given up): what this segment has on disk
+            // is kept for the next run, when each chunk's digest can check it.
+            let index = self.pieces[seg.piece].index;
+            let _ = self
+                .staging
+                .mark_range(index, seg.start, seg.start + written);
+        }
+        res
+    }
+
+    /// One request for the rest of `seg`. `written` is how much of the segment is already on
+    /// disk (kept across attempts, so a retry resumes); `etag` is the validator for `If-Range`.
+    fn try_segment(
+        &self,
+        seg: &Segment,
+        written: &mut u64,
+        etag: &mut Option<String>,
+    ) -> Result<()> {
+        let piece = &self.pieces[seg.piece];
+        let url = &self.urls[seg.piece];
+        let start = seg.start + *written;
+        let last = seg.end - 1;
+        let protocol = |message: String| Error::Protocol {
+            url: url.clone(),
+            message,
+        };
+        let mismatch = |message: String| Error::SizeMismatch {
+            url: url.clone(),
+            message,
+        };
+        let validator = if *written > 0 { etag.as_deref() } else { None };
+        let mut body = self
+            .http
+            .get(url, Some((start, last)), validator, &self.ctl)?;
+        match body.meta.status {
+            206 => {
+                let range_ok = matches!(body.meta.content_range, Some((a, b, _))
+                    if a == start && b == last);
+                let total_ok = matches!(body.meta.content_range, Some((_, _, total))
+                    if total.is_none_or(|t| t == piece.len));
+                if !range_ok || !total_ok {
+                    let message = format!(
+                        "asked for bytes {start}-{last} of {}, got Content-Range {:?}",
+                        piece.len, body.meta.content_range
+                    );
+                    return Err(if range_ok {
+                        mismatch(message)
+                    } else {
+                        protocol(message)
+                    });
+                }
+                if let Some(len) = body.meta.content_length
+                    && len != last - start + 1
+                {
+                    return Err(protocol(format!(
+                        "Content-Length {len} for a {}-byte range",
+                        last - start + 1
+                    )));
+                }
+            }
+            _ => {
+                // The server ignored Range (or If-Range did not match): this is the whole piece.
+                // Start the segment over from the body, skipping what lies before it.
+                if let Some(len) = body.meta.content_length
+                    && len != piece.len
+                {
+                    return Err(mismatch(format!(
+                        "Content-Length {len}, but this piece is {} bytes; refusing a size the manifest does not declare",
+                        piece.len
+                    )));
+                }
+                self.done_bytes.fetch_sub(*written, Ordering::SeqCst);
+                *written = 0;
+                body.skip(seg.start)?;
+            }
+        }
+        if body.meta.etag.is_some() {
+            *etag = body.meta.etag.clone();
+        }
+        let seg_len = seg.end - seg.start;
+        let mut buf = vec![0u8; 64 * 1024];
+        while *written < seg_len {
+            if self.stopped() {
+                return Err(Error::Cancelled {
+                    model: self.target.id.to_string(),
+                });
+            }
+            // Never ask for more than the segment still needs: extra bytes a server sends are
+            // never read, let alone written.
+            let want = (seg_len - *written).min(buf.len() as u64) as usize;
+            let n = body.read(&mut buf[..want])?;
+            if n == 0 {
+                return Err(Error::Transport {
+                    url: url.clone(),
+                    message: format!("body ended after {} of {} bytes", *written, seg_len),
+                });
+            }
+            let at = piece.offset + seg.start + *written;
+            debug_assert!(at + n as u64 <= self.plan.size);
+            self.staging.file.write_all_at(&buf[..n], at)?;
+            let before = *written;
+            *written += n as u64;
+            if before / RANGE_RECORD_STEP != *written / RANGE_RECORD_STEP {
+                self.staging
+                    .mark_range(piece.index, seg.start, seg.start + *written)?;
+            }
+            let done = self.done_bytes.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
+            (self.on_event)(Event::Progress {
+                done,
+                total: self.plan.size,
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,219 @@
+//! One model's artifact: plan the pieces, fetch them in parallel into one staging file, verify,
+//! then install with a single rename.
+//!
+//! Install layout: whatever the published form (plain file or chunk set), the artifact is
+//! assembled into one staging file `<sha16>-<name>` in the staging directory
+//! `<models>/.starpilot-staging` (see [`crate::staging`]), each piece written at its own offset.
+//! After the whole SHA-256 matches, the file is fsynced and renamed over `<id>_driving_tinygrad.pkl`, and the directory fsynced. A plain file wins over a
+//! chunk set for every reader (docs/formats.md, "Reading"), so that one rename is the moment the new
+//! artifact becomes visible; a reader holding the old file keeps reading the old inode, so it can
+//! never see a mix. Leftover chunk-set or `.pNN` files of the same name are removed afterwards,
+//! `.chunkmanifest` first.
+//!
+//! The seams: this file holds the public vocabulary (config, events, targets); [`plan`] the pure
+//! decisions (pieces, segments, what a resume still needs); [`resolve`] what one origin publishes
+//! (a few small requests, no payload); [`execute`] one origin's run (workers, ranges, verify,
+//! install); [`staged`] the staging file, its completion record and the install rename;
+//! [`inspect`] the digest checks of bytes on disk; [`retry`] the one retry helper.
+
+mod execute;
+mod inspect;
+mod plan;
+mod resolve;
+mod retry;
+mod staged;
+
+pub(crate) use execute::{Job, download_from, resolve_from};
+pub use inspect::installed_sidecar_digest;
+pub use plan::{Piece, other_forms, plan_pieces};
+pub(crate) use retry::with_retries;
+pub use staged::remove_other_forms;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use chunker::Sha256Digest;
+use manifest::{FileName, ModelEntry, ModelId};
+
+use crate::error::{Error, Result};
+use crate::http::HttpConfig;
+use crate::staging::staging_names;
+
+/// Tuning of one download.
+#[derive(Debug, Clone)]
+pub struct DownloadConfig {
+    /// Parallel connections per download.
+    pub connections: usize,
+    /// Ranges fetched in parallel within one chunk (1 = a chunk is one request).
+    pub ranges_per_chunk: usize,
+    /// Tries per range before the origin counts as failed.
+    pub max_attempts: u32,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// Free space required beyond the artifact itself.
+    pub space_margin: u64,
+    pub http: HttpConfig,
+}
+
+impl Default for DownloadConfig {
+    fn default() -> Self {
+        Self {
+            connections: 4,
+            ranges_per_chunk: 1,
+            max_attempts: 5,
+            backoff_base: Duration::from_millis(250),
+            backoff_max: Duration::from_secs(8),
+            space_margin: 64 * 1024 * 1024,
+            http: HttpConfig::default(),
+        }
+    }
+}
+
+/// What a download reports while it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Trying this origin.
+    Origin { origin: String },
+    /// Bytes of the artifact present in staging so far.
+    Progress { done: u64, total: u64 },
+    /// All bytes are in; hashing before install.
+    Verifying,
+    /// Verified and renamed into place.
+    Installed { path: PathBuf },
+}
+
+/// A cancellation flag shared between the one who asks and the download.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Where the digest a download was verified against came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DigestSource {
+    /// `artifact_sha256` of the manifest entry.
+    Manifest,
+    /// The origin's `<name>.sha256` sidecar, because the entry declares no digest (the live
+    /// manifest's shape). The bytes are still verified against it before install, and the
+    /// digest is kept next to the installed file ([`installed_sidecar_digest`]).
+    Sidecar,
+}
+
+impl DigestSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Manifest => "manifest",
+            Self::Sidecar => "sidecar",
+        }
+    }
+}
+
+impl std::fmt::Display for DigestSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A verified, installed artifact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    pub path: PathBuf,
+    pub size: u64,
+    pub sha256: Sha256Digest,
+    pub digest_source: DigestSource,
+    pub origin: String,
+}
+
+/// What a download of a target would fetch from the first origin that answers, learned the way
+/// a download learns it before its first payload byte ([`crate::Downloader::plan_target`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DownloadPlan {
+    pub origin: String,
+    /// The artifact's size (the entry's, or learned from the origin).
+    pub size: u64,
+    pub sha256: Sha256Digest,
+    pub digest_source: DigestSource,
+    /// The remote files, each placed at its offset in the artifact.
+    pub pieces: Vec<Piece>,
+}
+
+/// What to fetch, checked against the manifest entry before any request. Fields the entry
+/// does not declare are `None` and learned from each origin before the first payload byte:
+/// the chunk count from `.chunkmanifest` (absent: one plain file), the digest from the
+/// `.sha256` sidecar (absent too: not downloadable), the size from `HEAD`.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub id: ModelId,
+    /// Remote logical name (`artifact_filename` or `<id>_driving_tinygrad.pkl`).
+    pub remote_name: FileName,
+    /// Local logical name: `<id>_driving_tinygrad.pkl` (what modeld opens), or
+    /// `<id>_driving_chestnut_tinygrad.pkl` for the eGPU variant.
+    pub local_name: FileName,
+    pub size: Option<u64>,
+    pub sha256: Option<Sha256Digest>,
+    /// `Some(0)` = one plain file.
+    pub chunk_count: Option<u32>,
+    pub chunk_sha256: Option<Vec<Sha256Digest>>,
+}
+
+impl Target {
+    pub fn from_entry(entry: &ModelEntry) -> Result<Self> {
+        let model = entry.id().to_string();
+        let bad = |reason: &str| Error::NotDownloadable {
+            model: model.clone(),
+            reason: reason.to_string(),
+        };
+        if entry.id().is_local() {
+            return Err(bad("local models are never downloaded"));
+        }
+        if !entry.is_supported() {
+            return Err(bad("unsupported artifact_format"));
+        }
+        let chunk_count = entry.artifact_chunk_count().map(|c| c.get());
+        let chunk_sha256 = entry.chunk_digests();
+        if let (Some(list), Some(count)) = (&chunk_sha256, chunk_count)
+            && list.len() != count as usize
+        {
+            return Err(bad(
+                "artifact_chunk_sha256 does not have one digest per chunk",
+            ));
+        }
+        Ok(Self {
+            id: entry.id().clone(),
+            remote_name: entry.file_name(),
+            local_name: manifest::layout::artifact_file_name(entry.id()),
+            size: entry.artifact_size().map(|s| s.get()),
+            sha256: entry.artifact_sha256(),
+            chunk_count,
+            chunk_sha256,
+        })
+    }
+
+    /// Where this target's digest will come from.
+    pub fn digest_source(&self) -> DigestSource {
+        if self.sha256.is_some() {
+            DigestSource::Manifest
+        } else {
+            DigestSource::Sidecar
+        }
+    }
+
+    /// The staging file's name inside [`STAGING_DIR`](crate::STAGING_DIR): tied to the artifact digest so bytes of
+    /// two different artifacts are never mixed. `None` until the digest is known.
+    pub fn staging_name(&self) -> Option<String> {
+        self.sha256
+            .map(|d| staging_names(&d.to_hex(), self.local_name.as_str()).0)
+    }
+}

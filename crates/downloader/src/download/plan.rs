@@ -1,0 +1,331 @@
+//! Pure planning of one download: what the payload must be ([`Plan`]), the pieces an artifact
+//! is published as, and the segments a run fetches, resuming after what is already on disk.
+//! No I/O: every function here is decided by its arguments.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chunker::Sha256Digest;
+
+use super::DigestSource;
+
+/// What one origin publishes for a target, every unknown resolved: what the payload must be.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub size: u64,
+    pub sha256: Sha256Digest,
+    pub digest_source: DigestSource,
+    pub chunk_count: u32,
+    pub chunk_sha256: Option<Vec<Sha256Digest>>,
+}
+
+/// One remote file of the artifact, placed at `offset` in the assembled artifact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    /// 1-based chunk index (1 for a plain file).
+    pub index: u32,
+    pub remote: String,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// A byte range `[start, end)` of one piece, fetched by one request (plus retries).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Segment {
+    /// Index into the pieces (not the 1-based chunk index).
+    pub piece: usize,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// Pieces of an artifact of `size` bytes published as `count` chunks whose first chunk has
+/// `chunk_len` bytes (ignored for `count <= 1`). Pure: no I/O.
+pub fn plan_pieces(
+    remote_name: &str,
+    size: u64,
+    count: u32,
+    chunk_len: u64,
+) -> std::result::Result<Vec<Piece>, String> {
+    if count == 0 {
+        return Ok(vec![Piece {
+            index: 1,
+            remote: remote_name.to_string(),
+            offset: 0,
+            len: size,
+        }]);
+    }
+    let n = u64::from(count);
+    let chunk_len = if count == 1 { size } else { chunk_len };
+    let before_last = chunk_len
+        .checked_mul(n - 1)
+        .filter(|b| *b < size && chunk_len > 0)
+        .ok_or_else(|| {
+            format!("{count} chunks of {chunk_len} bytes cannot hold a {size}-byte artifact")
+        })?;
+    let last = size - before_last;
+    if last > chunk_len {
+        return Err(format!(
+            "{count} chunks of {chunk_len} bytes leave {last} bytes for the last chunk; more than a chunk"
+        ));
+    }
+    Ok((1..=count)
+        .map(|i| Piece {
+            index: i,
+            remote: chunker::chunk_name(remote_name, i, count),
+            offset: u64::from(i - 1) * chunk_len,
+            len: if i == count { last } else { chunk_len },
+        })
+        .collect())
+}
+
+/// The names among `names` (a models directory's listing) that installing the plain file `name`
+/// removes, in the order they go: its `.chunkmanifest` first (no reader ever sees a manifest
+/// without its chunks), then its chunks and legacy `.pNN` parts, then its `.sha256` sidecar
+/// (rewritten afterwards when the digest came from the origin's). Pure.
+pub fn other_forms<'a>(names: impl IntoIterator<Item = &'a str>, name: &str) -> Vec<String> {
+    let manifest = chunker::chunk_manifest_name(name);
+    let sidecar = chunker::sidecar_name(name);
+    let names: Vec<&str> = names.into_iter().collect();
+    let is_part = |file_name: &str| {
+        let legacy = file_name
+            .strip_prefix(name)
+            .and_then(|r| r.strip_prefix(".p"))
+            .is_some_and(|d| d.len() == 2 && d.bytes().all(|b| b.is_ascii_digit()));
+        chunker::parse_chunk_name(name, file_name).is_some() || legacy
+    };
+    let mut out = Vec::new();
+    out.extend(
+        names
+            .iter()
+            .filter(|n| **n == manifest)
+            .map(|n| n.to_string()),
+    );
+    out.extend(names.iter().filter(|n| is_part(n)).map(|n| n.to_string()));
+    out.extend(
+        names
+            .iter()
+            .filter(|n| **n == sidecar)
+            .map(|n| n.to_string()),
+    );
+    out
+}
+
+/// Byte ranges `[a, b)` of pieces already on disk (by piece index), kept merged.
+pub(crate) type Partial = BTreeMap<u32, Vec<(u64, u64)>>;
+
+/// Adds `[a, b)` to a sorted list of disjoint ranges, merging what touches. Pure.
+pub(crate) fn add_range(ranges: &mut Vec<(u64, u64)>, (a, b): (u64, u64)) {
+    if a >= b {
+        return;
+    }
+    ranges.push((a, b));
+    ranges.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for &(x, y) in ranges.iter() {
+        match merged.last_mut() {
+            Some((_, end)) if x <= *end => *end = (*end).max(y),
+            _ => merged.push((x, y)),
+        }
+    }
+    *ranges = merged;
+}
+
+/// Split every piece not yet done into up to `ranges` segments of at least 1 MiB, each starting
+/// after whatever prefix of it `partial` already has on disk (so a resume never fetches those
+/// bytes again). A segment wholly on disk stays, empty, so its piece still gets finished. Pure.
+pub(crate) fn plan_segments(
+    pieces: &[Piece],
+    done: &BTreeSet<u32>,
+    partial: &Partial,
+    ranges: usize,
+) -> Vec<Segment> {
+    const MIN_SEGMENT: u64 = 1024 * 1024;
+    let mut out = Vec::new();
+    for (i, p) in pieces.iter().enumerate() {
+        if done.contains(&p.index) {
+            continue;
+        }
+        let have = partial.get(&p.index).map(Vec::as_slice).unwrap_or(&[]);
+        let parts = (ranges.max(1) as u64)
+            .min(p.len.div_ceil(MIN_SEGMENT))
+            .max(1);
+        let step = p.len.div_ceil(parts);
+        let mut start = 0;
+        while start < p.len {
+            let end = (start + step).min(p.len);
+            let mut from = start;
+            for &(a, b) in have {
+                if a <= from && from < b {
+                    from = b.min(end);
+                }
+            }
+            out.push(Segment {
+                piece: i,
+                start: from,
+                end,
+            });
+            start = end;
+        }
+    }
+    out
+}
+
+/// Bytes of `pieces` on disk according to `done` and `partial`.
+pub(crate) fn bytes_on_disk(pieces: &[Piece], done: &BTreeSet<u32>, partial: &Partial) -> u64 {
+    pieces
+        .iter()
+        .map(|p| {
+            if done.contains(&p.index) {
+                p.len
+            } else {
+                partial
+                    .get(&p.index)
+                    .map(|r| {
+                        r.iter()
+                            .map(|(a, b)| b.min(&p.len).saturating_sub(*a))
+                            .sum()
+                    })
+                    .unwrap_or(0)
+            }
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_match_the_chunk_format() {
+        let p = plan_pieces("a.pkl", 10, 3, 4).unwrap();
+        assert_eq!(
+            p.iter()
+                .map(|p| (p.remote.as_str(), p.offset, p.len))
+                .collect::<Vec<_>>(),
+            [
+                ("a.pkl.chunk01of03", 0, 4),
+                ("a.pkl.chunk02of03", 4, 4),
+                ("a.pkl.chunk03of03", 8, 2)
+            ]
+        );
+        assert_eq!(plan_pieces("a.pkl", 10, 0, 0).unwrap()[0].remote, "a.pkl");
+        assert_eq!(plan_pieces("a.pkl", 10, 1, 999).unwrap()[0].len, 10);
+        assert!(
+            plan_pieces("a.pkl", 10, 3, 3).is_err(),
+            "last chunk would be 4 > 3"
+        );
+        assert!(
+            plan_pieces("a.pkl", 10, 3, 5).is_err(),
+            "two chunks already hold it all"
+        );
+        assert!(plan_pieces("a.pkl", 10, 3, 0).is_err());
+    }
+
+    #[test]
+    fn other_forms_of_an_artifact() {
+        let name = "a_driving_tinygrad.pkl";
+        let listing = [
+            "a_driving_tinygrad.pkl.sha256",
+            "a_driving_tinygrad.pkl.chunk02of02",
+            "a_driving_tinygrad.pkl",
+            "a_driving_tinygrad.pkl.p01",
+            "a_driving_tinygrad.pkl.chunkmanifest",
+            "a_driving_tinygrad.pkl.chunk01of02",
+            "a_driving_tinygrad.pkl.p1",
+            "b_driving_tinygrad.pkl.chunk01of02",
+            "ab_driving_tinygrad.pkl.chunkmanifest",
+        ];
+        assert_eq!(
+            other_forms(listing, name),
+            [
+                "a_driving_tinygrad.pkl.chunkmanifest",
+                "a_driving_tinygrad.pkl.chunk02of02",
+                "a_driving_tinygrad.pkl.p01",
+                "a_driving_tinygrad.pkl.chunk01of02",
+                "a_driving_tinygrad.pkl.sha256",
+            ]
+        );
+        assert!(other_forms([name], name).is_empty());
+    }
+
+    #[test]
+    fn ranges_merge() {
+        type Ranges = &'static [(u64, u64)];
+        let table: &[(Ranges, (u64, u64), Ranges)] = &[
+            (&[], (0, 5), &[(0, 5)]),
+            (&[(0, 5)], (5, 9), &[(0, 9)]),
+            (&[(0, 5)], (7, 9), &[(0, 5), (7, 9)]),
+            (&[(0, 5), (7, 9)], (4, 8), &[(0, 9)]),
+            (&[(2, 3)], (3, 3), &[(2, 3)]),
+            (&[(2, 8)], (3, 4), &[(2, 8)]),
+        ];
+        for (have, add, want) in table {
+            let mut r = have.to_vec();
+            add_range(&mut r, *add);
+            assert_eq!(&r, want, "{have:?} + {add:?}");
+        }
+    }
+
+    /// A resume starts each segment after the prefix already on disk and keeps wholly present
+    /// segments (empty) so their piece is still finished and checked.
+    #[test]
+    fn segments_resume_inside_a_piece() {
+        let pieces = plan_pieces("a", 5 << 20, 2, 3 << 20).unwrap();
+        let mut partial = Partial::new();
+        partial.insert(1, vec![(0, 1000)]);
+        partial.insert(2, vec![(0, 2 << 20)]);
+        let segs = plan_segments(&pieces, &BTreeSet::new(), &partial, 1);
+        assert_eq!(
+            segs,
+            [
+                Segment {
+                    piece: 0,
+                    start: 1000,
+                    end: 3 << 20
+                },
+                Segment {
+                    piece: 1,
+                    start: 2 << 20,
+                    end: 2 << 20
+                }
+            ]
+        );
+        assert_eq!(
+            bytes_on_disk(&pieces, &BTreeSet::new(), &partial),
+            1000 + (2 << 20)
+        );
+        assert_eq!(
+            bytes_on_disk(&pieces, &BTreeSet::from([1]), &partial),
+            5 << 20
+        );
+        // A range that does not start at a segment's start does not move it.
+        partial.insert(1, vec![(10, 1000)]);
+        assert_eq!(
+            plan_segments(&pieces, &BTreeSet::new(), &partial, 1)[0].start,
+            0
+        );
+    }
+
+    #[test]
+    fn segments_cover_each_missing_piece_once() {
+        let pieces = plan_pieces("a", 5 << 20, 2, 3 << 20).unwrap();
+        let segs = plan_segments(&pieces, &BTreeSet::new(), &Partial::new(), 4);
+        for (i, p) in pieces.iter().enumerate() {
+            let mut covered = 0;
+            for s in segs.iter().filter(|s| s.piece == i) {
+                assert_eq!(s.start, covered);
+                covered = s.end;
+            }
+            assert_eq!(covered, p.len);
+        }
+        assert_eq!(segs.len(), 3 + 2);
+        let segs = plan_segments(&pieces, &BTreeSet::from([1]), &Partial::new(), 1);
+        assert_eq!(
+            segs,
+            [Segment {
+                piece: 1,
+                start: 0,
+                end: 2 << 20
+            }]
+        );
+    }
+}

@@ -1,0 +1,157 @@
+//! What one origin publishes for a target, learned before the first payload byte: the chunk
+//! count, the digest and the size the manifest entry leaves open. A few small requests; no
+//! payload.
+
+use std::path::Path;
+
+use chunker::Sha256Digest;
+
+use super::plan::Plan;
+use super::retry::with_retries;
+use super::{DigestSource, DownloadConfig, Target};
+use crate::error::{Error, Result};
+use crate::http::{Ctl, Http};
+
+/// A sidecar's digest as upstream reads it: the first token, 64 hex digits in either case.
+fn parse_remote_sidecar(body: &[u8], url: &str) -> Result<Sha256Digest> {
+    let token = std::str::from_utf8(body)
+        .ok()
+        .and_then(|t| t.split_whitespace().next())
+        .unwrap_or("");
+    token
+        .to_ascii_lowercase()
+        .parse()
+        .map_err(|_| Error::Protocol {
+            url: url.to_string(),
+            message: format!(
+                "malformed .sha256 sidecar: first token is not 64 hex digits (got {:?})",
+                &token[..token.len().min(80)]
+            ),
+        })
+}
+
+/// Everything one origin must tell before the first payload byte: the chunk count (checked
+/// against the entry's, or learned from `.chunkmanifest`; none published means one plain
+/// file), the digest (the entry's, or the `.sha256` sidecar's), the size (the entry's, or
+/// from `HEAD`), and the first chunk's length. A few small requests; no payload.
+pub(crate) fn resolve_plan(
+    http: &Http,
+    config: &DownloadConfig,
+    target: &Target,
+    ctl: &Ctl,
+    url_of: &dyn Fn(&str) -> Result<String>,
+) -> Result<(Plan, u64)> {
+    let remote = target.remote_name.as_str();
+    let gone = |e: &Error| {
+        matches!(
+            e,
+            Error::Status {
+                status: 404 | 403 | 410,
+                ..
+            }
+        )
+    };
+
+    let chunk_count = match target.chunk_count {
+        Some(0) => 0,
+        declared => {
+            let url = url_of(&chunker::chunk_manifest_name(remote))?;
+            match with_retries(config, ctl, &url, || http.get_small(&url, 64, ctl)) {
+                Ok(body) => {
+                    let remote_count = chunker::parse_chunk_manifest(&body, Path::new(&url))
+                        .map_err(|source| Error::BadChunkManifest {
+                            url: url.clone(),
+                            source,
+                        })?;
+                    if let Some(expected) = declared
+                        && remote_count != expected
+                    {
+                        return Err(Error::ChunkCountMismatch {
+                            url,
+                            expected,
+                            remote: remote_count,
+                        });
+                    }
+                    remote_count
+                }
+                // Nothing published as chunks, and the entry does not say there are any:
+                // upstream then reads the name as one plain file.
+                Err(e) if declared.is_none() && gone(&e) => 0,
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    if let Some(list) = &target.chunk_sha256
+        && list.len() != chunk_count as usize
+    {
+        return Err(Error::ChunkCountMismatch {
+            url: url_of(&chunker::chunk_manifest_name(remote))?,
+            expected: list.len() as u32,
+            remote: chunk_count,
+        });
+    }
+
+    let (sha256, digest_source) = match target.sha256 {
+        Some(d) => (d, DigestSource::Manifest),
+        None => {
+            let url = url_of(&chunker::sidecar_name(remote))?;
+            match with_retries(config, ctl, &url, || http.get_small(&url, 1024, ctl)) {
+                Ok(body) => (parse_remote_sidecar(&body, &url)?, DigestSource::Sidecar),
+                Err(e) if gone(&e) => {
+                    return Err(Error::NotDownloadable {
+                        model: target.id.to_string(),
+                        reason: format!(
+                            "the manifest declares no artifact_sha256 and the origin has no sidecar ({url}: {e}); nothing to verify the bytes against"
+                        ),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    };
+
+    let head_len = |name: &str| -> Result<u64> {
+        let url = url_of(name)?;
+        let (len, _) = with_retries(config, ctl, &url, || http.head(&url, ctl))?;
+        len.ok_or_else(|| Error::Protocol {
+            url,
+            message: "HEAD gave no Content-Length".into(),
+        })
+    };
+    let first_len = if chunk_count > 1 {
+        Some(head_len(&chunker::chunk_name(remote, 1, chunk_count))?)
+    } else {
+        None
+    };
+    let size = match target.size {
+        Some(s) => s,
+        None => {
+            let learned = match (chunk_count, first_len) {
+                (0, _) => head_len(remote)?,
+                (1, _) => head_len(&chunker::chunk_name(remote, 1, 1))?,
+                (n, Some(first)) => {
+                    let last = head_len(&chunker::chunk_name(remote, n, n))?;
+                    first
+                        .checked_mul(u64::from(n - 1))
+                        .and_then(|b| b.checked_add(last))
+                        .unwrap_or(u64::MAX)
+                }
+                (_, None) => unreachable!("the first chunk's length is read for n > 1"),
+            };
+            manifest::ArtifactSize::new(learned)
+                .map_err(|e| Error::SizeMismatch {
+                    url: url_of(remote).unwrap_or_default(),
+                    message: format!("the published files add up to {learned} bytes: {e}"),
+                })?
+                .get()
+        }
+    };
+    let plan = Plan {
+        size,
+        sha256,
+        digest_source,
+        chunk_count,
+        chunk_sha256: target.chunk_sha256.clone(),
+    };
+    Ok((plan, first_len.unwrap_or(size)))
+}
