@@ -49,10 +49,8 @@ pub fn check_oob_reader(reader: &mut ArtifactReader, what: &str) -> Result<OobLa
             offset: d.offset,
             defect: d.defect,
         },
-        oob::OobCheckError::Io(source) => Error::Io {
-            path: what.into(),
-            source,
-        },
+        // The reader's errors name the piece (fs_err, or its own truncation message).
+        oob::OobCheckError::Io(source) => Error::Io(source),
     })
 }
 

@@ -14,16 +14,16 @@
 //! `.chunkmanifest` is written last. A crash at any point leaves either the previous complete set
 //! or something that readers treat as "not present".
 
-use std::fs;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread;
 
+use fs_err as fs;
 use serde::Serialize;
 
 use crate::atomic::{self, AtomicFile, DIRECT_ALIGN};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::{
     DEFAULT_CHUNK_SIZE, Hasher, IO_BUFFER_SIZE, MAX_CHUNKS, Sha256Digest, check_name,
     chunk_count_for, chunk_manifest_name, chunk_name, format_chunk_manifest, format_sidecar,
@@ -78,8 +78,8 @@ pub fn split_file(src: &Path, out_dir: &Path, opts: &SplitOptions) -> Result<Spl
         .ok_or_else(|| Error::InvalidName {
             name: src.display().to_string(),
         })?;
-    let file = fs::File::open(src).ctx(src)?;
-    let size = file.metadata().ctx(src)?.len();
+    let file = fs::File::open(src)?;
+    let size = file.metadata()?.len();
     split_reader(file, size, &name, out_dir, opts).map_err(|e| e.naming_input(src))
 }
 
@@ -111,17 +111,11 @@ fn remove_stale_temporaries(out_dir: &Path, name: &str) -> Result<()> {
     let entries = match fs::read_dir(out_dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e).ctx(out_dir),
+        Err(e) => return Err(e.into()),
     };
     let mut names = Vec::new();
     for entry in entries {
-        names.push(
-            entry
-                .ctx(out_dir)?
-                .file_name()
-                .to_string_lossy()
-                .into_owned(),
-        );
+        names.push(entry?.file_name().to_string_lossy().into_owned());
     }
     for stale in stale_temporaries(
         name,
@@ -132,7 +126,7 @@ fn remove_stale_temporaries(out_dir: &Path, name: &str) -> Result<()> {
         match fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).ctx(&path),
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())
@@ -146,7 +140,7 @@ impl Error {
     /// read error, an input that changed size), which otherwise name `<input>` or the output.
     pub fn naming_input(self, src: &Path) -> Self {
         match self {
-            Error::Io { path, source } if path == Path::new(INPUT) => Error::Io {
+            Error::ReadInput { path, source } if path == Path::new(INPUT) => Error::ReadInput {
                 path: src.to_path_buf(),
                 source,
             },
@@ -289,9 +283,9 @@ impl StagedSplit {
         let report = self.install()?;
         for name in &removed {
             let path = out_dir.join(name);
-            atomic::remove_if_exists(&path).ctx(&path)?;
+            atomic::remove_if_exists(&path)?;
         }
-        atomic::sync_dir(&out_dir).ctx(&out_dir)?;
+        atomic::sync_dir(&out_dir)?;
         Ok((report, removed))
     }
 }
@@ -310,15 +304,15 @@ pub fn set_file_names(name: &str, count: u32) -> Vec<String> {
 /// [`StagedSplit::install_replacing`] removes exactly these; a dry run can list them.
 pub fn other_forms(name: &str, dir: &Path, count: u32) -> Result<Vec<String>> {
     let mut found = Vec::new();
-    for entry in fs::read_dir(dir).ctx(dir)? {
-        let entry = entry.ctx(dir)?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
         let file_name = entry.file_name();
         let Some(file_name) = file_name.to_str() else {
             continue;
         };
         let other_count = parse_chunk_name(name, file_name).is_some_and(|(_, c)| c != count);
         if (file_name == name || is_legacy_part(name, file_name) || other_count)
-            && entry.file_type().ctx(&entry.path())?.is_file()
+            && entry.file_type()?.is_file()
         {
             found.push(file_name.to_string());
         }
@@ -376,7 +370,7 @@ fn read_and_hash<R: Read>(
         let n = match fill(reader, &mut buf[..want]) {
             Ok(n) => n,
             Err(source) => {
-                return Err(Error::Io {
+                return Err(Error::ReadInput {
                     path: PathBuf::from(INPUT),
                     source,
                 });
@@ -526,7 +520,7 @@ fn write_chunks(
         let syncer = scope.spawn(move || -> Result<Vec<AtomicFile>> {
             let mut done = Vec::new();
             for mut f in sync_rx {
-                f.sync().ctx(f.temp_path())?;
+                f.sync()?;
                 done.push(f);
             }
             Ok(done)
@@ -563,14 +557,12 @@ fn cut_and_write(
                         AtomicFile::create_direct(&dest)
                     } else {
                         AtomicFile::create(&dest)
-                    }
-                    .ctx(&dest)?;
+                    }?;
                     current.insert((file, 0))
                 }
             };
             let (piece, full) = cutter.next(&mut data);
-            let temp = file.temp_path().to_path_buf();
-            file.write_piece(piece).ctx(&temp)?;
+            file.write_piece(piece)?;
             *written += piece.len() as u64;
             if full {
                 let (file, size) = current.take().expect("open");
@@ -626,17 +618,15 @@ fn install(
 ) -> Result<SplitReport> {
     let count = staged.chunks.len() as u32;
     let manifest_path = out_dir.join(chunk_manifest_name(name));
-    atomic::remove_if_exists(&manifest_path).ctx(&manifest_path)?;
-    atomic::sync_dir(out_dir).ctx(out_dir)?;
+    atomic::remove_if_exists(&manifest_path)?;
+    atomic::sync_dir(out_dir)?;
     for file in staged.files {
-        let dest = file.dest().to_path_buf();
-        file.commit().ctx(&dest)?;
+        file.commit()?;
     }
     remove_stale_chunks(name, out_dir, count)?;
     let sidecar = out_dir.join(sidecar_name(name));
-    atomic::write_atomic(&sidecar, format_sidecar(&whole, name).as_bytes()).ctx(&sidecar)?;
-    atomic::write_atomic(&manifest_path, format_chunk_manifest(count).as_bytes())
-        .ctx(&manifest_path)?;
+    atomic::write_atomic(&sidecar, format_sidecar(&whole, name).as_bytes())?;
+    atomic::write_atomic(&manifest_path, format_chunk_manifest(count).as_bytes())?;
     Ok(SplitReport {
         name: name.to_string(),
         size,
@@ -648,8 +638,8 @@ fn install(
 
 /// Chunks of an earlier split with a different count would only confuse people and tools.
 fn remove_stale_chunks(name: &str, dir: &Path, count: u32) -> Result<()> {
-    for entry in fs::read_dir(dir).ctx(dir)? {
-        let entry = entry.ctx(dir)?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
         let file_name = entry.file_name();
         let Some(file_name) = file_name.to_str() else {
             continue;
@@ -658,7 +648,7 @@ fn remove_stale_chunks(name: &str, dir: &Path, count: u32) -> Result<()> {
             && c != count
         {
             let p = entry.path();
-            atomic::remove_if_exists(&p).ctx(&p)?;
+            atomic::remove_if_exists(&p)?;
         }
     }
     Ok(())

@@ -217,7 +217,7 @@ fn naming_input_names_the_file_a_failed_stream_came_from() {
     .unwrap_err()
     .naming_input(&src);
     assert!(
-        matches!(&err, Error::Io { path, .. } if *path == src),
+        matches!(&err, Error::ReadInput { path, .. } if *path == src),
         "{err}"
     );
     let err = split_reader(
@@ -643,4 +643,24 @@ fn direct_writes_fall_back_for_unaligned_pieces_on_any_filesystem() {
         want.extend_from_slice(&[7u8; DIRECT_ALIGN]);
         assert_eq!(back, want, "{}", dir.path().display());
     }
+}
+
+#[test]
+fn file_errors_name_the_path_and_keep_their_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-model.pkl");
+    let err = split_file(&missing, dir.path(), &SplitOptions { chunk_size: 5 }).unwrap_err();
+    assert!(
+        matches!(&err, Error::Io(e) if e.kind() == io::ErrorKind::NotFound),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains(&*missing.to_string_lossy()),
+        "{err}"
+    );
+
+    let out = dir.path().join("no-such-dir").join("joined.pkl");
+    let err = chunker::atomic::write_atomic(&out, b"x").unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    assert!(err.to_string().contains("no-such-dir"), "{err}");
 }
