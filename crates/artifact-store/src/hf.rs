@@ -34,7 +34,7 @@ use reqwest::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_LENGTH, HeaderMap,
 use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
 
-use crate::error::{Error, HfFailure, IoContext, Result};
+use crate::error::{Error, HfFailure, Result};
 use crate::paths::{StorePath, is_under};
 use crate::store::{FileStat, ListEntry, Store};
 
@@ -79,7 +79,7 @@ impl HfConfig {
         // stored token: read it here and hand it over explicitly, as our HTTP reads need it too.
         let stored = || {
             let path = stored_token_path(&|k| std::env::var_os(k))?;
-            let text = std::fs::read_to_string(path).ok()?;
+            let text = fs_err::read_to_string(path).ok()?;
             Some(text.trim().to_string()).filter(|t| !t.is_empty())
         };
         Self {
@@ -513,7 +513,16 @@ impl HfCli {
         let dir = tempfile::Builder::new()
             .prefix("starpilot-hf-home-")
             .tempdir()
-            .at(std::env::temp_dir())?;
+            // A tempfile-crate error: say where it was making the directory.
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "failed to create a private HF_HOME in `{}`: {e}",
+                        std::env::temp_dir().display()
+                    ),
+                )
+            })?;
         let _ = self.home.set(dir);
         Ok(self.home.get().expect("just set").path().to_path_buf())
     }
@@ -577,7 +586,10 @@ impl HfCli {
                 fed,
             )
         });
-        let out = out.at(&self.config.cli)?;
+        let out = out.map_err(|source| Error::Child {
+            program: self.describe(args),
+            source,
+        })?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             // A CLI that fails on stdout (some errors print there with --format json).
@@ -731,7 +743,7 @@ impl Store for HfBucketStore {
     }
 
     fn write_file(&self, path: &StorePath, local: &Path) -> Result<u64> {
-        let size = std::fs::metadata(local).at(local)?.len();
+        let size = fs_err::metadata(local)?.len();
         let local = local.to_str().ok_or_else(|| Error::InvalidPath {
             path: local.display().to_string(),
             reason: "not valid UTF-8, cannot be passed to the hf CLI".into(),
@@ -756,7 +768,10 @@ impl Store for HfBucketStore {
             let mut body = Vec::new();
             resp.take(MAX_LISTING_PAGE_BYTES + 1)
                 .read_to_end(&mut body)
-                .at(&url)?;
+                .map_err(|source| Error::StoreRead {
+                    what: url.clone(),
+                    source,
+                })?;
             let entries: Vec<TreeEntry> =
                 serde_json::from_slice(&body).map_err(|e| Error::BadResponse {
                     url: url.clone(),
