@@ -25,8 +25,8 @@ pub use read::{
     resolve,
 };
 pub use split::{
-    ChunkInfo, SplitOptions, SplitReport, StagedSplit, other_forms, set_file_names, split_file,
-    split_reader, stage_reader,
+    ChunkInfo, PlannedChunk, SplitOptions, SplitPlan, SplitReport, StagedSplit, other_forms,
+    plan_split, set_file_names, split_file, split_reader, stage_reader,
 };
 pub use verify::{Expected, VerifiedChunk, VerifyReport, verify, verify_with_progress};
 

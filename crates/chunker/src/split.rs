@@ -105,6 +105,78 @@ pub fn stale_temporaries<'a>(
         .collect()
 }
 
+/// What a split would write and remove, found without writing anything: the `--dry-run` of
+/// `release-cli chunk split`. It checks what [`split_reader`] checks before reading the input
+/// (the name, the chunk size, the size, the chunk count) but reads no content, so it has no
+/// SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SplitPlan {
+    pub name: String,
+    pub size: u64,
+    pub chunk_count: u32,
+    /// The chunks, in order, with the size each would have.
+    pub chunks: Vec<PlannedChunk>,
+    /// Every file the split would write, in the order it writes them (chunks, the `.sha256`
+    /// sidecar, the `.chunkmanifest` last).
+    pub written: Vec<String>,
+    /// The files it would remove, sorted: chunks of an earlier set with another count and the
+    /// stale temporaries of an interrupted split of this set.
+    pub removed: Vec<String>,
+}
+
+/// One chunk a split would write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlannedChunk {
+    pub name: String,
+    pub size: u64,
+}
+
+/// Plan the split of `size` bytes into the chunk set `name` in `out_dir` ([`SplitPlan`]). Reads
+/// the listing of `out_dir` (a missing directory holds nothing to remove); writes nothing.
+pub fn plan_split(name: &str, size: u64, out_dir: &Path, opts: &SplitOptions) -> Result<SplitPlan> {
+    check_name(name)?;
+    let count = planned_count(name, size, opts.chunk_size)?;
+    let chunks = (1..=count)
+        .map(|i| PlannedChunk {
+            name: chunk_name(name, i, count),
+            size: (size - u64::from(i - 1) * opts.chunk_size).min(opts.chunk_size),
+        })
+        .collect();
+    let mut listing = Vec::new();
+    match fs::read_dir(out_dir) {
+        Ok(entries) => {
+            for entry in entries {
+                listing.push(entry?.file_name().to_string_lossy().into_owned());
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    let mut removed: Vec<String> = listing
+        .iter()
+        .filter(|f| parse_chunk_name(name, f).is_some_and(|(_, c)| c != count))
+        .cloned()
+        .collect();
+    removed.extend(
+        stale_temporaries(
+            name,
+            listing.iter().map(String::as_str),
+            atomic::process_alive,
+        )
+        .into_iter()
+        .map(str::to_string),
+    );
+    removed.sort();
+    Ok(SplitPlan {
+        name: name.to_string(),
+        size,
+        chunk_count: count,
+        chunks,
+        written: set_file_names(name, count),
+        removed,
+    })
+}
+
 /// Remove the stale temporaries of the chunk set `name` from `out_dir` (see
 /// [`stale_temporaries`]), so an interrupted split does not leave them for good.
 fn remove_stale_temporaries(out_dir: &Path, name: &str) -> Result<()> {

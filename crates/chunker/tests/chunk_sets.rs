@@ -664,3 +664,31 @@ fn file_errors_name_the_path_and_keep_their_kind() {
     assert_eq!(err.kind(), io::ErrorKind::NotFound);
     assert!(err.to_string().contains("no-such-dir"), "{err}");
 }
+
+#[test]
+fn plan_split_names_what_the_split_then_writes_and_removes() {
+    let dir = tempfile::tempdir().unwrap();
+    split_bytes(dir.path(), &payload(30, 1), 10).unwrap();
+    let stale = format!(".tmp-{}-0-{}", u32::MAX, chunk_name(NAME, 1, 2));
+    fs::write(dir.path().join(&stale), b"half").unwrap();
+    let before = names_in(dir.path());
+    let opts = SplitOptions { chunk_size: 16 };
+    let plan = chunker::plan_split(NAME, 30, dir.path(), &opts).unwrap();
+    assert_eq!(names_in(dir.path()), before, "planning wrote something");
+    assert_eq!(plan.chunk_count, 2);
+    let sizes: Vec<u64> = plan.chunks.iter().map(|c| c.size).collect();
+    assert_eq!(sizes, [16, 14]);
+    let mut removed: Vec<String> = (1..=3).map(|i| chunk_name(NAME, i, 3)).collect();
+    removed.push(stale);
+    removed.sort();
+    assert_eq!(plan.removed, removed);
+
+    split_bytes(dir.path(), &payload(30, 2), 16).unwrap();
+    let mut expected = plan.written.clone();
+    expected.sort();
+    assert_eq!(names_in(dir.path()), expected);
+    assert!(matches!(
+        chunker::plan_split(NAME, 0, dir.path(), &opts),
+        Err(Error::EmptyInput { .. })
+    ));
+}
