@@ -74,8 +74,8 @@ pub struct JoinArgs {
     /// file). Writes nothing, not even a temporary.
     #[arg(long)]
     pub dry_run: bool,
-    /// Print `{"output","size","sha256"}`; with --dry-run `{"dry_run":true,"output","size",
-    /// "sha256","replaces"}`.
+    /// Print `{"output","size","sha256"}`; with --dry-run
+    /// `{"dry_run":true,"output","size","sha256","replaces"}`.
     #[arg(long)]
     pub json: bool,
 }
