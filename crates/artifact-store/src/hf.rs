@@ -256,6 +256,38 @@ impl HubHttp {
     }
 }
 
+/// A file of a Hub store read at its resolve URL, a 404 being the store's [`Error::NotFound`]:
+/// the read side [`HfBucketStore`] and [`crate::location::HfRepoStore`] share (they differ only
+/// in the URL).
+pub(crate) struct HubFile<'a> {
+    pub http: &'a HubHttp,
+    pub url: String,
+    pub store: &'a dyn Store,
+    pub path: &'a StorePath,
+}
+
+impl HubFile<'_> {
+    fn not_found(&self) -> Error {
+        Error::NotFound {
+            store: self.store.describe(),
+            path: self.path.to_string(),
+        }
+    }
+
+    pub fn stat(&self) -> Result<Option<FileStat>> {
+        self.http.stat(&self.url)
+    }
+
+    pub fn open(&self) -> Result<Box<dyn Read + Send>> {
+        self.http.open(&self.url, || self.not_found())
+    }
+
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.http
+            .read_range(&self.url, offset, buf, || self.not_found())
+    }
+}
+
 impl HubHttp {
     /// Fill `buf` from `offset` of a resolve URL with one ranged GET; `not_found()` on 404. A
     /// server that ignores the range (200) is read up to the range and no further.
@@ -690,6 +722,15 @@ impl HfBucketStore {
         manifest::layout::hf_resolve_url(self.http.endpoint(), &self.bucket, path)
     }
 
+    fn file<'a>(&'a self, path: &'a StorePath) -> HubFile<'a> {
+        HubFile {
+            http: &self.http,
+            url: self.resolve_url(path),
+            store: self,
+            path,
+        }
+    }
+
     pub fn cli(&self) -> &HfCli {
         &self.cli
     }
@@ -719,22 +760,15 @@ impl Store for HfBucketStore {
     }
 
     fn stat(&self, path: &StorePath) -> Result<Option<FileStat>> {
-        self.http.stat(&self.resolve_url(path))
+        self.file(path).stat()
     }
 
     fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
-        self.http.open(&self.resolve_url(path), || Error::NotFound {
-            store: self.describe(),
-            path: path.to_string(),
-        })
+        self.file(path).open()
     }
 
     fn read_at(&self, path: &StorePath, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.http
-            .read_range(&self.resolve_url(path), offset, buf, || Error::NotFound {
-                store: self.describe(),
-                path: path.to_string(),
-            })
+        self.file(path).read_at(offset, buf)
     }
 
     fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
