@@ -617,6 +617,11 @@ fn cut_and_write(
         filled: 0,
     };
     let mut current: Option<(AtomicFile, u64)> = None;
+    // A full chunk (or the last) goes to the syncer, numbered after those before it.
+    let finish = |chunks: &mut Vec<ChunkInfo>, file: AtomicFile, size: u64| {
+        let index = chunks.len() as u32 + 1;
+        chunks.push(finish_chunk(cfg, file, size, index, &sync_tx));
+    };
     for (buf, len) in hashed_rx {
         let mut data = &buf[..len];
         while !data.is_empty() {
@@ -638,26 +643,14 @@ fn cut_and_write(
             *written += piece.len() as u64;
             if full {
                 let (file, size) = current.take().expect("open");
-                chunks.push(finish_chunk(
-                    cfg,
-                    file,
-                    size,
-                    chunks.len() as u32 + 1,
-                    &sync_tx,
-                ));
+                finish(&mut chunks, file, size);
             }
         }
         // The reader may have stopped; returning the buffer is best effort.
         let _ = empty_tx.try_send(buf);
     }
     if let Some((file, size)) = current.take() {
-        chunks.push(finish_chunk(
-            cfg,
-            file,
-            size,
-            chunks.len() as u32 + 1,
-            &sync_tx,
-        ));
+        finish(&mut chunks, file, size);
     }
     Ok(chunks)
 }

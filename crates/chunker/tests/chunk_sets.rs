@@ -26,6 +26,11 @@ fn split_bytes(dir: &Path, data: &[u8], chunk_size: u64) -> chunker::Result<chun
     )
 }
 
+/// A split in 5-byte chunks of `reader`, declared to be `size` bytes, that must fail.
+fn split_5_err(reader: impl Read, size: u64, dir: &Path) -> Error {
+    split_reader(reader, size, NAME, dir, &SplitOptions { chunk_size: 5 }).unwrap_err()
+}
+
 fn names_in(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)
         .unwrap()
@@ -156,14 +161,7 @@ fn a_failed_split_leaves_the_previous_set_intact_and_nothing_else() {
 fn a_shorter_input_than_declared_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let data = payload(10, 0);
-    let err = split_reader(
-        &data[..],
-        12,
-        NAME,
-        dir.path(),
-        &SplitOptions { chunk_size: 5 },
-    )
-    .unwrap_err();
+    let err = split_5_err(&data[..], 12, dir.path());
     assert!(
         matches!(
             err,
@@ -175,14 +173,7 @@ fn a_shorter_input_than_declared_is_refused() {
         ),
         "{err}"
     );
-    let err = split_reader(
-        &data[..],
-        8,
-        NAME,
-        dir.path(),
-        &SplitOptions { chunk_size: 5 },
-    )
-    .unwrap_err();
+    let err = split_5_err(&data[..], 8, dir.path());
     assert!(
         matches!(
             err,
@@ -207,28 +198,12 @@ fn naming_input_names_the_file_a_failed_stream_came_from() {
     }
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("model.pkl");
-    let err = split_reader(
-        Failing,
-        10,
-        NAME,
-        dir.path(),
-        &SplitOptions { chunk_size: 5 },
-    )
-    .unwrap_err()
-    .naming_input(&src);
+    let err = split_5_err(Failing, 10, dir.path()).naming_input(&src);
     assert!(
         matches!(&err, Error::ReadInput { path, .. } if *path == src),
         "{err}"
     );
-    let err = split_reader(
-        &[0u8; 3][..],
-        4,
-        NAME,
-        dir.path(),
-        &SplitOptions { chunk_size: 5 },
-    )
-    .unwrap_err()
-    .naming_input(&src);
+    let err = split_5_err(&[0u8; 3][..], 4, dir.path()).naming_input(&src);
     assert!(
         matches!(&err, Error::InputChanged { path, .. } if *path == src),
         "{err}"
