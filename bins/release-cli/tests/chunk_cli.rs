@@ -1,6 +1,6 @@
 //! The `release-cli chunk` contract, run against the real binary.
 
-use crate::common::{cli_in as cli, text};
+use crate::common::{cli_in as cli, snapshot, text};
 
 use std::fs;
 use std::path::Path;
@@ -270,4 +270,141 @@ fn a_split_cleans_its_own_stale_temporaries() {
     let out = cli(&["chunk", "split", NAME, "--chunk-size", "1KiB"], t.path());
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(!stale.exists());
+}
+
+#[test]
+fn split_dry_run_names_the_chunks_and_removals_and_writes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    artifact(t.path(), 2500);
+    let split = |extra: &[&str]| {
+        let mut args = vec!["chunk", "split", NAME, "--out-dir", "out"];
+        args.extend_from_slice(extra);
+        cli(&args, t.path())
+    };
+    // An earlier set of 5 chunks is there; a new split in 3 chunks would remove it.
+    let out = split(&["--chunk-size", "500"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let before = snapshot(t.path());
+
+    let out = split(&["--chunk-size", "1KiB", "--dry-run", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        snapshot(t.path()),
+        before,
+        "a split dry run wrote something"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["dry_run"], true);
+    assert_eq!(v["chunk_count"], 3);
+    assert_eq!(v["chunks"][2]["size"], 2500 - 2048);
+    assert_eq!(
+        v["written"],
+        serde_json::json!([
+            format!("{NAME}.chunk01of03"),
+            format!("{NAME}.chunk02of03"),
+            format!("{NAME}.chunk03of03"),
+            format!("{NAME}.sha256"),
+            format!("{NAME}.chunkmanifest"),
+        ])
+    );
+    let removed: Vec<String> = (1..=5).map(|i| format!("{NAME}.chunk{i:02}of05")).collect();
+    assert_eq!(v["removed"], serde_json::json!(removed));
+
+    let out = split(&["--chunk-size", "1KiB", "--dry-run"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let human = text(&out.stdout);
+    assert!(
+        human.contains(&format!("would write {NAME}.chunk03of03  452 bytes")),
+        "{human}"
+    );
+    assert!(
+        human.contains(&format!("would remove {NAME}.chunk05of05")),
+        "{human}"
+    );
+    assert!(human.contains("nothing was changed"), "{human}");
+
+    // A refusal still refuses: too many chunks.
+    let out = split(&["--chunk-size", "10", "--dry-run"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--chunk-size"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Into a directory that is not there yet: it is not created.
+    let out = cli(
+        &["chunk", "split", NAME, "--out-dir", "new", "--dry-run"],
+        t.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("would create the directory"));
+    assert_eq!(
+        snapshot(t.path()),
+        before,
+        "a split dry run wrote something"
+    );
+}
+
+#[test]
+fn join_dry_run_checks_the_set_and_writes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let data = artifact(t.path(), 2500);
+    let out = cli(
+        &[
+            "chunk",
+            "split",
+            NAME,
+            "--out-dir",
+            "out",
+            "--chunk-size",
+            "1KiB",
+        ],
+        t.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let logical = format!("out/{NAME}");
+    let before = snapshot(t.path());
+
+    let out = cli(
+        &["chunk", "join", &logical, "-o", NAME, "--dry-run", "--json"],
+        t.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(snapshot(t.path()), before, "a join dry run wrote something");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["dry_run"], true);
+    assert_eq!(v["size"], data.len());
+    assert_eq!(v["replaces"], true);
+    assert_eq!(
+        v["sha256"],
+        chunker::Sha256Digest::of_bytes(&data).to_hex().as_str()
+    );
+    let out = cli(
+        &["chunk", "join", &logical, "-o", "j.pkl", "--dry-run"],
+        t.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("would write j.pkl (2500 bytes"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // The checks the join makes still refuse: a chunk that does not match the sidecar.
+    fs::write(
+        t.path().join(format!("out/{NAME}.chunk02of03")),
+        [0u8; 1024],
+    )
+    .unwrap();
+    let before = snapshot(t.path());
+    let out = cli(
+        &["chunk", "join", &logical, "-o", "j.pkl", "--dry-run"],
+        t.path(),
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_eq!(
+        snapshot(t.path()),
+        before,
+        "a refused join dry run wrote something"
+    );
 }

@@ -1,7 +1,7 @@
 //! The `release-cli manifest` contract, run against the real binary.
 
 use crate::common;
-use crate::common::{cli_in as cli, text};
+use crate::common::{cli_in as cli, snapshot, text};
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -295,4 +295,95 @@ fn diff_into_a_closed_pipe_does_not_panic() {
     let err = text(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(out.status.code(), Some(1), "{err}");
+}
+
+#[test]
+fn fmt_write_dry_run_says_whether_it_would_rewrite_and_writes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let f = t.path().join("model_names_v25.json");
+    fs::write(
+        &f,
+        r#"{"models":[{"id":"pop223","name":"Pop","version":"v15"}]}"#,
+    )
+    .unwrap();
+    let before = snapshot(t.path());
+    let p = f.to_str().unwrap();
+    let out = cli(
+        &["manifest", "fmt", "--write", "--dry-run", "--json", p],
+        t.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["dry_run"], true);
+    assert_eq!(v["changed"], true);
+    let out = cli(&["manifest", "fmt", "--write", "--dry-run", p], t.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("would be rewritten in canonical form"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(snapshot(t.path()), before, "a fmt dry run wrote something");
+    // --dry-run without --write has nothing to dry-run.
+    let out = cli(&["manifest", "fmt", "--dry-run", p], t.path());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    // A manifest that does not parse is refused as the real run refuses it.
+    fs::write(&f, b"{not json").unwrap();
+    let before = snapshot(t.path());
+    let out = cli(&["manifest", "fmt", "--write", "--dry-run", p], t.path());
+    let real = cli(&["manifest", "fmt", "--write", p], t.path());
+    assert_eq!(out.status.code(), real.status.code());
+    assert!(!out.status.success());
+    assert_eq!(snapshot(t.path()), before);
+}
+
+#[test]
+fn set_artifact_dry_run_checks_the_set_prints_the_values_and_writes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let data = test_support::published::artifact_bytes(11, 2500);
+    let (artifacts, manifest) = common::release(t.path(), &data);
+    let doc = serde_json::json!({"generation": "v25", "tinygrad_commit": common::TG, "models": [{
+        "id": "pop223", "name": "Pop", "version": "v15", "series": "OP Series",
+        "released": "2025-06-01", "community_favorite": false}]});
+    fs::write(&manifest, doc.to_string()).unwrap();
+    let before = snapshot(t.path());
+    let (m, d) = (manifest.to_str().unwrap(), artifacts.join("pop223"));
+    let d = d.to_str().unwrap();
+    let out = cli(
+        &["manifest", "set-artifact", m, d, "--dry-run", "--json"],
+        t.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["dry_run"], true);
+    assert_eq!(v["size"], 2500);
+    assert_eq!(v["chunk_count"], 3);
+    assert_eq!(v["sha256"], test_support::published::sha256_hex(&data));
+    let out = cli(&["manifest", "set-artifact", m, d, "--dry-run"], t.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("pop223 would be set = 2500 bytes"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        snapshot(t.path()),
+        before,
+        "a set-artifact dry run wrote something"
+    );
+    // The checks still refuse: no such model.
+    let out = cli(
+        &[
+            "manifest",
+            "set-artifact",
+            m,
+            d,
+            "--model",
+            "absent",
+            "--dry-run",
+        ],
+        t.path(),
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_eq!(snapshot(t.path()), before);
 }

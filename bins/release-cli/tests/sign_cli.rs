@@ -1,7 +1,7 @@
 //! `release-cli manifest sign|verify` and `publish --sign-key` as a release engineer runs them,
 //! and the signatures checked with the real `minisign` tool (Debian package `minisign`).
 
-use crate::common::{cli, command, covering_records, release, text};
+use crate::common::{cli, command, covering_records, release, snapshot, text};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -382,4 +382,60 @@ fn real_minisign_keys_load_and_real_minisign_verifies_our_signatures() {
         "{}",
         text(&o.stderr)
     );
+}
+
+#[test]
+fn sign_dry_run_signs_in_memory_and_writes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let (_, manifest) = release(t.path(), &artifact_bytes(1, 2500));
+    let (a_key, _, secret) = keypair(t.path(), "a");
+    let m = s(&manifest);
+    let before = snapshot(t.path());
+    let o = cli(&[
+        "manifest",
+        "sign",
+        "--key",
+        s(&a_key),
+        "--dry-run",
+        "--json",
+        m,
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["dry_run"], true);
+    assert_eq!(r["release"], 1);
+    assert_eq!(r["replaces"], false);
+    assert_eq!(r["generation"], "v25");
+    let o = cli(&["manifest", "sign", "--key", s(&a_key), "--dry-run", m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("dry run: would write") && out.contains("model_names_v25.json.minisig"),
+        "{out}"
+    );
+    assert!(!out.contains(&secret));
+    assert_eq!(snapshot(t.path()), before, "a sign dry run wrote something");
+
+    // After a real signature, the dry run names the next release and the file it replaces.
+    let o = cli(&["manifest", "sign", "--key", s(&a_key), m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let before = snapshot(t.path());
+    let o = cli(&[
+        "manifest",
+        "sign",
+        "--key",
+        s(&a_key),
+        "--dry-run",
+        "--json",
+        m,
+    ]);
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (r["release"].clone(), r["replaces"].clone()),
+        (2.into(), true.into())
+    );
+    // A key that is not there is refused, as in the real run.
+    let o = cli(&["manifest", "sign", "--key", "missing.key", "--dry-run", m]);
+    assert!(!o.status.success());
+    assert_eq!(snapshot(t.path()), before, "a sign dry run wrote something");
 }

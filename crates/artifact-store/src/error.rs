@@ -5,9 +5,33 @@ use std::path::PathBuf;
 /// Every message names the store, path or URL involved and, where there is one, what to do next.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
+    /// A file or directory operation failed. These come from `fs_err`, whose message names the
+    /// operation and the path (`failed to open file `/x/y`: No such file or directory`); the
+    /// `kind()` is the operating system's.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+
+    /// Reading a store's stream failed (an HTTP body, a CLI's pipe, a file behind a store):
+    /// `what` names the store and the path in it.
+    #[error("reading {what} failed: {source}")]
+    StoreRead {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+
+    /// A child process (`git`) could not be started or waited for.
+    #[error("could not run {program}: {source}")]
+    Child {
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+
+    /// `serve`'s listening socket or accept thread could not be set up.
+    #[error("serve: could not {what}: {source}")]
+    Serve {
+        what: &'static str,
         #[source]
         source: io::Error,
     },
@@ -357,20 +381,6 @@ impl std::fmt::Display for ProblemLines<'_> {
             write!(f, "\n  - {p}")?;
         }
         Ok(())
-    }
-}
-
-/// Attach a path to an `io::Error`.
-pub(crate) trait IoContext<T> {
-    fn at(self, path: impl Into<PathBuf>) -> Result<T>;
-}
-
-impl<T> IoContext<T> for io::Result<T> {
-    fn at(self, path: impl Into<PathBuf>) -> Result<T> {
-        self.map_err(|source| Error::Io {
-            path: path.into(),
-            source,
-        })
     }
 }
 

@@ -18,7 +18,7 @@ use std::process::Command;
 
 use manifest::StoreLayout;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::local::LocalStore;
 use crate::paths::StorePath;
 use crate::store::{FileStat, ListEntry, Store};
@@ -173,7 +173,7 @@ impl GithubStore {
             // Never wait for a password prompt: fail and say so.
             .env("GIT_TERMINAL_PROMPT", "0")
             .output()
-            .at(&self.checkout)?;
+            .map_err(|source| self.git_failed(source))?;
         if !out.status.success() {
             return Err(Error::Git {
                 checkout: self.checkout.clone(),
@@ -187,6 +187,14 @@ impl GithubStore {
             });
         }
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// `git` could not be started (not installed, no such checkout directory).
+    fn git_failed(&self, source: std::io::Error) -> Error {
+        Error::Child {
+            program: format!("git in {}", self.checkout.display()),
+            source,
+        }
     }
 
     fn branch_path(&self, path: &StorePath) -> Result<StorePath> {
@@ -205,7 +213,7 @@ impl GithubStore {
             .arg(&self.checkout)
             .args(["diff", "--cached", "--quiet", "--", rel.as_str()])
             .status()
-            .at(&self.checkout)?
+            .map_err(|source| self.git_failed(source))?
             .success();
         if !unchanged {
             self.git(["commit", "--quiet", "-m", message, "--", rel.as_str()])?;
@@ -295,8 +303,8 @@ impl Store for GithubStore {
         // `manifests` has no directory of its own on the branch: its files sit at the root.
         if prefix.as_str() == "manifests" {
             let mut out = Vec::new();
-            for entry in std::fs::read_dir(&self.checkout).at(&self.checkout)? {
-                let entry = entry.at(&self.checkout)?;
+            for entry in fs_err::read_dir(&self.checkout)? {
+                let entry = entry?;
                 let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
                     continue;
                 };

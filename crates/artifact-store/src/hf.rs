@@ -34,7 +34,7 @@ use reqwest::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_LENGTH, HeaderMap,
 use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
 
-use crate::error::{Error, HfFailure, IoContext, Result};
+use crate::error::{Error, HfFailure, Result};
 use crate::paths::{StorePath, is_under};
 use crate::store::{FileStat, ListEntry, Store};
 
@@ -79,7 +79,7 @@ impl HfConfig {
         // stored token: read it here and hand it over explicitly, as our HTTP reads need it too.
         let stored = || {
             let path = stored_token_path(&|k| std::env::var_os(k))?;
-            let text = std::fs::read_to_string(path).ok()?;
+            let text = fs_err::read_to_string(path).ok()?;
             Some(text.trim().to_string()).filter(|t| !t.is_empty())
         };
         Self {
@@ -253,6 +253,38 @@ impl HubHttp {
             StatusCode::OK => Ok(Box::new(resp)),
             s => Err(status_error("GET", url, s)),
         }
+    }
+}
+
+/// A file of a Hub store read at its resolve URL, a 404 being the store's [`Error::NotFound`]:
+/// the read side [`HfBucketStore`] and [`crate::location::HfRepoStore`] share (they differ only
+/// in the URL).
+pub(crate) struct HubFile<'a> {
+    pub http: &'a HubHttp,
+    pub url: String,
+    pub store: &'a dyn Store,
+    pub path: &'a StorePath,
+}
+
+impl HubFile<'_> {
+    fn not_found(&self) -> Error {
+        Error::NotFound {
+            store: self.store.describe(),
+            path: self.path.to_string(),
+        }
+    }
+
+    pub fn stat(&self) -> Result<Option<FileStat>> {
+        self.http.stat(&self.url)
+    }
+
+    pub fn open(&self) -> Result<Box<dyn Read + Send>> {
+        self.http.open(&self.url, || self.not_found())
+    }
+
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.http
+            .read_range(&self.url, offset, buf, || self.not_found())
     }
 }
 
@@ -513,7 +545,16 @@ impl HfCli {
         let dir = tempfile::Builder::new()
             .prefix("starpilot-hf-home-")
             .tempdir()
-            .at(std::env::temp_dir())?;
+            // A tempfile-crate error: say where it was making the directory.
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "failed to create a private HF_HOME in `{}`: {e}",
+                        std::env::temp_dir().display()
+                    ),
+                )
+            })?;
         let _ = self.home.set(dir);
         Ok(self.home.get().expect("just set").path().to_path_buf())
     }
@@ -577,7 +618,10 @@ impl HfCli {
                 fed,
             )
         });
-        let out = out.at(&self.config.cli)?;
+        let out = out.map_err(|source| Error::Child {
+            program: self.describe(args),
+            source,
+        })?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             // A CLI that fails on stdout (some errors print there with --format json).
@@ -678,6 +722,15 @@ impl HfBucketStore {
         manifest::layout::hf_resolve_url(self.http.endpoint(), &self.bucket, path)
     }
 
+    fn file<'a>(&'a self, path: &'a StorePath) -> HubFile<'a> {
+        HubFile {
+            http: &self.http,
+            url: self.resolve_url(path),
+            store: self,
+            path,
+        }
+    }
+
     pub fn cli(&self) -> &HfCli {
         &self.cli
     }
@@ -707,22 +760,15 @@ impl Store for HfBucketStore {
     }
 
     fn stat(&self, path: &StorePath) -> Result<Option<FileStat>> {
-        self.http.stat(&self.resolve_url(path))
+        self.file(path).stat()
     }
 
     fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
-        self.http.open(&self.resolve_url(path), || Error::NotFound {
-            store: self.describe(),
-            path: path.to_string(),
-        })
+        self.file(path).open()
     }
 
     fn read_at(&self, path: &StorePath, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.http
-            .read_range(&self.resolve_url(path), offset, buf, || Error::NotFound {
-                store: self.describe(),
-                path: path.to_string(),
-            })
+        self.file(path).read_at(offset, buf)
     }
 
     fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
@@ -731,7 +777,7 @@ impl Store for HfBucketStore {
     }
 
     fn write_file(&self, path: &StorePath, local: &Path) -> Result<u64> {
-        let size = std::fs::metadata(local).at(local)?.len();
+        let size = fs_err::metadata(local)?.len();
         let local = local.to_str().ok_or_else(|| Error::InvalidPath {
             path: local.display().to_string(),
             reason: "not valid UTF-8, cannot be passed to the hf CLI".into(),
@@ -756,7 +802,10 @@ impl Store for HfBucketStore {
             let mut body = Vec::new();
             resp.take(MAX_LISTING_PAGE_BYTES + 1)
                 .read_to_end(&mut body)
-                .at(&url)?;
+                .map_err(|source| Error::StoreRead {
+                    what: url.clone(),
+                    source,
+                })?;
             let entries: Vec<TreeEntry> =
                 serde_json::from_slice(&body).map_err(|e| Error::BadResponse {
                     url: url.clone(),

@@ -3,13 +3,13 @@
 //! same directory, fsync, rename, fsync the directory), so a crash leaves the old file or the
 //! new one and a stray `.tmp-*` at worst, which listings skip.
 
-use std::fs::{self, File};
+use fs_err::{self as fs, File};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use chunker::atomic::{self, AtomicFile};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::paths::{StorePath, to_fs_path};
 use crate::store::{FileStat, ListEntry, Store};
 
@@ -56,18 +56,18 @@ impl Store for LocalStore {
             Ok(_) => Ok(None),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             // A file where a directory should be (ENOTDIR) also means "not there".
-            Err(e) if e.raw_os_error() == Some(20) => Ok(None),
-            Err(e) => Err(e).at(p),
+            Err(e) if e.kind() == io::ErrorKind::NotADirectory => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 
     fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
         let p = self.fs_path(path);
         match File::open(&p) {
-            Ok(f) if f.metadata().at(&p)?.is_file() => Ok(Box::new(f)),
+            Ok(f) if f.metadata()?.is_file() => Ok(Box::new(f)),
             Ok(_) => Err(self.not_found(path)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Err(self.not_found(path)),
-            Err(e) => Err(e).at(p),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -77,10 +77,16 @@ impl Store for LocalStore {
         let mut f = match File::open(&p) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(self.not_found(path)),
-            Err(e) => return Err(e).at(p),
+            Err(e) => return Err(e.into()),
         };
-        f.seek(SeekFrom::Start(offset)).at(&p)?;
-        f.read_exact(buf).at(p)
+        // read_exact's own end-of-file error names no file: say which.
+        let what = || format!("{} {}", self.describe(), path);
+        f.seek(SeekFrom::Start(offset))
+            .and_then(|_| f.read_exact(buf))
+            .map_err(|source| Error::StoreRead {
+                what: what(),
+                source,
+            })
     }
 
     fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
@@ -88,10 +94,14 @@ impl Store for LocalStore {
         let dir = dest
             .parent()
             .expect("store paths have a parent under the root");
-        fs::create_dir_all(dir).at(dir)?;
-        let mut tmp = AtomicFile::create(&dest).at(&dest)?;
-        let n = io::copy(src, tmp.file()).at(&dest)?;
-        tmp.commit_and_sync_dir().at(&dest)?;
+        fs::create_dir_all(dir)?;
+        let mut tmp = AtomicFile::create(&dest)?;
+        // The source is any stream (an HTTP body, another store's file): name the destination.
+        let n = io::copy(src, tmp.file()).map_err(|source| Error::StoreRead {
+            what: format!("the stream written to {}", dest.display()),
+            source,
+        })?;
+        tmp.commit_and_sync_dir()?;
         Ok(n)
     }
 
@@ -108,7 +118,7 @@ impl Store for LocalStore {
             }
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => return Err(e).at(start),
+            Err(e) => return Err(e.into()),
         }
         walk(&start, prefix.as_str(), &mut out)?;
         out.sort_by(|a, b| a.path.cmp(&b.path));
@@ -117,17 +127,17 @@ impl Store for LocalStore {
 
     fn delete(&self, path: &StorePath) -> Result<bool> {
         let p = self.fs_path(path);
-        let removed = atomic::remove_if_exists(&p).at(&p)?;
+        let removed = atomic::remove_if_exists(&p)?;
         if removed && let Some(dir) = p.parent() {
-            atomic::sync_dir(dir).at(dir)?;
+            atomic::sync_dir(dir)?;
         }
         Ok(removed)
     }
 }
 
 fn walk(dir: &Path, rel: &str, out: &mut Vec<ListEntry>) -> Result<()> {
-    for entry in fs::read_dir(dir).at(dir)? {
-        let entry = entry.at(dir)?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
         // Temporaries are half-written files, not content.
@@ -138,11 +148,11 @@ fn walk(dir: &Path, rel: &str, out: &mut Vec<ListEntry>) -> Result<()> {
         let Ok(store_path) = child_rel.parse::<StorePath>() else {
             continue;
         };
-        let ty = entry.file_type().at(entry.path())?;
+        let ty = entry.file_type()?;
         if ty.is_dir() {
             walk(&entry.path(), &child_rel, out)?;
         } else {
-            let meta = entry.metadata().at(entry.path())?;
+            let meta = entry.metadata()?;
             if meta.is_file() {
                 out.push(ListEntry {
                     path: store_path,
@@ -200,5 +210,31 @@ mod tests {
             chunker::Sha256Digest::of_bytes(b"hello")
         );
         assert!(store.read_small(&b, 4).is_err());
+    }
+
+    #[test]
+    fn file_errors_name_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path().join("store"));
+        let missing = dir.path().join("no-such-chunk.bin");
+        let err = store
+            .write_file(&p("models/v25/x/a.bin"), &missing)
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Io(e) if e.kind() == io::ErrorKind::NotFound),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains(&*missing.to_string_lossy()),
+            "{err}"
+        );
+        // A file where a directory should be is "not there", as before.
+        fs::write(dir.path().join("store/models"), b"x")
+            .or_else(|_| {
+                fs::create_dir_all(dir.path().join("store"))?;
+                fs::write(dir.path().join("store/models"), b"x")
+            })
+            .unwrap();
+        assert_eq!(store.stat(&p("models/v25/x/a.bin")).unwrap(), None);
     }
 }

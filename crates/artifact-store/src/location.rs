@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 use crate::error::{Error, Result};
 use crate::github::GithubStore;
-use crate::hf::{HfBucketStore, HfConfig, HubHttp};
+use crate::hf::{HfBucketStore, HfConfig, HubFile, HubHttp};
 use crate::local::LocalStore;
 use crate::paths::StorePath;
 use crate::store::{FileStat, ListEntry, Store};
@@ -329,6 +329,15 @@ impl HfRepoStore {
         )
     }
 
+    fn file<'a>(&'a self, path: &'a StorePath) -> HubFile<'a> {
+        HubFile {
+            http: &self.http,
+            url: self.resolve_url(path),
+            store: self,
+            path,
+        }
+    }
+
     fn read_only(&self, path: &StorePath) -> Error {
         Error::Unsupported {
             store: self.describe(),
@@ -353,22 +362,15 @@ impl Store for HfRepoStore {
     }
 
     fn stat(&self, path: &StorePath) -> Result<Option<FileStat>> {
-        self.http.stat(&self.resolve_url(path))
+        self.file(path).stat()
     }
 
     fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
-        self.http.open(&self.resolve_url(path), || Error::NotFound {
-            store: self.describe(),
-            path: path.to_string(),
-        })
+        self.file(path).open()
     }
 
     fn read_at(&self, path: &StorePath, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.http
-            .read_range(&self.resolve_url(path), offset, buf, || Error::NotFound {
-                store: self.describe(),
-                path: path.to_string(),
-            })
+        self.file(path).read_at(offset, buf)
     }
 
     fn write(&self, path: &StorePath, _src: &mut dyn Read) -> Result<u64> {

@@ -55,8 +55,8 @@ pub fn check_pieces(
             offset: d.offset,
             defect: d.defect,
         })),
-        Err(OobCheckError::Io(e)) => Err(store_error.unwrap_or_else(|| Error::Io {
-            path: what.into(),
+        Err(OobCheckError::Io(e)) => Err(store_error.unwrap_or_else(|| Error::StoreRead {
+            what: what.to_string(),
             source: e,
         })),
     }

@@ -37,7 +37,7 @@ fn read_key_file(path: &Path) -> Result<String> {
         path: path.to_path_buf(),
         message,
     };
-    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let file = fs_err::File::open(path).map_err(|e| bad(e.to_string()))?;
     let mut text = String::new();
     file.take(MAX_KEY_FILE_BYTES + 1)
         .read_to_string(&mut text)

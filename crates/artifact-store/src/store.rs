@@ -4,13 +4,13 @@
 //! `models/v25/<id>/<file>`, `onnx/<source-id>/<file>`); a backend with another layout (the
 //! GitHub `Models` branch) maps them itself, so callers never think about it.
 
-use std::fs::File;
+use fs_err::File;
 use std::io::{self, Read};
 use std::path::Path;
 
 use chunker::Sha256Digest;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::paths::StorePath;
 
 /// What a store knows about one file without reading it.
@@ -44,7 +44,7 @@ pub trait Store: Send + Sync {
     /// Write a file from a local file. Backends that can hand the file over directly (the `hf`
     /// CLI) override this; the default streams it through [`Store::write`].
     fn write_file(&self, path: &StorePath, local: &Path) -> Result<u64> {
-        let mut f = File::open(local).at(local)?;
+        let mut f = File::open(local)?;
         self.write(path, &mut f)
     }
 
@@ -87,14 +87,19 @@ pub trait Store: Send + Sync {
     fn read_at(&self, path: &StorePath, offset: u64, buf: &mut [u8]) -> Result<()> {
         let mut reader = self.open(path)?;
         let what = format!("{} {}", self.describe(), path);
-        let skipped = io::copy(&mut (&mut reader).take(offset), &mut io::sink()).at(&what)?;
+        let read_failed = |what: &str, source| Error::StoreRead {
+            what: what.to_string(),
+            source,
+        };
+        let skipped = io::copy(&mut (&mut reader).take(offset), &mut io::sink())
+            .map_err(|e| read_failed(&what, e))?;
         if skipped != offset {
             return Err(Error::BadResponse {
                 url: what,
                 reason: format!("ends at byte {skipped}, before {offset}"),
             });
         }
-        reader.read_exact(buf).at(what)
+        reader.read_exact(buf).map_err(|e| read_failed(&what, e))
     }
 
     /// SHA-256 and size of a file, streamed; `None` when it does not exist.
@@ -105,7 +110,9 @@ pub trait Store: Send + Sync {
             Err(e) => return Err(e),
         };
         let what = format!("{} {}", self.describe(), path);
-        Sha256Digest::of_reader(&mut reader).at(what).map(Some)
+        Sha256Digest::of_reader(&mut reader)
+            .map(Some)
+            .map_err(|source| Error::StoreRead { what, source })
     }
 
     /// Read a small file (manifests, sidecars, chunk manifests) whole, refusing anything larger
@@ -120,7 +127,10 @@ pub trait Store: Send + Sync {
         reader
             .take(limit + 1)
             .read_to_end(&mut buf)
-            .at(format!("{} {}", self.describe(), path))?;
+            .map_err(|source| Error::StoreRead {
+                what: format!("{} {}", self.describe(), path),
+                source,
+            })?;
         if buf.len() as u64 > limit {
             return Err(Error::BadResponse {
                 url: format!("{} {}", self.describe(), path),

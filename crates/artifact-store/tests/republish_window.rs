@@ -10,78 +10,14 @@
 use std::fs;
 use std::io::Read;
 use std::path::Path;
-use std::sync::Mutex;
 
 use crate::common::*;
 use artifact_store::publish::{PublishOptions, publish};
 use artifact_store::retry::RetryPolicy;
-use artifact_store::{FileStat, ListEntry, LocalStore, Result, Store, StorePath};
+use artifact_store::{LocalStore, Store};
 use downloader::{CancelToken, DownloadConfig, Downloader, Origins};
 use manifest::{Generation, Manifest};
 use test_support::http_server::FaultServer;
-
-/// A store that fails every effect (write, copy, delete) after `budget` of them: a publish killed
-/// at that point.
-struct Killable<S> {
-    inner: S,
-    budget: Mutex<Option<u32>>,
-    effects: Mutex<u32>,
-}
-
-impl<S> Killable<S> {
-    fn new(inner: S, budget: Option<u32>) -> Self {
-        Self {
-            inner,
-            budget: Mutex::new(budget),
-            effects: Mutex::new(0),
-        }
-    }
-
-    fn gate(&self, path: &StorePath) -> Result<()> {
-        if let Some(n) = self.budget.lock().unwrap().as_mut() {
-            if *n == 0 {
-                return Err(artifact_store::Error::Http {
-                    method: "PUT",
-                    url: path.to_string(),
-                    message: "killed here".into(),
-                });
-            }
-            *n -= 1;
-        }
-        *self.effects.lock().unwrap() += 1;
-        Ok(())
-    }
-}
-
-impl<S: Store> Store for Killable<S> {
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn reads_are_local(&self) -> bool {
-        self.inner.reads_are_local()
-    }
-    fn stat(&self, path: &StorePath) -> Result<Option<FileStat>> {
-        self.inner.stat(path)
-    }
-    fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
-        self.inner.open(path)
-    }
-    fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
-        self.gate(path)?;
-        self.inner.write(path, src)
-    }
-    fn list(&self, prefix: &StorePath) -> Result<Vec<ListEntry>> {
-        self.inner.list(prefix)
-    }
-    fn copy(&self, from: &StorePath, to: &StorePath) -> Result<()> {
-        self.gate(to)?;
-        self.inner.copy(from, to)
-    }
-    fn delete(&self, path: &StorePath) -> Result<bool> {
-        self.gate(path)?;
-        self.inner.delete(path)
-    }
-}
 
 fn opts() -> PublishOptions {
     PublishOptions {
@@ -189,11 +125,11 @@ fn a_republish_with_changed_bytes_keeps_one_origin_consistent_at_every_kill_poin
     let full = t.path().join("full");
     copy_tree(&base, &full);
     let (a, b) = (
-        Killable::new(LocalStore::new(full.join("hf")), None),
-        Killable::new(LocalStore::new(full.join("gh")), None),
+        Recording::killable(LocalStore::new(full.join("hf")), None),
+        Recording::killable(LocalStore::new(full.join("gh")), None),
     );
     publish(&new_m, &new_dir, &[&a, &b], &opts(), &mut |_| {}).unwrap();
-    let (na, nb) = (*a.effects.lock().unwrap(), *b.effects.lock().unwrap());
+    let (na, nb) = (a.writes().len() as u32, b.writes().len() as u32);
     assert!(na >= 6 && na == nb, "{na} {nb}");
 
     let mut states = 0;
@@ -206,8 +142,8 @@ fn a_republish_with_changed_bytes_keeps_one_origin_consistent_at_every_kill_poin
         } else {
             (None, Some(k - na))
         };
-        let a = Killable::new(LocalStore::new(&hf), budget_a);
-        let b = Killable::new(LocalStore::new(&gh), budget_b);
+        let a = Recording::killable(LocalStore::new(&hf), budget_a);
+        let b = Recording::killable(LocalStore::new(&gh), budget_b);
         let res = publish(&new_m, &new_dir, &[&a, &b], &opts(), &mut |_| {});
         assert_eq!(res.is_ok(), k == na + nb, "kill point {k}");
         let (ca, cb) = (

@@ -3,11 +3,15 @@
 //! instant leaves either the old file or the new one under the final name, never a partial one.
 //!
 //! Temporary names start with [`TEMP_PREFIX`] so that cleanup tools can recognise strays.
+//!
+//! Every file call goes through `fs_err`, so an error names the operation and the path (the
+//! temporary's, or both names of a rename).
 
-use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use fs_err::{self as fs, File, OpenOptions};
 
 /// Every temporary file made by this module starts with this prefix.
 pub const TEMP_PREFIX: &str = ".tmp-";
@@ -60,7 +64,12 @@ fn temp_path_for(dest: &Path) -> io::Result<PathBuf> {
     let dir = parent_dir(dest);
     let name = dest
         .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "destination has no file name"))?
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("`{}` has no file name to write to", dest.display()),
+            )
+        })?
         .to_string_lossy();
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     Ok(dir.join(format!("{TEMP_PREFIX}{}-{n}-{name}", std::process::id())))
@@ -98,7 +107,7 @@ impl AtomicFile {
     pub fn create_direct(dest: impl AsRef<Path>) -> io::Result<Self> {
         #[cfg(target_os = "linux")]
         {
-            use std::os::unix::fs::OpenOptionsExt;
+            use fs_err::os::unix::fs::OpenOptionsExt;
             let dest = dest.as_ref().to_path_buf();
             let temp = temp_path_for(&dest)?;
             match OpenOptions::new()
@@ -116,8 +125,9 @@ impl AtomicFile {
                         direct: true,
                     });
                 }
-                // Filesystems without O_DIRECT (tmpfs) refuse the open: write through the cache.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // Filesystems without O_DIRECT (tmpfs) refuse the open with EINVAL (fs_err keeps
+                // the kind, not the raw code): write through the cache.
+                Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
                     let _ = fs::remove_file(&temp);
                 }
                 Err(e) => return Err(e),
@@ -145,7 +155,8 @@ impl AtomicFile {
                         self.stop_direct()?;
                         return self.file().write_all(&data[n..]);
                     }
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.stop_direct()?,
+                    // EINVAL, seen through fs_err as its kind.
+                    Err(e) if e.kind() == io::ErrorKind::InvalidInput => self.stop_direct()?,
                     Err(e) => return Err(e),
                 }
             }
@@ -160,14 +171,22 @@ impl AtomicFile {
         {
             use std::os::fd::AsRawFd;
             let fd = self.file().as_raw_fd();
+            // fcntl is not a file call fs_err wraps: name the file here.
+            let failed = |temp: &Path| {
+                let e = io::Error::last_os_error();
+                io::Error::new(
+                    e.kind(),
+                    format!("failed to turn O_DIRECT off on `{}`: {e}", temp.display()),
+                )
+            };
             // SAFETY: fcntl on a file descriptor we own; F_GETFL/F_SETFL take plain ints.
             let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
             if flags < 0 {
-                return Err(io::Error::last_os_error());
+                return Err(failed(&self.temp));
             }
             // SAFETY: as above.
             if unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT) } < 0 {
-                return Err(io::Error::last_os_error());
+                return Err(failed(&self.temp));
             }
         }
         Ok(())

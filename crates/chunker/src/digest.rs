@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, IoContext};
+use crate::error::Error;
 
 /// Size of the buffers used for every streaming read in this workspace.
 pub const IO_BUFFER_SIZE: usize = 1 << 20;
@@ -51,8 +51,8 @@ impl Sha256Digest {
 
     /// Digest and size of a file on disk, streamed.
     pub fn of_file(path: &Path) -> Result<(Self, u64), Error> {
-        let file = std::fs::File::open(path).ctx(path)?;
-        Self::of_reader(file).ctx(path)
+        let file = fs_err::File::open(path)?;
+        Ok(Self::of_reader(file)?)
     }
 }
 

@@ -1,13 +1,22 @@
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::Sha256Digest;
 
 /// Everything that can go wrong while splitting, reading, joining or verifying a chunk set.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {source}")]
-    Io {
+    /// A file or directory operation failed. These come from `fs_err`, whose message names the
+    /// operation and the path (`failed to open file `/x/y`: No such file or directory`); the
+    /// `kind()` is the operating system's.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+
+    /// Reading the stream [`crate::split_reader`] splits failed. The stream may be any reader
+    /// (stdin, a pipe), so its error carries no path of its own: `path` is `<input>` until
+    /// [`Error::naming_input`] names the file it came from.
+    #[error("failed to read the input {path}: {source}")]
+    ReadInput {
         path: PathBuf,
         #[source]
         source: io::Error,
@@ -92,17 +101,3 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Attach the path an I/O error happened on.
-pub(crate) trait IoContext<T> {
-    fn ctx(self, path: &Path) -> Result<T>;
-}
-
-impl<T> IoContext<T> for io::Result<T> {
-    fn ctx(self, path: &Path) -> Result<T> {
-        self.map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })
-    }
-}

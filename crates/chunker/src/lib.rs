@@ -25,8 +25,8 @@ pub use read::{
     resolve,
 };
 pub use split::{
-    ChunkInfo, SplitOptions, SplitReport, StagedSplit, other_forms, set_file_names, split_file,
-    split_reader, stage_reader,
+    ChunkInfo, PlannedChunk, SplitOptions, SplitPlan, SplitReport, StagedSplit, other_forms,
+    plan_split, set_file_names, split_file, split_reader, stage_reader,
 };
 pub use verify::{Expected, VerifiedChunk, VerifyReport, verify, verify_with_progress};
 
@@ -49,10 +49,8 @@ pub fn check_oob_reader(reader: &mut ArtifactReader, what: &str) -> Result<OobLa
             offset: d.offset,
             defect: d.defect,
         },
-        oob::OobCheckError::Io(source) => Error::Io {
-            path: what.into(),
-            source,
-        },
+        // The reader's errors name the piece (fs_err, or its own truncation message).
+        oob::OobCheckError::Io(source) => Error::Io(source),
     })
 }
 

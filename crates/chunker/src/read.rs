@@ -5,12 +5,12 @@
 //! chunk manifest with a missing chunk means "not present" to [`resolve`], and a
 //! [`Error::MissingChunk`] to the strict entry points ([`open`], [`join`], [`crate::verify`]).
 
-use std::fs::{self, File};
+use fs_err::{self as fs, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use crate::atomic::AtomicFile;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::{
     Hasher, IO_BUFFER_SIZE, MAX_LEGACY_PARTS, Sha256Digest, chunk_manifest_name, chunk_name,
     legacy_part_name, parse_chunk_manifest, parse_sidecar, sidecar_name,
@@ -102,10 +102,7 @@ fn file_size(path: &Path) -> Result<Option<u64>> {
         Ok(m) if m.is_file() => Ok(Some(m.len())),
         Ok(_) => Ok(None),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::Io {
-            path: path.to_path_buf(),
-            source: e,
-        }),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -171,11 +168,7 @@ pub fn read_sidecar(path: &Path) -> Result<Option<Sha256Digest>> {
 /// cannot make a reader load it whole.
 fn read_small(path: &Path) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
-    File::open(path)
-        .ctx(path)?
-        .take(4096)
-        .read_to_end(&mut buf)
-        .ctx(path)?;
+    File::open(path)?.take(4096).read_to_end(&mut buf)?;
     Ok(buf)
 }
 
@@ -279,8 +272,7 @@ impl Read for ArtifactReader {
         }
         let reopen = !matches!(&self.current, Some((i, _, o)) if *i == idx && *o == offset);
         if reopen {
-            let mut f = File::open(path)
-                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+            let mut f = File::open(path)?;
             if offset > 0 {
                 f.seek(SeekFrom::Start(offset))?;
             }
@@ -350,17 +342,17 @@ pub fn join_with_progress(
         inner: ArtifactReader::new(resolved.pieces()),
         progress,
     };
-    let mut out = AtomicFile::create(output).ctx(output)?;
+    let mut out = AtomicFile::create(output)?;
     let mut hasher = Hasher::new();
     let mut buf = vec![0u8; IO_BUFFER_SIZE];
     let mut total = 0u64;
     loop {
-        let n = reader.read(&mut buf).ctx(logical)?;
+        let n = reader.read(&mut buf)?;
         if n == 0 {
             break;
         }
         hasher.update(&buf[..n]);
-        out.write_all(&buf[..n]).ctx(output)?;
+        out.write_all(&buf[..n])?;
         total += n as u64;
     }
     let digest = hasher.finish();
@@ -373,7 +365,7 @@ pub fn join_with_progress(
             actual: digest,
         });
     }
-    out.commit_and_sync_dir().ctx(output)?;
+    out.commit_and_sync_dir()?;
     Ok((digest, total))
 }
 

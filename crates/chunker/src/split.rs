@@ -14,16 +14,16 @@
 //! `.chunkmanifest` is written last. A crash at any point leaves either the previous complete set
 //! or something that readers treat as "not present".
 
-use std::fs;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread;
 
+use fs_err as fs;
 use serde::Serialize;
 
 use crate::atomic::{self, AtomicFile, DIRECT_ALIGN};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::{
     DEFAULT_CHUNK_SIZE, Hasher, IO_BUFFER_SIZE, MAX_CHUNKS, Sha256Digest, check_name,
     chunk_count_for, chunk_manifest_name, chunk_name, format_chunk_manifest, format_sidecar,
@@ -78,8 +78,8 @@ pub fn split_file(src: &Path, out_dir: &Path, opts: &SplitOptions) -> Result<Spl
         .ok_or_else(|| Error::InvalidName {
             name: src.display().to_string(),
         })?;
-    let file = fs::File::open(src).ctx(src)?;
-    let size = file.metadata().ctx(src)?.len();
+    let file = fs::File::open(src)?;
+    let size = file.metadata()?.len();
     split_reader(file, size, &name, out_dir, opts).map_err(|e| e.naming_input(src))
 }
 
@@ -105,23 +105,89 @@ pub fn stale_temporaries<'a>(
         .collect()
 }
 
+/// What a split would write and remove, found without writing anything: the `--dry-run` of
+/// `release-cli chunk split`. It checks what [`split_reader`] checks before reading the input
+/// (the name, the chunk size, the size, the chunk count) but reads no content, so it has no
+/// SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SplitPlan {
+    pub name: String,
+    pub size: u64,
+    pub chunk_count: u32,
+    /// The chunks, in order, with the size each would have.
+    pub chunks: Vec<PlannedChunk>,
+    /// Every file the split would write, in the order it writes them (chunks, the `.sha256`
+    /// sidecar, the `.chunkmanifest` last).
+    pub written: Vec<String>,
+    /// The files it would remove, sorted: chunks of an earlier set with another count and the
+    /// stale temporaries of an interrupted split of this set.
+    pub removed: Vec<String>,
+}
+
+/// One chunk a split would write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlannedChunk {
+    pub name: String,
+    pub size: u64,
+}
+
+/// Plan the split of `size` bytes into the chunk set `name` in `out_dir` ([`SplitPlan`]). Reads
+/// the listing of `out_dir` (a missing directory holds nothing to remove); writes nothing.
+pub fn plan_split(name: &str, size: u64, out_dir: &Path, opts: &SplitOptions) -> Result<SplitPlan> {
+    check_name(name)?;
+    let count = planned_count(name, size, opts.chunk_size)?;
+    let chunks = (1..=count)
+        .map(|i| PlannedChunk {
+            name: chunk_name(name, i, count),
+            size: (size - u64::from(i - 1) * opts.chunk_size).min(opts.chunk_size),
+        })
+        .collect();
+    let mut listing = Vec::new();
+    match fs::read_dir(out_dir) {
+        Ok(entries) => {
+            for entry in entries {
+                listing.push(entry?.file_name().to_string_lossy().into_owned());
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    let mut removed: Vec<String> = listing
+        .iter()
+        .filter(|f| parse_chunk_name(name, f).is_some_and(|(_, c)| c != count))
+        .cloned()
+        .collect();
+    removed.extend(
+        stale_temporaries(
+            name,
+            listing.iter().map(String::as_str),
+            atomic::process_alive,
+        )
+        .into_iter()
+        .map(str::to_string),
+    );
+    removed.sort();
+    Ok(SplitPlan {
+        name: name.to_string(),
+        size,
+        chunk_count: count,
+        chunks,
+        written: set_file_names(name, count),
+        removed,
+    })
+}
+
 /// Remove the stale temporaries of the chunk set `name` from `out_dir` (see
 /// [`stale_temporaries`]), so an interrupted split does not leave them for good.
 fn remove_stale_temporaries(out_dir: &Path, name: &str) -> Result<()> {
     let entries = match fs::read_dir(out_dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e).ctx(out_dir),
+        Err(e) => return Err(e.into()),
     };
     let mut names = Vec::new();
     for entry in entries {
-        names.push(
-            entry
-                .ctx(out_dir)?
-                .file_name()
-                .to_string_lossy()
-                .into_owned(),
-        );
+        names.push(entry?.file_name().to_string_lossy().into_owned());
     }
     for stale in stale_temporaries(
         name,
@@ -132,7 +198,7 @@ fn remove_stale_temporaries(out_dir: &Path, name: &str) -> Result<()> {
         match fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).ctx(&path),
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())
@@ -146,7 +212,7 @@ impl Error {
     /// read error, an input that changed size), which otherwise name `<input>` or the output.
     pub fn naming_input(self, src: &Path) -> Self {
         match self {
-            Error::Io { path, source } if path == Path::new(INPUT) => Error::Io {
+            Error::ReadInput { path, source } if path == Path::new(INPUT) => Error::ReadInput {
                 path: src.to_path_buf(),
                 source,
             },
@@ -289,9 +355,9 @@ impl StagedSplit {
         let report = self.install()?;
         for name in &removed {
             let path = out_dir.join(name);
-            atomic::remove_if_exists(&path).ctx(&path)?;
+            atomic::remove_if_exists(&path)?;
         }
-        atomic::sync_dir(&out_dir).ctx(&out_dir)?;
+        atomic::sync_dir(&out_dir)?;
         Ok((report, removed))
     }
 }
@@ -310,15 +376,15 @@ pub fn set_file_names(name: &str, count: u32) -> Vec<String> {
 /// [`StagedSplit::install_replacing`] removes exactly these; a dry run can list them.
 pub fn other_forms(name: &str, dir: &Path, count: u32) -> Result<Vec<String>> {
     let mut found = Vec::new();
-    for entry in fs::read_dir(dir).ctx(dir)? {
-        let entry = entry.ctx(dir)?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
         let file_name = entry.file_name();
         let Some(file_name) = file_name.to_str() else {
             continue;
         };
         let other_count = parse_chunk_name(name, file_name).is_some_and(|(_, c)| c != count);
         if (file_name == name || is_legacy_part(name, file_name) || other_count)
-            && entry.file_type().ctx(&entry.path())?.is_file()
+            && entry.file_type()?.is_file()
         {
             found.push(file_name.to_string());
         }
@@ -376,7 +442,7 @@ fn read_and_hash<R: Read>(
         let n = match fill(reader, &mut buf[..want]) {
             Ok(n) => n,
             Err(source) => {
-                return Err(Error::Io {
+                return Err(Error::ReadInput {
                     path: PathBuf::from(INPUT),
                     source,
                 });
@@ -526,7 +592,7 @@ fn write_chunks(
         let syncer = scope.spawn(move || -> Result<Vec<AtomicFile>> {
             let mut done = Vec::new();
             for mut f in sync_rx {
-                f.sync().ctx(f.temp_path())?;
+                f.sync()?;
                 done.push(f);
             }
             Ok(done)
@@ -551,6 +617,11 @@ fn cut_and_write(
         filled: 0,
     };
     let mut current: Option<(AtomicFile, u64)> = None;
+    // A full chunk (or the last) goes to the syncer, numbered after those before it.
+    let finish = |chunks: &mut Vec<ChunkInfo>, file: AtomicFile, size: u64| {
+        let index = chunks.len() as u32 + 1;
+        chunks.push(finish_chunk(cfg, file, size, index, &sync_tx));
+    };
     for (buf, len) in hashed_rx {
         let mut data = &buf[..len];
         while !data.is_empty() {
@@ -563,37 +634,23 @@ fn cut_and_write(
                         AtomicFile::create_direct(&dest)
                     } else {
                         AtomicFile::create(&dest)
-                    }
-                    .ctx(&dest)?;
+                    }?;
                     current.insert((file, 0))
                 }
             };
             let (piece, full) = cutter.next(&mut data);
-            let temp = file.temp_path().to_path_buf();
-            file.write_piece(piece).ctx(&temp)?;
+            file.write_piece(piece)?;
             *written += piece.len() as u64;
             if full {
                 let (file, size) = current.take().expect("open");
-                chunks.push(finish_chunk(
-                    cfg,
-                    file,
-                    size,
-                    chunks.len() as u32 + 1,
-                    &sync_tx,
-                ));
+                finish(&mut chunks, file, size);
             }
         }
         // The reader may have stopped; returning the buffer is best effort.
         let _ = empty_tx.try_send(buf);
     }
     if let Some((file, size)) = current.take() {
-        chunks.push(finish_chunk(
-            cfg,
-            file,
-            size,
-            chunks.len() as u32 + 1,
-            &sync_tx,
-        ));
+        finish(&mut chunks, file, size);
     }
     Ok(chunks)
 }
@@ -626,17 +683,15 @@ fn install(
 ) -> Result<SplitReport> {
     let count = staged.chunks.len() as u32;
     let manifest_path = out_dir.join(chunk_manifest_name(name));
-    atomic::remove_if_exists(&manifest_path).ctx(&manifest_path)?;
-    atomic::sync_dir(out_dir).ctx(out_dir)?;
+    atomic::remove_if_exists(&manifest_path)?;
+    atomic::sync_dir(out_dir)?;
     for file in staged.files {
-        let dest = file.dest().to_path_buf();
-        file.commit().ctx(&dest)?;
+        file.commit()?;
     }
     remove_stale_chunks(name, out_dir, count)?;
     let sidecar = out_dir.join(sidecar_name(name));
-    atomic::write_atomic(&sidecar, format_sidecar(&whole, name).as_bytes()).ctx(&sidecar)?;
-    atomic::write_atomic(&manifest_path, format_chunk_manifest(count).as_bytes())
-        .ctx(&manifest_path)?;
+    atomic::write_atomic(&sidecar, format_sidecar(&whole, name).as_bytes())?;
+    atomic::write_atomic(&manifest_path, format_chunk_manifest(count).as_bytes())?;
     Ok(SplitReport {
         name: name.to_string(),
         size,
@@ -648,8 +703,8 @@ fn install(
 
 /// Chunks of an earlier split with a different count would only confuse people and tools.
 fn remove_stale_chunks(name: &str, dir: &Path, count: u32) -> Result<()> {
-    for entry in fs::read_dir(dir).ctx(dir)? {
-        let entry = entry.ctx(dir)?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
         let file_name = entry.file_name();
         let Some(file_name) = file_name.to_str() else {
             continue;
@@ -658,7 +713,7 @@ fn remove_stale_chunks(name: &str, dir: &Path, count: u32) -> Result<()> {
             && c != count
         {
             let p = entry.path();
-            atomic::remove_if_exists(&p).ctx(&p)?;
+            atomic::remove_if_exists(&p)?;
         }
     }
     Ok(())

@@ -12,7 +12,7 @@ use std::thread;
 
 use serde::Serialize;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::read::resolve_strict;
 use crate::{Hasher, IO_BUFFER_SIZE, Resolved, Sha256Digest};
 
@@ -223,13 +223,9 @@ fn hash_pieces(
         inner: crate::ArtifactReader::new(pieces.to_vec()),
         progress,
     };
-    // Where a read error is reported (the reader's own message names the exact piece).
-    let what = pieces
-        .first()
-        .map(|(p, _)| p.clone())
-        .unwrap_or_else(|| PathBuf::from("<artifact>"));
+    // A read error needs no context here: the reader's message names the exact piece.
     if !per_piece {
-        let (whole, _) = Sha256Digest::of_reader(reader).ctx(&what)?;
+        let (whole, _) = Sha256Digest::of_reader(reader)?;
         return Ok((whole, Vec::new()));
     }
 
@@ -265,7 +261,7 @@ fn hash_pieces(
         let result = (|| {
             loop {
                 let mut buf = vec![0u8; IO_BUFFER_SIZE];
-                let n = reader.read(&mut buf).ctx(&what)?;
+                let n = reader.read(&mut buf)?;
                 if n == 0 {
                     break;
                 }

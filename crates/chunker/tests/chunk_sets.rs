@@ -26,6 +26,11 @@ fn split_bytes(dir: &Path, data: &[u8], chunk_size: u64) -> chunker::Result<chun
     )
 }
 
+/// A split in 5-byte chunks of `reader`, declared to be `size` bytes, that must fail.
+fn split_5_err(reader: impl Read, size: u64, dir: &Path) -> Error {
+    split_reader(reader, size, NAME, dir, &SplitOptions { chunk_size: 5 }).unwrap_err()
+}
+
 fn names_in(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)
         .unwrap()
@@ -156,14 +161,7 @@ fn a_failed_split_leaves_the_previous_set_intact_and_nothing_else() {
 fn a_shorter_input_than_declared_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let data = payload(10, 0);
-    let err = split_reader(
-        &data[..],
-        12,
-        NAME,
-        dir.path(),
-        &SplitOptions { chunk_size: 5 },
-    )
-    .unwrap_err();
+    let err = split_5_err(&data[..], 12, dir.path());
     assert!(
         matches!(
             err,
@@ -175,14 +173,7 @@ fn a_shorter_input_than_declared_is_refused() {
         ),
         "{err}"
     );
-    let err = split_reader(
-        &data[..],
-        8,
-        NAME,
-        dir.path(),
-        &SplitOptions { chunk_size: 5 },
-    )
-    .unwrap_err();
+    let err = split_5_err(&data[..], 8, dir.path());
     assert!(
         matches!(
             err,
@@ -207,28 +198,12 @@ fn naming_input_names_the_file_a_failed_stream_came_from() {
     }
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("model.pkl");
-    let err = split_reader(
-        Failing,
-        10,
-        NAME,
-        dir.path(),
-        &SplitOptions { chunk_size: 5 },
-    )
-    .unwrap_err()
-    .naming_input(&src);
+    let err = split_5_err(Failing, 10, dir.path()).naming_input(&src);
     assert!(
-        matches!(&err, Error::Io { path, .. } if *path == src),
+        matches!(&err, Error::ReadInput { path, .. } if *path == src),
         "{err}"
     );
-    let err = split_reader(
-        &[0u8; 3][..],
-        4,
-        NAME,
-        dir.path(),
-        &SplitOptions { chunk_size: 5 },
-    )
-    .unwrap_err()
-    .naming_input(&src);
+    let err = split_5_err(&[0u8; 3][..], 4, dir.path()).naming_input(&src);
     assert!(
         matches!(&err, Error::InputChanged { path, .. } if *path == src),
         "{err}"
@@ -643,4 +618,52 @@ fn direct_writes_fall_back_for_unaligned_pieces_on_any_filesystem() {
         want.extend_from_slice(&[7u8; DIRECT_ALIGN]);
         assert_eq!(back, want, "{}", dir.path().display());
     }
+}
+
+#[test]
+fn file_errors_name_the_path_and_keep_their_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-model.pkl");
+    let err = split_file(&missing, dir.path(), &SplitOptions { chunk_size: 5 }).unwrap_err();
+    assert!(
+        matches!(&err, Error::Io(e) if e.kind() == io::ErrorKind::NotFound),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains(&*missing.to_string_lossy()),
+        "{err}"
+    );
+
+    let out = dir.path().join("no-such-dir").join("joined.pkl");
+    let err = chunker::atomic::write_atomic(&out, b"x").unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    assert!(err.to_string().contains("no-such-dir"), "{err}");
+}
+
+#[test]
+fn plan_split_names_what_the_split_then_writes_and_removes() {
+    let dir = tempfile::tempdir().unwrap();
+    split_bytes(dir.path(), &payload(30, 1), 10).unwrap();
+    let stale = format!(".tmp-{}-0-{}", u32::MAX, chunk_name(NAME, 1, 2));
+    fs::write(dir.path().join(&stale), b"half").unwrap();
+    let before = names_in(dir.path());
+    let opts = SplitOptions { chunk_size: 16 };
+    let plan = chunker::plan_split(NAME, 30, dir.path(), &opts).unwrap();
+    assert_eq!(names_in(dir.path()), before, "planning wrote something");
+    assert_eq!(plan.chunk_count, 2);
+    let sizes: Vec<u64> = plan.chunks.iter().map(|c| c.size).collect();
+    assert_eq!(sizes, [16, 14]);
+    let mut removed: Vec<String> = (1..=3).map(|i| chunk_name(NAME, i, 3)).collect();
+    removed.push(stale);
+    removed.sort();
+    assert_eq!(plan.removed, removed);
+
+    split_bytes(dir.path(), &payload(30, 2), 16).unwrap();
+    let mut expected = plan.written.clone();
+    expected.sort();
+    assert_eq!(names_in(dir.path()), expected);
+    assert!(matches!(
+        chunker::plan_split(NAME, 0, dir.path(), &opts),
+        Err(Error::EmptyInput { .. })
+    ));
 }

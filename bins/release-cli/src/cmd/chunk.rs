@@ -46,7 +46,16 @@ pub struct SplitArgs {
     /// Bytes per chunk: a number of bytes or a size with a unit (`45MiB`, `1GiB`, `500kB`).
     #[arg(long, value_name = "SIZE", default_value = "45MiB", value_parser = parse_size)]
     pub chunk_size: u64,
-    /// Print `{"name","size","sha256","chunk_count","chunks":[{"name","size","sha256"}]}`.
+    /// Check FILE (a regular file, not empty), the chunk size and the chunk count, list the
+    /// output directory, and print the chunks (names and sizes) it would write and the files it
+    /// would remove (chunks of an earlier set with another count, stale temporaries of an
+    /// interrupted split). Writes nothing: no chunk, no temporary, no output directory. Does not
+    /// read FILE's contents, so prints no SHA-256.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print `{"name","size","sha256","chunk_count","chunks":[{"name","size","sha256"}]}`; with
+    /// --dry-run `{"dry_run":true,"out_dir","name","size","chunk_count","chunks":[{"name","size"}],
+    /// "written":[…],"removed":[…]}`.
     #[arg(long)]
     pub json: bool,
 }
@@ -59,7 +68,14 @@ pub struct JoinArgs {
     /// The file to write.
     #[arg(long, short, value_name = "FILE")]
     pub output: PathBuf,
-    /// Print `{"output","size","sha256"}`.
+    /// Read every chunk and check the set as the join would (every chunk present, the SHA-256
+    /// against the `.sha256` sidecar when there is one), check that OUTPUT's directory exists,
+    /// and print what would be written (OUTPUT, its size and SHA-256, whether it replaces a
+    /// file). Writes nothing, not even a temporary.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print `{"output","size","sha256"}`; with --dry-run
+    /// `{"dry_run":true,"output","size","sha256","replaces"}`.
     #[arg(long)]
     pub json: bool,
 }
@@ -137,15 +153,18 @@ fn split(args: SplitArgs) -> CliResult {
         )));
     }
     let size = meta.len();
+    let opts = SplitOptions {
+        chunk_size: args.chunk_size,
+    };
+    if args.dry_run {
+        return split_dry_run(&args, &name, size, &out_dir, &opts);
+    }
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| CliError::failure(format!("{}: {e}", out_dir.display())))?;
     let bar = bytes_bar(size, format!("splitting {name}"), args.json);
     let reader = ProgressReader {
         inner: file,
         bar: bar.clone(),
-    };
-    let opts = SplitOptions {
-        chunk_size: args.chunk_size,
     };
     let report = chunker::split_reader(reader, size, &name, &out_dir, &opts);
     bar.finish_and_clear();
@@ -169,6 +188,44 @@ fn split(args: SplitArgs) -> CliResult {
         out_dir.join(&report.name).display()
     )?;
     Ok(())
+}
+
+/// `chunk split --dry-run`: the plan, and nothing written.
+fn split_dry_run(
+    args: &SplitArgs,
+    name: &str,
+    size: u64,
+    out_dir: &Path,
+    opts: &SplitOptions,
+) -> CliResult {
+    let plan = chunker::plan_split(name, size, out_dir, opts)?;
+    if args.json {
+        let mut v = serde_json::to_value(&plan).map_err(|e| CliError::failure(e.to_string()))?;
+        v["dry_run"] = true.into();
+        v["out_dir"] = serde_json::json!(out_dir);
+        return print_json(&v);
+    }
+    crate::outln!(
+        "dry run: would split {} ({size} bytes) into {} chunk(s) in {}{}",
+        args.file.display(),
+        plan.chunk_count,
+        out_dir.display(),
+        if out_dir.is_dir() {
+            ""
+        } else {
+            " (would create the directory)"
+        }
+    )?;
+    for c in &plan.chunks {
+        crate::outln!("  would write {}  {} bytes", c.name, c.size)?;
+    }
+    for n in plan.written.iter().skip(plan.chunks.len()) {
+        crate::outln!("  would write {n}")?;
+    }
+    for n in &plan.removed {
+        crate::outln!("  would remove {n}")?;
+    }
+    crate::outln!("nothing was changed; run the same command without --dry-run")
 }
 
 fn parent_of(file: &Path) -> PathBuf {
@@ -195,6 +252,9 @@ fn logical_size(logical: &Path) -> u64 {
 }
 
 fn join(args: JoinArgs) -> CliResult {
+    if args.dry_run {
+        return join_dry_run(&args);
+    }
     let bar = bytes_bar(
         logical_size(&args.logical),
         format!("joining {}", args.logical.display()),
@@ -219,6 +279,55 @@ fn join(args: JoinArgs) -> CliResult {
         args.output.display()
     );
     Ok(())
+}
+
+/// `chunk join --dry-run`: every check the join makes (it reads and hashes the set), nothing
+/// written.
+fn join_dry_run(args: &JoinArgs) -> CliResult {
+    let expected = Expected {
+        sha256: chunker::read_sidecar(&sidecar_path(&args.logical)?)?,
+        ..Expected::default()
+    };
+    let out_dir = parent_of(&args.output);
+    if !out_dir.is_dir() {
+        return Err(CliError::failure(format!(
+            "{}: the directory to write {} into does not exist",
+            out_dir.display(),
+            args.output.display()
+        )));
+    }
+    let bar = bytes_bar(
+        logical_size(&args.logical),
+        format!("checking {}", args.logical.display()),
+        args.json,
+    );
+    let report = chunker::verify_with_progress(&args.logical, &expected, &mut |n| bar.inc(n));
+    bar.finish_and_clear();
+    let report = report?;
+    let replaces = args.output.exists();
+    if args.json {
+        return print_json(&serde_json::json!({
+            "dry_run": true,
+            "output": args.output,
+            "size": report.size,
+            "sha256": report.sha256,
+            "replaces": replaces,
+        }));
+    }
+    crate::outln!(
+        "dry run: would write {} ({} bytes, sha256 {}){}, joined from the {} artifact {}",
+        args.output.display(),
+        report.size,
+        report.sha256,
+        if replaces {
+            ", replacing the file there"
+        } else {
+            ""
+        },
+        report.form,
+        args.logical.display()
+    )?;
+    crate::outln!("nothing was changed; run the same command without --dry-run")
 }
 
 fn verify(args: VerifyArgs) -> CliResult {

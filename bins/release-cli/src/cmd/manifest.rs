@@ -41,7 +41,13 @@ pub struct SetArtifactArgs {
     /// The model ID (default: DIR's name).
     #[arg(long, value_name = "ID")]
     pub model: Option<manifest::ModelId>,
-    /// Print `{"manifest","model","size","sha256","chunk_count","chunk_sha256":[…]}`.
+    /// Make every check (the entry exists, a complete chunk set, OOB container, every chunk
+    /// read and hashed, the `.sha256` sidecar agrees) and print the values that would be written
+    /// into the entry. Leaves MANIFEST untouched (no temporary either).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print `{"manifest","model","size","sha256","chunk_count","chunk_sha256":[…]}` (with
+    /// `"dry_run":true` under --dry-run).
     #[arg(long)]
     pub json: bool,
 }
@@ -90,7 +96,12 @@ pub struct FmtArgs {
     /// Rewrite FILE in canonical form (atomically) instead of printing it.
     #[arg(long, conflicts_with = "check")]
     pub write: bool,
-    /// With --check: print `{"file","canonical"}`; with --write: `{"file","changed"}`.
+    /// With --write: parse FILE and print whether it would be rewritten; leaves FILE untouched
+    /// (no temporary either).
+    #[arg(long, requires = "write")]
+    pub dry_run: bool,
+    /// With --check: print `{"file","canonical"}`; with --write: `{"file","changed"}` (with
+    /// `"dry_run":true` under --dry-run).
     #[arg(long, requires = "fmt_mode")]
     pub json: bool,
 }
@@ -208,23 +219,36 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
         .expect("looked up above")
         .set_artifact_with_chunks(&artifact, &chunk_sha256)
         .map_err(CliError::failure)?;
-    chunker::atomic::write_atomic(&args.manifest, &m.to_canonical_bytes())
-        .map_err(|e| CliError::failure(format!("{}: {e}", args.manifest.display())))?;
+    if !args.dry_run {
+        // The error names the manifest (fs_err).
+        chunker::atomic::write_atomic(&args.manifest, &m.to_canonical_bytes())
+            .map_err(|e| CliError::failure(e.to_string()))?;
+    }
     if args.json {
-        return print_json(&json!({
+        let mut v = json!({
             "manifest": args.manifest,
             "model": id.as_str(),
             "size": size,
             "sha256": sha256.to_hex(),
             "chunk_count": pieces.len(),
             "chunk_sha256": chunk_sha256.iter().map(|d| d.to_hex()).collect::<Vec<_>>(),
-        }));
+        });
+        if args.dry_run {
+            v["dry_run"] = true.into();
+        }
+        return print_json(&v);
     }
     crate::outln!(
-        "{}: {id} = {size} bytes, sha256 {sha256}, {} chunk(s) (with per-chunk digests)",
+        "{}{}: {id} {}= {size} bytes, sha256 {sha256}, {} chunk(s) (with per-chunk digests)",
+        if args.dry_run { "dry run: " } else { "" },
         args.manifest.display(),
+        if args.dry_run { "would be set " } else { "" },
         pieces.len()
-    )
+    )?;
+    if args.dry_run {
+        crate::outln!("nothing was changed; run the same command without --dry-run")?;
+    }
+    Ok(())
 }
 
 /// A manifest file's bytes, read no further than one byte past the fleet's size limit.
@@ -359,22 +383,33 @@ fn fmt(args: FmtArgs) -> CliResult {
     }
     if args.write {
         let changed = canonical != original;
-        if changed {
+        if changed && !args.dry_run {
+            // The error names the file (fs_err).
             chunker::atomic::write_atomic(&args.file, &canonical)
-                .map_err(|e| CliError::failure(format!("{}: {e}", args.file.display())))?;
+                .map_err(|e| CliError::failure(e.to_string()))?;
         }
         if args.json {
-            return print_json(&json!({"file": args.file, "changed": changed}));
-        }
-        cli_support::info!(
-            "{}: {}",
-            args.file.display(),
-            if changed {
-                "rewritten in canonical form"
-            } else {
-                "already canonical"
+            let mut v = json!({"file": args.file, "changed": changed});
+            if args.dry_run {
+                v["dry_run"] = true.into();
             }
-        );
+            return print_json(&v);
+        }
+        let what = match (changed, args.dry_run) {
+            (true, false) => "rewritten in canonical form".to_string(),
+            (true, true) => format!(
+                "dry run: would be rewritten in canonical form ({} bytes, was {}); nothing was changed",
+                canonical.len(),
+                original.len()
+            ),
+            (false, _) => "already canonical".to_string(),
+        };
+        // A dry run's answer is its result: stdout, like the other dry runs.
+        if args.dry_run {
+            crate::outln!("{}: {what}", args.file.display())?;
+        } else {
+            cli_support::info!("{}: {what}", args.file.display());
+        }
         return Ok(());
     }
     crate::output::write_stdout(&canonical)

@@ -36,7 +36,13 @@ pub struct SignArgs {
     /// Where to write the signature (default: MANIFEST.minisig).
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Print `{"manifest","signature","generation","release","expires","keys":[…]}`.
+    /// Make every check and the signature itself in memory (canonical form, generation, keys
+    /// loaded and unlocked, release number from the existing signature) and print what would be
+    /// written; leaves the signature file untouched (no temporary either).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print `{"manifest","signature","generation","release","expires","keys":[…]}` (with
+    /// `"dry_run":true` and `"replaces"` under --dry-run).
     #[arg(long)]
     pub json: bool,
     /// The manifest (`model_names_<gen>.json`, in canonical form), signed byte for byte.
@@ -168,9 +174,39 @@ pub fn sign(a: SignArgs) -> CliResult {
     let comment =
         signing::new_comment(generation, release, a.expires_in).map_err(CliError::usage)?;
     let text = signing::sign_manifest(&keys, &bytes, &comment).map_err(CliError::failure)?;
-    chunker::atomic::write_atomic(&output, text.as_bytes())
-        .map_err(|e| CliError::failure(format!("{}: {e}", output.display())))?;
     let ids: Vec<&str> = keys.iter().map(|k| k.id()).collect();
+    if a.dry_run {
+        let replaces = output.exists();
+        if a.json {
+            return print_json(&json!({
+                "dry_run": true,
+                "manifest": a.manifest,
+                "signature": output,
+                "generation": generation.to_string(),
+                "release": release.get(),
+                "expires": comment.expires.0,
+                "keys": ids,
+                "replaces": replaces,
+            }));
+        }
+        crate::outln!(
+            "dry run: would write {} ({} bytes{}): {} as {generation} release {release} with key {} (expires {} Unix seconds)",
+            output.display(),
+            text.len(),
+            if replaces {
+                ", replacing the signature there"
+            } else {
+                ""
+            },
+            a.manifest.display(),
+            ids.join(" and "),
+            comment.expires,
+        )?;
+        return crate::outln!("nothing was changed; run the same command without --dry-run");
+    }
+    // The error names the signature file (fs_err).
+    chunker::atomic::write_atomic(&output, text.as_bytes())
+        .map_err(|e| CliError::failure(e.to_string()))?;
     if a.json {
         return print_json(&json!({
             "manifest": a.manifest,

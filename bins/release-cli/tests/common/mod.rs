@@ -221,3 +221,24 @@ pub fn http_get(addr: &str, path: &str) -> String {
     s.read_to_string(&mut buf).unwrap();
     buf
 }
+
+/// Every file under `dir` (names relative to it, hidden temporaries included) with its content,
+/// sorted: equal snapshots before and after a `--dry-run` mean it changed nothing.
+pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            if p.is_dir() {
+                out.push((format!("{rel}/"), Vec::new()));
+                walk(root, &p, out);
+            } else {
+                out.push((rel, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}

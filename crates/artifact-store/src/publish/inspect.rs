@@ -9,7 +9,7 @@ use chunker::{
 };
 use manifest::{Generation, ModelEntry, ModelId, StoreLayout};
 
-use crate::error::{IoContext, Result};
+use crate::error::{Error, Result};
 use crate::paths::StorePath;
 use crate::store::Store;
 
@@ -201,7 +201,11 @@ pub(crate) fn check_entry(
     if deep {
         let mut h = Hasher::new();
         for (p, _) in &pieces {
-            h.update_from_reader(store.open(p)?).at(p.as_str())?;
+            h.update_from_reader(store.open(p)?)
+                .map_err(|source| Error::StoreRead {
+                    what: format!("{} {p}", store.describe()),
+                    source,
+                })?;
         }
         let d = h.finish();
         if d != artifact.sha256 {

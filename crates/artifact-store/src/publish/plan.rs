@@ -2,7 +2,7 @@
 //! files make up each model ([`prepare_local`]) and what each store needs of them, in upload
 //! order ([`plan_model`]).
 
-use std::fs::{self, File};
+use fs_err::{self as fs, File};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -13,7 +13,7 @@ use chunker::{
 use manifest::{Manifest, ModelEntry, ModelId};
 use serde::Serialize;
 
-use crate::error::{Error, IoContext, Refusal, Result};
+use crate::error::{Error, Refusal, Result};
 use crate::paths::StorePath;
 
 /// What a local artifact file is, which fixes its place in the upload order.
@@ -194,12 +194,12 @@ pub fn plan_model(
 
 /// Hash a local file in one pass, feeding `whole` as well.
 fn hash_file(path: &Path, whole: &mut Hasher) -> Result<(Sha256Digest, u64)> {
-    let mut f = File::open(path).at(path)?;
+    let mut f = File::open(path)?;
     let mut h = Hasher::new();
     let mut buf = vec![0u8; IO_BUFFER_SIZE];
     let mut n_total = 0u64;
     loop {
-        let n = f.read(&mut buf).at(path)?;
+        let n = f.read(&mut buf)?;
         if n == 0 {
             break;
         }
@@ -220,13 +220,13 @@ pub(crate) fn entry_file_name(entry: &ModelEntry) -> String {
 pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifact>> {
     let mut ids = Vec::new();
     let mut loose = Vec::new();
-    for entry in fs::read_dir(dir).at(dir)? {
-        let entry = entry.at(dir)?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if name.starts_with('.') {
             continue;
         }
-        if !entry.file_type().at(entry.path())?.is_dir() {
+        if !entry.file_type()?.is_dir() {
             // Other files (the manifest, `artifacts.json` beside a rebuild's staging) are fine;
             // artifact pieces out of their `<id>/` would silently publish nothing.
             if looks_like_artifact_piece(&name) {
@@ -290,7 +290,7 @@ fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalAr
     let logical = model_dir.join(&name);
     // An empty `<id>/` marks the model as intended without uploading anything: its files are
     // already in the store (a reuse copied them there), where step 2 checks them.
-    if fs::read_dir(&model_dir).at(&model_dir)?.next().is_none() {
+    if fs::read_dir(&model_dir)?.next().is_none() {
         return Ok(LocalArtifact {
             id: id.clone(),
             name,

@@ -29,8 +29,8 @@
 //! Nothing whose real path is outside the store is served or listed: a file's path and a tree
 //! listing's prefix and every entry are resolved (`canonicalize`) and must stay under the root.
 
+use fs_err::{self as fs, File};
 use std::collections::VecDeque;
-use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::fs::MetadataExt;
@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::paths::{StorePath, to_fs_path};
 
 mod http;
@@ -146,11 +146,14 @@ pub struct Server {
 impl Server {
     /// Bind (`127.0.0.1:0` picks a free port) and start serving on a background thread.
     pub fn start(addr: impl ToSocketAddrs, config: ServeConfig) -> Result<Self> {
-        let listener = TcpListener::bind(addr).map_err(|e| Error::Io {
-            path: PathBuf::from("<listen address>"),
-            source: e,
+        let listener = TcpListener::bind(addr).map_err(|source| Error::Serve {
+            what: "bind the listen address",
+            source,
         })?;
-        let addr = listener.local_addr().at("<listen address>")?;
+        let addr = listener.local_addr().map_err(|source| Error::Serve {
+            what: "read the bound address",
+            source,
+        })?;
         let stop = Arc::new(AtomicBool::new(false));
         let log = Arc::new(Mutex::new(Vec::new()));
         let config = Arc::new(config);
@@ -160,7 +163,10 @@ impl Server {
             std::thread::Builder::new()
                 .name("serve-accept".into())
                 .spawn(move || accept_loop(listener, config, stop, log))
-                .at("<serve thread>")?
+                .map_err(|source| Error::Serve {
+                    what: "start the accept thread",
+                    source,
+                })?
         };
         Ok(Self {
             addr,
@@ -322,7 +328,7 @@ fn accept_loop(
     }
 }
 
-fn etag(meta: &fs::Metadata) -> String {
+fn etag(meta: &std::fs::Metadata) -> String {
     format!(
         "\"{:x}-{:x}-{:x}\"",
         meta.len(),

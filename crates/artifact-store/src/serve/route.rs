@@ -1,6 +1,6 @@
 //! Routing: what a URL path names in the mounts (a file, a bucket tree listing, or nothing).
 
-use std::fs;
+use fs_err as fs;
 use std::path::PathBuf;
 
 use chunker::atomic::is_temp_name;

@@ -106,6 +106,8 @@ pub struct Recording<S> {
     pub budget: Mutex<Option<u32>>,
     /// Fail this many writes, then work again (transient errors).
     pub transient: Mutex<u32>,
+    /// Whether deletes count against `budget` too (a publish killed at any effect).
+    pub gate_deletes: bool,
 }
 
 impl<S> Recording<S> {
@@ -115,6 +117,17 @@ impl<S> Recording<S> {
             log: Arc::new(Mutex::new(Vec::new())),
             budget: Mutex::new(None),
             transient: Mutex::new(0),
+            gate_deletes: false,
+        }
+    }
+
+    /// A store whose every effect (write, copy, delete) fails after `budget` of them: a publish
+    /// killed at that point. [`Recording::writes`] lists the effects that happened.
+    pub fn killable(inner: S, budget: Option<u32>) -> Self {
+        Self {
+            budget: Mutex::new(budget),
+            gate_deletes: true,
+            ..Self::new(inner)
         }
     }
 
@@ -176,6 +189,9 @@ impl<S: Store> Store for Recording<S> {
         Ok(())
     }
     fn delete(&self, path: &StorePath) -> Result<bool> {
+        if self.gate_deletes {
+            self.gate(path)?;
+        }
         let r = self.inner.delete(path)?;
         self.log.lock().unwrap().push(format!("delete {path}"));
         Ok(r)
