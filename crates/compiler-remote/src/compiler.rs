@@ -2,18 +2,19 @@
 //! rsync transfer through its ControlMaster socket.
 
 use std::ffi::OsString;
-use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
+
+use fs_err::{self as fs, File};
 
 use manifest::{BehaviorVersion, GitCommit, ModelId};
 use openssh::{KnownHosts, Session, SessionBuilder};
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
-use crate::error::{Error, IoContext, Result, Side, SourceProblem};
+use crate::error::{Error, Result, Side, SourceProblem};
 use crate::outputs::{self, FetchedArtifact, OutputProblem};
 use crate::plan::{self, CompileRequest, shell_quote, shell_words};
 use crate::rsync;
@@ -184,7 +185,6 @@ impl Compiler {
         &self,
         command: &str,
         log: &mut File,
-        log_path: &Path,
         sink: LineSink<'_>,
     ) -> Result<ExitStatus> {
         let ssh_err = |source| Error::Ssh {
@@ -216,11 +216,17 @@ impl Compiler {
                 let mut buf = Vec::new();
                 loop {
                     buf.clear();
-                    let n = reader.read_until(b'\n', &mut buf).await.ctx(log_path)?;
+                    let n = reader.read_until(b'\n', &mut buf).await.map_err(|source| {
+                        Error::Stream {
+                            destination: self.dest(),
+                            command: command.to_string(),
+                            source,
+                        }
+                    })?;
                     if n == 0 {
                         break;
                     }
-                    log.write_all(&buf).ctx(log_path)?;
+                    log.write_all(&buf)?;
                     let line = String::from_utf8_lossy(&buf);
                     sink(&format!(
                         "{DEVICE_PREFIX}{}",
@@ -232,12 +238,12 @@ impl Compiler {
             let (out_res, err_text) = tokio::join!(out_task, err_task);
             out_res?;
             if !err_text.is_empty() {
-                log.write_all(&err_text).ctx(log_path)?;
+                log.write_all(&err_text)?;
                 for line in String::from_utf8_lossy(&err_text).lines() {
                     sink(&format!("{DEVICE_STDERR_PREFIX}{line}"));
                 }
             }
-            log.flush().ctx(log_path)?;
+            log.flush()?;
             child.wait().await.map_err(ssh_err)
         })
     }
@@ -489,8 +495,8 @@ impl Compiler {
             &self.opts.remote_root,
             &req.models_args(staging, remote_out),
         );
-        writeln!(log_file, "# {} on {}", command, self.dest()).ctx(log)?;
-        let status = self.run_streaming(&command, log_file, log, sink)?;
+        writeln!(log_file, "# {} on {}", command, self.dest())?;
+        let status = self.run_streaming(&command, log_file, sink)?;
         if !status.success() {
             return Err(Error::CompileFailed {
                 model,
@@ -499,7 +505,7 @@ impl Compiler {
             });
         }
 
-        fs::create_dir_all(out).ctx(out)?;
+        fs::create_dir_all(out)?;
         let fetch = FetchDir::new(out, name)?;
         self.rsync(
             &format!("of the outputs of {model}"),
@@ -585,8 +591,8 @@ impl Compiler {
                 &self.opts.remote_root,
                 &plan::dm_args(&staging, remote_dm_out),
             );
-            writeln!(log_file, "# {} on {}", command, self.dest()).ctx(log)?;
-            let status = self.run_streaming(&command, &mut log_file, log, sink)?;
+            writeln!(log_file, "# {} on {}", command, self.dest())?;
+            let status = self.run_streaming(&command, &mut log_file, sink)?;
             if !status.success() {
                 return Err(Error::CompileFailed {
                     model: "dm".to_string(),
@@ -594,7 +600,7 @@ impl Compiler {
                     log: log.to_path_buf(),
                 });
             }
-            fs::create_dir_all(out).ctx(out)?;
+            fs::create_dir_all(out)?;
             let fetch = FetchDir::new(out, "dm")?;
             let mut args: Vec<OsString> = vec!["-a".into()];
             args.extend(
@@ -685,7 +691,7 @@ impl Compiler {
             shell_quote(id.as_str()),
             version
         );
-        writeln!(log_file, "# {} on {}", command, self.dest()).ctx(log)?;
+        writeln!(log_file, "# {} on {}", command, self.dest())?;
         let mut last = String::new();
         let status = {
             // The verdict is the last line on stdout; stderr is kept apart so a warning printed
@@ -698,7 +704,7 @@ impl Compiler {
                 }
                 sink(line);
             };
-            self.run_streaming(&command, &mut log_file, log, &mut tee)
+            self.run_streaming(&command, &mut log_file, &mut tee)
         };
         let cleanup = self.run_checked(&format!("rm -f {m}/{q} {m}/{q}.*"));
         let status = status?;
@@ -750,9 +756,9 @@ impl FetchDir {
     fn new(out: &Path, name: &str) -> Result<FetchDir> {
         let path = out.join(format!("{}fetch-{name}", chunker::atomic::TEMP_PREFIX));
         if path.exists() {
-            fs::remove_dir_all(&path).ctx(&path)?;
+            fs::remove_dir_all(&path)?;
         }
-        fs::create_dir_all(&path).ctx(&path)?;
+        fs::create_dir_all(&path)?;
         Ok(FetchDir { path })
     }
 
@@ -766,14 +772,14 @@ impl FetchDir {
         // Retract an older chunk set first: without its `.chunkmanifest` it reads as "not
         // present", so a crash while the rest goes never leaves a manifest over missing chunks.
         let old_manifest = out.join(chunker::chunk_manifest_name(name));
-        if chunker::atomic::remove_if_exists(&old_manifest).ctx(&old_manifest)? {
-            chunker::atomic::sync_dir(out).ctx(out)?;
+        if chunker::atomic::remove_if_exists(&old_manifest)? {
+            chunker::atomic::sync_dir(out)?;
         }
-        for entry in fs::read_dir(out).ctx(out)? {
-            let entry = entry.ctx(out)?;
+        for entry in fs::read_dir(out)? {
+            let entry = entry?;
             let f = entry.file_name().to_string_lossy().into_owned();
             if (f == name || f.starts_with(&format!("{name}."))) && entry.path().is_file() {
-                chunker::atomic::remove_if_exists(entry.path()).ctx(&entry.path())?;
+                chunker::atomic::remove_if_exists(entry.path())?;
             }
         }
         self.install_files(out, files)
@@ -785,13 +791,13 @@ impl FetchDir {
     fn install_files(self, out: &Path, files: &[String]) -> Result<()> {
         for (i, f) in files.iter().enumerate() {
             let src = self.path.join(f);
-            File::open(&src).and_then(|f| f.sync_all()).ctx(&src)?;
+            File::open(&src)?.sync_all()?;
             if i + 1 == files.len() && i > 0 {
-                chunker::atomic::sync_dir(out).ctx(out)?;
+                chunker::atomic::sync_dir(out)?;
             }
-            fs::rename(&src, out.join(f)).ctx(&out.join(f))?;
+            fs::rename(&src, out.join(f))?;
         }
-        chunker::atomic::sync_dir(out).ctx(out)?;
+        chunker::atomic::sync_dir(out)?;
         Ok(())
     }
 }
@@ -804,9 +810,9 @@ impl Drop for FetchDir {
 
 fn create_log(log: &Path) -> Result<File> {
     if let Some(dir) = log.parent().filter(|p| !p.as_os_str().is_empty()) {
-        fs::create_dir_all(dir).ctx(dir)?;
+        fs::create_dir_all(dir)?;
     }
-    File::create(log).ctx(log)
+    Ok(File::create(log)?)
 }
 
 fn check_sources(sources: &[PathBuf]) -> Result<()> {
@@ -818,7 +824,7 @@ fn check_sources(sources: &[PathBuf]) -> Result<()> {
     }
     let mut names = std::collections::BTreeSet::new();
     for s in sources {
-        let meta = fs::metadata(s).ctx(s)?;
+        let meta = fs::metadata(s)?;
         if !meta.is_file() || meta.len() == 0 {
             return Err(Error::Source {
                 path: s.clone(),
@@ -934,6 +940,14 @@ mod tests {
             );
             assert!(err.to_string().contains(text), "{err}");
         }
-        check_sources(&[a]).unwrap();
+        check_sources(std::slice::from_ref(&a)).unwrap();
+        // A source that is not there: fs-err's message names the path.
+        let missing = dir.path().join("gone.onnx");
+        let err = check_sources(&[a, missing.clone()]).unwrap_err();
+        assert!(matches!(err, Error::Io(_)), "{err:?}");
+        assert!(
+            err.to_string().contains(&missing.display().to_string()),
+            "{err}"
+        );
     }
 }
