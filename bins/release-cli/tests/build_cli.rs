@@ -463,6 +463,22 @@ fn compile_refusals_and_exit_codes() {
             .is_file()
     );
 
+    // With -q the device's lines are not echoed, but the log still has them.
+    let mut args = vec!["-q"];
+    args.extend(base);
+    args.extend(["--log", "logs/quiet.log"]);
+    args.extend(remote(&sshd, &dev, &mut buf));
+    let out = cli(&args, t.path());
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("[device]"), "-q echoed live output: {err}");
+    assert!(!err.contains("next:"), "{err}");
+    assert!(
+        fs::read_to_string(t.path().join("logs/quiet.log"))
+            .unwrap()
+            .contains("wrote 3 chunk(s)")
+    );
+
     // A digest mismatch: exit 3, the log is named.
     dev.set("corrupt", "rdf43");
     let mut args = base.to_vec();

@@ -712,6 +712,44 @@ fn stand_in_checkout(dir: &Path, pytest_exit: i32) -> PathBuf {
     op
 }
 
+/// `-q` leaves out the commands' live output lines (and the `next:` hint); the log keeps them.
+#[test]
+fn preflight_with_quiet_prints_no_live_output() {
+    let t = tempfile::tempdir().unwrap();
+    let op = stand_in_checkout(t.path(), 0);
+    let ws = t.path().join("ws");
+    let args = |quiet: bool| {
+        let mut a = vec![
+            "preflight",
+            "--openpilot",
+            op.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+        ];
+        if quiet {
+            a.insert(0, "-q");
+        }
+        cli(&a)
+    };
+    let o = args(false);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("syncing sync") && err.contains("next:"),
+        "{err}"
+    );
+    let o = args(true);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_eq!(err, "", "-q printed on stderr");
+    assert!(text(&o.stdout).contains("preflight passed"));
+    let log = fs::read_to_string(ws.join("logs/preflight.log")).unwrap();
+    assert!(
+        log.contains("syncing sync") && log.contains("E assert 1 == 2"),
+        "{log}"
+    );
+}
+
 #[test]
 fn preflight_records_the_repository_tests_and_publish_requires_it_passing() {
     let t = tempfile::tempdir().unwrap();

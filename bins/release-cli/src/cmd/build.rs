@@ -84,9 +84,18 @@ pub fn remote_error(e: compiler_remote::Error) -> CliError {
     }
 }
 
-/// Print live compiler output on stderr so stdout stays machine-readable.
+/// Print a live output line of the device (or of preflight's commands) on stderr, so stdout
+/// stays machine-readable; nothing with `-q` (the lines are in the log file either way).
 pub fn live(line: &str) {
-    eprintln!("{line}");
+    if shows_live_output(cli_support::verbosity()) {
+        eprintln!("{line}");
+    }
+}
+
+/// Whether live output lines are echoed at this verbosity: by default and with `-v`, not with
+/// `-q`.
+fn shows_live_output(v: cli_support::Verbosity) -> bool {
+    v >= cli_support::Verbosity::Normal
 }
 
 #[derive(Debug, Subcommand)]
@@ -150,7 +159,8 @@ pub struct CompileArgs {
     /// Where the verified chunk set (or local PKL) goes.
     #[arg(long, value_name = "DIR", alias = "out-dir")]
     pub out: PathBuf,
-    /// The compile log (default: logs/<id>.log).
+    /// The compile log (default: logs/<id>.log). It holds the device's output, which is also
+    /// printed live on stderr unless -q.
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
     /// Print `{"model","log","artifact":{"name","size","sha256","chunk_count","files"}}`.
@@ -171,7 +181,8 @@ pub struct DmArgs {
     /// Where ./models --dm writes on the compiler.
     #[arg(long, value_name = "PATH", default_value = compiler_remote::plan::DEFAULT_DM_OUTPUT_DIR)]
     pub remote_output_dir: RemotePath,
-    /// The build log (default: logs/dm.log).
+    /// The build log (default: logs/dm.log). It holds the device's output, which is also
+    /// printed live on stderr unless -q.
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
     /// Print `{"out","log","files":[{"name","size","sha256"}]}`.
@@ -227,7 +238,8 @@ pub struct ValidateArgs {
         default_value = "/usr/local/venv/bin/python3"
     )]
     pub python: String,
-    /// The validation log (default: logs/<id>.validate.log, under the workspace when given).
+    /// The validation log (default: logs/<id>.validate.log, under the workspace when given). It
+    /// holds the validator's output, which is also printed live on stderr unless -q.
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
     /// Record a check you made on the device instead of running the validator: `model-v2`
@@ -293,7 +305,7 @@ pub fn sync(args: SyncArgs) -> CliResult {
         report.remote_root,
         report.tinygrad_commit
     )?;
-    eprintln!(
+    cli_support::info!(
         "next: `release-cli compile --model ID …` for one model, or `release-cli rebuild …` for the generation"
     );
     Ok(())
@@ -340,12 +352,12 @@ pub fn compile(args: CompileArgs) -> CliResult {
         log.display()
     )?;
     if args.local {
-        eprintln!(
+        cli_support::info!(
             "next: copy {} to the device's /data/models; local builds are never published",
             args.out.join(&artifact.name).display()
         );
     } else {
-        eprintln!(
+        cli_support::info!(
             "next: `release-cli validate --model {} --version {} --artifact {}`, then publish it",
             req.build_id(),
             args.version,
@@ -707,4 +719,18 @@ fn bump(args: BumpArgs) -> CliResult {
         args.openpilot.display()
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cli_support::Verbosity;
+
+    /// `-q` silences the device's live lines; the default and `-v` show them.
+    #[test]
+    fn live_output_is_left_out_only_with_quiet() {
+        assert!(!shows_live_output(Verbosity::Quiet));
+        assert!(shows_live_output(Verbosity::Normal));
+        assert!(shows_live_output(Verbosity::Verbose));
+    }
 }

@@ -69,7 +69,7 @@ pub fn preflight(args: PreflightArgs) -> CliResult {
         )?;
     }
     if rec.passed {
-        eprintln!(
+        cli_support::info!(
             "next: `release-cli validate --model ID --workspace {}` for the seed's matrix",
             args.workspace.display()
         );

@@ -71,7 +71,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
         &mut sink,
     );
     let summary = rebuild.run(&mut builder, &mut |p: Progress<'_>| {
-        eprintln!(
+        cli_support::info!(
             "[model {} of {}] {}: {} ({}s elapsed)",
             p.index + 1,
             p.total,
