@@ -103,6 +103,11 @@ pub enum Error {
     )]
     HostKeyNotKnown { destination: String, detail: String },
 
+    /// ssh's configuration for the compiler could not be read (`ssh -G`, a dry run's host-key
+    /// check), or ssh-keygen could not run.
+    #[error("could not read ssh's configuration for {destination}: {detail}")]
+    SshConfig { destination: String, detail: String },
+
     #[error(
         "could not open an SSH session to {destination}: {source}{detail}; check that the comma \
          is on, reachable, and that `ssh {destination}` works without a password"

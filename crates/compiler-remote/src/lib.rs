@@ -14,6 +14,9 @@
 //! - [`Compiler::build_dm`] builds the four driver-monitoring files, all or nothing;
 //! - [`Compiler::validate`] runs the device-side validator and returns its own verdict.
 //!
+//! [`dry_run`] works out what each of these would do without connecting: the local checks, then
+//! the commands, transfers and local files.
+//!
 //! The pure core — command lines ([`plan`]), rsync version policy ([`rsync`]), output checks
 //! ([`outputs`]), destination policy ([`target`]) — does no I/O and is unit-tested; the
 //! [`Compiler`] shell is tested against a real sshd on 127.0.0.1.
@@ -22,6 +25,7 @@
 //! release CLI's `rebuild`), or judge a model (only the device validator does).
 
 mod compiler;
+pub mod dry_run;
 mod error;
 pub mod outputs;
 pub mod plan;

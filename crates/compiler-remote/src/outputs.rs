@@ -39,6 +39,19 @@ pub enum OutputProblem {
     },
 }
 
+impl std::fmt::Display for OutputProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OutputProblem::Missing => f.write_str("none of its files is there"),
+            OutputProblem::Invalid(detail) => f.write_str(detail),
+            OutputProblem::Digest { expected, actual } => write!(
+                f,
+                "its chunks hash to {actual} but its .sha256 says {expected}"
+            ),
+        }
+    }
+}
+
 /// Files in `dir` that belong to `name` (the name itself or `name.<anything>`).
 fn files_of(dir: &Path, name: &str) -> Result<BTreeSet<String>> {
     let mut out = BTreeSet::new();

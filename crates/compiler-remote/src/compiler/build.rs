@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use fs_err::{self as fs, File};
 use manifest::{BehaviorVersion, GitCommit, ModelId};
 
-use super::checks::check_sources;
+use super::checks::{artifact_dir_and_name, check_sources};
 use super::fetch::FetchDir;
 use super::session::status_text;
 use super::{Compiler, DEVICE_PREFIX, DmFile, LineSink, Verdict};
 use crate::error::{Error, Result};
 use crate::outputs::{self, FetchedArtifact, OutputProblem};
-use crate::plan::{self, CompileRequest, shell_quote, shell_words};
+use crate::plan::{self, CompileRequest};
 use crate::target::RemotePath;
 
 impl Compiler {
@@ -71,7 +71,7 @@ impl Compiler {
         sink: LineSink<'_>,
     ) -> Result<FetchedArtifact> {
         let model = req.build_id().to_string();
-        let mut args: Vec<OsString> = vec!["-a".into()];
+        let mut args = os_args(&plan::SEND_OPTIONS);
         args.extend(sources.iter().map(|s| s.clone().into_os_string()));
         args.push(self.remote_arg(staging, true));
         self.rsync(&format!("of the sources of {model}"), args)?;
@@ -92,17 +92,10 @@ impl Compiler {
 
         fs::create_dir_all(out)?;
         let fetch = FetchDir::new(out, name)?;
-        self.rsync(
-            &format!("of the outputs of {model}"),
-            vec![
-                "-a".into(),
-                format!("--include={name}").into(),
-                format!("--include={name}.*").into(),
-                "--exclude=*".into(),
-                self.remote_arg(remote_out, true),
-                fetch.path().into(),
-            ],
-        )?;
+        let mut args = os_args(&plan::fetch_options(name));
+        args.push(self.remote_arg(remote_out, true));
+        args.push(fetch.path().into());
+        self.rsync(&format!("of the outputs of {model}"), args)?;
         let checked = if req.local {
             outputs::check_local(fetch.path(), name)?
         } else {
@@ -156,19 +149,11 @@ impl Compiler {
         self.check_marker(pin)?;
         check_sources(sources)?;
         let staging = self.root_join(plan::STAGING_DIR)?;
-        let dm_paths: Vec<String> = plan::DM_FILES
-            .iter()
-            .map(|f| remote_dm_out.join(f).map(|p| p.to_string()))
-            .collect::<Result<_>>()?;
-        let clear_dm = format!("rm -f {}", shell_words(&dm_paths));
-        let s = shell_quote(staging.as_str());
-        self.run_checked(&format!(
-            "rm -rf {s} && mkdir -p {s} {} && {clear_dm}",
-            shell_quote(remote_dm_out.as_str())
-        ))?;
+        let cleanup_command = plan::dm_cleanup_command(&staging, remote_dm_out)?;
+        self.run_checked(&plan::dm_prepare_command(&staging, remote_dm_out)?)?;
         let mut log_file = create_log(log)?;
         let result = (|| {
-            let mut args: Vec<OsString> = vec!["-a".into()];
+            let mut args = os_args(&plan::SEND_OPTIONS);
             args.extend(sources.iter().map(|s| s.clone().into_os_string()));
             args.push(self.remote_arg(&staging, true));
             self.rsync("of the DM sources", args)?;
@@ -187,13 +172,7 @@ impl Compiler {
             }
             fs::create_dir_all(out)?;
             let fetch = FetchDir::new(out, "dm")?;
-            let mut args: Vec<OsString> = vec!["-a".into()];
-            args.extend(
-                plan::DM_FILES
-                    .iter()
-                    .map(|f| OsString::from(format!("--include={f}"))),
-            );
-            args.push("--exclude=*".into());
+            let mut args = os_args(&plan::dm_fetch_options());
             args.push(self.remote_arg(remote_dm_out, true));
             args.push(fetch.path().into());
             self.rsync("of the DM outputs", args)?;
@@ -218,7 +197,7 @@ impl Compiler {
             fetch.install_files(out, &names)?;
             Ok(files)
         })();
-        let cleanup = self.run_checked(&format!("rm -rf {s} && mkdir -p {s} && {clear_dm}"));
+        let cleanup = self.run_checked(&cleanup_command);
         let files = result?;
         cleanup?;
         Ok(files)
@@ -239,43 +218,28 @@ impl Compiler {
         sink: LineSink<'_>,
     ) -> Result<Verdict> {
         self.check_marker(pin)?;
-        let name = artifact
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let dir = match artifact.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        let (dir, name) = artifact_dir_and_name(artifact);
         let (files, artifact_sha256) = match outputs::check_release(&dir, &name)? {
             Ok(a) => (a.files, a.sha256),
             Err(problem) => {
                 return Err(Error::Validator {
                     model: id.to_string(),
                     detail: format!(
-                        "{} is not a verified chunk set: {problem:?}",
+                        "{} is not a verified chunk set: {problem}",
                         artifact.display()
                     ),
                     log: log.to_path_buf(),
                 });
             }
         };
-        let m = shell_quote(models_dir.as_str());
-        let q = shell_quote(&name);
-        self.run_checked(&format!("mkdir -p {m} && rm -f {m}/{q} {m}/{q}.*"))?;
-        let mut args: Vec<OsString> = vec!["-a".into()];
+        self.run_checked(&plan::validate_prepare_command(models_dir, &name))?;
+        let mut args = os_args(&plan::SEND_OPTIONS);
         args.extend(files.iter().map(|f| dir.join(f).into_os_string()));
         args.push(self.remote_arg(models_dir, true));
         self.rsync(&format!("of {name} to {models_dir}"), args)?;
 
         let mut log_file = create_log(log)?;
-        let command = format!(
-            "cd {} && {} scripts/validate_model_artifact.py --model {} --version {}",
-            shell_quote(self.opts.remote_root.as_str()),
-            shell_quote(python),
-            shell_quote(id.as_str()),
-            version
-        );
+        let command = plan::validate_command(&self.opts.remote_root, python, id, version);
         writeln!(log_file, "# {} on {}", command, self.dest())?;
         let mut last = String::new();
         let status = {
@@ -291,7 +255,7 @@ impl Compiler {
             };
             self.run_streaming(&command, &mut log_file, &mut tee)
         };
-        let cleanup = self.run_checked(&format!("rm -f {m}/{q} {m}/{q}.*"));
+        let cleanup = self.run_checked(&plan::validate_cleanup_command(models_dir, &name));
         let status = status?;
         cleanup?;
         if !status.success() {
@@ -328,4 +292,9 @@ pub(crate) fn create_log(log: &Path) -> Result<File> {
         fs::create_dir_all(dir)?;
     }
     Ok(File::create(log)?)
+}
+
+/// rsync options as arguments.
+fn os_args<S: AsRef<str>>(options: &[S]) -> Vec<OsString> {
+    options.iter().map(|o| OsString::from(o.as_ref())).collect()
 }

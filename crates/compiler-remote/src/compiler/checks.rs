@@ -1,10 +1,36 @@
 //! Local checks made before anything is sent to the compiler.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use fs_err as fs;
 
 use crate::error::{Error, Result, SourceProblem};
+use crate::plan;
+
+/// The directory and file name of a chunk set's logical path (`.` for a bare name).
+pub(crate) fn artifact_dir_and_name(artifact: &Path) -> (PathBuf, String) {
+    let name = artifact
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let dir = match artifact.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    (dir, name)
+}
+
+/// The parts of the openpilot tree `sync` sends are all there.
+pub(crate) fn check_tree(openpilot: &Path) -> Result<()> {
+    for part in plan::SYNC_PARTS {
+        let p = openpilot.join(part.rel);
+        let ok = if part.is_dir { p.is_dir() } else { p.exists() };
+        if !ok {
+            return Err(Error::TreeIncomplete { path: p });
+        }
+    }
+    Ok(())
+}
 
 pub(crate) fn check_sources(sources: &[PathBuf]) -> Result<()> {
     if sources.is_empty() {

@@ -17,6 +17,8 @@ mod sync;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub(crate) use session::check_local_rsync;
+
 use openssh::Session;
 use serde::Serialize;
 

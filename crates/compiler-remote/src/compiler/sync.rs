@@ -1,22 +1,22 @@
 //! The compiler's tinygrad marker and `sync`: the seed's four transfers from a local openpilot
 //! tree.
 
+use std::ffi::OsString;
 use std::path::Path;
 
 use manifest::GitCommit;
 
+use super::checks::check_tree;
 use super::session::status_text;
 use super::{Compiler, SyncReport};
 use crate::error::{Error, Result};
-use crate::plan::{self, shell_quote, shell_words};
+use crate::plan;
 
 impl Compiler {
     /// The compiler's tinygrad marker, trimmed; `None` when the file is absent.
     pub fn read_marker(&self) -> Result<Option<String>> {
         let marker = self.root_join(plan::MARKER)?;
-        let q = shell_quote(marker.as_str());
-        // Exit 3 is our "no such file", distinct from a failing cat or ssh (255).
-        let out = self.run(&format!("[ -f {q} ] || exit 3; cat {q}"))?;
+        let out = self.run(&plan::read_marker_command(&marker))?;
         match out.status.code() {
             Some(0) => Ok(Some(
                 String::from_utf8_lossy(&out.stdout).trim().to_string(),
@@ -51,86 +51,21 @@ impl Compiler {
 
     /// The seed's four transfers from a local openpilot tree, then the marker check.
     pub fn sync(&self, openpilot: &Path, pin: &GitCommit) -> Result<SyncReport> {
-        let parts = [
-            ("tinygrad_repo", true),
-            ("selfdrive/modeld", true),
-            ("scripts/model_compiler.py", false),
-            ("models", false),
-        ];
-        for (rel, is_dir) in parts {
-            let p = openpilot.join(rel);
-            let ok = if is_dir { p.is_dir() } else { p.exists() };
-            if !ok {
-                return Err(Error::TreeIncomplete { path: p });
-            }
-        }
+        check_tree(openpilot)?;
         let root = &self.opts.remote_root;
-        let dirs = [
-            root.join("tinygrad_repo")?,
-            root.join("selfdrive/modeld")?,
-            root.join("scripts")?,
-        ];
-        self.run_checked(&format!(
-            "mkdir -p {}",
-            shell_words(&dirs.each_ref().map(|d| d.as_str()))
-        ))?;
-
+        self.run_checked(&plan::sync_mkdir_command(root)?)?;
         let mut transfers = Vec::new();
-        let local = |rel: &str, slash: bool| {
-            let mut s = openpilot.join(rel).into_os_string();
-            if slash {
-                s.push("/");
-            }
-            s
-        };
-        // 1. tinygrad_repo/ exactly, without git metadata or bytecode.
-        let dst = root.join("tinygrad_repo")?;
-        self.rsync(
-            "of tinygrad_repo/",
-            vec![
-                "-az".into(),
-                "--delete".into(),
-                "--exclude=.git".into(),
-                "--exclude=__pycache__".into(),
-                local("tinygrad_repo", true),
-                self.remote_arg(&dst, true),
-            ],
-        )?;
-        transfers.push(format!("tinygrad_repo/ -> {dst}/ (--delete)"));
-        // 2. selfdrive/modeld/.
-        let dst = root.join("selfdrive/modeld")?;
-        self.rsync(
-            "of selfdrive/modeld/",
-            vec![
-                "-az".into(),
-                local("selfdrive/modeld", true),
-                self.remote_arg(&dst, true),
-            ],
-        )?;
-        transfers.push(format!("selfdrive/modeld/ -> {dst}/"));
-        // 3. the compiler script.
-        let dst = root.join("scripts/model_compiler.py")?;
-        self.rsync(
-            "of scripts/model_compiler.py",
-            vec![
-                "-az".into(),
-                local("scripts/model_compiler.py", false),
-                self.remote_arg(&dst, false),
-            ],
-        )?;
-        transfers.push(format!("scripts/model_compiler.py -> {dst}"));
-        // 4. the ./models launcher.
-        let dst = root.join("models")?;
-        self.rsync(
-            "of models",
-            vec![
-                "-az".into(),
-                local("models", false),
-                self.remote_arg(&dst, false),
-            ],
-        )?;
-        transfers.push(format!("models -> {dst}"));
-
+        for part in plan::SYNC_PARTS {
+            let slash = if part.is_dir { "/" } else { "" };
+            let dst = root.join(part.rel)?;
+            let mut local = openpilot.join(part.rel).into_os_string();
+            local.push(slash);
+            let mut args: Vec<OsString> = part.options.iter().map(OsString::from).collect();
+            args.push(local);
+            args.push(self.remote_arg(&dst, part.is_dir));
+            self.rsync(&format!("of {}{slash}", part.rel), args)?;
+            transfers.push(part.describe(&dst));
+        }
         self.check_marker(pin)?;
         Ok(SyncReport {
             destination: self.dest(),
