@@ -232,9 +232,14 @@ fn which_compiler_errors_stop_the_run() {
             false,
         ),
         (
-            E::Io {
-                path: "p".into(),
-                source: std::io::Error::other("disk"),
+            E::Io(std::io::Error::other("disk")),
+            false,
+        ),
+        (
+            E::Stream {
+                destination: "c".into(),
+                command: "./models".into(),
+                source: std::io::Error::other("channel closed"),
             },
             false,
         ),
