@@ -231,10 +231,7 @@ fn which_compiler_errors_stop_the_run() {
             },
             false,
         ),
-        (
-            E::Io(std::io::Error::other("disk")),
-            false,
-        ),
+        (E::Io(std::io::Error::other("disk")), false),
         (
             E::Stream {
                 destination: "c".into(),
