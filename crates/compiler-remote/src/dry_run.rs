@@ -16,6 +16,7 @@ use manifest::{BehaviorVersion, GitCommit, ModelId};
 use serde::Serialize;
 
 use crate::compiler::checks::{artifact_dir_and_name, check_sources, check_tree};
+use crate::compiler::fetch::earlier_set;
 use crate::compiler::{ConnectOptions, check_local_rsync};
 use crate::error::{Error, Result};
 use crate::outputs::{self, FetchedArtifact};
@@ -301,27 +302,10 @@ pub fn compile_plan(
         p.writes.push(out.join(chunker::sidecar_name(&name)));
         p.writes.push(out.join(chunker::chunk_manifest_name(&name)));
     }
-    p.removes = existing_set(out, &name)?;
-    Ok(p)
-}
-
-/// The files of an earlier set of `name` in `out` that installing a new one removes.
-fn existing_set(out: &Path, name: &str) -> Result<Vec<PathBuf>> {
-    let mut found = Vec::new();
-    let entries = match fs_err::read_dir(out) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
-        Err(e) => return Err(e.into()),
-    };
-    for entry in entries {
-        let entry = entry?;
-        let f = entry.file_name().to_string_lossy().into_owned();
-        if (f == name || f.starts_with(&format!("{name}."))) && entry.path().is_file() {
-            found.push(entry.path());
-        }
+    if out.is_dir() {
+        p.removes = earlier_set(out, &name)?;
     }
-    found.sort();
-    Ok(found)
+    Ok(p)
 }
 
 /// `dm`: the checks, then the DM build's steps and the four files it would write.

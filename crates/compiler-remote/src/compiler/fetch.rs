@@ -35,12 +35,8 @@ impl FetchDir {
         if chunker::atomic::remove_if_exists(&old_manifest)? {
             chunker::atomic::sync_dir(out)?;
         }
-        for entry in fs::read_dir(out)? {
-            let entry = entry?;
-            let f = entry.file_name().to_string_lossy().into_owned();
-            if (f == name || f.starts_with(&format!("{name}."))) && entry.path().is_file() {
-                chunker::atomic::remove_if_exists(entry.path())?;
-            }
+        for path in earlier_set(out, name)? {
+            chunker::atomic::remove_if_exists(&path)?;
         }
         self.install_files(out, files)
     }
@@ -66,4 +62,19 @@ impl Drop for FetchDir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.path);
     }
+}
+
+/// The files of an earlier set of `name` in `out` (the name itself or `name.<anything>`), which
+/// installing a new one removes.
+pub(crate) fn earlier_set(out: &Path, name: &str) -> Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(out)? {
+        let entry = entry?;
+        let f = entry.file_name().to_string_lossy().into_owned();
+        if (f == name || f.starts_with(&format!("{name}."))) && entry.path().is_file() {
+            found.push(entry.path());
+        }
+    }
+    found.sort();
+    Ok(found)
 }

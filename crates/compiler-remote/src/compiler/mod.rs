@@ -10,7 +10,7 @@
 
 mod build;
 pub(crate) mod checks;
-mod fetch;
+pub(crate) mod fetch;
 mod session;
 mod sync;
 
