@@ -154,6 +154,23 @@ fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
     // Only the ONNX files were fetched and staged.
     let calls = dev.calls();
     assert_eq!(calls.len(), 2, "{calls:?}");
+
+    // A dry run now: pop223 is done, sc23 would be built again; nothing changes, nothing runs.
+    let before = snapshot(root);
+    let mut dry: Vec<&str> = args.iter().copied().filter(|a| *a != "--json").collect();
+    dry.push("--dry-run");
+    let out = cli(&dry, root);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(said.contains("1 to build, 1 done earlier"), "{said}");
+    assert!(said.contains("  skip  pop223"), "{said}");
+    assert!(said.contains("  build sc23 (v9, supercombo)"), "{said}");
+    assert_eq!(
+        snapshot(root),
+        before,
+        "a rebuild dry run changed something"
+    );
+    assert_eq!(dev.calls().len(), 2);
     assert!(calls[0].ends_with("inputs=driving_policy.onnx,driving_vision.onnx"));
     assert!(calls[0].starts_with("--pop223 --version v11 --input-format split"));
 
@@ -356,6 +373,25 @@ fn validate_check_records_a_device_check_and_refuses_incomplete_ones() {
         );
         assert!(!root.join("ws").exists(), "{extra:?} wrote something");
     }
+    // A dry run shows the record and where it would go, and writes nothing.
+    let o = run(&[
+        "--check",
+        "model-v2",
+        "--passed",
+        "--note",
+        "ok",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["dry_run"], true);
+    assert_eq!(v["record_path"], "ws/results/model-v2.check.json");
+    assert_eq!(v["checked_by"], "ana");
+    assert!(
+        !root.join("ws").exists(),
+        "a --check dry run wrote something"
+    );
     let o = run(&[
         "--check",
         "driver-state",
@@ -461,6 +497,22 @@ fn compile_refusals_and_exit_codes() {
         t.path()
             .join("out/rdf43_driving_tinygrad.pkl.chunkmanifest")
             .is_file()
+    );
+
+    // With -q the device's lines are not echoed, but the log still has them.
+    let mut args = vec!["-q"];
+    args.extend(base);
+    args.extend(["--log", "logs/quiet.log"]);
+    args.extend(remote(&sshd, &dev, &mut buf));
+    let out = cli(&args, t.path());
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("[device]"), "-q echoed live output: {err}");
+    assert!(!err.contains("next:"), "{err}");
+    assert!(
+        fs::read_to_string(t.path().join("logs/quiet.log"))
+            .unwrap()
+            .contains("wrote 3 chunk(s)")
     );
 
     // A digest mismatch: exit 3, the log is named.
@@ -751,7 +803,7 @@ fn tinygrad_bump_replaces_the_tree_without_git_metadata() {
 }
 
 /// Every file under `dir` with its content, sorted: equal snapshots mean nothing changed.
-fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -900,4 +952,256 @@ fn builtin_and_tinygrad_bump_dry_runs_report_and_change_nothing() {
         text(&out.stdout)
     );
     assert_eq!(snapshot(t.path()), before, "a bump dry run wrote something");
+}
+
+/// A public key to pin in a known_hosts file (any valid one: nothing ever connects).
+const PINNED_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMvovP/4DpT61RRclm7A4M7FU95M3u77Cw0MOul1fjUC";
+
+/// A compiler that does not exist: an ssh alias for a port on 127.0.0.1 nothing listens on,
+/// whose key is pinned in `known_hosts` when `pinned`, plus a stand-in local rsync 3 (rsync is
+/// checked, never run, by a dry run). Returns the remote flags.
+fn absent_compiler(dir: &Path, pinned: bool) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let kh = dir.join("known_hosts");
+    let key = if pinned {
+        format!("[127.0.0.1]:{port} {PINNED_KEY}\n")
+    } else {
+        String::new()
+    };
+    write(&kh, key.as_bytes());
+    let cfg = dir.join("ssh_config");
+    write(
+        &cfg,
+        format!(
+            "Host nocompiler\n  HostName 127.0.0.1\n  Port {port}\n  UserKnownHostsFile {}\n  \
+             GlobalKnownHostsFile /dev/null\n",
+            kh.display()
+        )
+        .as_bytes(),
+    );
+    let rsync = dir.join("rsync");
+    write(
+        &rsync,
+        b"#!/bin/sh\necho 'rsync  version 3.2.7  protocol version 32'\n",
+    );
+    fs::set_permissions(&rsync, fs::Permissions::from_mode(0o755)).unwrap();
+    [
+        "--remote",
+        "nocompiler",
+        "--allow-other-compiler",
+        "--ssh-config",
+        cfg.to_str().unwrap(),
+        "--rsync",
+        rsync.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// `sync`, `compile`, `dm`, `validate` and `rebuild --dry-run`: the local checks, then the plan,
+/// against a compiler that does not listen (any connection would fail with exit 1), and not a
+/// byte changed in the working directory.
+#[test]
+fn compiler_dry_runs_check_locally_print_the_plan_and_connect_to_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let op = root.join("op");
+    write(
+        &op.join("tinygrad_repo/TINYGRAD_COMMIT"),
+        format!("{PIN}\n").as_bytes(),
+    );
+    write(&op.join("selfdrive/modeld/modeld.py"), b"#");
+    write(
+        &op.join("selfdrive/modeld/models/dmonitoring_model.onnx"),
+        b"dm",
+    );
+    write(&op.join("scripts/model_compiler.py"), b"#");
+    write(&op.join("models"), b"#!/bin/sh\n");
+    write(&root.join("src/driving_supercombo.onnx"), b"onnx");
+    // A verified chunk set to validate, and an earlier set that a compile would replace.
+    let bytes = test_support::published::artifact_bytes(9, 2500);
+    write(&root.join("whole.pkl"), &bytes);
+    for out in ["ready/sc23", "out"] {
+        fs::create_dir_all(root.join(out)).unwrap();
+        chunker::split_reader(
+            fs::File::open(root.join("whole.pkl")).unwrap(),
+            bytes.len() as u64,
+            "sc23_driving_tinygrad.pkl",
+            &root.join(out),
+            &chunker::SplitOptions { chunk_size: 1000 },
+        )
+        .unwrap();
+    }
+    write(
+        &root.join("map.json"),
+        br#"{"sc23": {"source_id": "sc23", "input_format": "supercombo"}}"#,
+    );
+    write(&root.join("base.json"), BASE.as_bytes());
+    let remote = absent_compiler(root, true);
+    let before = snapshot(root);
+    let run = |args: &[&str]| {
+        let mut a: Vec<&str> = args.to_vec();
+        a.extend(remote.iter().map(String::as_str));
+        a.push("--dry-run");
+        cli(&a, root)
+    };
+    let ok = |args: &[&str]| {
+        let out = run(args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    };
+
+    let said = ok(&["sync", "--openpilot", "op"]);
+    assert!(
+        said.starts_with("dry run: sync op on nocompiler:/data/openpilot"),
+        "{said}"
+    );
+    assert!(
+        said.contains(
+            "send   op/tinygrad_repo/ -> nocompiler:/data/openpilot/tinygrad_repo/ (rsync -az \
+             --delete --exclude=.git --exclude=__pycache__)"
+        ),
+        "{said}"
+    );
+    assert!(said.contains(&format!(
+        "check  /data/openpilot/tinygrad_repo/TINYGRAD_COMMIT must be {PIN}"
+    )));
+
+    let compile = [
+        "compile",
+        "--model",
+        "sc23",
+        "--version",
+        "v9",
+        "--source",
+        "src/driving_supercombo.onnx",
+        "--out",
+        "out",
+        "--openpilot",
+        "op",
+    ];
+    let said = ok(&compile);
+    assert!(
+        said.contains(
+            "run    cd /data/openpilot && ./models --sc23 --version v9 --input-dir \
+             /data/openpilot/uncompiledmodels --output-dir /data/openpilot/compiledmodels 2>&1"
+        ),
+        "{said}"
+    );
+    assert!(said.contains("would write  logs/sc23.log, out/sc23_driving_tinygrad.pkl.chunk*"));
+    assert!(
+        said.contains("would remove out/sc23_driving_tinygrad.pkl.chunk01of03"),
+        "{said}"
+    );
+    let mut json = compile.to_vec();
+    json.push("--json");
+    let plan: serde_json::Value = serde_json::from_str(&ok(&json)).unwrap();
+    assert_eq!(plan["dry_run"], true);
+    assert_eq!(plan["steps"][0]["step"], "check_marker");
+    assert_eq!(plan["steps"][2]["from"][0], "src/driving_supercombo.onnx");
+
+    let said = ok(&["dm", "--out", "dm", "--openpilot", "op"]);
+    assert!(said.contains("./models --dm --input-dir"), "{said}");
+    assert!(said.contains("dm/dmonitoring_model_tinygrad.pkl"), "{said}");
+
+    let out = run(&[
+        "validate",
+        "--model",
+        "sc23",
+        "--version",
+        "v9",
+        "--workspace",
+        ".",
+        "--openpilot",
+        "op",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["artifact"]["chunk_count"], 3);
+    assert_eq!(plan["record"], "./results/sc23.validation.json");
+    assert!(
+        plan["steps"][3]["command"]
+            .as_str()
+            .unwrap()
+            .ends_with("scripts/validate_model_artifact.py --model sc23 --version v9"),
+        "{plan}"
+    );
+
+    let rebuild = [
+        "rebuild",
+        "--workspace",
+        "ws",
+        "--source-map",
+        "map.json",
+        "--base-manifest",
+        "base.json",
+        "--sources",
+        "store",
+        "--generation",
+        "v26",
+        "--tinygrad-commit",
+        PIN,
+    ];
+    let said = ok(&rebuild);
+    assert!(said.contains("1 to build, 0 done earlier"), "{said}");
+    assert!(
+        said.contains("fetch  store/onnx/sc23/*.onnx -> ws/onnx/sc23"),
+        "{said}"
+    );
+    assert!(said.contains("./models --sc23 --version v9"), "{said}");
+    assert!(
+        said.contains("would write  ws/ready/model_names_v26.json"),
+        "{said}"
+    );
+
+    // The refusals still refuse: a validate of a broken set (3), a tree without models (2).
+    fs::remove_file(root.join("ready/sc23/sc23_driving_tinygrad.pkl.chunk02of03")).unwrap();
+    let out = run(&[
+        "validate",
+        "--model",
+        "sc23",
+        "--version",
+        "v9",
+        "--workspace",
+        ".",
+        "--openpilot",
+        "op",
+    ]);
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("is not a verified chunk set"));
+    let chunk = root.join("ready/sc23/sc23_driving_tinygrad.pkl.chunk02of03");
+    write(&chunk, &bytes[1000..2000]);
+    fs::remove_file(op.join("models")).unwrap();
+    let out = run(&["sync", "--openpilot", "op"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    write(&op.join("models"), b"#!/bin/sh\n");
+
+    assert_eq!(snapshot(root), before, "a dry run wrote something");
+
+    // No key pinned for the compiler: refused as the connection would refuse it (exit 3).
+    let remote = absent_compiler(root, false);
+    let mut a = vec!["compile"];
+    a.extend(&compile[1..]);
+    a.extend(remote.iter().map(String::as_str));
+    a.push("--dry-run");
+    let out = cli(&a, root);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("host key is not known") && err.contains("known_hosts"),
+        "{err}"
+    );
+    assert!(!root.join("logs").exists() && !root.join("ws").exists());
 }

@@ -712,6 +712,92 @@ fn stand_in_checkout(dir: &Path, pytest_exit: i32) -> PathBuf {
     op
 }
 
+/// `-q` leaves out the commands' live output lines (and the `next:` hint); the log keeps them.
+#[test]
+fn preflight_with_quiet_prints_no_live_output() {
+    let t = tempfile::tempdir().unwrap();
+    let op = stand_in_checkout(t.path(), 0);
+    let ws = t.path().join("ws");
+    let args = |quiet: bool| {
+        let mut a = vec![
+            "preflight",
+            "--openpilot",
+            op.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+        ];
+        if quiet {
+            a.insert(0, "-q");
+        }
+        cli(&a)
+    };
+    let o = args(false);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("syncing sync") && err.contains("next:"),
+        "{err}"
+    );
+    let o = args(true);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert_eq!(err, "", "-q printed on stderr");
+    assert!(text(&o.stdout).contains("preflight passed"));
+    let log = fs::read_to_string(ws.join("logs/preflight.log")).unwrap();
+    assert!(
+        log.contains("syncing sync") && log.contains("E assert 1 == 2"),
+        "{log}"
+    );
+}
+
+/// `preflight --dry-run` checks the checkout and lists the commands and files, running and
+/// writing nothing; a tree that is not a checkout is still refused.
+#[test]
+fn preflight_dry_run_runs_nothing_and_writes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let op = stand_in_checkout(t.path(), 0);
+    // ./dev would leave this file behind if it ran.
+    fs::write(op.join("dev"), "#!/bin/sh\ntouch ran\n").unwrap();
+    let before = crate::build_cli::snapshot(t.path());
+    let ws = t.path().join("ws");
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "preflight",
+            "--openpilot",
+            op.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--dry-run",
+        ];
+        a.extend(extra);
+        cli(&a)
+    };
+    let o = run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let said = text(&o.stdout);
+    assert!(
+        said.contains(&format!("(tinygrad {TG}); nothing was run or written")),
+        "{said}"
+    );
+    assert!(said.contains("  run    ./dev sync\n"), "{said}");
+    assert!(said.contains("logs/preflight.log") && said.contains("results/preflight.json"));
+    let o = run(&["--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["dry_run"], true);
+    assert_eq!(v["commands"][0], json!(["./dev", "sync"]));
+    assert_eq!(v["tinygrad_commit"], TG);
+    fs::remove_file(op.join("tinygrad_repo/TINYGRAD_COMMIT")).unwrap();
+    let o = run(&[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    fs::write(op.join("tinygrad_repo/TINYGRAD_COMMIT"), format!("{TG}\n")).unwrap();
+    assert_eq!(
+        crate::build_cli::snapshot(t.path()),
+        before,
+        "a preflight dry run changed something"
+    );
+}
+
 #[test]
 fn preflight_records_the_repository_tests_and_publish_requires_it_passing() {
     let t = tempfile::tempdir().unwrap();

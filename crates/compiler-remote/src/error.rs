@@ -42,6 +42,38 @@ impl std::fmt::Display for SourceProblem {
     }
 }
 
+/// Why the tinygrad pin cannot be had.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PinProblem {
+    /// Neither `--tinygrad-commit` nor `--openpilot` was given.
+    NotGiven,
+    /// The openpilot tree has no `tinygrad_repo/TINYGRAD_COMMIT`.
+    MarkerMissing,
+    /// The marker does not hold a full 40-hex commit.
+    NotACommit { found: String, reason: String },
+}
+
+impl std::fmt::Display for PinProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PinProblem::NotGiven => f.write_str(
+                "no tinygrad pin: pass --tinygrad-commit SHA or --openpilot DIR (whose \
+                 tinygrad_repo/TINYGRAD_COMMIT is the pin)",
+            ),
+            PinProblem::MarkerMissing => f.write_str(
+                "no tinygrad marker in this tree; pass --tinygrad-commit SHA or run \
+                 `release-cli tinygrad bump`",
+            ),
+            PinProblem::NotACommit { found, reason } => {
+                write!(
+                    f,
+                    "the tinygrad marker holds {found:?}, not a commit: {reason}"
+                )
+            }
+        }
+    }
+}
+
 /// Everything that can go wrong talking to the compiler comma.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -70,6 +102,11 @@ pub enum Error {
          in a known_hosts file named by --ssh-config (docs/release.md, \"First connect\")"
     )]
     HostKeyNotKnown { destination: String, detail: String },
+
+    /// ssh's configuration for the compiler could not be read (`ssh -G`, a dry run's host-key
+    /// check), or ssh-keygen could not run.
+    #[error("could not read ssh's configuration for {destination}: {detail}")]
+    SshConfig { destination: String, detail: String },
 
     #[error(
         "could not open an SSH session to {destination}: {source}{detail}; check that the comma \
@@ -142,10 +179,11 @@ pub enum Error {
         expected: String,
     },
 
-    /// The tinygrad pin cannot be had: no `--tinygrad-commit` and no marker, or a marker that
-    /// cannot be read or is not a commit.
-    #[error("{path}: {reason}")]
-    Pin { path: PathBuf, reason: String },
+    /// The tinygrad pin cannot be had: no `--tinygrad-commit` and no `--openpilot`, no marker
+    /// in the tree, or a marker that is not a commit. Only the pin: other problems with local
+    /// inputs have their own variants ([`Error::TreeIncomplete`], [`Error::Source`]).
+    #[error("{path}: {problem}")]
+    Pin { path: PathBuf, problem: PinProblem },
 
     /// A part of the openpilot tree that `sync` transfers is not there.
     #[error(
@@ -161,9 +199,17 @@ pub enum Error {
         problem: SourceProblem,
     },
 
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
+    /// A local file or directory operation failed. These come from `fs-err`, whose message
+    /// names the operation and the path ("failed to open file `/x/y`: …") and keeps the
+    /// `io::ErrorKind`.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+
+    /// Reading a remote command's output through the SSH session failed (a stream, not a file).
+    #[error("reading the output of `{command}` from {destination} failed: {source}")]
+    Stream {
+        destination: String,
+        command: String,
         #[source]
         source: io::Error,
     },
@@ -226,16 +272,3 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-pub(crate) trait IoContext<T> {
-    fn ctx(self, path: &std::path::Path) -> Result<T>;
-}
-
-impl<T> IoContext<T> for io::Result<T> {
-    fn ctx(self, path: &std::path::Path) -> Result<T> {
-        self.map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })
-    }
-}

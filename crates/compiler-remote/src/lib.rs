@@ -14,6 +14,9 @@
 //! - [`Compiler::build_dm`] builds the four driver-monitoring files, all or nothing;
 //! - [`Compiler::validate`] runs the device-side validator and returns its own verdict.
 //!
+//! [`dry_run`] works out what each of these would do without connecting: the local checks, then
+//! the commands, transfers and local files.
+//!
 //! The pure core — command lines ([`plan`]), rsync version policy ([`rsync`]), output checks
 //! ([`outputs`]), destination policy ([`target`]) — does no I/O and is unit-tested; the
 //! [`Compiler`] shell is tested against a real sshd on 127.0.0.1.
@@ -22,6 +25,7 @@
 //! release CLI's `rebuild`), or judge a model (only the device validator does).
 
 mod compiler;
+pub mod dry_run;
 mod error;
 pub mod outputs;
 pub mod plan;
@@ -34,7 +38,7 @@ pub use compiler::{
     Compiler, ConnectOptions, DEVICE_PREFIX, DEVICE_STDERR_PREFIX, DmFile, LineSink, SyncReport,
     Verdict,
 };
-pub use error::{Error, Result, Side, SourceProblem};
+pub use error::{Error, PinProblem, Result, Side, SourceProblem};
 pub use outputs::FetchedArtifact;
 pub use plan::{CompileRequest, InputFormat};
 pub use target::{DEFAULT_REMOTE_ROOT, Destination, RemotePath, SUPPORTED_COMPILER};
@@ -47,15 +51,24 @@ pub const MARKER_PATH: &str = plan::MARKER;
 /// Read the tinygrad pin recorded in a local openpilot tree.
 pub fn read_tree_pin(openpilot: &Path) -> Result<GitCommit> {
     let path = openpilot.join(MARKER_PATH);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::Pin {
-        path: path.clone(),
-        reason: format!("{e}; pass --tinygrad-commit SHA or run `release-cli tinygrad bump`"),
-    })?;
+    let text = match fs_err::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Error::Pin {
+                path,
+                problem: PinProblem::MarkerMissing,
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
     text.trim()
         .parse()
         .map_err(|e: manifest::Error| Error::Pin {
+            problem: PinProblem::NotACommit {
+                found: text.trim().to_string(),
+                reason: e.to_string(),
+            },
             path,
-            reason: e.to_string(),
         })
 }
 
@@ -66,9 +79,7 @@ pub fn resolve_pin(explicit: Option<GitCommit>, openpilot: Option<&Path>) -> Res
         (None, Some(dir)) => read_tree_pin(dir),
         (None, None) => Err(Error::Pin {
             path: Path::new("--tinygrad-commit").to_path_buf(),
-            reason: "no tinygrad pin: pass --tinygrad-commit SHA or --openpilot DIR (whose \
-                     tinygrad_repo/TINYGRAD_COMMIT is the pin)"
-                .to_string(),
+            problem: PinProblem::NotGiven,
         }),
     }
 }
@@ -81,8 +92,15 @@ mod tests {
     fn pin_resolution() {
         let t = tempfile::tempdir().unwrap();
         let c = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
-        assert!(resolve_pin(None, None).is_err());
-        assert!(resolve_pin(None, Some(t.path())).is_err());
+        let problem = |r: Result<GitCommit>| match r {
+            Err(Error::Pin { problem, .. }) => problem,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(problem(resolve_pin(None, None)), PinProblem::NotGiven);
+        assert_eq!(
+            problem(resolve_pin(None, Some(t.path()))),
+            PinProblem::MarkerMissing
+        );
         std::fs::create_dir_all(t.path().join("tinygrad_repo")).unwrap();
         std::fs::write(t.path().join(MARKER_PATH), format!("{c}\n")).unwrap();
         assert_eq!(resolve_pin(None, Some(t.path())).unwrap().as_str(), c);
@@ -92,6 +110,27 @@ mod tests {
             other
         );
         std::fs::write(t.path().join(MARKER_PATH), "e837e36\n").unwrap();
-        assert!(resolve_pin(None, Some(t.path())).is_err());
+        let err = resolve_pin(None, Some(t.path())).unwrap_err();
+        assert!(
+            matches!(&err, Error::Pin { problem: PinProblem::NotACommit { found, .. }, .. } if found == "e837e36"),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("TINYGRAD_COMMIT"), "{err}");
+    }
+
+    /// A file error other than a missing marker is an I/O error that names the path (fs-err),
+    /// not a pin problem.
+    #[test]
+    fn an_unreadable_marker_is_an_io_error_naming_the_path() {
+        let t = tempfile::tempdir().unwrap();
+        // A directory where the marker file should be: reading it fails, but not NotFound.
+        std::fs::create_dir_all(t.path().join(MARKER_PATH)).unwrap();
+        let err = read_tree_pin(t.path()).unwrap_err();
+        assert!(matches!(err, Error::Io(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&t.path().join(MARKER_PATH).display().to_string()),
+            "{text}"
+        );
     }
 }

@@ -3,13 +3,14 @@
 //! `.sha256`.
 
 use std::collections::BTreeSet;
-use std::fs;
 use std::path::Path;
+
+use fs_err as fs;
 
 use chunker::{Expected, Sha256Digest};
 use serde::Serialize;
 
-use crate::error::{IoContext, Result};
+use crate::error::Result;
 
 /// A verified artifact in a local directory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -38,11 +39,24 @@ pub enum OutputProblem {
     },
 }
 
+impl std::fmt::Display for OutputProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OutputProblem::Missing => f.write_str("none of its files is there"),
+            OutputProblem::Invalid(detail) => f.write_str(detail),
+            OutputProblem::Digest { expected, actual } => write!(
+                f,
+                "its chunks hash to {actual} but its .sha256 says {expected}"
+            ),
+        }
+    }
+}
+
 /// Files in `dir` that belong to `name` (the name itself or `name.<anything>`).
 fn files_of(dir: &Path, name: &str) -> Result<BTreeSet<String>> {
     let mut out = BTreeSet::new();
-    for entry in fs::read_dir(dir).ctx(dir)? {
-        let entry = entry.ctx(dir)?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
         let file = entry.file_name().to_string_lossy().into_owned();
         if file == name || file.starts_with(&format!("{name}.")) {
             out.insert(file);
@@ -74,19 +88,15 @@ pub fn check_release(dir: &Path, name: &str) -> Result<Result<FetchedArtifact, O
         return invalid(format!("{sidecar_name} is missing"));
     }
     let manifest_path = dir.join(&manifest_name);
-    let count = match chunker::parse_chunk_manifest(
-        &fs::read(&manifest_path).ctx(&manifest_path)?,
-        &manifest_path,
-    ) {
+    let count = match chunker::parse_chunk_manifest(&fs::read(&manifest_path)?, &manifest_path) {
         Ok(n) => n,
         Err(e) => return invalid(e.to_string()),
     };
     let sidecar_path = dir.join(&sidecar_name);
-    let expected =
-        match chunker::parse_sidecar(&fs::read(&sidecar_path).ctx(&sidecar_path)?, &sidecar_path) {
-            Ok(d) => d,
-            Err(e) => return invalid(e.to_string()),
-        };
+    let expected = match chunker::parse_sidecar(&fs::read(&sidecar_path)?, &sidecar_path) {
+        Ok(d) => d,
+        Err(e) => return invalid(e.to_string()),
+    };
     let mut chunks = Vec::new();
     for f in &files {
         if *f == manifest_name || *f == sidecar_name {
@@ -158,7 +168,7 @@ pub fn check_local(dir: &Path, name: &str) -> Result<Result<FetchedArtifact, Out
     let mut list = vec![name.to_string()];
     if files.contains(&sidecar_name) {
         let sp = dir.join(&sidecar_name);
-        let expected = match chunker::parse_sidecar(&fs::read(&sp).ctx(&sp)?, &sp) {
+        let expected = match chunker::parse_sidecar(&fs::read(&sp)?, &sp) {
             Ok(d) => d,
             Err(e) => return Ok(Err(OutputProblem::Invalid(e.to_string()))),
         };

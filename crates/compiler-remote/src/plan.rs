@@ -173,6 +173,149 @@ pub fn dm_args(input_dir: &RemotePath, output_dir: &RemotePath) -> Vec<String> {
     ]
 }
 
+/// One of `sync`'s four transfers: a part of the openpilot tree, sent to the same relative
+/// path under the remote root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncPart {
+    /// The path relative to the openpilot tree and to the remote root.
+    pub rel: &'static str,
+    /// A directory, sent as `rel/` into `rel/`.
+    pub is_dir: bool,
+    /// rsync's options for it.
+    pub options: &'static [&'static str],
+}
+
+/// The seed's four transfers, in order: `tinygrad_repo/` exactly (without git metadata or
+/// bytecode), `selfdrive/modeld/`, the compiler script, the `./models` launcher.
+pub const SYNC_PARTS: [SyncPart; 4] = [
+    SyncPart {
+        rel: "tinygrad_repo",
+        is_dir: true,
+        options: &["-az", "--delete", "--exclude=.git", "--exclude=__pycache__"],
+    },
+    SyncPart {
+        rel: "selfdrive/modeld",
+        is_dir: true,
+        options: &["-az"],
+    },
+    SyncPart {
+        rel: "scripts/model_compiler.py",
+        is_dir: false,
+        options: &["-az"],
+    },
+    SyncPart {
+        rel: "models",
+        is_dir: false,
+        options: &["-az"],
+    },
+];
+
+impl SyncPart {
+    /// How `sync` reports it: `tinygrad_repo/ -> /data/openpilot/tinygrad_repo/ (--delete)`.
+    pub fn describe(&self, dst: &RemotePath) -> String {
+        let slash = if self.is_dir { "/" } else { "" };
+        let delete = if self.options.contains(&"--delete") {
+            " (--delete)"
+        } else {
+            ""
+        };
+        format!("{}{slash} -> {dst}{slash}{delete}", self.rel)
+    }
+}
+
+/// `mkdir -p` of the directories the sync transfers go into.
+pub fn sync_mkdir_command(root: &RemotePath) -> crate::Result<String> {
+    let dirs = ["tinygrad_repo", "selfdrive/modeld", "scripts"]
+        .iter()
+        .map(|d| root.join(d).map(|p| p.to_string()))
+        .collect::<crate::Result<Vec<_>>>()?;
+    Ok(format!("mkdir -p {}", shell_words(&dirs)))
+}
+
+/// Print the marker, or exit 3 when there is none (distinct from a failing cat or ssh's 255).
+pub fn read_marker_command(marker: &RemotePath) -> String {
+    let q = shell_quote(marker.as_str());
+    format!("[ -f {q} ] || exit 3; cat {q}")
+}
+
+/// rsync's options to send sources into the staging directory.
+pub const SEND_OPTIONS: [&str; 1] = ["-a"];
+
+/// rsync's options to fetch exactly the outputs of artifact `name`.
+pub fn fetch_options(name: &str) -> Vec<String> {
+    vec![
+        "-a".to_string(),
+        format!("--include={name}"),
+        format!("--include={name}.*"),
+        "--exclude=*".to_string(),
+    ]
+}
+
+/// rsync's options to fetch exactly the four DM files.
+pub fn dm_fetch_options() -> Vec<String> {
+    let mut v = vec!["-a".to_string()];
+    v.extend(DM_FILES.iter().map(|f| format!("--include={f}")));
+    v.push("--exclude=*".to_string());
+    v
+}
+
+fn dm_paths(output: &RemotePath) -> crate::Result<Vec<String>> {
+    DM_FILES
+        .iter()
+        .map(|f| output.join(f).map(|p| p.to_string()))
+        .collect()
+}
+
+/// Empty the staging directory and remove earlier DM outputs before a DM build.
+pub fn dm_prepare_command(staging: &RemotePath, output: &RemotePath) -> crate::Result<String> {
+    let s = shell_quote(staging.as_str());
+    Ok(format!(
+        "rm -rf {s} && mkdir -p {s} {} && rm -f {}",
+        shell_quote(output.as_str()),
+        shell_words(&dm_paths(output)?)
+    ))
+}
+
+/// Remove the staged DM sources and the DM outputs after a DM build.
+pub fn dm_cleanup_command(staging: &RemotePath, output: &RemotePath) -> crate::Result<String> {
+    let s = shell_quote(staging.as_str());
+    Ok(format!(
+        "rm -rf {s} && mkdir -p {s} && rm -f {}",
+        shell_words(&dm_paths(output)?)
+    ))
+}
+
+/// Make room for the chunk set `name` in the models directory the validator reads.
+pub fn validate_prepare_command(models_dir: &RemotePath, name: &str) -> String {
+    let m = shell_quote(models_dir.as_str());
+    format!(
+        "mkdir -p {m} && {}",
+        validate_cleanup_command(models_dir, name)
+    )
+}
+
+/// Remove the chunk set `name` from the models directory after validation.
+pub fn validate_cleanup_command(models_dir: &RemotePath, name: &str) -> String {
+    let (m, q) = (shell_quote(models_dir.as_str()), shell_quote(name));
+    format!("rm -f {m}/{q} {m}/{q}.*")
+}
+
+/// `cd ROOT && PYTHON scripts/validate_model_artifact.py --model ID --version vN`.
+pub fn validate_command(
+    root: &RemotePath,
+    python: &str,
+    id: &ModelId,
+    version: BehaviorVersion,
+) -> String {
+    format!(
+        "cd {} && {} scripts/validate_model_artifact.py --model {} --version {}",
+        shell_quote(root.as_str()),
+        shell_quote(python),
+        shell_quote(id.as_str()),
+        version
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,6 +361,56 @@ mod tests {
         assert_eq!(l.models_args(&i, &o)[0], "--local-mine");
         assert_eq!(l.artifact_name(), "local-mine_driving_tinygrad.pkl");
         assert_eq!(r.artifact_name(), "pop223_driving_tinygrad.pkl");
+    }
+
+    #[test]
+    fn sync_and_dm_and_validate_command_lines() {
+        let root: RemotePath = "/data/openpilot".parse().unwrap();
+        let described: Vec<String> = SYNC_PARTS
+            .iter()
+            .map(|p| p.describe(&root.join(p.rel).unwrap()))
+            .collect();
+        assert_eq!(
+            described,
+            [
+                "tinygrad_repo/ -> /data/openpilot/tinygrad_repo/ (--delete)",
+                "selfdrive/modeld/ -> /data/openpilot/selfdrive/modeld/",
+                "scripts/model_compiler.py -> /data/openpilot/scripts/model_compiler.py",
+                "models -> /data/openpilot/models",
+            ]
+        );
+        assert_eq!(
+            sync_mkdir_command(&root).unwrap(),
+            "mkdir -p /data/openpilot/tinygrad_repo /data/openpilot/selfdrive/modeld \
+             /data/openpilot/scripts"
+        );
+        let s = root.join(STAGING_DIR).unwrap();
+        let dm: RemotePath = DEFAULT_DM_OUTPUT_DIR.parse().unwrap();
+        let prep = dm_prepare_command(&s, &dm).unwrap();
+        assert!(
+            prep.starts_with(
+                "rm -rf /data/openpilot/uncompiledmodels && mkdir -p \
+                 /data/openpilot/uncompiledmodels /tmp/dm_artifacts && rm -f /tmp/dm_artifacts/"
+            ),
+            "{prep}"
+        );
+        assert_eq!(prep.matches("/tmp/dm_artifacts/").count(), 4);
+        let m: RemotePath = "/data/models".parse().unwrap();
+        assert_eq!(
+            validate_prepare_command(&m, "x_driving_tinygrad.pkl"),
+            "mkdir -p /data/models && rm -f /data/models/x_driving_tinygrad.pkl \
+             /data/models/x_driving_tinygrad.pkl.*"
+        );
+        assert_eq!(
+            validate_command(
+                &root,
+                "/usr/bin/python3",
+                &"x".parse().unwrap(),
+                "v3".parse().unwrap()
+            ),
+            "cd /data/openpilot && /usr/bin/python3 scripts/validate_model_artifact.py --model x \
+             --version v3"
+        );
     }
 
     #[test]

@@ -31,22 +31,27 @@ pub const COMMANDS: [&[&str]; 2] = [
     ],
 ];
 
-/// Run the seed's commands in `openpilot`, writing their output to `log` and to `sink`.
-///
-/// A failing command is a record with `passed: false`, not an error; errors are a checkout that
-/// is not one (no `dev`, no tinygrad marker) and I/O.
-pub fn run(openpilot: &Path, log: &Path, sink: &mut dyn FnMut(&str)) -> Result<PreflightRecord> {
+/// The checks [`run`] makes before running anything: `openpilot` is a checkout with a `./dev`
+/// script and a tinygrad marker. Returns the marker's pin.
+pub fn check(openpilot: &Path) -> Result<GitCommit> {
     if !openpilot.join("dev").is_file() {
         return Err(Error::NotACheckout {
             openpilot: openpilot.to_path_buf(),
             reason: "it has no ./dev script".into(),
         });
     }
-    let tinygrad_commit =
-        compiler_remote::read_tree_pin(openpilot).map_err(|e| Error::NotACheckout {
-            openpilot: openpilot.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+    compiler_remote::read_tree_pin(openpilot).map_err(|e| Error::NotACheckout {
+        openpilot: openpilot.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// Run the seed's commands in `openpilot`, writing their output to `log` and to `sink`.
+///
+/// A failing command is a record with `passed: false`, not an error; errors are a checkout that
+/// is not one (no `dev`, no tinygrad marker) and I/O.
+pub fn run(openpilot: &Path, log: &Path, sink: &mut dyn FnMut(&str)) -> Result<PreflightRecord> {
+    let tinygrad_commit = check(openpilot)?;
     let (openpilot_commit, openpilot_dirty) = git_state(openpilot);
     if let Some(dir) = log.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs_err::create_dir_all(dir)?;

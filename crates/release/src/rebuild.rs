@@ -255,6 +255,16 @@ impl Rebuild {
         })
     }
 
+    /// Whether a run would skip `p` as done (its success record still counts). Reads the record
+    /// and verifies its ready chunk set; writes nothing (`rebuild --dry-run`).
+    pub fn is_done(&self, p: &PlannedModel) -> bool {
+        let path = self
+            .workspace
+            .join("results")
+            .join(format!("{}.json", p.source.id));
+        self.done_record(&path, |r| record_fits(r, p)).is_some()
+    }
+
     /// Build every planned model that is not done, record each outcome, and write the
     /// manifest. Only I/O errors of the workspace itself end it with `Err`; model failures are
     /// in the summary ([`Summary::result`]).

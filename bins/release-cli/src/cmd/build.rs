@@ -84,9 +84,68 @@ pub fn remote_error(e: compiler_remote::Error) -> CliError {
     }
 }
 
-/// Print live compiler output on stderr so stdout stays machine-readable.
+/// Print a live output line of the device (or of preflight's commands) on stderr, so stdout
+/// stays machine-readable; nothing with `-q` (the lines are in the log file either way).
 pub fn live(line: &str) {
-    eprintln!("{line}");
+    if shows_live_output(cli_support::verbosity()) {
+        eprintln!("{line}");
+    }
+}
+
+/// Print a dry run's plan: the steps on the compiler, then the local files written and removed;
+/// with `--json` one document, the plan with `"dry_run":true` and the `extra` fields.
+pub fn print_plan(
+    what: &str,
+    plan: compiler_remote::dry_run::Plan,
+    extra: Option<serde_json::Value>,
+    json: bool,
+) -> CliResult {
+    if json {
+        let mut v = serde_json::to_value(&plan).map_err(CliError::failure)?;
+        v["dry_run"] = true.into();
+        if let Some(serde_json::Value::Object(extra)) = extra {
+            for (k, x) in extra {
+                v[k] = x;
+            }
+        }
+        return print_json(&v);
+    }
+    crate::outln!(
+        "dry run: {what} on {}:{} (tinygrad {}); nothing was sent, run or written",
+        plan.destination,
+        plan.remote_root,
+        plan.tinygrad_commit
+    )?;
+    render_plan(&plan, "  ")?;
+    cli_support::info!("next: run the same command without --dry-run");
+    Ok(())
+}
+
+/// The steps and file lists of a plan, one per line, each line starting with `indent`.
+pub fn render_plan(plan: &compiler_remote::dry_run::Plan, indent: &str) -> CliResult {
+    for s in &plan.steps {
+        crate::outln!("{indent}{s}")?;
+    }
+    let list = |paths: &[PathBuf]| {
+        paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !plan.writes.is_empty() {
+        crate::outln!("{indent}would write  {}", list(&plan.writes))?;
+    }
+    if !plan.removes.is_empty() {
+        crate::outln!("{indent}would remove {}", list(&plan.removes))?;
+    }
+    Ok(())
+}
+
+/// Whether live output lines are echoed at this verbosity: by default and with `-v`, not with
+/// `-q`.
+fn shows_live_output(v: cli_support::Verbosity) -> bool {
+    v >= cli_support::Verbosity::Normal
 }
 
 #[derive(Debug, Subcommand)]
@@ -120,7 +179,14 @@ pub struct BumpArgs {
 
 #[derive(Debug, Args)]
 pub struct SyncArgs {
-    /// Print `{"destination","remote_root","transfers":[…],"tinygrad_commit"}`.
+    /// Make the local checks a sync makes (the pin, the tree's four parts, the one-compiler
+    /// policy, the local rsync, a key for the compiler in known_hosts) and print the command and
+    /// the rsync transfers it would run; connect to nothing and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print `{"destination","remote_root","transfers":[…],"tinygrad_commit"}` (with --dry-run
+    /// the plan: `{"dry_run":true,"destination","remote_root","tinygrad_commit","steps":[…],
+    /// "writes":[…],"removes":[…]}`, each step `{"step":"check_marker"|"run"|"send"|"fetch",…}`).
     #[arg(long)]
     pub json: bool,
     #[command(flatten, next_help_heading = "Compiler options")]
@@ -150,10 +216,18 @@ pub struct CompileArgs {
     /// Where the verified chunk set (or local PKL) goes.
     #[arg(long, value_name = "DIR", alias = "out-dir")]
     pub out: PathBuf,
-    /// The compile log (default: logs/<id>.log).
+    /// The compile log (default: logs/<id>.log). It holds the device's output, which is also
+    /// printed live on stderr unless -q.
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
-    /// Print `{"model","log","artifact":{"name","size","sha256","chunk_count","files"}}`.
+    /// Make the local checks a compile makes (the pin, the sources, the one-compiler policy,
+    /// the local rsync, a key for the compiler in known_hosts) and print the commands and rsync
+    /// transfers it would run and the local files it would write or replace; connect to
+    /// nothing and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print `{"model","log","artifact":{"name","size","sha256","chunk_count","files"}}` (with
+    /// --dry-run the plan, shaped as sync's).
     #[arg(long)]
     pub json: bool,
     #[command(flatten, next_help_heading = "Compiler options")]
@@ -171,10 +245,18 @@ pub struct DmArgs {
     /// Where ./models --dm writes on the compiler.
     #[arg(long, value_name = "PATH", default_value = compiler_remote::plan::DEFAULT_DM_OUTPUT_DIR)]
     pub remote_output_dir: RemotePath,
-    /// The build log (default: logs/dm.log).
+    /// The build log (default: logs/dm.log). It holds the device's output, which is also
+    /// printed live on stderr unless -q.
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
-    /// Print `{"out","log","files":[{"name","size","sha256"}]}`.
+    /// Make the local checks a DM build makes (the pin, the sources, the one-compiler policy,
+    /// the local rsync, a key for the compiler in known_hosts) and print the commands and rsync
+    /// transfers it would run and the four files it would write; connect to nothing and write
+    /// nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print `{"out","log","files":[{"name","size","sha256"}]}` (with --dry-run the plan, shaped
+    /// as sync's).
     #[arg(long)]
     pub json: bool,
     #[command(flatten, next_help_heading = "Compiler options")]
@@ -227,7 +309,8 @@ pub struct ValidateArgs {
         default_value = "/usr/local/venv/bin/python3"
     )]
     pub python: String,
-    /// The validation log (default: logs/<id>.validate.log, under the workspace when given).
+    /// The validation log (default: logs/<id>.validate.log, under the workspace when given). It
+    /// holds the validator's output, which is also printed live on stderr unless -q.
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
     /// Record a check you made on the device instead of running the validator: `model-v2`
@@ -251,8 +334,15 @@ pub struct ValidateArgs {
     /// With --check: who made it (default: $USER).
     #[arg(long, value_name = "NAME", requires = "check")]
     pub by: Option<String>,
+    /// Make the local checks validation makes (the pin, the chunk set verified, the
+    /// one-compiler policy, the local rsync, a key for the compiler in known_hosts) and print
+    /// the commands and transfers it would run and the log and record it would write; connect
+    /// to nothing and write nothing. With --check: print the record that would be written.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Print `{"model","passed","resolutions":[{"resolution","passed","problems"}],"verdict",
-    /// "record","log"}` (with --check: the check record).
+    /// "record","log"}` (with --check: the check record; with --dry-run the plan, shaped as
+    /// sync's, plus `"artifact"` and `"record"`).
     #[arg(long)]
     pub json: bool,
     #[command(flatten, next_help_heading = "Compiler options")]
@@ -270,6 +360,16 @@ pub fn sync(args: SyncArgs) -> CliResult {
         CliError::usage("sync needs --openpilot DIR, the tree to send to the compiler")
     })?;
     let pin = args.remote.pin()?;
+    if args.dry_run {
+        let plan = compiler_remote::dry_run::sync(&args.remote.connect_options(), &openpilot, &pin)
+            .map_err(remote_error)?;
+        return print_plan(
+            &format!("sync {}", openpilot.display()),
+            plan,
+            None,
+            args.json,
+        );
+    }
     let bar = crate::progress::spinner(format!("connecting to {}", args.remote.remote), args.json);
     let c = args.remote.connect();
     bar.set_message(format!(
@@ -293,7 +393,7 @@ pub fn sync(args: SyncArgs) -> CliResult {
         report.remote_root,
         report.tinygrad_commit
     )?;
-    eprintln!(
+    cli_support::info!(
         "next: `release-cli compile --model ID …` for one model, or `release-cli rebuild …` for the generation"
     );
     Ok(())
@@ -319,6 +419,23 @@ pub fn compile(args: CompileArgs) -> CliResult {
         .clone()
         .unwrap_or_else(|| PathBuf::from("logs").join(format!("{}.log", req.build_id())));
     let pin = args.remote.pin()?;
+    if args.dry_run {
+        let plan = compiler_remote::dry_run::compile(
+            &args.remote.connect_options(),
+            &req,
+            &args.sources,
+            &pin,
+            &args.out,
+            &log,
+        )
+        .map_err(remote_error)?;
+        return print_plan(
+            &format!("compile {}", req.build_id()),
+            plan,
+            None,
+            args.json,
+        );
+    }
     let c = args.remote.connect()?;
     let artifact = c
         .compile(&req, &args.sources, &pin, &args.out, &log, &mut live)
@@ -340,12 +457,12 @@ pub fn compile(args: CompileArgs) -> CliResult {
         log.display()
     )?;
     if args.local {
-        eprintln!(
+        cli_support::info!(
             "next: copy {} to the device's /data/models; local builds are never published",
             args.out.join(&artifact.name).display()
         );
     } else {
-        eprintln!(
+        cli_support::info!(
             "next: `release-cli validate --model {} --version {} --artifact {}`, then publish it",
             req.build_id(),
             args.version,
@@ -376,6 +493,18 @@ pub fn dm(args: DmArgs) -> CliResult {
         .clone()
         .unwrap_or_else(|| PathBuf::from("logs/dm.log"));
     let pin = args.remote.pin()?;
+    if args.dry_run {
+        let plan = compiler_remote::dry_run::dm(
+            &args.remote.connect_options(),
+            &sources,
+            &pin,
+            &args.remote_output_dir,
+            &args.out,
+            &log,
+        )
+        .map_err(remote_error)?;
+        return print_plan("dm", plan, None, args.json);
+    }
     let c = args.remote.connect()?;
     let files = c
         .build_dm(
@@ -500,6 +629,29 @@ pub fn validate(args: ValidateArgs) -> CliResult {
             .join(format!("{id}.validate.log"))
     });
     let pin = args.remote.pin()?;
+    if args.dry_run {
+        let (mut plan, set) = compiler_remote::dry_run::validate(
+            &args.remote.connect_options(),
+            id,
+            version,
+            &artifact,
+            &pin,
+            &args.remote_models_dir,
+            &args.python,
+            &log,
+        )
+        .map_err(remote_error)?;
+        plan.writes.push(record.clone());
+        let extra = serde_json::json!({ "artifact": set, "record": record });
+        let what = format!(
+            "validate {id} {version} with {} (verified: {} bytes, sha256 {}, {} chunk(s))",
+            artifact.display(),
+            set.size,
+            set.sha256,
+            set.chunk_count
+        );
+        return print_plan(&what, plan, Some(extra), args.json);
+    }
     let c = args.remote.connect()?;
     let verdict = c
         .validate(
@@ -617,6 +769,23 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
         checked_at: UtcTime::now(),
         note,
     };
+    if args.dry_run {
+        if args.json {
+            let mut v = serde_json::to_value(&rec).map_err(CliError::failure)?;
+            v["dry_run"] = true.into();
+            v["record_path"] = serde_json::to_value(&record).map_err(CliError::failure)?;
+            return print_json(&v);
+        }
+        crate::outln!(
+            "dry run: would record {kind}{} {} by {} in {}; nothing was written",
+            rec.resolution.map_or(String::new(), |r| format!(" at {r}")),
+            if rec.passed { "passed" } else { "FAILED" },
+            rec.checked_by,
+            record.display()
+        )?;
+        cli_support::info!("next: run the same command without --dry-run");
+        return Ok(());
+    }
     release::records::write(&record, &rec).map_err(super::gate::release_error)?;
     if args.json {
         return print_json(&rec);
@@ -707,4 +876,18 @@ fn bump(args: BumpArgs) -> CliResult {
         args.openpilot.display()
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cli_support::Verbosity;
+
+    /// `-q` silences the device's live lines; the default and `-v` show them.
+    #[test]
+    fn live_output_is_left_out_only_with_quiet() {
+        assert!(!shows_live_output(Verbosity::Quiet));
+        assert!(shows_live_output(Verbosity::Normal));
+        assert!(shows_live_output(Verbosity::Verbose));
+    }
 }

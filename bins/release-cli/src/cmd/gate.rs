@@ -30,9 +30,15 @@ pub struct PreflightArgs {
     /// logs/preflight.log.
     #[arg(long, value_name = "DIR")]
     pub workspace: PathBuf,
+    /// Make the checks preflight makes before running anything (a checkout with ./dev and a
+    /// tinygrad marker) and print the commands it would run and the log and record it would
+    /// write; run nothing and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Print the record: `{"openpilot","openpilot_commit","openpilot_dirty","tinygrad_commit",
     /// "commands":[{"argv","exit_code","passed","started_at","duration_ms"}],"passed",
-    /// "finished_at","log"}`.
+    /// "finished_at","log"}` (with --dry-run `{"dry_run":true,"openpilot","tinygrad_commit",
+    /// "commands":[[argv…]…],"writes":[log, record]}`).
     #[arg(long)]
     pub json: bool,
 }
@@ -46,6 +52,33 @@ pub fn preflight(args: PreflightArgs) -> CliResult {
     }
     let record_path = release::records::preflight_path(&args.workspace);
     let log = release::records::preflight_log(&args.workspace);
+    if args.dry_run {
+        let pin = release::preflight::check(&args.openpilot).map_err(release_error)?;
+        if args.json {
+            return print_json(&serde_json::json!({
+                "dry_run": true,
+                "openpilot": args.openpilot,
+                "tinygrad_commit": pin,
+                "commands": release::preflight::COMMANDS,
+                "writes": [log, record_path],
+            }));
+        }
+        crate::outln!(
+            "dry run: preflight in {} (tinygrad {}); nothing was run or written",
+            args.openpilot.display(),
+            pin
+        )?;
+        for argv in release::preflight::COMMANDS {
+            crate::outln!("  run    {}", argv.join(" "))?;
+        }
+        crate::outln!(
+            "  would write  {}, {}",
+            log.display(),
+            record_path.display()
+        )?;
+        cli_support::info!("next: run the same command without --dry-run");
+        return Ok(());
+    }
     let rec = release::preflight::run(&args.openpilot, &log, &mut super::build::live)
         .map_err(release_error)?;
     release::records::write(&record_path, &rec).map_err(release_error)?;
@@ -69,7 +102,7 @@ pub fn preflight(args: PreflightArgs) -> CliResult {
         )?;
     }
     if rec.passed {
-        eprintln!(
+        cli_support::info!(
             "next: `release-cli validate --model ID --workspace {}` for the seed's matrix",
             args.workspace.display()
         );

@@ -1,15 +1,18 @@
 //! `release-cli rebuild`: flags and rendering over `release::rebuild`, the resumable bulk
 //! rebuild of a generation on the compiler comma (workspace layout and rules: see that module).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use artifact_store::StoreSpec;
 use clap::Args;
-use manifest::{Generation, ModelId};
+use compiler_remote::dry_run::{self, Plan};
+use compiler_remote::{CompileRequest, InputFormat};
+use manifest::{BehaviorVersion, Generation, GitCommit, ModelId};
 use release::rebuild::{DEFAULT_SOURCES, Progress, Rebuild, RemoteBuilder};
+use serde::Serialize;
 
-use crate::cmd::build::{RemoteArgs, live};
+use crate::cmd::build::{RemoteArgs, live, remote_error, render_plan};
 use crate::output::print_json;
 use crate::{CliError, CliResult};
 
@@ -35,9 +38,20 @@ pub struct RebuildArgs {
     pub models: Vec<ModelId>,
     #[command(flatten)]
     pub access: crate::cmd::store::StoreAccess,
+    /// Make the checks a rebuild makes before building (the one-compiler policy, the pin, the
+    /// source map and base catalog, which models are done: their records and ready chunk sets
+    /// verified; and, when a model would be built, the local rsync and a key for the compiler
+    /// in known_hosts), then print per model whether it would be skipped or built, with the
+    /// sources it would fetch, the commands and transfers on the compiler, and the files it
+    /// would write. Opens no store, connects to nothing, writes nothing.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Print the final summary `{"workspace","generation","tinygrad_commit","manifest","compiled",
     /// "skipped","failed","not_attempted","not_in_catalog","without_artifact",
-    /// "models":[{"id","status","error"?}]}`.
+    /// "models":[{"id","status","error"?}]}` (with --dry-run `{"dry_run":true,"workspace",
+    /// "generation","tinygrad_commit","sources","manifest","not_in_catalog","models":[{"id",
+    /// "action":"skip"|"build","version","source_id","input_format","gpu","fetch"?,"plan"?}]}`,
+    /// `plan` shaped as `compile --dry-run --json`'s).
     #[arg(long)]
     pub json: bool,
     #[command(flatten, next_help_heading = "Compiler options")]
@@ -61,6 +75,9 @@ pub fn run(args: RebuildArgs) -> CliResult {
         pin.clone(),
     )?;
     let sources = StoreSpec::parse(&args.sources).map_err(CliError::usage)?;
+    if args.dry_run {
+        return dry_run(&args, &rebuild);
+    }
     let mut sink = live;
     let mut builder = RemoteBuilder::new(
         sources,
@@ -71,7 +88,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
         &mut sink,
     );
     let summary = rebuild.run(&mut builder, &mut |p: Progress<'_>| {
-        eprintln!(
+        cli_support::info!(
             "[model {} of {}] {}: {} ({}s elapsed)",
             p.index + 1,
             p.total,
@@ -132,6 +149,151 @@ pub fn run(args: RebuildArgs) -> CliResult {
             summary.manifest.display()
         )?;
     }
+    Ok(())
+}
+
+/// One model of `rebuild --dry-run`.
+#[derive(Serialize)]
+struct PlannedModel {
+    id: ModelId,
+    /// `skip` (done earlier) or `build`.
+    action: &'static str,
+    version: BehaviorVersion,
+    source_id: ModelId,
+    input_format: InputFormat,
+    gpu: bool,
+    /// Where its sources would come from and go: `{"from","to"}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fetch: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    plan: Option<Plan>,
+}
+
+#[derive(Serialize)]
+struct RebuildPlan<'a> {
+    dry_run: bool,
+    workspace: &'a Path,
+    generation: Generation,
+    tinygrad_commit: &'a GitCommit,
+    sources: &'a str,
+    manifest: PathBuf,
+    not_in_catalog: &'a [ModelId],
+    models: Vec<PlannedModel>,
+}
+
+/// `rebuild --dry-run`: which models a run would skip or build, and how, changing nothing.
+fn dry_run(args: &RebuildArgs, rebuild: &Rebuild) -> CliResult {
+    let ws = &rebuild.workspace;
+    let opts = args.remote.connect_options();
+    let mut models = Vec::new();
+    for p in &rebuild.planned {
+        let id = &p.source.id;
+        let mut m = PlannedModel {
+            id: id.clone(),
+            action: "skip",
+            version: p.version,
+            source_id: p.source.source_id.clone(),
+            input_format: p.source.input_format,
+            gpu: p.gpu,
+            fetch: None,
+            plan: None,
+        };
+        if !rebuild.is_done(p) {
+            let onnx = ws.join("onnx").join(id.as_str());
+            let req = CompileRequest {
+                id: id.clone(),
+                version: p.version,
+                gpu: p.gpu,
+                input_format: p.source.input_format,
+                local: false,
+            };
+            let mut plan = dry_run::compile_plan(
+                &opts,
+                &req,
+                &[onnx.join("*.onnx")],
+                &rebuild.pin,
+                &ws.join("ready").join(id.as_str()),
+                &ws.join("logs").join(format!("{id}.log")),
+            )
+            .map_err(remote_error)?;
+            plan.writes.insert(0, onnx.join("*.onnx"));
+            plan.writes
+                .push(ws.join("results").join(format!("{id}.json")));
+            m.action = "build";
+            m.fetch = Some(serde_json::json!({
+                "from": format!("{}/onnx/{}/*.onnx", args.sources, p.source.source_id),
+                "to": onnx,
+            }));
+            m.plan = Some(plan);
+        }
+        models.push(m);
+    }
+    // The real run connects before its first build: the same checks, only then.
+    if models.iter().any(|m| m.plan.is_some()) {
+        dry_run::check_before_connect(&opts).map_err(remote_error)?;
+    }
+    let report = RebuildPlan {
+        dry_run: true,
+        workspace: ws,
+        generation: rebuild.generation,
+        tinygrad_commit: &rebuild.pin,
+        sources: &args.sources,
+        manifest: ws
+            .join("ready")
+            .join(manifest::layout::manifest_file_name(rebuild.generation).as_str()),
+        not_in_catalog: &rebuild.not_in_catalog,
+        models,
+    };
+    if args.json {
+        return print_json(&report);
+    }
+    let building = report.models.iter().filter(|m| m.plan.is_some()).count();
+    crate::outln!(
+        "dry run: rebuild {} (tinygrad {}) in {}: {building} to build, {} done earlier \
+         (skipped); nothing was fetched, sent, run or written",
+        report.generation,
+        report.tinygrad_commit,
+        ws.display(),
+        report.models.len() - building
+    )?;
+    for m in &report.models {
+        match (&m.plan, &m.fetch) {
+            (Some(plan), Some(fetch)) => {
+                crate::outln!(
+                    "  build {} ({}, {}{}) on {}:{}",
+                    m.id,
+                    m.version,
+                    m.input_format,
+                    if m.gpu { ", gpu" } else { "" },
+                    plan.destination,
+                    plan.remote_root
+                )?;
+                crate::outln!(
+                    "    fetch  {} -> {}",
+                    fetch["from"].as_str().unwrap_or_default(),
+                    fetch["to"].as_str().unwrap_or_default()
+                )?;
+                render_plan(plan, "    ")?;
+            }
+            _ => crate::outln!(
+                "  skip  {} (done earlier; its ready chunk set verifies)",
+                m.id
+            )?,
+        }
+    }
+    if !report.not_in_catalog.is_empty() {
+        crate::outln!(
+            "  not in the base catalog (not added): {}",
+            report
+                .not_in_catalog
+                .iter()
+                .map(|i| i.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )?;
+    }
+    crate::outln!("  would write  {}", report.manifest.display())?;
+    cli_support::info!("next: run the same command without --dry-run");
     Ok(())
 }
 

@@ -231,10 +231,12 @@ fn which_compiler_errors_stop_the_run() {
             },
             false,
         ),
+        (E::Io(std::io::Error::other("disk")), false),
         (
-            E::Io {
-                path: "p".into(),
-                source: std::io::Error::other("disk"),
+            E::Stream {
+                destination: "c".into(),
+                command: "./models".into(),
+                source: std::io::Error::other("channel closed"),
             },
             false,
         ),

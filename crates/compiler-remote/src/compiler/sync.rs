@@ -1,0 +1,77 @@
+//! The compiler's tinygrad marker and `sync`: the seed's four transfers from a local openpilot
+//! tree.
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use manifest::GitCommit;
+
+use super::checks::check_tree;
+use super::session::status_text;
+use super::{Compiler, SyncReport};
+use crate::error::{Error, Result};
+use crate::plan;
+
+impl Compiler {
+    /// The compiler's tinygrad marker, trimmed; `None` when the file is absent.
+    pub fn read_marker(&self) -> Result<Option<String>> {
+        let marker = self.root_join(plan::MARKER)?;
+        let out = self.run(&plan::read_marker_command(&marker))?;
+        match out.status.code() {
+            Some(0) => Ok(Some(
+                String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            )),
+            Some(3) => Ok(None),
+            _ => Err(Error::RemoteCommand {
+                destination: self.dest(),
+                command: format!("cat {marker}"),
+                status: status_text(&out.status),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            }),
+        }
+    }
+
+    /// Refuse unless the compiler's marker equals `pin`.
+    pub fn check_marker(&self, pin: &GitCommit) -> Result<()> {
+        let path = self.root_join(plan::MARKER)?.to_string();
+        match self.read_marker()? {
+            None => Err(Error::MarkerMissing {
+                destination: self.dest(),
+                path,
+            }),
+            Some(found) if found == pin.as_str() => Ok(()),
+            Some(found) => Err(Error::MarkerMismatch {
+                destination: self.dest(),
+                path,
+                found,
+                expected: pin.to_string(),
+            }),
+        }
+    }
+
+    /// The seed's four transfers from a local openpilot tree, then the marker check.
+    pub fn sync(&self, openpilot: &Path, pin: &GitCommit) -> Result<SyncReport> {
+        check_tree(openpilot)?;
+        let root = &self.opts.remote_root;
+        self.run_checked(&plan::sync_mkdir_command(root)?)?;
+        let mut transfers = Vec::new();
+        for part in plan::SYNC_PARTS {
+            let slash = if part.is_dir { "/" } else { "" };
+            let dst = root.join(part.rel)?;
+            let mut local = openpilot.join(part.rel).into_os_string();
+            local.push(slash);
+            let mut args: Vec<OsString> = part.options.iter().map(OsString::from).collect();
+            args.push(local);
+            args.push(self.remote_arg(&dst, part.is_dir));
+            self.rsync(&format!("of {}{slash}", part.rel), args)?;
+            transfers.push(part.describe(&dst));
+        }
+        self.check_marker(pin)?;
+        Ok(SyncReport {
+            destination: self.dest(),
+            remote_root: root.to_string(),
+            transfers,
+            tinygrad_commit: pin.to_string(),
+        })
+    }
+}
