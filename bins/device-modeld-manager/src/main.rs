@@ -556,11 +556,11 @@ fn run(cli: Cli) -> Result<(), Fail> {
             dry_run: true,
             json,
         } => {
-            let preview = dry_run::refresh(&device, &dl, migration::unix_now())?;
+            let plan = migration::preview::refresh(&device, &dl, migration::unix_now())?;
             if json {
-                return out_line(preview.to_json());
+                return out_line(dry_run::refresh_json(&plan));
             }
-            for line in preview.lines() {
+            for line in dry_run::refresh_lines(&plan) {
                 out_line(line)?;
             }
             cli_support::info!("next: run `refresh` without --dry-run to do it");
@@ -634,7 +634,11 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 true => None,
                 false => Some(parse_model_id(id)?),
             };
-            let (models, needed, free) = dry_run::download(
+            let migration::preview::DownloadPlanReport {
+                models,
+                needed,
+                free,
+            } = migration::preview::download(
                 &device,
                 &dl,
                 id.as_ref(),
@@ -883,7 +887,7 @@ fn verify(device: &Device, id: Option<String>, dry_run: bool, json_out: bool) ->
         }
     };
     let r = if dry_run {
-        dry_run::verify(device, id.as_deref(), &on_hash)
+        migration::report::verify_read_only(device, id.as_deref(), &on_hash)
     } else {
         migration::report::verify(device, id.as_deref(), &on_hash)
     };

@@ -21,6 +21,7 @@ mod manager;
 mod offline;
 pub mod params;
 pub mod plan;
+pub mod preview;
 pub mod progress;
 pub mod report;
 pub mod trust_state;

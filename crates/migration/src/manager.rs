@@ -35,7 +35,7 @@ use crate::contract::{
 use crate::device::{Device, JOURNAL_FILE, VerifyState};
 use crate::error::{Error, Result};
 use crate::params::keys;
-use crate::plan;
+use crate::plan::{self, InstallStep};
 use crate::progress::{Progress, ProgressFn};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +82,15 @@ impl Journal {
             },
             phase: Phase::Purge,
         }
+    }
+
+    /// The user's choice the journal keeps (before any mapping into the catalog).
+    pub fn slots(&self) -> Slots {
+        self.raw.clone().unwrap_or_else(|| Slots {
+            selection: Some(self.selected.to_string()),
+            small: self.small.as_ref().map(ModelId::to_string),
+            big: self.big.clone(),
+        })
     }
 
     /// What the journal says to keep, under the catalog's rules.
@@ -149,36 +158,10 @@ pub(crate) fn begin_migration(
     device: &Device,
     catalog: &Catalog,
 ) -> Result<(Option<Journal>, Vec<String>)> {
-    let generation = device.config.generation;
-    let previous = device.params.get_str(keys::MODEL_MANIFEST_VERSION)?;
-    let journal = read_journal(device)?;
-    let journal = match (
-        contract::start(
-            journal.as_ref().map(|j| j.to.to_string()).as_deref(),
-            previous.as_deref(),
-            &generation.to_string(),
-        ),
-        journal,
-    ) {
-        (Start::SameGeneration, _) => None,
-        (Start::Migrate { from }, _) => {
-            let raw = remembered(device)?;
-            let j = Journal::new(from, generation, &wanted_of(&raw, catalog), &raw);
-            write_journal(device, &j)?;
-            Some(j)
-        }
-        (Start::Resume, j) => j,
-        (Start::Retarget, Some(mut j)) => {
-            // A migration to another generation was interrupted and this build reads a
-            // different one: whatever that run downloaded is another generation's pickle, so
-            // migrate again from the purge, keeping the selection it recorded.
-            j.to = generation;
-            j.phase = Phase::Purge;
-            write_journal(device, &j)?;
-            Some(j)
-        }
-        (Start::Retarget, None) => unreachable!("retarget needs a journal"),
-    };
+    let (journal, write) = journal_now(device, catalog)?;
+    if write && let Some(j) = &journal {
+        write_journal(device, j)?;
+    }
     let mut purged = Vec::new();
     if let Some(j) = &journal
         && j.phase == Phase::Purge
@@ -200,6 +183,169 @@ pub(crate) fn begin_migration(
         return Ok((Some(j), purged));
     }
     Ok((journal, purged))
+}
+
+/// The journal a refresh goes on with, read-only: from where the device stands
+/// ([`contract::start`] over the journal read and `ModelManifestVersion`) and the journal read.
+/// `true` when it must be written before anything else ([`begin_migration`] writes it; a dry run
+/// reports it).
+pub(crate) fn journal_now(device: &Device, catalog: &Catalog) -> Result<(Option<Journal>, bool)> {
+    let generation = device.config.generation;
+    let previous = device.params.get_str(keys::MODEL_MANIFEST_VERSION)?;
+    let journal = read_journal(device)?;
+    let start = contract::start(
+        journal.as_ref().map(|j| j.to.to_string()).as_deref(),
+        previous.as_deref(),
+        &generation.to_string(),
+    );
+    journal_step(start, journal, generation, catalog, || remembered(device))
+}
+
+/// The journal a refresh goes on with, given where it starts and the journal read, and whether
+/// it must be written first. `remembered` (the user's choice now) is asked for on a new
+/// migration only.
+pub(crate) fn journal_step(
+    start: Start,
+    journal: Option<Journal>,
+    generation: Generation,
+    catalog: &Catalog,
+    remembered: impl FnOnce() -> Result<Slots>,
+) -> Result<(Option<Journal>, bool)> {
+    Ok(match (start, journal) {
+        (Start::SameGeneration, _) => (None, false),
+        (Start::Migrate { from }, _) => {
+            let raw = remembered()?;
+            let j = Journal::new(from, generation, &wanted_of(&raw, catalog), &raw);
+            (Some(j), true)
+        }
+        (Start::Resume, j) => (j, false),
+        (Start::Retarget, Some(mut j)) => {
+            // A migration to another generation was interrupted and this build reads a
+            // different one: whatever that run downloaded is another generation's pickle, so
+            // migrate again from the purge, keeping the selection it recorded.
+            j.to = generation;
+            j.phase = Phase::Purge;
+            (Some(j), true)
+        }
+        (Start::Retarget, None) => unreachable!("retarget needs a journal"),
+    })
+}
+
+/// What the user chose, and what the device wants for it under the catalog's rules: the
+/// journal's record during a migration (the params say the built-in then), else the params
+/// (`slots_now`) with `.choice.json` filling slots still in a fallback.
+pub(crate) fn chosen(
+    journal: Option<&Journal>,
+    record: Option<&choice::Choice>,
+    slots_now: &Slots,
+    catalog: &Catalog,
+) -> (Slots, Wanted) {
+    match journal {
+        Some(j) => (j.slots(), j.wanted(catalog)),
+        None => {
+            let raw = choice::remember(record, slots_now);
+            let wanted = wanted_of(&raw, catalog);
+            (raw, wanted)
+        }
+    }
+}
+
+/// What the installs of a refresh came to, per wanted catalog model.
+#[derive(Debug, Default)]
+pub(crate) struct Installs {
+    /// Verified: kept, or installed now.
+    pub ok: BTreeSet<ModelId>,
+    /// A verified copy of an earlier publish is there.
+    pub old_copy: BTreeSet<ModelId>,
+    /// Not had this time: `(attempted, reason)`.
+    pub failed: BTreeMap<ModelId, (bool, String)>,
+}
+
+impl Installs {
+    /// [`plan::install_step`] for one wanted catalog model, recorded: a kept model is ok, one
+    /// whose retry is not due failed without an attempt, an outdated copy is noted.
+    pub fn step(
+        &mut self,
+        id: &ModelId,
+        state: VerifyState,
+        retry: Option<&choice::Retry>,
+        now_unix: u64,
+    ) -> InstallStep {
+        if state == VerifyState::Outdated {
+            self.old_copy.insert(id.clone());
+        }
+        let step = plan::install_step(state, choice::due(retry, now_unix));
+        match step {
+            InstallStep::Keep => {
+                self.ok.insert(id.clone());
+            }
+            InstallStep::Wait => {
+                let reason = retry.map(|r| r.reason.clone()).unwrap_or_default();
+                self.failed.insert(id.clone(), (false, reason));
+            }
+            InstallStep::Fetch => {}
+        }
+        step
+    }
+}
+
+/// Where a refresh ends, from what its installs came to: each wanted model's fate, what is
+/// written (`contract::decide`, held while driving when `onroad_slots`, the params then, are
+/// given) and the remembered choice after it.
+pub(crate) struct Settled {
+    pub fates: BTreeMap<ModelId, Fate>,
+    pub outcome: Outcome,
+    pub next: choice::Choice,
+}
+
+pub(crate) fn settle(
+    (raw, wanted): (&Slots, &Wanted),
+    catalog: &Catalog,
+    installs: &Installs,
+    local_present: &dyn Fn(&ModelId) -> bool,
+    record: Option<&choice::Choice>,
+    onroad_slots: Option<&Slots>,
+    now_unix: u64,
+) -> Settled {
+    let available = |id: &ModelId| match contract::kind(id) {
+        ModelKind::BuiltIn => true,
+        ModelKind::Catalog => installs.ok.contains(id) || installs.old_copy.contains(id),
+        ModelKind::Local => local_present(id),
+    };
+    let mut fates: BTreeMap<ModelId, Fate> = BTreeMap::new();
+    for id in wanted.all() {
+        let f = choice::fate(
+            &id,
+            catalog,
+            available(&id),
+            installs.old_copy.contains(&id),
+            installs.failed.get(&id).cloned(),
+        );
+        fates.insert(id, f);
+    }
+    let mut outcome = contract::decide(wanted, catalog, &available);
+    if let Some(slots_now) = onroad_slots {
+        outcome = choice::hold_onroad(outcome, slots_now, record, catalog);
+    }
+    let written = choice::written_slots(&outcome);
+    let next = choice::after_refresh(record, raw, wanted, &fates, &written, now_unix);
+    Settled {
+        fates,
+        outcome,
+        next,
+    }
+}
+
+/// The bytes `.catalog.json` gets for a fetched manifest: as received, unless entries were left
+/// out or values normalised (the raw bytes would bring the refused entries back when read):
+/// then what this device accepted, canonical.
+pub(crate) fn accepted_catalog_body(
+    fetched: &downloader::FetchedManifest,
+    generation: Generation,
+) -> Result<Vec<u8>> {
+    let raw = (fetched.refused_entries.is_empty() && fetched.normalised.is_empty())
+        .then_some(fetched.raw.as_slice());
+    crate::device::catalog_body(raw, &fetched.manifest, generation)
 }
 
 /// What a refresh did.
@@ -277,13 +423,10 @@ pub fn refresh_at(
             return Err(e);
         }
     };
-    if fetched.refused_entries.is_empty() && fetched.normalised.is_empty() {
-        device.store_catalog_bytes(&fetched.raw, &fetched.manifest)?;
-    } else {
-        // Entries were left out or values normalised: the catalog is what this device
-        // accepted (the raw bytes would bring the refused entries back when read), canonical.
-        device.store_catalog(&fetched.manifest)?;
-    }
+    device.write_file(
+        crate::device::CATALOG_FILE,
+        &accepted_catalog_body(&fetched, generation)?,
+    )?;
     let refused: Vec<crate::device::RefusedModel> =
         fetched.refused_entries.iter().map(Into::into).collect();
     device.store_refused(&refused)?;
@@ -293,20 +436,7 @@ pub fn refresh_at(
     let (journal, purged) = begin_migration(device, &catalog)?;
     let record = device.choice()?;
     let slots_now = param_slots(device)?;
-    // What the user chose: the journal's record during a migration (the params say the
-    // built-in then), else the params with `.choice.json` filling slots still in a fallback.
-    let raw = match &journal {
-        Some(j) => j.raw.clone().unwrap_or_else(|| Slots {
-            selection: Some(j.selected.to_string()),
-            small: j.small.as_ref().map(ModelId::to_string),
-            big: j.big.clone(),
-        }),
-        None => choice::remember(record.as_ref(), &slots_now),
-    };
-    let wanted = match &journal {
-        Some(j) => j.wanted(&catalog),
-        None => wanted_of(&raw, &catalog),
-    };
+    let (raw, wanted) = chosen(journal.as_ref(), record.as_ref(), &slots_now, &catalog);
     let mut report = RefreshReport {
         generation,
         manifest_origin: fetched.origin,
@@ -321,33 +451,21 @@ pub fn refresh_at(
     };
 
     // Every wanted catalog model verified (kept) or installed; what cannot be had is replaced.
-    let mut ok: BTreeSet<ModelId> = BTreeSet::new();
-    let mut old_copy: BTreeSet<ModelId> = BTreeSet::new();
-    let mut failed: BTreeMap<ModelId, (bool, String)> = BTreeMap::new();
+    let mut installs = Installs::default();
     for id in wanted.to_install() {
         let Some(entry) = manifest.get(&id) else {
             continue;
         };
-        match device.verify_entry(entry, false)? {
-            VerifyState::Verified => {
-                ok.insert(id);
-                continue;
-            }
-            VerifyState::Outdated => {
-                old_copy.insert(id.clone());
-            }
-            _ => {}
-        }
+        let state = device.verify_entry(entry, false)?;
         let retry = record.as_ref().and_then(|r| r.retry.get(id.as_str()));
-        if !choice::due(retry, now_unix) {
-            let reason = retry.map(|r| r.reason.clone()).unwrap_or_default();
-            failed.insert(id, (false, reason));
-            continue;
+        match installs.step(&id, state, retry, now_unix) {
+            InstallStep::Keep | InstallStep::Wait => continue,
+            InstallStep::Fetch => {}
         }
         progress(&Progress::DownloadingSelected(id.clone()));
         match install(device, dl, entry, cancel, progress) {
             Ok(_) => {
-                ok.insert(id);
+                installs.ok.insert(id);
             }
             // A simulated crash, a cancel, a local I/O failure, or an origin whose files do not
             // match its manifest yet (a republish in progress): stop here, so the next run tries
@@ -368,30 +486,24 @@ pub fn refresh_at(
             // Anything else (every origin refused it, a full disk): the built-in, or the
             // verified older copy, stands in, and later refreshes retry it.
             Err(e) => {
-                failed.insert(id, (true, e.to_string()));
+                installs.failed.insert(id, (true, e.to_string()));
             }
         }
     }
-    let available = |id: &ModelId| match contract::kind(id) {
-        ModelKind::BuiltIn => true,
-        ModelKind::Catalog => ok.contains(id) || old_copy.contains(id),
-        ModelKind::Local => device.local_present(id),
-    };
-    let mut fates: BTreeMap<ModelId, Fate> = BTreeMap::new();
-    for id in wanted.all() {
-        let f = choice::fate(
-            &id,
-            &catalog,
-            available(&id),
-            old_copy.contains(&id),
-            failed.get(&id).cloned(),
-        );
-        fates.insert(id, f);
-    }
-    let mut outcome = contract::decide(&wanted, &catalog, &available);
-    if device.is_onroad().unwrap_or(false) {
-        outcome = choice::hold_onroad(outcome, &slots_now, record.as_ref(), &catalog);
-    }
+    let onroad = device.is_onroad().unwrap_or(false);
+    let Settled {
+        fates,
+        outcome,
+        next,
+    } = settle(
+        (&raw, &wanted),
+        &catalog,
+        &installs,
+        &|id| device.local_present(id),
+        record.as_ref(),
+        onroad.then_some(&slots_now),
+        now_unix,
+    );
     for (id, f) in &fates {
         match f {
             Fate::Temporary { .. } | Fate::OldCopyInUse { .. } => {
@@ -410,8 +522,6 @@ pub fn refresh_at(
     }
     // The choice first, staged (see `choice::staged`): a crash anywhere in the param writes
     // reads every slot as ours, so neither a fallback nor a switch back loses the choice.
-    let written = choice::written_slots(&outcome);
-    let next = choice::after_refresh(record.as_ref(), &raw, &wanted, &fates, &written, now_unix);
     device.store_choice(&choice::staged(&next, &slots_now))?;
     write_contract(device, &catalog, &outcome)?;
     device.store_choice(&next)?;
@@ -429,19 +539,35 @@ pub fn refresh_at(
 
 /// Write what modeld and the UIs read: selection and profile params, catalog params, caches.
 pub(crate) fn write_contract(device: &Device, catalog: &Catalog, outcome: &Outcome) -> Result<()> {
-    for (key, value) in contract::selection_writes(outcome) {
+    let (params, files) = contract_writes(catalog, outcome);
+    for (key, value) in params {
         match value {
             Some(v) => device.params.put(key, &v)?,
             None => device.params.remove(key)?,
         }
     }
-    for (key, value) in catalog.params() {
-        device.params.put(key, &value)?;
-    }
-    for (name, body) in catalog.caches() {
-        device.write_file(name, &contract::cache_bytes(&body))?;
+    for (name, body) in files {
+        device.write_file(name, &body)?;
     }
     Ok(())
+}
+
+/// What [`write_contract`] writes, in its order: the params (`None`: removed), then the files
+/// of the models directory with their bytes.
+pub(crate) type ContractWrites = (
+    Vec<(&'static str, Option<String>)>,
+    Vec<(&'static str, Vec<u8>)>,
+);
+
+pub(crate) fn contract_writes(catalog: &Catalog, outcome: &Outcome) -> ContractWrites {
+    let mut params = contract::selection_writes(outcome);
+    params.extend(catalog.params().into_iter().map(|(k, v)| (k, Some(v))));
+    let files = catalog
+        .caches()
+        .into_iter()
+        .map(|(name, body)| (name, contract::cache_bytes(&body)))
+        .collect();
+    (params, files)
 }
 
 /// Delete every non-local driving artifact in the models dir.
@@ -514,12 +640,7 @@ fn install_variant(
     target: &downloader::Target,
     cancel: &CancelToken,
 ) -> Result<()> {
-    let path = device.models_dir().join(target.local_name.as_str());
-    if let Some(want) = target.sha256
-        && let Ok((got, size)) = chunker::Sha256Digest::of_file(&path)
-        && got == want
-        && target.size.is_none_or(|s| s == size)
-    {
+    if variant_in_place(device, target) {
         return Ok(());
     }
     dl.download_target(
@@ -532,7 +653,15 @@ fn install_variant(
     device.effect(|| format!("install {}", target.local_name))
 }
 
-/// `download <ID>`: the catalog entry, downloaded and verified.
+/// Whether a model's Chestnut build is there and matches its digest (then it is not fetched).
+pub(crate) fn variant_in_place(device: &Device, target: &downloader::Target) -> bool {
+    let path = device.models_dir().join(target.local_name.as_str());
+    target.sha256.is_some_and(|want| {
+        chunker::Sha256Digest::of_file(&path)
+            .is_ok_and(|(got, size)| got == want && target.size.is_none_or(|s| s == size))
+    })
+}
+
 /// Turns byte counts into the percentages the UI shows: each one once, and never going down,
 /// although parallel workers report out of order.
 #[derive(Default)]
@@ -553,6 +682,48 @@ impl PercentFilter {
     }
 }
 
+/// What `download <ID>` is asked for, canonical (upstream canonicalises the requested key
+/// first: `sc`→`sc2`, `napv4`→`remove-avgpoolv4`).
+pub(crate) enum Requested {
+    /// Nothing to download.
+    BuiltIn(ModelId),
+    /// Nothing to download.
+    Local(ModelId),
+    Catalog(ModelEntry),
+}
+
+/// The model `download <ID>` works on; a catalog model must be in the stored catalog.
+pub(crate) fn requested(device: &Device, id: &ModelId) -> Result<Requested> {
+    let canonical: ModelId = contract::canonical_id(id.as_str())
+        .parse()
+        .unwrap_or_else(|_| id.clone());
+    if is_builtin_id(canonical.as_str()) {
+        return Ok(Requested::BuiltIn(canonical));
+    }
+    if canonical.is_local() {
+        return Ok(Requested::Local(canonical));
+    }
+    let catalog = device.require_catalog()?;
+    let entry = catalog
+        .get(&canonical)
+        .cloned()
+        .ok_or_else(|| Error::UnknownModel {
+            id: canonical.to_string(),
+            generation: device.config.generation.to_string(),
+        })?;
+    Ok(Requested::Catalog(entry))
+}
+
+/// A GPU-only model needs a ready Chestnut, unless the one-request override is set (`allow`).
+pub(crate) fn gpu_rule(device: &Device, entry: &ModelEntry, allow: bool) -> Result<()> {
+    downloader::egpu::single_download(entry.uses_external_gpu(), device.chestnut(), allow).map_err(
+        |_| Error::ExternalGpuRequired {
+            id: entry.id().to_string(),
+        },
+    )
+}
+
+/// `download <ID>`: the catalog entry, downloaded and verified.
 pub fn download_model(
     device: &Device,
     dl: &Downloader,
@@ -560,36 +731,25 @@ pub fn download_model(
     cancel: &CancelToken,
     progress: ProgressFn,
 ) -> Result<Option<Installed>> {
-    // Upstream canonicalises the requested key first (`sc`→`sc2`, `napv4`→`remove-avgpoolv4`).
-    let canonical: ModelId = contract::canonical_id(id.as_str())
-        .parse()
-        .unwrap_or_else(|_| id.clone());
-    let id = &canonical;
-    if is_builtin_id(id.as_str()) {
-        progress(&Progress::BuiltinAlreadyDownloaded);
-        return Ok(None);
-    }
-    if id.is_local() {
-        progress(&Progress::LocalNothingToDownload);
-        return Ok(None);
-    }
-    let catalog = device.require_catalog()?;
-    let entry = catalog.get(id).ok_or_else(|| Error::UnknownModel {
-        id: id.to_string(),
-        generation: device.config.generation.to_string(),
-    })?;
+    let entry = match requested(device, id)? {
+        Requested::BuiltIn(_) => {
+            progress(&Progress::BuiltinAlreadyDownloaded);
+            return Ok(None);
+        }
+        Requested::Local(_) => {
+            progress(&Progress::LocalNothingToDownload);
+            return Ok(None);
+        }
+        Requested::Catalog(entry) => entry,
+    };
     // Upstream: a GPU-only model needs a ready Chestnut, unless the UI set the one-request
     // override (used up here, whatever the outcome).
     let allow = device.memory.get_bool(keys::ALLOW_GPU_WITHOUT_GPU)?;
     if allow {
         device.memory.remove(keys::ALLOW_GPU_WITHOUT_GPU)?;
     }
-    if downloader::egpu::single_download(entry.uses_external_gpu(), device.chestnut(), allow)
-        .is_err()
-    {
-        return Err(Error::ExternalGpuRequired { id: id.to_string() });
-    }
-    let r = install(device, dl, entry, cancel, progress)?;
+    gpu_rule(device, &entry, allow)?;
+    let r = install(device, dl, &entry, cancel, progress)?;
     progress(&Progress::Downloaded);
     Ok(r)
 }
