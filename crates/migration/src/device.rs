@@ -219,7 +219,7 @@ impl Device {
         if !self.would_change(name, body) {
             return Ok(());
         }
-        write_atomic(&self.models_dir().join(name), body)?;
+        write_atomic(self.models_dir().join(name), body)?;
         self.effects.done(|| format!("write {name}"))
     }
 
@@ -786,6 +786,43 @@ mod tests {
             assert_eq!(path, d.builtin_path(), "{torn:?}");
             assert!(sel.is_builtin());
         }
+    }
+
+    /// The read-only check answers what `verify_entry` answers and writes nothing.
+    #[test]
+    fn a_read_only_check_gives_the_same_state_and_records_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let (d, entry) = current_device_selecting_pop223(t.path());
+        let path = d.artifact_path(entry.id());
+        let cache = d.models_dir().join(VERIFIED_FILE);
+        let recorded = || fs::read(&cache).ok();
+        assert_eq!(
+            d.verify_entry_read_only(&entry, false).unwrap(),
+            VerifyState::Missing
+        );
+        fs::write(&path, b"pop223 artifact bytes").unwrap();
+        for force in [false, true] {
+            assert_eq!(
+                d.verify_entry_read_only(&entry, force).unwrap(),
+                VerifyState::Verified
+            );
+            assert_eq!(recorded(), None, "force {force}");
+        }
+        assert_eq!(
+            d.verify_entry(&entry, false).unwrap(),
+            VerifyState::Verified
+        );
+        let on_record = recorded().expect("verify_entry records");
+        fs::write(&path, b"POP223 ARTIFACT BYTES").unwrap();
+        for force in [false, true] {
+            assert_eq!(
+                d.verify_entry_read_only(&entry, force).unwrap(),
+                VerifyState::Corrupt
+            );
+            assert_eq!(recorded().as_ref(), Some(&on_record), "force {force}");
+        }
+        assert_eq!(d.verify_entry(&entry, false).unwrap(), VerifyState::Corrupt);
+        assert_ne!(recorded().as_ref(), Some(&on_record));
     }
 
     #[test]

@@ -797,6 +797,76 @@ pub fn gc(device: &Device) -> Result<Vec<String>> {
 }
 
 #[cfg(test)]
+mod journal_tests {
+    use super::*;
+
+    /// (start, journal read, journal gone on with as (to, phase, from), written first)
+    type Case = (
+        Start,
+        Option<Journal>,
+        Option<(Generation, Phase, &'static str)>,
+        bool,
+    );
+
+    /// Which journal a refresh goes on with, and whether it is written first, for every start.
+    #[test]
+    fn journal_step_writes_a_new_or_retargeted_journal_and_resumes_an_interrupted_one() {
+        let v25: Generation = "v25".parse().unwrap();
+        let v26: Generation = "v26".parse().unwrap();
+        let catalog = Catalog::default();
+        let mine = Slots {
+            selection: Some("pop223".into()),
+            ..Slots::default()
+        };
+        let recorded = |to: Generation, phase: Phase| Journal {
+            to,
+            phase,
+            ..Journal::new(Some("v24".into()), to, &wanted_of(&mine, &catalog), &mine)
+        };
+        let from_v23 = Start::Migrate {
+            from: Some("v23".into()),
+        };
+        let cases: Vec<Case> = vec![
+            (Start::SameGeneration, None, None, false),
+            (from_v23, None, Some((v25, Phase::Purge, "v23")), true),
+            (
+                Start::Resume,
+                Some(recorded(v25, Phase::Download)),
+                Some((v25, Phase::Download, "v24")),
+                false,
+            ),
+            (
+                Start::Resume,
+                Some(recorded(v25, Phase::Purge)),
+                Some((v25, Phase::Purge, "v24")),
+                false,
+            ),
+            (
+                Start::Retarget,
+                Some(recorded(v26, Phase::Download)),
+                Some((v25, Phase::Purge, "v24")),
+                true,
+            ),
+        ];
+        for (start, journal, want, write) in cases {
+            let label = format!("{start:?}");
+            let (got, w) =
+                journal_step(start, journal, v25, &catalog, || Ok(mine.clone())).unwrap();
+            assert_eq!(w, write, "{label}");
+            let got = got.map(|j| {
+                assert_eq!(j.slots(), mine, "{label}: the choice is kept");
+                (j.to, j.phase, j.from.unwrap_or_default())
+            });
+            assert_eq!(
+                got,
+                want.map(|(to, phase, from)| (to, phase, from.to_string())),
+                "{label}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
 mod percent_tests {
     use super::PercentFilter;
 
