@@ -594,17 +594,19 @@ pub fn install(
     let variant = downloader::egpu::artifacts_to_fetch(entry, chestnut)?
         .into_iter()
         .nth(1);
-    match device.verify_entry(entry, false)? {
-        VerifyState::Verified => {
-            if let Some(v) = variant {
-                install_variant(device, dl, &v, cancel)?;
-            }
-            return Ok(None);
+    // The decision `download --dry-run` reports (`preview::download`); a requested download
+    // is always due.
+    let state = device.verify_entry(entry, false)?;
+    if plan::install_step(state, true) == InstallStep::Keep {
+        if let Some(v) = variant {
+            install_variant(device, dl, &v, cancel)?;
         }
-        // A verified copy of an earlier publish stays (and stays on record) until the new
-        // bytes are installed over it.
-        VerifyState::Outdated => {}
-        _ => device.forget(entry.id())?,
+        return Ok(None);
+    }
+    // A verified copy of an earlier publish stays (and stays on record) until the new bytes
+    // are installed over it.
+    if state != VerifyState::Outdated {
+        device.forget(entry.id())?;
     }
     let percent = PercentFilter::default();
     let on_event = |e: Event| match e {

@@ -208,3 +208,97 @@ fn a_retry_not_due_is_waited_for_and_an_outdated_copy_stays_in_use() {
     assert_eq!(plan.selected.as_str(), "pop223", "{plan:?}");
     agree("retry not due, old copy in use", &f, &origin, now + 1);
 }
+
+/// `download` after its dry run: the files it names to install appear, the ones it names to
+/// remove go, and nothing else of the models directory changes but the verification cache.
+fn download_agrees(
+    label: &str,
+    f: &Fixture,
+    origin: &Origin,
+    id: Option<&str>,
+) -> migration::preview::DownloadPlanReport {
+    let device = f.device();
+    let dl = origin.downloader();
+    let id: Option<manifest::ModelId> = id.map(|i| i.parse().unwrap());
+    let before = f.snapshot();
+    let plan = migration::preview::download(&device, &dl, id.as_ref(), 0).unwrap();
+    assert_eq!(
+        f.snapshot(),
+        before,
+        "{label}: the dry run changed the device"
+    );
+    match &id {
+        Some(id) => {
+            migration::download_model(&device, &dl, id, &CancelToken::new(), &|_| {}).unwrap();
+        }
+        None => {
+            let catalog = device.require_catalog().unwrap();
+            for e in migration::downloadable(&catalog, device.chestnut()) {
+                migration::install(&device, &dl, e, &CancelToken::new(), &|_| {}).unwrap();
+            }
+        }
+    }
+    let after = f.snapshot();
+    let mut install = BTreeSet::new();
+    let mut remove = BTreeSet::new();
+    for m in &plan.models {
+        if let migration::preview::Action::Download(planned) = &m.action {
+            for p in planned {
+                install.extend(p.would_install.iter().map(|n| format!("models/{n}")));
+                remove.extend(p.would_remove.iter().map(|n| format!("models/{n}")));
+            }
+        }
+    }
+    let changed: BTreeSet<String> = after
+        .iter()
+        .filter(|(k, v)| before.get(*k) != Some(v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    let gone: BTreeSet<String> = before
+        .keys()
+        .filter(|k| !after.contains_key(*k))
+        .cloned()
+        .collect();
+    assert_eq!(changed, install, "{label}: installed");
+    assert_eq!(gone, remove, "{label}: removed");
+    plan
+}
+
+/// How many models the plan downloads.
+fn downloads(plan: &migration::preview::DownloadPlanReport) -> usize {
+    plan.models
+        .iter()
+        .filter(|m| matches!(m.action, migration::preview::Action::Download(_)))
+        .count()
+}
+
+#[test]
+fn the_download_dry_run_names_what_the_download_installs_and_removes() {
+    let origin = Origin::start();
+    let f = origin.refreshed(&selecting("pop223"));
+    assert_eq!(
+        downloads(&download_agrees(
+            "verified copy",
+            &f,
+            &origin,
+            Some("pop223")
+        )),
+        0
+    );
+    assert_eq!(
+        downloads(&download_agrees("built-in", &f, &origin, Some("rdf"))),
+        0
+    );
+    // Chunk-set leftovers of the chunked model in place of its plain file.
+    let models = f.models();
+    std::fs::remove_file(models.join("pop223_driving_tinygrad.pkl")).unwrap();
+    std::fs::write(models.join("pop223_driving_tinygrad.pkl.chunk01of02"), b"x").unwrap();
+    assert_eq!(
+        downloads(&download_agrees("leftovers", &f, &origin, Some("pop223"))),
+        1
+    );
+    // Damaged bytes of one model, another not installed yet: `--all`.
+    std::fs::write(models.join("pop223_driving_tinygrad.pkl"), b"damaged").unwrap();
+    let all = download_agrees("all", &f, &origin, None);
+    assert!(downloads(&all) >= 2, "{all:?}");
+}
