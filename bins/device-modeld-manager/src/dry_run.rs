@@ -5,7 +5,7 @@
 
 use manifest::ModelId;
 use migration::VerifyState;
-use migration::preview::{Action, ModelDownload, RefreshPlan};
+use migration::preview::{Action, FailedRefreshPlan, ModelDownload, RefreshPlan};
 use serde_json::{Value, json};
 
 /// `refresh --dry-run --json`.
@@ -79,6 +79,28 @@ pub fn refresh_lines(p: &RefreshPlan) -> Vec<String> {
             ""
         }
     ));
+    out
+}
+
+/// What a failing `refresh` writes before it fails, as lines to add to the error message (each
+/// starting with a newline; none when it writes nothing).
+pub fn failure_lines(p: &FailedRefreshPlan) -> Vec<String> {
+    if p.is_empty() {
+        return Vec::new();
+    }
+    let mut out = vec!["\nbefore failing, the real run would:".to_string()];
+    if let Some(from) = &p.migrate_from {
+        out.push(format!(
+            "\n  migrate from {} to the built-in model offline",
+            from.as_deref().unwrap_or("unknown")
+        ));
+    }
+    out.extend(p.would_purge.iter().map(|n| format!("\n  purge {n}")));
+    out.extend(p.would_write.iter().map(|n| format!("\n  write {n}")));
+    out.extend(p.would_set_params.iter().map(|(k, v)| match v {
+        Some(v) => format!("\n  set param {k} = {v}"),
+        None => format!("\n  remove param {k}"),
+    }));
     out
 }
 

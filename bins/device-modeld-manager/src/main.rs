@@ -171,7 +171,10 @@ enum Command {
         /// Fetch and check the manifest as the real run does (signature included), read the
         /// device, and print what it would purge, download, write and set, assuming every
         /// download succeeds; write nothing (no lock file, no param, no cache, no trust
-        /// record). Refused while driving, like the real run. Downloads no model.
+        /// record). Refused while driving, like the real run. Downloads no model. When no
+        /// manifest can be had it fails as the real run does (exit 5), and the error names what
+        /// the real run would still write (the offline migration to the built-in of a device on
+        /// another generation).
         #[arg(long)]
         dry_run: bool,
         /// Print `{"generation","manifest_origin","models","migrated_from","purged":[…],
@@ -556,7 +559,22 @@ fn run(cli: Cli) -> Result<(), Fail> {
             dry_run: true,
             json,
         } => {
-            let plan = migration::preview::refresh(&device, &dl, migration::unix_now())?;
+            let plan = match migration::preview::refresh(&device, &dl, migration::unix_now()) {
+                Ok(plan) => plan,
+                Err(e) => {
+                    let before = migration::preview::refresh_failure(&device, &e)?;
+                    let mut fail = Fail::from(e);
+                    // The message, then what the real run would write before failing, then
+                    // `next:`.
+                    let (message, next) = match fail.message.split_once("\nnext: ") {
+                        Some((m, n)) => (m.to_string(), format!("\nnext: {n}")),
+                        None => (fail.message.clone(), String::new()),
+                    };
+                    let lines = dry_run::failure_lines(&before);
+                    fail.message = format!("{message}{}{next}", lines.join(""));
+                    return Err(fail);
+                }
+            };
             if json {
                 return out_line(dry_run::refresh_json(&plan));
             }

@@ -94,7 +94,7 @@ impl Journal {
     }
 
     /// What the journal says to keep, under the catalog's rules.
-    fn wanted(&self, catalog: &Catalog) -> Wanted {
+    pub(crate) fn wanted(&self, catalog: &Catalog) -> Wanted {
         if let Some(raw) = &self.raw {
             return wanted_of(raw, catalog);
         }
@@ -348,6 +348,15 @@ pub(crate) fn accepted_catalog_body(
     crate::device::catalog_body(raw, &fetched.manifest, generation)
 }
 
+/// Whether a refresh whose manifest fetch failed with `e` runs the offline first boot
+/// (`offline::first_boot`) before returning it: offline, or every manifest unusable; not on a
+/// cancel, and not when a manifest was refused on trust grounds.
+pub(crate) fn offline_first_boot_due(e: &Error) -> bool {
+    matches!(e, Error::Download(d)
+        if !matches!(d, downloader::Error::Cancelled { .. })
+            && downloader::trust::refusals(d).is_empty())
+}
+
 /// What a refresh did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RefreshReport {
@@ -414,10 +423,7 @@ pub fn refresh_at(
             // loading that generation's pickles now, not once it is online.
             // Not on a cancel, and not when a manifest was refused on trust grounds (a refused
             // manifest changes nothing, see docs/device.md, *Trust*).
-            if let Error::Download(d) = &e
-                && !matches!(d, downloader::Error::Cancelled { .. })
-                && downloader::trust::refusals(d).is_empty()
-            {
+            if offline_first_boot_due(&e) {
                 crate::offline::first_boot(device)?;
             }
             return Err(e);

@@ -17,11 +17,13 @@ use downloader::{CancelToken, DigestSource, DownloadPlan, Downloader, Target};
 use manifest::{ModelEntry, ModelId};
 
 use crate::device::{Device, JOURNAL_FILE, REFUSED_FILE, RefusedModel, VerifyState};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::manager::{
-    Installs, Phase, Requested, Settled, accepted_catalog_body, chosen, contract_writes,
-    downloadable, gpu_rule, journal_now, param_slots, requested, settle, variant_in_place,
+    ContractWrites, Installs, Phase, Requested, Settled, accepted_catalog_body, chosen,
+    contract_writes, downloadable, gpu_rule, journal_now, offline_first_boot_due, param_slots,
+    requested, settle, variant_in_place,
 };
+use crate::offline::offline_catalog;
 use crate::params::keys;
 use crate::plan::{self, InstallStep};
 use crate::{choice, trust_state};
@@ -149,28 +151,11 @@ pub fn refresh(device: &Device, dl: &Downloader, now_unix: u64) -> Result<Refres
     if device.would_change(choice::CHOICE_FILE, &pretty(&next)) {
         would_write.push(choice::CHOICE_FILE.to_string());
     }
-    let (param_writes, files) = contract_writes(&catalog, &outcome);
-    let mut params: BTreeMap<String, Option<String>> = param_writes
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+    let (mut params, files) = contract_writes(&catalog, &outcome);
     if let Some(j) = &journal {
-        params.insert(
-            keys::MODEL_MANIFEST_VERSION.to_string(),
-            Some(j.to.to_string()),
-        );
+        params.push((keys::MODEL_MANIFEST_VERSION, Some(j.to.to_string())));
     }
-    let mut would_set_params = Vec::new();
-    for (key, value) in params {
-        if device.params.get(&key)? != value {
-            would_set_params.push((key, value));
-        }
-    }
-    for (name, body) in files {
-        if device.would_change(name, &body) {
-            would_write.push(name.to_string());
-        }
-    }
+    let would_set_params = changes(device, (params, files), &mut would_write)?;
     Ok(RefreshPlan {
         generation: generation.to_string(),
         manifest_origin: fetched.origin,
@@ -188,6 +173,83 @@ pub fn refresh(device: &Device, dl: &Downloader, now_unix: u64) -> Result<Refres
         would_remove,
         would_set_params,
     })
+}
+
+/// The params of `writes` whose value would change (the last write of a key counts), in key
+/// order; the files whose bytes would change are added to `would_write`.
+fn changes(
+    device: &Device,
+    (params, files): ContractWrites,
+    would_write: &mut Vec<String>,
+) -> Result<Vec<(String, Option<String>)>> {
+    let params: BTreeMap<&str, Option<String>> = params.into_iter().collect();
+    let mut out = Vec::new();
+    for (key, value) in params {
+        if device.params.get(key)? != value {
+            out.push((key.to_string(), value));
+        }
+    }
+    for (name, body) in files {
+        if device.would_change(name, &body) {
+            would_write.push(name.to_string());
+        }
+    }
+    Ok(out)
+}
+
+/// What a refresh whose manifest fetch failed writes before it returns the error.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FailedRefreshPlan {
+    /// `Some(from)`: the offline first boot would start (or carry on with) the migration.
+    pub migrate_from: Option<Option<String>>,
+    pub would_purge: Vec<String>,
+    /// State and cache files whose bytes would change (or appear).
+    pub would_write: Vec<String>,
+    /// As [`RefreshPlan::would_set_params`].
+    pub would_set_params: Vec<(String, Option<String>)>,
+}
+
+impl FailedRefreshPlan {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// What `refresh` writes when its manifest fetch fails with `e` (the error
+/// [`refresh`] returned): the refusal report on a trust refusal; offline, on a device not on
+/// this generation, the offline first boot (journal, everything pointed at the built-in, the
+/// old generation's artifacts purged). Read-only.
+pub fn refresh_failure(device: &Device, e: &Error) -> Result<FailedRefreshPlan> {
+    let mut plan = FailedRefreshPlan::default();
+    if let Error::Download(d) = e
+        && !downloader::trust::refusals(d).is_empty()
+    {
+        plan.would_write
+            .push(trust_state::REFUSED_MANIFEST_FILE.to_string());
+    }
+    if !offline_first_boot_due(e) {
+        return Ok(plan);
+    }
+    let catalog = offline_catalog(device)?;
+    let (journal, written) = journal_now(device, &catalog)?;
+    let Some(j) = journal else {
+        return Ok(plan);
+    };
+    // As `begin_migration`: a journal past its purge phase is left as it is.
+    if j.phase == Phase::Purge {
+        plan.would_write.push(JOURNAL_FILE.to_string());
+        let interim = crate::contract::interim(&j.wanted(&catalog), &catalog);
+        plan.would_set_params = changes(
+            device,
+            contract_writes(&catalog, &interim),
+            &mut plan.would_write,
+        )?;
+        plan.would_purge = plan::purge_plan(device.model_file_names()?.iter().map(String::as_str));
+        plan.migrate_from = Some(j.from);
+    } else if written {
+        plan.would_write.push(JOURNAL_FILE.to_string());
+    }
+    Ok(plan)
 }
 
 fn pretty<T: serde::Serialize + ?Sized>(v: &T) -> Vec<u8> {

@@ -302,3 +302,57 @@ fn the_download_dry_run_names_what_the_download_installs_and_removes() {
     let all = download_agrees("all", &f, &origin, None);
     assert!(downloads(&all) >= 2, "{all:?}");
 }
+
+/// Offline, a device on another generation still migrates to the built-in (the offline first
+/// boot) before the refresh fails: its dry run fails the same way and names those effects.
+#[test]
+fn an_offline_dry_run_fails_as_the_refresh_and_names_its_first_boot() {
+    let origin = Origin::start();
+    origin.no_manifest();
+    let f = Fixture::v24(&selecting("pop223"));
+    let device = f.device();
+    let dl = origin.downloader();
+    let before = f.snapshot();
+    let e = migration::preview::refresh(&device, &dl, migration::unix_now()).unwrap_err();
+    let plan = migration::preview::refresh_failure(&device, &e).unwrap();
+    assert_eq!(f.snapshot(), before, "the dry run changed the device");
+    assert_eq!(plan.migrate_from, Some(Some("v24".to_string())), "{plan:?}");
+
+    let real = migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap_err();
+    assert_eq!(e.to_string(), real.to_string());
+    let after = f.snapshot();
+    let purged: Vec<String> = migration::plan::purge_plan(
+        before
+            .keys()
+            .filter_map(|k| k.strip_prefix("models/"))
+            .filter(|k| !k.ends_with('/')),
+    );
+    assert_eq!(plan.would_purge, purged);
+    for name in &plan.would_purge {
+        assert!(!after.contains_key(&format!("models/{name}")), "{name}");
+    }
+    let changed_params: BTreeMap<String, Option<String>> = before
+        .keys()
+        .chain(after.keys())
+        .filter_map(|k| k.strip_prefix("d/"))
+        .filter(|k| before.get(&format!("d/{k}")) != after.get(&format!("d/{k}")))
+        .map(|k| (k.to_string(), after.get(&format!("d/{k}")).cloned()))
+        .collect();
+    let planned: BTreeMap<String, Option<String>> = plan.would_set_params.iter().cloned().collect();
+    assert_eq!(planned, changed_params);
+    let written: BTreeSet<String> = after
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("models/")?, v)))
+        .filter(|(k, v)| before.get(&format!("models/{k}")) != Some(*v))
+        .map(|(k, _)| k.to_string())
+        .collect();
+    assert_eq!(
+        plan.would_write.iter().cloned().collect::<BTreeSet<_>>(),
+        written
+    );
+
+    // Now on the way (journal past its purge): offline again, nothing more is written.
+    let e = migration::preview::refresh(&device, &dl, migration::unix_now()).unwrap_err();
+    let again = migration::preview::refresh_failure(&device, &e).unwrap();
+    assert!(again.is_empty(), "{again:?}");
+}
