@@ -13,6 +13,7 @@ pub mod bounded;
 pub mod choice;
 pub mod contract;
 pub mod daemon;
+mod decisions;
 mod device;
 pub mod effects;
 mod error;

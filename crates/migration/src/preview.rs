@@ -5,7 +5,7 @@
 //! param, no cache, no trust record, not the verification cache either
 //! ([`Device::verify_entry_read_only`]).
 //!
-//! The decisions are the real run's own functions (`manager::journal_now`, `chosen`,
+//! The decisions are the real run's own functions (`decisions::journal_now`, `chosen`,
 //! `Installs::step` over [`plan::install_step`], `settle`, `contract_writes`,
 //! `accepted_catalog_body`, `requested`, `gpu_rule`, `variant_in_place`, the trust floor), so a
 //! dry run cannot drift from what the run does; only the effects are left out. Where the real
@@ -16,13 +16,13 @@ use std::collections::BTreeMap;
 use downloader::{CancelToken, DigestSource, DownloadPlan, Downloader, Target};
 use manifest::{ModelEntry, ModelId};
 
+use crate::decisions::{
+    ContractWrites, Installs, Requested, Settled, accepted_catalog_body, chosen, contract_writes,
+    gpu_rule, journal_now, offline_first_boot_due, requested, settle, variant_in_place,
+};
 use crate::device::{Device, JOURNAL_FILE, REFUSED_FILE, RefusedModel, VerifyState};
 use crate::error::{Error, Result};
-use crate::manager::{
-    ContractWrites, Installs, Phase, Requested, Settled, accepted_catalog_body, chosen,
-    contract_writes, downloadable, gpu_rule, journal_now, offline_first_boot_due, param_slots,
-    requested, settle, variant_in_place,
-};
+use crate::manager::{Phase, downloadable, param_slots};
 use crate::offline::offline_catalog;
 use crate::params::keys;
 use crate::plan::{self, InstallStep};
