@@ -171,7 +171,10 @@ enum Command {
         /// Fetch and check the manifest as the real run does (signature included), read the
         /// device, and print what it would purge, download, write and set, assuming every
         /// download succeeds; write nothing (no lock file, no param, no cache, no trust
-        /// record). Refused while driving, like the real run. Downloads no model.
+        /// record). Refused while driving, like the real run. Downloads no model. When no
+        /// manifest can be had it fails as the real run does (exit 5), and the error names what
+        /// the real run would still write (the offline migration to the built-in of a device on
+        /// another generation).
         #[arg(long)]
         dry_run: bool,
         /// Print `{"generation","manifest_origin","models","migrated_from","purged":[…],
@@ -556,11 +559,26 @@ fn run(cli: Cli) -> Result<(), Fail> {
             dry_run: true,
             json,
         } => {
-            let preview = dry_run::refresh(&device, &dl, migration::unix_now())?;
+            let plan = match migration::preview::refresh(&device, &dl, migration::unix_now()) {
+                Ok(plan) => plan,
+                Err(e) => {
+                    let before = migration::preview::refresh_failure(&device, &e)?;
+                    let mut fail = Fail::from(e);
+                    // The message, then what the real run would write before failing, then
+                    // `next:`.
+                    let (message, next) = match fail.message.split_once("\nnext: ") {
+                        Some((m, n)) => (m.to_string(), format!("\nnext: {n}")),
+                        None => (fail.message.clone(), String::new()),
+                    };
+                    let lines = dry_run::failure_lines(&before);
+                    fail.message = format!("{message}{}{next}", lines.join(""));
+                    return Err(fail);
+                }
+            };
             if json {
-                return out_line(preview.to_json());
+                return out_line(dry_run::refresh_json(&plan));
             }
-            for line in preview.lines() {
+            for line in dry_run::refresh_lines(&plan) {
                 out_line(line)?;
             }
             cli_support::info!("next: run `refresh` without --dry-run to do it");
@@ -634,7 +652,11 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 true => None,
                 false => Some(parse_model_id(id)?),
             };
-            let (models, needed, free) = dry_run::download(
+            let migration::preview::DownloadPlanReport {
+                models,
+                needed,
+                free,
+            } = migration::preview::download(
                 &device,
                 &dl,
                 id.as_ref(),
@@ -883,7 +905,7 @@ fn verify(device: &Device, id: Option<String>, dry_run: bool, json_out: bool) ->
         }
     };
     let r = if dry_run {
-        dry_run::verify(device, id.as_deref(), &on_hash)
+        migration::report::verify_read_only(device, id.as_deref(), &on_hash)
     } else {
         migration::report::verify(device, id.as_deref(), &on_hash)
     };

@@ -622,6 +622,37 @@ fn refresh_dry_run_predicts_the_migration_and_changes_nothing() {
     assert_eq!(again["would_set_params"], serde_json::json!([]), "{again}");
 }
 
+/// Offline, the real refresh still migrates a v24 device to the built-in before it fails (exit
+/// 5); its dry run fails the same way, names those effects in the error, and changes nothing.
+#[test]
+fn an_offline_refresh_dry_run_fails_as_the_refresh_and_names_what_it_still_does() {
+    let w = Fresh::new();
+    w.make_v24(&["pop223_driving_tinygrad.pkl"], "");
+    let before = snapshot(w.dir.path());
+    let offline = |args: &[&str]| w.command("http://127.0.0.1:1", args).output().unwrap();
+    let out = offline(&["refresh", "--dry-run", "--json"]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["error"]["kind"], "manifest_unavailable", "{err}");
+    let message = err["error"]["message"].as_str().unwrap();
+    for want in [
+        "before failing, the real run would:",
+        "to the built-in model offline",
+        "purge pop223_driving_tinygrad.pkl",
+        "write .migration.json",
+        "set param Model = rdf43",
+    ] {
+        assert!(message.contains(want), "{want}: {err}");
+    }
+    assert!(err["error"]["next"].is_string(), "{err}");
+    assert_eq!(snapshot(w.dir.path()), before);
+
+    let real = offline(&["refresh"]);
+    assert_eq!(real.status.code(), Some(5), "{}", stderr(&real));
+    assert!(!w.models().join("pop223_driving_tinygrad.pkl").exists());
+    assert_eq!(w.param("Model").as_deref(), Some("rdf43"));
+}
+
 #[test]
 fn download_dry_run_names_what_it_would_fetch_and_changes_nothing() {
     let w = Fresh::new();

@@ -122,6 +122,13 @@ struct CacheEntry {
     catalog_verified: bool,
 }
 
+/// Whether a check records what it hashed in the verification cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Record {
+    Yes,
+    No,
+}
+
 /// Verification state of one model for `status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -133,6 +140,33 @@ pub enum VerifyState {
     Unverified,
     Corrupt,
     Missing,
+}
+
+/// The bytes `.catalog.json` gets for the accepted manifest `m`: `raw` (what `m` was parsed
+/// from) byte for byte when given, naming `generation` itself and within the read limit; else
+/// `m` tagged with `generation`, canonical. Over the read limit the device would refuse its own
+/// catalog: [`Error::CatalogTooLarge`].
+pub(crate) fn catalog_body(
+    raw: Option<&[u8]>,
+    m: &Manifest,
+    generation: Generation,
+) -> Result<Vec<u8>> {
+    if let Some(raw) = raw
+        && m.generation() == Some(generation)
+        && (raw.len() as u64) <= bounded::CATALOG_LIMIT
+    {
+        return Ok(raw.to_vec());
+    }
+    let mut m = m.clone();
+    m.set_generation(generation);
+    let body = m.to_canonical_string();
+    if body.len() as u64 > bounded::CATALOG_LIMIT {
+        return Err(Error::CatalogTooLarge {
+            size: body.len() as u64,
+            limit: bounded::CATALOG_LIMIT,
+        });
+    }
+    Ok(body.into_bytes())
 }
 
 impl Device {
@@ -182,12 +216,18 @@ impl Device {
 
     /// Write a state or cache file in the models dir atomically and report the effect.
     pub(crate) fn write_file(&self, name: &str, body: &[u8]) -> Result<()> {
-        let path = self.models_dir().join(name);
-        if read_capped(&path, body.len() as u64).is_ok_and(|old| old.as_deref() == Some(body)) {
+        if !self.would_change(name, body) {
             return Ok(());
         }
-        write_atomic(&path, body)?;
+        write_atomic(self.models_dir().join(name), body)?;
         self.effects.done(|| format!("write {name}"))
+    }
+
+    /// Whether [`write_file`](Self::write_file) of `body` would write: the file holds other
+    /// bytes, or is not there. Read-only.
+    pub(crate) fn would_change(&self, name: &str, body: &[u8]) -> bool {
+        let path = self.models_dir().join(name);
+        !read_capped(&path, body.len() as u64).is_ok_and(|old| old.as_deref() == Some(body))
     }
 
     /// A JSON state file of the models dir (`.choice.json`, `.migration.json`, the trust
@@ -366,16 +406,10 @@ impl Device {
     /// fit the read limit, or the device would refuse its own catalog: over it, nothing is
     /// written and the error says so.
     pub fn store_catalog(&self, m: &Manifest) -> Result<()> {
-        let mut m = m.clone();
-        m.set_generation(self.config.generation);
-        let body = m.to_canonical_string();
-        if body.len() as u64 > bounded::CATALOG_LIMIT {
-            return Err(Error::CatalogTooLarge {
-                size: body.len() as u64,
-                limit: bounded::CATALOG_LIMIT,
-            });
-        }
-        self.write_file(CATALOG_FILE, body.as_bytes())
+        self.write_file(
+            CATALOG_FILE,
+            &catalog_body(None, m, self.config.generation)?,
+        )
     }
 
     /// Store the manifest exactly as received (`raw`, which parsed as `m`): byte for byte when
@@ -383,12 +417,10 @@ impl Device {
     /// same limit when read back; a manifest without a `generation` field is tagged instead
     /// ([`store_catalog`](Self::store_catalog), limit checked on what is written).
     pub fn store_catalog_bytes(&self, raw: &[u8], m: &Manifest) -> Result<()> {
-        if m.generation() == Some(self.config.generation)
-            && (raw.len() as u64) <= bounded::CATALOG_LIMIT
-        {
-            return self.write_file(CATALOG_FILE, raw);
-        }
-        self.store_catalog(m)
+        self.write_file(
+            CATALOG_FILE,
+            &catalog_body(Some(raw), m, self.config.generation)?,
+        )
     }
 
     /// The remembered choice (`.choice.json`), if any.
@@ -467,6 +499,17 @@ impl Device {
     /// catalog. A cached result is reused while the stat signature of every file is unchanged,
     /// so a re-check of an untouched model costs a few `stat`s; `force` re-hashes anyway.
     pub fn verify_entry(&self, entry: &ModelEntry, force: bool) -> Result<VerifyState> {
+        self.check_entry(entry, force, Record::Yes)
+    }
+
+    /// [`verify_entry`](Self::verify_entry) without writing anything: the same answer (the
+    /// cache is read and reused the same way), but what it hashed is not recorded in
+    /// `.verified.json`. For the dry runs.
+    pub fn verify_entry_read_only(&self, entry: &ModelEntry, force: bool) -> Result<VerifyState> {
+        self.check_entry(entry, force, Record::No)
+    }
+
+    fn check_entry(&self, entry: &ModelEntry, force: bool, record: Record) -> Result<VerifyState> {
         let path = self.artifact_path(entry.id());
         let sig = match Self::signature(&path) {
             Ok(Some(sig)) => sig,
@@ -538,7 +581,9 @@ impl Device {
                 VerifyState::Corrupt
             }
         };
-        self.save_cache(&cache)?;
+        if record == Record::Yes {
+            self.save_cache(&cache)?;
+        }
         Ok(state)
     }
 
@@ -741,6 +786,43 @@ mod tests {
             assert_eq!(path, d.builtin_path(), "{torn:?}");
             assert!(sel.is_builtin());
         }
+    }
+
+    /// The read-only check answers what `verify_entry` answers and writes nothing.
+    #[test]
+    fn a_read_only_check_gives_the_same_state_and_records_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let (d, entry) = current_device_selecting_pop223(t.path());
+        let path = d.artifact_path(entry.id());
+        let cache = d.models_dir().join(VERIFIED_FILE);
+        let recorded = || fs::read(&cache).ok();
+        assert_eq!(
+            d.verify_entry_read_only(&entry, false).unwrap(),
+            VerifyState::Missing
+        );
+        fs::write(&path, b"pop223 artifact bytes").unwrap();
+        for force in [false, true] {
+            assert_eq!(
+                d.verify_entry_read_only(&entry, force).unwrap(),
+                VerifyState::Verified
+            );
+            assert_eq!(recorded(), None, "force {force}");
+        }
+        assert_eq!(
+            d.verify_entry(&entry, false).unwrap(),
+            VerifyState::Verified
+        );
+        let on_record = recorded().expect("verify_entry records");
+        fs::write(&path, b"POP223 ARTIFACT BYTES").unwrap();
+        for force in [false, true] {
+            assert_eq!(
+                d.verify_entry_read_only(&entry, force).unwrap(),
+                VerifyState::Corrupt
+            );
+            assert_eq!(recorded().as_ref(), Some(&on_record), "force {force}");
+        }
+        assert_eq!(d.verify_entry(&entry, false).unwrap(), VerifyState::Corrupt);
+        assert_ne!(recorded().as_ref(), Some(&on_record));
     }
 
     #[test]

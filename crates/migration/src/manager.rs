@@ -21,7 +21,7 @@
 //! exists, so modeld never loads an old-generation pickle in between.
 
 use fs_err as fs;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use chunker::atomic::{remove_if_exists, sync_dir};
 use downloader::{CancelToken, Downloader, Event, Installed};
@@ -29,13 +29,15 @@ use manifest::{Generation, Manifest, ModelEntry, ModelId};
 use serde::{Deserialize, Serialize};
 
 use crate::choice::{self, Fate, Slots};
-use crate::contract::{
-    self, BigProfile, Catalog, ModelKind, Outcome, ProfilesRead, SelectionParams, Start, Wanted,
+use crate::contract::{self, BigProfile, Catalog, Outcome, ProfilesRead, SelectionParams, Wanted};
+use crate::decisions::{
+    Installs, Requested, Settled, accepted_catalog_body, chosen, contract_writes, gpu_rule,
+    journal_now, offline_first_boot_due, requested, settle, variant_in_place,
 };
 use crate::device::{Device, JOURNAL_FILE, VerifyState};
 use crate::error::{Error, Result};
 use crate::params::keys;
-use crate::plan;
+use crate::plan::{self, InstallStep};
 use crate::progress::{Progress, ProgressFn};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,7 +70,7 @@ pub struct Journal {
 }
 
 impl Journal {
-    fn new(from: Option<String>, to: Generation, w: &Wanted, raw: &Slots) -> Self {
+    pub(crate) fn new(from: Option<String>, to: Generation, w: &Wanted, raw: &Slots) -> Self {
         Journal {
             raw: Some(raw.clone()),
             from,
@@ -84,8 +86,17 @@ impl Journal {
         }
     }
 
+    /// The user's choice the journal keeps (before any mapping into the catalog).
+    pub fn slots(&self) -> Slots {
+        self.raw.clone().unwrap_or_else(|| Slots {
+            selection: Some(self.selected.to_string()),
+            small: self.small.as_ref().map(ModelId::to_string),
+            big: self.big.clone(),
+        })
+    }
+
     /// What the journal says to keep, under the catalog's rules.
-    fn wanted(&self, catalog: &Catalog) -> Wanted {
+    pub(crate) fn wanted(&self, catalog: &Catalog) -> Wanted {
         if let Some(raw) = &self.raw {
             return wanted_of(raw, catalog);
         }
@@ -149,36 +160,10 @@ pub(crate) fn begin_migration(
     device: &Device,
     catalog: &Catalog,
 ) -> Result<(Option<Journal>, Vec<String>)> {
-    let generation = device.config.generation;
-    let previous = device.params.get_str(keys::MODEL_MANIFEST_VERSION)?;
-    let journal = read_journal(device)?;
-    let journal = match (
-        contract::start(
-            journal.as_ref().map(|j| j.to.to_string()).as_deref(),
-            previous.as_deref(),
-            &generation.to_string(),
-        ),
-        journal,
-    ) {
-        (Start::SameGeneration, _) => None,
-        (Start::Migrate { from }, _) => {
-            let raw = remembered(device)?;
-            let j = Journal::new(from, generation, &wanted_of(&raw, catalog), &raw);
-            write_journal(device, &j)?;
-            Some(j)
-        }
-        (Start::Resume, j) => j,
-        (Start::Retarget, Some(mut j)) => {
-            // A migration to another generation was interrupted and this build reads a
-            // different one: whatever that run downloaded is another generation's pickle, so
-            // migrate again from the purge, keeping the selection it recorded.
-            j.to = generation;
-            j.phase = Phase::Purge;
-            write_journal(device, &j)?;
-            Some(j)
-        }
-        (Start::Retarget, None) => unreachable!("retarget needs a journal"),
-    };
+    let (journal, write) = journal_now(device, catalog)?;
+    if write && let Some(j) = &journal {
+        write_journal(device, j)?;
+    }
     let mut purged = Vec::new();
     if let Some(j) = &journal
         && j.phase == Phase::Purge
@@ -268,22 +253,16 @@ pub fn refresh_at(
             // loading that generation's pickles now, not once it is online.
             // Not on a cancel, and not when a manifest was refused on trust grounds (a refused
             // manifest changes nothing, see docs/device.md, *Trust*).
-            if let Error::Download(d) = &e
-                && !matches!(d, downloader::Error::Cancelled { .. })
-                && downloader::trust::refusals(d).is_empty()
-            {
+            if offline_first_boot_due(&e) {
                 crate::offline::first_boot(device)?;
             }
             return Err(e);
         }
     };
-    if fetched.refused_entries.is_empty() && fetched.normalised.is_empty() {
-        device.store_catalog_bytes(&fetched.raw, &fetched.manifest)?;
-    } else {
-        // Entries were left out or values normalised: the catalog is what this device
-        // accepted (the raw bytes would bring the refused entries back when read), canonical.
-        device.store_catalog(&fetched.manifest)?;
-    }
+    device.write_file(
+        crate::device::CATALOG_FILE,
+        &accepted_catalog_body(&fetched, generation)?,
+    )?;
     let refused: Vec<crate::device::RefusedModel> =
         fetched.refused_entries.iter().map(Into::into).collect();
     device.store_refused(&refused)?;
@@ -293,20 +272,7 @@ pub fn refresh_at(
     let (journal, purged) = begin_migration(device, &catalog)?;
     let record = device.choice()?;
     let slots_now = param_slots(device)?;
-    // What the user chose: the journal's record during a migration (the params say the
-    // built-in then), else the params with `.choice.json` filling slots still in a fallback.
-    let raw = match &journal {
-        Some(j) => j.raw.clone().unwrap_or_else(|| Slots {
-            selection: Some(j.selected.to_string()),
-            small: j.small.as_ref().map(ModelId::to_string),
-            big: j.big.clone(),
-        }),
-        None => choice::remember(record.as_ref(), &slots_now),
-    };
-    let wanted = match &journal {
-        Some(j) => j.wanted(&catalog),
-        None => wanted_of(&raw, &catalog),
-    };
+    let (raw, wanted) = chosen(journal.as_ref(), record.as_ref(), &slots_now, &catalog);
     let mut report = RefreshReport {
         generation,
         manifest_origin: fetched.origin,
@@ -321,33 +287,21 @@ pub fn refresh_at(
     };
 
     // Every wanted catalog model verified (kept) or installed; what cannot be had is replaced.
-    let mut ok: BTreeSet<ModelId> = BTreeSet::new();
-    let mut old_copy: BTreeSet<ModelId> = BTreeSet::new();
-    let mut failed: BTreeMap<ModelId, (bool, String)> = BTreeMap::new();
+    let mut installs = Installs::default();
     for id in wanted.to_install() {
         let Some(entry) = manifest.get(&id) else {
             continue;
         };
-        match device.verify_entry(entry, false)? {
-            VerifyState::Verified => {
-                ok.insert(id);
-                continue;
-            }
-            VerifyState::Outdated => {
-                old_copy.insert(id.clone());
-            }
-            _ => {}
-        }
+        let state = device.verify_entry(entry, false)?;
         let retry = record.as_ref().and_then(|r| r.retry.get(id.as_str()));
-        if !choice::due(retry, now_unix) {
-            let reason = retry.map(|r| r.reason.clone()).unwrap_or_default();
-            failed.insert(id, (false, reason));
-            continue;
+        match installs.step(&id, state, retry, now_unix) {
+            InstallStep::Keep | InstallStep::Wait => continue,
+            InstallStep::Fetch => {}
         }
         progress(&Progress::DownloadingSelected(id.clone()));
         match install(device, dl, entry, cancel, progress) {
             Ok(_) => {
-                ok.insert(id);
+                installs.ok.insert(id);
             }
             // A simulated crash, a cancel, a local I/O failure, or an origin whose files do not
             // match its manifest yet (a republish in progress): stop here, so the next run tries
@@ -368,30 +322,24 @@ pub fn refresh_at(
             // Anything else (every origin refused it, a full disk): the built-in, or the
             // verified older copy, stands in, and later refreshes retry it.
             Err(e) => {
-                failed.insert(id, (true, e.to_string()));
+                installs.failed.insert(id, (true, e.to_string()));
             }
         }
     }
-    let available = |id: &ModelId| match contract::kind(id) {
-        ModelKind::BuiltIn => true,
-        ModelKind::Catalog => ok.contains(id) || old_copy.contains(id),
-        ModelKind::Local => device.local_present(id),
-    };
-    let mut fates: BTreeMap<ModelId, Fate> = BTreeMap::new();
-    for id in wanted.all() {
-        let f = choice::fate(
-            &id,
-            &catalog,
-            available(&id),
-            old_copy.contains(&id),
-            failed.get(&id).cloned(),
-        );
-        fates.insert(id, f);
-    }
-    let mut outcome = contract::decide(&wanted, &catalog, &available);
-    if device.is_onroad().unwrap_or(false) {
-        outcome = choice::hold_onroad(outcome, &slots_now, record.as_ref(), &catalog);
-    }
+    let onroad = device.is_onroad().unwrap_or(false);
+    let Settled {
+        fates,
+        outcome,
+        next,
+    } = settle(
+        (&raw, &wanted),
+        &catalog,
+        &installs,
+        &|id| device.local_present(id),
+        record.as_ref(),
+        onroad.then_some(&slots_now),
+        now_unix,
+    );
     for (id, f) in &fates {
         match f {
             Fate::Temporary { .. } | Fate::OldCopyInUse { .. } => {
@@ -410,8 +358,6 @@ pub fn refresh_at(
     }
     // The choice first, staged (see `choice::staged`): a crash anywhere in the param writes
     // reads every slot as ours, so neither a fallback nor a switch back loses the choice.
-    let written = choice::written_slots(&outcome);
-    let next = choice::after_refresh(record.as_ref(), &raw, &wanted, &fates, &written, now_unix);
     device.store_choice(&choice::staged(&next, &slots_now))?;
     write_contract(device, &catalog, &outcome)?;
     device.store_choice(&next)?;
@@ -429,17 +375,15 @@ pub fn refresh_at(
 
 /// Write what modeld and the UIs read: selection and profile params, catalog params, caches.
 pub(crate) fn write_contract(device: &Device, catalog: &Catalog, outcome: &Outcome) -> Result<()> {
-    for (key, value) in contract::selection_writes(outcome) {
+    let (params, files) = contract_writes(catalog, outcome);
+    for (key, value) in params {
         match value {
             Some(v) => device.params.put(key, &v)?,
             None => device.params.remove(key)?,
         }
     }
-    for (key, value) in catalog.params() {
-        device.params.put(key, &value)?;
-    }
-    for (name, body) in catalog.caches() {
-        device.write_file(name, &contract::cache_bytes(&body))?;
+    for (name, body) in files {
+        device.write_file(name, &body)?;
     }
     Ok(())
 }
@@ -468,17 +412,19 @@ pub fn install(
     let variant = downloader::egpu::artifacts_to_fetch(entry, chestnut)?
         .into_iter()
         .nth(1);
-    match device.verify_entry(entry, false)? {
-        VerifyState::Verified => {
-            if let Some(v) = variant {
-                install_variant(device, dl, &v, cancel)?;
-            }
-            return Ok(None);
+    // The decision `download --dry-run` reports (`preview::download`); a requested download
+    // is always due.
+    let state = device.verify_entry(entry, false)?;
+    if plan::install_step(state, true) == InstallStep::Keep {
+        if let Some(v) = variant {
+            install_variant(device, dl, &v, cancel)?;
         }
-        // A verified copy of an earlier publish stays (and stays on record) until the new
-        // bytes are installed over it.
-        VerifyState::Outdated => {}
-        _ => device.forget(entry.id())?,
+        return Ok(None);
+    }
+    // A verified copy of an earlier publish stays (and stays on record) until the new bytes
+    // are installed over it.
+    if state != VerifyState::Outdated {
+        device.forget(entry.id())?;
     }
     let percent = PercentFilter::default();
     let on_event = |e: Event| match e {
@@ -514,12 +460,7 @@ fn install_variant(
     target: &downloader::Target,
     cancel: &CancelToken,
 ) -> Result<()> {
-    let path = device.models_dir().join(target.local_name.as_str());
-    if let Some(want) = target.sha256
-        && let Ok((got, size)) = chunker::Sha256Digest::of_file(&path)
-        && got == want
-        && target.size.is_none_or(|s| s == size)
-    {
+    if variant_in_place(device, target) {
         return Ok(());
     }
     dl.download_target(
@@ -532,7 +473,6 @@ fn install_variant(
     device.effect(|| format!("install {}", target.local_name))
 }
 
-/// `download <ID>`: the catalog entry, downloaded and verified.
 /// Turns byte counts into the percentages the UI shows: each one once, and never going down,
 /// although parallel workers report out of order.
 #[derive(Default)]
@@ -553,6 +493,7 @@ impl PercentFilter {
     }
 }
 
+/// `download <ID>`: the catalog entry, downloaded and verified.
 pub fn download_model(
     device: &Device,
     dl: &Downloader,
@@ -560,36 +501,25 @@ pub fn download_model(
     cancel: &CancelToken,
     progress: ProgressFn,
 ) -> Result<Option<Installed>> {
-    // Upstream canonicalises the requested key first (`sc`→`sc2`, `napv4`→`remove-avgpoolv4`).
-    let canonical: ModelId = contract::canonical_id(id.as_str())
-        .parse()
-        .unwrap_or_else(|_| id.clone());
-    let id = &canonical;
-    if is_builtin_id(id.as_str()) {
-        progress(&Progress::BuiltinAlreadyDownloaded);
-        return Ok(None);
-    }
-    if id.is_local() {
-        progress(&Progress::LocalNothingToDownload);
-        return Ok(None);
-    }
-    let catalog = device.require_catalog()?;
-    let entry = catalog.get(id).ok_or_else(|| Error::UnknownModel {
-        id: id.to_string(),
-        generation: device.config.generation.to_string(),
-    })?;
+    let entry = match requested(device, id)? {
+        Requested::BuiltIn(_) => {
+            progress(&Progress::BuiltinAlreadyDownloaded);
+            return Ok(None);
+        }
+        Requested::Local(_) => {
+            progress(&Progress::LocalNothingToDownload);
+            return Ok(None);
+        }
+        Requested::Catalog(entry) => entry,
+    };
     // Upstream: a GPU-only model needs a ready Chestnut, unless the UI set the one-request
     // override (used up here, whatever the outcome).
     let allow = device.memory.get_bool(keys::ALLOW_GPU_WITHOUT_GPU)?;
     if allow {
         device.memory.remove(keys::ALLOW_GPU_WITHOUT_GPU)?;
     }
-    if downloader::egpu::single_download(entry.uses_external_gpu(), device.chestnut(), allow)
-        .is_err()
-    {
-        return Err(Error::ExternalGpuRequired { id: id.to_string() });
-    }
-    let r = install(device, dl, entry, cancel, progress)?;
+    gpu_rule(device, &entry, allow)?;
+    let r = install(device, dl, &entry, cancel, progress)?;
     progress(&Progress::Downloaded);
     Ok(r)
 }

@@ -1,10 +1,14 @@
-//! Pure decisions over file names: what a generation change deletes and what `gc` deletes. No
-//! I/O here, so every rule is tested on plain lists.
+//! Pure decisions: over file names, what a generation change deletes and what `gc` deletes;
+//! over an installed model's state, what a refresh does with it. No I/O here, so every rule is
+//! tested on plain values. The real runs and their dry runs (`crate::preview`) both take their
+//! decisions from here.
 
 use std::collections::BTreeSet;
 
 use chunker::atomic::is_temp_name;
 use manifest::ModelId;
+
+use crate::device::VerifyState;
 
 const DRIVING: &str = "_driving_";
 
@@ -65,9 +69,50 @@ pub fn gc_plan<'a>(
     out
 }
 
+/// What a refresh does with one wanted catalog model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstallStep {
+    /// A verified copy is installed: kept, nothing fetched.
+    Keep,
+    /// Its retry is not due yet: skipped this time (the built-in, or a verified older copy,
+    /// stands in).
+    Wait,
+    /// Downloaded and verified.
+    Fetch,
+}
+
+/// The step for a model in `state` whose retry is `due` (or that never failed).
+pub fn install_step(state: VerifyState, due: bool) -> InstallStep {
+    match (state, due) {
+        (VerifyState::Verified, _) => InstallStep::Keep,
+        (_, false) => InstallStep::Wait,
+        (_, true) => InstallStep::Fetch,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn install_step_keeps_only_a_verified_copy_and_waits_for_a_due_retry() {
+        use InstallStep::*;
+        use VerifyState::*;
+        for (state, due, want) in [
+            (Verified, true, Keep),
+            (Verified, false, Keep),
+            (Outdated, true, Fetch),
+            (Outdated, false, Wait),
+            (Unverified, true, Fetch),
+            (Unverified, false, Wait),
+            (Corrupt, true, Fetch),
+            (Corrupt, false, Wait),
+            (Missing, true, Fetch),
+            (Missing, false, Wait),
+        ] {
+            assert_eq!(install_step(state, due), want, "{state:?} due={due}");
+        }
+    }
 
     const OLD_DEVICE: &[&str] = &[
         "pop223_driving_tinygrad.pkl",

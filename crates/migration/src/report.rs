@@ -235,6 +235,27 @@ pub fn verify(
     only: Option<&str>,
     on_hash: &dyn Fn(&ModelId),
 ) -> Result<VerifyReport> {
+    verify_walk(device, only, on_hash, &|e| device.verify_entry(e, true))
+}
+
+/// [`verify`] without recording what it hashed in `.verified.json` (`verify --dry-run`): the
+/// same walk, states and errors, nothing written.
+pub fn verify_read_only(
+    device: &Device,
+    only: Option<&str>,
+    on_hash: &dyn Fn(&ModelId),
+) -> Result<VerifyReport> {
+    verify_walk(device, only, on_hash, &|e| {
+        device.verify_entry_read_only(e, true)
+    })
+}
+
+fn verify_walk(
+    device: &Device,
+    only: Option<&str>,
+    on_hash: &dyn Fn(&ModelId),
+    check: &dyn Fn(&manifest::ModelEntry) -> Result<VerifyState>,
+) -> Result<VerifyReport> {
     let catalog = device.require_catalog()?;
     let mut models = Vec::new();
     if let Some(want) = only
@@ -258,7 +279,7 @@ pub fn verify(
         if matches!(chunker::resolve(&device.artifact_path(e.id())), Ok(Some(_))) {
             on_hash(e.id());
         }
-        let state = device.verify_entry(e, true)?;
+        let state = check(e)?;
         if state == VerifyState::Missing && only.is_none() {
             continue;
         }

@@ -75,10 +75,7 @@ pub fn fetch_accepted(
     cancel: &downloader::CancelToken,
 ) -> Result<FetchedManifest> {
     let generation = device.config.generation;
-    let floor = match dl.trusted_keys() {
-        Some(_) => accepted_release(device, generation)?.map(|a| a.release),
-        None => None,
-    };
+    let floor = release_floor(device, dl)?;
     match dl.fetch_manifest_accepting(generation, floor, cancel) {
         Ok(fetched) => {
             if let Some(signed) = &fetched.signed {
@@ -102,6 +99,15 @@ pub fn fetch_accepted(
             Err(e.into())
         }
     }
+}
+
+/// The release a fetched manifest must not be older than: the accepted one of this generation,
+/// when keys are trusted.
+pub(crate) fn release_floor(device: &Device, dl: &Downloader) -> Result<Option<ReleaseNumber>> {
+    Ok(match dl.trusted_keys() {
+        Some(_) => accepted_release(device, device.config.generation)?.map(|a| a.release),
+        None => None,
+    })
 }
 
 /// Write the refusal report for `refusals`, or remove it when there are none.
@@ -130,12 +136,25 @@ fn record_accepted(
     generation: Generation,
     signed: &trust::Accepted,
 ) -> Result<()> {
-    let mut all = accepted_releases(device)?;
+    match accepted_after(accepted_releases(device)?, generation, signed) {
+        // Atomic, and reported to the crash enumeration like every other effect of a refresh.
+        Some(all) => device.write_json(ACCEPTED_RELEASE_FILE, &all),
+        None => Ok(()),
+    }
+}
+
+/// The accepted releases once `signed` is accepted for `generation`; `None` when that is
+/// already on record (nothing to write).
+pub(crate) fn accepted_after(
+    mut all: BTreeMap<String, AcceptedRelease>,
+    generation: Generation,
+    signed: &trust::Accepted,
+) -> Option<BTreeMap<String, AcceptedRelease>> {
     let key = generation.to_string();
     if all.get(&key).is_some_and(|a| {
         a.release == signed.release && a.expires == signed.expires && a.key == signed.key
     }) {
-        return Ok(());
+        return None;
     }
     all.insert(
         key,
@@ -145,8 +164,7 @@ fn record_accepted(
             key: signed.key.clone(),
         },
     );
-    // Atomic, and reported to the crash enumeration like every other effect of a refresh.
-    device.write_json(ACCEPTED_RELEASE_FILE, &all)
+    Some(all)
 }
 
 /// The first refusal of a manifest fetch refused on trust grounds (shown in

@@ -7,5 +7,6 @@ mod crash_enumeration;
 mod device_contract;
 mod fallback;
 mod operations;
+mod preview;
 mod signed_crash;
 mod upstream;
