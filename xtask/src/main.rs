@@ -44,6 +44,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let result = match args.first().map(String::as_str) {
+        Some(task) if let Some(e) = bad_arguments(task, &args[1..]) => Err(e),
         Some("ci") => ci(),
         Some("bench") => bench::run(&args[1..]),
         Some("docs") => docs::run(args.get(1).map(String::as_str) == Some("--check")),
@@ -71,13 +72,41 @@ fn task_help(args: &[String]) -> Option<String> {
     if !rest.iter().any(|a| a == "-h" || a == "--help") {
         return None;
     }
-    let line = USAGE
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(task.as_str()));
-    Some(match line {
-        Some(l) => format!("usage: cargo xtask {}\n", l.trim()),
+    let mut lines = USAGE.lines().skip_while(|l| !is_task_line(l, task));
+    Some(match lines.next() {
+        // The task's line and its continuation lines (indented further, as `dist`'s are).
+        Some(l) => {
+            let mut help = format!("usage: cargo xtask {}\n", l.trim());
+            for more in lines.take_while(|m| m.starts_with("    ")) {
+                help.push_str(more);
+                help.push('\n');
+            }
+            help
+        }
         None => USAGE.to_string(),
     })
+}
+
+fn is_task_line(line: &str, task: &str) -> bool {
+    line.starts_with("  ")
+        && !line.starts_with("   ")
+        && line.split_whitespace().next() == Some(task)
+}
+
+/// Arguments a task that takes few would misread: `ci` takes none, `docs` only `--check`, and
+/// `demo` one work directory that must not look like a flag (`demo --verbose` would otherwise
+/// create a folder named `--verbose`). `bench` and `dist` check their own.
+fn bad_arguments(task: &str, rest: &[String]) -> Option<String> {
+    let bad = match task {
+        "ci" => rest.first(),
+        "docs" => rest.iter().find(|a| *a != "--check"),
+        "demo" => rest.iter().find(|a| a.starts_with('-')).or(rest.get(1)),
+        _ => None,
+    }?;
+    Some(format!(
+        "{task}: unexpected argument {bad:?}\n\n{}",
+        task_help(&[task.to_string(), "--help".to_string()]).unwrap_or_default()
+    ))
 }
 
 fn ci() -> Result<(), String> {
@@ -119,5 +148,41 @@ mod tests {
         assert_eq!(help(&["demo"]), None);
         assert_eq!(help(&[]), None);
         assert_eq!(help(&["nope", "--help"]).as_deref(), Some(USAGE));
+        let dist = help(&["dist", "--help"]).unwrap();
+        assert!(dist.contains("--reproducible: build"), "{dist}");
+        assert_eq!(help(&["demo", "-h"]).unwrap().lines().count(), 1);
+    }
+
+    /// Regression: `cargo xtask demo --verbose` ran the demo in a folder named `--verbose`, and
+    /// `docs --chek` regenerated docs/cli.md instead of checking it.
+    #[test]
+    fn arguments_a_task_would_misread_are_refused() {
+        let bad = |args: &[&str]| {
+            let v: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            bad_arguments(&v[0], &v[1..])
+        };
+        for args in [
+            &["demo", "--verbose"][..],
+            &["demo", "work", "more"],
+            &["docs", "--chek"],
+            &["ci", "--fast"],
+        ] {
+            let e = bad(args).unwrap_or_else(|| panic!("{args:?} accepted"));
+            assert!(
+                e.contains(args.last().unwrap()) && e.contains("usage: cargo xtask"),
+                "{e}"
+            );
+        }
+        for args in [
+            &["demo"][..],
+            &["demo", "work"],
+            &["docs"],
+            &["docs", "--check"],
+            &["ci"],
+            &["bench", "--size", "8"],
+            &["dist", "--test"],
+        ] {
+            assert_eq!(bad(args), None, "{args:?}");
+        }
     }
 }

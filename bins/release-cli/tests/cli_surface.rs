@@ -291,3 +291,24 @@ fn bash_completes_past_the_first_word() {
     let flags = complete(&["release-cli", "publish", "--gen"]);
     assert_eq!(flags, ["--generation"], "publish --gen<TAB>");
 }
+
+/// Regression: with `--json`, an error the argument parser found itself (a missing argument, a
+/// bad value) printed clap's text only and nothing on stdout.
+#[test]
+fn parser_usage_errors_with_json_print_the_error_document() {
+    for args in [
+        &["chunk", "join", "x", "--json"][..],
+        &["tinygrad", "bump", "--json", "--commit", "abc"],
+    ] {
+        let o = cli(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let out = text(&o.stdout);
+        assert_eq!(out.lines().count(), 1, "{args:?}: {out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["error"]["kind"], "usage", "{v}");
+        assert!(text(&o.stderr).starts_with("error: "), "{args:?}");
+    }
+    let o = cli(&["chunk", "join", "x"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(o.stdout.is_empty(), "no --json, no document");
+}

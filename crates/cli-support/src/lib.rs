@@ -14,8 +14,13 @@ use clap_complete::Shell;
 /// word loop sets `release__cli__subcmd__chunk` while the `case` arms are labelled
 /// `release__subcmd__cli__subcmd__chunk`, so no arm past the first word ever matches and bash
 /// falls back to file names. The arms are relabelled the way the loop spells them.
+///
+/// `-v`'s help in the script is the binary's own (the text [`parse`] was given), as in `--help`.
 pub fn completion_script(shell: Shell, cmd: &mut clap::Command, bin: &str) -> Vec<u8> {
     let mut script = Vec::new();
+    if let Some(help) = VERBOSE_HELP.get() {
+        *cmd = std::mem::take(cmd).mut_arg("verbose", |a| a.help(*help));
+    }
     clap_complete::generate(shell, cmd, bin, &mut script);
     if shell == Shell::Bash && bin.contains('-') {
         let text = String::from_utf8_lossy(&script);
@@ -142,6 +147,9 @@ impl OutputFlags {
 
 static FLAGS: OnceLock<(Verbosity, ColorChoice)> = OnceLock::new();
 
+/// The binary's help for `-v`, recorded by [`parse`] for [`completion_script`].
+static VERBOSE_HELP: OnceLock<&'static str> = OnceLock::new();
+
 /// The run's verbosity, set once by [`parse`] (`Normal` before that, e.g. in unit tests).
 pub fn verbosity() -> Verbosity {
     FLAGS.get().map_or(Verbosity::Normal, |f| f.0)
@@ -208,6 +216,7 @@ pub fn parse<C: clap::Parser>(verbose_help: &'static str, flags: fn(&C) -> &Outp
         std::env::var_os("NO_COLOR").as_deref(),
         color_flag(&args),
     );
+    let _ = VERBOSE_HELP.set(verbose_help);
     let cmd = C::command()
         .color(if colour {
             clap::ColorChoice::Always
@@ -215,11 +224,45 @@ pub fn parse<C: clap::Parser>(verbose_help: &'static str, flags: fn(&C) -> &Outp
             clap::ColorChoice::Never
         })
         .mut_arg("verbose", |a| a.help(verbose_help));
-    let matches = cmd.clone().get_matches_from(args);
-    let cli = C::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut cmd.clone()).exit());
+    let exit = |e: clap::Error| -> ! {
+        if let Some(doc) = usage_error_json(&args, &e) {
+            let _ = write_stdout(doc.as_bytes());
+        }
+        e.exit()
+    };
+    let matches = cmd
+        .clone()
+        .try_get_matches_from(&args)
+        .unwrap_or_else(|e| exit(e));
+    let cli = C::from_arg_matches(&matches).unwrap_or_else(|e| exit(e.format(&mut cmd.clone())));
     let f = flags(&cli);
     let _ = FLAGS.set((f.verbosity(), f.color));
     cli
+}
+
+/// The error document for a usage error the argument parser found itself (an unknown flag, a
+/// missing argument, a bad value) when `--json` was asked for before any `--`: kind `usage`, the
+/// exit code stays clap's 2. `None` without `--json`, and for `--help`/`--version` (success).
+fn usage_error_json(args: &[OsString], e: &clap::Error) -> Option<String> {
+    let json = args
+        .iter()
+        .skip(1)
+        .take_while(|a| *a != "--")
+        .any(|a| a == "--json");
+    if !json || e.exit_code() == 0 {
+        return None;
+    }
+    let text = e.render().to_string();
+    let text = text.split("\n\nUsage:").next().unwrap_or_default();
+    let text = text
+        .split("\n\nFor more information")
+        .next()
+        .unwrap_or_default();
+    let message = text.trim().strip_prefix("error: ").unwrap_or(text.trim());
+    Some(error_json(
+        "usage",
+        &format!("{message}\nnext: run the command with --help for its arguments"),
+    ))
 }
 
 #[cfg(test)]
@@ -315,6 +358,71 @@ mod tests {
         ] {
             assert_eq!(color_flag(&args(a)), want, "{a:?}");
         }
+    }
+
+    #[derive(clap::Parser, Debug)]
+    #[command(name = "bin", version)]
+    struct TestCli {
+        #[command(flatten)]
+        output: OutputFlags,
+        #[command(subcommand)]
+        cmd: TestCmd,
+    }
+
+    #[derive(clap::Subcommand, Debug)]
+    enum TestCmd {
+        Verify {
+            #[arg(long)]
+            json: bool,
+            #[arg(long)]
+            sha256: String,
+        },
+    }
+
+    fn json_for(a: &[&str]) -> Option<serde_json::Value> {
+        use clap::Parser;
+        let args: Vec<OsString> = a.iter().map(OsString::from).collect();
+        let e = TestCli::try_parse_from(&args).unwrap_err();
+        usage_error_json(&args, &e).map(|d| {
+            assert_eq!(d.lines().count(), 1, "one line: {d}");
+            serde_json::from_str(&d).unwrap()
+        })
+    }
+
+    /// Regression: `--json` with a missing argument or a bad flag printed clap's text only, no
+    /// error document.
+    #[test]
+    fn parser_usage_errors_with_json_are_one_document() {
+        let v = json_for(&["bin", "verify", "--json"]).unwrap();
+        assert_eq!(v["error"]["kind"], "usage");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("--sha256"), "{msg}");
+        assert!(
+            !msg.starts_with("error:") && !msg.contains("Usage:"),
+            "{msg}"
+        );
+        assert!(v["error"]["next"].as_str().unwrap().contains("--help"));
+        let v = json_for(&["bin", "verify", "--json", "--bogus", "--sha256", "x"]).unwrap();
+        assert!(v["error"]["message"].as_str().unwrap().contains("--bogus"));
+        // Without --json, after `--`, and for --help/--version: no document.
+        assert_eq!(json_for(&["bin", "verify"]), None);
+        assert_eq!(json_for(&["bin", "verify", "--", "--json"]), None);
+        assert_eq!(json_for(&["bin", "verify", "--json", "--help"]), None);
+        assert_eq!(json_for(&["bin", "--version", "--json"]), None);
+    }
+
+    #[test]
+    fn completion_scripts_carry_the_binarys_verbose_help() {
+        use clap::CommandFactory;
+        let _ = VERBOSE_HELP.set("Also print each upload on stderr");
+        let want = *VERBOSE_HELP.get().unwrap();
+        let script = completion_script(Shell::Fish, &mut TestCli::command(), "bin");
+        let script = String::from_utf8(script).unwrap();
+        assert!(script.contains(want), "{script}");
+        assert!(
+            !script.contains("what the binary's --help says"),
+            "{script}"
+        );
     }
 
     #[test]
