@@ -48,7 +48,8 @@ Exit codes (stable, see docs/device.md):
 
 With --json, a failure too prints one JSON document on stdout,
 {\"error\":{\"kind\",\"message\",\"next\"}}, where kind names the exit code (failure, busy,
-download_failed, manifest_unavailable, not_verified, cancelled, no_space, deferred); the code is unchanged.";
+download_failed, manifest_unavailable, not_verified, cancelled, no_space, deferred, and usage
+for a command line the parser refused, exit 2); the code is unchanged.";
 
 #[derive(Parser)]
 #[command(

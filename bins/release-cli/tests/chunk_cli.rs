@@ -272,6 +272,38 @@ fn a_split_cleans_its_own_stale_temporaries() {
     assert!(!stale.exists());
 }
 
+/// Regression: `chunk split -q` printed its `next:` hint on stdout, where `-q` keeps only the
+/// requested output; the hint now goes to stderr and `-q` leaves it out.
+#[test]
+fn a_quiet_split_prints_only_its_report() {
+    let t = tempfile::tempdir().unwrap();
+    artifact(t.path(), 2500);
+    let out = cli(&["chunk", "split", NAME, "--chunk-size", "1KiB"], t.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stdout).contains("next:"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(
+        text(&out.stderr).contains("next: check it with"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = cli(
+        &["-q", "chunk", "split", NAME, "--chunk-size", "1KiB"],
+        t.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(NAME), "{}", text(&out.stdout));
+    assert!(
+        !text(&out.stdout).contains("next:"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(text(&out.stderr), "", "-q printed on stderr");
+}
+
 #[test]
 fn split_dry_run_names_the_chunks_and_removals_and_writes_nothing() {
     let t = tempfile::tempdir().unwrap();

@@ -158,7 +158,7 @@ pub enum Error {
     Refused(Refusal),
 
     /// A signing or verifying key that cannot be used (never shows the key itself).
-    #[error("signing key {}: {message}", path.display())]
+    #[error("key {}: {message}", path.display())]
     Signing { path: PathBuf, message: String },
 
     /// A reuse refused before anything was written; match on the [`ReuseRefusal`].

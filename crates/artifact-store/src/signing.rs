@@ -37,7 +37,9 @@ fn read_key_file(path: &Path) -> Result<String> {
         path: path.to_path_buf(),
         message,
     };
-    let file = fs_err::File::open(path).map_err(|e| bad(e.to_string()))?;
+    // std, not fs_err: `Error::Signing` names the path already, and fs_err's message would
+    // name it a second time.
+    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
     let mut text = String::new();
     file.take(MAX_KEY_FILE_BYTES + 1)
         .read_to_string(&mut text)
@@ -348,4 +350,22 @@ pub fn new_comment(
         release,
         expires: UnixSeconds::now().plus_days(expires_in_days)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: after the move to fs-err a missing key file was named twice
+    /// ("key /k.pub: failed to open file `/k.pub`: …").
+    #[test]
+    fn a_missing_key_file_is_named_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("absent.pub");
+        let err = read_key_file(&path).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::Signing { .. }), "{err:?}");
+        assert_eq!(text.matches("absent.pub").count(), 1, "{text}");
+        assert!(text.contains("No such file"), "{text}");
+    }
 }

@@ -146,8 +146,10 @@ impl Target {
         };
         if v.execution_device.as_deref() != Some(CHESTNUT_EXECUTION_DEVICE) {
             return Err(bad(format!(
-                "its chestnut variant's execution_device is {:?}, not {CHESTNUT_EXECUTION_DEVICE:?}",
+                "its chestnut variant's execution_device is {}, not {CHESTNUT_EXECUTION_DEVICE:?}",
                 v.execution_device
+                    .as_deref()
+                    .map_or_else(|| "missing".to_string(), |d| format!("{d:?}"))
             )));
         }
         if v.format.as_ref().is_some_and(|f| !f.is_supported()) {

@@ -561,7 +561,7 @@ pub fn builtin(args: BuiltinArgs) -> CliResult {
         )?;
         crate::outln!("  would write  {}", report.written.join(", "))?;
         crate::outln!("  would remove {removed}")?;
-        crate::outln!("next: run the same command without --dry-run")?;
+        cli_support::info!("next: run the same command without --dry-run");
         return Ok(());
     }
     crate::outln!(
@@ -571,9 +571,9 @@ pub fn builtin(args: BuiltinArgs) -> CliResult {
         report.sha256,
         report.chunk_count,
     )?;
-    crate::outln!(
+    cli_support::info!(
         "next: commit selfdrive/modeld/models/driving_tinygrad.pkl.* (no full PKL remains)"
-    )?;
+    );
     Ok(())
 }
 

@@ -183,10 +183,10 @@ fn split(args: SplitArgs) -> CliResult {
     for c in &report.chunks {
         crate::outln!("  {}  {:>12}  {}", c.sha256, c.size, c.name)?;
     }
-    crate::outln!(
+    cli_support::info!(
         "next: check it with `release-cli chunk verify {}`; publish takes --artifacts DIR where this directory is DIR/<id>/",
         out_dir.join(&report.name).display()
-    )?;
+    );
     Ok(())
 }
 

@@ -143,11 +143,11 @@ pub fn run(args: RebuildArgs) -> CliResult {
         .result()
         .map_err(|e| CliError::from(e).after_json_report())?;
     if summary.complete() {
-        crate::outln!(
+        cli_support::info!(
             "next: release-cli publish --artifacts {} --manifest {}",
             args.workspace.join("ready").display(),
             summary.manifest.display()
-        )?;
+        );
     }
     Ok(())
 }
