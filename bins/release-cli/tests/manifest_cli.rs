@@ -87,6 +87,37 @@ fn validate_lists_every_problem_with_its_path() {
     );
 }
 
+/// Regression: `validate --json` reported `"models": 0` for an invalid file of three entries,
+/// and named a misspelt top-level `models` key only as a missing array.
+#[test]
+fn validate_json_counts_the_entries_of_an_invalid_file() {
+    let t = tempfile::tempdir().unwrap();
+    let three = format!(
+        r#"{{"models": [{}, {}, {{"id": "c1"}}]}}"#,
+        entry("a1", "A"),
+        entry("b1", "B")
+    );
+    fs::write(t.path().join("three.json"), three).unwrap();
+    let out = cli(&["manifest", "validate", "--json", "three.json"], t.path());
+    assert_eq!(out.status.code(), Some(3));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["valid"], false);
+    assert_eq!(v["models"], 3);
+    assert_eq!(v["mode"], "catalog");
+
+    fs::write(
+        t.path().join("typo.json"),
+        format!(r#"{{"modles": [{}]}}"#, entry("a1", "A")),
+    )
+    .unwrap();
+    let out = cli(&["manifest", "validate", "--json", "typo.json"], t.path());
+    assert_eq!(out.status.code(), Some(3));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["models"], serde_json::Value::Null);
+    let problem = v["problems"][0]["message"].as_str().unwrap();
+    assert!(problem.contains(r#"did you mean "models""#), "{problem}");
+}
+
 #[test]
 fn oversized_manifest_is_refused_before_parsing() {
     let t = tempfile::tempdir().unwrap();

@@ -317,14 +317,16 @@ fn validate(args: ValidateArgs) -> CliResult {
             }],
         ),
     };
-    let models = if problems.is_empty() {
-        Manifest::from_slice(&bytes)
-            .map(|m| m.models().len())
-            .unwrap_or(0)
-    } else {
-        0
-    };
-    let mode = format!("{:?}", args.mode).to_lowercase();
+    // The number of entries the file lists, valid or not; `None` when it has no models array.
+    let models = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|doc| match doc {
+            serde_json::Value::Array(items) => Some(items.len()),
+            doc => doc.get("models")?.as_array().map(Vec::len),
+        });
+    let mode = clap::ValueEnum::to_possible_value(&args.mode)
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
     if args.json {
         print_json(&json!({
             "file": args.file,
@@ -335,8 +337,9 @@ fn validate(args: ValidateArgs) -> CliResult {
         }))?;
     } else if problems.is_empty() {
         crate::outln!(
-            "ok: {} is a valid manifest ({models} models, {mode} rules)",
-            args.file.display()
+            "ok: {} is a valid manifest ({} models, {mode} rules)",
+            args.file.display(),
+            models.unwrap_or(0)
         )?;
         if args.mode != Mode::Release {
             cli_support::info!(

@@ -344,6 +344,12 @@ fn content_type(path: &Path) -> &'static str {
     }
 }
 
+/// The request target as the `-v` log shows it: the path only. A query string may carry a
+/// credential (`?token=…`), and nothing we serve reads one.
+fn logged_target(target: &str) -> &str {
+    target.split(['?', '#']).next().unwrap_or("")
+}
+
 fn handle(stream: &TcpStream, req: Request, config: &ServeConfig, log: &Mutex<Vec<RequestRecord>>) {
     let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
@@ -351,7 +357,7 @@ fn handle(stream: &TcpStream, req: Request, config: &ServeConfig, log: &Mutex<Ve
     let (status, bytes) = respond(&mut out, &req, config).unwrap_or((0, 0));
     tracing::debug!(
         method = %req.method,
-        target = %req.target,
+        target = %logged_target(&req.target),
         status,
         bytes,
         "request"
@@ -554,6 +560,19 @@ fn file(out: &mut impl Write, req: &Request, path: &Path, head: bool) -> io::Res
 
 #[cfg(test)]
 mod tests {
+    /// Regression: `serve -v` logged the whole target, a `?token=…` query included.
+    #[test]
+    fn the_log_shows_the_path_without_its_query() {
+        for (target, logged) in [
+            ("/models/v25/a.pkl", "/models/v25/a.pkl"),
+            ("/m.json?token=hf_SECRET", "/m.json"),
+            ("/m.json#frag", "/m.json"),
+            ("?token=x", ""),
+        ] {
+            assert_eq!(super::logged_target(target), logged, "{target}");
+        }
+    }
+
     use super::*;
 
     #[test]
