@@ -15,11 +15,11 @@ use std::process::{Command, Stdio};
 use manifest::{BehaviorVersion, GitCommit, ModelId};
 use serde::Serialize;
 
-use crate::compiler::checks::{artifact_dir_and_name, check_sources, check_tree};
+use crate::compiler::checks::{check_sources, check_tree, release_set_to_validate};
 use crate::compiler::fetch::earlier_set;
 use crate::compiler::{ConnectOptions, check_local_rsync};
 use crate::error::{Error, Result};
-use crate::outputs::{self, FetchedArtifact};
+use crate::outputs::FetchedArtifact;
 use crate::plan::{self, CompileRequest};
 use crate::target::RemotePath;
 
@@ -357,20 +357,7 @@ pub fn validate(
     log: &Path,
 ) -> Result<(Plan, FetchedArtifact)> {
     check_before_connect(opts)?;
-    let (dir, name) = artifact_dir_and_name(artifact);
-    let set = match outputs::check_release(&dir, &name)? {
-        Ok(a) => a,
-        Err(problem) => {
-            return Err(Error::Validator {
-                model: id.to_string(),
-                detail: format!(
-                    "{} is not a verified chunk set: {problem}",
-                    artifact.display()
-                ),
-                log: log.to_path_buf(),
-            });
-        }
-    };
+    let (dir, name, set) = release_set_to_validate(id, artifact, log)?;
     let mut p = Plan::new(opts, pin);
     p.check_marker(opts)?;
     p.run(plan::validate_prepare_command(models_dir, &name));

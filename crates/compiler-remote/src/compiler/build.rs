@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use fs_err::{self as fs, File};
 use manifest::{BehaviorVersion, GitCommit, ModelId};
 
-use super::checks::{artifact_dir_and_name, check_sources};
+use super::checks::{check_sources, release_set_to_validate};
 use super::fetch::FetchDir;
 use super::session::status_text;
 use super::{Compiler, DEVICE_PREFIX, DmFile, LineSink, Verdict};
@@ -218,20 +218,8 @@ impl Compiler {
         sink: LineSink<'_>,
     ) -> Result<Verdict> {
         self.check_marker(pin)?;
-        let (dir, name) = artifact_dir_and_name(artifact);
-        let (files, artifact_sha256) = match outputs::check_release(&dir, &name)? {
-            Ok(a) => (a.files, a.sha256),
-            Err(problem) => {
-                return Err(Error::Validator {
-                    model: id.to_string(),
-                    detail: format!(
-                        "{} is not a verified chunk set: {problem}",
-                        artifact.display()
-                    ),
-                    log: log.to_path_buf(),
-                });
-            }
-        };
+        let (dir, name, set) = release_set_to_validate(id, artifact, log)?;
+        let (files, artifact_sha256) = (set.files, set.sha256);
         self.run_checked(&plan::validate_prepare_command(models_dir, &name))?;
         let mut args = os_args(&plan::SEND_OPTIONS);
         args.extend(files.iter().map(|f| dir.join(f).into_os_string()));

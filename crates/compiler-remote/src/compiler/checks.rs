@@ -4,7 +4,10 @@ use std::path::{Path, PathBuf};
 
 use fs_err as fs;
 
+use manifest::ModelId;
+
 use crate::error::{Error, Result, SourceProblem};
+use crate::outputs::{self, FetchedArtifact};
 use crate::plan;
 
 /// The directory and file name of a chunk set's logical path (`.` for a bare name).
@@ -18,6 +21,27 @@ pub(crate) fn artifact_dir_and_name(artifact: &Path) -> (PathBuf, String) {
         _ => PathBuf::from("."),
     };
     (dir, name)
+}
+
+/// The chunk set `validate` sends, checked locally: its directory, its name and its verified
+/// files, or the validator refusal naming `id`'s artifact (the real run and the dry run both).
+pub(crate) fn release_set_to_validate(
+    id: &ModelId,
+    artifact: &Path,
+    log: &Path,
+) -> Result<(PathBuf, String, FetchedArtifact)> {
+    let (dir, name) = artifact_dir_and_name(artifact);
+    match outputs::check_release(&dir, &name)? {
+        Ok(set) => Ok((dir, name, set)),
+        Err(problem) => Err(Error::Validator {
+            model: id.to_string(),
+            detail: format!(
+                "{} is not a verified chunk set: {problem}",
+                artifact.display()
+            ),
+            log: log.to_path_buf(),
+        }),
+    }
 }
 
 /// The parts of the openpilot tree `sync` sends are all there.
