@@ -1,0 +1,309 @@
+//! Executing a publish for one store: observe what it holds, upload what the plan says, check
+//! the store is complete, run the release guard against its live manifest, then write the
+//! signature and the manifest last (the order is in [`super`]'s module comment).
+
+use std::collections::BTreeSet;
+
+use manifest::{Manifest, ModelId, StoreLayout};
+
+use super::inspect::check_entry;
+use super::{
+    Event, FileSource, LocalArtifact, LocalFile, Observed, PublishOptions, Step, StoreReport,
+    plan_model,
+};
+use crate::error::{Error, Refusal, Result};
+use crate::paths::StorePath;
+use crate::retry::RetryPolicy;
+use crate::store::Store;
+
+fn observe(store: &dyn Store, path: &StorePath, want: &LocalFile) -> Result<Observed> {
+    match store.stat(path)? {
+        None => Ok(Observed::Missing),
+        Some(s) if s.size != want.size => Ok(Observed::Present {
+            size: s.size,
+            sha256: None,
+        }),
+        Some(s) => {
+            let sha256 = store.sha256(path)?.map(|(d, _)| d);
+            Ok(Observed::Present {
+                size: s.size,
+                sha256,
+            })
+        }
+    }
+}
+
+// One store's publish needs everything publish was given; a struct for it would only rename them.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn publish_one(
+    manifest: &Manifest,
+    manifest_bytes: &[u8],
+    local: &[LocalArtifact],
+    intended: &BTreeSet<ModelId>,
+    store: &dyn Store,
+    opts: &PublishOptions,
+    signature: Option<&[u8]>,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<StoreReport> {
+    let name = store.describe();
+    let layout = StoreLayout::HfBucket;
+    // 1. Plan every model from what the store holds now.
+    let mut plans = Vec::new();
+    for art in local {
+        let dir = layout.artifact_dir(opts.generation, &art.id);
+        let mut observed = Vec::new();
+        for f in &art.files {
+            observed.push(observe(store, &dir.join(&f.name)?, f)?);
+        }
+        let plain_present = store.stat(&dir.join(&art.name)?)?.is_some();
+        plans.push((
+            art,
+            dir.clone(),
+            plan_model(art, &dir, &observed, plain_present),
+        ));
+    }
+    let upload_bytes: u64 = plans
+        .iter()
+        .flat_map(|(_, _, s)| s)
+        .map(|s| match s {
+            Step::Upload { size, .. } => *size,
+            _ => 0,
+        })
+        .sum();
+    let mut rep = StoreReport {
+        store: name.clone(),
+        steps: plans.iter().flat_map(|(_, _, s)| s.clone()).collect(),
+        uploaded_files: 0,
+        uploaded_bytes: 0,
+        skipped_files: 0,
+        first_publish: false,
+        manifest: "unchanged",
+        manifest_path: layout.manifest_path(opts.generation).to_string(),
+    };
+    if !opts.dry_run {
+        on_event(&Event::StoreStarted {
+            store: name.clone(),
+            upload_bytes,
+        });
+        for (art, _, steps) in &plans {
+            for step in steps {
+                run_step(store, art, step, opts.retry, &mut rep, on_event)?;
+            }
+        }
+    } else {
+        rep.skipped_files = rep
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Skip { .. }))
+            .count();
+    }
+
+    // 2. Every listed artifact complete and matching. In a dry run, what would be uploaded
+    // counts as there.
+    let would_upload: BTreeSet<&ModelId> = if opts.dry_run {
+        local
+            .iter()
+            .filter(|a| !a.files.is_empty())
+            .map(|a| &a.id)
+            .collect()
+    } else {
+        BTreeSet::new()
+    };
+    // Step 1 hashed every file of the models it uploaded (or found already there); the other
+    // listed models are re-hashed where that is cheap, or everywhere with --deep-verify.
+    let verified_in_step_1: BTreeSet<&ModelId> = if opts.dry_run {
+        BTreeSet::new()
+    } else {
+        local
+            .iter()
+            .filter(|a| !a.files.is_empty())
+            .map(|a| &a.id)
+            .collect()
+    };
+    let deep = opts.deep_verify || store.reads_are_local();
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for entry in manifest.models() {
+        if entry.id().is_local() || would_upload.contains(entry.id()) {
+            continue;
+        }
+        checked += 1;
+        check_entry(
+            store,
+            opts.generation,
+            entry,
+            deep && !verified_in_step_1.contains(entry.id()),
+            &mut problems,
+        )?;
+    }
+    if !problems.is_empty() {
+        return Err(Error::Incomplete {
+            store: name,
+            problems,
+        });
+    }
+    on_event(&Event::Checked {
+        store: name.clone(),
+        models: checked,
+    });
+
+    // 3. The live manifest, fetched again now, and the guard.
+    let manifest_path = layout.manifest_path(opts.generation);
+    let live_bytes =
+        store.read_small(&manifest_path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)?;
+    match &live_bytes {
+        None => rep.first_publish = true,
+        Some(bytes) => {
+            let live = Manifest::from_slice(bytes).map_err(|e| {
+                Error::Refused(Refusal::LiveUnparsable {
+                    store: name.clone(),
+                    path: manifest_path.clone(),
+                    source: e,
+                })
+            })?;
+            manifest::guard(&live, manifest, intended).map_err(|refusal| Error::Guard {
+                store: name.clone(),
+                refusal,
+            })?;
+        }
+    }
+    on_event(&Event::Guarded {
+        store: name.clone(),
+        first_publish: rep.first_publish,
+    });
+
+    // 4. The signature, then the manifest, last.
+    if let Some(sig) = signature
+        && !opts.dry_run
+    {
+        write_signature(store, opts, sig, on_event)?;
+    }
+    if live_bytes.as_deref() == Some(manifest_bytes) {
+        rep.manifest = "unchanged";
+        on_event(&Event::ManifestUnchanged {
+            store: name.clone(),
+            path: manifest_path.to_string(),
+        });
+    } else if opts.dry_run {
+        rep.manifest = "would_write";
+    } else {
+        write_small(store, opts.retry, &manifest_path, manifest_bytes, on_event)?;
+        rep.manifest = "written";
+    }
+    Ok(rep)
+}
+
+/// Write the manifest's signature file unless the store already holds exactly it.
+fn write_signature(
+    store: &dyn Store,
+    opts: &PublishOptions,
+    sig: &[u8],
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<()> {
+    let path = StoreLayout::HfBucket.signature_path(opts.generation);
+    if store
+        .read_small(&path, manifest::signature::MAX_SIGNATURE_BYTES)?
+        .as_deref()
+        == Some(sig)
+    {
+        return Ok(());
+    }
+    write_small(store, opts.retry, &path, sig, on_event)
+}
+
+/// Write a small file (the manifest or its signature) with retries, reporting each retry and,
+/// once written, `ManifestWritten`.
+fn write_small(
+    store: &dyn Store,
+    retry: RetryPolicy,
+    path: &StorePath,
+    bytes: &[u8],
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<()> {
+    let name = store.describe();
+    let path_s = path.to_string();
+    retry.run(
+        &name,
+        &path_s,
+        |attempt, e, wait| {
+            on_event(&Event::Retrying {
+                store: name.clone(),
+                path: path_s.clone(),
+                attempt,
+                error: e.to_string(),
+                wait_ms: wait.as_millis() as u64,
+            })
+        },
+        || store.write_bytes(path, bytes),
+    )?;
+    on_event(&Event::ManifestWritten {
+        store: name,
+        path: path_s,
+    });
+    Ok(())
+}
+
+fn run_step(
+    store: &dyn Store,
+    art: &LocalArtifact,
+    step: &Step,
+    retry: RetryPolicy,
+    rep: &mut StoreReport,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<()> {
+    let name = store.describe();
+    match step {
+        Step::Skip { .. } => {
+            rep.skipped_files += 1;
+        }
+        Step::Retract { path } | Step::RemoveShadowingPlain { path } => {
+            let p: StorePath = path.parse()?;
+            retry.run(&name, path, |_, _, _| {}, || store.delete(&p))?;
+            on_event(&Event::Removed {
+                store: name.clone(),
+                path: path.clone(),
+            });
+        }
+        Step::Upload {
+            path, file, size, ..
+        } => {
+            let p: StorePath = path.parse()?;
+            let f = &art.files[*file];
+            on_event(&Event::Uploading {
+                store: name.clone(),
+                path: path.clone(),
+                size: *size,
+            });
+            let mut retry_events = Vec::new();
+            let result = retry.run(
+                &name,
+                path,
+                |attempt, e, wait| {
+                    retry_events.push(Event::Retrying {
+                        store: name.clone(),
+                        path: path.clone(),
+                        attempt,
+                        error: e.to_string(),
+                        wait_ms: wait.as_millis() as u64,
+                    })
+                },
+                || match &f.source {
+                    FileSource::Path(local) => store.write_file(&p, local),
+                    FileSource::Bytes(b) => store.write_bytes(&p, b),
+                },
+            );
+            for e in &retry_events {
+                on_event(e);
+            }
+            result?;
+            rep.uploaded_files += 1;
+            rep.uploaded_bytes += size;
+            on_event(&Event::Uploaded {
+                store: name.clone(),
+                path: path.clone(),
+                size: *size,
+            });
+        }
+    }
+    Ok(())
+}
