@@ -1,7 +1,7 @@
 //! The build half of `release-cli` (sync, compile, dm, rebuild, validate, builtin, tinygrad
 //! bump), run as the real binary against a real sshd on 127.0.0.1 and a stand-in device root.
 
-use crate::common::{cli_in as cli, text};
+use crate::common::{cli_in as cli, snapshot, text};
 
 use std::fs;
 use std::path::Path;
@@ -800,25 +800,6 @@ fn tinygrad_bump_replaces_the_tree_without_git_metadata() {
             format!("{OTHER}\n")
         );
     }
-}
-
-/// Every file under `dir` with its content, sorted: equal snapshots mean nothing changed.
-pub(crate) fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let rel = p.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
-                out.push((rel, fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 #[test]

@@ -758,7 +758,7 @@ fn preflight_dry_run_runs_nothing_and_writes_nothing() {
     let op = stand_in_checkout(t.path(), 0);
     // ./dev would leave this file behind if it ran.
     fs::write(op.join("dev"), "#!/bin/sh\ntouch ran\n").unwrap();
-    let before = crate::build_cli::snapshot(t.path());
+    let before = crate::common::snapshot(t.path());
     let ws = t.path().join("ws");
     let run = |extra: &[&str]| {
         let mut a = vec![
@@ -792,7 +792,7 @@ fn preflight_dry_run_runs_nothing_and_writes_nothing() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
     fs::write(op.join("tinygrad_repo/TINYGRAD_COMMIT"), format!("{TG}\n")).unwrap();
     assert_eq!(
-        crate::build_cli::snapshot(t.path()),
+        crate::common::snapshot(t.path()),
         before,
         "a preflight dry run changed something"
     );
