@@ -65,6 +65,17 @@ pub enum Error {
         found: String,
     },
 
+    /// The manifest's `tinygrad_commit` is not the tinygrad of this device's openpilot tree: its
+    /// artifacts target another ABI. The next origin is tried.
+    #[error(
+        "{url}: manifest was built for tinygrad {found} but this device's openpilot tree runs tinygrad {expected}; not using it"
+    )]
+    WrongTinygrad {
+        url: String,
+        expected: manifest::GitCommit,
+        found: manifest::GitCommit,
+    },
+
     /// The manifest is not signed as the device's trusted keys require (`trust`).
     #[error("{url}: manifest refused: {refusal}")]
     Refused {

@@ -36,7 +36,7 @@ use std::time::Instant;
 
 use manifest::validate::Problem;
 use manifest::{
-    Generation, Limits, Manifest, ModelEntry, RefusedEntry, ReleaseNumber, UnixSeconds,
+    Generation, GitCommit, Limits, Manifest, ModelEntry, RefusedEntry, ReleaseNumber, UnixSeconds,
 };
 
 use crate::http::Http;
@@ -70,6 +70,8 @@ pub struct Downloader {
     config: DownloadConfig,
     limits: Limits,
     trusted_keys: Option<trust::TrustedKeys>,
+    /// The tinygrad this device's openpilot tree runs: a manifest naming another one is refused.
+    tinygrad_pin: Option<GitCommit>,
 }
 
 impl Downloader {
@@ -80,7 +82,21 @@ impl Downloader {
             config,
             limits: Limits::default(),
             trusted_keys: None,
+            tinygrad_pin: None,
         }
+    }
+
+    /// Accept only manifests whose `tinygrad_commit`, when they have one, is `pin` (the
+    /// openpilot tree's `tinygrad_repo/TINYGRAD_COMMIT`): a manifest built for another tinygrad
+    /// is refused like one of another generation ([`Error::WrongTinygrad`]) and the next origin
+    /// is tried.
+    pub fn with_tinygrad_pin(mut self, pin: GitCommit) -> Self {
+        self.tinygrad_pin = Some(pin);
+        self
+    }
+
+    pub fn tinygrad_pin(&self) -> Option<&GitCommit> {
+        self.tinygrad_pin.as_ref()
     }
 
     /// Accept only manifests signed by one of `keys` (see [`trust`]).
@@ -232,6 +248,16 @@ impl Downloader {
                 url: url.to_string(),
                 expected: generation.to_string(),
                 found: found.to_string(),
+            });
+        }
+        if let Some(expected) = &self.tinygrad_pin
+            && let Some(found) = manifest.tinygrad_commit()
+            && &found != expected
+        {
+            return Err(Error::WrongTinygrad {
+                url: url.to_string(),
+                expected: expected.clone(),
+                found,
             });
         }
         Ok((read, signed, bytes))

@@ -5,3 +5,4 @@ mod common;
 mod faults;
 mod field;
 mod hostile;
+mod tree_pin;
