@@ -33,11 +33,15 @@ pub enum Request {
 
 /// The pending request, `DownloadAllModels` first (upstream's priority).
 pub fn read_request(device: &Device) -> Result<Option<Request>> {
-    if device.memory.get_bool(keys::DOWNLOAD_ALL_MODELS)? {
+    read_request_in(&device.memory)
+}
+
+/// [`read_request`] from the memory params `memory`.
+pub fn read_request_in(memory: &crate::params::Params) -> Result<Option<Request>> {
+    if memory.get_bool(keys::DOWNLOAD_ALL_MODELS)? {
         return Ok(Some(Request::DownloadAll));
     }
-    Ok(device
-        .memory
+    Ok(memory
         .get_str(keys::MODEL_TO_DOWNLOAD)?
         .map(|raw| Request::Download {
             id: raw.to_ascii_lowercase().parse().ok(),
@@ -114,15 +118,20 @@ fn serve_outcome(
 
 /// Clear a handled request and the cancel flag.
 pub fn finish(device: &Device, request: &Request) -> Result<()> {
+    finish_in(&device.memory, request)
+}
+
+/// [`finish`] in the memory params `memory`.
+pub fn finish_in(memory: &crate::params::Params, request: &Request) -> Result<()> {
     match request {
-        Request::DownloadAll => device.memory.remove(keys::DOWNLOAD_ALL_MODELS)?,
+        Request::DownloadAll => memory.remove(keys::DOWNLOAD_ALL_MODELS)?,
         Request::Download { raw, .. } => {
-            if device.memory.get_str(keys::MODEL_TO_DOWNLOAD)?.as_deref() == Some(raw.as_str()) {
-                device.memory.remove(keys::MODEL_TO_DOWNLOAD)?;
+            if memory.get_str(keys::MODEL_TO_DOWNLOAD)?.as_deref() == Some(raw.as_str()) {
+                memory.remove(keys::MODEL_TO_DOWNLOAD)?;
             }
         }
     }
-    device.memory.remove(keys::CANCEL_MODEL_DOWNLOAD)
+    memory.remove(keys::CANCEL_MODEL_DOWNLOAD)
 }
 
 /// Why a running request stopped early.

@@ -169,6 +169,11 @@ pub(crate) fn catalog_body(
     Ok(body.into_bytes())
 }
 
+/// The built-in `driving_tinygrad.pkl` (a chunk set) in `builtin_dir`.
+pub fn builtin_path_in(builtin_dir: &Path) -> PathBuf {
+    builtin_dir.join("driving_tinygrad.pkl")
+}
+
 impl Device {
     pub fn new(config: DeviceConfig) -> Self {
         Self::with_effects(config, Effects::none())
@@ -352,7 +357,7 @@ impl Device {
     }
 
     pub fn builtin_path(&self) -> PathBuf {
-        self.config.builtin_dir.join("driving_tinygrad.pkl")
+        builtin_path_in(&self.config.builtin_dir)
     }
 
     pub fn artifact_path(&self, id: &ModelId) -> PathBuf {

@@ -25,6 +25,7 @@ pub mod plan;
 pub mod preview;
 pub mod progress;
 pub mod report;
+pub mod tree;
 pub mod trust_state;
 
 pub use device::{

@@ -8,8 +8,8 @@
 
 use std::fmt;
 
-use manifest::ModelId;
 use manifest::signature::Refusal;
+use manifest::{GitCommit, ModelId};
 
 use crate::error::Error;
 
@@ -122,6 +122,10 @@ pub enum Progress {
     /// `"Model list refused: <why>"`: the manifest was not signed as the trusted keys require
     /// (`manifest::signature::Refusal::ui_text`).
     ManifestRefused(Refusal),
+    /// `"Model downloads paused: openpilot's tinygrad <12 hex> has no model generation; update
+    /// openpilot."` (or, `None`, `"...tinygrad version cannot be read..."`): the openpilot tree's
+    /// tinygrad is no generation's pin, so nothing is changed (see `tree`).
+    TreeUnknown(Option<GitCommit>),
 }
 
 impl fmt::Display for Progress {
@@ -151,6 +155,14 @@ impl fmt::Display for Progress {
             Progress::ExternalGpuRequired => f.write_str("External GPU required..."),
             Progress::Failed(reason) => write!(f, "Download failed: {}", reason.text()),
             Progress::ManifestRefused(refusal) => f.write_str(refusal.ui_text()),
+            Progress::TreeUnknown(Some(commit)) => write!(
+                f,
+                "Model downloads paused: openpilot's tinygrad {} has no model generation; update openpilot.",
+                &commit.as_str()[..12]
+            ),
+            Progress::TreeUnknown(None) => f.write_str(
+                "Model downloads paused: openpilot's tinygrad version cannot be read; update openpilot.",
+            ),
         }
     }
 }
@@ -211,6 +223,32 @@ mod tests {
             ),
         ] {
             assert_eq!(p.to_string(), text);
+        }
+    }
+
+    /// The pause (see `tree`) names the tree's tinygrad, says what to do in the driver's words,
+    /// and reads like no shell hint.
+    #[test]
+    fn the_pause_names_the_tinygrad() {
+        let pin: GitCommit = "26262626262626262626262626262626262626aa".parse().unwrap();
+        for (p, text) in [
+            (
+                Progress::TreeUnknown(Some(pin)),
+                "Model downloads paused: openpilot's tinygrad 262626262626 has no model \
+                 generation; update openpilot.",
+            ),
+            (
+                Progress::TreeUnknown(None),
+                "Model downloads paused: openpilot's tinygrad version cannot be read; update \
+                 openpilot.",
+            ),
+        ] {
+            let shown = p.to_string();
+            assert_eq!(shown, text);
+            assert!(
+                !shown.contains('`') && !shown.contains("run ") && !shown.contains('/'),
+                "{shown}"
+            );
         }
     }
 
