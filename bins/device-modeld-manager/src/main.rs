@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use downloader::{CancelToken, DownloadConfig, Downloader, Origins};
-use manifest::{Generation, ModelId, layout};
-use migration::{Device, DeviceConfig, ManagerLock, VerifyState};
+use manifest::{Generation, ModelId};
+use migration::{Device, DeviceConfig, ManagerLock, VerifyState, tree};
 use serde_json::json;
 
 mod dry_run;
@@ -29,7 +29,11 @@ mod code {
     pub const CANCELLED: u8 = 7;
     pub const NO_SPACE: u8 = 8;
     pub const ONROAD: u8 = 9;
+    pub const PAUSED: u8 = 10;
 }
+
+/// A command line clap accepted but the tree contradicts (`--generation`): clap's own code.
+const USAGE: u8 = 2;
 
 /// The exit codes, as `--help` shows them (and docs/cli.md, generated from it).
 const EXIT_CODES_HELP: &str = "\
@@ -45,11 +49,14 @@ Exit codes (stable, see docs/device.md):
   7  cancelled
   8  not enough free space
   9  deferred while driving: IsOnroad is set, nothing was changed
+  10 paused: the openpilot tree's tinygrad is no known generation's pin (or cannot be read);
+     nothing was changed, `resolve` answers the built-in (see `status`)
 
 With --json, a failure too prints one JSON document on stdout,
 {\"error\":{\"kind\",\"message\",\"next\"}}, where kind names the exit code (failure, busy,
-download_failed, manifest_unavailable, not_verified, cancelled, no_space, deferred, and usage
-for a command line the parser refused, exit 2); the code is unchanged.";
+download_failed, manifest_unavailable, not_verified, cancelled, no_space, deferred, paused, and
+usage for a command line the parser refused or a --generation the tree disagrees with, exit 2);
+the code is unchanged.";
 
 #[derive(Parser)]
 #[command(
@@ -74,18 +81,37 @@ struct Cli {
     /// GitHub raw base URL of the Models branch (tried second).
     #[arg(long, global = true, help_heading = "Global options", value_name = "URL", default_value = downloader::DEFAULT_GITHUB_BASE)]
     github_base: String,
-    /// Manifest generation this device reads, e.g. `v25`.
-    #[arg(long, global = true, help_heading = "Global options", value_name = "vNN", default_value_t = layout::CURRENT_GENERATION)]
-    generation: Generation,
-    /// Directory holding the built-in RDF V4 chunk set driving_tinygrad.pkl.*.
+    /// The openpilot checkout this device runs. Its tinygrad (`tinygrad_repo/TINYGRAD_COMMIT`)
+    /// decides the manifest generation: the one whose pin it is, in the built-in pin table plus
+    /// the checkout's `tinygrad_pins.json`. A tinygrad no table knows (or a marker that cannot
+    /// be read) changes nothing: exit 10, `resolve` answers the built-in.
     #[arg(
         long,
         global = true,
         help_heading = "Global options",
         value_name = "DIR",
-        default_value = "/data/openpilot/selfdrive/modeld/models"
+        default_value = migration::tree::DEFAULT_OPENPILOT_DIR
     )]
-    builtin_dir: PathBuf,
+    openpilot_dir: PathBuf,
+    /// Check that the openpilot tree's tinygrad is this generation's, e.g. `v25`: a
+    /// disagreement is a usage error (exit 2) and nothing is touched. Without it the tree
+    /// decides.
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "vNN"
+    )]
+    generation: Option<Generation>,
+    /// Directory holding the built-in RDF V4 chunk set driving_tinygrad.pkl.* [default:
+    /// <openpilot-dir>/selfdrive/modeld/models].
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "DIR"
+    )]
+    builtin_dir: Option<PathBuf>,
     /// Memory params directory (ModelToDownload, ModelDownloadProgress, ...).
     #[arg(
         long,
@@ -295,6 +321,8 @@ impl Fail {
             code::CANCELLED => "cancelled",
             code::NO_SPACE => "no_space",
             code::ONROAD => "deferred",
+            code::PAUSED => "paused",
+            USAGE => "usage",
             _ => "failure",
         }
     }
@@ -511,11 +539,36 @@ fn run(cli: Cli) -> Result<(), Fail> {
         return write_stdout(&script);
     }
     require_data_dir(&cli.data_dir)?;
+    let builtin_dir = cli
+        .builtin_dir
+        .clone()
+        .unwrap_or_else(|| cli.openpilot_dir.join(migration::tree::BUILTIN_SUBDIR));
+    let decision = tree::decide(&tree::read(&cli.openpilot_dir), cli.generation);
+    let (generation, tinygrad) = match &decision {
+        tree::Decision::Known { generation, commit } => (*generation, commit.clone()),
+        tree::Decision::OverrideDisagrees {
+            given,
+            tree,
+            commit,
+        } => {
+            return Err(Fail::new(
+                USAGE,
+                format!(
+                    "--generation {given} disagrees with the openpilot tree {}: its tinygrad \
+                     {commit} is {tree}'s pin; nothing was touched\nnext: drop --generation (the \
+                     tree decides), or pass --generation {tree}, or --openpilot-dir for the \
+                     checkout this device runs",
+                    cli.openpilot_dir.display()
+                ),
+            ));
+        }
+        tree::Decision::Paused(paused) => return paused_run(&cli, &builtin_dir, paused),
+    };
     let mut device = Device::new(DeviceConfig {
         data_dir: cli.data_dir.clone(),
         memory_params_dir: cli.memory_params_dir.clone(),
-        builtin_dir: cli.builtin_dir.clone(),
-        generation: cli.generation,
+        builtin_dir: builtin_dir.clone(),
+        generation,
     });
     device.sysfs_root = cli.sysfs_root.clone();
     let dl = Downloader::new(
@@ -527,14 +580,15 @@ fn run(cli: Cli) -> Result<(), Fail> {
             ..DownloadConfig::default()
         },
     );
-    let dl = trust::with_keys(dl, cli.trusted_keys.as_deref())?;
+    let dl = trust::with_keys(dl, cli.trusted_keys.as_deref())?.with_tinygrad_pin(tinygrad.clone());
+    let tree_status = tree::TreeStatus::of(&cli.openpilot_dir, &decision);
     cli_support::detail!(
-        "data dir {}, models {}, memory params {}, built-in {}, generation {}, origins {} then {}, trusted keys {}",
+        "data dir {}, models {}, memory params {}, built-in {}, openpilot tree {} (tinygrad {tinygrad}), generation {generation}, origins {} then {}, trusted keys {}",
         cli.data_dir.display(),
         device.models_dir().display(),
         cli.memory_params_dir.display(),
-        cli.builtin_dir.display(),
-        cli.generation,
+        builtin_dir.display(),
+        cli.openpilot_dir.display(),
         cli.hf_base,
         cli.github_base,
         cli.trusted_keys
@@ -555,7 +609,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
             cli_support::info!("model: {} ({} {})", r.id, r.name, r.version);
             out_line(r.path.display())
         }
-        Command::Status { json } => status(&device, &dl, json),
+        Command::Status { json } => status(&device, &dl, &tree_status, json),
         Command::Refresh {
             dry_run: true,
             json,
@@ -760,6 +814,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
         } => daemon(
             &device,
             &dl,
+            &tree_status,
             &migration::daemon::DaemonConfig {
                 poll: Duration::from_millis(poll_ms),
                 refresh_every: Duration::from_secs(refresh_secs),
@@ -805,16 +860,23 @@ fn require_data_dir(dir: &std::path::Path) -> Result<(), Fail> {
     }
 }
 
-fn status(device: &Device, dl: &Downloader, json_out: bool) -> Result<(), Fail> {
+fn status(
+    device: &Device,
+    dl: &Downloader,
+    tree: &tree::TreeStatus,
+    json_out: bool,
+) -> Result<(), Fail> {
     let r = migration::report::status(device)?;
     let trust = trust::status_json(device, dl)?;
     if json_out {
         let mut v = serde_json::to_value(&r).expect("serializable");
         v["trust"] = trust;
+        v["tree"] = serde_json::to_value(tree).expect("serializable");
         return out_line(v);
     }
     let mut lines = vec![
         format!("generation: {}", r.generation),
+        tree_line(tree),
         format!(
             "manifest version: {}",
             r.manifest_version.as_deref().unwrap_or("none")
@@ -959,9 +1021,19 @@ extern "C" fn on_stop_signal(_: libc::c_int) {
 fn daemon(
     device: &Device,
     dl: &Downloader,
+    tree: &tree::TreeStatus,
     config: &migration::daemon::DaemonConfig,
 ) -> Result<(), Fail> {
     let _lock = ManagerLock::acquire(&device.models_dir())?;
+    let stopping = stop_on_signals();
+    let log = |line: &str| cli_support::info!("device-modeld-manager: {line}");
+    log(&tree_line(tree));
+    migration::daemon::run(device, dl, config, &stopping, &log)?;
+    Ok(())
+}
+
+/// A flag set by SIGTERM/SIGINT (relayed from the signal handler's atomic by a thread).
+fn stop_on_signals() -> Arc<AtomicBool> {
     for sig in [libc::SIGTERM, libc::SIGINT] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe {
@@ -978,10 +1050,82 @@ fn daemon(
             stopping.store(true, Ordering::SeqCst);
         })
     };
-    let log = |line: &str| cli_support::info!("device-modeld-manager: {line}");
-    migration::daemon::run(device, dl, config, &stopping, &log)?;
     drop(relay);
-    Ok(())
+    stopping
+}
+
+/// `tree: …` as `status` and the daemon's log say it.
+fn tree_line(t: &tree::TreeStatus) -> String {
+    format!(
+        "tree: {} runs tinygrad {} ({})",
+        t.openpilot_dir.display(),
+        t.tinygrad_commit
+            .as_ref()
+            .map_or("unreadable".to_string(), |c| c.to_string()),
+        match (t.generation, t.state) {
+            (Some(g), _) => format!("{g}'s pin"),
+            (None, "unknown") => "no known generation's pin: paused".to_string(),
+            (None, _) => "paused".to_string(),
+        }
+    )
+}
+
+/// Every command while the tree's tinygrad has no generation: nothing on the device is changed.
+/// `resolve` answers the built-in and `status` says why; `run` waits, answering the UI's
+/// requests with the pause; every other command exits 10 (`ModelDownloadProgress` says it for
+/// `refresh` and `download`, except in a dry run, which writes nothing).
+fn paused_run(cli: &Cli, builtin_dir: &std::path::Path, paused: &tree::Paused) -> Result<(), Fail> {
+    let memory = migration::Params::new(cli.memory_params_dir.clone());
+    let fail = || {
+        Fail::new(
+            code::PAUSED,
+            format!("{}\nnext: {}", paused.message(), paused.next()),
+        )
+    };
+    match &cli.command {
+        Command::Resolve { json } => {
+            let r = tree::resolve_paused(builtin_dir, paused)?;
+            eprintln!(
+                "warning: answering the built-in model: {}",
+                paused.message()
+            );
+            if *json {
+                return out_line(serde_json::to_string(&r).expect("serializable"));
+            }
+            out_line(r.path.display())
+        }
+        Command::Status { json } => {
+            let r = tree::status_paused(&cli.data_dir, builtin_dir, &cli.openpilot_dir, paused);
+            if *json {
+                return out_line(serde_json::to_string(&r).expect("serializable"));
+            }
+            for l in [
+                "generation: none (paused)".to_string(),
+                tree_line(&r.tree),
+                format!("resolves to: {}", r.resolved.display()),
+                format!("problem: {}", paused.message()),
+            ] {
+                out_line(l)?;
+            }
+            cli_support::info!("next: {}", paused.next());
+            Ok(())
+        }
+        Command::Run { poll_ms, .. } => {
+            let stopping = stop_on_signals();
+            let log = |line: &str| cli_support::info!("device-modeld-manager: {line}");
+            let config = migration::daemon::DaemonConfig {
+                poll: Duration::from_millis(*poll_ms),
+                ..Default::default()
+            };
+            tree::run_paused(&memory, paused, &config, &stopping, &log)?;
+            Ok(())
+        }
+        Command::Refresh { dry_run: false, .. } | Command::Download { dry_run: false, .. } => {
+            tree::announce(&memory, paused)?;
+            Err(fail())
+        }
+        _ => Err(fail()),
+    }
 }
 
 #[cfg(test)]

@@ -381,6 +381,8 @@ fn json_failures_print_one_error_document_and_keep_the_exit_code() {
         Command::new(BIN)
             .arg("--data-dir")
             .arg(&data)
+            .arg("--openpilot-dir")
+            .arg(openpilot_tree(&data))
             .args(["--hf-base", &url, "--github-base", &url])
             .arg("--memory-params-dir")
             .arg(dir.path().join("shm"))

@@ -474,6 +474,8 @@ fn the_daemon_shows_a_refusal_in_model_download_progress() {
     let mut child = Command::new(BIN)
         .arg("--data-dir")
         .arg(w.data("dev"))
+        .arg("--openpilot-dir")
+        .arg(openpilot_tree(&w.data("dev")))
         .arg("--hf-base")
         .arg(format!("{}/{HF_DIR}", w.server.url()))
         .arg("--github-base")

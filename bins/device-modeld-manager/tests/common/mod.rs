@@ -27,18 +27,60 @@ const V24_SELECTION: [(&str, &str); 6] = [
     ("ModelManifestVersion", "v24"),
 ];
 
+/// A made-up next generation's tinygrad pin (no real tinygrad commit).
+pub const V26_PIN: &str = "26262626262626262626262626262626262626aa";
+
+/// The openpilot checkout beside the data root `data` (`<data>/../openpilot`), created when it
+/// does not exist as a v25 tree: `tinygrad_repo/TINYGRAD_COMMIT` holds v25's pin and there is no pins file
+/// (the built-in table knows v25). A test moves it to another tinygrad with [`set_tree`].
+pub fn openpilot_tree(data: &Path) -> PathBuf {
+    let op = data.parent().unwrap().join("openpilot");
+    if !op.exists() {
+        set_tree(&op, manifest::layout::CURRENT_TINYGRAD_COMMIT, None);
+    }
+    op
+}
+
+const TREE_MARKER: &str = "tinygrad_repo/TINYGRAD_COMMIT";
+
+/// Make `op` an openpilot tree at tinygrad `pin` (the marker with a newline, as `release-cli
+/// tinygrad bump` writes it), with `pins` as its `tinygrad_pins.json` (`None`: no pins file).
+pub fn set_tree(op: &Path, pin: &str, pins: Option<&str>) {
+    fs::create_dir_all(op.join("tinygrad_repo")).unwrap();
+    fs::write(op.join(TREE_MARKER), format!("{pin}\n")).unwrap();
+    let file = op.join("tinygrad_pins.json");
+    match pins {
+        Some(body) => fs::write(&file, body).unwrap(),
+        None => {
+            let _ = fs::remove_file(&file);
+        }
+    }
+}
+
+/// The pins file of a tree bumped to the made-up v26.
+pub fn v26_pins() -> String {
+    format!(
+        "{{\n  \"v25\": \"{}\",\n  \"v26\": \"{V26_PIN}\"\n}}\n",
+        manifest::layout::CURRENT_TINYGRAD_COMMIT
+    )
+}
+
 /// `device-modeld-manager` for the device whose data root is `data`, with the built-in model in
 /// `builtin`, the in-memory params in `memory` and sysfs at `sysfs`, against the origins below
-/// `base` (`{base}/hf` and `{base}/gh`), generation v25, no space margin.
+/// `base` (`{base}/hf` and `{base}/gh`), no space margin. The generation comes from the
+/// openpilot tree beside `data` ([`openpilot_tree`]: v25 unless the test moved it), as on a
+/// comma: no `--generation`.
 pub fn manager(data: &Path, memory: &Path, builtin: &Path, sysfs: &Path, base: &str) -> Command {
     let mut c = Command::new(BIN);
     c.arg("--data-dir")
         .arg(data)
+        .arg("--openpilot-dir")
+        .arg(openpilot_tree(data))
         .arg("--hf-base")
         .arg(format!("{base}/{HF_DIR}"))
         .arg("--github-base")
         .arg(format!("{base}/{GH_DIR}"))
-        .args(["--generation", "v25", "--space-margin-mib", "0"])
+        .args(["--space-margin-mib", "0"])
         .arg("--builtin-dir")
         .arg(builtin)
         .arg("--memory-params-dir")
@@ -49,8 +91,8 @@ pub fn manager(data: &Path, memory: &Path, builtin: &Path, sysfs: &Path, base: &
 }
 
 /// A comma under a temporary directory: `data/` (created, as a comma's `/data` always exists),
-/// `shm/params/d`, `builtin/` (with the built-in model) and `sys/` (absent until a test plugs
-/// in a device).
+/// `shm/params/d`, `builtin/` (with the built-in model), `openpilot/` (a v25 tree, see
+/// [`openpilot_tree`]) and `sys/` (absent until a test plugs in a device).
 pub struct Device {
     pub dir: tempfile::TempDir,
 }
@@ -64,6 +106,8 @@ impl Device {
         for (name, body) in BUILTIN_FILES {
             fs::write(d.builtin().join(name), body).unwrap();
         }
+        // Before the first command, so a snapshot of the whole directory sees it already.
+        openpilot_tree(&d.data());
         d
     }
 
@@ -81,6 +125,10 @@ impl Device {
     }
     pub fn builtin(&self) -> PathBuf {
         self.dir.path().join("builtin")
+    }
+    /// The openpilot checkout the binary is pointed at (see [`openpilot_tree`]).
+    pub fn openpilot(&self) -> PathBuf {
+        openpilot_tree(&self.data())
     }
 
     /// The binary for this device against the origins below `base`, with `args`.
