@@ -182,14 +182,16 @@ built-in directories, origins, generation and trusted keys in use; every downloa
 
 #[derive(Subcommand)]
 enum Command {
-    /// Generation, selection, installed models and their verification state, free space, any
-    /// interrupted migration.
+    /// Generation and the openpilot tree it comes from, selection, installed models and their
+    /// verification state, free space, any interrupted migration.
     Status {
         /// Print `{"generation","manifest_version","selected":{"id","name","version"},"resolved",
         /// "catalog_models","installed":[{"id","state","digest_source"}],"free_bytes",
         /// "interrupted_migration","fallback":{"chosen","pending":[{"id","case","failures",
         /// "next_retry","reason"}],"dropped"},"refused_entries":[{"index","id","reason"}],
-        /// "trust":{…}}`.
+        /// "trust":{…},"tree":{"openpilot_dir","tinygrad_commit","generation","state","problem",
+        /// "next"}}`; while paused (the tree's tinygrad has no generation) `{"generation":null,
+        /// "manifest_version","resolved","tree":{…}}`.
         #[arg(long)]
         json: bool,
     },
