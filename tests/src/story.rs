@@ -434,7 +434,11 @@ pub fn play(bins: &Binaries, scenario: &Scenario, work: &Path, narrate: bool) ->
     let device = work.join("device");
     let data = device.join("data");
     let models_dir = data.join("models");
-    let builtin_dir = device.join("builtin");
+    // The openpilot checkout the device runs: its tinygrad is v25's pin, which decides the
+    // generation; the built-in model is where the checkout keeps it.
+    let openpilot = device.join("openpilot");
+    let builtin_dir = openpilot.join("selfdrive/modeld/models");
+    prepare_openpilot_tree(&openpilot)?;
     prepare_v24_device(bins, scenario, &data, &builtin_dir)?;
     let before = digests(&models_dir)?;
     let params_before = params(&data)?;
@@ -444,15 +448,16 @@ pub fn play(bins: &Binaries, scenario: &Scenario, work: &Path, narrate: bool) ->
         bins.describe_device()
     ));
     let manager = |args: &[&str]| {
+        // As the documented service entry runs it: no --generation, no --builtin-dir; the tree
+        // decides both.
         let mut c = bins.device_command();
         c.arg("--data-dir")
             .arg(&data)
             .arg("--memory-params-dir")
             .arg(device.join("shm/params/d"))
-            .arg("--builtin-dir")
-            .arg(&builtin_dir)
+            .arg("--openpilot-dir")
+            .arg(&openpilot)
             .args(["--hf-base", &hf_base, "--github-base", &github_base])
-            .args(["--generation", NEW_GENERATION])
             .args(args);
         c
     };
@@ -712,6 +717,20 @@ fn closed_port_url() -> Result<String> {
     let port = l.local_addr().map_err(|e| e.to_string())?.port();
     drop(l);
     Ok(format!("http://127.0.0.1:{port}"))
+}
+
+/// The openpilot checkout's `tinygrad_repo/TINYGRAD_COMMIT` at the new generation's pin, as
+/// `release-cli tinygrad bump` leaves it.
+fn prepare_openpilot_tree(openpilot: &Path) -> Result<()> {
+    let generation: manifest::Generation = NEW_GENERATION.parse().map_err(|e| format!("{e}"))?;
+    let pin = manifest::PinTable::builtin()
+        .get(generation)
+        .cloned()
+        .ok_or_else(|| format!("no built-in tinygrad pin for {NEW_GENERATION}"))?;
+    let marker = openpilot.join("tinygrad_repo/TINYGRAD_COMMIT");
+    fs::create_dir_all(marker.parent().unwrap())
+        .map_err(|e| format!("{}: {e}", marker.display()))?;
+    fs::write(&marker, format!("{pin}\n")).map_err(|e| format!("{}: {e}", marker.display()))
 }
 
 /// A v24 device: the selected model as a plain PKL, another as legacy `.pNN` parts, a third as
