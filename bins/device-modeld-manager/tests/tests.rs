@@ -8,3 +8,4 @@ mod common;
 mod field;
 mod hostile_origin;
 mod signed;
+mod signed_attacks;
