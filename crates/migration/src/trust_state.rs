@@ -118,10 +118,10 @@ impl Floor {
 ///
 /// Per generation the higher release wins, so lowering or deleting one copy lowers nothing. A
 /// missing or corrupt copy is rewritten from the valid one. When no copy is valid and at least
-/// one is corrupt, the floor is unknown: `Err` (a corrupt copy might have held a higher
+/// one is corrupt, the floor is unknown: `None` (a corrupt copy might have held a higher
 /// release, so nothing is assumed). Two missing copies are a device that never accepted a
 /// signed release.
-pub fn merge_floor(file: &FloorCopy, param: &FloorCopy) -> std::result::Result<Floor, ()> {
+pub fn merge_floor(file: &FloorCopy, param: &FloorCopy) -> Option<Floor> {
     use FloorCopy::*;
     let (merged, repair_file, repair_param) = match (file, param) {
         (Missing, Missing) => (AcceptedReleases::new(), false, false),
@@ -140,9 +140,9 @@ pub fn merge_floor(file: &FloorCopy, param: &FloorCopy) -> std::result::Result<F
         }
         (Valid(f), Missing | Corrupt(_)) => (f.clone(), false, true),
         (Missing | Corrupt(_), Valid(p)) => (p.clone(), true, false),
-        (Corrupt(_), _) | (_, Corrupt(_)) => return Err(()),
+        (Corrupt(_), _) | (_, Corrupt(_)) => return None,
     };
-    Ok(Floor {
+    Some(Floor {
         merged,
         repair_file,
         repair_param,
@@ -170,7 +170,7 @@ pub fn floor_copies(device: &Device) -> (FloorCopy, FloorCopy) {
 /// resets nothing by itself.
 pub fn floor(device: &Device) -> Result<Floor> {
     let (file, param) = floor_copies(device);
-    merge_floor(&file, &param).map_err(|()| {
+    merge_floor(&file, &param).ok_or_else(|| {
         let problem = |c: &FloorCopy| match c {
             FloorCopy::Missing => "missing".to_string(),
             FloorCopy::Corrupt(m) => format!("corrupt: {m}"),
@@ -208,12 +208,12 @@ pub fn floor_report(device: &Device) -> FloorReport {
         FloorCopy::Valid(_) => "valid".to_string(),
     };
     let (accepted_release, source, problem) = match merge_floor(&file, &param) {
-        Ok(f) => (
+        Some(f) => (
             f.merged.get(&generation.to_string()).cloned(),
             f.source(&file, &param, generation),
             None,
         ),
-        Err(()) => (
+        None => (
             None,
             FloorSource::None,
             floor(device).err().map(|e| e.to_string()),
@@ -536,12 +536,12 @@ mod tests {
                 let got = merge_floor(&file, &param);
                 let ctx = format!("{g}: {file:?} / {param:?}");
                 match (got, want) {
-                    (Ok(f), Some((r, rf, rp, source))) => {
+                    (Some(f), Some((r, rf, rp, source))) => {
                         assert_eq!(releases(&f), r, "{ctx}");
                         assert_eq!((f.repair_file, f.repair_param), (rf, rp), "{ctx}");
                         assert_eq!(f.source(&file, &param, generation), source, "{ctx}");
                     }
-                    (Err(()), None) => {}
+                    (None, None) => {}
                     (got, want) => panic!("{ctx}: got {got:?}, want {want:?}"),
                 }
             }
