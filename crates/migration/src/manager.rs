@@ -31,8 +31,8 @@ use serde::{Deserialize, Serialize};
 use crate::choice::{self, Fate, Slots};
 use crate::contract::{self, BigProfile, Catalog, Outcome, ProfilesRead, SelectionParams, Wanted};
 use crate::decisions::{
-    Installs, Requested, Settled, accepted_catalog_body, chosen, contract_writes, gpu_rule,
-    journal_now, offline_first_boot_due, requested, settle, variant_in_place,
+    Installs, Requested, Settled, chosen, contract_writes, gpu_rule, journal_now,
+    offline_first_boot_due, requested, settle, variant_in_place,
 };
 use crate::device::{Device, JOURNAL_FILE, VerifyState};
 use crate::error::{Error, Result};
@@ -259,11 +259,7 @@ pub fn refresh_at(
             return Err(e);
         }
     };
-    crate::trust_state::store_accepted(
-        device,
-        &fetched,
-        &accepted_catalog_body(&fetched, generation)?,
-    )?;
+    crate::trust_state::store_accepted(device, &fetched)?;
     let refused: Vec<crate::device::RefusedModel> =
         fetched.refused_entries.iter().map(Into::into).collect();
     device.store_refused(&refused)?;

@@ -322,7 +322,7 @@ pub(crate) fn release_floor(device: &Device, dl: &Downloader) -> Result<Option<R
 /// as signed, the signature file with the new block alone, then the accepted release (file,
 /// then param); without, the catalog as today. Last, the refusal report (cleared, or naming
 /// origins that were refused before another was accepted).
-pub fn store_accepted(device: &Device, fetched: &FetchedManifest, body: &[u8]) -> Result<()> {
+pub fn store_accepted(device: &Device, fetched: &FetchedManifest) -> Result<()> {
     let generation = device.config.generation;
     match &fetched.signed {
         Some(signed) => {
@@ -349,7 +349,10 @@ pub fn store_accepted(device: &Device, fetched: &FetchedManifest, body: &[u8]) -
             device.write_file(CATALOG_SIGNATURE_FILE, new.as_str().as_bytes())?;
             record_accepted(device, generation, signed)?;
         }
-        None => device.write_file(CATALOG_FILE, body)?,
+        None => device.write_file(
+            CATALOG_FILE,
+            &crate::decisions::accepted_catalog_body(fetched, generation)?,
+        )?,
     }
     // An origin that served a refused manifest before another served a good one is still
     // worth a look (someone may have written to that store); else clear.
