@@ -139,3 +139,169 @@ fn a_crash_after_any_effect_of_a_signed_refresh_then_a_rerun_ends_as_an_uninterr
         log.len()
     );
 }
+
+/// The rule for the device's own copy, for v25 and a made-up v26: the stored catalog is used
+/// only when the signature kept beside it verifies over its exact bytes under a trusted key,
+/// for this generation (another generation's is "no catalog", as without keys), at a release
+/// not below the higher floor copy; an expired signature still verifies (the copy was accepted
+/// while valid, and the device must work offline).
+#[test]
+fn the_stored_catalog_rule_for_v25_and_a_made_up_v26() {
+    let kp = minisign::KeyPair::generate_unencrypted_keypair().unwrap();
+    let other = minisign::KeyPair::generate_unencrypted_keypair().unwrap();
+    let keys =
+        TrustedKeys::parse(&kp.pk.to_box().unwrap().into_string(), Path::new("k.pub")).unwrap();
+    let signed = |kp: &minisign::KeyPair, data: &[u8], comment: String| {
+        minisign::sign(
+            Some(&kp.pk),
+            &kp.sk,
+            Cursor::new(data),
+            Some(&comment),
+            None,
+        )
+        .unwrap()
+        .into_string()
+    };
+    let later = manifest::UnixSeconds::now().plus_days(1).unwrap();
+    for n in [25u32, 26] {
+        let g = manifest::Generation::new(n);
+        let dir = crate::common::scratch();
+        let mut device = Device::new(migration::DeviceConfig {
+            data_dir: dir.path().join("data"),
+            memory_params_dir: dir.path().join("shm"),
+            builtin_dir: dir.path().join("builtin"),
+            generation: g,
+        });
+        device.trusted_keys = Some(keys.clone());
+        let models = device.models_dir();
+        fs::create_dir_all(&models).unwrap();
+        // No `generation` field: the signed comment binds the generation.
+        let body = br#"{"models": [{"id": "pop223", "name": "Pop", "version": "v16",
+            "series": "S", "released": "2025-01-01", "community_favorite": false}]}"#;
+        let comment = |for_gen: &str, release: u64, expires: u64| {
+            format!("generation={for_gen} release={release} expires={expires}")
+        };
+        let floor = |file: u64, param: Option<u64>| {
+            fs::write(
+                models.join(".accepted-release.json"),
+                format!(r#"{{"{g}": {{"release": {file}, "expires": 0, "key": "k"}}}}"#),
+            )
+            .unwrap();
+            let p = dir.path().join("data/params/d");
+            fs::create_dir_all(&p).unwrap();
+            match param {
+                Some(r) => fs::write(
+                    p.join(RELEASE_PARAM),
+                    format!(r#"{{"{g}": {{"release": {r}, "expires": 0, "key": "k"}}}}"#),
+                )
+                .unwrap(),
+                None => {
+                    let _ = fs::remove_file(p.join(RELEASE_PARAM));
+                }
+            }
+        };
+        let mut tampered = body.to_vec();
+        tampered[20] = b'P';
+        // (catalog bytes, signature or none, floor file, floor param) -> Some(true) used,
+        // Some(false) "no catalog", None refused (CatalogNotTrusted).
+        let g_s = g.to_string();
+        let cases: Vec<(
+            &str,
+            Vec<u8>,
+            Option<String>,
+            u64,
+            Option<u64>,
+            Option<bool>,
+        )> = vec![
+            (
+                "signed",
+                body.to_vec(),
+                Some(signed(&kp, body, comment(&g_s, 3, later.0))),
+                3,
+                Some(3),
+                Some(true),
+            ),
+            (
+                "newer than the floor",
+                body.to_vec(),
+                Some(signed(&kp, body, comment(&g_s, 4, later.0))),
+                3,
+                Some(3),
+                Some(true),
+            ),
+            (
+                "expired",
+                body.to_vec(),
+                Some(signed(&kp, body, comment(&g_s, 3, 1))),
+                3,
+                Some(3),
+                Some(true),
+            ),
+            (
+                "edited",
+                tampered.clone(),
+                Some(signed(&kp, body, comment(&g_s, 3, later.0))),
+                3,
+                Some(3),
+                None,
+            ),
+            ("no signature", body.to_vec(), None, 3, Some(3), None),
+            (
+                "another key",
+                body.to_vec(),
+                Some(signed(&other, body, comment(&g_s, 3, later.0))),
+                3,
+                Some(3),
+                None,
+            ),
+            (
+                "older than the param",
+                body.to_vec(),
+                Some(signed(&kp, body, comment(&g_s, 2, later.0))),
+                1,
+                Some(3),
+                None,
+            ),
+            (
+                "older than the file",
+                body.to_vec(),
+                Some(signed(&kp, body, comment(&g_s, 2, later.0))),
+                3,
+                None,
+                None,
+            ),
+            (
+                "another generation",
+                body.to_vec(),
+                Some(signed(&kp, body, comment("v24", 3, later.0))),
+                3,
+                Some(3),
+                Some(false),
+            ),
+        ];
+        for (what, bytes, sig, file, param, want) in cases {
+            fs::write(models.join(".catalog.json"), &bytes).unwrap();
+            match &sig {
+                Some(s) => fs::write(models.join(".catalog.json.minisig"), s).unwrap(),
+                None => {
+                    let _ = fs::remove_file(models.join(".catalog.json.minisig"));
+                }
+            }
+            floor(file, param);
+            let got = device.catalog();
+            let ctx = format!("{g} {what}: {got:?}");
+            match want {
+                Some(true) => {
+                    let m = got.unwrap().expect(&ctx);
+                    assert_eq!(m.generation(), Some(g), "{ctx}");
+                    assert_eq!(m.models().len(), 1, "{ctx}");
+                }
+                Some(false) => assert!(matches!(got, Ok(None)), "{ctx}"),
+                None => assert!(
+                    matches!(got, Err(migration::Error::CatalogNotTrusted { .. })),
+                    "{ctx}"
+                ),
+            }
+        }
+    }
+}
