@@ -140,6 +140,16 @@ fn a_crash_after_any_effect_of_a_signed_refresh_then_a_rerun_ends_as_an_uninterr
     );
 }
 
+/// (what, catalog bytes, signature file, floor file's release, floor param's release, want)
+type Case<'a> = (
+    &'a str,
+    Vec<u8>,
+    Option<String>,
+    u64,
+    Option<u64>,
+    Option<bool>,
+);
+
 /// The rule for the device's own copy, for v25 and a made-up v26: the stored catalog is used
 /// only when the signature kept beside it verifies over its exact bytes under a trusted key,
 /// for this generation (another generation's is "no catalog", as without keys), at a release
@@ -205,14 +215,7 @@ fn the_stored_catalog_rule_for_v25_and_a_made_up_v26() {
         // (catalog bytes, signature or none, floor file, floor param) -> Some(true) used,
         // Some(false) "no catalog", None refused (CatalogNotTrusted).
         let g_s = g.to_string();
-        let cases: Vec<(
-            &str,
-            Vec<u8>,
-            Option<String>,
-            u64,
-            Option<u64>,
-            Option<bool>,
-        )> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "signed",
                 body.to_vec(),
