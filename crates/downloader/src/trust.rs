@@ -196,7 +196,10 @@ pub fn verify_stored(
 }
 
 /// One Ed25519 check per block and key until a block verifies under a trusted key and its
-/// signed comment passes `check`.
+/// signed comment passes `check`. A block that does not decode is skipped, not fatal (during a
+/// key rotation a file with one damaged block still verifies by its good one). Refused: the
+/// first verified block's comment refusal (it explains most), else [`Refusal::Malformed`] when
+/// no block decoded, else [`Refusal::UntrustedSignature`].
 fn verify_with(
     keys: &TrustedKeys,
     bytes: &[u8],
@@ -210,12 +213,18 @@ fn verify_with(
         reason: "not UTF-8 text".into(),
     })?;
     let blocks = signature::signature_blocks(text)?;
-    // A block that verifies but whose comment is refused explains more than "untrusted".
-    let mut refusal = Refusal::UntrustedSignature { keys: keys.len() };
+    let mut comment_refusal: Option<Refusal> = None;
+    let mut first_defect: Option<String> = None;
+    let mut decoded = 0usize;
     for (i, block) in blocks.iter().enumerate() {
-        let sig = decode(block).map_err(|e| Refusal::Malformed {
-            reason: format!("block {}: {e}", i + 1),
-        })?;
+        let sig = match decode(block) {
+            Ok(sig) => sig,
+            Err(e) => {
+                first_defect.get_or_insert_with(|| format!("block {}: {e}", i + 1));
+                continue;
+            }
+        };
+        decoded += 1;
         for key in &keys.keys {
             if key.key.verify(bytes, &sig, false).is_err() {
                 continue;
@@ -230,11 +239,19 @@ fn verify_with(
                         block: block.clone(),
                     });
                 }
-                Err(r) => refusal = r,
+                Err(r) => {
+                    comment_refusal.get_or_insert(r);
+                }
             }
         }
     }
-    Err(refusal)
+    if let Some(r) = comment_refusal {
+        return Err(r);
+    }
+    match first_defect {
+        Some(reason) if decoded == 0 => Err(Refusal::Malformed { reason }),
+        _ => Err(Refusal::UntrustedSignature { keys: keys.len() }),
+    }
 }
 
 /// A part of an artifact the signature must cover before a device with trusted keys installs

@@ -274,6 +274,29 @@ fn the_stored_catalog_rule_for_v25_and_a_made_up_v26() {
                 None,
             ),
             (
+                "a damaged block before the good one",
+                body.to_vec(),
+                Some(format!(
+                    "untrusted comment: damaged\nRWQAAAAA\ntrusted comment: {}\nAAAA\n{}",
+                    comment(&g_s, 3, later.0),
+                    signed(&kp, body, comment(&g_s, 3, later.0))
+                )),
+                3,
+                Some(3),
+                Some(true),
+            ),
+            (
+                "only a damaged block",
+                body.to_vec(),
+                Some(format!(
+                    "untrusted comment: damaged\nRWQAAAAA\ntrusted comment: {}\nAAAA\n",
+                    comment(&g_s, 3, later.0)
+                )),
+                3,
+                Some(3),
+                None,
+            ),
+            (
                 "another generation",
                 body.to_vec(),
                 Some(signed(&kp, body, comment("v24", 3, later.0))),
