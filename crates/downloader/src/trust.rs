@@ -62,7 +62,18 @@ impl TrustedKeys {
             message,
         };
         // An unreadable file is an I/O error naming it (fs-err); what is in it, `TrustedKeys`.
-        let file = fs_err::File::open(path)?;
+        // Opened without blocking and only as a regular file: a FIFO or a device planted at the
+        // path cannot hang the manager or feed it without end.
+        use fs_err::os::unix::fs::OpenOptionsExt;
+        let file = fs_err::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)?;
+        if !file.metadata()?.is_file() {
+            return Err(bad(
+                "not a regular file; give --trusted-keys the release key's .pub file".into(),
+            ));
+        }
         let mut text = String::new();
         file.take(MAX_KEYS_FILE_BYTES + 1)
             .read_to_string(&mut text)
@@ -476,6 +487,31 @@ mod tests {
             text.contains("artifact_sha256, artifact_chunk_count"),
             "{text}"
         );
+    }
+
+    /// A FIFO, a directory or an oversized file at the keys path is refused at once, naming it.
+    #[test]
+    fn a_keys_file_is_read_capped_and_only_as_a_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.pub");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let big = dir.path().join("big.pub");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_KEYS_FILE_BYTES + 1)
+            .unwrap();
+        for (path, why) in [
+            (&fifo, "not a regular file"),
+            (&dir.path().to_path_buf(), "not a regular file"),
+            (&big, "larger than"),
+        ] {
+            let e = TrustedKeys::load(path).unwrap_err().to_string();
+            assert!(
+                e.contains(why) && e.contains(&*path.to_string_lossy()),
+                "{e}"
+            );
+        }
     }
 
     #[test]
