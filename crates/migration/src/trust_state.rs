@@ -7,6 +7,14 @@
 //!   copy never lowers it and is rewritten from the valid one ([`merge_floor`]).
 //! - `.catalog.json.minisig`: the signature block(s) of the stored catalog, which is verified
 //!   against it on every read (`Device::catalog`).
+//! - `.refused-manifest.json`: the last refusal (when, which generation, why, per origin), for
+//!   `status`: written when every origin failed and one refused on trust grounds, or when an
+//!   origin refused before another was accepted; removed at the next fetch accepted from the
+//!   first origin tried. It is a report, not state: nothing else reads it.
+//!
+//! All are dot files, which the purge and `gc` plans never touch. All are written with
+//! `Device::write_file`/`remove_file` (the param with `Params::put`), so the crash enumeration
+//! sees them as effects.
 //!
 //! A signed refresh stores, in this order ([`store_accepted`]): the signature file holding the
 //! new block *and* the old one, the catalog, the signature file with the new block alone, then
@@ -14,13 +22,6 @@
 //! of the blocks (old catalog by the old block, new by the new) at a release not below the
 //! floor; and a fetch's floor also counts the stored catalog's own signed release, so a catalog
 //! stored before its floor was raised still keeps an older release out.
-//! - `.refused-manifest.json`: the last refusal (when, which generation, why, per origin), for
-//!   `status`: written when every origin failed and one refused on trust grounds, or when an
-//!   origin refused before another was accepted; removed at the next fetch accepted from the
-//!   first origin tried. It is a report, not state: nothing else reads it.
-//!
-//! Both are dot files, which the purge and `gc` plans never touch. Both are written with
-//! `Device::write_file`/`remove_file`, so the crash enumeration sees them as effects.
 
 use std::collections::BTreeMap;
 
