@@ -369,7 +369,7 @@ fn next_step(e: &migration::Error) -> Option<&'static str> {
         migration::Error::Download(D::Cancelled { .. }) => {
             Some("run the same command again; finished chunks are kept and not fetched twice")
         }
-        migration::Error::Download(D::InsufficientSpace { .. }) => None,
+        migration::Error::Download(D::InsufficientSpace { .. } | D::NotSigned { .. }) => None,
         migration::Error::Download(D::Io(_)) => {
             Some("check that the data dir is writable and not full, then run the command again")
         }
@@ -583,6 +583,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
         },
     );
     let dl = trust::with_keys(dl, cli.trusted_keys.as_deref())?.with_tinygrad_pin(tinygrad.clone());
+    let device = trust::device_with_keys(device, &dl);
     let tree_status = tree::TreeStatus::of(&cli.openpilot_dir, &decision);
     cli_support::detail!(
         "data dir {}, models {}, memory params {}, built-in {}, openpilot tree {} (tinygrad {tinygrad}), generation {generation}, origins {} then {}, trusted keys {}",
@@ -735,7 +736,9 @@ fn run(cli: Cli) -> Result<(), Fail> {
             let mut done = Vec::new();
             if all {
                 let catalog = device.require_catalog()?;
-                for entry in migration::downloadable(&catalog, device.chestnut()) {
+                for entry in
+                    migration::downloadable(&catalog, device.chestnut(), device.is_protected())
+                {
                     progress.label(entry.id().as_str());
                     progress.say(&format!("downloading {}", entry.id()));
                     let r = migration::install(&device, &dl, entry, &cancel, &print);
@@ -888,11 +891,15 @@ fn status(
             r.selected.id, r.selected.name, r.selected.version
         ),
         format!("resolves to: {}", r.resolved.display()),
-        match r.catalog_models {
-            Some(n) => format!("catalog: {n} models"),
-            None => "catalog: none yet".to_string(),
+        match (r.catalog_models, &r.catalog_problem) {
+            (Some(n), _) => format!("catalog: {n} models"),
+            (None, Some(p)) => format!("catalog: NOT USED: {p}"),
+            (None, None) => "catalog: none yet".to_string(),
         },
     ];
+    for n in &r.not_installable {
+        lines.push(format!("  {} ({}): {}", n.id, n.file, n.reason));
+    }
     for m in &r.installed {
         lines.push(format!("  {} {}", m.id, state_text(m.state)));
     }

@@ -31,23 +31,33 @@ pub fn with_keys(dl: Downloader, flag: Option<&Path>) -> Result<Downloader, Fail
     Ok(dl.with_trusted_keys(keys))
 }
 
+/// The device with the downloader's trusted keys, so what it stored under them is re-verified
+/// on every read and only pinned artifacts count.
+pub fn device_with_keys(mut device: Device, dl: &Downloader) -> Device {
+    device.trusted_keys = dl.trusted_keys().cloned();
+    device
+}
+
 /// The `trust` object of `status --json`.
 pub fn status_json(device: &Device, dl: &Downloader) -> Result<Value, Fail> {
-    let accepted = trust_state::accepted_release(device, device.config.generation)?;
+    let floor = trust_state::floor_report(device);
     let refused = trust_state::last_refusal(device)?;
     Ok(match dl.trusted_keys() {
         None => json!({
             "protected": false,
             "keys_file": null,
             "keys": [],
-            "accepted_release": accepted,
+            "accepted_release": floor.accepted_release,
             "last_refusal": null,
         }),
         Some(keys) => json!({
             "protected": true,
             "keys_file": keys.path(),
             "keys": keys.keys().iter().map(|k| k.name()).collect::<Vec<_>>(),
-            "accepted_release": accepted,
+            "accepted_release": floor.accepted_release,
+            "accepted_release_source": floor.source,
+            "accepted_release_copies": {"file": floor.file, "param": floor.param},
+            "accepted_release_problem": floor.problem,
             "last_refusal": refused,
         }),
     })
@@ -65,18 +75,43 @@ pub fn status_lines(v: &Value) -> Vec<String> {
         return lines;
     }
     lines.push(format!(
-        "manifest trust: signed manifests only ({} key(s) from {})",
+        "manifest trust: signed manifests only ({} key(s) from {}); only artifacts whose \
+         SHA-256, size and chunk count the signature covers are installed",
         v["keys"].as_array().map_or(0, Vec::len),
         v["keys_file"].as_str().unwrap_or_default()
     ));
+    let copies = &v["accepted_release_copies"];
+    let from = match v["accepted_release_source"].as_str().unwrap_or_default() {
+        "both" => format!(
+            "from {} and the param {} (they agree)",
+            migration::trust_state::ACCEPTED_RELEASE_FILE,
+            migration::params::keys::MODEL_MANIFEST_ACCEPTED_RELEASE
+        ),
+        "file" => format!(
+            "from {} (the param {}: {})",
+            migration::trust_state::ACCEPTED_RELEASE_FILE,
+            migration::params::keys::MODEL_MANIFEST_ACCEPTED_RELEASE,
+            copies["param"].as_str().unwrap_or_default()
+        ),
+        "param" => format!(
+            "from the param {} ({}: {})",
+            migration::params::keys::MODEL_MANIFEST_ACCEPTED_RELEASE,
+            migration::trust_state::ACCEPTED_RELEASE_FILE,
+            copies["file"].as_str().unwrap_or_default()
+        ),
+        _ => String::new(),
+    };
     match v["accepted_release"].as_object() {
         Some(a) => lines.push(format!(
-            "  accepted release: {} (signed by {}, expires {})",
+            "  accepted release: {} (signed by {}, expires {}) {from}",
             a["release"],
             a["key"].as_str().unwrap_or_default(),
             a["expires"]
         )),
-        None => lines.push("  accepted release: none yet".to_string()),
+        None => match v["accepted_release_problem"].as_str() {
+            Some(p) => lines.push(format!("  accepted release: UNKNOWN: {p}")),
+            None => lines.push("  accepted release: none yet".to_string()),
+        },
     }
     if let Some(r) = v["last_refusal"].as_object() {
         lines.push(format!(

@@ -17,16 +17,16 @@ use test_support::published::{
     GH_DIR, HF_DIR, PublishedModel, artifact_bytes, manifest_json, publish_model, write_manifest,
 };
 
-const CHUNK: usize = 64 * 1024;
-const SIG: &str = "model_names_v25.json.minisig";
+pub(crate) const CHUNK: usize = 64 * 1024;
+pub(crate) const SIG: &str = "model_names_v25.json.minisig";
 
-struct Key {
-    pk: minisign::PublicKey,
-    sk: minisign::SecretKey,
+pub(crate) struct Key {
+    pub(crate) pk: minisign::PublicKey,
+    pub(crate) sk: minisign::SecretKey,
 }
 
 impl Key {
-    fn new() -> Key {
+    pub(crate) fn new() -> Key {
         let kp = minisign::KeyPair::generate_unencrypted_keypair().unwrap();
         Key {
             pk: kp.pk,
@@ -34,11 +34,11 @@ impl Key {
         }
     }
 
-    fn pub_file(&self) -> String {
+    pub(crate) fn pub_file(&self) -> String {
         self.pk.to_box().unwrap().into_string()
     }
 
-    fn sign(&self, data: &[u8], comment: &str) -> String {
+    pub(crate) fn sign(&self, data: &[u8], comment: &str) -> String {
         minisign::sign(
             Some(&self.pk),
             &self.sk,
@@ -51,30 +51,30 @@ impl Key {
     }
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs()
 }
 
-fn comment(release: u64) -> String {
+pub(crate) fn comment(release: u64) -> String {
     format!(
         "generation=v25 release={release} expires={}",
         now() + 86_400
     )
 }
 
-struct World {
-    dir: tempfile::TempDir,
-    root: PathBuf,
-    server: FaultServer,
-    pop: PublishedModel,
-    pop_bytes: Vec<u8>,
-    other: PublishedModel,
+pub(crate) struct World {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) root: PathBuf,
+    pub(crate) server: FaultServer,
+    pub(crate) pop: PublishedModel,
+    pub(crate) pop_bytes: Vec<u8>,
+    pub(crate) other: PublishedModel,
 }
 
-fn world() -> World {
+pub(crate) fn world() -> World {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("origin");
     fs::create_dir_all(&root).unwrap();
@@ -100,17 +100,17 @@ fn world() -> World {
 
 impl World {
     /// Release 1's catalog: `pop223` only.
-    fn m1(&self) -> Vec<u8> {
+    pub(crate) fn m1(&self) -> Vec<u8> {
         manifest_json("v25", std::slice::from_ref(&self.pop), true).into_bytes()
     }
 
     /// A later catalog: `pop223` and `other`.
-    fn m2(&self) -> Vec<u8> {
+    pub(crate) fn m2(&self) -> Vec<u8> {
         manifest_json("v25", &[self.pop.clone(), self.other.clone()], true).into_bytes()
     }
 
     /// Serve `manifest` with `sig` (or no signature file) from both origins.
-    fn serve(&self, manifest: &[u8], sig: Option<&str>) {
+    pub(crate) fn serve(&self, manifest: &[u8], sig: Option<&str>) {
         write_manifest(&self.root, "v25", manifest);
         for dir in [
             self.root.join(HF_DIR).join("manifests"),
@@ -125,7 +125,7 @@ impl World {
         }
     }
 
-    fn serve_at(&self, layout_dir: &str, manifest: &[u8], sig: &str) {
+    pub(crate) fn serve_at(&self, layout_dir: &str, manifest: &[u8], sig: &str) {
         test_support::published::write_manifest_at(&self.root, layout_dir, "v25", manifest);
         let dir = if layout_dir == HF_DIR {
             self.root.join(HF_DIR).join("manifests")
@@ -135,7 +135,7 @@ impl World {
         fs::write(dir.join(SIG), sig).unwrap();
     }
 
-    fn keys_file(&self, name: &str, keys: &[&Key]) -> PathBuf {
+    pub(crate) fn keys_file(&self, name: &str, keys: &[&Key]) -> PathBuf {
         let p = self.dir.path().join(name);
         let text: String = keys.iter().map(|k| k.pub_file()).collect();
         fs::write(&p, text).unwrap();
@@ -143,13 +143,13 @@ impl World {
     }
 
     /// The device's data root; created, as a comma's `/data` always exists.
-    fn data(&self, device: &str) -> PathBuf {
+    pub(crate) fn data(&self, device: &str) -> PathBuf {
         let d = self.dir.path().join(device);
         fs::create_dir_all(&d).unwrap();
         d
     }
 
-    fn run(&self, device: &str, keys: Option<&Path>, args: &[&str]) -> Output {
+    pub(crate) fn run(&self, device: &str, keys: Option<&Path>, args: &[&str]) -> Output {
         let mut c = manager(
             &self.data(device),
             &self.dir.path().join(device).join("shm"),
@@ -163,19 +163,19 @@ impl World {
         c.args(args).stdin(Stdio::null()).output().unwrap()
     }
 
-    fn status(&self, device: &str, keys: Option<&Path>) -> Value {
+    pub(crate) fn status(&self, device: &str, keys: Option<&Path>) -> Value {
         let out = self.run(device, keys, &["status", "--json"]);
         assert!(out.status.success(), "{}", text(&out));
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
-    fn param(&self, device: &str, key: &str) -> Option<String> {
+    pub(crate) fn param(&self, device: &str, key: &str) -> Option<String> {
         fs::read_to_string(self.data(device).join("params/d").join(key)).ok()
     }
 
     /// Every file of the device's data dir (models, params, state) and its bytes, except the
     /// refusal report, which exists to say what was refused.
-    fn snapshot(&self, device: &str) -> BTreeMap<PathBuf, Vec<u8>> {
+    pub(crate) fn snapshot(&self, device: &str) -> BTreeMap<PathBuf, Vec<u8>> {
         fn walk(dir: &Path, base: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
             for e in fs::read_dir(dir).unwrap() {
                 let p = e.unwrap().path();
@@ -193,7 +193,7 @@ impl World {
     }
 }
 
-fn text(o: &Output) -> String {
+pub(crate) fn text(o: &Output) -> String {
     format!(
         "status {:?}\nstdout: {}\nstderr: {}",
         o.status.code(),
@@ -510,10 +510,12 @@ fn the_daemon_shows_a_refusal_in_model_download_progress() {
     assert_eq!(w.param("dev", "AvailableModels"), None);
 }
 
-/// The refresh of a signed manifest adds two effects before the existing ones: the accepted
-/// release is written, then the old refusal report removed, then the catalog stored. A crash
-/// after each of them leaves a state the next refresh completes; `gc` and a later refresh keep
-/// the release state.
+/// A signed refresh stores, in order: the signature file with the new and the old block, the
+/// catalog, the signature file with the new block alone, the accepted release (file, then its
+/// param mirror), then removes the old refusal report. The state a crash leaves after each of
+/// them, made from a twin device that took release 2 cleanly: `resolve` still answers the
+/// selected model from a catalog that verifies, a replay of release 1 is refused as soon as
+/// release 2's catalog is stored, and the next refresh ends where the twin is.
 #[test]
 fn a_crash_after_each_new_effect_is_completed_by_the_next_refresh() {
     let w = world();
@@ -521,13 +523,30 @@ fn a_crash_after_each_new_effect_is_completed_by_the_next_refresh() {
     let keys = w.keys_file("a.pub", &[&a]);
     let (m1, m2) = (w.m1(), w.m2());
     let (s1, s2) = (a.sign(&m1, &comment(1)), a.sign(&m2, &comment(2)));
-    // A twin device that took release 2 cleanly gives the state file written by effect 1.
+    let builtin = w.dir.path().join("builtin");
+    fs::create_dir_all(&builtin).unwrap();
+    fs::write(builtin.join("driving_tinygrad.pkl.chunk01of01"), b"builtin").unwrap();
+    fs::write(builtin.join("driving_tinygrad.pkl.chunkmanifest"), b"1").unwrap();
     w.serve(&m2, Some(&s2));
     assert!(w.run("twin", Some(&keys), &["refresh"]).status.success());
-    let release_2_state = fs::read(w.data("twin").join("models/.accepted-release.json")).unwrap();
+    let twin = |name: &str| fs::read(w.data("twin").join("models").join(name)).unwrap();
+    let param_2 = w.param("twin", "ModelManifestAcceptedRelease").unwrap();
+    assert!(param_2.contains("\"release\":2"), "{param_2}");
 
-    for crash_after in ["release recorded", "refusal report removed"] {
-        let dev = format!("dev-{}", crash_after.replace(' ', "-"));
+    let steps = [
+        "signature file with both blocks",
+        "catalog stored",
+        "signature file with the new block",
+        "accepted release file raised",
+        "param mirror raised",
+    ];
+    for (n, crash_after) in steps.iter().enumerate() {
+        let dev = format!("dev-{n}");
+        let models = w.data(&dev).join("models");
+        fs::create_dir_all(w.data(&dev).join("params/d")).unwrap();
+        for (k, v) in [("Model", "pop223"), ("DrivingModel", "pop223")] {
+            fs::write(w.data(&dev).join("params/d").join(k), v).unwrap();
+        }
         w.serve(&m1, Some(&s1));
         assert!(w.run(&dev, Some(&keys), &["refresh"]).status.success());
         // A refused fetch leaves a refusal report behind.
@@ -536,14 +555,47 @@ fn a_crash_after_each_new_effect_is_completed_by_the_next_refresh() {
             w.run(&dev, Some(&keys), &["refresh"]).status.code(),
             Some(5)
         );
-        let models = w.data(&dev).join("models");
         assert!(models.join(".refused-manifest.json").exists());
-        // The crash: release 2 was recorded (and the report removed), the catalog not stored.
-        fs::write(models.join(".accepted-release.json"), &release_2_state).unwrap();
-        if crash_after == "refusal report removed" {
-            fs::remove_file(models.join(".refused-manifest.json")).unwrap();
+        // The crash.
+        let old_sig = fs::read(models.join(".catalog.json.minisig")).unwrap();
+        let both = [twin(".catalog.json.minisig"), old_sig].concat();
+        fs::write(models.join(".catalog.json.minisig"), &both).unwrap();
+        if n >= 1 {
+            fs::write(models.join(".catalog.json"), twin(".catalog.json")).unwrap();
         }
-        assert_eq!(w.param(&dev, "AvailableModels").as_deref(), Some("pop223"));
+        if n >= 2 {
+            fs::write(
+                models.join(".catalog.json.minisig"),
+                twin(".catalog.json.minisig"),
+            )
+            .unwrap();
+        }
+        if n >= 3 {
+            fs::write(
+                models.join(".accepted-release.json"),
+                twin(".accepted-release.json"),
+            )
+            .unwrap();
+        }
+        if n >= 4 {
+            fs::write(
+                w.data(&dev).join("params/d/ModelManifestAcceptedRelease"),
+                &param_2,
+            )
+            .unwrap();
+        }
+        let out = w.run(&dev, Some(&keys), &["resolve", "--json"]);
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["builtin"], false, "{crash_after}: {r} {}", text(&out));
+        assert_eq!(r.get("doubt"), None, "{crash_after}: {r}");
+        w.serve(&m1, Some(&s1));
+        let replay = w.run(&dev, Some(&keys), &["refresh", "--dry-run"]);
+        assert_eq!(
+            replay.status.success(),
+            n == 0,
+            "{crash_after}: release 1 replayed: {}",
+            text(&replay)
+        );
         w.serve(&m2, Some(&s2));
         let out = w.run(&dev, Some(&keys), &["refresh"]);
         assert!(out.status.success(), "{crash_after}: {}", text(&out));
@@ -552,14 +604,35 @@ fn a_crash_after_each_new_effect_is_completed_by_the_next_refresh() {
             Some("pop223,other"),
             "{crash_after}"
         );
+        for name in [
+            ".catalog.json",
+            ".catalog.json.minisig",
+            ".accepted-release.json",
+        ] {
+            assert_eq!(
+                fs::read(models.join(name)).unwrap(),
+                twin(name),
+                "{crash_after}: {name}"
+            );
+        }
+        assert_eq!(
+            w.param(&dev, "ModelManifestAcceptedRelease").as_deref(),
+            Some(param_2.as_str()),
+            "{crash_after}"
+        );
         assert!(
             !models.join(".refused-manifest.json").exists(),
             "{crash_after}"
         );
         assert!(w.run(&dev, Some(&keys), &["gc"]).status.success());
+        assert!(models.join(".catalog.json.minisig").exists(), "gc keeps it");
         let s = w.status(&dev, Some(&keys));
         assert_eq!(
             s["trust"]["accepted_release"]["release"], 2,
+            "{crash_after}"
+        );
+        assert_eq!(
+            s["trust"]["accepted_release_source"], "both",
             "{crash_after}"
         );
         assert_eq!(s["trust"]["last_refusal"], Value::Null, "{crash_after}");

@@ -8,4 +8,5 @@ mod common;
 mod field;
 mod hostile_origin;
 mod signed;
+mod signed_attacks;
 mod tree;

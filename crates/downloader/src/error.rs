@@ -122,6 +122,17 @@ pub enum Error {
     #[error("model {model} has no downloadable artifact in the manifest ({reason})")]
     NotDownloadable { model: String, reason: String },
 
+    /// A device with trusted keys installs only bytes its signed manifest pins: this artifact
+    /// lacks a signed SHA-256, size or chunk count ([`crate::trust::digest_rule`]). Nothing was
+    /// requested.
+    #[error("model {model}: {}", crate::trust::not_installable_text(file, missing))]
+    NotSigned {
+        model: String,
+        /// The local file name (`<id>_driving_tinygrad.pkl`, or the Chestnut variant's).
+        file: String,
+        missing: Vec<crate::trust::Unsigned>,
+    },
+
     #[error(
         "not enough free space in {}: need {needed} bytes (artifact plus margin), {available} available; free space or remove unused models (`device-modeld-manager gc`)",
         path.display()

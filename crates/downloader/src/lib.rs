@@ -109,6 +109,18 @@ impl Downloader {
         self.trusted_keys.as_ref()
     }
 
+    /// [`trust::target_rule`] on this downloader: with trusted keys, [`Error::NotSigned`] for a
+    /// target whose SHA-256, size or chunk count the signed manifest does not give. Pure.
+    pub fn check_signed(&self, target: &Target) -> Result<DigestSource> {
+        trust::target_rule(self.trusted_keys.is_some(), target).map_err(|missing| {
+            Error::NotSigned {
+                model: target.id.to_string(),
+                file: target.local_name.to_string(),
+                missing,
+            }
+        })
+    }
+
     pub fn origins(&self) -> &Origins {
         &self.origins
     }
@@ -287,6 +299,7 @@ impl Downloader {
         target: &Target,
         cancel: &CancelToken,
     ) -> Result<DownloadPlan> {
+        self.check_signed(target)?;
         let mut attempts = Vec::new();
         let job = download::Job {
             http: &self.http,
@@ -328,6 +341,7 @@ impl Downloader {
         cancel: &CancelToken,
         on_event: &(dyn Fn(Event) + Sync),
     ) -> Result<Installed> {
+        self.check_signed(target)?;
         let mut attempts = Vec::new();
         let job = download::Job {
             http: &self.http,

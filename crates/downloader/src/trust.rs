@@ -62,7 +62,18 @@ impl TrustedKeys {
             message,
         };
         // An unreadable file is an I/O error naming it (fs-err); what is in it, `TrustedKeys`.
-        let file = fs_err::File::open(path)?;
+        // Opened without blocking and only as a regular file: a FIFO or a device planted at the
+        // path cannot hang the manager or feed it without end.
+        use fs_err::os::unix::fs::OpenOptionsExt;
+        let file = fs_err::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)?;
+        if !file.metadata()?.is_file() {
+            return Err(bad(
+                "not a regular file; give --trusted-keys the release key's .pub file".into(),
+            ));
+        }
         let mut text = String::new();
         file.take(MAX_KEYS_FILE_BYTES + 1)
             .read_to_string(&mut text)
@@ -138,6 +149,9 @@ pub struct Accepted {
     pub expires: UnixSeconds,
     /// The name of the trusted key that signed it.
     pub key: String,
+    /// The signature block that verified: the device keeps it beside the stored catalog and
+    /// checks the catalog against it on every read ([`verify_stored`]).
+    pub block: SignatureBlock,
 }
 
 /// The device's decision over a fetched manifest's bytes and its signature file (`None` when
@@ -150,38 +164,203 @@ pub fn verify_manifest(
     accepted: Option<ReleaseNumber>,
     now: UnixSeconds,
 ) -> std::result::Result<Accepted, Refusal> {
-    let Some(bytes) = signature_file else {
+    verify_with(keys, manifest_bytes, signature_file, &|comment| {
+        signature::check_signed_comment(comment, generation, accepted, now)
+    })
+}
+
+/// The check of the device's own copy (`.catalog.json` and the signature kept beside it), on
+/// every read: a trusted key signed exactly these bytes, for `generation`, at a release not
+/// lower than `floor` (the accepted release). Expiry is not checked: it bounds how long a
+/// *store* may serve a signed manifest; the copy this device accepted while it was valid stays
+/// usable offline, and the floor keeps an older copy out.
+pub fn verify_stored(
+    keys: &TrustedKeys,
+    catalog_bytes: &[u8],
+    signature_file: Option<&[u8]>,
+    generation: Generation,
+    floor: Option<ReleaseNumber>,
+) -> std::result::Result<Accepted, Refusal> {
+    verify_with(keys, catalog_bytes, signature_file, &|comment| {
+        let c: signature::TrustedComment =
+            comment
+                .parse()
+                .map_err(|e: manifest::Error| Refusal::BadComment {
+                    reason: e.to_string(),
+                })?;
+        if c.generation != generation {
+            return Err(Refusal::OtherGeneration {
+                expected: generation,
+                found: c.generation,
+            });
+        }
+        if let Some(floor) = floor
+            && c.release < floor
+        {
+            return Err(Refusal::Rollback {
+                release: c.release,
+                accepted: floor,
+            });
+        }
+        Ok(c)
+    })
+}
+
+/// One Ed25519 check per block and key until a block verifies under a trusted key and its
+/// signed comment passes `check`. A block that does not decode is skipped, not fatal (during a
+/// key rotation a file with one damaged block still verifies by its good one). Refused: the
+/// first verified block's comment refusal (it explains most), else [`Refusal::Malformed`] when
+/// no block decoded, else [`Refusal::UntrustedSignature`].
+fn verify_with(
+    keys: &TrustedKeys,
+    bytes: &[u8],
+    signature_file: Option<&[u8]>,
+    check: &dyn Fn(&str) -> std::result::Result<signature::TrustedComment, Refusal>,
+) -> std::result::Result<Accepted, Refusal> {
+    let Some(sig_bytes) = signature_file else {
         return Err(Refusal::Unsigned);
     };
-    let text = std::str::from_utf8(bytes).map_err(|_| Refusal::Malformed {
+    let text = std::str::from_utf8(sig_bytes).map_err(|_| Refusal::Malformed {
         reason: "not UTF-8 text".into(),
     })?;
     let blocks = signature::signature_blocks(text)?;
-    // A block that verifies but whose comment is refused explains more than "untrusted".
-    let mut refusal = Refusal::UntrustedSignature { keys: keys.len() };
+    let mut comment_refusal: Option<Refusal> = None;
+    let mut first_defect: Option<String> = None;
+    let mut decoded = 0usize;
     for (i, block) in blocks.iter().enumerate() {
-        let sig = decode(block).map_err(|e| Refusal::Malformed {
-            reason: format!("block {}: {e}", i + 1),
-        })?;
-        for key in &keys.keys {
-            if key.key.verify(manifest_bytes, &sig, false).is_err() {
+        let sig = match decode(block) {
+            Ok(sig) => sig,
+            Err(e) => {
+                first_defect.get_or_insert_with(|| format!("block {}: {e}", i + 1));
                 continue;
             }
-            match signature::check_signed_comment(sig.trusted_comment(), generation, accepted, now)
-            {
+        };
+        decoded += 1;
+        for key in &keys.keys {
+            if key.key.verify(bytes, &sig, false).is_err() {
+                continue;
+            }
+            match check(sig.trusted_comment()) {
                 Ok(c) => {
                     return Ok(Accepted {
                         generation: c.generation,
                         release: c.release,
                         expires: c.expires,
                         key: key.name.clone(),
+                        block: block.clone(),
                     });
                 }
-                Err(r) => refusal = r,
+                Err(r) => {
+                    comment_refusal.get_or_insert(r);
+                }
             }
         }
     }
-    Err(refusal)
+    if let Some(r) = comment_refusal {
+        return Err(r);
+    }
+    match first_defect {
+        Some(reason) if decoded == 0 => Err(Refusal::Malformed { reason }),
+        _ => Err(Refusal::UntrustedSignature { keys: keys.len() }),
+    }
+}
+
+/// A part of an artifact the signature must cover before a device with trusted keys installs
+/// it: what the manifest entry (or variant) does not give is not signed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unsigned {
+    Sha256,
+    Size,
+    ChunkCount,
+}
+
+impl Unsigned {
+    /// The manifest field that gives it (the entry's; a variant's are named alike).
+    pub fn field(self) -> &'static str {
+        match self {
+            Unsigned::Sha256 => "artifact_sha256",
+            Unsigned::Size => "artifact_size",
+            Unsigned::ChunkCount => "artifact_chunk_count",
+        }
+    }
+}
+
+impl fmt::Display for Unsigned {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Unsigned::Sha256 => "SHA-256",
+            Unsigned::Size => "size",
+            Unsigned::ChunkCount => "chunk count",
+        })
+    }
+}
+
+/// What the bytes of an artifact (an entry's, or its Chestnut variant's) are checked against
+/// before install, on this device. Pure.
+///
+/// - With trusted keys (`protected`), the signature covers the manifest's bytes only, so every
+///   byte installed must be pinned by the manifest itself: its SHA-256, its size and its chunk
+///   count. Lacking any of them, the artifact is listed but not installable (`Err` names each
+///   one missing); the store's `.sha256` sidecar is never consulted, since whoever can write the
+///   store can write it too.
+/// - Without keys, the manifest's digest when it gives one, else the origin's sidecar (the live
+///   manifest's shape; the device is unprotected anyway).
+pub fn digest_rule(
+    protected: bool,
+    has_sha256: bool,
+    has_size: bool,
+    has_chunk_count: bool,
+) -> std::result::Result<crate::DigestSource, Vec<Unsigned>> {
+    if protected {
+        let missing: Vec<Unsigned> = [
+            (has_sha256, Unsigned::Sha256),
+            (has_size, Unsigned::Size),
+            (has_chunk_count, Unsigned::ChunkCount),
+        ]
+        .into_iter()
+        .filter(|(has, _)| !has)
+        .map(|(_, m)| m)
+        .collect();
+        if !missing.is_empty() {
+            return Err(missing);
+        }
+    }
+    Ok(if has_sha256 {
+        crate::DigestSource::Manifest
+    } else {
+        crate::DigestSource::Sidecar
+    })
+}
+
+/// [`digest_rule`] for a download target.
+pub fn target_rule(
+    protected: bool,
+    target: &crate::Target,
+) -> std::result::Result<crate::DigestSource, Vec<Unsigned>> {
+    digest_rule(
+        protected,
+        target.sha256.is_some(),
+        target.size.is_some(),
+        target.chunk_count.is_some(),
+    )
+}
+
+/// The words for an artifact a device with trusted keys does not install: "not installable:
+/// the signed manifest gives no SHA-256, size for <file>".
+pub fn not_installable_text(file: &str, missing: &[Unsigned]) -> String {
+    let list: Vec<String> = missing.iter().map(ToString::to_string).collect();
+    format!(
+        "not installable: the signed manifest gives no {} for {file} (a device with trusted keys \
+         installs only bytes the signature covers, never a digest from the store's .sha256 \
+         sidecar); the release engineer adds {} with `release-cli manifest set-artifact` and \
+         signs again",
+        list.join(", "),
+        missing
+            .iter()
+            .map(|m| m.field())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 fn decode(block: &SignatureBlock) -> std::result::Result<Signature, minisign_verify::Error> {
@@ -206,6 +385,134 @@ pub fn refusals(e: &Error) -> Vec<(&str, &Refusal)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{DigestSource, Target};
+    use manifest::ModelEntry;
+    use serde_json::json;
+
+    /// Keys × which of SHA-256 / size / chunk count the entry gives × the artifact itself or
+    /// its Chestnut variant: with keys, only a fully pinned artifact is installable, and never
+    /// from the sidecar; without keys, the manifest's digest, else the sidecar. Checked on
+    /// targets made from real entries, for v25 and a made-up v26 (the rule has no generation).
+    #[test]
+    fn the_digest_rule_table() {
+        use Unsigned::*;
+        let sha = "a".repeat(64);
+        // (gives sha256, size, chunk count) -> with keys, without keys
+        type Want = (
+            Result<DigestSource, Vec<Unsigned>>,
+            Result<DigestSource, Vec<Unsigned>>,
+        );
+        let table: [((bool, bool, bool), Want); 8] = [
+            (
+                (true, true, true),
+                (Ok(DigestSource::Manifest), Ok(DigestSource::Manifest)),
+            ),
+            (
+                (false, true, true),
+                (Err(vec![Sha256]), Ok(DigestSource::Sidecar)),
+            ),
+            (
+                (true, false, true),
+                (Err(vec![Size]), Ok(DigestSource::Manifest)),
+            ),
+            (
+                (true, true, false),
+                (Err(vec![ChunkCount]), Ok(DigestSource::Manifest)),
+            ),
+            (
+                (false, false, true),
+                (Err(vec![Sha256, Size]), Ok(DigestSource::Sidecar)),
+            ),
+            (
+                (false, true, false),
+                (Err(vec![Sha256, ChunkCount]), Ok(DigestSource::Sidecar)),
+            ),
+            (
+                (true, false, false),
+                (Err(vec![Size, ChunkCount]), Ok(DigestSource::Manifest)),
+            ),
+            (
+                (false, false, false),
+                (
+                    Err(vec![Sha256, Size, ChunkCount]),
+                    Ok(DigestSource::Sidecar),
+                ),
+            ),
+        ];
+        for generation in ["v25", "v26"] {
+            for ((has_sha, has_size, has_count), (with_keys, without)) in &table {
+                let mut fields = serde_json::Map::new();
+                if *has_sha {
+                    fields.insert("artifact_sha256".into(), json!(sha));
+                }
+                if *has_size {
+                    fields.insert("artifact_size".into(), json!(1000));
+                }
+                if *has_count {
+                    fields.insert("artifact_chunk_count".into(), json!(0));
+                }
+                let mut variant = fields.clone();
+                variant.insert("execution_device".into(), json!("AMD"));
+                variant.insert("artifact_format".into(), json!("tinygrad_single_v1"));
+                let mut e = fields.clone();
+                e.insert("id".into(), json!(format!("pop{generation}")));
+                e.insert("artifact_format".into(), json!("tinygrad_single_v1"));
+                e.insert("accelerator_artifacts".into(), json!({"chestnut": variant}));
+                let entry = ModelEntry::from_map(e).unwrap();
+                let targets = [
+                    ("artifact", Target::from_entry(&entry).unwrap()),
+                    (
+                        "variant",
+                        Target::chestnut_variant(&entry).unwrap().unwrap(),
+                    ),
+                ];
+                for (what, t) in &targets {
+                    let ctx = format!(
+                        "{generation} {what} sha={has_sha} size={has_size} count={has_count}"
+                    );
+                    assert_eq!(&target_rule(true, t), with_keys, "{ctx} with keys");
+                    assert_eq!(&target_rule(false, t), without, "{ctx} without keys");
+                }
+            }
+        }
+        let text = not_installable_text("x_driving_tinygrad.pkl", &[Sha256, ChunkCount]);
+        assert!(
+            text.starts_with(
+                "not installable: the signed manifest gives no SHA-256, chunk count for \
+                 x_driving_tinygrad.pkl"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("artifact_sha256, artifact_chunk_count"),
+            "{text}"
+        );
+    }
+
+    /// A FIFO, a directory or an oversized file at the keys path is refused at once, naming it.
+    #[test]
+    fn a_keys_file_is_read_capped_and_only_as_a_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.pub");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let big = dir.path().join("big.pub");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_KEYS_FILE_BYTES + 1)
+            .unwrap();
+        for (path, why) in [
+            (&fifo, "not a regular file"),
+            (&dir.path().to_path_buf(), "not a regular file"),
+            (&big, "larger than"),
+        ] {
+            let e = TrustedKeys::load(path).unwrap_err().to_string();
+            assert!(
+                e.contains(why) && e.contains(&*path.to_string_lossy()),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn keys_files_in_pub_and_bare_form() {

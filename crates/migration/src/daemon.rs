@@ -93,7 +93,7 @@ fn serve_outcome(
     match request {
         Request::DownloadAll => (|| {
             let catalog = device.require_catalog()?;
-            for entry in downloadable(&catalog, device.chestnut()) {
+            for entry in downloadable(&catalog, device.chestnut(), device.is_protected()) {
                 if cancel.is_cancelled() {
                     return Ok(Progress::Cancelled);
                 }

@@ -21,6 +21,10 @@ use crate::params::{Params, keys};
 
 /// The stored catalog: the validated manifest this device last accepted.
 pub const CATALOG_FILE: &str = ".catalog.json";
+/// With trusted keys: the signature block(s) of the stored catalog, checked on every read of
+/// it ([`Device::catalog`]). Replaced with the catalog, in a crash-safe order
+/// (`trust_state::store_accepted`).
+pub const CATALOG_SIGNATURE_FILE: &str = ".catalog.json.minisig";
 /// Verification results keyed by file name, valid while the stat signature is unchanged.
 pub const VERIFIED_FILE: &str = ".verified.json";
 /// Present while a generation migration is in progress.
@@ -76,6 +80,10 @@ pub struct Device {
     pub memory: Params,
     /// Where the USB devices are listed (`/sys` on a comma), for the external-GPU check.
     pub sysfs_root: PathBuf,
+    /// The release keys this device trusts (`--trusted-keys`), the same the downloader checks
+    /// fetched manifests with: with them, the stored catalog is re-verified on every read and
+    /// only artifacts the signed manifest pins are installed or handed to modeld.
+    pub trusted_keys: Option<downloader::trust::TrustedKeys>,
     pub(crate) effects: Effects,
 }
 
@@ -189,6 +197,7 @@ impl Device {
             params,
             memory,
             sysfs_root: PathBuf::from("/sys"),
+            trusted_keys: None,
             effects,
         }
     }
@@ -394,17 +403,82 @@ impl Device {
         Ok(())
     }
 
-    /// The stored catalog, if it is for this device's generation.
+    /// The stored catalog, if it is for this device's generation. With trusted keys it is
+    /// accepted only when the signature kept beside it verifies over its bytes, for this
+    /// generation, at a release not lower than the accepted one ([`Error::CatalogNotTrusted`]
+    /// otherwise: `resolve` then answers the built-in and says why).
     pub fn catalog(&self) -> Result<Option<Manifest>> {
         let path = self.models_dir().join(CATALOG_FILE);
         let Some(bytes) = read_capped(&path, bounded::CATALOG_LIMIT)? else {
             return Ok(None);
         };
+        if let Some(keys) = &self.trusted_keys {
+            return self.signed_catalog(keys, path, &bytes);
+        }
         let m = Manifest::from_slice(&bytes).map_err(|e| Error::CorruptState {
             path: path.clone(),
             message: e.to_string(),
         })?;
         Ok((m.generation() == Some(self.config.generation)).then_some(m))
+    }
+
+    /// [`Device::catalog`] with trusted keys: one Ed25519 check of the stored bytes against the
+    /// signature kept beside them, then the bytes read as a fetched manifest is read.
+    fn signed_catalog(
+        &self,
+        keys: &downloader::trust::TrustedKeys,
+        path: PathBuf,
+        bytes: &[u8],
+    ) -> Result<Option<Manifest>> {
+        use manifest::signature::{MAX_SIGNATURE_BYTES, Refusal};
+        let generation = self.config.generation;
+        let sig = read_capped(
+            &self.models_dir().join(CATALOG_SIGNATURE_FILE),
+            MAX_SIGNATURE_BYTES,
+        )?;
+        let floor = crate::trust_state::floor_for_read(self);
+        match downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, floor) {
+            Ok(_) => {}
+            // A catalog validly signed for another generation (left by an earlier build): not
+            // this generation's, as without keys.
+            Err(Refusal::OtherGeneration { .. }) => return Ok(None),
+            Err(refusal) => return Err(Error::CatalogNotTrusted { path, refusal }),
+        }
+        let read =
+            Manifest::from_slice_tolerant(bytes, &manifest::Limits::default()).map_err(|e| {
+                Error::CorruptState {
+                    path: path.clone(),
+                    message: e.to_string(),
+                }
+            })?;
+        let mut m = read.manifest;
+        if m.generation().is_some_and(|g| g != generation) {
+            return Ok(None);
+        }
+        m.set_generation(generation);
+        Ok(Some(m))
+    }
+
+    /// The release of the stored catalog's verified signature (with trusted keys), ignoring
+    /// the accepted release; `None` when there is none that verifies. Part of the floor a
+    /// fetched manifest must reach, since the catalog is stored before the accepted release.
+    pub(crate) fn stored_release(&self) -> Option<manifest::ReleaseNumber> {
+        let keys = self.trusted_keys.as_ref()?;
+        let dir = self.models_dir();
+        let bytes = read_capped(&dir.join(CATALOG_FILE), bounded::CATALOG_LIMIT).ok()??;
+        let sig = read_capped(
+            &dir.join(CATALOG_SIGNATURE_FILE),
+            manifest::signature::MAX_SIGNATURE_BYTES,
+        )
+        .ok()??;
+        downloader::trust::verify_stored(keys, &bytes, Some(&sig), self.config.generation, None)
+            .ok()
+            .map(|a| a.release)
+    }
+
+    /// Whether this device installs only what a signed manifest pins (it has trusted keys).
+    pub fn is_protected(&self) -> bool {
+        self.trusted_keys.is_some()
     }
 
     /// Store `m` as the catalog (tagged with this generation), atomically. What is written must
@@ -597,6 +671,24 @@ impl Device {
     /// downloader verified the bytes against and kept beside the install. `None`: nothing to
     /// check against (reported `unverified`, never handed to modeld).
     pub fn expected_digest(&self, entry: &ModelEntry) -> Option<ExpectedDigest> {
+        // With trusted keys only what the signed manifest pins counts: never the sidecar, and
+        // not a digest without its size and chunk count (`downloader::trust::digest_rule`).
+        if self.is_protected() {
+            let pinned = downloader::trust::digest_rule(
+                true,
+                entry.artifact_sha256().is_some(),
+                entry.artifact_size().is_some(),
+                entry.artifact_chunk_count().is_some(),
+            );
+            return match (pinned, entry.artifact_sha256()) {
+                (Ok(_), Some(sha256)) => Some(ExpectedDigest {
+                    sha256,
+                    size: entry.artifact_size().map(|s| s.get()),
+                    source: downloader::DigestSource::Manifest,
+                }),
+                _ => None,
+            };
+        }
         if let Some(sha256) = entry.artifact_sha256() {
             return Some(ExpectedDigest {
                 sha256,

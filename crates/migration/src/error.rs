@@ -40,6 +40,42 @@ pub enum Error {
     )]
     UnknownModel { id: String, generation: String },
 
+    /// With trusted keys, the stored catalog does not verify against the signature kept beside
+    /// it (edited, replaced by an older signed copy, or its signature missing).
+    #[error(
+        "{}: the stored catalog does not verify under the trusted keys ({refusal}); `resolve` \
+         answers the built-in model until a signed catalog is stored again\nnext: run `refresh` \
+         (online) to fetch and verify the catalog again; if it keeps failing, someone changed \
+         files in {}",
+        path.display(),
+        path.parent().map(|p| p.display().to_string()).unwrap_or_default()
+    )]
+    CatalogNotTrusted {
+        path: PathBuf,
+        refusal: manifest::signature::Refusal,
+    },
+
+    /// Neither copy of the accepted release (the rollback floor: the state file in the models
+    /// directory and its param mirror) can be read, so the device cannot tell which signed
+    /// releases are older than one it accepted. Nothing is fetched; nothing was changed.
+    #[error(
+        "the accepted release (the rollback floor) cannot be read: {file} ({file_problem}); param \
+         {param} ({param_problem}). The device accepts no manifest until it knows its floor, and \
+         resetting it silently would let an older signed release back in\nnext: restore one \
+         copy with the release this device last accepted ({{\"{generation}\": {{\"release\": N, \
+         \"expires\": 0, \"key\": \"restored\"}}}}), or, to accept the next signed release \
+         as the new floor, remove both files deliberately (docs/device.md, \"Trust\")",
+        file = file.display(),
+        param = param.display()
+    )]
+    TrustStateUnreadable {
+        file: PathBuf,
+        file_problem: String,
+        param: PathBuf,
+        param_problem: String,
+        generation: String,
+    },
+
     #[error("no {generation} catalog on this device yet; run `refresh` while online")]
     NoCatalog { generation: String },
 

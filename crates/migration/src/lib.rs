@@ -29,8 +29,8 @@ pub mod tree;
 pub mod trust_state;
 
 pub use device::{
-    CATALOG_FILE, Device, DeviceConfig, ExpectedDigest, JOURNAL_FILE, REFUSED_FILE, RefusedModel,
-    Selection, VERIFIED_FILE, VerifyState,
+    CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device, DeviceConfig, ExpectedDigest, JOURNAL_FILE,
+    REFUSED_FILE, RefusedModel, Selection, VERIFIED_FILE, VerifyState,
 };
 pub use effects::Effects;
 pub use error::{Error, Result};

@@ -31,8 +31,8 @@ use serde::{Deserialize, Serialize};
 use crate::choice::{self, Fate, Slots};
 use crate::contract::{self, BigProfile, Catalog, Outcome, ProfilesRead, SelectionParams, Wanted};
 use crate::decisions::{
-    Installs, Requested, Settled, accepted_catalog_body, chosen, contract_writes, gpu_rule,
-    journal_now, offline_first_boot_due, requested, settle, variant_in_place,
+    Installs, Requested, Settled, chosen, contract_writes, gpu_rule, journal_now,
+    offline_first_boot_due, requested, settle, variant_in_place,
 };
 use crate::device::{Device, JOURNAL_FILE, VerifyState};
 use crate::error::{Error, Result};
@@ -259,10 +259,7 @@ pub fn refresh_at(
             return Err(e);
         }
     };
-    device.write_file(
-        crate::device::CATALOG_FILE,
-        &accepted_catalog_body(&fetched, generation)?,
-    )?;
+    crate::trust_state::store_accepted(device, &fetched)?;
     let refused: Vec<crate::device::RefusedModel> =
         fetched.refused_entries.iter().map(Into::into).collect();
     device.store_refused(&refused)?;
@@ -408,10 +405,16 @@ pub fn install(
     progress: ProgressFn,
 ) -> Result<Option<Installed>> {
     device.ensure_offroad(&format!("the download of {}", entry.id()))?;
+    // With trusted keys, bytes the signed manifest does not pin are never fetched: refused
+    // before anything is written (`downloader::trust::digest_rule`).
+    dl.check_signed(&downloader::Target::from_entry(entry)?)?;
     let chestnut = device.chestnut();
+    // A Chestnut variant the signature does not pin is left out (listed by `status` as not
+    // installable); the model itself still installs.
     let variant = downloader::egpu::artifacts_to_fetch(entry, chestnut)?
         .into_iter()
-        .nth(1);
+        .nth(1)
+        .filter(|v| dl.check_signed(v).is_ok());
     // The decision `download --dry-run` reports (`preview::download`); a requested download
     // is always due.
     let state = device.verify_entry(entry, false)?;
@@ -525,12 +528,21 @@ pub fn download_model(
 }
 
 /// Every catalog model "download all" takes: downloadable, not the built-in, and an
-/// external-GPU model only with a ready Chestnut (upstream's rule).
-pub fn downloadable(catalog: &Manifest, chestnut: downloader::egpu::Chestnut) -> Vec<&ModelEntry> {
+/// external-GPU model only with a ready Chestnut (upstream's rule); on a `protected` device
+/// (trusted keys) only models whose signed entry pins their bytes
+/// (`downloader::trust::digest_rule`).
+pub fn downloadable(
+    catalog: &Manifest,
+    chestnut: downloader::egpu::Chestnut,
+    protected: bool,
+) -> Vec<&ModelEntry> {
     catalog
         .models()
         .iter()
-        .filter(|e| downloader::Target::from_entry(e).is_ok())
+        .filter(|e| {
+            downloader::Target::from_entry(e)
+                .is_ok_and(|t| downloader::trust::target_rule(protected, &t).is_ok())
+        })
         .filter(|e| {
             e.id().as_str() != manifest::layout::BUILTIN_MODEL_ID
                 && downloader::egpu::in_download_all(e.uses_external_gpu(), chestnut)

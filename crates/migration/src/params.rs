@@ -47,6 +47,10 @@ pub mod keys {
     pub const IS_ONROAD: &str = "IsOnroad";
     /// Persistent (set by openpilot when the connection is metered): no automatic download.
     pub const NETWORK_METERED: &str = "NetworkMetered";
+    /// Persistent, this manager's: the mirror of `.accepted-release.json` (the rollback floor
+    /// of signed manifests, JSON per generation), kept where a writer of the models directory
+    /// cannot lower it (`trust_state`).
+    pub const MODEL_MANIFEST_ACCEPTED_RELEASE: &str = "ModelManifestAcceptedRelease";
 }
 
 #[derive(Debug, Clone)]

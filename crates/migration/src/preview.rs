@@ -79,11 +79,22 @@ pub fn refresh(device: &Device, dl: &Downloader, now_unix: u64) -> Result<Refres
     } else if exists(device, trust_state::REFUSED_MANIFEST_FILE) {
         would_remove.push(trust_state::REFUSED_MANIFEST_FILE.to_string());
     }
-    if device.would_change(
-        crate::CATALOG_FILE,
-        &accepted_catalog_body(&fetched, generation)?,
-    ) {
+    // As `trust_state::store_accepted`: a signed catalog is stored as signed, beside its
+    // signature block.
+    let body = match &fetched.signed {
+        Some(_) => fetched.raw.clone(),
+        None => accepted_catalog_body(&fetched, generation)?,
+    };
+    if device.would_change(crate::CATALOG_FILE, &body) {
         would_write.push(crate::CATALOG_FILE.to_string());
+    }
+    if let Some(signed) = &fetched.signed
+        && device.would_change(
+            crate::device::CATALOG_SIGNATURE_FILE,
+            signed.block.as_str().as_bytes(),
+        )
+    {
+        would_write.push(crate::device::CATALOG_SIGNATURE_FILE.to_string());
     }
     let refused: Vec<RefusedModel> = fetched.refused_entries.iter().map(Into::into).collect();
     if device.would_change(REFUSED_FILE, &pretty(&refused)) {
@@ -320,7 +331,7 @@ pub fn download(
     let entries: Vec<ModelEntry> = match id {
         None => {
             let catalog = device.require_catalog()?;
-            downloadable(&catalog, device.chestnut())
+            downloadable(&catalog, device.chestnut(), device.is_protected())
                 .into_iter()
                 .cloned()
                 .collect()
@@ -349,7 +360,10 @@ pub fn download(
             == InstallStep::Keep;
         let mut planned = Vec::new();
         for (i, target) in targets.iter().enumerate() {
-            if (i == 0 && main_kept) || (i > 0 && variant_in_place(device, target)) {
+            // A variant the signature does not pin is left out, as `install` leaves it out.
+            if (i == 0 && main_kept)
+                || (i > 0 && (variant_in_place(device, target) || dl.check_signed(target).is_err()))
+            {
                 continue;
             }
             let plan = dl.plan_target(device.config.generation, target, &cancel)?;

@@ -45,6 +45,12 @@ pub enum FailReason {
     Busy,
     /// Anything else on the device (storage, a corrupt state file): the log says which.
     DeviceError,
+    /// With trusted keys: the signed model list gives no SHA-256, size or chunk count for it,
+    /// so nothing the signature covers could check its bytes.
+    NotSigned,
+    /// With trusted keys: the model list stored on the device does not verify against its
+    /// signature (changed on the device); a refresh fetches it again.
+    ModelListNotVerified,
 }
 
 impl FailReason {
@@ -54,6 +60,8 @@ impl FailReason {
         match e {
             Error::Download(D::InsufficientSpace { .. }) => FailReason::NoSpace,
             Error::Download(D::Io(_)) => FailReason::DeviceError,
+            Error::Download(D::NotSigned { .. }) => FailReason::NotSigned,
+            Error::CatalogNotTrusted { .. } => FailReason::ModelListNotVerified,
             Error::Download(_) | Error::NotVerified { .. } => FailReason::NotVerified,
             Error::UnknownModel { .. } => FailReason::NotInList,
             Error::NoCatalog { .. } | Error::CatalogTooLarge { .. } => FailReason::NoModelList,
@@ -63,6 +71,7 @@ impl FailReason {
             | Error::Lock { .. }
             | Error::BadParamKey { .. }
             | Error::CorruptState { .. }
+            | Error::TrustStateUnreadable { .. }
             | Error::Onroad { .. }
             | Error::ExternalGpuRequired { .. }
             | Error::Manifest(_)
@@ -80,6 +89,12 @@ impl FailReason {
             FailReason::BuiltinMissing => "built-in model missing",
             FailReason::Busy => "another download is running",
             FailReason::DeviceError => "device storage error",
+            FailReason::NotSigned => {
+                "not installable: the signed model list gives no SHA-256, size or chunk count for it"
+            }
+            FailReason::ModelListNotVerified => {
+                "model list on the device failed its signature check"
+            }
         }
     }
 }

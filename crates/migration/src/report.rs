@@ -85,6 +85,59 @@ pub struct StatusReport {
     pub fallback: Option<FallbackReport>,
     /// Entries of the last accepted manifest this device left out, each with its reason.
     pub refused_entries: Vec<crate::device::RefusedModel>,
+    /// With trusted keys: why the stored catalog is not used (it does not verify against the
+    /// signature kept beside it); `resolve` answers the built-in meanwhile.
+    pub catalog_problem: Option<String>,
+    /// With trusted keys: the catalog's artifacts (and Chestnut variants) that are listed but
+    /// not installable, because the signed manifest does not pin their bytes.
+    pub not_installable: Vec<NotInstallable>,
+}
+
+/// A catalog artifact a device with trusted keys does not install.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NotInstallable {
+    pub id: String,
+    /// The local file it would be (`<id>_driving_tinygrad.pkl`, or the Chestnut variant's).
+    pub file: String,
+    pub reason: String,
+}
+
+/// The catalog's artifacts and Chestnut variants that `protected` rules out, in catalog order.
+/// Pure.
+pub fn not_installable(catalog: &manifest::Manifest, protected: bool) -> Vec<NotInstallable> {
+    let mut out = Vec::new();
+    for e in catalog.models() {
+        if contract::kind(e.id()) == ModelKind::BuiltIn {
+            continue;
+        }
+        let targets = [
+            downloader::Target::from_entry(e).ok(),
+            downloader::Target::chestnut_variant(e).ok().flatten(),
+        ];
+        for t in targets.into_iter().flatten() {
+            if let Err(missing) = downloader::trust::target_rule(protected, &t) {
+                out.push(NotInstallable {
+                    id: e.id().to_string(),
+                    file: t.local_name.to_string(),
+                    reason: downloader::trust::not_installable_text(
+                        t.local_name.as_str(),
+                        &missing,
+                    ),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The stored catalog, or why it is not used: with trusted keys a catalog that does not
+/// verify is reported, not an error (`status` still answers).
+fn catalog_or_problem(device: &Device) -> Result<(Option<manifest::Manifest>, Option<String>)> {
+    match device.catalog() {
+        Ok(c) => Ok((c, None)),
+        Err(e @ Error::CatalogNotTrusted { .. }) => Ok((None, Some(e.to_string()))),
+        Err(e) => Err(e),
+    }
 }
 
 /// `verify`.
@@ -102,7 +155,7 @@ impl VerifyReport {
 }
 
 fn model_ref(device: &Device, id: &str) -> Result<ModelRef> {
-    let named = match (device.catalog()?, id.parse::<ModelId>()) {
+    let named = match (catalog_or_problem(device)?.0, id.parse::<ModelId>()) {
         (Some(m), Ok(id)) => device.device_catalog(&m)?.named(&id),
         (None, Ok(id)) => contract::Catalog::default().named(&id),
         (_, Err(_)) => {
@@ -196,7 +249,7 @@ fn fallback(
 pub fn status(device: &Device) -> Result<StatusReport> {
     let sel = device.selection()?;
     let journal = read_journal(device)?;
-    let catalog = device.catalog()?;
+    let (catalog, catalog_problem) = catalog_or_problem(device)?;
     let mut installed = Vec::new();
     if let Some(c) = &catalog {
         for e in c.models() {
@@ -213,7 +266,11 @@ pub fn status(device: &Device) -> Result<StatusReport> {
             }
         }
     }
-    let (resolved, _) = device.resolve()?;
+    let resolved = match device.resolve() {
+        Ok((path, _)) => path,
+        Err(Error::CatalogNotTrusted { .. }) => device.builtin_path(),
+        Err(e) => return Err(e),
+    };
     Ok(StatusReport {
         generation: device.config.generation.to_string(),
         manifest_version: device.params.get_str(keys::MODEL_MANIFEST_VERSION)?,
@@ -225,6 +282,11 @@ pub fn status(device: &Device) -> Result<StatusReport> {
         fallback: fallback(device, catalog.as_ref())?,
         interrupted_migration: journal,
         refused_entries: device.refused(),
+        not_installable: catalog
+            .as_ref()
+            .map(|c| not_installable(c, device.is_protected()))
+            .unwrap_or_default(),
+        catalog_problem,
     })
 }
 

@@ -1,16 +1,27 @@
 //! What the device remembers about signed manifests, in the models directory:
 //!
 //! - `.accepted-release.json`: per generation, the highest signed release this device accepted
-//!   (and which key signed it, and when it expires). Written atomically *before* the catalog is
-//!   stored, so the catalog is never newer than the floor that protects it; a replayed older
-//!   release is refused against it, across restarts.
+//!   (and which key signed it, and when it expires): the rollback floor. Mirrored in the
+//!   persistent param `ModelManifestAcceptedRelease` (`<data>/params/d`), which a writer of the
+//!   models directory cannot lower; the higher copy wins per generation, a missing or corrupt
+//!   copy never lowers it and is rewritten from the valid one ([`merge_floor`]).
+//! - `.catalog.json.minisig`: the signature block(s) of the stored catalog, which is verified
+//!   against it on every read (`Device::catalog`).
 //! - `.refused-manifest.json`: the last refusal (when, which generation, why, per origin), for
 //!   `status`: written when every origin failed and one refused on trust grounds, or when an
 //!   origin refused before another was accepted; removed at the next fetch accepted from the
 //!   first origin tried. It is a report, not state: nothing else reads it.
 //!
-//! Both are dot files, which the purge and `gc` plans never touch. Both are written with
-//! `Device::write_file`/`remove_file`, so the crash enumeration sees them as effects.
+//! All are dot files, which the purge and `gc` plans never touch. All are written with
+//! `Device::write_file`/`remove_file` (the param with `Params::put`), so the crash enumeration
+//! sees them as effects.
+//!
+//! A signed refresh stores, in this order ([`store_accepted`]): the signature file holding the
+//! new block *and* the old one, the catalog, the signature file with the new block alone, then
+//! the floor (file, then param). After a crash at any point the stored catalog verifies by one
+//! of the blocks (old catalog by the old block, new by the new) at a release not below the
+//! floor; and a fetch's floor also counts the stored catalog's own signed release, so a catalog
+//! stored before its floor was raised still keeps an older release out.
 
 use std::collections::BTreeMap;
 
@@ -19,9 +30,10 @@ use manifest::signature::Refusal;
 use manifest::{Generation, ReleaseNumber, UnixSeconds};
 use serde::{Deserialize, Serialize};
 
-use crate::bounded::JOURNAL_LIMIT;
-use crate::device::Device;
-use crate::error::Result;
+use crate::bounded::{JOURNAL_LIMIT, read_capped};
+use crate::device::{CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device};
+use crate::error::{Error, Result};
+use crate::params::keys;
 
 pub const ACCEPTED_RELEASE_FILE: &str = ".accepted-release.json";
 pub const REFUSED_MANIFEST_FILE: &str = ".refused-manifest.json";
@@ -46,11 +58,180 @@ pub struct RefusedManifest {
     pub reasons: Vec<String>,
 }
 
-/// Every generation's accepted release.
-pub fn accepted_releases(device: &Device) -> Result<BTreeMap<String, AcceptedRelease>> {
-    Ok(device
-        .read_json(ACCEPTED_RELEASE_FILE, JOURNAL_LIMIT)?
-        .unwrap_or_default())
+pub type AcceptedReleases = BTreeMap<String, AcceptedRelease>;
+
+/// One copy of the accepted releases as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FloorCopy {
+    Missing,
+    /// Unreadable: over the size cap, not a regular file, or not the JSON map.
+    Corrupt(String),
+    Valid(AcceptedReleases),
+}
+
+/// Which copy the floor of a generation comes from (`status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FloorSource {
+    /// No copy holds a release for it.
+    None,
+    /// `.accepted-release.json` (the param has a lower one, none, or is unreadable).
+    File,
+    /// The param `ModelManifestAcceptedRelease` (the file has a lower one, none, or is
+    /// unreadable).
+    Param,
+    /// Both copies agree.
+    Both,
+}
+
+/// The floor both copies give.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Floor {
+    /// Per generation, the higher of the two copies' releases.
+    pub merged: AcceptedReleases,
+    /// The file must be rewritten to `merged` (missing, corrupt or lower somewhere).
+    pub repair_file: bool,
+    /// The param must be rewritten to `merged`.
+    pub repair_param: bool,
+}
+
+impl Floor {
+    pub fn source(
+        &self,
+        file: &FloorCopy,
+        param: &FloorCopy,
+        generation: Generation,
+    ) -> FloorSource {
+        let key = generation.to_string();
+        let Some(best) = self.merged.get(&key) else {
+            return FloorSource::None;
+        };
+        let has = |c: &FloorCopy| matches!(c, FloorCopy::Valid(m) if m.get(&key).is_some_and(|a| a.release == best.release));
+        match (has(file), has(param)) {
+            (true, true) => FloorSource::Both,
+            (true, false) => FloorSource::File,
+            (false, _) => FloorSource::Param,
+        }
+    }
+}
+
+/// The floor from its two copies. Pure.
+///
+/// Per generation the higher release wins, so lowering or deleting one copy lowers nothing. A
+/// missing or corrupt copy is rewritten from the valid one. When no copy is valid and at least
+/// one is corrupt, the floor is unknown: `None` (a corrupt copy might have held a higher
+/// release, so nothing is assumed). Two missing copies are a device that never accepted a
+/// signed release.
+pub fn merge_floor(file: &FloorCopy, param: &FloorCopy) -> Option<Floor> {
+    use FloorCopy::*;
+    let (merged, repair_file, repair_param) = match (file, param) {
+        (Missing, Missing) => (AcceptedReleases::new(), false, false),
+        (Valid(f), Valid(p)) => {
+            let mut merged = f.clone();
+            for (generation, a) in p {
+                match merged.get(generation) {
+                    Some(have) if have.release >= a.release => {}
+                    _ => {
+                        merged.insert(generation.clone(), a.clone());
+                    }
+                }
+            }
+            let (rf, rp) = (&merged != f, &merged != p);
+            (merged, rf, rp)
+        }
+        (Valid(f), Missing | Corrupt(_)) => (f.clone(), false, true),
+        (Missing | Corrupt(_), Valid(p)) => (p.clone(), true, false),
+        (Corrupt(_), _) | (_, Corrupt(_)) => return None,
+    };
+    Some(Floor {
+        merged,
+        repair_file,
+        repair_param,
+    })
+}
+
+/// Both copies as read (size-capped, regular files only).
+pub fn floor_copies(device: &Device) -> (FloorCopy, FloorCopy) {
+    let read = |path: std::path::PathBuf| match read_capped(&path, JOURNAL_LIMIT) {
+        Ok(None) => FloorCopy::Missing,
+        Ok(Some(b)) => match serde_json::from_slice::<AcceptedReleases>(&b) {
+            Ok(m) => FloorCopy::Valid(m),
+            Err(e) => FloorCopy::Corrupt(e.to_string()),
+        },
+        Err(Error::CorruptState { message, .. }) => FloorCopy::Corrupt(message),
+        Err(e) => FloorCopy::Corrupt(e.to_string()),
+    };
+    (
+        read(device.models_dir().join(ACCEPTED_RELEASE_FILE)),
+        read(device.params.path(keys::MODEL_MANIFEST_ACCEPTED_RELEASE)),
+    )
+}
+
+/// The floor, or [`Error::TrustStateUnreadable`] naming both copies and a next step that
+/// resets nothing by itself.
+pub fn floor(device: &Device) -> Result<Floor> {
+    let (file, param) = floor_copies(device);
+    merge_floor(&file, &param).ok_or_else(|| {
+        let problem = |c: &FloorCopy| match c {
+            FloorCopy::Missing => "missing".to_string(),
+            FloorCopy::Corrupt(m) => format!("corrupt: {m}"),
+            FloorCopy::Valid(_) => "valid".to_string(),
+        };
+        Error::TrustStateUnreadable {
+            file: device.models_dir().join(ACCEPTED_RELEASE_FILE),
+            file_problem: problem(&file),
+            param: device.params.path(keys::MODEL_MANIFEST_ACCEPTED_RELEASE),
+            param_problem: problem(&param),
+            generation: device.config.generation.to_string(),
+        }
+    })
+}
+
+/// The floor as `status` shows it: this generation's accepted release, which copy it comes
+/// from, and what is wrong with either copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FloorReport {
+    pub accepted_release: Option<AcceptedRelease>,
+    pub source: FloorSource,
+    /// `valid`, `missing` or `corrupt: <why>`, per copy.
+    pub file: String,
+    pub param: String,
+    /// Neither copy is valid: the error a refresh gives, with its next step.
+    pub problem: Option<String>,
+}
+
+pub fn floor_report(device: &Device) -> FloorReport {
+    let generation = device.config.generation;
+    let (file, param) = floor_copies(device);
+    let state = |c: &FloorCopy| match c {
+        FloorCopy::Missing => "missing".to_string(),
+        FloorCopy::Corrupt(m) => format!("corrupt: {m}"),
+        FloorCopy::Valid(_) => "valid".to_string(),
+    };
+    let (accepted_release, source, problem) = match merge_floor(&file, &param) {
+        Some(f) => (
+            f.merged.get(&generation.to_string()).cloned(),
+            f.source(&file, &param, generation),
+            None,
+        ),
+        None => (
+            None,
+            FloorSource::None,
+            floor(device).err().map(|e| e.to_string()),
+        ),
+    };
+    FloorReport {
+        accepted_release,
+        source,
+        file: state(&file),
+        param: state(&param),
+        problem,
+    }
+}
+
+/// Every generation's accepted release (the higher copy of each).
+pub fn accepted_releases(device: &Device) -> Result<AcceptedReleases> {
+    Ok(floor(device)?.merged)
 }
 
 /// The accepted release of `generation`, if any.
@@ -61,36 +242,60 @@ pub fn accepted_release(
     Ok(accepted_releases(device)?.remove(&generation.to_string()))
 }
 
+/// The floor the stored catalog is checked against on every read: the higher valid copy;
+/// with no valid copy none (the fetch refuses until the floor is known, see [`floor`]).
+pub(crate) fn floor_for_read(device: &Device) -> Option<ReleaseNumber> {
+    let (file, param) = floor_copies(device);
+    let key = device.config.generation.to_string();
+    [file, param]
+        .iter()
+        .filter_map(|c| match c {
+            FloorCopy::Valid(m) => m.get(&key).map(|a| a.release),
+            _ => None,
+        })
+        .max()
+}
+
+/// Rewrite a missing, corrupt or lower copy from the merged floor (a refresh does this before
+/// it fetches, so a corrupt file never wedges it and never lowers the floor).
+fn repair_floor(device: &Device, floor: &Floor) -> Result<()> {
+    if floor.repair_file {
+        device.write_json(ACCEPTED_RELEASE_FILE, &floor.merged)?;
+    }
+    if floor.repair_param {
+        write_floor_param(device, &floor.merged)?;
+    }
+    Ok(())
+}
+
+fn write_floor_param(device: &Device, all: &AcceptedReleases) -> Result<()> {
+    device.params.put(
+        keys::MODEL_MANIFEST_ACCEPTED_RELEASE,
+        &serde_json::to_string(all).expect("state serializes"),
+    )
+}
+
 pub fn last_refusal(device: &Device) -> Result<Option<RefusedManifest>> {
     device.read_json(REFUSED_MANIFEST_FILE, JOURNAL_LIMIT)
 }
 
 /// Fetch the generation's manifest; with trusted keys, refuse one older than the accepted
-/// release and record a newly accepted release durably before returning it. A refusal is
-/// recorded for `status` and returned as the fetch error; nothing else is written. `cancel`
-/// stops the fetch (a cancelled fetch records nothing).
+/// release (a missing or corrupt copy of it is rewritten from the other first; with neither
+/// readable, nothing is fetched). A refusal is recorded for `status` and returned as the fetch
+/// error; nothing else is written. `cancel` stops the fetch (a cancelled fetch records
+/// nothing). The accepted manifest is stored by [`store_accepted`].
 pub fn fetch_accepted(
     device: &Device,
     dl: &Downloader,
     cancel: &downloader::CancelToken,
 ) -> Result<FetchedManifest> {
     let generation = device.config.generation;
+    if dl.trusted_keys().is_some() {
+        repair_floor(device, &floor(device)?)?;
+    }
     let floor = release_floor(device, dl)?;
     match dl.fetch_manifest_accepting(generation, floor, cancel) {
-        Ok(fetched) => {
-            if let Some(signed) = &fetched.signed {
-                record_accepted(device, generation, signed)?;
-            }
-            // An origin that served a refused manifest before another served a good one is
-            // still worth a look (someone may have written to that store); else clear.
-            let refused: Vec<(&str, &Refusal)> = fetched
-                .refused
-                .iter()
-                .map(|(o, r)| (o.as_str(), r))
-                .collect();
-            record_refusal(device, generation, &refused)?;
-            Ok(fetched)
-        }
+        Ok(fetched) => Ok(fetched),
         Err(e) => {
             let refusals = trust::refusals(&e);
             if !refusals.is_empty() {
@@ -101,13 +306,63 @@ pub fn fetch_accepted(
     }
 }
 
-/// The release a fetched manifest must not be older than: the accepted one of this generation,
-/// when keys are trusted.
+/// The release a fetched manifest must not be older than, when keys are trusted: the accepted
+/// one of this generation (the higher copy), or the stored catalog's signed release when that
+/// is higher (a crash between storing the catalog and raising the floor).
 pub(crate) fn release_floor(device: &Device, dl: &Downloader) -> Result<Option<ReleaseNumber>> {
     Ok(match dl.trusted_keys() {
-        Some(_) => accepted_release(device, device.config.generation)?.map(|a| a.release),
+        Some(_) => accepted_release(device, device.config.generation)?
+            .map(|a| a.release)
+            .max(device.stored_release()),
         None => None,
     })
+}
+
+/// Store an accepted manifest as the catalog, crash-safely, then what the fetch learned: with
+/// a signature, the signature file with the new and the old block, the catalog's bytes exactly
+/// as signed, the signature file with the new block alone, then the accepted release (file,
+/// then param); without, the catalog as today. Last, the refusal report (cleared, or naming
+/// origins that were refused before another was accepted).
+pub fn store_accepted(device: &Device, fetched: &FetchedManifest) -> Result<()> {
+    let generation = device.config.generation;
+    match &fetched.signed {
+        Some(signed) => {
+            let new = signed.block.clone();
+            let old = read_capped(
+                &device.models_dir().join(CATALOG_SIGNATURE_FILE),
+                manifest::signature::MAX_SIGNATURE_BYTES,
+            )
+            .ok()
+            .flatten()
+            .and_then(|b| String::from_utf8(b).ok())
+            .and_then(|t| manifest::signature::signature_blocks(&t).ok())
+            .and_then(|blocks| blocks.into_iter().next())
+            .filter(|b| *b != new);
+            if let Some(old) = old {
+                device.write_file(
+                    CATALOG_SIGNATURE_FILE,
+                    manifest::signature::join_signature_blocks(&[new.clone(), old]).as_bytes(),
+                )?;
+            }
+            // The bytes the signature covers, as served (within the manifest read limit, which
+            // is the catalog's).
+            device.write_file(CATALOG_FILE, &fetched.raw)?;
+            device.write_file(CATALOG_SIGNATURE_FILE, new.as_str().as_bytes())?;
+            record_accepted(device, generation, signed)?;
+        }
+        None => device.write_file(
+            CATALOG_FILE,
+            &crate::decisions::accepted_catalog_body(fetched, generation)?,
+        )?,
+    }
+    // An origin that served a refused manifest before another served a good one is still
+    // worth a look (someone may have written to that store); else clear.
+    let refused: Vec<(&str, &Refusal)> = fetched
+        .refused
+        .iter()
+        .map(|(o, r)| (o.as_str(), r))
+        .collect();
+    record_refusal(device, generation, &refused)
 }
 
 /// Write the refusal report for `refusals`, or remove it when there are none.
@@ -137,8 +392,12 @@ fn record_accepted(
     signed: &trust::Accepted,
 ) -> Result<()> {
     match accepted_after(accepted_releases(device)?, generation, signed) {
-        // Atomic, and reported to the crash enumeration like every other effect of a refresh.
-        Some(all) => device.write_json(ACCEPTED_RELEASE_FILE, &all),
+        // Atomic, and reported to the crash enumeration like every other effect of a refresh:
+        // the file, then its mirror in the param (each only raises the floor).
+        Some(all) => {
+            device.write_json(ACCEPTED_RELEASE_FILE, &all)?;
+            write_floor_param(device, &all)
+        }
         None => Ok(()),
     }
 }
@@ -171,4 +430,125 @@ pub(crate) fn accepted_after(
 /// `ModelDownloadProgress` as `Progress::ManifestRefused`).
 pub fn refusal(e: &downloader::Error) -> Option<manifest::signature::Refusal> {
     trust::refusals(e).first().map(|(_, r)| (*r).clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rel(pairs: &[(&str, u64)]) -> FloorCopy {
+        FloorCopy::Valid(
+            pairs
+                .iter()
+                .map(|(g, r)| {
+                    (
+                        g.to_string(),
+                        AcceptedRelease {
+                            release: ReleaseNumber::new(*r).unwrap(),
+                            expires: UnixSeconds(4_102_444_800),
+                            key: format!("k{r}"),
+                        },
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    fn releases(f: &Floor) -> Vec<(String, u64)> {
+        f.merged
+            .iter()
+            .map(|(g, a)| (g.clone(), a.release.get()))
+            .collect()
+    }
+
+    /// File × param: the higher copy wins per generation, a missing, corrupt or lower copy
+    /// never lowers the floor and is marked for rewriting, and no valid copy with a corrupt one
+    /// is an unknown floor. For v25 and a made-up v26.
+    #[test]
+    fn the_floor_merge_table() {
+        use FloorCopy::{Corrupt, Missing};
+        let bad = || Corrupt("expected value at line 1".into());
+        for g in ["v25", "v26"] {
+            let generation: Generation = g.parse().unwrap();
+            // (file, param) -> Ok((releases, repair file, repair param, source)) or Err
+            type Want = Option<(Vec<(String, u64)>, bool, bool, FloorSource)>;
+            let one = |r: u64| vec![(g.to_string(), r)];
+            let table: Vec<(FloorCopy, FloorCopy, Want)> = vec![
+                (
+                    Missing,
+                    Missing,
+                    Some((vec![], false, false, FloorSource::None)),
+                ),
+                (
+                    rel(&[(g, 3)]),
+                    rel(&[(g, 3)]),
+                    Some((one(3), false, false, FloorSource::Both)),
+                ),
+                // The file lowered or deleted in the models dir: the param keeps the floor.
+                (
+                    rel(&[(g, 1)]),
+                    rel(&[(g, 3)]),
+                    Some((one(3), true, false, FloorSource::Param)),
+                ),
+                (
+                    Missing,
+                    rel(&[(g, 3)]),
+                    Some((one(3), true, false, FloorSource::Param)),
+                ),
+                (
+                    bad(),
+                    rel(&[(g, 3)]),
+                    Some((one(3), true, false, FloorSource::Param)),
+                ),
+                // An upgrade (no param yet), or the param lower: the file keeps it.
+                (
+                    rel(&[(g, 3)]),
+                    Missing,
+                    Some((one(3), false, true, FloorSource::File)),
+                ),
+                (
+                    rel(&[(g, 3)]),
+                    rel(&[(g, 2)]),
+                    Some((one(3), false, true, FloorSource::File)),
+                ),
+                (
+                    rel(&[(g, 3)]),
+                    bad(),
+                    Some((one(3), false, true, FloorSource::File)),
+                ),
+                // Another generation's entry in one copy is kept, not lost.
+                (
+                    rel(&[(g, 3)]),
+                    rel(&[("v1", 9)]),
+                    Some((
+                        vec![(g.to_string(), 3), ("v1".to_string(), 9)]
+                            .into_iter()
+                            .collect::<BTreeMap<_, _>>()
+                            .into_iter()
+                            .collect(),
+                        true,
+                        true,
+                        FloorSource::File,
+                    )),
+                ),
+                // Nothing valid and something corrupt: unknown, never "none".
+                (bad(), Missing, None),
+                (Missing, bad(), None),
+                (bad(), bad(), None),
+            ];
+            for (file, param, want) in table {
+                let got = merge_floor(&file, &param);
+                let ctx = format!("{g}: {file:?} / {param:?}");
+                match (got, want) {
+                    (Some(f), Some((r, rf, rp, source))) => {
+                        assert_eq!(releases(&f), r, "{ctx}");
+                        assert_eq!((f.repair_file, f.repair_param), (rf, rp), "{ctx}");
+                        assert_eq!(f.source(&file, &param, generation), source, "{ctx}");
+                    }
+                    (None, None) => {}
+                    (got, want) => panic!("{ctx}: got {got:?}, want {want:?}"),
+                }
+            }
+        }
+    }
 }

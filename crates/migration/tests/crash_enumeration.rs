@@ -118,7 +118,7 @@ pub struct Uninterrupted {
     pub end: Snapshot,
 }
 
-type Snapshot = BTreeMap<String, String>;
+pub type Snapshot = BTreeMap<String, String>;
 
 /// Run `e` uninterrupted, then for each of its effects: on a fresh device, crash right after
 /// it, check what modeld would load at that instant (and `after_crash`), rerun, and require the

@@ -233,7 +233,7 @@ fn download_agrees(
         }
         None => {
             let catalog = device.require_catalog().unwrap();
-            for e in migration::downloadable(&catalog, device.chestnut()) {
+            for e in migration::downloadable(&catalog, device.chestnut(), device.is_protected()) {
                 migration::install(&device, &dl, e, &CancelToken::new(), &|_| {}).unwrap();
             }
         }

@@ -1,0 +1,551 @@
+//! The attacks on a device with `--trusted-keys` that issue 23 found, each against the real
+//! binary and a local origin: no attacker byte reaches `resolve`, and nothing is lost.
+//!
+//! - a signed entry (or Chestnut variant) without a SHA-256, size and chunk count, whose bytes
+//!   and `.sha256` sidecar the attacker wrote to the store;
+//! - the stored `.catalog.json` edited beside a planted model file;
+//! - the rollback floor `.accepted-release.json` deleted or lowered (and an older signed catalog
+//!   put back);
+//! - a corrupt trust state file, and both copies of the floor unreadable.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use test_support::published::{artifact_dirs, publish_model, sha256_hex};
+
+use crate::common::manager;
+use crate::signed::{CHUNK, Key, World, comment, text, world};
+
+const RELEASE_PARAM: &str = "ModelManifestAcceptedRelease";
+const FLOOR_FILE: &str = ".accepted-release.json";
+
+/// What an attacker with write access to the store (or to `/data/models`) serves or plants.
+fn evil() -> Vec<u8> {
+    b"EVIL PICKLE ".repeat(100)
+}
+
+impl World {
+    fn models(&self, device: &str) -> PathBuf {
+        self.data(device).join("models")
+    }
+
+    fn set_param(&self, device: &str, key: &str, value: &str) {
+        let d = self.data(device).join("params/d");
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join(key), value).unwrap();
+    }
+
+    /// The built-in model in the openpilot checkout (`resolve` needs it to answer it).
+    fn with_builtin(&self) {
+        let b = self.dir.path().join("builtin");
+        fs::create_dir_all(&b).unwrap();
+        fs::write(b.join("driving_tinygrad.pkl.chunk01of01"), b"builtin").unwrap();
+        fs::write(b.join("driving_tinygrad.pkl.chunkmanifest"), b"1").unwrap();
+    }
+
+    /// `resolve --json` (it always answers), and its stderr.
+    fn resolve(&self, device: &str, keys: &Path) -> (Value, String) {
+        let out = self.run(device, Some(keys), &["resolve", "--json"]);
+        assert!(out.status.success(), "{}", text(&out));
+        (
+            serde_json::from_slice(&out.stdout).unwrap(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn human_status(&self, device: &str, keys: &Path) -> String {
+        let out = self.run(device, Some(keys), &["status"]);
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A device that selected `pop223` and refreshed `manifest` (signed by `sig`).
+    fn selecting_pop(&self, device: &str, keys: &Path, manifest: &[u8], sig: &str) {
+        self.set_param(device, "Model", "pop223");
+        self.set_param(device, "DrivingModel", "pop223");
+        self.serve(manifest, Some(sig));
+        let out = self.run(device, Some(keys), &["refresh"]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn files_of(dir: &Path, prefix: &str) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The signed manifest lists `pwn223` the live way (no SHA-256, size or chunk count) and gives
+/// `pop223` a Chestnut variant without them; the store holds the attacker's bytes for both,
+/// each with a matching `.sha256` sidecar. With keys neither is installed or handed to modeld
+/// (before, the sidecar's digest was taken and `status` said "verified"); `download` and
+/// `ModelDownloadProgress` say why, `status` lists them, and a copy planted beside its sidecar
+/// in `/data/models` is not "verified" either. Without keys the sidecar is still used (the
+/// unprotected device's documented behaviour).
+#[test]
+fn an_unsigned_digest_with_an_evil_sidecar_never_reaches_resolve() {
+    let w = world();
+    w.with_builtin();
+    let a = Key::new();
+    let keys = w.keys_file("a.pub", &[&a]);
+    let evil = evil();
+    publish_model(&w.root, "v25", "pwn223", &evil, Some(CHUNK));
+    for dir in artifact_dirs(&w.root, "v25", "pop223") {
+        fs::write(dir.join("pop223_amd.pkl"), &evil).unwrap();
+        fs::write(
+            dir.join("pop223_amd.pkl.sha256"),
+            format!("{}  pop223_amd.pkl\n", sha256_hex(&evil)),
+        )
+        .unwrap();
+    }
+    let mut m: Value = serde_json::from_slice(&w.m1()).unwrap();
+    m["models"][0]["accelerator_artifacts"] = json!({"chestnut": {
+        "execution_device": "AMD", "artifact_format": "tinygrad_single_v1",
+        "artifact_filename": "pop223_amd.pkl"}});
+    m["models"].as_array_mut().unwrap().push(json!({
+        "id": "pwn223", "name": "Pwn", "version": "v16", "series": "Test Series",
+        "released": "2025-01-01", "community_favorite": false,
+        "artifact_format": "tinygrad_single_v1", "uses_external_gpu": false}));
+    let m = serde_json::to_vec_pretty(&m).unwrap();
+    w.serve(&m, Some(&a.sign(&m, &comment(1))));
+    // A ready Chestnut, so the variant would be fetched.
+    let usb = w.dir.path().join("sys/bus/usb/devices/2-1");
+    fs::create_dir_all(&usb).unwrap();
+    fs::write(usb.join("idVendor"), "add1\n").unwrap();
+    fs::write(usb.join("idProduct"), "0001\n").unwrap();
+    fs::write(usb.join("product"), "custom ed4e39b7-CLEAN\n").unwrap();
+
+    // The selected pwn223 cannot be had: the refresh falls back to the built-in.
+    w.set_param("dev", "Model", "pwn223");
+    w.set_param("dev", "DrivingModel", "pwn223");
+    let out = w.run("dev", Some(&keys), &["refresh"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(files_of(&w.models("dev"), "pwn223").is_empty());
+    assert_eq!(w.resolve("dev", &keys).0["builtin"], true);
+
+    // Asked for explicitly: refused before a request, with the reason; nothing changes.
+    let before = w.snapshot("dev");
+    let out = w.run("dev", Some(&keys), &["download", "pwn223"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(
+        stderr(&out).contains(
+            "not installable: the signed manifest gives no SHA-256, size, chunk count for \
+             pwn223_driving_tinygrad.pkl"
+        ),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        stderr(&out).contains("manifest set-artifact"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(w.snapshot("dev"), before);
+    // Its dry run says the same.
+    let out = w.run("dev", Some(&keys), &["download", "pwn223", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(stderr(&out).contains("not installable"), "{}", text(&out));
+
+    // pop223 itself is pinned and installs; its unpinned Chestnut build is left out.
+    let out = w.run("dev", Some(&keys), &["download", "pop223"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        fs::read(w.models("dev").join("pop223_driving_tinygrad.pkl")).unwrap(),
+        w.pop_bytes
+    );
+    assert_eq!(
+        files_of(&w.models("dev"), "pop223_driving_chestnut"),
+        Vec::<String>::new()
+    );
+    // Download-all takes neither pwn223 nor the variant.
+    let out = w.run("dev", Some(&keys), &["download", "--all"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(files_of(&w.models("dev"), "pwn223").is_empty());
+    assert!(files_of(&w.models("dev"), "pop223_driving_chestnut").is_empty());
+
+    let s = w.status("dev", Some(&keys));
+    let listed: Vec<(&str, &str)> = s["not_installable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["id"].as_str().unwrap(), n["file"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("pop223", "pop223_driving_chestnut_tinygrad.pkl"),
+            ("pwn223", "pwn223_driving_tinygrad.pkl")
+        ],
+        "{s}"
+    );
+    let human = w.human_status("dev", &keys);
+    assert!(
+        human.contains("pwn223 (pwn223_driving_tinygrad.pkl): not installable: the signed manifest gives no SHA-256"),
+        "{human}"
+    );
+
+    // The attacker plants the bytes in /data/models with the sidecar a download would keep,
+    // and selects them: not verified, never resolved.
+    let models = w.models("dev");
+    fs::write(models.join("pwn223_driving_tinygrad.pkl"), &evil).unwrap();
+    fs::write(
+        models.join("pwn223_driving_tinygrad.pkl.sha256"),
+        format!("{}  pwn223_driving_tinygrad.pkl\n", sha256_hex(&evil)),
+    )
+    .unwrap();
+    w.set_param("dev", "Model", "pwn223");
+    w.set_param("dev", "DrivingModel", "pwn223");
+    let s = w.status("dev", Some(&keys));
+    let pwn = s["installed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == "pwn223")
+        .cloned()
+        .unwrap();
+    assert_eq!(pwn["state"], "unverified", "{s}");
+    assert_eq!(pwn["digest_source"], Value::Null, "{s}");
+    let (r, _) = w.resolve("dev", &keys);
+    assert_eq!(r["builtin"], true, "{r}");
+    assert!(!w.human_status("dev", &keys).contains("pwn223 verified"));
+
+    // The daemon shows the reason in ModelDownloadProgress.
+    let mut c = manager(
+        &w.data("dev"),
+        &w.dir.path().join("dev").join("shm"),
+        &w.dir.path().join("builtin"),
+        &w.dir.path().join("sys"),
+        &w.server.url(),
+    );
+    let mut child = c
+        .arg("--trusted-keys")
+        .arg(&keys)
+        .args(["run", "--poll-ms", "20"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let shm = w.dir.path().join("dev").join("shm");
+    fs::create_dir_all(&shm).unwrap();
+    fs::write(shm.join("ModelToDownload"), "pwn223").unwrap();
+    let start = Instant::now();
+    let shown = loop {
+        if let Ok(t) = fs::read_to_string(shm.join("ModelDownloadProgress"))
+            && t.starts_with("Download failed")
+        {
+            break t;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            break String::new();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        shown,
+        "Download failed: not installable: the signed model list gives no SHA-256, size or \
+         chunk count for it"
+    );
+    assert_eq!(
+        fs::read(models.join("pwn223_driving_tinygrad.pkl")).unwrap(),
+        evil,
+        "the daemon fetched nothing over it"
+    );
+
+    // Without keys the sidecar is what the bytes are checked against (unprotected device).
+    let out = w.run("open", None, &["refresh"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = w.run("open", None, &["download", "pwn223"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let s = w.status("open", None);
+    assert_eq!(s["not_installable"], json!([]), "{s}");
+}
+
+/// The stored catalog edited to name a planted file's digest: `resolve` answers the built-in
+/// and says why (stderr, `--json`, `status`); so does a catalog whose signature file is gone.
+/// A refresh stores the signed catalog again and the genuine model comes back.
+#[test]
+fn an_edited_catalog_beside_a_planted_file_answers_the_built_in() {
+    let w = world();
+    w.with_builtin();
+    let a = Key::new();
+    let keys = w.keys_file("a.pub", &[&a]);
+    let m1 = w.m1();
+    w.selecting_pop("dev", &keys, &m1, &a.sign(&m1, &comment(1)));
+    let models = w.models("dev");
+    let pop_path = models.join("pop223_driving_tinygrad.pkl");
+    let (r, _) = w.resolve("dev", &keys);
+    assert_eq!(r["path"], json!(pop_path), "{r}");
+
+    // The attack: a plain file of other bytes, and the catalog edited to name them.
+    let evil = evil();
+    for name in files_of(&models, "pop223_driving_tinygrad.pkl") {
+        fs::remove_file(models.join(name)).unwrap();
+    }
+    fs::write(&pop_path, &evil).unwrap();
+    let _ = fs::remove_file(models.join(".verified.json"));
+    let mut cat: Value =
+        serde_json::from_slice(&fs::read(models.join(".catalog.json")).unwrap()).unwrap();
+    let e = &mut cat["models"][0];
+    e["artifact_sha256"] = json!(sha256_hex(&evil));
+    e["artifact_size"] = json!(evil.len());
+    e["artifact_chunk_count"] = json!(0);
+    e.as_object_mut().unwrap().remove("artifact_chunk_sha256");
+    fs::write(
+        models.join(".catalog.json"),
+        serde_json::to_vec_pretty(&cat).unwrap(),
+    )
+    .unwrap();
+
+    let (r, err) = w.resolve("dev", &keys);
+    assert_eq!(r["builtin"], true, "{r}");
+    assert_eq!(
+        r["path"],
+        json!(w.dir.path().join("builtin/driving_tinygrad.pkl"))
+    );
+    assert!(
+        r["doubt"]
+            .as_str()
+            .unwrap()
+            .contains("the stored catalog does not verify under the trusted keys"),
+        "{r}"
+    );
+    assert!(
+        err.contains("warning: answering the built-in model"),
+        "{err}"
+    );
+    let s = w.status("dev", Some(&keys));
+    assert!(
+        s["catalog_problem"]
+            .as_str()
+            .unwrap()
+            .contains("does not verify"),
+        "{s}"
+    );
+    assert_eq!(s["resolved"], r["path"], "{s}");
+    assert!(w.human_status("dev", &keys).contains("catalog: NOT USED"));
+    // Nothing acts on the edited catalog.
+    let before = w.snapshot("dev");
+    let out = w.run("dev", Some(&keys), &["download", "pop223"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("next: run `refresh`"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(w.snapshot("dev"), before);
+
+    // The signature kept beside it removed: the same answer.
+    let sig = models.join(".catalog.json.minisig");
+    let kept_sig = fs::read(&sig).unwrap();
+    fs::remove_file(&sig).unwrap();
+    let (r, _) = w.resolve("dev", &keys);
+    assert_eq!(r["builtin"], true, "{r}");
+    fs::write(&sig, kept_sig).unwrap();
+
+    // Nothing lost: a refresh stores the signed catalog again and replaces the planted file.
+    let out = w.run("dev", Some(&keys), &["refresh"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(fs::read(models.join(".catalog.json")).unwrap(), m1);
+    let (r, err) = w.resolve("dev", &keys);
+    assert_eq!(r["path"], json!(pop_path), "{r} {err}");
+    assert_eq!(fs::read(&pop_path).unwrap(), w.pop_bytes);
+    assert_eq!(w.status("dev", Some(&keys))["catalog_problem"], Value::Null);
+}
+
+/// The floor deleted or lowered in `/data/models`: the param mirror keeps release 2, a replay
+/// of release 1 is refused and nothing changes (the file is restored from the param); an older
+/// signed catalog put back locally is not used. `status` says which copy the floor comes from.
+#[test]
+fn a_deleted_or_lowered_floor_lets_no_older_release_back_in() {
+    let w = world();
+    w.with_builtin();
+    let a = Key::new();
+    let keys = w.keys_file("a.pub", &[&a]);
+    let (m1, m2) = (w.m1(), w.m2());
+    let (s1, s2) = (a.sign(&m1, &comment(1)), a.sign(&m2, &comment(2)));
+    w.selecting_pop("dev", &keys, &m1, &s1);
+    w.serve(&m2, Some(&s2));
+    assert!(w.run("dev", Some(&keys), &["refresh"]).status.success());
+    let s = w.status("dev", Some(&keys));
+    assert_eq!(s["trust"]["accepted_release"]["release"], 2, "{s}");
+    assert_eq!(s["trust"]["accepted_release_source"], "both", "{s}");
+    assert!(
+        w.param("dev", RELEASE_PARAM)
+            .unwrap()
+            .contains("\"release\":2")
+    );
+    let models = w.models("dev");
+    let newer = w.snapshot("dev");
+
+    // Deleted, and release 1 replayed by both stores.
+    fs::remove_file(models.join(FLOOR_FILE)).unwrap();
+    let s = w.status("dev", Some(&keys));
+    assert_eq!(s["trust"]["accepted_release"]["release"], 2, "{s}");
+    assert_eq!(s["trust"]["accepted_release_source"], "param", "{s}");
+    assert_eq!(
+        s["trust"]["accepted_release_copies"]["file"], "missing",
+        "{s}"
+    );
+    assert!(
+        w.human_status("dev", &keys).contains(
+            "from the param ModelManifestAcceptedRelease (.accepted-release.json: missing)"
+        )
+    );
+    w.serve(&m1, Some(&s1));
+    let out = w.run("dev", Some(&keys), &["refresh"]);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("older than release 2"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        w.snapshot("dev"),
+        newer,
+        "the file is back, nothing else changed"
+    );
+
+    // Lowered to release 1, with release 1's signed catalog put back beside it.
+    fs::write(
+        models.join(FLOOR_FILE),
+        r#"{"v25": {"release": 1, "expires": 4102444800, "key": "x"}}"#,
+    )
+    .unwrap();
+    fs::write(models.join(".catalog.json"), &m1).unwrap();
+    fs::write(models.join(".catalog.json.minisig"), &s1).unwrap();
+    let (r, _) = w.resolve("dev", &keys);
+    assert_eq!(r["builtin"], true, "{r}");
+    assert!(
+        r["doubt"]
+            .as_str()
+            .unwrap()
+            .contains("older than release 2"),
+        "{r}"
+    );
+    assert_eq!(
+        w.status("dev", Some(&keys))["trust"]["accepted_release_source"],
+        "param"
+    );
+    let out = w.run("dev", Some(&keys), &["refresh"]);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    assert!(
+        w.param("dev", RELEASE_PARAM)
+            .unwrap()
+            .contains("\"release\":2")
+    );
+
+    // Release 2 served again: everything as it was.
+    w.serve(&m2, Some(&s2));
+    let out = w.run("dev", Some(&keys), &["refresh"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(w.snapshot("dev"), newer);
+    let (r, _) = w.resolve("dev", &keys);
+    assert_eq!(
+        r["path"],
+        json!(models.join("pop223_driving_tinygrad.pkl")),
+        "{r}"
+    );
+}
+
+/// A corrupt, oversized or non-regular floor file no longer wedges `refresh` ("remove it to
+/// start over" reset rollback protection): it is rewritten from the param. With neither copy
+/// valid, `refresh` refuses with both named and a next step, changes nothing, and `status`
+/// says the floor is unknown.
+#[test]
+fn a_corrupt_trust_file_is_replaced_from_the_param_and_two_bad_copies_are_named() {
+    let w = world();
+    w.with_builtin();
+    let a = Key::new();
+    let keys = w.keys_file("a.pub", &[&a]);
+    let m1 = w.m1();
+    w.selecting_pop("dev", &keys, &m1, &a.sign(&m1, &comment(1)));
+    let models = w.models("dev");
+    let floor = models.join(FLOOR_FILE);
+    let before = w.snapshot("dev");
+
+    for case in ["garbage", "huge", "fifo"] {
+        let _ = fs::remove_file(&floor);
+        match case {
+            "garbage" => fs::write(&floor, "{\"v25\": {\"rel").unwrap(),
+            "huge" => fs::File::create(&floor).unwrap().set_len(1 << 30).unwrap(),
+            _ => assert!(
+                std::process::Command::new("mkfifo")
+                    .arg(&floor)
+                    .status()
+                    .unwrap()
+                    .success()
+            ),
+        }
+        let s = w.status("dev", Some(&keys));
+        assert_eq!(s["trust"]["accepted_release"]["release"], 1, "{case}: {s}");
+        assert_eq!(
+            s["trust"]["accepted_release_source"], "param",
+            "{case}: {s}"
+        );
+        assert!(
+            s["trust"]["accepted_release_copies"]["file"]
+                .as_str()
+                .unwrap()
+                .starts_with("corrupt"),
+            "{case}: {s}"
+        );
+        let out = w.run("dev", Some(&keys), &["refresh"]);
+        assert!(out.status.success(), "{case}: {}", text(&out));
+        assert_eq!(w.snapshot("dev"), before, "{case}: the file is restored");
+        assert_eq!(
+            w.status("dev", Some(&keys))["trust"]["accepted_release_source"],
+            "both",
+            "{case}"
+        );
+    }
+
+    // Both copies unreadable: refused, both named, a next step that resets nothing itself.
+    fs::write(&floor, "not json").unwrap();
+    w.set_param("dev", RELEASE_PARAM, "not json either");
+    let broken = w.snapshot("dev");
+    let out = w.run("dev", Some(&keys), &["refresh"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("the accepted release (the rollback floor) cannot be read"),
+        "{err}"
+    );
+    assert!(
+        err.contains(FLOOR_FILE) && err.contains(RELEASE_PARAM),
+        "{err}"
+    );
+    assert!(err.contains("\nnext: restore one copy"), "{err}");
+    assert!(!err.contains("remove it to start over"), "{err}");
+    assert_eq!(w.snapshot("dev"), broken);
+    assert!(
+        w.human_status("dev", &keys)
+            .contains("accepted release: UNKNOWN")
+    );
+
+    // The next step: one copy restored with the release this device accepted.
+    w.set_param(
+        "dev",
+        RELEASE_PARAM,
+        r#"{"v25": {"release": 1, "expires": 0, "key": "restored"}}"#,
+    );
+    let out = w.run("dev", Some(&keys), &["refresh"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        w.status("dev", Some(&keys))["trust"]["accepted_release_source"],
+        "both"
+    );
+}
