@@ -123,10 +123,12 @@ impl From<release::Error> for CliError {
             | E::NoBehaviourVersion { .. }
             | E::ManifestFile { .. }
             | E::RecordMissing { .. }
-            | E::LastGeneration { .. } => CliError::usage(e),
+            | E::LastGeneration { .. }
+            | E::BumpNeedsCommit { .. } => CliError::usage(e),
             E::Pins { .. }
             | E::BumpRefused { .. }
             | E::CheckoutAtOtherCommit { .. }
+            | E::CheckoutWithoutCommit { .. }
             | E::SidecarMismatch { .. }
             | E::ReusePin { .. }
             | E::RebuildGeneration { .. }

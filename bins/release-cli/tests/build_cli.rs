@@ -884,6 +884,13 @@ fn tinygrad_bump_replaces_the_tree_without_git_metadata() {
     assert!(tg.join("tinygrad/tensor.py").is_file());
     assert!(tg.join("extra/sub/file.py").is_file());
     assert!(!tg.join("extra/sub/.git").exists());
+    // The source and its digest are recorded beside the commit.
+    let source: serde_json::Value =
+        serde_json::from_slice(&fs::read(tg.join("TINYGRAD_SOURCE.json")).unwrap()).unwrap();
+    assert_eq!(source["kind"], "directory");
+    assert_eq!(source["commit"], OTHER);
+    assert_eq!(source["digest"], r["source"]["digest"]);
+    assert_eq!(source["digest"]["files"], 2);
     assert!(!tg.join("old_only.py").exists());
     // The generation↔pin pair is recorded in the tree, not only on the command line.
     let pins: serde_json::Value =
@@ -933,6 +940,27 @@ fn tinygrad_bump_replaces_the_tree_without_git_metadata() {
     let pins_after: serde_json::Value =
         serde_json::from_slice(&fs::read(op.join("tinygrad_pins.json")).unwrap()).unwrap();
     assert_eq!(pins_after, pins);
+    // A plain directory names its commit: without --commit, refused (exit 2), nothing changed.
+    let before = snapshot(&op);
+    let out = cli(
+        &[
+            "tinygrad",
+            "bump",
+            "--openpilot",
+            "op",
+            "--tinygrad-src",
+            "tg",
+        ],
+        t.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("tg is not a git checkout")
+            && text(&out.stderr).contains("pass --commit SHA"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(snapshot(&op), before);
     write(
         &op.join("starpilot/assets/model_manager.py"),
         b"import os\nMANIFEST_CANDIDATES = (\"v25\",)\n",
@@ -1084,6 +1112,7 @@ fn builtin_and_tinygrad_bump_dry_runs_report_and_change_nothing() {
         serde_json::json!([
             "op/tinygrad_repo",
             "op/tinygrad_repo/TINYGRAD_COMMIT",
+            "op/tinygrad_repo/TINYGRAD_SOURCE.json",
             "op/tinygrad_pins.json"
         ])
     );

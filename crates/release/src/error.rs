@@ -107,12 +107,33 @@ pub enum Error {
     LastGeneration { generation: Generation },
 
     /// The tinygrad checkout is not at the commit being recorded.
-    #[error("{} is at {head:?}, not {commit}; check out the commit first", path.display())]
+    #[error(
+        "{} is a git checkout at {head}, not --commit {commit}; the commit of a checkout is its \
+         HEAD: check out {commit} there, or leave --commit out to bump to {head}",
+        path.display()
+    )]
     CheckoutAtOtherCommit {
         path: PathBuf,
         head: String,
         commit: GitCommit,
     },
+
+    /// `tinygrad bump` from a tree without git metadata and without `--commit`.
+    #[error(
+        "{} is not a git checkout, so its commit cannot be read from it; pass --commit SHA (the \
+         full tinygrad commit this tree is; the tree's digest is recorded with it), or bump from \
+         a git checkout of that commit",
+        path.display()
+    )]
+    BumpNeedsCommit { path: PathBuf },
+
+    /// A git checkout whose HEAD is not a commit (a fresh `git init`, a broken repository).
+    #[error(
+        "{}: a git checkout without a readable HEAD commit ({detail}); check out the tinygrad \
+         commit there, or pass a plain directory with --commit SHA",
+        path.display()
+    )]
+    CheckoutWithoutCommit { path: PathBuf, detail: String },
 
     /// `git` could not be run.
     #[error("git rev-parse in {}: {source}", path.display())]

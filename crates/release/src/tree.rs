@@ -74,10 +74,12 @@ impl<R: Read, F: FnMut(u64, u64)> Read for ReadProgress<R, F> {
 pub struct BumpRequest {
     /// The openpilot tree whose `tinygrad_repo/` is replaced.
     pub openpilot: PathBuf,
-    /// The tinygrad tree at the new commit (a git checkout is checked against `commit`).
+    /// The tinygrad tree at the new commit: a git checkout (its HEAD is the commit) or a plain
+    /// directory (then `commit` is required).
     pub tinygrad_src: PathBuf,
-    /// The full tinygrad commit.
-    pub commit: GitCommit,
+    /// The full tinygrad commit: required for a plain directory; for a git checkout it must be
+    /// HEAD when given.
+    pub commit: Option<GitCommit>,
     /// Decide and report, write nothing.
     pub dry_run: bool,
 }
@@ -89,11 +91,40 @@ pub struct GenerationMove {
     pub to: Generation,
 }
 
+/// Where `tinygrad bump` took the tree from, recorded in
+/// `tinygrad_repo/`[`TINYGRAD_SOURCE_FILE`] beside `TINYGRAD_COMMIT`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct TinygradSource {
+    /// The commit recorded as the tree's pin.
+    pub commit: GitCommit,
+    /// `git` when the commit was read from the checkout's HEAD, `directory` when it was given
+    /// (`--commit`) for a tree without git metadata.
+    pub kind: SourceKind,
+    /// `--tinygrad-src` as given.
+    pub path: PathBuf,
+    /// The digest of the source tree as copied (without git metadata; see
+    /// [`compiler_remote::tree_digest`]): what the given commit stands for.
+    pub digest: TreeDigest,
+}
+
+/// How the commit of a tinygrad source is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    Git,
+    Directory,
+}
+
+/// The source record in `tinygrad_repo/`.
+pub const TINYGRAD_SOURCE_FILE: &str = "TINYGRAD_SOURCE.json";
+
 /// What `tinygrad bump` did (or, with `dry_run`, would do).
 #[derive(Debug, Clone, Serialize)]
 pub struct BumpReport {
     pub openpilot: PathBuf,
     pub commit: GitCommit,
+    /// Where the tree came from and its digest (also written to the tree).
+    pub source: TinygradSource,
     /// Files copied from the tinygrad tree (no git metadata).
     pub files: u64,
     /// `None` when `commit` is already the current generation's pin (same ABI).
@@ -131,13 +162,23 @@ pub fn bump(req: &BumpRequest) -> Result<BumpReport> {
         .as_ref()
         .and_then(|(_, _, gens)| gens.iter().max().copied())
         .unwrap_or(manifest::layout::CURRENT_GENERATION);
-    let generation = next_generation(&mut pins, current, &req.commit)?;
-    check_checkout(src, &req.commit)?;
+    let (commit, kind) = source_commit(src, req.commit.as_ref())?;
+    let generation = next_generation(&mut pins, current, &commit)?;
+    let source = TinygradSource {
+        commit: commit.clone(),
+        kind,
+        path: src.clone(),
+        digest: compiler_remote::tree_digest::dir_digest(src, &[".git"])?,
+    };
 
     let op = &req.openpilot;
     let dest = op.join("tinygrad_repo");
     let pins_path = op.join(manifest::pins::PINS_FILE);
-    let mut written = vec![dest.clone(), dest.join("TINYGRAD_COMMIT")];
+    let mut written = vec![
+        dest.clone(),
+        dest.join("TINYGRAD_COMMIT"),
+        dest.join(TINYGRAD_SOURCE_FILE),
+    ];
     if generation.is_some() {
         written.push(pins_path.clone());
     }
@@ -149,7 +190,7 @@ pub fn bump(req: &BumpRequest) -> Result<BumpReport> {
     let files = if req.dry_run {
         walk_tree_without_git(src, None)?
     } else {
-        let files = replace_tree(src, op, &req.commit)?;
+        let files = replace_tree(src, op, &source)?;
         // Recorded after the swap: a crash in between leaves the pair unrecorded, and rerunning
         // the same bump records it.
         if generation.is_some() {
@@ -159,7 +200,8 @@ pub fn bump(req: &BumpRequest) -> Result<BumpReport> {
     };
     Ok(BumpReport {
         openpilot: op.clone(),
-        commit: req.commit.clone(),
+        commit,
+        source,
         files,
         generation,
         manifest_candidates: candidates.map(|(p, line, _)| format!("{}:{line}", p.display())),
@@ -188,36 +230,48 @@ pub fn next_generation(
     Ok(Some(GenerationMove { from: current, to }))
 }
 
-/// A git checkout must be at the commit about to be recorded; a tree without `.git` is taken
-/// as it is.
-fn check_checkout(src: &Path, commit: &GitCommit) -> Result<()> {
+/// The commit a bump records, and how it is known: a git checkout's HEAD (a `given` commit
+/// must be it), or for a tree without git metadata the `given` commit, which is then required.
+fn source_commit(src: &Path, given: Option<&GitCommit>) -> Result<(GitCommit, SourceKind)> {
     if !src.join(".git").exists() {
-        return Ok(());
+        return match given {
+            Some(c) => Ok((c.clone(), SourceKind::Directory)),
+            None => Err(Error::BumpNeedsCommit {
+                path: src.to_path_buf(),
+            }),
+        };
     }
     let out = std::process::Command::new("git")
         .arg("-C")
         .arg(src)
-        .args(["rev-parse", "HEAD"])
+        .args(["rev-parse", "--verify", "HEAD^{commit}"])
         .output()
         .map_err(|source| Error::Git {
             path: src.to_path_buf(),
             source,
         })?;
     let head = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if !out.status.success() || head != commit.as_str() {
-        return Err(Error::CheckoutAtOtherCommit {
+    let parsed: Option<GitCommit> = head.parse().ok();
+    let Some(head) = parsed.filter(|_| out.status.success()) else {
+        return Err(Error::CheckoutWithoutCommit {
             path: src.to_path_buf(),
-            head,
-            commit: commit.clone(),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         });
+    };
+    match given {
+        Some(c) if *c != head => Err(Error::CheckoutAtOtherCommit {
+            path: src.to_path_buf(),
+            head: head.to_string(),
+            commit: c.clone(),
+        }),
+        _ => Ok((head, SourceKind::Git)),
     }
-    Ok(())
 }
 
 /// Copy `src` (without git metadata) beside `<op>/tinygrad_repo`, write its TINYGRAD_COMMIT,
 /// and swap it in by rename so `tinygrad_repo/` is never half old, half new. Returns the number
 /// of files copied.
-fn replace_tree(src: &Path, op: &Path, commit: &GitCommit) -> Result<u64> {
+fn replace_tree(src: &Path, op: &Path, source: &TinygradSource) -> Result<u64> {
     let dest = op.join("tinygrad_repo");
     let new = op.join(format!("{}tinygrad_repo-new", atomic::TEMP_PREFIX));
     let old = op.join(format!("{}tinygrad_repo-old", atomic::TEMP_PREFIX));
@@ -229,8 +283,11 @@ fn replace_tree(src: &Path, op: &Path, commit: &GitCommit) -> Result<u64> {
     let files = walk_tree_without_git(src, Some(&new))?;
     atomic::write_atomic(
         new.join("TINYGRAD_COMMIT"),
-        format!("{commit}\n").as_bytes(),
+        format!("{}\n", source.commit).as_bytes(),
     )?;
+    let mut record = serde_json::to_vec_pretty(source).expect("a source record serializes");
+    record.push(b'\n');
+    atomic::write_atomic(new.join(TINYGRAD_SOURCE_FILE), &record)?;
     if dest.exists() {
         fs::rename(&dest, &old)?;
     }
@@ -461,7 +518,7 @@ mod tests {
         let r = bump(&BumpRequest {
             openpilot: op.clone(),
             tinygrad_src: src,
-            commit: NEW.parse().unwrap(),
+            commit: Some(NEW.parse().unwrap()),
             dry_run: true,
         })
         .unwrap();
@@ -473,5 +530,171 @@ mod tests {
         assert_eq!(fs::read_dir(&op).unwrap().count(), 1);
         assert_eq!(fs::read_dir(op.join("tinygrad_repo")).unwrap().count(), 1);
         assert_eq!(fs::read(op.join("tinygrad_repo/old.py")).unwrap(), b"old");
+    }
+
+    /// Every file and directory under `dir` with its bytes: a tree before and after a refusal.
+    fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    out.push((p.clone(), Vec::new()));
+                    stack.push(p);
+                } else {
+                    out.push((p.clone(), std::fs::read(&p).unwrap()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Run git in `dir` with a fixed identity; `None` when git is not installed.
+    fn git(dir: &Path, args: &[&str]) -> Option<String> {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_AUTHOR_NAME", "dev")
+            .env("GIT_AUTHOR_EMAIL", "dev@localhost")
+            .env("GIT_COMMITTER_NAME", "dev")
+            .env("GIT_COMMITTER_EMAIL", "dev@localhost")
+            .output()
+            .ok()?;
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        Some(String::from_utf8(out.stdout).unwrap().trim().to_string())
+    }
+
+    /// A real `git init` checkout with one commit; `None` without git.
+    fn checkout(dir: &Path) -> Option<GitCommit> {
+        fs::create_dir_all(dir.join("tinygrad")).unwrap();
+        fs::write(dir.join("tinygrad/tensor.py"), b"tensor").unwrap();
+        git(dir, &["init", "-q"])?;
+        git(dir, &["add", "-A"])?;
+        git(dir, &["commit", "-q", "-m", "tinygrad"])?;
+        Some(git(dir, &["rev-parse", "HEAD"])?.parse().unwrap())
+    }
+
+    #[test]
+    fn the_commit_of_a_bump_source() {
+        let t = tempfile::tempdir().unwrap();
+        let plain = t.path().join("plain");
+        fs::create_dir_all(&plain).unwrap();
+        let new: GitCommit = NEW.parse().unwrap();
+        assert!(matches!(
+            source_commit(&plain, None),
+            Err(Error::BumpNeedsCommit { .. })
+        ));
+        assert_eq!(
+            source_commit(&plain, Some(&new)).unwrap(),
+            (new.clone(), SourceKind::Directory)
+        );
+        let repo = t.path().join("repo");
+        let Some(head) = checkout(&repo) else { return };
+        assert_eq!(
+            source_commit(&repo, None).unwrap(),
+            (head.clone(), SourceKind::Git)
+        );
+        assert_eq!(
+            source_commit(&repo, Some(&head)).unwrap(),
+            (head.clone(), SourceKind::Git)
+        );
+        let e = source_commit(&repo, Some(&new)).unwrap_err();
+        assert!(matches!(e, Error::CheckoutAtOtherCommit { .. }), "{e:?}");
+        assert!(
+            e.to_string()
+                .contains(&format!("leave --commit out to bump to {head}")),
+            "{e}"
+        );
+        // A fresh `git init` has no HEAD commit.
+        let empty = t.path().join("empty");
+        fs::create_dir_all(&empty).unwrap();
+        git(&empty, &["init", "-q"]).unwrap();
+        assert!(matches!(
+            source_commit(&empty, Some(&new)),
+            Err(Error::CheckoutWithoutCommit { .. })
+        ));
+    }
+
+    /// v25 -> v26 from a git checkout (the commit is HEAD), then v26 -> v27 from a plain
+    /// directory (the commit is --commit); each records its source and digest. A plain
+    /// directory without --commit, or a checkout at another commit, changes nothing.
+    #[test]
+    fn a_bump_records_its_source_and_its_refusals_change_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let op = t.path().join("op");
+        fs::create_dir_all(op.join("tinygrad_repo")).unwrap();
+        fs::write(op.join("tinygrad_repo/old.py"), b"old").unwrap();
+        let repo = t.path().join("repo");
+        let Some(head) = checkout(&repo) else { return };
+        let plain = t.path().join("plain");
+        fs::create_dir_all(plain.join("tinygrad")).unwrap();
+        fs::write(plain.join("tinygrad/tensor.py"), b"tensor, next").unwrap();
+        let req = |src: &Path, commit: Option<&str>| BumpRequest {
+            openpilot: op.clone(),
+            tinygrad_src: src.to_path_buf(),
+            commit: commit.map(|c| c.parse().unwrap()),
+            dry_run: false,
+        };
+        let before = snapshot(&op);
+        assert!(matches!(
+            bump(&req(&plain, None)),
+            Err(Error::BumpNeedsCommit { .. })
+        ));
+        assert!(matches!(
+            bump(&req(&repo, Some(NEW))),
+            Err(Error::CheckoutAtOtherCommit { .. })
+        ));
+        assert_eq!(snapshot(&op), before, "a refused bump changed the tree");
+
+        let r = bump(&req(&repo, None)).unwrap();
+        assert_eq!(r.commit, head);
+        assert_eq!(r.generation.unwrap().to, Generation::new(26));
+        let recorded: TinygradSource = serde_json::from_slice(
+            &fs::read(op.join("tinygrad_repo").join(TINYGRAD_SOURCE_FILE)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(recorded, r.source);
+        assert_eq!(recorded.kind, SourceKind::Git);
+        assert_eq!(
+            recorded.digest,
+            compiler_remote::tree_digest::dir_digest(&repo, &[".git"]).unwrap()
+        );
+        assert_eq!(
+            load_pins(Some(&op)).unwrap().get(Generation::new(26)),
+            Some(&head)
+        );
+
+        // The device code now lists v26: the next bump makes v27, from a plain directory.
+        fs::create_dir_all(op.join("starpilot")).unwrap();
+        fs::write(
+            op.join("starpilot/model_manager.py"),
+            b"MANIFEST_CANDIDATES = (\"v26\",)\n",
+        )
+        .unwrap();
+        let before = snapshot(&op);
+        assert!(matches!(
+            bump(&req(&plain, None)),
+            Err(Error::BumpNeedsCommit { .. })
+        ));
+        assert_eq!(snapshot(&op), before);
+        let r = bump(&req(&plain, Some(NEW))).unwrap();
+        assert_eq!(r.generation.unwrap().to, Generation::new(27));
+        let recorded: TinygradSource = serde_json::from_slice(
+            &fs::read(op.join("tinygrad_repo").join(TINYGRAD_SOURCE_FILE)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(recorded.kind, SourceKind::Directory);
+        assert_eq!(recorded.commit.as_str(), NEW);
+        assert_eq!(recorded.path, plain);
+        assert_eq!(
+            recorded.digest,
+            compiler_remote::tree_digest::dir_digest(&plain, &[]).unwrap()
+        );
+        assert_eq!(
+            fs::read_to_string(op.join("tinygrad_repo/TINYGRAD_COMMIT")).unwrap(),
+            format!("{NEW}\n")
+        );
     }
 }

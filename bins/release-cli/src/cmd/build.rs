@@ -183,16 +183,19 @@ pub struct BumpArgs {
     /// The openpilot tree whose tinygrad_repo/ is replaced.
     #[arg(long, value_name = "DIR")]
     pub openpilot: PathBuf,
-    /// The tinygrad tree at the new commit (a git checkout is checked against --commit).
+    /// The tinygrad tree at the new commit: a git checkout (the commit is its HEAD) or a plain
+    /// directory (then --commit is required).
     #[arg(long, value_name = "DIR")]
     pub tinygrad_src: PathBuf,
-    /// The full tinygrad commit.
+    /// The full tinygrad commit. Required for a plain directory (its digest is recorded with
+    /// it in tinygrad_repo/TINYGRAD_SOURCE.json); for a git checkout it must be HEAD.
     #[arg(long, value_name = "SHA")]
-    pub commit: GitCommit,
+    pub commit: Option<GitCommit>,
     /// Say what would be written and removed, and change nothing (every refusal still applies).
     #[arg(long)]
     pub dry_run: bool,
-    /// Print `{"openpilot","commit","files","generation":{"from","to"},"manifest_candidates",
+    /// Print `{"openpilot","commit","source":{"commit","kind":"git"|"directory","path",
+    /// "digest":{"sha256","files"}},"files","generation":{"from","to"},"manifest_candidates",
     /// "dry_run","written":[…],"removed":[…]}` (`generation` is null when --commit is already
     /// the current generation's pin; `written`/`removed` are paths, a directory standing for
     /// its content).
@@ -854,7 +857,25 @@ fn bump(args: BumpArgs) -> CliResult {
         "{done}{} {would}replaced ({} files, no git metadata); TINYGRAD_COMMIT = {}",
         dest.display(),
         report.files,
-        args.commit
+        report.commit
+    )?;
+    crate::outln!(
+        "source: {} ({}), digest {} over {} files{}",
+        report.source.path.display(),
+        match report.source.kind {
+            release::tree::SourceKind::Git => "git checkout: the commit is its HEAD",
+            release::tree::SourceKind::Directory => "plain directory: the commit is --commit",
+        },
+        report.source.digest.sha256,
+        report.source.digest.files,
+        if report.dry_run {
+            String::new()
+        } else {
+            format!(
+                ", recorded in {}",
+                dest.join(release::tree::TINYGRAD_SOURCE_FILE).display()
+            )
+        }
     )?;
     match &report.generation {
         Some(g) => crate::outln!(
@@ -865,13 +886,13 @@ fn bump(args: BumpArgs) -> CliResult {
             } else {
                 "recorded "
             },
-            args.commit,
+            report.commit,
             pins.display(),
             args.openpilot.display()
         )?,
         None => crate::outln!(
             "{} is already {}'s pin: same ABI, no new generation",
-            args.commit,
+            report.commit,
             report.current
         )?,
     }
