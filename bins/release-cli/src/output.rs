@@ -124,13 +124,19 @@ impl From<release::Error> for CliError {
             | E::ManifestFile { .. }
             | E::RecordMissing { .. }
             | E::LastGeneration { .. }
-            | E::BumpNeedsCommit { .. } => CliError::usage(e),
+            | E::BumpNeedsCommit { .. }
+            | E::PinBuiltin { .. }
+            | E::PinNotRecorded { .. }
+            | E::PinNoStoreChecked { .. } => CliError::usage(e),
             E::Pins { .. }
             | E::BumpRefused { .. }
             | E::CheckoutAtOtherCommit { .. }
             | E::CheckoutWithoutCommit { .. }
             | E::SidecarMismatch { .. }
             | E::ReusePin { .. }
+            | E::PinLive { .. }
+            | E::PinStoreUnreadable { .. }
+            | E::PinCorrectionRefused { .. }
             | E::RebuildGeneration { .. }
             | E::ReuseManifestPin { .. } => CliError::check_failed(e),
             other => CliError::failure(other),

@@ -993,6 +993,179 @@ fn tinygrad_bump_replaces_the_tree_without_git_metadata() {
     }
 }
 
+/// `tinygrad pin` corrects a mistyped pin of an unpublished generation (a made-up v26) in one
+/// command, and is refused (the tree unchanged) once a checked store holds a live v26
+/// manifest with it, for v25's built-in pin, and without a store to check.
+#[test]
+fn tinygrad_pin_corrects_an_unpublished_pin() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let op = root.join("op");
+    write(&op.join("tinygrad_repo/old.py"), b"old");
+    write(&root.join("tg/tinygrad/tensor.py"), b"new");
+    fs::create_dir_all(root.join("store")).unwrap();
+    let typo = "1".repeat(40);
+    let out = cli(
+        &[
+            "tinygrad",
+            "bump",
+            "--openpilot",
+            "op",
+            "--tinygrad-src",
+            "tg",
+            "--commit",
+            &typo,
+        ],
+        root,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let pin = |extra: &[&str]| {
+        let mut a = vec!["tinygrad", "pin", "--openpilot", "op"];
+        a.extend(extra);
+        cli(&a, root)
+    };
+    let refused = |extra: &[&str], code: i32, says: &str| {
+        let before = snapshot(root);
+        let out = pin(extra);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{extra:?}: {err}");
+        assert!(err.contains(says), "{extra:?}: {says:?} not in {err}");
+        assert_eq!(snapshot(root), before, "{extra:?} changed something");
+    };
+    let fix = ["--generation", "v26", "--commit", OTHER];
+    // No store to check: refused by the parser.
+    refused(&fix, 2, "--store");
+    // v25's pin is built in.
+    refused(
+        &["--generation", "v25", "--commit", OTHER, "--store", "store"],
+        2,
+        "v25's pin e837e367aac9e1a66e689f4f32ce20ca9367df13 is built into",
+    );
+    // v27 has no recorded pin.
+    refused(
+        &["--generation", "v27", "--commit", OTHER, "--store", "store"],
+        2,
+        "no pin for v27 is recorded",
+    );
+    // v25's pin for v26: another generation's pin.
+    refused(
+        &["--generation", "v26", "--commit", PIN, "--store", "store"],
+        3,
+        "already v25's pin",
+    );
+    // A live v26 manifest with the mistyped pin in the store: published, never corrected.
+    write(
+        &root.join("store/manifests/model_names_v26.json"),
+        format!(r#"{{"generation": "v26", "tinygrad_commit": "{typo}", "models": []}}"#).as_bytes(),
+    );
+    let mut args = fix.to_vec();
+    args.extend(["--store", "store"]);
+    refused(&args, 3, &format!("v26 is live in "));
+    refused(
+        &args,
+        3,
+        &format!("manifests/model_names_v26.json records tinygrad {typo}"),
+    );
+    fs::remove_file(root.join("store/manifests/model_names_v26.json")).unwrap();
+
+    // Not live: a dry run says what it would write, then the correction.
+    let before = snapshot(root);
+    let mut dry = args.clone();
+    dry.push("--dry-run");
+    let out = pin(&dry);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("would write op/tinygrad_pins.json, op/tinygrad_repo/TINYGRAD_COMMIT, op/tinygrad_repo/TINYGRAD_SOURCE.json"), "{}", text(&out.stdout));
+    assert_eq!(snapshot(root), before);
+    let mut json = args.clone();
+    json.push("--json");
+    let out = pin(&json);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["from"], typo.as_str());
+    assert_eq!(r["to"], OTHER);
+    assert_eq!(r["tree_from_git"], false);
+    let pins: serde_json::Value =
+        serde_json::from_slice(&fs::read(op.join("tinygrad_pins.json")).unwrap()).unwrap();
+    assert_eq!(pins, serde_json::json!({"v25": PIN, "v26": OTHER}));
+    assert_eq!(
+        fs::read_to_string(op.join("tinygrad_repo/TINYGRAD_COMMIT")).unwrap(),
+        format!("{OTHER}\n")
+    );
+    // Again: nothing to correct.
+    let out = pin(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("v26 is already pinned to"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // A tree copied from a git checkout is that checkout's commit: the table is corrected, the
+    // marker is left, and the next step is to bump the tree from the right checkout.
+    let repo = root.join("repo");
+    write(&repo.join("tinygrad/tensor.py"), b"git");
+    let git = |a: &[&str]| {
+        Command::new("git")
+            .args(a)
+            .current_dir(&repo)
+            .env("GIT_AUTHOR_NAME", "dev")
+            .env("GIT_AUTHOR_EMAIL", "dev@localhost")
+            .env("GIT_COMMITTER_NAME", "dev")
+            .env("GIT_COMMITTER_EMAIL", "dev@localhost")
+            .output()
+    };
+    if git(&["init", "-q"]).is_err() {
+        return;
+    }
+    git(&["add", "-A"]).unwrap();
+    assert!(git(&["commit", "-q", "-m", "x"]).unwrap().status.success());
+    let head = text(&git(&["rev-parse", "HEAD"]).unwrap().stdout)
+        .trim()
+        .to_string();
+    let op2 = root.join("op2");
+    write(&op2.join("tinygrad_repo/old.py"), b"old");
+    let out = cli(
+        &[
+            "tinygrad",
+            "bump",
+            "--openpilot",
+            "op2",
+            "--tinygrad-src",
+            "repo",
+        ],
+        root,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = cli(
+        &[
+            "tinygrad",
+            "pin",
+            "--openpilot",
+            "op2",
+            "--generation",
+            "v26",
+            "--commit",
+            OTHER,
+            "--store",
+            "store",
+        ],
+        root,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("was copied from a git checkout at"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        fs::read_to_string(op2.join("tinygrad_repo/TINYGRAD_COMMIT")).unwrap(),
+        format!("{head}\n")
+    );
+    let pins: serde_json::Value =
+        serde_json::from_slice(&fs::read(op2.join("tinygrad_pins.json")).unwrap()).unwrap();
+    assert_eq!(pins["v26"], OTHER);
+}
+
 #[test]
 fn builtin_and_tinygrad_bump_dry_runs_report_and_change_nothing() {
     let t = tempfile::tempdir().unwrap();

@@ -102,6 +102,60 @@ pub enum Error {
     #[error("tinygrad bump refused: {refusal}")]
     BumpRefused { refusal: manifest::PinRefusal },
 
+    /// `tinygrad pin` of a generation whose pin is built into the tools.
+    #[error(
+        "{generation}'s pin {pin} is built into this release of the tools, not recorded in a \
+         tree; it cannot be corrected (a new tinygrad is the next generation: `release-cli \
+         tinygrad bump`)"
+    )]
+    PinBuiltin {
+        generation: Generation,
+        pin: GitCommit,
+    },
+
+    /// `tinygrad pin` of a generation without a recorded pin.
+    #[error(
+        "no pin for {generation} is recorded in --openpilot's tinygrad_pins.json; nothing to \
+         correct: `release-cli tinygrad bump` records one"
+    )]
+    PinNotRecorded { generation: Generation },
+
+    /// `tinygrad pin` without a store to check.
+    #[error(
+        "correcting {generation}'s pin needs at least one --store to check that no manifest \
+         with it is live (pass every store you publish to)"
+    )]
+    PinNoStoreChecked { generation: Generation },
+
+    /// `tinygrad pin` of a generation a store holds live.
+    #[error(
+        "{generation} is live in {store} ({path} records tinygrad {}); a published pin never \
+         changes: the tree was left as it was. next: a new tinygrad is the next generation \
+         (`release-cli tinygrad bump`)",
+        recorded.as_ref().map_or("none".to_string(), |c| c.to_string())
+    )]
+    PinLive {
+        generation: Generation,
+        store: String,
+        path: String,
+        recorded: Option<GitCommit>,
+    },
+
+    /// A store's manifest of the generation cannot be read as one.
+    #[error(
+        "{store} {path}: not a readable manifest ({problem}); whether the pin is live cannot \
+         be told, so nothing was changed"
+    )]
+    PinStoreUnreadable {
+        store: String,
+        path: String,
+        problem: String,
+    },
+
+    /// The corrected pair is one the pin rules refuse (a pin another generation has).
+    #[error("tinygrad pin refused: {refusal}; nothing was changed")]
+    PinCorrectionRefused { refusal: manifest::PinRefusal },
+
     /// There is no generation after this one.
     #[error("{generation} is the last generation number")]
     LastGeneration { generation: Generation },

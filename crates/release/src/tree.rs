@@ -367,6 +367,187 @@ fn parse_generations(text: &str) -> Vec<Generation> {
         .collect()
 }
 
+// ---- tinygrad pin (correct an unpublished pin) ---------------------------------------------
+
+/// What a store holds live for the generation whose pin is being corrected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveManifest {
+    /// The store, as it describes itself.
+    pub store: String,
+    /// The manifest's path in the store.
+    pub path: String,
+    /// The manifest's `tinygrad_commit`, if it records one.
+    pub tinygrad_commit: Option<GitCommit>,
+}
+
+/// `tinygrad pin`'s decision: the corrected table, and the pin it replaces (`None` when the
+/// generation already has `new`, which changes nothing).
+///
+/// Refused: a generation whose pin is built in (it is code, not a record), one without a
+/// recorded pin (`tinygrad bump` records one), a pin another generation has, and a generation
+/// some checked store holds live with another pin (a published pin never changes: bump to the
+/// next generation instead). At least one store must have been checked.
+pub fn decide_pin_correction(
+    pins: &PinTable,
+    generation: Generation,
+    new: &GitCommit,
+    live: &[LiveManifest],
+    stores_checked: usize,
+) -> Result<(PinTable, Option<GitCommit>)> {
+    if let Some(pin) = PinTable::builtin().get(generation) {
+        return Err(Error::PinBuiltin {
+            generation,
+            pin: pin.clone(),
+        });
+    }
+    let old = pins
+        .get(generation)
+        .ok_or(Error::PinNotRecorded { generation })?
+        .clone();
+    if stores_checked == 0 {
+        return Err(Error::PinNoStoreChecked { generation });
+    }
+    if let Some(l) = live
+        .iter()
+        .find(|l| l.tinygrad_commit.as_ref() != Some(new))
+    {
+        return Err(Error::PinLive {
+            generation,
+            store: l.store.clone(),
+            path: l.path.clone(),
+            recorded: l.tinygrad_commit.clone(),
+        });
+    }
+    if &old == new {
+        return Ok((pins.clone(), None));
+    }
+    let mut corrected = PinTable::builtin();
+    for (g, c) in pins.iter().filter(|(g, _)| *g != generation) {
+        corrected
+            .record(g, c)
+            .map_err(|refusal| Error::BumpRefused { refusal })?;
+    }
+    corrected
+        .record(generation, new)
+        .map_err(|refusal| Error::PinCorrectionRefused { refusal })?;
+    Ok((corrected, Some(old)))
+}
+
+/// What `tinygrad pin` is asked to do.
+#[derive(Debug, Clone)]
+pub struct PinRequest {
+    pub openpilot: PathBuf,
+    pub generation: Generation,
+    pub commit: GitCommit,
+    pub dry_run: bool,
+}
+
+/// What `tinygrad pin` did (or, with `dry_run`, would do).
+#[derive(Debug, Clone, Serialize)]
+pub struct PinReport {
+    pub generation: Generation,
+    /// The pin replaced; `None` when the generation already had `commit`.
+    pub from: Option<GitCommit>,
+    pub to: GitCommit,
+    /// The stores checked for a live manifest of the generation.
+    pub stores_checked: Vec<String>,
+    /// `tinygrad_repo/` was copied from a git checkout at the old pin: its content is that
+    /// commit, so its marker is left as it is and the tree must be bumped again from a
+    /// checkout at the corrected pin.
+    pub tree_from_git: bool,
+    pub dry_run: bool,
+    /// The files written (the pin table; the marker and the source record when they named the
+    /// old pin of a tree that was not copied from git).
+    pub written: Vec<PathBuf>,
+}
+
+/// The live manifest of `generation` in `store`, if it holds one.
+pub fn live_manifest(
+    store: &dyn artifact_store::Store,
+    generation: Generation,
+) -> Result<Option<LiveManifest>> {
+    let path = manifest::StoreLayout::HfBucket.manifest_path(generation);
+    let Some(bytes) = store.read_small(&path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)? else {
+        return Ok(None);
+    };
+    let m = manifest::Manifest::from_slice(&bytes).map_err(|e| Error::PinStoreUnreadable {
+        store: store.describe(),
+        path: path.to_string(),
+        problem: e.to_string(),
+    })?;
+    Ok(Some(LiveManifest {
+        store: store.describe(),
+        path: path.to_string(),
+        tinygrad_commit: m.tinygrad_commit(),
+    }))
+}
+
+/// Correct the recorded pin of a generation no checked store holds live: rewrite
+/// `tinygrad_pins.json`, and when `tinygrad_repo/` was not copied from a git checkout, its
+/// `TINYGRAD_COMMIT` and source record if they name the old pin. Every refusal comes before
+/// any write.
+pub fn correct_pin(req: &PinRequest, stores: &[&dyn artifact_store::Store]) -> Result<PinReport> {
+    let op = &req.openpilot;
+    let pins = load_pins(Some(op))?;
+    let mut live = Vec::new();
+    for store in stores {
+        live.extend(live_manifest(*store, req.generation)?);
+    }
+    let (corrected, old) =
+        decide_pin_correction(&pins, req.generation, &req.commit, &live, stores.len())?;
+    let marker = op.join("tinygrad_repo/TINYGRAD_COMMIT");
+    let source_path = op.join("tinygrad_repo").join(TINYGRAD_SOURCE_FILE);
+    // The source record is small; anything else there (not a regular file, too large, not
+    // JSON) is not one and is left alone.
+    let is_record =
+        fs::symlink_metadata(&source_path).is_ok_and(|m| m.is_file() && m.len() < 64 * 1024);
+    let source: Option<TinygradSource> = if is_record {
+        serde_json::from_slice(&fs::read(&source_path)?).ok()
+    } else {
+        None
+    };
+    let tree_from_git =
+        matches!(&source, Some(s) if s.kind == SourceKind::Git && Some(&s.commit) == old.as_ref());
+    let mut written = Vec::new();
+    if let Some(old) = &old {
+        written.push(op.join(manifest::pins::PINS_FILE));
+        let marker_is_old = fs::read_to_string(&marker)
+            .map(|t| t.trim() == old.as_str())
+            .unwrap_or(false);
+        if !tree_from_git && marker_is_old {
+            written.push(marker.clone());
+        }
+        let source = source.filter(|s| !tree_from_git && &s.commit == old);
+        if source.is_some() {
+            written.push(source_path.clone());
+        }
+        if !req.dry_run {
+            atomic::write_atomic(
+                op.join(manifest::pins::PINS_FILE),
+                corrected.to_json().as_bytes(),
+            )?;
+            if written.contains(&marker) {
+                atomic::write_atomic(&marker, format!("{}\n", req.commit).as_bytes())?;
+            }
+            if let Some(mut s) = source {
+                s.commit = req.commit.clone();
+                let mut bytes = serde_json::to_vec_pretty(&s).expect("a source record serializes");
+                bytes.push(b'\n');
+                atomic::write_atomic(&source_path, &bytes)?;
+            }
+        }
+    }
+    Ok(PinReport {
+        generation: req.generation,
+        from: old,
+        to: req.commit.clone(),
+        stores_checked: stores.iter().map(|s| s.describe()).collect(),
+        tree_from_git,
+        dry_run: req.dry_run,
+        written,
+    })
+}
+
 // ---- builtin ------------------------------------------------------------------------------
 
 /// The built-in model's logical name in the openpilot tree.
@@ -695,6 +876,143 @@ mod tests {
         assert_eq!(
             fs::read_to_string(op.join("tinygrad_repo/TINYGRAD_COMMIT")).unwrap(),
             format!("{NEW}\n")
+        );
+    }
+
+    /// The pin-correction rule: v25's built-in pin never, a made-up v26's while no store holds it
+    /// live.
+    #[test]
+    fn which_pins_can_be_corrected() {
+        let v25 = Generation::new(25);
+        let v26 = Generation::new(26);
+        let typo: GitCommit = "1".repeat(40).parse().unwrap();
+        let meant: GitCommit = NEW.parse().unwrap();
+        let mut pins = PinTable::builtin();
+        pins.record(v26, &typo).unwrap();
+        let live = |pin: Option<&GitCommit>| LiveManifest {
+            store: "store".into(),
+            path: "manifests/model_names_v26.json".into(),
+            tinygrad_commit: pin.cloned(),
+        };
+        let kind = |r: Result<(PinTable, Option<GitCommit>)>| match r {
+            Ok((t, old)) => Ok((t.get(v26).cloned(), old)),
+            Err(Error::PinBuiltin { .. }) => Err("builtin"),
+            Err(Error::PinNotRecorded { .. }) => Err("not recorded"),
+            Err(Error::PinNoStoreChecked { .. }) => Err("no store"),
+            Err(Error::PinLive { .. }) => Err("live"),
+            Err(Error::PinCorrectionRefused { .. }) => Err("reused"),
+            Err(e) => panic!("{e:?}"),
+        };
+        let pin25 = manifest::layout::current_tinygrad_commit();
+        let cases: Vec<(
+            Generation,
+            &GitCommit,
+            Vec<LiveManifest>,
+            usize,
+            Result<(Option<GitCommit>, Option<GitCommit>), &str>,
+        )> = vec![
+            (
+                v26,
+                &meant,
+                vec![],
+                1,
+                Ok((Some(meant.clone()), Some(typo.clone()))),
+            ),
+            (v26, &typo, vec![], 1, Ok((Some(typo.clone()), None))),
+            (v25, &meant, vec![], 1, Err("builtin")),
+            (Generation::new(27), &meant, vec![], 1, Err("not recorded")),
+            (v26, &meant, vec![], 0, Err("no store")),
+            (v26, &meant, vec![live(Some(&typo))], 2, Err("live")),
+            (v26, &meant, vec![live(None)], 1, Err("live")),
+            // What is live already has the corrected pin: the table is brought in line.
+            (
+                v26,
+                &meant,
+                vec![live(Some(&meant))],
+                1,
+                Ok((Some(meant.clone()), Some(typo.clone()))),
+            ),
+            (v26, &pin25, vec![], 1, Err("reused")),
+        ];
+        for (g, new, live, checked, want) in cases {
+            assert_eq!(
+                kind(decide_pin_correction(&pins, g, new, &live, checked)),
+                want,
+                "{g} {new}"
+            );
+        }
+    }
+
+    /// `correct_pin` on a tree bumped from a plain directory with a mistyped pin: the table, the
+    /// marker and the source record are corrected; a live manifest in a store refuses it and
+    /// the tree is left as it was.
+    #[test]
+    fn correcting_an_unpublished_pin() {
+        let t = tempfile::tempdir().unwrap();
+        let op = t.path().join("op");
+        fs::create_dir_all(op.join("tinygrad_repo")).unwrap();
+        let plain = t.path().join("plain");
+        fs::create_dir_all(&plain).unwrap();
+        fs::write(plain.join("tensor.py"), b"t").unwrap();
+        let typo = "1".repeat(40);
+        bump(&BumpRequest {
+            openpilot: op.clone(),
+            tinygrad_src: plain.clone(),
+            commit: Some(typo.parse().unwrap()),
+            dry_run: false,
+        })
+        .unwrap();
+        let store_dir = t.path().join("store");
+        fs::create_dir_all(&store_dir).unwrap();
+        let store = artifact_store::LocalStore::new(&store_dir);
+        let req = |dry_run| PinRequest {
+            openpilot: op.clone(),
+            generation: Generation::new(26),
+            commit: NEW.parse().unwrap(),
+            dry_run,
+        };
+        // A live v26 manifest with the mistyped pin: refused, nothing changed.
+        fs::create_dir_all(store_dir.join("manifests")).unwrap();
+        fs::write(
+            store_dir.join("manifests/model_names_v26.json"),
+            format!(r#"{{"generation": "v26", "tinygrad_commit": "{typo}", "models": []}}"#),
+        )
+        .unwrap();
+        let before = snapshot(&op);
+        let e = correct_pin(&req(false), &[&store]).unwrap_err();
+        assert!(matches!(e, Error::PinLive { .. }), "{e:?}");
+        assert!(
+            e.to_string().contains("manifests/model_names_v26.json"),
+            "{e}"
+        );
+        assert_eq!(snapshot(&op), before);
+        // No store given: refused.
+        assert!(matches!(
+            correct_pin(&req(false), &[]),
+            Err(Error::PinNoStoreChecked { .. })
+        ));
+        fs::remove_file(store_dir.join("manifests/model_names_v26.json")).unwrap();
+        // A dry run says what it would write and writes nothing.
+        let r = correct_pin(&req(true), &[&store]).unwrap();
+        assert_eq!(r.written.len(), 3, "{r:?}");
+        assert_eq!(snapshot(&op), before);
+        let r = correct_pin(&req(false), &[&store]).unwrap();
+        assert_eq!(r.from.unwrap().as_str(), typo);
+        assert!(!r.tree_from_git);
+        let pins = load_pins(Some(&op)).unwrap();
+        assert_eq!(pins.get(Generation::new(26)).unwrap().as_str(), NEW);
+        assert_eq!(
+            fs::read_to_string(op.join("tinygrad_repo/TINYGRAD_COMMIT")).unwrap(),
+            format!("{NEW}\n")
+        );
+        let source: TinygradSource = serde_json::from_slice(
+            &fs::read(op.join("tinygrad_repo").join(TINYGRAD_SOURCE_FILE)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(source.commit.as_str(), NEW);
+        assert_eq!(
+            source.digest,
+            compiler_remote::tree_digest::dir_digest(&plain, &[]).unwrap()
         );
     }
 }

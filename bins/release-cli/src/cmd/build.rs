@@ -176,6 +176,37 @@ pub enum TinygradCommand {
     /// Replace tinygrad_repo/ from a tinygrad tree (without git metadata), write the commit to
     /// tinygrad_repo/TINYGRAD_COMMIT, and say which generation comes next.
     Bump(BumpArgs),
+    /// Correct the recorded pin of a generation not yet published (a mistyped --commit):
+    /// rewrite tinygrad_pins.json (and tinygrad_repo/TINYGRAD_COMMIT when it names the old pin).
+    /// Refused once a checked store holds that generation's manifest live.
+    Pin(PinArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PinArgs {
+    /// The openpilot tree whose tinygrad_pins.json records the pin.
+    #[arg(long, value_name = "DIR")]
+    pub openpilot: PathBuf,
+    /// The generation whose pin is corrected (one `tinygrad bump` recorded, e.g. v26).
+    #[arg(long, value_name = "vNN")]
+    pub generation: manifest::Generation,
+    /// The correct full tinygrad commit.
+    #[arg(long, value_name = "SHA")]
+    pub commit: GitCommit,
+    /// A store to check for a live manifest of --generation (`hf://buckets/NS/NAME`,
+    /// `github:CHECKOUT`, `file:DIR` or a directory). Repeat for every store you publish to; at
+    /// least one is required.
+    #[arg(long = "store", value_name = "STORE", required = true)]
+    pub stores: Vec<String>,
+    #[command(flatten)]
+    pub access: crate::cmd::store::StoreAccess,
+    /// Check the stores and say what would be written; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print `{"generation","from","to","stores_checked":[…],"tree_from_git","dry_run",
+    /// "written":[…]}` (`from` is null when --commit already is the generation's pin).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -378,6 +409,7 @@ pub struct ValidateArgs {
 pub fn tinygrad(command: TinygradCommand) -> CliResult {
     match command {
         TinygradCommand::Bump(a) => bump(a),
+        TinygradCommand::Pin(a) => pin(a),
     }
 }
 
@@ -942,4 +974,79 @@ mod tests {
         assert!(shows_live_output(Verbosity::Normal));
         assert!(shows_live_output(Verbosity::Verbose));
     }
+}
+
+// ---- tinygrad pin ------------------------------------------------------------------------
+
+fn pin(args: PinArgs) -> CliResult {
+    let stores = args
+        .stores
+        .iter()
+        .map(|s| {
+            artifact_store::StoreSpec::parse(s)
+                .and_then(|spec| args.access.open(&spec))
+                .map_err(crate::cmd::store::store_error)
+        })
+        .collect::<CliResult<Vec<_>>>()?;
+    let refs: Vec<&dyn artifact_store::Store> = stores.iter().map(|s| s.as_ref()).collect();
+    let report = release::tree::correct_pin(
+        &release::tree::PinRequest {
+            openpilot: args.openpilot.clone(),
+            generation: args.generation,
+            commit: args.commit.clone(),
+            dry_run: args.dry_run,
+        },
+        &refs,
+    )?;
+    if args.json {
+        return print_json(&report);
+    }
+    let checked = report.stores_checked.join(", ");
+    let Some(from) = &report.from else {
+        crate::outln!(
+            "{} is already pinned to {}; nothing to correct (checked: {checked})",
+            report.generation,
+            report.to
+        )?;
+        return Ok(());
+    };
+    let files = report
+        .written
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if report.dry_run {
+        crate::outln!(
+            "dry run: {} would be pinned to {} instead of {from} (no live {} manifest in: \
+             {checked}); would write {files}; nothing was changed",
+            report.generation,
+            report.to,
+            report.generation
+        )?;
+        return Ok(());
+    }
+    crate::outln!(
+        "ok: {} is pinned to {} instead of {from} (no live {} manifest in: {checked}); wrote {files}",
+        report.generation,
+        report.to,
+        report.generation
+    )?;
+    if report.tree_from_git {
+        cli_support::info!(
+            "next: {}/tinygrad_repo was copied from a git checkout at {from}, so it still is that \
+             commit: `release-cli tinygrad bump --openpilot {} --tinygrad-src <checkout at {}>`, \
+             then sync",
+            args.openpilot.display(),
+            args.openpilot.display(),
+            report.to
+        );
+    } else {
+        cli_support::info!(
+            "next: `release-cli sync --openpilot {}` (the marker changed), then rebuild; earlier \
+             build records name the old pin and are rebuilt",
+            args.openpilot.display()
+        );
+    }
+    Ok(())
 }

@@ -397,8 +397,8 @@ pub struct ReuseArgs {
     #[arg(long, value_name = "FILE")]
     pub manifest: Option<PathBuf>,
     /// The openpilot tree whose `tinygrad_pins.json` (written by `tinygrad bump`) records the
-    /// pins of generations after v25, as for publish. --tinygrad-commit must be --generation's
-    /// pin.
+    /// pins of generations after v25, as for publish. The artifact's tinygrad must be the pin
+    /// of the generation it is copied into.
     #[arg(long, value_name = "DIR")]
     pub openpilot: Option<PathBuf>,
     #[command(flatten)]
