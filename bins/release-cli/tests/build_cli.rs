@@ -1060,7 +1060,7 @@ fn tinygrad_pin_corrects_an_unpublished_pin() {
     );
     let mut args = fix.to_vec();
     args.extend(["--store", "store"]);
-    refused(&args, 3, &format!("v26 is live in "));
+    refused(&args, 3, "v26 is live in ");
     refused(
         &args,
         3,

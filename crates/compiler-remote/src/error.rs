@@ -203,7 +203,7 @@ pub enum Error {
         openpilot: PathBuf,
         destination: String,
         remote_root: String,
-        why: crate::synced::Unsynced,
+        why: Box<crate::synced::Unsynced>,
     },
 
     /// The sync record in the tree cannot be read as one.

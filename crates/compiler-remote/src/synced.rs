@@ -151,7 +151,7 @@ pub fn check_synced(openpilot: &Path, destination: &str, remote_root: &str) -> R
         openpilot: openpilot.to_path_buf(),
         destination: destination.to_string(),
         remote_root: remote_root.to_string(),
-        why,
+        why: Box::new(why),
     })?;
     Ok(now)
 }

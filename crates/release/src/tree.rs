@@ -904,13 +904,15 @@ mod tests {
             Err(e) => panic!("{e:?}"),
         };
         let pin25 = manifest::layout::current_tinygrad_commit();
-        let cases: Vec<(
+        type Expected<'a> = Result<(Option<GitCommit>, Option<GitCommit>), &'a str>;
+        type Case<'a> = (
             Generation,
-            &GitCommit,
+            &'a GitCommit,
             Vec<LiveManifest>,
             usize,
-            Result<(Option<GitCommit>, Option<GitCommit>), &str>,
-        )> = vec![
+            Expected<'a>,
+        );
+        let cases: Vec<Case> = vec![
             (
                 v26,
                 &meant,

@@ -962,20 +962,6 @@ fn bump(args: BumpArgs) -> CliResult {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use cli_support::Verbosity;
-
-    /// `-q` silences the device's live lines; the default and `-v` show them.
-    #[test]
-    fn live_output_is_left_out_only_with_quiet() {
-        assert!(!shows_live_output(Verbosity::Quiet));
-        assert!(shows_live_output(Verbosity::Normal));
-        assert!(shows_live_output(Verbosity::Verbose));
-    }
-}
-
 // ---- tinygrad pin ------------------------------------------------------------------------
 
 fn pin(args: PinArgs) -> CliResult {
@@ -1049,4 +1035,18 @@ fn pin(args: PinArgs) -> CliResult {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cli_support::Verbosity;
+
+    /// `-q` silences the device's live lines; the default and `-v` show them.
+    #[test]
+    fn live_output_is_left_out_only_with_quiet() {
+        assert!(!shows_live_output(Verbosity::Quiet));
+        assert!(shows_live_output(Verbosity::Normal));
+        assert!(shows_live_output(Verbosity::Verbose));
+    }
 }

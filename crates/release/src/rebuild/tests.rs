@@ -621,12 +621,13 @@ fn the_generation_is_the_one_of_the_trees_tinygrad() {
         Err(Error::RebuildGeneration { owner, .. }) => Err(owner),
         Err(other) => panic!("{other:?}"),
     };
-    let cases: Vec<(
-        &manifest::PinTable,
+    type Case<'a> = (
+        &'a manifest::PinTable,
         Generation,
-        &GitCommit,
+        &'a GitCommit,
         Result<(), Option<Generation>>,
-    )> = vec![
+    );
+    let cases: Vec<Case> = vec![
         (&builtin, v25, &pin25, Ok(())),
         (&builtin, v26, &pin25, Err(Some(v25))),
         (&builtin, v26, &pin26, Err(None)),
