@@ -607,6 +607,10 @@ fn sync_records_the_tree_and_builds_refuse_another_tree_or_generation() {
         write(&op.join("tinygrad_repo/tinygrad/tensor.py"), b"tensor");
         write(&op.join("selfdrive/modeld/modeld.py"), b"#");
         write(&op.join("scripts/model_compiler.py"), b"#");
+        write(
+            &op.join("selfdrive/modeld/models/dmonitoring_model.onnx"),
+            b"dm",
+        );
         fs::copy(dev.remote_root().join("models"), op.join("models")).unwrap();
         if generation == "v26" {
             write(
@@ -697,11 +701,8 @@ fn sync_records_the_tree_and_builds_refuse_another_tree_or_generation() {
             report["digest"]["sha256"],
             record.digest.sha256.to_hex().as_str()
         );
-        assert_eq!(record.digest.files, 5, "{record:?}");
-        assert_eq!(
-            record.digest,
-            compiler_remote::tree_digest::sync_digest(&op).unwrap()
-        );
+        assert_eq!(record.digest.files, 6, "{record:?}");
+        assert_eq!(record.digest, release::tree::sync_digest(&op).unwrap());
 
         // The generation must be the tree's: the next one (no pin) is refused before anything.
         refused(
@@ -736,7 +737,11 @@ fn sync_records_the_tree_and_builds_refuse_another_tree_or_generation() {
         // A local edit never synced: compile and rebuild refuse before connecting.
         write(&op.join("selfdrive/modeld/modeld.py"), b"# edited");
         let before = snapshot(root);
-        for args in [&compile[..], &rebuild(generation)[..]] {
+        for args in [
+            &compile[..],
+            &rebuild(generation)[..],
+            &["dm", "--out", "dm"][..],
+        ] {
             let out = run(args);
             let err = text(&out.stderr);
             assert_eq!(out.status.code(), Some(3), "{args:?}: {err}");

@@ -51,6 +51,9 @@ pub fn sync_record(openpilot: &Path) -> Result<Option<SyncRecord>> {
 
 pub use compiler_remote::synced::SyncRecord;
 pub use compiler_remote::tree_digest::TreeDigest;
+/// The digest of what a sync of `openpilot` would send now: equal to the record's `digest`
+/// when the tree is what the last sync sent.
+pub use compiler_remote::tree_digest::sync_digest;
 
 /// A reader that reports each read's byte count and the total to expect (for a progress bar).
 struct ReadProgress<R, F> {
