@@ -123,12 +123,21 @@ impl From<release::Error> for CliError {
             | E::NoBehaviourVersion { .. }
             | E::ManifestFile { .. }
             | E::RecordMissing { .. }
-            | E::LastGeneration { .. } => CliError::usage(e),
+            | E::LastGeneration { .. }
+            | E::BumpNeedsCommit { .. }
+            | E::PinBuiltin { .. }
+            | E::PinNotRecorded { .. }
+            | E::PinNoStoreChecked { .. } => CliError::usage(e),
             E::Pins { .. }
             | E::BumpRefused { .. }
             | E::CheckoutAtOtherCommit { .. }
+            | E::CheckoutWithoutCommit { .. }
             | E::SidecarMismatch { .. }
-            | E::ReuseOtherPin { .. }
+            | E::ReusePin { .. }
+            | E::PinLive { .. }
+            | E::PinStoreUnreadable { .. }
+            | E::PinCorrectionRefused { .. }
+            | E::RebuildGeneration { .. }
             | E::ReuseManifestPin { .. } => CliError::check_failed(e),
             other => CliError::failure(other),
         }

@@ -117,7 +117,7 @@ fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
         "--sources",
         "store",
         "--generation",
-        "v26",
+        "v25",
         "--json",
     ];
     args.extend(remote(&sshd, &dev, &mut buf));
@@ -174,9 +174,9 @@ fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
     assert!(calls[0].ends_with("inputs=driving_policy.onnx,driving_vision.onnx"));
     assert!(calls[0].starts_with("--pop223 --version v11 --input-format split"));
 
-    let manifest = fs::read(ws.join("ready/model_names_v26.json")).unwrap();
+    let manifest = fs::read(ws.join("ready/model_names_v25.json")).unwrap();
     let m: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
-    assert_eq!(m["generation"], "v26");
+    assert_eq!(m["generation"], "v25");
     assert_eq!(m["tinygrad_commit"], PIN);
     assert_eq!(m["models"][0]["version"], "v11");
     assert_eq!(m["models"][0]["source_commit"], REF);
@@ -210,7 +210,7 @@ fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
     assert!(!ws.join("results/sc23.failure.json").exists());
     assert_eq!(dev.calls().len(), 3, "pop223 was compiled again");
     let m: serde_json::Value =
-        serde_json::from_slice(&fs::read(ws.join("ready/model_names_v26.json")).unwrap()).unwrap();
+        serde_json::from_slice(&fs::read(ws.join("ready/model_names_v25.json")).unwrap()).unwrap();
     assert_eq!(m["models"][1]["version"], "v9");
     assert_eq!(m["models"][1]["artifact_format"], "tinygrad_single_v1");
     assert_eq!(m["models"][1]["artifact_size"], 2500);
@@ -255,7 +255,7 @@ fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
         "{calls:?}"
     );
     let m: serde_json::Value =
-        serde_json::from_slice(&fs::read(ws.join("ready/model_names_v26.json")).unwrap()).unwrap();
+        serde_json::from_slice(&fs::read(ws.join("ready/model_names_v25.json")).unwrap()).unwrap();
     assert_eq!(m["models"][0]["version"], "v12");
     let rec: serde_json::Value =
         serde_json::from_slice(&fs::read(ws.join("results/pop223.json")).unwrap()).unwrap();
@@ -588,6 +588,174 @@ fn sync_and_dm_through_the_cli() {
     assert_eq!(fs::read_dir(t.path().join("dm")).unwrap().count(), 4);
 }
 
+/// `sync` records the digest of what it sent; `compile` and `rebuild` refuse a tree that is not
+/// what its last sync sent (never synced, or edited since), before connecting, and `rebuild
+/// --generation` must be the generation of the tree's tinygrad. For v25 (the built-in pin) and
+/// a made-up v26 (recorded in the tree's tinygrad_pins.json); each refusal changes nothing.
+#[test]
+fn sync_records_the_tree_and_builds_refuse_another_tree_or_generation() {
+    let Some(sshd) = Sshd::start() else { return };
+    for (generation, pin, next) in [("v25", PIN, "v26"), ("v26", OTHER, "v27")] {
+        let dev = DeviceRoot::new(Some(pin));
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path();
+        let op = root.join("op");
+        write(
+            &op.join("tinygrad_repo/TINYGRAD_COMMIT"),
+            format!("{pin}\n").as_bytes(),
+        );
+        write(&op.join("tinygrad_repo/tinygrad/tensor.py"), b"tensor");
+        write(&op.join("selfdrive/modeld/modeld.py"), b"#");
+        write(&op.join("scripts/model_compiler.py"), b"#");
+        write(
+            &op.join("selfdrive/modeld/models/dmonitoring_model.onnx"),
+            b"dm",
+        );
+        fs::copy(dev.remote_root().join("models"), op.join("models")).unwrap();
+        if generation == "v26" {
+            write(
+                &op.join("tinygrad_pins.json"),
+                format!("{{\"v25\": \"{PIN}\", \"v26\": \"{OTHER}\"}}").as_bytes(),
+            );
+        }
+        write(&root.join("src/driving_supercombo.onnx"), b"src");
+        write(
+            &root.join("map.json"),
+            br#"{"sc23": {"source_id": "sc23", "input_format": "supercombo"}}"#,
+        );
+        write(&root.join("base.json"), BASE.as_bytes());
+        let mut buf = Vec::new();
+        let r = remote(&sshd, &dev, &mut buf);
+        // The pin comes from the tree: no --tinygrad-commit.
+        let remote_flags: Vec<String> = r[..r.len() - 2].iter().map(|s| s.to_string()).collect();
+        let run = |args: &[&str]| {
+            let mut a: Vec<&str> = args.to_vec();
+            a.extend(["--openpilot", "op"]);
+            a.extend(remote_flags.iter().map(String::as_str));
+            cli(&a, root)
+        };
+        let compile = [
+            "compile",
+            "--model",
+            "sc23",
+            "--version",
+            "v9",
+            "--source",
+            "src/driving_supercombo.onnx",
+            "--out",
+            "out",
+        ];
+        let rebuild = |g: &'static str| {
+            [
+                "rebuild",
+                "--workspace",
+                "ws",
+                "--source-map",
+                "map.json",
+                "--base-manifest",
+                "base.json",
+                "--sources",
+                "store",
+                "--generation",
+                g,
+            ]
+        };
+        let refused = |args: &[&str], says: &[&str]| {
+            let before = snapshot(root);
+            let out = run(args);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(3), "{generation} {args:?}: {err}");
+            for s in says {
+                assert!(err.contains(s), "{generation} {args:?}: {s:?} not in {err}");
+            }
+            assert_eq!(
+                snapshot(root),
+                before,
+                "{generation} {args:?} changed something"
+            );
+            assert!(dev.calls().is_empty(), "{generation} {args:?} ran ./models");
+        };
+
+        // Never synced: refused, naming the tree and the command to run.
+        refused(
+            &compile,
+            &[
+                "op: not what the compiler",
+                "has no record of a sync",
+                "next: `release-cli sync --openpilot op",
+            ],
+        );
+        let mut dry = rebuild(generation).to_vec();
+        dry.push("--dry-run");
+        refused(&dry, &["has no record of a sync"]);
+
+        // The sync records what it sent.
+        let out = run(&["sync", "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let record = release::tree::sync_record(&op)
+            .unwrap()
+            .expect("a sync record");
+        assert_eq!(record.tinygrad_commit.as_str(), pin);
+        assert_eq!(
+            report["digest"]["sha256"],
+            record.digest.sha256.to_hex().as_str()
+        );
+        assert_eq!(record.digest.files, 6, "{record:?}");
+        assert_eq!(record.digest, release::tree::sync_digest(&op).unwrap());
+
+        // The generation must be the tree's: the next one (no pin) is refused before anything.
+        refused(
+            &rebuild(next),
+            &[
+                &format!("rebuild --generation {next} refused"),
+                &format!("{pin} (from op/tinygrad_repo/TINYGRAD_COMMIT), is {generation}'s pin"),
+                &format!("rerun with --generation {generation}"),
+            ],
+        );
+        let other = if generation == "v25" { "v26" } else { "v25" };
+        let mut args = rebuild(other).to_vec();
+        args.push("--dry-run");
+        refused(&args, &[&format!("rebuild --generation {other} refused")]);
+        // The tree's own generation, in sync: planned.
+        let out = run(&dry);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains("1 to build"),
+            "{}",
+            text(&out.stdout)
+        );
+
+        // In sync: compile goes through.
+        let out = run(&compile);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert_eq!(dev.calls().len(), 1);
+        fs::remove_dir_all(root.join("out")).unwrap();
+        fs::remove_dir_all(root.join("logs")).unwrap();
+        let calls = dev.calls().len();
+
+        // A local edit never synced: compile and rebuild refuse before connecting.
+        write(&op.join("selfdrive/modeld/modeld.py"), b"# edited");
+        let before = snapshot(root);
+        for args in [
+            &compile[..],
+            &rebuild(generation)[..],
+            &["dm", "--out", "dm"][..],
+        ] {
+            let out = run(args);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(3), "{args:?}: {err}");
+            assert!(err.contains("changed since the last sync"), "{err}");
+            assert_eq!(snapshot(root), before, "{args:?} changed something");
+        }
+        assert_eq!(dev.calls().len(), calls, "./models ran on a stale tree");
+        // Undoing the edit makes the tree what was sent again.
+        write(&op.join("selfdrive/modeld/modeld.py"), b"#");
+        let out = run(&compile);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    }
+}
+
 #[test]
 fn builtin_replaces_the_full_pkl_with_a_chunk_set() {
     let t = tempfile::tempdir().unwrap();
@@ -721,6 +889,13 @@ fn tinygrad_bump_replaces_the_tree_without_git_metadata() {
     assert!(tg.join("tinygrad/tensor.py").is_file());
     assert!(tg.join("extra/sub/file.py").is_file());
     assert!(!tg.join("extra/sub/.git").exists());
+    // The source and its digest are recorded beside the commit.
+    let source: serde_json::Value =
+        serde_json::from_slice(&fs::read(tg.join("TINYGRAD_SOURCE.json")).unwrap()).unwrap();
+    assert_eq!(source["kind"], "directory");
+    assert_eq!(source["commit"], OTHER);
+    assert_eq!(source["digest"], r["source"]["digest"]);
+    assert_eq!(source["digest"]["files"], 2);
     assert!(!tg.join("old_only.py").exists());
     // The generation↔pin pair is recorded in the tree, not only on the command line.
     let pins: serde_json::Value =
@@ -770,6 +945,27 @@ fn tinygrad_bump_replaces_the_tree_without_git_metadata() {
     let pins_after: serde_json::Value =
         serde_json::from_slice(&fs::read(op.join("tinygrad_pins.json")).unwrap()).unwrap();
     assert_eq!(pins_after, pins);
+    // A plain directory names its commit: without --commit, refused (exit 2), nothing changed.
+    let before = snapshot(&op);
+    let out = cli(
+        &[
+            "tinygrad",
+            "bump",
+            "--openpilot",
+            "op",
+            "--tinygrad-src",
+            "tg",
+        ],
+        t.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("tg is not a git checkout")
+            && text(&out.stderr).contains("pass --commit SHA"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(snapshot(&op), before);
     write(
         &op.join("starpilot/assets/model_manager.py"),
         b"import os\nMANIFEST_CANDIDATES = (\"v25\",)\n",
@@ -800,6 +996,179 @@ fn tinygrad_bump_replaces_the_tree_without_git_metadata() {
             format!("{OTHER}\n")
         );
     }
+}
+
+/// `tinygrad pin` corrects a mistyped pin of an unpublished generation (a made-up v26) in one
+/// command, and is refused (the tree unchanged) once a checked store holds a live v26
+/// manifest with it, for v25's built-in pin, and without a store to check.
+#[test]
+fn tinygrad_pin_corrects_an_unpublished_pin() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let op = root.join("op");
+    write(&op.join("tinygrad_repo/old.py"), b"old");
+    write(&root.join("tg/tinygrad/tensor.py"), b"new");
+    fs::create_dir_all(root.join("store")).unwrap();
+    let typo = "1".repeat(40);
+    let out = cli(
+        &[
+            "tinygrad",
+            "bump",
+            "--openpilot",
+            "op",
+            "--tinygrad-src",
+            "tg",
+            "--commit",
+            &typo,
+        ],
+        root,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let pin = |extra: &[&str]| {
+        let mut a = vec!["tinygrad", "pin", "--openpilot", "op"];
+        a.extend(extra);
+        cli(&a, root)
+    };
+    let refused = |extra: &[&str], code: i32, says: &str| {
+        let before = snapshot(root);
+        let out = pin(extra);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{extra:?}: {err}");
+        assert!(err.contains(says), "{extra:?}: {says:?} not in {err}");
+        assert_eq!(snapshot(root), before, "{extra:?} changed something");
+    };
+    let fix = ["--generation", "v26", "--commit", OTHER];
+    // No store to check: refused by the parser.
+    refused(&fix, 2, "--store");
+    // v25's pin is built in.
+    refused(
+        &["--generation", "v25", "--commit", OTHER, "--store", "store"],
+        2,
+        "v25's pin e837e367aac9e1a66e689f4f32ce20ca9367df13 is built into",
+    );
+    // v27 has no recorded pin.
+    refused(
+        &["--generation", "v27", "--commit", OTHER, "--store", "store"],
+        2,
+        "no pin for v27 is recorded",
+    );
+    // v25's pin for v26: another generation's pin.
+    refused(
+        &["--generation", "v26", "--commit", PIN, "--store", "store"],
+        3,
+        "already v25's pin",
+    );
+    // A live v26 manifest with the mistyped pin in the store: published, never corrected.
+    write(
+        &root.join("store/manifests/model_names_v26.json"),
+        format!(r#"{{"generation": "v26", "tinygrad_commit": "{typo}", "models": []}}"#).as_bytes(),
+    );
+    let mut args = fix.to_vec();
+    args.extend(["--store", "store"]);
+    refused(&args, 3, "v26 is live in ");
+    refused(
+        &args,
+        3,
+        &format!("manifests/model_names_v26.json records tinygrad {typo}"),
+    );
+    fs::remove_file(root.join("store/manifests/model_names_v26.json")).unwrap();
+
+    // Not live: a dry run says what it would write, then the correction.
+    let before = snapshot(root);
+    let mut dry = args.clone();
+    dry.push("--dry-run");
+    let out = pin(&dry);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("would write op/tinygrad_pins.json, op/tinygrad_repo/TINYGRAD_COMMIT, op/tinygrad_repo/TINYGRAD_SOURCE.json"), "{}", text(&out.stdout));
+    assert_eq!(snapshot(root), before);
+    let mut json = args.clone();
+    json.push("--json");
+    let out = pin(&json);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["from"], typo.as_str());
+    assert_eq!(r["to"], OTHER);
+    assert_eq!(r["tree_from_git"], false);
+    let pins: serde_json::Value =
+        serde_json::from_slice(&fs::read(op.join("tinygrad_pins.json")).unwrap()).unwrap();
+    assert_eq!(pins, serde_json::json!({"v25": PIN, "v26": OTHER}));
+    assert_eq!(
+        fs::read_to_string(op.join("tinygrad_repo/TINYGRAD_COMMIT")).unwrap(),
+        format!("{OTHER}\n")
+    );
+    // Again: nothing to correct.
+    let out = pin(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("v26 is already pinned to"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // A tree copied from a git checkout is that checkout's commit: the table is corrected, the
+    // marker is left, and the next step is to bump the tree from the right checkout.
+    let repo = root.join("repo");
+    write(&repo.join("tinygrad/tensor.py"), b"git");
+    let git = |a: &[&str]| {
+        Command::new("git")
+            .args(a)
+            .current_dir(&repo)
+            .env("GIT_AUTHOR_NAME", "dev")
+            .env("GIT_AUTHOR_EMAIL", "dev@localhost")
+            .env("GIT_COMMITTER_NAME", "dev")
+            .env("GIT_COMMITTER_EMAIL", "dev@localhost")
+            .output()
+    };
+    if git(&["init", "-q"]).is_err() {
+        return;
+    }
+    git(&["add", "-A"]).unwrap();
+    assert!(git(&["commit", "-q", "-m", "x"]).unwrap().status.success());
+    let head = text(&git(&["rev-parse", "HEAD"]).unwrap().stdout)
+        .trim()
+        .to_string();
+    let op2 = root.join("op2");
+    write(&op2.join("tinygrad_repo/old.py"), b"old");
+    let out = cli(
+        &[
+            "tinygrad",
+            "bump",
+            "--openpilot",
+            "op2",
+            "--tinygrad-src",
+            "repo",
+        ],
+        root,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = cli(
+        &[
+            "tinygrad",
+            "pin",
+            "--openpilot",
+            "op2",
+            "--generation",
+            "v26",
+            "--commit",
+            OTHER,
+            "--store",
+            "store",
+        ],
+        root,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("was copied from a git checkout at"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        fs::read_to_string(op2.join("tinygrad_repo/TINYGRAD_COMMIT")).unwrap(),
+        format!("{head}\n")
+    );
+    let pins: serde_json::Value =
+        serde_json::from_slice(&fs::read(op2.join("tinygrad_pins.json")).unwrap()).unwrap();
+    assert_eq!(pins["v26"], OTHER);
 }
 
 #[test]
@@ -921,6 +1290,7 @@ fn builtin_and_tinygrad_bump_dry_runs_report_and_change_nothing() {
         serde_json::json!([
             "op/tinygrad_repo",
             "op/tinygrad_repo/TINYGRAD_COMMIT",
+            "op/tinygrad_repo/TINYGRAD_SOURCE.json",
             "op/tinygrad_pins.json"
         ])
     );
@@ -1025,6 +1395,18 @@ fn compiler_dry_runs_check_locally_print_the_plan_and_connect_to_nothing() {
     );
     write(&root.join("base.json"), BASE.as_bytes());
     let remote = absent_compiler(root, true);
+    // The tree as a sync to that compiler left it (compile and dm compare the tree with it).
+    compiler_remote::synced::write_record(
+        &op,
+        &compiler_remote::synced::SyncRecord {
+            destination: "nocompiler".into(),
+            remote_root: compiler_remote::DEFAULT_REMOTE_ROOT.into(),
+            tinygrad_commit: PIN.parse().unwrap(),
+            digest: compiler_remote::tree_digest::sync_digest(&op).unwrap(),
+            synced_at_unix: 0,
+        },
+    )
+    .unwrap();
     let before = snapshot(root);
     let run = |args: &[&str]| {
         let mut a: Vec<&str> = args.to_vec();
@@ -1131,7 +1513,7 @@ fn compiler_dry_runs_check_locally_print_the_plan_and_connect_to_nothing() {
         "--sources",
         "store",
         "--generation",
-        "v26",
+        "v25",
         "--tinygrad-commit",
         PIN,
     ];
@@ -1143,7 +1525,7 @@ fn compiler_dry_runs_check_locally_print_the_plan_and_connect_to_nothing() {
     );
     assert!(said.contains("./models --sc23 --version v9"), "{said}");
     assert!(
-        said.contains("would write  ws/ready/model_names_v26.json"),
+        said.contains("would write  ws/ready/model_names_v25.json"),
         "{said}"
     );
 

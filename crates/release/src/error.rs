@@ -102,17 +102,92 @@ pub enum Error {
     #[error("tinygrad bump refused: {refusal}")]
     BumpRefused { refusal: manifest::PinRefusal },
 
+    /// `tinygrad pin` of a generation whose pin is built into the tools.
+    #[error(
+        "{generation}'s pin {pin} is built into this release of the tools, not recorded in a \
+         tree; it cannot be corrected (a new tinygrad is the next generation: `release-cli \
+         tinygrad bump`)"
+    )]
+    PinBuiltin {
+        generation: Generation,
+        pin: GitCommit,
+    },
+
+    /// `tinygrad pin` of a generation without a recorded pin.
+    #[error(
+        "no pin for {generation} is recorded in --openpilot's tinygrad_pins.json; nothing to \
+         correct: `release-cli tinygrad bump` records one"
+    )]
+    PinNotRecorded { generation: Generation },
+
+    /// `tinygrad pin` without a store to check.
+    #[error(
+        "correcting {generation}'s pin needs at least one --store to check that no manifest \
+         with it is live (pass every store you publish to)"
+    )]
+    PinNoStoreChecked { generation: Generation },
+
+    /// `tinygrad pin` of a generation a store holds live.
+    #[error(
+        "{generation} is live in {store} ({path} records tinygrad {}); a published pin never \
+         changes: the tree was left as it was. next: a new tinygrad is the next generation \
+         (`release-cli tinygrad bump`)",
+        recorded.as_ref().map_or("none".to_string(), |c| c.to_string())
+    )]
+    PinLive {
+        generation: Generation,
+        store: String,
+        path: String,
+        recorded: Option<GitCommit>,
+    },
+
+    /// A store's manifest of the generation cannot be read as one.
+    #[error(
+        "{store} {path}: not a readable manifest ({problem}); whether the pin is live cannot \
+         be told, so nothing was changed"
+    )]
+    PinStoreUnreadable {
+        store: String,
+        path: String,
+        problem: String,
+    },
+
+    /// The corrected pair is one the pin rules refuse (a pin another generation has).
+    #[error("tinygrad pin refused: {refusal}; nothing was changed")]
+    PinCorrectionRefused { refusal: manifest::PinRefusal },
+
     /// There is no generation after this one.
     #[error("{generation} is the last generation number")]
     LastGeneration { generation: Generation },
 
     /// The tinygrad checkout is not at the commit being recorded.
-    #[error("{} is at {head:?}, not {commit}; check out the commit first", path.display())]
+    #[error(
+        "{} is a git checkout at {head}, not --commit {commit}; the commit of a checkout is its \
+         HEAD: check out {commit} there, or leave --commit out to bump to {head}",
+        path.display()
+    )]
     CheckoutAtOtherCommit {
         path: PathBuf,
         head: String,
         commit: GitCommit,
     },
+
+    /// `tinygrad bump` from a tree without git metadata and without `--commit`.
+    #[error(
+        "{} is not a git checkout, so its commit cannot be read from it; pass --commit SHA (the \
+         full tinygrad commit this tree is; the tree's digest is recorded with it), or bump from \
+         a git checkout of that commit",
+        path.display()
+    )]
+    BumpNeedsCommit { path: PathBuf },
+
+    /// A git checkout whose HEAD is not a commit (a fresh `git init`, a broken repository).
+    #[error(
+        "{}: a git checkout without a readable HEAD commit ({detail}); check out the tinygrad \
+         commit there, or pass a plain directory with --commit SHA",
+        path.display()
+    )]
+    CheckoutWithoutCommit { path: PathBuf, detail: String },
 
     /// `git` could not be run.
     #[error("git rev-parse in {}: {source}", path.display())]
@@ -134,15 +209,30 @@ pub enum Error {
         expected: chunker::Sha256Digest,
     },
 
-    /// `reuse` into the current generation with another tinygrad revision.
+    /// `reuse` into a generation whose pin is not the artifact's tinygrad (or that has no pin).
     #[error(
-        "reuse refused: generation {generation} is pinned to tinygrad {pinned}, not {given}; an \
-         artifact from another tinygrad revision is never renamed into this generation"
+        "reuse refused: {refusal}; nothing was copied. An artifact is adopted only into the \
+         generation whose tinygrad pin it was compiled with (pins: the built-in table plus \
+         --openpilot DIR's tinygrad_pins.json); otherwise rebuild it for this generation with \
+         `release-cli rebuild`"
     )]
-    ReuseOtherPin {
+    ReusePin { refusal: manifest::PinRefusal },
+
+    /// `rebuild --generation` is not the generation of the tree's tinygrad.
+    #[error(
+        "rebuild --generation {generation} refused: the tinygrad to build with, {pin} (from \
+         {from}), is {}; nothing was fetched, built or written. next: {}",
+        match owner { Some(g) => format!("{g}'s pin"), None => "no generation's pin".to_string() },
+        match owner {
+            Some(g) => format!("rerun with --generation {g}, or `release-cli tinygrad bump` the tree to {generation}'s tinygrad first"),
+            None => "`release-cli tinygrad bump` records a new pin in the tree's tinygrad_pins.json; pass that tree as --openpilot DIR".to_string(),
+        }
+    )]
+    RebuildGeneration {
         generation: Generation,
-        pinned: GitCommit,
-        given: GitCommit,
+        pin: GitCommit,
+        from: String,
+        owner: Option<Generation>,
     },
 
     /// `reuse --manifest` names a manifest built with another tinygrad.

@@ -175,7 +175,9 @@ fn git_state(dir: &Path) -> (Option<GitCommit>, Option<bool>) {
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
     };
     let head = git(&["rev-parse", "HEAD"]).and_then(|s| s.trim().parse().ok());
-    let dirty = git(&["status", "--porcelain"]).map(|s| !s.trim().is_empty());
+    // The sync record is this tool's own local state, not a change to the checkout.
+    let exclude = format!(":(exclude){}", compiler_remote::synced::SYNC_RECORD_FILE);
+    let dirty = git(&["status", "--porcelain", "--", ".", &exclude]).map(|s| !s.trim().is_empty());
     (head, dirty)
 }
 
@@ -295,5 +297,37 @@ mod tests {
         assert_eq!(rec.commands[1].exit_code, None);
         let text = fs::read_to_string(&log).unwrap();
         assert!(text.contains("cannot start ./.venv/bin/pytest"), "{text}");
+    }
+
+    /// The sync record `release-cli sync` writes at the root is not a change to the checkout;
+    /// any other untracked file is.
+    #[test]
+    fn the_sync_record_does_not_make_a_checkout_dirty() {
+        let t = tempfile::tempdir().unwrap();
+        let git = |args: &[&str]| {
+            Command::new("git")
+                .args(args)
+                .current_dir(t.path())
+                .env("GIT_AUTHOR_NAME", "dev")
+                .env("GIT_AUTHOR_EMAIL", "dev@localhost")
+                .env("GIT_COMMITTER_NAME", "dev")
+                .env("GIT_COMMITTER_EMAIL", "dev@localhost")
+                .output()
+        };
+        if git(&["init", "-q"]).is_err() {
+            return;
+        }
+        fs::write(t.path().join("a.py"), b"a").unwrap();
+        git(&["add", "-A"]).unwrap();
+        assert!(git(&["commit", "-q", "-m", "a"]).unwrap().status.success());
+        assert_eq!(git_state(t.path()).1, Some(false));
+        fs::write(
+            t.path().join(compiler_remote::synced::SYNC_RECORD_FILE),
+            b"{}",
+        )
+        .unwrap();
+        assert_eq!(git_state(t.path()).1, Some(false));
+        fs::write(t.path().join("b.py"), b"b").unwrap();
+        assert_eq!(git_state(t.path()).1, Some(true));
     }
 }

@@ -41,6 +41,20 @@ pub fn load_pins(openpilot: Option<&Path>) -> Result<PinTable> {
     Ok(pins)
 }
 
+/// What the last `release-cli sync` of `openpilot` sent, and where (the record
+/// `<openpilot>/.starpilot_sync.json`, see [`compiler_remote::synced`]); `None` when the tree
+/// was never synced. Its `digest` is the tree's digest at that sync; whether the tree still
+/// matches it is [`compiler_remote::synced::check_synced`].
+pub fn sync_record(openpilot: &Path) -> Result<Option<SyncRecord>> {
+    Ok(compiler_remote::synced::read_record(openpilot)?)
+}
+
+pub use compiler_remote::synced::SyncRecord;
+pub use compiler_remote::tree_digest::TreeDigest;
+/// The digest of what a sync of `openpilot` would send now: equal to the record's `digest`
+/// when the tree is what the last sync sent.
+pub use compiler_remote::tree_digest::sync_digest;
+
 /// A reader that reports each read's byte count and the total to expect (for a progress bar).
 struct ReadProgress<R, F> {
     inner: R,
@@ -63,10 +77,12 @@ impl<R: Read, F: FnMut(u64, u64)> Read for ReadProgress<R, F> {
 pub struct BumpRequest {
     /// The openpilot tree whose `tinygrad_repo/` is replaced.
     pub openpilot: PathBuf,
-    /// The tinygrad tree at the new commit (a git checkout is checked against `commit`).
+    /// The tinygrad tree at the new commit: a git checkout (its HEAD is the commit) or a plain
+    /// directory (then `commit` is required).
     pub tinygrad_src: PathBuf,
-    /// The full tinygrad commit.
-    pub commit: GitCommit,
+    /// The full tinygrad commit: required for a plain directory; for a git checkout it must be
+    /// HEAD when given.
+    pub commit: Option<GitCommit>,
     /// Decide and report, write nothing.
     pub dry_run: bool,
 }
@@ -78,11 +94,40 @@ pub struct GenerationMove {
     pub to: Generation,
 }
 
+/// Where `tinygrad bump` took the tree from, recorded in
+/// `tinygrad_repo/`[`TINYGRAD_SOURCE_FILE`] beside `TINYGRAD_COMMIT`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct TinygradSource {
+    /// The commit recorded as the tree's pin.
+    pub commit: GitCommit,
+    /// `git` when the commit was read from the checkout's HEAD, `directory` when it was given
+    /// (`--commit`) for a tree without git metadata.
+    pub kind: SourceKind,
+    /// `--tinygrad-src` as given.
+    pub path: PathBuf,
+    /// The digest of the source tree as copied (without git metadata; see
+    /// [`compiler_remote::tree_digest`]): what the given commit stands for.
+    pub digest: TreeDigest,
+}
+
+/// How the commit of a tinygrad source is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    Git,
+    Directory,
+}
+
+/// The source record in `tinygrad_repo/`.
+pub const TINYGRAD_SOURCE_FILE: &str = "TINYGRAD_SOURCE.json";
+
 /// What `tinygrad bump` did (or, with `dry_run`, would do).
 #[derive(Debug, Clone, Serialize)]
 pub struct BumpReport {
     pub openpilot: PathBuf,
     pub commit: GitCommit,
+    /// Where the tree came from and its digest (also written to the tree).
+    pub source: TinygradSource,
     /// Files copied from the tinygrad tree (no git metadata).
     pub files: u64,
     /// `None` when `commit` is already the current generation's pin (same ABI).
@@ -120,13 +165,23 @@ pub fn bump(req: &BumpRequest) -> Result<BumpReport> {
         .as_ref()
         .and_then(|(_, _, gens)| gens.iter().max().copied())
         .unwrap_or(manifest::layout::CURRENT_GENERATION);
-    let generation = next_generation(&mut pins, current, &req.commit)?;
-    check_checkout(src, &req.commit)?;
+    let (commit, kind) = source_commit(src, req.commit.as_ref())?;
+    let generation = next_generation(&mut pins, current, &commit)?;
+    let source = TinygradSource {
+        commit: commit.clone(),
+        kind,
+        path: src.clone(),
+        digest: compiler_remote::tree_digest::dir_digest(src, &[".git"])?,
+    };
 
     let op = &req.openpilot;
     let dest = op.join("tinygrad_repo");
     let pins_path = op.join(manifest::pins::PINS_FILE);
-    let mut written = vec![dest.clone(), dest.join("TINYGRAD_COMMIT")];
+    let mut written = vec![
+        dest.clone(),
+        dest.join("TINYGRAD_COMMIT"),
+        dest.join(TINYGRAD_SOURCE_FILE),
+    ];
     if generation.is_some() {
         written.push(pins_path.clone());
     }
@@ -138,7 +193,7 @@ pub fn bump(req: &BumpRequest) -> Result<BumpReport> {
     let files = if req.dry_run {
         walk_tree_without_git(src, None)?
     } else {
-        let files = replace_tree(src, op, &req.commit)?;
+        let files = replace_tree(src, op, &source)?;
         // Recorded after the swap: a crash in between leaves the pair unrecorded, and rerunning
         // the same bump records it.
         if generation.is_some() {
@@ -148,7 +203,8 @@ pub fn bump(req: &BumpRequest) -> Result<BumpReport> {
     };
     Ok(BumpReport {
         openpilot: op.clone(),
-        commit: req.commit.clone(),
+        commit,
+        source,
         files,
         generation,
         manifest_candidates: candidates.map(|(p, line, _)| format!("{}:{line}", p.display())),
@@ -177,36 +233,48 @@ pub fn next_generation(
     Ok(Some(GenerationMove { from: current, to }))
 }
 
-/// A git checkout must be at the commit about to be recorded; a tree without `.git` is taken
-/// as it is.
-fn check_checkout(src: &Path, commit: &GitCommit) -> Result<()> {
+/// The commit a bump records, and how it is known: a git checkout's HEAD (a `given` commit
+/// must be it), or for a tree without git metadata the `given` commit, which is then required.
+fn source_commit(src: &Path, given: Option<&GitCommit>) -> Result<(GitCommit, SourceKind)> {
     if !src.join(".git").exists() {
-        return Ok(());
+        return match given {
+            Some(c) => Ok((c.clone(), SourceKind::Directory)),
+            None => Err(Error::BumpNeedsCommit {
+                path: src.to_path_buf(),
+            }),
+        };
     }
     let out = std::process::Command::new("git")
         .arg("-C")
         .arg(src)
-        .args(["rev-parse", "HEAD"])
+        .args(["rev-parse", "--verify", "HEAD^{commit}"])
         .output()
         .map_err(|source| Error::Git {
             path: src.to_path_buf(),
             source,
         })?;
     let head = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if !out.status.success() || head != commit.as_str() {
-        return Err(Error::CheckoutAtOtherCommit {
+    let parsed: Option<GitCommit> = head.parse().ok();
+    let Some(head) = parsed.filter(|_| out.status.success()) else {
+        return Err(Error::CheckoutWithoutCommit {
             path: src.to_path_buf(),
-            head,
-            commit: commit.clone(),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         });
+    };
+    match given {
+        Some(c) if *c != head => Err(Error::CheckoutAtOtherCommit {
+            path: src.to_path_buf(),
+            head: head.to_string(),
+            commit: c.clone(),
+        }),
+        _ => Ok((head, SourceKind::Git)),
     }
-    Ok(())
 }
 
 /// Copy `src` (without git metadata) beside `<op>/tinygrad_repo`, write its TINYGRAD_COMMIT,
 /// and swap it in by rename so `tinygrad_repo/` is never half old, half new. Returns the number
 /// of files copied.
-fn replace_tree(src: &Path, op: &Path, commit: &GitCommit) -> Result<u64> {
+fn replace_tree(src: &Path, op: &Path, source: &TinygradSource) -> Result<u64> {
     let dest = op.join("tinygrad_repo");
     let new = op.join(format!("{}tinygrad_repo-new", atomic::TEMP_PREFIX));
     let old = op.join(format!("{}tinygrad_repo-old", atomic::TEMP_PREFIX));
@@ -218,8 +286,11 @@ fn replace_tree(src: &Path, op: &Path, commit: &GitCommit) -> Result<u64> {
     let files = walk_tree_without_git(src, Some(&new))?;
     atomic::write_atomic(
         new.join("TINYGRAD_COMMIT"),
-        format!("{commit}\n").as_bytes(),
+        format!("{}\n", source.commit).as_bytes(),
     )?;
+    let mut record = serde_json::to_vec_pretty(source).expect("a source record serializes");
+    record.push(b'\n');
+    atomic::write_atomic(new.join(TINYGRAD_SOURCE_FILE), &record)?;
     if dest.exists() {
         fs::rename(&dest, &old)?;
     }
@@ -297,6 +368,187 @@ fn parse_generations(text: &str) -> Vec<Generation> {
     text.split(['"', '\''])
         .filter_map(|s| s.parse::<Generation>().ok())
         .collect()
+}
+
+// ---- tinygrad pin (correct an unpublished pin) ---------------------------------------------
+
+/// What a store holds live for the generation whose pin is being corrected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveManifest {
+    /// The store, as it describes itself.
+    pub store: String,
+    /// The manifest's path in the store.
+    pub path: String,
+    /// The manifest's `tinygrad_commit`, if it records one.
+    pub tinygrad_commit: Option<GitCommit>,
+}
+
+/// `tinygrad pin`'s decision: the corrected table, and the pin it replaces (`None` when the
+/// generation already has `new`, which changes nothing).
+///
+/// Refused: a generation whose pin is built in (it is code, not a record), one without a
+/// recorded pin (`tinygrad bump` records one), a pin another generation has, and a generation
+/// some checked store holds live with another pin (a published pin never changes: bump to the
+/// next generation instead). At least one store must have been checked.
+pub fn decide_pin_correction(
+    pins: &PinTable,
+    generation: Generation,
+    new: &GitCommit,
+    live: &[LiveManifest],
+    stores_checked: usize,
+) -> Result<(PinTable, Option<GitCommit>)> {
+    if let Some(pin) = PinTable::builtin().get(generation) {
+        return Err(Error::PinBuiltin {
+            generation,
+            pin: pin.clone(),
+        });
+    }
+    let old = pins
+        .get(generation)
+        .ok_or(Error::PinNotRecorded { generation })?
+        .clone();
+    if stores_checked == 0 {
+        return Err(Error::PinNoStoreChecked { generation });
+    }
+    if let Some(l) = live
+        .iter()
+        .find(|l| l.tinygrad_commit.as_ref() != Some(new))
+    {
+        return Err(Error::PinLive {
+            generation,
+            store: l.store.clone(),
+            path: l.path.clone(),
+            recorded: l.tinygrad_commit.clone(),
+        });
+    }
+    if &old == new {
+        return Ok((pins.clone(), None));
+    }
+    let mut corrected = PinTable::builtin();
+    for (g, c) in pins.iter().filter(|(g, _)| *g != generation) {
+        corrected
+            .record(g, c)
+            .map_err(|refusal| Error::BumpRefused { refusal })?;
+    }
+    corrected
+        .record(generation, new)
+        .map_err(|refusal| Error::PinCorrectionRefused { refusal })?;
+    Ok((corrected, Some(old)))
+}
+
+/// What `tinygrad pin` is asked to do.
+#[derive(Debug, Clone)]
+pub struct PinRequest {
+    pub openpilot: PathBuf,
+    pub generation: Generation,
+    pub commit: GitCommit,
+    pub dry_run: bool,
+}
+
+/// What `tinygrad pin` did (or, with `dry_run`, would do).
+#[derive(Debug, Clone, Serialize)]
+pub struct PinReport {
+    pub generation: Generation,
+    /// The pin replaced; `None` when the generation already had `commit`.
+    pub from: Option<GitCommit>,
+    pub to: GitCommit,
+    /// The stores checked for a live manifest of the generation.
+    pub stores_checked: Vec<String>,
+    /// `tinygrad_repo/` was copied from a git checkout at the old pin: its content is that
+    /// commit, so its marker is left as it is and the tree must be bumped again from a
+    /// checkout at the corrected pin.
+    pub tree_from_git: bool,
+    pub dry_run: bool,
+    /// The files written (the pin table; the marker and the source record when they named the
+    /// old pin of a tree that was not copied from git).
+    pub written: Vec<PathBuf>,
+}
+
+/// The live manifest of `generation` in `store`, if it holds one.
+pub fn live_manifest(
+    store: &dyn artifact_store::Store,
+    generation: Generation,
+) -> Result<Option<LiveManifest>> {
+    let path = manifest::StoreLayout::HfBucket.manifest_path(generation);
+    let Some(bytes) = store.read_small(&path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)? else {
+        return Ok(None);
+    };
+    let m = manifest::Manifest::from_slice(&bytes).map_err(|e| Error::PinStoreUnreadable {
+        store: store.describe(),
+        path: path.to_string(),
+        problem: e.to_string(),
+    })?;
+    Ok(Some(LiveManifest {
+        store: store.describe(),
+        path: path.to_string(),
+        tinygrad_commit: m.tinygrad_commit(),
+    }))
+}
+
+/// Correct the recorded pin of a generation no checked store holds live: rewrite
+/// `tinygrad_pins.json`, and when `tinygrad_repo/` was not copied from a git checkout, its
+/// `TINYGRAD_COMMIT` and source record if they name the old pin. Every refusal comes before
+/// any write.
+pub fn correct_pin(req: &PinRequest, stores: &[&dyn artifact_store::Store]) -> Result<PinReport> {
+    let op = &req.openpilot;
+    let pins = load_pins(Some(op))?;
+    let mut live = Vec::new();
+    for store in stores {
+        live.extend(live_manifest(*store, req.generation)?);
+    }
+    let (corrected, old) =
+        decide_pin_correction(&pins, req.generation, &req.commit, &live, stores.len())?;
+    let marker = op.join("tinygrad_repo/TINYGRAD_COMMIT");
+    let source_path = op.join("tinygrad_repo").join(TINYGRAD_SOURCE_FILE);
+    // The source record is small; anything else there (not a regular file, too large, not
+    // JSON) is not one and is left alone.
+    let is_record =
+        fs::symlink_metadata(&source_path).is_ok_and(|m| m.is_file() && m.len() < 64 * 1024);
+    let source: Option<TinygradSource> = if is_record {
+        serde_json::from_slice(&fs::read(&source_path)?).ok()
+    } else {
+        None
+    };
+    let tree_from_git =
+        matches!(&source, Some(s) if s.kind == SourceKind::Git && Some(&s.commit) == old.as_ref());
+    let mut written = Vec::new();
+    if let Some(old) = &old {
+        written.push(op.join(manifest::pins::PINS_FILE));
+        let marker_is_old = fs::read_to_string(&marker)
+            .map(|t| t.trim() == old.as_str())
+            .unwrap_or(false);
+        if !tree_from_git && marker_is_old {
+            written.push(marker.clone());
+        }
+        let source = source.filter(|s| !tree_from_git && &s.commit == old);
+        if source.is_some() {
+            written.push(source_path.clone());
+        }
+        if !req.dry_run {
+            atomic::write_atomic(
+                op.join(manifest::pins::PINS_FILE),
+                corrected.to_json().as_bytes(),
+            )?;
+            if written.contains(&marker) {
+                atomic::write_atomic(&marker, format!("{}\n", req.commit).as_bytes())?;
+            }
+            if let Some(mut s) = source {
+                s.commit = req.commit.clone();
+                let mut bytes = serde_json::to_vec_pretty(&s).expect("a source record serializes");
+                bytes.push(b'\n');
+                atomic::write_atomic(&source_path, &bytes)?;
+            }
+        }
+    }
+    Ok(PinReport {
+        generation: req.generation,
+        from: old,
+        to: req.commit.clone(),
+        stores_checked: stores.iter().map(|s| s.describe()).collect(),
+        tree_from_git,
+        dry_run: req.dry_run,
+        written,
+    })
 }
 
 // ---- builtin ------------------------------------------------------------------------------
@@ -450,7 +702,7 @@ mod tests {
         let r = bump(&BumpRequest {
             openpilot: op.clone(),
             tinygrad_src: src,
-            commit: NEW.parse().unwrap(),
+            commit: Some(NEW.parse().unwrap()),
             dry_run: true,
         })
         .unwrap();
@@ -462,5 +714,310 @@ mod tests {
         assert_eq!(fs::read_dir(&op).unwrap().count(), 1);
         assert_eq!(fs::read_dir(op.join("tinygrad_repo")).unwrap().count(), 1);
         assert_eq!(fs::read(op.join("tinygrad_repo/old.py")).unwrap(), b"old");
+    }
+
+    /// Every file and directory under `dir` with its bytes: a tree before and after a refusal.
+    fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    out.push((p.clone(), Vec::new()));
+                    stack.push(p);
+                } else {
+                    out.push((p.clone(), std::fs::read(&p).unwrap()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Run git in `dir` with a fixed identity; `None` when git is not installed.
+    fn git(dir: &Path, args: &[&str]) -> Option<String> {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_AUTHOR_NAME", "dev")
+            .env("GIT_AUTHOR_EMAIL", "dev@localhost")
+            .env("GIT_COMMITTER_NAME", "dev")
+            .env("GIT_COMMITTER_EMAIL", "dev@localhost")
+            .output()
+            .ok()?;
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        Some(String::from_utf8(out.stdout).unwrap().trim().to_string())
+    }
+
+    /// A real `git init` checkout with one commit; `None` without git.
+    fn checkout(dir: &Path) -> Option<GitCommit> {
+        fs::create_dir_all(dir.join("tinygrad")).unwrap();
+        fs::write(dir.join("tinygrad/tensor.py"), b"tensor").unwrap();
+        git(dir, &["init", "-q"])?;
+        git(dir, &["add", "-A"])?;
+        git(dir, &["commit", "-q", "-m", "tinygrad"])?;
+        Some(git(dir, &["rev-parse", "HEAD"])?.parse().unwrap())
+    }
+
+    #[test]
+    fn the_commit_of_a_bump_source() {
+        let t = tempfile::tempdir().unwrap();
+        let plain = t.path().join("plain");
+        fs::create_dir_all(&plain).unwrap();
+        let new: GitCommit = NEW.parse().unwrap();
+        assert!(matches!(
+            source_commit(&plain, None),
+            Err(Error::BumpNeedsCommit { .. })
+        ));
+        assert_eq!(
+            source_commit(&plain, Some(&new)).unwrap(),
+            (new.clone(), SourceKind::Directory)
+        );
+        let repo = t.path().join("repo");
+        let Some(head) = checkout(&repo) else { return };
+        assert_eq!(
+            source_commit(&repo, None).unwrap(),
+            (head.clone(), SourceKind::Git)
+        );
+        assert_eq!(
+            source_commit(&repo, Some(&head)).unwrap(),
+            (head.clone(), SourceKind::Git)
+        );
+        let e = source_commit(&repo, Some(&new)).unwrap_err();
+        assert!(matches!(e, Error::CheckoutAtOtherCommit { .. }), "{e:?}");
+        assert!(
+            e.to_string()
+                .contains(&format!("leave --commit out to bump to {head}")),
+            "{e}"
+        );
+        // A fresh `git init` has no HEAD commit.
+        let empty = t.path().join("empty");
+        fs::create_dir_all(&empty).unwrap();
+        git(&empty, &["init", "-q"]).unwrap();
+        assert!(matches!(
+            source_commit(&empty, Some(&new)),
+            Err(Error::CheckoutWithoutCommit { .. })
+        ));
+    }
+
+    /// v25 -> v26 from a git checkout (the commit is HEAD), then v26 -> v27 from a plain
+    /// directory (the commit is --commit); each records its source and digest. A plain
+    /// directory without --commit, or a checkout at another commit, changes nothing.
+    #[test]
+    fn a_bump_records_its_source_and_its_refusals_change_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let op = t.path().join("op");
+        fs::create_dir_all(op.join("tinygrad_repo")).unwrap();
+        fs::write(op.join("tinygrad_repo/old.py"), b"old").unwrap();
+        let repo = t.path().join("repo");
+        let Some(head) = checkout(&repo) else { return };
+        let plain = t.path().join("plain");
+        fs::create_dir_all(plain.join("tinygrad")).unwrap();
+        fs::write(plain.join("tinygrad/tensor.py"), b"tensor, next").unwrap();
+        let req = |src: &Path, commit: Option<&str>| BumpRequest {
+            openpilot: op.clone(),
+            tinygrad_src: src.to_path_buf(),
+            commit: commit.map(|c| c.parse().unwrap()),
+            dry_run: false,
+        };
+        let before = snapshot(&op);
+        assert!(matches!(
+            bump(&req(&plain, None)),
+            Err(Error::BumpNeedsCommit { .. })
+        ));
+        assert!(matches!(
+            bump(&req(&repo, Some(NEW))),
+            Err(Error::CheckoutAtOtherCommit { .. })
+        ));
+        assert_eq!(snapshot(&op), before, "a refused bump changed the tree");
+
+        let r = bump(&req(&repo, None)).unwrap();
+        assert_eq!(r.commit, head);
+        assert_eq!(r.generation.unwrap().to, Generation::new(26));
+        let recorded: TinygradSource = serde_json::from_slice(
+            &fs::read(op.join("tinygrad_repo").join(TINYGRAD_SOURCE_FILE)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(recorded, r.source);
+        assert_eq!(recorded.kind, SourceKind::Git);
+        assert_eq!(
+            recorded.digest,
+            compiler_remote::tree_digest::dir_digest(&repo, &[".git"]).unwrap()
+        );
+        assert_eq!(
+            load_pins(Some(&op)).unwrap().get(Generation::new(26)),
+            Some(&head)
+        );
+
+        // The device code now lists v26: the next bump makes v27, from a plain directory.
+        fs::create_dir_all(op.join("starpilot")).unwrap();
+        fs::write(
+            op.join("starpilot/model_manager.py"),
+            b"MANIFEST_CANDIDATES = (\"v26\",)\n",
+        )
+        .unwrap();
+        let before = snapshot(&op);
+        assert!(matches!(
+            bump(&req(&plain, None)),
+            Err(Error::BumpNeedsCommit { .. })
+        ));
+        assert_eq!(snapshot(&op), before);
+        let r = bump(&req(&plain, Some(NEW))).unwrap();
+        assert_eq!(r.generation.unwrap().to, Generation::new(27));
+        let recorded: TinygradSource = serde_json::from_slice(
+            &fs::read(op.join("tinygrad_repo").join(TINYGRAD_SOURCE_FILE)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(recorded.kind, SourceKind::Directory);
+        assert_eq!(recorded.commit.as_str(), NEW);
+        assert_eq!(recorded.path, plain);
+        assert_eq!(
+            recorded.digest,
+            compiler_remote::tree_digest::dir_digest(&plain, &[]).unwrap()
+        );
+        assert_eq!(
+            fs::read_to_string(op.join("tinygrad_repo/TINYGRAD_COMMIT")).unwrap(),
+            format!("{NEW}\n")
+        );
+    }
+
+    /// The pin-correction rule: v25's built-in pin never, a made-up v26's while no store holds it
+    /// live.
+    #[test]
+    fn which_pins_can_be_corrected() {
+        let v25 = Generation::new(25);
+        let v26 = Generation::new(26);
+        let typo: GitCommit = "1".repeat(40).parse().unwrap();
+        let meant: GitCommit = NEW.parse().unwrap();
+        let mut pins = PinTable::builtin();
+        pins.record(v26, &typo).unwrap();
+        let live = |pin: Option<&GitCommit>| LiveManifest {
+            store: "store".into(),
+            path: "manifests/model_names_v26.json".into(),
+            tinygrad_commit: pin.cloned(),
+        };
+        let kind = |r: Result<(PinTable, Option<GitCommit>)>| match r {
+            Ok((t, old)) => Ok((t.get(v26).cloned(), old)),
+            Err(Error::PinBuiltin { .. }) => Err("builtin"),
+            Err(Error::PinNotRecorded { .. }) => Err("not recorded"),
+            Err(Error::PinNoStoreChecked { .. }) => Err("no store"),
+            Err(Error::PinLive { .. }) => Err("live"),
+            Err(Error::PinCorrectionRefused { .. }) => Err("reused"),
+            Err(e) => panic!("{e:?}"),
+        };
+        let pin25 = manifest::layout::current_tinygrad_commit();
+        type Expected<'a> = Result<(Option<GitCommit>, Option<GitCommit>), &'a str>;
+        type Case<'a> = (
+            Generation,
+            &'a GitCommit,
+            Vec<LiveManifest>,
+            usize,
+            Expected<'a>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                v26,
+                &meant,
+                vec![],
+                1,
+                Ok((Some(meant.clone()), Some(typo.clone()))),
+            ),
+            (v26, &typo, vec![], 1, Ok((Some(typo.clone()), None))),
+            (v25, &meant, vec![], 1, Err("builtin")),
+            (Generation::new(27), &meant, vec![], 1, Err("not recorded")),
+            (v26, &meant, vec![], 0, Err("no store")),
+            (v26, &meant, vec![live(Some(&typo))], 2, Err("live")),
+            (v26, &meant, vec![live(None)], 1, Err("live")),
+            // What is live already has the corrected pin: the table is brought in line.
+            (
+                v26,
+                &meant,
+                vec![live(Some(&meant))],
+                1,
+                Ok((Some(meant.clone()), Some(typo.clone()))),
+            ),
+            (v26, &pin25, vec![], 1, Err("reused")),
+        ];
+        for (g, new, live, checked, want) in cases {
+            assert_eq!(
+                kind(decide_pin_correction(&pins, g, new, &live, checked)),
+                want,
+                "{g} {new}"
+            );
+        }
+    }
+
+    /// `correct_pin` on a tree bumped from a plain directory with a mistyped pin: the table, the
+    /// marker and the source record are corrected; a live manifest in a store refuses it and
+    /// the tree is left as it was.
+    #[test]
+    fn correcting_an_unpublished_pin() {
+        let t = tempfile::tempdir().unwrap();
+        let op = t.path().join("op");
+        fs::create_dir_all(op.join("tinygrad_repo")).unwrap();
+        let plain = t.path().join("plain");
+        fs::create_dir_all(&plain).unwrap();
+        fs::write(plain.join("tensor.py"), b"t").unwrap();
+        let typo = "1".repeat(40);
+        bump(&BumpRequest {
+            openpilot: op.clone(),
+            tinygrad_src: plain.clone(),
+            commit: Some(typo.parse().unwrap()),
+            dry_run: false,
+        })
+        .unwrap();
+        let store_dir = t.path().join("store");
+        fs::create_dir_all(&store_dir).unwrap();
+        let store = artifact_store::LocalStore::new(&store_dir);
+        let req = |dry_run| PinRequest {
+            openpilot: op.clone(),
+            generation: Generation::new(26),
+            commit: NEW.parse().unwrap(),
+            dry_run,
+        };
+        // A live v26 manifest with the mistyped pin: refused, nothing changed.
+        fs::create_dir_all(store_dir.join("manifests")).unwrap();
+        fs::write(
+            store_dir.join("manifests/model_names_v26.json"),
+            format!(r#"{{"generation": "v26", "tinygrad_commit": "{typo}", "models": []}}"#),
+        )
+        .unwrap();
+        let before = snapshot(&op);
+        let e = correct_pin(&req(false), &[&store]).unwrap_err();
+        assert!(matches!(e, Error::PinLive { .. }), "{e:?}");
+        assert!(
+            e.to_string().contains("manifests/model_names_v26.json"),
+            "{e}"
+        );
+        assert_eq!(snapshot(&op), before);
+        // No store given: refused.
+        assert!(matches!(
+            correct_pin(&req(false), &[]),
+            Err(Error::PinNoStoreChecked { .. })
+        ));
+        fs::remove_file(store_dir.join("manifests/model_names_v26.json")).unwrap();
+        // A dry run says what it would write and writes nothing.
+        let r = correct_pin(&req(true), &[&store]).unwrap();
+        assert_eq!(r.written.len(), 3, "{r:?}");
+        assert_eq!(snapshot(&op), before);
+        let r = correct_pin(&req(false), &[&store]).unwrap();
+        assert_eq!(r.from.unwrap().as_str(), typo);
+        assert!(!r.tree_from_git);
+        let pins = load_pins(Some(&op)).unwrap();
+        assert_eq!(pins.get(Generation::new(26)).unwrap().as_str(), NEW);
+        assert_eq!(
+            fs::read_to_string(op.join("tinygrad_repo/TINYGRAD_COMMIT")).unwrap(),
+            format!("{NEW}\n")
+        );
+        let source: TinygradSource = serde_json::from_slice(
+            &fs::read(op.join("tinygrad_repo").join(TINYGRAD_SOURCE_FILE)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(source.commit.as_str(), NEW);
+        assert_eq!(
+            source.digest,
+            compiler_remote::tree_digest::dir_digest(&plain, &[]).unwrap()
+        );
     }
 }

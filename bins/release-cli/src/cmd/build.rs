@@ -59,6 +59,26 @@ impl RemoteArgs {
         }
     }
 
+    /// With --openpilot: refuse unless the tree is what its last sync sent to this compiler
+    /// (`compile`, `dm`; `rebuild` checks it in `release`). Without it there is no local tree
+    /// to compare, which is said.
+    pub fn check_synced(&self) -> CliResult<()> {
+        match &self.openpilot {
+            Some(op) => {
+                compiler_remote::synced::check_synced(
+                    op,
+                    &self.remote.to_string(),
+                    self.remote_root.as_str(),
+                )
+                .map_err(remote_error)?;
+            }
+            None => cli_support::info!(
+                "note: no --openpilot, so the compiler's tree is not compared with a synced local tree"
+            ),
+        }
+        Ok(())
+    }
+
     pub fn connect(&self) -> CliResult<Compiler> {
         Compiler::connect(self.connect_options()).map_err(remote_error)
     }
@@ -79,6 +99,9 @@ pub fn remote_error(e: compiler_remote::Error) -> CliError {
         | E::InvalidOutputs { .. }
         | E::MissingOutputs { .. }
         | E::DmIncomplete { .. }
+        | E::NotSynced { .. }
+        | E::SyncRecord { .. }
+        | E::TreeChangedDuringSync { .. }
         | E::HostKeyNotKnown { .. } => CliError::check_failed(e),
         other => CliError::failure(other),
     }
@@ -153,6 +176,37 @@ pub enum TinygradCommand {
     /// Replace tinygrad_repo/ from a tinygrad tree (without git metadata), write the commit to
     /// tinygrad_repo/TINYGRAD_COMMIT, and say which generation comes next.
     Bump(BumpArgs),
+    /// Correct the recorded pin of a generation not yet published (a mistyped --commit):
+    /// rewrite tinygrad_pins.json (and tinygrad_repo/TINYGRAD_COMMIT when it names the old pin).
+    /// Refused once a checked store holds that generation's manifest live.
+    Pin(PinArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PinArgs {
+    /// The openpilot tree whose tinygrad_pins.json records the pin.
+    #[arg(long, value_name = "DIR")]
+    pub openpilot: PathBuf,
+    /// The generation whose pin is corrected (one `tinygrad bump` recorded, e.g. v26).
+    #[arg(long, value_name = "vNN")]
+    pub generation: manifest::Generation,
+    /// The correct full tinygrad commit.
+    #[arg(long, value_name = "SHA")]
+    pub commit: GitCommit,
+    /// A store to check for a live manifest of --generation (`hf://buckets/NS/NAME`,
+    /// `github:CHECKOUT`, `file:DIR` or a directory). Repeat for every store you publish to; at
+    /// least one is required.
+    #[arg(long = "store", value_name = "STORE", required = true)]
+    pub stores: Vec<String>,
+    #[command(flatten)]
+    pub access: crate::cmd::store::StoreAccess,
+    /// Check the stores and say what would be written; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print `{"generation","from","to","stores_checked":[…],"tree_from_git","dry_run",
+    /// "written":[…]}` (`from` is null when --commit already is the generation's pin).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -160,16 +214,19 @@ pub struct BumpArgs {
     /// The openpilot tree whose tinygrad_repo/ is replaced.
     #[arg(long, value_name = "DIR")]
     pub openpilot: PathBuf,
-    /// The tinygrad tree at the new commit (a git checkout is checked against --commit).
+    /// The tinygrad tree at the new commit: a git checkout (the commit is its HEAD) or a plain
+    /// directory (then --commit is required).
     #[arg(long, value_name = "DIR")]
     pub tinygrad_src: PathBuf,
-    /// The full tinygrad commit.
+    /// The full tinygrad commit. Required for a plain directory (its digest is recorded with
+    /// it in tinygrad_repo/TINYGRAD_SOURCE.json); for a git checkout it must be HEAD.
     #[arg(long, value_name = "SHA")]
-    pub commit: GitCommit,
+    pub commit: Option<GitCommit>,
     /// Say what would be written and removed, and change nothing (every refusal still applies).
     #[arg(long)]
     pub dry_run: bool,
-    /// Print `{"openpilot","commit","files","generation":{"from","to"},"manifest_candidates",
+    /// Print `{"openpilot","commit","source":{"commit","kind":"git"|"directory","path",
+    /// "digest":{"sha256","files"}},"files","generation":{"from","to"},"manifest_candidates",
     /// "dry_run","written":[…],"removed":[…]}` (`generation` is null when --commit is already
     /// the current generation's pin; `written`/`removed` are paths, a directory standing for
     /// its content).
@@ -352,6 +409,7 @@ pub struct ValidateArgs {
 pub fn tinygrad(command: TinygradCommand) -> CliResult {
     match command {
         TinygradCommand::Bump(a) => bump(a),
+        TinygradCommand::Pin(a) => pin(a),
     }
 }
 
@@ -393,6 +451,12 @@ pub fn sync(args: SyncArgs) -> CliResult {
         report.remote_root,
         report.tinygrad_commit
     )?;
+    crate::outln!(
+        "recorded: {} files sent, digest {} in {}",
+        report.digest.files,
+        report.digest.sha256,
+        report.record.display()
+    )?;
     cli_support::info!(
         "next: `release-cli compile --model ID …` for one model, or `release-cli rebuild …` for the generation"
     );
@@ -419,6 +483,7 @@ pub fn compile(args: CompileArgs) -> CliResult {
         .clone()
         .unwrap_or_else(|| PathBuf::from("logs").join(format!("{}.log", req.build_id())));
     let pin = args.remote.pin()?;
+    args.remote.check_synced()?;
     if args.dry_run {
         let plan = compiler_remote::dry_run::compile(
             &args.remote.connect_options(),
@@ -493,6 +558,7 @@ pub fn dm(args: DmArgs) -> CliResult {
         .clone()
         .unwrap_or_else(|| PathBuf::from("logs/dm.log"));
     let pin = args.remote.pin()?;
+    args.remote.check_synced()?;
     if args.dry_run {
         let plan = compiler_remote::dry_run::dm(
             &args.remote.connect_options(),
@@ -823,7 +889,25 @@ fn bump(args: BumpArgs) -> CliResult {
         "{done}{} {would}replaced ({} files, no git metadata); TINYGRAD_COMMIT = {}",
         dest.display(),
         report.files,
-        args.commit
+        report.commit
+    )?;
+    crate::outln!(
+        "source: {} ({}), digest {} over {} files{}",
+        report.source.path.display(),
+        match report.source.kind {
+            release::tree::SourceKind::Git => "git checkout: the commit is its HEAD",
+            release::tree::SourceKind::Directory => "plain directory: the commit is --commit",
+        },
+        report.source.digest.sha256,
+        report.source.digest.files,
+        if report.dry_run {
+            String::new()
+        } else {
+            format!(
+                ", recorded in {}",
+                dest.join(release::tree::TINYGRAD_SOURCE_FILE).display()
+            )
+        }
     )?;
     match &report.generation {
         Some(g) => crate::outln!(
@@ -834,13 +918,13 @@ fn bump(args: BumpArgs) -> CliResult {
             } else {
                 "recorded "
             },
-            args.commit,
+            report.commit,
             pins.display(),
             args.openpilot.display()
         )?,
         None => crate::outln!(
             "{} is already {}'s pin: same ABI, no new generation",
-            args.commit,
+            report.commit,
             report.current
         )?,
     }
@@ -875,6 +959,81 @@ fn bump(args: BumpArgs) -> CliResult {
         "then: release-cli sync --openpilot {}",
         args.openpilot.display()
     )?;
+    Ok(())
+}
+
+// ---- tinygrad pin ------------------------------------------------------------------------
+
+fn pin(args: PinArgs) -> CliResult {
+    let stores = args
+        .stores
+        .iter()
+        .map(|s| {
+            artifact_store::StoreSpec::parse(s)
+                .and_then(|spec| args.access.open(&spec))
+                .map_err(crate::cmd::store::store_error)
+        })
+        .collect::<CliResult<Vec<_>>>()?;
+    let refs: Vec<&dyn artifact_store::Store> = stores.iter().map(|s| s.as_ref()).collect();
+    let report = release::tree::correct_pin(
+        &release::tree::PinRequest {
+            openpilot: args.openpilot.clone(),
+            generation: args.generation,
+            commit: args.commit.clone(),
+            dry_run: args.dry_run,
+        },
+        &refs,
+    )?;
+    if args.json {
+        return print_json(&report);
+    }
+    let checked = report.stores_checked.join(", ");
+    let Some(from) = &report.from else {
+        crate::outln!(
+            "{} is already pinned to {}; nothing to correct (checked: {checked})",
+            report.generation,
+            report.to
+        )?;
+        return Ok(());
+    };
+    let files = report
+        .written
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if report.dry_run {
+        crate::outln!(
+            "dry run: {} would be pinned to {} instead of {from} (no live {} manifest in: \
+             {checked}); would write {files}; nothing was changed",
+            report.generation,
+            report.to,
+            report.generation
+        )?;
+        return Ok(());
+    }
+    crate::outln!(
+        "ok: {} is pinned to {} instead of {from} (no live {} manifest in: {checked}); wrote {files}",
+        report.generation,
+        report.to,
+        report.generation
+    )?;
+    if report.tree_from_git {
+        cli_support::info!(
+            "next: {}/tinygrad_repo was copied from a git checkout at {from}, so it still is that \
+             commit: `release-cli tinygrad bump --openpilot {} --tinygrad-src <checkout at {}>`, \
+             then sync",
+            args.openpilot.display(),
+            args.openpilot.display(),
+            report.to
+        );
+    } else {
+        cli_support::info!(
+            "next: `release-cli sync --openpilot {}` (the marker changed), then rebuild; earlier \
+             build records name the old pin and are rebuilt",
+            args.openpilot.display()
+        );
+    }
     Ok(())
 }
 

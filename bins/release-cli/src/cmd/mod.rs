@@ -76,6 +76,7 @@ impl Command {
                 manifest::ManifestCommand::SetArtifact(a) => a.json,
             },
             Command::Tinygrad(build::TinygradCommand::Bump(a)) => a.json,
+            Command::Tinygrad(build::TinygradCommand::Pin(a)) => a.json,
             Command::Sync(a) => a.json,
             Command::Compile(a) => a.json,
             Command::Dm(a) => a.json,
