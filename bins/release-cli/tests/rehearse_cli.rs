@@ -1,0 +1,378 @@
+//! `release-cli rehearse`, run as the real binary with the real `device-modeld-manager` (built
+//! beside it by `cargo test --workspace`): a staged v25 release and a made-up v26 one pass, a
+//! staged release without the selected model's files fails, the record says so, and `publish`
+//! refuses it with the store unchanged. The devices are read directly by the test as well.
+
+use crate::common::{TG, cli, cli_in, covering_records, entry, snapshot, text};
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use test_support::published::{artifact_bytes, sha256_hex};
+
+/// A made-up next pin.
+const NEXT_PIN: &str = "26aa26aa26aa26aa26aa26aa26aa26aa26aa26aa";
+const MODELS: [&str; 3] = ["pop223", "sc23", "tr14223"];
+
+/// The device manager built beside release-cli.
+fn device_manager() -> PathBuf {
+    let p = Path::new(env!("CARGO_BIN_EXE_release-cli")).with_file_name("device-modeld-manager");
+    assert!(
+        p.is_file(),
+        "{} is not built: run `cargo build -p device-modeld-manager` (cargo test --workspace \
+         builds it)",
+        p.display()
+    );
+    p
+}
+
+/// An openpilot tree whose tinygrad marker is `pin`, with the pin recorded for `generation`
+/// when it is not a built-in one, and a built-in RDF V4 chunk set.
+fn openpilot(dir: &Path, generation: &str, pin: &str) -> PathBuf {
+    let op = dir.join("openpilot");
+    fs::create_dir_all(op.join("tinygrad_repo")).unwrap();
+    fs::write(op.join("tinygrad_repo/TINYGRAD_COMMIT"), format!("{pin}\n")).unwrap();
+    if generation != "v25" {
+        fs::write(
+            op.join("tinygrad_pins.json"),
+            format!("{{\"v25\": \"{TG}\", \"{generation}\": \"{pin}\"}}\n"),
+        )
+        .unwrap();
+    }
+    let models = op.join("selfdrive/modeld/models");
+    fs::create_dir_all(&models).unwrap();
+    let pkl = models.join("driving_tinygrad.pkl");
+    fs::write(&pkl, artifact_bytes(43, 7000)).unwrap();
+    let o = cli(&[
+        "chunk",
+        "split",
+        pkl.to_str().unwrap(),
+        "--chunk-size",
+        "3000",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    fs::remove_file(&pkl).unwrap();
+    op
+}
+
+/// A staged release (`ready/<id>/` chunk sets and `ready/model_names_<gen>.json`) of three
+/// models. Returns (ready, manifest, each model's bytes).
+fn staged(dir: &Path, generation: &str, pin: &str) -> (PathBuf, PathBuf, Vec<Vec<u8>>) {
+    let ready = dir.join("ready");
+    let mut entries = Vec::new();
+    let mut bytes = Vec::new();
+    for (i, id) in MODELS.iter().enumerate() {
+        let data = artifact_bytes(100 + i as u64 + generation.len() as u64, 2500 + 100 * i);
+        let pkl = dir.join(format!("build/{id}_driving_tinygrad.pkl"));
+        fs::create_dir_all(pkl.parent().unwrap()).unwrap();
+        fs::write(&pkl, &data).unwrap();
+        let o = cli(&[
+            "chunk",
+            "split",
+            pkl.to_str().unwrap(),
+            "--out-dir",
+            ready.join(id).to_str().unwrap(),
+            "--chunk-size",
+            "1000",
+        ]);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        entries.push(entry(id, &data, data.len().div_ceil(1000) as u32));
+        bytes.push(data);
+    }
+    let raw = dir.join("raw.json");
+    let doc = json!({"generation": generation, "tinygrad_commit": pin, "models": entries});
+    fs::write(&raw, doc.to_string()).unwrap();
+    let o = cli(&["manifest", "fmt", raw.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let manifest = ready.join(format!("model_names_{generation}.json"));
+    fs::write(&manifest, &o.stdout).unwrap();
+    (ready, manifest, bytes)
+}
+
+fn rehearse(
+    cwd: &Path,
+    generation: &str,
+    manifest: &Path,
+    ready: &Path,
+    op: &Path,
+    ws: &Path,
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args = vec![
+        "rehearse",
+        "--generation",
+        generation,
+        "--manifest",
+        manifest.to_str().unwrap(),
+        "--artifacts",
+        ready.to_str().unwrap(),
+        "--openpilot",
+        op.to_str().unwrap(),
+        "--workspace",
+        ws.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    cli_in(&args, cwd)
+}
+
+fn publish(
+    cwd: &Path,
+    generation: &str,
+    manifest: &Path,
+    ready: &Path,
+    store: &Path,
+    op: &Path,
+    ws: &Path,
+) -> std::process::Output {
+    cli_in(
+        &[
+            "publish",
+            "--generation",
+            generation,
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--artifacts",
+            ready.to_str().unwrap(),
+            "--to",
+            store.to_str().unwrap(),
+            "--openpilot",
+            op.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+        ],
+        cwd,
+    )
+}
+
+fn record(ws: &Path) -> Value {
+    serde_json::from_slice(&fs::read(ws.join("results/rehearsal.json")).unwrap()).unwrap()
+}
+
+/// Files directly in a device's models directory, name → SHA-256.
+fn models_dir(ws: &Path, scenario: &str) -> Vec<(String, String)> {
+    let dir = ws.join(format!("rehearsal/{scenario}/data/models"));
+    let mut out: Vec<(String, String)> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_file())
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                sha256_hex(&fs::read(e.path()).unwrap()),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn param(ws: &Path, scenario: &str, key: &str) -> String {
+    fs::read_to_string(ws.join(format!("rehearsal/{scenario}/data/params/d/{key}"))).unwrap()
+}
+
+/// A passing rehearsal, checked by reading the devices here too, then publish accepts it.
+fn passes(generation: &str, previous: &str, pin: &str, select: Option<&str>) {
+    let t = tempfile::tempdir().unwrap();
+    let op = openpilot(t.path(), generation, pin);
+    let (ready, manifest, bytes) = staged(t.path(), generation, pin);
+    let ws = t.path().join("ws");
+    fs::create_dir_all(&ws).unwrap();
+    // Preflight and validation records as the other commands leave them; the rehearsal's own
+    // record is replaced by the real run below.
+    covering_records(&ws, &manifest);
+    fs::remove_file(ws.join("results/rehearsal.json")).unwrap();
+    let dm = device_manager();
+    let mut extra = vec!["--json"];
+    if let Some(s) = select {
+        extra.extend(["--select", s, "--device-manager", dm.to_str().unwrap()]);
+    }
+    let o = rehearse(t.path(), generation, &manifest, &ready, &op, &ws, &extra);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{}\n{err}", text(&o.stdout));
+    let printed: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rec = record(&ws);
+    assert_eq!(printed, rec);
+    assert_eq!(rec["passed"], true, "{rec:#}");
+    assert_eq!(rec["generation"], generation);
+    assert_eq!(rec["previous_generation"], previous);
+    assert_eq!(rec["tinygrad_commit"], pin);
+    let published = fs::read(&manifest).unwrap();
+    assert_eq!(rec["manifest_sha256"], sha256_hex(&published));
+    let checks: Vec<&str> = rec["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["check"].as_str().unwrap())
+        .collect();
+    for want in [
+        "tree_pin",
+        "no_old_driving_artifact",
+        "selected_is_new_artifact",
+        "absent_model_falls_back_to_builtin",
+        "local_and_dm_kept",
+    ] {
+        assert!(checks.contains(&want), "{want} not in {checks:?}");
+    }
+
+    // The kept device, read here: the selected model is the new bytes, no old-generation driving
+    // file is left, the local model and the DM files are.
+    let sel = select.unwrap_or("pop223");
+    let i = MODELS.iter().position(|m| *m == sel).unwrap();
+    assert_eq!(rec["selected"], sel);
+    let files = models_dir(&ws, "kept");
+    let name = format!("{sel}_driving_tinygrad.pkl");
+    assert!(
+        files.contains(&(name.clone(), sha256_hex(&bytes[i]))),
+        "{files:#?}"
+    );
+    for (f, _) in &files {
+        let driving = f.contains("_driving_") || f.starts_with("driving_");
+        assert!(
+            !driving || f == &name || f.starts_with("local-"),
+            "an old driving file is left: {f} in {files:#?}"
+        );
+    }
+    assert!(
+        files
+            .iter()
+            .any(|(f, _)| f == "dmonitoring_model_tinygrad.pkl")
+    );
+    assert!(
+        files
+            .iter()
+            .any(|(f, _)| f == "local-rehearsal_driving_tinygrad.pkl")
+    );
+    assert_eq!(param(&ws, "kept", "Model"), sel);
+    assert_eq!(param(&ws, "kept", "ModelManifestVersion"), generation);
+    // The dropped device is on the built-in.
+    assert_eq!(param(&ws, "dropped", "Model"), "rdf43");
+    assert!(
+        !models_dir(&ws, "dropped")
+            .iter()
+            .any(|(f, _)| f.starts_with("retired-rehearsal")),
+    );
+
+    // Publish accepts the records, rehearsal included.
+    let store = t.path().join("store");
+    let o = publish(t.path(), generation, &manifest, &ready, &store, &op, &ws);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).contains("covered by the records"),
+        "{}",
+        text(&o.stdout)
+    );
+    let live = fs::read(store.join(format!("manifests/model_names_{generation}.json"))).unwrap();
+    assert_eq!(live, published);
+}
+
+#[test]
+fn a_staged_v25_release_rehearses_and_publishes() {
+    passes("v25", "v24", TG, None);
+}
+
+#[test]
+fn a_staged_v26_release_with_a_made_up_pin_rehearses_and_publishes() {
+    passes("v26", "v25", NEXT_PIN, Some("sc23"));
+}
+
+#[test]
+fn a_release_without_the_selected_models_files_fails_and_publish_refuses_it() {
+    let t = tempfile::tempdir().unwrap();
+    let op = openpilot(t.path(), "v26", NEXT_PIN);
+    let (ready, manifest, _) = staged(t.path(), "v26", NEXT_PIN);
+    let ws = t.path().join("ws");
+    fs::create_dir_all(&ws).unwrap();
+    covering_records(&ws, &manifest);
+    // pop223's chunk set is not staged.
+    let aside = t.path().join("aside");
+    fs::rename(ready.join("pop223"), &aside).unwrap();
+    let o = rehearse(t.path(), "v26", &manifest, &ready, &op, &ws, &[]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{}\n{err}", text(&o.stdout));
+    assert!(err.contains("rehearse again"), "{err}");
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("FAILED kept     selected_is_new_artifact"),
+        "{out}"
+    );
+    let rec = record(&ws);
+    assert_eq!(rec["passed"], false);
+    let failed: Vec<&str> = rec["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["passed"] == false)
+        .map(|c| c["check"].as_str().unwrap())
+        .collect();
+    assert!(failed.contains(&"selected_is_new_artifact"), "{failed:?}");
+    // The device fell back rather than keeping an old file: nothing of v25 is left.
+    assert!(!failed.contains(&"no_old_driving_artifact"), "{rec:#}");
+
+    // The files back in place: publish still refuses, because the recorded rehearsal failed;
+    // the store is untouched and no publish record is written.
+    fs::rename(&aside, ready.join("pop223")).unwrap();
+    let store = t.path().join("store");
+    fs::create_dir_all(store.join("manifests")).unwrap();
+    fs::write(store.join("manifests/README"), "an older file\n").unwrap();
+    let before = snapshot(&store);
+    let o = publish(t.path(), "v26", &manifest, &ready, &store, &op, &ws);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("rehearsal of this manifest on old-generation devices: failed: kept selected_is_new_artifact"),
+        "{err}"
+    );
+    assert_eq!(snapshot(&store), before);
+    assert!(!ready.join("model_names_v26.publish.json").exists());
+
+    // A rehearsal of other manifest bytes is stale: rehearse, then change one name.
+    let o = rehearse(t.path(), "v26", &manifest, &ready, &op, &ws, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let mut doc: Value = serde_json::from_slice(&fs::read(&manifest).unwrap()).unwrap();
+    doc["models"][1]["name"] = "Renamed".into();
+    fs::write(
+        &manifest,
+        serde_json::to_string_pretty(&doc).unwrap() + "\n",
+    )
+    .unwrap();
+    let o = publish(t.path(), "v26", &manifest, &ready, &store, &op, &ws);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("on old-generation devices: stale:"), "{err}");
+    assert_eq!(snapshot(&store), before);
+}
+
+#[test]
+fn bad_rehearse_input_is_a_usage_error_and_records_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let op = openpilot(t.path(), "v26", NEXT_PIN);
+    let (ready, manifest, _) = staged(t.path(), "v26", NEXT_PIN);
+    let ws = t.path().join("ws");
+    fs::create_dir_all(&ws).unwrap();
+    let dm = device_manager();
+    for (extra, gen_, want) in [
+        (
+            vec!["--select", "nope"],
+            "v26",
+            "--select nope: not in the staged manifest",
+        ),
+        (vec![], "v25", "is a v26 manifest, not v25"),
+        (
+            vec!["--device-manager", "/nonexistent/device-modeld-manager"],
+            "v26",
+            "--device-manager /nonexistent/device-modeld-manager: no such file",
+        ),
+    ] {
+        let mut extra = extra;
+        if !extra.contains(&"--device-manager") {
+            extra.extend(["--device-manager", dm.to_str().unwrap()]);
+        }
+        let o = rehearse(t.path(), gen_, &manifest, &ready, &op, &ws, &extra);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(want), "{want:?} not in {err}");
+        assert!(!ws.join("results").exists(), "{err}");
+        assert!(!ws.join("rehearsal").exists(), "{err}");
+    }
+}
