@@ -128,7 +128,8 @@ impl From<release::Error> for CliError {
             | E::BumpRefused { .. }
             | E::CheckoutAtOtherCommit { .. }
             | E::SidecarMismatch { .. }
-            | E::ReuseOtherPin { .. }
+            | E::ReusePin { .. }
+            | E::RebuildGeneration { .. }
             | E::ReuseManifestPin { .. } => CliError::check_failed(e),
             other => CliError::failure(other),
         }

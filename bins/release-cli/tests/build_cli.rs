@@ -117,7 +117,7 @@ fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
         "--sources",
         "store",
         "--generation",
-        "v26",
+        "v25",
         "--json",
     ];
     args.extend(remote(&sshd, &dev, &mut buf));
@@ -174,9 +174,9 @@ fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
     assert!(calls[0].ends_with("inputs=driving_policy.onnx,driving_vision.onnx"));
     assert!(calls[0].starts_with("--pop223 --version v11 --input-format split"));
 
-    let manifest = fs::read(ws.join("ready/model_names_v26.json")).unwrap();
+    let manifest = fs::read(ws.join("ready/model_names_v25.json")).unwrap();
     let m: serde_json::Value = serde_json::from_slice(&manifest).unwrap();
-    assert_eq!(m["generation"], "v26");
+    assert_eq!(m["generation"], "v25");
     assert_eq!(m["tinygrad_commit"], PIN);
     assert_eq!(m["models"][0]["version"], "v11");
     assert_eq!(m["models"][0]["source_commit"], REF);
@@ -210,7 +210,7 @@ fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
     assert!(!ws.join("results/sc23.failure.json").exists());
     assert_eq!(dev.calls().len(), 3, "pop223 was compiled again");
     let m: serde_json::Value =
-        serde_json::from_slice(&fs::read(ws.join("ready/model_names_v26.json")).unwrap()).unwrap();
+        serde_json::from_slice(&fs::read(ws.join("ready/model_names_v25.json")).unwrap()).unwrap();
     assert_eq!(m["models"][1]["version"], "v9");
     assert_eq!(m["models"][1]["artifact_format"], "tinygrad_single_v1");
     assert_eq!(m["models"][1]["artifact_size"], 2500);
@@ -255,7 +255,7 @@ fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
         "{calls:?}"
     );
     let m: serde_json::Value =
-        serde_json::from_slice(&fs::read(ws.join("ready/model_names_v26.json")).unwrap()).unwrap();
+        serde_json::from_slice(&fs::read(ws.join("ready/model_names_v25.json")).unwrap()).unwrap();
     assert_eq!(m["models"][0]["version"], "v12");
     let rec: serde_json::Value =
         serde_json::from_slice(&fs::read(ws.join("results/pop223.json")).unwrap()).unwrap();
@@ -586,6 +586,169 @@ fn sync_and_dm_through_the_cli() {
     let out = cli(&args, t.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(fs::read_dir(t.path().join("dm")).unwrap().count(), 4);
+}
+
+/// `sync` records the digest of what it sent; `compile` and `rebuild` refuse a tree that is not
+/// what its last sync sent (never synced, or edited since), before connecting, and `rebuild
+/// --generation` must be the generation of the tree's tinygrad. For v25 (the built-in pin) and
+/// a made-up v26 (recorded in the tree's tinygrad_pins.json); each refusal changes nothing.
+#[test]
+fn sync_records_the_tree_and_builds_refuse_another_tree_or_generation() {
+    let Some(sshd) = Sshd::start() else { return };
+    for (generation, pin, next) in [("v25", PIN, "v26"), ("v26", OTHER, "v27")] {
+        let dev = DeviceRoot::new(Some(pin));
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path();
+        let op = root.join("op");
+        write(
+            &op.join("tinygrad_repo/TINYGRAD_COMMIT"),
+            format!("{pin}\n").as_bytes(),
+        );
+        write(&op.join("tinygrad_repo/tinygrad/tensor.py"), b"tensor");
+        write(&op.join("selfdrive/modeld/modeld.py"), b"#");
+        write(&op.join("scripts/model_compiler.py"), b"#");
+        fs::copy(dev.remote_root().join("models"), op.join("models")).unwrap();
+        if generation == "v26" {
+            write(
+                &op.join("tinygrad_pins.json"),
+                format!("{{\"v25\": \"{PIN}\", \"v26\": \"{OTHER}\"}}").as_bytes(),
+            );
+        }
+        write(&root.join("src/driving_supercombo.onnx"), b"src");
+        write(
+            &root.join("map.json"),
+            br#"{"sc23": {"source_id": "sc23", "input_format": "supercombo"}}"#,
+        );
+        write(&root.join("base.json"), BASE.as_bytes());
+        let mut buf = Vec::new();
+        let r = remote(&sshd, &dev, &mut buf);
+        // The pin comes from the tree: no --tinygrad-commit.
+        let remote_flags: Vec<String> = r[..r.len() - 2].iter().map(|s| s.to_string()).collect();
+        let run = |args: &[&str]| {
+            let mut a: Vec<&str> = args.to_vec();
+            a.extend(["--openpilot", "op"]);
+            a.extend(remote_flags.iter().map(String::as_str));
+            cli(&a, root)
+        };
+        let compile = [
+            "compile",
+            "--model",
+            "sc23",
+            "--version",
+            "v9",
+            "--source",
+            "src/driving_supercombo.onnx",
+            "--out",
+            "out",
+        ];
+        let rebuild = |g: &'static str| {
+            [
+                "rebuild",
+                "--workspace",
+                "ws",
+                "--source-map",
+                "map.json",
+                "--base-manifest",
+                "base.json",
+                "--sources",
+                "store",
+                "--generation",
+                g,
+            ]
+        };
+        let refused = |args: &[&str], says: &[&str]| {
+            let before = snapshot(root);
+            let out = run(args);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(3), "{generation} {args:?}: {err}");
+            for s in says {
+                assert!(err.contains(s), "{generation} {args:?}: {s:?} not in {err}");
+            }
+            assert_eq!(
+                snapshot(root),
+                before,
+                "{generation} {args:?} changed something"
+            );
+            assert!(dev.calls().is_empty(), "{generation} {args:?} ran ./models");
+        };
+
+        // Never synced: refused, naming the tree and the command to run.
+        refused(
+            &compile,
+            &[
+                "op: not what the compiler",
+                "has no record of a sync",
+                "next: `release-cli sync --openpilot op",
+            ],
+        );
+        let mut dry = rebuild(generation).to_vec();
+        dry.push("--dry-run");
+        refused(&dry, &["has no record of a sync"]);
+
+        // The sync records what it sent.
+        let out = run(&["sync", "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let record = release::tree::sync_record(&op)
+            .unwrap()
+            .expect("a sync record");
+        assert_eq!(record.tinygrad_commit.as_str(), pin);
+        assert_eq!(
+            report["digest"]["sha256"],
+            record.digest.sha256.to_hex().as_str()
+        );
+        assert_eq!(record.digest.files, 5, "{record:?}");
+        assert_eq!(
+            record.digest,
+            compiler_remote::tree_digest::sync_digest(&op).unwrap()
+        );
+
+        // The generation must be the tree's: the next one (no pin) is refused before anything.
+        refused(
+            &rebuild(next),
+            &[
+                &format!("rebuild --generation {next} refused"),
+                &format!("{pin} (from op/tinygrad_repo/TINYGRAD_COMMIT), is {generation}'s pin"),
+                &format!("rerun with --generation {generation}"),
+            ],
+        );
+        let other = if generation == "v25" { "v26" } else { "v25" };
+        let mut args = rebuild(other).to_vec();
+        args.push("--dry-run");
+        refused(&args, &[&format!("rebuild --generation {other} refused")]);
+        // The tree's own generation, in sync: planned.
+        let out = run(&dry);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains("1 to build"),
+            "{}",
+            text(&out.stdout)
+        );
+
+        // In sync: compile goes through.
+        let out = run(&compile);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert_eq!(dev.calls().len(), 1);
+        fs::remove_dir_all(root.join("out")).unwrap();
+        fs::remove_dir_all(root.join("logs")).unwrap();
+        let calls = dev.calls().len();
+
+        // A local edit never synced: compile and rebuild refuse before connecting.
+        write(&op.join("selfdrive/modeld/modeld.py"), b"# edited");
+        let before = snapshot(root);
+        for args in [&compile[..], &rebuild(generation)[..]] {
+            let out = run(args);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(3), "{args:?}: {err}");
+            assert!(err.contains("changed since the last sync"), "{err}");
+            assert_eq!(snapshot(root), before, "{args:?} changed something");
+        }
+        assert_eq!(dev.calls().len(), calls, "./models ran on a stale tree");
+        // Undoing the edit makes the tree what was sent again.
+        write(&op.join("selfdrive/modeld/modeld.py"), b"#");
+        let out = run(&compile);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    }
 }
 
 #[test]
@@ -1025,6 +1188,18 @@ fn compiler_dry_runs_check_locally_print_the_plan_and_connect_to_nothing() {
     );
     write(&root.join("base.json"), BASE.as_bytes());
     let remote = absent_compiler(root, true);
+    // The tree as a sync to that compiler left it (compile and dm compare the tree with it).
+    compiler_remote::synced::write_record(
+        &op,
+        &compiler_remote::synced::SyncRecord {
+            destination: "nocompiler".into(),
+            remote_root: compiler_remote::DEFAULT_REMOTE_ROOT.into(),
+            tinygrad_commit: PIN.parse().unwrap(),
+            digest: compiler_remote::tree_digest::sync_digest(&op).unwrap(),
+            synced_at_unix: 0,
+        },
+    )
+    .unwrap();
     let before = snapshot(root);
     let run = |args: &[&str]| {
         let mut a: Vec<&str> = args.to_vec();
@@ -1131,7 +1306,7 @@ fn compiler_dry_runs_check_locally_print_the_plan_and_connect_to_nothing() {
         "--sources",
         "store",
         "--generation",
-        "v26",
+        "v25",
         "--tinygrad-commit",
         PIN,
     ];
@@ -1143,7 +1318,7 @@ fn compiler_dry_runs_check_locally_print_the_plan_and_connect_to_nothing() {
     );
     assert!(said.contains("./models --sc23 --version v9"), "{said}");
     assert!(
-        said.contains("would write  ws/ready/model_names_v26.json"),
+        said.contains("would write  ws/ready/model_names_v25.json"),
         "{said}"
     );
 

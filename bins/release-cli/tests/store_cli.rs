@@ -238,6 +238,138 @@ fn reuse_refusal_exits_3_and_a_compatible_reuse_updates_the_manifest() {
     assert!(hf.calls().is_empty(), "a local reuse never runs hf");
 }
 
+/// A made-up v26 pin (the tree's `tinygrad_pins.json` records it).
+const V26_PIN: &str = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+
+/// `reuse` applies the pin table as `publish` reads it (built-in plus `--openpilot`'s
+/// `tinygrad_pins.json`): an artifact compiled with another generation's tinygrad never
+/// replaces a live set, for v25 and for a made-up v26; every refusal leaves the store and the
+/// manifest as they were.
+#[test]
+fn reuse_refuses_an_artifact_of_another_generations_pin() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let data = artifact_bytes(3, 1500);
+    let src = root.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("x.pkl"), &data).unwrap();
+    let split = |dir: &Path| {
+        let o = cli(&[
+            "chunk",
+            "split",
+            dir.join("x.pkl").to_str().unwrap(),
+            "--chunk-size",
+            "1000",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::remove_file(dir.join("x.pkl")).unwrap();
+    };
+    split(&src);
+    let mut e = entry("x", &data, 2);
+    e["source_commit"] = SRC.into();
+    // One source catalog per pin: the same artifact, as built with v25's and with v26's tinygrad.
+    for (name, pin) in [("catalog_v25.json", TG), ("catalog_v26.json", V26_PIN)] {
+        std::fs::write(
+            root.join(name),
+            json!({"tinygrad_commit": pin, "models": [e.clone()]}).to_string(),
+        )
+        .unwrap();
+    }
+    // The openpilot tree after `tinygrad bump` to v26.
+    let op = root.join("op");
+    std::fs::create_dir_all(&op).unwrap();
+    std::fs::write(
+        op.join("tinygrad_pins.json"),
+        json!({"v25": TG, "v26": V26_PIN}).to_string(),
+    )
+    .unwrap();
+    // The live v26 and v25 sets of tr14223 in the store.
+    let store = root.join("store");
+    for g in ["v25", "v26"] {
+        let d = store.join(format!("models/{g}/tr14223"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("tr14223_driving_tinygrad.pkl.chunk01of01"), g).unwrap();
+        std::fs::write(d.join("tr14223_driving_tinygrad.pkl.chunkmanifest"), "1").unwrap();
+    }
+    let reuse = |generation: &str, pin: &str, openpilot: bool| {
+        let mut a = vec![
+            "reuse",
+            "--model",
+            "tr14223",
+            "--source-id",
+            "x",
+            "--from",
+            "src/x.pkl",
+            "--source-catalog",
+        ];
+        a.push(if pin == TG {
+            "catalog_v25.json"
+        } else {
+            "catalog_v26.json"
+        });
+        a.extend([
+            "--source-commit",
+            SRC,
+            "--tinygrad-commit",
+            pin,
+            "--to",
+            "store",
+            "--generation",
+            generation,
+        ]);
+        if openpilot {
+            a.extend(["--openpilot", "op"]);
+        }
+        common::command()
+            .args(&a)
+            .current_dir(root)
+            .output()
+            .unwrap()
+    };
+    let refused = |generation: &str, pin: &str, openpilot: bool, says: &str| {
+        let before = common::snapshot(root);
+        let o = reuse(generation, pin, openpilot);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(3), "{generation} {pin}: {err}");
+        assert!(err.contains(says), "{err}");
+        assert!(err.contains("nothing was copied"), "{err}");
+        assert_eq!(
+            common::snapshot(root),
+            before,
+            "a refused reuse changed something"
+        );
+    };
+    // A v25-pinned artifact into v26: refused (it is v25's pin), the live v26 set untouched.
+    refused(
+        "v26",
+        TG,
+        true,
+        &format!("tinygrad_commit {TG} is not v26's pin {V26_PIN} (it is v25's"),
+    );
+    // Without the tree, v26 has no pin at all: refused, naming the way to record one.
+    refused("v26", V26_PIN, false, "no tinygrad pin is recorded for v26");
+    // A v26-pinned artifact into v25: refused, the live v25 set untouched.
+    refused(
+        "v25",
+        V26_PIN,
+        true,
+        &format!("tinygrad_commit {V26_PIN} is not v25's pin {TG} (it is v26's"),
+    );
+    // The generation's own pin is adopted.
+    for (g, pin) in [("v26", V26_PIN), ("v25", TG)] {
+        let o = reuse(g, pin, true);
+        assert!(
+            o.status.success(),
+            "{g}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let d = store.join(format!("models/{g}/tr14223"));
+        let mut joined = std::fs::read(d.join("tr14223_driving_tinygrad.pkl.chunk01of02")).unwrap();
+        joined.extend(std::fs::read(d.join("tr14223_driving_tinygrad.pkl.chunk02of02")).unwrap());
+        assert_eq!(joined, data, "{g}");
+    }
+}
+
 #[test]
 fn serve_prints_its_address_first_and_serves_both_layouts() {
     let t = tempfile::tempdir().unwrap();

@@ -246,6 +246,7 @@ pub fn sync(opts: &ConnectOptions, openpilot: &Path, pin: &GitCommit) -> Result<
         });
     }
     p.check_marker(opts)?;
+    p.writes.push(crate::synced::record_path(openpilot));
     Ok(p)
 }
 

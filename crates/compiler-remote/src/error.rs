@@ -192,6 +192,32 @@ pub enum Error {
     )]
     TreeIncomplete { path: PathBuf },
 
+    /// The local tree is not what its last sync sent to this compiler (`compile`, `rebuild`).
+    #[error(
+        "{openpilot}: not what the compiler {destination}:{remote_root} has: {why}; nothing was \
+         sent or run. next: `release-cli sync --openpilot {openpilot} --remote {destination} \
+         --remote-root {remote_root}` (add --allow-other-compiler/--ssh-config as you use them), \
+         then run this again"
+    )]
+    NotSynced {
+        openpilot: PathBuf,
+        destination: String,
+        remote_root: String,
+        why: crate::synced::Unsynced,
+    },
+
+    /// The sync record in the tree cannot be read as one.
+    #[error("{path}: not a sync record ({problem}); remove it and run `release-cli sync` again")]
+    SyncRecord { path: PathBuf, problem: String },
+
+    /// The files sync sends changed while it was sending them: what the compiler has is not
+    /// known, so no record was written.
+    #[error(
+        "{openpilot}: the tree changed while it was being synced; nothing was recorded. next: \
+         finish your edits and run `release-cli sync` again"
+    )]
+    TreeChangedDuringSync { openpilot: PathBuf },
+
     /// A model source given to `compile` cannot be staged.
     #[error("{path}: {problem}")]
     Source {

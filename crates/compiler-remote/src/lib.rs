@@ -30,7 +30,9 @@ mod error;
 pub mod outputs;
 pub mod plan;
 pub mod rsync;
+pub mod synced;
 pub mod target;
+pub mod tree_digest;
 
 use std::path::Path;
 

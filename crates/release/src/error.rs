@@ -138,15 +138,30 @@ pub enum Error {
         expected: chunker::Sha256Digest,
     },
 
-    /// `reuse` into the current generation with another tinygrad revision.
+    /// `reuse` into a generation whose pin is not the artifact's tinygrad (or that has no pin).
     #[error(
-        "reuse refused: generation {generation} is pinned to tinygrad {pinned}, not {given}; an \
-         artifact from another tinygrad revision is never renamed into this generation"
+        "reuse refused: {refusal}; nothing was copied. An artifact is adopted only into the \
+         generation whose tinygrad pin it was compiled with (pins: the built-in table plus \
+         --openpilot DIR's tinygrad_pins.json); otherwise rebuild it for this generation with \
+         `release-cli rebuild`"
     )]
-    ReuseOtherPin {
+    ReusePin { refusal: manifest::PinRefusal },
+
+    /// `rebuild --generation` is not the generation of the tree's tinygrad.
+    #[error(
+        "rebuild --generation {generation} refused: the tinygrad to build with, {pin} (from \
+         {from}), is {}; nothing was fetched, built or written. next: {}",
+        match owner { Some(g) => format!("{g}'s pin"), None => "no generation's pin".to_string() },
+        match owner {
+            Some(g) => format!("rerun with --generation {g}, or `release-cli tinygrad bump` the tree to {generation}'s tinygrad first"),
+            None => "`release-cli tinygrad bump` records a new pin in the tree's tinygrad_pins.json; pass that tree as --openpilot DIR".to_string(),
+        }
+    )]
+    RebuildGeneration {
         generation: Generation,
-        pinned: GitCommit,
-        given: GitCommit,
+        pin: GitCommit,
+        from: String,
+        owner: Option<Generation>,
     },
 
     /// `reuse --manifest` names a manifest built with another tinygrad.

@@ -95,6 +95,49 @@ pub fn stops_the_run(e: &compiler_remote::Error) -> bool {
     )
 }
 
+/// `rebuild --generation` must be the generation of the tinygrad it builds with: `pin` (read
+/// from `from`, the tree's marker or `--tinygrad-commit`) must be `generation`'s pin in `pins`.
+pub fn generation_rule(
+    pins: &manifest::PinTable,
+    generation: Generation,
+    pin: &GitCommit,
+    from: &str,
+) -> Result<()> {
+    let owner = pins.owner_of(pin);
+    if owner == Some(generation) {
+        return Ok(());
+    }
+    Err(Error::RebuildGeneration {
+        generation,
+        pin: pin.clone(),
+        from: from.to_string(),
+        owner,
+    })
+}
+
+/// The checks a rebuild makes of the tree before anything else (dry run or not): the
+/// generation is the one of the tinygrad it builds with (pins: the built-in table plus
+/// `openpilot`'s `tinygrad_pins.json`), and, with an openpilot tree, the tree is what its last
+/// sync sent to this compiler. Reads only; writes nothing.
+pub fn check_tree(
+    generation: Generation,
+    pin: &GitCommit,
+    pin_from: &str,
+    openpilot: Option<&Path>,
+    connect: &compiler_remote::ConnectOptions,
+) -> Result<()> {
+    let pins = crate::tree::load_pins(openpilot)?;
+    generation_rule(&pins, generation, pin, pin_from)?;
+    if let Some(op) = openpilot {
+        compiler_remote::synced::check_synced(
+            op,
+            &connect.destination.to_string(),
+            connect.remote_root.as_str(),
+        )?;
+    }
+    Ok(())
+}
+
 /// What builds one model: fetch its sources, compile them into a verified chunk set.
 pub trait Builder {
     /// Put the model's ONNX sources in `dir` (what a resumed run finds there may be kept) and

@@ -13,7 +13,7 @@ use artifact_store::Store;
 use artifact_store::reuse::{
     Compatible, ReusePlan, ReuseReport, ReuseRequest, check_compatibility, update_manifest_entry,
 };
-use manifest::{Generation, GitCommit, Manifest, ModelId, StorePath, layout};
+use manifest::{Generation, GitCommit, Manifest, ModelId, PinTable, StorePath};
 
 use crate::{Error, Result};
 
@@ -38,10 +38,12 @@ pub struct Approved {
     pub target: Option<(PathBuf, Manifest)>,
 }
 
-/// Decide a reuse: the source catalog proves compatibility, the generation's pin agrees, and a
+/// Decide a reuse: the source catalog proves compatibility, the artifact's tinygrad is the
+/// generation's pin in `pins` (as `publish` reads them: [`crate::tree::load_pins`]), and a
 /// target manifest (if given) has the model and the same tinygrad.
 pub fn approve(
     ask: ReuseAsk,
+    pins: &PinTable,
     catalog: &Manifest,
     target: Option<(PathBuf, Manifest)>,
 ) -> Result<Approved> {
@@ -51,15 +53,10 @@ pub fn approve(
         &ask.source_commit,
         &ask.tinygrad_commit,
     )?;
-    if ask.generation == layout::CURRENT_GENERATION
-        && ask.tinygrad_commit != layout::current_tinygrad_commit()
-    {
-        return Err(Error::ReuseOtherPin {
-            generation: ask.generation,
-            pinned: layout::current_tinygrad_commit(),
-            given: ask.tinygrad_commit.clone(),
-        });
-    }
+    // The catalog records exactly `ask.tinygrad_commit` (checked above); it must be the
+    // generation's pin, as `publish` requires of the manifest.
+    manifest::pins::check_pin(pins, ask.generation, Some(&ask.tinygrad_commit))
+        .map_err(|refusal| Error::ReusePin { refusal })?;
     let target = match target {
         Some((path, mut m)) => {
             if let Some(recorded) = m.tinygrad_commit()
@@ -167,31 +164,53 @@ mod tests {
         }
     }
 
+    /// The pin rule for v25 and a made-up v26, through `approve`.
     #[test]
     fn the_generation_rules() {
-        let pin = layout::CURRENT_TINYGRAD_COMMIT;
-        let g = layout::CURRENT_GENERATION.number();
-        assert!(approve(ask(pin, g), &catalog(pin), None).is_ok());
-        // Another tinygrad into the current generation: refused though the catalog agrees.
+        let pin = manifest::layout::CURRENT_TINYGRAD_COMMIT;
+        let g = manifest::layout::CURRENT_GENERATION.number();
+        let builtin = PinTable::builtin();
+        let mut with_v26 = PinTable::builtin();
+        with_v26
+            .record(Generation::new(g + 1), &OTHER.parse().unwrap())
+            .unwrap();
+        let pin_refused = |r: Result<Approved>| match r {
+            Err(Error::ReusePin { refusal }) => refusal,
+            other => panic!("{other:?}"),
+        };
+        assert!(approve(ask(pin, g), &builtin, &catalog(pin), None).is_ok());
+        assert!(approve(ask(pin, g), &with_v26, &catalog(pin), None).is_ok());
+        // Another tinygrad into v25: refused though the catalog agrees.
         assert!(matches!(
-            approve(ask(OTHER, g), &catalog(OTHER), None),
-            Err(Error::ReuseOtherPin { .. })
+            pin_refused(approve(ask(OTHER, g), &builtin, &catalog(OTHER), None)),
+            manifest::PinRefusal::Mismatch { .. }
         ));
-        // The next generation may carry another pin.
-        assert!(approve(ask(OTHER, g + 1), &catalog(OTHER), None).is_ok());
+        // v26 without a recorded pin: refused (no generation is reused into unpinned).
+        assert!(matches!(
+            pin_refused(approve(ask(OTHER, g + 1), &builtin, &catalog(OTHER), None)),
+            manifest::PinRefusal::Unknown { .. }
+        ));
+        // v26 pinned to OTHER: its own pin is adopted, a v25-pinned artifact is not.
+        assert!(approve(ask(OTHER, g + 1), &with_v26, &catalog(OTHER), None).is_ok());
+        let refusal = pin_refused(approve(ask(pin, g + 1), &with_v26, &catalog(pin), None));
+        assert!(
+            matches!(&refusal, manifest::PinRefusal::Mismatch { belongs_to: Some(b), .. } if b.number() == g),
+            "{refusal:?}"
+        );
         // A catalog that disagrees is artifact-store's refusal.
         assert!(matches!(
-            approve(ask(pin, g), &catalog(OTHER), None),
+            approve(ask(pin, g), &builtin, &catalog(OTHER), None),
             Err(Error::Store(_))
         ));
         // A target manifest built with another tinygrad.
         let target = (PathBuf::from("t.json"), catalog(OTHER));
         assert!(matches!(
-            approve(ask(pin, g), &catalog(pin), Some(target)),
+            approve(ask(pin, g), &builtin, &catalog(pin), Some(target)),
             Err(Error::ReuseManifestPin { .. })
         ));
         let approved = approve(
             ask(pin, g),
+            &builtin,
             &catalog(pin),
             Some(("t.json".into(), catalog(pin))),
         )

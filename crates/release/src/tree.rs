@@ -41,6 +41,17 @@ pub fn load_pins(openpilot: Option<&Path>) -> Result<PinTable> {
     Ok(pins)
 }
 
+/// What the last `release-cli sync` of `openpilot` sent, and where (the record
+/// `<openpilot>/.starpilot_sync.json`, see [`compiler_remote::synced`]); `None` when the tree
+/// was never synced. Its `digest` is the tree's digest at that sync; whether the tree still
+/// matches it is [`compiler_remote::synced::check_synced`].
+pub fn sync_record(openpilot: &Path) -> Result<Option<SyncRecord>> {
+    Ok(compiler_remote::synced::read_record(openpilot)?)
+}
+
+pub use compiler_remote::synced::SyncRecord;
+pub use compiler_remote::tree_digest::TreeDigest;
+
 /// A reader that reports each read's byte count and the total to expect (for a progress bar).
 struct ReadProgress<R, F> {
     inner: R,

@@ -59,6 +59,26 @@ impl RemoteArgs {
         }
     }
 
+    /// With --openpilot: refuse unless the tree is what its last sync sent to this compiler
+    /// (`compile`, `dm`; `rebuild` checks it in `release`). Without it there is no local tree
+    /// to compare, which is said.
+    pub fn check_synced(&self) -> CliResult<()> {
+        match &self.openpilot {
+            Some(op) => {
+                compiler_remote::synced::check_synced(
+                    op,
+                    &self.remote.to_string(),
+                    self.remote_root.as_str(),
+                )
+                .map_err(remote_error)?;
+            }
+            None => cli_support::info!(
+                "note: no --openpilot, so the compiler's tree is not compared with a synced local tree"
+            ),
+        }
+        Ok(())
+    }
+
     pub fn connect(&self) -> CliResult<Compiler> {
         Compiler::connect(self.connect_options()).map_err(remote_error)
     }
@@ -79,6 +99,9 @@ pub fn remote_error(e: compiler_remote::Error) -> CliError {
         | E::InvalidOutputs { .. }
         | E::MissingOutputs { .. }
         | E::DmIncomplete { .. }
+        | E::NotSynced { .. }
+        | E::SyncRecord { .. }
+        | E::TreeChangedDuringSync { .. }
         | E::HostKeyNotKnown { .. } => CliError::check_failed(e),
         other => CliError::failure(other),
     }
@@ -393,6 +416,12 @@ pub fn sync(args: SyncArgs) -> CliResult {
         report.remote_root,
         report.tinygrad_commit
     )?;
+    crate::outln!(
+        "recorded: {} files sent, digest {} in {}",
+        report.digest.files,
+        report.digest.sha256,
+        report.record.display()
+    )?;
     cli_support::info!(
         "next: `release-cli compile --model ID …` for one model, or `release-cli rebuild …` for the generation"
     );
@@ -419,6 +448,7 @@ pub fn compile(args: CompileArgs) -> CliResult {
         .clone()
         .unwrap_or_else(|| PathBuf::from("logs").join(format!("{}.log", req.build_id())));
     let pin = args.remote.pin()?;
+    args.remote.check_synced()?;
     if args.dry_run {
         let plan = compiler_remote::dry_run::compile(
             &args.remote.connect_options(),
@@ -493,6 +523,7 @@ pub fn dm(args: DmArgs) -> CliResult {
         .clone()
         .unwrap_or_else(|| PathBuf::from("logs/dm.log"));
     let pin = args.remote.pin()?;
+    args.remote.check_synced()?;
     if args.dry_run {
         let plan = compiler_remote::dry_run::dm(
             &args.remote.connect_options(),

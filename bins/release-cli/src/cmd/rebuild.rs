@@ -66,6 +66,17 @@ pub fn run(args: RebuildArgs) -> CliResult {
         .check_policy(args.remote.allow_other_compiler)
         .map_err(crate::cmd::build::remote_error)?;
     let pin = args.remote.pin()?;
+    let pin_from = match (&args.remote.tinygrad_commit, &args.remote.openpilot) {
+        (None, Some(op)) => op.join(compiler_remote::MARKER_PATH).display().to_string(),
+        _ => "--tinygrad-commit".to_string(),
+    };
+    release::rebuild::check_tree(
+        args.generation,
+        &pin,
+        &pin_from,
+        args.remote.openpilot.as_deref(),
+        &args.remote.connect_options(),
+    )?;
     let rebuild = Rebuild::prepare(
         args.workspace.clone(),
         &args.source_map,

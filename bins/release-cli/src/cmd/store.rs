@@ -396,6 +396,11 @@ pub struct ReuseArgs {
     /// Also write the artifact's SHA-256 and chunk count into this manifest's entry for --model.
     #[arg(long, value_name = "FILE")]
     pub manifest: Option<PathBuf>,
+    /// The openpilot tree whose `tinygrad_pins.json` (written by `tinygrad bump`) records the
+    /// pins of generations after v25, as for publish. --tinygrad-commit must be --generation's
+    /// pin.
+    #[arg(long, value_name = "DIR")]
+    pub openpilot: Option<PathBuf>,
     #[command(flatten)]
     pub access: StoreAccess,
     /// Check the source (catalog, chunk set, OOB container) and print what would be removed,
@@ -425,6 +430,7 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
             tinygrad_commit: args.tinygrad_commit.clone(),
             generation: args.generation,
         },
+        &load_pins(args.openpilot.as_deref())?,
         &catalog,
         target,
     )?;

@@ -66,6 +66,10 @@ pub struct SyncReport {
     pub transfers: Vec<String>,
     /// The marker read back from the compiler, equal to the pin.
     pub tinygrad_commit: String,
+    /// The digest of what was sent (`compile` and `rebuild` compare the tree with it).
+    pub digest: crate::tree_digest::TreeDigest,
+    /// Where the sync record was written.
+    pub record: PathBuf,
 }
 
 /// One DM file fetched and placed.

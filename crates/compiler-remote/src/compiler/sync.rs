@@ -11,6 +11,8 @@ use super::session::status_text;
 use super::{Compiler, SyncReport};
 use crate::error::{Error, Result};
 use crate::plan;
+use crate::synced::{self, SyncRecord};
+use crate::tree_digest::sync_digest;
 
 impl Compiler {
     /// The compiler's tinygrad marker, trimmed; `None` when the file is absent.
@@ -49,10 +51,15 @@ impl Compiler {
         }
     }
 
-    /// The seed's four transfers from a local openpilot tree, then the marker check.
+    /// The seed's four transfers from a local openpilot tree, then the marker check, then the
+    /// sync record ([`crate::synced`]): the digest of what was sent, taken before the transfers
+    /// and checked again after them (a tree edited meanwhile is not recorded).
     pub fn sync(&self, openpilot: &Path, pin: &GitCommit) -> Result<SyncReport> {
         check_tree(openpilot)?;
         let root = &self.opts.remote_root;
+        let before = sync_digest(openpilot)?;
+        // The compiler's tree is about to change: an earlier record no longer says what it has.
+        synced::remove_record(openpilot)?;
         self.run_checked(&plan::sync_mkdir_command(root)?)?;
         let mut transfers = Vec::new();
         for part in plan::SYNC_PARTS {
@@ -67,11 +74,29 @@ impl Compiler {
             transfers.push(part.describe(&dst));
         }
         self.check_marker(pin)?;
+        if sync_digest(openpilot)? != before {
+            return Err(Error::TreeChangedDuringSync {
+                openpilot: openpilot.to_path_buf(),
+            });
+        }
+        let record = SyncRecord {
+            destination: self.dest(),
+            remote_root: root.to_string(),
+            tinygrad_commit: pin.clone(),
+            digest: before,
+            synced_at_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        };
+        synced::write_record(openpilot, &record)?;
         Ok(SyncReport {
             destination: self.dest(),
             remote_root: root.to_string(),
             transfers,
             tinygrad_commit: pin.to_string(),
+            digest: before,
+            record: synced::record_path(openpilot),
         })
     }
 }

@@ -603,3 +603,50 @@ fn a_missing_source_map_names_its_path() {
         "{text}"
     );
 }
+
+/// `rebuild --generation` must be the generation of the tinygrad it builds with: v25 with the
+/// built-in table, a made-up v26 recorded in a tree's table.
+#[test]
+fn the_generation_is_the_one_of_the_trees_tinygrad() {
+    let v25 = Generation::new(25);
+    let v26 = Generation::new(26);
+    let v27 = Generation::new(27);
+    let pin25 = manifest::layout::current_tinygrad_commit();
+    let pin26: GitCommit = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf".parse().unwrap();
+    let builtin = manifest::PinTable::builtin();
+    let mut bumped = manifest::PinTable::builtin();
+    bumped.record(v26, &pin26).unwrap();
+    let owner = |r: Result<()>| match r {
+        Ok(()) => Ok(()),
+        Err(Error::RebuildGeneration { owner, .. }) => Err(owner),
+        Err(other) => panic!("{other:?}"),
+    };
+    let cases: Vec<(
+        &manifest::PinTable,
+        Generation,
+        &GitCommit,
+        Result<(), Option<Generation>>,
+    )> = vec![
+        (&builtin, v25, &pin25, Ok(())),
+        (&builtin, v26, &pin25, Err(Some(v25))),
+        (&builtin, v26, &pin26, Err(None)),
+        (&bumped, v26, &pin26, Ok(())),
+        (&bumped, v25, &pin25, Ok(())),
+        (&bumped, v27, &pin26, Err(Some(v26))),
+        (&bumped, v25, &pin26, Err(Some(v26))),
+        (&bumped, v26, &pin25, Err(Some(v25))),
+    ];
+    for (pins, g, pin, want) in cases {
+        assert_eq!(owner(generation_rule(pins, g, pin, "x")), want, "{g} {pin}");
+    }
+    let e = generation_rule(&bumped, v27, &pin26, "op/tinygrad_repo/TINYGRAD_COMMIT")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rebuild --generation v27 refused")
+            && e.contains("op/tinygrad_repo/TINYGRAD_COMMIT")
+            && e.contains("is v26's pin")
+            && e.contains("rerun with --generation v26"),
+        "{e}"
+    );
+}
