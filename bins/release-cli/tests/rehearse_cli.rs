@@ -376,3 +376,196 @@ fn bad_rehearse_input_is_a_usage_error_and_records_nothing() {
         assert!(!ws.join("rehearsal").exists(), "{err}");
     }
 }
+
+fn status(cwd: &Path, ws: &Path, op: &Path, stores: &[&Path]) -> Value {
+    let mut args = vec![
+        "status",
+        "--workspace",
+        ws.to_str().unwrap(),
+        "--openpilot",
+        op.to_str().unwrap(),
+        "--json",
+    ];
+    for s in stores {
+        args.extend(["--store", s.to_str().unwrap()]);
+    }
+    let o = cli_in(&args, cwd);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn next(s: &Value) -> &str {
+    s["next"]["command"].as_str().unwrap()
+}
+
+/// A build record as `rebuild` writes it, for one staged model.
+fn build_record(ws: &Path, id: &str, data: &[u8], generation: &str, pin: &str) {
+    let rec = json!({
+        "id": id, "status": "built", "generation": generation, "tinygrad_commit": pin,
+        "version": "v15", "source_id": id, "input_format": "supercombo",
+        "uses_external_gpu": false, "sources": [format!("onnx/{id}/driving_supercombo.onnx")],
+        "artifact": {"name": format!("{id}_driving_tinygrad.pkl"), "size": data.len(),
+            "sha256": sha256_hex(data), "chunk_count": data.len().div_ceil(1000), "files": []},
+        "log": ws.join(format!("logs/{id}.log")),
+    });
+    fs::create_dir_all(ws.join("results")).unwrap();
+    fs::write(
+        ws.join(format!("results/{id}.json")),
+        serde_json::to_string_pretty(&rec).unwrap(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn status_follows_a_v26_release_from_the_tree_to_the_store() {
+    let t = tempfile::tempdir().unwrap();
+    let op = openpilot(t.path(), "v26", NEXT_PIN);
+    let ws = t.path().join("ws");
+    fs::create_dir_all(&ws).unwrap();
+    let store = t.path().join("store");
+    fs::create_dir_all(&store).unwrap();
+
+    // A bumped tree, never synced: the tree says v26, the compiler's marker is unknown.
+    let s = status(t.path(), &ws, &op, &[&store]);
+    assert_eq!(s["generation"], "v26", "{s:#}");
+    assert_eq!(s["tree"]["tinygrad_commit"], NEXT_PIN);
+    assert_eq!(s["tree"]["pin_generation"], "v26");
+    assert_eq!(s["tree"]["compiler_marker"], Value::Null);
+    assert!(
+        next(&s).starts_with("release-cli sync --openpilot"),
+        "{s:#}"
+    );
+
+    // Synced (the record sync writes, with the digest of what it sent).
+    let digest = compiler_remote::tree_digest::sync_digest(&op).unwrap();
+    compiler_remote::synced::write_record(
+        &op,
+        &release::tree::SyncRecord {
+            destination: "comma@compiler".into(),
+            remote_root: "/data/openpilot".into(),
+            tinygrad_commit: NEXT_PIN.parse().unwrap(),
+            digest,
+            synced_at_unix: 1,
+        },
+    )
+    .unwrap();
+    let s = status(t.path(), &ws, &op, &[&store]);
+    assert_eq!(s["tree"]["compiler_marker"], NEXT_PIN, "{s:#}");
+    assert_eq!(
+        s["tree"]["synced"]["digest_sha256"],
+        digest.sha256.to_string()
+    );
+    assert_eq!(s["tree"]["synced"]["tree_matches"], true);
+    assert!(next(&s).starts_with("release-cli rebuild"), "{s:#}");
+
+    // Staged and built, with the DM set in the tree: the gates are next, preflight first.
+    let ready_dir = t.path().join("stage");
+    fs::create_dir_all(&ready_dir).unwrap();
+    let (ready, manifest, bytes) = staged(&ready_dir, "v26", NEXT_PIN);
+    fs::rename(&ready, ws.join("ready")).unwrap();
+    let ready = ws.join("ready");
+    let manifest = ready.join(manifest.file_name().unwrap());
+    for (id, data) in MODELS.iter().zip(&bytes) {
+        build_record(&ws, id, data, "v26", NEXT_PIN);
+    }
+    let s = status(t.path(), &ws, &op, &[&store]);
+    assert!(next(&s).starts_with("release-cli dm"), "{s:#}");
+    let builds = s["builds"].as_array().unwrap();
+    assert_eq!(builds.len(), 3);
+    assert_eq!(builds[0]["id"], "pop223");
+    assert_eq!(builds[0]["state"], "built");
+    assert_eq!(builds[0]["version"], "v15");
+    assert_eq!(builds[0]["uses_external_gpu"], false);
+    assert_eq!(builds[0]["tinygrad_commit"], NEXT_PIN);
+    assert_eq!(builds[0]["sha256"], sha256_hex(&bytes[0]));
+    for dm in manifest::layout::DM_FILES {
+        fs::write(op.join("selfdrive/modeld/models").join(dm), dm).unwrap();
+    }
+    // The DM files are under selfdrive/modeld/, which sync sends: the tree changed since the
+    // sync, so sync is next again until it is recorded anew.
+    let s = status(t.path(), &ws, &op, &[&store]);
+    assert_eq!(s["tree"]["synced"]["tree_matches"], false, "{s:#}");
+    assert!(next(&s).starts_with("release-cli sync"), "{s:#}");
+    let digest = compiler_remote::tree_digest::sync_digest(&op).unwrap();
+    compiler_remote::synced::write_record(
+        &op,
+        &release::tree::SyncRecord {
+            destination: "comma@compiler".into(),
+            remote_root: "/data/openpilot".into(),
+            tinygrad_commit: NEXT_PIN.parse().unwrap(),
+            digest,
+            synced_at_unix: 2,
+        },
+    )
+    .unwrap();
+    let s = status(t.path(), &ws, &op, &[&store]);
+    assert!(
+        next(&s).starts_with(&format!(
+            "release-cli preflight --openpilot {}",
+            op.display()
+        )),
+        "{s:#}"
+    );
+    assert_eq!(s["rehearsal"]["state"], "missing");
+    assert!(
+        s["dm"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["sha256"].is_string())
+    );
+
+    // Preflight and validation recorded, not rehearsed: rehearse is next.
+    covering_records(&ws, &manifest);
+    fs::remove_file(ws.join("results/rehearsal.json")).unwrap();
+    let s = status(t.path(), &ws, &op, &[&store]);
+    assert_eq!(s["preflight"]["state"], "covered", "{s:#}");
+    assert!(
+        next(&s).starts_with("release-cli rehearse --generation v26"),
+        "{s:#}"
+    );
+
+    // Rehearsed with that exact command line, then publish is next: the store holds nothing.
+    let cmd: Vec<String> = next(&s).split(' ').skip(1).map(String::from).collect();
+    let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let o = cli_in(&args, t.path());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let s = status(t.path(), &ws, &op, &[&store]);
+    assert_eq!(s["rehearsal"]["state"], "covered", "{s:#}");
+    assert!(
+        next(&s).starts_with("release-cli publish --generation v26"),
+        "{s:#}"
+    );
+    assert_eq!(s["stores"][0]["holds_staged"], false);
+
+    // Published: the store holds the staged manifest, nothing is next.
+    let o = publish(t.path(), "v26", &manifest, &ready, &store, &op, &ws);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let s = status(t.path(), &ws, &op, &[&store]);
+    let live = &s["stores"][0];
+    assert_eq!(live["holds_staged"], true, "{s:#}");
+    assert_eq!(live["generation"], "v26");
+    assert_eq!(live["tinygrad_commit"], NEXT_PIN);
+    assert_eq!(live["signature_release"], Value::Null);
+    assert_eq!(next(&s), "", "{s:#}");
+    assert!(s["next"]["why"].as_str().unwrap().starts_with("done"));
+
+    // The text form names the same next step.
+    let o = cli_in(
+        &[
+            "status",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--openpilot",
+            op.to_str().unwrap(),
+        ],
+        t.path(),
+    );
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(
+        out.contains(&format!("tinygrad {NEXT_PIN} (v26's pin)")),
+        "{out}"
+    );
+    assert!(out.contains("next       release-cli publish"), "{out}");
+}

@@ -22,3 +22,4 @@ pub mod gate;
 pub mod preflight;
 pub mod records;
 pub mod rehearse;
+pub mod status;

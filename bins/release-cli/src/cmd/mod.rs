@@ -48,6 +48,9 @@ pub enum Command {
     /// device-modeld-manager against it served on 127.0.0.1, and record the result (publish
     /// requires a passing one).
     Rehearse(rehearse::RehearseArgs),
+    /// Where the release stands (tree, compiler, builds, DM, built-in, gates, stores) and the
+    /// next command to run; reads only.
+    Status(rehearse::StatusArgs),
     /// Publish a generation: artifacts, then the manifest, to each store in order.
     Publish(store::PublishArgs),
     /// Adopt a compatible artifact by server-side copy, renamed to the stable model ID.
@@ -89,6 +92,7 @@ impl Command {
             Command::Preflight(a) => a.json,
             Command::Validate(a) => a.json,
             Command::Rehearse(a) => a.json,
+            Command::Status(a) => a.json,
             Command::Publish(a) => a.json,
             Command::Reuse(a) => a.json,
             Command::Serve(a) => a.json,
@@ -110,6 +114,7 @@ pub fn run(command: Command) -> CliResult {
         Command::Preflight(a) => gate::preflight(a),
         Command::Validate(a) => build::validate(a),
         Command::Rehearse(a) => rehearse::rehearse(a),
+        Command::Status(a) => rehearse::status(a),
         Command::Publish(a) => store::publish_cmd(a),
         Command::Reuse(a) => store::reuse_cmd(a),
         Command::Serve(a) => store::serve_cmd(a),

@@ -108,3 +108,170 @@ pub fn rehearse(args: RehearseArgs) -> CliResult {
         )))
     }
 }
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The rebuild workspace (results/, ready/).
+    #[arg(long, value_name = "DIR")]
+    pub workspace: PathBuf,
+    /// The release's openpilot tree [default: the one the preflight record names].
+    #[arg(long, value_name = "DIR")]
+    pub openpilot: Option<PathBuf>,
+    /// The generation being released [default: the one whose pin the tree's tinygrad is].
+    #[arg(long, value_name = "vNN")]
+    pub generation: Option<Generation>,
+    /// A store to read what it holds live (manifest generation, pin, signature release); only
+    /// read. Repeatable; same forms as publish --to.
+    #[arg(long = "store", visible_alias = "to", value_name = "STORE")]
+    pub stores: Vec<String>,
+    #[command(flatten)]
+    pub access: super::store::StoreAccess,
+    /// Print `{"workspace","generation","tree":{"openpilot","tinygrad_commit","pin_generation",
+    /// "compiler_marker","synced":{"destination","remote_root","digest_sha256","files",
+    /// "synced_at_unix","tree_matches"},"problem"},"manifest","manifest_sha256","unbuilt",
+    /// "builds":[{"id","state","generation","version","uses_external_gpu","tinygrad_commit",
+    /// "sha256","error"}],"dm":[{"name","size","sha256"}],"builtin","builtin_matches_build",
+    /// "preflight":{"cell","state","detail"},"validation":[…],"rehearsal":{…},
+    /// "stores":[{"store","generation","tinygrad_commit","manifest_sha256","models",
+    /// "signature_release","holds_staged","problem"}],"problems","next":{"command","why"}}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref().map_or("-".to_string(), |v| v.to_string())
+}
+
+pub fn status(args: StatusArgs) -> CliResult {
+    let mut opened = Vec::new();
+    for s in &args.stores {
+        let spec = artifact_store::StoreSpec::parse(s).map_err(super::store::store_error)?;
+        let store = args.access.open(&spec).map_err(super::store::store_error)?;
+        opened.push((s.clone(), store));
+    }
+    let refs: Vec<(String, &dyn artifact_store::Store)> = opened
+        .iter()
+        .map(|(n, s)| (n.clone(), s.as_ref()))
+        .collect();
+    let st = release::status::gather(
+        &args.workspace,
+        args.openpilot.as_deref(),
+        args.generation,
+        &refs,
+    )
+    .map_err(error)?;
+    if args.json {
+        return print_json(&st);
+    }
+    crate::outln!(
+        "workspace {} — generation {}",
+        st.workspace.display(),
+        opt(&st.generation)
+    )?;
+    match &st.tree {
+        None => crate::outln!("tree       (none: pass --openpilot DIR)")?,
+        Some(t) => {
+            crate::outln!(
+                "tree       {} tinygrad {} ({})",
+                t.openpilot.display(),
+                opt(&t.tinygrad_commit),
+                t.pin_generation
+                    .map_or("no generation's pin".into(), |g| format!("{g}'s pin"))
+            )?;
+            crate::outln!(
+                "compiler   marker {} (last sync record)",
+                opt(&t.compiler_marker)
+            )?;
+            match &t.synced {
+                None => crate::outln!("synced     never")?,
+                Some(s) => crate::outln!(
+                    "synced     {}:{} digest {} over {} files; tree {}",
+                    s.destination,
+                    s.remote_root,
+                    s.digest_sha256,
+                    s.files,
+                    if s.tree_matches {
+                        "unchanged since"
+                    } else {
+                        "CHANGED since"
+                    }
+                )?,
+            }
+        }
+    }
+    crate::outln!(
+        "manifest   {} {}",
+        st.manifest
+            .as_ref()
+            .map_or("-".into(), |p| p.display().to_string()),
+        opt(&st.manifest_sha256)
+    )?;
+    for b in &st.builds {
+        crate::outln!(
+            "build      {:<16} {:<7} {} {} gpu={} tinygrad {} sha256 {}{}",
+            b.id.as_str(),
+            b.state,
+            b.generation,
+            opt(&b.version),
+            opt(&b.uses_external_gpu),
+            opt(&b.tinygrad_commit),
+            opt(&b.sha256),
+            b.error
+                .as_ref()
+                .map_or(String::new(), |e| format!(" ({e})"))
+        )?;
+    }
+    for id in &st.unbuilt {
+        crate::outln!("build      {:<16} missing", id.as_str())?;
+    }
+    for f in &st.dm {
+        crate::outln!("dm         {:<34} {}", f.name, opt(&f.sha256))?;
+    }
+    crate::outln!(
+        "builtin    {}{}",
+        st.builtin
+            .as_ref()
+            .map_or("missing".into(), |b| format!("sha256 {}", opt(&b.sha256))),
+        match st.builtin_matches_build {
+            Some(true) => " (this pin's rdf43 build)",
+            Some(false) => " (NOT this pin's rdf43 build)",
+            None => "",
+        }
+    )?;
+    for c in std::iter::once(&st.preflight)
+        .chain(st.validation.iter())
+        .chain(std::iter::once(&st.rehearsal))
+    {
+        crate::outln!("gate       {:<8} {}: {}", c.state, c.cell, c.detail)?;
+    }
+    for s in &st.stores {
+        crate::outln!(
+            "store      {} {} tinygrad {} release {}{}{}",
+            s.store,
+            opt(&s.generation),
+            opt(&s.tinygrad_commit),
+            opt(&s.signature_release),
+            if s.holds_staged {
+                " (holds the staged manifest)"
+            } else {
+                ""
+            },
+            s.problem
+                .as_ref()
+                .map_or(String::new(), |p| format!(" ({p})"))
+        )?;
+    }
+    for p in &st.problems {
+        crate::outln!("problem    {p}")?;
+    }
+    if st.next.command.is_empty() {
+        crate::outln!("next       nothing: {}", st.next.why)?;
+    } else {
+        crate::outln!(
+            "next       {}\n           ({})",
+            st.next.command,
+            st.next.why
+        )?;
+    }
+    Ok(())
+}
