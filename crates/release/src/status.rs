@@ -580,7 +580,10 @@ pub fn next_step(s: &Status) -> NextStep {
     }
     if s.dm.iter().any(|f| f.sha256.is_none()) || s.dm.is_empty() {
         return step(
-            format!("release-cli dm --out dm --openpilot {op}"),
+            format!(
+                "release-cli dm --out {op}/{} --openpilot {op}",
+                crate::tree::BUILTIN_DIR
+            ),
             "the tree lacks DM files (all four are replaced together)".into(),
         );
     }
@@ -589,7 +592,9 @@ pub fn next_step(s: &Status) -> NextStep {
             format!(
                 "release-cli builtin --artifact {ws}/ready/rdf43/rdf43_driving_tinygrad.pkl --openpilot {op}"
             ),
-            "the tree's built-in RDF V4 is missing or not this pin's rdf43 build".into(),
+            "the tree's built-in RDF V4 is missing or not the workspace's rdf43 build of this pin \
+             (build it with rebuild --model rdf43, or compile it and pass that artifact)"
+                .into(),
         );
     }
     if s.preflight.state != "covered" {
