@@ -199,6 +199,18 @@ fn passes(generation: &str, previous: &str, pin: &str, select: Option<&str>) {
     assert_eq!(rec["tinygrad_commit"], pin);
     let published = fs::read(&manifest).unwrap();
     assert_eq!(rec["manifest_sha256"], sha256_hex(&published));
+    // A manager that follows its tree is run as the service runs it (--openpilot-dir, no
+    // --generation); an older one is told the generation and the built-in.
+    let help = std::process::Command::new(&dm)
+        .arg("--help")
+        .output()
+        .unwrap();
+    let first = if text(&help.stdout).contains("--openpilot-dir") {
+        "--openpilot-dir"
+    } else {
+        "--generation"
+    };
+    assert_eq!(rec["device_args"][0], first, "{rec:#}");
     let checks: Vec<&str> = rec["checks"]
         .as_array()
         .unwrap()
@@ -550,7 +562,8 @@ fn status_follows_a_v26_release_from_the_tree_to_the_store() {
     assert_eq!(next(&s), "", "{s:#}");
     assert!(s["next"]["why"].as_str().unwrap().starts_with("done"));
 
-    // The text form names the same next step.
+    // The text form names the same next step, and status writes nothing anywhere.
+    let before = [snapshot(&ws), snapshot(&op), snapshot(&store)];
     let o = cli_in(
         &[
             "status",
@@ -558,6 +571,8 @@ fn status_follows_a_v26_release_from_the_tree_to_the_store() {
             ws.to_str().unwrap(),
             "--openpilot",
             op.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
         ],
         t.path(),
     );
@@ -567,5 +582,6 @@ fn status_follows_a_v26_release_from_the_tree_to_the_store() {
         out.contains(&format!("tinygrad {NEXT_PIN} (v26's pin)")),
         "{out}"
     );
-    assert!(out.contains("next       release-cli publish"), "{out}");
+    assert!(out.contains("next       nothing: done"), "{out}");
+    assert_eq!([snapshot(&ws), snapshot(&op), snapshot(&store)], before);
 }
