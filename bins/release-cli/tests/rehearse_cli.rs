@@ -585,3 +585,36 @@ fn status_follows_a_v26_release_from_the_tree_to_the_store() {
     assert!(out.contains("next       nothing: done"), "{out}");
     assert_eq!([snapshot(&ws), snapshot(&op), snapshot(&store)], before);
 }
+
+#[test]
+fn a_tree_on_another_tinygrad_fails_the_rehearsal_naming_both_pins() {
+    let t = tempfile::tempdir().unwrap();
+    // The tree's marker moved on after the release was staged: the pin table still says v26 is
+    // NEXT_PIN, but the tree runs another tinygrad.
+    let op = openpilot(t.path(), "v26", NEXT_PIN);
+    let moved = "27bb27bb27bb27bb27bb27bb27bb27bb27bb27bb";
+    fs::write(
+        op.join("tinygrad_repo/TINYGRAD_COMMIT"),
+        format!("{moved}\n"),
+    )
+    .unwrap();
+    let (ready, manifest, _) = staged(t.path(), "v26", NEXT_PIN);
+    let ws = t.path().join("ws");
+    fs::create_dir_all(&ws).unwrap();
+    let o = rehearse(t.path(), "v26", &manifest, &ready, &op, &ws, &[]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    let rec = record(&ws);
+    assert_eq!(rec["passed"], false);
+    let tree = rec["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "tree_pin")
+        .unwrap();
+    assert_eq!(tree["passed"], false, "{rec:#}");
+    let detail = tree["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(NEXT_PIN) && detail.contains(moved) && detail.contains("refuses"),
+        "{detail}"
+    );
+}
