@@ -857,7 +857,7 @@ fn preflight_records_the_repository_tests_and_publish_requires_it_passing() {
     let out = text(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert!(
-        out.contains("validation: 6 cell(s) of the seed's matrix covered"),
+        out.contains("validation: 7 cell(s) of the seed's matrix covered"),
         "{out}"
     );
     let rec: Value =
@@ -878,7 +878,8 @@ fn preflight_records_the_repository_tests_and_publish_requires_it_passing() {
             "v15 artifact at 1344x760",
             "stable modelV2 from modeld",
             "DM driverStateV2 at 1928x1208",
-            "DM driverStateV2 at 1344x760"
+            "DM driverStateV2 at 1344x760",
+            "rehearsal of this manifest on old-generation devices"
         ]
     );
     assert!(store.join("manifests/model_names_v25.json").is_file());

@@ -51,6 +51,10 @@ pub enum Error {
         gaps: Vec<String>,
     },
 
+    /// `rehearse` cannot run with what it was given (nothing was recorded).
+    #[error("rehearse: {problem}")]
+    RehearseInput { problem: String },
+
     /// A directory the command works in does not exist.
     #[error("{flag} {}: not a directory", path.display())]
     NotADirectory { flag: &'static str, path: PathBuf },

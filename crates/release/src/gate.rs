@@ -394,6 +394,8 @@ pub struct Records {
     pub preflight: Option<PreflightRecord>,
     pub validations: Vec<ValidationRecord>,
     pub checks: Vec<CheckRecord>,
+    /// `results/rehearsal.json`, the last `release-cli rehearse`.
+    pub rehearsal: Option<crate::rehearse::RehearsalRecord>,
 }
 
 // ---- the coverage rule --------------------------------------------------------------------
@@ -416,6 +418,8 @@ pub enum Cell {
     Driving(Subject, CameraResolution),
     ModelV2,
     DriverState(CameraResolution),
+    /// `release-cli rehearse` of these manifest bytes on old-generation devices.
+    Rehearsal,
 }
 
 impl fmt::Display for Cell {
@@ -427,6 +431,7 @@ impl fmt::Display for Cell {
             Cell::Driving(Subject::Model(id), r) => write!(f, "{id} at {r}"),
             Cell::ModelV2 => f.write_str("stable modelV2 from modeld"),
             Cell::DriverState(r) => write!(f, "DM driverStateV2 at {r}"),
+            Cell::Rehearsal => f.write_str("rehearsal of this manifest on old-generation devices"),
         }
     }
 }
@@ -704,7 +709,60 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
     for res in CAMERA_RESOLUTIONS {
         check_cell(Cell::DriverState(res), CheckKind::DriverState, Some(res));
     }
+    if let Some(gap) = rehearsal_gap(manifest, records.rehearsal.as_ref()) {
+        cov.gaps.push((Cell::Rehearsal, gap));
+    } else if let Some(r) = &records.rehearsal {
+        cov.covered.push((
+            Cell::Rehearsal,
+            format!(
+                "rehearsed {} -> {} at {}",
+                r.previous_generation, r.generation, r.finished_at
+            ),
+        ));
+    }
     cov
+}
+
+/// Why the rehearsal does not cover `manifest`: none recorded, one of other manifest bytes or
+/// another generation (stale), or one that failed.
+pub fn rehearsal_gap(
+    manifest: &Manifest,
+    rehearsal: Option<&crate::rehearse::RehearsalRecord>,
+) -> Option<Gap> {
+    let Some(r) = rehearsal else {
+        return Some(Gap::Missing {
+            next: "run `release-cli rehearse --generation vNN --manifest FILE --artifacts DIR \
+                   --openpilot DIR --workspace WS`"
+                .into(),
+        });
+    };
+    let sha = crate::rehearse::manifest_digest(manifest);
+    if r.manifest_sha256 != sha {
+        return Some(Gap::Stale {
+            detail: format!(
+                "{} was rehearsed as manifest SHA-256 {}, this manifest is {sha}; rehearse it again",
+                r.manifest.display(),
+                r.manifest_sha256
+            ),
+        });
+    }
+    if let Some(g) = manifest.generation()
+        && g != r.generation
+    {
+        return Some(Gap::Stale {
+            detail: format!("rehearsed as {}, the manifest is {g}", r.generation),
+        });
+    }
+    if !r.passed {
+        let failed: Vec<String> = r
+            .failures()
+            .map(|c| format!("{} {}: {}", c.scenario, c.check, c.detail))
+            .collect();
+        return Some(Gap::Failed {
+            detail: format!("{} (see {})", failed.join("; "), r.work_dir.display()),
+        });
+    }
+    None
 }
 
 // ---- the decision and the publish record ------------------------------------------------
@@ -924,6 +982,38 @@ mod tests {
                     PIN,
                 ),
             ],
+            rehearsal: Some(rehearsal(&full(), true)),
+        }
+    }
+
+    /// A rehearsal record of `m`'s bytes.
+    fn rehearsal(m: &Manifest, passed: bool) -> crate::rehearse::RehearsalRecord {
+        use crate::rehearse::judge::{RehearsalCheck, Scenario};
+        let g = m.generation().unwrap();
+        crate::rehearse::RehearsalRecord {
+            generation: g,
+            previous_generation: g.previous().unwrap(),
+            manifest: "/ws/ready/model_names.json".into(),
+            manifest_sha256: crate::rehearse::manifest_digest(m),
+            tinygrad_commit: m.tinygrad_commit(),
+            openpilot: "/op".into(),
+            device_manager: "/bin/device-modeld-manager".into(),
+            device_args: vec![],
+            selected: "a11".parse().unwrap(),
+            dropped: "retired-rehearsal".parse().unwrap(),
+            checks: vec![RehearsalCheck {
+                scenario: Scenario::Kept,
+                check: "selected_is_new_artifact".into(),
+                passed,
+                detail: if passed {
+                    "ok".into()
+                } else {
+                    "a11 is missing".into()
+                },
+            }],
+            passed,
+            finished_at: UtcTime(9),
+            work_dir: "/ws/rehearsal".into(),
         }
     }
 
@@ -954,6 +1044,7 @@ mod tests {
                     g.push((Cell::ModelV2, "missing"));
                     g.push((Cell::DriverState(HI), "missing"));
                     g.push((Cell::DriverState(LO), "missing"));
+                    g.push((Cell::Rehearsal, "missing"));
                     g
                 },
             ),
@@ -1041,6 +1132,18 @@ mod tests {
                 vec![(Cell::DriverState(HI), "stale")],
             ),
             (
+                "a failed rehearsal",
+                full(),
+                |r| r.rehearsal = Some(rehearsal(&full(), false)),
+                vec![(Cell::Rehearsal, "failed")],
+            ),
+            (
+                "a rehearsal of other manifest bytes",
+                full(),
+                |r| r.rehearsal = Some(rehearsal(&manifest(&[("a11", 11, false, 2)]), true)),
+                vec![(Cell::Rehearsal, "stale")],
+            ),
+            (
                 "versions the manifest lacks are not required",
                 manifest(&[("a11", 11, false, 2)]),
                 |_| {},
@@ -1049,6 +1152,7 @@ mod tests {
         ];
         for (case, m, edit, want) in cases {
             let mut records = complete_records();
+            records.rehearsal = Some(rehearsal(&m, true));
             edit(&mut records);
             let got: Vec<(Cell, &str)> = coverage(&m, &records)
                 .gaps
@@ -1074,7 +1178,8 @@ mod tests {
         assert_eq!(cov.not_in_manifest, vec![v(8), v(12), v(15), v(16)]);
         assert!(!cov.has_gpu);
         let lines = cov.gap_lines();
-        assert_eq!(lines.len(), 6, "{lines:#?}");
+        assert_eq!(lines.len(), 7, "{lines:#?}");
+        assert!(lines[6].contains("release-cli rehearse"), "{lines:#?}");
         assert!(lines[0].starts_with("preflight"), "{lines:#?}");
         assert!(
             lines[1].contains("v11 artifact at 1928x1208: missing: validate one of a11"),
@@ -1086,7 +1191,7 @@ mod tests {
         );
         let complete = coverage(&full(), &complete_records());
         assert!(complete.is_complete());
-        assert_eq!(complete.covered.len(), 1 + 12 + 3);
+        assert_eq!(complete.covered.len(), 1 + 12 + 3 + 1);
     }
 
     fn resolution_result(finite: &[&str]) -> serde_json::Value {
@@ -1198,6 +1303,49 @@ mod tests {
             serde_json::to_value(CheckKind::DriverState).unwrap(),
             serde_json::json!("driver-state")
         );
+    }
+
+    #[test]
+    fn the_rehearsal_binds_the_manifest_bytes_and_generation_for_any_generation() {
+        let next_pin = "26".repeat(20);
+        for (g, pin) in [("v25", PIN), ("v26", next_pin.as_str())] {
+            let doc = |extra: &str| {
+                Manifest::from_slice(
+                    format!(
+                        r#"{{"generation":"{g}","tinygrad_commit":"{pin}","models":[{{"id":"a11","name":"A{extra}","version":"v11"}}]}}"#
+                    )
+                    .as_bytes(),
+                )
+                .unwrap()
+            };
+            let m = doc("");
+            assert_eq!(rehearsal_gap(&m, Some(&rehearsal(&m, true))), None, "{g}");
+            assert!(
+                matches!(rehearsal_gap(&m, None), Some(Gap::Missing { .. })),
+                "{g}"
+            );
+            let failed = rehearsal_gap(&m, Some(&rehearsal(&m, false)));
+            assert!(
+                matches!(&failed, Some(Gap::Failed { detail }) if detail.contains("a11 is missing")),
+                "{g}: {failed:?}"
+            );
+            // One changed byte of the manifest (a name) makes the rehearsal stale.
+            let other = doc("x");
+            assert!(
+                matches!(
+                    rehearsal_gap(&other, Some(&rehearsal(&m, true))),
+                    Some(Gap::Stale { .. })
+                ),
+                "{g}"
+            );
+            // A record of the right bytes but another generation is stale too.
+            let mut wrong = rehearsal(&m, true);
+            wrong.generation = wrong.previous_generation;
+            assert!(
+                matches!(rehearsal_gap(&m, Some(&wrong)), Some(Gap::Stale { .. })),
+                "{g}"
+            );
+        }
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!   rebuild stale records, stop the run) over a [`rebuild::Builder`];
 //! - [`tree`]: edits of the openpilot checkout, `tinygrad bump` and `builtin`, each decided
 //!   before anything is written and able to stop there (dry run);
-//! - [`reuse`]: when an artifact built elsewhere may be adopted, and the copy.
+//! - [`reuse`]: when an artifact built elsewhere may be adopted, and the copy;
+//! - [`rehearse`]: the staged release played on old-generation devices before it is published.
 //!
 //! Every rule that decides is a function over typed values with a table test; the code around
 //! it performs the I/O. Errors are [`Error`], one enum for the crate, each variant naming the
@@ -20,3 +21,5 @@ pub use error::{Error, Result};
 pub mod gate;
 pub mod preflight;
 pub mod records;
+pub mod rehearse;
+pub mod status;

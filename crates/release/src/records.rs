@@ -1,7 +1,7 @@
 //! Where the gate's records live in the rebuild workspace, and reading and writing them.
 //!
-//! `results/preflight.json`, `results/<id>.validation.json`, `results/model-v2.check.json` and
-//! `results/driver-state.<W>x<H>.check.json`, each written atomically as pretty JSON; the types
+//! `results/preflight.json`, `results/<id>.validation.json`, `results/model-v2.check.json`,
+//! `results/driver-state.<W>x<H>.check.json` and `results/rehearsal.json`, each written atomically as pretty JSON; the types
 //! are in [`crate::gate`].
 
 use fs_err as fs;
@@ -14,6 +14,7 @@ use serde::de::DeserializeOwned;
 use crate::gate::{
     CameraResolution, CheckKind, CheckRecord, PreflightRecord, Records, ValidationRecord,
 };
+use crate::rehearse::RehearsalRecord;
 use crate::{Error, Result};
 
 /// Records are a few kilobytes; anything much larger is not one.
@@ -35,6 +36,11 @@ pub fn preflight_log(workspace: &Path) -> PathBuf {
 
 pub fn validation_path(workspace: &Path, id: &ModelId) -> PathBuf {
     results_dir(workspace).join(format!("{id}{VALIDATION_SUFFIX}"))
+}
+
+/// `results/rehearsal.json`: the last `release-cli rehearse`.
+pub fn rehearsal_path(workspace: &Path) -> PathBuf {
+    results_dir(workspace).join("rehearsal.json")
 }
 
 pub fn check_path(workspace: &Path, kind: CheckKind, res: Option<CameraResolution>) -> PathBuf {
@@ -110,6 +116,10 @@ pub fn load(workspace: &Path) -> Result<Records> {
     let preflight = preflight_path(workspace);
     if preflight.is_file() {
         records.preflight = Some(read::<PreflightRecord>(&preflight)?);
+    }
+    let rehearsal = rehearsal_path(workspace);
+    if rehearsal.is_file() {
+        records.rehearsal = Some(read::<RehearsalRecord>(&rehearsal)?);
     }
     for p in paths {
         let name = p

@@ -5,6 +5,7 @@ pub mod chunk;
 pub mod gate;
 pub mod manifest;
 pub mod rebuild;
+pub mod rehearse;
 pub mod sign;
 pub mod store;
 
@@ -43,6 +44,13 @@ pub enum Command {
     /// resolution (or record a modelV2/driverStateV2 check made on the device).
     #[command(disable_version_flag = true)]
     Validate(build::ValidateArgs),
+    /// Play the staged release on devices as the previous generation leaves them, with the real
+    /// device-modeld-manager against it served on 127.0.0.1, and record the result (publish
+    /// requires a passing one).
+    Rehearse(rehearse::RehearseArgs),
+    /// Where the release stands (tree, compiler, builds, DM, built-in, gates, stores) and the
+    /// next command to run; reads only.
+    Status(rehearse::StatusArgs),
     /// Publish a generation: artifacts, then the manifest, to each store in order.
     Publish(store::PublishArgs),
     /// Adopt a compatible artifact by server-side copy, renamed to the stable model ID.
@@ -84,6 +92,8 @@ impl Command {
             Command::Rebuild(a) => a.json,
             Command::Preflight(a) => a.json,
             Command::Validate(a) => a.json,
+            Command::Rehearse(a) => a.json,
+            Command::Status(a) => a.json,
             Command::Publish(a) => a.json,
             Command::Reuse(a) => a.json,
             Command::Serve(a) => a.json,
@@ -104,6 +114,8 @@ pub fn run(command: Command) -> CliResult {
         Command::Rebuild(a) => rebuild::run(a),
         Command::Preflight(a) => gate::preflight(a),
         Command::Validate(a) => build::validate(a),
+        Command::Rehearse(a) => rehearse::rehearse(a),
+        Command::Status(a) => rehearse::status(a),
         Command::Publish(a) => store::publish_cmd(a),
         Command::Reuse(a) => store::reuse_cmd(a),
         Command::Serve(a) => store::serve_cmd(a),

@@ -80,12 +80,14 @@ pub struct PublishArgs {
     /// pins of generations after v25. The manifest's tinygrad_commit must be --generation's pin.
     #[arg(long, value_name = "DIR")]
     pub openpilot: Option<PathBuf>,
-    /// The rebuild workspace whose results/ holds the preflight and validation records; they
-    /// must cover the seed's validation matrix for this manifest, or nothing is published.
+    /// The rebuild workspace whose results/ holds the preflight, validation and rehearsal
+    /// records; they must cover the seed's validation matrix and a passing rehearsal of this
+    /// manifest's bytes, or nothing is published.
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
-    /// Publish without a covering validation record; the reason is written into the publish
-    /// record (`<manifest stem>.publish.json` beside the manifest).
+    /// Publish without a covering validation record or rehearsal (the whole gate is skipped);
+    /// the reason and the uncovered cells are written into the publish record (`<manifest
+    /// stem>.publish.json` beside the manifest).
     #[arg(long, value_name = "REASON")]
     pub skip_validation: Option<String>,
     #[command(flatten)]

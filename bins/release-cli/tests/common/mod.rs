@@ -41,10 +41,11 @@ pub fn text(b: &[u8]) -> String {
 }
 
 /// Write, in the real record format, a passing preflight, a passing validation at both camera
-/// resolutions of every artifact `manifest` lists, and passing modelV2/driverStateV2 checks into
-/// `<workspace>/results/`, all for the manifest's own pin: what a release engineer's workspace
-/// holds after `preflight` and `validate`, for tests whose subject is publishing. Returns
-/// `workspace`.
+/// resolutions of every artifact `manifest` lists, passing modelV2/driverStateV2 checks and a
+/// passing rehearsal of the manifest's bytes into `<workspace>/results/`, all for the manifest's
+/// own pin: what a release engineer's workspace holds after `preflight`, `validate` and
+/// `rehearse`, for tests whose subject is publishing (`rehearse_cli.rs` runs the real
+/// rehearsal). Returns `workspace`.
 pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf {
     use release::gate::{
         CAMERA_RESOLUTIONS, CheckKind, CheckRecord, CommandRun, PreflightRecord, REQUIRED_OUTPUTS,
@@ -129,6 +130,26 @@ pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf
         };
         records::write(&records::check_path(workspace, kind, res), &rec).unwrap();
     }
+    let generation = m
+        .generation()
+        .unwrap_or(manifest::layout::CURRENT_GENERATION);
+    let rehearsal = release::rehearse::RehearsalRecord {
+        generation,
+        previous_generation: generation.previous().unwrap(),
+        manifest: manifest.to_path_buf(),
+        manifest_sha256: release::rehearse::manifest_digest(&m),
+        tinygrad_commit: Some(pin.clone()),
+        openpilot: "/fixture/openpilot".into(),
+        device_manager: "/fixture/device-modeld-manager".into(),
+        device_args: vec![],
+        selected: "pop223".parse().unwrap(),
+        dropped: "retired-rehearsal".parse().unwrap(),
+        checks: vec![],
+        passed: true,
+        finished_at: now,
+        work_dir: workspace.join("rehearsal"),
+    };
+    records::write(&records::rehearsal_path(workspace), &rehearsal).unwrap();
     workspace.to_path_buf()
 }
 

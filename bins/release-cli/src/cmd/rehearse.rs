@@ -1,0 +1,277 @@
+//! `release-cli rehearse`: the front of `release::rehearse` (docs/release.md, "Rehearse").
+
+use std::path::PathBuf;
+
+use clap::Args;
+use manifest::{Generation, ModelId};
+
+use crate::output::print_json;
+use crate::{CliError, CliResult};
+
+#[derive(Debug, Args)]
+pub struct RehearseArgs {
+    /// The generation being released, e.g. `v26`; the devices start on the one before.
+    #[arg(long, value_name = "vNN")]
+    pub generation: Generation,
+    /// The staged manifest (`ready/model_names_<gen>.json`).
+    #[arg(long, value_name = "FILE")]
+    pub manifest: PathBuf,
+    /// The staged artifacts, one `<id>/` chunk set per model (`ready/`).
+    #[arg(long, value_name = "DIR")]
+    pub artifacts: PathBuf,
+    /// The release's openpilot tree (tinygrad_repo/TINYGRAD_COMMIT, tinygrad_pins.json, the
+    /// built-in model under selfdrive/modeld/models) the devices run with.
+    #[arg(long, value_name = "DIR")]
+    pub openpilot: PathBuf,
+    /// The rebuild workspace: the record goes to results/rehearsal.json (publish requires a
+    /// passing one for these manifest bytes), the devices and logs to rehearsal/ (replaced).
+    #[arg(long, value_name = "DIR")]
+    pub workspace: PathBuf,
+    /// The device-modeld-manager binary to run [default: the one beside release-cli].
+    #[arg(long, value_name = "PATH")]
+    pub device_manager: Option<PathBuf>,
+    /// The model the old device has selected [default: the first QCOM catalog model that is not
+    /// the built-in].
+    #[arg(long, value_name = "ID")]
+    pub select: Option<ModelId>,
+    /// Print the record: `{"generation","previous_generation","manifest","manifest_sha256",
+    /// "tinygrad_commit","openpilot","device_manager","device_args","selected","dropped",
+    /// "checks":[{"scenario","check","passed","detail"}],"passed","finished_at","work_dir"}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn error(e: release::Error) -> CliError {
+    match e {
+        release::Error::RehearseInput { .. }
+        | release::Error::NotADirectory { .. }
+        | release::Error::ManifestFile { .. } => CliError::usage(e),
+        e => super::gate::release_error(e),
+    }
+}
+
+pub fn rehearse(args: RehearseArgs) -> CliResult {
+    let device_manager = match args.device_manager {
+        Some(p) => p,
+        None => std::env::current_exe()
+            .map_err(|e| CliError::failure(format!("cannot find release-cli's own path: {e}")))?
+            .with_file_name("device-modeld-manager"),
+    };
+    let opts = release::rehearse::RehearseOptions {
+        workspace: args.workspace.clone(),
+        manifest: args.manifest,
+        artifacts: args.artifacts,
+        generation: args.generation,
+        openpilot: args.openpilot,
+        device_manager,
+        select: args.select,
+    };
+    let rec =
+        release::rehearse::run(&opts, &mut |line| cli_support::info!("{line}")).map_err(error)?;
+    let path = release::records::rehearsal_path(&args.workspace);
+    if args.json {
+        print_json(&rec)?;
+    } else {
+        for c in &rec.checks {
+            crate::outln!(
+                "{} {:<8} {}: {}",
+                if c.passed { "ok    " } else { "FAILED" },
+                c.scenario.to_string(),
+                c.check,
+                c.detail
+            )?;
+        }
+        crate::outln!(
+            "rehearsal {} {} -> {} (manifest sha256 {}); recorded in {}",
+            if rec.passed { "passed" } else { "FAILED" },
+            rec.previous_generation,
+            rec.generation,
+            rec.manifest_sha256,
+            path.display()
+        )?;
+    }
+    if rec.passed {
+        cli_support::info!(
+            "next: `release-cli publish --generation {} --manifest {} --workspace {} …`",
+            rec.generation,
+            rec.manifest.display(),
+            args.workspace.display()
+        );
+        Ok(())
+    } else {
+        Err(CliError::check_failed(format!(
+            "the rehearsal of {} failed ({} check(s)); the devices and the manager's logs are in \
+             {}; fix the staged release and rehearse again (publish refuses until it passes)",
+            rec.manifest.display(),
+            rec.failures().count(),
+            rec.work_dir.display()
+        )))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The rebuild workspace (results/, ready/).
+    #[arg(long, value_name = "DIR")]
+    pub workspace: PathBuf,
+    /// The release's openpilot tree [default: the one the preflight record names].
+    #[arg(long, value_name = "DIR")]
+    pub openpilot: Option<PathBuf>,
+    /// The generation being released [default: the one whose pin the tree's tinygrad is].
+    #[arg(long, value_name = "vNN")]
+    pub generation: Option<Generation>,
+    /// A store to read what it holds live (manifest generation, pin, signature release); only
+    /// read. Repeatable; same forms as publish --to.
+    #[arg(long = "store", visible_alias = "to", value_name = "STORE")]
+    pub stores: Vec<String>,
+    #[command(flatten)]
+    pub access: super::store::StoreAccess,
+    /// Print `{"workspace","generation","tree":{"openpilot","tinygrad_commit","pin_generation",
+    /// "compiler_marker","synced":{"destination","remote_root","digest_sha256","files",
+    /// "synced_at_unix","tree_matches"},"problem"},"manifest","manifest_sha256","unbuilt",
+    /// "builds":[{"id","state","generation","version","uses_external_gpu","tinygrad_commit",
+    /// "sha256","error"}],"dm":[{"name","size","sha256"}],"builtin","builtin_matches_build",
+    /// "preflight":{"cell","state","detail"},"validation":[…],"rehearsal":{…},
+    /// "stores":[{"store","generation","tinygrad_commit","manifest_sha256","models",
+    /// "signature_release","holds_staged","problem"}],"problems","next":{"command","why"}}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref().map_or("-".to_string(), |v| v.to_string())
+}
+
+pub fn status(args: StatusArgs) -> CliResult {
+    let mut opened = Vec::new();
+    for s in &args.stores {
+        let spec = artifact_store::StoreSpec::parse(s).map_err(super::store::store_error)?;
+        let store = args.access.open(&spec).map_err(super::store::store_error)?;
+        opened.push((s.clone(), store));
+    }
+    let refs: Vec<(String, &dyn artifact_store::Store)> = opened
+        .iter()
+        .map(|(n, s)| (n.clone(), s.as_ref()))
+        .collect();
+    let st = release::status::gather(
+        &args.workspace,
+        args.openpilot.as_deref(),
+        args.generation,
+        &refs,
+    )
+    .map_err(error)?;
+    if args.json {
+        return print_json(&st);
+    }
+    crate::outln!(
+        "workspace {} — generation {}",
+        st.workspace.display(),
+        opt(&st.generation)
+    )?;
+    match &st.tree {
+        None => crate::outln!("tree       (none: pass --openpilot DIR)")?,
+        Some(t) => {
+            crate::outln!(
+                "tree       {} tinygrad {} ({})",
+                t.openpilot.display(),
+                opt(&t.tinygrad_commit),
+                t.pin_generation
+                    .map_or("no generation's pin".into(), |g| format!("{g}'s pin"))
+            )?;
+            crate::outln!(
+                "compiler   marker {} (last sync record)",
+                opt(&t.compiler_marker)
+            )?;
+            match &t.synced {
+                None => crate::outln!("synced     never")?,
+                Some(s) => crate::outln!(
+                    "synced     {}:{} digest {} over {} files; tree {}",
+                    s.destination,
+                    s.remote_root,
+                    s.digest_sha256,
+                    s.files,
+                    if s.tree_matches {
+                        "unchanged since"
+                    } else {
+                        "CHANGED since"
+                    }
+                )?,
+            }
+        }
+    }
+    crate::outln!(
+        "manifest   {} {}",
+        st.manifest
+            .as_ref()
+            .map_or("-".into(), |p| p.display().to_string()),
+        opt(&st.manifest_sha256)
+    )?;
+    for b in &st.builds {
+        crate::outln!(
+            "build      {:<16} {:<7} {} {} gpu={} tinygrad {} sha256 {}{}",
+            b.id.as_str(),
+            b.state,
+            b.generation,
+            opt(&b.version),
+            opt(&b.uses_external_gpu),
+            opt(&b.tinygrad_commit),
+            opt(&b.sha256),
+            b.error
+                .as_ref()
+                .map_or(String::new(), |e| format!(" ({e})"))
+        )?;
+    }
+    for id in &st.unbuilt {
+        crate::outln!("build      {:<16} missing", id.as_str())?;
+    }
+    for f in &st.dm {
+        crate::outln!("dm         {:<34} {}", f.name, opt(&f.sha256))?;
+    }
+    crate::outln!(
+        "builtin    {}{}",
+        st.builtin
+            .as_ref()
+            .map_or("missing".into(), |b| format!("sha256 {}", opt(&b.sha256))),
+        match st.builtin_matches_build {
+            Some(true) => " (this pin's rdf43 build)",
+            Some(false) => " (NOT this pin's rdf43 build)",
+            None => "",
+        }
+    )?;
+    for c in std::iter::once(&st.preflight)
+        .chain(st.validation.iter())
+        .chain(std::iter::once(&st.rehearsal))
+    {
+        crate::outln!("gate       {:<8} {}: {}", c.state, c.cell, c.detail)?;
+    }
+    for s in &st.stores {
+        crate::outln!(
+            "store      {} {} tinygrad {} release {}{}{}",
+            s.store,
+            opt(&s.generation),
+            opt(&s.tinygrad_commit),
+            opt(&s.signature_release),
+            if s.holds_staged {
+                " (holds the staged manifest)"
+            } else {
+                ""
+            },
+            s.problem
+                .as_ref()
+                .map_or(String::new(), |p| format!(" ({p})"))
+        )?;
+    }
+    for p in &st.problems {
+        crate::outln!("problem    {p}")?;
+    }
+    if st.next.command.is_empty() {
+        crate::outln!("next       nothing: {}", st.next.why)?;
+    } else {
+        crate::outln!(
+            "next       {}\n           ({})",
+            st.next.command,
+            st.next.why
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,580 @@
+//! `release-cli rehearse`: the staged release played on devices as the previous generation's
+//! manager leaves them, before anything is published (docs/release.md, "Rehearse").
+//!
+//! 1. The staged release (the ready directory and the manifest) is laid out as a store in the
+//!    bucket layout under `<workspace>/rehearsal/store` (hard links, copies where links cannot
+//!    be made; the manifest as its canonical bytes, as `publish` writes it) and served on
+//!    127.0.0.1 in both device URL layouts by `artifact_store::serve`, as `release-cli serve`
+//!    does.
+//! 2. Two devices are built ([`device::build_old_device`]): one whose selected model is in the
+//!    new catalog (`kept`), one whose selected model the new catalog does not list (`dropped`).
+//! 3. The real `device-modeld-manager` binary runs `refresh` then `resolve` on each, as the
+//!    service does.
+//! 4. Each device directory is read directly (file digests, params) and judged
+//!    ([`judge::judge_device`]); the manager's own report is kept in the log, never trusted.
+//!
+//! The result is `results/rehearsal.json` ([`RehearsalRecord`]), bound to the SHA-256 of the
+//! manifest's canonical bytes and its generation, which `publish`'s gate requires
+//! ([`crate::gate::coverage`]).
+
+pub mod device;
+pub mod judge;
+
+use fs_err as fs;
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use chunker::Sha256Digest;
+use manifest::{BehaviorVersion, Generation, GitCommit, Manifest, ModelId, layout};
+use serde::{Deserialize, Serialize};
+
+use crate::gate::UtcTime;
+use crate::{Error, Result};
+use device::{OldDevice, OldDeviceSpec, OldModel, build_old_device};
+use judge::{DeviceView, Expectation, RehearsalCheck, Scenario, Seen};
+
+/// Manifests are well under this; a larger file is not one.
+const MAX_MANIFEST_BYTES: u64 = 16 << 20;
+/// A param value is a few bytes; a larger file is read only this far.
+const MAX_PARAM_BYTES: u64 = 64 << 10;
+/// Size of each stand-in artifact on the old devices.
+const OLD_ARTIFACT_BYTES: usize = 64 << 10;
+/// The device's StarPilot trusted-keys file, relative to the openpilot tree.
+pub const TREE_TRUSTED_KEYS: &str = "starpilot/assets/model_release_keys.pub";
+
+/// What to rehearse.
+#[derive(Clone, Debug)]
+pub struct RehearseOptions {
+    /// The rebuild workspace: the record goes to `results/rehearsal.json`, the devices and the
+    /// staged store to `rehearsal/` (replaced on every run).
+    pub workspace: PathBuf,
+    /// The staged manifest (`ready/model_names_<gen>.json`).
+    pub manifest: PathBuf,
+    /// The staged artifacts, one `<id>/` per model (`ready/`).
+    pub artifacts: PathBuf,
+    pub generation: Generation,
+    /// The release's openpilot tree: its `tinygrad_repo/TINYGRAD_COMMIT`, `tinygrad_pins.json`
+    /// and built-in model are what the devices run with.
+    pub openpilot: PathBuf,
+    /// The `device-modeld-manager` binary to run.
+    pub device_manager: PathBuf,
+    /// The model the old device has selected; default: the first catalog model that is neither
+    /// local, the built-in nor external-GPU.
+    pub select: Option<ModelId>,
+}
+
+/// `results/rehearsal.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RehearsalRecord {
+    pub generation: Generation,
+    /// The generation the old devices were on.
+    pub previous_generation: Generation,
+    pub manifest: PathBuf,
+    /// The SHA-256 of the manifest's canonical bytes (what `publish` writes and records).
+    pub manifest_sha256: Sha256Digest,
+    pub tinygrad_commit: Option<GitCommit>,
+    pub openpilot: PathBuf,
+    pub device_manager: PathBuf,
+    /// How the device was told its generation: `--openpilot-dir DIR` (it follows the tree) or
+    /// `--generation vNN --builtin-dir DIR` (a manager without `--openpilot-dir`).
+    pub device_args: Vec<String>,
+    /// The `kept` device's selected model, and the `dropped` device's (absent from the catalog).
+    pub selected: ModelId,
+    pub dropped: ModelId,
+    pub checks: Vec<RehearsalCheck>,
+    pub passed: bool,
+    pub finished_at: UtcTime,
+    /// The devices, the staged store and the manager's logs.
+    pub work_dir: PathBuf,
+}
+
+impl RehearsalRecord {
+    pub fn failures(&self) -> impl Iterator<Item = &RehearsalCheck> {
+        self.checks.iter().filter(|c| !c.passed)
+    }
+}
+
+/// The SHA-256 the rehearsal and the publish record bind a manifest by.
+pub fn manifest_digest(m: &Manifest) -> Sha256Digest {
+    Sha256Digest::of_bytes(&m.to_canonical_bytes())
+}
+
+fn input(problem: impl Into<String>) -> Error {
+    Error::RehearseInput {
+        problem: problem.into(),
+    }
+}
+
+/// Read a manifest a user handed us: a regular file, size-capped.
+pub fn read_manifest(path: &Path) -> Result<Manifest> {
+    let meta = fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(input(format!(
+            "--manifest {}: not a regular file; pass ready/model_names_<gen>.json",
+            path.display()
+        )));
+    }
+    let mut bytes = Vec::new();
+    fs::File::open(path)?
+        .take(MAX_MANIFEST_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(input(format!(
+            "--manifest {}: larger than {MAX_MANIFEST_BYTES} bytes, not a manifest",
+            path.display()
+        )));
+    }
+    Manifest::from_slice(&bytes).map_err(|source| Error::ManifestFile {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The models the rehearsal uses: the kept device's selection, two more catalog models for the
+/// old device's other forms, and an ID the catalog does not list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cast {
+    pub selected: OldModel,
+    pub others: Vec<OldModel>,
+    pub dropped: ModelId,
+}
+
+/// Choose the cast from the new catalog (pure).
+pub fn cast(m: &Manifest, select: Option<&ModelId>) -> Result<Cast> {
+    let builtin = layout::builtin_model_id();
+    let eligible = |e: &&manifest::ModelEntry| {
+        !e.id().is_local() && *e.id() != builtin && !e.uses_external_gpu()
+    };
+    let old = |e: &manifest::ModelEntry| OldModel {
+        id: e.id().clone(),
+        name: e.name().unwrap_or(e.id().as_str()).to_string(),
+        version: e.version().unwrap_or(BehaviorVersion::new(15)),
+    };
+    let selected = match select {
+        Some(id) => {
+            let e = m.get(id).ok_or_else(|| {
+                input(format!(
+                    "--select {id}: not in the staged manifest; pick a model it lists"
+                ))
+            })?;
+            if !eligible(&e) {
+                return Err(input(format!(
+                    "--select {id}: a local, built-in or external-GPU model is not migrated \
+                     by a download; pick a QCOM catalog model"
+                )));
+            }
+            old(e)
+        }
+        None => m.models().iter().find(eligible).map(old).ok_or_else(|| {
+            input(
+                "the staged manifest lists no downloadable QCOM model to select; nothing to \
+                 rehearse",
+            )
+        })?,
+    };
+    let others = m
+        .models()
+        .iter()
+        .filter(eligible)
+        .filter(|e| *e.id() != selected.id)
+        .take(2)
+        .map(old)
+        .collect();
+    let dropped = (0..)
+        .map(|n| {
+            let s = if n == 0 {
+                "retired-rehearsal".to_string()
+            } else {
+                format!("retired-rehearsal{n}")
+            };
+            s.parse::<ModelId>().expect("a valid model ID")
+        })
+        .find(|id| m.get(id).is_none())
+        .expect("an unused ID");
+    Ok(Cast {
+        selected,
+        others,
+        dropped,
+    })
+}
+
+/// Lay the staged release out as a bucket-layout store: the manifest's canonical bytes (and its
+/// `.minisig` when one lies beside the staged manifest), and each listed model's files from
+/// `<artifacts>/<id>/`. A model without files is left out: the device will find it missing, as
+/// it would in a store.
+fn stage_store(
+    store: &Path,
+    manifest_path: &Path,
+    m: &Manifest,
+    artifacts: &Path,
+    g: Generation,
+) -> Result<()> {
+    let hf = layout::StoreLayout::HfBucket;
+    let at = |p: &layout::StorePath| store.join(p.as_str());
+    let mpath = at(&hf.manifest_path(g));
+    fs::create_dir_all(mpath.parent().expect("manifests/"))?;
+    chunker::atomic::write_atomic(&mpath, &m.to_canonical_bytes())?;
+    let sig = PathBuf::from(format!(
+        "{}{}",
+        manifest_path.display(),
+        manifest::signature::SIGNATURE_SUFFIX
+    ));
+    if sig.is_file() {
+        fs::copy(&sig, at(&hf.signature_path(g)))?;
+    }
+    for e in m.models().iter().filter(|e| !e.id().is_local()) {
+        let src = artifacts.join(e.id().as_str());
+        if !src.is_dir() {
+            continue;
+        }
+        let dst = at(&hf.artifact_dir(g, e.id()));
+        fs::create_dir_all(&dst)?;
+        for f in fs::read_dir(&src)? {
+            let f = f?;
+            if !f.file_type()?.is_file() {
+                continue;
+            }
+            let to = dst.join(f.file_name());
+            if std::fs::hard_link(f.path(), &to).is_err() {
+                fs::copy(f.path(), &to)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the device directory holds now.
+fn read_device(dev: &OldDevice) -> Result<DeviceView> {
+    let mut v = DeviceView::default();
+    let models = dev.models_dir();
+    for entry in fs::read_dir(&models)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let t = entry.file_type()?;
+        if t.is_dir() {
+            walk(&entry.path(), &name, 0, &mut v.nested)?;
+        } else if t.is_file() {
+            v.top
+                .insert(name, Seen::File(Sha256Digest::of_file(&entry.path())?.0));
+        } else {
+            v.top.insert(name, Seen::Other);
+        }
+    }
+    let params = dev.params_dir();
+    if params.is_dir() {
+        for entry in fs::read_dir(&params)? {
+            let entry = entry?;
+            if !entry.file_type()?.is_file() {
+                continue;
+            }
+            let mut s = Vec::new();
+            fs::File::open(entry.path())?
+                .take(MAX_PARAM_BYTES)
+                .read_to_end(&mut s)?;
+            v.params.insert(
+                entry.file_name().to_string_lossy().into_owned(),
+                String::from_utf8_lossy(&s).into_owned(),
+            );
+        }
+    }
+    Ok(v)
+}
+
+/// Regular files below a subdirectory of `models/` (staging), a few levels deep.
+fn walk(dir: &Path, rel: &str, depth: u32, out: &mut BTreeMap<String, Sha256Digest>) -> Result<()> {
+    if depth > 3 {
+        return Ok(());
+    }
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = format!("{rel}/{}", entry.file_name().to_string_lossy());
+        let t = entry.file_type()?;
+        if t.is_dir() {
+            walk(&entry.path(), &name, depth + 1, out)?;
+        } else if t.is_file() {
+            out.insert(name, Sha256Digest::of_file(&entry.path())?.0);
+        }
+    }
+    Ok(())
+}
+
+/// Whether this manager follows the openpilot tree (`--openpilot-dir`).
+fn follows_tree(device_manager: &Path) -> Result<bool> {
+    let out = Command::new(device_manager)
+        .arg("--help")
+        .output()
+        .map_err(|source| Error::Spawn {
+            command: format!("{} --help", device_manager.display()),
+            dir: PathBuf::from("."),
+            source,
+        })?;
+    Ok(String::from_utf8_lossy(&out.stdout).contains("--openpilot-dir"))
+}
+
+/// One manager run, appended to `log`.
+fn manager(
+    bin: &Path,
+    common: &[String],
+    args: &[&str],
+    log: &Path,
+) -> Result<(Option<i32>, String)> {
+    let out = Command::new(bin)
+        .args(common)
+        .args(args)
+        .output()
+        .map_err(|source| Error::Spawn {
+            command: format!("{} {}", bin.display(), args.join(" ")),
+            dir: PathBuf::from("."),
+            source,
+        })?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut text = String::new();
+    if let Ok(old) = std::fs::read_to_string(log) {
+        text = old;
+    }
+    text.push_str(&format!(
+        "$ {} {} {}\nexit: {:?}\n--- stdout\n{stdout}\n--- stderr\n{}\n",
+        bin.display(),
+        common.join(" "),
+        args.join(" "),
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    ));
+    fs::write(log, text)?;
+    Ok((out.status.code(), stdout))
+}
+
+/// Run the rehearsal and write `results/rehearsal.json`. Errors are inputs that cannot be
+/// rehearsed (nothing recorded); a rehearsal that ran and failed is a record with
+/// `passed: false`. `say` gets one line per step.
+pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<RehearsalRecord> {
+    for (flag, dir) in [
+        ("--workspace", &opts.workspace),
+        ("--artifacts", &opts.artifacts),
+        ("--openpilot", &opts.openpilot),
+    ] {
+        if !dir.is_dir() {
+            return Err(Error::NotADirectory {
+                flag,
+                path: dir.clone(),
+            });
+        }
+    }
+    if !opts.device_manager.is_file() {
+        return Err(input(format!(
+            "--device-manager {}: no such file; build it (`cargo build -p device-modeld-manager`) \
+             or pass its path",
+            opts.device_manager.display()
+        )));
+    }
+    let m = read_manifest(&opts.manifest)?;
+    let g = opts.generation;
+    if let Some(mg) = m.generation()
+        && mg != g
+    {
+        return Err(input(format!(
+            "--manifest {} is a {mg} manifest, not {g}; pass the manifest of --generation",
+            opts.manifest.display()
+        )));
+    }
+    let previous = g
+        .previous()
+        .ok_or_else(|| input(format!("{g} has no previous generation to migrate from")))?;
+    let cast = cast(&m, opts.select.as_ref())?;
+    let pin = m.tinygrad_commit();
+    let pins = crate::tree::load_pins(Some(&opts.openpilot))?;
+    let tree_pin = compiler_remote::read_tree_pin(&opts.openpilot).map_err(|e| e.to_string());
+    let mut checks = vec![judge::judge_release(
+        g,
+        pin.as_ref(),
+        tree_pin.as_ref().map_err(String::as_str),
+        pins.get(g),
+    )];
+
+    let work = opts.workspace.join("rehearsal");
+    if work.symlink_metadata().is_ok() {
+        fs::remove_dir_all(&work)?;
+    }
+    let store = work.join("store");
+    fs::create_dir_all(&store)?;
+    say(&format!(
+        "staging {} and {} as a store in {}",
+        opts.manifest.display(),
+        opts.artifacts.display(),
+        store.display()
+    ));
+    stage_store(&store, &opts.manifest, &m, &opts.artifacts, g)?;
+    let server = artifact_store::serve::Server::start(
+        "127.0.0.1:0",
+        artifact_store::serve::ServeConfig::standard(
+            &store,
+            layout::HF_BUCKET,
+            layout::GITHUB_REPO,
+            layout::GITHUB_BRANCH,
+        ),
+    )
+    .map_err(|e| {
+        input(format!(
+            "cannot serve {} on 127.0.0.1: {e}",
+            store.display()
+        ))
+    })?;
+    let url = server.url();
+    say(&format!("serving it on {url}"));
+
+    let builtin_dir = opts.openpilot.join(crate::tree::BUILTIN_DIR);
+    let device_args: Vec<String> = if follows_tree(&opts.device_manager)? {
+        vec![
+            "--openpilot-dir".into(),
+            opts.openpilot.display().to_string(),
+        ]
+    } else {
+        vec![
+            "--generation".into(),
+            g.to_string(),
+            "--builtin-dir".into(),
+            builtin_dir.display().to_string(),
+        ]
+    };
+    let keys = opts.openpilot.join(TREE_TRUSTED_KEYS);
+    let catalog: BTreeMap<ModelId, Sha256Digest> = m
+        .models()
+        .iter()
+        .filter(|e| !e.id().is_local())
+        .filter_map(|e| Some((e.id().clone(), e.artifact_sha256()?)))
+        .collect();
+
+    for scenario in [Scenario::Kept, Scenario::Dropped] {
+        let root = work.join(scenario.to_string());
+        let selected = match scenario {
+            Scenario::Dropped => OldModel {
+                id: cast.dropped.clone(),
+                name: "Retired Rehearsal Model".into(),
+                version: cast.selected.version,
+            },
+            _ => cast.selected.clone(),
+        };
+        let spec = OldDeviceSpec {
+            generation: previous,
+            selected: selected.clone(),
+            others: cast.others.clone(),
+            local: "local-rehearsal".parse().expect("a valid local ID"),
+            artifact_size: OLD_ARTIFACT_BYTES,
+        };
+        say(&format!(
+            "{scenario}: a {previous} device with {} selected in {}",
+            selected.id,
+            root.display()
+        ));
+        let dev = build_old_device(&root.join("data"), &spec)?;
+        let shm = root.join("shm/params/d");
+        let sysfs = root.join("sys");
+        fs::create_dir_all(&shm)?;
+        fs::create_dir_all(&sysfs)?;
+        let mut common: Vec<String> = vec![
+            "--data-dir".into(),
+            dev.data.display().to_string(),
+            "--memory-params-dir".into(),
+            shm.display().to_string(),
+            "--sysfs-root".into(),
+            sysfs.display().to_string(),
+            "--hf-base".into(),
+            format!("{url}/buckets/{}/resolve", layout::HF_BUCKET),
+            "--github-base".into(),
+            format!("{url}/{}/{}", layout::GITHUB_REPO, layout::GITHUB_BRANCH),
+        ];
+        common.extend(device_args.iter().cloned());
+        if keys.is_file() {
+            common.extend(["--trusted-keys".into(), keys.display().to_string()]);
+        }
+        let log = root.join("manager.log");
+        say(&format!(
+            "{scenario}: device-modeld-manager refresh, then resolve (log: {})",
+            log.display()
+        ));
+        let (refresh_exit, _) =
+            manager(&opts.device_manager, &common, &["refresh", "--json"], &log)?;
+        let (resolve_exit, out) = manager(&opts.device_manager, &common, &["resolve"], &log)?;
+        let mut view = read_device(&dev)?;
+        view.refresh_exit = refresh_exit;
+        view.resolved = (resolve_exit == Some(0))
+            .then(|| out.lines().rev().find(|l| !l.trim().is_empty()))
+            .flatten()
+            .map(|l| PathBuf::from(l.trim()));
+        let expect = Expectation {
+            scenario,
+            generation: g,
+            selected: selected.id.clone(),
+            catalog: catalog.clone(),
+            old_driving: dev.driving.clone(),
+            kept: dev.kept.clone(),
+            models_dir: dev.models_dir(),
+            builtin_dir: builtin_dir.clone(),
+        };
+        checks.extend(judge::judge_device(&expect, &view));
+    }
+    drop(server);
+
+    let passed = checks.iter().all(|c| c.passed);
+    let rec = RehearsalRecord {
+        generation: g,
+        previous_generation: previous,
+        manifest: opts.manifest.clone(),
+        manifest_sha256: manifest_digest(&m),
+        tinygrad_commit: pin,
+        openpilot: opts.openpilot.clone(),
+        device_manager: opts.device_manager.clone(),
+        device_args,
+        selected: cast.selected.id,
+        dropped: cast.dropped,
+        checks,
+        passed,
+        finished_at: UtcTime::now(),
+        work_dir: work,
+    };
+    crate::records::write(&crate::records::rehearsal_path(&opts.workspace), &rec)?;
+    Ok(rec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(entries: &str) -> Manifest {
+        Manifest::from_slice(format!(r#"{{"generation":"v26","models":[{entries}]}}"#).as_bytes())
+            .unwrap()
+    }
+
+    #[test]
+    fn the_cast_skips_builtin_local_and_gpu_models() {
+        let m = manifest(
+            r#"{"id":"rdf43","name":"RDF","version":"v15"},
+               {"id":"gpu16","name":"G","version":"v16","uses_external_gpu":true},
+               {"id":"pop223","name":"Pop","version":"v11"},
+               {"id":"sc23","name":"Sc","version":"v12"},
+               {"id":"tr14223","name":"Tr","version":"v16"},
+               {"id":"retired-rehearsal","name":"X","version":"v16"}"#,
+        );
+        let c = cast(&m, None).unwrap();
+        assert_eq!(c.selected.id.as_str(), "pop223");
+        assert_eq!(c.selected.version, BehaviorVersion::new(11));
+        let others: Vec<&str> = c.others.iter().map(|o| o.id.as_str()).collect();
+        assert_eq!(others, ["sc23", "tr14223"]);
+        // The absent ID really is absent.
+        assert_eq!(c.dropped.as_str(), "retired-rehearsal1");
+        let c = cast(&m, Some(&"tr14223".parse().unwrap())).unwrap();
+        assert_eq!(c.selected.id.as_str(), "tr14223");
+        for bad in ["gpu16", "rdf43", "nope"] {
+            let e = cast(&m, Some(&bad.parse().unwrap())).unwrap_err();
+            assert!(e.to_string().contains(&format!("--select {bad}")), "{e}");
+        }
+        let e = cast(
+            &manifest(r#"{"id":"rdf43","name":"RDF","version":"v15"}"#),
+            None,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("nothing to rehearse"), "{e}");
+    }
+}
