@@ -318,3 +318,66 @@ fn the_guard_refuses_a_version_or_gpu_change_of_a_model_with_a_directory() {
         assert_eq!(snapshot(&root), before, "{generation}");
     }
 }
+
+/// GitHub alone against the Hub emulator through the real `hf` CLI: refused while the Hub holds
+/// another manifest of the generation (the git store unchanged), allowed once it holds the same
+/// one, and publish then goes to GitHub. For v25 and a made-up v26.
+#[test]
+fn github_alone_is_compared_with_the_hub_manifest_through_the_real_hf_cli() {
+    use artifact_store::HfBucketStore;
+    use artifact_store::hf::HfConfig;
+    use artifact_store::publish::{GithubOnly, check_github_only};
+    use test_support::hub::{HubConfig, HubEmulator, real_hf_cli};
+    let Some(cli) = real_hf_cli() else { return };
+    const BUCKET: &str = "StarPilot-Driving/StarPilot-Resources";
+    for (generation, pin, pins) in generations() {
+        let emu = HubEmulator::start(HubConfig::default()).unwrap();
+        emu.create_bucket(BUCKET);
+        let config = HfConfig {
+            endpoint: emu.url(),
+            token: Some(emu.token().to_string()),
+            cli: cli.clone(),
+            timeout: std::time::Duration::from_secs(20),
+        };
+        let t = tempfile::tempdir().unwrap();
+        let a = model("pop223", 41, 1500);
+        let dir = artifacts_dir(t.path(), &[&a]);
+        let m = manifest_for(generation, &pin, vec![entry("pop223", &a.data, "Pop")]);
+        let older = manifest_for(
+            generation,
+            &pin,
+            vec![entry("pop223", &bytes(42, 1500), "Pop")],
+        );
+        let path = format!("manifests/model_names_{generation}.json");
+        emu.seed_bucket_file(BUCKET, &path, &older.to_canonical_bytes());
+        let remote = GitRemote::new(&t.path().join("gh"), "Models", None);
+        let github_alone = [(false, true)];
+        let mut open_hub = || -> artifact_store::Result<Box<dyn Store>> {
+            Ok(Box::new(HfBucketStore::new(BUCKET, config.clone())?))
+        };
+
+        let err =
+            check_github_only(&github_alone, None, generation, &m, &mut open_hub).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("GitHub would be ahead of the Hub")
+                && msg.contains(&format!("holds another {path}")),
+            "{generation}: {msg}"
+        );
+        assert_eq!(remote.remote_subjects(), ["init"]);
+        assert!(emu.ops().is_empty(), "the Hub is only read");
+
+        emu.seed_bucket_file(BUCKET, &path, &m.to_canonical_bytes());
+        let ok = check_github_only(&github_alone, None, generation, &m, &mut open_hub).unwrap();
+        assert!(
+            matches!(ok, GithubOnly::HubHoldsSame { .. }),
+            "{generation}: {ok:?}"
+        );
+        let gh = GithubStore::open(&remote.checkout, "Models").unwrap();
+        publish(&m, &dir, &[&gh], &opts(generation, &pins), &mut |_| {}).unwrap();
+        assert_eq!(
+            remote.remote_subjects().last().unwrap(),
+            &format!("Publish model_names_{generation}.json")
+        );
+    }
+}

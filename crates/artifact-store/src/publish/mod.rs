@@ -33,10 +33,12 @@ use crate::error::{Error, Refusal, Result};
 use crate::retry::RetryPolicy;
 use crate::store::Store;
 
+mod ahead;
 mod execute;
 mod inspect;
 mod plan;
 
+pub use ahead::{GithubOnly, HubManifest, check_github_only, decide_github_only};
 use execute::publish_one;
 pub use inspect::{StoreProblem, StoreProblemKind, VariantTarget, variant_targets};
 pub use plan::*;

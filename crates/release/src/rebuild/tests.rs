@@ -397,7 +397,14 @@ fn variant_block_table() {
         let mut with = rec.clone();
         with.variants = vec![rebuilt.clone()];
         // (case, base has a variant, record, block written (size), dropped reasons)
-        let cases: Vec<(&str, bool, Option<&BuildRecord>, Option<u64>, Vec<&str>)> = vec![
+        type Case<'a> = (
+            &'a str,
+            bool,
+            Option<&'a BuildRecord>,
+            Option<u64>,
+            Vec<&'a str>,
+        );
+        let cases: Vec<Case> = vec![
             ("no variant, no build", false, None, None, vec![]),
             ("no variant, built", false, Some(&rec), None, vec![]),
             (
