@@ -250,3 +250,60 @@ fn a_gpu_flag_that_is_not_what_was_built_is_refused_before_any_store() {
         }
     }
 }
+
+#[test]
+fn release_validation_names_each_missing_variant_field_with_the_command_that_fixes_it() {
+    for generation in ["v25", "v26"] {
+        let t = tempfile::tempdir().unwrap();
+        let data = artifact_bytes(63, 2500);
+        let r = release(t.path(), generation, &data, false);
+        let mut m: Value = serde_json::from_slice(&std::fs::read(&r.manifest).unwrap()).unwrap();
+        m["models"][0]["accelerator_artifacts"] = json!({"chestnut": {
+            "artifact_format": "tinygrad_single_v1",
+            "artifact_filename": "pop223_driving_chestnut_tinygrad.pkl",
+            "artifact_size": 1800,
+            "execution_device": "AMD"
+        }});
+        std::fs::write(&r.manifest, m.to_string()).unwrap();
+        let before = std::fs::read(&r.manifest).unwrap();
+        let o = cli(&["manifest", "validate", "--mode", "release", s(&r.manifest)]);
+        assert_eq!(
+            o.status.code(),
+            Some(3),
+            "{generation}: {}",
+            text(&o.stderr)
+        );
+        let out = format!("{}{}", text(&o.stdout), text(&o.stderr));
+        for field in ["artifact_sha256", "artifact_chunk_count"] {
+            assert!(
+                out.contains(&format!(
+                    "models[0].accelerator_artifacts.chestnut.{field}: missing; required for every published accelerator variant"
+                )),
+                "{generation}: {out}"
+            );
+        }
+        assert!(
+            out.contains(
+                "release-cli manifest set-artifact MANIFEST DIR --model pop223 --variant chestnut"
+            ),
+            "{generation}: {out}"
+        );
+        // The catalog level does not ask for them; the file is untouched.
+        let o = cli(&["manifest", "validate", s(&r.manifest)]);
+        assert!(
+            !text(&o.stdout).contains("artifact_chunk_count"),
+            "{generation}: {}",
+            text(&o.stdout)
+        );
+        assert_eq!(std::fs::read(&r.manifest).unwrap(), before);
+
+        // And publish refuses it before opening any store.
+        let store = t.path().join("store");
+        let err = refused(&publish(&r, &[s(&store)], &[]));
+        assert!(
+            err.contains("accelerator_artifacts.chestnut"),
+            "{generation}: {err}"
+        );
+        assert!(!store.exists());
+    }
+}

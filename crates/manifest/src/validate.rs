@@ -573,6 +573,7 @@ fn check_variants_release(map: &Map<String, Value>, path: &str, sink: &mut Sink<
         return;
     };
     let apath = join_key(path, keys::ACCELERATOR_ARTIFACTS);
+    let id = map.get(keys::ID).and_then(Value::as_str).unwrap_or("ID");
     for (name, variant) in variants {
         let Value::Object(fields) = variant else {
             continue; // a reader problem already
@@ -583,7 +584,12 @@ fn check_variants_release(map: &Map<String, Value>, path: &str, sink: &mut Sink<
                 sink.push(
                     join_key(&vpath, key),
                     format!(
-                        "missing; required for every published accelerator variant: run                          `release-cli rebuild` for this generation (it rebuilds the variant or                          drops the {:?} block with a warning), or write the variant's                          artifact_size, artifact_sha256 and artifact_chunk_count",
+                        "missing; required for every published accelerator variant: run \
+                         `release-cli rebuild` for this generation (it rebuilds the variant or \
+                         drops the block with a warning), or write them from the variant's \
+                         files with `release-cli manifest set-artifact MANIFEST DIR --model {} \
+                         --variant {}`",
+                        abbreviate(id),
                         abbreviate(name)
                     ),
                 );
@@ -730,6 +736,8 @@ mod tests {
                 for p in &got {
                     assert!(
                         p.message.contains("release-cli rebuild")
+                            && p.message.contains("for this generation (it rebuilds")
+                            && p.message.contains("--model gwm8223 --variant chestnut")
                             && p.message.contains("(model \"gwm8223\")"),
                         "{generation} {name}: {p}"
                     );
