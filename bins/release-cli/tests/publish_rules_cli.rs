@@ -307,3 +307,133 @@ fn release_validation_names_each_missing_variant_field_with_the_command_that_fix
         assert!(!store.exists());
     }
 }
+
+/// `rebuild` of a made-up v26 against the loopback sshd and the stand-in `./models`: the base
+/// catalog's v25 Chestnut variant is rebuilt with `--gpu` (never copied), lands beside the
+/// model's chunk set under the variant's name, and `publish` uploads it from `ready/`.
+#[test]
+fn rebuild_rebuilds_a_chestnut_variant_on_the_compiler_and_publish_uploads_it() {
+    use test_support::sshd::{DeviceRoot, Sshd};
+    let Some(sshd) = Sshd::start() else { return };
+    let dev = DeviceRoot::new(Some(V26_PIN));
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let write = |p: &str, body: &[u8]| {
+        let p = root.join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, body).unwrap();
+    };
+    write("store/onnx/sc23/driving_supercombo.onnx", b"sc supercombo");
+    write("map.json", br#"{"sc23": {"input_format": "supercombo"}}"#);
+    let v25_variant = json!({
+        "artifact_format": "tinygrad_single_v1",
+        "artifact_filename": "sc23_driving_chestnut_tinygrad.pkl",
+        "artifact_size": 67571389,
+        "artifact_sha256": "5198df6889af1244f1daa9cd29388e2a3992328f91d7f44d2633e8702a4e19d1",
+        "artifact_chunk_count": 0,
+        "execution_device": "AMD"
+    });
+    let base = json!({"models": [{
+        "id": "sc23", "name": "SC", "version": "v9", "series": "OP Series",
+        "released": "2025-01-02", "community_favorite": true, "model_size": "small",
+        "accelerator_artifacts": {"chestnut": v25_variant}
+    }]});
+    write("base.json", base.to_string().as_bytes());
+    let ssh_config = s(sshd.ssh_config()).to_string();
+    let remote_root = dev.remote_root().to_str().unwrap().to_string();
+    let o = crate::common::cli_in(
+        &[
+            "rebuild",
+            "--workspace",
+            "ws",
+            "--source-map",
+            "map.json",
+            "--base-manifest",
+            "base.json",
+            "--sources",
+            "store",
+            "--generation",
+            "v26",
+            "--json",
+            "--remote",
+            Sshd::alias(),
+            "--allow-other-compiler",
+            "--ssh-config",
+            &ssh_config,
+            "--remote-root",
+            &remote_root,
+            "--tinygrad-commit",
+            V26_PIN,
+        ],
+        root,
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(summary["variants_dropped"], json!([]), "{summary}");
+    let calls = dev.calls();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(
+        calls[0].starts_with("--sc23 --version v9 --input-dir"),
+        "{calls:?}"
+    );
+    assert!(
+        calls[1].starts_with("--sc23 --version v9 --gpu"),
+        "{calls:?}"
+    );
+
+    let ready = root.join("ws/ready");
+    let mpath = ready.join("model_names_v26.json");
+    let m: Value = serde_json::from_slice(&std::fs::read(&mpath).unwrap()).unwrap();
+    let v = &m["models"][0]["accelerator_artifacts"]["chestnut"];
+    assert_ne!(v["artifact_sha256"], v25_variant["artifact_sha256"], "{v}");
+    assert_eq!(v["artifact_filename"], "sc23_driving_chestnut_tinygrad.pkl");
+    assert_eq!(v["execution_device"], "AMD");
+    // The variant's chunk set in ready/sc23/ verifies against the manifest's fields, and the
+    // model's own set is untouched by it (a different build: QCOM).
+    let vsha = v["artifact_sha256"].as_str().unwrap();
+    let count = v["artifact_chunk_count"].to_string();
+    let o = cli(&[
+        "chunk",
+        "verify",
+        s(&ready.join("sc23/sc23_driving_chestnut_tinygrad.pkl")),
+        "--sha256",
+        vsha,
+        "--chunk-count",
+        &count,
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_ne!(m["models"][0]["artifact_sha256"].as_str().unwrap(), vsha);
+    assert!(!ready.join("sc23/.variant-chestnut").exists());
+
+    // publish takes the variant from ready/sc23/.
+    let openpilot = root.join("openpilot");
+    std::fs::create_dir_all(&openpilot).unwrap();
+    std::fs::write(
+        openpilot.join("tinygrad_pins.json"),
+        json!({"v26": V26_PIN}).to_string(),
+    )
+    .unwrap();
+    let ws = covering_records(&root.join("ws"), &mpath);
+    let store = root.join("store-out");
+    let o = cli(&[
+        "publish",
+        "--generation",
+        "v26",
+        "--manifest",
+        s(&mpath),
+        "--artifacts",
+        s(&ready),
+        "--workspace",
+        s(&ws),
+        "--openpilot",
+        s(&openpilot),
+        "--to",
+        s(&store),
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        store
+            .join("models/v26/sc23/sc23_driving_chestnut_tinygrad.pkl.chunkmanifest")
+            .is_file()
+    );
+}

@@ -8,6 +8,7 @@
 //! <workspace>/results/<id>.json            success record (what was built, with which pin)
 //! <workspace>/results/<id>.failure.json    failure record of the latest attempt
 //! <workspace>/ready/<id>/<id>_driving_tinygrad.pkl.chunkNNofMM + .sha256 + .chunkmanifest
+//! <workspace>/ready/<id>/<id>_driving_<variant>_tinygrad.pkl…   a rebuilt accelerator variant
 //! <workspace>/ready/model_names_<gen>.json the manifest for `release-cli publish`
 //! ```
 //!
