@@ -182,6 +182,9 @@ fn publish_signs_each_release_and_uploads_the_signature_before_the_manifest() {
             s(&store).into(),
             "--to".into(),
             gh.clone(),
+            // No Hub store here: GitHub goes with the local store only.
+            "--github-only".into(),
+            "test: no Hub in this test".into(),
         ];
         for k in keys {
             a.push("--sign-key".into());

@@ -84,6 +84,9 @@ fn publish_dry_run_then_publish_to_a_directory_and_github() {
             store.to_str().unwrap(),
             "--to",
             &gh,
+            // No Hub store here: GitHub goes with the local store only.
+            "--github-only",
+            "test: no Hub in this test",
         ];
         v.extend_from_slice(extra);
         v.iter().map(|s| s.to_string()).collect::<Vec<_>>()

@@ -7,6 +7,7 @@ mod chunk_cli;
 mod cli_surface;
 mod common;
 mod manifest_cli;
+mod publish_rules_cli;
 mod rehearse_cli;
 mod release_contract;
 mod sign_cli;

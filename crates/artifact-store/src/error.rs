@@ -202,6 +202,14 @@ pub enum Refusal {
     },
     /// A Hugging Face store given after a GitHub one.
     StoreOrder { hf: String, github: String },
+    /// GitHub without the Hub, and the Hub does not serve this manifest.
+    GithubAheadOfHub {
+        hub: String,
+        path: String,
+        hub_has_one: bool,
+    },
+    /// `--github-only` with an empty reason.
+    GithubOnlyNoReason,
     /// The manifest's own `generation` is not `--generation`.
     GenerationMismatch {
         manifest: manifest::Generation,
@@ -255,6 +263,23 @@ impl std::fmt::Display for Refusal {
             } => write!(
                 f,
                 "{store}: the live manifest {path} does not parse ({source}); fix it by hand before publishing over it"
+            ),
+            Refusal::GithubAheadOfHub {
+                hub,
+                path,
+                hub_has_one,
+            } => write!(
+                f,
+                "GitHub would be ahead of the Hub: {hub} {} {path}, and devices try the Hub first; next: publish to the Hub first (--to hf://buckets/NS/NAME before the github: store), or pass --github-only \"REASON\" (written into the publish record)",
+                if *hub_has_one {
+                    "holds another"
+                } else {
+                    "holds no"
+                }
+            ),
+            Refusal::GithubOnlyNoReason => write!(
+                f,
+                "--github-only needs a reason, e.g. --github-only \"Hub outage, republished there later\"; it is written into the publish record"
             ),
             Refusal::StoreOrder { hf, github } => write!(
                 f,

@@ -5,5 +5,6 @@
 mod common;
 mod hub_serve_reuse;
 mod publish_local_git;
+mod publish_rules;
 mod republish_window;
 mod serve_hostile;

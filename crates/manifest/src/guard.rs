@@ -170,8 +170,21 @@ pub fn diff(old: &Manifest, new: &Manifest) -> ManifestDiff {
 pub enum UnexpectedChange {
     Added(ModelId),
     Removed(ModelId),
-    Changed { id: ModelId, field: String },
-    TopLevel { field: String },
+    Changed {
+        id: ModelId,
+        field: String,
+    },
+    TopLevel {
+        field: String,
+    },
+    /// The behaviour version or `uses_external_gpu` of a model would change within the
+    /// generation: refused for every model, intended or not.
+    Fixed {
+        id: ModelId,
+        field: String,
+        old: Option<Value>,
+        new: Option<Value>,
+    },
 }
 
 impl fmt::Display for UnexpectedChange {
@@ -190,13 +203,36 @@ impl fmt::Display for UnexpectedChange {
                 "model {id}: field {field} would change, but {id} is not among the intended models"
             ),
             Self::TopLevel { field } => write!(f, "top-level field {field} would change"),
+            Self::Fixed {
+                id,
+                field,
+                old,
+                new,
+            } => {
+                let show = |v: &Option<Value>| match v {
+                    Some(v) => crate::validate::abbreviate(&v.to_string()),
+                    None => "(absent)".into(),
+                };
+                write!(
+                    f,
+                    "model {id}: {field} {} -> {} would change within the generation, which \
+                     devices running it cannot tell apart; keep {field} as it is live (rerun \
+                     `release-cli rebuild` with the live manifest as --base-manifest), or \
+                     publish the change as a new model ID",
+                    show(old),
+                    show(new)
+                )
+            }
         }
     }
 }
 
 /// Refuses to replace `live` by `new` unless every difference is expected: a model may be
 /// added, removed or changed only when its ID is in `intended`, and no other entry may change
-/// in any field, including inside `accelerator_artifacts`.
+/// in any field, including inside `accelerator_artifacts`. The behaviour version and
+/// `uses_external_gpu` of a model on both sides never change within a generation, whether its
+/// ID is intended or not ([`fixed_within_generation`]): `rebuild` gives every model a
+/// directory, so "intended" alone would let them drift.
 ///
 /// At the top level, our extension keys `generation` and `tinygrad_commit` may be *added* (the
 /// first publish by this tool onto a manifest the Python tools wrote); any other top-level
@@ -223,18 +259,49 @@ pub fn guard(
     for id in d.removed.iter().filter(|id| !intended.contains(*id)) {
         changes.push(UnexpectedChange::Removed(id.clone()));
     }
-    for m in d.changed.iter().filter(|m| !intended.contains(&m.id)) {
+    for m in &d.changed {
+        let (before, after) = (live.get(&m.id), new.get(&m.id));
         for c in &m.fields {
-            changes.push(UnexpectedChange::Changed {
-                id: m.id.clone(),
-                field: c.field.clone(),
-            });
+            let really_differs = match (before, after) {
+                (Some(b), Some(a)) => fixed_values_differ(&c.field, b, a),
+                _ => true,
+            };
+            if fixed_within_generation(&c.field) && really_differs {
+                changes.push(UnexpectedChange::Fixed {
+                    id: m.id.clone(),
+                    field: c.field.clone(),
+                    old: c.old.clone(),
+                    new: c.new.clone(),
+                });
+            } else if !intended.contains(&m.id) {
+                changes.push(UnexpectedChange::Changed {
+                    id: m.id.clone(),
+                    field: c.field.clone(),
+                });
+            }
         }
     }
     if changes.is_empty() {
         Ok(())
     } else {
         Err(GuardRefusal { changes })
+    }
+}
+
+/// The entry fields that never change within a generation, for any model: its behaviour
+/// version and `uses_external_gpu`.
+pub fn fixed_within_generation(field: &str) -> bool {
+    field == keys::VERSION || field == keys::USES_EXTERNAL_GPU
+}
+
+/// Whether a fixed field differs in meaning: an absent `uses_external_gpu` is `false` (what
+/// devices read), so writing the flag out where the Python tools left it absent is no change of
+/// target.
+fn fixed_values_differ(field: &str, before: &crate::ModelEntry, after: &crate::ModelEntry) -> bool {
+    if field == keys::USES_EXTERNAL_GPU {
+        before.uses_external_gpu() != after.uses_external_gpu()
+    } else {
+        before.get(field) != after.get(field)
     }
 }
 
@@ -381,6 +448,149 @@ pub fn generation_guard(
         Ok(())
     } else {
         Err(GenerationRefusal { changes })
+    }
+}
+
+#[cfg(test)]
+mod within_generation_tests {
+    use super::*;
+    use serde_json::json;
+
+    /// (id, version, uses_external_gpu: None = absent)
+    fn m(generation: &str, pin: &str, entries: &[(&str, &str, Option<bool>)]) -> Manifest {
+        let models: Vec<Value> = entries
+            .iter()
+            .map(|(id, v, gpu)| {
+                let mut e = json!({"id": id, "name": id, "version": v});
+                if let Some(g) = gpu {
+                    e["uses_external_gpu"] = json!(g);
+                }
+                e
+            })
+            .collect();
+        Manifest::from_value(
+            json!({"generation": generation, "tinygrad_commit": pin, "models": models}),
+        )
+        .unwrap()
+    }
+
+    fn ids(list: &[&str]) -> BTreeSet<ModelId> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    /// Version and GPU flag are fixed for every model, intended (a directory in --artifacts)
+    /// or not; other fields of intended models may change. For v25 and a made-up v26.
+    #[test]
+    fn version_and_gpu_flag_are_fixed_for_every_model() {
+        let v25_pin = crate::PinTable::builtin()
+            .get("v25".parse().unwrap())
+            .unwrap()
+            .to_string();
+        for (generation, pin) in [
+            ("v25", v25_pin.as_str()),
+            ("v26", "00112233445566778899aabbccddeeff00112233"),
+        ] {
+            let live = m(
+                generation,
+                pin,
+                &[("pop", "v15", None), ("chest", "v16", Some(true))],
+            );
+            type Case<'a> = (&'a str, Manifest, &'a [&'a str], Vec<(&'a str, &'a str)>);
+            let cases: Vec<Case> = vec![
+                ("unchanged", live.clone(), &["pop", "chest"], vec![]),
+                (
+                    "absent flag written as false: same target",
+                    m(
+                        generation,
+                        pin,
+                        &[("pop", "v15", Some(false)), ("chest", "v16", Some(true))],
+                    ),
+                    &["pop"],
+                    vec![],
+                ),
+                (
+                    "intended model changes its version",
+                    m(
+                        generation,
+                        pin,
+                        &[("pop", "v16", None), ("chest", "v16", Some(true))],
+                    ),
+                    &["pop", "chest"],
+                    vec![("pop", "version")],
+                ),
+                (
+                    "intended model becomes a Chestnut build",
+                    m(
+                        generation,
+                        pin,
+                        &[("pop", "v15", Some(true)), ("chest", "v16", Some(true))],
+                    ),
+                    &["pop", "chest"],
+                    vec![("pop", "uses_external_gpu")],
+                ),
+                (
+                    "intended Chestnut model becomes QCOM",
+                    m(
+                        generation,
+                        pin,
+                        &[("pop", "v15", None), ("chest", "v16", Some(false))],
+                    ),
+                    &["pop", "chest"],
+                    vec![("chest", "uses_external_gpu")],
+                ),
+                (
+                    "not intended: fixed field named as fixed",
+                    m(
+                        generation,
+                        pin,
+                        &[("pop", "v14", None), ("chest", "v16", Some(true))],
+                    ),
+                    &[],
+                    vec![("pop", "version")],
+                ),
+            ];
+            for (name, new, intended, want) in cases {
+                let got: Vec<(String, String)> = match guard(&live, &new, &ids(intended)) {
+                    Ok(()) => vec![],
+                    Err(r) => r
+                        .changes
+                        .iter()
+                        .map(|c| match c {
+                            UnexpectedChange::Fixed { id, field, .. } => {
+                                (id.to_string(), field.clone())
+                            }
+                            other => panic!("{generation} {name}: unexpected {other}"),
+                        })
+                        .collect(),
+                };
+                let want: Vec<(String, String)> = want
+                    .iter()
+                    .map(|(i, f)| (i.to_string(), f.to_string()))
+                    .collect();
+                assert_eq!(got, want, "{generation} {name}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_fixed_refusal_says_what_to_do() {
+        let live = m(
+            "v26",
+            "00112233445566778899aabbccddeeff00112233",
+            &[("pop", "v15", None)],
+        );
+        let new = m(
+            "v26",
+            "00112233445566778899aabbccddeeff00112233",
+            &[("pop", "v16", None)],
+        );
+        let text = guard(&live, &new, &ids(&["pop"])).unwrap_err().to_string();
+        assert!(
+            text.contains(
+                "model pop: version \"v15\" -> \"v16\" would change within the generation"
+            ) && text.contains("new model ID"),
+            "{text}"
+        );
     }
 }
 

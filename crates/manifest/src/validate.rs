@@ -562,7 +562,48 @@ fn check_entry_strict(
             );
         }
     }
+    check_variants_release(map, path, &mut sink);
 }
+
+/// Release rule for `accelerator_artifacts`: a variant is an artifact a device downloads, so it
+/// needs its size, SHA-256 and chunk count like the entry itself. A variant without them makes
+/// a Chestnut device fall back to RDF V4 silently.
+fn check_variants_release(map: &Map<String, Value>, path: &str, sink: &mut Sink<'_>) {
+    let Some(Value::Object(variants)) = map.get(keys::ACCELERATOR_ARTIFACTS) else {
+        return;
+    };
+    let apath = join_key(path, keys::ACCELERATOR_ARTIFACTS);
+    let id = map.get(keys::ID).and_then(Value::as_str).unwrap_or("ID");
+    for (name, variant) in variants {
+        let Value::Object(fields) = variant else {
+            continue; // a reader problem already
+        };
+        let vpath = join_key(&apath, name);
+        for key in VARIANT_RELEASE_REQUIRED {
+            if !fields.contains_key(key) {
+                sink.push(
+                    join_key(&vpath, key),
+                    format!(
+                        "missing; required for every published accelerator variant: run \
+                         `release-cli rebuild` for this generation (it rebuilds the variant or \
+                         drops the block with a warning), or write them from the variant's \
+                         files with `release-cli manifest set-artifact MANIFEST DIR --model {} \
+                         --variant {}`",
+                        abbreviate(id),
+                        abbreviate(name)
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// What release validation requires of each `accelerator_artifacts` variant.
+pub const VARIANT_RELEASE_REQUIRED: [&str; 3] = [
+    keys::ARTIFACT_SIZE,
+    keys::ARTIFACT_SHA256,
+    keys::ARTIFACT_CHUNK_COUNT,
+];
 
 /// Rules shared by an entry and its accelerator variants.
 fn check_artifact_fields_strict(map: &Map<String, Value>, path: &str, sink: &mut Sink<'_>) {
@@ -620,6 +661,96 @@ mod tests {
             ("idx", Some("id")),
         ] {
             assert_eq!(closest_key(unknown, &ENTRY_KEYS), want, "{unknown}");
+        }
+    }
+
+    /// Release validation of `accelerator_artifacts` variants: size, SHA-256 and chunk count
+    /// are required, each missing one named by its JSON path with the command that fixes it;
+    /// the catalog level does not require the count. Run for the v25 pin of the table and a
+    /// made-up v26 with a made-up pin.
+    #[test]
+    fn release_requires_variant_size_digest_and_count() {
+        let sha = "5198df6889af1244f1daa9cd29388e2a3992328f91d7f44d2633e8702a4e19d1";
+        let full = serde_json::json!({
+            "artifact_format": "tinygrad_single_v1",
+            "artifact_filename": "gwm8223_driving_chestnut_tinygrad.pkl",
+            "artifact_size": 67571389,
+            "artifact_sha256": sha,
+            "artifact_chunk_count": 0,
+            "execution_device": "AMD"
+        });
+        let without = |keys: &[&str]| {
+            let mut v = full.clone();
+            for k in keys {
+                v.as_object_mut().unwrap().remove(*k);
+            }
+            v
+        };
+        let vp = "models[0].accelerator_artifacts.chestnut";
+        let cases: Vec<(&str, Value, Vec<String>)> = vec![
+            ("complete variant", full.clone(), vec![]),
+            (
+                "no size",
+                without(&["artifact_size", "artifact_sha256"]),
+                vec![
+                    format!("{vp}.artifact_size"),
+                    format!("{vp}.artifact_sha256"),
+                ],
+            ),
+            (
+                "no count",
+                without(&["artifact_chunk_count"]),
+                vec![format!("{vp}.artifact_chunk_count")],
+            ),
+            (
+                "only the device",
+                serde_json::json!({"execution_device": "AMD"}),
+                vec![
+                    format!("{vp}.artifact_size"),
+                    format!("{vp}.artifact_sha256"),
+                    format!("{vp}.artifact_chunk_count"),
+                ],
+            ),
+        ];
+        let v25: Generation = "v25".parse().unwrap();
+        let v25_pin = crate::PinTable::builtin().get(v25).unwrap().to_string();
+        for (generation, pin) in [
+            ("v25", v25_pin.as_str()),
+            ("v26", "0123456789abcdef0123456789abcdef01234567"),
+        ] {
+            for (name, variant, want) in &cases {
+                let doc = serde_json::json!({
+                    "generation": generation,
+                    "tinygrad_commit": pin,
+                    "models": [{
+                        "id": "gwm8223", "name": "GWM", "version": "v11", "series": "WM",
+                        "released": "2025-09-28", "community_favorite": true,
+                        "artifact_format": "tinygrad_single_v1", "artifact_size": 10,
+                        "artifact_sha256": sha, "artifact_chunk_count": 1,
+                        "accelerator_artifacts": {"chestnut": variant}
+                    }]
+                });
+                let got = check_document(&doc, ValidationMode::Release);
+                let paths: Vec<&str> = got.iter().map(|p| p.path.as_str()).collect();
+                assert_eq!(paths, *want, "{generation} {name}: {got:#?}");
+                for p in &got {
+                    assert!(
+                        p.message.contains("release-cli rebuild")
+                            && p.message.contains("for this generation (it rebuilds")
+                            && p.message.contains("--model gwm8223 --variant chestnut")
+                            && p.message.contains("(model \"gwm8223\")"),
+                        "{generation} {name}: {p}"
+                    );
+                }
+                // Size and digest go together at the catalog level; the count is release-only.
+                let catalog = check_document(&doc, ValidationMode::Catalog);
+                assert!(
+                    catalog
+                        .iter()
+                        .all(|p| !p.path.ends_with("artifact_chunk_count")),
+                    "{generation} {name}: {catalog:#?}"
+                );
+            }
         }
     }
 

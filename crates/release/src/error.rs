@@ -261,6 +261,16 @@ pub enum Error {
     )]
     ModelsFailed { ids: Vec<ModelId>, results: PathBuf },
 
+    /// `uses_external_gpu` in the manifest is not what the build records say was built.
+    #[error(
+        "publish refused: uses_external_gpu disagrees with the build record:\n  {}\nnext: set \
+         uses_external_gpu to what was built (rerun `release-cli rebuild`, which writes it from \
+         the record), or rebuild the model for the target the catalog says (the source map's \
+         uses_external_gpu)",
+        mismatches.join("\n  ")
+    )]
+    GpuFlag { mismatches: Vec<String> },
+
     /// A chunk-set operation failed (its error names the file).
     #[error(transparent)]
     Chunk(#[from] chunker::Error),

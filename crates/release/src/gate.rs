@@ -850,6 +850,10 @@ pub struct PublishRecord {
     /// The models uploaded from `--artifacts`.
     pub models: Vec<String>,
     pub validation: GateOutcome,
+    /// Why GitHub could be published without the Hub (absent when a Hub store was published
+    /// too, or in records written before the rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub github_only: Option<artifact_store::publish::GithubOnly>,
 }
 
 #[cfg(test)]

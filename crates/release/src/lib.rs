@@ -13,6 +13,7 @@
 //! path or value involved and the next step.
 
 mod error;
+pub mod flags;
 pub mod rebuild;
 pub mod reuse;
 pub mod tree;

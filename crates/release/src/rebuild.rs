@@ -8,6 +8,7 @@
 //! <workspace>/results/<id>.json            success record (what was built, with which pin)
 //! <workspace>/results/<id>.failure.json    failure record of the latest attempt
 //! <workspace>/ready/<id>/<id>_driving_tinygrad.pkl.chunkNNofMM + .sha256 + .chunkmanifest
+//! <workspace>/ready/<id>/<id>_driving_<variant>_tinygrad.pkl…   a rebuilt accelerator variant
 //! <workspace>/ready/model_names_<gen>.json the manifest for `release-cli publish`
 //! ```
 //!
@@ -35,8 +36,8 @@ use crate::{Error, Result};
 
 pub use plan::{PlannedModel, SourceEntry, parse_source_map, plan};
 pub use record::{
-    BuildRecord, FailureRecord, RecordedArtifact, build_manifest, record_fits, record_matches,
-    recorded_version,
+    BuildRecord, FailureRecord, RecordedArtifact, RecordedVariant, VariantDropped, build_manifest,
+    record_fits, record_matches, recorded_version, variant_block,
 };
 use record::{read_json, ready_verifies, write_json};
 pub use remote::{RemoteBuilder, fetch_sources};
@@ -159,6 +160,23 @@ pub trait Builder {
         log: &Path,
         say: &mut dyn FnMut(&str),
     ) -> Result<FetchedArtifact, BuildError>;
+
+    /// Compile the `accelerator_artifacts` variant `variant` (v25: `chestnut`, an AMD build)
+    /// of `model` from the same `sources`, leaving its verified artifact
+    /// `<id>_driving_<variant>_tinygrad.pkl` in `out` beside the model's. `Ok(None)`: this
+    /// builder cannot build that variant, and the rebuilt manifest drops it with a warning.
+    fn compile_variant(
+        &mut self,
+        model: &PlannedModel,
+        variant: &str,
+        sources: &[PathBuf],
+        out: &Path,
+        log: &Path,
+        say: &mut dyn FnMut(&str),
+    ) -> Result<Option<FetchedArtifact>, BuildError> {
+        let _ = (model, variant, sources, out, log, say);
+        Ok(None)
+    }
 }
 
 // ---- the run ------------------------------------------------------------------------------
@@ -201,6 +219,9 @@ pub struct Summary {
     pub not_in_catalog: Vec<ModelId>,
     /// Catalog models without an artifact for this generation yet.
     pub without_artifact: Vec<ModelId>,
+    /// `accelerator_artifacts` variants of the base catalog the manifest does not carry
+    /// because they were not rebuilt for this generation (never copied from the base).
+    pub variants_dropped: Vec<VariantDropped>,
     pub models: Vec<ModelOutcome>,
     /// Why the run stopped early, if it did.
     #[serde(skip)]
@@ -398,6 +419,12 @@ impl Rebuild {
 
         let records = self.manifest_records(this_run);
         let m = build_manifest(&self.base, &records, self.generation, &self.pin)?;
+        let variants_dropped: Vec<VariantDropped> = self
+            .base
+            .models()
+            .iter()
+            .flat_map(|e| variant_block(e, records.iter().find(|r| &r.id == e.id())).1)
+            .collect();
         let manifest_path = ws
             .join("ready")
             .join(manifest::layout::manifest_file_name(self.generation).as_str());
@@ -425,6 +452,7 @@ impl Rebuild {
                 .filter(|id| !records.iter().any(|r| &r.id == *id))
                 .cloned()
                 .collect(),
+            variants_dropped,
             models: outcomes,
             stopped,
             with_artifact: records.len(),
@@ -452,6 +480,7 @@ impl Rebuild {
         let a = builder.compile(p, &sources, &out, log, say)?;
         let chunk_sha256 =
             chunk_digests(&out, &a.name, a.chunk_count).map_err(BuildError::model)?;
+        let variants = self.build_variants(builder, p, &sources, &out, log, say);
         Ok(BuildRecord {
             id: id.clone(),
             status: "compiled".into(),
@@ -474,8 +503,56 @@ impl Rebuild {
                 files: a.files,
                 chunk_sha256,
             },
+            variants,
             log: log.to_path_buf(),
         })
+    }
+
+    /// Rebuild each `accelerator_artifacts` variant the base catalog lists for `p`. A variant
+    /// the builder cannot build, or whose build fails, is left out (the model still counts as
+    /// built); [`Summary::variants_dropped`] names it.
+    fn build_variants(
+        &self,
+        builder: &mut dyn Builder,
+        p: &PlannedModel,
+        sources: &[PathBuf],
+        out: &Path,
+        log: &Path,
+        say: &mut dyn FnMut(&str),
+    ) -> Vec<RecordedVariant> {
+        let Some(entry) = self.base.get(&p.source.id) else {
+            return Vec::new();
+        };
+        let mut built = Vec::new();
+        for (variant, declared) in entry.accelerators() {
+            say(&format!("compiling accelerator variant {variant}"));
+            match builder.compile_variant(p, &variant, sources, out, log, say) {
+                Ok(Some(a)) => {
+                    let chunk_sha256 =
+                        chunk_digests(out, &a.name, a.chunk_count).unwrap_or_default();
+                    built.push(RecordedVariant {
+                        variant,
+                        execution_device: declared.execution_device,
+                        artifact: RecordedArtifact {
+                            name: a.name,
+                            size: a.size,
+                            sha256: a.sha256,
+                            chunk_count: a.chunk_count,
+                            files: a.files,
+                            chunk_sha256,
+                        },
+                    });
+                }
+                Ok(None) => say(&format!(
+                    "accelerator variant {variant}: this builder cannot build it; dropped"
+                )),
+                Err(e) => say(&format!(
+                    "accelerator variant {variant} FAILED: {}; dropped",
+                    e.message
+                )),
+            }
+        }
+        built
     }
 
     /// Every success record for this generation and pin counts, including models outside this

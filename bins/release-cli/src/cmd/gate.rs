@@ -14,9 +14,9 @@ use crate::{CliError, CliResult};
 pub fn release_error(e: release::Error) -> CliError {
     match e {
         release::Error::NotACheckout { .. } => CliError::usage(e),
-        release::Error::Record { .. } | release::Error::ValidationGate { .. } => {
-            CliError::check_failed(e)
-        }
+        release::Error::Record { .. }
+        | release::Error::ValidationGate { .. }
+        | release::Error::GpuFlag { .. } => CliError::check_failed(e),
         e => CliError::failure(e),
     }
 }
@@ -154,6 +154,7 @@ pub fn write_publish_record(
     stores: &[String],
     models: &[String],
     validation: &GateOutcome,
+    github_only: &artifact_store::publish::GithubOnly,
 ) -> CliResult<PathBuf> {
     let path = release::records::publish_record_path(manifest_path);
     let rec = PublishRecord {
@@ -165,6 +166,10 @@ pub fn write_publish_record(
         stores: stores.to_vec(),
         models: models.to_vec(),
         validation: validation.clone(),
+        github_only: match github_only {
+            artifact_store::publish::GithubOnly::NotGithubOnly => None,
+            other => Some(other.clone()),
+        },
     };
     release::records::write(&path, &rec).map_err(release_error)?;
     Ok(path)

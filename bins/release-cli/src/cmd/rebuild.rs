@@ -48,7 +48,8 @@ pub struct RebuildArgs {
     pub dry_run: bool,
     /// Print the final summary `{"workspace","generation","tinygrad_commit","manifest","compiled",
     /// "skipped","failed","not_attempted","not_in_catalog","without_artifact",
-    /// "models":[{"id","status","error"?}]}` (with --dry-run `{"dry_run":true,"workspace",
+    /// "variants_dropped":[{"id","variant","reason"}],"models":[{"id","status","error"?}]}`
+    /// (with --dry-run `{"dry_run":true,"workspace",
     /// "generation","tinygrad_commit","sources","manifest","not_in_catalog","models":[{"id",
     /// "action":"skip"|"build","version","source_id","input_format","gpu","fetch"?,"plan"?}]}`,
     /// `plan` shaped as `compile --dry-run --json`'s).
@@ -148,6 +149,10 @@ pub fn run(args: RebuildArgs) -> CliResult {
             summary.with_artifact + summary.without_artifact.len(),
             args.generation
         )?;
+    }
+    // Warnings go to stderr in both modes; --json also lists them as "variants_dropped".
+    for d in &summary.variants_dropped {
+        eprintln!("warning: {d}");
     }
     // With --json the summary above already says what failed.
     summary

@@ -90,6 +90,14 @@ pub struct PublishArgs {
     /// stem>.publish.json` beside the manifest).
     #[arg(long, value_name = "REASON")]
     pub skip_validation: Option<String>,
+    /// Allow a github: store without an hf:// one although the Hub (--hub) does not serve this
+    /// manifest; the reason is written into the publish record. Without it such a publish is
+    /// refused: devices try the Hub first, so GitHub is never ahead of it.
+    #[arg(long, value_name = "REASON")]
+    pub github_only: Option<String>,
+    /// The Hub store whose live manifest a GitHub-only publish is compared with (read only).
+    #[arg(long, value_name = "STORE", default_value = release::rebuild::DEFAULT_SOURCES)]
+    pub hub: String,
     #[command(flatten)]
     pub access: StoreAccess,
     /// Print one JSON line per event (`{"event":…}`), then the report `{"dry_run","generation",
@@ -167,8 +175,13 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             gaps.len()
         );
     }
+    // uses_external_gpu must be what the workspace's build records say was built.
+    if let Some(ws) = &args.workspace {
+        release::flags::check_gpu_flags(&manifest, ws).map_err(super::gate::release_error)?;
+    }
     let stores = open_stores(&args.to, &args.access)?;
     let store_refs: Vec<&dyn Store> = stores.iter().map(|s| s.as_ref()).collect();
+    let github_only = github_only_gate(&args, &manifest)?;
     let opts = PublishOptions {
         generation: args.generation,
         dry_run: args.dry_run,
@@ -280,6 +293,7 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
                 .collect::<Vec<_>>(),
             &report.models,
             &validation,
+            &github_only,
         )?)
     };
     if json {
@@ -310,6 +324,32 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
         );
     }
     Ok(())
+}
+
+/// GitHub never ahead of the Hub: `artifact_store::publish::check_github_only` over the
+/// `--to` stores, opening `--hub` only when it must be read.
+fn github_only_gate(
+    args: &PublishArgs,
+    manifest: &Manifest,
+) -> CliResult<artifact_store::publish::GithubOnly> {
+    let kinds: Vec<(bool, bool)> = args
+        .to
+        .iter()
+        .map(|s| StoreSpec::parse(s).map(|s| (s.is_hf(), s.is_github())))
+        .collect::<Result<_, _>>()
+        .map_err(store_error)?;
+    let decision = artifact_store::publish::check_github_only(
+        &kinds,
+        args.github_only.as_deref(),
+        args.generation,
+        manifest,
+        &mut || args.access.open(&StoreSpec::parse(&args.hub)?),
+    )
+    .map_err(store_error)?;
+    if let artifact_store::publish::GithubOnly::Flag { reason } = &decision {
+        eprintln!("warning: publishing to GitHub without the Hub ({reason}); recorded");
+    }
+    Ok(decision)
 }
 
 /// The publish report with what the validation gate decided.

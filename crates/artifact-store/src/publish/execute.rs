@@ -55,7 +55,12 @@ pub(super) fn publish_one(
         for f in &art.files {
             observed.push(observe(store, &dir.join(&f.name)?, f)?);
         }
-        let plain_present = store.stat(&dir.join(&art.name)?)?.is_some();
+        // A plain file shadows a chunk set; a plain variant is itself the file to upload.
+        let chunked = art
+            .files
+            .iter()
+            .any(|f| f.role == super::FileRole::ChunkManifest);
+        let plain_present = chunked && store.stat(&dir.join(&art.name)?)?.is_some();
         plans.push((
             art,
             dir.clone(),
@@ -103,7 +108,7 @@ pub(super) fn publish_one(
     let would_upload: BTreeSet<&ModelId> = if opts.dry_run {
         local
             .iter()
-            .filter(|a| !a.files.is_empty())
+            .filter(|a| a.variant.is_none() && !a.files.is_empty())
             .map(|a| &a.id)
             .collect()
     } else {
@@ -116,7 +121,7 @@ pub(super) fn publish_one(
     } else {
         local
             .iter()
-            .filter(|a| !a.files.is_empty())
+            .filter(|a| a.variant.is_none() && !a.files.is_empty())
             .map(|a| &a.id)
             .collect()
     };

@@ -59,13 +59,43 @@ pub enum StoreProblemKind {
         found: Sha256Digest,
         manifest: Sha256Digest,
     },
+    /// A problem with one of the entry's `accelerator_artifacts` variants, which is neither in
+    /// `--artifacts <id>/` nor complete in the store.
+    Variant {
+        variant: String,
+        problem: Box<StoreProblemKind>,
+    },
+    /// A variant lacks its size, SHA-256 or chunk count, or its file name is not a bare name.
+    VariantUnpublishable { variant: String, reason: String },
 }
 
 impl std::fmt::Display for StoreProblem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let id = &self.model;
         write!(f, "model {id}: ")?;
-        match &self.kind {
+        fmt_kind(f, id, &self.kind)
+    }
+}
+
+fn fmt_kind(
+    f: &mut std::fmt::Formatter<'_>,
+    id: &ModelId,
+    kind: &StoreProblemKind,
+) -> std::fmt::Result {
+    {
+        match kind {
+            StoreProblemKind::Variant { variant, problem } => {
+                write!(f, "accelerator variant {variant:?}: ")?;
+                fmt_kind(f, id, problem)?;
+                write!(
+                    f,
+                    " (next: put the variant's file in --artifacts {id}/, or run `release-cli rebuild`, which rebuilds the variant or drops the block)"
+                )
+            }
+            StoreProblemKind::VariantUnpublishable { variant, reason } => write!(
+                f,
+                "accelerator variant {variant:?}: {reason} (next: run `release-cli manifest validate --mode release`, then `release-cli rebuild`)"
+            ),
             StoreProblemKind::NoArtifactFields => f.write_str(
                 "the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count",
             ),
@@ -127,10 +157,135 @@ pub(crate) fn check_entry(
     };
     let dir = StoreLayout::HfBucket.artifact_dir(generation, id);
     let name = entry_file_name(entry);
-    let count = artifact.chunk_count.get();
+    let want = Want {
+        size: artifact.size.get(),
+        sha256: artifact.sha256,
+        count: artifact.chunk_count.get(),
+    };
+    check_stored(store, &dir, &name, &want, deep, &mut push)
+}
+
+/// One accelerator variant of an entry as publish needs it: where it lives in the store, and
+/// what it must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VariantTarget {
+    pub variant: String,
+    /// `artifact_filename`, or `<id>_driving_<variant>_tinygrad.pkl` (the name devices fetch).
+    pub file_name: String,
+    pub size: u64,
+    pub sha256: Sha256Digest,
+    pub count: u32,
+}
+
+/// The variants of `entry`, each with its file name and expected size, digest and count; a
+/// variant lacking one of them (or with a name that is no bare file name) is an `Err` naming
+/// it. Pure.
+pub fn variant_targets(
+    entry: &ModelEntry,
+) -> Vec<std::result::Result<VariantTarget, StoreProblemKind>> {
+    entry
+        .accelerators()
+        .into_iter()
+        .map(|(variant, v)| {
+            let unpublishable = |reason: &str| StoreProblemKind::VariantUnpublishable {
+                variant: variant.clone(),
+                reason: reason.to_string(),
+            };
+            let file_name = match &v.filename {
+                Some(f) => f.as_str().to_string(),
+                None => {
+                    let n = format!("{}_driving_{variant}_tinygrad.pkl", entry.id());
+                    n.parse::<manifest::FileName>().map_err(|_| {
+                        unpublishable(
+                            "its name makes no valid file name; give it an artifact_filename",
+                        )
+                    })?;
+                    n
+                }
+            };
+            let (Some(size), Some(sha256), Some(count)) = (v.size, v.sha256, v.chunk_count) else {
+                return Err(unpublishable(
+                    "missing artifact_size, artifact_sha256 or artifact_chunk_count",
+                ));
+            };
+            Ok(VariantTarget {
+                variant,
+                file_name,
+                size: size.get(),
+                sha256,
+                count: count.get(),
+            })
+        })
+        .collect()
+}
+
+/// Check the accelerator variants of `entry` that `local` (the variants found in
+/// `--artifacts <id>/`) does not provide: each must be complete and matching in the store,
+/// an out-of-band container like the main artifact.
+pub(crate) fn check_variants(
+    store: &dyn Store,
+    generation: Generation,
+    entry: &ModelEntry,
+    local: &[String],
+    deep: bool,
+    problems: &mut Vec<StoreProblem>,
+) -> Result<()> {
+    let id = entry.id();
+    let dir = StoreLayout::HfBucket.artifact_dir(generation, id);
+    for target in variant_targets(entry) {
+        let t = match target {
+            Ok(t) => t,
+            Err(kind) => {
+                problems.push(StoreProblem {
+                    model: id.clone(),
+                    kind,
+                });
+                continue;
+            }
+        };
+        if local.contains(&t.variant) {
+            continue;
+        }
+        let want = Want {
+            size: t.size,
+            sha256: t.sha256,
+            count: t.count,
+        };
+        let mut push = |kind| {
+            problems.push(StoreProblem {
+                model: id.clone(),
+                kind: StoreProblemKind::Variant {
+                    variant: t.variant.clone(),
+                    problem: Box::new(kind),
+                },
+            })
+        };
+        check_stored(store, &dir, &t.file_name, &want, deep, &mut push)?;
+    }
+    Ok(())
+}
+
+/// What a stored artifact must be.
+struct Want {
+    size: u64,
+    sha256: Sha256Digest,
+    count: u32,
+}
+
+/// Check one logical artifact `dir/name` in the store: its files complete (plain, or chunk set
+/// with `.chunkmanifest` and `.sha256`), its size, an OOB container, and with `deep` its digest.
+fn check_stored(
+    store: &dyn Store,
+    dir: &StorePath,
+    name: &str,
+    want: &Want,
+    deep: bool,
+    push: &mut dyn FnMut(StoreProblemKind),
+) -> Result<()> {
+    let count = want.count;
     let mut pieces = Vec::new();
     if count == 0 {
-        let p = dir.join(&name)?;
+        let p = dir.join(name)?;
         match store.stat(&p)? {
             Some(s) => pieces.push((p, s.size)),
             None => {
@@ -139,7 +294,7 @@ pub(crate) fn check_entry(
             }
         }
     } else {
-        let cm_path = dir.join(&chunk_manifest_name(&name))?;
+        let cm_path = dir.join(&chunk_manifest_name(name))?;
         let Some(cm) = store.read_small(&cm_path, SMALL_FILE_LIMIT)? else {
             push(StoreProblemKind::ChunkManifestMissing { path: cm_path });
             return Ok(());
@@ -160,7 +315,7 @@ pub(crate) fn check_entry(
             return Ok(());
         }
         for i in 1..=count {
-            let p = dir.join(&chunker::chunk_name(&name, i, count))?;
+            let p = dir.join(&chunker::chunk_name(name, i, count))?;
             match store.stat(&p)? {
                 Some(s) => pieces.push((p, s.size)),
                 None => push(StoreProblemKind::ChunkMissing { path: p }),
@@ -169,31 +324,31 @@ pub(crate) fn check_entry(
         if pieces.len() as u32 != count {
             return Ok(());
         }
-        let sc_path = dir.join(&sidecar_name(&name))?;
+        let sc_path = dir.join(&sidecar_name(name))?;
         match store.read_small(&sc_path, SMALL_FILE_LIMIT)? {
             None => push(StoreProblemKind::FileMissing { path: sc_path }),
             Some(b) => match parse_sidecar(&b, Path::new(sc_path.as_str())) {
-                Ok(d) if d == artifact.sha256 => {}
+                Ok(d) if d == want.sha256 => {}
                 Ok(d) => push(StoreProblemKind::SidecarDiffers {
                     path: sc_path,
                     found: d,
-                    manifest: artifact.sha256,
+                    manifest: want.sha256,
                 }),
                 Err(e) => push(StoreProblemKind::Malformed(e)),
             },
         }
     }
     let total: u64 = pieces.iter().map(|(_, s)| s).sum();
-    if total != artifact.size.get() {
+    if total != want.size {
         push(StoreProblemKind::SizeDiffers {
             total,
-            manifest: artifact.size.get(),
+            manifest: want.size,
         });
         return Ok(());
     }
     // Found in the store rather than uploaded now: it must be an OOB container too (a few
     // small reads: a seek on disk, an HTTP range on the Hub).
-    let what = format!("{} {}", store.describe(), dir.join(&name)?);
+    let what = format!("{} {}", store.describe(), dir.join(name)?);
     if let Err(not_oob) = crate::oob::check_pieces(store, &pieces, &what)? {
         push(StoreProblemKind::NotOob(not_oob));
         return Ok(());
@@ -208,11 +363,11 @@ pub(crate) fn check_entry(
                 })?;
         }
         let d = h.finish();
-        if d != artifact.sha256 {
+        if d != want.sha256 {
             push(StoreProblemKind::Corrupt {
-                dir,
+                dir: dir.clone(),
                 found: d,
-                manifest: artifact.sha256,
+                manifest: want.sha256,
             });
         }
     }

@@ -33,12 +33,14 @@ use crate::error::{Error, Refusal, Result};
 use crate::retry::RetryPolicy;
 use crate::store::Store;
 
+mod ahead;
 mod execute;
 mod inspect;
 mod plan;
 
+pub use ahead::{GithubOnly, HubManifest, check_github_only, decide_github_only};
 use execute::publish_one;
-pub use inspect::{StoreProblem, StoreProblemKind};
+pub use inspect::{StoreProblem, StoreProblemKind, VariantTarget, variant_targets};
 pub use plan::*;
 
 /// Small files (`.sha256`, `.chunkmanifest`) are never larger than this.
@@ -108,6 +110,57 @@ pub fn check_contract(
                 path: path.to_string(),
                 refusal,
             })?;
+    }
+    Ok(())
+}
+
+/// What is refused before any store is written, so that a refusal changes nothing:
+/// - the release guard against each store's live manifest of this generation (run again right
+///   before the manifest is written, against the manifest fetched then);
+/// - every `accelerator_artifacts` variant the manifest lists must be in `--artifacts <id>/`
+///   (verified by [`prepare_local`]) or complete, matching and an OOB container in every store.
+fn check_before_upload(
+    manifest: &Manifest,
+    local: &[LocalArtifact],
+    intended: &BTreeSet<ModelId>,
+    stores: &[&dyn Store],
+    opts: &PublishOptions,
+) -> Result<()> {
+    let manifest_path = StoreLayout::HfBucket.manifest_path(opts.generation);
+    for store in stores {
+        if let Some(bytes) =
+            store.read_small(&manifest_path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)?
+        {
+            let live = Manifest::from_slice(&bytes).map_err(|e| {
+                Error::Refused(Refusal::LiveUnparsable {
+                    store: store.describe(),
+                    path: manifest_path.clone(),
+                    source: e,
+                })
+            })?;
+            manifest::guard(&live, manifest, intended).map_err(|refusal| Error::Guard {
+                store: store.describe(),
+                refusal,
+            })?;
+        }
+    }
+    for store in stores {
+        let deep = opts.deep_verify || store.reads_are_local();
+        let mut problems = Vec::new();
+        for entry in manifest.models().iter().filter(|e| !e.id().is_local()) {
+            let here: Vec<String> = local
+                .iter()
+                .filter(|a| &a.id == entry.id())
+                .filter_map(|a| a.variant.clone())
+                .collect();
+            inspect::check_variants(*store, opts.generation, entry, &here, deep, &mut problems)?;
+        }
+        if !problems.is_empty() {
+            return Err(Error::Incomplete {
+                store: store.describe(),
+                problems,
+            });
+        }
     }
     Ok(())
 }
@@ -237,6 +290,7 @@ pub fn publish_signed(
     check_contract(manifest, stores, opts.generation, &opts.contract)?;
     let local = prepare_local(artifacts_dir, manifest)?;
     let intended: BTreeSet<ModelId> = local.iter().map(|a| a.id.clone()).collect();
+    check_before_upload(manifest, &local, &intended, stores, opts)?;
     let manifest_bytes = manifest.to_canonical_bytes();
     let mut report = PublishReport {
         dry_run: opts.dry_run,
@@ -327,6 +381,7 @@ mod tests {
         LocalArtifact {
             id: "pop".parse().unwrap(),
             name: "pop_driving_tinygrad.pkl".into(),
+            variant: None,
             // Deliberately not in upload order: the plan must order them.
             files: vec![
                 f("n.chunkmanifest", FileRole::ChunkManifest, 1),

@@ -49,6 +49,9 @@ pub struct LocalArtifact {
     /// The logical artifact name, `<id>_driving_tinygrad.pkl` unless the entry says otherwise.
     pub name: String,
     pub files: Vec<LocalFile>,
+    /// `None` for the model's artifact; the `accelerator_artifacts` key for a variant found in
+    /// the same `<id>/` directory, uploaded beside it.
+    pub variant: Option<String>,
 }
 
 /// What the store holds for one file, as observed before planning.
@@ -256,8 +259,104 @@ pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifac
             })
         })?;
         out.push(prepare_model(dir, &id, entry)?);
+        for target in super::inspect::variant_targets(entry).into_iter().flatten() {
+            let logical = dir.join(id.as_str()).join(&target.file_name);
+            if let Some(found) = chunker::resolve(&logical)? {
+                out.push(prepare_variant(&id, &logical, found, &target)?);
+            }
+        }
     }
     Ok(out)
+}
+
+/// Verify a variant found in `--artifacts <id>/` against its manifest fields (form and count,
+/// size, SHA-256, OOB container) and list its files in upload order: one plain file for a
+/// count of 0, else the chunks, `.sha256` and `.chunkmanifest` as for a model.
+fn prepare_variant(
+    id: &ModelId,
+    logical: &Path,
+    found: Resolved,
+    target: &super::inspect::VariantTarget,
+) -> Result<LocalArtifact> {
+    let pieces = match (&found, target.count) {
+        (Resolved::Plain { path, size }, 0) => vec![(path.clone(), *size)],
+        (Resolved::Chunked { pieces, .. }, n) if n > 0 => pieces.clone(),
+        (other, _) => {
+            return Err(Error::Refused(Refusal::NotAChunkSet {
+                path: logical.to_path_buf(),
+                form: other.form(),
+            }));
+        }
+    };
+    if target.count > 0 && pieces.len() as u32 != target.count {
+        return Err(chunker::Error::CountMismatch {
+            name: logical.display().to_string(),
+            expected: target.count,
+            actual: pieces.len() as u32,
+        }
+        .into());
+    }
+    let mut whole = Hasher::new();
+    let mut files = Vec::new();
+    let mut total = 0u64;
+    for (path, _) in &pieces {
+        let (digest, size) = hash_file(path, &mut whole)?;
+        total += size;
+        files.push(LocalFile {
+            name: path
+                .file_name()
+                .expect("artifact paths have names")
+                .to_string_lossy()
+                .into_owned(),
+            role: FileRole::Chunk,
+            size,
+            sha256: digest,
+            source: FileSource::Path(path.clone()),
+        });
+    }
+    let digest = whole.finish();
+    let what = logical.display().to_string();
+    if total != target.size {
+        return Err(chunker::Error::SizeMismatch {
+            what,
+            expected: target.size,
+            actual: total,
+        }
+        .into());
+    }
+    if digest != target.sha256 {
+        return Err(chunker::Error::DigestMismatch {
+            what,
+            expected: target.sha256,
+            actual: digest,
+        }
+        .into());
+    }
+    chunker::check_oob_reader(&mut chunker::ArtifactReader::new(pieces.clone()), &what)?;
+    if target.count > 0 {
+        let sidecar = format_sidecar(&digest, &target.file_name).into_bytes();
+        files.push(LocalFile {
+            name: sidecar_name(&target.file_name),
+            role: FileRole::Sidecar,
+            size: sidecar.len() as u64,
+            sha256: Sha256Digest::of_bytes(&sidecar),
+            source: FileSource::Bytes(sidecar),
+        });
+        let cm = format_chunk_manifest(target.count).into_bytes();
+        files.push(LocalFile {
+            name: chunk_manifest_name(&target.file_name),
+            role: FileRole::ChunkManifest,
+            size: cm.len() as u64,
+            sha256: Sha256Digest::of_bytes(&cm),
+            source: FileSource::Bytes(cm),
+        });
+    }
+    Ok(LocalArtifact {
+        id: id.clone(),
+        name: target.file_name.clone(),
+        files,
+        variant: Some(target.variant.clone()),
+    })
 }
 
 /// A name that is part of a logical artifact: `X.pkl`, its chunks, chunk manifest, sidecar or
@@ -289,12 +388,27 @@ fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalAr
     let model_dir = dir.join(id.as_str());
     let logical = model_dir.join(&name);
     // An empty `<id>/` marks the model as intended without uploading anything: its files are
-    // already in the store (a reuse copied them there), where step 2 checks them.
-    if fs::read_dir(&model_dir)?.next().is_none() {
+    // already in the store (a reuse copied them there), where step 2 checks them. So does one
+    // that holds only accelerator variants (uploaded beside the stored artifact).
+    let variant_names: Vec<String> = super::inspect::variant_targets(entry)
+        .into_iter()
+        .flatten()
+        .map(|t| t.file_name)
+        .collect();
+    let mut only_variants = true;
+    for e in fs::read_dir(&model_dir)? {
+        let n = e?.file_name().to_string_lossy().into_owned();
+        if !variant_names.iter().any(|v| n.starts_with(v.as_str())) {
+            only_variants = false;
+            break;
+        }
+    }
+    if only_variants {
         return Ok(LocalArtifact {
             id: id.clone(),
             name,
             files: Vec::new(),
+            variant: None,
         });
     }
     let artifact = entry
@@ -410,5 +524,6 @@ fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalAr
         id: id.clone(),
         name,
         files,
+        variant: None,
     })
 }

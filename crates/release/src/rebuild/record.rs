@@ -30,7 +30,89 @@ pub struct BuildRecord {
     pub source_commit: Option<GitCommit>,
     pub sources: Vec<String>,
     pub artifact: RecordedArtifact,
+    /// The `accelerator_artifacts` variants rebuilt with the model, for this generation and
+    /// pin. Empty in records made before variants were rebuilt.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<RecordedVariant>,
     pub log: PathBuf,
+}
+
+/// One accelerator variant built with its model: the `accelerator_artifacts` key, the device
+/// it runs on, and its artifact (`<id>_driving_<variant>_tinygrad.pkl` beside the model's).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedVariant {
+    pub variant: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execution_device: Option<String>,
+    pub artifact: RecordedArtifact,
+}
+
+/// A variant of the base catalog that the new manifest does not carry, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VariantDropped {
+    pub id: ModelId,
+    pub variant: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for VariantDropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "model {}: accelerator variant {:?} dropped from the manifest ({}); devices with that accelerator use the model's own artifact until a rebuilt variant is published",
+            self.id, self.variant, self.reason
+        )
+    }
+}
+
+/// The `accelerator_artifacts` block of one entry in a rebuilt manifest: only variants rebuilt
+/// for this generation and pin (`record`, which the caller matched to the generation and pin)
+/// are written; every variant of the base entry without one is dropped and named. Never a
+/// block from the base catalog, whose variants were compiled with another build. Pure.
+pub fn variant_block(
+    base: &manifest::ModelEntry,
+    record: Option<&BuildRecord>,
+) -> (Option<serde_json::Value>, Vec<VariantDropped>) {
+    let rebuilt: &[RecordedVariant] = record.map_or(&[], |r| &r.variants);
+    let mut dropped = Vec::new();
+    for (variant, _) in base.accelerators() {
+        if !rebuilt.iter().any(|v| v.variant == variant) {
+            dropped.push(VariantDropped {
+                id: base.id().clone(),
+                variant,
+                reason: match record {
+                    None => "the model has no build for this generation".into(),
+                    Some(_) => "it was not rebuilt for this generation".into(),
+                },
+            });
+        }
+    }
+    if rebuilt.is_empty() {
+        return (None, dropped);
+    }
+    let mut block = serde_json::Map::new();
+    for v in rebuilt {
+        let mut fields = serde_json::Map::new();
+        fields.insert(keys::ARTIFACT_FORMAT.into(), "tinygrad_single_v1".into());
+        fields.insert(
+            keys::ARTIFACT_FILENAME.into(),
+            v.artifact.name.clone().into(),
+        );
+        fields.insert(keys::ARTIFACT_SIZE.into(), v.artifact.size.into());
+        fields.insert(
+            keys::ARTIFACT_SHA256.into(),
+            v.artifact.sha256.to_hex().into(),
+        );
+        fields.insert(
+            keys::ARTIFACT_CHUNK_COUNT.into(),
+            v.artifact.chunk_count.into(),
+        );
+        if let Some(d) = &v.execution_device {
+            fields.insert(keys::EXECUTION_DEVICE.into(), d.clone().into());
+        }
+        block.insert(v.variant.clone(), fields.into());
+    }
+    (Some(block.into()), dropped)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,7 +157,9 @@ pub fn record_fits(r: &BuildRecord, p: &PlannedModel) -> bool {
 
 /// The manifest for publish: the base catalog with, for every model built for this generation
 /// and pin, its artifact fields and `source_commit`; artifact fields of every other model are
-/// dropped (they describe another generation's pickle). Behaviour versions are never touched.
+/// dropped (they describe another generation's pickle), and so is every
+/// `accelerator_artifacts` variant not rebuilt with its model ([`variant_block`]). Behaviour
+/// versions are never touched.
 pub fn build_manifest(
     base: &Manifest,
     records: &[BuildRecord],
@@ -88,7 +172,14 @@ pub fn build_manifest(
     let ids: Vec<ModelId> = m.ids().cloned().collect();
     for id in ids {
         let entry = m.get_mut(&id).expect("listed");
-        match records.iter().find(|r| r.id == id) {
+        let record = records.iter().find(|r| r.id == id);
+        match variant_block(entry, record).0 {
+            Some(block) => entry.set(keys::ACCELERATOR_ARTIFACTS, block)?,
+            None => {
+                entry.remove(keys::ACCELERATOR_ARTIFACTS)?;
+            }
+        }
+        match record {
             Some(r) => {
                 let artifact = Artifact::tinygrad(
                     ArtifactSize::new(r.artifact.size)?,

@@ -73,14 +73,7 @@ impl Builder for RemoteBuilder<'_> {
         log: &Path,
         say: &mut dyn FnMut(&str),
     ) -> Result<FetchedArtifact, BuildError> {
-        if self.compiler.is_none() {
-            say(&format!("connecting to {}", self.connect.destination));
-            self.compiler = Some(Compiler::connect(self.connect.clone()).map_err(|e| {
-                // Connecting is the run's first contact with the compiler: whatever the
-                // reason, no further model would get further.
-                BuildError::run(e)
-            })?);
-        }
+        self.connect_once(say)?;
         let req = CompileRequest {
             id: model.source.id.clone(),
             version: model.version,
@@ -90,6 +83,101 @@ impl Builder for RemoteBuilder<'_> {
         };
         let c = self.compiler.as_ref().expect("connected");
         Ok(c.compile(&req, sources, &self.pin, out, log, &mut *self.live)?)
+    }
+
+    /// A `chestnut` variant is the model compiled for the external AMD GPU (`./models --gpu`),
+    /// as the seed's Chestnut batch builds it; any other accelerator is not built here. The
+    /// compiler's `<id>_driving_tinygrad.pkl` chunk set is fetched into a directory of its own
+    /// (so the model's set in `out` is never touched) and installed in `out` under the
+    /// variant's name, with its `.sha256` rewritten for that name. Its log is
+    /// `<id>.<variant>.log` beside the model's.
+    fn compile_variant(
+        &mut self,
+        model: &PlannedModel,
+        variant: &str,
+        sources: &[PathBuf],
+        out: &Path,
+        log: &Path,
+        say: &mut dyn FnMut(&str),
+    ) -> Result<Option<FetchedArtifact>, BuildError> {
+        if !variant_is_gpu_build(variant) {
+            return Ok(None);
+        }
+        self.connect_once(say)?;
+        let id = &model.source.id;
+        let req = CompileRequest {
+            id: id.clone(),
+            version: model.version,
+            gpu: true,
+            input_format: model.source.input_format,
+            local: false,
+        };
+        let tmp = out.join(format!(".variant-{variant}"));
+        let _ = fs::remove_dir_all(&tmp);
+        let vlog = log.with_file_name(format!("{id}.{variant}.log"));
+        let c = self.compiler.as_ref().expect("connected");
+        let built = c.compile(&req, sources, &self.pin, &tmp, &vlog, &mut *self.live)?;
+        let installed = install_variant(&built, &tmp, out, id, variant).map_err(BuildError::model);
+        let _ = fs::remove_dir_all(&tmp);
+        installed.map(Some)
+    }
+}
+
+/// Whether this builder builds the `accelerator_artifacts` key `variant`: `chestnut` (the
+/// external AMD GPU, `./models --gpu`). Pure.
+pub fn variant_is_gpu_build(variant: &str) -> bool {
+    variant == "chestnut"
+}
+
+/// Move the verified chunk set `built` from `tmp` into `out` as
+/// `<id>_driving_<variant>_tinygrad.pkl…`, its `.sha256` written for the new name.
+fn install_variant(
+    built: &FetchedArtifact,
+    tmp: &Path,
+    out: &Path,
+    id: &ModelId,
+    variant: &str,
+) -> Result<FetchedArtifact, String> {
+    let name = format!("{id}_driving_{variant}_tinygrad.pkl");
+    let mut files = Vec::new();
+    for f in &built.files {
+        let Some(tail) = f.strip_prefix(built.name.as_str()) else {
+            return Err(format!("unexpected output file {f} for {}", built.name));
+        };
+        let new = format!("{name}{tail}");
+        let dest = out.join(&new);
+        if new == chunker::sidecar_name(&name) {
+            atomic::write_atomic(
+                &dest,
+                chunker::format_sidecar(&built.sha256, &name).as_bytes(),
+            )
+            .map_err(|e| e.to_string())?;
+        } else {
+            fs::rename(tmp.join(f), &dest).map_err(|e| e.to_string())?;
+        }
+        files.push(new);
+    }
+    Ok(FetchedArtifact {
+        name,
+        size: built.size,
+        sha256: built.sha256,
+        chunk_count: built.chunk_count,
+        files,
+    })
+}
+
+impl RemoteBuilder<'_> {
+    /// The SSH session, made on first use.
+    fn connect_once(&mut self, say: &mut dyn FnMut(&str)) -> Result<(), BuildError> {
+        if self.compiler.is_none() {
+            say(&format!("connecting to {}", self.connect.destination));
+            self.compiler = Some(Compiler::connect(self.connect.clone()).map_err(|e| {
+                // Connecting is the run's first contact with the compiler: whatever the
+                // reason, no further model would get further.
+                BuildError::run(e)
+            })?);
+        }
+        Ok(())
     }
 }
 
@@ -158,4 +246,77 @@ pub fn fetch_sources(
         out.push(local);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn which_variants_this_builder_builds() {
+        for (variant, built) in [
+            ("chestnut", true),
+            ("amd", false),
+            ("", false),
+            ("Chestnut", false),
+        ] {
+            assert_eq!(variant_is_gpu_build(variant), built, "{variant:?}");
+        }
+    }
+
+    /// The variant's chunk set is moved under its own name; the `.sha256` names it; the
+    /// model's files in `out` are not touched.
+    #[test]
+    fn a_built_variant_is_installed_under_its_name() {
+        let t = tempfile::tempdir().unwrap();
+        let (tmp, out) = (t.path().join("out/.variant-chestnut"), t.path().join("out"));
+        let data = vec![7u8; 2500];
+        fs::create_dir_all(&tmp).unwrap();
+        let r = chunker::split_reader(
+            &data[..],
+            data.len() as u64,
+            "sc23_driving_tinygrad.pkl",
+            &tmp,
+            &chunker::SplitOptions { chunk_size: 1000 },
+        )
+        .unwrap();
+        fs::write(
+            out.join("sc23_driving_tinygrad.pkl.chunk01of01"),
+            b"the model",
+        )
+        .unwrap();
+        let built = FetchedArtifact {
+            name: "sc23_driving_tinygrad.pkl".into(),
+            size: r.size,
+            sha256: r.sha256,
+            chunk_count: r.chunk_count,
+            files: chunker::set_file_names("sc23_driving_tinygrad.pkl", r.chunk_count),
+        };
+        let id: ModelId = "sc23".parse().unwrap();
+        let v = install_variant(&built, &tmp, &out, &id, "chestnut").unwrap();
+        assert_eq!(v.name, "sc23_driving_chestnut_tinygrad.pkl");
+        assert_eq!(v.files.len(), built.files.len());
+        assert!(
+            v.files
+                .iter()
+                .all(|f| f.starts_with("sc23_driving_chestnut_tinygrad.pkl"))
+        );
+        chunker::verify(
+            &out.join(&v.name),
+            &chunker::Expected {
+                sha256: Some(r.sha256),
+                size: Some(r.size),
+                chunk_count: Some(r.chunk_count),
+                chunk_sha256: None,
+            },
+        )
+        .unwrap();
+        let sidecar =
+            fs::read_to_string(out.join("sc23_driving_chestnut_tinygrad.pkl.sha256")).unwrap();
+        assert_eq!(sidecar, chunker::format_sidecar(&r.sha256, &v.name));
+        assert_eq!(
+            fs::read(out.join("sc23_driving_tinygrad.pkl.chunk01of01")).unwrap(),
+            b"the model"
+        );
+    }
 }

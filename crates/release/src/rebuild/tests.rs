@@ -108,6 +108,7 @@ fn record(g: Generation, pin: &GitCommit) -> BuildRecord {
             // A record written before per-chunk digests were kept.
             chunk_sha256: vec![],
         },
+        variants: vec![],
         log: "l".into(),
     }
 }
@@ -265,6 +266,10 @@ struct FakeBuilder {
     fail: HashMap<ModelId, BuildError>,
     fetched: Vec<ModelId>,
     compiled: Vec<ModelId>,
+    /// Builds accelerator variants (a compiler that can target them), else answers "cannot".
+    variants: bool,
+    /// Variant builds that fail.
+    variant_fail: Vec<ModelId>,
 }
 
 impl Builder for FakeBuilder {
@@ -317,6 +322,217 @@ impl Builder for FakeBuilder {
             chunk_count: r.chunk_count,
         })
     }
+
+    fn compile_variant(
+        &mut self,
+        model: &PlannedModel,
+        variant: &str,
+        _sources: &[PathBuf],
+        out: &Path,
+        _log: &Path,
+        _say: &mut dyn FnMut(&str),
+    ) -> Result<Option<FetchedArtifact>, BuildError> {
+        let id = &model.source.id;
+        if !self.variants {
+            return Ok(None);
+        }
+        if self.variant_fail.contains(id) {
+            return Err(BuildError::model(format!(
+                "{variant} compile of {id} failed"
+            )));
+        }
+        let bytes = format!("{id} {variant} {}", model.version);
+        let name = format!("{id}_driving_{variant}_tinygrad.pkl");
+        fs::write(out.join(&name), &bytes).unwrap();
+        Ok(Some(FetchedArtifact {
+            files: vec![name.clone()],
+            name,
+            size: bytes.len() as u64,
+            sha256: chunker::Sha256Digest::of_bytes(bytes.as_bytes()),
+            chunk_count: 0,
+        }))
+    }
+}
+
+/// The variant rule: a rebuilt manifest carries a variant only when it was rebuilt with its
+/// model for this generation; every other variant of the base is dropped and named. For v25
+/// and a made-up v26.
+#[test]
+fn variant_block_table() {
+    let base_entry = |variants: bool| {
+        let mut e = serde_json::json!({"id": "gwm8223", "name": "GWM", "version": "v11"});
+        if variants {
+            e["accelerator_artifacts"] = serde_json::json!({"chestnut": {
+                "artifact_format": "tinygrad_single_v1",
+                "artifact_filename": "gwm8223_driving_chestnut_tinygrad.pkl",
+                "artifact_size": 67571389,
+                "artifact_sha256": "5198df6889af1244f1daa9cd29388e2a3992328f91d7f44d2633e8702a4e19d1",
+                "artifact_chunk_count": 0,
+                "execution_device": "AMD"}});
+        }
+        manifest::ModelEntry::from_map(e.as_object().unwrap().clone()).unwrap()
+    };
+    let rebuilt = RecordedVariant {
+        variant: "chestnut".into(),
+        execution_device: Some("AMD".into()),
+        artifact: RecordedArtifact {
+            name: "gwm8223_driving_chestnut_tinygrad.pkl".into(),
+            size: 42,
+            sha256: chunker::Sha256Digest::of_bytes(b"new"),
+            chunk_count: 0,
+            files: vec![],
+            chunk_sha256: vec![],
+        },
+    };
+    for (g, pin) in [
+        (Generation::new(25), PIN),
+        (
+            Generation::new(26),
+            "26a0c0ffee26a0c0ffee26a0c0ffee26a0c0ffee",
+        ),
+    ] {
+        let pin: GitCommit = pin.parse().unwrap();
+        let mut rec = record(g, &pin);
+        rec.id = id("gwm8223");
+        let mut with = rec.clone();
+        with.variants = vec![rebuilt.clone()];
+        // (case, base has a variant, record, block written (size), dropped reasons)
+        type Case<'a> = (
+            &'a str,
+            bool,
+            Option<&'a BuildRecord>,
+            Option<u64>,
+            Vec<&'a str>,
+        );
+        let cases: Vec<Case> = vec![
+            ("no variant, no build", false, None, None, vec![]),
+            ("no variant, built", false, Some(&rec), None, vec![]),
+            (
+                "variant, no build for this generation",
+                true,
+                None,
+                None,
+                vec!["the model has no build for this generation"],
+            ),
+            (
+                "variant, model built but variant not",
+                true,
+                Some(&rec),
+                None,
+                vec!["it was not rebuilt for this generation"],
+            ),
+            ("variant rebuilt", true, Some(&with), Some(42), vec![]),
+        ];
+        for (name, has, r, want_size, want_dropped) in cases {
+            let (block, dropped) = variant_block(&base_entry(has), r);
+            let size = block
+                .as_ref()
+                .map(|b| b["chestnut"]["artifact_size"].as_u64().unwrap());
+            assert_eq!(size, want_size, "{g} {name}");
+            let reasons: Vec<&str> = dropped.iter().map(|d| d.reason.as_str()).collect();
+            assert_eq!(reasons, want_dropped, "{g} {name}");
+            for d in &dropped {
+                let text = d.to_string();
+                assert!(
+                    text.contains("model gwm8223: accelerator variant \"chestnut\" dropped"),
+                    "{text}"
+                );
+            }
+            // The manifest never carries the base block: rebuilt values or nothing.
+            let base = Manifest::from_value(
+                serde_json::json!({"models": [base_entry(has).fields().clone()]}),
+            )
+            .unwrap();
+            let m = build_manifest(
+                &base,
+                r.into_iter().cloned().collect::<Vec<_>>().as_slice(),
+                g,
+                &pin,
+            )
+            .unwrap();
+            let e = m.get(&id("gwm8223")).unwrap();
+            match want_size {
+                Some(n) => {
+                    let acc = e.accelerators();
+                    assert_eq!(acc.len(), 1, "{g} {name}");
+                    assert_eq!(acc[0].1.size.unwrap().get(), n);
+                    assert_eq!(acc[0].1.execution_device.as_deref(), Some("AMD"));
+                }
+                None => assert!(e.get("accelerator_artifacts").is_none(), "{g} {name}"),
+            }
+        }
+    }
+}
+
+/// A run over a base with a Chestnut variant: a builder that cannot build variants drops it
+/// with a named warning; one that can writes the rebuilt variant, never the base's values.
+#[test]
+fn a_run_rebuilds_variants_or_drops_them_with_a_warning() {
+    let s = setup();
+    let with_variant = BASE.replace(
+        r#""released": "2025-01-02", "community_favorite": false}"#,
+        r#""released": "2025-01-02", "community_favorite": false, "accelerator_artifacts": {"chestnut": {"artifact_format": "tinygrad_single_v1", "artifact_filename": "sc23_driving_chestnut_tinygrad.pkl", "artifact_size": 67571389, "artifact_sha256": "5198df6889af1244f1daa9cd29388e2a3992328f91d7f44d2633e8702a4e19d1", "artifact_chunk_count": 0, "execution_device": "AMD"}}}"#,
+    );
+    assert_ne!(with_variant, BASE);
+    fs::write(&s.base, with_variant).unwrap();
+
+    let r = rebuild(&s, PIN, &[]);
+    let (summary, lines) = run(&r, &mut FakeBuilder::default());
+    assert_eq!(summary.variants_dropped.len(), 1);
+    assert_eq!(summary.variants_dropped[0].id, id("sc23"));
+    assert!(
+        lines.iter().any(|l| l
+            .contains("sc23: accelerator variant chestnut: this builder cannot build it; dropped")),
+        "{lines:#?}"
+    );
+    let m = Manifest::from_slice(&fs::read(&summary.manifest).unwrap()).unwrap();
+    assert!(
+        m.get(&id("sc23"))
+            .unwrap()
+            .get("accelerator_artifacts")
+            .is_none()
+    );
+    assert!(
+        m.validate(manifest::ValidationMode::Release)
+            .iter()
+            .all(|p| !p.path.contains("accelerator"))
+    );
+
+    // A builder that builds variants, after the records above were removed.
+    fs::remove_dir_all(&s.ws).unwrap();
+    let mut b = FakeBuilder {
+        variants: true,
+        ..Default::default()
+    };
+    let (summary, _) = run(&r, &mut b);
+    assert!(
+        summary.variants_dropped.is_empty(),
+        "{:?}",
+        summary.variants_dropped
+    );
+    let m = Manifest::from_slice(&fs::read(&summary.manifest).unwrap()).unwrap();
+    let acc = m.get(&id("sc23")).unwrap().accelerators();
+    assert_eq!(acc.len(), 1);
+    let v = &acc[0].1;
+    let bytes = fs::read(s.ws.join("ready/sc23/sc23_driving_chestnut_tinygrad.pkl")).unwrap();
+    assert_eq!(v.sha256, Some(chunker::Sha256Digest::of_bytes(&bytes)));
+    assert_eq!(v.size.unwrap().get(), bytes.len() as u64);
+    // A failed variant build drops the variant, not the model.
+    fs::remove_dir_all(&s.ws).unwrap();
+    let mut b = FakeBuilder {
+        variants: true,
+        variant_fail: vec![id("sc23")],
+        ..Default::default()
+    };
+    let (summary, lines) = run(&r, &mut b);
+    assert!(summary.result().is_ok());
+    assert_eq!(summary.variants_dropped.len(), 1);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("accelerator variant chestnut FAILED")),
+        "{lines:#?}"
+    );
 }
 
 struct Setup {
