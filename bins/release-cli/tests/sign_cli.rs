@@ -148,7 +148,7 @@ fn sign_then_verify_and_every_refusal() {
     let o = cli(&["manifest", "sign", "--key", s(&a_pub), m]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
     assert!(
-        text(&o.stderr).contains("not a minisign secret key"),
+        text(&o.stderr).contains("this is a minisign public key"),
         "{}",
         text(&o.stderr)
     );
@@ -369,7 +369,8 @@ fn real_minisign_keys_load_and_real_minisign_verifies_our_signatures() {
         "{said}"
     );
 
-    // A wrong passphrase is refused with the key's path, not a garbage signature.
+    // A wrong passphrase is refused with the key's path and the real cause, not a garbage
+    // signature, and not "generate a key".
     let o = command()
         .args(["manifest", "sign", "--key", s(&key), s(&manifest)])
         .env("STARPILOT_SIGN_PASSPHRASE", "wrong")
@@ -377,11 +378,174 @@ fn real_minisign_keys_load_and_real_minisign_verifies_our_signatures() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
     assert!(
-        text(&o.stderr).contains("release.key"),
-        "{}",
-        text(&o.stderr)
+        err.contains("release.key") && err.contains("wrong passphrase"),
+        "{err}"
     );
+    assert!(
+        err.contains("STARPILOT_SIGN_PASSPHRASE") && !err.contains("generate a key"),
+        "{err}"
+    );
+    assert!(!t.path().join("model_names_v25.json.minisig").exists());
+}
+
+/// Run the real `minisign -G`, with `stdin` fed to it (the passphrase twice, or nothing for -W).
+fn minisign_generate(minisign: &Path, dir: &Path, name: &str, extra: &[&str], stdin: &[u8]) {
+    use std::io::Write;
+    let (sk, pk) = (
+        dir.join(format!("{name}.key")),
+        dir.join(format!("{name}.pub")),
+    );
+    let mut g = Command::new(minisign)
+        .args(["-G", "-p", s(&pk), "-s", s(&sk)])
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    g.stdin.take().unwrap().write_all(stdin).unwrap();
+    let g = g.wait_with_output().unwrap();
+    assert!(g.status.success(), "minisign -G: {}", text(&g.stderr));
+}
+
+/// `minisign -V -p PUB -m FILE` (the signature at FILE.minisig): its stdout+stderr on success.
+fn minisign_verify(minisign: &Path, public: &Path, file: &Path) -> String {
+    let v = Command::new(minisign)
+        .args(["-V", "-p", s(public), "-m", s(file)])
+        .output()
+        .unwrap();
+    let said = format!("{}{}", text(&v.stdout), text(&v.stderr));
+    assert!(v.status.success(), "minisign -V: {said}");
+    said
+}
+
+/// Issue 23: a key made by `minisign -G -W` (no passphrase, as unattended CI makes one) signs,
+/// without a terminal and without STARPILOT_SIGN_PASSPHRASE, and the real `minisign -V` accepts
+/// the result; so does a passphrase key made by the real tool. minisign 0.11 labels both
+/// "encrypted secret key" and leaves a -W key's checksum zero.
+#[test]
+fn real_minisign_unattended_and_passphrase_keys_both_sign() {
+    let Some(minisign) = minisign_binary() else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let (_, manifest) = release(t.path(), &artifact_bytes(4, 2500));
+    minisign_generate(&minisign, t.path(), "ci", &["-W"], b"");
+    minisign_generate(&minisign, t.path(), "pw", &[], b"pw one\npw one\n");
+    let ci_key = t.path().join("ci.key");
+    assert!(
+        std::fs::read_to_string(&ci_key)
+            .unwrap()
+            .contains("encrypted secret key"),
+        "minisign 0.11 labels -W keys this way; the test would not cover the bug otherwise"
+    );
+
+    // The -W key: no passphrase anywhere, no terminal.
+    let o = command()
+        .args(["manifest", "sign", "--key", s(&ci_key), s(&manifest)])
+        .env_remove("STARPILOT_SIGN_PASSPHRASE")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let said = minisign_verify(&minisign, &t.path().join("ci.pub"), &manifest);
+    assert!(
+        said.contains("Trusted comment: generation=v25 release=1 expires="),
+        "{said}"
+    );
+
+    // The passphrase key, then both during a rotation: the first key's block is what
+    // `minisign -V` checks, and each key verifies its own block with our verifier.
+    let o = command()
+        .args(["manifest", "sign", "--key", s(&t.path().join("pw.key")), "--key"])
+        .arg(&ci_key)
+        .arg(&manifest)
+        .env("STARPILOT_SIGN_PASSPHRASE", "pw one")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let said = minisign_verify(&minisign, &t.path().join("pw.pub"), &manifest);
+    assert!(said.contains("release=2 "), "{said}");
+    for public in ["pw.pub", "ci.pub"] {
+        let o = cli(&[
+            "manifest",
+            "verify",
+            "--key",
+            s(&t.path().join(public)),
+            s(&manifest),
+        ]);
+        assert!(o.status.success(), "{public}: {}", text(&o.stderr));
+    }
+}
+
+/// Every way a key file can be unusable, each refused with its cause and next step, and no
+/// signature written.
+#[test]
+fn each_key_error_names_its_cause_and_next_step() {
+    let t = tempfile::tempdir().unwrap();
+    let (_, manifest) = release(t.path(), &artifact_bytes(5, 2500));
+    // The keys live apart from the manifest: the snapshot below must not read the FIFO.
+    let k = tempfile::tempdir().unwrap();
+    let (good, public, _) = keypair(k.path(), "a");
+    let good_text = std::fs::read_to_string(&good).unwrap();
+    let write = |name: &str, body: &str| {
+        let p = k.path().join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    };
+    // A damaged key: one byte of the secret half changed (the checksum catches it).
+    let lines: Vec<&str> = good_text.lines().collect();
+    let mut raw = lines[1].as_bytes().to_vec();
+    raw[100] = if raw[100] == b'A' { b'B' } else { b'A' };
+    let damaged = write(
+        "damaged.key",
+        &format!("{}\n{}\n", lines[0], String::from_utf8(raw).unwrap()),
+    );
+    let zero = k.path().join("zero.key");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let fifo = k.path().join("fifo.key");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let cases: Vec<(PathBuf, &[&str])> = vec![
+        (public.clone(), &["public key", ".key file"]),
+        (write("junk.key", "hello\n"), &["not a minisign secret key", "minisign -G"]),
+        (
+            write("b64.key", "untrusted comment: x\nAAAA\n"),
+            &["3 bytes", "minisign -G -W"],
+        ),
+        (damaged, &["damaged", "backup"]),
+        (zero, &["not a regular file", "next:"]),
+        (fifo, &["not a regular file", "next:"]),
+        (
+            write("big.key", &"x".repeat(20_000)),
+            &["too large", "next:"],
+        ),
+        (k.path().join("absent.key"), &["No such file", "next:"]),
+    ];
+    let before = snapshot(t.path());
+    for (key, needles) in cases {
+        let o = command()
+            .args(["manifest", "sign", "--key", s(&key), s(&manifest)])
+            .env_remove("STARPILOT_SIGN_PASSPHRASE")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{}: {err}", key.display());
+        for n in needles {
+            assert!(err.contains(n), "{}: want {n:?} in {err}", key.display());
+        }
+        assert!(err.contains(s(&key)), "{err}");
+    }
+    assert_eq!(snapshot(t.path()), before, "a refused key wrote something");
 }
 
 #[test]

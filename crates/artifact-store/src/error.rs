@@ -161,6 +161,14 @@ pub enum Error {
     #[error("key {}: {message}", path.display())]
     Signing { path: PathBuf, message: String },
 
+    /// A secret key that cannot sign; the [`crate::signing::KeyProblem`] is the cause and the
+    /// next step (never the key itself).
+    #[error("key {}: {problem}", path.display())]
+    Key {
+        path: PathBuf,
+        problem: crate::signing::KeyProblem,
+    },
+
     /// A reuse refused before anything was written; match on the [`ReuseRefusal`].
     #[error("reuse refused: {0}")]
     ReuseRefused(crate::reuse::ReuseRefusal),

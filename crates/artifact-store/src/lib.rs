@@ -15,6 +15,7 @@
 //! manifests or decide what may change (that is `manifest`: parsing, layout, guard).
 
 mod error;
+mod keyfile;
 pub mod github;
 pub mod hf;
 pub mod local;

@@ -9,13 +9,15 @@
 //! bytes, never the key.
 
 use std::fmt;
-use std::io::{Cursor, Read};
+use std::io::Cursor;
 use std::path::{Path, PathBuf};
 
 use manifest::signature::{self, SignatureBlock, TrustedComment};
 use manifest::{Generation, ReleaseNumber, StoreLayout, UnixSeconds};
 
 use crate::error::{Error, Refusal, Result};
+pub use crate::keyfile::KeyProblem;
+use crate::keyfile::{self, Protection};
 use crate::store::Store;
 
 /// Environment variable holding the passphrase of an encrypted secret key, for unattended use.
@@ -37,17 +39,28 @@ fn read_key_file(path: &Path) -> Result<String> {
         path: path.to_path_buf(),
         message,
     };
-    // std, not fs_err: `Error::Signing` names the path already, and fs_err's message would
-    // name it a second time.
-    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
-    let mut text = String::new();
-    file.take(MAX_KEY_FILE_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| bad(format!("{e} (is it a minisign key file?)")))?;
-    if text.len() as u64 > MAX_KEY_FILE_BYTES {
-        return Err(bad("too large for a minisign key file".into()));
+    // The chunker's errors name the path already; `Error::Signing` names it too, so only the
+    // cause is kept.
+    let bytes = chunker::bounded::read_capped(path, MAX_KEY_FILE_BYTES)
+        .map_err(|e| bad(file_error_cause(&e, path)))?
+        .ok_or_else(|| bad("No such file or directory".into()))?;
+    String::from_utf8(bytes).map_err(|_| bad("not text (is it a minisign key file?)".into()))
+}
+
+/// A chunker file error without the path it names (the caller names it once).
+fn file_error_cause(e: &chunker::Error, path: &Path) -> String {
+    match e {
+        chunker::Error::NotRegularFile { .. } => {
+            "not a regular file (a FIFO, device or directory)".into()
+        }
+        chunker::Error::FileTooLarge { size, limit, .. } => {
+            format!("{size} bytes, too large for a minisign key file (limit {limit})")
+        }
+        chunker::Error::Io(io) => io
+            .to_string()
+            .replace(&format!(" `{}`", path.display()), ""),
+        other => other.to_string(),
     }
-    Ok(text)
 }
 
 /// A release signing key, decrypted in memory.
@@ -69,38 +82,74 @@ impl fmt::Debug for SigningKey {
 }
 
 impl SigningKey {
-    /// Load a `minisign -G` secret key. An encrypted key asks `passphrase` (called only then) for
-    /// its passphrase.
+    /// Load a `minisign -G` secret key, with or without a passphrase (`-W`). An encrypted key
+    /// asks `passphrase` (called only then) for its passphrase; its `Err` is the reason there is
+    /// none. Every failure is an [`Error::Key`] whose [`KeyProblem`] names the cause and the
+    /// next step.
     pub fn load(
         path: &Path,
         passphrase: &mut dyn FnMut(&Path) -> std::result::Result<String, String>,
     ) -> Result<Self> {
-        let bad = |message: String| Error::Signing {
+        let problem = |problem: KeyProblem| Error::Key {
             path: path.to_path_buf(),
-            message,
+            problem,
         };
-        let text = read_key_file(path)?;
-        if !text.contains("secret key") {
-            return Err(bad(
-                "not a minisign secret key (its first line says `... secret key`); pass the \
-                 .key file of `minisign -G`, not the .pub"
-                    .into(),
-            ));
-        }
-        let unencrypted = minisign::SecretKeyBox::from_string(&text)
-            .and_then(|b| b.into_unencrypted_secret_key());
-        let secret = match unencrypted {
-            Ok(sk) => sk,
-            Err(_) if text.contains("encrypted secret key") => {
-                let pass = passphrase(path).map_err(bad)?;
+        let text = read_key_file(path).map_err(|e| match e {
+            Error::Signing { message, .. } => problem(KeyProblem::File { reason: message }),
+            other => other,
+        })?;
+        let file = keyfile::parse_secret_key_file(&text).map_err(problem)?;
+        let secret = match file.protection {
+            // `minisign -G -W` leaves the checksum zero; the probe below checks the key instead.
+            Protection::None if file.checksum_absent() => minisign::SecretKey::from_bytes(
+                &file.bytes,
+            )
+            .map_err(|e| {
+                problem(KeyProblem::Damaged {
+                    reason: e.to_string(),
+                })
+            })?,
+            Protection::None => minisign::SecretKeyBox::from_string(&text)
+                .and_then(|b| b.into_unencrypted_secret_key())
+                .map_err(|_| {
+                    problem(KeyProblem::Damaged {
+                        reason: "its checksum does not match its contents".into(),
+                    })
+                })?,
+            Protection::Scrypt => {
+                let pass = passphrase(path)
+                    .map_err(|reason| problem(KeyProblem::NoPassphrase { reason }))?;
                 minisign::SecretKeyBox::from_string(&text)
                     .and_then(|b| b.into_secret_key(Some(pass)))
-                    .map_err(|e| bad(format!("cannot decrypt: {e}")))?
+                    .map_err(|e| {
+                        problem(match e.kind() {
+                            minisign::ErrorKind::Verify => KeyProblem::WrongPassphrase,
+                            _ => KeyProblem::Kdf {
+                                reason: e.to_string(),
+                            },
+                        })
+                    })?
             }
-            Err(e) => return Err(bad(format!("not a usable minisign secret key: {e}"))),
         };
-        let public = minisign::PublicKey::from_secret_key(&secret)
-            .map_err(|e| bad(format!("no public key in it: {e}")))?;
+        let public = minisign::PublicKey::from_secret_key(&secret).map_err(|e| {
+            problem(KeyProblem::Damaged {
+                reason: e.to_string(),
+            })
+        })?;
+        // A probe signed and checked against the key's own public half: a damaged seed or
+        // public half (which a zero checksum cannot reveal) fails here, not on a device.
+        minisign::sign(
+            Some(&public),
+            &secret,
+            Cursor::new(b"starpilot key probe"),
+            None,
+            None,
+        )
+        .map_err(|_| {
+            problem(KeyProblem::Damaged {
+                reason: "a signature made with it does not verify with its own public half".into(),
+            })
+        })?;
         let id = key_id(public.keynum());
         Ok(Self {
             secret,

@@ -78,26 +78,18 @@ fn ask_passphrase(path: &Path) -> Result<String, String> {
     }
     if !std::io::stdin().is_terminal() {
         return Err(format!(
-            "the key is encrypted and there is no terminal to ask for its passphrase; set \
-             {PASSPHRASE_ENV}"
+            "{PASSPHRASE_ENV} is not set and there is no terminal to ask for it"
         ));
     }
     rpassword::prompt_password(format!("passphrase for {}: ", path.display()))
         .map_err(|e| format!("cannot read the passphrase: {e}"))
 }
 
-/// Load every `--key`/`--sign-key`, in order.
+/// Load every `--key`/`--sign-key`, in order. Each error names the cause and its next step.
 pub fn load_signing_keys(paths: &[PathBuf]) -> CliResult<Vec<SigningKey>> {
     paths
         .iter()
-        .map(|p| {
-            SigningKey::load(p, &mut ask_passphrase).map_err(|e| {
-                CliError::usage(format!(
-                    "{e}\nnext: generate a key with `minisign -G -p release.pub -s release.key` \
-                     (docs/release.md)"
-                ))
-            })
-        })
+        .map(|p| SigningKey::load(p, &mut ask_passphrase).map_err(CliError::usage))
         .collect()
 }
 
