@@ -603,3 +603,128 @@ fn sign_dry_run_signs_in_memory_and_writes_nothing() {
     assert!(!o.status.success());
     assert_eq!(snapshot(t.path()), before, "a sign dry run wrote something");
 }
+
+/// `manifest fmt` of `doc`, written to `path` (the canonical form signing requires).
+fn write_canonical(dir: &Path, path: &Path, doc: &Value) {
+    let raw = dir.join("raw-edit.json");
+    std::fs::write(&raw, doc.to_string()).unwrap();
+    let o = cli(&["manifest", "fmt", s(&raw)]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    std::fs::write(path, &o.stdout).unwrap();
+    std::fs::remove_file(raw).unwrap();
+}
+
+/// Issue 23 item 1: a signature covers only what the manifest states. `manifest sign` and
+/// `publish --sign-key` refuse a manifest whose entry or Chestnut variant lacks a size, SHA-256
+/// or chunk count, naming each field and the command that adds it, and write nothing; after
+/// `manifest set-artifact --variant chestnut` the same manifest signs.
+#[test]
+fn signing_refuses_what_the_signature_would_not_cover() {
+    let t = tempfile::tempdir().unwrap();
+    let data = artifact_bytes(6, 2500);
+    let (artifacts, manifest) = release(t.path(), &data);
+    let (key, public, _) = keypair(t.path(), "a");
+    let ws = covering_records(&t.path().join("ws"), &manifest);
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    doc["models"][0]["accelerator_artifacts"] = serde_json::json!({"chestnut": {
+        "artifact_format": "tinygrad_single_v1",
+        "artifact_filename": "pop223_driving_chestnut_tinygrad.pkl",
+        "execution_device": "AMD"}});
+    write_canonical(t.path(), &manifest, &doc);
+    let store = t.path().join("store");
+    let before = snapshot(t.path());
+    let m = s(&manifest);
+
+    let sign = cli(&["manifest", "sign", "--key", s(&key), m]);
+    let publish = cli(&[
+        "publish",
+        "--generation",
+        "v25",
+        "--manifest",
+        m,
+        "--artifacts",
+        s(&artifacts),
+        "--workspace",
+        s(&ws),
+        "--to",
+        s(&store),
+        "--sign-key",
+        s(&key),
+    ]);
+    for o in [&sign, &publish] {
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "{err}");
+        for field in ["artifact_size", "artifact_sha256", "artifact_chunk_count"] {
+            assert!(
+                err.contains(&format!("models[0].accelerator_artifacts.chestnut.{field}")),
+                "{err}"
+            );
+        }
+        assert!(
+            err.contains(&format!(
+                "release-cli manifest set-artifact {m} DIR --model pop223 --variant chestnut"
+            )),
+            "{err}"
+        );
+    }
+    assert_eq!(snapshot(t.path()), before, "a refused signing wrote something");
+    assert!(!store.exists());
+
+    // The live v25 shape (no artifact fields in the entry): refused, the entry's fields named.
+    let bare = t.path().join("bare/model_names_v25.json");
+    std::fs::create_dir_all(bare.parent().unwrap()).unwrap();
+    let mut plain = doc.clone();
+    let e = plain["models"][0].as_object_mut().unwrap();
+    for k in ["artifact_size", "artifact_sha256", "artifact_chunk_count"] {
+        e.shift_remove(k);
+    }
+    e.shift_remove("accelerator_artifacts");
+    write_canonical(t.path(), &bare, &plain);
+    let o = cli(&["manifest", "sign", "--key", s(&key), s(&bare)]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("models[0].artifact_size")
+            && err.contains("models[0].artifact_chunk_count")
+            && err.contains("--model pop223\n"),
+        "{err}"
+    );
+    assert!(!bare.with_extension("json.minisig").exists());
+
+    // The variant's chunk set, its fields written by set-artifact --variant: now it signs.
+    let pkl = t.path().join("build/pop223_driving_chestnut_tinygrad.pkl");
+    std::fs::write(&pkl, artifact_bytes(7, 1800)).unwrap();
+    let variant_dir = t.path().join("chestnut/pop223");
+    let o = cli(&[
+        "chunk",
+        "split",
+        s(&pkl),
+        "--out-dir",
+        s(&variant_dir),
+        "--chunk-size",
+        "1000",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = cli(&[
+        "manifest",
+        "set-artifact",
+        m,
+        s(&variant_dir),
+        "--variant",
+        "chestnut",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let after: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let v = &after["models"][0]["accelerator_artifacts"]["chestnut"];
+    assert_eq!(v["artifact_size"], 1800);
+    assert_eq!(v["artifact_chunk_count"], 2);
+    assert_eq!(v["execution_device"], "AMD");
+    assert_eq!(
+        after["models"][0]["artifact_size"], 2500,
+        "the entry's own artifact was changed"
+    );
+    let o = cli(&["manifest", "sign", "--key", s(&key), m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = cli(&["manifest", "verify", "--key", s(&public), m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+}

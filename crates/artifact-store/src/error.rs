@@ -219,6 +219,12 @@ pub enum Refusal {
     NoSigningKey,
     /// A live signature none of the signing keys verifies hides its release number.
     LiveSignatureUnverified { store: String, comment: String },
+    /// Signing a manifest some of whose downloadable artifacts lack a size, SHA-256 or chunk
+    /// count: the signature would not cover their bytes.
+    Uncovered {
+        manifest: String,
+        uncovered: Vec<manifest::signature::Uncovered>,
+    },
 }
 
 impl std::fmt::Display for Refusal {
@@ -273,6 +279,25 @@ impl std::fmt::Display for Refusal {
                 "the manifest says generation {manifest} but --generation is {flag}; fix one of them"
             ),
             Refusal::NoSigningKey => f.write_str("no signing key given"),
+            Refusal::Uncovered {
+                manifest,
+                uncovered,
+            } => {
+                write!(
+                    f,
+                    "{manifest}: not signed: a signature covers only what the manifest states, and \
+                     {} downloadable artifact(s) lack a size, SHA-256 or chunk count (a device \
+                     with keys would have to trust the store for them):",
+                    uncovered.len()
+                )?;
+                for u in uncovered {
+                    write!(f, "\n  {u}\n    next: {}", u.fix_command(manifest))?;
+                }
+                f.write_str(
+                    "\n(DIR is the directory holding that artifact's chunk set, e.g. ready/<id>/); \
+                     nothing was written",
+                )
+            }
             Refusal::LiveSignatureUnverified { store, comment } => write!(
                 f,
                 "{store}: the live signature does not verify with the signing key(s) (its comment says \

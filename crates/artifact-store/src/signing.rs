@@ -207,6 +207,20 @@ pub fn sign_manifest(keys: &[SigningKey], data: &[u8], comment: &TrustedComment)
     Ok(signature::join_signature_blocks(&blocks))
 }
 
+/// Refuse to sign `manifest` (read from `manifest_path`, named in the message) unless every
+/// downloadable entry and accelerator variant states its size, SHA-256 and chunk count
+/// ([`manifest::signature::uncovered_artifacts`]). Call it before loading keys or writing.
+pub fn require_covered(manifest: &manifest::Manifest, manifest_path: &str) -> Result<()> {
+    let uncovered = signature::uncovered_artifacts(manifest);
+    if uncovered.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Refused(Refusal::Uncovered {
+        manifest: manifest_path.to_string(),
+        uncovered,
+    }))
+}
+
 /// A public key the release engineer checks signatures with.
 pub struct VerifyingKey {
     public: minisign::PublicKey,

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::layout::{StoreLayout, StorePath, manifest_file_name};
-use crate::types::{FileName, Generation};
+use crate::types::{FileName, Generation, ModelId};
 
 /// Appended to the manifest's name: `model_names_v25.json.minisig`.
 pub const SIGNATURE_SUFFIX: &str = ".minisig";
@@ -380,6 +380,101 @@ pub fn next_release(
     }
 }
 
+/// A downloadable artifact whose bytes a signature over the manifest would not pin down: the
+/// entry (or its accelerator variant) lacks a size, a SHA-256 or a chunk count, so a device with
+/// trusted keys would have to take them from the store, which anyone who can write the store
+/// controls. Signing refuses such a manifest (docs/formats.md, "Signed manifests").
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Uncovered {
+    pub model: ModelId,
+    /// `None` for the entry's own artifact, else the `accelerator_artifacts` key (`chestnut`).
+    pub variant: Option<String>,
+    /// The JSON path of each missing field, e.g. `models[3].artifact_sha256` or
+    /// `models[3].accelerator_artifacts.chestnut.artifact_size`.
+    pub missing: Vec<String>,
+}
+
+impl Uncovered {
+    /// The command that writes the missing fields, for a manifest at `manifest_path`; `DIR` is
+    /// the directory holding that artifact's chunk set.
+    pub fn fix_command(&self, manifest_path: &str) -> String {
+        let variant = self
+            .variant
+            .as_deref()
+            .map(|v| format!(" --variant {v}"))
+            .unwrap_or_default();
+        format!(
+            "release-cli manifest set-artifact {manifest_path} DIR --model {}{variant}",
+            self.model
+        )
+    }
+}
+
+impl fmt::Display for Uncovered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} missing (model {}", self.missing.join(", "), self.model)?;
+        if let Some(v) = &self.variant {
+            write!(f, ", variant {v}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// Every downloadable artifact of `m` — each entry a device keeps (supported format, not a
+/// `local-` model) and each of its `accelerator_artifacts` variants in a supported format —
+/// that lacks `artifact_size`, `artifact_sha256` or `artifact_chunk_count`. Empty when a
+/// signature over `m` covers every byte a device installs from it. Pure.
+pub fn uncovered_artifacts(m: &crate::Manifest) -> Vec<Uncovered> {
+    use crate::keys;
+    use crate::validate::join_key;
+    let mut out = Vec::new();
+    for (i, e) in m.models().iter().enumerate() {
+        if !e.is_supported() || e.id().is_local() {
+            continue;
+        }
+        let here = format!("models[{i}]");
+        let missing: Vec<String> = [
+            (keys::ARTIFACT_SIZE, e.artifact_size().is_some()),
+            (keys::ARTIFACT_SHA256, e.artifact_sha256().is_some()),
+            (keys::ARTIFACT_CHUNK_COUNT, e.artifact_chunk_count().is_some()),
+        ]
+        .into_iter()
+        .filter(|(_, present)| !present)
+        .map(|(k, _)| join_key(&here, k))
+        .collect();
+        if !missing.is_empty() {
+            out.push(Uncovered {
+                model: e.id().clone(),
+                variant: None,
+                missing,
+            });
+        }
+        for (name, v) in e.accelerators() {
+            if v.format.as_ref().is_some_and(|f| !f.is_supported()) {
+                continue;
+            }
+            let at = join_key(&join_key(&here, keys::ACCELERATOR_ARTIFACTS), &name);
+            let missing: Vec<String> = [
+                (keys::ARTIFACT_SIZE, v.size.is_some()),
+                (keys::ARTIFACT_SHA256, v.sha256.is_some()),
+                (keys::ARTIFACT_CHUNK_COUNT, v.chunk_count.is_some()),
+            ]
+            .into_iter()
+            .filter(|(_, present)| !present)
+            .map(|(k, _)| join_key(&at, k))
+            .collect();
+            if !missing.is_empty() {
+                out.push(Uncovered {
+                    model: e.id().clone(),
+                    variant: Some(name),
+                    missing,
+                });
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -544,5 +639,160 @@ mod tests {
             assert!(refusal.ui_text().len() <= 60, "{refusal:?}");
             assert!(!refusal.to_string().is_empty());
         }
+    }
+
+    /// Which artifacts a signature would not cover, as a table over manifests (v25 and a
+    /// made-up v26: the rule does not depend on the generation).
+    #[test]
+    fn uncovered_artifacts_table() {
+        use serde_json::{Value, json};
+        let sha = "5198df6889af1244f1daa9cd29388e2a3992328f91d7f44d2633e8702a4e19d1";
+        let full = |id: &str| {
+            json!({"id": id, "name": "N", "artifact_format": "tinygrad_single_v1",
+                   "artifact_size": 10, "artifact_sha256": sha, "artifact_chunk_count": 1})
+        };
+        let variant = |fields: Value| {
+            let mut v = json!({"artifact_format": "tinygrad_single_v1",
+                               "artifact_filename": "a_driving_chestnut_tinygrad.pkl",
+                               "execution_device": "AMD"});
+            for (k, x) in fields.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            v
+        };
+        let with = |mut e: Value, k: &str, v: Value| {
+            e[k] = v;
+            e
+        };
+        let without = |mut e: Value, k: &str| {
+            e.as_object_mut().unwrap().shift_remove(k);
+            e
+        };
+        let complete_variant = variant(json!({"artifact_size": 5, "artifact_sha256": sha,
+                                              "artifact_chunk_count": 0}));
+        // (models, expected [(model, variant, missing paths)])
+        type Want = Vec<(&'static str, Option<&'static str>, Vec<&'static str>)>;
+        let cases: Vec<(Vec<Value>, Want)> = vec![
+            (vec![full("a"), full("b")], vec![]),
+            (
+                vec![with(full("a"), "accelerator_artifacts", json!({"chestnut": complete_variant}))],
+                vec![],
+            ),
+            // The live v25 shape: no artifact fields at all.
+            (
+                vec![json!({"id": "a", "name": "N"}), full("b")],
+                vec![(
+                    "a",
+                    None,
+                    vec![
+                        "models[0].artifact_size",
+                        "models[0].artifact_sha256",
+                        "models[0].artifact_chunk_count",
+                    ],
+                )],
+            ),
+            (
+                vec![full("a"), without(full("b"), "artifact_chunk_count")],
+                vec![("b", None, vec!["models[1].artifact_chunk_count"])],
+            ),
+            // A chunk count of 0 (one plain file) is a count.
+            (vec![with(full("a"), "artifact_chunk_count", json!(0))], vec![]),
+            // A Chestnut variant without size, digest and count.
+            (
+                vec![with(
+                    full("a"),
+                    "accelerator_artifacts",
+                    json!({"chestnut": variant(json!({}))}),
+                )],
+                vec![(
+                    "a",
+                    Some("chestnut"),
+                    vec![
+                        "models[0].accelerator_artifacts.chestnut.artifact_size",
+                        "models[0].accelerator_artifacts.chestnut.artifact_sha256",
+                        "models[0].accelerator_artifacts.chestnut.artifact_chunk_count",
+                    ],
+                )],
+            ),
+            (
+                vec![with(
+                    full("a"),
+                    "accelerator_artifacts",
+                    json!({"chestnut": variant(json!({"artifact_size": 5, "artifact_sha256": sha}))}),
+                )],
+                vec![(
+                    "a",
+                    Some("chestnut"),
+                    vec!["models[0].accelerator_artifacts.chestnut.artifact_chunk_count"],
+                )],
+            ),
+            // Both the entry and its variant.
+            (
+                vec![with(
+                    json!({"id": "a", "name": "N", "artifact_size": 1, "artifact_sha256": sha}),
+                    "accelerator_artifacts",
+                    json!({"chestnut": variant(json!({"artifact_chunk_count": 2}))}),
+                )],
+                vec![
+                    ("a", None, vec!["models[0].artifact_chunk_count"]),
+                    (
+                        "a",
+                        Some("chestnut"),
+                        vec![
+                            "models[0].accelerator_artifacts.chestnut.artifact_size",
+                            "models[0].accelerator_artifacts.chestnut.artifact_sha256",
+                        ],
+                    ),
+                ],
+            ),
+            // Not downloadable, so nothing to cover: an unsupported format (devices drop the
+            // entry), a variant in an unsupported format (devices refuse to fetch it).
+            (
+                vec![json!({"id": "a", "name": "N", "artifact_format": "onnx_v9"}), full("b")],
+                vec![],
+            ),
+            (
+                vec![with(
+                    full("a"),
+                    "accelerator_artifacts",
+                    json!({"chestnut": {"artifact_format": "rocm_v2", "execution_device": "AMD"}}),
+                )],
+                vec![],
+            ),
+        ];
+        for generation in ["v25", "v26"] {
+            for (models, want) in &cases {
+                let m = crate::Manifest::from_value(json!({
+                    "generation": generation,
+                    "models": models,
+                }))
+                .unwrap();
+                let got: Vec<(String, Option<String>, Vec<String>)> = uncovered_artifacts(&m)
+                    .into_iter()
+                    .map(|u| (u.model.to_string(), u.variant, u.missing))
+                    .collect();
+                let want: Vec<(String, Option<String>, Vec<String>)> = want
+                    .iter()
+                    .map(|(m, v, p)| {
+                        (
+                            m.to_string(),
+                            v.map(str::to_string),
+                            p.iter().map(|x| x.to_string()).collect(),
+                        )
+                    })
+                    .collect();
+                assert_eq!(got, want, "{generation} {models:?}");
+            }
+        }
+        let u = Uncovered {
+            model: "gwm8223".parse().unwrap(),
+            variant: Some("chestnut".into()),
+            missing: vec!["models[2].accelerator_artifacts.chestnut.artifact_size".into()],
+        };
+        assert_eq!(
+            u.fix_command("model_names_v25.json"),
+            "release-cli manifest set-artifact model_names_v25.json DIR --model gwm8223 --variant chestnut"
+        );
+        assert!(u.to_string().contains("variant chestnut"), "{u}");
     }
 }

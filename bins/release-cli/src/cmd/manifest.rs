@@ -41,6 +41,11 @@ pub struct SetArtifactArgs {
     /// The model ID (default: DIR's name).
     #[arg(long, value_name = "ID")]
     pub model: Option<manifest::ModelId>,
+    /// Set the entry's `accelerator_artifacts.<NAME>` variant (e.g. `chestnut`) instead of the
+    /// entry's own artifact: DIR holds the variant's chunk set (named by its
+    /// `artifact_filename`); size, SHA-256 and chunk count are written into the variant.
+    #[arg(long, value_name = "NAME")]
+    pub variant: Option<String>,
     /// Make every check (the entry exists, a complete chunk set, OOB container, every chunk
     /// read and hashed, the `.sha256` sidecar agrees) and print the values that would be written
     /// into the entry. Leaves MANIFEST untouched (no temporary either).
@@ -146,17 +151,24 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
             })?,
     };
     let mut m = load(&args.manifest)?;
-    let name = m
-        .get(&id)
-        .ok_or_else(|| {
+    let entry = m.get(&id).ok_or_else(|| {
+        CliError::check_failed(format!(
+            "{}: no entry for model {id}; add it first (nothing was written)",
+            args.manifest.display()
+        ))
+    })?;
+    let name = match &args.variant {
+        None => entry.file_name(),
+        Some(v) => entry.accelerator_file_name(v).ok_or_else(|| {
             CliError::check_failed(format!(
-                "{}: no entry for model {id}; add it first (nothing was written)",
+                "{}: model {id} has no accelerator_artifacts.{v} variant; add it (with its \
+                 execution_device) first (nothing was written)",
                 args.manifest.display()
             ))
-        })?
-        .file_name()
-        .as_str()
-        .to_string();
+        })?,
+    }
+    .as_str()
+    .to_string();
     let logical = args.dir.join(&name);
     let pieces = match chunker::resolve(&logical)? {
         Some(chunker::Resolved::Chunked { pieces, .. }) => pieces,
@@ -215,10 +227,12 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
         sha256,
         manifest::ChunkCount::new(pieces.len() as u64).map_err(CliError::check_failed)?,
     );
-    m.get_mut(&id)
-        .expect("looked up above")
-        .set_artifact_with_chunks(&artifact, &chunk_sha256)
-        .map_err(CliError::failure)?;
+    let entry = m.get_mut(&id).expect("looked up above");
+    match &args.variant {
+        None => entry.set_artifact_with_chunks(&artifact, &chunk_sha256),
+        Some(v) => entry.set_accelerator_artifact(v, &artifact),
+    }
+    .map_err(CliError::failure)?;
     if !args.dry_run {
         // The error names the manifest (fs_err).
         chunker::atomic::write_atomic(&args.manifest, &m.to_canonical_bytes())
@@ -228,6 +242,7 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
         let mut v = json!({
             "manifest": args.manifest,
             "model": id.as_str(),
+            "variant": args.variant,
             "size": size,
             "sha256": sha256.to_hex(),
             "chunk_count": pieces.len(),

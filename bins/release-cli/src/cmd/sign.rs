@@ -144,6 +144,8 @@ pub fn sign(a: SignArgs) -> CliResult {
         )));
     }
     let generation = generation_of(&a.manifest, &m, a.generation)?;
+    signing::require_covered(&m, &a.manifest.display().to_string())
+        .map_err(CliError::check_failed)?;
     let keys = load_signing_keys(&a.key)?;
     let output = a
         .output
@@ -311,6 +313,7 @@ pub fn verify(a: VerifyArgs) -> CliResult {
 /// uploads), with the next release after every live signed one. `None` without keys.
 pub fn publish_signature(
     manifest: &Manifest,
+    manifest_path: &Path,
     stores: &[&dyn artifact_store::Store],
     generation: Generation,
     key_paths: &[PathBuf],
@@ -321,6 +324,8 @@ pub fn publish_signature(
     if key_paths.is_empty() {
         return Ok(None);
     }
+    signing::require_covered(manifest, &manifest_path.display().to_string())
+        .map_err(CliError::check_failed)?;
     let keys = load_signing_keys(key_paths)?;
     let bytes = manifest.to_canonical_bytes();
     let verifying: Vec<VerifyingKey> = keys.iter().map(VerifyingKey::from).collect();

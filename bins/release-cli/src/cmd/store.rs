@@ -248,6 +248,7 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
     };
     let signature = super::sign::publish_signature(
         &manifest,
+        &args.manifest,
         &store_refs,
         args.generation,
         &args.sign_key,
