@@ -1,7 +1,7 @@
 //! `release-cli manifest sign|verify` and `publish --sign-key` as a release engineer runs them,
 //! and the signatures checked with the real `minisign` tool (Debian package `minisign`).
 
-use crate::common::{cli, command, covering_records, release, snapshot, text};
+use crate::common::{cli, command, covering_records, release, release_in, snapshot, text};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -726,5 +726,98 @@ fn signing_refuses_what_the_signature_would_not_cover() {
     let o = cli(&["manifest", "sign", "--key", s(&key), m]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let o = cli(&["manifest", "verify", "--key", s(&public), m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+}
+
+/// Issue 23 item 4: publishing without --sign-key over a signed store is refused before any
+/// upload (exit 3, naming --sign-key and the opt-out); `--remove-signature REASON` publishes
+/// unsigned, removes the signature from every store, says devices with keys will refuse the
+/// generation, and records the reason in the publish record.
+#[test]
+fn an_unsigned_publish_over_a_signed_store_is_refused_or_removes_the_signature_on_purpose() {
+    let t = tempfile::tempdir().unwrap();
+    let (artifacts, manifest) = release(t.path(), &artifact_bytes(8, 2500));
+    let (key, _, _) = keypair(t.path(), "a");
+    let store = t.path().join("store");
+    let remote = GitRemote::new(&t.path().join("git"), "Models", None);
+    let gh = format!("github:{}", remote.checkout.display());
+    let ws = covering_records(&t.path().join("ws"), &manifest);
+    let publish_from = |artifacts: &Path, ws: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            s(&manifest),
+            "--artifacts",
+            s(artifacts),
+            "--workspace",
+            s(ws),
+            "--to",
+            s(&store),
+            "--to",
+            &gh,
+        ];
+        a.extend_from_slice(extra);
+        cli(&a)
+    };
+    let o = publish_from(&artifacts, &ws, &["--sign-key", s(&key)]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let live_sig = store.join("manifests/model_names_v25.json.minisig");
+    let gh_sig = remote.checkout.join("model_names_v25.json.minisig");
+    assert!(live_sig.exists() && gh_sig.exists());
+
+    // A new release of the same generation, published without --sign-key: refused, nothing
+    // uploaded to either store (a dry run too).
+    let r2 = t.path().join("r2");
+    std::fs::create_dir_all(&r2).unwrap();
+    let (artifacts2, manifest2) = release_in(&r2, &artifact_bytes(9, 2600), "artifacts/pop223");
+    std::fs::copy(&manifest2, &manifest).unwrap();
+    let ws2 = covering_records(&t.path().join("ws2"), &manifest);
+    let publish = |extra: &[&str]| publish_from(&artifacts2, &ws2, extra);
+    let before = (snapshot(&store), remote.remote_subjects());
+    for extra in [&[][..], &["--dry-run"][..]] {
+        let o = publish(extra);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "{err}");
+        assert!(
+            err.contains("--sign-key")
+                && err.contains("--remove-signature")
+                && err.contains("model_names_v25.json.minisig"),
+            "{err}"
+        );
+        assert_eq!((snapshot(&store), remote.remote_subjects()), before);
+    }
+    // --remove-signature conflicts with --sign-key.
+    let o = publish(&["--sign-key", s(&key), "--remove-signature", "x"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+
+    // On purpose: the signature goes from both stores, before the manifest (the commit order on
+    // the remote shows it), the warning names the consequence, the record keeps the reason.
+    let o = publish(&["--remove-signature", "release key lost; re-signing with the new key"]);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("devices with trusted keys will refuse"), "{err}");
+    assert!(!live_sig.exists() && !gh_sig.exists());
+    let commits = remote.remote_files_per_commit();
+    let last_sig = commits
+        .iter()
+        .rposition(|c| c.iter().any(|f| f == "model_names_v25.json.minisig"))
+        .unwrap();
+    let last_manifest = commits
+        .iter()
+        .rposition(|c| c.iter().any(|f| f == "model_names_v25.json"))
+        .unwrap();
+    assert!(last_sig < last_manifest, "{commits:?}");
+    let record: Value = serde_json::from_slice(
+        &std::fs::read(t.path().join("model_names_v25.publish.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        record["signature_removed"],
+        "release key lost; re-signing with the new key"
+    );
+    // Now the stores hold no signature: an unsigned publish is no longer refused.
+    let o = publish(&[]);
     assert!(o.status.success(), "{}", text(&o.stderr));
 }

@@ -219,6 +219,12 @@ pub enum Refusal {
     NoSigningKey,
     /// A live signature none of the signing keys verifies hides its release number.
     LiveSignatureUnverified { store: String, comment: String },
+    /// An unsigned publish to a store that holds a signature for the generation: the old
+    /// signature would stay beside the new manifest and every device with keys would refuse it.
+    SignedStore {
+        store: String,
+        path: manifest::StorePath,
+    },
     /// Signing a manifest some of whose downloadable artifacts lack a size, SHA-256 or chunk
     /// count: the signature would not cover their bytes.
     Uncovered {
@@ -279,6 +285,15 @@ impl std::fmt::Display for Refusal {
                 "the manifest says generation {manifest} but --generation is {flag}; fix one of them"
             ),
             Refusal::NoSigningKey => f.write_str("no signing key given"),
+            Refusal::SignedStore { store, path } => write!(
+                f,
+                "{store}: holds {path}, so this generation is signed; publishing without \
+                 --sign-key would leave that signature beside the new manifest and every device \
+                 with trusted keys would refuse the generation. Nothing was uploaded.\nnext: add \
+                 --sign-key release.key; or, to stop signing this generation on purpose, \
+                 --remove-signature \"REASON\" (recorded; devices with keys will then refuse \
+                 the generation as not signed)"
+            ),
             Refusal::Uncovered {
                 manifest,
                 uncovered,

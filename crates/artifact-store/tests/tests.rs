@@ -7,3 +7,4 @@ mod hub_serve_reuse;
 mod publish_local_git;
 mod republish_window;
 mod serve_hostile;
+mod signature_window;

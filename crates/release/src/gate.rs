@@ -792,6 +792,10 @@ pub struct PublishRecord {
     /// The models uploaded from `--artifacts`.
     pub models: Vec<String>,
     pub validation: GateOutcome,
+    /// `publish --remove-signature REASON`: the generation was published unsigned on purpose
+    /// and its signature removed from the stores; the reason given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature_removed: Option<String>,
 }
 
 #[cfg(test)]

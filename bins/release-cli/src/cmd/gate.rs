@@ -154,6 +154,7 @@ pub fn write_publish_record(
     stores: &[String],
     models: &[String],
     validation: &GateOutcome,
+    signature_removed: Option<&str>,
 ) -> CliResult<PathBuf> {
     let path = release::records::publish_record_path(manifest_path);
     let rec = PublishRecord {
@@ -165,6 +166,7 @@ pub fn write_publish_record(
         stores: stores.to_vec(),
         models: models.to_vec(),
         validation: validation.clone(),
+        signature_removed: signature_removed.map(str::to_owned),
     };
     release::records::write(&path, &rec).map_err(release_error)?;
     Ok(path)
