@@ -112,6 +112,9 @@ fn sign_then_verify_and_every_refusal() {
         m,
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    // `--expires-in 0` would publish a signature every device refuses: refused, nothing
+    // written. An expired signature (made with the key directly) is what verify refuses.
+    let sig_before = std::fs::read(&sig_path).unwrap();
     let o = cli(&[
         "manifest",
         "sign",
@@ -121,7 +124,26 @@ fn sign_then_verify_and_every_refusal() {
         "0",
         m,
     ]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("--expires-in 1"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(std::fs::read(&sig_path).unwrap(), sig_before);
+    let sk = minisign::SecretKeyBox::from_string(&std::fs::read_to_string(&a_key).unwrap())
+        .unwrap()
+        .into_unencrypted_secret_key()
+        .unwrap();
+    let expired = minisign::sign(
+        None,
+        &sk,
+        std::fs::File::open(&manifest).unwrap(),
+        Some("generation=v25 release=3 expires=1000"),
+        None,
+    )
+    .unwrap();
+    std::fs::write(&sig_path, expired.into_string()).unwrap();
     let o = cli(&["manifest", "verify", "--key", s(&a_pub), m]);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
     assert!(text(&o.stderr).contains("expired"), "{}", text(&o.stderr));

@@ -396,13 +396,21 @@ pub fn choose_release(
             comment: l.unverified_comment.clone().unwrap_or_default(),
         }));
     }
+    // Unverified live releases (a rotation) only raise the ceiling of an explicit --release.
+    let unverified = live
+        .iter()
+        .filter_map(|l| l.unverified_comment.as_deref())
+        .filter_map(|c| c.parse::<TrustedComment>().ok())
+        .map(|c| c.release);
     Ok(signature::next_release(
         live.iter().filter_map(|l| l.verified_release),
+        unverified,
         requested,
     )?)
 }
 
-/// The comment of a new signature.
+/// The comment of a new signature; `expires_in_days` is at least
+/// [`signature::MIN_EXPIRES_IN_DAYS`].
 pub fn new_comment(
     generation: Generation,
     release: ReleaseNumber,
@@ -411,7 +419,7 @@ pub fn new_comment(
     Ok(TrustedComment {
         generation,
         release,
-        expires: UnixSeconds::now().plus_days(expires_in_days)?,
+        expires: UnixSeconds::now().signature_expiry(expires_in_days)?,
     })
 }
 

@@ -19,15 +19,19 @@ use crate::error::{Error, Result};
 /// [`Error::NotRegularFile`]; a file over `limit` bytes (at open, or grown while read) is
 /// [`Error::FileTooLarge`]; other I/O errors are [`Error::Io`] naming the path.
 pub fn read_capped(path: &Path, limit: u64) -> Result<Option<Vec<u8>>> {
-    let file = match OpenOptions::new()
+    match read_capped_existing(path, limit) {
+        Err(Error::Io(e)) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        other => other.map(Some),
+    }
+}
+
+/// [`read_capped`] for a file that must exist: a missing file is [`Error::Io`] (`NotFound`,
+/// from fs-err: "failed to open file `PATH`: No such file or directory").
+pub fn read_capped_existing(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
+        .open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(Error::NotRegularFile {
@@ -48,18 +52,7 @@ pub fn read_capped(path: &Path, limit: u64) -> Result<Option<Vec<u8>>> {
         // The file grew between the stat and the read.
         return Err(too_large(out.len() as u64));
     }
-    Ok(Some(out))
-}
-
-/// [`read_capped`] for a file that must exist: a missing file is [`Error::Io`] (`NotFound`)
-/// naming the path.
-pub fn read_capped_existing(path: &Path, limit: u64) -> Result<Vec<u8>> {
-    read_capped(path, limit)?.ok_or_else(|| {
-        Error::Io(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("{}: No such file or directory", path.display()),
-        ))
-    })
+    Ok(out)
 }
 
 #[cfg(test)]

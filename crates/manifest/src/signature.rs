@@ -119,6 +119,22 @@ impl UnixSeconds {
         )
     }
 
+    /// When a signature made now and valid for `days` expires: at least
+    /// [`MIN_EXPIRES_IN_DAYS`], so every device does not refuse it on arrival.
+    pub fn signature_expiry(self, days: u64) -> Result<Self> {
+        if days < MIN_EXPIRES_IN_DAYS {
+            return Err(Error::invalid(
+                "expiry in days",
+                &days.to_string(),
+                format!(
+                    "a signature must stay valid at least {MIN_EXPIRES_IN_DAYS} day (devices \
+                     refuse an expired one); use --expires-in 1 or more (default 180)"
+                ),
+            ));
+        }
+        self.plus_days(days)
+    }
+
     pub fn plus_days(self, days: u64) -> Result<Self> {
         days.checked_mul(86_400)
             .and_then(|s| self.0.checked_add(s))
@@ -357,13 +373,44 @@ pub fn check_signed_comment(
     Ok(c)
 }
 
+/// How far above the live release an explicit `--release` may go. Devices refuse any release
+/// below the highest they accepted, so a typo such as `--release 18446744073709551615` would
+/// otherwise end signing for the generation (nothing can follow it).
+pub const MAX_RELEASE_STEP: u64 = 1000;
+
+/// The shortest validity a new signature may have: a signature that expires sooner would be
+/// refused by devices (almost) as soon as it is published.
+pub const MIN_EXPIRES_IN_DAYS: u64 = 1;
+
 /// The release number a new signed publish gets: one more than every release already seen
-/// (verified live signatures), or `requested` if given, which must be higher than all of them.
+/// (verified live signatures), or `requested` if given, which must be higher than all of them
+/// and at most [`MAX_RELEASE_STEP`] above the highest of them and of `unverified` (live
+/// releases whose signature our keys cannot check, e.g. during a key rotation; they only raise
+/// the ceiling).
 pub fn next_release(
     seen: impl IntoIterator<Item = ReleaseNumber>,
+    unverified: impl IntoIterator<Item = ReleaseNumber>,
     requested: Option<ReleaseNumber>,
 ) -> Result<ReleaseNumber> {
     let highest = seen.into_iter().max();
+    if let Some(r) = requested {
+        let live = highest.into_iter().chain(unverified).max();
+        let base = live.map_or(0, ReleaseNumber::get);
+        let ceiling = base.saturating_add(MAX_RELEASE_STEP);
+        if r.get() > ceiling {
+            return Err(Error::invalid(
+                "release number",
+                &r.to_string(),
+                format!(
+                    "more than {MAX_RELEASE_STEP} above the live release ({}); devices refuse \
+                     every release below the highest they accepted, so a number this high would \
+                     leave no room for the next ones; use --release {ceiling} or less, or leave \
+                     --release out",
+                    live.map_or_else(|| "none yet".to_string(), |l| l.to_string())
+                ),
+            ));
+        }
+    }
     match (requested, highest) {
         (Some(r), Some(h)) if r <= h => Err(Error::invalid(
             "release number",
@@ -579,13 +626,60 @@ mod tests {
 
     #[test]
     fn next_release_is_one_more_than_anything_seen() {
-        assert_eq!(next_release([], None).unwrap(), r(1));
-        assert_eq!(next_release([r(3), r(7), r(5)], None).unwrap(), r(8));
-        assert_eq!(next_release([r(3)], Some(r(10))).unwrap(), r(10));
-        assert_eq!(next_release([], Some(r(4))).unwrap(), r(4));
-        let e = next_release([r(7)], Some(r(7))).unwrap_err().to_string();
+        let none: [ReleaseNumber; 0] = [];
+        assert_eq!(next_release([], none, None).unwrap(), r(1));
+        assert_eq!(next_release([r(3), r(7), r(5)], none, None).unwrap(), r(8));
+        assert_eq!(next_release([r(3)], none, Some(r(10))).unwrap(), r(10));
+        assert_eq!(next_release([], none, Some(r(4))).unwrap(), r(4));
+        let e = next_release([r(7)], none, Some(r(7))).unwrap_err().to_string();
         assert!(e.contains("--release 8"), "{e}");
-        assert!(next_release([r(u64::MAX)], None).is_err());
+        assert!(next_release([r(u64::MAX)], none, None).is_err());
+    }
+
+    /// An explicit release is at most MAX_RELEASE_STEP above the live one (verified or not).
+    #[test]
+    fn explicit_release_ceiling_table() {
+        // (verified live, unverified live, requested, Ok(release) or Err(text in the error))
+        type Case = (Vec<u64>, Vec<u64>, u64, std::result::Result<u64, &'static str>);
+        let cases: Vec<Case> = vec![
+            (vec![], vec![], 1000, Ok(1000)),
+            (vec![], vec![], 1001, Err("--release 1000 or less")),
+            (vec![5], vec![], 1005, Ok(1005)),
+            (vec![5], vec![], 1006, Err("--release 1005 or less")),
+            (vec![5], vec![], u64::MAX, Err("(5)")),
+            // A rotation: the old key's release 4000 raises the ceiling, not the floor.
+            (vec![], vec![4000], 5000, Ok(5000)),
+            (vec![], vec![4000], 5001, Err("--release 5000 or less")),
+            (vec![], vec![4000], 2, Ok(2)),
+            // Near the top of u64 the ceiling saturates instead of overflowing.
+            (vec![u64::MAX - 1], vec![], u64::MAX, Ok(u64::MAX)),
+        ];
+        for (seen, unverified, requested, want) in cases {
+            let got = next_release(
+                seen.iter().map(|&n| r(n)),
+                unverified.iter().map(|&n| r(n)),
+                Some(r(requested)),
+            );
+            match (got, want) {
+                (Ok(g), Ok(w)) => assert_eq!(g, r(w)),
+                (Err(e), Err(needle)) => {
+                    let e = e.to_string();
+                    assert!(e.contains(needle), "{seen:?} {requested}: {e}");
+                }
+                (got, want) => panic!("{seen:?} {unverified:?} {requested}: {got:?} vs {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_signature_stays_valid_at_least_a_day() {
+        let now = UnixSeconds(1_000_000);
+        assert!(now.signature_expiry(0).is_err());
+        let e = now.signature_expiry(0).unwrap_err().to_string();
+        assert!(e.contains("--expires-in 1"), "{e}");
+        assert_eq!(now.signature_expiry(1).unwrap(), UnixSeconds(1_086_400));
+        assert_eq!(now.signature_expiry(180).unwrap(), UnixSeconds(1_000_000 + 180 * 86_400));
+        assert!(now.signature_expiry(u64::MAX).is_err());
     }
 
     #[test]

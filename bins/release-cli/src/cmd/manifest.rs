@@ -269,19 +269,18 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
 /// A manifest file's bytes, read no further than one byte past the fleet's size limit.
 /// `Err(size)` when the file is over the limit: its real size where the file system knows it.
 fn read_bounded(path: &Path) -> CliResult<Result<Vec<u8>, u64>> {
-    use std::io::Read;
     let limit = Limits::default().max_manifest_bytes;
-    let file = std::fs::File::open(path)
-        .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))?;
-    let known = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut bytes = Vec::new();
-    file.take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))?;
-    if bytes.len() as u64 > limit {
-        return Ok(Err(known.max(bytes.len() as u64)));
+    // Regular files only, opened without blocking: a FIFO or a device is refused at once.
+    match chunker::bounded::read_capped(path, limit) {
+        Ok(Some(bytes)) => Ok(Ok(bytes)),
+        Ok(None) => Err(CliError::failure(format!(
+            "{}: No such file or directory (os error 2)",
+            path.display()
+        ))),
+        Err(chunker::Error::FileTooLarge { size, .. }) => Ok(Err(size)),
+        Err(e @ chunker::Error::NotRegularFile { .. }) => Err(CliError::usage(e)),
+        Err(e) => Err(CliError::failure(e)),
     }
-    Ok(Ok(bytes))
 }
 
 fn too_large_message(size: u64) -> String {

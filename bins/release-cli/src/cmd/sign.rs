@@ -153,8 +153,15 @@ pub fn sign(a: SignArgs) -> CliResult {
         .unwrap_or_else(|| default_signature_path(&a.manifest));
     // The release before this one: the existing signature beside the manifest, if ours.
     let verifying: Vec<VerifyingKey> = keys.iter().map(VerifyingKey::from).collect();
-    let seen: Vec<ReleaseNumber> = match std::fs::read_to_string(&output) {
-        Ok(text) => signing::check_signature(&verifying, &bytes, &text)
+    let existing = chunker::bounded::read_capped(&output, signature::MAX_SIGNATURE_BYTES)
+        .map_err(|e| {
+            CliError::check_failed(format!(
+                "cannot read the signature already there: {e}\nnext: remove it, or write the \
+                 new one elsewhere with --output"
+            ))
+        })?;
+    let seen: Vec<ReleaseNumber> = match existing {
+        Some(raw) => signing::check_signature(&verifying, &bytes, &String::from_utf8_lossy(&raw))
             .unwrap_or_default()
             .into_iter()
             .filter(|c| c.verified_by.is_some())
@@ -162,9 +169,9 @@ pub fn sign(a: SignArgs) -> CliResult {
             .filter(|c| c.generation == generation)
             .map(|c| c.release)
             .collect(),
-        Err(_) => Vec::new(),
+        None => Vec::new(),
     };
-    let release = signature::next_release(seen, a.release).map_err(CliError::usage)?;
+    let release = signature::next_release(seen, [], a.release).map_err(CliError::usage)?;
     let comment =
         signing::new_comment(generation, release, a.expires_in).map_err(CliError::usage)?;
     let text = signing::sign_manifest(&keys, &bytes, &comment).map_err(CliError::failure)?;
@@ -238,13 +245,24 @@ pub fn verify(a: VerifyArgs) -> CliResult {
         .signature
         .clone()
         .unwrap_or_else(|| default_signature_path(&a.manifest));
-    let text = std::fs::read_to_string(&sig_path).map_err(|e| {
-        CliError::check_failed(format!(
-            "{}: {e}\nnext: sign the manifest with `release-cli manifest sign --key KEY {}`",
-            sig_path.display(),
-            a.manifest.display()
-        ))
-    })?;
+    // Size-capped, regular files only: a signature symlinked to /dev/zero or a FIFO is refused
+    // at once, not read.
+    let raw = chunker::bounded::read_capped(&sig_path, signature::MAX_SIGNATURE_BYTES)
+        .map_err(|e| {
+            CliError::check_failed(format!(
+                "{e}\nnext: pass the .minisig file `manifest sign` or `publish --sign-key` wrote \
+                 (a few hundred bytes per key)"
+            ))
+        })?
+        .ok_or_else(|| {
+            CliError::check_failed(format!(
+                "{}: no such file\nnext: sign the manifest with `release-cli manifest sign --key \
+                 KEY {}`",
+                sig_path.display(),
+                a.manifest.display()
+            ))
+        })?;
+    let text = String::from_utf8_lossy(&raw);
     let (blocks, outcome) = match signing::check_signature(&keys, &bytes, &text) {
         Err(r) => (Vec::new(), Err(r)),
         Ok(blocks) => {
