@@ -843,3 +843,42 @@ fn an_unsigned_publish_over_a_signed_store_is_refused_or_removes_the_signature_o
     let o = publish(&[]);
     assert!(o.status.success(), "{}", text(&o.stderr));
 }
+
+/// Issue 23: a rotation signature file (one block per key) with one undecodable block still
+/// verifies by its good block; the damaged block is reported and skipped.
+#[test]
+fn a_rotation_file_with_one_damaged_block_verifies_by_the_other() {
+    let t = tempfile::tempdir().unwrap();
+    let (_, manifest) = release(t.path(), &artifact_bytes(13, 2500));
+    let (a_key, a_pub, _) = keypair(t.path(), "a");
+    let (b_key, b_pub, _) = keypair(t.path(), "b");
+    let m = s(&manifest);
+    let o = cli(&["manifest", "sign", "--key", s(&a_key), "--key", s(&b_key), m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let sig_path = t.path().join("model_names_v25.json.minisig");
+    let text_before = std::fs::read_to_string(&sig_path).unwrap();
+    let mut lines: Vec<String> = text_before.lines().map(str::to_string).collect();
+    assert_eq!(lines.len(), 8);
+    // Block 1's signature line: not base64 any more (the key a block).
+    lines[1] = "RWQ*not*base64*".to_string();
+    std::fs::write(&sig_path, lines.join("\n") + "\n").unwrap();
+
+    let o = cli(&["manifest", "verify", "--key", s(&b_pub), "--json", m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["accepted"], true);
+    assert!(r["blocks"][0]["error"].is_string(), "{r}");
+    assert!(r["blocks"][1]["verified_by"].is_string(), "{r}");
+    let o = cli(&["manifest", "verify", "--key", s(&b_pub), m]);
+    assert!(text(&o.stdout).contains("block 1: not a decodable signature"));
+    // Key a's only block is the damaged one: refused as not verified.
+    let o = cli(&["manifest", "verify", "--key", s(&a_pub), m]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("does not verify"), "{}", text(&o.stderr));
+    // Both blocks damaged: malformed, naming the first.
+    lines[5] = "RWQ*also*broken*".to_string();
+    std::fs::write(&sig_path, lines.join("\n") + "\n").unwrap();
+    let o = cli(&["manifest", "verify", "--key", s(&b_pub), m]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("block 1"), "{}", text(&o.stderr));
+}

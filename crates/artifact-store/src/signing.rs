@@ -281,9 +281,27 @@ pub struct BlockCheck {
     pub verified_by: Option<String>,
     /// The trusted comment (only meaningful when verified).
     pub comment: String,
+    /// Why the block is not a decodable minisign signature; such a block is skipped, the
+    /// others still count (a rotation file with one damaged block).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
-/// Check every block of `signature_text` against `data` with `keys`.
+impl BlockCheck {
+    /// This check as the input of [`signature::decide_blocks`].
+    pub fn outcome(&self) -> signature::BlockOutcome<'_> {
+        match (&self.error, &self.verified_by) {
+            (Some(reason), _) => signature::BlockOutcome::Undecodable { reason },
+            (None, Some(_)) => signature::BlockOutcome::Verified {
+                comment: &self.comment,
+            },
+            (None, None) => signature::BlockOutcome::NotVerified,
+        }
+    }
+}
+
+/// Check every block of `signature_text` against `data` with `keys`. A block that does not
+/// decode is reported with its `error` and does not stop the others.
 pub fn check_signature(
     keys: &[VerifyingKey],
     data: &[u8],
@@ -292,11 +310,18 @@ pub fn check_signature(
     let blocks = signature::signature_blocks(signature_text)?;
     let mut out = Vec::new();
     for (i, block) in blocks.iter().enumerate() {
-        let sig = minisign::SignatureBox::from_string(block.as_str()).map_err(|e| {
-            signature::Refusal::Malformed {
-                reason: format!("block {}: {e}", i + 1),
+        let sig = match minisign::SignatureBox::from_string(block.as_str()) {
+            Ok(sig) => sig,
+            Err(e) => {
+                out.push(BlockCheck {
+                    block: i + 1,
+                    verified_by: None,
+                    comment: block.trusted_comment().to_string(),
+                    error: Some(e.to_string()),
+                });
+                continue;
             }
-        })?;
+        };
         let verified_by = keys
             .iter()
             .find(|k| {
@@ -307,6 +332,7 @@ pub fn check_signature(
             block: i + 1,
             verified_by,
             comment: block.trusted_comment().to_string(),
+            error: None,
         });
     }
     Ok(out)

@@ -382,6 +382,61 @@ pub const MAX_RELEASE_STEP: u64 = 1000;
 /// refused by devices (almost) as soon as it is published.
 pub const MIN_EXPIRES_IN_DAYS: u64 = 1;
 
+/// What checking one block of a signature file against the trusted keys gave.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum BlockOutcome<'a> {
+    /// The block is not a decodable minisign signature (bad base64, wrong length or algorithm).
+    Undecodable { reason: &'a str },
+    /// It decodes, but no trusted key verifies it over the manifest's bytes.
+    NotVerified,
+    /// A trusted key verifies it; its trusted comment, not yet checked.
+    Verified { comment: &'a str },
+}
+
+/// The decision over a signature file's blocks, in file order: the first block that verifies
+/// and whose comment passes [`check_signed_comment`] is accepted. An undecodable block is
+/// skipped, not fatal: during a key rotation a file with one damaged block still verifies by
+/// its good one. Refused: a verified block's comment refusal when there was one (it explains
+/// most), else [`Refusal::Malformed`] when no block decoded at all, else
+/// [`Refusal::UntrustedSignature`].
+pub fn decide_blocks<'a>(
+    outcomes: impl IntoIterator<Item = BlockOutcome<'a>>,
+    keys: usize,
+    expected: Generation,
+    accepted: Option<ReleaseNumber>,
+    now: UnixSeconds,
+) -> std::result::Result<TrustedComment, Refusal> {
+    let mut comment_refusal = None;
+    let mut first_defect: Option<(usize, &str)> = None;
+    let mut decoded = 0usize;
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        match outcome {
+            BlockOutcome::Undecodable { reason } => {
+                first_defect.get_or_insert((i + 1, reason));
+            }
+            BlockOutcome::NotVerified => decoded += 1,
+            BlockOutcome::Verified { comment } => {
+                decoded += 1;
+                match check_signed_comment(comment, expected, accepted, now) {
+                    Ok(c) => return Ok(c),
+                    Err(r) => {
+                        comment_refusal.get_or_insert(r);
+                    }
+                }
+            }
+        }
+    }
+    if let Some(r) = comment_refusal {
+        return Err(r);
+    }
+    match first_defect {
+        Some((block, reason)) if decoded == 0 => Err(Refusal::Malformed {
+            reason: format!("block {block}: {reason}"),
+        }),
+        _ => Err(Refusal::UntrustedSignature { keys }),
+    }
+}
+
 /// The release number a new signed publish gets: one more than every release already seen
 /// (verified live signatures), or `requested` if given, which must be higher than all of them
 /// and at most [`MAX_RELEASE_STEP`] above the highest of them and of `unverified` (live
@@ -888,5 +943,59 @@ mod tests {
             "release-cli manifest set-artifact model_names_v25.json DIR --model gwm8223 --variant chestnut"
         );
         assert!(u.to_string().contains("variant chestnut"), "{u}");
+    }
+
+    /// A rotation file with one undecodable block still verifies by its good one; what is
+    /// refused, and as what, when none does.
+    #[test]
+    fn decide_blocks_table() {
+        use BlockOutcome::*;
+        let now = UnixSeconds(1000);
+        let good = "generation=v25 release=5 expires=2000";
+        let expired = "generation=v25 release=6 expires=10";
+        let v26 = Generation::new(26);
+        let bad = Undecodable {
+            reason: "invalid base64",
+        };
+        // (blocks, generation fetched, Ok(release) or the refusal's kind)
+        type Case<'a> = (Vec<BlockOutcome<'a>>, Generation, Result<u64, &'a str>);
+        let cases: Vec<Case> = vec![
+            (vec![Verified { comment: good }], V25, Ok(5)),
+            // One damaged block, before or after the good one.
+            (vec![bad, Verified { comment: good }], V25, Ok(5)),
+            (vec![Verified { comment: good }, bad], V25, Ok(5)),
+            (vec![NotVerified, bad, Verified { comment: good }], V25, Ok(5)),
+            // The first acceptable block wins; an expired one before it does not refuse.
+            (
+                vec![Verified { comment: expired }, Verified { comment: good }],
+                V25,
+                Ok(5),
+            ),
+            (vec![Verified { comment: expired }, bad], V25, Err("expired")),
+            (vec![bad, NotVerified], V25, Err("untrusted")),
+            (vec![NotVerified], V25, Err("untrusted")),
+            (vec![bad, bad], V25, Err("malformed")),
+            (vec![], V25, Err("untrusted")),
+            // The same for a made-up next generation.
+            (
+                vec![bad, Verified { comment: "generation=v26 release=1 expires=2000" }],
+                v26,
+                Ok(1),
+            ),
+            (vec![bad, Verified { comment: good }], v26, Err("generation")),
+        ];
+        for (blocks, generation, want) in cases {
+            let got = decide_blocks(blocks.clone(), 2, generation, None, now);
+            match (want, got) {
+                (Ok(n), Ok(c)) => assert_eq!(c.release, r(n), "{blocks:?}"),
+                (Err("expired"), Err(Refusal::Expired { .. }))
+                | (Err("untrusted"), Err(Refusal::UntrustedSignature { keys: 2 }))
+                | (Err("generation"), Err(Refusal::OtherGeneration { .. })) => {}
+                (Err("malformed"), Err(Refusal::Malformed { reason })) => {
+                    assert!(reason.contains("block 1: invalid base64"), "{reason}")
+                }
+                (want, got) => panic!("{blocks:?}: want {want:?}, got {got:?}"),
+            }
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use artifact_store::signing::{self, PASSPHRASE_ENV, SigningKey, VerifyingKey};
 use clap::Args;
-use manifest::signature::{self, Refusal};
+use manifest::signature;
 use manifest::{Generation, Manifest, ReleaseNumber, UnixSeconds};
 use serde_json::json;
 
@@ -266,18 +266,13 @@ pub fn verify(a: VerifyArgs) -> CliResult {
     let (blocks, outcome) = match signing::check_signature(&keys, &bytes, &text) {
         Err(r) => (Vec::new(), Err(r)),
         Ok(blocks) => {
-            let mut outcome = Err(Refusal::UntrustedSignature { keys: keys.len() });
-            for b in blocks.iter().filter(|b| b.verified_by.is_some()) {
-                outcome = signature::check_signed_comment(
-                    &b.comment,
-                    generation,
-                    None,
-                    UnixSeconds::now(),
-                );
-                if outcome.is_ok() {
-                    break;
-                }
-            }
+            let outcome = signature::decide_blocks(
+                blocks.iter().map(|b| b.outcome()),
+                keys.len(),
+                generation,
+                None,
+                UnixSeconds::now(),
+            );
             (blocks, outcome)
         }
     };
@@ -296,9 +291,10 @@ pub fn verify(a: VerifyArgs) -> CliResult {
             crate::outln!(
                 "block {}: {} ({})",
                 b.block,
-                match &b.verified_by {
-                    Some(id) => format!("verified by key {id}"),
-                    None => "not verified by the given key(s)".to_string(),
+                match (&b.verified_by, &b.error) {
+                    (_, Some(e)) => format!("not a decodable signature ({e}), skipped"),
+                    (Some(id), None) => format!("verified by key {id}"),
+                    (None, None) => "not verified by the given key(s)".to_string(),
                 },
                 b.comment
             )?;
