@@ -285,3 +285,94 @@ fn an_unsigned_publish_over_a_signed_store_is_refused_before_any_effect() {
     assert_eq!(classify(&r, &Served::Dir(local)), (Man::Old, Sig::Old));
     assert_eq!(classify(&r, &Served::Git(remote)), (Man::Old, Sig::Old));
 }
+
+/// The same order on the Hub, through the real `hf` CLI against the Hub emulator: every Hub
+/// effect is one atomic operation, so the sequence of operations fixes every kill-point state.
+/// Signed: the new signature is added before the manifest. Unsigned over the signed bucket:
+/// refused with no operation. RemoveSignature: the signature is deleted before the manifest.
+#[test]
+fn on_the_hub_the_signature_moves_before_the_manifest_and_is_never_left_stale() {
+    use artifact_store::{HfBucketStore, HfConfig};
+    use test_support::hub::{HubConfig, HubEmulator, HubOp, real_hf_cli};
+    let Some(cli) = real_hf_cli() else { return };
+    const BUCKET: &str = "StarPilot-Driving/StarPilot-Resources";
+    let t = tempfile::tempdir().unwrap();
+    let k = key(t.path());
+    let r = release(t.path(), &k);
+    let emu = HubEmulator::start(HubConfig::default()).unwrap();
+    emu.create_bucket(BUCKET);
+    let hub = HfBucketStore::new(
+        BUCKET,
+        HfConfig {
+            endpoint: emu.url(),
+            token: Some(emu.token().to_string()),
+            cli,
+            timeout: std::time::Duration::from_secs(20),
+        },
+    )
+    .unwrap();
+    let (manifest, sig) = (
+        "manifests/model_names_v25.json",
+        "manifests/model_names_v25.json.minisig",
+    );
+    let ops_on = |paths: &[&str]| -> Vec<HubOp> {
+        emu.ops()
+            .into_iter()
+            .filter(|op| match op {
+                HubOp::Add { path, .. } | HubOp::Delete { path, .. } => {
+                    paths.contains(&path.as_str())
+                }
+                _ => false,
+            })
+            .collect()
+    };
+    let add = |p: &str| HubOp::Add {
+        bucket: BUCKET.into(),
+        path: p.into(),
+    };
+    let delete = |p: &str| HubOp::Delete {
+        bucket: BUCKET.into(),
+        path: p.into(),
+    };
+
+    publish_signed(
+        &r.old_m,
+        &r.old_dir,
+        &[&hub],
+        &opts(),
+        SignatureAction::Sign(r.old_sig.as_bytes()),
+        &mut |_| {},
+    )
+    .unwrap();
+    emu.clear_log();
+    publish_signed(
+        &r.new_m,
+        &r.new_dir,
+        &[&hub],
+        &opts(),
+        SignatureAction::Sign(r.new_sig.as_bytes()),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(ops_on(&[manifest, sig]), [add(sig), add(manifest)]);
+    assert_eq!(emu.bucket_file(BUCKET, sig).unwrap(), r.new_sig.as_bytes());
+
+    // Unsigned over the signed bucket: refused, not one operation.
+    emu.clear_log();
+    let e = publish(&r.old_m, &r.old_dir, &[&hub], &opts(), &mut |_| {}).unwrap_err();
+    assert!(matches!(e, Error::Refused(Refusal::SignedStore { .. })), "{e:?}");
+    assert!(emu.ops().is_empty(), "{:?}", emu.ops());
+
+    // Unsigned on purpose: the signature goes first, then the manifest.
+    publish_signed(
+        &r.old_m,
+        &r.old_dir,
+        &[&hub],
+        &opts(),
+        SignatureAction::RemoveSignature { reason: "test" },
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(ops_on(&[manifest, sig]), [delete(sig), add(manifest)]);
+    assert!(emu.bucket_file(BUCKET, sig).is_none());
+}
