@@ -63,7 +63,15 @@ fn release_numbers_have_a_ceiling_and_signatures_last_a_day() {
 
     // `manifest sign`: no live release yet, so at most 1000; u64::MAX is refused.
     for (release, ok) in [("18446744073709551615", false), ("1001", false)] {
-        let o = cli(&["manifest", "sign", "--key", s(&key), "--release", release, m]);
+        let o = cli(&[
+            "manifest",
+            "sign",
+            "--key",
+            s(&key),
+            "--release",
+            release,
+            m,
+        ]);
         assert_eq!(o.status.success(), ok, "{}", text(&o.stderr));
         let err = text(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{err}");
@@ -130,16 +138,35 @@ fn planted_files_are_refused_without_hanging_or_reading_them() {
     // A signature that is /dev/zero or a FIFO (`manifest verify` reached 19 GB on /dev/zero).
     for bad in [&zero, &fifo] {
         let mut c = command();
-        c.args(["manifest", "verify", "--key", s(&public), "--signature", s(bad), m]);
+        c.args([
+            "manifest",
+            "verify",
+            "--key",
+            s(&public),
+            "--signature",
+            s(bad),
+            m,
+        ]);
         let o = within_deadline(c);
         let err = text(&o.stderr);
         assert_eq!(o.status.code(), Some(3), "{err}");
-        assert!(err.contains("not a regular file") && err.contains("next:"), "{err}");
+        assert!(
+            err.contains("not a regular file") && err.contains("next:"),
+            "{err}"
+        );
     }
     // A signature far over the cap.
     let big = planted.path().join("big.minisig");
     std::fs::write(&big, vec![b'a'; 100_000]).unwrap();
-    let o = cli(&["manifest", "verify", "--key", s(&public), "--signature", s(&big), m]);
+    let o = cli(&[
+        "manifest",
+        "verify",
+        "--key",
+        s(&public),
+        "--signature",
+        s(&big),
+        m,
+    ]);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
     assert!(text(&o.stderr).contains("limit"), "{}", text(&o.stderr));
 
@@ -187,7 +214,10 @@ fn planted_files_are_refused_without_hanging_or_reading_them() {
     let o = publish(&ws, &[]);
     let err = text(&o.stderr);
     assert!(!o.status.success(), "{err}");
-    assert!(err.contains("planted.validation.json") && err.contains("not a regular file"), "{err}");
+    assert!(
+        err.contains("planted.validation.json") && err.contains("not a regular file"),
+        "{err}"
+    );
     std::fs::remove_file(ws.join("results/planted.validation.json")).unwrap();
     let openpilot = planted.path().join("openpilot");
     std::fs::create_dir(&openpilot).unwrap();
@@ -195,6 +225,9 @@ fn planted_files_are_refused_without_hanging_or_reading_them() {
     let o = publish(&ws, &["--openpilot", s(&openpilot)]);
     let err = text(&o.stderr);
     assert!(!o.status.success(), "{err}");
-    assert!(err.contains("tinygrad_pins.json") && err.contains("not a regular file"), "{err}");
+    assert!(
+        err.contains("tinygrad_pins.json") && err.contains("not a regular file"),
+        "{err}"
+    );
     assert!(!store.exists(), "something was uploaded");
 }

@@ -481,7 +481,13 @@ fn real_minisign_unattended_and_passphrase_keys_both_sign() {
     // The passphrase key, then both during a rotation: the first key's block is what
     // `minisign -V` checks, and each key verifies its own block with our verifier.
     let o = command()
-        .args(["manifest", "sign", "--key", s(&t.path().join("pw.key")), "--key"])
+        .args([
+            "manifest",
+            "sign",
+            "--key",
+            s(&t.path().join("pw.key")),
+            "--key",
+        ])
         .arg(&ci_key)
         .arg(&manifest)
         .env("STARPILOT_SIGN_PASSPHRASE", "pw one")
@@ -538,7 +544,10 @@ fn each_key_error_names_its_cause_and_next_step() {
     );
     let cases: Vec<(PathBuf, &[&str])> = vec![
         (public.clone(), &["public key", ".key file"]),
-        (write("junk.key", "hello\n"), &["not a minisign secret key", "minisign -G"]),
+        (
+            write("junk.key", "hello\n"),
+            &["not a minisign secret key", "minisign -G"],
+        ),
         (
             write("b64.key", "untrusted comment: x\nAAAA\n"),
             &["3 bytes", "minisign -G -W"],
@@ -689,7 +698,11 @@ fn signing_refuses_what_the_signature_would_not_cover() {
             "{err}"
         );
     }
-    assert_eq!(snapshot(t.path()), before, "a refused signing wrote something");
+    assert_eq!(
+        snapshot(t.path()),
+        before,
+        "a refused signing wrote something"
+    );
     assert!(!store.exists());
 
     // The live v25 shape (no artifact fields in the entry): refused, the entry's fields named.
@@ -816,10 +829,16 @@ fn an_unsigned_publish_over_a_signed_store_is_refused_or_removes_the_signature_o
 
     // On purpose: the signature goes from both stores, before the manifest (the commit order on
     // the remote shows it), the warning names the consequence, the record keeps the reason.
-    let o = publish(&["--remove-signature", "release key lost; re-signing with the new key"]);
+    let o = publish(&[
+        "--remove-signature",
+        "release key lost; re-signing with the new key",
+    ]);
     let err = text(&o.stderr);
     assert!(o.status.success(), "{err}");
-    assert!(err.contains("devices with trusted keys will refuse"), "{err}");
+    assert!(
+        err.contains("devices with trusted keys will refuse"),
+        "{err}"
+    );
     assert!(!live_sig.exists() && !gh_sig.exists());
     let commits = remote.remote_files_per_commit();
     let last_sig = commits
@@ -853,7 +872,15 @@ fn a_rotation_file_with_one_damaged_block_verifies_by_the_other() {
     let (a_key, a_pub, _) = keypair(t.path(), "a");
     let (b_key, b_pub, _) = keypair(t.path(), "b");
     let m = s(&manifest);
-    let o = cli(&["manifest", "sign", "--key", s(&a_key), "--key", s(&b_key), m]);
+    let o = cli(&[
+        "manifest",
+        "sign",
+        "--key",
+        s(&a_key),
+        "--key",
+        s(&b_key),
+        m,
+    ]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let sig_path = t.path().join("model_names_v25.json.minisig");
     let text_before = std::fs::read_to_string(&sig_path).unwrap();
@@ -874,7 +901,11 @@ fn a_rotation_file_with_one_damaged_block_verifies_by_the_other() {
     // Key a's only block is the damaged one: refused as not verified.
     let o = cli(&["manifest", "verify", "--key", s(&a_pub), m]);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
-    assert!(text(&o.stderr).contains("does not verify"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("does not verify"),
+        "{}",
+        text(&o.stderr)
+    );
     // Both blocks damaged: malformed, naming the first.
     lines[5] = "RWQ*also*broken*".to_string();
     std::fs::write(&sig_path, lines.join("\n") + "\n").unwrap();

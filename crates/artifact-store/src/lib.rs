@@ -15,9 +15,9 @@
 //! manifests or decide what may change (that is `manifest`: parsing, layout, guard).
 
 mod error;
-mod keyfile;
 pub mod github;
 pub mod hf;
+mod keyfile;
 pub mod local;
 pub mod location;
 pub mod oob;

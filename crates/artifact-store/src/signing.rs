@@ -101,14 +101,13 @@ impl SigningKey {
         let file = keyfile::parse_secret_key_file(&text).map_err(problem)?;
         let secret = match file.protection {
             // `minisign -G -W` leaves the checksum zero; the probe below checks the key instead.
-            Protection::None if file.checksum_absent() => minisign::SecretKey::from_bytes(
-                &file.bytes,
-            )
-            .map_err(|e| {
-                problem(KeyProblem::Damaged {
-                    reason: e.to_string(),
-                })
-            })?,
+            Protection::None if file.checksum_absent() => {
+                minisign::SecretKey::from_bytes(&file.bytes).map_err(|e| {
+                    problem(KeyProblem::Damaged {
+                        reason: e.to_string(),
+                    })
+                })?
+            }
             Protection::None => minisign::SecretKeyBox::from_string(&text)
                 .and_then(|b| b.into_unencrypted_secret_key())
                 .map_err(|_| {
@@ -464,5 +463,48 @@ mod tests {
         assert!(matches!(err, Error::Signing { .. }), "{err:?}");
         assert_eq!(text.matches("absent.pub").count(), 1, "{text}");
         assert!(text.contains("No such file"), "{text}");
+    }
+
+    /// A key in the `minisign -G -W` form (KDF none, checksum left zero) loads and signs; the
+    /// same key with one byte of its public half changed is caught by the sign-and-verify probe,
+    /// since a zero checksum cannot reveal it.
+    #[test]
+    fn a_zero_checksum_key_is_checked_by_its_probe() {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let dir = tempfile::tempdir().unwrap();
+        let kp = minisign::KeyPair::generate_unencrypted_keypair().unwrap();
+        let text = kp.sk.to_box(None).unwrap().into_string();
+        let mut bytes = b64.decode(text.lines().nth(1).unwrap()).unwrap();
+        assert_eq!(&bytes[2..4], &[0, 0]);
+        bytes[126..158].fill(0);
+        let write = |name: &str, bytes: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(
+                &p,
+                format!(
+                    "untrusted comment: minisign encrypted secret key\n{}\n",
+                    b64.encode(bytes)
+                ),
+            )
+            .unwrap();
+            p
+        };
+        let mut never = |_: &Path| -> std::result::Result<String, String> {
+            panic!("a key without a passphrase must not ask for one")
+        };
+        let good = SigningKey::load(&write("w.key", &bytes), &mut never).unwrap();
+        assert_eq!(good.public.to_base64(), kp.pk.to_base64());
+        let comment: TrustedComment = "generation=v25 release=1 expires=99".parse().unwrap();
+        let block = good.sign(b"m", &comment).unwrap();
+        let checks = check_signature(&[VerifyingKey::from(&good)], b"m", block.as_str()).unwrap();
+        assert!(checks[0].verified_by.is_some());
+
+        bytes[100] ^= 1; // inside the public half of the 64-byte secret key (62..126)
+        let e = SigningKey::load(&write("bad.key", &bytes), &mut never).unwrap_err();
+        let Error::Key { problem, .. } = &e else {
+            panic!("{e:?}")
+        };
+        assert!(matches!(problem, KeyProblem::Damaged { .. }), "{problem:?}");
     }
 }

@@ -38,8 +38,7 @@ fn key(dir: &Path) -> SigningKey {
 }
 
 fn signature_for(k: &SigningKey, m: &Manifest, release: u64) -> String {
-    let comment =
-        signing::new_comment(V25, ReleaseNumber::new(release).unwrap(), 30).unwrap();
+    let comment = signing::new_comment(V25, ReleaseNumber::new(release).unwrap(), 30).unwrap();
     signing::sign_manifest(std::slice::from_ref(k), &m.to_canonical_bytes(), &comment).unwrap()
 }
 
@@ -168,8 +167,15 @@ fn run_killed(
         GithubStore::open(&remote.checkout, "Models").unwrap(),
         budget.1,
     );
-    let ok = publish_signed(&r.new_m, &r.new_dir, &[&a, &b], &opts(), action, &mut |_| {})
-        .is_ok();
+    let ok = publish_signed(
+        &r.new_m,
+        &r.new_dir,
+        &[&a, &b],
+        &opts(),
+        action,
+        &mut |_| {},
+    )
+    .is_ok();
     let effects = (a.writes().len() as u32, b.writes().len() as u32);
     let states = [
         classify(r, &Served::Dir(local)),
@@ -219,7 +225,11 @@ fn a_signed_publish_never_serves_the_old_signature_beside_the_new_manifest() {
         t.path(),
         &r,
         SignatureAction::Sign(r.new_sig.as_bytes()),
-        &[(Man::Old, Sig::Old), (Man::Old, Sig::New), (Man::New, Sig::New)],
+        &[
+            (Man::Old, Sig::Old),
+            (Man::Old, Sig::New),
+            (Man::New, Sig::New),
+        ],
     );
     // The window state exists (the enumeration reached it) and the end is new and new.
     assert!(seen.iter().any(|s| s[0] == (Man::Old, Sig::New)));
@@ -227,8 +237,7 @@ fn a_signed_publish_never_serves_the_old_signature_beside_the_new_manifest() {
     assert_eq!(seen.last().unwrap(), &[(Man::New, Sig::New); 2]);
     // What is served at the end verifies, for both stores.
     let v = [VerifyingKey::from(&k)];
-    let checks =
-        signing::check_signature(&v, &r.new_m.to_canonical_bytes(), &r.new_sig).unwrap();
+    let checks = signing::check_signature(&v, &r.new_m.to_canonical_bytes(), &r.new_sig).unwrap();
     assert!(checks[0].verified_by.is_some());
 }
 
@@ -243,7 +252,11 @@ fn removing_the_signature_removes_it_before_the_manifest_changes() {
         SignatureAction::RemoveSignature {
             reason: "key lost; re-signing with a new key tomorrow",
         },
-        &[(Man::Old, Sig::Old), (Man::Old, Sig::None), (Man::New, Sig::None)],
+        &[
+            (Man::Old, Sig::Old),
+            (Man::Old, Sig::None),
+            (Man::New, Sig::None),
+        ],
     );
     assert!(seen.iter().any(|s| s[0] == (Man::Old, Sig::None)));
     assert_eq!(seen.last().unwrap(), &[(Man::New, Sig::None); 2]);
@@ -260,10 +273,7 @@ fn an_unsigned_publish_over_a_signed_store_is_refused_before_any_effect() {
     let fresh = Recording::new(LocalStore::new(t.path().join("fresh")));
     let a = Recording::new(LocalStore::new(&local));
     let b = Recording::new(GithubStore::open(&remote.checkout, "Models").unwrap());
-    for stores in [
-        vec![&fresh as &dyn Store, &a, &b],
-        vec![&b as &dyn Store],
-    ] {
+    for stores in [vec![&fresh as &dyn Store, &a, &b], vec![&b as &dyn Store]] {
         let e = publish(&r.new_m, &r.new_dir, &stores, &opts(), &mut |_| {}).unwrap_err();
         let Error::Refused(Refusal::SignedStore { path, .. }) = &e else {
             panic!("{e:?}")
@@ -360,7 +370,10 @@ fn on_the_hub_the_signature_moves_before_the_manifest_and_is_never_left_stale() 
     // Unsigned over the signed bucket: refused, not one operation.
     emu.clear_log();
     let e = publish(&r.old_m, &r.old_dir, &[&hub], &opts(), &mut |_| {}).unwrap_err();
-    assert!(matches!(e, Error::Refused(Refusal::SignedStore { .. })), "{e:?}");
+    assert!(
+        matches!(e, Error::Refused(Refusal::SignedStore { .. })),
+        "{e:?}"
+    );
     assert!(emu.ops().is_empty(), "{:?}", emu.ops());
 
     // Unsigned on purpose: the signature goes first, then the manifest.

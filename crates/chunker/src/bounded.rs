@@ -64,14 +64,32 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("x");
         assert_eq!(read_capped(&p, 4).unwrap(), None);
-        assert!(read_capped_existing(&p, 4).unwrap_err().to_string().contains("/x"));
+        assert!(
+            read_capped_existing(&p, 4)
+                .unwrap_err()
+                .to_string()
+                .contains("/x")
+        );
         std::fs::write(&p, b"1234").unwrap();
         assert_eq!(read_capped(&p, 4).unwrap().as_deref(), Some(&b"1234"[..]));
         std::fs::write(&p, b"12345").unwrap();
         let e = read_capped(&p, 4).unwrap_err();
-        assert!(matches!(e, Error::FileTooLarge { size: 5, limit: 4, .. }), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                Error::FileTooLarge {
+                    size: 5,
+                    limit: 4,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
         let text = e.to_string();
-        assert!(text.contains("/x") && text.contains("4-byte limit"), "{text}");
+        assert!(
+            text.contains("/x") && text.contains("4-byte limit"),
+            "{text}"
+        );
 
         // A FIFO would block a plain read forever; here it is refused at once.
         let fifo = d.path().join("fifo");

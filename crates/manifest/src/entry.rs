@@ -490,7 +490,10 @@ mod tests {
         assert_eq!(got.execution_device.as_deref(), Some("AMD"));
         // The entry's own artifact is untouched, and a missing variant is refused.
         assert_eq!(e.artifact_size(), None);
-        let err = e.set_accelerator_artifact("rocm", &a).unwrap_err().to_string();
+        let err = e
+            .set_accelerator_artifact("rocm", &a)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("accelerator_artifacts.rocm"), "{err}");
         // Without artifact_filename, the default name.
         let v = json!({"id": "sc23", "name": "S", "accelerator_artifacts": {"chestnut": {}}});

@@ -514,7 +514,12 @@ impl Uncovered {
 
 impl fmt::Display for Uncovered {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} missing (model {}", self.missing.join(", "), self.model)?;
+        write!(
+            f,
+            "{} missing (model {}",
+            self.missing.join(", "),
+            self.model
+        )?;
         if let Some(v) = &self.variant {
             write!(f, ", variant {v}")?;
         }
@@ -538,7 +543,10 @@ pub fn uncovered_artifacts(m: &crate::Manifest) -> Vec<Uncovered> {
         let missing: Vec<String> = [
             (keys::ARTIFACT_SIZE, e.artifact_size().is_some()),
             (keys::ARTIFACT_SHA256, e.artifact_sha256().is_some()),
-            (keys::ARTIFACT_CHUNK_COUNT, e.artifact_chunk_count().is_some()),
+            (
+                keys::ARTIFACT_CHUNK_COUNT,
+                e.artifact_chunk_count().is_some(),
+            ),
         ]
         .into_iter()
         .filter(|(_, present)| !present)
@@ -686,7 +694,9 @@ mod tests {
         assert_eq!(next_release([r(3), r(7), r(5)], none, None).unwrap(), r(8));
         assert_eq!(next_release([r(3)], none, Some(r(10))).unwrap(), r(10));
         assert_eq!(next_release([], none, Some(r(4))).unwrap(), r(4));
-        let e = next_release([r(7)], none, Some(r(7))).unwrap_err().to_string();
+        let e = next_release([r(7)], none, Some(r(7)))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--release 8"), "{e}");
         assert!(next_release([r(u64::MAX)], none, None).is_err());
     }
@@ -695,7 +705,12 @@ mod tests {
     #[test]
     fn explicit_release_ceiling_table() {
         // (verified live, unverified live, requested, Ok(release) or Err(text in the error))
-        type Case = (Vec<u64>, Vec<u64>, u64, std::result::Result<u64, &'static str>);
+        type Case = (
+            Vec<u64>,
+            Vec<u64>,
+            u64,
+            std::result::Result<u64, &'static str>,
+        );
         let cases: Vec<Case> = vec![
             (vec![], vec![], 1000, Ok(1000)),
             (vec![], vec![], 1001, Err("--release 1000 or less")),
@@ -733,7 +748,10 @@ mod tests {
         let e = now.signature_expiry(0).unwrap_err().to_string();
         assert!(e.contains("--expires-in 1"), "{e}");
         assert_eq!(now.signature_expiry(1).unwrap(), UnixSeconds(1_086_400));
-        assert_eq!(now.signature_expiry(180).unwrap(), UnixSeconds(1_000_000 + 180 * 86_400));
+        assert_eq!(
+            now.signature_expiry(180).unwrap(),
+            UnixSeconds(1_000_000 + 180 * 86_400)
+        );
         assert!(now.signature_expiry(u64::MAX).is_err());
     }
 
@@ -824,7 +842,11 @@ mod tests {
         let cases: Vec<(Vec<Value>, Want)> = vec![
             (vec![full("a"), full("b")], vec![]),
             (
-                vec![with(full("a"), "accelerator_artifacts", json!({"chestnut": complete_variant}))],
+                vec![with(
+                    full("a"),
+                    "accelerator_artifacts",
+                    json!({"chestnut": complete_variant}),
+                )],
                 vec![],
             ),
             // The live v25 shape: no artifact fields at all.
@@ -845,7 +867,10 @@ mod tests {
                 vec![("b", None, vec!["models[1].artifact_chunk_count"])],
             ),
             // A chunk count of 0 (one plain file) is a count.
-            (vec![with(full("a"), "artifact_chunk_count", json!(0))], vec![]),
+            (
+                vec![with(full("a"), "artifact_chunk_count", json!(0))],
+                vec![],
+            ),
             // A Chestnut variant without size, digest and count.
             (
                 vec![with(
@@ -897,7 +922,10 @@ mod tests {
             // Not downloadable, so nothing to cover: an unsupported format (devices drop the
             // entry), a variant in an unsupported format (devices refuse to fetch it).
             (
-                vec![json!({"id": "a", "name": "N", "artifact_format": "onnx_v9"}), full("b")],
+                vec![
+                    json!({"id": "a", "name": "N", "artifact_format": "onnx_v9"}),
+                    full("b"),
+                ],
                 vec![],
             ),
             (
@@ -964,25 +992,42 @@ mod tests {
             // One damaged block, before or after the good one.
             (vec![bad, Verified { comment: good }], V25, Ok(5)),
             (vec![Verified { comment: good }, bad], V25, Ok(5)),
-            (vec![NotVerified, bad, Verified { comment: good }], V25, Ok(5)),
+            (
+                vec![NotVerified, bad, Verified { comment: good }],
+                V25,
+                Ok(5),
+            ),
             // The first acceptable block wins; an expired one before it does not refuse.
             (
                 vec![Verified { comment: expired }, Verified { comment: good }],
                 V25,
                 Ok(5),
             ),
-            (vec![Verified { comment: expired }, bad], V25, Err("expired")),
+            (
+                vec![Verified { comment: expired }, bad],
+                V25,
+                Err("expired"),
+            ),
             (vec![bad, NotVerified], V25, Err("untrusted")),
             (vec![NotVerified], V25, Err("untrusted")),
             (vec![bad, bad], V25, Err("malformed")),
             (vec![], V25, Err("untrusted")),
             // The same for a made-up next generation.
             (
-                vec![bad, Verified { comment: "generation=v26 release=1 expires=2000" }],
+                vec![
+                    bad,
+                    Verified {
+                        comment: "generation=v26 release=1 expires=2000",
+                    },
+                ],
                 v26,
                 Ok(1),
             ),
-            (vec![bad, Verified { comment: good }], v26, Err("generation")),
+            (
+                vec![bad, Verified { comment: good }],
+                v26,
+                Err("generation"),
+            ),
         ];
         for (blocks, generation, want) in cases {
             let got = decide_blocks(blocks.clone(), 2, generation, None, now);

@@ -153,8 +153,8 @@ pub fn sign(a: SignArgs) -> CliResult {
         .unwrap_or_else(|| default_signature_path(&a.manifest));
     // The release before this one: the existing signature beside the manifest, if ours.
     let verifying: Vec<VerifyingKey> = keys.iter().map(VerifyingKey::from).collect();
-    let existing = chunker::bounded::read_capped(&output, signature::MAX_SIGNATURE_BYTES)
-        .map_err(|e| {
+    let existing =
+        chunker::bounded::read_capped(&output, signature::MAX_SIGNATURE_BYTES).map_err(|e| {
             CliError::check_failed(format!(
                 "cannot read the signature already there: {e}\nnext: remove it, or write the \
                  new one elsewhere with --output"
@@ -324,10 +324,10 @@ pub fn verify(a: VerifyArgs) -> CliResult {
 }
 
 /// `publish --sign-key`: the signature file for the manifest's canonical bytes (what publish
-/// uploads), with the next release after every live signed one. `None` without keys.
+/// uploads), with the next release after every live signed one. `None` without keys. The caller
+/// has checked [`signing::require_covered`].
 pub fn publish_signature(
     manifest: &Manifest,
-    manifest_path: &Path,
     stores: &[&dyn artifact_store::Store],
     generation: Generation,
     key_paths: &[PathBuf],
@@ -338,8 +338,6 @@ pub fn publish_signature(
     if key_paths.is_empty() {
         return Ok(None);
     }
-    signing::require_covered(manifest, &manifest_path.display().to_string())
-        .map_err(CliError::check_failed)?;
     let keys = load_signing_keys(key_paths)?;
     let bytes = manifest.to_canonical_bytes();
     let verifying: Vec<VerifyingKey> = keys.iter().map(VerifyingKey::from).collect();

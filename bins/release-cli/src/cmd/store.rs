@@ -253,9 +253,13 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             }
         }
     };
+    // A signature covers only what the manifest states: refused before any key is unlocked.
+    if !args.sign_key.is_empty() {
+        artifact_store::signing::require_covered(&manifest, &args.manifest.display().to_string())
+            .map_err(CliError::check_failed)?;
+    }
     let signature = super::sign::publish_signature(
         &manifest,
-        &args.manifest,
         &store_refs,
         args.generation,
         &args.sign_key,

@@ -175,15 +175,15 @@ pub(super) fn publish_one(
     // 4. The signature (written, or removed), then the manifest, last; why in this order is
     // said on [`SignatureAction`].
     match signature {
-        SignatureAction::Sign(sig) if !opts.dry_run => {
-            write_signature(store, opts, sig, on_event)?
-        }
+        SignatureAction::Sign(sig) if !opts.dry_run => write_signature(store, opts, sig, on_event)?,
         SignatureAction::RemoveSignature { .. } if !opts.dry_run => {
             remove_signature(store, opts, on_event)?
         }
         // Checked before any store was written; checked again here, right before the manifest,
         // in case a signature appeared since.
-        SignatureAction::Unsigned => super::check_signature_action(&[store], opts.generation, signature)?,
+        SignatureAction::Unsigned => {
+            super::check_signature_action(&[store], opts.generation, signature)?
+        }
         _ => {}
     }
     if live_bytes.as_deref() == Some(manifest_bytes) {

@@ -611,8 +611,11 @@ fn a_missing_source_map_names_its_path() {
 fn planted_source_map_and_base_manifest_are_refused_unread() {
     let t = tempfile::tempdir().unwrap();
     let map = t.path().join("map.json");
-    fs::write(&map, br#"{"pop223": {"source_id": "pop223", "input_format": "supercombo"}}"#)
-        .unwrap();
+    fs::write(
+        &map,
+        br#"{"pop223": {"source_id": "pop223", "input_format": "supercombo"}}"#,
+    )
+    .unwrap();
     let base_file = t.path().join("base.json");
     fs::write(&base_file, BASE).unwrap();
     let fifo = t.path().join("fifo");
@@ -646,7 +649,10 @@ fn planted_source_map_and_base_manifest_are_refused_unread() {
         (&map, &zero, &zero, "not a regular file"),
         (&map, &big, &big, "limit"),
     ] {
-        let e = prepare(m, b).err().expect("refused").to_string();
+        let Err(e) = prepare(m, b) else {
+            panic!("{} / {}: prepared", m.display(), b.display())
+        };
+        let e = e.to_string();
         assert!(
             e.contains(&*named.to_string_lossy()) && e.contains(says),
             "{e}"
