@@ -1,7 +1,7 @@
 //! `release-cli manifest sign|verify` and `publish --sign-key` as a release engineer runs them,
 //! and the signatures checked with the real `minisign` tool (Debian package `minisign`).
 
-use crate::common::{cli, command, covering_records, release, snapshot, text};
+use crate::common::{cli, command, covering_records, release, release_in, snapshot, text};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -112,6 +112,9 @@ fn sign_then_verify_and_every_refusal() {
         m,
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    // `--expires-in 0` would publish a signature every device refuses: refused, nothing
+    // written. An expired signature (made with the key directly) is what verify refuses.
+    let sig_before = std::fs::read(&sig_path).unwrap();
     let o = cli(&[
         "manifest",
         "sign",
@@ -121,7 +124,26 @@ fn sign_then_verify_and_every_refusal() {
         "0",
         m,
     ]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("--expires-in 1"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(std::fs::read(&sig_path).unwrap(), sig_before);
+    let sk = minisign::SecretKeyBox::from_string(&std::fs::read_to_string(&a_key).unwrap())
+        .unwrap()
+        .into_unencrypted_secret_key()
+        .unwrap();
+    let expired = minisign::sign(
+        None,
+        &sk,
+        std::fs::File::open(&manifest).unwrap(),
+        Some("generation=v25 release=3 expires=1000"),
+        None,
+    )
+    .unwrap();
+    std::fs::write(&sig_path, expired.into_string()).unwrap();
     let o = cli(&["manifest", "verify", "--key", s(&a_pub), m]);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
     assert!(text(&o.stderr).contains("expired"), "{}", text(&o.stderr));
@@ -148,7 +170,7 @@ fn sign_then_verify_and_every_refusal() {
     let o = cli(&["manifest", "sign", "--key", s(&a_pub), m]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
     assert!(
-        text(&o.stderr).contains("not a minisign secret key"),
+        text(&o.stderr).contains("this is a minisign public key"),
         "{}",
         text(&o.stderr)
     );
@@ -372,7 +394,8 @@ fn real_minisign_keys_load_and_real_minisign_verifies_our_signatures() {
         "{said}"
     );
 
-    // A wrong passphrase is refused with the key's path, not a garbage signature.
+    // A wrong passphrase is refused with the key's path and the real cause, not a garbage
+    // signature, and not "generate a key".
     let o = command()
         .args(["manifest", "sign", "--key", s(&key), s(&manifest)])
         .env("STARPILOT_SIGN_PASSPHRASE", "wrong")
@@ -380,11 +403,183 @@ fn real_minisign_keys_load_and_real_minisign_verifies_our_signatures() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
     assert!(
-        text(&o.stderr).contains("release.key"),
-        "{}",
-        text(&o.stderr)
+        err.contains("release.key") && err.contains("wrong passphrase"),
+        "{err}"
     );
+    assert!(
+        err.contains("STARPILOT_SIGN_PASSPHRASE") && !err.contains("generate a key"),
+        "{err}"
+    );
+    assert!(!t.path().join("model_names_v25.json.minisig").exists());
+}
+
+/// Run the real `minisign -G`, with `stdin` fed to it (the passphrase twice, or nothing for -W).
+fn minisign_generate(minisign: &Path, dir: &Path, name: &str, extra: &[&str], stdin: &[u8]) {
+    use std::io::Write;
+    let (sk, pk) = (
+        dir.join(format!("{name}.key")),
+        dir.join(format!("{name}.pub")),
+    );
+    let mut g = Command::new(minisign)
+        .args(["-G", "-p", s(&pk), "-s", s(&sk)])
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    g.stdin.take().unwrap().write_all(stdin).unwrap();
+    let g = g.wait_with_output().unwrap();
+    assert!(g.status.success(), "minisign -G: {}", text(&g.stderr));
+}
+
+/// `minisign -V -p PUB -m FILE` (the signature at FILE.minisig): its stdout+stderr on success.
+fn minisign_verify(minisign: &Path, public: &Path, file: &Path) -> String {
+    let v = Command::new(minisign)
+        .args(["-V", "-p", s(public), "-m", s(file)])
+        .output()
+        .unwrap();
+    let said = format!("{}{}", text(&v.stdout), text(&v.stderr));
+    assert!(v.status.success(), "minisign -V: {said}");
+    said
+}
+
+/// Issue 23: a key made by `minisign -G -W` (no passphrase, as unattended CI makes one) signs,
+/// without a terminal and without STARPILOT_SIGN_PASSPHRASE, and the real `minisign -V` accepts
+/// the result; so does a passphrase key made by the real tool. minisign 0.11 labels both
+/// "encrypted secret key" and leaves a -W key's checksum zero.
+#[test]
+fn real_minisign_unattended_and_passphrase_keys_both_sign() {
+    let Some(minisign) = minisign_binary() else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let (_, manifest) = release(t.path(), &artifact_bytes(4, 2500));
+    minisign_generate(&minisign, t.path(), "ci", &["-W"], b"");
+    minisign_generate(&minisign, t.path(), "pw", &[], b"pw one\npw one\n");
+    let ci_key = t.path().join("ci.key");
+    assert!(
+        std::fs::read_to_string(&ci_key)
+            .unwrap()
+            .contains("encrypted secret key"),
+        "minisign 0.11 labels -W keys this way; the test would not cover the bug otherwise"
+    );
+
+    // The -W key: no passphrase anywhere, no terminal.
+    let o = command()
+        .args(["manifest", "sign", "--key", s(&ci_key), s(&manifest)])
+        .env_remove("STARPILOT_SIGN_PASSPHRASE")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let said = minisign_verify(&minisign, &t.path().join("ci.pub"), &manifest);
+    assert!(
+        said.contains("Trusted comment: generation=v25 release=1 expires="),
+        "{said}"
+    );
+
+    // The passphrase key, then both during a rotation: the first key's block is what
+    // `minisign -V` checks, and each key verifies its own block with our verifier.
+    let o = command()
+        .args([
+            "manifest",
+            "sign",
+            "--key",
+            s(&t.path().join("pw.key")),
+            "--key",
+        ])
+        .arg(&ci_key)
+        .arg(&manifest)
+        .env("STARPILOT_SIGN_PASSPHRASE", "pw one")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let said = minisign_verify(&minisign, &t.path().join("pw.pub"), &manifest);
+    assert!(said.contains("release=2 "), "{said}");
+    for public in ["pw.pub", "ci.pub"] {
+        let o = cli(&[
+            "manifest",
+            "verify",
+            "--key",
+            s(&t.path().join(public)),
+            s(&manifest),
+        ]);
+        assert!(o.status.success(), "{public}: {}", text(&o.stderr));
+    }
+}
+
+/// Every way a key file can be unusable, each refused with its cause and next step, and no
+/// signature written.
+#[test]
+fn each_key_error_names_its_cause_and_next_step() {
+    let t = tempfile::tempdir().unwrap();
+    let (_, manifest) = release(t.path(), &artifact_bytes(5, 2500));
+    // The keys live apart from the manifest: the snapshot below must not read the FIFO.
+    let k = tempfile::tempdir().unwrap();
+    let (good, public, _) = keypair(k.path(), "a");
+    let good_text = std::fs::read_to_string(&good).unwrap();
+    let write = |name: &str, body: &str| {
+        let p = k.path().join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    };
+    // A damaged key: one byte of the secret half changed (the checksum catches it).
+    let lines: Vec<&str> = good_text.lines().collect();
+    let mut raw = lines[1].as_bytes().to_vec();
+    raw[100] = if raw[100] == b'A' { b'B' } else { b'A' };
+    let damaged = write(
+        "damaged.key",
+        &format!("{}\n{}\n", lines[0], String::from_utf8(raw).unwrap()),
+    );
+    let zero = k.path().join("zero.key");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let fifo = k.path().join("fifo.key");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let cases: Vec<(PathBuf, &[&str])> = vec![
+        (public.clone(), &["public key", ".key file"]),
+        (
+            write("junk.key", "hello\n"),
+            &["not a minisign secret key", "minisign -G"],
+        ),
+        (
+            write("b64.key", "untrusted comment: x\nAAAA\n"),
+            &["3 bytes", "minisign -G -W"],
+        ),
+        (damaged, &["damaged", "backup"]),
+        (zero, &["not a regular file", "next:"]),
+        (fifo, &["not a regular file", "next:"]),
+        (
+            write("big.key", &"x".repeat(20_000)),
+            &["too large", "next:"],
+        ),
+        (k.path().join("absent.key"), &["No such file", "next:"]),
+    ];
+    let before = snapshot(t.path());
+    for (key, needles) in cases {
+        let o = command()
+            .args(["manifest", "sign", "--key", s(&key), s(&manifest)])
+            .env_remove("STARPILOT_SIGN_PASSPHRASE")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{}: {err}", key.display());
+        for n in needles {
+            assert!(err.contains(n), "{}: want {n:?} in {err}", key.display());
+        }
+        assert!(err.contains(s(&key)), "{err}");
+    }
+    assert_eq!(snapshot(t.path()), before, "a refused key wrote something");
 }
 
 #[test]
@@ -441,4 +636,283 @@ fn sign_dry_run_signs_in_memory_and_writes_nothing() {
     let o = cli(&["manifest", "sign", "--key", "missing.key", "--dry-run", m]);
     assert!(!o.status.success());
     assert_eq!(snapshot(t.path()), before, "a sign dry run wrote something");
+}
+
+/// `manifest fmt` of `doc`, written to `path` (the canonical form signing requires).
+fn write_canonical(dir: &Path, path: &Path, doc: &Value) {
+    let raw = dir.join("raw-edit.json");
+    std::fs::write(&raw, doc.to_string()).unwrap();
+    let o = cli(&["manifest", "fmt", s(&raw)]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    std::fs::write(path, &o.stdout).unwrap();
+    std::fs::remove_file(raw).unwrap();
+}
+
+/// Issue 23 item 1: a signature covers only what the manifest states. `manifest sign` and
+/// `publish --sign-key` refuse a manifest whose entry or Chestnut variant lacks a size, SHA-256
+/// or chunk count, naming each field and the command that adds it, and write nothing; after
+/// `manifest set-artifact --variant chestnut` the same manifest signs.
+#[test]
+fn signing_refuses_what_the_signature_would_not_cover() {
+    let t = tempfile::tempdir().unwrap();
+    let data = artifact_bytes(6, 2500);
+    let (artifacts, manifest) = release(t.path(), &data);
+    let (key, public, _) = keypair(t.path(), "a");
+    let ws = covering_records(&t.path().join("ws"), &manifest);
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    doc["models"][0]["accelerator_artifacts"] = serde_json::json!({"chestnut": {
+        "artifact_format": "tinygrad_single_v1",
+        "artifact_filename": "pop223_driving_chestnut_tinygrad.pkl",
+        "execution_device": "AMD"}});
+    write_canonical(t.path(), &manifest, &doc);
+    let store = t.path().join("store");
+    let before = snapshot(t.path());
+    let m = s(&manifest);
+
+    let sign = cli(&["manifest", "sign", "--key", s(&key), m]);
+    let publish = cli(&[
+        "publish",
+        "--generation",
+        "v25",
+        "--manifest",
+        m,
+        "--artifacts",
+        s(&artifacts),
+        "--workspace",
+        s(&ws),
+        "--to",
+        s(&store),
+        "--sign-key",
+        s(&key),
+    ]);
+    for o in [&sign, &publish] {
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "{err}");
+        for field in ["artifact_size", "artifact_sha256", "artifact_chunk_count"] {
+            assert!(
+                err.contains(&format!("models[0].accelerator_artifacts.chestnut.{field}")),
+                "{err}"
+            );
+        }
+        assert!(
+            err.contains(&format!(
+                "release-cli manifest set-artifact {m} DIR --model pop223 --variant chestnut"
+            )),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        snapshot(t.path()),
+        before,
+        "a refused signing wrote something"
+    );
+    assert!(!store.exists());
+
+    // The live v25 shape (no artifact fields in the entry): refused, the entry's fields named.
+    let bare = t.path().join("bare/model_names_v25.json");
+    std::fs::create_dir_all(bare.parent().unwrap()).unwrap();
+    let mut plain = doc.clone();
+    let e = plain["models"][0].as_object_mut().unwrap();
+    for k in ["artifact_size", "artifact_sha256", "artifact_chunk_count"] {
+        e.shift_remove(k);
+    }
+    e.shift_remove("accelerator_artifacts");
+    write_canonical(t.path(), &bare, &plain);
+    let o = cli(&["manifest", "sign", "--key", s(&key), s(&bare)]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("models[0].artifact_size")
+            && err.contains("models[0].artifact_chunk_count")
+            && err.contains("--model pop223\n"),
+        "{err}"
+    );
+    assert!(!bare.with_extension("json.minisig").exists());
+
+    // The variant's chunk set, its fields written by set-artifact --variant: now it signs.
+    let pkl = t.path().join("build/pop223_driving_chestnut_tinygrad.pkl");
+    std::fs::write(&pkl, artifact_bytes(7, 1800)).unwrap();
+    let variant_dir = t.path().join("chestnut/pop223");
+    let o = cli(&[
+        "chunk",
+        "split",
+        s(&pkl),
+        "--out-dir",
+        s(&variant_dir),
+        "--chunk-size",
+        "1000",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = cli(&[
+        "manifest",
+        "set-artifact",
+        m,
+        s(&variant_dir),
+        "--variant",
+        "chestnut",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let after: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let v = &after["models"][0]["accelerator_artifacts"]["chestnut"];
+    assert_eq!(v["artifact_size"], 1800);
+    assert_eq!(v["artifact_chunk_count"], 2);
+    assert_eq!(v["execution_device"], "AMD");
+    assert_eq!(
+        after["models"][0]["artifact_size"], 2500,
+        "the entry's own artifact was changed"
+    );
+    let o = cli(&["manifest", "sign", "--key", s(&key), m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = cli(&["manifest", "verify", "--key", s(&public), m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+}
+
+/// Issue 23 item 4: publishing without --sign-key over a signed store is refused before any
+/// upload (exit 3, naming --sign-key and the opt-out); `--remove-signature REASON` publishes
+/// unsigned, removes the signature from every store, says devices with keys will refuse the
+/// generation, and records the reason in the publish record.
+#[test]
+fn an_unsigned_publish_over_a_signed_store_is_refused_or_removes_the_signature_on_purpose() {
+    let t = tempfile::tempdir().unwrap();
+    let (artifacts, manifest) = release(t.path(), &artifact_bytes(8, 2500));
+    let (key, _, _) = keypair(t.path(), "a");
+    let store = t.path().join("store");
+    let remote = GitRemote::new(&t.path().join("git"), "Models", None);
+    let gh = format!("github:{}", remote.checkout.display());
+    let ws = covering_records(&t.path().join("ws"), &manifest);
+    let publish_from = |artifacts: &Path, ws: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            s(&manifest),
+            "--artifacts",
+            s(artifacts),
+            "--workspace",
+            s(ws),
+            "--to",
+            s(&store),
+            "--to",
+            &gh,
+        ];
+        a.extend_from_slice(extra);
+        cli(&a)
+    };
+    let o = publish_from(&artifacts, &ws, &["--sign-key", s(&key)]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let live_sig = store.join("manifests/model_names_v25.json.minisig");
+    let gh_sig = remote.checkout.join("model_names_v25.json.minisig");
+    assert!(live_sig.exists() && gh_sig.exists());
+
+    // A new release of the same generation, published without --sign-key: refused, nothing
+    // uploaded to either store (a dry run too).
+    let r2 = t.path().join("r2");
+    std::fs::create_dir_all(&r2).unwrap();
+    let (artifacts2, manifest2) = release_in(&r2, &artifact_bytes(9, 2600), "artifacts/pop223");
+    std::fs::copy(&manifest2, &manifest).unwrap();
+    let ws2 = covering_records(&t.path().join("ws2"), &manifest);
+    let publish = |extra: &[&str]| publish_from(&artifacts2, &ws2, extra);
+    let before = (snapshot(&store), remote.remote_subjects());
+    for extra in [&[][..], &["--dry-run"][..]] {
+        let o = publish(extra);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "{err}");
+        assert!(
+            err.contains("--sign-key")
+                && err.contains("--remove-signature")
+                && err.contains("model_names_v25.json.minisig"),
+            "{err}"
+        );
+        assert_eq!((snapshot(&store), remote.remote_subjects()), before);
+    }
+    // --remove-signature conflicts with --sign-key.
+    let o = publish(&["--sign-key", s(&key), "--remove-signature", "x"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+
+    // On purpose: the signature goes from both stores, before the manifest (the commit order on
+    // the remote shows it), the warning names the consequence, the record keeps the reason.
+    let o = publish(&[
+        "--remove-signature",
+        "release key lost; re-signing with the new key",
+    ]);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("devices with trusted keys will refuse"),
+        "{err}"
+    );
+    assert!(!live_sig.exists() && !gh_sig.exists());
+    let commits = remote.remote_files_per_commit();
+    let last_sig = commits
+        .iter()
+        .rposition(|c| c.iter().any(|f| f == "model_names_v25.json.minisig"))
+        .unwrap();
+    let last_manifest = commits
+        .iter()
+        .rposition(|c| c.iter().any(|f| f == "model_names_v25.json"))
+        .unwrap();
+    assert!(last_sig < last_manifest, "{commits:?}");
+    let record: Value = serde_json::from_slice(
+        &std::fs::read(t.path().join("model_names_v25.publish.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        record["signature_removed"],
+        "release key lost; re-signing with the new key"
+    );
+    // Now the stores hold no signature: an unsigned publish is no longer refused.
+    let o = publish(&[]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+}
+
+/// Issue 23: a rotation signature file (one block per key) with one undecodable block still
+/// verifies by its good block; the damaged block is reported and skipped.
+#[test]
+fn a_rotation_file_with_one_damaged_block_verifies_by_the_other() {
+    let t = tempfile::tempdir().unwrap();
+    let (_, manifest) = release(t.path(), &artifact_bytes(13, 2500));
+    let (a_key, a_pub, _) = keypair(t.path(), "a");
+    let (b_key, b_pub, _) = keypair(t.path(), "b");
+    let m = s(&manifest);
+    let o = cli(&[
+        "manifest",
+        "sign",
+        "--key",
+        s(&a_key),
+        "--key",
+        s(&b_key),
+        m,
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let sig_path = t.path().join("model_names_v25.json.minisig");
+    let text_before = std::fs::read_to_string(&sig_path).unwrap();
+    let mut lines: Vec<String> = text_before.lines().map(str::to_string).collect();
+    assert_eq!(lines.len(), 8);
+    // Block 1's signature line: not base64 any more (the key a block).
+    lines[1] = "RWQ*not*base64*".to_string();
+    std::fs::write(&sig_path, lines.join("\n") + "\n").unwrap();
+
+    let o = cli(&["manifest", "verify", "--key", s(&b_pub), "--json", m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["accepted"], true);
+    assert!(r["blocks"][0]["error"].is_string(), "{r}");
+    assert!(r["blocks"][1]["verified_by"].is_string(), "{r}");
+    let o = cli(&["manifest", "verify", "--key", s(&b_pub), m]);
+    assert!(text(&o.stdout).contains("block 1: not a decodable signature"));
+    // Key a's only block is the damaged one: refused as not verified.
+    let o = cli(&["manifest", "verify", "--key", s(&a_pub), m]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("does not verify"),
+        "{}",
+        text(&o.stderr)
+    );
+    // Both blocks damaged: malformed, naming the first.
+    lines[5] = "RWQ*also*broken*".to_string();
+    std::fs::write(&sig_path, lines.join("\n") + "\n").unwrap();
+    let o = cli(&["manifest", "verify", "--key", s(&b_pub), m]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("block 1"), "{}", text(&o.stderr));
 }

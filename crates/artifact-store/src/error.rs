@@ -161,6 +161,14 @@ pub enum Error {
     #[error("key {}: {message}", path.display())]
     Signing { path: PathBuf, message: String },
 
+    /// A secret key that cannot sign; the [`crate::signing::KeyProblem`] is the cause and the
+    /// next step (never the key itself).
+    #[error("key {}: {problem}", path.display())]
+    Key {
+        path: PathBuf,
+        problem: crate::signing::KeyProblem,
+    },
+
     /// A reuse refused before anything was written; match on the [`ReuseRefusal`].
     #[error("reuse refused: {0}")]
     ReuseRefused(crate::reuse::ReuseRefusal),
@@ -219,6 +227,18 @@ pub enum Refusal {
     NoSigningKey,
     /// A live signature none of the signing keys verifies hides its release number.
     LiveSignatureUnverified { store: String, comment: String },
+    /// An unsigned publish to a store that holds a signature for the generation: the old
+    /// signature would stay beside the new manifest and every device with keys would refuse it.
+    SignedStore {
+        store: String,
+        path: manifest::StorePath,
+    },
+    /// Signing a manifest some of whose downloadable artifacts lack a size, SHA-256 or chunk
+    /// count: the signature would not cover their bytes.
+    Uncovered {
+        manifest: String,
+        uncovered: Vec<manifest::signature::Uncovered>,
+    },
 }
 
 impl std::fmt::Display for Refusal {
@@ -290,6 +310,34 @@ impl std::fmt::Display for Refusal {
                 "the manifest says generation {manifest} but --generation is {flag}; fix one of them"
             ),
             Refusal::NoSigningKey => f.write_str("no signing key given"),
+            Refusal::SignedStore { store, path } => write!(
+                f,
+                "{store}: holds {path}, so this generation is signed; publishing without \
+                 --sign-key would leave that signature beside the new manifest and every device \
+                 with trusted keys would refuse the generation. Nothing was uploaded.\nnext: add \
+                 --sign-key release.key; or, to stop signing this generation on purpose, \
+                 --remove-signature \"REASON\" (recorded; devices with keys will then refuse \
+                 the generation as not signed)"
+            ),
+            Refusal::Uncovered {
+                manifest,
+                uncovered,
+            } => {
+                write!(
+                    f,
+                    "{manifest}: not signed: a signature covers only what the manifest states, and \
+                     {} downloadable artifact(s) lack a size, SHA-256 or chunk count (a device \
+                     with keys would have to trust the store for them):",
+                    uncovered.len()
+                )?;
+                for u in uncovered {
+                    write!(f, "\n  {u}\n    next: {}", u.fix_command(manifest))?;
+                }
+                f.write_str(
+                    "\n(DIR is the directory holding that artifact's chunk set, e.g. ready/<id>/); \
+                     nothing was written",
+                )
+            }
             Refusal::LiveSignatureUnverified { store, comment } => write!(
                 f,
                 "{store}: the live signature does not verify with the signing key(s) (its comment says \

@@ -17,6 +17,7 @@
 mod error;
 pub mod github;
 pub mod hf;
+mod keyfile;
 pub mod local;
 pub mod location;
 pub mod oob;

@@ -9,13 +9,15 @@
 //! bytes, never the key.
 
 use std::fmt;
-use std::io::{Cursor, Read};
+use std::io::Cursor;
 use std::path::{Path, PathBuf};
 
 use manifest::signature::{self, SignatureBlock, TrustedComment};
 use manifest::{Generation, ReleaseNumber, StoreLayout, UnixSeconds};
 
 use crate::error::{Error, Refusal, Result};
+pub use crate::keyfile::KeyProblem;
+use crate::keyfile::{self, Protection};
 use crate::store::Store;
 
 /// Environment variable holding the passphrase of an encrypted secret key, for unattended use.
@@ -37,17 +39,28 @@ fn read_key_file(path: &Path) -> Result<String> {
         path: path.to_path_buf(),
         message,
     };
-    // std, not fs_err: `Error::Signing` names the path already, and fs_err's message would
-    // name it a second time.
-    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
-    let mut text = String::new();
-    file.take(MAX_KEY_FILE_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| bad(format!("{e} (is it a minisign key file?)")))?;
-    if text.len() as u64 > MAX_KEY_FILE_BYTES {
-        return Err(bad("too large for a minisign key file".into()));
+    // The chunker's errors name the path already; `Error::Signing` names it too, so only the
+    // cause is kept.
+    let bytes = chunker::bounded::read_capped(path, MAX_KEY_FILE_BYTES)
+        .map_err(|e| bad(file_error_cause(&e, path)))?
+        .ok_or_else(|| bad("No such file or directory".into()))?;
+    String::from_utf8(bytes).map_err(|_| bad("not text (is it a minisign key file?)".into()))
+}
+
+/// A chunker file error without the path it names (the caller names it once).
+fn file_error_cause(e: &chunker::Error, path: &Path) -> String {
+    match e {
+        chunker::Error::NotRegularFile { .. } => {
+            "not a regular file (a FIFO, device or directory)".into()
+        }
+        chunker::Error::FileTooLarge { size, limit, .. } => {
+            format!("{size} bytes, too large for a minisign key file (limit {limit})")
+        }
+        chunker::Error::Io(io) => io
+            .to_string()
+            .replace(&format!(" `{}`", path.display()), ""),
+        other => other.to_string(),
     }
-    Ok(text)
 }
 
 /// A release signing key, decrypted in memory.
@@ -69,38 +82,73 @@ impl fmt::Debug for SigningKey {
 }
 
 impl SigningKey {
-    /// Load a `minisign -G` secret key. An encrypted key asks `passphrase` (called only then) for
-    /// its passphrase.
+    /// Load a `minisign -G` secret key, with or without a passphrase (`-W`). An encrypted key
+    /// asks `passphrase` (called only then) for its passphrase; its `Err` is the reason there is
+    /// none. Every failure is an [`Error::Key`] whose [`KeyProblem`] names the cause and the
+    /// next step.
     pub fn load(
         path: &Path,
         passphrase: &mut dyn FnMut(&Path) -> std::result::Result<String, String>,
     ) -> Result<Self> {
-        let bad = |message: String| Error::Signing {
+        let problem = |problem: KeyProblem| Error::Key {
             path: path.to_path_buf(),
-            message,
+            problem,
         };
-        let text = read_key_file(path)?;
-        if !text.contains("secret key") {
-            return Err(bad(
-                "not a minisign secret key (its first line says `... secret key`); pass the \
-                 .key file of `minisign -G`, not the .pub"
-                    .into(),
-            ));
-        }
-        let unencrypted = minisign::SecretKeyBox::from_string(&text)
-            .and_then(|b| b.into_unencrypted_secret_key());
-        let secret = match unencrypted {
-            Ok(sk) => sk,
-            Err(_) if text.contains("encrypted secret key") => {
-                let pass = passphrase(path).map_err(bad)?;
+        let text = read_key_file(path).map_err(|e| match e {
+            Error::Signing { message, .. } => problem(KeyProblem::File { reason: message }),
+            other => other,
+        })?;
+        let file = keyfile::parse_secret_key_file(&text).map_err(problem)?;
+        let secret = match file.protection {
+            // `minisign -G -W` leaves the checksum zero; the probe below checks the key instead.
+            Protection::None if file.checksum_absent() => {
+                minisign::SecretKey::from_bytes(&file.bytes).map_err(|e| {
+                    problem(KeyProblem::Damaged {
+                        reason: e.to_string(),
+                    })
+                })?
+            }
+            Protection::None => minisign::SecretKeyBox::from_string(&text)
+                .and_then(|b| b.into_unencrypted_secret_key())
+                .map_err(|_| {
+                    problem(KeyProblem::Damaged {
+                        reason: "its checksum does not match its contents".into(),
+                    })
+                })?,
+            Protection::Scrypt => {
+                let pass = passphrase(path)
+                    .map_err(|reason| problem(KeyProblem::NoPassphrase { reason }))?;
                 minisign::SecretKeyBox::from_string(&text)
                     .and_then(|b| b.into_secret_key(Some(pass)))
-                    .map_err(|e| bad(format!("cannot decrypt: {e}")))?
+                    .map_err(|e| {
+                        problem(match e.kind() {
+                            minisign::ErrorKind::Verify => KeyProblem::WrongPassphrase,
+                            _ => KeyProblem::Kdf {
+                                reason: e.to_string(),
+                            },
+                        })
+                    })?
             }
-            Err(e) => return Err(bad(format!("not a usable minisign secret key: {e}"))),
         };
-        let public = minisign::PublicKey::from_secret_key(&secret)
-            .map_err(|e| bad(format!("no public key in it: {e}")))?;
+        let public = minisign::PublicKey::from_secret_key(&secret).map_err(|e| {
+            problem(KeyProblem::Damaged {
+                reason: e.to_string(),
+            })
+        })?;
+        // A probe signed and checked against the key's own public half: a damaged seed or
+        // public half (which a zero checksum cannot reveal) fails here, not on a device.
+        minisign::sign(
+            Some(&public),
+            &secret,
+            Cursor::new(b"starpilot key probe"),
+            None,
+            None,
+        )
+        .map_err(|_| {
+            problem(KeyProblem::Damaged {
+                reason: "a signature made with it does not verify with its own public half".into(),
+            })
+        })?;
         let id = key_id(public.keynum());
         Ok(Self {
             secret,
@@ -156,6 +204,20 @@ pub fn sign_manifest(keys: &[SigningKey], data: &[u8], comment: &TrustedComment)
         .map(|k| k.sign(data, comment))
         .collect::<Result<Vec<_>>>()?;
     Ok(signature::join_signature_blocks(&blocks))
+}
+
+/// Refuse to sign `manifest` (read from `manifest_path`, named in the message) unless every
+/// downloadable entry and accelerator variant states its size, SHA-256 and chunk count
+/// ([`manifest::signature::uncovered_artifacts`]). Call it before loading keys or writing.
+pub fn require_covered(manifest: &manifest::Manifest, manifest_path: &str) -> Result<()> {
+    let uncovered = signature::uncovered_artifacts(manifest);
+    if uncovered.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Refused(Refusal::Uncovered {
+        manifest: manifest_path.to_string(),
+        uncovered,
+    }))
 }
 
 /// A public key the release engineer checks signatures with.
@@ -218,9 +280,27 @@ pub struct BlockCheck {
     pub verified_by: Option<String>,
     /// The trusted comment (only meaningful when verified).
     pub comment: String,
+    /// Why the block is not a decodable minisign signature; such a block is skipped, the
+    /// others still count (a rotation file with one damaged block).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
-/// Check every block of `signature_text` against `data` with `keys`.
+impl BlockCheck {
+    /// This check as the input of [`signature::decide_blocks`].
+    pub fn outcome(&self) -> signature::BlockOutcome<'_> {
+        match (&self.error, &self.verified_by) {
+            (Some(reason), _) => signature::BlockOutcome::Undecodable { reason },
+            (None, Some(_)) => signature::BlockOutcome::Verified {
+                comment: &self.comment,
+            },
+            (None, None) => signature::BlockOutcome::NotVerified,
+        }
+    }
+}
+
+/// Check every block of `signature_text` against `data` with `keys`. A block that does not
+/// decode is reported with its `error` and does not stop the others.
 pub fn check_signature(
     keys: &[VerifyingKey],
     data: &[u8],
@@ -229,11 +309,18 @@ pub fn check_signature(
     let blocks = signature::signature_blocks(signature_text)?;
     let mut out = Vec::new();
     for (i, block) in blocks.iter().enumerate() {
-        let sig = minisign::SignatureBox::from_string(block.as_str()).map_err(|e| {
-            signature::Refusal::Malformed {
-                reason: format!("block {}: {e}", i + 1),
+        let sig = match minisign::SignatureBox::from_string(block.as_str()) {
+            Ok(sig) => sig,
+            Err(e) => {
+                out.push(BlockCheck {
+                    block: i + 1,
+                    verified_by: None,
+                    comment: block.trusted_comment().to_string(),
+                    error: Some(e.to_string()),
+                });
+                continue;
             }
-        })?;
+        };
         let verified_by = keys
             .iter()
             .find(|k| {
@@ -244,6 +331,7 @@ pub fn check_signature(
             block: i + 1,
             verified_by,
             comment: block.trusted_comment().to_string(),
+            error: None,
         });
     }
     Ok(out)
@@ -333,13 +421,21 @@ pub fn choose_release(
             comment: l.unverified_comment.clone().unwrap_or_default(),
         }));
     }
+    // Unverified live releases (a rotation) only raise the ceiling of an explicit --release.
+    let unverified = live
+        .iter()
+        .filter_map(|l| l.unverified_comment.as_deref())
+        .filter_map(|c| c.parse::<TrustedComment>().ok())
+        .map(|c| c.release);
     Ok(signature::next_release(
         live.iter().filter_map(|l| l.verified_release),
+        unverified,
         requested,
     )?)
 }
 
-/// The comment of a new signature.
+/// The comment of a new signature; `expires_in_days` is at least
+/// [`signature::MIN_EXPIRES_IN_DAYS`].
 pub fn new_comment(
     generation: Generation,
     release: ReleaseNumber,
@@ -348,7 +444,7 @@ pub fn new_comment(
     Ok(TrustedComment {
         generation,
         release,
-        expires: UnixSeconds::now().plus_days(expires_in_days)?,
+        expires: UnixSeconds::now().signature_expiry(expires_in_days)?,
     })
 }
 
@@ -367,5 +463,48 @@ mod tests {
         assert!(matches!(err, Error::Signing { .. }), "{err:?}");
         assert_eq!(text.matches("absent.pub").count(), 1, "{text}");
         assert!(text.contains("No such file"), "{text}");
+    }
+
+    /// A key in the `minisign -G -W` form (KDF none, checksum left zero) loads and signs; the
+    /// same key with one byte of its public half changed is caught by the sign-and-verify probe,
+    /// since a zero checksum cannot reveal it.
+    #[test]
+    fn a_zero_checksum_key_is_checked_by_its_probe() {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let dir = tempfile::tempdir().unwrap();
+        let kp = minisign::KeyPair::generate_unencrypted_keypair().unwrap();
+        let text = kp.sk.to_box(None).unwrap().into_string();
+        let mut bytes = b64.decode(text.lines().nth(1).unwrap()).unwrap();
+        assert_eq!(&bytes[2..4], &[0, 0]);
+        bytes[126..158].fill(0);
+        let write = |name: &str, bytes: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(
+                &p,
+                format!(
+                    "untrusted comment: minisign encrypted secret key\n{}\n",
+                    b64.encode(bytes)
+                ),
+            )
+            .unwrap();
+            p
+        };
+        let mut never = |_: &Path| -> std::result::Result<String, String> {
+            panic!("a key without a passphrase must not ask for one")
+        };
+        let good = SigningKey::load(&write("w.key", &bytes), &mut never).unwrap();
+        assert_eq!(good.public.to_base64(), kp.pk.to_base64());
+        let comment: TrustedComment = "generation=v25 release=1 expires=99".parse().unwrap();
+        let block = good.sign(b"m", &comment).unwrap();
+        let checks = check_signature(&[VerifyingKey::from(&good)], b"m", block.as_str()).unwrap();
+        assert!(checks[0].verified_by.is_some());
+
+        bytes[100] ^= 1; // inside the public half of the 64-byte secret key (62..126)
+        let e = SigningKey::load(&write("bad.key", &bytes), &mut never).unwrap_err();
+        let Error::Key { problem, .. } = &e else {
+            panic!("{e:?}")
+        };
+        assert!(matches!(problem, KeyProblem::Damaged { .. }), "{problem:?}");
     }
 }

@@ -8,3 +8,4 @@ mod publish_local_git;
 mod publish_rules;
 mod republish_window;
 mod serve_hostile;
+mod signature_window;

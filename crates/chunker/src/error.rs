@@ -91,6 +91,20 @@ pub enum Error {
     },
 
     #[error(
+        "{path}: not a regular file (a FIFO, device, socket or directory); pass the file itself"
+    )]
+    NotRegularFile { path: PathBuf },
+
+    #[error(
+        "{path}: {size} bytes, over the {limit}-byte limit for this kind of file; is it the right file?"
+    )]
+    FileTooLarge {
+        path: PathBuf,
+        size: u64,
+        limit: u64,
+    },
+
+    #[error(
         "{path}: the input changed while it was being read (expected {expected} bytes, read {actual})"
     )]
     InputChanged {

@@ -10,6 +10,7 @@
 //! `artifact-store` crates. It never holds a whole artifact in memory.
 
 pub mod atomic;
+pub mod bounded;
 mod digest;
 mod error;
 pub mod oob;

@@ -326,6 +326,57 @@ impl ModelEntry {
         Ok(())
     }
 
+    /// The remote file name of an `accelerator_artifacts` variant: its `artifact_filename`, else
+    /// `<id>_driving_<variant>_tinygrad.pkl`. `None` when the entry has no such variant.
+    pub fn accelerator_file_name(&self, variant: &str) -> Option<FileName> {
+        let (_, v) = self
+            .accelerators()
+            .into_iter()
+            .find(|(name, _)| name == variant)?;
+        v.filename.or_else(|| {
+            format!("{}_driving_{variant}_tinygrad.pkl", self.id)
+                .parse()
+                .ok()
+        })
+    }
+
+    /// Sets an existing `accelerator_artifacts` variant's `artifact_format`, `artifact_size`,
+    /// `artifact_sha256` and `artifact_chunk_count` (in place, other keys kept). The variant must
+    /// exist: its `execution_device` is not ours to invent.
+    pub fn set_accelerator_artifact(&mut self, variant: &str, artifact: &Artifact) -> Result<()> {
+        let slot = self
+            .fields
+            .get_mut(keys::ACCELERATOR_ARTIFACTS)
+            .and_then(Value::as_object_mut)
+            .and_then(|m| m.get_mut(variant))
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "accelerator variant",
+                    variant,
+                    format!(
+                        "model {} has no accelerator_artifacts.{variant} object; add the variant \
+                         (with its execution_device) to the entry first",
+                        self.id
+                    ),
+                )
+            })?;
+        let mut put = |k: &str, v: Value| match slot.get_mut(k) {
+            Some(x) => *x = v,
+            None => {
+                slot.insert(k.to_owned(), v);
+            }
+        };
+        put(keys::ARTIFACT_FORMAT, artifact.format.as_str().into());
+        put(keys::ARTIFACT_SIZE, artifact.size.get().into());
+        put(keys::ARTIFACT_SHA256, artifact.sha256.to_hex().into());
+        put(
+            keys::ARTIFACT_CHUNK_COUNT,
+            artifact.chunk_count.get().into(),
+        );
+        Ok(())
+    }
+
     pub fn set_source_commit(&mut self, commit: &GitCommit) {
         self.put(keys::SOURCE_COMMIT, commit.as_str().into());
     }
@@ -413,6 +464,44 @@ mod tests {
             "released": "2025-07-21", "community_favorite": false, "uses_external_gpu": false,
             "x_note": "kept"});
         ModelEntry::from_map(v.as_object().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn an_accelerator_variant_gets_its_artifact_fields_in_place() {
+        let v = json!({"id": "gwm8223", "name": "G", "accelerator_artifacts": {"chestnut": {
+            "artifact_filename": "gwm8223_driving_chestnut_tinygrad.pkl", "execution_device": "AMD"}}});
+        let mut e = ModelEntry::from_map(v.as_object().unwrap().clone()).unwrap();
+        assert_eq!(
+            e.accelerator_file_name("chestnut").unwrap().as_str(),
+            "gwm8223_driving_chestnut_tinygrad.pkl"
+        );
+        assert_eq!(e.accelerator_file_name("other"), None);
+        let a = Artifact::tinygrad(
+            ArtifactSize::new(5).unwrap(),
+            digest('a'),
+            ChunkCount::new(2).unwrap(),
+        );
+        e.set_accelerator_artifact("chestnut", &a).unwrap();
+        let (_, got) = e.accelerators().remove(0);
+        assert_eq!(
+            (got.size, got.sha256, got.chunk_count),
+            (Some(a.size), Some(a.sha256), Some(a.chunk_count))
+        );
+        assert_eq!(got.execution_device.as_deref(), Some("AMD"));
+        // The entry's own artifact is untouched, and a missing variant is refused.
+        assert_eq!(e.artifact_size(), None);
+        let err = e
+            .set_accelerator_artifact("rocm", &a)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("accelerator_artifacts.rocm"), "{err}");
+        // Without artifact_filename, the default name.
+        let v = json!({"id": "sc23", "name": "S", "accelerator_artifacts": {"chestnut": {}}});
+        let e = ModelEntry::from_map(v.as_object().unwrap().clone()).unwrap();
+        assert_eq!(
+            e.accelerator_file_name("chestnut").unwrap().as_str(),
+            "sc23_driving_chestnut_tinygrad.pkl"
+        );
     }
 
     #[test]

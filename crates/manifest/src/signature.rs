@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::layout::{StoreLayout, StorePath, manifest_file_name};
-use crate::types::{FileName, Generation};
+use crate::types::{FileName, Generation, ModelId};
 
 /// Appended to the manifest's name: `model_names_v25.json.minisig`.
 pub const SIGNATURE_SUFFIX: &str = ".minisig";
@@ -117,6 +117,22 @@ impl UnixSeconds {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
         )
+    }
+
+    /// When a signature made now and valid for `days` expires: at least
+    /// [`MIN_EXPIRES_IN_DAYS`], so every device does not refuse it on arrival.
+    pub fn signature_expiry(self, days: u64) -> Result<Self> {
+        if days < MIN_EXPIRES_IN_DAYS {
+            return Err(Error::invalid(
+                "expiry in days",
+                &days.to_string(),
+                format!(
+                    "a signature must stay valid at least {MIN_EXPIRES_IN_DAYS} day (devices \
+                     refuse an expired one); use --expires-in 1 or more (default 180)"
+                ),
+            ));
+        }
+        self.plus_days(days)
     }
 
     pub fn plus_days(self, days: u64) -> Result<Self> {
@@ -357,13 +373,99 @@ pub fn check_signed_comment(
     Ok(c)
 }
 
+/// How far above the live release an explicit `--release` may go. Devices refuse any release
+/// below the highest they accepted, so a typo such as `--release 18446744073709551615` would
+/// otherwise end signing for the generation (nothing can follow it).
+pub const MAX_RELEASE_STEP: u64 = 1000;
+
+/// The shortest validity a new signature may have: a signature that expires sooner would be
+/// refused by devices (almost) as soon as it is published.
+pub const MIN_EXPIRES_IN_DAYS: u64 = 1;
+
+/// What checking one block of a signature file against the trusted keys gave.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum BlockOutcome<'a> {
+    /// The block is not a decodable minisign signature (bad base64, wrong length or algorithm).
+    Undecodable { reason: &'a str },
+    /// It decodes, but no trusted key verifies it over the manifest's bytes.
+    NotVerified,
+    /// A trusted key verifies it; its trusted comment, not yet checked.
+    Verified { comment: &'a str },
+}
+
+/// The decision over a signature file's blocks, in file order: the first block that verifies
+/// and whose comment passes [`check_signed_comment`] is accepted. An undecodable block is
+/// skipped, not fatal: during a key rotation a file with one damaged block still verifies by
+/// its good one. Refused: a verified block's comment refusal when there was one (it explains
+/// most), else [`Refusal::Malformed`] when no block decoded at all, else
+/// [`Refusal::UntrustedSignature`].
+pub fn decide_blocks<'a>(
+    outcomes: impl IntoIterator<Item = BlockOutcome<'a>>,
+    keys: usize,
+    expected: Generation,
+    accepted: Option<ReleaseNumber>,
+    now: UnixSeconds,
+) -> std::result::Result<TrustedComment, Refusal> {
+    let mut comment_refusal = None;
+    let mut first_defect: Option<(usize, &str)> = None;
+    let mut decoded = 0usize;
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        match outcome {
+            BlockOutcome::Undecodable { reason } => {
+                first_defect.get_or_insert((i + 1, reason));
+            }
+            BlockOutcome::NotVerified => decoded += 1,
+            BlockOutcome::Verified { comment } => {
+                decoded += 1;
+                match check_signed_comment(comment, expected, accepted, now) {
+                    Ok(c) => return Ok(c),
+                    Err(r) => {
+                        comment_refusal.get_or_insert(r);
+                    }
+                }
+            }
+        }
+    }
+    if let Some(r) = comment_refusal {
+        return Err(r);
+    }
+    match first_defect {
+        Some((block, reason)) if decoded == 0 => Err(Refusal::Malformed {
+            reason: format!("block {block}: {reason}"),
+        }),
+        _ => Err(Refusal::UntrustedSignature { keys }),
+    }
+}
+
 /// The release number a new signed publish gets: one more than every release already seen
-/// (verified live signatures), or `requested` if given, which must be higher than all of them.
+/// (verified live signatures), or `requested` if given, which must be higher than all of them
+/// and at most [`MAX_RELEASE_STEP`] above the highest of them and of `unverified` (live
+/// releases whose signature our keys cannot check, e.g. during a key rotation; they only raise
+/// the ceiling).
 pub fn next_release(
     seen: impl IntoIterator<Item = ReleaseNumber>,
+    unverified: impl IntoIterator<Item = ReleaseNumber>,
     requested: Option<ReleaseNumber>,
 ) -> Result<ReleaseNumber> {
     let highest = seen.into_iter().max();
+    if let Some(r) = requested {
+        let live = highest.into_iter().chain(unverified).max();
+        let base = live.map_or(0, ReleaseNumber::get);
+        let ceiling = base.saturating_add(MAX_RELEASE_STEP);
+        if r.get() > ceiling {
+            return Err(Error::invalid(
+                "release number",
+                &r.to_string(),
+                format!(
+                    "more than {MAX_RELEASE_STEP} above the live release ({}); devices refuse \
+                     every release below the highest they accepted, so a number this high would \
+                     leave no room for the next ones; use --release {ceiling} or less, or leave \
+                     --release out",
+                    live.map_or_else(|| "none yet".to_string(), |l| l.to_string())
+                ),
+            ));
+        }
+    }
     match (requested, highest) {
         (Some(r), Some(h)) if r <= h => Err(Error::invalid(
             "release number",
@@ -378,6 +480,109 @@ pub fn next_release(
         (None, Some(h)) => h.next(),
         (None, None) => Ok(ReleaseNumber::FIRST),
     }
+}
+
+/// A downloadable artifact whose bytes a signature over the manifest would not pin down: the
+/// entry (or its accelerator variant) lacks a size, a SHA-256 or a chunk count, so a device with
+/// trusted keys would have to take them from the store, which anyone who can write the store
+/// controls. Signing refuses such a manifest (docs/formats.md, "Signed manifests").
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Uncovered {
+    pub model: ModelId,
+    /// `None` for the entry's own artifact, else the `accelerator_artifacts` key (`chestnut`).
+    pub variant: Option<String>,
+    /// The JSON path of each missing field, e.g. `models[3].artifact_sha256` or
+    /// `models[3].accelerator_artifacts.chestnut.artifact_size`.
+    pub missing: Vec<String>,
+}
+
+impl Uncovered {
+    /// The command that writes the missing fields, for a manifest at `manifest_path`; `DIR` is
+    /// the directory holding that artifact's chunk set.
+    pub fn fix_command(&self, manifest_path: &str) -> String {
+        let variant = self
+            .variant
+            .as_deref()
+            .map(|v| format!(" --variant {v}"))
+            .unwrap_or_default();
+        format!(
+            "release-cli manifest set-artifact {manifest_path} DIR --model {}{variant}",
+            self.model
+        )
+    }
+}
+
+impl fmt::Display for Uncovered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} missing (model {}",
+            self.missing.join(", "),
+            self.model
+        )?;
+        if let Some(v) = &self.variant {
+            write!(f, ", variant {v}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// Every downloadable artifact of `m` — each entry a device keeps (supported format, not a
+/// `local-` model) and each of its `accelerator_artifacts` variants in a supported format —
+/// that lacks `artifact_size`, `artifact_sha256` or `artifact_chunk_count`. Empty when a
+/// signature over `m` covers every byte a device installs from it. Pure.
+pub fn uncovered_artifacts(m: &crate::Manifest) -> Vec<Uncovered> {
+    use crate::keys;
+    use crate::validate::join_key;
+    let mut out = Vec::new();
+    for (i, e) in m.models().iter().enumerate() {
+        if !e.is_supported() || e.id().is_local() {
+            continue;
+        }
+        let here = format!("models[{i}]");
+        let missing: Vec<String> = [
+            (keys::ARTIFACT_SIZE, e.artifact_size().is_some()),
+            (keys::ARTIFACT_SHA256, e.artifact_sha256().is_some()),
+            (
+                keys::ARTIFACT_CHUNK_COUNT,
+                e.artifact_chunk_count().is_some(),
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, present)| !present)
+        .map(|(k, _)| join_key(&here, k))
+        .collect();
+        if !missing.is_empty() {
+            out.push(Uncovered {
+                model: e.id().clone(),
+                variant: None,
+                missing,
+            });
+        }
+        for (name, v) in e.accelerators() {
+            if v.format.as_ref().is_some_and(|f| !f.is_supported()) {
+                continue;
+            }
+            let at = join_key(&join_key(&here, keys::ACCELERATOR_ARTIFACTS), &name);
+            let missing: Vec<String> = [
+                (keys::ARTIFACT_SIZE, v.size.is_some()),
+                (keys::ARTIFACT_SHA256, v.sha256.is_some()),
+                (keys::ARTIFACT_CHUNK_COUNT, v.chunk_count.is_some()),
+            ]
+            .into_iter()
+            .filter(|(_, present)| !present)
+            .map(|(k, _)| join_key(&at, k))
+            .collect();
+            if !missing.is_empty() {
+                out.push(Uncovered {
+                    model: e.id().clone(),
+                    variant: Some(name),
+                    missing,
+                });
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -484,13 +689,70 @@ mod tests {
 
     #[test]
     fn next_release_is_one_more_than_anything_seen() {
-        assert_eq!(next_release([], None).unwrap(), r(1));
-        assert_eq!(next_release([r(3), r(7), r(5)], None).unwrap(), r(8));
-        assert_eq!(next_release([r(3)], Some(r(10))).unwrap(), r(10));
-        assert_eq!(next_release([], Some(r(4))).unwrap(), r(4));
-        let e = next_release([r(7)], Some(r(7))).unwrap_err().to_string();
+        let none: [ReleaseNumber; 0] = [];
+        assert_eq!(next_release([], none, None).unwrap(), r(1));
+        assert_eq!(next_release([r(3), r(7), r(5)], none, None).unwrap(), r(8));
+        assert_eq!(next_release([r(3)], none, Some(r(10))).unwrap(), r(10));
+        assert_eq!(next_release([], none, Some(r(4))).unwrap(), r(4));
+        let e = next_release([r(7)], none, Some(r(7)))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--release 8"), "{e}");
-        assert!(next_release([r(u64::MAX)], None).is_err());
+        assert!(next_release([r(u64::MAX)], none, None).is_err());
+    }
+
+    /// An explicit release is at most MAX_RELEASE_STEP above the live one (verified or not).
+    #[test]
+    fn explicit_release_ceiling_table() {
+        // (verified live, unverified live, requested, Ok(release) or Err(text in the error))
+        type Case = (
+            Vec<u64>,
+            Vec<u64>,
+            u64,
+            std::result::Result<u64, &'static str>,
+        );
+        let cases: Vec<Case> = vec![
+            (vec![], vec![], 1000, Ok(1000)),
+            (vec![], vec![], 1001, Err("--release 1000 or less")),
+            (vec![5], vec![], 1005, Ok(1005)),
+            (vec![5], vec![], 1006, Err("--release 1005 or less")),
+            (vec![5], vec![], u64::MAX, Err("(5)")),
+            // A rotation: the old key's release 4000 raises the ceiling, not the floor.
+            (vec![], vec![4000], 5000, Ok(5000)),
+            (vec![], vec![4000], 5001, Err("--release 5000 or less")),
+            (vec![], vec![4000], 2, Ok(2)),
+            // Near the top of u64 the ceiling saturates instead of overflowing.
+            (vec![u64::MAX - 1], vec![], u64::MAX, Ok(u64::MAX)),
+        ];
+        for (seen, unverified, requested, want) in cases {
+            let got = next_release(
+                seen.iter().map(|&n| r(n)),
+                unverified.iter().map(|&n| r(n)),
+                Some(r(requested)),
+            );
+            match (got, want) {
+                (Ok(g), Ok(w)) => assert_eq!(g, r(w)),
+                (Err(e), Err(needle)) => {
+                    let e = e.to_string();
+                    assert!(e.contains(needle), "{seen:?} {requested}: {e}");
+                }
+                (got, want) => panic!("{seen:?} {unverified:?} {requested}: {got:?} vs {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_signature_stays_valid_at_least_a_day() {
+        let now = UnixSeconds(1_000_000);
+        assert!(now.signature_expiry(0).is_err());
+        let e = now.signature_expiry(0).unwrap_err().to_string();
+        assert!(e.contains("--expires-in 1"), "{e}");
+        assert_eq!(now.signature_expiry(1).unwrap(), UnixSeconds(1_086_400));
+        assert_eq!(
+            now.signature_expiry(180).unwrap(),
+            UnixSeconds(1_000_000 + 180 * 86_400)
+        );
+        assert!(now.signature_expiry(u64::MAX).is_err());
     }
 
     #[test]
@@ -543,6 +805,242 @@ mod tests {
         for refusal in all {
             assert!(refusal.ui_text().len() <= 60, "{refusal:?}");
             assert!(!refusal.to_string().is_empty());
+        }
+    }
+
+    /// Which artifacts a signature would not cover, as a table over manifests (v25 and a
+    /// made-up v26: the rule does not depend on the generation).
+    #[test]
+    fn uncovered_artifacts_table() {
+        use serde_json::{Value, json};
+        let sha = "5198df6889af1244f1daa9cd29388e2a3992328f91d7f44d2633e8702a4e19d1";
+        let full = |id: &str| {
+            json!({"id": id, "name": "N", "artifact_format": "tinygrad_single_v1",
+                   "artifact_size": 10, "artifact_sha256": sha, "artifact_chunk_count": 1})
+        };
+        let variant = |fields: Value| {
+            let mut v = json!({"artifact_format": "tinygrad_single_v1",
+                               "artifact_filename": "a_driving_chestnut_tinygrad.pkl",
+                               "execution_device": "AMD"});
+            for (k, x) in fields.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            v
+        };
+        let with = |mut e: Value, k: &str, v: Value| {
+            e[k] = v;
+            e
+        };
+        let without = |mut e: Value, k: &str| {
+            e.as_object_mut().unwrap().shift_remove(k);
+            e
+        };
+        let complete_variant = variant(json!({"artifact_size": 5, "artifact_sha256": sha,
+                                              "artifact_chunk_count": 0}));
+        // (models, expected [(model, variant, missing paths)])
+        type Want = Vec<(&'static str, Option<&'static str>, Vec<&'static str>)>;
+        let cases: Vec<(Vec<Value>, Want)> = vec![
+            (vec![full("a"), full("b")], vec![]),
+            (
+                vec![with(
+                    full("a"),
+                    "accelerator_artifacts",
+                    json!({"chestnut": complete_variant}),
+                )],
+                vec![],
+            ),
+            // The live v25 shape: no artifact fields at all.
+            (
+                vec![json!({"id": "a", "name": "N"}), full("b")],
+                vec![(
+                    "a",
+                    None,
+                    vec![
+                        "models[0].artifact_size",
+                        "models[0].artifact_sha256",
+                        "models[0].artifact_chunk_count",
+                    ],
+                )],
+            ),
+            (
+                vec![full("a"), without(full("b"), "artifact_chunk_count")],
+                vec![("b", None, vec!["models[1].artifact_chunk_count"])],
+            ),
+            // A chunk count of 0 (one plain file) is a count.
+            (
+                vec![with(full("a"), "artifact_chunk_count", json!(0))],
+                vec![],
+            ),
+            // A Chestnut variant without size, digest and count.
+            (
+                vec![with(
+                    full("a"),
+                    "accelerator_artifacts",
+                    json!({"chestnut": variant(json!({}))}),
+                )],
+                vec![(
+                    "a",
+                    Some("chestnut"),
+                    vec![
+                        "models[0].accelerator_artifacts.chestnut.artifact_size",
+                        "models[0].accelerator_artifacts.chestnut.artifact_sha256",
+                        "models[0].accelerator_artifacts.chestnut.artifact_chunk_count",
+                    ],
+                )],
+            ),
+            (
+                vec![with(
+                    full("a"),
+                    "accelerator_artifacts",
+                    json!({"chestnut": variant(json!({"artifact_size": 5, "artifact_sha256": sha}))}),
+                )],
+                vec![(
+                    "a",
+                    Some("chestnut"),
+                    vec!["models[0].accelerator_artifacts.chestnut.artifact_chunk_count"],
+                )],
+            ),
+            // Both the entry and its variant.
+            (
+                vec![with(
+                    json!({"id": "a", "name": "N", "artifact_size": 1, "artifact_sha256": sha}),
+                    "accelerator_artifacts",
+                    json!({"chestnut": variant(json!({"artifact_chunk_count": 2}))}),
+                )],
+                vec![
+                    ("a", None, vec!["models[0].artifact_chunk_count"]),
+                    (
+                        "a",
+                        Some("chestnut"),
+                        vec![
+                            "models[0].accelerator_artifacts.chestnut.artifact_size",
+                            "models[0].accelerator_artifacts.chestnut.artifact_sha256",
+                        ],
+                    ),
+                ],
+            ),
+            // Not downloadable, so nothing to cover: an unsupported format (devices drop the
+            // entry), a variant in an unsupported format (devices refuse to fetch it).
+            (
+                vec![
+                    json!({"id": "a", "name": "N", "artifact_format": "onnx_v9"}),
+                    full("b"),
+                ],
+                vec![],
+            ),
+            (
+                vec![with(
+                    full("a"),
+                    "accelerator_artifacts",
+                    json!({"chestnut": {"artifact_format": "rocm_v2", "execution_device": "AMD"}}),
+                )],
+                vec![],
+            ),
+        ];
+        for generation in ["v25", "v26"] {
+            for (models, want) in &cases {
+                let m = crate::Manifest::from_value(json!({
+                    "generation": generation,
+                    "models": models,
+                }))
+                .unwrap();
+                let got: Vec<(String, Option<String>, Vec<String>)> = uncovered_artifacts(&m)
+                    .into_iter()
+                    .map(|u| (u.model.to_string(), u.variant, u.missing))
+                    .collect();
+                let want: Vec<(String, Option<String>, Vec<String>)> = want
+                    .iter()
+                    .map(|(m, v, p)| {
+                        (
+                            m.to_string(),
+                            v.map(str::to_string),
+                            p.iter().map(|x| x.to_string()).collect(),
+                        )
+                    })
+                    .collect();
+                assert_eq!(got, want, "{generation} {models:?}");
+            }
+        }
+        let u = Uncovered {
+            model: "gwm8223".parse().unwrap(),
+            variant: Some("chestnut".into()),
+            missing: vec!["models[2].accelerator_artifacts.chestnut.artifact_size".into()],
+        };
+        assert_eq!(
+            u.fix_command("model_names_v25.json"),
+            "release-cli manifest set-artifact model_names_v25.json DIR --model gwm8223 --variant chestnut"
+        );
+        assert!(u.to_string().contains("variant chestnut"), "{u}");
+    }
+
+    /// A rotation file with one undecodable block still verifies by its good one; what is
+    /// refused, and as what, when none does.
+    #[test]
+    fn decide_blocks_table() {
+        use BlockOutcome::*;
+        let now = UnixSeconds(1000);
+        let good = "generation=v25 release=5 expires=2000";
+        let expired = "generation=v25 release=6 expires=10";
+        let v26 = Generation::new(26);
+        let bad = Undecodable {
+            reason: "invalid base64",
+        };
+        // (blocks, generation fetched, Ok(release) or the refusal's kind)
+        type Case<'a> = (Vec<BlockOutcome<'a>>, Generation, Result<u64, &'a str>);
+        let cases: Vec<Case> = vec![
+            (vec![Verified { comment: good }], V25, Ok(5)),
+            // One damaged block, before or after the good one.
+            (vec![bad, Verified { comment: good }], V25, Ok(5)),
+            (vec![Verified { comment: good }, bad], V25, Ok(5)),
+            (
+                vec![NotVerified, bad, Verified { comment: good }],
+                V25,
+                Ok(5),
+            ),
+            // The first acceptable block wins; an expired one before it does not refuse.
+            (
+                vec![Verified { comment: expired }, Verified { comment: good }],
+                V25,
+                Ok(5),
+            ),
+            (
+                vec![Verified { comment: expired }, bad],
+                V25,
+                Err("expired"),
+            ),
+            (vec![bad, NotVerified], V25, Err("untrusted")),
+            (vec![NotVerified], V25, Err("untrusted")),
+            (vec![bad, bad], V25, Err("malformed")),
+            (vec![], V25, Err("untrusted")),
+            // The same for a made-up next generation.
+            (
+                vec![
+                    bad,
+                    Verified {
+                        comment: "generation=v26 release=1 expires=2000",
+                    },
+                ],
+                v26,
+                Ok(1),
+            ),
+            (
+                vec![bad, Verified { comment: good }],
+                v26,
+                Err("generation"),
+            ),
+        ];
+        for (blocks, generation, want) in cases {
+            let got = decide_blocks(blocks.clone(), 2, generation, None, now);
+            match (want, got) {
+                (Ok(n), Ok(c)) => assert_eq!(c.release, r(n), "{blocks:?}"),
+                (Err("expired"), Err(Refusal::Expired { .. }))
+                | (Err("untrusted"), Err(Refusal::UntrustedSignature { keys: 2 }))
+                | (Err("generation"), Err(Refusal::OtherGeneration { .. })) => {}
+                (Err("malformed"), Err(Refusal::Malformed { reason })) => {
+                    assert!(reason.contains("block 1: invalid base64"), "{reason}")
+                }
+                (want, got) => panic!("{blocks:?}: want {want:?}, got {got:?}"),
+            }
         }
     }
 }

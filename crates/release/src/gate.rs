@@ -854,6 +854,10 @@ pub struct PublishRecord {
     /// too, or in records written before the rule).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub github_only: Option<artifact_store::publish::GithubOnly>,
+    /// `publish --remove-signature REASON`: the generation was published unsigned on purpose
+    /// and its signature removed from the stores; the reason given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature_removed: Option<String>,
 }
 
 #[cfg(test)]

@@ -281,6 +281,17 @@ fn chunk_digests(out: &Path, name: &str, count: u32) -> Result<Vec<chunker::Sha2
         .collect()
 }
 
+/// A source map lists each model once; four megabytes is far beyond any real one.
+pub const MAX_SOURCE_MAP_BYTES: u64 = 4 << 20;
+
+/// An input file, size-capped and regular-file only; a file error stays an [`Error::Io`].
+fn read_input(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    chunker::bounded::read_capped_existing(path, limit).map_err(|e| match e {
+        chunker::Error::Io(io) => Error::Io(io),
+        other => other.into(),
+    })
+}
+
 impl Rebuild {
     /// Read the source map and the base catalog and plan the run (`only`: just these models).
     pub fn prepare(
@@ -291,9 +302,10 @@ impl Rebuild {
         generation: Generation,
         pin: GitCommit,
     ) -> Result<Self> {
-        let map_bytes = fs::read(source_map)?;
+        // Size-capped, regular files only; the chunker's error names the path and the limit.
+        let map_bytes = read_input(source_map, MAX_SOURCE_MAP_BYTES)?;
         let map = parse_source_map(&map_bytes, source_map)?;
-        let base_bytes = fs::read(base_manifest)?;
+        let base_bytes = read_input(base_manifest, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)?;
         let base = Manifest::from_slice(&base_bytes).map_err(|source| Error::ManifestFile {
             path: base_manifest.to_path_buf(),
             source,

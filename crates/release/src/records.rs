@@ -76,14 +76,19 @@ pub fn write<T: Serialize>(path: &Path, record: &T) -> Result<()> {
 }
 
 fn read<T: DeserializeOwned>(path: &Path) -> Result<T> {
-    let len = fs::metadata(path)?.len();
-    if len > MAX_RECORD_BYTES {
-        return Err(Error::Record {
+    // Size-capped, regular files only (a FIFO in results/ must not hang the gate).
+    let bytes = chunker::bounded::read_capped_existing(path, MAX_RECORD_BYTES).map_err(|e| {
+        Error::Record {
             path: path.to_path_buf(),
-            reason: format!("{len} bytes is too large for a record"),
-        });
-    }
-    let bytes = fs::read(path)?;
+            reason: match e {
+                chunker::Error::FileTooLarge { size, limit, .. } => {
+                    format!("{size} bytes is too large for a record (limit {limit})")
+                }
+                chunker::Error::NotRegularFile { .. } => "not a regular file".into(),
+                other => other.to_string(),
+            },
+        }
+    })?;
     serde_json::from_slice(&bytes).map_err(|e| Error::Record {
         path: path.to_path_buf(),
         reason: e.to_string(),
@@ -155,10 +160,18 @@ mod tests {
     fn an_unreadable_record_names_its_path() {
         let t = tempfile::tempdir().unwrap();
         let path = preflight_path(t.path());
-        // A directory where the record should be: reading it fails, naming the file.
+        // A directory where the record should be: refused unread, naming the file.
         fs::create_dir_all(&path).unwrap();
         let e = read::<PreflightRecord>(&path).unwrap_err();
-        assert!(matches!(e, Error::Io(_)), "{e:?}");
-        assert!(e.to_string().contains(&*path.to_string_lossy()), "{e}");
+        assert!(matches!(e, Error::Record { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&*path.to_string_lossy()) && text.contains("not a regular file"),
+            "{text}"
+        );
+        // A missing one is a file error naming it.
+        let missing = t.path().join("results/absent.validation.json");
+        let e = read::<PreflightRecord>(&missing).unwrap_err();
+        assert!(e.to_string().contains(&*missing.to_string_lossy()), "{e}");
     }
 }

@@ -17,6 +17,9 @@ use serde::Serialize;
 
 use crate::{Error, Result};
 
+/// `tinygrad_pins.json` holds one line per generation; a megabyte is far beyond any real table.
+pub const MAX_PINS_FILE_BYTES: u64 = 1 << 20;
+
 /// The built-in pins plus those `tinygrad bump` recorded in `<openpilot>/tinygrad_pins.json`.
 pub fn load_pins(openpilot: Option<&Path>) -> Result<PinTable> {
     let mut pins = PinTable::builtin();
@@ -24,11 +27,13 @@ pub fn load_pins(openpilot: Option<&Path>) -> Result<PinTable> {
         return Ok(pins);
     };
     let path = dir.join(manifest::pins::PINS_FILE);
-    match fs::read(&path) {
-        Ok(bytes) => pins
+    // Size-capped, regular files only: a FIFO or /dev/zero planted here must not hang or fill
+    // memory (the chunker's error names the path and the limit).
+    match chunker::bounded::read_capped(&path, MAX_PINS_FILE_BYTES)? {
+        Some(bytes) => pins
             .merge_json(&bytes)
             .map_err(|problem| Error::Pins { path, problem })?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        None => {
             if !dir.is_dir() {
                 return Err(Error::NotADirectory {
                     flag: "--openpilot",
@@ -36,7 +41,6 @@ pub fn load_pins(openpilot: Option<&Path>) -> Result<PinTable> {
                 });
             }
         }
-        Err(e) => return Err(e.into()),
     }
     Ok(pins)
 }

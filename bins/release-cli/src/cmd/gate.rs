@@ -155,6 +155,7 @@ pub fn write_publish_record(
     models: &[String],
     validation: &GateOutcome,
     github_only: &artifact_store::publish::GithubOnly,
+    signature_removed: Option<&str>,
 ) -> CliResult<PathBuf> {
     let path = release::records::publish_record_path(manifest_path);
     let rec = PublishRecord {
@@ -170,6 +171,7 @@ pub fn write_publish_record(
             artifact_store::publish::GithubOnly::NotGithubOnly => None,
             other => Some(other.clone()),
         },
+        signature_removed: signature_removed.map(str::to_owned),
     };
     release::records::write(&path, &rec).map_err(release_error)?;
     Ok(path)

@@ -41,6 +41,11 @@ pub struct SetArtifactArgs {
     /// The model ID (default: DIR's name).
     #[arg(long, value_name = "ID")]
     pub model: Option<manifest::ModelId>,
+    /// Set the entry's `accelerator_artifacts.<NAME>` variant (e.g. `chestnut`) instead of the
+    /// entry's own artifact: DIR holds the variant's chunk set (named by its
+    /// `artifact_filename`); size, SHA-256 and chunk count are written into the variant.
+    #[arg(long, value_name = "NAME")]
+    pub variant: Option<String>,
     /// Make every check (the entry exists, a complete chunk set, OOB container, every chunk
     /// read and hashed, the `.sha256` sidecar agrees) and print the values that would be written
     /// into the entry. Leaves MANIFEST untouched (no temporary either).
@@ -146,17 +151,24 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
             })?,
     };
     let mut m = load(&args.manifest)?;
-    let name = m
-        .get(&id)
-        .ok_or_else(|| {
+    let entry = m.get(&id).ok_or_else(|| {
+        CliError::check_failed(format!(
+            "{}: no entry for model {id}; add it first (nothing was written)",
+            args.manifest.display()
+        ))
+    })?;
+    let name = match &args.variant {
+        None => entry.file_name(),
+        Some(v) => entry.accelerator_file_name(v).ok_or_else(|| {
             CliError::check_failed(format!(
-                "{}: no entry for model {id}; add it first (nothing was written)",
+                "{}: model {id} has no accelerator_artifacts.{v} variant; add it (with its \
+                 execution_device) first (nothing was written)",
                 args.manifest.display()
             ))
-        })?
-        .file_name()
-        .as_str()
-        .to_string();
+        })?,
+    }
+    .as_str()
+    .to_string();
     let logical = args.dir.join(&name);
     let pieces = match chunker::resolve(&logical)? {
         Some(chunker::Resolved::Chunked { pieces, .. }) => pieces,
@@ -215,10 +227,12 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
         sha256,
         manifest::ChunkCount::new(pieces.len() as u64).map_err(CliError::check_failed)?,
     );
-    m.get_mut(&id)
-        .expect("looked up above")
-        .set_artifact_with_chunks(&artifact, &chunk_sha256)
-        .map_err(CliError::failure)?;
+    let entry = m.get_mut(&id).expect("looked up above");
+    match &args.variant {
+        None => entry.set_artifact_with_chunks(&artifact, &chunk_sha256),
+        Some(v) => entry.set_accelerator_artifact(v, &artifact),
+    }
+    .map_err(CliError::failure)?;
     if !args.dry_run {
         // The error names the manifest (fs_err).
         chunker::atomic::write_atomic(&args.manifest, &m.to_canonical_bytes())
@@ -228,6 +242,7 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
         let mut v = json!({
             "manifest": args.manifest,
             "model": id.as_str(),
+            "variant": args.variant,
             "size": size,
             "sha256": sha256.to_hex(),
             "chunk_count": pieces.len(),
@@ -254,19 +269,18 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
 /// A manifest file's bytes, read no further than one byte past the fleet's size limit.
 /// `Err(size)` when the file is over the limit: its real size where the file system knows it.
 fn read_bounded(path: &Path) -> CliResult<Result<Vec<u8>, u64>> {
-    use std::io::Read;
     let limit = Limits::default().max_manifest_bytes;
-    let file = std::fs::File::open(path)
-        .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))?;
-    let known = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut bytes = Vec::new();
-    file.take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))?;
-    if bytes.len() as u64 > limit {
-        return Ok(Err(known.max(bytes.len() as u64)));
+    // Regular files only, opened without blocking: a FIFO or a device is refused at once.
+    match chunker::bounded::read_capped(path, limit) {
+        Ok(Some(bytes)) => Ok(Ok(bytes)),
+        Ok(None) => Err(CliError::failure(format!(
+            "{}: No such file or directory (os error 2)",
+            path.display()
+        ))),
+        Err(chunker::Error::FileTooLarge { size, .. }) => Ok(Err(size)),
+        Err(e @ chunker::Error::NotRegularFile { .. }) => Err(CliError::usage(e)),
+        Err(e) => Err(CliError::failure(e)),
     }
-    Ok(Ok(bytes))
 }
 
 fn too_large_message(size: u64) -> String {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use artifact_store::signing::{self, PASSPHRASE_ENV, SigningKey, VerifyingKey};
 use clap::Args;
-use manifest::signature::{self, Refusal};
+use manifest::signature;
 use manifest::{Generation, Manifest, ReleaseNumber, UnixSeconds};
 use serde_json::json;
 
@@ -78,26 +78,18 @@ fn ask_passphrase(path: &Path) -> Result<String, String> {
     }
     if !std::io::stdin().is_terminal() {
         return Err(format!(
-            "the key is encrypted and there is no terminal to ask for its passphrase; set \
-             {PASSPHRASE_ENV}"
+            "{PASSPHRASE_ENV} is not set and there is no terminal to ask for it"
         ));
     }
     rpassword::prompt_password(format!("passphrase for {}: ", path.display()))
         .map_err(|e| format!("cannot read the passphrase: {e}"))
 }
 
-/// Load every `--key`/`--sign-key`, in order.
+/// Load every `--key`/`--sign-key`, in order. Each error names the cause and its next step.
 pub fn load_signing_keys(paths: &[PathBuf]) -> CliResult<Vec<SigningKey>> {
     paths
         .iter()
-        .map(|p| {
-            SigningKey::load(p, &mut ask_passphrase).map_err(|e| {
-                CliError::usage(format!(
-                    "{e}\nnext: generate a key with `minisign -G -p release.pub -s release.key` \
-                     (docs/release.md)"
-                ))
-            })
-        })
+        .map(|p| SigningKey::load(p, &mut ask_passphrase).map_err(CliError::usage))
         .collect()
 }
 
@@ -152,6 +144,8 @@ pub fn sign(a: SignArgs) -> CliResult {
         )));
     }
     let generation = generation_of(&a.manifest, &m, a.generation)?;
+    signing::require_covered(&m, &a.manifest.display().to_string())
+        .map_err(CliError::check_failed)?;
     let keys = load_signing_keys(&a.key)?;
     let output = a
         .output
@@ -159,8 +153,15 @@ pub fn sign(a: SignArgs) -> CliResult {
         .unwrap_or_else(|| default_signature_path(&a.manifest));
     // The release before this one: the existing signature beside the manifest, if ours.
     let verifying: Vec<VerifyingKey> = keys.iter().map(VerifyingKey::from).collect();
-    let seen: Vec<ReleaseNumber> = match std::fs::read_to_string(&output) {
-        Ok(text) => signing::check_signature(&verifying, &bytes, &text)
+    let existing =
+        chunker::bounded::read_capped(&output, signature::MAX_SIGNATURE_BYTES).map_err(|e| {
+            CliError::check_failed(format!(
+                "cannot read the signature already there: {e}\nnext: remove it, or write the \
+                 new one elsewhere with --output"
+            ))
+        })?;
+    let seen: Vec<ReleaseNumber> = match existing {
+        Some(raw) => signing::check_signature(&verifying, &bytes, &String::from_utf8_lossy(&raw))
             .unwrap_or_default()
             .into_iter()
             .filter(|c| c.verified_by.is_some())
@@ -168,9 +169,9 @@ pub fn sign(a: SignArgs) -> CliResult {
             .filter(|c| c.generation == generation)
             .map(|c| c.release)
             .collect(),
-        Err(_) => Vec::new(),
+        None => Vec::new(),
     };
-    let release = signature::next_release(seen, a.release).map_err(CliError::usage)?;
+    let release = signature::next_release(seen, [], a.release).map_err(CliError::usage)?;
     let comment =
         signing::new_comment(generation, release, a.expires_in).map_err(CliError::usage)?;
     let text = signing::sign_manifest(&keys, &bytes, &comment).map_err(CliError::failure)?;
@@ -244,28 +245,34 @@ pub fn verify(a: VerifyArgs) -> CliResult {
         .signature
         .clone()
         .unwrap_or_else(|| default_signature_path(&a.manifest));
-    let text = std::fs::read_to_string(&sig_path).map_err(|e| {
-        CliError::check_failed(format!(
-            "{}: {e}\nnext: sign the manifest with `release-cli manifest sign --key KEY {}`",
-            sig_path.display(),
-            a.manifest.display()
-        ))
-    })?;
+    // Size-capped, regular files only: a signature symlinked to /dev/zero or a FIFO is refused
+    // at once, not read.
+    let raw = chunker::bounded::read_capped(&sig_path, signature::MAX_SIGNATURE_BYTES)
+        .map_err(|e| {
+            CliError::check_failed(format!(
+                "{e}\nnext: pass the .minisig file `manifest sign` or `publish --sign-key` wrote \
+                 (a few hundred bytes per key)"
+            ))
+        })?
+        .ok_or_else(|| {
+            CliError::check_failed(format!(
+                "{}: no such file\nnext: sign the manifest with `release-cli manifest sign --key \
+                 KEY {}`",
+                sig_path.display(),
+                a.manifest.display()
+            ))
+        })?;
+    let text = String::from_utf8_lossy(&raw);
     let (blocks, outcome) = match signing::check_signature(&keys, &bytes, &text) {
         Err(r) => (Vec::new(), Err(r)),
         Ok(blocks) => {
-            let mut outcome = Err(Refusal::UntrustedSignature { keys: keys.len() });
-            for b in blocks.iter().filter(|b| b.verified_by.is_some()) {
-                outcome = signature::check_signed_comment(
-                    &b.comment,
-                    generation,
-                    None,
-                    UnixSeconds::now(),
-                );
-                if outcome.is_ok() {
-                    break;
-                }
-            }
+            let outcome = signature::decide_blocks(
+                blocks.iter().map(|b| b.outcome()),
+                keys.len(),
+                generation,
+                None,
+                UnixSeconds::now(),
+            );
             (blocks, outcome)
         }
     };
@@ -284,9 +291,10 @@ pub fn verify(a: VerifyArgs) -> CliResult {
             crate::outln!(
                 "block {}: {} ({})",
                 b.block,
-                match &b.verified_by {
-                    Some(id) => format!("verified by key {id}"),
-                    None => "not verified by the given key(s)".to_string(),
+                match (&b.verified_by, &b.error) {
+                    (_, Some(e)) => format!("not a decodable signature ({e}), skipped"),
+                    (Some(id), None) => format!("verified by key {id}"),
+                    (None, None) => "not verified by the given key(s)".to_string(),
                 },
                 b.comment
             )?;
@@ -316,7 +324,8 @@ pub fn verify(a: VerifyArgs) -> CliResult {
 }
 
 /// `publish --sign-key`: the signature file for the manifest's canonical bytes (what publish
-/// uploads), with the next release after every live signed one. `None` without keys.
+/// uploads), with the next release after every live signed one. `None` without keys. The caller
+/// has checked [`signing::require_covered`].
 pub fn publish_signature(
     manifest: &Manifest,
     stores: &[&dyn artifact_store::Store],

@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use artifact_store::publish::{
-    Contract, Event, PublishOptions, PublishReport, Step, check_store_order, publish_signed,
+    Contract, Event, PublishOptions, PublishReport, SignatureAction, Step, check_store_order,
+    publish_signed,
 };
 use artifact_store::retry::RetryPolicy;
 use artifact_store::reuse::ReusePlan;
@@ -112,6 +113,12 @@ pub struct PublishArgs {
     /// With --sign-key: the release number (default: one more than the live signed manifest's).
     #[arg(long, value_name = "N", requires = "sign_key")]
     pub release: Option<manifest::ReleaseNumber>,
+    /// Publish unsigned over a store that holds this generation's signature, removing that
+    /// signature (before the manifest is written); REASON goes into the publish record. Devices
+    /// with trusted keys then refuse the generation as not signed. Without this flag or
+    /// --sign-key, such a publish is refused before any upload.
+    #[arg(long, value_name = "REASON", conflicts_with = "sign_key")]
+    pub remove_signature: Option<String>,
     /// With --sign-key: days until devices refuse the signature.
     #[arg(long, value_name = "DAYS", requires = "sign_key", default_value_t = super::sign::DEFAULT_EXPIRES_IN_DAYS)]
     pub expires_in: u64,
@@ -261,6 +268,11 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             }
         }
     };
+    // A signature covers only what the manifest states: refused before any key is unlocked.
+    if !args.sign_key.is_empty() {
+        artifact_store::signing::require_covered(&manifest, &args.manifest.display().to_string())
+            .map_err(CliError::check_failed)?;
+    }
     let signature = super::sign::publish_signature(
         &manifest,
         &store_refs,
@@ -270,12 +282,24 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
         args.expires_in,
         json,
     )?;
+    let action = match (&signature, &args.remove_signature) {
+        (Some(sig), _) => SignatureAction::Sign(sig.as_bytes()),
+        (None, Some(reason)) => {
+            eprintln!(
+                "warning: publishing {} unsigned and removing its signature ({reason}); devices \
+                 with trusted keys will refuse this generation as not signed",
+                args.generation
+            );
+            SignatureAction::RemoveSignature { reason }
+        }
+        (None, None) => SignatureAction::Unsigned,
+    };
     let report = publish_signed(
         &manifest,
         &args.artifacts,
         &store_refs,
         &opts,
-        signature.as_deref().map(str::as_bytes),
+        action,
         &mut on_event,
     )
     .map_err(store_error)?;
@@ -294,6 +318,7 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             &report.models,
             &validation,
             &github_only,
+            args.remove_signature.as_deref(),
         )?)
     };
     if json {
@@ -317,6 +342,12 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
     }
     if report.dry_run {
         cli_support::info!("next: run the same command without --dry-run to publish");
+    } else if args.remove_signature.is_some() {
+        cli_support::info!(
+            "next: devices without trusted keys pick up {} on their next refresh; devices with \
+             keys refuse it as not signed until you publish it again with --sign-key",
+            report.generation
+        );
     } else {
         cli_support::info!(
             "next: devices pick up {} on their next refresh; try it offline with `release-cli serve --store DIR` and `device-modeld-manager refresh`",

@@ -8,8 +8,8 @@ use manifest::{Manifest, ModelId, StoreLayout};
 
 use super::inspect::check_entry;
 use super::{
-    Event, FileSource, LocalArtifact, LocalFile, Observed, PublishOptions, Step, StoreReport,
-    plan_model,
+    Event, FileSource, LocalArtifact, LocalFile, Observed, PublishOptions, SignatureAction, Step,
+    StoreReport, plan_model,
 };
 use crate::error::{Error, Refusal, Result};
 use crate::paths::StorePath;
@@ -42,7 +42,7 @@ pub(super) fn publish_one(
     intended: &BTreeSet<ModelId>,
     store: &dyn Store,
     opts: &PublishOptions,
-    signature: Option<&[u8]>,
+    signature: SignatureAction<'_>,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<StoreReport> {
     let name = store.describe();
@@ -177,11 +177,19 @@ pub(super) fn publish_one(
         first_publish: rep.first_publish,
     });
 
-    // 4. The signature, then the manifest, last.
-    if let Some(sig) = signature
-        && !opts.dry_run
-    {
-        write_signature(store, opts, sig, on_event)?;
+    // 4. The signature (written, or removed), then the manifest, last; why in this order is
+    // said on [`SignatureAction`].
+    match signature {
+        SignatureAction::Sign(sig) if !opts.dry_run => write_signature(store, opts, sig, on_event)?,
+        SignatureAction::RemoveSignature { .. } if !opts.dry_run => {
+            remove_signature(store, opts, on_event)?
+        }
+        // Checked before any store was written; checked again here, right before the manifest,
+        // in case a signature appeared since.
+        SignatureAction::Unsigned => {
+            super::check_signature_action(&[store], opts.generation, signature)?
+        }
+        _ => {}
     }
     if live_bytes.as_deref() == Some(manifest_bytes) {
         rep.manifest = "unchanged";
@@ -214,6 +222,27 @@ fn write_signature(
         return Ok(());
     }
     write_small(store, opts.retry, &path, sig, on_event)
+}
+
+/// Remove the generation's signature file, if the store holds one.
+fn remove_signature(
+    store: &dyn Store,
+    opts: &PublishOptions,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<()> {
+    let path = StoreLayout::HfBucket.signature_path(opts.generation);
+    if store.stat(&path)?.is_none() {
+        return Ok(());
+    }
+    let name = store.describe();
+    let path_s = path.to_string();
+    opts.retry
+        .run(&name, &path_s, |_, _, _| {}, || store.delete(&path))?;
+    on_event(&Event::Removed {
+        store: name,
+        path: path_s,
+    });
+    Ok(())
 }
 
 /// Write a small file (the manifest or its signature) with retries, reporting each retry and,

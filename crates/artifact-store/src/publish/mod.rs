@@ -250,7 +250,34 @@ pub fn check_store_order(kinds: &[(String, bool, bool)]) -> Result<()> {
     Ok(())
 }
 
-/// Publish `manifest` and the artifacts in `artifacts_dir` to each store in turn.
+/// What a publish does with `model_names_<gen>.json.minisig` beside the manifest.
+///
+/// The one rule: no store is ever left with a signature beside a manifest it does not cover. A
+/// device with trusted keys refuses such a pair, so an old signature left beside a new manifest
+/// would freeze every such device on the generation while publish reported success.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignatureAction<'a> {
+    /// No signature. Refused, before any store is written, when a store holds a signature for
+    /// the generation ([`Refusal::SignedStore`]): sign the publish or say `RemoveSignature`.
+    Unsigned,
+    /// This signature file (the text of `model_names_<gen>.json.minisig` for the manifest's
+    /// canonical bytes, see [`crate::signing`]), written in each store after the guard passed
+    /// and before the manifest. Order: new signature, then new manifest. A kill between them
+    /// leaves the old manifest beside the new signature, which devices refuse for that store
+    /// only (they fall through to the next origin, which is untouched or done), and the next
+    /// run finishes it; the other order would leave the old signature beside the new manifest.
+    Sign(&'a [u8]),
+    /// Publish unsigned on purpose and remove each store's signature; `reason` is recorded.
+    /// Order: remove the signature, then write the manifest. A kill between them leaves the old
+    /// manifest unsigned, which devices with keys refuse as "not signed" — true, and what was
+    /// asked for — rather than a new manifest beside an old signature, which they would refuse
+    /// as "changed after signing", the alarm that must keep meaning tampering. Removing after
+    /// the guard passed means a refused publish removes nothing.
+    RemoveSignature { reason: &'a str },
+}
+
+/// Publish `manifest` and the artifacts in `artifacts_dir` to each store in turn, unsigned
+/// ([`SignatureAction::Unsigned`]: refused where a store holds a signature).
 pub fn publish(
     manifest: &Manifest,
     artifacts_dir: &Path,
@@ -258,21 +285,48 @@ pub fn publish(
     opts: &PublishOptions,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<PublishReport> {
-    publish_signed(manifest, artifacts_dir, stores, opts, None, on_event)
+    publish_signed(
+        manifest,
+        artifacts_dir,
+        stores,
+        opts,
+        SignatureAction::Unsigned,
+        on_event,
+    )
 }
 
-/// [`publish`], with `signature` (the text of `model_names_<gen>.json.minisig` for the
-/// manifest's canonical bytes, see [`crate::signing`]) written beside the manifest in each store
-/// right before it, after the guard passed: the old manifest is never left beside the new
-/// signature by a refused publish, and the new manifest is never live before its signature
-/// (docs/formats.md, "Signed manifests"). The event for it is `ManifestWritten` with the
-/// signature's path.
+/// Refused with [`Refusal::SignedStore`] naming the first store that holds a signature for
+/// `generation`, when `action` is [`SignatureAction::Unsigned`]. Reads only.
+pub fn check_signature_action(
+    stores: &[&dyn Store],
+    generation: manifest::Generation,
+    action: SignatureAction<'_>,
+) -> Result<()> {
+    if action != SignatureAction::Unsigned {
+        return Ok(());
+    }
+    let path = StoreLayout::HfBucket.signature_path(generation);
+    for store in stores {
+        if store.stat(&path)?.is_some() {
+            return Err(Error::Refused(Refusal::SignedStore {
+                store: store.describe(),
+                path,
+            }));
+        }
+    }
+    Ok(())
+}
+
+/// [`publish`], with what to do about the manifest's signature ([`SignatureAction`]): the
+/// signature is written, or removed, in each store right before its manifest, after the guard
+/// passed. The event for a written signature is `ManifestWritten` with the signature's path;
+/// for a removed one, `Removed`.
 pub fn publish_signed(
     manifest: &Manifest,
     artifacts_dir: &Path,
     stores: &[&dyn Store],
     opts: &PublishOptions,
-    signature: Option<&[u8]>,
+    signature: SignatureAction<'_>,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<PublishReport> {
     if let Some(g) = manifest.generation()
@@ -288,6 +342,7 @@ pub fn publish_signed(
         return Err(manifest::Error::Invalid(problems).into());
     }
     check_contract(manifest, stores, opts.generation, &opts.contract)?;
+    check_signature_action(stores, opts.generation, signature)?;
     let local = prepare_local(artifacts_dir, manifest)?;
     let intended: BTreeSet<ModelId> = local.iter().map(|a| a.id.clone()).collect();
     check_before_upload(manifest, &local, &intended, stores, opts)?;

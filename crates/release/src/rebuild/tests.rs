@@ -867,3 +867,59 @@ fn the_generation_is_the_one_of_the_trees_tinygrad() {
         "{e}"
     );
 }
+
+/// Issue 23: the source map and the base manifest are read size-capped and regular-file only:
+/// a FIFO does not hang `rebuild`, /dev/zero behind a symlink is not read, an oversized file is
+/// refused by its size; each error names the file.
+#[test]
+fn planted_source_map_and_base_manifest_are_refused_unread() {
+    let t = tempfile::tempdir().unwrap();
+    let map = t.path().join("map.json");
+    fs::write(
+        &map,
+        br#"{"pop223": {"source_id": "pop223", "input_format": "supercombo"}}"#,
+    )
+    .unwrap();
+    let base_file = t.path().join("base.json");
+    fs::write(&base_file, BASE).unwrap();
+    let fifo = t.path().join("fifo");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let zero = t.path().join("zero");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let big = t.path().join("big.json");
+    fs::write(&big, vec![b' '; (MAX_SOURCE_MAP_BYTES + 1) as usize]).unwrap();
+    let prepare = |map: &Path, base: &Path| {
+        Rebuild::prepare(
+            t.path().join("ws"),
+            map,
+            base,
+            &[],
+            Generation::new(26),
+            PIN.parse().unwrap(),
+        )
+    };
+    assert!(prepare(&map, &base_file).is_ok());
+    for (m, b, named, says) in [
+        (&fifo, &base_file, &fifo, "not a regular file"),
+        (&zero, &base_file, &zero, "not a regular file"),
+        (&big, &base_file, &big, "limit"),
+        (&map, &fifo, &fifo, "not a regular file"),
+        (&map, &zero, &zero, "not a regular file"),
+        (&map, &big, &big, "limit"),
+    ] {
+        let Err(e) = prepare(m, b) else {
+            panic!("{} / {}: prepared", m.display(), b.display())
+        };
+        let e = e.to_string();
+        assert!(
+            e.contains(&*named.to_string_lossy()) && e.contains(says),
+            "{e}"
+        );
+    }
+}
