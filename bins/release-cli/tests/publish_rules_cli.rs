@@ -265,6 +265,8 @@ fn release_validation_names_each_missing_variant_field_with_the_command_that_fix
             "execution_device": "AMD"
         }});
         std::fs::write(&r.manifest, m.to_string()).unwrap();
+        // The records (the rehearsal among them) are of the manifest as it is published.
+        covering_records(&r.workspace, &r.manifest);
         let before = std::fs::read(&r.manifest).unwrap();
         let o = cli(&["manifest", "validate", "--mode", "release", s(&r.manifest)]);
         assert_eq!(
@@ -339,8 +341,37 @@ fn rebuild_rebuilds_a_chestnut_variant_on_the_compiler_and_publish_uploads_it() 
         "accelerator_artifacts": {"chestnut": v25_variant}
     }]});
     write("base.json", base.to_string().as_bytes());
+    // A v26 tree (its pin recorded, as `tinygrad bump` leaves it), synced to the compiler: the
+    // rebuild's generation and pin come from it.
+    write(
+        "op/tinygrad_repo/TINYGRAD_COMMIT",
+        format!("{V26_PIN}\n").as_bytes(),
+    );
+    write("op/tinygrad_repo/tinygrad/tensor.py", b"tensor");
+    write("op/selfdrive/modeld/modeld.py", b"#");
+    write("op/scripts/model_compiler.py", b"#");
+    std::fs::copy(dev.remote_root().join("models"), root.join("op/models")).unwrap();
+    write(
+        "op/tinygrad_pins.json",
+        json!({ "v26": V26_PIN }).to_string().as_bytes(),
+    );
     let ssh_config = s(sshd.ssh_config()).to_string();
     let remote_root = dev.remote_root().to_str().unwrap().to_string();
+    let remote_flags = [
+        "--remote",
+        Sshd::alias(),
+        "--allow-other-compiler",
+        "--ssh-config",
+        &ssh_config,
+        "--remote-root",
+        &remote_root,
+        "--openpilot",
+        "op",
+    ];
+    let mut sync = vec!["sync"];
+    sync.extend(remote_flags);
+    let o = crate::common::cli_in(&sync, root);
+    assert!(o.status.success(), "{}", text(&o.stderr));
     let o = crate::common::cli_in(
         &[
             "rebuild",
@@ -362,8 +393,8 @@ fn rebuild_rebuilds_a_chestnut_variant_on_the_compiler_and_publish_uploads_it() 
             &ssh_config,
             "--remote-root",
             &remote_root,
-            "--tinygrad-commit",
-            V26_PIN,
+            "--openpilot",
+            "op",
         ],
         root,
     );
