@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use manifest::layout::{self, DM_FILES};
 use manifest::pins::PinTable;
-use manifest::{Generation, Manifest, ModelId};
+use manifest::{Artifact, ArtifactSize, ChunkCount, Generation, Manifest, ModelId};
 
 use crate::story::{
     self, Binaries, Request, Result, Running, git, git_identity, init_models_branch,
@@ -376,15 +376,18 @@ impl<'a> Release<'a> {
             );
             return Ok(None);
         }
+        // The command line of the `rehearse` branch (release-cli/src/cmd/rehearse.rs there):
+        // the staged manifest and artifacts, the release's tree, the workspace its record
+        // (results/rehearsal.json, which publish then requires) goes to.
         let ws = self.workspace(generation);
         let mut args = os(&["rehearse", "--generation", &generation.to_string()], []);
-        args.extend(os(&["--workspace"], [&ws]));
         args.extend(os(
             &["--manifest"],
             [&ws.join(format!("ready/model_names_{generation}.json"))],
         ));
         args.extend(os(&["--artifacts"], [&ws.join("ready")]));
         args.extend(os(&["--openpilot"], [&self.openpilot]));
+        args.extend(os(&["--workspace"], [&ws]));
         args.extend(os(&["--device-manager"], [&self.bins.device_manager]));
         self.cli("rehearse", &args, false).map(Some)
     }
@@ -493,20 +496,76 @@ pub fn made_up_tinygrad(dir: &Path) -> Result<String> {
     Ok(git(dir, &["rev-parse", "HEAD"])?.trim().to_string())
 }
 
-/// The base catalog of the first release: the real catalog's entries for [`MODELS`].
-pub fn base_catalog(path: &Path) -> Result<()> {
-    let mut m = Manifest::from_slice(CATALOG.as_bytes()).map_err(|e| e.to_string())?;
-    let keep: Vec<ModelId> = MODELS
-        .iter()
-        .map(|id| model_id(id))
-        .collect::<Result<_>>()?;
-    let all: Vec<ModelId> = m.ids().cloned().collect();
-    for id in all {
-        if !keep.contains(&id) {
-            m.remove(&id);
+impl Release<'_> {
+    /// The live release of `generation` the bump starts from, staged without the compiler (its
+    /// build is not this story's subject): stand-in OOB artifacts chunked with `release-cli
+    /// chunk split` into the workspace's `ready/<id>/`, the real catalog's entries for
+    /// [`MODELS`] with their artifact fields, `generation` and its built-in pin; then the
+    /// built-in from its RDF V4 (`release-cli builtin`) and stand-in DM files in the tree, as
+    /// that release shipped them. Publishing it is [`Release::publish`]'s job.
+    pub fn stage_live_release(&mut self, generation: Generation) -> Result<()> {
+        let start = Instant::now();
+        let pin = PinTable::builtin()
+            .get(generation)
+            .cloned()
+            .ok_or_else(|| format!("{generation} has no built-in pin"))?;
+        let ready = self.workspace(generation).join("ready");
+        let mut m = Manifest::from_slice(CATALOG.as_bytes()).map_err(|e| e.to_string())?;
+        let all: Vec<ModelId> = m.ids().cloned().collect();
+        for id in all {
+            if !MODELS.contains(&id.as_str()) {
+                m.remove(&id);
+            }
         }
+        for (i, id) in MODELS.iter().enumerate() {
+            let split = story::build_chunk_set(
+                self.bins,
+                &self.work,
+                &ready,
+                id,
+                60_000 + 10_000 * i,
+                500 + i as u64,
+                16 * 1024,
+            )?;
+            let artifact = Artifact::tinygrad(
+                ArtifactSize::new(split.size).map_err(|e| e.to_string())?,
+                split.sha256,
+                ChunkCount::new(split.chunks.len() as u64).map_err(|e| e.to_string())?,
+            );
+            m.get_mut(&model_id(id)?)
+                .ok_or_else(|| format!("{id} is not in the catalog"))?
+                .set_artifact_with_chunks(&artifact, &split.chunks)
+                .map_err(|e| e.to_string())?;
+        }
+        m.set_generation(generation);
+        m.set_tinygrad_commit(&pin);
+        write(
+            &ready.join(format!("model_names_{generation}.json")),
+            &m.to_canonical_bytes(),
+        )?;
+        self.steps.push((
+            format!("stage the live {generation} release"),
+            start.elapsed(),
+        ));
+        self.builtin(generation)?;
+        for (i, dm) in DM_FILES.iter().enumerate() {
+            write(
+                &self.openpilot.join("selfdrive/modeld/models").join(dm),
+                &story::stand_in_bytes(700 + i as u64, 4_000),
+            )?;
+        }
+        git(&self.openpilot, &["add", "-A"])?;
+        git(
+            &self.openpilot,
+            &[
+                "commit",
+                "-q",
+                "-m",
+                &format!("{generation} built-in and DM"),
+            ],
+        )?;
+        Ok(())
     }
-    write(path, &m.to_canonical_bytes())
 }
 
 // ---- the device ------------------------------------------------------------------------------

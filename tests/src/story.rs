@@ -501,7 +501,7 @@ pub struct Split {
     pub chunks: Vec<Sha256Digest>,
 }
 
-fn build_chunk_set(
+pub(crate) fn build_chunk_set(
     bins: &Binaries,
     work: &Path,
     ready: &Path,
