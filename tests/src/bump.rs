@@ -388,7 +388,12 @@ impl<'a> Release<'a> {
         args.extend(os(&["--artifacts"], [&ws.join("ready")]));
         args.extend(os(&["--openpilot"], [&self.openpilot]));
         args.extend(os(&["--workspace"], [&ws]));
-        args.extend(os(&["--device-manager"], [&self.bins.device_manager]));
+        // The device binary under test, unless it needs a runner (the aarch64 one under qemu
+        // in `cargo xtask dist --test`): then rehearse's default, the host one beside
+        // release-cli.
+        if self.bins.device_runner.is_none() {
+            args.extend(os(&["--device-manager"], [&self.bins.device_manager]));
+        }
         self.cli("rehearse", &args, false).map(Some)
     }
 

@@ -304,6 +304,9 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
     assert_eq!(r["compiled"], MODELS.len(), "{r}");
     ok(rel.dm());
     ok(rel.builtin(new));
+    // The new DM files and built-in are part of the tree the device validation runs with: sync
+    // again before validating.
+    ok(rel.sync());
     rel.validation_records(new)
         .unwrap_or_else(|e| panic!("{e}"));
     if let Some(r) = rel.rehearse(new).unwrap_or_else(|e| panic!("{e}")) {
@@ -332,6 +335,15 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
             .is_file()
     );
     for id in MODELS {
+        let on_branch = rel.github_checkout.join(format!(
+            "{new}/{id}/{id}{}.chunkmanifest",
+            layout::ARTIFACT_SUFFIX
+        ));
+        assert!(
+            on_branch.is_file(),
+            "{} is not on the branch",
+            on_branch.display()
+        );
         let id = id.parse().unwrap();
         let sha = |m: &manifest::Manifest| m.get(&id).and_then(|e| e.artifact_sha256());
         assert!(
