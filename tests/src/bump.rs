@@ -423,6 +423,51 @@ impl<'a> Release<'a> {
         self.cli(&format!("publish {generation}"), &args, false)
     }
 
+    /// `release-cli publish --dry-run` of `generation`'s workspace, which must be refused by the
+    /// validation gate (exit 3, before any store is opened): the gate's lines, one per missing,
+    /// failed or stale cell.
+    pub fn publish_refused_gaps(&mut self, generation: Generation) -> Result<Vec<String>> {
+        let ws = self.workspace(generation);
+        let mut cmd = Command::new(&self.bins.release_cli);
+        cmd.current_dir(&self.work)
+            .args([
+                "publish",
+                "--dry-run",
+                "--generation",
+                &generation.to_string(),
+            ])
+            .arg("--manifest")
+            .arg(ws.join(format!("ready/model_names_{generation}.json")))
+            .arg("--artifacts")
+            .arg(ws.join("ready"))
+            .arg("--to")
+            .arg(&self.store)
+            .arg("--openpilot")
+            .arg(&self.openpilot)
+            .arg("--workspace")
+            .arg(&ws);
+        let out = cmd
+            .output()
+            .map_err(|e| format!("cannot run release-cli publish: {e}"))?;
+        let err = text(&out.stderr);
+        if out.status.code() != Some(3) || !err.contains("publish refused") {
+            return Err(format!(
+                "publish --dry-run without records was not refused by the gate ({}):\n{err}",
+                out.status
+            ));
+        }
+        Ok(err
+            .lines()
+            .filter(|l| {
+                l.starts_with("  ")
+                    && (l.contains(": missing:")
+                        || l.contains(": stale:")
+                        || l.contains(": failed:"))
+            })
+            .map(|l| l.trim().to_string())
+            .collect())
+    }
+
     /// Commit subjects on the GitHub stand-in's `Models` branch, oldest first.
     pub fn github_commits(&self) -> Result<Vec<String>> {
         Ok(git(
@@ -433,72 +478,6 @@ impl<'a> Release<'a> {
         .map(str::to_string)
         .collect())
     }
-}
-
-/// A stand-in openpilot checkout at `pin`: what `sync` sends (tinygrad_repo/, selfdrive/modeld/,
-/// scripts/model_compiler.py, the compiler `./models` copied from `standin_models`), the DM
-/// ONNX, `MANIFEST_CANDIDATES` in the device code, and for `preflight` a `./dev` and
-/// `.venv/bin/pytest` that stand in for the repository's own (the stand-in pytest fails unless
-/// every test file it is given exists). A git repository with one commit.
-pub fn standin_openpilot_tree(op: &Path, pin: &str, standin_models: &Path) -> Result<()> {
-    write(
-        &op.join("tinygrad_repo/TINYGRAD_COMMIT"),
-        format!("{pin}\n").as_bytes(),
-    )?;
-    write(
-        &op.join("tinygrad_repo/tinygrad/tensor.py"),
-        format!("# the tinygrad of {pin}\n").as_bytes(),
-    )?;
-    write(&op.join("selfdrive/modeld/modeld.py"), b"# modeld\n")?;
-    write(
-        &op.join("selfdrive/modeld/models/dmonitoring_model.onnx"),
-        b"stand-in DM ONNX",
-    )?;
-    write(&op.join("scripts/model_compiler.py"), b"# the compiler\n")?;
-    let models =
-        fs::read(standin_models).map_err(|e| format!("{}: {e}", standin_models.display()))?;
-    write_exec(&op.join("models"), &models)?;
-    write(
-        &op.join("starpilot/assets/model_manager.py"),
-        format!(
-            "import os\nMANIFEST_CANDIDATES = (\"{}\",)\n",
-            current_generation().0
-        )
-        .as_bytes(),
-    )?;
-    write_exec(&op.join("dev"), b"#!/bin/sh\necho \"stand-in ./dev $*\"\n")?;
-    write_exec(
-        &op.join(".venv/bin/pytest"),
-        b"#!/bin/sh\n# stand-in pytest: passes when every test file named exists\nfor a in \"$@\"; do\n  case \"$a\" in -*) ;; *) [ -f \"$a\" ] || { echo \"no such test file: $a\"; exit 4; } ;; esac\ndone\necho \"stand-in pytest: $# args passed\"\n",
-    )?;
-    for t in [
-        "starpilot/assets/tests/test_model_pipeline.py",
-        "common/tests/test_file_chunker.py",
-        "scripts/tests/test_model_release.py",
-    ] {
-        write(&op.join(t), b"def test_it():\n    pass\n")?;
-    }
-    git(op, &["init", "-q"])?;
-    git(op, &["add", "-A"])?;
-    git(
-        op,
-        &["commit", "-q", "-m", "openpilot at the current generation"],
-    )?;
-    Ok(())
-}
-
-/// A made-up tinygrad source: a git repository with one commit whose `HEAD` is the pin of the
-/// next generation. Returns that commit.
-pub fn made_up_tinygrad(dir: &Path) -> Result<String> {
-    write(
-        &dir.join("tinygrad/tensor.py"),
-        b"# a made-up tinygrad for the next generation\n",
-    )?;
-    write(&dir.join("tinygrad/ops.py"), b"# ops\n")?;
-    git(dir, &["init", "-q"])?;
-    git(dir, &["add", "-A"])?;
-    git(dir, &["commit", "-q", "-m", "made-up tinygrad"])?;
-    Ok(git(dir, &["rev-parse", "HEAD"])?.trim().to_string())
 }
 
 impl Release<'_> {
@@ -571,6 +550,72 @@ impl Release<'_> {
         )?;
         Ok(())
     }
+}
+
+/// A stand-in openpilot checkout at `pin`: what `sync` sends (tinygrad_repo/, selfdrive/modeld/,
+/// scripts/model_compiler.py, the compiler `./models` copied from `standin_models`), the DM
+/// ONNX, `MANIFEST_CANDIDATES` in the device code, and for `preflight` a `./dev` and
+/// `.venv/bin/pytest` that stand in for the repository's own (the stand-in pytest fails unless
+/// every test file it is given exists). A git repository with one commit.
+pub fn standin_openpilot_tree(op: &Path, pin: &str, standin_models: &Path) -> Result<()> {
+    write(
+        &op.join("tinygrad_repo/TINYGRAD_COMMIT"),
+        format!("{pin}\n").as_bytes(),
+    )?;
+    write(
+        &op.join("tinygrad_repo/tinygrad/tensor.py"),
+        format!("# the tinygrad of {pin}\n").as_bytes(),
+    )?;
+    write(&op.join("selfdrive/modeld/modeld.py"), b"# modeld\n")?;
+    write(
+        &op.join("selfdrive/modeld/models/dmonitoring_model.onnx"),
+        b"stand-in DM ONNX",
+    )?;
+    write(&op.join("scripts/model_compiler.py"), b"# the compiler\n")?;
+    let models =
+        fs::read(standin_models).map_err(|e| format!("{}: {e}", standin_models.display()))?;
+    write_exec(&op.join("models"), &models)?;
+    write(
+        &op.join("starpilot/assets/model_manager.py"),
+        format!(
+            "import os\nMANIFEST_CANDIDATES = (\"{}\",)\n",
+            current_generation().0
+        )
+        .as_bytes(),
+    )?;
+    write_exec(&op.join("dev"), b"#!/bin/sh\necho \"stand-in ./dev $*\"\n")?;
+    write_exec(
+        &op.join(".venv/bin/pytest"),
+        b"#!/bin/sh\n# stand-in pytest: passes when every test file named exists\nfor a in \"$@\"; do\n  case \"$a\" in -*) ;; *) [ -f \"$a\" ] || { echo \"no such test file: $a\"; exit 4; } ;; esac\ndone\necho \"stand-in pytest: $# args passed\"\n",
+    )?;
+    for t in [
+        "starpilot/assets/tests/test_model_pipeline.py",
+        "common/tests/test_file_chunker.py",
+        "scripts/tests/test_model_release.py",
+    ] {
+        write(&op.join(t), b"def test_it():\n    pass\n")?;
+    }
+    git(op, &["init", "-q"])?;
+    git(op, &["add", "-A"])?;
+    git(
+        op,
+        &["commit", "-q", "-m", "openpilot at the current generation"],
+    )?;
+    Ok(())
+}
+
+/// A made-up tinygrad source: a git repository with one commit whose `HEAD` is the pin of the
+/// next generation. Returns that commit.
+pub fn made_up_tinygrad(dir: &Path) -> Result<String> {
+    write(
+        &dir.join("tinygrad/tensor.py"),
+        b"# a made-up tinygrad for the next generation\n",
+    )?;
+    write(&dir.join("tinygrad/ops.py"), b"# ops\n")?;
+    git(dir, &["init", "-q"])?;
+    git(dir, &["add", "-A"])?;
+    git(dir, &["commit", "-q", "-m", "made-up tinygrad"])?;
+    Ok(git(dir, &["rev-parse", "HEAD"])?.trim().to_string())
 }
 
 // ---- the device ------------------------------------------------------------------------------

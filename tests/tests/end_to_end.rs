@@ -307,6 +307,35 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
     // The new DM files and built-in are part of the tree the device validation runs with: sync
     // again before validating.
     ok(rel.sync());
+    // Without records the gate refuses, naming exactly the cells the records below cover: a
+    // preflight, the three rows of these models (v8, v15, external GPU) at both resolutions,
+    // modelV2, and driverStateV2 at both resolutions (plus the rehearsal once it is a cell).
+    let gaps = rel
+        .publish_refused_gaps(new)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut cells = vec!["preflight".to_string(), "stable modelV2".to_string()];
+    for res in ["1928x1208", "1344x760"] {
+        for row in [
+            "v8 artifact",
+            "v15 artifact",
+            "external-GPU artifact",
+            "DM driverStateV2",
+        ] {
+            cells.push(format!("{row} at {res}"));
+        }
+    }
+    for cell in &cells {
+        assert!(
+            gaps.iter()
+                .any(|g| g.starts_with(cell.as_str()) && g.contains(": missing:")),
+            "the gate does not ask for {cell}: {gaps:?}"
+        );
+    }
+    assert_eq!(
+        gaps.len(),
+        cells.len() + usize::from(bump::REHEARSE_AVAILABLE),
+        "{gaps:#?}"
+    );
     rel.validation_records(new)
         .unwrap_or_else(|e| panic!("{e}"));
     if let Some(r) = rel.rehearse(new).unwrap_or_else(|e| panic!("{e}")) {
