@@ -818,6 +818,18 @@ impl DeviceState {
     }
 }
 
+impl DeviceState {
+    /// `<data>/models` without the manager's own state files (dot files: catalog, caches,
+    /// verification records), which a refresh of the same generation may rewrite.
+    pub fn files_not_the_managers(&self) -> BTreeMap<&str, &str> {
+        self.models
+            .iter()
+            .filter(|(n, _)| !n.starts_with('.'))
+            .map(|(n, d)| (n.as_str(), d.as_str()))
+            .collect()
+    }
+}
+
 /// A driving artifact file by the purge's rule (docs/device.md, "Migration and recovery").
 pub fn is_driving_artifact(name: &str) -> bool {
     name.contains("_driving_") || name.starts_with("driving_")
@@ -853,7 +865,7 @@ impl Mirror {
 /// refreshes against the live release and downloads the selected model; then the leftovers the
 /// Python manager of that generation leaves beside it are added: another model as a native chunk
 /// set, a third as legacy `.pNN` parts with their sidecar (both copied from the live release),
-/// a `local-` model, and the tree's DM files.
+/// a `local-` model, and the tree's DM files; a last refresh of that generation lists them.
 pub fn prepare_old_device(
     bins: &Binaries,
     release: &Release,
@@ -867,7 +879,6 @@ pub fn prepare_old_device(
     refresh(&["refresh"])?;
     device.select(SELECTED, &live)?;
     refresh(&["download", SELECTED])?;
-    refresh(&["refresh"])?;
 
     let models = device.models_dir();
     let name = |id: &str| format!("{id}{}", layout::ARTIFACT_SUFFIX);
@@ -905,6 +916,8 @@ pub fn prepare_old_device(
     for dm in DM_FILES {
         copy_file(&device.builtin_dir().join(dm), &models.join(dm))?;
     }
+    // The manager's own refresh of that generation (as after any boot) lists the local model.
+    refresh(&["refresh"])?;
     Ok(())
 }
 
@@ -947,4 +960,58 @@ fn copy_file(from: &Path, to: &Path) -> Result<()> {
 
 pub fn model_id(id: &str) -> Result<ModelId> {
     id.parse().map_err(|e| format!("{id}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driving_artifacts_are_every_form_but_local_models() {
+        let state = DeviceState {
+            models: [
+                ("tr16223_driving_tinygrad.pkl", true),
+                ("tr16223_driving_tinygrad.pkl.p00", true),
+                ("rdf43_driving_tinygrad.pkl.chunk01of03", true),
+                ("rdf43_driving_tinygrad.pkl.chunkmanifest", true),
+                ("rdf43_driving_tinygrad.pkl.sha256", true),
+                ("driving_tinygrad.pkl", true),
+                ("local-mine_driving_tinygrad.pkl", false),
+                ("dmonitoring_model_tinygrad.pkl", false),
+                ("dm_warp_1344x760_tinygrad.pkl", false),
+                (".model_versions.json", false),
+            ]
+            .iter()
+            .map(|(n, _)| (n.to_string(), "d".to_string()))
+            .collect(),
+            params: BTreeMap::new(),
+        };
+        let mut want: Vec<&str> = [
+            "tr16223_driving_tinygrad.pkl",
+            "tr16223_driving_tinygrad.pkl.p00",
+            "rdf43_driving_tinygrad.pkl.chunk01of03",
+            "rdf43_driving_tinygrad.pkl.chunkmanifest",
+            "rdf43_driving_tinygrad.pkl.sha256",
+            "driving_tinygrad.pkl",
+        ]
+        .to_vec();
+        want.sort();
+        assert_eq!(state.driving_artifacts(), want);
+        assert!(
+            !state
+                .files_not_the_managers()
+                .contains_key(".model_versions.json")
+        );
+        assert_eq!(state.files_not_the_managers().len(), 9);
+    }
+
+    #[test]
+    fn the_current_generation_is_the_newest_pinned_one() {
+        let (generation, pin) = current_generation();
+        assert_eq!(
+            PinTable::builtin().get(generation).map(|p| p.to_string()),
+            Some(pin)
+        );
+        assert!(PinTable::builtin().iter().all(|(g, _)| g <= generation));
+    }
 }

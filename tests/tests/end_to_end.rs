@@ -386,16 +386,45 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
         .unwrap()
         .to_hex();
 
-    // 4. The device's openpilot tree moves to the new tinygrad (the updater swaps it in), and
-    //    the manager runs as its service entry does.
-    device.ship_tree(&rel.openpilot).unwrap();
+    // 4. With the new generation live, a device whose tree is still on the old tinygrad stays
+    //    on the old generation: its files and params do not change.
     let mirror = Mirror::serve(&bins, &rel.store, &t.path().join("serve-new.log")).unwrap();
     device.origins = (mirror.hf_base.clone(), mirror.github_base.clone());
+    device
+        .run_daemon_once(&bins, old)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let unmoved = DeviceState::read(&device).unwrap();
+    assert_eq!(
+        unmoved.params, before.params,
+        "a device on the old tree changed"
+    );
+    assert_eq!(
+        unmoved.files_not_the_managers(),
+        before.files_not_the_managers(),
+        "a device on the old tree changed"
+    );
+    let asked = mirror.requests().unwrap();
+    assert!(
+        !asked.is_empty(),
+        "the device on the old tree asked nothing"
+    );
+    for r in &asked {
+        assert!(
+            r.is_generation_path(&old.to_string()),
+            "device asked for {}",
+            r.target
+        );
+    }
+    let asked = asked.len();
+
+    // 5. The device's openpilot tree moves to the new tinygrad (the updater swaps it in), and
+    //    the manager runs as its service entry does.
+    device.ship_tree(&rel.openpilot).unwrap();
     let log = device
         .run_daemon_once(&bins, new)
         .unwrap_or_else(|e| panic!("{e}"));
 
-    // 5. The end state, read from the device's directories.
+    // 6. The end state, read from the device's directories.
     let after = DeviceState::read(&device).unwrap();
     assert_eq!(
         after.driving_artifacts(),
@@ -421,8 +450,11 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
     assert_eq!(after.params["ActiveSmallModel"], SELECTED);
     // The device asked only for the new generation's paths.
     let requests = mirror.requests().unwrap();
-    assert!(!requests.is_empty(), "the device asked the mirror nothing");
-    for r in &requests {
+    assert!(
+        requests.len() > asked,
+        "the device asked the mirror nothing"
+    );
+    for r in &requests[asked..] {
         assert!(
             r.is_generation_path(&new.to_string()),
             "device asked for {}",
