@@ -259,7 +259,10 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
     {
         let mirror = Mirror::serve(&bins, &rel.store, &t.path().join("serve-old.log")).unwrap();
         device.origins = (mirror.hf_base.clone(), mirror.github_base.clone());
+        let t0 = std::time::Instant::now();
         bump::prepare_old_device(&bins, &rel, &device, old).unwrap_or_else(|e| panic!("{e}"));
+        rel.steps
+            .push(("device: prepare the old device".into(), t0.elapsed()));
     }
     let before = DeviceState::read(&device).unwrap();
     assert_eq!(before.params["ModelManifestVersion"], old.to_string());
@@ -390,9 +393,12 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
     //    on the old generation: its files and params do not change.
     let mirror = Mirror::serve(&bins, &rel.store, &t.path().join("serve-new.log")).unwrap();
     device.origins = (mirror.hf_base.clone(), mirror.github_base.clone());
+    let t0 = std::time::Instant::now();
     device
         .run_daemon_once(&bins, old)
         .unwrap_or_else(|e| panic!("{e}"));
+    rel.steps
+        .push(("device: run on the old tree".into(), t0.elapsed()));
     let unmoved = DeviceState::read(&device).unwrap();
     assert_eq!(
         unmoved.params, before.params,
@@ -420,9 +426,12 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
     // 5. The device's openpilot tree moves to the new tinygrad (the updater swaps it in), and
     //    the manager runs as its service entry does.
     device.ship_tree(&rel.openpilot).unwrap();
+    let t0 = std::time::Instant::now();
     let log = device
         .run_daemon_once(&bins, new)
         .unwrap_or_else(|e| panic!("{e}"));
+    rel.steps
+        .push(("device: run on the new tree".into(), t0.elapsed()));
 
     // 6. The end state, read from the device's directories.
     let after = DeviceState::read(&device).unwrap();
