@@ -268,18 +268,20 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
     assert_eq!(before.params["ModelManifestVersion"], old.to_string());
     assert_eq!(before.params["Model"], SELECTED);
     let old_forms = before.driving_artifacts();
-    for want in [
-        ".pkl",
-        ".pkl.p00",
-        ".pkl.chunk01of",
-        ".pkl.chunkmanifest",
-        ".pkl.sha256",
-    ] {
+    // Every form an old artifact takes: a full PKL, legacy parts, chunks, a chunk manifest, a
+    // sidecar.
+    type IsForm = fn(&str) -> bool;
+    let forms: [(&str, IsForm); 5] = [
+        ("full PKL", |n| n.ends_with(".pkl")),
+        (".pNN part", |n| n.ends_with(".pkl.p00")),
+        ("chunk", |n| n.contains(".pkl.chunk01of")),
+        ("chunk manifest", |n| n.ends_with(".pkl.chunkmanifest")),
+        ("sidecar", |n| n.ends_with(".pkl.sha256")),
+    ];
+    for (form, is) in forms {
         assert!(
-            old_forms
-                .iter()
-                .any(|n| n.contains(want) || n.ends_with(want)),
-            "the old device has no {want} artifact: {old_forms:?}"
+            old_forms.iter().any(|n| is(n)),
+            "the old device has no {form}: {old_forms:?}"
         );
     }
     let selected_file = format!("{SELECTED}{}", layout::ARTIFACT_SUFFIX);
