@@ -308,7 +308,19 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
     let r = ok(rel.rebuild(new, &live_old_path));
     assert_eq!(r["compiled"], MODELS.len(), "{r}");
     ok(rel.dm());
-    ok(rel.builtin(new));
+    let builtin = ok(rel.builtin(new));
+    // Every build record is of the new pin.
+    for id in MODELS {
+        let path = rel.workspace(new).join(format!("results/{id}.json"));
+        let rec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(
+            rec["tinygrad_commit"],
+            new_pin.as_str(),
+            "{}",
+            path.display()
+        );
+    }
     // The new DM files and built-in are part of the tree the device validation runs with: sync
     // again before validating.
     ok(rel.sync());
@@ -437,6 +449,13 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
 
     // 6. The end state, read from the device's directories.
     let after = DeviceState::read(&device).unwrap();
+    // The tree it runs is the new one: the built-in is the new RDF V4 build.
+    let sidecar = device.builtin_dir().join("driving_tinygrad.pkl.sha256");
+    let sidecar = std::fs::read_to_string(&sidecar).unwrap();
+    assert!(
+        sidecar.starts_with(builtin["sha256"].as_str().unwrap()),
+        "{sidecar} vs {builtin}"
+    );
     assert_eq!(
         after.driving_artifacts(),
         vec![selected_file.as_str()],
