@@ -288,7 +288,9 @@ pub struct DeviceRoot {
 }
 
 /// The stand-in `./models`. It parses the real compiler's flags, insists on unambiguous inputs
-/// (the reason staging must start from an empty directory), and writes a real chunk set.
+/// (the reason staging must start from an empty directory), and writes a real chunk set whose
+/// bytes depend on the tree's tinygrad marker, as a real compile does (a bump's rebuild gives
+/// other artifacts than the last generation's).
 const MODELS_STANDIN: &str = r#"#!/usr/bin/env python3
 # Stand-in for StarPilot's ./models (scripts/model_compiler.py) used by tests.
 import hashlib, os, struct, sys
