@@ -292,12 +292,16 @@ impl<'a> Release<'a> {
             .join("\n")
             + "\n";
         write(&file, new.as_bytes())?;
-        git(&self.openpilot, &["add", "-A"])?;
-        git(
-            &self.openpilot,
-            &["commit", "-q", "-m", &format!("tinygrad bump to {to}")],
-        )?;
+        self.commit_tree(&format!("tinygrad bump to {to}"))?;
         Ok(to)
+    }
+
+    /// Commit everything in the openpilot checkout, as the maintainer does after the steps that
+    /// change it (the bump and its hand edit, DM, built-in).
+    pub fn commit_tree(&self, message: &str) -> Result<()> {
+        git(&self.openpilot, &["add", "-A"])?;
+        git(&self.openpilot, &["commit", "-q", "-m", message])?;
+        Ok(())
     }
 
     /// `release-cli preflight`: `./dev sync` and the repository tests of the checkout.
@@ -538,17 +542,7 @@ impl Release<'_> {
                 &story::stand_in_bytes(700 + i as u64, 4_000),
             )?;
         }
-        git(&self.openpilot, &["add", "-A"])?;
-        git(
-            &self.openpilot,
-            &[
-                "commit",
-                "-q",
-                "-m",
-                &format!("{generation} built-in and DM"),
-            ],
-        )?;
-        Ok(())
+        self.commit_tree(&format!("{generation} built-in and DM"))
     }
 }
 

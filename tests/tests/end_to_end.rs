@@ -322,8 +322,10 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
         );
     }
     // The new DM files and built-in are part of the tree the device validation runs with: sync
-    // again before validating.
+    // again before validating, and commit the tree.
     ok(rel.sync());
+    rel.commit_tree(&format!("{new} DM and built-in"))
+        .unwrap_or_else(|e| panic!("{e}"));
     // Without records the gate refuses, naming exactly the cells the records below cover: a
     // preflight, the three rows of these models (v8, v15, external GPU) at both resolutions,
     // modelV2, and driverStateV2 at both resolutions (plus the rehearsal once it is a cell).
