@@ -353,7 +353,8 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
     assert_eq!(
         gaps.len(),
         cells.len() + usize::from(bump::REHEARSE_AVAILABLE),
-        "{gaps:#?}"
+        "{gaps:#?}\n(a rehearsal gap while bump::REHEARSE_AVAILABLE is false means `release-cli \
+         rehearse` is merged: set it to true)"
     );
     rel.validation_records(new)
         .unwrap_or_else(|e| panic!("{e}"));
