@@ -482,9 +482,7 @@ impl<'a> Release<'a> {
         .map(str::to_string)
         .collect())
     }
-}
 
-impl Release<'_> {
     /// The live release of `generation` the bump starts from, staged without the compiler (its
     /// build is not this story's subject): stand-in OOB artifacts chunked with `release-cli
     /// chunk split` into the workspace's `ready/<id>/`, the real catalog's entries for
@@ -810,9 +808,7 @@ impl DeviceState {
             .filter(|n| is_driving_artifact(n) && !n.starts_with("local-"))
             .collect()
     }
-}
 
-impl DeviceState {
     /// `<data>/models` without the manager's own state files (dot files: catalog, caches,
     /// verification records), which a refresh of the same generation may rewrite.
     pub fn files_not_the_managers(&self) -> BTreeMap<&str, &str> {
