@@ -2,4 +2,5 @@
 //! `cargo xtask demo` (the `starpilot-demo` binary) and the integration tests in `tests/tests/`.
 
 pub mod binaries;
+pub mod bump;
 pub mod story;

@@ -341,7 +341,7 @@ impl fmt::Display for Report {
 }
 
 /// Kills a child process when dropped, so a failed step never leaves a server running.
-struct Running(Child);
+pub(crate) struct Running(pub(crate) Child);
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -506,7 +506,7 @@ pub struct Split {
     pub chunks: Vec<Sha256Digest>,
 }
 
-fn build_chunk_set(
+pub(crate) fn build_chunk_set(
     bins: &Binaries,
     work: &Path,
     ready: &Path,
@@ -606,7 +606,7 @@ pub fn stand_in_bytes(seed: u64, len: usize) -> Vec<u8> {
     out
 }
 
-fn git_identity() -> [(&'static str, &'static str); 4] {
+pub(crate) fn git_identity() -> [(&'static str, &'static str); 4] {
     [
         ("GIT_AUTHOR_NAME", "StarPilot release"),
         ("GIT_AUTHOR_EMAIL", "release@localhost"),
@@ -615,7 +615,7 @@ fn git_identity() -> [(&'static str, &'static str); 4] {
     ]
 }
 
-fn git(dir: &Path, args: &[&str]) -> Result<String> {
+pub(crate) fn git(dir: &Path, args: &[&str]) -> Result<String> {
     let out = run(Command::new("git")
         .arg("-C")
         .arg(dir)
@@ -625,7 +625,7 @@ fn git(dir: &Path, args: &[&str]) -> Result<String> {
 }
 
 /// A bare repository standing in for GitHub, with a `Models` branch, and a checkout of it.
-fn init_models_branch(origin: &Path, checkout: &Path) -> Result<()> {
+pub(crate) fn init_models_branch(origin: &Path, checkout: &Path) -> Result<()> {
     let parent = origin.parent().ok_or("origin has no parent")?;
     git(
         parent,
@@ -668,7 +668,7 @@ fn init_models_branch(origin: &Path, checkout: &Path) -> Result<()> {
 
 /// Start `release-cli serve -v` on a free loopback port, logging requests to `log`; its first
 /// stdout line is the base URL.
-fn serve(bins: &Binaries, store: &Path, log: &Path) -> Result<(Running, String)> {
+pub(crate) fn serve(bins: &Binaries, store: &Path, log: &Path) -> Result<(Running, String)> {
     let log = fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
     let mut child = Command::new(&bins.release_cli)
         .arg("serve")
@@ -693,7 +693,7 @@ fn serve(bins: &Binaries, store: &Path, log: &Path) -> Result<(Running, String)>
 }
 
 /// The requests in a `release-cli serve -v` log (`… method=GET target=/… status=200 …`).
-fn parse_serve_log(log: &Path) -> Result<Vec<Request>> {
+pub(crate) fn parse_serve_log(log: &Path) -> Result<Vec<Request>> {
     let text = fs::read_to_string(log).map_err(|e| format!("{}: {e}", log.display()))?;
     let field = |line: &str, key: &str| -> Option<String> {
         line.split_whitespace()
@@ -869,7 +869,7 @@ pub fn digests(dir: &Path) -> Result<BTreeMap<String, String>> {
     Ok(out)
 }
 
-fn params(data: &Path) -> Result<BTreeMap<String, String>> {
+pub fn params(data: &Path) -> Result<BTreeMap<String, String>> {
     let dir = data.join("params/d");
     let mut out = BTreeMap::new();
     for entry in fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
@@ -881,7 +881,7 @@ fn params(data: &Path) -> Result<BTreeMap<String, String>> {
     Ok(out)
 }
 
-fn run(cmd: &mut Command) -> Result<Output> {
+pub(crate) fn run(cmd: &mut Command) -> Result<Output> {
     let out = cmd
         .output()
         .map_err(|e| format!("cannot run {:?}: {e}", cmd.get_program()))?;
@@ -903,6 +903,6 @@ fn model_id(id: &str) -> Result<ModelId> {
     id.parse().map_err(|e| format!("{e}"))
 }
 
-fn text(b: &[u8]) -> String {
+pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

@@ -212,3 +212,307 @@ fn with_the_selected_model_missing_from_v25_the_device_falls_back_to_the_builtin
         r.requests
     );
 }
+
+/// Issue 22's end-to-end bump: the live v25 release, `tinygrad bump` to a made-up commit (v26),
+/// sync and rebuild against the loopback sshd with the stand-in `./models`, DM, built-in, the
+/// validation records, publish to a local store and a git `Models` branch; then a v25 device
+/// whose openpilot tree moves to the new tinygrad runs `device-modeld-manager run` as the
+/// documented service entry does, and its data dir is read directly.
+#[test]
+fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
+    use integration_tests::bump::{
+        self, Compiler, Device, DeviceState, MODELS, Mirror, Release, SELECTED,
+    };
+    use test_support::sshd::{DeviceRoot, Sshd};
+
+    let Some(sshd) = Sshd::start() else { return };
+    let started = std::time::Instant::now();
+    let bins = Binaries::next_to_test_executable().unwrap_or_else(|e| panic!("{e}"));
+    let (old, old_pin) = bump::current_generation();
+    // The compiler comma, still on the current generation's tinygrad.
+    let comma = DeviceRoot::new(Some(&old_pin));
+    let compiler = Compiler {
+        ssh_config: sshd.ssh_config().to_path_buf(),
+        alias: Sshd::alias().to_string(),
+        remote_root: comma.remote_root(),
+        models_dir: comma.models_dir(),
+    };
+    let t = tempfile::tempdir().unwrap();
+    let work = t.path().join("maintainer");
+    let ok = |r: Result<serde_json::Value, String>| r.unwrap_or_else(|e| panic!("{e}"));
+    let mut rel = Release::new(&bins, &compiler, &work, &comma.remote_root().join("models"))
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // 1. The live release of the current generation, staged without the compiler (its build is
+    //    not this test's subject, and its publish record says so).
+    rel.stage_live_release(old)
+        .unwrap_or_else(|e| panic!("{e}"));
+    ok(rel.publish(
+        old,
+        Some("the live release the bump starts from; the bump's own publish is gated"),
+    ));
+    let live_old = rel.live_manifest(old).unwrap();
+
+    // 2. A device of that generation, as its manager leaves it.
+    let mut device = Device::new(&t.path().join("device")).unwrap();
+    device.ship_tree(&rel.openpilot).unwrap();
+    {
+        let mirror = Mirror::serve(&bins, &rel.store, &t.path().join("serve-old.log")).unwrap();
+        device.origins = (mirror.hf_base.clone(), mirror.github_base.clone());
+        let t0 = std::time::Instant::now();
+        bump::prepare_old_device(&bins, &rel, &device, old).unwrap_or_else(|e| panic!("{e}"));
+        rel.steps
+            .push(("device: prepare the old device".into(), t0.elapsed()));
+    }
+    let before = DeviceState::read(&device).unwrap();
+    assert_eq!(before.params["ModelManifestVersion"], old.to_string());
+    assert_eq!(before.params["Model"], SELECTED);
+    let old_forms = before.driving_artifacts();
+    // Every form an old artifact takes: a full PKL, legacy parts, chunks, a chunk manifest, a
+    // sidecar.
+    type IsForm = fn(&str) -> bool;
+    let forms: [(&str, IsForm); 5] = [
+        ("full PKL", |n| n.ends_with(".pkl")),
+        (".pNN part", |n| n.ends_with(".pkl.p00")),
+        ("chunk", |n| n.contains(".pkl.chunk01of")),
+        ("chunk manifest", |n| n.ends_with(".pkl.chunkmanifest")),
+        ("sidecar", |n| n.ends_with(".pkl.sha256")),
+    ];
+    for (form, is) in forms {
+        assert!(
+            old_forms.iter().any(|n| is(n)),
+            "the old device has no {form}: {old_forms:?}"
+        );
+    }
+    let selected_file = format!("{SELECTED}{}", layout::ARTIFACT_SUFFIX);
+    let old_sha = live_old
+        .get(&SELECTED.parse().unwrap())
+        .and_then(|e| e.artifact_sha256())
+        .unwrap()
+        .to_hex();
+    assert_eq!(
+        before.models[&selected_file], old_sha,
+        "the old device's selection"
+    );
+
+    // 3. The bump: a made-up tinygrad at a real commit; the generation comes from the bump.
+    let tinygrad = work.join("tinygrad");
+    let new_pin = bump::made_up_tinygrad(&tinygrad).unwrap();
+    let new = rel
+        .tinygrad_bump(&tinygrad, &new_pin)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(Some(new), old.next(), "the bump names the next generation");
+    let s = ok(rel.sync());
+    assert_eq!(s["tinygrad_commit"], new_pin.as_str());
+    let live_old_path = rel.store.join(format!("manifests/model_names_{old}.json"));
+    let r = ok(rel.rebuild(new, &live_old_path));
+    assert_eq!(r["compiled"], MODELS.len(), "{r}");
+    ok(rel.dm());
+    let builtin = ok(rel.builtin(new));
+    // Every build record is of the new pin.
+    for id in MODELS {
+        let path = rel.workspace(new).join(format!("results/{id}.json"));
+        let rec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(
+            rec["tinygrad_commit"],
+            new_pin.as_str(),
+            "{}",
+            path.display()
+        );
+    }
+    // The new DM files and built-in are part of the tree the device validation runs with: sync
+    // again before validating, and commit the tree.
+    ok(rel.sync());
+    rel.commit_tree(&format!("{new} DM and built-in"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Without records the gate refuses, naming exactly the cells the records below cover: a
+    // preflight, the three rows of these models (v8, v15, external GPU) at both resolutions,
+    // modelV2, and driverStateV2 at both resolutions (plus the rehearsal once it is a cell).
+    let gaps = rel
+        .publish_refused_gaps(new)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut cells = vec!["preflight".to_string(), "stable modelV2".to_string()];
+    for res in ["1928x1208", "1344x760"] {
+        for row in [
+            "v8 artifact",
+            "v15 artifact",
+            "external-GPU artifact",
+            "DM driverStateV2",
+        ] {
+            cells.push(format!("{row} at {res}"));
+        }
+    }
+    for cell in &cells {
+        assert!(
+            gaps.iter()
+                .any(|g| g.starts_with(cell.as_str()) && g.contains(": missing:")),
+            "the gate does not ask for {cell}: {gaps:?}"
+        );
+    }
+    assert_eq!(
+        gaps.len(),
+        cells.len() + usize::from(bump::REHEARSE_AVAILABLE),
+        "{gaps:#?}\n(a rehearsal gap while bump::REHEARSE_AVAILABLE is false means `release-cli \
+         rehearse` is merged: set it to true)"
+    );
+    rel.validation_records(new)
+        .unwrap_or_else(|e| panic!("{e}"));
+    if let Some(r) = rel.rehearse(new).unwrap_or_else(|e| panic!("{e}")) {
+        assert_eq!(r["passed"], true, "{r}");
+    }
+    let report = ok(rel.publish(new, None));
+    assert_eq!(report["validation"]["status"], "passed", "{report}");
+
+    // What the stores hold now: the new manifest, pinned to the made-up commit, last on the
+    // git branch; every model rebuilt (other bytes than the old generation's).
+    let live_new = rel.live_manifest(new).unwrap();
+    assert_eq!(live_new, rel.built_manifest(new).unwrap());
+    assert_eq!(
+        live_new.tinygrad_commit().map(|c| c.to_string()),
+        Some(new_pin.clone())
+    );
+    let commits = rel.github_commits().unwrap();
+    assert_eq!(
+        commits.last().map(String::as_str),
+        Some(format!("Publish model_names_{new}.json").as_str()),
+        "{commits:?}"
+    );
+    assert!(
+        rel.github_checkout
+            .join(format!("model_names_{new}.json"))
+            .is_file()
+    );
+    for id in MODELS {
+        let on_branch = rel.github_checkout.join(format!(
+            "{new}/{id}/{id}{}.chunkmanifest",
+            layout::ARTIFACT_SUFFIX
+        ));
+        assert!(
+            on_branch.is_file(),
+            "{} is not on the branch",
+            on_branch.display()
+        );
+        let id = id.parse().unwrap();
+        let sha = |m: &manifest::Manifest| m.get(&id).and_then(|e| e.artifact_sha256());
+        assert!(
+            sha(&live_new).is_some() && sha(&live_new) != sha(&live_old),
+            "{id}"
+        );
+    }
+    let new_sha = live_new
+        .get(&SELECTED.parse().unwrap())
+        .and_then(|e| e.artifact_sha256())
+        .unwrap()
+        .to_hex();
+
+    // 4. With the new generation live, a device whose tree is still on the old tinygrad stays
+    //    on the old generation: its files and params do not change.
+    let mirror = Mirror::serve(&bins, &rel.store, &t.path().join("serve-new.log")).unwrap();
+    device.origins = (mirror.hf_base.clone(), mirror.github_base.clone());
+    let t0 = std::time::Instant::now();
+    device
+        .run_daemon_once(&bins, old)
+        .unwrap_or_else(|e| panic!("{e}"));
+    rel.steps
+        .push(("device: run on the old tree".into(), t0.elapsed()));
+    let unmoved = DeviceState::read(&device).unwrap();
+    assert_eq!(
+        unmoved.params, before.params,
+        "a device on the old tree changed"
+    );
+    assert_eq!(
+        unmoved.files_not_the_managers(),
+        before.files_not_the_managers(),
+        "a device on the old tree changed"
+    );
+    let asked = mirror.requests().unwrap();
+    assert!(
+        !asked.is_empty(),
+        "the device on the old tree asked nothing"
+    );
+    for r in &asked {
+        assert!(
+            r.is_generation_path(&old.to_string()),
+            "device asked for {}",
+            r.target
+        );
+    }
+    let asked = asked.len();
+
+    // 5. The device's openpilot tree moves to the new tinygrad (the updater swaps it in), and
+    //    the manager runs as its service entry does.
+    device.ship_tree(&rel.openpilot).unwrap();
+    let t0 = std::time::Instant::now();
+    let log = device
+        .run_daemon_once(&bins, new)
+        .unwrap_or_else(|e| panic!("{e}"));
+    rel.steps
+        .push(("device: run on the new tree".into(), t0.elapsed()));
+
+    // 6. The end state, read from the device's directories.
+    let after = DeviceState::read(&device).unwrap();
+    // The tree it runs is the new one: the built-in is the new RDF V4 build.
+    let sidecar = device.builtin_dir().join("driving_tinygrad.pkl.sha256");
+    let sidecar = std::fs::read_to_string(&sidecar).unwrap();
+    assert!(
+        sidecar.starts_with(builtin["sha256"].as_str().unwrap()),
+        "{sidecar} vs {builtin}"
+    );
+    assert_eq!(
+        after.driving_artifacts(),
+        vec![selected_file.as_str()],
+        "old driving artifacts remain (before: {old_forms:?})\n{log}"
+    );
+    assert_eq!(
+        after.models[&selected_file], new_sha,
+        "the selected model is not the published {new} artifact"
+    );
+    let local = format!("{}{}", bump::LOCAL_MODEL, layout::ARTIFACT_SUFFIX);
+    for kept in DM_FILES.iter().copied().chain([local.as_str()]) {
+        assert_eq!(
+            after.models.get(kept),
+            before.models.get(kept),
+            "{kept} changed"
+        );
+        assert!(after.models.contains_key(kept), "{kept} was removed");
+    }
+    assert_eq!(after.params["ModelManifestVersion"], new.to_string());
+    assert_eq!(after.params["Model"], SELECTED);
+    assert_eq!(after.params["DrivingModel"], SELECTED);
+    assert_eq!(after.params["ActiveSmallModel"], SELECTED);
+    // The device asked only for the new generation's paths.
+    let requests = mirror.requests().unwrap();
+    assert!(
+        requests.len() > asked,
+        "the device asked the mirror nothing"
+    );
+    for r in &requests[asked..] {
+        assert!(
+            r.is_generation_path(&new.to_string()),
+            "device asked for {}",
+            r.target
+        );
+    }
+    // And modeld would load the new artifact.
+    let out = device.manager(&bins, new).arg("resolve").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resolved = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or("")
+        .to_string();
+    assert_eq!(
+        Path::new(resolved.trim()),
+        device.models_dir().join(&selected_file)
+    );
+
+    for (step, took) in &rel.steps {
+        eprintln!("bump: {step:<40} {:>6.2} s", took.as_secs_f64());
+    }
+    eprintln!("bump: whole test {:.1} s", started.elapsed().as_secs_f64());
+}

@@ -288,7 +288,9 @@ pub struct DeviceRoot {
 }
 
 /// The stand-in `./models`. It parses the real compiler's flags, insists on unambiguous inputs
-/// (the reason staging must start from an empty directory), and writes a real chunk set.
+/// (the reason staging must start from an empty directory), and writes a real chunk set whose
+/// bytes depend on the tree's tinygrad marker, as a real compile does (a bump's rebuild gives
+/// other artifacts than the last generation's).
 const MODELS_STANDIN: &str = r#"#!/usr/bin/env python3
 # Stand-in for StarPilot's ./models (scripts/model_compiler.py) used by tests.
 import hashlib, os, struct, sys
@@ -327,7 +329,8 @@ def read(name):
             return f.read().strip()
     except FileNotFoundError:
         return None
-print("standin compiler: tinygrad " + (read("../tinygrad_repo/TINYGRAD_COMMIT") or "?"), flush=True)
+tinygrad = read("../tinygrad_repo/TINYGRAD_COMMIT") or "?"
+print("standin compiler: tinygrad " + tinygrad, flush=True)
 os.makedirs(out_dir, exist_ok=True)
 if "--dm" in args:
     srcs = [n for n in inputs if n in ("dmonitoring_model.onnx", "dmonitoring.onnx", "dm.onnx")]
@@ -341,7 +344,7 @@ if "--dm" in args:
         if name == missing:
             continue
         with open(os.path.join(out_dir, name), "wb") as f:
-            f.write(b"DM:" + name.encode() + b":" + hashlib.sha256(data).hexdigest().encode())
+            f.write(b"DM:" + name.encode() + b":" + tinygrad.encode() + b":" + hashlib.sha256(data).hexdigest().encode())
         print("wrote " + name, flush=True)
     sys.exit(0)
 if len(dynamic) != 1:
@@ -364,7 +367,8 @@ elif len(onnx) != 1:
 h = hashlib.sha256()
 for n in sorted(onnx):
     h.update(open(os.path.join(in_dir, n), "rb").read())
-seed = ("%s|%s|%s|%s|" % (model, version, fmt, gpu)).encode() + h.digest()
+# Another tinygrad compiles the same ONNX to other bytes, as the real compiler does.
+seed = ("%s|%s|%s|%s|%s|" % (model, version, fmt, gpu, tinygrad)).encode() + h.digest()
 size = int(read("artifact_size") or "2500")
 blob = bytearray()
 counter = 0
