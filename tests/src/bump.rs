@@ -34,13 +34,6 @@ use crate::story::{
 const CATALOG: &str =
     include_str!("../../crates/manifest/tests/fixtures/model_names_v25.catalog.json");
 
-/// Whether `release-cli rehearse` exists in the binaries under test. It is being added on the
-/// `rehearse` branch (issue 22, item 3); until it is merged, [`Release::rehearse`] is skipped
-/// with a message and `publish` does not require its gate cell. After the merge: set this to
-/// `true` and check the command line in [`Release::rehearse`] against `release-cli rehearse
-/// --help`.
-pub const REHEARSE_AVAILABLE: bool = false;
-
 /// The models the story builds, from the real catalog: a v8 and a v15 QCOM model (rdf43 is also
 /// the RDF V4 built-in) and a v16 external-GPU model. Each is its own validation row.
 pub const MODELS: [&str; 3] = ["tr16223", "rdf43", "bmrlnapv6"];
@@ -370,18 +363,10 @@ impl<'a> Release<'a> {
         Ok(())
     }
 
-    /// `release-cli rehearse` for `generation`'s staged release (issue 22, item 3). Skipped
-    /// (returns `None`) while [`REHEARSE_AVAILABLE`] is false.
-    pub fn rehearse(&mut self, generation: Generation) -> Result<Option<serde_json::Value>> {
-        if !REHEARSE_AVAILABLE {
-            eprintln!(
-                "bump: `release-cli rehearse` is not in this build yet; step skipped \
-                 (set bump::REHEARSE_AVAILABLE once it is merged)"
-            );
-            return Ok(None);
-        }
-        // The command line of the `rehearse` branch (release-cli/src/cmd/rehearse.rs there):
-        // the staged manifest and artifacts, the release's tree, the workspace its record
+    /// `release-cli rehearse` for `generation`'s staged release (issue 22, item 3): its record
+    /// (`--json`), which `publish` then requires.
+    pub fn rehearse(&mut self, generation: Generation) -> Result<serde_json::Value> {
+        // The staged manifest and artifacts, the release's tree, the workspace its record
         // (results/rehearsal.json, which publish then requires) goes to.
         let ws = self.workspace(generation);
         let mut args = os(&["rehearse", "--generation", &generation.to_string()], []);
@@ -398,7 +383,7 @@ impl<'a> Release<'a> {
         if self.bins.device_runner.is_none() {
             args.extend(os(&["--device-manager"], [&self.bins.device_manager]));
         }
-        self.cli("rehearse", &args, false).map(Some)
+        self.cli("rehearse", &args, false)
     }
 
     /// `release-cli publish` of `generation`'s workspace to the local store, then the git
@@ -419,6 +404,8 @@ impl<'a> Release<'a> {
         args.extend(os(&["--to"], [&self.store]));
         args.push("--to".into());
         args.push(format!("github:{}", self.github_checkout.display()).into());
+        // The local store is this story's Hub: it goes first, and GitHub is never ahead of it.
+        args.extend(os(&["--hub"], [&self.store]));
         args.extend(os(&["--openpilot"], [&self.openpilot]));
         match skip {
             Some(reason) => args.extend(os(&["--skip-validation", reason], [])),
@@ -673,7 +660,7 @@ impl Device {
     /// manager starts it": `./device-modeld-manager <subcommand>`, no flags), plus only the
     /// locations a test cannot take from a comma: the data dir, the memory params, the origins,
     /// and where the openpilot tree is ([`tree_flags`]).
-    pub fn manager(&self, bins: &Binaries, tree_generation: Generation) -> Command {
+    pub fn manager(&self, bins: &Binaries) -> Command {
         let mut c = bins.device_command();
         c.current_dir(&self.root)
             .arg("--data-dir")
@@ -686,15 +673,15 @@ impl Device {
                 "--github-base",
                 &self.origins.1,
             ])
-            .args(tree_flags(self, tree_generation));
+            .args(tree_flags(self));
         c
     }
 
     /// `device-modeld-manager run`, the service entry's command: wait until the daemon logs the
     /// result of its first refresh, then stop it with SIGTERM as openpilot's manager does, and
     /// require a clean exit. Returns the daemon's stderr.
-    pub fn run_daemon_once(&self, bins: &Binaries, tree_generation: Generation) -> Result<String> {
-        let mut cmd = self.manager(bins, tree_generation);
+    pub fn run_daemon_once(&self, bins: &Binaries) -> Result<String> {
+        let mut cmd = self.manager(bins);
         cmd.arg("run")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -763,24 +750,12 @@ impl Device {
     }
 }
 
-/// Where the device's openpilot tree is, for the manager. The ONE place to change when the
-/// `devgen` branch (issue 22, item 1: `--openpilot-dir DIR`, the generation read from
-/// `DIR/tinygrad_repo/TINYGRAD_COMMIT` and the pin table) is merged. Replace the body with
-///
-/// ```text
-/// vec!["--openpilot-dir".into(), device.openpilot.clone().into()]
-/// ```
-///
-/// and drop the `tree_generation` parameter (and its callers' argument). Until then the
-/// manager on main cannot read its tree, so this passes `--builtin-dir` under the tree and, for
-/// a generation other than the compiled-in one, the override `--generation` (the generation the
-/// tree's tinygrad marker belongs to, from the bump's report, never a constant).
-pub fn tree_flags(device: &Device, tree_generation: Generation) -> Vec<OsString> {
-    let mut flags: Vec<OsString> = vec!["--builtin-dir".into(), device.builtin_dir().into()];
-    if tree_generation != current_generation().0 {
-        flags.extend(["--generation".into(), tree_generation.to_string().into()]);
-    }
-    flags
+/// Where the device's openpilot tree is, for the manager: `--openpilot-dir`, the one flag a
+/// test adds to the service entry's command line because its tree is not at `/data/openpilot`.
+/// The generation and the built-in come from that tree (`DIR/tinygrad_repo/TINYGRAD_COMMIT`,
+/// the pin table, `DIR/selfdrive/modeld/models`); no `--generation`, no `--builtin-dir`.
+pub fn tree_flags(device: &Device) -> Vec<OsString> {
+    vec!["--openpilot-dir".into(), device.openpilot.clone().into()]
 }
 
 /// What the device holds, read from its directories (not from any report of the manager).
@@ -863,9 +838,8 @@ pub fn prepare_old_device(
     generation: Generation,
 ) -> Result<()> {
     let live = release.live_manifest(generation)?;
-    let refresh = |args: &[&str]| -> Result<()> {
-        run(device.manager(bins, generation).args(args)).map(|_| ())
-    };
+    let refresh =
+        |args: &[&str]| -> Result<()> { run(device.manager(bins).args(args)).map(|_| ()) };
     refresh(&["refresh"])?;
     device.select(SELECTED, &live)?;
     refresh(&["download", SELECTED])?;

@@ -328,7 +328,7 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
         .unwrap_or_else(|e| panic!("{e}"));
     // Without records the gate refuses, naming exactly the cells the records below cover: a
     // preflight, the three rows of these models (v8, v15, external GPU) at both resolutions,
-    // modelV2, and driverStateV2 at both resolutions (plus the rehearsal once it is a cell).
+    // modelV2, and driverStateV2 at both resolutions (plus the rehearsal).
     let gaps = rel
         .publish_refused_gaps(new)
         .unwrap_or_else(|e| panic!("{e}"));
@@ -350,17 +350,20 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
             "the gate does not ask for {cell}: {gaps:?}"
         );
     }
+    assert!(
+        gaps.iter()
+            .any(|g| g.starts_with("rehearsal") && g.contains(": missing:")),
+        "the gate does not ask for the rehearsal: {gaps:?}"
+    );
     assert_eq!(
         gaps.len(),
-        cells.len() + usize::from(bump::REHEARSE_AVAILABLE),
-        "{gaps:#?}\n(a rehearsal gap while bump::REHEARSE_AVAILABLE is false means `release-cli \
-         rehearse` is merged: set it to true)"
+        cells.len() + 1,
+        "{gaps:#?}\n(the cells above and the rehearsal)"
     );
     rel.validation_records(new)
         .unwrap_or_else(|e| panic!("{e}"));
-    if let Some(r) = rel.rehearse(new).unwrap_or_else(|e| panic!("{e}")) {
-        assert_eq!(r["passed"], true, "{r}");
-    }
+    let r = rel.rehearse(new).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r["passed"], true, "{r}");
     let report = ok(rel.publish(new, None));
     assert_eq!(report["validation"]["status"], "passed", "{report}");
 
@@ -412,7 +415,7 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
     device.origins = (mirror.hf_base.clone(), mirror.github_base.clone());
     let t0 = std::time::Instant::now();
     device
-        .run_daemon_once(&bins, old)
+        .run_daemon_once(&bins)
         .unwrap_or_else(|e| panic!("{e}"));
     rel.steps
         .push(("device: run on the old tree".into(), t0.elapsed()));
@@ -445,7 +448,7 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
     device.ship_tree(&rel.openpilot).unwrap();
     let t0 = std::time::Instant::now();
     let log = device
-        .run_daemon_once(&bins, new)
+        .run_daemon_once(&bins)
         .unwrap_or_else(|e| panic!("{e}"));
     rel.steps
         .push(("device: run on the new tree".into(), t0.elapsed()));
@@ -495,7 +498,7 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
         );
     }
     // And modeld would load the new artifact.
-    let out = device.manager(&bins, new).arg("resolve").output().unwrap();
+    let out = device.manager(&bins).arg("resolve").output().unwrap();
     assert!(
         out.status.success(),
         "{}",

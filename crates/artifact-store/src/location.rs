@@ -193,6 +193,22 @@ impl StoreSpec {
         matches!(self, StoreSpec::Github(_))
     }
 
+    /// Whether two names are the same store: the same bucket, or the same directory however it
+    /// is spelt (`./store`, `store/`, an absolute path). Used to tell which `--to` is the one
+    /// `publish --hub` names.
+    pub fn same_store(&self, other: &StoreSpec) -> bool {
+        let place = |p: &std::path::Path| {
+            std::fs::canonicalize(p)
+                .or_else(|_| std::path::absolute(p))
+                .unwrap_or_else(|_| p.to_path_buf())
+        };
+        match (self, other) {
+            (StoreSpec::Local(a), StoreSpec::Local(b))
+            | (StoreSpec::Github(a), StoreSpec::Github(b)) => place(a) == place(b),
+            (a, b) => a == b,
+        }
+    }
+
     /// Open the store. A GitHub checkout is checked (branch, clean, in sync) here.
     pub fn open(&self, hf: &HfConfig, github_branch: &str) -> Result<Box<dyn Store>> {
         Ok(match self {

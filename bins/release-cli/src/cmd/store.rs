@@ -96,7 +96,9 @@ pub struct PublishArgs {
     /// refused: devices try the Hub first, so GitHub is never ahead of it.
     #[arg(long, value_name = "REASON")]
     pub github_only: Option<String>,
-    /// The Hub store whose live manifest a GitHub-only publish is compared with (read only).
+    /// The Hub store whose live manifest a GitHub-only publish is compared with (read only). A
+    /// `--to` naming this same store counts as the Hub: an offline mirror or a directory that
+    /// stands in for the Hub is named here on purpose, and may then go before GitHub.
     #[arg(long, value_name = "STORE", default_value = release::rebuild::DEFAULT_SOURCES)]
     pub hub: String,
     #[command(flatten)]
@@ -363,10 +365,13 @@ fn github_only_gate(
     args: &PublishArgs,
     manifest: &Manifest,
 ) -> CliResult<artifact_store::publish::GithubOnly> {
+    // A `--to` that is the `--hub` store counts as the Hub (an offline mirror, or a directory
+    // standing in for the Hub, named on purpose).
+    let hub = StoreSpec::parse(&args.hub).map_err(store_error)?;
     let kinds: Vec<(bool, bool)> = args
         .to
         .iter()
-        .map(|s| StoreSpec::parse(s).map(|s| (s.is_hf(), s.is_github())))
+        .map(|s| StoreSpec::parse(s).map(|s| (s.is_hf() || s.same_store(&hub), s.is_github())))
         .collect::<Result<_, _>>()
         .map_err(store_error)?;
     let decision = artifact_store::publish::check_github_only(
