@@ -860,6 +860,44 @@ pub struct PublishRecord {
     pub signature_removed: Option<String>,
 }
 
+/// Why a publish may go ahead besides its validation gate: the GitHub-only decision and the
+/// signature opt-out, as `publish` decided them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublishAllowance {
+    pub github_only: artifact_store::publish::GithubOnly,
+    /// `publish --remove-signature REASON`.
+    pub signature_removed: Option<String>,
+}
+
+impl PublishRecord {
+    /// The record of a finished publish of `manifest` (read from `manifest_path`).
+    pub fn new(
+        manifest_path: &std::path::Path,
+        manifest: &Manifest,
+        generation: manifest::Generation,
+        stores: Vec<String>,
+        models: Vec<String>,
+        validation: GateOutcome,
+        allowance: PublishAllowance,
+    ) -> Self {
+        Self {
+            generation,
+            manifest: manifest_path.to_path_buf(),
+            manifest_sha256: Sha256Digest::of_bytes(&manifest.to_canonical_bytes()),
+            tinygrad_commit: manifest.tinygrad_commit(),
+            published_at: UtcTime::now(),
+            stores,
+            models,
+            validation,
+            github_only: match allowance.github_only {
+                artifact_store::publish::GithubOnly::NotGithubOnly => None,
+                other => Some(other),
+            },
+            signature_removed: allowance.signature_removed,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

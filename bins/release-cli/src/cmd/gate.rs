@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use manifest::{Generation, Manifest};
-use release::gate::{GateOutcome, PublishRecord, UtcTime};
+use manifest::Manifest;
+use release::gate::{GateOutcome, PublishRecord};
 
 use crate::output::print_json;
 use crate::{CliError, CliResult};
@@ -147,32 +147,8 @@ pub fn check_publish(
 }
 
 /// Write the publish record beside the manifest; returns its path.
-pub fn write_publish_record(
-    manifest_path: &Path,
-    manifest: &Manifest,
-    generation: Generation,
-    stores: &[String],
-    models: &[String],
-    validation: &GateOutcome,
-    github_only: &artifact_store::publish::GithubOnly,
-    signature_removed: Option<&str>,
-) -> CliResult<PathBuf> {
-    let path = release::records::publish_record_path(manifest_path);
-    let rec = PublishRecord {
-        generation,
-        manifest: manifest_path.to_path_buf(),
-        manifest_sha256: chunker::Sha256Digest::of_bytes(&manifest.to_canonical_bytes()),
-        tinygrad_commit: manifest.tinygrad_commit(),
-        published_at: UtcTime::now(),
-        stores: stores.to_vec(),
-        models: models.to_vec(),
-        validation: validation.clone(),
-        github_only: match github_only {
-            artifact_store::publish::GithubOnly::NotGithubOnly => None,
-            other => Some(other.clone()),
-        },
-        signature_removed: signature_removed.map(str::to_owned),
-    };
-    release::records::write(&path, &rec).map_err(release_error)?;
+pub fn write_publish_record(record: &PublishRecord) -> CliResult<PathBuf> {
+    let path = release::records::publish_record_path(&record.manifest);
+    release::records::write(&path, record).map_err(release_error)?;
     Ok(path)
 }

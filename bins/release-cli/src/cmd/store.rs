@@ -309,18 +309,18 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
         None
     } else {
         Some(super::gate::write_publish_record(
-            &args.manifest,
-            &manifest,
-            args.generation,
-            &report
-                .stores
-                .iter()
-                .map(|s| s.store.clone())
-                .collect::<Vec<_>>(),
-            &report.models,
-            &validation,
-            &github_only,
-            args.remove_signature.as_deref(),
+            &release::gate::PublishRecord::new(
+                &args.manifest,
+                &manifest,
+                args.generation,
+                report.stores.iter().map(|s| s.store.clone()).collect(),
+                report.models.clone(),
+                validation.clone(),
+                release::gate::PublishAllowance {
+                    github_only: github_only.clone(),
+                    signature_removed: args.remove_signature.clone(),
+                },
+            ),
         )?)
     };
     if json {

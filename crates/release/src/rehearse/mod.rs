@@ -77,8 +77,8 @@ pub struct RehearsalRecord {
     pub tinygrad_commit: Option<GitCommit>,
     pub openpilot: PathBuf,
     pub device_manager: PathBuf,
-    /// How the device was told its generation: `--openpilot-dir DIR` (it follows the tree) or
-    /// `--generation vNN --builtin-dir DIR` (a manager without `--openpilot-dir`).
+    /// How the device was told where its tree is: `--openpilot-dir DIR` (it follows the tree:
+    /// generation and built-in come from it).
     pub device_args: Vec<String>,
     /// The `kept` device's selected model, and the `dropped` device's (absent from the catalog).
     pub selected: ModelId,
@@ -300,19 +300,6 @@ fn walk(dir: &Path, rel: &str, depth: u32, out: &mut BTreeMap<String, Sha256Dige
     Ok(())
 }
 
-/// Whether this manager follows the openpilot tree (`--openpilot-dir`).
-fn follows_tree(device_manager: &Path) -> Result<bool> {
-    let out = Command::new(device_manager)
-        .arg("--help")
-        .output()
-        .map_err(|source| Error::Spawn {
-            command: format!("{} --help", device_manager.display()),
-            dir: PathBuf::from("."),
-            source,
-        })?;
-    Ok(String::from_utf8_lossy(&out.stdout).contains("--openpilot-dir"))
-}
-
 /// One manager run, appended to `log`.
 fn manager(
     bin: &Path,
@@ -424,20 +411,13 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
     let url = server.url();
     say(&format!("serving it on {url}"));
 
+    // The device follows its tree, as on a comma: its generation is the one of the tree's
+    // tinygrad, its built-in under the tree (docs/device.md, "Which generation").
     let builtin_dir = opts.openpilot.join(crate::tree::BUILTIN_DIR);
-    let device_args: Vec<String> = if follows_tree(&opts.device_manager)? {
-        vec![
-            "--openpilot-dir".into(),
-            opts.openpilot.display().to_string(),
-        ]
-    } else {
-        vec![
-            "--generation".into(),
-            g.to_string(),
-            "--builtin-dir".into(),
-            builtin_dir.display().to_string(),
-        ]
-    };
+    let device_args: Vec<String> = vec![
+        "--openpilot-dir".into(),
+        opts.openpilot.display().to_string(),
+    ];
     let keys = opts.openpilot.join(TREE_TRUSTED_KEYS);
     let catalog: BTreeMap<ModelId, Sha256Digest> = m
         .models()
