@@ -912,6 +912,17 @@ fn a_rotation_file_with_one_damaged_block_verifies_by_the_other() {
         "{}",
         text(&o.stderr)
     );
+    // Block 1 without its untrusted comment line (not a four-line block any more): it is
+    // skipped, block 2 still verifies.
+    let mut no_comment = lines.clone();
+    no_comment.remove(0);
+    std::fs::write(&sig_path, no_comment.join("\n") + "\n").unwrap();
+    let o = cli(&["manifest", "verify", "--key", s(&b_pub), "--json", m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["accepted"], true, "{r}");
+    assert!(r["blocks"][0]["error"].is_string(), "{r}");
+    assert!(r["blocks"][1]["verified_by"].is_string(), "{r}");
     // Both blocks damaged: malformed, naming the first.
     lines[5] = "RWQ*also*broken*".to_string();
     std::fs::write(&sig_path, lines.join("\n") + "\n").unwrap();

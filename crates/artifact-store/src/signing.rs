@@ -309,14 +309,18 @@ pub fn check_signature(
     let blocks = signature::signature_blocks(signature_text)?;
     let mut out = Vec::new();
     for (i, block) in blocks.iter().enumerate() {
-        let sig = match minisign::SignatureBox::from_string(block.as_str()) {
+        let decoded = match block.defect() {
+            Some(defect) => Err(defect),
+            None => minisign::SignatureBox::from_string(block.as_str()).map_err(|e| e.to_string()),
+        };
+        let sig = match decoded {
             Ok(sig) => sig,
             Err(e) => {
                 out.push(BlockCheck {
                     block: i + 1,
                     verified_by: None,
                     comment: block.trusted_comment().to_string(),
-                    error: Some(e.to_string()),
+                    error: Some(e),
                 });
                 continue;
             }
