@@ -833,6 +833,35 @@ fn an_unsigned_publish_over_a_signed_store_is_refused_or_removes_the_signature_o
     let o = publish(&["--sign-key", s(&key), "--remove-signature", "x"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
 
+    // A dry run of the removal says, per store, that it would remove the signature, and
+    // changes nothing (text and JSON).
+    let o = publish(&["--dry-run", "--remove-signature", "x"]);
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(
+        out.matches("model_names_v25.json.minisig: would remove")
+            .count(),
+        2,
+        "{out}"
+    );
+    let o = publish(&["--dry-run", "--remove-signature", "x", "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    // Events come first, one JSON line each; the report is the last line.
+    let r: Value = serde_json::from_str(text(&o.stdout).lines().last().unwrap()).unwrap();
+    for st in r["stores"].as_array().unwrap() {
+        assert_eq!(st["signature"], "would_remove", "{r}");
+    }
+    assert_eq!((snapshot(&store), remote.remote_subjects()), before);
+    assert!(
+        !t.path().join("model_names_v25.publish.json").exists() || {
+            let rec: Value = serde_json::from_slice(
+                &std::fs::read(t.path().join("model_names_v25.publish.json")).unwrap(),
+            )
+            .unwrap();
+            rec["signature_removed"].is_null()
+        }
+    );
+
     // On purpose: the signature goes from both stores, before the manifest (the commit order on
     // the remote shows it), the warning names the consequence, the record keeps the reason.
     let o = publish(&[
@@ -846,6 +875,14 @@ fn an_unsigned_publish_over_a_signed_store_is_refused_or_removes_the_signature_o
         "{err}"
     );
     assert!(!live_sig.exists() && !gh_sig.exists());
+    assert_eq!(
+        text(&o.stdout)
+            .matches("model_names_v25.json.minisig: removed")
+            .count(),
+        2,
+        "{}",
+        text(&o.stdout)
+    );
     let commits = remote.remote_files_per_commit();
     let last_sig = commits
         .iter()
