@@ -432,10 +432,23 @@ impl Device {
     ) -> Result<Option<Manifest>> {
         use manifest::signature::{MAX_SIGNATURE_BYTES, Refusal};
         let generation = self.config.generation;
-        let sig = read_capped(
+        // A signature file that cannot be read (oversized, a FIFO, a symlink to a device) is a
+        // catalog that does not verify, like a missing or damaged one: `refresh` stores the
+        // signed pair again.
+        let sig = match read_capped(
             &self.models_dir().join(CATALOG_SIGNATURE_FILE),
             MAX_SIGNATURE_BYTES,
-        )?;
+        ) {
+            Ok(sig) => sig,
+            Err(e) => {
+                return Err(Error::CatalogNotTrusted {
+                    path,
+                    refusal: Refusal::Malformed {
+                        reason: e.to_string(),
+                    },
+                });
+            }
+        };
         let floor = crate::trust_state::floor_for_read(self);
         match downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, floor) {
             Ok(_) => {}
