@@ -480,6 +480,18 @@ fn real_minisign_unattended_and_passphrase_keys_both_sign() {
         said.contains("Trusted comment: generation=v25 release=1 expires="),
         "{said}"
     );
+    // The next step names the .pub beside the key, and works when copied.
+    let err = text(&o.stderr);
+    let next = err
+        .lines()
+        .find_map(|l| l.strip_prefix("next: check it with `"))
+        .and_then(|l| l.split('`').next())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(next.contains(s(&t.path().join("ci.pub"))), "{next}");
+    let argv: Vec<&str> = next.split(' ').collect();
+    assert_eq!(argv[0], "minisign", "{next}");
+    let v = Command::new(&minisign).args(&argv[1..]).output().unwrap();
+    assert!(v.status.success(), "{next}: {}", text(&v.stderr));
 
     // The passphrase key, then both during a rotation: the first key's block is what
     // `minisign -V` checks, and each key verifies its own block with our verifier.
