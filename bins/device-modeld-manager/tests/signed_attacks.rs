@@ -549,3 +549,186 @@ fn a_corrupt_trust_file_is_replaced_from_the_param_and_two_bad_copies_are_named(
         "both"
     );
 }
+
+/// The stat signature `.verified.json` keeps for a plain artifact file (device, inode, size,
+/// mtime, ctime), as a writer of `/data/models` can compute it for a file it planted.
+fn stat_signature(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::symlink_metadata(path).unwrap();
+    format!(
+        "{}:{}:{}:{}.{}:{}.{};",
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec()
+    )
+}
+
+/// The verification cache `.verified.json` lives in `/data/models` too: a writer of that
+/// directory plants other bytes and a cache entry matching their stat, either claiming the
+/// signed digest (`verified`) or a digest verified "against an earlier catalog" (`outdated`).
+/// With trusted keys the cache decides nothing: `resolve` and `status` hash the file, answer
+/// the built-in, and a refresh puts the genuine model back (nothing lost).
+#[test]
+fn a_forged_verification_cache_beside_a_planted_file_answers_the_built_in() {
+    let w = world();
+    w.with_builtin();
+    let a = Key::new();
+    let keys = w.keys_file("a.pub", &[&a]);
+    let m1 = w.m1();
+    w.selecting_pop("dev", &keys, &m1, &a.sign(&m1, &comment(1)));
+    let models = w.models("dev");
+    let pop_path = models.join("pop223_driving_tinygrad.pkl");
+    let (r, _) = w.resolve("dev", &keys);
+    assert_eq!(r["path"], json!(pop_path), "{r}");
+    let cache_path = models.join(".verified.json");
+    let genuine: Value = serde_json::from_slice(&fs::read(&cache_path).unwrap()).unwrap();
+    let name = "pop223_driving_tinygrad.pkl";
+    assert!(genuine[name]["catalog_verified"] == true, "{genuine}");
+
+    let evil = evil();
+    for (what, claimed_sha, claimed_size) in [
+        (
+            "the signed digest",
+            genuine[name]["sha256"].clone(),
+            genuine[name]["size"].clone(),
+        ),
+        (
+            "an earlier verified copy",
+            json!(sha256_hex(&evil)),
+            json!(evil.len()),
+        ),
+    ] {
+        for f in files_of(&models, name) {
+            fs::remove_file(models.join(f)).unwrap();
+        }
+        fs::write(&pop_path, &evil).unwrap();
+        let mut cache = genuine.clone();
+        cache[name] = json!({
+            "signature": stat_signature(&pop_path),
+            "sha256": claimed_sha,
+            "size": claimed_size,
+            "catalog_verified": true,
+        });
+        fs::write(&cache_path, serde_json::to_vec(&cache).unwrap()).unwrap();
+
+        let (r, err) = w.resolve("dev", &keys);
+        assert_eq!(r["builtin"], true, "{what}: {r} {err}");
+        let s = w.status("dev", Some(&keys));
+        assert_ne!(s["resolved"], json!(pop_path), "{what}: {s}");
+        assert_eq!(fs::read(&pop_path).unwrap(), evil, "{what}");
+    }
+
+    // Nothing lost: a refresh (and the download it starts for the selected model) puts the
+    // genuine bytes back, and they are answered again.
+    let out = w.run("dev", Some(&keys), &["refresh"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = w.run("dev", Some(&keys), &["download", "pop223"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(fs::read(&pop_path).unwrap(), w.pop_bytes);
+    let (r, err) = w.resolve("dev", &keys);
+    assert_eq!(r["path"], json!(pop_path), "{r} {err}");
+}
+
+/// `run` with a deadline: a read that blocks on a planted FIFO fails the test instead of
+/// hanging it.
+fn run_within(w: &World, device: &str, keys: &Path, args: &[&str]) -> Output {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (dir, url) = (w.dir.path().to_path_buf(), w.server.url());
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let (device, keys, shown) = (device.to_string(), keys.to_path_buf(), args.clone());
+    std::thread::spawn(move || {
+        let mut c = manager(
+            &dir.join(&device),
+            &dir.join(&device).join("shm"),
+            &dir.join("builtin"),
+            &dir.join("sys"),
+            &url,
+        );
+        c.arg("--trusted-keys").arg(&keys).args(&args);
+        let _ = tx.send(c.stdin(Stdio::null()).output().unwrap());
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("{shown:?} hung on a planted file"))
+}
+
+/// The device's trust files and `--trusted-keys` planted as a FIFO or a symlink to `/dev/zero`:
+/// read capped and only as regular files, so nothing hangs or fills memory. A planted keys file
+/// is an error naming it (never "unprotected"); a planted catalog signature or catalog makes
+/// `resolve` answer the built-in; a refresh stores the signed pair again (nothing lost).
+#[test]
+fn planted_trust_files_are_refused_without_hanging_or_reading_them() {
+    let w = world();
+    w.with_builtin();
+    let a = Key::new();
+    let keys = w.keys_file("a.pub", &[&a]);
+    let m1 = w.m1();
+    w.selecting_pop("dev", &keys, &m1, &a.sign(&m1, &comment(1)));
+    let models = w.models("dev");
+    let pop_path = models.join("pop223_driving_tinygrad.pkl");
+    let planted = w.dir.path().join("planted");
+    fs::create_dir_all(&planted).unwrap();
+    let fifo = planted.join("fifo");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let zero = planted.join("zero");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+
+    for bad in [&fifo, &zero] {
+        let out = run_within(&w, "dev", bad, &["status", "--json"]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert!(
+            stderr(&out).contains("not a regular file")
+                && stderr(&out).contains(bad.to_str().unwrap()),
+            "{}",
+            text(&out)
+        );
+    }
+
+    for name in [".catalog.json.minisig", ".catalog.json"] {
+        let path = models.join(name);
+        let kept = fs::read(&path).unwrap();
+        for bad in [&fifo, &zero] {
+            fs::remove_file(&path).unwrap();
+            std::os::unix::fs::symlink(bad, &path).unwrap();
+            let out = run_within(&w, "dev", &keys, &["resolve", "--json"]);
+            assert!(out.status.success(), "{name}: {}", text(&out));
+            let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(r["builtin"], true, "{name} -> {bad:?}: {r}");
+            // `status` reports a planted signature as a catalog not used; a planted catalog
+            // as a corrupt state file, named (as without keys).
+            let out = run_within(&w, "dev", &keys, &["status", "--json"]);
+            if name == ".catalog.json" {
+                assert_eq!(out.status.code(), Some(1), "{name}: {}", text(&out));
+                assert!(
+                    stderr(&out).contains(path.to_str().unwrap()),
+                    "{}",
+                    text(&out)
+                );
+            } else {
+                assert!(out.status.success(), "{name}: {}", text(&out));
+                let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+                assert!(
+                    s["catalog_problem"]
+                        .as_str()
+                        .is_some_and(|p| p.contains("not a regular file")),
+                    "{s}"
+                );
+            }
+        }
+        // Nothing lost: a refresh stores the signed pair again.
+        let out = run_within(&w, "dev", &keys, &["refresh"]);
+        assert!(out.status.success(), "{name}: {}", text(&out));
+        assert_eq!(fs::read(&path).unwrap(), kept, "{name}");
+        let (r, err) = w.resolve("dev", &keys);
+        assert_eq!(r["path"], json!(pop_path), "{name}: {r} {err}");
+    }
+}

@@ -170,12 +170,25 @@ fn planted_files_are_refused_without_hanging_or_reading_them() {
     assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
     assert!(text(&o.stderr).contains("limit"), "{}", text(&o.stderr));
 
-    // A public key file that is a FIFO; a manifest that is one.
-    let mut c = command();
-    c.args(["manifest", "verify", "--key", s(&fifo), m]);
-    let o = within_deadline(c);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
-    assert!(text(&o.stderr).contains("not a regular file"));
+    // A public or secret key file that is a FIFO or /dev/zero; a manifest that is one.
+    let sig_before = std::fs::read(manifest.with_extension("json.minisig")).unwrap();
+    for bad in [&fifo, &zero] {
+        for sub in ["verify", "sign"] {
+            let mut c = command();
+            c.args(["manifest", sub, "--key", s(bad), m]);
+            let o = within_deadline(c);
+            assert_eq!(o.status.code(), Some(2), "{sub}: {}", text(&o.stderr));
+            assert!(
+                text(&o.stderr).contains("not a regular file") && text(&o.stderr).contains("next:"),
+                "{sub}: {}",
+                text(&o.stderr)
+            );
+        }
+    }
+    assert_eq!(
+        std::fs::read(manifest.with_extension("json.minisig")).unwrap(),
+        sig_before
+    );
     for sub in ["validate", "fmt"] {
         let mut c = command();
         c.args(["manifest", sub, s(&fifo)]);

@@ -480,6 +480,18 @@ fn real_minisign_unattended_and_passphrase_keys_both_sign() {
         said.contains("Trusted comment: generation=v25 release=1 expires="),
         "{said}"
     );
+    // The next step names the .pub beside the key, and works when copied.
+    let err = text(&o.stderr);
+    let next = err
+        .lines()
+        .find_map(|l| l.strip_prefix("next: check it with `"))
+        .and_then(|l| l.split('`').next())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(next.contains(s(&t.path().join("ci.pub"))), "{next}");
+    let argv: Vec<&str> = next.split(' ').collect();
+    assert_eq!(argv[0], "minisign", "{next}");
+    let v = Command::new(&minisign).args(&argv[1..]).output().unwrap();
+    assert!(v.status.success(), "{next}: {}", text(&v.stderr));
 
     // The passphrase key, then both during a rotation: the first key's block is what
     // `minisign -V` checks, and each key verifies its own block with our verifier.
@@ -833,6 +845,35 @@ fn an_unsigned_publish_over_a_signed_store_is_refused_or_removes_the_signature_o
     let o = publish(&["--sign-key", s(&key), "--remove-signature", "x"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
 
+    // A dry run of the removal says, per store, that it would remove the signature, and
+    // changes nothing (text and JSON).
+    let o = publish(&["--dry-run", "--remove-signature", "x"]);
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(
+        out.matches("model_names_v25.json.minisig: would remove")
+            .count(),
+        2,
+        "{out}"
+    );
+    let o = publish(&["--dry-run", "--remove-signature", "x", "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    // Events come first, one JSON line each; the report is the last line.
+    let r: Value = serde_json::from_str(text(&o.stdout).lines().last().unwrap()).unwrap();
+    for st in r["stores"].as_array().unwrap() {
+        assert_eq!(st["signature"], "would_remove", "{r}");
+    }
+    assert_eq!((snapshot(&store), remote.remote_subjects()), before);
+    assert!(
+        !t.path().join("model_names_v25.publish.json").exists() || {
+            let rec: Value = serde_json::from_slice(
+                &std::fs::read(t.path().join("model_names_v25.publish.json")).unwrap(),
+            )
+            .unwrap();
+            rec["signature_removed"].is_null()
+        }
+    );
+
     // On purpose: the signature goes from both stores, before the manifest (the commit order on
     // the remote shows it), the warning names the consequence, the record keeps the reason.
     let o = publish(&[
@@ -846,6 +887,14 @@ fn an_unsigned_publish_over_a_signed_store_is_refused_or_removes_the_signature_o
         "{err}"
     );
     assert!(!live_sig.exists() && !gh_sig.exists());
+    assert_eq!(
+        text(&o.stdout)
+            .matches("model_names_v25.json.minisig: removed")
+            .count(),
+        2,
+        "{}",
+        text(&o.stdout)
+    );
     let commits = remote.remote_files_per_commit();
     let last_sig = commits
         .iter()
@@ -912,6 +961,17 @@ fn a_rotation_file_with_one_damaged_block_verifies_by_the_other() {
         "{}",
         text(&o.stderr)
     );
+    // Block 1 without its untrusted comment line (not a four-line block any more): it is
+    // skipped, block 2 still verifies.
+    let mut no_comment = lines.clone();
+    no_comment.remove(0);
+    std::fs::write(&sig_path, no_comment.join("\n") + "\n").unwrap();
+    let o = cli(&["manifest", "verify", "--key", s(&b_pub), "--json", m]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["accepted"], true, "{r}");
+    assert!(r["blocks"][0]["error"].is_string(), "{r}");
+    assert!(r["blocks"][1]["verified_by"].is_string(), "{r}");
     // Both blocks damaged: malformed, naming the first.
     lines[5] = "RWQ*also*broken*".to_string();
     std::fs::write(&sig_path, lines.join("\n") + "\n").unwrap();

@@ -239,7 +239,14 @@ impl VerifyingKey {
     /// Public keys from a `.pub` file (several may be concatenated), or the public half of a
     /// secret key.
     pub fn load_all(path: &Path) -> Result<Vec<Self>> {
-        let text = read_key_file(path)?;
+        const NEXT: &str = "next: pass the public key file `minisign -G` wrote (e.g. release.pub)";
+        let text = read_key_file(path).map_err(|e| match e {
+            Error::Signing { path, message } => Error::Signing {
+                path,
+                message: format!("{message}\n{NEXT}"),
+            },
+            other => other,
+        })?;
         let bad = |message: String| Error::Signing {
             path: path.to_path_buf(),
             message,
@@ -259,7 +266,7 @@ impl VerifyingKey {
             keys.push(Self::from_public(pk));
         }
         if keys.is_empty() {
-            return Err(bad("no public key in the file".into()));
+            return Err(bad(format!("no public key in the file\n{NEXT}")));
         }
         Ok(keys)
     }
@@ -309,14 +316,18 @@ pub fn check_signature(
     let blocks = signature::signature_blocks(signature_text)?;
     let mut out = Vec::new();
     for (i, block) in blocks.iter().enumerate() {
-        let sig = match minisign::SignatureBox::from_string(block.as_str()) {
+        let decoded = match block.defect() {
+            Some(defect) => Err(defect),
+            None => minisign::SignatureBox::from_string(block.as_str()).map_err(|e| e.to_string()),
+        };
+        let sig = match decoded {
             Ok(sig) => sig,
             Err(e) => {
                 out.push(BlockCheck {
                     block: i + 1,
                     verified_by: None,
                     comment: block.trusted_comment().to_string(),
-                    error: Some(e.to_string()),
+                    error: Some(e),
                 });
                 continue;
             }

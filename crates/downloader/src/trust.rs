@@ -363,8 +363,12 @@ pub fn not_installable_text(file: &str, missing: &[Unsigned]) -> String {
     )
 }
 
-fn decode(block: &SignatureBlock) -> std::result::Result<Signature, minisign_verify::Error> {
-    Signature::decode(block.as_str())
+/// A block not in minisign's four-line form is never decoded (its defect is the reason).
+fn decode(block: &SignatureBlock) -> std::result::Result<Signature, String> {
+    if let Some(defect) = block.defect() {
+        return Err(defect);
+    }
+    Signature::decode(block.as_str()).map_err(|e| e.to_string())
 }
 
 /// The trust refusals inside a manifest fetch failure, per origin.

@@ -225,8 +225,12 @@ impl SignatureBlock {
     }
 }
 
-/// Split a signature file into its blocks. Blank lines between blocks and `\r\n` endings are
-/// tolerated; anything that is not whole four-line blocks is refused.
+/// Split a signature file into its blocks: a block starts at an `untrusted comment:` line or
+/// after a whole four-line block (so stray lines form a block of their own). Blank lines between blocks and
+/// `\r\n` endings are tolerated. A block without minisign's four-line form is kept, in its
+/// place, and answers [`SignatureBlock::defect`]: callers skip it like an undecodable block, so
+/// a rotation file with one damaged block still verifies by its good one. Refused as a whole:
+/// an empty file, or more than [`MAX_SIGNATURE_BLOCKS`] blocks.
 pub fn signature_blocks(text: &str) -> std::result::Result<Vec<SignatureBlock>, Refusal> {
     let malformed = |reason: String| Refusal::Malformed { reason };
     let lines: Vec<&str> = text
@@ -237,32 +241,46 @@ pub fn signature_blocks(text: &str) -> std::result::Result<Vec<SignatureBlock>, 
     if lines.is_empty() {
         return Err(malformed("the file is empty".into()));
     }
-    if !lines.len().is_multiple_of(4) {
-        return Err(malformed(format!(
-            "{} non-empty lines; a minisign signature is blocks of 4",
-            lines.len()
-        )));
-    }
-    let blocks: Vec<SignatureBlock> = lines
-        .chunks(4)
-        .map(|b| SignatureBlock(format!("{}\n{}\n{}\n{}\n", b[0], b[1], b[2], b[3])))
-        .collect();
-    if blocks.len() > MAX_SIGNATURE_BLOCKS {
-        return Err(malformed(format!(
-            "{} signature blocks, more than {MAX_SIGNATURE_BLOCKS}",
-            blocks.len()
-        )));
-    }
-    for (i, b) in blocks.iter().enumerate() {
-        let l: Vec<&str> = b.0.lines().collect();
-        if !l[0].starts_with("untrusted comment:") || !l[2].starts_with("trusted comment: ") {
-            return Err(malformed(format!(
-                "block {} does not have minisign's untrusted/trusted comment lines",
-                i + 1
-            )));
+    let whole = |g: &[&str]| {
+        g.len() == 4
+            && g[0].starts_with("untrusted comment:")
+            && g[2].starts_with("trusted comment: ")
+    };
+    let mut groups: Vec<Vec<&str>> = Vec::new();
+    for line in lines {
+        match groups.last_mut() {
+            Some(g) if !line.starts_with("untrusted comment:") && !whole(g) => g.push(line),
+            _ => groups.push(vec![line]),
         }
     }
-    Ok(blocks)
+    if groups.len() > MAX_SIGNATURE_BLOCKS {
+        return Err(malformed(format!(
+            "{} signature blocks, more than {MAX_SIGNATURE_BLOCKS}",
+            groups.len()
+        )));
+    }
+    Ok(groups
+        .iter()
+        .map(|g| SignatureBlock(g.iter().map(|l| format!("{l}\n")).collect()))
+        .collect())
+}
+
+impl SignatureBlock {
+    /// Why this block is not in minisign's form (four lines: `untrusted comment:`, signature,
+    /// `trusted comment: `, global signature), or `None`. A defective block is never decoded.
+    pub fn defect(&self) -> Option<String> {
+        let l: Vec<&str> = self.0.lines().collect();
+        if l.len() != 4 {
+            return Some(format!(
+                "{} lines; a minisign signature block is 4",
+                l.len()
+            ));
+        }
+        if !l[0].starts_with("untrusted comment:") || !l[2].starts_with("trusted comment: ") {
+            return Some("does not have minisign's untrusted/trusted comment lines".into());
+        }
+        None
+    }
 }
 
 /// Join blocks into one signature file (the first is what `minisign -V` checks).
@@ -279,7 +297,11 @@ impl SignatureBlock {
                 reason: format!("expected one signature block, found {}", blocks.len()),
             });
         }
-        Ok(blocks.remove(0))
+        let block = blocks.remove(0);
+        match block.defect() {
+            Some(reason) => Err(Refusal::Malformed { reason }),
+            None => Ok(block),
+        }
     }
 }
 
@@ -764,16 +786,31 @@ mod tests {
         assert_eq!(b[1].as_str(), block);
         assert_eq!(b[0].trusted_comment(), "generation=v25 release=1 expires=9");
         assert_eq!(join_signature_blocks(&b), format!("{block}{block}"));
-        for bad in [
-            "".to_string(),
-            "untrusted comment: x\nRUQ=\n".to_string(),
-            block.replace("trusted comment: g", "comment: g"),
-            block.repeat(MAX_SIGNATURE_BLOCKS + 1),
-        ] {
+        for bad in ["".to_string(), block.repeat(MAX_SIGNATURE_BLOCKS + 1)] {
             assert!(
                 matches!(signature_blocks(&bad), Err(Refusal::Malformed { .. })),
                 "{bad:?}"
             );
+        }
+        // A damaged block is kept in its place with its defect; the good one is intact.
+        for damaged in [
+            "untrusted comment: x\nRUQ=\n".to_string(),
+            block.replace("trusted comment: g", "comment: g"),
+            "extra line\n".to_string(),
+            "RUQ=\ntrusted comment: generation=v25 release=1 expires=9\nAAA=\n".to_string(),
+            "garbage before any block\n".to_string(),
+        ] {
+            for (file, bad_at, good_at) in [
+                (format!("{damaged}{block}"), 0, 1),
+                (format!("{block}{damaged}"), 1, 0),
+            ] {
+                let b = signature_blocks(&file).unwrap();
+                assert_eq!(b.len(), 2, "{file:?}");
+                assert!(b[bad_at].defect().is_some(), "{file:?}");
+                assert_eq!(b[good_at].defect(), None, "{file:?}");
+                assert_eq!(b[good_at].as_str(), block);
+            }
+            assert!(SignatureBlock::from_minisign_text(&damaged).is_err());
         }
         assert!(SignatureBlock::from_minisign_text(&two).is_err());
         assert_eq!(

@@ -432,10 +432,23 @@ impl Device {
     ) -> Result<Option<Manifest>> {
         use manifest::signature::{MAX_SIGNATURE_BYTES, Refusal};
         let generation = self.config.generation;
-        let sig = read_capped(
+        // A signature file that cannot be read (oversized, a FIFO, a symlink to a device) is a
+        // catalog that does not verify, like a missing or damaged one: `refresh` stores the
+        // signed pair again.
+        let sig = match read_capped(
             &self.models_dir().join(CATALOG_SIGNATURE_FILE),
             MAX_SIGNATURE_BYTES,
-        )?;
+        ) {
+            Ok(sig) => sig,
+            Err(e) => {
+                return Err(Error::CatalogNotTrusted {
+                    path,
+                    refusal: Refusal::Malformed {
+                        reason: e.to_string(),
+                    },
+                });
+            }
+        };
         let floor = crate::trust_state::floor_for_read(self);
         match downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, floor) {
             Ok(_) => {}
@@ -611,7 +624,13 @@ impl Device {
         };
         let name = layout::artifact_file_name(entry.id()).to_string();
         let mut cache = self.load_cache();
+        // With trusted keys the cache decides nothing: it sits in `/data/models`, where a writer
+        // could plant other bytes beside an entry matching their stat (claiming the signed
+        // digest, or an earlier verified copy). The file is hashed every time, and only the
+        // signed catalog's digest makes it verified (no `Outdated` from the cache).
+        let trust_cache = !self.is_protected();
         if !force
+            && trust_cache
             && let Some(c) = cache.get(&name)
             && c.signature == sig
         {
@@ -633,11 +652,12 @@ impl Device {
             Ok(report) => {
                 let matches = fits(&report.sha256.to_hex(), report.size);
                 // The same bytes, verified against an earlier catalog: still that verified copy.
-                let earlier = cache.get(&name).is_some_and(|c| {
-                    c.catalog_verified
-                        && c.sha256 == report.sha256.to_hex()
-                        && c.size == report.size
-                });
+                let earlier = trust_cache
+                    && cache.get(&name).is_some_and(|c| {
+                        c.catalog_verified
+                            && c.sha256 == report.sha256.to_hex()
+                            && c.size == report.size
+                    });
                 cache.insert(
                     name,
                     CacheEntry {

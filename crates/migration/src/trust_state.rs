@@ -337,7 +337,7 @@ pub fn store_accepted(device: &Device, fetched: &FetchedManifest) -> Result<()> 
             .and_then(|b| String::from_utf8(b).ok())
             .and_then(|t| manifest::signature::signature_blocks(&t).ok())
             .and_then(|blocks| blocks.into_iter().next())
-            .filter(|b| *b != new);
+            .filter(|b| *b != new && b.defect().is_none());
             if let Some(old) = old {
                 device.write_file(
                     CATALOG_SIGNATURE_FILE,

@@ -286,6 +286,29 @@ fn the_stored_catalog_rule_for_v25_and_a_made_up_v26() {
                 Some(true),
             ),
             (
+                "a block without its untrusted comment line before the good one",
+                body.to_vec(),
+                Some(format!(
+                    "RWQAAAAA\ntrusted comment: {}\nAAAA\n{}",
+                    comment(&g_s, 3, later.0),
+                    signed(&kp, body, comment(&g_s, 3, later.0))
+                )),
+                3,
+                Some(3),
+                Some(true),
+            ),
+            (
+                "a good block followed by a stray line",
+                body.to_vec(),
+                Some(format!(
+                    "{}stray line\n",
+                    signed(&kp, body, comment(&g_s, 3, later.0))
+                )),
+                3,
+                Some(3),
+                Some(true),
+            ),
+            (
                 "only a damaged block",
                 body.to_vec(),
                 Some(format!(

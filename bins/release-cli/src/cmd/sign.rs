@@ -225,9 +225,17 @@ pub fn sign(a: SignArgs) -> CliResult {
         comment.expires,
         output.display()
     )?;
+    // The public key `minisign -G` wrote beside the (first) secret key, when it is there.
+    let public = a
+        .key
+        .first()
+        .map(|k| k.with_extension("pub"))
+        .filter(|p| p.is_file())
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "release.pub".into());
     cli_support::info!(
-        "next: check it with `minisign -V -p release.pub -m {} -x {}` or `release-cli manifest \
-         verify --key release.pub {0}`",
+        "next: check it with `minisign -V -p {public} -m {} -x {}` or `release-cli manifest \
+         verify --key {public} {0}`",
         a.manifest.display(),
         output.display()
     );

@@ -440,6 +440,15 @@ fn print_report(report: &PublishReport) {
             s.manifest_path,
             s.manifest.replace('_', " ")
         );
+        if let Some(sig) = s.signature {
+            let _ = writeln!(
+                out,
+                "  signature {}{}: {}",
+                s.manifest_path,
+                manifest::signature::SIGNATURE_SUFFIX,
+                sig.replace('_', " ")
+            );
+        }
     }
 }
 

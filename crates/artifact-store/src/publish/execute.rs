@@ -84,6 +84,7 @@ pub(super) fn publish_one(
         first_publish: false,
         manifest: "unchanged",
         manifest_path: layout.manifest_path(opts.generation).to_string(),
+        signature: None,
     };
     if !opts.dry_run {
         on_event(&Event::StoreStarted {
@@ -180,16 +181,17 @@ pub(super) fn publish_one(
     // 4. The signature (written, or removed), then the manifest, last; why in this order is
     // said on [`SignatureAction`].
     match signature {
-        SignatureAction::Sign(sig) if !opts.dry_run => write_signature(store, opts, sig, on_event)?,
-        SignatureAction::RemoveSignature { .. } if !opts.dry_run => {
-            remove_signature(store, opts, on_event)?
+        SignatureAction::Sign(sig) => {
+            rep.signature = Some(write_signature(store, opts, sig, on_event)?)
+        }
+        SignatureAction::RemoveSignature { .. } => {
+            rep.signature = Some(remove_signature(store, opts, on_event)?)
         }
         // Checked before any store was written; checked again here, right before the manifest,
         // in case a signature appeared since.
         SignatureAction::Unsigned => {
             super::check_signature_action(&[store], opts.generation, signature)?
         }
-        _ => {}
     }
     if live_bytes.as_deref() == Some(manifest_bytes) {
         rep.manifest = "unchanged";
@@ -206,33 +208,42 @@ pub(super) fn publish_one(
     Ok(rep)
 }
 
-/// Write the manifest's signature file unless the store already holds exactly it.
+/// Write the manifest's signature file unless the store already holds exactly it (in a dry
+/// run, only say what would happen). Returns the report's `signature` word.
 fn write_signature(
     store: &dyn Store,
     opts: &PublishOptions,
     sig: &[u8],
     on_event: &mut dyn FnMut(&Event),
-) -> Result<()> {
+) -> Result<&'static str> {
     let path = StoreLayout::HfBucket.signature_path(opts.generation);
     if store
         .read_small(&path, manifest::signature::MAX_SIGNATURE_BYTES)?
         .as_deref()
         == Some(sig)
     {
-        return Ok(());
+        return Ok("unchanged");
     }
-    write_small(store, opts.retry, &path, sig, on_event)
+    if opts.dry_run {
+        return Ok("would_write");
+    }
+    write_small(store, opts.retry, &path, sig, on_event)?;
+    Ok("written")
 }
 
-/// Remove the generation's signature file, if the store holds one.
+/// Remove the generation's signature file, if the store holds one (in a dry run, only say
+/// whether it would). Returns the report's `signature` word.
 fn remove_signature(
     store: &dyn Store,
     opts: &PublishOptions,
     on_event: &mut dyn FnMut(&Event),
-) -> Result<()> {
+) -> Result<&'static str> {
     let path = StoreLayout::HfBucket.signature_path(opts.generation);
     if store.stat(&path)?.is_none() {
-        return Ok(());
+        return Ok("absent");
+    }
+    if opts.dry_run {
+        return Ok("would_remove");
     }
     let name = store.describe();
     let path_s = path.to_string();
@@ -242,7 +253,7 @@ fn remove_signature(
         store: name,
         path: path_s,
     });
-    Ok(())
+    Ok("removed")
 }
 
 /// Write a small file (the manifest or its signature) with retries, reporting each retry and,

@@ -225,6 +225,11 @@ pub struct StoreReport {
     /// `written`, `unchanged`, or in a dry run `would_write` / `unchanged`.
     pub manifest: &'static str,
     pub manifest_path: String,
+    /// The signature file beside the manifest, when the publish signs or removes it: `written`,
+    /// `unchanged`, `removed`, `absent` (nothing to remove), or in a dry run `would_write` /
+    /// `would_remove` / `unchanged` / `absent`. `None` for an unsigned publish.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
