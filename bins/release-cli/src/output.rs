@@ -131,6 +131,7 @@ impl From<release::Error> for CliError {
             E::Pins { .. }
             | E::BumpRefused { .. }
             | E::CheckoutAtOtherCommit { .. }
+            | E::CheckoutDirty { .. }
             | E::CheckoutWithoutCommit { .. }
             | E::SidecarMismatch { .. }
             | E::ReusePin { .. }

@@ -1568,3 +1568,96 @@ fn compiler_dry_runs_check_locally_print_the_plan_and_connect_to_nothing() {
     );
     assert!(!root.join("logs").exists() && !root.join("ws").exists());
 }
+
+/// A git checkout with a modified or untracked file is not its HEAD commit: `tinygrad bump`
+/// refuses it (exit 3), naming the files and the next step, and the tree is unchanged; once
+/// clean, the same command bumps. For v25 -> v26 and a made-up v26 -> v27 alike.
+#[test]
+fn tinygrad_bump_refuses_a_checkout_with_changes_its_commit_does_not_have() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let repo = root.join("tg");
+    let git = |a: &[&str]| {
+        Command::new("git")
+            .args(a)
+            .current_dir(&repo)
+            .env("GIT_AUTHOR_NAME", "dev")
+            .env("GIT_AUTHOR_EMAIL", "dev@localhost")
+            .env("GIT_COMMITTER_NAME", "dev")
+            .env("GIT_COMMITTER_EMAIL", "dev@localhost")
+            .output()
+    };
+    write(&repo.join("tinygrad/tensor.py"), b"v26 tinygrad");
+    if git(&["init", "-q"]).is_err() {
+        return;
+    }
+    let op = root.join("op");
+    write(
+        &op.join("tinygrad_repo/TINYGRAD_COMMIT"),
+        format!("{PIN}\n").as_bytes(),
+    );
+    let bump = || {
+        cli(
+            &[
+                "tinygrad",
+                "bump",
+                "--openpilot",
+                "op",
+                "--tinygrad-src",
+                "tg",
+            ],
+            root,
+        )
+    };
+    for (from, to) in [("v25", "v26"), ("v26", "v27")] {
+        git(&["add", "-A"]).unwrap();
+        assert!(git(&["commit", "-q", "-m", to]).unwrap().status.success());
+        let head = text(&git(&["rev-parse", "HEAD"]).unwrap().stdout)
+            .trim()
+            .to_string();
+        write(&repo.join("tinygrad/tensor.py"), b"edited, not committed");
+        write(&repo.join("tinygrad/extra.py"), b"untracked");
+        write(
+            &op.join("starpilot/assets/model_manager.py"),
+            format!("MANIFEST_CANDIDATES = (\"{from}\",)\n").as_bytes(),
+        );
+        let before = snapshot(&op);
+        let out = bump();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{from} -> {to}: {err}");
+        assert!(
+            err.contains(&format!("tg is a git checkout at {head} with changes"))
+                && err.contains("M tinygrad/tensor.py")
+                && err.contains("?? tinygrad/extra.py")
+                && err.contains("nothing was changed")
+                && err.contains("git -C tg stash --include-untracked"),
+            "{from} -> {to}: {err}"
+        );
+        assert_eq!(snapshot(&op), before, "{from} -> {to}: the tree changed");
+        // The next step, as printed: set the changes aside, and the bump goes through.
+        assert!(
+            git(&["stash", "-q", "--include-untracked"])
+                .unwrap()
+                .status
+                .success()
+        );
+        let out = bump();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{from} -> {to}: {}",
+            text(&out.stderr)
+        );
+        let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(
+            said.contains(&format!("next generation: {from} -> {to}")),
+            "{said}"
+        );
+        assert_eq!(
+            fs::read_to_string(op.join("tinygrad_repo/TINYGRAD_COMMIT")).unwrap(),
+            format!("{head}\n")
+        );
+        // The next generation's tinygrad is a new commit.
+        write(&repo.join("tinygrad/tensor.py"), b"v27 tinygrad");
+    }
+}

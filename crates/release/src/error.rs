@@ -176,6 +176,24 @@ pub enum Error {
         commit: GitCommit,
     },
 
+    /// A git checkout with changes its HEAD commit does not have: the copy would not be the
+    /// commit it is recorded as.
+    #[error(
+        "{} is a git checkout at {head} with changes that commit does not have ({}); the copy \
+         would not be tinygrad {head}, and nothing was changed. next: commit them (a new commit \
+         is a new pin) or set them aside (`git -C {} stash --include-untracked`), then run the \
+         bump again",
+        path.display(),
+        changes.join(", "),
+        path.display()
+    )]
+    CheckoutDirty {
+        path: PathBuf,
+        head: GitCommit,
+        /// `git status --porcelain` lines, at most ten (then `…`).
+        changes: Vec<String>,
+    },
+
     /// `tinygrad bump` from a tree without git metadata and without `--commit`.
     #[error(
         "{} is not a git checkout, so its commit cannot be read from it; pass --commit SHA (the \

@@ -265,14 +265,47 @@ fn source_commit(src: &Path, given: Option<&GitCommit>) -> Result<(GitCommit, So
             detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         });
     };
-    match given {
-        Some(c) if *c != head => Err(Error::CheckoutAtOtherCommit {
+    if let Some(c) = given.filter(|c| **c != head) {
+        return Err(Error::CheckoutAtOtherCommit {
             path: src.to_path_buf(),
             head: head.to_string(),
             commit: c.clone(),
-        }),
-        _ => Ok((head, SourceKind::Git)),
+        });
     }
+    // Every file but `.git` is copied, so a modified or untracked file (ignored ones are build
+    // output and stay allowed) would be recorded as HEAD without being it.
+    let status = std::process::Command::new("git")
+        .arg("-C")
+        .arg(src)
+        .args(["status", "--porcelain", "--untracked-files=all"])
+        .output()
+        .map_err(|source| Error::Git {
+            path: src.to_path_buf(),
+            source,
+        })?;
+    if !status.status.success() {
+        return Err(Error::CheckoutWithoutCommit {
+            path: src.to_path_buf(),
+            detail: String::from_utf8_lossy(&status.stderr).trim().to_string(),
+        });
+    }
+    let lines: Vec<String> = String::from_utf8_lossy(&status.stdout)
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    if !lines.is_empty() {
+        let mut changes: Vec<String> = lines.iter().take(10).cloned().collect();
+        if lines.len() > 10 {
+            changes.push(format!("… {} more", lines.len() - 10));
+        }
+        return Err(Error::CheckoutDirty {
+            path: src.to_path_buf(),
+            head,
+            changes,
+        });
+    }
+    Ok((head, SourceKind::Git))
 }
 
 /// Copy `src` (without git metadata) beside `<op>/tinygrad_repo`, write its TINYGRAD_COMMIT,
@@ -764,6 +797,10 @@ mod tests {
         Some(git(dir, &["rev-parse", "HEAD"])?.parse().unwrap())
     }
 
+    fn checkout_head(dir: &Path) -> GitCommit {
+        git(dir, &["rev-parse", "HEAD"]).unwrap().parse().unwrap()
+    }
+
     #[test]
     fn the_commit_of_a_bump_source() {
         let t = tempfile::tempdir().unwrap();
@@ -795,6 +832,32 @@ mod tests {
                 .contains(&format!("leave --commit out to bump to {head}")),
             "{e}"
         );
+        // A modified or an untracked file is not HEAD: refused, naming it; an ignored one
+        // (build output) is fine.
+        fs::write(repo.join(".gitignore"), b"__pycache__/\n").unwrap();
+        git(&repo, &["add", ".gitignore"]).unwrap();
+        git(&repo, &["commit", "-q", "-m", "ignore"]).unwrap();
+        let head = checkout_head(&repo);
+        fs::create_dir_all(repo.join("tinygrad/__pycache__")).unwrap();
+        fs::write(repo.join("tinygrad/__pycache__/tensor.pyc"), b"pyc").unwrap();
+        assert_eq!(
+            source_commit(&repo, None).unwrap(),
+            (head.clone(), SourceKind::Git)
+        );
+        fs::write(repo.join("tinygrad/tensor.py"), b"edited").unwrap();
+        fs::write(repo.join("tinygrad/extra.py"), b"new").unwrap();
+        let e = source_commit(&repo, Some(&head)).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, Error::CheckoutDirty { .. }), "{e:?}");
+        assert!(
+            text.contains("M tinygrad/tensor.py")
+                && text.contains("?? tinygrad/extra.py")
+                && text.contains("stash --include-untracked"),
+            "{text}"
+        );
+        git(&repo, &["checkout", "-q", "tinygrad/tensor.py"]).unwrap();
+        fs::remove_file(repo.join("tinygrad/extra.py")).unwrap();
+        assert_eq!(source_commit(&repo, None).unwrap(), (head, SourceKind::Git));
         // A fresh `git init` has no HEAD commit.
         let empty = t.path().join("empty");
         fs::create_dir_all(&empty).unwrap();
