@@ -130,6 +130,7 @@ impl From<release::Error> for CliError {
             | E::PinNoStoreChecked { .. } => CliError::usage(e),
             E::Pins { .. }
             | E::BumpRefused { .. }
+            | E::BumpPinned { .. }
             | E::CheckoutAtOtherCommit { .. }
             | E::CheckoutDirty { .. }
             | E::CheckoutWithoutCommit { .. }

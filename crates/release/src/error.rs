@@ -106,6 +106,28 @@ pub enum Error {
     #[error("tinygrad bump refused: {refusal}")]
     BumpRefused { refusal: manifest::PinRefusal },
 
+    /// `tinygrad bump` to a new commit while the generation it would make already has a pin:
+    /// either that pin was mistyped, or MANIFEST_CANDIDATES still names the older generation.
+    #[error(
+        "tinygrad bump refused: {generation} is already pinned (tinygrad_pins.json in {}), and \
+         the current generation the bump starts from is the one before it; nothing was \
+         changed. next: if {commit} is {generation}'s right pin, correct it with `release-cli \
+         tinygrad pin --openpilot {} --generation {generation} --commit {commit} --store \
+         STORE` (every store you publish to); if it is the tinygrad of the generation after \
+         {generation}, first set MANIFEST_CANDIDATES to (\"{generation}\",) ({}), then run \
+         the bump again",
+        openpilot.display(),
+        openpilot.display(),
+        candidates.as_deref().unwrap_or("not found under starpilot/")
+    )]
+    BumpPinned {
+        generation: Generation,
+        commit: GitCommit,
+        openpilot: PathBuf,
+        /// Where MANIFEST_CANDIDATES is defined (`file:line`).
+        candidates: Option<String>,
+    },
+
     /// `tinygrad pin` of a generation whose pin is built into the tools.
     #[error(
         "{generation}'s pin {pin} is built into this release of the tools, not recorded in a \

@@ -165,12 +165,27 @@ pub fn bump(req: &BumpRequest) -> Result<BumpReport> {
     // has, or a second pin for the next generation, is refused.
     let mut pins = load_pins(Some(&req.openpilot))?;
     let candidates = find_manifest_candidates(&req.openpilot);
-    let current = candidates
-        .as_ref()
-        .and_then(|(_, _, gens)| gens.iter().max().copied())
-        .unwrap_or(manifest::layout::CURRENT_GENERATION);
+    let tree_generation = tree_marker(&req.openpilot)?.and_then(|c| pins.owner_of(&c));
+    let current = current_generation(
+        candidates
+            .as_ref()
+            .and_then(|(_, _, gens)| gens.iter().max().copied()),
+        tree_generation,
+    );
     let (commit, kind) = source_commit(src, req.commit.as_ref())?;
-    let generation = next_generation(&mut pins, current, &commit)?;
+    let generation = next_generation(&mut pins, current, &commit).map_err(|e| match e {
+        Error::BumpRefused {
+            refusal: manifest::PinRefusal::Conflict { generation, .. },
+        } => Error::BumpPinned {
+            generation,
+            commit: commit.clone(),
+            openpilot: req.openpilot.clone(),
+            candidates: candidates
+                .as_ref()
+                .map(|(p, line, _)| format!("{}:{line}", p.display())),
+        },
+        other => other,
+    })?;
     let source = TinygradSource {
         commit: commit.clone(),
         kind,
@@ -217,6 +232,23 @@ pub fn bump(req: &BumpRequest) -> Result<BumpReport> {
         written,
         removed,
     })
+}
+
+/// The generation a bump starts from: the newest in `MANIFEST_CANDIDATES` (`candidates`); where
+/// the tree has none, the generation whose pin the tree's tinygrad is (`tree`); else the
+/// newest built-in one. Pure.
+pub fn current_generation(candidates: Option<Generation>, tree: Option<Generation>) -> Generation {
+    candidates
+        .or(tree)
+        .unwrap_or(manifest::layout::CURRENT_GENERATION)
+}
+
+/// `<openpilot>/tinygrad_repo/TINYGRAD_COMMIT`, capped and regular-file-only; `None` when it
+/// is missing or not a commit (the bump replaces it).
+fn tree_marker(openpilot: &Path) -> Result<Option<GitCommit>> {
+    let path = openpilot.join("tinygrad_repo/TINYGRAD_COMMIT");
+    Ok(chunker::bounded::read_capped(&path, 1024)?
+        .and_then(|b| String::from_utf8_lossy(&b).trim().parse().ok()))
 }
 
 /// The generation a bump to `commit` makes, recorded into `pins`: `None` when `commit` is
@@ -704,6 +736,32 @@ mod tests {
             vec![Generation::new(24), Generation::new(25)]
         );
         assert!(parse_generations(" = ()").is_empty());
+    }
+
+    /// MANIFEST_CANDIDATES first; a tree without it is on the generation of its tinygrad (v25
+    /// or a made-up v26); with neither, the newest built-in generation.
+    #[test]
+    fn the_generation_a_bump_starts_from() {
+        let (v25, v26, v27) = (
+            Generation::new(25),
+            Generation::new(26),
+            Generation::new(27),
+        );
+        let cases = [
+            (Some(v25), Some(v26), v25),
+            (Some(v26), Some(v26), v26),
+            (Some(v27), None, v27),
+            (None, Some(v26), v26),
+            (None, Some(v25), v25),
+            (None, None, manifest::layout::CURRENT_GENERATION),
+        ];
+        for (candidates, tree, want) in cases {
+            assert_eq!(
+                current_generation(candidates, tree),
+                want,
+                "{candidates:?} {tree:?}"
+            );
+        }
     }
 
     #[test]
