@@ -268,7 +268,8 @@ pub enum Error {
          {from}), is {}; nothing was fetched, built or written. next: {}",
         match owner { Some(g) => format!("{g}'s pin"), None => "no generation's pin".to_string() },
         match owner {
-            Some(g) => format!("rerun with --generation {g}, or `release-cli tinygrad bump` the tree to {generation}'s tinygrad first"),
+            Some(g) if g < generation => format!("rerun with --generation {g}, or `release-cli tinygrad bump` the tree to {generation}'s tinygrad first"),
+            Some(g) => format!("rerun with --generation {g}; {generation} is older than this tree's tinygrad and is rebuilt from an openpilot checkout still at {generation}'s pin (pass that checkout as --openpilot DIR)"),
             None => "`release-cli tinygrad bump` records a new pin in the tree's tinygrad_pins.json; pass that tree as --openpilot DIR".to_string(),
         }
     )]
