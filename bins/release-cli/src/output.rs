@@ -130,7 +130,9 @@ impl From<release::Error> for CliError {
             | E::PinNoStoreChecked { .. } => CliError::usage(e),
             E::Pins { .. }
             | E::BumpRefused { .. }
+            | E::BumpPinned { .. }
             | E::CheckoutAtOtherCommit { .. }
+            | E::CheckoutDirty { .. }
             | E::CheckoutWithoutCommit { .. }
             | E::SidecarMismatch { .. }
             | E::ReusePin { .. }

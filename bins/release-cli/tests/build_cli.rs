@@ -1568,3 +1568,193 @@ fn compiler_dry_runs_check_locally_print_the_plan_and_connect_to_nothing() {
     );
     assert!(!root.join("logs").exists() && !root.join("ws").exists());
 }
+
+/// A git checkout with a modified or untracked file is not its HEAD commit: `tinygrad bump`
+/// refuses it (exit 3), naming the files and the next step, and the tree is unchanged; once
+/// clean, the same command bumps. For v25 -> v26 and a made-up v26 -> v27 alike.
+#[test]
+fn tinygrad_bump_refuses_a_checkout_with_changes_its_commit_does_not_have() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let repo = root.join("tg");
+    let git = |a: &[&str]| {
+        Command::new("git")
+            .args(a)
+            .current_dir(&repo)
+            .env("GIT_AUTHOR_NAME", "dev")
+            .env("GIT_AUTHOR_EMAIL", "dev@localhost")
+            .env("GIT_COMMITTER_NAME", "dev")
+            .env("GIT_COMMITTER_EMAIL", "dev@localhost")
+            .output()
+    };
+    write(&repo.join("tinygrad/tensor.py"), b"v26 tinygrad");
+    if git(&["init", "-q"]).is_err() {
+        return;
+    }
+    let op = root.join("op");
+    write(
+        &op.join("tinygrad_repo/TINYGRAD_COMMIT"),
+        format!("{PIN}\n").as_bytes(),
+    );
+    let bump = || {
+        cli(
+            &[
+                "tinygrad",
+                "bump",
+                "--openpilot",
+                "op",
+                "--tinygrad-src",
+                "tg",
+            ],
+            root,
+        )
+    };
+    for (from, to) in [("v25", "v26"), ("v26", "v27")] {
+        git(&["add", "-A"]).unwrap();
+        assert!(git(&["commit", "-q", "-m", to]).unwrap().status.success());
+        let head = text(&git(&["rev-parse", "HEAD"]).unwrap().stdout)
+            .trim()
+            .to_string();
+        write(&repo.join("tinygrad/tensor.py"), b"edited, not committed");
+        write(&repo.join("tinygrad/extra.py"), b"untracked");
+        write(
+            &op.join("starpilot/assets/model_manager.py"),
+            format!("MANIFEST_CANDIDATES = (\"{from}\",)\n").as_bytes(),
+        );
+        let before = snapshot(&op);
+        let out = bump();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{from} -> {to}: {err}");
+        assert!(
+            err.contains(&format!("tg is a git checkout at {head} with changes"))
+                && err.contains("M tinygrad/tensor.py")
+                && err.contains("?? tinygrad/extra.py")
+                && err.contains("nothing was changed")
+                && err.contains("git -C tg stash --include-untracked"),
+            "{from} -> {to}: {err}"
+        );
+        assert_eq!(snapshot(&op), before, "{from} -> {to}: the tree changed");
+        // The next step, as printed: set the changes aside, and the bump goes through.
+        assert!(
+            git(&["stash", "-q", "--include-untracked"])
+                .unwrap()
+                .status
+                .success()
+        );
+        let out = bump();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{from} -> {to}: {}",
+            text(&out.stderr)
+        );
+        let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(
+            said.contains(&format!("next generation: {from} -> {to}")),
+            "{said}"
+        );
+        assert_eq!(
+            fs::read_to_string(op.join("tinygrad_repo/TINYGRAD_COMMIT")).unwrap(),
+            format!("{head}\n")
+        );
+        // The next generation's tinygrad is a new commit.
+        write(&repo.join("tinygrad/tensor.py"), b"v27 tinygrad");
+    }
+}
+
+/// The bump after a bump. A tree whose `MANIFEST_CANDIDATES` cannot be found starts from the
+/// generation of its own tinygrad, so v26 -> v27 works as v25 -> v26 did. A tree whose
+/// `MANIFEST_CANDIDATES` still names v25 while its tinygrad is v26's is refused (exit 3, tree
+/// unchanged) with both ways forward, and each printed command works as given.
+#[test]
+fn a_second_bump_starts_from_the_trees_generation_or_says_what_to_do() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    const V26: &str = "2626262626262626262626262626262626262626";
+    const V27: &str = "2727272727272727272727272727272727272727";
+    write(&root.join("tg/tinygrad/tensor.py"), b"made-up tinygrad");
+    let bump = |op: &str, commit: &str| {
+        cli(
+            &[
+                "tinygrad",
+                "bump",
+                "--openpilot",
+                op,
+                "--tinygrad-src",
+                "tg",
+                "--commit",
+                commit,
+                "--json",
+            ],
+            root,
+        )
+    };
+    let pins = |op: &str| -> serde_json::Value {
+        serde_json::from_slice(&fs::read(root.join(op).join("tinygrad_pins.json")).unwrap())
+            .unwrap()
+    };
+
+    // No MANIFEST_CANDIDATES anywhere: v25 -> v26, then v26 -> v27.
+    write(
+        &root.join("op/tinygrad_repo/TINYGRAD_COMMIT"),
+        format!("{PIN}\n").as_bytes(),
+    );
+    for (commit, from, to) in [(V26, "v25", "v26"), (V27, "v26", "v27")] {
+        let out = bump("op", commit);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["generation"], serde_json::json!({"from": from, "to": to}));
+    }
+    assert_eq!(
+        pins("op"),
+        serde_json::json!({"v25": PIN, "v26": V26, "v27": V27})
+    );
+
+    // MANIFEST_CANDIDATES still ("v25",) on a v26 tree: ambiguous, refused, nothing changed.
+    write(
+        &root.join("op2/tinygrad_repo/TINYGRAD_COMMIT"),
+        format!("{PIN}\n").as_bytes(),
+    );
+    let py = root.join("op2/starpilot/assets/model_manager.py");
+    write(&py, b"MANIFEST_CANDIDATES = (\"v25\",)\n");
+    assert_eq!(bump("op2", V26).status.code(), Some(0));
+    let before = snapshot(&root.join("op2"));
+    let out = bump("op2", V27);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("v26 is already pinned")
+            && err.contains("nothing was changed")
+            && err.contains(&format!(
+                "`release-cli tinygrad pin --openpilot op2 --generation v26 --commit {V27} --store STORE`"
+            ))
+            && err.contains("set MANIFEST_CANDIDATES to (\"v26\",)")
+            && err.contains("model_manager.py:1"),
+        "{err}"
+    );
+    assert_eq!(snapshot(&root.join("op2")), before);
+    // Way 1, as printed (STORE: an empty store, nothing live): the pin is corrected.
+    fs::create_dir_all(root.join("store")).unwrap();
+    let out = cli(
+        &[
+            "tinygrad",
+            "pin",
+            "--openpilot",
+            "op2",
+            "--generation",
+            "v26",
+            "--commit",
+            V27,
+            "--store",
+            "store",
+            "--dry-run",
+        ],
+        root,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // Way 2, as printed: MANIFEST_CANDIDATES names v26, and the same bump makes v27.
+    write(&py, b"MANIFEST_CANDIDATES = (\"v26\",)\n");
+    let out = bump("op2", V27);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(pins("op2")["v27"], V27);
+}

@@ -11,6 +11,8 @@ use test_support::release_stores::GitRemote;
 
 /// A made-up next generation's pin.
 const V26_PIN: &str = "26a0c0ffee26a0c0ffee26a0c0ffee26a0c0ffee";
+/// And the one after it.
+const V27_PIN: &str = "27b0c0ffee27b0c0ffee27b0c0ffee27b0c0ffee";
 
 /// One generation's release: artifacts, manifest (canonical), an openpilot tree whose
 /// tinygrad_pins.json knows the pin, and a workspace with covering records.
@@ -24,13 +26,13 @@ struct Release {
 
 fn release(dir: &Path, generation: &str, data: &[u8], gpu: bool) -> Release {
     let (artifacts, v25_manifest) = crate::common::release(dir, data);
-    let pin = if generation == "v25" {
-        manifest::PinTable::builtin()
+    let pin = match generation {
+        "v25" => manifest::PinTable::builtin()
             .get("v25".parse().unwrap())
             .unwrap()
-            .to_string()
-    } else {
-        V26_PIN.to_string()
+            .to_string(),
+        "v27" => V27_PIN.to_string(),
+        _ => V26_PIN.to_string(),
     };
     let mut e = entry("pop223", data, data.len().div_ceil(1000) as u32);
     e["uses_external_gpu"] = json!(gpu);
@@ -47,7 +49,13 @@ fn release(dir: &Path, generation: &str, data: &[u8], gpu: bool) -> Release {
     std::fs::write(&manifest, &o.stdout).unwrap();
     let openpilot = dir.join("openpilot");
     std::fs::create_dir_all(&openpilot).unwrap();
-    if generation != "v25" {
+    if generation == "v27" {
+        std::fs::write(
+            openpilot.join("tinygrad_pins.json"),
+            json!({ "v26": V26_PIN, "v27": V27_PIN }).to_string(),
+        )
+        .unwrap();
+    } else if generation != "v25" {
         std::fs::write(
             openpilot.join("tinygrad_pins.json"),
             json!({ generation: pin }).to_string(),
@@ -183,6 +191,81 @@ fn github_alone_is_refused_unless_the_hub_holds_the_manifest_or_a_reason_is_give
             rec["github_only"],
             json!({"allowed": "flag", "reason": "Hub outage; republished there later"})
         );
+    }
+}
+
+/// GitHub alone, and the Hub's manifest cannot be read (here: larger than any manifest, as a
+/// hostile or broken Hub could serve): the publish stops with what to do next, nothing written.
+#[test]
+fn github_alone_with_an_unreadable_hub_says_what_to_do_and_writes_nothing() {
+    for generation in ["v25", "v26"] {
+        let t = tempfile::tempdir().unwrap();
+        let r = release(t.path(), generation, &artifact_bytes(63, 2500), false);
+        let hub = t.path().join("hub");
+        let hub_manifest = hub.join(format!("manifests/model_names_{generation}.json"));
+        std::fs::create_dir_all(hub_manifest.parent().unwrap()).unwrap();
+        std::fs::File::create(&hub_manifest)
+            .unwrap()
+            .set_len(manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES + 1)
+            .unwrap();
+        let remote = GitRemote::new(&t.path().join("git"), "Models", None);
+        let gh = format!("github:{}", remote.checkout.display());
+        let before = checkout_state(&remote.checkout);
+        let o = publish(&r, &[&gh], &["--hub", s(&hub)]);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{generation}: {err}");
+        assert!(
+            err.contains("cannot tell whether GitHub would be ahead of the Hub")
+                && err.contains(&format!("manifests/model_names_{generation}.json"))
+                && err.contains("next: pass --hub STORE")
+                && err.contains("--github-only \"REASON\""),
+            "{generation}: {err}"
+        );
+        assert_eq!(remote.remote_subjects(), ["init"], "{generation}");
+        assert_eq!(checkout_state(&remote.checkout), before, "{generation}");
+        assert!(!release::records::publish_record_path(&r.manifest).exists());
+    }
+}
+
+/// A new generation whose artifact is byte for byte one the store's previous generation
+/// published (a pickle compiled with the previous tinygrad, e.g. a Chestnut variant or chunk
+/// set copied across) is refused before any upload, store unchanged; the same release with
+/// rebuilt bytes goes through. For v25 -> v26 and a made-up v26 -> v27.
+#[test]
+fn an_artifact_the_previous_generation_published_is_refused() {
+    for (old, new) in [("v25", "v26"), ("v26", "v27")] {
+        let t = tempfile::tempdir().unwrap();
+        let store = t.path().join("store");
+        let data = artifact_bytes(71, 2500);
+        let r_old = release(&t.path().join(old), old, &data, false);
+        let o = publish(&r_old, &[s(&store)], &[]);
+        assert!(o.status.success(), "{old}: {}", text(&o.stderr));
+
+        let carried = release(&t.path().join(new), new, &data, false);
+        let before = snapshot(&store);
+        let err = refused(&publish(&carried, &[s(&store)], &[]));
+        assert!(
+            err.contains(&format!("it departs from {old}"))
+                && err.contains("model pop223: artifact artifact_sha256")
+                && err.contains("previous generation's artifact of model pop223")
+                && err.contains("release-cli rebuild"),
+            "{old} -> {new}: {err}"
+        );
+        assert_eq!(
+            snapshot(&store),
+            before,
+            "{old} -> {new}: the store changed"
+        );
+        assert!(!release::records::publish_record_path(&carried.manifest).exists());
+
+        let rebuilt = release(
+            &t.path().join(format!("{new}-rebuilt")),
+            new,
+            &artifact_bytes(72, 2500),
+            false,
+        );
+        let o = publish(&rebuilt, &[s(&store)], &[]);
+        assert!(o.status.success(), "{old} -> {new}: {}", text(&o.stderr));
     }
 }
 

@@ -142,7 +142,7 @@ pub enum Error {
     },
 
     #[error(
-        "refusing to publish {generation} to {store}: it departs from {previous} ({path}):\n{refusal}\nnext: keep every {previous} model ID, version and uses_external_gpu, or name each intended addition/removal with --add-model ID / --drop-model ID"
+        "refusing to publish {generation} to {store}: it departs from {previous} ({path}):\n{refusal}\nnext: keep every {previous} model ID, version and uses_external_gpu, or name each intended addition/removal with --add-model ID / --drop-model ID; rebuild any artifact {previous} published (`release-cli rebuild --generation {generation}`)"
     )]
     GenerationGuard {
         store: String,
@@ -151,6 +151,18 @@ pub enum Error {
         path: String,
         #[source]
         refusal: manifest::GenerationRefusal,
+    },
+
+    /// GitHub would be published without the Hub and the Hub's manifest, which decides whether
+    /// that is allowed, cannot be read (a network error, an unreadable `--hub`).
+    #[error(
+        "cannot tell whether GitHub would be ahead of the Hub: reading {hub} {path} failed: {source}; nothing was written\nnext: pass --hub STORE naming a readable copy of the Hub (e.g. an offline mirror), publish to the Hub in the same run (--to hf://buckets/NS/NAME before the github: store), or pass --github-only \"REASON\" (written into the publish record)"
+    )]
+    HubUnreadable {
+        hub: String,
+        path: String,
+        #[source]
+        source: Box<Error>,
     },
 
     /// Publish or signing refused before anything was written; match on the [`Refusal`].

@@ -324,6 +324,16 @@ pub enum GenerationChange {
     },
     /// `uses_external_gpu` changed: a Chestnut build stays a Chestnut build.
     ExternalGpu { id: ModelId, old: bool, new: bool },
+    /// An artifact (the model's own, or an `accelerator_artifacts` variant: `variant`) whose
+    /// `artifact_sha256` is one the previous generation published (`from`, `from_variant`): a
+    /// pickle compiled with the previous tinygrad, carried into the new generation.
+    Carried {
+        id: ModelId,
+        variant: Option<String>,
+        sha256: crate::Sha256Digest,
+        from: ModelId,
+        from_variant: Option<String>,
+    },
 }
 
 impl fmt::Display for GenerationChange {
@@ -353,6 +363,24 @@ impl fmt::Display for GenerationChange {
                 f,
                 "~ model {id}: uses_external_gpu {old} -> {new} (only Chestnut builds set it, and a model keeps its target)"
             ),
+            Self::Carried {
+                id,
+                variant,
+                sha256,
+                from,
+                from_variant,
+            } => {
+                let what = |v: &Option<String>| match v {
+                    Some(v) => format!("accelerator variant {v:?}"),
+                    None => "artifact".to_string(),
+                };
+                write!(
+                    f,
+                    "~ model {id}: {} artifact_sha256 {sha256} is the previous generation's {} of model {from}, compiled with the previous tinygrad (rebuild it for this generation with `release-cli rebuild`, or drop the variant; never carry an artifact across generations)",
+                    what(variant),
+                    what(from_variant)
+                )
+            }
         }
     }
 }
@@ -378,8 +406,10 @@ impl fmt::Display for GenerationRefusal {
 impl std::error::Error for GenerationRefusal {}
 
 /// The rule between generations: a new generation keeps the previous one's model IDs (except
-/// those named in `add` and `drop`), every behaviour version and every `uses_external_gpu`.
-/// Local models (`local-…`) are not published and are ignored.
+/// those named in `add` and `drop`), every behaviour version and every `uses_external_gpu`,
+/// and publishes no artifact or accelerator variant whose SHA-256 the previous generation
+/// published (its bytes were compiled with the previous tinygrad). Local models (`local-…`)
+/// are not published and are ignored.
 pub fn generation_guard(
     previous: &Manifest,
     new: &Manifest,
@@ -444,11 +474,53 @@ pub fn generation_guard(
             });
         }
     }
+    changes.extend(carried(&old, &cur));
     if changes.is_empty() {
         Ok(())
     } else {
         Err(GenerationRefusal { changes })
     }
+}
+
+/// Every artifact of `cur` (each model's own and each accelerator variant) whose SHA-256 is one
+/// of `old`'s, in `cur`'s order.
+fn carried(
+    old: &BTreeMap<&ModelId, &crate::ModelEntry>,
+    cur: &BTreeMap<&ModelId, &crate::ModelEntry>,
+) -> Vec<GenerationChange> {
+    let digests = |e: &crate::ModelEntry| {
+        let mut all = Vec::new();
+        if let Some(d) = e.artifact_sha256() {
+            all.push((None, d));
+        }
+        for (variant, a) in e.accelerators() {
+            if let Some(d) = a.sha256 {
+                all.push((Some(variant), d));
+            }
+        }
+        all
+    };
+    let mut published = BTreeMap::new();
+    for (id, e) in old {
+        for (variant, d) in digests(e) {
+            published.entry(d).or_insert(((*id).clone(), variant));
+        }
+    }
+    let mut changes = Vec::new();
+    for (id, e) in cur {
+        for (variant, sha256) in digests(e) {
+            if let Some((from, from_variant)) = published.get(&sha256) {
+                changes.push(GenerationChange::Carried {
+                    id: (*id).clone(),
+                    variant,
+                    sha256,
+                    from: from.clone(),
+                    from_variant: from_variant.clone(),
+                });
+            }
+        }
+    }
+    changes
 }
 
 #[cfg(test)]
@@ -711,6 +783,137 @@ mod generation_tests {
                 .map(|r| r.changes)
                 .unwrap_or_default();
             assert_eq!(got, want, "{name}");
+        }
+    }
+
+    /// A manifest of `generation` (pinned to `pin`) whose models carry the given artifact
+    /// digests: (id, own SHA-256, Chestnut variant SHA-256).
+    fn built(
+        generation: &str,
+        pin: &str,
+        entries: &[(&str, Option<char>, Option<char>)],
+    ) -> Manifest {
+        let sha = |c: char| c.to_string().repeat(64);
+        let models: Vec<Value> = entries
+            .iter()
+            .map(|(id, own, chestnut)| {
+                let mut e = json!({"id": id, "name": id, "version": "v16"});
+                if let Some(c) = own {
+                    e["artifact_sha256"] = json!(sha(*c));
+                }
+                if let Some(c) = chestnut {
+                    e["accelerator_artifacts"] = json!({"chestnut": {
+                        "artifact_filename": format!("{id}_driving_chestnut_tinygrad.pkl"),
+                        "artifact_size": 100, "artifact_sha256": sha(*c),
+                        "artifact_chunk_count": 0, "execution_device": "AMD"}});
+                }
+                e
+            })
+            .collect();
+        Manifest::from_value(
+            json!({"generation": generation, "tinygrad_commit": pin, "models": models}),
+        )
+        .unwrap()
+    }
+
+    /// No artifact or accelerator variant of the previous generation is published again in the
+    /// next one: for v25 -> v26 and for a made-up v26 -> v27 alike.
+    #[test]
+    fn an_artifact_the_previous_generation_published_is_refused() {
+        let v25_pin = crate::pins::PinTable::builtin()
+            .get("v25".parse().unwrap())
+            .unwrap()
+            .to_string();
+        let generations = [
+            (
+                "v25",
+                v25_pin.as_str(),
+                "v26",
+                "2626262626262626262626262626262626262626",
+            ),
+            (
+                "v26",
+                "2626262626262626262626262626262626262626",
+                "v27",
+                "2727272727272727272727272727272727272727",
+            ),
+        ];
+        let carried = |id: &str, variant: Option<&str>, c: char, from: &str, fv: Option<&str>| {
+            GenerationChange::Carried {
+                id: id.parse().unwrap(),
+                variant: variant.map(str::to_owned),
+                sha256: c.to_string().repeat(64).parse().unwrap(),
+                from: from.parse().unwrap(),
+                from_variant: fv.map(str::to_owned),
+            }
+        };
+        for (old_gen, old_pin, new_gen, new_pin) in generations {
+            let old = built(
+                old_gen,
+                old_pin,
+                &[("gwm", Some('a'), Some('b')), ("pop", Some('c'), None)],
+            );
+            type Case<'a> = (
+                &'a str,
+                &'a [(&'a str, Option<char>, Option<char>)],
+                Vec<GenerationChange>,
+            );
+            let cases: Vec<Case> = vec![
+                (
+                    "all rebuilt",
+                    &[("gwm", Some('1'), Some('2')), ("pop", Some('3'), None)],
+                    vec![],
+                ),
+                (
+                    "variant dropped, artifacts not yet built",
+                    &[("gwm", None, None), ("pop", None, None)],
+                    vec![],
+                ),
+                (
+                    "the model's own artifact carried",
+                    &[("gwm", Some('1'), Some('2')), ("pop", Some('c'), None)],
+                    vec![carried("pop", None, 'c', "pop", None)],
+                ),
+                (
+                    "a stale Chestnut variant carried",
+                    &[("gwm", Some('1'), Some('b')), ("pop", Some('3'), None)],
+                    vec![carried(
+                        "gwm",
+                        Some("chestnut"),
+                        'b',
+                        "gwm",
+                        Some("chestnut"),
+                    )],
+                ),
+                (
+                    "another model's old artifact, as a variant",
+                    &[("gwm", Some('1'), Some('a')), ("pop", Some('3'), None)],
+                    vec![carried("gwm", Some("chestnut"), 'a', "gwm", None)],
+                ),
+            ];
+            for (name, entries, want) in cases {
+                let new = built(new_gen, new_pin, entries);
+                let got = generation_guard(&old, &new, &BTreeSet::new(), &BTreeSet::new())
+                    .err()
+                    .map(|r| r.changes)
+                    .unwrap_or_default();
+                assert_eq!(got, want, "{old_gen} -> {new_gen}: {name}");
+            }
+            let new = built(
+                new_gen,
+                new_pin,
+                &[("gwm", Some('1'), Some('b')), ("pop", Some('3'), None)],
+            );
+            let text = generation_guard(&old, &new, &BTreeSet::new(), &BTreeSet::new())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                text.contains(&format!(
+                    "model gwm: accelerator variant \"chestnut\" artifact_sha256 {}",
+                    "b".repeat(64)
+                )) && text.contains("release-cli rebuild"),
+                "{text}"
+            );
         }
     }
 

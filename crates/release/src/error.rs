@@ -106,6 +106,28 @@ pub enum Error {
     #[error("tinygrad bump refused: {refusal}")]
     BumpRefused { refusal: manifest::PinRefusal },
 
+    /// `tinygrad bump` to a new commit while the generation it would make already has a pin:
+    /// either that pin was mistyped, or MANIFEST_CANDIDATES still names the older generation.
+    #[error(
+        "tinygrad bump refused: {generation} is already pinned (tinygrad_pins.json in {}), and \
+         the current generation the bump starts from is the one before it; nothing was \
+         changed. next: if {commit} is {generation}'s right pin, correct it with `release-cli \
+         tinygrad pin --openpilot {} --generation {generation} --commit {commit} --store \
+         STORE` (every store you publish to); if it is the tinygrad of the generation after \
+         {generation}, first set MANIFEST_CANDIDATES to (\"{generation}\",) ({}), then run \
+         the bump again",
+        openpilot.display(),
+        openpilot.display(),
+        candidates.as_deref().unwrap_or("not found under starpilot/")
+    )]
+    BumpPinned {
+        generation: Generation,
+        commit: GitCommit,
+        openpilot: PathBuf,
+        /// Where MANIFEST_CANDIDATES is defined (`file:line`).
+        candidates: Option<String>,
+    },
+
     /// `tinygrad pin` of a generation whose pin is built into the tools.
     #[error(
         "{generation}'s pin {pin} is built into this release of the tools, not recorded in a \
@@ -176,6 +198,24 @@ pub enum Error {
         commit: GitCommit,
     },
 
+    /// A git checkout with changes its HEAD commit does not have: the copy would not be the
+    /// commit it is recorded as.
+    #[error(
+        "{} is a git checkout at {head} with changes that commit does not have ({}); the copy \
+         would not be tinygrad {head}, and nothing was changed. next: commit them (a new commit \
+         is a new pin) or set them aside (`git -C {} stash --include-untracked`), then run the \
+         bump again",
+        path.display(),
+        changes.join(", "),
+        path.display()
+    )]
+    CheckoutDirty {
+        path: PathBuf,
+        head: GitCommit,
+        /// `git status --porcelain` lines, at most ten (then `…`).
+        changes: Vec<String>,
+    },
+
     /// `tinygrad bump` from a tree without git metadata and without `--commit`.
     #[error(
         "{} is not a git checkout, so its commit cannot be read from it; pass --commit SHA (the \
@@ -228,7 +268,8 @@ pub enum Error {
          {from}), is {}; nothing was fetched, built or written. next: {}",
         match owner { Some(g) => format!("{g}'s pin"), None => "no generation's pin".to_string() },
         match owner {
-            Some(g) => format!("rerun with --generation {g}, or `release-cli tinygrad bump` the tree to {generation}'s tinygrad first"),
+            Some(g) if g < generation => format!("rerun with --generation {g}, or `release-cli tinygrad bump` the tree to {generation}'s tinygrad first"),
+            Some(g) => format!("rerun with --generation {g}; {generation} is older than this tree's tinygrad and is rebuilt from an openpilot checkout still at {generation}'s pin (pass that checkout as --openpilot DIR)"),
             None => "`release-cli tinygrad bump` records a new pin in the tree's tinygrad_pins.json; pass that tree as --openpilot DIR".to_string(),
         }
     )]

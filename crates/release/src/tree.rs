@@ -165,12 +165,27 @@ pub fn bump(req: &BumpRequest) -> Result<BumpReport> {
     // has, or a second pin for the next generation, is refused.
     let mut pins = load_pins(Some(&req.openpilot))?;
     let candidates = find_manifest_candidates(&req.openpilot);
-    let current = candidates
-        .as_ref()
-        .and_then(|(_, _, gens)| gens.iter().max().copied())
-        .unwrap_or(manifest::layout::CURRENT_GENERATION);
+    let tree_generation = tree_marker(&req.openpilot)?.and_then(|c| pins.owner_of(&c));
+    let current = current_generation(
+        candidates
+            .as_ref()
+            .and_then(|(_, _, gens)| gens.iter().max().copied()),
+        tree_generation,
+    );
     let (commit, kind) = source_commit(src, req.commit.as_ref())?;
-    let generation = next_generation(&mut pins, current, &commit)?;
+    let generation = next_generation(&mut pins, current, &commit).map_err(|e| match e {
+        Error::BumpRefused {
+            refusal: manifest::PinRefusal::Conflict { generation, .. },
+        } => Error::BumpPinned {
+            generation,
+            commit: commit.clone(),
+            openpilot: req.openpilot.clone(),
+            candidates: candidates
+                .as_ref()
+                .map(|(p, line, _)| format!("{}:{line}", p.display())),
+        },
+        other => other,
+    })?;
     let source = TinygradSource {
         commit: commit.clone(),
         kind,
@@ -219,6 +234,23 @@ pub fn bump(req: &BumpRequest) -> Result<BumpReport> {
     })
 }
 
+/// The generation a bump starts from: the newest in `MANIFEST_CANDIDATES` (`candidates`); where
+/// the tree has none, the generation whose pin the tree's tinygrad is (`tree`); else the
+/// newest built-in one. Pure.
+pub fn current_generation(candidates: Option<Generation>, tree: Option<Generation>) -> Generation {
+    candidates
+        .or(tree)
+        .unwrap_or(manifest::layout::CURRENT_GENERATION)
+}
+
+/// `<openpilot>/tinygrad_repo/TINYGRAD_COMMIT`, capped and regular-file-only; `None` when it
+/// is missing or not a commit (the bump replaces it).
+fn tree_marker(openpilot: &Path) -> Result<Option<GitCommit>> {
+    let path = openpilot.join("tinygrad_repo/TINYGRAD_COMMIT");
+    Ok(chunker::bounded::read_capped(&path, 1024)?
+        .and_then(|b| String::from_utf8_lossy(&b).trim().parse().ok()))
+}
+
 /// The generation a bump to `commit` makes, recorded into `pins`: `None` when `commit` is
 /// already `current`'s pin; else `current`'s successor, if the pin rules accept the pair.
 pub fn next_generation(
@@ -265,14 +297,47 @@ fn source_commit(src: &Path, given: Option<&GitCommit>) -> Result<(GitCommit, So
             detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         });
     };
-    match given {
-        Some(c) if *c != head => Err(Error::CheckoutAtOtherCommit {
+    if let Some(c) = given.filter(|c| **c != head) {
+        return Err(Error::CheckoutAtOtherCommit {
             path: src.to_path_buf(),
             head: head.to_string(),
             commit: c.clone(),
-        }),
-        _ => Ok((head, SourceKind::Git)),
+        });
     }
+    // Every file but `.git` is copied, so a modified or untracked file (ignored ones are build
+    // output and stay allowed) would be recorded as HEAD without being it.
+    let status = std::process::Command::new("git")
+        .arg("-C")
+        .arg(src)
+        .args(["status", "--porcelain", "--untracked-files=all"])
+        .output()
+        .map_err(|source| Error::Git {
+            path: src.to_path_buf(),
+            source,
+        })?;
+    if !status.status.success() {
+        return Err(Error::CheckoutWithoutCommit {
+            path: src.to_path_buf(),
+            detail: String::from_utf8_lossy(&status.stderr).trim().to_string(),
+        });
+    }
+    let lines: Vec<String> = String::from_utf8_lossy(&status.stdout)
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    if !lines.is_empty() {
+        let mut changes: Vec<String> = lines.iter().take(10).cloned().collect();
+        if lines.len() > 10 {
+            changes.push(format!("… {} more", lines.len() - 10));
+        }
+        return Err(Error::CheckoutDirty {
+            path: src.to_path_buf(),
+            head,
+            changes,
+        });
+    }
+    Ok((head, SourceKind::Git))
 }
 
 /// Copy `src` (without git metadata) beside `<op>/tinygrad_repo`, write its TINYGRAD_COMMIT,
@@ -673,6 +738,32 @@ mod tests {
         assert!(parse_generations(" = ()").is_empty());
     }
 
+    /// MANIFEST_CANDIDATES first; a tree without it is on the generation of its tinygrad (v25
+    /// or a made-up v26); with neither, the newest built-in generation.
+    #[test]
+    fn the_generation_a_bump_starts_from() {
+        let (v25, v26, v27) = (
+            Generation::new(25),
+            Generation::new(26),
+            Generation::new(27),
+        );
+        let cases = [
+            (Some(v25), Some(v26), v25),
+            (Some(v26), Some(v26), v26),
+            (Some(v27), None, v27),
+            (None, Some(v26), v26),
+            (None, Some(v25), v25),
+            (None, None, manifest::layout::CURRENT_GENERATION),
+        ];
+        for (candidates, tree, want) in cases {
+            assert_eq!(
+                current_generation(candidates, tree),
+                want,
+                "{candidates:?} {tree:?}"
+            );
+        }
+    }
+
     #[test]
     fn the_next_generation_of_a_pin() {
         let v25 = Generation::new(25);
@@ -764,6 +855,10 @@ mod tests {
         Some(git(dir, &["rev-parse", "HEAD"])?.parse().unwrap())
     }
 
+    fn checkout_head(dir: &Path) -> GitCommit {
+        git(dir, &["rev-parse", "HEAD"]).unwrap().parse().unwrap()
+    }
+
     #[test]
     fn the_commit_of_a_bump_source() {
         let t = tempfile::tempdir().unwrap();
@@ -795,6 +890,32 @@ mod tests {
                 .contains(&format!("leave --commit out to bump to {head}")),
             "{e}"
         );
+        // A modified or an untracked file is not HEAD: refused, naming it; an ignored one
+        // (build output) is fine.
+        fs::write(repo.join(".gitignore"), b"__pycache__/\n").unwrap();
+        git(&repo, &["add", ".gitignore"]).unwrap();
+        git(&repo, &["commit", "-q", "-m", "ignore"]).unwrap();
+        let head = checkout_head(&repo);
+        fs::create_dir_all(repo.join("tinygrad/__pycache__")).unwrap();
+        fs::write(repo.join("tinygrad/__pycache__/tensor.pyc"), b"pyc").unwrap();
+        assert_eq!(
+            source_commit(&repo, None).unwrap(),
+            (head.clone(), SourceKind::Git)
+        );
+        fs::write(repo.join("tinygrad/tensor.py"), b"edited").unwrap();
+        fs::write(repo.join("tinygrad/extra.py"), b"new").unwrap();
+        let e = source_commit(&repo, Some(&head)).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, Error::CheckoutDirty { .. }), "{e:?}");
+        assert!(
+            text.contains("M tinygrad/tensor.py")
+                && text.contains("?? tinygrad/extra.py")
+                && text.contains("stash --include-untracked"),
+            "{text}"
+        );
+        git(&repo, &["checkout", "-q", "tinygrad/tensor.py"]).unwrap();
+        fs::remove_file(repo.join("tinygrad/extra.py")).unwrap();
+        assert_eq!(source_commit(&repo, None).unwrap(), (head, SourceKind::Git));
         // A fresh `git init` has no HEAD commit.
         let empty = t.path().join("empty");
         fs::create_dir_all(&empty).unwrap();

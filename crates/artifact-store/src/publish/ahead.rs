@@ -90,9 +90,16 @@ pub fn check_github_only(
         // Only an empty reason gets here.
         return decide_github_only(stores, reason, None, &bytes).map_err(Error::Refused);
     }
-    let hub = open_hub()?;
     let path = StoreLayout::HfBucket.manifest_path(generation);
-    let live = hub.read_small(&path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)?;
+    let unreadable = |hub: String, e: Error| Error::HubUnreadable {
+        hub,
+        path: path.to_string(),
+        source: Box::new(e),
+    };
+    let hub = open_hub().map_err(|e| unreadable("the Hub store (--hub)".into(), e))?;
+    let live = hub
+        .read_small(&path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)
+        .map_err(|e| unreadable(hub.describe(), e))?;
     let held = match &live {
         Some(b) => HubManifest::Holds(b),
         None => HubManifest::Absent,

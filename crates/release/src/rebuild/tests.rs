@@ -863,7 +863,19 @@ fn the_generation_is_the_one_of_the_trees_tinygrad() {
         e.contains("rebuild --generation v27 refused")
             && e.contains("op/tinygrad_repo/TINYGRAD_COMMIT")
             && e.contains("is v26's pin")
-            && e.contains("rerun with --generation v26"),
+            && e.contains("rerun with --generation v26")
+            && e.contains("`release-cli tinygrad bump` the tree to v27's tinygrad first"),
+        "{e}"
+    );
+    // An older generation than the tree's: no bump can get there (v25's pin belongs to v25).
+    let e = generation_rule(&bumped, v25, &pin26, "op/tinygrad_repo/TINYGRAD_COMMIT")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rebuild --generation v25 refused")
+            && e.contains("rerun with --generation v26;")
+            && e.contains("an openpilot checkout still at v25's pin")
+            && !e.contains("tinygrad bump"),
         "{e}"
     );
 }
