@@ -18,7 +18,55 @@ use test_support::published::{
 };
 
 pub(crate) const CHUNK: usize = 64 * 1024;
-pub(crate) const SIG: &str = "model_names_v25.json.minisig";
+
+/// A generation the trust tests run for: v25 (in this build's pin table, its tree has no pins
+/// file) and a made-up v26 (only the device's openpilot tree knows its pin: the marker at
+/// [`V26_PIN`] and `tinygrad_pins.json` recording it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gen {
+    V25,
+    V26,
+}
+
+impl Gen {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Gen::V25 => "v25",
+            Gen::V26 => "v26",
+        }
+    }
+
+    /// The tinygrad pin of this generation (the tree's marker, the manifest's
+    /// `tinygrad_commit`).
+    pub(crate) fn pin(self) -> &'static str {
+        match self {
+            Gen::V25 => manifest::layout::CURRENT_TINYGRAD_COMMIT,
+            Gen::V26 => V26_PIN,
+        }
+    }
+
+    /// Make `op` this generation's openpilot tree.
+    fn set_tree(self, op: &Path) {
+        match self {
+            Gen::V25 => set_tree(op, self.pin(), None),
+            Gen::V26 => set_tree(op, self.pin(), Some(&v26_pins())),
+        }
+    }
+
+    /// The signature file's name beside this generation's manifest.
+    pub(crate) fn sig(self) -> String {
+        format!("model_names_{}.json.minisig", self.name())
+    }
+
+    /// A signature comment for `release` of this generation, expiring in a day.
+    pub(crate) fn comment(self, release: u64) -> String {
+        format!(
+            "generation={} release={release} expires={}",
+            self.name(),
+            now() + 86_400
+        )
+    }
+}
 
 pub(crate) struct Key {
     pub(crate) pk: minisign::PublicKey,
@@ -59,13 +107,11 @@ pub(crate) fn now() -> u64 {
 }
 
 pub(crate) fn comment(release: u64) -> String {
-    format!(
-        "generation=v25 release={release} expires={}",
-        now() + 86_400
-    )
+    Gen::V25.comment(release)
 }
 
 pub(crate) struct World {
+    pub(crate) generation: Gen,
     pub(crate) dir: tempfile::TempDir,
     pub(crate) root: PathBuf,
     pub(crate) server: FaultServer,
@@ -75,20 +121,23 @@ pub(crate) struct World {
 }
 
 pub(crate) fn world() -> World {
+    world_for(Gen::V25)
+}
+
+/// The origin publishing `generation`'s models, and the openpilot tree every device of this
+/// world is pointed at (`<dir>/openpilot`, see [`openpilot_tree`]) at that generation.
+pub(crate) fn world_for(generation: Gen) -> World {
     let dir = tempfile::tempdir().unwrap();
+    generation.set_tree(&dir.path().join("openpilot"));
     let root = dir.path().join("origin");
     fs::create_dir_all(&root).unwrap();
+    let g = generation.name();
     let pop_bytes = artifact_bytes(25, 3 * CHUNK / 2);
-    let pop = publish_model(&root, "v25", "pop223", &pop_bytes, Some(CHUNK));
-    let other = publish_model(
-        &root,
-        "v25",
-        "other",
-        &artifact_bytes(26, CHUNK),
-        Some(CHUNK),
-    );
+    let pop = publish_model(&root, g, "pop223", &pop_bytes, Some(CHUNK));
+    let other = publish_model(&root, g, "other", &artifact_bytes(26, CHUNK), Some(CHUNK));
     let server = FaultServer::start(&root).unwrap();
     World {
+        generation,
         dir,
         root,
         server,
@@ -99,40 +148,65 @@ pub(crate) fn world() -> World {
 }
 
 impl World {
+    /// This generation's catalog of `models`, naming its tinygrad pin.
+    fn catalog(&self, models: &[PublishedModel]) -> Vec<u8> {
+        manifest_json(self.generation.name(), models, true)
+            .replacen(
+                "\"models\":",
+                &format!(
+                    "\"tinygrad_commit\": \"{}\",\n  \"models\":",
+                    self.generation.pin()
+                ),
+                1,
+            )
+            .into_bytes()
+    }
+
     /// Release 1's catalog: `pop223` only.
     pub(crate) fn m1(&self) -> Vec<u8> {
-        manifest_json("v25", std::slice::from_ref(&self.pop), true).into_bytes()
+        self.catalog(std::slice::from_ref(&self.pop))
     }
 
     /// A later catalog: `pop223` and `other`.
     pub(crate) fn m2(&self) -> Vec<u8> {
-        manifest_json("v25", &[self.pop.clone(), self.other.clone()], true).into_bytes()
+        self.catalog(&[self.pop.clone(), self.other.clone()])
+    }
+
+    /// A signature comment for `release` of this world's generation.
+    pub(crate) fn comment(&self, release: u64) -> String {
+        self.generation.comment(release)
     }
 
     /// Serve `manifest` with `sig` (or no signature file) from both origins.
     pub(crate) fn serve(&self, manifest: &[u8], sig: Option<&str>) {
-        write_manifest(&self.root, "v25", manifest);
+        write_manifest(&self.root, self.generation.name(), manifest);
+        let sig_name = self.generation.sig();
         for dir in [
             self.root.join(HF_DIR).join("manifests"),
             self.root.join(GH_DIR),
         ] {
             match sig {
-                Some(s) => fs::write(dir.join(SIG), s).unwrap(),
+                Some(s) => fs::write(dir.join(&sig_name), s).unwrap(),
                 None => {
-                    let _ = fs::remove_file(dir.join(SIG));
+                    let _ = fs::remove_file(dir.join(&sig_name));
                 }
             }
         }
     }
 
     pub(crate) fn serve_at(&self, layout_dir: &str, manifest: &[u8], sig: &str) {
-        test_support::published::write_manifest_at(&self.root, layout_dir, "v25", manifest);
+        test_support::published::write_manifest_at(
+            &self.root,
+            layout_dir,
+            self.generation.name(),
+            manifest,
+        );
         let dir = if layout_dir == HF_DIR {
             self.root.join(HF_DIR).join("manifests")
         } else {
             self.root.join(GH_DIR)
         };
-        fs::write(dir.join(SIG), sig).unwrap();
+        fs::write(dir.join(self.generation.sig()), sig).unwrap();
     }
 
     pub(crate) fn keys_file(&self, name: &str, keys: &[&Key]) -> PathBuf {
@@ -166,7 +240,11 @@ impl World {
     pub(crate) fn status(&self, device: &str, keys: Option<&Path>) -> Value {
         let out = self.run(device, keys, &["status", "--json"]);
         assert!(out.status.success(), "{}", text(&out));
-        serde_json::from_slice(&out.stdout).unwrap()
+        let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+        // The device reads its generation from the tree this world set up.
+        assert_eq!(s["generation"], self.generation.name(), "{s}");
+        assert_eq!(s["tree"]["tinygrad_commit"], self.generation.pin(), "{s}");
+        s
     }
 
     pub(crate) fn param(&self, device: &str, key: &str) -> Option<String> {
