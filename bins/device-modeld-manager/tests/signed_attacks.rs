@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use test_support::published::{artifact_dirs, publish_model, sha256_hex};
 
 use crate::common::manager;
-use crate::signed::{CHUNK, Gen, Key, World, text, world_for};
+use crate::signed::{CHUNK, Gen, Key, World, for_each_generation, text, world_for};
 
 const RELEASE_PARAM: &str = "ModelManifestAcceptedRelease";
 const FLOOR_FILE: &str = ".accepted-release.json";
@@ -70,24 +70,6 @@ impl World {
         let out = self.run(device, Some(keys), &["refresh"]);
         assert!(out.status.success(), "{}", text(&out));
     }
-}
-
-/// Each attack as two tests, `<attack>::v25` and `<attack>::v26`: the device's openpilot tree,
-/// the origin's manifest and the signatures all at that generation (see [`Gen`]).
-macro_rules! for_each_generation {
-    ($($attack:ident),* $(,)?) => {$(
-        mod $attack {
-            use super::Gen;
-            #[test]
-            fn v25() {
-                super::$attack(Gen::V25)
-            }
-            #[test]
-            fn v26() {
-                super::$attack(Gen::V26)
-            }
-        }
-    )*};
 }
 
 for_each_generation!(
