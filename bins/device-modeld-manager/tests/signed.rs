@@ -18,7 +18,63 @@ use test_support::published::{
 };
 
 pub(crate) const CHUNK: usize = 64 * 1024;
-pub(crate) const SIG: &str = "model_names_v25.json.minisig";
+
+/// A generation the trust tests run for: v25 (in this build's pin table, its tree has no pins
+/// file) and a made-up v26 (only the device's openpilot tree knows its pin: the marker at
+/// [`V26_PIN`] and `tinygrad_pins.json` recording it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gen {
+    V25,
+    V26,
+}
+
+impl Gen {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Gen::V25 => "v25",
+            Gen::V26 => "v26",
+        }
+    }
+
+    /// The tinygrad pin of this generation (the tree's marker, the manifest's
+    /// `tinygrad_commit`).
+    pub(crate) fn pin(self) -> &'static str {
+        match self {
+            Gen::V25 => manifest::layout::CURRENT_TINYGRAD_COMMIT,
+            Gen::V26 => V26_PIN,
+        }
+    }
+
+    /// The other generation of the two (a signature for it is refused).
+    pub(crate) fn other(self) -> Gen {
+        match self {
+            Gen::V25 => Gen::V26,
+            Gen::V26 => Gen::V25,
+        }
+    }
+
+    /// Make `op` this generation's openpilot tree.
+    fn set_tree(self, op: &Path) {
+        match self {
+            Gen::V25 => set_tree(op, self.pin(), None),
+            Gen::V26 => set_tree(op, self.pin(), Some(&v26_pins())),
+        }
+    }
+
+    /// The signature file's name beside this generation's manifest.
+    pub(crate) fn sig(self) -> String {
+        format!("model_names_{}.json.minisig", self.name())
+    }
+
+    /// A signature comment for `release` of this generation, expiring in a day.
+    pub(crate) fn comment(self, release: u64) -> String {
+        format!(
+            "generation={} release={release} expires={}",
+            self.name(),
+            now() + 86_400
+        )
+    }
+}
 
 pub(crate) struct Key {
     pub(crate) pk: minisign::PublicKey,
@@ -51,6 +107,35 @@ impl Key {
     }
 }
 
+/// Each test `$t` (a `fn(Gen)`) as two tests, `<$t>::v25` and `<$t>::v26`: the device's
+/// openpilot tree, the origin's manifest and the signatures all at that generation.
+macro_rules! for_each_generation {
+    ($($t:ident),* $(,)?) => {$(
+        mod $t {
+            use $crate::signed::Gen;
+            #[test]
+            fn v25() {
+                super::$t(Gen::V25)
+            }
+            #[test]
+            fn v26() {
+                super::$t(Gen::V26)
+            }
+        }
+    )*};
+}
+pub(crate) use for_each_generation;
+
+for_each_generation!(
+    pinned_key_installs_and_every_bad_signature_is_refused_without_a_change,
+    a_replayed_older_release_is_refused_and_the_newer_state_kept,
+    key_rotation_with_two_keys,
+    a_bad_signature_on_hugging_face_falls_through_to_github,
+    without_keys_nothing_changes_but_status_says_unprotected,
+    the_daemon_shows_a_refusal_in_model_download_progress,
+    a_crash_after_each_new_effect_is_completed_by_the_next_refresh,
+);
+
 pub(crate) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -58,14 +143,8 @@ pub(crate) fn now() -> u64 {
         .as_secs()
 }
 
-pub(crate) fn comment(release: u64) -> String {
-    format!(
-        "generation=v25 release={release} expires={}",
-        now() + 86_400
-    )
-}
-
 pub(crate) struct World {
+    pub(crate) generation: Gen,
     pub(crate) dir: tempfile::TempDir,
     pub(crate) root: PathBuf,
     pub(crate) server: FaultServer,
@@ -74,21 +153,20 @@ pub(crate) struct World {
     pub(crate) other: PublishedModel,
 }
 
-pub(crate) fn world() -> World {
+/// The origin publishing `generation`'s models, and the openpilot tree every device of this
+/// world is pointed at (`<dir>/openpilot`, see [`openpilot_tree`]) at that generation.
+pub(crate) fn world_for(generation: Gen) -> World {
     let dir = tempfile::tempdir().unwrap();
+    generation.set_tree(&dir.path().join("openpilot"));
     let root = dir.path().join("origin");
     fs::create_dir_all(&root).unwrap();
+    let g = generation.name();
     let pop_bytes = artifact_bytes(25, 3 * CHUNK / 2);
-    let pop = publish_model(&root, "v25", "pop223", &pop_bytes, Some(CHUNK));
-    let other = publish_model(
-        &root,
-        "v25",
-        "other",
-        &artifact_bytes(26, CHUNK),
-        Some(CHUNK),
-    );
+    let pop = publish_model(&root, g, "pop223", &pop_bytes, Some(CHUNK));
+    let other = publish_model(&root, g, "other", &artifact_bytes(26, CHUNK), Some(CHUNK));
     let server = FaultServer::start(&root).unwrap();
     World {
+        generation,
         dir,
         root,
         server,
@@ -99,40 +177,65 @@ pub(crate) fn world() -> World {
 }
 
 impl World {
+    /// This generation's catalog of `models`, naming its tinygrad pin.
+    fn catalog(&self, models: &[PublishedModel]) -> Vec<u8> {
+        manifest_json(self.generation.name(), models, true)
+            .replacen(
+                "\"models\":",
+                &format!(
+                    "\"tinygrad_commit\": \"{}\",\n  \"models\":",
+                    self.generation.pin()
+                ),
+                1,
+            )
+            .into_bytes()
+    }
+
     /// Release 1's catalog: `pop223` only.
     pub(crate) fn m1(&self) -> Vec<u8> {
-        manifest_json("v25", std::slice::from_ref(&self.pop), true).into_bytes()
+        self.catalog(std::slice::from_ref(&self.pop))
     }
 
     /// A later catalog: `pop223` and `other`.
     pub(crate) fn m2(&self) -> Vec<u8> {
-        manifest_json("v25", &[self.pop.clone(), self.other.clone()], true).into_bytes()
+        self.catalog(&[self.pop.clone(), self.other.clone()])
+    }
+
+    /// A signature comment for `release` of this world's generation.
+    pub(crate) fn comment(&self, release: u64) -> String {
+        self.generation.comment(release)
     }
 
     /// Serve `manifest` with `sig` (or no signature file) from both origins.
     pub(crate) fn serve(&self, manifest: &[u8], sig: Option<&str>) {
-        write_manifest(&self.root, "v25", manifest);
+        write_manifest(&self.root, self.generation.name(), manifest);
+        let sig_name = self.generation.sig();
         for dir in [
             self.root.join(HF_DIR).join("manifests"),
             self.root.join(GH_DIR),
         ] {
             match sig {
-                Some(s) => fs::write(dir.join(SIG), s).unwrap(),
+                Some(s) => fs::write(dir.join(&sig_name), s).unwrap(),
                 None => {
-                    let _ = fs::remove_file(dir.join(SIG));
+                    let _ = fs::remove_file(dir.join(&sig_name));
                 }
             }
         }
     }
 
     pub(crate) fn serve_at(&self, layout_dir: &str, manifest: &[u8], sig: &str) {
-        test_support::published::write_manifest_at(&self.root, layout_dir, "v25", manifest);
+        test_support::published::write_manifest_at(
+            &self.root,
+            layout_dir,
+            self.generation.name(),
+            manifest,
+        );
         let dir = if layout_dir == HF_DIR {
             self.root.join(HF_DIR).join("manifests")
         } else {
             self.root.join(GH_DIR)
         };
-        fs::write(dir.join(SIG), sig).unwrap();
+        fs::write(dir.join(self.generation.sig()), sig).unwrap();
     }
 
     pub(crate) fn keys_file(&self, name: &str, keys: &[&Key]) -> PathBuf {
@@ -166,7 +269,11 @@ impl World {
     pub(crate) fn status(&self, device: &str, keys: Option<&Path>) -> Value {
         let out = self.run(device, keys, &["status", "--json"]);
         assert!(out.status.success(), "{}", text(&out));
-        serde_json::from_slice(&out.stdout).unwrap()
+        let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+        // The device reads its generation from the tree this world set up.
+        assert_eq!(s["generation"], self.generation.name(), "{s}");
+        assert_eq!(s["tree"]["tinygrad_commit"], self.generation.pin(), "{s}");
+        s
     }
 
     pub(crate) fn param(&self, device: &str, key: &str) -> Option<String> {
@@ -202,15 +309,14 @@ pub(crate) fn text(o: &Output) -> String {
     )
 }
 
-#[test]
-fn pinned_key_installs_and_every_bad_signature_is_refused_without_a_change() {
-    let w = world();
+fn pinned_key_installs_and_every_bad_signature_is_refused_without_a_change(g: Gen) {
+    let w = world_for(g);
     let (a, b) = (Key::new(), Key::new());
     let keys = w.keys_file("a.pub", &[&a]);
 
     // Signed by the pinned key: accepted, and its model installs.
     let m1 = w.m1();
-    w.serve(&m1, Some(&a.sign(&m1, &comment(1))));
+    w.serve(&m1, Some(&a.sign(&m1, &w.comment(1))));
     let out = w.run("dev", Some(&keys), &["refresh"]);
     assert!(out.status.success(), "{}", text(&out));
     let out = w.run("dev", Some(&keys), &["download", "pop223"]);
@@ -229,10 +335,10 @@ fn pinned_key_installs_and_every_bad_signature_is_refused_without_a_change() {
     // Every bad case serves the newer catalog (which would add `other`) with a bad signature.
     let m2 = w.m2();
     let mut tampered = m2.clone();
-    let sig_of_m2 = a.sign(&m2, &comment(2));
+    let sig_of_m2 = a.sign(&m2, &w.comment(2));
     let pos = tampered.windows(6).position(|x| x == b"pop223").unwrap();
     tampered[pos..pos + 6].copy_from_slice(b"pwn223");
-    let expired = format!("generation=v25 release=2 expires={}", now() - 60);
+    let expired = format!("generation={} release=2 expires={}", g.name(), now() - 60);
     let cases: Vec<(&str, Vec<u8>, Option<String>, &str)> = vec![
         (
             "tampered after signing",
@@ -249,7 +355,7 @@ fn pinned_key_installs_and_every_bad_signature_is_refused_without_a_change() {
         (
             "signed by another key",
             m2.clone(),
-            Some(b.sign(&m2, &comment(2))),
+            Some(b.sign(&m2, &w.comment(2))),
             "Model list refused: not signed by a trusted key",
         ),
         (
@@ -257,7 +363,11 @@ fn pinned_key_installs_and_every_bad_signature_is_refused_without_a_change() {
             m2.clone(),
             Some(a.sign(
                 &m2,
-                &format!("generation=v26 release=2 expires={}", now() + 86_400),
+                &format!(
+                    "generation={} release=2 expires={}",
+                    g.other().name(),
+                    now() + 86_400
+                ),
             )),
             "Model list refused: signed for another generation",
         ),
@@ -317,13 +427,12 @@ fn pinned_key_installs_and_every_bad_signature_is_refused_without_a_change() {
     assert_eq!(s["trust"]["last_refusal"], Value::Null);
 }
 
-#[test]
-fn a_replayed_older_release_is_refused_and_the_newer_state_kept() {
-    let w = world();
+fn a_replayed_older_release_is_refused_and_the_newer_state_kept(g: Gen) {
+    let w = world_for(g);
     let a = Key::new();
     let keys = w.keys_file("a.pub", &[&a]);
     let (m1, m2) = (w.m1(), w.m2());
-    let (s1, s2) = (a.sign(&m1, &comment(1)), a.sign(&m2, &comment(2)));
+    let (s1, s2) = (a.sign(&m1, &w.comment(1)), a.sign(&m2, &w.comment(2)));
 
     w.serve(&m1, Some(&s1));
     assert!(w.run("dev", Some(&keys), &["refresh"]).status.success());
@@ -357,9 +466,8 @@ fn a_replayed_older_release_is_refused_and_the_newer_state_kept() {
     assert!(w.run("dev", Some(&keys), &["refresh"]).status.success());
 }
 
-#[test]
-fn key_rotation_with_two_keys() {
-    let w = world();
+fn key_rotation_with_two_keys(g: Gen) {
+    let w = world_for(g);
     let (old, new) = (Key::new(), Key::new());
     let only_old = w.keys_file("old.pub", &[&old]);
     let only_new = w.keys_file("new.pub", &[&new]);
@@ -367,7 +475,7 @@ fn key_rotation_with_two_keys() {
     let (m1, m2) = (w.m1(), w.m2());
 
     // 1. Before the rotation: the old key signs; devices have the old key, or already both.
-    w.serve(&m1, Some(&old.sign(&m1, &comment(1))));
+    w.serve(&m1, Some(&old.sign(&m1, &w.comment(1))));
     for (dev, keys) in [("old", &only_old), ("both", &both)] {
         let out = w.run(dev, Some(keys), &["refresh"]);
         assert!(out.status.success(), "{dev}: {}", text(&out));
@@ -377,8 +485,8 @@ fn key_rotation_with_two_keys() {
     //    a freshly installed one that only knows the new key.
     let overlap = format!(
         "{}{}",
-        new.sign(&m2, &comment(2)),
-        old.sign(&m2, &comment(2))
+        new.sign(&m2, &w.comment(2)),
+        old.sign(&m2, &w.comment(2))
     );
     w.serve(&m2, Some(&overlap));
     for (dev, keys) in [("old", &only_old), ("both", &both), ("new", &only_new)] {
@@ -393,7 +501,7 @@ fn key_rotation_with_two_keys() {
 
     // 3. The old key retired: only the new key signs. A device still on the old key alone
     //    refuses (and keeps release 2); the others accept.
-    w.serve(&m1, Some(&new.sign(&m1, &comment(3))));
+    w.serve(&m1, Some(&new.sign(&m1, &w.comment(3))));
     let before = w.snapshot("old");
     let out = w.run("old", Some(&only_old), &["refresh"]);
     assert_eq!(out.status.code(), Some(5), "{}", text(&out));
@@ -405,14 +513,13 @@ fn key_rotation_with_two_keys() {
     }
 }
 
-#[test]
-fn a_bad_signature_on_hugging_face_falls_through_to_github() {
-    let w = world();
+fn a_bad_signature_on_hugging_face_falls_through_to_github(g: Gen) {
+    let w = world_for(g);
     let (a, b) = (Key::new(), Key::new());
     let keys = w.keys_file("a.pub", &[&a]);
     let m2 = w.m2();
-    w.serve_at(HF_DIR, &m2, &b.sign(&m2, &comment(1)));
-    w.serve_at(GH_DIR, &m2, &a.sign(&m2, &comment(1)));
+    w.serve_at(HF_DIR, &m2, &b.sign(&m2, &w.comment(1)));
+    w.serve_at(GH_DIR, &m2, &a.sign(&m2, &w.comment(1)));
     let out = w.run("dev", Some(&keys), &["refresh", "--json"]);
     assert!(out.status.success(), "{}", text(&out));
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -430,7 +537,7 @@ fn a_bad_signature_on_hugging_face_falls_through_to_github() {
         "{s}"
     );
     // Once Hugging Face serves the signed manifest again, the report is cleared.
-    w.serve_at(HF_DIR, &m2, &a.sign(&m2, &comment(1)));
+    w.serve_at(HF_DIR, &m2, &a.sign(&m2, &w.comment(1)));
     assert!(w.run("dev", Some(&keys), &["refresh"]).status.success());
     assert_eq!(
         w.status("dev", Some(&keys))["trust"]["last_refusal"],
@@ -438,9 +545,8 @@ fn a_bad_signature_on_hugging_face_falls_through_to_github() {
     );
 }
 
-#[test]
-fn without_keys_nothing_changes_but_status_says_unprotected() {
-    let w = world();
+fn without_keys_nothing_changes_but_status_says_unprotected(g: Gen) {
+    let w = world_for(g);
     let m1 = w.m1();
     w.serve(&m1, None);
     let out = w.run("dev", None, &["refresh"]);
@@ -464,13 +570,12 @@ fn without_keys_nothing_changes_but_status_says_unprotected() {
     );
 }
 
-#[test]
-fn the_daemon_shows_a_refusal_in_model_download_progress() {
-    let w = world();
+fn the_daemon_shows_a_refusal_in_model_download_progress(g: Gen) {
+    let w = world_for(g);
     let (a, b) = (Key::new(), Key::new());
     let keys = w.keys_file("a.pub", &[&a]);
     let m1 = w.m1();
-    w.serve(&m1, Some(&b.sign(&m1, &comment(1))));
+    w.serve(&m1, Some(&b.sign(&m1, &w.comment(1))));
     let mut child = Command::new(BIN)
         .arg("--data-dir")
         .arg(w.data("dev"))
@@ -516,13 +621,12 @@ fn the_daemon_shows_a_refusal_in_model_download_progress() {
 /// them, made from a twin device that took release 2 cleanly: `resolve` still answers the
 /// selected model from a catalog that verifies, a replay of release 1 is refused as soon as
 /// release 2's catalog is stored, and the next refresh ends where the twin is.
-#[test]
-fn a_crash_after_each_new_effect_is_completed_by_the_next_refresh() {
-    let w = world();
+fn a_crash_after_each_new_effect_is_completed_by_the_next_refresh(g: Gen) {
+    let w = world_for(g);
     let a = Key::new();
     let keys = w.keys_file("a.pub", &[&a]);
     let (m1, m2) = (w.m1(), w.m2());
-    let (s1, s2) = (a.sign(&m1, &comment(1)), a.sign(&m2, &comment(2)));
+    let (s1, s2) = (a.sign(&m1, &w.comment(1)), a.sign(&m2, &w.comment(2)));
     let builtin = w.dir.path().join("builtin");
     fs::create_dir_all(&builtin).unwrap();
     fs::write(builtin.join("driving_tinygrad.pkl.chunk01of01"), b"builtin").unwrap();

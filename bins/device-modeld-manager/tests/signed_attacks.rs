@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use test_support::published::{artifact_dirs, publish_model, sha256_hex};
 
 use crate::common::manager;
-use crate::signed::{CHUNK, Key, World, comment, text, world};
+use crate::signed::{CHUNK, Gen, Key, World, for_each_generation, text, world_for};
 
 const RELEASE_PARAM: &str = "ModelManifestAcceptedRelease";
 const FLOOR_FILE: &str = ".accepted-release.json";
@@ -72,6 +72,15 @@ impl World {
     }
 }
 
+for_each_generation!(
+    an_unsigned_digest_with_an_evil_sidecar_never_reaches_resolve,
+    an_edited_catalog_beside_a_planted_file_answers_the_built_in,
+    a_deleted_or_lowered_floor_lets_no_older_release_back_in,
+    a_corrupt_trust_file_is_replaced_from_the_param_and_two_bad_copies_are_named,
+    a_forged_verification_cache_beside_a_planted_file_answers_the_built_in,
+    planted_trust_files_are_refused_without_hanging_or_reading_them,
+);
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -93,15 +102,14 @@ fn files_of(dir: &Path, prefix: &str) -> Vec<String> {
 /// `ModelDownloadProgress` say why, `status` lists them, and a copy planted beside its sidecar
 /// in `/data/models` is not "verified" either. Without keys the sidecar is still used (the
 /// unprotected device's documented behaviour).
-#[test]
-fn an_unsigned_digest_with_an_evil_sidecar_never_reaches_resolve() {
-    let w = world();
+fn an_unsigned_digest_with_an_evil_sidecar_never_reaches_resolve(g: Gen) {
+    let w = world_for(g);
     w.with_builtin();
     let a = Key::new();
     let keys = w.keys_file("a.pub", &[&a]);
     let evil = evil();
-    publish_model(&w.root, "v25", "pwn223", &evil, Some(CHUNK));
-    for dir in artifact_dirs(&w.root, "v25", "pop223") {
+    publish_model(&w.root, g.name(), "pwn223", &evil, Some(CHUNK));
+    for dir in artifact_dirs(&w.root, g.name(), "pop223") {
         fs::write(dir.join("pop223_amd.pkl"), &evil).unwrap();
         fs::write(
             dir.join("pop223_amd.pkl.sha256"),
@@ -118,7 +126,7 @@ fn an_unsigned_digest_with_an_evil_sidecar_never_reaches_resolve() {
         "released": "2025-01-01", "community_favorite": false,
         "artifact_format": "tinygrad_single_v1", "uses_external_gpu": false}));
     let m = serde_json::to_vec_pretty(&m).unwrap();
-    w.serve(&m, Some(&a.sign(&m, &comment(1))));
+    w.serve(&m, Some(&a.sign(&m, &w.comment(1))));
     // A ready Chestnut, so the variant would be fetched.
     let usb = w.dir.path().join("sys/bus/usb/devices/2-1");
     fs::create_dir_all(&usb).unwrap();
@@ -277,14 +285,13 @@ fn an_unsigned_digest_with_an_evil_sidecar_never_reaches_resolve() {
 /// The stored catalog edited to name a planted file's digest: `resolve` answers the built-in
 /// and says why (stderr, `--json`, `status`); so does a catalog whose signature file is gone.
 /// A refresh stores the signed catalog again and the genuine model comes back.
-#[test]
-fn an_edited_catalog_beside_a_planted_file_answers_the_built_in() {
-    let w = world();
+fn an_edited_catalog_beside_a_planted_file_answers_the_built_in(g: Gen) {
+    let w = world_for(g);
     w.with_builtin();
     let a = Key::new();
     let keys = w.keys_file("a.pub", &[&a]);
     let m1 = w.m1();
-    w.selecting_pop("dev", &keys, &m1, &a.sign(&m1, &comment(1)));
+    w.selecting_pop("dev", &keys, &m1, &a.sign(&m1, &w.comment(1)));
     let models = w.models("dev");
     let pop_path = models.join("pop223_driving_tinygrad.pkl");
     let (r, _) = w.resolve("dev", &keys);
@@ -369,14 +376,13 @@ fn an_edited_catalog_beside_a_planted_file_answers_the_built_in() {
 /// The floor deleted or lowered in `/data/models`: the param mirror keeps release 2, a replay
 /// of release 1 is refused and nothing changes (the file is restored from the param); an older
 /// signed catalog put back locally is not used. `status` says which copy the floor comes from.
-#[test]
-fn a_deleted_or_lowered_floor_lets_no_older_release_back_in() {
-    let w = world();
+fn a_deleted_or_lowered_floor_lets_no_older_release_back_in(g: Gen) {
+    let w = world_for(g);
     w.with_builtin();
     let a = Key::new();
     let keys = w.keys_file("a.pub", &[&a]);
     let (m1, m2) = (w.m1(), w.m2());
-    let (s1, s2) = (a.sign(&m1, &comment(1)), a.sign(&m2, &comment(2)));
+    let (s1, s2) = (a.sign(&m1, &w.comment(1)), a.sign(&m2, &w.comment(2)));
     w.selecting_pop("dev", &keys, &m1, &s1);
     w.serve(&m2, Some(&s2));
     assert!(w.run("dev", Some(&keys), &["refresh"]).status.success());
@@ -422,7 +428,10 @@ fn a_deleted_or_lowered_floor_lets_no_older_release_back_in() {
     // Lowered to release 1, with release 1's signed catalog put back beside it.
     fs::write(
         models.join(FLOOR_FILE),
-        r#"{"v25": {"release": 1, "expires": 4102444800, "key": "x"}}"#,
+        format!(
+            r#"{{"{}": {{"release": 1, "expires": 4102444800, "key": "x"}}}}"#,
+            g.name()
+        ),
     )
     .unwrap();
     fs::write(models.join(".catalog.json"), &m1).unwrap();
@@ -465,14 +474,13 @@ fn a_deleted_or_lowered_floor_lets_no_older_release_back_in() {
 /// start over" reset rollback protection): it is rewritten from the param. With neither copy
 /// valid, `refresh` refuses with both named and a next step, changes nothing, and `status`
 /// says the floor is unknown.
-#[test]
-fn a_corrupt_trust_file_is_replaced_from_the_param_and_two_bad_copies_are_named() {
-    let w = world();
+fn a_corrupt_trust_file_is_replaced_from_the_param_and_two_bad_copies_are_named(g: Gen) {
+    let w = world_for(g);
     w.with_builtin();
     let a = Key::new();
     let keys = w.keys_file("a.pub", &[&a]);
     let m1 = w.m1();
-    w.selecting_pop("dev", &keys, &m1, &a.sign(&m1, &comment(1)));
+    w.selecting_pop("dev", &keys, &m1, &a.sign(&m1, &w.comment(1)));
     let models = w.models("dev");
     let floor = models.join(FLOOR_FILE);
     let before = w.snapshot("dev");
@@ -480,7 +488,7 @@ fn a_corrupt_trust_file_is_replaced_from_the_param_and_two_bad_copies_are_named(
     for case in ["garbage", "huge", "fifo"] {
         let _ = fs::remove_file(&floor);
         match case {
-            "garbage" => fs::write(&floor, "{\"v25\": {\"rel").unwrap(),
+            "garbage" => fs::write(&floor, format!("{{\"{}\": {{\"rel", g.name())).unwrap(),
             "huge" => fs::File::create(&floor).unwrap().set_len(1 << 30).unwrap(),
             _ => assert!(
                 std::process::Command::new("mkfifo")
@@ -540,7 +548,10 @@ fn a_corrupt_trust_file_is_replaced_from_the_param_and_two_bad_copies_are_named(
     w.set_param(
         "dev",
         RELEASE_PARAM,
-        r#"{"v25": {"release": 1, "expires": 0, "key": "restored"}}"#,
+        &format!(
+            r#"{{"{}": {{"release": 1, "expires": 0, "key": "restored"}}}}"#,
+            g.name()
+        ),
     );
     let out = w.run("dev", Some(&keys), &["refresh"]);
     assert!(out.status.success(), "{}", text(&out));
@@ -572,14 +583,13 @@ fn stat_signature(path: &Path) -> String {
 /// signed digest (`verified`) or a digest verified "against an earlier catalog" (`outdated`).
 /// With trusted keys the cache decides nothing: `resolve` and `status` hash the file, answer
 /// the built-in, and a refresh puts the genuine model back (nothing lost).
-#[test]
-fn a_forged_verification_cache_beside_a_planted_file_answers_the_built_in() {
-    let w = world();
+fn a_forged_verification_cache_beside_a_planted_file_answers_the_built_in(g: Gen) {
+    let w = world_for(g);
     w.with_builtin();
     let a = Key::new();
     let keys = w.keys_file("a.pub", &[&a]);
     let m1 = w.m1();
-    w.selecting_pop("dev", &keys, &m1, &a.sign(&m1, &comment(1)));
+    w.selecting_pop("dev", &keys, &m1, &a.sign(&m1, &w.comment(1)));
     let models = w.models("dev");
     let pop_path = models.join("pop223_driving_tinygrad.pkl");
     let (r, _) = w.resolve("dev", &keys);
@@ -659,14 +669,13 @@ fn run_within(w: &World, device: &str, keys: &Path, args: &[&str]) -> Output {
 /// read capped and only as regular files, so nothing hangs or fills memory. A planted keys file
 /// is an error naming it (never "unprotected"); a planted catalog signature or catalog makes
 /// `resolve` answer the built-in; a refresh stores the signed pair again (nothing lost).
-#[test]
-fn planted_trust_files_are_refused_without_hanging_or_reading_them() {
-    let w = world();
+fn planted_trust_files_are_refused_without_hanging_or_reading_them(g: Gen) {
+    let w = world_for(g);
     w.with_builtin();
     let a = Key::new();
     let keys = w.keys_file("a.pub", &[&a]);
     let m1 = w.m1();
-    w.selecting_pop("dev", &keys, &m1, &a.sign(&m1, &comment(1)));
+    w.selecting_pop("dev", &keys, &m1, &a.sign(&m1, &w.comment(1)));
     let models = w.models("dev");
     let pop_path = models.join("pop223_driving_tinygrad.pkl");
     let planted = w.dir.path().join("planted");
