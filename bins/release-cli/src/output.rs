@@ -127,7 +127,10 @@ impl From<release::Error> for CliError {
             | E::BumpNeedsCommit { .. }
             | E::PinBuiltin { .. }
             | E::PinNotRecorded { .. }
-            | E::PinNoStoreChecked { .. } => CliError::usage(e),
+            | E::PinNoStoreChecked { .. }
+            | E::SkipValidationNoReason
+            | E::PublishNeedsWorkspace
+            | E::PublishInput(_) => CliError::usage(e),
             E::Pins { .. }
             | E::BumpRefused { .. }
             | E::BumpPinned { .. }
@@ -140,7 +143,8 @@ impl From<release::Error> for CliError {
             | E::PinStoreUnreadable { .. }
             | E::PinCorrectionRefused { .. }
             | E::RebuildGeneration { .. }
-            | E::ReuseManifestPin { .. } => CliError::check_failed(e),
+            | E::ReuseManifestPin { .. }
+            | E::SignRefused(_) => CliError::check_failed(e),
             other => CliError::failure(other),
         }
     }

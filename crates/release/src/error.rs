@@ -312,6 +312,32 @@ pub enum Error {
     )]
     GpuFlag { mismatches: Vec<String> },
 
+    /// `publish --skip-validation` with an empty reason.
+    #[error(
+        "--skip-validation needs a reason, e.g. --skip-validation \"hotfix: validated by hand on QCOM\"; it is written into the publish record"
+    )]
+    SkipValidationNoReason,
+
+    /// `publish` without a workspace to read the gate records from, and without a skip reason.
+    #[error(
+        "publish needs --workspace DIR, the rebuild workspace whose results/ holds the \
+         preflight and validation records (or --skip-validation \"REASON\")"
+    )]
+    PublishNeedsWorkspace,
+
+    /// A publish input the engineer gave cannot be used: the store order, a signing key, the
+    /// release number or the expiry (the store error names it and the next step).
+    #[error(transparent)]
+    PublishInput(artifact_store::Error),
+
+    /// The manifest cannot be signed: it does not state what a signature covers.
+    #[error(transparent)]
+    SignRefused(artifact_store::Error),
+
+    /// Reading the live signatures or making the signature failed.
+    #[error(transparent)]
+    SignFailed(artifact_store::Error),
+
     /// A chunk-set operation failed (its error names the file).
     #[error(transparent)]
     Chunk(#[from] chunker::Error),

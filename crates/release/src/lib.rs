@@ -5,6 +5,7 @@
 //!   rebuild stale records, stop the run) over a [`rebuild::Builder`];
 //! - [`tree`]: edits of the openpilot checkout, `tinygrad bump` and `builtin`, each decided
 //!   before anything is written and able to stop there (dry run);
+//! - [`publish`]: the gates, the signature, the upload and the publish record, in order;
 //! - [`reuse`]: when an artifact built elsewhere may be adopted, and the copy;
 //! - [`rehearse`]: the staged release played on old-generation devices before it is published.
 //!
@@ -21,6 +22,7 @@ pub mod tree;
 pub use error::{Error, Result};
 pub mod gate;
 pub mod preflight;
+pub mod publish;
 pub mod records;
 pub mod rehearse;
 pub mod status;

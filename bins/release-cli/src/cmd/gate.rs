@@ -1,11 +1,9 @@
-//! `release-cli preflight` and publish's validation gate: the front of `release::preflight`
-//! and `release::gate` (see docs/release.md, "Validate" and "The release gates").
+//! `release-cli preflight`: the front of `release::preflight` (see docs/release.md, "Validate";
+//! publish's validation gate is `release::publish`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
-use manifest::Manifest;
-use release::gate::{GateOutcome, PublishRecord};
 
 use crate::output::print_json;
 use crate::{CliError, CliResult};
@@ -114,41 +112,4 @@ pub fn preflight(args: PreflightArgs) -> CliResult {
             log.display()
         )))
     }
-}
-
-/// Publish's validation gate, decided before any store is opened: the records in `workspace`
-/// must cover the seed's matrix for `manifest`, unless validation is skipped with a reason.
-pub fn check_publish(
-    manifest: &Manifest,
-    workspace: Option<&Path>,
-    skip_reason: Option<&str>,
-) -> CliResult<GateOutcome> {
-    if let Some(r) = skip_reason
-        && r.trim().is_empty()
-    {
-        return Err(CliError::usage(
-            "--skip-validation needs a reason, e.g. --skip-validation \"hotfix: validated by hand on QCOM\"; it is written into the publish record",
-        ));
-    }
-    if workspace.is_none() && skip_reason.is_none() {
-        return Err(CliError::usage(
-            "publish needs --workspace DIR, the rebuild workspace whose results/ holds the \
-             preflight and validation records (or --skip-validation \"REASON\")",
-        ));
-    }
-    let coverage = match workspace {
-        Some(ws) => {
-            let records = release::records::load(ws).map_err(release_error)?;
-            Some(release::gate::coverage(manifest, &records))
-        }
-        None => None,
-    };
-    release::gate::decide(workspace, coverage.as_ref(), skip_reason).map_err(release_error)
-}
-
-/// Write the publish record beside the manifest; returns its path.
-pub fn write_publish_record(record: &PublishRecord) -> CliResult<PathBuf> {
-    let path = release::records::publish_record_path(&record.manifest);
-    release::records::write(&path, record).map_err(release_error)?;
-    Ok(path)
 }

@@ -1,5 +1,4 @@
-//! `release-cli manifest sign|verify`, and the `--sign-key` part of `publish`: the front of
-//! `artifact_store::signing` (docs/formats.md, "Signed manifests").
+//! `release-cli manifest sign|verify`: the front of `artifact_store::signing` (docs/formats.md, "Signed manifests").
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -72,7 +71,7 @@ pub struct VerifyArgs {
 
 /// An encrypted key's passphrase: the environment variable, else the terminal (never echoed,
 /// never logged).
-fn ask_passphrase(path: &Path) -> Result<String, String> {
+pub(crate) fn ask_passphrase(path: &Path) -> Result<String, String> {
     if let Ok(p) = std::env::var(PASSPHRASE_ENV) {
         return Ok(p);
     }
@@ -160,18 +159,14 @@ pub fn sign(a: SignArgs) -> CliResult {
                  new one elsewhere with --output"
             ))
         })?;
-    let seen: Vec<ReleaseNumber> = match existing {
-        Some(raw) => signing::check_signature(&verifying, &bytes, &String::from_utf8_lossy(&raw))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| c.verified_by.is_some())
-            .filter_map(|c| c.comment.parse::<manifest::TrustedComment>().ok())
-            .filter(|c| c.generation == generation)
-            .map(|c| c.release)
-            .collect(),
-        None => Vec::new(),
-    };
-    let release = signature::next_release(seen, [], a.release).map_err(CliError::usage)?;
+    let release = release::publish::release_beside(
+        &verifying,
+        &bytes,
+        existing.as_deref(),
+        generation,
+        a.release,
+    )
+    .map_err(CliError::usage)?;
     let comment =
         signing::new_comment(generation, release, a.expires_in).map_err(CliError::usage)?;
     let text = signing::sign_manifest(&keys, &bytes, &comment).map_err(CliError::failure)?;
@@ -329,46 +324,4 @@ pub fn verify(a: VerifyArgs) -> CliResult {
             Err(if a.json { e.after_json_report() } else { e })
         }
     }
-}
-
-/// `publish --sign-key`: the signature file for the manifest's canonical bytes (what publish
-/// uploads), with the next release after every live signed one. `None` without keys. The caller
-/// has checked [`signing::require_covered`].
-pub fn publish_signature(
-    manifest: &Manifest,
-    stores: &[&dyn artifact_store::Store],
-    generation: Generation,
-    key_paths: &[PathBuf],
-    release: Option<ReleaseNumber>,
-    expires_in: u64,
-    json: bool,
-) -> CliResult<Option<String>> {
-    if key_paths.is_empty() {
-        return Ok(None);
-    }
-    let keys = load_signing_keys(key_paths)?;
-    let bytes = manifest.to_canonical_bytes();
-    let verifying: Vec<VerifyingKey> = keys.iter().map(VerifyingKey::from).collect();
-    let live = signing::live_signatures(stores, generation, &verifying, &bytes)
-        .map_err(CliError::failure)?;
-    let release = signing::choose_release(&live, release).map_err(CliError::usage)?;
-    let comment = signing::new_comment(generation, release, expires_in).map_err(CliError::usage)?;
-    let text = signing::sign_manifest(&keys, &bytes, &comment).map_err(CliError::failure)?;
-    let ids: Vec<&str> = keys.iter().map(|k| k.id()).collect();
-    if json {
-        print_json(&json!({
-            "event": "signed",
-            "generation": generation.to_string(),
-            "release": release.get(),
-            "expires": comment.expires.0,
-            "keys": ids,
-        }))?;
-    } else {
-        cli_support::info!(
-            "signing {generation} release {release} with key {} (expires {} Unix seconds)",
-            ids.join(" and "),
-            comment.expires
-        );
-    }
-    Ok(Some(text))
 }

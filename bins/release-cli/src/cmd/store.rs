@@ -4,17 +4,14 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use artifact_store::publish::{
-    Contract, Event, PublishOptions, PublishReport, SignatureAction, Step, check_store_order,
-    publish_signed,
-};
-use artifact_store::retry::RetryPolicy;
+use artifact_store::publish::{Event, PublishReport, Step};
 use artifact_store::reuse::ReusePlan;
 use artifact_store::serve::{ServeConfig, Server};
 use artifact_store::{HfConfig, Location, Store, StoreSpec};
 use clap::Args;
 use manifest::{Generation, GitCommit, Manifest, ModelId, layout};
 use release::gate::GateOutcome;
+use release::publish::{self, PublishRequest};
 
 use crate::output::print_json;
 use crate::progress::bytes_bar;
@@ -147,23 +144,6 @@ impl StoreAccess {
     }
 }
 
-fn open_stores(specs: &[String], access: &StoreAccess) -> CliResult<Vec<Box<dyn Store>>> {
-    let parsed: Vec<StoreSpec> = specs
-        .iter()
-        .map(|s| StoreSpec::parse(s))
-        .collect::<Result<_, _>>()
-        .map_err(store_error)?;
-    let kinds: Vec<(String, bool, bool)> = parsed
-        .iter()
-        .map(|s| (s.to_string(), s.is_hf(), s.is_github()))
-        .collect();
-    check_store_order(&kinds).map_err(CliError::usage)?;
-    parsed
-        .iter()
-        .map(|s| access.open(s).map_err(store_error))
-        .collect()
-}
-
 pub fn publish_cmd(args: PublishArgs) -> CliResult {
     let manifest = read_manifest(&args.manifest)?;
     if !args.artifacts.is_dir() {
@@ -172,166 +152,69 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             args.artifacts.display()
         )));
     }
-    // The validation gate, before any store is opened or anything written.
-    let validation = super::gate::check_publish(
-        &manifest,
-        args.workspace.as_deref(),
-        args.skip_validation.as_deref(),
-    )?;
-    if let GateOutcome::Skipped { reason, gaps, .. } = &validation {
-        eprintln!(
-            "warning: publishing without validation ({reason}); {} uncovered cell(s) recorded",
-            gaps.len()
-        );
-    }
-    // uses_external_gpu must be what the workspace's build records say was built.
-    if let Some(ws) = &args.workspace {
-        release::flags::check_gpu_flags(&manifest, ws).map_err(super::gate::release_error)?;
-    }
-    let stores = open_stores(&args.to, &args.access)?;
-    let store_refs: Vec<&dyn Store> = stores.iter().map(|s| s.as_ref()).collect();
-    let github_only = github_only_gate(&args, &manifest)?;
-    let opts = PublishOptions {
-        generation: args.generation,
-        dry_run: args.dry_run,
-        retry: RetryPolicy {
-            attempts: args.attempts.max(1),
-            ..RetryPolicy::default()
-        },
-        deep_verify: args.deep_verify,
-        contract: Contract {
-            pins: load_pins(args.openpilot.as_deref())?,
-            add_models: args.add_models.iter().cloned().collect(),
-            drop_models: args.drop_models.iter().cloned().collect(),
-        },
-    };
     let json = args.json;
     let dry_run = args.dry_run;
+    let removing_signature = args.remove_signature.is_some();
+    let request = PublishRequest {
+        generation: args.generation,
+        manifest_path: args.manifest,
+        manifest,
+        artifacts: args.artifacts,
+        hf: args.access.hf(),
+        github_branch: args.access.github_branch,
+        to: args.to,
+        hub: args.hub,
+        dry_run: args.dry_run,
+        deep_verify: args.deep_verify,
+        attempts: args.attempts,
+        add_models: args.add_models,
+        drop_models: args.drop_models,
+        openpilot: args.openpilot,
+        workspace: args.workspace,
+        skip_validation: args.skip_validation,
+        github_only: args.github_only,
+        sign_keys: args.sign_key,
+        release: args.release,
+        remove_signature: args.remove_signature,
+        expires_in_days: args.expires_in,
+    };
     let mut bar = None;
-    let mut on_event = |e: &Event| {
-        if json {
+    let mut on_event = |e: &publish::Event| match e {
+        publish::Event::ValidationSkipped { reason, gaps } => eprintln!(
+            "warning: publishing without validation ({reason}); {gaps} uncovered cell(s) recorded"
+        ),
+        publish::Event::GithubOnly { reason } => {
+            eprintln!("warning: publishing to GitHub without the Hub ({reason}); recorded")
+        }
+        publish::Event::Signed { .. } if json => {
             let _ = print_json(e);
-            return;
         }
-        match e {
-            Event::StoreStarted {
-                store,
-                upload_bytes,
-            } => {
-                cli_support::info!("publishing to {store}");
-                bar = Some(bytes_bar(*upload_bytes, store.clone(), false));
-            }
-            Event::Uploaded { size, .. } => {
-                if let Some(b) = &bar {
-                    b.inc(*size)
-                }
-            }
-            Event::Retrying {
-                path,
-                attempt,
-                error,
-                wait_ms,
-                ..
-            } => eprintln!(
-                "warning: upload of {path} failed (attempt {attempt}): {error}; retrying in {:.1} s",
-                *wait_ms as f64 / 1000.0
-            ),
-            Event::Removed { path, .. } => cli_support::info!("removed {path}"),
-            Event::Checked { store, models } => {
-                if let Some(b) = bar.take() {
-                    b.finish_and_clear()
-                }
-                if dry_run {
-                    cli_support::info!(
-                        "{store}: {models} listed artifact(s) not in --artifacts are complete and matching there"
-                    )
-                } else {
-                    cli_support::info!("{store}: {models} listed artifact(s) complete and matching")
-                }
-            }
-            Event::Guarded {
-                store,
-                first_publish,
-            } => {
-                if *first_publish {
-                    cli_support::info!(
-                        "{store}: no live manifest yet: first publish of this generation"
-                    )
-                } else {
-                    cli_support::info!("{store}: release guard passed against the live manifest")
-                }
-            }
-            Event::ManifestWritten { store, path } => cli_support::info!("{store}: wrote {path}"),
-            Event::ManifestUnchanged { store, path } => {
-                cli_support::info!("{store}: {path} already identical, not rewritten")
-            }
-            Event::Uploading { store, path, size } => {
-                cli_support::detail!("{store}: uploading {path} ({size} bytes)")
-            }
+        publish::Event::Signed {
+            generation,
+            release,
+            expires,
+            keys,
+        } => cli_support::info!(
+            "signing {generation} release {release} with key {} (expires {expires} Unix seconds)",
+            keys.join(" and "),
+        ),
+        publish::Event::RemovingSignature { generation, reason } => eprintln!(
+            "warning: publishing {generation} unsigned and removing its signature ({reason}); \
+             devices with trusted keys will refuse this generation as not signed"
+        ),
+        publish::Event::Store(e) if json => {
+            let _ = print_json(e);
         }
+        publish::Event::Store(e) => render_store_event(e, &mut bar, dry_run),
     };
-    // A signature covers only what the manifest states: refused before any key is unlocked.
-    if !args.sign_key.is_empty() {
-        artifact_store::signing::require_covered(&manifest, &args.manifest.display().to_string())
-            .map_err(CliError::check_failed)?;
-    }
-    let signature = super::sign::publish_signature(
-        &manifest,
-        &store_refs,
-        args.generation,
-        &args.sign_key,
-        args.release,
-        args.expires_in,
-        json,
-    )?;
-    let action = match (&signature, &args.remove_signature) {
-        (Some(sig), _) => SignatureAction::Sign(sig.as_bytes()),
-        (None, Some(reason)) => {
-            eprintln!(
-                "warning: publishing {} unsigned and removing its signature ({reason}); devices \
-                 with trusted keys will refuse this generation as not signed",
-                args.generation
-            );
-            SignatureAction::RemoveSignature { reason }
-        }
-        (None, None) => SignatureAction::Unsigned,
-    };
-    let report = publish_signed(
-        &manifest,
-        &args.artifacts,
-        &store_refs,
-        &opts,
-        action,
-        &mut on_event,
-    )
-    .map_err(store_error)?;
-    let publish_record = if report.dry_run {
-        None
-    } else {
-        Some(super::gate::write_publish_record(
-            &release::gate::PublishRecord::new(
-                &args.manifest,
-                &manifest,
-                args.generation,
-                report.stores.iter().map(|s| s.store.clone()).collect(),
-                report.models.clone(),
-                validation.clone(),
-                release::gate::PublishAllowance {
-                    github_only: github_only.clone(),
-                    signature_removed: args.remove_signature.clone(),
-                },
-            ),
-        )?)
-    };
+    let outcome = publish::run(request, &mut super::sign::ask_passphrase, &mut on_event)
+        .map_err(publish_error)?;
     if json {
-        return print_json(&GatedReport {
-            report: &report,
-            validation: &validation,
-            publish_record: publish_record.as_deref(),
-        });
+        return print_json(&outcome);
     }
-    print_report(&report);
-    match &validation {
+    let report = &outcome.report;
+    print_report(report);
+    match &outcome.validation {
         GateOutcome::Passed { workspace, covered } => crate::outln!(
             "validation: {} cell(s) of the seed's matrix covered by the records in {}",
             covered.len(),
@@ -339,12 +222,12 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
         )?,
         GateOutcome::Skipped { reason, .. } => crate::outln!("validation: SKIPPED ({reason})")?,
     }
-    if let Some(p) = &publish_record {
+    if let Some(p) = &outcome.publish_record {
         crate::outln!("publish record: {}", p.display())?;
     }
     if report.dry_run {
         cli_support::info!("next: run the same command without --dry-run to publish");
-    } else if args.remove_signature.is_some() {
+    } else if removing_signature {
         cli_support::info!(
             "next: devices without trusted keys pick up {} on their next refresh; devices with \
              keys refuse it as not signed until you publish it again with --sign-key",
@@ -359,42 +242,76 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
     Ok(())
 }
 
-/// GitHub never ahead of the Hub: `artifact_store::publish::check_github_only` over the
-/// `--to` stores, opening `--hub` only when it must be read.
-fn github_only_gate(
-    args: &PublishArgs,
-    manifest: &Manifest,
-) -> CliResult<artifact_store::publish::GithubOnly> {
-    // A `--to` that is the `--hub` store counts as the Hub (an offline mirror, or a directory
-    // standing in for the Hub, named on purpose).
-    let hub = StoreSpec::parse(&args.hub).map_err(store_error)?;
-    let kinds: Vec<(bool, bool)> = args
-        .to
-        .iter()
-        .map(|s| StoreSpec::parse(s).map(|s| (s.is_hf() || s.same_store(&hub), s.is_github())))
-        .collect::<Result<_, _>>()
-        .map_err(store_error)?;
-    let decision = artifact_store::publish::check_github_only(
-        &kinds,
-        args.github_only.as_deref(),
-        args.generation,
-        manifest,
-        &mut || args.access.open(&StoreSpec::parse(&args.hub)?),
-    )
-    .map_err(store_error)?;
-    if let artifact_store::publish::GithubOnly::Flag { reason } = &decision {
-        eprintln!("warning: publishing to GitHub without the Hub ({reason}); recorded");
+/// A publish error's exit code: the gate's refusals are failed checks (as for `preflight`).
+fn publish_error(e: release::Error) -> CliError {
+    use release::Error as E;
+    match e {
+        E::Record { .. }
+        | E::ValidationGate { .. }
+        | E::GpuFlag { .. }
+        | E::NotACheckout { .. } => super::gate::release_error(e),
+        e => e.into(),
     }
-    Ok(decision)
 }
 
-/// The publish report with what the validation gate decided.
-#[derive(serde::Serialize)]
-struct GatedReport<'a> {
-    #[serde(flatten)]
-    report: &'a PublishReport,
-    validation: &'a GateOutcome,
-    publish_record: Option<&'a std::path::Path>,
+/// The text form of the upload's progress: a byte bar per store, one line per decision.
+fn render_store_event(e: &Event, bar: &mut Option<indicatif::ProgressBar>, dry_run: bool) {
+    match e {
+        Event::StoreStarted {
+            store,
+            upload_bytes,
+        } => {
+            cli_support::info!("publishing to {store}");
+            *bar = Some(bytes_bar(*upload_bytes, store.clone(), false));
+        }
+        Event::Uploaded { size, .. } => {
+            if let Some(b) = bar {
+                b.inc(*size)
+            }
+        }
+        Event::Retrying {
+            path,
+            attempt,
+            error,
+            wait_ms,
+            ..
+        } => eprintln!(
+            "warning: upload of {path} failed (attempt {attempt}): {error}; retrying in {:.1} s",
+            *wait_ms as f64 / 1000.0
+        ),
+        Event::Removed { path, .. } => cli_support::info!("removed {path}"),
+        Event::Checked { store, models } => {
+            if let Some(b) = bar.take() {
+                b.finish_and_clear()
+            }
+            if dry_run {
+                cli_support::info!(
+                    "{store}: {models} listed artifact(s) not in --artifacts are complete and matching there"
+                )
+            } else {
+                cli_support::info!("{store}: {models} listed artifact(s) complete and matching")
+            }
+        }
+        Event::Guarded {
+            store,
+            first_publish,
+        } => {
+            if *first_publish {
+                cli_support::info!(
+                    "{store}: no live manifest yet: first publish of this generation"
+                )
+            } else {
+                cli_support::info!("{store}: release guard passed against the live manifest")
+            }
+        }
+        Event::ManifestWritten { store, path } => cli_support::info!("{store}: wrote {path}"),
+        Event::ManifestUnchanged { store, path } => {
+            cli_support::info!("{store}: {path} already identical, not rewritten")
+        }
+        Event::Uploading { store, path, size } => {
+            cli_support::detail!("{store}: uploading {path} ({size} bytes)")
+        }
+    }
 }
 
 fn print_report(report: &PublishReport) {

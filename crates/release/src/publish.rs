@@ -1,0 +1,308 @@
+//! `publish`, composed: the validation gate, the GPU-flag check against the build records, the
+//! GitHub-only gate, the pins, the signature (release number and expiry) and
+//! `artifact_store::publish::publish_signed`, then the publish record beside the manifest (see
+//! docs/release.md, "The release gates"). The caller parses flags into a [`PublishRequest`] and
+//! renders the [`Event`]s and the [`PublishOutcome`].
+
+use std::path::{Path, PathBuf};
+
+use artifact_store::publish::{
+    Contract, GithubOnly, PublishOptions, PublishReport, SignatureAction, check_github_only,
+    check_store_order, publish_signed,
+};
+use artifact_store::retry::RetryPolicy;
+use artifact_store::signing::{self, SigningKey, VerifyingKey};
+use artifact_store::{HfConfig, Store, StoreSpec};
+use manifest::{Generation, Manifest, ModelId, ReleaseNumber};
+use serde::Serialize;
+
+use crate::gate::{GateOutcome, PublishAllowance, PublishRecord};
+use crate::{Error, Result};
+
+/// Everything a publish is asked to do, as parsed from the command line.
+#[derive(Debug)]
+pub struct PublishRequest {
+    pub generation: Generation,
+    /// Where the manifest was read from (named in the publish record, which goes beside it).
+    pub manifest_path: PathBuf,
+    pub manifest: Manifest,
+    /// One `<id>/` directory per model to upload.
+    pub artifacts: PathBuf,
+    /// The `--to` stores as given, in publish order.
+    pub to: Vec<String>,
+    /// The Hub store a GitHub-only publish is compared with.
+    pub hub: String,
+    pub hf: HfConfig,
+    pub github_branch: String,
+    pub dry_run: bool,
+    pub deep_verify: bool,
+    /// Attempts per upload (at least one is made).
+    pub attempts: u32,
+    pub add_models: Vec<ModelId>,
+    pub drop_models: Vec<ModelId>,
+    /// The openpilot tree whose `tinygrad_pins.json` adds to the built-in pins.
+    pub openpilot: Option<PathBuf>,
+    /// The rebuild workspace holding the gate records.
+    pub workspace: Option<PathBuf>,
+    pub skip_validation: Option<String>,
+    pub github_only: Option<String>,
+    /// Minisign secret keys to sign with (none: unsigned).
+    pub sign_keys: Vec<PathBuf>,
+    pub release: Option<ReleaseNumber>,
+    pub remove_signature: Option<String>,
+    pub expires_in_days: u64,
+}
+
+/// What a publish tells its caller as it goes, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The validation gate was skipped with a reason; `gaps` uncovered cells are recorded.
+    ValidationSkipped { reason: String, gaps: usize },
+    /// GitHub is published without the Hub, allowed by `--github-only REASON`.
+    GithubOnly { reason: String },
+    /// The manifest was signed (before any store is written).
+    Signed {
+        generation: String,
+        release: u64,
+        expires: u64,
+        keys: Vec<String>,
+    },
+    /// The generation is published unsigned and its signature removed.
+    RemovingSignature {
+        generation: Generation,
+        reason: String,
+    },
+    /// Progress of the upload itself (serialized on its own, as `artifact_store` shapes it).
+    #[serde(skip_serializing)]
+    Store(artifact_store::publish::Event),
+}
+
+/// The publish report with what the validation gate decided and where the record went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PublishOutcome {
+    #[serde(flatten)]
+    pub report: PublishReport,
+    pub validation: GateOutcome,
+    /// `None` on a dry run.
+    pub publish_record: Option<PathBuf>,
+}
+
+/// Publish's validation gate, decided before any store is opened: the records in `workspace`
+/// must cover the seed's matrix for `manifest`, unless validation is skipped with a reason.
+pub fn check_gate(
+    manifest: &Manifest,
+    workspace: Option<&Path>,
+    skip_reason: Option<&str>,
+) -> Result<GateOutcome> {
+    if let Some(r) = skip_reason
+        && r.trim().is_empty()
+    {
+        return Err(Error::SkipValidationNoReason);
+    }
+    if workspace.is_none() && skip_reason.is_none() {
+        return Err(Error::PublishNeedsWorkspace);
+    }
+    let coverage = match workspace {
+        Some(ws) => {
+            let records = crate::records::load(ws)?;
+            Some(crate::gate::coverage(manifest, &records))
+        }
+        None => None,
+    };
+    crate::gate::decide(workspace, coverage.as_ref(), skip_reason)
+}
+
+/// Run the publish: every gate before any store is written, then the upload, then the record.
+/// `passphrase` unlocks an encrypted signing key.
+pub fn run(
+    req: PublishRequest,
+    passphrase: &mut dyn FnMut(&Path) -> std::result::Result<String, String>,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<PublishOutcome> {
+    let manifest = &req.manifest;
+    // The validation gate, before any store is opened or anything written.
+    let validation = check_gate(
+        manifest,
+        req.workspace.as_deref(),
+        req.skip_validation.as_deref(),
+    )?;
+    if let GateOutcome::Skipped { reason, gaps, .. } = &validation {
+        on_event(&Event::ValidationSkipped {
+            reason: reason.clone(),
+            gaps: gaps.len(),
+        });
+    }
+    // uses_external_gpu must be what the workspace's build records say was built.
+    if let Some(ws) = &req.workspace {
+        crate::flags::check_gpu_flags(manifest, ws)?;
+    }
+    let stores = open_stores(&req)?;
+    let store_refs: Vec<&dyn Store> = stores.iter().map(|s| s.as_ref()).collect();
+    let github_only = github_only_gate(&req)?;
+    if let GithubOnly::Flag { reason } = &github_only {
+        on_event(&Event::GithubOnly {
+            reason: reason.clone(),
+        });
+    }
+    let opts = PublishOptions {
+        generation: req.generation,
+        dry_run: req.dry_run,
+        retry: RetryPolicy {
+            attempts: req.attempts.max(1),
+            ..RetryPolicy::default()
+        },
+        deep_verify: req.deep_verify,
+        contract: Contract {
+            pins: crate::tree::load_pins(req.openpilot.as_deref())?,
+            add_models: req.add_models.iter().cloned().collect(),
+            drop_models: req.drop_models.iter().cloned().collect(),
+        },
+    };
+    // A signature covers only what the manifest states: refused before any key is unlocked.
+    if !req.sign_keys.is_empty() {
+        signing::require_covered(manifest, &req.manifest_path.display().to_string())
+            .map_err(Error::SignRefused)?;
+    }
+    let signature = sign(&req, &store_refs, passphrase, on_event)?;
+    let action = match (&signature, &req.remove_signature) {
+        (Some(sig), _) => SignatureAction::Sign(sig.as_bytes()),
+        (None, Some(reason)) => {
+            on_event(&Event::RemovingSignature {
+                generation: req.generation,
+                reason: reason.clone(),
+            });
+            SignatureAction::RemoveSignature { reason }
+        }
+        (None, None) => SignatureAction::Unsigned,
+    };
+    let report = publish_signed(
+        manifest,
+        &req.artifacts,
+        &store_refs,
+        &opts,
+        action,
+        &mut |e| on_event(&Event::Store(e.clone())),
+    )?;
+    let publish_record = if report.dry_run {
+        None
+    } else {
+        let record = PublishRecord::new(
+            &req.manifest_path,
+            manifest,
+            req.generation,
+            report.stores.iter().map(|s| s.store.clone()).collect(),
+            report.models.clone(),
+            validation.clone(),
+            PublishAllowance {
+                github_only,
+                signature_removed: req.remove_signature.clone(),
+            },
+        );
+        let path = crate::records::publish_record_path(&record.manifest);
+        crate::records::write(&path, &record)?;
+        Some(path)
+    };
+    Ok(PublishOutcome {
+        report,
+        validation,
+        publish_record,
+    })
+}
+
+/// The `--to` stores, parsed, in an order that never puts GitHub ahead of the Hub, and opened.
+fn open_stores(req: &PublishRequest) -> Result<Vec<Box<dyn Store>>> {
+    let parsed: Vec<StoreSpec> = req
+        .to
+        .iter()
+        .map(|s| StoreSpec::parse(s))
+        .collect::<artifact_store::Result<_>>()?;
+    let kinds: Vec<(String, bool, bool)> = parsed
+        .iter()
+        .map(|s| (s.to_string(), s.is_hf(), s.is_github()))
+        .collect();
+    check_store_order(&kinds).map_err(Error::PublishInput)?;
+    Ok(parsed
+        .iter()
+        .map(|s| s.open(&req.hf, &req.github_branch))
+        .collect::<artifact_store::Result<_>>()?)
+}
+
+/// GitHub never ahead of the Hub: `artifact_store::publish::check_github_only` over the `--to`
+/// stores, opening the Hub store only when it must be read.
+fn github_only_gate(req: &PublishRequest) -> Result<GithubOnly> {
+    // A `--to` that is the Hub store counts as the Hub (an offline mirror, or a directory
+    // standing in for the Hub, named on purpose).
+    let hub = StoreSpec::parse(&req.hub)?;
+    let kinds: Vec<(bool, bool)> = req
+        .to
+        .iter()
+        .map(|s| StoreSpec::parse(s).map(|s| (s.is_hf() || s.same_store(&hub), s.is_github())))
+        .collect::<artifact_store::Result<_>>()?;
+    Ok(check_github_only(
+        &kinds,
+        req.github_only.as_deref(),
+        req.generation,
+        &req.manifest,
+        &mut || StoreSpec::parse(&req.hub)?.open(&req.hf, &req.github_branch),
+    )?)
+}
+
+/// The signature file for the manifest's canonical bytes (what publish uploads), with the next
+/// release after every live signed one. `None` without keys.
+fn sign(
+    req: &PublishRequest,
+    stores: &[&dyn Store],
+    passphrase: &mut dyn FnMut(&Path) -> std::result::Result<String, String>,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<Option<String>> {
+    if req.sign_keys.is_empty() {
+        return Ok(None);
+    }
+    let keys = req
+        .sign_keys
+        .iter()
+        .map(|p| SigningKey::load(p, passphrase))
+        .collect::<artifact_store::Result<Vec<_>>>()
+        .map_err(Error::PublishInput)?;
+    let bytes = req.manifest.to_canonical_bytes();
+    let verifying: Vec<VerifyingKey> = keys.iter().map(VerifyingKey::from).collect();
+    let live = signing::live_signatures(stores, req.generation, &verifying, &bytes)
+        .map_err(Error::SignFailed)?;
+    let release = signing::choose_release(&live, req.release).map_err(Error::PublishInput)?;
+    let comment = signing::new_comment(req.generation, release, req.expires_in_days)
+        .map_err(Error::PublishInput)?;
+    let text = signing::sign_manifest(&keys, &bytes, &comment).map_err(Error::SignFailed)?;
+    on_event(&Event::Signed {
+        generation: req.generation.to_string(),
+        release: release.get(),
+        expires: comment.expires.0,
+        keys: keys.iter().map(|k| k.id().to_string()).collect(),
+    });
+    Ok(Some(text))
+}
+
+/// `manifest sign`'s release number: `requested`, else one more than the release of the
+/// signature already beside the manifest (`existing`) for `generation`, counting only blocks one
+/// of `keys` verifies; 1 when there is none. A requested release below the existing one is
+/// refused.
+pub fn release_beside(
+    keys: &[VerifyingKey],
+    manifest_bytes: &[u8],
+    existing: Option<&[u8]>,
+    generation: Generation,
+    requested: Option<ReleaseNumber>,
+) -> std::result::Result<ReleaseNumber, manifest::Error> {
+    let seen: Vec<ReleaseNumber> = match existing {
+        Some(raw) => signing::check_signature(keys, manifest_bytes, &String::from_utf8_lossy(raw))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.verified_by.is_some())
+            .filter_map(|c| c.comment.parse::<manifest::TrustedComment>().ok())
+            .filter(|c| c.generation == generation)
+            .map(|c| c.release)
+            .collect(),
+        None => Vec::new(),
+    };
+    manifest::signature::next_release(seen, [], requested)
+}
