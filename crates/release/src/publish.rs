@@ -306,3 +306,123 @@ pub fn release_beside(
     };
     manifest::signature::next_release(seen, [], requested)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both generations every rule is tested for: v25 and a made-up v26 with a made-up pin.
+    fn generations() -> [(Generation, &'static str); 2] {
+        [
+            (
+                Generation::new(25),
+                "e837e367aac9e1a66e689f4f32ce20ca9367df13",
+            ),
+            (
+                Generation::new(26),
+                "0123456789abcdef0123456789abcdef01234567",
+            ),
+        ]
+    }
+
+    fn manifest(generation: Generation, pin: &str) -> Manifest {
+        let doc = serde_json::json!({
+            "generation": generation.to_string(), "tinygrad_commit": pin,
+            "models": [{
+                "id": "a8", "name": "a8", "version": "v8", "series": "OP Series",
+                "released": "2025-01-01", "community_favorite": false,
+                "artifact_format": "tinygrad_single_v1", "artifact_size": 5,
+                "artifact_sha256": "01".repeat(32), "artifact_chunk_count": 1,
+                "uses_external_gpu": false
+            }]
+        });
+        Manifest::from_slice(doc.to_string().as_bytes()).unwrap()
+    }
+
+    /// The gate's flag rules come before any record is read: a workspace that does not exist is
+    /// never opened when the skip reason is empty.
+    #[test]
+    fn the_gate_refuses_missing_flags_before_reading_records() {
+        let missing = Path::new("/nonexistent/starpilot-workspace");
+        for (generation, pin) in generations() {
+            let m = manifest(generation, pin);
+            type Case<'a> = (Option<&'a Path>, Option<&'a str>, &'a str);
+            let cases: [Case; 5] = [
+                (None, None, "PublishNeedsWorkspace"),
+                (None, Some(""), "SkipValidationNoReason"),
+                (None, Some("  \t"), "SkipValidationNoReason"),
+                (Some(missing), Some(" "), "SkipValidationNoReason"),
+                (None, Some("hotfix: validated by hand"), "Skipped"),
+            ];
+            for (workspace, skip, want) in cases {
+                let got = match check_gate(&m, workspace, skip) {
+                    Err(Error::PublishNeedsWorkspace) => "PublishNeedsWorkspace",
+                    Err(Error::SkipValidationNoReason) => "SkipValidationNoReason",
+                    Ok(GateOutcome::Skipped { reason, .. }) => {
+                        assert_eq!(Some(reason.as_str()), skip);
+                        "Skipped"
+                    }
+                    other => panic!("{generation} {workspace:?} {skip:?}: {other:?}"),
+                };
+                assert_eq!(got, want, "{generation} {workspace:?} {skip:?}");
+            }
+        }
+    }
+
+    fn key(dir: &Path, name: &str) -> SigningKey {
+        let kp = minisign::KeyPair::generate_unencrypted_keypair().unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, kp.sk.to_box(None).unwrap().into_string()).unwrap();
+        SigningKey::load(&path, &mut |_| Err("no passphrase in tests".into())).unwrap()
+    }
+
+    fn signed(k: &SigningKey, bytes: &[u8], generation: Generation, release: u64) -> String {
+        let comment =
+            signing::new_comment(generation, ReleaseNumber::new(release).unwrap(), 30).unwrap();
+        signing::sign_manifest(std::slice::from_ref(k), bytes, &comment).unwrap()
+    }
+
+    /// `manifest sign`'s release number: one more than the signature beside the manifest when
+    /// one of the keys verifies it for this generation, else 1; `--release` must be above it.
+    #[test]
+    fn release_beside_counts_only_a_verified_signature_of_the_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = key(dir.path(), "ours.key");
+        let theirs = key(dir.path(), "theirs.key");
+        let keys = [VerifyingKey::from(&ours)];
+        let n = |r: u64| ReleaseNumber::new(r).unwrap();
+        let [(v25, pin25), (v26, pin26)] = generations();
+        for (generation, pin, other) in [(v25, pin25, v26), (v26, pin26, v25)] {
+            let bytes = manifest(generation, pin).to_canonical_bytes();
+            let ours4 = signed(&ours, &bytes, generation, 4);
+            let theirs4 = signed(&theirs, &bytes, generation, 4);
+            let other4 = signed(&ours, &bytes, other, 4);
+            let of_other_bytes = signed(&ours, b"another manifest", generation, 4);
+            let cases: [(Option<&str>, Option<u64>, Option<u64>); 9] = [
+                (None, None, Some(1)),
+                (Some(&ours4), None, Some(5)),
+                (Some(&theirs4), None, Some(1)),
+                (Some(&other4), None, Some(1)),
+                (Some(&of_other_bytes), None, Some(1)),
+                (Some("not a signature"), None, Some(1)),
+                (Some(&ours4), Some(7), Some(7)),
+                (Some(&ours4), Some(4), None),
+                (None, Some(1001), None),
+            ];
+            for (existing, requested, want) in cases {
+                let got = release_beside(
+                    &keys,
+                    &bytes,
+                    existing.map(str::as_bytes),
+                    generation,
+                    requested.map(n),
+                );
+                assert_eq!(
+                    got.as_ref().ok().map(|r| r.get()),
+                    want,
+                    "{generation} {existing:?} {requested:?}: {got:?}"
+                );
+            }
+        }
+    }
+}
