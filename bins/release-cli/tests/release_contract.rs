@@ -884,3 +884,30 @@ fn preflight_records_the_repository_tests_and_publish_requires_it_passing() {
     );
     assert!(store.join("manifests/model_names_v25.json").is_file());
 }
+
+/// The exit code of a publish whose directories are missing, pinned where the publish
+/// workflow is composed in `release::publish`: a `--workspace` that is not a directory is a
+/// failure (as the validation gate classifies its records), an `--openpilot` that is not one a
+/// usage error (as the pins are loaded everywhere); neither touches the store.
+#[test]
+fn publish_with_a_missing_workspace_or_openpilot_keeps_its_exit_code_and_writes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let (artifacts, manifest) = release(t.path(), &artifact_bytes(11, 2500), "artifacts/pop223");
+    let store = existing_store(t.path());
+    let before = tree(&store);
+    let record = t.path().join("model_names_v25.publish.json");
+    let missing = t.path().join("missing");
+    let m = missing.to_str().unwrap();
+    for (extra, code) in [
+        (&["--workspace", m][..], 1),
+        (&["--skip-validation", "test", "--openpilot", m][..], 2),
+    ] {
+        let o = publish_gated(t.path(), &manifest, &artifacts, &store, extra);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{extra:?}: {err}");
+        assert!(err.contains(m), "{extra:?}: {err}");
+        assert!(err.contains("not a directory"), "{extra:?}: {err}");
+        assert_eq!(tree(&store), before, "{extra:?}: the store changed");
+        assert!(!record.exists(), "{extra:?}: a publish record was written");
+    }
+}

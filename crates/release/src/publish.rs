@@ -32,7 +32,10 @@ pub struct PublishRequest {
     pub to: Vec<String>,
     /// The Hub store a GitHub-only publish is compared with.
     pub hub: String,
-    pub hf: HfConfig,
+    /// The `hf` CLI for Hugging Face stores (else `HF_CLI`, else `hf` on PATH), read with the
+    /// rest of the Hub settings each time a store is opened.
+    pub hf_cli: Option<PathBuf>,
+    /// The branch a `github:` checkout must be on.
     pub github_branch: String,
     pub dry_run: bool,
     pub deep_verify: bool,
@@ -224,8 +227,12 @@ fn open_stores(req: &PublishRequest) -> Result<Vec<Box<dyn Store>>> {
     check_store_order(&kinds).map_err(Error::PublishInput)?;
     Ok(parsed
         .iter()
-        .map(|s| s.open(&req.hf, &req.github_branch))
+        .map(|s| open(req, s))
         .collect::<artifact_store::Result<_>>()?)
+}
+
+fn open(req: &PublishRequest, spec: &StoreSpec) -> artifact_store::Result<Box<dyn Store>> {
+    spec.open(&HfConfig::from_env(req.hf_cli.clone()), &req.github_branch)
 }
 
 /// GitHub never ahead of the Hub: `artifact_store::publish::check_github_only` over the `--to`
@@ -244,7 +251,7 @@ fn github_only_gate(req: &PublishRequest) -> Result<GithubOnly> {
         req.github_only.as_deref(),
         req.generation,
         &req.manifest,
-        &mut || StoreSpec::parse(&req.hub)?.open(&req.hf, &req.github_branch),
+        &mut || open(req, &StoreSpec::parse(&req.hub)?),
     )?)
 }
 

@@ -160,7 +160,7 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
         manifest_path: args.manifest,
         manifest,
         artifacts: args.artifacts,
-        hf: args.access.hf(),
+        hf_cli: args.access.hf_cli,
         github_branch: args.access.github_branch,
         to: args.to,
         hub: args.hub,
@@ -242,14 +242,19 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
     Ok(())
 }
 
-/// A publish error's exit code: the gate's refusals are failed checks (as for `preflight`).
+/// A publish error's exit code: the gate's refusals are failed checks (as for `preflight`), and
+/// a `--workspace` whose records cannot be read is a failure, as the gate classifies them.
 fn publish_error(e: release::Error) -> CliError {
     use release::Error as E;
     match e {
         E::Record { .. }
         | E::ValidationGate { .. }
         | E::GpuFlag { .. }
-        | E::NotACheckout { .. } => super::gate::release_error(e),
+        | E::NotACheckout { .. }
+        | E::NotADirectory {
+            flag: "--workspace",
+            ..
+        } => super::gate::release_error(e),
         e => e.into(),
     }
 }
