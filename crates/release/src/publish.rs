@@ -289,9 +289,11 @@ fn sign(
     Ok(Some(text))
 }
 
-/// `manifest sign`'s release number: `requested`, else one more than the release of the
-/// signature already beside the manifest (`existing`) for `generation`, counting only blocks one
-/// of `keys` verifies; 1 when there is none. A requested release below the existing one is
+/// `manifest sign`'s release number, by the rule publish uses
+/// ([`signing::choose_release`]): `requested`, else one more than the release of the signature
+/// already beside the manifest (`existing`) for `generation`, counting only blocks one of
+/// `keys` verifies over `manifest_bytes` (another key's signature beside the file is ignored,
+/// not refused); 1 when there is none. A requested release not above the existing one is
 /// refused.
 pub fn release_beside(
     keys: &[VerifyingKey],
@@ -299,19 +301,24 @@ pub fn release_beside(
     existing: Option<&[u8]>,
     generation: Generation,
     requested: Option<ReleaseNumber>,
-) -> std::result::Result<ReleaseNumber, manifest::Error> {
-    let seen: Vec<ReleaseNumber> = match existing {
-        Some(raw) => signing::check_signature(keys, manifest_bytes, &String::from_utf8_lossy(raw))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| c.verified_by.is_some())
-            .filter_map(|c| c.comment.parse::<manifest::TrustedComment>().ok())
-            .filter(|c| c.generation == generation)
-            .map(|c| c.release)
-            .collect(),
-        None => Vec::new(),
-    };
-    manifest::signature::next_release(seen, [], requested)
+) -> artifact_store::Result<ReleaseNumber> {
+    let beside: Vec<signing::LiveSignature> = existing
+        .map(|raw| {
+            signing::check_signature(keys, manifest_bytes, &String::from_utf8_lossy(raw))
+                .unwrap_or_default()
+        })
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.verified_by.is_some())
+        .filter_map(|c| c.comment.parse::<manifest::TrustedComment>().ok())
+        .filter(|c| c.generation == generation)
+        .map(|c| signing::LiveSignature {
+            store: String::new(),
+            verified_release: Some(c.release),
+            unverified_comment: None,
+        })
+        .collect();
+    signing::choose_release(&beside, requested)
 }
 
 #[cfg(test)]
