@@ -56,31 +56,28 @@ impl TrustedKeys {
     /// Read a keys file: minisign `.pub` files concatenated (an `untrusted comment:` line, then
     /// the base64 key), or bare base64 keys one per line; blank lines and `#` comments allowed.
     pub fn load(path: &Path) -> Result<Self> {
-        use std::io::Read;
         let bad = |message: String| Error::TrustedKeys {
             path: path.to_path_buf(),
             message,
         };
         // An unreadable file is an I/O error naming it (fs-err); what is in it, `TrustedKeys`.
-        // Opened without blocking and only as a regular file: a FIFO or a device planted at the
-        // path cannot hang the manager or feed it without end.
-        use fs_err::os::unix::fs::OpenOptionsExt;
-        let file = fs_err::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(path)?;
-        if !file.metadata()?.is_file() {
-            return Err(bad(
-                "not a regular file; give --trusted-keys the release key's .pub file".into(),
-            ));
-        }
-        let mut text = String::new();
-        file.take(MAX_KEYS_FILE_BYTES + 1)
-            .read_to_string(&mut text)
-            .map_err(|e| bad(e.to_string()))?;
-        if text.len() as u64 > MAX_KEYS_FILE_BYTES {
-            return Err(bad(format!("larger than {MAX_KEYS_FILE_BYTES} bytes")));
-        }
+        // Read without blocking and only as a regular file (`chunker::bounded`): a FIFO or a
+        // device planted at the path cannot hang the manager or feed it without end.
+        let bytes = match chunker::bounded::read_capped_existing(path, MAX_KEYS_FILE_BYTES) {
+            Ok(bytes) => bytes,
+            Err(chunker::Error::NotRegularFile { .. }) => {
+                return Err(bad(
+                    "not a regular file; give --trusted-keys the release key's .pub file".into(),
+                ));
+            }
+            Err(chunker::Error::FileTooLarge { .. }) => {
+                return Err(bad(format!("larger than {MAX_KEYS_FILE_BYTES} bytes")));
+            }
+            Err(chunker::Error::Io(e)) => return Err(e.into()),
+            Err(other) => return Err(bad(other.to_string())),
+        };
+        let text = String::from_utf8(bytes)
+            .map_err(|_| bad("stream did not contain valid UTF-8".into()))?;
         Self::parse(&text, path)
     }
 

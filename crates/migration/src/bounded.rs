@@ -3,11 +3,8 @@
 //! `resolve`), refuses anything that is not a regular file, and never reads more than the
 //! limit, so a 1 GiB param costs a `stat`, not a gigabyte of memory.
 
-use std::io::{self, Read};
+use std::io;
 use std::path::Path;
-
-use fs_err::os::unix::fs::OpenOptionsExt;
-use fs_err::{File, OpenOptions};
 
 use crate::error::{Error, Result};
 
@@ -25,42 +22,22 @@ pub const SIDECAR_LIMIT: u64 = 64 * 1024;
 pub const CATALOG_LIMIT: u64 = manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES;
 
 /// The whole file, or `None` when it does not exist. A file over `limit` bytes, or anything
-/// but a regular file, is a [`Error::CorruptState`] naming the path and the limit.
+/// but a regular file, is a [`Error::CorruptState`] naming the path and the limit. The reading
+/// itself is [`chunker::bounded::read_capped`], the one bounded read of the workspace.
 pub fn read_capped(path: &Path, limit: u64) -> Result<Option<Vec<u8>>> {
     let corrupt = |message: String| Error::CorruptState {
         path: path.to_path_buf(),
         message,
     };
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(corrupt("not a regular file".into()));
+    match chunker::bounded::read_capped(path, limit) {
+        Ok(bytes) => Ok(bytes),
+        Err(chunker::Error::NotRegularFile { .. }) => Err(corrupt("not a regular file".into())),
+        Err(chunker::Error::FileTooLarge { size, limit, .. }) => Err(corrupt(format!(
+            "{size} bytes, over the {limit}-byte limit"
+        ))),
+        Err(chunker::Error::Io(e)) => Err(e.into()),
+        Err(other) => Err(io::Error::other(other).into()),
     }
-    if meta.len() > limit {
-        return Err(corrupt(format!(
-            "{} bytes, over the {limit}-byte limit",
-            meta.len()
-        )));
-    }
-    let mut out = Vec::with_capacity(meta.len() as usize);
-    read_at_most(file, limit, &mut out)?;
-    if out.len() as u64 > limit {
-        // The file grew between the stat and the read.
-        return Err(corrupt(format!("over the {limit}-byte limit")));
-    }
-    Ok(Some(out))
-}
-
-fn read_at_most(file: File, limit: u64, out: &mut Vec<u8>) -> io::Result<()> {
-    file.take(limit + 1).read_to_end(out).map(|_| ())
 }
 
 #[cfg(test)]
