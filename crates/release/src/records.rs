@@ -18,7 +18,7 @@ use crate::rehearse::RehearsalRecord;
 use crate::{Error, Result};
 
 /// Records are a few kilobytes; anything much larger is not one.
-const MAX_RECORD_BYTES: u64 = 4 << 20;
+pub(crate) const MAX_RECORD_BYTES: u64 = 4 << 20;
 const VALIDATION_SUFFIX: &str = ".validation.json";
 const CHECK_SUFFIX: &str = ".check.json";
 
@@ -75,7 +75,9 @@ pub fn write<T: Serialize>(path: &Path, record: &T) -> Result<()> {
     Ok(())
 }
 
-fn read<T: DeserializeOwned>(path: &Path) -> Result<T> {
+/// One record: size-capped, regular files only, parsed; an [`Error::Record`] naming the file
+/// otherwise. Every reader of `results/` goes through it.
+pub(crate) fn read<T: DeserializeOwned>(path: &Path) -> Result<T> {
     // Size-capped, regular files only (a FIFO in results/ must not hang the gate).
     let bytes = chunker::bounded::read_capped_existing(path, MAX_RECORD_BYTES).map_err(|e| {
         Error::Record {

@@ -3,7 +3,6 @@
 //! which command to run next (docs/release.md, "Where the release stands").
 
 use fs_err as fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use artifact_store::Store;
@@ -14,9 +13,6 @@ use serde::Serialize;
 use crate::gate::{Cell, Gap, coverage};
 use crate::rebuild::{BuildRecord, FailureRecord};
 use crate::{Result, records};
-
-/// A record file is small; a larger file is not read.
-const MAX_RECORD_BYTES: u64 = 4 << 20;
 
 /// The openpilot tree and what the compiler was last sent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -126,12 +122,12 @@ pub struct Status {
     pub next: NextStep,
 }
 
-fn read_capped(path: &Path) -> Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    fs::File::open(path)?
-        .take(MAX_RECORD_BYTES)
-        .read_to_end(&mut bytes)?;
-    Ok(bytes)
+/// A record of `results/`, or why it is not one (a problem line, not an error of `status`).
+fn record<T: serde::de::DeserializeOwned>(path: &Path) -> std::result::Result<T, String> {
+    records::read(path).map_err(|e| match e {
+        crate::Error::Record { reason, .. } => reason,
+        other => other.to_string(),
+    })
 }
 
 fn cell(cell: &Cell, gap: Option<&Gap>, by: &str) -> CellStatus {
@@ -222,7 +218,7 @@ fn builds(
         {
             continue;
         }
-        match serde_json::from_slice::<BuildRecord>(&read_capped(&p)?) {
+        match record::<BuildRecord>(&p) {
             Ok(r) => {
                 let current = generation.is_none_or(|g| r.generation == g)
                     && pin.is_none_or(|p| &r.tinygrad_commit == p);
@@ -241,7 +237,7 @@ fn builds(
         }
     }
     for p in failures {
-        match serde_json::from_slice::<FailureRecord>(&read_capped(&p)?) {
+        match record::<FailureRecord>(&p) {
             Ok(f) => {
                 if out.iter().any(|b| b.id == f.id && b.state == "built") {
                     continue;
@@ -284,7 +280,11 @@ fn dm_and_builtin(op: &Path) -> Result<(Vec<TreeFile>, Option<TreeFile>)> {
     let name = crate::tree::BUILTIN_NAME;
     let sidecar = dir.join(chunker::sidecar_name(name));
     let builtin = if sidecar.is_file() {
-        let sha = chunker::parse_sidecar(&read_capped(&sidecar)?, &sidecar).ok();
+        let sha = chunker::parse_sidecar(
+            &chunker::bounded::read_capped_existing(&sidecar, records::MAX_RECORD_BYTES)?,
+            &sidecar,
+        )
+        .ok();
         Some(TreeFile {
             name: name.to_string(),
             size: None,

@@ -1,7 +1,6 @@
 //! The records a run keeps in the workspace, when one still counts as done, and the manifest
 //! made from them.
 
-use fs_err as fs;
 use std::path::{Path, PathBuf};
 
 use chunker::{Expected, atomic};
@@ -219,8 +218,7 @@ pub fn build_manifest(
 // ---- building -----------------------------------------------------------------------------
 
 pub(super) fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
-    let bytes = fs::read(path).ok()?;
-    serde_json::from_slice(&bytes).ok()
+    crate::records::read(path).ok()
 }
 
 pub(super) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
