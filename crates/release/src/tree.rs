@@ -246,7 +246,7 @@ pub fn current_generation(candidates: Option<Generation>, tree: Option<Generatio
 /// `<openpilot>/tinygrad_repo/TINYGRAD_COMMIT`, capped and regular-file-only; `None` when it
 /// is missing or not a commit (the bump replaces it).
 fn tree_marker(openpilot: &Path) -> Result<Option<GitCommit>> {
-    let path = openpilot.join("tinygrad_repo/TINYGRAD_COMMIT");
+    let path = openpilot.join(compiler_remote::MARKER_PATH);
     Ok(chunker::bounded::read_capped(&path, 1024)?
         .and_then(|b| String::from_utf8_lossy(&b).trim().parse().ok()))
 }
@@ -567,7 +567,7 @@ pub fn correct_pin(req: &PinRequest, stores: &[&dyn artifact_store::Store]) -> R
     }
     let (corrected, old) =
         decide_pin_correction(&pins, req.generation, &req.commit, &live, stores.len())?;
-    let marker = op.join("tinygrad_repo/TINYGRAD_COMMIT");
+    let marker = op.join(compiler_remote::MARKER_PATH);
     let source_path = op.join("tinygrad_repo").join(TINYGRAD_SOURCE_FILE);
     // The source record is small; anything else there (not a regular file, too large, not
     // JSON) is not one and is left alone.
