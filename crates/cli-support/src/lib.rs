@@ -76,6 +76,93 @@ pub fn error_json(kind: &str, message: &str) -> String {
     format!("{doc}\n")
 }
 
+/// What to do next after an error, kept apart from its message: the `next:` line a binary
+/// prints under `error:` and the `next` of a `--json` error document. Every crate's error enum
+/// implements it (`None` where the message already says all there is to do); nothing glues a
+/// `"\nnext: …"` into a message.
+pub trait NextStep {
+    fn next_step(&self) -> Option<String>;
+}
+
+/// A failure as both binaries report it: the exit code, its stable snake_case `kind` (each
+/// binary names its own codes), the message, and the next step on a line of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub code: u8,
+    pub kind: &'static str,
+    pub message: String,
+    pub next: Option<String>,
+    /// The command already printed its `--json` document, which says what failed (a
+    /// validation report before exit 3), so no error document follows it.
+    pub json_printed: bool,
+}
+
+impl Failure {
+    pub fn new(code: u8, kind: &'static str, message: impl std::fmt::Display) -> Self {
+        Failure {
+            code,
+            kind,
+            message: message.to_string(),
+            next: None,
+            json_printed: false,
+        }
+    }
+
+    /// A failure from an error: its message and its [`NextStep`].
+    pub fn from_error<E: std::fmt::Display + NextStep + ?Sized>(
+        code: u8,
+        kind: &'static str,
+        e: &E,
+    ) -> Self {
+        Failure::new(code, kind, e).with_next(e.next_step())
+    }
+
+    /// Set (or, with `None`, keep) the next step.
+    pub fn with_next(mut self, next: Option<impl Into<String>>) -> Self {
+        if let Some(n) = next {
+            self.next = Some(n.into());
+        }
+        self
+    }
+
+    /// Mark that the command's `--json` document, which says what failed, is already out.
+    pub fn after_json_report(mut self) -> Self {
+        self.json_printed = true;
+        self
+    }
+
+    /// What stderr shows: `error: MESSAGE`, then `next: NEXT` on its own line (also with `-q`:
+    /// an error's next step is part of the error). An empty message prints nothing.
+    pub fn stderr_text(&self) -> String {
+        let mut text = String::new();
+        if !self.message.is_empty() {
+            text.push_str(&format!("error: {}\n", self.message));
+            if let Some(next) = &self.next {
+                text.push_str(&format!("next: {next}\n"));
+            }
+        }
+        text
+    }
+
+    /// Print the failure on stderr and, for a `--json` command, one error document
+    /// `{"error":{"kind","message","next"}}` on stdout; the exit code is the same either way.
+    pub fn report(&self, json: bool) -> std::process::ExitCode {
+        eprint!("{}", self.stderr_text());
+        if json && !self.json_printed {
+            // The exit code says the same; a closed pipe changes nothing now.
+            let _ = write_stdout(self.json_document().as_bytes());
+        }
+        std::process::ExitCode::from(self.code)
+    }
+
+    /// The one-line `--json` error document.
+    pub fn json_document(&self) -> String {
+        let doc = serde_json::json!({"error": {
+            "kind": self.kind, "message": self.message, "next": self.next}});
+        format!("{doc}\n")
+    }
+}
+
 /// `--color WHEN`: `auto` colours a terminal unless `NO_COLOR` is set; the flag, asked for on
 /// this one run, overrides `NO_COLOR` (<https://no-color.org>).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -316,6 +403,36 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&error_json("failure", "boom")).unwrap();
         assert_eq!(v["error"]["next"], serde_json::Value::Null);
         assert_eq!(error_json("failure", "a\nb").lines().count(), 1, "one line");
+    }
+
+    #[test]
+    fn a_failure_prints_its_next_step_on_its_own_line_and_in_its_json() {
+        struct E;
+        impl std::fmt::Display for E {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("no origin served a manifest")
+            }
+        }
+        impl NextStep for E {
+            fn next_step(&self) -> Option<String> {
+                Some("run `refresh` again".into())
+            }
+        }
+        let f = Failure::from_error(4, "manifest_unavailable", &E);
+        assert_eq!(
+            f.stderr_text(),
+            "error: no origin served a manifest\nnext: run `refresh` again\n"
+        );
+        let v: serde_json::Value = serde_json::from_str(&f.json_document()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"error": {"kind": "manifest_unavailable",
+                "message": "no origin served a manifest", "next": "run `refresh` again"}})
+        );
+        let plain = Failure::new(1, "failure", "boom").with_next(None::<String>);
+        assert_eq!(plain.stderr_text(), "error: boom\n");
+        assert_eq!(plain.json_document().lines().count(), 1);
+        assert_eq!(Failure::new(3, "check_failed", "").stderr_text(), "");
     }
 
     #[test]
