@@ -3,17 +3,13 @@
 use std::fmt::Display;
 use std::process::ExitCode;
 
+use cli_support::{Failure, NextStep};
 use serde::Serialize;
 
-/// An error with its exit code. The message says what failed and, where it helps, what to do.
+/// An error with its exit code: the [`Failure`] both binaries report through. The message says
+/// what failed; the next step, where there is one, is kept apart from it ([`NextStep`]).
 #[derive(Debug)]
-pub struct CliError {
-    pub code: u8,
-    pub message: String,
-    /// The command already printed its `--json` document (a validation report before exit 3),
-    /// so no error document follows it.
-    pub json_printed: bool,
-}
+pub struct CliError(pub Failure);
 
 pub type CliResult<T = ()> = Result<T, CliError>;
 
@@ -24,73 +20,92 @@ pub const EXIT_USAGE: u8 = 2;
 /// Exit code for a check that found a problem (verify, validate, release guard).
 pub const EXIT_CHECK_FAILED: u8 = 3;
 
+/// The stable name of an exit code, the `kind` of a `--json` error document.
+fn kind(code: u8) -> &'static str {
+    match code {
+        EXIT_USAGE => "usage",
+        EXIT_CHECK_FAILED => "check_failed",
+        _ => "failure",
+    }
+}
+
 impl CliError {
+    fn new(code: u8, message: impl Display) -> Self {
+        Self(Failure::new(code, kind(code), message))
+    }
+
     pub fn failure(message: impl Display) -> Self {
-        Self {
-            code: EXIT_FAILURE,
-            message: message.to_string(),
-            json_printed: false,
-        }
+        Self::new(EXIT_FAILURE, message)
     }
 
     pub fn usage(message: impl Display) -> Self {
-        Self {
-            code: EXIT_USAGE,
-            message: message.to_string(),
-            json_printed: false,
-        }
+        Self::new(EXIT_USAGE, message)
     }
 
     pub fn check_failed(message: impl Display) -> Self {
-        Self {
-            code: EXIT_CHECK_FAILED,
-            message: message.to_string(),
-            json_printed: false,
-        }
+        Self::new(EXIT_CHECK_FAILED, message)
+    }
+
+    /// An error's message and its [`NextStep`], with an exit code.
+    pub fn from_error<E: Display + NextStep + ?Sized>(code: u8, e: &E) -> Self {
+        Self(Failure::from_error(code, kind(code), e))
+    }
+
+    /// [`CliError::usage`] of an error, with its next step.
+    pub fn usage_from<E: Display + NextStep>(e: E) -> Self {
+        Self::from_error(EXIT_USAGE, &e)
+    }
+
+    /// [`CliError::failure`] of an error, with its next step.
+    pub fn failure_from<E: Display + NextStep>(e: E) -> Self {
+        Self::from_error(EXIT_FAILURE, &e)
+    }
+
+    /// [`CliError::check_failed`] of an error, with its next step.
+    pub fn check_failed_from<E: Display + NextStep>(e: E) -> Self {
+        Self::from_error(EXIT_CHECK_FAILED, &e)
+    }
+
+    /// The next step under the message.
+    pub fn with_next(self, next: impl Into<String>) -> Self {
+        Self(self.0.with_next(Some(next)))
     }
 
     /// An exit code with nothing to say: the output already said it (`manifest diff` found
     /// differences).
     pub fn quiet(code: u8) -> Self {
-        Self {
-            code,
-            message: String::new(),
-            json_printed: true,
-        }
+        Self(Failure::new(code, kind(code), "").after_json_report())
     }
 
     /// Mark that the command's `--json` document, which says what failed, is already out.
-    pub fn after_json_report(mut self) -> Self {
-        self.json_printed = true;
+    pub fn after_json_report(self) -> Self {
+        Self(self.0.after_json_report())
+    }
+
+    /// The exit code.
+    pub fn code(&self) -> u8 {
+        self.0.code
+    }
+
+    /// The same error with another exit code (and its kind).
+    pub fn with_code(mut self, code: u8) -> Self {
+        self.0.code = code;
+        self.0.kind = kind(code);
         self
     }
 
-    /// The stable name of the exit code, the `kind` of a `--json` error document.
-    pub fn kind(&self) -> &'static str {
-        match self.code {
-            EXIT_USAGE => "usage",
-            EXIT_CHECK_FAILED => "check_failed",
-            _ => "failure",
-        }
-    }
-
-    /// Print the message on stderr and, for a `--json` command, one error document
-    /// `{"error":{"kind","message","next"}}` on stdout; the exit code is the same either way.
+    /// Print `error: MESSAGE` (and `next: NEXT`) on stderr and, for a `--json` command, one
+    /// error document `{"error":{"kind","message","next"}}` on stdout; the exit code is the same
+    /// either way.
     pub fn report(&self, json: bool) -> ExitCode {
-        if !self.message.is_empty() {
-            eprintln!("error: {}", self.message);
-        }
-        if json && !self.json_printed {
-            let _ = write_stdout(cli_support::error_json(self.kind(), &self.message).as_bytes());
-        }
-        ExitCode::from(self.code)
+        self.0.report(json)
     }
 }
 
 impl From<chunker::Error> for CliError {
     fn from(e: chunker::Error) -> Self {
         use chunker::Error as E;
-        match e {
+        let code = match e {
             E::MissingChunk { .. }
             | E::MalformedChunkManifest { .. }
             | E::MalformedSidecar { .. }
@@ -98,23 +113,24 @@ impl From<chunker::Error> for CliError {
             | E::SizeMismatch { .. }
             | E::DigestMismatch { .. }
             | E::NotOob { .. }
-            | E::NotFound { .. } => CliError::check_failed(e),
+            | E::NotFound { .. } => EXIT_CHECK_FAILED,
             E::TooManyChunks { .. }
             | E::ZeroChunkSize
             | E::InvalidName { .. }
-            | E::EmptyInput { .. } => CliError::usage(e),
-            other => CliError::failure(other),
-        }
+            | E::EmptyInput { .. } => EXIT_USAGE,
+            _ => EXIT_FAILURE,
+        };
+        CliError::from_error(code, &e)
     }
 }
 
 impl From<release::Error> for CliError {
     fn from(e: release::Error) -> Self {
         use release::Error as E;
-        match e {
-            E::Chunk(e) => e.into(),
-            E::Store(e) => crate::cmd::store::store_error(e),
-            E::Compiler(e) => crate::cmd::build::remote_error(e),
+        let code = match e {
+            E::Chunk(e) => return e.into(),
+            E::Store(e) => return crate::cmd::store::store_error(e),
+            E::Compiler(e) => return crate::cmd::build::remote_error(e),
             E::NotADirectory { .. }
             | E::NotAnOpenpilotTree { .. }
             | E::SourceMap { .. }
@@ -130,7 +146,7 @@ impl From<release::Error> for CliError {
             | E::PinNoStoreChecked { .. }
             | E::SkipValidationNoReason
             | E::PublishNeedsWorkspace
-            | E::PublishInput(_) => CliError::usage(e),
+            | E::PublishInput(_) => EXIT_USAGE,
             E::Pins { .. }
             | E::BumpRefused { .. }
             | E::BumpPinned { .. }
@@ -144,9 +160,10 @@ impl From<release::Error> for CliError {
             | E::PinCorrectionRefused { .. }
             | E::RebuildGeneration { .. }
             | E::ReuseManifestPin { .. }
-            | E::SignRefused(_) => CliError::check_failed(e),
-            other => CliError::failure(other),
-        }
+            | E::SignRefused(_) => EXIT_CHECK_FAILED,
+            _ => EXIT_FAILURE,
+        };
+        CliError::from_error(code, &e)
     }
 }
 

@@ -1,4 +1,6 @@
 use std::io;
+
+use cli_support::NextStep;
 use std::path::PathBuf;
 
 /// Everything that can go wrong while talking to a store, publishing, reusing or serving.
@@ -82,7 +84,7 @@ pub enum Error {
         source: io::Error,
     },
 
-    #[error("`{command}` failed ({status}): {kind}: {stderr}\nnext: {}", kind.next_step())]
+    #[error("`{command}` failed ({status}): {kind}: {stderr}")]
     HfCli {
         command: String,
         status: String,
@@ -94,6 +96,16 @@ pub enum Error {
 
     #[error("git checkout {checkout}: {reason}")]
     GitRefused { checkout: PathBuf, reason: String },
+
+    /// `git push` was rejected (the branch moved, protection, no permission); the commit stays
+    /// in the checkout.
+    #[error("git checkout {checkout}: push to {remote}/{branch} was rejected: {stderr}")]
+    PushRejected {
+        checkout: PathBuf,
+        remote: String,
+        branch: String,
+        stderr: String,
+    },
 
     #[error("`git {args}` in {checkout} failed ({status}): {stderr}")]
     Git {
@@ -109,9 +121,7 @@ pub enum Error {
     #[error("{0}")]
     Chunk(#[from] chunker::Error),
 
-    #[error(
-        "{store}: {refusal}\nnext: give each model meant to change an <id>/ directory in --artifacts (an empty one when its files are already in the store), or undo the other changes in the new manifest (`release-cli manifest diff LIVE NEW` shows them)"
-    )]
+    #[error("{store}: {refusal}")]
     Guard {
         store: String,
         #[source]
@@ -133,16 +143,14 @@ pub enum Error {
         problems: Vec<crate::publish::StoreProblem>,
     },
 
-    #[error(
-        "publish refused: {refusal}\nnext: publish with the manifest's own generation, or record the new generation's pin with `release-cli tinygrad bump` and pass --openpilot"
-    )]
+    #[error("publish refused: {refusal}")]
     Pin {
         #[source]
         refusal: manifest::PinRefusal,
     },
 
     #[error(
-        "refusing to publish {generation} to {store}: it departs from {previous} ({path}):\n{refusal}\nnext: keep every {previous} model ID, version and uses_external_gpu, or name each intended addition/removal with --add-model ID / --drop-model ID; rebuild any artifact {previous} published (`release-cli rebuild --generation {generation}`)"
+        "refusing to publish {generation} to {store}: it departs from {previous} ({path}):\n{refusal}"
     )]
     GenerationGuard {
         store: String,
@@ -156,7 +164,7 @@ pub enum Error {
     /// GitHub would be published without the Hub and the Hub's manifest, which decides whether
     /// that is allowed, cannot be read (a network error, an unreadable `--hub`).
     #[error(
-        "cannot tell whether GitHub would be ahead of the Hub: reading {hub} {path} failed: {source}; nothing was written\nnext: pass --hub STORE naming a readable copy of the Hub (e.g. an offline mirror), publish to the Hub in the same run (--to hf://buckets/NS/NAME before the github: store), or pass --github-only \"REASON\" (written into the publish record)"
+        "cannot tell whether GitHub would be ahead of the Hub: reading {hub} {path} failed: {source}; nothing was written"
     )]
     HubUnreadable {
         hub: String,
@@ -172,6 +180,11 @@ pub enum Error {
     /// A signing or verifying key that cannot be used (never shows the key itself).
     #[error("key {}: {message}", path.display())]
     Signing { path: PathBuf, message: String },
+
+    /// A public key file that cannot be read (missing, not a regular file, too large) or holds
+    /// no key.
+    #[error("key {}: {message}", path.display())]
+    PublicKeyFile { path: PathBuf, message: String },
 
     /// A secret key that cannot sign; the [`crate::signing::KeyProblem`] is the cause and the
     /// next step (never the key itself).
@@ -326,10 +339,7 @@ impl std::fmt::Display for Refusal {
                 f,
                 "{store}: holds {path}, so this generation is signed; publishing without \
                  --sign-key would leave that signature beside the new manifest and every device \
-                 with trusted keys would refuse the generation. Nothing was uploaded.\nnext: add \
-                 --sign-key release.key; or, to stop signing this generation on purpose, \
-                 --remove-signature \"REASON\" (recorded; devices with keys will then refuse \
-                 the generation as not signed)"
+                 with trusted keys would refuse the generation. Nothing was uploaded."
             ),
             Refusal::Uncovered {
                 manifest,
@@ -368,18 +378,30 @@ fn loose_files(
     loose: &[String],
 ) -> std::fmt::Result {
     let suffix = manifest::layout::ARTIFACT_SUFFIX;
-    let ids: std::collections::BTreeSet<&str> = loose
-        .iter()
-        .filter_map(|n| n.split_once(suffix).map(|(id, _)| id))
-        .filter(|id| id.parse::<manifest::ModelId>().is_ok())
-        .collect();
     let shown: Vec<&str> = loose.iter().take(5).map(String::as_str).collect();
     let more = if loose.len() > shown.len() {
         format!(" and {} more", loose.len() - shown.len())
     } else {
         String::new()
     };
-    let fix = if ids.is_empty() {
+    write!(
+        f,
+        "{}: the artifacts directory holds one <id>/ directory per model (<id>/<id>{suffix}.chunkNNofMM and .chunkmanifest), not loose files; found {}{more} at its top level, nothing was published",
+        dir.display(),
+        shown.join(", ")
+    )
+}
+
+/// [`Refusal::LooseFiles`]' next step: the commands that move each model's files into its
+/// `<id>/` directory.
+fn loose_files_fix(dir: &std::path::Path, loose: &[String]) -> String {
+    let suffix = manifest::layout::ARTIFACT_SUFFIX;
+    let ids: std::collections::BTreeSet<&str> = loose
+        .iter()
+        .filter_map(|n| n.split_once(suffix).map(|(id, _)| id))
+        .filter(|id| id.parse::<manifest::ModelId>().is_ok())
+        .collect();
+    if ids.is_empty() {
         "move each model's files into <DIR>/<id>/".to_string()
     } else {
         ids.iter()
@@ -389,13 +411,7 @@ fn loose_files(
             })
             .collect::<Vec<_>>()
             .join("; ")
-    };
-    write!(
-        f,
-        "{}: the artifacts directory holds one <id>/ directory per model (<id>/<id>{suffix}.chunkNNofMM and .chunkmanifest), not loose files; found {}{more} at its top level, nothing was published\nnext: {fix}",
-        dir.display(),
-        shown.join(", ")
-    )
+    }
 }
 
 /// What a failed `hf` CLI call means.
@@ -489,6 +505,7 @@ impl Error {
                 | Error::Refused(_)
                 | Error::ReuseRefused(_)
                 | Error::GitRefused { .. }
+                | Error::PushRejected { .. }
                 | Error::Manifest(_)
                 | Error::Guard { .. }
                 | Error::Pin { .. }
@@ -504,5 +521,75 @@ impl Error {
                         | chunker::Error::NotFound { .. }
                 )
         )
+    }
+}
+
+impl NextStep for Error {
+    fn next_step(&self) -> Option<String> {
+        match self {
+            Error::HfCli { kind, .. } => Some(kind.next_step().to_string()),
+            Error::Guard { .. } => Some(
+                "give each model meant to change an <id>/ directory in --artifacts (an empty one \
+                 when its files are already in the store), or undo the other changes in the new \
+                 manifest (`release-cli manifest diff LIVE NEW` shows them)"
+                    .into(),
+            ),
+            Error::Pin { .. } => Some(
+                "publish with the manifest's own generation, or record the new generation's pin \
+                 with `release-cli tinygrad bump` and pass --openpilot"
+                    .into(),
+            ),
+            Error::GenerationGuard {
+                generation,
+                previous,
+                ..
+            } => Some(format!(
+                "keep every {previous} model ID, version and uses_external_gpu, or name each \
+                 intended addition/removal with --add-model ID / --drop-model ID; rebuild any \
+                 artifact {previous} published (`release-cli rebuild --generation {generation}`)"
+            )),
+            Error::HubUnreadable { .. } => Some(
+                "pass --hub STORE naming a readable copy of the Hub (e.g. an offline mirror), \
+                 publish to the Hub in the same run (--to hf://buckets/NS/NAME before the github: \
+                 store), or pass --github-only \"REASON\" (written into the publish record)"
+                    .into(),
+            ),
+            Error::PushRejected {
+                checkout,
+                remote,
+                branch,
+                ..
+            } => Some(format!(
+                "the commit stays in the checkout; if the branch moved, `git -C {} pull --rebase \
+                 {remote} {branch}`; if access or branch protection refused it, fix that; then \
+                 rerun the same publish, which pushes the local commits first",
+                checkout.display()
+            )),
+            Error::PublicKeyFile { .. } => {
+                Some("pass the public key file `minisign -G` wrote (e.g. release.pub)".into())
+            }
+            Error::UploadFailed { last, .. } => last.next_step(),
+            Error::Refused(r) => r.next_step(),
+            Error::Key { problem, .. } => problem.next_step(),
+            Error::ReuseRefused(r) => r.next_step(),
+            Error::Manifest(e) => e.next_step(),
+            Error::Chunk(e) => e.next_step(),
+            _ => None,
+        }
+    }
+}
+
+impl NextStep for Refusal {
+    fn next_step(&self) -> Option<String> {
+        match self {
+            Refusal::LooseFiles { dir, loose } => Some(loose_files_fix(dir, loose)),
+            Refusal::SignedStore { .. } => Some(
+                "add --sign-key release.key; or, to stop signing this generation on purpose, \
+                 --remove-signature \"REASON\" (recorded; devices with keys will then refuse \
+                 the generation as not signed)"
+                    .into(),
+            ),
+            _ => None,
+        }
     }
 }

@@ -148,14 +148,12 @@ impl GithubStore {
             &self.remote,
             &format!("HEAD:refs/heads/{}", self.branch),
         ]) {
-            Err(Error::Git { stderr, .. }) if push_rejected(&stderr) => Err(self.refuse(format!(
-                "push to {}/{} was rejected: {stderr}\nnext: the commit stays in the checkout; if the branch moved, `git -C {} pull --rebase {} {}`; if access or branch protection refused it, fix that; then rerun the same publish, which pushes the local commits first",
-                self.remote,
-                self.branch,
-                self.checkout.display(),
-                self.remote,
-                self.branch
-            ))),
+            Err(Error::Git { stderr, .. }) if push_rejected(&stderr) => Err(Error::PushRejected {
+                checkout: self.checkout.clone(),
+                remote: self.remote.clone(),
+                branch: self.branch.clone(),
+                stderr,
+            }),
             other => other.map(|_| ()),
         }
     }

@@ -89,51 +89,64 @@ const MAKE_WITH_PASSPHRASE: &str = "`minisign -G -p release.pub -s release.key`"
 impl fmt::Display for KeyProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            KeyProblem::File { reason } => write!(
-                f,
-                "{reason}\nnext: pass the secret key file `minisign -G` wrote (e.g. release.key)"
-            ),
-            KeyProblem::PublicKeyGiven => write!(
-                f,
-                "this is a minisign public key; signing needs the secret key\nnext: pass the \
-                 .key file `minisign -G` wrote beside this .pub (the .pub is what devices trust)"
-            ),
-            KeyProblem::NotASecretKey { reason } => write!(
-                f,
-                "not a minisign secret key ({reason})\nnext: pass the .key file of `minisign -G`; \
-                 to make one: {MAKE_WITH_PASSPHRASE}, or {MAKE_UNATTENDED} for unattended use \
-                 (docs/release.md)"
-            ),
+            KeyProblem::File { reason } => f.write_str(reason),
+            KeyProblem::PublicKeyGiven => {
+                f.write_str("this is a minisign public key; signing needs the secret key")
+            }
+            KeyProblem::NotASecretKey { reason } => {
+                write!(f, "not a minisign secret key ({reason})")
+            }
             KeyProblem::Unsupported { field, found } => write!(
                 f,
-                "unsupported {field} {found} (minisign writes `Ed`, `Sc` or none, `B2`)\nnext: \
-                 make a key with minisign: {MAKE_WITH_PASSPHRASE}, or {MAKE_UNATTENDED}"
+                "unsupported {field} {found} (minisign writes `Ed`, `Sc` or none, `B2`)"
             ),
-            KeyProblem::NoPassphrase { reason } => write!(
-                f,
-                "the key is encrypted with a passphrase, and {reason}\nnext: set {} to its \
-                 passphrase, or run on a terminal to type it; for unattended signing make a key \
-                 without a passphrase: {MAKE_UNATTENDED}",
-                crate::signing::PASSPHRASE_ENV
-            ),
-            KeyProblem::WrongPassphrase => write!(
-                f,
-                "wrong passphrase: the key does not decrypt with it\nnext: check {} (or retype \
-                 it); a forgotten passphrase cannot be recovered: make a new key and rotate to it \
-                 (docs/release.md, \"Key rotation\")",
-                crate::signing::PASSPHRASE_ENV
-            ),
-            KeyProblem::Kdf { reason } => write!(
-                f,
-                "cannot derive the key from the passphrase ({reason})\nnext: re-encrypt it with \
-                 minisign 0.11 (`minisign -C -s release.key`) or make a new key"
-            ),
-            KeyProblem::Damaged { reason } => write!(
-                f,
-                "the key is damaged ({reason})\nnext: restore release.key from its backup; \
-                 without one, make a new key and rotate to it (docs/release.md, \"Key rotation\")"
-            ),
+            KeyProblem::NoPassphrase { reason } => {
+                write!(f, "the key is encrypted with a passphrase, and {reason}")
+            }
+            KeyProblem::WrongPassphrase => {
+                f.write_str("wrong passphrase: the key does not decrypt with it")
+            }
+            KeyProblem::Kdf { reason } => {
+                write!(f, "cannot derive the key from the passphrase ({reason})")
+            }
+            KeyProblem::Damaged { reason } => write!(f, "the key is damaged ({reason})"),
         }
+    }
+}
+
+impl cli_support::NextStep for KeyProblem {
+    fn next_step(&self) -> Option<String> {
+        Some(match self {
+            KeyProblem::File { .. } => {
+                "pass the secret key file `minisign -G` wrote (e.g. release.key)".into()
+            }
+            KeyProblem::PublicKeyGiven => "pass the .key file `minisign -G` wrote beside this \
+                 .pub (the .pub is what devices trust)"
+                .into(),
+            KeyProblem::NotASecretKey { .. } => format!(
+                "pass the .key file of `minisign -G`; to make one: {MAKE_WITH_PASSPHRASE}, or \
+                 {MAKE_UNATTENDED} for unattended use (docs/release.md)"
+            ),
+            KeyProblem::Unsupported { .. } => {
+                format!("make a key with minisign: {MAKE_WITH_PASSPHRASE}, or {MAKE_UNATTENDED}")
+            }
+            KeyProblem::NoPassphrase { .. } => format!(
+                "set {} to its passphrase, or run on a terminal to type it; for unattended \
+                 signing make a key without a passphrase: {MAKE_UNATTENDED}",
+                crate::signing::PASSPHRASE_ENV
+            ),
+            KeyProblem::WrongPassphrase => format!(
+                "check {} (or retype it); a forgotten passphrase cannot be recovered: make a new \
+                 key and rotate to it (docs/release.md, \"Key rotation\")",
+                crate::signing::PASSPHRASE_ENV
+            ),
+            KeyProblem::Kdf { .. } => "re-encrypt it with minisign 0.11 (`minisign -C -s \
+                 release.key`) or make a new key"
+                .into(),
+            KeyProblem::Damaged { .. } => "restore release.key from its backup; without one, \
+                 make a new key and rotate to it (docs/release.md, \"Key rotation\")"
+                .into(),
+        })
     }
 }
 
@@ -253,7 +266,9 @@ mod tests {
                 (Err(e), Err(needle)) => {
                     let s = e.to_string();
                     assert!(s.contains(needle), "{text:?}: {s}");
-                    assert!(s.contains("\nnext: "), "no next step: {s}");
+                    let next = cli_support::NextStep::next_step(&e);
+                    assert!(next.is_some_and(|n| !n.is_empty()), "no next step: {s}");
+                    assert!(!s.contains("next:"), "a next step glued in: {s}");
                 }
                 (got, want) => panic!("{text:?}: got {got:?}, want {want:?}"),
             }
@@ -287,7 +302,9 @@ mod tests {
             ),
         ];
         for (p, needles) in cases {
-            let s = p.to_string();
+            // As reported: the cause, then the next step on its own line.
+            let next = cli_support::NextStep::next_step(&p).unwrap_or_default();
+            let s = format!("{p}\nnext: {next}");
             for n in needles {
                 assert!(s.contains(n), "{p:?}: {s}");
             }

@@ -86,6 +86,18 @@ pub enum Difference {
     },
 }
 
+impl cli_support::NextStep for ReuseRefusal {
+    fn next_step(&self) -> Option<String> {
+        match self {
+            ReuseRefusal::Incompatible { source_id, .. } => Some(format!(
+                "nothing was written; rebuild {source_id} for this generation with `release-cli \
+                 compile` (names and release dates do not prove compatibility)"
+            )),
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Display for ReuseRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -122,10 +134,7 @@ impl std::fmt::Display for ReuseRefusal {
                         )?,
                     }
                 }
-                write!(
-                    f,
-                    "\nnext: nothing was written; rebuild {source_id} for this generation with `release-cli compile` (names and release dates do not prove compatibility)"
-                )
+                Ok(())
             }
             ReuseRefusal::NoArtifact { source_id } => write!(
                 f,
@@ -573,14 +582,18 @@ mod tests {
     #[test]
     fn each_difference_is_named() {
         let id: ModelId = "pop".parse().unwrap();
-        let e = check_compatibility(&catalog(Some(TG), Some(SRC)), &id, &c(SRC), &c(OTHER))
-            .unwrap_err()
-            .to_string();
+        let refused = check_compatibility(&catalog(Some(TG), Some(SRC)), &id, &c(SRC), &c(OTHER))
+            .unwrap_err();
+        let e = refused.to_string();
         assert!(
             e.contains("tinygrad commit differs") && !e.contains("source-model commit differs"),
             "{e}"
         );
-        assert!(e.contains("next: nothing was written; rebuild pop"), "{e}");
+        let next = cli_support::NextStep::next_step(&refused).unwrap_or_default();
+        assert!(
+            next.starts_with("nothing was written; rebuild pop"),
+            "{next}"
+        );
         let e = check_compatibility(&catalog(Some(TG), Some(SRC)), &id, &c(OTHER), &c(TG))
             .unwrap_err()
             .to_string();

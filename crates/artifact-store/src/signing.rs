@@ -239,12 +239,8 @@ impl VerifyingKey {
     /// Public keys from a `.pub` file (several may be concatenated), or the public half of a
     /// secret key.
     pub fn load_all(path: &Path) -> Result<Vec<Self>> {
-        const NEXT: &str = "next: pass the public key file `minisign -G` wrote (e.g. release.pub)";
         let text = read_key_file(path).map_err(|e| match e {
-            Error::Signing { path, message } => Error::Signing {
-                path,
-                message: format!("{message}\n{NEXT}"),
-            },
+            Error::Signing { path, message } => Error::PublicKeyFile { path, message },
             other => other,
         })?;
         let bad = |message: String| Error::Signing {
@@ -266,7 +262,10 @@ impl VerifyingKey {
             keys.push(Self::from_public(pk));
         }
         if keys.is_empty() {
-            return Err(bad(format!("no public key in the file\n{NEXT}")));
+            return Err(Error::PublicKeyFile {
+                path: path.to_path_buf(),
+                message: "no public key in the file".into(),
+            });
         }
         Ok(keys)
     }

@@ -299,9 +299,10 @@ fn the_guard_names_every_unrelated_change_and_nothing_is_written() {
         "{msg}"
     );
     // The refusal says what to do about it.
+    let next = cli_support::NextStep::next_step(&err).unwrap_or_default();
     assert!(
-        msg.contains("next: give each model meant to change an <id>/ directory"),
-        "{msg}"
+        next.starts_with("give each model meant to change an <id>/ directory"),
+        "{msg}\nnext: {next}"
     );
     assert!(!store.writes().iter().any(|w| w.contains("manifests/")));
     let live = LocalStore::new(&root)
@@ -510,14 +511,15 @@ fn a_rejected_push_is_reported_at_once_and_the_rerun_resumes_from_the_local_comm
             retries += 1;
         }
     })
-    .unwrap_err()
-    .to_string();
+    .unwrap_err();
+    let next = cli_support::NextStep::next_step(&e).unwrap_or_default();
+    let e = e.to_string();
     assert_eq!(retries, 0, "a rejection is not retried");
     assert!(
         e.contains("was rejected")
             && e.contains("pre-receive hook declined")
-            && e.contains("rerun the same publish"),
-        "{e}"
+            && next.contains("rerun the same publish"),
+        "{e}\nnext: {next}"
     );
     assert_eq!(remote.remote_subjects(), ["init"]);
     let ahead = git(

@@ -280,9 +280,12 @@ fn an_unsigned_publish_over_a_signed_store_is_refused_before_any_effect() {
         };
         assert_eq!(path.as_str(), "manifests/model_names_v25.json.minisig");
         let text = e.to_string();
+        let next = cli_support::NextStep::next_step(&e).unwrap_or_default();
         assert!(
-            text.contains("--sign-key") && text.contains("--remove-signature"),
-            "{text}"
+            text.contains("--sign-key")
+                && next.starts_with("add --sign-key")
+                && next.contains("--remove-signature"),
+            "{text}\nnext: {next}"
         );
         // A dry run is refused the same way.
         let mut dry = opts();

@@ -115,3 +115,11 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Every message of this crate says what to do where there is something to do; none carries a
+/// separate next step.
+impl cli_support::NextStep for Error {
+    fn next_step(&self) -> Option<String> {
+        None
+    }
+}

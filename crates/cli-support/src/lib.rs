@@ -346,10 +346,9 @@ fn usage_error_json(args: &[OsString], e: &clap::Error) -> Option<String> {
         .next()
         .unwrap_or_default();
     let message = text.trim().strip_prefix("error: ").unwrap_or(text.trim());
-    Some(error_json(
-        "usage",
-        &format!("{message}\nnext: run the command with --help for its arguments"),
-    ))
+    let failure = Failure::new(2, "usage", message)
+        .with_next(Some("run the command with --help for its arguments"));
+    Some(failure.json_document())
 }
 
 #[cfg(test)]

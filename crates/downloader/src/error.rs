@@ -350,3 +350,11 @@ impl fmt::Display for OsError {
 }
 
 impl std::error::Error for OsError {}
+
+/// Every message of this crate says what to do where there is something to do; none carries a
+/// separate next step.
+impl cli_support::NextStep for Error {
+    fn next_step(&self) -> Option<String> {
+        None
+    }
+}

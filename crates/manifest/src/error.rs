@@ -88,3 +88,11 @@ impl fmt::Display for ChangeList<'_> {
         Ok(())
     }
 }
+
+/// Every message of this crate says what to do where there is something to do; none carries a
+/// separate next step.
+impl cli_support::NextStep for Error {
+    fn next_step(&self) -> Option<String> {
+        None
+    }
+}

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use cli_support::NextStep;
+
 use manifest::{Generation, GitCommit, ModelId};
 
 /// What went wrong in a release step. Every message names the file, model or value involved and,
@@ -41,8 +43,7 @@ pub enum Error {
     /// The validation gate refused a publish: every missing, failed or stale cell, one per line.
     #[error(
         "publish refused: the records in {workspace} do not cover the seed's validation matrix \
-         for this manifest:\n  {}\nnext: run what each line says, or publish with \
-         --skip-validation \"REASON\" (the reason is written into the publish record)",
+         for this manifest:\n  {}",
         gaps.join("\n  "),
         workspace = workspace.display()
     )]
@@ -304,10 +305,7 @@ pub enum Error {
 
     /// `uses_external_gpu` in the manifest is not what the build records say was built.
     #[error(
-        "publish refused: uses_external_gpu disagrees with the build record:\n  {}\nnext: set \
-         uses_external_gpu to what was built (rerun `release-cli rebuild`, which writes it from \
-         the record), or rebuild the model for the target the catalog says (the source map's \
-         uses_external_gpu)",
+        "publish refused: uses_external_gpu disagrees with the build record:\n  {}",
         mismatches.join("\n  ")
     )]
     GpuFlag { mismatches: Vec<String> },
@@ -353,3 +351,28 @@ pub enum Error {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl NextStep for Error {
+    fn next_step(&self) -> Option<String> {
+        match self {
+            Error::ValidationGate { .. } => Some(
+                "run what each line says, or publish with --skip-validation \"REASON\" (the \
+                 reason is written into the publish record)"
+                    .into(),
+            ),
+            Error::GpuFlag { .. } => Some(
+                "set uses_external_gpu to what was built (rerun `release-cli rebuild`, which \
+                 writes it from the record), or rebuild the model for the target the catalog \
+                 says (the source map's uses_external_gpu)"
+                    .into(),
+            ),
+            Error::PublishInput(e)
+            | Error::SignRefused(e)
+            | Error::SignFailed(e)
+            | Error::Store(e) => e.next_step(),
+            Error::Chunk(e) => e.next_step(),
+            Error::Manifest(e) => e.next_step(),
+            _ => None,
+        }
+    }
+}

@@ -306,12 +306,14 @@ mod tests {
         );
         assert_eq!(check_gpu_flags(&ok, t.path()).unwrap(), 2);
         let bad = manifest(g, &pin, &[("pop", Some(true), 1), ("bm", Some(true), 2)]);
-        let text = check_gpu_flags(&bad, t.path()).unwrap_err().to_string();
+        let e = check_gpu_flags(&bad, t.path()).unwrap_err();
+        let text = e.to_string();
+        let next = cli_support::NextStep::next_step(&e).unwrap_or_default();
         assert!(
             text.contains("model pop: the manifest says uses_external_gpu: true, but")
                 && text.contains("records a QCOM build of this artifact")
-                && text.contains("next:"),
-            "{text}"
+                && next.starts_with("set uses_external_gpu to what was built"),
+            "{text}\nnext: {next}"
         );
     }
 }

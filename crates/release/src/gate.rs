@@ -1413,7 +1413,8 @@ mod tests {
             panic!("{e}")
         };
         assert_eq!(gaps.len(), gappy.gaps.len());
-        assert!(e.to_string().contains("--skip-validation"), "{e}");
+        let next = cli_support::NextStep::next_step(&e).unwrap_or_default();
+        assert!(next.contains("--skip-validation"), "{e}\nnext: {next}");
         // No workspace and no skip: refused, saying what to pass.
         let e = decide(None, None, None).unwrap_err();
         assert!(e.to_string().contains("no --workspace DIR"), "{e}");

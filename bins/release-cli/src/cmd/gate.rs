@@ -11,11 +11,11 @@ use crate::{CliError, CliResult};
 /// Map a `release` error to the CLI's exit codes.
 pub fn release_error(e: release::Error) -> CliError {
     match e {
-        release::Error::NotACheckout { .. } => CliError::usage(e),
+        release::Error::NotACheckout { .. } => CliError::usage_from(e),
         release::Error::Record { .. }
         | release::Error::ValidationGate { .. }
-        | release::Error::GpuFlag { .. } => CliError::check_failed(e),
-        e => CliError::failure(e),
+        | release::Error::GpuFlag { .. } => CliError::check_failed_from(e),
+        e => CliError::failure_from(e),
     }
 }
 

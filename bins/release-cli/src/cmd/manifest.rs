@@ -309,9 +309,8 @@ fn load(path: &Path) -> CliResult<Manifest> {
 /// Parse a manifest file's bytes; a malformed one is a failed check pointing at `validate`.
 fn parse(path: &Path, bytes: &[u8]) -> CliResult<Manifest> {
     Manifest::from_slice_limited(bytes, &Limits::default()).map_err(|e| {
-        CliError::check_failed(format!(
-            "{}: {e}\nnext: `release-cli manifest validate {}` lists every problem",
-            path.display(),
+        CliError::check_failed(format!("{}: {e}", path.display())).with_next(format!(
+            "`release-cli manifest validate {}` lists every problem",
             path.display()
         ))
     })
@@ -435,8 +434,8 @@ fn fmt(args: FmtArgs) -> CliResult {
 fn diff(args: DiffArgs) -> CliResult {
     // As diff(1): 1 means "they differ", so a file that cannot be read is 2, not 1.
     let trouble = |e: CliError| {
-        if e.code == crate::output::EXIT_FAILURE {
-            CliError::usage(e.message)
+        if e.code() == crate::output::EXIT_FAILURE {
+            e.with_code(crate::output::EXIT_USAGE)
         } else {
             e
         }

@@ -88,7 +88,7 @@ pub(crate) fn ask_passphrase(path: &Path) -> Result<String, String> {
 pub fn load_signing_keys(paths: &[PathBuf]) -> CliResult<Vec<SigningKey>> {
     paths
         .iter()
-        .map(|p| SigningKey::load(p, &mut ask_passphrase).map_err(CliError::usage))
+        .map(|p| SigningKey::load(p, &mut ask_passphrase).map_err(CliError::usage_from))
         .collect()
 }
 
@@ -137,8 +137,12 @@ pub fn sign(a: SignArgs) -> CliResult {
     if m.to_canonical_bytes() != bytes {
         return Err(CliError::check_failed(format!(
             "{}: not in canonical form, which is what publish uploads, so this signature would \
-             not match the published bytes\nnext: `release-cli manifest fmt {0} > FIXED` and sign \
-             FIXED, or sign while publishing with `publish --sign-key`",
+             not match the published bytes",
+            a.manifest.display()
+        ))
+        .with_next(format!(
+            "`release-cli manifest fmt {} > FIXED` and sign FIXED, or sign while publishing \
+             with `publish --sign-key`",
             a.manifest.display()
         )));
     }
@@ -154,10 +158,8 @@ pub fn sign(a: SignArgs) -> CliResult {
     let verifying: Vec<VerifyingKey> = keys.iter().map(VerifyingKey::from).collect();
     let existing =
         chunker::bounded::read_capped(&output, signature::MAX_SIGNATURE_BYTES).map_err(|e| {
-            CliError::check_failed(format!(
-                "cannot read the signature already there: {e}\nnext: remove it, or write the \
-                 new one elsewhere with --output"
-            ))
+            CliError::check_failed(format!("cannot read the signature already there: {e}"))
+                .with_next("remove it, or write the new one elsewhere with --output")
         })?;
     let release = release::publish::release_beside(
         &verifying,
@@ -242,7 +244,7 @@ pub fn verify(a: VerifyArgs) -> CliResult {
     let generation = generation_of(&a.manifest, &m, a.generation)?;
     let mut keys = Vec::new();
     for k in &a.key {
-        keys.extend(VerifyingKey::load_all(k).map_err(CliError::usage)?);
+        keys.extend(VerifyingKey::load_all(k).map_err(CliError::usage_from)?);
     }
     let sig_path = a
         .signature
@@ -252,18 +254,18 @@ pub fn verify(a: VerifyArgs) -> CliResult {
     // at once, not read.
     let raw = chunker::bounded::read_capped(&sig_path, signature::MAX_SIGNATURE_BYTES)
         .map_err(|e| {
-            CliError::check_failed(format!(
-                "{e}\nnext: pass the .minisig file `manifest sign` or `publish --sign-key` wrote \
-                 (a few hundred bytes per key)"
-            ))
+            CliError::check_failed(e).with_next(
+                "pass the .minisig file `manifest sign` or `publish --sign-key` wrote (a few \
+                 hundred bytes per key)",
+            )
         })?
         .ok_or_else(|| {
-            CliError::check_failed(format!(
-                "{}: no such file\nnext: sign the manifest with `release-cli manifest sign --key \
-                 KEY {}`",
-                sig_path.display(),
-                a.manifest.display()
-            ))
+            CliError::check_failed(format!("{}: no such file", sig_path.display())).with_next(
+                format!(
+                    "sign the manifest with `release-cli manifest sign --key KEY {}`",
+                    a.manifest.display()
+                ),
+            )
         })?;
     let text = String::from_utf8_lossy(&raw);
     let (blocks, outcome) = match signing::check_signature(&keys, &bytes, &text) {

@@ -20,9 +20,9 @@ use crate::{CliError, CliResult};
 pub(crate) fn store_error(e: artifact_store::Error) -> CliError {
     use artifact_store::Error as E;
     match e {
-        E::InvalidStore { .. } | E::InvalidPath { .. } => CliError::usage(e),
-        e if e.is_check_failure() => CliError::check_failed(e),
-        e => CliError::failure(e),
+        E::InvalidStore { .. } | E::InvalidPath { .. } => CliError::usage_from(e),
+        e if e.is_check_failure() => CliError::check_failed_from(e),
+        e => CliError::failure_from(e),
     }
 }
 
