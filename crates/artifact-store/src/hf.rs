@@ -799,12 +799,16 @@ impl Store for HfBucketStore {
                 s => return Err(status_error("GET", &url, s)),
             }
             next = next_link(resp.headers());
-            let mut body = Vec::new();
-            resp.take(MAX_LISTING_PAGE_BYTES + 1)
-                .read_to_end(&mut body)
+            let body = chunker::bounded::read_up_to(resp, MAX_LISTING_PAGE_BYTES)
                 .map_err(|source| Error::StoreRead {
                     what: url.clone(),
                     source,
+                })?
+                .ok_or_else(|| Error::BadResponse {
+                    url: url.clone(),
+                    reason: format!(
+                        "tree listing page larger than the {MAX_LISTING_PAGE_BYTES}-byte limit"
+                    ),
                 })?;
             let entries: Vec<TreeEntry> =
                 serde_json::from_slice(&body).map_err(|e| Error::BadResponse {

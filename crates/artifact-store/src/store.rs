@@ -123,21 +123,18 @@ pub trait Store: Send + Sync {
             Err(e) if e.is_not_found() => return Ok(None),
             Err(e) => return Err(e),
         };
-        let mut buf = Vec::new();
-        reader
-            .take(limit + 1)
-            .read_to_end(&mut buf)
-            .map_err(|source| Error::StoreRead {
+        let buf =
+            chunker::bounded::read_up_to(reader, limit).map_err(|source| Error::StoreRead {
                 what: format!("{} {}", self.describe(), path),
                 source,
             })?;
-        if buf.len() as u64 > limit {
-            return Err(Error::BadResponse {
+        match buf {
+            Some(buf) => Ok(Some(buf)),
+            None => Err(Error::BadResponse {
                 url: format!("{} {}", self.describe(), path),
                 reason: format!("larger than the {limit}-byte limit for this kind of file"),
-            });
+            }),
         }
-        Ok(Some(buf))
     }
 
     /// Write a small in-memory file.

@@ -46,18 +46,45 @@ pub fn read_capped_existing(path: &Path, limit: u64) -> Result<Vec<u8>> {
     if meta.len() > limit {
         return Err(too_large(meta.len()));
     }
-    let mut out = Vec::with_capacity(meta.len() as usize);
-    file.take(limit + 1).read_to_end(&mut out)?;
-    if out.len() as u64 > limit {
-        // The file grew between the stat and the read.
-        return Err(too_large(out.len() as u64));
-    }
-    Ok(out)
+    // `None`: the file grew between the stat and the read.
+    read_up_to(file, limit)?.ok_or_else(|| too_large(limit.saturating_add(1)))
+}
+
+/// All of `reader` when it holds at most `limit` bytes, else `None`; never reads more than
+/// `limit + 1` bytes, so an endless stream (an HTTP body, a pipe) costs nothing. The cap of
+/// every bounded read: [`read_capped`]'s files, a store's small files, a listing page, a
+/// staging directory's state.
+pub fn read_up_to(reader: impl Read, limit: u64) -> io::Result<Option<Vec<u8>>> {
+    let mut out = Vec::new();
+    reader.take(limit.saturating_add(1)).read_to_end(&mut out)?;
+    Ok((out.len() as u64 <= limit).then_some(out))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reader_is_read_whole_up_to_the_limit_and_no_further() {
+        for (len, limit, whole) in [
+            (0, 0, true),
+            (1, 0, false),
+            (4, 4, true),
+            (5, 4, false),
+            (3, 4, true),
+            (10, u64::MAX, true),
+        ] {
+            let data = vec![b'x'; len];
+            let got = read_up_to(&data[..], limit).unwrap();
+            assert_eq!(
+                got,
+                whole.then(|| data.clone()),
+                "{len} bytes, limit {limit}"
+            );
+        }
+        // An endless reader is cut after limit + 1 bytes.
+        assert_eq!(read_up_to(io::repeat(0), 1 << 20).unwrap(), None);
+    }
 
     #[test]
     fn caps_sizes_and_refuses_what_is_not_a_regular_file() {

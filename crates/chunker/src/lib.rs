@@ -29,7 +29,9 @@ pub use split::{
     ChunkInfo, PlannedChunk, SplitOptions, SplitPlan, SplitReport, StagedSplit, other_forms,
     plan_split, set_file_names, split_file, split_reader, stage_reader,
 };
-pub use verify::{Expected, VerifiedChunk, VerifyReport, verify, verify_with_progress};
+pub use verify::{
+    Expected, VerifiedChunk, VerifyReport, hash_chunk_set, verify, verify_with_progress,
+};
 
 use std::path::Path;
 
@@ -143,6 +145,40 @@ pub fn parse_chunk_name(name: &str, file_name: &str) -> Option<(u32, u32)> {
     Some((idx.parse().ok()?, count.parse().ok()?))
 }
 
+/// The form a file holds a logical artifact in (docs/formats.md, "Chunk sets").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// `NAME` itself, one plain file.
+    Plain,
+    /// `NAME.chunkNNofMM`.
+    Chunk { index: u32, count: u32 },
+    /// `NAME.pNN`, a legacy part (0-based).
+    LegacyPart(u32),
+    /// `NAME.sha256`.
+    Sidecar,
+    /// `NAME.chunkmanifest`.
+    ChunkManifest,
+}
+
+/// Which of `name`'s files `file_name` is, or `None` when it is not one of them: the one
+/// matcher of "the forms of NAME" for split, install and publish. Pure.
+pub fn form_of(name: &str, file_name: &str) -> Option<Form> {
+    let tail = file_name.strip_prefix(name)?;
+    match tail {
+        "" => Some(Form::Plain),
+        ".sha256" => Some(Form::Sidecar),
+        ".chunkmanifest" => Some(Form::ChunkManifest),
+        _ => {
+            if let Some((index, count)) = parse_chunk_name(name, file_name) {
+                return Some(Form::Chunk { index, count });
+            }
+            let digits = tail.strip_prefix(".p")?;
+            (digits.len() == 2 && digits.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| Form::LegacyPart(digits.parse().expect("two digits")))
+        }
+    }
+}
+
 /// Number of chunks a `size`-byte artifact splits into.
 pub fn chunk_count_for(size: u64, chunk_size: u64) -> u64 {
     size.div_ceil(chunk_size)
@@ -189,6 +225,31 @@ mod tests {
         assert_eq!(parse_chunk_name(n, &chunk_name(n, 3, 7)), Some((3, 7)));
         assert_eq!(parse_chunk_name(n, "other.chunk01of02"), None);
         assert_eq!(parse_chunk_name(n, &format!("{n}.chunk1of2")), None);
+    }
+
+    #[test]
+    fn forms_of_a_name() {
+        let n = "a_driving_tinygrad.pkl";
+        for (file, want) in [
+            (n.to_string(), Some(Form::Plain)),
+            (
+                chunk_name(n, 3, 7),
+                Some(Form::Chunk { index: 3, count: 7 }),
+            ),
+            (legacy_part_name(n, 4), Some(Form::LegacyPart(4))),
+            (sidecar_name(n), Some(Form::Sidecar)),
+            (chunk_manifest_name(n), Some(Form::ChunkManifest)),
+            (format!("{n}.chunk1of2"), None),
+            (format!("{n}.p1"), None),
+            (format!("{n}.p123"), None),
+            (format!("{n}.pxy"), None),
+            (format!("{n}.tmp"), None),
+            (format!("{n}x"), None),
+            ("b_driving_tinygrad.pkl".to_string(), None),
+            (chunk_name("b_driving_tinygrad.pkl", 1, 2), None),
+        ] {
+            assert_eq!(form_of(n, &file), want, "{file}");
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ use serde::Serialize;
 use crate::atomic::{self, AtomicFile, DIRECT_ALIGN};
 use crate::error::{Error, Result};
 use crate::{
-    DEFAULT_CHUNK_SIZE, Hasher, IO_BUFFER_SIZE, MAX_CHUNKS, Sha256Digest, check_name,
+    DEFAULT_CHUNK_SIZE, Form, Hasher, IO_BUFFER_SIZE, MAX_CHUNKS, Sha256Digest, check_name,
     chunk_count_for, chunk_manifest_name, chunk_name, format_chunk_manifest, format_sidecar,
     parse_chunk_name, sidecar_name,
 };
@@ -382,23 +382,17 @@ pub fn other_forms(name: &str, dir: &Path, count: u32) -> Result<Vec<String>> {
         let Some(file_name) = file_name.to_str() else {
             continue;
         };
-        let other_count = parse_chunk_name(name, file_name).is_some_and(|(_, c)| c != count);
-        if (file_name == name || is_legacy_part(name, file_name) || other_count)
-            && entry.file_type()?.is_file()
-        {
+        let other_form = match crate::form_of(name, file_name) {
+            Some(Form::Plain | Form::LegacyPart(_)) => true,
+            Some(Form::Chunk { count: c, .. }) => c != count,
+            _ => false,
+        };
+        if other_form && entry.file_type()?.is_file() {
             found.push(file_name.to_string());
         }
     }
     found.sort();
     Ok(found)
-}
-
-/// `NAME.pNN`, two digits.
-fn is_legacy_part(name: &str, file_name: &str) -> bool {
-    file_name
-        .strip_prefix(name)
-        .and_then(|r| r.strip_prefix(".p"))
-        .is_some_and(|d| d.len() == 2 && d.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn planned_count(name: &str, size: u64, chunk_size: u64) -> Result<u32> {

@@ -212,6 +212,13 @@ fn check_chunk_sizes(pieces: &[(PathBuf, u64)]) -> Result<()> {
     Ok(())
 }
 
+/// The SHA-256 of the whole of `pieces` (in order) and of each piece, in one pass that reads
+/// each byte once: the chunk-set hashing of [`verify`], for a caller that lists each chunk with
+/// its digest (publish). The sizes are the pieces' as listed (e.g. by [`crate::resolve`]).
+pub fn hash_chunk_set(pieces: &[(PathBuf, u64)]) -> Result<(Sha256Digest, Vec<Sha256Digest>)> {
+    hash_pieces(pieces, true, &mut |_| {})
+}
+
 /// Hash the concatenation of `pieces`, and each piece too when `per_piece` is set. The per-piece
 /// hashes run on a second thread fed the same buffers, so each byte is read from disk once.
 fn hash_pieces(
@@ -277,4 +284,44 @@ fn hash_pieces(
         let digests = chunk_thread.join().expect("chunk hasher panicked");
         result.map(|()| (whole.finish(), digests))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole digest is the concatenation's, each piece's its own bytes', empty pieces
+    /// included, whatever the buffer boundaries.
+    #[test]
+    fn chunk_set_hashing_digests_the_whole_and_each_piece() {
+        let d = tempfile::tempdir().unwrap();
+        let big = vec![7u8; IO_BUFFER_SIZE + 3];
+        for contents in [
+            vec![&b"abc"[..], b"de"],
+            vec![&b"abc"[..]],
+            vec![&big[..], b"x", &big[..10]],
+            vec![&b"abc"[..], b""],
+            vec![&b""[..], b"abc"],
+        ] {
+            let pieces: Vec<(PathBuf, u64)> = contents
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let p = d.path().join(format!("p{i}"));
+                    std::fs::write(&p, c).unwrap();
+                    (p, c.len() as u64)
+                })
+                .collect();
+            let (whole, each) = hash_chunk_set(&pieces).unwrap();
+            assert_eq!(whole, Sha256Digest::of_bytes(&contents.concat()));
+            let want: Vec<Sha256Digest> =
+                contents.iter().map(|c| Sha256Digest::of_bytes(c)).collect();
+            assert_eq!(
+                each,
+                want,
+                "{:?}",
+                contents.iter().map(|c| c.len()).collect::<Vec<_>>()
+            );
+        }
+    }
 }

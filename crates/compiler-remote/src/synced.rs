@@ -6,7 +6,6 @@
 //! ([`crate::tree_digest::sync_digest`]). The record is not itself sent (it is outside the four
 //! parts), so writing it does not change the digest.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use fs_err as fs;
@@ -116,13 +115,9 @@ pub fn read_record(openpilot: &Path) -> Result<Option<SyncRecord>> {
     if !meta.is_file() {
         return Err(bad("not a regular file".into()));
     }
-    let mut bytes = Vec::new();
-    fs::File::open(&path)?
-        .take(RECORD_LIMIT + 1)
-        .read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > RECORD_LIMIT {
+    let Some(bytes) = chunker::bounded::read_up_to(fs::File::open(&path)?, RECORD_LIMIT)? else {
         return Err(bad(format!("larger than {RECORD_LIMIT} bytes")));
-    }
+    };
     serde_json::from_slice(&bytes)
         .map(Some)
         .map_err(|e| bad(e.to_string()))

@@ -15,7 +15,6 @@
 //!   is fetched too, installed as `<id>_driving_chestnut_tinygrad.pkl` ([`artifacts_to_fetch`]).
 
 use fs_err as fs;
-use std::io::Read;
 use std::path::Path;
 
 use manifest::{FileName, ModelEntry};
@@ -81,14 +80,10 @@ pub fn detect_chestnut(sysfs_root: &Path) -> Chestnut {
     let Ok(entries) = fs::read_dir(&dir) else {
         return Chestnut::Absent;
     };
+    // A sysfs attribute's size is a page whatever it holds; the cap is that page.
     let read = |p: &Path| -> Option<String> {
-        let mut s = String::new();
-        fs::File::open(p)
-            .ok()?
-            .take(256)
-            .read_to_string(&mut s)
-            .ok()?;
-        Some(s)
+        let bytes = chunker::bounded::read_capped(p, 4096).ok()??;
+        String::from_utf8(bytes).ok()
     };
     entries
         .flatten()

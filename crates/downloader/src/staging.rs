@@ -15,7 +15,7 @@
 //! Upstream's cleanup lists only `/data/models` itself, never subdirectories.
 
 use std::ffi::CString;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
@@ -197,19 +197,16 @@ impl StagingDir {
     /// At most `max` bytes of the regular file `name`; longer is an error.
     pub fn read_small(&self, name: &str, max: u64) -> io::Result<Vec<u8>> {
         let f = self.open_existing(name)?;
-        let mut out = Vec::new();
-        (&f).take(max + 1).read_to_end(&mut out)?;
-        if out.len() as u64 > max {
-            return Err(os_error(
+        chunker::bounded::read_up_to(&f, max)?.ok_or_else(|| {
+            os_error(
                 "read",
                 f.path(),
                 io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!("longer than {max} bytes"),
                 ),
-            ));
-        }
-        Ok(out)
+            )
+        })
     }
 
     /// Replace `name` with `data` durably: a new temporary, fsync, rename, fsync the directory.

@@ -96,12 +96,14 @@ impl Manifest {
     /// Reads at most `limits.max_manifest_bytes + 1` bytes, so an endless body is cut off
     /// instead of being buffered, then parses as [`Manifest::from_slice_limited`].
     pub fn from_reader_limited(reader: impl Read, limits: &Limits) -> Result<Self> {
-        let mut buf = Vec::new();
-        reader
-            .take(limits.max_manifest_bytes.saturating_add(1))
-            .read_to_end(&mut buf)
-            .map_err(Error::Read)?;
-        Self::from_slice_limited(&buf, limits)
+        let max = limits.max_manifest_bytes;
+        match chunker::bounded::read_up_to(reader, max).map_err(Error::Read)? {
+            Some(buf) => Self::from_slice_limited(&buf, limits),
+            None => Err(Error::TooLarge {
+                limit: max,
+                actual: max.saturating_add(1),
+            }),
+        }
     }
 
     /// Builds a manifest from a JSON document (object with `models`, or a bare array),

@@ -2,13 +2,12 @@
 //! files make up each model ([`prepare_local`]) and what each store needs of them, in upload
 //! order ([`plan_model`]).
 
-use fs_err::{self as fs, File};
-use std::io::Read;
+use fs_err as fs;
 use std::path::{Path, PathBuf};
 
 use chunker::{
-    Hasher, IO_BUFFER_SIZE, Resolved, Sha256Digest, chunk_manifest_name, format_chunk_manifest,
-    format_sidecar, sidecar_name,
+    Resolved, Sha256Digest, chunk_manifest_name, format_chunk_manifest, format_sidecar,
+    sidecar_name,
 };
 use manifest::{Manifest, ModelEntry, ModelId};
 use serde::Serialize;
@@ -195,24 +194,6 @@ pub fn plan_model(
     steps
 }
 
-/// Hash a local file in one pass, feeding `whole` as well.
-fn hash_file(path: &Path, whole: &mut Hasher) -> Result<(Sha256Digest, u64)> {
-    let mut f = File::open(path)?;
-    let mut h = Hasher::new();
-    let mut buf = vec![0u8; IO_BUFFER_SIZE];
-    let mut n_total = 0u64;
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        whole.update(&buf[..n]);
-        n_total += n as u64;
-    }
-    Ok((h.finish(), n_total))
-}
-
 pub(crate) fn entry_file_name(entry: &ModelEntry) -> String {
     entry.file_name().as_str().to_string()
 }
@@ -296,11 +277,10 @@ fn prepare_variant(
         }
         .into());
     }
-    let mut whole = Hasher::new();
+    let (digest, chunk_sha256) = chunker::hash_chunk_set(&pieces)?;
     let mut files = Vec::new();
     let mut total = 0u64;
-    for (path, _) in &pieces {
-        let (digest, size) = hash_file(path, &mut whole)?;
+    for ((path, size), chunk_digest) in pieces.iter().zip(chunk_sha256) {
         total += size;
         files.push(LocalFile {
             name: path
@@ -309,12 +289,11 @@ fn prepare_variant(
                 .to_string_lossy()
                 .into_owned(),
             role: FileRole::Chunk,
-            size,
-            sha256: digest,
+            size: *size,
+            sha256: chunk_digest,
             source: FileSource::Path(path.clone()),
         });
     }
-    let digest = whole.finish();
     let what = logical.display().to_string();
     if total != target.size {
         return Err(chunker::Error::SizeMismatch {
@@ -361,17 +340,12 @@ fn prepare_variant(
 
 /// A name that is part of a logical artifact: `X.pkl`, its chunks, chunk manifest, sidecar or
 /// legacy parts.
+/// Any `.chunk…` tail counts (a chunk of any spelling is still a piece lying loose).
 pub(crate) fn looks_like_artifact_piece(name: &str) -> bool {
-    let Some((_, tail)) = name.split_once(".pkl") else {
+    let Some(end) = name.find(".pkl").map(|i| i + ".pkl".len()) else {
         return false;
     };
-    tail.is_empty()
-        || tail == ".chunkmanifest"
-        || tail == ".sha256"
-        || tail.starts_with(".chunk")
-        || (tail.len() == 4
-            && tail.starts_with(".p")
-            && tail[2..].bytes().all(|b| b.is_ascii_digit()))
+    chunker::form_of(&name[..end], name).is_some() || name[end..].starts_with(".chunk")
 }
 
 /// The refusal for files lying directly in the artifacts directory (a flat `chunk split`
@@ -441,11 +415,10 @@ fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalAr
         .into());
     }
     let chunk_digests = entry.chunk_digests();
-    let mut whole = Hasher::new();
+    let (digest, chunk_sha256) = chunker::hash_chunk_set(&pieces)?;
     let mut files = Vec::new();
     let mut total = 0u64;
-    for (i, (path, _)) in pieces.iter().enumerate() {
-        let (digest, size) = hash_file(path, &mut whole)?;
+    for (i, ((path, size), digest)) in pieces.iter().zip(chunk_sha256).enumerate() {
         if let Some(expected) = chunk_digests.as_ref().and_then(|d| d.get(i))
             && *expected != digest
         {
@@ -464,12 +437,11 @@ fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalAr
                 .to_string_lossy()
                 .into_owned(),
             role: FileRole::Chunk,
-            size,
+            size: *size,
             sha256: digest,
             source: FileSource::Path(path.clone()),
         });
     }
-    let digest = whole.finish();
     if total != artifact.size.get() {
         return Err(chunker::Error::SizeMismatch {
             what: logical.display().to_string(),

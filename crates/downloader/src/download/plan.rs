@@ -82,30 +82,22 @@ pub fn plan_pieces(
 /// without its chunks), then its chunks and legacy `.pNN` parts, then its `.sha256` sidecar
 /// (rewritten afterwards when the digest came from the origin's). Pure.
 pub fn other_forms<'a>(names: impl IntoIterator<Item = &'a str>, name: &str) -> Vec<String> {
-    let manifest = chunker::chunk_manifest_name(name);
-    let sidecar = chunker::sidecar_name(name);
-    let names: Vec<&str> = names.into_iter().collect();
-    let is_part = |file_name: &str| {
-        let legacy = file_name
-            .strip_prefix(name)
-            .and_then(|r| r.strip_prefix(".p"))
-            .is_some_and(|d| d.len() == 2 && d.bytes().all(|b| b.is_ascii_digit()));
-        chunker::parse_chunk_name(name, file_name).is_some() || legacy
+    use chunker::Form;
+    let names: Vec<(&str, Option<Form>)> = names
+        .into_iter()
+        .map(|n| (n, chunker::form_of(name, n)))
+        .collect();
+    let of = |keep: fn(Form) -> bool| {
+        names
+            .iter()
+            .filter(move |(_, f)| f.is_some_and(keep))
+            .map(|(n, _)| n.to_string())
     };
-    let mut out = Vec::new();
-    out.extend(
-        names
-            .iter()
-            .filter(|n| **n == manifest)
-            .map(|n| n.to_string()),
-    );
-    out.extend(names.iter().filter(|n| is_part(n)).map(|n| n.to_string()));
-    out.extend(
-        names
-            .iter()
-            .filter(|n| **n == sidecar)
-            .map(|n| n.to_string()),
-    );
+    let mut out: Vec<String> = of(|f| f == Form::ChunkManifest).collect();
+    out.extend(of(|f| {
+        matches!(f, Form::Chunk { .. } | Form::LegacyPart(_))
+    }));
+    out.extend(of(|f| f == Form::Sidecar));
     out
 }
 

@@ -109,23 +109,24 @@ fn input(problem: impl Into<String>) -> Error {
 
 /// Read a manifest a user handed us: a regular file, size-capped.
 pub fn read_manifest(path: &Path) -> Result<Manifest> {
-    let meta = fs::metadata(path)?;
-    if !meta.is_file() {
-        return Err(input(format!(
-            "--manifest {}: not a regular file; pass ready/model_names_<gen>.json",
-            path.display()
-        )));
-    }
-    let mut bytes = Vec::new();
-    fs::File::open(path)?
-        .take(MAX_MANIFEST_BYTES + 1)
-        .read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_MANIFEST_BYTES {
-        return Err(input(format!(
-            "--manifest {}: larger than {MAX_MANIFEST_BYTES} bytes, not a manifest",
-            path.display()
-        )));
-    }
+    // A missing file is the I/O error naming it, as before the capped read.
+    fs::metadata(path)?;
+    let bytes = match chunker::bounded::read_capped_existing(path, MAX_MANIFEST_BYTES) {
+        Ok(bytes) => bytes,
+        Err(chunker::Error::NotRegularFile { .. }) => {
+            return Err(input(format!(
+                "--manifest {}: not a regular file; pass ready/model_names_<gen>.json",
+                path.display()
+            )));
+        }
+        Err(chunker::Error::FileTooLarge { .. }) => {
+            return Err(input(format!(
+                "--manifest {}: larger than {MAX_MANIFEST_BYTES} bytes, not a manifest",
+                path.display()
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
     Manifest::from_slice(&bytes).map_err(|source| Error::ManifestFile {
         path: path.to_path_buf(),
         source,
