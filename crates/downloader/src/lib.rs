@@ -40,6 +40,7 @@ use manifest::{
 };
 
 use crate::http::Http;
+use crate::origin::Tried;
 
 /// A manifest and where it came from, read the device's way (`manifest::tolerant`): the
 /// usable entries, the ones left out with their reasons, and what was normalised.
@@ -156,36 +157,41 @@ impl Downloader {
         accepted: Option<ReleaseNumber>,
         cancel: &CancelToken,
     ) -> Result<FetchedManifest> {
-        let mut attempts = Vec::new();
-        for origin in self.origins.iter() {
+        let cancelled = |e: &Error| matches!(e, Error::Cancelled { .. });
+        let tried = self.origins.first_answer(cancelled, |origin| {
             let url = origin.manifest_url(generation);
-            match self.fetch_one_manifest(&url, generation, accepted, cancel) {
-                Ok((read, signed, raw)) => {
-                    let refused = attempts
-                        .into_iter()
-                        .filter_map(|(origin, e)| match e {
-                            Error::Refused { refusal, .. } => Some((origin, refusal)),
-                            _ => None,
-                        })
-                        .collect();
-                    return Ok(FetchedManifest {
-                        manifest: read.manifest,
-                        raw,
-                        origin: origin.to_string(),
-                        url,
-                        signed,
-                        refused,
-                        refused_entries: read.refused,
-                        normalised: read.normalised,
-                    });
-                }
-                Err(e @ Error::Cancelled { .. }) => return Err(e),
-                Err(e) => attempts.push((origin.to_string(), e)),
+            self.fetch_one_manifest(&url, generation, accepted, cancel)
+                .map(|fetched| (url, fetched))
+        })?;
+        let (url, (read, signed, raw), origin, failed) = match tried {
+            Tried::Answered {
+                value: (url, fetched),
+                origin,
+                failed,
+            } => (url, fetched, origin, failed),
+            Tried::NoneAnswered(attempts) => {
+                return Err(Error::ManifestUnavailable {
+                    generation: generation.to_string(),
+                    attempts,
+                });
             }
-        }
-        Err(Error::ManifestUnavailable {
-            generation: generation.to_string(),
-            attempts,
+        };
+        let refused = failed
+            .into_iter()
+            .filter_map(|(origin, e)| match e {
+                Error::Refused { refusal, .. } => Some((origin, refusal)),
+                _ => None,
+            })
+            .collect();
+        Ok(FetchedManifest {
+            manifest: read.manifest,
+            raw,
+            origin: origin.to_string(),
+            url,
+            signed,
+            refused,
+            refused_entries: read.refused,
+            normalised: read.normalised,
         })
     }
 
@@ -300,7 +306,6 @@ impl Downloader {
         cancel: &CancelToken,
     ) -> Result<DownloadPlan> {
         self.check_signed(target)?;
-        let mut attempts = Vec::new();
         let job = download::Job {
             http: &self.http,
             config: &self.config,
@@ -310,25 +315,24 @@ impl Downloader {
             cancel,
             on_event: &|_| {},
         };
-        for origin in self.origins.iter() {
-            match download::resolve_from(&job, origin) {
-                Ok(r) => {
-                    return Ok(DownloadPlan {
-                        origin: origin.to_string(),
-                        size: r.plan.size,
-                        sha256: r.plan.sha256,
-                        digest_source: r.plan.digest_source,
-                        pieces: r.pieces,
-                    });
-                }
-                Err(e) if e.is_local() => return Err(e),
-                Err(e) => attempts.push((origin.to_string(), e)),
-            }
+        let tried = self.origins.first_answer(Error::is_local, |origin| {
+            download::resolve_from(&job, origin)
+        })?;
+        match tried {
+            Tried::Answered {
+                value: r, origin, ..
+            } => Ok(DownloadPlan {
+                origin: origin.to_string(),
+                size: r.plan.size,
+                sha256: r.plan.sha256,
+                digest_source: r.plan.digest_source,
+                pieces: r.pieces,
+            }),
+            Tried::NoneAnswered(attempts) => Err(Error::AllOriginsFailed {
+                model: target.id.to_string(),
+                attempts,
+            }),
         }
-        Err(Error::AllOriginsFailed {
-            model: target.id.to_string(),
-            attempts,
-        })
     }
 
     /// [`Downloader::download`] of an explicit target: a model's artifact
@@ -342,7 +346,6 @@ impl Downloader {
         on_event: &(dyn Fn(Event) + Sync),
     ) -> Result<Installed> {
         self.check_signed(target)?;
-        let mut attempts = Vec::new();
         let job = download::Job {
             http: &self.http,
             config: &self.config,
@@ -352,7 +355,7 @@ impl Downloader {
             cancel,
             on_event,
         };
-        for origin in self.origins.iter() {
+        let tried = self.origins.first_answer(Error::is_local, |origin| {
             if cancel.is_cancelled() {
                 return Err(Error::Cancelled {
                     model: target.id.to_string(),
@@ -361,16 +364,15 @@ impl Downloader {
             on_event(Event::Origin {
                 origin: origin.to_string(),
             });
-            match download::download_from(&job, origin) {
-                Ok(done) => return Ok(done),
-                Err(e) if e.is_local() => return Err(e),
-                Err(e) => attempts.push((origin.to_string(), e)),
-            }
+            download::download_from(&job, origin)
+        })?;
+        match tried {
+            Tried::Answered { value, .. } => Ok(value),
+            Tried::NoneAnswered(attempts) => Err(Error::AllOriginsFailed {
+                model: target.id.to_string(),
+                attempts,
+            }),
         }
-        Err(Error::AllOriginsFailed {
-            model: target.id.to_string(),
-            attempts,
-        })
     }
 }
 
