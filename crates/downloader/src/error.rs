@@ -125,12 +125,15 @@ pub enum Error {
     /// A device with trusted keys installs only bytes its signed manifest pins: this artifact
     /// lacks a signed SHA-256, size or chunk count ([`crate::trust::digest_rule`]). Nothing was
     /// requested.
-    #[error("model {model}: {}", crate::trust::not_installable_text(file, missing))]
+    #[error(
+        "model {model}: {}",
+        crate::unsigned::not_installable_text(file, missing)
+    )]
     NotSigned {
         model: String,
         /// The local file name (`<id>_driving_tinygrad.pkl`, or the Chestnut variant's).
         file: String,
-        missing: Vec<crate::trust::Unsigned>,
+        missing: Vec<crate::unsigned::Unsigned>,
     },
 
     #[error(

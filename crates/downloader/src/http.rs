@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use url::Url;
 
-use crate::download::CancelToken;
+use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 
 /// Timeouts, rate floor, redirect bound and pool size of every device request.

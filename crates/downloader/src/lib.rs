@@ -13,6 +13,7 @@
 //! What it does not do: decide what to download or delete (that is `migration`), touch params,
 //! or load models. It never holds an artifact in memory: pieces stream to a staging file.
 
+mod cancel;
 mod download;
 pub mod egpu;
 mod error;
@@ -21,9 +22,11 @@ mod origin;
 pub mod space;
 mod staging;
 pub mod trust;
+mod unsigned;
 
+pub use cancel::CancelToken;
 pub use download::{
-    CancelToken, DigestSource, DownloadConfig, DownloadPlan, Event, Installed, Piece, Target,
+    DigestSource, DownloadConfig, DownloadPlan, Event, Installed, Piece, Target,
     installed_sidecar_digest, other_forms, plan_pieces, remove_other_forms,
 };
 pub use error::{Error, Result, UnusableEntry, UnusableReason};

@@ -15,6 +15,7 @@ use manifest::{Generation, ReleaseNumber, UnixSeconds};
 use minisign_verify::{PublicKey, Signature};
 
 use crate::error::{Error, Result};
+pub use crate::unsigned::{Unsigned, not_installable_text};
 
 /// Where StarPilot keeps the release keys it trusts: shipped read-only with the openpilot tree,
 /// so whoever can write a store cannot change them.
@@ -262,36 +263,6 @@ fn verify_with(
     }
 }
 
-/// A part of an artifact the signature must cover before a device with trusted keys installs
-/// it: what the manifest entry (or variant) does not give is not signed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unsigned {
-    Sha256,
-    Size,
-    ChunkCount,
-}
-
-impl Unsigned {
-    /// The manifest field that gives it (the entry's; a variant's are named alike).
-    pub fn field(self) -> &'static str {
-        match self {
-            Unsigned::Sha256 => "artifact_sha256",
-            Unsigned::Size => "artifact_size",
-            Unsigned::ChunkCount => "artifact_chunk_count",
-        }
-    }
-}
-
-impl fmt::Display for Unsigned {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Unsigned::Sha256 => "SHA-256",
-            Unsigned::Size => "size",
-            Unsigned::ChunkCount => "chunk count",
-        })
-    }
-}
-
 /// What the bytes of an artifact (an entry's, or its Chestnut variant's) are checked against
 /// before install, on this device. Pure.
 ///
@@ -339,24 +310,6 @@ pub fn target_rule(
         target.sha256.is_some(),
         target.size.is_some(),
         target.chunk_count.is_some(),
-    )
-}
-
-/// The words for an artifact a device with trusted keys does not install: "not installable:
-/// the signed manifest gives no SHA-256, size for <file>".
-pub fn not_installable_text(file: &str, missing: &[Unsigned]) -> String {
-    let list: Vec<String> = missing.iter().map(ToString::to_string).collect();
-    format!(
-        "not installable: the signed manifest gives no {} for {file} (a device with trusted keys \
-         installs only bytes the signature covers, never a digest from the store's .sha256 \
-         sidecar); the release engineer adds {} with `release-cli manifest set-artifact` and \
-         signs again",
-        list.join(", "),
-        missing
-            .iter()
-            .map(|m| m.field())
-            .collect::<Vec<_>>()
-            .join(", ")
     )
 }
 

@@ -40,6 +40,9 @@ pub const DM_FILES: [&str; 4] = [
     "dm_warp_1344x760_tinygrad.pkl",
 ];
 
+/// Appended to the manifest's name: `model_names_v25.json.minisig`.
+pub const SIGNATURE_SUFFIX: &str = ".minisig";
+
 /// Suffix of every driving artifact: `<id>_driving_tinygrad.pkl`.
 pub const ARTIFACT_SUFFIX: &str = "_driving_tinygrad.pkl";
 
@@ -233,7 +236,7 @@ impl StoreLayout {
         // A manifest's detached signature sits beside it in both layouts.
         if let Some(manifest) = path
             .as_str()
-            .strip_suffix(crate::signature::SIGNATURE_SUFFIX)
+            .strip_suffix(SIGNATURE_SUFFIX)
             .and_then(|m| m.parse::<StorePath>().ok())
             && let Some((generation, None)) = self.locate(&manifest)
         {

@@ -23,8 +23,7 @@ use crate::error::{Error, Result};
 use crate::layout::{StoreLayout, StorePath, manifest_file_name};
 use crate::types::{FileName, Generation, ModelId};
 
-/// Appended to the manifest's name: `model_names_v25.json.minisig`.
-pub const SIGNATURE_SUFFIX: &str = ".minisig";
+pub use crate::layout::SIGNATURE_SUFFIX;
 /// A signature file is a few hundred bytes per block; anything larger is refused unread.
 pub const MAX_SIGNATURE_BYTES: u64 = 8 * 1024;
 /// More blocks than this is not a key rotation but garbage.

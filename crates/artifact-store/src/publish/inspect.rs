@@ -14,7 +14,6 @@ use crate::paths::StorePath;
 use crate::store::Store;
 
 use super::SMALL_FILE_LIMIT;
-use super::plan::entry_file_name;
 
 /// One thing wrong in the store with a model the new manifest lists and publish does not
 /// upload (`Error::Incomplete`).
@@ -156,7 +155,7 @@ pub(crate) fn check_entry(
         return Ok(());
     };
     let dir = StoreLayout::HfBucket.artifact_dir(generation, id);
-    let name = entry_file_name(entry);
+    let name = entry.file_name().as_str().to_string();
     let want = Want {
         size: artifact.size.get(),
         sha256: artifact.sha256,

@@ -194,10 +194,6 @@ pub fn plan_model(
     steps
 }
 
-pub(crate) fn entry_file_name(entry: &ModelEntry) -> String {
-    entry.file_name().as_str().to_string()
-}
-
 /// Scan the artifacts directory: one `<id>/` per model, each a chunk set matching its manifest
 /// entry (count, size, whole digest, and per-chunk digests when the entry lists them). Reads
 /// every chunk once, streaming.
@@ -358,7 +354,7 @@ fn flat_layout_error(dir: &Path, loose: &[String]) -> Error {
 }
 
 fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalArtifact> {
-    let name = entry_file_name(entry);
+    let name = entry.file_name().as_str().to_string();
     let model_dir = dir.join(id.as_str());
     let logical = model_dir.join(&name);
     // An empty `<id>/` marks the model as intended without uploading anything: its files are

@@ -30,13 +30,12 @@ pub(crate) use retry::with_retries;
 pub use staged::remove_other_forms;
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chunker::Sha256Digest;
 use manifest::{FileName, ModelEntry, ModelId};
 
+pub use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::http::HttpConfig;
 use crate::staging::staging_names;
@@ -82,22 +81,6 @@ pub enum Event {
     Verifying,
     /// Verified and renamed into place.
     Installed { path: PathBuf },
-}
-
-/// A cancellation flag shared between the one who asks and the download.
-#[derive(Debug, Clone, Default)]
-pub struct CancelToken(Arc<AtomicBool>);
-
-impl CancelToken {
-    pub fn new() -> Self {
-        Self::default()
-    }
-    pub fn cancel(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-    pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
 }
 
 /// Where the digest a download was verified against came from.
