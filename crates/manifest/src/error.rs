@@ -2,8 +2,6 @@
 
 use std::fmt;
 
-use crate::validate::Problem;
-
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
@@ -47,18 +45,37 @@ impl Error {
     pub(crate) fn invalid(kind: &'static str, value: &str, reason: impl Into<String>) -> Self {
         Self::InvalidValue {
             kind,
-            value: crate::validate::abbreviate(value),
+            value: abbreviate(value),
             reason: reason.into(),
         }
     }
 }
 
-/// Why [`crate::guard()`] refuses to publish: every unexpected change, named.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("refusing to publish: the new manifest makes {} unexpected change{} to the live one:\n{}",
-    .changes.len(), if .changes.len() == 1 { "" } else { "s" }, ChangeList(changes))]
-pub struct GuardRefusal {
-    pub changes: Vec<crate::guard::UnexpectedChange>,
+/// One problem found in a manifest: where (a JSON path such as `models[3].artifact_sha256`, or
+/// `$` for the whole document) and what.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Cuts long values so that a hostile manifest cannot flood an error message.
+pub(crate) fn abbreviate(s: &str) -> String {
+    const MAX: usize = 80;
+    if s.len() <= MAX {
+        return s.to_owned();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
 }
 
 struct ProblemList<'a>(&'a [Problem]);
@@ -70,20 +87,6 @@ impl fmt::Display for ProblemList<'_> {
                 f.write_str("\n")?;
             }
             write!(f, "  {p}")?;
-        }
-        Ok(())
-    }
-}
-
-struct ChangeList<'a>(&'a [crate::guard::UnexpectedChange]);
-
-impl fmt::Display for ChangeList<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, c) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("\n")?;
-            }
-            write!(f, "  - {c}")?;
         }
         Ok(())
     }

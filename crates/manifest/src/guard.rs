@@ -12,7 +12,6 @@ use std::fmt;
 use serde_json::{Map, Value};
 
 use crate::Manifest;
-use crate::error::GuardRefusal;
 use crate::keys;
 use crate::types::ModelId;
 use crate::validate::join_key;
@@ -521,6 +520,28 @@ fn carried(
         }
     }
     changes
+}
+
+/// Why [`crate::guard()`] refuses to publish: every unexpected change, named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("refusing to publish: the new manifest makes {} unexpected change{} to the live one:\n{}",
+    .changes.len(), if .changes.len() == 1 { "" } else { "s" }, ChangeList(changes))]
+pub struct GuardRefusal {
+    pub changes: Vec<UnexpectedChange>,
+}
+
+struct ChangeList<'a>(&'a [UnexpectedChange]);
+
+impl fmt::Display for ChangeList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, c) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "  - {c}")?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

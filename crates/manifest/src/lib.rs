@@ -30,10 +30,10 @@ pub mod validate;
 
 pub use chunker::Sha256Digest;
 pub use entry::{AcceleratorArtifact, Artifact, ModelEntry, NewEntry};
-pub use error::{Error, GuardRefusal, Result};
+pub use error::{Error, Result};
 pub use guard::{
-    FieldChange, GenerationChange, GenerationRefusal, ManifestDiff, ModelChange, UnexpectedChange,
-    diff, generation_guard, guard,
+    FieldChange, GenerationChange, GenerationRefusal, GuardRefusal, ManifestDiff, ModelChange,
+    UnexpectedChange, diff, generation_guard, guard,
 };
 pub use json::to_canonical_string;
 pub use layout::{StoreLayout, StorePath};

@@ -26,31 +26,18 @@
 //! The 2 MiB size limit applies at every level and is checked before parsing.
 
 use std::collections::HashMap;
-use std::fmt;
 
 use serde_json::{Map, Value};
 
 use crate::Limits;
 use crate::error::Error;
+pub use crate::error::Problem;
+pub(crate) use crate::error::abbreviate;
 use crate::keys;
 use crate::types::{
     ArtifactFormat, ArtifactSize, BehaviorVersion, ChunkCount, FileName, Generation, GitCommit,
     ModelId, ModelName, ReleaseDate,
 };
-
-/// One problem found in a manifest: where (a JSON path such as `models[3].artifact_sha256`, or
-/// `$` for the whole document) and what.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Problem {
-    pub path: String,
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.message)
-    }
-}
 
 /// How much validation demands; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,19 +70,6 @@ pub fn validate_bytes(bytes: &[u8], mode: ValidationMode, limits: &Limits) -> Ve
 }
 
 pub(crate) const ROOT: &str = "$";
-
-/// Cuts long values so that a hostile manifest cannot flood an error message.
-pub(crate) fn abbreviate(s: &str) -> String {
-    const MAX: usize = 80;
-    if s.len() <= MAX {
-        return s.to_owned();
-    }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
-}
 
 pub(crate) fn join_key(parent: &str, key: &str) -> String {
     let plain = !key.is_empty()
