@@ -17,7 +17,7 @@ use manifest::{Generation, Manifest, ModelId, ReleaseNumber};
 use serde::Serialize;
 
 use crate::gate::{GateOutcome, PublishAllowance, PublishRecord};
-use crate::{Error, Result};
+use crate::{Error, Result, Workspace};
 
 /// Everything a publish is asked to do, as parsed from the command line.
 #[derive(Debug)]
@@ -46,7 +46,7 @@ pub struct PublishRequest {
     /// The openpilot tree whose `tinygrad_pins.json` adds to the built-in pins.
     pub openpilot: Option<PathBuf>,
     /// The rebuild workspace holding the gate records.
-    pub workspace: Option<PathBuf>,
+    pub workspace: Option<Workspace>,
     pub skip_validation: Option<String>,
     pub github_only: Option<String>,
     /// Minisign secret keys to sign with (none: unsigned).
@@ -95,7 +95,7 @@ pub struct PublishOutcome {
 /// must cover the seed's matrix for `manifest`, unless validation is skipped with a reason.
 pub fn check_gate(
     manifest: &Manifest,
-    workspace: Option<&Path>,
+    workspace: Option<&Workspace>,
     skip_reason: Option<&str>,
 ) -> Result<GateOutcome> {
     if let Some(r) = skip_reason
@@ -113,7 +113,11 @@ pub fn check_gate(
         }
         None => None,
     };
-    crate::gate::decide(workspace, coverage.as_ref(), skip_reason)
+    crate::gate::decide(
+        workspace.map(Workspace::root),
+        coverage.as_ref(),
+        skip_reason,
+    )
 }
 
 /// Run the publish: every gate before any store is written, then the upload, then the record.
@@ -127,7 +131,7 @@ pub fn run(
     // The validation gate, before any store is opened or anything written.
     let validation = check_gate(
         manifest,
-        req.workspace.as_deref(),
+        req.workspace.as_ref(),
         req.skip_validation.as_deref(),
     )?;
     if let GateOutcome::Skipped { reason, gaps, .. } = &validation {
@@ -357,10 +361,10 @@ mod tests {
     /// never opened when the skip reason is empty.
     #[test]
     fn the_gate_refuses_missing_flags_before_reading_records() {
-        let missing = Path::new("/nonexistent/starpilot-workspace");
+        let missing = &Workspace::new("/nonexistent/starpilot-workspace");
         for (generation, pin) in generations() {
             let m = manifest(generation, pin);
-            type Case<'a> = (Option<&'a Path>, Option<&'a str>, &'a str);
+            type Case<'a> = (Option<&'a Workspace>, Option<&'a str>, &'a str);
             let cases: [Case; 5] = [
                 (None, None, "PublishNeedsWorkspace"),
                 (None, Some(""), "SkipValidationNoReason"),

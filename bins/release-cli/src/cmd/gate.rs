@@ -27,7 +27,7 @@ pub struct PreflightArgs {
     /// The rebuild workspace: the record goes to results/preflight.json, the output to
     /// logs/preflight.log.
     #[arg(long, value_name = "DIR")]
-    pub workspace: PathBuf,
+    pub workspace: release::Workspace,
     /// Make the checks preflight makes before running anything (a checkout with ./dev and a
     /// tinygrad marker) and print the commands it would run and the log and record it would
     /// write; run nothing and write nothing.
@@ -48,8 +48,8 @@ pub fn preflight(args: PreflightArgs) -> CliResult {
             args.openpilot.display()
         )));
     }
-    let record_path = release::records::preflight_path(&args.workspace);
-    let log = release::records::preflight_log(&args.workspace);
+    let record_path = args.workspace.preflight();
+    let log = args.workspace.preflight_log();
     if args.dry_run {
         let pin = release::preflight::check(&args.openpilot).map_err(release_error)?;
         if args.json {

@@ -26,7 +26,7 @@ pub struct RehearseArgs {
     /// The rebuild workspace: the record goes to results/rehearsal.json (publish requires a
     /// passing one for these manifest bytes), the devices and logs to rehearsal/ (replaced).
     #[arg(long, value_name = "DIR")]
-    pub workspace: PathBuf,
+    pub workspace: release::Workspace,
     /// The device-modeld-manager binary to run [default: the one beside release-cli].
     #[arg(long, value_name = "PATH")]
     pub device_manager: Option<PathBuf>,
@@ -68,7 +68,7 @@ pub fn rehearse(args: RehearseArgs) -> CliResult {
     };
     let rec =
         release::rehearse::run(&opts, &mut |line| cli_support::info!("{line}")).map_err(error)?;
-    let path = release::records::rehearsal_path(&args.workspace);
+    let path = args.workspace.rehearsal_record();
     if args.json {
         print_json(&rec)?;
     } else {
@@ -113,7 +113,7 @@ pub fn rehearse(args: RehearseArgs) -> CliResult {
 pub struct StatusArgs {
     /// The rebuild workspace (results/, ready/).
     #[arg(long, value_name = "DIR")]
-    pub workspace: PathBuf,
+    pub workspace: release::Workspace,
     /// The release's openpilot tree [default: the one the preflight record names].
     #[arg(long, value_name = "DIR")]
     pub openpilot: Option<PathBuf>,

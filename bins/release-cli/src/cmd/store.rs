@@ -82,7 +82,7 @@ pub struct PublishArgs {
     /// records; they must cover the seed's validation matrix and a passing rehearsal of this
     /// manifest's bytes, or nothing is published.
     #[arg(long, value_name = "DIR")]
-    pub workspace: Option<PathBuf>,
+    pub workspace: Option<release::Workspace>,
     /// Publish without a covering validation record or rehearsal (the whole gate is skipped);
     /// the reason and the uncovered cells are written into the publish record (`<manifest
     /// stem>.publish.json` beside the manifest).
