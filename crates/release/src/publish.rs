@@ -28,8 +28,8 @@ pub struct PublishRequest {
     pub manifest: Manifest,
     /// One `<id>/` directory per model to upload.
     pub artifacts: PathBuf,
-    /// The `--to` stores as given, in publish order.
-    pub to: Vec<String>,
+    /// The `--to` stores, in publish order.
+    pub to: Vec<StoreSpec>,
     /// The Hub store a GitHub-only publish is compared with.
     pub hub: String,
     /// The `hf` CLI for Hugging Face stores (else `HF_CLI`, else `hf` on PATH), read with the
@@ -217,19 +217,11 @@ pub fn run(
     })
 }
 
-/// The `--to` stores, parsed, in an order that never puts GitHub ahead of the Hub, and opened.
+/// The `--to` stores, in an order that never puts GitHub ahead of the Hub, opened.
 fn open_stores(req: &PublishRequest) -> Result<Vec<Box<dyn Store>>> {
-    let parsed: Vec<StoreSpec> = req
+    check_store_order(&req.to).map_err(Error::PublishInput)?;
+    Ok(req
         .to
-        .iter()
-        .map(|s| StoreSpec::parse(s))
-        .collect::<artifact_store::Result<_>>()?;
-    let kinds: Vec<(String, bool, bool)> = parsed
-        .iter()
-        .map(|s| (s.to_string(), s.is_hf(), s.is_github()))
-        .collect();
-    check_store_order(&kinds).map_err(Error::PublishInput)?;
-    Ok(parsed
         .iter()
         .map(|s| open(req, s))
         .collect::<artifact_store::Result<_>>()?)
@@ -248,8 +240,8 @@ fn github_only_gate(req: &PublishRequest) -> Result<GithubOnly> {
     let kinds: Vec<(bool, bool)> = req
         .to
         .iter()
-        .map(|s| StoreSpec::parse(s).map(|s| (s.is_hf() || s.same_store(&hub), s.is_github())))
-        .collect::<artifact_store::Result<_>>()?;
+        .map(|s| (s.is_hf() || s.same_store(&hub), s.is_github()))
+        .collect();
     Ok(check_github_only(
         &kinds,
         req.github_only.as_deref(),

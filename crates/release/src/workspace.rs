@@ -14,7 +14,6 @@
 //! <workspace>/rehearsal/                   the last rehearsal's devices and logs
 //! ```
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use manifest::{Generation, ModelId, layout};
@@ -30,13 +29,6 @@ pub struct Workspace(PathBuf);
 impl From<PathBuf> for Workspace {
     fn from(root: PathBuf) -> Self {
         Self(root)
-    }
-}
-
-/// What clap parses `--workspace DIR` with.
-impl From<OsString> for Workspace {
-    fn from(root: OsString) -> Self {
-        Self(root.into())
     }
 }
 

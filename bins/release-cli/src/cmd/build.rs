@@ -348,7 +348,7 @@ pub struct ValidateArgs {
     pub version: Option<BehaviorVersion>,
     /// The rebuild workspace: the artifact defaults to ready/<id>/, the record goes to
     /// results/<id>.validation.json (results/<check>[.<W>x<H>].check.json with --check).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
     pub workspace: Option<release::Workspace>,
     /// The chunk set's logical path (default: <workspace>/ready/<id>/<id>_driving_tinygrad.pkl).
     #[arg(long, value_name = "PATH")]

@@ -16,7 +16,7 @@ use crate::{CliError, CliResult};
 #[derive(Debug, Args)]
 pub struct RebuildArgs {
     /// The rebuild workspace (created if missing; rerun with the same one to resume).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
     pub workspace: release::Workspace,
     /// The source map: `{"<id>": {"source_id", "input_format", "ref", "uses_external_gpu"}}`.
     #[arg(long, value_name = "FILE")]

@@ -25,7 +25,7 @@ pub struct RehearseArgs {
     pub openpilot: PathBuf,
     /// The rebuild workspace: the record goes to results/rehearsal.json (publish requires a
     /// passing one for these manifest bytes), the devices and logs to rehearsal/ (replaced).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
     pub workspace: release::Workspace,
     /// The device-modeld-manager binary to run [default: the one beside release-cli].
     #[arg(long, value_name = "PATH")]
@@ -112,7 +112,7 @@ pub fn rehearse(args: RehearseArgs) -> CliResult {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// The rebuild workspace (results/, ready/).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
     pub workspace: release::Workspace,
     /// The release's openpilot tree [default: the one the preflight record names].
     #[arg(long, value_name = "DIR")]

@@ -54,8 +54,8 @@ pub struct PublishArgs {
     /// A store: `hf://buckets/NS/NAME`, `github:CHECKOUT`, `file:DIR` or a plain directory path
     /// without a `word:` prefix (anything else, e.g. `hf:/buckets/…` or `gh:…`, is refused).
     /// Repeat for several stores; they are published in order (Hugging Face before GitHub).
-    #[arg(long = "to", value_name = "STORE", required = true)]
-    pub to: Vec<String>,
+    #[arg(long = "to", value_name = "STORE", required = true, value_parser = StoreSpec::parse)]
+    pub to: Vec<StoreSpec>,
     /// Print the plan (what would be uploaded, skipped and written) and change nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -81,7 +81,7 @@ pub struct PublishArgs {
     /// The rebuild workspace whose results/ holds the preflight, validation and rehearsal
     /// records; they must cover the seed's validation matrix and a passing rehearsal of this
     /// manifest's bytes, or nothing is published.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
     pub workspace: Option<release::Workspace>,
     /// Publish without a covering validation record or rehearsal (the whole gate is skipped);
     /// the reason and the uncovered cells are written into the publish record (`<manifest
