@@ -1,9 +1,11 @@
 //! `release-cli preflight`: the front of `release::preflight` (see docs/release.md, "Validate";
 //! publish's validation gate is `release::publish`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
+use manifest::GitCommit;
+use serde::Serialize;
 
 use crate::output::print_json;
 use crate::{CliError, CliResult};
@@ -24,6 +26,16 @@ pub fn release_error(e: release::Error) -> CliError {
         | release::Error::GpuFlag { .. } => CliError::check_failed(e),
         e => CliError::failure(e),
     }
+}
+
+/// `preflight --dry-run --json`.
+#[derive(Serialize)]
+struct PreflightPlan<'a> {
+    dry_run: bool,
+    openpilot: &'a Path,
+    tinygrad_commit: &'a GitCommit,
+    commands: &'a [&'a [&'a str]],
+    writes: [&'a Path; 2],
 }
 
 #[derive(Debug, Args)]
@@ -60,13 +72,13 @@ pub fn preflight(args: PreflightArgs) -> CliResult {
     if args.dry_run {
         let pin = release::preflight::check(&args.openpilot).map_err(release_error)?;
         if args.json {
-            return print_json(&serde_json::json!({
-                "dry_run": true,
-                "openpilot": args.openpilot,
-                "tinygrad_commit": pin,
-                "commands": release::preflight::COMMANDS,
-                "writes": [log, record_path],
-            }));
+            return print_json(&PreflightPlan {
+                dry_run: true,
+                openpilot: &args.openpilot,
+                tinygrad_commit: &pin,
+                commands: &release::preflight::COMMANDS,
+                writes: [&log, &record_path],
+            });
         }
         crate::outln!(
             "dry run: preflight in {} (tinygrad {}); nothing was run or written",

@@ -571,6 +571,15 @@ pub struct ServeArgs {
     pub json: bool,
 }
 
+/// `serve --json`'s first line.
+#[derive(serde::Serialize)]
+struct ServeInfo<'a> {
+    url: String,
+    hf_base: &'a str,
+    github_base: &'a str,
+    store: &'a std::path::Path,
+}
+
 pub fn serve_cmd(args: ServeArgs) -> CliResult {
     if !args.store.is_dir() {
         return Err(CliError::usage(format!(
@@ -623,13 +632,13 @@ pub fn serve_cmd(args: ServeArgs) -> CliResult {
     // The first line of stdout is the base URL and nothing else (or, with --json, one object):
     // scripts and tests read it.
     let first_line = if args.json {
-        serde_json::json!({
-            "url": server.url(),
-            "hf_base": hf_base,
-            "github_base": github_base,
-            "store": args.store,
+        serde_json::to_string(&ServeInfo {
+            url: server.url(),
+            hf_base: &hf_base,
+            github_base: &github_base,
+            store: &args.store,
         })
-        .to_string()
+        .map_err(CliError::failure)?
     } else {
         server.url().to_string()
     };

@@ -951,7 +951,11 @@ fn the_dry_run_skips_what_is_done_and_checks_the_compiler_only_to_build() {
     let before = tree(&s.ws);
     let plan = r.dry_run(&opts, "store").unwrap();
     assert_eq!(plan.building(), 0);
-    assert!(plan.models.iter().all(|m| m.action == "skip" && m.fetch.is_none()));
+    assert!(
+        plan.models
+            .iter()
+            .all(|m| m.action == "skip" && m.fetch.is_none())
+    );
     assert_eq!(plan.manifest, s.ws.join("ready/model_names_v26.json"));
     assert_eq!(plan.not_in_catalog, [id("newmodel")]);
 
@@ -959,7 +963,10 @@ fn the_dry_run_skips_what_is_done_and_checks_the_compiler_only_to_build() {
     let before_one_gone = tree(&s.ws);
     let e = r.dry_run(&opts, "store").unwrap_err();
     assert!(
-        matches!(e, Error::Compiler(compiler_remote::Error::RsyncMissing { .. })),
+        matches!(
+            e,
+            Error::Compiler(compiler_remote::Error::RsyncMissing { .. })
+        ),
         "{e:?}"
     );
     assert_eq!(tree(&s.ws), before_one_gone);
