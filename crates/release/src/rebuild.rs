@@ -1,16 +1,6 @@
 //! The resumable bulk rebuild of a generation.
 //!
-//! Workspace layout (everything a rerun needs to resume; [`crate::Workspace`] names each path):
-//!
-//! ```text
-//! <workspace>/onnx/<id>/<file>.onnx        sources fetched from <store>/onnx/<source-id>/
-//! <workspace>/logs/<id>.log                the compile log of the latest attempt
-//! <workspace>/results/<id>.json            success record (what was built, with which pin)
-//! <workspace>/results/<id>.failure.json    failure record of the latest attempt
-//! <workspace>/ready/<id>/<id>_driving_tinygrad.pkl.chunkNNofMM + .sha256 + .chunkmanifest
-//! <workspace>/ready/<id>/<id>_driving_<variant>_tinygrad.pkl…   a rebuilt accelerator variant
-//! <workspace>/ready/model_names_<gen>.json the manifest for `release-cli publish`
-//! ```
+//! Everything a rerun needs to resume is in the workspace ([`crate::Workspace`] lays it out).
 //!
 //! The rules: a model is done (skipped) when its success record names this generation and pin,
 //! was built from what the plan asks for now (behaviour version, sources, input format, GPU

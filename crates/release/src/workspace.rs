@@ -1,7 +1,7 @@
 //! The rebuild workspace and every path in it, one method each (no hand joins elsewhere):
 //!
 //! ```text
-//! <workspace>/onnx/<id>/                   sources fetched from <store>/onnx/<source-id>/
+//! <workspace>/onnx/<id>/<file>.onnx        sources fetched from <store>/onnx/<source-id>/
 //! <workspace>/logs/<id>.log                the compile log of the latest attempt
 //! <workspace>/logs/<id>.validate.log       the latest device validation's log
 //! <workspace>/logs/preflight.log           the latest preflight's output
@@ -9,7 +9,8 @@
 //! <workspace>/results/<id>.failure.json    failure record of the latest attempt
 //! <workspace>/results/preflight.json, <id>.validation.json, <check>[.<W>x<H>].check.json,
 //!                    rehearsal.json        the gate's records (crate::records)
-//! <workspace>/ready/<id>/                  the model's verified chunk set(s)
+//! <workspace>/ready/<id>/<id>_driving_tinygrad.pkl.chunkNNofMM + .sha256 + .chunkmanifest
+//! <workspace>/ready/<id>/<id>_driving_<variant>_tinygrad.pkl…   a rebuilt accelerator variant
 //! <workspace>/ready/model_names_<gen>.json the manifest for `release-cli publish`
 //! <workspace>/rehearsal/                   the last rehearsal's devices and logs
 //! ```
