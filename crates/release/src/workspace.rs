@@ -33,12 +33,6 @@ impl From<PathBuf> for Workspace {
     }
 }
 
-impl AsRef<Path> for Workspace {
-    fn as_ref(&self) -> &Path {
-        &self.0
-    }
-}
-
 impl Workspace {
     pub fn new(root: impl Into<PathBuf>) -> Self {
         Self(root.into())
