@@ -122,8 +122,8 @@ pub struct StatusArgs {
     pub generation: Option<Generation>,
     /// A store to read what it holds live (manifest generation, pin, signature release); only
     /// read. Repeatable; same forms as publish --to.
-    #[arg(long = "store", visible_alias = "to", value_name = "STORE")]
-    pub stores: Vec<String>,
+    #[arg(long = "store", visible_alias = "to", value_name = "STORE", value_parser = named_store)]
+    pub stores: Vec<(String, artifact_store::StoreSpec)>,
     #[command(flatten)]
     pub access: super::store::StoreAccess,
     /// Print `{"workspace","generation","tree":{"openpilot","tinygrad_commit","pin_generation",
@@ -138,16 +138,20 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
+/// A `--store`, typed, with its name as given (what the report calls it).
+fn named_store(s: &str) -> artifact_store::Result<(String, artifact_store::StoreSpec)> {
+    Ok((s.to_string(), artifact_store::StoreSpec::parse(s)?))
+}
+
 fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
     v.as_ref().map_or("-".to_string(), |v| v.to_string())
 }
 
 pub fn status(args: StatusArgs) -> CliResult {
     let mut opened = Vec::new();
-    for s in &args.stores {
-        let spec = artifact_store::StoreSpec::parse(s).map_err(super::store::store_error)?;
-        let store = args.access.open(&spec).map_err(super::store::store_error)?;
-        opened.push((s.clone(), store));
+    for (name, spec) in &args.stores {
+        let store = args.access.open(spec).map_err(super::store::store_error)?;
+        opened.push((name.clone(), store));
     }
     let refs: Vec<(String, &dyn artifact_store::Store)> = opened
         .iter()
