@@ -348,8 +348,8 @@ pub struct ValidateArgs {
     pub version: Option<BehaviorVersion>,
     /// The rebuild workspace: the artifact defaults to ready/<id>/, the record goes to
     /// results/<id>.validation.json (results/<check>[.<W>x<H>].check.json with --check).
-    #[arg(long, value_name = "DIR")]
-    pub workspace: Option<PathBuf>,
+    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
+    pub workspace: Option<release::Workspace>,
     /// The chunk set's logical path (default: <workspace>/ready/<id>/<id>_driving_tinygrad.pkl).
     #[arg(long, value_name = "PATH")]
     pub artifact: Option<PathBuf>,
@@ -662,38 +662,20 @@ pub fn validate(args: ValidateArgs) -> CliResult {
             "validate needs --model ID (or --check CHECK)",
         ));
     };
-    let ws = args.workspace.as_deref();
-    let version = match (args.version, ws) {
-        (Some(v), _) => v,
-        (None, Some(ws)) => crate::cmd::rebuild::recorded_version(ws, id)?,
-        (None, None) => {
-            return Err(CliError::usage(
-                "validate needs --version vN, or --workspace DIR with a recorded build",
-            ));
-        }
-    };
-    let artifact_name = manifest::layout::artifact_file_name(id)
-        .as_str()
-        .to_string();
-    let artifact = match (&args.artifact, ws) {
-        (Some(a), _) => a.clone(),
-        (None, Some(ws)) => ws.join("ready").join(id.as_str()).join(&artifact_name),
-        (None, None) => {
-            return Err(CliError::usage(
-                "validate needs --artifact PATH or --workspace DIR",
-            ));
-        }
-    };
-    let record = match (&args.record, ws) {
-        (Some(r), _) => r.clone(),
-        (None, Some(ws)) => release::records::validation_path(ws, id),
-        (None, None) => PathBuf::from(format!("{id}.validation.json")),
-    };
-    let log = args.log.clone().unwrap_or_else(|| {
-        ws.unwrap_or(Path::new("."))
-            .join("logs")
-            .join(format!("{id}.validate.log"))
-    });
+    let release::validate::ValidateTargets {
+        version,
+        artifact,
+        record,
+        log,
+    } = release::validate::targets(&release::validate::ValidateFlags {
+        model: id,
+        version: args.version,
+        artifact: args.artifact.as_deref(),
+        record: args.record.as_deref(),
+        log: args.log.as_deref(),
+        workspace: args.workspace.as_ref(),
+    })
+    .map_err(validate_error)?;
     let pin = args.remote.pin()?;
     if args.dry_run {
         let (mut plan, set) = compiler_remote::dry_run::validate(
@@ -731,17 +713,7 @@ pub fn validate(args: ValidateArgs) -> CliResult {
             &mut live,
         )
         .map_err(remote_error)?;
-    // The device's verdict per camera resolution, with its own JSON kept unchanged.
-    let rec = release::gate::ValidationRecord {
-        model: id.clone(),
-        version,
-        resolutions: release::gate::read_verdict(&verdict.verdict, &verdict.artifact_sha256),
-        artifact_sha256: verdict.artifact_sha256,
-        tinygrad_commit: pin,
-        checked_at: release::gate::UtcTime::now(),
-        verdict: verdict.verdict,
-        log: log.clone(),
-    };
+    let rec = release::validate::validation_record(id, version, pin, verdict, log.clone());
     release::records::write(&record, &rec).map_err(super::gate::release_error)?;
     let passed = rec.passed();
     if args.json {
@@ -780,61 +752,26 @@ pub fn validate(args: ValidateArgs) -> CliResult {
 
 /// `validate --check`: record a check the release engineer made on the device.
 fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResult {
-    use release::gate::{CAMERA_RESOLUTIONS, CheckRecord, UtcTime};
-    if args.passed == args.failed {
-        return Err(CliError::usage(format!(
-            "--check {kind} needs --passed or --failed: what you saw on the device"
-        )));
-    }
-    match (kind.per_resolution(), args.resolution) {
-        (true, None) => {
-            return Err(CliError::usage(format!(
-                "--check {kind} is made per camera resolution: add --resolution {} or {}",
-                CAMERA_RESOLUTIONS[0], CAMERA_RESOLUTIONS[1]
-            )));
-        }
-        (false, Some(r)) => {
-            return Err(CliError::usage(format!(
-                "--check {kind} is one check per generation: drop --resolution {r}"
-            )));
-        }
-        (true, Some(r)) if !CAMERA_RESOLUTIONS.contains(&r) => {
-            return Err(CliError::usage(format!(
-                "--resolution {r}: the camera resolutions are {} and {}",
-                CAMERA_RESOLUTIONS[0], CAMERA_RESOLUTIONS[1]
-            )));
-        }
-        _ => {}
-    }
-    let note = args.note.clone().unwrap_or_default();
-    if note.trim().is_empty() {
-        return Err(CliError::usage(format!(
-            "--check {kind} needs --note TEXT: what you observed"
-        )));
-    }
-    let checked_by = match args.by.clone().or_else(|| std::env::var("USER").ok()) {
-        Some(b) if !b.trim().is_empty() => b,
-        _ => return Err(CliError::usage("--check needs --by NAME (USER is not set)")),
-    };
-    let record = match (&args.record, &args.workspace) {
-        (Some(r), _) => r.clone(),
-        (None, Some(ws)) => release::records::check_path(ws, kind, args.resolution),
-        (None, None) => {
-            return Err(CliError::usage(format!(
-                "--check {kind} needs --workspace DIR (or --record FILE)"
-            )));
-        }
-    };
-    let rec = CheckRecord {
-        check: kind,
-        resolution: args.resolution,
-        model: args.model.clone(),
-        passed: args.passed,
-        tinygrad_commit: args.remote.pin()?,
-        checked_by,
-        checked_at: UtcTime::now(),
-        note,
-    };
+    let (record, rec) = release::validate::check_record(
+        &release::validate::CheckFlags {
+            kind,
+            resolution: args.resolution,
+            model: args.model.as_ref(),
+            passed: args.passed,
+            failed: args.failed,
+            note: args.note.as_deref(),
+            by: args.by.clone().or_else(|| std::env::var("USER").ok()),
+            record: args.record.as_deref(),
+            workspace: args.workspace.as_ref(),
+        },
+        || {
+            compiler_remote::resolve_pin(
+                args.remote.tinygrad_commit.clone(),
+                args.remote.openpilot.as_deref(),
+            )
+        },
+    )
+    .map_err(validate_error)?;
     if args.dry_run {
         if args.json {
             let mut v = serde_json::to_value(&rec).map_err(CliError::failure)?;
@@ -864,6 +801,14 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
         record.display()
     )?;
     Ok(())
+}
+
+/// `validate`'s flags it cannot run or record with are usage errors.
+fn validate_error(e: release::Error) -> CliError {
+    match e {
+        release::Error::ValidateInput { .. } => CliError::usage(e),
+        e => e.into(),
+    }
 }
 
 // ---- tinygrad bump ------------------------------------------------------------------------
