@@ -7,7 +7,7 @@ use std::time::Instant;
 use artifact_store::StoreSpec;
 use clap::Args;
 use compiler_remote::dry_run::{self, Plan};
-use compiler_remote::{CompileRequest, InputFormat};
+use compiler_remote::{CompileJob, CompileRequest, InputFormat};
 use manifest::{BehaviorVersion, Generation, GitCommit, ModelId};
 use release::rebuild::{DEFAULT_SOURCES, Progress, Rebuild, RemoteBuilder};
 use serde::Serialize;
@@ -216,22 +216,20 @@ fn dry_run(args: &RebuildArgs, rebuild: &Rebuild) -> CliResult {
         };
         if !rebuild.is_done(p) {
             let onnx = ws.join("onnx").join(id.as_str());
-            let req = CompileRequest {
-                id: id.clone(),
-                version: p.version,
-                gpu: p.gpu,
-                input_format: p.source.input_format,
-                local: false,
+            let job = CompileJob {
+                request: CompileRequest {
+                    id: id.clone(),
+                    version: p.version,
+                    gpu: p.gpu,
+                    input_format: p.source.input_format,
+                    local: false,
+                },
+                sources: vec![onnx.join("*.onnx")],
+                out: ws.join("ready").join(id.as_str()),
+                log: ws.join("logs").join(format!("{id}.log")),
             };
-            let mut plan = dry_run::compile_plan(
-                &opts,
-                &req,
-                &[onnx.join("*.onnx")],
-                &rebuild.pin,
-                &ws.join("ready").join(id.as_str()),
-                &ws.join("logs").join(format!("{id}.log")),
-            )
-            .map_err(remote_error)?;
+            let mut plan =
+                dry_run::compile_plan(&opts, &job, &rebuild.pin).map_err(remote_error)?;
             plan.writes.insert(0, onnx.join("*.onnx"));
             plan.writes
                 .push(ws.join("results").join(format!("{id}.json")));
