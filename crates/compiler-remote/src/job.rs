@@ -251,3 +251,67 @@ impl ValidateJob {
         Ok(p)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dry_run::compile_plan;
+
+    fn opts() -> ConnectOptions {
+        ConnectOptions::default()
+    }
+
+    #[test]
+    fn a_compile_plan_lists_its_commands_transfers_and_files() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("out");
+        fs_err::create_dir_all(&out).unwrap();
+        fs_err::write(out.join("pop223_driving_tinygrad.pkl.chunk01of02"), b"old").unwrap();
+        fs_err::write(out.join("other_driving_tinygrad.pkl.chunk01of01"), b"x").unwrap();
+        let req = CompileRequest {
+            id: "pop223".parse().unwrap(),
+            version: "v16".parse().unwrap(),
+            gpu: false,
+            input_format: plan::InputFormat::Supercombo,
+            local: false,
+        };
+        let pin: GitCommit = "e837e367aac9e1a66e689f4f32ce20ca9367df13".parse().unwrap();
+        let job = CompileJob {
+            request: req,
+            sources: vec![PathBuf::from("src/driving_supercombo.onnx")],
+            out: out.clone(),
+            log: PathBuf::from("logs/pop223.log"),
+        };
+        let p = compile_plan(&opts(), &job, &pin).unwrap();
+        let lines: Vec<String> = p.steps.iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            lines[0],
+            "check  /data/openpilot/tinygrad_repo/TINYGRAD_COMMIT must be \
+             e837e367aac9e1a66e689f4f32ce20ca9367df13"
+        );
+        assert!(lines[1].starts_with("run    rm -rf /data/openpilot/uncompiledmodels"));
+        assert_eq!(
+            lines[2],
+            "send   src/driving_supercombo.onnx -> \
+             comma@192.168.3.110:/data/openpilot/uncompiledmodels/ (rsync -a)"
+        );
+        assert!(
+            lines[3].contains("./models --pop223 --version v16"),
+            "{}",
+            lines[3]
+        );
+        assert!(
+            lines[4].starts_with("fetch  comma@192.168.3.110:/data/openpilot/compiledmodels/ -> ")
+        );
+        assert!(lines[4].ends_with(
+            "(rsync -a --include=pop223_driving_tinygrad.pkl \
+             --include=pop223_driving_tinygrad.pkl.* --exclude=*)"
+        ));
+        assert_eq!(lines.len(), 6);
+        assert_eq!(p.writes[0], Path::new("logs/pop223.log"));
+        assert_eq!(
+            p.removes,
+            [out.join("pop223_driving_tinygrad.pkl.chunk01of02")]
+        );
+    }
+}

@@ -66,36 +66,26 @@ impl Compiler {
         } else {
             outputs::check_release(fetch.path(), &name)?
         };
-        let artifact = match checked {
-            Ok(a) => a,
-            Err(OutputProblem::Missing) => {
-                return Err(Error::MissingOutputs {
-                    model,
-                    expected: if req.local {
-                        name
-                    } else {
-                        format!("{name}.chunk*")
-                    },
-                    remote_dir: format!("{}:{}", self.dest(), self.root_join(plan::OUTPUT_DIR)?),
-                    log: log.to_path_buf(),
-                });
-            }
-            Err(OutputProblem::Invalid(detail)) => {
-                return Err(Error::InvalidOutputs {
-                    model,
-                    detail,
-                    log: log.to_path_buf(),
-                });
-            }
-            Err(OutputProblem::Digest { expected, actual }) => {
-                return Err(Error::DigestMismatch {
-                    model,
-                    expected,
-                    actual,
-                    log: log.to_path_buf(),
-                });
-            }
-        };
+        let (log, remote_out) = (log.to_path_buf(), self.root_join(plan::OUTPUT_DIR)?);
+        let artifact = checked.map_err(|problem| match problem {
+            OutputProblem::Missing => Error::MissingOutputs {
+                expected: if req.local {
+                    name.clone()
+                } else {
+                    format!("{name}.chunk*")
+                },
+                remote_dir: format!("{}:{remote_out}", self.dest()),
+                model,
+                log,
+            },
+            OutputProblem::Invalid(detail) => Error::InvalidOutputs { model, detail, log },
+            OutputProblem::Digest { expected, actual } => Error::DigestMismatch {
+                model,
+                expected,
+                actual,
+                log,
+            },
+        })?;
         fetch.install(out, &name, &artifact.files)?;
         Ok(artifact)
     }

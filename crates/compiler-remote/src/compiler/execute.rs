@@ -54,8 +54,9 @@ impl Execution<'_> {
         step
     }
 
-    fn misplaced(&self, kind: &str) -> String {
-        format!(
+    /// A step of another kind than the operation takes next: a bug in its plan builder.
+    fn misplaced(&self, kind: &str) -> ! {
+        panic!(
             "plan step {} is not a {kind}: {:?}",
             self.next, self.plan.steps
         )
@@ -64,7 +65,7 @@ impl Execution<'_> {
     /// The marker check: refuse unless the compiler's marker is the plan's pin.
     pub(crate) fn check_marker(&mut self) -> Result<()> {
         let Step::CheckMarker { .. } = self.take() else {
-            panic!("{}", self.misplaced("marker check"))
+            self.misplaced("marker check")
         };
         self.compiler.check_marker(&self.plan.tinygrad_commit)
     }
@@ -72,7 +73,7 @@ impl Execution<'_> {
     /// A command whose non-zero exit is an error quoting its stderr.
     pub(crate) fn run(&mut self) -> Result<String> {
         let Step::Run { command } = self.take() else {
-            panic!("{}", self.misplaced("command"))
+            self.misplaced("command")
         };
         self.compiler.run_checked(&command)
     }
@@ -80,7 +81,7 @@ impl Execution<'_> {
     /// A command with its output streamed to `sink` and appended to `log` after a header line.
     pub(crate) fn stream(&mut self, log: &mut File, sink: LineSink<'_>) -> Result<ExitStatus> {
         let Step::Run { command } = self.take() else {
-            panic!("{}", self.misplaced("command"))
+            self.misplaced("command")
         };
         writeln!(log, "# {} on {}", command, self.compiler.dest())?;
         self.compiler.run_streaming(&command, log, sink)
@@ -89,7 +90,7 @@ impl Execution<'_> {
     /// A transfer to the compiler; `what` names it in an error.
     pub(crate) fn send(&mut self, what: &str) -> Result<()> {
         let Step::Send { from, to, options } = self.take() else {
-            panic!("{}", self.misplaced("send"))
+            self.misplaced("send")
         };
         let mut args: Vec<OsString> = options.iter().map(OsString::from).collect();
         args.extend(from.into_iter().map(PathBuf::into_os_string));
@@ -100,7 +101,7 @@ impl Execution<'_> {
     /// A transfer from the compiler into a fresh private directory, returned for checking.
     pub(crate) fn fetch(&mut self, what: &str) -> Result<FetchDir> {
         let Step::Fetch { from, to, options } = self.take() else {
-            panic!("{}", self.misplaced("fetch"))
+            self.misplaced("fetch")
         };
         let dir = FetchDir::at(to)?;
         let mut args: Vec<OsString> = options.iter().map(OsString::from).collect();
