@@ -7,7 +7,6 @@ use fs_err::{self as fs, File};
 use manifest::GitCommit;
 
 use super::checks::{check_sources, release_set_to_validate};
-use super::execute::Execution;
 use super::session::status_text;
 use super::{Compiler, DEVICE_PREFIX, DmFile, LineSink, Verdict};
 use crate::error::{Error, Result};
@@ -31,62 +30,53 @@ impl Compiler {
         check_sources(&job.sources)?;
         let mut log_file = create_log(&job.log)?;
         exec.run()?;
-        let result = self.compile_staged(&mut exec, job, &mut log_file, sink);
+        let result = (|| {
+            let (req, out, log) = (&job.request, &job.out, &job.log);
+            let model = req.build_id().to_string();
+            let name = req.artifact_name();
+            exec.send(&format!("of the sources of {model}"))?;
+            let status = exec.stream(&mut log_file, sink)?;
+            if !status.success() {
+                return Err(Error::CompileFailed {
+                    model,
+                    status: status_text(&status),
+                    log: log.to_path_buf(),
+                });
+            }
+            fs::create_dir_all(out)?;
+            let fetch = exec.fetch(&format!("of the outputs of {model}"))?;
+            let checked = if req.local {
+                outputs::check_local(fetch.path(), &name)?
+            } else {
+                outputs::check_release(fetch.path(), &name)?
+            };
+            let (log, remote_out) = (log.to_path_buf(), self.root_join(plan::OUTPUT_DIR)?);
+            let artifact = checked.map_err(|problem| match problem {
+                OutputProblem::Missing => Error::MissingOutputs {
+                    expected: if req.local {
+                        name.clone()
+                    } else {
+                        format!("{name}.chunk*")
+                    },
+                    remote_dir: format!("{}:{remote_out}", self.dest()),
+                    model,
+                    log,
+                },
+                OutputProblem::Invalid(detail) => Error::InvalidOutputs { model, detail, log },
+                OutputProblem::Digest { expected, actual } => Error::DigestMismatch {
+                    model,
+                    expected,
+                    actual,
+                    log,
+                },
+            })?;
+            fetch.install(out, &name, &artifact.files)?;
+            Ok(artifact)
+        })();
         // Clean up whatever happened; a cleanup failure must not hide the build's own error.
         let cleanup = exec.cleanup();
         let artifact = result?;
         cleanup?;
-        Ok(artifact)
-    }
-
-    fn compile_staged(
-        &self,
-        exec: &mut Execution<'_>,
-        job: &CompileJob,
-        log_file: &mut File,
-        sink: LineSink<'_>,
-    ) -> Result<FetchedArtifact> {
-        let (req, out, log) = (&job.request, &job.out, &job.log);
-        let model = req.build_id().to_string();
-        let name = req.artifact_name();
-        exec.send(&format!("of the sources of {model}"))?;
-        let status = exec.stream(log_file, sink)?;
-        if !status.success() {
-            return Err(Error::CompileFailed {
-                model,
-                status: status_text(&status),
-                log: log.to_path_buf(),
-            });
-        }
-
-        fs::create_dir_all(out)?;
-        let fetch = exec.fetch(&format!("of the outputs of {model}"))?;
-        let checked = if req.local {
-            outputs::check_local(fetch.path(), &name)?
-        } else {
-            outputs::check_release(fetch.path(), &name)?
-        };
-        let (log, remote_out) = (log.to_path_buf(), self.root_join(plan::OUTPUT_DIR)?);
-        let artifact = checked.map_err(|problem| match problem {
-            OutputProblem::Missing => Error::MissingOutputs {
-                expected: if req.local {
-                    name.clone()
-                } else {
-                    format!("{name}.chunk*")
-                },
-                remote_dir: format!("{}:{remote_out}", self.dest()),
-                model,
-                log,
-            },
-            OutputProblem::Invalid(detail) => Error::InvalidOutputs { model, detail, log },
-            OutputProblem::Digest { expected, actual } => Error::DigestMismatch {
-                model,
-                expected,
-                actual,
-                log,
-            },
-        })?;
-        fetch.install(out, &name, &artifact.files)?;
         Ok(artifact)
     }
 
