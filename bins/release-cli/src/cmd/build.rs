@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use compiler_remote::{
-    CompileRequest, Compiler, ConnectOptions, Destination, InputFormat, RemotePath,
+    CompileJob, CompileRequest, Compiler, ConnectOptions, Destination, DmJob, InputFormat,
+    RemotePath, ValidateJob,
 };
 use manifest::{BehaviorVersion, GitCommit, ModelId};
 use serde::Serialize;
@@ -471,7 +472,7 @@ struct CompileReport<'a> {
 }
 
 pub fn compile(args: CompileArgs) -> CliResult {
-    let req = CompileRequest {
+    let request = CompileRequest {
         id: args.model.clone(),
         version: args.version,
         gpu: args.gpu,
@@ -481,19 +482,19 @@ pub fn compile(args: CompileArgs) -> CliResult {
     let log = args
         .log
         .clone()
-        .unwrap_or_else(|| PathBuf::from("logs").join(format!("{}.log", req.build_id())));
+        .unwrap_or_else(|| PathBuf::from("logs").join(format!("{}.log", request.build_id())));
+    let job = CompileJob {
+        request,
+        sources: args.sources.clone(),
+        out: args.out.clone(),
+        log,
+    };
+    let (req, log) = (&job.request, &job.log);
     let pin = args.remote.pin()?;
     args.remote.check_synced()?;
     if args.dry_run {
-        let plan = compiler_remote::dry_run::compile(
-            &args.remote.connect_options(),
-            &req,
-            &args.sources,
-            &pin,
-            &args.out,
-            &log,
-        )
-        .map_err(remote_error)?;
+        let plan = compiler_remote::dry_run::compile(&args.remote.connect_options(), &job, &pin)
+            .map_err(remote_error)?;
         return print_plan(
             &format!("compile {}", req.build_id()),
             plan,
@@ -501,14 +502,15 @@ pub fn compile(args: CompileArgs) -> CliResult {
             args.json,
         );
     }
-    let c = args.remote.connect()?;
-    let artifact = c
-        .compile(&req, &args.sources, &pin, &args.out, &log, &mut live)
+    let artifact = args
+        .remote
+        .connect()?
+        .compile(&job, &pin, &mut live)
         .map_err(remote_error)?;
     if args.json {
         return print_json(&CompileReport {
             model: req.build_id().to_string(),
-            log: &log,
+            log,
             artifact: &artifact,
         });
     }
@@ -553,39 +555,31 @@ pub fn dm(args: DmArgs) -> CliResult {
     } else {
         args.sources.clone()
     };
-    let log = args
-        .log
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("logs/dm.log"));
+    let job = DmJob {
+        sources,
+        remote_out: args.remote_output_dir.clone(),
+        out: args.out.clone(),
+        log: args
+            .log
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("logs/dm.log")),
+    };
     let pin = args.remote.pin()?;
     args.remote.check_synced()?;
     if args.dry_run {
-        let plan = compiler_remote::dry_run::dm(
-            &args.remote.connect_options(),
-            &sources,
-            &pin,
-            &args.remote_output_dir,
-            &args.out,
-            &log,
-        )
-        .map_err(remote_error)?;
+        let plan = compiler_remote::dry_run::dm(&args.remote.connect_options(), &job, &pin)
+            .map_err(remote_error)?;
         return print_plan("dm", plan, None, args.json);
     }
-    let c = args.remote.connect()?;
-    let files = c
-        .build_dm(
-            &sources,
-            &pin,
-            &args.remote_output_dir,
-            &args.out,
-            &log,
-            &mut live,
-        )
+    let files = args
+        .remote
+        .connect()?
+        .build_dm(&job, &pin, &mut live)
         .map_err(remote_error)?;
     if args.json {
         return print_json(&DmReport {
             out: &args.out,
-            log: &log,
+            log: &job.log,
             files: &files,
         });
     }
@@ -676,19 +670,19 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         workspace: args.workspace.as_ref(),
     })
     .map_err(validate_error)?;
+    let job = ValidateJob {
+        id: id.clone(),
+        version,
+        artifact: artifact.clone(),
+        models_dir: args.remote_models_dir.clone(),
+        python: args.python.clone(),
+        log: log.clone(),
+    };
     let pin = args.remote.pin()?;
     if args.dry_run {
-        let (mut plan, set) = compiler_remote::dry_run::validate(
-            &args.remote.connect_options(),
-            id,
-            version,
-            &artifact,
-            &pin,
-            &args.remote_models_dir,
-            &args.python,
-            &log,
-        )
-        .map_err(remote_error)?;
+        let (mut plan, set) =
+            compiler_remote::dry_run::validate(&args.remote.connect_options(), &job, &pin)
+                .map_err(remote_error)?;
         plan.writes.push(record.clone());
         let extra = serde_json::json!({ "artifact": set, "record": record });
         let what = format!(
@@ -700,18 +694,10 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         );
         return print_plan(&what, plan, Some(extra), args.json);
     }
-    let c = args.remote.connect()?;
-    let verdict = c
-        .validate(
-            id,
-            version,
-            &artifact,
-            &pin,
-            &args.remote_models_dir,
-            &args.python,
-            &log,
-            &mut live,
-        )
+    let verdict = args
+        .remote
+        .connect()?
+        .validate(&job, &pin, &mut live)
         .map_err(remote_error)?;
     let rec = release::validate::validation_record(id, version, pin, verdict, log.clone());
     release::records::write(&record, &rec).map_err(super::gate::release_error)?;

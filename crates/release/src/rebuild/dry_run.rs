@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use compiler_remote::dry_run::{self, Plan};
-use compiler_remote::{CompileRequest, ConnectOptions, InputFormat};
+use compiler_remote::{CompileJob, CompileRequest, ConnectOptions, InputFormat};
 use manifest::{BehaviorVersion, Generation, GitCommit, ModelId};
 use serde::Serialize;
 
@@ -76,21 +76,19 @@ impl Rebuild {
             };
             if !self.is_done(p) {
                 let onnx = ws.onnx(id);
-                let req = CompileRequest {
-                    id: id.clone(),
-                    version: p.version,
-                    gpu: p.gpu,
-                    input_format: p.source.input_format,
-                    local: false,
+                let job = CompileJob {
+                    request: CompileRequest {
+                        id: id.clone(),
+                        version: p.version,
+                        gpu: p.gpu,
+                        input_format: p.source.input_format,
+                        local: false,
+                    },
+                    sources: vec![onnx.join("*.onnx")],
+                    out: ws.ready_model(id),
+                    log: ws.build_log(id),
                 };
-                let mut plan = dry_run::compile_plan(
-                    opts,
-                    &req,
-                    &[onnx.join("*.onnx")],
-                    &self.pin,
-                    &ws.ready_model(id),
-                    &ws.build_log(id),
-                )?;
+                let mut plan = dry_run::compile_plan(opts, &job, &self.pin)?;
                 plan.writes.insert(0, onnx.join("*.onnx"));
                 plan.writes.push(ws.build_record(id));
                 m.action = "build";
