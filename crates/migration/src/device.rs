@@ -7,7 +7,6 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use chunker::atomic::write_atomic;
 use manifest::{Generation, Manifest, ModelEntry, ModelId, Sha256Digest, layout};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -233,15 +232,17 @@ impl Device {
         if !self.would_change(name, body) {
             return Ok(());
         }
-        write_atomic(self.models_dir().join(name), body)?;
-        self.effects.done(|| format!("write {name}"))
+        self.effects.write_file(&self.models_dir(), name, body)
     }
 
     /// Whether [`write_file`](Self::write_file) of `body` would write: the file holds other
     /// bytes, or is not there. Read-only.
     pub(crate) fn would_change(&self, name: &str, body: &[u8]) -> bool {
         let path = self.models_dir().join(name);
-        !read_capped(&path, body.len() as u64).is_ok_and(|old| old.as_deref() == Some(body))
+        !self
+            .effects
+            .read(&path, body.len() as u64)
+            .is_ok_and(|old| old.as_deref() == Some(body))
     }
 
     /// A JSON state file of the models dir (`.choice.json`, `.migration.json`, the trust
@@ -253,7 +254,7 @@ impl Device {
         limit: u64,
     ) -> Result<Option<T>> {
         let path = self.models_dir().join(name);
-        let Some(b) = read_capped(&path, limit)? else {
+        let Some(b) = self.effects.read(&path, limit)? else {
             return Ok(None);
         };
         serde_json::from_slice(&b)
@@ -274,17 +275,23 @@ impl Device {
 
     /// Remove a file of the models dir and report the effect (nothing when it is not there).
     pub(crate) fn remove_file(&self, name: &str) -> Result<()> {
-        let dir = self.models_dir();
-        let path = dir.join(name);
-        if chunker::atomic::remove_if_exists(&path)? {
-            chunker::atomic::sync_dir(&dir)?;
-            self.effects.done(|| format!("remove {name}"))?;
-        }
-        Ok(())
+        self.effects.remove_file(&self.models_dir(), name)
     }
 
-    pub(crate) fn effect(&self, what: impl FnOnce() -> String) -> Result<()> {
-        self.effects.done(what)
+    /// The writer of this device's state (see [`Effects`]).
+    pub fn effects(&self) -> &Effects {
+        &self.effects
+    }
+
+    /// This device with every effect recorded and skipped ([`Effects::plan`]): a dry run is
+    /// the real run on it. The memory params are planned apart (their log is not kept).
+    pub fn planning(&self) -> Device {
+        let effects = Effects::plan();
+        let mut d = Device::with_effects(self.config.clone(), effects);
+        d.memory = Params::with_effects(self.config.memory_params_dir.clone(), Effects::plan());
+        d.sysfs_root = self.sysfs_root.clone();
+        d.trusted_keys = self.trusted_keys.clone();
+        d
     }
 
     /// The five selection params as read.
@@ -375,8 +382,7 @@ impl Device {
     }
 
     pub fn ensure_dirs(&self) -> Result<()> {
-        let m = self.models_dir();
-        Ok(fs::create_dir_all(&m)?)
+        self.effects.create_dir(&self.models_dir())
     }
 
     /// The selection from params under upstream's precedence: unset means the default
@@ -409,7 +415,7 @@ impl Device {
     /// otherwise: `resolve` then answers the built-in and says why).
     pub fn catalog(&self) -> Result<Option<Manifest>> {
         let path = self.models_dir().join(CATALOG_FILE);
-        let Some(bytes) = read_capped(&path, bounded::CATALOG_LIMIT)? else {
+        let Some(bytes) = self.effects.read(&path, bounded::CATALOG_LIMIT)? else {
             return Ok(None);
         };
         if let Some(keys) = &self.trusted_keys {
@@ -435,7 +441,7 @@ impl Device {
         // A signature file that cannot be read (oversized, a FIFO, a symlink to a device) is a
         // catalog that does not verify, like a missing or damaged one: `refresh` stores the
         // signed pair again.
-        let sig = match read_capped(
+        let sig = match self.effects.read(
             &self.models_dir().join(CATALOG_SIGNATURE_FILE),
             MAX_SIGNATURE_BYTES,
         ) {
@@ -478,12 +484,17 @@ impl Device {
     pub(crate) fn stored_release(&self) -> Option<manifest::ReleaseNumber> {
         let keys = self.trusted_keys.as_ref()?;
         let dir = self.models_dir();
-        let bytes = read_capped(&dir.join(CATALOG_FILE), bounded::CATALOG_LIMIT).ok()??;
-        let sig = read_capped(
-            &dir.join(CATALOG_SIGNATURE_FILE),
-            manifest::signature::MAX_SIGNATURE_BYTES,
-        )
-        .ok()??;
+        let bytes = self
+            .effects
+            .read(&dir.join(CATALOG_FILE), bounded::CATALOG_LIMIT)
+            .ok()??;
+        let sig = self
+            .effects
+            .read(
+                &dir.join(CATALOG_SIGNATURE_FILE),
+                manifest::signature::MAX_SIGNATURE_BYTES,
+            )
+            .ok()??;
         downloader::trust::verify_stored(keys, &bytes, Some(&sig), self.config.generation, None)
             .ok()
             .map(|a| a.release)
@@ -584,7 +595,7 @@ impl Device {
     fn save_cache(&self, cache: &BTreeMap<String, CacheEntry>) -> Result<()> {
         let path = self.models_dir().join(VERIFIED_FILE);
         let body = serde_json::to_vec(cache).expect("plain map serializes");
-        Ok(write_atomic(&path, &body)?)
+        self.effects.cache_write(&path, &body)
     }
 
     /// Whether `entry`'s artifact is installed and verified: size and SHA-256 against the

@@ -32,7 +32,7 @@ pub use device::{
     CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device, DeviceConfig, ExpectedDigest, JOURNAL_FILE,
     REFUSED_FILE, RefusedModel, Selection, VERIFIED_FILE, VerifyState,
 };
-pub use effects::Effects;
+pub use effects::{Effect, Effects};
 pub use error::{Error, Result};
 pub use lock::ManagerLock;
 pub use manager::{

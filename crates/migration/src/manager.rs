@@ -23,7 +23,6 @@
 use fs_err as fs;
 use std::collections::BTreeSet;
 
-use chunker::atomic::{remove_if_exists, sync_dir};
 use downloader::{CancelToken, Downloader, Event, Installed};
 use manifest::{Generation, Manifest, ModelEntry, ModelId};
 use serde::{Deserialize, Serialize};
@@ -389,9 +388,12 @@ pub(crate) fn write_contract(device: &Device, catalog: &Catalog, outcome: &Outco
 fn purge(device: &Device) -> Result<Vec<String>> {
     let names = device.model_file_names()?;
     let plan = plan::purge_plan(names.iter().map(String::as_str));
-    let _ = fs::remove_file(device.models_dir().join(crate::device::VERIFIED_FILE));
+    let dir = device.models_dir();
+    device
+        .effects()
+        .cache_remove(&dir.join(crate::device::VERIFIED_FILE));
     for name in &plan {
-        device.remove_file(name)?;
+        device.effects().purge(&dir, name)?;
     }
     Ok(plan)
 }
@@ -448,7 +450,7 @@ pub fn install(
     )?;
     // Record the fresh verification so the next resolve is a stat, not a re-hash.
     device.record_verified(entry, &installed.sha256, installed.size)?;
-    device.effect(|| format!("install {}", entry.id()))?;
+    device.effects().installed(entry.id().as_str())?;
     if let Some(v) = variant {
         install_variant(device, dl, &v, cancel)?;
     }
@@ -473,7 +475,7 @@ fn install_variant(
         cancel,
         &|_| {},
     )?;
-    device.effect(|| format!("install {}", target.local_name))
+    device.effects().installed(target.local_name.as_str())
 }
 
 /// Turns byte counts into the percentages the UI shows: each one once, and never going down,
@@ -567,14 +569,9 @@ pub fn gc(device: &Device) -> Result<Vec<String>> {
     let plan = gc_plan(device)?;
     let dir = device.models_dir();
     for name in &plan {
-        let p = dir.join(name);
-        if p.is_dir() {
-            fs::remove_dir_all(&p)?;
-        } else {
-            remove_if_exists(&p)?;
-        }
+        device.effects().collect(&dir, name)?;
     }
-    sync_dir(&dir)?;
+    device.effects().sync(&dir)?;
     Ok(plan)
 }
 
