@@ -207,10 +207,12 @@ pub(crate) fn contract_writes(catalog: &Catalog, outcome: &Outcome) -> ContractW
 /// Whether a model's Chestnut build is there and matches its digest (then it is not fetched).
 pub(crate) fn variant_in_place(device: &Device, target: &downloader::Target) -> bool {
     let path = device.models_dir().join(target.local_name.as_str());
-    target.sha256.is_some_and(|want| {
-        chunker::Sha256Digest::of_file(&path)
-            .is_ok_and(|(got, size)| got == want && target.size.is_none_or(|s| s == size))
-    })
+    // Purged earlier in a planned run: not there any more.
+    device.effects().exists(&path)
+        && target.sha256.is_some_and(|want| {
+            chunker::Sha256Digest::of_file(&path)
+                .is_ok_and(|(got, size)| got == want && target.size.is_none_or(|s| s == size))
+        })
 }
 
 /// What `download <ID>` is asked for, canonical (upstream canonicalises the requested key

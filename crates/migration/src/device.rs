@@ -614,6 +614,13 @@ impl Device {
 
     fn check_entry(&self, entry: &ModelEntry, force: bool, record: Record) -> Result<VerifyState> {
         let path = self.artifact_path(entry.id());
+        // A planned run that purged any form of it sees it missing, as the real run would.
+        if self.effects.planned_removal(
+            &self.models_dir(),
+            layout::artifact_file_name(entry.id()).as_str(),
+        ) {
+            return Ok(VerifyState::Missing);
+        }
         let sig = match Self::signature(&path) {
             Ok(Some(sig)) => sig,
             Ok(None) => return Ok(VerifyState::Missing),

@@ -200,6 +200,21 @@ impl Effects {
         fs::symlink_metadata(path).is_ok()
     }
 
+    /// In plan mode, whether a file of `dir` whose name starts with `prefix` (an artifact and
+    /// its other forms) was removed by this run.
+    pub(crate) fn planned_removal(&self, dir: &Path, prefix: &str) -> bool {
+        self.0.as_ref().is_some_and(|i| {
+            i.plan
+                && lock(&i.planned).iter().any(|(p, now)| {
+                    now.is_none()
+                        && p.parent() == Some(dir)
+                        && p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with(prefix))
+                })
+        })
+    }
+
     /// Write param `key` of `dir` (the caller has checked it changes).
     pub(crate) fn set_param(&self, dir: &Path, key: &str, value: &str) -> Result<()> {
         let path = dir.join(key);

@@ -240,6 +240,40 @@ pub fn refresh_at(
     progress: ProgressFn,
     now_unix: u64,
 ) -> Result<RefreshReport> {
+    Ok(refresh_run(device, dl, cancel, progress, now_unix)?.0)
+}
+
+/// What a refresh went through besides its report (the dry run reports it).
+pub(crate) struct RefreshRun {
+    pub manifest_url: String,
+    /// The journal it went on with: a migration started or resumed.
+    pub journal: Option<Journal>,
+    /// Each wanted catalog model, its state before, and what the run did with it.
+    pub steps: Vec<(ModelId, VerifyState, InstallStep)>,
+}
+
+/// The failure tail of a refresh whose manifest fetch failed with `e`: a trust refusal is
+/// recorded; offline (or every manifest refused), a device still on another generation stops
+/// loading that generation's pickles now, not once it is online (the offline first boot). Not
+/// on a cancel, and not when a manifest was refused on trust grounds (a refused manifest
+/// changes nothing, see docs/device.md, *Trust*).
+pub(crate) fn failed_fetch(device: &Device, e: &Error) -> Result<()> {
+    crate::trust_state::record_failed_fetch(device, e)?;
+    if offline_first_boot_due(e) {
+        crate::offline::first_boot(device)?;
+    }
+    Ok(())
+}
+
+/// [`refresh_at`], with what it went through. On a device in plan mode
+/// ([`Device::planning`]) it is the dry run: downloads are assumed to succeed.
+pub(crate) fn refresh_run(
+    device: &Device,
+    dl: &Downloader,
+    cancel: &CancelToken,
+    progress: ProgressFn,
+    now_unix: u64,
+) -> Result<(RefreshReport, RefreshRun)> {
     // Onroad: not one request, not one file touched.
     device.ensure_offroad("refresh")?;
     device.ensure_dirs()?;
@@ -248,13 +282,7 @@ pub fn refresh_at(
     let fetched = match crate::trust_state::fetch_accepted(device, dl, cancel) {
         Ok(f) => f,
         Err(e) => {
-            // Offline (or every manifest refused): a device still on another generation stops
-            // loading that generation's pickles now, not once it is online.
-            // Not on a cancel, and not when a manifest was refused on trust grounds (a refused
-            // manifest changes nothing, see docs/device.md, *Trust*).
-            if offline_first_boot_due(&e) {
-                crate::offline::first_boot(device)?;
-            }
+            failed_fetch(device, &e)?;
             return Err(e);
         }
     };
@@ -284,13 +312,20 @@ pub fn refresh_at(
 
     // Every wanted catalog model verified (kept) or installed; what cannot be had is replaced.
     let mut installs = Installs::default();
+    let mut run = RefreshRun {
+        manifest_url: fetched.url,
+        journal: journal.clone(),
+        steps: Vec::new(),
+    };
     for id in wanted.to_install() {
         let Some(entry) = manifest.get(&id) else {
             continue;
         };
         let state = device.verify_entry(entry, false)?;
         let retry = record.as_ref().and_then(|r| r.retry.get(id.as_str()));
-        match installs.step(&id, state, retry, now_unix) {
+        let step = installs.step(&id, state, retry, now_unix);
+        run.steps.push((id.clone(), state, step));
+        match step {
             InstallStep::Keep | InstallStep::Wait => continue,
             InstallStep::Fetch => {}
         }
@@ -366,7 +401,7 @@ pub fn refresh_at(
             .put(keys::MODEL_MANIFEST_VERSION, &j.to.to_string())?;
         device.remove_file(JOURNAL_FILE)?;
     }
-    Ok(report)
+    Ok((report, run))
 }
 
 /// Write what modeld and the UIs read: selection and profile params, catalog params, caches.
@@ -426,6 +461,14 @@ pub fn install(
         }
         return Ok(None);
     }
+    // Planned (a dry run): the download is assumed to succeed.
+    if device.effects().is_plan() {
+        device.effects().installed(entry.id().as_str())?;
+        if let Some(v) = variant {
+            install_variant(device, dl, &v, cancel)?;
+        }
+        return Ok(None);
+    }
     // A verified copy of an earlier publish stays (and stays on record) until the new bytes
     // are installed over it.
     if state != VerifyState::Outdated {
@@ -467,6 +510,9 @@ fn install_variant(
 ) -> Result<()> {
     if variant_in_place(device, target) {
         return Ok(());
+    }
+    if device.effects().is_plan() {
+        return device.effects().installed(target.local_name.as_str());
     }
     dl.download_target(
         device.config.generation,

@@ -1,29 +1,27 @@
-//! What `refresh`, `download` and `verify` would do, read-only (their `--dry-run`): every read
-//! and check the real run makes that changes nothing (the onroad refusal, the manifest fetch
-//! with its signature check, the catalog and the installed models read, the GPU rule, the space
-//! check), then what the real run would write, remove and download. Nothing is written: no
-//! param, no cache, no trust record, not the verification cache either
-//! ([`Device::verify_entry_read_only`]).
+//! What `refresh`, `download` and `verify` would do, read-only (their `--dry-run`).
 //!
-//! The decisions are the real run's own functions (`decisions::journal_now`, `chosen`,
-//! `Installs::step` over [`plan::install_step`], `settle`, `contract_writes`,
-//! `accepted_catalog_body`, `requested`, `gpu_rule`, `variant_in_place`, the trust floor), so a
-//! dry run cannot drift from what the run does; only the effects are left out. Where the real
-//! run downloads, the plan assumes the download succeeds.
+//! `refresh --dry-run` is the refresh itself in plan mode ([`Device::planning`],
+//! [`crate::Effects::plan`]): the same reads and checks (the onroad refusal, the manifest fetch
+//! with its signature check, the catalog and the installed models read), the same decisions,
+//! every effect recorded in the typed log and skipped, later reads seeing the planned values;
+//! where the real run downloads, the plan assumes the download succeeds. The report is read
+//! off the log, so it cannot drift from what the run does. `download --dry-run` plans each
+//! download as the downloader would fetch it (origin, size, pieces, the space check).
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
 use downloader::{CancelToken, DigestSource, DownloadPlan, Downloader, Target};
 use manifest::{ModelEntry, ModelId};
 
-use crate::decisions::{
-    ContractWrites, Installs, Requested, Settled, accepted_catalog_body, chosen, contract_writes,
-    gpu_rule, journal_now, offline_first_boot_due, requested, settle, variant_in_place,
+use crate::bounded::CATALOG_LIMIT;
+use crate::decisions::{Requested, gpu_rule, requested, variant_in_place};
+use crate::device::{
+    CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device, JOURNAL_FILE, REFUSED_FILE, RefusedModel,
+    VerifyState,
 };
-use crate::device::{Device, JOURNAL_FILE, REFUSED_FILE, RefusedModel, VerifyState};
+use crate::effects::Effect;
 use crate::error::{Error, Result};
-use crate::manager::{Phase, downloadable, param_slots};
-use crate::offline::offline_catalog;
+use crate::manager::{downloadable, failed_fetch, read_journal, refresh_run};
 use crate::params::keys;
 use crate::plan::{self, InstallStep};
 use crate::{choice, trust_state};
@@ -57,155 +55,35 @@ pub struct RefreshPlan {
     pub would_set_params: Vec<(String, Option<String>)>,
 }
 
-/// `refresh --dry-run`: the manifest fetched and checked as `refresh` fetches it, then what the
-/// run would write. Errors are the ones the real run gives for the same checks.
+/// `refresh --dry-run`: the refresh itself on [`Device::planning`] (every effect recorded and
+/// skipped, later reads seeing what was planned, downloads assumed to succeed), reported from
+/// its typed log. Errors are the real run's: [`refresh_failure`] says what it writes then.
 pub fn refresh(device: &Device, dl: &Downloader, now_unix: u64) -> Result<RefreshPlan> {
-    device.ensure_offroad("refresh")?;
-    let generation = device.config.generation;
-    // As `trust_state::fetch_accepted`, without recording the accepted release or a refusal.
-    let floor = trust_state::release_floor(device, dl)?;
-    let fetched = dl.fetch_manifest_accepting(generation, floor, &CancelToken::new())?;
-    let mut would_write = Vec::new();
-    let mut would_remove = Vec::new();
-    if let Some(signed) = &fetched.signed
-        && let Some(all) =
-            trust_state::accepted_after(trust_state::accepted_releases(device)?, generation, signed)
-        && device.would_change(trust_state::ACCEPTED_RELEASE_FILE, &pretty(&all))
-    {
-        would_write.push(trust_state::ACCEPTED_RELEASE_FILE.to_string());
-    }
-    if !fetched.refused.is_empty() {
-        would_write.push(trust_state::REFUSED_MANIFEST_FILE.to_string());
-    } else if exists(device, trust_state::REFUSED_MANIFEST_FILE) {
-        would_remove.push(trust_state::REFUSED_MANIFEST_FILE.to_string());
-    }
-    // As `trust_state::store_accepted`: a signed catalog is stored as signed, beside its
-    // signature block.
-    let body = match &fetched.signed {
-        Some(_) => fetched.raw.clone(),
-        None => accepted_catalog_body(&fetched, generation)?,
+    let plan = device.planning();
+    let (r, run) = refresh_run(&plan, dl, &CancelToken::new(), &|_| {}, now_unix)?;
+    let (would_write, would_remove) = files(device, &plan)?;
+    let step = |want: InstallStep| -> Vec<(ModelId, VerifyState)> {
+        let steps = run.steps.iter().filter(move |(_, _, s)| *s == want);
+        steps.map(|(id, state, _)| (id.clone(), *state)).collect()
     };
-    if device.would_change(crate::CATALOG_FILE, &body) {
-        would_write.push(crate::CATALOG_FILE.to_string());
-    }
-    if let Some(signed) = &fetched.signed
-        && device.would_change(
-            crate::device::CATALOG_SIGNATURE_FILE,
-            signed.block.as_str().as_bytes(),
-        )
-    {
-        would_write.push(crate::device::CATALOG_SIGNATURE_FILE.to_string());
-    }
-    let refused: Vec<RefusedModel> = fetched.refused_entries.iter().map(Into::into).collect();
-    if device.would_change(REFUSED_FILE, &pretty(&refused)) {
-        would_write.push(REFUSED_FILE.to_string());
-    }
-    // The catalog as the real run reads it back once stored.
-    let mut manifest = fetched.manifest.clone();
-    manifest.set_generation(generation);
-    let catalog = device.device_catalog(&manifest)?;
-
-    let (journal, journal_written) = journal_now(device, &catalog)?;
-    let purging = journal.as_ref().is_some_and(|j| j.phase == Phase::Purge);
-    let would_purge = if purging {
-        plan::purge_plan(device.model_file_names()?.iter().map(String::as_str))
-    } else {
-        Vec::new()
-    };
-    if journal.is_some() {
-        if journal_written || purging {
-            would_write.push(JOURNAL_FILE.to_string());
-        }
-        if exists(device, JOURNAL_FILE) {
-            would_remove.push(JOURNAL_FILE.to_string());
-        }
-    }
-    let record = device.choice()?;
-    let slots_now = param_slots(device)?;
-    let (raw, wanted) = chosen(journal.as_ref(), record.as_ref(), &slots_now, &catalog);
-
-    let mut installs = Installs::default();
-    let mut would_download = Vec::new();
-    let mut would_keep = Vec::new();
-    let mut not_due = Vec::new();
-    for id in wanted.to_install() {
-        let Some(entry) = manifest.get(&id) else {
-            continue;
-        };
-        // The purge removes every catalog model's artifact before the installs look.
-        let state = if purging {
-            VerifyState::Missing
-        } else {
-            device.verify_entry_read_only(entry, false)?
-        };
-        let retry = record.as_ref().and_then(|r| r.retry.get(id.as_str()));
-        match installs.step(&id, state, retry, now_unix) {
-            InstallStep::Keep => would_keep.push(id),
-            InstallStep::Wait => not_due.push(id),
-            InstallStep::Fetch => {
-                // Assuming the download succeeds.
-                installs.ok.insert(id.clone());
-                would_download.push((id, state));
-            }
-        }
-    }
-    // Refused onroad above, so nothing is held for driving.
-    let Settled { outcome, next, .. } = settle(
-        (&raw, &wanted),
-        &catalog,
-        &installs,
-        &|id| device.local_present(id),
-        record.as_ref(),
-        None,
-        now_unix,
-    );
-    if device.would_change(choice::CHOICE_FILE, &pretty(&next)) {
-        would_write.push(choice::CHOICE_FILE.to_string());
-    }
-    let (mut params, files) = contract_writes(&catalog, &outcome);
-    if let Some(j) = &journal {
-        params.push((keys::MODEL_MANIFEST_VERSION, Some(j.to.to_string())));
-    }
-    let would_set_params = changes(device, (params, files), &mut would_write)?;
+    let ids = |want| step(want).into_iter().map(|(id, _)| id).collect();
     Ok(RefreshPlan {
-        generation: generation.to_string(),
-        manifest_origin: fetched.origin,
-        manifest_url: fetched.url,
-        models: manifest.models().len(),
-        refused_entries: refused,
-        migrate_from: journal.map(|j| j.from),
-        would_purge,
-        would_download,
-        would_keep,
-        not_due,
-        selected: outcome.selection.id.clone(),
-        fell_back_to_builtin: outcome.fell_back,
+        generation: r.generation.to_string(),
+        manifest_origin: r.manifest_origin,
+        manifest_url: run.manifest_url,
+        models: r.models,
+        refused_entries: r.refused_entries,
+        migrate_from: run.journal.map(|j| j.from),
+        would_purge: r.purged,
+        would_download: step(InstallStep::Fetch),
+        would_keep: ids(InstallStep::Keep),
+        not_due: ids(InstallStep::Wait),
+        selected: r.selected,
+        fell_back_to_builtin: r.fell_back_to_builtin,
         would_write,
         would_remove,
-        would_set_params,
+        would_set_params: params(device, &plan)?,
     })
-}
-
-/// The params of `writes` whose value would change (the last write of a key counts), in key
-/// order; the files whose bytes would change are added to `would_write`.
-fn changes(
-    device: &Device,
-    (params, files): ContractWrites,
-    would_write: &mut Vec<String>,
-) -> Result<Vec<(String, Option<String>)>> {
-    let params: BTreeMap<&str, Option<String>> = params.into_iter().collect();
-    let mut out = Vec::new();
-    for (key, value) in params {
-        if device.params.get(key)? != value {
-            out.push((key.to_string(), value));
-        }
-    }
-    for (name, body) in files {
-        if device.would_change(name, &body) {
-            would_write.push(name.to_string());
-        }
-    }
-    Ok(out)
 }
 
 /// What a refresh whose manifest fetch failed writes before it returns the error.
@@ -226,49 +104,93 @@ impl FailedRefreshPlan {
     }
 }
 
-/// What `refresh` writes when its manifest fetch fails with `e` (the error
-/// [`refresh`] returned): the refusal report on a trust refusal; offline, on a device not on
-/// this generation, the offline first boot (journal, everything pointed at the built-in, the
-/// old generation's artifacts purged). Read-only.
+/// What `refresh` writes when its manifest fetch fails with `e` (the error [`refresh`]
+/// returned): the real run's failure tail (`manager::failed_fetch`: the refusal report, the
+/// offline first boot) on [`Device::planning`].
 pub fn refresh_failure(device: &Device, e: &Error) -> Result<FailedRefreshPlan> {
-    let mut plan = FailedRefreshPlan::default();
-    if let Error::Download(d) = e
-        && !downloader::trust::refusals(d).is_empty()
-    {
-        plan.would_write
-            .push(trust_state::REFUSED_MANIFEST_FILE.to_string());
-    }
-    if !offline_first_boot_due(e) {
-        return Ok(plan);
-    }
-    let catalog = offline_catalog(device)?;
-    let (journal, written) = journal_now(device, &catalog)?;
-    let Some(j) = journal else {
-        return Ok(plan);
-    };
-    // As `begin_migration`: a journal past its purge phase is left as it is.
-    if j.phase == Phase::Purge {
-        plan.would_write.push(JOURNAL_FILE.to_string());
-        let interim = crate::contract::interim(&j.wanted(&catalog), &catalog);
-        plan.would_set_params = changes(
-            device,
-            contract_writes(&catalog, &interim),
-            &mut plan.would_write,
-        )?;
-        plan.would_purge = plan::purge_plan(device.model_file_names()?.iter().map(String::as_str));
-        plan.migrate_from = Some(j.from);
-    } else if written {
-        plan.would_write.push(JOURNAL_FILE.to_string());
-    }
-    Ok(plan)
+    let plan = device.planning();
+    failed_fetch(&plan, e)?;
+    let effects = plan.effects().effects();
+    let journaled = effects
+        .iter()
+        .any(|e| matches!(e, Effect::WriteFile { name, .. } if name == JOURNAL_FILE));
+    Ok(FailedRefreshPlan {
+        migrate_from: match journaled {
+            true => read_journal(&plan)?.map(|j| j.from),
+            false => None,
+        },
+        would_purge: effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Purge { name } => Some(name.clone()),
+                _ => None,
+            })
+            .collect(),
+        would_write: files(device, &plan)?.0,
+        would_set_params: params(device, &plan)?,
+    })
 }
 
-fn pretty<T: serde::Serialize + ?Sized>(v: &T) -> Vec<u8> {
-    serde_json::to_vec_pretty(v).expect("state serializes")
+/// The params a planned run changed, with their value after it (`None`: removed), in key
+/// order: those it wrote whose value then differs from the device's now.
+fn params(device: &Device, plan: &Device) -> Result<Vec<(String, Option<String>)>> {
+    let keys: BTreeSet<String> = (plan.effects().effects().into_iter())
+        .filter_map(|e| match e {
+            Effect::SetParam { key, .. } | Effect::RemoveParam { key } => Some(key),
+            _ => None,
+        })
+        .collect();
+    let mut out = Vec::new();
+    for key in keys {
+        let after = plan.params.get(&key)?;
+        if device.params.get(&key)? != after {
+            out.push((key, after));
+        }
+    }
+    Ok(out)
 }
 
-fn exists(device: &Device, name: &str) -> bool {
-    fs_err::exists(device.models_dir().join(name)).unwrap_or(false)
+/// The state files of the models directory a planned run writes and removes: written, those
+/// whose bytes then differ from the device's now, or that it wrote and removed again (a new
+/// journal); removed, those there now and gone after it. In the order the trust, catalog,
+/// journal and choice files are stored, then the caches.
+fn files(device: &Device, plan: &Device) -> Result<(Vec<String>, Vec<String>)> {
+    const ORDER: [&str; 7] = [
+        trust_state::ACCEPTED_RELEASE_FILE,
+        trust_state::REFUSED_MANIFEST_FILE,
+        CATALOG_FILE,
+        CATALOG_SIGNATURE_FILE,
+        REFUSED_FILE,
+        JOURNAL_FILE,
+        choice::CHOICE_FILE,
+    ];
+    let mut names: Vec<(String, bool)> = Vec::new();
+    for e in plan.effects().effects() {
+        let (name, written) = match e {
+            Effect::WriteFile { name, .. } => (name, true),
+            Effect::RemoveFile { name } => (name, false),
+            _ => continue,
+        };
+        match names.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, w)) => *w |= written,
+            None => names.push((name, written)),
+        }
+    }
+    let (mut would_write, mut would_remove) = (Vec::new(), Vec::new());
+    let dir = device.models_dir();
+    for (name, written) in names {
+        let read = |d: &Device| d.effects().read(&dir.join(&name), CATALOG_LIMIT).ok();
+        let (now, after) = (read(device), read(plan));
+        if written && (now != after || after == Some(None)) {
+            would_write.push(name.clone());
+        }
+        if matches!(now, Some(Some(_))) && after == Some(None) {
+            would_remove.push(name);
+        }
+    }
+    let rank = |n: &String| ORDER.iter().position(|o| o == n).unwrap_or(ORDER.len());
+    would_write.sort_by_key(rank);
+    Ok((would_write, would_remove))
 }
 
 /// One model of `download --dry-run`.

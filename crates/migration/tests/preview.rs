@@ -1,31 +1,53 @@
-//! The dry run against the real run: on each starting device, `migration::preview::refresh`
-//! changes nothing, and names exactly the params and state files the refresh then changes, what
-//! it purges, downloads and keeps, and the selection it ends with. Both take their decisions
-//! from the same functions; this checks the effects are reported as the run makes them.
+//! The dry run against the real run. `refresh --dry-run` is the refresh in plan mode
+//! (`Device::planning`): on each starting device the planned run's typed effect log must equal
+//! the log of the real run from the same start, and the plan must change nothing. The report
+//! the dry run renders is read off that log; it is checked against the real run's report.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::common::{Fixture, Origin};
 use downloader::CancelToken;
+use migration::{Effect, Effects};
 
 /// `Model` and `DrivingModel` selecting `id`.
 fn selecting(id: &'static str) -> Vec<(&'static str, &'static str)> {
     vec![("Model", id), ("DrivingModel", id)]
 }
 
-/// Run the preview, then the refresh, at the same instant, and check they agree.
+/// Plan, then apply, from the same start at the same instant: the same typed log, nothing
+/// changed by the plan, and the dry-run report agreeing with the real run's.
 fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
-    let device = f.device();
     let dl = origin.downloader();
     let before = f.snapshot();
-    let plan = migration::preview::refresh(&device, &dl, now).unwrap();
+    let planning = f.device().planning();
+    let planned = migration::refresh_at(&planning, &dl, &CancelToken::new(), &|_| {}, now);
+    let plan = migration::preview::refresh(&f.device(), &dl, now).unwrap();
     assert_eq!(
         f.snapshot(),
         before,
         "{label}: the dry run changed the device"
     );
-    let r = migration::refresh_at(&device, &dl, &CancelToken::new(), &|_| {}, now).unwrap();
-    let after = f.snapshot();
+    let applying = Effects::recording();
+    let r = migration::refresh_at(
+        &f.device_with(applying.clone()),
+        &dl,
+        &CancelToken::new(),
+        &|_| {},
+        now,
+    )
+    .unwrap();
+    assert_eq!(
+        planned.unwrap(),
+        r,
+        "{label}: the planned run reports otherwise"
+    );
+    let log = applying.effects();
+    assert_eq!(
+        planning.effects().effects(),
+        log,
+        "{label}: plan log != apply log"
+    );
+    assert!(!log.is_empty() || plan.would_write.is_empty(), "{label}");
 
     assert_eq!(plan.selected, r.selected, "{label}");
     assert_eq!(plan.fell_back_to_builtin, r.fell_back_to_builtin, "{label}");
@@ -35,7 +57,34 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
         r.migrated_from,
         "{label}"
     );
-    assert_eq!(plan.models, r.models, "{label}");
+    // What the report names is what the log holds: each download an install, each changed
+    // param written, each file written or removed.
+    for (id, _) in &plan.would_download {
+        let install = Effect::Install {
+            what: id.to_string(),
+        };
+        assert!(
+            log.contains(&install),
+            "{label}: {id} planned, not installed"
+        );
+    }
+    for id in &plan.would_keep {
+        let install = Effect::Install {
+            what: id.to_string(),
+        };
+        assert!(!log.contains(&install), "{label}: {id} kept, yet installed");
+    }
+    let after = f.snapshot();
+    let named: BTreeSet<String> = log
+        .iter()
+        .filter_map(|e| match e {
+            Effect::WriteFile { name, .. } | Effect::RemoveFile { name } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    for n in plan.would_write.iter().chain(&plan.would_remove) {
+        assert!(named.contains(n), "{label}: {n} named, not in the log");
+    }
 
     // Params: exactly the ones that changed, with their new values.
     let params = |s: &BTreeMap<String, String>| -> BTreeMap<String, String> {
@@ -105,7 +154,7 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
         assert_eq!(before.get(&k), after.get(&k), "{label}: {id} kept");
     }
     // And afterwards nothing is left to do.
-    let again = migration::preview::refresh(&device, &dl, now).unwrap();
+    let again = migration::preview::refresh(&f.device(), &dl, now).unwrap();
     assert!(again.migrate_from.is_none(), "{label}: {again:?}");
     assert!(again.would_download.is_empty(), "{label}: {again:?}");
     assert!(again.would_write.is_empty(), "{label}: {again:?}");
