@@ -36,8 +36,8 @@ pub use effects::{Effect, Effects};
 pub use error::{Error, Result};
 pub use lock::ManagerLock;
 pub use manager::{
-    Journal, Phase, RefreshReport, download_model, downloadable, gc, gc_plan, install,
-    is_builtin_id, read_journal, refresh, refresh_at, unix_now,
+    AllDownloads, GcReport, Journal, Phase, RefreshReport, download_all, download_model,
+    downloadable, gc, gc_plan, install, is_builtin_id, read_journal, refresh, refresh_at, unix_now,
 };
 pub use params::Params;
 pub use progress::{DisplayName, FailReason, Progress, ProgressFn};

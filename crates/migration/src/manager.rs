@@ -575,6 +575,40 @@ pub fn download_model(
     Ok(r)
 }
 
+/// What [`download_all`] did: each model it went through and whether it was downloaded (a
+/// verified copy is kept); `cancelled` when it stopped before the next model.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllDownloads {
+    pub models: Vec<(ModelId, bool)>,
+    pub cancelled: bool,
+}
+
+/// `download --all` and the UI's `DownloadAllModels`: every [`downloadable`] model of the
+/// stored catalog installed in turn. `around(entry, true)` is called before each model and
+/// `around(entry, false)` after it (also when it failed); the first failure stops the run, and
+/// a set `cancel` stops it before the next model.
+pub fn download_all(
+    device: &Device,
+    dl: &Downloader,
+    cancel: &CancelToken,
+    around: &dyn Fn(&ModelEntry, bool),
+    progress: ProgressFn,
+) -> Result<AllDownloads> {
+    let catalog = device.require_catalog()?;
+    let mut all = AllDownloads::default();
+    for entry in downloadable(&catalog, device.chestnut(), device.is_protected()) {
+        if cancel.is_cancelled() {
+            all.cancelled = true;
+            break;
+        }
+        around(entry, true);
+        let r = install(device, dl, entry, cancel, progress);
+        around(entry, false);
+        all.models.push((entry.id().clone(), r?.is_some()));
+    }
+    Ok(all)
+}
+
 /// Every catalog model "download all" takes: downloadable, not the built-in, and an
 /// external-GPU model only with a ready Chestnut (upstream's rule); on a `protected` device
 /// (trusted keys) only models whose signed entry pins their bytes
@@ -608,6 +642,12 @@ pub fn gc_plan(device: &Device) -> Result<Vec<String>> {
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();
     Ok(plan::gc_plan(names.iter().map(String::as_str), &ids))
+}
+
+/// What `gc` removed, as `gc --json` prints it.
+#[derive(Debug, Clone, Serialize)]
+pub struct GcReport {
+    pub removed: Vec<String>,
 }
 
 /// `gc`: remove stray temporaries and artifacts of models not in the catalog; never `local-*`.

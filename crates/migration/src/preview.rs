@@ -10,8 +10,9 @@
 
 use std::collections::BTreeSet;
 
-use downloader::{CancelToken, DigestSource, DownloadPlan, Downloader, Target};
+use downloader::{CancelToken, DigestSource, Downloader, Target};
 use manifest::{ModelEntry, ModelId};
+use serde::Serialize;
 
 use crate::bounded::CATALOG_LIMIT;
 use crate::decisions::{Requested, gpu_rule, requested, variant_in_place};
@@ -26,20 +27,50 @@ use crate::params::keys;
 use crate::plan::{self, InstallStep};
 use crate::{choice, trust_state};
 
-/// What `refresh` would do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A dry run's JSON document: `"dry_run": true`, then the plan's own fields.
+#[derive(Serialize)]
+pub struct DryRun<'a, T: Serialize> {
+    pub dry_run: bool,
+    #[serde(flatten)]
+    pub plan: &'a T,
+}
+
+impl<'a, T: Serialize> DryRun<'a, T> {
+    pub fn of(plan: &'a T) -> Self {
+        Self {
+            dry_run: true,
+            plan,
+        }
+    }
+
+    /// The document, compact, on one line.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("plans serialize")
+    }
+}
+
+/// What `gc` would remove (`gc` on [`Device::planning`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct GcPlan {
+    pub would_remove: Vec<String>,
+}
+
+/// What `refresh` would do; serialized as `refresh --dry-run --json` prints it (after
+/// `"dry_run": true`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RefreshPlan {
     pub generation: String,
     pub manifest_origin: String,
     pub manifest_url: String,
     pub models: usize,
     pub refused_entries: Vec<RefusedModel>,
-    /// `Some(from)` when a generation migration would start or resume (`from` as the param
-    /// says it; `None` inside when unknown).
-    pub migrate_from: Option<Option<String>>,
+    /// A generation migration would start or resume ...
+    pub migrating: bool,
+    /// ... from this generation, as the param says it (`None` when unknown).
+    pub migrated_from: Option<String>,
     pub would_purge: Vec<String>,
     /// Catalog models the run would download, with the state of what is installed now.
-    pub would_download: Vec<(ModelId, VerifyState)>,
+    pub would_download: Vec<PlannedDownload>,
     /// Catalog models already installed and verified: kept.
     pub would_keep: Vec<ModelId>,
     /// Models whose retry is not due yet: the run skips them.
@@ -51,8 +82,22 @@ pub struct RefreshPlan {
     pub would_write: Vec<String>,
     /// State files of the models directory that would be removed.
     pub would_remove: Vec<String>,
-    /// Params whose value would change: `(key, Some(new))`, or `(key, None)` for a removal.
-    pub would_set_params: Vec<(String, Option<String>)>,
+    /// Params whose value would change.
+    pub would_set_params: Vec<ParamChange>,
+}
+
+/// A catalog model a refresh would download, and the state of what is installed now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlannedDownload {
+    pub id: ModelId,
+    pub installed: VerifyState,
+}
+
+/// A param whose value would change: the new value, or `None` for a removal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ParamChange {
+    pub key: String,
+    pub value: Option<String>,
 }
 
 /// `refresh --dry-run`: the refresh itself on [`Device::planning`] (every effect recorded and
@@ -62,18 +107,23 @@ pub fn refresh(device: &Device, dl: &Downloader, now_unix: u64) -> Result<Refres
     let plan = device.planning();
     let (r, run) = refresh_run(&plan, dl, &CancelToken::new(), &|_| {}, now_unix)?;
     let (would_write, would_remove) = files(device, &plan)?;
-    let step = |want: InstallStep| -> Vec<(ModelId, VerifyState)> {
+    let step = |want: InstallStep| -> Vec<PlannedDownload> {
         let steps = run.steps.iter().filter(move |(_, _, s)| *s == want);
-        steps.map(|(id, state, _)| (id.clone(), *state)).collect()
+        let planned = |(id, state, _): &(ModelId, VerifyState, InstallStep)| PlannedDownload {
+            id: id.clone(),
+            installed: *state,
+        };
+        steps.map(planned).collect()
     };
-    let ids = |want| step(want).into_iter().map(|(id, _)| id).collect();
+    let ids = |want| step(want).into_iter().map(|p| p.id).collect();
     Ok(RefreshPlan {
         generation: r.generation.to_string(),
         manifest_origin: r.manifest_origin,
         manifest_url: run.manifest_url,
         models: r.models,
         refused_entries: r.refused_entries,
-        migrate_from: run.journal.map(|j| j.from),
+        migrating: run.journal.is_some(),
+        migrated_from: run.journal.and_then(|j| j.from),
         would_purge: r.purged,
         would_download: step(InstallStep::Fetch),
         would_keep: ids(InstallStep::Keep),
@@ -95,7 +145,7 @@ pub struct FailedRefreshPlan {
     /// State and cache files whose bytes would change (or appear).
     pub would_write: Vec<String>,
     /// As [`RefreshPlan::would_set_params`].
-    pub would_set_params: Vec<(String, Option<String>)>,
+    pub would_set_params: Vec<ParamChange>,
 }
 
 impl FailedRefreshPlan {
@@ -133,7 +183,7 @@ pub fn refresh_failure(device: &Device, e: &Error) -> Result<FailedRefreshPlan> 
 
 /// The params a planned run changed, with their value after it (`None`: removed), in key
 /// order: those it wrote whose value then differs from the device's now.
-fn params(device: &Device, plan: &Device) -> Result<Vec<(String, Option<String>)>> {
+fn params(device: &Device, plan: &Device) -> Result<Vec<ParamChange>> {
     let keys: BTreeSet<String> = (plan.effects().effects().into_iter())
         .filter_map(|e| match e {
             Effect::SetParam { key, .. } | Effect::RemoveParam { key } => Some(key),
@@ -144,7 +194,7 @@ fn params(device: &Device, plan: &Device) -> Result<Vec<(String, Option<String>)
     for key in keys {
         let after = plan.params.get(&key)?;
         if device.params.get(&key)? != after {
-            out.push((key, after));
+            out.push(ParamChange { key, value: after });
         }
     }
     Ok(out)
@@ -194,41 +244,62 @@ fn files(device: &Device, plan: &Device) -> Result<(Vec<String>, Vec<String>)> {
 }
 
 /// One model of `download --dry-run`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ModelDownload {
     pub id: ModelId,
+    #[serde(flatten)]
     pub action: Action,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
 pub enum Action {
-    /// Built-in or local: nothing to download (the text says which).
-    Nothing(&'static str),
+    /// Built-in or local: nothing to download (the reason says which).
+    #[serde(rename = "none")]
+    Nothing { reason: &'static str },
     /// A verified copy is installed.
     Installed,
     /// Would be downloaded: each artifact (the model's, and its Chestnut build with a ready
     /// external GPU) with what the first answering origin publishes.
-    Download(Vec<Planned>),
+    Download { artifacts: Vec<Planned> },
 }
 
-#[derive(Debug, Clone)]
+/// One artifact `download` would fetch, from the first answering origin's plan.
+#[derive(Debug, Clone, Serialize)]
 pub struct Planned {
-    pub local_name: String,
-    pub plan: DownloadPlan,
-    /// Files of the models directory the install would remove (its other forms).
-    pub would_remove: Vec<String>,
+    /// The local file name.
+    pub name: String,
+    pub origin: String,
+    pub size: u64,
+    pub sha256: chunker::Sha256Digest,
+    #[serde(serialize_with = "source_name")]
+    pub digest_source: DigestSource,
+    /// How many remote files it is fetched from.
+    pub pieces: usize,
     /// Files it would write: the artifact, and the origin's digest beside it when the entry
     /// declares none.
     pub would_install: Vec<String>,
+    /// Files of the models directory the install would remove (its other forms).
+    pub would_remove: Vec<String>,
 }
 
-/// What `download` would do.
-#[derive(Debug, Clone)]
+fn source_name<S: serde::Serializer>(
+    s: &DigestSource,
+    ser: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    ser.serialize_str(s.as_str())
+}
+
+/// What `download` would do; serialized as `download --dry-run --json` prints it (after
+/// `"dry_run": true`).
+#[derive(Debug, Clone, Serialize)]
 pub struct DownloadPlanReport {
     pub models: Vec<ModelDownload>,
     /// Bytes the downloads would fetch.
+    #[serde(rename = "download_bytes")]
     pub needed: u64,
     /// Bytes free in the models directory now.
+    #[serde(rename = "free_bytes")]
     pub free: u64,
 }
 
@@ -245,7 +316,7 @@ pub fn download(
     let nothing = |id: ModelId, why: &'static str| DownloadPlanReport {
         models: vec![ModelDownload {
             id,
-            action: Action::Nothing(why),
+            action: Action::Nothing { reason: why },
         }],
         needed: 0,
         free: free_bytes(device),
@@ -310,10 +381,14 @@ pub fn download(
             // The sidecar is rewritten, not removed, when the digest came from the origin's.
             would_remove.retain(|n| !would_install.contains(n));
             planned.push(Planned {
-                local_name: local.to_string(),
-                plan,
-                would_remove,
+                name: local.to_string(),
+                origin: plan.origin,
+                size: plan.size,
+                sha256: plan.sha256,
+                digest_source: plan.digest_source,
+                pieces: plan.pieces.len(),
                 would_install,
+                would_remove,
             });
         }
         models.push(ModelDownload {
@@ -321,7 +396,7 @@ pub fn download(
             action: if planned.is_empty() {
                 Action::Installed
             } else {
-                Action::Download(planned)
+                Action::Download { artifacts: planned }
             },
         });
     }

@@ -52,14 +52,10 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
     assert_eq!(plan.selected, r.selected, "{label}");
     assert_eq!(plan.fell_back_to_builtin, r.fell_back_to_builtin, "{label}");
     assert_eq!(plan.would_purge, r.purged, "{label}");
-    assert_eq!(
-        plan.migrate_from.clone().flatten(),
-        r.migrated_from,
-        "{label}"
-    );
+    assert_eq!(plan.migrated_from, r.migrated_from, "{label}");
     // What the report names is what the log holds: each download an install, each changed
     // param written, each file written or removed.
-    for (id, _) in &plan.would_download {
+    for migration::preview::PlannedDownload { id, .. } in &plan.would_download {
         let install = Effect::Install {
             what: id.to_string(),
         };
@@ -99,7 +95,11 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
         .filter(|k| p0.get(*k) != p1.get(*k))
         .map(|k| (k.clone(), p1.get(k).cloned()))
         .collect();
-    let planned: BTreeMap<String, Option<String>> = plan.would_set_params.iter().cloned().collect();
+    let planned: BTreeMap<String, Option<String>> = plan
+        .would_set_params
+        .iter()
+        .map(|c| (c.key.clone(), c.value.clone()))
+        .collect();
     assert_eq!(planned, changed, "{label}: params");
 
     // State and cache files (not the artifacts, which the purge and the downloads account
@@ -135,14 +135,14 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
         "{label}: files removed"
     );
     assert_eq!(
-        plan.migrate_from.is_some(),
+        plan.migrating,
         plan.would_write.contains(&journal) || plan.would_remove.contains(&journal),
         "{label}: a migration journals"
     );
 
     // Downloads: each one's artifact is new; each kept one is untouched.
     let artifact = |id: &manifest::ModelId| format!("models/{id}_driving_tinygrad.pkl");
-    for (id, _) in &plan.would_download {
+    for migration::preview::PlannedDownload { id, .. } in &plan.would_download {
         let k = artifact(id);
         assert!(
             after.contains_key(&k) && before.get(&k) != after.get(&k),
@@ -155,7 +155,7 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
     }
     // And afterwards nothing is left to do.
     let again = migration::preview::refresh(&f.device(), &dl, now).unwrap();
-    assert!(again.migrate_from.is_none(), "{label}: {again:?}");
+    assert!(!again.migrating, "{label}: {again:?}");
     assert!(again.would_download.is_empty(), "{label}: {again:?}");
     assert!(again.would_write.is_empty(), "{label}: {again:?}");
     assert!(again.would_set_params.is_empty(), "{label}: {again:?}");
@@ -291,7 +291,7 @@ fn download_agrees(
     let mut install = BTreeSet::new();
     let mut remove = BTreeSet::new();
     for m in &plan.models {
-        if let migration::preview::Action::Download(planned) = &m.action {
+        if let migration::preview::Action::Download { artifacts: planned } = &m.action {
             for p in planned {
                 install.extend(p.would_install.iter().map(|n| format!("models/{n}")));
                 remove.extend(p.would_remove.iter().map(|n| format!("models/{n}")));
@@ -317,7 +317,7 @@ fn download_agrees(
 fn downloads(plan: &migration::preview::DownloadPlanReport) -> usize {
     plan.models
         .iter()
-        .filter(|m| matches!(m.action, migration::preview::Action::Download(_)))
+        .filter(|m| matches!(m.action, migration::preview::Action::Download { .. }))
         .count()
 }
 
@@ -387,7 +387,11 @@ fn an_offline_dry_run_fails_as_the_refresh_and_names_its_first_boot() {
         .filter(|k| before.get(&format!("d/{k}")) != after.get(&format!("d/{k}")))
         .map(|k| (k.to_string(), after.get(&format!("d/{k}")).cloned()))
         .collect();
-    let planned: BTreeMap<String, Option<String>> = plan.would_set_params.iter().cloned().collect();
+    let planned: BTreeMap<String, Option<String>> = plan
+        .would_set_params
+        .iter()
+        .map(|c| (c.key.clone(), c.value.clone()))
+        .collect();
     assert_eq!(planned, changed_params);
     let written: BTreeSet<String> = after
         .iter()
