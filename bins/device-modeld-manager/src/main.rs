@@ -747,26 +747,14 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 progress.finish();
                 done.push((id, r?.is_some()));
             }
-            let path_of = |id: &ModelId| {
-                if migration::is_builtin_id(id.as_str()) {
-                    device.builtin_path()
-                } else {
-                    device.artifact_path(id)
-                }
-            };
+            let report = migration::DownloadReport::of(&device, &done);
             if json {
-                let models: Vec<_> = done
-                    .iter()
-                    .map(|(id, downloaded)| {
-                        json!({"id": id.as_str(), "path": path_of(id), "downloaded": downloaded})
-                    })
-                    .collect();
-                return out_line(json!({ "models": models }));
+                return out_line(serde_json::to_string(&report).expect("serializable"));
             }
             if all {
                 out_line("All models downloaded!")?;
-            } else if let Some((id, _)) = done.first() {
-                out_line(path_of(id).display())?;
+            } else if let Some(m) = report.models.first() {
+                out_line(m.path.display())?;
             }
             cli_support::info!(
                 "next: select a model in the UI (param `Model`); `resolve` prints what modeld loads"
@@ -780,7 +768,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
         } => {
             let plan = migration::gc(&device.planning())?;
             if json {
-                let plan = migration::preview::GcPlan { would_remove: plan };
+                let plan = migration::GcPlan { would_remove: plan };
                 return out_line(DryRun::of(&plan).to_json());
             }
             for r in &plan {

@@ -15,8 +15,9 @@ use downloader::{CancelToken, Downloader};
 use manifest::{ModelEntry, ModelId};
 
 use crate::device::Device;
+use crate::downloads::{download_all, download_model};
 use crate::error::{Error, Result};
-use crate::manager::{download_all, download_model, refresh};
+use crate::manager::refresh;
 use crate::params::keys;
 use crate::progress::{DisplayName, FailReason, Progress};
 

@@ -204,17 +204,6 @@ pub(crate) fn contract_writes(catalog: &Catalog, outcome: &Outcome) -> ContractW
     (params, files)
 }
 
-/// Whether a model's Chestnut build is there and matches its digest (then it is not fetched).
-pub(crate) fn variant_in_place(device: &Device, target: &downloader::Target) -> bool {
-    let path = device.models_dir().join(target.local_name.as_str());
-    // Purged earlier in a planned run: not there any more.
-    device.effects().exists(&path)
-        && target.sha256.is_some_and(|want| {
-            chunker::Sha256Digest::of_file(&path)
-                .is_ok_and(|(got, size)| got == want && target.size.is_none_or(|s| s == size))
-        })
-}
-
 /// What `download <ID>` is asked for, canonical (upstream canonicalises the requested key
 /// first: `sc`→`sc2`, `napv4`→`remove-avgpoolv4`).
 pub(crate) enum Requested {

@@ -2,7 +2,7 @@
 //! catalog, the verification cache, and `resolve` for modeld.
 
 use fs_err as fs;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::bounded::{self, read_capped};
 use crate::choice::{CHOICE_FILE, Choice};
 use crate::contract::{self, Catalog, LocalModel, ProfilesRead, SelectionParams};
-use crate::effects::Effects;
+use crate::effects::{Changes, Effect, Effects, ParamChange};
 use crate::error::{Error, Result};
 use crate::params::{Params, keys};
 
@@ -292,6 +292,51 @@ impl Device {
         d.sysfs_root = self.sysfs_root.clone();
         d.trusted_keys = self.trusted_keys.clone();
         d
+    }
+
+    /// What this device, planned ([`Device::planning`]), changes against `now` (the same
+    /// device, unplanned): the state files its log writes whose bytes then differ (or that it
+    /// wrote and removed again: a new journal), in the order first written; the files there
+    /// now and gone after it; the params it writes whose value then differs, in key order.
+    pub(crate) fn planned_changes(&self, now: &Device) -> Result<Changes> {
+        let (mut files, mut keys) = (Vec::<(String, bool)>::new(), BTreeSet::new());
+        for e in self.effects.effects() {
+            let (name, written) = match e {
+                Effect::WriteFile { name, .. } => (name, true),
+                Effect::RemoveFile { name } => (name, false),
+                Effect::SetParam { key, .. } | Effect::RemoveParam { key } => {
+                    keys.insert(key);
+                    continue;
+                }
+                _ => continue,
+            };
+            match files.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, w)) => *w |= written,
+                None => files.push((name, written)),
+            }
+        }
+        let (mut write, mut remove, mut params) = (Vec::new(), Vec::new(), Vec::new());
+        let read = |d: &Device, name: &str| {
+            (d.effects
+                .read(&d.models_dir().join(name), bounded::CATALOG_LIMIT))
+            .ok()
+        };
+        for (name, written) in files {
+            let (before, after) = (read(now, &name), read(self, &name));
+            if written && (before != after || after == Some(None)) {
+                write.push(name.clone());
+            }
+            if matches!(before, Some(Some(_))) && after == Some(None) {
+                remove.push(name);
+            }
+        }
+        for key in keys {
+            let value = self.params.get(&key)?;
+            if now.params.get(&key)? != value {
+                params.push(ParamChange { key, value });
+            }
+        }
+        Ok((write, remove, params))
     }
 
     /// The five selection params as read.

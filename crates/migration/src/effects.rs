@@ -76,6 +76,17 @@ impl fmt::Display for Effect {
     }
 }
 
+/// A param whose value a run changes: the new value, or `None` for a removal.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ParamChange {
+    pub key: String,
+    pub value: Option<String>,
+}
+
+/// What a planned run changes against the device now (see `Device::planned_changes`): state
+/// files written, state files removed, params changed.
+pub type Changes = (Vec<String>, Vec<String>, Vec<ParamChange>);
+
 #[derive(Clone, Default)]
 pub struct Effects(Option<Arc<Inner>>);
 

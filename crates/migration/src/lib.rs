@@ -15,6 +15,7 @@ pub mod contract;
 pub mod daemon;
 mod decisions;
 mod device;
+pub mod downloads;
 pub mod effects;
 mod error;
 pub mod lock;
@@ -32,12 +33,13 @@ pub use device::{
     CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device, DeviceConfig, ExpectedDigest, JOURNAL_FILE,
     REFUSED_FILE, RefusedModel, Selection, VERIFIED_FILE, VerifyState,
 };
+pub use downloads::{AllDownloads, DownloadReport, download_all, download_model, downloadable};
 pub use effects::{Effect, Effects};
 pub use error::{Error, Result};
 pub use lock::ManagerLock;
 pub use manager::{
-    AllDownloads, GcReport, Journal, Phase, RefreshReport, download_all, download_model,
-    downloadable, gc, gc_plan, install, is_builtin_id, read_journal, refresh, refresh_at, unix_now,
+    GcPlan, GcReport, Journal, Phase, RefreshReport, gc, gc_plan, install, is_builtin_id,
+    read_journal, refresh, refresh_at, unix_now,
 };
 pub use params::Params;
 pub use progress::{DisplayName, FailReason, Progress, ProgressFn};

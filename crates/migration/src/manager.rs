@@ -24,14 +24,13 @@ use fs_err as fs;
 use std::collections::BTreeSet;
 
 use downloader::{CancelToken, Downloader, Event, Installed};
-use manifest::{Generation, Manifest, ModelEntry, ModelId};
+use manifest::{Generation, ModelEntry, ModelId};
 use serde::{Deserialize, Serialize};
 
 use crate::choice::{self, Fate, Slots};
 use crate::contract::{self, BigProfile, Catalog, Outcome, ProfilesRead, SelectionParams, Wanted};
 use crate::decisions::{
-    Installs, Requested, Settled, chosen, contract_writes, gpu_rule, journal_now,
-    offline_first_boot_due, requested, settle, variant_in_place,
+    Installs, Settled, chosen, contract_writes, journal_now, offline_first_boot_due, settle,
 };
 use crate::device::{Device, JOURNAL_FILE, VerifyState};
 use crate::error::{Error, Result};
@@ -524,6 +523,17 @@ fn install_variant(
     device.effects().installed(target.local_name.as_str())
 }
 
+/// Whether a model's Chestnut build is there and matches its digest (then it is not fetched).
+pub(crate) fn variant_in_place(device: &Device, target: &downloader::Target) -> bool {
+    let path = device.models_dir().join(target.local_name.as_str());
+    // Purged earlier in a planned run: not there any more.
+    device.effects().exists(&path)
+        && target.sha256.is_some_and(|want| {
+            chunker::Sha256Digest::of_file(&path)
+                .is_ok_and(|(got, size)| got == want && target.size.is_none_or(|s| s == size))
+        })
+}
+
 /// Turns byte counts into the percentages the UI shows: each one once, and never going down,
 /// although parallel workers report out of order.
 #[derive(Default)]
@@ -544,94 +554,6 @@ impl PercentFilter {
     }
 }
 
-/// `download <ID>`: the catalog entry, downloaded and verified.
-pub fn download_model(
-    device: &Device,
-    dl: &Downloader,
-    id: &ModelId,
-    cancel: &CancelToken,
-    progress: ProgressFn,
-) -> Result<Option<Installed>> {
-    let entry = match requested(device, id)? {
-        Requested::BuiltIn(_) => {
-            progress(&Progress::BuiltinAlreadyDownloaded);
-            return Ok(None);
-        }
-        Requested::Local(_) => {
-            progress(&Progress::LocalNothingToDownload);
-            return Ok(None);
-        }
-        Requested::Catalog(entry) => entry,
-    };
-    // Upstream: a GPU-only model needs a ready Chestnut, unless the UI set the one-request
-    // override (used up here, whatever the outcome).
-    let allow = device.memory.get_bool(keys::ALLOW_GPU_WITHOUT_GPU)?;
-    if allow {
-        device.memory.remove(keys::ALLOW_GPU_WITHOUT_GPU)?;
-    }
-    gpu_rule(device, &entry, allow)?;
-    let r = install(device, dl, &entry, cancel, progress)?;
-    progress(&Progress::Downloaded);
-    Ok(r)
-}
-
-/// What [`download_all`] did: each model it went through and whether it was downloaded (a
-/// verified copy is kept); `cancelled` when it stopped before the next model.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AllDownloads {
-    pub models: Vec<(ModelId, bool)>,
-    pub cancelled: bool,
-}
-
-/// `download --all` and the UI's `DownloadAllModels`: every [`downloadable`] model of the
-/// stored catalog installed in turn. `around(entry, true)` is called before each model and
-/// `around(entry, false)` after it (also when it failed); the first failure stops the run, and
-/// a set `cancel` stops it before the next model.
-pub fn download_all(
-    device: &Device,
-    dl: &Downloader,
-    cancel: &CancelToken,
-    around: &dyn Fn(&ModelEntry, bool),
-    progress: ProgressFn,
-) -> Result<AllDownloads> {
-    let catalog = device.require_catalog()?;
-    let mut all = AllDownloads::default();
-    for entry in downloadable(&catalog, device.chestnut(), device.is_protected()) {
-        if cancel.is_cancelled() {
-            all.cancelled = true;
-            break;
-        }
-        around(entry, true);
-        let r = install(device, dl, entry, cancel, progress);
-        around(entry, false);
-        all.models.push((entry.id().clone(), r?.is_some()));
-    }
-    Ok(all)
-}
-
-/// Every catalog model "download all" takes: downloadable, not the built-in, and an
-/// external-GPU model only with a ready Chestnut (upstream's rule); on a `protected` device
-/// (trusted keys) only models whose signed entry pins their bytes
-/// (`downloader::trust::digest_rule`).
-pub fn downloadable(
-    catalog: &Manifest,
-    chestnut: downloader::egpu::Chestnut,
-    protected: bool,
-) -> Vec<&ModelEntry> {
-    catalog
-        .models()
-        .iter()
-        .filter(|e| {
-            downloader::Target::from_entry(e)
-                .is_ok_and(|t| downloader::trust::target_rule(protected, &t).is_ok())
-        })
-        .filter(|e| {
-            e.id().as_str() != manifest::layout::BUILTIN_MODEL_ID
-                && downloader::egpu::in_download_all(e.uses_external_gpu(), chestnut)
-        })
-        .collect()
-}
-
 /// The names [`gc`] would remove from the models directory, read-only (`gc --dry-run`).
 pub fn gc_plan(device: &Device) -> Result<Vec<String>> {
     let catalog = device.require_catalog()?;
@@ -648,6 +570,12 @@ pub fn gc_plan(device: &Device) -> Result<Vec<String>> {
 #[derive(Debug, Clone, Serialize)]
 pub struct GcReport {
     pub removed: Vec<String>,
+}
+
+/// What `gc` would remove (`gc` on [`Device::planning`]), as `gc --dry-run --json` prints it.
+#[derive(Debug, Clone, Serialize)]
+pub struct GcPlan {
+    pub would_remove: Vec<String>,
 }
 
 /// `gc`: remove stray temporaries and artifacts of models not in the catalog; never `local-*`.

@@ -361,3 +361,25 @@ fn verify_walk(
     }
     Ok(VerifyReport { models })
 }
+
+/// A dry run's JSON document: `"dry_run": true`, then the plan's own fields.
+#[derive(Serialize)]
+pub struct DryRun<'a, T: Serialize> {
+    pub dry_run: bool,
+    #[serde(flatten)]
+    pub plan: &'a T,
+}
+
+impl<'a, T: Serialize> DryRun<'a, T> {
+    pub fn of(plan: &'a T) -> Self {
+        Self {
+            dry_run: true,
+            plan,
+        }
+    }
+
+    /// The document, compact, on one line.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("plans serialize")
+    }
+}
