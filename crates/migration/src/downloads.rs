@@ -10,10 +10,11 @@ use downloader::{CancelToken, DigestSource, Downloader, Installed, Target};
 use manifest::{Manifest, ModelEntry, ModelId};
 use serde::Serialize;
 
+use crate::contract::is_builtin_id;
 use crate::decisions::{Requested, gpu_rule, requested};
 use crate::device::Device;
 use crate::error::Result;
-use crate::manager::{install, is_builtin_id, variant_in_place};
+use crate::manager::{install, variant_in_place};
 use crate::params::keys;
 use crate::plan::{self, InstallStep};
 use crate::progress::{Progress, ProgressFn};
@@ -26,7 +27,8 @@ pub fn download_model(
     cancel: &CancelToken,
     progress: ProgressFn,
 ) -> Result<Option<Installed>> {
-    let entry = match requested(device, id)? {
+    let generation = device.config.generation;
+    let entry = match requested(id, generation, || device.require_catalog())? {
         Requested::BuiltIn(_) => {
             progress(&Progress::BuiltinAlreadyDownloaded);
             return Ok(None);
@@ -43,7 +45,7 @@ pub fn download_model(
     if allow {
         device.memory.remove(keys::ALLOW_GPU_WITHOUT_GPU)?;
     }
-    gpu_rule(device, &entry, allow)?;
+    gpu_rule(&entry, device.chestnut(), allow)?;
     let r = install(device, dl, &entry, cancel, progress)?;
     progress(&Progress::Downloaded);
     Ok(r)
@@ -223,13 +225,13 @@ pub fn plan(
                 .cloned()
                 .collect()
         }
-        Some(id) => match requested(device, id)? {
+        Some(id) => match requested(id, device.config.generation, || device.require_catalog())? {
             Requested::BuiltIn(id) => return Ok(nothing(id, "built-in")),
             Requested::Local(id) => return Ok(nothing(id, "local")),
             Requested::Catalog(entry) => {
                 // Read, never used up (the real run removes the one-request override).
                 let allow = device.memory.get_bool(keys::ALLOW_GPU_WITHOUT_GPU)?;
-                gpu_rule(device, &entry, allow)?;
+                gpu_rule(&entry, device.chestnut(), allow)?;
                 vec![entry]
             }
         },

@@ -25,125 +25,20 @@ use std::collections::BTreeSet;
 
 use downloader::{CancelToken, Downloader, Event, Installed};
 use manifest::{Generation, ModelEntry, ModelId};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::choice::{self, Fate, Slots};
-use crate::contract::{self, BigProfile, Catalog, Outcome, ProfilesRead, SelectionParams, Wanted};
+use crate::choice::{self, Fate};
+use crate::contract::{self, Catalog, Outcome};
 use crate::decisions::{
     Installs, Settled, chosen, contract_writes, journal_now, offline_first_boot_due, settle,
 };
 use crate::device::{Device, JOURNAL_FILE, VerifyState};
 use crate::error::{Error, Result};
+use crate::journal::{Journal, Phase, write_journal};
 use crate::params::keys;
 use crate::plan::{self, InstallStep};
 use crate::progress::{Progress, ProgressFn};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    Purge,
-    Download,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Journal {
-    /// `ModelManifestVersion` before the migration, as the param said it (the Python manager
-    /// writes "unknown" when it found no manifest, so this is not a [`Generation`]).
-    pub from: Option<String>,
-    pub to: Generation,
-    /// The selection to keep (already mapped into the new catalog's namespace).
-    pub selected: ModelId,
-    /// The small profile to keep (`None` in a journal written before profiles were kept).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub small: Option<ModelId>,
-    /// The big profile to keep: a model id, `none` (disabled), or `None` (unset).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub big: Option<String>,
-    /// The user's choice as the params (or `.choice.json`) said at the start, before any
-    /// mapping: a migration started offline, without a catalog, maps it once the catalog is
-    /// there (absent in a journal of an earlier build).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub raw: Option<Slots>,
-    pub phase: Phase,
-}
-
-impl Journal {
-    pub(crate) fn new(from: Option<String>, to: Generation, w: &Wanted, raw: &Slots) -> Self {
-        Journal {
-            raw: Some(raw.clone()),
-            from,
-            to,
-            selected: w.selection.clone(),
-            small: Some(w.profiles.small.clone()),
-            big: match &w.profiles.big {
-                BigProfile::Unset => None,
-                BigProfile::Disabled => Some(contract::BIG_DISABLED.to_string()),
-                BigProfile::Model(id) => Some(id.to_string()),
-            },
-            phase: Phase::Purge,
-        }
-    }
-
-    /// The user's choice the journal keeps (before any mapping into the catalog).
-    pub fn slots(&self) -> Slots {
-        self.raw.clone().unwrap_or_else(|| Slots {
-            selection: Some(self.selected.to_string()),
-            small: self.small.as_ref().map(ModelId::to_string),
-            big: self.big.clone(),
-        })
-    }
-
-    /// What the journal says to keep, under the catalog's rules.
-    pub(crate) fn wanted(&self, catalog: &Catalog) -> Wanted {
-        if let Some(raw) = &self.raw {
-            return wanted_of(raw, catalog);
-        }
-        let sel = SelectionParams {
-            model: Some(self.selected.to_string()),
-            driving_model: Some(self.selected.to_string()),
-            ..SelectionParams::default()
-        };
-        let profiles = ProfilesRead {
-            small: self.small.as_ref().map(ModelId::to_string),
-            big: self.big.clone(),
-        };
-        contract::wanted(&sel, &profiles, catalog)
-    }
-}
-
-/// The slots as the params say them now (selection under upstream's precedence).
-pub(crate) fn param_slots(device: &Device) -> Result<Slots> {
-    let (selection, _) = contract::selected(&device.selection_params()?);
-    let p = device.profiles_read()?;
-    Ok(Slots {
-        selection: Some(selection),
-        small: p.small.map(|s| s.to_ascii_lowercase()),
-        big: p.big.map(|b| b.to_ascii_lowercase()),
-    })
-}
-
-/// What the device wants for these slots under the catalog's rules.
-pub(crate) fn wanted_of(slots: &Slots, catalog: &Catalog) -> Wanted {
-    let sel = SelectionParams {
-        model: slots.selection.clone(),
-        driving_model: slots.selection.clone(),
-        ..SelectionParams::default()
-    };
-    let profiles = ProfilesRead {
-        small: slots.small.clone(),
-        big: slots.big.clone(),
-    };
-    contract::wanted(&sel, &profiles, catalog)
-}
-
-/// What the user wants now: the params, with slots still in a fallback read from
-/// `.choice.json` (see [`choice::remember`]).
-pub(crate) fn remembered(device: &Device) -> Result<Slots> {
-    Ok(choice::remember(
-        device.choice()?.as_ref(),
-        &param_slots(device)?,
-    ))
-}
+use crate::view::{DeviceView, param_slots};
 
 /// Seconds since the epoch (0 if the clock is before it).
 pub fn unix_now() -> u64 {
@@ -153,12 +48,14 @@ pub fn unix_now() -> u64 {
 /// Steps 1–2 of a migration (journal, built-in everywhere, purge), or where an interrupted
 /// one stands. `catalog` is the new generation's, or the offline stand-in (built-in and local
 /// models only) when no manifest could be fetched. Returns the journal (`None` on the same
-/// generation) and the purged files.
+/// generation), the purged files, and whether this run pointed the params at the built-in (its
+/// purge phase ran now).
 pub(crate) fn begin_migration(
     device: &Device,
+    view: &DeviceView,
     catalog: &Catalog,
-) -> Result<(Option<Journal>, Vec<String>)> {
-    let (journal, write) = journal_now(device, catalog)?;
+) -> Result<(Option<Journal>, Vec<String>, bool)> {
+    let (journal, write) = journal_now(view, catalog)?;
     if write && let Some(j) = &journal {
         write_journal(device, j)?;
     }
@@ -180,9 +77,9 @@ pub(crate) fn begin_migration(
         let mut j = j.clone();
         j.phase = Phase::Download;
         write_journal(device, &j)?;
-        return Ok((Some(j), purged));
+        return Ok((Some(j), purged, true));
     }
-    Ok((journal, purged))
+    Ok((journal, purged, false))
 }
 
 /// What a refresh did.
@@ -202,20 +99,6 @@ pub struct RefreshReport {
     pub dropped: Vec<String>,
     /// Manifest entries left out of the catalog, each with its reason; the rest work.
     pub refused_entries: Vec<crate::device::RefusedModel>,
-}
-
-/// `rdf43` and its old alias `rdf`.
-pub fn is_builtin_id(id: &str) -> bool {
-    contract::canonical_id(id) == manifest::layout::BUILTIN_MODEL_ID
-}
-
-/// Read the journal, if any.
-pub fn read_journal(device: &Device) -> Result<Option<Journal>> {
-    device.read_json(JOURNAL_FILE, crate::bounded::JOURNAL_LIMIT)
-}
-
-pub(crate) fn write_journal(device: &Device, j: &Journal) -> Result<()> {
-    device.write_json(JOURNAL_FILE, j)
 }
 
 /// Fetch the manifest, store it, migrate if the generation changed (or a migration was
@@ -259,7 +142,10 @@ pub(crate) struct RefreshRun {
 pub(crate) fn failed_fetch(device: &Device, e: &Error) -> Result<()> {
     crate::trust_state::record_failed_fetch(device, e)?;
     if offline_first_boot_due(e) {
-        crate::offline::first_boot(device)?;
+        // The offline first boot: the journal and purge steps over the offline catalog (a
+        // device on this generation already changes nothing).
+        let catalog = crate::offline::offline_catalog(device)?;
+        begin_migration(device, &DeviceView::read(device)?, &catalog)?;
     }
     Ok(())
 }
@@ -292,9 +178,15 @@ pub(crate) fn refresh_run(
     let manifest = device.require_catalog()?;
     let catalog = device.device_catalog(&manifest)?;
 
-    let (journal, purged) = begin_migration(device, &catalog)?;
-    let record = device.choice()?;
-    let slots_now = param_slots(device)?;
+    // What the decisions take, read once; the params again only after a purge phase of this run
+    // pointed them at the built-in.
+    let view = DeviceView::read(device)?;
+    let (journal, purged, interim) = begin_migration(device, &view, &catalog)?;
+    let record = view.choice.clone();
+    let slots_now = match interim {
+        true => param_slots(device)?,
+        false => view.slots.clone(),
+    };
     let (raw, wanted) = chosen(journal.as_ref(), record.as_ref(), &slots_now, &catalog);
     let mut report = RefreshReport {
         generation,

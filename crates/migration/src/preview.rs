@@ -13,7 +13,8 @@ use crate::device::{RefusedModel, VerifyState};
 pub use crate::effects::ParamChange;
 use crate::effects::{Changes, Effect};
 use crate::error::{Error, Result};
-use crate::manager::{failed_fetch, read_journal, refresh_run};
+use crate::journal::read_journal;
+use crate::manager::{failed_fetch, refresh_run};
 use crate::plan::InstallStep;
 use crate::{choice::CHOICE_FILE, trust_state as trust};
 

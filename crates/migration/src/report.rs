@@ -9,7 +9,7 @@ use manifest::ModelId;
 use crate::contract::{self, ModelKind};
 use crate::device::{Device, VerifyState};
 use crate::error::{Error, Result};
-use crate::manager::{Journal, read_journal};
+use crate::journal::{Journal, read_journal};
 use crate::params::keys;
 
 /// A model as reported: id, and name and version from the catalog.

@@ -355,10 +355,7 @@ pub fn store_accepted(device: &Device, fetched: &FetchedManifest) -> Result<()> 
             device.write_file(CATALOG_SIGNATURE_FILE, new.as_str().as_bytes())?;
             record_accepted(device, generation, signed)?;
         }
-        None => device.write_file(
-            CATALOG_FILE,
-            &crate::decisions::accepted_catalog_body(fetched, generation)?,
-        )?,
+        None => device.write_file(CATALOG_FILE, &accepted_catalog_body(fetched, generation)?)?,
     }
     // An origin that served a refused manifest before another served a good one is still
     // worth a look (someone may have written to that store); else clear.
@@ -368,6 +365,18 @@ pub fn store_accepted(device: &Device, fetched: &FetchedManifest) -> Result<()> 
         .map(|(o, r)| (o.as_str(), r))
         .collect();
     record_refusal(device, generation, &refused)
+}
+
+/// The bytes `.catalog.json` gets for a fetched manifest: as received, unless entries were left
+/// out or values normalised (the raw bytes would bring the refused entries back when read):
+/// then what this device accepted, canonical.
+pub(crate) fn accepted_catalog_body(
+    fetched: &downloader::FetchedManifest,
+    generation: Generation,
+) -> Result<Vec<u8>> {
+    let raw = (fetched.refused_entries.is_empty() && fetched.normalised.is_empty())
+        .then_some(fetched.raw.as_slice());
+    crate::device::catalog_body(raw, &fetched.manifest, generation)
 }
 
 /// Write the refusal report for `refusals`, or remove it when there are none.
