@@ -43,8 +43,6 @@ pub use effects::{Effect, Effects};
 pub use error::{Error, Result};
 pub use journal::{Journal, Phase, read_journal};
 pub use lock::ManagerLock;
-pub use manager::{
-    GcPlan, GcReport, RefreshReport, gc, gc_plan, install, refresh, refresh_at, unix_now,
-};
+pub use manager::{GcPlan, GcReport, RefreshReport, gc, install, refresh, refresh_at, unix_now};
 pub use params::Params;
 pub use progress::{DisplayName, FailReason, Progress, ProgressFn};

@@ -446,18 +446,6 @@ impl PercentFilter {
     }
 }
 
-/// The names [`gc`] would remove from the models directory, read-only (`gc --dry-run`).
-pub fn gc_plan(device: &Device) -> Result<Vec<String>> {
-    let catalog = device.require_catalog()?;
-    let ids: BTreeSet<String> = catalog.ids().map(|i| i.to_string()).collect();
-    let dir = device.models_dir();
-    let names: Vec<String> = fs::read_dir(&dir)?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().into_string().ok())
-        .collect();
-    Ok(plan::gc_plan(names.iter().map(String::as_str), &ids))
-}
-
 /// What `gc` removed, as `gc --json` prints it.
 #[derive(Debug, Clone, Serialize)]
 pub struct GcReport {
@@ -471,9 +459,16 @@ pub struct GcPlan {
 }
 
 /// `gc`: remove stray temporaries and artifacts of models not in the catalog; never `local-*`.
+/// On [`Device::planning`] it is `gc --dry-run`.
 pub fn gc(device: &Device) -> Result<Vec<String>> {
-    let plan = gc_plan(device)?;
+    let catalog = device.require_catalog()?;
+    let ids: BTreeSet<String> = catalog.ids().map(|i| i.to_string()).collect();
     let dir = device.models_dir();
+    let names: Vec<String> = fs::read_dir(&dir)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    let plan = plan::gc_plan(names.iter().map(String::as_str), &ids);
     for name in &plan {
         device.effects().collect(&dir, name)?;
     }

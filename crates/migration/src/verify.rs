@@ -28,13 +28,6 @@ struct CacheEntry {
     catalog_verified: bool,
 }
 
-/// Whether a check records what it hashed in the verification cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Record {
-    Yes,
-    No,
-}
-
 impl Device {
     fn signature(path: &Path) -> Result<Option<String>> {
         let Some(resolved) = chunker::resolve(path).map_err(|e| Error::NotVerified {
@@ -83,21 +76,16 @@ impl Device {
         self.effects.cache_write(&path, &body)
     }
 
+    /// [`verify_entry`](Self::verify_entry) in plan mode ([`Device::planning`]): the same
+    /// answer, the cache read and reused the same way, nothing recorded. For the dry runs.
+    pub fn verify_entry_read_only(&self, entry: &ModelEntry, force: bool) -> Result<VerifyState> {
+        self.planning().verify_entry(entry, force)
+    }
+
     /// Whether `entry`'s artifact is installed and verified: size and SHA-256 against the
     /// catalog. A cached result is reused while the stat signature of every file is unchanged,
     /// so a re-check of an untouched model costs a few `stat`s; `force` re-hashes anyway.
     pub fn verify_entry(&self, entry: &ModelEntry, force: bool) -> Result<VerifyState> {
-        self.check_entry(entry, force, Record::Yes)
-    }
-
-    /// [`verify_entry`](Self::verify_entry) without writing anything: the same answer (the
-    /// cache is read and reused the same way), but what it hashed is not recorded in
-    /// `.verified.json`. For the dry runs.
-    pub fn verify_entry_read_only(&self, entry: &ModelEntry, force: bool) -> Result<VerifyState> {
-        self.check_entry(entry, force, Record::No)
-    }
-
-    fn check_entry(&self, entry: &ModelEntry, force: bool, record: Record) -> Result<VerifyState> {
         let path = self.artifact_path(entry.id());
         // A planned run that purged any form of it sees it missing, as the real run would.
         if self.effects.planned_removal(
@@ -183,9 +171,7 @@ impl Device {
                 VerifyState::Corrupt
             }
         };
-        if record == Record::Yes {
-            self.save_cache(&cache)?;
-        }
+        self.save_cache(&cache)?;
         Ok(state)
     }
 
