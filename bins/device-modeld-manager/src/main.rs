@@ -12,6 +12,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use downloader::{CancelToken, DownloadConfig, Downloader, Origins};
 use manifest::{Generation, ModelId};
+use migration::preview::DryRun;
 use migration::{Device, DeviceConfig, ManagerLock, VerifyState, tree};
 use serde_json::json;
 
@@ -634,7 +635,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 }
             };
             if json {
-                return out_line(dry_run::refresh_json(&plan));
+                return out_line(DryRun::of(&plan).to_json());
             }
             for line in dry_run::refresh_lines(&plan) {
                 out_line(line)?;
@@ -710,20 +711,16 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 true => None,
                 false => Some(parse_model_id(id)?),
             };
-            let migration::preview::DownloadPlanReport {
-                models,
-                needed,
-                free,
-            } = migration::preview::download(
+            let plan = migration::preview::download(
                 &device,
                 &dl,
                 id.as_ref(),
                 cli.space_margin_mib * 1024 * 1024,
             )?;
             if json {
-                return out_line(dry_run::download_json(&models, needed, free));
+                return out_line(DryRun::of(&plan).to_json());
             }
-            for line in dry_run::download_lines(&models, needed, free) {
+            for line in dry_run::download_lines(&plan.models, plan.needed, plan.free) {
                 out_line(line)?;
             }
             cli_support::info!("next: run `download` without --dry-run to do it");
@@ -735,16 +732,14 @@ fn run(cli: Cli) -> Result<(), Fail> {
             let cancel = CancelToken::new();
             let mut done = Vec::new();
             if all {
-                let catalog = device.require_catalog()?;
-                for entry in
-                    migration::downloadable(&catalog, device.chestnut(), device.is_protected())
-                {
-                    progress.label(entry.id().as_str());
-                    progress.say(&format!("downloading {}", entry.id()));
-                    let r = migration::install(&device, &dl, entry, &cancel, &print);
-                    progress.finish();
-                    done.push((entry.id().clone(), r?.is_some()));
-                }
+                let around = |entry: &manifest::ModelEntry, before: bool| match before {
+                    true => {
+                        progress.label(entry.id().as_str());
+                        progress.say(&format!("downloading {}", entry.id()));
+                    }
+                    false => progress.finish(),
+                };
+                done = migration::download_all(&device, &dl, &cancel, &around, &print)?.models;
             } else {
                 let id = parse_model_id(id)?;
                 progress.label(id.as_str());
@@ -752,26 +747,14 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 progress.finish();
                 done.push((id, r?.is_some()));
             }
-            let path_of = |id: &ModelId| {
-                if migration::is_builtin_id(id.as_str()) {
-                    device.builtin_path()
-                } else {
-                    device.artifact_path(id)
-                }
-            };
+            let report = migration::DownloadReport::of(&device, &done);
             if json {
-                let models: Vec<_> = done
-                    .iter()
-                    .map(|(id, downloaded)| {
-                        json!({"id": id.as_str(), "path": path_of(id), "downloaded": downloaded})
-                    })
-                    .collect();
-                return out_line(json!({ "models": models }));
+                return out_line(serde_json::to_string(&report).expect("serializable"));
             }
             if all {
                 out_line("All models downloaded!")?;
-            } else if let Some((id, _)) = done.first() {
-                out_line(path_of(id).display())?;
+            } else if let Some(m) = report.models.first() {
+                out_line(m.path.display())?;
             }
             cli_support::info!(
                 "next: select a model in the UI (param `Model`); `resolve` prints what modeld loads"
@@ -783,9 +766,10 @@ fn run(cli: Cli) -> Result<(), Fail> {
             dry_run: true,
             json,
         } => {
-            let plan = migration::gc_plan(&device)?;
+            let plan = migration::gc(&device.planning())?;
             if json {
-                return out_line(json!({ "dry_run": true, "would_remove": plan }));
+                let plan = migration::GcPlan { would_remove: plan };
+                return out_line(DryRun::of(&plan).to_json());
             }
             for r in &plan {
                 out_line(format_args!("would remove {r}"))?;
@@ -802,7 +786,8 @@ fn run(cli: Cli) -> Result<(), Fail> {
             let _lock = ManagerLock::acquire(&device.models_dir())?;
             let removed = migration::gc(&device)?;
             if json {
-                return out_line(json!({ "removed": removed }));
+                let report = migration::GcReport { removed };
+                return out_line(serde_json::to_string(&report).expect("serializable"));
             }
             for r in &removed {
                 out_line(format_args!("removed {r}"))?;

@@ -9,7 +9,7 @@ use manifest::ModelId;
 use crate::contract::{self, ModelKind};
 use crate::device::{Device, VerifyState};
 use crate::error::{Error, Result};
-use crate::manager::{Journal, read_journal};
+use crate::journal::{Journal, read_journal};
 use crate::params::keys;
 
 /// A model as reported: id, and name and version from the catalog.
@@ -360,4 +360,26 @@ fn verify_walk(
         });
     }
     Ok(VerifyReport { models })
+}
+
+/// A dry run's JSON document: `"dry_run": true`, then the plan's own fields.
+#[derive(Serialize)]
+pub struct DryRun<'a, T: Serialize> {
+    pub dry_run: bool,
+    #[serde(flatten)]
+    pub plan: &'a T,
+}
+
+impl<'a, T: Serialize> DryRun<'a, T> {
+    pub fn of(plan: &'a T) -> Self {
+        Self {
+            dry_run: true,
+            plan,
+        }
+    }
+
+    /// The document, compact, on one line.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("plans serialize")
+    }
 }
