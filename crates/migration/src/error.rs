@@ -44,11 +44,8 @@ pub enum Error {
     /// it (edited, replaced by an older signed copy, or its signature missing).
     #[error(
         "{}: the stored catalog does not verify under the trusted keys ({refusal}); `resolve` \
-         answers the built-in model until a signed catalog is stored again\nnext: run `refresh` \
-         (online) to fetch and verify the catalog again; if it keeps failing, someone changed \
-         files in {}",
-        path.display(),
-        path.parent().map(|p| p.display().to_string()).unwrap_or_default()
+         answers the built-in model until a signed catalog is stored again",
+        path.display()
     )]
     CatalogNotTrusted {
         path: PathBuf,
@@ -61,10 +58,7 @@ pub enum Error {
     #[error(
         "the accepted release (the rollback floor) cannot be read: {file} ({file_problem}); param \
          {param} ({param_problem}). The device accepts no manifest until it knows its floor, and \
-         resetting it silently would let an older signed release back in\nnext: restore one \
-         copy with the release this device last accepted ({{\"{generation}\": {{\"release\": N, \
-         \"expires\": 0, \"key\": \"restored\"}}}}), or, to accept the next signed release \
-         as the new floor, remove both files deliberately (docs/device.md, \"Trust\")",
+         resetting it silently would let an older signed release back in",
         file = file.display(),
         param = param.display()
     )]
