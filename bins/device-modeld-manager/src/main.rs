@@ -317,101 +317,36 @@ fn out_line(line: impl std::fmt::Display) -> Result<(), Failure> {
     write_stdout(format!("{line}\n").as_bytes())
 }
 
-/// Progress text on stderr. On a terminal, percentages redraw one line as a bar; elsewhere
-/// (logs, pipes) every tenth percent gets a line of its own. Other messages always get a line.
-struct Progress {
-    tty: bool,
-    verbosity: cli_support::Verbosity,
-    state: Mutex<ProgressState>,
-}
-
-#[derive(Default)]
-struct ProgressState {
-    label: String,
-    /// A bar is drawn on the current line and must be cleared before other text.
-    drawn: bool,
-    /// The highest percentage shown for this label: parallel workers report out of order, and
-    /// a bar that goes backwards helps nobody.
-    highest: Option<u64>,
-    last_logged: Option<u64>,
-}
+/// Typed progress on stderr, as `migration::render::ProgressView` draws it.
+struct Progress(Mutex<render::ProgressView>);
 
 impl Progress {
     fn new() -> Self {
-        Progress {
-            tty: std::io::stderr().is_terminal(),
-            verbosity: cli_support::verbosity(),
-            state: Mutex::new(ProgressState::default()),
-        }
+        let tty = std::io::stderr().is_terminal();
+        let view = render::ProgressView::new(tty, cli_support::verbosity());
+        Progress(Mutex::new(view))
+    }
+
+    fn view(&self) -> std::sync::MutexGuard<'_, render::ProgressView> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// What the following percentages are about, e.g. `pop223`.
     fn label(&self, label: &str) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.label = label.to_string();
-        st.highest = None;
-        st.last_logged = None;
+        self.view().label(label);
     }
 
-    fn say(&self, text: &str) {
-        let out = self.render(text);
-        if !out.is_empty() {
-            eprint!("{out}");
-        }
+    fn say(&self, p: &migration::Progress) {
+        eprint!("{}", self.view().render(p, std::time::Instant::now()));
     }
 
-    /// What `say` writes to stderr for `text` (empty: nothing), updating the state. `-q` shows
-    /// nothing; `-v` logs every percentage off a terminal.
-    fn render(&self, text: &str) -> String {
-        if self.verbosity == cli_support::Verbosity::Quiet {
-            return String::new();
-        }
-        let every = self.verbosity == cli_support::Verbosity::Verbose;
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let pct = text
-            .strip_suffix('%')
-            .and_then(|n| n.parse::<u64>().ok())
-            .filter(|p| *p <= 100);
-        if let Some(p) = pct {
-            if st.highest.is_some_and(|h| p <= h) {
-                return String::new();
-            }
-            st.highest = Some(p);
-        }
-        match pct {
-            Some(p) if self.tty => {
-                const WIDTH: u64 = 30;
-                let filled = (p * WIDTH / 100) as usize;
-                st.drawn = true;
-                format!(
-                    "\r\x1b[2K{} [{}{}] {p:>3}%",
-                    st.label,
-                    "=".repeat(filled),
-                    " ".repeat(WIDTH as usize - filled)
-                )
-            }
-            Some(p) => {
-                if every || st.last_logged.is_none_or(|l| p / 10 > l / 10) {
-                    st.last_logged = Some(p);
-                    format!("{} {p}%\n", st.label)
-                } else {
-                    String::new()
-                }
-            }
-            None => {
-                let clear = if st.drawn { "\r\x1b[2K" } else { "" };
-                st.drawn = false;
-                format!("{clear}{text}\n")
-            }
-        }
+    /// A line of its own among the progress.
+    fn line(&self, text: impl std::fmt::Display) {
+        eprint!("{}", self.view().line(text));
     }
 
     fn finish(&self) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if st.drawn {
-            eprintln!();
-            st.drawn = false;
-        }
+        eprint!("{}", self.view().finish());
     }
 }
 
@@ -487,7 +422,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             .map_or("default".to_string(), |k| k.display().to_string())
     );
     let progress = Progress::new();
-    let print = |p: &migration::Progress| progress.say(&p.to_string());
+    let print = |p: &migration::Progress| progress.say(p);
     match cli.command {
         Command::Resolve { json } => {
             let r = migration::report::resolve(&device)?;
@@ -635,7 +570,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     migration::downloadable(&catalog, device.chestnut(), device.is_protected())
                 {
                     progress.label(entry.id().as_str());
-                    progress.say(&format!("downloading {}", entry.id()));
+                    progress.line(format_args!("downloading {}", entry.id()));
                     let r = migration::install(&device, &dl, entry, &cancel, &print);
                     progress.finish();
                     done.push((entry.id().clone(), r?.is_some()));
@@ -901,87 +836,5 @@ fn paused_run(
             Err(fail())
         }
         _ => Err(fail()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn progress(tty: bool) -> Progress {
-        progress_at(tty, cli_support::Verbosity::Normal)
-    }
-
-    fn progress_at(tty: bool, verbosity: cli_support::Verbosity) -> Progress {
-        let p = Progress {
-            tty,
-            verbosity,
-            state: Mutex::new(ProgressState::default()),
-        };
-        p.label("pop223");
-        p
-    }
-
-    #[test]
-    fn logs_get_a_line_per_tenth_and_never_go_backwards() {
-        let p = progress(false);
-        let shown: Vec<String> = ["0%", "3%", "12%", "9%", "13%", "25%", "100%", "Downloaded!"]
-            .iter()
-            .map(|t| p.render(t))
-            .filter(|s| !s.is_empty())
-            .collect();
-        assert_eq!(
-            shown,
-            [
-                "pop223 0%\n",
-                "pop223 12%\n",
-                "pop223 25%\n",
-                "pop223 100%\n",
-                "Downloaded!\n"
-            ]
-        );
-        // A new label starts over.
-        p.label("other");
-        assert_eq!(p.render("5%"), "other 5%\n");
-    }
-
-    #[test]
-    fn quiet_shows_no_progress_and_verbose_logs_every_percentage() {
-        let texts = ["0%", "3%", "12%", "9%", "13%", "Downloaded!"];
-        for tty in [false, true] {
-            let q = progress_at(tty, cli_support::Verbosity::Quiet);
-            assert!(texts.iter().all(|t| q.render(t).is_empty()), "tty {tty}");
-        }
-        let v = progress_at(false, cli_support::Verbosity::Verbose);
-        let shown: Vec<String> = texts.iter().map(|t| v.render(t)).collect();
-        assert_eq!(
-            shown,
-            [
-                "pop223 0%\n",
-                "pop223 3%\n",
-                "pop223 12%\n",
-                "",
-                "pop223 13%\n",
-                "Downloaded!\n"
-            ],
-            "every new percentage, still never backwards"
-        );
-    }
-
-    #[test]
-    fn a_terminal_gets_one_redrawn_bar_cleared_before_text() {
-        let p = progress(true);
-        let bar = p.render("50%");
-        assert!(
-            bar.starts_with("\r\x1b[2Kpop223 [") && bar.ends_with(" 50%"),
-            "{bar:?}"
-        );
-        assert!(!bar.contains('\n'));
-        assert_eq!(p.render("40%"), "", "out-of-order progress is dropped");
-        assert_eq!(
-            p.render("Verifying authenticity..."),
-            "\r\x1b[2KVerifying authenticity...\n"
-        );
-        assert_eq!(p.render("Downloaded!"), "Downloaded!\n");
     }
 }

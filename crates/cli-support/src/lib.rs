@@ -8,6 +8,8 @@ use std::sync::OnceLock;
 
 use clap_complete::Shell;
 
+pub mod progress;
+
 /// The completion script for `shell`, for a binary installed as `bin`.
 ///
 /// clap_complete's bash generator (4.6) spells the state of a hyphenated binary two ways: its

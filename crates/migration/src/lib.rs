@@ -42,4 +42,4 @@ pub use manager::{
     is_builtin_id, read_journal, refresh, refresh_at, unix_now,
 };
 pub use params::Params;
-pub use progress::{DisplayName, FailReason, Progress, ProgressFn};
+pub use progress::{DisplayName, FailReason, Progress, ProgressFn, Transferred};

@@ -38,7 +38,7 @@ use crate::device::{Device, JOURNAL_FILE, VerifyState};
 use crate::error::{Error, Result};
 use crate::params::keys;
 use crate::plan::{self, InstallStep};
-use crate::progress::{Progress, ProgressFn};
+use crate::progress::{Progress, ProgressFn, Transferred};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -431,10 +431,8 @@ pub fn install(
     }
     let percent = PercentFilter::default();
     let on_event = |e: Event| match e {
-        Event::Progress { done, total } => {
-            if let Some(pct) = percent.advance(done, total) {
-                progress(&Progress::Percent(pct));
-            }
+        Event::Progress { done, total } if percent.advance(done, total).is_some() => {
+            progress(&Progress::Percent(Transferred { done, total }))
         }
         Event::Verifying => progress(&Progress::Verifying),
         _ => {}

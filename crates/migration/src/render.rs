@@ -4,6 +4,7 @@
 //! The binary builds one, then prints it.
 
 use std::path::PathBuf;
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -12,7 +13,7 @@ use crate::error::Result;
 use crate::report::{PendingCase, ResolveReport, StatusReport, VerifyReport};
 use crate::tree::{PausedStatus, TreeStatus};
 use crate::trust_state::{self, AcceptedRelease, FloorSource, RefusedManifest};
-use crate::{Phase, params};
+use crate::{Phase, Progress, params};
 
 /// A verification state as `status` and `verify` print it.
 pub fn state_text(s: VerifyState) -> &'static str {
@@ -294,6 +295,100 @@ pub fn resolve_line(r: &ResolveReport, json: bool) -> String {
     }
 }
 
+/// Typed progress as the device binary shows it on stderr. On a terminal a download redraws one
+/// line, `LABEL [====>   ] DONE/TOTAL RATE eta ETA` (`cli_support::progress`, as release-cli's
+/// bars); elsewhere (logs, pipes) every tenth percent gets a line `LABEL N%` (`-v`: every
+/// percent). Other progress always gets a line, clearing a drawn bar first; `-q` shows nothing.
+/// Parallel workers report out of order: a percentage at or below the highest shown for the
+/// label is dropped.
+#[derive(Debug)]
+pub struct ProgressView {
+    tty: bool,
+    verbosity: cli_support::Verbosity,
+    label: String,
+    /// A bar is drawn on the current line and must be cleared before other text.
+    drawn: bool,
+    highest: Option<u64>,
+    last_logged: Option<u64>,
+    /// When and where the label's download was first seen, for its rate.
+    start: Option<(Instant, u64)>,
+}
+
+impl ProgressView {
+    pub fn new(tty: bool, verbosity: cli_support::Verbosity) -> Self {
+        ProgressView {
+            tty,
+            verbosity,
+            label: String::new(),
+            drawn: false,
+            highest: None,
+            last_logged: None,
+            start: None,
+        }
+    }
+
+    /// What the following percentages are about, e.g. `pop223`.
+    pub fn label(&mut self, label: &str) {
+        self.label = label.to_string();
+        self.highest = None;
+        self.last_logged = None;
+        self.start = None;
+    }
+
+    /// What to write to stderr for `p`, seen at `now` (empty: nothing).
+    pub fn render(&mut self, p: &Progress, now: Instant) -> String {
+        use cli_support::Verbosity;
+        if self.verbosity == Verbosity::Quiet {
+            return String::new();
+        }
+        let Progress::Percent(t) = p else {
+            return self.line(p);
+        };
+        let pct = t.percent();
+        if self.highest.is_some_and(|h| pct <= h) {
+            return String::new();
+        }
+        self.highest = Some(pct);
+        let (since, from) = *self.start.get_or_insert((now, t.done));
+        if self.tty {
+            self.drawn = true;
+            let moved = t.done.saturating_sub(from);
+            let line = cli_support::progress::bytes_line(
+                &self.label,
+                t.done,
+                t.total,
+                moved,
+                now.saturating_duration_since(since),
+            );
+            return format!("\r\x1b[2K{line}");
+        }
+        let every = self.verbosity == Verbosity::Verbose;
+        if every || self.last_logged.is_none_or(|l| pct / 10 > l / 10) {
+            self.last_logged = Some(pct);
+            return format!("{} {pct}%\n", self.label);
+        }
+        String::new()
+    }
+
+    /// A line of its own (clearing a drawn bar first; nothing with `-q`).
+    pub fn line(&mut self, text: impl std::fmt::Display) -> String {
+        if self.verbosity == cli_support::Verbosity::Quiet {
+            return String::new();
+        }
+        let clear = if self.drawn { "\r\x1b[2K" } else { "" };
+        self.drawn = false;
+        format!("{clear}{text}\n")
+    }
+
+    /// What ends a drawn bar's line (empty when none is drawn).
+    pub fn finish(&mut self) -> &'static str {
+        match std::mem::take(&mut self.drawn) {
+            true => "\n",
+            false => "",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,5 +521,133 @@ mod tests {
                 "wd40 outdated (verified copy of an earlier publish; in use)"
             ]
         );
+    }
+
+    fn view(tty: bool, verbosity: cli_support::Verbosity) -> ProgressView {
+        let mut v = ProgressView::new(tty, verbosity);
+        v.label("pop223");
+        v
+    }
+
+    fn pct(p: u64) -> Progress {
+        Progress::Percent(crate::Transferred {
+            done: p * 1024,
+            total: 100 * 1024,
+        })
+    }
+
+    /// The rendering of each progress in turn, all at the same instant.
+    fn shown(v: &mut ProgressView, ps: &[Progress]) -> Vec<String> {
+        let now = Instant::now();
+        ps.iter().map(|p| v.render(p, now)).collect()
+    }
+
+    #[test]
+    fn logs_get_a_line_per_tenth_and_never_go_backwards() {
+        let mut v = view(false, cli_support::Verbosity::Normal);
+        let ps = [
+            pct(0),
+            pct(3),
+            pct(12),
+            pct(9),
+            pct(13),
+            pct(25),
+            pct(100),
+            Progress::Downloaded,
+        ];
+        let out: Vec<String> = shown(&mut v, &ps)
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect();
+        assert_eq!(
+            out,
+            [
+                "pop223 0%\n",
+                "pop223 12%\n",
+                "pop223 25%\n",
+                "pop223 100%\n",
+                "Downloaded!\n"
+            ]
+        );
+        // A new label starts over.
+        v.label("other");
+        assert_eq!(shown(&mut v, &[pct(5)]), ["other 5%\n"]);
+    }
+
+    #[test]
+    fn quiet_shows_no_progress_and_verbose_logs_every_percentage() {
+        let ps = [
+            pct(0),
+            pct(3),
+            pct(12),
+            pct(9),
+            pct(13),
+            Progress::Downloaded,
+        ];
+        for tty in [false, true] {
+            let mut q = view(tty, cli_support::Verbosity::Quiet);
+            assert!(shown(&mut q, &ps).iter().all(String::is_empty), "tty {tty}");
+        }
+        let mut v = view(false, cli_support::Verbosity::Verbose);
+        assert_eq!(
+            shown(&mut v, &ps),
+            [
+                "pop223 0%\n",
+                "pop223 3%\n",
+                "pop223 12%\n",
+                "",
+                "pop223 13%\n",
+                "Downloaded!\n"
+            ],
+            "every new percentage, still never backwards"
+        );
+    }
+
+    /// On a terminal: one redrawn line with bytes, rate and ETA (the rate over what this run
+    /// moved since the label's first report), cleared before text, ended by `finish`.
+    #[test]
+    fn a_terminal_gets_one_redrawn_bar_with_bytes_rate_and_eta() {
+        let mut v = view(true, cli_support::Verbosity::Normal);
+        let t0 = Instant::now();
+        let mib = |n: u64| {
+            Progress::Percent(crate::Transferred {
+                done: n << 20,
+                total: 8 << 20,
+            })
+        };
+        // A resumed download: 2 MiB were there before this run.
+        assert_eq!(
+            v.render(&mib(2), t0),
+            format!(
+                "\r\x1b[2Kpop223 [{}>{}] 2.00 MiB/8.00 MiB 0 B/s eta 0s",
+                "=".repeat(7),
+                " ".repeat(22)
+            )
+        );
+        let bar = v.render(&mib(4), t0 + std::time::Duration::from_secs(2));
+        assert_eq!(
+            bar,
+            format!(
+                "\r\x1b[2Kpop223 [{}>{}] 4.00 MiB/8.00 MiB 1.00 MiB/s eta 4s",
+                "=".repeat(15),
+                " ".repeat(14)
+            )
+        );
+        assert!(!bar.contains('\n'));
+        assert_eq!(
+            v.render(&mib(3), t0),
+            "",
+            "out-of-order progress is dropped"
+        );
+        assert_eq!(
+            v.render(&Progress::Verifying, t0),
+            "\r\x1b[2KVerifying authenticity...\n"
+        );
+        assert_eq!(v.render(&Progress::Downloaded, t0), "Downloaded!\n");
+        assert_eq!(v.finish(), "", "no bar drawn");
+        v.label("next");
+        assert!(!v.render(&mib(1), t0).is_empty());
+        assert_eq!(v.finish(), "\n");
+        assert_eq!(v.finish(), "");
     }
 }
