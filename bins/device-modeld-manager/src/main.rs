@@ -11,12 +11,11 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use cli_support::Failure;
-use downloader::trust::{DEFAULT_TRUSTED_KEYS, TrustedKeys};
-use downloader::{CancelToken, DownloadConfig, Downloader, Origins};
+use downloader::{CancelToken, DownloadConfig};
 use manifest::{Generation, ModelId};
 use migration::next_step::{code, failure};
 use migration::render;
-use migration::{Device, DeviceConfig, ManagerLock, tree};
+use migration::{Device, ManagerLock, open, tree};
 use serde_json::json;
 
 mod dry_run;
@@ -49,111 +48,60 @@ the code is unchanged.";
     name = "device-modeld-manager",
     version,
     about = "StarPilot on-device model manager: download, verify, migrate, resolve",
-    after_help = EXIT_CODES_HELP
+    after_help = EXIT_CODES_HELP,
+    next_help_heading = "Global options"
 )]
 struct Cli {
     /// Persistent data root (holds models/ and params/d/).
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "DIR",
-        default_value = "/data"
-    )]
+    #[arg(long, global = true, value_name = "DIR", default_value = "/data")]
     data_dir: PathBuf,
     /// Hugging Face bucket resolve base URL (tried first).
-    #[arg(long, global = true, help_heading = "Global options", value_name = "URL", default_value = downloader::DEFAULT_HF_BASE)]
+    #[arg(long, global = true, value_name = "URL", default_value = downloader::DEFAULT_HF_BASE)]
     hf_base: String,
     /// GitHub raw base URL of the Models branch (tried second).
-    #[arg(long, global = true, help_heading = "Global options", value_name = "URL", default_value = downloader::DEFAULT_GITHUB_BASE)]
+    #[arg(long, global = true, value_name = "URL", default_value = downloader::DEFAULT_GITHUB_BASE)]
     github_base: String,
     /// The openpilot checkout this device runs. Its tinygrad (`tinygrad_repo/TINYGRAD_COMMIT`)
     /// decides the manifest generation: the one whose pin it is, in the built-in pin table plus
     /// the checkout's `tinygrad_pins.json`. A tinygrad no table knows (or a marker that cannot
     /// be read) changes nothing: exit 10, `resolve` answers the built-in.
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "DIR",
-        default_value = migration::tree::DEFAULT_OPENPILOT_DIR
-    )]
+    #[arg(long, global = true, value_name = "DIR", default_value = migration::tree::DEFAULT_OPENPILOT_DIR)]
     openpilot_dir: PathBuf,
     /// Check that the openpilot tree's tinygrad is this generation's, e.g. `v25`: a
     /// disagreement is a usage error (exit 2) and nothing is touched. Without it the tree
     /// decides.
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "vNN"
-    )]
+    #[arg(long, global = true, value_name = "vNN")]
     generation: Option<Generation>,
     /// Directory holding the built-in RDF V4 chunk set driving_tinygrad.pkl.* [default:
     /// <openpilot-dir>/selfdrive/modeld/models].
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "DIR"
-    )]
+    #[arg(long, global = true, value_name = "DIR")]
     builtin_dir: Option<PathBuf>,
     /// Memory params directory (ModelToDownload, ModelDownloadProgress, ...).
     #[arg(
         long,
         global = true,
-        help_heading = "Global options",
         value_name = "DIR",
         default_value = "/dev/shm/params/d"
     )]
     memory_params_dir: PathBuf,
     /// Parallel connections per download.
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "N",
-        default_value_t = 4
-    )]
+    #[arg(long, global = true, value_name = "N", default_value_t = 4)]
     connections: usize,
     /// Parallel ranges within one chunk.
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "N",
-        default_value_t = 1
-    )]
+    #[arg(long, global = true, value_name = "N", default_value_t = 1)]
     ranges_per_chunk: usize,
     /// sysfs root where USB devices are listed, for the external GPU (Chestnut) check.
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "DIR",
-        default_value = "/sys"
-    )]
+    #[arg(long, global = true, value_name = "DIR", default_value = "/sys")]
     sysfs_root: PathBuf,
     /// Free space required beyond the artifact, in MiB.
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "N",
-        default_value_t = 64
-    )]
+    #[arg(long, global = true, value_name = "N", default_value_t = 64)]
     space_margin_mib: u64,
     /// Minisign public keys the release is signed with (one or more, e.g. during a key
     /// rotation). With keys, a manifest is installed only if one of them signed it, for this
     /// generation, unexpired, and not older than the last accepted release. Default: the
     /// StarPilot keys file if it exists; without keys the device is unprotected (`status` says
     /// so).
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "FILE"
-    )]
+    #[arg(long, global = true, value_name = "FILE")]
     trusted_keys: Option<PathBuf>,
     #[command(flatten)]
     output: cli_support::OutputFlags,
@@ -356,65 +304,44 @@ fn run(cli: Cli) -> Result<(), Failure> {
         let script = cli_support::completion_script(shell, &mut cmd, "device-modeld-manager");
         return write_stdout(&script);
     }
-    require_data_dir(&cli.data_dir)?;
-    let builtin_dir = cli
-        .builtin_dir
-        .clone()
-        .unwrap_or_else(|| cli.openpilot_dir.join(migration::tree::BUILTIN_SUBDIR));
-    let decision = tree::decide(&tree::read(&cli.openpilot_dir), cli.generation);
-    let (generation, tinygrad) = match &decision {
-        tree::Decision::Known { generation, commit } => (*generation, commit.clone()),
-        tree::Decision::OverrideDisagrees {
-            given,
-            tree,
-            commit,
-        } => {
-            return Err(failure(
-                code::USAGE,
-                format_args!(
-                    "--generation {given} disagrees with the openpilot tree {}: its tinygrad \
-                     {commit} is {tree}'s pin; nothing was touched",
-                    cli.openpilot_dir.display()
-                ),
-            )
-            .with_next(Some(format!(
-                "drop --generation (the tree decides), or pass --generation {tree}, or \
-                 --openpilot-dir for the checkout this device runs"
-            ))));
-        }
-        tree::Decision::Paused(paused) => return paused_run(&cli, &builtin_dir, paused),
-    };
-    let mut device = Device::new(DeviceConfig {
+    let options = open::Options {
         data_dir: cli.data_dir.clone(),
         memory_params_dir: cli.memory_params_dir.clone(),
-        builtin_dir: builtin_dir.clone(),
-        generation,
-    });
-    device.sysfs_root = cli.sysfs_root.clone();
-    let dl = Downloader::new(
-        Origins::new(&cli.hf_base, &cli.github_base),
-        DownloadConfig {
+        builtin_dir: cli.builtin_dir.clone(),
+        openpilot_dir: cli.openpilot_dir.clone(),
+        generation: cli.generation,
+        sysfs_root: cli.sysfs_root.clone(),
+        hf_base: cli.hf_base.clone(),
+        github_base: cli.github_base.clone(),
+        download: DownloadConfig {
             connections: cli.connections.max(1),
             ranges_per_chunk: cli.ranges_per_chunk.max(1),
             space_margin: cli.space_margin_mib * 1024 * 1024,
             ..DownloadConfig::default()
         },
-    );
-    // The device re-verifies what it stored under the downloader's keys on every read.
-    device.trusted_keys = trusted_keys(cli.trusted_keys.as_deref())?;
-    let dl = match &device.trusted_keys {
-        Some(keys) => dl.with_trusted_keys(keys.clone()),
-        None => dl,
-    }
-    .with_tinygrad_pin(tinygrad.clone());
-    let tree_status = tree::TreeStatus::of(&cli.openpilot_dir, &decision);
+        trusted_keys: cli.trusted_keys.clone(),
+    };
+    let open::Ready {
+        device,
+        dl,
+        tinygrad,
+        tree: tree_status,
+    } = match open::open(&options)? {
+        open::Opened::Ready(ready) => *ready,
+        open::Opened::Paused {
+            paused,
+            builtin_dir,
+        } => return paused_run(&cli, &builtin_dir, &paused),
+    };
     cli_support::detail!(
-        "data dir {}, models {}, memory params {}, built-in {}, openpilot tree {} (tinygrad {tinygrad}), generation {generation}, origins {} then {}, trusted keys {}",
+        "data dir {}, models {}, memory params {}, built-in {}, openpilot tree {} (tinygrad \
+         {tinygrad}), generation {}, origins {} then {}, trusted keys {}",
         cli.data_dir.display(),
         device.models_dir().display(),
         cli.memory_params_dir.display(),
-        builtin_dir.display(),
+        options.builtin_dir().display(),
         cli.openpilot_dir.display(),
+        device.config.generation,
         cli.hf_base,
         cli.github_base,
         cli.trusted_keys
@@ -662,25 +589,6 @@ fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
-/// The keys of `--trusted-keys`, or of the StarPilot default file when it exists. A given file
-/// that cannot be used is an error: a device that was meant to be protected must not silently
-/// run unprotected.
-fn trusted_keys(flag: Option<&std::path::Path>) -> Result<Option<TrustedKeys>, Failure> {
-    let default = std::path::Path::new(DEFAULT_TRUSTED_KEYS);
-    let path = match flag {
-        Some(p) => p,
-        None if default.exists() => default,
-        None => return Ok(None),
-    };
-    let keys = TrustedKeys::load(path).map_err(|e| {
-        failure(code::FAILURE, e).with_next(Some(
-            "give --trusted-keys a file holding the release key's minisign .pub (docs/device.md, \
-             \"Trust\")",
-        ))
-    })?;
-    Ok(Some(keys))
-}
-
 /// The `ID` argument of `download`.
 fn parse_model_id(id: Option<String>) -> Result<ModelId, Failure> {
     id.unwrap_or_default()
@@ -688,23 +596,6 @@ fn parse_model_id(id: Option<String>) -> Result<ModelId, Failure> {
         .map_err(|e: manifest::Error| {
             failure(code::FAILURE, e).with_next(Some("`status` lists the catalog's models"))
         })
-}
-
-/// The data root must already exist: on a comma `/data` always does, so a missing one is a typo
-/// (or the wrong machine), and answering for an empty device there would mislead.
-fn require_data_dir(dir: &std::path::Path) -> Result<(), Failure> {
-    let (problem, never_created) = match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => return Ok(()),
-        Ok(_) => ("not a directory".to_string(), ""),
-        Err(e) => (e.to_string(), "; it is never created"),
-    };
-    Err(failure(
-        code::FAILURE,
-        format_args!("--data-dir {}: {problem}", dir.display()),
-    )
-    .with_next(Some(format!(
-        "pass the device's data root (default /data){never_created}"
-    ))))
 }
 
 fn verify(

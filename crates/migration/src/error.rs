@@ -113,6 +113,34 @@ pub enum Error {
     #[error(transparent)]
     Manifest(#[from] manifest::Error),
 
+    /// `--data-dir` is not an existing directory; it is never created (on a comma `/data`
+    /// always exists, so a missing one is a typo or the wrong machine).
+    #[error("--data-dir {}: {problem}", path.display())]
+    DataDir {
+        path: PathBuf,
+        problem: String,
+        exists: bool,
+    },
+
+    /// The trusted keys file given (or the default one) cannot be used: refused rather than run
+    /// unprotected.
+    #[error(transparent)]
+    TrustedKeysUnusable(downloader::Error),
+
+    /// `--generation` is not the generation of the tree's tinygrad: a usage error, nothing
+    /// touched.
+    #[error(
+        "--generation {given} disagrees with the openpilot tree {}: its tinygrad {commit} is \
+         {tree}'s pin; nothing was touched",
+        openpilot_dir.display()
+    )]
+    GenerationDisagrees {
+        given: manifest::Generation,
+        tree: manifest::Generation,
+        commit: manifest::GitCommit,
+        openpilot_dir: PathBuf,
+    },
+
     /// A simulated crash (tests only, see `Effects`): nothing after effect `effect` ran.
     #[error("simulated crash after effect {effect} ({what})")]
     Crashed { effect: usize, what: String },

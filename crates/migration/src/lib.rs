@@ -21,6 +21,7 @@ pub mod lock;
 mod manager;
 pub mod next_step;
 mod offline;
+pub mod open;
 pub mod params;
 pub mod plan;
 pub mod preview;

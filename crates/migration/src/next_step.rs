@@ -56,6 +56,7 @@ impl Error {
             Error::Download(D::Io(_)) => code::FAILURE,
             Error::Download(_) => code::DOWNLOAD_FAILED,
             Error::NotVerified { .. } => code::NOT_VERIFIED,
+            Error::GenerationDisagrees { .. } => code::USAGE,
             _ => code::FAILURE,
         }
     }
@@ -116,6 +117,21 @@ impl NextStep for Error {
                  {{\"release\": N, \"expires\": 0, \"key\": \"restored\"}}}}), or, to accept the \
                  next signed release as the new floor, remove both files deliberately \
                  (docs/device.md, \"Trust\")"
+            ),
+            Error::DataDir { exists: true, .. } => {
+                "pass the device's data root (default /data)".to_string()
+            }
+            Error::DataDir { exists: false, .. } => {
+                "pass the device's data root (default /data); it is never created".to_string()
+            }
+            Error::TrustedKeysUnusable(_) => {
+                "give --trusted-keys a file holding the release key's minisign .pub \
+                 (docs/device.md, \"Trust\")"
+                    .to_string()
+            }
+            Error::GenerationDisagrees { tree, .. } => format!(
+                "drop --generation (the tree decides), or pass --generation {tree}, or \
+                 --openpilot-dir for the checkout this device runs"
             ),
             _ => return None,
         };

@@ -75,7 +75,10 @@ impl FailReason {
             | Error::Onroad { .. }
             | Error::ExternalGpuRequired { .. }
             | Error::Manifest(_)
-            | Error::Crashed { .. } => FailReason::DeviceError,
+            | Error::Crashed { .. }
+            | Error::DataDir { .. }
+            | Error::TrustedKeysUnusable(_)
+            | Error::GenerationDisagrees { .. } => FailReason::DeviceError,
         }
     }
 
