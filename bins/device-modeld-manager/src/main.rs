@@ -5,8 +5,6 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -265,39 +263,6 @@ fn out_line(line: impl std::fmt::Display) -> Result<(), Failure> {
     write_stdout(format!("{line}\n").as_bytes())
 }
 
-/// Typed progress on stderr, as `migration::render::ProgressView` draws it.
-struct Progress(Mutex<render::ProgressView>);
-
-impl Progress {
-    fn new() -> Self {
-        let tty = std::io::stderr().is_terminal();
-        let view = render::ProgressView::new(tty, cli_support::verbosity());
-        Progress(Mutex::new(view))
-    }
-
-    fn view(&self) -> std::sync::MutexGuard<'_, render::ProgressView> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// What the following percentages are about, e.g. `pop223`.
-    fn label(&self, label: &str) {
-        self.view().label(label);
-    }
-
-    fn say(&self, p: &migration::Progress) {
-        eprint!("{}", self.view().render(p, std::time::Instant::now()));
-    }
-
-    /// A line of its own among the progress.
-    fn line(&self, text: impl std::fmt::Display) {
-        eprint!("{}", self.view().line(text));
-    }
-
-    fn finish(&self) {
-        eprint!("{}", self.view().finish());
-    }
-}
-
 fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Completions { shell } = cli.command {
         let mut cmd = <Cli as clap::CommandFactory>::command();
@@ -333,22 +298,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             builtin_dir,
         } => return paused_run(&cli, &builtin_dir, &paused),
     };
-    cli_support::detail!(
-        "data dir {}, models {}, memory params {}, built-in {}, openpilot tree {} (tinygrad \
-         {tinygrad}), generation {}, origins {} then {}, trusted keys {}",
-        cli.data_dir.display(),
-        device.models_dir().display(),
-        cli.memory_params_dir.display(),
-        options.builtin_dir().display(),
-        cli.openpilot_dir.display(),
-        device.config.generation,
-        cli.hf_base,
-        cli.github_base,
-        cli.trusted_keys
-            .as_deref()
-            .map_or("default".to_string(), |k| k.display().to_string())
-    );
-    let progress = Progress::new();
+    cli_support::detail!("{}", options.describe(&device, &tinygrad));
+    let progress = render::StderrProgress::new(std::io::stderr().is_terminal());
     let print = |p: &migration::Progress| progress.say(p);
     match cli.command {
         Command::Resolve { json } => {
@@ -575,7 +526,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             retry_secs,
         } => {
             let _lock = ManagerLock::acquire(&device.models_dir())?;
-            let stopping = stop_on_signals();
+            let stopping = migration::stop::on_signals();
             log(&render::tree_line(&tree_status));
             let config = migration::daemon::DaemonConfig {
                 poll: Duration::from_millis(poll_ms),
@@ -648,36 +599,6 @@ fn verify(
     Ok(())
 }
 
-/// Set by SIGTERM/SIGINT; the daemon polls it.
-static STOPPING: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop_signal(_: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    STOPPING.store(true, Ordering::SeqCst);
-}
-
-/// A flag set by SIGTERM/SIGINT (relayed from the signal handler's atomic by a thread).
-fn stop_on_signals() -> Arc<AtomicBool> {
-    for sig in [libc::SIGTERM, libc::SIGINT] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe {
-            libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t);
-        }
-    }
-    let stopping = Arc::new(AtomicBool::new(false));
-    let relay = {
-        let stopping = stopping.clone();
-        std::thread::spawn(move || {
-            while !STOPPING.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            stopping.store(true, Ordering::SeqCst);
-        })
-    };
-    drop(relay);
-    stopping
-}
-
 /// The daemon's log line.
 fn log(line: &str) {
     cli_support::info!("device-modeld-manager: {line}");
@@ -719,7 +640,13 @@ fn paused_run(
                 poll: Duration::from_millis(*poll_ms),
                 ..Default::default()
             };
-            tree::run_paused(&memory, paused, &config, &stop_on_signals(), &log)?;
+            tree::run_paused(
+                &memory,
+                paused,
+                &config,
+                &migration::stop::on_signals(),
+                &log,
+            )?;
             Ok(())
         }
         Command::Refresh { dry_run: false, .. } | Command::Download { dry_run: false, .. } => {

@@ -28,6 +28,7 @@ pub mod preview;
 pub mod progress;
 pub mod render;
 pub mod report;
+pub mod stop;
 pub mod tree;
 pub mod trust_state;
 

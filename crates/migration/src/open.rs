@@ -57,6 +57,27 @@ impl Options {
     }
 }
 
+impl Options {
+    /// What `-v` says the command runs against.
+    pub fn describe(&self, device: &Device, tinygrad: &GitCommit) -> String {
+        format!(
+            "data dir {}, models {}, memory params {}, built-in {}, openpilot tree {} (tinygrad \
+             {tinygrad}), generation {}, origins {} then {}, trusted keys {}",
+            self.data_dir.display(),
+            device.models_dir().display(),
+            self.memory_params_dir.display(),
+            self.builtin_dir().display(),
+            self.openpilot_dir.display(),
+            device.config.generation,
+            self.hf_base,
+            self.github_base,
+            self.trusted_keys
+                .as_deref()
+                .map_or("default".to_string(), |k| k.display().to_string())
+        )
+    }
+}
+
 /// Open the device `o` describes. Reads only: the data root, the tree, the keys file.
 pub fn open(o: &Options) -> Result<Opened> {
     require_data_dir(&o.data_dir)?;

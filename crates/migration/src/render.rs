@@ -389,6 +389,41 @@ impl ProgressView {
     }
 }
 
+/// A [`ProgressView`] that the download's workers share, writing to stderr.
+#[derive(Debug)]
+pub struct StderrProgress(std::sync::Mutex<ProgressView>);
+
+impl StderrProgress {
+    /// `tty`: stderr is a terminal. The verbosity is the run's (`cli_support::verbosity`).
+    pub fn new(tty: bool) -> Self {
+        let view = ProgressView::new(tty, cli_support::verbosity());
+        StderrProgress(std::sync::Mutex::new(view))
+    }
+
+    fn view(&self) -> std::sync::MutexGuard<'_, ProgressView> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What the following percentages are about, e.g. `pop223`.
+    pub fn label(&self, label: &str) {
+        self.view().label(label);
+    }
+
+    pub fn say(&self, p: &Progress) {
+        eprint!("{}", self.view().render(p, Instant::now()));
+    }
+
+    /// A line of its own among the progress.
+    pub fn line(&self, text: impl std::fmt::Display) {
+        eprint!("{}", self.view().line(text));
+    }
+
+    /// End a drawn bar's line.
+    pub fn finish(&self) {
+        eprint!("{}", self.view().finish());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
