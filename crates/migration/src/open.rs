@@ -9,9 +9,9 @@ use downloader::trust::{DEFAULT_TRUSTED_KEYS, TrustedKeys};
 use downloader::{DownloadConfig, Downloader, Origins};
 use manifest::{Generation, GitCommit};
 
-use crate::device::{Device, DeviceConfig};
 use crate::error::{Error, Result};
 use crate::tree::{self, Decision, Paused, TreeStatus};
+use crate::{Device, DeviceConfig};
 
 /// What a command is run against (the device binary's global flags).
 #[derive(Debug, Clone)]

@@ -8,11 +8,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::device::{Device, VerifyState};
 use crate::error::Result;
 use crate::report::{PendingCase, ResolveReport, StatusReport, VerifyReport};
 use crate::tree::{PausedStatus, TreeStatus};
 use crate::trust_state::{self, AcceptedRelease, FloorSource, RefusedManifest};
+use crate::{Device, VerifyState};
 use crate::{Phase, Progress, params};
 
 /// A verification state as `status` and `verify` print it.
