@@ -560,12 +560,7 @@ fn verify(
             cli_support::info!("verifying {id}...");
         }
     };
-    let r = if dry_run {
-        migration::report::verify_read_only(device, id.as_deref(), &on_hash)
-    } else {
-        migration::report::verify(device, id.as_deref(), &on_hash)
-    };
-    let report = match r {
+    let doc = match render::VerifyDocument::of(device, id.as_deref(), dry_run, &on_hash) {
         Err(migration::Error::UnknownModel { id, generation }) => {
             return Err(failure(
                 code::FAILURE,
@@ -575,9 +570,8 @@ fn verify(
                 ),
             ));
         }
-        r => r?,
+        doc => doc?,
     };
-    let doc = render::VerifyDocument { dry_run, report };
     if json_out {
         out_line(serde_json::to_string(&doc).expect("serializable"))?;
     } else {
@@ -588,15 +582,11 @@ fn verify(
             cli_support::info!("no installed models to verify");
         }
     }
-    if !doc.report.all_verified() {
-        let f = failure(
-            code::NOT_VERIFIED,
-            "some models are missing or do not match the catalog; run `download <ID>` for each \
-             one not listed as verified",
-        );
-        return Err(if json_out { f.after_json_report() } else { f });
+    match doc.failure() {
+        Some(f) if json_out => Err(f.after_json_report()),
+        Some(f) => Err(f),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The daemon's log line.

@@ -277,6 +277,33 @@ pub struct VerifyDocument {
 }
 
 impl VerifyDocument {
+    /// `verify` (with `dry_run` nothing is recorded in the verification cache); `on_hash` is
+    /// called before a present model is hashed.
+    pub fn of(
+        device: &Device,
+        only: Option<&str>,
+        dry_run: bool,
+        on_hash: &dyn Fn(&manifest::ModelId),
+    ) -> Result<Self> {
+        let report = match dry_run {
+            true => crate::report::verify_read_only(device, only, on_hash)?,
+            false => crate::report::verify(device, only, on_hash)?,
+        };
+        Ok(VerifyDocument { dry_run, report })
+    }
+
+    /// How `verify` ends once the document is printed: exit 6 unless every model verified.
+    pub fn failure(&self) -> Option<cli_support::Failure> {
+        let code = crate::next_step::code::NOT_VERIFIED;
+        (!self.report.all_verified()).then(|| {
+            crate::next_step::failure(
+                code,
+                "some models are missing or do not match the catalog; run `download <ID>` for \
+                 each one not listed as verified",
+            )
+        })
+    }
+
     /// One `<id> <state>` line per model.
     pub fn lines(&self) -> Vec<String> {
         let models = &self.report.models;
@@ -549,6 +576,14 @@ mod tests {
             serde_json::to_string(&doc(true)).unwrap(),
             format!(r#"{{"dry_run":true,"models":{models}}}"#)
         );
+        let failure = doc(true)
+            .failure()
+            .expect("an outdated copy is not verified");
+        assert_eq!((failure.code, failure.kind), (6, "not_verified"));
+        assert!(failure.message.starts_with("some models are missing"));
+        let mut verified = doc(false);
+        verified.report.models.truncate(1);
+        assert_eq!(verified.failure(), None);
         assert_eq!(
             doc(false).lines(),
             [
