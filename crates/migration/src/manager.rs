@@ -37,7 +37,7 @@ use crate::error::{Error, Result};
 use crate::journal::{Journal, Phase, write_journal};
 use crate::params::keys;
 use crate::plan::{self, InstallStep};
-use crate::progress::{Progress, ProgressFn};
+use crate::progress::{Progress, ProgressFn, Transferred};
 use crate::view::{DeviceView, param_slots};
 
 /// Seconds since the epoch (0 if the clock is before it).
@@ -367,10 +367,8 @@ pub fn install(
     }
     let percent = PercentFilter::default();
     let on_event = |e: Event| match e {
-        Event::Progress { done, total } => {
-            if let Some(pct) = percent.advance(done, total) {
-                progress(&Progress::Percent(pct));
-            }
+        Event::Progress { done, total } if percent.advance(done, total).is_some() => {
+            progress(&Progress::Percent(Transferred { done, total }))
         }
         Event::Verifying => progress(&Progress::Verifying),
         _ => {}

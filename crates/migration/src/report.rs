@@ -135,7 +135,9 @@ pub fn not_installable(catalog: &manifest::Manifest, protected: bool) -> Vec<Not
 fn catalog_or_problem(device: &Device) -> Result<(Option<manifest::Manifest>, Option<String>)> {
     match device.catalog() {
         Ok(c) => Ok((c, None)),
-        Err(e @ Error::CatalogNotTrusted { .. }) => Ok((None, Some(e.to_string()))),
+        Err(e @ Error::CatalogNotTrusted { .. }) => {
+            Ok((None, Some(crate::next_step::with_next(&e))))
+        }
         Err(e) => Err(e),
     }
 }
@@ -190,7 +192,7 @@ pub fn resolve(device: &Device) -> Result<ResolveReport> {
         Err(e) => (
             device.builtin_path(),
             crate::device::Selection::builtin(),
-            Some(e.to_string()),
+            Some(crate::next_step::with_next(&e)),
         ),
     };
     if sel.is_builtin() && !device.builtin_present() {

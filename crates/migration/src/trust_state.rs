@@ -217,7 +217,7 @@ pub fn floor_report(device: &Device) -> FloorReport {
         None => (
             None,
             FloorSource::None,
-            floor(device).err().map(|e| e.to_string()),
+            floor(device).err().map(|e| crate::next_step::with_next(&e)),
         ),
     };
     FloorReport {
