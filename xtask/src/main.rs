@@ -1,9 +1,11 @@
 //! Workspace automation, run as `cargo xtask <task>`:
 //!
 //! - `demo [WORK_DIR]`: the main job end to end (see `demo.rs`).
-//! - `ci`: `cargo fmt --check`, `cargo clippy --workspace --all-targets -D warnings`, every test,
-//!   and a check that `docs/cli.md` matches the binaries' help.
-//!   This is the README's test command and what `.ci/run` runs.
+//! - `ci [--full]`: `cargo fmt --check`, `cargo clippy --workspace --all-targets -D warnings`, every
+//!   test, and a check that `docs/cli.md` matches the binaries' help, ending with the passed,
+//!   failed, ignored and skipped counts and the reason for each skip (see `ci.rs`). This is the
+//!   README's test command and what `.ci/run` runs after installing the components the tests
+//!   need; `--full` runs `.ci/run` itself.
 //! - `bench [--size SIZE_MIB]`: builds release binaries and prints one table of benchmark ratios,
 //!   each measured against an anchor (openssl, dd, curl) run on the same data in the same run.
 //! - `docs`: regenerate `docs/cli.md` from the binaries' clap help.
@@ -14,6 +16,7 @@
 mod bench;
 mod bench_budget;
 mod bench_device;
+mod ci;
 mod demo;
 mod dist;
 mod docs;
@@ -24,7 +27,10 @@ use std::process::ExitCode;
 const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
-  ci                 fmt --check, clippy -D warnings, and every test (the README's test command)
+  ci [--full]        fmt --check, clippy -D warnings, and every test (the README's test command),
+                     then passed/failed/ignored/skipped counts and why each test skipped;
+                     --full: run .ci/run instead (installs sshd, minisign and the pinned hf CLI,
+                     requires them, then this and dist --reproducible --test: what CI runs)
   demo [WORK_DIR]    the main job end to end: publish v25, serve it, migrate a v24 device
   bench [--size N]   benchmark ratios against anchors; N = artifact size in MiB (default 1024)
   docs [--check]     regenerate docs/cli.md from the binaries' clap help (--check: fail if stale)
@@ -45,7 +51,7 @@ fn main() -> ExitCode {
     }
     let result = match args.first().map(String::as_str) {
         Some(task) if let Some(e) = bad_arguments(task, &args[1..]) => Err(e),
-        Some("ci") => ci(),
+        Some("ci") => ci::run(args.get(1).map(String::as_str) == Some("--full")),
         Some("bench") => bench::run(&args[1..]),
         Some("docs") => docs::run(args.get(1).map(String::as_str) == Some("--check")),
         Some("demo") => demo::run(&args[1..]),
@@ -98,7 +104,7 @@ fn is_task_line(line: &str, task: &str) -> bool {
 /// create a folder named `--verbose`). `bench` and `dist` check their own.
 fn bad_arguments(task: &str, rest: &[String]) -> Option<String> {
     let bad = match task {
-        "ci" => rest.first(),
+        "ci" => rest.iter().find(|a| *a != "--full").or(rest.get(1)),
         "docs" => rest.iter().find(|a| *a != "--check"),
         "demo" => rest.iter().find(|a| a.starts_with('-')).or(rest.get(1)),
         _ => None,
@@ -107,23 +113,6 @@ fn bad_arguments(task: &str, rest: &[String]) -> Option<String> {
         "{task}: unexpected argument {bad:?}\n\n{}",
         task_help(&[task.to_string(), "--help".to_string()]).unwrap_or_default()
     ))
-}
-
-fn ci() -> Result<(), String> {
-    util::cargo(&["fmt", "--all", "--check"])?;
-    util::cargo(&[
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--locked",
-        "--",
-        "-D",
-        "warnings",
-    ])?;
-    util::cargo(&["test", "--workspace", "--locked"])?;
-    docs::run(true)?;
-    eprintln!("xtask ci: all checks passed");
-    Ok(())
 }
 
 #[cfg(test)]

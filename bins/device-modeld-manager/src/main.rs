@@ -5,35 +5,18 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use downloader::{CancelToken, DownloadConfig, Downloader, Origins};
+use cli_support::Failure;
+use downloader::{CancelToken, DownloadConfig};
 use manifest::{Generation, ModelId};
-use migration::{Device, DeviceConfig, ManagerLock, VerifyState, tree};
-use serde_json::json;
+use migration::next_step::{code, failure};
+use migration::preview::DryRun;
+use migration::render;
+use migration::{Device, ManagerLock, open, tree};
 
 mod dry_run;
-mod trust;
-
-/// Stable exit codes (documented in docs/device.md).
-mod code {
-    pub const OK: u8 = 0;
-    pub const FAILURE: u8 = 1;
-    pub const BUSY: u8 = 3;
-    pub const DOWNLOAD_FAILED: u8 = 4;
-    pub const MANIFEST_UNAVAILABLE: u8 = 5;
-    pub const NOT_VERIFIED: u8 = 6;
-    pub const CANCELLED: u8 = 7;
-    pub const NO_SPACE: u8 = 8;
-    pub const ONROAD: u8 = 9;
-    pub const PAUSED: u8 = 10;
-}
-
-/// A command line clap accepted but the tree contradicts (`--generation`): clap's own code.
-const USAGE: u8 = 2;
 
 /// The exit codes, as `--help` shows them (and docs/cli.md, generated from it).
 const EXIT_CODES_HELP: &str = "\
@@ -63,111 +46,60 @@ the code is unchanged.";
     name = "device-modeld-manager",
     version,
     about = "StarPilot on-device model manager: download, verify, migrate, resolve",
-    after_help = EXIT_CODES_HELP
+    after_help = EXIT_CODES_HELP,
+    next_help_heading = "Global options"
 )]
 struct Cli {
     /// Persistent data root (holds models/ and params/d/).
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "DIR",
-        default_value = "/data"
-    )]
+    #[arg(long, global = true, value_name = "DIR", default_value = "/data")]
     data_dir: PathBuf,
     /// Hugging Face bucket resolve base URL (tried first).
-    #[arg(long, global = true, help_heading = "Global options", value_name = "URL", default_value = downloader::DEFAULT_HF_BASE)]
+    #[arg(long, global = true, value_name = "URL", default_value = downloader::DEFAULT_HF_BASE)]
     hf_base: String,
     /// GitHub raw base URL of the Models branch (tried second).
-    #[arg(long, global = true, help_heading = "Global options", value_name = "URL", default_value = downloader::DEFAULT_GITHUB_BASE)]
+    #[arg(long, global = true, value_name = "URL", default_value = downloader::DEFAULT_GITHUB_BASE)]
     github_base: String,
     /// The openpilot checkout this device runs. Its tinygrad (`tinygrad_repo/TINYGRAD_COMMIT`)
     /// decides the manifest generation: the one whose pin it is, in the built-in pin table plus
     /// the checkout's `tinygrad_pins.json`. A tinygrad no table knows (or a marker that cannot
     /// be read) changes nothing: exit 10, `resolve` answers the built-in.
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "DIR",
-        default_value = migration::tree::DEFAULT_OPENPILOT_DIR
-    )]
+    #[arg(long, global = true, value_name = "DIR", default_value = migration::tree::DEFAULT_OPENPILOT_DIR)]
     openpilot_dir: PathBuf,
     /// Check that the openpilot tree's tinygrad is this generation's, e.g. `v25`: a
     /// disagreement is a usage error (exit 2) and nothing is touched. Without it the tree
     /// decides.
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "vNN"
-    )]
+    #[arg(long, global = true, value_name = "vNN")]
     generation: Option<Generation>,
     /// Directory holding the built-in RDF V4 chunk set driving_tinygrad.pkl.* [default:
     /// <openpilot-dir>/selfdrive/modeld/models].
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "DIR"
-    )]
+    #[arg(long, global = true, value_name = "DIR")]
     builtin_dir: Option<PathBuf>,
     /// Memory params directory (ModelToDownload, ModelDownloadProgress, ...).
     #[arg(
         long,
         global = true,
-        help_heading = "Global options",
         value_name = "DIR",
         default_value = "/dev/shm/params/d"
     )]
     memory_params_dir: PathBuf,
     /// Parallel connections per download.
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "N",
-        default_value_t = 4
-    )]
+    #[arg(long, global = true, value_name = "N", default_value_t = 4)]
     connections: usize,
     /// Parallel ranges within one chunk.
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "N",
-        default_value_t = 1
-    )]
+    #[arg(long, global = true, value_name = "N", default_value_t = 1)]
     ranges_per_chunk: usize,
     /// sysfs root where USB devices are listed, for the external GPU (Chestnut) check.
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "DIR",
-        default_value = "/sys"
-    )]
+    #[arg(long, global = true, value_name = "DIR", default_value = "/sys")]
     sysfs_root: PathBuf,
     /// Free space required beyond the artifact, in MiB.
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "N",
-        default_value_t = 64
-    )]
+    #[arg(long, global = true, value_name = "N", default_value_t = 64)]
     space_margin_mib: u64,
     /// Minisign public keys the release is signed with (one or more, e.g. during a key
     /// rotation). With keys, a manifest is installed only if one of them signed it, for this
     /// generation, unexpired, and not older than the last accepted release. Default: the
     /// StarPilot keys file if it exists; without keys the device is unprotected (`status` says
     /// so).
-    #[arg(
-        long,
-        global = true,
-        help_heading = "Global options",
-        value_name = "FILE"
-    )]
+    #[arg(long, global = true, value_name = "FILE")]
     trusted_keys: Option<PathBuf>,
     #[command(flatten)]
     output: cli_support::OutputFlags,
@@ -296,117 +228,12 @@ enum Command {
     },
 }
 
-struct Fail {
-    code: u8,
-    message: String,
-    /// The command already printed its `--json` document (verify's report before exit 6), so
-    /// no error document follows it.
-    json_printed: bool,
-}
-
-impl Fail {
-    fn new(code: u8, message: impl Into<String>) -> Self {
-        Fail {
-            code,
-            message: message.into(),
-            json_printed: false,
-        }
-    }
-
-    /// The stable name of the exit code, the `kind` of a `--json` error document.
-    fn kind(&self) -> &'static str {
-        match self.code {
-            code::BUSY => "busy",
-            code::DOWNLOAD_FAILED => "download_failed",
-            code::MANIFEST_UNAVAILABLE => "manifest_unavailable",
-            code::NOT_VERIFIED => "not_verified",
-            code::CANCELLED => "cancelled",
-            code::NO_SPACE => "no_space",
-            code::ONROAD => "deferred",
-            code::PAUSED => "paused",
-            USAGE => "usage",
-            _ => "failure",
-        }
-    }
-}
-
-impl From<migration::Error> for Fail {
-    fn from(e: migration::Error) -> Self {
-        let code = match &e {
-            migration::Error::Busy { .. } => code::BUSY,
-            migration::Error::Onroad { .. } => code::ONROAD,
-            migration::Error::Download(d) => download_code(d),
-            migration::Error::NotVerified { .. } => code::NOT_VERIFIED,
-            _ => code::FAILURE,
-        };
-        let mut message = e.to_string();
-        if let Some(next) = next_step(&e) {
-            message.push_str("\nnext: ");
-            message.push_str(next);
-        }
-        Fail::new(code, message)
-    }
-}
-
-/// What to do next, for the errors whose own message does not already say it.
-fn next_step(e: &migration::Error) -> Option<&'static str> {
-    use downloader::Error as D;
-    match e {
-        migration::Error::Download(d @ D::ManifestUnavailable { .. })
-            if !downloader::trust::refusals(d).is_empty() =>
-        {
-            Some(
-                "nothing on this device was changed; the stores serve no manifest the trusted \
-                 keys accept (reasons above). The release engineer must publish it signed \
-                 (`release-cli publish --sign-key`); `status` shows the accepted release",
-            )
-        }
-        migration::Error::Download(D::ManifestUnavailable { .. }) => Some(
-            "check the network (or --hf-base/--github-base) and run `refresh` again; a device \
-             still on another generation now uses the built-in model, and its own model is \
-             downloaded once a refresh gets the catalog",
-        ),
-        migration::Error::Download(D::Cancelled { .. }) => {
-            Some("run the same command again; finished chunks are kept and not fetched twice")
-        }
-        migration::Error::Download(D::InsufficientSpace { .. } | D::NotSigned { .. }) => None,
-        migration::Error::Download(D::Io(_)) => {
-            Some("check that the data dir is writable and not full, then run the command again")
-        }
-        migration::Error::Download(_) => Some(
-            "the previously installed model (or the built-in) stays in use; run the same command \
-             again later (finished chunks are resumed), or `status` to see what is installed",
-        ),
-        migration::Error::NotVerified { .. } => {
-            Some("download the model again (`download <ID>`); `resolve` will not hand it to modeld")
-        }
-        _ => None,
-    }
-}
-
-fn download_code(d: &downloader::Error) -> u8 {
-    match d {
-        downloader::Error::ManifestUnavailable { .. } => code::MANIFEST_UNAVAILABLE,
-        downloader::Error::Cancelled { .. } => code::CANCELLED,
-        downloader::Error::InsufficientSpace { .. } => code::NO_SPACE,
-        downloader::Error::Io(_) => code::FAILURE,
-        _ => code::DOWNLOAD_FAILED,
-    }
-}
-
 fn main() -> ExitCode {
     let cli = cli_support::parse::<Cli>(VERBOSE_HELP, |c| &c.output);
     let json = wants_json(&cli.command);
     match run(cli) {
         Ok(()) => ExitCode::from(code::OK),
-        Err(f) => {
-            eprintln!("error: {}", f.message);
-            if json && !f.json_printed {
-                // The exit code says the same; a closed pipe changes nothing now.
-                let _ = write_stdout(cli_support::error_json(f.kind(), &f.message).as_bytes());
-            }
-            ExitCode::from(f.code)
-        }
+        Err(f) => f.report(json),
     }
 }
 
@@ -425,194 +252,79 @@ fn wants_json(c: &Command) -> bool {
 }
 
 /// Write bytes to stdout; a closed pipe (`| head`) is not an error worth a panic.
-fn write_stdout(bytes: &[u8]) -> Result<(), Fail> {
+fn write_stdout(bytes: &[u8]) -> Result<(), Failure> {
     cli_support::write_stdout(bytes)
         .map(drop)
-        .map_err(|e| Fail::new(code::FAILURE, format!("stdout: {e}")))
+        .map_err(|e| failure(code::FAILURE, format!("stdout: {e}")))
 }
 
 /// Print one line on stdout (a closed pipe is not an error).
-fn out_line(line: impl std::fmt::Display) -> Result<(), Fail> {
+fn out_line(line: impl std::fmt::Display) -> Result<(), Failure> {
     write_stdout(format!("{line}\n").as_bytes())
 }
 
-/// Progress text on stderr. On a terminal, percentages redraw one line as a bar; elsewhere
-/// (logs, pipes) every tenth percent gets a line of its own. Other messages always get a line.
-struct Progress {
-    tty: bool,
-    verbosity: cli_support::Verbosity,
-    state: Mutex<ProgressState>,
-}
-
-#[derive(Default)]
-struct ProgressState {
-    label: String,
-    /// A bar is drawn on the current line and must be cleared before other text.
-    drawn: bool,
-    /// The highest percentage shown for this label: parallel workers report out of order, and
-    /// a bar that goes backwards helps nobody.
-    highest: Option<u64>,
-    last_logged: Option<u64>,
-}
-
-impl Progress {
-    fn new() -> Self {
-        Progress {
-            tty: std::io::stderr().is_terminal(),
-            verbosity: cli_support::verbosity(),
-            state: Mutex::new(ProgressState::default()),
-        }
-    }
-
-    /// What the following percentages are about, e.g. `pop223`.
-    fn label(&self, label: &str) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.label = label.to_string();
-        st.highest = None;
-        st.last_logged = None;
-    }
-
-    fn say(&self, text: &str) {
-        let out = self.render(text);
-        if !out.is_empty() {
-            eprint!("{out}");
-        }
-    }
-
-    /// What `say` writes to stderr for `text` (empty: nothing), updating the state. `-q` shows
-    /// nothing; `-v` logs every percentage off a terminal.
-    fn render(&self, text: &str) -> String {
-        if self.verbosity == cli_support::Verbosity::Quiet {
-            return String::new();
-        }
-        let every = self.verbosity == cli_support::Verbosity::Verbose;
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let pct = text
-            .strip_suffix('%')
-            .and_then(|n| n.parse::<u64>().ok())
-            .filter(|p| *p <= 100);
-        if let Some(p) = pct {
-            if st.highest.is_some_and(|h| p <= h) {
-                return String::new();
-            }
-            st.highest = Some(p);
-        }
-        match pct {
-            Some(p) if self.tty => {
-                const WIDTH: u64 = 30;
-                let filled = (p * WIDTH / 100) as usize;
-                st.drawn = true;
-                format!(
-                    "\r\x1b[2K{} [{}{}] {p:>3}%",
-                    st.label,
-                    "=".repeat(filled),
-                    " ".repeat(WIDTH as usize - filled)
-                )
-            }
-            Some(p) => {
-                if every || st.last_logged.is_none_or(|l| p / 10 > l / 10) {
-                    st.last_logged = Some(p);
-                    format!("{} {p}%\n", st.label)
-                } else {
-                    String::new()
-                }
-            }
-            None => {
-                let clear = if st.drawn { "\r\x1b[2K" } else { "" };
-                st.drawn = false;
-                format!("{clear}{text}\n")
-            }
-        }
-    }
-
-    fn finish(&self) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if st.drawn {
-            eprintln!();
-            st.drawn = false;
-        }
-    }
-}
-
-fn run(cli: Cli) -> Result<(), Fail> {
+fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Completions { shell } = cli.command {
         let mut cmd = <Cli as clap::CommandFactory>::command();
         let script = cli_support::completion_script(shell, &mut cmd, "device-modeld-manager");
         return write_stdout(&script);
     }
-    require_data_dir(&cli.data_dir)?;
-    let builtin_dir = cli
-        .builtin_dir
-        .clone()
-        .unwrap_or_else(|| cli.openpilot_dir.join(migration::tree::BUILTIN_SUBDIR));
-    let decision = tree::decide(&tree::read(&cli.openpilot_dir), cli.generation);
-    let (generation, tinygrad) = match &decision {
-        tree::Decision::Known { generation, commit } => (*generation, commit.clone()),
-        tree::Decision::OverrideDisagrees {
-            given,
-            tree,
-            commit,
-        } => {
-            return Err(Fail::new(
-                USAGE,
-                format!(
-                    "--generation {given} disagrees with the openpilot tree {}: its tinygrad \
-                     {commit} is {tree}'s pin; nothing was touched\nnext: drop --generation (the \
-                     tree decides), or pass --generation {tree}, or --openpilot-dir for the \
-                     checkout this device runs",
-                    cli.openpilot_dir.display()
-                ),
-            ));
-        }
-        tree::Decision::Paused(paused) => return paused_run(&cli, &builtin_dir, paused),
-    };
-    let mut device = Device::new(DeviceConfig {
+    let options = open::Options {
         data_dir: cli.data_dir.clone(),
         memory_params_dir: cli.memory_params_dir.clone(),
-        builtin_dir: builtin_dir.clone(),
-        generation,
-    });
-    device.sysfs_root = cli.sysfs_root.clone();
-    let dl = Downloader::new(
-        Origins::new(&cli.hf_base, &cli.github_base),
-        DownloadConfig {
+        builtin_dir: cli.builtin_dir.clone(),
+        openpilot_dir: cli.openpilot_dir.clone(),
+        generation: cli.generation,
+        sysfs_root: cli.sysfs_root.clone(),
+        hf_base: cli.hf_base.clone(),
+        github_base: cli.github_base.clone(),
+        download: DownloadConfig {
             connections: cli.connections.max(1),
             ranges_per_chunk: cli.ranges_per_chunk.max(1),
             space_margin: cli.space_margin_mib * 1024 * 1024,
             ..DownloadConfig::default()
         },
-    );
-    let dl = trust::with_keys(dl, cli.trusted_keys.as_deref())?.with_tinygrad_pin(tinygrad.clone());
-    let device = trust::device_with_keys(device, &dl);
-    let tree_status = tree::TreeStatus::of(&cli.openpilot_dir, &decision);
-    cli_support::detail!(
-        "data dir {}, models {}, memory params {}, built-in {}, openpilot tree {} (tinygrad {tinygrad}), generation {generation}, origins {} then {}, trusted keys {}",
-        cli.data_dir.display(),
-        device.models_dir().display(),
-        cli.memory_params_dir.display(),
-        builtin_dir.display(),
-        cli.openpilot_dir.display(),
-        cli.hf_base,
-        cli.github_base,
-        cli.trusted_keys
-            .as_deref()
-            .map_or("default".to_string(), |k| k.display().to_string())
-    );
-    let progress = Progress::new();
-    let print = |p: &migration::Progress| progress.say(&p.to_string());
+        trusted_keys: cli.trusted_keys.clone(),
+    };
+    let open::Ready {
+        device,
+        dl,
+        tinygrad,
+        tree: tree_status,
+    } = match open::open(&options)? {
+        open::Opened::Ready(ready) => *ready,
+        open::Opened::Paused {
+            paused,
+            builtin_dir,
+        } => return paused_run(&cli, &builtin_dir, &paused),
+    };
+    cli_support::detail!("{}", options.describe(&device, &tinygrad));
+    let progress = render::StderrProgress::new(std::io::stderr().is_terminal());
+    let print = |p: &migration::Progress| progress.say(p);
     match cli.command {
         Command::Resolve { json } => {
             let r = migration::report::resolve(&device)?;
             if let Some(d) = &r.doubt {
                 eprintln!("warning: answering the built-in model: {d}");
             }
-            if json {
-                return out_line(serde_json::to_string(&r).expect("serializable"));
+            if !json {
+                cli_support::info!("model: {} ({} {})", r.id, r.name, r.version);
             }
-            cli_support::info!("model: {} ({} {})", r.id, r.name, r.version);
-            out_line(r.path.display())
+            out_line(render::resolve_line(&r, json))
         }
-        Command::Status { json } => status(&device, &dl, &tree_status, json),
+        Command::Status { json } => {
+            let doc = render::StatusDocument::of(&device, tree_status)?;
+            if json {
+                return out_line(serde_json::to_string(&doc).expect("serializable"));
+            }
+            for line in doc.lines() {
+                out_line(line)?;
+            }
+            if let Some(next) = doc.next() {
+                cli_support::info!("next: {next}");
+            }
+            Ok(())
+        }
         Command::Refresh {
             dry_run: true,
             json,
@@ -621,20 +333,16 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 Ok(plan) => plan,
                 Err(e) => {
                     let before = migration::preview::refresh_failure(&device, &e)?;
-                    let mut fail = Fail::from(e);
                     // The message, then what the real run would write before failing, then
                     // `next:`.
-                    let (message, next) = match fail.message.split_once("\nnext: ") {
-                        Some((m, n)) => (m.to_string(), format!("\nnext: {n}")),
-                        None => (fail.message.clone(), String::new()),
-                    };
-                    let lines = dry_run::failure_lines(&before);
-                    fail.message = format!("{message}{}{next}", lines.join(""));
+                    let mut fail = Failure::from(e);
+                    fail.message
+                        .push_str(&dry_run::failure_lines(&before).join(""));
                     return Err(fail);
                 }
             };
             if json {
-                return out_line(dry_run::refresh_json(&plan));
+                return out_line(DryRun::of(&plan).to_json());
             }
             for line in dry_run::refresh_lines(&plan) {
                 out_line(line)?;
@@ -710,20 +418,16 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 true => None,
                 false => Some(parse_model_id(id)?),
             };
-            let migration::preview::DownloadPlanReport {
-                models,
-                needed,
-                free,
-            } = migration::preview::download(
+            let plan = migration::preview::download(
                 &device,
                 &dl,
                 id.as_ref(),
                 cli.space_margin_mib * 1024 * 1024,
             )?;
             if json {
-                return out_line(dry_run::download_json(&models, needed, free));
+                return out_line(DryRun::of(&plan).to_json());
             }
-            for line in dry_run::download_lines(&models, needed, free) {
+            for line in dry_run::download_lines(&plan.models, plan.needed, plan.free) {
                 out_line(line)?;
             }
             cli_support::info!("next: run `download` without --dry-run to do it");
@@ -735,16 +439,14 @@ fn run(cli: Cli) -> Result<(), Fail> {
             let cancel = CancelToken::new();
             let mut done = Vec::new();
             if all {
-                let catalog = device.require_catalog()?;
-                for entry in
-                    migration::downloadable(&catalog, device.chestnut(), device.is_protected())
-                {
-                    progress.label(entry.id().as_str());
-                    progress.say(&format!("downloading {}", entry.id()));
-                    let r = migration::install(&device, &dl, entry, &cancel, &print);
-                    progress.finish();
-                    done.push((entry.id().clone(), r?.is_some()));
-                }
+                let around = |entry: &manifest::ModelEntry, before: bool| match before {
+                    true => {
+                        progress.label(entry.id().as_str());
+                        progress.line(format_args!("downloading {}", entry.id()));
+                    }
+                    false => progress.finish(),
+                };
+                done = migration::download_all(&device, &dl, &cancel, &around, &print)?.models;
             } else {
                 let id = parse_model_id(id)?;
                 progress.label(id.as_str());
@@ -752,26 +454,14 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 progress.finish();
                 done.push((id, r?.is_some()));
             }
-            let path_of = |id: &ModelId| {
-                if migration::is_builtin_id(id.as_str()) {
-                    device.builtin_path()
-                } else {
-                    device.artifact_path(id)
-                }
-            };
+            let report = migration::DownloadReport::of(&device, &done);
             if json {
-                let models: Vec<_> = done
-                    .iter()
-                    .map(|(id, downloaded)| {
-                        json!({"id": id.as_str(), "path": path_of(id), "downloaded": downloaded})
-                    })
-                    .collect();
-                return out_line(json!({ "models": models }));
+                return out_line(serde_json::to_string(&report).expect("serializable"));
             }
             if all {
                 out_line("All models downloaded!")?;
-            } else if let Some((id, _)) = done.first() {
-                out_line(path_of(id).display())?;
+            } else if let Some(m) = report.models.first() {
+                out_line(m.path.display())?;
             }
             cli_support::info!(
                 "next: select a model in the UI (param `Model`); `resolve` prints what modeld loads"
@@ -783,9 +473,10 @@ fn run(cli: Cli) -> Result<(), Fail> {
             dry_run: true,
             json,
         } => {
-            let plan = migration::gc_plan(&device)?;
+            let plan = migration::gc(&device.planning())?;
             if json {
-                return out_line(json!({ "dry_run": true, "would_remove": plan }));
+                let plan = migration::GcPlan { would_remove: plan };
+                return out_line(DryRun::of(&plan).to_json());
             }
             for r in &plan {
                 out_line(format_args!("would remove {r}"))?;
@@ -802,7 +493,8 @@ fn run(cli: Cli) -> Result<(), Fail> {
             let _lock = ManagerLock::acquire(&device.models_dir())?;
             let removed = migration::gc(&device)?;
             if json {
-                return out_line(json!({ "removed": removed }));
+                let report = migration::GcReport { removed };
+                return out_line(serde_json::to_string(&report).expect("serializable"));
             }
             for r in &removed {
                 out_line(format_args!("removed {r}"))?;
@@ -816,281 +508,87 @@ fn run(cli: Cli) -> Result<(), Fail> {
             poll_ms,
             refresh_secs,
             retry_secs,
-        } => daemon(
-            &device,
-            &dl,
-            &tree_status,
-            &migration::daemon::DaemonConfig {
+        } => {
+            let _lock = ManagerLock::acquire(&device.models_dir())?;
+            let stopping = migration::stop::on_signals();
+            log(&render::tree_line(&tree_status));
+            let config = migration::daemon::DaemonConfig {
                 poll: Duration::from_millis(poll_ms),
                 refresh_every: Duration::from_secs(refresh_secs),
                 retry_offline: Duration::from_secs(retry_secs),
-            },
-        ),
+            };
+            migration::daemon::run(&device, &dl, &config, &stopping, &log)?;
+            Ok(())
+        }
         Command::Completions { .. } => unreachable!("handled before the device is opened"),
     }
 }
 
 /// The `ID` argument of `download`.
-fn parse_model_id(id: Option<String>) -> Result<ModelId, Fail> {
+fn parse_model_id(id: Option<String>) -> Result<ModelId, Failure> {
     id.unwrap_or_default()
         .parse()
         .map_err(|e: manifest::Error| {
-            Fail::new(
-                code::FAILURE,
-                format!("{e}\nnext: `status` lists the catalog's models"),
-            )
+            failure(code::FAILURE, e).with_next(Some("`status` lists the catalog's models"))
         })
 }
 
-/// The data root must already exist: on a comma `/data` always does, so a missing one is a typo
-/// (or the wrong machine), and answering for an empty device there would mislead.
-fn require_data_dir(dir: &std::path::Path) -> Result<(), Fail> {
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(Fail::new(
-            code::FAILURE,
-            format!(
-                "--data-dir {}: not a directory\nnext: pass the device's data root (default /data)",
-                dir.display()
-            ),
-        )),
-        Err(e) => Err(Fail::new(
-            code::FAILURE,
-            format!(
-                "--data-dir {}: {e}\nnext: pass the device's data root (default /data); it is \
-                 never created",
-                dir.display()
-            ),
-        )),
-    }
-}
-
-fn status(
+fn verify(
     device: &Device,
-    dl: &Downloader,
-    tree: &tree::TreeStatus,
+    id: Option<String>,
+    dry_run: bool,
     json_out: bool,
-) -> Result<(), Fail> {
-    let r = migration::report::status(device)?;
-    let trust = trust::status_json(device, dl)?;
-    if json_out {
-        let mut v = serde_json::to_value(&r).expect("serializable");
-        v["trust"] = trust;
-        v["tree"] = serde_json::to_value(tree).expect("serializable");
-        return out_line(v);
-    }
-    let mut lines = vec![
-        format!("generation: {}", r.generation),
-        tree_line(tree),
-        format!(
-            "manifest version: {}",
-            r.manifest_version.as_deref().unwrap_or("none")
-        ),
-        format!(
-            "selected: {} ({} {})",
-            r.selected.id, r.selected.name, r.selected.version
-        ),
-        format!("resolves to: {}", r.resolved.display()),
-        match (r.catalog_models, &r.catalog_problem) {
-            (Some(n), _) => format!("catalog: {n} models"),
-            (None, Some(p)) => format!("catalog: NOT USED: {p}"),
-            (None, None) => "catalog: none yet".to_string(),
-        },
-    ];
-    for n in &r.not_installable {
-        lines.push(format!("  {} ({}): {}", n.id, n.file, n.reason));
-    }
-    for m in &r.installed {
-        lines.push(format!("  {} {}", m.id, state_text(m.state)));
-    }
-    lines.push(format!(
-        "free bytes: {}",
-        r.free_bytes
-            .map(|f| f.to_string())
-            .unwrap_or("unknown".into())
-    ));
-    if let Some(fb) = &r.fallback {
-        for p in &fb.pending {
-            lines.push(format!(
-                "{} {}: {} failed attempt(s), next retry at unix {} ({})",
-                match p.case {
-                    migration::report::PendingCase::Temporary => "waiting for",
-                    migration::report::PendingCase::Update => "update pending for",
-                },
-                p.id,
-                p.failures,
-                p.next_retry,
-                p.reason
-            ));
-        }
-        if !fb.dropped.is_empty() {
-            lines.push(format!(
-                "dropped for good (not in the catalog): {}",
-                fb.dropped.join(", ")
-            ));
-        }
-    }
-    if let Some(j) = &r.interrupted_migration {
-        lines.push(format!(
-            "interrupted migration: {} -> {} at the {} phase",
-            j.from.as_deref().unwrap_or("none"),
-            j.to,
-            match j.phase {
-                migration::Phase::Purge => "purge",
-                migration::Phase::Download => "download",
-            }
-        ));
-    }
-    lines.extend(trust::status_lines(&trust));
-    for l in lines {
-        out_line(l)?;
-    }
-    if r.interrupted_migration.is_some() {
-        cli_support::info!("next: `refresh` finishes the interrupted migration");
-    } else if r.catalog_models.is_none() {
-        cli_support::info!(
-            "next: `refresh` (online) fetches the {} catalog",
-            device.config.generation
-        );
-    } else if r.installed.iter().any(|m| m.state == VerifyState::Corrupt) {
-        cli_support::info!(
-            "next: `download <ID>` replaces a corrupt model; `resolve` never hands one to modeld"
-        );
-    }
-    Ok(())
-}
-
-fn state_text(s: VerifyState) -> &'static str {
-    match s {
-        VerifyState::Verified => "verified",
-        VerifyState::Outdated => "outdated (verified copy of an earlier publish; in use)",
-        VerifyState::Unverified => "unverified",
-        VerifyState::Corrupt => "corrupt",
-        VerifyState::Missing => "missing",
-    }
-}
-
-fn verify(device: &Device, id: Option<String>, dry_run: bool, json_out: bool) -> Result<(), Fail> {
+) -> Result<(), Failure> {
     let on_hash = |id: &ModelId| {
         if !json_out {
             cli_support::info!("verifying {id}...");
         }
     };
-    let r = if dry_run {
-        migration::report::verify_read_only(device, id.as_deref(), &on_hash)
-    } else {
-        migration::report::verify(device, id.as_deref(), &on_hash)
-    };
-    let r = match r {
+    let doc = match render::VerifyDocument::of(device, id.as_deref(), dry_run, &on_hash) {
         Err(migration::Error::UnknownModel { id, generation }) => {
-            return Err(Fail::new(
+            return Err(failure(
                 code::FAILURE,
-                format!(
-                    "model {id} is not in the {generation} catalog; `status` lists the installed models"
+                format_args!(
+                    "model {id} is not in the {generation} catalog; `status` lists the installed \
+                     models"
                 ),
             ));
         }
-        r => r?,
+        doc => doc?,
     };
     if json_out {
-        if dry_run {
-            out_line(json!({"dry_run": true, "models": r.models}))?;
-        } else {
-            out_line(serde_json::to_string(&r).expect("serializable"))?;
-        }
+        out_line(serde_json::to_string(&doc).expect("serializable"))?;
     } else {
-        for m in &r.models {
-            out_line(format_args!("{} {}", m.id, state_text(m.state)))?;
+        for line in doc.lines() {
+            out_line(line)?;
         }
-        if r.models.is_empty() {
+        if doc.report.models.is_empty() {
             cli_support::info!("no installed models to verify");
         }
     }
-    if !r.all_verified() {
-        return Err(Fail {
-            json_printed: json_out,
-            ..Fail::new(
-                code::NOT_VERIFIED,
-                "some models are missing or do not match the catalog; run `download <ID>` for \
-                 each one not listed as verified",
-            )
-        });
+    match doc.failure() {
+        Some(f) if json_out => Err(f.after_json_report()),
+        Some(f) => Err(f),
+        None => Ok(()),
     }
-    Ok(())
 }
 
-/// Set by SIGTERM/SIGINT; the daemon polls it.
-static STOPPING: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop_signal(_: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    STOPPING.store(true, Ordering::SeqCst);
-}
-
-fn daemon(
-    device: &Device,
-    dl: &Downloader,
-    tree: &tree::TreeStatus,
-    config: &migration::daemon::DaemonConfig,
-) -> Result<(), Fail> {
-    let _lock = ManagerLock::acquire(&device.models_dir())?;
-    let stopping = stop_on_signals();
-    let log = |line: &str| cli_support::info!("device-modeld-manager: {line}");
-    log(&tree_line(tree));
-    migration::daemon::run(device, dl, config, &stopping, &log)?;
-    Ok(())
-}
-
-/// A flag set by SIGTERM/SIGINT (relayed from the signal handler's atomic by a thread).
-fn stop_on_signals() -> Arc<AtomicBool> {
-    for sig in [libc::SIGTERM, libc::SIGINT] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe {
-            libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t);
-        }
-    }
-    let stopping = Arc::new(AtomicBool::new(false));
-    let relay = {
-        let stopping = stopping.clone();
-        std::thread::spawn(move || {
-            while !STOPPING.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            stopping.store(true, Ordering::SeqCst);
-        })
-    };
-    drop(relay);
-    stopping
-}
-
-/// `tree: …` as `status` and the daemon's log say it.
-fn tree_line(t: &tree::TreeStatus) -> String {
-    format!(
-        "tree: {} runs tinygrad {} ({})",
-        t.openpilot_dir.display(),
-        t.tinygrad_commit
-            .as_ref()
-            .map_or("unreadable".to_string(), |c| c.to_string()),
-        match (t.generation, t.state) {
-            (Some(g), _) => format!("{g}'s pin"),
-            (None, "unknown") => "no known generation's pin: paused".to_string(),
-            (None, _) => "paused".to_string(),
-        }
-    )
+/// The daemon's log line.
+fn log(line: &str) {
+    cli_support::info!("device-modeld-manager: {line}");
 }
 
 /// Every command while the tree's tinygrad has no generation: nothing on the device is changed.
 /// `resolve` answers the built-in and `status` says why; `run` waits, answering the UI's
 /// requests with the pause; every other command exits 10 (`ModelDownloadProgress` says it for
 /// `refresh` and `download`, except in a dry run, which writes nothing).
-fn paused_run(cli: &Cli, builtin_dir: &std::path::Path, paused: &tree::Paused) -> Result<(), Fail> {
+fn paused_run(
+    cli: &Cli,
+    builtin_dir: &std::path::Path,
+    paused: &tree::Paused,
+) -> Result<(), Failure> {
     let memory = migration::Params::new(cli.memory_params_dir.clone());
-    let fail = || {
-        Fail::new(
-            code::PAUSED,
-            format!("{}\nnext: {}", paused.message(), paused.next()),
-        )
-    };
+    let fail = || failure(code::PAUSED, paused.message()).with_next(Some(paused.next()));
     match &cli.command {
         Command::Resolve { json } => {
             let r = tree::resolve_paused(builtin_dir, paused)?;
@@ -1098,35 +596,31 @@ fn paused_run(cli: &Cli, builtin_dir: &std::path::Path, paused: &tree::Paused) -
                 "warning: answering the built-in model: {}",
                 paused.message()
             );
-            if *json {
-                return out_line(serde_json::to_string(&r).expect("serializable"));
-            }
-            out_line(r.path.display())
+            out_line(render::resolve_line(&r, *json))
         }
         Command::Status { json } => {
             let r = tree::status_paused(&cli.data_dir, builtin_dir, &cli.openpilot_dir, paused);
             if *json {
                 return out_line(serde_json::to_string(&r).expect("serializable"));
             }
-            for l in [
-                "generation: none (paused)".to_string(),
-                tree_line(&r.tree),
-                format!("resolves to: {}", r.resolved.display()),
-                format!("problem: {}", paused.message()),
-            ] {
-                out_line(l)?;
+            for line in render::paused_status_lines(&r) {
+                out_line(line)?;
             }
             cli_support::info!("next: {}", paused.next());
             Ok(())
         }
         Command::Run { poll_ms, .. } => {
-            let stopping = stop_on_signals();
-            let log = |line: &str| cli_support::info!("device-modeld-manager: {line}");
             let config = migration::daemon::DaemonConfig {
                 poll: Duration::from_millis(*poll_ms),
                 ..Default::default()
             };
-            tree::run_paused(&memory, paused, &config, &stopping, &log)?;
+            tree::run_paused(
+                &memory,
+                paused,
+                &config,
+                &migration::stop::on_signals(),
+                &log,
+            )?;
             Ok(())
         }
         Command::Refresh { dry_run: false, .. } | Command::Download { dry_run: false, .. } => {
@@ -1134,87 +628,5 @@ fn paused_run(cli: &Cli, builtin_dir: &std::path::Path, paused: &tree::Paused) -
             Err(fail())
         }
         _ => Err(fail()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn progress(tty: bool) -> Progress {
-        progress_at(tty, cli_support::Verbosity::Normal)
-    }
-
-    fn progress_at(tty: bool, verbosity: cli_support::Verbosity) -> Progress {
-        let p = Progress {
-            tty,
-            verbosity,
-            state: Mutex::new(ProgressState::default()),
-        };
-        p.label("pop223");
-        p
-    }
-
-    #[test]
-    fn logs_get_a_line_per_tenth_and_never_go_backwards() {
-        let p = progress(false);
-        let shown: Vec<String> = ["0%", "3%", "12%", "9%", "13%", "25%", "100%", "Downloaded!"]
-            .iter()
-            .map(|t| p.render(t))
-            .filter(|s| !s.is_empty())
-            .collect();
-        assert_eq!(
-            shown,
-            [
-                "pop223 0%\n",
-                "pop223 12%\n",
-                "pop223 25%\n",
-                "pop223 100%\n",
-                "Downloaded!\n"
-            ]
-        );
-        // A new label starts over.
-        p.label("other");
-        assert_eq!(p.render("5%"), "other 5%\n");
-    }
-
-    #[test]
-    fn quiet_shows_no_progress_and_verbose_logs_every_percentage() {
-        let texts = ["0%", "3%", "12%", "9%", "13%", "Downloaded!"];
-        for tty in [false, true] {
-            let q = progress_at(tty, cli_support::Verbosity::Quiet);
-            assert!(texts.iter().all(|t| q.render(t).is_empty()), "tty {tty}");
-        }
-        let v = progress_at(false, cli_support::Verbosity::Verbose);
-        let shown: Vec<String> = texts.iter().map(|t| v.render(t)).collect();
-        assert_eq!(
-            shown,
-            [
-                "pop223 0%\n",
-                "pop223 3%\n",
-                "pop223 12%\n",
-                "",
-                "pop223 13%\n",
-                "Downloaded!\n"
-            ],
-            "every new percentage, still never backwards"
-        );
-    }
-
-    #[test]
-    fn a_terminal_gets_one_redrawn_bar_cleared_before_text() {
-        let p = progress(true);
-        let bar = p.render("50%");
-        assert!(
-            bar.starts_with("\r\x1b[2Kpop223 [") && bar.ends_with(" 50%"),
-            "{bar:?}"
-        );
-        assert!(!bar.contains('\n'));
-        assert_eq!(p.render("40%"), "", "out-of-order progress is dropped");
-        assert_eq!(
-            p.render("Verifying authenticity..."),
-            "\r\x1b[2KVerifying authenticity...\n"
-        );
-        assert_eq!(p.render("Downloaded!"), "Downloaded!\n");
     }
 }

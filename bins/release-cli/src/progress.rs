@@ -1,8 +1,10 @@
 //! Progress bars on a terminal; nothing when stderr is not one, with `--json` or with `-q`. The
-//! bars carry no colour, so `NO_COLOR` has nothing to remove from them.
+//! bars carry no colour, so `NO_COLOR` has nothing to remove from them. The byte bar's layout is
+//! `cli_support::progress`'s, which the device binary draws too.
 
-use std::io::{IsTerminal, Read};
+use std::io::Read;
 
+use cli_support::progress::{BAR_CHARS, BYTES_TEMPLATE, bars_hidden as hidden};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// A byte-count progress bar on stderr, hidden when it would only be noise.
@@ -12,11 +14,9 @@ pub fn bytes_bar(len: u64, message: impl Into<String>, json: bool) -> ProgressBa
     }
     let bar = ProgressBar::new(len);
     bar.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
+        ProgressStyle::with_template(BYTES_TEMPLATE)
+            .expect("valid template")
+            .progress_chars(BAR_CHARS),
     );
     bar.set_message(message.into());
     bar
@@ -49,10 +49,4 @@ pub fn spinner(message: impl Into<String>, json: bool) -> ProgressBar {
     bar.set_message(message.into());
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar
-}
-
-/// A bar would only be noise: `--json`, `-q`, or stderr is not a terminal.
-fn hidden(json: bool) -> bool {
-    json || cli_support::verbosity() == cli_support::Verbosity::Quiet
-        || !std::io::stderr().is_terminal()
 }

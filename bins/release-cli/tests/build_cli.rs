@@ -532,6 +532,70 @@ fn compile_refusals_and_exit_codes() {
     );
 }
 
+/// `compile --dry-run` lists what the real `compile` then does against the loopback compiler:
+/// the `./models` command line it runs, the log and chunk-set files it writes, the earlier set it
+/// removes, the remote directories left clean by its last step; the dry run changes nothing.
+#[test]
+fn a_compile_dry_run_lists_what_the_real_compile_then_does() {
+    let Some(sshd) = Sshd::start() else { return };
+    let dev = DeviceRoot::new(Some(PIN));
+    let t = tempfile::tempdir().unwrap();
+    write(&t.path().join("src/driving_supercombo.onnx"), b"src");
+    write(
+        &t.path().join("out/rdf43_driving_tinygrad.pkl.chunk01of07"),
+        b"an older set",
+    );
+    let mut buf = Vec::new();
+    let mut args = vec![
+        "compile",
+        "--model",
+        "rdf43",
+        "--version",
+        "v15",
+        "--source",
+        "src/driving_supercombo.onnx",
+        "--out",
+        "out",
+    ];
+    args.extend(remote(&sshd, &dev, &mut buf));
+    let mut dry = args.clone();
+    dry.extend(["--dry-run", "--json"]);
+    let before = snapshot(t.path());
+    let out = cli(&dry, t.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(snapshot(t.path()), before, "a dry run wrote something");
+    assert!(dev.calls().is_empty());
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    let out = cli(&args, t.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let call = dev.calls().pop().unwrap();
+    let models = call.split(" | inputs=").next().unwrap();
+    let command = plan["steps"][3]["command"].as_str().unwrap();
+    assert!(
+        command.ends_with(&format!("./models {models} 2>&1")),
+        "{command} / {call}"
+    );
+    for w in plan["writes"].as_array().unwrap() {
+        let w = t.path().join(w.as_str().unwrap());
+        let written = match w.to_str().unwrap().strip_suffix('*') {
+            Some(prefix) => fs::read_dir(w.parent().unwrap()).unwrap().any(|e| {
+                let p = e.unwrap().path();
+                p.to_str().unwrap().starts_with(prefix) && p.is_file()
+            }),
+            None => w.is_file(),
+        };
+        assert!(written, "{} was not written", w.display());
+    }
+    let removes = plan["removes"].as_array().unwrap();
+    assert_eq!(removes.len(), 1);
+    assert!(!t.path().join(removes[0].as_str().unwrap()).exists());
+    for dir in ["uncompiledmodels", "compiledmodels"] {
+        let left = fs::read_dir(dev.remote_root().join(dir)).unwrap().count();
+        assert_eq!(left, 0, "{dir} was not cleaned");
+    }
+}
+
 #[test]
 fn sync_and_dm_through_the_cli() {
     let Some(sshd) = Sshd::start() else { return };

@@ -228,7 +228,9 @@ fn colour_on_a_terminal_follows_no_color_and_the_flag() {
         .output()
         .is_err()
     {
-        eprintln!("skipping: util-linux `script` (a pseudo-terminal) is not installed");
+        test_support::skip::skipped(
+            "util-linux `script` (a pseudo-terminal) is not installed (apt-get install bsdutils)",
+        );
         return;
     }
     let t = tempfile::tempdir().unwrap();

@@ -24,10 +24,10 @@ fn minisign_binary() -> Option<PathBuf> {
         if std::env::var(REQUIRE_MINISIGN).as_deref() == Ok("1") {
             panic!("{REQUIRE_MINISIGN}=1 but `minisign` is not on PATH; apt-get install minisign");
         }
-        eprintln!(
-            "SKIPPED: `minisign` is not installed (apt-get install minisign); set \
+        test_support::skip::skipped(&format!(
+            "`minisign` is not installed (apt-get install minisign); set \
              {REQUIRE_MINISIGN}=1 to make this a failure"
-        );
+        ));
     }
     found
 }

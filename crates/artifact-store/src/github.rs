@@ -10,11 +10,29 @@
 //!   writes the manifest last.
 //!
 //! Reads come from the working tree, which the checks above keep equal to the remote branch.
+//!
+//! An interrupted publish (kill -9, power loss) resumes on the next run with no hand repair:
+//! - `open` takes the checkout's publish lock (`<git dir>/starpilot-publish.lock`, an `flock`)
+//!   and keeps it while the store lives. The lock's descriptor is inherited by every `git` this
+//!   store runs, so a `git push` orphaned by a killed publish still holds it: the next run waits
+//!   for that push to end ([`LOCK_WAIT`] at most) instead of racing it.
+//! - Holding the lock, no git command of ours runs in the checkout, so git's own lock files
+//!   left by a killed `git add`/`commit`/`push` (`index.lock`, the branch's and its remote
+//!   ref's `.lock`, `HEAD.lock`, `packed-refs.lock`) are stale and removed.
+//! - What a killed publish leaves in the working tree (a file written but not added, added but
+//!   not committed, a removal staged, a temporary of the atomic writer) is put back to `HEAD`
+//!   when every such path is one a publish writes ([`leftovers`]); anything else (a person's
+//!   edit, a file outside the branch layout) is still refused.
+//! - Its commits not yet pushed are pushed first (as before).
 
 use std::ffi::OsStr;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chunker::atomic::temp_owner;
 
 use manifest::StoreLayout;
 
@@ -40,21 +58,154 @@ pub struct GithubStore {
     branch: String,
     remote: String,
     files: LocalStore,
+    /// The checkout's publish lock, held while the store lives (module docs).
+    _lock: Option<Arc<std::fs::File>>,
 }
+
+/// How long [`GithubStore::open`] waits for another publish to the same checkout, or the `git
+/// push` of an interrupted one, to let go of the checkout.
+pub const LOCK_WAIT: Duration = Duration::from_secs(300);
+/// The publish lock's file name in the checkout's git directory.
+pub const LOCK_FILE: &str = "starpilot-publish.lock";
+
+/// The publish locks this process holds, by git directory.
+static HELD_LOCKS: std::sync::Mutex<
+    std::collections::BTreeMap<PathBuf, std::sync::Weak<std::fs::File>>,
+> = std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 impl GithubStore {
     /// Open a checkout for publishing: fetch `origin`, then check that the checkout is on
     /// `branch`, clean, and at the same commit as `origin/<branch>`.
     pub fn open(checkout: impl Into<PathBuf>, branch: &str) -> Result<Self> {
+        Self::open_waiting(checkout, branch, LOCK_WAIT)
+    }
+
+    /// [`open`](Self::open), waiting at most `wait` for the checkout's publish lock.
+    pub fn open_waiting(
+        checkout: impl Into<PathBuf>,
+        branch: &str,
+        wait: Duration,
+    ) -> Result<Self> {
         let checkout: PathBuf = checkout.into();
-        let store = Self {
+        let mut store = Self {
             files: LocalStore::new(checkout.clone()),
             checkout,
             branch: branch.to_string(),
             remote: "origin".to_string(),
+            _lock: None,
         };
+        if store.checkout.join(".git").exists() {
+            let git_dir = PathBuf::from(store.git(["rev-parse", "--absolute-git-dir"])?);
+            // Another store of this process on the same checkout shares its lock (an flock
+            // taken twice by one process would wait for itself); that one recovered already.
+            let mut held = HELD_LOCKS.lock().unwrap_or_else(|p| p.into_inner());
+            held.retain(|_, lock| lock.strong_count() > 0);
+            if let Some(lock) = held.get(&git_dir).and_then(std::sync::Weak::upgrade) {
+                store._lock = Some(lock);
+            } else {
+                let lock = Arc::new(store.take_lock(&git_dir, wait)?);
+                held.insert(git_dir.clone(), Arc::downgrade(&lock));
+                drop(held);
+                store._lock = Some(lock);
+                store.recover(&git_dir)?;
+            }
+        }
         store.check_ready()?;
         Ok(store)
+    }
+
+    /// The checkout's publish lock, waiting up to `wait` for its holder (another publish, or
+    /// the orphaned `git push` of a killed one) to end. Its descriptor is left inheritable so
+    /// that every `git` this store starts holds it too.
+    fn take_lock(&self, git_dir: &Path, wait: Duration) -> Result<std::fs::File> {
+        use std::os::fd::AsRawFd;
+        let path = git_dir.join(LOCK_FILE);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|source| Error::StoreRead {
+                what: path.display().to_string(),
+                source,
+            })?;
+        let fd = file.as_raw_fd();
+        let began = Instant::now();
+        let mut said = false;
+        loop {
+            // SAFETY: plain flock(2) on a descriptor we own.
+            if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                break;
+            }
+            if began.elapsed() >= wait {
+                return Err(self.refuse(format!(
+                    "another publish to this checkout, or the `git push` of an interrupted one, still holds {} after {} s; let it finish (or find it with `fuser {}` and stop it), then rerun",
+                    path.display(),
+                    wait.as_secs(),
+                    path.display()
+                )));
+            }
+            if !said {
+                tracing::info!(
+                    "waiting for another publish to {} (or an interrupted one's git push) to finish",
+                    self.checkout.display()
+                );
+                said = true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // SAFETY: fcntl(2) on a descriptor we own; clears FD_CLOEXEC so children inherit it.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            }
+        }
+        Ok(file)
+    }
+
+    /// Holding the publish lock: remove git's stale lock files and put back to `HEAD` what an
+    /// interrupted publish left in the working tree (module docs). A tree with anything else
+    /// in it is left for [`check_ready`](Self::check_ready) to refuse.
+    fn recover(&self, git_dir: &Path) -> Result<()> {
+        let locks = [
+            "index.lock".to_string(),
+            "HEAD.lock".to_string(),
+            "packed-refs.lock".to_string(),
+            format!("refs/heads/{}.lock", self.branch),
+            format!("refs/remotes/{}/{}.lock", self.remote, self.branch),
+        ];
+        for lock in locks {
+            let p = git_dir.join(&lock);
+            if p.is_file() {
+                fs_err::remove_file(&p)?;
+                tracing::info!("removed {} left by an interrupted git command", p.display());
+            }
+        }
+        let status = self.git_raw(["status", "--porcelain=v1", "-z", "--untracked-files=all"])?;
+        let Ok(paths) = leftovers(&status) else {
+            return Ok(());
+        };
+        if paths.is_empty() {
+            return Ok(());
+        }
+        let mut args: Vec<String> = vec!["reset".into(), "--quiet".into(), "--".into()];
+        args.extend(paths.iter().cloned());
+        self.git(&args)?;
+        for p in &paths {
+            let in_head = self.git(["cat-file", "-e", &format!("HEAD:{p}")]).is_ok();
+            if in_head {
+                self.git(["checkout", "--quiet", "HEAD", "--", p])?;
+            } else {
+                chunker::atomic::remove_if_exists(self.checkout.join(p))?;
+            }
+        }
+        tracing::info!(
+            "put back {} file(s) an interrupted publish left in {}",
+            paths.len(),
+            self.checkout.display()
+        );
+        Ok(())
     }
 
     pub fn checkout(&self) -> &Path {
@@ -163,6 +314,15 @@ impl GithubStore {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        self.git_raw(args).map(|out| out.trim().to_string())
+    }
+
+    /// [`git`](Self::git) with stdout as it is (no trimming: `-z` output).
+    fn git_raw<I, S>(&self, args: I) -> Result<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
         let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
         let out = Command::new("git")
             .arg("-C")
@@ -184,7 +344,7 @@ impl GithubStore {
                 stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
             });
         }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// `git` could not be started (not installed, no such checkout directory).
@@ -218,6 +378,44 @@ impl GithubStore {
         }
         self.push()
     }
+}
+
+/// The working-tree paths an interrupted publish left, from `git status --porcelain=v1 -z
+/// --untracked-files=all`: `Ok(paths)` when every changed path is one a publish writes (a file
+/// of the branch layout, or an atomic writer's temporary of one) in a state a killed `git add`,
+/// `git rm` or `git commit` leaves (untracked, added, modified, deleted, staged or not);
+/// `Err(path)` names the first that is not, and then nothing is touched. Pure.
+pub fn leftovers(porcelain_z: &str) -> std::result::Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for record in porcelain_z.split('\0').filter(|r| !r.is_empty()) {
+        let (Some(code), Some(path)) = (record.get(..2), record.get(3..)) else {
+            return Err(record.to_string());
+        };
+        let simple = code
+            .chars()
+            .all(|c| matches!(c, ' ' | '?' | 'A' | 'M' | 'D'));
+        if !simple || !publish_writes(path) {
+            return Err(path.to_string());
+        }
+        out.push(path.to_string());
+    }
+    Ok(out)
+}
+
+/// Whether a publish writes `path` (relative to the checkout): a branch-layout file, or the
+/// atomic writer's temporary for one.
+fn publish_writes(path: &str) -> bool {
+    let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+    let name = temp_owner(name).map_or(name, |(_, dest)| dest);
+    let full = if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    };
+    full.parse::<StorePath>()
+        .ok()
+        .and_then(|p| github_to_bucket(&p))
+        .is_some()
 }
 
 /// Whether commits ahead of the remote (subjects, newest first) are all publish commits this
@@ -385,5 +583,48 @@ mod tests {
         ));
         assert!(!is_resumable(""));
         assert!(!is_resumable("Publish a\nmy own fix"));
+    }
+
+    #[test]
+    fn what_an_interrupted_publish_leaves_is_put_back_and_nothing_else() {
+        let chunk = "v25/pop/pop_driving_tinygrad.pkl.chunk01of02";
+        for (status, want) in [
+            ("", Ok(vec![])),
+            (&format!("?? {chunk}\0")[..], Ok(vec![chunk.to_string()])),
+            (&format!("A  {chunk}\0"), Ok(vec![chunk.to_string()])),
+            (&format!("AM {chunk}\0"), Ok(vec![chunk.to_string()])),
+            (
+                "M  model_names_v25.json\0 D v26/x/x_driving_tinygrad.pkl.sha256\0",
+                Ok(vec![
+                    "model_names_v25.json".to_string(),
+                    "v26/x/x_driving_tinygrad.pkl.sha256".to_string(),
+                ]),
+            ),
+            (
+                "?? v25/pop/.tmp-4242-7-pop_driving_tinygrad.pkl.chunk02of02\0",
+                Ok(vec![
+                    "v25/pop/.tmp-4242-7-pop_driving_tinygrad.pkl.chunk02of02".to_string(),
+                ]),
+            ),
+            (
+                "?? .tmp-1-2-model_names_v26.json\0",
+                Ok(vec![".tmp-1-2-model_names_v26.json".to_string()]),
+            ),
+            // A person's file, a file outside the layout, a rename, a conflict: refused.
+            ("?? stray.txt\0", Err("stray.txt".to_string())),
+            (" M README.md\0", Err("README.md".to_string())),
+            (
+                &format!("?? {chunk}\0?? notes/todo.md\0"),
+                Err("notes/todo.md".to_string()),
+            ),
+            (&format!("UU {chunk}\0"), Err(chunk.to_string())),
+            (&format!("R  {chunk}\0old\0"), Err(chunk.to_string())),
+            (
+                "?? .tmp-1-2-README.md\0",
+                Err(".tmp-1-2-README.md".to_string()),
+            ),
+        ] {
+            assert_eq!(leftovers(status), want, "{status:?}");
+        }
     }
 }

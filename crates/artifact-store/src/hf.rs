@@ -45,6 +45,9 @@ const MAX_LISTING_PAGE_BYTES: u64 = 64 * 1024 * 1024;
 /// A listing longer than this many pages is refused (far more than a bucket of models needs):
 /// a server that links on forever cannot keep us listing.
 pub const MAX_LISTING_PAGES: usize = 10_000;
+/// A listing whose next link keeps coming while this many pages in a row add no path not
+/// already listed (a fresh cursor on every page over the same or no entries) is stopped.
+pub const MAX_STALLED_PAGES: usize = 3;
 
 /// How to reach the Hub: the endpoint, the token and the CLI.
 #[derive(Clone)]
@@ -790,6 +793,7 @@ impl Store for HfBucketStore {
         let first = self.tree_url(prefix);
         let mut out = Vec::new();
         let mut pages = Pagination::new(&first, self.max_pages);
+        let mut listed = HashSet::new();
         let mut next = Some(first.clone());
         while let Some(url) = next.take() {
             let (resp, _) = self.http.send(Method::GET, &url)?;
@@ -815,7 +819,11 @@ impl Store for HfBucketStore {
                     url: url.clone(),
                     reason: format!("tree listing is not the expected JSON array: {e}"),
                 })?;
+            let mut new_paths = 0;
             for e in entries {
+                if listed.insert((e.kind.clone(), e.path.clone())) {
+                    new_paths += 1;
+                }
                 if e.kind != "file" {
                     continue;
                 }
@@ -830,7 +838,10 @@ impl Store for HfBucketStore {
                 }
             }
             if let Some(n) = &next {
-                pages.follow(n).map_err(|reason| Error::BadResponse {
+                pages
+                    .page_listed(new_paths)
+                    .and_then(|()| pages.follow(n))
+                    .map_err(|reason| Error::BadResponse {
                     url: self.http.redact(&url),
                     reason: self.http.redact(&format!(
                         "{reason}; the listing of {} was stopped (nothing was changed; try again later, and report it if it persists)",
@@ -867,6 +878,8 @@ pub struct Pagination {
     path: String,
     seen: HashSet<String>,
     max_pages: usize,
+    /// Pages in a row, up to the last one, that listed no new path.
+    stalled: usize,
 }
 
 impl Pagination {
@@ -885,7 +898,21 @@ impl Pagination {
             path: parsed.map(|u| u.path().to_string()).unwrap_or_default(),
             seen,
             max_pages,
+            stalled: 0,
         }
+    }
+
+    /// Count a fetched page that links on and listed `new_paths` paths not listed before;
+    /// refuse to go on after [`MAX_STALLED_PAGES`] such pages in a row listed nothing new.
+    pub fn page_listed(&mut self, new_paths: usize) -> Result<(), String> {
+        self.stalled = if new_paths == 0 { self.stalled + 1 } else { 0 };
+        if self.stalled >= MAX_STALLED_PAGES {
+            return Err(format!(
+                "the listing does not advance: {} pages in a row listed nothing new and still link to another page",
+                self.stalled
+            ));
+        }
+        Ok(())
     }
 
     /// Accept `next` as the following page, or say why not.
@@ -1104,6 +1131,22 @@ mod tests {
         assert!(p.follow(first).unwrap_err().contains("repeats"));
         assert_eq!(p.follow(&next(2)), Ok(()));
         assert!(p.follow(&next(3)).unwrap_err().contains("past 3 pages"));
+        // Pages that list nothing new: the third in a row ends the listing; a page with
+        // something new in between starts the count again.
+        for (pages, stops_at) in [
+            (&[5, 0, 0, 0][..], Some(3)),
+            (&[0, 0, 0][..], Some(2)),
+            (&[5, 0, 0, 1, 0, 0, 2][..], None),
+            (&[1, 1, 1, 1][..], None),
+        ] {
+            let mut p = Pagination::new(first, 100);
+            let stopped = pages.iter().position(|&n| p.page_listed(n).is_err());
+            assert_eq!(stopped, stops_at, "{pages:?}");
+        }
+        let mut p = Pagination::new(first, 100);
+        p.page_listed(0).unwrap();
+        p.page_listed(0).unwrap();
+        assert!(p.page_listed(0).unwrap_err().contains("does not advance"));
         for foreign in [
             "http://evil:1/api/buckets/a/b/tree/p?cursor=1",
             "https://h:1/api/buckets/a/b/tree/p?cursor=1",

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::*;
-use artifact_store::hf::{HfConfig, HubHttp, classify_cli_failure};
+use artifact_store::hf::{HfConfig, HubHttp, MAX_STALLED_PAGES, classify_cli_failure};
 use artifact_store::location::{HfRepoStore, RepoKind};
 use artifact_store::publish::{PublishOptions, publish};
 use artifact_store::retry::RetryPolicy;
@@ -372,16 +372,29 @@ fn tree_pagination_stops_on_loops_foreign_links_and_endless_listings() {
         "the foreign link was not fetched"
     );
 
+    // A fresh cursor on every page over the same entries: stopped once three pages in a row
+    // listed nothing new, not at the page cap. Each page that advances lists at least one of the
+    // five files, so at most five pages advance (the emulator's pages overlap by a cursor step).
     h.emu.set_link_fault(Some(LinkFault::Endless));
+    let before = h.emu.requests().len();
+    let e = store.list(&p("models/v25")).unwrap_err().to_string();
+    assert!(e.contains("does not advance"), "{e}");
+    let fetched = h.emu.requests().len() - before;
+    assert!(
+        fetched > MAX_STALLED_PAGES && fetched <= 5 + MAX_STALLED_PAGES,
+        "{fetched} pages"
+    );
+    assert!(!e.contains(h.emu.token()));
+    // The page cap still holds where it comes first.
     let before = h.emu.requests().len();
     let e = HfBucketStore::new(BUCKET, h.config.clone())
         .unwrap()
-        .with_max_listing_pages(4)
+        .with_max_listing_pages(2)
         .list(&p("models/v25"))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("past 4 pages"), "{e}");
-    assert_eq!(h.emu.requests().len() - before, 4);
+    assert!(e.contains("past 2 pages"), "{e}");
+    assert_eq!(h.emu.requests().len() - before, 2);
     assert!(!e.contains(h.emu.token()));
 }
 

@@ -3,6 +3,7 @@
 //! clients. Shared fixtures are in `common`.
 
 mod common;
+mod github_resume;
 mod hub_serve_reuse;
 mod publish_local_git;
 mod publish_rules;

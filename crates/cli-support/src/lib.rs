@@ -1,12 +1,15 @@
 //! What the two binaries' fronts share and nothing else: shell completion scripts that work past
 //! the first word, stdout writes that survive a closed pipe (`| head -c1`), the `-q`/`-v`/`--color`
-//! output flags and the colour rule (`NO_COLOR`).
+//! output flags and the colour rule (`NO_COLOR`), the failure both report through ([`Failure`],
+//! [`NextStep`]) and the layout of a download's progress line ([`progress`]).
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, IsTerminal, Write};
 use std::sync::OnceLock;
 
 use clap_complete::Shell;
+
+pub mod progress;
 
 /// The completion script for `shell`, for a binary installed as `bin`.
 ///
@@ -205,9 +208,16 @@ pub struct OutputFlags {
         help_heading = "Output options"
     )]
     pub quiet: bool,
-    /// Also print each step on stderr (what the binary's --help says under this flag).
-    #[arg(short, long, global = true, help_heading = "Output options")]
-    pub verbose: bool,
+    /// Also print each step on stderr (what the binary's --help says under this flag). `-vv`
+    /// (or more) is accepted and means the same.
+    #[arg(
+        short,
+        long,
+        global = true,
+        action = clap::ArgAction::Count,
+        help_heading = "Output options"
+    )]
+    pub verbose: u8,
     /// When to colour output (manifest diff, log lines, clap's help and errors): auto colours a
     /// terminal unless NO_COLOR is set to a non-empty value; always and never override NO_COLOR.
     /// Progress bars never use colour.
@@ -226,8 +236,8 @@ impl OutputFlags {
     pub fn verbosity(&self) -> Verbosity {
         match (self.quiet, self.verbose) {
             (true, _) => Verbosity::Quiet,
-            (false, true) => Verbosity::Verbose,
-            (false, false) => Verbosity::Normal,
+            (false, 0) => Verbosity::Normal,
+            (false, _) => Verbosity::Verbose,
         }
     }
 }
@@ -434,6 +444,28 @@ mod tests {
         assert_eq!(Failure::new(3, "check_failed", "").stderr_text(), "");
     }
 
+    /// Regression: `-vv` was refused as a repeated flag.
+    #[test]
+    fn v_may_be_repeated_and_q_still_excludes_it() {
+        #[derive(clap::Parser)]
+        struct C {
+            #[command(flatten)]
+            out: OutputFlags,
+        }
+        use clap::Parser;
+        for (args, want) in [
+            (&["x"][..], Some(Verbosity::Normal)),
+            (&["x", "-v"], Some(Verbosity::Verbose)),
+            (&["x", "-vv"], Some(Verbosity::Verbose)),
+            (&["x", "-v", "--verbose", "-v"], Some(Verbosity::Verbose)),
+            (&["x", "-q"], Some(Verbosity::Quiet)),
+            (&["x", "-q", "-v"], None),
+        ] {
+            let got = C::try_parse_from(args).ok().map(|c| c.out.verbosity());
+            assert_eq!(got, want, "{args:?}");
+        }
+    }
+
     #[test]
     fn colour_table() {
         use ColorChoice::{Always, Auto, Never};
@@ -548,9 +580,10 @@ mod tests {
             verbose,
             color: ColorChoice::Auto,
         };
-        assert_eq!(f(false, false).verbosity(), Verbosity::Normal);
-        assert_eq!(f(true, false).verbosity(), Verbosity::Quiet);
-        assert_eq!(f(false, true).verbosity(), Verbosity::Verbose);
+        assert_eq!(f(false, 0).verbosity(), Verbosity::Normal);
+        assert_eq!(f(true, 0).verbosity(), Verbosity::Quiet);
+        assert_eq!(f(false, 1).verbosity(), Verbosity::Verbose);
+        assert_eq!(f(false, 2).verbosity(), Verbosity::Verbose);
         assert!(Verbosity::Quiet < Verbosity::Normal && Verbosity::Normal < Verbosity::Verbose);
     }
 }

@@ -14,8 +14,9 @@
 //! - [`Compiler::build_dm`] builds the four driver-monitoring files, all or nothing;
 //! - [`Compiler::validate`] runs the device-side validator and returns its own verdict.
 //!
-//! [`dry_run`] works out what each of these would do without connecting: the local checks, then
-//! the commands, transfers and local files.
+//! Each of these builds its plan first ([`job`]: the commands, transfers and local files, from a
+//! typed request such as [`CompileJob`]) and executes it step by step; [`dry_run`] makes the
+//! local checks and renders the same plan without connecting.
 //!
 //! The pure core — command lines ([`plan`]), rsync version policy ([`rsync`]), output checks
 //! ([`outputs`]), destination policy ([`target`]) — does no I/O and is unit-tested; the
@@ -27,6 +28,7 @@
 mod compiler;
 pub mod dry_run;
 mod error;
+pub mod job;
 pub mod outputs;
 pub mod plan;
 pub mod rsync;
@@ -41,6 +43,7 @@ pub use compiler::{
     Verdict,
 };
 pub use error::{Error, PinProblem, Result, Side, SourceProblem};
+pub use job::{CompileJob, DmJob, Plan, Step, ValidateJob};
 pub use outputs::FetchedArtifact;
 pub use plan::{CompileRequest, InputFormat};
 pub use target::{DEFAULT_REMOTE_ROOT, Destination, RemotePath, SUPPORTED_COMPILER};

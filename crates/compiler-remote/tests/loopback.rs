@@ -5,7 +5,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use compiler_remote::{
-    CompileRequest, Compiler, ConnectOptions, Destination, Error, InputFormat, RemotePath,
+    CompileJob, CompileRequest, Compiler, ConnectOptions, Destination, DmJob, Error, InputFormat,
+    RemotePath, Step, ValidateJob, dry_run,
 };
 use manifest::GitCommit;
 use test_support::sshd::{DeviceRoot, Sshd};
@@ -34,6 +35,20 @@ fn request(id: &str) -> CompileRequest {
         gpu: false,
         input_format: InputFormat::Supercombo,
         local: false,
+    }
+}
+
+fn compile_job(
+    request: &CompileRequest,
+    sources: &[PathBuf],
+    out: &Path,
+    log: &Path,
+) -> CompileJob {
+    CompileJob {
+        request: request.clone(),
+        sources: sources.to_vec(),
+        out: out.to_path_buf(),
+        log: log.to_path_buf(),
     }
 }
 
@@ -134,11 +149,13 @@ fn compile_refuses_on_a_wrong_or_missing_marker_before_models_runs() {
     let mut lines = Vec::new();
     let err = c
         .compile(
-            &request("pop223"),
-            std::slice::from_ref(&s),
+            &compile_job(
+                &request("pop223"),
+                std::slice::from_ref(&s),
+                out.path(),
+                &log,
+            ),
             &pin(),
-            out.path(),
-            &log,
             &mut |l| lines.push(l.to_string()),
         )
         .unwrap_err();
@@ -152,11 +169,8 @@ fn compile_refuses_on_a_wrong_or_missing_marker_before_models_runs() {
     fs::remove_file(dev.remote_root().join("tinygrad_repo/TINYGRAD_COMMIT")).unwrap();
     let err = c
         .compile(
-            &request("pop223"),
-            &[s],
+            &compile_job(&request("pop223"), &[s], out.path(), &log),
             &pin(),
-            out.path(),
-            &log,
             &mut |_| {},
         )
         .unwrap_err();
@@ -200,11 +214,8 @@ fn compile_clears_a_stale_input_and_fetches_a_verified_chunk_set() {
     let mut lines = Vec::new();
     let a = c
         .compile(
-            &request("pop223"),
-            &[s],
+            &compile_job(&request("pop223"), &[s], out.path(), &log),
             &pin(),
-            out.path(),
-            &log,
             &mut |l| lines.push(l.to_string()),
         )
         .unwrap();
@@ -268,11 +279,13 @@ fn split_gpu_and_local_builds() {
     r.gpu = true;
     let a = c
         .compile(
-            &r,
-            &[v.clone(), p.clone()],
+            &compile_job(
+                &r,
+                &[v.clone(), p.clone()],
+                out.path(),
+                &out.path().join("l.log"),
+            ),
             &pin(),
-            out.path(),
-            &out.path().join("l.log"),
             &mut |_| {},
         )
         .unwrap();
@@ -291,11 +304,8 @@ fn split_gpu_and_local_builds() {
     r.gpu = false;
     let a = c
         .compile(
-            &r,
-            &[v, p],
+            &compile_job(&r, &[v, p], out.path(), &out.path().join("l2.log")),
             &pin(),
-            out.path(),
-            &out.path().join("l2.log"),
             &mut |_| {},
         )
         .unwrap();
@@ -322,11 +332,8 @@ fn a_failed_compile_and_a_digest_mismatch_name_the_log_and_write_nothing() {
     dev.set("fail", "sc23");
     let err = c
         .compile(
-            &request("sc23"),
-            std::slice::from_ref(&s),
+            &compile_job(&request("sc23"), std::slice::from_ref(&s), out.path(), &log),
             &pin(),
-            out.path(),
-            &log,
             &mut |_| {},
         )
         .unwrap_err();
@@ -355,11 +362,8 @@ fn a_failed_compile_and_a_digest_mismatch_name_the_log_and_write_nothing() {
     dev.set("corrupt", "sc23");
     let err = c
         .compile(
-            &request("sc23"),
-            &[s],
+            &compile_job(&request("sc23"), &[s], out.path(), &log),
             &pin(),
-            out.path(),
-            &log,
             &mut |_| {},
         )
         .unwrap_err();
@@ -393,11 +397,13 @@ fn dm_needs_all_four_files() {
     let log = out.path().join("dm.log");
     let err = c
         .build_dm(
-            std::slice::from_ref(&s),
+            &DmJob {
+                sources: vec![s.clone()],
+                remote_out: remote_dm.clone(),
+                out: out.path().join("dm"),
+                log: log.clone(),
+            },
             &pin(),
-            &remote_dm,
-            &out.path().join("dm"),
-            &log,
             &mut |_| {},
         )
         .unwrap_err();
@@ -412,11 +418,13 @@ fn dm_needs_all_four_files() {
     dev.clear("dm_missing");
     let files = c
         .build_dm(
-            &[s],
+            &DmJob {
+                sources: vec![s],
+                remote_out: remote_dm.clone(),
+                out: out.path().join("dm"),
+                log: log.clone(),
+            },
             &pin(),
-            &remote_dm,
-            &out.path().join("dm"),
-            &log,
             &mut |_| {},
         )
         .unwrap();
@@ -474,24 +482,28 @@ fn validate_returns_the_device_verdict() {
     let out = tempfile::tempdir().unwrap();
     let c = Compiler::connect(opts(&sshd, &dev)).unwrap();
     c.compile(
-        &request("rdf43"),
-        &[s],
+        &compile_job(
+            &request("rdf43"),
+            &[s],
+            out.path(),
+            &out.path().join("c.log"),
+        ),
         &pin(),
-        out.path(),
-        &out.path().join("c.log"),
         &mut |_| {},
     )
     .unwrap();
     let models: RemotePath = dev.models_dir().to_str().unwrap().parse().unwrap();
     let v = c
         .validate(
-            &"rdf43".parse().unwrap(),
-            "v15".parse().unwrap(),
-            &out.path().join("rdf43_driving_tinygrad.pkl"),
+            &ValidateJob {
+                id: "rdf43".parse().unwrap(),
+                version: "v15".parse().unwrap(),
+                artifact: out.path().join("rdf43_driving_tinygrad.pkl"),
+                models_dir: models.clone(),
+                python: "python3".into(),
+                log: out.path().join("v.log"),
+            },
             &pin(),
-            &models,
-            "python3",
-            &out.path().join("v.log"),
             &mut |_| {},
         )
         .unwrap();
@@ -531,4 +543,101 @@ fn an_unknown_host_key_is_refused_not_learnt() {
     );
     // The pinned config still connects.
     Compiler::connect(opts(&sshd, &dev)).unwrap();
+}
+
+/// The dry run renders the very plan the real run executes: for sync, compile, DM and validate
+/// against the loopback compiler, the steps each dry run lists are the steps the session ran,
+/// in order and as rendered, and `./models` ran with the arguments its step names. A build that
+/// fails runs its plan up to the failure, then the plan's cleanup step.
+#[test]
+fn each_real_run_executes_exactly_the_steps_its_dry_run_renders() {
+    let Some(sshd) = Sshd::start() else { return };
+    let dev = DeviceRoot::new(None);
+    let o = opts(&sshd, &dev);
+    let local = tempfile::tempdir().unwrap();
+    openpilot_tree(local.path(), &dev, PIN);
+    let src = tempfile::tempdir().unwrap();
+    let s = onnx(src.path(), "driving_supercombo.onnx", b"src");
+    let out = tempfile::tempdir().unwrap();
+    // An earlier set the compile replaces (the dry run lists it as removed).
+    onnx(out.path(), "rdf43_driving_tinygrad.pkl.chunk01of05", b"old");
+    let c = Compiler::connect(o.clone()).unwrap();
+    let rendered = |steps: &[Step]| steps.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let mut expected = Vec::new();
+    let mut check = |plan: dry_run::Plan, c: &Compiler| {
+        expected.extend(plan.steps);
+        assert_eq!(rendered(&c.steps_run()), rendered(&expected));
+        assert_eq!(c.steps_run(), expected);
+    };
+
+    let plan = dry_run::sync(&o, local.path(), &pin()).unwrap();
+    assert_eq!(plan.steps.len(), 6);
+    c.sync(local.path(), &pin()).unwrap();
+    check(plan, &c);
+
+    let job = compile_job(
+        &request("rdf43"),
+        std::slice::from_ref(&s),
+        out.path(),
+        &out.path().join("c.log"),
+    );
+    let plan = dry_run::compile(&o, &job, &pin()).unwrap();
+    assert_eq!(
+        plan.removes,
+        [out.path().join("rdf43_driving_tinygrad.pkl.chunk01of05")]
+    );
+    let models = plan.steps[3].to_string();
+    c.compile(&job, &pin(), &mut |_| {}).unwrap();
+    let call = dev.calls().pop().unwrap();
+    let args = call.split(" | inputs=").next().unwrap();
+    assert!(
+        models.contains(&format!("./models {args} 2>&1")),
+        "{models} / {call}"
+    );
+    check(plan, &c);
+
+    let job = DmJob {
+        sources: vec![onnx(src.path(), "dmonitoring_model.onnx", b"dm")],
+        remote_out: dev
+            .remote_root()
+            .join("dm")
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap(),
+        out: out.path().join("dm"),
+        log: out.path().join("dm.log"),
+    };
+    let plan = dry_run::dm(&o, &job, &pin()).unwrap();
+    c.build_dm(&job, &pin(), &mut |_| {}).unwrap();
+    check(plan, &c);
+
+    let job = ValidateJob {
+        id: "rdf43".parse().unwrap(),
+        version: "v15".parse().unwrap(),
+        artifact: out.path().join("rdf43_driving_tinygrad.pkl"),
+        models_dir: dev.models_dir().to_str().unwrap().parse().unwrap(),
+        python: "python3".into(),
+        log: out.path().join("v.log"),
+    };
+    let (plan, set) = dry_run::validate(&o, &job, &pin()).unwrap();
+    let verdict = c.validate(&job, &pin(), &mut |_| {}).unwrap();
+    assert_eq!(verdict.artifact_sha256, set.sha256);
+    check(plan, &c);
+
+    // A failed build: everything up to `./models`, then the cleanup; nothing fetched.
+    dev.set("fail", "sc23");
+    let job = compile_job(
+        &request("sc23"),
+        &[s],
+        out.path(),
+        &out.path().join("f.log"),
+    );
+    let plan = dry_run::compile(&o, &job, &pin()).unwrap();
+    c.compile(&job, &pin(), &mut |_| {}).unwrap_err();
+    let ran = c.steps_run();
+    let ran = &ran[ran.len() - 5..];
+    assert_eq!(ran[..4], plan.steps[..4]);
+    assert!(matches!(plan.steps[4], Step::Fetch { .. }));
+    assert_eq!(ran[4], plan.steps[5]);
 }

@@ -140,6 +140,11 @@ pub fn selected(p: &SelectionParams) -> (String, String) {
     (canonical_id(&id.to_ascii_lowercase()).to_string(), version)
 }
 
+/// `rdf43` and its old alias `rdf`.
+pub fn is_builtin_id(id: &str) -> bool {
+    canonical_id(id) == layout::BUILTIN_MODEL_ID
+}
+
 /// A model as the params name it: id, display name, behaviour version (`""` = the artifact's).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Named {

@@ -12,11 +12,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use downloader::{CancelToken, Downloader};
-use manifest::ModelId;
+use manifest::{ModelEntry, ModelId};
 
 use crate::device::Device;
+use crate::downloads::{download_all, download_model};
 use crate::error::{Error, Result};
-use crate::manager::{download_model, downloadable, install, refresh};
+use crate::manager::refresh;
 use crate::params::keys;
 use crate::progress::{DisplayName, FailReason, Progress};
 
@@ -91,17 +92,17 @@ fn serve_outcome(
     say: &(dyn Fn(&Progress) + Sync),
 ) -> Result<Progress> {
     match request {
-        Request::DownloadAll => (|| {
-            let catalog = device.require_catalog()?;
-            for entry in downloadable(&catalog, device.chestnut(), device.is_protected()) {
-                if cancel.is_cancelled() {
-                    return Ok(Progress::Cancelled);
+        Request::DownloadAll => {
+            let start = |entry: &ModelEntry, before: bool| {
+                if before {
+                    say(&Progress::Downloading(DisplayName::of(entry)));
                 }
-                say(&Progress::Downloading(DisplayName::of(entry)));
-                install(device, dl, entry, cancel, say)?;
-            }
-            Ok(Progress::AllDownloaded)
-        })(),
+            };
+            download_all(device, dl, cancel, &start, say).map(|all| match all.cancelled {
+                true => Progress::Cancelled,
+                false => Progress::AllDownloaded,
+            })
+        }
         Request::Download { id: Some(id), .. } => {
             download_model(device, dl, id, cancel, say).map(|_| {
                 let canonical = crate::contract::canonical_id(id.as_str());

@@ -4,60 +4,32 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use manifest::{Generation, ModelEntry, ModelId};
+use manifest::{Generation, Manifest, ModelEntry, ModelId};
 
 use crate::choice::{self, Fate, Slots};
-use crate::contract::{self, Catalog, ModelKind, Outcome, Start, Wanted};
-use crate::device::{Device, VerifyState};
+use crate::contract::{self, Catalog, ModelKind, Outcome, Wanted};
 use crate::error::{Error, Result};
-use crate::manager::{Journal, Phase, is_builtin_id, read_journal, remembered, wanted_of};
-use crate::params::keys;
-use crate::plan::{self, InstallStep};
+use crate::journal::{Journal, journal_step, wanted_of};
+use crate::plan::{self, InstallStep, VerifyState};
+use crate::view::DeviceView;
 
-/// The journal a refresh goes on with, read-only: from where the device stands
-/// ([`contract::start`] over the journal read and `ModelManifestVersion`) and the journal read.
-/// `true` when it must be written before anything else (`manager::begin_migration` writes it; a dry run
-/// reports it).
-pub(crate) fn journal_now(device: &Device, catalog: &Catalog) -> Result<(Option<Journal>, bool)> {
-    let generation = device.config.generation;
-    let previous = device.params.get_str(keys::MODEL_MANIFEST_VERSION)?;
-    let journal = read_journal(device)?;
+/// The journal a refresh goes on with, from where the device stands ([`contract::start`] over
+/// the journal and `ModelManifestVersion` in `view`), and whether it must be written before
+/// anything else (`manager::begin_migration` writes it).
+pub(crate) fn journal_now(view: &DeviceView, catalog: &Catalog) -> Result<(Option<Journal>, bool)> {
     let start = contract::start(
-        journal.as_ref().map(|j| j.to.to_string()).as_deref(),
-        previous.as_deref(),
-        &generation.to_string(),
+        view.journal.as_ref().map(|j| j.to.to_string()).as_deref(),
+        view.previous.as_deref(),
+        &view.generation.to_string(),
     );
-    journal_step(start, journal, generation, catalog, || remembered(device))
-}
-
-/// The journal a refresh goes on with, given where it starts and the journal read, and whether
-/// it must be written first. `remembered` (the user's choice now) is asked for on a new
-/// migration only.
-pub(crate) fn journal_step(
-    start: Start,
-    journal: Option<Journal>,
-    generation: Generation,
-    catalog: &Catalog,
-    remembered: impl FnOnce() -> Result<Slots>,
-) -> Result<(Option<Journal>, bool)> {
-    Ok(match (start, journal) {
-        (Start::SameGeneration, _) => (None, false),
-        (Start::Migrate { from }, _) => {
-            let raw = remembered()?;
-            let j = Journal::new(from, generation, &wanted_of(&raw, catalog), &raw);
-            (Some(j), true)
-        }
-        (Start::Resume, j) => (j, false),
-        (Start::Retarget, Some(mut j)) => {
-            // A migration to another generation was interrupted and this build reads a
-            // different one: whatever that run downloaded is another generation's pickle, so
-            // migrate again from the purge, keeping the selection it recorded.
-            j.to = generation;
-            j.phase = Phase::Purge;
-            (Some(j), true)
-        }
-        (Start::Retarget, None) => unreachable!("retarget needs a journal"),
-    })
+    let remembered = || Ok(view.remembered());
+    journal_step(
+        start,
+        view.journal.clone(),
+        view.generation,
+        catalog,
+        remembered,
+    )
 }
 
 /// What the user chose, and what the device wants for it under the catalog's rules: the
@@ -165,18 +137,6 @@ pub(crate) fn settle(
     }
 }
 
-/// The bytes `.catalog.json` gets for a fetched manifest: as received, unless entries were left
-/// out or values normalised (the raw bytes would bring the refused entries back when read):
-/// then what this device accepted, canonical.
-pub(crate) fn accepted_catalog_body(
-    fetched: &downloader::FetchedManifest,
-    generation: Generation,
-) -> Result<Vec<u8>> {
-    let raw = (fetched.refused_entries.is_empty() && fetched.normalised.is_empty())
-        .then_some(fetched.raw.as_slice());
-    crate::device::catalog_body(raw, &fetched.manifest, generation)
-}
-
 /// Whether a refresh whose manifest fetch failed with `e` runs the offline first boot
 /// (`offline::first_boot`) before returning it: offline, or every manifest unusable; not on a
 /// cancel, and not when a manifest was refused on trust grounds.
@@ -204,15 +164,6 @@ pub(crate) fn contract_writes(catalog: &Catalog, outcome: &Outcome) -> ContractW
     (params, files)
 }
 
-/// Whether a model's Chestnut build is there and matches its digest (then it is not fetched).
-pub(crate) fn variant_in_place(device: &Device, target: &downloader::Target) -> bool {
-    let path = device.models_dir().join(target.local_name.as_str());
-    target.sha256.is_some_and(|want| {
-        chunker::Sha256Digest::of_file(&path)
-            .is_ok_and(|(got, size)| got == want && target.size.is_none_or(|s| s == size))
-    })
-}
-
 /// What `download <ID>` is asked for, canonical (upstream canonicalises the requested key
 /// first: `sc`→`sc2`, `napv4`→`remove-avgpoolv4`).
 pub(crate) enum Requested {
@@ -223,103 +174,41 @@ pub(crate) enum Requested {
     Catalog(ModelEntry),
 }
 
-/// The model `download <ID>` works on; a catalog model must be in the stored catalog.
-pub(crate) fn requested(device: &Device, id: &ModelId) -> Result<Requested> {
+/// The model `download <ID>` works on; a catalog model must be in the stored `catalog` (read
+/// only then).
+pub(crate) fn requested(
+    id: &ModelId,
+    generation: Generation,
+    catalog: impl FnOnce() -> Result<Manifest>,
+) -> Result<Requested> {
     let canonical: ModelId = contract::canonical_id(id.as_str())
         .parse()
         .unwrap_or_else(|_| id.clone());
-    if is_builtin_id(canonical.as_str()) {
+    if contract::is_builtin_id(canonical.as_str()) {
         return Ok(Requested::BuiltIn(canonical));
     }
     if canonical.is_local() {
         return Ok(Requested::Local(canonical));
     }
-    let catalog = device.require_catalog()?;
-    let entry = catalog
+    let entry = catalog()?
         .get(&canonical)
         .cloned()
         .ok_or_else(|| Error::UnknownModel {
             id: canonical.to_string(),
-            generation: device.config.generation.to_string(),
+            generation: generation.to_string(),
         })?;
     Ok(Requested::Catalog(entry))
 }
 
 /// A GPU-only model needs a ready Chestnut, unless the one-request override is set (`allow`).
-pub(crate) fn gpu_rule(device: &Device, entry: &ModelEntry, allow: bool) -> Result<()> {
-    downloader::egpu::single_download(entry.uses_external_gpu(), device.chestnut(), allow).map_err(
-        |_| Error::ExternalGpuRequired {
+pub(crate) fn gpu_rule(
+    entry: &ModelEntry,
+    chestnut: downloader::egpu::Chestnut,
+    allow: bool,
+) -> Result<()> {
+    downloader::egpu::single_download(entry.uses_external_gpu(), chestnut, allow).map_err(|_| {
+        Error::ExternalGpuRequired {
             id: entry.id().to_string(),
-        },
-    )
-}
-
-#[cfg(test)]
-mod journal_tests {
-    use super::*;
-
-    /// (start, journal read, journal gone on with as (to, phase, from), written first)
-    type Case = (
-        Start,
-        Option<Journal>,
-        Option<(Generation, Phase, &'static str)>,
-        bool,
-    );
-
-    /// Which journal a refresh goes on with, and whether it is written first, for every start.
-    #[test]
-    fn journal_step_writes_a_new_or_retargeted_journal_and_resumes_an_interrupted_one() {
-        let v25: Generation = "v25".parse().unwrap();
-        let v26: Generation = "v26".parse().unwrap();
-        let catalog = Catalog::default();
-        let mine = Slots {
-            selection: Some("pop223".into()),
-            ..Slots::default()
-        };
-        let recorded = |to: Generation, phase: Phase| Journal {
-            to,
-            phase,
-            ..Journal::new(Some("v24".into()), to, &wanted_of(&mine, &catalog), &mine)
-        };
-        let from_v23 = Start::Migrate {
-            from: Some("v23".into()),
-        };
-        let cases: Vec<Case> = vec![
-            (Start::SameGeneration, None, None, false),
-            (from_v23, None, Some((v25, Phase::Purge, "v23")), true),
-            (
-                Start::Resume,
-                Some(recorded(v25, Phase::Download)),
-                Some((v25, Phase::Download, "v24")),
-                false,
-            ),
-            (
-                Start::Resume,
-                Some(recorded(v25, Phase::Purge)),
-                Some((v25, Phase::Purge, "v24")),
-                false,
-            ),
-            (
-                Start::Retarget,
-                Some(recorded(v26, Phase::Download)),
-                Some((v25, Phase::Purge, "v24")),
-                true,
-            ),
-        ];
-        for (start, journal, want, write) in cases {
-            let label = format!("{start:?}");
-            let (got, w) =
-                journal_step(start, journal, v25, &catalog, || Ok(mine.clone())).unwrap();
-            assert_eq!(w, write, "{label}");
-            let got = got.map(|j| {
-                assert_eq!(j.slots(), mine, "{label}: the choice is kept");
-                (j.to, j.phase, j.from.unwrap_or_default())
-            });
-            assert_eq!(
-                got,
-                want.map(|(to, phase, from)| (to, phase, from.to_string())),
-                "{label}"
-            );
         }
-    }
+    })
 }

@@ -2,12 +2,10 @@
 //! catalog, the verification cache, and `resolve` for modeld.
 
 use fs_err as fs;
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use chunker::atomic::write_atomic;
 use manifest::{Generation, Manifest, ModelEntry, ModelId, Sha256Digest, layout};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -15,9 +13,10 @@ use serde::{Deserialize, Serialize};
 use crate::bounded::{self, read_capped};
 use crate::choice::{CHOICE_FILE, Choice};
 use crate::contract::{self, Catalog, LocalModel, ProfilesRead, SelectionParams};
-use crate::effects::Effects;
+use crate::effects::{Changes, Effect, Effects, ParamChange};
 use crate::error::{Error, Result};
 use crate::params::{Params, keys};
+pub use crate::plan::VerifyState;
 
 /// The stored catalog: the validated manifest this device last accepted.
 pub const CATALOG_FILE: &str = ".catalog.json";
@@ -105,7 +104,7 @@ impl Selection {
     }
 
     pub fn is_builtin(&self) -> bool {
-        crate::manager::is_builtin_id(&self.id)
+        contract::is_builtin_id(&self.id)
     }
 
     pub fn of_entry(entry: &ModelEntry) -> Self {
@@ -115,39 +114,6 @@ impl Selection {
             version: entry.version().map(|v| v.to_string()).unwrap_or_default(),
         }
     }
-}
-
-/// The stat signature of every file of an installed artifact; equal signatures mean the bytes
-/// were not replaced since they were hashed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct CacheEntry {
-    signature: String,
-    sha256: String,
-    size: u64,
-    /// These bytes matched the catalog's digest when they were hashed: a later catalog that
-    /// republished the model with other bytes makes them an older verified copy, not corrupt.
-    #[serde(default)]
-    catalog_verified: bool,
-}
-
-/// Whether a check records what it hashed in the verification cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Record {
-    Yes,
-    No,
-}
-
-/// Verification state of one model for `status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VerifyState {
-    Verified,
-    /// A verified copy of an earlier publish of this model in this generation: the catalog now
-    /// names other bytes. Kept and used until the new ones verify.
-    Outdated,
-    Unverified,
-    Corrupt,
-    Missing,
 }
 
 /// The bytes `.catalog.json` gets for the accepted manifest `m`: `raw` (what `m` was parsed
@@ -233,15 +199,17 @@ impl Device {
         if !self.would_change(name, body) {
             return Ok(());
         }
-        write_atomic(self.models_dir().join(name), body)?;
-        self.effects.done(|| format!("write {name}"))
+        self.effects.write_file(&self.models_dir(), name, body)
     }
 
     /// Whether [`write_file`](Self::write_file) of `body` would write: the file holds other
     /// bytes, or is not there. Read-only.
     pub(crate) fn would_change(&self, name: &str, body: &[u8]) -> bool {
         let path = self.models_dir().join(name);
-        !read_capped(&path, body.len() as u64).is_ok_and(|old| old.as_deref() == Some(body))
+        !self
+            .effects
+            .read(&path, body.len() as u64)
+            .is_ok_and(|old| old.as_deref() == Some(body))
     }
 
     /// A JSON state file of the models dir (`.choice.json`, `.migration.json`, the trust
@@ -253,7 +221,7 @@ impl Device {
         limit: u64,
     ) -> Result<Option<T>> {
         let path = self.models_dir().join(name);
-        let Some(b) = read_capped(&path, limit)? else {
+        let Some(b) = self.effects.read(&path, limit)? else {
             return Ok(None);
         };
         serde_json::from_slice(&b)
@@ -274,17 +242,68 @@ impl Device {
 
     /// Remove a file of the models dir and report the effect (nothing when it is not there).
     pub(crate) fn remove_file(&self, name: &str) -> Result<()> {
-        let dir = self.models_dir();
-        let path = dir.join(name);
-        if chunker::atomic::remove_if_exists(&path)? {
-            chunker::atomic::sync_dir(&dir)?;
-            self.effects.done(|| format!("remove {name}"))?;
-        }
-        Ok(())
+        self.effects.remove_file(&self.models_dir(), name)
     }
 
-    pub(crate) fn effect(&self, what: impl FnOnce() -> String) -> Result<()> {
-        self.effects.done(what)
+    /// The writer of this device's state (see [`Effects`]).
+    pub fn effects(&self) -> &Effects {
+        &self.effects
+    }
+
+    /// This device with every effect recorded and skipped ([`Effects::plan`]): a dry run is
+    /// the real run on it. The memory params are planned apart (their log is not kept).
+    pub fn planning(&self) -> Device {
+        let effects = Effects::plan();
+        let mut d = Device::with_effects(self.config.clone(), effects);
+        d.memory = Params::with_effects(self.config.memory_params_dir.clone(), Effects::plan());
+        d.sysfs_root = self.sysfs_root.clone();
+        d.trusted_keys = self.trusted_keys.clone();
+        d
+    }
+
+    /// What this device, planned ([`Device::planning`]), changes against `now` (the same
+    /// device, unplanned): the state files its log writes whose bytes then differ (or that it
+    /// wrote and removed again: a new journal), in the order first written; the files there
+    /// now and gone after it; the params it writes whose value then differs, in key order.
+    pub(crate) fn planned_changes(&self, now: &Device) -> Result<Changes> {
+        let (mut files, mut keys) = (Vec::<(String, bool)>::new(), BTreeSet::new());
+        for e in self.effects.effects() {
+            let (name, written) = match e {
+                Effect::WriteFile { name, .. } => (name, true),
+                Effect::RemoveFile { name } => (name, false),
+                Effect::SetParam { key, .. } | Effect::RemoveParam { key } => {
+                    keys.insert(key);
+                    continue;
+                }
+                _ => continue,
+            };
+            match files.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, w)) => *w |= written,
+                None => files.push((name, written)),
+            }
+        }
+        let (mut write, mut remove, mut params) = (Vec::new(), Vec::new(), Vec::new());
+        let read = |d: &Device, name: &str| {
+            (d.effects
+                .read(&d.models_dir().join(name), bounded::CATALOG_LIMIT))
+            .ok()
+        };
+        for (name, written) in files {
+            let (before, after) = (read(now, &name), read(self, &name));
+            if written && (before != after || after == Some(None)) {
+                write.push(name.clone());
+            }
+            if matches!(before, Some(Some(_))) && after == Some(None) {
+                remove.push(name);
+            }
+        }
+        for key in keys {
+            let value = self.params.get(&key)?;
+            if now.params.get(&key)? != value {
+                params.push(ParamChange { key, value });
+            }
+        }
+        Ok((write, remove, params))
     }
 
     /// The five selection params as read.
@@ -375,8 +394,7 @@ impl Device {
     }
 
     pub fn ensure_dirs(&self) -> Result<()> {
-        let m = self.models_dir();
-        Ok(fs::create_dir_all(&m)?)
+        self.effects.create_dir(&self.models_dir())
     }
 
     /// The selection from params under upstream's precedence: unset means the default
@@ -409,7 +427,7 @@ impl Device {
     /// otherwise: `resolve` then answers the built-in and says why).
     pub fn catalog(&self) -> Result<Option<Manifest>> {
         let path = self.models_dir().join(CATALOG_FILE);
-        let Some(bytes) = read_capped(&path, bounded::CATALOG_LIMIT)? else {
+        let Some(bytes) = self.effects.read(&path, bounded::CATALOG_LIMIT)? else {
             return Ok(None);
         };
         if let Some(keys) = &self.trusted_keys {
@@ -435,7 +453,7 @@ impl Device {
         // A signature file that cannot be read (oversized, a FIFO, a symlink to a device) is a
         // catalog that does not verify, like a missing or damaged one: `refresh` stores the
         // signed pair again.
-        let sig = match read_capped(
+        let sig = match self.effects.read(
             &self.models_dir().join(CATALOG_SIGNATURE_FILE),
             MAX_SIGNATURE_BYTES,
         ) {
@@ -478,12 +496,17 @@ impl Device {
     pub(crate) fn stored_release(&self) -> Option<manifest::ReleaseNumber> {
         let keys = self.trusted_keys.as_ref()?;
         let dir = self.models_dir();
-        let bytes = read_capped(&dir.join(CATALOG_FILE), bounded::CATALOG_LIMIT).ok()??;
-        let sig = read_capped(
-            &dir.join(CATALOG_SIGNATURE_FILE),
-            manifest::signature::MAX_SIGNATURE_BYTES,
-        )
-        .ok()??;
+        let bytes = self
+            .effects
+            .read(&dir.join(CATALOG_FILE), bounded::CATALOG_LIMIT)
+            .ok()??;
+        let sig = self
+            .effects
+            .read(
+                &dir.join(CATALOG_SIGNATURE_FILE),
+                manifest::signature::MAX_SIGNATURE_BYTES,
+            )
+            .ok()??;
         downloader::trust::verify_stored(keys, &bytes, Some(&sig), self.config.generation, None)
             .ok()
             .map(|a| a.release)
@@ -540,192 +563,6 @@ impl Device {
                 == Some(self.config.generation.to_string().as_str()))
     }
 
-    fn signature(path: &Path) -> Result<Option<String>> {
-        let Some(resolved) = chunker::resolve(path).map_err(|e| Error::NotVerified {
-            path: path.display().to_string(),
-            source: e,
-        })?
-        else {
-            return Ok(None);
-        };
-        let mut sig = String::new();
-        let mut files: Vec<PathBuf> = resolved.pieces().into_iter().map(|(p, _)| p).collect();
-        if let chunker::Resolved::Chunked { manifest, .. } = &resolved {
-            files.push(manifest.clone());
-        }
-        for f in files {
-            let m = fs::symlink_metadata(&f)?;
-            if !m.file_type().is_file() {
-                // A symlink could be re-pointed without changing its own stat.
-                return Ok(None);
-            }
-            sig.push_str(&format!(
-                "{}:{}:{}:{}.{}:{}.{};",
-                m.dev(),
-                m.ino(),
-                m.size(),
-                m.mtime(),
-                m.mtime_nsec(),
-                m.ctime(),
-                m.ctime_nsec()
-            ));
-        }
-        Ok(Some(sig))
-    }
-
-    /// The verification cache; an unreadable one is an empty cache (everything is re-hashed).
-    fn load_cache(&self) -> BTreeMap<String, CacheEntry> {
-        self.read_json(VERIFIED_FILE, bounded::VERIFIED_LIMIT)
-            .ok()
-            .flatten()
-            .unwrap_or_default()
-    }
-
-    fn save_cache(&self, cache: &BTreeMap<String, CacheEntry>) -> Result<()> {
-        let path = self.models_dir().join(VERIFIED_FILE);
-        let body = serde_json::to_vec(cache).expect("plain map serializes");
-        Ok(write_atomic(&path, &body)?)
-    }
-
-    /// Whether `entry`'s artifact is installed and verified: size and SHA-256 against the
-    /// catalog. A cached result is reused while the stat signature of every file is unchanged,
-    /// so a re-check of an untouched model costs a few `stat`s; `force` re-hashes anyway.
-    pub fn verify_entry(&self, entry: &ModelEntry, force: bool) -> Result<VerifyState> {
-        self.check_entry(entry, force, Record::Yes)
-    }
-
-    /// [`verify_entry`](Self::verify_entry) without writing anything: the same answer (the
-    /// cache is read and reused the same way), but what it hashed is not recorded in
-    /// `.verified.json`. For the dry runs.
-    pub fn verify_entry_read_only(&self, entry: &ModelEntry, force: bool) -> Result<VerifyState> {
-        self.check_entry(entry, force, Record::No)
-    }
-
-    fn check_entry(&self, entry: &ModelEntry, force: bool, record: Record) -> Result<VerifyState> {
-        let path = self.artifact_path(entry.id());
-        let sig = match Self::signature(&path) {
-            Ok(Some(sig)) => sig,
-            Ok(None) => return Ok(VerifyState::Missing),
-            // A torn `.chunkmanifest` or `.sha256` (the Python manager never fsyncs) is a broken
-            // install, not a reason to fail: reporting it corrupt lets `download` replace it.
-            Err(Error::NotVerified {
-                source:
-                    chunker::Error::MalformedChunkManifest { .. }
-                    | chunker::Error::MalformedSidecar { .. },
-                ..
-            }) => return Ok(VerifyState::Corrupt),
-            Err(e) => return Err(e),
-        };
-        let Some(expected) = self.expected_digest(entry) else {
-            return Ok(VerifyState::Unverified);
-        };
-        let fits = |sha: &str, size: u64| {
-            sha == expected.sha256.to_hex() && expected.size.is_none_or(|s| s == size)
-        };
-        let name = layout::artifact_file_name(entry.id()).to_string();
-        let mut cache = self.load_cache();
-        // With trusted keys the cache decides nothing: it sits in `/data/models`, where a writer
-        // could plant other bytes beside an entry matching their stat (claiming the signed
-        // digest, or an earlier verified copy). The file is hashed every time, and only the
-        // signed catalog's digest makes it verified (no `Outdated` from the cache).
-        let trust_cache = !self.is_protected();
-        if !force
-            && trust_cache
-            && let Some(c) = cache.get(&name)
-            && c.signature == sig
-        {
-            return Ok(if fits(&c.sha256, c.size) {
-                VerifyState::Verified
-            } else if c.catalog_verified {
-                VerifyState::Outdated
-            } else {
-                VerifyState::Corrupt
-            });
-        }
-        let expected = chunker::Expected {
-            sha256: None,
-            size: None,
-            chunk_count: None,
-            chunk_sha256: None,
-        };
-        let state = match chunker::verify(&path, &expected) {
-            Ok(report) => {
-                let matches = fits(&report.sha256.to_hex(), report.size);
-                // The same bytes, verified against an earlier catalog: still that verified copy.
-                let earlier = trust_cache
-                    && cache.get(&name).is_some_and(|c| {
-                        c.catalog_verified
-                            && c.sha256 == report.sha256.to_hex()
-                            && c.size == report.size
-                    });
-                cache.insert(
-                    name,
-                    CacheEntry {
-                        signature: sig,
-                        sha256: report.sha256.to_hex(),
-                        size: report.size,
-                        catalog_verified: matches || earlier,
-                    },
-                );
-                if matches {
-                    VerifyState::Verified
-                } else if earlier {
-                    VerifyState::Outdated
-                } else {
-                    VerifyState::Corrupt
-                }
-            }
-            Err(_) => {
-                cache.remove(&name);
-                VerifyState::Corrupt
-            }
-        };
-        if record == Record::Yes {
-            self.save_cache(&cache)?;
-        }
-        Ok(state)
-    }
-
-    /// The digest `entry`'s installed artifact must have: the manifest's `artifact_sha256`, or,
-    /// for an entry without one (the live manifest's shape), the origin's sidecar digest the
-    /// downloader verified the bytes against and kept beside the install. `None`: nothing to
-    /// check against (reported `unverified`, never handed to modeld).
-    pub fn expected_digest(&self, entry: &ModelEntry) -> Option<ExpectedDigest> {
-        // With trusted keys only what the signed manifest pins counts: never the sidecar, and
-        // not a digest without its size and chunk count (`downloader::trust::digest_rule`).
-        if self.is_protected() {
-            let pinned = downloader::trust::digest_rule(
-                true,
-                entry.artifact_sha256().is_some(),
-                entry.artifact_size().is_some(),
-                entry.artifact_chunk_count().is_some(),
-            );
-            return match (pinned, entry.artifact_sha256()) {
-                (Ok(_), Some(sha256)) => Some(ExpectedDigest {
-                    sha256,
-                    size: entry.artifact_size().map(|s| s.get()),
-                    source: downloader::DigestSource::Manifest,
-                }),
-                _ => None,
-            };
-        }
-        if let Some(sha256) = entry.artifact_sha256() {
-            return Some(ExpectedDigest {
-                sha256,
-                size: entry.artifact_size().map(|s| s.get()),
-                source: downloader::DigestSource::Manifest,
-            });
-        }
-        let name = layout::artifact_file_name(entry.id());
-        downloader::installed_sidecar_digest(&self.models_dir(), name.as_str()).map(|sha256| {
-            ExpectedDigest {
-                sha256,
-                size: None,
-                source: downloader::DigestSource::Sidecar,
-            }
-        })
-    }
-
     /// Store the entries the accepted manifest had that this device left out.
     pub fn store_refused(&self, refused: &[RefusedModel]) -> Result<()> {
         self.write_json(REFUSED_FILE, refused)
@@ -739,92 +576,12 @@ impl Device {
             .flatten()
             .unwrap_or_default()
     }
-
-    /// Record that the artifact just installed at `entry`'s path was verified as `sha256` /
-    /// `size` (the downloader hashed every byte before the install rename), so the next check is
-    /// a few `stat`s instead of hashing the whole artifact again on the device.
-    pub fn record_verified(
-        &self,
-        entry: &ModelEntry,
-        sha256: &Sha256Digest,
-        size: u64,
-    ) -> Result<()> {
-        let path = self.artifact_path(entry.id());
-        let Some(signature) = Self::signature(&path)? else {
-            return Ok(());
-        };
-        let mut cache = self.load_cache();
-        cache.insert(
-            layout::artifact_file_name(entry.id()).to_string(),
-            CacheEntry {
-                signature,
-                sha256: sha256.to_hex(),
-                size,
-                catalog_verified: true,
-            },
-        );
-        self.save_cache(&cache)
-    }
-
-    /// Forget a cached verification (after deleting or replacing an artifact).
-    pub fn forget(&self, id: &ModelId) -> Result<()> {
-        let mut cache = self.load_cache();
-        if cache
-            .remove(layout::artifact_file_name(id).as_str())
-            .is_some()
-        {
-            self.save_cache(&cache)?;
-        }
-        Ok(())
-    }
-
-    /// Whether the built-in chunk set is there (the one thing `resolve` cannot do without).
-    pub fn builtin_present(&self) -> bool {
-        matches!(chunker::resolve(&self.builtin_path()), Ok(Some(_)))
-    }
-
-    /// The path modeld should load: the selected model when it is verified for this generation
-    /// (or a `local-*` plain file), else the built-in. Never an unverified or old-generation
-    /// file: while a migration is unfinished the answer is the built-in. A verified copy of an
-    /// earlier publish in this generation ([`VerifyState::Outdated`]) is used until the new one
-    /// verifies.
-    pub fn resolve(&self) -> Result<(PathBuf, Selection)> {
-        let sel = self.selection()?;
-        if sel.is_builtin() || !self.is_current()? {
-            return Ok((self.builtin_path(), Selection::builtin()));
-        }
-        let Ok(id) = sel.id.parse::<ModelId>() else {
-            return Ok((self.builtin_path(), Selection::builtin()));
-        };
-        if id.is_local() {
-            let path = self.artifact_path(&id);
-            let ok = fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() > 0);
-            return Ok(if ok {
-                (path, sel)
-            } else {
-                (self.builtin_path(), Selection::builtin())
-            });
-        }
-        let Some(catalog) = self.catalog()? else {
-            return Ok((self.builtin_path(), Selection::builtin()));
-        };
-        match catalog.get(&id) {
-            Some(entry)
-                if matches!(
-                    self.verify_entry(entry, false)?,
-                    VerifyState::Verified | VerifyState::Outdated
-                ) =>
-            {
-                Ok((self.artifact_path(&id), sel))
-            }
-            _ => Ok((self.builtin_path(), Selection::builtin())),
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn device(root: &Path) -> Device {
         Device::new(DeviceConfig {

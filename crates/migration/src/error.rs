@@ -44,11 +44,8 @@ pub enum Error {
     /// it (edited, replaced by an older signed copy, or its signature missing).
     #[error(
         "{}: the stored catalog does not verify under the trusted keys ({refusal}); `resolve` \
-         answers the built-in model until a signed catalog is stored again\nnext: run `refresh` \
-         (online) to fetch and verify the catalog again; if it keeps failing, someone changed \
-         files in {}",
-        path.display(),
-        path.parent().map(|p| p.display().to_string()).unwrap_or_default()
+         answers the built-in model until a signed catalog is stored again",
+        path.display()
     )]
     CatalogNotTrusted {
         path: PathBuf,
@@ -61,10 +58,7 @@ pub enum Error {
     #[error(
         "the accepted release (the rollback floor) cannot be read: {file} ({file_problem}); param \
          {param} ({param_problem}). The device accepts no manifest until it knows its floor, and \
-         resetting it silently would let an older signed release back in\nnext: restore one \
-         copy with the release this device last accepted ({{\"{generation}\": {{\"release\": N, \
-         \"expires\": 0, \"key\": \"restored\"}}}}), or, to accept the next signed release \
-         as the new floor, remove both files deliberately (docs/device.md, \"Trust\")",
+         resetting it silently would let an older signed release back in",
         file = file.display(),
         param = param.display()
     )]
@@ -118,6 +112,34 @@ pub enum Error {
 
     #[error(transparent)]
     Manifest(#[from] manifest::Error),
+
+    /// `--data-dir` is not an existing directory; it is never created (on a comma `/data`
+    /// always exists, so a missing one is a typo or the wrong machine).
+    #[error("--data-dir {}: {problem}", path.display())]
+    DataDir {
+        path: PathBuf,
+        problem: String,
+        exists: bool,
+    },
+
+    /// The trusted keys file given (or the default one) cannot be used: refused rather than run
+    /// unprotected.
+    #[error(transparent)]
+    TrustedKeysUnusable(downloader::Error),
+
+    /// `--generation` is not the generation of the tree's tinygrad: a usage error, nothing
+    /// touched.
+    #[error(
+        "--generation {given} disagrees with the openpilot tree {}: its tinygrad {commit} is \
+         {tree}'s pin; nothing was touched",
+        openpilot_dir.display()
+    )]
+    GenerationDisagrees {
+        given: manifest::Generation,
+        tree: manifest::Generation,
+        commit: manifest::GitCommit,
+        openpilot_dir: PathBuf,
+    },
 
     /// A simulated crash (tests only, see `Effects`): nothing after effect `effect` ran.
     #[error("simulated crash after effect {effect} ({what})")]

@@ -15,29 +15,38 @@ pub mod contract;
 pub mod daemon;
 mod decisions;
 mod device;
+pub mod downloads;
 pub mod effects;
 mod error;
+mod journal;
 pub mod lock;
 mod manager;
+pub mod next_step;
 mod offline;
+pub mod open;
 pub mod params;
 pub mod plan;
 pub mod preview;
 pub mod progress;
+pub mod render;
 pub mod report;
+mod resolve;
+pub mod stop;
 pub mod tree;
 pub mod trust_state;
+mod verify;
+pub mod view;
 
+pub use contract::is_builtin_id;
 pub use device::{
     CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device, DeviceConfig, ExpectedDigest, JOURNAL_FILE,
     REFUSED_FILE, RefusedModel, Selection, VERIFIED_FILE, VerifyState,
 };
-pub use effects::Effects;
+pub use downloads::{AllDownloads, DownloadReport, download_all, download_model, downloadable};
+pub use effects::{Effect, Effects};
 pub use error::{Error, Result};
+pub use journal::{Journal, Phase, read_journal};
 pub use lock::ManagerLock;
-pub use manager::{
-    Journal, Phase, RefreshReport, download_model, downloadable, gc, gc_plan, install,
-    is_builtin_id, read_journal, refresh, refresh_at, unix_now,
-};
+pub use manager::{GcPlan, GcReport, RefreshReport, gc, install, refresh, refresh_at, unix_now};
 pub use params::Params;
-pub use progress::{DisplayName, FailReason, Progress, ProgressFn};
+pub use progress::{DisplayName, FailReason, Progress, ProgressFn, Transferred};

@@ -23,129 +23,22 @@
 use fs_err as fs;
 use std::collections::BTreeSet;
 
-use chunker::atomic::{remove_if_exists, sync_dir};
 use downloader::{CancelToken, Downloader, Event, Installed};
-use manifest::{Generation, Manifest, ModelEntry, ModelId};
-use serde::{Deserialize, Serialize};
+use manifest::{Generation, ModelEntry, ModelId};
+use serde::Serialize;
 
-use crate::choice::{self, Fate, Slots};
-use crate::contract::{self, BigProfile, Catalog, Outcome, ProfilesRead, SelectionParams, Wanted};
+use crate::choice::{self, Fate};
+use crate::contract::{self, Catalog, Outcome};
 use crate::decisions::{
-    Installs, Requested, Settled, chosen, contract_writes, gpu_rule, journal_now,
-    offline_first_boot_due, requested, settle, variant_in_place,
+    Installs, Settled, chosen, contract_writes, journal_now, offline_first_boot_due, settle,
 };
 use crate::device::{Device, JOURNAL_FILE, VerifyState};
 use crate::error::{Error, Result};
+use crate::journal::{Journal, Phase, write_journal};
 use crate::params::keys;
 use crate::plan::{self, InstallStep};
-use crate::progress::{Progress, ProgressFn};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    Purge,
-    Download,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Journal {
-    /// `ModelManifestVersion` before the migration, as the param said it (the Python manager
-    /// writes "unknown" when it found no manifest, so this is not a [`Generation`]).
-    pub from: Option<String>,
-    pub to: Generation,
-    /// The selection to keep (already mapped into the new catalog's namespace).
-    pub selected: ModelId,
-    /// The small profile to keep (`None` in a journal written before profiles were kept).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub small: Option<ModelId>,
-    /// The big profile to keep: a model id, `none` (disabled), or `None` (unset).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub big: Option<String>,
-    /// The user's choice as the params (or `.choice.json`) said at the start, before any
-    /// mapping: a migration started offline, without a catalog, maps it once the catalog is
-    /// there (absent in a journal of an earlier build).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub raw: Option<Slots>,
-    pub phase: Phase,
-}
-
-impl Journal {
-    pub(crate) fn new(from: Option<String>, to: Generation, w: &Wanted, raw: &Slots) -> Self {
-        Journal {
-            raw: Some(raw.clone()),
-            from,
-            to,
-            selected: w.selection.clone(),
-            small: Some(w.profiles.small.clone()),
-            big: match &w.profiles.big {
-                BigProfile::Unset => None,
-                BigProfile::Disabled => Some(contract::BIG_DISABLED.to_string()),
-                BigProfile::Model(id) => Some(id.to_string()),
-            },
-            phase: Phase::Purge,
-        }
-    }
-
-    /// The user's choice the journal keeps (before any mapping into the catalog).
-    pub fn slots(&self) -> Slots {
-        self.raw.clone().unwrap_or_else(|| Slots {
-            selection: Some(self.selected.to_string()),
-            small: self.small.as_ref().map(ModelId::to_string),
-            big: self.big.clone(),
-        })
-    }
-
-    /// What the journal says to keep, under the catalog's rules.
-    pub(crate) fn wanted(&self, catalog: &Catalog) -> Wanted {
-        if let Some(raw) = &self.raw {
-            return wanted_of(raw, catalog);
-        }
-        let sel = SelectionParams {
-            model: Some(self.selected.to_string()),
-            driving_model: Some(self.selected.to_string()),
-            ..SelectionParams::default()
-        };
-        let profiles = ProfilesRead {
-            small: self.small.as_ref().map(ModelId::to_string),
-            big: self.big.clone(),
-        };
-        contract::wanted(&sel, &profiles, catalog)
-    }
-}
-
-/// The slots as the params say them now (selection under upstream's precedence).
-pub(crate) fn param_slots(device: &Device) -> Result<Slots> {
-    let (selection, _) = contract::selected(&device.selection_params()?);
-    let p = device.profiles_read()?;
-    Ok(Slots {
-        selection: Some(selection),
-        small: p.small.map(|s| s.to_ascii_lowercase()),
-        big: p.big.map(|b| b.to_ascii_lowercase()),
-    })
-}
-
-/// What the device wants for these slots under the catalog's rules.
-pub(crate) fn wanted_of(slots: &Slots, catalog: &Catalog) -> Wanted {
-    let sel = SelectionParams {
-        model: slots.selection.clone(),
-        driving_model: slots.selection.clone(),
-        ..SelectionParams::default()
-    };
-    let profiles = ProfilesRead {
-        small: slots.small.clone(),
-        big: slots.big.clone(),
-    };
-    contract::wanted(&sel, &profiles, catalog)
-}
-
-/// What the user wants now: the params, with slots still in a fallback read from
-/// `.choice.json` (see [`choice::remember`]).
-pub(crate) fn remembered(device: &Device) -> Result<Slots> {
-    Ok(choice::remember(
-        device.choice()?.as_ref(),
-        &param_slots(device)?,
-    ))
-}
+use crate::progress::{Progress, ProgressFn, Transferred};
+use crate::view::{DeviceView, param_slots};
 
 /// Seconds since the epoch (0 if the clock is before it).
 pub fn unix_now() -> u64 {
@@ -155,12 +48,14 @@ pub fn unix_now() -> u64 {
 /// Steps 1–2 of a migration (journal, built-in everywhere, purge), or where an interrupted
 /// one stands. `catalog` is the new generation's, or the offline stand-in (built-in and local
 /// models only) when no manifest could be fetched. Returns the journal (`None` on the same
-/// generation) and the purged files.
+/// generation), the purged files, and whether this run pointed the params at the built-in (its
+/// purge phase ran now).
 pub(crate) fn begin_migration(
     device: &Device,
+    view: &DeviceView,
     catalog: &Catalog,
-) -> Result<(Option<Journal>, Vec<String>)> {
-    let (journal, write) = journal_now(device, catalog)?;
+) -> Result<(Option<Journal>, Vec<String>, bool)> {
+    let (journal, write) = journal_now(view, catalog)?;
     if write && let Some(j) = &journal {
         write_journal(device, j)?;
     }
@@ -182,9 +77,9 @@ pub(crate) fn begin_migration(
         let mut j = j.clone();
         j.phase = Phase::Download;
         write_journal(device, &j)?;
-        return Ok((Some(j), purged));
+        return Ok((Some(j), purged, true));
     }
-    Ok((journal, purged))
+    Ok((journal, purged, false))
 }
 
 /// What a refresh did.
@@ -204,20 +99,6 @@ pub struct RefreshReport {
     pub dropped: Vec<String>,
     /// Manifest entries left out of the catalog, each with its reason; the rest work.
     pub refused_entries: Vec<crate::device::RefusedModel>,
-}
-
-/// `rdf43` and its old alias `rdf`.
-pub fn is_builtin_id(id: &str) -> bool {
-    contract::canonical_id(id) == manifest::layout::BUILTIN_MODEL_ID
-}
-
-/// Read the journal, if any.
-pub fn read_journal(device: &Device) -> Result<Option<Journal>> {
-    device.read_json(JOURNAL_FILE, crate::bounded::JOURNAL_LIMIT)
-}
-
-pub(crate) fn write_journal(device: &Device, j: &Journal) -> Result<()> {
-    device.write_json(JOURNAL_FILE, j)
 }
 
 /// Fetch the manifest, store it, migrate if the generation changed (or a migration was
@@ -241,6 +122,43 @@ pub fn refresh_at(
     progress: ProgressFn,
     now_unix: u64,
 ) -> Result<RefreshReport> {
+    Ok(refresh_run(device, dl, cancel, progress, now_unix)?.0)
+}
+
+/// What a refresh went through besides its report (the dry run reports it).
+pub(crate) struct RefreshRun {
+    pub manifest_url: String,
+    /// The journal it went on with: a migration started or resumed.
+    pub journal: Option<Journal>,
+    /// Each wanted catalog model, its state before, and what the run did with it.
+    pub steps: Vec<(ModelId, VerifyState, InstallStep)>,
+}
+
+/// The failure tail of a refresh whose manifest fetch failed with `e`: a trust refusal is
+/// recorded; offline (or every manifest refused), a device still on another generation stops
+/// loading that generation's pickles now, not once it is online (the offline first boot). Not
+/// on a cancel, and not when a manifest was refused on trust grounds (a refused manifest
+/// changes nothing, see docs/device.md, *Trust*).
+pub(crate) fn failed_fetch(device: &Device, e: &Error) -> Result<()> {
+    crate::trust_state::record_failed_fetch(device, e)?;
+    if offline_first_boot_due(e) {
+        // The offline first boot: the journal and purge steps over the offline catalog (a
+        // device on this generation already changes nothing).
+        let catalog = crate::offline::offline_catalog(device)?;
+        begin_migration(device, &DeviceView::read(device)?, &catalog)?;
+    }
+    Ok(())
+}
+
+/// [`refresh_at`], with what it went through. On a device in plan mode
+/// ([`Device::planning`]) it is the dry run: downloads are assumed to succeed.
+pub(crate) fn refresh_run(
+    device: &Device,
+    dl: &Downloader,
+    cancel: &CancelToken,
+    progress: ProgressFn,
+    now_unix: u64,
+) -> Result<(RefreshReport, RefreshRun)> {
     // Onroad: not one request, not one file touched.
     device.ensure_offroad("refresh")?;
     device.ensure_dirs()?;
@@ -249,13 +167,7 @@ pub fn refresh_at(
     let fetched = match crate::trust_state::fetch_accepted(device, dl, cancel) {
         Ok(f) => f,
         Err(e) => {
-            // Offline (or every manifest refused): a device still on another generation stops
-            // loading that generation's pickles now, not once it is online.
-            // Not on a cancel, and not when a manifest was refused on trust grounds (a refused
-            // manifest changes nothing, see docs/device.md, *Trust*).
-            if offline_first_boot_due(&e) {
-                crate::offline::first_boot(device)?;
-            }
+            failed_fetch(device, &e)?;
             return Err(e);
         }
     };
@@ -266,9 +178,15 @@ pub fn refresh_at(
     let manifest = device.require_catalog()?;
     let catalog = device.device_catalog(&manifest)?;
 
-    let (journal, purged) = begin_migration(device, &catalog)?;
-    let record = device.choice()?;
-    let slots_now = param_slots(device)?;
+    // What the decisions take, read once; the params again only after a purge phase of this run
+    // pointed them at the built-in.
+    let view = DeviceView::read(device)?;
+    let (journal, purged, interim) = begin_migration(device, &view, &catalog)?;
+    let record = view.choice.clone();
+    let slots_now = match interim {
+        true => param_slots(device)?,
+        false => view.slots.clone(),
+    };
     let (raw, wanted) = chosen(journal.as_ref(), record.as_ref(), &slots_now, &catalog);
     let mut report = RefreshReport {
         generation,
@@ -285,13 +203,20 @@ pub fn refresh_at(
 
     // Every wanted catalog model verified (kept) or installed; what cannot be had is replaced.
     let mut installs = Installs::default();
+    let mut run = RefreshRun {
+        manifest_url: fetched.url,
+        journal: journal.clone(),
+        steps: Vec::new(),
+    };
     for id in wanted.to_install() {
         let Some(entry) = manifest.get(&id) else {
             continue;
         };
         let state = device.verify_entry(entry, false)?;
         let retry = record.as_ref().and_then(|r| r.retry.get(id.as_str()));
-        match installs.step(&id, state, retry, now_unix) {
+        let step = installs.step(&id, state, retry, now_unix);
+        run.steps.push((id.clone(), state, step));
+        match step {
             InstallStep::Keep | InstallStep::Wait => continue,
             InstallStep::Fetch => {}
         }
@@ -367,7 +292,7 @@ pub fn refresh_at(
             .put(keys::MODEL_MANIFEST_VERSION, &j.to.to_string())?;
         device.remove_file(JOURNAL_FILE)?;
     }
-    Ok(report)
+    Ok((report, run))
 }
 
 /// Write what modeld and the UIs read: selection and profile params, catalog params, caches.
@@ -389,9 +314,12 @@ pub(crate) fn write_contract(device: &Device, catalog: &Catalog, outcome: &Outco
 fn purge(device: &Device) -> Result<Vec<String>> {
     let names = device.model_file_names()?;
     let plan = plan::purge_plan(names.iter().map(String::as_str));
-    let _ = fs::remove_file(device.models_dir().join(crate::device::VERIFIED_FILE));
+    let dir = device.models_dir();
+    device
+        .effects()
+        .cache_remove(&dir.join(crate::device::VERIFIED_FILE));
     for name in &plan {
-        device.remove_file(name)?;
+        device.effects().purge(&dir, name)?;
     }
     Ok(plan)
 }
@@ -424,6 +352,14 @@ pub fn install(
         }
         return Ok(None);
     }
+    // Planned (a dry run): the download is assumed to succeed.
+    if device.effects().is_plan() {
+        device.effects().installed(entry.id().as_str())?;
+        if let Some(v) = variant {
+            install_variant(device, dl, &v, cancel)?;
+        }
+        return Ok(None);
+    }
     // A verified copy of an earlier publish stays (and stays on record) until the new bytes
     // are installed over it.
     if state != VerifyState::Outdated {
@@ -431,10 +367,8 @@ pub fn install(
     }
     let percent = PercentFilter::default();
     let on_event = |e: Event| match e {
-        Event::Progress { done, total } => {
-            if let Some(pct) = percent.advance(done, total) {
-                progress(&Progress::Percent(pct));
-            }
+        Event::Progress { done, total } if percent.advance(done, total).is_some() => {
+            progress(&Progress::Percent(Transferred { done, total }))
         }
         Event::Verifying => progress(&Progress::Verifying),
         _ => {}
@@ -448,7 +382,7 @@ pub fn install(
     )?;
     // Record the fresh verification so the next resolve is a stat, not a re-hash.
     device.record_verified(entry, &installed.sha256, installed.size)?;
-    device.effect(|| format!("install {}", entry.id()))?;
+    device.effects().installed(entry.id().as_str())?;
     if let Some(v) = variant {
         install_variant(device, dl, &v, cancel)?;
     }
@@ -466,6 +400,9 @@ fn install_variant(
     if variant_in_place(device, target) {
         return Ok(());
     }
+    if device.effects().is_plan() {
+        return device.effects().installed(target.local_name.as_str());
+    }
     dl.download_target(
         device.config.generation,
         target,
@@ -473,7 +410,18 @@ fn install_variant(
         cancel,
         &|_| {},
     )?;
-    device.effect(|| format!("install {}", target.local_name))
+    device.effects().installed(target.local_name.as_str())
+}
+
+/// Whether a model's Chestnut build is there and matches its digest (then it is not fetched).
+pub(crate) fn variant_in_place(device: &Device, target: &downloader::Target) -> bool {
+    let path = device.models_dir().join(target.local_name.as_str());
+    // Purged earlier in a planned run: not there any more.
+    device.effects().exists(&path)
+        && target.sha256.is_some_and(|want| {
+            chunker::Sha256Digest::of_file(&path)
+                .is_ok_and(|(got, size)| got == want && target.size.is_none_or(|s| s == size))
+        })
 }
 
 /// Turns byte counts into the percentages the UI shows: each one once, and never going down,
@@ -496,62 +444,21 @@ impl PercentFilter {
     }
 }
 
-/// `download <ID>`: the catalog entry, downloaded and verified.
-pub fn download_model(
-    device: &Device,
-    dl: &Downloader,
-    id: &ModelId,
-    cancel: &CancelToken,
-    progress: ProgressFn,
-) -> Result<Option<Installed>> {
-    let entry = match requested(device, id)? {
-        Requested::BuiltIn(_) => {
-            progress(&Progress::BuiltinAlreadyDownloaded);
-            return Ok(None);
-        }
-        Requested::Local(_) => {
-            progress(&Progress::LocalNothingToDownload);
-            return Ok(None);
-        }
-        Requested::Catalog(entry) => entry,
-    };
-    // Upstream: a GPU-only model needs a ready Chestnut, unless the UI set the one-request
-    // override (used up here, whatever the outcome).
-    let allow = device.memory.get_bool(keys::ALLOW_GPU_WITHOUT_GPU)?;
-    if allow {
-        device.memory.remove(keys::ALLOW_GPU_WITHOUT_GPU)?;
-    }
-    gpu_rule(device, &entry, allow)?;
-    let r = install(device, dl, &entry, cancel, progress)?;
-    progress(&Progress::Downloaded);
-    Ok(r)
+/// What `gc` removed, as `gc --json` prints it.
+#[derive(Debug, Clone, Serialize)]
+pub struct GcReport {
+    pub removed: Vec<String>,
 }
 
-/// Every catalog model "download all" takes: downloadable, not the built-in, and an
-/// external-GPU model only with a ready Chestnut (upstream's rule); on a `protected` device
-/// (trusted keys) only models whose signed entry pins their bytes
-/// (`downloader::trust::digest_rule`).
-pub fn downloadable(
-    catalog: &Manifest,
-    chestnut: downloader::egpu::Chestnut,
-    protected: bool,
-) -> Vec<&ModelEntry> {
-    catalog
-        .models()
-        .iter()
-        .filter(|e| {
-            downloader::Target::from_entry(e)
-                .is_ok_and(|t| downloader::trust::target_rule(protected, &t).is_ok())
-        })
-        .filter(|e| {
-            e.id().as_str() != manifest::layout::BUILTIN_MODEL_ID
-                && downloader::egpu::in_download_all(e.uses_external_gpu(), chestnut)
-        })
-        .collect()
+/// What `gc` would remove (`gc` on [`Device::planning`]), as `gc --dry-run --json` prints it.
+#[derive(Debug, Clone, Serialize)]
+pub struct GcPlan {
+    pub would_remove: Vec<String>,
 }
 
-/// The names [`gc`] would remove from the models directory, read-only (`gc --dry-run`).
-pub fn gc_plan(device: &Device) -> Result<Vec<String>> {
+/// `gc`: remove stray temporaries and artifacts of models not in the catalog; never `local-*`.
+/// On [`Device::planning`] it is `gc --dry-run`.
+pub fn gc(device: &Device) -> Result<Vec<String>> {
     let catalog = device.require_catalog()?;
     let ids: BTreeSet<String> = catalog.ids().map(|i| i.to_string()).collect();
     let dir = device.models_dir();
@@ -559,22 +466,11 @@ pub fn gc_plan(device: &Device) -> Result<Vec<String>> {
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();
-    Ok(plan::gc_plan(names.iter().map(String::as_str), &ids))
-}
-
-/// `gc`: remove stray temporaries and artifacts of models not in the catalog; never `local-*`.
-pub fn gc(device: &Device) -> Result<Vec<String>> {
-    let plan = gc_plan(device)?;
-    let dir = device.models_dir();
+    let plan = plan::gc_plan(names.iter().map(String::as_str), &ids);
     for name in &plan {
-        let p = dir.join(name);
-        if p.is_dir() {
-            fs::remove_dir_all(&p)?;
-        } else {
-            remove_if_exists(&p)?;
-        }
+        device.effects().collect(&dir, name)?;
     }
-    sync_dir(&dir)?;
+    device.effects().sync(&dir)?;
     Ok(plan)
 }
 

@@ -4,7 +4,8 @@
 //! modeld and the UIs read points at the built-in (listed with the local models, the only ones
 //! known without a catalog), and the old generation's driving artifacts are purged. Once a
 //! manifest is fetched, `refresh` resumes the journal at its download phase and installs the
-//! user's model.
+//! user's model. The steps themselves are `manager::begin_migration`'s, run by
+//! `manager::failed_fetch` over [`offline_catalog`].
 
 use manifest::{Manifest, layout};
 use serde_json::json;
@@ -12,7 +13,6 @@ use serde_json::json;
 use crate::contract::Catalog;
 use crate::device::Device;
 use crate::error::Result;
-use crate::manager::begin_migration;
 
 /// The catalog a device knows without a manifest: the built-in and its local models.
 pub(crate) fn offline_catalog(device: &Device) -> Result<Catalog> {
@@ -22,12 +22,4 @@ pub(crate) fn offline_catalog(device: &Device) -> Result<Catalog> {
         "version": layout::BUILTIN_MODEL_VERSION.to_string(),
     }]}))?;
     device.device_catalog(&builtin)
-}
-
-/// Run the migration's journal and purge steps without a manifest when the device is not on
-/// this build's generation (nothing on the same generation). Returns the purged files.
-pub(crate) fn first_boot(device: &Device) -> Result<Vec<String>> {
-    let catalog = offline_catalog(device)?;
-    let (_, purged) = begin_migration(device, &catalog)?;
-    Ok(purged)
 }

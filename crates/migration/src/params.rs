@@ -3,12 +3,9 @@
 //! directory, fsync, rename, fsync the directory), so a power cut leaves the old value or the
 //! new one, never a torn one.
 
-use fs_err as fs;
 use std::path::{Path, PathBuf};
 
-use chunker::atomic::{remove_if_exists, sync_dir, write_atomic};
-
-use crate::bounded::{PARAM_LIMIT, read_capped};
+use crate::bounded::PARAM_LIMIT;
 use crate::effects::Effects;
 use crate::error::{Error, Result};
 
@@ -96,7 +93,10 @@ impl Params {
     pub fn get(&self, key: &str) -> Result<Option<String>> {
         check_key(key)?;
         let path = self.path(key);
-        Ok(read_capped(&path, PARAM_LIMIT)?.map(|b| String::from_utf8_lossy(&b).into_owned()))
+        Ok(self
+            .effects
+            .read(&path, PARAM_LIMIT)?
+            .map(|b| String::from_utf8_lossy(&b).into_owned()))
     }
 
     /// The value with surrounding whitespace trimmed; `None` when unset or empty.
@@ -120,26 +120,19 @@ impl Params {
         if self.get(key).ok().flatten().as_deref() == Some(value) {
             return Ok(()); // spare the flash a rewrite
         }
-        fs::create_dir_all(&self.dir)?;
-        let path = self.path(key);
-        write_atomic(&path, value.as_bytes())?;
-        self.effects.done(|| format!("param {key}={value}"))
+        self.effects.set_param(&self.dir, key, value)
     }
 
     pub fn remove(&self, key: &str) -> Result<()> {
         check_key(key)?;
-        let path = self.path(key);
-        if remove_if_exists(&path)? {
-            sync_dir(&self.dir)?;
-            self.effects.done(|| format!("param {key} removed"))?;
-        }
-        Ok(())
+        self.effects.remove_param(&self.dir, key)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fs_err as fs;
 
     #[test]
     fn round_trip() {

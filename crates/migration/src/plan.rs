@@ -1,6 +1,6 @@
 //! Pure decisions: over file names, what a generation change deletes and what `gc` deletes;
 //! over an installed model's state, what a refresh does with it. No I/O here, so every rule is
-//! tested on plain values. The real runs and their dry runs (`crate::preview`) both take their
+//! tested on plain values. The real runs and their dry runs (the same runs in plan mode) take their
 //! decisions from here.
 
 use std::collections::BTreeSet;
@@ -8,7 +8,20 @@ use std::collections::BTreeSet;
 use chunker::atomic::is_temp_name;
 use manifest::ModelId;
 
-use crate::device::VerifyState;
+use serde::Serialize;
+
+/// Verification state of one model for `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifyState {
+    Verified,
+    /// A verified copy of an earlier publish of this model in this generation: the catalog now
+    /// names other bytes. Kept and used until the new ones verify.
+    Outdated,
+    Unverified,
+    Corrupt,
+    Missing,
+}
 
 const DRIVING: &str = "_driving_";
 

@@ -75,7 +75,10 @@ impl FailReason {
             | Error::Onroad { .. }
             | Error::ExternalGpuRequired { .. }
             | Error::Manifest(_)
-            | Error::Crashed { .. } => FailReason::DeviceError,
+            | Error::Crashed { .. }
+            | Error::DataDir { .. }
+            | Error::TrustedKeysUnusable(_)
+            | Error::GenerationDisagrees { .. } => FailReason::DeviceError,
         }
     }
 
@@ -99,10 +102,27 @@ impl FailReason {
     }
 }
 
+/// How far the current download is: `done` of `total` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transferred {
+    pub done: u64,
+    pub total: u64,
+}
+
+impl Transferred {
+    /// The whole percentage done (100 for an empty download).
+    pub fn percent(self) -> u64 {
+        match self.total {
+            0 => 100,
+            t => self.done.min(t) * 100 / t,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Progress {
-    /// `"42%"` of the current download.
-    Percent(u64),
+    /// `"42%"` of the current download (the UI sees the percentage; a terminal the bytes).
+    Percent(Transferred),
     /// `"Verifying authenticity..."`.
     Verifying,
     /// `"Downloaded!"`.
@@ -146,7 +166,7 @@ pub enum Progress {
 impl fmt::Display for Progress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Progress::Percent(p) => write!(f, "{p}%"),
+            Progress::Percent(t) => write!(f, "{}%", t.percent()),
             Progress::Verifying => f.write_str("Verifying authenticity..."),
             Progress::Downloaded => f.write_str("Downloaded!"),
             Progress::BuiltinAlreadyDownloaded => f.write_str("Built-in model already downloaded."),
@@ -193,7 +213,13 @@ mod tests {
     fn texts_are_upstreams() {
         let id: ModelId = "pop223".parse().unwrap();
         for (p, text) in [
-            (Progress::Percent(42), "42%"),
+            (
+                Progress::Percent(Transferred {
+                    done: 420,
+                    total: 1000,
+                }),
+                "42%",
+            ),
             (Progress::Verifying, "Verifying authenticity..."),
             (Progress::Downloaded, "Downloaded!"),
             (

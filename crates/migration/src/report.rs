@@ -9,7 +9,7 @@ use manifest::ModelId;
 use crate::contract::{self, ModelKind};
 use crate::device::{Device, VerifyState};
 use crate::error::{Error, Result};
-use crate::manager::{Journal, read_journal};
+use crate::journal::{Journal, read_journal};
 use crate::params::keys;
 
 /// A model as reported: id, and name and version from the catalog.
@@ -135,7 +135,9 @@ pub fn not_installable(catalog: &manifest::Manifest, protected: bool) -> Vec<Not
 fn catalog_or_problem(device: &Device) -> Result<(Option<manifest::Manifest>, Option<String>)> {
     match device.catalog() {
         Ok(c) => Ok((c, None)),
-        Err(e @ Error::CatalogNotTrusted { .. }) => Ok((None, Some(e.to_string()))),
+        Err(e @ Error::CatalogNotTrusted { .. }) => {
+            Ok((None, Some(crate::next_step::with_next(&e))))
+        }
         Err(e) => Err(e),
     }
 }
@@ -190,7 +192,7 @@ pub fn resolve(device: &Device) -> Result<ResolveReport> {
         Err(e) => (
             device.builtin_path(),
             crate::device::Selection::builtin(),
-            Some(e.to_string()),
+            Some(crate::next_step::with_next(&e)),
         ),
     };
     if sel.is_builtin() && !device.builtin_present() {
@@ -360,4 +362,26 @@ fn verify_walk(
         });
     }
     Ok(VerifyReport { models })
+}
+
+/// A dry run's JSON document: `"dry_run": true`, then the plan's own fields.
+#[derive(Serialize)]
+pub struct DryRun<'a, T: Serialize> {
+    pub dry_run: bool,
+    #[serde(flatten)]
+    pub plan: &'a T,
+}
+
+impl<'a, T: Serialize> DryRun<'a, T> {
+    pub fn of(plan: &'a T) -> Self {
+        Self {
+            dry_run: true,
+            plan,
+        }
+    }
+
+    /// The document, compact, on one line.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("plans serialize")
+    }
 }

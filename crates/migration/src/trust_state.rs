@@ -217,7 +217,7 @@ pub fn floor_report(device: &Device) -> FloorReport {
         None => (
             None,
             FloorSource::None,
-            floor(device).err().map(|e| e.to_string()),
+            floor(device).err().map(|e| crate::next_step::with_next(&e)),
         ),
     };
     FloorReport {
@@ -281,9 +281,9 @@ pub fn last_refusal(device: &Device) -> Result<Option<RefusedManifest>> {
 
 /// Fetch the generation's manifest; with trusted keys, refuse one older than the accepted
 /// release (a missing or corrupt copy of it is rewritten from the other first; with neither
-/// readable, nothing is fetched). A refusal is recorded for `status` and returned as the fetch
-/// error; nothing else is written. `cancel` stops the fetch (a cancelled fetch records
-/// nothing). The accepted manifest is stored by [`store_accepted`].
+/// readable, nothing is fetched). A refusal is returned as the fetch error and recorded by
+/// [`record_failed_fetch`]. `cancel` stops the fetch. The accepted manifest is stored by
+/// [`store_accepted`].
 pub fn fetch_accepted(
     device: &Device,
     dl: &Downloader,
@@ -294,16 +294,19 @@ pub fn fetch_accepted(
         repair_floor(device, &floor(device)?)?;
     }
     let floor = release_floor(device, dl)?;
-    match dl.fetch_manifest_accepting(generation, floor, cancel) {
-        Ok(fetched) => Ok(fetched),
-        Err(e) => {
-            let refusals = trust::refusals(&e);
-            if !refusals.is_empty() {
-                record_refusal(device, generation, &refusals)?;
-            }
-            Err(e.into())
+    Ok(dl.fetch_manifest_accepting(generation, floor, cancel)?)
+}
+
+/// After a failed fetch (`e`, from [`fetch_accepted`]): a refusal on trust grounds is recorded
+/// for `status`; nothing else is written (a cancelled fetch records nothing).
+pub(crate) fn record_failed_fetch(device: &Device, e: &crate::Error) -> Result<()> {
+    if let crate::Error::Download(d) = e {
+        let refusals = trust::refusals(d);
+        if !refusals.is_empty() {
+            record_refusal(device, device.config.generation, &refusals)?;
         }
     }
+    Ok(())
 }
 
 /// The release a fetched manifest must not be older than, when keys are trusted: the accepted
@@ -328,16 +331,18 @@ pub fn store_accepted(device: &Device, fetched: &FetchedManifest) -> Result<()> 
     match &fetched.signed {
         Some(signed) => {
             let new = signed.block.clone();
-            let old = read_capped(
-                &device.models_dir().join(CATALOG_SIGNATURE_FILE),
-                manifest::signature::MAX_SIGNATURE_BYTES,
-            )
-            .ok()
-            .flatten()
-            .and_then(|b| String::from_utf8(b).ok())
-            .and_then(|t| manifest::signature::signature_blocks(&t).ok())
-            .and_then(|blocks| blocks.into_iter().next())
-            .filter(|b| *b != new && b.defect().is_none());
+            let old = device
+                .effects()
+                .read(
+                    &device.models_dir().join(CATALOG_SIGNATURE_FILE),
+                    manifest::signature::MAX_SIGNATURE_BYTES,
+                )
+                .ok()
+                .flatten()
+                .and_then(|b| String::from_utf8(b).ok())
+                .and_then(|t| manifest::signature::signature_blocks(&t).ok())
+                .and_then(|blocks| blocks.into_iter().next())
+                .filter(|b| *b != new && b.defect().is_none());
             if let Some(old) = old {
                 device.write_file(
                     CATALOG_SIGNATURE_FILE,
@@ -350,10 +355,7 @@ pub fn store_accepted(device: &Device, fetched: &FetchedManifest) -> Result<()> 
             device.write_file(CATALOG_SIGNATURE_FILE, new.as_str().as_bytes())?;
             record_accepted(device, generation, signed)?;
         }
-        None => device.write_file(
-            CATALOG_FILE,
-            &crate::decisions::accepted_catalog_body(fetched, generation)?,
-        )?,
+        None => device.write_file(CATALOG_FILE, &accepted_catalog_body(fetched, generation)?)?,
     }
     // An origin that served a refused manifest before another served a good one is still
     // worth a look (someone may have written to that store); else clear.
@@ -363,6 +365,18 @@ pub fn store_accepted(device: &Device, fetched: &FetchedManifest) -> Result<()> 
         .map(|(o, r)| (o.as_str(), r))
         .collect();
     record_refusal(device, generation, &refused)
+}
+
+/// The bytes `.catalog.json` gets for a fetched manifest: as received, unless entries were left
+/// out or values normalised (the raw bytes would bring the refused entries back when read):
+/// then what this device accepted, canonical.
+pub(crate) fn accepted_catalog_body(
+    fetched: &downloader::FetchedManifest,
+    generation: Generation,
+) -> Result<Vec<u8>> {
+    let raw = (fetched.refused_entries.is_empty() && fetched.normalised.is_empty())
+        .then_some(fetched.raw.as_slice());
+    crate::device::catalog_body(raw, &fetched.manifest, generation)
 }
 
 /// Write the refusal report for `refusals`, or remove it when there are none.

@@ -2,7 +2,8 @@
 //! removed, each state or cache file written, each purged file, each install), crash right after
 //! it, check what upstream modeld would load at that instant, then rerun and require the state
 //! an uninterrupted run leaves. The effects are counted by the crate's own checkpoints
-//! (`migration::Effects`); the crash stops the refresh at once, as kill -9 would.
+//! (`migration::Effects`, the one writer of device state, over its typed log of
+//! `migration::effects::Effect`); the crash stops the refresh at once, as kill -9 would.
 
 use std::collections::BTreeMap;
 
@@ -130,7 +131,8 @@ pub fn enumerate(e: &Enumeration) -> Uninterrupted {
     let r = (e.run)(&clean, effects.clone());
     assert_eq!(r.is_err(), e.offline, "{label}: {r:?}");
     let want = clean.snapshot();
-    let log = effects.log();
+    // The typed log, named as the crash report names each effect.
+    let log: Vec<String> = effects.effects().iter().map(ToString::to_string).collect();
     assert!(!log.is_empty(), "{label}: no effects");
     for (n, what) in log.iter().enumerate() {
         let f = (e.prepare)();

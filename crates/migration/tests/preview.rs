@@ -1,41 +1,86 @@
-//! The dry run against the real run: on each starting device, `migration::preview::refresh`
-//! changes nothing, and names exactly the params and state files the refresh then changes, what
-//! it purges, downloads and keeps, and the selection it ends with. Both take their decisions
-//! from the same functions; this checks the effects are reported as the run makes them.
+//! The dry run against the real run. `refresh --dry-run` is the refresh in plan mode
+//! (`Device::planning`): on each starting device the planned run's typed effect log must equal
+//! the log of the real run from the same start, and the plan must change nothing. The report
+//! the dry run renders is read off that log; it is checked against the real run's report.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::common::{Fixture, Origin};
 use downloader::CancelToken;
+use migration::{Effect, Effects};
 
 /// `Model` and `DrivingModel` selecting `id`.
 fn selecting(id: &'static str) -> Vec<(&'static str, &'static str)> {
     vec![("Model", id), ("DrivingModel", id)]
 }
 
-/// Run the preview, then the refresh, at the same instant, and check they agree.
+/// Plan, then apply, from the same start at the same instant: the same typed log, nothing
+/// changed by the plan, and the dry-run report agreeing with the real run's.
 fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
-    let device = f.device();
     let dl = origin.downloader();
     let before = f.snapshot();
-    let plan = migration::preview::refresh(&device, &dl, now).unwrap();
+    let planning = f.device().planning();
+    let planned = migration::refresh_at(&planning, &dl, &CancelToken::new(), &|_| {}, now);
+    let plan = migration::preview::refresh(&f.device(), &dl, now).unwrap();
     assert_eq!(
         f.snapshot(),
         before,
         "{label}: the dry run changed the device"
     );
-    let r = migration::refresh_at(&device, &dl, &CancelToken::new(), &|_| {}, now).unwrap();
-    let after = f.snapshot();
+    let applying = Effects::recording();
+    let r = migration::refresh_at(
+        &f.device_with(applying.clone()),
+        &dl,
+        &CancelToken::new(),
+        &|_| {},
+        now,
+    )
+    .unwrap();
+    assert_eq!(
+        planned.unwrap(),
+        r,
+        "{label}: the planned run reports otherwise"
+    );
+    let log = applying.effects();
+    assert_eq!(
+        planning.effects().effects(),
+        log,
+        "{label}: plan log != apply log"
+    );
+    assert!(!log.is_empty() || plan.would_write.is_empty(), "{label}");
 
     assert_eq!(plan.selected, r.selected, "{label}");
     assert_eq!(plan.fell_back_to_builtin, r.fell_back_to_builtin, "{label}");
     assert_eq!(plan.would_purge, r.purged, "{label}");
-    assert_eq!(
-        plan.migrate_from.clone().flatten(),
-        r.migrated_from,
-        "{label}"
-    );
-    assert_eq!(plan.models, r.models, "{label}");
+    assert_eq!(plan.migrated_from, r.migrated_from, "{label}");
+    // What the report names is what the log holds: each download an install, each changed
+    // param written, each file written or removed.
+    for migration::preview::PlannedDownload { id, .. } in &plan.would_download {
+        let install = Effect::Install {
+            what: id.to_string(),
+        };
+        assert!(
+            log.contains(&install),
+            "{label}: {id} planned, not installed"
+        );
+    }
+    for id in &plan.would_keep {
+        let install = Effect::Install {
+            what: id.to_string(),
+        };
+        assert!(!log.contains(&install), "{label}: {id} kept, yet installed");
+    }
+    let after = f.snapshot();
+    let named: BTreeSet<String> = log
+        .iter()
+        .filter_map(|e| match e {
+            Effect::WriteFile { name, .. } | Effect::RemoveFile { name } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    for n in plan.would_write.iter().chain(&plan.would_remove) {
+        assert!(named.contains(n), "{label}: {n} named, not in the log");
+    }
 
     // Params: exactly the ones that changed, with their new values.
     let params = |s: &BTreeMap<String, String>| -> BTreeMap<String, String> {
@@ -50,7 +95,11 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
         .filter(|k| p0.get(*k) != p1.get(*k))
         .map(|k| (k.clone(), p1.get(k).cloned()))
         .collect();
-    let planned: BTreeMap<String, Option<String>> = plan.would_set_params.iter().cloned().collect();
+    let planned: BTreeMap<String, Option<String>> = plan
+        .would_set_params
+        .iter()
+        .map(|c| (c.key.clone(), c.value.clone()))
+        .collect();
     assert_eq!(planned, changed, "{label}: params");
 
     // State and cache files (not the artifacts, which the purge and the downloads account
@@ -86,14 +135,14 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
         "{label}: files removed"
     );
     assert_eq!(
-        plan.migrate_from.is_some(),
+        plan.migrating,
         plan.would_write.contains(&journal) || plan.would_remove.contains(&journal),
         "{label}: a migration journals"
     );
 
     // Downloads: each one's artifact is new; each kept one is untouched.
     let artifact = |id: &manifest::ModelId| format!("models/{id}_driving_tinygrad.pkl");
-    for (id, _) in &plan.would_download {
+    for migration::preview::PlannedDownload { id, .. } in &plan.would_download {
         let k = artifact(id);
         assert!(
             after.contains_key(&k) && before.get(&k) != after.get(&k),
@@ -105,8 +154,8 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
         assert_eq!(before.get(&k), after.get(&k), "{label}: {id} kept");
     }
     // And afterwards nothing is left to do.
-    let again = migration::preview::refresh(&device, &dl, now).unwrap();
-    assert!(again.migrate_from.is_none(), "{label}: {again:?}");
+    let again = migration::preview::refresh(&f.device(), &dl, now).unwrap();
+    assert!(!again.migrating, "{label}: {again:?}");
     assert!(again.would_download.is_empty(), "{label}: {again:?}");
     assert!(again.would_write.is_empty(), "{label}: {again:?}");
     assert!(again.would_set_params.is_empty(), "{label}: {again:?}");
@@ -242,7 +291,7 @@ fn download_agrees(
     let mut install = BTreeSet::new();
     let mut remove = BTreeSet::new();
     for m in &plan.models {
-        if let migration::preview::Action::Download(planned) = &m.action {
+        if let migration::preview::Action::Download { artifacts: planned } = &m.action {
             for p in planned {
                 install.extend(p.would_install.iter().map(|n| format!("models/{n}")));
                 remove.extend(p.would_remove.iter().map(|n| format!("models/{n}")));
@@ -268,7 +317,7 @@ fn download_agrees(
 fn downloads(plan: &migration::preview::DownloadPlanReport) -> usize {
     plan.models
         .iter()
-        .filter(|m| matches!(m.action, migration::preview::Action::Download(_)))
+        .filter(|m| matches!(m.action, migration::preview::Action::Download { .. }))
         .count()
 }
 
@@ -338,7 +387,11 @@ fn an_offline_dry_run_fails_as_the_refresh_and_names_its_first_boot() {
         .filter(|k| before.get(&format!("d/{k}")) != after.get(&format!("d/{k}")))
         .map(|k| (k.to_string(), after.get(&format!("d/{k}")).cloned()))
         .collect();
-    let planned: BTreeMap<String, Option<String>> = plan.would_set_params.iter().cloned().collect();
+    let planned: BTreeMap<String, Option<String>> = plan
+        .would_set_params
+        .iter()
+        .map(|c| (c.key.clone(), c.value.clone()))
+        .collect();
     assert_eq!(planned, changed_params);
     let written: BTreeSet<String> = after
         .iter()

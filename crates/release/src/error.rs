@@ -52,6 +52,10 @@ pub enum Error {
         gaps: Vec<String>,
     },
 
+    /// `validate` cannot run or record with the flags it was given (nothing was run or written).
+    #[error("{problem}")]
+    ValidateInput { problem: String },
+
     /// `rehearse` cannot run with what it was given (nothing was recorded).
     #[error("rehearse: {problem}")]
     RehearseInput { problem: String },

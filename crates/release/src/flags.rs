@@ -14,7 +14,7 @@ use fs_err as fs;
 use manifest::{Manifest, ModelId};
 
 use crate::rebuild::BuildRecord;
-use crate::{Error, Result};
+use crate::{Error, Result, Workspace};
 
 /// Records are small JSON files; anything larger is not one.
 const MAX_RECORD_BYTES: u64 = 1 << 20;
@@ -81,10 +81,10 @@ pub fn gpu_flag_mismatches(
 /// [`gpu_flag_mismatches`] over the success records `workspace/results/<id>.json` of the
 /// manifest's models; returns how many models a record spoke for. A record that is not a
 /// regular file, is too large or does not parse as a success record speaks for nothing.
-pub fn check_gpu_flags(manifest: &Manifest, workspace: &Path) -> Result<usize> {
+pub fn check_gpu_flags(manifest: &Manifest, workspace: &Workspace) -> Result<usize> {
     let mut records = Vec::new();
     for id in manifest.ids() {
-        let path = workspace.join("results").join(format!("{id}.json"));
+        let path = workspace.build_record(id);
         if let Some(r) = read_record(&path)? {
             records.push((path, r));
         }
@@ -304,9 +304,9 @@ mod tests {
                 ("big", None, 4),
             ],
         );
-        assert_eq!(check_gpu_flags(&ok, t.path()).unwrap(), 2);
+        assert_eq!(check_gpu_flags(&ok, &Workspace::new(t.path())).unwrap(), 2);
         let bad = manifest(g, &pin, &[("pop", Some(true), 1), ("bm", Some(true), 2)]);
-        let e = check_gpu_flags(&bad, t.path()).unwrap_err();
+        let e = check_gpu_flags(&bad, &Workspace::new(t.path())).unwrap_err();
         let text = e.to_string();
         let next = cli_support::NextStep::next_step(&e).unwrap_or_default();
         assert!(

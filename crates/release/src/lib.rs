@@ -18,11 +18,14 @@ pub mod flags;
 pub mod rebuild;
 pub mod reuse;
 pub mod tree;
+mod workspace;
 
 pub use error::{Error, Result};
+pub use workspace::Workspace;
 pub mod gate;
 pub mod preflight;
 pub mod publish;
 pub mod records;
 pub mod rehearse;
 pub mod status;
+pub mod validate;

@@ -17,7 +17,7 @@ use manifest::{Generation, Manifest, ModelId, ReleaseNumber};
 use serde::Serialize;
 
 use crate::gate::{GateOutcome, PublishAllowance, PublishRecord};
-use crate::{Error, Result};
+use crate::{Error, Result, Workspace};
 
 /// Everything a publish is asked to do, as parsed from the command line.
 #[derive(Debug)]
@@ -28,8 +28,8 @@ pub struct PublishRequest {
     pub manifest: Manifest,
     /// One `<id>/` directory per model to upload.
     pub artifacts: PathBuf,
-    /// The `--to` stores as given, in publish order.
-    pub to: Vec<String>,
+    /// The `--to` stores, in publish order.
+    pub to: Vec<StoreSpec>,
     /// The Hub store a GitHub-only publish is compared with.
     pub hub: String,
     /// The `hf` CLI for Hugging Face stores (else `HF_CLI`, else `hf` on PATH), read with the
@@ -46,7 +46,7 @@ pub struct PublishRequest {
     /// The openpilot tree whose `tinygrad_pins.json` adds to the built-in pins.
     pub openpilot: Option<PathBuf>,
     /// The rebuild workspace holding the gate records.
-    pub workspace: Option<PathBuf>,
+    pub workspace: Option<Workspace>,
     pub skip_validation: Option<String>,
     pub github_only: Option<String>,
     /// Minisign secret keys to sign with (none: unsigned).
@@ -95,7 +95,7 @@ pub struct PublishOutcome {
 /// must cover the seed's matrix for `manifest`, unless validation is skipped with a reason.
 pub fn check_gate(
     manifest: &Manifest,
-    workspace: Option<&Path>,
+    workspace: Option<&Workspace>,
     skip_reason: Option<&str>,
 ) -> Result<GateOutcome> {
     if let Some(r) = skip_reason
@@ -113,7 +113,11 @@ pub fn check_gate(
         }
         None => None,
     };
-    crate::gate::decide(workspace, coverage.as_ref(), skip_reason)
+    crate::gate::decide(
+        workspace.map(Workspace::root),
+        coverage.as_ref(),
+        skip_reason,
+    )
 }
 
 /// Run the publish: every gate before any store is written, then the upload, then the record.
@@ -127,7 +131,7 @@ pub fn run(
     // The validation gate, before any store is opened or anything written.
     let validation = check_gate(
         manifest,
-        req.workspace.as_deref(),
+        req.workspace.as_ref(),
         req.skip_validation.as_deref(),
     )?;
     if let GateOutcome::Skipped { reason, gaps, .. } = &validation {
@@ -213,19 +217,11 @@ pub fn run(
     })
 }
 
-/// The `--to` stores, parsed, in an order that never puts GitHub ahead of the Hub, and opened.
+/// The `--to` stores, in an order that never puts GitHub ahead of the Hub, opened.
 fn open_stores(req: &PublishRequest) -> Result<Vec<Box<dyn Store>>> {
-    let parsed: Vec<StoreSpec> = req
+    check_store_order(&req.to).map_err(Error::PublishInput)?;
+    Ok(req
         .to
-        .iter()
-        .map(|s| StoreSpec::parse(s))
-        .collect::<artifact_store::Result<_>>()?;
-    let kinds: Vec<(String, bool, bool)> = parsed
-        .iter()
-        .map(|s| (s.to_string(), s.is_hf(), s.is_github()))
-        .collect();
-    check_store_order(&kinds).map_err(Error::PublishInput)?;
-    Ok(parsed
         .iter()
         .map(|s| open(req, s))
         .collect::<artifact_store::Result<_>>()?)
@@ -244,8 +240,8 @@ fn github_only_gate(req: &PublishRequest) -> Result<GithubOnly> {
     let kinds: Vec<(bool, bool)> = req
         .to
         .iter()
-        .map(|s| StoreSpec::parse(s).map(|s| (s.is_hf() || s.same_store(&hub), s.is_github())))
-        .collect::<artifact_store::Result<_>>()?;
+        .map(|s| (s.is_hf() || s.same_store(&hub), s.is_github()))
+        .collect();
     Ok(check_github_only(
         &kinds,
         req.github_only.as_deref(),
@@ -357,10 +353,10 @@ mod tests {
     /// never opened when the skip reason is empty.
     #[test]
     fn the_gate_refuses_missing_flags_before_reading_records() {
-        let missing = Path::new("/nonexistent/starpilot-workspace");
+        let missing = &Workspace::new("/nonexistent/starpilot-workspace");
         for (generation, pin) in generations() {
             let m = manifest(generation, pin);
-            type Case<'a> = (Option<&'a Path>, Option<&'a str>, &'a str);
+            type Case<'a> = (Option<&'a Workspace>, Option<&'a str>, &'a str);
             let cases: [Case; 5] = [
                 (None, None, "PublishNeedsWorkspace"),
                 (None, Some(""), "SkipValidationNoReason"),

@@ -1,16 +1,6 @@
 //! The resumable bulk rebuild of a generation.
 //!
-//! Workspace layout (everything a rerun needs to resume):
-//!
-//! ```text
-//! <workspace>/onnx/<id>/<file>.onnx        sources fetched from <store>/onnx/<source-id>/
-//! <workspace>/logs/<id>.log                the compile log of the latest attempt
-//! <workspace>/results/<id>.json            success record (what was built, with which pin)
-//! <workspace>/results/<id>.failure.json    failure record of the latest attempt
-//! <workspace>/ready/<id>/<id>_driving_tinygrad.pkl.chunkNNofMM + .sha256 + .chunkmanifest
-//! <workspace>/ready/<id>/<id>_driving_<variant>_tinygrad.pkl…   a rebuilt accelerator variant
-//! <workspace>/ready/model_names_<gen>.json the manifest for `release-cli publish`
-//! ```
+//! Everything a rerun needs to resume is in the workspace ([`crate::Workspace`] lays it out).
 //!
 //! The rules: a model is done (skipped) when its success record names this generation and pin,
 //! was built from what the plan asks for now (behaviour version, sources, input format, GPU
@@ -20,6 +10,7 @@
 //! the run stops. The building itself is a [`Builder`]: [`RemoteBuilder`] fetches from a store
 //! and compiles on the compiler comma; the unit tests drive the rules with a fake.
 
+mod dry_run;
 mod plan;
 mod record;
 mod remote;
@@ -32,8 +23,9 @@ use compiler_remote::FetchedArtifact;
 use manifest::{Generation, GitCommit, Manifest, ModelId};
 use serde::Serialize;
 
-use crate::{Error, Result};
+use crate::{Error, Result, Workspace};
 
+pub use dry_run::{DryRun, Fetch, PlannedBuild};
 pub use plan::{PlannedModel, SourceEntry, parse_source_map, plan};
 pub use record::{
     BuildRecord, FailureRecord, RecordedArtifact, RecordedVariant, VariantDropped, build_manifest,
@@ -184,7 +176,7 @@ pub trait Builder {
 /// A rebuild, planned: what to build, for which generation and pin, into which workspace.
 #[derive(Debug, Clone)]
 pub struct Rebuild {
-    pub workspace: PathBuf,
+    pub workspace: Workspace,
     pub generation: Generation,
     pub pin: GitCommit,
     pub base: Manifest,
@@ -206,7 +198,7 @@ pub struct ModelOutcome {
 /// What a run did. Serializes to the `release-cli rebuild --json` summary.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
-    pub workspace: PathBuf,
+    pub workspace: Workspace,
     pub generation: Generation,
     pub tinygrad_commit: GitCommit,
     pub manifest: PathBuf,
@@ -251,7 +243,7 @@ impl Summary {
         } else {
             Err(Error::ModelsFailed {
                 ids,
-                results: self.workspace.join("results"),
+                results: self.workspace.results(),
             })
         }
     }
@@ -295,7 +287,7 @@ fn read_input(path: &Path, limit: u64) -> Result<Vec<u8>> {
 impl Rebuild {
     /// Read the source map and the base catalog and plan the run (`only`: just these models).
     pub fn prepare(
-        workspace: PathBuf,
+        workspace: impl Into<Workspace>,
         source_map: &Path,
         base_manifest: &Path,
         only: &[ModelId],
@@ -312,7 +304,7 @@ impl Rebuild {
         })?;
         let (planned, not_in_catalog) = plan(&map, &base, only)?;
         Ok(Self {
-            workspace,
+            workspace: workspace.into(),
             generation,
             pin,
             base,
@@ -334,10 +326,7 @@ impl Rebuild {
     /// Whether a run would skip `p` as done (its success record still counts). Reads the record
     /// and verifies its ready chunk set; writes nothing (`rebuild --dry-run`).
     pub fn is_done(&self, p: &PlannedModel) -> bool {
-        let path = self
-            .workspace
-            .join("results")
-            .join(format!("{}.json", p.source.id));
+        let path = self.workspace.build_record(&p.source.id);
         self.done_record(&path, |r| record_fits(r, p)).is_some()
     }
 
@@ -350,10 +339,9 @@ impl Rebuild {
         on_progress: &mut dyn FnMut(Progress<'_>),
     ) -> Result<Summary> {
         let ws = &self.workspace;
-        for d in ["onnx", "logs", "results", "ready"] {
-            fs::create_dir_all(ws.join(d))?;
+        for d in ws.rebuild_dirs() {
+            fs::create_dir_all(d)?;
         }
-        let results = ws.join("results");
         let total = self.planned.len();
         let mut outcomes = Vec::new();
         // Records this run checked (skipped) or built: the manifest below takes them as they
@@ -373,8 +361,8 @@ impl Rebuild {
                     message,
                 })
             };
-            let record_path = results.join(format!("{id}.json"));
-            let failure_path = results.join(format!("{id}.failure.json"));
+            let record_path = ws.build_record(id);
+            let failure_path = ws.failure_record(id);
             if let Some(r) = self.done_record(&record_path, |r| record_fits(r, p)) {
                 say("done earlier, skipped");
                 let _ = atomic::remove_if_exists(&failure_path);
@@ -386,7 +374,7 @@ impl Rebuild {
                 this_run.push(r);
                 continue;
             }
-            let log = ws.join("logs").join(format!("{id}.log"));
+            let log = ws.build_log(id);
             let attempt = self.build_one(builder, p, &log, &mut say);
             match attempt {
                 Ok(record) => {
@@ -437,9 +425,7 @@ impl Rebuild {
             .iter()
             .flat_map(|e| variant_block(e, records.iter().find(|r| &r.id == e.id())).1)
             .collect();
-        let manifest_path = ws
-            .join("ready")
-            .join(manifest::layout::manifest_file_name(self.generation).as_str());
+        let manifest_path = ws.ready_manifest(self.generation);
         atomic::write_atomic(&manifest_path, &m.to_canonical_bytes())?;
 
         let count = |s: &str| outcomes.iter().filter(|o| o.status == s).count();
@@ -480,15 +466,14 @@ impl Rebuild {
     ) -> Result<BuildRecord, BuildError> {
         let id = &p.source.id;
         say("fetching sources");
-        let sources =
-            builder.fetch_sources(p, &self.workspace.join("onnx").join(id.as_str()), say)?;
+        let sources = builder.fetch_sources(p, &self.workspace.onnx(id), say)?;
         say(&format!(
             "compiling ({}, {}{})",
             p.version,
             p.source.input_format,
             if p.gpu { ", gpu" } else { "" }
         ));
-        let out = self.workspace.join("ready").join(id.as_str());
+        let out = self.workspace.ready_model(id);
         let a = builder.compile(p, &sources, &out, log, say)?;
         let chunk_sha256 =
             chunk_digests(&out, &a.name, a.chunk_count).map_err(BuildError::model)?;
@@ -582,7 +567,7 @@ impl Rebuild {
                 Some(p) => record_fits(r, p),
                 None => self.base.get(id).and_then(|e| e.version()) == Some(r.version),
             };
-            let path = self.workspace.join("results").join(format!("{id}.json"));
+            let path = self.workspace.build_record(id);
             if let Some(r) = self.done_record(&path, fits) {
                 records.push(r);
             }

@@ -1,55 +1,23 @@
-//! Where the gate's records live in the rebuild workspace, and reading and writing them.
-//!
-//! `results/preflight.json`, `results/<id>.validation.json`, `results/model-v2.check.json`,
-//! `results/driver-state.<W>x<H>.check.json` and `results/rehearsal.json`, each written atomically as pretty JSON; the types
-//! are in [`crate::gate`].
+//! Reading and writing the gate's records (`results/preflight.json`, `results/<id>.validation.json`,
+//! `results/model-v2.check.json`, `results/driver-state.<W>x<H>.check.json`,
+//! `results/rehearsal.json`; their places are [`crate::Workspace`]'s), each written atomically
+//! as pretty JSON; the types are in [`crate::gate`].
 
 use fs_err as fs;
 use std::path::{Path, PathBuf};
 
-use manifest::ModelId;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::gate::{
-    CameraResolution, CheckKind, CheckRecord, PreflightRecord, Records, ValidationRecord,
-};
+use crate::Workspace;
+use crate::gate::{CheckRecord, PreflightRecord, Records, ValidationRecord};
 use crate::rehearse::RehearsalRecord;
 use crate::{Error, Result};
 
 /// Records are a few kilobytes; anything much larger is not one.
 pub(crate) const MAX_RECORD_BYTES: u64 = 4 << 20;
-const VALIDATION_SUFFIX: &str = ".validation.json";
-const CHECK_SUFFIX: &str = ".check.json";
-
-pub fn results_dir(workspace: &Path) -> PathBuf {
-    workspace.join("results")
-}
-
-pub fn preflight_path(workspace: &Path) -> PathBuf {
-    results_dir(workspace).join("preflight.json")
-}
-
-pub fn preflight_log(workspace: &Path) -> PathBuf {
-    workspace.join("logs").join("preflight.log")
-}
-
-pub fn validation_path(workspace: &Path, id: &ModelId) -> PathBuf {
-    results_dir(workspace).join(format!("{id}{VALIDATION_SUFFIX}"))
-}
-
-/// `results/rehearsal.json`: the last `release-cli rehearse`.
-pub fn rehearsal_path(workspace: &Path) -> PathBuf {
-    results_dir(workspace).join("rehearsal.json")
-}
-
-pub fn check_path(workspace: &Path, kind: CheckKind, res: Option<CameraResolution>) -> PathBuf {
-    let name = match res {
-        Some(r) => format!("{kind}.{r}{CHECK_SUFFIX}"),
-        None => format!("{kind}{CHECK_SUFFIX}"),
-    };
-    results_dir(workspace).join(name)
-}
+pub(crate) const VALIDATION_SUFFIX: &str = ".validation.json";
+pub(crate) const CHECK_SUFFIX: &str = ".check.json";
 
 /// The publish record's place: `<manifest stem>.publish.json` beside the manifest
 /// (`ready/model_names_v25.json` → `ready/model_names_v25.publish.json`).
@@ -99,16 +67,16 @@ pub(crate) fn read<T: DeserializeOwned>(path: &Path) -> Result<T> {
 
 /// Every record in `<workspace>/results/`. A missing directory is no records; a record that
 /// does not parse is an error naming it (rerun the command that writes it).
-pub fn load(workspace: &Path) -> Result<Records> {
-    let dir = results_dir(workspace);
+pub fn load(workspace: &Workspace) -> Result<Records> {
+    let dir = workspace.results();
     let mut records = Records::default();
     let entries = match fs::read_dir(&dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if !workspace.is_dir() {
+            if !workspace.root().is_dir() {
                 return Err(Error::NotADirectory {
                     flag: "--workspace",
-                    path: workspace.to_path_buf(),
+                    path: workspace.root().to_path_buf(),
                 });
             }
             return Ok(records);
@@ -120,11 +88,11 @@ pub fn load(workspace: &Path) -> Result<Records> {
         paths.push(e?.path());
     }
     paths.sort();
-    let preflight = preflight_path(workspace);
+    let preflight = workspace.preflight();
     if preflight.is_file() {
         records.preflight = Some(read::<PreflightRecord>(&preflight)?);
     }
-    let rehearsal = rehearsal_path(workspace);
+    let rehearsal = workspace.rehearsal_record();
     if rehearsal.is_file() {
         records.rehearsal = Some(read::<RehearsalRecord>(&rehearsal)?);
     }
@@ -149,11 +117,11 @@ mod tests {
     #[test]
     fn a_missing_workspace_is_named_and_an_empty_one_has_no_records() {
         let t = tempfile::tempdir().unwrap();
-        let ws = t.path().join("ws");
+        let ws = Workspace::new(t.path().join("ws"));
         let e = load(&ws).unwrap_err();
         assert!(matches!(e, Error::NotADirectory { .. }), "{e:?}");
-        assert!(e.to_string().contains(&*ws.to_string_lossy()), "{e}");
-        fs::create_dir(&ws).unwrap();
+        assert!(e.to_string().contains(&*ws.root().to_string_lossy()), "{e}");
+        fs::create_dir(ws.root()).unwrap();
         let r = load(&ws).unwrap();
         assert!(r.preflight.is_none() && r.validations.is_empty() && r.checks.is_empty());
     }
@@ -161,7 +129,7 @@ mod tests {
     #[test]
     fn an_unreadable_record_names_its_path() {
         let t = tempfile::tempdir().unwrap();
-        let path = preflight_path(t.path());
+        let path = Workspace::new(t.path()).preflight();
         // A directory where the record should be: refused unread, naming the file.
         fs::create_dir_all(&path).unwrap();
         let e = read::<PreflightRecord>(&path).unwrap_err();

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::gate::{Cell, Gap, coverage};
 use crate::rebuild::{BuildRecord, FailureRecord};
-use crate::{Result, records};
+use crate::{Result, Workspace, records};
 
 /// The openpilot tree and what the compiler was last sent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -177,12 +177,12 @@ fn tree_status(op: &Path) -> Result<TreeStatus> {
 }
 
 fn builds(
-    ws: &Path,
+    ws: &Workspace,
     generation: Option<Generation>,
     pin: Option<&GitCommit>,
     problems: &mut Vec<String>,
 ) -> Result<Vec<BuildStatus>> {
-    let dir = records::results_dir(ws);
+    let dir = ws.results();
     let mut out: Vec<BuildStatus> = Vec::new();
     let Ok(entries) = fs::read_dir(&dir) else {
         return Ok(out);
@@ -344,7 +344,7 @@ fn store_status(
 /// `generation` to the one whose pin the tree's tinygrad is. Nothing is written or connected
 /// to except the given stores, which are only read.
 pub fn gather(
-    workspace: &Path,
+    workspace: &Workspace,
     openpilot: Option<&Path>,
     generation: Option<Generation>,
     stores: &[(String, &dyn Store)],
@@ -359,11 +359,7 @@ pub fn gather(
     let generation = generation.or(tree.as_ref().and_then(|t| t.pin_generation));
     let tree_pin = tree.as_ref().and_then(|t| t.tinygrad_commit.clone());
     let manifest_path = generation
-        .map(|g| {
-            workspace
-                .join("ready")
-                .join(layout::manifest_file_name(g).as_str())
-        })
+        .map(|g| workspace.ready_manifest(g))
         .filter(|p| p.is_file());
     let manifest = match &manifest_path {
         Some(p) => match crate::rehearse::read_manifest(p) {
@@ -484,7 +480,7 @@ pub fn gather(
         None => Vec::new(),
     };
     let mut status = Status {
-        workspace: workspace.to_path_buf(),
+        workspace: workspace.root().to_path_buf(),
         generation,
         tree,
         manifest: manifest_path,

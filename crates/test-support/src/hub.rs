@@ -486,9 +486,9 @@ pub fn real_hf_cli() -> Option<PathBuf> {
             if std::env::var(REQUIRE_HF_ENV).as_deref() == Ok("1") {
                 panic!("{msg}, and {REQUIRE_HF_ENV}=1 requires it");
             }
-            eprintln!(
-                "\n\n!!! SKIPPED: {msg}; this test needs the real hf CLI (python3 -m venv V && V/bin/pip install huggingface_hub=={PINNED_HF_VERSION} hf-xet==1.8.0, then {HF_CLI_ENV}=V/bin/hf) !!!\n"
-            );
+            crate::skip::skipped(&format!(
+                "{msg}; this test needs the real hf CLI (python3 -m venv V && V/bin/pip install huggingface_hub=={PINNED_HF_VERSION} hf-xet==1.8.0, then {HF_CLI_ENV}=V/bin/hf)"
+            ));
             None
         }
     }

@@ -4,4 +4,5 @@ pub mod hub;
 pub mod published;
 pub mod release_stores;
 pub mod shell;
+pub mod skip;
 pub mod sshd;

@@ -50,7 +50,7 @@ impl Sshd {
             if std::env::var(REQUIRE_ENV).as_deref() == Ok("1") {
                 panic!("{msg}, and {REQUIRE_ENV}=1 requires it");
             }
-            eprintln!("\n\n!!! SKIPPED: {msg}; this test needs a real sshd !!!\n");
+            crate::skip::skipped(&format!("{msg}; this test needs a real sshd"));
             return None;
         }
         // A free port can be taken by someone else between our probe and sshd's bind; retry.

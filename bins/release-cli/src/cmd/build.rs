@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use compiler_remote::{
-    CompileRequest, Compiler, ConnectOptions, Destination, InputFormat, RemotePath,
+    CompileJob, CompileRequest, Compiler, ConnectOptions, Destination, DmJob, InputFormat,
+    RemotePath, ValidateJob,
 };
 use manifest::{BehaviorVersion, GitCommit, ModelId};
 use serde::Serialize;
@@ -348,8 +349,8 @@ pub struct ValidateArgs {
     pub version: Option<BehaviorVersion>,
     /// The rebuild workspace: the artifact defaults to ready/<id>/, the record goes to
     /// results/<id>.validation.json (results/<check>[.<W>x<H>].check.json with --check).
-    #[arg(long, value_name = "DIR")]
-    pub workspace: Option<PathBuf>,
+    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
+    pub workspace: Option<release::Workspace>,
     /// The chunk set's logical path (default: <workspace>/ready/<id>/<id>_driving_tinygrad.pkl).
     #[arg(long, value_name = "PATH")]
     pub artifact: Option<PathBuf>,
@@ -471,7 +472,7 @@ struct CompileReport<'a> {
 }
 
 pub fn compile(args: CompileArgs) -> CliResult {
-    let req = CompileRequest {
+    let request = CompileRequest {
         id: args.model.clone(),
         version: args.version,
         gpu: args.gpu,
@@ -481,19 +482,19 @@ pub fn compile(args: CompileArgs) -> CliResult {
     let log = args
         .log
         .clone()
-        .unwrap_or_else(|| PathBuf::from("logs").join(format!("{}.log", req.build_id())));
+        .unwrap_or_else(|| PathBuf::from("logs").join(format!("{}.log", request.build_id())));
+    let job = CompileJob {
+        request,
+        sources: args.sources.clone(),
+        out: args.out.clone(),
+        log,
+    };
+    let (req, log) = (&job.request, &job.log);
     let pin = args.remote.pin()?;
     args.remote.check_synced()?;
     if args.dry_run {
-        let plan = compiler_remote::dry_run::compile(
-            &args.remote.connect_options(),
-            &req,
-            &args.sources,
-            &pin,
-            &args.out,
-            &log,
-        )
-        .map_err(remote_error)?;
+        let plan = compiler_remote::dry_run::compile(&args.remote.connect_options(), &job, &pin)
+            .map_err(remote_error)?;
         return print_plan(
             &format!("compile {}", req.build_id()),
             plan,
@@ -501,14 +502,15 @@ pub fn compile(args: CompileArgs) -> CliResult {
             args.json,
         );
     }
-    let c = args.remote.connect()?;
-    let artifact = c
-        .compile(&req, &args.sources, &pin, &args.out, &log, &mut live)
+    let artifact = args
+        .remote
+        .connect()?
+        .compile(&job, &pin, &mut live)
         .map_err(remote_error)?;
     if args.json {
         return print_json(&CompileReport {
             model: req.build_id().to_string(),
-            log: &log,
+            log,
             artifact: &artifact,
         });
     }
@@ -553,39 +555,31 @@ pub fn dm(args: DmArgs) -> CliResult {
     } else {
         args.sources.clone()
     };
-    let log = args
-        .log
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("logs/dm.log"));
+    let job = DmJob {
+        sources,
+        remote_out: args.remote_output_dir.clone(),
+        out: args.out.clone(),
+        log: args
+            .log
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("logs/dm.log")),
+    };
     let pin = args.remote.pin()?;
     args.remote.check_synced()?;
     if args.dry_run {
-        let plan = compiler_remote::dry_run::dm(
-            &args.remote.connect_options(),
-            &sources,
-            &pin,
-            &args.remote_output_dir,
-            &args.out,
-            &log,
-        )
-        .map_err(remote_error)?;
+        let plan = compiler_remote::dry_run::dm(&args.remote.connect_options(), &job, &pin)
+            .map_err(remote_error)?;
         return print_plan("dm", plan, None, args.json);
     }
-    let c = args.remote.connect()?;
-    let files = c
-        .build_dm(
-            &sources,
-            &pin,
-            &args.remote_output_dir,
-            &args.out,
-            &log,
-            &mut live,
-        )
+    let files = args
+        .remote
+        .connect()?
+        .build_dm(&job, &pin, &mut live)
         .map_err(remote_error)?;
     if args.json {
         return print_json(&DmReport {
             out: &args.out,
-            log: &log,
+            log: &job.log,
             files: &files,
         });
     }
@@ -662,51 +656,33 @@ pub fn validate(args: ValidateArgs) -> CliResult {
             "validate needs --model ID (or --check CHECK)",
         ));
     };
-    let ws = args.workspace.as_deref();
-    let version = match (args.version, ws) {
-        (Some(v), _) => v,
-        (None, Some(ws)) => crate::cmd::rebuild::recorded_version(ws, id)?,
-        (None, None) => {
-            return Err(CliError::usage(
-                "validate needs --version vN, or --workspace DIR with a recorded build",
-            ));
-        }
+    let release::validate::ValidateTargets {
+        version,
+        artifact,
+        record,
+        log,
+    } = release::validate::targets(&release::validate::ValidateFlags {
+        model: id,
+        version: args.version,
+        artifact: args.artifact.as_deref(),
+        record: args.record.as_deref(),
+        log: args.log.as_deref(),
+        workspace: args.workspace.as_ref(),
+    })
+    .map_err(validate_error)?;
+    let job = ValidateJob {
+        id: id.clone(),
+        version,
+        artifact: artifact.clone(),
+        models_dir: args.remote_models_dir.clone(),
+        python: args.python.clone(),
+        log: log.clone(),
     };
-    let artifact_name = manifest::layout::artifact_file_name(id)
-        .as_str()
-        .to_string();
-    let artifact = match (&args.artifact, ws) {
-        (Some(a), _) => a.clone(),
-        (None, Some(ws)) => ws.join("ready").join(id.as_str()).join(&artifact_name),
-        (None, None) => {
-            return Err(CliError::usage(
-                "validate needs --artifact PATH or --workspace DIR",
-            ));
-        }
-    };
-    let record = match (&args.record, ws) {
-        (Some(r), _) => r.clone(),
-        (None, Some(ws)) => release::records::validation_path(ws, id),
-        (None, None) => PathBuf::from(format!("{id}.validation.json")),
-    };
-    let log = args.log.clone().unwrap_or_else(|| {
-        ws.unwrap_or(Path::new("."))
-            .join("logs")
-            .join(format!("{id}.validate.log"))
-    });
     let pin = args.remote.pin()?;
     if args.dry_run {
-        let (mut plan, set) = compiler_remote::dry_run::validate(
-            &args.remote.connect_options(),
-            id,
-            version,
-            &artifact,
-            &pin,
-            &args.remote_models_dir,
-            &args.python,
-            &log,
-        )
-        .map_err(remote_error)?;
+        let (mut plan, set) =
+            compiler_remote::dry_run::validate(&args.remote.connect_options(), &job, &pin)
+                .map_err(remote_error)?;
         plan.writes.push(record.clone());
         let extra = serde_json::json!({ "artifact": set, "record": record });
         let what = format!(
@@ -718,30 +694,12 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         );
         return print_plan(&what, plan, Some(extra), args.json);
     }
-    let c = args.remote.connect()?;
-    let verdict = c
-        .validate(
-            id,
-            version,
-            &artifact,
-            &pin,
-            &args.remote_models_dir,
-            &args.python,
-            &log,
-            &mut live,
-        )
+    let verdict = args
+        .remote
+        .connect()?
+        .validate(&job, &pin, &mut live)
         .map_err(remote_error)?;
-    // The device's verdict per camera resolution, with its own JSON kept unchanged.
-    let rec = release::gate::ValidationRecord {
-        model: id.clone(),
-        version,
-        resolutions: release::gate::read_verdict(&verdict.verdict, &verdict.artifact_sha256),
-        artifact_sha256: verdict.artifact_sha256,
-        tinygrad_commit: pin,
-        checked_at: release::gate::UtcTime::now(),
-        verdict: verdict.verdict,
-        log: log.clone(),
-    };
+    let rec = release::validate::validation_record(id, version, pin, verdict, log.clone());
     release::records::write(&record, &rec).map_err(super::gate::release_error)?;
     let passed = rec.passed();
     if args.json {
@@ -780,61 +738,26 @@ pub fn validate(args: ValidateArgs) -> CliResult {
 
 /// `validate --check`: record a check the release engineer made on the device.
 fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResult {
-    use release::gate::{CAMERA_RESOLUTIONS, CheckRecord, UtcTime};
-    if args.passed == args.failed {
-        return Err(CliError::usage(format!(
-            "--check {kind} needs --passed or --failed: what you saw on the device"
-        )));
-    }
-    match (kind.per_resolution(), args.resolution) {
-        (true, None) => {
-            return Err(CliError::usage(format!(
-                "--check {kind} is made per camera resolution: add --resolution {} or {}",
-                CAMERA_RESOLUTIONS[0], CAMERA_RESOLUTIONS[1]
-            )));
-        }
-        (false, Some(r)) => {
-            return Err(CliError::usage(format!(
-                "--check {kind} is one check per generation: drop --resolution {r}"
-            )));
-        }
-        (true, Some(r)) if !CAMERA_RESOLUTIONS.contains(&r) => {
-            return Err(CliError::usage(format!(
-                "--resolution {r}: the camera resolutions are {} and {}",
-                CAMERA_RESOLUTIONS[0], CAMERA_RESOLUTIONS[1]
-            )));
-        }
-        _ => {}
-    }
-    let note = args.note.clone().unwrap_or_default();
-    if note.trim().is_empty() {
-        return Err(CliError::usage(format!(
-            "--check {kind} needs --note TEXT: what you observed"
-        )));
-    }
-    let checked_by = match args.by.clone().or_else(|| std::env::var("USER").ok()) {
-        Some(b) if !b.trim().is_empty() => b,
-        _ => return Err(CliError::usage("--check needs --by NAME (USER is not set)")),
-    };
-    let record = match (&args.record, &args.workspace) {
-        (Some(r), _) => r.clone(),
-        (None, Some(ws)) => release::records::check_path(ws, kind, args.resolution),
-        (None, None) => {
-            return Err(CliError::usage(format!(
-                "--check {kind} needs --workspace DIR (or --record FILE)"
-            )));
-        }
-    };
-    let rec = CheckRecord {
-        check: kind,
-        resolution: args.resolution,
-        model: args.model.clone(),
-        passed: args.passed,
-        tinygrad_commit: args.remote.pin()?,
-        checked_by,
-        checked_at: UtcTime::now(),
-        note,
-    };
+    let (record, rec) = release::validate::check_record(
+        &release::validate::CheckFlags {
+            kind,
+            resolution: args.resolution,
+            model: args.model.as_ref(),
+            passed: args.passed,
+            failed: args.failed,
+            note: args.note.as_deref(),
+            by: args.by.clone().or_else(|| std::env::var("USER").ok()),
+            record: args.record.as_deref(),
+            workspace: args.workspace.as_ref(),
+        },
+        || {
+            compiler_remote::resolve_pin(
+                args.remote.tinygrad_commit.clone(),
+                args.remote.openpilot.as_deref(),
+            )
+        },
+    )
+    .map_err(validate_error)?;
     if args.dry_run {
         if args.json {
             let mut v = serde_json::to_value(&rec).map_err(CliError::failure)?;
@@ -864,6 +787,14 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
         record.display()
     )?;
     Ok(())
+}
+
+/// `validate`'s flags it cannot run or record with are usage errors.
+fn validate_error(e: release::Error) -> CliError {
+    match e {
+        release::Error::ValidateInput { .. } => CliError::usage(e),
+        e => e.into(),
+    }
 }
 
 // ---- tinygrad bump ------------------------------------------------------------------------

@@ -1,12 +1,21 @@
 //! `release-cli preflight`: the front of `release::preflight` (see docs/release.md, "Validate";
 //! publish's validation gate is `release::publish`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
+use manifest::GitCommit;
+use serde::Serialize;
 
 use crate::output::print_json;
 use crate::{CliError, CliResult};
+
+/// `--workspace DIR`: a path, as clap parses every path flag (an empty one is refused), made a
+/// [`release::Workspace`].
+pub fn workspace_arg() -> impl clap::builder::TypedValueParser<Value = release::Workspace> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PathBufValueParser::new().map(release::Workspace::from)
+}
 
 /// Map a `release` error to the CLI's exit codes.
 pub fn release_error(e: release::Error) -> CliError {
@@ -19,6 +28,16 @@ pub fn release_error(e: release::Error) -> CliError {
     }
 }
 
+/// `preflight --dry-run --json`.
+#[derive(Serialize)]
+struct PreflightPlan<'a> {
+    dry_run: bool,
+    openpilot: &'a Path,
+    tinygrad_commit: &'a GitCommit,
+    commands: &'a [&'a [&'a str]],
+    writes: [&'a Path; 2],
+}
+
 #[derive(Debug, Args)]
 pub struct PreflightArgs {
     /// The openpilot checkout to test (with ./dev, .venv and tinygrad_repo/TINYGRAD_COMMIT).
@@ -26,8 +45,8 @@ pub struct PreflightArgs {
     pub openpilot: PathBuf,
     /// The rebuild workspace: the record goes to results/preflight.json, the output to
     /// logs/preflight.log.
-    #[arg(long, value_name = "DIR")]
-    pub workspace: PathBuf,
+    #[arg(long, value_name = "DIR", value_parser = workspace_arg())]
+    pub workspace: release::Workspace,
     /// Make the checks preflight makes before running anything (a checkout with ./dev and a
     /// tinygrad marker) and print the commands it would run and the log and record it would
     /// write; run nothing and write nothing.
@@ -48,18 +67,18 @@ pub fn preflight(args: PreflightArgs) -> CliResult {
             args.openpilot.display()
         )));
     }
-    let record_path = release::records::preflight_path(&args.workspace);
-    let log = release::records::preflight_log(&args.workspace);
+    let record_path = args.workspace.preflight();
+    let log = args.workspace.preflight_log();
     if args.dry_run {
         let pin = release::preflight::check(&args.openpilot).map_err(release_error)?;
         if args.json {
-            return print_json(&serde_json::json!({
-                "dry_run": true,
-                "openpilot": args.openpilot,
-                "tinygrad_commit": pin,
-                "commands": release::preflight::COMMANDS,
-                "writes": [log, record_path],
-            }));
+            return print_json(&PreflightPlan {
+                dry_run: true,
+                openpilot: &args.openpilot,
+                tinygrad_commit: &pin,
+                commands: &release::preflight::COMMANDS,
+                writes: [&log, &record_path],
+            });
         }
         crate::outln!(
             "dry run: preflight in {} (tinygrad {}); nothing was run or written",

@@ -1,26 +1,23 @@
 //! `release-cli rebuild`: flags and rendering over `release::rebuild`, the resumable bulk
 //! rebuild of a generation on the compiler comma (workspace layout and rules: see that module).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use artifact_store::StoreSpec;
 use clap::Args;
-use compiler_remote::dry_run::{self, Plan};
-use compiler_remote::{CompileRequest, InputFormat};
-use manifest::{BehaviorVersion, Generation, GitCommit, ModelId};
+use manifest::{Generation, ModelId};
 use release::rebuild::{DEFAULT_SOURCES, Progress, Rebuild, RemoteBuilder};
-use serde::Serialize;
 
-use crate::cmd::build::{RemoteArgs, live, remote_error, render_plan};
+use crate::cmd::build::{RemoteArgs, live, render_plan};
 use crate::output::print_json;
 use crate::{CliError, CliResult};
 
 #[derive(Debug, Args)]
 pub struct RebuildArgs {
     /// The rebuild workspace (created if missing; rerun with the same one to resume).
-    #[arg(long, value_name = "DIR")]
-    pub workspace: PathBuf,
+    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
+    pub workspace: release::Workspace,
     /// The source map: `{"<id>": {"source_id", "input_format", "ref", "uses_external_gpu"}}`.
     #[arg(long, value_name = "FILE")]
     pub source_map: PathBuf,
@@ -161,115 +158,26 @@ pub fn run(args: RebuildArgs) -> CliResult {
     if summary.complete() {
         cli_support::info!(
             "next: release-cli publish --artifacts {} --manifest {}",
-            args.workspace.join("ready").display(),
+            args.workspace.ready().display(),
             summary.manifest.display()
         );
     }
     Ok(())
 }
 
-/// One model of `rebuild --dry-run`.
-#[derive(Serialize)]
-struct PlannedModel {
-    id: ModelId,
-    /// `skip` (done earlier) or `build`.
-    action: &'static str,
-    version: BehaviorVersion,
-    source_id: ModelId,
-    input_format: InputFormat,
-    gpu: bool,
-    /// Where its sources would come from and go: `{"from","to"}`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    fetch: Option<serde_json::Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    plan: Option<Plan>,
-}
-
-#[derive(Serialize)]
-struct RebuildPlan<'a> {
-    dry_run: bool,
-    workspace: &'a Path,
-    generation: Generation,
-    tinygrad_commit: &'a GitCommit,
-    sources: &'a str,
-    manifest: PathBuf,
-    not_in_catalog: &'a [ModelId],
-    models: Vec<PlannedModel>,
-}
-
 /// `rebuild --dry-run`: which models a run would skip or build, and how, changing nothing.
 fn dry_run(args: &RebuildArgs, rebuild: &Rebuild) -> CliResult {
-    let ws = &rebuild.workspace;
-    let opts = args.remote.connect_options();
-    let mut models = Vec::new();
-    for p in &rebuild.planned {
-        let id = &p.source.id;
-        let mut m = PlannedModel {
-            id: id.clone(),
-            action: "skip",
-            version: p.version,
-            source_id: p.source.source_id.clone(),
-            input_format: p.source.input_format,
-            gpu: p.gpu,
-            fetch: None,
-            plan: None,
-        };
-        if !rebuild.is_done(p) {
-            let onnx = ws.join("onnx").join(id.as_str());
-            let req = CompileRequest {
-                id: id.clone(),
-                version: p.version,
-                gpu: p.gpu,
-                input_format: p.source.input_format,
-                local: false,
-            };
-            let mut plan = dry_run::compile_plan(
-                &opts,
-                &req,
-                &[onnx.join("*.onnx")],
-                &rebuild.pin,
-                &ws.join("ready").join(id.as_str()),
-                &ws.join("logs").join(format!("{id}.log")),
-            )
-            .map_err(remote_error)?;
-            plan.writes.insert(0, onnx.join("*.onnx"));
-            plan.writes
-                .push(ws.join("results").join(format!("{id}.json")));
-            m.action = "build";
-            m.fetch = Some(serde_json::json!({
-                "from": format!("{}/onnx/{}/*.onnx", args.sources, p.source.source_id),
-                "to": onnx,
-            }));
-            m.plan = Some(plan);
-        }
-        models.push(m);
-    }
-    // The real run connects before its first build: the same checks, only then.
-    if models.iter().any(|m| m.plan.is_some()) {
-        dry_run::check_before_connect(&opts).map_err(remote_error)?;
-    }
-    let report = RebuildPlan {
-        dry_run: true,
-        workspace: ws,
-        generation: rebuild.generation,
-        tinygrad_commit: &rebuild.pin,
-        sources: &args.sources,
-        manifest: ws
-            .join("ready")
-            .join(manifest::layout::manifest_file_name(rebuild.generation).as_str()),
-        not_in_catalog: &rebuild.not_in_catalog,
-        models,
-    };
+    let report = rebuild.dry_run(&args.remote.connect_options(), &args.sources)?;
     if args.json {
         return print_json(&report);
     }
-    let building = report.models.iter().filter(|m| m.plan.is_some()).count();
+    let building = report.building();
     crate::outln!(
         "dry run: rebuild {} (tinygrad {}) in {}: {building} to build, {} done earlier \
          (skipped); nothing was fetched, sent, run or written",
         report.generation,
         report.tinygrad_commit,
-        ws.display(),
+        report.workspace.display(),
         report.models.len() - building
     )?;
     for m in &report.models {
@@ -284,11 +192,7 @@ fn dry_run(args: &RebuildArgs, rebuild: &Rebuild) -> CliResult {
                     plan.destination,
                     plan.remote_root
                 )?;
-                crate::outln!(
-                    "    fetch  {} -> {}",
-                    fetch["from"].as_str().unwrap_or_default(),
-                    fetch["to"].as_str().unwrap_or_default()
-                )?;
+                crate::outln!("    fetch  {} -> {}", fetch.from, fetch.to.display())?;
                 render_plan(plan, "    ")?;
             }
             _ => crate::outln!(
@@ -311,12 +215,4 @@ fn dry_run(args: &RebuildArgs, rebuild: &Rebuild) -> CliResult {
     crate::outln!("  would write  {}", report.manifest.display())?;
     cli_support::info!("next: run the same command without --dry-run");
     Ok(())
-}
-
-/// The recorded behaviour version of a built model (for `validate --workspace`).
-pub fn recorded_version(
-    workspace: &std::path::Path,
-    id: &ModelId,
-) -> CliResult<manifest::BehaviorVersion> {
-    Ok(release::rebuild::recorded_version(workspace, id)?)
 }

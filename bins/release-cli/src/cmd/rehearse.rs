@@ -25,8 +25,8 @@ pub struct RehearseArgs {
     pub openpilot: PathBuf,
     /// The rebuild workspace: the record goes to results/rehearsal.json (publish requires a
     /// passing one for these manifest bytes), the devices and logs to rehearsal/ (replaced).
-    #[arg(long, value_name = "DIR")]
-    pub workspace: PathBuf,
+    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
+    pub workspace: release::Workspace,
     /// The device-modeld-manager binary to run [default: the one beside release-cli].
     #[arg(long, value_name = "PATH")]
     pub device_manager: Option<PathBuf>,
@@ -68,7 +68,7 @@ pub fn rehearse(args: RehearseArgs) -> CliResult {
     };
     let rec =
         release::rehearse::run(&opts, &mut |line| cli_support::info!("{line}")).map_err(error)?;
-    let path = release::records::rehearsal_path(&args.workspace);
+    let path = args.workspace.rehearsal_record();
     if args.json {
         print_json(&rec)?;
     } else {
@@ -112,8 +112,8 @@ pub fn rehearse(args: RehearseArgs) -> CliResult {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// The rebuild workspace (results/, ready/).
-    #[arg(long, value_name = "DIR")]
-    pub workspace: PathBuf,
+    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
+    pub workspace: release::Workspace,
     /// The release's openpilot tree [default: the one the preflight record names].
     #[arg(long, value_name = "DIR")]
     pub openpilot: Option<PathBuf>,
@@ -122,8 +122,8 @@ pub struct StatusArgs {
     pub generation: Option<Generation>,
     /// A store to read what it holds live (manifest generation, pin, signature release); only
     /// read. Repeatable; same forms as publish --to.
-    #[arg(long = "store", visible_alias = "to", value_name = "STORE")]
-    pub stores: Vec<String>,
+    #[arg(long = "store", visible_alias = "to", value_name = "STORE", value_parser = named_store)]
+    pub stores: Vec<(String, artifact_store::StoreSpec)>,
     #[command(flatten)]
     pub access: super::store::StoreAccess,
     /// Print `{"workspace","generation","tree":{"openpilot","tinygrad_commit","pin_generation",
@@ -138,16 +138,20 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
+/// A `--store`, typed, with its name as given (what the report calls it).
+fn named_store(s: &str) -> artifact_store::Result<(String, artifact_store::StoreSpec)> {
+    Ok((s.to_string(), artifact_store::StoreSpec::parse(s)?))
+}
+
 fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
     v.as_ref().map_or("-".to_string(), |v| v.to_string())
 }
 
 pub fn status(args: StatusArgs) -> CliResult {
     let mut opened = Vec::new();
-    for s in &args.stores {
-        let spec = artifact_store::StoreSpec::parse(s).map_err(super::store::store_error)?;
-        let store = args.access.open(&spec).map_err(super::store::store_error)?;
-        opened.push((s.clone(), store));
+    for (name, spec) in &args.stores {
+        let store = args.access.open(spec).map_err(super::store::store_error)?;
+        opened.push((name.clone(), store));
     }
     let refs: Vec<(String, &dyn artifact_store::Store)> = opened
         .iter()

@@ -7,7 +7,7 @@ use artifact_store::signing::{self, PASSPHRASE_ENV, SigningKey, VerifyingKey};
 use clap::Args;
 use manifest::signature;
 use manifest::{Generation, Manifest, ReleaseNumber, UnixSeconds};
-use serde_json::json;
+use serde::Serialize;
 
 use crate::output::print_json;
 use crate::{CliError, CliResult};
@@ -92,6 +92,33 @@ pub fn load_signing_keys(paths: &[PathBuf]) -> CliResult<Vec<SigningKey>> {
         .collect()
 }
 
+/// `manifest sign --json`: `dry_run` and `replaces` only under --dry-run.
+#[derive(Serialize)]
+struct SignReport<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dry_run: Option<bool>,
+    manifest: &'a Path,
+    signature: &'a Path,
+    generation: String,
+    release: u64,
+    expires: u64,
+    keys: &'a [&'a str],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replaces: Option<bool>,
+}
+
+/// `manifest verify --json`: the blocks and the device's decision over them.
+#[derive(Serialize)]
+struct VerifyReport<'a> {
+    manifest: &'a Path,
+    signature: &'a Path,
+    accepted: bool,
+    blocks: &'a [signing::BlockCheck],
+    release: Option<u64>,
+    expires: Option<u64>,
+    refusal: Option<String>,
+}
+
 fn default_signature_path(manifest: &Path) -> PathBuf {
     let mut s = manifest.as_os_str().to_owned();
     s.push(signature::SIGNATURE_SUFFIX);
@@ -173,19 +200,20 @@ pub fn sign(a: SignArgs) -> CliResult {
         signing::new_comment(generation, release, a.expires_in).map_err(CliError::usage)?;
     let text = signing::sign_manifest(&keys, &bytes, &comment).map_err(CliError::failure)?;
     let ids: Vec<&str> = keys.iter().map(|k| k.id()).collect();
+    let report = |dry_run: Option<bool>, replaces: Option<bool>| SignReport {
+        dry_run,
+        manifest: &a.manifest,
+        signature: &output,
+        generation: generation.to_string(),
+        release: release.get(),
+        expires: comment.expires.0,
+        keys: &ids,
+        replaces,
+    };
     if a.dry_run {
         let replaces = output.exists();
         if a.json {
-            return print_json(&json!({
-                "dry_run": true,
-                "manifest": a.manifest,
-                "signature": output,
-                "generation": generation.to_string(),
-                "release": release.get(),
-                "expires": comment.expires.0,
-                "keys": ids,
-                "replaces": replaces,
-            }));
+            return print_json(&report(Some(true), Some(replaces)));
         }
         crate::outln!(
             "dry run: would write {} ({} bytes{}): {} as {generation} release {release} with key {} (expires {} Unix seconds)",
@@ -206,14 +234,7 @@ pub fn sign(a: SignArgs) -> CliResult {
     chunker::atomic::write_atomic(&output, text.as_bytes())
         .map_err(|e| CliError::failure(e.to_string()))?;
     if a.json {
-        return print_json(&json!({
-            "manifest": a.manifest,
-            "signature": output,
-            "generation": generation.to_string(),
-            "release": release.get(),
-            "expires": comment.expires.0,
-            "keys": ids,
-        }));
+        return print_json(&report(None, None));
     }
     crate::outln!(
         "signed {} as {generation} release {release} with key {} (expires {} Unix seconds): {}",
@@ -282,15 +303,15 @@ pub fn verify(a: VerifyArgs) -> CliResult {
         }
     };
     if a.json {
-        print_json(&json!({
-            "manifest": a.manifest,
-            "signature": sig_path,
-            "accepted": outcome.is_ok(),
-            "blocks": blocks,
-            "release": outcome.as_ref().ok().map(|c| c.release.get()),
-            "expires": outcome.as_ref().ok().map(|c| c.expires.0),
-            "refusal": outcome.as_ref().err().map(|r| r.to_string()),
-        }))?;
+        print_json(&VerifyReport {
+            manifest: &a.manifest,
+            signature: &sig_path,
+            accepted: outcome.is_ok(),
+            blocks: &blocks,
+            release: outcome.as_ref().ok().map(|c| c.release.get()),
+            expires: outcome.as_ref().ok().map(|c| c.expires.0),
+            refusal: outcome.as_ref().err().map(|r| r.to_string()),
+        })?;
     } else {
         for b in &blocks {
             crate::outln!(

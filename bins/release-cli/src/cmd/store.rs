@@ -54,8 +54,8 @@ pub struct PublishArgs {
     /// A store: `hf://buckets/NS/NAME`, `github:CHECKOUT`, `file:DIR` or a plain directory path
     /// without a `word:` prefix (anything else, e.g. `hf:/buckets/…` or `gh:…`, is refused).
     /// Repeat for several stores; they are published in order (Hugging Face before GitHub).
-    #[arg(long = "to", value_name = "STORE", required = true)]
-    pub to: Vec<String>,
+    #[arg(long = "to", value_name = "STORE", required = true, value_parser = StoreSpec::parse)]
+    pub to: Vec<StoreSpec>,
     /// Print the plan (what would be uploaded, skipped and written) and change nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -81,8 +81,8 @@ pub struct PublishArgs {
     /// The rebuild workspace whose results/ holds the preflight, validation and rehearsal
     /// records; they must cover the seed's validation matrix and a passing rehearsal of this
     /// manifest's bytes, or nothing is published.
-    #[arg(long, value_name = "DIR")]
-    pub workspace: Option<PathBuf>,
+    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
+    pub workspace: Option<release::Workspace>,
     /// Publish without a covering validation record or rehearsal (the whole gate is skipped);
     /// the reason and the uncovered cells are written into the publish record (`<manifest
     /// stem>.publish.json` beside the manifest).
@@ -571,6 +571,15 @@ pub struct ServeArgs {
     pub json: bool,
 }
 
+/// `serve --json`'s first line.
+#[derive(serde::Serialize)]
+struct ServeInfo<'a> {
+    url: String,
+    hf_base: &'a str,
+    github_base: &'a str,
+    store: &'a std::path::Path,
+}
+
 pub fn serve_cmd(args: ServeArgs) -> CliResult {
     if !args.store.is_dir() {
         return Err(CliError::usage(format!(
@@ -623,13 +632,13 @@ pub fn serve_cmd(args: ServeArgs) -> CliResult {
     // The first line of stdout is the base URL and nothing else (or, with --json, one object):
     // scripts and tests read it.
     let first_line = if args.json {
-        serde_json::json!({
-            "url": server.url(),
-            "hf_base": hf_base,
-            "github_base": github_base,
-            "store": args.store,
+        serde_json::to_string(&ServeInfo {
+            url: server.url(),
+            hf_base: &hf_base,
+            github_base: &github_base,
+            store: &args.store,
         })
-        .to_string()
+        .map_err(CliError::failure)?
     } else {
         server.url().to_string()
     };

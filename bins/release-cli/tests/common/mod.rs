@@ -76,7 +76,7 @@ pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf
         finished_at: now,
         log: workspace.join("logs/preflight.log"),
     };
-    records::write(&records::preflight_path(workspace), &preflight).unwrap();
+    records::write(&release::Workspace::new(workspace).preflight(), &preflight).unwrap();
     for e in m.models() {
         let (Some(sha), Some(version)) = (e.artifact_sha256(), e.version()) else {
             continue;
@@ -110,7 +110,7 @@ pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf
             log: workspace.join("logs/fixture.validate.log"),
         };
         assert!(rec.passed());
-        records::write(&records::validation_path(workspace, e.id()), &rec).unwrap();
+        records::write(&release::Workspace::new(workspace).validation(e.id()), &rec).unwrap();
     }
     let checks = [
         (CheckKind::ModelV2, None),
@@ -128,7 +128,7 @@ pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf
             checked_at: now,
             note: "written by the test".into(),
         };
-        records::write(&records::check_path(workspace, kind, res), &rec).unwrap();
+        records::write(&release::Workspace::new(workspace).check(kind, res), &rec).unwrap();
     }
     let generation = m
         .generation()
@@ -149,7 +149,11 @@ pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf
         finished_at: now,
         work_dir: workspace.join("rehearsal"),
     };
-    records::write(&records::rehearsal_path(workspace), &rehearsal).unwrap();
+    records::write(
+        &release::Workspace::new(workspace).rehearsal_record(),
+        &rehearsal,
+    )
+    .unwrap();
     workspace.to_path_buf()
 }
 

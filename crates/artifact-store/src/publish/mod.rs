@@ -30,6 +30,7 @@ use manifest::{Generation, Manifest, ModelId, StoreLayout};
 use serde::Serialize;
 
 use crate::error::{Error, Refusal, Result};
+use crate::location::StoreSpec;
 use crate::retry::RetryPolicy;
 use crate::store::Store;
 
@@ -242,14 +243,13 @@ pub struct PublishReport {
 
 /// Hugging Face before GitHub (docs/formats.md, "Publish order", point 4): devices try the Hub first, so the fallback must
 /// never be ahead of it.
-pub fn check_store_order(kinds: &[(String, bool, bool)]) -> Result<()> {
-    // (name, is_hf, is_github)
-    if let Some(first_gh) = kinds.iter().position(|k| k.2)
-        && let Some(late_hf) = kinds.iter().skip(first_gh).find(|k| k.1)
+pub fn check_store_order(stores: &[StoreSpec]) -> Result<()> {
+    if let Some(first_gh) = stores.iter().position(StoreSpec::is_github)
+        && let Some(late_hf) = stores.iter().skip(first_gh).find(|s| s.is_hf())
     {
         return Err(Error::Refused(Refusal::StoreOrder {
-            hf: late_hf.0.clone(),
-            github: kinds[first_gh].0.clone(),
+            hf: late_hf.to_string(),
+            github: stores[first_gh].to_string(),
         }));
     }
     Ok(())
@@ -384,22 +384,20 @@ mod tests {
     /// typed, naming both.
     #[test]
     fn store_order() {
-        let k = |n: &str, hf, gh| (n.to_string(), hf, gh);
+        let k = |n: &str| StoreSpec::parse(n).unwrap();
+        let (hf, hf1, hf2) = (
+            "hf://buckets/o/hf",
+            "hf://buckets/o/hf1",
+            "hf://buckets/o/hf2",
+        );
         let cases = [
-            (vec![k("hf", true, false), k("gh", false, true)], None),
-            (vec![k("gh", false, true)], None),
-            (vec![k("local", false, false), k("hf", true, false)], None),
+            (vec![k(hf), k("github:gh")], None),
+            (vec![k("github:gh")], None),
+            (vec![k("local"), k(hf)], None),
+            (vec![k("github:gh"), k(hf)], Some((hf, "github:gh"))),
             (
-                vec![k("gh", false, true), k("hf", true, false)],
-                Some(("hf", "gh")),
-            ),
-            (
-                vec![
-                    k("hf1", true, false),
-                    k("gh", false, true),
-                    k("hf2", true, false),
-                ],
-                Some(("hf2", "gh")),
+                vec![k(hf1), k("github:gh"), k(hf2)],
+                Some((hf2, "github:gh")),
             ),
         ];
         for (kinds, want) in cases {
@@ -544,10 +542,11 @@ mod tests {
 
     #[test]
     fn store_order_is_hf_then_github() {
-        let k = |n: &str, hf, gh| (n.to_string(), hf, gh);
-        assert!(check_store_order(&[k("hf", true, false), k("gh", false, true)]).is_ok());
-        assert!(check_store_order(&[k("local", false, false), k("gh", false, true)]).is_ok());
-        let e = check_store_order(&[k("gh", false, true), k("hf", true, false)]).unwrap_err();
+        let k = |n: &str| StoreSpec::parse(n).unwrap();
+        let hf = "hf://buckets/o/hf";
+        assert!(check_store_order(&[k(hf), k("github:gh")]).is_ok());
+        assert!(check_store_order(&[k("local"), k("github:gh")]).is_ok());
+        let e = check_store_order(&[k("github:gh"), k(hf)]).unwrap_err();
         assert!(e.to_string().contains("Hugging Face first"), "{e}");
     }
 }

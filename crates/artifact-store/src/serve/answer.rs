@@ -46,6 +46,41 @@ pub(super) fn simple(
     Ok((status, 0))
 }
 
+/// A 200 `text/plain` answer.
+fn text(out: &mut impl Write, body: &str, head: bool) -> io::Result<(u16, u64)> {
+    write!(
+        out,
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    if !head {
+        out.write_all(body.as_bytes())?;
+    }
+    out.flush()?;
+    Ok((200, if head { 0 } else { body.len() as u64 }))
+}
+
+/// What `/` answers: the base path of every mount and what it serves, so a person who opens the
+/// mirror in a browser or with curl sees where to point `--hf-base`/`--github-base`.
+pub(super) fn index(config: &ServeConfig) -> String {
+    let mut body = String::from("StarPilot model store mirror (release-cli serve). Base paths:\n");
+    for m in &config.mounts {
+        let what = match m.kind {
+            super::MountKind::Identity => "store paths as they are (Hugging Face resolve layout)",
+            super::MountKind::Github => {
+                "the GitHub raw layout (model_names_<gen>.json, <gen>/<id>/<file>)"
+            }
+        };
+        body.push_str(&format!("  {}  {what}\n", m.prefix));
+        if let Some(bucket) = &m.tree_api_bucket {
+            body.push_str(&format!(
+                "  /api/buckets/{bucket}/tree/  the bucket's file listing (JSON)\n"
+            ));
+        }
+    }
+    body
+}
+
 pub(super) fn respond(
     out: &mut impl Write,
     req: &Request,
@@ -67,6 +102,7 @@ pub(super) fn respond(
         return simple(out, 404, "Not Found", head);
     };
     match route(config, &path) {
+        Route::Index => text(out, &index(config), head),
         Route::NotFound => simple(out, 404, "Not Found", head),
         Route::Tree { root, prefix } => tree(out, &root, prefix.as_ref(), head),
         Route::File(p) => file(out, req, &p, head),

@@ -22,8 +22,10 @@
 //! within [`HEAD_TIMEOUT`] (a deadline for the head, not per read, so trickling does not extend
 //! it); at most [`IDLE_PER_CLIENT`] connections per client address (and [`MAX_IDLE`] in all) may
 //! be waiting for their head at once, and a new one beyond that closes the oldest waiting
-//! connection instead of being refused, so a client that sends its request at once is answered
-//! however many idle connections are open. Only connections with a request count against the
+//! connection that has sent nothing yet instead of being refused, so a client that sends its
+//! request at once is answered however many idle connections are open. A connection whose
+//! request bytes have arrived (read or not yet read by its thread) is never closed for this:
+//! many clients behind one address that all send at once are all answered. Only connections with a request count against the
 //! [`MAX_CONNECTIONS`] busy cap (503 beyond it).
 //!
 //! Nothing whose real path is outside the store is served or listed: a file's path and a tree
@@ -212,21 +214,34 @@ impl Drop for Server {
 #[derive(Default)]
 struct Waiting {
     next_id: u64,
-    list: VecDeque<(u64, IpAddr, TcpStream)>,
+    list: VecDeque<(u64, IpAddr, Instant, TcpStream)>,
 }
 
 impl Waiting {
     /// Register a new waiting connection; returns its id and the connections to close to keep
-    /// within [`IDLE_PER_CLIENT`] and [`MAX_IDLE`] (the oldest of the same client first).
+    /// within [`IDLE_PER_CLIENT`] and [`MAX_IDLE`] (the oldest of the same client first), among
+    /// those that have sent nothing: one with request bytes in hand is left to its thread.
     fn add(&mut self, ip: IpAddr, stream: TcpStream) -> (u64, Vec<TcpStream>) {
         let id = self.next_id;
         self.next_id += 1;
-        self.list.push_back((id, ip, stream));
-        let ips: Vec<IpAddr> = self.list.iter().map(|(_, ip, _)| *ip).collect();
+        let now = Instant::now();
+        self.list.push_back((id, ip, now, stream));
+        let conns: Vec<Waiter> = self
+            .list
+            .iter()
+            .map(|(_, ip, since, s)| Waiter {
+                ip: *ip,
+                idle: !has_unread_bytes(s),
+                young: now.duration_since(*since) < SEND_GRACE,
+            })
+            .collect();
         let mut evicted = Vec::new();
         // Highest index first, so the earlier indices stay valid.
-        for i in evictions(&ips, IDLE_PER_CLIENT, MAX_IDLE).into_iter().rev() {
-            if let Some((_, _, s)) = self.list.remove(i) {
+        for i in evictions(&conns, IDLE_PER_CLIENT, MAX_IDLE)
+            .into_iter()
+            .rev()
+        {
+            if let Some((_, _, _, s)) = self.list.remove(i) {
                 evicted.push(s);
             }
         }
@@ -234,32 +249,66 @@ impl Waiting {
     }
 
     fn remove(&mut self, id: u64) {
-        self.list.retain(|(i, _, _)| *i != id);
+        self.list.retain(|(i, _, _, _)| *i != id);
     }
 }
 
-/// Which waiting connections (indices into `ips`, oldest first, the newest last) to close so
-/// that no address has more than `per_client` and there are no more than `total` in all: the
-/// oldest ones of an address over its bound, then the oldest overall. Pure. Sorted ascending.
-fn evictions(ips: &[IpAddr], per_client: usize, total: usize) -> Vec<usize> {
+/// Whether the peer's bytes are waiting in the socket, unread: a peek that never blocks (the
+/// connection's own thread reads the same socket with its timeouts, so the socket's blocking
+/// mode is left alone).
+fn has_unread_bytes(stream: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // SAFETY: a one-byte buffer we own; MSG_PEEK leaves the byte in the socket.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n > 0
+}
+
+/// How long a new connection has to send its first bytes before it counts against its address's
+/// bound of idle connections: clients that connect and send at once race the accept loop.
+const SEND_GRACE: Duration = Duration::from_secs(1);
+
+/// A connection waiting for its request head, as the eviction rule sees it.
+#[derive(Debug, Clone, Copy)]
+struct Waiter {
+    ip: IpAddr,
+    /// Nothing of its request is waiting in the socket.
+    idle: bool,
+    /// Accepted less than [`SEND_GRACE`] ago.
+    young: bool,
+}
+
+/// Which waiting connections (oldest first, the newest last) to close so that no address has
+/// more than `per_client` and there are no more than `total` in all: the oldest idle ones of an
+/// address over its bound that had [`SEND_GRACE`] to send, then the oldest idle ones overall. A
+/// connection whose request bytes have arrived is never chosen (its head deadline bounds it),
+/// nor a young one for its address's bound. Pure. Sorted ascending.
+fn evictions(conns: &[Waiter], per_client: usize, total: usize) -> Vec<usize> {
     let mut out = Vec::new();
     let mut seen: std::collections::HashMap<IpAddr, usize> = std::collections::HashMap::new();
-    for ip in ips {
-        *seen.entry(*ip).or_default() += 1;
+    for c in conns {
+        *seen.entry(c.ip).or_default() += 1;
     }
-    for (i, ip) in ips.iter().enumerate() {
-        let n = seen.get_mut(ip).expect("counted");
-        if *n > per_client {
+    for (i, c) in conns.iter().enumerate() {
+        let n = seen.get_mut(&c.ip).expect("counted");
+        if *n > per_client && c.idle && !c.young {
             *n -= 1;
             out.push(i);
         }
     }
-    let mut left = ips.len() - out.len();
-    for i in 0..ips.len() {
+    let mut left = conns.len() - out.len();
+    for (i, c) in conns.iter().enumerate() {
         if left <= total {
             break;
         }
-        if !out.contains(&i) {
+        if c.idle && !out.contains(&i) {
             out.push(i);
             left -= 1;
         }
@@ -466,13 +515,128 @@ mod tests {
     fn eviction_rule() {
         let a = IpAddr::from([10, 0, 0, 1]);
         let b = IpAddr::from([10, 0, 0, 2]);
-        assert!(evictions(&[a, a, b], 2, 10).is_empty());
+        let w = |ip: IpAddr, idle: bool, young: bool| Waiter { ip, idle, young };
+        let idle = |ips: &[IpAddr]| ips.iter().map(|ip| w(*ip, true, false)).collect::<Vec<_>>();
+        assert!(evictions(&idle(&[a, a, b]), 2, 10).is_empty());
         // Three of `a` with a bound of two: the oldest `a` goes.
-        assert_eq!(evictions(&[a, b, a, a], 2, 10), [0]);
-        assert_eq!(evictions(&[b, a, a, a, a], 2, 10), [1, 2]);
+        assert_eq!(evictions(&idle(&[a, b, a, a]), 2, 10), [0]);
+        assert_eq!(evictions(&idle(&[b, a, a, a, a]), 2, 10), [1, 2]);
         // Over the total: the oldest overall, after the per-client ones.
-        assert_eq!(evictions(&[b, a, a, a], 2, 2), [0, 1]);
+        assert_eq!(evictions(&idle(&[b, a, a, a]), 2, 2), [0, 1]);
         assert_eq!(evictions(&[], 2, 2), Vec::<usize>::new());
+        // A connection whose request has arrived is never closed: the oldest idle one of the
+        // address goes instead, or none when every one of them has sent its request.
+        let (sent, waited) = (false, true);
+        assert_eq!(
+            evictions(
+                &[w(a, sent, false), w(a, waited, false), w(a, waited, false)],
+                2,
+                10
+            ),
+            [1]
+        );
+        assert!(
+            evictions(
+                &[w(a, sent, false), w(a, sent, false), w(a, sent, false)],
+                2,
+                10
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            evictions(
+                &[w(b, sent, false), w(a, waited, false), w(a, sent, false)],
+                2,
+                2
+            ),
+            [1]
+        );
+        // Within the grace a new idle connection does not count against its address (it may be
+        // about to send), but does against the total.
+        assert!(
+            evictions(
+                &[w(a, waited, true), w(a, waited, true), w(a, waited, true)],
+                2,
+                10
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            evictions(
+                &[w(a, waited, true), w(a, waited, true), w(a, waited, true)],
+                2,
+                2
+            ),
+            [0]
+        );
+    }
+
+    /// `/` answers with the mounts' base paths (it was a bare 404), HEAD too; a mount at `/`
+    /// keeps `/` for itself.
+    #[test]
+    fn the_root_answers_with_an_index_of_the_base_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(
+            "127.0.0.1:0",
+            ServeConfig::standard(dir.path(), "ns/b", "o/r", "Models"),
+        )
+        .unwrap();
+        let get = |method: &str| {
+            let mut s = TcpStream::connect(server.addr()).unwrap();
+            write!(s, "{method} / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            let mut reply = String::new();
+            s.read_to_string(&mut reply).unwrap();
+            reply
+        };
+        let reply = get("GET");
+        assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+        for line in [
+            "  /buckets/ns/b/resolve/  store paths as they are",
+            "  /api/buckets/ns/b/tree/  the bucket's file listing",
+            "  /o/r/Models/  the GitHub raw layout",
+        ] {
+            assert!(reply.contains(line), "{line}: {reply}");
+        }
+        let head = get("HEAD");
+        assert!(
+            head.starts_with("HTTP/1.1 200 OK\r\n") && head.ends_with("\r\n\r\n"),
+            "{head}"
+        );
+        let mut rooted = ServeConfig::standard(dir.path(), "ns/b", "o/r", "Models");
+        rooted.mounts[0].prefix = "/".into();
+        assert!(matches!(route::route(&rooted, "/"), route::Route::NotFound));
+    }
+
+    /// Regression: 24–64 clients behind one address that each sent their request at once had
+    /// some connections closed unanswered (the oldest beyond the per-address bound of waiting
+    /// connections, whose request bytes had already arrived).
+    #[test]
+    fn many_clients_from_one_address_are_all_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), b"hello").unwrap();
+        let mut config = ServeConfig::standard(dir.path(), "a/b", "o/r", "Models");
+        config.mounts[0].prefix = "/".into();
+        let server = Server::start("127.0.0.1:0", config).unwrap();
+        let clients = 4 * IDLE_PER_CLIENT;
+        // Open every connection and send every request before reading any answer, so that
+        // many are accepted while the others still wait for their thread.
+        let mut streams: Vec<TcpStream> = (0..clients)
+            .map(|_| {
+                let mut s = TcpStream::connect(server.addr()).unwrap();
+                s.write_all(b"GET /f HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+                s
+            })
+            .collect();
+        let mut answered = 0;
+        for s in &mut streams {
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut reply = Vec::new();
+            let _ = s.read_to_end(&mut reply);
+            if reply.starts_with(b"HTTP/1.1 200") && reply.ends_with(b"hello") {
+                answered += 1;
+            }
+        }
+        assert_eq!(answered, clients, "every request that arrived is answered");
     }
 
     #[test]

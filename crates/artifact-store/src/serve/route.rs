@@ -12,6 +12,8 @@ use super::{MountKind, ServeConfig};
 
 /// What a URL path names: a file in a mount, a tree listing, or nothing.
 pub(crate) enum Route {
+    /// `/`: a short index of the mounts.
+    Index,
     File(PathBuf),
     Tree {
         root: PathBuf,
@@ -21,6 +23,9 @@ pub(crate) enum Route {
 }
 
 pub(crate) fn route(config: &ServeConfig, path: &str) -> Route {
+    if path == "/" && !config.mounts.iter().any(|m| m.prefix == "/") {
+        return Route::Index;
+    }
     for m in &config.mounts {
         if let Some(bucket) = &m.tree_api_bucket {
             let api = format!("/api/buckets/{bucket}/tree");

@@ -1,168 +1,102 @@
 //! Building on the comma: `compile` (one model), `build_dm` (the four DM files) and `validate`
 //! (the device-side validator), each with its output streamed live and saved to a log.
 
-use std::ffi::OsString;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use fs_err::{self as fs, File};
-use manifest::{BehaviorVersion, GitCommit, ModelId};
+use manifest::GitCommit;
 
 use super::checks::{check_sources, release_set_to_validate};
-use super::fetch::FetchDir;
 use super::session::status_text;
 use super::{Compiler, DEVICE_PREFIX, DmFile, LineSink, Verdict};
 use crate::error::{Error, Result};
+use crate::job::{CompileJob, DmJob, Plan, ValidateJob};
 use crate::outputs::{self, FetchedArtifact, OutputProblem};
-use crate::plan::{self, CompileRequest};
-use crate::target::RemotePath;
+use crate::plan;
 
 impl Compiler {
-    /// Compile one model: marker check, clean staging, stage exactly `sources`, run `./models`
-    /// with its output streamed to `sink` and saved to `log`, fetch and verify the outputs into
-    /// `out`, clean the remote directories.
+    /// Compile one model: marker check, clean staging, stage exactly the job's sources, run
+    /// `./models` with its output streamed to `sink` and saved to the log, fetch and verify the
+    /// outputs into the job's `out`, clean the remote directories.
     pub fn compile(
         &self,
-        req: &CompileRequest,
-        sources: &[PathBuf],
+        job: &CompileJob,
         pin: &GitCommit,
-        out: &Path,
-        log: &Path,
         sink: LineSink<'_>,
     ) -> Result<FetchedArtifact> {
+        let mut exec = self.execute(job.plan(&self.opts, pin)?);
         // Refuse on a wrong tinygrad before anything on the device changes.
-        self.check_marker(pin)?;
-        check_sources(sources)?;
-        let staging = self.root_join(plan::STAGING_DIR)?;
-        let remote_out = self.root_join(plan::OUTPUT_DIR)?;
-        let name = req.artifact_name();
-
-        let mut log_file = create_log(log)?;
-        self.run_checked(&plan::prepare_command(&staging, &remote_out, &name))?;
-        let result = self.compile_staged(
-            req,
-            sources,
-            &staging,
-            &remote_out,
-            &name,
-            out,
-            log,
-            &mut log_file,
-            sink,
-        );
+        exec.check_marker()?;
+        check_sources(&job.sources)?;
+        let mut log_file = create_log(&job.log)?;
+        exec.run()?;
+        let result = (|| {
+            let (req, out, log) = (&job.request, &job.out, &job.log);
+            let model = req.build_id().to_string();
+            let name = req.artifact_name();
+            exec.send(&format!("of the sources of {model}"))?;
+            let status = exec.stream(&mut log_file, sink)?;
+            if !status.success() {
+                return Err(Error::CompileFailed {
+                    model,
+                    status: status_text(&status),
+                    log: log.to_path_buf(),
+                });
+            }
+            fs::create_dir_all(out)?;
+            let fetch = exec.fetch(&format!("of the outputs of {model}"))?;
+            let checked = if req.local {
+                outputs::check_local(fetch.path(), &name)?
+            } else {
+                outputs::check_release(fetch.path(), &name)?
+            };
+            let (log, remote_out) = (log.to_path_buf(), self.root_join(plan::OUTPUT_DIR)?);
+            let artifact = checked.map_err(|problem| match problem {
+                OutputProblem::Missing => Error::MissingOutputs {
+                    expected: if req.local {
+                        name.clone()
+                    } else {
+                        format!("{name}.chunk*")
+                    },
+                    remote_dir: format!("{}:{remote_out}", self.dest()),
+                    model,
+                    log,
+                },
+                OutputProblem::Invalid(detail) => Error::InvalidOutputs { model, detail, log },
+                OutputProblem::Digest { expected, actual } => Error::DigestMismatch {
+                    model,
+                    expected,
+                    actual,
+                    log,
+                },
+            })?;
+            fetch.install(out, &name, &artifact.files)?;
+            Ok(artifact)
+        })();
         // Clean up whatever happened; a cleanup failure must not hide the build's own error.
-        let cleanup = self.run_checked(&plan::cleanup_command(&staging, &remote_out, &name));
+        let cleanup = exec.cleanup();
         let artifact = result?;
         cleanup?;
         Ok(artifact)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn compile_staged(
-        &self,
-        req: &CompileRequest,
-        sources: &[PathBuf],
-        staging: &RemotePath,
-        remote_out: &RemotePath,
-        name: &str,
-        out: &Path,
-        log: &Path,
-        log_file: &mut File,
-        sink: LineSink<'_>,
-    ) -> Result<FetchedArtifact> {
-        let model = req.build_id().to_string();
-        let mut args = os_args(&plan::SEND_OPTIONS);
-        args.extend(sources.iter().map(|s| s.clone().into_os_string()));
-        args.push(self.remote_arg(staging, true));
-        self.rsync(&format!("of the sources of {model}"), args)?;
-
-        let command = plan::run_models_command(
-            &self.opts.remote_root,
-            &req.models_args(staging, remote_out),
-        );
-        writeln!(log_file, "# {} on {}", command, self.dest())?;
-        let status = self.run_streaming(&command, log_file, sink)?;
-        if !status.success() {
-            return Err(Error::CompileFailed {
-                model,
-                status: status_text(&status),
-                log: log.to_path_buf(),
-            });
-        }
-
-        fs::create_dir_all(out)?;
-        let fetch = FetchDir::new(out, name)?;
-        let mut args = os_args(&plan::fetch_options(name));
-        args.push(self.remote_arg(remote_out, true));
-        args.push(fetch.path().into());
-        self.rsync(&format!("of the outputs of {model}"), args)?;
-        let checked = if req.local {
-            outputs::check_local(fetch.path(), name)?
-        } else {
-            outputs::check_release(fetch.path(), name)?
-        };
-        let artifact = match checked {
-            Ok(a) => a,
-            Err(OutputProblem::Missing) => {
-                return Err(Error::MissingOutputs {
-                    model,
-                    expected: if req.local {
-                        name.to_string()
-                    } else {
-                        format!("{name}.chunk*")
-                    },
-                    remote_dir: format!("{}:{remote_out}", self.dest()),
-                    log: log.to_path_buf(),
-                });
-            }
-            Err(OutputProblem::Invalid(detail)) => {
-                return Err(Error::InvalidOutputs {
-                    model,
-                    detail,
-                    log: log.to_path_buf(),
-                });
-            }
-            Err(OutputProblem::Digest { expected, actual }) => {
-                return Err(Error::DigestMismatch {
-                    model,
-                    expected,
-                    actual,
-                    log: log.to_path_buf(),
-                });
-            }
-        };
-        fetch.install(out, name, &artifact.files)?;
-        Ok(artifact)
-    }
-
-    /// Build the DM set: stage `sources`, run `./models --dm`, fetch the four files into `out`.
-    /// Nothing is written to `out` unless all four came back.
+    /// Build the DM set: stage the job's sources, run `./models --dm`, fetch the four files
+    /// into its `out`. Nothing is written to `out` unless all four came back.
     pub fn build_dm(
         &self,
-        sources: &[PathBuf],
+        job: &DmJob,
         pin: &GitCommit,
-        remote_dm_out: &RemotePath,
-        out: &Path,
-        log: &Path,
         sink: LineSink<'_>,
     ) -> Result<Vec<DmFile>> {
-        self.check_marker(pin)?;
-        check_sources(sources)?;
-        let staging = self.root_join(plan::STAGING_DIR)?;
-        let cleanup_command = plan::dm_cleanup_command(&staging, remote_dm_out)?;
-        self.run_checked(&plan::dm_prepare_command(&staging, remote_dm_out)?)?;
+        let (out, log) = (&job.out, &job.log);
+        let mut exec = self.execute(job.plan(&self.opts, pin)?);
+        exec.check_marker()?;
+        check_sources(&job.sources)?;
+        exec.run()?;
         let mut log_file = create_log(log)?;
         let result = (|| {
-            let mut args = os_args(&plan::SEND_OPTIONS);
-            args.extend(sources.iter().map(|s| s.clone().into_os_string()));
-            args.push(self.remote_arg(&staging, true));
-            self.rsync("of the DM sources", args)?;
-            let command = plan::run_models_command(
-                &self.opts.remote_root,
-                &plan::dm_args(&staging, remote_dm_out),
-            );
-            writeln!(log_file, "# {} on {}", command, self.dest())?;
-            let status = self.run_streaming(&command, &mut log_file, sink)?;
+            exec.send("of the DM sources")?;
+            let status = exec.stream(&mut log_file, sink)?;
             if !status.success() {
                 return Err(Error::CompileFailed {
                     model: "dm".to_string(),
@@ -171,11 +105,7 @@ impl Compiler {
                 });
             }
             fs::create_dir_all(out)?;
-            let fetch = FetchDir::new(out, "dm")?;
-            let mut args = os_args(&plan::dm_fetch_options());
-            args.push(self.remote_arg(remote_dm_out, true));
-            args.push(fetch.path().into());
-            self.rsync("of the DM outputs", args)?;
+            let fetch = exec.fetch("of the DM outputs")?;
             let missing = outputs::missing_dm_files(fetch.path());
             if !missing.is_empty() {
                 return Err(Error::DmIncomplete {
@@ -197,38 +127,29 @@ impl Compiler {
             fetch.install_files(out, &names)?;
             Ok(files)
         })();
-        let cleanup = self.run_checked(&cleanup_command);
+        let cleanup = exec.cleanup();
         let files = result?;
         cleanup?;
         Ok(files)
     }
 
-    /// Run the device-side validator on the compiler for the chunk set at `artifact` (a logical
-    /// path whose chunk files sit beside it) and return its JSON verdict, never one of ours.
-    #[allow(clippy::too_many_arguments)]
+    /// Run the device-side validator on the compiler for the job's chunk set (a logical path
+    /// whose chunk files sit beside it) and return its JSON verdict, never one of ours.
     pub fn validate(
         &self,
-        id: &ModelId,
-        version: BehaviorVersion,
-        artifact: &Path,
+        job: &ValidateJob,
         pin: &GitCommit,
-        models_dir: &RemotePath,
-        python: &str,
-        log: &Path,
         sink: LineSink<'_>,
     ) -> Result<Verdict> {
-        self.check_marker(pin)?;
-        let (dir, name, set) = release_set_to_validate(id, artifact, log)?;
-        let (files, artifact_sha256) = (set.files, set.sha256);
-        self.run_checked(&plan::validate_prepare_command(models_dir, &name))?;
-        let mut args = os_args(&plan::SEND_OPTIONS);
-        args.extend(files.iter().map(|f| dir.join(f).into_os_string()));
-        args.push(self.remote_arg(models_dir, true));
-        self.rsync(&format!("of {name} to {models_dir}"), args)?;
+        let (id, log) = (&job.id, &job.log);
+        let mut exec = self.execute(Plan::checking_marker(&self.opts, pin)?);
+        exec.check_marker()?;
+        let set = release_set_to_validate(job)?;
+        exec.continue_with(job.plan(&self.opts, pin, &set)?);
+        exec.run()?;
+        exec.send(&format!("of {} to {}", set.name, job.models_dir))?;
 
         let mut log_file = create_log(log)?;
-        let command = plan::validate_command(&self.opts.remote_root, python, id, version);
-        writeln!(log_file, "# {} on {}", command, self.dest())?;
         let mut last = String::new();
         let status = {
             // The verdict is the last line on stdout; stderr is kept apart so a warning printed
@@ -241,9 +162,9 @@ impl Compiler {
                 }
                 sink(line);
             };
-            self.run_streaming(&command, &mut log_file, &mut tee)
+            exec.stream(&mut log_file, &mut tee)
         };
-        let cleanup = self.run_checked(&plan::validate_cleanup_command(models_dir, &name));
+        let cleanup = exec.cleanup();
         let status = status?;
         cleanup?;
         if !status.success() {
@@ -270,7 +191,7 @@ impl Compiler {
         Ok(Verdict {
             passed,
             verdict,
-            artifact_sha256,
+            artifact_sha256: set.sha256,
         })
     }
 }
@@ -280,9 +201,4 @@ pub(crate) fn create_log(log: &Path) -> Result<File> {
         fs::create_dir_all(dir)?;
     }
     Ok(File::create(log)?)
-}
-
-/// rsync options as arguments.
-fn os_args<S: AsRef<str>>(options: &[S]) -> Vec<OsString> {
-    options.iter().map(|o| OsString::from(o.as_ref())).collect()
 }

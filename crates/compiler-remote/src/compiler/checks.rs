@@ -4,9 +4,8 @@ use std::path::{Path, PathBuf};
 
 use fs_err as fs;
 
-use manifest::ModelId;
-
 use crate::error::{Error, Result, SourceProblem};
+use crate::job::ValidateJob;
 use crate::outputs::{self, FetchedArtifact};
 use crate::plan;
 
@@ -23,25 +22,18 @@ pub(crate) fn artifact_dir_and_name(artifact: &Path) -> (PathBuf, String) {
     (dir, name)
 }
 
-/// The chunk set `validate` sends, checked locally: its directory, its name and its verified
-/// files, or the validator refusal naming `id`'s artifact (the real run and the dry run both).
-pub(crate) fn release_set_to_validate(
-    id: &ModelId,
-    artifact: &Path,
-    log: &Path,
-) -> Result<(PathBuf, String, FetchedArtifact)> {
-    let (dir, name) = artifact_dir_and_name(artifact);
-    match outputs::check_release(&dir, &name)? {
-        Ok(set) => Ok((dir, name, set)),
-        Err(problem) => Err(Error::Validator {
-            model: id.to_string(),
-            detail: format!(
-                "{} is not a verified chunk set: {problem}",
-                artifact.display()
-            ),
-            log: log.to_path_buf(),
-        }),
-    }
+/// The chunk set `validate` sends, checked locally: its verified files, or the validator
+/// refusal naming the job's artifact (the real run and the dry run both).
+pub(crate) fn release_set_to_validate(job: &ValidateJob) -> Result<FetchedArtifact> {
+    let (dir, name) = artifact_dir_and_name(&job.artifact);
+    outputs::check_release(&dir, &name)?.map_err(|problem| Error::Validator {
+        model: job.id.to_string(),
+        detail: format!(
+            "{} is not a verified chunk set: {problem}",
+            job.artifact.display()
+        ),
+        log: job.log.clone(),
+    })
 }
 
 /// The parts of the openpilot tree `sync` sends are all there.

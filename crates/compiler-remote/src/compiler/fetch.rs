@@ -13,8 +13,8 @@ pub(crate) struct FetchDir {
 }
 
 impl FetchDir {
-    pub(crate) fn new(out: &Path, name: &str) -> Result<FetchDir> {
-        let path = out.join(format!("{}fetch-{name}", chunker::atomic::TEMP_PREFIX));
+    /// Empty (or create) the fetch directory at `path`, a plan's fetch destination.
+    pub(crate) fn at(path: PathBuf) -> Result<FetchDir> {
         if path.exists() {
             fs::remove_dir_all(&path)?;
         }

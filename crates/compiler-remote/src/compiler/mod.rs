@@ -5,18 +5,23 @@
 //!   live output;
 //! - [`sync`]: the tinygrad marker and `sync`'s four transfers;
 //! - [`build`]: `compile`, `build_dm` and `validate` on the comma;
+//! - [`execute`]: a plan's steps run in order, exactly as built;
 //! - [`fetch`]: fetched outputs land in a private directory and are moved into place last;
-//! - [`checks`]: the local checks made before anything is sent.
+//! - [`checks`]: the local checks made before anything is sent;
+//! - [`known_hosts`]: a key for the compiler must already be known (the dry run's check).
 
 mod build;
 pub(crate) mod checks;
+mod execute;
 pub(crate) mod fetch;
+mod known_hosts;
 mod session;
 mod sync;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub(crate) use known_hosts::check_host_key_known;
 pub(crate) use session::check_local_rsync;
 
 use openssh::Session;
@@ -97,6 +102,7 @@ pub struct Compiler {
     rt: tokio::runtime::Runtime,
     session: Option<Session>,
     opts: ConnectOptions,
+    steps_run: std::sync::Mutex<Vec<crate::job::Step>>,
 }
 
 impl Compiler {

@@ -14,7 +14,6 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use super::{Compiler, ConnectOptions, DEVICE_PREFIX, DEVICE_STDERR_PREFIX, LineSink};
 use crate::error::{Error, Result, Side};
 use crate::rsync;
-use crate::target::RemotePath;
 
 impl Compiler {
     /// Check the one-compiler policy, check the local rsync, open the session, check the remote
@@ -55,6 +54,7 @@ impl Compiler {
             rt,
             session: Some(session),
             opts,
+            steps_run: Default::default(),
         };
         compiler.check_remote_rsync()?;
         Ok(compiler)
@@ -203,11 +203,6 @@ impl Compiler {
             });
         }
         Ok(())
-    }
-
-    pub(crate) fn remote_arg(&self, path: &RemotePath, trailing_slash: bool) -> OsString {
-        let slash = if trailing_slash { "/" } else { "" };
-        OsString::from(format!("{}:{}{slash}", self.dest(), path))
     }
 }
 

@@ -1,7 +1,6 @@
 //! The compiler's tinygrad marker and `sync`: the seed's four transfers from a local openpilot
 //! tree.
 
-use std::ffi::OsString;
 use std::path::Path;
 
 use manifest::GitCommit;
@@ -10,6 +9,7 @@ use super::checks::check_tree;
 use super::session::status_text;
 use super::{Compiler, SyncReport};
 use crate::error::{Error, Result};
+use crate::job::sync_plan;
 use crate::plan;
 use crate::synced::{self, SyncRecord};
 use crate::tree_digest::sync_digest;
@@ -57,23 +57,18 @@ impl Compiler {
     pub fn sync(&self, openpilot: &Path, pin: &GitCommit) -> Result<SyncReport> {
         check_tree(openpilot)?;
         let root = &self.opts.remote_root;
+        let mut exec = self.execute(sync_plan(&self.opts, openpilot, pin)?);
         let before = sync_digest(openpilot)?;
         // The compiler's tree is about to change: an earlier record no longer says what it has.
         synced::remove_record(openpilot)?;
-        self.run_checked(&plan::sync_mkdir_command(root)?)?;
+        exec.run()?;
         let mut transfers = Vec::new();
         for part in plan::SYNC_PARTS {
             let slash = if part.is_dir { "/" } else { "" };
-            let dst = root.join(part.rel)?;
-            let mut local = openpilot.join(part.rel).into_os_string();
-            local.push(slash);
-            let mut args: Vec<OsString> = part.options.iter().map(OsString::from).collect();
-            args.push(local);
-            args.push(self.remote_arg(&dst, part.is_dir));
-            self.rsync(&format!("of {}{slash}", part.rel), args)?;
-            transfers.push(part.describe(&dst));
+            exec.send(&format!("of {}{slash}", part.rel))?;
+            transfers.push(part.describe(&root.join(part.rel)?));
         }
-        self.check_marker(pin)?;
+        exec.check_marker()?;
         if sync_digest(openpilot)? != before {
             return Err(Error::TreeChangedDuringSync {
                 openpilot: openpilot.to_path_buf(),

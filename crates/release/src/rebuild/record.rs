@@ -12,7 +12,7 @@ use manifest::{
 use serde::{Deserialize, Serialize};
 
 use super::PlannedModel;
-use crate::{Error, Result};
+use crate::{Error, Result, Workspace};
 
 /// `results/<id>.json`: what was built, from what, with which pin.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -228,19 +228,16 @@ pub(super) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 }
 
 /// The recorded behaviour version of a built model (for `validate --workspace`).
-pub fn recorded_version(workspace: &Path, id: &ModelId) -> Result<BehaviorVersion> {
-    let path = workspace.join("results").join(format!("{id}.json"));
+pub fn recorded_version(workspace: &Workspace, id: &ModelId) -> Result<BehaviorVersion> {
+    let path = workspace.build_record(id);
     read_json::<BuildRecord>(&path)
         .map(|r| r.version)
         .ok_or(Error::RecordMissing { path })
 }
 
 /// Whether `ready/<id>/` still holds exactly what the record says.
-pub(super) fn ready_verifies(workspace: &Path, r: &BuildRecord) -> bool {
-    let logical = workspace
-        .join("ready")
-        .join(r.id.as_str())
-        .join(&r.artifact.name);
+pub(super) fn ready_verifies(workspace: &Workspace, r: &BuildRecord) -> bool {
+    let logical = workspace.ready_model(&r.id).join(&r.artifact.name);
     chunker::verify(
         &logical,
         &Expected {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use artifact_store::{HfConfig, Store, StoreSpec};
 use chunker::atomic;
-use compiler_remote::{CompileRequest, Compiler, ConnectOptions, FetchedArtifact};
+use compiler_remote::{CompileJob, CompileRequest, Compiler, ConnectOptions, FetchedArtifact};
 use manifest::{FileName, GitCommit, ModelId};
 
 use super::{BuildError, Builder, PlannedModel};
@@ -74,15 +74,20 @@ impl Builder for RemoteBuilder<'_> {
         say: &mut dyn FnMut(&str),
     ) -> Result<FetchedArtifact, BuildError> {
         self.connect_once(say)?;
-        let req = CompileRequest {
-            id: model.source.id.clone(),
-            version: model.version,
-            gpu: model.gpu,
-            input_format: model.source.input_format,
-            local: false,
+        let job = CompileJob {
+            request: CompileRequest {
+                id: model.source.id.clone(),
+                version: model.version,
+                gpu: model.gpu,
+                input_format: model.source.input_format,
+                local: false,
+            },
+            sources: sources.to_vec(),
+            out: out.to_path_buf(),
+            log: log.to_path_buf(),
         };
         let c = self.compiler.as_ref().expect("connected");
-        Ok(c.compile(&req, sources, &self.pin, out, log, &mut *self.live)?)
+        Ok(c.compile(&job, &self.pin, &mut *self.live)?)
     }
 
     /// A `chestnut` variant is the model compiled for the external AMD GPU (`./models --gpu`),
@@ -105,18 +110,22 @@ impl Builder for RemoteBuilder<'_> {
         }
         self.connect_once(say)?;
         let id = &model.source.id;
-        let req = CompileRequest {
-            id: id.clone(),
-            version: model.version,
-            gpu: true,
-            input_format: model.source.input_format,
-            local: false,
-        };
         let tmp = out.join(format!(".variant-{variant}"));
         let _ = fs::remove_dir_all(&tmp);
-        let vlog = log.with_file_name(format!("{id}.{variant}.log"));
+        let job = CompileJob {
+            request: CompileRequest {
+                id: id.clone(),
+                version: model.version,
+                gpu: true,
+                input_format: model.source.input_format,
+                local: false,
+            },
+            sources: sources.to_vec(),
+            out: tmp.clone(),
+            log: log.with_file_name(format!("{id}.{variant}.log")),
+        };
         let c = self.compiler.as_ref().expect("connected");
-        let built = c.compile(&req, sources, &self.pin, &tmp, &vlog, &mut *self.live)?;
+        let built = c.compile(&job, &self.pin, &mut *self.live)?;
         let installed = install_variant(&built, &tmp, out, id, variant).map_err(BuildError::model);
         let _ = fs::remove_dir_all(&tmp);
         installed.map(Some)

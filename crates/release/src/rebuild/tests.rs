@@ -935,3 +935,58 @@ fn planted_source_map_and_base_manifest_are_refused_unread() {
         );
     }
 }
+
+/// The dry run reads what a run would skip and plans the rest: with every model done it skips
+/// them all and makes no check of the compiler; with one model to build it makes the checks a
+/// run makes before connecting (here: no rsync at the given path), and writes nothing either way.
+#[test]
+fn the_dry_run_skips_what_is_done_and_checks_the_compiler_only_to_build() {
+    let s = setup();
+    let r = rebuild(&s, PIN, &[]);
+    run(&r, &mut FakeBuilder::default());
+    let opts = compiler_remote::ConnectOptions {
+        rsync: s.ws.join("no-such-rsync"),
+        ..Default::default()
+    };
+    let before = tree(&s.ws);
+    let plan = r.dry_run(&opts, "store").unwrap();
+    assert_eq!(plan.building(), 0);
+    assert!(
+        plan.models
+            .iter()
+            .all(|m| m.action == "skip" && m.fetch.is_none())
+    );
+    assert_eq!(plan.manifest, s.ws.join("ready/model_names_v26.json"));
+    assert_eq!(plan.not_in_catalog, [id("newmodel")]);
+
+    fs::remove_file(s.ws.join("results/sc23.json")).unwrap();
+    let before_one_gone = tree(&s.ws);
+    let e = r.dry_run(&opts, "store").unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Compiler(compiler_remote::Error::RsyncMissing { .. })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(tree(&s.ws), before_one_gone);
+    assert_eq!(before.len(), before_one_gone.len() + 1);
+}
+
+/// Every file under `dir` with its bytes.
+fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.clone(), fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}

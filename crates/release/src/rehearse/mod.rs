@@ -31,7 +31,7 @@ use manifest::{BehaviorVersion, Generation, GitCommit, Manifest, ModelId, layout
 use serde::{Deserialize, Serialize};
 
 use crate::gate::UtcTime;
-use crate::{Error, Result};
+use crate::{Error, Result, Workspace};
 use device::{OldDevice, OldDeviceSpec, OldModel, build_old_device};
 use judge::{DeviceView, Expectation, RehearsalCheck, Scenario, Seen};
 
@@ -49,7 +49,7 @@ pub const TREE_TRUSTED_KEYS: &str = "starpilot/assets/model_release_keys.pub";
 pub struct RehearseOptions {
     /// The rebuild workspace: the record goes to `results/rehearsal.json`, the devices and the
     /// staged store to `rehearsal/` (replaced on every run).
-    pub workspace: PathBuf,
+    pub workspace: Workspace,
     /// The staged manifest (`ready/model_names_<gen>.json`).
     pub manifest: PathBuf,
     /// The staged artifacts, one `<id>/` per model (`ready/`).
@@ -339,14 +339,14 @@ fn manager(
 /// `passed: false`. `say` gets one line per step.
 pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<RehearsalRecord> {
     for (flag, dir) in [
-        ("--workspace", &opts.workspace),
+        ("--workspace", opts.workspace.root()),
         ("--artifacts", &opts.artifacts),
         ("--openpilot", &opts.openpilot),
     ] {
         if !dir.is_dir() {
             return Err(Error::NotADirectory {
                 flag,
-                path: dir.clone(),
+                path: dir.to_path_buf(),
             });
         }
     }
@@ -381,7 +381,7 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
         pins.get(g),
     )];
 
-    let work = opts.workspace.join("rehearsal");
+    let work = opts.workspace.rehearsal_dir();
     if work.symlink_metadata().is_ok() {
         fs::remove_dir_all(&work)?;
     }
@@ -515,7 +515,7 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
         finished_at: UtcTime::now(),
         work_dir: work,
     };
-    crate::records::write(&crate::records::rehearsal_path(&opts.workspace), &rec)?;
+    crate::records::write(&opts.workspace.rehearsal_record(), &rec)?;
     Ok(rec)
 }
 

@@ -1,0 +1,339 @@
+//! A `github:` publish interrupted at any point resumes on the next run with no hand repair
+//! (issue 26 item 9). Each state a kill -9 can leave between git's steps is built on a real
+//! checkout of a real bare `origin`: a file written and not added, added and not committed, a
+//! commit's stale `index.lock` and branch ref lock, a push's stale remote-ref lock, an atomic
+//! writer's temporary, a staged removal, committed and not pushed, and a `git push` orphaned by
+//! the killed publish still running. From each, a rerun of the same publish succeeds and leaves
+//! the remote branch with the whole release and the checkout clean. A person's edit is still
+//! refused and left alone.
+
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use artifact_store::GithubStore;
+use artifact_store::github::{LOCK_FILE, leftovers};
+use artifact_store::publish::{PublishOptions, publish};
+use artifact_store::retry::RetryPolicy;
+use manifest::{Generation, Manifest};
+use test_support::release_stores::{GitRemote, git};
+
+fn opts() -> PublishOptions {
+    PublishOptions {
+        generation: Generation::new(25),
+        dry_run: false,
+        retry: RetryPolicy::immediate(3),
+        deep_verify: true,
+        contract: Default::default(),
+    }
+}
+
+/// A remote holding release one (pop223), the artifacts of release two (pop223 + wm9), and the
+/// manifests of both.
+struct World {
+    _t: tempfile::TempDir,
+    remote: GitRemote,
+    dir2: std::path::PathBuf,
+    m2: Manifest,
+    wm9: Vec<u8>,
+}
+
+fn world() -> World {
+    let t = tempfile::tempdir().unwrap();
+    let remote = GitRemote::new(t.path(), "Models", None);
+    let (a, b) = (model("pop223", 31, 1500), model("wm9", 32, 2500));
+    let dir1 = artifacts_dir(&t.path().join("one"), &[&a]);
+    let m1 = manifest_of(vec![entry("pop223", &a.data, "Pop")]);
+    let store = GithubStore::open(&remote.checkout, "Models").unwrap();
+    publish(&m1, &dir1, &[&store], &opts(), &mut |_| {}).unwrap();
+    drop(store);
+    let dir2 = artifacts_dir(&t.path().join("two"), &[&a, &b]);
+    let m2 = manifest_of(vec![
+        entry("pop223", &a.data, "Pop"),
+        entry("wm9", &b.data, "WM 9"),
+    ]);
+    World {
+        _t: t,
+        remote,
+        dir2,
+        m2,
+        wm9: b.data,
+    }
+}
+
+const WM9: &str = "v25/wm9/wm9_driving_tinygrad.pkl";
+
+fn git_dir(checkout: &Path) -> std::path::PathBuf {
+    checkout.join(".git")
+}
+
+/// The rerun: open (no hand repair) and publish release two; then the remote holds it whole,
+/// the checkout is clean, in sync, and holds no lock file of git's.
+fn rerun_and_check(w: &World, state: &str) {
+    let store = GithubStore::open(&w.remote.checkout, "Models")
+        .unwrap_or_else(|e| panic!("{state}: the rerun could not open the checkout: {e}"));
+    publish(&w.m2, &w.dir2, &[&store], &opts(), &mut |_| {})
+        .unwrap_or_else(|e| panic!("{state}: the rerun failed: {e}"));
+    drop(store);
+    let shown = git(&w.remote.bare, &["show", "Models:model_names_v25.json"]);
+    assert_eq!(
+        format!("{shown}\n").as_bytes(),
+        &w.m2.to_canonical_bytes()[..],
+        "{state}"
+    );
+    let joined = joined_on_remote(&w.remote, WM9);
+    assert_eq!(joined, w.wm9, "{state}: wm9 on the remote");
+    assert_eq!(
+        git(
+            &w.remote.checkout,
+            &["status", "--porcelain", "--untracked-files=all"]
+        ),
+        "",
+        "{state}: the checkout is clean"
+    );
+    assert_eq!(
+        git(&w.remote.checkout, &["rev-parse", "HEAD"]),
+        git(&w.remote.bare, &["rev-parse", "Models"]),
+        "{state}: in sync"
+    );
+    for lock in ["index.lock", "HEAD.lock", "refs/heads/Models.lock"] {
+        assert!(
+            !git_dir(&w.remote.checkout).join(lock).exists(),
+            "{state}: {lock}"
+        );
+    }
+}
+
+/// The artifact a remote branch holds, joined from its chunks (`git show` of each).
+fn joined_on_remote(remote: &GitRemote, logical: &str) -> Vec<u8> {
+    let count: u32 = git(
+        &remote.bare,
+        &["show", &format!("Models:{logical}.chunkmanifest")],
+    )
+    .trim()
+    .parse()
+    .expect("a chunk count");
+    let mut out = Vec::new();
+    for i in 1..=count {
+        let name = format!("{logical}.chunk{i:02}of{count:02}");
+        let o = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&remote.bare)
+            .args(["show", &format!("Models:{name}")])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{name} is on the remote");
+        out.extend(o.stdout);
+    }
+    out
+}
+
+/// The first file of wm9's set as the store would write it, in the working tree only.
+fn write_first_chunk(w: &World) -> String {
+    let rel = format!("{WM9}.chunk01of03");
+    let src = w.dir2.join("wm9/wm9_driving_tinygrad.pkl.chunk01of03");
+    fs::create_dir_all(w.remote.checkout.join("v25/wm9")).unwrap();
+    fs::copy(src, w.remote.checkout.join(&rel)).unwrap();
+    rel
+}
+
+#[test]
+fn every_state_an_interrupted_github_publish_leaves_resumes_without_repair() {
+    type Make = fn(&World);
+    let states: [(&str, Make); 8] = [
+        ("written, not added", |w| {
+            write_first_chunk(w);
+        }),
+        ("added, not committed", |w| {
+            let rel = write_first_chunk(w);
+            git(&w.remote.checkout, &["add", "--", &rel]);
+        }),
+        (
+            "killed in commit: index.lock and the branch's ref lock left",
+            |w| {
+                let rel = write_first_chunk(w);
+                git(&w.remote.checkout, &["add", "--", &rel]);
+                let g = git_dir(&w.remote.checkout);
+                fs::write(g.join("index.lock"), b"").unwrap();
+                fs::write(g.join("refs/heads/Models.lock"), b"").unwrap();
+            },
+        ),
+        ("committed, not pushed", |w| {
+            let rel = write_first_chunk(w);
+            git(&w.remote.checkout, &["add", "--", &rel]);
+            git(
+                &w.remote.checkout,
+                &["commit", "--quiet", "-m", &format!("Publish {rel}")],
+            );
+        }),
+        (
+            "killed in push: pushed, the remote-tracking ref's lock left",
+            |w| {
+                let rel = write_first_chunk(w);
+                git(&w.remote.checkout, &["add", "--", &rel]);
+                git(
+                    &w.remote.checkout,
+                    &["commit", "--quiet", "-m", &format!("Publish {rel}")],
+                );
+                git(
+                    &w.remote.checkout,
+                    &["push", "--quiet", "origin", "HEAD:refs/heads/Models"],
+                );
+                let lock = git_dir(&w.remote.checkout).join("refs/remotes/origin/Models.lock");
+                fs::create_dir_all(lock.parent().unwrap()).unwrap();
+                fs::write(lock, b"").unwrap();
+            },
+        ),
+        ("killed in the atomic write: a temporary left", |w| {
+            fs::create_dir_all(w.remote.checkout.join("v25/wm9")).unwrap();
+            fs::write(
+                w.remote
+                    .checkout
+                    .join("v25/wm9/.tmp-999999-3-wm9_driving_tinygrad.pkl.chunk01of03"),
+                b"half",
+            )
+            .unwrap();
+        }),
+        ("a staged removal of a live file", |w| {
+            git(
+                &w.remote.checkout,
+                &[
+                    "rm",
+                    "--quiet",
+                    "--",
+                    "v25/pop223/pop223_driving_tinygrad.pkl.sha256",
+                ],
+            );
+        }),
+        ("a live file half rewritten in place", |w| {
+            fs::write(w.remote.checkout.join("model_names_v25.json"), b"{\"mod").unwrap();
+        }),
+    ];
+    // Each state on its own remote and checkout, side by side.
+    std::thread::scope(|scope| {
+        for (state, make) in states {
+            scope.spawn(move || {
+                let w = world();
+                make(&w);
+                rerun_and_check(&w, state);
+            });
+        }
+    });
+}
+
+#[test]
+fn a_persons_edit_is_still_refused_and_left_alone() {
+    let w = world();
+    let rel = write_first_chunk(&w);
+    fs::write(w.remote.checkout.join("notes.txt"), b"mine").unwrap();
+    let e = GithubStore::open(&w.remote.checkout, "Models")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("uncommitted changes") && e.contains("notes.txt"),
+        "{e}"
+    );
+    assert_eq!(
+        fs::read(w.remote.checkout.join("notes.txt")).unwrap(),
+        b"mine"
+    );
+    assert!(
+        w.remote.checkout.join(&rel).exists(),
+        "nothing was put back"
+    );
+    assert_eq!(
+        leftovers("?? notes.txt\0"),
+        Err("notes.txt".to_string()),
+        "the rule the refusal follows"
+    );
+}
+
+/// Clear FD_CLOEXEC so a child started now inherits `fd`.
+fn inheritable(fd: i32) {
+    // SAFETY: fcntl(2) on a descriptor the caller owns.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFD);
+        assert!(flags >= 0);
+        assert_eq!(libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC), 0);
+    }
+}
+
+/// The `git push` of a killed publish, still running, holds the checkout's publish lock (it
+/// inherited it): the rerun waits for it rather than racing it, and a rerun that may not wait so
+/// long is refused with what to do, touching nothing.
+#[test]
+fn a_rerun_waits_for_the_orphaned_git_push_of_a_killed_publish() {
+    let w = world();
+    let lock_path = git_dir(&w.remote.checkout).join(LOCK_FILE);
+    // The orphan: a child holding the lock through an inherited descriptor, as `git push`
+    // holds it after its parent was killed.
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .unwrap();
+    // SAFETY: flock(2) on a descriptor we own.
+    assert_eq!(
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    inheritable(lock.as_raw_fd());
+    let mut orphan = std::process::Command::new("sleep")
+        .arg("1.5")
+        .spawn()
+        .unwrap();
+    drop(lock);
+    let rel = write_first_chunk(&w);
+
+    let e = GithubStore::open_waiting(&w.remote.checkout, "Models", Duration::from_millis(200))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("still holds") && e.contains(LOCK_FILE), "{e}");
+    assert!(
+        w.remote.checkout.join(&rel).exists(),
+        "nothing touched while locked"
+    );
+
+    let began = Instant::now();
+    let store = GithubStore::open(&w.remote.checkout, "Models").unwrap();
+    assert!(
+        began.elapsed() >= Duration::from_millis(800),
+        "it waited for the orphan"
+    );
+    orphan.wait().unwrap();
+    publish(&w.m2, &w.dir2, &[&store], &opts(), &mut |_| {}).unwrap();
+    drop(store);
+    rerun_and_check(&w, "after the orphan");
+}
+
+/// Every git command the store runs holds the publish lock too (an inherited descriptor), so a
+/// `git push` that outlives a killed publish keeps the next run waiting: a post-commit hook, a
+/// child of the store's `git commit`, finds the lock file among its open descriptors.
+#[test]
+fn the_stores_git_commands_inherit_the_publish_lock() {
+    let w = world();
+    let seen = w.remote.checkout.parent().unwrap().join("hook-saw");
+    let hook = git_dir(&w.remote.checkout).join("hooks/post-commit");
+    fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\nls -l /proc/$$/fd 2>/dev/null | grep -c -F '{}' >> '{}'\n",
+            git_dir(&w.remote.checkout).join(LOCK_FILE).display(),
+            seen.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&hook, fs::Permissions::from_mode(0o755)).unwrap();
+    let store = GithubStore::open(&w.remote.checkout, "Models").unwrap();
+    publish(&w.m2, &w.dir2, &[&store], &opts(), &mut |_| {}).unwrap();
+    let counts = fs::read_to_string(&seen).unwrap();
+    assert!(!counts.is_empty(), "the hook ran");
+    assert!(
+        counts.lines().all(|l| l.trim() == "1"),
+        "every commit's hook held the lock: {counts:?}"
+    );
+}

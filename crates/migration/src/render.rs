@@ -1,0 +1,723 @@
+//! The device's reports as the binary prints them: `status` (with the trust state and the
+//! openpilot tree), `verify`, `resolve`, the paused `status` and the daemon's tree line, each a
+//! typed document that serializes to the command's `--json` shape and renders its text lines.
+//! The binary builds one, then prints it.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::report::{PendingCase, ResolveReport, StatusReport, VerifyReport};
+use crate::tree::{PausedStatus, TreeStatus};
+use crate::trust_state::{self, AcceptedRelease, FloorSource, RefusedManifest};
+use crate::{Device, VerifyState};
+use crate::{Phase, Progress, params};
+
+/// A verification state as `status` and `verify` print it.
+pub fn state_text(s: VerifyState) -> &'static str {
+    match s {
+        VerifyState::Verified => "verified",
+        VerifyState::Outdated => "outdated (verified copy of an earlier publish; in use)",
+        VerifyState::Unverified => "unverified",
+        VerifyState::Corrupt => "corrupt",
+        VerifyState::Missing => "missing",
+    }
+}
+
+/// `tree: …` as `status` and the daemon's log say it.
+pub fn tree_line(t: &TreeStatus) -> String {
+    format!(
+        "tree: {} runs tinygrad {} ({})",
+        t.openpilot_dir.display(),
+        t.tinygrad_commit
+            .as_ref()
+            .map_or("unreadable".to_string(), |c| c.to_string()),
+        match (t.generation, t.state) {
+            (Some(g), _) => format!("{g}'s pin"),
+            (None, "unknown") => "no known generation's pin: paused".to_string(),
+            (None, _) => "paused".to_string(),
+        }
+    )
+}
+
+/// The `trust` object of `status --json`: whether manifests must be signed, by which keys, the
+/// accepted release (the rollback floor) and the last refusal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TrustReport {
+    pub protected: bool,
+    pub keys_file: Option<PathBuf>,
+    /// The keys' names.
+    pub keys: Vec<String>,
+    pub accepted_release: Option<AcceptedRelease>,
+    /// With keys only: where the accepted release comes from.
+    #[serde(flatten)]
+    pub floor: Option<FloorCopies>,
+    /// With keys only.
+    pub last_refusal: Option<RefusedManifest>,
+}
+
+/// The two copies of the accepted release, as `status` reports them on a device with keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FloorCopies {
+    pub accepted_release_source: FloorSource,
+    pub accepted_release_copies: CopyStates,
+    /// Neither copy is valid: the error a refresh gives, with its next step.
+    pub accepted_release_problem: Option<String>,
+}
+
+/// `valid`, `missing` or `corrupt: <why>`, per copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CopyStates {
+    pub file: String,
+    pub param: String,
+}
+
+impl TrustReport {
+    /// The device's trust state (its trusted keys are the downloader's).
+    pub fn of(device: &Device) -> Result<Self> {
+        let floor = trust_state::floor_report(device);
+        let refused = trust_state::last_refusal(device)?;
+        Ok(match &device.trusted_keys {
+            None => TrustReport {
+                protected: false,
+                keys_file: None,
+                keys: Vec::new(),
+                accepted_release: floor.accepted_release,
+                floor: None,
+                last_refusal: None,
+            },
+            Some(keys) => TrustReport {
+                protected: true,
+                keys_file: Some(keys.path().to_path_buf()),
+                keys: keys.keys().iter().map(|k| k.name().to_string()).collect(),
+                accepted_release: floor.accepted_release,
+                floor: Some(FloorCopies {
+                    accepted_release_source: floor.source,
+                    accepted_release_copies: CopyStates {
+                        file: floor.file,
+                        param: floor.param,
+                    },
+                    accepted_release_problem: floor.problem,
+                }),
+                last_refusal: refused,
+            },
+        })
+    }
+
+    /// The human lines of `status` for the trust state.
+    pub fn lines(&self) -> Vec<String> {
+        let (Some(keys_file), Some(floor)) = (&self.keys_file, &self.floor) else {
+            return vec![
+                "manifest trust: UNPROTECTED (no --trusted-keys): any manifest the stores serve \
+                 is installed"
+                    .to_string(),
+            ];
+        };
+        let mut lines = vec![format!(
+            "manifest trust: signed manifests only ({} key(s) from {}); only artifacts whose \
+             SHA-256, size and chunk count the signature covers are installed",
+            self.keys.len(),
+            keys_file.display()
+        )];
+        let (file, param) = (
+            trust_state::ACCEPTED_RELEASE_FILE,
+            params::keys::MODEL_MANIFEST_ACCEPTED_RELEASE,
+        );
+        let copies = &floor.accepted_release_copies;
+        let from = match floor.accepted_release_source {
+            FloorSource::Both => format!("from {file} and the param {param} (they agree)"),
+            FloorSource::File => format!("from {file} (the param {param}: {})", copies.param),
+            FloorSource::Param => format!("from the param {param} ({file}: {})", copies.file),
+            FloorSource::None => String::new(),
+        };
+        lines.push(
+            match (&self.accepted_release, &floor.accepted_release_problem) {
+                (Some(a), _) => format!(
+                    "  accepted release: {} (signed by {}, expires {}) {from}",
+                    a.release, a.key, a.expires
+                ),
+                (None, Some(p)) => format!("  accepted release: UNKNOWN: {p}"),
+                (None, None) => "  accepted release: none yet".to_string(),
+            },
+        );
+        if let Some(r) = &self.last_refusal {
+            lines.push(format!(
+                "  last refusal ({} at {}): {}",
+                r.generation, r.at, r.text
+            ));
+            lines.extend(r.reasons.iter().map(|reason| format!("    {reason}")));
+        }
+        lines
+    }
+}
+
+/// `status`: the device's report, its trust state and its tree (`status --json` is this
+/// document).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StatusDocument {
+    #[serde(flatten)]
+    pub report: StatusReport,
+    pub trust: TrustReport,
+    pub tree: TreeStatus,
+}
+
+impl StatusDocument {
+    pub fn of(device: &Device, tree: TreeStatus) -> Result<Self> {
+        Ok(StatusDocument {
+            report: crate::report::status(device)?,
+            trust: TrustReport::of(device)?,
+            tree,
+        })
+    }
+
+    /// The lines `status` prints on stdout.
+    pub fn lines(&self) -> Vec<String> {
+        let r = &self.report;
+        let mut lines = vec![
+            format!("generation: {}", r.generation),
+            tree_line(&self.tree),
+            format!(
+                "manifest version: {}",
+                r.manifest_version.as_deref().unwrap_or("none")
+            ),
+            format!(
+                "selected: {} ({} {})",
+                r.selected.id, r.selected.name, r.selected.version
+            ),
+            format!("resolves to: {}", r.resolved.display()),
+            match (r.catalog_models, &r.catalog_problem) {
+                (Some(n), _) => format!("catalog: {n} models"),
+                (None, Some(p)) => format!("catalog: NOT USED: {p}"),
+                (None, None) => "catalog: none yet".to_string(),
+            },
+        ];
+        for n in &r.not_installable {
+            lines.push(format!("  {} ({}): {}", n.id, n.file, n.reason));
+        }
+        for m in &r.installed {
+            lines.push(format!("  {} {}", m.id, state_text(m.state)));
+        }
+        lines.push(format!(
+            "free bytes: {}",
+            r.free_bytes.map_or("unknown".into(), |f| f.to_string())
+        ));
+        if let Some(fb) = &r.fallback {
+            for p in &fb.pending {
+                let case = match p.case {
+                    PendingCase::Temporary => "waiting for",
+                    PendingCase::Update => "update pending for",
+                };
+                lines.push(format!(
+                    "{case} {}: {} failed attempt(s), next retry at unix {} ({})",
+                    p.id, p.failures, p.next_retry, p.reason
+                ));
+            }
+            if !fb.dropped.is_empty() {
+                lines.push(format!(
+                    "dropped for good (not in the catalog): {}",
+                    fb.dropped.join(", ")
+                ));
+            }
+        }
+        if let Some(j) = &r.interrupted_migration {
+            lines.push(format!(
+                "interrupted migration: {} -> {} at the {} phase",
+                j.from.as_deref().unwrap_or("none"),
+                j.to,
+                match j.phase {
+                    Phase::Purge => "purge",
+                    Phase::Download => "download",
+                }
+            ));
+        }
+        lines.extend(self.trust.lines());
+        lines
+    }
+
+    /// The `next:` hint `status` adds on stderr, if any.
+    pub fn next(&self) -> Option<String> {
+        let r = &self.report;
+        if r.interrupted_migration.is_some() {
+            Some("`refresh` finishes the interrupted migration".into())
+        } else if r.catalog_models.is_none() {
+            Some(format!(
+                "`refresh` (online) fetches the {} catalog",
+                r.generation
+            ))
+        } else if r.installed.iter().any(|m| m.state == VerifyState::Corrupt) {
+            Some(
+                "`download <ID>` replaces a corrupt model; `resolve` never hands one to modeld"
+                    .into(),
+            )
+        } else {
+            None
+        }
+    }
+}
+
+/// `status` while paused: the lines it prints (its `--json` is the [`PausedStatus`]).
+pub fn paused_status_lines(r: &PausedStatus) -> Vec<String> {
+    vec![
+        "generation: none (paused)".to_string(),
+        tree_line(&r.tree),
+        format!("resolves to: {}", r.resolved.display()),
+        format!("problem: {}", r.tree.problem.as_deref().unwrap_or_default()),
+    ]
+}
+
+/// `verify` (`verify --dry-run` adds `"dry_run": true` to its `--json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VerifyDocument {
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
+    #[serde(flatten)]
+    pub report: VerifyReport,
+}
+
+impl VerifyDocument {
+    /// `verify` (with `dry_run` nothing is recorded in the verification cache); `on_hash` is
+    /// called before a present model is hashed.
+    pub fn of(
+        device: &Device,
+        only: Option<&str>,
+        dry_run: bool,
+        on_hash: &dyn Fn(&manifest::ModelId),
+    ) -> Result<Self> {
+        let report = match dry_run {
+            true => crate::report::verify_read_only(device, only, on_hash)?,
+            false => crate::report::verify(device, only, on_hash)?,
+        };
+        Ok(VerifyDocument { dry_run, report })
+    }
+
+    /// How `verify` ends once the document is printed: exit 6 unless every model verified.
+    pub fn failure(&self) -> Option<cli_support::Failure> {
+        let code = crate::next_step::code::NOT_VERIFIED;
+        (!self.report.all_verified()).then(|| {
+            crate::next_step::failure(
+                code,
+                "some models are missing or do not match the catalog; run `download <ID>` for \
+                 each one not listed as verified",
+            )
+        })
+    }
+
+    /// One `<id> <state>` line per model.
+    pub fn lines(&self) -> Vec<String> {
+        let models = &self.report.models;
+        models
+            .iter()
+            .map(|m| format!("{} {}", m.id, state_text(m.state)))
+            .collect()
+    }
+}
+
+/// The line `resolve` prints on stdout: the path, or with `--json` the report.
+pub fn resolve_line(r: &ResolveReport, json: bool) -> String {
+    match json {
+        true => serde_json::to_string(r).expect("a resolve report serializes"),
+        false => r.path.display().to_string(),
+    }
+}
+
+/// Typed progress as the device binary shows it on stderr. On a terminal a download redraws one
+/// line, `LABEL [====>   ] DONE/TOTAL RATE eta ETA` (`cli_support::progress`, as release-cli's
+/// bars); elsewhere (logs, pipes) every tenth percent gets a line `LABEL N%` (`-v`: every
+/// percent). Other progress always gets a line, clearing a drawn bar first; `-q` shows nothing.
+/// Parallel workers report out of order: a percentage at or below the highest shown for the
+/// label is dropped.
+#[derive(Debug)]
+pub struct ProgressView {
+    tty: bool,
+    verbosity: cli_support::Verbosity,
+    label: String,
+    /// A bar is drawn on the current line and must be cleared before other text.
+    drawn: bool,
+    highest: Option<u64>,
+    last_logged: Option<u64>,
+    /// When and where the label's download was first seen, for its rate.
+    start: Option<(Instant, u64)>,
+}
+
+impl ProgressView {
+    pub fn new(tty: bool, verbosity: cli_support::Verbosity) -> Self {
+        ProgressView {
+            tty,
+            verbosity,
+            label: String::new(),
+            drawn: false,
+            highest: None,
+            last_logged: None,
+            start: None,
+        }
+    }
+
+    /// What the following percentages are about, e.g. `pop223`.
+    pub fn label(&mut self, label: &str) {
+        self.label = label.to_string();
+        self.highest = None;
+        self.last_logged = None;
+        self.start = None;
+    }
+
+    /// What to write to stderr for `p`, seen at `now` (empty: nothing).
+    pub fn render(&mut self, p: &Progress, now: Instant) -> String {
+        use cli_support::Verbosity;
+        if self.verbosity == Verbosity::Quiet {
+            return String::new();
+        }
+        let Progress::Percent(t) = p else {
+            return self.line(p);
+        };
+        let pct = t.percent();
+        if self.highest.is_some_and(|h| pct <= h) {
+            return String::new();
+        }
+        self.highest = Some(pct);
+        let (since, from) = *self.start.get_or_insert((now, t.done));
+        if self.tty {
+            self.drawn = true;
+            let moved = t.done.saturating_sub(from);
+            let line = cli_support::progress::bytes_line(
+                &self.label,
+                t.done,
+                t.total,
+                moved,
+                now.saturating_duration_since(since),
+            );
+            return format!("\r\x1b[2K{line}");
+        }
+        let every = self.verbosity == Verbosity::Verbose;
+        if every || self.last_logged.is_none_or(|l| pct / 10 > l / 10) {
+            self.last_logged = Some(pct);
+            return format!("{} {pct}%\n", self.label);
+        }
+        String::new()
+    }
+
+    /// A line of its own (clearing a drawn bar first; nothing with `-q`).
+    pub fn line(&mut self, text: impl std::fmt::Display) -> String {
+        if self.verbosity == cli_support::Verbosity::Quiet {
+            return String::new();
+        }
+        let clear = if self.drawn { "\r\x1b[2K" } else { "" };
+        self.drawn = false;
+        format!("{clear}{text}\n")
+    }
+
+    /// What ends a drawn bar's line (empty when none is drawn).
+    pub fn finish(&mut self) -> &'static str {
+        match std::mem::take(&mut self.drawn) {
+            true => "\n",
+            false => "",
+        }
+    }
+}
+
+/// A [`ProgressView`] that the download's workers share, writing to stderr.
+#[derive(Debug)]
+pub struct StderrProgress(std::sync::Mutex<ProgressView>);
+
+impl StderrProgress {
+    /// `tty`: stderr is a terminal. The verbosity is the run's (`cli_support::verbosity`).
+    pub fn new(tty: bool) -> Self {
+        let view = ProgressView::new(tty, cli_support::verbosity());
+        StderrProgress(std::sync::Mutex::new(view))
+    }
+
+    fn view(&self) -> std::sync::MutexGuard<'_, ProgressView> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What the following percentages are about, e.g. `pop223`.
+    pub fn label(&self, label: &str) {
+        self.view().label(label);
+    }
+
+    pub fn say(&self, p: &Progress) {
+        eprint!("{}", self.view().render(p, Instant::now()));
+    }
+
+    /// A line of its own among the progress.
+    pub fn line(&self, text: impl std::fmt::Display) {
+        eprint!("{}", self.view().line(text));
+    }
+
+    /// End a drawn bar's line.
+    pub fn finish(&self) {
+        eprint!("{}", self.view().finish());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::InstalledModel;
+    use manifest::signature::{ReleaseNumber, UnixSeconds};
+
+    fn release(n: u64) -> AcceptedRelease {
+        AcceptedRelease {
+            release: ReleaseNumber::try_from(n).unwrap(),
+            expires: UnixSeconds(1_900_000_000),
+            key: "starpilot-2026".into(),
+        }
+    }
+
+    fn keyed(source: FloorSource, accepted: Option<AcceptedRelease>) -> TrustReport {
+        TrustReport {
+            protected: true,
+            keys_file: Some("/data/params/starpilot_keys.pub".into()),
+            keys: vec!["a".into(), "b".into()],
+            accepted_release: accepted,
+            floor: Some(FloorCopies {
+                accepted_release_source: source,
+                accepted_release_copies: CopyStates {
+                    file: "valid".into(),
+                    param: "corrupt: eof".into(),
+                },
+                accepted_release_problem: None,
+            }),
+            last_refusal: None,
+        }
+    }
+
+    /// The `trust` object keeps its two shapes, key for key in this order.
+    #[test]
+    fn trust_documents_keep_their_shapes() {
+        let bare = TrustReport {
+            protected: false,
+            keys_file: None,
+            keys: Vec::new(),
+            accepted_release: None,
+            floor: None,
+            last_refusal: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&bare).unwrap(),
+            r#"{"protected":false,"keys_file":null,"keys":[],"accepted_release":null,"last_refusal":null}"#
+        );
+        assert_eq!(
+            bare.lines(),
+            [
+                "manifest trust: UNPROTECTED (no --trusted-keys): any manifest the stores serve is installed"
+            ]
+        );
+        let mut t = keyed(FloorSource::File, Some(release(3)));
+        t.last_refusal = Some(RefusedManifest {
+            generation: "v26".into(),
+            at: UnixSeconds(1_800_000_000),
+            text: "Model list refused: not signed".into(),
+            reasons: vec!["hf: not signed".into(), "github: not signed".into()],
+        });
+        assert_eq!(
+            serde_json::to_string(&t).unwrap(),
+            r#"{"protected":true,"keys_file":"/data/params/starpilot_keys.pub","keys":["a","b"],"accepted_release":{"release":3,"expires":1900000000,"key":"starpilot-2026"},"accepted_release_source":"file","accepted_release_copies":{"file":"valid","param":"corrupt: eof"},"accepted_release_problem":null,"last_refusal":{"generation":"v26","at":1800000000,"text":"Model list refused: not signed","reasons":["hf: not signed","github: not signed"]}}"#
+        );
+        assert_eq!(
+            t.lines(),
+            [
+                "manifest trust: signed manifests only (2 key(s) from /data/params/starpilot_keys.pub); only artifacts whose SHA-256, size and chunk count the signature covers are installed",
+                "  accepted release: 3 (signed by starpilot-2026, expires 1900000000) from .accepted-release.json (the param ModelManifestAcceptedRelease: corrupt: eof)",
+                "  last refusal (v26 at 1800000000): Model list refused: not signed",
+                "    hf: not signed",
+                "    github: not signed",
+            ]
+        );
+    }
+
+    /// Where the accepted release comes from, each case its line.
+    #[test]
+    fn accepted_release_lines() {
+        let line = |t: TrustReport| t.lines()[1].clone();
+        assert!(line(keyed(FloorSource::Both, Some(release(1)))).ends_with(
+            "from .accepted-release.json and the param ModelManifestAcceptedRelease (they agree)"
+        ));
+        assert!(line(keyed(FloorSource::Param, Some(release(1)))).ends_with(
+            "from the param ModelManifestAcceptedRelease (.accepted-release.json: valid)"
+        ));
+        assert!(line(keyed(FloorSource::None, Some(release(1)))).ends_with("expires 1900000000) "));
+        assert_eq!(
+            line(keyed(FloorSource::None, None)),
+            "  accepted release: none yet"
+        );
+        let mut t = keyed(FloorSource::None, None);
+        t.floor.as_mut().unwrap().accepted_release_problem = Some("both unreadable".into());
+        assert_eq!(line(t), "  accepted release: UNKNOWN: both unreadable");
+    }
+
+    #[test]
+    fn verify_documents() {
+        let report = VerifyReport {
+            models: vec![
+                InstalledModel {
+                    id: "pop223".into(),
+                    state: VerifyState::Verified,
+                    digest_source: Some("manifest"),
+                },
+                InstalledModel {
+                    id: "wd40".into(),
+                    state: VerifyState::Outdated,
+                    digest_source: None,
+                },
+            ],
+        };
+        let doc = |dry_run| VerifyDocument {
+            dry_run,
+            report: report.clone(),
+        };
+        let models = r#"[{"id":"pop223","state":"verified","digest_source":"manifest"},{"id":"wd40","state":"outdated","digest_source":null}]"#;
+        assert_eq!(
+            serde_json::to_string(&doc(false)).unwrap(),
+            format!(r#"{{"models":{models}}}"#)
+        );
+        assert_eq!(
+            serde_json::to_string(&doc(true)).unwrap(),
+            format!(r#"{{"dry_run":true,"models":{models}}}"#)
+        );
+        let failure = doc(true)
+            .failure()
+            .expect("an outdated copy is not verified");
+        assert_eq!((failure.code, failure.kind), (6, "not_verified"));
+        assert!(failure.message.starts_with("some models are missing"));
+        let mut verified = doc(false);
+        verified.report.models.truncate(1);
+        assert_eq!(verified.failure(), None);
+        assert_eq!(
+            doc(false).lines(),
+            [
+                "pop223 verified",
+                "wd40 outdated (verified copy of an earlier publish; in use)"
+            ]
+        );
+    }
+
+    fn view(tty: bool, verbosity: cli_support::Verbosity) -> ProgressView {
+        let mut v = ProgressView::new(tty, verbosity);
+        v.label("pop223");
+        v
+    }
+
+    fn pct(p: u64) -> Progress {
+        Progress::Percent(crate::Transferred {
+            done: p * 1024,
+            total: 100 * 1024,
+        })
+    }
+
+    /// The rendering of each progress in turn, all at the same instant.
+    fn shown(v: &mut ProgressView, ps: &[Progress]) -> Vec<String> {
+        let now = Instant::now();
+        ps.iter().map(|p| v.render(p, now)).collect()
+    }
+
+    #[test]
+    fn logs_get_a_line_per_tenth_and_never_go_backwards() {
+        let mut v = view(false, cli_support::Verbosity::Normal);
+        let ps = [
+            pct(0),
+            pct(3),
+            pct(12),
+            pct(9),
+            pct(13),
+            pct(25),
+            pct(100),
+            Progress::Downloaded,
+        ];
+        let out: Vec<String> = shown(&mut v, &ps)
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect();
+        assert_eq!(
+            out,
+            [
+                "pop223 0%\n",
+                "pop223 12%\n",
+                "pop223 25%\n",
+                "pop223 100%\n",
+                "Downloaded!\n"
+            ]
+        );
+        // A new label starts over.
+        v.label("other");
+        assert_eq!(shown(&mut v, &[pct(5)]), ["other 5%\n"]);
+    }
+
+    #[test]
+    fn quiet_shows_no_progress_and_verbose_logs_every_percentage() {
+        let ps = [
+            pct(0),
+            pct(3),
+            pct(12),
+            pct(9),
+            pct(13),
+            Progress::Downloaded,
+        ];
+        for tty in [false, true] {
+            let mut q = view(tty, cli_support::Verbosity::Quiet);
+            assert!(shown(&mut q, &ps).iter().all(String::is_empty), "tty {tty}");
+        }
+        let mut v = view(false, cli_support::Verbosity::Verbose);
+        assert_eq!(
+            shown(&mut v, &ps),
+            [
+                "pop223 0%\n",
+                "pop223 3%\n",
+                "pop223 12%\n",
+                "",
+                "pop223 13%\n",
+                "Downloaded!\n"
+            ],
+            "every new percentage, still never backwards"
+        );
+    }
+
+    /// On a terminal: one redrawn line with bytes, rate and ETA (the rate over what this run
+    /// moved since the label's first report), cleared before text, ended by `finish`.
+    #[test]
+    fn a_terminal_gets_one_redrawn_bar_with_bytes_rate_and_eta() {
+        let mut v = view(true, cli_support::Verbosity::Normal);
+        let t0 = Instant::now();
+        let mib = |n: u64| {
+            Progress::Percent(crate::Transferred {
+                done: n << 20,
+                total: 8 << 20,
+            })
+        };
+        // A resumed download: 2 MiB were there before this run.
+        assert_eq!(
+            v.render(&mib(2), t0),
+            format!(
+                "\r\x1b[2Kpop223 [{}>{}] 2.00 MiB/8.00 MiB 0 B/s eta 0s",
+                "=".repeat(7),
+                " ".repeat(22)
+            )
+        );
+        let bar = v.render(&mib(4), t0 + std::time::Duration::from_secs(2));
+        assert_eq!(
+            bar,
+            format!(
+                "\r\x1b[2Kpop223 [{}>{}] 4.00 MiB/8.00 MiB 1.00 MiB/s eta 4s",
+                "=".repeat(15),
+                " ".repeat(14)
+            )
+        );
+        assert!(!bar.contains('\n'));
+        assert_eq!(
+            v.render(&mib(3), t0),
+            "",
+            "out-of-order progress is dropped"
+        );
+        assert_eq!(
+            v.render(&Progress::Verifying, t0),
+            "\r\x1b[2KVerifying authenticity...\n"
+        );
+        assert_eq!(v.render(&Progress::Downloaded, t0), "Downloaded!\n");
+        assert_eq!(v.finish(), "", "no bar drawn");
+        v.label("next");
+        assert!(!v.render(&mib(1), t0).is_empty());
+        assert_eq!(v.finish(), "\n");
+        assert_eq!(v.finish(), "");
+    }
+}

@@ -1,0 +1,337 @@
+//! `release-cli validate`'s records and defaults: where a device validation reads the artifact
+//! and writes its record and log (from the flags, else the workspace), the validation record
+//! made of the device's verdict, and the check record of `validate --check` (docs/release.md,
+//! "Validate"). The run on the device itself is `compiler_remote`'s.
+
+use std::path::{Path, PathBuf};
+
+use manifest::{BehaviorVersion, GitCommit, ModelId};
+
+use crate::gate::{
+    CAMERA_RESOLUTIONS, CameraResolution, CheckKind, CheckRecord, UtcTime, ValidationRecord,
+};
+use crate::{Error, Result, Workspace};
+
+/// What `validate --model ID` was given.
+#[derive(Debug, Clone)]
+pub struct ValidateFlags<'a> {
+    pub model: &'a ModelId,
+    pub version: Option<BehaviorVersion>,
+    pub artifact: Option<&'a Path>,
+    pub record: Option<&'a Path>,
+    pub log: Option<&'a Path>,
+    pub workspace: Option<&'a Workspace>,
+}
+
+/// What a validation checks and where it writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidateTargets {
+    pub version: BehaviorVersion,
+    pub artifact: PathBuf,
+    pub record: PathBuf,
+    pub log: PathBuf,
+}
+
+fn input(problem: impl Into<String>) -> Error {
+    Error::ValidateInput {
+        problem: problem.into(),
+    }
+}
+
+/// Each flag, else the workspace's place for it: the version its build record names, the
+/// artifact in `ready/<id>/`, the record `results/<id>.validation.json`, the log
+/// `logs/<id>.validate.log`. Without a workspace the record is `<id>.validation.json` and the
+/// log `./logs/<id>.validate.log`; the version and the artifact must be given.
+pub fn targets(f: &ValidateFlags<'_>) -> Result<ValidateTargets> {
+    let (id, ws) = (f.model, f.workspace);
+    let version = match (f.version, ws) {
+        (Some(v), _) => v,
+        (None, Some(ws)) => crate::rebuild::recorded_version(ws, id)?,
+        (None, None) => {
+            return Err(input(
+                "validate needs --version vN, or --workspace DIR with a recorded build",
+            ));
+        }
+    };
+    let artifact = match (f.artifact, ws) {
+        (Some(a), _) => a.to_path_buf(),
+        (None, Some(ws)) => ws.ready_artifact(id),
+        (None, None) => return Err(input("validate needs --artifact PATH or --workspace DIR")),
+    };
+    let record = match (f.record, ws) {
+        (Some(r), _) => r.to_path_buf(),
+        (None, Some(ws)) => ws.validation(id),
+        (None, None) => PathBuf::from(format!("{id}.validation.json")),
+    };
+    let log = match f.log {
+        Some(l) => l.to_path_buf(),
+        None => ws
+            .cloned()
+            .unwrap_or_else(|| Workspace::new("."))
+            .validate_log(id),
+    };
+    Ok(ValidateTargets {
+        version,
+        artifact,
+        record,
+        log,
+    })
+}
+
+/// The record of the device's verdict, per camera resolution, its own JSON kept unchanged.
+pub fn validation_record(
+    id: &ModelId,
+    version: BehaviorVersion,
+    pin: GitCommit,
+    verdict: compiler_remote::Verdict,
+    log: PathBuf,
+) -> ValidationRecord {
+    ValidationRecord {
+        model: id.clone(),
+        version,
+        resolutions: crate::gate::read_verdict(&verdict.verdict, &verdict.artifact_sha256),
+        artifact_sha256: verdict.artifact_sha256,
+        tinygrad_commit: pin,
+        checked_at: UtcTime::now(),
+        verdict: verdict.verdict,
+        log,
+    }
+}
+
+/// What `validate --check KIND` was given.
+#[derive(Debug, Clone)]
+pub struct CheckFlags<'a> {
+    pub kind: CheckKind,
+    pub resolution: Option<CameraResolution>,
+    pub model: Option<&'a ModelId>,
+    pub passed: bool,
+    pub failed: bool,
+    pub note: Option<&'a str>,
+    /// `--by`, else the user's name (`USER`).
+    pub by: Option<String>,
+    pub record: Option<&'a Path>,
+    pub workspace: Option<&'a Workspace>,
+}
+
+/// The check the release engineer made on the device, and where its record goes: one of
+/// `--passed`/`--failed`, `--resolution` exactly for a per-resolution check (one of
+/// [`CAMERA_RESOLUTIONS`]), a non-blank `--note`, who checked, and `--record` or the
+/// workspace's place. `pin` (the tinygrad the check was made with) is asked for only once the
+/// flags are accepted.
+pub fn check_record(
+    f: &CheckFlags<'_>,
+    pin: impl FnOnce() -> compiler_remote::Result<GitCommit>,
+) -> Result<(PathBuf, CheckRecord)> {
+    let kind = f.kind;
+    if f.passed == f.failed {
+        return Err(input(format!(
+            "--check {kind} needs --passed or --failed: what you saw on the device"
+        )));
+    }
+    let [a, b] = CAMERA_RESOLUTIONS;
+    match (kind.per_resolution(), f.resolution) {
+        (true, None) => {
+            return Err(input(format!(
+                "--check {kind} is made per camera resolution: add --resolution {a} or {b}"
+            )));
+        }
+        (false, Some(r)) => {
+            return Err(input(format!(
+                "--check {kind} is one check per generation: drop --resolution {r}"
+            )));
+        }
+        (true, Some(r)) if !CAMERA_RESOLUTIONS.contains(&r) => {
+            return Err(input(format!(
+                "--resolution {r}: the camera resolutions are {a} and {b}"
+            )));
+        }
+        _ => {}
+    }
+    let note = f.note.unwrap_or_default();
+    if note.trim().is_empty() {
+        return Err(input(format!(
+            "--check {kind} needs --note TEXT: what you observed"
+        )));
+    }
+    let checked_by = match &f.by {
+        Some(b) if !b.trim().is_empty() => b.clone(),
+        _ => return Err(input("--check needs --by NAME (USER is not set)")),
+    };
+    let path = match (f.record, f.workspace) {
+        (Some(r), _) => r.to_path_buf(),
+        (None, Some(ws)) => ws.check(kind, f.resolution),
+        (None, None) => {
+            return Err(input(format!(
+                "--check {kind} needs --workspace DIR (or --record FILE)"
+            )));
+        }
+    };
+    let record = CheckRecord {
+        check: kind,
+        resolution: f.resolution,
+        model: f.model.cloned(),
+        passed: f.passed,
+        tinygrad_commit: pin()?,
+        checked_by,
+        checked_at: UtcTime::now(),
+        note: note.to_string(),
+    };
+    Ok((path, record))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both generations every rule is tested for: v25's pin and a made-up v26 pin.
+    const PINS: [&str; 2] = [
+        "e837e367aac9e1a66e689f4f32ce20ca9367df13",
+        "0123456789abcdef0123456789abcdef01234567",
+    ];
+
+    fn id() -> ModelId {
+        "sc23".parse().unwrap()
+    }
+
+    fn problem(r: Result<impl std::fmt::Debug>) -> String {
+        match r {
+            Err(Error::ValidateInput { problem }) => problem,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn targets_are_the_flags_else_the_workspace_places() {
+        let t = tempfile::tempdir().unwrap();
+        let ws = Workspace::new(t.path());
+        let id = id();
+        let v: BehaviorVersion = "v8".parse().unwrap();
+        let flags = |version, artifact, workspace| ValidateFlags {
+            model: &id,
+            version,
+            artifact,
+            record: None,
+            log: None,
+            workspace,
+        };
+        // Everything from the workspace but the version.
+        let got = targets(&flags(Some(v), None, Some(&ws))).unwrap();
+        assert_eq!(
+            got,
+            ValidateTargets {
+                version: v,
+                artifact: ws.ready_artifact(&id),
+                record: ws.validation(&id),
+                log: ws.validate_log(&id),
+            }
+        );
+        // Without a workspace: the version and artifact are required, the record and log have
+        // places of their own.
+        let a = Path::new("/x/sc23_driving_tinygrad.pkl");
+        let got = targets(&flags(Some(v), Some(a), None)).unwrap();
+        assert_eq!(got.record, PathBuf::from("sc23.validation.json"));
+        assert_eq!(got.log, PathBuf::from("./logs/sc23.validate.log"));
+        assert_eq!(
+            problem(targets(&flags(None, Some(a), None))),
+            "validate needs --version vN, or --workspace DIR with a recorded build"
+        );
+        assert_eq!(
+            problem(targets(&flags(Some(v), None, None))),
+            "validate needs --artifact PATH or --workspace DIR"
+        );
+        // A workspace without a build record of the model names the record it looked for.
+        match targets(&flags(None, None, Some(&ws))) {
+            Err(Error::RecordMissing { path }) => assert_eq!(path, ws.build_record(&id)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_check_record_needs_its_flags_before_the_pin_is_asked_for() {
+        let ws = Workspace::new("/w");
+        let [a, b] = CAMERA_RESOLUTIONS;
+        let odd: CameraResolution = "640x480".parse().unwrap();
+        for pin in PINS {
+            let base = CheckFlags {
+                kind: CheckKind::DriverState,
+                resolution: Some(a),
+                model: None,
+                passed: true,
+                failed: false,
+                note: Some("faces tracked"),
+                by: Some("dev".into()),
+                record: None,
+                workspace: Some(&ws),
+            };
+            type Edit = fn(&mut CheckFlags<'_>);
+            let refusals: [(Edit, String); 8] = [
+                (
+                    |f| f.passed = false,
+                    "--check driver-state needs --passed or --failed: what you saw on the device"
+                        .into(),
+                ),
+                (
+                    |f| f.failed = true,
+                    "--check driver-state needs --passed or --failed: what you saw on the device"
+                        .into(),
+                ),
+                (
+                    |f| f.resolution = None,
+                    format!(
+                        "--check driver-state is made per camera resolution: add --resolution {a} or {b}"
+                    ),
+                ),
+                (
+                    |f| f.kind = CheckKind::ModelV2,
+                    format!("--check model-v2 is one check per generation: drop --resolution {a}"),
+                ),
+                (
+                    |f| f.resolution = Some("640x480".parse().unwrap()),
+                    format!("--resolution {odd}: the camera resolutions are {a} and {b}"),
+                ),
+                (
+                    |f| f.note = Some(" \t"),
+                    "--check driver-state needs --note TEXT: what you observed".into(),
+                ),
+                (
+                    |f| f.by = None,
+                    "--check needs --by NAME (USER is not set)".into(),
+                ),
+                (
+                    |f| f.workspace = None,
+                    "--check driver-state needs --workspace DIR (or --record FILE)".into(),
+                ),
+            ];
+            for (edit, want) in refusals {
+                let mut f = base.clone();
+                edit(&mut f);
+                let got = check_record(&f, || panic!("the pin is asked for after the flags"));
+                assert_eq!(problem(got), want);
+            }
+            let pin: GitCommit = pin.parse().unwrap();
+            let (path, rec) = check_record(&base, || Ok(pin.clone())).unwrap();
+            assert_eq!(
+                path,
+                PathBuf::from(format!("/w/results/driver-state.{a}.check.json"))
+            );
+            assert_eq!(
+                (
+                    rec.check,
+                    rec.resolution,
+                    rec.passed,
+                    rec.tinygrad_commit,
+                    rec.checked_by.as_str()
+                ),
+                (CheckKind::DriverState, Some(a), true, pin.clone(), "dev")
+            );
+            let mut g = base.clone();
+            (g.kind, g.resolution, g.record) =
+                (CheckKind::ModelV2, None, Some(Path::new("/r.json")));
+            let (path, rec) = check_record(&g, || Ok(pin.clone())).unwrap();
+            assert_eq!(
+                (path, rec.check),
+                (PathBuf::from("/r.json"), CheckKind::ModelV2)
+            );
+        }
+    }
+}

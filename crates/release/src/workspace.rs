@@ -1,0 +1,203 @@
+//! The rebuild workspace and every path in it, one method each (no hand joins elsewhere):
+//!
+//! ```text
+//! <workspace>/onnx/<id>/<file>.onnx        sources fetched from <store>/onnx/<source-id>/
+//! <workspace>/logs/<id>.log                the compile log of the latest attempt
+//! <workspace>/logs/<id>.validate.log       the latest device validation's log
+//! <workspace>/logs/preflight.log           the latest preflight's output
+//! <workspace>/results/<id>.json            success record (what was built, with which pin)
+//! <workspace>/results/<id>.failure.json    failure record of the latest attempt
+//! <workspace>/results/preflight.json, <id>.validation.json, <check>[.<W>x<H>].check.json,
+//!                    rehearsal.json        the gate's records (crate::records)
+//! <workspace>/ready/<id>/<id>_driving_tinygrad.pkl.chunkNNofMM + .sha256 + .chunkmanifest
+//! <workspace>/ready/<id>/<id>_driving_<variant>_tinygrad.pkl…   a rebuilt accelerator variant
+//! <workspace>/ready/model_names_<gen>.json the manifest for `release-cli publish`
+//! <workspace>/rehearsal/                   the last rehearsal's devices and logs
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use manifest::{Generation, ModelId, layout};
+use serde::Serialize;
+
+use crate::gate::{CameraResolution, CheckKind};
+
+/// A rebuild workspace directory (`--workspace DIR`). Serializes as its path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Workspace(PathBuf);
+
+impl From<PathBuf> for Workspace {
+    fn from(root: PathBuf) -> Self {
+        Self(root)
+    }
+}
+
+impl Workspace {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self(root.into())
+    }
+
+    /// The directory itself.
+    pub fn root(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn display(&self) -> std::path::Display<'_> {
+        self.0.display()
+    }
+
+    /// `onnx/<id>/`: the model's fetched sources.
+    pub fn onnx(&self, id: &ModelId) -> PathBuf {
+        self.0.join("onnx").join(id.as_str())
+    }
+
+    /// `logs/<id>.log`: the model's latest compile log.
+    pub fn build_log(&self, id: &ModelId) -> PathBuf {
+        self.log(&format!("{id}.log"))
+    }
+
+    /// `logs/<id>.validate.log`: the model's latest device validation log.
+    pub fn validate_log(&self, id: &ModelId) -> PathBuf {
+        self.log(&format!("{id}.validate.log"))
+    }
+
+    /// `logs/preflight.log`.
+    pub fn preflight_log(&self) -> PathBuf {
+        self.log("preflight.log")
+    }
+
+    fn log(&self, name: &str) -> PathBuf {
+        self.0.join("logs").join(name)
+    }
+
+    /// `results/`: every record.
+    pub fn results(&self) -> PathBuf {
+        self.0.join("results")
+    }
+
+    /// `results/<id>.json`: the model's success record.
+    pub fn build_record(&self, id: &ModelId) -> PathBuf {
+        self.results().join(format!("{id}.json"))
+    }
+
+    /// `results/<id>.failure.json`: the model's latest failed attempt.
+    pub fn failure_record(&self, id: &ModelId) -> PathBuf {
+        self.results().join(format!("{id}.failure.json"))
+    }
+
+    /// `results/preflight.json`.
+    pub fn preflight(&self) -> PathBuf {
+        self.results().join("preflight.json")
+    }
+
+    /// `results/<id>.validation.json`.
+    pub fn validation(&self, id: &ModelId) -> PathBuf {
+        self.results()
+            .join(format!("{id}{}", crate::records::VALIDATION_SUFFIX))
+    }
+
+    /// `results/<check>.json` or, per camera resolution, `results/<check>.<W>x<H>.check.json`.
+    pub fn check(&self, kind: CheckKind, res: Option<CameraResolution>) -> PathBuf {
+        let suffix = crate::records::CHECK_SUFFIX;
+        self.results().join(match res {
+            Some(r) => format!("{kind}.{r}{suffix}"),
+            None => format!("{kind}{suffix}"),
+        })
+    }
+
+    /// `results/rehearsal.json`: the last `release-cli rehearse`.
+    pub fn rehearsal_record(&self) -> PathBuf {
+        self.results().join("rehearsal.json")
+    }
+
+    /// `ready/`: what `release-cli publish --artifacts` takes.
+    pub fn ready(&self) -> PathBuf {
+        self.0.join("ready")
+    }
+
+    /// `ready/<id>/`: the model's chunk set(s).
+    pub fn ready_model(&self, id: &ModelId) -> PathBuf {
+        self.ready().join(id.as_str())
+    }
+
+    /// `ready/<id>/<id>_driving_tinygrad.pkl`: the model's logical artifact.
+    pub fn ready_artifact(&self, id: &ModelId) -> PathBuf {
+        self.ready_model(id)
+            .join(layout::artifact_file_name(id).as_str())
+    }
+
+    /// `ready/model_names_<gen>.json`.
+    pub fn ready_manifest(&self, generation: Generation) -> PathBuf {
+        self.ready()
+            .join(layout::manifest_file_name(generation).as_str())
+    }
+
+    /// `rehearsal/`: the last rehearsal's devices and logs (replaced by each rehearsal).
+    pub fn rehearsal_dir(&self) -> PathBuf {
+        self.0.join("rehearsal")
+    }
+
+    /// The directories a rebuild run creates.
+    pub fn rebuild_dirs(&self) -> [PathBuf; 4] {
+        ["onnx", "logs", "results", "ready"].map(|d| self.0.join(d))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every path, for v25 and a made-up v26: the layout docs/release.md describes.
+    #[test]
+    fn every_path_is_under_the_workspace_as_documented() {
+        let ws = Workspace::new("/w");
+        let id: ModelId = "sc23".parse().unwrap();
+        let res: CameraResolution = crate::gate::CAMERA_RESOLUTIONS[0];
+        let cases: Vec<(PathBuf, String)> = vec![
+            (ws.onnx(&id), "/w/onnx/sc23".into()),
+            (ws.build_log(&id), "/w/logs/sc23.log".into()),
+            (ws.validate_log(&id), "/w/logs/sc23.validate.log".into()),
+            (ws.preflight_log(), "/w/logs/preflight.log".into()),
+            (ws.results(), "/w/results".into()),
+            (ws.build_record(&id), "/w/results/sc23.json".into()),
+            (
+                ws.failure_record(&id),
+                "/w/results/sc23.failure.json".into(),
+            ),
+            (ws.preflight(), "/w/results/preflight.json".into()),
+            (ws.validation(&id), "/w/results/sc23.validation.json".into()),
+            (
+                ws.check(CheckKind::ModelV2, None),
+                "/w/results/model-v2.check.json".into(),
+            ),
+            (
+                ws.check(CheckKind::DriverState, Some(res)),
+                format!("/w/results/driver-state.{res}.check.json"),
+            ),
+            (ws.rehearsal_record(), "/w/results/rehearsal.json".into()),
+            (ws.ready(), "/w/ready".into()),
+            (ws.ready_model(&id), "/w/ready/sc23".into()),
+            (
+                ws.ready_artifact(&id),
+                "/w/ready/sc23/sc23_driving_tinygrad.pkl".into(),
+            ),
+            (
+                ws.ready_manifest(Generation::new(25)),
+                "/w/ready/model_names_v25.json".into(),
+            ),
+            (
+                ws.ready_manifest(Generation::new(26)),
+                "/w/ready/model_names_v26.json".into(),
+            ),
+            (ws.rehearsal_dir(), "/w/rehearsal".into()),
+        ];
+        for (got, want) in cases {
+            assert_eq!(got, PathBuf::from(&want));
+        }
+        assert_eq!(
+            serde_json::to_string(&ws).unwrap(),
+            serde_json::to_string(Path::new("/w")).unwrap()
+        );
+    }
+}
