@@ -66,19 +66,6 @@ pub fn write_stdout(bytes: &[u8]) -> io::Result<bool> {
     }
 }
 
-/// The one JSON document a `--json` command prints on stdout when it fails:
-/// `{"error":{"kind","message","next"}}`. A message's `next: …` line (the convention of both
-/// binaries) becomes `next` (`null` without one); `kind` is a stable snake_case name of the exit
-/// code.
-pub fn error_json(kind: &str, message: &str) -> String {
-    let (message, next) = match message.split_once("\nnext: ") {
-        Some((m, n)) => (m, Some(n.trim_end())),
-        None => (message, None),
-    };
-    let doc = serde_json::json!({"error": {"kind": kind, "message": message, "next": next}});
-    format!("{doc}\n")
-}
-
 /// What to do next after an error, kept apart from its message: the `next:` line a binary
 /// prints under `error:` and the `next` of a `--json` error document. Every crate's error enum
 /// implements it (`None` where the message already says all there is to do); nothing glues a
@@ -398,23 +385,6 @@ mod tests {
     }
 
     #[test]
-    fn error_documents_split_off_the_next_step() {
-        let v: serde_json::Value = serde_json::from_str(&error_json(
-            "manifest_unavailable",
-            "no origin served a manifest\nnext: run `refresh` again",
-        ))
-        .unwrap();
-        assert_eq!(
-            v,
-            serde_json::json!({"error": {"kind": "manifest_unavailable",
-                "message": "no origin served a manifest", "next": "run `refresh` again"}})
-        );
-        let v: serde_json::Value = serde_json::from_str(&error_json("failure", "boom")).unwrap();
-        assert_eq!(v["error"]["next"], serde_json::Value::Null);
-        assert_eq!(error_json("failure", "a\nb").lines().count(), 1, "one line");
-    }
-
-    #[test]
     fn a_failure_prints_its_next_step_on_its_own_line_and_in_its_json() {
         struct E;
         impl std::fmt::Display for E {
@@ -441,6 +411,8 @@ mod tests {
         let plain = Failure::new(1, "failure", "boom").with_next(None::<String>);
         assert_eq!(plain.stderr_text(), "error: boom\n");
         assert_eq!(plain.json_document().lines().count(), 1);
+        let multiline = Failure::new(1, "failure", "a\nb");
+        assert_eq!(multiline.json_document().lines().count(), 1, "one line");
         assert_eq!(Failure::new(3, "check_failed", "").stderr_text(), "");
     }
 
