@@ -249,7 +249,8 @@ fn real_cli_failures_become_typed_errors() {
     let missing = HfBucketStore::new("StarPilot-Driving/no-such-bucket", h.config.clone()).unwrap();
     let e = missing.write_bytes(&p("a/b"), b"x").unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("hf buckets create"), "{msg}");
+    let next = cli_support::NextStep::next_step(&e).unwrap_or_default();
+    assert!(next.contains("hf buckets create"), "{msg}\nnext: {next}");
     assert!(!msg.contains("Traceback"), "{msg}");
     assert_eq!(kind(e), HfFailure::BucketMissing);
     // The next step the message names works: the real CLI creates the bucket.
