@@ -5,6 +5,7 @@
 mod bounds_cli;
 mod build_cli;
 mod chunk_cli;
+mod chunk_inputs_cli;
 mod cli_surface;
 mod common;
 mod manifest_cli;
