@@ -20,6 +20,7 @@ pub mod reuse;
 pub mod tree;
 
 pub use error::{Error, Result};
+pub mod audit;
 pub mod gate;
 pub mod preflight;
 pub mod publish;
