@@ -474,3 +474,87 @@ fn audit_a_hub_bucket_published_through_the_real_hf_cli() {
     let o = run(&audit_args);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stdout));
 }
+
+/// A made-up v26 with a made-up pin: its pin comes from `--openpilot`'s `tinygrad_pins.json`
+/// (as `tinygrad bump` records it); without it the pin is unknown and named as the problem.
+#[test]
+fn a_made_up_v26_is_audited_against_the_pin_the_openpilot_tree_records() {
+    const PIN26: &str = "0123456789abcdef0123456789abcdef01234567";
+    let t = tempfile::tempdir().unwrap();
+    let data = artifact_bytes(7, 2500);
+    let store = t.path().join("store");
+    let set = store.join("models/v26/pop223");
+    let pkl = t.path().join("pop223_driving_tinygrad.pkl");
+    fs::write(&pkl, &data).unwrap();
+    let o = cli(&[
+        "chunk",
+        "split",
+        s(&pkl),
+        "--out-dir",
+        s(&set),
+        "--chunk-size",
+        "1000",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let raw = t.path().join("raw.json");
+    let doc = serde_json::json!({"generation": "v26", "tinygrad_commit": PIN26,
+        "models": [common::entry("pop223", &data, 3)]});
+    fs::write(&raw, doc.to_string()).unwrap();
+    let o = cli(&["manifest", "fmt", s(&raw)]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    fs::create_dir_all(store.join("manifests")).unwrap();
+    fs::write(store.join("manifests/model_names_v26.json"), &o.stdout).unwrap();
+    let op = t.path().join("openpilot");
+    fs::create_dir_all(&op).unwrap();
+    fs::write(
+        op.join("tinygrad_pins.json"),
+        format!("{{\"v26\": \"{PIN26}\"}}\n"),
+    )
+    .unwrap();
+
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "audit",
+            "--generation",
+            "v26",
+            "--json",
+            "--deep",
+            "--store",
+            s(&store),
+        ];
+        a.extend(extra);
+        let o = cli_in(&a, t.path());
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        (o.status.code(), v)
+    };
+    let (code, v) = run(&["--openpilot", s(&op)]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["generation"], "v26");
+    let (code, v) = run(&[]);
+    assert_eq!(code, Some(3), "{v}");
+    let f = findings(&v);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].0, "manifest_pin");
+    assert!(
+        v["stores"][0]["problems"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no tinygrad pin is known for v26"),
+        "{v}"
+    );
+    // v25 pinned here would be another generation's pin; v25's manifest is simply not there.
+    let o = cli_in(
+        &[
+            "audit",
+            "--generation",
+            "v25",
+            "--json",
+            "--store",
+            s(&store),
+        ],
+        t.path(),
+    );
+    assert_eq!(o.status.code(), Some(3));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(findings(&v)[0].0, "manifest_missing", "{v}");
+}

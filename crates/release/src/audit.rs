@@ -257,11 +257,16 @@ impl Expected {
     }
 }
 
-/// The artifacts `m` lists for `generation`, and the entries whose artifact fields are missing
-/// or unusable (release validation names those too). Pure.
+/// The artifacts `m` lists for `generation` that a store must hold: every entry's and every
+/// accelerator variant's with usable artifact fields (release validation names the others), and
+/// none of a `local-` model, which lives on the device only (publish does not check those
+/// either). Pure.
 pub fn expected_artifacts(m: &Manifest, generation: Generation) -> Vec<Expected> {
     let mut out = Vec::new();
     for e in m.models() {
+        if e.id().is_local() {
+            continue;
+        }
         let dir = StoreLayout::HfBucket.artifact_dir(generation, e.id());
         if let Some(a) = e.artifact() {
             out.push(Expected {

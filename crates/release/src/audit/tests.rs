@@ -541,3 +541,84 @@ fn human_sizes() {
         assert_eq!(human_bytes(n), want);
     }
 }
+
+#[test]
+fn expected_artifacts_skip_local_models_and_include_variants() {
+    for g in gens() {
+        let mut doc: serde_json::Value =
+            serde_json::from_slice(&manifest_bytes(g, &pin_of(g), &["pop223", "gwm8223"])).unwrap();
+        let mut local = entry("x");
+        local["id"] = json!("local-x");
+        doc["models"].as_array_mut().unwrap().push(local);
+        doc["models"][1]["accelerator_artifacts"] = json!({"chestnut": {
+            "artifact_format": "tinygrad_single_v1",
+            "artifact_filename": "gwm8223_driving_chestnut_tinygrad.pkl",
+            "artifact_size": 10, "artifact_sha256": "b".repeat(64),
+            "artifact_chunk_count": 0, "execution_device": "AMD"}});
+        let m = Manifest::from_value(doc).unwrap();
+        let got: Vec<(String, Option<String>, u32)> = expected_artifacts(&m, g)
+            .into_iter()
+            .map(|e| (e.logical(), e.variant, e.count))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    format!("models/{g}/pop223/pop223_driving_tinygrad.pkl"),
+                    None,
+                    3
+                ),
+                (
+                    format!("models/{g}/gwm8223/gwm8223_driving_tinygrad.pkl"),
+                    None,
+                    3
+                ),
+                (
+                    format!("models/{g}/gwm8223/gwm8223_driving_chestnut_tinygrad.pkl"),
+                    Some("chestnut".to_string()),
+                    0
+                ),
+            ]
+        );
+    }
+}
+
+#[test]
+fn a_variant_is_checked_like_its_model() {
+    for g in gens() {
+        let mut s = healthy(g, &["gwm8223"]);
+        let mut doc: serde_json::Value =
+            serde_json::from_slice(s.manifest.as_ref().unwrap().as_ref().unwrap()).unwrap();
+        doc["models"][0]["accelerator_artifacts"] = json!({"chestnut": {
+            "artifact_format": "tinygrad_single_v1",
+            "artifact_filename": "gwm8223_driving_chestnut_tinygrad.pkl",
+            "artifact_size": 10, "artifact_sha256": "b".repeat(64),
+            "artifact_chunk_count": 0, "execution_device": "AMD"}});
+        s.manifest = Ok(Some(
+            Manifest::from_value(doc).unwrap().to_canonical_bytes(),
+        ));
+        let a = audit(&s, g, false);
+        assert_eq!(kinds(&a), ["file_missing"], "{g}: {:?}", a.problems);
+        let f = &a.problems[0];
+        assert_eq!(f.model.as_ref().unwrap().as_str(), "gwm8223");
+        assert!(
+            f.message.contains("accelerator variant \"chestnut\""),
+            "{f:?}"
+        );
+        assert!(
+            f.path.ends_with(&format!(
+                "models/{g}/gwm8223/gwm8223_driving_chestnut_tinygrad.pkl"
+            )),
+            "{f:?}"
+        );
+        let plain = format!("models/{g}/gwm8223/gwm8223_driving_chestnut_tinygrad.pkl");
+        s.files.insert(plain.clone(), 10);
+        assert!(audit(&s, g, false).problems.is_empty());
+        // A chunk set left of it (it is plain now) is stale.
+        s.files.insert(format!("{plain}.chunk01of01"), 10);
+        assert_eq!(kinds(&audit(&s, g, false)), ["other_split"]);
+        *s.files.get_mut(&plain).unwrap() = 9;
+        s.files.remove(&format!("{plain}.chunk01of01"));
+        assert_eq!(kinds(&audit(&s, g, false)), ["size_differs"]);
+    }
+}
