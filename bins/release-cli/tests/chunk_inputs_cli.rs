@@ -147,3 +147,53 @@ fn a_missing_input_is_not_found_exit_1_and_two_sets_are_named() {
     assert!(err.contains("other.pkl") && err.contains(NAME), "{err}");
     assert_eq!(snapshot(t.path()), before);
 }
+
+#[test]
+fn join_of_a_set_without_sidecar_checks_sizes_and_a_given_digest_before_writing() {
+    let t = tempfile::tempdir().unwrap();
+    let sha = set(t.path());
+    fs::remove_file(t.path().join(format!("set/{NAME}.sha256"))).unwrap();
+
+    // The right digest: joined.
+    let out = cli(
+        &["chunk", "join", "set", "-o", "a.pkl", "--sha256", &sha],
+        t.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        chunker::Sha256Digest::of_file(&t.path().join("a.pkl"))
+            .unwrap()
+            .0
+            .to_hex(),
+        sha
+    );
+    // Another digest: exit 3, nothing written (also with --dry-run).
+    let wrong = "1".repeat(64);
+    for extra in [&[][..], &["--dry-run"][..]] {
+        let before = snapshot(t.path());
+        let mut args = vec!["chunk", "join", "set", "-o", "b.pkl", "--sha256", &wrong];
+        args.extend(extra);
+        let out = cli(&args, t.path());
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{extra:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(text(&out.stderr).contains("SHA-256 mismatch"));
+        assert_eq!(snapshot(t.path()), before, "{extra:?}");
+    }
+    // No digest at all: the chunk sizes are checked; a short first chunk refuses the join.
+    let first = t.path().join(format!("set/{NAME}.chunk01of03"));
+    let b = fs::read(&first).unwrap();
+    fs::write(&first, &b[..900]).unwrap();
+    let before = snapshot(t.path());
+    let out = cli(&["chunk", "join", "set", "-o", "c.pkl"], t.path());
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("chunk 1 of 3"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(snapshot(t.path()), before);
+}

@@ -24,8 +24,8 @@ pub use error::{Error, Result};
 pub use input::{locate, member_of, sets_among};
 pub use oob::{OobDefect, OobLayout};
 pub use read::{
-    ArtifactReader, Resolved, join, join_with_progress, open, read_chunk_manifest, read_sidecar,
-    resolve,
+    ArtifactReader, Resolved, join, join_checked, join_with_progress, open, read_chunk_manifest,
+    read_sidecar, resolve,
 };
 pub use split::{
     ChunkInfo, PlannedChunk, SplitOptions, SplitPlan, SplitReport, StagedSplit, other_forms,

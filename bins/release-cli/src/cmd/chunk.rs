@@ -70,6 +70,11 @@ pub struct JoinArgs {
     /// The file to write.
     #[arg(long, short, value_name = "FILE")]
     pub output: PathBuf,
+    /// Expected SHA-256 of the whole artifact (default: the `.sha256` sidecar beside it); the
+    /// joined bytes must match it or nothing is written. A chunk set with neither (as Python's
+    /// chunker writes them) is checked by its count and chunk sizes.
+    #[arg(long, value_name = "HEX")]
+    pub sha256: Option<Sha256Digest>,
     /// Read every chunk and check the set as the join would (every chunk present, the SHA-256
     /// against the `.sha256` sidecar when there is one), check that OUTPUT's directory exists,
     /// and print what would be written (OUTPUT, its size and SHA-256, whether it replaces a
@@ -278,7 +283,9 @@ fn join(mut args: JoinArgs) -> CliResult {
         format!("joining {}", args.logical.display()),
         args.json,
     );
-    let joined = chunker::join_with_progress(&args.logical, &args.output, &mut |n| bar.inc(n));
+    let joined = chunker::join_checked(&args.logical, &args.output, args.sha256, &mut |n| {
+        bar.inc(n)
+    });
     bar.finish_and_clear();
     let (sha256, size) = joined?;
     if args.json {
@@ -303,7 +310,10 @@ fn join(mut args: JoinArgs) -> CliResult {
 /// written.
 fn join_dry_run(args: &JoinArgs) -> CliResult {
     let expected = Expected {
-        sha256: chunker::read_sidecar(&sidecar_path(&args.logical)?)?,
+        sha256: match args.sha256 {
+            Some(d) => Some(d),
+            None => chunker::read_sidecar(&sidecar_path(&args.logical)?)?,
+        },
         ..Expected::default()
     };
     let out_dir = parent_of(&args.output);
