@@ -348,6 +348,11 @@ fn a_signature_near_expiry_is_a_problem_mended_by_signing_again() {
     let (code, v, _) = audit(&["--store", s(&store), "--key", s(&opk)], t.path());
     assert_eq!(code, Some(3));
     assert_eq!(findings(&v)[0].0, "signature_refused");
+    let msg = v["stores"][0]["problems"][0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("does not verify under any of the 1 trusted key(s)"),
+        "{msg}"
+    );
     let (code, v, _) = audit(&["--store", s(&store)], t.path());
     assert_eq!(code, Some(0));
     assert_eq!(v["stores"][0]["signature"]["state"], "not_checked");

@@ -328,8 +328,9 @@ pub struct StoreAudit {
 pub struct Rules<'a> {
     pub generation: Generation,
     pub pins: &'a PinTable,
-    /// Whether keys were given (`--key`): then an unsigned store is a problem.
-    pub keys_given: bool,
+    /// How many public keys were given (`--key`; 0: none): with any, an unsigned store is a
+    /// problem.
+    pub keys: usize,
     pub now: UnixSeconds,
     pub mend: &'a MendContext,
 }
@@ -340,7 +341,7 @@ pub fn check_store(s: &Snapshot, rules: &Rules) -> StoreAudit {
     let store = s.store.spec();
     let mut problems = Vec::new();
     let manifest_path = StoreLayout::HfBucket.manifest_path(g);
-    let signed = rules.keys_given || !matches!(s.signature, SignatureRead::Absent);
+    let signed = rules.keys > 0 || !matches!(s.signature, SignatureRead::Absent);
     let republish = rules.mend.republish(g, &s.store, signed);
     let mut out = StoreAudit {
         store: store.clone(),
@@ -456,7 +457,7 @@ pub fn check_store(s: &Snapshot, rules: &Rules) -> StoreAudit {
     let sig_path = StoreLayout::HfBucket.signature_path(g);
     match &s.signature {
         SignatureRead::Absent => {
-            if rules.keys_given {
+            if rules.keys > 0 {
                 push(
                     None,
                     at(&sig_path),
@@ -472,14 +473,10 @@ pub fn check_store(s: &Snapshot, rules: &Rules) -> StoreAudit {
         SignatureRead::NotChecked => out.signature.state = "not_checked",
         SignatureRead::Checked(checks) => {
             out.signature.state = "refused";
-            let keys = checks
-                .as_ref()
-                .map(|c| c.iter().filter(|b| b.verified_by.is_some()).count())
-                .unwrap_or(0);
             let decided = checks.as_ref().map_err(Clone::clone).and_then(|c| {
                 signature::decide_blocks(
                     c.iter().map(BlockCheck::outcome),
-                    keys.max(1),
+                    rules.keys,
                     g,
                     None,
                     rules.now,
@@ -809,7 +806,7 @@ pub fn compare_stores(snapshots: &[Snapshot], rules: &Rules) -> Vec<Finding> {
         if bytes == reference {
             continue;
         }
-        let signed = rules.keys_given || !matches!(s.signature, SignatureRead::Absent);
+        let signed = rules.keys > 0 || !matches!(s.signature, SignatureRead::Absent);
         let mend = rules.mend.republish(g, &s.store, signed);
         let path = s.store.locate(&StoreLayout::HfBucket.manifest_path(g));
         out.push(Finding {

@@ -100,7 +100,7 @@ pub fn run(args: AuditArgs) -> CliResult {
         &Rules {
             generation: g,
             pins: &pins,
-            keys_given: keys.is_some(),
+            keys: keys.as_ref().map_or(0, Vec::len),
             now: UnixSeconds::now(),
             mend: &mend,
         },

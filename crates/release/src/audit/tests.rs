@@ -91,7 +91,7 @@ fn audit(s: &Snapshot, g: Generation, keys_given: bool) -> StoreAudit {
         &Rules {
             generation: g,
             pins: &pins,
-            keys_given,
+            keys: usize::from(keys_given),
             now: UnixSeconds(NOW),
             mend: &m,
         },
@@ -452,7 +452,7 @@ fn stores_of_one_generation_agree() {
         let rules = Rules {
             generation: g,
             pins: &pins,
-            keys_given: false,
+            keys: 0,
             now: UnixSeconds(NOW),
             mend: &m,
         };
