@@ -376,6 +376,25 @@ fn bad_flags_are_usage_errors_before_any_store_is_read() {
         let o = cli_in(&args, t.path());
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o.stderr));
     }
+    // A key file that is not there: the missing input file's exit 1, naming it.
+    let o = cli_in(
+        &[
+            "audit",
+            "--generation",
+            "v25",
+            "--store",
+            "x",
+            "--key",
+            "absent.pub",
+        ],
+        t.path(),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("absent.pub"),
+        "{}",
+        text(&o.stderr)
+    );
     // An empty directory: no manifest, exit 3 naming it.
     fs::create_dir(t.path().join("empty")).unwrap();
     let (code, v, _) = audit(&["--store", "empty"], t.path());

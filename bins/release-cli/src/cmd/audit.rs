@@ -1,16 +1,14 @@
-//! `release-cli audit`: is what is live whole and consistent? Parses flags, reads each store
-//! through `release::audit::read`, lets `release::audit` decide, and renders.
+//! `release-cli audit`: is what is live whole and consistent? Parses flags, calls
+//! `release::audit::read::run`, and renders its report.
 
 use std::path::PathBuf;
 
-use artifact_store::StoreSpec;
-use artifact_store::signing::VerifyingKey;
 use clap::Args;
 use manifest::{Generation, UnixSeconds};
-use release::audit::{self, MendContext, Report, Rules, read};
+use release::audit::{self, MendContext, Report, read};
 use release::gate::UtcTime;
 
-use super::store::{StoreAccess, store_error};
+use super::store::StoreAccess;
 use crate::output::print_json;
 use crate::progress::bytes_bar;
 use crate::{CliError, CliResult};
@@ -55,56 +53,38 @@ pub struct AuditArgs {
 
 pub fn run(args: AuditArgs) -> CliResult {
     let g = args.generation;
-    let mut specs = Vec::new();
-    for s in &args.store {
-        let spec = StoreSpec::parse(s).map_err(store_error)?;
-        let Some(r) = read::store_ref(&spec, &args.access.github_branch) else {
-            return Err(CliError::usage(format!(
-                "--store {s}: a Hub repository is no release store; audit the bucket (hf://buckets/NS/NAME)"
-            )));
-        };
-        specs.push((spec, r));
-    }
-    let keys = if args.key.is_empty() {
-        None
-    } else {
-        let mut keys = Vec::new();
-        for k in &args.key {
-            keys.extend(VerifyingKey::load_all(k).map_err(CliError::usage)?);
-        }
-        Some(keys)
-    };
-    let pins = release::tree::load_pins(args.openpilot.as_deref())?;
-    let mend = MendContext {
-        workspace: std::path::absolute(&args.workspace).unwrap_or(args.workspace.clone()),
-        sign_keys: args.sign_key.clone(),
+    let request = read::AuditRequest {
+        generation: g,
+        stores: args.store,
+        keys: args.key,
         openpilot: args.openpilot.clone(),
-    };
-
-    let mut snapshots = Vec::new();
-    for (spec, r) in specs {
-        cli_support::detail!("reading {spec}");
-        let store = args.access.open(&spec).map_err(store_error)?;
-        let bar = bytes_bar(0, format!("hashing {spec}"), args.json || !args.deep);
-        let snap = read::snapshot(store.as_ref(), r, g, keys.as_deref(), args.deep, &mut |p| {
-            if bar.length() != Some(p.total) {
-                bar.set_length(p.total);
-            }
-            bar.set_position(p.done);
-        });
-        bar.finish_and_clear();
-        snapshots.push(snap?);
-    }
-    let report = Report::decide(
-        &snapshots,
-        &Rules {
-            generation: g,
-            pins: &pins,
-            keys: keys.as_ref().map_or(0, Vec::len),
-            now: UnixSeconds::now(),
-            mend: &mend,
+        deep: args.deep,
+        mend: MendContext {
+            workspace: std::path::absolute(&args.workspace).unwrap_or(args.workspace),
+            sign_keys: args.sign_key,
+            openpilot: args.openpilot,
         },
-    );
+        hf: args.access.hf(),
+        github_branch: args.access.github_branch.clone(),
+    };
+    // One bar per store while --deep hashes it (hidden off a terminal, with --json or -q).
+    let mut bar: Option<(String, indicatif::ProgressBar)> = None;
+    let report = read::run(&request, &mut |p| {
+        if bar.as_ref().is_none_or(|(s, _)| s != p.store) {
+            if let Some((_, b)) = bar.take() {
+                b.finish_and_clear();
+            }
+            let b = bytes_bar(p.total, format!("hashing {}", p.store), args.json);
+            bar = Some((p.store.to_string(), b));
+        }
+        if let Some((_, b)) = &bar {
+            b.set_position(p.done);
+        }
+    });
+    if let Some((_, b)) = bar.take() {
+        b.finish_and_clear();
+    }
+    let report = report?;
     let problems = report.findings().count();
     if args.json {
         print_json(&report)?;

@@ -13,8 +13,78 @@ use artifact_store::{Store, StoreSpec};
 use chunker::Hasher;
 use manifest::{Generation, Limits, Manifest, StoreLayout, StorePath};
 
-use super::{SMALL_FILE_LIMIT, SignatureRead, Snapshot, StoreRef, expected_artifacts};
+use super::{
+    MendContext, Report, Rules, SMALL_FILE_LIMIT, SignatureRead, Snapshot, StoreRef,
+    expected_artifacts,
+};
 use crate::Result;
+
+/// What `release-cli audit` was asked.
+#[derive(Debug, Clone)]
+pub struct AuditRequest {
+    pub generation: Generation,
+    /// The stores as the user named them; the first is the reference the others must match.
+    pub stores: Vec<String>,
+    /// Public key files (`--key`); empty: signatures are not checked.
+    pub keys: Vec<std::path::PathBuf>,
+    /// For the pins of generations after v25 (`tinygrad_pins.json`), and the mend commands.
+    pub openpilot: Option<std::path::PathBuf>,
+    pub deep: bool,
+    /// How the mend commands that publish again are written.
+    pub mend: MendContext,
+    pub hf: artifact_store::HfConfig,
+    pub github_branch: String,
+}
+
+/// The audit: parse every store name (a bad one refuses before any store is read), load the
+/// keys and pins, read each store in turn, then decide ([`Report::decide`]).
+pub fn run(req: &AuditRequest, progress: &mut dyn FnMut(DeepProgress)) -> Result<Report> {
+    let mut specs = Vec::new();
+    for s in &req.stores {
+        let spec = StoreSpec::parse(s)?;
+        let r = store_ref(&spec, &req.github_branch).ok_or_else(|| {
+            artifact_store::Error::InvalidStore {
+                spec: s.clone(),
+                reason: "a Hub repository is no release store; audit the bucket \
+                         (hf://buckets/NS/NAME)"
+                    .into(),
+            }
+        })?;
+        specs.push((spec, r));
+    }
+    let keys = if req.keys.is_empty() {
+        None
+    } else {
+        let mut keys = Vec::new();
+        for k in &req.keys {
+            keys.extend(VerifyingKey::load_all(k)?);
+        }
+        Some(keys)
+    };
+    let pins = crate::tree::load_pins(req.openpilot.as_deref())?;
+    let mut snapshots = Vec::new();
+    for (spec, r) in specs {
+        let store = spec.open(&req.hf, &req.github_branch)?;
+        snapshots.push(snapshot(
+            store.as_ref(),
+            r,
+            req.generation,
+            keys.as_deref(),
+            req.deep,
+            progress,
+        )?);
+    }
+    Ok(Report::decide(
+        &snapshots,
+        &Rules {
+            generation: req.generation,
+            pins: &pins,
+            keys: keys.as_ref().map_or(0, Vec::len),
+            now: manifest::UnixSeconds::now(),
+            mend: &req.mend,
+        },
+    ))
+}
 
 /// How a `--store` names its store in mend commands; `None` for a read-only Hub repository,
 /// which nothing publishes to.
