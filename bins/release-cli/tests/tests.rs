@@ -2,9 +2,11 @@
 //! temporary files, local stores and git remotes, a real sshd, the Hub emulator, and HTTP on
 //! 127.0.0.1.
 
+mod audit_cli;
 mod bounds_cli;
 mod build_cli;
 mod chunk_cli;
+mod chunk_inputs_cli;
 mod cli_surface;
 mod common;
 mod manifest_cli;

@@ -10,3 +10,4 @@ mod publish_rules;
 mod republish_window;
 mod serve_hostile;
 mod signature_window;
+mod stale_split;

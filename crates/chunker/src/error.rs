@@ -25,6 +25,14 @@ pub enum Error {
     #[error("{path}: not found (no plain file, no complete chunk set, no legacy parts)")]
     NotFound { path: PathBuf },
 
+    #[error(
+        "{dir}: holds {} chunk sets ({}); name one of them, e.g. {}",
+        sets.len(),
+        sets.join(", "),
+        dir.join(&sets[0]).display()
+    )]
+    AmbiguousDirectory { dir: PathBuf, sets: Vec<String> },
+
     #[error("chunk {index} of {count} is missing: {path}")]
     MissingChunk {
         index: u32,

@@ -13,6 +13,7 @@ pub mod atomic;
 pub mod bounded;
 mod digest;
 mod error;
+mod input;
 pub mod oob;
 mod read;
 mod split;
@@ -20,10 +21,11 @@ mod verify;
 
 pub use digest::{Hasher, IO_BUFFER_SIZE, InvalidDigest, Sha256Digest};
 pub use error::{Error, Result};
+pub use input::{locate, member_of, sets_among};
 pub use oob::{OobDefect, OobLayout};
 pub use read::{
-    ArtifactReader, Resolved, join, join_with_progress, open, read_chunk_manifest, read_sidecar,
-    resolve,
+    ArtifactReader, Resolved, join, join_checked, join_with_progress, open, read_chunk_manifest,
+    read_sidecar, resolve,
 };
 pub use split::{
     ChunkInfo, PlannedChunk, SplitOptions, SplitPlan, SplitReport, StagedSplit, other_forms,

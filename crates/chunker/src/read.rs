@@ -329,15 +329,35 @@ pub fn join_with_progress(
     output: &Path,
     progress: &mut dyn FnMut(u64),
 ) -> Result<(Sha256Digest, u64)> {
+    join_checked(logical, output, None, progress)
+}
+
+/// [`join_with_progress`] with the whole artifact's SHA-256 given (`sha256`, e.g. the
+/// manifest's `artifact_sha256`): the joined bytes must match it, or nothing is written. A
+/// chunk set with neither a given digest nor a `.sha256` (as Python's chunker writes them) is
+/// checked by its chunk sizes before anything is written.
+pub fn join_checked(
+    logical: &Path,
+    output: &Path,
+    sha256: Option<Sha256Digest>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(Sha256Digest, u64)> {
     let resolved = resolve_strict(logical)?;
-    let expected = match &resolved {
-        Resolved::Legacy { digest, .. } => Some(*digest),
-        _ => {
+    let mut wanted: Vec<Sha256Digest> = sha256.into_iter().collect();
+    match &resolved {
+        Resolved::Legacy { digest, .. } => wanted.push(*digest),
+        _ if sha256.is_none() => {
             let (dir, name) = split_logical(logical)?;
             let sidecar = dir.join(sidecar_name(&name));
-            read_sidecar(&sidecar)?
+            wanted.extend(read_sidecar(&sidecar)?);
         }
-    };
+        _ => {}
+    }
+    if wanted.is_empty()
+        && let Resolved::Chunked { pieces, .. } = &resolved
+    {
+        crate::verify::check_chunk_sizes(pieces)?;
+    }
     let mut reader = Counting {
         inner: ArtifactReader::new(resolved.pieces()),
         progress,
@@ -356,9 +376,7 @@ pub fn join_with_progress(
         total += n as u64;
     }
     let digest = hasher.finish();
-    if let Some(expected) = expected
-        && expected != digest
-    {
+    if let Some(expected) = wanted.into_iter().find(|w| *w != digest) {
         return Err(Error::DigestMismatch {
             what: logical.display().to_string(),
             expected,

@@ -165,7 +165,7 @@ pub fn verify_with_progress(
 /// does not record its chunk size, so it is taken as the most common size of the non-last chunks
 /// (the larger one on a tie, since truncation is the usual damage): a truncated first chunk is
 /// then named as the bad one instead of every good chunk after it.
-fn check_chunk_sizes(pieces: &[(PathBuf, u64)]) -> Result<()> {
+pub(crate) fn check_chunk_sizes(pieces: &[(PathBuf, u64)]) -> Result<()> {
     let n = pieces.len();
     let Some((last, body)) = pieces.split_last() else {
         return Ok(());

@@ -22,6 +22,7 @@ mod workspace;
 
 pub use error::{Error, Result};
 pub use workspace::Workspace;
+pub mod audit;
 pub mod gate;
 pub mod preflight;
 pub mod publish;

@@ -62,12 +62,19 @@ pub struct SplitArgs {
 
 #[derive(Debug, Args)]
 pub struct JoinArgs {
-    /// The logical artifact path, e.g. `out/pop223_driving_tinygrad.pkl`, whose chunk set or
-    /// legacy parts exist beside it.
+    /// The artifact: its logical path (`out/pop223_driving_tinygrad.pkl`), any file of its set
+    /// (`….chunk01of02`, `….chunkmanifest`, `….sha256`, `….p00`), or the directory holding
+    /// exactly one set. Nothing there is "not found", exit 1.
+    #[arg(value_name = "ARTIFACT")]
     pub logical: PathBuf,
     /// The file to write.
     #[arg(long, short, value_name = "FILE")]
     pub output: PathBuf,
+    /// Expected SHA-256 of the whole artifact (default: the `.sha256` sidecar beside it); the
+    /// joined bytes must match it or nothing is written. A chunk set with neither (as Python's
+    /// chunker writes them) is checked by its count and chunk sizes.
+    #[arg(long, value_name = "HEX")]
+    pub sha256: Option<Sha256Digest>,
     /// Read every chunk and check the set as the join would (every chunk present, the SHA-256
     /// against the `.sha256` sidecar when there is one), check that OUTPUT's directory exists,
     /// and print what would be written (OUTPUT, its size and SHA-256, whether it replaces a
@@ -82,9 +89,14 @@ pub struct JoinArgs {
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// The logical artifact path whose chunk set (or plain file, or legacy parts) to check.
+    /// The artifact whose chunk set (or plain file, or legacy parts) to check: its logical
+    /// path, any file of its set (`….chunk01of02`, `….chunkmanifest`, `….sha256`, `….p00`), or
+    /// the directory holding exactly one set. Nothing there is "not found", exit 1.
+    #[arg(value_name = "ARTIFACT")]
     pub logical: PathBuf,
-    /// Expected SHA-256 of the whole artifact (default: the `.sha256` sidecar beside it).
+    /// Expected SHA-256 of the whole artifact (default: the `.sha256` sidecar beside it). A
+    /// chunk set without a sidecar (as Python's chunker writes them) is checked by its count
+    /// and chunk sizes only, unless this is given; a plain file needs it or a sidecar.
     #[arg(long, value_name = "HEX")]
     pub sha256: Option<Sha256Digest>,
     /// Expected size of the whole artifact in bytes.
@@ -251,7 +263,18 @@ fn logical_size(logical: &Path) -> u64 {
         .map_or(0, |r| r.size())
 }
 
-fn join(args: JoinArgs) -> CliResult {
+/// The logical artifact path `input` names ([`chunker::locate`]): nothing there is "not found",
+/// exit 1 as for any missing input file; a directory with several sets is a usage error.
+fn locate(input: &Path) -> CliResult<PathBuf> {
+    chunker::locate(input).map_err(|e| match e {
+        chunker::Error::NotFound { .. } => CliError::failure(e),
+        chunker::Error::AmbiguousDirectory { .. } => CliError::usage(e),
+        other => other.into(),
+    })
+}
+
+fn join(mut args: JoinArgs) -> CliResult {
+    args.logical = locate(&args.logical)?;
     if args.dry_run {
         return join_dry_run(&args);
     }
@@ -260,7 +283,9 @@ fn join(args: JoinArgs) -> CliResult {
         format!("joining {}", args.logical.display()),
         args.json,
     );
-    let joined = chunker::join_with_progress(&args.logical, &args.output, &mut |n| bar.inc(n));
+    let joined = chunker::join_checked(&args.logical, &args.output, args.sha256, &mut |n| {
+        bar.inc(n)
+    });
     bar.finish_and_clear();
     let (sha256, size) = joined?;
     if args.json {
@@ -285,7 +310,10 @@ fn join(args: JoinArgs) -> CliResult {
 /// written.
 fn join_dry_run(args: &JoinArgs) -> CliResult {
     let expected = Expected {
-        sha256: chunker::read_sidecar(&sidecar_path(&args.logical)?)?,
+        sha256: match args.sha256 {
+            Some(d) => Some(d),
+            None => chunker::read_sidecar(&sidecar_path(&args.logical)?)?,
+        },
         ..Expected::default()
     };
     let out_dir = parent_of(&args.output);
@@ -330,7 +358,8 @@ fn join_dry_run(args: &JoinArgs) -> CliResult {
     crate::outln!("nothing was changed; run the same command without --dry-run")
 }
 
-fn verify(args: VerifyArgs) -> CliResult {
+fn verify(mut args: VerifyArgs) -> CliResult {
+    args.logical = locate(&args.logical)?;
     let mut expected = Expected {
         sha256: args.sha256,
         size: args.size,
@@ -338,6 +367,7 @@ fn verify(args: VerifyArgs) -> CliResult {
         chunk_sha256: None,
     };
     let mut against_sidecar = false;
+    let mut digest_unchecked = false;
     if expected.sha256.is_none() {
         let sidecar = sidecar_path(&args.logical)?;
         // Bounded read: a bogus multi-gigabyte "sidecar" is reported, not loaded.
@@ -345,6 +375,14 @@ fn verify(args: VerifyArgs) -> CliResult {
             Some(digest) => {
                 expected.sha256 = Some(digest);
                 against_sidecar = true;
+            }
+            // A set Python's chunker wrote has no sidecar: its count and sizes still say a lot.
+            None if matches!(
+                chunker::resolve(&args.logical)?,
+                Some(chunker::Resolved::Chunked { .. })
+            ) =>
+            {
+                digest_unchecked = true;
             }
             None => {
                 return Err(CliError::usage(format!(
@@ -363,6 +401,11 @@ fn verify(args: VerifyArgs) -> CliResult {
     bar.finish_and_clear();
     let report = report?;
     if args.json {
+        if digest_unchecked {
+            let mut v = serde_json::to_value(&report).map_err(CliError::failure)?;
+            v["sha256_checked"] = false.into();
+            return print_json(&v);
+        }
         return print_json(&report);
     }
     crate::outln!(
@@ -374,10 +417,17 @@ fn verify(args: VerifyArgs) -> CliResult {
         report.sha256,
         if against_sidecar {
             ", matches the .sha256 sidecar"
+        } else if digest_unchecked {
+            "; no .sha256 sidecar, so the count and chunk sizes were checked, not the digest"
         } else {
             ""
         }
     )?;
+    if digest_unchecked {
+        cli_support::info!(
+            "the digest was not checked: give the manifest's artifact_sha256 with --sha256 to check it too"
+        );
+    }
     Ok(())
 }
 

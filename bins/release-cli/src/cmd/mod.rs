@@ -1,5 +1,6 @@
 //! One module per command group. Each exposes a clap `Args`/`Subcommand` type and a `run`.
 
+pub mod audit;
 pub mod build;
 pub mod chunk;
 pub mod gate;
@@ -57,6 +58,10 @@ pub enum Command {
     Reuse(store::ReuseArgs),
     /// Serve a local store over HTTP in the Hugging Face and GitHub URL layouts.
     Serve(store::ServeArgs),
+    /// Check what is live for a generation in each store: manifest, signature and its expiry,
+    /// every artifact whole, nothing stale, stores in agreement. Exits 3 naming each problem
+    /// with the command that mends it.
+    Audit(audit::AuditArgs),
     /// Print a shell completion script, e.g. `release-cli completions bash > /etc/bash_completion.d/release-cli`.
     Completions {
         /// The shell to generate for.
@@ -97,6 +102,7 @@ impl Command {
             Command::Publish(a) => a.json,
             Command::Reuse(a) => a.json,
             Command::Serve(a) => a.json,
+            Command::Audit(a) => a.json,
             Command::Completions { .. } => false,
         }
     }
@@ -119,6 +125,7 @@ pub fn run(command: Command) -> CliResult {
         Command::Publish(a) => store::publish_cmd(a),
         Command::Reuse(a) => store::reuse_cmd(a),
         Command::Serve(a) => store::serve_cmd(a),
+        Command::Audit(a) => audit::run(a),
         Command::Completions { shell } => {
             let mut cmd = <crate::Cli as clap::CommandFactory>::command();
             let script = cli_support::completion_script(shell, &mut cmd, "release-cli");

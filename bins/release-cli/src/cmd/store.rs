@@ -347,6 +347,10 @@ fn print_report(report: &PublishReport) {
                         )
                     }
                     Step::Skip { path, .. } => writeln!(out, "  present  {path}"),
+                    Step::RemoveStale { path } => writeln!(
+                        out,
+                        "  remove   {path} (an older split's, once the manifest is written)"
+                    ),
                 };
             }
         } else {

@@ -61,11 +61,9 @@ pub(super) fn publish_one(
             .iter()
             .any(|f| f.role == super::FileRole::ChunkManifest);
         let plain_present = chunked && store.stat(&dir.join(&art.name)?)?.is_some();
-        plans.push((
-            art,
-            dir.clone(),
-            plan_model(art, &dir, &observed, plain_present),
-        ));
+        let mut steps = plan_model(art, &dir, &observed, plain_present);
+        steps.extend(stale_steps(store, art, &dir)?);
+        plans.push((art, dir.clone(), steps));
     }
     let upload_bytes: u64 = plans
         .iter()
@@ -205,7 +203,66 @@ pub(super) fn publish_one(
         write_small(store, opts.retry, &manifest_path, manifest_bytes, on_event)?;
         rep.manifest = "written";
     }
+
+    // 5. Now that the new manifest is live here, what older splits left goes.
+    if !opts.dry_run {
+        for step in &rep.steps {
+            if let Step::RemoveStale { path } = step {
+                remove(store, opts.retry, path, on_event)?;
+            }
+        }
+    }
     Ok(rep)
+}
+
+/// [`Step::RemoveStale`] for every file an older split of `art` left in `dir`.
+fn stale_steps(store: &dyn Store, art: &LocalArtifact, dir: &StorePath) -> Result<Vec<Step>> {
+    // An empty `<id>/` uploads nothing (the store's copy is the intended one): its split is
+    // whatever the store holds.
+    if art.files.is_empty() {
+        return Ok(Vec::new());
+    }
+    let chunked = art
+        .files
+        .iter()
+        .any(|f| f.role == super::FileRole::ChunkManifest);
+    let count = if chunked {
+        art.files
+            .iter()
+            .filter(|f| f.role == super::FileRole::Chunk)
+            .count() as u32
+    } else {
+        0
+    };
+    let listed = store.list(dir)?;
+    let names: Vec<&str> = listed
+        .iter()
+        .filter(|e| crate::paths::parent(&e.path).as_ref() == Some(dir))
+        .map(|e| e.path.file_name())
+        .collect();
+    Ok(super::stale_split_files(&art.name, count, &names)
+        .into_iter()
+        .map(|name| Step::RemoveStale {
+            path: format!("{dir}/{name}"),
+        })
+        .collect())
+}
+
+/// Delete one file with retries and report it.
+fn remove(
+    store: &dyn Store,
+    retry: RetryPolicy,
+    path: &str,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<()> {
+    let name = store.describe();
+    let p: StorePath = path.parse()?;
+    retry.run(&name, path, |_, _, _| {}, || store.delete(&p))?;
+    on_event(&Event::Removed {
+        store: name,
+        path: path.to_string(),
+    });
+    Ok(())
 }
 
 /// Write the manifest's signature file unless the store already holds exactly it (in a dry
@@ -301,6 +358,8 @@ fn run_step(
         Step::Skip { .. } => {
             rep.skipped_files += 1;
         }
+        // After the manifest (step 5 of `publish_one`).
+        Step::RemoveStale { .. } => {}
         Step::Retract { path } | Step::RemoveShadowingPlain { path } => {
             let p: StorePath = path.parse()?;
             retry.run(&name, path, |_, _, _| {}, || store.delete(&p))?;

@@ -9,7 +9,10 @@
 //!    manifest's size, digest and count;
 //! 3. fetch the live manifest again and run the release guard (`manifest::guard`), with the IDs
 //!    that have a directory in the artifacts directory as the intended changes;
-//! 4. write the manifest, last.
+//! 4. write the manifest, last;
+//! 5. then remove what an older split of an uploaded artifact left (chunks of another count):
+//!    only once the new manifest is live there, so a device that fetched the old manifest finds
+//!    the old chunks until then ([`stale_split_files`]).
 //!
 //! One store is finished (its artifacts, then its manifest) before the next is touched. That is
 //! what keeps a republish of changed bytes under an existing id without a window: while a store
@@ -468,6 +471,7 @@ mod tests {
                 Step::Upload { path, .. } => format!("upload {path}"),
                 Step::RemoveShadowingPlain { path } => format!("rm {path}"),
                 Step::Skip { path, .. } => format!("skip {path}"),
+                Step::RemoveStale { path } => format!("stale {path}"),
             })
             .collect()
     }
@@ -538,6 +542,53 @@ mod tests {
                 "rm d/pop_driving_tinygrad.pkl",
             ]
         );
+    }
+
+    /// What an older split left, as a table: chunks of another count (and the old set's
+    /// chunk manifest when the artifact became one plain file); nothing else.
+    #[test]
+    fn stale_split_files_are_the_other_counts_chunks() {
+        let n = "pop223_driving_tinygrad.pkl";
+        let listed = [
+            "pop223_driving_tinygrad.pkl.chunk01of01",
+            "pop223_driving_tinygrad.pkl.chunk01of02",
+            "pop223_driving_tinygrad.pkl.chunk02of02",
+            "pop223_driving_tinygrad.pkl.chunkmanifest",
+            "pop223_driving_tinygrad.pkl.sha256",
+            "pop223_driving_chestnut_tinygrad.pkl.chunk01of03",
+            "README.md",
+        ];
+        let cases: [(u32, &[&str]); 4] = [
+            (
+                1,
+                &[
+                    "pop223_driving_tinygrad.pkl.chunk01of02",
+                    "pop223_driving_tinygrad.pkl.chunk02of02",
+                ],
+            ),
+            (2, &["pop223_driving_tinygrad.pkl.chunk01of01"]),
+            (
+                3,
+                &[
+                    "pop223_driving_tinygrad.pkl.chunk01of01",
+                    "pop223_driving_tinygrad.pkl.chunk01of02",
+                    "pop223_driving_tinygrad.pkl.chunk02of02",
+                ],
+            ),
+            (
+                0,
+                &[
+                    "pop223_driving_tinygrad.pkl.chunk01of01",
+                    "pop223_driving_tinygrad.pkl.chunk01of02",
+                    "pop223_driving_tinygrad.pkl.chunk02of02",
+                    "pop223_driving_tinygrad.pkl.chunkmanifest",
+                ],
+            ),
+        ];
+        for (count, want) in cases {
+            assert_eq!(stale_split_files(n, count, &listed), want, "{count}");
+        }
+        assert!(stale_split_files(n, 2, &listed[1..3]).is_empty());
     }
 
     #[test]

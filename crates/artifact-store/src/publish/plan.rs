@@ -109,6 +109,28 @@ pub enum Step {
         path: String,
         size: u64,
     },
+    /// A chunk an older split of the artifact left (another chunk count), removed once the new
+    /// manifest is live in the store, never before: a device that fetched the old manifest
+    /// finds the old chunks until then.
+    RemoveStale {
+        path: String,
+    },
+}
+
+/// The files in an artifact directory (`listed`: file names) that an older split of `name`
+/// left: chunks `NAME.chunkNNofMM` with another count than `count`, and, when the artifact is
+/// now one plain file (`count` 0), the old set's `.chunkmanifest` too. Pure.
+pub fn stale_split_files(name: &str, count: u32, listed: &[&str]) -> Vec<String> {
+    let mut out: Vec<String> = listed
+        .iter()
+        .filter(|f| {
+            chunker::parse_chunk_name(name, f).is_some_and(|(_, n)| n != count)
+                || (count == 0 && **f == chunk_manifest_name(name))
+        })
+        .map(|f| f.to_string())
+        .collect();
+    out.sort();
+    out
 }
 
 /// The steps for one model: retract if needed, chunks, `.sha256`, `.chunkmanifest`, then drop a

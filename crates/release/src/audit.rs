@@ -1,0 +1,956 @@
+//! `release-cli audit`: is what is live right now whole and consistent? For one generation and
+//! each store given: the manifest parses, passes the release rules and carries its generation's
+//! pin; its signature verifies with the given keys and is not near expiry
+//! ([`NEAR_EXPIRY_DAYS`]); every artifact it lists (accelerator variants included) is complete
+//! by name, size, `.chunkmanifest` and `.sha256`, and with `deep` hashes to its digest; nothing
+//! stale lies in the generation's directory (another split's chunks, temporaries, a plain file
+//! shadowing a set, files or model directories no listed artifact owns); and every store agrees
+//! with the first one (same manifest bytes, so the same artifact digests).
+//!
+//! The decisions are pure functions over what was read ([`Snapshot`]): [`check_store`] and
+//! [`compare_stores`], each finding a [`Finding`] naming the model, the path and the command
+//! that mends it. [`read`] is the thin reader over `artifact-store`'s stores.
+
+pub mod read;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use artifact_store::signing::BlockCheck;
+use chunker::Sha256Digest;
+use manifest::signature::{self, Refusal, TrustedComment};
+use manifest::{
+    Generation, Limits, Manifest, ModelId, PinTable, StoreLayout, StorePath, UnixSeconds,
+    ValidationMode,
+};
+use serde::Serialize;
+
+use crate::gate::UtcTime;
+
+/// A signature that expires within this many days is a problem: devices refuse an expired one,
+/// and two weeks leave time to sign and publish again (`release-cli publish --sign-key`).
+pub const NEAR_EXPIRY_DAYS: u64 = 14;
+
+/// `.chunkmanifest` and `.sha256` files are read up to this size; a larger one is malformed.
+pub const SMALL_FILE_LIMIT: u64 = 4096;
+
+/// The store as the mend commands must name it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StoreRef {
+    /// A directory (`PATH`, `file:PATH`).
+    Local { root: PathBuf },
+    /// `hf://buckets/NS/NAME`.
+    Hub { bucket: String },
+    /// A checkout of the `Models` branch; paths in it are in the branch layout.
+    Github { checkout: PathBuf, branch: String },
+}
+
+impl StoreRef {
+    /// The name `--store`/`--to` takes.
+    pub fn spec(&self) -> String {
+        match self {
+            StoreRef::Local { root } => root.display().to_string(),
+            StoreRef::Hub { bucket } => format!("hf://buckets/{bucket}"),
+            StoreRef::Github { checkout, .. } => format!("github:{}", checkout.display()),
+        }
+    }
+
+    /// Where a bucket-layout path is in this store, as a user finds it: a file path, an
+    /// `hf://` address, a path in the checkout (branch layout).
+    pub fn locate(&self, path: &StorePath) -> String {
+        match self {
+            StoreRef::Local { root } => artifact_store::paths::to_fs_path(path, root)
+                .display()
+                .to_string(),
+            StoreRef::Hub { bucket } => manifest::layout::hf_bucket_uri(bucket, path),
+            StoreRef::Github { checkout, .. } => checkout
+                .join(branch_path(path).as_str())
+                .display()
+                .to_string(),
+        }
+    }
+
+    /// The shell command that removes `path` from this store.
+    pub fn remove_command(&self, path: &StorePath) -> String {
+        match self {
+            StoreRef::Local { .. } => format!("rm -f -- {}", sh(&self.locate(path))),
+            StoreRef::Hub { bucket } => format!(
+                "hf buckets rm {} --yes",
+                sh(&manifest::layout::hf_bucket_uri(bucket, path))
+            ),
+            StoreRef::Github { checkout, branch } => {
+                let co = sh(&checkout.display().to_string());
+                let rel = branch_path(path);
+                format!(
+                    "git -C {co} rm -q -- {r} && git -C {co} commit -qm {m} && git -C {co} push -q origin HEAD:refs/heads/{branch}",
+                    r = sh(rel.as_str()),
+                    m = sh(&format!("Remove {rel}")),
+                )
+            }
+        }
+    }
+}
+
+fn branch_path(path: &StorePath) -> StorePath {
+    StoreLayout::HfBucket
+        .translate(path, StoreLayout::GithubBranch)
+        .unwrap_or_else(|| path.clone())
+}
+
+/// Quote for a POSIX shell when needed.
+pub fn sh(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+:=@,".contains(&b));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// How the mend commands that publish again are written.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MendContext {
+    /// The rebuild workspace (`ready/` holds the manifest and the chunk sets).
+    pub workspace: PathBuf,
+    /// The secret keys to sign with, for a store that holds a signature.
+    pub sign_keys: Vec<PathBuf>,
+    /// `--openpilot`, for generations whose pin `tinygrad bump` recorded.
+    pub openpilot: Option<PathBuf>,
+}
+
+impl MendContext {
+    /// `release-cli publish` of the workspace's staged release to `store`: it uploads what is
+    /// missing or different, removes what an older split left, and writes the manifest (and
+    /// signature) last.
+    pub fn republish(&self, generation: Generation, store: &StoreRef, signed: bool) -> String {
+        let ws = crate::Workspace::new(&self.workspace);
+        let (ready, manifest) = (ws.ready(), ws.ready_manifest(generation));
+        let mut c = format!(
+            "release-cli publish --generation {generation} --manifest {} --artifacts {} --workspace {} --to {}",
+            sh(&manifest.display().to_string()),
+            sh(&ready.display().to_string()),
+            sh(&ws.display().to_string()),
+            sh(&store.spec()),
+        );
+        if let StoreRef::Github { .. } = store {
+            c.push_str(" --github-only 'audit: mend the GitHub store'");
+        }
+        if let Some(op) = &self.openpilot {
+            c.push_str(&format!(" --openpilot {}", sh(&op.display().to_string())));
+        }
+        if signed {
+            for k in &self.sign_keys {
+                c.push_str(&format!(" --sign-key {}", sh(&k.display().to_string())));
+            }
+        }
+        c
+    }
+}
+
+/// What the reader found of a store's signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignatureRead {
+    /// No `model_names_<gen>.json.minisig`.
+    Absent,
+    /// There is one, but no `--key` was given to check it with.
+    NotChecked,
+    /// Checked block by block with the given keys (or refused as a whole).
+    Checked(Result<Vec<BlockCheck>, Refusal>),
+}
+
+/// Everything read from one store for one generation: the input of [`check_store`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub store: StoreRef,
+    /// `manifests/model_names_<gen>.json`, or why it could not be read.
+    pub manifest: Result<Option<Vec<u8>>, String>,
+    pub signature: SignatureRead,
+    /// Every file under `models/<gen>/` (bucket layout) with its size, temporaries included.
+    pub files: BTreeMap<String, u64>,
+    /// The content of every `.chunkmanifest` and `.sha256` there (or why it was not read).
+    pub small: BTreeMap<String, Result<Vec<u8>, String>>,
+    /// With `--deep`: the SHA-256 of every listed artifact whose files are all there, by
+    /// logical path (`models/v25/pop223/pop223_driving_tinygrad.pkl`).
+    pub digests: Option<BTreeMap<String, Sha256Digest>>,
+}
+
+/// One thing wrong, with the command that mends it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// The store as `--store` named it.
+    pub store: String,
+    /// The model concerned, when one is.
+    pub model: Option<ModelId>,
+    /// Where: a file path, `hf://` address or checkout path.
+    pub path: String,
+    /// A stable name for the kind of problem.
+    pub kind: &'static str,
+    pub message: String,
+    /// A command that runs as printed and mends it.
+    pub mend: String,
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(m) = &self.model {
+            write!(f, "model {m}: ")?;
+        }
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// One logical artifact a manifest lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expected {
+    pub model: ModelId,
+    /// `None` for the main artifact, else the accelerator variant.
+    pub variant: Option<String>,
+    pub dir: StorePath,
+    pub name: String,
+    pub size: u64,
+    pub sha256: Sha256Digest,
+    /// 0: one plain file.
+    pub count: u32,
+}
+
+impl Expected {
+    pub fn logical(&self) -> String {
+        format!("{}/{}", self.dir, self.name)
+    }
+
+    /// The files that hold its bytes, in order.
+    pub fn pieces(&self) -> Vec<String> {
+        if self.count == 0 {
+            return vec![self.logical()];
+        }
+        (1..=self.count)
+            .map(|i| {
+                format!(
+                    "{}/{}",
+                    self.dir,
+                    chunker::chunk_name(&self.name, i, self.count)
+                )
+            })
+            .collect()
+    }
+
+    /// Every file of a complete publish of it.
+    pub fn files(&self) -> Vec<String> {
+        let mut v = self.pieces();
+        if self.count > 0 {
+            v.push(format!(
+                "{}/{}",
+                self.dir,
+                chunker::chunk_manifest_name(&self.name)
+            ));
+            v.push(format!(
+                "{}/{}",
+                self.dir,
+                chunker::sidecar_name(&self.name)
+            ));
+        }
+        v
+    }
+}
+
+/// The artifacts `m` lists for `generation` that a store must hold: every entry's and every
+/// accelerator variant's with usable artifact fields (release validation names the others), and
+/// none of a `local-` model, which lives on the device only (publish does not check those
+/// either). Pure.
+pub fn expected_artifacts(m: &Manifest, generation: Generation) -> Vec<Expected> {
+    let mut out = Vec::new();
+    for e in m.models() {
+        if e.id().is_local() {
+            continue;
+        }
+        let dir = StoreLayout::HfBucket.artifact_dir(generation, e.id());
+        if let Some(a) = e.artifact() {
+            out.push(Expected {
+                model: e.id().clone(),
+                variant: None,
+                dir: dir.clone(),
+                name: e.file_name().as_str().to_string(),
+                size: a.size.get(),
+                sha256: a.sha256,
+                count: a.chunk_count.get(),
+            });
+        }
+        for t in artifact_store::publish::variant_targets(e)
+            .into_iter()
+            .flatten()
+        {
+            out.push(Expected {
+                model: e.id().clone(),
+                variant: Some(t.variant),
+                dir: dir.clone(),
+                name: t.file_name,
+                size: t.size,
+                sha256: t.sha256,
+                count: t.count,
+            });
+        }
+    }
+    out
+}
+
+/// The signature's state for the report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SignatureState {
+    /// `verified`, `unsigned`, `not_checked` (no `--key`) or `refused`.
+    pub state: &'static str,
+    pub release: Option<u64>,
+    pub key: Option<String>,
+    /// Unix seconds (JSON); the human report shows RFC 3339.
+    pub expires: Option<u64>,
+}
+
+/// What [`check_store`] found in one store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StoreAudit {
+    pub store: String,
+    pub manifest_sha256: Option<Sha256Digest>,
+    pub models: usize,
+    /// Logical artifacts checked (variants included).
+    pub artifacts: usize,
+    /// Bytes those artifacts hold according to the manifest.
+    pub bytes: u64,
+    pub deep: bool,
+    pub signature: SignatureState,
+    pub problems: Vec<Finding>,
+}
+
+/// The rules [`check_store`] applies besides the store's own content.
+#[derive(Debug, Clone)]
+pub struct Rules<'a> {
+    pub generation: Generation,
+    pub pins: &'a PinTable,
+    /// How many public keys were given (`--key`; 0: none): with any, an unsigned store is a
+    /// problem.
+    pub keys: usize,
+    pub now: UnixSeconds,
+    pub mend: &'a MendContext,
+}
+
+/// Audit one store's snapshot. Pure.
+pub fn check_store(s: &Snapshot, rules: &Rules) -> StoreAudit {
+    let g = rules.generation;
+    let store = s.store.spec();
+    let mut problems = Vec::new();
+    let manifest_path = StoreLayout::HfBucket.manifest_path(g);
+    let signed = rules.keys > 0 || !matches!(s.signature, SignatureRead::Absent);
+    let republish = rules.mend.republish(g, &s.store, signed);
+    let mut out = StoreAudit {
+        store: store.clone(),
+        manifest_sha256: None,
+        models: 0,
+        artifacts: 0,
+        bytes: 0,
+        deep: s.digests.is_some(),
+        signature: SignatureState {
+            state: "unsigned",
+            release: None,
+            key: None,
+            expires: None,
+        },
+        problems: Vec::new(),
+    };
+    let mut push = |model: Option<&ModelId>, path: String, kind, message: String, mend: &str| {
+        problems.push(Finding {
+            store: store.clone(),
+            model: model.cloned(),
+            path,
+            kind,
+            message,
+            mend: mend.to_string(),
+        })
+    };
+    let at = |p: &StorePath| s.store.locate(p);
+    let at_str = |p: &str| match p.parse::<StorePath>() {
+        Ok(p) => s.store.locate(&p),
+        Err(_) => p.to_string(),
+    };
+
+    // The manifest.
+    let bytes = match &s.manifest {
+        Err(e) => {
+            push(
+                None,
+                at(&manifest_path),
+                "manifest_unreadable",
+                e.clone(),
+                &republish,
+            );
+            None
+        }
+        Ok(None) => {
+            push(
+                None,
+                at(&manifest_path),
+                "manifest_missing",
+                format!("no {g} manifest: devices of this generation find no model list here"),
+                &republish,
+            );
+            None
+        }
+        Ok(Some(b)) => Some(b),
+    };
+    let manifest = bytes.and_then(|b| {
+        out.manifest_sha256 = Some(Sha256Digest::of_bytes(b));
+        let rule_problems =
+            manifest::validate::validate_bytes(b, ValidationMode::Release, &Limits::default());
+        for p in &rule_problems {
+            push(
+                None,
+                at(&manifest_path),
+                "manifest_rule",
+                format!("fails the release rules at {p}"),
+                &republish,
+            );
+        }
+        match Manifest::from_slice(b) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                if rule_problems.is_empty() {
+                    push(
+                        None,
+                        at(&manifest_path),
+                        "manifest_rule",
+                        format!("does not parse: {e}"),
+                        &republish,
+                    );
+                }
+                None
+            }
+        }
+    });
+    if let Some(m) = &manifest {
+        out.models = m.models().len();
+        if m.generation() != Some(g) {
+            push(
+                None,
+                at(&manifest_path),
+                "manifest_generation",
+                format!(
+                    "says generation {}, but it is the {g} manifest",
+                    m.generation()
+                        .map_or_else(|| "(none)".to_string(), |x| x.to_string())
+                ),
+                &republish,
+            );
+        }
+        if let Err(r) = manifest::pins::check_pin(rules.pins, g, m.tinygrad_commit().as_ref()) {
+            push(
+                None,
+                at(&manifest_path),
+                "manifest_pin",
+                pin_text(&r),
+                &republish,
+            );
+        }
+    }
+
+    // The signature.
+    let sig_path = StoreLayout::HfBucket.signature_path(g);
+    match &s.signature {
+        SignatureRead::Absent => {
+            if rules.keys > 0 {
+                push(
+                    None,
+                    at(&sig_path),
+                    "signature_missing",
+                    format!(
+                        "{}; devices with trusted keys refuse this generation",
+                        Refusal::Unsigned
+                    ),
+                    &republish,
+                );
+            }
+        }
+        SignatureRead::NotChecked => out.signature.state = "not_checked",
+        SignatureRead::Checked(checks) => {
+            out.signature.state = "refused";
+            let decided = checks.as_ref().map_err(Clone::clone).and_then(|c| {
+                signature::decide_blocks(
+                    c.iter().map(BlockCheck::outcome),
+                    rules.keys,
+                    g,
+                    None,
+                    rules.now,
+                )
+            });
+            match decided {
+                Ok(TrustedComment {
+                    release, expires, ..
+                }) => {
+                    out.signature.state = "verified";
+                    out.signature.release = Some(release.get());
+                    out.signature.expires = Some(expires.0);
+                    out.signature.key = checks
+                        .as_ref()
+                        .ok()
+                        .and_then(|c| c.iter().find_map(|b| b.verified_by.clone()));
+                    if let Some(days) = near_expiry(expires, rules.now) {
+                        push(
+                            None,
+                            at(&sig_path),
+                            "signature_near_expiry",
+                            format!(
+                                "release {release} expires {} (in {days} day(s), within {NEAR_EXPIRY_DAYS}); devices refuse it from then on",
+                                UtcTime(expires.0)
+                            ),
+                            &republish,
+                        );
+                    }
+                }
+                Err(r) => push(
+                    None,
+                    at(&sig_path),
+                    "signature_refused",
+                    refusal_text(&r),
+                    &republish,
+                ),
+            }
+        }
+    }
+
+    // The artifacts.
+    let expected = manifest
+        .as_ref()
+        .map(|m| expected_artifacts(m, g))
+        .unwrap_or_default();
+    out.artifacts = expected.len();
+    out.bytes = expected.iter().map(|e| e.size).sum();
+    for e in &expected {
+        let model = Some(&e.model);
+        let what = match &e.variant {
+            None => String::new(),
+            Some(v) => format!("accelerator variant {v:?}: "),
+        };
+        let logical = at_str(&e.logical());
+        let mut missing = Vec::new();
+        let mut total = 0u64;
+        let mut sizes = Vec::new();
+        for p in e.pieces() {
+            match s.files.get(&p) {
+                Some(n) => {
+                    total += n;
+                    sizes.push((p, *n));
+                }
+                None => missing.push(p),
+            }
+        }
+        if e.count > 0 {
+            let cm = format!("{}/{}", e.dir, chunker::chunk_manifest_name(&e.name));
+            match s.small.get(&cm) {
+                None => push(
+                    model,
+                    at_str(&cm),
+                    "chunk_manifest_missing",
+                    format!(
+                        "{what}the .chunkmanifest is missing, so devices treat the artifact as absent"
+                    ),
+                    &republish,
+                ),
+                Some(Err(err)) => push(
+                    model,
+                    at_str(&cm),
+                    "unreadable",
+                    format!("{what}{err}"),
+                    &republish,
+                ),
+                Some(Ok(b)) => match chunker::parse_chunk_manifest(b, std::path::Path::new(&cm)) {
+                    Ok(n) if n == e.count => {}
+                    Ok(n) => push(
+                        model,
+                        at_str(&cm),
+                        "chunk_count_differs",
+                        format!("{what}says {n} chunks, the manifest {}", e.count),
+                        &republish,
+                    ),
+                    Err(err) => push(
+                        model,
+                        at_str(&cm),
+                        "malformed",
+                        format!("{what}{err}"),
+                        &republish,
+                    ),
+                },
+            }
+            let sc = format!("{}/{}", e.dir, chunker::sidecar_name(&e.name));
+            match s.small.get(&sc) {
+                None => push(
+                    model,
+                    at_str(&sc),
+                    "sidecar_missing",
+                    format!("{what}the .sha256 sidecar is missing"),
+                    &republish,
+                ),
+                Some(Err(err)) => push(
+                    model,
+                    at_str(&sc),
+                    "unreadable",
+                    format!("{what}{err}"),
+                    &republish,
+                ),
+                Some(Ok(b)) => match chunker::parse_sidecar(b, std::path::Path::new(&sc)) {
+                    Ok(d) if d == e.sha256 => {}
+                    Ok(d) => push(
+                        model,
+                        at_str(&sc),
+                        "sidecar_differs",
+                        format!("{what}says {d}, the manifest {}", e.sha256),
+                        &republish,
+                    ),
+                    Err(err) => push(
+                        model,
+                        at_str(&sc),
+                        "malformed",
+                        format!("{what}{err}"),
+                        &republish,
+                    ),
+                },
+            }
+        }
+        for p in &missing {
+            push(
+                model,
+                at_str(p),
+                "file_missing",
+                format!(
+                    "{what}missing (the manifest lists {} file(s) for {})",
+                    e.pieces().len(),
+                    e.name
+                ),
+                &republish,
+            );
+        }
+        if !missing.is_empty() {
+            continue;
+        }
+        if total != e.size {
+            push(
+                model,
+                logical.clone(),
+                "size_differs",
+                format!(
+                    "{what}the store holds {} ({total} bytes), the manifest says {} ({} bytes)",
+                    human_bytes(total),
+                    human_bytes(e.size),
+                    e.size
+                ),
+                &republish,
+            );
+        } else if let Some((p, n, want)) = bad_chunk_size(&sizes) {
+            push(
+                model,
+                at_str(&p),
+                "chunk_size",
+                format!(
+                    "{what}{n} bytes: every chunk but the last must have {want} bytes, the last 1 to {want}"
+                ),
+                &republish,
+            );
+        }
+        if let Some(digests) = &s.digests {
+            match digests.get(&e.logical()) {
+                Some(d) if *d == e.sha256 => {}
+                Some(d) => push(
+                    model,
+                    logical.clone(),
+                    "corrupt",
+                    format!(
+                        "{what}the stored bytes hash to {d}, the manifest says {}",
+                        e.sha256
+                    ),
+                    &republish,
+                ),
+                None => {}
+            }
+        }
+    }
+
+    // Anything else in the generation's directory is stale.
+    if manifest.is_some() {
+        for (path, kind, message) in stale_files(&s.files, &expected, g) {
+            let model = path
+                .split('/')
+                .nth(2)
+                .and_then(|id| id.parse::<ModelId>().ok());
+            let mend = match path.parse::<StorePath>() {
+                Ok(p) => s.store.remove_command(&p),
+                Err(_) => republish.clone(),
+            };
+            push(model.as_ref(), at_str(&path), kind, message, &mend);
+        }
+    }
+    out.problems = problems;
+    out
+}
+
+/// The days left when `expires` is within [`NEAR_EXPIRY_DAYS`] of `now` (an expired one is
+/// refused by [`signature::decide_blocks`] before this is asked). Pure.
+pub fn near_expiry(expires: UnixSeconds, now: UnixSeconds) -> Option<u64> {
+    let left = expires.0.saturating_sub(now.0);
+    (left < NEAR_EXPIRY_DAYS * 86_400).then_some(left / 86_400)
+}
+
+/// The first chunk (path, size, chunk size) whose size breaks "every chunk but the last has
+/// the chunk size, the last 1 to chunk size"; the chunk size is the first chunk's. Pure.
+fn bad_chunk_size(sizes: &[(String, u64)]) -> Option<(String, u64, u64)> {
+    let (last, body) = sizes.split_last()?;
+    let want = body.first().map_or(last.1, |f| f.1);
+    if let Some((p, n)) = body.iter().find(|(_, n)| *n != want || *n == 0) {
+        return Some((p.clone(), *n, want));
+    }
+    (last.1 == 0 || last.1 > want).then(|| (last.0.clone(), last.1, want))
+}
+
+/// Files under `models/<gen>/` that no listed artifact owns, each with a kind and why it is
+/// stale: another split's chunks of a listed artifact, a temporary of an interrupted write, a
+/// plain file shadowing a listed chunk set (every reader takes the plain file first), a set
+/// where the manifest lists a plain file, anything in a model directory the manifest does not
+/// list. Pure.
+pub fn stale_files(
+    files: &BTreeMap<String, u64>,
+    expected: &[Expected],
+    generation: Generation,
+) -> Vec<(String, &'static str, String)> {
+    let owned: BTreeSet<String> = expected.iter().flat_map(Expected::files).collect();
+    let listed: BTreeSet<String> = expected.iter().map(|e| e.model.to_string()).collect();
+    let by_logical: BTreeMap<String, &Expected> =
+        expected.iter().map(|e| (e.logical(), e)).collect();
+    let prefix = format!("{}/", StoreLayout::HfBucket.generation_dir(generation));
+    let mut out = Vec::new();
+    for path in files.keys() {
+        if owned.contains(path) {
+            continue;
+        }
+        let Some(rest) = path.strip_prefix(&prefix) else {
+            continue;
+        };
+        let (dir, file) = path.rsplit_once('/').unwrap_or(("", path));
+        let model = rest.split('/').next().unwrap_or_default();
+        let (kind, why) = if chunker::atomic::is_temp_name(file) {
+            (
+                "temporary",
+                "a temporary an interrupted write left".to_string(),
+            )
+        } else if !listed.contains(model) {
+            (
+                "unlisted",
+                format!("model {model} is not in the {generation} manifest"),
+            )
+        } else if let Some(e) = by_logical.get(path) {
+            (
+                "shadowing_plain_file",
+                format!(
+                    "a plain file shadows the listed {}-chunk set: every reader takes it first",
+                    e.count
+                ),
+            )
+        } else if let Some(e) =
+            chunker::member_of(file).and_then(|l| by_logical.get(&format!("{dir}/{l}")))
+        {
+            match chunker::parse_chunk_name(&e.name, file) {
+                Some((_, n)) if n != e.count => (
+                    "other_split",
+                    format!(
+                        "a chunk of a {n}-chunk split; the manifest lists {}",
+                        if e.count == 0 {
+                            "a plain file".to_string()
+                        } else {
+                            format!("{} chunk(s)", e.count)
+                        }
+                    ),
+                ),
+                _ => (
+                    "other_split",
+                    format!(
+                        "belongs to a chunk set of {}, which the manifest lists as a plain file",
+                        e.name
+                    ),
+                ),
+            }
+        } else {
+            (
+                "unlisted",
+                "no artifact the manifest lists owns this file".to_string(),
+            )
+        };
+        out.push((path.clone(), kind, why));
+    }
+    out
+}
+
+/// Stores of one generation must agree: every store's manifest bytes equal the first store's,
+/// so devices get the same models whichever origin answers. Each artifact whose digest differs
+/// is named. Pure.
+pub fn compare_stores(snapshots: &[Snapshot], rules: &Rules) -> Vec<Finding> {
+    let g = rules.generation;
+    let Some((first, rest)) = snapshots.split_first() else {
+        return Vec::new();
+    };
+    let Ok(Some(reference)) = &first.manifest else {
+        return Vec::new();
+    };
+    let ref_m = Manifest::from_slice(reference).ok();
+    let mut out = Vec::new();
+    for s in rest {
+        let Ok(Some(bytes)) = &s.manifest else {
+            continue;
+        };
+        if bytes == reference {
+            continue;
+        }
+        let signed = rules.keys > 0 || !matches!(s.signature, SignatureRead::Absent);
+        let mend = rules.mend.republish(g, &s.store, signed);
+        let path = s.store.locate(&StoreLayout::HfBucket.manifest_path(g));
+        out.push(Finding {
+            store: s.store.spec(),
+            model: None,
+            path: path.clone(),
+            kind: "stores_disagree",
+            message: format!(
+                "manifest SHA-256 {} differs from {}'s {}",
+                Sha256Digest::of_bytes(bytes),
+                first.store.spec(),
+                Sha256Digest::of_bytes(reference)
+            ),
+            mend: mend.clone(),
+        });
+        let (Some(a), Ok(b)) = (&ref_m, Manifest::from_slice(bytes)) else {
+            continue;
+        };
+        let digests = |m: &Manifest| -> BTreeMap<String, (ModelId, Sha256Digest)> {
+            expected_artifacts(m, g)
+                .into_iter()
+                .map(|e| (e.logical(), (e.model.clone(), e.sha256)))
+                .collect()
+        };
+        let (da, db) = (digests(a), digests(&b));
+        for (logical, (model, d)) in &da {
+            let theirs = db.get(logical).map(|x| x.1);
+            if theirs != Some(*d) {
+                out.push(Finding {
+                    store: s.store.spec(),
+                    model: Some(model.clone()),
+                    path: s.store.locate(&logical.parse().expect("a layout path")),
+                    kind: "artifact_digest_differs",
+                    message: format!(
+                        "{} lists {}, {} lists {d}",
+                        s.store.spec(),
+                        theirs.map_or_else(|| "nothing".to_string(), |x| x.to_string()),
+                        first.store.spec()
+                    ),
+                    mend: mend.clone(),
+                });
+            }
+        }
+        for (logical, (model, d)) in &db {
+            if !da.contains_key(logical) {
+                out.push(Finding {
+                    store: s.store.spec(),
+                    model: Some(model.clone()),
+                    path: s.store.locate(&logical.parse().expect("a layout path")),
+                    kind: "artifact_digest_differs",
+                    message: format!(
+                        "{} lists {d}, {} lists nothing",
+                        s.store.spec(),
+                        first.store.spec()
+                    ),
+                    mend: mend.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn pin_text(r: &manifest::pins::PinRefusal) -> String {
+    use manifest::pins::PinRefusal as P;
+    match r {
+        P::Missing { generation } => {
+            format!("no tinygrad_commit, so nothing ties it to the {generation} pin")
+        }
+        P::Unknown { generation } => format!(
+            "no tinygrad pin is known for {generation} (give --openpilot, whose tinygrad_pins.json `tinygrad bump` wrote)"
+        ),
+        P::Mismatch {
+            generation,
+            expected,
+            found,
+            belongs_to,
+        } => format!(
+            "tinygrad_commit {found}{} is not {generation}'s pin {expected}",
+            belongs_to.map_or_else(String::new, |g| format!(" ({g}'s pin)"))
+        ),
+        other => format!("{other:?}"),
+    }
+}
+
+fn refusal_text(r: &Refusal) -> String {
+    match r {
+        Refusal::Expired { expires, now } => format!(
+            "the signature expired {} (the clock says {}); devices with trusted keys refuse the generation",
+            UtcTime(expires.0),
+            UtcTime(now.0)
+        ),
+        other => format!("{other}; devices with trusted keys refuse the generation"),
+    }
+}
+
+/// `47185920` as `45.0 MiB`; below 1 KiB in bytes. Pure.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+/// The whole audit: every store's findings, then the disagreements between stores.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub generation: Generation,
+    pub near_expiry_days: u64,
+    pub stores: Vec<StoreAudit>,
+    /// Findings between stores (a store's manifest bytes or digests differ from the first's).
+    pub disagreements: Vec<Finding>,
+    pub healthy: bool,
+}
+
+impl Report {
+    /// Audit every snapshot and compare them. Pure.
+    pub fn decide(snapshots: &[Snapshot], rules: &Rules) -> Self {
+        let stores: Vec<StoreAudit> = snapshots.iter().map(|s| check_store(s, rules)).collect();
+        let disagreements = compare_stores(snapshots, rules);
+        let healthy = disagreements.is_empty() && stores.iter().all(|s| s.problems.is_empty());
+        Self {
+            generation: rules.generation,
+            near_expiry_days: NEAR_EXPIRY_DAYS,
+            stores,
+            disagreements,
+            healthy,
+        }
+    }
+
+    /// Every finding, store by store, then the disagreements.
+    pub fn findings(&self) -> impl Iterator<Item = &Finding> {
+        self.stores
+            .iter()
+            .flat_map(|s| s.problems.iter())
+            .chain(self.disagreements.iter())
+    }
+}
+
+#[cfg(test)]
+mod tests;
