@@ -17,15 +17,9 @@ use crate::error::{Error, Result};
 /// `NAME.chunkNNofMM` (two digits each), `NAME.chunkmanifest`, `NAME.sha256` and the legacy
 /// `NAME.pNN` all give `NAME`; `NAME` must not be empty.
 pub fn member_of(file_name: &str) -> Option<&str> {
-    let two_digits = |s: &str| s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit());
-    let (stem, suffix) = file_name.rsplit_once('.')?;
-    let member = suffix == "chunkmanifest"
-        || suffix == "sha256"
-        || suffix
-            .strip_prefix("chunk")
-            .and_then(|r| r.split_once("of"))
-            .is_some_and(|(i, n)| two_digits(i) && two_digits(n))
-        || suffix.strip_prefix('p').is_some_and(two_digits);
+    let (stem, _) = file_name.rsplit_once('.')?;
+    // The forms of `stem` ([`crate::form_of`]) whose file is a set member, not `stem` itself.
+    let member = crate::form_of(stem, file_name).is_some_and(|f| f != crate::Form::Plain);
     (member && !stem.is_empty()).then_some(stem)
 }
 
