@@ -334,6 +334,18 @@ pub enum BigOutcome {
 /// model whose file is gone) is replaced by the built-in (selection, small profile) or dropped
 /// (big profile), so what modeld loads is always something that is there.
 pub fn decide(w: &Wanted, catalog: &Catalog, avail: &dyn Availability) -> Outcome {
+    decide_keeping(w, catalog, avail, &|_| false)
+}
+
+/// [`decide`], except that a big profile naming a model for which `keep_big` holds stays as it
+/// is although the model is not available (a GPU-only model waiting for a ready Chestnut:
+/// modeld loads the big profile only with one, and the first refresh with one fetches it).
+pub fn decide_keeping(
+    w: &Wanted,
+    catalog: &Catalog,
+    avail: &dyn Availability,
+    keep_big: &dyn Fn(&ModelId) -> bool,
+) -> Outcome {
     let ok = |id: &ModelId| match kind(id) {
         ModelKind::BuiltIn => true,
         ModelKind::Catalog => catalog.contains(id) && avail.available(id),
@@ -354,7 +366,9 @@ pub fn decide(w: &Wanted, catalog: &Catalog, avail: &dyn Availability) -> Outcom
     let big = match &w.profiles.big {
         BigProfile::Unset => BigOutcome::Unset,
         BigProfile::Disabled => BigOutcome::Disabled,
-        BigProfile::Model(id) if ok(id) => BigOutcome::Model(catalog.named(id)),
+        BigProfile::Model(id) if ok(id) || (catalog.contains(id) && keep_big(id)) => {
+            BigOutcome::Model(catalog.named(id))
+        }
         BigProfile::Model(_) => {
             fell_back = true;
             BigOutcome::Unset

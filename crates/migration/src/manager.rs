@@ -97,6 +97,9 @@ pub struct RefreshReport {
     pub retrying: Vec<String>,
     /// Chosen models absent from the catalog, dropped for good.
     pub dropped: Vec<String>,
+    /// Chosen GPU-only models not fetched because no Chestnut is ready (a big profile naming
+    /// one is kept; a selection naming one stands in as the built-in until one is ready).
+    pub needs_chestnut: Vec<String>,
     /// Manifest entries left out of the catalog, each with its reason; the rest work.
     pub refused_entries: Vec<crate::device::RefusedModel>,
 }
@@ -198,6 +201,7 @@ pub(crate) fn refresh_run(
         fell_back_to_builtin: false,
         retrying: Vec::new(),
         dropped: Vec::new(),
+        needs_chestnut: Vec::new(),
         refused_entries: refused,
     };
 
@@ -208,16 +212,17 @@ pub(crate) fn refresh_run(
         journal: journal.clone(),
         steps: Vec::new(),
     };
+    let chestnut = device.chestnut();
     for id in wanted.to_install() {
         let Some(entry) = manifest.get(&id) else {
             continue;
         };
         let state = device.verify_entry(entry, false)?;
         let retry = record.as_ref().and_then(|r| r.retry.get(id.as_str()));
-        let step = installs.step(&id, state, retry, now_unix);
+        let step = installs.step(entry, state, retry, chestnut, now_unix);
         run.steps.push((id.clone(), state, step));
         match step {
-            InstallStep::Keep | InstallStep::Wait => continue,
+            InstallStep::Keep | InstallStep::Wait | InstallStep::NeedsChestnut => continue,
             InstallStep::Fetch => {}
         }
         progress(&Progress::DownloadingSelected(id.clone()));
@@ -264,6 +269,7 @@ pub(crate) fn refresh_run(
     );
     for (id, f) in &fates {
         match f {
+            _ if installs.needs_chestnut.contains(id) => {}
             Fate::Temporary { .. } | Fate::OldCopyInUse { .. } => {
                 report.retrying.push(id.to_string())
             }
@@ -271,7 +277,15 @@ pub(crate) fn refresh_run(
             Fate::Ok => {}
         }
     }
+    report.needs_chestnut = installs
+        .needs_chestnut
+        .iter()
+        .map(|id| id.to_string())
+        .collect();
     match fates.get(&wanted.selection) {
+        _ if installs.needs_chestnut.contains(&wanted.selection) => {
+            progress(&Progress::ExternalGpuRequired)
+        }
         Some(Fate::Dropped) => progress(&Progress::SelectedUnavailable),
         Some(Fate::Temporary { .. }) => progress(&Progress::SelectedRetrying),
         Some(Fate::OldCopyInUse { .. }) => progress(&Progress::UpdateRetrying),

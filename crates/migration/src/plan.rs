@@ -92,6 +92,10 @@ pub enum InstallStep {
     Wait,
     /// Downloaded and verified.
     Fetch,
+    /// A GPU-only model, and no Chestnut is ready: a refresh does not fetch it (upstream's
+    /// rule, [`downloader::egpu::unrequested_download`]); the slot naming it is kept and the
+    /// first refresh with a ready Chestnut fetches it.
+    NeedsChestnut,
 }
 
 /// The step for a model in `state` whose retry is `due` (or that never failed).
@@ -103,9 +107,55 @@ pub fn install_step(state: VerifyState, due: bool) -> InstallStep {
     }
 }
 
+/// The step a refresh (or a migration) takes for a wanted catalog model: a verified copy is
+/// kept; a GPU-only model (`uses_external_gpu`) without a ready Chestnut is not fetched,
+/// whatever its retry state; anything else as [`install_step`].
+pub fn refresh_step(
+    state: VerifyState,
+    due: bool,
+    uses_external_gpu: bool,
+    chestnut: downloader::egpu::Chestnut,
+) -> InstallStep {
+    match state {
+        VerifyState::Verified => InstallStep::Keep,
+        _ if !downloader::egpu::unrequested_download(uses_external_gpu, chestnut) => {
+            InstallStep::NeedsChestnut
+        }
+        _ => install_step(state, due),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refresh_fetches_a_gpu_model_only_with_a_ready_chestnut() {
+        use InstallStep::*;
+        use VerifyState::*;
+        use downloader::egpu::Chestnut::{Absent, Present, Ready};
+        // (state, due, GPU model, chestnut) -> step
+        for (state, due, gpu, chestnut, want) in [
+            (Missing, true, true, Absent, NeedsChestnut),
+            (Missing, true, true, Present, NeedsChestnut),
+            (Missing, false, true, Absent, NeedsChestnut),
+            (Corrupt, true, true, Absent, NeedsChestnut),
+            (Outdated, true, true, Absent, NeedsChestnut),
+            (Verified, true, true, Absent, Keep),
+            (Missing, true, true, Ready, Fetch),
+            (Missing, false, true, Ready, Wait),
+            (Outdated, true, true, Ready, Fetch),
+            (Missing, true, false, Absent, Fetch),
+            (Missing, false, false, Absent, Wait),
+            (Verified, true, false, Ready, Keep),
+        ] {
+            assert_eq!(
+                refresh_step(state, due, gpu, chestnut),
+                want,
+                "{state:?} due={due} gpu={gpu} {chestnut:?}"
+            );
+        }
+    }
 
     #[test]
     fn install_step_keeps_only_a_verified_copy_and_waits_for_a_due_retry() {
