@@ -287,10 +287,6 @@ impl Fixture {
         fs::write(d.join("product"), "custom ed4e39b7-CLEAN\n").unwrap();
     }
 
-    pub fn unplug_chestnut(&self) {
-        let _ = fs::remove_dir_all(self.sysfs().join("bus/usb/devices/2-1"));
-    }
-
     /// Everything a refresh's outcome consists of: every persistent param, and every file of
     /// the models dir with its SHA-256, except the verification cache (keyed by inode and
     /// times, so it differs between equal states) and the lock file.
