@@ -8,6 +8,7 @@ mod cli_surface;
 mod common;
 mod field;
 mod hostile_origin;
+mod python_temps;
 mod signed;
 mod signed_attacks;
 mod tree;

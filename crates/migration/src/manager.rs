@@ -470,7 +470,9 @@ pub struct GcPlan {
     pub would_remove: Vec<String>,
 }
 
-/// `gc`: remove stray temporaries and artifacts of models not in the catalog; never `local-*`.
+/// `gc`: remove stray temporaries and artifacts of models not in the catalog; never `local-*`,
+/// and never a Python temporary while a Python download may be using it
+/// (`plan::python_temps_to_remove`: none is open and none was written in the last 15 min).
 /// On [`Device::planning`] it is `gc --dry-run`.
 pub fn gc(device: &Device) -> Result<Vec<String>> {
     let catalog = device.require_catalog()?;
@@ -480,12 +482,53 @@ pub fn gc(device: &Device) -> Result<Vec<String>> {
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();
-    let plan = plan::gc_plan(names.iter().map(String::as_str), &ids);
+    let temps: Vec<plan::PythonTemp> = names
+        .iter()
+        .filter(|n| plan::is_python_temp(n))
+        .map(|n| python_temp(&dir, n))
+        .collect();
+    let removable = plan::python_temps_to_remove(&temps);
+    let plan = plan::gc_plan(names.iter().map(String::as_str), &ids, &removable);
     for name in &plan {
         device.effects().collect(&dir, name)?;
     }
     device.effects().sync(&dir)?;
     Ok(plan)
+}
+
+/// A Python temporary as `gc` sees it: its age from its mtime, and whether a process holds it
+/// open (any `/proc/<pid>/fd/*` that links to it).
+fn python_temp(dir: &std::path::Path, name: &str) -> plan::PythonTemp {
+    let path = dir.join(name);
+    let age = std::fs::symlink_metadata(&path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| std::time::SystemTime::now().duration_since(t).ok());
+    plan::PythonTemp {
+        name: name.to_string(),
+        age,
+        open: open_by_any_process(&path),
+    }
+}
+
+/// Whether any process has `path` open, from `/proc/*/fd`. Processes whose descriptors cannot
+/// be read (another user's, without privilege) are not seen: the age rule still protects a
+/// download in flight (`plan::python_temps_to_remove`).
+fn open_by_any_process(path: &std::path::Path) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|p| {
+        let is_pid = p
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
+        is_pid
+            && std::fs::read_dir(p.path().join("fd")).is_ok_and(|fds| {
+                fds.flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == path))
+            })
+    })
 }
 
 #[cfg(test)]
