@@ -2,6 +2,7 @@
 //! temporary device laid out like a comma (`common::Device`) against a real HTTP server on
 //! 127.0.0.1.
 
+mod byte_shape;
 mod chestnut_gate;
 mod cli;
 mod cli_surface;

@@ -92,8 +92,7 @@ pub fn locals(names: &[String], sidecars: &BTreeMap<String, Value>) -> Vec<Map<S
             .cloned()
             .unwrap_or_default();
         let fallback = key["local-".len()..]
-            .replace('_', " ")
-            .replace('-', " ")
+            .replace(['_', '-'], " ")
             .trim()
             .to_string();
         let name_v = if truth(info.get("name")) {
