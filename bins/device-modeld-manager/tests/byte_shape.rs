@@ -23,10 +23,10 @@ fn python_bytes(d: &Device, models: &[Value]) -> BTreeMap<String, Vec<u8>> {
     let names = d.model_files();
     let mut sidecars = BTreeMap::new();
     for n in &names {
-        if let Some(key) = n.strip_suffix(".json").filter(|k| k.starts_with("local-")) {
-            if let Ok(v) = serde_json::from_slice(&fs::read(d.models().join(n)).unwrap()) {
-                sidecars.insert(key.to_string(), v);
-            }
+        if let Some(key) = n.strip_suffix(".json").filter(|k| k.starts_with("local-"))
+            && let Ok(v) = serde_json::from_slice(&fs::read(d.models().join(n)).unwrap())
+        {
+            sidecars.insert(key.to_string(), v);
         }
     }
     writes::update_model_params(models, writes::locals(&names, &sidecars))
