@@ -91,6 +91,25 @@ fn gpu_models_are_fetched_by_a_refresh_only_with_a_ready_chestnut() {
         d.set_param("ActiveSmallModel", "pop223");
         d.set_param("ActiveBigModel", "big223");
 
+        // The dry run says so first, fetching nothing for it.
+        let out = run(&["refresh", "--dry-run", "--json"]);
+        assert!(out.status.success(), "{generation}: {}", stderr(&out));
+        let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            plan["needs_chestnut"],
+            serde_json::json!(["big223"]),
+            "{generation}: {plan}"
+        );
+        assert!(
+            plan["would_download"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|m| m["id"] != "big223"),
+            "{generation}: {plan}"
+        );
+        assert_eq!(touched_gpu(&server), Vec::<String>::new(), "{generation}");
+
         // The migration: pop223 installed, big223 neither requested nor installed, its old
         // pickles purged, the big profile kept.
         let out = run(&["refresh", "--json"]);

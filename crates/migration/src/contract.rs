@@ -916,6 +916,47 @@ mod tests {
     }
 
     #[test]
+    fn a_big_profile_waiting_for_a_chestnut_is_kept_anything_else_unavailable_is_not() {
+        let c = catalog();
+        let w = wanted(
+            &SelectionParams {
+                model: Some("pop223".into()),
+                driving_model: Some("pop223".into()),
+                ..Default::default()
+            },
+            &ProfilesRead {
+                small: Some("pop223".into()),
+                big: Some("big1".into()),
+            },
+            &c,
+        );
+        let pop_only = |i: &ModelId| i.as_str() == "pop223";
+        let big = |o: &Outcome| match &o.big {
+            BigOutcome::Model(n) => Some(n.id.to_string()),
+            _ => None,
+        };
+        // (keep_big) -> (big profile written, fell back)
+        for (keep, want_big, fell) in [(true, Some("big1".to_string()), false), (false, None, true)]
+        {
+            let o = decide_keeping(&w, &c, &pop_only, &|i: &ModelId| {
+                keep && i.as_str() == "big1"
+            });
+            assert_eq!((big(&o), o.fell_back), (want_big, fell), "keep={keep}");
+            assert_eq!(o.selection.id.as_str(), "pop223");
+        }
+        // An id the catalog does not list is never kept.
+        let gone = Wanted {
+            profiles: Profiles {
+                big: BigProfile::Model(id("gone1")),
+                ..w.profiles.clone()
+            },
+            ..w.clone()
+        };
+        let o = decide_keeping(&gone, &c, &pop_only, &|_| true);
+        assert_eq!((big(&o), o.fell_back), (None, true));
+    }
+
+    #[test]
     fn selection_writes_put_ids_last_and_clear_an_unset_big_profile() {
         let c = catalog();
         let o = Outcome {
