@@ -2,11 +2,14 @@
 //! temporary device laid out like a comma (`common::Device`) against a real HTTP server on
 //! 127.0.0.1.
 
+mod byte_shape;
+mod chestnut_gate;
 mod cli;
 mod cli_surface;
 mod common;
 mod field;
 mod hostile_origin;
+mod python_temps;
 mod signed;
 mod signed_attacks;
 mod tree;

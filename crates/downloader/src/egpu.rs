@@ -10,7 +10,8 @@
 //! - a single download of a model with `uses_external_gpu` is refused without a ready Chestnut,
 //!   unless the user set `AllowGpuModelDownloadWithoutGpu` for that request
 //!   ([`single_download`]);
-//! - "download all" includes GPU models only with a ready Chestnut ([`in_download_all`]);
+//! - "download all", a refresh and a migration fetch GPU models only with a ready Chestnut
+//!   ([`unrequested_download`]; the override is for one named request only);
 //! - with a ready Chestnut, an entry's `accelerator_artifacts.chestnut` variant (an AMD build)
 //!   is fetched too, installed as `<id>_driving_chestnut_tinygrad.pkl` ([`artifacts_to_fetch`]).
 
@@ -112,9 +113,17 @@ pub fn single_download(
     }
 }
 
-/// Whether "download all" takes a model. Pure.
-pub fn in_download_all(uses_external_gpu: bool, chestnut: Chestnut) -> bool {
+/// Whether the manager may fetch a model nobody asked for by name: a refresh's selection and
+/// profile models, a migration keeping them, "download all". A GPU-only model needs a ready
+/// Chestnut; the one-request override (`AllowGpuModelDownloadWithoutGpu`) never applies here.
+/// Pure.
+pub fn unrequested_download(uses_external_gpu: bool, chestnut: Chestnut) -> bool {
     !uses_external_gpu || chestnut.is_ready()
+}
+
+/// Whether "download all" takes a model ([`unrequested_download`]). Pure.
+pub fn in_download_all(uses_external_gpu: bool, chestnut: Chestnut) -> bool {
+    unrequested_download(uses_external_gpu, chestnut)
 }
 
 /// The local name of a model's Chestnut variant: `<id>_driving_chestnut_tinygrad.pkl`.
@@ -235,6 +244,7 @@ mod tests {
                 "{gpu} {c:?} {allow}"
             );
             assert_eq!(in_download_all(gpu, c), all, "{gpu} {c:?}");
+            assert_eq!(unrequested_download(gpu, c), all, "{gpu} {c:?}");
         }
         assert_eq!(
             single_download(true, Absent, false),

@@ -14,7 +14,7 @@
 use std::collections::BTreeSet;
 
 use manifest::{Manifest, ModelEntry, ModelId, layout};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use crate::params::keys;
 
@@ -334,6 +334,18 @@ pub enum BigOutcome {
 /// model whose file is gone) is replaced by the built-in (selection, small profile) or dropped
 /// (big profile), so what modeld loads is always something that is there.
 pub fn decide(w: &Wanted, catalog: &Catalog, avail: &dyn Availability) -> Outcome {
+    decide_keeping(w, catalog, avail, &|_| false)
+}
+
+/// [`decide`], except that a big profile naming a model for which `keep_big` holds stays as it
+/// is although the model is not available (a GPU-only model waiting for a ready Chestnut:
+/// modeld loads the big profile only with one, and the first refresh with one fetches it).
+pub fn decide_keeping(
+    w: &Wanted,
+    catalog: &Catalog,
+    avail: &dyn Availability,
+    keep_big: &dyn Fn(&ModelId) -> bool,
+) -> Outcome {
     let ok = |id: &ModelId| match kind(id) {
         ModelKind::BuiltIn => true,
         ModelKind::Catalog => catalog.contains(id) && avail.available(id),
@@ -354,7 +366,9 @@ pub fn decide(w: &Wanted, catalog: &Catalog, avail: &dyn Availability) -> Outcom
     let big = match &w.profiles.big {
         BigProfile::Unset => BigOutcome::Unset,
         BigProfile::Disabled => BigOutcome::Disabled,
-        BigProfile::Model(id) if ok(id) => BigOutcome::Model(catalog.named(id)),
+        BigProfile::Model(id) if ok(id) || (catalog.contains(id) && keep_big(id)) => {
+            BigOutcome::Model(catalog.named(id))
+        }
         BigProfile::Model(_) => {
             fell_back = true;
             BigOutcome::Unset
@@ -432,10 +446,13 @@ pub struct LocalModel {
 }
 
 /// Local models among the file names of `/data/models`: `local-*_driving_*` files, keyed by
-/// the text before `_driving_`, each once, in name order. Keys with a comma (they would shift
-/// every comma-joined list) or that are not valid ids are left out.
+/// the text before `_driving_`, each once, in the order upstream lists them (its discovery
+/// walks the file names sorted and keeps each key's first file). Keys with a comma (they would
+/// shift every comma-joined list) or that are not valid ids are left out.
 pub fn discover_locals<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<ModelId> {
-    let mut keys: BTreeSet<ModelId> = BTreeSet::new();
+    let mut names: Vec<&str> = names.into_iter().collect();
+    names.sort_unstable();
+    let mut keys: Vec<ModelId> = Vec::new();
     for n in names {
         if !n.starts_with(ModelId::LOCAL_PREFIX) || chunker::atomic::is_temp_name(n) {
             continue;
@@ -447,11 +464,13 @@ pub fn discover_locals<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<Mode
         if key.contains(',') {
             continue;
         }
-        if let Ok(id) = key.parse::<ModelId>() {
-            keys.insert(id);
+        if let Ok(id) = key.parse::<ModelId>()
+            && !keys.contains(&id)
+        {
+            keys.push(id);
         }
     }
-    keys.into_iter().collect()
+    keys
 }
 
 /// One row of the device's catalog, with upstream's defaults applied.
@@ -460,15 +479,11 @@ pub struct Row {
     pub id: ModelId,
     pub name: String,
     pub version: String,
-    pub series: String,
-    pub released: String,
-    pub artifact_format: String,
-    pub community_favorite: bool,
     pub uses_external_gpu: bool,
-    /// `.model_artifacts.json`'s object for this id.
-    pub artifacts: Map<String, Value>,
-    /// `.model_artifact_urls.json`'s object for this id (empty: no entry).
-    pub urls: Map<String, Value>,
+    /// The model as upstream's `update_model_params` reads it: the manifest entry's fields, or
+    /// the dict upstream synthesises for a local model (`shape::local_model`). The catalog
+    /// params and caches are written from it, exactly as upstream writes them.
+    pub source: Map<String, Value>,
     pub local: bool,
 }
 
@@ -483,150 +498,18 @@ pub fn clean_name(name: &str) -> String {
         .to_string()
 }
 
-/// A local model's name with commas replaced (they would shift every comma-joined list).
-fn clean_local_name(name: &str) -> String {
-    clean_name(&name.replace(',', " "))
-}
-
-fn s(v: Option<&Value>) -> Option<String> {
-    v.and_then(Value::as_str).map(str::to_string)
-}
-
 fn b(v: Option<&Value>) -> Option<bool> {
     v.and_then(Value::as_bool)
 }
 
-fn u(v: Option<&Value>) -> u64 {
-    v.and_then(Value::as_u64).unwrap_or(0)
-}
-
-/// Upstream's normalised `accelerator_artifacts`: each variant with `artifact_filename`,
-/// `artifact_size`, `artifact_sha256` (lowercase), `artifact_chunk_count`, `artifact_url` and
-/// `execution_device`, empty/0 when absent.
-fn accelerators(v: Option<&Value>) -> Value {
-    let mut out = Map::new();
-    if let Some(Value::Object(variants)) = v {
-        for (name, var) in variants {
-            let Some(f) = var.as_object() else { continue };
-            out.insert(
-                name.clone(),
-                json!({
-                    "artifact_filename": s(f.get("artifact_filename")).unwrap_or_default(),
-                    "artifact_size": u(f.get("artifact_size")),
-                    "artifact_sha256": s(f.get("artifact_sha256")).unwrap_or_default().to_ascii_lowercase(),
-                    "artifact_chunk_count": u(f.get("artifact_chunk_count")),
-                    "artifact_url": s(f.get("artifact_url")).unwrap_or_default(),
-                    "execution_device": s(f.get("execution_device").or(f.get("device"))).unwrap_or_default(),
-                }),
-            );
-        }
-    }
-    Value::Object(out)
-}
-
-/// `.model_artifacts.json`'s object for one model.
-fn artifacts_object(id: &ModelId, f: &Map<String, Value>, gpu: bool) -> Map<String, Value> {
-    let declared = s(f.get("model_size").or(f.get("size_class")));
-    let mut o = Map::new();
-    o.insert(
-        "artifact_format".into(),
-        s(f.get("artifact_format")).unwrap_or_default().into(),
-    );
-    o.insert(
-        "artifact_filename".into(),
-        s(f.get("artifact_filename"))
-            .unwrap_or_else(|| layout::artifact_file_name(id).to_string())
-            .into(),
-    );
-    o.insert("artifact_size".into(), u(f.get("artifact_size")).into());
-    o.insert(
-        "artifact_sha256".into(),
-        s(f.get("artifact_sha256"))
-            .unwrap_or_default()
-            .to_ascii_lowercase()
-            .into(),
-    );
-    o.insert(
-        "artifact_chunk_count".into(),
-        u(f.get("artifact_chunk_count")).into(),
-    );
-    o.insert(
-        "artifact_url".into(),
-        s(f.get("artifact_url").or(f.get("download_url")))
-            .unwrap_or_default()
-            .into(),
-    );
-    o.insert("uses_external_gpu".into(), gpu.into());
-    o.insert(
-        "model_size".into(),
-        declared
-            .clone()
-            .unwrap_or_else(|| if gpu { "chestnut" } else { "small" }.to_string())
-            .into(),
-    );
-    o.insert("model_size_declared".into(), declared.is_some().into());
-    o.insert(
-        "model_lab_eligible".into(),
-        b(f.get("model_lab_eligible")).unwrap_or(!gpu).into(),
-    );
-    o.insert(
-        "accelerator_artifacts".into(),
-        accelerators(f.get("accelerator_artifacts")),
-    );
-    o
-}
-
-/// `.model_artifact_urls.json`'s object for one model: explicit maps (`artifact_urls`,
-/// `download_urls`), then base URLs (`artifact_base_url`, `download_base_url`) joined with the
-/// artifact file name, then the direct URL (`artifact_url`, `download_url`) for that name.
-fn urls_object(id: &ModelId, f: &Map<String, Value>) -> Map<String, Value> {
-    let file =
-        s(f.get("artifact_filename")).unwrap_or_else(|| layout::artifact_file_name(id).to_string());
-    let mut o = Map::new();
-    for key in ["artifact_urls", "download_urls"] {
-        if let Some(Value::Object(m)) = f.get(key) {
-            for (name, url) in m {
-                if let Some(url) = url.as_str().filter(|u| !u.is_empty()) {
-                    o.entry(name.clone()).or_insert_with(|| url.into());
-                }
-            }
-        }
-    }
-    for key in ["artifact_base_url", "download_base_url"] {
-        if let Some(base) = s(f.get(key)).filter(|b| !b.is_empty()) {
-            o.entry(file.clone())
-                .or_insert_with(|| format!("{}/{file}", base.trim_end_matches('/')).into());
-        }
-    }
-    for key in ["artifact_url", "download_url"] {
-        if let Some(url) = s(f.get(key)).filter(|u| !u.is_empty()) {
-            o.entry(file.clone()).or_insert_with(|| url.into());
-        }
-    }
-    o
-}
-
 impl Row {
     pub fn of_entry(e: &ModelEntry) -> Self {
-        let f = e.fields();
-        let gpu = e.uses_external_gpu();
         Row {
             id: e.id().clone(),
             name: clean_name(e.name().unwrap_or(e.id().as_str())),
             version: e.version().map(|v| v.to_string()).unwrap_or_default(),
-            series: e
-                .series()
-                .filter(|s| !s.is_empty())
-                .unwrap_or("Custom Series")
-                .to_string(),
-            released: s(f.get("released"))
-                .filter(|r| !r.is_empty())
-                .unwrap_or_else(|| "2023-01-01".to_string()),
-            artifact_format: s(f.get("artifact_format")).unwrap_or_default(),
-            community_favorite: e.community_favorite().unwrap_or(false),
-            uses_external_gpu: gpu,
-            artifacts: artifacts_object(e.id(), f, gpu),
-            urls: urls_object(e.id(), f),
+            uses_external_gpu: e.uses_external_gpu(),
+            source: e.fields().clone(),
             local: false,
         }
     }
@@ -634,48 +517,14 @@ impl Row {
     /// A local model, from its sidecar (name, version, series, released, uses_external_gpu,
     /// model_size, model_lab_eligible, accelerator_artifacts) with upstream's defaults.
     pub fn of_local(local: &LocalModel) -> Self {
-        let empty = Map::new();
-        let f = local.sidecar.as_ref().unwrap_or(&empty);
-        let gpu = b(f.get("uses_external_gpu")).unwrap_or(false);
-        let fallback = local
-            .id
-            .as_str()
-            .strip_prefix(ModelId::LOCAL_PREFIX)
-            .unwrap_or(local.id.as_str())
-            .replace(['_', '-'], " ");
-        let mut meta = f.clone();
-        // A local model is one plain PKL of this device's format; nothing is declared about it.
-        meta.insert("artifact_format".into(), "tinygrad_single_v1".into());
-        for k in [
-            "artifact_filename",
-            "artifact_size",
-            "artifact_sha256",
-            "artifact_chunk_count",
-            "artifact_url",
-        ] {
-            meta.remove(k);
-        }
+        let source = crate::shape::local_model(local.id.as_str(), local.sidecar.as_ref());
+        let listed = crate::shape::listed(&source);
         Row {
             id: local.id.clone(),
-            name: clean_local_name(
-                &s(f.get("name"))
-                    .filter(|n| !n.trim().is_empty())
-                    .unwrap_or(fallback),
-            ),
-            version: s(f.get("version")).unwrap_or_default(),
-            series: s(f.get("series"))
-                .filter(|x| !x.is_empty())
-                .unwrap_or_else(|| "Local Series".to_string())
-                .replace(',', " "),
-            released: s(f.get("released"))
-                .filter(|x| !x.is_empty())
-                .unwrap_or_else(|| "2100-01-01".to_string())
-                .replace(',', " "),
-            artifact_format: "tinygrad_single_v1".to_string(),
-            community_favorite: false,
-            uses_external_gpu: gpu,
-            artifacts: artifacts_object(&local.id, &meta, gpu),
-            urls: Map::new(),
+            name: listed.name,
+            version: listed.version,
+            uses_external_gpu: b(source.get("uses_external_gpu")).unwrap_or(false),
+            source,
             local: true,
         }
     }
@@ -740,54 +589,23 @@ impl Catalog {
         }
     }
 
-    /// The comma-joined catalog params, in catalog order, exactly as upstream writes them.
-    pub fn params(&self) -> Vec<(&'static str, String)> {
-        let join =
-            |f: &dyn Fn(&Row) -> String| self.rows.iter().map(f).collect::<Vec<_>>().join(",");
-        vec![
-            (keys::AVAILABLE_MODELS, join(&|r| r.id.to_string())),
-            (keys::AVAILABLE_MODEL_NAMES, join(&|r| r.name.clone())),
-            (keys::AVAILABLE_MODEL_SERIES, join(&|r| r.series.clone())),
-            (
-                keys::AVAILABLE_MODEL_ARTIFACT_FORMATS,
-                join(&|r| r.artifact_format.clone()),
-            ),
-            (keys::MODEL_RELEASED_DATES, join(&|r| r.released.clone())),
-            (keys::MODEL_VERSIONS, join(&|r| r.version.clone())),
-            (
-                keys::COMMUNITY_FAVORITES,
-                self.rows
-                    .iter()
-                    .filter(|r| r.community_favorite)
-                    .map(|r| r.id.to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
-            ),
-        ]
+    fn sources(&self) -> Vec<Map<String, Value>> {
+        self.rows.iter().map(|r| r.source.clone()).collect()
     }
 
-    /// The three caches, `(file name, JSON body)`: `.model_versions.json` (`{id: version}`,
-    /// models with a version), `.model_artifacts.json` (`{id: {...}}`, every model) and
-    /// `.model_artifact_urls.json` (`{id: {file: url}}`, models with a URL). Rebuilt from this
-    /// catalog alone, so no entry of another generation or of a dropped model survives.
+    /// The comma-joined catalog params, in catalog order, exactly as upstream writes them
+    /// (`shape::params`).
+    pub fn params(&self) -> Vec<(&'static str, String)> {
+        crate::shape::params(&self.sources())
+    }
+
+    /// The three caches, `(file name, JSON body)`, as upstream writes them (`shape::caches`):
+    /// `.model_versions.json` (`{id: version}`, every model), `.model_artifact_urls.json`
+    /// (`{id: {file: url}}`, models with a URL) and `.model_artifacts.json` (`{id: {...}}`,
+    /// every model). Rebuilt from this catalog alone, so no entry of another generation or of
+    /// a dropped model survives.
     pub fn caches(&self) -> Vec<(&'static str, Value)> {
-        let mut versions = Map::new();
-        let mut artifacts = Map::new();
-        let mut urls = Map::new();
-        for r in &self.rows {
-            if !r.version.is_empty() {
-                versions.insert(r.id.to_string(), r.version.clone().into());
-            }
-            artifacts.insert(r.id.to_string(), Value::Object(r.artifacts.clone()));
-            if !r.urls.is_empty() {
-                urls.insert(r.id.to_string(), Value::Object(r.urls.clone()));
-            }
-        }
-        vec![
-            (VERSIONS_CACHE, Value::Object(versions)),
-            (ARTIFACTS_CACHE, Value::Object(artifacts)),
-            (URLS_CACHE, Value::Object(urls)),
-        ]
+        crate::shape::caches(&self.sources())
     }
 }
 
@@ -795,12 +613,10 @@ pub const VERSIONS_CACHE: &str = ".model_versions.json";
 pub const ARTIFACTS_CACHE: &str = ".model_artifacts.json";
 pub const URLS_CACHE: &str = ".model_artifact_urls.json";
 
-/// A cache body as bytes: pretty JSON with a trailing newline (upstream's `json.dumps` output
-/// parses the same; readers only `json.load` it).
+/// A cache body as bytes, as upstream writes it: Python's default `json.dumps` layout, no
+/// trailing newline (`shape::dumps`).
 pub fn cache_bytes(v: &Value) -> Vec<u8> {
-    let mut out = serde_json::to_vec_pretty(v).expect("JSON values serialize");
-    out.push(b'\n');
-    out
+    crate::shape::dumps(v).into_bytes()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -834,6 +650,7 @@ pub fn start(journal_to: Option<&str>, manifest_version: Option<&str>, target: &
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use std::collections::BTreeMap;
 
     fn id(s: &str) -> ModelId {
@@ -1099,6 +916,47 @@ mod tests {
     }
 
     #[test]
+    fn a_big_profile_waiting_for_a_chestnut_is_kept_anything_else_unavailable_is_not() {
+        let c = catalog();
+        let w = wanted(
+            &SelectionParams {
+                model: Some("pop223".into()),
+                driving_model: Some("pop223".into()),
+                ..Default::default()
+            },
+            &ProfilesRead {
+                small: Some("pop223".into()),
+                big: Some("big1".into()),
+            },
+            &c,
+        );
+        let pop_only = |i: &ModelId| i.as_str() == "pop223";
+        let big = |o: &Outcome| match &o.big {
+            BigOutcome::Model(n) => Some(n.id.to_string()),
+            _ => None,
+        };
+        // (keep_big) -> (big profile written, fell back)
+        for (keep, want_big, fell) in [(true, Some("big1".to_string()), false), (false, None, true)]
+        {
+            let o = decide_keeping(&w, &c, &pop_only, &|i: &ModelId| {
+                keep && i.as_str() == "big1"
+            });
+            assert_eq!((big(&o), o.fell_back), (want_big, fell), "keep={keep}");
+            assert_eq!(o.selection.id.as_str(), "pop223");
+        }
+        // An id the catalog does not list is never kept.
+        let gone = Wanted {
+            profiles: Profiles {
+                big: BigProfile::Model(id("gone1")),
+                ..w.profiles.clone()
+            },
+            ..w.clone()
+        };
+        let o = decide_keeping(&gone, &c, &pop_only, &|_| true);
+        assert_eq!((big(&o), o.fell_back), (None, true));
+    }
+
+    #[test]
     fn selection_writes_put_ids_last_and_clear_an_unset_big_profile() {
         let c = catalog();
         let o = Outcome {
@@ -1140,7 +998,8 @@ mod tests {
             (keys::MODEL_VERSIONS, "v15,v16,v8,v9,v9,v16,v16,"),
             (
                 keys::AVAILABLE_MODEL_ARTIFACT_FORMATS,
-                ",tinygrad_single_v1,,,,,tinygrad_single_v1,tinygrad_single_v1",
+                // Upstream's default for an entry without a format, never an empty item.
+                "tinygrad_single_v1,tinygrad_single_v1,tinygrad_single_v1,tinygrad_single_v1,tinygrad_single_v1,tinygrad_single_v1,tinygrad_single_v1,tinygrad_single_v1",
             ),
             (keys::COMMUNITY_FAVORITES, "pop223"),
         ] {
@@ -1149,7 +1008,8 @@ mod tests {
 
         let caches: BTreeMap<_, _> = c.caches().into_iter().collect();
         assert_eq!(caches[VERSIONS_CACHE]["local-mine"], "v16");
-        assert!(caches[VERSIONS_CACHE].get("local-bare_one").is_none());
+        // Every listed model, an empty version included (upstream zips ids with versions).
+        assert_eq!(caches[VERSIONS_CACHE]["local-bare_one"], "");
         assert!(
             caches[VERSIONS_CACHE].get("odd").is_none(),
             "unsupported format dropped"
@@ -1160,11 +1020,13 @@ mod tests {
         assert_eq!(a["pop223"]["model_size"], "small");
         assert_eq!(a["pop223"]["model_size_declared"], false);
         assert_eq!(a["pop223"]["model_lab_eligible"], true);
-        assert_eq!(
-            a["pop223"]["artifact_filename"],
-            "pop223_driving_tinygrad.pkl"
-        );
+        // Upstream does not derive a file name: "" when the catalog gives none.
+        assert_eq!(a["pop223"]["artifact_filename"], "");
+        assert_eq!(a["tr14223"]["artifact_format"], "tinygrad_single_v1");
         assert_eq!(a["local-mine"]["uses_external_gpu"], false);
+        // A discovered local model is "small", declared.
+        assert_eq!(a["local-mine"]["model_size"], "small");
+        assert_eq!(a["local-mine"]["model_size_declared"], true);
         assert_eq!(a["local-mine"]["artifact_size"], 0);
         assert_eq!(
             caches[URLS_CACHE],
@@ -1181,6 +1043,7 @@ mod tests {
             "local-b_driving_tinygrad.pkl.chunkmanifest",
             "local-c,d_driving_tinygrad.pkl",
             "local-e_driving_chestnut_tinygrad.pkl",
+            "local-a-b_driving_tinygrad.pkl",
             "pop223_driving_tinygrad.pkl",
             ".tmp-x-local-f_driving_tinygrad.pkl",
         ];
@@ -1188,7 +1051,8 @@ mod tests {
             .iter()
             .map(|i| i.to_string())
             .collect();
-        assert_eq!(got, ["local-a", "local-b", "local-e"]);
+        // Sorted by file name, as upstream walks them: `local-a-b_…` sorts before `local-a_…`.
+        assert_eq!(got, ["local-a-b", "local-a", "local-b", "local-e"]);
     }
 
     #[test]

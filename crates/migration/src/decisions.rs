@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use manifest::{Generation, Manifest, ModelEntry, ModelId};
 
 use crate::choice::{self, Fate, Slots};
-use crate::contract::{self, Catalog, ModelKind, Outcome, Wanted};
+use crate::contract::{self, BigProfile, Catalog, ModelKind, Outcome, Wanted};
 use crate::error::{Error, Result};
 use crate::journal::{Journal, journal_step, wanted_of};
 use crate::plan::{self, InstallStep, VerifyState};
@@ -60,23 +60,37 @@ pub(crate) struct Installs {
     pub old_copy: BTreeSet<ModelId>,
     /// Not had this time: `(attempted, reason)`.
     pub failed: BTreeMap<ModelId, (bool, String)>,
+    /// GPU-only models not fetched because no Chestnut is ready ([`InstallStep::NeedsChestnut`]):
+    /// no failure is counted, a big profile naming one is kept.
+    pub needs_chestnut: BTreeSet<ModelId>,
 }
 
 impl Installs {
-    /// [`plan::install_step`] for one wanted catalog model, recorded: a kept model is ok, one
-    /// whose retry is not due failed without an attempt, an outdated copy is noted.
+    /// [`plan::refresh_step`] for one wanted catalog model, recorded: a kept model is ok, one
+    /// whose retry is not due failed without an attempt, a GPU-only model without a ready
+    /// Chestnut waits for one, an outdated copy is noted.
     pub fn step(
         &mut self,
-        id: &ModelId,
+        entry: &ModelEntry,
         state: VerifyState,
         retry: Option<&choice::Retry>,
+        chestnut: downloader::egpu::Chestnut,
         now_unix: u64,
     ) -> InstallStep {
+        let id = entry.id();
         if state == VerifyState::Outdated {
             self.old_copy.insert(id.clone());
         }
-        let step = plan::install_step(state, choice::due(retry, now_unix));
+        let step = plan::refresh_step(
+            state,
+            choice::due(retry, now_unix),
+            entry.uses_external_gpu(),
+            chestnut,
+        );
         match step {
+            InstallStep::NeedsChestnut => {
+                self.needs_chestnut.insert(id.clone());
+            }
             InstallStep::Keep => {
                 self.ok.insert(id.clone());
             }
@@ -113,23 +127,39 @@ pub(crate) fn settle(
         ModelKind::Catalog => installs.ok.contains(id) || installs.old_copy.contains(id),
         ModelKind::Local => local_present(id),
     };
+    // A big profile naming a GPU-only model that waits for a Chestnut is kept (modeld loads the
+    // big profile only with a ready Chestnut, and the first refresh with one fetches it).
+    let kept_big = |id: &ModelId| installs.needs_chestnut.contains(id);
     let mut fates: BTreeMap<ModelId, Fate> = BTreeMap::new();
     for id in wanted.all() {
-        let f = choice::fate(
-            &id,
-            catalog,
-            available(&id),
-            installs.old_copy.contains(&id),
-            installs.failed.get(&id).cloned(),
-        );
+        let waits = installs.needs_chestnut.contains(&id);
+        let f = match (waits, &wanted.profiles.big) {
+            // Kept in its slot: nothing to retry.
+            (true, BigProfile::Model(b)) if *b == id && id != wanted.selection => Fate::Ok,
+            // The selection stands in as the built-in until a Chestnut is ready.
+            (true, _) => Fate::Temporary {
+                attempted: false,
+                reason: downloader::egpu::EXTERNAL_GPU_REQUIRED.to_string(),
+            },
+            (false, _) => choice::fate(
+                &id,
+                catalog,
+                available(&id),
+                installs.old_copy.contains(&id),
+                installs.failed.get(&id).cloned(),
+            ),
+        };
         fates.insert(id, f);
     }
-    let mut outcome = contract::decide(wanted, catalog, &available);
+    let mut outcome = contract::decide_keeping(wanted, catalog, &available, &kept_big);
     if let Some(slots_now) = onroad_slots {
         outcome = choice::hold_onroad(outcome, slots_now, record, catalog);
     }
     let written = choice::written_slots(&outcome);
-    let next = choice::after_refresh(record, raw, wanted, &fates, &written, now_unix);
+    let mut next = choice::after_refresh(record, raw, wanted, &fates, &written, now_unix);
+    // Waiting for a Chestnut is not a failure: no backoff, the first refresh with one fetches.
+    next.retry
+        .retain(|id, _| !installs.needs_chestnut.iter().any(|w| w.as_str() == id));
     Settled {
         fates,
         outcome,

@@ -31,6 +31,7 @@ pub mod progress;
 pub mod render;
 pub mod report;
 mod resolve;
+pub mod shape;
 pub mod stop;
 pub mod tree;
 pub mod trust_state;

@@ -97,6 +97,9 @@ pub struct RefreshReport {
     pub retrying: Vec<String>,
     /// Chosen models absent from the catalog, dropped for good.
     pub dropped: Vec<String>,
+    /// Chosen GPU-only models not fetched because no Chestnut is ready (a big profile naming
+    /// one is kept; a selection naming one stands in as the built-in until one is ready).
+    pub needs_chestnut: Vec<String>,
     /// Manifest entries left out of the catalog, each with its reason; the rest work.
     pub refused_entries: Vec<crate::device::RefusedModel>,
 }
@@ -198,6 +201,7 @@ pub(crate) fn refresh_run(
         fell_back_to_builtin: false,
         retrying: Vec::new(),
         dropped: Vec::new(),
+        needs_chestnut: Vec::new(),
         refused_entries: refused,
     };
 
@@ -208,16 +212,17 @@ pub(crate) fn refresh_run(
         journal: journal.clone(),
         steps: Vec::new(),
     };
+    let chestnut = device.chestnut();
     for id in wanted.to_install() {
         let Some(entry) = manifest.get(&id) else {
             continue;
         };
         let state = device.verify_entry(entry, false)?;
         let retry = record.as_ref().and_then(|r| r.retry.get(id.as_str()));
-        let step = installs.step(&id, state, retry, now_unix);
+        let step = installs.step(entry, state, retry, chestnut, now_unix);
         run.steps.push((id.clone(), state, step));
         match step {
-            InstallStep::Keep | InstallStep::Wait => continue,
+            InstallStep::Keep | InstallStep::Wait | InstallStep::NeedsChestnut => continue,
             InstallStep::Fetch => {}
         }
         progress(&Progress::DownloadingSelected(id.clone()));
@@ -264,6 +269,7 @@ pub(crate) fn refresh_run(
     );
     for (id, f) in &fates {
         match f {
+            _ if installs.needs_chestnut.contains(id) => {}
             Fate::Temporary { .. } | Fate::OldCopyInUse { .. } => {
                 report.retrying.push(id.to_string())
             }
@@ -271,7 +277,15 @@ pub(crate) fn refresh_run(
             Fate::Ok => {}
         }
     }
+    report.needs_chestnut = installs
+        .needs_chestnut
+        .iter()
+        .map(|id| id.to_string())
+        .collect();
     match fates.get(&wanted.selection) {
+        _ if installs.needs_chestnut.contains(&wanted.selection) => {
+            progress(&Progress::ExternalGpuRequired)
+        }
         Some(Fate::Dropped) => progress(&Progress::SelectedUnavailable),
         Some(Fate::Temporary { .. }) => progress(&Progress::SelectedRetrying),
         Some(Fate::OldCopyInUse { .. }) => progress(&Progress::UpdateRetrying),
@@ -456,7 +470,9 @@ pub struct GcPlan {
     pub would_remove: Vec<String>,
 }
 
-/// `gc`: remove stray temporaries and artifacts of models not in the catalog; never `local-*`.
+/// `gc`: remove stray temporaries and artifacts of models not in the catalog; never `local-*`,
+/// and never a Python temporary while a Python download may be using it
+/// (`plan::python_temps_to_remove`: none is open and none was written in the last 15 min).
 /// On [`Device::planning`] it is `gc --dry-run`.
 pub fn gc(device: &Device) -> Result<Vec<String>> {
     let catalog = device.require_catalog()?;
@@ -466,12 +482,53 @@ pub fn gc(device: &Device) -> Result<Vec<String>> {
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();
-    let plan = plan::gc_plan(names.iter().map(String::as_str), &ids);
+    let temps: Vec<plan::PythonTemp> = names
+        .iter()
+        .filter(|n| plan::is_python_temp(n))
+        .map(|n| python_temp(&dir, n))
+        .collect();
+    let removable = plan::python_temps_to_remove(&temps);
+    let plan = plan::gc_plan(names.iter().map(String::as_str), &ids, &removable);
     for name in &plan {
         device.effects().collect(&dir, name)?;
     }
     device.effects().sync(&dir)?;
     Ok(plan)
+}
+
+/// A Python temporary as `gc` sees it: its age from its mtime, and whether a process holds it
+/// open (any `/proc/<pid>/fd/*` that links to it).
+fn python_temp(dir: &std::path::Path, name: &str) -> plan::PythonTemp {
+    let path = dir.join(name);
+    let age = std::fs::symlink_metadata(&path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| std::time::SystemTime::now().duration_since(t).ok());
+    plan::PythonTemp {
+        name: name.to_string(),
+        age,
+        open: open_by_any_process(&path),
+    }
+}
+
+/// Whether any process has `path` open, from `/proc/*/fd`. Processes whose descriptors cannot
+/// be read (another user's, without privilege) are not seen: the age rule still protects a
+/// download in flight (`plan::python_temps_to_remove`).
+fn open_by_any_process(path: &std::path::Path) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|p| {
+        let is_pid = p
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
+        is_pid
+            && std::fs::read_dir(p.path().join("fd")).is_ok_and(|fds| {
+                fds.flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == path))
+            })
+    })
 }
 
 #[cfg(test)]

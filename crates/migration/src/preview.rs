@@ -39,6 +39,8 @@ pub struct RefreshPlan {
     pub would_keep: Vec<ModelId>,
     /// Their retry is not due yet: skipped.
     pub not_due: Vec<ModelId>,
+    /// GPU-only models not fetched: no Chestnut is ready.
+    pub needs_chestnut: Vec<ModelId>,
     pub selected: ModelId,
     pub fell_back_to_builtin: bool,
     /// State files of the models directory whose bytes would change (or appear).
@@ -76,6 +78,7 @@ pub fn refresh(device: &Device, dl: &Downloader, now_unix: u64) -> Result<Refres
         would_download: would_download.collect(),
         would_keep: ids(InstallStep::Keep),
         not_due: ids(InstallStep::Wait),
+        needs_chestnut: ids(InstallStep::NeedsChestnut),
         selected: r.selected,
         fell_back_to_builtin: r.fell_back_to_builtin,
         would_write,

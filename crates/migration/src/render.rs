@@ -199,6 +199,13 @@ impl StatusDocument {
         for m in &r.installed {
             lines.push(format!("  {} {}", m.id, state_text(m.state)));
         }
+        for w in &r.waiting_for_chestnut {
+            let slot = match w.slot {
+                "big_profile" => "big profile",
+                other => other,
+            };
+            lines.push(format!("  {} ({slot}): {}", w.id, w.reason));
+        }
         lines.push(format!(
             "free bytes: {}",
             r.free_bytes.map_or("unknown".into(), |f| f.to_string())

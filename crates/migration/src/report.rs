@@ -91,6 +91,52 @@ pub struct StatusReport {
     /// With trusted keys: the catalog's artifacts (and Chestnut variants) that are listed but
     /// not installable, because the signed manifest does not pin their bytes.
     pub not_installable: Vec<NotInstallable>,
+    /// Chosen GPU-only models not installed because no Chestnut is ready (the big profile
+    /// keeps naming its model; a refresh with a ready Chestnut downloads it).
+    pub waiting_for_chestnut: Vec<WaitingForChestnut>,
+}
+
+/// A chosen GPU-only model that is not installed because no Chestnut is ready, as `status`
+/// reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WaitingForChestnut {
+    pub id: String,
+    /// Which choice names it: `selection` or `big_profile`.
+    pub slot: &'static str,
+    pub reason: String,
+}
+
+/// The chosen models (`(slot, id)`, as the user chose them) that are GPU-only catalog models,
+/// not installed (`installed` says), while `chestnut` is not ready; each once, in slot order.
+/// Pure.
+pub fn waiting_for_chestnut(
+    chosen: &[(&'static str, Option<&str>)],
+    catalog: &manifest::Manifest,
+    chestnut: downloader::egpu::Chestnut,
+    installed: &dyn Fn(&manifest::ModelEntry) -> bool,
+) -> Vec<WaitingForChestnut> {
+    let mut out: Vec<WaitingForChestnut> = Vec::new();
+    for (slot, id) in chosen {
+        let Some(id) = id.and_then(|i| i.to_ascii_lowercase().parse::<ModelId>().ok()) else {
+            continue;
+        };
+        let Some(e) = catalog.get(&id) else { continue };
+        if downloader::egpu::unrequested_download(e.uses_external_gpu(), chestnut)
+            || installed(e)
+            || out.iter().any(|w| w.id == id.as_str())
+        {
+            continue;
+        }
+        out.push(WaitingForChestnut {
+            id: id.to_string(),
+            slot,
+            reason: format!(
+                "not installed: {id} needs the external GPU (Chestnut) and none is ready; the \
+                 first refresh with a ready Chestnut downloads it"
+            ),
+        });
+    }
+    out
 }
 
 /// A catalog artifact a device with trusted keys does not install.
@@ -268,6 +314,37 @@ pub fn status(device: &Device) -> Result<StatusReport> {
             }
         }
     }
+    let waiting = match &catalog {
+        Some(c) => {
+            // The user's choice: `.choice.json`'s while a slot stands in as the built-in, else
+            // the params.
+            let profiles = device.profiles_read()?;
+            let chosen_rec = device.choice().ok().flatten().map(|r| r.wanted);
+            let pick = |rec: Option<&Option<String>>, param: Option<String>| {
+                rec.cloned().flatten().or(param)
+            };
+            let sel = pick(
+                chosen_rec.as_ref().map(|w| &w.selection),
+                Some(sel.id.clone()),
+            );
+            let big = pick(chosen_rec.as_ref().map(|w| &w.big), profiles.big);
+            let chestnut = device.chestnut();
+            waiting_for_chestnut(
+                &[
+                    ("selection", sel.as_deref()),
+                    ("big_profile", big.as_deref()),
+                ],
+                c,
+                chestnut,
+                &|e| {
+                    device
+                        .verify_entry(e, false)
+                        .is_ok_and(|s| s == VerifyState::Verified)
+                },
+            )
+        }
+        None => Vec::new(),
+    };
     let resolved = match device.resolve() {
         Ok((path, _)) => path,
         Err(Error::CatalogNotTrusted { .. }) => device.builtin_path(),
@@ -289,6 +366,7 @@ pub fn status(device: &Device) -> Result<StatusReport> {
             .map(|c| not_installable(c, device.is_protected()))
             .unwrap_or_default(),
         catalog_problem,
+        waiting_for_chestnut: waiting,
     })
 }
 
@@ -383,5 +461,66 @@ impl<'a, T: Serialize> DryRun<'a, T> {
     /// The document, compact, on one line.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("plans serialize")
+    }
+}
+
+#[cfg(test)]
+mod chestnut_tests {
+    use super::*;
+    use downloader::egpu::Chestnut::{Absent, Present, Ready};
+    use serde_json::json;
+
+    fn catalog() -> manifest::Manifest {
+        manifest::Manifest::from_value(json!({"models": [
+            {"id": "rdf43", "name": "RDF", "version": "v15"},
+            {"id": "pop223", "name": "Pop", "version": "v16"},
+            {"id": "big223", "name": "Big", "version": "v16", "uses_external_gpu": true},
+            {"id": "big2", "name": "Big 2", "version": "v16", "uses_external_gpu": true},
+        ]}))
+        .unwrap()
+    }
+
+    #[test]
+    fn status_lists_chosen_gpu_models_that_wait_for_a_ready_chestnut() {
+        let c = catalog();
+        let none = |_: &manifest::ModelEntry| false;
+        let big_in = |e: &manifest::ModelEntry| e.id().as_str() == "big223";
+        let ids = |chosen: &[(&'static str, Option<&str>)],
+                   ch,
+                   inst: &dyn Fn(&manifest::ModelEntry) -> bool| {
+            waiting_for_chestnut(chosen, &c, ch, inst)
+                .into_iter()
+                .map(|w| (w.slot, w.id))
+                .collect::<Vec<_>>()
+        };
+        let s = |x: &'static str| -> Option<&'static str> { Some(x) };
+        // (chosen, chestnut, installed) -> waiting
+        let chosen_big = [("selection", s("pop223")), ("big_profile", s("big223"))];
+        assert_eq!(
+            ids(&chosen_big, Absent, &none),
+            [("big_profile", "big223".to_string())]
+        );
+        assert_eq!(ids(&chosen_big, Present, &none).len(), 1);
+        assert!(ids(&chosen_big, Ready, &none).is_empty());
+        assert!(ids(&chosen_big, Absent, &big_in).is_empty());
+        // A legacy GPU selection names it twice: listed once, under the selection.
+        let legacy = [("selection", s("BIG223")), ("big_profile", s("big223"))];
+        assert_eq!(
+            ids(&legacy, Absent, &none),
+            [("selection", "big223".to_string())]
+        );
+        // Not in the catalog, disabled, unset, or not a GPU model: nothing.
+        let other = [
+            ("selection", s("gone223")),
+            ("big_profile", s("none")),
+            ("selection", None),
+            ("selection", s("pop223")),
+        ];
+        assert!(ids(&other, Absent, &none).is_empty());
+        let w = waiting_for_chestnut(&chosen_big, &c, Absent, &none);
+        assert!(
+            w[0].reason.contains("needs the external GPU (Chestnut)"),
+            "{w:?}"
+        );
     }
 }

@@ -158,9 +158,16 @@ fn a_crash_after_any_effect_then_a_rerun_ends_as_an_uninterrupted_refresh() {
         |f: &Fixture, effects: Effects| refresh(&f.device_with(effects), &origin.downloader());
     let mut total = 0;
     for (name, params, egpu) in STARTS {
+        let prepare = || {
+            let f = Fixture::v24(params);
+            if *egpu {
+                f.plug_chestnut();
+            }
+            f
+        };
         let Uninterrupted { log, .. } = enumerate(&Enumeration {
             egpu: *egpu,
-            ..Enumeration::new(&origin, name, &|| Fixture::v24(params), &run)
+            ..Enumeration::new(&origin, name, &prepare, &run)
         });
         assert!(
             log.len() > 20,

@@ -316,6 +316,9 @@ fn python_manager_devices_end_on_the_verified_v25_model_or_the_builtin() {
             origin.refuse(id);
         }
         let f = Fixture::v24(case.params);
+        if case.egpu {
+            f.plug_chestnut();
+        }
         let device = f.device();
         let report =
             refresh(&device, &origin.downloader()).unwrap_or_else(|e| panic!("{}: {e}", case.name));

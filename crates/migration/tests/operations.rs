@@ -107,6 +107,15 @@ fn gc_removes_strays_and_unlisted_models_but_never_local_ones() {
     ] {
         fs::write(f.models().join(stray), b"x").unwrap();
     }
+    // The Python manager's temporaries, left an hour ago (a young one would be kept).
+    for t in ["tmpa1b2c3", "tmpk3j4h5"] {
+        fs::File::options()
+            .write(true)
+            .open(f.models().join(t))
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(3600))
+            .unwrap();
+    }
     let mut removed = migration::gc(&f.device()).unwrap();
     removed.sort();
     assert_eq!(

@@ -2,6 +2,7 @@
 //! against the fault-injecting server on 127.0.0.1 (`common`), and `upstream` reads the result
 //! the way StarPilot's Python side does.
 
+mod byte_shape;
 mod common;
 mod crash_enumeration;
 mod device_contract;

@@ -260,7 +260,7 @@ impl Fixture {
     }
 
     pub fn device_with(&self, effects: Effects) -> Device {
-        Device::with_effects(
+        let mut d = Device::with_effects(
             DeviceConfig {
                 data_dir: self.data(),
                 memory_params_dir: self.dir.path().join("shm"),
@@ -268,7 +268,23 @@ impl Fixture {
                 generation: V25,
             },
             effects,
-        )
+        );
+        // The fixture's own sysfs: no Chestnut until [`Fixture::plug_chestnut`].
+        d.sysfs_root = self.sysfs();
+        d
+    }
+
+    pub fn sysfs(&self) -> PathBuf {
+        self.dir.path().join("sys")
+    }
+
+    /// A Chestnut with its firmware ready, as upstream's ready-check sees it in sysfs.
+    pub fn plug_chestnut(&self) {
+        let d = self.sysfs().join("bus/usb/devices/2-1");
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("idVendor"), "add1\n").unwrap();
+        fs::write(d.join("idProduct"), "0001\n").unwrap();
+        fs::write(d.join("product"), "custom ed4e39b7-CLEAN\n").unwrap();
     }
 
     /// Everything a refresh's outcome consists of: every persistent param, and every file of

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+pub mod writes;
+
 /// Where modeld's model comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Load {
