@@ -18,6 +18,7 @@ pub mod egpu;
 mod error;
 mod http;
 mod origin;
+pub mod policy;
 pub mod space;
 mod staging;
 pub mod trust;
@@ -32,6 +33,7 @@ pub use origin::{DEFAULT_GITHUB_BASE, DEFAULT_HF_BASE, Origin, OriginKind, Origi
 pub use staging::{LEGACY_STAGING_PREFIX, STAGING_DIR, STALE_AFTER};
 
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use manifest::validate::Problem;
@@ -72,6 +74,8 @@ pub struct Downloader {
     trusted_keys: Option<trust::TrustedKeys>,
     /// The tinygrad this device's openpilot tree runs: a manifest naming another one is refused.
     tinygrad_pin: Option<GitCommit>,
+    /// What this downloader's run saw of each origin ([`policy`]).
+    book: Mutex<policy::Book>,
 }
 
 impl Downloader {
@@ -83,6 +87,55 @@ impl Downloader {
             limits: Limits::default(),
             trusted_keys: None,
             tinygrad_pin: None,
+            book: Mutex::new(policy::Book::default()),
+        }
+    }
+
+    /// The origins in the order the next request asks them ([`policy::order`] over what this
+    /// downloader saw), each with its standing.
+    pub fn origin_order(&self) -> Vec<(Origin, policy::Standing)> {
+        let book = self.book.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let seen: Vec<_> = self
+            .origins
+            .iter()
+            .map(|o| (o.kind, book.seen(o.kind)))
+            .collect();
+        policy::order(&seen, Instant::now())
+            .into_iter()
+            .filter_map(|(kind, standing)| {
+                self.origins
+                    .iter()
+                    .find(|o| o.kind == kind)
+                    .map(|o| (o.clone(), standing))
+            })
+            .collect()
+    }
+
+    /// What this downloader saw of `kind` so far.
+    pub fn seen(&self, kind: OriginKind) -> policy::Seen {
+        self.book
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .seen(kind)
+    }
+
+    /// Record what `e` says about `origin` (a give-up, see [`Error::gives_up`]).
+    fn note_failure(&self, origin: &Origin, e: &Error) {
+        if let Some(why) = e.gives_up() {
+            self.book.lock().unwrap_or_else(|e| e.into_inner()).give_up(
+                origin.kind,
+                why,
+                Instant::now(),
+            );
+        }
+    }
+
+    fn note_measured(&self, origin: &Origin, m: policy::Measured) {
+        if m.bytes > 0 {
+            self.book
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .measured(origin.kind, m, Instant::now());
         }
     }
 
@@ -157,7 +210,7 @@ impl Downloader {
         cancel: &CancelToken,
     ) -> Result<FetchedManifest> {
         let mut attempts = Vec::new();
-        for origin in self.origins.iter() {
+        for (origin, _) in self.origin_order() {
             let url = origin.manifest_url(generation);
             match self.fetch_one_manifest(&url, generation, accepted, cancel) {
                 Ok((read, signed, raw)) => {
@@ -180,7 +233,10 @@ impl Downloader {
                     });
                 }
                 Err(e @ Error::Cancelled { .. }) => return Err(e),
-                Err(e) => attempts.push((origin.to_string(), e)),
+                Err(e) => {
+                    self.note_failure(&origin, &e);
+                    attempts.push((origin.to_string(), e));
+                }
             }
         }
         Err(Error::ManifestUnavailable {
@@ -309,9 +365,10 @@ impl Downloader {
             models_dir: Path::new(""),
             cancel,
             on_event: &|_| {},
+            leave: &|_, _| false,
         };
-        for origin in self.origins.iter() {
-            match download::resolve_from(&job, origin) {
+        for (origin, _) in self.origin_order() {
+            match download::resolve_from(&job, &origin) {
                 Ok(r) => {
                     return Ok(DownloadPlan {
                         origin: origin.to_string(),
@@ -322,7 +379,10 @@ impl Downloader {
                     });
                 }
                 Err(e) if e.is_local() => return Err(e),
-                Err(e) => attempts.push((origin.to_string(), e)),
+                Err(e) => {
+                    self.note_failure(&origin, &e);
+                    attempts.push((origin.to_string(), e));
+                }
             }
         }
         Err(Error::AllOriginsFailed {
@@ -343,16 +403,14 @@ impl Downloader {
     ) -> Result<Installed> {
         self.check_signed(target)?;
         let mut attempts = Vec::new();
-        let job = download::Job {
-            http: &self.http,
-            config: &self.config,
-            generation,
-            target,
-            models_dir,
-            cancel,
-            on_event,
-        };
-        for origin in self.origins.iter() {
+        // Each origin in the policy's order; one a download left to measure the other (see
+        // `policy::leave`) comes back at the end, to finish from where it stopped.
+        let mut queue: std::collections::VecDeque<(Origin, bool)> = self
+            .origin_order()
+            .into_iter()
+            .map(|(o, _)| (o, true))
+            .collect();
+        while let Some((origin, may_leave)) = queue.pop_front() {
             if cancel.is_cancelled() {
                 return Err(Error::Cancelled {
                     model: target.id.to_string(),
@@ -361,10 +419,36 @@ impl Downloader {
             on_event(Event::Origin {
                 origin: origin.to_string(),
             });
-            match download::download_from(&job, origin) {
+            let other = self
+                .origins
+                .iter()
+                .find(|o| o.kind != origin.kind)
+                .map(|o| o.kind);
+            let leave = |m: policy::Measured, remaining: u64| {
+                may_leave
+                    && other
+                        .is_some_and(|k| policy::leave(m, remaining, &self.seen(k), Instant::now()))
+            };
+            let job = download::Job {
+                http: &self.http,
+                config: &self.config,
+                generation,
+                target,
+                models_dir,
+                cancel,
+                on_event,
+                leave: &leave,
+            };
+            let (result, measured) = download::download_from(&job, &origin);
+            self.note_measured(&origin, measured);
+            match result {
                 Ok(done) => return Ok(done),
                 Err(e) if e.is_local() => return Err(e),
-                Err(e) => attempts.push((origin.to_string(), e)),
+                Err(Error::LeftForFaster { .. }) => queue.push_back((origin, false)),
+                Err(e) => {
+                    self.note_failure(&origin, &e);
+                    attempts.push((origin.to_string(), e));
+                }
             }
         }
         Err(Error::AllOriginsFailed {

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chunker::Hasher;
 use fs_err::os::unix::fs::FileExt;
@@ -21,6 +21,7 @@ use super::{CancelToken, DownloadConfig, Event, Installed, Target};
 use crate::error::{Error, Result};
 use crate::http::{Ctl, Http};
 use crate::origin::Origin;
+use crate::policy::Measured;
 
 struct Run<'a> {
     http: &'a Http,
@@ -51,6 +52,9 @@ pub(crate) struct Job<'a> {
     pub models_dir: &'a Path,
     pub cancel: &'a CancelToken,
     pub on_event: &'a (dyn Fn(Event) + Sync),
+    /// Asked while the transfer runs, with what it moved so far and the bytes still needed:
+    /// `true` moves the download to the other origin ([`crate::policy::leave`]).
+    pub leave: &'a (dyn Fn(Measured, u64) -> bool + Sync),
 }
 
 /// What one origin publishes for the job's target, as pieces with their URLs, and the
@@ -124,7 +128,15 @@ pub(crate) fn resolve_from(job: &Job<'_>, origin: &Origin) -> Result<Resolved> {
     })
 }
 
-pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed> {
+/// Download the job's target from `origin`, and what this origin's payload transfer measured
+/// (bytes fetched now, not resumed ones, and the time from the first range request).
+pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> (Result<Installed>, Measured) {
+    let mut measured = Measured::default();
+    let result = download_measured(job, origin, &mut measured);
+    (result, measured)
+}
+
+fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) -> Result<Installed> {
     let Job {
         http,
         config,
@@ -180,11 +192,37 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
         total: plan.size,
     });
     let workers = config.connections.max(1);
+    let started = Instant::now();
+    let moved = || Measured {
+        bytes: run
+            .done_bytes
+            .load(Ordering::SeqCst)
+            .saturating_sub(already),
+        elapsed: started.elapsed(),
+    };
     thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| run.worker());
+        let handles: Vec<_> = (0..workers).map(|_| s.spawn(|| run.worker())).collect();
+        // Watch the transfer's rate: the policy may move it to the other origin.
+        let mut last_check = Instant::now();
+        while !handles.iter().all(|h| h.is_finished()) {
+            thread::sleep(Duration::from_millis(10));
+            if run.stopped() || last_check.elapsed() < Duration::from_millis(250) {
+                continue;
+            }
+            last_check = Instant::now();
+            let m = moved();
+            let remaining = plan
+                .size
+                .saturating_sub(run.done_bytes.load(Ordering::SeqCst));
+            if (job.leave)(m, remaining) {
+                run.fail(Error::LeftForFaster {
+                    url: run.urls[0].clone(),
+                    rate: m.rate().unwrap_or(0),
+                });
+            }
         }
     });
+    *measured = moved();
     if let Some(e) = run.error.lock().unwrap().take() {
         // Without per-chunk digests a digest failure cannot say which bytes are bad: drop them
         // all. With them, only the failing chunk was forgotten (in `finish_piece`); every
