@@ -7,6 +7,7 @@ mod cli_surface;
 mod common;
 mod field;
 mod hostile_origin;
+mod not_yet;
 mod signed;
 mod signed_attacks;
 mod tree;

@@ -462,6 +462,19 @@ impl RequestJob {
                     }
                 }
                 Ok(resp) => break resp,
+                // A range inside the size the manifest implies lies past the end of the file
+                // the origin serves: it has another file than the manifest describes (a store
+                // half-way through a republish), "not yet".
+                Err(ureq::Error::Status(416, resp)) => {
+                    return head(Err(Error::SizeMismatch {
+                        url: url0,
+                        message: format!(
+                            "HTTP 416: the range asked for is past the end of the published file \
+                             (Content-Range {:?})",
+                            resp.header("content-range").unwrap_or("")
+                        ),
+                    }));
+                }
                 Err(ureq::Error::Status(status, _)) => {
                     return head(Err(Error::Status { url: url0, status }));
                 }

@@ -199,6 +199,11 @@ pub enum Served {
     Kept { progress: Progress, why: String },
 }
 
+/// Whether a failure is "not yet": an origin's files disagree with its manifest.
+fn is_not_yet(e: &Error) -> bool {
+    matches!(e, Error::Download(d) if d.is_not_yet())
+}
+
 /// Whether a failure means "try again when the network is back" (never "failed for good").
 fn is_offline(e: &Error) -> bool {
     match e {
@@ -383,6 +388,19 @@ pub fn run(
                                 }
                             ));
                             Instant::now() + config.refresh_every
+                        }
+                        Err(e) if is_not_yet(&e) => {
+                            // An origin's files disagree with its manifest (a republish in
+                            // progress): not a failure, no backoff; asked again soon.
+                            let wait = crate::choice::NOT_YET_RETRY.min(config.refresh_every);
+                            let first = e.to_string();
+                            let first = first.lines().next().unwrap_or("");
+                            log(&format!(
+                                "refresh: not yet (the store's files do not match its manifest \
+                                 yet; nothing counted as a failure), next try in {} s: {first}",
+                                wait.as_secs()
+                            ));
+                            Instant::now() + wait
                         }
                         Err(e) => {
                             let first = e.to_string();

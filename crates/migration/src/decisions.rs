@@ -71,11 +71,12 @@ impl Installs {
         state: VerifyState,
         retry: Option<&choice::Retry>,
         now_unix: u64,
+        caller: choice::Caller,
     ) -> InstallStep {
         if state == VerifyState::Outdated {
             self.old_copy.insert(id.clone());
         }
-        let step = plan::install_step(state, choice::due(retry, now_unix));
+        let step = plan::install_step(state, choice::due(retry, now_unix, caller));
         match step {
             InstallStep::Keep => {
                 self.ok.insert(id.clone());

@@ -389,19 +389,15 @@ impl Run<'_> {
             .get(url, Some((start, last)), validator, &self.ctl)?;
         match body.meta.status {
             206 => {
-                let range_ok = matches!(body.meta.content_range, Some((a, b, _))
-                    if a == start && b == last);
-                let total_ok = matches!(body.meta.content_range, Some((_, _, total))
-                    if total.is_none_or(|t| t == piece.len));
-                if !range_ok || !total_ok {
+                let verdict = range_verdict((start, last), body.meta.content_range, piece.len);
+                if verdict != RangeVerdict::Ok {
                     let message = format!(
                         "asked for bytes {start}-{last} of {}, got Content-Range {:?}",
                         piece.len, body.meta.content_range
                     );
-                    return Err(if range_ok {
-                        mismatch(message)
-                    } else {
-                        protocol(message)
+                    return Err(match verdict {
+                        RangeVerdict::OtherFile => mismatch(message),
+                        _ => protocol(message),
                     });
                 }
                 if let Some(len) = body.meta.content_length
@@ -466,5 +462,65 @@ impl Run<'_> {
             });
         }
         Ok(())
+    }
+}
+
+/// What a `206`'s `Content-Range` says about the file behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RangeVerdict {
+    /// The range asked for, of a file of the planned length.
+    Ok,
+    /// The origin's file has another length than the manifest implies (its total differs; a
+    /// shorter file also clamps the range): "not yet" ([`Error::is_not_yet`]), e.g. a store
+    /// half-way through a republish.
+    OtherFile,
+    /// Another range of a file of the right length, or no usable header: a broken server.
+    Broken,
+}
+
+/// The rule for a `206` answer to a request for bytes `start..=last` of a piece of `len`
+/// bytes. Pure.
+pub(crate) fn range_verdict(
+    (start, last): (u64, u64),
+    content_range: Option<(u64, u64, Option<u64>)>,
+    len: u64,
+) -> RangeVerdict {
+    match content_range {
+        Some((_, _, Some(total))) if total != len => RangeVerdict::OtherFile,
+        Some((a, b, _)) if a == start && b == last => RangeVerdict::Ok,
+        _ => RangeVerdict::Broken,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every disagreement between the planned length and the origin's file is "other file"
+    /// (not yet); only a wrong answer about a file of the right length is a broken server.
+    #[test]
+    fn range_verdict_table() {
+        use RangeVerdict::*;
+        let cases = [
+            ((0, 99), Some((0, 99, Some(100))), 100, Ok),
+            ((0, 99), Some((0, 99, None)), 100, Ok),
+            ((50, 99), Some((50, 99, Some(100))), 100, Ok),
+            // Longer file: the range is as asked, the total is not.
+            ((0, 99), Some((0, 99, Some(150))), 100, OtherFile),
+            // Shorter file: the server clamps the range to its end.
+            ((0, 99), Some((0, 79, Some(80))), 100, OtherFile),
+            ((50, 99), Some((50, 79, Some(80))), 100, OtherFile),
+            // Right length, wrong range: a broken server.
+            ((0, 99), Some((10, 99, Some(100))), 100, Broken),
+            ((0, 99), Some((0, 79, None)), 100, Broken),
+            ((0, 99), None, 100, Broken),
+        ];
+        for (asked, got, len, want) in cases {
+            assert_eq!(
+                range_verdict(asked, got, len),
+                want,
+                "{asked:?} {got:?} of {len}"
+            );
+        }
     }
 }
