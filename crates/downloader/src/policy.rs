@@ -232,7 +232,8 @@ mod tests {
         let none = Measured::default();
         let mb = 1 << 20;
         use Standing::*;
-        let cases: &[(&str, Seen, Seen, &[(OriginKind, Standing)])] = &[
+        type Case<'a> = (&'a str, Seen, Seen, &'a [(OriginKind, Standing)]);
+        let cases: &[Case<'_>] = &[
             (
                 "nothing seen: configured order",
                 seen(None, none, t0),
