@@ -200,3 +200,54 @@ fn a_refresh_by_hand_retries_a_pending_model_at_once() {
         assert_eq!(w.retry(), None);
     }
 }
+
+/// The daemon meets a half-republished store: its log says "not yet" and when it asks again
+/// (its refresh interval here, shorter than the 2 minutes), nothing is counted, and once the
+/// store completes its next refresh installs the new bytes.
+#[test]
+fn the_daemon_asks_a_half_republished_store_again_soon_and_installs_once_it_completes() {
+    for generation in ["v25", "v26"] {
+        let old = artifact_bytes(1, 2 * CHUNK);
+        let new = artifact_bytes(7, 2 * CHUNK);
+        let w = World::new(generation, &old);
+        let staged = w.half_republish(&new);
+        let log_path = w.device.dir.path().join("daemon.log");
+        let mut daemon = w
+            .device
+            .command(
+                &w.server.url(),
+                &[
+                    "run",
+                    "--poll-ms",
+                    "50",
+                    "--retry-secs",
+                    "1",
+                    "--refresh-secs",
+                    "2",
+                ],
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap();
+        let log = || fs::read_to_string(&log_path).unwrap_or_default();
+        wait_for(
+            "the not-yet log line",
+            std::time::Duration::from_secs(30),
+            || log().contains("refresh: not yet ("),
+        );
+        assert!(log().contains("next try in 2 s"), "{}", log());
+        assert_eq!(w.retry(), None, "{generation}: nothing counted");
+        assert_eq!(w.device.installed("pop223").as_deref(), Some(&old[..]));
+
+        w.complete(staged.path());
+        wait_for("the new bytes", std::time::Duration::from_secs(30), || {
+            w.device.installed("pop223").as_deref() == Some(&new[..])
+        });
+        // SAFETY: our own child's pid.
+        unsafe { libc::kill(daemon.id() as libc::pid_t, libc::SIGTERM) };
+        assert!(daemon.wait().unwrap().success());
+        assert_eq!(w.retry(), None, "{generation}: {}", log());
+    }
+}

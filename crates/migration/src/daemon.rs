@@ -403,25 +403,29 @@ pub fn run(
                             Instant::now() + wait
                         }
                         Err(e) => {
+                            let stopped = matches!(
+                                e,
+                                Error::Onroad { .. }
+                                    | Error::Download(downloader::Error::Cancelled { .. })
+                            );
+                            let wait = if is_offline(&e) || stopped {
+                                config.retry_offline
+                            } else {
+                                config.refresh_every
+                            };
                             let first = e.to_string();
                             let first = first.lines().next().unwrap_or("");
-                            log(&format!("refresh failed, will retry: {first}"));
+                            log(&format!(
+                                "refresh failed, will retry in {} s: {first}",
+                                wait.as_secs()
+                            ));
                             // A manifest refused on trust grounds is shown to the user.
                             if let Error::Download(d) = &e
                                 && let Some(r) = crate::trust_state::refusal(d)
                             {
                                 say(&Progress::ManifestRefused(r));
                             }
-                            let stopped = matches!(
-                                e,
-                                Error::Onroad { .. }
-                                    | Error::Download(downloader::Error::Cancelled { .. })
-                            );
-                            if is_offline(&e) || stopped {
-                                Instant::now() + config.retry_offline
-                            } else {
-                                Instant::now() + config.refresh_every
-                            }
+                            Instant::now() + wait
                         }
                     };
                 }

@@ -94,8 +94,8 @@ impl NextStep for Error {
             Error::Download(d) if d.is_not_yet() => format!(
                 "nothing was counted as a failure: the store's files do not match its manifest \
                  yet (a republish in progress); the installed model (or the built-in) stays in \
-                 use. Run `refresh` again in a few minutes: it tries at once. The daemon asks \
-                 again within {} minutes",
+                 use. Run the same command again in a few minutes: it tries at once. The \
+                 daemon's own refresh asks again within {} minutes",
                 crate::choice::NOT_YET_RETRY.as_secs() / 60
             ),
             Error::Download(D::Io(_)) => {
