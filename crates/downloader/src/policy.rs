@@ -10,10 +10,10 @@
 //!   once it has passed);
 //! - an origin whose measured rate on this run's transfers is more than [`FAR_SLOWER`] times
 //!   below the other's is left for it (asked second);
-//! - while a download runs on an origin whose speed the other has not been compared with, a
-//!   transfer that would still take longer than [`LEAVE_IF_ETA`] after [`MEASURE_AFTER`] is
-//!   moved to the other origin to measure it (the bytes already staged are kept and resumed);
-//!   it comes back only if the other fails or turns out to be far slower.
+//! - while a download runs slower than [`PROBE_BELOW`] on an origin whose speed the other has
+//!   not been compared with, a transfer that would still take longer than [`LEAVE_IF_ETA`] after
+//!   [`MEASURE_AFTER`] is moved to the other origin to measure it (the bytes already staged are
+//!   kept and resumed); the origin it left is asked again only if the other fails.
 
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,9 @@ pub const MEASURE_BYTES: u64 = 512 * 1024;
 /// A download whose remaining bytes would take less than this at its current rate finishes
 /// where it is, however slow the origin is compared with the other.
 pub const LEAVE_IF_ETA: Duration = Duration::from_secs(10);
+/// A download is moved to an origin not measured yet only when it runs slower than this: a
+/// healthy preferred origin is not left just to measure the other.
+pub const PROBE_BELOW: u64 = 1024 * 1024;
 
 /// Why an origin was given up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,8 +144,8 @@ pub fn order(seen: &[(OriginKind, Seen)], now: Instant) -> Vec<(OriginKind, Stan
 /// Whether a download running on one origin should move to `other` now: `this` is what this
 /// download moved so far, `remaining` the bytes it still needs. Only after [`MEASURE_AFTER`],
 /// only when the rest would take longer than [`LEAVE_IF_ETA`], never to a given-up origin; then
-/// to an origin not measured yet (to measure it) or one measured more than [`FAR_SLOWER`]
-/// times faster.
+/// to an origin not measured yet when this one runs below [`PROBE_BELOW`] (to measure it), or
+/// to one measured more than [`FAR_SLOWER`] times faster.
 pub fn leave(this: Measured, remaining: u64, other: &Seen, now: Instant) -> bool {
     let Some(rate) = this.rate() else {
         return false;
@@ -155,7 +158,7 @@ pub fn leave(this: Measured, remaining: u64, other: &Seen, now: Instant) -> bool
         return false;
     }
     match other.measured.rate() {
-        None => true,
+        None => rate < PROBE_BELOW,
         Some(o) => rate.saturating_mul(FAR_SLOWER) < o,
     }
 }
@@ -375,6 +378,13 @@ mod tests {
                 8 * mb,
                 fresh,
                 true,
+            ),
+            (
+                "healthy, other unknown: stay, however long the rest takes",
+                m(2 * mb * 3, 3),
+                200 * mb,
+                fresh,
+                false,
             ),
             (
                 "slow but nearly done: finish here",
