@@ -96,6 +96,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     rows.extend(chunker_rows(&bin, &work, &input)?);
     rows.extend(crate::bench_device::rows(&work, &input, download_mib)?);
     rows.extend(crate::bench_budget::rows(&work)?);
+    rows.extend(crate::bench_fallback::rows(&work)?);
 
     print_table(size_mib, &rows);
     let _ = fs::remove_dir_all(&work);

@@ -329,7 +329,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
             dry_run: true,
             json,
         } => {
-            let plan = match migration::preview::refresh(&device, &dl, migration::unix_now()) {
+            let plan = match migration::preview::refresh_as(
+                &device,
+                &dl,
+                migration::unix_now(),
+                migration::choice::Caller::Person,
+            ) {
                 Ok(plan) => plan,
                 Err(e) => {
                     let before = migration::preview::refresh_failure(&device, &e)?;
@@ -355,7 +360,15 @@ fn run(cli: Cli) -> Result<(), Failure> {
             device.ensure_offroad("refresh")?;
             let _lock = ManagerLock::acquire(&device.models_dir())?;
             progress.label("selected model");
-            let r = migration::refresh(&device, &dl, &CancelToken::new(), &print);
+            // A person's refresh: every pending model is tried now, whatever its backoff.
+            let r = migration::refresh_as(
+                &device,
+                &dl,
+                &CancelToken::new(),
+                &print,
+                migration::unix_now(),
+                migration::choice::Caller::Person,
+            );
             progress.finish();
             let r = r?;
             if json {
@@ -393,7 +406,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }
             if !r.retrying.is_empty() && r.dropped.is_empty() {
                 cli_support::info!(
-                    "next: nothing to do; every refresh retries it (`status` shows when)"
+                    "next: nothing to do; `refresh` tries it again at once, and the daemon \
+                     retries it on its own after a backoff (`status` shows when)"
                 );
             } else if r.fell_back_to_builtin {
                 cli_support::info!(

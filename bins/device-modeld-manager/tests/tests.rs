@@ -9,6 +9,7 @@ mod cli_surface;
 mod common;
 mod field;
 mod hostile_origin;
+mod not_yet;
 mod python_temps;
 mod signed;
 mod signed_attacks;

@@ -31,6 +31,22 @@ pub enum Error {
     #[error("{url}: this origin took longer than its deadline of {seconds} s; giving up on it")]
     Deadline { url: String, seconds: u64 },
 
+    /// This origin answered nothing within the response timeout, or sent a body slower than
+    /// the minimum rate: it is given up (not retried) and the other origin is asked first for
+    /// the rest of the run (see [`crate::policy`]).
+    #[error("{url}: {message}; giving up on this origin for this run")]
+    TooSlow {
+        url: String,
+        message: String,
+        why: crate::policy::GiveUp,
+    },
+
+    /// A download moved to the other origin, far faster or not yet measured (see
+    /// [`crate::policy::leave`]); the bytes it fetched are kept. Never the final error of a
+    /// download: the origin it left is asked again if the other one fails.
+    #[error("{url}: {rate} bytes/s here; moved to the other origin to compare")]
+    LeftForFaster { url: String, rate: u64 },
+
     /// The server answered something no correct server would (wrong Content-Range, a body
     /// longer than asked for, a size other than the manifest's).
     #[error("{url}: protocol violation: {message}")]
@@ -199,13 +215,25 @@ impl Error {
     /// network may be back, instead of giving it up.
     pub fn is_offline(&self) -> bool {
         match self {
-            Error::Transport { .. } | Error::Deadline { .. } => true,
+            Error::Transport { .. }
+            | Error::Deadline { .. }
+            | Error::TooSlow { .. }
+            | Error::LeftForFaster { .. } => true,
             Error::Status { .. } => self.is_retryable(),
             Error::ManifestUnavailable { attempts, .. }
             | Error::AllOriginsFailed { attempts, .. } => {
                 !attempts.is_empty() && attempts.iter().all(|(_, e)| e.is_offline())
             }
             _ => false,
+        }
+    }
+
+    /// Why this error gives its origin up for the run, if it does (see [`crate::policy`]).
+    pub fn gives_up(&self) -> Option<crate::policy::GiveUp> {
+        match self {
+            Error::Deadline { .. } => Some(crate::policy::GiveUp::Deadline),
+            Error::TooSlow { why, .. } => Some(*why),
+            _ => None,
         }
     }
 

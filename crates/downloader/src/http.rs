@@ -28,6 +28,7 @@ use url::Url;
 
 use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
+use crate::policy::GiveUp;
 
 /// Timeouts, rate floor, redirect bound and pool size of every device request.
 #[derive(Debug, Clone)]
@@ -42,9 +43,12 @@ pub struct HttpConfig {
     /// transfer fails (and is retried, within the origin's deadline).
     pub min_rate: u64,
     pub rate_window: Duration,
-    /// How long one origin may take before the next is tried: the whole manifest fetch, or the
-    /// whole artifact download plus `size / min_rate` (retries and backoff included).
+    /// How long one origin may take before the next is tried: the whole manifest fetch, or,
+    /// for an artifact, this plus `size / deadline_rate` (retries and backoff included).
     pub origin_deadline: Duration,
+    /// The rate an artifact's deadline is computed at (see [`HttpConfig::artifact_deadline`]):
+    /// far above `min_rate`, so that a 200 MB artifact gets about half an hour, not 14 h.
+    pub deadline_rate: u64,
     /// Redirect hops followed per request.
     pub max_redirects: u32,
     pub max_idle_per_host: usize,
@@ -59,6 +63,7 @@ impl Default for HttpConfig {
             min_rate: 4 * 1024,
             rate_window: Duration::from_secs(20),
             origin_deadline: Duration::from_secs(120),
+            deadline_rate: 128 * 1024,
             max_redirects: 5,
             max_idle_per_host: 16,
         }
@@ -66,9 +71,12 @@ impl Default for HttpConfig {
 }
 
 impl HttpConfig {
-    /// The deadline of one origin for an artifact of `size` bytes, from `now`.
+    /// The deadline of one origin for an artifact of `size` bytes, from `now`:
+    /// `origin_deadline + size / deadline_rate` (defaults: 120 s + size / 128 KiB/s, so 3 MB
+    /// gets 142 s, 200 MB 1 645 s ≈ 27 min, 1 GiB 8 312 s ≈ 2.3 h). An origin that misses it is
+    /// given up for the run; the bytes it staged are kept for the other origin and later runs.
     pub fn artifact_deadline(&self, now: Instant, size: u64) -> Instant {
-        let transfer = Duration::from_secs(size / self.min_rate.max(1));
+        let transfer = Duration::from_secs(size / self.deadline_rate.max(1));
         now.checked_add(self.origin_deadline.saturating_add(transfer))
             .unwrap_or(now + Duration::from_secs(365 * 24 * 3600))
     }
@@ -176,9 +184,10 @@ impl Body {
             }
             self.ctl.check(&self.url)?;
             if let Some(message) = self.rate.check(Instant::now()) {
-                return Err(Error::Transport {
+                return Err(Error::TooSlow {
                     url: self.url.clone(),
                     message,
+                    why: GiveUp::MinRate,
                 });
             }
             match self.rx.recv_timeout(POLL) {
@@ -351,12 +360,13 @@ impl Http {
         let head = loop {
             ctl.check(url)?;
             if started.elapsed() >= self.config.response_timeout {
-                return Err(Error::Transport {
+                return Err(Error::TooSlow {
                     url: url.to_string(),
                     message: format!(
                         "no response within {} s",
                         self.config.response_timeout.as_secs_f32()
                     ),
+                    why: GiveUp::Silent,
                 });
             }
             match rx.recv_timeout(POLL) {
@@ -452,8 +462,30 @@ impl RequestJob {
                     }
                 }
                 Ok(resp) => break resp,
+                // A range inside the size the manifest implies lies past the end of the file
+                // the origin serves: it has another file than the manifest describes (a store
+                // half-way through a republish), "not yet".
+                Err(ureq::Error::Status(416, resp)) => {
+                    return head(Err(Error::SizeMismatch {
+                        url: url0,
+                        message: format!(
+                            "HTTP 416: the range asked for is past the end of the published file \
+                             (Content-Range {:?})",
+                            resp.header("content-range").unwrap_or("")
+                        ),
+                    }));
+                }
                 Err(ureq::Error::Status(status, _)) => {
                     return head(Err(Error::Status { url: url0, status }));
+                }
+                Err(ureq::Error::Transport(t)) if is_timeout(&t) => {
+                    // Accepted, then silent past the idle timeout (or a connect that never
+                    // completed): the origin is not answering, not merely flaky.
+                    return head(Err(Error::TooSlow {
+                        url: url0,
+                        message: t.to_string(),
+                        why: GiveUp::Silent,
+                    }));
                 }
                 Err(ureq::Error::Transport(t)) => {
                     return head(Err(Error::Transport {
@@ -500,6 +532,22 @@ impl RequestJob {
             }
         }
     }
+}
+
+/// Whether a transport error is a timeout (connect, or a read that waited past the idle
+/// timeout).
+fn is_timeout(t: &ureq::Transport) -> bool {
+    let mut source = std::error::Error::source(t);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+            );
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// Why a URL may not be requested, if it may not: only `http`/`https` with a host and no user
@@ -694,6 +742,29 @@ mod tests {
         }
         assert!(is_credential("authorization") && is_credential("Cookie"));
         assert!(!is_credential("Range"));
+    }
+
+    /// The deadline rule for v25's and a next generation's sizes alike (the rule does not
+    /// depend on the generation): 120 s plus the size at 128 KiB/s.
+    #[test]
+    fn artifact_deadline_rule() {
+        let c = HttpConfig::default();
+        let t0 = Instant::now();
+        let secs = |size: u64| c.artifact_deadline(t0, size).duration_since(t0).as_secs();
+        let cases = [
+            (0, 120),
+            (3_000_000, 142),
+            (200_000_000, 1_645),
+            (1 << 30, 8_312),
+        ];
+        for (size, want) in cases {
+            assert_eq!(secs(size), want, "{size} bytes");
+        }
+        assert!(
+            secs(200_000_000) < 3600,
+            "a 200 MB artifact never waits ~14 h"
+        );
+        assert!(c.artifact_deadline(t0, u64::MAX) > t0);
     }
 
     #[test]

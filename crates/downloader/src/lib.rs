@@ -19,6 +19,7 @@ pub mod egpu;
 mod error;
 mod http;
 mod origin;
+pub mod policy;
 pub mod space;
 mod staging;
 pub mod trust;
@@ -35,6 +36,7 @@ pub use origin::{DEFAULT_GITHUB_BASE, DEFAULT_HF_BASE, Origin, OriginKind, Origi
 pub use staging::{LEGACY_STAGING_PREFIX, STAGING_DIR, STALE_AFTER};
 
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use manifest::validate::Problem;
@@ -43,7 +45,6 @@ use manifest::{
 };
 
 use crate::http::Http;
-use crate::origin::Tried;
 
 /// A manifest and where it came from, read the device's way (`manifest::tolerant`): the
 /// usable entries, the ones left out with their reasons, and what was normalised.
@@ -76,6 +77,8 @@ pub struct Downloader {
     trusted_keys: Option<trust::TrustedKeys>,
     /// The tinygrad this device's openpilot tree runs: a manifest naming another one is refused.
     tinygrad_pin: Option<GitCommit>,
+    /// What this downloader's run saw of each origin ([`policy`]).
+    book: Mutex<policy::Book>,
 }
 
 impl Downloader {
@@ -87,6 +90,55 @@ impl Downloader {
             limits: Limits::default(),
             trusted_keys: None,
             tinygrad_pin: None,
+            book: Mutex::new(policy::Book::default()),
+        }
+    }
+
+    /// The origins in the order the next request asks them ([`policy::order`] over what this
+    /// downloader saw), each with its standing.
+    pub fn origin_order(&self) -> Vec<(Origin, policy::Standing)> {
+        let book = self.book.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let seen: Vec<_> = self
+            .origins
+            .iter()
+            .map(|o| (o.kind, book.seen(o.kind)))
+            .collect();
+        policy::order(&seen, Instant::now())
+            .into_iter()
+            .filter_map(|(kind, standing)| {
+                self.origins
+                    .iter()
+                    .find(|o| o.kind == kind)
+                    .map(|o| (o.clone(), standing))
+            })
+            .collect()
+    }
+
+    /// What this downloader saw of `kind` so far.
+    pub fn seen(&self, kind: OriginKind) -> policy::Seen {
+        self.book
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .seen(kind)
+    }
+
+    /// Record what `e` says about `origin` (a give-up, see [`Error::gives_up`]).
+    fn note_failure(&self, origin: &Origin, e: &Error) {
+        if let Some(why) = e.gives_up() {
+            self.book.lock().unwrap_or_else(|e| e.into_inner()).give_up(
+                origin.kind,
+                why,
+                Instant::now(),
+            );
+        }
+    }
+
+    fn note_measured(&self, origin: &Origin, m: policy::Measured) {
+        if m.bytes > 0 {
+            self.book
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .measured(origin.kind, m, Instant::now());
         }
     }
 
@@ -160,41 +212,39 @@ impl Downloader {
         accepted: Option<ReleaseNumber>,
         cancel: &CancelToken,
     ) -> Result<FetchedManifest> {
-        let cancelled = |e: &Error| matches!(e, Error::Cancelled { .. });
-        let tried = self.origins.first_answer(cancelled, |origin| {
+        let mut attempts = Vec::new();
+        for (origin, _) in self.origin_order() {
             let url = origin.manifest_url(generation);
-            self.fetch_one_manifest(&url, generation, accepted, cancel)
-                .map(|fetched| (url, fetched))
-        })?;
-        let (url, (read, signed, raw), origin, failed) = match tried {
-            Tried::Answered {
-                value: (url, fetched),
-                origin,
-                failed,
-            } => (url, fetched, origin, failed),
-            Tried::NoneAnswered(attempts) => {
-                return Err(Error::ManifestUnavailable {
-                    generation: generation.to_string(),
-                    attempts,
-                });
+            match self.fetch_one_manifest(&url, generation, accepted, cancel) {
+                Ok((read, signed, raw)) => {
+                    let refused = attempts
+                        .into_iter()
+                        .filter_map(|(origin, e)| match e {
+                            Error::Refused { refusal, .. } => Some((origin, refusal)),
+                            _ => None,
+                        })
+                        .collect();
+                    return Ok(FetchedManifest {
+                        manifest: read.manifest,
+                        raw,
+                        origin: origin.to_string(),
+                        url,
+                        signed,
+                        refused,
+                        refused_entries: read.refused,
+                        normalised: read.normalised,
+                    });
+                }
+                Err(e @ Error::Cancelled { .. }) => return Err(e),
+                Err(e) => {
+                    self.note_failure(&origin, &e);
+                    attempts.push((origin.to_string(), e));
+                }
             }
-        };
-        let refused = failed
-            .into_iter()
-            .filter_map(|(origin, e)| match e {
-                Error::Refused { refusal, .. } => Some((origin, refusal)),
-                _ => None,
-            })
-            .collect();
-        Ok(FetchedManifest {
-            manifest: read.manifest,
-            raw,
-            origin: origin.to_string(),
-            url,
-            signed,
-            refused,
-            refused_entries: read.refused,
-            normalised: read.normalised,
+        }
+        Err(Error::ManifestUnavailable {
+            generation: generation.to_string(),
+            attempts,
         })
     }
 
@@ -309,6 +359,7 @@ impl Downloader {
         cancel: &CancelToken,
     ) -> Result<DownloadPlan> {
         self.check_signed(target)?;
+        let mut attempts = Vec::new();
         let job = download::Job {
             http: &self.http,
             config: &self.config,
@@ -317,25 +368,30 @@ impl Downloader {
             models_dir: Path::new(""),
             cancel,
             on_event: &|_| {},
+            leave: &|_, _| false,
         };
-        let tried = self.origins.first_answer(Error::is_local, |origin| {
-            download::resolve_from(&job, origin)
-        })?;
-        match tried {
-            Tried::Answered {
-                value: r, origin, ..
-            } => Ok(DownloadPlan {
-                origin: origin.to_string(),
-                size: r.plan.size,
-                sha256: r.plan.sha256,
-                digest_source: r.plan.digest_source,
-                pieces: r.pieces,
-            }),
-            Tried::NoneAnswered(attempts) => Err(Error::AllOriginsFailed {
-                model: target.id.to_string(),
-                attempts,
-            }),
+        for (origin, _) in self.origin_order() {
+            match download::resolve_from(&job, &origin) {
+                Ok(r) => {
+                    return Ok(DownloadPlan {
+                        origin: origin.to_string(),
+                        size: r.plan.size,
+                        sha256: r.plan.sha256,
+                        digest_source: r.plan.digest_source,
+                        pieces: r.pieces,
+                    });
+                }
+                Err(e) if e.is_local() => return Err(e),
+                Err(e) => {
+                    self.note_failure(&origin, &e);
+                    attempts.push((origin.to_string(), e));
+                }
+            }
         }
+        Err(Error::AllOriginsFailed {
+            model: target.id.to_string(),
+            attempts,
+        })
     }
 
     /// [`Downloader::download`] of an explicit target: a model's artifact
@@ -349,16 +405,15 @@ impl Downloader {
         on_event: &(dyn Fn(Event) + Sync),
     ) -> Result<Installed> {
         self.check_signed(target)?;
-        let job = download::Job {
-            http: &self.http,
-            config: &self.config,
-            generation,
-            target,
-            models_dir,
-            cancel,
-            on_event,
-        };
-        let tried = self.origins.first_answer(Error::is_local, |origin| {
+        let mut attempts = Vec::new();
+        // Each origin in the policy's order; one a download left to measure the other (see
+        // `policy::leave`) comes back at the end, to finish from where it stopped.
+        let mut queue: std::collections::VecDeque<(Origin, bool)> = self
+            .origin_order()
+            .into_iter()
+            .map(|(o, _)| (o, true))
+            .collect();
+        while let Some((origin, may_leave)) = queue.pop_front() {
             if cancel.is_cancelled() {
                 return Err(Error::Cancelled {
                     model: target.id.to_string(),
@@ -367,15 +422,42 @@ impl Downloader {
             on_event(Event::Origin {
                 origin: origin.to_string(),
             });
-            download::download_from(&job, origin)
-        })?;
-        match tried {
-            Tried::Answered { value, .. } => Ok(value),
-            Tried::NoneAnswered(attempts) => Err(Error::AllOriginsFailed {
-                model: target.id.to_string(),
-                attempts,
-            }),
+            let other = self
+                .origins
+                .iter()
+                .find(|o| o.kind != origin.kind)
+                .map(|o| o.kind);
+            let leave = |m: policy::Measured, remaining: u64| {
+                may_leave
+                    && other
+                        .is_some_and(|k| policy::leave(m, remaining, &self.seen(k), Instant::now()))
+            };
+            let job = download::Job {
+                http: &self.http,
+                config: &self.config,
+                generation,
+                target,
+                models_dir,
+                cancel,
+                on_event,
+                leave: &leave,
+            };
+            let (result, measured) = download::download_from(&job, &origin);
+            self.note_measured(&origin, measured);
+            match result {
+                Ok(done) => return Ok(done),
+                Err(e) if e.is_local() => return Err(e),
+                Err(Error::LeftForFaster { .. }) => queue.push_back((origin, false)),
+                Err(e) => {
+                    self.note_failure(&origin, &e);
+                    attempts.push((origin.to_string(), e));
+                }
+            }
         }
+        Err(Error::AllOriginsFailed {
+            model: target.id.to_string(),
+            attempts,
+        })
     }
 }
 

@@ -5,4 +5,5 @@ mod common;
 mod faults;
 mod field;
 mod hostile;
+mod origins;
 mod tree_pin;

@@ -128,10 +128,27 @@ pub fn backoff(failures: u32) -> Duration {
     BACKOFF_BASE.saturating_mul(factor).min(BACKOFF_MAX)
 }
 
-/// Whether a refresh at `now_unix` may try to download a model with this retry state.
-pub fn due(retry: Option<&Retry>, now_unix: u64) -> bool {
-    retry.is_none_or(|r| now_unix >= r.next_unix)
+/// Who runs a refresh. The backoff governs only the daemon's own retries: a person who runs
+/// `refresh` asks for a try now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// The daemon, on its schedule (and when the car goes offroad).
+    Daemon,
+    /// A person, from the command line: every pending model is tried at once.
+    Person,
 }
+
+/// Whether a refresh at `now_unix` by `caller` may try to download a model with this retry
+/// state: always for a person; for the daemon once its backoff has passed.
+pub fn due(retry: Option<&Retry>, now_unix: u64, caller: Caller) -> bool {
+    caller == Caller::Person || retry.is_none_or(|r| now_unix >= r.next_unix)
+}
+
+/// How soon the daemon refreshes again after a refresh found an origin's files disagreeing with
+/// its manifest ("not yet": a store half-way through a republish). No failure is counted and
+/// no backoff grows; the store is asked again after this long (or after the daemon's refresh
+/// interval, when that is shorter).
+pub const NOT_YET_RETRY: Duration = Duration::from_secs(2 * 60);
 
 /// What became of one wanted model in a refresh.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -386,9 +403,23 @@ mod tests {
             next_unix: 100,
             reason: String::new(),
         };
-        assert!(!due(Some(&r), 99));
-        assert!(due(Some(&r), 100));
-        assert!(due(None, 0));
+        // (retry, now, caller) -> due: the backoff holds the daemon only; a person's
+        // `refresh` tries at once. For v25's models and a next generation's alike (the rule
+        // does not read the generation).
+        for (retry, now, caller, want) in [
+            (Some(&r), 99, Caller::Daemon, false),
+            (Some(&r), 100, Caller::Daemon, true),
+            (None, 0, Caller::Daemon, true),
+            (Some(&r), 99, Caller::Person, true),
+            (Some(&r), 0, Caller::Person, true),
+            (None, 0, Caller::Person, true),
+        ] {
+            assert_eq!(
+                due(retry, now, caller),
+                want,
+                "{retry:?} at {now} by {caller:?}"
+            );
+        }
     }
 
     #[test]

@@ -199,6 +199,11 @@ pub enum Served {
     Kept { progress: Progress, why: String },
 }
 
+/// Whether a failure is "not yet": an origin's files disagree with its manifest.
+fn is_not_yet(e: &Error) -> bool {
+    matches!(e, Error::Download(d) if d.is_not_yet())
+}
+
 /// Whether a failure means "try again when the network is back" (never "failed for good").
 fn is_offline(e: &Error) -> bool {
     match e {
@@ -384,26 +389,43 @@ pub fn run(
                             ));
                             Instant::now() + config.refresh_every
                         }
-                        Err(e) => {
+                        Err(e) if is_not_yet(&e) => {
+                            // An origin's files disagree with its manifest (a republish in
+                            // progress): not a failure, no backoff; asked again soon.
+                            let wait = crate::choice::NOT_YET_RETRY.min(config.refresh_every);
                             let first = e.to_string();
                             let first = first.lines().next().unwrap_or("");
-                            log(&format!("refresh failed, will retry: {first}"));
+                            log(&format!(
+                                "refresh: not yet (the store's files do not match its manifest \
+                                 yet; nothing counted as a failure), next try in {} s: {first}",
+                                wait.as_secs()
+                            ));
+                            Instant::now() + wait
+                        }
+                        Err(e) => {
+                            let stopped = matches!(
+                                e,
+                                Error::Onroad { .. }
+                                    | Error::Download(downloader::Error::Cancelled { .. })
+                            );
+                            let wait = if is_offline(&e) || stopped {
+                                config.retry_offline
+                            } else {
+                                config.refresh_every
+                            };
+                            let first = e.to_string();
+                            let first = first.lines().next().unwrap_or("");
+                            log(&format!(
+                                "refresh failed, will retry in {} s: {first}",
+                                wait.as_secs()
+                            ));
                             // A manifest refused on trust grounds is shown to the user.
                             if let Error::Download(d) = &e
                                 && let Some(r) = crate::trust_state::refusal(d)
                             {
                                 say(&Progress::ManifestRefused(r));
                             }
-                            let stopped = matches!(
-                                e,
-                                Error::Onroad { .. }
-                                    | Error::Download(downloader::Error::Cancelled { .. })
-                            );
-                            if is_offline(&e) || stopped {
-                                Instant::now() + config.retry_offline
-                            } else {
-                                Instant::now() + config.refresh_every
-                            }
+                            Instant::now() + wait
                         }
                     };
                 }

@@ -76,6 +76,7 @@ impl Installs {
         retry: Option<&choice::Retry>,
         chestnut: downloader::egpu::Chestnut,
         now_unix: u64,
+        caller: choice::Caller,
     ) -> InstallStep {
         let id = entry.id();
         if state == VerifyState::Outdated {
@@ -83,7 +84,7 @@ impl Installs {
         }
         let step = plan::refresh_step(
             state,
-            choice::due(retry, now_unix),
+            choice::due(retry, now_unix, caller),
             entry.uses_external_gpu(),
             chestnut,
         );

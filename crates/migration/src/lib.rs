@@ -48,6 +48,8 @@ pub use effects::{Effect, Effects};
 pub use error::{Error, Result};
 pub use journal::{Journal, Phase, read_journal};
 pub use lock::ManagerLock;
-pub use manager::{GcPlan, GcReport, RefreshReport, gc, install, refresh, refresh_at, unix_now};
+pub use manager::{
+    GcPlan, GcReport, RefreshReport, gc, install, refresh, refresh_as, refresh_at, unix_now,
+};
 pub use params::Params;
 pub use progress::{DisplayName, FailReason, Progress, ProgressFn, Transferred};

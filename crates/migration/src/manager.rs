@@ -27,7 +27,7 @@ use downloader::{CancelToken, Downloader, Event, Installed};
 use manifest::{Generation, ModelEntry, ModelId};
 use serde::Serialize;
 
-use crate::choice::{self, Fate};
+use crate::choice::{self, Caller, Fate};
 use crate::contract::{self, Catalog, Outcome};
 use crate::decisions::{
     Installs, Settled, chosen, contract_writes, journal_now, offline_first_boot_due, settle,
@@ -117,7 +117,8 @@ pub fn refresh(
     refresh_at(device, dl, cancel, progress, unix_now())
 }
 
-/// [`refresh`] at a given time (Unix seconds), which decides which retries are due.
+/// [`refresh`] at a given time (Unix seconds), which decides which retries are due (the
+/// daemon's schedule, [`Caller::Daemon`]).
 pub fn refresh_at(
     device: &Device,
     dl: &Downloader,
@@ -125,7 +126,20 @@ pub fn refresh_at(
     progress: ProgressFn,
     now_unix: u64,
 ) -> Result<RefreshReport> {
-    Ok(refresh_run(device, dl, cancel, progress, now_unix)?.0)
+    refresh_as(device, dl, cancel, progress, now_unix, Caller::Daemon)
+}
+
+/// [`refresh_at`] run by `caller`: a person's refresh ([`Caller::Person`], the `refresh`
+/// command) tries every pending model at once; the daemon's waits for each one's backoff.
+pub fn refresh_as(
+    device: &Device,
+    dl: &Downloader,
+    cancel: &CancelToken,
+    progress: ProgressFn,
+    now_unix: u64,
+    caller: Caller,
+) -> Result<RefreshReport> {
+    Ok(refresh_run(device, dl, cancel, progress, now_unix, caller)?.0)
 }
 
 /// What a refresh went through besides its report (the dry run reports it).
@@ -161,6 +175,7 @@ pub(crate) fn refresh_run(
     cancel: &CancelToken,
     progress: ProgressFn,
     now_unix: u64,
+    caller: Caller,
 ) -> Result<(RefreshReport, RefreshRun)> {
     // Onroad: not one request, not one file touched.
     device.ensure_offroad("refresh")?;
@@ -219,7 +234,7 @@ pub(crate) fn refresh_run(
         };
         let state = device.verify_entry(entry, false)?;
         let retry = record.as_ref().and_then(|r| r.retry.get(id.as_str()));
-        let step = installs.step(entry, state, retry, chestnut, now_unix);
+        let step = installs.step(entry, state, retry, chestnut, now_unix, caller);
         run.steps.push((id.clone(), state, step));
         match step {
             InstallStep::Keep | InstallStep::Wait | InstallStep::NeedsChestnut => continue,

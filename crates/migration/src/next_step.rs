@@ -91,6 +91,13 @@ impl NextStep for Error {
                     .to_string()
             }
             Error::Download(D::InsufficientSpace { .. } | D::NotSigned { .. }) => return None,
+            Error::Download(d) if d.is_not_yet() => format!(
+                "nothing was counted as a failure: the store's files do not match its manifest \
+                 yet (a republish in progress); the installed model (or the built-in) stays in \
+                 use. Run the same command again in a few minutes: it tries at once. The \
+                 daemon's own refresh asks again within {} minutes",
+                crate::choice::NOT_YET_RETRY.as_secs() / 60
+            ),
             Error::Download(D::Io(_)) => {
                 "check that the data dir is writable and not full, then run the command again"
                     .to_string()

@@ -55,10 +55,22 @@ pub struct PlannedDownload {
     pub installed: VerifyState,
 }
 
-/// `refresh --dry-run`. Errors are the real run's; [`refresh_failure`] says what it writes then.
+/// `refresh --dry-run` of the daemon's refresh ([`crate::refresh_at`]). Errors are the real
+/// run's; [`refresh_failure`] says what it writes then.
 pub fn refresh(device: &Device, dl: &Downloader, now_unix: u64) -> Result<RefreshPlan> {
+    refresh_as(device, dl, now_unix, crate::choice::Caller::Daemon)
+}
+
+/// The dry run of [`crate::refresh_as`] by `caller` (the `refresh` command's is
+/// [`crate::choice::Caller::Person`]: no retry waits for its backoff).
+pub fn refresh_as(
+    device: &Device,
+    dl: &Downloader,
+    now_unix: u64,
+    caller: crate::choice::Caller,
+) -> Result<RefreshPlan> {
     let plan = device.planning();
-    let (r, run) = refresh_run(&plan, dl, &CancelToken::new(), &|_| {}, now_unix)?;
+    let (r, run) = refresh_run(&plan, dl, &CancelToken::new(), &|_| {}, now_unix, caller)?;
     let (would_write, would_remove, would_set_params) = changes(device, &plan)?;
     let steps = |want: InstallStep| run.steps.iter().filter(move |s| s.2 == want);
     let ids = |want| steps(want).map(|s| s.0.clone()).collect();

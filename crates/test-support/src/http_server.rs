@@ -49,8 +49,33 @@ pub enum Fault {
     Trickle(Duration),
     /// Write these bytes as the whole response (any malformed head or body), then close.
     Raw(Vec<u8>),
-    /// Read the request and never answer; the connection stays open until the server stops.
+    /// Read the request and never answer; the connection stays open until the server stops
+    /// (what a client sees of an origin that accepts connections and then stays silent).
     Stall,
+    /// Serve normally, but this response's body at most this many bytes per second (an origin
+    /// alive but slow; overrides the per-connection cap).
+    Slow(u64),
+}
+
+impl Fault {
+    /// A fault from its command-line spelling: `trickle:MS` (one byte every MS ms), `stall`,
+    /// `slow:BYTES_PER_SEC`, `status:CODE`.
+    pub fn parse(spec: &str) -> Result<Fault, String> {
+        let (kind, arg) = spec.split_once(':').unwrap_or((spec, ""));
+        let num = || {
+            arg.parse::<u64>()
+                .map_err(|_| format!("fault {spec:?}: {arg:?} is not a number"))
+        };
+        match kind {
+            "trickle" => Ok(Fault::Trickle(Duration::from_millis(num()?))),
+            "stall" => Ok(Fault::Stall),
+            "slow" => Ok(Fault::Slow(num()?)),
+            "status" => Ok(Fault::Status(num()? as u16)),
+            _ => Err(format!(
+                "fault {spec:?}: expected trickle:MS, stall, slow:BYTES_PER_SEC or status:CODE"
+            )),
+        }
+    }
 }
 
 /// A fault applied to requests whose path equals `path` (or starts with it when it ends in `*`).
@@ -100,6 +125,8 @@ struct Shared {
     rate: Mutex<Option<u64>>,
     latency: Mutex<Duration>,
     stop: AtomicBool,
+    /// Body bytes written per request path (faulty responses included).
+    sent: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 /// A running server; stopped when dropped.
@@ -127,6 +154,7 @@ impl FaultServer {
             rate: Mutex::new(config.rate_per_conn),
             latency: Mutex::new(config.latency),
             stop: AtomicBool::new(false),
+            sent: Mutex::new(std::collections::BTreeMap::new()),
         });
         let s = shared.clone();
         let accept = thread::spawn(move || {
@@ -186,6 +214,20 @@ impl FaultServer {
 
     pub fn clear_requests(&self) {
         self.shared.log.lock().unwrap().clear();
+        self.shared.sent.lock().unwrap().clear();
+    }
+
+    /// Body bytes this server wrote for request paths starting with `prefix` (payload served,
+    /// counted as it leaves, so a response cut short counts what was sent).
+    pub fn body_bytes_under(&self, prefix: &str) -> u64 {
+        self.shared
+            .sent
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p.starts_with(prefix))
+            .map(|(_, n)| n)
+            .sum()
     }
 }
 
@@ -493,8 +535,19 @@ fn respond_to(
         Some(Fault::Reset(n)) => (body_len.min(n), Some(true)),
         _ => (body_len, None),
     };
-    let rate = *shared.rate.lock().unwrap();
-    send_body(out, source.as_ref(), start, send, rate)?;
+    let rate = match fault {
+        Some(Fault::Slow(r)) => Some(r),
+        _ => *shared.rate.lock().unwrap(),
+    };
+    let count = |n: u64| {
+        *shared
+            .sent
+            .lock()
+            .unwrap()
+            .entry(req.path.clone())
+            .or_default() += n;
+    };
+    send_body(out, source.as_ref(), start, send, rate, &count)?;
     if let Some(Fault::OverSend(extra)) = fault {
         let junk = vec![b'X'; extra.min(1 << 20) as usize];
         out.write_all(&junk)?;
@@ -517,6 +570,7 @@ fn send_body(
     start: u64,
     count: u64,
     rate: Option<u64>,
+    counted: &dyn Fn(u64),
 ) -> io::Result<()> {
     let piece = match rate {
         Some(r) => (r / 20).clamp(1024, 64 * 1024) as usize,
@@ -529,6 +583,7 @@ fn send_body(
         let n = (count - sent).min(piece as u64) as usize;
         source.read_at(start + sent, &mut buf[..n])?;
         out.write_all(&buf[..n])?;
+        counted(n as u64);
         sent += n as u64;
         if let Some(r) = rate
             && r > 0
@@ -718,6 +773,53 @@ mod tests {
         );
         assert!(r.starts_with(b"HTTP/1.1 200"));
         assert_eq!(srv.requests().len(), 7);
+    }
+
+    /// A slow path is served at its own rate while another path is not, and the bytes each
+    /// path was sent are counted.
+    #[test]
+    fn slow_paths_and_byte_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("hf")).unwrap();
+        std::fs::create_dir_all(dir.path().join("gh")).unwrap();
+        let data = vec![7u8; 20_000];
+        std::fs::write(dir.path().join("hf/f"), &data).unwrap();
+        std::fs::write(dir.path().join("gh/f"), &data).unwrap();
+        let srv = FaultServer::start(dir.path()).unwrap();
+        srv.add_fault("/hf/*", Fault::parse("slow:40000").unwrap(), None);
+        let t = Instant::now();
+        let r = raw(
+            srv.addr(),
+            "GET /hf/f HTTP/1.1\r\nConnection: close\r\n\r\n",
+        );
+        assert_eq!(body_of(&r).len(), 20_000);
+        assert!(
+            t.elapsed() >= Duration::from_millis(400),
+            "{:?}",
+            t.elapsed()
+        );
+        let t = Instant::now();
+        raw(
+            srv.addr(),
+            "GET /gh/f HTTP/1.1\r\nConnection: close\r\n\r\n",
+        );
+        assert!(
+            t.elapsed() < Duration::from_millis(400),
+            "{:?}",
+            t.elapsed()
+        );
+        raw(
+            srv.addr(),
+            "GET /gh/f HTTP/1.1\r\nRange: bytes=0-99\r\nConnection: close\r\n\r\n",
+        );
+        assert_eq!(srv.body_bytes_under("/hf/"), 20_000);
+        assert_eq!(srv.body_bytes_under("/gh/"), 20_100);
+        assert_eq!(
+            Fault::parse("trickle:1000"),
+            Ok(Fault::Trickle(Duration::from_secs(1)))
+        );
+        assert_eq!(Fault::parse("stall"), Ok(Fault::Stall));
+        assert!(Fault::parse("slow:x").is_err() && Fault::parse("nap").is_err());
     }
 
     #[test]

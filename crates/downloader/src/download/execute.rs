@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chunker::Hasher;
 use fs_err::os::unix::fs::FileExt;
@@ -21,6 +21,7 @@ use super::{CancelToken, DownloadConfig, Event, Installed, Target};
 use crate::error::{Error, Result};
 use crate::http::{Ctl, Http};
 use crate::origin::Origin;
+use crate::policy::Measured;
 
 struct Run<'a> {
     http: &'a Http,
@@ -51,6 +52,9 @@ pub(crate) struct Job<'a> {
     pub models_dir: &'a Path,
     pub cancel: &'a CancelToken,
     pub on_event: &'a (dyn Fn(Event) + Sync),
+    /// Asked while the transfer runs, with what it moved so far and the bytes still needed:
+    /// `true` moves the download to the other origin ([`crate::policy::leave`]).
+    pub leave: &'a (dyn Fn(Measured, u64) -> bool + Sync),
 }
 
 /// What one origin publishes for the job's target, as pieces with their URLs, and the
@@ -124,7 +128,15 @@ pub(crate) fn resolve_from(job: &Job<'_>, origin: &Origin) -> Result<Resolved> {
     })
 }
 
-pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed> {
+/// Download the job's target from `origin`, and what this origin's payload transfer measured
+/// (bytes fetched now, not resumed ones, and the time from the first range request).
+pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> (Result<Installed>, Measured) {
+    let mut measured = Measured::default();
+    let result = download_measured(job, origin, &mut measured);
+    (result, measured)
+}
+
+fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) -> Result<Installed> {
     let Job {
         http,
         config,
@@ -180,11 +192,37 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> Result<Installed>
         total: plan.size,
     });
     let workers = config.connections.max(1);
+    let started = Instant::now();
+    let moved = || Measured {
+        bytes: run
+            .done_bytes
+            .load(Ordering::SeqCst)
+            .saturating_sub(already),
+        elapsed: started.elapsed(),
+    };
     thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| run.worker());
+        let handles: Vec<_> = (0..workers).map(|_| s.spawn(|| run.worker())).collect();
+        // Watch the transfer's rate: the policy may move it to the other origin.
+        let mut last_check = Instant::now();
+        while !handles.iter().all(|h| h.is_finished()) {
+            thread::sleep(Duration::from_millis(10));
+            if run.stopped() || last_check.elapsed() < Duration::from_millis(250) {
+                continue;
+            }
+            last_check = Instant::now();
+            let m = moved();
+            let remaining = plan
+                .size
+                .saturating_sub(run.done_bytes.load(Ordering::SeqCst));
+            if (job.leave)(m, remaining) {
+                run.fail(Error::LeftForFaster {
+                    url: run.urls[0].clone(),
+                    rate: m.rate().unwrap_or(0),
+                });
+            }
         }
     });
+    *measured = moved();
     if let Some(e) = run.error.lock().unwrap().take() {
         // Without per-chunk digests a digest failure cannot say which bytes are bad: drop them
         // all. With them, only the failing chunk was forgotten (in `finish_piece`); every
@@ -351,19 +389,15 @@ impl Run<'_> {
             .get(url, Some((start, last)), validator, &self.ctl)?;
         match body.meta.status {
             206 => {
-                let range_ok = matches!(body.meta.content_range, Some((a, b, _))
-                    if a == start && b == last);
-                let total_ok = matches!(body.meta.content_range, Some((_, _, total))
-                    if total.is_none_or(|t| t == piece.len));
-                if !range_ok || !total_ok {
+                let verdict = range_verdict((start, last), body.meta.content_range, piece.len);
+                if verdict != RangeVerdict::Ok {
                     let message = format!(
                         "asked for bytes {start}-{last} of {}, got Content-Range {:?}",
                         piece.len, body.meta.content_range
                     );
-                    return Err(if range_ok {
-                        mismatch(message)
-                    } else {
-                        protocol(message)
+                    return Err(match verdict {
+                        RangeVerdict::OtherFile => mismatch(message),
+                        _ => protocol(message),
                     });
                 }
                 if let Some(len) = body.meta.content_length
@@ -428,5 +462,65 @@ impl Run<'_> {
             });
         }
         Ok(())
+    }
+}
+
+/// What a `206`'s `Content-Range` says about the file behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RangeVerdict {
+    /// The range asked for, of a file of the planned length.
+    Ok,
+    /// The origin's file has another length than the manifest implies (its total differs; a
+    /// shorter file also clamps the range): "not yet" ([`Error::is_not_yet`]), e.g. a store
+    /// half-way through a republish.
+    OtherFile,
+    /// Another range of a file of the right length, or no usable header: a broken server.
+    Broken,
+}
+
+/// The rule for a `206` answer to a request for bytes `start..=last` of a piece of `len`
+/// bytes. Pure.
+pub(crate) fn range_verdict(
+    (start, last): (u64, u64),
+    content_range: Option<(u64, u64, Option<u64>)>,
+    len: u64,
+) -> RangeVerdict {
+    match content_range {
+        Some((_, _, Some(total))) if total != len => RangeVerdict::OtherFile,
+        Some((a, b, _)) if a == start && b == last => RangeVerdict::Ok,
+        _ => RangeVerdict::Broken,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every disagreement between the planned length and the origin's file is "other file"
+    /// (not yet); only a wrong answer about a file of the right length is a broken server.
+    #[test]
+    fn range_verdict_table() {
+        use RangeVerdict::*;
+        let cases = [
+            ((0, 99), Some((0, 99, Some(100))), 100, Ok),
+            ((0, 99), Some((0, 99, None)), 100, Ok),
+            ((50, 99), Some((50, 99, Some(100))), 100, Ok),
+            // Longer file: the range is as asked, the total is not.
+            ((0, 99), Some((0, 99, Some(150))), 100, OtherFile),
+            // Shorter file: the server clamps the range to its end.
+            ((0, 99), Some((0, 79, Some(80))), 100, OtherFile),
+            ((50, 99), Some((50, 79, Some(80))), 100, OtherFile),
+            // Right length, wrong range: a broken server.
+            ((0, 99), Some((10, 99, Some(100))), 100, Broken),
+            ((0, 99), Some((0, 79, None)), 100, Broken),
+            ((0, 99), None, 100, Broken),
+        ];
+        for (asked, got, len, want) in cases {
+            assert_eq!(
+                range_verdict(asked, got, len),
+                want,
+                "{asked:?} {got:?} of {len}"
+            );
+        }
     }
 }

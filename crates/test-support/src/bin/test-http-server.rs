@@ -1,7 +1,11 @@
-//! `test-http-server --dir D [--addr 127.0.0.1:0] [--rate-per-conn BYTES_PER_SEC] [--latency-ms N]`
+//! `test-http-server --dir D [--addr 127.0.0.1:0] [--rate-per-conn BYTES_PER_SEC] [--latency-ms N]
+//! [--fault PATH_PREFIX*=FAULT]...`
 //!
-//! Serves `D` with the fault server's normal (non-faulty) behaviour plus the per-connection
-//! bandwidth cap and latency, for benchmarks. Prints `http://ADDR` as its first stdout line, then
+//! Serves `D` with the fault server's normal behaviour plus the per-connection bandwidth cap and
+//! latency, for benchmarks; each `--fault` applies a fault (`trickle:MS`, `stall`,
+//! `slow:BYTES_PER_SEC`, `status:CODE`, see `Fault::parse`) to every request under a path. With
+//! `--stats-file F --count PREFIX...`, `F` holds one `PREFIX BYTES` line per prefix (body bytes
+//! served under it), rewritten every 100 ms. Prints `http://ADDR` as its first stdout line, then
 //! serves until killed.
 
 use std::io::Write;
@@ -10,11 +14,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use test_support::http_server::{FaultServer, ServerConfig};
+use test_support::http_server::{Fault, FaultServer, ServerConfig};
 
 fn main() -> ExitCode {
     let mut dir: Option<PathBuf> = None;
     let mut config = ServerConfig::new(PathBuf::new());
+    let mut faults: Vec<(String, Fault)> = Vec::new();
+    let mut stats: Option<PathBuf> = None;
+    let mut counted: Vec<String> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -36,9 +43,18 @@ fn main() -> ExitCode {
                     let v: u64 = value()?.parse().map_err(|e| format!("--latency-ms: {e}"))?;
                     config.latency = Duration::from_millis(v);
                 }
+                "--fault" => {
+                    let v = value()?;
+                    let (path, spec) = v
+                        .split_once('=')
+                        .ok_or_else(|| format!("--fault {v:?}: expected PATH=FAULT"))?;
+                    faults.push((path.to_string(), Fault::parse(spec)?));
+                }
+                "--stats-file" => stats = Some(PathBuf::from(value()?)),
+                "--count" => counted.push(value()?),
                 "-h" | "--help" => {
                     println!(
-                        "usage: test-http-server --dir D [--addr 127.0.0.1:0] [--rate-per-conn BYTES_PER_SEC] [--latency-ms N]"
+                        "usage: test-http-server --dir D [--addr 127.0.0.1:0] [--rate-per-conn BYTES_PER_SEC] [--latency-ms N] [--fault PATH_PREFIX*=trickle:MS|stall|slow:BPS|status:CODE]..."
                     );
                     std::process::exit(0);
                 }
@@ -63,11 +79,27 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    for (path, fault) in faults {
+        server.add_fault(&path, fault, None);
+    }
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{}", server.url());
     let _ = out.flush();
     drop(out);
     loop {
-        std::thread::park();
+        match &stats {
+            Some(file) => {
+                let body: String = counted
+                    .iter()
+                    .map(|p| format!("{p} {}\n", server.body_bytes_under(p)))
+                    .collect();
+                let tmp = file.with_extension("tmp");
+                if std::fs::write(&tmp, body).is_ok() {
+                    let _ = std::fs::rename(&tmp, file);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            None => std::thread::park(),
+        }
     }
 }

@@ -1,0 +1,442 @@
+//! Which origin a download asks first, from what this run has seen of each (docs/device.md,
+//! *Origin policy*). Pure: every rule here is a function over typed observations and a clock
+//! it is given; [`Book`] only keeps the observations.
+//!
+//! The rules:
+//! - an origin that missed its deadline, the minimum transfer rate, or answered nothing within
+//!   the response timeout is **given up**: every later artifact goes to the other origin first,
+//!   and the given-up one is asked only when the other failed too. The give-up lasts
+//!   [`DEMOTE_FOR`] (a CLI run is shorter than that; the daemon tries the origin first again
+//!   once it has passed);
+//! - an origin whose measured rate on this run's transfers is more than [`FAR_SLOWER`] times
+//!   below the other's is left for it (asked second);
+//! - while a download runs slower than [`PROBE_BELOW`] on an origin whose speed the other has
+//!   not been compared with, a transfer that would still take longer than [`LEAVE_IF_ETA`] after
+//!   [`MEASURE_AFTER`] is moved to the other origin to measure it (the bytes already staged are
+//!   kept and resumed); the origin it left is asked again only if the other fails.
+
+use std::time::{Duration, Instant};
+
+use crate::origin::OriginKind;
+
+/// How long a given-up origin stays second.
+pub const DEMOTE_FOR: Duration = Duration::from_secs(30 * 60);
+/// A measured rate this many times below the other origin's leaves the slower one second.
+pub const FAR_SLOWER: u64 = 10;
+/// Transfers measured for less than this (in total, per origin) and smaller than
+/// [`MEASURE_BYTES`] are not compared.
+pub const MEASURE_AFTER: Duration = Duration::from_secs(3);
+/// So many bytes are enough to judge a rate by, however short they took (a fast origin).
+pub const MEASURE_BYTES: u64 = 512 * 1024;
+/// A download whose remaining bytes would take less than this at its current rate finishes
+/// where it is, however slow the origin is compared with the other.
+pub const LEAVE_IF_ETA: Duration = Duration::from_secs(10);
+/// A download is moved to an origin not measured yet only when it runs slower than this: a
+/// healthy preferred origin is not left just to measure the other.
+pub const PROBE_BELOW: u64 = 1024 * 1024;
+
+/// Why an origin was given up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GiveUp {
+    /// It used up its deadline ([`crate::HttpConfig::artifact_deadline`]).
+    Deadline,
+    /// A body arrived slower than [`crate::HttpConfig::min_rate`].
+    MinRate,
+    /// No response head within [`crate::HttpConfig::response_timeout`], or a connection that
+    /// stayed silent past the idle timeout (accepted, never answered; or trickled).
+    Silent,
+}
+
+impl GiveUp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GiveUp::Deadline => "missed its deadline",
+            GiveUp::MinRate => "slower than the minimum rate",
+            GiveUp::Silent => "did not answer in time",
+        }
+    }
+}
+
+/// Payload bytes an origin moved on this run and the time they took (summed over downloads;
+/// each download's time is wall clock from its first range request, all connections together).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Measured {
+    pub bytes: u64,
+    pub elapsed: Duration,
+}
+
+impl Measured {
+    /// Bytes per second, once there is enough to judge by ([`MEASURE_AFTER`] or
+    /// [`MEASURE_BYTES`]).
+    pub fn rate(&self) -> Option<u64> {
+        let enough = self.elapsed >= MEASURE_AFTER || self.bytes >= MEASURE_BYTES;
+        (enough && !self.elapsed.is_zero())
+            .then(|| (self.bytes as f64 / self.elapsed.as_secs_f64()) as u64)
+    }
+
+    pub fn add(&mut self, other: Measured) {
+        self.bytes = self.bytes.saturating_add(other.bytes);
+        self.elapsed = self.elapsed.saturating_add(other.elapsed);
+    }
+}
+
+/// What the run has seen of one origin.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Seen {
+    pub given_up: Option<(Instant, GiveUp)>,
+    pub measured: Measured,
+}
+
+impl Seen {
+    /// The give-up still in force at `now`.
+    pub fn given_up_at(&self, now: Instant) -> Option<GiveUp> {
+        self.given_up
+            .filter(|(at, _)| now.saturating_duration_since(*at) < DEMOTE_FOR)
+            .map(|(_, why)| why)
+    }
+}
+
+/// Where an origin stands in the order, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// In its configured place.
+    Preferred,
+    /// Asked after the others: given up (for [`DEMOTE_FOR`]).
+    GivenUp(GiveUp),
+    /// Asked after the others: its measured rate is far below the other's.
+    FarSlower { rate: u64, other: u64 },
+}
+
+/// The order to ask the origins in: `seen` in the configured order, each with what the run saw
+/// of it. Preferred origins first (a far slower one after a faster), then far slower ones, then
+/// given-up ones, each group in the configured order.
+pub fn order(seen: &[(OriginKind, Seen)], now: Instant) -> Vec<(OriginKind, Standing)> {
+    let best_other = |i: usize| {
+        seen.iter()
+            .enumerate()
+            .filter(|(j, (_, s))| *j != i && s.given_up_at(now).is_none())
+            .filter_map(|(_, (_, s))| s.measured.rate())
+            .max()
+    };
+    let mut out: Vec<(usize, (OriginKind, Standing))> = seen
+        .iter()
+        .enumerate()
+        .map(|(i, (kind, s))| {
+            let standing = match (s.given_up_at(now), s.measured.rate(), best_other(i)) {
+                (Some(why), _, _) => Standing::GivenUp(why),
+                (None, Some(rate), Some(other)) if rate.saturating_mul(FAR_SLOWER) < other => {
+                    Standing::FarSlower { rate, other }
+                }
+                _ => Standing::Preferred,
+            };
+            (i, (*kind, standing))
+        })
+        .collect();
+    let group = |s: &Standing| match s {
+        Standing::Preferred => 0,
+        Standing::FarSlower { .. } => 1,
+        Standing::GivenUp(_) => 2,
+    };
+    out.sort_by_key(|(i, (_, s))| (group(s), *i));
+    out.into_iter().map(|(_, o)| o).collect()
+}
+
+/// Whether a download running on one origin should move to `other` now: `this` is what this
+/// download moved so far, `remaining` the bytes it still needs. Only after [`MEASURE_AFTER`],
+/// only when the rest would take longer than [`LEAVE_IF_ETA`], never to a given-up origin; then
+/// to an origin not measured yet when this one runs below [`PROBE_BELOW`] (to measure it), or
+/// to one measured more than [`FAR_SLOWER`] times faster.
+pub fn leave(this: Measured, remaining: u64, other: &Seen, now: Instant) -> bool {
+    let Some(rate) = this.rate() else {
+        return false;
+    };
+    if other.given_up_at(now).is_some() {
+        return false;
+    }
+    let eta = remaining as f64 / rate.max(1) as f64;
+    if eta < LEAVE_IF_ETA.as_secs_f64() {
+        return false;
+    }
+    match other.measured.rate() {
+        None => rate < PROBE_BELOW,
+        Some(o) => rate.saturating_mul(FAR_SLOWER) < o,
+    }
+}
+
+/// What a run saw of each origin, kept by the [`crate::Downloader`] for its lifetime (one CLI
+/// run, or the daemon's: then a give-up ends after [`DEMOTE_FOR`] and the rates are the last
+/// [`DEMOTE_FOR`]'s).
+#[derive(Debug, Clone, Default)]
+pub struct Book {
+    hf: Seen,
+    github: Seen,
+    /// When the rates started being summed (they are forgotten after [`DEMOTE_FOR`]).
+    since: Option<Instant>,
+}
+
+impl Book {
+    pub fn seen(&self, kind: OriginKind) -> Seen {
+        match kind {
+            OriginKind::HuggingFace => self.hf,
+            OriginKind::GitHub => self.github,
+        }
+    }
+
+    fn slot(&mut self, kind: OriginKind) -> &mut Seen {
+        match kind {
+            OriginKind::HuggingFace => &mut self.hf,
+            OriginKind::GitHub => &mut self.github,
+        }
+    }
+
+    pub fn give_up(&mut self, kind: OriginKind, why: GiveUp, now: Instant) {
+        self.slot(kind).given_up = Some((now, why));
+    }
+
+    pub fn measured(&mut self, kind: OriginKind, m: Measured, now: Instant) {
+        if self
+            .since
+            .is_some_and(|s| now.saturating_duration_since(s) >= DEMOTE_FOR)
+        {
+            self.hf.measured = Measured::default();
+            self.github.measured = Measured::default();
+            self.since = None;
+        }
+        self.since.get_or_insert(now);
+        self.slot(kind).measured.add(m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use OriginKind::{GitHub, HuggingFace};
+
+    fn m(bytes: u64, secs: u64) -> Measured {
+        Measured {
+            bytes,
+            elapsed: Duration::from_secs(secs),
+        }
+    }
+
+    fn seen(given_up: Option<(u64, GiveUp)>, measured: Measured, t0: Instant) -> Seen {
+        Seen {
+            given_up: given_up.map(|(at, why)| (t0 + Duration::from_secs(at), why)),
+            measured,
+        }
+    }
+
+    /// The order as a table: configured order unless one origin was given up (for 30 min) or
+    /// measured far slower than the other.
+    #[test]
+    fn order_table() {
+        let t0 = Instant::now();
+        let now = t0 + Duration::from_secs(60);
+        let none = Measured::default();
+        let mb = 1 << 20;
+        use Standing::*;
+        type Case<'a> = (&'a str, Seen, Seen, &'a [(OriginKind, Standing)]);
+        let cases: &[Case<'_>] = &[
+            (
+                "nothing seen: configured order",
+                seen(None, none, t0),
+                seen(None, none, t0),
+                &[(HuggingFace, Preferred), (GitHub, Preferred)],
+            ),
+            (
+                "HF trickled: GitHub first",
+                seen(Some((0, GiveUp::MinRate)), none, t0),
+                seen(None, none, t0),
+                &[(GitHub, Preferred), (HuggingFace, GivenUp(GiveUp::MinRate))],
+            ),
+            (
+                "HF silent: GitHub first",
+                seen(Some((10, GiveUp::Silent)), m(5 * mb, 5), t0),
+                seen(None, none, t0),
+                &[(GitHub, Preferred), (HuggingFace, GivenUp(GiveUp::Silent))],
+            ),
+            (
+                "both given up: configured order among them",
+                seen(Some((0, GiveUp::Silent)), none, t0),
+                seen(Some((0, GiveUp::Deadline)), none, t0),
+                &[
+                    (HuggingFace, GivenUp(GiveUp::Silent)),
+                    (GitHub, GivenUp(GiveUp::Deadline)),
+                ],
+            ),
+            (
+                "HF 100x slower: GitHub first",
+                seen(None, m(60_000 * 10, 10), t0),
+                seen(None, m(6_000_000 * 5, 5), t0),
+                &[
+                    (GitHub, Preferred),
+                    (
+                        HuggingFace,
+                        FarSlower {
+                            rate: 60_000,
+                            other: 6_000_000,
+                        },
+                    ),
+                ],
+            ),
+            (
+                "HF 5x slower: not far enough, configured order",
+                seen(None, m(mb * 10, 10), t0),
+                seen(None, m(5 * mb * 10, 10), t0),
+                &[(HuggingFace, Preferred), (GitHub, Preferred)],
+            ),
+            (
+                "GitHub far slower: stays second",
+                seen(None, m(50 * mb, 5), t0),
+                seen(None, m(mb, 5), t0),
+                &[
+                    (HuggingFace, Preferred),
+                    (
+                        GitHub,
+                        FarSlower {
+                            rate: mb / 5,
+                            other: 10 * mb,
+                        },
+                    ),
+                ],
+            ),
+            (
+                "too short a measurement is not compared",
+                seen(None, m(1000, 2), t0),
+                seen(None, m(50 * mb, 5), t0),
+                &[(HuggingFace, Preferred), (GitHub, Preferred)],
+            ),
+            (
+                "a fast origin's short transfer is enough to compare by",
+                seen(None, m(60_000 * 4, 4), t0),
+                seen(
+                    None,
+                    Measured {
+                        bytes: mb,
+                        elapsed: Duration::from_millis(100),
+                    },
+                    t0,
+                ),
+                &[
+                    (GitHub, Preferred),
+                    (
+                        HuggingFace,
+                        FarSlower {
+                            rate: 60_000,
+                            other: 10 * mb,
+                        },
+                    ),
+                ],
+            ),
+            (
+                "a given-up origin's rate is not a yardstick",
+                seen(None, m(mb, 10), t0),
+                seen(Some((0, GiveUp::Deadline)), m(100 * mb, 10), t0),
+                &[
+                    (HuggingFace, Preferred),
+                    (GitHub, GivenUp(GiveUp::Deadline)),
+                ],
+            ),
+        ];
+        for (what, hf, gh, want) in cases {
+            let got = order(&[(HuggingFace, *hf), (GitHub, *gh)], now);
+            assert_eq!(&got, want, "{what}");
+        }
+        // A give-up ends after DEMOTE_FOR: the daemon asks Hugging Face first again.
+        let hf = seen(Some((0, GiveUp::Silent)), none, t0);
+        let later = t0 + DEMOTE_FOR;
+        assert_eq!(
+            order(&[(HuggingFace, hf), (GitHub, Seen::default())], later)[0],
+            (HuggingFace, Preferred)
+        );
+        assert_eq!(
+            order(
+                &[(HuggingFace, hf), (GitHub, Seen::default())],
+                later - Duration::from_secs(1)
+            )[0],
+            (GitHub, Preferred)
+        );
+    }
+
+    /// When a running download moves to the other origin, as a table.
+    #[test]
+    fn leave_table() {
+        let t0 = Instant::now();
+        let mb = 1 << 20;
+        let fresh = Seen::default();
+        let cases: &[(&str, Measured, u64, Seen, bool)] = &[
+            (
+                "not measured long enough",
+                m(1000, 2),
+                100 * mb,
+                fresh,
+                false,
+            ),
+            (
+                "slow, other unknown: probe it",
+                m(60_000 * 3, 3),
+                8 * mb,
+                fresh,
+                true,
+            ),
+            (
+                "healthy, other unknown: stay, however long the rest takes",
+                m(2 * mb * 3, 3),
+                200 * mb,
+                fresh,
+                false,
+            ),
+            (
+                "slow but nearly done: finish here",
+                m(60_000 * 3, 3),
+                500_000,
+                fresh,
+                false,
+            ),
+            (
+                "other given up: stay",
+                m(60_000 * 3, 3),
+                8 * mb,
+                seen(Some((0, GiveUp::Silent)), Measured::default(), t0),
+                false,
+            ),
+            (
+                "other measured far faster: go",
+                m(60_000 * 3, 3),
+                8 * mb,
+                seen(None, m(6_000_000 * 3, 3), t0),
+                true,
+            ),
+            (
+                "other measured, not far faster: stay",
+                m(600_000 * 30, 30),
+                80 * mb,
+                seen(None, m(1_200_000 * 3, 3), t0),
+                false,
+            ),
+        ];
+        for (what, this, remaining, other, want) in cases {
+            assert_eq!(
+                leave(*this, *remaining, other, t0 + Duration::from_secs(5)),
+                *want,
+                "{what}"
+            );
+        }
+    }
+
+    /// The book sums each origin's transfers and forgets rates after DEMOTE_FOR.
+    #[test]
+    fn book_keeps_the_runs_observations() {
+        let t0 = Instant::now();
+        let mut b = Book::default();
+        b.measured(HuggingFace, m(1000, 1), t0);
+        b.measured(HuggingFace, m(2000, 2), t0 + Duration::from_secs(5));
+        assert_eq!(b.seen(HuggingFace).measured, m(3000, 3));
+        assert_eq!(b.seen(HuggingFace).measured.rate(), Some(1000));
+        b.give_up(GitHub, GiveUp::Deadline, t0);
+        assert_eq!(b.seen(GitHub).given_up_at(t0), Some(GiveUp::Deadline));
+        b.measured(GitHub, m(10, 1), t0 + DEMOTE_FOR);
+        assert_eq!(b.seen(HuggingFace).measured, Measured::default());
+        assert_eq!(b.seen(GitHub).measured, m(10, 1));
+    }
+}
