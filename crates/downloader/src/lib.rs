@@ -17,6 +17,7 @@ mod download;
 pub mod egpu;
 mod error;
 mod http;
+pub mod interrupted;
 mod origin;
 pub mod space;
 mod staging;

@@ -47,7 +47,11 @@ pub fn download_model(
     }
     gpu_rule(&entry, device.chestnut(), allow)?;
     let r = install(device, dl, &entry, cancel, progress)?;
-    progress(&Progress::Downloaded);
+    progress(match r {
+        Some(_) => &Progress::Downloaded,
+        // A verified copy was there: nothing was fetched, and the UI is not told otherwise.
+        None => &Progress::AlreadyDownloaded,
+    });
     Ok(r)
 }
 

@@ -43,6 +43,9 @@ pub enum FailReason {
     BuiltinMissing,
     /// Another manager holds the lock.
     Busy,
+    /// The request param itself could not be read (over the size cap, not a regular file): it
+    /// was removed.
+    BadRequest,
     /// Anything else on the device (storage, a corrupt state file): the log says which.
     DeviceError,
     /// With trusted keys: the signed model list gives no SHA-256, size or chunk count for it,
@@ -92,6 +95,7 @@ impl FailReason {
             FailReason::BuiltinMissing => "built-in model missing",
             FailReason::Busy => "another download is running",
             FailReason::DeviceError => "device storage error",
+            FailReason::BadRequest => "request could not be read",
             FailReason::NotSigned => {
                 "not installable: the signed model list gives no SHA-256, size or chunk count for it"
             }
@@ -127,6 +131,9 @@ pub enum Progress {
     Verifying,
     /// `"Downloaded!"`.
     Downloaded,
+    /// `"Model already downloaded."`: a verified copy of the catalog model was installed; nothing
+    /// was fetched.
+    AlreadyDownloaded,
     /// `"Built-in model already downloaded."`.
     BuiltinAlreadyDownloaded,
     /// `"Local model, nothing to download."`.
@@ -169,6 +176,7 @@ impl fmt::Display for Progress {
             Progress::Percent(t) => write!(f, "{}%", t.percent()),
             Progress::Verifying => f.write_str("Verifying authenticity..."),
             Progress::Downloaded => f.write_str("Downloaded!"),
+            Progress::AlreadyDownloaded => f.write_str("Model already downloaded."),
             Progress::BuiltinAlreadyDownloaded => f.write_str("Built-in model already downloaded."),
             Progress::LocalNothingToDownload => f.write_str("Local model, nothing to download."),
             Progress::DownloadingSelected(id) => {
@@ -222,6 +230,11 @@ mod tests {
             ),
             (Progress::Verifying, "Verifying authenticity..."),
             (Progress::Downloaded, "Downloaded!"),
+            (Progress::AlreadyDownloaded, "Model already downloaded."),
+            (
+                Progress::Failed(FailReason::BadRequest),
+                "Download failed: request could not be read",
+            ),
             (
                 Progress::BuiltinAlreadyDownloaded,
                 "Built-in model already downloaded.",

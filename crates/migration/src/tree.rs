@@ -368,6 +368,10 @@ pub fn run_paused(
     log(&format!("next: {}", paused.next()));
     announce(memory, paused)?;
     while !stopping.load(Ordering::SeqCst) {
+        // A request param that cannot be read is removed and logged, never fatal.
+        for bad in crate::daemon::sweep_bad_params(memory) {
+            log(&bad.to_string());
+        }
         if let Some(request) = crate::daemon::read_request_in(memory)? {
             let what = match &request {
                 Request::DownloadAll => "download all".to_string(),
