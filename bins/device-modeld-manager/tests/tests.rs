@@ -7,6 +7,7 @@ mod cli_surface;
 mod common;
 mod field;
 mod hostile_origin;
+mod hostile_params;
 mod signed;
 mod signed_attacks;
 mod tree;

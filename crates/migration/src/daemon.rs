@@ -82,13 +82,10 @@ pub fn sweep_bad_params(memory: &crate::params::Params) -> Vec<BadParam> {
     let mut bad = Vec::new();
     for key in REQUEST_KEYS {
         if let ParamRead::Unreadable(e) = memory.read(key) {
+            let why = one_line(&crate::params::unreadable(&e));
             let problem = match memory.discard(key) {
-                Ok(()) => format!("{}; removed", one_line(&e.to_string())),
-                Err(r) => format!(
-                    "{}; could not remove it: {}",
-                    one_line(&e.to_string()),
-                    one_line(&r.to_string())
-                ),
+                Ok(()) => format!("{why}; removed"),
+                Err(r) => format!("{why}; could not remove it: {}", one_line(&r.to_string())),
             };
             bad.push(BadParam { key, problem });
         }
@@ -342,9 +339,10 @@ pub fn poll(
     stopping: &Arc<AtomicBool>,
 ) -> Result<Option<(Request, Served)>> {
     let Some(request) = read_request(device)? else {
-        if !matches!(
+        // (One that cannot be read is the sweep's to remove and report.)
+        if matches!(
             device.memory.read(keys::CANCEL_MODEL_DOWNLOAD),
-            ParamRead::Absent
+            ParamRead::Value(_)
         ) {
             // Nothing to cancel: a leftover flag must not cancel the next download.
             device.memory.discard(keys::CANCEL_MODEL_DOWNLOAD)?;

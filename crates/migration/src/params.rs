@@ -85,6 +85,15 @@ pub fn upstream_value(raw: &str) -> &str {
         .trim_start()
 }
 
+/// Why a param could not be read, without the state-file advice of [`Error::CorruptState`]
+/// (a param is replaced by its next write, or removed by the daemon): `<path>: <why>`.
+pub fn unreadable(e: &Error) -> String {
+    match e {
+        Error::CorruptState { path, message } => format!("{}: {message}", path.display()),
+        other => other.to_string(),
+    }
+}
+
 /// How one param read: unset, a value, or unreadable (the error names the path and why).
 #[derive(Debug)]
 pub enum ParamRead {
@@ -173,7 +182,8 @@ impl Params {
             ParamRead::Absent => None,
             ParamRead::Value(v) => Some(v),
             ParamRead::Unreadable(e) => {
-                self.warnings.add(format!("param {key} read as unset: {e}"));
+                self.warnings
+                    .add(format!("param {key} read as unset: {}", unreadable(&e)));
                 None
             }
         })
