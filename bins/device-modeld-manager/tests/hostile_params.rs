@@ -477,7 +477,9 @@ fn status_reports_an_interrupted_download(generation: &str) {
         fs::read_dir(&staging).is_ok_and(|rd| {
             rd.flatten().any(|e| {
                 let n = e.file_name().to_string_lossy().into_owned();
-                n.ends_with(".state")
+                // The record itself (not a temporary of its atomic rewrite) with a piece done.
+                !n.starts_with('.')
+                    && n.ends_with(".state")
                     && fs::read_to_string(e.path()).is_ok_and(|t| t.lines().count() >= 2)
             })
         })

@@ -187,12 +187,13 @@ fn serve_outcome(
             if let Some(name) = catalog_name(device, id) {
                 say(&Progress::Downloading(name));
             }
-            download_model(device, dl, id, cancel, say).map(|installed| {
+            download_model(device, dl, id, cancel, say).map(|_| {
                 let canonical = crate::contract::canonical_id(id.as_str());
                 match canonical.parse().map(|c| crate::contract::kind(&c)) {
                     Ok(crate::contract::ModelKind::BuiltIn) => Progress::BuiltinAlreadyDownloaded,
                     Ok(crate::contract::ModelKind::Local) => Progress::LocalNothingToDownload,
-                    _ if installed.is_none() => Progress::AlreadyDownloaded,
+                    // Also when a verified copy was kept: upstream's text, which the UI takes
+                    // as "the model is there".
                     _ => Progress::Downloaded,
                 }
             })

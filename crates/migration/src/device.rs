@@ -325,8 +325,10 @@ impl Device {
             }
         }
         for key in keys {
-            let value = self.params.get(&key)?;
-            if now.params.get(&key)? != value {
+            // A value that cannot be read now (a FIFO, oversized) counts as unset, as the run
+            // reads it (`Params::get_str`).
+            let value = self.params.get(&key).ok().flatten();
+            if now.params.get(&key).ok().flatten() != value {
                 params.push(ParamChange { key, value });
             }
         }

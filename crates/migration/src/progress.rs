@@ -131,9 +131,6 @@ pub enum Progress {
     Verifying,
     /// `"Downloaded!"`.
     Downloaded,
-    /// `"Model already downloaded."`: a verified copy of the catalog model was installed; nothing
-    /// was fetched.
-    AlreadyDownloaded,
     /// `"Built-in model already downloaded."`.
     BuiltinAlreadyDownloaded,
     /// `"Local model, nothing to download."`.
@@ -176,7 +173,6 @@ impl fmt::Display for Progress {
             Progress::Percent(t) => write!(f, "{}%", t.percent()),
             Progress::Verifying => f.write_str("Verifying authenticity..."),
             Progress::Downloaded => f.write_str("Downloaded!"),
-            Progress::AlreadyDownloaded => f.write_str("Model already downloaded."),
             Progress::BuiltinAlreadyDownloaded => f.write_str("Built-in model already downloaded."),
             Progress::LocalNothingToDownload => f.write_str("Local model, nothing to download."),
             Progress::DownloadingSelected(id) => {
@@ -230,7 +226,6 @@ mod tests {
             ),
             (Progress::Verifying, "Verifying authenticity..."),
             (Progress::Downloaded, "Downloaded!"),
-            (Progress::AlreadyDownloaded, "Model already downloaded."),
             (
                 Progress::Failed(FailReason::BadRequest),
                 "Download failed: request could not be read",

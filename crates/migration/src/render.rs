@@ -265,17 +265,17 @@ impl StatusDocument {
                 "`download <ID>` replaces a corrupt model; `resolve` never hands one to modeld"
                     .into(),
             )
-        } else if let Some(id) = r
-            .interrupted_downloads
-            .iter()
-            .find(|d| d.current)
-            .and_then(|d| d.id.as_deref())
-        {
-            Some(format!(
-                "`download {id}` resumes the interrupted download (so does the next `refresh` when it wants it)"
-            ))
         } else {
-            None
+            r.interrupted_downloads
+                .iter()
+                .find(|d| d.current)
+                .and_then(|d| d.id.as_deref())
+                .map(|id| {
+                    format!(
+                        "`download {id}` resumes the interrupted download (so does the next \
+                         `refresh` when it wants it)"
+                    )
+                })
         }
     }
 }

@@ -239,7 +239,17 @@ pub fn resolve(device: &Device) -> Result<ResolveReport> {
         let n = contract::Named::builtin(&contract::Catalog::default());
         (n.id.to_string(), n.name, n.version)
     };
-    let (path, sel, doubt) = match device.resolve() {
+    // modeld gets the built-in whenever anything it would decide from could not be read: a
+    // param or record the other commands read as absent (with a warning) is a doubt here.
+    device.warnings().take();
+    let resolved = device.resolve();
+    let unread = device.warnings().take();
+    let (path, sel, doubt) = match resolved {
+        Ok(_) if !unread.is_empty() => (
+            device.builtin_path(),
+            crate::device::Selection::builtin(),
+            Some(unread.join("; ")),
+        ),
         Ok((path, sel)) => (path, sel, None),
         Err(e) => (
             device.builtin_path(),
