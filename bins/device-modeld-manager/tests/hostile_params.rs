@@ -205,7 +205,8 @@ both_generations!(
     status_reports_an_interrupted_download,
 );
 
-/// A `ModelToDownload`, `CancelModelDownload` or `DownloadAllModels` over the size cap, a FIFO,
+/// A `ModelToDownload`, `CancelModelDownload`, `DownloadAllModels` or
+/// `AllowGpuModelDownloadWithoutGpu` over the size cap, a FIFO,
 /// a directory or a symlink to `/dev/zero`, at start or while running: the daemon says so in
 /// `ModelDownloadProgress` and its log, removes it (never the symlink's target) and serves the
 /// next request.
@@ -229,6 +230,7 @@ fn a_bad_request_param_is_reported_removed_and_the_daemon_keeps_serving(generati
         "ModelToDownload",
         "CancelModelDownload",
         "DownloadAllModels",
+        "AllowGpuModelDownloadWithoutGpu",
     ] {
         for kind in HOSTILE {
             w.set_mem("ModelDownloadProgress", "stale");
@@ -260,6 +262,7 @@ fn a_bad_request_param_is_reported_removed_and_the_daemon_keeps_serving(generati
         "request param ModelToDownload ignored:",
         "request param CancelModelDownload ignored:",
         "request param DownloadAllModels ignored:",
+        "request param AllowGpuModelDownloadWithoutGpu ignored:",
         "262145 bytes, over the 262144-byte limit; removed",
         "not a regular file; removed",
     ] {

@@ -54,11 +54,12 @@ pub fn read_request_in(memory: &crate::params::Params) -> Result<Option<Request>
     })
 }
 
-/// The memory params the UI writes a request or a cancel to.
-pub const REQUEST_KEYS: [&str; 3] = [
+/// The memory params the UI writes a request, its one-request GPU override or a cancel to.
+pub const REQUEST_KEYS: [&str; 4] = [
     keys::DOWNLOAD_ALL_MODELS,
     keys::MODEL_TO_DOWNLOAD,
     keys::CANCEL_MODEL_DOWNLOAD,
+    keys::ALLOW_GPU_WITHOUT_GPU,
 ];
 
 /// A request param that could not be read (over the size cap, a FIFO, a directory, a symlink
