@@ -119,7 +119,8 @@ enum Command {
     Status {
         /// Print `{"generation","manifest_version","selected":{"id","name","version"},"resolved",
         /// "catalog_models","installed":[{"id","state","digest_source"}],"free_bytes",
-        /// "interrupted_migration","fallback":{"chosen","pending":[{"id","case","failures",
+        /// "interrupted_migration","interrupted_downloads":[{"id","file","done_bytes","size",
+        /// "current"}],"fallback":{"chosen","pending":[{"id","case","failures",
         /// "next_retry","reason"}],"dropped"},"refused_entries":[{"index","id","reason"}],
         /// "trust":{…},"tree":{"openpilot_dir","tinygrad_commit","generation","state","problem",
         /// "next"}}`; while paused (the tree's tinygrad has no generation) `{"generation":null,
@@ -299,6 +300,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
         } => return paused_run(&cli, &builtin_dir, &paused),
     };
     cli_support::detail!("{}", options.describe(&device, &tinygrad));
+    // Params and state records read as absent because they could not be read: said on stderr
+    // when the command ends, whichever way.
+    let _warnings = PrintWarnings(&device);
     let progress = render::StderrProgress::new(std::io::stderr().is_terminal());
     let print = |p: &migration::Progress| progress.say(p);
     match cli.command {
@@ -476,6 +480,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 out_line("All models downloaded!")?;
             } else if let Some(m) = report.models.first() {
                 out_line(m.path.display())?;
+                if !m.downloaded && !migration::is_builtin_id(m.id.as_str()) && !m.id.is_local() {
+                    cli_support::info!(
+                        "{}: a verified copy is installed; nothing was downloaded",
+                        m.id
+                    );
+                }
             }
             cli_support::info!(
                 "next: select a model in the UI (param `Model`); `resolve` prints what modeld loads"
@@ -535,6 +545,17 @@ fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Completions { .. } => unreachable!("handled before the device is opened"),
+    }
+}
+
+/// Prints the device's warnings ([`Device::warnings`]) on stderr when dropped.
+struct PrintWarnings<'a>(&'a Device);
+
+impl Drop for PrintWarnings<'_> {
+    fn drop(&mut self) {
+        for w in self.0.warnings().take() {
+            eprintln!("warning: {w}");
+        }
     }
 }
 

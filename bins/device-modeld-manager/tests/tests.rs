@@ -9,6 +9,7 @@ mod cli_surface;
 mod common;
 mod field;
 mod hostile_origin;
+mod hostile_params;
 mod not_yet;
 mod python_temps;
 mod signed;

@@ -18,6 +18,7 @@ mod download;
 pub mod egpu;
 mod error;
 mod http;
+pub mod interrupted;
 mod origin;
 pub mod policy;
 pub mod space;

@@ -191,6 +191,14 @@ impl FromStr for ModelName {
             Err(Error::invalid("model name", s, "must not be empty"))
         } else if s.contains(',') {
             Err(Error::invalid("model name", s, "must not contain a comma"))
+        } else if s.chars().any(char::is_control) {
+            // A newline or NUL would break the device's comma-joined `AvailableModelNames`
+            // and every line-based reader of it.
+            Err(Error::invalid(
+                "model name",
+                s,
+                "must not contain control characters",
+            ))
         } else {
             Ok(Self(s.to_owned()))
         }
@@ -519,6 +527,18 @@ mod tests {
             r#"invalid model name "A, B": must not contain a comma"#
         );
         assert!("".parse::<ModelName>().is_err());
+    }
+
+    #[test]
+    fn names_refuse_control_characters() {
+        for bad in ["Pop\nModel", "Pop\0", "\u{1b}[31mPop", "Pop\r", "Tab\there"] {
+            let err = bad.parse::<ModelName>().unwrap_err().to_string();
+            assert!(
+                err.ends_with("must not contain control characters"),
+                "{err}"
+            );
+        }
+        assert!("Pop Model 👀".parse::<ModelName>().is_ok());
     }
 
     #[test]

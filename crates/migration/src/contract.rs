@@ -692,6 +692,61 @@ mod tests {
         )
     }
 
+    /// A name with a control character is refused per entry (the tolerant read leaves that
+    /// entry out, with its reason) and never reaches `AvailableModelNames`; a local model's
+    /// sidecar name with one gives way to the name made from its id. For v25 and a made-up v26.
+    #[test]
+    fn names_with_control_characters_never_reach_the_name_list() {
+        for generation in ["v25", "v26"] {
+            let body = serde_json::to_vec(&json!({"generation": generation, "models": [
+                {"id": "pop223", "name": "Pop", "version": "v16"},
+                {"id": "nl1", "name": "New\nLine", "version": "v16"},
+                {"id": "nul1", "name": "Nul\u{0}", "version": "v16"},
+                {"id": "sc2", "name": "SC2", "version": "v9"},
+            ]}))
+            .unwrap();
+            let read = Manifest::from_slice_tolerant(&body, &manifest::Limits::default()).unwrap();
+            let refused: Vec<(usize, Option<&str>)> = read
+                .refused
+                .iter()
+                .map(|r| (r.index, r.id.as_deref()))
+                .collect();
+            assert_eq!(
+                refused,
+                [(1, Some("nl1")), (2, Some("nul1"))],
+                "{generation}"
+            );
+            assert!(
+                read.refused
+                    .iter()
+                    .all(|r| r.reason().contains("control characters")),
+                "{generation}"
+            );
+            let local = LocalModel {
+                id: id("local-bad_name"),
+                sidecar: Some(
+                    json!({"name": "Bad\nName\u{0}"})
+                        .as_object()
+                        .unwrap()
+                        .clone(),
+                ),
+            };
+            let params = Catalog::new(&read.manifest, &[local]).params();
+            let names = &params
+                .iter()
+                .find(|(k, _)| *k == keys::AVAILABLE_MODEL_NAMES)
+                .unwrap()
+                .1;
+            assert_eq!(names, "Pop,SC2,bad name", "{generation}");
+            for (key, value) in &params {
+                assert!(
+                    !value.chars().any(char::is_control),
+                    "{generation} {key}: {value:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn aliases_and_namespace_follow_upstream() {
         let ids: BTreeSet<String> = [

@@ -18,7 +18,7 @@ use crate::device::Device;
 use crate::downloads::{download_all, download_model};
 use crate::error::{Error, Result};
 use crate::manager::refresh;
-use crate::params::keys;
+use crate::params::{ParamRead, keys};
 use crate::progress::{DisplayName, FailReason, Progress};
 
 /// One request read from the memory params.
@@ -38,16 +38,96 @@ pub fn read_request(device: &Device) -> Result<Option<Request>> {
 }
 
 /// [`read_request`] from the memory params `memory`.
+/// A request param that cannot be read is an error naming it ([`sweep_bad_params`] removes
+/// it first in the daemon).
 pub fn read_request_in(memory: &crate::params::Params) -> Result<Option<Request>> {
     if memory.get_bool(keys::DOWNLOAD_ALL_MODELS)? {
         return Ok(Some(Request::DownloadAll));
     }
-    Ok(memory
-        .get_str(keys::MODEL_TO_DOWNLOAD)?
-        .map(|raw| Request::Download {
+    Ok(match memory.read(keys::MODEL_TO_DOWNLOAD) {
+        ParamRead::Absent => None,
+        ParamRead::Value(raw) => Some(Request::Download {
             id: raw.to_ascii_lowercase().parse().ok(),
             raw,
-        }))
+        }),
+        ParamRead::Unreadable(e) => return Err(e),
+    })
+}
+
+/// The memory params the UI writes a request, its one-request GPU override or a cancel to.
+pub const REQUEST_KEYS: [&str; 4] = [
+    keys::DOWNLOAD_ALL_MODELS,
+    keys::MODEL_TO_DOWNLOAD,
+    keys::CANCEL_MODEL_DOWNLOAD,
+    keys::ALLOW_GPU_WITHOUT_GPU,
+];
+
+/// A request param that could not be read (over the size cap, a FIFO, a directory, a symlink
+/// to a device), removed by [`sweep_bad_params`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadParam {
+    pub key: &'static str,
+    /// Why it could not be read (names the path), and whether removing it failed.
+    pub problem: String,
+}
+
+impl std::fmt::Display for BadParam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "request param {} ignored: {}", self.key, self.problem)
+    }
+}
+
+/// Remove every request param of `memory` that cannot be read (see [`BadParam`]), so no bad
+/// one stops the daemon or is read again; the caller reports them. Never fails.
+pub fn sweep_bad_params(memory: &crate::params::Params) -> Vec<BadParam> {
+    let mut bad = Vec::new();
+    for key in REQUEST_KEYS {
+        if let ParamRead::Unreadable(e) = memory.read(key) {
+            let why = one_line(&crate::params::unreadable(&e));
+            let problem = match memory.discard(key) {
+                Ok(()) => format!("{why}; removed"),
+                Err(r) => format!("{why}; could not remove it: {}", one_line(&r.to_string())),
+            };
+            bad.push(BadParam { key, problem });
+        }
+    }
+    bad
+}
+
+/// A message of several lines (an error listing each origin's reason) as one log line: the
+/// lines joined with `; `, after a line ending in a colon just a space. Pure.
+pub fn one_line(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if !out.is_empty() {
+            out.push_str(if out.ends_with(':') { " " } else { "; " });
+        }
+        out.push_str(line);
+    }
+    out
+}
+
+/// Whether a `CancelModelDownload` found when a request starts is for that request: written
+/// after the request was (a cancel written before it, or with no time, was for an earlier one).
+/// File times are coarse (a clock tick), so the same time counts as "before". Pure.
+pub fn cancel_applies(
+    cancel_written: Option<std::time::SystemTime>,
+    request_written: Option<std::time::SystemTime>,
+) -> bool {
+    match (cancel_written, request_written) {
+        (Some(c), Some(r)) => c > r,
+        // The request param is gone already (the UI withdrew it): the cancel is for it.
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// The memory param that holds `request`.
+fn request_key(request: &Request) -> &'static str {
+    match request {
+        Request::DownloadAll => keys::DOWNLOAD_ALL_MODELS,
+        Request::Download { .. } => keys::MODEL_TO_DOWNLOAD,
+    }
 }
 
 /// The progress text a failed request ends with.
@@ -104,17 +184,34 @@ fn serve_outcome(
             })
         }
         Request::Download { id: Some(id), .. } => {
+            // Acknowledged at once, before any network: the name from the stored catalog.
+            if let Some(name) = catalog_name(device, id) {
+                say(&Progress::Downloading(name));
+            }
             download_model(device, dl, id, cancel, say).map(|_| {
                 let canonical = crate::contract::canonical_id(id.as_str());
                 match canonical.parse().map(|c| crate::contract::kind(&c)) {
                     Ok(crate::contract::ModelKind::BuiltIn) => Progress::BuiltinAlreadyDownloaded,
                     Ok(crate::contract::ModelKind::Local) => Progress::LocalNothingToDownload,
+                    // Also when a verified copy was kept: upstream's text, which the UI takes
+                    // as "the model is there".
                     _ => Progress::Downloaded,
                 }
             })
         }
         Request::Download { id: None, .. } => Ok(Progress::Failed(FailReason::NotAModel)),
     }
+}
+
+/// The display name of catalog model `id` (`None`: no stored catalog, or not in it).
+fn catalog_name(device: &Device, id: &ModelId) -> Option<DisplayName> {
+    let catalog = device.catalog().ok().flatten()?;
+    let canonical = crate::contract::canonical_id(id.as_str());
+    catalog
+        .models()
+        .iter()
+        .find(|e| e.id().as_str() == canonical)
+        .map(DisplayName::of)
 }
 
 /// Clear a handled request and the cancel flag.
@@ -125,14 +222,13 @@ pub fn finish(device: &Device, request: &Request) -> Result<()> {
 /// [`finish`] in the memory params `memory`.
 pub fn finish_in(memory: &crate::params::Params, request: &Request) -> Result<()> {
     match request {
-        Request::DownloadAll => memory.remove(keys::DOWNLOAD_ALL_MODELS)?,
-        Request::Download { raw, .. } => {
-            if memory.get_str(keys::MODEL_TO_DOWNLOAD)?.as_deref() == Some(raw.as_str()) {
-                memory.remove(keys::MODEL_TO_DOWNLOAD)?;
-            }
-        }
+        Request::DownloadAll => memory.discard(keys::DOWNLOAD_ALL_MODELS)?,
+        Request::Download { raw, .. } => match memory.read(keys::MODEL_TO_DOWNLOAD) {
+            ParamRead::Value(v) if v != *raw => {} // replaced meanwhile: the next request
+            _ => memory.discard(keys::MODEL_TO_DOWNLOAD)?,
+        },
     }
-    memory.remove(keys::CANCEL_MODEL_DOWNLOAD)
+    memory.discard(keys::CANCEL_MODEL_DOWNLOAD)
 }
 
 /// Why a running request stopped early.
@@ -146,13 +242,24 @@ pub enum Interrupt {
     Stopping,
 }
 
-/// A cancel token that trips within 50 ms when the UI sets `CancelModelDownload`, the car goes
-/// onroad, or `stopping` is set; it records which, until `done` is set.
+/// What of `CancelModelDownload` stops a job.
+#[derive(Debug, Clone, Copy)]
+enum CancelBy {
+    /// Any cancel flag set (a request, whose stale flag was dropped at its start).
+    AnyFlag,
+    /// Only a flag written after the job started: not the one there at its start, whose write
+    /// time is given (a refresh, which no flag written before it was meant for).
+    WrittenAfter(Option<std::time::SystemTime>),
+}
+
+/// A cancel token that trips within 50 ms when the UI sets `CancelModelDownload` (as
+/// `cancel_by` says), the car goes onroad, or `stopping` is set; it records which, until `done`
+/// is set.
 fn watch(
     device: &Device,
     stopping: &Arc<AtomicBool>,
     done: &Arc<AtomicBool>,
-    ui_cancel: bool,
+    cancel_by: CancelBy,
 ) -> (
     CancelToken,
     Arc<std::sync::Mutex<Option<Interrupt>>>,
@@ -169,11 +276,16 @@ fn watch(
                 Some(Interrupt::Stopping)
             } else if device.is_onroad().unwrap_or(false) {
                 Some(Interrupt::Onroad)
-            } else if ui_cancel
-                && device
-                    .memory
-                    .get_bool(keys::CANCEL_MODEL_DOWNLOAD)
-                    .unwrap_or(false)
+            } else if device
+                .memory
+                .get_bool(keys::CANCEL_MODEL_DOWNLOAD)
+                .unwrap_or(false)
+                && match cancel_by {
+                    CancelBy::AnyFlag => true,
+                    CancelBy::WrittenAfter(before) => {
+                        device.memory.modified(keys::CANCEL_MODEL_DOWNLOAD) != before
+                    }
+                }
             {
                 Some(Interrupt::Cancelled)
             } else {
@@ -197,6 +309,9 @@ pub enum Served {
     Finished(Progress),
     /// Not over: onroad, stopping, or no network. The request is kept and served again later.
     Kept { progress: Progress, why: String },
+    /// Failed for good (the request was cleared): what the UI was shown, and the error on one
+    /// line, each origin's reason included (for the log).
+    Failed { progress: Progress, why: String },
 }
 
 /// Whether a failure is "not yet": an origin's files disagree with its manifest.
@@ -218,7 +333,9 @@ fn is_offline(e: &Error) -> bool {
 pub fn poll_once(device: &Device, dl: &Downloader) -> Result<Option<(Request, Progress)>> {
     let stopping = Arc::new(AtomicBool::new(false));
     Ok(poll(device, dl, &stopping)?.map(|(r, s)| match s {
-        Served::Finished(p) | Served::Kept { progress: p, .. } => (r, p),
+        Served::Finished(p)
+        | Served::Kept { progress: p, .. }
+        | Served::Failed { progress: p, .. } => (r, p),
     }))
 }
 
@@ -229,12 +346,23 @@ pub fn poll(
     stopping: &Arc<AtomicBool>,
 ) -> Result<Option<(Request, Served)>> {
     let Some(request) = read_request(device)? else {
-        if device.memory.get_bool(keys::CANCEL_MODEL_DOWNLOAD)? {
+        // (One that cannot be read is the sweep's to remove and report.)
+        if matches!(
+            device.memory.read(keys::CANCEL_MODEL_DOWNLOAD),
+            ParamRead::Value(_)
+        ) {
             // Nothing to cancel: a leftover flag must not cancel the next download.
-            device.memory.remove(keys::CANCEL_MODEL_DOWNLOAD)?;
+            device.memory.discard(keys::CANCEL_MODEL_DOWNLOAD)?;
         }
         return Ok(None);
     };
+    // A cancel written before this request was for an earlier one.
+    if !cancel_applies(
+        device.memory.modified(keys::CANCEL_MODEL_DOWNLOAD),
+        device.memory.modified(request_key(&request)),
+    ) {
+        device.memory.discard(keys::CANCEL_MODEL_DOWNLOAD)?;
+    }
     if device.is_onroad()? {
         // Served once the car is offroad; not a byte fetched, not a file touched.
         return Ok(Some((
@@ -246,7 +374,7 @@ pub fn poll(
         )));
     }
     let done = Arc::new(AtomicBool::new(false));
-    let (cancel, why, watcher) = watch(device, stopping, &done, true);
+    let (cancel, why, watcher) = watch(device, stopping, &done, CancelBy::AnyFlag);
     let say = |p: &Progress| {
         let _ = device
             .memory
@@ -267,19 +395,34 @@ pub fn poll(
         },
         (Err(e), _) if is_offline(&e) => Served::Kept {
             progress: Progress::Offline,
-            why: format!("no network, will retry: {e}"),
+            why: format!("no network, will retry: {}", one_line(&e.to_string())),
         },
         (Ok(p), _) => Served::Finished(p),
-        (Err(e), _) => Served::Finished(failure_progress(&e)),
+        (Err(e), _) => Served::Failed {
+            progress: failure_progress(&e),
+            why: one_line(&e.to_string()),
+        },
     };
     match &served {
-        Served::Finished(p) => {
+        Served::Finished(p) | Served::Failed { progress: p, .. } => {
             say(p);
             finish(device, &request)?;
         }
         Served::Kept { progress, .. } => say(progress),
     }
     Ok(Some((request, served)))
+}
+
+/// Remove the request params that cannot be read, and say so in `ModelDownloadProgress` and
+/// the log; then log what was read as absent since the last poll (params and state records).
+fn report_bad_params(device: &Device, say: &dyn Fn(&Progress), log: &dyn Fn(&str)) {
+    for bad in sweep_bad_params(&device.memory) {
+        log(&bad.to_string());
+        say(&Progress::Failed(FailReason::BadRequest));
+    }
+    for w in device.warnings().take() {
+        log(&format!("warning: {w}"));
+    }
 }
 
 /// Tuning of the daemon loop.
@@ -340,6 +483,7 @@ pub fn run(
     let mut onroad_logged = false;
     let mut metered_logged = false;
     while !stopping.load(Ordering::SeqCst) {
+        report_bad_params(device, &say, log);
         let onroad = device.is_onroad().unwrap_or(false);
         if onroad {
             if !onroad_logged {
@@ -365,13 +509,17 @@ pub fn run(
                 } else {
                     metered_logged = false;
                     log("job: refresh");
-                    // Stopped by SIGTERM or the car going onroad like any download (not by the
-                    // UI's cancel flag, which is about the UI's own requests).
+                    // Stopped by SIGTERM, the car going onroad, or a cancel the UI writes while
+                    // it runs (one already there is for a request, not for this refresh).
                     let done = Arc::new(AtomicBool::new(false));
-                    let (cancel, _, watcher) = watch(device, stopping, &done, false);
+                    let before = device.memory.modified(keys::CANCEL_MODEL_DOWNLOAD);
+                    let (cancel, why, watcher) =
+                        watch(device, stopping, &done, CancelBy::WrittenAfter(before));
                     let result = refresh(device, dl, &cancel, &say);
                     done.store(true, Ordering::SeqCst);
                     let _ = watcher.join();
+                    let ui_cancelled = *why.lock().unwrap_or_else(|e| e.into_inner())
+                        == Some(Interrupt::Cancelled);
                     next_refresh = match result {
                         Ok(r) => {
                             log(&format!(
@@ -389,16 +537,23 @@ pub fn run(
                             ));
                             Instant::now() + config.refresh_every
                         }
+                        Err(_) if ui_cancelled => {
+                            say(&Progress::Cancelled);
+                            log(&format!(
+                                "refresh cancelled from the UI (CancelModelDownload); next try in {} s",
+                                config.retry_offline.as_secs()
+                            ));
+                            Instant::now() + config.retry_offline
+                        }
                         Err(e) if is_not_yet(&e) => {
                             // An origin's files disagree with its manifest (a republish in
                             // progress): not a failure, no backoff; asked again soon.
                             let wait = crate::choice::NOT_YET_RETRY.min(config.refresh_every);
-                            let first = e.to_string();
-                            let first = first.lines().next().unwrap_or("");
                             log(&format!(
                                 "refresh: not yet (the store's files do not match its manifest \
-                                 yet; nothing counted as a failure), next try in {} s: {first}",
-                                wait.as_secs()
+                                 yet; nothing counted as a failure), next try in {} s: {}",
+                                wait.as_secs(),
+                                one_line(&e.to_string())
                             ));
                             Instant::now() + wait
                         }
@@ -413,11 +568,10 @@ pub fn run(
                             } else {
                                 config.refresh_every
                             };
-                            let first = e.to_string();
-                            let first = first.lines().next().unwrap_or("");
                             log(&format!(
-                                "refresh failed, will retry in {} s: {first}",
-                                wait.as_secs()
+                                "refresh failed, will retry in {} s: {}",
+                                wait.as_secs(),
+                                one_line(&e.to_string())
                             ));
                             // A manifest refused on trust grounds is shown to the user.
                             if let Error::Download(d) = &e
@@ -430,23 +584,38 @@ pub fn run(
                     };
                 }
             }
-            if Instant::now() >= next_request
-                && let Some(request) = read_request(device)?
-            {
-                log(&format!("job: {}", describe(&request)));
-                if let Some((request, served)) = poll(device, dl, stopping)? {
-                    match served {
-                        Served::Finished(p) => log(&format!("{}: {p}", describe(&request))),
-                        Served::Kept { why, .. } => {
-                            let why = why.lines().next().unwrap_or("").to_string();
-                            log(&format!("{}: kept pending ({why})", describe(&request)));
-                            next_request = Instant::now() + config.retry_offline;
-                        }
+            // No error of one request (a param swapped under it, a full disk) stops the daemon:
+            // it is logged, and the next poll goes on.
+            match read_request(device) {
+                Ok(Some(request)) if Instant::now() >= next_request => {
+                    log(&format!("job: {}", describe(&request)));
+                    match poll(device, dl, stopping) {
+                        Ok(Some((request, served))) => match served {
+                            Served::Finished(p) => log(&format!("{}: {p}", describe(&request))),
+                            Served::Failed { progress, why } => {
+                                log(&format!("{}: {progress} ({why})", describe(&request)))
+                            }
+                            Served::Kept { why, .. } => {
+                                log(&format!("{}: kept pending ({why})", describe(&request)));
+                                next_request = Instant::now() + config.retry_offline;
+                            }
+                        },
+                        Ok(None) => {}
+                        Err(e) => log(&format!(
+                            "{}: not served: {}",
+                            describe(&request),
+                            one_line(&e.to_string())
+                        )),
                     }
                 }
-            } else if read_request(device)?.is_none() {
-                // Nothing pending: drop a leftover cancel flag (see `poll`).
-                let _ = poll(device, dl, stopping)?;
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    // Nothing pending: drop a leftover cancel flag (see `poll`).
+                    if let Err(e) = poll(device, dl, stopping) {
+                        log(&format!("cancel flag: {}", one_line(&e.to_string())));
+                    }
+                }
+                Err(e) => log(&format!("request not read: {}", one_line(&e.to_string()))),
             }
         }
         let wake = Instant::now() + config.poll;
@@ -456,4 +625,82 @@ pub fn run(
     }
     log("stopped: any download in progress is kept and resumes at the next start");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn a_cancel_applies_only_to_a_request_written_before_it() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let later = t + Duration::from_millis(4);
+        for (cancel, request, applies) in [
+            (None, Some(t), false),
+            (None, None, false),
+            // Written just before the new request: for the earlier one.
+            (Some(t), Some(later), false),
+            // The same clock tick: "before" (a UI cannot cancel within a tick of asking).
+            (Some(t), Some(t), false),
+            // Written after the request: for it, even before the daemon started it.
+            (Some(later), Some(t), true),
+            // The request withdrawn meanwhile.
+            (Some(t), None, true),
+        ] {
+            assert_eq!(
+                cancel_applies(cancel, request),
+                applies,
+                "{cancel:?} {request:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_message_of_several_lines_is_one_log_line_with_every_reason() {
+        for (text, line) in [
+            ("plain", "plain"),
+            (
+                "download failed on every origin:\n  hf: timed out\n  github: 404 Not Found\n",
+                "download failed on every origin: hf: timed out; github: 404 Not Found",
+            ),
+            ("a\n\nb", "a; b"),
+            ("", ""),
+        ] {
+            let got = one_line(text);
+            assert_eq!(got, line);
+            assert!(!got.ends_with(':') && !got.contains('\n'));
+        }
+    }
+
+    /// Every request param that cannot be read is removed and reported, each once; readable
+    /// ones are left for the daemon to serve.
+    #[test]
+    fn bad_request_params_are_swept_and_good_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let memory = crate::params::Params::new(dir.path().join("d"));
+        std::fs::create_dir_all(memory.dir()).unwrap();
+        std::fs::File::create(memory.path(keys::MODEL_TO_DOWNLOAD))
+            .unwrap()
+            .set_len(crate::bounded::PARAM_LIMIT + 1)
+            .unwrap();
+        std::fs::create_dir(memory.path(keys::CANCEL_MODEL_DOWNLOAD)).unwrap();
+        std::fs::write(memory.path(keys::DOWNLOAD_ALL_MODELS), b"1\0").unwrap();
+        let bad = sweep_bad_params(&memory);
+        let keys_of: Vec<&str> = bad.iter().map(|b| b.key).collect();
+        assert_eq!(
+            keys_of,
+            [keys::MODEL_TO_DOWNLOAD, keys::CANCEL_MODEL_DOWNLOAD]
+        );
+        for b in &bad {
+            let text = b.to_string();
+            assert!(text.contains(b.key) && text.ends_with("removed"), "{text}");
+            assert!(!memory.path(b.key).exists());
+        }
+        assert_eq!(
+            read_request_in(&memory).unwrap(),
+            Some(Request::DownloadAll)
+        );
+        assert!(sweep_bad_params(&memory).is_empty());
+    }
 }

@@ -157,7 +157,8 @@ impl Device {
     pub fn with_effects(config: DeviceConfig, effects: Effects) -> Self {
         let params =
             Params::with_effects(config.data_dir.join("params").join("d"), effects.clone());
-        let memory = Params::new(config.memory_params_dir.clone());
+        let memory =
+            Params::new(config.memory_params_dir.clone()).sharing_warnings(params.warnings());
         Self {
             config,
             params,
@@ -232,6 +233,31 @@ impl Device {
             })
     }
 
+    /// [`Device::read_json`] for a state file that is a record, not a safeguard
+    /// (`.choice.json`, `.refused-manifest.json`): one that cannot be read or parsed is read as
+    /// absent, with a warning naming it ([`Device::warnings`]), so it never wedges `refresh` or
+    /// `status`; the next write replaces it.
+    pub(crate) fn read_json_or_warn<T: DeserializeOwned>(
+        &self,
+        name: &str,
+        limit: u64,
+    ) -> Result<Option<T>> {
+        match self.read_json(name, limit) {
+            Err(e @ Error::CorruptState { .. }) => {
+                self.warnings()
+                    .add(format!("{e}; read as absent, the next write replaces it"));
+                Ok(None)
+            }
+            other => other,
+        }
+    }
+
+    /// What was read as absent because it could not be read (params, state records), since
+    /// the last [`Warnings::take`](crate::params::Warnings::take).
+    pub fn warnings(&self) -> &crate::params::Warnings {
+        self.params.warnings()
+    }
+
     /// Write a JSON state file of the models dir (pretty) with [`Device::write_file`].
     pub(crate) fn write_json<T: Serialize + ?Sized>(&self, name: &str, value: &T) -> Result<()> {
         self.write_file(
@@ -255,7 +281,8 @@ impl Device {
     pub fn planning(&self) -> Device {
         let effects = Effects::plan();
         let mut d = Device::with_effects(self.config.clone(), effects);
-        d.memory = Params::with_effects(self.config.memory_params_dir.clone(), Effects::plan());
+        d.memory = Params::with_effects(self.config.memory_params_dir.clone(), Effects::plan())
+            .sharing_warnings(d.params.warnings());
         d.sysfs_root = self.sysfs_root.clone();
         d.trusted_keys = self.trusted_keys.clone();
         d
@@ -298,8 +325,10 @@ impl Device {
             }
         }
         for key in keys {
-            let value = self.params.get(&key)?;
-            if now.params.get(&key)? != value {
+            // A value that cannot be read now (a FIFO, oversized) counts as unset, as the run
+            // reads it (`Params::get_str`).
+            let value = self.params.get(&key).ok().flatten();
+            if now.params.get(&key).ok().flatten() != value {
                 params.push(ParamChange { key, value });
             }
         }
@@ -539,8 +568,10 @@ impl Device {
     }
 
     /// The remembered choice (`.choice.json`), if any.
+    /// A corrupt or unreadable one is read as absent, with a warning
+    /// ([`Device::read_json_or_warn`]).
     pub fn choice(&self) -> Result<Option<Choice>> {
-        self.read_json(CHOICE_FILE, bounded::JOURNAL_LIMIT)
+        self.read_json_or_warn(CHOICE_FILE, bounded::JOURNAL_LIMIT)
     }
 
     pub(crate) fn store_choice(&self, c: &Choice) -> Result<()> {

@@ -47,7 +47,11 @@ pub fn download_model(
     }
     gpu_rule(&entry, device.chestnut(), allow)?;
     let r = install(device, dl, &entry, cancel, progress)?;
-    progress(&Progress::Downloaded);
+    // A verified copy was there (`None`): nothing was fetched, so nothing says "Downloaded!"
+    // here; the caller says what it did (the daemon ends a request with upstream's text).
+    if r.is_some() {
+        progress(&Progress::Downloaded);
+    }
     Ok(r)
 }
 

@@ -249,6 +249,24 @@ impl Effects {
         Ok(())
     }
 
+    /// Remove param `key` of `dir` whatever it is (a directory with what it holds; a symlink,
+    /// not its target); nothing when it is not there.
+    pub(crate) fn discard_param(&self, dir: &Path, key: &str) -> Result<()> {
+        let path = dir.join(key);
+        let is_dir = fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
+        if !is_dir {
+            return self.remove_param(dir, key);
+        }
+        if !self.planned(&path, None) {
+            // std's remove_dir_all never follows a symlink inside.
+            fs::remove_dir_all(&path)?;
+            sync_dir(dir)?;
+        }
+        self.done(Effect::RemoveParam {
+            key: key.to_string(),
+        })
+    }
+
     /// Write `name` in the models directory `dir` atomically (the caller has checked it
     /// changes).
     pub(crate) fn write_file(&self, dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {

@@ -54,6 +54,52 @@ pub mod keys {
 pub struct Params {
     dir: PathBuf,
     effects: Effects,
+    warnings: Warnings,
+}
+
+/// Warnings about params and state files read as absent (oversized, not a regular file,
+/// corrupt), shared by every clone of the [`Params`] (and the [`Device`](crate::Device)) they
+/// came from; each text once. The binary prints them on stderr, the daemon logs them.
+#[derive(Debug, Clone, Default)]
+pub struct Warnings(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Warnings {
+    /// Note `text` (once).
+    pub fn add(&self, text: String) {
+        let mut w = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !w.contains(&text) {
+            w.push(text);
+        }
+    }
+
+    /// The warnings noted since the last call, oldest first.
+    pub fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// A value as upstream reads it: trailing NULs and whitespace stripped (openpilot's C++ writers
+/// may leave a NUL, editors a newline), leading whitespace too. Pure.
+pub fn upstream_value(raw: &str) -> &str {
+    raw.trim_end_matches(|c: char| c == '\0' || c.is_whitespace())
+        .trim_start()
+}
+
+/// Why a param could not be read, without the state-file advice of [`Error::CorruptState`]
+/// (a param is replaced by its next write, or removed by the daemon): `<path>: <why>`.
+pub fn unreadable(e: &Error) -> String {
+    match e {
+        Error::CorruptState { path, message } => format!("{}: {message}", path.display()),
+        other => other.to_string(),
+    }
+}
+
+/// How one param read: unset, a value, or unreadable (the error names the path and why).
+#[derive(Debug)]
+pub enum ParamRead {
+    Absent,
+    Value(String),
+    Unreadable(Error),
 }
 
 fn check_key(key: &str) -> Result<()> {
@@ -76,6 +122,32 @@ impl Params {
         Self {
             dir: dir.into(),
             effects,
+            warnings: Warnings::default(),
+        }
+    }
+
+    /// The warnings of reads that fell back to "absent" ([`Params::get_str`]).
+    pub fn warnings(&self) -> &Warnings {
+        &self.warnings
+    }
+
+    /// These params noting their warnings in `warnings` (shared with the device's other
+    /// params).
+    pub(crate) fn sharing_warnings(mut self, warnings: &Warnings) -> Self {
+        self.warnings = warnings.clone();
+        self
+    }
+
+    /// The value as upstream reads it ([`upstream_value`]), or why it cannot be read; never an
+    /// error. For a reader that must act on a bad param (the daemon removes it).
+    pub fn read(&self, key: &str) -> ParamRead {
+        match self.get(key) {
+            Ok(None) => ParamRead::Absent,
+            Ok(Some(v)) => match upstream_value(&v) {
+                "" => ParamRead::Absent,
+                v => ParamRead::Value(v.to_string()),
+            },
+            Err(e) => ParamRead::Unreadable(e),
         }
     }
 
@@ -99,19 +171,30 @@ impl Params {
             .map(|b| String::from_utf8_lossy(&b).into_owned()))
     }
 
-    /// The value with surrounding whitespace trimmed; `None` when unset or empty.
+    /// The value as upstream reads it ([`upstream_value`]); `None` when unset or empty. A value
+    /// that cannot be read (over the cap, not a regular file: see [`Params::get`]) is read as
+    /// absent too, and a warning naming it is noted ([`Params::warnings`]): one bad param never
+    /// wedges a command. Only an invalid key is an error. The rollback floor is read strictly,
+    /// with [`Params::get`] (`trust_state`).
     pub fn get_str(&self, key: &str) -> Result<Option<String>> {
-        Ok(self
-            .get(key)?
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty()))
+        check_key(key)?;
+        Ok(match self.read(key) {
+            ParamRead::Absent => None,
+            ParamRead::Value(v) => Some(v),
+            ParamRead::Unreadable(e) => {
+                self.warnings
+                    .add(format!("param {key} read as unset: {}", unreadable(&e)));
+                None
+            }
+        })
     }
 
-    /// openpilot bools: "1" is true.
+    /// openpilot bools: "1" is true. Strict: an unreadable value is an error (`IsOnroad` must
+    /// not read as "offroad" because it cannot be read).
     pub fn get_bool(&self, key: &str) -> Result<bool> {
-        Ok(self
-            .get_str(key)?
-            .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true")))
+        Ok(self.get(key)?.is_some_and(|v| {
+            matches!(upstream_value(&v), "1") || upstream_value(&v).eq_ignore_ascii_case("true")
+        }))
     }
 
     pub fn put(&self, key: &str, value: &str) -> Result<()> {
@@ -126,6 +209,21 @@ impl Params {
     pub fn remove(&self, key: &str) -> Result<()> {
         check_key(key)?;
         self.effects.remove_param(&self.dir, key)
+    }
+
+    /// When `key` was last written (`None`: unset, or no time to be had).
+    pub fn modified(&self, key: &str) -> Option<std::time::SystemTime> {
+        check_key(key).ok()?;
+        std::fs::symlink_metadata(self.path(key))
+            .and_then(|m| m.modified())
+            .ok()
+    }
+
+    /// Remove whatever is at `key`'s path: a value, a FIFO, a symlink (never what it points
+    /// to), or a directory with what it holds (a bad request the daemon drops).
+    pub fn discard(&self, key: &str) -> Result<()> {
+        check_key(key)?;
+        self.effects.discard_param(&self.dir, key)
     }
 }
 
@@ -161,5 +259,96 @@ mod tests {
         assert!(matches!(e, Error::CorruptState { .. }), "{e}");
         p.put("Model", "pop223").unwrap();
         assert_eq!(p.get_str("Model").unwrap().as_deref(), Some("pop223"));
+    }
+
+    /// Values read as upstream reads them: trailing NULs and whitespace go, inner ones stay.
+    #[test]
+    fn values_are_read_as_upstream_reads_them() {
+        for (raw, want) in [
+            ("pop223", "pop223"),
+            ("pop223\0", "pop223"),
+            ("pop223\n", "pop223"),
+            ("pop223\0\n\0", "pop223"),
+            (" pop223 \r\n", "pop223"),
+            ("a\0b", "a\0b"),
+            ("\0", ""),
+            ("", ""),
+        ] {
+            assert_eq!(upstream_value(raw), want, "{raw:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = Params::new(dir.path().join("d"));
+        fs::create_dir_all(p.dir()).unwrap();
+        fs::write(p.path("Model"), b"pop223\0").unwrap();
+        assert_eq!(p.get_str("Model").unwrap().as_deref(), Some("pop223"));
+        fs::write(p.path("IsOnroad"), b"1\0").unwrap();
+        assert!(p.get_bool("IsOnroad").unwrap());
+        fs::write(p.path("Model"), b"\0\n").unwrap();
+        assert_eq!(p.get_str("Model").unwrap(), None);
+        assert!(p.warnings().take().is_empty());
+    }
+
+    /// A value that cannot be read (over the cap, a FIFO, a directory, a symlink to a device)
+    /// is read as unset by `get_str` with one warning naming it; `get` and `get_bool` stay
+    /// strict; `discard` removes each kind, never a symlink's target.
+    #[test]
+    fn an_unreadable_value_reads_as_unset_with_a_warning_and_can_be_discarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Params::new(dir.path().join("d"));
+        fs::create_dir_all(p.dir()).unwrap();
+        let target = dir.path().join("target");
+        fs::write(&target, b"1").unwrap();
+        let plant = |kind: &str| {
+            let path = p.path("Model");
+            match kind {
+                "oversized" => fs::File::create(&path)
+                    .unwrap()
+                    .set_len(PARAM_LIMIT + 1)
+                    .unwrap(),
+                "fifo" => {
+                    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+                    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+                }
+                "directory" => {
+                    fs::create_dir_all(path.join("inner")).unwrap();
+                    fs::write(path.join("inner/x"), b"x").unwrap();
+                }
+                "symlink to /dev/zero" => std::os::unix::fs::symlink("/dev/zero", &path).unwrap(),
+                "symlink to a directory" => std::os::unix::fs::symlink(dir.path(), &path).unwrap(),
+                _ => unreachable!(),
+            }
+        };
+        for kind in [
+            "oversized",
+            "fifo",
+            "directory",
+            "symlink to /dev/zero",
+            "symlink to a directory",
+        ] {
+            plant(kind);
+            assert!(p.get("Model").is_err(), "{kind}");
+            assert!(p.get_bool("Model").is_err(), "{kind}");
+            assert!(
+                matches!(p.read("Model"), ParamRead::Unreadable(_)),
+                "{kind}"
+            );
+            assert_eq!(p.get_str("Model").unwrap(), None, "{kind}");
+            assert_eq!(p.get_str("Model").unwrap(), None, "{kind}");
+            let w = p.warnings().take();
+            assert_eq!(w.len(), 1, "{kind}: one warning however often read: {w:?}");
+            assert!(
+                w[0].contains("param Model read as unset") && w[0].contains("/d/Model"),
+                "{kind}: {w:?}"
+            );
+            p.discard("Model").unwrap();
+            assert!(fs::symlink_metadata(p.path("Model")).is_err(), "{kind}");
+            assert_eq!(
+                fs::read(&target).unwrap(),
+                b"1",
+                "{kind}: the target is untouched"
+            );
+            assert!(dir.path().join("d").is_dir());
+        }
+        p.discard("Model").unwrap(); // nothing there: fine
     }
 }

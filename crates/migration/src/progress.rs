@@ -43,6 +43,9 @@ pub enum FailReason {
     BuiltinMissing,
     /// Another manager holds the lock.
     Busy,
+    /// The request param itself could not be read (over the size cap, not a regular file): it
+    /// was removed.
+    BadRequest,
     /// Anything else on the device (storage, a corrupt state file): the log says which.
     DeviceError,
     /// With trusted keys: the signed model list gives no SHA-256, size or chunk count for it,
@@ -92,6 +95,7 @@ impl FailReason {
             FailReason::BuiltinMissing => "built-in model missing",
             FailReason::Busy => "another download is running",
             FailReason::DeviceError => "device storage error",
+            FailReason::BadRequest => "request could not be read",
             FailReason::NotSigned => {
                 "not installable: the signed model list gives no SHA-256, size or chunk count for it"
             }
@@ -222,6 +226,10 @@ mod tests {
             ),
             (Progress::Verifying, "Verifying authenticity..."),
             (Progress::Downloaded, "Downloaded!"),
+            (
+                Progress::Failed(FailReason::BadRequest),
+                "Download failed: request could not be read",
+            ),
             (
                 Progress::BuiltinAlreadyDownloaded,
                 "Built-in model already downloaded.",

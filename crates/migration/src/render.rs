@@ -239,6 +239,20 @@ impl StatusDocument {
                 }
             ));
         }
+        for d in &r.interrupted_downloads {
+            lines.push(format!(
+                "interrupted download: {} ({}), {} of {} bytes staged{}",
+                d.id.as_deref().unwrap_or("not in the catalog"),
+                d.file,
+                d.done_bytes,
+                d.size,
+                if d.current {
+                    "; the next download of it resumes there"
+                } else {
+                    "; not the catalog's bytes now, a download starts over"
+                }
+            ));
+        }
         lines.extend(self.trust.lines());
         lines
     }
@@ -259,7 +273,16 @@ impl StatusDocument {
                     .into(),
             )
         } else {
-            None
+            r.interrupted_downloads
+                .iter()
+                .find(|d| d.current)
+                .and_then(|d| d.id.as_deref())
+                .map(|id| {
+                    format!(
+                        "`download {id}` resumes the interrupted download (so does the next \
+                         `refresh` when it wants it)"
+                    )
+                })
         }
     }
 }

@@ -81,6 +81,9 @@ pub struct StatusReport {
     pub installed: Vec<InstalledModel>,
     pub free_bytes: Option<u64>,
     pub interrupted_migration: Option<Journal>,
+    /// Downloads left unfinished in the staging directory (a refresh or `download` resumes
+    /// them from what they recorded).
+    pub interrupted_downloads: Vec<InterruptedDownload>,
     /// From `.choice.json`; `None` before the first refresh of this build.
     pub fallback: Option<FallbackReport>,
     /// Entries of the last accepted manifest this device left out, each with its reason.
@@ -137,6 +140,55 @@ pub fn waiting_for_chestnut(
         });
     }
     out
+}
+
+/// A download left unfinished (`status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InterruptedDownload {
+    /// The catalog model whose artifact (or Chestnut build) it is; `None` when the catalog
+    /// lists no such file (it is removed when it goes stale).
+    pub id: Option<String>,
+    pub file: String,
+    pub done_bytes: u64,
+    pub size: u64,
+    /// Whether it is for the bytes the catalog lists now (else a resume starts over).
+    pub current: bool,
+}
+
+/// The staged downloads `staged` matched to the catalog's artifacts. Pure.
+pub fn interrupted_downloads(
+    staged: &[downloader::interrupted::StagedDownload],
+    catalog: Option<&manifest::Manifest>,
+) -> Vec<InterruptedDownload> {
+    let targets: Vec<downloader::Target> = catalog
+        .map(|c| {
+            c.models()
+                .iter()
+                .flat_map(|e| {
+                    [
+                        downloader::Target::from_entry(e).ok(),
+                        downloader::Target::chestnut_variant(e).ok().flatten(),
+                    ]
+                })
+                .flatten()
+                .collect()
+        })
+        .unwrap_or_default();
+    staged
+        .iter()
+        .map(|s| {
+            let target = targets.iter().find(|t| t.local_name.as_str() == s.file);
+            InterruptedDownload {
+                id: target.map(|t| t.id.to_string()),
+                file: s.file.clone(),
+                done_bytes: s.done_bytes,
+                size: s.size,
+                current: target
+                    .and_then(|t| t.sha256)
+                    .is_some_and(|d| d.to_hex().starts_with(&s.sha256_prefix)),
+            }
+        })
+        .collect()
 }
 
 /// A catalog artifact a device with trusted keys does not install.
@@ -233,7 +285,17 @@ pub fn resolve(device: &Device) -> Result<ResolveReport> {
         let n = contract::Named::builtin(&contract::Catalog::default());
         (n.id.to_string(), n.name, n.version)
     };
-    let (path, sel, doubt) = match device.resolve() {
+    // modeld gets the built-in whenever anything it would decide from could not be read: a
+    // param or record the other commands read as absent (with a warning) is a doubt here.
+    device.warnings().take();
+    let resolved = device.resolve();
+    let unread = device.warnings().take();
+    let (path, sel, doubt) = match resolved {
+        Ok(_) if !unread.is_empty() => (
+            device.builtin_path(),
+            crate::device::Selection::builtin(),
+            Some(unread.join("; ")),
+        ),
         Ok((path, sel)) => (path, sel, None),
         Err(e) => (
             device.builtin_path(),
@@ -360,6 +422,10 @@ pub fn status(device: &Device) -> Result<StatusReport> {
         free_bytes: downloader::space::available_bytes(&device.models_dir()).ok(),
         fallback: fallback(device, catalog.as_ref())?,
         interrupted_migration: journal,
+        interrupted_downloads: interrupted_downloads(
+            &downloader::interrupted::staged_downloads(&device.models_dir()),
+            catalog.as_ref(),
+        ),
         refused_entries: device.refused(),
         not_installable: catalog
             .as_ref()

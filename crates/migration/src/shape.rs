@@ -121,7 +121,12 @@ pub fn local_model(key: &str, sidecar: Option<&Map<String, Value>>) -> Map<Strin
     .to_string();
     let fallback = Value::String(fallback);
     let key_value = Value::String(key.to_string());
-    let name_src = or(or(info.get("name"), Some(&fallback)), Some(&key_value));
+    // A sidecar name with a control character (newline, NUL) is refused: the id's name
+    // stands in, so such a name never reaches `AvailableModelNames`.
+    let given = info
+        .get("name")
+        .filter(|n| !n.as_str().is_some_and(|t| t.chars().any(char::is_control)));
+    let name_src = or(or(given, Some(&fallback)), Some(&key_value));
     let gpu = truthy(info.get("uses_external_gpu"));
     let mut m = Map::new();
     m.insert("id".into(), key.into());

@@ -368,6 +368,10 @@ pub fn run_paused(
     log(&format!("next: {}", paused.next()));
     announce(memory, paused)?;
     while !stopping.load(Ordering::SeqCst) {
+        // A request param that cannot be read is removed and logged, never fatal.
+        for bad in crate::daemon::sweep_bad_params(memory) {
+            log(&bad.to_string());
+        }
         if let Some(request) = crate::daemon::read_request_in(memory)? {
             let what = match &request {
                 Request::DownloadAll => "download all".to_string(),
@@ -592,6 +596,67 @@ mod tests {
         let u = read(op).pins.unwrap_err();
         assert!(u.problem.contains("already pinned"), "{u}");
         assert_eq!(u.path, pins);
+    }
+
+    /// The paused daemon, too, removes and logs a request param it cannot read (here a FIFO
+    /// and a directory) and answers the next request with the pause; nothing stops it.
+    #[test]
+    fn the_paused_daemon_survives_a_bad_request_param() {
+        let dir = tempfile::tempdir().unwrap();
+        let memory = Params::new(dir.path().join("d"));
+        std::fs::create_dir_all(memory.dir()).unwrap();
+        let fifo =
+            std::ffi::CString::new(memory.path(keys::MODEL_TO_DOWNLOAD).to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        std::fs::create_dir(memory.path(keys::CANCEL_MODEL_DOWNLOAD)).unwrap();
+        let paused = Paused::Unknown {
+            commit: pin(V26_PIN),
+            marker: "/op/tinygrad_repo/TINYGRAD_COMMIT".into(),
+            pins_file: "/op/tinygrad_pins.json".into(),
+            known: Vec::new(),
+        };
+        let config = DaemonConfig {
+            poll: Duration::from_millis(20),
+            ..Default::default()
+        };
+        let stopping = Arc::new(AtomicBool::new(false));
+        let lines = std::sync::Mutex::new(Vec::<String>::new());
+        std::thread::scope(|s| {
+            let run = s.spawn(|| {
+                run_paused(&memory, &paused, &config, &stopping, &|l: &str| {
+                    lines.lock().unwrap().push(l.to_string())
+                })
+            });
+            let start = Instant::now();
+            while memory
+                .path(keys::MODEL_TO_DOWNLOAD)
+                .symlink_metadata()
+                .is_ok()
+                || memory.path(keys::CANCEL_MODEL_DOWNLOAD).exists()
+            {
+                assert!(start.elapsed() < Duration::from_secs(5), "not removed");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            memory.put(keys::MODEL_TO_DOWNLOAD, "pop223").unwrap();
+            while memory.path(keys::MODEL_TO_DOWNLOAD).exists() {
+                assert!(start.elapsed() < Duration::from_secs(5), "not answered");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            stopping.store(true, Ordering::SeqCst);
+            run.join().unwrap().unwrap();
+        });
+        let log = lines.into_inner().unwrap().join("\n");
+        for want in [
+            "request param ModelToDownload ignored:",
+            "request param CancelModelDownload ignored:",
+            "download pop223: not served",
+        ] {
+            assert!(log.contains(want), "{want:?} not in:\n{log}");
+        }
+        assert_eq!(
+            memory.get_str(keys::MODEL_DOWNLOAD_PROGRESS).unwrap(),
+            Some(paused.progress().to_string())
+        );
     }
 
     #[test]

@@ -275,8 +275,10 @@ fn write_floor_param(device: &Device, all: &AcceptedReleases) -> Result<()> {
     )
 }
 
+/// The last refusal report; a corrupt or unreadable one is read as absent with a warning (it
+/// is a report, not the floor).
 pub fn last_refusal(device: &Device) -> Result<Option<RefusedManifest>> {
-    device.read_json(REFUSED_MANIFEST_FILE, JOURNAL_LIMIT)
+    device.read_json_or_warn(REFUSED_MANIFEST_FILE, JOURNAL_LIMIT)
 }
 
 /// Fetch the generation's manifest; with trusted keys, refuse one older than the accepted

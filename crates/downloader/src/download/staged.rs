@@ -211,6 +211,10 @@ impl Staging {
     }
 }
 
+/// The mode of an installed artifact: that of every other file of the models directory
+/// (openpilot's and upstream's writes, under the usual umask).
+pub const INSTALLED_MODE: u32 = 0o644;
+
 /// Rename the verified staging file over the final name and remove any other form of the same
 /// artifact (see the `download` module docs for why this is atomic for modeld). Right before the rename
 /// the staging name is checked to still be the file we wrote and verified: another manager's
@@ -238,6 +242,14 @@ pub(crate) fn install(
                 staging.file.path().display()
             ),
         )));
+    }
+    // The staging file was made 0600 (the staging directory is private); installed, it gets
+    // the mode every other file of the models directory has.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        staging
+            .file
+            .set_permissions(std::fs::Permissions::from_mode(INSTALLED_MODE))?;
     }
     staging.dir.rename_out(&staging.data_name, &dest)?;
     sync_dir(dir)?;
