@@ -911,3 +911,145 @@ fn publish_with_a_missing_workspace_or_openpilot_keeps_its_exit_code_and_writes_
         assert!(!record.exists(), "{extra:?}: a publish record was written");
     }
 }
+
+/// Gate records that cannot mislead, through the real binary, for v25 and a made-up v26 (its
+/// made-up pin recorded in `--openpilot`'s `tinygrad_pins.json`): a newer failure of the same
+/// bytes beside an older pass, a record of another behaviour version, device checks made on
+/// artifacts that were all rebuilt since, and a preflight that says passed with a failing
+/// command each refuse the publish (exit 3, named) and write nothing; the covering records
+/// then publish.
+#[test]
+fn gate_records_that_would_mislead_refuse_the_publish_and_write_nothing() {
+    for generation in ["v25", "v26"] {
+        let t = tempfile::tempdir().unwrap();
+        let (artifacts, manifest) = if generation == "v25" {
+            release(t.path(), &artifact_bytes(9, 2500), "artifacts/pop223")
+        } else {
+            v26_release(t.path(), NEXT_PIN, vec![])
+        };
+        let op = t.path().join("op");
+        fs::create_dir_all(&op).unwrap();
+        fs::write(
+            op.join("tinygrad_pins.json"),
+            format!("{{\"v25\": \"{TG}\", \"v26\": \"{NEXT_PIN}\"}}\n"),
+        )
+        .unwrap();
+        let store = existing_store(t.path());
+        let before = tree(&store);
+        let ws = t.path().join("ws");
+        let results = ws.join("results");
+        let run = |dry_run: bool| {
+            let mut args = vec![
+                "publish",
+                "--generation",
+                generation,
+                "--manifest",
+                manifest.to_str().unwrap(),
+                "--artifacts",
+                artifacts.to_str().unwrap(),
+                "--to",
+                store.to_str().unwrap(),
+                "--workspace",
+                ws.to_str().unwrap(),
+                "--openpilot",
+                op.to_str().unwrap(),
+            ];
+            if dry_run {
+                args.push("--dry-run");
+            }
+            cli_in(&args, t.path())
+        };
+        let refused_with = |case: &str, want: &[&str]| {
+            for dry_run in [true, false] {
+                let o = run(dry_run);
+                let err = text(&o.stderr);
+                assert_eq!(o.status.code(), Some(3), "{generation} {case}: {err}");
+                for w in want {
+                    assert!(err.contains(w), "{generation} {case}: {w:?} not in:\n{err}");
+                }
+                assert_eq!(
+                    tree(&store),
+                    before,
+                    "{generation} {case}: the store changed"
+                );
+            }
+        };
+
+        // An older pass and a newer failure of the same bytes, in another record file that
+        // sorts after the pass: the failure counts.
+        covering_records(&ws, &manifest);
+        let mut newer: Value =
+            serde_json::from_slice(&fs::read(results.join("pop223.validation.json")).unwrap())
+                .unwrap();
+        newer["checked_at"] = "2099-01-01T00:00:00Z".into();
+        newer["resolutions"][0]["passed"] = false.into();
+        newer["resolutions"][0]["problems"] = json!(["1928x1208: plan output is not finite"]);
+        fs::write(
+            results.join("pop223.zz-rerun.validation.json"),
+            newer.to_string(),
+        )
+        .unwrap();
+        refused_with(
+            "a newer failure",
+            &["v15 artifact at 1928x1208: failed: pop223: 1928x1208: plan output is not finite"],
+        );
+        fs::remove_file(results.join("pop223.zz-rerun.validation.json")).unwrap();
+
+        // A record of another behaviour version of the same bytes.
+        edit_record(&results.join("pop223.validation.json"), |v| {
+            v["version"] = "v16".into();
+        });
+        refused_with(
+            "another behaviour version",
+            &["stale: pop223 was validated as behaviour version v16, the manifest lists v15"],
+        );
+
+        // Device checks made on artifacts that were all rebuilt since.
+        covering_records(&ws, &manifest);
+        for name in [
+            "model-v2.check.json",
+            "driver-state.1928x1208.check.json",
+            "driver-state.1344x760.check.json",
+        ] {
+            edit_record(&results.join(name), |v| {
+                v["artifacts"] = json!({"pop223": sha256_hex(b"the build before")});
+            });
+        }
+        refused_with(
+            "checks of rebuilt artifacts",
+            &[
+                "stable modelV2 from modeld: stale: model-v2 was checked on 1 artifact(s) of which the manifest lists none",
+                "DM driverStateV2 at 1928x1208: stale",
+                "DM driverStateV2 at 1344x760: stale",
+            ],
+        );
+
+        // A preflight that says passed with a failing command.
+        covering_records(&ws, &manifest);
+        edit_record(&results.join("preflight.json"), |v| {
+            v["commands"][1]["exit_code"] = 1.into();
+        });
+        refused_with(
+            "a contradictory preflight",
+            &[
+                "preflight (./dev sync and the repository tests): failed: the record says passed but",
+            ],
+        );
+
+        // The covering records publish (the same gate, not a refusal by default).
+        covering_records(&ws, &manifest);
+        let o = run(false);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{generation}: {}",
+            text(&o.stderr)
+        );
+        assert!(
+            store
+                .join(format!("manifests/model_names_{generation}.json"))
+                .is_file(),
+            "{generation}"
+        );
+    }
+}

@@ -18,6 +18,9 @@ use crate::{Error, Result};
 pub(crate) const MAX_RECORD_BYTES: u64 = 4 << 20;
 pub(crate) const VALIDATION_SUFFIX: &str = ".validation.json";
 pub(crate) const CHECK_SUFFIX: &str = ".check.json";
+/// `results/` holds a few files per model; a directory with more entries than this is not a
+/// workspace's, and is refused rather than read without end.
+pub(crate) const MAX_RESULTS_ENTRIES: usize = 4096;
 
 /// The publish record's place: `<manifest stem>.publish.json` beside the manifest
 /// (`ready/model_names_v25.json` → `ready/model_names_v25.publish.json`).
@@ -85,6 +88,15 @@ pub fn load(workspace: &Workspace) -> Result<Records> {
     };
     let mut paths = Vec::new();
     for e in entries {
+        if paths.len() == MAX_RESULTS_ENTRIES {
+            return Err(Error::Record {
+                path: dir,
+                reason: format!(
+                    "more than {MAX_RESULTS_ENTRIES} entries; is --workspace the rebuild \
+                     workspace?"
+                ),
+            });
+        }
         paths.push(e?.path());
     }
     paths.sort();
@@ -124,6 +136,34 @@ mod tests {
         fs::create_dir(ws.root()).unwrap();
         let r = load(&ws).unwrap();
         assert!(r.preflight.is_none() && r.validations.is_empty() && r.checks.is_empty());
+    }
+
+    /// Every read of `results/` is bounded: the number of entries, and each record's size.
+    #[test]
+    fn results_reads_are_bounded() {
+        let t = tempfile::tempdir().unwrap();
+        let ws = Workspace::new(t.path());
+        fs::create_dir_all(ws.results()).unwrap();
+        let big = ws.results().join("a8.validation.json");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(MAX_RECORD_BYTES + 1).unwrap();
+        let e = load(&ws).unwrap_err();
+        assert!(
+            e.to_string().contains("is too large for a record") && e.to_string().contains("a8"),
+            "{e}"
+        );
+        fs::remove_file(&big).unwrap();
+        for i in 0..MAX_RESULTS_ENTRIES {
+            std::fs::File::create(ws.results().join(format!("x{i}.log"))).unwrap();
+        }
+        assert!(load(&ws).is_ok());
+        std::fs::File::create(ws.results().join("one-more.log")).unwrap();
+        let e = load(&ws).unwrap_err();
+        assert!(
+            matches!(&e, Error::Record { path, .. } if path == &ws.results()),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("more than 4096 entries"), "{e}");
     }
 
     #[test]
