@@ -670,3 +670,21 @@ fn publish_quiet_prints_the_report_only_and_verbose_each_upload() {
     }
     assert!(verbose_err.contains("next: "), "{verbose_err}");
 }
+
+/// `serve` stopped by SIGTERM (a service manager, `kill`) or SIGINT (Ctrl-C) ends normally:
+/// exit 0, not 143 or 130, after it served.
+#[test]
+fn serve_exits_0_on_sigterm_and_sigint() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    std::fs::create_dir_all(store.join("manifests")).unwrap();
+    for signal in ["TERM", "INT"] {
+        let mut server = serve(&["--store", store.to_str().unwrap()]);
+        let url = server.first_line.trim().to_string();
+        let addr = url.trim_start_matches("http://");
+        let reply = http_get(addr, "/buckets/x/y/resolve/main/manifests/none.json");
+        assert!(reply.starts_with("HTTP/1.1 404"), "{signal}: {reply}");
+        let status = server.stop_with(signal);
+        assert_eq!(status.code(), Some(0), "SIG{signal}: {status:?}");
+    }
+}

@@ -620,6 +620,7 @@ pub fn serve_cmd(args: ServeArgs) -> CliResult {
         &args.github_repo,
         &args.github_branch,
     );
+    let stopping = cli_support::stop_on_signals();
     let server = Server::start(args.addr, config)
         .map_err(|e| CliError::failure(format!("cannot listen on {}: {e}", args.addr)))?;
     let hf_base = format!("{}/buckets/{}/resolve", server.url(), args.bucket);
@@ -650,6 +651,9 @@ pub fn serve_cmd(args: ServeArgs) -> CliResult {
     cli_support::info!(
         "next: device-modeld-manager --hf-base {hf_base} --github-base {github_base} refresh"
     );
-    server.wait();
+    // SIGTERM and SIGINT stop the server and end the command normally (exit 0).
+    cli_support::stop::wait_for(&stopping);
+    drop(server);
+    cli_support::info!("stopped");
     Ok(())
 }
