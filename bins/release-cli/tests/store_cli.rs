@@ -105,7 +105,10 @@ fn publish_dry_run_then_publish_to_a_directory_and_github() {
     );
     assert!(plan.contains("would write"), "{plan}");
     // Regression: reasons were Rust spellings (`Missing`, `SizeDiffers`).
-    assert!(plan.contains(" bytes, missing)"), "{plan}");
+    assert!(
+        plan.contains(", missing)") && !plan.contains(" bytes"),
+        "{plan}"
+    );
     assert!(
         !plan.contains("Missing") && !plan.contains("Differs"),
         "{plan}"
@@ -585,12 +588,12 @@ fn reuse_dry_run_checks_the_source_prints_the_plan_and_writes_nothing() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
-        out.starts_with("plan reuse pop223 (1500 bytes, 2 chunk(s)"),
+        out.starts_with("plan reuse pop223 (1.5 KiB, 2 chunk(s)"),
         "{out}"
     );
     assert!(
         out.contains("  copy     hf://datasets/org/src")
-            && out.contains(&format!("-> {dir}.chunk01of02 (1000 bytes)")),
+            && out.contains(&format!("-> {dir}.chunk01of02 (1000 B)")),
         "{out}"
     );
     assert!(out.contains("  update   "), "{out}");
@@ -664,7 +667,7 @@ fn publish_quiet_prints_the_report_only_and_verbose_each_upload() {
     assert_eq!(verbose_out, out);
     for (i, size) in [(1, 1000), (2, 1000), (3, 500)] {
         let line = format!(
-            "uploading models/v25/pop223/pop223_driving_tinygrad.pkl.chunk0{i}of03 ({size} bytes)"
+            "uploading models/v25/pop223/pop223_driving_tinygrad.pkl.chunk0{i}of03 ({size} B)"
         );
         assert!(verbose_err.contains(&line), "{line} in {verbose_err}");
     }

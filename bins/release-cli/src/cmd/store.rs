@@ -195,8 +195,9 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             expires,
             keys,
         } => cli_support::info!(
-            "signing {generation} release {release} with key {} (expires {expires} Unix seconds)",
+            "signing {generation} release {release} with key {} (expires {})",
             keys.join(" and "),
+            crate::units::rfc3339(*expires),
         ),
         publish::Event::RemovingSignature { generation, reason } => eprintln!(
             "warning: publishing {generation} unsigned and removing its signature ({reason}); \
@@ -314,7 +315,10 @@ fn render_store_event(e: &Event, bar: &mut Option<indicatif::ProgressBar>, dry_r
             cli_support::info!("{store}: {path} already identical, not rewritten")
         }
         Event::Uploading { store, path, size } => {
-            cli_support::detail!("{store}: uploading {path} ({size} bytes)")
+            cli_support::detail!(
+                "{store}: uploading {path} ({})",
+                crate::units::human_size(*size)
+            )
         }
     }
 }
@@ -339,7 +343,11 @@ fn print_report(report: &PublishReport) {
                     }
                     Step::Upload {
                         path, size, reason, ..
-                    } => writeln!(out, "  upload   {path} ({size} bytes, {reason})"),
+                    } => writeln!(
+                        out,
+                        "  upload   {path} ({}, {reason})",
+                        crate::units::human_size(*size)
+                    ),
                     Step::RemoveShadowingPlain { path } => {
                         writeln!(
                             out,
@@ -352,8 +360,10 @@ fn print_report(report: &PublishReport) {
         } else {
             let _ = writeln!(
                 out,
-                "  uploaded {} file(s), {} bytes; {} already present",
-                s.uploaded_files, s.uploaded_bytes, s.skipped_files
+                "  uploaded {} file(s), {}; {} already present",
+                s.uploaded_files,
+                crate::units::human_size(s.uploaded_bytes),
+                s.skipped_files
             );
         }
         let _ = writeln!(
@@ -470,14 +480,23 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
     bar.finish_and_clear();
     let report = report?;
     for c in &report.copied {
-        cli_support::detail!("copied {} -> {} ({} bytes)", c.from, c.to, c.size);
+        cli_support::detail!(
+            "copied {} -> {} ({})",
+            c.from,
+            c.to,
+            crate::units::human_size(c.size)
+        );
     }
     if args.json {
         return print_json(&report);
     }
     crate::outln!("model        {}", report.model)?;
     crate::outln!("sha256       {}", report.sha256)?;
-    crate::outln!("size         {}", report.size)?;
+    crate::outln!(
+        "size         {} ({} bytes)",
+        crate::units::human_size(report.size),
+        report.size
+    )?;
     crate::outln!("chunk_count  {}", report.chunk_count)?;
     crate::outln!(
         "copy         {}",
@@ -515,9 +534,9 @@ fn print_reuse_plan(plan: &ReusePlan, manifest: Option<&std::path::Path>, json: 
         return print_json(&v);
     }
     let mut text = format!(
-        "plan reuse {} ({} bytes, {} chunk(s), sha256 {}), {}\n  remove   {}\n",
+        "plan reuse {} ({}, {} chunk(s), sha256 {}), {}\n  remove   {}\n",
         plan.model,
-        plan.size,
+        crate::units::human_size(plan.size),
         plan.chunk_count,
         plan.sha256,
         if plan.server_side {
@@ -529,8 +548,10 @@ fn print_reuse_plan(plan: &ReusePlan, manifest: Option<&std::path::Path>, json: 
     );
     for c in &plan.copy {
         text.push_str(&format!(
-            "  copy     {} -> {} ({} bytes)\n",
-            c.from, c.to, c.size
+            "  copy     {} -> {} ({})\n",
+            c.from,
+            c.to,
+            crate::units::human_size(c.size)
         ));
     }
     for w in &plan.write {
