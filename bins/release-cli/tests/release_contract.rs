@@ -683,9 +683,64 @@ fn skip_validation_publishes_and_its_reason_is_in_the_publish_record() {
     assert_eq!(rec["generation"], "v25");
     assert_eq!(rec["tinygrad_commit"], TG);
     assert_eq!(rec["models"], json!(["pop223"]));
-    assert_eq!(rec["stores"], json!([store.to_str().unwrap()]));
+    // The store by its canonical name, however --to spelled it.
+    let canonical = format!("file:{}", fs::canonicalize(&store).unwrap().display());
+    assert_eq!(rec["stores"], json!([canonical]));
     let published = fs::read(store.join("manifests/model_names_v25.json")).unwrap();
     assert_eq!(rec["manifest_sha256"], sha256_hex(&published));
+
+    // One record per publish: this one's own file holds the same record, and a second publish
+    // (the store spelled another way) adds another file instead of overwriting the first.
+    let first = PathBuf::from(report["publish_history"].as_str().unwrap());
+    assert_eq!(first.parent(), path.parent());
+    assert!(
+        first
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("model_names_v25.publish.20"),
+        "{}",
+        first.display()
+    );
+    let first_bytes = fs::read(&first).unwrap();
+    assert_eq!(first_bytes, fs::read(&path).unwrap());
+    let again = format!("file:{}/.", store.display());
+    let o = cli_in(
+        &[
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--artifacts",
+            artifacts.to_str().unwrap(),
+            "--to",
+            &again,
+            "--skip-validation",
+            "second publish",
+            "--json",
+        ],
+        t.path(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let report: Value = serde_json::from_str(text(&o.stdout).lines().last().unwrap()).unwrap();
+    let second = PathBuf::from(report["publish_history"].as_str().unwrap());
+    assert_ne!(second, first);
+    assert_eq!(
+        fs::read(&first).unwrap(),
+        first_bytes,
+        "the first record was changed"
+    );
+    let rec: Value = serde_json::from_slice(&fs::read(&second).unwrap()).unwrap();
+    assert_eq!(rec["validation"]["reason"], "second publish");
+    assert_eq!(rec["stores"], json!([canonical]));
+    assert_eq!(fs::read(&second).unwrap(), fs::read(&path).unwrap());
+    let history: Vec<_> = fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("model_names_v25.publish.2"))
+        .collect();
+    assert_eq!(history.len(), 2, "{history:?}");
 }
 
 /// A stand-in openpilot checkout: `./dev` and `.venv/bin/pytest` shell scripts; pytest exits

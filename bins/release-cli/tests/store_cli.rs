@@ -103,6 +103,17 @@ fn publish_dry_run_then_publish_to_a_directory_and_github() {
         plan.contains("upload   models/v25/pop223/pop223_driving_tinygrad.pkl.chunk01of03"),
         "{plan}"
     );
+    // The github: store's part of the plan names the branch's paths, not the bucket's.
+    let (_, gh_part) = plan
+        .split_once(&format!("{gh}:\n"))
+        .expect("the github store's plan");
+    assert!(
+        gh_part.contains("upload   v25/pop223/pop223_driving_tinygrad.pkl.chunk01of03")
+            && gh_part.contains("manifest model_names_v25.json: would write")
+            && !gh_part.contains("models/v25/")
+            && !gh_part.contains("manifests/"),
+        "{plan}"
+    );
     assert!(plan.contains("would write"), "{plan}");
     // Regression: reasons were Rust spellings (`Missing`, `SizeDiffers`).
     assert!(
@@ -651,7 +662,13 @@ fn publish_quiet_prints_the_report_only_and_verbose_each_upload() {
         a.extend(flag);
         let o = cli(&a);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let out = String::from_utf8_lossy(&o.stdout).replace(dir.to_str().unwrap(), "STORE");
+        // Each publish has its own record file: the line naming it differs from run to run.
+        let out: String = String::from_utf8_lossy(&o.stdout)
+            .replace(dir.to_str().unwrap(), "STORE")
+            .lines()
+            .filter(|l| !l.starts_with("this publish's record (kept): "))
+            .map(|l| format!("{l}\n"))
+            .collect();
         (out, String::from_utf8_lossy(&o.stderr).into_owned())
     };
     let (out, err) = publish("a", None);

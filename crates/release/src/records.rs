@@ -32,6 +32,36 @@ pub fn publish_record_path(manifest: &Path) -> PathBuf {
     manifest.with_file_name(format!("{stem}.publish.json"))
 }
 
+/// One publish's own record, never overwritten: `<manifest stem>.publish.<YYYYMMDDTHHMMSSZ>.json`
+/// beside the manifest for the time it was published (`model_names_v25.publish.20261202T190455Z.json`),
+/// with `-2`, `-3`, … when `taken` says that name is already used (two publishes in one second).
+/// `None` when every suffix up to 999 is taken.
+pub fn publish_history_path(
+    manifest: &Path,
+    published_at: crate::gate::UtcTime,
+    taken: impl Fn(&Path) -> bool,
+) -> Option<PathBuf> {
+    let stem = manifest
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "manifest".into());
+    let time: String = published_at
+        .to_string()
+        .chars()
+        .filter(|c| *c != '-' && *c != ':')
+        .collect();
+    (1..1000)
+        .map(|n| {
+            let suffix = if n == 1 {
+                String::new()
+            } else {
+                format!("-{n}")
+            };
+            manifest.with_file_name(format!("{stem}.publish.{time}{suffix}.json"))
+        })
+        .find(|p| !taken(p))
+}
+
 /// Write a record atomically (temp file, fsync, rename), creating `results/` when needed.
 pub fn write<T: Serialize>(path: &Path, record: &T) -> Result<()> {
     if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -125,6 +155,29 @@ pub fn load(workspace: &Workspace) -> Result<Records> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One history file per publish, named by its time, never reusing a taken name; for any
+    /// generation's manifest name.
+    #[test]
+    fn publish_history_names_one_file_per_publish() {
+        use crate::gate::UtcTime;
+        let at: UtcTime = "2026-12-02T19:04:55Z".parse().unwrap();
+        for generation in ["v25", "v26"] {
+            let m = PathBuf::from(format!("/r/ready/model_names_{generation}.json"));
+            let stem = format!("/r/ready/model_names_{generation}.publish.20261202T190455Z");
+            let cases: [(&[&str], Option<String>); 3] = [
+                (&[], Some(format!("{stem}.json"))),
+                (&[".json"], Some(format!("{stem}-2.json"))),
+                (&[".json", "-2.json"], Some(format!("{stem}-3.json"))),
+            ];
+            for (taken, want) in cases {
+                let taken: Vec<String> = taken.iter().map(|t| format!("{stem}{t}")).collect();
+                let got = publish_history_path(&m, at, |p| taken.iter().any(|t| Path::new(t) == p));
+                assert_eq!(got, want.map(PathBuf::from), "{generation} {taken:?}");
+            }
+            assert_eq!(publish_history_path(&m, at, |_| true), None);
+        }
+    }
 
     #[test]
     fn a_missing_workspace_is_named_and_an_empty_one_has_no_records() {

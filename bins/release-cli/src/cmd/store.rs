@@ -85,7 +85,7 @@ pub struct PublishArgs {
     pub workspace: Option<release::Workspace>,
     /// Publish without a covering validation record or rehearsal (the whole gate is skipped);
     /// the reason and the uncovered cells are written into the publish record (`<manifest
-    /// stem>.publish.json` beside the manifest).
+    /// stem>.publish.<time>.json` beside the manifest, copied to `<manifest stem>.publish.json`).
     #[arg(long, value_name = "REASON")]
     pub skip_validation: Option<String>,
     /// Allow a github: store without an hf:// one although the Hub (--hub) does not serve this
@@ -101,7 +101,8 @@ pub struct PublishArgs {
     #[command(flatten)]
     pub access: StoreAccess,
     /// Print one JSON line per event (`{"event":…}`), then the report `{"dry_run","generation",
-    /// "models","stores":[…],"validation","publish_record"}` (see docs/release.md).
+    /// "models","stores":[…],"validation","publish_record","publish_history"}` (see
+    /// docs/release.md).
     #[arg(long)]
     pub json: bool,
     /// Sign the manifest with this minisign secret key and upload `model_names_<gen>.json.minisig`
@@ -226,6 +227,9 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
     if let Some(p) = &outcome.publish_record {
         crate::outln!("publish record: {}", p.display())?;
     }
+    if let Some(p) = &outcome.publish_history {
+        crate::outln!("this publish's record (kept): {}", p.display())?;
+    }
     if report.dry_run {
         cli_support::info!("next: run the same command without --dry-run to publish");
     } else if removing_signature {
@@ -260,8 +264,10 @@ fn publish_error(e: release::Error) -> CliError {
     }
 }
 
-/// The text form of the upload's progress: a byte bar per store, one line per decision.
+/// The text form of the upload's progress: a byte bar per store, one line per decision. Paths
+/// are as the store holds them (a `github:` store's on its branch).
 fn render_store_event(e: &Event, bar: &mut Option<indicatif::ProgressBar>, dry_run: bool) {
+    use publish::path_in_store as at;
     match e {
         Event::StoreStarted {
             store,
@@ -276,16 +282,19 @@ fn render_store_event(e: &Event, bar: &mut Option<indicatif::ProgressBar>, dry_r
             }
         }
         Event::Retrying {
+            store,
             path,
             attempt,
             error,
             wait_ms,
-            ..
         } => eprintln!(
-            "warning: upload of {path} failed (attempt {attempt}): {error}; retrying in {:.1} s",
+            "warning: upload of {} failed (attempt {attempt}): {error}; retrying in {:.1} s",
+            at(store, path),
             *wait_ms as f64 / 1000.0
         ),
-        Event::Removed { path, .. } => cli_support::info!("removed {path}"),
+        Event::Removed { store, path } => {
+            cli_support::info!("{store}: removed {}", at(store, path))
+        }
         Event::Checked { store, models } => {
             if let Some(b) = bar.take() {
                 b.finish_and_clear()
@@ -310,11 +319,17 @@ fn render_store_event(e: &Event, bar: &mut Option<indicatif::ProgressBar>, dry_r
                 cli_support::info!("{store}: release guard passed against the live manifest")
             }
         }
-        Event::ManifestWritten { store, path } => cli_support::info!("{store}: wrote {path}"),
+        Event::ManifestWritten { store, path } => {
+            cli_support::info!("{store}: wrote {}", at(store, path))
+        }
         Event::ManifestUnchanged { store, path } => {
-            cli_support::info!("{store}: {path} already identical, not rewritten")
+            cli_support::info!(
+                "{store}: {} already identical, not rewritten",
+                at(store, path)
+            )
         }
         Event::Uploading { store, path, size } => {
+            let path = at(store, path);
             cli_support::detail!(
                 "{store}: uploading {path} ({})",
                 crate::units::human_size(*size)
@@ -335,26 +350,30 @@ fn print_report(report: &PublishReport) {
     );
     for s in &report.stores {
         let _ = writeln!(out, "{}:", s.store);
+        let at = |path: &str| publish::path_in_store(&s.store, path);
         if report.dry_run {
             for step in &s.steps {
                 let _ = match step {
                     Step::Retract { path } => {
+                        let path = at(path);
                         writeln!(out, "  remove   {path} (chunks change under it)")
                     }
                     Step::Upload {
                         path, size, reason, ..
                     } => writeln!(
                         out,
-                        "  upload   {path} ({}, {reason})",
+                        "  upload   {} ({}, {reason})",
+                        at(path),
                         crate::units::human_size(*size)
                     ),
                     Step::RemoveShadowingPlain { path } => {
+                        let path = at(path);
                         writeln!(
                             out,
                             "  remove   {path} (plain file would shadow the chunk set)"
                         )
                     }
-                    Step::Skip { path, .. } => writeln!(out, "  present  {path}"),
+                    Step::Skip { path, .. } => writeln!(out, "  present  {}", at(path)),
                 };
             }
         } else {
@@ -369,14 +388,14 @@ fn print_report(report: &PublishReport) {
         let _ = writeln!(
             out,
             "  manifest {}: {}",
-            s.manifest_path,
+            at(&s.manifest_path),
             s.manifest.replace('_', " ")
         );
         if let Some(sig) = s.signature {
             let _ = writeln!(
                 out,
                 "  signature {}{}: {}",
-                s.manifest_path,
+                at(&s.manifest_path),
                 manifest::signature::SIGNATURE_SUFFIX,
                 sig.replace('_', " ")
             );
