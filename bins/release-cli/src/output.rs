@@ -97,8 +97,9 @@ impl From<chunker::Error> for CliError {
             | E::CountMismatch { .. }
             | E::SizeMismatch { .. }
             | E::DigestMismatch { .. }
-            | E::NotOob { .. }
-            | E::NotFound { .. } => CliError::check_failed(e),
+            | E::NotOob { .. } => CliError::check_failed(e),
+            // A missing input file is exit 1 for every command, as an I/O error is.
+            E::NotFound { .. } => CliError::failure(e),
             E::TooManyChunks { .. }
             | E::ZeroChunkSize
             | E::InvalidName { .. }

@@ -346,6 +346,14 @@ fn verify(args: VerifyArgs) -> CliResult {
     let mut against_sidecar = false;
     if expected.sha256.is_none() {
         let sidecar = sidecar_path(&args.logical)?;
+        // No sidecar and no artifact either is "not found" (exit 1, as a missing input file is
+        // for every command), not a complaint about the sidecar.
+        if !sidecar.exists() && matches!(chunker::resolve(&args.logical), Ok(None)) {
+            return Err(chunker::Error::NotFound {
+                path: args.logical.clone(),
+            }
+            .into());
+        }
         // Bounded read: a bogus multi-gigabyte "sidecar" is reported, not loaded.
         match chunker::read_sidecar(&sidecar)? {
             Some(digest) => {

@@ -27,8 +27,10 @@ pub(crate) fn store_error(e: artifact_store::Error) -> CliError {
 }
 
 fn read_manifest(path: &PathBuf) -> CliResult<Manifest> {
+    // A missing input file is exit 1, as for every command (an I/O failure, like manifest
+    // validate's).
     if let Err(e) = std::fs::metadata(path) {
-        return Err(CliError::usage(format!("{}: {e}", path.display())));
+        return Err(CliError::failure(format!("{}: {e}", path.display())));
     }
     let bytes = super::manifest::read_limited(path)?;
     Manifest::from_slice(&bytes)
