@@ -1374,7 +1374,8 @@ mod tests {
     #[test]
     fn records_that_cannot_mislead() {
         type Edit = fn(&mut Records, &'static str);
-        let cases: Vec<(&str, Edit, Vec<(Cell, &str)>)> = vec![
+        type Case = (&'static str, Edit, Vec<(Cell, &'static str)>);
+        let cases: Vec<Case> = vec![
             ("complete", |_, _| {}, vec![]),
             (
                 "an older pass listed after a newer failure of the same bytes",

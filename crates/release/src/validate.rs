@@ -119,13 +119,12 @@ pub struct CheckFlags<'a> {
 /// The check the release engineer made on the device, and where its record goes: one of
 /// `--passed`/`--failed`, `--resolution` exactly for a per-resolution check (one of
 /// [`CAMERA_RESOLUTIONS`]), a non-blank `--note`, who checked, and `--record` or the
-/// workspace's place. `pin` (the tinygrad the check was made with) and `artifacts` (the
-/// artifacts it was made on, [`ready_digests`] for the CLI) are asked for only once the flags
-/// are accepted.
+/// workspace's place. `pin` (the tinygrad the check was made with) and the artifacts it was
+/// made on ([`CheckedOn`]) are looked up only once the flags are accepted.
 pub fn check_record(
     f: &CheckFlags<'_>,
     pin: impl FnOnce() -> compiler_remote::Result<GitCommit>,
-    artifacts: impl FnOnce() -> Result<BTreeMap<ModelId, Sha256Digest>>,
+    artifacts: CheckedOn,
 ) -> Result<(PathBuf, CheckRecord)> {
     let kind = f.kind;
     if f.passed == f.failed {
@@ -180,9 +179,22 @@ pub fn check_record(
         checked_by,
         checked_at: UtcTime::now(),
         note: note.to_string(),
-        artifacts: artifacts()?,
+        artifacts: match artifacts {
+            CheckedOn::Ready => ready_digests(f.workspace, f.model)?,
+            CheckedOn::Given(digests) => digests,
+        },
     };
     Ok((path, record))
+}
+
+/// The artifacts a device check was made on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckedOn {
+    /// The workspace's built artifacts ([`ready_digests`] over `--workspace` and `--model`):
+    /// what `validate --check` records.
+    Ready,
+    /// These digests, as given.
+    Given(BTreeMap<ModelId, Sha256Digest>),
 }
 
 /// `.sha256` sidecars are one line; anything larger is not one.
@@ -376,10 +388,12 @@ mod tests {
             for (edit, want) in refusals {
                 let mut f = base.clone();
                 edit(&mut f);
+                // `Ready` over the workspace /w, which does not exist: the flags' refusal
+                // comes before the artifacts are looked for.
                 let got = check_record(
                     &f,
                     || panic!("the pin is asked for after the flags"),
-                    || panic!("the artifacts are asked for after the flags"),
+                    CheckedOn::Ready,
                 );
                 assert_eq!(problem(got), want);
             }
@@ -388,7 +402,7 @@ mod tests {
                 .into_iter()
                 .collect();
             let (path, rec) =
-                check_record(&base, || Ok(pin.clone()), || Ok(bound.clone())).unwrap();
+                check_record(&base, || Ok(pin.clone()), CheckedOn::Given(bound.clone())).unwrap();
             assert_eq!(
                 path,
                 PathBuf::from(format!("/w/results/driver-state.{a}.check.json"))
@@ -407,7 +421,8 @@ mod tests {
             let mut g = base.clone();
             (g.kind, g.resolution, g.record) =
                 (CheckKind::ModelV2, None, Some(Path::new("/r.json")));
-            let (path, rec) = check_record(&g, || Ok(pin.clone()), || Ok(bound.clone())).unwrap();
+            let (path, rec) =
+                check_record(&g, || Ok(pin.clone()), CheckedOn::Given(bound.clone())).unwrap();
             assert_eq!(
                 (path, rec.check),
                 (PathBuf::from("/r.json"), CheckKind::ModelV2)

@@ -756,7 +756,7 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
                 args.remote.openpilot.as_deref(),
             )
         },
-        || release::validate::ready_digests(args.workspace.as_ref(), args.model.as_ref()),
+        release::validate::CheckedOn::Ready,
     )
     .map_err(validate_error)?;
     if args.dry_run {
