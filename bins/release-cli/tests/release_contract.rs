@@ -1108,3 +1108,68 @@ fn gate_records_that_would_mislead_refuse_the_publish_and_write_nothing() {
         );
     }
 }
+
+/// Issue 26.2 through the real binary: a manifest listing a model that is in neither
+/// `--artifacts` nor any store is refused (exit 3, the model and its missing file named) before
+/// the first upload, on the dry run and on the real run alike: the local store and the GitHub
+/// remote stay as they were, although the other model would have gone first.
+#[test]
+fn a_publish_refused_for_a_missing_model_uploads_nothing_anywhere() {
+    use test_support::release_stores::GitRemote;
+    let t = tempfile::tempdir().unwrap();
+    let data = artifact_bytes(21, 2500);
+    let (artifacts, manifest) = release(t.path(), &data, "artifacts/pop223");
+    let absent = artifact_bytes(22, 1800);
+    let doc = json!({"generation": "v25", "tinygrad_commit": TG,
+        "models": [entry("pop223", &data, 3), entry("wd40", &absent, 2)]});
+    fs::write(
+        &manifest,
+        serde_json::to_string_pretty(&doc).unwrap() + "\n",
+    )
+    .unwrap();
+    let ws = covering_records(&t.path().join("ws"), &manifest);
+    let store = existing_store(t.path());
+    let before = tree(&store);
+    let remote = GitRemote::new(&t.path().join("gh"), "Models", None);
+    let gh = format!("github:{}", remote.checkout.display());
+    for dry_run in [true, false] {
+        let mut args = vec![
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--artifacts",
+            artifacts.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--to",
+            store.to_str().unwrap(),
+            "--to",
+            &gh,
+            "--github-only",
+            "test: no Hub here",
+        ];
+        if dry_run {
+            args.push("--dry-run");
+        }
+        let o = cli_in(&args, t.path());
+        let err = refused(&o);
+        assert!(
+            err.contains("model wd40")
+                && err
+                    .contains("models/v25/wd40/wd40_driving_tinygrad.pkl.chunkmanifest is missing"),
+            "dry run {dry_run}: {err}"
+        );
+        assert!(
+            !err.contains(&format!("publishing to {}", store.display())),
+            "an upload started: {err}"
+        );
+        assert_eq!(tree(&store), before, "dry run {dry_run}: the store changed");
+        assert_eq!(remote.remote_subjects(), ["init"], "dry run {dry_run}");
+        assert!(
+            !release::records::publish_record_path(&manifest).exists(),
+            "dry run {dry_run}"
+        );
+    }
+}
