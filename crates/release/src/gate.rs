@@ -530,8 +530,8 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
                     Cell::Preflight,
                     Gap::Failed {
                         detail: format!(
-                            "{detail}; the record cannot be trusted: run `release-cli preflight` \
-                             again (see {})",
+                            "{detail}; the record cannot be trusted: run `release-cli preflight \
+                             --openpilot DIR --workspace WS` again (see {})",
                             p.log.display()
                         ),
                     },
@@ -1568,7 +1568,7 @@ mod tests {
             for want in [
                 "preflight (./dev sync and the repository tests): failed: the record says passed \
                  but `./dev sync` exited 2; the record cannot be trusted: run `release-cli \
-                 preflight` again",
+                 preflight --openpilot DIR --workspace WS` again",
                 "a11 was validated as behaviour version v12, the manifest lists v11",
                 "stable modelV2 from modeld: stale: model-v2 was checked on 1 artifact(s) of \
                  which the manifest lists none (rebuilt since); check it on the device again",
