@@ -534,7 +534,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             retry_secs,
         } => {
             let _lock = ManagerLock::acquire(&device.models_dir())?;
-            let stopping = migration::stop::on_signals();
+            let stopping = cli_support::stop_on_signals();
             log(&render::tree_line(&tree_status));
             let config = migration::daemon::DaemonConfig {
                 poll: Duration::from_millis(poll_ms),
@@ -653,7 +653,7 @@ fn paused_run(
                 &memory,
                 paused,
                 &config,
-                &migration::stop::on_signals(),
+                &cli_support::stop_on_signals(),
                 &log,
             )?;
             Ok(())

@@ -112,8 +112,9 @@ impl From<chunker::Error> for CliError {
             | E::CountMismatch { .. }
             | E::SizeMismatch { .. }
             | E::DigestMismatch { .. }
-            | E::NotOob { .. }
-            | E::NotFound { .. } => EXIT_CHECK_FAILED,
+            | E::NotOob { .. } => EXIT_CHECK_FAILED,
+            // A missing input file is exit 1 for every command, as an I/O error is.
+            E::NotFound { .. } => EXIT_FAILURE,
             E::TooManyChunks { .. }
             | E::ZeroChunkSize
             | E::InvalidName { .. }

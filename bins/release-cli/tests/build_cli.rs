@@ -373,6 +373,27 @@ fn validate_check_records_a_device_check_and_refuses_incomplete_ones() {
         );
         assert!(!root.join("ws").exists(), "{extra:?} wrote something");
     }
+    // A check is bound to the artifacts it was made on: none built in ws/ready/ is refused.
+    let o = run(&["--check", "model-v2", "--passed", "--note", "ok"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("no built artifact in ws/ready"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(!root.join("ws").exists(), "a refused check wrote something");
+    let built = |id: &str, bytes: &[u8]| {
+        let dir = root.join("ws/ready").join(id);
+        fs::create_dir_all(&dir).unwrap();
+        let name = format!("{id}_driving_tinygrad.pkl");
+        fs::write(
+            dir.join(format!("{name}.sha256")),
+            format!("{}  {name}\n", test_support::published::sha256_hex(bytes)),
+        )
+        .unwrap();
+        test_support::published::sha256_hex(bytes)
+    };
+    let (sc23, pop) = (built("sc23", b"sc23 built"), built("pop223", b"pop built"));
     // A dry run shows the record and where it would go, and writes nothing.
     let o = run(&[
         "--check",
@@ -388,8 +409,12 @@ fn validate_check_records_a_device_check_and_refuses_incomplete_ones() {
     assert_eq!(v["dry_run"], true);
     assert_eq!(v["record_path"], "ws/results/model-v2.check.json");
     assert_eq!(v["checked_by"], "ana");
+    assert_eq!(
+        v["artifacts"],
+        serde_json::json!({"pop223": pop, "sc23": sc23})
+    );
     assert!(
-        !root.join("ws").exists(),
+        !root.join("ws/results").exists(),
         "a --check dry run wrote something"
     );
     let o = run(&[
@@ -428,6 +453,8 @@ fn validate_check_records_a_device_check_and_refuses_incomplete_ones() {
             .unwrap();
     assert_eq!(rec["model"], "sc23");
     assert_eq!(rec["passed"], true);
+    // With --model, only that model's artifact.
+    assert_eq!(rec["artifacts"], serde_json::json!({"sc23": sc23}));
 }
 
 #[test]

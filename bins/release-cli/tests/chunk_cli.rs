@@ -346,7 +346,7 @@ fn split_dry_run_names_the_chunks_and_removals_and_writes_nothing() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let human = text(&out.stdout);
     assert!(
-        human.contains(&format!("would write {NAME}.chunk03of03  452 bytes")),
+        human.contains(&format!("would write {NAME}.chunk03of03  452 B")),
         "{human}"
     );
     assert!(
@@ -417,7 +417,7 @@ fn join_dry_run_checks_the_set_and_writes_nothing() {
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).contains("would write j.pkl (2500 bytes"),
+        text(&out.stdout).contains("would write j.pkl (2.4 KiB"),
         "{}",
         text(&out.stdout)
     );

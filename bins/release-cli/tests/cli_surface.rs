@@ -312,3 +312,74 @@ fn parser_usage_errors_with_json_print_the_error_document() {
     assert_eq!(o.status.code(), Some(2));
     assert!(o.stdout.is_empty(), "no --json, no document");
 }
+
+/// A missing input file is one exit code, 1, for every command that reads one, and the message
+/// names the path; nothing is created. (`manifest diff` keeps diff(1)'s 2, since its 1 means
+/// "the manifests differ"; a missing `--sign-key` is a refused flag, 2.)
+#[test]
+fn a_missing_input_file_is_exit_1_for_every_command() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let gone = |name: &str| dir.join(name).display().to_string();
+    let (json, pkl) = (gone("gone.json"), gone("gone.pkl"));
+    let artifacts = dir.join("artifacts");
+    fs::create_dir_all(&artifacts).unwrap();
+    let a = artifacts.display().to_string();
+    let store = gone("store");
+    let sha = "00".repeat(32);
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["manifest", "validate", &json],
+        vec!["manifest", "fmt", &json],
+        vec!["chunk", "verify", &pkl],
+        vec!["chunk", "verify", &pkl, "--sha256", &sha],
+        vec!["chunk", "join", &pkl, "--output", "out.pkl"],
+        vec!["chunk", "oob", &pkl],
+        vec!["chunk", "split", &pkl, "--out-dir", "out"],
+        vec![
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            &json,
+            "--artifacts",
+            &a,
+            "--to",
+            &store,
+            "--skip-validation",
+            "test",
+        ],
+        vec![
+            "reuse",
+            "--model",
+            "pop223",
+            "--from",
+            "hf://buckets/o/b/models/v25/pop223/pop223_driving_tinygrad.pkl",
+            "--source-catalog",
+            &json,
+            "--source-commit",
+            PIN,
+            "--tinygrad-commit",
+            PIN,
+            "--to",
+            &store,
+            "--generation",
+            "v25",
+        ],
+    ];
+    for args in cases {
+        let o = Command::new(BIN)
+            .args(&args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains("gone."), "{args:?} names the path: {err}");
+        let left: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["artifacts"], "{args:?} created something");
+    }
+}

@@ -683,9 +683,64 @@ fn skip_validation_publishes_and_its_reason_is_in_the_publish_record() {
     assert_eq!(rec["generation"], "v25");
     assert_eq!(rec["tinygrad_commit"], TG);
     assert_eq!(rec["models"], json!(["pop223"]));
-    assert_eq!(rec["stores"], json!([store.to_str().unwrap()]));
+    // The store by its canonical name, however --to spelled it.
+    let canonical = format!("file:{}", fs::canonicalize(&store).unwrap().display());
+    assert_eq!(rec["stores"], json!([canonical]));
     let published = fs::read(store.join("manifests/model_names_v25.json")).unwrap();
     assert_eq!(rec["manifest_sha256"], sha256_hex(&published));
+
+    // One record per publish: this one's own file holds the same record, and a second publish
+    // (the store spelled another way) adds another file instead of overwriting the first.
+    let first = PathBuf::from(report["publish_history"].as_str().unwrap());
+    assert_eq!(first.parent(), path.parent());
+    assert!(
+        first
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("model_names_v25.publish.20"),
+        "{}",
+        first.display()
+    );
+    let first_bytes = fs::read(&first).unwrap();
+    assert_eq!(first_bytes, fs::read(&path).unwrap());
+    let again = format!("file:{}/.", store.display());
+    let o = cli_in(
+        &[
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--artifacts",
+            artifacts.to_str().unwrap(),
+            "--to",
+            &again,
+            "--skip-validation",
+            "second publish",
+            "--json",
+        ],
+        t.path(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let report: Value = serde_json::from_str(text(&o.stdout).lines().last().unwrap()).unwrap();
+    let second = PathBuf::from(report["publish_history"].as_str().unwrap());
+    assert_ne!(second, first);
+    assert_eq!(
+        fs::read(&first).unwrap(),
+        first_bytes,
+        "the first record was changed"
+    );
+    let rec: Value = serde_json::from_slice(&fs::read(&second).unwrap()).unwrap();
+    assert_eq!(rec["validation"]["reason"], "second publish");
+    assert_eq!(rec["stores"], json!([canonical]));
+    assert_eq!(fs::read(&second).unwrap(), fs::read(&path).unwrap());
+    let history: Vec<_> = fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("model_names_v25.publish.2"))
+        .collect();
+    assert_eq!(history.len(), 2, "{history:?}");
 }
 
 /// A stand-in openpilot checkout: `./dev` and `.venv/bin/pytest` shell scripts; pytest exits
@@ -909,5 +964,212 @@ fn publish_with_a_missing_workspace_or_openpilot_keeps_its_exit_code_and_writes_
         assert!(err.contains("not a directory"), "{extra:?}: {err}");
         assert_eq!(tree(&store), before, "{extra:?}: the store changed");
         assert!(!record.exists(), "{extra:?}: a publish record was written");
+    }
+}
+
+/// Gate records that cannot mislead, through the real binary, for v25 and a made-up v26 (its
+/// made-up pin recorded in `--openpilot`'s `tinygrad_pins.json`): a newer failure of the same
+/// bytes beside an older pass, a record of another behaviour version, device checks made on
+/// artifacts that were all rebuilt since, and a preflight that says passed with a failing
+/// command each refuse the publish (exit 3, named) and write nothing; the covering records
+/// then publish.
+#[test]
+fn gate_records_that_would_mislead_refuse_the_publish_and_write_nothing() {
+    for generation in ["v25", "v26"] {
+        let t = tempfile::tempdir().unwrap();
+        let (artifacts, manifest) = if generation == "v25" {
+            release(t.path(), &artifact_bytes(9, 2500), "artifacts/pop223")
+        } else {
+            v26_release(t.path(), NEXT_PIN, vec![])
+        };
+        let op = t.path().join("op");
+        fs::create_dir_all(&op).unwrap();
+        fs::write(
+            op.join("tinygrad_pins.json"),
+            format!("{{\"v25\": \"{TG}\", \"v26\": \"{NEXT_PIN}\"}}\n"),
+        )
+        .unwrap();
+        let store = existing_store(t.path());
+        let before = tree(&store);
+        let ws = t.path().join("ws");
+        let results = ws.join("results");
+        let run = |dry_run: bool| {
+            let mut args = vec![
+                "publish",
+                "--generation",
+                generation,
+                "--manifest",
+                manifest.to_str().unwrap(),
+                "--artifacts",
+                artifacts.to_str().unwrap(),
+                "--to",
+                store.to_str().unwrap(),
+                "--workspace",
+                ws.to_str().unwrap(),
+                "--openpilot",
+                op.to_str().unwrap(),
+            ];
+            if dry_run {
+                args.push("--dry-run");
+            }
+            cli_in(&args, t.path())
+        };
+        let refused_with = |case: &str, want: &[&str]| {
+            for dry_run in [true, false] {
+                let o = run(dry_run);
+                let err = text(&o.stderr);
+                assert_eq!(o.status.code(), Some(3), "{generation} {case}: {err}");
+                for w in want {
+                    assert!(err.contains(w), "{generation} {case}: {w:?} not in:\n{err}");
+                }
+                assert_eq!(
+                    tree(&store),
+                    before,
+                    "{generation} {case}: the store changed"
+                );
+            }
+        };
+
+        // An older pass and a newer failure of the same bytes, in another record file that
+        // sorts after the pass: the failure counts.
+        covering_records(&ws, &manifest);
+        let mut newer: Value =
+            serde_json::from_slice(&fs::read(results.join("pop223.validation.json")).unwrap())
+                .unwrap();
+        newer["checked_at"] = "2099-01-01T00:00:00Z".into();
+        newer["resolutions"][0]["passed"] = false.into();
+        newer["resolutions"][0]["problems"] = json!(["1928x1208: plan output is not finite"]);
+        fs::write(
+            results.join("pop223.zz-rerun.validation.json"),
+            newer.to_string(),
+        )
+        .unwrap();
+        refused_with(
+            "a newer failure",
+            &["v15 artifact at 1928x1208: failed: pop223: 1928x1208: plan output is not finite"],
+        );
+        fs::remove_file(results.join("pop223.zz-rerun.validation.json")).unwrap();
+
+        // A record of another behaviour version of the same bytes.
+        edit_record(&results.join("pop223.validation.json"), |v| {
+            v["version"] = "v16".into();
+        });
+        refused_with(
+            "another behaviour version",
+            &["stale: pop223 was validated as behaviour version v16, the manifest lists v15"],
+        );
+
+        // Device checks made on artifacts that were all rebuilt since.
+        covering_records(&ws, &manifest);
+        for name in [
+            "model-v2.check.json",
+            "driver-state.1928x1208.check.json",
+            "driver-state.1344x760.check.json",
+        ] {
+            edit_record(&results.join(name), |v| {
+                v["artifacts"] = json!({"pop223": sha256_hex(b"the build before")});
+            });
+        }
+        refused_with(
+            "checks of rebuilt artifacts",
+            &[
+                "stable modelV2 from modeld: stale: model-v2 was checked on 1 artifact(s) of which the manifest lists none",
+                "DM driverStateV2 at 1928x1208: stale",
+                "DM driverStateV2 at 1344x760: stale",
+            ],
+        );
+
+        // A preflight that says passed with a failing command.
+        covering_records(&ws, &manifest);
+        edit_record(&results.join("preflight.json"), |v| {
+            v["commands"][1]["exit_code"] = 1.into();
+        });
+        refused_with(
+            "a contradictory preflight",
+            &[
+                "preflight (./dev sync and the repository tests): failed: the record says passed but",
+            ],
+        );
+
+        // The covering records publish (the same gate, not a refusal by default).
+        covering_records(&ws, &manifest);
+        let o = run(false);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{generation}: {}",
+            text(&o.stderr)
+        );
+        assert!(
+            store
+                .join(format!("manifests/model_names_{generation}.json"))
+                .is_file(),
+            "{generation}"
+        );
+    }
+}
+
+/// Issue 26.2 through the real binary: a manifest listing a model that is in neither
+/// `--artifacts` nor any store is refused (exit 3, the model and its missing file named) before
+/// the first upload, on the dry run and on the real run alike: the local store and the GitHub
+/// remote stay as they were, although the other model would have gone first.
+#[test]
+fn a_publish_refused_for_a_missing_model_uploads_nothing_anywhere() {
+    use test_support::release_stores::GitRemote;
+    let t = tempfile::tempdir().unwrap();
+    let data = artifact_bytes(21, 2500);
+    let (artifacts, manifest) = release(t.path(), &data, "artifacts/pop223");
+    let absent = artifact_bytes(22, 1800);
+    let doc = json!({"generation": "v25", "tinygrad_commit": TG,
+        "models": [entry("pop223", &data, 3), entry("wd40", &absent, 2)]});
+    fs::write(
+        &manifest,
+        serde_json::to_string_pretty(&doc).unwrap() + "\n",
+    )
+    .unwrap();
+    let ws = covering_records(&t.path().join("ws"), &manifest);
+    let store = existing_store(t.path());
+    let before = tree(&store);
+    let remote = GitRemote::new(&t.path().join("gh"), "Models", None);
+    let gh = format!("github:{}", remote.checkout.display());
+    for dry_run in [true, false] {
+        let mut args = vec![
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--artifacts",
+            artifacts.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--to",
+            store.to_str().unwrap(),
+            "--to",
+            &gh,
+            "--github-only",
+            "test: no Hub here",
+        ];
+        if dry_run {
+            args.push("--dry-run");
+        }
+        let o = cli_in(&args, t.path());
+        let err = refused(&o);
+        assert!(
+            err.contains("model wd40")
+                && err
+                    .contains("models/v25/wd40/wd40_driving_tinygrad.pkl.chunkmanifest is missing"),
+            "dry run {dry_run}: {err}"
+        );
+        assert!(
+            !err.contains(&format!("publishing to {}", store.display())),
+            "an upload started: {err}"
+        );
+        assert_eq!(tree(&store), before, "dry run {dry_run}: the store changed");
+        assert_eq!(remote.remote_subjects(), ["init"], "dry run {dry_run}");
+        assert!(
+            !release::records::publish_record_path(&manifest).exists(),
+            "dry run {dry_run}"
+        );
     }
 }

@@ -236,6 +236,17 @@ fn publish_signs_each_release_and_uploads_the_signature_before_the_manifest() {
     let o = publish(&[&a_key], &[]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(text(&o.stderr).contains("release 1"), "{}", text(&o.stderr));
+    // Human output gives the expiry as an RFC 3339 time, not Unix seconds.
+    let err = text(&o.stderr);
+    let expires = err
+        .split("(expires ")
+        .nth(1)
+        .map(|r| &r[..20])
+        .unwrap_or("");
+    assert!(
+        expires.parse::<release::gate::UtcTime>().is_ok() && !err.contains("Unix seconds"),
+        "{err}"
+    );
     assert_eq!(verify(&a_pub)["release"], 1);
     // The GitHub checkout got the same signature, in a commit before (or with) the manifest.
     let gh_sig = remote.checkout.join("model_names_v25.json.minisig");
@@ -621,6 +632,10 @@ fn sign_dry_run_signs_in_memory_and_writes_nothing() {
     let out = text(&o.stdout);
     assert!(
         out.contains("dry run: would write") && out.contains("model_names_v25.json.minisig"),
+        "{out}"
+    );
+    assert!(
+        out.contains(" B): ") && out.contains("(expires 20") && out.contains("Z)\n"),
         "{out}"
     );
     assert!(!out.contains(&secret));

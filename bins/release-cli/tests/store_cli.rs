@@ -103,9 +103,23 @@ fn publish_dry_run_then_publish_to_a_directory_and_github() {
         plan.contains("upload   models/v25/pop223/pop223_driving_tinygrad.pkl.chunk01of03"),
         "{plan}"
     );
+    // The github: store's part of the plan names the branch's paths, not the bucket's.
+    let (_, gh_part) = plan
+        .split_once(&format!("{gh}:\n"))
+        .expect("the github store's plan");
+    assert!(
+        gh_part.contains("upload   v25/pop223/pop223_driving_tinygrad.pkl.chunk01of03")
+            && gh_part.contains("manifest model_names_v25.json: would write")
+            && !gh_part.contains("models/v25/")
+            && !gh_part.contains("manifests/"),
+        "{plan}"
+    );
     assert!(plan.contains("would write"), "{plan}");
     // Regression: reasons were Rust spellings (`Missing`, `SizeDiffers`).
-    assert!(plan.contains(" bytes, missing)"), "{plan}");
+    assert!(
+        plan.contains(", missing)") && !plan.contains(" bytes"),
+        "{plan}"
+    );
     assert!(
         !plan.contains("Missing") && !plan.contains("Differs"),
         "{plan}"
@@ -585,12 +599,12 @@ fn reuse_dry_run_checks_the_source_prints_the_plan_and_writes_nothing() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
-        out.starts_with("plan reuse pop223 (1500 bytes, 2 chunk(s)"),
+        out.starts_with("plan reuse pop223 (1.5 KiB, 2 chunk(s)"),
         "{out}"
     );
     assert!(
         out.contains("  copy     hf://datasets/org/src")
-            && out.contains(&format!("-> {dir}.chunk01of02 (1000 bytes)")),
+            && out.contains(&format!("-> {dir}.chunk01of02 (1000 B)")),
         "{out}"
     );
     assert!(out.contains("  update   "), "{out}");
@@ -648,7 +662,13 @@ fn publish_quiet_prints_the_report_only_and_verbose_each_upload() {
         a.extend(flag);
         let o = cli(&a);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let out = String::from_utf8_lossy(&o.stdout).replace(dir.to_str().unwrap(), "STORE");
+        // Each publish has its own record file: the line naming it differs from run to run.
+        let out: String = String::from_utf8_lossy(&o.stdout)
+            .replace(dir.to_str().unwrap(), "STORE")
+            .lines()
+            .filter(|l| !l.starts_with("this publish's record (kept): "))
+            .map(|l| format!("{l}\n"))
+            .collect();
         (out, String::from_utf8_lossy(&o.stderr).into_owned())
     };
     let (out, err) = publish("a", None);
@@ -664,9 +684,27 @@ fn publish_quiet_prints_the_report_only_and_verbose_each_upload() {
     assert_eq!(verbose_out, out);
     for (i, size) in [(1, 1000), (2, 1000), (3, 500)] {
         let line = format!(
-            "uploading models/v25/pop223/pop223_driving_tinygrad.pkl.chunk0{i}of03 ({size} bytes)"
+            "uploading models/v25/pop223/pop223_driving_tinygrad.pkl.chunk0{i}of03 ({size} B)"
         );
         assert!(verbose_err.contains(&line), "{line} in {verbose_err}");
     }
     assert!(verbose_err.contains("next: "), "{verbose_err}");
+}
+
+/// `serve` stopped by SIGTERM (a service manager, `kill`) or SIGINT (Ctrl-C) ends normally:
+/// exit 0, not 143 or 130, after it served.
+#[test]
+fn serve_exits_0_on_sigterm_and_sigint() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    std::fs::create_dir_all(store.join("manifests")).unwrap();
+    for signal in ["TERM", "INT"] {
+        let mut server = serve(&["--store", store.to_str().unwrap()]);
+        let url = server.first_line.trim().to_string();
+        let addr = url.trim_start_matches("http://");
+        let reply = http_get(addr, "/buckets/x/y/resolve/main/manifests/none.json");
+        assert!(reply.starts_with("HTTP/1.1 404"), "{signal}: {reply}");
+        let status = server.stop_with(signal);
+        assert_eq!(status.code(), Some(0), "SIG{signal}: {status:?}");
+    }
 }

@@ -115,8 +115,8 @@ impl GithubStore {
     }
 
     /// The checkout's publish lock, waiting up to `wait` for its holder (another publish, or
-    /// the orphaned `git push` of a killed one) to end. Its descriptor is left inheritable so
-    /// that every `git` this store starts holds it too.
+    /// the orphaned `git push` of a killed one) to end. Its descriptor stays close-on-exec:
+    /// [`git_command`](Self::git_command) hands it to this store's own `git` children only.
     fn take_lock(&self, git_dir: &Path, wait: Duration) -> Result<std::fs::File> {
         use std::os::fd::AsRawFd;
         let path = git_dir.join(LOCK_FILE);
@@ -154,14 +154,30 @@ impl GithubStore {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        // SAFETY: fcntl(2) on a descriptor we own; clears FD_CLOEXEC so children inherit it.
-        unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFD);
-            if flags >= 0 {
-                libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+        Ok(file)
+    }
+
+    /// A `git` command that inherits the publish lock (and no other process this program
+    /// starts does: a Hub upload or another test's `git` must not hold this checkout's lock).
+    fn git_command(&self) -> Command {
+        let mut cmd = Command::new("git");
+        if let Some(lock) = &self._lock {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            let fd = lock.as_raw_fd();
+            // SAFETY: runs in the child between fork and exec and only calls fcntl(2), which is
+            // async-signal-safe; it clears FD_CLOEXEC on the lock so `git` keeps it.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
             }
         }
-        Ok(file)
+        cmd
     }
 
     /// Holding the publish lock: remove git's stale lock files and put back to `HEAD` what an
@@ -324,7 +340,8 @@ impl GithubStore {
         S: AsRef<OsStr>,
     {
         let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
-        let out = Command::new("git")
+        let out = self
+            .git_command()
             .arg("-C")
             .arg(&self.checkout)
             .args(&args)
@@ -366,7 +383,8 @@ impl GithubStore {
     /// Commit `rel` (already staged or removed) if it changed, then push. Idempotent: after a
     /// failed push, calling it again pushes the existing commit.
     fn commit_and_push(&self, rel: &StorePath, message: &str) -> Result<()> {
-        let unchanged = Command::new("git")
+        let unchanged = self
+            .git_command()
             .arg("-C")
             .arg(&self.checkout)
             .args(["diff", "--cached", "--quiet", "--", rel.as_str()])

@@ -381,3 +381,105 @@ fn github_alone_is_compared_with_the_hub_manifest_through_the_real_hf_cli() {
         );
     }
 }
+
+/// A listed model that is in neither `--artifacts` nor the stores: the real run refuses it
+/// before the first upload, as the dry run does (one check both make), so nothing reaches any
+/// store (a local directory, the Hub emulator through the real `hf` CLI, a real git remote),
+/// although the other model would have gone first. For v25 and a made-up v26.
+#[test]
+fn a_listed_model_in_no_store_is_refused_before_any_upload_to_every_store() {
+    use artifact_store::HfBucketStore;
+    use artifact_store::hf::HfConfig;
+    use test_support::hub::{HubConfig, HubEmulator, real_hf_cli};
+    const BUCKET: &str = "StarPilot-Driving/StarPilot-Resources";
+    let cli = real_hf_cli();
+    for (generation, pin, pins) in generations() {
+        let t = tempfile::tempdir().unwrap();
+        let a = model("pop223", 51, 2600);
+        let absent = model("wd40", 52, 1900);
+        let dir = artifacts_dir(t.path(), &[&a]);
+        let m = manifest_for(
+            generation,
+            &pin,
+            vec![
+                entry("pop223", &a.data, "Pop"),
+                entry("wd40", &absent.data, "WD"),
+            ],
+        );
+        let missing = format!("models/{generation}/wd40/wd40_driving_tinygrad.pkl.chunkmanifest");
+        let refused = |err: &Error| {
+            let msg = err.to_string();
+            assert!(
+                matches!(err, Error::Incomplete { problems, .. }
+                if problems.iter().all(|p| p.model.as_str() == "wd40")
+                    && problems.iter().any(|p| matches!(
+                        &p.kind,
+                        StoreProblemKind::ChunkManifestMissing { path } if path.as_str() == missing
+                    ))),
+                "{generation}: {msg}"
+            );
+        };
+
+        let root = t.path().join("store");
+        let local = Recording::new(LocalStore::new(&root));
+        let remote = GitRemote::new(&t.path().join("gh"), "Models", None);
+        let before_subjects = remote.remote_subjects();
+        let before = snapshot(&remote.checkout);
+        let gh = GithubStore::open(&remote.checkout, "Models").unwrap();
+        let emu = cli.as_ref().map(|cli| {
+            let emu = HubEmulator::start(HubConfig::default()).unwrap();
+            emu.create_bucket(BUCKET);
+            let config = HfConfig {
+                endpoint: emu.url(),
+                token: Some(emu.token().to_string()),
+                cli: cli.clone(),
+                timeout: std::time::Duration::from_secs(20),
+            };
+            (emu, HfBucketStore::new(BUCKET, config).unwrap())
+        });
+        // The Hub first, as publish orders stores; then a directory, then GitHub.
+        let mut stores: Vec<&dyn Store> = Vec::new();
+        if let Some((_, hub)) = &emu {
+            stores.push(hub);
+        }
+        stores.push(&local);
+        stores.push(&gh);
+        for dry_run in [true, false] {
+            let mut events = Vec::new();
+            let o = PublishOptions {
+                dry_run,
+                ..opts(generation, &pins)
+            };
+            let err = publish(&m, &dir, &stores, &o, &mut |e| events.push(e.clone())).unwrap_err();
+            refused(&err);
+            assert!(events.is_empty(), "{generation} dry {dry_run}: {events:?}");
+            assert!(
+                local.writes().is_empty(),
+                "{generation}: {:?}",
+                local.writes()
+            );
+            assert!(!root.exists(), "{generation}");
+            assert_eq!(remote.remote_subjects(), before_subjects, "{generation}");
+            assert_eq!(snapshot(&remote.checkout), before, "{generation}");
+            if let Some((emu, _)) = &emu {
+                assert!(emu.ops().is_empty(), "{generation}: {:?}", emu.ops());
+                assert!(emu.bucket_paths(BUCKET).is_empty(), "{generation}");
+            }
+        }
+
+        // Once the model is in the artifacts too, the same publish goes through everywhere.
+        let dir = artifacts_dir(&t.path().join("both"), &[&a, &absent]);
+        publish(&m, &dir, &stores, &opts(generation, &pins), &mut |_| {}).unwrap();
+        assert_eq!(
+            local.writes().last().unwrap(),
+            &format!("write manifests/model_names_{generation}.json")
+        );
+        if let Some((emu, _)) = &emu {
+            assert!(
+                emu.bucket_file(BUCKET, &missing).is_some(),
+                "{generation}: {:?}",
+                emu.bucket_paths(BUCKET)
+            );
+        }
+    }
+}

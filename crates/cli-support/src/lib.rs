@@ -1,7 +1,8 @@
 //! What the two binaries' fronts share and nothing else: shell completion scripts that work past
 //! the first word, stdout writes that survive a closed pipe (`| head -c1`), the `-q`/`-v`/`--color`
 //! output flags and the colour rule (`NO_COLOR`), the failure both report through ([`Failure`],
-//! [`NextStep`]) and the layout of a download's progress line ([`progress`]).
+//! [`NextStep`]), the layout of a download's progress line ([`progress`]) and stopping on
+//! SIGTERM/SIGINT ([`stop`]).
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, IsTerminal, Write};
@@ -10,6 +11,9 @@ use std::sync::OnceLock;
 use clap_complete::Shell;
 
 pub mod progress;
+pub mod stop;
+
+pub use stop::stop_on_signals;
 
 /// The completion script for `shell`, for a binary installed as `bin`.
 ///

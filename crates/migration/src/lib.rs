@@ -32,7 +32,6 @@ pub mod render;
 pub mod report;
 mod resolve;
 pub mod shape;
-pub mod stop;
 pub mod tree;
 pub mod trust_state;
 mod verify;

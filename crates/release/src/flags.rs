@@ -115,7 +115,16 @@ fn read_record(path: &Path) -> Result<Option<BuildRecord>> {
     if !meta.is_file() || meta.len() > MAX_RECORD_BYTES {
         return Ok(None);
     }
-    let bytes = fs::read(path)?;
+    // The read itself is capped too: a file that grows (or is swapped for a FIFO) after the
+    // look above is not read without end.
+    let bytes = match chunker::bounded::read_capped(path, MAX_RECORD_BYTES) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None)
+        | Err(chunker::Error::FileTooLarge { .. } | chunker::Error::NotRegularFile { .. }) => {
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(serde_json::from_slice::<BuildRecord>(&bytes)
         .ok()
         .filter(|r| r.status == "compiled"))

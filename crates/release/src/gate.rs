@@ -10,7 +10,7 @@
 //! artifact SHA-256 or pin is stale. Every cell that is missing, failed or stale is reported, not
 //! only the first.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -386,6 +386,13 @@ pub struct CheckRecord {
     pub checked_at: UtcTime,
     /// What was observed.
     pub note: String,
+    /// The artifacts the check was made on: each model's chunk-set SHA-256 in the workspace's
+    /// `ready/` when it was recorded (with `--model`, that model's only). The check is current
+    /// only while the manifest still lists one of them (that model's, with `--model`): a rebuild
+    /// of every artifact makes it stale. Empty in a record written before checks were bound to
+    /// artifacts, which is stale.
+    #[serde(default)]
+    pub artifacts: BTreeMap<ModelId, Sha256Digest>,
 }
 
 /// Every record found in a workspace's `results/`.
@@ -443,7 +450,7 @@ pub enum Gap {
     Missing { next: String },
     /// A current record that did not pass.
     Failed { detail: String },
-    /// A record of other bytes or another pin.
+    /// A record of other bytes, another behaviour version or another pin.
     Stale { detail: String },
 }
 
@@ -483,10 +490,17 @@ impl Coverage {
 ///
 /// A representative version (or the GPU row) is required when the manifest lists an artifact of
 /// it; it is covered at a resolution by one current, passing validation of any such artifact.
-/// Current means the record's `artifact_sha256` is the manifest entry's and its pin is the
-/// manifest's `tinygrad_commit`. A current record that failed an artifact the manifest lists is
-/// a gap of its own, even when another artifact covers its row: a known-bad artifact is not
-/// published.
+/// Current means the record's `artifact_sha256` is the manifest entry's, its behaviour version
+/// the entry's `version` and its pin the manifest's `tinygrad_commit`. Of several records of one
+/// model and artifact digest the newest (`checked_at`; a failure on a tie) is the one that
+/// counts, so an older pass never hides a current failure ([`newest`]). A current record that
+/// failed an artifact the manifest lists is a gap of its own, even when another artifact covers
+/// its row: a known-bad artifact is not published.
+///
+/// The device checks (`model-v2`, `driver-state`) count, newest first likewise, only while the
+/// manifest lists an artifact they were made on ([`check_binding`]). A preflight record that
+/// says `passed` although a command in it failed, or that lists no command, is refused as
+/// failed ([`preflight_contradiction`]).
 pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
     let pin = manifest.tinygrad_commit();
     let mut cov = Coverage::default();
@@ -511,6 +525,17 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
         Some(p) => {
             if let Some(detail) = pin_problem(&p.tinygrad_commit) {
                 cov.gaps.push((Cell::Preflight, Gap::Stale { detail }));
+            } else if let Some(detail) = preflight_contradiction(p) {
+                cov.gaps.push((
+                    Cell::Preflight,
+                    Gap::Failed {
+                        detail: format!(
+                            "{detail}; the record cannot be trusted: run `release-cli preflight \
+                             --openpilot DIR --workspace WS` again (see {})",
+                            p.log.display()
+                        ),
+                    },
+                ));
             } else if !p.passed {
                 let failed = p
                     .commands
@@ -558,17 +583,31 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
             ))
         })
         .collect();
-    let record_of = |id: &ModelId| records.validations.iter().find(|r| &r.model == id);
-    // A record is current for an entry when it is of the same bytes and pin.
-    let staleness = |r: &ValidationRecord, sha: &Sha256Digest| -> Option<String> {
-        if &r.artifact_sha256 != sha {
-            return Some(format!(
-                "{} was validated as artifact_sha256 {}, the manifest lists {sha}",
-                r.model, r.artifact_sha256
-            ));
-        }
-        pin_problem(&r.tinygrad_commit).map(|d| format!("{}: {d}", r.model))
+    // The record that counts for an entry: the newest of its bytes, else the newest of any.
+    let record_of = |id: &ModelId, sha: &Sha256Digest| {
+        let of_model = || records.validations.iter().filter(|r| &r.model == id);
+        newest(of_model().filter(|r| &r.artifact_sha256 == sha), |r| {
+            (r.checked_at, r.passed())
+        })
+        .or_else(|| newest(of_model(), |r| (r.checked_at, r.passed())))
     };
+    // A record is current for an entry when it is of the same bytes, version and pin.
+    let staleness =
+        |r: &ValidationRecord, version: BehaviorVersion, sha: &Sha256Digest| -> Option<String> {
+            if &r.artifact_sha256 != sha {
+                return Some(format!(
+                    "{} was validated as artifact_sha256 {}, the manifest lists {sha}",
+                    r.model, r.artifact_sha256
+                ));
+            }
+            if r.version != version {
+                return Some(format!(
+                    "{} was validated as behaviour version {}, the manifest lists {version}",
+                    r.model, r.version
+                ));
+            }
+            pin_problem(&r.tinygrad_commit).map(|d| format!("{}: {d}", r.model))
+        };
 
     // Failures already named in a row's gap, so they are not listed twice.
     let mut named_failures: BTreeSet<(ModelId, CameraResolution)> = BTreeSet::new();
@@ -597,9 +636,11 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
             let mut failed = Vec::new();
             let mut stale = Vec::new();
             let mut by = None;
-            for (id, _, _, sha) in &candidates {
-                let Some(r) = record_of(id) else { continue };
-                if let Some(s) = staleness(r, sha) {
+            for (id, version, _, sha) in &candidates {
+                let Some(r) = record_of(id, sha) else {
+                    continue;
+                };
+                if let Some(s) = staleness(r, *version, sha) {
                     stale.push(s);
                     continue;
                 }
@@ -648,9 +689,11 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
         }
     }
     // A current failure of a published artifact outside its row's cover.
-    for (id, _, _, sha) in &published {
-        let Some(r) = record_of(id) else { continue };
-        if staleness(r, sha).is_some() {
+    for (id, version, _, sha) in &published {
+        let Some(r) = record_of(id, sha) else {
+            continue;
+        };
+        if staleness(r, *version, sha).is_some() {
             continue;
         }
         for v in &r.resolutions {
@@ -671,10 +714,13 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
 
     // modelV2 once, driverStateV2 per resolution.
     let mut check_cell = |cell: Cell, kind: CheckKind, res: Option<CameraResolution>| {
-        let found = records
-            .checks
-            .iter()
-            .find(|c| c.check == kind && c.resolution == res);
+        let found = newest(
+            records
+                .checks
+                .iter()
+                .filter(|c| c.check == kind && c.resolution == res),
+            |c| (c.checked_at, c.passed),
+        );
         let flag = res.map_or(String::new(), |r| format!(" --resolution {r}"));
         match found {
             None => cov.gaps.push((
@@ -689,6 +735,13 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
             Some(c) => {
                 if let Some(detail) = pin_problem(&c.tinygrad_commit) {
                     cov.gaps.push((cell, Gap::Stale { detail }));
+                } else if let Some(detail) = check_binding(c, manifest) {
+                    cov.gaps.push((
+                        cell,
+                        Gap::Stale {
+                            detail: format!("{detail}; check it on the device again"),
+                        },
+                    ));
                 } else if !c.passed {
                     cov.gaps.push((
                         cell,
@@ -721,6 +774,89 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
         ));
     }
     cov
+}
+
+/// The record that counts of several about the same thing: the newest by `checked_at`, and on
+/// a tie the one that did not pass (`passed` is the second part of the key), so that an older
+/// or equally old pass never hides a failure.
+pub fn newest<'a, T>(
+    records: impl Iterator<Item = &'a T>,
+    key: impl Fn(&T) -> (UtcTime, bool),
+) -> Option<&'a T>
+where
+    T: 'a,
+{
+    records.max_by(|a, b| {
+        let (ta, pa) = key(a);
+        let (tb, pb) = key(b);
+        ta.cmp(&tb).then(pb.cmp(&pa))
+    })
+}
+
+/// Why a preflight record that says `passed` cannot be believed: it lists no command, or one of
+/// its commands did not pass or did not exit 0. `None` for a consistent record (and for one
+/// that says it failed: that is a failure, not a contradiction).
+pub fn preflight_contradiction(p: &PreflightRecord) -> Option<String> {
+    if !p.passed {
+        return None;
+    }
+    if p.commands.is_empty() {
+        return Some("the record says passed but lists no command".into());
+    }
+    p.commands
+        .iter()
+        .find(|c| !c.passed || c.exit_code != Some(0))
+        .map(|c| {
+            format!(
+                "the record says passed but `{}` {}",
+                c.argv.join(" "),
+                match c.exit_code {
+                    Some(0) => "is marked failed".to_string(),
+                    Some(code) => format!("exited {code}"),
+                    None => "was killed by a signal or did not start".to_string(),
+                }
+            )
+        })
+}
+
+/// Why a device check is not about the artifacts `manifest` lists: it names none (written
+/// before checks were bound to artifacts), or, with a `model`, the manifest does not list that
+/// model with the digest it was made on, or, without one, no artifact it was made on is still
+/// listed (every one was rebuilt since). `None` when it is bound to a listed artifact.
+pub fn check_binding(c: &CheckRecord, manifest: &Manifest) -> Option<String> {
+    if c.artifacts.is_empty() {
+        return Some(format!(
+            "the {} record names no artifact it was made on (recorded before checks were bound \
+             to artifact digests)",
+            c.check
+        ));
+    }
+    let listed = |id: &ModelId, sha: &Sha256Digest| {
+        manifest
+            .models()
+            .iter()
+            .any(|e| e.id() == id && e.artifact_sha256().as_ref() == Some(sha))
+    };
+    match &c.model {
+        Some(id) => match c.artifacts.get(id) {
+            Some(sha) if listed(id, sha) => None,
+            Some(sha) => Some(format!(
+                "{} was checked on {id} with artifact_sha256 {sha}, which the manifest does not \
+                 list",
+                c.check
+            )),
+            None => Some(format!(
+                "{} was checked on {id} but the record names no digest of it",
+                c.check
+            )),
+        },
+        None if c.artifacts.iter().any(|(id, sha)| listed(id, sha)) => None,
+        None => Some(format!(
+            "{} was checked on {} artifact(s) of which the manifest lists none (rebuilt since)",
+            c.check,
+            c.artifacts.len()
+        )),
+    }
 }
 
 /// Why the rehearsal does not cover `manifest`: none recorded, one of other manifest bytes or
@@ -911,6 +1047,14 @@ mod tests {
 
     /// (id, version, gpu, artifact digest byte)
     fn manifest(models: &[(&str, u32, bool, u8)]) -> Manifest {
+        manifest_in(25, PIN, models)
+    }
+
+    /// A made-up next generation's made-up pin.
+    const V26_PIN: &str = "0123456789abcdef0123456789abcdef01234567";
+
+    /// [`manifest`] of generation `v<generation>` pinned to `pin`.
+    fn manifest_in(generation: u32, pin: &str, models: &[(&str, u32, bool, u8)]) -> Manifest {
         let entries: Vec<serde_json::Value> = models
             .iter()
             .map(|(id, v, gpu, d)| {
@@ -923,8 +1067,9 @@ mod tests {
                 })
             })
             .collect();
-        let doc =
-            serde_json::json!({"generation": "v25", "tinygrad_commit": PIN, "models": entries});
+        let doc = serde_json::json!({
+            "generation": format!("v{generation}"), "tinygrad_commit": pin, "models": entries
+        });
         Manifest::from_slice(doc.to_string().as_bytes()).unwrap()
     }
 
@@ -999,6 +1144,12 @@ mod tests {
             checked_by: "tester".into(),
             checked_at: UtcTime(3),
             note: "watched it".into(),
+            artifacts: [
+                ("a11".parse().unwrap(), sha(2)),
+                ("a8".parse().unwrap(), sha(1)),
+            ]
+            .into_iter()
+            .collect(),
         }
     }
 
@@ -1214,6 +1365,227 @@ mod tests {
                 .collect();
             assert_eq!(got, want, "{case}");
         }
+    }
+
+    /// Records that cannot mislead, for v25 and a made-up v26 with a made-up pin: the newest
+    /// record of one model and digest wins (a failure on a tie), a record of another behaviour
+    /// version is stale, device checks are bound to the artifacts they were made on, and a
+    /// preflight that says passed with a failing command is refused.
+    #[test]
+    fn records_that_cannot_mislead() {
+        type Edit = fn(&mut Records, &'static str);
+        type Case = (&'static str, Edit, Vec<(Cell, &'static str)>);
+        let cases: Vec<Case> = vec![
+            ("complete", |_, _| {}, vec![]),
+            (
+                "an older pass listed after a newer failure of the same bytes",
+                |r, pin| {
+                    let mut failed = validation("a11", 11, 2, pin, [true, false]);
+                    failed.checked_at = UtcTime(5);
+                    r.validations.insert(0, failed);
+                },
+                vec![(Cell::Driving(v(11), LO), "failed")],
+            ),
+            (
+                "an older pass listed before a newer failure of the same bytes",
+                |r, pin| {
+                    let mut failed = validation("a11", 11, 2, pin, [false, true]);
+                    failed.checked_at = UtcTime(5);
+                    r.validations.push(failed);
+                },
+                vec![(Cell::Driving(v(11), HI), "failed")],
+            ),
+            (
+                "a pass and a failure made at the same second: the failure",
+                |r, pin| {
+                    r.validations
+                        .push(validation("a8", 8, 1, pin, [false, false]))
+                },
+                vec![
+                    (Cell::Driving(v(8), HI), "failed"),
+                    (Cell::Driving(v(8), LO), "failed"),
+                ],
+            ),
+            (
+                "a newer pass after an older failure of the same bytes counts",
+                |r, pin| {
+                    let mut failed = validation("a8", 8, 1, pin, [false, false]);
+                    failed.checked_at = UtcTime(1);
+                    r.validations.push(failed);
+                },
+                vec![],
+            ),
+            (
+                "a newer record of other bytes does not hide the current one",
+                |r, pin| {
+                    let mut other = validation("a11", 11, 9, pin, [false, false]);
+                    other.checked_at = UtcTime(7);
+                    r.validations.insert(0, other);
+                },
+                vec![],
+            ),
+            (
+                "a record of another behaviour version is stale",
+                |r, pin| r.validations[1] = validation("a11", 12, 2, pin, [true, true]),
+                vec![
+                    (Cell::Driving(v(11), HI), "stale"),
+                    (Cell::Driving(v(11), LO), "stale"),
+                ],
+            ),
+            (
+                "a passed preflight with a failing command",
+                |r, _| {
+                    let p = r.preflight.as_mut().unwrap();
+                    p.commands[0].exit_code = Some(1);
+                },
+                vec![(Cell::Preflight, "failed")],
+            ),
+            (
+                "a passed preflight with a command marked failed that exited 0",
+                |r, _| r.preflight.as_mut().unwrap().commands[0].passed = false,
+                vec![(Cell::Preflight, "failed")],
+            ),
+            (
+                "a passed preflight with a command killed by a signal",
+                |r, _| r.preflight.as_mut().unwrap().commands[0].exit_code = None,
+                vec![(Cell::Preflight, "failed")],
+            ),
+            (
+                "a passed preflight with no command",
+                |r, _| r.preflight.as_mut().unwrap().commands.clear(),
+                vec![(Cell::Preflight, "failed")],
+            ),
+            (
+                "device checks after a rebuild of every artifact",
+                |r, _| {
+                    for c in &mut r.checks {
+                        c.artifacts = [("a11".parse().unwrap(), sha(12))].into_iter().collect();
+                    }
+                },
+                vec![
+                    (Cell::ModelV2, "stale"),
+                    (Cell::DriverState(HI), "stale"),
+                    (Cell::DriverState(LO), "stale"),
+                ],
+            ),
+            (
+                "one artifact of several still listed keeps a check current",
+                |r, _| {
+                    r.checks[1]
+                        .artifacts
+                        .insert("a11".parse().unwrap(), sha(12));
+                },
+                vec![],
+            ),
+            (
+                "model-v2 on a model whose artifact was rebuilt",
+                |r, _| {
+                    r.checks[0].model = Some("a8".parse().unwrap());
+                    r.checks[0].artifacts.insert("a8".parse().unwrap(), sha(11));
+                },
+                vec![(Cell::ModelV2, "stale")],
+            ),
+            (
+                "model-v2 on a listed model with its digest",
+                |r, _| r.checks[0].model = Some("a8".parse().unwrap()),
+                vec![],
+            ),
+            (
+                "model-v2 on a model the record has no digest of",
+                |r, _| r.checks[0].model = Some("b11".parse().unwrap()),
+                vec![(Cell::ModelV2, "stale")],
+            ),
+            (
+                "a check recorded before checks were bound to artifacts",
+                |r, _| r.checks[2].artifacts.clear(),
+                vec![(Cell::DriverState(LO), "stale")],
+            ),
+            (
+                "an older passing check beside a newer failed one",
+                |r, pin| {
+                    let mut failed = check(CheckKind::DriverState, Some(HI), false, pin);
+                    failed.checked_at = UtcTime(4);
+                    r.checks.push(failed);
+                },
+                vec![(Cell::DriverState(HI), "failed")],
+            ),
+        ];
+        for (generation, pin) in [(25, PIN), (26, V26_PIN)] {
+            let m = manifest_in(
+                generation,
+                pin,
+                &[("a8", 8, false, 1), ("a11", 11, false, 2)],
+            );
+            for (case, edit, want) in &cases {
+                let mut records = Records {
+                    preflight: Some(preflight(true, pin)),
+                    validations: vec![
+                        validation("a8", 8, 1, pin, [true, true]),
+                        validation("a11", 11, 2, pin, [true, true]),
+                    ],
+                    checks: vec![
+                        check(CheckKind::ModelV2, None, true, pin),
+                        check(CheckKind::DriverState, Some(HI), true, pin),
+                        check(CheckKind::DriverState, Some(LO), true, pin),
+                    ],
+                    rehearsal: Some(rehearsal(&m, true)),
+                };
+                edit(&mut records, pin);
+                let cov = coverage(&m, &records);
+                let got: Vec<(Cell, &str)> = cov
+                    .gaps
+                    .iter()
+                    .map(|(c, g)| {
+                        let kind = match g {
+                            Gap::Missing { .. } => "missing",
+                            Gap::Failed { .. } => "failed",
+                            Gap::Stale { .. } => "stale",
+                        };
+                        (c.clone(), kind)
+                    })
+                    .collect();
+                assert_eq!(&got, want, "v{generation}: {case}: {:#?}", cov.gap_lines());
+            }
+        }
+    }
+
+    /// The words of the new gaps: what is wrong, with which value, and what to do.
+    #[test]
+    fn misleading_records_are_named() {
+        for (generation, pin) in [(25, PIN), (26, V26_PIN)] {
+            let m = manifest_in(generation, pin, &[("a11", 11, false, 2)]);
+            let mut p = preflight(true, pin);
+            p.commands[0].exit_code = Some(2);
+            let mut c = check(CheckKind::ModelV2, None, true, pin);
+            c.artifacts = [("a11".parse().unwrap(), sha(12))].into_iter().collect();
+            let records = Records {
+                preflight: Some(p),
+                validations: vec![validation("a11", 12, 2, pin, [true, true])],
+                checks: vec![c],
+                rehearsal: Some(rehearsal(&m, true)),
+            };
+            let lines = coverage(&m, &records).gap_lines().join("\n");
+            for want in [
+                "preflight (./dev sync and the repository tests): failed: the record says passed \
+                 but `./dev sync` exited 2; the record cannot be trusted: run `release-cli \
+                 preflight --openpilot DIR --workspace WS` again",
+                "a11 was validated as behaviour version v12, the manifest lists v11",
+                "stable modelV2 from modeld: stale: model-v2 was checked on 1 artifact(s) of \
+                 which the manifest lists none (rebuilt since); check it on the device again",
+            ] {
+                assert!(lines.contains(want), "v{generation}: {want}\n{lines}");
+            }
+        }
+        // A check record written before the binding reads, and is stale.
+        let old = serde_json::json!({
+            "check": "model-v2", "resolution": null, "model": null, "passed": true,
+            "tinygrad_commit": PIN, "checked_by": "dev", "checked_at": "2026-12-01T10:00:00Z",
+            "note": "20 Hz"
+        });
+        let c: CheckRecord = serde_json::from_value(old).unwrap();
+        assert!(c.artifacts.is_empty());
+        let why = check_binding(&c, &full()).unwrap();
+        assert!(why.contains("names no artifact it was made on"), "{why}");
     }
 
     #[test]

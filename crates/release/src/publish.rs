@@ -87,8 +87,11 @@ pub struct PublishOutcome {
     #[serde(flatten)]
     pub report: PublishReport,
     pub validation: GateOutcome,
-    /// `None` on a dry run.
+    /// `None` on a dry run. The newest publish's record, rewritten by each publish.
     pub publish_record: Option<PathBuf>,
+    /// This publish's own record, never overwritten (the history,
+    /// [`crate::records::publish_history_path`]). `None` on a dry run.
+    pub publish_history: Option<PathBuf>,
 }
 
 /// Publish's validation gate, decided before any store is opened: the records in `workspace`
@@ -191,14 +194,14 @@ pub fn run(
         action,
         &mut |e| on_event(&Event::Store(e.clone())),
     )?;
-    let publish_record = if report.dry_run {
-        None
+    let (publish_record, publish_history) = if report.dry_run {
+        (None, None)
     } else {
         let record = PublishRecord::new(
             &req.manifest_path,
             manifest,
             req.generation,
-            report.stores.iter().map(|s| s.store.clone()).collect(),
+            req.to.iter().map(canonical_store_name).collect(),
             report.models.clone(),
             validation.clone(),
             PublishAllowance {
@@ -206,15 +209,58 @@ pub fn run(
                 signature_removed: req.remove_signature.clone(),
             },
         );
+        let history =
+            crate::records::publish_history_path(&record.manifest, record.published_at, |p| {
+                p.exists()
+            })
+            .ok_or_else(|| Error::Record {
+                path: crate::records::publish_record_path(&record.manifest),
+                reason: "999 publish records of this second already exist beside it".into(),
+            })?;
+        crate::records::write(&history, &record)?;
         let path = crate::records::publish_record_path(&record.manifest);
         crate::records::write(&path, &record)?;
-        Some(path)
+        (Some(path), Some(history))
     };
     Ok(PublishOutcome {
         report,
         validation,
         publish_record,
+        publish_history,
     })
+}
+
+/// A store path as messages about `store` (a store's name, as publish's events give it) show
+/// it: a `github:` store's path on its branch (`v25/<id>/<file>`, `model_names_v25.json`), any
+/// other store's as it is (bucket layout, `models/v25/<id>/<file>`,
+/// `manifests/model_names_v25.json`). A path the branch does not hold stays as it is.
+pub fn path_in_store(store: &str, path: &str) -> String {
+    let github = StoreSpec::parse(store).is_ok_and(|s| s.is_github());
+    if !github {
+        return path.to_string();
+    }
+    path.parse::<manifest::StorePath>()
+        .ok()
+        .and_then(|p| {
+            manifest::StoreLayout::HfBucket.translate(&p, manifest::StoreLayout::GithubBranch)
+        })
+        .map_or_else(|| path.to_string(), |p| p.to_string())
+}
+
+/// A store as the publish record names it, the same however `--to` spelled it: a directory as
+/// `file:` and a `github:` checkout as `github:`, each with its absolute path (symlinks
+/// resolved where it exists); a Hub store as `hf://…`.
+pub fn canonical_store_name(spec: &StoreSpec) -> String {
+    let absolute = |p: &Path| {
+        std::fs::canonicalize(p)
+            .or_else(|_| std::path::absolute(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    };
+    match spec {
+        StoreSpec::Local(p) => format!("file:{}", absolute(p).display()),
+        StoreSpec::Github(p) => format!("github:{}", absolute(p).display()),
+        other => other.to_string(),
+    }
 }
 
 /// The `--to` stores, in an order that never puts GitHub ahead of the Hub, opened.
@@ -347,6 +393,86 @@ mod tests {
             }]
         });
         Manifest::from_slice(doc.to_string().as_bytes()).unwrap()
+    }
+
+    /// Messages about a `github:` store name branch paths; other stores keep bucket paths. For
+    /// v25 and a made-up v26.
+    #[test]
+    fn github_messages_use_branch_paths() {
+        for generation in ["v25", "v26"] {
+            let cases = [
+                (
+                    "github:/srv/gh",
+                    format!("models/{generation}/pop223/pop223_driving_tinygrad.pkl.chunk01of02"),
+                    format!("{generation}/pop223/pop223_driving_tinygrad.pkl.chunk01of02"),
+                ),
+                (
+                    "github:/srv/gh",
+                    format!("manifests/model_names_{generation}.json"),
+                    format!("model_names_{generation}.json"),
+                ),
+                (
+                    "github:/srv/gh",
+                    format!("manifests/model_names_{generation}.json.minisig"),
+                    format!("model_names_{generation}.json.minisig"),
+                ),
+                (
+                    "github:/srv/gh",
+                    "onnx/pop223/x.onnx".to_string(),
+                    "onnx/pop223/x.onnx".to_string(),
+                ),
+                (
+                    "hf://buckets/StarPilot-Driving/StarPilot-Resources",
+                    format!("manifests/model_names_{generation}.json"),
+                    format!("manifests/model_names_{generation}.json"),
+                ),
+                (
+                    "/srv/store",
+                    format!("models/{generation}/pop223/x.pkl"),
+                    format!("models/{generation}/pop223/x.pkl"),
+                ),
+            ];
+            for (store, path, want) in cases {
+                assert_eq!(path_in_store(store, &path), want, "{store} {path}");
+            }
+        }
+    }
+
+    /// Every spelling of one store gives one name; for any generation's stores alike.
+    #[test]
+    fn canonical_store_names() {
+        let t = tempfile::tempdir().unwrap();
+        let store = t.path().join("store");
+        std::fs::create_dir_all(store.join("sub")).unwrap();
+        let real = std::fs::canonicalize(&store).unwrap();
+        let name = |s: &str| canonical_store_name(&StoreSpec::parse(s).unwrap());
+        let dir = store.display().to_string();
+        for spelling in [
+            dir.clone(),
+            format!("file:{dir}"),
+            format!("file://{dir}"),
+            format!("{dir}/sub/.."),
+            format!("{dir}/"),
+        ] {
+            assert_eq!(
+                name(&spelling),
+                format!("file:{}", real.display()),
+                "{spelling}"
+            );
+        }
+        assert_eq!(
+            name(&format!("github:{dir}/sub/..")),
+            format!("github:{}", real.display())
+        );
+        let missing = t.path().join("not-yet");
+        assert_eq!(
+            name(missing.to_str().unwrap()),
+            format!("file:{}", missing.display())
+        );
+        assert_eq!(
+            name("hf://buckets/StarPilot-Driving/StarPilot-Resources"),
+            "hf://buckets/StarPilot-Driving/StarPilot-Resources"
+        );
     }
 
     /// The gate's flag rules come before any record is read: a workspace that does not exist is

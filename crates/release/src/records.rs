@@ -18,6 +18,9 @@ use crate::{Error, Result};
 pub(crate) const MAX_RECORD_BYTES: u64 = 4 << 20;
 pub(crate) const VALIDATION_SUFFIX: &str = ".validation.json";
 pub(crate) const CHECK_SUFFIX: &str = ".check.json";
+/// `results/` holds a few files per model; a directory with more entries than this is not a
+/// workspace's, and is refused rather than read without end.
+pub(crate) const MAX_RESULTS_ENTRIES: usize = 4096;
 
 /// The publish record's place: `<manifest stem>.publish.json` beside the manifest
 /// (`ready/model_names_v25.json` → `ready/model_names_v25.publish.json`).
@@ -27,6 +30,36 @@ pub fn publish_record_path(manifest: &Path) -> PathBuf {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "manifest".into());
     manifest.with_file_name(format!("{stem}.publish.json"))
+}
+
+/// One publish's own record, never overwritten: `<manifest stem>.publish.<YYYYMMDDTHHMMSSZ>.json`
+/// beside the manifest for the time it was published (`model_names_v25.publish.20261202T190455Z.json`),
+/// with `-2`, `-3`, … when `taken` says that name is already used (two publishes in one second).
+/// `None` when every suffix up to 999 is taken.
+pub fn publish_history_path(
+    manifest: &Path,
+    published_at: crate::gate::UtcTime,
+    taken: impl Fn(&Path) -> bool,
+) -> Option<PathBuf> {
+    let stem = manifest
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "manifest".into());
+    let time: String = published_at
+        .to_string()
+        .chars()
+        .filter(|c| *c != '-' && *c != ':')
+        .collect();
+    (1..1000)
+        .map(|n| {
+            let suffix = if n == 1 {
+                String::new()
+            } else {
+                format!("-{n}")
+            };
+            manifest.with_file_name(format!("{stem}.publish.{time}{suffix}.json"))
+        })
+        .find(|p| !taken(p))
 }
 
 /// Write a record atomically (temp file, fsync, rename), creating `results/` when needed.
@@ -85,6 +118,15 @@ pub fn load(workspace: &Workspace) -> Result<Records> {
     };
     let mut paths = Vec::new();
     for e in entries {
+        if paths.len() == MAX_RESULTS_ENTRIES {
+            return Err(Error::Record {
+                path: dir,
+                reason: format!(
+                    "more than {MAX_RESULTS_ENTRIES} entries; is --workspace the rebuild \
+                     workspace?"
+                ),
+            });
+        }
         paths.push(e?.path());
     }
     paths.sort();
@@ -114,6 +156,29 @@ pub fn load(workspace: &Workspace) -> Result<Records> {
 mod tests {
     use super::*;
 
+    /// One history file per publish, named by its time, never reusing a taken name; for any
+    /// generation's manifest name.
+    #[test]
+    fn publish_history_names_one_file_per_publish() {
+        use crate::gate::UtcTime;
+        let at: UtcTime = "2026-12-02T19:04:55Z".parse().unwrap();
+        for generation in ["v25", "v26"] {
+            let m = PathBuf::from(format!("/r/ready/model_names_{generation}.json"));
+            let stem = format!("/r/ready/model_names_{generation}.publish.20261202T190455Z");
+            let cases: [(&[&str], Option<String>); 3] = [
+                (&[], Some(format!("{stem}.json"))),
+                (&[".json"], Some(format!("{stem}-2.json"))),
+                (&[".json", "-2.json"], Some(format!("{stem}-3.json"))),
+            ];
+            for (taken, want) in cases {
+                let taken: Vec<String> = taken.iter().map(|t| format!("{stem}{t}")).collect();
+                let got = publish_history_path(&m, at, |p| taken.iter().any(|t| Path::new(t) == p));
+                assert_eq!(got, want.map(PathBuf::from), "{generation} {taken:?}");
+            }
+            assert_eq!(publish_history_path(&m, at, |_| true), None);
+        }
+    }
+
     #[test]
     fn a_missing_workspace_is_named_and_an_empty_one_has_no_records() {
         let t = tempfile::tempdir().unwrap();
@@ -124,6 +189,34 @@ mod tests {
         fs::create_dir(ws.root()).unwrap();
         let r = load(&ws).unwrap();
         assert!(r.preflight.is_none() && r.validations.is_empty() && r.checks.is_empty());
+    }
+
+    /// Every read of `results/` is bounded: the number of entries, and each record's size.
+    #[test]
+    fn results_reads_are_bounded() {
+        let t = tempfile::tempdir().unwrap();
+        let ws = Workspace::new(t.path());
+        fs::create_dir_all(ws.results()).unwrap();
+        let big = ws.results().join("a8.validation.json");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(MAX_RECORD_BYTES + 1).unwrap();
+        let e = load(&ws).unwrap_err();
+        assert!(
+            e.to_string().contains("is too large for a record") && e.to_string().contains("a8"),
+            "{e}"
+        );
+        fs::remove_file(&big).unwrap();
+        for i in 0..MAX_RESULTS_ENTRIES {
+            std::fs::File::create(ws.results().join(format!("x{i}.log"))).unwrap();
+        }
+        assert!(load(&ws).is_ok());
+        std::fs::File::create(ws.results().join("one-more.log")).unwrap();
+        let e = load(&ws).unwrap_err();
+        assert!(
+            matches!(&e, Error::Record { path, .. } if path == &ws.results()),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("more than 4096 entries"), "{e}");
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! made of the device's verdict, and the check record of `validate --check` (docs/release.md,
 //! "Validate"). The run on the device itself is `compiler_remote`'s.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+use chunker::Sha256Digest;
 
 use manifest::{BehaviorVersion, GitCommit, ModelId};
 
@@ -116,11 +119,12 @@ pub struct CheckFlags<'a> {
 /// The check the release engineer made on the device, and where its record goes: one of
 /// `--passed`/`--failed`, `--resolution` exactly for a per-resolution check (one of
 /// [`CAMERA_RESOLUTIONS`]), a non-blank `--note`, who checked, and `--record` or the
-/// workspace's place. `pin` (the tinygrad the check was made with) is asked for only once the
-/// flags are accepted.
+/// workspace's place. `pin` (the tinygrad the check was made with) and the artifacts it was
+/// made on ([`CheckedOn`]) are looked up only once the flags are accepted.
 pub fn check_record(
     f: &CheckFlags<'_>,
     pin: impl FnOnce() -> compiler_remote::Result<GitCommit>,
+    artifacts: CheckedOn,
 ) -> Result<(PathBuf, CheckRecord)> {
     let kind = f.kind;
     if f.passed == f.failed {
@@ -175,8 +179,87 @@ pub fn check_record(
         checked_by,
         checked_at: UtcTime::now(),
         note: note.to_string(),
+        artifacts: match artifacts {
+            CheckedOn::Ready => ready_digests(f.workspace, f.model)?,
+            CheckedOn::Given(digests) => digests,
+        },
     };
     Ok((path, record))
+}
+
+/// The artifacts a device check was made on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckedOn {
+    /// The workspace's built artifacts ([`ready_digests`] over `--workspace` and `--model`):
+    /// what `validate --check` records.
+    Ready,
+    /// These digests, as given.
+    Given(BTreeMap<ModelId, Sha256Digest>),
+}
+
+/// `.sha256` sidecars are one line; anything larger is not one.
+const MAX_SIDECAR_BYTES: u64 = 4096;
+
+/// The artifacts a device check is made on: the SHA-256 in each `ready/<id>/<id>_driving_
+/// tinygrad.pkl.sha256` of `workspace` (only `model`'s with `--model`), each read size-capped
+/// and regular-file-only. Refused without a workspace, or when it holds no built artifact: a
+/// check that names no artifact could never go stale.
+pub fn ready_digests(
+    workspace: Option<&Workspace>,
+    model: Option<&ModelId>,
+) -> Result<BTreeMap<ModelId, Sha256Digest>> {
+    let Some(ws) = workspace else {
+        return Err(input(
+            "--check needs --workspace DIR: the check is bound to the artifacts in its ready/ \
+             (a rebuild of every one of them makes it stale)",
+        ));
+    };
+    let ids: Vec<ModelId> = match model {
+        Some(id) => vec![id.clone()],
+        None => {
+            let mut ids = Vec::new();
+            if let Ok(entries) = fs_err::read_dir(ws.ready()) {
+                for e in entries.take(crate::records::MAX_RESULTS_ENTRIES) {
+                    let e = e?;
+                    if e.file_type()?.is_dir()
+                        && let Some(id) = e.file_name().to_str().and_then(|n| n.parse().ok())
+                    {
+                        ids.push(id);
+                    }
+                }
+            }
+            ids
+        }
+    };
+    let mut digests = BTreeMap::new();
+    for id in ids {
+        let path = ws.ready_artifact(&id);
+        let sidecar = path.with_file_name(chunker::sidecar_name(
+            &path.file_name().unwrap_or_default().to_string_lossy(),
+        ));
+        match chunker::bounded::read_capped_existing(&sidecar, MAX_SIDECAR_BYTES) {
+            Ok(bytes) => {
+                digests.insert(id, chunker::parse_sidecar(&bytes, &sidecar)?);
+            }
+            Err(e) if model.is_some() => {
+                return Err(input(format!(
+                    "--model {id}: {e}; the check is bound to the artifact it was made on \
+                     (build it into {} first)",
+                    ws.ready_model(&id).display()
+                )));
+            }
+            // A ready/ directory without a driving chunk set (a variant only): not checked on.
+            Err(_) => {}
+        }
+    }
+    if digests.is_empty() {
+        return Err(input(format!(
+            "no built artifact in {} (no <id>/<id>_driving_tinygrad.pkl.sha256): the check is \
+             bound to the artifacts it was made on; run `release-cli rebuild` first",
+            ws.ready().display()
+        )));
+    }
+    Ok(digests)
 }
 
 #[cfg(test)]
@@ -305,11 +388,21 @@ mod tests {
             for (edit, want) in refusals {
                 let mut f = base.clone();
                 edit(&mut f);
-                let got = check_record(&f, || panic!("the pin is asked for after the flags"));
+                // `Ready` over the workspace /w, which does not exist: the flags' refusal
+                // comes before the artifacts are looked for.
+                let got = check_record(
+                    &f,
+                    || panic!("the pin is asked for after the flags"),
+                    CheckedOn::Ready,
+                );
                 assert_eq!(problem(got), want);
             }
             let pin: GitCommit = pin.parse().unwrap();
-            let (path, rec) = check_record(&base, || Ok(pin.clone())).unwrap();
+            let bound: BTreeMap<ModelId, Sha256Digest> = [(id(), Sha256Digest::of_bytes(b"built"))]
+                .into_iter()
+                .collect();
+            let (path, rec) =
+                check_record(&base, || Ok(pin.clone()), CheckedOn::Given(bound.clone())).unwrap();
             assert_eq!(
                 path,
                 PathBuf::from(format!("/w/results/driver-state.{a}.check.json"))
@@ -324,14 +417,68 @@ mod tests {
                 ),
                 (CheckKind::DriverState, Some(a), true, pin.clone(), "dev")
             );
+            assert_eq!(rec.artifacts, bound);
             let mut g = base.clone();
             (g.kind, g.resolution, g.record) =
                 (CheckKind::ModelV2, None, Some(Path::new("/r.json")));
-            let (path, rec) = check_record(&g, || Ok(pin.clone())).unwrap();
+            let (path, rec) =
+                check_record(&g, || Ok(pin.clone()), CheckedOn::Given(bound.clone())).unwrap();
             assert_eq!(
                 (path, rec.check),
                 (PathBuf::from("/r.json"), CheckKind::ModelV2)
             );
+        }
+    }
+
+    /// A check is bound to the digests in the workspace's `ready/` sidecars (only `--model`'s
+    /// with it); without a workspace or a built artifact it is refused, naming what is missing.
+    #[test]
+    fn a_check_is_bound_to_the_ready_artifacts() {
+        let t = tempfile::tempdir().unwrap();
+        let ws = Workspace::new(t.path());
+        let e = ready_digests(None, None).unwrap_err();
+        assert!(
+            e.to_string().contains("--check needs --workspace DIR"),
+            "{e}"
+        );
+        let e = ready_digests(Some(&ws), None).unwrap_err();
+        assert!(e.to_string().contains("no built artifact in"), "{e}");
+        let put = |id: &str, d: &Sha256Digest| {
+            let id: ModelId = id.parse().unwrap();
+            let a = ws.ready_artifact(&id);
+            std::fs::create_dir_all(a.parent().unwrap()).unwrap();
+            let name = a.file_name().unwrap().to_string_lossy().into_owned();
+            std::fs::write(
+                a.with_file_name(chunker::sidecar_name(&name)),
+                chunker::format_sidecar(d, &name),
+            )
+            .unwrap();
+        };
+        let (d8, d11) = (
+            Sha256Digest::of_bytes(b"a8"),
+            Sha256Digest::of_bytes(b"a11"),
+        );
+        put("a8", &d8);
+        put("a11", &d11);
+        // A directory with only a variant is not a driving artifact the check ran on.
+        std::fs::create_dir_all(ws.ready().join("gpu16")).unwrap();
+        let all = ready_digests(Some(&ws), None).unwrap();
+        let want: Vec<(String, Sha256Digest)> = vec![("a11".into(), d11), ("a8".into(), d8)];
+        let got: Vec<(String, Sha256Digest)> =
+            all.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        assert_eq!(got, want);
+        let a8: ModelId = "a8".parse().unwrap();
+        let one = ready_digests(Some(&ws), Some(&a8)).unwrap();
+        assert_eq!(one.into_iter().collect::<Vec<_>>(), vec![(a8, d8)]);
+        let gpu: ModelId = "gpu16".parse().unwrap();
+        let e = ready_digests(Some(&ws), Some(&gpu)).unwrap_err();
+        assert!(e.to_string().contains("--model gpu16"), "{e}");
+        // A FIFO where the sidecar should be is refused, not waited on.
+        let fifo = ws.ready().join("gpu16/gpu16_driving_tinygrad.pkl.sha256");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let e = ready_digests(Some(&ws), Some(&gpu)).unwrap_err();
+            assert!(e.to_string().contains("not a regular file"), "{e}");
         }
     }
 }

@@ -515,9 +515,9 @@ pub fn compile(args: CompileArgs) -> CliResult {
         });
     }
     crate::outln!(
-        "ok: {} ({} bytes, sha256 {}, {} chunk(s)) in {}; log {}",
+        "ok: {} ({}, sha256 {}, {} chunk(s)) in {}; log {}",
         artifact.name,
-        artifact.size,
+        crate::units::human_size(artifact.size),
         artifact.sha256,
         artifact.chunk_count,
         args.out.display(),
@@ -612,10 +612,10 @@ pub fn builtin(args: BuiltinArgs) -> CliResult {
     };
     if report.dry_run {
         crate::outln!(
-            "dry run: {} would become a chunk set ({} bytes, sha256 {}, {} chunk(s)); nothing \
+            "dry run: {} would become a chunk set ({}, sha256 {}, {} chunk(s)); nothing \
              was changed",
             report.path.display(),
-            report.size,
+            crate::units::human_size(report.size),
             report.sha256,
             report.chunk_count
         )?;
@@ -625,9 +625,9 @@ pub fn builtin(args: BuiltinArgs) -> CliResult {
         return Ok(());
     }
     crate::outln!(
-        "ok: {} is now a chunk set ({} bytes, sha256 {}, {} chunk(s)); removed {removed}",
+        "ok: {} is now a chunk set ({}, sha256 {}, {} chunk(s)); removed {removed}",
         report.path.display(),
-        report.size,
+        crate::units::human_size(report.size),
         report.sha256,
         report.chunk_count,
     )?;
@@ -686,9 +686,9 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         plan.writes.push(record.clone());
         let extra = serde_json::json!({ "artifact": set, "record": record });
         let what = format!(
-            "validate {id} {version} with {} (verified: {} bytes, sha256 {}, {} chunk(s))",
+            "validate {id} {version} with {} (verified: {}, sha256 {}, {} chunk(s))",
             artifact.display(),
-            set.size,
+            crate::units::human_size(set.size),
             set.sha256,
             set.chunk_count
         );
@@ -756,6 +756,7 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
                 args.remote.openpilot.as_deref(),
             )
         },
+        release::validate::CheckedOn::Ready,
     )
     .map_err(validate_error)?;
     if args.dry_run {

@@ -133,13 +133,13 @@ fn oob(args: OobArgs) -> CliResult {
         }));
     }
     crate::outln!(
-        "{}: OOB pickle container, {} bytes: {}-byte protocol-{} opcode stream and {} buffer(s) of {} bytes",
+        "{}: OOB pickle container, {}: {}-byte protocol-{} opcode stream and {} buffer(s) of {}",
         args.logical.display(),
-        layout.size,
+        crate::units::human_size(layout.size),
         layout.opcode_len,
         layout.protocol,
         layout.buffers,
-        layout.buffer_bytes
+        crate::units::human_size(layout.buffer_bytes)
     )
 }
 
@@ -185,9 +185,9 @@ fn split(args: SplitArgs) -> CliResult {
         return print_json(&report);
     }
     crate::outln!(
-        "{}: {} bytes, sha256 {}, {} chunk(s) in {}",
+        "{}: {}, sha256 {}, {} chunk(s) in {}",
         report.name,
-        report.size,
+        crate::units::human_size(report.size),
         report.sha256,
         report.chunk_count,
         out_dir.display()
@@ -218,8 +218,9 @@ fn split_dry_run(
         return print_json(&v);
     }
     crate::outln!(
-        "dry run: would split {} ({size} bytes) into {} chunk(s) in {}{}",
+        "dry run: would split {} ({}) into {} chunk(s) in {}{}",
         args.file.display(),
+        crate::units::human_size(size),
         plan.chunk_count,
         out_dir.display(),
         if out_dir.is_dir() {
@@ -229,7 +230,11 @@ fn split_dry_run(
         }
     )?;
     for c in &plan.chunks {
-        crate::outln!("  would write {}  {} bytes", c.name, c.size)?;
+        crate::outln!(
+            "  would write {}  {}",
+            c.name,
+            crate::units::human_size(c.size)
+        )?;
     }
     for n in plan.written.iter().skip(plan.chunks.len()) {
         crate::outln!("  would write {n}")?;
@@ -296,8 +301,9 @@ fn join(mut args: JoinArgs) -> CliResult {
         });
     }
     crate::outln!(
-        "wrote {} ({size} bytes, sha256 {sha256})",
-        args.output.display()
+        "wrote {} ({}, sha256 {sha256})",
+        args.output.display(),
+        crate::units::human_size(size)
     )?;
     cli_support::info!(
         "next: `release-cli chunk split {}` makes a chunk set of it again",
@@ -343,9 +349,9 @@ fn join_dry_run(args: &JoinArgs) -> CliResult {
         }));
     }
     crate::outln!(
-        "dry run: would write {} ({} bytes, sha256 {}){}, joined from the {} artifact {}",
+        "dry run: would write {} ({}, sha256 {}){}, joined from the {} artifact {}",
         args.output.display(),
-        report.size,
+        crate::units::human_size(report.size),
         report.sha256,
         if replaces {
             ", replacing the file there"
@@ -370,6 +376,14 @@ fn verify(mut args: VerifyArgs) -> CliResult {
     let mut digest_unchecked = false;
     if expected.sha256.is_none() {
         let sidecar = sidecar_path(&args.logical)?;
+        // No sidecar and no artifact either is "not found" (exit 1, as a missing input file is
+        // for every command), not a complaint about the sidecar.
+        if !sidecar.exists() && matches!(chunker::resolve(&args.logical), Ok(None)) {
+            return Err(chunker::Error::NotFound {
+                path: args.logical.clone(),
+            }
+            .into());
+        }
         // Bounded read: a bogus multi-gigabyte "sidecar" is reported, not loaded.
         match chunker::read_sidecar(&sidecar)? {
             Some(digest) => {
@@ -409,10 +423,10 @@ fn verify(mut args: VerifyArgs) -> CliResult {
         return print_json(&report);
     }
     crate::outln!(
-        "ok: {} ({}, {} bytes, {} chunk(s), sha256 {}{})",
+        "ok: {} ({}, {}, {} chunk(s), sha256 {}{})",
         args.logical.display(),
         report.form,
-        report.size,
+        crate::units::human_size(report.size),
         report.chunk_count,
         report.sha256,
         if against_sidecar {

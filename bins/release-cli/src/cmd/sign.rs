@@ -216,9 +216,9 @@ pub fn sign(a: SignArgs) -> CliResult {
             return print_json(&report(Some(true), Some(replaces)));
         }
         crate::outln!(
-            "dry run: would write {} ({} bytes{}): {} as {generation} release {release} with key {} (expires {} Unix seconds)",
+            "dry run: would write {} ({}{}): {} as {generation} release {release} with key {} (expires {})",
             output.display(),
-            text.len(),
+            crate::units::human_size(text.len() as u64),
             if replaces {
                 ", replacing the signature there"
             } else {
@@ -226,7 +226,7 @@ pub fn sign(a: SignArgs) -> CliResult {
             },
             a.manifest.display(),
             ids.join(" and "),
-            comment.expires,
+            crate::units::rfc3339(comment.expires.0),
         )?;
         return crate::outln!("nothing was changed; run the same command without --dry-run");
     }
@@ -237,10 +237,10 @@ pub fn sign(a: SignArgs) -> CliResult {
         return print_json(&report(None, None));
     }
     crate::outln!(
-        "signed {} as {generation} release {release} with key {} (expires {} Unix seconds): {}",
+        "signed {} as {generation} release {release} with key {} (expires {}): {}",
         a.manifest.display(),
         ids.join(" and "),
-        comment.expires,
+        crate::units::rfc3339(comment.expires.0),
         output.display()
     )?;
     // The public key `minisign -G` wrote beside the (first) secret key, when it is there.
@@ -330,10 +330,9 @@ pub fn verify(a: VerifyArgs) -> CliResult {
         Ok(c) => {
             if !a.json {
                 crate::outln!(
-                    "devices with these keys accept it: {generation} release {} (expires {} Unix \
-                     seconds)",
+                    "devices with these keys accept it: {generation} release {} (expires {})",
                     c.release,
-                    c.expires
+                    crate::units::rfc3339(c.expires.0)
                 )?;
             }
             Ok(())

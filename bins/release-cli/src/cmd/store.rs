@@ -27,8 +27,10 @@ pub(crate) fn store_error(e: artifact_store::Error) -> CliError {
 }
 
 fn read_manifest(path: &PathBuf) -> CliResult<Manifest> {
+    // A missing input file is exit 1, as for every command (an I/O failure, like manifest
+    // validate's).
     if let Err(e) = std::fs::metadata(path) {
-        return Err(CliError::usage(format!("{}: {e}", path.display())));
+        return Err(CliError::failure(format!("{}: {e}", path.display())));
     }
     let bytes = super::manifest::read_limited(path)?;
     Manifest::from_slice(&bytes)
@@ -85,7 +87,7 @@ pub struct PublishArgs {
     pub workspace: Option<release::Workspace>,
     /// Publish without a covering validation record or rehearsal (the whole gate is skipped);
     /// the reason and the uncovered cells are written into the publish record (`<manifest
-    /// stem>.publish.json` beside the manifest).
+    /// stem>.publish.<time>.json` beside the manifest, copied to `<manifest stem>.publish.json`).
     #[arg(long, value_name = "REASON")]
     pub skip_validation: Option<String>,
     /// Allow a github: store without an hf:// one although the Hub (--hub) does not serve this
@@ -101,7 +103,8 @@ pub struct PublishArgs {
     #[command(flatten)]
     pub access: StoreAccess,
     /// Print one JSON line per event (`{"event":…}`), then the report `{"dry_run","generation",
-    /// "models","stores":[…],"validation","publish_record"}` (see docs/release.md).
+    /// "models","stores":[…],"validation","publish_record","publish_history"}` (see
+    /// docs/release.md).
     #[arg(long)]
     pub json: bool,
     /// Sign the manifest with this minisign secret key and upload `model_names_<gen>.json.minisig`
@@ -195,8 +198,9 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             expires,
             keys,
         } => cli_support::info!(
-            "signing {generation} release {release} with key {} (expires {expires} Unix seconds)",
+            "signing {generation} release {release} with key {} (expires {})",
             keys.join(" and "),
+            crate::units::rfc3339(*expires),
         ),
         publish::Event::RemovingSignature { generation, reason } => eprintln!(
             "warning: publishing {generation} unsigned and removing its signature ({reason}); \
@@ -224,6 +228,9 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
     }
     if let Some(p) = &outcome.publish_record {
         crate::outln!("publish record: {}", p.display())?;
+    }
+    if let Some(p) = &outcome.publish_history {
+        crate::outln!("this publish's record (kept): {}", p.display())?;
     }
     if report.dry_run {
         cli_support::info!("next: run the same command without --dry-run to publish");
@@ -259,8 +266,10 @@ fn publish_error(e: release::Error) -> CliError {
     }
 }
 
-/// The text form of the upload's progress: a byte bar per store, one line per decision.
+/// The text form of the upload's progress: a byte bar per store, one line per decision. Paths
+/// are as the store holds them (a `github:` store's on its branch).
 fn render_store_event(e: &Event, bar: &mut Option<indicatif::ProgressBar>, dry_run: bool) {
+    use publish::path_in_store as at;
     match e {
         Event::StoreStarted {
             store,
@@ -275,16 +284,19 @@ fn render_store_event(e: &Event, bar: &mut Option<indicatif::ProgressBar>, dry_r
             }
         }
         Event::Retrying {
+            store,
             path,
             attempt,
             error,
             wait_ms,
-            ..
         } => eprintln!(
-            "warning: upload of {path} failed (attempt {attempt}): {error}; retrying in {:.1} s",
+            "warning: upload of {} failed (attempt {attempt}): {error}; retrying in {:.1} s",
+            at(store, path),
             *wait_ms as f64 / 1000.0
         ),
-        Event::Removed { path, .. } => cli_support::info!("removed {path}"),
+        Event::Removed { store, path } => {
+            cli_support::info!("{store}: removed {}", at(store, path))
+        }
         Event::Checked { store, models } => {
             if let Some(b) = bar.take() {
                 b.finish_and_clear()
@@ -309,12 +321,21 @@ fn render_store_event(e: &Event, bar: &mut Option<indicatif::ProgressBar>, dry_r
                 cli_support::info!("{store}: release guard passed against the live manifest")
             }
         }
-        Event::ManifestWritten { store, path } => cli_support::info!("{store}: wrote {path}"),
+        Event::ManifestWritten { store, path } => {
+            cli_support::info!("{store}: wrote {}", at(store, path))
+        }
         Event::ManifestUnchanged { store, path } => {
-            cli_support::info!("{store}: {path} already identical, not rewritten")
+            cli_support::info!(
+                "{store}: {} already identical, not rewritten",
+                at(store, path)
+            )
         }
         Event::Uploading { store, path, size } => {
-            cli_support::detail!("{store}: uploading {path} ({size} bytes)")
+            let path = at(store, path);
+            cli_support::detail!(
+                "{store}: uploading {path} ({})",
+                crate::units::human_size(*size)
+            )
         }
     }
 }
@@ -331,46 +352,57 @@ fn print_report(report: &PublishReport) {
     );
     for s in &report.stores {
         let _ = writeln!(out, "{}:", s.store);
+        let at = |path: &str| publish::path_in_store(&s.store, path);
         if report.dry_run {
             for step in &s.steps {
                 let _ = match step {
                     Step::Retract { path } => {
+                        let path = at(path);
                         writeln!(out, "  remove   {path} (chunks change under it)")
                     }
                     Step::Upload {
                         path, size, reason, ..
-                    } => writeln!(out, "  upload   {path} ({size} bytes, {reason})"),
+                    } => writeln!(
+                        out,
+                        "  upload   {} ({}, {reason})",
+                        at(path),
+                        crate::units::human_size(*size)
+                    ),
                     Step::RemoveShadowingPlain { path } => {
+                        let path = at(path);
                         writeln!(
                             out,
                             "  remove   {path} (plain file would shadow the chunk set)"
                         )
                     }
-                    Step::Skip { path, .. } => writeln!(out, "  present  {path}"),
+                    Step::Skip { path, .. } => writeln!(out, "  present  {}", at(path)),
                     Step::RemoveStale { path } => writeln!(
                         out,
-                        "  remove   {path} (an older split's, once the manifest is written)"
+                        "  remove   {} (an older split's, once the manifest is written)",
+                        at(path)
                     ),
                 };
             }
         } else {
             let _ = writeln!(
                 out,
-                "  uploaded {} file(s), {} bytes; {} already present",
-                s.uploaded_files, s.uploaded_bytes, s.skipped_files
+                "  uploaded {} file(s), {}; {} already present",
+                s.uploaded_files,
+                crate::units::human_size(s.uploaded_bytes),
+                s.skipped_files
             );
         }
         let _ = writeln!(
             out,
             "  manifest {}: {}",
-            s.manifest_path,
+            at(&s.manifest_path),
             s.manifest.replace('_', " ")
         );
         if let Some(sig) = s.signature {
             let _ = writeln!(
                 out,
                 "  signature {}{}: {}",
-                s.manifest_path,
+                at(&s.manifest_path),
                 manifest::signature::SIGNATURE_SUFFIX,
                 sig.replace('_', " ")
             );
@@ -474,14 +506,23 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
     bar.finish_and_clear();
     let report = report?;
     for c in &report.copied {
-        cli_support::detail!("copied {} -> {} ({} bytes)", c.from, c.to, c.size);
+        cli_support::detail!(
+            "copied {} -> {} ({})",
+            c.from,
+            c.to,
+            crate::units::human_size(c.size)
+        );
     }
     if args.json {
         return print_json(&report);
     }
     crate::outln!("model        {}", report.model)?;
     crate::outln!("sha256       {}", report.sha256)?;
-    crate::outln!("size         {}", report.size)?;
+    crate::outln!(
+        "size         {} ({} bytes)",
+        crate::units::human_size(report.size),
+        report.size
+    )?;
     crate::outln!("chunk_count  {}", report.chunk_count)?;
     crate::outln!(
         "copy         {}",
@@ -519,9 +560,9 @@ fn print_reuse_plan(plan: &ReusePlan, manifest: Option<&std::path::Path>, json: 
         return print_json(&v);
     }
     let mut text = format!(
-        "plan reuse {} ({} bytes, {} chunk(s), sha256 {}), {}\n  remove   {}\n",
+        "plan reuse {} ({}, {} chunk(s), sha256 {}), {}\n  remove   {}\n",
         plan.model,
-        plan.size,
+        crate::units::human_size(plan.size),
         plan.chunk_count,
         plan.sha256,
         if plan.server_side {
@@ -533,8 +574,10 @@ fn print_reuse_plan(plan: &ReusePlan, manifest: Option<&std::path::Path>, json: 
     );
     for c in &plan.copy {
         text.push_str(&format!(
-            "  copy     {} -> {} ({} bytes)\n",
-            c.from, c.to, c.size
+            "  copy     {} -> {} ({})\n",
+            c.from,
+            c.to,
+            crate::units::human_size(c.size)
         ));
     }
     for w in &plan.write {
@@ -624,6 +667,7 @@ pub fn serve_cmd(args: ServeArgs) -> CliResult {
         &args.github_repo,
         &args.github_branch,
     );
+    let stopping = cli_support::stop_on_signals();
     let server = Server::start(args.addr, config)
         .map_err(|e| CliError::failure(format!("cannot listen on {}: {e}", args.addr)))?;
     let hf_base = format!("{}/buckets/{}/resolve", server.url(), args.bucket);
@@ -654,6 +698,9 @@ pub fn serve_cmd(args: ServeArgs) -> CliResult {
     cli_support::info!(
         "next: device-modeld-manager --hf-base {hf_base} --github-base {github_base} refresh"
     );
-    server.wait();
+    // SIGTERM and SIGINT stop the server and end the command normally (exit 0).
+    cli_support::stop::wait_for(&stopping);
+    drop(server);
+    cli_support::info!("stopped");
     Ok(())
 }

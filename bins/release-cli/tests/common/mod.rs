@@ -127,6 +127,11 @@ pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf
             checked_by: "fixture".into(),
             checked_at: now,
             note: "written by the test".into(),
+            artifacts: m
+                .models()
+                .iter()
+                .filter_map(|e| Some((e.id().clone(), e.artifact_sha256()?)))
+                .collect(),
         };
         records::write(&release::Workspace::new(workspace).check(kind, res), &rec).unwrap();
     }
@@ -229,6 +234,18 @@ pub fn serve(args: &[&str]) -> Serving {
         .read_line(&mut first_line)
         .unwrap();
     Serving { child, first_line }
+}
+
+impl Serving {
+    /// Send `signal` (`TERM`, `INT`) with kill(1) and wait for the server to end; its status.
+    pub fn stop_with(&mut self, signal: &str) -> std::process::ExitStatus {
+        let sent = Command::new("kill")
+            .args([format!("-{signal}"), self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -{signal}");
+        self.child.wait().unwrap()
+    }
 }
 
 impl Drop for Serving {

@@ -103,42 +103,20 @@ pub(super) fn publish_one(
     }
 
     // 2. Every listed artifact complete and matching. In a dry run, what would be uploaded
-    // counts as there.
-    let would_upload: BTreeSet<&ModelId> = if opts.dry_run {
-        local
-            .iter()
-            .filter(|a| a.variant.is_none() && !a.files.is_empty())
-            .map(|a| &a.id)
-            .collect()
-    } else {
-        BTreeSet::new()
-    };
-    // Step 1 hashed every file of the models it uploaded (or found already there); the other
-    // listed models are re-hashed where that is cheap, or everywhere with --deep-verify.
-    let verified_in_step_1: BTreeSet<&ModelId> = if opts.dry_run {
-        BTreeSet::new()
-    } else {
-        local
-            .iter()
-            .filter(|a| a.variant.is_none() && !a.files.is_empty())
-            .map(|a| &a.id)
-            .collect()
-    };
-    let deep = opts.deep_verify || store.reads_are_local();
+    // counts as there. The models not uploaded were already checked (hashed where reads are
+    // local or with --deep-verify) before the first upload of any store
+    // (`super::check_before_upload`); step 1 hashed every file of the models it uploaded or
+    // found there. So this last look, right before the manifest, reads names and sizes only.
     let mut problems = Vec::new();
     let mut checked = 0;
     for entry in manifest.models() {
-        if entry.id().is_local() || would_upload.contains(entry.id()) {
+        if entry.id().is_local()
+            || (opts.dry_run && super::uploads_main_artifact(local, entry.id()))
+        {
             continue;
         }
         checked += 1;
-        check_entry(
-            store,
-            opts.generation,
-            entry,
-            deep && !verified_in_step_1.contains(entry.id()),
-            &mut problems,
-        )?;
+        check_entry(store, opts.generation, entry, false, &mut problems)?;
     }
     if !problems.is_empty() {
         return Err(Error::Incomplete {

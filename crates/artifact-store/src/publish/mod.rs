@@ -118,9 +118,15 @@ pub fn check_contract(
     Ok(())
 }
 
-/// What is refused before any store is written, so that a refusal changes nothing:
+/// What is refused before any store is written, so that a refusal changes nothing. A dry run
+/// and a real run both make exactly these checks, through this one function, before the first
+/// upload:
 /// - the release guard against each store's live manifest of this generation (run again right
 ///   before the manifest is written, against the manifest fetched then);
+/// - completeness: every listed model with no chunk set in `--artifacts <id>/` must be complete,
+///   matching (and, where reads are local or with `--deep-verify`, hash to its SHA-256) and an
+///   OOB container in every store; otherwise the publish would upload every other model to the
+///   first store and only then find the gap;
 /// - every `accelerator_artifacts` variant the manifest lists must be in `--artifacts <id>/`
 ///   (verified by [`prepare_local`]) or complete, matching and an OOB container in every store.
 fn check_before_upload(
@@ -152,6 +158,9 @@ fn check_before_upload(
         let deep = opts.deep_verify || store.reads_are_local();
         let mut problems = Vec::new();
         for entry in manifest.models().iter().filter(|e| !e.id().is_local()) {
+            if !uploads_main_artifact(local, entry.id()) {
+                inspect::check_entry(*store, opts.generation, entry, deep, &mut problems)?;
+            }
             let here: Vec<String> = local
                 .iter()
                 .filter(|a| &a.id == entry.id())
@@ -167,6 +176,14 @@ fn check_before_upload(
         }
     }
     Ok(())
+}
+
+/// Whether `--artifacts <id>/` holds the model's main chunk set (an empty `<id>/` directory, as
+/// after `reuse`, uploads nothing: the store's copy is checked instead).
+pub(crate) fn uploads_main_artifact(local: &[LocalArtifact], id: &ModelId) -> bool {
+    local
+        .iter()
+        .any(|a| &a.id == id && a.variant.is_none() && !a.files.is_empty())
 }
 
 /// Progress and decisions, as they happen.
