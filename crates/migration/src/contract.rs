@@ -30,7 +30,7 @@ pub enum ModelKind {
 }
 
 pub fn kind(id: &ModelId) -> ModelKind {
-    if canonical_id(id.as_str()) == layout::BUILTIN_MODEL_ID {
+    if is_builtin_id(id.as_str()) {
         ModelKind::BuiltIn
     } else if id.is_local() {
         ModelKind::Local
@@ -91,7 +91,7 @@ pub fn aliases(id: &str) -> Vec<String> {
 /// One step only (`deeprl3→deeprl33`, never on to `deeprl333`); unknown ids stay unchanged.
 pub fn map_to_catalog(id: &str, catalog: &BTreeSet<String>) -> String {
     let canonical = canonical_id(id);
-    if catalog.contains(canonical) || canonical == layout::BUILTIN_MODEL_ID {
+    if catalog.contains(canonical) || is_builtin_id(canonical) {
         return canonical.to_string();
     }
     let all = aliases(id);

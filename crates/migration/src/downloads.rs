@@ -106,7 +106,7 @@ pub fn downloadable(
                 .is_ok_and(|t| downloader::trust::target_rule(protected, &t).is_ok())
         })
         .filter(|e| {
-            e.id().as_str() != manifest::layout::BUILTIN_MODEL_ID
+            !crate::contract::is_builtin_id(e.id().as_str())
                 && downloader::egpu::in_download_all(e.uses_external_gpu(), chestnut)
         })
         .collect()
@@ -309,4 +309,31 @@ pub fn plan(
 
 fn free_bytes(device: &Device) -> u64 {
     downloader::space::available_bytes(&device.models_dir()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Regression: download-all compared ids with the built-in's literally, so a catalog entry
+    /// under the built-in's alias (`rdf` for `rdf43`) was downloaded as if it were another model.
+    #[test]
+    fn download_all_leaves_out_the_builtin_under_any_of_its_names() {
+        let entry = |id: &str| {
+            json!({"id": id, "name": id, "version": "v16",
+                "artifact_filename": format!("{id}_driving_tinygrad.pkl"),
+                "artifact_size": 10, "artifact_chunk_count": 1,
+                "artifact_sha256": "ab".repeat(32)})
+        };
+        let catalog = Manifest::from_value(json!({"models": [
+            entry("rdf43"), entry("rdf"), entry("pop223"),
+        ]}))
+        .unwrap();
+        let ids: Vec<&str> = downloadable(&catalog, downloader::egpu::Chestnut::Absent, false)
+            .into_iter()
+            .map(|e| e.id().as_str())
+            .collect();
+        assert_eq!(ids, ["pop223"]);
+    }
 }

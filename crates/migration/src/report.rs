@@ -467,7 +467,7 @@ fn verify_walk(
     let catalog = device.require_catalog()?;
     let mut models = Vec::new();
     if let Some(want) = only
-        && contract::canonical_id(want) == manifest::layout::BUILTIN_MODEL_ID
+        && contract::is_builtin_id(want)
     {
         models.push(InstalledModel {
             id: contract::builtin_id().to_string(),
