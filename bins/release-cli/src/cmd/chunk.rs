@@ -123,14 +123,23 @@ pub fn run(command: ChunkCommand) -> CliResult {
 fn oob(args: OobArgs) -> CliResult {
     let layout = chunker::check_oob(&args.logical)?;
     if args.json {
-        return print_json(&serde_json::json!({
-            "path": args.logical,
-            "size": layout.size,
-            "opcode_len": layout.opcode_len,
-            "protocol": layout.protocol,
-            "buffers": layout.buffers,
-            "buffer_bytes": layout.buffer_bytes,
-        }));
+        #[derive(serde::Serialize)]
+        struct OobReport<'a> {
+            path: &'a Path,
+            size: u64,
+            opcode_len: u64,
+            protocol: u8,
+            buffers: u64,
+            buffer_bytes: u64,
+        }
+        return print_json(&OobReport {
+            path: &args.logical,
+            size: layout.size,
+            opcode_len: layout.opcode_len,
+            protocol: layout.protocol,
+            buffers: layout.buffers,
+            buffer_bytes: layout.buffer_bytes,
+        });
     }
     crate::outln!(
         "{}: OOB pickle container, {}: {}-byte protocol-{} opcode stream and {} buffer(s) of {}",
@@ -212,10 +221,18 @@ fn split_dry_run(
 ) -> CliResult {
     let plan = chunker::plan_split(name, size, out_dir, opts)?;
     if args.json {
-        let mut v = serde_json::to_value(&plan).map_err(|e| CliError::failure(e.to_string()))?;
-        v["dry_run"] = true.into();
-        v["out_dir"] = serde_json::json!(out_dir);
-        return print_json(&v);
+        #[derive(serde::Serialize)]
+        struct SplitDryRun<'a, P: serde::Serialize> {
+            #[serde(flatten)]
+            plan: &'a P,
+            dry_run: bool,
+            out_dir: &'a Path,
+        }
+        return print_json(&SplitDryRun {
+            plan: &plan,
+            dry_run: true,
+            out_dir,
+        });
     }
     crate::outln!(
         "dry run: would split {} ({}) into {} chunk(s) in {}{}",
@@ -340,13 +357,21 @@ fn join_dry_run(args: &JoinArgs) -> CliResult {
     let report = report?;
     let replaces = args.output.exists();
     if args.json {
-        return print_json(&serde_json::json!({
-            "dry_run": true,
-            "output": args.output,
-            "size": report.size,
-            "sha256": report.sha256,
-            "replaces": replaces,
-        }));
+        #[derive(serde::Serialize)]
+        struct JoinDryRun<'a, D: serde::Serialize> {
+            dry_run: bool,
+            output: &'a Path,
+            size: u64,
+            sha256: &'a D,
+            replaces: bool,
+        }
+        return print_json(&JoinDryRun {
+            dry_run: true,
+            output: &args.output,
+            size: report.size,
+            sha256: &report.sha256,
+            replaces,
+        });
     }
     crate::outln!(
         "dry run: would write {} ({}, sha256 {}){}, joined from the {} artifact {}",

@@ -239,19 +239,28 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
             .map_err(|e| CliError::failure(e.to_string()))?;
     }
     if args.json {
-        let mut v = json!({
-            "manifest": args.manifest,
-            "model": id.as_str(),
-            "variant": args.variant,
-            "size": size,
-            "sha256": sha256.to_hex(),
-            "chunk_count": pieces.len(),
-            "chunk_sha256": chunk_sha256.iter().map(|d| d.to_hex()).collect::<Vec<_>>(),
-        });
-        if args.dry_run {
-            v["dry_run"] = true.into();
+        #[derive(serde::Serialize)]
+        struct SetArtifactReport<'a, V: serde::Serialize> {
+            manifest: &'a Path,
+            model: &'a str,
+            variant: &'a V,
+            size: u64,
+            sha256: String,
+            chunk_count: usize,
+            chunk_sha256: Vec<String>,
+            #[serde(skip_serializing_if = "std::ops::Not::not")]
+            dry_run: bool,
         }
-        return print_json(&v);
+        return print_json(&SetArtifactReport {
+            manifest: &args.manifest,
+            model: id.as_str(),
+            variant: &args.variant,
+            size,
+            sha256: sha256.to_hex(),
+            chunk_count: pieces.len(),
+            chunk_sha256: chunk_sha256.iter().map(|d| d.to_hex()).collect(),
+            dry_run: args.dry_run,
+        });
     }
     crate::outln!(
         "{}{}: {id} {}= {size} bytes, sha256 {sha256}, {} chunk(s) (with per-chunk digests)",
@@ -341,13 +350,32 @@ fn validate(args: ValidateArgs) -> CliResult {
         .map(|v| v.get_name().to_string())
         .unwrap_or_default();
     if args.json {
-        print_json(&json!({
-            "file": args.file,
-            "mode": mode,
-            "valid": problems.is_empty(),
-            "models": models,
-            "problems": problems.iter().map(|p| json!({"path": p.path, "message": p.message})).collect::<Vec<_>>(),
-        }))?;
+        #[derive(serde::Serialize)]
+        struct ProblemLine<'a> {
+            path: &'a str,
+            message: &'a str,
+        }
+        #[derive(serde::Serialize)]
+        struct ValidateReport<'a> {
+            file: &'a Path,
+            mode: &'a str,
+            valid: bool,
+            models: Option<usize>,
+            problems: Vec<ProblemLine<'a>>,
+        }
+        print_json(&ValidateReport {
+            file: &args.file,
+            mode: &mode,
+            valid: problems.is_empty(),
+            models,
+            problems: problems
+                .iter()
+                .map(|p| ProblemLine {
+                    path: &p.path,
+                    message: &p.message,
+                })
+                .collect(),
+        })?;
     } else if problems.is_empty() {
         crate::outln!(
             "ok: {} is a valid manifest ({} models, {mode} rules)",
@@ -384,7 +412,15 @@ fn fmt(args: FmtArgs) -> CliResult {
     if args.check {
         let is_canonical = canonical == original;
         if args.json {
-            print_json(&json!({"file": args.file, "canonical": is_canonical}))?;
+            #[derive(serde::Serialize)]
+            struct FmtCheck<'a> {
+                file: &'a Path,
+                canonical: bool,
+            }
+            print_json(&FmtCheck {
+                file: &args.file,
+                canonical: is_canonical,
+            })?;
         }
         return if is_canonical {
             Ok(())
@@ -405,11 +441,18 @@ fn fmt(args: FmtArgs) -> CliResult {
                 .map_err(|e| CliError::failure(e.to_string()))?;
         }
         if args.json {
-            let mut v = json!({"file": args.file, "changed": changed});
-            if args.dry_run {
-                v["dry_run"] = true.into();
+            #[derive(serde::Serialize)]
+            struct FmtWrite<'a> {
+                file: &'a Path,
+                changed: bool,
+                #[serde(skip_serializing_if = "std::ops::Not::not")]
+                dry_run: bool,
             }
-            return print_json(&v);
+            return print_json(&FmtWrite {
+                file: &args.file,
+                changed,
+                dry_run: args.dry_run,
+            });
         }
         let what = match (changed, args.dry_run) {
             (true, false) => "rewritten in canonical form".to_string(),
