@@ -16,6 +16,7 @@
 mod bench;
 mod bench_budget;
 mod bench_device;
+mod bench_github;
 mod ci;
 mod demo;
 mod dist;
