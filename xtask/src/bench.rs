@@ -22,6 +22,10 @@ fn settle() {
     unsafe { libc::sync() };
 }
 
+/// Split against the slower of its anchors (issue 27 item 1): hashing and durable writing
+/// overlap, so the split costs little more than the slower of the two alone.
+const SPLIT_BAR: f64 = 1.05;
+
 /// One line of the final table.
 pub struct Row {
     pub name: &'static str,
@@ -60,10 +64,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
             ));
         }
     }
-    for tool in ["curl"] {
+    for (tool, package) in [("curl", "curl"), ("aria2c", "aria2"), ("git", "git")] {
         if Command::new(tool).arg("--version").output().is_err() {
             return Err(format!(
-                "bench needs `{tool}` on PATH (apt-get install {tool})"
+                "bench needs `{tool}` on PATH (apt-get install {package})"
             ));
         }
     }
@@ -77,6 +81,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "device-modeld-manager",
         "-p",
         "test-support",
+    ])?;
+    // The GitHub publish contender: the library's publish, built like the binaries.
+    util::cargo(&[
+        "build",
+        "--release",
+        "--quiet",
+        "-p",
+        "artifact-store",
+        "--example",
+        "bench_github_publish",
     ])?;
     let bin = util::target_dir().join("release/release-cli");
 
@@ -95,6 +109,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut rows = Vec::new();
     rows.extend(chunker_rows(&bin, &work, &input)?);
     rows.extend(crate::bench_device::rows(&work, &input, download_mib)?);
+    rows.extend(crate::bench_github::rows(
+        &work,
+        &crate::bench_device::published_models(&work),
+    )?);
     rows.extend(crate::bench_budget::rows(&work)?);
     rows.extend(crate::bench_fallback::rows(&work)?);
 
@@ -190,8 +208,8 @@ fn chunker_rows(bin: &Path, work: &Path, input: &Path) -> Result<Vec<Row>, Strin
                 secs(dd)
             ),
             ratio: split_ratio,
-            bar: "<= 1.18 (1/0.85)",
-            pass: split_ratio <= 1.0 / 0.85,
+            bar: "<= 1.05",
+            pass: split_ratio <= SPLIT_BAR,
         },
         Row {
             name: "chunk split peak RSS (MiB)",
@@ -222,12 +240,12 @@ fn chunker_rows(bin: &Path, work: &Path, input: &Path) -> Result<Vec<Row>, Strin
 
 /// Buffer size of the bench artifact's OOB records: 1 MiB, so a 1 GiB artifact has 1024
 /// records (more than a compiled model has), each one a seek and an 8-byte read for the check.
-const OOB_BUFFER: u64 = 1 << 20;
+pub(crate) const OOB_BUFFER: u64 = 1 << 20;
 
 /// Turn the pseudo-random file into an out-of-band pickle container in place, as every v25
 /// artifact is: an 8-byte LE opcode length, a protocol-5 opcode stream ending in STOP, then
 /// (8-byte LE length, buffer) records of at most `buffer` bytes tiling the rest.
-fn frame_oob(path: &Path, len: u64, buffer: u64) -> Result<(), String> {
+pub(crate) fn frame_oob(path: &Path, len: u64, buffer: u64) -> Result<(), String> {
     use std::io::{Seek, SeekFrom};
     let err = |e: std::io::Error| format!("{}: {e}", path.display());
     let mut f = fs::OpenOptions::new().write(true).open(path).map_err(err)?;

@@ -1,7 +1,10 @@
 //! Device-side benchmarks: `device-modeld-manager` against the throttled local origin
 //! (`test-http-server`, which limits each connection's bandwidth and adds latency, as the Hub's
-//! CDN does per connection), with `curl` over one connection as the anchor; then verification of
-//! an installed model against `openssl dgst -sha256` on the same file, and the cached re-check.
+//! CDN does per connection), with `curl` over one connection as the anchor; our verified, durable
+//! install (download, SHA-256, fsync, rename) against `aria2c` downloading the same chunks over as
+//! many connections (download only: no verification, no fsync) and against the link limit (the
+//! bytes at every connection's full rate); then verification of an installed model against
+//! `openssl dgst -sha256` on the same file, and the cached re-check.
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -20,6 +23,9 @@ const RATE_PER_CONN: u64 = 32 << 20;
 const LATENCY_MS: u64 = 20;
 const CONNECTIONS: &str = "8";
 const RANGES_PER_CHUNK: &str = "2";
+/// aria2c at the same connection count: this many chunks at once, each over
+/// [`RANGES_PER_CHUNK`] connections (`-j 4 -x 2 -s 2`).
+const ARIA2C_FILES_AT_ONCE: &str = "4";
 
 /// Kills the origin server when the bench ends, however it ends.
 pub(crate) struct Server(Child);
@@ -29,6 +35,12 @@ impl Drop for Server {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Where [`rows`] leaves the chunk set of the model it downloads (`<id>/<id>_driving_tinygrad.pkl.*`
+/// in the bucket layout of one generation), for the GitHub publish bench.
+pub fn published_models(work: &Path) -> PathBuf {
+    work.join("origin/hf/models").join(GENERATION)
 }
 
 pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, String> {
@@ -46,6 +58,8 @@ pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, Stri
     let small_name = format!("{SMALL_ID}_driving_tinygrad.pkl");
     let small = work.join(&small_name);
     write_pseudo_random(&small.to_path_buf(), download_mib << 20)?;
+    // Framed as every v25 artifact is, so that the GitHub publish bench can publish it too.
+    crate::bench::frame_oob(&small, download_mib << 20, crate::bench::OOB_BUFFER)?;
     run_ok(
         Command::new(&cli)
             .args(["chunk", "split"])
@@ -120,6 +134,59 @@ pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, Stri
         return Err(format!("download did not install {}", installed.display()));
     }
 
+    eprintln!(
+        "bench: aria2c -j {ARIA2C_FILES_AT_ONCE} -x {RANGES_PER_CHUNK} -s {RANGES_PER_CHUNK} ({CONNECTIONS} connections), download only"
+    );
+    let aria_dir = work.join("aria2c");
+    let url_list = work.join("aria2c-urls.txt");
+    fs::write(&url_list, chunk_urls.join("\n") + "\n").map_err(|e| e.to_string())?;
+    let aria2c = best_of(
+        2,
+        || {
+            let _ = fs::remove_dir_all(&aria_dir);
+            let _ = fs::create_dir_all(&aria_dir);
+        },
+        || {
+            let mut c = Command::new("aria2c");
+            c.args([
+                "--quiet=true",
+                "-j",
+                ARIA2C_FILES_AT_ONCE,
+                "-x",
+                RANGES_PER_CHUNK,
+                "-s",
+                RANGES_PER_CHUNK,
+                "-k",
+                "1M",
+                "--file-allocation=none",
+                "--allow-overwrite=true",
+                "--auto-file-renaming=false",
+                "--check-certificate=false",
+            ])
+            .arg("-d")
+            .arg(&aria_dir)
+            .arg("-i")
+            .arg(&url_list);
+            quiet(&mut c)
+        },
+    )?;
+    let fetched: u64 = fs::read_dir(&aria_dir)
+        .map_err(|e| e.to_string())?
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    if fetched != download_mib << 20 {
+        return Err(format!(
+            "aria2c fetched {fetched} bytes, not {}",
+            download_mib << 20
+        ));
+    }
+    let _ = fs::remove_dir_all(&aria_dir);
+    let connections: u64 = CONNECTIONS.parse().expect("a number");
+    // Every connection at full rate the whole time, plus one round trip to start.
+    let limit_s = (download_mib << 20) as f64 / (connections * RATE_PER_CONN) as f64
+        + LATENCY_MS as f64 / 1000.0;
+
     eprintln!("bench: verify an installed {} MiB model", big_size >> 20);
     let big_installed = device
         .join("models")
@@ -157,6 +224,28 @@ pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, Stri
             ratio: speedup,
             bar: ">= 3.0",
             pass: speedup >= 3.0,
+        },
+        Row {
+            name: "verified install speed / aria2c",
+            ours: secs(ours),
+            anchor: format!(
+                "{} (aria2c, {CONNECTIONS} conns, download only)",
+                secs(aria2c)
+            ),
+            ratio: aria2c.wall.as_secs_f64() / ours.wall.as_secs_f64(),
+            bar: ">= 1.0",
+            pass: aria2c.wall.as_secs_f64() / ours.wall.as_secs_f64() >= 1.0,
+        },
+        Row {
+            name: "verified install speed / link limit",
+            ours: secs(ours),
+            anchor: format!(
+                "{limit_s:.3} s ({CONNECTIONS} x {} MiB/s + {LATENCY_MS} ms)",
+                RATE_PER_CONN >> 20
+            ),
+            ratio: limit_s / ours.wall.as_secs_f64(),
+            bar: ">= 0.9",
+            pass: limit_s / ours.wall.as_secs_f64() >= 0.9,
         },
         Row {
             name: "device download peak RSS (MiB)",
@@ -252,11 +341,24 @@ pub(crate) fn start_server(bin: &PathBuf, dir: &Path) -> Result<(Server, String)
     Ok((server, url))
 }
 
-/// `device-modeld-manager` against a bench device dir and the local origin (both benches use it).
+/// `device-modeld-manager` against a bench device dir and the local origin (both benches use it),
+/// with an openpilot tree (`DEVICE/openpilot`) that runs the current generation's tinygrad pin,
+/// written here on first use.
 pub(crate) fn device_command(dmm: &Path, device: &Path, url: &str, args: &[&str]) -> Command {
+    let openpilot = device.join("openpilot");
+    let marker = openpilot.join("tinygrad_repo/TINYGRAD_COMMIT");
+    if !marker.is_file() {
+        let _ = fs::create_dir_all(marker.parent().expect("a parent"));
+        let _ = fs::write(
+            &marker,
+            format!("{}\n", manifest::layout::current_tinygrad_commit()),
+        );
+    }
     let mut c = Command::new(dmm);
     c.arg("--data-dir")
         .arg(device)
+        .arg("--openpilot-dir")
+        .arg(&openpilot)
         .arg("--memory-params-dir")
         .arg(device.join("shm"))
         .arg("--builtin-dir")

@@ -17,6 +17,7 @@ mod bench;
 mod bench_budget;
 mod bench_device;
 mod bench_fallback;
+mod bench_github;
 mod ci;
 mod demo;
 mod dist;

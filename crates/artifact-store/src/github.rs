@@ -5,9 +5,15 @@
 //!   a fetch: publishing from such a tree would push someone else's changes or fail halfway.
 //! - Store paths are in the bucket layout and mapped to the branch layout
 //!   (`model_names_<gen>.json`, `<gen>/<id>/<file>`) by `manifest::layout` ([`StoreLayout::translate`]).
-//! - Every write is one commit and one push, so every push stays under GitHub's 100 MB limit
-//!   (chunks are 45 MiB) and an interrupted publish leaves whole files on the remote. Publish
-//!   writes the manifest last.
+//! - Every write is one commit (one whole file), so an interrupted publish leaves only whole
+//!   files on the remote. Pushes are batched ([`push_due`]): a chunk or a `.sha256` sidecar, which
+//!   make nothing visible on their own, wait in the checkout until the write that completes
+//!   something (a `.chunkmanifest`, a manifest, a signature, any removal), until
+//!   [`PUSH_BATCH_BYTES`] wait, or until [`Store::flush`]; one push then carries all of them, so
+//!   a model's chunks go up in one push instead of one each (issue 27 item 5). Each push stays far
+//!   under GitHub's limits (100 MB per file: chunks are 45 MiB; 2 GiB per push). The remote only
+//!   ever moves from one commit of the sequence to a later one, so it passes through a subset of
+//!   the states one push per file would show. Publish writes the manifest last.
 //!
 //! Reads come from the working tree, which the checks above keep equal to the remote branch.
 //!
@@ -29,7 +35,7 @@ use std::ffi::OsStr;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chunker::atomic::temp_owner;
@@ -60,6 +66,50 @@ pub struct GithubStore {
     files: LocalStore,
     /// The checkout's publish lock, held while the store lives (module docs).
     _lock: Option<Arc<std::fs::File>>,
+    /// Commits this store made and has not pushed yet (shared by clones).
+    unpushed: Arc<Mutex<Unpushed>>,
+}
+
+/// Commits made and not yet pushed, and the bytes of the files they wrote.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Unpushed {
+    pub commits: u32,
+    pub bytes: u64,
+}
+
+/// Every git command of the store runs with this: a file over 1 MiB (every chunk) is stored
+/// deflated once, straight into a pack, and never tried as a delta base or target. A chunk is
+/// incompressible weights that no other chunk resembles, so git's delta search over 45 MiB
+/// blobs (its default threshold is 512 MiB) and the push's re-deflate of loose objects were
+/// CPU spent for nothing; the push now sends the packed bytes as they are (issue 27 item 5).
+const BIG_FILE_THRESHOLD: &str = "core.bigFileThreshold=1m";
+
+/// Most bytes of committed files that wait for a push ([`push_due`]): a quarter of a
+/// GiB, far under GitHub's 2 GiB per push, and several 45 MiB chunks per push.
+pub const PUSH_BATCH_BYTES: u64 = 256 << 20;
+
+/// Whether a commit that just wrote `file_name` (the file name of a branch-layout path) must be
+/// pushed now, with `waiting` the commits not pushed yet (this one included). Pure.
+///
+/// A chunk (`NAME.chunkNNofMM`) or a `.sha256` sidecar makes nothing visible by itself: a chunk
+/// set is present only once its `.chunkmanifest` is (docs/formats.md, "Reading"), so these wait
+/// until [`PUSH_BATCH_BYTES`] have piled up. Everything else (a chunk manifest, a generation
+/// manifest, a signature, a plain artifact) completes something and is pushed at once, with
+/// every commit before it.
+pub fn push_due(file_name: &str, waiting: Unpushed) -> bool {
+    if waiting.commits == 0 {
+        return false;
+    }
+    let waits = is_chunk_file(file_name) || file_name.ends_with(".sha256");
+    !waits || waiting.bytes >= PUSH_BATCH_BYTES
+}
+
+/// `NAME.chunkNNofMM` with a non-empty `NAME`.
+fn is_chunk_file(file_name: &str) -> bool {
+    file_name
+        .rfind(".chunk")
+        .filter(|&i| i > 0)
+        .is_some_and(|i| chunker::parse_chunk_name(&file_name[..i], file_name).is_some())
 }
 
 /// How long [`GithubStore::open`] waits for another publish to the same checkout, or the `git
@@ -93,6 +143,7 @@ impl GithubStore {
             branch: branch.to_string(),
             remote: "origin".to_string(),
             _lock: None,
+            unpushed: Arc::default(),
         };
         if store.checkout.join(".git").exists() {
             let git_dir = PathBuf::from(store.git(["rev-parse", "--absolute-git-dir"])?);
@@ -309,7 +360,7 @@ impl GithubStore {
     /// Push `HEAD` to the branch. A rejection (the remote moved, a protected branch, no
     /// permission) is reported at once with what to do; only transport failures are retried.
     fn push(&self) -> Result<()> {
-        match self.git([
+        let pushed = match self.git([
             "push",
             "--quiet",
             &self.remote,
@@ -322,7 +373,16 @@ impl GithubStore {
                 stderr,
             }),
             other => other.map(|_| ()),
+        };
+        if pushed.is_ok() {
+            *self.unpushed.lock().unwrap_or_else(|p| p.into_inner()) = Unpushed::default();
         }
+        pushed
+    }
+
+    /// The commits this store made and has not pushed yet.
+    pub fn unpushed(&self) -> Unpushed {
+        *self.unpushed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn git<I, S>(&self, args: I) -> Result<String>
@@ -344,6 +404,7 @@ impl GithubStore {
             .git_command()
             .arg("-C")
             .arg(&self.checkout)
+            .args(["-c", BIG_FILE_THRESHOLD])
             .args(&args)
             // Never wait for a password prompt: fail and say so.
             .env("GIT_TERMINAL_PROMPT", "0")
@@ -380,9 +441,16 @@ impl GithubStore {
         })
     }
 
-    /// Commit `rel` (already staged or removed) if it changed, then push. Idempotent: after a
-    /// failed push, calling it again pushes the existing commit.
-    fn commit_and_push(&self, rel: &StorePath, message: &str) -> Result<()> {
+    /// Commit `rel` (already staged or removed) if it changed, `bytes` long, then push if
+    /// [`push_due`] (or `push_now`) says so. Idempotent: after a failed push, calling it again
+    /// pushes the existing commits.
+    fn commit_and_push(
+        &self,
+        rel: &StorePath,
+        message: &str,
+        bytes: u64,
+        push_now: bool,
+    ) -> Result<()> {
         let unchanged = self
             .git_command()
             .arg("-C")
@@ -391,10 +459,21 @@ impl GithubStore {
             .status()
             .map_err(|source| self.git_failed(source))?
             .success();
-        if !unchanged {
-            self.git(["commit", "--quiet", "-m", message, "--", rel.as_str()])?;
+        let waiting = {
+            let mut u = self.unpushed.lock().unwrap_or_else(|p| p.into_inner());
+            if !unchanged {
+                self.git(["commit", "--quiet", "-m", message, "--", rel.as_str()])?;
+                u.commits += 1;
+                u.bytes += bytes;
+            }
+            *u
+        };
+        if push_now || push_due(rel.file_name(), waiting) || (unchanged && waiting.commits == 0) {
+            // Unchanged and nothing waiting: push anyway, in case an earlier attempt committed
+            // and then failed to push (the remote may be behind).
+            self.push()?;
         }
-        self.push()
+        Ok(())
     }
 }
 
@@ -509,7 +588,7 @@ impl Store for GithubStore {
         let rel = self.branch_path(path)?;
         let n = self.files.write(&rel, src)?;
         self.git(["add", "--", rel.as_str()])?;
-        self.commit_and_push(&rel, &format!("Publish {rel}"))?;
+        self.commit_and_push(&rel, &format!("Publish {rel}"), n, false)?;
         Ok(n)
     }
 
@@ -565,8 +644,16 @@ impl Store for GithubStore {
             return Ok(false);
         }
         self.git(["rm", "--quiet", "--", rel.as_str()])?;
-        self.commit_and_push(&rel, &format!("Remove {rel}"))?;
+        self.commit_and_push(&rel, &format!("Remove {rel}"), 0, true)?;
         Ok(true)
+    }
+
+    /// Push the commits [`push_due`] let wait.
+    fn flush(&self) -> Result<()> {
+        if self.unpushed().commits > 0 {
+            self.push()?;
+        }
+        Ok(())
     }
 }
 
@@ -601,6 +688,52 @@ mod tests {
         ));
         assert!(!is_resumable(""));
         assert!(!is_resumable("Publish a\nmy own fix"));
+    }
+
+    #[test]
+    fn pushes_wait_for_the_file_that_completes_something_or_a_full_batch() {
+        // A made-up next generation with a made-up pin changes nothing: the rule reads only
+        // the file's kind.
+        for generation in ["v25", "v26"] {
+            let chunk = format!("{generation}/pop/pop_driving_tinygrad.pkl.chunk02of04");
+            let sidecar = format!("{generation}/pop/pop_driving_tinygrad.pkl.sha256");
+            let set = format!("{generation}/pop/pop_driving_tinygrad.pkl.chunkmanifest");
+            let plain = format!("{generation}/pop/pop_driving_tinygrad.pkl");
+            let manifest = format!("model_names_{generation}.json");
+            let signature = format!("model_names_{generation}.json.minisig");
+            let w = |commits, bytes| Unpushed { commits, bytes };
+            let full = PUSH_BATCH_BYTES;
+            for (path, waiting, due) in [
+                // Nothing committed: nothing to push.
+                (&set, w(0, 0), false),
+                (&chunk, w(0, full), false),
+                // Chunks and sidecars wait for their chunk manifest, or a full batch.
+                (&chunk, w(1, 45 << 20), false),
+                (&chunk, w(5, full - 1), false),
+                (&chunk, w(6, full), true),
+                (&sidecar, w(4, 180 << 20), false),
+                (&sidecar, w(7, full + 1), true),
+                // What completes something goes at once, with everything before it.
+                (&set, w(1, 1), true),
+                (&set, w(6, 180 << 20), true),
+                (&plain, w(1, 45 << 20), true),
+                (&manifest, w(1, 900), true),
+                (&signature, w(2, 300), true),
+            ] {
+                let name = path.rsplit('/').next().unwrap();
+                assert_eq!(push_due(name, waiting), due, "{path} {waiting:?}");
+            }
+        }
+        // Only the exact chunk form waits.
+        for (name, chunk) in [
+            ("m.pkl.chunk01of02", true),
+            ("m.pkl.chunk1of2", false),
+            (".chunk01of02", false),
+            ("m.pkl.chunk01of02.bak", false),
+            ("m.pkl.chunkmanifest", false),
+        ] {
+            assert_eq!(is_chunk_file(name), chunk, "{name}");
+        }
     }
 
     #[test]

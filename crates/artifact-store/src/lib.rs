@@ -5,7 +5,7 @@
 //! - [`LocalStore`]: a directory, written atomically through `chunker::atomic`;
 //! - [`HfBucketStore`]: a Hugging Face bucket, read over HTTP (resolve URLs and the tree API),
 //!   written and copied server-side through the `hf` CLI;
-//! - [`GithubStore`]: a checkout of the `Models` branch, one commit and push per file;
+//! - [`GithubStore`]: a checkout of the `Models` branch, one commit per file, one push per model;
 //! - [`publish`]: chunks, then `.sha256`, then `.chunkmanifest`, then a completeness check, the
 //!   release guard against the freshly fetched live manifest, and the manifest last;
 //! - [`reuse`]: adopt a compatible artifact by server-side copy, renamed to the stable ID;

@@ -62,6 +62,13 @@ pub trait Store: Send + Sync {
     /// Delete a file; `Ok(false)` when it was not there.
     fn delete(&self, path: &StorePath) -> Result<bool>;
 
+    /// Make every write so far visible to the store's readers. A backend that holds writes
+    /// back to send them together (the GitHub checkout batches its pushes) sends them now;
+    /// for the others every write is visible once it returns and this does nothing.
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Whether reading a file costs only local disk I/O (a directory, a git checkout). Publish
     /// then re-hashes every listed artifact it did not just verify, because a sidecar that
     /// agrees with the manifest cannot catch a chunk corrupted in place at the same size.

@@ -142,7 +142,7 @@ fn write_first_chunk(w: &World) -> String {
 #[test]
 fn every_state_an_interrupted_github_publish_leaves_resumes_without_repair() {
     type Make = fn(&World);
-    let states: [(&str, Make); 8] = [
+    let states: [(&str, Make); 9] = [
         ("written, not added", |w| {
             write_first_chunk(w);
         }),
@@ -158,6 +158,24 @@ fn every_state_an_interrupted_github_publish_leaves_resumes_without_repair() {
                 let g = git_dir(&w.remote.checkout);
                 fs::write(g.join("index.lock"), b"").unwrap();
                 fs::write(g.join("refs/heads/Models.lock"), b"").unwrap();
+            },
+        ),
+        (
+            "a batch committed, not pushed: every chunk of wm9 waits",
+            |w| {
+                for i in 1..=3 {
+                    let rel = format!("{WM9}.chunk{i:02}of03");
+                    let src = w
+                        .dir2
+                        .join(format!("wm9/wm9_driving_tinygrad.pkl.chunk{i:02}of03"));
+                    fs::create_dir_all(w.remote.checkout.join("v25/wm9")).unwrap();
+                    fs::copy(src, w.remote.checkout.join(&rel)).unwrap();
+                    git(&w.remote.checkout, &["add", "--", &rel]);
+                    git(
+                        &w.remote.checkout,
+                        &["commit", "--quiet", "-m", &format!("Publish {rel}")],
+                    );
+                }
             },
         ),
         ("committed, not pushed", |w| {
@@ -336,4 +354,52 @@ fn the_stores_git_commands_inherit_the_publish_lock() {
         counts.lines().all(|l| l.trim() == "1"),
         "every commit's hook held the lock: {counts:?}"
     );
+}
+
+/// Pushes are batched (issue 27 item 5): a model's chunks and sidecar wait in the checkout and
+/// go up in one push with its chunk manifest, and the manifest in one more, while every file
+/// is still a commit of its own (so an interrupted publish leaves only whole files). Each push
+/// the remote received left it at a commit of the publish's sequence with whole files only.
+#[test]
+fn a_publish_pushes_once_per_model_and_once_for_the_manifest() {
+    let w = world();
+    let pushes = w.remote.bare.parent().unwrap().join("pushes");
+    let hook = w.remote.bare.join("hooks/post-receive");
+    fs::write(&hook, format!("#!/bin/sh\ncat >> '{}'\n", pushes.display())).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&hook, fs::Permissions::from_mode(0o755)).unwrap();
+    let before = w.remote.remote_subjects().len();
+    let store = GithubStore::open(&w.remote.checkout, "Models").unwrap();
+    publish(&w.m2, &w.dir2, &[&store], &opts(), &mut |_| {}).unwrap();
+    assert_eq!(
+        store.unpushed(),
+        Default::default(),
+        "nothing left unpushed"
+    );
+    drop(store);
+    let subjects = w.remote.remote_subjects();
+    // wm9: three chunks, the sidecar, the chunk manifest; then the generation's manifest.
+    assert_eq!(
+        subjects[before..],
+        [
+            format!("Publish {WM9}.chunk01of03"),
+            format!("Publish {WM9}.chunk02of03"),
+            format!("Publish {WM9}.chunk03of03"),
+            format!("Publish {WM9}.sha256"),
+            format!("Publish {WM9}.chunkmanifest"),
+            "Publish model_names_v25.json".to_string(),
+        ]
+    );
+    let log = fs::read_to_string(&pushes).unwrap();
+    let pushed: Vec<&str> = log.lines().map(|l| l.split(' ').nth(1).unwrap()).collect();
+    assert_eq!(
+        pushed.len(),
+        2,
+        "one push for wm9, one for the manifest: {log}"
+    );
+    // The first push left the remote at wm9's chunk manifest commit: the set whole, the
+    // generation's manifest not yet changed.
+    let first = git(&w.remote.bare, &["log", "-1", "--format=%s", pushed[0]]);
+    assert_eq!(first.trim(), format!("Publish {WM9}.chunkmanifest"));
+    rerun_and_check(&w, "after a batched publish");
 }

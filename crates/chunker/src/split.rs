@@ -1,11 +1,13 @@
 //! Streaming split of one artifact into a chunk set.
 //!
-//! One pass over the input, in a pipeline of four threads that pass a small fixed pool of buffers
-//! along: the reader hashes the whole artifact, the chunk hasher hashes each chunk, the writer
-//! writes each chunk to a temporary file, and the syncer fsyncs finished chunks while the next
-//! ones are written. The two SHA-256 passes every byte needs run on two cores, and writing and
-//! fsync run beside them, so the split is bounded by the slower of hashing and durable writing
-//! rather than by their sum. The writer uses O_DIRECT when the chunk size is aligned (see
+//! One pass over the input, in a pipeline of five threads that pass a small fixed pool of buffers
+//! along: the reader fills them, the whole hasher hashes the whole artifact, the chunk hasher
+//! hashes each chunk, the writer writes each chunk to a temporary file, and the syncer fsyncs
+//! finished chunks while the next ones are written. The two SHA-256 passes every byte needs run
+//! on two cores, and reading (a copy out of the page cache), writing and fsync run beside them,
+//! so the split is bounded by the slower of hashing and durable writing rather than by their
+//! sum. The copy has a thread of its own so that the scheduler can spread it over both cores:
+//! done by one of the hashers, it made that hasher the bottleneck (issue 27 item 1). The writer uses O_DIRECT when the chunk size is aligned (see
 //! [`AtomicFile::write_piece`]): copying into the page cache and writing it back would otherwise
 //! take CPU time from the two hashes. Memory is the buffer pool whatever the artifact size.
 //!
@@ -269,15 +271,18 @@ pub fn stage_reader<R: Read>(
         direct: opts.chunk_size.is_multiple_of(DIRECT_ALIGN as u64),
     };
 
+    let (read_tx, read_rx) = sync_channel::<(Buf, usize)>(BUFFERS_IN_FLIGHT);
     let (hashed_tx, hashed_rx) = sync_channel::<(Buf, usize)>(BUFFERS_IN_FLIGHT);
     let chunk_size = opts.chunk_size;
-    let (read_result, digests, write_result) = thread::scope(|scope| {
+    let (read_result, whole, digests, write_result) = thread::scope(|scope| {
+        let whole = scope.spawn(move || hash_whole(read_rx, full_tx));
         let hasher = scope.spawn(move || hash_chunks(chunk_size, full_rx, hashed_tx));
         let writer = scope.spawn(move || write_chunks(writer_cfg, hashed_rx, empty_tx));
-        let read_result = read_and_hash(&mut reader, size, full_tx, empty_rx);
+        let read_result = read_input(&mut reader, size, read_tx, empty_rx);
+        let whole = whole.join().expect("whole-artifact hasher panicked");
         let digests = hasher.join().expect("chunk hasher panicked");
         let write_result = writer.join().expect("chunk writer panicked");
-        (read_result, digests, write_result)
+        (read_result, whole, digests, write_result)
     });
     // A writer error explains a reader's broken pipe, so report it first.
     let mut staged = write_result?;
@@ -293,7 +298,7 @@ pub fn stage_reader<R: Read>(
     for (chunk, digest) in staged.chunks.iter_mut().zip(digests) {
         chunk.sha256 = digest;
     }
-    let (whole, read_total) = read_result?;
+    let read_total = read_result?;
     if read_total != size {
         return Err(Error::InputChanged {
             path: out_dir.join(name),
@@ -417,15 +422,14 @@ fn planned_count(name: &str, size: u64, chunk_size: u64) -> Result<u32> {
     Ok(needed as u32)
 }
 
-/// Reader side: fill buffers, hash the whole artifact, hand buffers to the writer. Reads at most
-/// `size + 1` bytes so that a growing input is noticed without reading it all.
-fn read_and_hash<R: Read>(
+/// Reader side: fill buffers and hand them on. Reads at most `size + 1` bytes so that a growing
+/// input is noticed without reading it all; returns the bytes read.
+fn read_input<R: Read>(
     reader: &mut R,
     size: u64,
     full_tx: SyncSender<(Buf, usize)>,
     empty_rx: Receiver<Buf>,
-) -> Result<(Sha256Digest, u64)> {
-    let mut hasher = Hasher::new();
+) -> Result<u64> {
     let mut total = 0u64;
     let limit = size + 1;
     while total < limit {
@@ -449,12 +453,23 @@ fn read_and_hash<R: Read>(
         if total > size {
             break; // the input grew; report it, do not write past the declared size
         }
-        hasher.update(&buf[..n]);
         if full_tx.send((buf, n)).is_err() {
             break;
         }
     }
-    Ok((hasher.finish(), total))
+    Ok(total)
+}
+
+/// Hashing stage: the SHA-256 of the whole artifact; buffers go on to the chunk hasher.
+fn hash_whole(read_rx: Receiver<(Buf, usize)>, full_tx: SyncSender<(Buf, usize)>) -> Sha256Digest {
+    let mut hasher = Hasher::new();
+    for (buf, len) in read_rx {
+        hasher.update(&buf[..len]);
+        if full_tx.send((buf, len)).is_err() {
+            break; // a later stage stopped; its error is reported by the caller
+        }
+    }
+    hasher.finish()
 }
 
 /// Read until `buf` is full or EOF.

@@ -94,6 +94,14 @@ pub(super) fn publish_one(
                 run_step(store, art, step, opts.retry, &mut rep, on_event)?;
             }
         }
+        // Uploads a backend held back (the GitHub store's batched pushes) go out now, before
+        // the store is checked and its manifest written.
+        opts.retry.run(
+            &name,
+            "(writes not yet pushed)",
+            |_, _, _| {},
+            || store.flush(),
+        )?;
     } else {
         rep.skipped_files = rep
             .steps

@@ -196,6 +196,9 @@ impl<S: Store> Store for Recording<S> {
         self.log.lock().unwrap().push(format!("delete {path}"));
         Ok(r)
     }
+    fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// One raw HTTP/1.1 exchange (no URL normalisation, unlike an HTTP client library), returning
