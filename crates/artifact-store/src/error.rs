@@ -570,6 +570,17 @@ impl NextStep for Error {
             }
             Error::UploadFailed { last, .. } => last.next_step(),
             Error::Refused(r) => r.next_step(),
+            Error::Key {
+                path,
+                problem: crate::signing::KeyProblem::WrongPassphrase,
+            } => Some(format!(
+                "retype it, or correct {env} (unset it to be asked on a terminal); try the \
+                 passphrase alone with `minisign -S -s {key} -m /dev/null -x /dev/null` (signs \
+                 nothing, writes nothing); a forgotten passphrase cannot be recovered: make a new \
+                 key and rotate to it (docs/release.md, \"Key rotation\")",
+                env = crate::signing::PASSPHRASE_ENV,
+                key = path.display()
+            )),
             Error::Key { problem, .. } => problem.next_step(),
             Error::ReuseRefused(r) => r.next_step(),
             Error::Manifest(e) => e.next_step(),

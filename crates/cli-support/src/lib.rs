@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 
 use clap_complete::Shell;
 
+pub mod hints;
 pub mod progress;
 
 /// The completion script for `shell`, for a binary installed as `bin`.

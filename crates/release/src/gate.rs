@@ -676,13 +676,18 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
             .iter()
             .find(|c| c.check == kind && c.resolution == res);
         let flag = res.map_or(String::new(), |r| format!(" --resolution {r}"));
+        // The record's pin: the manifest's, or the checkout's when the manifest has none.
+        let pin_flag = pin.as_ref().map_or(" --openpilot DIR".to_string(), |p| {
+            format!(" --tinygrad-commit {p}")
+        });
         match found {
             None => cov.gaps.push((
                 cell,
                 Gap::Missing {
                     next: format!(
                         "check it on the device, then `release-cli validate --check {kind}{flag} \
-                         --passed --note TEXT --workspace WS`"
+                         --passed --note TEXT --by NAME{pin_flag} --workspace WS` (TEXT: what \
+                         you saw; NAME: who checked)"
                     ),
                 },
             )),
@@ -792,6 +797,25 @@ pub enum GateOutcome {
     },
 }
 
+/// A gap line with the placeholder `--workspace WS` of its command replaced by the workspace the
+/// records were read from, so the command runs as printed (a path with a space is quoted).
+pub fn fill_workspace(line: &str, workspace: Option<&std::path::Path>) -> String {
+    let Some(ws) = workspace else {
+        return line.to_string();
+    };
+    let shown = ws.display().to_string();
+    let quoted = if shown.is_empty()
+        || shown
+            .chars()
+            .any(|c| !(c.is_ascii_alphanumeric() || "/._-+:@%,=".contains(c)))
+    {
+        format!("'{}'", shown.replace('\'', "'\\''"))
+    } else {
+        shown
+    };
+    line.replace("--workspace WS`", &format!("--workspace {quoted}`"))
+}
+
 /// The gate: publish when the records cover the matrix, or when the release engineer skipped
 /// validation with a reason; otherwise refuse with every gap. `coverage` is `None` when no
 /// workspace was given (then only a skip lets the publish through).
@@ -800,7 +824,12 @@ pub fn decide(
     coverage: Option<&Coverage>,
     skip_reason: Option<&str>,
 ) -> crate::Result<GateOutcome> {
-    let gaps = coverage.map(Coverage::gap_lines).unwrap_or_default();
+    let gaps: Vec<String> = coverage
+        .map(Coverage::gap_lines)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|line| fill_workspace(&line, workspace))
+        .collect();
     if let Some(reason) = skip_reason {
         return Ok(GateOutcome::Skipped {
             reason: reason.to_string(),

@@ -495,7 +495,7 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
         Some(p) => {
             crate::outln!("manifest     {} updated", p.display())?;
             cli_support::info!(
-                "next: `release-cli publish --generation {} --manifest {} --artifacts DIR --to {}` with an empty DIR/{}/ (nothing to upload; publish checks the copied files)",
+                "next: `release-cli publish --generation {} --manifest {} --artifacts DIR --workspace WS --to {}` with an empty DIR/{}/ (nothing to upload; publish checks the copied files) and WS the rebuild workspace whose records pass the validation gate",
                 args.generation,
                 p.display(),
                 args.to,
