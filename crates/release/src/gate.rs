@@ -505,7 +505,9 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
         None => cov.gaps.push((
             Cell::Preflight,
             Gap::Missing {
-                next: "run `release-cli preflight --openpilot DIR --workspace WS`".into(),
+                next: "run `release-cli preflight --openpilot DIR --workspace WS` (DIR: the \
+                       openpilot checkout)"
+                    .into(),
             },
         )),
         Some(p) => {
@@ -639,8 +641,10 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
                     cell,
                     Gap::Missing {
                         next: format!(
-                            "validate one of {} (`release-cli validate --model ID --workspace WS`)",
-                            ids.join(", ")
+                            "validate one of {} (`release-cli validate --model {} --workspace \
+                             WS`)",
+                            ids.join(", "),
+                            ids.first().copied().unwrap_or("ID")
                         ),
                     },
                 ));
@@ -735,10 +739,16 @@ pub fn rehearsal_gap(
     rehearsal: Option<&crate::rehearse::RehearsalRecord>,
 ) -> Option<Gap> {
     let Some(r) = rehearsal else {
+        let generation = manifest
+            .generation()
+            .map_or("vNN".to_string(), |g| g.to_string());
         return Some(Gap::Missing {
-            next: "run `release-cli rehearse --generation vNN --manifest FILE --artifacts DIR \
-                   --openpilot DIR --workspace WS`"
-                .into(),
+            next: format!(
+                "run `release-cli rehearse --generation {generation} --manifest MANIFEST \
+                 --artifacts ARTIFACTS --openpilot OPENPILOT --workspace WS` (MANIFEST: this \
+                 manifest's file; ARTIFACTS: the directory of its chunk sets; OPENPILOT: the \
+                 openpilot checkout)"
+            ),
         });
     };
     let sha = crate::rehearse::manifest_digest(manifest);

@@ -1,0 +1,287 @@
+//! Every next step the scenarios below print runs as printed: each scenario runs in-process
+//! through the binary's own parser and `cmd::run`, and every command its failure names (the
+//! `next:` line, which is also the `next` of the `--json` error document, and the commands in the
+//! message's lines, as the validation gate lists them) is checked against `Cli::command()` by
+//! [`cli_support::hints::check_hint`]: the subcommand and flags exist, required flags are
+//! present, and a placeholder left in is one the hint explains.
+
+use std::path::Path;
+
+use clap::{CommandFactory, Parser};
+use cli_support::Failure;
+use cli_support::hints::check_hint;
+
+use crate::Cli;
+
+const BIN: &str = "release-cli";
+const PIN: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
+/// A made-up next generation and its made-up pin.
+const NEXT_GEN: &str = "v26";
+const NEXT_PIN: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// The failure of `release-cli ARGS`, run in-process; `None` when it succeeded.
+fn run(args: &[&str]) -> Option<Failure> {
+    let argv = std::iter::once(BIN).chain(args.iter().copied());
+    let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{args:?} does not parse: {e}"));
+    crate::cmd::run(cli.command).err().map(|e| e.0)
+}
+
+/// The texts that carry commands: the next step and each line of the message.
+fn hint_texts(f: &Failure) -> Vec<String> {
+    f.next
+        .iter()
+        .cloned()
+        .chain(f.message.lines().map(str::to_string))
+        .collect()
+}
+
+#[derive(Default)]
+struct Collector {
+    hints: Vec<(String, String)>,
+    problems: Vec<String>,
+}
+
+impl Collector {
+    fn check(&mut self, scenario: &str, hint: &str) {
+        let cmd = Cli::command();
+        for p in check_hint(&cmd, BIN, hint) {
+            self.problems.push(format!("{scenario}: {p}\n    in: {hint}"));
+        }
+        self.hints.push((scenario.to_string(), hint.to_string()));
+    }
+
+    /// Run a scenario that must fail, and check what it prints.
+    fn failing(&mut self, scenario: &str, args: &[&str]) -> Failure {
+        let f = run(args).unwrap_or_else(|| panic!("{scenario}: {args:?} succeeded"));
+        for h in hint_texts(&f) {
+            self.check(scenario, &h);
+        }
+        f
+    }
+
+    fn finish(self, at_least: usize) {
+        for (s, h) in &self.hints {
+            eprintln!("hint [{s}]: {h}");
+        }
+        assert!(
+            self.problems.is_empty(),
+            "hints that do not run as printed:\n{}",
+            self.problems.join("\n")
+        );
+        let with_commands = self
+            .hints
+            .iter()
+            .filter(|(_, h)| h.contains("`release-cli "))
+            .count();
+        assert!(
+            with_commands >= at_least,
+            "only {with_commands} hints named a release-cli command: {:?}",
+            self.hints
+        );
+    }
+}
+
+/// A chunked artifact of `pop223` in `dir/artifacts/pop223/` and a manifest of `generation`
+/// pinned to `pin` listing it.
+fn release(dir: &Path, generation: &str, pin: &str) -> (String, String) {
+    let data: Vec<u8> = (0..2500u32).map(|i| (i % 251) as u8).collect();
+    let pkl = dir.join("build/pop223_driving_tinygrad.pkl");
+    std::fs::create_dir_all(pkl.parent().unwrap()).unwrap();
+    std::fs::write(&pkl, &data).unwrap();
+    let artifacts = dir.join("artifacts");
+    let out = artifacts.join("pop223");
+    assert!(
+        run(&[
+            "chunk",
+            "split",
+            pkl.to_str().unwrap(),
+            "--out-dir",
+            out.to_str().unwrap(),
+            "--chunk-size",
+            "1000",
+        ])
+        .is_none()
+    );
+    let sha = test_support::published::sha256_hex(&data);
+    let doc = serde_json::json!({"generation": generation, "tinygrad_commit": pin, "models": [{
+        "id": "pop223", "name": "pop223", "version": "v15", "series": "OP Series",
+        "released": "2025-06-01", "community_favorite": false,
+        "artifact_format": "tinygrad_single_v1", "artifact_size": data.len(),
+        "artifact_sha256": sha, "artifact_chunk_count": 3, "uses_external_gpu": false}]});
+    let manifest = dir.join(format!("model_names_{generation}.json"));
+    std::fs::write(&manifest, doc.to_string()).unwrap();
+    (
+        artifacts.to_str().unwrap().to_string(),
+        manifest.to_str().unwrap().to_string(),
+    )
+}
+
+/// The validation gate's refusal, for v25 and a made-up next generation: every gap line's
+/// command (preflight, validate, validate --check, rehearse) parses, with the workspace and the
+/// pin filled in.
+#[test]
+fn the_validation_gates_hints_run() {
+    for (generation, pin) in [("v25", PIN), (NEXT_GEN, NEXT_PIN)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        let (artifacts, manifest) = release(tmp.path(), generation, pin);
+        let store = tmp.path().join("store");
+        let mut c = Collector::default();
+        let publish = [
+                "publish",
+                "--generation",
+                generation,
+                "--manifest",
+                &manifest,
+                "--artifacts",
+                &artifacts,
+                "--to",
+                store.to_str().unwrap(),
+                "--workspace",
+                ws.to_str().unwrap(),
+            ];
+        let f = c.failing(&format!("{generation} publish with no records"), &publish);
+        assert!(!store.exists(), "a refused publish wrote the store");
+        let lines = hint_texts(&f).join("\n");
+        for want in [
+            format!("--workspace {}`", ws.display()),
+            format!("--tinygrad-commit {pin}"),
+            "--by NAME".to_string(),
+            "--model pop223".to_string(),
+        ] {
+            assert!(lines.contains(&want), "{want} missing from:\n{lines}");
+        }
+        c.finish(1);
+
+        // The device-check hints run as printed (with the values the hint asks for filled in)
+        // and cover their cells: the next refusal no longer lists them.
+        let top: Vec<String> = Cli::command()
+            .get_subcommands()
+            .map(|s| s.get_name().to_string())
+            .collect();
+        let top: Vec<&str> = top.iter().map(String::as_str).collect();
+        let mut ran = 0;
+        for line in f.message.lines().filter(|l| l.contains("validate --check")) {
+            for argv in cli_support::hints::commands_for(line, BIN, &top) {
+                let filled: Vec<&str> = argv[1..]
+                    .iter()
+                    .map(|w| match w.as_str() {
+                        "TEXT" => "steady at 20 Hz",
+                        "NAME" => "ana",
+                        w => w,
+                    })
+                    .collect();
+                if let Some(f) = run(&filled) {
+                    panic!("{filled:?} failed: {}\nnext: {:?}", f.message, f.next);
+                }
+                ran += 1;
+            }
+        }
+        assert_eq!(ran, 3, "model-v2 and driver-state at two resolutions");
+        let again = run(&publish).expect("still refused: no validation");
+        assert!(!again.message.contains("validate --check"), "{}", again.message);
+        assert!(again.message.contains("validate --model pop223"), "{}", again.message);
+        assert!(!store.exists(), "a refused publish wrote the store");
+    }
+}
+
+/// The gate's rule over the made-up generation directly (publish refuses it before the gate):
+/// every line `decide` makes for a workspace names runnable commands.
+#[test]
+fn the_gates_lines_run_for_a_made_up_generation_too() {
+    for (generation, pin) in [("v25", PIN), (NEXT_GEN, NEXT_PIN)] {
+        let doc = serde_json::json!({"generation": generation, "tinygrad_commit": pin,
+            "models": [{"id": "a15", "name": "a15", "version": "v15", "series": "OP Series",
+            "released": "2025-06-01", "community_favorite": false,
+            "artifact_format": "tinygrad_single_v1", "artifact_size": 5,
+            "artifact_sha256": "ab".repeat(32), "artifact_chunk_count": 1,
+            "uses_external_gpu": true}]});
+        let m = manifest::Manifest::from_slice(doc.to_string().as_bytes()).unwrap();
+        let cov = release::gate::coverage(&m, &release::gate::Records::default());
+        let ws = Path::new("/tmp/rebuild ws");
+        let e = release::gate::decide(Some(ws), Some(&cov), None).unwrap_err();
+        let f = Failure::from_error(3, "check_failed", &e);
+        let mut c = Collector::default();
+        for h in hint_texts(&f) {
+            c.check(&format!("{generation} gate"), &h);
+        }
+        assert!(
+            f.message.contains("--workspace '/tmp/rebuild ws'`"),
+            "{}",
+            f.message
+        );
+        assert!(f.message.contains(&format!("--generation {generation} ")));
+        c.finish(4);
+    }
+}
+
+/// Publish refusals and chunk errors: each failure's next step runs as printed.
+#[test]
+fn refusals_and_chunk_errors_print_hints_that_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (artifacts, manifest) = release(tmp.path(), "v25", PIN);
+    let store = tmp.path().join("store");
+    let store = store.to_str().unwrap();
+    let missing = tmp.path().join("nothing/here.pkl");
+    let missing = missing.to_str().unwrap();
+    let empty_ws = tmp.path().join("no-such-ws");
+    let mut c = Collector::default();
+    let scenarios: Vec<(&str, Vec<&str>)> = vec![
+        (
+            "publish without --workspace",
+            vec![
+                "publish", "--generation", "v25", "--manifest", &manifest, "--artifacts",
+                &artifacts, "--to", store,
+            ],
+        ),
+        (
+            "publish with an empty skip reason",
+            vec![
+                "publish", "--generation", "v25", "--manifest", &manifest, "--artifacts",
+                &artifacts, "--to", store, "--skip-validation", " ",
+            ],
+        ),
+        (
+            "publish of a generation the manifest is not",
+            vec![
+                "publish", "--generation", NEXT_GEN, "--manifest", &manifest, "--artifacts",
+                &artifacts, "--to", store, "--skip-validation", "test",
+            ],
+        ),
+        (
+            "publish with a missing workspace",
+            vec![
+                "publish", "--generation", "v25", "--manifest", &manifest, "--artifacts",
+                &artifacts, "--to", store, "--workspace", empty_ws.to_str().unwrap(),
+            ],
+        ),
+        ("chunk verify of a missing file", vec!["chunk", "verify", missing]),
+        ("chunk join of a missing file", vec!["chunk", "join", missing, "--output", missing]),
+        ("manifest validate of a missing file", vec!["manifest", "validate", missing]),
+        (
+            "audit of an empty store",
+            vec!["audit", "--generation", "v25", "--store", store],
+        ),
+    ];
+    for (name, args) in &scenarios {
+        c.failing(name, args);
+    }
+    assert!(!Path::new(store).exists(), "a refusal wrote the store");
+    c.finish(0);
+}
+
+/// The wrong-passphrase and reuse refusals' next steps, as the errors give them.
+#[test]
+fn key_and_reuse_hints_run() {
+    use cli_support::NextStep;
+    let mut c = Collector::default();
+    let e = artifact_store::Error::Key {
+        path: "/keys/release.key".into(),
+        problem: artifact_store::signing::KeyProblem::WrongPassphrase,
+    };
+    let next = e.next_step().unwrap();
+    assert!(next.contains("`minisign -S -s /keys/release.key -m /dev/null -x /dev/null`"));
+    c.check("wrong passphrase", &next);
+    c.finish(0);
+}
