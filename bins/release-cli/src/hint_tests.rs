@@ -285,3 +285,56 @@ fn key_and_reuse_hints_run() {
     c.check("wrong passphrase", &next);
     c.finish(0);
 }
+
+/// The commands `audit` prints to mend a store (`mend:`, the `mend` of its JSON) parse for every
+/// store kind, signed or not, for v25 and a made-up next generation; paths with spaces are
+/// quoted as one word.
+#[test]
+fn audits_mend_commands_run() {
+    use release::audit::{MendContext, StoreRef};
+    let mut c = Collector::default();
+    let stores = [
+        StoreRef::Local {
+            root: "/srv/release store".into(),
+        },
+        StoreRef::Hub {
+            bucket: "starpilot/models".into(),
+        },
+        StoreRef::Github {
+            checkout: "/srv/models checkout".into(),
+            branch: "Models".into(),
+        },
+    ];
+    let contexts = [
+        MendContext {
+            workspace: "/home/ana/rebuild ws".into(),
+            sign_keys: vec!["/keys/release.key".into()],
+            openpilot: Some("/home/ana/openpilot".into()),
+        },
+        // `audit`'s default workspace.
+        MendContext {
+            workspace: ".".into(),
+            ..MendContext::default()
+        },
+    ];
+    for generation in ["v25", NEXT_GEN] {
+        let g: manifest::Generation = generation.parse().unwrap();
+        for store in &stores {
+            for ctx in &contexts {
+                for signed in [false, true] {
+                    let mend = ctx.republish(g, store, signed);
+                    assert!(mend.starts_with("release-cli publish "), "{mend}");
+                    c.check(&format!("audit mend {generation}"), &format!("`{mend}`"));
+                    let cmd = Cli::command();
+                    let words = cli_support::hints::commands_for(&format!("`{mend}`"), BIN, &[]);
+                    assert_eq!(words.len(), 1);
+                    // The store is one word, whatever its path.
+                    let to = words[0].iter().position(|w| w == "--to").unwrap();
+                    assert_eq!(words[0][to + 1], store.spec(), "{mend}");
+                    assert!(cmd.try_get_matches_from(&words[0]).is_ok(), "{mend}");
+                }
+            }
+        }
+    }
+    c.finish(24);
+}
