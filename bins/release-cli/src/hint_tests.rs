@@ -21,9 +21,19 @@ const NEXT_PIN: &str = "0123456789abcdef0123456789abcdef01234567";
 
 /// The failure of `release-cli ARGS`, run in-process; `None` when it succeeded.
 fn run(args: &[&str]) -> Option<Failure> {
+    run_capturing(args).0
+}
+
+/// [`run`], with the `next:` lines it printed on stderr (a success's next step).
+fn run_capturing(args: &[&str]) -> (Option<Failure>, Vec<String>) {
     let argv = std::iter::once(BIN).chain(args.iter().copied());
     let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{args:?} does not parse: {e}"));
-    crate::cmd::run(cli.command).err().map(|e| e.0)
+    let (r, lines) = cli_support::capture_info(|| crate::cmd::run(cli.command));
+    let next = lines
+        .into_iter()
+        .filter(|l| l.starts_with("next:"))
+        .collect();
+    (r.err().map(|e| e.0), next)
 }
 
 /// The texts that carry commands: the next step and each line of the message.
@@ -52,11 +62,24 @@ impl Collector {
 
     /// Run a scenario that must fail, and check what it prints.
     fn failing(&mut self, scenario: &str, args: &[&str]) -> Failure {
-        let f = run(args).unwrap_or_else(|| panic!("{scenario}: {args:?} succeeded"));
-        for h in hint_texts(&f) {
+        let (f, printed) = run_capturing(args);
+        let f = f.unwrap_or_else(|| panic!("{scenario}: {args:?} succeeded"));
+        for h in hint_texts(&f).into_iter().chain(printed) {
             self.check(scenario, &h);
         }
         f
+    }
+
+    /// Run a scenario that must succeed, and check the `next:` lines it prints; how many.
+    fn succeeding(&mut self, scenario: &str, args: &[&str]) -> usize {
+        let (f, printed) = run_capturing(args);
+        if let Some(f) = f {
+            panic!("{scenario}: {args:?} failed: {}\nnext: {:?}", f.message, f.next);
+        }
+        for h in &printed {
+            self.check(scenario, h);
+        }
+        printed.len()
     }
 
     fn finish(self, at_least: usize) {
@@ -84,7 +107,8 @@ impl Collector {
 /// A chunked artifact of `pop223` in `dir/artifacts/pop223/` and a manifest of `generation`
 /// pinned to `pin` listing it.
 fn release(dir: &Path, generation: &str, pin: &str) -> (String, String) {
-    let data: Vec<u8> = (0..2500u32).map(|i| (i % 251) as u8).collect();
+    let payload: Vec<u8> = (0..2400u32).map(|i| (i % 251) as u8).collect();
+    let data = test_support::published::oob_container(&payload, 1000);
     let pkl = dir.join("build/pop223_driving_tinygrad.pkl");
     std::fs::create_dir_all(pkl.parent().unwrap()).unwrap();
     std::fs::write(&pkl, &data).unwrap();
@@ -107,7 +131,7 @@ fn release(dir: &Path, generation: &str, pin: &str) -> (String, String) {
         "id": "pop223", "name": "pop223", "version": "v15", "series": "OP Series",
         "released": "2025-06-01", "community_favorite": false,
         "artifact_format": "tinygrad_single_v1", "artifact_size": data.len(),
-        "artifact_sha256": sha, "artifact_chunk_count": 3, "uses_external_gpu": false}]});
+        "artifact_sha256": sha, "artifact_chunk_count": data.len().div_ceil(1000), "uses_external_gpu": false}]});
     let manifest = dir.join(format!("model_names_{generation}.json"));
     std::fs::write(&manifest, doc.to_string()).unwrap();
     (
@@ -221,6 +245,8 @@ fn the_gates_lines_run_for_a_made_up_generation_too() {
 fn refusals_and_chunk_errors_print_hints_that_run() {
     let tmp = tempfile::tempdir().unwrap();
     let (artifacts, manifest) = release(tmp.path(), "v25", PIN);
+    let next_dir = tmp.path().join("next");
+    let (next_artifacts, next_manifest) = release(&next_dir, NEXT_GEN, NEXT_PIN);
     let store = tmp.path().join("store");
     let store = store.to_str().unwrap();
     let missing = tmp.path().join("nothing/here.pkl");
@@ -254,6 +280,13 @@ fn refusals_and_chunk_errors_print_hints_that_run() {
             vec![
                 "publish", "--generation", "v25", "--manifest", &manifest, "--artifacts",
                 &artifacts, "--to", store, "--workspace", empty_ws.to_str().unwrap(),
+            ],
+        ),
+        (
+            "publish of a generation with no recorded pin",
+            vec![
+                "publish", "--generation", NEXT_GEN, "--manifest", &next_manifest, "--artifacts",
+                &next_artifacts, "--to", store, "--skip-validation", "test",
             ],
         ),
         ("chunk verify of a missing file", vec!["chunk", "verify", missing]),
@@ -337,4 +370,85 @@ fn audits_mend_commands_run() {
         }
     }
     c.finish(24);
+}
+
+/// What successes print next: a chunk split and join, a publish (dry run and real, unsigned) with
+/// validation skipped, for v25 and a made-up v26.
+#[test]
+fn successes_print_next_steps_that_run() {
+    for (generation, pin) in [("v25", PIN), (NEXT_GEN, NEXT_PIN)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (artifacts, manifest) = release(tmp.path(), generation, pin);
+        let store = tmp.path().join("store");
+        let store = store.to_str().unwrap();
+        let joined = tmp.path().join("joined.pkl");
+        let set = format!("{artifacts}/pop223/pop223_driving_tinygrad.pkl");
+        let mut c = Collector::default();
+        let mut printed = 0;
+        // The made-up generation's pin is recorded in the openpilot tree, as `tinygrad bump`
+        // records it.
+        let op = tmp.path().join("openpilot");
+        std::fs::create_dir_all(op.join("tinygrad_repo")).unwrap();
+        std::fs::write(op.join("tinygrad_repo/TINYGRAD_COMMIT"), format!("{pin}\n")).unwrap();
+        std::fs::write(
+            op.join(manifest::pins::PINS_FILE),
+            format!("{{\n  \"v25\": \"{PIN}\",\n  \"v26\": \"{NEXT_PIN}\"\n}}\n"),
+        )
+        .unwrap();
+        let op = op.to_str().unwrap().to_string();
+        let publish = |extra: &[&'static str]| -> Vec<String> {
+            let mut a: Vec<String> = [
+                "publish", "--generation", generation, "--manifest", &manifest, "--artifacts",
+                &artifacts, "--to", store, "--skip-validation", "hint test",
+            ]
+            .map(String::from)
+            .to_vec();
+            a.extend(extra.iter().map(|s| s.to_string()));
+            if generation == NEXT_GEN {
+                a.extend(["--openpilot".to_string(), op.clone()]);
+            }
+            a
+        };
+        let scenarios: Vec<(&str, Vec<String>)> = vec![
+            (
+                "chunk split",
+                ["chunk", "split", &tmp.path().join("build/pop223_driving_tinygrad.pkl").to_string_lossy(), "--out-dir", &tmp.path().join("again").to_string_lossy(), "--chunk-size", "1000"]
+                    .map(String::from)
+                    .to_vec(),
+            ),
+            (
+                "chunk join",
+                ["chunk", "join", set.as_str(), "--output", &joined.to_string_lossy()]
+                    .map(String::from)
+                    .to_vec(),
+            ),
+            ("publish --dry-run", publish(&["--dry-run"])),
+            ("publish", publish(&[])),
+        ];
+        for (name, args) in &scenarios {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            printed += c.succeeding(&format!("{generation} {name}"), &args);
+        }
+        assert!(printed >= 4, "{generation}: {:?}", c.hints);
+        c.finish(3);
+    }
+}
+
+/// The hints issue 26 found failing when copied, as they were printed: the checker refuses each.
+#[test]
+fn the_known_wrong_hints_are_caught() {
+    let cmd = Cli::command();
+    for old in [
+        "stable modelV2 from modeld: missing: check it on the device, then `release-cli validate \
+         --check model-v2 --passed --note TEXT --workspace WS`",
+        "validate one of pop223 (`release-cli validate --model ID --workspace WS`)",
+        "run `release-cli rehearse --generation vNN --manifest FILE --artifacts DIR --openpilot \
+         DIR --workspace WS`",
+        "next: devices pick up v25 on their next refresh; try it offline with `release-cli serve \
+         --store DIR` and `device-modeld-manager refresh`",
+        "record the new generation's pin with `release-cli tinygrad bump` and pass --openpilot",
+        "next: `release-cli compile --model ID …` for one model",
+    ] {
+        assert!(!check_hint(&cmd, BIN, old).is_empty(), "not caught: {old}");
+    }
 }

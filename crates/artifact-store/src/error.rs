@@ -531,12 +531,15 @@ impl NextStep for Error {
             Error::Guard { .. } => Some(
                 "give each model meant to change an <id>/ directory in --artifacts (an empty one \
                  when its files are already in the store), or undo the other changes in the new \
-                 manifest (`release-cli manifest diff LIVE NEW` shows them)"
+                 manifest (`release-cli manifest diff LIVE NEW` shows them; LIVE: the live \
+                 manifest's file, NEW: the new one)"
                     .into(),
             ),
             Error::Pin { .. } => Some(
                 "publish with the manifest's own generation, or record the new generation's pin \
-                 with `release-cli tinygrad bump` and pass --openpilot"
+                 with `release-cli tinygrad bump --openpilot DIR --tinygrad-src TINYGRAD` (DIR: \
+                 the openpilot checkout; TINYGRAD: a tinygrad tree at the manifest's \
+                 tinygrad_commit) and pass --openpilot DIR"
                     .into(),
             ),
             Error::GenerationGuard {
