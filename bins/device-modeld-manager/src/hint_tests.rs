@@ -53,8 +53,15 @@ impl Comma {
         .into_iter()
         .flat_map(|(f, p)| [f.to_string(), p.display().to_string()])
         .chain(
-            ["--hf-base", DEAD, "--github-base", DEAD, "--space-margin-mib", "0"]
-                .map(String::from),
+            [
+                "--hf-base",
+                DEAD,
+                "--github-base",
+                DEAD,
+                "--space-margin-mib",
+                "0",
+            ]
+            .map(String::from),
         )
         .collect();
         let argv = std::iter::once(BIN)
@@ -90,7 +97,8 @@ struct Collector {
 impl Collector {
     fn check(&mut self, scenario: &str, hint: &str) {
         for p in check_hint(&Cli::command(), BIN, hint) {
-            self.problems.push(format!("{scenario}: {p}\n    in: {hint}"));
+            self.problems
+                .push(format!("{scenario}: {p}\n    in: {hint}"));
         }
         self.hints.push((scenario.to_string(), hint.to_string()));
     }
@@ -100,7 +108,12 @@ impl Collector {
             .run(args)
             .unwrap_or_else(|| panic!("{scenario}: {args:?} succeeded"));
         assert!(f.next.is_some() || !f.message.is_empty(), "{scenario}");
-        for h in f.next.iter().cloned().chain(f.message.lines().map(String::from)) {
+        for h in f
+            .next
+            .iter()
+            .cloned()
+            .chain(f.message.lines().map(String::from))
+        {
             self.check(scenario, &h);
         }
         f
@@ -126,17 +139,23 @@ fn device_failures_print_hints_that_run() {
     let v25 = manifest::layout::CURRENT_TINYGRAD_COMMIT;
     let v26_pins = format!("{{\n  \"v25\": \"{v25}\",\n  \"v26\": \"{V26_PIN}\"\n}}\n");
     let mut c = Collector::default();
-    for (name, pin, pins) in [
-        ("v25", v25, None),
-        ("v26", V26_PIN, Some(v26_pins.clone())),
-    ] {
+    for (name, pin, pins) in [("v25", v25, None), ("v26", V26_PIN, Some(v26_pins.clone()))] {
         let scenarios: &[(&str, &[&str])] = &[
             ("refresh with no origin", &["refresh"]),
-            ("refresh --dry-run with no origin", &["refresh", "--dry-run"]),
-            ("download of a model no catalog lists", &["download", "pop223"]),
+            (
+                "refresh --dry-run with no origin",
+                &["refresh", "--dry-run"],
+            ),
+            (
+                "download of a model no catalog lists",
+                &["download", "pop223"],
+            ),
             ("download --all with no catalog", &["download", "--all"]),
             ("verify of a model not installed", &["verify", "pop223"]),
-            ("--generation that is not the tree's", &["--generation", "v24", "status"]),
+            (
+                "--generation that is not the tree's",
+                &["--generation", "v24", "status"],
+            ),
         ];
         for (scenario, args) in scenarios {
             let comma = Comma::new(pin, pins.clone());
@@ -148,6 +167,10 @@ fn device_failures_print_hints_that_run() {
     }
     // A tree whose tinygrad no table knows: the device pauses; a download is refused.
     let unknown = Comma::new("0123456789abcdef0123456789abcdef01234567", None);
-    c.failing("unknown tinygrad: download", &unknown, &["download", "pop223"]);
+    c.failing(
+        "unknown tinygrad: download",
+        &unknown,
+        &["download", "pop223"],
+    );
     c.finish(6);
 }

@@ -55,7 +55,8 @@ impl Collector {
     fn check(&mut self, scenario: &str, hint: &str) {
         let cmd = Cli::command();
         for p in check_hint(&cmd, BIN, hint) {
-            self.problems.push(format!("{scenario}: {p}\n    in: {hint}"));
+            self.problems
+                .push(format!("{scenario}: {p}\n    in: {hint}"));
         }
         self.hints.push((scenario.to_string(), hint.to_string()));
     }
@@ -74,7 +75,10 @@ impl Collector {
     fn succeeding(&mut self, scenario: &str, args: &[&str]) -> usize {
         let (f, printed) = run_capturing(args);
         if let Some(f) = f {
-            panic!("{scenario}: {args:?} failed: {}\nnext: {:?}", f.message, f.next);
+            panic!(
+                "{scenario}: {args:?} failed: {}\nnext: {:?}",
+                f.message, f.next
+            );
         }
         for h in &printed {
             self.check(scenario, h);
@@ -153,18 +157,18 @@ fn the_validation_gates_hints_run() {
         let store = tmp.path().join("store");
         let mut c = Collector::default();
         let publish = [
-                "publish",
-                "--generation",
-                generation,
-                "--manifest",
-                &manifest,
-                "--artifacts",
-                &artifacts,
-                "--to",
-                store.to_str().unwrap(),
-                "--workspace",
-                ws.to_str().unwrap(),
-            ];
+            "publish",
+            "--generation",
+            generation,
+            "--manifest",
+            &manifest,
+            "--artifacts",
+            &artifacts,
+            "--to",
+            store.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+        ];
         let f = c.failing(&format!("{generation} publish with no records"), &publish);
         assert!(!store.exists(), "a refused publish wrote the store");
         let lines = hint_texts(&f).join("\n");
@@ -204,8 +208,16 @@ fn the_validation_gates_hints_run() {
         }
         assert_eq!(ran, 3, "model-v2 and driver-state at two resolutions");
         let again = run(&publish).expect("still refused: no validation");
-        assert!(!again.message.contains("validate --check"), "{}", again.message);
-        assert!(again.message.contains("validate --model pop223"), "{}", again.message);
+        assert!(
+            !again.message.contains("validate --check"),
+            "{}",
+            again.message
+        );
+        assert!(
+            again.message.contains("validate --model pop223"),
+            "{}",
+            again.message
+        );
         assert!(!store.exists(), "a refused publish wrote the store");
     }
 }
@@ -257,41 +269,93 @@ fn refusals_and_chunk_errors_print_hints_that_run() {
         (
             "publish without --workspace",
             vec![
-                "publish", "--generation", "v25", "--manifest", &manifest, "--artifacts",
-                &artifacts, "--to", store,
+                "publish",
+                "--generation",
+                "v25",
+                "--manifest",
+                &manifest,
+                "--artifacts",
+                &artifacts,
+                "--to",
+                store,
             ],
         ),
         (
             "publish with an empty skip reason",
             vec![
-                "publish", "--generation", "v25", "--manifest", &manifest, "--artifacts",
-                &artifacts, "--to", store, "--skip-validation", " ",
+                "publish",
+                "--generation",
+                "v25",
+                "--manifest",
+                &manifest,
+                "--artifacts",
+                &artifacts,
+                "--to",
+                store,
+                "--skip-validation",
+                " ",
             ],
         ),
         (
             "publish of a generation the manifest is not",
             vec![
-                "publish", "--generation", NEXT_GEN, "--manifest", &manifest, "--artifacts",
-                &artifacts, "--to", store, "--skip-validation", "test",
+                "publish",
+                "--generation",
+                NEXT_GEN,
+                "--manifest",
+                &manifest,
+                "--artifacts",
+                &artifacts,
+                "--to",
+                store,
+                "--skip-validation",
+                "test",
             ],
         ),
         (
             "publish with a missing workspace",
             vec![
-                "publish", "--generation", "v25", "--manifest", &manifest, "--artifacts",
-                &artifacts, "--to", store, "--workspace", empty_ws.to_str().unwrap(),
+                "publish",
+                "--generation",
+                "v25",
+                "--manifest",
+                &manifest,
+                "--artifacts",
+                &artifacts,
+                "--to",
+                store,
+                "--workspace",
+                empty_ws.to_str().unwrap(),
             ],
         ),
         (
             "publish of a generation with no recorded pin",
             vec![
-                "publish", "--generation", NEXT_GEN, "--manifest", &next_manifest, "--artifacts",
-                &next_artifacts, "--to", store, "--skip-validation", "test",
+                "publish",
+                "--generation",
+                NEXT_GEN,
+                "--manifest",
+                &next_manifest,
+                "--artifacts",
+                &next_artifacts,
+                "--to",
+                store,
+                "--skip-validation",
+                "test",
             ],
         ),
-        ("chunk verify of a missing file", vec!["chunk", "verify", missing]),
-        ("chunk join of a missing file", vec!["chunk", "join", missing, "--output", missing]),
-        ("manifest validate of a missing file", vec!["manifest", "validate", missing]),
+        (
+            "chunk verify of a missing file",
+            vec!["chunk", "verify", missing],
+        ),
+        (
+            "chunk join of a missing file",
+            vec!["chunk", "join", missing, "--output", missing],
+        ),
+        (
+            "manifest validate of a missing file",
+            vec!["manifest", "validate", missing],
+        ),
         (
             "audit of an empty store",
             vec!["audit", "--generation", "v25", "--store", store],
@@ -398,8 +462,17 @@ fn successes_print_next_steps_that_run() {
         let op = op.to_str().unwrap().to_string();
         let publish = |extra: &[&'static str]| -> Vec<String> {
             let mut a: Vec<String> = [
-                "publish", "--generation", generation, "--manifest", &manifest, "--artifacts",
-                &artifacts, "--to", store, "--skip-validation", "hint test",
+                "publish",
+                "--generation",
+                generation,
+                "--manifest",
+                &manifest,
+                "--artifacts",
+                &artifacts,
+                "--to",
+                store,
+                "--skip-validation",
+                "hint test",
             ]
             .map(String::from)
             .to_vec();
@@ -412,15 +485,31 @@ fn successes_print_next_steps_that_run() {
         let scenarios: Vec<(&str, Vec<String>)> = vec![
             (
                 "chunk split",
-                ["chunk", "split", &tmp.path().join("build/pop223_driving_tinygrad.pkl").to_string_lossy(), "--out-dir", &tmp.path().join("again").to_string_lossy(), "--chunk-size", "1000"]
-                    .map(String::from)
-                    .to_vec(),
+                [
+                    "chunk",
+                    "split",
+                    &tmp.path()
+                        .join("build/pop223_driving_tinygrad.pkl")
+                        .to_string_lossy(),
+                    "--out-dir",
+                    &tmp.path().join("again").to_string_lossy(),
+                    "--chunk-size",
+                    "1000",
+                ]
+                .map(String::from)
+                .to_vec(),
             ),
             (
                 "chunk join",
-                ["chunk", "join", set.as_str(), "--output", &joined.to_string_lossy()]
-                    .map(String::from)
-                    .to_vec(),
+                [
+                    "chunk",
+                    "join",
+                    set.as_str(),
+                    "--output",
+                    &joined.to_string_lossy(),
+                ]
+                .map(String::from)
+                .to_vec(),
             ),
             ("publish --dry-run", publish(&["--dry-run"])),
             ("publish", publish(&[])),

@@ -36,8 +36,7 @@ fn find_word(text: &str, word: &str) -> Option<usize> {
     text.match_indices(word).map(|(i, _)| i).find(|&i| {
         let before = text[..i].chars().next_back();
         let after = text[i + word.len()..].chars().next();
-        !before.is_some_and(|c| c.is_alphanumeric() || c == '-')
-            && after.is_some_and(|c| c == ' ')
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '-') && after.is_some_and(|c| c == ' ')
     })
 }
 
@@ -73,7 +72,9 @@ fn split_words(span: &str) -> Vec<String> {
 /// Whether a word of a command is a placeholder for a value: `DIR`, `WS`, `<ID>`, `vNN`, `…`.
 pub fn is_placeholder(word: &str) -> bool {
     let caps = word.len() >= 2
-        && word.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        && word
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
         && word.chars().any(|c| c.is_ascii_uppercase());
     caps || (word.starts_with('<') && word.ends_with('>'))
         || word == "vN"
@@ -84,11 +85,7 @@ pub fn is_placeholder(word: &str) -> bool {
 
 /// Whether the hint's own words (outside its commands) say what `placeholder` stands for.
 fn explained(hint: &str, placeholder: &str) -> bool {
-    let prose: String = hint
-        .split('`')
-        .step_by(2)
-        .collect::<Vec<_>>()
-        .join(" ");
+    let prose: String = hint.split('`').step_by(2).collect::<Vec<_>>().join(" ");
     let bare = placeholder.trim_start_matches('<').trim_end_matches('>');
     find_word(&prose, bare).is_some()
         || prose.contains(&format!("{bare}:"))
@@ -108,10 +105,15 @@ pub fn check_hint(cmd: &clap::Command, bin: &str, hint: &str) -> Vec<String> {
             if w.contains('…') || w == "..." {
                 problems.push(format!("`{shown}`: elided arguments ({w})"));
             } else if is_placeholder(w) && !explained(hint, w) {
-                problems.push(format!("`{shown}`: placeholder {w} is not explained by the hint"));
+                problems.push(format!(
+                    "`{shown}`: placeholder {w} is not explained by the hint"
+                ));
             }
         }
-        let argv: Vec<&String> = words.iter().filter(|w| !w.contains('…') && *w != "...").collect();
+        let argv: Vec<&String> = words
+            .iter()
+            .filter(|w| !w.contains('…') && *w != "...")
+            .collect();
         match cmd.clone().try_get_matches_from(argv) {
             Ok(_) => {}
             Err(e) => {
@@ -154,7 +156,10 @@ mod tests {
     fn hints_table() {
         let cases: &[(&str, usize)] = &[
             ("run `tool publish --workspace /w`", 0),
-            ("`tool publish --workspace WS` (WS: the rebuild workspace)", 0),
+            (
+                "`tool publish --workspace WS` (WS: the rebuild workspace)",
+                0,
+            ),
             ("`tool publish --workspace WS`", 1),
             ("`tool publish`", 1),
             ("`tool publish --workspace /w --bogus`", 1),
@@ -175,7 +180,11 @@ mod tests {
     #[test]
     fn commands_are_split_as_a_shell_would() {
         assert_eq!(
-            commands_for("run `tool publish --workspace 'a b'` or `status`", "tool", &["status"]),
+            commands_for(
+                "run `tool publish --workspace 'a b'` or `status`",
+                "tool",
+                &["status"]
+            ),
             vec![
                 vec!["tool", "publish", "--workspace", "a b"],
                 vec!["tool", "status"]
