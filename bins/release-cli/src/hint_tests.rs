@@ -541,3 +541,150 @@ fn the_known_wrong_hints_are_caught() {
         assert!(!check_hint(&cmd, BIN, old).is_empty(), "not caught: {old}");
     }
 }
+
+/// `reuse` into a local store, for v25 and a made-up v26 (its pin recorded in the openpilot
+/// tree): a refused reuse (another source commit) and a reuse that succeeds print next steps
+/// that parse, and the publish a success names runs as printed with DIR and WS filled in: it
+/// reaches the validation gate (it is not refused for a missing --workspace).
+#[test]
+fn reuse_hints_run() {
+    const SRC: &str = "1111111111111111111111111111111111111111";
+    for (generation, pin) in [("v25", PIN), (NEXT_GEN, NEXT_PIN)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let payload: Vec<u8> = (0..1400u32).map(|i| (i % 13) as u8).collect();
+        let data = test_support::published::oob_container(&payload, 1000);
+        let src = root.join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("x.pkl"), &data).unwrap();
+        let x = src.join("x.pkl");
+        let x = x.to_str().unwrap();
+        assert!(run(&["chunk", "split", x, "--chunk-size", "1000"]).is_none());
+        std::fs::remove_file(src.join("x.pkl")).unwrap();
+        let sha = test_support::published::sha256_hex(&data);
+        let count = data.len().div_ceil(1000);
+        let catalog = root.join("catalog.json");
+        std::fs::write(
+            &catalog,
+            serde_json::json!({"tinygrad_commit": pin, "models": [{
+                "id": "x", "name": "x", "version": "v15", "series": "OP Series",
+                "released": "2025-06-01", "community_favorite": false,
+                "artifact_format": "tinygrad_single_v1", "artifact_size": data.len(),
+                "artifact_sha256": sha, "artifact_chunk_count": count,
+                "uses_external_gpu": false, "source_commit": SRC}]})
+            .to_string(),
+        )
+        .unwrap();
+        let ours = root.join(format!("model_names_{generation}.json"));
+        std::fs::write(
+            &ours,
+            serde_json::json!({"generation": generation, "tinygrad_commit": pin, "models": [{
+                "id": "pop223", "name": "pop223", "version": "v15", "series": "OP Series",
+                "released": "2025-06-01", "community_favorite": false,
+                "artifact_format": "tinygrad_single_v1", "artifact_size": 3,
+                "artifact_sha256": "ab".repeat(32), "artifact_chunk_count": 1,
+                "uses_external_gpu": false}]})
+            .to_string(),
+        )
+        .unwrap();
+        let op = root.join("openpilot");
+        std::fs::create_dir_all(&op).unwrap();
+        std::fs::write(
+            op.join(manifest::pins::PINS_FILE),
+            format!("{{\n  \"v25\": \"{PIN}\",\n  \"v26\": \"{NEXT_PIN}\"\n}}\n"),
+        )
+        .unwrap();
+        let store = root.join("store");
+        let (catalog, ours, op, store_s) = (
+            catalog.to_str().unwrap(),
+            ours.to_str().unwrap(),
+            op.to_str().unwrap(),
+            store.to_str().unwrap(),
+        );
+        let reuse = |source_commit: &'static str| -> Vec<String> {
+            [
+                "reuse",
+                "--model",
+                "pop223",
+                "--source-id",
+                "x",
+                "--from",
+                x,
+                "--source-catalog",
+                catalog,
+                "--source-commit",
+                source_commit,
+                "--tinygrad-commit",
+                pin,
+                "--to",
+                store_s,
+                "--generation",
+                generation,
+                "--manifest",
+                ours,
+                "--openpilot",
+                op,
+            ]
+            .map(String::from)
+            .to_vec()
+        };
+        let strs = |v: &[String]| {
+            v.iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join("\u{0}")
+        };
+        let mut c = Collector::default();
+        let refused = reuse("2222222222222222222222222222222222222222");
+        let refused = strs(&refused);
+        c.failing(
+            &format!("{generation} reuse of another source commit"),
+            &refused.split('\u{0}').collect::<Vec<_>>(),
+        );
+        assert!(!store.exists(), "a refused reuse wrote the store");
+        let ok = reuse(SRC);
+        let ok = strs(&ok);
+        let ok: Vec<&str> = ok.split('\u{0}').collect();
+        let (f, printed) = run_capturing(&ok);
+        assert!(
+            f.is_none(),
+            "{generation} reuse: {:?}",
+            f.map(|f| f.message)
+        );
+        let next = printed
+            .iter()
+            .find(|l| l.contains("`release-cli publish"))
+            .unwrap_or_else(|| panic!("no publish hint in {printed:?}"))
+            .clone();
+        c.check(&format!("{generation} reuse"), &next);
+        c.finish(2);
+
+        // Run it as printed, with DIR an empty directory holding pop223/ and WS a workspace.
+        let dir = root.join("empty");
+        std::fs::create_dir_all(dir.join("pop223")).unwrap();
+        let ws = root.join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        let words = &cli_support::hints::commands_for(&next, BIN, &[])[0];
+        let mut filled: Vec<String> = words[1..]
+            .iter()
+            .map(|w| match w.as_str() {
+                "DIR" => dir.display().to_string(),
+                "WS" => ws.display().to_string(),
+                w => w.to_string(),
+            })
+            .collect();
+        if generation == NEXT_GEN {
+            // The made-up pin is in the tree's table, which publish reads with --openpilot.
+            filled.extend(["--openpilot".to_string(), op.to_string()]);
+        }
+        let filled: Vec<&str> = filled.iter().map(String::as_str).collect();
+        let f = run(&filled).expect("refused by the validation gate: no records");
+        assert_eq!(f.code, 3, "{}", f.message);
+        assert!(
+            f.message
+                .contains("do not cover the seed's validation matrix"),
+            "{}",
+            f.message
+        );
+    }
+}
