@@ -537,6 +537,10 @@ fn the_known_wrong_hints_are_caught() {
          --store DIR` and `device-modeld-manager refresh`",
         "record the new generation's pin with `release-cli tinygrad bump` and pass --openpilot",
         "next: `release-cli compile --model ID …` for one model",
+        "next: release-cli publish --artifacts ws/ready --manifest ws/ready/model_names_v25.json",
+        "next: `release-cli publish --generation v25 --manifest m.json --workspace ws …`",
+        "nothing was written; rebuild x for this generation with `release-cli compile` (names \
+         and release dates do not prove compatibility)",
     ] {
         assert!(!check_hint(&cmd, BIN, old).is_empty(), "not caught: {old}");
     }
@@ -686,5 +690,61 @@ fn reuse_hints_run() {
             "{}",
             f.message
         );
+    }
+}
+
+/// A stand-in openpilot checkout at tinygrad `pin`: `./dev` and `.venv/bin/pytest` scripts,
+/// pytest exiting `pytest_exit`.
+fn stand_in_checkout(dir: &Path, pin: &str, pytest_exit: i32) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let op = dir.join("openpilot");
+    std::fs::create_dir_all(op.join("tinygrad_repo")).unwrap();
+    std::fs::write(op.join("tinygrad_repo/TINYGRAD_COMMIT"), format!("{pin}\n")).unwrap();
+    for (path, body) in [
+        ("dev", "#!/bin/sh\necho \"syncing $*\"\n".to_string()),
+        (
+            ".venv/bin/pytest",
+            format!("#!/bin/sh\necho \"pytest $*\"\nexit {pytest_exit}\n"),
+        ),
+    ] {
+        let p = op.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, body).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    op.to_str().unwrap().to_string()
+}
+
+/// `preflight`'s next steps (dry run, pass, failure), for v25's pin and a made-up one: each
+/// parses, with the workspace filled in.
+#[test]
+fn preflight_hints_run() {
+    for pin in [PIN, NEXT_PIN] {
+        let mut c = Collector::default();
+        for (exit, dry) in [(0, true), (0, false), (1, false)] {
+            let tmp = tempfile::tempdir().unwrap();
+            let op = stand_in_checkout(tmp.path(), pin, exit);
+            let ws = tmp.path().join("rebuild ws");
+            let ws = ws.to_str().unwrap();
+            let mut args = vec!["preflight", "--openpilot", &op, "--workspace", ws];
+            if dry {
+                args.push("--dry-run");
+            }
+            let scenario = format!("preflight {pin} exit {exit} dry {dry}");
+            if exit == 0 {
+                assert!(
+                    c.succeeding(&scenario, &args) >= 1,
+                    "{scenario}: no next line"
+                );
+            } else {
+                c.failing(&scenario, &args);
+            }
+        }
+        assert!(
+            c.hints.iter().any(|(_, h)| h.contains("/rebuild ws'`")),
+            "{:?}",
+            c.hints
+        );
+        c.finish(1);
     }
 }
