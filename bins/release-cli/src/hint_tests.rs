@@ -257,6 +257,33 @@ fn the_gates_lines_run_for_a_made_up_generation_too() {
 fn refusals_and_chunk_errors_print_hints_that_run() {
     let tmp = tempfile::tempdir().unwrap();
     let (artifacts, manifest) = release(tmp.path(), "v25", PIN);
+    // A plain pickle, not an OOB container, listed with its own digest.
+    let plain_dir = tmp.path().join("plain");
+    let (plain_artifacts, plain_manifest) = release(&plain_dir, "v25", PIN);
+    let plain = format!("{plain_artifacts}/pop223");
+    for e in std::fs::read_dir(&plain).unwrap() {
+        std::fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    let bytes: Vec<u8> = (0..2400u32).map(|i| (i % 7) as u8).collect();
+    let pkl = plain_dir.join("build/pop223_driving_tinygrad.pkl");
+    std::fs::write(&pkl, &bytes).unwrap();
+    assert!(
+        run(&[
+            "chunk",
+            "split",
+            pkl.to_str().unwrap(),
+            "--out-dir",
+            &plain,
+            "--chunk-size",
+            "1000"
+        ])
+        .is_none()
+    );
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&plain_manifest).unwrap()).unwrap();
+    doc["models"][0]["artifact_sha256"] = test_support::published::sha256_hex(&bytes).into();
+    doc["models"][0]["artifact_size"] = bytes.len().into();
+    std::fs::write(&plain_manifest, doc.to_string()).unwrap();
     let next_dir = tmp.path().join("next");
     let (next_artifacts, next_manifest) = release(&next_dir, NEXT_GEN, NEXT_PIN);
     let store = tmp.path().join("store");
@@ -338,6 +365,22 @@ fn refusals_and_chunk_errors_print_hints_that_run() {
                 &next_manifest,
                 "--artifacts",
                 &next_artifacts,
+                "--to",
+                store,
+                "--skip-validation",
+                "test",
+            ],
+        ),
+        (
+            "publish of an artifact that is not OOB",
+            vec![
+                "publish",
+                "--generation",
+                "v25",
+                "--manifest",
+                &plain_manifest,
+                "--artifacts",
+                &plain_artifacts,
                 "--to",
                 store,
                 "--skip-validation",
