@@ -17,6 +17,8 @@ use migration::render;
 use migration::{Device, ManagerLock, open, tree};
 
 mod dry_run;
+#[cfg(test)]
+mod hint_tests;
 
 /// The exit codes, as `--help` shows them (and docs/cli.md, generated from it).
 const EXIT_CODES_HELP: &str = "\

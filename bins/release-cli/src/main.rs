@@ -8,6 +8,8 @@
 //! - 3: a check failed: verification, validation, or a refused release guard.
 
 mod cmd;
+#[cfg(test)]
+mod hint_tests;
 mod output;
 mod progress;
 mod units;

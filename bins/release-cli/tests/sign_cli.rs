@@ -424,6 +424,30 @@ fn real_minisign_keys_load_and_real_minisign_verifies_our_signatures() {
         "{err}"
     );
     assert!(!t.path().join("model_names_v25.json.minisig").exists());
+
+    // The next step's command runs as printed: it refuses the wrong passphrase and accepts the
+    // right one, and writes nothing.
+    let next = err.lines().find(|l| l.starts_with("next:")).expect(&err);
+    let try_it = next.split('`').nth(1).expect(next);
+    let words: Vec<&str> = try_it.split_whitespace().collect();
+    assert_eq!(words[..4], ["minisign", "-S", "-s", s(&key)], "{next}");
+    let before = walk(t.path());
+    for (typed, ok) in [(&b"wrong\n"[..], false), (&b"correct horse\n"[..], true)] {
+        let mut m = Command::new(&minisign)
+            .args(&words[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write;
+            m.stdin.take().unwrap().write_all(typed).unwrap();
+        }
+        let m = m.wait_with_output().unwrap();
+        assert_eq!(m.status.success(), ok, "{try_it}: {}", text(&m.stderr));
+    }
+    assert_eq!(walk(t.path()), before, "the passphrase try wrote something");
 }
 
 /// Run the real `minisign -G`, with `stdin` fed to it (the passphrase twice, or nothing for -W).

@@ -531,12 +531,15 @@ impl NextStep for Error {
             Error::Guard { .. } => Some(
                 "give each model meant to change an <id>/ directory in --artifacts (an empty one \
                  when its files are already in the store), or undo the other changes in the new \
-                 manifest (`release-cli manifest diff LIVE NEW` shows them)"
+                 manifest (`release-cli manifest diff LIVE NEW` shows them; LIVE: the live \
+                 manifest's file, NEW: the new one)"
                     .into(),
             ),
             Error::Pin { .. } => Some(
                 "publish with the manifest's own generation, or record the new generation's pin \
-                 with `release-cli tinygrad bump` and pass --openpilot"
+                 with `release-cli tinygrad bump --openpilot DIR --tinygrad-src TINYGRAD` (DIR: \
+                 the openpilot checkout; TINYGRAD: a tinygrad tree at the manifest's \
+                 tinygrad_commit) and pass --openpilot DIR"
                     .into(),
             ),
             Error::GenerationGuard {
@@ -570,6 +573,17 @@ impl NextStep for Error {
             }
             Error::UploadFailed { last, .. } => last.next_step(),
             Error::Refused(r) => r.next_step(),
+            Error::Key {
+                path,
+                problem: crate::signing::KeyProblem::WrongPassphrase,
+            } => Some(format!(
+                "retype it, or correct {env} (unset it to be asked on a terminal); try the \
+                 passphrase alone with `minisign -S -s {key} -m /dev/null -x /dev/null` (signs \
+                 nothing, writes nothing); a forgotten passphrase cannot be recovered: make a new \
+                 key and rotate to it (docs/release.md, \"Key rotation\")",
+                env = crate::signing::PASSPHRASE_ENV,
+                key = path.display()
+            )),
             Error::Key { problem, .. } => problem.next_step(),
             Error::ReuseRefused(r) => r.next_step(),
             Error::Manifest(e) => e.next_step(),

@@ -91,7 +91,9 @@ impl cli_support::NextStep for ReuseRefusal {
         match self {
             ReuseRefusal::Incompatible { source_id, .. } => Some(format!(
                 "nothing was written; rebuild {source_id} for this generation with `release-cli \
-                 compile` (names and release dates do not prove compatibility)"
+                 compile --model ID --version vN --source ONNX --out DIR` (ID: the model's ID in \
+                 this generation; vN: its behaviour version; ONNX: its source model; DIR: where \
+                 the chunk set goes); names and release dates do not prove compatibility"
             )),
             _ => None,
         }

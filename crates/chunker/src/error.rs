@@ -90,7 +90,7 @@ pub enum Error {
     InvalidName { name: String },
 
     #[error(
-        "{what}: not an out-of-band (OOB) pickle container at byte {offset}: {defect}; every v25 driving artifact is serialised OOB, so rebuild it with the generation's tinygrad (`release-cli compile`), never rename another file into place"
+        "{what}: not an out-of-band (OOB) pickle container at byte {offset}: {defect}; every v25 driving artifact is serialised OOB, so rebuild it with the generation's tinygrad (`release-cli compile --model ID --version vN --source ONNX --out DIR`, with ID the model, vN its behaviour version, ONNX its source model and DIR where its chunk set goes), never rename another file into place"
     )]
     NotOob {
         what: String,

@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 
 use clap_complete::Shell;
 
+pub mod hints;
 pub mod progress;
 pub mod stop;
 
@@ -260,9 +261,39 @@ pub fn colour_on(stderr: bool) -> bool {
 macro_rules! info {
     ($($arg:tt)*) => {
         if $crate::verbosity() >= $crate::Verbosity::Normal {
-            eprintln!($($arg)*);
+            $crate::info_line(format_args!($($arg)*));
         }
     };
+}
+
+thread_local! {
+    /// The lines [`info!`] printed on this thread while [`capture_info`] runs.
+    static INFO_SINK: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Print one [`info!`] line on stderr (or, inside [`capture_info`] on this thread, keep it).
+#[doc(hidden)]
+pub fn info_line(args: std::fmt::Arguments<'_>) {
+    let line = args.to_string();
+    let kept = INFO_SINK.with(|s| match s.borrow_mut().as_mut() {
+        Some(lines) => {
+            lines.push(line.clone());
+            true
+        }
+        None => false,
+    });
+    if !kept {
+        eprintln!("{line}");
+    }
+}
+
+/// Run `f` and return, with its result, the [`info!`] lines it printed on this thread (the
+/// `next:` lines a command prints on success, for the binaries' hint tests).
+pub fn capture_info<R>(f: impl FnOnce() -> R) -> (R, Vec<String>) {
+    let previous = INFO_SINK.with(|s| s.borrow_mut().replace(Vec::new()));
+    let r = f();
+    let lines = INFO_SINK.with(|s| std::mem::replace(&mut *s.borrow_mut(), previous));
+    (r, lines.unwrap_or_default())
 }
 
 /// A step's line on stderr, printed only with `-v`.
@@ -354,6 +385,20 @@ fn usage_error_json(args: &[OsString], e: &clap::Error) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn capture_info_keeps_this_threads_lines() {
+        let ((), lines) = super::capture_info(|| {
+            crate::info!("next: `a` {}", 1);
+            let ((), inner) = super::capture_info(|| crate::info!("inner"));
+            assert_eq!(inner, vec!["inner"]);
+            crate::info!("after");
+        });
+        assert_eq!(lines, vec!["next: `a` 1", "after"]);
+        // Outside a capture nothing is kept.
+        let ((), none) = super::capture_info(|| ());
+        assert!(none.is_empty());
+    }
+
     use super::*;
 
     #[test]

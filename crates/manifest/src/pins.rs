@@ -68,7 +68,7 @@ impl fmt::Display for PinRefusal {
             ),
             Self::Unknown { generation } => write!(
                 f,
-                "no tinygrad pin is recorded for {generation}; run `release-cli tinygrad bump` for it (it records the pair in {PINS_FILE}) and pass --openpilot DIR"
+                "no tinygrad pin is recorded for {generation}; run `release-cli tinygrad bump --openpilot DIR --tinygrad-src TINYGRAD` for it (DIR: the openpilot checkout; TINYGRAD: a tinygrad tree at the new pin; it records the pair in DIR/{PINS_FILE}) and pass --openpilot DIR"
             ),
             Self::Mismatch {
                 generation,

@@ -519,7 +519,9 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
         None => cov.gaps.push((
             Cell::Preflight,
             Gap::Missing {
-                next: "run `release-cli preflight --openpilot DIR --workspace WS`".into(),
+                next: "run `release-cli preflight --openpilot DIR --workspace WS` (DIR: the \
+                       openpilot checkout)"
+                    .into(),
             },
         )),
         Some(p) => {
@@ -680,8 +682,10 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
                     cell,
                     Gap::Missing {
                         next: format!(
-                            "validate one of {} (`release-cli validate --model ID --workspace WS`)",
-                            ids.join(", ")
+                            "validate one of {} (`release-cli validate --model {} --workspace \
+                             WS`)",
+                            ids.join(", "),
+                            ids.first().copied().unwrap_or("ID")
                         ),
                     },
                 ));
@@ -722,13 +726,18 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
             |c| (c.checked_at, c.passed),
         );
         let flag = res.map_or(String::new(), |r| format!(" --resolution {r}"));
+        // The record's pin: the manifest's, or the checkout's when the manifest has none.
+        let pin_flag = pin.as_ref().map_or(" --openpilot DIR".to_string(), |p| {
+            format!(" --tinygrad-commit {p}")
+        });
         match found {
             None => cov.gaps.push((
                 cell,
                 Gap::Missing {
                     next: format!(
                         "check it on the device, then `release-cli validate --check {kind}{flag} \
-                         --passed --note TEXT --workspace WS`"
+                         --passed --note TEXT --by NAME{pin_flag} --workspace WS` (TEXT: what \
+                         you saw; NAME: who checked)"
                     ),
                 },
             )),
@@ -866,10 +875,16 @@ pub fn rehearsal_gap(
     rehearsal: Option<&crate::rehearse::RehearsalRecord>,
 ) -> Option<Gap> {
     let Some(r) = rehearsal else {
+        let generation = manifest
+            .generation()
+            .map_or("vNN".to_string(), |g| g.to_string());
         return Some(Gap::Missing {
-            next: "run `release-cli rehearse --generation vNN --manifest FILE --artifacts DIR \
-                   --openpilot DIR --workspace WS`"
-                .into(),
+            next: format!(
+                "run `release-cli rehearse --generation {generation} --manifest MANIFEST \
+                 --artifacts ARTIFACTS --openpilot OPENPILOT --workspace WS` (MANIFEST: this \
+                 manifest's file; ARTIFACTS: the directory of its chunk sets; OPENPILOT: the \
+                 openpilot checkout)"
+            ),
         });
     };
     let sha = crate::rehearse::manifest_digest(manifest);
@@ -928,6 +943,25 @@ pub enum GateOutcome {
     },
 }
 
+/// A gap line with the placeholder `--workspace WS` of its command replaced by the workspace the
+/// records were read from, so the command runs as printed (a path with a space is quoted).
+pub fn fill_workspace(line: &str, workspace: Option<&std::path::Path>) -> String {
+    let Some(ws) = workspace else {
+        return line.to_string();
+    };
+    let shown = ws.display().to_string();
+    let quoted = if shown.is_empty()
+        || shown
+            .chars()
+            .any(|c| !(c.is_ascii_alphanumeric() || "/._-+:@%,=".contains(c)))
+    {
+        format!("'{}'", shown.replace('\'', "'\\''"))
+    } else {
+        shown
+    };
+    line.replace("--workspace WS`", &format!("--workspace {quoted}`"))
+}
+
 /// The gate: publish when the records cover the matrix, or when the release engineer skipped
 /// validation with a reason; otherwise refuse with every gap. `coverage` is `None` when no
 /// workspace was given (then only a skip lets the publish through).
@@ -936,7 +970,12 @@ pub fn decide(
     coverage: Option<&Coverage>,
     skip_reason: Option<&str>,
 ) -> crate::Result<GateOutcome> {
-    let gaps = coverage.map(Coverage::gap_lines).unwrap_or_default();
+    let gaps: Vec<String> = coverage
+        .map(Coverage::gap_lines)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|line| fill_workspace(&line, workspace))
+        .collect();
     if let Some(reason) = skip_reason {
         return Ok(GateOutcome::Skipped {
             reason: reason.to_string(),

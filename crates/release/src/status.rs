@@ -433,7 +433,9 @@ pub fn gather(
                 None => cell(
                     &Cell::Preflight,
                     Some(&Gap::Missing {
-                        next: "run `release-cli preflight --openpilot DIR --workspace WS`".into(),
+                        next: "run `release-cli preflight --openpilot DIR --workspace WS` \
+                               (DIR: the openpilot checkout)"
+                            .into(),
                     }),
                     "",
                 ),

@@ -459,7 +459,10 @@ pub fn sync(args: SyncArgs) -> CliResult {
         report.record.display()
     )?;
     cli_support::info!(
-        "next: `release-cli compile --model ID …` for one model, or `release-cli rebuild …` for the generation"
+        "next: `release-cli compile --model ID --version vN --source ONNX --out DIR` for one model \
+         (ID: the model; vN: its behaviour version; ONNX: its source model; DIR: where its chunk \
+         set goes), or rebuild the generation (`release-cli status --workspace WS` prints the full \
+         rebuild command; WS: the rebuild workspace)"
     );
     Ok(())
 }

@@ -119,9 +119,11 @@ pub fn preflight(args: PreflightArgs) -> CliResult {
         )?;
     }
     if rec.passed {
+        let ws = release::audit::sh(&args.workspace.root().display().to_string());
         cli_support::info!(
-            "next: `release-cli validate --model ID --workspace {}` for the seed's matrix",
-            args.workspace.display()
+            "next: `release-cli validate --model ID --workspace {ws}` for each model of the seed's \
+             matrix (ID: the model; `release-cli status --workspace {ws}` lists what is still \
+             missing)"
         );
         Ok(())
     } else {

@@ -156,10 +156,15 @@ pub fn run(args: RebuildArgs) -> CliResult {
         .result()
         .map_err(|e| CliError::from(e).after_json_report())?;
     if summary.complete() {
+        let sh = |p: &std::path::Path| release::audit::sh(&p.display().to_string());
         cli_support::info!(
-            "next: release-cli publish --artifacts {} --manifest {}",
-            args.workspace.ready().display(),
-            summary.manifest.display()
+            "next: `release-cli publish --generation {} --manifest {} --artifacts {} --workspace \
+             {} --to STORE` (STORE: a store to publish to, e.g. hf://buckets/NS/NAME; --to again \
+             for each other store)",
+            args.generation,
+            sh(&summary.manifest),
+            sh(&args.workspace.ready()),
+            sh(args.workspace.root())
         );
     }
     Ok(())

@@ -158,6 +158,11 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
     let json = args.json;
     let dry_run = args.dry_run;
     let removing_signature = args.remove_signature.is_some();
+    // A local store, which `serve` can serve to a device for a try.
+    let local_store = args.to.iter().find_map(|s| match s {
+        StoreSpec::Local(p) => Some(p.clone()),
+        _ => None,
+    });
     let request = PublishRequest {
         generation: args.generation,
         manifest_path: args.manifest,
@@ -240,9 +245,17 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
              keys refuse it as not signed until you publish it again with --sign-key",
             report.generation
         );
+    } else if let Some(dir) = &local_store {
+        cli_support::info!(
+            "next: devices pick up {} on their next refresh; try it offline with `release-cli \
+             serve --store {}` and a device pointed at it (`device-modeld-manager --hf-base URL \
+             refresh`, URL: the base URL serve prints)",
+            report.generation,
+            release::audit::sh(&dir.display().to_string())
+        );
     } else {
         cli_support::info!(
-            "next: devices pick up {} on their next refresh; try it offline with `release-cli serve --store DIR` and `device-modeld-manager refresh`",
+            "next: devices pick up {} on their next refresh",
             report.generation
         );
     }
@@ -536,7 +549,7 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
         Some(p) => {
             crate::outln!("manifest     {} updated", p.display())?;
             cli_support::info!(
-                "next: `release-cli publish --generation {} --manifest {} --artifacts DIR --to {}` with an empty DIR/{}/ (nothing to upload; publish checks the copied files)",
+                "next: `release-cli publish --generation {} --manifest {} --artifacts DIR --workspace WS --to {}` with an empty DIR/{}/ (nothing to upload; publish checks the copied files) and WS the rebuild workspace whose records pass the validation gate",
                 args.generation,
                 p.display(),
                 args.to,
