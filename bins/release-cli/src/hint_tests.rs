@@ -154,6 +154,14 @@ fn the_validation_gates_hints_run() {
         let ws = tmp.path().join("ws");
         std::fs::create_dir_all(&ws).unwrap();
         let (artifacts, manifest) = release(tmp.path(), generation, pin);
+        // The built set in the workspace, as `rebuild` leaves it: a device check is bound to
+        // the artifacts in `ready/` it was made on.
+        let ready = ws.join("ready/pop223");
+        std::fs::create_dir_all(&ready).unwrap();
+        for e in std::fs::read_dir(Path::new(&artifacts).join("pop223")).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), ready.join(e.file_name())).unwrap();
+        }
         let store = tmp.path().join("store");
         let mut c = Collector::default();
         let publish = [
