@@ -110,6 +110,11 @@ pub fn sh(s: &str) -> String {
     }
 }
 
+/// What a small file beside a chunk set says instead of what the manifest says (`None`: it
+/// agrees), or why it cannot be read as that file.
+type SaysInstead<'a> =
+    dyn Fn(&[u8], &std::path::Path) -> Result<Option<String>, chunker::Error> + 'a;
+
 /// How the mend commands that publish again are written.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MendContext {
@@ -543,76 +548,48 @@ pub fn check_store(s: &Snapshot, rules: &Rules) -> StoreAudit {
             }
         }
         if e.count > 0 {
-            let cm = format!("{}/{}", e.dir, chunker::chunk_manifest_name(&e.name));
-            match s.small.get(&cm) {
-                None => push(
-                    model,
-                    at_str(&cm),
+            // The `.chunkmanifest` and `.sha256` beside the chunks: each missing, unreadable,
+            // malformed, or saying other than the manifest (`check` gives what it says instead).
+            let mut beside = |file: String,
+                              missing: (&'static str, &str),
+                              differs: &'static str,
+                              check: &SaysInstead| {
+                let key = format!("{}/{}", e.dir, file);
+                let (kind, message) = match s.small.get(&key) {
+                    None => (missing.0, format!("{what}{}", missing.1)),
+                    Some(Err(err)) => ("unreadable", format!("{what}{err}")),
+                    Some(Ok(b)) => match check(b, std::path::Path::new(&key)) {
+                        Ok(None) => return,
+                        Ok(Some(says)) => (differs, format!("{what}{says}")),
+                        Err(err) => ("malformed", format!("{what}{err}")),
+                    },
+                };
+                push(model, at_str(&key), kind, message, &republish);
+            };
+            beside(
+                chunker::chunk_manifest_name(&e.name),
+                (
                     "chunk_manifest_missing",
-                    format!(
-                        "{what}the .chunkmanifest is missing, so devices treat the artifact as absent"
-                    ),
-                    &republish,
+                    "the .chunkmanifest is missing, so devices treat the artifact as absent",
                 ),
-                Some(Err(err)) => push(
-                    model,
-                    at_str(&cm),
-                    "unreadable",
-                    format!("{what}{err}"),
-                    &republish,
-                ),
-                Some(Ok(b)) => match chunker::parse_chunk_manifest(b, std::path::Path::new(&cm)) {
-                    Ok(n) if n == e.count => {}
-                    Ok(n) => push(
-                        model,
-                        at_str(&cm),
-                        "chunk_count_differs",
-                        format!("{what}says {n} chunks, the manifest {}", e.count),
-                        &republish,
-                    ),
-                    Err(err) => push(
-                        model,
-                        at_str(&cm),
-                        "malformed",
-                        format!("{what}{err}"),
-                        &republish,
-                    ),
+                "chunk_count_differs",
+                &|b, path| {
+                    let n = chunker::parse_chunk_manifest(b, path)?;
+                    Ok(
+                        (n != e.count)
+                            .then(|| format!("says {n} chunks, the manifest {}", e.count)),
+                    )
                 },
-            }
-            let sc = format!("{}/{}", e.dir, chunker::sidecar_name(&e.name));
-            match s.small.get(&sc) {
-                None => push(
-                    model,
-                    at_str(&sc),
-                    "sidecar_missing",
-                    format!("{what}the .sha256 sidecar is missing"),
-                    &republish,
-                ),
-                Some(Err(err)) => push(
-                    model,
-                    at_str(&sc),
-                    "unreadable",
-                    format!("{what}{err}"),
-                    &republish,
-                ),
-                Some(Ok(b)) => match chunker::parse_sidecar(b, std::path::Path::new(&sc)) {
-                    Ok(d) if d == e.sha256 => {}
-                    Ok(d) => push(
-                        model,
-                        at_str(&sc),
-                        "sidecar_differs",
-                        format!("{what}says {d}, the manifest {}", e.sha256),
-                        &republish,
-                    ),
-                    Err(err) => push(
-                        model,
-                        at_str(&sc),
-                        "malformed",
-                        format!("{what}{err}"),
-                        &republish,
-                    ),
+            );
+            beside(
+                chunker::sidecar_name(&e.name),
+                ("sidecar_missing", "the .sha256 sidecar is missing"),
+                "sidecar_differs",
+                &|b, path| {
+                    let d = chunker::parse_sidecar(b, path)?;
+                    Ok((d != e.sha256).then(|| format!("says {d}, the manifest {}", e.sha256)))
                 },
-            }
+            );
         }
         for p in &missing {
             push(
