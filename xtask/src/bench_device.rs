@@ -318,12 +318,19 @@ fn openssl_digest(path: &Path) -> Result<String, String> {
 }
 
 pub(crate) fn start_server(bin: &PathBuf, dir: &Path) -> Result<(Server, String), String> {
-    let mut child = Command::new(bin)
-        .arg("--dir")
+    let mut cmd = Command::new(bin);
+    cmd.arg("--dir")
         .arg(dir)
         .args(["--addr", "127.0.0.1:0"])
         .args(["--rate-per-conn", &RATE_PER_CONN.to_string()])
-        .args(["--latency-ms", &LATENCY_MS.to_string()])
+        .args(["--latency-ms", &LATENCY_MS.to_string()]);
+    spawn_server(&mut cmd, bin)
+}
+
+/// Start `test-http-server` as `cmd` says and read the URL it prints first; the server is killed
+/// when the returned [`Server`] is dropped.
+pub(crate) fn spawn_server(cmd: &mut Command, bin: &Path) -> Result<(Server, String), String> {
+    let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

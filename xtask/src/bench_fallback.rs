@@ -6,13 +6,12 @@
 //! byte counts per origin). The generation and its pin come from the pin table.
 
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::bench::{Row, quiet, write_pseudo_random};
-use crate::bench_device::{entry, mkdirs, run_ok, sidecar_digest};
+use crate::bench_device::{Server, entry, mkdirs, run_ok, sidecar_digest, spawn_server};
 use crate::util;
 
 const ID: &str = "fallbackbench";
@@ -22,16 +21,6 @@ const CHUNK: u64 = 45 << 20;
 /// 4 KiB/s minimum rate: alive, never given up for being below it).
 const GH_RATE: u64 = 4 << 20;
 const HF_SLOW_RATE: u64 = GH_RATE / 100;
-
-/// Kills the origin server when the row ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 struct Scenario {
     name: &'static str,
@@ -201,22 +190,7 @@ fn start(
     for f in faults {
         cmd.args(["--fault", f]);
     }
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
-    let stdout = child.stdout.take().expect("piped");
-    let server = Server(child);
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .map_err(|e| e.to_string())?;
-    let url = line.trim().to_string();
-    if !url.starts_with("http://") {
-        return Err(format!("test-http-server printed {url:?}, not its URL"));
-    }
-    Ok((server, url))
+    spawn_server(&mut cmd, bin)
 }
 
 /// Body bytes served by Hugging Face's and GitHub's artifact paths, from the stats file.
