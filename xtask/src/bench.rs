@@ -274,26 +274,7 @@ fn chunker_rows(
         // The OOB check reads the headers only: it must cost less than hashing a hundredth of
         // the artifact. Both have a fixed start-up cost and a part that grows with the artifact
         // (records are OOB_BUFFER apart), so the bar holds at any --size.
-        let sample = work.join("oob-anchor.bin");
-        let hundredth = (fs::metadata(input).map_err(|e| e.to_string())?.len() / 100).max(1);
-        copy_prefix(input, &sample, hundredth)?;
-        warm(&sample)?;
-        eprintln!(
-            "bench: anchor openssl dgst -sha256 over the artifact's first hundredth ({} KiB)",
-            hundredth >> 10
-        );
-        let anchor = best_of(
-            RUNS,
-            || {},
-            || {
-                quiet(
-                    Command::new("openssl")
-                        .args(["dgst", "-sha256"])
-                        .arg(&sample),
-                )
-            },
-        )?;
-        let _ = fs::remove_file(&sample);
+        let anchor = openssl_of_hundredth(input, &work.join("oob-anchor.bin"))?;
         eprintln!("bench: release-cli chunk oob (headers only, through the chunk set)");
         let oob = best_of(
             RUNS,
@@ -353,6 +334,31 @@ fn oob_row(oob: Measured, hundredth: Measured) -> Row {
         bar: "<= 1.00",
         pass: ratio <= 1.0,
     }
+}
+
+/// `openssl dgst -sha256` over the first hundredth of `input` (copied to `sample`, from the page
+/// cache): the anchor of the rows whose work must not grow with the artifact.
+pub(crate) fn openssl_of_hundredth(input: &Path, sample: &Path) -> Result<Measured, String> {
+    let hundredth = (fs::metadata(input).map_err(|e| e.to_string())?.len() / 100).max(1);
+    copy_prefix(input, sample, hundredth)?;
+    warm(sample)?;
+    eprintln!(
+        "bench: anchor openssl dgst -sha256 over the first hundredth ({} KiB)",
+        hundredth >> 10
+    );
+    let anchor = best_of(
+        RUNS,
+        || {},
+        || {
+            quiet(
+                Command::new("openssl")
+                    .args(["dgst", "-sha256"])
+                    .arg(sample),
+            )
+        },
+    );
+    let _ = fs::remove_file(sample);
+    anchor
 }
 
 /// Copy the first `len` bytes of `from` to `to`.

@@ -188,11 +188,14 @@ pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, Stri
     )?;
     let verify = best_of(RUNS, || {}, || quiet(&mut dmm_cmd(&["verify", BIG_ID])))?;
     let recheck = best_of(RUNS, || {}, || quiet(&mut dmm_cmd(&["status", "--json"])))?;
+    // The cached re-check reads no model bytes: it must cost less than hashing a hundredth of
+    // the model (both have a fixed start-up cost, so the bar holds at any --size).
+    let hundredth = crate::bench::openssl_of_hundredth(big, &work.join("recheck-anchor.bin"))?;
 
     let speedup = curl.wall.as_secs_f64() / ours.wall.as_secs_f64();
     let rss_mib = ours.max_rss_kib as f64 / 1024.0;
     let verify_ratio = openssl.wall.as_secs_f64() / verify.wall.as_secs_f64();
-    let recheck_s = recheck.wall.as_secs_f64();
+    let recheck_ratio = recheck.wall.as_secs_f64() / hundredth.wall.as_secs_f64();
     Ok(vec![
         Row {
             name: "device download speed / curl (1 conn)",
@@ -245,12 +248,16 @@ pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, Stri
             pass: verify_ratio >= 0.85,
         },
         Row {
-            name: "device re-check (status) / verify",
+            name: "device re-check (status) / openssl 1 %",
             ours: secs(recheck),
-            anchor: format!("{} (full verify)", secs(verify)),
-            ratio: recheck_s / verify.wall.as_secs_f64(),
-            bar: "ours < 1 s",
-            pass: recheck_s < 1.0,
+            anchor: format!(
+                "{} (openssl, 1st 1/100; full verify {})",
+                secs(hundredth),
+                secs(verify)
+            ),
+            ratio: recheck_ratio,
+            bar: "<= 1.00",
+            pass: recheck_ratio <= 1.0,
         },
     ])
 }
