@@ -45,31 +45,12 @@ pub fn published_models(work: &Path) -> PathBuf {
 
 pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, String> {
     let release = util::target_dir().join("release");
-    let cli = release.join("release-cli");
     let dmm = release.join("device-modeld-manager");
     let origin = work.join("origin");
     let hf_dir = origin.join("hf");
-    let small_dir = hf_dir.join(format!("models/{GENERATION}/{SMALL_ID}"));
-    mkdirs(&small_dir)?;
-    mkdirs(&hf_dir.join("manifests"))?;
-    mkdirs(&origin.join("gh"))?;
-
-    eprintln!("bench: publishing a {download_mib} MiB model to the local origin");
+    let small_sha = publish_small(work, download_mib)?;
     let small_name = format!("{SMALL_ID}_driving_tinygrad.pkl");
-    let small = work.join(&small_name);
-    write_pseudo_random(&small.to_path_buf(), download_mib << 20)?;
-    // Framed as every v25 artifact is, so that the GitHub publish bench can publish it too.
-    crate::bench::frame_oob(&small, download_mib << 20, crate::bench::OOB_BUFFER)?;
-    run_ok(
-        Command::new(&cli)
-            .args(["chunk", "split"])
-            .arg(&small)
-            .arg("--out-dir")
-            .arg(&small_dir),
-    )?;
-    let small_sha = sidecar_digest(&small_dir.join(format!("{small_name}.sha256")))?;
     let small_count = (download_mib << 20).div_ceil(CHUNK);
-    fs::remove_file(&small).map_err(|e| e.to_string())?;
 
     let big_size = fs::metadata(big).map_err(|e| e.to_string())?.len();
     let big_sha = openssl_digest(big)?;
@@ -272,6 +253,36 @@ pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, Stri
             pass: recheck_s < 1.0,
         },
     ])
+}
+
+/// Publish the `download_mib` MiB model the device rows download (and the GitHub row publishes
+/// again) as a chunk set into [`published_models`], with the origin's other directories;
+/// returns its SHA-256.
+pub(crate) fn publish_small(work: &Path, download_mib: u64) -> Result<String, String> {
+    let cli = util::target_dir().join("release/release-cli");
+    let origin = work.join("origin");
+    let hf_dir = origin.join("hf");
+    let small_dir = published_models(work).join(SMALL_ID);
+    mkdirs(&small_dir)?;
+    mkdirs(&hf_dir.join("manifests"))?;
+    mkdirs(&origin.join("gh"))?;
+
+    eprintln!("bench: publishing a {download_mib} MiB model to the local origin");
+    let small_name = format!("{SMALL_ID}_driving_tinygrad.pkl");
+    let small = work.join(&small_name);
+    write_pseudo_random(&small.to_path_buf(), download_mib << 20)?;
+    // Framed as every v25 artifact is, so that the GitHub publish bench can publish it too.
+    crate::bench::frame_oob(&small, download_mib << 20, crate::bench::OOB_BUFFER)?;
+    run_ok(
+        Command::new(&cli)
+            .args(["chunk", "split"])
+            .arg(&small)
+            .arg("--out-dir")
+            .arg(&small_dir),
+    )?;
+    let small_sha = sidecar_digest(&small_dir.join(format!("{small_name}.sha256")))?;
+    fs::remove_file(&small).map_err(|e| e.to_string())?;
+    Ok(small_sha)
 }
 
 pub(crate) fn entry(id: &str, size: u64, sha: &str, count: u64) -> String {
