@@ -88,6 +88,8 @@ const POLL: Duration = Duration::from_millis(50);
 /// more than `QUEUE * PIECE` bytes.
 const PIECE: usize = 64 * 1024;
 const QUEUE: usize = 4;
+/// How long [`Body::finish`] waits for the end of a body whose bytes were all read.
+const FINISH_WAIT: Duration = Duration::from_millis(200);
 
 /// What stops a request early: a cancel, another worker's failure, the origin's deadline.
 #[derive(Clone)]
@@ -216,6 +218,24 @@ impl Body {
                         message: "the connection ended without finishing the body".into(),
                     });
                 }
+            }
+        }
+    }
+
+    /// The caller has read every byte it asked for: wait (briefly) for the request thread to
+    /// see the body end, which is when the connection goes back to the pool, so that the next
+    /// request reuses it instead of opening another (a new TCP and TLS handshake, and one more
+    /// connection than the download's count). Anything unexpected just ends the wait: the
+    /// connection is then not reused, nothing else changes.
+    pub fn finish(&mut self) {
+        let until = Instant::now() + FINISH_WAIT;
+        while !self.ended && self.pos >= self.buf.len() {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left.min(POLL)) {
+                Ok(Msg::End) => self.ended = true,
+                Ok(_) | Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) if left.is_zero() => return,
+                Err(RecvTimeoutError::Timeout) => {}
             }
         }
     }

@@ -550,6 +550,7 @@ impl Run<'_> {
                 total: self.plan.size,
             });
         }
+        body.finish();
         Ok(())
     }
 }
