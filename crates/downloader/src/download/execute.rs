@@ -24,8 +24,8 @@ use manifest::{FileName, Generation};
 
 use super::inspect::{hash_file, hash_region};
 use super::plan::{
-    Piece, Plan, Segment, add_range, bytes_on_disk, plan_blocks, plan_pieces, plan_segments,
-    present_ranges,
+    Block, Piece, Plan, Segment, add_range, bytes_on_disk, plan_blocks, plan_pieces,
+    plan_segments, present_ranges,
 };
 use super::resolve::resolve_plan;
 use super::retry::with_retries;
@@ -47,7 +47,7 @@ struct Run<'a> {
     cancel: &'a CancelToken,
     on_event: &'a (dyn Fn(Event) + Sync),
     ctl: Ctl,
-    queue: Mutex<VecDeque<Segment>>,
+    queue: Mutex<VecDeque<Block>>,
     open_segments: Mutex<Vec<usize>>,
     done_bytes: AtomicU64,
     abort: Arc<AtomicBool>,
@@ -183,13 +183,11 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
     )?;
     let (done, partial) = staging.recorded();
     let workers = config.connections.max(1);
-    let segments = plan_blocks(
-        plan_segments(&pieces, &done, &partial, config.ranges_per_chunk),
-        workers,
-    );
+    let segments = plan_segments(&pieces, &done, &partial, config.ranges_per_chunk);
     let present = present_ranges(&pieces, &segments, plan.size);
+    let blocks = plan_blocks(segments, workers);
     let mut open_segments = vec![0usize; pieces.len()];
-    for s in &segments {
+    for s in blocks.iter().flatten() {
         open_segments[s.piece] += 1;
     }
     let already = bytes_on_disk(&pieces, &done, &partial);
@@ -205,7 +203,7 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
         staging: &staging,
         cancel,
         on_event,
-        queue: Mutex::new(segments.into_iter().collect()),
+        queue: Mutex::new(blocks.into_iter().collect()),
         open_segments: Mutex::new(open_segments),
         done_bytes: AtomicU64::new(already),
         abort,
@@ -340,10 +338,15 @@ impl Run<'_> {
             if self.stopped() {
                 return;
             }
-            let Some(seg) = self.queue.lock().unwrap().pop_front() else {
+            let Some(block) = self.queue.lock().unwrap().pop_front() else {
                 return;
             };
-            let res = self.fetch_segment(&seg, &records).and_then(|()| {
+            // A stop between two segments of the block ends the worker as at the loop's top.
+            let res = block.iter().try_for_each(|seg| {
+                if self.stopped() {
+                    return Ok(());
+                }
+                self.fetch_segment(seg, &records)?;
                 let finished = {
                     let mut open = self.open_segments.lock().unwrap();
                     open[seg.piece] -= 1;
@@ -384,11 +387,11 @@ impl Run<'_> {
                     // from its first byte before giving up on this origin.
                     self.done_bytes.fetch_sub(piece.len, Ordering::SeqCst);
                     self.open_segments.lock().unwrap()[i] = 1;
-                    self.queue.lock().unwrap().push_back(Segment {
+                    self.queue.lock().unwrap().push_back(vec![Segment {
                         piece: i,
                         start: 0,
                         end: piece.len,
-                    });
+                    }]);
                     return Ok(());
                 }
                 return Err(Error::DigestMismatch {
