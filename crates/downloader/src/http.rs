@@ -84,9 +84,11 @@ impl HttpConfig {
 
 /// How often a waiting caller looks at its cancel flag and clocks.
 const POLL: Duration = Duration::from_millis(50);
-/// Body bytes handed over per message; at most `QUEUE` messages wait, so a request never buffers
-/// more than `QUEUE * PIECE` bytes.
-const PIECE: usize = 64 * 1024;
+/// Body bytes handed over per message at most; at most `QUEUE` messages wait, so a request
+/// never buffers more than `QUEUE * PIECE` bytes. Each message holds what one read returned
+/// (so a slow body is handed over as it trickles), and a fast body's bursts go over in few
+/// messages.
+const PIECE: usize = 256 * 1024;
 const QUEUE: usize = 4;
 /// How long [`Body::finish`] waits for the end of a body whose bytes were all read.
 const FINISH_WAIT: Duration = Duration::from_millis(200);
@@ -531,16 +533,15 @@ impl RequestJob {
             return;
         }
         let mut reader = resp.into_reader();
+        let mut buf = vec![0u8; PIECE];
         loop {
-            let mut buf = vec![0u8; PIECE];
             match reader.read(&mut buf) {
                 Ok(0) => {
                     let _ = tx.send(Msg::End);
                     return;
                 }
                 Ok(n) => {
-                    buf.truncate(n);
-                    if tx.send(Msg::Data(buf)).is_err() {
+                    if tx.send(Msg::Data(buf[..n].to_vec())).is_err() {
                         return;
                     }
                 }

@@ -420,11 +420,15 @@ impl Run<'_> {
         }
     }
 
-    /// Bytes `[at, at + n)` of the artifact are written: the follower may hash them.
-    fn wrote(&self, at: u64, n: u64) {
+    /// Bytes `[at, at + n)` of the artifact are written: the follower may hash them. It is
+    /// woken when a write crosses a [`FOLLOW_STEP`] boundary or ends a segment (`last`), not for
+    /// every small write (it also looks by itself every 50 ms).
+    fn wrote(&self, at: u64, n: u64, last: bool) {
         let mut w = self.written.lock().unwrap();
         add_range(&mut w, (at, at + n));
-        self.wrote.notify_all();
+        if last || at / FOLLOW_STEP != (at + n) / FOLLOW_STEP {
+            self.wrote.notify_all();
+        }
     }
 
     fn fetch_segment(&self, seg: &Segment, records: &mpsc::Sender<Record>) -> Result<()> {
@@ -517,7 +521,7 @@ impl Run<'_> {
             *etag = body.meta.etag.clone();
         }
         let seg_len = seg.end - seg.start;
-        let mut buf = vec![0u8; 64 * 1024];
+        let mut buf = vec![0u8; 256 * 1024];
         while *written < seg_len {
             if self.stopped() {
                 return Err(Error::Cancelled {
@@ -537,9 +541,9 @@ impl Run<'_> {
             let at = piece.offset + seg.start + *written;
             debug_assert!(at + n as u64 <= self.plan.size);
             self.staging.file.write_all_at(&buf[..n], at)?;
-            self.wrote(at, n as u64);
             let before = *written;
             *written += n as u64;
+            self.wrote(at, n as u64, *written == seg_len);
             if before / RANGE_RECORD_STEP != *written / RANGE_RECORD_STEP {
                 let _ = records.send(Record::Range(
                     piece.index,
