@@ -90,6 +90,8 @@ const POLL: Duration = Duration::from_millis(50);
 /// messages.
 const PIECE: usize = 256 * 1024;
 const QUEUE: usize = 4;
+/// The longest a request thread gathers body reads before handing them over.
+const GATHER: Duration = Duration::from_millis(10);
 /// How long [`Body::finish`] waits for the end of a body whose bytes were all read.
 const FINISH_WAIT: Duration = Duration::from_millis(200);
 
@@ -535,17 +537,35 @@ impl RequestJob {
         let mut reader = resp.into_reader();
         let mut buf = vec![0u8; PIECE];
         loop {
-            match reader.read(&mut buf) {
-                Ok(0) => {
+            // Gather reads into one message until it is full or [`GATHER`] has passed since
+            // the batch began (ureq reads a body whose request has a deadline 8 KiB at a time:
+            // a fast body would otherwise be thousands of messages and writes a second; a slow
+            // one still goes over read by read).
+            let began = Instant::now();
+            let mut filled = 0;
+            let end = loop {
+                match reader.read(&mut buf[filled..]) {
+                    Ok(0) => break Ok(true),
+                    Ok(n) => {
+                        filled += n;
+                        if filled == buf.len() || began.elapsed() >= GATHER {
+                            break Ok(false);
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => break Err(e),
+                }
+            };
+            // What arrived before an error is handed over first: a retry resumes after it.
+            if filled > 0 && tx.send(Msg::Data(buf[..filled].to_vec())).is_err() {
+                return;
+            }
+            match end {
+                Ok(false) => {}
+                Ok(true) => {
                     let _ = tx.send(Msg::End);
                     return;
                 }
-                Ok(n) => {
-                    if tx.send(Msg::Data(buf[..n].to_vec())).is_err() {
-                        return;
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     let _ = tx.send(Msg::Fail(e.to_string()));
                     return;
