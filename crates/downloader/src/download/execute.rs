@@ -24,8 +24,8 @@ use manifest::{FileName, Generation};
 
 use super::inspect::{hash_file, hash_region};
 use super::plan::{
-    Block, Piece, Plan, Segment, add_range, bytes_on_disk, plan_blocks, plan_pieces,
-    plan_segments, present_ranges,
+    Block, Piece, Plan, Segment, add_range, bytes_on_disk, plan_blocks, plan_pieces, plan_segments,
+    present_ranges,
 };
 use super::resolve::resolve_plan;
 use super::retry::with_retries;
@@ -545,11 +545,7 @@ impl Run<'_> {
             *written += n as u64;
             self.wrote(at, n as u64, *written == seg_len);
             if before / RANGE_RECORD_STEP != *written / RANGE_RECORD_STEP {
-                let _ = records.send(Record::Range(
-                    piece.index,
-                    seg.start,
-                    seg.start + *written,
-                ));
+                let _ = records.send(Record::Range(piece.index, seg.start, seg.start + *written));
             }
             let done = self.done_bytes.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
             (self.on_event)(Event::Progress {
@@ -637,7 +633,9 @@ impl<'r, 'a> Follower<'r, 'a> {
             {
                 return None;
             }
-            if let Some(&(a, b)) = written.iter().find(|(a, b)| *a <= self.pos && self.pos < *b)
+            if let Some(&(a, b)) = written
+                .iter()
+                .find(|(a, b)| *a <= self.pos && self.pos < *b)
             {
                 debug_assert!(a <= self.pos);
                 return Some(b);

@@ -46,13 +46,10 @@ pub(crate) fn resolve_plan(
     // `.chunkmanifest` answers: its HEAD (the chunk length) goes out at the same time, so the
     // two round trips cost one.
     std::thread::scope(|s| {
-        let early_head = target
-            .chunk_count
-            .filter(|n| *n > 1)
-            .map(|n| {
-                let name = chunker::chunk_name(remote, 1, n);
-                s.spawn(move || head_len(http, config, ctl, url_of, &name))
-            });
+        let early_head = target.chunk_count.filter(|n| *n > 1).map(|n| {
+            let name = chunker::chunk_name(remote, 1, n);
+            s.spawn(move || head_len(http, config, ctl, url_of, &name))
+        });
         resolve_with(http, config, target, ctl, url_of, early_head)
     })
 }
