@@ -547,11 +547,18 @@ impl Run<'_> {
             if before / RANGE_RECORD_STEP != *written / RANGE_RECORD_STEP {
                 let _ = records.send(Record::Range(piece.index, seg.start, seg.start + *written));
             }
-            let done = self.done_bytes.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
-            (self.on_event)(Event::Progress {
-                done,
-                total: self.plan.size,
-            });
+            // Progress in steps of at most PROGRESS_STEP, however large the write: a small
+            // model still reports many percentages.
+            let mut left = n as u64;
+            while left > 0 {
+                let step = left.min(PROGRESS_STEP);
+                left -= step;
+                let done = self.done_bytes.fetch_add(step, Ordering::SeqCst) + step;
+                (self.on_event)(Event::Progress {
+                    done,
+                    total: self.plan.size,
+                });
+            }
         }
         body.finish();
         Ok(())
@@ -565,6 +572,9 @@ enum Record {
     Range(u32, u64, u64),
     Forget(u32),
 }
+
+/// The largest step of one [`Event::Progress`] (a write of more reports several).
+const PROGRESS_STEP: u64 = 8 * 1024;
 
 /// Bytes hashed per read-back of the follower.
 const FOLLOW_STEP: u64 = 1 << 20;
