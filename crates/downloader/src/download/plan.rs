@@ -474,7 +474,8 @@ mod tests {
     fn present_is_what_no_segment_fetches() {
         let pieces = plan_pieces("a", 10, 3, 4).unwrap();
         let seg = |piece, start, end| Segment { piece, start, end };
-        let table: &[(&[Segment], &[(u64, u64)])] = &[
+        type Case<'a> = (&'a [Segment], &'a [(u64, u64)]);
+        let table: &[Case] = &[
             (&[seg(0, 0, 4), seg(1, 0, 4), seg(2, 0, 2)], &[]),
             (&[seg(1, 0, 4)], &[(0, 4), (8, 10)]),
             (&[seg(0, 1, 4), seg(2, 1, 2)], &[(0, 1), (4, 9)]),
