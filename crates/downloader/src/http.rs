@@ -84,10 +84,16 @@ impl HttpConfig {
 
 /// How often a waiting caller looks at its cancel flag and clocks.
 const POLL: Duration = Duration::from_millis(50);
-/// Body bytes handed over per message; at most `QUEUE` messages wait, so a request never buffers
-/// more than `QUEUE * PIECE` bytes.
-const PIECE: usize = 64 * 1024;
+/// Body bytes handed over per message at most; at most `QUEUE` messages wait, so a request
+/// never buffers more than `QUEUE * PIECE` bytes. Each message holds what one read returned
+/// (so a slow body is handed over as it trickles), and a fast body's bursts go over in few
+/// messages.
+const PIECE: usize = 256 * 1024;
 const QUEUE: usize = 4;
+/// The longest a request thread gathers body reads before handing them over.
+const GATHER: Duration = Duration::from_millis(10);
+/// How long [`Body::finish`] waits for the end of a body whose bytes were all read.
+const FINISH_WAIT: Duration = Duration::from_millis(200);
 
 /// What stops a request early: a cancel, another worker's failure, the origin's deadline.
 #[derive(Clone)]
@@ -216,6 +222,24 @@ impl Body {
                         message: "the connection ended without finishing the body".into(),
                     });
                 }
+            }
+        }
+    }
+
+    /// The caller has read every byte it asked for: wait (briefly) for the request thread to
+    /// see the body end, which is when the connection goes back to the pool, so that the next
+    /// request reuses it instead of opening another (a new TCP and TLS handshake, and one more
+    /// connection than the download's count). Anything unexpected just ends the wait: the
+    /// connection is then not reused, nothing else changes.
+    pub fn finish(&mut self) {
+        let until = Instant::now() + FINISH_WAIT;
+        while !self.ended && self.pos >= self.buf.len() {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left.min(POLL)) {
+                Ok(Msg::End) => self.ended = true,
+                Ok(_) | Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) if left.is_zero() => return,
+                Err(RecvTimeoutError::Timeout) => {}
             }
         }
     }
@@ -511,20 +535,37 @@ impl RequestJob {
             return;
         }
         let mut reader = resp.into_reader();
+        let mut buf = vec![0u8; PIECE];
         loop {
-            let mut buf = vec![0u8; PIECE];
-            match reader.read(&mut buf) {
-                Ok(0) => {
+            // Gather reads into one message until it is full or [`GATHER`] has passed since
+            // the batch began (ureq reads a body whose request has a deadline 8 KiB at a time:
+            // a fast body would otherwise be thousands of messages and writes a second; a slow
+            // one still goes over read by read).
+            let began = Instant::now();
+            let mut filled = 0;
+            let end = loop {
+                match reader.read(&mut buf[filled..]) {
+                    Ok(0) => break Ok(true),
+                    Ok(n) => {
+                        filled += n;
+                        if filled == buf.len() || began.elapsed() >= GATHER {
+                            break Ok(false);
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => break Err(e),
+                }
+            };
+            // What arrived before an error is handed over first: a retry resumes after it.
+            if filled > 0 && tx.send(Msg::Data(buf[..filled].to_vec())).is_err() {
+                return;
+            }
+            match end {
+                Ok(false) => {}
+                Ok(true) => {
                     let _ = tx.send(Msg::End);
                     return;
                 }
-                Ok(n) => {
-                    buf.truncate(n);
-                    if tx.send(Msg::Data(buf)).is_err() {
-                        return;
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     let _ = tx.send(Msg::Fail(e.to_string()));
                     return;

@@ -495,3 +495,36 @@ fn plan_target_fetches_no_payload_and_writes_nothing() {
     assert!(payload.is_empty(), "{payload:?}");
     assert!(fs::read_dir(&w.models).unwrap().next().is_none());
 }
+
+/// A range whose retry is answered with a whole, different body (its ETag changed, so
+/// `If-Range` gives a `200`) is written again from its start: bytes the artifact's digest may
+/// already have followed are overwritten. Such a run never trusts the followed digest: the
+/// staging file is hashed whole, the mix of two bodies fails the digest, and only the published
+/// bytes are ever installed (here from GitHub).
+#[test]
+fn bytes_written_twice_are_hashed_again_before_install() {
+    let w = world();
+    let (data, m) = w.publish("pop223", 9, 3 * CHUNK, true, false);
+    let chunk = w.hf_chunk("pop223", 2, 3);
+    // The second chunk as another body: wrong in the first 20 000 bytes only, so that a digest
+    // which followed the first try's (right) bytes and then the second try's rest would match.
+    let mut other = data[CHUNK..2 * CHUNK].to_vec();
+    for b in &mut other[..20_000] {
+        *b ^= 0x5a;
+    }
+    w.server.add_fault(&chunk, Fault::Truncate(20_000), Some(1));
+    w.server.add_fault(&chunk, Fault::Body(other), Some(1));
+    let done = w.download(&w.downloader(config()), &m, "pop223").unwrap();
+    assert_eq!(w.installed("pop223").unwrap(), data);
+    assert!(done.origin.starts_with("GitHub"), "{}", done.origin);
+    let retried: Vec<_> = w
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == chunk)
+        .collect();
+    assert!(
+        retried.len() >= 2 && retried[1].if_range.is_some(),
+        "{retried:?}"
+    );
+}

@@ -1,19 +1,32 @@
 //! One origin's run: resolve the plan, open staging, fetch the segments with parallel workers
 //! (each range retried, resumed, checked against the plan), verify the whole, install.
+//!
+//! Nothing waits on the disk or the digest while bytes can flow: the workers only receive and
+//! write; the artifact's SHA-256 follows the bytes in artifact order while they arrive (a
+//! [`Follower`] reads back what was just written, from the page cache, and starts its
+//! writeback), and each completed piece is made durable and recorded on a [`Recorder`] thread.
+//! When the transfer ends, only the bytes of the last round are left to hash and flush. A byte
+//! written twice (a server that ignored `Range` after part of a segment arrived, a chunk fetched
+//! again after failing its digest) makes the followed digest void, and the staging file is hashed
+//! whole once more, as before.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use chunker::Hasher;
+use chunker::{Hasher, Sha256Digest};
 use fs_err::os::unix::fs::FileExt;
 use manifest::{FileName, Generation};
 
 use super::inspect::{hash_file, hash_region};
-use super::plan::{Piece, Plan, Segment, bytes_on_disk, plan_pieces, plan_segments};
+use super::plan::{
+    Block, Piece, Plan, Segment, add_range, bytes_on_disk, plan_blocks, plan_pieces, plan_segments,
+    present_ranges,
+};
 use super::resolve::resolve_plan;
 use super::retry::with_retries;
 use super::staged::{RANGE_RECORD_STEP, Staging, install};
@@ -34,13 +47,21 @@ struct Run<'a> {
     cancel: &'a CancelToken,
     on_event: &'a (dyn Fn(Event) + Sync),
     ctl: Ctl,
-    queue: Mutex<VecDeque<Segment>>,
+    queue: Mutex<VecDeque<Block>>,
     open_segments: Mutex<Vec<usize>>,
     done_bytes: AtomicU64,
     abort: Arc<AtomicBool>,
     error: Mutex<Option<Error>>,
     /// Pieces already fetched once more from their first byte after failing their digest.
     refetched: Mutex<BTreeSet<usize>>,
+    /// Byte ranges of the artifact on disk (before the run, and written by it), for the
+    /// [`Follower`].
+    written: Mutex<Vec<(u64, u64)>>,
+    wrote: Condvar,
+    /// Some byte was written twice: the followed digest is void.
+    rewritten: AtomicBool,
+    /// Every worker has returned (the follower stops waiting for bytes that will not come).
+    workers_done: AtomicBool,
 }
 
 /// Fetch the artifact from one origin into staging, verify it and install it.
@@ -161,9 +182,12 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
         config.space_margin,
     )?;
     let (done, partial) = staging.recorded();
+    let workers = config.connections.max(1);
     let segments = plan_segments(&pieces, &done, &partial, config.ranges_per_chunk);
+    let present = present_ranges(&pieces, &segments, plan.size);
+    let blocks = plan_blocks(segments, workers);
     let mut open_segments = vec![0usize; pieces.len()];
-    for s in &segments {
+    for s in blocks.iter().flatten() {
         open_segments[s.piece] += 1;
     }
     let already = bytes_on_disk(&pieces, &done, &partial);
@@ -179,19 +203,22 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
         staging: &staging,
         cancel,
         on_event,
-        queue: Mutex::new(segments.into_iter().collect()),
+        queue: Mutex::new(blocks.into_iter().collect()),
         open_segments: Mutex::new(open_segments),
         done_bytes: AtomicU64::new(already),
         abort,
         error: Mutex::new(None),
         refetched: Mutex::new(BTreeSet::new()),
+        written: Mutex::new(present),
+        wrote: Condvar::new(),
+        rewritten: AtomicBool::new(false),
+        workers_done: AtomicBool::new(false),
         pieces,
     };
     on_event(Event::Progress {
         done: already,
         total: plan.size,
     });
-    let workers = config.connections.max(1);
     let started = Instant::now();
     let moved = || Measured {
         bytes: run
@@ -200,8 +227,17 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
             .saturating_sub(already),
         elapsed: started.elapsed(),
     };
-    thread::scope(|s| {
-        let handles: Vec<_> = (0..workers).map(|_| s.spawn(|| run.worker())).collect();
+    let followed = thread::scope(|s| {
+        let (records, recorded) = mpsc::channel::<Record>();
+        let recorder = s.spawn(|| run.record(recorded));
+        let follower = s.spawn(|| Follower::new(&run).follow());
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                let records = records.clone();
+                s.spawn(|| run.worker(records))
+            })
+            .collect();
+        drop(records);
         // Watch the transfer's rate: the policy may move it to the other origin.
         let mut last_check = Instant::now();
         while !handles.iter().all(|h| h.is_finished()) {
@@ -221,8 +257,21 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
                 });
             }
         }
+        for h in handles {
+            let _ = h.join();
+        }
+        *measured = moved();
+        {
+            let _guard = run.written.lock().unwrap();
+            run.workers_done.store(true, Ordering::SeqCst);
+            run.wrote.notify_all();
+        }
+        if !run.stopped() {
+            on_event(Event::Verifying);
+        }
+        let _ = recorder.join();
+        follower.join().ok().flatten()
     });
-    *measured = moved();
     if let Some(e) = run.error.lock().unwrap().take() {
         // Without per-chunk digests a digest failure cannot say which bytes are bad: drop them
         // all. With them, only the failing chunk was forgotten (in `finish_piece`); every
@@ -238,8 +287,12 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
         });
     }
 
-    on_event(Event::Verifying);
-    let actual = hash_file(&staging.file, plan.size, &run.ctl)?;
+    // The digest followed the bytes as they arrived; only when some byte was written twice is
+    // the staging file hashed whole again.
+    let actual = match followed {
+        Some(d) if !run.rewritten.load(Ordering::SeqCst) => d,
+        _ => hash_file(&staging.file, plan.size, &run.ctl)?,
+    };
     if actual != plan.sha256 {
         staging.discard();
         return Err(Error::DigestMismatch {
@@ -280,22 +333,27 @@ impl Run<'_> {
         self.abort.store(true, Ordering::SeqCst);
     }
 
-    fn worker(&self) {
+    fn worker(&self, records: mpsc::Sender<Record>) {
         loop {
             if self.stopped() {
                 return;
             }
-            let Some(seg) = self.queue.lock().unwrap().pop_front() else {
+            let Some(block) = self.queue.lock().unwrap().pop_front() else {
                 return;
             };
-            let res = self.fetch_segment(&seg).and_then(|()| {
+            // A stop between two segments of the block ends the worker as at the loop's top.
+            let res = block.iter().try_for_each(|seg| {
+                if self.stopped() {
+                    return Ok(());
+                }
+                self.fetch_segment(seg, &records)?;
                 let finished = {
                     let mut open = self.open_segments.lock().unwrap();
                     open[seg.piece] -= 1;
                     open[seg.piece] == 0
                 };
                 if finished {
-                    self.finish_piece(seg.piece)
+                    self.finish_piece(seg.piece, &records)
                 } else {
                     Ok(())
                 }
@@ -309,8 +367,9 @@ impl Run<'_> {
         }
     }
 
-    /// A piece is complete: check its own digest when the manifest has one, then record it.
-    fn finish_piece(&self, i: usize) -> Result<()> {
+    /// A piece is complete: check its own digest when the manifest has one, then have it made
+    /// durable and recorded (on the recorder thread: this connection goes on receiving).
+    fn finish_piece(&self, i: usize, records: &mpsc::Sender<Record>) -> Result<()> {
         let piece = &self.pieces[i];
         if let Some(list) = &self.plan.chunk_sha256 {
             let want = list[i];
@@ -319,18 +378,20 @@ impl Run<'_> {
             let got = h.finish();
             if got != want {
                 // Only this chunk's bytes are known bad: forget them, keep every other chunk.
-                self.staging.forget(piece.index)?;
+                // (Through the recorder, after any range of it still queued there.)
+                let _ = records.send(Record::Forget(piece.index));
                 if self.refetched.lock().unwrap().insert(i) {
+                    self.rewritten.store(true, Ordering::SeqCst);
                     // Bytes resumed from an earlier run or origin, or a prefix a broken answer
                     // left before a retry, may be the bad ones: fetch the whole chunk once more
                     // from its first byte before giving up on this origin.
                     self.done_bytes.fetch_sub(piece.len, Ordering::SeqCst);
                     self.open_segments.lock().unwrap()[i] = 1;
-                    self.queue.lock().unwrap().push_back(Segment {
+                    self.queue.lock().unwrap().push_back(vec![Segment {
                         piece: i,
                         start: 0,
                         end: piece.len,
-                    });
+                    }]);
                     return Ok(());
                 }
                 return Err(Error::DigestMismatch {
@@ -340,17 +401,44 @@ impl Run<'_> {
                 });
             }
         }
-        self.staging.mark_done(piece.index)
+        let _ = records.send(Record::Done(piece.index));
+        Ok(())
     }
 
-    fn fetch_segment(&self, seg: &Segment) -> Result<()> {
+    /// The recorder thread: fsync and record what the workers finished, in the order they
+    /// finished it, until every worker has returned. A failure stops the run.
+    fn record(&self, records: mpsc::Receiver<Record>) {
+        for r in records {
+            let res = match r {
+                Record::Done(index) => self.staging.mark_done(index),
+                Record::Range(index, a, b) => self.staging.mark_range(index, a, b),
+                Record::Forget(index) => self.staging.forget(index),
+            };
+            if let Err(e) = res {
+                self.fail(e);
+            }
+        }
+    }
+
+    /// Bytes `[at, at + n)` of the artifact are written: the follower may hash them. It is
+    /// woken when a write crosses a [`FOLLOW_STEP`] boundary or ends a segment (`last`), not for
+    /// every small write (it also looks by itself every 50 ms).
+    fn wrote(&self, at: u64, n: u64, last: bool) {
+        let mut w = self.written.lock().unwrap();
+        add_range(&mut w, (at, at + n));
+        if last || at / FOLLOW_STEP != (at + n) / FOLLOW_STEP {
+            self.wrote.notify_all();
+        }
+    }
+
+    fn fetch_segment(&self, seg: &Segment, records: &mpsc::Sender<Record>) -> Result<()> {
         if seg.start == seg.end {
             return Ok(());
         }
         let mut written = 0u64;
         let mut etag: Option<String> = None;
         let res = with_retries(self.config, &self.ctl, &self.urls[seg.piece], || {
-            self.try_segment(seg, &mut written, &mut etag)
+            self.try_segment(seg, &mut written, &mut etag, records)
         });
         if res.is_err() {
             // Stopping (cancel, SIGTERM, this origin given up): what this segment has on disk
@@ -370,6 +458,7 @@ impl Run<'_> {
         seg: &Segment,
         written: &mut u64,
         etag: &mut Option<String>,
+        records: &mpsc::Sender<Record>,
     ) -> Result<()> {
         let piece = &self.pieces[seg.piece];
         let url = &self.urls[seg.piece];
@@ -421,6 +510,9 @@ impl Run<'_> {
                     )));
                 }
                 self.done_bytes.fetch_sub(*written, Ordering::SeqCst);
+                if *written > 0 {
+                    self.rewritten.store(true, Ordering::SeqCst);
+                }
                 *written = 0;
                 body.skip(seg.start)?;
             }
@@ -429,7 +521,7 @@ impl Run<'_> {
             *etag = body.meta.etag.clone();
         }
         let seg_len = seg.end - seg.start;
-        let mut buf = vec![0u8; 64 * 1024];
+        let mut buf = vec![0u8; 256 * 1024];
         while *written < seg_len {
             if self.stopped() {
                 return Err(Error::Cancelled {
@@ -451,18 +543,145 @@ impl Run<'_> {
             self.staging.file.write_all_at(&buf[..n], at)?;
             let before = *written;
             *written += n as u64;
+            self.wrote(at, n as u64, *written == seg_len);
             if before / RANGE_RECORD_STEP != *written / RANGE_RECORD_STEP {
-                self.staging
-                    .mark_range(piece.index, seg.start, seg.start + *written)?;
+                let _ = records.send(Record::Range(piece.index, seg.start, seg.start + *written));
             }
-            let done = self.done_bytes.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
-            (self.on_event)(Event::Progress {
-                done,
-                total: self.plan.size,
-            });
+            // Progress in steps of at most PROGRESS_STEP, however large the write: a small
+            // model still reports many percentages.
+            let mut left = n as u64;
+            while left > 0 {
+                let step = left.min(PROGRESS_STEP);
+                left -= step;
+                let done = self.done_bytes.fetch_add(step, Ordering::SeqCst) + step;
+                (self.on_event)(Event::Progress {
+                    done,
+                    total: self.plan.size,
+                });
+            }
         }
+        body.finish();
         Ok(())
     }
+}
+
+/// What the recorder thread makes durable and records ([`Staging::mark_done`],
+/// [`Staging::mark_range`], [`Staging::forget`]).
+enum Record {
+    Done(u32),
+    Range(u32, u64, u64),
+    Forget(u32),
+}
+
+/// The largest step of one [`Event::Progress`] (a write of more reports several).
+const PROGRESS_STEP: u64 = 8 * 1024;
+
+/// Bytes hashed per read-back of the follower.
+const FOLLOW_STEP: u64 = 1 << 20;
+/// Bytes hashed between two writeback starts of the follower.
+const WRITEBACK_STEP: u64 = 8 << 20;
+
+/// The artifact's SHA-256, computed in artifact order over the bytes as they reach the staging
+/// file (read back at once, from the page cache), so that when the transfer ends only its last
+/// bytes are left to hash. Behind it, the hashed bytes' writeback is started, so that the
+/// install's fsync finds little left to write.
+struct Follower<'r, 'a> {
+    run: &'r Run<'a>,
+    hasher: Hasher,
+    /// Bytes `[0, pos)` are hashed.
+    pos: u64,
+    flushed: u64,
+}
+
+impl<'r, 'a> Follower<'r, 'a> {
+    fn new(run: &'r Run<'a>) -> Self {
+        Self {
+            run,
+            hasher: Hasher::new(),
+            pos: 0,
+            flushed: 0,
+        }
+    }
+
+    /// The digest of the whole artifact, or `None` when the run stopped first or a byte was
+    /// written twice (the caller then hashes the file whole).
+    fn follow(mut self) -> Option<Sha256Digest> {
+        let size = self.run.plan.size;
+        let mut buf = vec![0u8; FOLLOW_STEP as usize];
+        while self.pos < size {
+            let ready = self.wait_for_bytes()?;
+            while self.pos < ready {
+                if self.run.rewritten.load(Ordering::SeqCst) {
+                    return None;
+                }
+                let n = (ready - self.pos).min(FOLLOW_STEP) as usize;
+                self.run
+                    .staging
+                    .file
+                    .read_exact_at(&mut buf[..n], self.pos)
+                    .ok()?;
+                self.hasher.update(&buf[..n]);
+                self.pos += n as u64;
+                if self.pos - self.flushed >= WRITEBACK_STEP || self.pos == size {
+                    start_writeback(&self.run.staging.file, self.flushed, self.pos);
+                    self.flushed = self.pos;
+                }
+            }
+        }
+        Some(self.hasher.finish())
+    }
+
+    /// Wait until bytes past `pos` are on disk; the end of the contiguous run from `pos`.
+    /// `None` when none will come (stopped, every worker returned, a byte written twice).
+    fn wait_for_bytes(&self) -> Option<u64> {
+        let run = self.run;
+        let mut written = run.written.lock().unwrap();
+        loop {
+            if run.rewritten.load(Ordering::SeqCst)
+                || run.abort.load(Ordering::SeqCst)
+                || run.cancel.is_cancelled()
+            {
+                return None;
+            }
+            if let Some(&(a, b)) = written
+                .iter()
+                .find(|(a, b)| *a <= self.pos && self.pos < *b)
+            {
+                debug_assert!(a <= self.pos);
+                return Some(b);
+            }
+            if run.workers_done.load(Ordering::SeqCst) {
+                return None;
+            }
+            written = run
+                .wrote
+                .wait_timeout(written, Duration::from_millis(50))
+                .unwrap()
+                .0;
+        }
+    }
+}
+
+/// Start writing `[from, to)` of `file` back to the disk without waiting for it (Linux
+/// `sync_file_range(SYNC_FILE_RANGE_WRITE)`), so that the install's fsync only waits for the
+/// last bytes. Durability still comes from that fsync; this only moves the work earlier, so a
+/// failure here is ignored.
+fn start_writeback(file: &fs_err::File, from: u64, to: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid descriptor; the call only schedules I/O on it.
+        unsafe {
+            libc::sync_file_range(
+                file.as_raw_fd(),
+                from as libc::off64_t,
+                (to - from) as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, from, to);
 }
 
 /// What a `206`'s `Content-Range` says about the file behind it.

@@ -77,7 +77,8 @@ pub enum Event {
     Origin { origin: String },
     /// Bytes of the artifact present in staging so far.
     Progress { done: u64, total: u64 },
-    /// All bytes are in; hashing before install.
+    /// All bytes are in; the digest (which followed the bytes as they arrived) finishes over
+    /// the last ones before install.
     Verifying,
     /// Verified and renamed into place.
     Installed { path: PathBuf },

@@ -39,7 +39,44 @@ pub(crate) fn resolve_plan(
     config: &DownloadConfig,
     target: &Target,
     ctl: &Ctl,
-    url_of: &dyn Fn(&str) -> Result<String>,
+    url_of: &(dyn Fn(&str) -> Result<String> + Sync),
+) -> Result<(Plan, u64)> {
+    let remote = target.remote_name.as_str();
+    // When the entry declares a chunk count, the first chunk's name is known before the
+    // `.chunkmanifest` answers: its HEAD (the chunk length) goes out at the same time, so the
+    // two round trips cost one.
+    std::thread::scope(|s| {
+        let early_head = target.chunk_count.filter(|n| *n > 1).map(|n| {
+            let name = chunker::chunk_name(remote, 1, n);
+            s.spawn(move || head_len(http, config, ctl, url_of, &name))
+        });
+        resolve_with(http, config, target, ctl, url_of, early_head)
+    })
+}
+
+/// The length `HEAD` gives for the remote file `name`.
+fn head_len(
+    http: &Http,
+    config: &DownloadConfig,
+    ctl: &Ctl,
+    url_of: &(dyn Fn(&str) -> Result<String> + Sync),
+    name: &str,
+) -> Result<u64> {
+    let url = url_of(name)?;
+    let (len, _) = with_retries(config, ctl, &url, || http.head(&url, ctl))?;
+    len.ok_or_else(|| Error::Protocol {
+        url,
+        message: "HEAD gave no Content-Length".into(),
+    })
+}
+
+fn resolve_with(
+    http: &Http,
+    config: &DownloadConfig,
+    target: &Target,
+    ctl: &Ctl,
+    url_of: &(dyn Fn(&str) -> Result<String> + Sync),
+    early_head: Option<std::thread::ScopedJoinHandle<'_, Result<u64>>>,
 ) -> Result<(Plan, u64)> {
     let remote = target.remote_name.as_str();
     let gone = |e: &Error| {
@@ -110,18 +147,17 @@ pub(crate) fn resolve_plan(
         }
     };
 
-    let head_len = |name: &str| -> Result<u64> {
-        let url = url_of(name)?;
-        let (len, _) = with_retries(config, ctl, &url, || http.head(&url, ctl))?;
-        len.ok_or_else(|| Error::Protocol {
-            url,
-            message: "HEAD gave no Content-Length".into(),
-        })
-    };
-    let first_len = if chunk_count > 1 {
-        Some(head_len(&chunker::chunk_name(remote, 1, chunk_count))?)
-    } else {
-        None
+    let head_len = |name: &str| head_len(http, config, ctl, url_of, name);
+    let first_len = match early_head {
+        // Asked for under the declared count, which the `.chunkmanifest` just confirmed.
+        Some(h) if chunk_count > 1 => Some(h.join().unwrap_or_else(|_| {
+            Err(Error::Protocol {
+                url: url_of(remote).unwrap_or_default(),
+                message: "the HEAD request's thread panicked".into(),
+            })
+        })?),
+        _ if chunk_count > 1 => Some(head_len(&chunker::chunk_name(remote, 1, chunk_count))?),
+        _ => None,
     };
     let size = match target.size {
         Some(s) => s,
