@@ -132,17 +132,13 @@ impl Downloader {
         fallback::first_answer(order, attempt, |origin, said| self.note(origin, said))
     }
 
-    /// Record what one attempt said of `origin`: a give-up ([`Error::gives_up`]) or nothing.
+    /// Record what one attempt said of `origin` ([`Error::said`], [`policy::after`]).
     fn note(&self, origin: &Origin, said: Result<(), &Error>) {
-        if let Err(e) = said
-            && let Some(why) = e.gives_up()
-        {
-            self.book.lock().unwrap_or_else(|e| e.into_inner()).give_up(
-                origin.kind,
-                why,
-                Instant::now(),
-            );
-        }
+        let said = said.map_or_else(Error::said, |()| policy::Said::Answered);
+        self.book
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .note(origin.kind, said, Instant::now());
     }
 
     fn note_measured(&self, origin: &Origin, m: policy::Measured) {
