@@ -103,6 +103,28 @@ impl World {
         }
     }
 
+    /// The daemon (polling every 50 ms, refreshing every 2 s), its log to `log_path`.
+    fn daemon(&self, log_path: &Path) -> std::process::Child {
+        self.device
+            .command(
+                &self.server.url(),
+                &[
+                    "run",
+                    "--poll-ms",
+                    "50",
+                    "--retry-secs",
+                    "1",
+                    "--refresh-secs",
+                    "2",
+                ],
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(log_path).unwrap())
+            .spawn()
+            .unwrap()
+    }
+
     /// `.choice.json`'s retry record of `pop223`, if any.
     fn retry(&self) -> Option<serde_json::Value> {
         let body = fs::read(self.device.models().join(".choice.json")).ok()?;
@@ -217,25 +239,7 @@ fn the_daemon_asks_a_half_republished_store_again_soon_and_installs_once_it_comp
         let w = World::new(generation, &old);
         let staged = w.half_republish(&new);
         let log_path = w.device.dir.path().join("daemon.log");
-        let mut daemon = w
-            .device
-            .command(
-                &w.server.url(),
-                &[
-                    "run",
-                    "--poll-ms",
-                    "50",
-                    "--retry-secs",
-                    "1",
-                    "--refresh-secs",
-                    "2",
-                ],
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log_path).unwrap())
-            .spawn()
-            .unwrap();
+        let mut daemon = w.daemon(&log_path);
         let log = || fs::read_to_string(&log_path).unwrap_or_default();
         wait_for(
             "the not-yet log line",
@@ -284,25 +288,7 @@ fn a_ui_request_that_meets_a_half_published_model_says_not_yet_and_is_retried() 
             manifest_json(generation, &[pop, fresh], true).as_bytes(),
         );
         let log_path = w.device.dir.path().join("daemon.log");
-        let mut daemon = w
-            .device
-            .command(
-                &w.server.url(),
-                &[
-                    "run",
-                    "--poll-ms",
-                    "50",
-                    "--retry-secs",
-                    "1",
-                    "--refresh-secs",
-                    "2",
-                ],
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log_path).unwrap())
-            .spawn()
-            .unwrap();
+        let mut daemon = w.daemon(&log_path);
         let log = || fs::read_to_string(&log_path).unwrap_or_default();
         wait_for(
             "the first refresh",

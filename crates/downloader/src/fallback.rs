@@ -156,8 +156,11 @@ mod tests {
         type Turns = &'static [(usize, Turn)];
         /// Ok((answering origin, failures before)) | Err(Some(failures)) | Err(None) = stopped.
         type Came = std::result::Result<(usize, usize), Option<usize>>;
+        /// (origin, whether it answered) for each note.
+        type Notes = &'static [(usize, bool)];
+        type Case = (&'static str, Vec<Result<u8>>, Turns, Came, Notes);
         use Turn::{First, Resumed};
-        let cases: Vec<(&str, Vec<Result<u8>>, Turns, Came, &[(usize, bool)])> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "the first answers",
                 vec![Ok(1)],

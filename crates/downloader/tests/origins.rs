@@ -246,7 +246,11 @@ fn a_healthy_origin_keeps_its_place() {
 /// that times out (a listener whose accept queue is full drops the handshake).
 enum Unreachable {
     Refused,
-    ConnectTimesOut(std::net::TcpListener, std::net::TcpStream),
+    /// The listener, and the one connection that fills its queue (held open).
+    ConnectTimesOut(
+        std::net::TcpListener,
+        #[allow(dead_code)] std::net::TcpStream,
+    ),
 }
 
 impl Unreachable {
