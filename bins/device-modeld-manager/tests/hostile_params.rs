@@ -203,6 +203,7 @@ both_generations!(
     a_cancel_written_before_a_request_does_not_cancel_it,
     a_failure_is_logged_with_each_origins_reason,
     status_reports_an_interrupted_download,
+    an_unreadable_is_onroad_is_logged_once_and_requests_wait_until_it_recovers,
 );
 
 /// A `ModelToDownload`, `CancelModelDownload`, `DownloadAllModels` or
@@ -521,4 +522,60 @@ fn status_reports_an_interrupted_download(generation: &str) {
     let out = w.run_within(&["status", "--json"], Duration::from_secs(20));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["interrupted_downloads"], serde_json::json!([]), "{doc}");
+}
+
+/// An `IsOnroad` that cannot be read (oversized, a FIFO, a directory, a symlink to
+/// `/dev/zero`) is not taken as offroad: the daemon logs it once (not a "not served" line every
+/// poll), a pending request waits untouched, and once `IsOnroad` can be read again (offroad) it
+/// logs that once and serves the request.
+fn an_unreadable_is_onroad_is_logged_once_and_requests_wait_until_it_recovers(generation: &str) {
+    let w = World::new(generation);
+    let mut child = w.daemon();
+    w.wait_first_refresh();
+    let path = w.params().join("IsOnroad");
+    let count = |what: &str| w.log_text().matches(what).count();
+    for (i, kind) in HOSTILE.iter().enumerate() {
+        plant(&path, kind);
+        wait_for(
+            &format!("IsOnroad ({kind}) logged"),
+            Duration::from_secs(10),
+            || count("IsOnroad cannot be read") == i + 1,
+        );
+        if i == 0 {
+            w.set_mem("ModelToDownload", "pop223");
+            // Many polls (50 ms each) with the request pending.
+            std::thread::sleep(Duration::from_millis(1500));
+            assert_eq!(w.mem("ModelToDownload").as_deref(), Some("pop223"));
+            assert_eq!(w.installed("pop223"), None);
+        }
+        assert_eq!(count("IsOnroad cannot be read"), i + 1, "{}", w.log_text());
+        assert!(!w.log_text().contains("not served"), "{}", w.log_text());
+        alive(&mut child, &w.log_text());
+        if fs::symlink_metadata(&path).unwrap().is_dir() {
+            fs::remove_dir_all(&path).unwrap();
+        } else {
+            fs::remove_file(&path).unwrap();
+        }
+        w.set_param("IsOnroad", "0");
+        wait_for(
+            &format!("IsOnroad ({kind}) readable again"),
+            Duration::from_secs(10),
+            || count("IsOnroad can be read again; offroad") == i + 1,
+        );
+        if i == 0 {
+            wait_for("pop223 downloaded", Duration::from_secs(30), || {
+                w.progress().as_deref() == Some("Downloaded!")
+            });
+            assert!(w.installed("pop223").is_some());
+        }
+    }
+    assert_eq!(fs::metadata("/dev/zero").unwrap().len(), 0);
+    assert!(sigterm_and_wait(child).success());
+    let log = w.log_text();
+    assert_eq!(
+        log.matches("IsOnroad cannot be read").count(),
+        HOSTILE.len(),
+        "{log}"
+    );
+    assert!(!log.contains("not served"), "{log}");
 }

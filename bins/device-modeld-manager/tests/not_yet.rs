@@ -83,10 +83,15 @@ impl World {
 
     /// The files of the republish land: the store is complete.
     fn complete(&self, staged: &Path) {
+        self.complete_model(staged, "pop223");
+    }
+
+    /// The files of `id`'s republish land.
+    fn complete_model(&self, staged: &Path, id: &str) {
         for layout in [HF_DIR, GH_DIR] {
             let dir = match layout {
-                HF_DIR => format!("{layout}/models/{}/pop223", self.generation),
-                _ => format!("{layout}/{}/pop223", self.generation),
+                HF_DIR => format!("{layout}/models/{}/{id}", self.generation),
+                _ => format!("{layout}/{}/{id}", self.generation),
             };
             let to = self.root.join(&dir);
             let _ = fs::remove_dir_all(&to);
@@ -96,6 +101,28 @@ impl World {
                 fs::copy(e.path(), to.join(e.file_name())).unwrap();
             }
         }
+    }
+
+    /// The daemon (polling every 50 ms, refreshing every 2 s), its log to `log_path`.
+    fn daemon(&self, log_path: &Path) -> std::process::Child {
+        self.device
+            .command(
+                &self.server.url(),
+                &[
+                    "run",
+                    "--poll-ms",
+                    "50",
+                    "--retry-secs",
+                    "1",
+                    "--refresh-secs",
+                    "2",
+                ],
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(log_path).unwrap())
+            .spawn()
+            .unwrap()
     }
 
     /// `.choice.json`'s retry record of `pop223`, if any.
@@ -212,25 +239,7 @@ fn the_daemon_asks_a_half_republished_store_again_soon_and_installs_once_it_comp
         let w = World::new(generation, &old);
         let staged = w.half_republish(&new);
         let log_path = w.device.dir.path().join("daemon.log");
-        let mut daemon = w
-            .device
-            .command(
-                &w.server.url(),
-                &[
-                    "run",
-                    "--poll-ms",
-                    "50",
-                    "--retry-secs",
-                    "1",
-                    "--refresh-secs",
-                    "2",
-                ],
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log_path).unwrap())
-            .spawn()
-            .unwrap();
+        let mut daemon = w.daemon(&log_path);
         let log = || fs::read_to_string(&log_path).unwrap_or_default();
         wait_for(
             "the not-yet log line",
@@ -249,5 +258,85 @@ fn the_daemon_asks_a_half_republished_store_again_soon_and_installs_once_it_comp
         unsafe { libc::kill(daemon.id() as libc::pid_t, libc::SIGTERM) };
         assert!(daemon.wait().unwrap().success());
         assert_eq!(w.retry(), None, "{generation}: {}", log());
+    }
+}
+
+/// A request from the UI that meets a store half-way through publishing its model is "not
+/// yet", never "Download failed": `ModelDownloadProgress` says so with the real retry time (here
+/// the daemon's 2 s refresh interval, shorter than 2 minutes), the request stays pending, and the
+/// daemon's retry installs the bytes once the store is complete and ends with "Downloaded!".
+#[test]
+fn a_ui_request_that_meets_a_half_published_model_says_not_yet_and_is_retried() {
+    for generation in ["v25", "v26"] {
+        let old = artifact_bytes(1, 2 * CHUNK);
+        let w = World::new(generation, &old);
+        // `fresh1` joins the catalog; the store still serves other bytes for it.
+        let described = artifact_bytes(9, 2 * CHUNK + 300);
+        let pop = publish_model(&w.root, generation, "pop223", &old, Some(CHUNK));
+        publish_model(
+            &w.root,
+            generation,
+            "fresh1",
+            &artifact_bytes(8, 2 * CHUNK + 300),
+            Some(CHUNK),
+        );
+        let staged = tempfile::tempdir().unwrap();
+        let fresh = publish_model(staged.path(), generation, "fresh1", &described, Some(CHUNK));
+        write_manifest(
+            &w.root,
+            generation,
+            manifest_json(generation, &[pop, fresh], true).as_bytes(),
+        );
+        let log_path = w.device.dir.path().join("daemon.log");
+        let mut daemon = w.daemon(&log_path);
+        let log = || fs::read_to_string(&log_path).unwrap_or_default();
+        wait_for(
+            "the first refresh",
+            std::time::Duration::from_secs(30),
+            || log().contains("refresh: "),
+        );
+        w.device.set_mem("ModelToDownload", "fresh1");
+        let not_yet = "Not yet: the model is still being published; trying again in 2 s...";
+        wait_for(
+            "the not-yet text",
+            std::time::Duration::from_secs(30),
+            || w.device.mem("ModelDownloadProgress").as_deref() == Some(not_yet),
+        );
+        assert_eq!(
+            w.device.mem("ModelToDownload").as_deref(),
+            Some("fresh1"),
+            "{generation}: the request is kept"
+        );
+        wait_for("the kept line", std::time::Duration::from_secs(5), || {
+            log().contains("download fresh1: kept pending (not yet: ")
+        });
+        assert!(log().contains("next try in 2 s"), "{generation}: {}", log());
+        assert!(
+            !log().contains("Download failed"),
+            "{generation}: {}",
+            log()
+        );
+        assert_eq!(w.device.installed("fresh1"), None);
+
+        w.complete_model(staged.path(), "fresh1");
+        wait_for("the retry", std::time::Duration::from_secs(30), || {
+            w.device.installed("fresh1").as_deref() == Some(&described[..])
+        });
+        wait_for(
+            "the request done",
+            std::time::Duration::from_secs(10),
+            || {
+                w.device.mem("ModelToDownload").is_none()
+                    && w.device.mem("ModelDownloadProgress").as_deref() == Some("Downloaded!")
+            },
+        );
+        // SAFETY: our own child's pid.
+        unsafe { libc::kill(daemon.id() as libc::pid_t, libc::SIGTERM) };
+        assert!(daemon.wait().unwrap().success());
+        assert!(
+            !log().contains("Download failed"),
+            "{generation}: {}",
+            log()
+        );
     }
 }

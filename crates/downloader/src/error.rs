@@ -18,6 +18,17 @@ pub enum Error {
     #[error("{url}: transfer failed: {message}")]
     Transport { url: String, message: String },
 
+    /// No connection could be made: refused, no address for the name, or a connect that timed
+    /// out (`timed_out`, not retried: the next origin is asked at once). Unlike a silent or
+    /// slow origin, one of these does not give the origin up; several in a row do
+    /// ([`crate::policy::after`]).
+    #[error("{url}: cannot connect: {message}")]
+    NoConnection {
+        url: String,
+        message: String,
+        timed_out: bool,
+    },
+
     /// A redirect the device refuses to follow (not http/https, no host, user info, a downgrade
     /// to http, too many hops, no Location). The next origin is tried.
     #[error("{url}: redirect to `{location}` refused: {reason}")]
@@ -186,6 +197,7 @@ impl Error {
         match self {
             Error::Status { status, .. } => *status == 429 || *status == 408 || *status >= 500,
             Error::Transport { .. } => true,
+            Error::NoConnection { timed_out, .. } => !timed_out,
             _ => false,
         }
     }
@@ -216,6 +228,7 @@ impl Error {
     pub fn is_offline(&self) -> bool {
         match self {
             Error::Transport { .. }
+            | Error::NoConnection { .. }
             | Error::Deadline { .. }
             | Error::TooSlow { .. }
             | Error::LeftForFaster { .. } => true,
@@ -234,6 +247,17 @@ impl Error {
             Error::Deadline { .. } => Some(crate::policy::GiveUp::Deadline),
             Error::TooSlow { why, .. } => Some(*why),
             _ => None,
+        }
+    }
+
+    /// What this failure says of its origin, for the give-up rule ([`crate::policy::after`]):
+    /// a miss of the policy's own criteria, no connection, or otherwise that it answered.
+    pub fn said(&self) -> crate::policy::Said {
+        use crate::policy::Said;
+        match (self, self.gives_up()) {
+            (_, Some(why)) => Said::Failed(why),
+            (Error::NoConnection { .. }, None) => Said::NoConnection,
+            _ => Said::Answered,
         }
     }
 

@@ -502,9 +502,19 @@ impl RequestJob {
                 Err(ureq::Error::Status(status, _)) => {
                     return head(Err(Error::Status { url: url0, status }));
                 }
+                // No connection at all (refused, no address, or a connect that timed out): a
+                // network hiccup as much as a dead origin; the policy gives it up only after
+                // several in a row (`policy::after`).
+                Err(ureq::Error::Transport(t)) if is_no_connection(&t) => {
+                    return head(Err(Error::NoConnection {
+                        url: url0,
+                        timed_out: is_timeout(&t),
+                        message: t.to_string(),
+                    }));
+                }
                 Err(ureq::Error::Transport(t)) if is_timeout(&t) => {
-                    // Accepted, then silent past the idle timeout (or a connect that never
-                    // completed): the origin is not answering, not merely flaky.
+                    // Accepted, then silent past the idle timeout: the origin is not answering,
+                    // not merely flaky.
                     return head(Err(Error::TooSlow {
                         url: url0,
                         message: t.to_string(),
@@ -573,6 +583,15 @@ impl RequestJob {
             }
         }
     }
+}
+
+/// Whether a transport error is a connection never made: refused, a connect that timed out,
+/// or a name that did not resolve.
+fn is_no_connection(t: &ureq::Transport) -> bool {
+    matches!(
+        t.kind(),
+        ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns
+    )
 }
 
 /// Whether a transport error is a timeout (connect, or a read that waited past the idle

@@ -17,6 +17,7 @@ mod cancel;
 mod download;
 pub mod egpu;
 mod error;
+mod fallback;
 mod http;
 pub mod interrupted;
 mod origin;
@@ -45,6 +46,7 @@ use manifest::{
     Generation, GitCommit, Limits, Manifest, ModelEntry, RefusedEntry, ReleaseNumber, UnixSeconds,
 };
 
+use crate::fallback::{Tried, Turn};
 use crate::http::Http;
 
 /// A manifest and where it came from, read the device's way (`manifest::tolerant`): the
@@ -123,15 +125,20 @@ impl Downloader {
             .seen(kind)
     }
 
-    /// Record what `e` says about `origin` (a give-up, see [`Error::gives_up`]).
-    fn note_failure(&self, origin: &Origin, e: &Error) {
-        if let Some(why) = e.gives_up() {
-            self.book.lock().unwrap_or_else(|e| e.into_inner()).give_up(
-                origin.kind,
-                why,
-                Instant::now(),
-            );
-        }
+    /// The one origin-fallback loop ([`fallback::first_answer`]) over the origins in the
+    /// policy's order, what each attempt says of its origin recorded in this downloader's book.
+    fn first_answer<T>(&self, attempt: impl FnMut(&Origin, Turn) -> Result<T>) -> Result<Tried<T>> {
+        let order = self.origin_order().into_iter().map(|(o, _)| o).collect();
+        fallback::first_answer(order, attempt, |origin, said| self.note(origin, said))
+    }
+
+    /// Record what one attempt said of `origin` ([`Error::said`], [`policy::after`]).
+    fn note(&self, origin: &Origin, said: Result<(), &Error>) {
+        let said = said.map_or_else(Error::said, |()| policy::Said::Answered);
+        self.book
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .note(origin.kind, said, Instant::now());
     }
 
     fn note_measured(&self, origin: &Origin, m: policy::Measured) {
@@ -213,39 +220,40 @@ impl Downloader {
         accepted: Option<ReleaseNumber>,
         cancel: &CancelToken,
     ) -> Result<FetchedManifest> {
-        let mut attempts = Vec::new();
-        for (origin, _) in self.origin_order() {
+        let tried = self.first_answer(|origin, _| {
             let url = origin.manifest_url(generation);
-            match self.fetch_one_manifest(&url, generation, accepted, cancel) {
-                Ok((read, signed, raw)) => {
-                    let refused = attempts
-                        .into_iter()
-                        .filter_map(|(origin, e)| match e {
-                            Error::Refused { refusal, .. } => Some((origin, refusal)),
-                            _ => None,
-                        })
-                        .collect();
-                    return Ok(FetchedManifest {
-                        manifest: read.manifest,
-                        raw,
-                        origin: origin.to_string(),
-                        url,
-                        signed,
-                        refused,
-                        refused_entries: read.refused,
-                        normalised: read.normalised,
-                    });
-                }
-                Err(e @ Error::Cancelled { .. }) => return Err(e),
-                Err(e) => {
-                    self.note_failure(&origin, &e);
-                    attempts.push((origin.to_string(), e));
-                }
+            self.fetch_one_manifest(&url, generation, accepted, cancel)
+                .map(|fetched| (fetched, url))
+        })?;
+        let ((read, signed, raw), url, origin, failed) = match tried {
+            Tried::Answered {
+                value: (fetched, url),
+                origin,
+                failed,
+            } => (fetched, url, origin, failed),
+            Tried::NoneAnswered(attempts) => {
+                return Err(Error::ManifestUnavailable {
+                    generation: generation.to_string(),
+                    attempts,
+                });
             }
-        }
-        Err(Error::ManifestUnavailable {
-            generation: generation.to_string(),
-            attempts,
+        };
+        let refused = failed
+            .into_iter()
+            .filter_map(|(origin, e)| match e {
+                Error::Refused { refusal, .. } => Some((origin, refusal)),
+                _ => None,
+            })
+            .collect();
+        Ok(FetchedManifest {
+            manifest: read.manifest,
+            raw,
+            origin: origin.to_string(),
+            url,
+            signed,
+            refused,
+            refused_entries: read.refused,
+            normalised: read.normalised,
         })
     }
 
@@ -360,7 +368,6 @@ impl Downloader {
         cancel: &CancelToken,
     ) -> Result<DownloadPlan> {
         self.check_signed(target)?;
-        let mut attempts = Vec::new();
         let job = download::Job {
             http: &self.http,
             config: &self.config,
@@ -371,28 +378,21 @@ impl Downloader {
             on_event: &|_| {},
             leave: &|_, _| false,
         };
-        for (origin, _) in self.origin_order() {
-            match download::resolve_from(&job, &origin) {
-                Ok(r) => {
-                    return Ok(DownloadPlan {
-                        origin: origin.to_string(),
-                        size: r.plan.size,
-                        sha256: r.plan.sha256,
-                        digest_source: r.plan.digest_source,
-                        pieces: r.pieces,
-                    });
-                }
-                Err(e) if e.is_local() => return Err(e),
-                Err(e) => {
-                    self.note_failure(&origin, &e);
-                    attempts.push((origin.to_string(), e));
-                }
-            }
+        match self.first_answer(|origin, _| download::resolve_from(&job, origin))? {
+            Tried::Answered {
+                value: r, origin, ..
+            } => Ok(DownloadPlan {
+                origin: origin.to_string(),
+                size: r.plan.size,
+                sha256: r.plan.sha256,
+                digest_source: r.plan.digest_source,
+                pieces: r.pieces,
+            }),
+            Tried::NoneAnswered(attempts) => Err(Error::AllOriginsFailed {
+                model: target.id.to_string(),
+                attempts,
+            }),
         }
-        Err(Error::AllOriginsFailed {
-            model: target.id.to_string(),
-            attempts,
-        })
     }
 
     /// [`Downloader::download`] of an explicit target: a model's artifact
@@ -406,15 +406,9 @@ impl Downloader {
         on_event: &(dyn Fn(Event) + Sync),
     ) -> Result<Installed> {
         self.check_signed(target)?;
-        let mut attempts = Vec::new();
-        // Each origin in the policy's order; one a download left to measure the other (see
-        // `policy::leave`) comes back at the end, to finish from where it stopped.
-        let mut queue: std::collections::VecDeque<(Origin, bool)> = self
-            .origin_order()
-            .into_iter()
-            .map(|(o, _)| (o, true))
-            .collect();
-        while let Some((origin, may_leave)) = queue.pop_front() {
+        // An origin a download left to measure the other (see `policy::leave`) comes back at
+        // the end, on its resumed turn, to finish from where it stopped.
+        let tried = self.first_answer(|origin, turn| {
             if cancel.is_cancelled() {
                 return Err(Error::Cancelled {
                     model: target.id.to_string(),
@@ -429,7 +423,7 @@ impl Downloader {
                 .find(|o| o.kind != origin.kind)
                 .map(|o| o.kind);
             let leave = |m: policy::Measured, remaining: u64| {
-                may_leave
+                turn == Turn::First
                     && other
                         .is_some_and(|k| policy::leave(m, remaining, &self.seen(k), Instant::now()))
             };
@@ -443,22 +437,17 @@ impl Downloader {
                 on_event,
                 leave: &leave,
             };
-            let (result, measured) = download::download_from(&job, &origin);
-            self.note_measured(&origin, measured);
-            match result {
-                Ok(done) => return Ok(done),
-                Err(e) if e.is_local() => return Err(e),
-                Err(Error::LeftForFaster { .. }) => queue.push_back((origin, false)),
-                Err(e) => {
-                    self.note_failure(&origin, &e);
-                    attempts.push((origin.to_string(), e));
-                }
-            }
+            let (result, measured) = download::download_from(&job, origin);
+            self.note_measured(origin, measured);
+            result
+        })?;
+        match tried {
+            Tried::Answered { value, .. } => Ok(value),
+            Tried::NoneAnswered(attempts) => Err(Error::AllOriginsFailed {
+                model: target.id.to_string(),
+                attempts,
+            }),
         }
-        Err(Error::AllOriginsFailed {
-            model: target.id.to_string(),
-            attempts,
-        })
     }
 }
 

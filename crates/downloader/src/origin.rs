@@ -97,8 +97,6 @@ impl Default for Origins {
 mod tests {
     use super::*;
 
-    /// The fallback loop: the first answer wins, with the failures before it; an error that
-    /// stops ends the loop at once (no later origin asked); all failing keeps each failure.
     #[test]
     fn only_versioned_paths() {
         let o = Origins::default();

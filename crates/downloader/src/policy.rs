@@ -8,6 +8,9 @@
 //!   and the given-up one is asked only when the other failed too. The give-up lasts
 //!   [`DEMOTE_FOR`] (a CLI run is shorter than that; the daemon tries the origin first again
 //!   once it has passed);
+//! - an origin no connection could be made to ([`NO_CONNECTION_LIMIT`] attempts in a row:
+//!   refused, or the connect timed out) is given up the same way; one such attempt is a network
+//!   hiccup as much as a dead origin, and is not held against it ([`after`]);
 //! - an origin whose measured rate on this run's transfers is more than [`FAR_SLOWER`] times
 //!   below the other's is left for it (asked second);
 //! - while a download runs slower than [`PROBE_BELOW`] on an origin whose speed the other has
@@ -21,6 +24,9 @@ use crate::origin::OriginKind;
 
 /// How long a given-up origin stays second.
 pub const DEMOTE_FOR: Duration = Duration::from_secs(30 * 60);
+/// So many attempts in a row that could not connect to an origin (refused, or the connect
+/// timed out), with no answer from it between them, give it up.
+pub const NO_CONNECTION_LIMIT: u32 = 3;
 /// A measured rate this many times below the other origin's leaves the slower one second.
 pub const FAR_SLOWER: u64 = 10;
 /// Transfers measured for less than this (in total, per origin) and smaller than
@@ -45,6 +51,8 @@ pub enum GiveUp {
     /// No response head within [`crate::HttpConfig::response_timeout`], or a connection that
     /// stayed silent past the idle timeout (accepted, never answered; or trickled).
     Silent,
+    /// No connection could be made on [`NO_CONNECTION_LIMIT`] attempts in a row.
+    NoConnection,
 }
 
 impl GiveUp {
@@ -53,7 +61,37 @@ impl GiveUp {
             GiveUp::Deadline => "missed its deadline",
             GiveUp::MinRate => "slower than the minimum rate",
             GiveUp::Silent => "did not answer in time",
+            GiveUp::NoConnection => "could not be connected to, several times in a row",
         }
+    }
+}
+
+/// What one attempt said of its origin ([`crate::Error::said`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Said {
+    /// It answered: a document, bytes, a status, a refusal (or left for a faster origin).
+    Answered,
+    /// No connection could be made: refused, no address, or the connect timed out.
+    NoConnection,
+    /// It failed one of the policy's own criteria: no response head in time, idle before the
+    /// head, below the minimum rate, its deadline.
+    Failed(GiveUp),
+}
+
+/// The give-up rule: after an attempt that `said` this, with `in_a_row` attempts before it that
+/// could not connect, the new count and the give-up, if any. Pure.
+/// - a miss of the policy's own criteria gives the origin up at once;
+/// - no connection gives it up only as the [`NO_CONNECTION_LIMIT`]th in a row (the count then
+///   starts again, for when the give-up has passed);
+/// - an answer ends the run of connect failures.
+pub fn after(said: Said, in_a_row: u32) -> (u32, Option<GiveUp>) {
+    match said {
+        Said::Answered => (0, None),
+        Said::Failed(why) => (0, Some(why)),
+        Said::NoConnection => match in_a_row.saturating_add(1) {
+            n if n >= NO_CONNECTION_LIMIT => (0, Some(GiveUp::NoConnection)),
+            n => (n, None),
+        },
     }
 }
 
@@ -85,6 +123,8 @@ impl Measured {
 pub struct Seen {
     pub given_up: Option<(Instant, GiveUp)>,
     pub measured: Measured,
+    /// Attempts in a row that could not connect to it (see [`after`]).
+    pub no_connection: u32,
 }
 
 impl Seen {
@@ -193,6 +233,15 @@ impl Book {
         self.slot(kind).given_up = Some((now, why));
     }
 
+    /// Record what one attempt said of `kind` ([`after`]).
+    pub fn note(&mut self, kind: OriginKind, said: Said, now: Instant) {
+        let (in_a_row, give_up) = after(said, self.slot(kind).no_connection);
+        self.slot(kind).no_connection = in_a_row;
+        if let Some(why) = give_up {
+            self.give_up(kind, why, now);
+        }
+    }
+
     pub fn measured(&mut self, kind: OriginKind, m: Measured, now: Instant) {
         if self
             .since
@@ -223,6 +272,7 @@ mod tests {
         Seen {
             given_up: given_up.map(|(at, why)| (t0 + Duration::from_secs(at), why)),
             measured,
+            no_connection: 0,
         }
     }
 
@@ -422,6 +472,68 @@ mod tests {
                 "{what}"
             );
         }
+    }
+
+    /// The give-up rule as a table: a miss of the policy's own criteria gives up at once; no
+    /// connection only as the third in a row; an answer ends the run.
+    #[test]
+    fn after_table() {
+        use Said::*;
+        let cases = [
+            (Answered, 0, (0, None)),
+            (Answered, 2, (0, None)),
+            (Failed(GiveUp::Silent), 0, (0, Some(GiveUp::Silent))),
+            (Failed(GiveUp::MinRate), 1, (0, Some(GiveUp::MinRate))),
+            (Failed(GiveUp::Deadline), 0, (0, Some(GiveUp::Deadline))),
+            (NoConnection, 0, (1, None)),
+            (NoConnection, 1, (2, None)),
+            (NoConnection, 2, (0, Some(GiveUp::NoConnection))),
+            (NoConnection, u32::MAX, (0, Some(GiveUp::NoConnection))),
+        ];
+        for (said, in_a_row, want) in cases {
+            assert_eq!(after(said, in_a_row), want, "{said:?} after {in_a_row}");
+        }
+    }
+
+    /// One connect failure, then an answer, then two more: never three in a row, never given
+    /// up; three in a row are, for DEMOTE_FOR, and the count starts again.
+    #[test]
+    fn the_book_gives_up_only_a_run_of_connect_failures() {
+        let t0 = Instant::now();
+        let mut b = Book::default();
+        for said in [
+            Said::NoConnection,
+            Said::Answered,
+            Said::NoConnection,
+            Said::NoConnection,
+        ] {
+            b.note(HuggingFace, said, t0);
+        }
+        assert_eq!(b.seen(HuggingFace).given_up, None);
+        assert_eq!(b.seen(HuggingFace).no_connection, 2);
+        b.note(HuggingFace, Said::NoConnection, t0);
+        assert_eq!(
+            b.seen(HuggingFace).given_up_at(t0),
+            Some(GiveUp::NoConnection)
+        );
+        assert_eq!(b.seen(HuggingFace).no_connection, 0);
+        assert_eq!(
+            b.seen(GitHub),
+            Seen::default(),
+            "the other origin untouched"
+        );
+        let order = order(
+            &[(HuggingFace, b.seen(HuggingFace)), (GitHub, b.seen(GitHub))],
+            t0,
+        );
+        assert_eq!(
+            order,
+            [
+                (GitHub, Standing::Preferred),
+                (HuggingFace, Standing::GivenUp(GiveUp::NoConnection))
+            ]
+        );
+        assert_eq!(b.seen(HuggingFace).given_up_at(t0 + DEMOTE_FOR), None);
     }
 
     /// The book sums each origin's transfers and forgets rates after DEMOTE_FOR.

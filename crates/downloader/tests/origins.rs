@@ -241,3 +241,112 @@ fn a_healthy_origin_keeps_its_place() {
         );
     }
 }
+
+/// An origin no connection can be made to: refused (nothing listens on its port), or a connect
+/// that times out (a listener whose accept queue is full drops the handshake).
+enum Unreachable {
+    Refused,
+    /// The listener, and the one connection that fills its queue (held open).
+    ConnectTimesOut(
+        std::net::TcpListener,
+        #[allow(dead_code)] std::net::TcpStream,
+    ),
+}
+
+impl Unreachable {
+    fn base(&self) -> String {
+        match self {
+            Unreachable::Refused => {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let port = l.local_addr().unwrap().port();
+                drop(l);
+                format!("http://127.0.0.1:{port}/{HF_DIR}")
+            }
+            Unreachable::ConnectTimesOut(l, _) => {
+                format!("http://{}/{HF_DIR}", l.local_addr().unwrap())
+            }
+        }
+    }
+
+    fn connect_times_out() -> Unreachable {
+        use std::os::fd::AsRawFd;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        // SAFETY: our own listening socket; listen(2) again only sets its backlog.
+        assert_eq!(unsafe { libc::listen(l.as_raw_fd(), 0) }, 0);
+        // One connection fills the queue; later handshakes go unanswered.
+        let held = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        Unreachable::ConnectTimesOut(l, held)
+    }
+}
+
+/// A connection refused, or a connect timing out, once is a network hiccup as much as a dead
+/// origin: Hugging Face keeps its place after one and after two; only the third attempt in a row
+/// that cannot connect gives it up (docs/device.md, *Origin policy*). Every artifact still comes
+/// from GitHub meanwhile, and no attempt waits longer than the connect timeout.
+#[test]
+fn an_origin_is_given_up_only_after_three_connect_failures_in_a_row() {
+    for generation in ["v25", "v26"] {
+        for what in ["refused", "connect times out"] {
+            let s = setup(generation, 100 * 1024);
+            let hf = match what {
+                "refused" => Unreachable::Refused,
+                _ => Unreachable::connect_times_out(),
+            };
+            let mut c = config();
+            c.http.connect_timeout = Duration::from_millis(300);
+            let d = Downloader::new(
+                Origins::new(&hf.base(), &format!("{}/{GH_DIR}", s.server.url())),
+                c,
+            );
+            let standing = |d: &Downloader| {
+                let order = d.origin_order();
+                (order[0].0.kind, order[0].1, d.seen(OriginKind::HuggingFace))
+            };
+            // 1: the manifest, from GitHub; Hugging Face still first.
+            let started = std::time::Instant::now();
+            let fetched = d.fetch_manifest(s.generation).unwrap();
+            assert!(fetched.origin.starts_with("GitHub"), "{what}");
+            let (first, st, seen) = standing(&d);
+            assert_eq!(
+                (first, st, seen.given_up, seen.no_connection),
+                (OriginKind::HuggingFace, Standing::Preferred, None, 1),
+                "{generation} {what}"
+            );
+            // 2: an artifact; still first.
+            let one = s.download(&d, "pop223");
+            assert!(one.origin.starts_with("GitHub"), "{what}");
+            assert_eq!(fs::read(&one.path).unwrap(), s.data[0]);
+            let (first, _, seen) = standing(&d);
+            assert_eq!(
+                (first, seen.given_up, seen.no_connection),
+                (OriginKind::HuggingFace, None, 2),
+                "{generation} {what}"
+            );
+            // 3: the third in a row gives it up.
+            let two = s.download(&d, "rdf43");
+            assert_eq!(fs::read(&two.path).unwrap(), s.data[1]);
+            let (first, st, seen) = standing(&d);
+            assert_eq!(first, OriginKind::GitHub, "{generation} {what}");
+            assert_eq!(
+                seen.given_up.map(|(_, w)| w),
+                Some(GiveUp::NoConnection),
+                "{generation} {what}"
+            );
+            assert_eq!(st, Standing::Preferred);
+            assert_eq!(
+                d.origin_order()[1].1,
+                Standing::GivenUp(GiveUp::NoConnection)
+            );
+            // Three attempts, each failing over within about the connect timeout (a refused
+            // connect is retried, a timed-out one is not).
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{what}: {:?}",
+                started.elapsed()
+            );
+            let three = s.download(&d, "mdl9");
+            assert!(three.origin.starts_with("GitHub"));
+            assert_eq!(fs::read(&three.path).unwrap(), s.data[2]);
+        }
+    }
+}

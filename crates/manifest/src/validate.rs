@@ -151,11 +151,16 @@ fn check_scalar(key: &str, v: &Value) -> Result<(), String> {
             .parse::<ReleaseDate>()
             .map(drop)
             .map_err(reason),
-        keys::SERIES
-        | keys::MODEL_SIZE
-        | keys::ARTIFACT_FORMAT
-        | keys::ARTIFACT_URL
-        | keys::EXECUTION_DEVICE => expect_str(v).map(drop),
+        // Listed in the device's comma-joined catalog params (`AvailableModelSeries`,
+        // `AvailableModelArtifactFormats`) like the name: a newline or NUL would break them.
+        keys::SERIES | keys::ARTIFACT_FORMAT => {
+            let text = expect_str(v)?;
+            match text.chars().any(char::is_control) {
+                true => Err("must not contain control characters".into()),
+                false => Ok(()),
+            }
+        }
+        keys::MODEL_SIZE | keys::ARTIFACT_URL | keys::EXECUTION_DEVICE => expect_str(v).map(drop),
         keys::COMMUNITY_FAVORITE | keys::USES_EXTERNAL_GPU | keys::MODEL_LAB_ELIGIBLE => {
             expect_bool(v)
         }

@@ -307,8 +307,13 @@ fn watch(
 pub enum Served {
     /// Handled (done, failed for good, or cancelled by the UI): the request was cleared.
     Finished(Progress),
-    /// Not over: onroad, stopping, or no network. The request is kept and served again later.
-    Kept { progress: Progress, why: String },
+    /// Not over: onroad, stopping, no network, or the store not complete yet ("not yet"). The
+    /// request is kept and served again after `retry_in`.
+    Kept {
+        progress: Progress,
+        why: String,
+        retry_in: Duration,
+    },
     /// Failed for good (the request was cleared): what the UI was shown, and the error on one
     /// line, each origin's reason included (for the log).
     Failed { progress: Progress, why: String },
@@ -328,22 +333,32 @@ fn is_offline(e: &Error) -> bool {
     }
 }
 
+/// How soon the daemon asks a store that was "not yet" again, a refresh or a request:
+/// [`crate::choice::NOT_YET_RETRY`], or the refresh interval when that is shorter. Pure.
+pub fn not_yet_wait(config: &DaemonConfig) -> Duration {
+    crate::choice::NOT_YET_RETRY.min(config.refresh_every)
+}
+
 /// One poll: serve the pending request (watching for a cancel), or drop a leftover cancel flag
 /// when nothing runs. Returns the request served, if any, and its last progress.
 pub fn poll_once(device: &Device, dl: &Downloader) -> Result<Option<(Request, Progress)>> {
     let stopping = Arc::new(AtomicBool::new(false));
-    Ok(poll(device, dl, &stopping)?.map(|(r, s)| match s {
-        Served::Finished(p)
-        | Served::Kept { progress: p, .. }
-        | Served::Failed { progress: p, .. } => (r, p),
-    }))
+    Ok(
+        poll(device, dl, &stopping, &DaemonConfig::default())?.map(|(r, s)| match s {
+            Served::Finished(p)
+            | Served::Kept { progress: p, .. }
+            | Served::Failed { progress: p, .. } => (r, p),
+        }),
+    )
 }
 
-/// [`poll_once`], stopping early when `stopping` is set; says whether the request was kept.
+/// [`poll_once`], stopping early when `stopping` is set; says whether the request was kept,
+/// and for how long (`config`'s retry intervals).
 pub fn poll(
     device: &Device,
     dl: &Downloader,
     stopping: &Arc<AtomicBool>,
+    config: &DaemonConfig,
 ) -> Result<Option<(Request, Served)>> {
     let Some(request) = read_request(device)? else {
         // (One that cannot be read is the sweep's to remove and report.)
@@ -370,6 +385,7 @@ pub fn poll(
             Served::Kept {
                 progress: Progress::Cancelled,
                 why: "deferred while driving".into(),
+                retry_in: config.retry_offline,
             },
         )));
     }
@@ -388,14 +404,31 @@ pub fn poll(
         (Err(_), Some(Interrupt::Onroad)) | (Err(Error::Onroad { .. }), _) => Served::Kept {
             progress: Progress::Cancelled,
             why: "deferred while driving".into(),
+            retry_in: config.retry_offline,
         },
         (Err(_), Some(Interrupt::Stopping)) => Served::Kept {
             progress: Progress::Cancelled,
             why: "stopping; kept for the next start (finished chunks are kept)".into(),
+            retry_in: config.retry_offline,
         },
+        // The store is half-way through a republish: not a failure; asked again soon.
+        (Err(e), _) if is_not_yet(&e) => {
+            let wait = not_yet_wait(config);
+            Served::Kept {
+                progress: Progress::NotYet(wait),
+                why: format!(
+                    "not yet: the store's files do not match its manifest yet; nothing counted \
+                     as a failure; next try in {} s: {}",
+                    wait.as_secs(),
+                    one_line(&e.to_string())
+                ),
+                retry_in: wait,
+            }
+        }
         (Err(e), _) if is_offline(&e) => Served::Kept {
             progress: Progress::Offline,
             why: format!("no network, will retry: {}", one_line(&e.to_string())),
+            retry_in: config.retry_offline,
         },
         (Ok(p), _) => Served::Finished(p),
         (Err(e), _) => Served::Failed {
@@ -446,6 +479,47 @@ impl Default for DaemonConfig {
     }
 }
 
+/// What the daemon knows of `IsOnroad` at one poll.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Road {
+    Offroad,
+    Onroad,
+    /// It cannot be read (over the size cap, not a regular file): not taken as "offroad", so
+    /// nothing is refreshed or downloaded until it can be read. Why, on one line.
+    Unreadable(String),
+}
+
+impl Road {
+    /// The daemon's reading of [`Device::is_onroad`].
+    pub fn of(read: Result<bool>) -> Road {
+        match read {
+            Ok(false) => Road::Offroad,
+            Ok(true) => Road::Onroad,
+            Err(e) => Road::Unreadable(one_line(&e.to_string())),
+        }
+    }
+}
+
+/// The log line for `IsOnroad` going from `before` to `now`, if the change warrants one: each
+/// change is logged once, never each poll (an unreadable `IsOnroad` once when it becomes
+/// unreadable, with why, and once when it can be read again). Pure.
+pub fn road_change(before: &Road, now: &Road) -> Option<String> {
+    const DEFERRED: &str = "deferred while driving: no refresh, purge or download until offroad";
+    const OFFROAD: &str = "offroad: refreshing and serving pending requests";
+    Some(match (before, now) {
+        (Road::Unreadable(_), Road::Unreadable(_)) => return None,
+        (a, b) if a == b => return None,
+        (_, Road::Unreadable(why)) => format!(
+            "IsOnroad cannot be read, so it is not taken as offroad: no refresh, purge or \
+             download until it can be read ({why})"
+        ),
+        (Road::Unreadable(_), Road::Onroad) => format!("IsOnroad can be read again; {DEFERRED}"),
+        (Road::Unreadable(_), Road::Offroad) => format!("IsOnroad can be read again; {OFFROAD}"),
+        (_, Road::Onroad) => DEFERRED.to_string(),
+        (_, Road::Offroad) => OFFROAD.to_string(),
+    })
+}
+
 fn describe(r: &Request) -> String {
     match r {
         Request::DownloadAll => "download all".into(),
@@ -480,20 +554,17 @@ pub fn run(
     ));
     let mut next_refresh = Instant::now();
     let mut next_request = Instant::now();
-    let mut onroad_logged = false;
+    let mut road = Road::Offroad;
     let mut metered_logged = false;
     while !stopping.load(Ordering::SeqCst) {
         report_bad_params(device, &say, log);
-        let onroad = device.is_onroad().unwrap_or(false);
-        if onroad {
-            if !onroad_logged {
-                log("deferred while driving: no refresh, purge or download until offroad");
-                onroad_logged = true;
-            }
-        } else {
-            if onroad_logged {
-                log("offroad: refreshing and serving pending requests");
-                onroad_logged = false;
+        let now = Road::of(device.is_onroad());
+        if let Some(line) = road_change(&road, &now) {
+            log(&line);
+        }
+        let was = std::mem::replace(&mut road, now);
+        if road == Road::Offroad {
+            if was != Road::Offroad {
                 next_refresh = Instant::now();
                 next_request = Instant::now();
             }
@@ -548,7 +619,7 @@ pub fn run(
                         Err(e) if is_not_yet(&e) => {
                             // An origin's files disagree with its manifest (a republish in
                             // progress): not a failure, no backoff; asked again soon.
-                            let wait = crate::choice::NOT_YET_RETRY.min(config.refresh_every);
+                            let wait = not_yet_wait(config);
                             log(&format!(
                                 "refresh: not yet (the store's files do not match its manifest \
                                  yet; nothing counted as a failure), next try in {} s: {}",
@@ -589,15 +660,15 @@ pub fn run(
             match read_request(device) {
                 Ok(Some(request)) if Instant::now() >= next_request => {
                     log(&format!("job: {}", describe(&request)));
-                    match poll(device, dl, stopping) {
+                    match poll(device, dl, stopping, config) {
                         Ok(Some((request, served))) => match served {
                             Served::Finished(p) => log(&format!("{}: {p}", describe(&request))),
                             Served::Failed { progress, why } => {
                                 log(&format!("{}: {progress} ({why})", describe(&request)))
                             }
-                            Served::Kept { why, .. } => {
+                            Served::Kept { why, retry_in, .. } => {
                                 log(&format!("{}: kept pending ({why})", describe(&request)));
-                                next_request = Instant::now() + config.retry_offline;
+                                next_request = Instant::now() + retry_in;
                             }
                         },
                         Ok(None) => {}
@@ -611,7 +682,7 @@ pub fn run(
                 Ok(Some(_)) => {}
                 Ok(None) => {
                     // Nothing pending: drop a leftover cancel flag (see `poll`).
-                    if let Err(e) = poll(device, dl, stopping) {
+                    if let Err(e) = poll(device, dl, stopping, config) {
                         log(&format!("cancel flag: {}", one_line(&e.to_string())));
                     }
                 }
@@ -652,6 +723,99 @@ mod tests {
                 cancel_applies(cancel, request),
                 applies,
                 "{cancel:?} {request:?}"
+            );
+        }
+    }
+
+    /// `IsOnroad` changes as a table: each change logged once, an unreadable one once when it
+    /// becomes unreadable (with why, even if why changes later) and once when it recovers.
+    #[test]
+    fn road_change_table() {
+        use Road::*;
+        let bad = |why: &str| Unreadable(why.to_string());
+        let cases: [(Road, Road, Option<&str>); 11] = [
+            (Offroad, Offroad, None),
+            (Onroad, Onroad, None),
+            (bad("a FIFO"), bad("a FIFO"), None),
+            (bad("a FIFO"), bad("a directory"), None),
+            (
+                Offroad,
+                Onroad,
+                Some("deferred while driving: no refresh, purge or download until offroad"),
+            ),
+            (
+                Onroad,
+                Offroad,
+                Some("offroad: refreshing and serving pending requests"),
+            ),
+            (
+                Offroad,
+                bad("a FIFO"),
+                Some(
+                    "IsOnroad cannot be read, so it is not taken as offroad: no refresh, purge \
+                     or download until it can be read (a FIFO)",
+                ),
+            ),
+            (
+                Onroad,
+                bad("x"),
+                Some(
+                    "IsOnroad cannot be read, so it is not taken as offroad: no refresh, purge \
+                     or download until it can be read (x)",
+                ),
+            ),
+            (
+                bad("x"),
+                Offroad,
+                Some(
+                    "IsOnroad can be read again; offroad: refreshing and serving pending requests",
+                ),
+            ),
+            (
+                bad("x"),
+                Onroad,
+                Some(
+                    "IsOnroad can be read again; deferred while driving: no refresh, purge or \
+                     download until offroad",
+                ),
+            ),
+            (
+                Road::of(Ok(true)),
+                Road::of(Ok(false)),
+                Some("offroad: refreshing and serving pending requests"),
+            ),
+        ];
+        for (before, now, want) in cases {
+            assert_eq!(
+                road_change(&before, &now).as_deref(),
+                want,
+                "{before:?} -> {now:?}"
+            );
+        }
+        let e = Road::of(Err(Error::CorruptState {
+            path: "/data/params/d/IsOnroad".into(),
+            message: "not a regular file\nsecond line".into(),
+        }));
+        let Unreadable(why) = &e else { panic!("{e:?}") };
+        assert!(
+            why.contains("/data/params/d/IsOnroad") && !why.contains('\n'),
+            "{why}"
+        );
+    }
+
+    /// A store that is "not yet" is asked again after 2 minutes, or sooner when the daemon
+    /// refreshes more often.
+    #[test]
+    fn not_yet_wait_is_the_shorter_of_two_minutes_and_the_refresh_interval() {
+        for (refresh, want) in [(3600, 120), (120, 120), (2, 2)] {
+            let config = DaemonConfig {
+                refresh_every: Duration::from_secs(refresh),
+                ..DaemonConfig::default()
+            };
+            assert_eq!(
+                not_yet_wait(&config),
+                Duration::from_secs(want),
+                "{refresh}"
             );
         }
     }

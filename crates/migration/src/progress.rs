@@ -156,6 +156,10 @@ pub enum Progress {
     UpdateRetrying,
     /// `"External GPU required..."` (a GPU-only model without a ready Chestnut).
     ExternalGpuRequired,
+    /// `"Not yet: the model is still being published; trying again in 2 min..."`: the store's
+    /// files do not match its manifest yet (a republish in progress). No failure; the request
+    /// is kept and tried again after this long.
+    NotYet(std::time::Duration),
     /// `"Download failed: <reason>"`.
     Failed(FailReason),
     /// `"Model list refused: <why>"`: the manifest was not signed as the trusted keys require
@@ -192,6 +196,11 @@ impl fmt::Display for Progress {
                 "Model update download failed; using the installed version until it downloads.",
             ),
             Progress::ExternalGpuRequired => f.write_str("External GPU required..."),
+            Progress::NotYet(wait) => write!(
+                f,
+                "Not yet: the model is still being published; trying again in {}...",
+                Wait(*wait)
+            ),
             Progress::Failed(reason) => write!(f, "Download failed: {}", reason.text()),
             Progress::ManifestRefused(refusal) => f.write_str(refusal.ui_text()),
             Progress::TreeUnknown(Some(commit)) => write!(
@@ -202,6 +211,18 @@ impl fmt::Display for Progress {
             Progress::TreeUnknown(None) => f.write_str(
                 "Model downloads paused: openpilot's tinygrad version cannot be read; update openpilot.",
             ),
+        }
+    }
+}
+
+/// A wait in the driver's words: whole seconds under a minute, else minutes rounded up.
+struct Wait(std::time::Duration);
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.as_secs() {
+            s if s < 60 => write!(f, "{} s", s.max(1)),
+            s => write!(f, "{} min", s.div_ceil(60)),
         }
     }
 }
@@ -262,6 +283,22 @@ mod tests {
                 "Model update download failed; using the installed version until it downloads.",
             ),
             (Progress::ExternalGpuRequired, "External GPU required..."),
+            (
+                Progress::NotYet(std::time::Duration::from_secs(120)),
+                "Not yet: the model is still being published; trying again in 2 min...",
+            ),
+            (
+                Progress::NotYet(std::time::Duration::from_secs(2)),
+                "Not yet: the model is still being published; trying again in 2 s...",
+            ),
+            (
+                Progress::NotYet(std::time::Duration::from_secs(90)),
+                "Not yet: the model is still being published; trying again in 2 min...",
+            ),
+            (
+                Progress::NotYet(std::time::Duration::from_millis(300)),
+                "Not yet: the model is still being published; trying again in 1 s...",
+            ),
             (
                 Progress::Failed(FailReason::NoSpace),
                 "Download failed: not enough free space",

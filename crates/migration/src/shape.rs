@@ -121,11 +121,14 @@ pub fn local_model(key: &str, sidecar: Option<&Map<String, Value>>) -> Map<Strin
     .to_string();
     let fallback = Value::String(fallback);
     let key_value = Value::String(key.to_string());
-    // A sidecar name with a control character (newline, NUL) is refused: the id's name
-    // stands in, so such a name never reaches `AvailableModelNames`.
-    let given = info
-        .get("name")
-        .filter(|n| !n.as_str().is_some_and(|t| t.chars().any(char::is_control)));
+    // A sidecar name or series with a control character (newline, NUL) is refused: the id's
+    // name, or the default series, stands in, so such a value never reaches
+    // `AvailableModelNames` or `AvailableModelSeries`.
+    let clean = |key: &str| {
+        info.get(key)
+            .filter(|n| !n.as_str().is_some_and(|t| t.chars().any(char::is_control)))
+    };
+    let given = clean("name");
     let name_src = or(or(given, Some(&fallback)), Some(&key_value));
     let gpu = truthy(info.get("uses_external_gpu"));
     let mut m = Map::new();
@@ -134,7 +137,7 @@ pub fn local_model(key: &str, sidecar: Option<&Map<String, Value>>) -> Map<Strin
     m.insert("version".into(), text(info.get("version")).into());
     m.insert(
         "series".into(),
-        text_or(info.get("series"), "Local Series")
+        text_or(clean("series"), "Local Series")
             .replace(',', " ")
             .into(),
     );
@@ -497,5 +500,68 @@ mod tests {
             true
         );
         assert!(urls_entry(&bare).is_none());
+    }
+
+    /// A series (or artifact format) with a control character is refused per entry, like a
+    /// name: the tolerant read leaves that entry out with its reason, and a local model's sidecar
+    /// series with one gives way to the default. No control character reaches
+    /// `AvailableModelSeries` (or any catalog param). For v25 and a made-up v26.
+    #[test]
+    fn series_with_control_characters_never_reach_the_series_list() {
+        use crate::contract::{Catalog, LocalModel};
+        use crate::params::keys;
+        for generation in ["v25", "v26"] {
+            let body = serde_json::to_vec(&json!({"generation": generation, "models": [
+                {"id": "pop223", "name": "Pop", "version": "v16", "series": "Pop Series"},
+                {"id": "nl1", "name": "NL", "version": "v16", "series": "New\nLine"},
+                {"id": "nul1", "name": "NUL", "version": "v16", "series": "Nul\u{0}"},
+                {"id": "esc1", "name": "ESC", "version": "v16", "artifact_format": "x\u{1b}"},
+                {"id": "sc2", "name": "SC2", "version": "v9"},
+            ]}))
+            .unwrap();
+            let read = manifest::Manifest::from_slice_tolerant(&body, &manifest::Limits::default())
+                .unwrap();
+            let refused: Vec<(usize, Option<&str>)> = read
+                .refused
+                .iter()
+                .map(|r| (r.index, r.id.as_deref()))
+                .collect();
+            assert_eq!(
+                refused,
+                [(1, Some("nl1")), (2, Some("nul1")), (3, Some("esc1"))],
+                "{generation}"
+            );
+            assert!(
+                read.refused
+                    .iter()
+                    .all(|r| r.reason().contains("control characters")),
+                "{generation}"
+            );
+            let local = LocalModel {
+                id: "local-bad_series".parse().unwrap(),
+                sidecar: Some(
+                    json!({"name": "Bad", "series": "Tab\tbed"})
+                        .as_object()
+                        .unwrap()
+                        .clone(),
+                ),
+            };
+            let params = Catalog::new(&read.manifest, &[local]).params();
+            let series = &params
+                .iter()
+                .find(|(k, _)| *k == keys::AVAILABLE_MODEL_SERIES)
+                .unwrap()
+                .1;
+            assert_eq!(
+                series, "Pop Series,Custom Series,Local Series",
+                "{generation}"
+            );
+            for (key, value) in &params {
+                assert!(
+                    !value.chars().any(char::is_control),
+                    "{generation} {key}: {value:?}"
+                );
+            }
+        }
     }
 }
