@@ -799,3 +799,29 @@ fn preflight_hints_run() {
         c.finish(1);
     }
 }
+
+/// The generation guard's refusal of an artifact carried from the previous generation names a
+/// rebuild that runs as printed (the text names no generation: `vNN` is explained, so it reads
+/// the same for v25 into v26 as for any made-up later pair); the old bare `release-cli rebuild`
+/// is caught.
+#[test]
+fn the_carried_artifact_refusal_names_a_rebuild_that_runs() {
+    let cmd = Cli::command();
+    for (id, variant) in [("pop223", None), ("gwm", Some("chestnut".to_string()))] {
+        let change = manifest::GenerationChange::Carried {
+            id: id.parse().unwrap(),
+            variant: variant.clone(),
+            sha256: manifest::Sha256Digest::of_bytes(id.as_bytes()),
+            from: id.parse().unwrap(),
+            from_variant: variant,
+        };
+        let text = change.to_string();
+        assert!(text.contains("`release-cli rebuild --"), "{text}");
+        assert_eq!(check_hint(&cmd, BIN, &text), Vec::<String>::new(), "{text}");
+    }
+    let old = "~ model pop: artifact artifact_sha256 x is the previous generation's artifact of \
+               model pop, compiled with the previous tinygrad (rebuild it for this generation \
+               with `release-cli rebuild`, or drop the variant; never carry an artifact across \
+               generations)";
+    assert!(!check_hint(&cmd, BIN, old).is_empty(), "not caught: {old}");
+}

@@ -16,6 +16,10 @@
 //!   the user set them `HF_HUB_DISABLE_UPDATE_CHECK=1`, `HF_HUB_DISABLE_TELEMETRY=1`,
 //!   `HF_HUB_DISABLE_PROGRESS_BARS=1` and a private `HF_HOME` (see [`child_env`]). Its failures
 //!   are read into an [`HfFailure`] kind (see [`classify_cli_failure`]).
+//! - A publish's upload of a local file is the exception: it runs with
+//!   `HF_HUB_DISABLE_PROGRESS_BARS=0` (unless the user set it), and its stderr is read as it
+//!   comes for the CLI's own per-file progress line ([`HfCli::cp_reporting`]); the progress lines
+//!   are left out of the text an error shows.
 //!
 //! The Hub is unreachable from the machines this was written on: this code is tested against the
 //! real `hf` CLI (huggingface_hub 2.4.0, hf-xet 1.8.0) driving a local Hub emulator
@@ -702,9 +706,14 @@ impl HfCli {
         let mut stdout = child.stdout.take().expect("piped");
         let mut stderr = child.stderr.take().expect("piped");
         let mut text = ProgressText::new();
+        // The CLI redraws a line it did not change when another bar moves: one report each.
+        let mut last = 0;
         let mut parse = |seg: &str| match parse_hf_line(seg) {
             Some(HfLine::File { done, .. }) => {
-                report(Transfer::File { done, measure });
+                if done != last {
+                    last = done;
+                    report(Transfer::File { done, measure });
+                }
                 true
             }
             Some(_) => true,

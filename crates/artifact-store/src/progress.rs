@@ -20,9 +20,11 @@ use serde::Serialize;
 pub enum Measure {
     /// Bytes copied into the store's file so far (a directory store): exact.
     Copied,
-    /// The file's bytes hf-xet reports done (read, deduplicated and, where new, sent), as the
-    /// `hf` CLI prints them on its progress line: three significant digits in decimal units,
-    /// so `12.1MB` is read as 12,100,000 (within half a unit of the last digit).
+    /// The file's bytes hf-xet reports done, as the `hf` CLI prints them on the file's own
+    /// progress line: three significant digits in decimal units, so `12.1MB` is read as
+    /// 12,100,000 (within half a unit of the last digit; the last line may round past the size,
+    /// which is capped). The figure follows the upload: over a slow uplink it grows with the
+    /// bytes sent (`tests/publish_progress.rs` throttles the Hub emulator to show it).
     HfCli,
     /// Nothing within the file: the backend reports no progress (the `hf` CLI with the user's
     /// own `HF_HUB_DISABLE_PROGRESS_BARS=1`), so the bar moves when the file is done.
