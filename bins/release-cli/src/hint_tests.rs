@@ -13,6 +13,10 @@ use cli_support::hints::check_hint;
 
 use crate::Cli;
 
+/// The argument-vector builders the integration tests use too.
+#[path = "../tests/common/argv.rs"]
+mod argv;
+
 const BIN: &str = "release-cli";
 const PIN: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
 /// A made-up next generation and its made-up pin.
@@ -300,120 +304,74 @@ fn refusals_and_chunk_errors_print_hints_that_run() {
     let missing = missing.to_str().unwrap();
     let empty_ws = tmp.path().join("no-such-ws");
     let mut c = Collector::default();
-    let scenarios: Vec<(&str, Vec<&str>)> = vec![
+    let own = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+    let publish = |generation: &str, manifest: &str, artifacts: &str, extra: &[&str]| {
+        argv::publish_argv(generation, manifest, artifacts, &[store], extra)
+    };
+    let scenarios: Vec<(&str, Vec<String>)> = vec![
         (
             "publish without --workspace",
-            vec![
-                "publish",
-                "--generation",
-                "v25",
-                "--manifest",
-                &manifest,
-                "--artifacts",
-                &artifacts,
-                "--to",
-                store,
-            ],
+            publish("v25", &manifest, &artifacts, &[]),
         ),
         (
             "publish with an empty skip reason",
-            vec![
-                "publish",
-                "--generation",
-                "v25",
-                "--manifest",
-                &manifest,
-                "--artifacts",
-                &artifacts,
-                "--to",
-                store,
-                "--skip-validation",
-                " ",
-            ],
+            publish("v25", &manifest, &artifacts, &["--skip-validation", " "]),
         ),
         (
             "publish of a generation the manifest is not",
-            vec![
-                "publish",
-                "--generation",
+            publish(
                 NEXT_GEN,
-                "--manifest",
                 &manifest,
-                "--artifacts",
                 &artifacts,
-                "--to",
-                store,
-                "--skip-validation",
-                "test",
-            ],
+                &["--skip-validation", "test"],
+            ),
         ),
         (
             "publish with a missing workspace",
-            vec![
-                "publish",
-                "--generation",
+            publish(
                 "v25",
-                "--manifest",
                 &manifest,
-                "--artifacts",
                 &artifacts,
-                "--to",
-                store,
-                "--workspace",
-                empty_ws.to_str().unwrap(),
-            ],
+                &["--workspace", empty_ws.to_str().unwrap()],
+            ),
         ),
         (
             "publish of a generation with no recorded pin",
-            vec![
-                "publish",
-                "--generation",
+            publish(
                 NEXT_GEN,
-                "--manifest",
                 &next_manifest,
-                "--artifacts",
                 &next_artifacts,
-                "--to",
-                store,
-                "--skip-validation",
-                "test",
-            ],
+                &["--skip-validation", "test"],
+            ),
         ),
         (
             "publish of an artifact that is not OOB",
-            vec![
-                "publish",
-                "--generation",
+            publish(
                 "v25",
-                "--manifest",
                 &plain_manifest,
-                "--artifacts",
                 &plain_artifacts,
-                "--to",
-                store,
-                "--skip-validation",
-                "test",
-            ],
+                &["--skip-validation", "test"],
+            ),
         ),
         (
             "chunk verify of a missing file",
-            vec!["chunk", "verify", missing],
+            own(&["chunk", "verify", missing]),
         ),
         (
             "chunk join of a missing file",
-            vec!["chunk", "join", missing, "--output", missing],
+            own(&["chunk", "join", missing, "--output", missing]),
         ),
         (
             "manifest validate of a missing file",
-            vec!["manifest", "validate", missing],
+            own(&["manifest", "validate", missing]),
         ),
         (
             "audit of an empty store",
-            vec!["audit", "--generation", "v25", "--store", store],
+            own(&["audit", "--generation", "v25", "--store", store]),
         ),
     ];
     for (name, args) in &scenarios {
-        c.failing(name, args);
+        c.failing(name, &argv::strs(args));
     }
     assert!(!Path::new(store).exists(), "a refusal wrote the store");
     c.finish(0);

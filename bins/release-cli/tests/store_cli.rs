@@ -2,7 +2,7 @@
 //! a real local store, a real bare git origin, the stand-in `hf`, and HTTP on 127.0.0.1.
 
 use crate::common;
-use crate::common::{TG, cli, covering_records, entry, http_get, serve};
+use crate::common::{TG, cli, covering_records, entry, http_get, publish_argv, serve, strs};
 
 use std::path::Path;
 
@@ -144,20 +144,13 @@ fn publish_dry_run_then_publish_to_a_directory_and_github() {
     );
 
     // GitHub before the Hub is a usage error; nothing is opened.
-    let o = cli(&[
-        "publish",
-        "--generation",
+    let o = cli(&strs(&publish_argv(
         "v25",
-        "--manifest",
         &manifest,
-        "--artifacts",
         &artifacts,
-        "--to",
-        &gh,
-        "--to",
-        "hf://buckets/a/b",
-        "--dry-run",
-    ]);
+        &[&gh, "hf://buckets/a/b"],
+        &["--dry-run"],
+    )));
     assert_eq!(
         o.status.code(),
         Some(2),

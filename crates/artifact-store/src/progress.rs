@@ -53,6 +53,8 @@ pub enum Transfer {
 ///
 /// - a file's own reports move the position within it, never past its size, never back
 ///   within one attempt ([`Tally::start_file`] starts an attempt again at zero);
+/// - a file committed by an earlier attempt stays staged, so a retry that only pushes does not
+///   count it twice;
 /// - a file that is only staged (a `github:` commit) adds nothing until a push: a push's
 ///   written pack bytes move the position within the staged bytes, and its end settles them;
 /// - a file that was not staged counts whole once it is done ([`Tally::file_done`]).
@@ -70,10 +72,10 @@ impl Tally {
         self.settled + self.current
     }
 
-    /// An attempt at writing a file begins.
+    /// An attempt at writing a file begins. A commit an earlier attempt made stays staged (a
+    /// retry after a failed push finds the file committed and only pushes).
     pub fn start_file(&mut self) {
         self.current = 0;
-        self.file_staged = false;
     }
 
     /// A report while a file of `size` bytes is written.
@@ -503,6 +505,24 @@ mod tests {
                     S::Done(4),
                 ],
                 vec![0, 0, 0, 0, 0, 20, 80, 80, 80, 80, 84],
+            ),
+            (
+                "a retry after a failed push finds the file committed: counted once",
+                vec![
+                    S::Start,
+                    S::R(60, Staged { bytes: 60 }),
+                    S::R(
+                        60,
+                        Push {
+                            written: 10,
+                            waiting: 60,
+                        },
+                    ),
+                    S::Start,
+                    S::R(60, Pushed),
+                    S::Done(60),
+                ],
+                vec![0, 0, 10, 0, 60, 60],
             ),
         ];
         for (name, steps, want) in cases {
