@@ -2,7 +2,7 @@
 //! really learns: a directory's copy, the real `hf` CLI's own progress line (against the Hub
 //! emulator), and the real `git push --progress` of a `github:` store's batch. A file larger
 //! than the backend's reporting unit gets more than one report, and the store's bytes counted
-//! as sent only grow and end at what it uploaded.
+//! as sent only grow and end at what it uploaded. For v25 and a made-up v26 (made-up pin).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -10,28 +10,67 @@ use std::time::Duration;
 
 use crate::common::*;
 use artifact_store::progress::{Measure, Transfer};
-use artifact_store::publish::{Event, PublishOptions, publish};
+use artifact_store::publish::{Contract, Event, PublishOptions, publish};
 use artifact_store::retry::RetryPolicy;
 use artifact_store::{GithubStore, HfBucketStore, HfConfig, LocalStore, Store};
 use chunker::{SplitOptions, split_reader};
-use manifest::{Generation, Manifest};
+use manifest::{Generation, GitCommit, Manifest, PinTable};
 use test_support::hub::{HubConfig, HubEmulator, real_hf_cli};
 use test_support::release_stores::{GitRemote, git};
 
 const MIB: u64 = 1 << 20;
 
-fn opts() -> PublishOptions {
+/// A made-up next generation's pin.
+const V26_PIN: &str = "26a0c0ffee26a0c0ffee26a0c0ffee26a0c0ffee";
+
+/// A generation to publish: v25 with its pin, or a made-up v26 with a made-up pin recorded.
+struct Gen {
+    generation: Generation,
+    pin: GitCommit,
+    pins: PinTable,
+}
+
+fn generations() -> Vec<Gen> {
+    let builtin = PinTable::builtin();
+    let (v25, v26) = (Generation::new(25), Generation::new(26));
+    let pin26: GitCommit = V26_PIN.parse().unwrap();
+    let mut with26 = PinTable::builtin();
+    with26.record(v26, &pin26).unwrap();
+    vec![
+        Gen {
+            generation: v25,
+            pin: builtin.get(v25).unwrap().clone(),
+            pins: builtin,
+        },
+        Gen {
+            generation: v26,
+            pin: pin26,
+            pins: with26,
+        },
+    ]
+}
+
+fn opts(g: &Gen) -> PublishOptions {
     PublishOptions {
-        generation: Generation::new(25),
+        generation: g.generation,
         dry_run: false,
         retry: RetryPolicy::immediate(2),
         deep_verify: false,
-        contract: Default::default(),
+        contract: Contract {
+            pins: g.pins.clone(),
+            ..Default::default()
+        },
     }
 }
 
 /// One model of `len` bytes split into chunks of `chunk` bytes, and its manifest.
-fn release(dir: &Path, id: &'static str, len: u64, chunk: u64) -> (std::path::PathBuf, Manifest) {
+fn release(
+    dir: &Path,
+    g: &Gen,
+    id: &'static str,
+    len: u64,
+    chunk: u64,
+) -> (std::path::PathBuf, Manifest) {
     // An OOB container with few, large buffers, as real artifacts are: a store's OOB check
     // reads each record's length (an HTTP range each on the Hub).
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -44,7 +83,7 @@ fn release(dir: &Path, id: &'static str, len: u64, chunk: u64) -> (std::path::Pa
         })
         .collect();
     let data = test_support::published::oob_container(&payload, 4 << 20);
-    let artifacts = dir.join("artifacts");
+    let artifacts = dir.join(format!("artifacts-{}", g.generation));
     let d = artifacts.join(id);
     std::fs::create_dir_all(&d).unwrap();
     let name = format!("{id}_driving_tinygrad.pkl");
@@ -58,13 +97,19 @@ fn release(dir: &Path, id: &'static str, len: u64, chunk: u64) -> (std::path::Pa
     .unwrap();
     let mut e = entry(id, &data, "Pop");
     e["artifact_chunk_count"] = len.div_ceil(chunk).into();
-    (artifacts, manifest_of(vec![e]))
+    let m = Manifest::from_value(serde_json::json!({
+        "generation": g.generation.to_string(),
+        "tinygrad_commit": g.pin.to_string(),
+        "models": [e],
+    }))
+    .unwrap();
+    (artifacts, m)
 }
 
 /// Publish, collecting the events.
-fn run(artifacts: &Path, m: &Manifest, store: &dyn Store) -> Vec<Event> {
+fn run(g: &Gen, artifacts: &Path, m: &Manifest, store: &dyn Store) -> Vec<Event> {
     let mut events = Vec::new();
-    publish(m, artifacts, &[store], &opts(), &mut |e| {
+    publish(m, artifacts, &[store], &opts(g), &mut |e| {
         events.push(e.clone())
     })
     .unwrap();
@@ -110,28 +155,38 @@ fn file_reports(events: &[Event], suffix: &str) -> Vec<(u64, Measure)> {
 
 #[test]
 fn a_directory_store_reports_the_bytes_it_has_copied() {
-    let t = tempfile::tempdir().unwrap();
-    // Two chunks: 9 MiB (over two reporting units) and 1 MiB.
-    let (artifacts, m) = release(t.path(), "pop223", 10 * MIB, 9 * MIB);
-    let store = LocalStore::new(t.path().join("store"));
-    let events = run(&artifacts, &m, &store);
-    check_sent(&events);
-    let reports = file_reports(&events, ".chunk01of02");
-    let unit = artifact_store::local::COPY_REPORT_BYTES;
-    assert_eq!(
-        reports,
-        [
-            (0, Measure::Copied),
-            (unit, Measure::Copied),
-            (2 * unit, Measure::Copied)
-        ]
-    );
-    // The smaller chunk: only its start; it counts whole once written.
-    assert_eq!(
-        file_reports(&events, ".chunk02of02"),
-        [(0, Measure::Copied)]
-    );
-    assert_eq!(read_artifact(&store, "pop223").len() as u64, 10 * MIB);
+    for g in generations() {
+        let t = tempfile::tempdir().unwrap();
+        // Two chunks: 9 MiB (over two reporting units) and 1 MiB.
+        let (artifacts, m) = release(t.path(), &g, "pop223", 10 * MIB, 9 * MIB);
+        let store = LocalStore::new(t.path().join("store"));
+        let events = run(&g, &artifacts, &m, &store);
+        check_sent(&events);
+        let unit = artifact_store::local::COPY_REPORT_BYTES;
+        assert_eq!(
+            file_reports(&events, ".chunk01of02"),
+            [
+                (0, Measure::Copied),
+                (unit, Measure::Copied),
+                (2 * unit, Measure::Copied)
+            ],
+            "{}",
+            g.generation
+        );
+        // The smaller chunk: only its start; it counts whole once written.
+        assert_eq!(
+            file_reports(&events, ".chunk02of02"),
+            [(0, Measure::Copied)]
+        );
+        let chunks: u64 = store
+            .list(&p(&format!("models/{}/pop223", g.generation)))
+            .unwrap()
+            .iter()
+            .filter(|e| e.path.as_str().contains(".chunk0"))
+            .map(|e| e.size)
+            .sum();
+        assert_eq!(chunks, 10 * MIB, "{}", g.generation);
+    }
 }
 
 #[test]
@@ -139,8 +194,6 @@ fn a_hub_store_reports_the_hf_clis_own_byte_progress() {
     let Some(cli) = real_hf_cli() else { return };
     let t = tempfile::tempdir().unwrap();
     let emu = HubEmulator::start(HubConfig::default()).unwrap();
-    let bucket = "StarPilot-Driving/StarPilot-Resources";
-    emu.create_bucket(bucket);
     // A slow uplink (8 MiB/s): the upload lasts several of the CLI's 100 ms progress polls.
     emu.limit_upload_rate(8 * MIB);
     let config = HfConfig {
@@ -149,11 +202,27 @@ fn a_hub_store_reports_the_hf_clis_own_byte_progress() {
         cli,
         timeout: Duration::from_secs(30),
     };
-    let store = HfBucketStore::new(bucket, config).unwrap();
+    for g in generations() {
+        // A bucket of its own: the same bytes under v26 beside v25's would be refused as
+        // carried across generations.
+        let bucket = format!("StarPilot-Driving/progress-{}", g.generation);
+        emu.create_bucket(&bucket);
+        let store = HfBucketStore::new(&bucket, config.clone()).unwrap();
+        hub_publish_reports_progress(&g, t.path(), &emu, &bucket, &store);
+    }
+}
+
+fn hub_publish_reports_progress(
+    g: &Gen,
+    dir: &Path,
+    emu: &HubEmulator,
+    bucket: &str,
+    store: &HfBucketStore,
+) {
     // One 24 MiB chunk: hf-xet counts a file's bytes done in 8 MiB blocks, polled every 100 ms.
     let len = 24 * MIB;
-    let (artifacts, m) = release(t.path(), "pop223", len, len);
-    let events = run(&artifacts, &m, &store);
+    let (artifacts, m) = release(dir, g, "pop223", len, len);
+    let events = run(g, &artifacts, &m, store);
     check_sent(&events);
     let reports = file_reports(&events, ".chunk01of01");
     eprintln!("the hf CLI's reports for a {len}-byte file: {reports:?}");
@@ -173,12 +242,12 @@ fn a_hub_store_reports_the_hf_clis_own_byte_progress() {
         "not several growing progress lines within the file: {reports:?}"
     );
     assert!(reports.iter().all(|(d, _)| *d <= len + len / 200));
+    let path = format!(
+        "models/{}/pop223/pop223_driving_tinygrad.pkl.chunk01of01",
+        g.generation
+    );
     assert_eq!(
-        emu.bucket_file(
-            bucket,
-            "models/v25/pop223/pop223_driving_tinygrad.pkl.chunk01of01"
-        )
-        .map(|b| b.len() as u64),
+        emu.bucket_file(bucket, &path).map(|b| b.len() as u64),
         Some(len)
     );
 }
@@ -202,6 +271,12 @@ fn slow_receive_pack(dir: &Path) -> std::path::PathBuf {
 
 #[test]
 fn a_github_store_reports_each_pushs_written_bytes() {
+    for g in generations() {
+        github_publish_reports_progress(&g);
+    }
+}
+
+fn github_publish_reports_progress(g: &Gen) {
     let t = tempfile::tempdir().unwrap();
     let remote = GitRemote::new(t.path(), "Models", None);
     let slow = slow_receive_pack(t.path());
@@ -215,9 +290,9 @@ fn a_github_store_reports_each_pushs_written_bytes() {
     );
     // One 8 MiB chunk: committed, then pushed with its sidecar and chunk manifest.
     let len = 8 * MIB;
-    let (artifacts, m) = release(t.path(), "pop223", len, len);
+    let (artifacts, m) = release(t.path(), g, "pop223", len, len);
     let store = GithubStore::open(&remote.checkout, "Models").unwrap();
-    let events = run(&artifacts, &m, &store);
+    let events = run(g, &artifacts, &m, &store);
     check_sent(&events);
     let transfers: Vec<(String, Transfer)> = events
         .iter()
@@ -257,6 +332,6 @@ fn a_github_store_reports_each_pushs_written_bytes() {
     );
     assert_eq!(
         remote.remote_subjects().last().unwrap(),
-        "Publish model_names_v25.json"
+        &format!("Publish model_names_{}.json", g.generation)
     );
 }
