@@ -335,3 +335,42 @@ fn github_publish_reports_progress(g: &Gen) {
         &format!("Publish model_names_{}.json", g.generation)
     );
 }
+
+/// An upload whose progress is read still fails as the CLI says, with its error lines and none
+/// of its progress lines: a bucket nobody created is "bucket missing".
+#[test]
+fn a_failed_hub_upload_reports_the_clis_error_without_its_progress_lines() {
+    let Some(cli) = real_hf_cli() else { return };
+    let t = tempfile::tempdir().unwrap();
+    let emu = HubEmulator::start(HubConfig::default()).unwrap();
+    let config = HfConfig {
+        endpoint: emu.url(),
+        token: Some(emu.token().to_string()),
+        cli,
+        timeout: Duration::from_secs(30),
+    };
+    let store = HfBucketStore::new("StarPilot-Driving/no-such-bucket", config).unwrap();
+    let local = t.path().join("chunk");
+    std::fs::write(&local, vec![7u8; 3 << 20]).unwrap();
+    let mut reports = Vec::new();
+    let err = store
+        .write_file_reporting(&p("models/v26/x/x.bin"), &local, &mut |r| reports.push(r))
+        .unwrap_err();
+    match &err {
+        artifact_store::Error::HfCli { kind, stderr, .. } => {
+            assert_eq!(*kind, artifact_store::HfFailure::BucketMissing, "{stderr}");
+            assert!(
+                !stderr.contains("Processing Files") && !stderr.contains('\r'),
+                "{stderr}"
+            );
+        }
+        other => panic!("not a CLI failure: {other}"),
+    }
+    assert_eq!(
+        reports.first(),
+        Some(&Transfer::File {
+            done: 0,
+            measure: Measure::HfCli
+        })
+    );
+}
