@@ -13,6 +13,10 @@ use cli_support::hints::check_hint;
 
 use crate::Cli;
 
+/// The argument-vector builders the integration tests use too.
+#[path = "../tests/common/argv.rs"]
+mod argv;
+
 const BIN: &str = "release-cli";
 const PIN: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
 /// A made-up next generation and its made-up pin.
@@ -300,120 +304,74 @@ fn refusals_and_chunk_errors_print_hints_that_run() {
     let missing = missing.to_str().unwrap();
     let empty_ws = tmp.path().join("no-such-ws");
     let mut c = Collector::default();
-    let scenarios: Vec<(&str, Vec<&str>)> = vec![
+    let own = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+    let publish = |generation: &str, manifest: &str, artifacts: &str, extra: &[&str]| {
+        argv::publish_argv(generation, manifest, artifacts, &[store], extra)
+    };
+    let scenarios: Vec<(&str, Vec<String>)> = vec![
         (
             "publish without --workspace",
-            vec![
-                "publish",
-                "--generation",
-                "v25",
-                "--manifest",
-                &manifest,
-                "--artifacts",
-                &artifacts,
-                "--to",
-                store,
-            ],
+            publish("v25", &manifest, &artifacts, &[]),
         ),
         (
             "publish with an empty skip reason",
-            vec![
-                "publish",
-                "--generation",
-                "v25",
-                "--manifest",
-                &manifest,
-                "--artifacts",
-                &artifacts,
-                "--to",
-                store,
-                "--skip-validation",
-                " ",
-            ],
+            publish("v25", &manifest, &artifacts, &["--skip-validation", " "]),
         ),
         (
             "publish of a generation the manifest is not",
-            vec![
-                "publish",
-                "--generation",
+            publish(
                 NEXT_GEN,
-                "--manifest",
                 &manifest,
-                "--artifacts",
                 &artifacts,
-                "--to",
-                store,
-                "--skip-validation",
-                "test",
-            ],
+                &["--skip-validation", "test"],
+            ),
         ),
         (
             "publish with a missing workspace",
-            vec![
-                "publish",
-                "--generation",
+            publish(
                 "v25",
-                "--manifest",
                 &manifest,
-                "--artifacts",
                 &artifacts,
-                "--to",
-                store,
-                "--workspace",
-                empty_ws.to_str().unwrap(),
-            ],
+                &["--workspace", empty_ws.to_str().unwrap()],
+            ),
         ),
         (
             "publish of a generation with no recorded pin",
-            vec![
-                "publish",
-                "--generation",
+            publish(
                 NEXT_GEN,
-                "--manifest",
                 &next_manifest,
-                "--artifacts",
                 &next_artifacts,
-                "--to",
-                store,
-                "--skip-validation",
-                "test",
-            ],
+                &["--skip-validation", "test"],
+            ),
         ),
         (
             "publish of an artifact that is not OOB",
-            vec![
-                "publish",
-                "--generation",
+            publish(
                 "v25",
-                "--manifest",
                 &plain_manifest,
-                "--artifacts",
                 &plain_artifacts,
-                "--to",
-                store,
-                "--skip-validation",
-                "test",
-            ],
+                &["--skip-validation", "test"],
+            ),
         ),
         (
             "chunk verify of a missing file",
-            vec!["chunk", "verify", missing],
+            own(&["chunk", "verify", missing]),
         ),
         (
             "chunk join of a missing file",
-            vec!["chunk", "join", missing, "--output", missing],
+            own(&["chunk", "join", missing, "--output", missing]),
         ),
         (
             "manifest validate of a missing file",
-            vec!["manifest", "validate", missing],
+            own(&["manifest", "validate", missing]),
         ),
         (
             "audit of an empty store",
-            vec!["audit", "--generation", "v25", "--store", store],
+            own(&["audit", "--generation", "v25", "--store", store]),
         ),
     ];
     for (name, args) in &scenarios {
-        c.failing(name, args);
+        c.failing(name, &argv::strs(args));
     }
     assert!(!Path::new(store).exists(), "a refusal wrote the store");
     c.finish(0);
@@ -798,4 +756,30 @@ fn preflight_hints_run() {
         );
         c.finish(1);
     }
+}
+
+/// The generation guard's refusal of an artifact carried from the previous generation names a
+/// rebuild that runs as printed (the text names no generation: `vNN` is explained, so it reads
+/// the same for v25 into v26 as for any made-up later pair); the old bare `release-cli rebuild`
+/// is caught.
+#[test]
+fn the_carried_artifact_refusal_names_a_rebuild_that_runs() {
+    let cmd = Cli::command();
+    for (id, variant) in [("pop223", None), ("gwm", Some("chestnut".to_string()))] {
+        let change = manifest::GenerationChange::Carried {
+            id: id.parse().unwrap(),
+            variant: variant.clone(),
+            sha256: manifest::Sha256Digest::of_bytes(id.as_bytes()),
+            from: id.parse().unwrap(),
+            from_variant: variant,
+        };
+        let text = change.to_string();
+        assert!(text.contains("`release-cli rebuild --"), "{text}");
+        assert_eq!(check_hint(&cmd, BIN, &text), Vec::<String>::new(), "{text}");
+    }
+    let old = "~ model pop: artifact artifact_sha256 x is the previous generation's artifact of \
+               model pop, compiled with the previous tinygrad (rebuild it for this generation \
+               with `release-cli rebuild`, or drop the variant; never carry an artifact across \
+               generations)";
+    assert!(!check_hint(&cmd, BIN, old).is_empty(), "not caught: {old}");
 }

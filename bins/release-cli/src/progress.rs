@@ -4,6 +4,7 @@
 
 use std::io::Read;
 
+use artifact_store::progress::{Measure, Transfer};
 use cli_support::progress::{BAR_CHARS, BYTES_TEMPLATE, bars_hidden as hidden};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -49,4 +50,66 @@ pub fn spinner(message: impl Into<String>, json: bool) -> ProgressBar {
     bar.set_message(message.into());
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar
+}
+
+/// The publish bar's label for what a store just reported ([`Transfer`]): the file and, where
+/// the numbers are not bytes within that file, what they are. A store that reports nothing
+/// within a file says so, since its bar moves only when the file is done.
+pub fn upload_label(store: &str, path: &str, transfer: &Transfer) -> String {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    match transfer {
+        Transfer::File {
+            measure: Measure::AtEnd,
+            ..
+        } => format!("{store}: {name} (no progress within the file: moves when it is done)"),
+        Transfer::File { .. } => format!("{store}: {name}"),
+        Transfer::Staged { .. } => format!("{store}: {name} committed, waiting for a push"),
+        Transfer::Push { waiting, .. } => format!(
+            "{store}: git push of {} committed (pack bytes written)",
+            crate::units::human_size(*waiting)
+        ),
+        Transfer::Pushed => format!("{store}: pushed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upload_labels() {
+        let s = "github:/srv/res";
+        let p = "v26/pop/pop_driving_tinygrad.pkl.chunk01of02";
+        for (t, want) in [
+            (
+                Transfer::File {
+                    done: 5,
+                    measure: Measure::Copied,
+                },
+                "github:/srv/res: pop_driving_tinygrad.pkl.chunk01of02",
+            ),
+            (
+                Transfer::File {
+                    done: 0,
+                    measure: Measure::AtEnd,
+                },
+                "github:/srv/res: pop_driving_tinygrad.pkl.chunk01of02 (no progress within the \
+                 file: moves when it is done)",
+            ),
+            (
+                Transfer::Staged { bytes: 9 },
+                "github:/srv/res: pop_driving_tinygrad.pkl.chunk01of02 committed, waiting for a push",
+            ),
+            (
+                Transfer::Push {
+                    written: 1,
+                    waiting: 3 << 20,
+                },
+                "github:/srv/res: git push of 3.0 MiB committed (pack bytes written)",
+            ),
+            (Transfer::Pushed, "github:/srv/res: pushed"),
+        ] {
+            assert_eq!(upload_label(s, p, &t), want);
+        }
+    }
 }

@@ -3,7 +3,8 @@
 //! local folder in the working directory).
 
 use crate::common::{
-    TG, cli, cli_in, covering_records, entry, refused, release_in as release, text,
+    TG, cli, cli_in, covering_records, entry, publish_argv, refused, release_in as release, strs,
+    text,
 };
 
 use std::fs;
@@ -16,22 +17,14 @@ use test_support::published::{artifact_bytes, random_bytes, sha256_hex};
 /// matrix (written beside the manifest, in `ws/`), so the other gates are what is tested.
 fn publish(cwd: &Path, manifest: &Path, artifacts: &Path, to: &[&str]) -> std::process::Output {
     let ws = covering_records(&manifest.parent().unwrap().join("ws"), manifest);
-    let mut args = vec![
-        "publish".to_string(),
-        "--generation".into(),
-        "v25".into(),
-        "--manifest".into(),
-        manifest.to_str().unwrap().into(),
-        "--artifacts".into(),
-        artifacts.to_str().unwrap().into(),
-        "--workspace".into(),
-        ws.to_str().unwrap().into(),
-    ];
-    for t in to {
-        args.push("--to".into());
-        args.push(t.to_string());
-    }
-    cli_in(&args.iter().map(String::as_str).collect::<Vec<_>>(), cwd)
+    let args = publish_argv(
+        "v25",
+        manifest.to_str().unwrap(),
+        artifacts.to_str().unwrap(),
+        to,
+        &["--workspace", ws.to_str().unwrap()],
+    );
+    cli_in(&strs(&args), cwd)
 }
 
 /// Publishes to the local store `dir/store` (which does not exist yet) and requires a refusal
@@ -244,21 +237,15 @@ fn publish26(
     extra: &[&str],
 ) -> std::process::Output {
     let ws = covering_records(&dir.join("ws"), manifest);
-    let mut args = vec![
-        "publish",
-        "--generation",
+    let mut args = publish_argv(
         "v26",
-        "--manifest",
         manifest.to_str().unwrap(),
-        "--artifacts",
         artifacts.to_str().unwrap(),
-        "--to",
-        store.to_str().unwrap(),
-        "--workspace",
-        ws.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    cli_in(&args, dir)
+        &[store.to_str().unwrap()],
+        &["--workspace", ws.to_str().unwrap()],
+    );
+    args.extend(extra.iter().map(|s| s.to_string()));
+    cli_in(&strs(&args), dir)
 }
 
 #[test]
@@ -501,19 +488,14 @@ fn publish_gated(
     store: &Path,
     extra: &[&str],
 ) -> std::process::Output {
-    let mut args = vec![
-        "publish",
-        "--generation",
+    let args = publish_argv(
         "v25",
-        "--manifest",
         manifest.to_str().unwrap(),
-        "--artifacts",
         artifacts.to_str().unwrap(),
-        "--to",
-        store.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    cli_in(&args, dir)
+        &[store.to_str().unwrap()],
+        extra,
+    );
+    cli_in(&strs(&args), dir)
 }
 
 /// A store that already holds a file, so "untouched" is a real comparison.
@@ -706,20 +688,13 @@ fn skip_validation_publishes_and_its_reason_is_in_the_publish_record() {
     assert_eq!(first_bytes, fs::read(&path).unwrap());
     let again = format!("file:{}/.", store.display());
     let o = cli_in(
-        &[
-            "publish",
-            "--generation",
+        &strs(&publish_argv(
             "v25",
-            "--manifest",
             manifest.to_str().unwrap(),
-            "--artifacts",
             artifacts.to_str().unwrap(),
-            "--to",
-            &again,
-            "--skip-validation",
-            "second publish",
-            "--json",
-        ],
+            &[&again],
+            &["--skip-validation", "second publish", "--json"],
+        )),
         t.path(),
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
@@ -994,25 +969,22 @@ fn gate_records_that_would_mislead_refuse_the_publish_and_write_nothing() {
         let ws = t.path().join("ws");
         let results = ws.join("results");
         let run = |dry_run: bool| {
-            let mut args = vec![
-                "publish",
-                "--generation",
+            let mut args = publish_argv(
                 generation,
-                "--manifest",
                 manifest.to_str().unwrap(),
-                "--artifacts",
                 artifacts.to_str().unwrap(),
-                "--to",
-                store.to_str().unwrap(),
-                "--workspace",
-                ws.to_str().unwrap(),
-                "--openpilot",
-                op.to_str().unwrap(),
-            ];
+                &[store.to_str().unwrap()],
+                &[
+                    "--workspace",
+                    ws.to_str().unwrap(),
+                    "--openpilot",
+                    op.to_str().unwrap(),
+                ],
+            );
             if dry_run {
-                args.push("--dry-run");
+                args.push("--dry-run".into());
             }
-            cli_in(&args, t.path())
+            cli_in(&strs(&args), t.path())
         };
         let refused_with = |case: &str, want: &[&str]| {
             for dry_run in [true, false] {
@@ -1133,27 +1105,22 @@ fn a_publish_refused_for_a_missing_model_uploads_nothing_anywhere() {
     let remote = GitRemote::new(&t.path().join("gh"), "Models", None);
     let gh = format!("github:{}", remote.checkout.display());
     for dry_run in [true, false] {
-        let mut args = vec![
-            "publish",
-            "--generation",
+        let mut args = publish_argv(
             "v25",
-            "--manifest",
             manifest.to_str().unwrap(),
-            "--artifacts",
             artifacts.to_str().unwrap(),
-            "--workspace",
-            ws.to_str().unwrap(),
-            "--to",
-            store.to_str().unwrap(),
-            "--to",
-            &gh,
-            "--github-only",
-            "test: no Hub here",
-        ];
+            &[store.to_str().unwrap(), &gh],
+            &[
+                "--workspace",
+                ws.to_str().unwrap(),
+                "--github-only",
+                "test: no Hub here",
+            ],
+        );
         if dry_run {
-            args.push("--dry-run");
+            args.push("--dry-run".into());
         }
-        let o = cli_in(&args, t.path());
+        let o = cli_in(&strs(&args), t.path());
         let err = refused(&o);
         assert!(
             err.contains("model wd40")

@@ -2,7 +2,7 @@
 //! a real local store, a real bare git origin, the stand-in `hf`, and HTTP on 127.0.0.1.
 
 use crate::common;
-use crate::common::{TG, cli, covering_records, entry, http_get, serve};
+use crate::common::{TG, cli, covering_records, entry, http_get, publish_argv, serve, strs};
 
 use std::path::Path;
 
@@ -138,26 +138,54 @@ fn publish_dry_run_then_publish_to_a_directory_and_github() {
     assert_eq!(report["stores"][1]["manifest"], "written");
     assert_eq!(report["stores"][1]["uploaded_files"], 5);
     assert!(lines.iter().any(|l| l["event"] == "manifest_written"));
+    // Progress events: what each store learnt while writing (the directory's copy; the github:
+    // store's commits, its push's byte figure and its end), and each store's bytes counted as
+    // sent, which end at what it uploaded.
+    for (i, kinds) in [(0, &["file"][..]), (1, &["staged", "push", "pushed"][..])] {
+        let name = report["stores"][i]["store"].as_str().unwrap();
+        let of_store = |event: &str| -> Vec<&Value> {
+            lines
+                .iter()
+                .filter(|l| l["event"] == event && l["store"] == name)
+                .collect()
+        };
+        for kind in kinds {
+            assert!(
+                of_store("progress")
+                    .iter()
+                    .any(|l| l["transfer"]["kind"] == *kind),
+                "{name}: no {kind} progress in {lines:?}"
+            );
+        }
+        let sent: Vec<u64> = of_store("uploaded")
+            .iter()
+            .map(|l| l["sent"].as_u64().unwrap())
+            .collect();
+        assert!(sent.windows(2).all(|w| w[0] <= w[1]), "{name}: {sent:?}");
+        assert_eq!(
+            sent.last().copied(),
+            report["stores"][i]["uploaded_bytes"].as_u64(),
+            "{name}"
+        );
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["transfer"]["kind"] == "file" && l["transfer"]["measure"] == "copied")
+    );
     assert_eq!(
         remote.remote_subjects().last().unwrap(),
         "Publish model_names_v25.json"
     );
 
     // GitHub before the Hub is a usage error; nothing is opened.
-    let o = cli(&[
-        "publish",
-        "--generation",
+    let o = cli(&strs(&publish_argv(
         "v25",
-        "--manifest",
         &manifest,
-        "--artifacts",
         &artifacts,
-        "--to",
-        &gh,
-        "--to",
-        "hf://buckets/a/b",
-        "--dry-run",
-    ]);
+        &[&gh, "hf://buckets/a/b"],
+        &["--dry-run"],
+    )));
     assert_eq!(
         o.status.code(),
         Some(2),

@@ -45,6 +45,7 @@ use manifest::StoreLayout;
 use crate::error::{Error, Result};
 use crate::local::LocalStore;
 use crate::paths::StorePath;
+use crate::progress::{ProgressText, Transfer, parse_git_push_bytes};
 use crate::store::{FileStat, ListEntry, Store};
 
 /// Bucket layout (what every [`Store`] speaks) → branch layout; `None` for what the branch
@@ -347,7 +348,7 @@ impl GithubStore {
             // An interrupted publish leaves its own commits unpushed: a rerun pushes them.
             let subjects = self.git(["log", "--format=%s", &format!("{remote_ref}..HEAD")])?;
             if behind == "0" && is_resumable(&subjects) {
-                return self.push();
+                return self.push(&mut |_| {});
             }
             return Err(self.refuse(format!(
                 "not in sync with {}/{}: {ahead} commit(s) ahead, {behind} behind; run `git pull --ff-only` or push first",
@@ -359,13 +360,20 @@ impl GithubStore {
 
     /// Push `HEAD` to the branch. A rejection (the remote moved, a protected branch, no
     /// permission) is reported at once with what to do; only transport failures are retried.
-    fn push(&self) -> Result<()> {
-        let pushed = match self.git([
-            "push",
-            "--quiet",
-            &self.remote,
-            &format!("HEAD:refs/heads/{}", self.branch),
-        ]) {
+    /// `git push --progress` runs with its stderr read as it comes: each "Writing objects"
+    /// byte figure goes to `report` as a [`Transfer::Push`] for the commits waiting, and a push
+    /// that ends well as [`Transfer::Pushed`].
+    fn push(&self, report: &mut dyn FnMut(Transfer)) -> Result<()> {
+        let waiting = self.unpushed().bytes;
+        let refspec = format!("HEAD:refs/heads/{}", self.branch);
+        let args = ["push", "--progress", &self.remote, &refspec];
+        let mut on_segment = |seg: &str| {
+            if let Some(written) = parse_git_push_bytes(seg) {
+                report(Transfer::Push { written, waiting });
+            }
+            is_push_progress(seg)
+        };
+        let pushed = match self.git_streaming(&args, &mut on_segment) {
             Err(Error::Git { stderr, .. }) if push_rejected(&stderr) => Err(Error::PushRejected {
                 checkout: self.checkout.clone(),
                 remote: self.remote.clone(),
@@ -376,8 +384,62 @@ impl GithubStore {
         };
         if pushed.is_ok() {
             *self.unpushed.lock().unwrap_or_else(|p| p.into_inner()) = Unpushed::default();
+            report(Transfer::Pushed);
         }
         pushed
+    }
+
+    /// Run `git ARGS` in the checkout with its stderr read as it comes: each segment (see
+    /// [`crate::progress::segments`]) goes to `on_segment`, which says whether it was progress;
+    /// the rest is the error text when git fails.
+    fn git_streaming(&self, args: &[&str], on_segment: &mut dyn FnMut(&str) -> bool) -> Result<()> {
+        use std::process::Stdio;
+        let mut child = self
+            .git_command()
+            .arg("-C")
+            .arg(&self.checkout)
+            .args(["-c", BIG_FILE_THRESHOLD])
+            .args(args)
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| self.git_failed(source))?;
+        let mut stdout = child.stdout.take().expect("piped");
+        let mut stderr = child.stderr.take().expect("piped");
+        let mut text = ProgressText::new();
+        let read = std::thread::scope(|scope| {
+            let drain = scope.spawn(move || {
+                let mut sink = Vec::new();
+                stdout.read_to_end(&mut sink).map(|_| ())
+            });
+            let mut buf = [0u8; 8192];
+            let read = loop {
+                match stderr.read(&mut buf) {
+                    Ok(0) => break Ok(()),
+                    Ok(n) => text.feed(&buf[..n], on_segment),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => break Err(e),
+                }
+            };
+            let drained = drain.join().expect("reading a pipe does not panic");
+            read.and(drained)
+        });
+        let kept = text.finish(on_segment);
+        let status = child
+            .wait()
+            .and_then(|s| read.map(|()| s))
+            .map_err(|source| self.git_failed(source))?;
+        if !status.success() {
+            return Err(Error::Git {
+                checkout: self.checkout.clone(),
+                args: args.join(" "),
+                status: status.to_string(),
+                stderr: kept.trim().to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// The commits this store made and has not pushed yet.
@@ -450,6 +512,7 @@ impl GithubStore {
         message: &str,
         bytes: u64,
         push_now: bool,
+        report: &mut dyn FnMut(Transfer),
     ) -> Result<()> {
         let unchanged = self
             .git_command()
@@ -468,10 +531,13 @@ impl GithubStore {
             }
             *u
         };
+        if !unchanged {
+            report(Transfer::Staged { bytes });
+        }
         if push_now || push_due(rel.file_name(), waiting) || (unchanged && waiting.commits == 0) {
             // Unchanged and nothing waiting: push anyway, in case an earlier attempt committed
             // and then failed to push (the remote may be behind).
-            self.push()?;
+            self.push(report)?;
         }
         Ok(())
     }
@@ -526,6 +592,21 @@ fn is_resumable(subjects: &str) -> bool {
         }
     }
     any
+}
+
+/// Whether a segment of `git push --progress`'s stderr is one of its progress phases (left out
+/// of the error text kept for a failed push). Pure.
+fn is_push_progress(segment: &str) -> bool {
+    const PHASES: [&str; 6] = [
+        "Enumerating objects:",
+        "Counting objects:",
+        "Compressing objects:",
+        "Writing objects:",
+        "Delta compression using",
+        "Total ",
+    ];
+    let s = segment.trim_start();
+    PHASES.iter().any(|p| s.starts_with(p))
 }
 
 /// Whether `git push`'s stderr is a refusal (retrying cannot help) rather than a transport
@@ -585,10 +666,31 @@ impl Store for GithubStore {
     }
 
     fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
+        self.write_reporting(path, src, &mut |_| {})
+    }
+
+    fn write_file_reporting(
+        &self,
+        path: &StorePath,
+        local: &Path,
+        report: &mut dyn FnMut(Transfer),
+    ) -> Result<u64> {
+        let mut f = fs_err::File::open(local)?;
+        self.write_reporting(path, &mut f, report)
+    }
+
+    /// The copy into the checkout is local; what reaches the remote is each push's: the file is
+    /// reported [`Transfer::Staged`] once committed, then the pushes it triggers.
+    fn write_reporting(
+        &self,
+        path: &StorePath,
+        src: &mut dyn Read,
+        report: &mut dyn FnMut(Transfer),
+    ) -> Result<u64> {
         let rel = self.branch_path(path)?;
         let n = self.files.write(&rel, src)?;
         self.git(["add", "--", rel.as_str()])?;
-        self.commit_and_push(&rel, &format!("Publish {rel}"), n, false)?;
+        self.commit_and_push(&rel, &format!("Publish {rel}"), n, false, report)?;
         Ok(n)
     }
 
@@ -644,14 +746,18 @@ impl Store for GithubStore {
             return Ok(false);
         }
         self.git(["rm", "--quiet", "--", rel.as_str()])?;
-        self.commit_and_push(&rel, &format!("Remove {rel}"), 0, true)?;
+        self.commit_and_push(&rel, &format!("Remove {rel}"), 0, true, &mut |_| {})?;
         Ok(true)
     }
 
     /// Push the commits [`push_due`] let wait.
     fn flush(&self) -> Result<()> {
+        self.flush_reporting(&mut |_| {})
+    }
+
+    fn flush_reporting(&self, report: &mut dyn FnMut(Transfer)) -> Result<()> {
         if self.unpushed().commits > 0 {
-            self.push()?;
+            self.push(report)?;
         }
         Ok(())
     }

@@ -16,6 +16,10 @@
 //!   the user set them `HF_HUB_DISABLE_UPDATE_CHECK=1`, `HF_HUB_DISABLE_TELEMETRY=1`,
 //!   `HF_HUB_DISABLE_PROGRESS_BARS=1` and a private `HF_HOME` (see [`child_env`]). Its failures
 //!   are read into an [`HfFailure`] kind (see [`classify_cli_failure`]).
+//! - A publish's upload of a local file is the exception: it runs with
+//!   `HF_HUB_DISABLE_PROGRESS_BARS=0` (unless the user set it), and its stderr is read as it
+//!   comes for the CLI's own per-file progress line ([`HfCli::cp_reporting`]); the progress lines
+//!   are left out of the text an error shows.
 //!
 //! The Hub is unreachable from the machines this was written on: this code is tested against the
 //! real `hf` CLI (huggingface_hub 2.4.0, hf-xet 1.8.0) driving a local Hub emulator
@@ -36,6 +40,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, HfFailure, Result};
 use crate::paths::{StorePath, is_under};
+use crate::progress::{HfLine, Measure, ProgressText, Transfer, parse_hf_line};
 use crate::store::{FileStat, ListEntry, Store};
 
 /// At most this many redirects per request (the Hub answers resolve URLs with one or two).
@@ -390,6 +395,25 @@ pub fn child_env(
     out
 }
 
+/// What to set `HF_HUB_DISABLE_PROGRESS_BARS` to for an upload whose progress we read, given the
+/// user's value, and what the reports will then mean. Unset: `0`, which makes the CLI print its
+/// byte progress even on a pipe ([`Measure::HfCli`]). Set by the user: left alone (a deliberate
+/// choice wins); a value huggingface_hub reads as true (`1`, `ON`, `YES`, `TRUE`, any case)
+/// turns the bars off, so nothing is reported within a file ([`Measure::AtEnd`]). Pure.
+pub fn progress_bars_env(user: Option<&std::ffi::OsStr>) -> (Option<&'static str>, Measure) {
+    match user {
+        None => (Some("0"), Measure::HfCli),
+        Some(v) => {
+            let v = v.to_string_lossy().to_ascii_uppercase();
+            if ["1", "ON", "YES", "TRUE"].contains(&v.as_str()) {
+                (None, Measure::AtEnd)
+            } else {
+                (None, Measure::HfCli)
+            }
+        }
+    }
+}
+
 /// Remove secrets from text we are about to show: each of `secrets` (the token), the value of
 /// any `Authorization:` header and any `Bearer` credential, and anything shaped like a Hugging
 /// Face token (`hf_` followed by 20 or more letters and digits), whoever's it is.
@@ -652,6 +676,93 @@ impl HfCli {
         Ok(fed)
     }
 
+    /// `hf buckets cp LOCAL DST --format json`, reading the CLI's own per-file progress line
+    /// from its stderr as it runs ([`crate::progress::parse_hf_line`]) and handing each byte
+    /// figure to `report` as a [`Transfer::File`]. The CLI prints it only with progress bars on:
+    /// unless the user set `HF_HUB_DISABLE_PROGRESS_BARS`, it is run with `=0` (which prints
+    /// the bars on a pipe too); with the user's own truthy value nothing is reported within the
+    /// file ([`Measure::AtEnd`], see [`progress_bars_env`]).
+    pub fn cp_reporting(
+        &self,
+        local: &str,
+        dst: &str,
+        report: &mut dyn FnMut(Transfer),
+    ) -> Result<()> {
+        let args = ["buckets", "cp", local, dst, "--format", "json"];
+        let user = std::env::var_os("HF_HUB_DISABLE_PROGRESS_BARS");
+        let (set, measure) = progress_bars_env(user.as_deref());
+        let mut cmd = self.command(&args)?;
+        if let Some(v) = set {
+            cmd.env("HF_HUB_DISABLE_PROGRESS_BARS", v);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().map_err(|source| Error::HfCliMissing {
+            program: self.config.cli.display().to_string(),
+            source,
+        })?;
+        report(Transfer::File { done: 0, measure });
+        let mut stdout = child.stdout.take().expect("piped");
+        let mut stderr = child.stderr.take().expect("piped");
+        let mut text = ProgressText::new();
+        // The CLI redraws a line it did not change when another bar moves: one report each.
+        let mut last = 0;
+        let mut parse = |seg: &str| match parse_hf_line(seg) {
+            Some(HfLine::File { done, .. }) => {
+                if done != last {
+                    last = done;
+                    report(Transfer::File { done, measure });
+                }
+                true
+            }
+            Some(_) => true,
+            // The "Validating" percentage: progress, but not of bytes.
+            None => seg.trim_start().starts_with("Validating"),
+        };
+        let (out, read) = std::thread::scope(|scope| {
+            let drain = scope.spawn(move || {
+                let mut buf = Vec::new();
+                stdout.read_to_end(&mut buf).map(|_| buf)
+            });
+            let mut buf = [0u8; 8192];
+            let read = loop {
+                match stderr.read(&mut buf) {
+                    Ok(0) => break Ok(()),
+                    Ok(n) => text.feed(&buf[..n], &mut parse),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => break Err(e),
+                }
+            };
+            (drain.join().expect("reading a pipe does not panic"), read)
+        });
+        let kept = text.finish(&mut parse);
+        let status = child.wait().and_then(|s| read.map(|()| s));
+        let (status, stdout) = match (status, out) {
+            (Ok(s), Ok(o)) => (s, o),
+            (Err(source), _) | (_, Err(source)) => {
+                return Err(Error::Child {
+                    program: self.describe(&args),
+                    source,
+                });
+            }
+        };
+        if !status.success() {
+            let text = if kept.trim().is_empty() {
+                String::from_utf8_lossy(&stdout).into_owned()
+            } else {
+                kept
+            };
+            return Err(Error::HfCli {
+                command: self.describe(&args),
+                status: status.to_string(),
+                kind: classify_cli_failure(&text),
+                stderr: self.redact(&summarize_stderr(&text)),
+            });
+        }
+        Ok(())
+    }
+
     /// `hf buckets cp SRC DST --format json`.
     pub fn cp(&self, src: &str, dst: &str, stdin: Option<&mut dyn Read>) -> Result<u64> {
         self.run(&["buckets", "cp", src, dst, "--format", "json"], stdin)
@@ -786,6 +897,21 @@ impl Store for HfBucketStore {
             reason: "not valid UTF-8, cannot be passed to the hf CLI".into(),
         })?;
         self.cli.cp(local, &self.uri(path), None)?;
+        Ok(size)
+    }
+
+    fn write_file_reporting(
+        &self,
+        path: &StorePath,
+        local: &Path,
+        report: &mut dyn FnMut(Transfer),
+    ) -> Result<u64> {
+        let size = fs_err::metadata(local)?.len();
+        let local = local.to_str().ok_or_else(|| Error::InvalidPath {
+            path: local.display().to_string(),
+            reason: "not valid UTF-8, cannot be passed to the hf CLI".into(),
+        })?;
+        self.cli.cp_reporting(local, &self.uri(path), report)?;
         Ok(size)
     }
 
@@ -979,6 +1105,25 @@ mod tests {
             Some("https://h/api/buckets/a/b/tree?cursor=x")
         );
         assert_eq!(next_link(&HeaderMap::new()), None);
+    }
+
+    /// Whether an upload's progress can be read from the CLI, by the user's
+    /// HF_HUB_DISABLE_PROGRESS_BARS (huggingface_hub's own reading of the value).
+    #[test]
+    fn progress_bars_env_as_a_table() {
+        use std::ffi::OsStr;
+        for (user, want) in [
+            (None, (Some("0"), Measure::HfCli)),
+            (Some("1"), (None, Measure::AtEnd)),
+            (Some("true"), (None, Measure::AtEnd)),
+            (Some("On"), (None, Measure::AtEnd)),
+            (Some("yes"), (None, Measure::AtEnd)),
+            (Some("0"), (None, Measure::HfCli)),
+            (Some("false"), (None, Measure::HfCli)),
+            (Some(""), (None, Measure::HfCli)),
+        ] {
+            assert_eq!(progress_bars_env(user.map(OsStr::new)), want, "{user:?}");
+        }
     }
 
     #[test]

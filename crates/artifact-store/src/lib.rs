@@ -22,6 +22,7 @@ pub mod local;
 pub mod location;
 pub mod oob;
 pub mod paths;
+pub mod progress;
 pub mod publish;
 pub mod retry;
 pub mod reuse;

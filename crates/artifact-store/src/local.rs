@@ -11,7 +11,12 @@ use chunker::atomic::{self, AtomicFile};
 
 use crate::error::{Error, Result};
 use crate::paths::{StorePath, to_fs_path};
+use crate::progress::{Measure, Transfer};
 use crate::store::{FileStat, ListEntry, Store};
+
+/// A directory store reports the bytes it has copied into a file each time this many more are
+/// there (and at the start), so a file larger than this has more than one report.
+pub const COPY_REPORT_BYTES: u64 = 4 << 20;
 
 #[derive(Debug, Clone)]
 pub struct LocalStore {
@@ -90,6 +95,27 @@ impl Store for LocalStore {
     }
 
     fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
+        self.write_reporting(path, src, &mut |_| {})
+    }
+
+    fn write_file_reporting(
+        &self,
+        path: &StorePath,
+        local: &Path,
+        report: &mut dyn FnMut(Transfer),
+    ) -> Result<u64> {
+        let mut f = File::open(local)?;
+        self.write_reporting(path, &mut f, report)
+    }
+
+    /// The copy counts its bytes as they go ([`Measure::Copied`], every [`COPY_REPORT_BYTES`]);
+    /// the file is still written through `chunker::atomic` (temporary, fsync, rename).
+    fn write_reporting(
+        &self,
+        path: &StorePath,
+        src: &mut dyn Read,
+        report: &mut dyn FnMut(Transfer),
+    ) -> Result<u64> {
         let dest = self.fs_path(path);
         let dir = dest
             .parent()
@@ -97,7 +123,7 @@ impl Store for LocalStore {
         fs::create_dir_all(dir)?;
         let mut tmp = AtomicFile::create(&dest)?;
         // The source is any stream (an HTTP body, another store's file): name the destination.
-        let n = io::copy(src, tmp.file()).map_err(|source| Error::StoreRead {
+        let n = copy_reporting(src, tmp.file(), report).map_err(|source| Error::StoreRead {
             what: format!("the stream written to {}", dest.display()),
             source,
         })?;
@@ -133,6 +159,37 @@ impl Store for LocalStore {
         }
         Ok(removed)
     }
+}
+
+/// `io::copy`, reporting the bytes copied at the start and every [`COPY_REPORT_BYTES`].
+fn copy_reporting(
+    src: &mut dyn Read,
+    dst: &mut impl io::Write,
+    report: &mut dyn FnMut(Transfer),
+) -> io::Result<u64> {
+    let copied = |done| Transfer::File {
+        done,
+        measure: Measure::Copied,
+    };
+    report(copied(0));
+    let mut buf = vec![0u8; 1 << 20];
+    let mut done = 0u64;
+    let mut reported = 0u64;
+    loop {
+        let n = match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        dst.write_all(&buf[..n])?;
+        done += n as u64;
+        if done - reported >= COPY_REPORT_BYTES {
+            reported = done;
+            report(copied(done));
+        }
+    }
+    Ok(done)
 }
 
 fn walk(dir: &Path, rel: &str, out: &mut Vec<ListEntry>) -> Result<()> {

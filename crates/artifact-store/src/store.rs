@@ -12,6 +12,7 @@ use chunker::Sha256Digest;
 
 use crate::error::{Error, Result};
 use crate::paths::StorePath;
+use crate::progress::{Measure, Transfer};
 
 /// What a store knows about one file without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +47,38 @@ pub trait Store: Send + Sync {
     fn write_file(&self, path: &StorePath, local: &Path) -> Result<u64> {
         let mut f = File::open(local)?;
         self.write(path, &mut f)
+    }
+
+    /// [`Store::write_file`], handing `report` what the backend learns while it writes (see
+    /// [`crate::progress`]: bytes within the file, a local commit waiting for a push, a push's
+    /// bytes). The default learns nothing within the file and says so ([`Measure::AtEnd`]).
+    fn write_file_reporting(
+        &self,
+        path: &StorePath,
+        local: &Path,
+        report: &mut dyn FnMut(Transfer),
+    ) -> Result<u64> {
+        report(Transfer::File {
+            done: 0,
+            measure: Measure::AtEnd,
+        });
+        self.write_file(path, local)
+    }
+
+    /// [`Store::write`] with reports as [`Store::write_file_reporting`] makes them. The default
+    /// reports nothing (a small file, or a stream whose length is not known).
+    fn write_reporting(
+        &self,
+        path: &StorePath,
+        src: &mut dyn Read,
+        _report: &mut dyn FnMut(Transfer),
+    ) -> Result<u64> {
+        self.write(path, src)
+    }
+
+    /// [`Store::flush`] with reports of the pushes it makes (a `github:` store).
+    fn flush_reporting(&self, _report: &mut dyn FnMut(Transfer)) -> Result<()> {
+        self.flush()
     }
 
     /// Every file at or below `prefix`, sorted by path. A missing prefix lists nothing.

@@ -6,6 +6,7 @@ mod common;
 mod github_resume;
 mod hub_serve_reuse;
 mod publish_local_git;
+mod publish_progress;
 mod publish_rules;
 mod republish_window;
 mod serve_hostile;

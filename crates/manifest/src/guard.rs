@@ -375,7 +375,7 @@ impl fmt::Display for GenerationChange {
                 };
                 write!(
                     f,
-                    "~ model {id}: {} artifact_sha256 {sha256} is the previous generation's {} of model {from}, compiled with the previous tinygrad (rebuild it for this generation with `release-cli rebuild`, or drop the variant; never carry an artifact across generations)",
+                    "~ model {id}: {} artifact_sha256 {sha256} is the previous generation's {} of model {from}, compiled with the previous tinygrad (rebuild it for this generation with `release-cli rebuild --workspace WS --generation vNN --source-map FILE --base-manifest FILE --model {id}`, WS: the rebuild workspace, vNN: this generation, FILE: the source map, then the previous generation's live manifest; or drop the variant; never carry an artifact across generations)",
                     what(variant),
                     what(from_variant)
                 )

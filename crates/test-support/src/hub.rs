@@ -148,6 +148,8 @@ struct Shared {
     content_url: Mutex<String>,
     state: Mutex<State>,
     stop: AtomicBool,
+    /// Request bodies are read at most this many bytes a second (0: as fast as they come).
+    body_rate: std::sync::atomic::AtomicU64,
 }
 
 /// Start-up settings.
@@ -189,6 +191,7 @@ impl HubEmulator {
             content_url: Mutex::new(format!("http://{content_addr}")),
             state: Mutex::new(State::default()),
             stop: AtomicBool::new(false),
+            body_rate: std::sync::atomic::AtomicU64::new(0),
         });
         let mut threads = Vec::new();
         for (listener, which) in [(hub, Listener::Hub), (content, Listener::Content)] {
@@ -212,6 +215,12 @@ impl HubEmulator {
             shared,
             threads,
         })
+    }
+
+    /// Read request bodies (the CLI's xorb uploads) at most `bytes_per_sec` (0: no limit), as
+    /// a slow uplink would, so an upload lasts long enough for its progress to be seen.
+    pub fn limit_upload_rate(&self, bytes_per_sec: u64) {
+        self.shared.body_rate.store(bytes_per_sec, Ordering::SeqCst);
     }
 
     /// `HF_ENDPOINT` for clients.
@@ -723,7 +732,7 @@ impl Response {
     }
 }
 
-fn read_request(r: &mut BufReader<TcpStream>) -> io::Result<Option<Request>> {
+fn read_request(r: &mut BufReader<TcpStream>, rate: u64) -> io::Result<Option<Request>> {
     let mut line = String::new();
     if r.read_line(&mut line)? == 0 {
         return Ok(None);
@@ -767,7 +776,16 @@ fn read_request(r: &mut BufReader<TcpStream>) -> io::Result<Option<Request>> {
         }
     } else if let Some(n) = get("content-length").and_then(|v| v.parse::<usize>().ok()) {
         body = vec![0; n];
-        r.read_exact(&mut body)?;
+        if rate == 0 {
+            r.read_exact(&mut body)?;
+        } else {
+            // A tenth of a second's worth at a time.
+            let step = (rate / 10).max(1) as usize;
+            for piece in body.chunks_mut(step) {
+                r.read_exact(piece)?;
+                thread::sleep(Duration::from_millis(100));
+            }
+        }
     }
     let close =
         version == "HTTP/1.0" || get("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
@@ -818,7 +836,8 @@ fn serve_connection(stream: TcpStream, shared: &Shared, which: Listener) -> io::
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut out = stream;
     loop {
-        let Some(req) = read_request(&mut reader)? else {
+        let rate = shared.body_rate.load(Ordering::SeqCst);
+        let Some(req) = read_request(&mut reader, rate)? else {
             return Ok(());
         };
         let resp = match which {

@@ -291,9 +291,24 @@ fn render_store_event(e: &Event, bar: &mut Option<indicatif::ProgressBar>, dry_r
             cli_support::info!("publishing to {store}");
             *bar = Some(bytes_bar(*upload_bytes, store.clone(), false));
         }
-        Event::Uploaded { size, .. } => {
+        Event::Uploaded { sent, .. } => {
             if let Some(b) = bar {
-                b.inc(*size)
+                b.set_position(*sent)
+            }
+        }
+        Event::Progress {
+            store,
+            path,
+            transfer,
+            sent,
+        } => {
+            if let Some(b) = bar {
+                b.set_position(*sent);
+                b.set_message(crate::progress::upload_label(
+                    store,
+                    &at(store, path),
+                    transfer,
+                ));
             }
         }
         Event::Retrying {

@@ -9,6 +9,9 @@ use std::process::{Child, Command, Output, Stdio};
 use serde_json::{Value, json};
 use test_support::published::sha256_hex;
 
+mod argv;
+pub use argv::{publish_argv, strs};
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_release-cli");
 
 /// The tinygrad commit v25 is pinned to.

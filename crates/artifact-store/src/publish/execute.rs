@@ -13,6 +13,7 @@ use super::{
 };
 use crate::error::{Error, Refusal, Result};
 use crate::paths::StorePath;
+use crate::progress::{Tally, Transfer};
 use crate::retry::RetryPolicy;
 use crate::store::Store;
 
@@ -89,18 +90,30 @@ pub(super) fn publish_one(
             store: name.clone(),
             upload_bytes,
         });
+        let mut tally = Tally::default();
         for (art, _, steps) in &plans {
             for step in steps {
-                run_step(store, art, step, opts.retry, &mut rep, on_event)?;
+                run_step(store, art, step, opts.retry, &mut rep, &mut tally, on_event)?;
             }
         }
         // Uploads a backend held back (the GitHub store's batched pushes) go out now, before
         // the store is checked and its manifest written.
+        const HELD: &str = "(writes not yet pushed)";
         opts.retry.run(
             &name,
-            "(writes not yet pushed)",
+            HELD,
             |_, _, _| {},
-            || store.flush(),
+            || {
+                store.flush_reporting(&mut |t: Transfer| {
+                    tally.report(0, t);
+                    on_event(&Event::Progress {
+                        store: name.clone(),
+                        path: HELD.to_string(),
+                        transfer: t,
+                        sent: tally.position(),
+                    })
+                })
+            },
         )?;
     } else {
         rep.skipped_files = rep
@@ -337,6 +350,7 @@ fn run_step(
     step: &Step,
     retry: RetryPolicy,
     rep: &mut StoreReport,
+    tally: &mut Tally,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<()> {
     let name = store.describe();
@@ -377,21 +391,40 @@ fn run_step(
                         wait_ms: wait.as_millis() as u64,
                     })
                 },
-                || match &f.source {
-                    FileSource::Path(local) => store.write_file(&p, local),
-                    FileSource::Bytes(b) => store.write_bytes(&p, b),
+                || {
+                    // Each attempt starts the file again from zero.
+                    tally.start_file();
+                    let mut report = |t: Transfer| {
+                        tally.report(*size, t);
+                        on_event(&Event::Progress {
+                            store: name.clone(),
+                            path: path.clone(),
+                            transfer: t,
+                            sent: tally.position(),
+                        })
+                    };
+                    match &f.source {
+                        FileSource::Path(local) => {
+                            store.write_file_reporting(&p, local, &mut report)
+                        }
+                        FileSource::Bytes(b) => {
+                            store.write_reporting(&p, &mut std::io::Cursor::new(b), &mut report)
+                        }
+                    }
                 },
             );
             for e in &retry_events {
                 on_event(e);
             }
             result?;
+            tally.file_done(*size);
             rep.uploaded_files += 1;
             rep.uploaded_bytes += size;
             on_event(&Event::Uploaded {
                 store: name.clone(),
                 path: path.clone(),
                 size: *size,
+                sent: tally.position(),
             });
         }
     }

@@ -203,6 +203,18 @@ pub enum Event {
         store: String,
         path: String,
         size: u64,
+        /// Bytes of this store's uploads counted as sent so far (the [`crate::progress::Tally`]
+        /// position; a `github:` store's committed files count once a push carried them).
+        sent: u64,
+    },
+    /// What the store learnt while writing `path` (bytes within the file, a local commit, a
+    /// push's bytes: [`crate::progress::Transfer`]), and the store's bytes counted as sent
+    /// since `StoreStarted` (of its `upload_bytes`).
+    Progress {
+        store: String,
+        path: String,
+        transfer: crate::progress::Transfer,
+        sent: u64,
     },
     Retrying {
         store: String,
