@@ -124,7 +124,8 @@ enum Command {
         /// "current"}],"fallback":{"chosen","pending":[{"id","case","failures",
         /// "next_retry","reason"}],"dropped"},"refused_entries":[{"index","id","reason"}],
         /// "trust":{…},"tree":{"openpilot_dir","tinygrad_commit","generation","state","problem",
-        /// "next"}}`; while paused (the tree's tinygrad has no generation) `{"generation":null,
+        /// "next"}}`, plus `"unreadable":["<what>: <why>"]` when a part of the device's state
+        /// (the journal, the choice, a param) cannot be read; while paused (the tree's tinygrad has no generation) `{"generation":null,
         /// "manifest_version","resolved","tree":{…}}`.
         #[arg(long)]
         json: bool,

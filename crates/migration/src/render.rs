@@ -283,6 +283,7 @@ impl StatusDocument {
                 }
             ));
         }
+        lines.extend(r.unreadable.iter().map(|p| format!("unreadable: {p}")));
         lines.extend(self.trust.lines());
         lines
     }
