@@ -258,7 +258,16 @@ impl VerifyReport {
     }
 }
 
-fn model_ref(device: &Device, catalog: Option<&manifest::Manifest>, id: &str) -> Result<ModelRef> {
+fn model_ref(device: &Device, id: &str) -> Result<ModelRef> {
+    model_ref_in(device, catalog_or_problem(device)?.0.as_ref(), id)
+}
+
+/// [`model_ref`] with `catalog` already read.
+fn model_ref_in(
+    device: &Device,
+    catalog: Option<&manifest::Manifest>,
+    id: &str,
+) -> Result<ModelRef> {
     let named = match (catalog, id.parse::<ModelId>()) {
         (Some(m), Ok(id)) => device.device_catalog(m)?.named(&id),
         (None, Ok(id)) => contract::Catalog::default().named(&id),
@@ -312,9 +321,7 @@ pub fn resolve(device: &Device) -> Result<ResolveReport> {
             path: device.builtin_path(),
         });
     }
-    let named =
-        catalog_or_problem(device).and_then(|(c, _)| model_ref(device, c.as_ref(), &sel.id));
-    let (id, name, version) = match named {
+    let (id, name, version) = match model_ref(device, &sel.id) {
         Ok(r) => (r.id, r.name, r.version),
         Err(_) if sel.is_builtin() => builtin(),
         Err(_) => (sel.id.clone(), sel.name.clone(), sel.version.clone()),
@@ -368,7 +375,7 @@ fn fallback(
 /// catalog itself.
 pub fn status(device: &Device) -> Result<StatusReport> {
     let mut view = DeviceView::read(device);
-    let sel = view.selection();
+    let selected = view.selected();
     // A stored catalog that cannot be read is the error, named, as for every command that needs
     // it (a refresh stores it again); one the trusted keys refuse is reported.
     if (view.catalog.error()).is_some_and(|e| !matches!(e, Error::CatalogNotTrusted { .. })) {
@@ -402,7 +409,7 @@ pub fn status(device: &Device) -> Result<StatusReport> {
             };
             let sel = pick(
                 chosen_rec.as_ref().map(|w| &w.selection),
-                Some(sel.id.clone()),
+                Some(selected.clone()),
             );
             let big = pick(chosen_rec.as_ref().map(|w| &w.big), profiles.big);
             let chestnut = device.chestnut();
@@ -429,7 +436,7 @@ pub fn status(device: &Device) -> Result<StatusReport> {
     Ok(StatusReport {
         generation: device.config.generation.to_string(),
         manifest_version: view.previous().map(str::to_string),
-        selected: model_ref(device, catalog, &sel.id)?,
+        selected: model_ref_in(device, catalog, &selected)?,
         resolved,
         catalog_models: catalog.map(|c| c.models().len()),
         installed,

@@ -11,7 +11,7 @@ use manifest::{Generation, Manifest};
 
 use crate::choice::{self, Choice, Slots};
 use crate::contract::{self, ProfilesRead, SelectionParams};
-use crate::device::{Device, Selection};
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::journal::{Journal, read_journal};
 use crate::params::{Warnings, keys};
@@ -161,16 +161,11 @@ impl DeviceView {
         self.previous.value().and_then(Option::as_deref)
     }
 
-    /// The selection as the params say it, under upstream's precedence (the built-in when
+    /// The selected ID as the params say it, under upstream's precedence (the built-in when
     /// they could not be read).
-    pub fn selection(&self) -> Selection {
+    pub fn selected(&self) -> String {
         let p = self.selection.value().cloned().unwrap_or_default();
-        let (id, version) = contract::selected(&p);
-        Selection {
-            name: p.driving_model_name.unwrap_or_default(),
-            version,
-            id,
-        }
+        contract::selected(&p).0
     }
 
     /// The profiles as read (unset when they could not be read).
@@ -186,7 +181,7 @@ impl DeviceView {
     pub fn slots(&self) -> Slots {
         let p = self.profiles();
         Slots {
-            selection: Some(self.selection().id),
+            selection: Some(self.selected()),
             small: p.small.map(|s| s.to_ascii_lowercase()),
             big: p.big.map(|b| b.to_ascii_lowercase()),
         }
@@ -282,7 +277,7 @@ mod tests {
             );
             assert!(view.journal().is_none());
             assert_eq!(view.catalog().map(|c| c.models().len()), Some(1));
-            assert_eq!(view.selection().id, "pop223");
+            assert_eq!(view.selected(), "pop223");
             assert_eq!(view.previous(), None);
             assert!(
                 d.warnings().take().is_empty(),
