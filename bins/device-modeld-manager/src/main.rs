@@ -9,14 +9,13 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use cli_support::Failure;
-use downloader::{CancelToken, DownloadConfig};
-use manifest::{Generation, ModelId};
+use downloader::DownloadConfig;
+use manifest::Generation;
 use migration::next_step::{code, failure};
 use migration::preview::DryRun;
-use migration::render;
-use migration::{Device, ManagerLock, open, tree};
+use migration::render::{self, Line, Render};
+use migration::{Device, commands, open, tree};
 
-mod dry_run;
 #[cfg(test)]
 mod hint_tests;
 
@@ -125,7 +124,8 @@ enum Command {
         /// "current"}],"fallback":{"chosen","pending":[{"id","case","failures",
         /// "next_retry","reason"}],"dropped"},"refused_entries":[{"index","id","reason"}],
         /// "trust":{…},"tree":{"openpilot_dir","tinygrad_commit","generation","state","problem",
-        /// "next"}}`; while paused (the tree's tinygrad has no generation) `{"generation":null,
+        /// "next"}}`, plus `"unreadable":["<what>: <why>"]` when a part of the device's state
+        /// (the journal, the choice, a param) cannot be read; while paused (the tree's tinygrad has no generation) `{"generation":null,
         /// "manifest_version","resolved","tree":{…}}`.
         #[arg(long)]
         json: bool,
@@ -258,12 +258,26 @@ fn wants_json(c: &Command) -> bool {
 fn write_stdout(bytes: &[u8]) -> Result<(), Failure> {
     cli_support::write_stdout(bytes)
         .map(drop)
-        .map_err(|e| failure(code::FAILURE, format!("stdout: {e}")))
+        .map_err(|e| failure(code::FAILURE, format_args!("stdout: {e}")))
 }
 
-/// Print one line on stdout (a closed pipe is not an error).
-fn out_line(line: impl std::fmt::Display) -> Result<(), Failure> {
-    write_stdout(format!("{line}\n").as_bytes())
+/// Print a report: with `--json` its warnings, then the document on one line of stdout;
+/// otherwise its lines, each where it goes.
+fn show(doc: &impl Render, json: bool) -> Result<(), Failure> {
+    for line in doc.text() {
+        match line {
+            Line::Warning(w) => eprintln!("warning: {w}"),
+            Line::Out(l) if !json => write_stdout(format!("{l}\n").as_bytes())?,
+            Line::Note(n) if !json => cli_support::info!("{n}"),
+            Line::Out(_) | Line::Note(_) => {}
+        }
+    }
+    match json {
+        true => write_stdout(
+            format!("{}\n", serde_json::to_string(doc).expect("serializes")).as_bytes(),
+        ),
+        false => Ok(()),
+    }
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
@@ -272,6 +286,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         let script = cli_support::completion_script(shell, &mut cmd, "device-modeld-manager");
         return write_stdout(&script);
     }
+    let space_margin = cli.space_margin_mib * 1024 * 1024;
     let options = open::Options {
         data_dir: cli.data_dir.clone(),
         memory_params_dir: cli.memory_params_dir.clone(),
@@ -284,7 +299,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         download: DownloadConfig {
             connections: cli.connections.max(1),
             ranges_per_chunk: cli.ranges_per_chunk.max(1),
-            space_margin: cli.space_margin_mib * 1024 * 1024,
+            space_margin,
             ..DownloadConfig::default()
         },
         trusted_keys: cli.trusted_keys.clone(),
@@ -306,245 +321,49 @@ fn run(cli: Cli) -> Result<(), Failure> {
     // when the command ends, whichever way.
     let _warnings = PrintWarnings(&device);
     let progress = render::StderrProgress::new(std::io::stderr().is_terminal());
-    let print = |p: &migration::Progress| progress.say(p);
+    let (device, dl) = (&device, &dl);
     match cli.command {
-        Command::Resolve { json } => {
-            let r = migration::report::resolve(&device)?;
-            if let Some(d) = &r.doubt {
-                eprintln!("warning: answering the built-in model: {d}");
-            }
-            if !json {
-                cli_support::info!("model: {} ({} {})", r.id, r.name, r.version);
-            }
-            out_line(render::resolve_line(&r, json))
-        }
-        Command::Status { json } => {
-            let doc = render::StatusDocument::of(&device, tree_status)?;
-            if json {
-                return out_line(serde_json::to_string(&doc).expect("serializable"));
-            }
-            for line in doc.lines() {
-                out_line(line)?;
-            }
-            if let Some(next) = doc.next() {
-                cli_support::info!("next: {next}");
-            }
-            Ok(())
-        }
+        Command::Resolve { json } => show(&migration::report::resolve(device)?, json),
+        Command::Status { json } => show(&render::StatusDocument::of(device, tree_status)?, json),
         Command::Refresh {
             dry_run: true,
             json,
-        } => {
-            let plan = match migration::preview::refresh_as(
-                &device,
-                &dl,
-                migration::unix_now(),
-                migration::choice::Caller::Person,
-            ) {
-                Ok(plan) => plan,
-                Err(e) => {
-                    let before = migration::preview::refresh_failure(&device, &e)?;
-                    // The message, then what the real run would write before failing, then
-                    // `next:`.
-                    let mut fail = Failure::from(e);
-                    fail.message
-                        .push_str(&dry_run::failure_lines(&before).join(""));
-                    return Err(fail);
-                }
-            };
-            if json {
-                return out_line(DryRun::of(&plan).to_json());
-            }
-            for line in dry_run::refresh_lines(&plan) {
-                out_line(line)?;
-            }
-            cli_support::info!("next: run `refresh` without --dry-run to do it");
-            Ok(())
-        }
-        Command::Refresh { json, .. } => {
-            // Onroad: refused before the lock file is even created.
-            device.ensure_offroad("refresh")?;
-            let _lock = ManagerLock::acquire(&device.models_dir())?;
-            progress.label("selected model");
-            // A person's refresh: every pending model is tried now, whatever its backoff.
-            let r = migration::refresh_as(
-                &device,
-                &dl,
-                &CancelToken::new(),
-                &print,
-                migration::unix_now(),
-                migration::choice::Caller::Person,
-            );
-            progress.finish();
-            let r = r?;
-            if json {
-                return out_line(serde_json::to_string(&r).expect("serializable"));
-            }
-            out_line(format_args!(
-                "{} manifest from {}: {} models; selected {}{}{}",
-                r.generation,
-                r.manifest_origin,
-                r.models,
-                r.selected,
-                r.migrated_from
-                    .as_ref()
-                    .map(|f| format!("; migrated from {f}, purged {} files", r.purged.len()))
-                    .unwrap_or_default(),
-                if r.fell_back_to_builtin {
-                    " (fell back to the built-in model)"
-                } else {
-                    ""
-                }
-            ))?;
-            if !r.retrying.is_empty() {
-                cli_support::info!(
-                    "retrying later: {} (the built-in, or the verified older copy, stands in \
-                     until it downloads)",
-                    r.retrying.join(", ")
-                );
-            }
-            if !r.dropped.is_empty() {
-                cli_support::info!(
-                    "dropped for good (not in the {} catalog): {}",
-                    r.generation,
-                    r.dropped.join(", ")
-                );
-            }
-            if !r.retrying.is_empty() && r.dropped.is_empty() {
-                cli_support::info!(
-                    "next: nothing to do; `refresh` tries it again at once, and the daemon \
-                     retries it on its own after a backoff (`status` shows when)"
-                );
-            } else if r.fell_back_to_builtin {
-                cli_support::info!(
-                    "next: the selected model is not available for {}; pick another one, then \
-                     `download <ID>` it",
-                    r.generation
-                );
-            } else {
-                cli_support::info!(
-                    "next: `resolve` prints the path modeld loads; `status` shows the rest"
-                );
-            }
-            Ok(())
-        }
+        } => show(&DryRun::of(&commands::refresh_dry_run(device, dl)?), json),
+        Command::Refresh { json, .. } => show(&commands::refresh(device, dl, &progress)?, json),
         Command::Download {
             id,
-            all,
             dry_run: true,
             json,
+            ..
         } => {
-            let id = match all {
-                true => None,
-                false => Some(parse_model_id(id)?),
-            };
-            let plan = migration::preview::download(
-                &device,
-                &dl,
-                id.as_ref(),
-                cli.space_margin_mib * 1024 * 1024,
-            )?;
-            if json {
-                return out_line(DryRun::of(&plan).to_json());
-            }
-            for line in dry_run::download_lines(&plan.models, plan.needed, plan.free) {
-                out_line(line)?;
-            }
-            cli_support::info!("next: run `download` without --dry-run to do it");
-            Ok(())
+            let plan = commands::download_plan(device, dl, id.as_deref(), space_margin)?;
+            show(&DryRun::of(&plan), json)
         }
-        Command::Download { id, all, json, .. } => {
-            device.ensure_offroad("download")?;
-            let _lock = ManagerLock::acquire(&device.models_dir())?;
-            let cancel = CancelToken::new();
-            let mut done = Vec::new();
-            if all {
-                let around = |entry: &manifest::ModelEntry, before: bool| match before {
-                    true => {
-                        progress.label(entry.id().as_str());
-                        progress.line(format_args!("downloading {}", entry.id()));
-                    }
-                    false => progress.finish(),
-                };
-                done = migration::download_all(&device, &dl, &cancel, &around, &print)?.models;
-            } else {
-                let id = parse_model_id(id)?;
-                progress.label(id.as_str());
-                let r = migration::download_model(&device, &dl, &id, &cancel, &print);
-                progress.finish();
-                done.push((id, r?.is_some()));
-            }
-            let report = migration::DownloadReport::of(&device, &done);
-            if json {
-                return out_line(serde_json::to_string(&report).expect("serializable"));
-            }
-            if all {
-                out_line("All models downloaded!")?;
-            } else if let Some(m) = report.models.first() {
-                out_line(m.path.display())?;
-                if !m.downloaded && !migration::is_builtin_id(m.id.as_str()) && !m.id.is_local() {
-                    cli_support::info!(
-                        "{}: a verified copy is installed; nothing was downloaded",
-                        m.id
-                    );
-                }
-            }
-            cli_support::info!(
-                "next: select a model in the UI (param `Model`); `resolve` prints what modeld loads"
-            );
-            Ok(())
+        Command::Download { id, json, .. } => show(
+            &commands::download(device, dl, id.as_deref(), &progress)?,
+            json,
+        ),
+        Command::Verify { id, dry_run, json } => {
+            let doc = commands::verify(device, id.as_deref(), dry_run, json)?;
+            show(&doc, json)?;
+            doc.outcome(json)
         }
-        Command::Verify { id, dry_run, json } => verify(&device, id, dry_run, json),
         Command::Gc {
             dry_run: true,
             json,
-        } => {
-            let plan = migration::gc(&device.planning())?;
-            if json {
-                let plan = migration::GcPlan { would_remove: plan };
-                return out_line(DryRun::of(&plan).to_json());
-            }
-            for r in &plan {
-                out_line(format_args!("would remove {r}"))?;
-            }
-            if plan.is_empty() {
-                cli_support::info!("nothing to remove");
-            } else {
-                cli_support::info!("next: run `gc` without --dry-run to remove them");
-            }
-            Ok(())
-        }
-        Command::Gc { json, .. } => {
-            device.ensure_offroad("gc")?;
-            let _lock = ManagerLock::acquire(&device.models_dir())?;
-            let removed = migration::gc(&device)?;
-            if json {
-                let report = migration::GcReport { removed };
-                return out_line(serde_json::to_string(&report).expect("serializable"));
-            }
-            for r in &removed {
-                out_line(format_args!("removed {r}"))?;
-            }
-            if removed.is_empty() {
-                cli_support::info!("nothing to remove");
-            }
-            Ok(())
-        }
+        } => show(&DryRun::of(&commands::gc_plan(device)?), json),
+        Command::Gc { json, .. } => show(&commands::gc(device)?, json),
         Command::Run {
             poll_ms,
             refresh_secs,
             retry_secs,
         } => {
-            let _lock = ManagerLock::acquire(&device.models_dir())?;
-            let stopping = cli_support::stop_on_signals();
-            log(&render::tree_line(&tree_status));
             let config = migration::daemon::DaemonConfig {
                 poll: Duration::from_millis(poll_ms),
                 refresh_every: Duration::from_secs(refresh_secs),
                 retry_offline: Duration::from_secs(retry_secs),
             };
-            migration::daemon::run(&device, &dl, &config, &stopping, &log)?;
-            Ok(())
+            Ok(commands::daemon(device, dl, &config, &tree_status, &log)?)
         }
         Command::Completions { .. } => unreachable!("handled before the device is opened"),
     }
@@ -558,55 +377,6 @@ impl Drop for PrintWarnings<'_> {
         for w in self.0.warnings().take() {
             eprintln!("warning: {w}");
         }
-    }
-}
-
-/// The `ID` argument of `download`.
-fn parse_model_id(id: Option<String>) -> Result<ModelId, Failure> {
-    id.unwrap_or_default()
-        .parse()
-        .map_err(|e: manifest::Error| {
-            failure(code::FAILURE, e).with_next(Some("`status` lists the catalog's models"))
-        })
-}
-
-fn verify(
-    device: &Device,
-    id: Option<String>,
-    dry_run: bool,
-    json_out: bool,
-) -> Result<(), Failure> {
-    let on_hash = |id: &ModelId| {
-        if !json_out {
-            cli_support::info!("verifying {id}...");
-        }
-    };
-    let doc = match render::VerifyDocument::of(device, id.as_deref(), dry_run, &on_hash) {
-        Err(migration::Error::UnknownModel { id, generation }) => {
-            return Err(failure(
-                code::FAILURE,
-                format_args!(
-                    "model {id} is not in the {generation} catalog; `status` lists the installed \
-                     models"
-                ),
-            ));
-        }
-        doc => doc?,
-    };
-    if json_out {
-        out_line(serde_json::to_string(&doc).expect("serializable"))?;
-    } else {
-        for line in doc.lines() {
-            out_line(line)?;
-        }
-        if doc.report.models.is_empty() {
-            cli_support::info!("no installed models to verify");
-        }
-    }
-    match doc.failure() {
-        Some(f) if json_out => Err(f.after_json_report()),
-        Some(f) => Err(f),
-        None => Ok(()),
     }
 }
 
@@ -633,19 +403,12 @@ fn paused_run(
                 "warning: answering the built-in model: {}",
                 paused.message()
             );
-            out_line(render::resolve_line(&r, *json))
+            write_stdout(format!("{}\n", render::resolve_line(&r, *json)).as_bytes())
         }
-        Command::Status { json } => {
-            let r = tree::status_paused(&cli.data_dir, builtin_dir, &cli.openpilot_dir, paused);
-            if *json {
-                return out_line(serde_json::to_string(&r).expect("serializable"));
-            }
-            for line in render::paused_status_lines(&r) {
-                out_line(line)?;
-            }
-            cli_support::info!("next: {}", paused.next());
-            Ok(())
-        }
+        Command::Status { json } => show(
+            &tree::status_paused(&cli.data_dir, builtin_dir, &cli.openpilot_dir, paused),
+            *json,
+        ),
         Command::Run { poll_ms, .. } => {
             let config = migration::daemon::DaemonConfig {
                 poll: Duration::from_millis(*poll_ms),

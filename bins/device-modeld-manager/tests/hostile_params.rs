@@ -204,7 +204,55 @@ both_generations!(
     a_failure_is_logged_with_each_origins_reason,
     status_reports_an_interrupted_download,
     an_unreadable_is_onroad_is_logged_once_and_requests_wait_until_it_recovers,
+    status_reports_an_unreadable_journal_and_refresh_stops_on_it,
 );
+
+/// A journal that cannot be read (torn, a FIFO): `status` reads it once, reports it and answers
+/// (within seconds: nothing blocks on the FIFO); `refresh` stops on it, naming it, as before; once
+/// it is gone `status --json` has no `unreadable` key.
+fn status_reports_an_unreadable_journal_and_refresh_stops_on_it(generation: &str) {
+    let w = World::new(generation);
+    let out = w.run_within(&["refresh"], Duration::from_secs(60));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let journal = w.models().join(".migration.json");
+    for kind in ["torn", "fifo"] {
+        match kind {
+            "torn" => fs::write(&journal, b"{\"from\": ").unwrap(),
+            _ => mkfifo(&journal),
+        }
+        let out = w.run_within(&["status"], Duration::from_secs(20));
+        assert!(out.status.success(), "{kind}: {}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = format!(
+            "unreadable: journal: {}: corrupt state file",
+            journal.display()
+        );
+        assert!(text.contains(&line), "{kind}: {line:?} not in:\n{text}");
+        let out = w.run_within(&["status", "--json"], Duration::from_secs(20));
+        assert!(out.status.success(), "{kind}: {}", stderr(&out));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(doc["generation"], generation);
+        assert_eq!(doc["interrupted_migration"], serde_json::Value::Null);
+        let unreadable = doc["unreadable"].as_array().expect("an unreadable list");
+        assert_eq!(unreadable.len(), 1, "{kind}: {doc}");
+        assert!(
+            unreadable[0].as_str().unwrap().contains(".migration.json"),
+            "{doc}"
+        );
+
+        let out = w.run_within(&["refresh"], Duration::from_secs(60));
+        assert_eq!(out.status.code(), Some(1), "{kind}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(".migration.json: corrupt state file"),
+            "{kind}: {}",
+            stderr(&out)
+        );
+        fs::remove_file(&journal).unwrap();
+    }
+    let out = w.run_within(&["status", "--json"], Duration::from_secs(20));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(doc.get("unreadable").is_none(), "{doc}");
+}
 
 /// A `ModelToDownload`, `CancelModelDownload`, `DownloadAllModels` or
 /// `AllowGpuModelDownloadWithoutGpu` over the size cap, a FIFO,

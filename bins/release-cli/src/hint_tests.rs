@@ -532,6 +532,38 @@ fn successes_print_next_steps_that_run() {
     }
 }
 
+/// `status`'s rebuild step, as `status` prints it (the command, then its reason in parentheses),
+/// runs as printed for v25 and a made-up v26: the source map and the base manifest each have a
+/// placeholder of their own, and the reason says what each one is.
+#[test]
+fn the_status_rebuild_step_names_each_file() {
+    for generation in ["v25", NEXT_GEN] {
+        let n = release::status::rebuild_step("/ws", generation, "/op", "pop223 is stale");
+        let printed = format!("next       {}\n           ({})", n.command, n.why);
+        let problems = check_hint(&Cli::command(), BIN, &printed);
+        assert!(problems.is_empty(), "{printed}: {problems:?}");
+        // Quoted, the command's own words do not count as explaining its placeholders.
+        let quoted = format!("`{}` ({})", n.command, n.why);
+        let problems = check_hint(&Cli::command(), BIN, &quoted);
+        assert!(problems.is_empty(), "{quoted}: {problems:?}");
+        // One name per file: no placeholder stands for two values.
+        let mut placeholders: Vec<&str> = n
+            .command
+            .split_whitespace()
+            .filter(|w| cli_support::hints::is_placeholder(w))
+            .collect();
+        let all = placeholders.len();
+        placeholders.sort();
+        placeholders.dedup();
+        assert_eq!(placeholders.len(), all, "{}", n.command);
+        assert!(
+            n.command
+                .contains("--source-map SOURCE_MAP --base-manifest BASE_MANIFEST")
+        );
+        assert!(n.command.contains(&format!("--generation {generation} ")));
+    }
+}
+
 /// The hints issue 26 found failing when copied, as they were printed: the checker refuses each.
 #[test]
 fn the_known_wrong_hints_are_caught() {
@@ -550,6 +582,8 @@ fn the_known_wrong_hints_are_caught() {
         "next: `release-cli publish --generation v25 --manifest m.json --workspace ws …`",
         "nothing was written; rebuild x for this generation with `release-cli compile` (names \
          and release dates do not prove compatibility)",
+        "`release-cli rebuild --workspace /ws --generation v25 --openpilot /op --source-map FILE \
+         --base-manifest FILE` (pop223 is stale)",
     ] {
         assert!(!check_hint(&cmd, BIN, old).is_empty(), "not caught: {old}");
     }

@@ -18,14 +18,14 @@ use crate::view::DeviceView;
 /// anything else (`manager::begin_migration` writes it).
 pub(crate) fn journal_now(view: &DeviceView, catalog: &Catalog) -> Result<(Option<Journal>, bool)> {
     let start = contract::start(
-        view.journal.as_ref().map(|j| j.to.to_string()).as_deref(),
-        view.previous.as_deref(),
+        view.journal().map(|j| j.to.to_string()).as_deref(),
+        view.previous(),
         &view.generation.to_string(),
     );
     let remembered = || Ok(view.remembered());
     journal_step(
         start,
-        view.journal.clone(),
+        view.journal().cloned(),
         view.generation,
         catalog,
         remembered,

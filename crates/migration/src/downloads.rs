@@ -1,5 +1,6 @@
 //! `download <ID>`, `download --all` (and the daemon's `DownloadAllModels`), and their dry
-//! run. Each model goes through `manager::install` (kept when a verified copy is there); the
+//! run, each deciding from the catalog of the [`DeviceView`] read at its top. Each model goes
+//! through `manager::install` (kept when a verified copy is there); the
 //! dry run plans each artifact as the downloader would fetch it (the first answering origin,
 //! size, pieces) and makes the real run's checks (catalog, external-GPU rule, free space)
 //! without a payload byte.
@@ -18,6 +19,7 @@ use crate::manager::{install, variant_in_place};
 use crate::params::keys;
 use crate::plan::{self, InstallStep};
 use crate::progress::{Progress, ProgressFn};
+use crate::view::DeviceView;
 
 /// `download <ID>`: the catalog entry, downloaded and verified.
 pub fn download_model(
@@ -28,7 +30,8 @@ pub fn download_model(
     progress: ProgressFn,
 ) -> Result<Option<Installed>> {
     let generation = device.config.generation;
-    let entry = match requested(id, generation, || device.require_catalog())? {
+    let mut view = DeviceView::read(device);
+    let entry = match requested(id, generation, || view.take_catalog())? {
         Requested::BuiltIn(_) => {
             progress(&Progress::BuiltinAlreadyDownloaded);
             return Ok(None);
@@ -74,7 +77,7 @@ pub fn download_all(
     around: &dyn Fn(&ModelEntry, bool),
     progress: ProgressFn,
 ) -> Result<AllDownloads> {
-    let catalog = device.require_catalog()?;
+    let catalog = DeviceView::read(device).take_catalog()?;
     let mut all = AllDownloads::default();
     for entry in downloadable(&catalog, device.chestnut(), device.is_protected()) {
         if cancel.is_cancelled() {
@@ -213,6 +216,7 @@ pub fn plan(
     space_margin: u64,
 ) -> Result<DownloadPlanReport> {
     device.ensure_offroad("download")?;
+    let mut view = DeviceView::read(device);
     let nothing = |id: ModelId, why: &'static str| DownloadPlanReport {
         models: vec![ModelDownload {
             id,
@@ -223,13 +227,13 @@ pub fn plan(
     };
     let entries: Vec<ModelEntry> = match id {
         None => {
-            let catalog = device.require_catalog()?;
+            let catalog = view.take_catalog()?;
             downloadable(&catalog, device.chestnut(), device.is_protected())
                 .into_iter()
                 .cloned()
                 .collect()
         }
-        Some(id) => match requested(id, device.config.generation, || device.require_catalog())? {
+        Some(id) => match requested(id, device.config.generation, || view.take_catalog())? {
             Requested::BuiltIn(id) => return Ok(nothing(id, "built-in")),
             Requested::Local(id) => return Ok(nothing(id, "local")),
             Requested::Catalog(entry) => {

@@ -11,6 +11,7 @@
 
 pub mod bounded;
 pub mod choice;
+pub mod commands;
 pub mod contract;
 pub mod daemon;
 mod decisions;

@@ -162,7 +162,7 @@ pub(crate) fn failed_fetch(device: &Device, e: &Error) -> Result<()> {
         // The offline first boot: the journal and purge steps over the offline catalog (a
         // device on this generation already changes nothing).
         let catalog = crate::offline::offline_catalog(device)?;
-        begin_migration(device, &DeviceView::read(device)?, &catalog)?;
+        begin_migration(device, &DeviceView::read(device).strict()?, &catalog)?;
     }
     Ok(())
 }
@@ -193,17 +193,17 @@ pub(crate) fn refresh_run(
     let refused: Vec<crate::device::RefusedModel> =
         fetched.refused_entries.iter().map(Into::into).collect();
     device.store_refused(&refused)?;
-    let manifest = device.require_catalog()?;
+    // What the decisions take, read once (the catalog just stored among it); the params again
+    // only after a purge phase of this run pointed them at the built-in.
+    let mut view = DeviceView::read(device);
+    let manifest = view.take_catalog()?;
     let catalog = device.device_catalog(&manifest)?;
-
-    // What the decisions take, read once; the params again only after a purge phase of this run
-    // pointed them at the built-in.
-    let view = DeviceView::read(device)?;
+    let view = view.strict()?;
     let (journal, purged, interim) = begin_migration(device, &view, &catalog)?;
-    let record = view.choice.clone();
+    let record = view.choice().cloned();
     let slots_now = match interim {
         true => param_slots(device)?,
-        false => view.slots.clone(),
+        false => view.slots(),
     };
     let (raw, wanted) = chosen(journal.as_ref(), record.as_ref(), &slots_now, &catalog);
     let mut report = RefreshReport {

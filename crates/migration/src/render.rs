@@ -1,7 +1,8 @@
 //! The device's reports as the binary prints them: `status` (with the trust state and the
-//! openpilot tree), `verify`, `resolve`, the paused `status` and the daemon's tree line, each a
-//! typed document that serializes to the command's `--json` shape and renders its text lines.
-//! The binary builds one, then prints it.
+//! openpilot tree), `verify`, `resolve`, the paused `status` and the daemon's tree line here;
+//! `refresh`, `download` and `gc` in [`command`]; their dry runs in [`dry_run`]. Each is a typed
+//! document that serializes to the command's `--json` shape and renders its text as
+//! [`Line`]s ([`Render`]). The binary builds one, then prints it.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -11,6 +12,35 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::report::{PendingCase, ResolveReport, StatusReport, VerifyReport};
 use crate::tree::{PausedStatus, TreeStatus};
+
+pub mod command;
+pub mod dry_run;
+
+/// One line a command prints, in the order it prints them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Line {
+    /// On stdout; not with `--json`.
+    Out(String),
+    /// On stderr, hidden by `-q` (`cli_support::info!`); not with `--json`.
+    Note(String),
+    /// On stderr as `warning: …`, with `--json` too (before the document).
+    Warning(String),
+}
+
+/// A command's report: with `--json` its serialization on one line of stdout (after its
+/// warnings), otherwise its [`Line`]s.
+pub trait Render: Serialize {
+    fn text(&self) -> Vec<Line>;
+}
+
+/// `lines` on stdout, then `notes` on stderr.
+pub(crate) fn out_then_notes(
+    lines: impl IntoIterator<Item = String>,
+    notes: impl IntoIterator<Item = String>,
+) -> Vec<Line> {
+    let out = lines.into_iter().map(Line::Out);
+    out.chain(notes.into_iter().map(Line::Note)).collect()
+}
 use crate::trust_state::{self, AcceptedRelease, FloorSource, RefusedManifest};
 use crate::{Device, VerifyState};
 use crate::{Phase, Progress, params};
@@ -253,6 +283,7 @@ impl StatusDocument {
                 }
             ));
         }
+        lines.extend(r.unreadable.iter().map(|p| format!("unreadable: {p}")));
         lines.extend(self.trust.lines());
         lines
     }
@@ -287,6 +318,12 @@ impl StatusDocument {
     }
 }
 
+impl Render for StatusDocument {
+    fn text(&self) -> Vec<Line> {
+        out_then_notes(self.lines(), self.next().map(|n| format!("next: {n}")))
+    }
+}
+
 /// `status` while paused: the lines it prints (its `--json` is the [`PausedStatus`]).
 pub fn paused_status_lines(r: &PausedStatus) -> Vec<String> {
     vec![
@@ -295,6 +332,13 @@ pub fn paused_status_lines(r: &PausedStatus) -> Vec<String> {
         format!("resolves to: {}", r.resolved.display()),
         format!("problem: {}", r.tree.problem.as_deref().unwrap_or_default()),
     ]
+}
+
+impl Render for PausedStatus {
+    fn text(&self) -> Vec<Line> {
+        let next = self.tree.next.as_ref().map(|n| format!("next: {n}"));
+        out_then_notes(paused_status_lines(self), next)
+    }
 }
 
 /// `verify` (`verify --dry-run` adds `"dry_run": true` to its `--json`).
@@ -342,6 +386,24 @@ impl VerifyDocument {
             .map(|m| format!("{} {}", m.id, state_text(m.state)))
             .collect()
     }
+
+    /// How `verify` ends once the document is printed (`json`: with `--json`, whose document
+    /// already says what failed).
+    pub fn outcome(&self, json: bool) -> std::result::Result<(), cli_support::Failure> {
+        match self.failure() {
+            Some(f) if json => Err(f.after_json_report()),
+            Some(f) => Err(f),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Render for VerifyDocument {
+    fn text(&self) -> Vec<Line> {
+        let none = self.report.models.is_empty();
+        let note = none.then(|| "no installed models to verify".to_string());
+        out_then_notes(self.lines(), note)
+    }
 }
 
 /// The line `resolve` prints on stdout: the path, or with `--json` the report.
@@ -349,6 +411,22 @@ pub fn resolve_line(r: &ResolveReport, json: bool) -> String {
     match json {
         true => serde_json::to_string(r).expect("a resolve report serializes"),
         false => r.path.display().to_string(),
+    }
+}
+
+/// `resolve`: why the built-in is answered (a warning, with `--json` too), what it is, and the
+/// path as the last line of stdout.
+impl Render for ResolveReport {
+    fn text(&self) -> Vec<Line> {
+        let doubt = self.doubt.iter();
+        let warning = doubt.map(|d| Line::Warning(format!("answering the built-in model: {d}")));
+        let mut lines: Vec<Line> = warning.collect();
+        lines.push(Line::Note(format!(
+            "model: {} ({} {})",
+            self.id, self.name, self.version
+        )));
+        lines.push(Line::Out(resolve_line(self, false)));
+        lines
     }
 }
 
@@ -621,6 +699,27 @@ mod tests {
                 "wd40 outdated (verified copy of an earlier publish; in use)"
             ]
         );
+    }
+
+    /// `resolve`: the doubt as a warning (printed with `--json` too), then what it is, then
+    /// the path as the last line of stdout.
+    #[test]
+    fn resolve_prints_its_doubt_first_and_the_path_last() {
+        let mut r = ResolveReport {
+            path: "/op/selfdrive/modeld/models/driving_tinygrad.pkl".into(),
+            id: "rdf43".into(),
+            name: "RDF V4".into(),
+            version: "v15".into(),
+            builtin: true,
+            doubt: None,
+        };
+        let path = Line::Out("/op/selfdrive/modeld/models/driving_tinygrad.pkl".into());
+        let model = Line::Note("model: rdf43 (RDF V4 v15)".into());
+        assert_eq!(r.text(), [model.clone(), path.clone()]);
+        r.doubt = Some("param Model read as unset".into());
+        let warning =
+            Line::Warning("answering the built-in model: param Model read as unset".into());
+        assert_eq!(r.text(), [warning, model, path]);
     }
 
     fn view(tty: bool, verbosity: cli_support::Verbosity) -> ProgressView {

@@ -9,8 +9,8 @@ use manifest::ModelId;
 use crate::contract::{self, ModelKind};
 use crate::device::{Device, VerifyState};
 use crate::error::{Error, Result};
-use crate::journal::{Journal, read_journal};
-use crate::params::keys;
+use crate::journal::Journal;
+use crate::view::DeviceView;
 
 /// A model as reported: id, and name and version from the catalog.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -97,6 +97,10 @@ pub struct StatusReport {
     /// Chosen GPU-only models not installed because no Chestnut is ready (the big profile
     /// keeps naming its model; a refresh with a ready Chestnut downloads it).
     pub waiting_for_chestnut: Vec<WaitingForChestnut>,
+    /// Parts of the device's state that could not be read (`what: why`, see
+    /// [`DeviceView::problems`]): reported, read as absent; absent from `--json` when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<String>,
 }
 
 /// A chosen GPU-only model that is not installed because no Chestnut is ready, as `status`
@@ -255,8 +259,17 @@ impl VerifyReport {
 }
 
 fn model_ref(device: &Device, id: &str) -> Result<ModelRef> {
-    let named = match (catalog_or_problem(device)?.0, id.parse::<ModelId>()) {
-        (Some(m), Ok(id)) => device.device_catalog(&m)?.named(&id),
+    model_ref_in(device, catalog_or_problem(device)?.0.as_ref(), id)
+}
+
+/// [`model_ref`] with `catalog` already read.
+fn model_ref_in(
+    device: &Device,
+    catalog: Option<&manifest::Manifest>,
+    id: &str,
+) -> Result<ModelRef> {
+    let named = match (catalog, id.parse::<ModelId>()) {
+        (Some(m), Ok(id)) => device.device_catalog(m)?.named(&id),
         (None, Ok(id)) => contract::Catalog::default().named(&id),
         (_, Err(_)) => {
             return Ok(ModelRef {
@@ -325,9 +338,10 @@ pub fn resolve(device: &Device) -> Result<ResolveReport> {
 
 fn fallback(
     device: &Device,
+    choice: Option<&crate::choice::Choice>,
     catalog: Option<&manifest::Manifest>,
 ) -> Result<Option<FallbackReport>> {
-    let Some(c) = device.choice()? else {
+    let Some(c) = choice.cloned() else {
         return Ok(None);
     };
     let mut pending = Vec::new();
@@ -356,12 +370,20 @@ fn fallback(
     }))
 }
 
+/// `status`, from the device's state read once ([`DeviceView`]): a part that cannot be read is
+/// reported (`unreadable`; a catalog the trusted keys refuse in `catalog_problem`), except the
+/// catalog itself.
 pub fn status(device: &Device) -> Result<StatusReport> {
-    let sel = device.selection()?;
-    let journal = read_journal(device)?;
-    let (catalog, catalog_problem) = catalog_or_problem(device)?;
+    let mut view = DeviceView::read(device);
+    let selected = view.selected();
+    // A stored catalog that cannot be read is the error, named, as for every command that needs
+    // it (a refresh stores it again); one the trusted keys refuse is reported.
+    if (view.catalog.error()).is_some_and(|e| !matches!(e, Error::CatalogNotTrusted { .. })) {
+        view.take_catalog()?;
+    }
+    let catalog = view.catalog();
     let mut installed = Vec::new();
-    if let Some(c) = &catalog {
+    if let Some(c) = catalog {
         for e in c.models() {
             if contract::kind(e.id()) == ModelKind::BuiltIn {
                 continue;
@@ -376,18 +398,18 @@ pub fn status(device: &Device) -> Result<StatusReport> {
             }
         }
     }
-    let waiting = match &catalog {
+    let waiting = match catalog {
         Some(c) => {
             // The user's choice: `.choice.json`'s while a slot stands in as the built-in, else
             // the params.
-            let profiles = device.profiles_read()?;
-            let chosen_rec = device.choice().ok().flatten().map(|r| r.wanted);
+            let profiles = view.profiles();
+            let chosen_rec = view.choice().map(|r| r.wanted.clone());
             let pick = |rec: Option<&Option<String>>, param: Option<String>| {
                 rec.cloned().flatten().or(param)
             };
             let sel = pick(
                 chosen_rec.as_ref().map(|w| &w.selection),
-                Some(sel.id.clone()),
+                Some(selected.clone()),
             );
             let big = pick(chosen_rec.as_ref().map(|w| &w.big), profiles.big);
             let chestnut = device.chestnut();
@@ -407,32 +429,31 @@ pub fn status(device: &Device) -> Result<StatusReport> {
         }
         None => Vec::new(),
     };
-    let resolved = match device.resolve() {
-        Ok((path, _)) => path,
-        Err(Error::CatalogNotTrusted { .. }) => device.builtin_path(),
-        Err(e) => return Err(e),
-    };
+    // As `resolve` answers: the built-in when the answer cannot be had.
+    let resolved = device
+        .resolve()
+        .map_or_else(|_| device.builtin_path(), |(path, _)| path);
     Ok(StatusReport {
         generation: device.config.generation.to_string(),
-        manifest_version: device.params.get_str(keys::MODEL_MANIFEST_VERSION)?,
-        selected: model_ref(device, &sel.id)?,
+        manifest_version: view.previous().map(str::to_string),
+        selected: model_ref_in(device, catalog, &selected)?,
         resolved,
-        catalog_models: catalog.as_ref().map(|c| c.models().len()),
+        catalog_models: catalog.map(|c| c.models().len()),
         installed,
         free_bytes: downloader::space::available_bytes(&device.models_dir()).ok(),
-        fallback: fallback(device, catalog.as_ref())?,
-        interrupted_migration: journal,
+        fallback: fallback(device, view.choice(), catalog)?,
+        interrupted_migration: view.journal().cloned(),
         interrupted_downloads: interrupted_downloads(
             &downloader::interrupted::staged_downloads(&device.models_dir()),
-            catalog.as_ref(),
+            catalog,
         ),
         refused_entries: device.refused(),
         not_installable: catalog
-            .as_ref()
             .map(|c| not_installable(c, device.is_protected()))
             .unwrap_or_default(),
-        catalog_problem,
+        catalog_problem: view.catalog.problem(),
         waiting_for_chestnut: waiting,
+        unreadable: view.problems(),
     })
 }
 

@@ -507,6 +507,21 @@ pub fn gather(
     Ok(status)
 }
 
+/// The `rebuild` step of [`next_step`] for workspace `ws`, generation `g` and tree `op`:
+/// each of its two input files has its own placeholder, named by `why`.
+pub fn rebuild_step(ws: &str, g: &str, op: &str, why: &str) -> NextStep {
+    NextStep {
+        command: format!(
+            "release-cli rebuild --workspace {ws} --generation {g} --openpilot {op} \
+             --source-map SOURCE_MAP --base-manifest BASE_MANIFEST"
+        ),
+        why: format!(
+            "{why}; SOURCE_MAP: the {g} source map (release model ID -> ONNX source), \
+             BASE_MANIFEST: the manifest the models are rebuilt from (the live one)"
+        ),
+    }
+}
+
 /// The next command, a pure function of the status: the first step of the runbook
 /// (docs/release.md, "Bumping to the next generation") that is not done.
 pub fn next_step(s: &Status) -> NextStep {
@@ -549,33 +564,22 @@ pub fn next_step(s: &Status) -> NextStep {
         };
         return step(format!("release-cli sync --openpilot {op}"), why);
     }
-    let rebuild = format!(
-        "release-cli rebuild --workspace {ws} --generation {g} --openpilot {op} --source-map FILE --base-manifest FILE"
-    );
+    let rebuild = |why: String| rebuild_step(&ws.to_string(), &g, &op, &why);
     if s.manifest.is_none() {
-        return step(
-            rebuild,
-            format!("no staged manifest ready/model_names_{g}.json yet"),
-        );
+        return rebuild(format!("no staged manifest ready/model_names_{g}.json yet"));
     }
     if let Some(b) = s.builds.iter().find(|b| b.state != "built") {
-        return step(
-            rebuild,
-            format!(
-                "{} is {} ({})",
-                b.id,
-                b.state,
-                b.error
-                    .clone()
-                    .unwrap_or_else(|| "another generation or pin".into())
-            ),
-        );
+        return rebuild(format!(
+            "{} is {} ({})",
+            b.id,
+            b.state,
+            b.error
+                .clone()
+                .unwrap_or_else(|| "another generation or pin".into())
+        ));
     }
     if let Some(id) = s.unbuilt.first() {
-        return step(
-            rebuild,
-            format!("{id} has no build of this generation and pin"),
-        );
+        return rebuild(format!("{id} has no build of this generation and pin"));
     }
     if s.dm.iter().any(|f| f.sha256.is_none()) || s.dm.is_empty() {
         return step(
