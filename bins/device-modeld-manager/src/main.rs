@@ -314,7 +314,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 eprintln!("warning: answering the built-in model: {d}");
             }
             if !json {
-                cli_support::info!("model: {} ({} {})", r.id, r.name, r.version);
+                cli_support::info!(
+                    "model: {} ({} {})",
+                    r.model.id,
+                    r.model.name,
+                    r.model.version
+                );
             }
             out_line(render::resolve_line(&r, json))
         }

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeSet;
 
-use manifest::{Manifest, ModelEntry, ModelId, layout};
+use manifest::{Manifest, ModelEntry, ModelId, NamedModel, layout};
 use serde_json::{Map, Value};
 
 use crate::params::keys;
@@ -143,24 +143,6 @@ pub fn selected(p: &SelectionParams) -> (String, String) {
 /// `rdf43` and its old alias `rdf`.
 pub fn is_builtin_id(id: &str) -> bool {
     canonical_id(id) == layout::BUILTIN_MODEL_ID
-}
-
-/// A model as the params name it: id, display name, behaviour version (`""` = the artifact's).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Named {
-    pub id: ModelId,
-    pub name: String,
-    pub version: String,
-}
-
-impl Named {
-    pub fn builtin(catalog: &Catalog) -> Self {
-        catalog.named(&builtin_id())
-    }
-
-    pub fn kind(&self) -> ModelKind {
-        kind(&self.id)
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -315,8 +297,8 @@ impl<F: Fn(&ModelId) -> bool> Availability for F {
 /// The end state of a refresh.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
-    pub selection: Named,
-    pub small: Named,
+    pub selection: NamedModel,
+    pub small: NamedModel,
     pub big: BigOutcome,
     /// A wanted model could not be had and the built-in (or no big model) took its place.
     pub fell_back: bool,
@@ -326,7 +308,7 @@ pub struct Outcome {
 pub enum BigOutcome {
     Unset,
     Disabled,
-    Model(Named),
+    Model(NamedModel),
 }
 
 /// Decide the selection and profiles after the installs: a model that is neither the built-in
@@ -351,7 +333,7 @@ pub fn decide_keeping(
         ModelKind::Catalog => catalog.contains(id) && avail.available(id),
         ModelKind::Local => avail.available(id),
     };
-    let builtin = Named::builtin(catalog);
+    let builtin = catalog.builtin();
     let mut fell_back = false;
     let mut pick = |id: &ModelId| {
         if ok(id) {
@@ -385,7 +367,7 @@ pub fn decide_keeping(
 /// What the params say while a migration runs: the built-in everywhere modeld reads (a big
 /// profile the user disabled stays disabled). The journal holds [`Wanted`] until the end.
 pub fn interim(w: &Wanted, catalog: &Catalog) -> Outcome {
-    let builtin = Named::builtin(catalog);
+    let builtin = catalog.builtin();
     Outcome {
         selection: builtin.clone(),
         small: builtin,
@@ -566,9 +548,9 @@ impl Catalog {
 
     /// Name and version as the params carry them: from the catalog; the built-in falls back to
     /// "Regret Driven Framework V4"/`v15` when the catalog does not list it.
-    pub fn named(&self, id: &ModelId) -> Named {
+    pub fn named(&self, id: &ModelId) -> NamedModel {
         match (self.row(id), kind(id)) {
-            (Some(r), _) => Named {
+            (Some(r), _) => NamedModel {
                 id: id.clone(),
                 name: r.name.clone(),
                 version: match (r.version.is_empty(), kind(id)) {
@@ -576,17 +558,18 @@ impl Catalog {
                     _ => r.version.clone(),
                 },
             },
-            (None, ModelKind::BuiltIn) => Named {
-                id: builtin_id(),
-                name: layout::BUILTIN_MODEL_NAME.to_string(),
-                version: layout::BUILTIN_MODEL_VERSION.to_string(),
-            },
-            (None, _) => Named {
+            (None, ModelKind::BuiltIn) => NamedModel::builtin(),
+            (None, _) => NamedModel {
                 id: id.clone(),
                 name: id.to_string(),
                 version: String::new(),
             },
         }
+    }
+
+    /// The built-in as the params name it ([`Catalog::named`] of its id).
+    pub fn builtin(&self) -> NamedModel {
+        self.named(&builtin_id())
     }
 
     fn sources(&self) -> Vec<Map<String, Value>> {
