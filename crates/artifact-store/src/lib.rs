@@ -23,6 +23,7 @@ pub mod location;
 pub mod oob;
 pub mod paths;
 pub mod publish;
+mod refusal;
 pub mod retry;
 pub mod reuse;
 

@@ -467,7 +467,13 @@ impl Device {
                 });
             }
         };
-        let floor = crate::trust_state::floor_for_read(self);
+        let copies = crate::floor::read_copies(
+            &self.models_dir(),
+            &self
+                .params
+                .path(crate::params::keys::MODEL_MANIFEST_ACCEPTED_RELEASE),
+        );
+        let floor = crate::floor::for_read(&copies, generation);
         match downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, floor) {
             Ok(_) => {}
             // A catalog validly signed for another generation (left by an earlier build): not

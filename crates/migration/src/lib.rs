@@ -18,6 +18,7 @@ mod device;
 pub mod downloads;
 pub mod effects;
 mod error;
+mod floor;
 mod journal;
 pub mod lock;
 mod manager;

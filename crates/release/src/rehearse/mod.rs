@@ -27,13 +27,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use chunker::Sha256Digest;
-use manifest::{BehaviorVersion, Generation, GitCommit, Manifest, ModelId, NamedModel, layout};
-use serde::{Deserialize, Serialize};
+use manifest::{BehaviorVersion, Generation, Manifest, ModelId, NamedModel, layout};
 
-use crate::gate::UtcTime;
+use crate::recorded::UtcTime;
 use crate::{Error, Result, Workspace};
 use device::{OldDevice, OldDeviceSpec, build_old_device};
-use judge::{DeviceView, Expectation, RehearsalCheck, Scenario, Seen};
+use judge::{DeviceView, Expectation, Scenario, Seen};
 
 /// Manifests are well under this; a larger file is not one.
 const MAX_MANIFEST_BYTES: u64 = 16 << 20;
@@ -65,41 +64,7 @@ pub struct RehearseOptions {
     pub select: Option<ModelId>,
 }
 
-/// `results/rehearsal.json`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RehearsalRecord {
-    pub generation: Generation,
-    /// The generation the old devices were on.
-    pub previous_generation: Generation,
-    pub manifest: PathBuf,
-    /// The SHA-256 of the manifest's canonical bytes (what `publish` writes and records).
-    pub manifest_sha256: Sha256Digest,
-    pub tinygrad_commit: Option<GitCommit>,
-    pub openpilot: PathBuf,
-    pub device_manager: PathBuf,
-    /// How the device was told where its tree is: `--openpilot-dir DIR` (it follows the tree:
-    /// generation and built-in come from it).
-    pub device_args: Vec<String>,
-    /// The `kept` device's selected model, and the `dropped` device's (absent from the catalog).
-    pub selected: ModelId,
-    pub dropped: ModelId,
-    pub checks: Vec<RehearsalCheck>,
-    pub passed: bool,
-    pub finished_at: UtcTime,
-    /// The devices, the staged store and the manager's logs.
-    pub work_dir: PathBuf,
-}
-
-impl RehearsalRecord {
-    pub fn failures(&self) -> impl Iterator<Item = &RehearsalCheck> {
-        self.checks.iter().filter(|c| !c.passed)
-    }
-}
-
-/// The SHA-256 the rehearsal and the publish record bind a manifest by.
-pub fn manifest_digest(m: &Manifest) -> Sha256Digest {
-    Sha256Digest::of_bytes(&m.to_canonical_bytes())
-}
+pub use crate::recorded::{RehearsalRecord, manifest_digest};
 
 fn input(problem: impl Into<String>) -> Error {
     Error::RehearseInput {
