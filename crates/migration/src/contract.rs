@@ -47,22 +47,8 @@ pub fn builtin_id() -> ModelId {
 // ---------------------------------------------------------------------------------------------
 // Ids and aliases (upstream `canonical`, `aliases`, v23 namespace)
 
-const CANONICAL: [(&str, &str); 6] = [
-    ("sc", "sc2"),
-    ("napv1", "remove-avgpoolv1"),
-    ("napv2", "remove-avgpoolv2"),
-    ("napv3", "remove-avgpoolv3"),
-    ("napv4", "remove-avgpoolv4"),
-    ("rdf", "rdf43"),
-];
-
-/// Upstream's canonical map: `sc→sc2`, `napv1..4→remove-avgpoolv1..4`, `rdf→rdf43`.
-pub fn canonical_id(id: &str) -> &str {
-    CANONICAL
-        .iter()
-        .find(|(from, _)| *from == id)
-        .map_or(id, |(_, to)| to)
-}
+use crate::shape::CANONICAL;
+pub use crate::shape::canonical_id;
 
 /// The aliases of a key, in upstream's order: its canonical form, every key mapping to it, the
 /// key without `_default`, and the key with `2` appended unless it already ends in `2`.
@@ -592,9 +578,7 @@ impl Catalog {
     }
 }
 
-pub const VERSIONS_CACHE: &str = ".model_versions.json";
-pub const ARTIFACTS_CACHE: &str = ".model_artifacts.json";
-pub const URLS_CACHE: &str = ".model_artifact_urls.json";
+pub use crate::shape::{ARTIFACTS_CACHE, URLS_CACHE, VERSIONS_CACHE};
 
 /// A cache body as bytes, as upstream writes it: Python's default `json.dumps` layout, no
 /// trailing newline (`shape::dumps`).
