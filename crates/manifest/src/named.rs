@@ -1,7 +1,8 @@
 //! A model as a device names it: id, display name and behaviour version — the triple the
 //! selection and profile params carry (`DrivingModel`, `DrivingModelName`,
 //! `DrivingModelVersion`, ...), that `status` and `resolve` report, and that a device of an
-//! earlier generation was left with. One type for all of them (docs/device.md, "Params").
+//! earlier generation was left with. One type for all of them (docs/device.md, "Persistent
+//! params").
 
 use serde::Serialize;
 
