@@ -171,34 +171,21 @@ pub fn plan_model(
         let f = &local.files[i];
         let o = &observed[i];
         let path = path_of(&f.name);
-        if f.role == FileRole::ChunkManifest {
+        let reason = if f.role == FileRole::ChunkManifest {
             let present = matches!(o, Observed::Present { .. });
             if content_changes && present {
                 steps.insert(0, Step::Retract { path: path.clone() });
-            }
-            let reason = if content_changes {
+                // After a retract the chunk manifest is gone, so it is always written again.
+                Some(Reason::ChunksChanged)
+            } else if content_changes {
                 Some(needs(f, o).unwrap_or(Reason::ChunksChanged))
             } else {
                 needs(f, o)
-            };
-            // After a retract the chunk manifest is gone, so it is always written again.
-            let reason = if content_changes && present {
-                Some(Reason::ChunksChanged)
-            } else {
-                reason
-            };
-            match reason {
-                Some(reason) => steps.push(Step::Upload {
-                    path,
-                    file: i,
-                    size: f.size,
-                    reason,
-                }),
-                None => steps.push(Step::Skip { path, size: f.size }),
             }
-            continue;
-        }
-        match needs(f, o) {
+        } else {
+            needs(f, o)
+        };
+        match reason {
             Some(reason) => steps.push(Step::Upload {
                 path,
                 file: i,
