@@ -444,9 +444,8 @@ pub fn discover_locals<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<Mode
 /// One row of the device's catalog, with upstream's defaults applied.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
-    pub id: ModelId,
-    pub name: String,
-    pub version: String,
+    /// Id, the name as upstream shows it, and the version (empty when none is given).
+    pub model: NamedModel,
     pub uses_external_gpu: bool,
     /// The model as upstream's `update_model_params` reads it: the manifest entry's fields, or
     /// the dict upstream synthesises for a local model (`shape::local_model`). The catalog
@@ -472,10 +471,12 @@ fn b(v: Option<&Value>) -> Option<bool> {
 
 impl Row {
     pub fn of_entry(e: &ModelEntry) -> Self {
+        let model = NamedModel::of_entry(e);
         Row {
-            id: e.id().clone(),
-            name: clean_name(e.name().unwrap_or(e.id().as_str())),
-            version: e.version().map(|v| v.to_string()).unwrap_or_default(),
+            model: NamedModel {
+                name: clean_name(&model.name),
+                ..model
+            },
             uses_external_gpu: e.uses_external_gpu(),
             source: e.fields().clone(),
             local: false,
@@ -488,9 +489,11 @@ impl Row {
         let source = crate::shape::local_model(local.id.as_str(), local.sidecar.as_ref());
         let listed = crate::shape::listed(&source);
         Row {
-            id: local.id.clone(),
-            name: listed.name,
-            version: listed.version,
+            model: NamedModel {
+                id: local.id.clone(),
+                name: listed.name,
+                version: listed.version,
+            },
             uses_external_gpu: b(source.get("uses_external_gpu")).unwrap_or(false),
             source,
             local: true,
@@ -517,7 +520,7 @@ impl Catalog {
     }
 
     pub fn row(&self, id: &ModelId) -> Option<&Row> {
-        self.rows.iter().find(|r| &r.id == id)
+        self.rows.iter().find(|r| &r.model.id == id)
     }
 
     pub fn contains(&self, id: &ModelId) -> bool {
@@ -525,7 +528,7 @@ impl Catalog {
     }
 
     pub fn id_set(&self) -> BTreeSet<String> {
-        self.rows.iter().map(|r| r.id.to_string()).collect()
+        self.rows.iter().map(|r| r.model.id.to_string()).collect()
     }
 
     pub fn uses_external_gpu(&self, id: &ModelId) -> bool {
@@ -536,14 +539,11 @@ impl Catalog {
     /// "Regret Driven Framework V4"/`v15` when the catalog does not list it.
     pub fn named(&self, id: &ModelId) -> NamedModel {
         match (self.row(id), kind(id)) {
-            (Some(r), _) => NamedModel {
-                id: id.clone(),
-                name: r.name.clone(),
-                version: match (r.version.is_empty(), kind(id)) {
-                    (true, ModelKind::BuiltIn) => layout::BUILTIN_MODEL_VERSION.to_string(),
-                    _ => r.version.clone(),
-                },
+            (Some(r), ModelKind::BuiltIn) if r.model.version.is_empty() => NamedModel {
+                version: layout::BUILTIN_MODEL_VERSION.to_string(),
+                ..r.model.clone()
             },
+            (Some(r), _) => r.model.clone(),
             (None, ModelKind::BuiltIn) => NamedModel::builtin(),
             (None, _) => NamedModel {
                 id: id.clone(),
