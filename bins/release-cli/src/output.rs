@@ -125,13 +125,45 @@ impl From<chunker::Error> for CliError {
     }
 }
 
+pub(crate) fn store_error(e: artifact_store::Error) -> CliError {
+    use artifact_store::Error as E;
+    match e {
+        E::InvalidStore { .. } | E::InvalidPath { .. } => CliError::usage_from(e),
+        e if e.is_check_failure() => CliError::check_failed_from(e),
+        e => CliError::failure_from(e),
+    }
+}
+
+/// Map a compiler error to the CLI's exit codes: refused flags are usage errors, failed checks
+/// (marker, digest, outputs) are check failures, the rest are failures.
+pub fn remote_error(e: compiler_remote::Error) -> CliError {
+    use compiler_remote::Error as E;
+    match e {
+        E::OtherCompiler { .. } | E::InvalidDestination { .. } | E::InvalidRemotePath { .. } => {
+            CliError::usage(e)
+        }
+        E::Pin { .. } | E::TreeIncomplete { .. } | E::Source { .. } => CliError::usage(e),
+        E::MarkerMissing { .. }
+        | E::MarkerMismatch { .. }
+        | E::DigestMismatch { .. }
+        | E::InvalidOutputs { .. }
+        | E::MissingOutputs { .. }
+        | E::DmIncomplete { .. }
+        | E::NotSynced { .. }
+        | E::SyncRecord { .. }
+        | E::TreeChangedDuringSync { .. }
+        | E::HostKeyNotKnown { .. } => CliError::check_failed(e),
+        other => CliError::failure(other),
+    }
+}
+
 impl From<release::Error> for CliError {
     fn from(e: release::Error) -> Self {
         use release::Error as E;
         let code = match e {
             E::Chunk(e) => return e.into(),
-            E::Store(e) => return crate::cmd::store::store_error(e),
-            E::Compiler(e) => return crate::cmd::build::remote_error(e),
+            E::Store(e) => return store_error(e),
+            E::Compiler(e) => return remote_error(e),
             E::NotADirectory { .. }
             | E::NotAnOpenpilotTree { .. }
             | E::SourceMap { .. }

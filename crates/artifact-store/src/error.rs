@@ -43,7 +43,7 @@ pub enum Error {
 
     #[error(
         "invalid store {spec:?}: {reason}; accepted forms: {}",
-        crate::location::ACCEPTED_STORE_FORMS
+        crate::refusal::ACCEPTED_STORE_FORMS
     )]
     InvalidStore { spec: String, reason: String },
 
@@ -140,7 +140,7 @@ pub enum Error {
     #[error("refusing to publish to {store}:{}", ProblemLines(problems))]
     Incomplete {
         store: String,
-        problems: Vec<crate::publish::StoreProblem>,
+        problems: Vec<crate::refusal::StoreProblem>,
     },
 
     #[error("publish refused: {refusal}")]
@@ -191,12 +191,12 @@ pub enum Error {
     #[error("key {}: {problem}", path.display())]
     Key {
         path: PathBuf,
-        problem: crate::signing::KeyProblem,
+        problem: crate::refusal::KeyProblem,
     },
 
     /// A reuse refused before anything was written; match on the [`ReuseRefusal`].
     #[error("reuse refused: {0}")]
-    ReuseRefused(crate::reuse::ReuseRefusal),
+    ReuseRefused(crate::refusal::ReuseRefusal),
 }
 
 /// Why a publish (or its signing step) was refused before it wrote anything. `Display` names
@@ -474,7 +474,7 @@ impl std::fmt::Display for HfFailure {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// `Incomplete`'s problems, one indented line each.
-struct ProblemLines<'a>(&'a [crate::publish::StoreProblem]);
+struct ProblemLines<'a>(&'a [crate::refusal::StoreProblem]);
 
 impl std::fmt::Display for ProblemLines<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -575,13 +575,13 @@ impl NextStep for Error {
             Error::Refused(r) => r.next_step(),
             Error::Key {
                 path,
-                problem: crate::signing::KeyProblem::WrongPassphrase,
+                problem: crate::refusal::KeyProblem::WrongPassphrase,
             } => Some(format!(
                 "retype it, or correct {env} (unset it to be asked on a terminal); try the \
                  passphrase alone with `minisign -S -s {key} -m /dev/null -x /dev/null` (signs \
                  nothing, writes nothing); a forgotten passphrase cannot be recovered: make a new \
                  key and rotate to it (docs/release.md, \"Key rotation\")",
-                env = crate::signing::PASSPHRASE_ENV,
+                env = crate::refusal::PASSPHRASE_ENV,
                 key = path.display()
             )),
             Error::Key { problem, .. } => problem.next_step(),

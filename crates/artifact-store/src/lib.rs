@@ -24,6 +24,7 @@ pub mod oob;
 pub mod paths;
 pub mod progress;
 pub mod publish;
+mod refusal;
 pub mod retry;
 pub mod reuse;
 

@@ -109,8 +109,7 @@ fn split_hub(spec: &str) -> Result<(String, String, Option<String>)> {
     Ok((kind, format!("{ns}/{name}"), tail))
 }
 
-/// The accepted spellings, for refusals.
-pub const ACCEPTED_STORE_FORMS: &str = "hf://buckets/NS/NAME, hf://datasets/ORG/REPO, github:PATH, file:PATH, or a plain path without a `word:` prefix";
+pub use crate::refusal::ACCEPTED_STORE_FORMS;
 
 /// The `word` of a leading `word:` (letters, digits, `+`, `-`, `.`, starting with a letter, as
 /// in a URL scheme), when there is one. `C:\x` style drive letters count too: this tool runs

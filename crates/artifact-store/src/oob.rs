@@ -2,35 +2,14 @@
 //! container's headers are read, through [`Store::read_at`] (a seek on disk, an HTTP range on
 //! the Hub), so checking a multi-gigabyte artifact costs a few small reads.
 
+use chunker::OobLayout;
 use chunker::oob::{self, OobCheckError};
-use chunker::{OobDefect, OobLayout};
 
 use crate::error::{Error, Result};
 use crate::paths::StorePath;
 use crate::store::Store;
 
-/// A chunk set in a store whose bytes are not an OOB container.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NotOob {
-    /// The logical artifact, as the user names it (`hf://buckets/…/x.pkl`).
-    pub what: String,
-    pub offset: u64,
-    pub defect: OobDefect,
-}
-
-impl std::fmt::Display for NotOob {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}",
-            chunker::Error::NotOob {
-                what: self.what.clone(),
-                offset: self.offset,
-                defect: self.defect.clone(),
-            }
-        )
-    }
-}
+pub use crate::refusal::NotOob;
 
 /// Check the concatenation of `pieces` (paths and sizes, in order) in `store`. The outer
 /// `Result` is for the store failing; the inner one is the verdict.
@@ -99,6 +78,7 @@ fn read_span(
 mod tests {
     use super::*;
     use crate::LocalStore;
+    use chunker::OobDefect;
 
     #[test]
     fn reads_across_chunk_boundaries_and_names_the_offset() {

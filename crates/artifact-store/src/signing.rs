@@ -20,8 +20,7 @@ pub use crate::keyfile::KeyProblem;
 use crate::keyfile::{self, Protection};
 use crate::store::Store;
 
-/// Environment variable holding the passphrase of an encrypted secret key, for unattended use.
-pub const PASSPHRASE_ENV: &str = "STARPILOT_SIGN_PASSPHRASE";
+pub use crate::refusal::PASSPHRASE_ENV;
 
 /// Key files are a few hundred bytes.
 const MAX_KEY_FILE_BYTES: u64 = 16 * 1024;

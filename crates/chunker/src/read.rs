@@ -356,7 +356,7 @@ pub fn join_checked(
     if wanted.is_empty()
         && let Resolved::Chunked { pieces, .. } = &resolved
     {
-        crate::verify::check_chunk_sizes(pieces)?;
+        check_chunk_sizes(pieces)?;
     }
     let mut reader = Counting {
         inner: ArtifactReader::new(resolved.pieces()),
@@ -399,4 +399,54 @@ impl<R: Read> Read for Counting<'_, R> {
         (self.progress)(n as u64);
         Ok(n)
     }
+}
+/// Every chunk but the last has the chunk size; the last holds 1 to chunk-size bytes. The set
+/// does not record its chunk size, so it is taken as the most common size of the non-last chunks
+/// (the larger one on a tie, since truncation is the usual damage): a truncated first chunk is
+/// then named as the bad one instead of every good chunk after it.
+pub(crate) fn check_chunk_sizes(pieces: &[(PathBuf, u64)]) -> Result<()> {
+    let n = pieces.len();
+    let Some((last, body)) = pieces.split_last() else {
+        return Ok(());
+    };
+    let mut counts: std::collections::BTreeMap<u64, usize> = std::collections::BTreeMap::new();
+    for (_, size) in body {
+        *counts.entry(*size).or_default() += 1;
+    }
+    let chunk_size = counts
+        .iter()
+        .max_by_key(|&(size, count)| (*count, *size))
+        .map(|(size, _)| *size)
+        .unwrap_or(last.1);
+    let bad = |i: usize, expected: u64, why: &str| Error::SizeMismatch {
+        what: format!("chunk {} of {n} ({}) ({why})", i + 1, pieces[i].0.display()),
+        expected,
+        actual: pieces[i].1,
+    };
+    for (i, (_, size)) in body.iter().enumerate() {
+        if *size != chunk_size || *size == 0 {
+            return Err(bad(
+                i,
+                chunk_size,
+                "every chunk but the last must have the chunk size",
+            ));
+        }
+    }
+    if last.1 == 0 || last.1 > chunk_size {
+        // With one chunk before the last, a first chunk shorter than the last is the likelier
+        // damage (an interrupted copy) than a last chunk that grew.
+        if n == 2 && last.1 > chunk_size {
+            return Err(bad(
+                0,
+                last.1,
+                "shorter than the last chunk: every chunk but the last must have the chunk size, or the last chunk is too long",
+            ));
+        }
+        return Err(bad(
+            n - 1,
+            chunk_size,
+            "the last chunk must hold 1 to chunk-size bytes",
+        ));
+    }
+    Ok(())
 }

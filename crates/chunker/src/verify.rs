@@ -13,7 +13,7 @@ use std::thread;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::read::resolve_strict;
+use crate::read::{check_chunk_sizes, resolve_strict};
 use crate::{Hasher, IO_BUFFER_SIZE, Resolved, Sha256Digest};
 
 /// What the artifact must be. Every field is optional; `None` means "not checked".
@@ -159,57 +159,6 @@ pub fn verify_with_progress(
         chunk_count: count,
         chunks,
     })
-}
-
-/// Every chunk but the last has the chunk size; the last holds 1 to chunk-size bytes. The set
-/// does not record its chunk size, so it is taken as the most common size of the non-last chunks
-/// (the larger one on a tie, since truncation is the usual damage): a truncated first chunk is
-/// then named as the bad one instead of every good chunk after it.
-pub(crate) fn check_chunk_sizes(pieces: &[(PathBuf, u64)]) -> Result<()> {
-    let n = pieces.len();
-    let Some((last, body)) = pieces.split_last() else {
-        return Ok(());
-    };
-    let mut counts: std::collections::BTreeMap<u64, usize> = std::collections::BTreeMap::new();
-    for (_, size) in body {
-        *counts.entry(*size).or_default() += 1;
-    }
-    let chunk_size = counts
-        .iter()
-        .max_by_key(|&(size, count)| (*count, *size))
-        .map(|(size, _)| *size)
-        .unwrap_or(last.1);
-    let bad = |i: usize, expected: u64, why: &str| Error::SizeMismatch {
-        what: format!("chunk {} of {n} ({}) ({why})", i + 1, pieces[i].0.display()),
-        expected,
-        actual: pieces[i].1,
-    };
-    for (i, (_, size)) in body.iter().enumerate() {
-        if *size != chunk_size || *size == 0 {
-            return Err(bad(
-                i,
-                chunk_size,
-                "every chunk but the last must have the chunk size",
-            ));
-        }
-    }
-    if last.1 == 0 || last.1 > chunk_size {
-        // With one chunk before the last, a first chunk shorter than the last is the likelier
-        // damage (an interrupted copy) than a last chunk that grew.
-        if n == 2 && last.1 > chunk_size {
-            return Err(bad(
-                0,
-                last.1,
-                "shorter than the last chunk: every chunk but the last must have the chunk size, or the last chunk is too long",
-            ));
-        }
-        return Err(bad(
-            n - 1,
-            chunk_size,
-            "the last chunk must hold 1 to chunk-size bytes",
-        ));
-    }
-    Ok(())
 }
 
 /// The SHA-256 of the whole of `pieces` (in order) and of each piece, in one pass that reads

@@ -203,7 +203,7 @@ pub enum Error {
         openpilot: PathBuf,
         destination: String,
         remote_root: String,
-        why: Box<crate::synced::Unsynced>,
+        why: Box<crate::unsynced::Unsynced>,
     },
 
     /// The sync record in the tree cannot be read as one.

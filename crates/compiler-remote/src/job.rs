@@ -8,12 +8,10 @@ use std::path::{Path, PathBuf};
 use manifest::{BehaviorVersion, GitCommit, ModelId};
 use serde::Serialize;
 
-use crate::compiler::ConnectOptions;
-use crate::compiler::checks::artifact_dir_and_name;
 use crate::error::Result;
 use crate::outputs::FetchedArtifact;
 use crate::plan::{self, CompileRequest};
-use crate::target::RemotePath;
+use crate::target::{ConnectOptions, RemotePath};
 
 /// One thing a run does on the compiler, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -250,6 +248,19 @@ impl ValidateJob {
         p.writes.push(self.log.clone());
         Ok(p)
     }
+}
+
+/// The directory and file name of a chunk set's logical path (`.` for a bare name).
+pub(crate) fn artifact_dir_and_name(artifact: &Path) -> (PathBuf, String) {
+    let name = artifact
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let dir = match artifact.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    (dir, name)
 }
 
 #[cfg(test)]

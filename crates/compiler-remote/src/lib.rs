@@ -35,6 +35,7 @@ pub mod rsync;
 pub mod synced;
 pub mod target;
 pub mod tree_digest;
+mod unsynced;
 
 use std::path::Path;
 

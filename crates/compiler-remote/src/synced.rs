@@ -34,39 +34,7 @@ pub struct SyncRecord {
     pub synced_at_unix: u64,
 }
 
-/// Why the local tree is not what the compiler has.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Unsynced {
-    /// No sync of this tree was recorded.
-    Never,
-    /// The files sync sends changed since the last sync.
-    Changed {
-        recorded: TreeDigest,
-        now: TreeDigest,
-    },
-    /// The last sync went to another compiler or remote root.
-    Elsewhere {
-        destination: String,
-        remote_root: String,
-    },
-}
-
-impl std::fmt::Display for Unsynced {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Unsynced::Never => f.write_str("this tree has no record of a sync"),
-            Unsynced::Changed { recorded, now } => write!(
-                f,
-                "the files sync sends changed since the last sync (synced {} over {} files, now {} over {} files)",
-                recorded.sha256, recorded.files, now.sha256, now.files
-            ),
-            Unsynced::Elsewhere {
-                destination,
-                remote_root,
-            } => write!(f, "it was last synced to {destination}:{remote_root}"),
-        }
-    }
-}
+pub use crate::unsynced::Unsynced;
 
 /// The pure rule: the tree is in sync with `destination:remote_root` when the last recorded
 /// sync went there and its digest is the tree's digest now.

@@ -1,7 +1,9 @@
 //! Where to build: the SSH destination, the remote root, and the one-compiler policy.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 
@@ -138,6 +140,33 @@ impl FromStr for RemotePath {
 impl fmt::Display for RemotePath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// How to reach the compiler.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    pub destination: Destination,
+    /// The release owner approved a compiler other than the supported one.
+    pub allow_other_compiler: bool,
+    pub remote_root: RemotePath,
+    /// An ssh config file to use instead of `~/.ssh/config` (which ssh reads by default).
+    pub ssh_config: Option<PathBuf>,
+    /// The local rsync program.
+    pub rsync: PathBuf,
+    pub connect_timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            destination: Destination::default(),
+            allow_other_compiler: false,
+            remote_root: RemotePath::default(),
+            ssh_config: None,
+            rsync: PathBuf::from("rsync"),
+            connect_timeout: Duration::from_secs(10),
+        }
     }
 }
 

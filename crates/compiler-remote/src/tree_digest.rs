@@ -20,18 +20,11 @@ use std::path::Path;
 
 use chunker::{Hasher, Sha256Digest};
 use fs_err as fs;
-use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::plan::{self, SyncPart};
 
-/// A tree's digest and how many entries went into it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TreeDigest {
-    pub sha256: Sha256Digest,
-    /// Files, symlinks and other non-directory entries counted.
-    pub files: u64,
-}
+pub use crate::unsynced::TreeDigest;
 
 /// The names a part's rsync options exclude (`--exclude=NAME`).
 pub fn excluded_names(part: &SyncPart) -> Vec<&'static str> {

@@ -22,6 +22,7 @@ pub mod guard;
 pub mod json;
 pub mod layout;
 mod manifest;
+mod named;
 pub mod pins;
 pub mod signature;
 pub mod tolerant;
@@ -38,6 +39,7 @@ pub use guard::{
 pub use json::to_canonical_string;
 pub use layout::{StoreLayout, StorePath};
 pub use manifest::{Limits, Manifest};
+pub use named::NamedModel;
 pub use pins::{PinRefusal, PinTable, check_pin};
 pub use signature::{ReleaseNumber, TrustedComment, UnixSeconds};
 pub use tolerant::{RefusedEntry, Tolerated};

@@ -83,14 +83,19 @@ impl Manifest {
     /// Parses manifest bytes: size limit first, then JSON, then the reader rules
     /// ([`ValidationMode::Reader`]), reporting every problem at once.
     pub fn from_slice_limited(bytes: &[u8], limits: &Limits) -> Result<Self> {
+        Self::from_value(Self::json_within(bytes, limits)?)
+    }
+
+    /// The JSON document in `bytes`: the size limit first ([`Error::TooLarge`]), then the
+    /// parse ([`Error::Json`]). Every byte-level read of a manifest starts here.
+    pub(crate) fn json_within(bytes: &[u8], limits: &Limits) -> Result<Value> {
         if bytes.len() as u64 > limits.max_manifest_bytes {
             return Err(Error::TooLarge {
                 limit: limits.max_manifest_bytes,
                 actual: bytes.len() as u64,
             });
         }
-        let doc: Value = serde_json::from_slice(bytes).map_err(Error::Json)?;
-        Self::from_value(doc)
+        serde_json::from_slice(bytes).map_err(Error::Json)
     }
 
     /// Reads at most `limits.max_manifest_bytes + 1` bytes, so an endless body is cut off

@@ -181,14 +181,7 @@ impl Manifest {
     /// Reads a manifest the device's way (see [`crate::tolerant`]): only a manifest that is
     /// unusable as a whole is an error; a bad entry is left out with its reasons.
     pub fn from_slice_tolerant(bytes: &[u8], limits: &Limits) -> Result<Tolerated> {
-        if bytes.len() as u64 > limits.max_manifest_bytes {
-            return Err(Error::TooLarge {
-                limit: limits.max_manifest_bytes,
-                actual: bytes.len() as u64,
-            });
-        }
-        let doc: Value = serde_json::from_slice(bytes).map_err(Error::Json)?;
-        Self::from_value_tolerant(doc)
+        Self::from_value_tolerant(Self::json_within(bytes, limits)?)
     }
 
     /// [`Manifest::from_slice_tolerant`] on an already parsed document.

@@ -283,7 +283,7 @@ pub fn hold_onroad(
     let Some(r) = record else { return next };
     let in_fallback = |w: &Option<String>, cur: &Option<String>| w != cur;
     let mut o = next;
-    let builtin = contract::Named::builtin(catalog);
+    let builtin = catalog.builtin();
     if in_fallback(&r.wanted.selection, &r.written.selection)
         && current.selection.as_deref() == Some(builtin.id.as_str())
         && o.selection.id != builtin.id
@@ -581,8 +581,8 @@ mod tests {
         assert_eq!(hold_onroad(pop.clone(), &current, Some(&plain), &c), pop);
         // Falling back is never held.
         let builtin = Outcome {
-            selection: contract::Named::builtin(&c),
-            small: contract::Named::builtin(&c),
+            selection: c.builtin(),
+            small: c.builtin(),
             big: BigOutcome::Unset,
             fell_back: true,
         };

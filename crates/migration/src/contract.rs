@@ -13,7 +13,7 @@
 
 use std::collections::BTreeSet;
 
-use manifest::{Manifest, ModelEntry, ModelId, layout};
+use manifest::{Manifest, ModelEntry, ModelId, NamedModel, layout};
 use serde_json::{Map, Value};
 
 use crate::params::keys;
@@ -47,22 +47,8 @@ pub fn builtin_id() -> ModelId {
 // ---------------------------------------------------------------------------------------------
 // Ids and aliases (upstream `canonical`, `aliases`, v23 namespace)
 
-const CANONICAL: [(&str, &str); 6] = [
-    ("sc", "sc2"),
-    ("napv1", "remove-avgpoolv1"),
-    ("napv2", "remove-avgpoolv2"),
-    ("napv3", "remove-avgpoolv3"),
-    ("napv4", "remove-avgpoolv4"),
-    ("rdf", "rdf43"),
-];
-
-/// Upstream's canonical map: `sc→sc2`, `napv1..4→remove-avgpoolv1..4`, `rdf→rdf43`.
-pub fn canonical_id(id: &str) -> &str {
-    CANONICAL
-        .iter()
-        .find(|(from, _)| *from == id)
-        .map_or(id, |(_, to)| to)
-}
+use crate::shape::CANONICAL;
+pub use crate::shape::canonical_id;
 
 /// The aliases of a key, in upstream's order: its canonical form, every key mapping to it, the
 /// key without `_default`, and the key with `2` appended unless it already ends in `2`.
@@ -143,24 +129,6 @@ pub fn selected(p: &SelectionParams) -> (String, String) {
 /// `rdf43` and its old alias `rdf`.
 pub fn is_builtin_id(id: &str) -> bool {
     canonical_id(id) == layout::BUILTIN_MODEL_ID
-}
-
-/// A model as the params name it: id, display name, behaviour version (`""` = the artifact's).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Named {
-    pub id: ModelId,
-    pub name: String,
-    pub version: String,
-}
-
-impl Named {
-    pub fn builtin(catalog: &Catalog) -> Self {
-        catalog.named(&builtin_id())
-    }
-
-    pub fn kind(&self) -> ModelKind {
-        kind(&self.id)
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -315,8 +283,8 @@ impl<F: Fn(&ModelId) -> bool> Availability for F {
 /// The end state of a refresh.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
-    pub selection: Named,
-    pub small: Named,
+    pub selection: NamedModel,
+    pub small: NamedModel,
     pub big: BigOutcome,
     /// A wanted model could not be had and the built-in (or no big model) took its place.
     pub fell_back: bool,
@@ -326,7 +294,7 @@ pub struct Outcome {
 pub enum BigOutcome {
     Unset,
     Disabled,
-    Model(Named),
+    Model(NamedModel),
 }
 
 /// Decide the selection and profiles after the installs: a model that is neither the built-in
@@ -351,7 +319,7 @@ pub fn decide_keeping(
         ModelKind::Catalog => catalog.contains(id) && avail.available(id),
         ModelKind::Local => avail.available(id),
     };
-    let builtin = Named::builtin(catalog);
+    let builtin = catalog.builtin();
     let mut fell_back = false;
     let mut pick = |id: &ModelId| {
         if ok(id) {
@@ -385,7 +353,7 @@ pub fn decide_keeping(
 /// What the params say while a migration runs: the built-in everywhere modeld reads (a big
 /// profile the user disabled stays disabled). The journal holds [`Wanted`] until the end.
 pub fn interim(w: &Wanted, catalog: &Catalog) -> Outcome {
-    let builtin = Named::builtin(catalog);
+    let builtin = catalog.builtin();
     Outcome {
         selection: builtin.clone(),
         small: builtin,
@@ -476,9 +444,8 @@ pub fn discover_locals<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<Mode
 /// One row of the device's catalog, with upstream's defaults applied.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
-    pub id: ModelId,
-    pub name: String,
-    pub version: String,
+    /// Id, the name as upstream shows it, and the version (empty when none is given).
+    pub model: NamedModel,
     pub uses_external_gpu: bool,
     /// The model as upstream's `update_model_params` reads it: the manifest entry's fields, or
     /// the dict upstream synthesises for a local model (`shape::local_model`). The catalog
@@ -504,10 +471,12 @@ fn b(v: Option<&Value>) -> Option<bool> {
 
 impl Row {
     pub fn of_entry(e: &ModelEntry) -> Self {
+        let model = NamedModel::of_entry(e);
         Row {
-            id: e.id().clone(),
-            name: clean_name(e.name().unwrap_or(e.id().as_str())),
-            version: e.version().map(|v| v.to_string()).unwrap_or_default(),
+            model: NamedModel {
+                name: clean_name(&model.name),
+                ..model
+            },
             uses_external_gpu: e.uses_external_gpu(),
             source: e.fields().clone(),
             local: false,
@@ -520,9 +489,11 @@ impl Row {
         let source = crate::shape::local_model(local.id.as_str(), local.sidecar.as_ref());
         let listed = crate::shape::listed(&source);
         Row {
-            id: local.id.clone(),
-            name: listed.name,
-            version: listed.version,
+            model: NamedModel {
+                id: local.id.clone(),
+                name: listed.name,
+                version: listed.version,
+            },
             uses_external_gpu: b(source.get("uses_external_gpu")).unwrap_or(false),
             source,
             local: true,
@@ -549,7 +520,7 @@ impl Catalog {
     }
 
     pub fn row(&self, id: &ModelId) -> Option<&Row> {
-        self.rows.iter().find(|r| &r.id == id)
+        self.rows.iter().find(|r| &r.model.id == id)
     }
 
     pub fn contains(&self, id: &ModelId) -> bool {
@@ -557,7 +528,7 @@ impl Catalog {
     }
 
     pub fn id_set(&self) -> BTreeSet<String> {
-        self.rows.iter().map(|r| r.id.to_string()).collect()
+        self.rows.iter().map(|r| r.model.id.to_string()).collect()
     }
 
     pub fn uses_external_gpu(&self, id: &ModelId) -> bool {
@@ -566,27 +537,25 @@ impl Catalog {
 
     /// Name and version as the params carry them: from the catalog; the built-in falls back to
     /// "Regret Driven Framework V4"/`v15` when the catalog does not list it.
-    pub fn named(&self, id: &ModelId) -> Named {
+    pub fn named(&self, id: &ModelId) -> NamedModel {
         match (self.row(id), kind(id)) {
-            (Some(r), _) => Named {
-                id: id.clone(),
-                name: r.name.clone(),
-                version: match (r.version.is_empty(), kind(id)) {
-                    (true, ModelKind::BuiltIn) => layout::BUILTIN_MODEL_VERSION.to_string(),
-                    _ => r.version.clone(),
-                },
-            },
-            (None, ModelKind::BuiltIn) => Named {
-                id: builtin_id(),
-                name: layout::BUILTIN_MODEL_NAME.to_string(),
+            (Some(r), ModelKind::BuiltIn) if r.model.version.is_empty() => NamedModel {
                 version: layout::BUILTIN_MODEL_VERSION.to_string(),
+                ..r.model.clone()
             },
-            (None, _) => Named {
+            (Some(r), _) => r.model.clone(),
+            (None, ModelKind::BuiltIn) => NamedModel::builtin(),
+            (None, _) => NamedModel {
                 id: id.clone(),
                 name: id.to_string(),
                 version: String::new(),
             },
         }
+    }
+
+    /// The built-in as the params name it ([`Catalog::named`] of its id).
+    pub fn builtin(&self) -> NamedModel {
+        self.named(&builtin_id())
     }
 
     fn sources(&self) -> Vec<Map<String, Value>> {
@@ -609,9 +578,7 @@ impl Catalog {
     }
 }
 
-pub const VERSIONS_CACHE: &str = ".model_versions.json";
-pub const ARTIFACTS_CACHE: &str = ".model_artifacts.json";
-pub const URLS_CACHE: &str = ".model_artifact_urls.json";
+pub use crate::shape::{ARTIFACTS_CACHE, URLS_CACHE, VERSIONS_CACHE};
 
 /// A cache body as bytes, as upstream writes it: Python's default `json.dumps` layout, no
 /// trailing newline (`shape::dumps`).

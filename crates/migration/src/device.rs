@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use manifest::{Generation, Manifest, ModelEntry, ModelId, Sha256Digest, layout};
+use manifest::{Generation, Manifest, ModelId, NamedModel, Sha256Digest, layout};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -84,36 +84,6 @@ pub struct Device {
     /// only artifacts the signed manifest pins are installed or handed to modeld.
     pub trusted_keys: Option<downloader::trust::TrustedKeys>,
     pub(crate) effects: Effects,
-}
-
-/// A model as selected in params.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Selection {
-    pub id: String,
-    pub name: String,
-    pub version: String,
-}
-
-impl Selection {
-    pub fn builtin() -> Self {
-        Self {
-            id: layout::BUILTIN_MODEL_ID.to_string(),
-            name: layout::BUILTIN_MODEL_NAME.to_string(),
-            version: layout::BUILTIN_MODEL_VERSION.to_string(),
-        }
-    }
-
-    pub fn is_builtin(&self) -> bool {
-        contract::is_builtin_id(&self.id)
-    }
-
-    pub fn of_entry(entry: &ModelEntry) -> Self {
-        Self {
-            id: entry.id().to_string(),
-            name: entry.name().unwrap_or(entry.id().as_str()).to_string(),
-            version: entry.version().map(|v| v.to_string()).unwrap_or_default(),
-        }
-    }
 }
 
 /// The bytes `.catalog.json` gets for the accepted manifest `m`: `raw` (what `m` was parsed
@@ -429,10 +399,11 @@ impl Device {
     /// The selection from params under upstream's precedence: unset means the default
     /// (`rdf43`/`v15`); when `Model` and `DrivingModel` differ the non-default one wins,
     /// preferring `DrivingModel` (and likewise for the versions).
-    pub fn selection(&self) -> Result<Selection> {
+    /// The id is as the params hold it (canonical, lower-cased), not necessarily a valid one.
+    pub fn selection(&self) -> Result<NamedModel<String>> {
         let p = self.selection_params()?;
         let (id, version) = contract::selected(&p);
-        Ok(Selection {
+        Ok(NamedModel {
             name: p.driving_model_name.unwrap_or_default(),
             version,
             id,
@@ -441,12 +412,12 @@ impl Device {
 
     /// Write the five selection params (each atomically; `Model`/`DrivingModel` last so a
     /// reader that sees the new ID also sees its name and version).
-    pub fn select(&self, s: &Selection) -> Result<()> {
+    pub fn select(&self, s: &NamedModel) -> Result<()> {
         self.params.put(keys::DRIVING_MODEL_NAME, &s.name)?;
         self.params.put(keys::MODEL_VERSION, &s.version)?;
         self.params.put(keys::DRIVING_MODEL_VERSION, &s.version)?;
-        self.params.put(keys::MODEL, &s.id)?;
-        self.params.put(keys::DRIVING_MODEL, &s.id)?;
+        self.params.put(keys::MODEL, s.id.as_str())?;
+        self.params.put(keys::DRIVING_MODEL, s.id.as_str())?;
         Ok(())
     }
 
@@ -496,7 +467,13 @@ impl Device {
                 });
             }
         };
-        let floor = crate::trust_state::floor_for_read(self);
+        let copies = crate::floor::read_copies(
+            &self.models_dir(),
+            &self
+                .params
+                .path(crate::params::keys::MODEL_MANIFEST_ACCEPTED_RELEASE),
+        );
+        let floor = crate::floor::for_read(&copies, generation);
         match downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, floor) {
             Ok(_) => {}
             // A catalog validly signed for another generation (left by an earlier build): not
@@ -612,6 +589,7 @@ impl Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use manifest::ModelEntry;
     use std::collections::BTreeMap;
 
     fn device(root: &Path) -> Device {
@@ -666,7 +644,7 @@ mod tests {
             )
             .unwrap();
         let entry = m.models()[0].clone();
-        d.select(&Selection::of_entry(&entry)).unwrap();
+        d.select(&NamedModel::of_entry(&entry)).unwrap();
         (d, entry)
     }
 
@@ -689,7 +667,7 @@ mod tests {
             );
             let (path, sel) = d.resolve().unwrap();
             assert_eq!(path, d.builtin_path(), "{torn:?}");
-            assert!(sel.is_builtin());
+            assert!(contract::is_builtin_id(sel.id.as_str()));
         }
     }
 

@@ -19,6 +19,7 @@ mod device;
 pub mod downloads;
 pub mod effects;
 mod error;
+mod floor;
 mod journal;
 pub mod lock;
 mod manager;
@@ -41,7 +42,7 @@ pub mod view;
 pub use contract::is_builtin_id;
 pub use device::{
     CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device, DeviceConfig, ExpectedDigest, JOURNAL_FILE,
-    REFUSED_FILE, RefusedModel, Selection, VERIFIED_FILE, VerifyState,
+    REFUSED_FILE, RefusedModel, VERIFIED_FILE, VerifyState,
 };
 pub use downloads::{AllDownloads, DownloadReport, download_all, download_model, downloadable};
 pub use effects::{Effect, Effects};

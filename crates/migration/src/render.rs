@@ -423,7 +423,7 @@ impl Render for ResolveReport {
         let mut lines: Vec<Line> = warning.collect();
         lines.push(Line::Note(format!(
             "model: {} ({} {})",
-            self.id, self.name, self.version
+            self.model.id, self.model.name, self.model.version
         )));
         lines.push(Line::Out(resolve_line(self, false)));
         lines
@@ -707,9 +707,11 @@ mod tests {
     fn resolve_prints_its_doubt_first_and_the_path_last() {
         let mut r = ResolveReport {
             path: "/op/selfdrive/modeld/models/driving_tinygrad.pkl".into(),
-            id: "rdf43".into(),
-            name: "RDF V4".into(),
-            version: "v15".into(),
+            model: manifest::NamedModel {
+                id: "rdf43".into(),
+                name: "RDF V4".into(),
+                version: "v15".into(),
+            },
             builtin: true,
             doubt: None,
         };

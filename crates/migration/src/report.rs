@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use manifest::ModelId;
+use manifest::{ModelId, NamedModel};
 
 use crate::contract::{self, ModelKind};
 use crate::device::{Device, VerifyState};
@@ -12,21 +12,13 @@ use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::view::DeviceView;
 
-/// A model as reported: id, and name and version from the catalog.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ModelRef {
-    pub id: String,
-    pub name: String,
-    pub version: String,
-}
-
 /// `resolve`: the path modeld should load and what it is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ResolveReport {
     pub path: std::path::PathBuf,
-    pub id: String,
-    pub name: String,
-    pub version: String,
+    /// `id`, `name`, `version` (from the catalog).
+    #[serde(flatten)]
+    pub model: NamedModel<String>,
     pub builtin: bool,
     /// Why the built-in was answered although something else may be selected: a param or state
     /// file could not be read (`resolve` answers the built-in when in doubt).
@@ -75,7 +67,9 @@ pub struct InstalledModel {
 pub struct StatusReport {
     pub generation: String,
     pub manifest_version: Option<String>,
-    pub selected: ModelRef,
+    /// `id` as the params hold it; `name` and `version` from the catalog (empty for an id that
+    /// is not a valid one).
+    pub selected: NamedModel<String>,
     pub resolved: std::path::PathBuf,
     pub catalog_models: Option<usize>,
     pub installed: Vec<InstalledModel>,
@@ -258,7 +252,7 @@ impl VerifyReport {
     }
 }
 
-fn model_ref(device: &Device, id: &str) -> Result<ModelRef> {
+fn model_ref(device: &Device, id: &str) -> Result<NamedModel<String>> {
     model_ref_in(device, catalog_or_problem(device)?.0.as_ref(), id)
 }
 
@@ -267,23 +261,19 @@ fn model_ref_in(
     device: &Device,
     catalog: Option<&manifest::Manifest>,
     id: &str,
-) -> Result<ModelRef> {
+) -> Result<NamedModel<String>> {
     let named = match (catalog, id.parse::<ModelId>()) {
         (Some(m), Ok(id)) => device.device_catalog(m)?.named(&id),
         (None, Ok(id)) => contract::Catalog::default().named(&id),
         (_, Err(_)) => {
-            return Ok(ModelRef {
+            return Ok(NamedModel {
                 id: id.to_string(),
                 name: String::new(),
                 version: String::new(),
             });
         }
     };
-    Ok(ModelRef {
-        id: named.id.to_string(),
-        name: named.name,
-        version: named.version,
-    })
+    Ok(named.into_text())
 }
 
 fn digest_source(device: &Device, entry: &manifest::ModelEntry) -> Option<&'static str> {
@@ -294,10 +284,7 @@ fn digest_source(device: &Device, entry: &manifest::ModelEntry) -> Option<&'stat
 /// unreadable param, a corrupt state file) makes it the built-in, with the reason in `doubt`.
 /// The only error is a missing built-in ([`Error::BuiltinMissing`]).
 pub fn resolve(device: &Device) -> Result<ResolveReport> {
-    let builtin = || {
-        let n = contract::Named::builtin(&contract::Catalog::default());
-        (n.id.to_string(), n.name, n.version)
-    };
+    let builtin = || contract::Catalog::default().builtin().into_text();
     // modeld gets the built-in whenever anything it would decide from could not be read: a
     // param or record the other commands read as absent (with a warning) is a doubt here.
     device.warnings().take();
@@ -306,32 +293,31 @@ pub fn resolve(device: &Device) -> Result<ResolveReport> {
     let (path, sel, doubt) = match resolved {
         Ok(_) if !unread.is_empty() => (
             device.builtin_path(),
-            crate::device::Selection::builtin(),
+            NamedModel::builtin(),
             Some(unread.join("; ")),
         ),
         Ok((path, sel)) => (path, sel, None),
         Err(e) => (
             device.builtin_path(),
-            crate::device::Selection::builtin(),
+            NamedModel::builtin(),
             Some(crate::next_step::with_next(&e)),
         ),
     };
-    if sel.is_builtin() && !device.builtin_present() {
+    let is_builtin = contract::is_builtin_id(sel.id.as_str());
+    if is_builtin && !device.builtin_present() {
         return Err(Error::BuiltinMissing {
             path: device.builtin_path(),
         });
     }
-    let (id, name, version) = match model_ref(device, &sel.id) {
-        Ok(r) => (r.id, r.name, r.version),
-        Err(_) if sel.is_builtin() => builtin(),
-        Err(_) => (sel.id.clone(), sel.name.clone(), sel.version.clone()),
+    let model = match model_ref(device, sel.id.as_str()) {
+        Ok(r) => r,
+        Err(_) if is_builtin => builtin(),
+        Err(_) => sel.into_text(),
     };
     Ok(ResolveReport {
         path,
-        builtin: sel.is_builtin(),
-        id,
-        name,
-        version,
+        builtin: is_builtin,
+        model,
         doubt,
     })
 }

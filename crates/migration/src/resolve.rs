@@ -3,9 +3,9 @@
 use fs_err as fs;
 use std::path::PathBuf;
 
-use manifest::ModelId;
+use manifest::{ModelId, NamedModel};
 
-use crate::device::{Device, Selection, VerifyState};
+use crate::device::{Device, VerifyState};
 use crate::error::Result;
 
 impl Device {
@@ -19,13 +19,18 @@ impl Device {
     /// file: while a migration is unfinished the answer is the built-in. A verified copy of an
     /// earlier publish in this generation ([`VerifyState::Outdated`]) is used until the new one
     /// verifies.
-    pub fn resolve(&self) -> Result<(PathBuf, Selection)> {
+    pub fn resolve(&self) -> Result<(PathBuf, NamedModel)> {
         let sel = self.selection()?;
-        if sel.is_builtin() || !self.is_current()? {
-            return Ok((self.builtin_path(), Selection::builtin()));
+        if crate::contract::is_builtin_id(&sel.id) || !self.is_current()? {
+            return Ok((self.builtin_path(), NamedModel::builtin()));
         }
         let Ok(id) = sel.id.parse::<ModelId>() else {
-            return Ok((self.builtin_path(), Selection::builtin()));
+            return Ok((self.builtin_path(), NamedModel::builtin()));
+        };
+        let sel = NamedModel {
+            id: id.clone(),
+            name: sel.name,
+            version: sel.version,
         };
         if id.is_local() {
             let path = self.artifact_path(&id);
@@ -33,11 +38,11 @@ impl Device {
             return Ok(if ok {
                 (path, sel)
             } else {
-                (self.builtin_path(), Selection::builtin())
+                (self.builtin_path(), NamedModel::builtin())
             });
         }
         let Some(catalog) = self.catalog()? else {
-            return Ok((self.builtin_path(), Selection::builtin()));
+            return Ok((self.builtin_path(), NamedModel::builtin()));
         };
         match catalog.get(&id) {
             Some(entry)
@@ -48,7 +53,7 @@ impl Device {
             {
                 Ok((self.artifact_path(&id), sel))
             }
-            _ => Ok((self.builtin_path(), Selection::builtin())),
+            _ => Ok((self.builtin_path(), NamedModel::builtin())),
         }
     }
 }

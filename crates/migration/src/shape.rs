@@ -194,9 +194,31 @@ pub fn listed(m: &Map<String, Value>) -> Listed {
     }
 }
 
+pub(crate) const CANONICAL: [(&str, &str); 6] = [
+    ("sc", "sc2"),
+    ("napv1", "remove-avgpoolv1"),
+    ("napv2", "remove-avgpoolv2"),
+    ("napv3", "remove-avgpoolv3"),
+    ("napv4", "remove-avgpoolv4"),
+    ("rdf", "rdf43"),
+];
+
+/// Upstream's canonical map: `sc→sc2`, `napv1..4→remove-avgpoolv1..4`, `rdf→rdf43`.
+pub fn canonical_id(id: &str) -> &str {
+    CANONICAL
+        .iter()
+        .find(|(from, _)| *from == id)
+        .map_or(id, |(_, to)| to)
+}
+
+/// The three cache files' names (`caches` writes them in this order).
+pub const VERSIONS_CACHE: &str = ".model_versions.json";
+pub const ARTIFACTS_CACHE: &str = ".model_artifacts.json";
+pub const URLS_CACHE: &str = ".model_artifact_urls.json";
+
 /// The cache key of a model dict: its id, canonical (`sc`→`sc2`, …).
 fn cache_key(m: &Map<String, Value>) -> String {
-    crate::contract::canonical_id(&text(m.get("id"))).to_string()
+    canonical_id(&text(m.get("id"))).to_string()
 }
 
 /// The normalised `accelerator_artifacts` of a model dict: each variant (name lower-cased)
@@ -361,7 +383,6 @@ pub fn caches(models: &[Map<String, Value>]) -> Vec<(&'static str, Value)> {
             artifacts.insert(k, Value::Object(a));
         }
     }
-    use crate::contract::{ARTIFACTS_CACHE, URLS_CACHE, VERSIONS_CACHE};
     vec![
         (VERSIONS_CACHE, Value::Object(versions)),
         (URLS_CACHE, Value::Object(urls)),

@@ -306,12 +306,9 @@ pub fn resolve_paused(builtin_dir: &Path, paused: &Paused) -> Result<ResolveRepo
     if !matches!(chunker::resolve(&path), Ok(Some(_))) {
         return Err(Error::BuiltinMissing { path });
     }
-    let named = contract::Named::builtin(&contract::Catalog::default());
     Ok(ResolveReport {
         path,
-        id: named.id.to_string(),
-        name: named.name,
-        version: named.version,
+        model: contract::Catalog::default().builtin().into_text(),
         builtin: true,
         doubt: Some(paused.message()),
     })

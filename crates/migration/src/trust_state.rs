@@ -30,21 +30,14 @@ use manifest::signature::Refusal;
 use manifest::{Generation, ReleaseNumber, UnixSeconds};
 use serde::{Deserialize, Serialize};
 
-use crate::bounded::{JOURNAL_LIMIT, read_capped};
+pub use crate::floor::{ACCEPTED_RELEASE_FILE, AcceptedRelease, AcceptedReleases, FloorCopy};
+
+use crate::bounded::JOURNAL_LIMIT;
 use crate::device::{CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device};
 use crate::error::{Error, Result};
 use crate::params::keys;
 
-pub const ACCEPTED_RELEASE_FILE: &str = ".accepted-release.json";
 pub const REFUSED_MANIFEST_FILE: &str = ".refused-manifest.json";
-
-/// The last signed release accepted for one generation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AcceptedRelease {
-    pub release: ReleaseNumber,
-    pub expires: UnixSeconds,
-    pub key: String,
-}
 
 /// The last manifest fetch that ended with every origin failing and at least one refusing on
 /// trust grounds.
@@ -56,17 +49,6 @@ pub struct RefusedManifest {
     pub text: String,
     /// `<origin>: <why>` per refusing origin.
     pub reasons: Vec<String>,
-}
-
-pub type AcceptedReleases = BTreeMap<String, AcceptedRelease>;
-
-/// One copy of the accepted releases as read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FloorCopy {
-    Missing,
-    /// Unreadable: over the size cap, not a regular file, or not the JSON map.
-    Corrupt(String),
-    Valid(AcceptedReleases),
 }
 
 /// Which copy the floor of a generation comes from (`status`).
@@ -152,18 +134,9 @@ pub fn merge_floor(file: &FloorCopy, param: &FloorCopy) -> Option<Floor> {
 
 /// Both copies as read (size-capped, regular files only).
 pub fn floor_copies(device: &Device) -> (FloorCopy, FloorCopy) {
-    let read = |path: std::path::PathBuf| match read_capped(&path, JOURNAL_LIMIT) {
-        Ok(None) => FloorCopy::Missing,
-        Ok(Some(b)) => match serde_json::from_slice::<AcceptedReleases>(&b) {
-            Ok(m) => FloorCopy::Valid(m),
-            Err(e) => FloorCopy::Corrupt(e.to_string()),
-        },
-        Err(Error::CorruptState { message, .. }) => FloorCopy::Corrupt(message),
-        Err(e) => FloorCopy::Corrupt(e.to_string()),
-    };
-    (
-        read(device.models_dir().join(ACCEPTED_RELEASE_FILE)),
-        read(device.params.path(keys::MODEL_MANIFEST_ACCEPTED_RELEASE)),
+    crate::floor::read_copies(
+        &device.models_dir(),
+        &device.params.path(keys::MODEL_MANIFEST_ACCEPTED_RELEASE),
     )
 }
 
@@ -240,20 +213,6 @@ pub fn accepted_release(
     generation: Generation,
 ) -> Result<Option<AcceptedRelease>> {
     Ok(accepted_releases(device)?.remove(&generation.to_string()))
-}
-
-/// The floor the stored catalog is checked against on every read: the higher valid copy;
-/// with no valid copy none (the fetch refuses until the floor is known, see [`floor`]).
-pub(crate) fn floor_for_read(device: &Device) -> Option<ReleaseNumber> {
-    let (file, param) = floor_copies(device);
-    let key = device.config.generation.to_string();
-    [file, param]
-        .iter()
-        .filter_map(|c| match c {
-            FloorCopy::Valid(m) => m.get(&key).map(|a| a.release),
-            _ => None,
-        })
-        .max()
 }
 
 /// Rewrite a missing, corrupt or lower copy from the merged floor (a refresh does this before

@@ -347,11 +347,11 @@ fn python_manager_devices_end_on_the_verified_v25_model_or_the_builtin() {
             }
         }
         let row = upstream::ui(&f.data());
-        let row = row.row(&r.id).unwrap();
+        let row = row.row(&r.model.id).unwrap();
         // Name and version from the catalog (a local model without a version has none: modeld
         // then takes the artifact's own).
         assert_eq!(
-            (r.name.as_str(), r.version.as_str()),
+            (r.model.name.as_str(), r.model.version.as_str()),
             (row.name.as_str(), row.version.as_str()),
             "{}",
             case.name

@@ -163,7 +163,7 @@ fn verify_passes_on_a_fully_installed_device_whose_catalog_lists_the_builtin() {
         resolved.builtin,
         "a corrupt selection resolves to the built-in"
     );
-    assert_eq!(resolved.name, "Regret Driven Framework V4");
+    assert_eq!(resolved.model.name, "Regret Driven Framework V4");
 }
 
 #[test]

@@ -808,39 +808,30 @@ pub fn compare_stores(snapshots: &[Snapshot], rules: &Rules) -> Vec<Finding> {
                 .collect()
         };
         let (da, db) = (digests(a), digests(&b));
-        for (logical, (model, d)) in &da {
-            let theirs = db.get(logical).map(|x| x.1);
-            if theirs != Some(*d) {
-                out.push(Finding {
-                    store: s.store.spec(),
-                    model: Some(model.clone()),
-                    path: s.store.locate(&logical.parse().expect("a layout path")),
-                    kind: "artifact_digest_differs",
-                    message: format!(
-                        "{} lists {}, {} lists {d}",
-                        s.store.spec(),
-                        theirs.map_or_else(|| "nothing".to_string(), |x| x.to_string()),
-                        first.store.spec()
-                    ),
-                    mend: mend.clone(),
-                });
+        // Every artifact the first store lists, then those only this one lists.
+        let logicals = da.keys().chain(db.keys().filter(|l| !da.contains_key(*l)));
+        let lists = |x: Option<&(ModelId, Sha256Digest)>| {
+            x.map_or_else(|| "nothing".to_string(), |x| x.1.to_string())
+        };
+        for logical in logicals {
+            let (firsts, theirs) = (da.get(logical), db.get(logical));
+            if firsts.map(|x| x.1) == theirs.map(|x| x.1) {
+                continue;
             }
-        }
-        for (logical, (model, d)) in &db {
-            if !da.contains_key(logical) {
-                out.push(Finding {
-                    store: s.store.spec(),
-                    model: Some(model.clone()),
-                    path: s.store.locate(&logical.parse().expect("a layout path")),
-                    kind: "artifact_digest_differs",
-                    message: format!(
-                        "{} lists {d}, {} lists nothing",
-                        s.store.spec(),
-                        first.store.spec()
-                    ),
-                    mend: mend.clone(),
-                });
-            }
+            out.push(Finding {
+                store: s.store.spec(),
+                model: firsts.or(theirs).map(|x| x.0.clone()),
+                path: s.store.locate(&logical.parse().expect("a layout path")),
+                kind: "artifact_digest_differs",
+                message: format!(
+                    "{} lists {}, {} lists {}",
+                    s.store.spec(),
+                    lists(theirs),
+                    first.store.spec(),
+                    lists(firsts)
+                ),
+                mend: mend.clone(),
+            });
         }
     }
     out

@@ -91,108 +91,7 @@ pub const REPRESENTATIVE_VERSIONS: [BehaviorVersion; 5] = [
 pub const REQUIRED_OUTPUTS: [&str; 6] =
     ["plan", "lane_lines", "road_edges", "lead", "pose", "action"];
 
-/// A point in time, whole seconds since 1970 UTC; written as `2026-12-02T19:04:55Z`.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
-pub struct UtcTime(pub u64);
-
-impl UtcTime {
-    /// The system clock now (0 if it is before 1970), as the signature's clock reads it.
-    pub fn now() -> Self {
-        Self(manifest::UnixSeconds::now().0)
-    }
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
-fn civil(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-/// (year, month, day) to days since 1970-01-01, the inverse of [`civil`].
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = i64::from((m + 9) % 12);
-    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-impl fmt::Display for UtcTime {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let secs = self.0 as i64;
-        let (y, m, d) = civil(secs.div_euclid(86_400));
-        let t = secs.rem_euclid(86_400);
-        write!(
-            f,
-            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-            t / 3600,
-            t / 60 % 60,
-            t % 60
-        )
-    }
-}
-
-impl FromStr for UtcTime {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("time {s:?}: expected YYYY-MM-DDTHH:MM:SSZ (UTC)");
-        let b = s.as_bytes();
-        if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[19] != b'Z' {
-            return Err(bad());
-        }
-        let n = |r: std::ops::Range<usize>| -> Result<u32, String> {
-            let t = &s[r];
-            if !t.bytes().all(|c| c.is_ascii_digit()) {
-                return Err(bad());
-            }
-            t.parse().map_err(|_| bad())
-        };
-        let (y, mo, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
-        if b[13] != b':' || b[16] != b':' {
-            return Err(bad());
-        }
-        let (h, mi, se) = (n(11..13)?, n(14..16)?, n(17..19)?);
-        if !(1970..=9999).contains(&y)
-            || !(1..=12).contains(&mo)
-            || !(1..=31).contains(&d)
-            || h > 23
-            || mi > 59
-            || se > 59
-        {
-            return Err(bad());
-        }
-        let days = days_from_civil(i64::from(y), mo, d);
-        if civil(days) != (i64::from(y), mo, d) {
-            return Err(bad());
-        }
-        Ok(Self(
-            days as u64 * 86_400 + u64::from(h) * 3600 + u64::from(mi) * 60 + u64::from(se),
-        ))
-    }
-}
-
-impl Serialize for UtcTime {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for UtcTime {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
-    }
-}
+pub use crate::recorded::UtcTime;
 
 // ---- the records --------------------------------------------------------------------------
 
@@ -402,7 +301,7 @@ pub struct Records {
     pub validations: Vec<ValidationRecord>,
     pub checks: Vec<CheckRecord>,
     /// `results/rehearsal.json`, the last `release-cli rehearse`.
-    pub rehearsal: Option<crate::rehearse::RehearsalRecord>,
+    pub rehearsal: Option<crate::recorded::RehearsalRecord>,
 }
 
 // ---- the coverage rule --------------------------------------------------------------------
@@ -872,7 +771,7 @@ pub fn check_binding(c: &CheckRecord, manifest: &Manifest) -> Option<String> {
 /// another generation (stale), or one that failed.
 pub fn rehearsal_gap(
     manifest: &Manifest,
-    rehearsal: Option<&crate::rehearse::RehearsalRecord>,
+    rehearsal: Option<&crate::recorded::RehearsalRecord>,
 ) -> Option<Gap> {
     let Some(r) = rehearsal else {
         let generation = manifest
@@ -887,7 +786,7 @@ pub fn rehearsal_gap(
             ),
         });
     };
-    let sha = crate::rehearse::manifest_digest(manifest);
+    let sha = crate::recorded::manifest_digest(manifest);
     if r.manifest_sha256 != sha {
         return Some(Gap::Stale {
             detail: format!(
@@ -1223,14 +1122,14 @@ mod tests {
     }
 
     /// A rehearsal record of `m`'s bytes.
-    fn rehearsal(m: &Manifest, passed: bool) -> crate::rehearse::RehearsalRecord {
+    fn rehearsal(m: &Manifest, passed: bool) -> crate::recorded::RehearsalRecord {
         use crate::rehearse::judge::{RehearsalCheck, Scenario};
         let g = m.generation().unwrap();
-        crate::rehearse::RehearsalRecord {
+        crate::recorded::RehearsalRecord {
             generation: g,
             previous_generation: g.previous().unwrap(),
             manifest: "/ws/ready/model_names.json".into(),
-            manifest_sha256: crate::rehearse::manifest_digest(m),
+            manifest_sha256: crate::recorded::manifest_digest(m),
             tinygrad_commit: m.tinygrad_commit(),
             openpilot: "/op".into(),
             device_manager: "/bin/device-modeld-manager".into(),

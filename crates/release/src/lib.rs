@@ -26,6 +26,7 @@ pub mod audit;
 pub mod gate;
 pub mod preflight;
 pub mod publish;
+mod recorded;
 pub mod records;
 pub mod rehearse;
 pub mod status;

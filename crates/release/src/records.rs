@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 
 use crate::Workspace;
 use crate::gate::{CheckRecord, PreflightRecord, Records, ValidationRecord};
-use crate::rehearse::RehearsalRecord;
+use crate::recorded::RehearsalRecord;
 use crate::{Error, Result};
 
 /// Records are a few kilobytes; anything much larger is not one.
@@ -38,7 +38,7 @@ pub fn publish_record_path(manifest: &Path) -> PathBuf {
 /// `None` when every suffix up to 999 is taken.
 pub fn publish_history_path(
     manifest: &Path,
-    published_at: crate::gate::UtcTime,
+    published_at: crate::recorded::UtcTime,
     taken: impl Fn(&Path) -> bool,
 ) -> Option<PathBuf> {
     let stem = manifest

@@ -85,28 +85,7 @@ impl RemoteArgs {
     }
 }
 
-/// Map a compiler error to the CLI's exit codes: refused flags are usage errors, failed checks
-/// (marker, digest, outputs) are check failures, the rest are failures.
-pub fn remote_error(e: compiler_remote::Error) -> CliError {
-    use compiler_remote::Error as E;
-    match e {
-        E::OtherCompiler { .. } | E::InvalidDestination { .. } | E::InvalidRemotePath { .. } => {
-            CliError::usage(e)
-        }
-        E::Pin { .. } | E::TreeIncomplete { .. } | E::Source { .. } => CliError::usage(e),
-        E::MarkerMissing { .. }
-        | E::MarkerMismatch { .. }
-        | E::DigestMismatch { .. }
-        | E::InvalidOutputs { .. }
-        | E::MissingOutputs { .. }
-        | E::DmIncomplete { .. }
-        | E::NotSynced { .. }
-        | E::SyncRecord { .. }
-        | E::TreeChangedDuringSync { .. }
-        | E::HostKeyNotKnown { .. } => CliError::check_failed(e),
-        other => CliError::failure(other),
-    }
-}
+pub use crate::output::remote_error;
 
 /// Print a live output line of the device (or of preflight's commands) on stderr, so stdout
 /// stays machine-readable; nothing with `-q` (the lines are in the log file either way).

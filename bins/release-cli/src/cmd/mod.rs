@@ -133,3 +133,23 @@ pub fn run(command: Command) -> CliResult {
         }
     }
 }
+
+/// The `next:` line after a build or rehearsal that leaves a release ready to publish: the
+/// publish command for these paths, each quoted for the shell (`rebuild` and `rehearse` say
+/// it alike).
+pub(crate) fn say_publish_next(
+    generation: ::manifest::Generation,
+    manifest: &std::path::Path,
+    artifacts: &std::path::Path,
+    workspace: &release::Workspace,
+) {
+    let sh = |p: &std::path::Path| release::audit::sh(&p.display().to_string());
+    cli_support::info!(
+        "next: `release-cli publish --generation {generation} --manifest {} --artifacts {} \
+         --workspace {} --to STORE` (STORE: a store to publish to, e.g. hf://buckets/NS/NAME; \
+         --to again for each other store)",
+        sh(manifest),
+        sh(artifacts),
+        sh(workspace.root())
+    );
+}

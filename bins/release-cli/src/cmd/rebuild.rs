@@ -128,17 +128,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
                 o.error.as_deref().unwrap_or_default()
             )?;
         }
-        if !summary.not_in_catalog.is_empty() {
-            crate::outln!(
-                "  not in the base catalog (not added): {}",
-                summary
-                    .not_in_catalog
-                    .iter()
-                    .map(|i| i.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )?;
-        }
+        not_in_catalog(&summary.not_in_catalog)?;
         crate::outln!(
             "manifest: {} ({} of {} models have a {} artifact)",
             summary.manifest.display(),
@@ -156,15 +146,11 @@ pub fn run(args: RebuildArgs) -> CliResult {
         .result()
         .map_err(|e| CliError::from(e).after_json_report())?;
     if summary.complete() {
-        let sh = |p: &std::path::Path| release::audit::sh(&p.display().to_string());
-        cli_support::info!(
-            "next: `release-cli publish --generation {} --manifest {} --artifacts {} --workspace \
-             {} --to STORE` (STORE: a store to publish to, e.g. hf://buckets/NS/NAME; --to again \
-             for each other store)",
+        super::say_publish_next(
             args.generation,
-            sh(&summary.manifest),
-            sh(&args.workspace.ready()),
-            sh(args.workspace.root())
+            &summary.manifest,
+            &args.workspace.ready(),
+            &args.workspace,
         );
     }
     Ok(())
@@ -206,18 +192,17 @@ fn dry_run(args: &RebuildArgs, rebuild: &Rebuild) -> CliResult {
             )?,
         }
     }
-    if !report.not_in_catalog.is_empty() {
-        crate::outln!(
-            "  not in the base catalog (not added): {}",
-            report
-                .not_in_catalog
-                .iter()
-                .map(|i| i.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )?;
-    }
+    not_in_catalog(&report.not_in_catalog)?;
     crate::outln!("  would write  {}", report.manifest.display())?;
     cli_support::info!("next: run the same command without --dry-run");
+    Ok(())
+}
+
+/// The source-map models the base catalog does not list, one line (none: no line).
+fn not_in_catalog(ids: &[ModelId]) -> CliResult {
+    if !ids.is_empty() {
+        let ids: Vec<&str> = ids.iter().map(|i| i.as_str()).collect();
+        crate::outln!("  not in the base catalog (not added): {}", ids.join(", "))?;
+    }
     Ok(())
 }

@@ -91,15 +91,11 @@ pub fn rehearse(args: RehearseArgs) -> CliResult {
         )?;
     }
     if rec.passed {
-        let sh = |p: &std::path::Path| release::audit::sh(&p.display().to_string());
-        cli_support::info!(
-            "next: `release-cli publish --generation {} --manifest {} --artifacts {} --workspace \
-             {} --to STORE` (STORE: a store to publish to, e.g. hf://buckets/NS/NAME; --to again \
-             for each other store)",
+        super::say_publish_next(
             rec.generation,
-            sh(&rec.manifest),
-            sh(&opts.artifacts),
-            sh(args.workspace.root())
+            &rec.manifest,
+            &opts.artifacts,
+            &args.workspace,
         );
         Ok(())
     } else {

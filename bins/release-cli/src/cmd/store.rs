@@ -17,14 +17,7 @@ use crate::output::print_json;
 use crate::progress::bytes_bar;
 use crate::{CliError, CliResult};
 
-pub(crate) fn store_error(e: artifact_store::Error) -> CliError {
-    use artifact_store::Error as E;
-    match e {
-        E::InvalidStore { .. } | E::InvalidPath { .. } => CliError::usage_from(e),
-        e if e.is_check_failure() => CliError::check_failed_from(e),
-        e => CliError::failure_from(e),
-    }
-}
+pub(crate) use crate::output::store_error;
 
 fn read_manifest(path: &PathBuf) -> CliResult<Manifest> {
     // A missing input file is exit 1, as for every command (an I/O failure, like manifest

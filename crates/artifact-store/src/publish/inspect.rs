@@ -7,7 +7,7 @@ use std::path::Path;
 use chunker::{
     Hasher, Sha256Digest, chunk_manifest_name, parse_chunk_manifest, parse_sidecar, sidecar_name,
 };
-use manifest::{Generation, ModelEntry, ModelId, StoreLayout};
+use manifest::{Generation, ModelEntry, StoreLayout};
 
 use crate::error::{Error, Result};
 use crate::paths::StorePath;
@@ -15,125 +15,7 @@ use crate::store::Store;
 
 use super::SMALL_FILE_LIMIT;
 
-/// One thing wrong in the store with a model the new manifest lists and publish does not
-/// upload (`Error::Incomplete`).
-#[derive(Debug)]
-pub struct StoreProblem {
-    pub model: ModelId,
-    pub kind: StoreProblemKind,
-}
-
-/// What is wrong with a model's files in the store.
-#[derive(Debug)]
-pub enum StoreProblemKind {
-    /// The manifest entry has no artifact fields to check the store against.
-    NoArtifactFields,
-    /// A plain artifact file or the `.sha256` is not in the store.
-    FileMissing { path: StorePath },
-    /// The `.chunkmanifest` is not in the store: the directory is incomplete or absent.
-    ChunkManifestMissing { path: StorePath },
-    /// A chunk named by the `.chunkmanifest` is not in the store.
-    ChunkMissing { path: StorePath },
-    /// The `.chunkmanifest` or `.sha256` cannot be read as one.
-    Malformed(chunker::Error),
-    /// The `.chunkmanifest` names another count than the manifest.
-    ChunkCountDiffers {
-        path: StorePath,
-        found: u32,
-        manifest: u32,
-    },
-    /// The `.sha256` names another digest than the manifest.
-    SidecarDiffers {
-        path: StorePath,
-        found: Sha256Digest,
-        manifest: Sha256Digest,
-    },
-    /// The files add up to another size than the manifest's.
-    SizeDiffers { total: u64, manifest: u64 },
-    /// The stored bytes are not an out-of-band pickle container.
-    NotOob(crate::oob::NotOob),
-    /// The stored bytes hash to another digest than the manifest's (deep check).
-    Corrupt {
-        dir: StorePath,
-        found: Sha256Digest,
-        manifest: Sha256Digest,
-    },
-    /// A problem with one of the entry's `accelerator_artifacts` variants, which is neither in
-    /// `--artifacts <id>/` nor complete in the store.
-    Variant {
-        variant: String,
-        problem: Box<StoreProblemKind>,
-    },
-    /// A variant lacks its size, SHA-256 or chunk count, or its file name is not a bare name.
-    VariantUnpublishable { variant: String, reason: String },
-}
-
-impl std::fmt::Display for StoreProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let id = &self.model;
-        write!(f, "model {id}: ")?;
-        fmt_kind(f, id, &self.kind)
-    }
-}
-
-fn fmt_kind(
-    f: &mut std::fmt::Formatter<'_>,
-    id: &ModelId,
-    kind: &StoreProblemKind,
-) -> std::fmt::Result {
-    {
-        match kind {
-            StoreProblemKind::Variant { variant, problem } => {
-                write!(f, "accelerator variant {variant:?}: ")?;
-                fmt_kind(f, id, problem)?;
-                write!(
-                    f,
-                    " (next: put the variant's file in --artifacts {id}/, or run `release-cli rebuild`, which rebuilds the variant or drops the block)"
-                )
-            }
-            StoreProblemKind::VariantUnpublishable { variant, reason } => write!(
-                f,
-                "accelerator variant {variant:?}: {reason} (next: run `release-cli manifest validate --mode release`, then `release-cli rebuild`)"
-            ),
-            StoreProblemKind::NoArtifactFields => f.write_str(
-                "the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count",
-            ),
-            StoreProblemKind::FileMissing { path } => write!(f, "{path} is missing"),
-            StoreProblemKind::ChunkManifestMissing { path } => write!(
-                f,
-                "{path} is missing (the artifact directory is incomplete or absent; put its chunk set in the artifacts directory)"
-            ),
-            StoreProblemKind::ChunkMissing { path } => write!(f, "chunk {path} is missing"),
-            StoreProblemKind::Malformed(e) => write!(f, "{e}"),
-            StoreProblemKind::ChunkCountDiffers {
-                path,
-                found,
-                manifest,
-            } => write!(
-                f,
-                "{path} says {found} chunks, the manifest says {manifest}"
-            ),
-            StoreProblemKind::SidecarDiffers {
-                path,
-                found,
-                manifest,
-            } => write!(f, "{path} says {found}, the manifest says {manifest}"),
-            StoreProblemKind::SizeDiffers { total, manifest } => write!(
-                f,
-                "the store holds {total} bytes, the manifest says {manifest}"
-            ),
-            StoreProblemKind::NotOob(not_oob) => write!(f, "{not_oob}"),
-            StoreProblemKind::Corrupt {
-                dir,
-                found,
-                manifest,
-            } => write!(
-                f,
-                "the stored artifact's SHA-256 is {found}, the manifest says {manifest} (a chunk in {dir} is corrupt; put the model's chunk set in --artifacts {id}/ so publish replaces it)"
-            ),
-        }
-    }
-}
+pub use crate::refusal::{StoreProblem, StoreProblemKind};
 
 /// Check one manifest entry against the store, adding one problem per thing wrong.
 pub(crate) fn check_entry(

@@ -171,34 +171,21 @@ pub fn plan_model(
         let f = &local.files[i];
         let o = &observed[i];
         let path = path_of(&f.name);
-        if f.role == FileRole::ChunkManifest {
+        let reason = if f.role == FileRole::ChunkManifest {
             let present = matches!(o, Observed::Present { .. });
             if content_changes && present {
                 steps.insert(0, Step::Retract { path: path.clone() });
-            }
-            let reason = if content_changes {
+                // After a retract the chunk manifest is gone, so it is always written again.
+                Some(Reason::ChunksChanged)
+            } else if content_changes {
                 Some(needs(f, o).unwrap_or(Reason::ChunksChanged))
             } else {
                 needs(f, o)
-            };
-            // After a retract the chunk manifest is gone, so it is always written again.
-            let reason = if content_changes && present {
-                Some(Reason::ChunksChanged)
-            } else {
-                reason
-            };
-            match reason {
-                Some(reason) => steps.push(Step::Upload {
-                    path,
-                    file: i,
-                    size: f.size,
-                    reason,
-                }),
-                None => steps.push(Step::Skip { path, size: f.size }),
             }
-            continue;
-        }
-        match needs(f, o) {
+        } else {
+            needs(f, o)
+        };
+        match reason {
             Some(reason) => steps.push(Step::Upload {
                 path,
                 file: i,
@@ -331,22 +318,7 @@ fn prepare_variant(
     }
     chunker::check_oob_reader(&mut chunker::ArtifactReader::new(pieces.clone()), &what)?;
     if target.count > 0 {
-        let sidecar = format_sidecar(&digest, &target.file_name).into_bytes();
-        files.push(LocalFile {
-            name: sidecar_name(&target.file_name),
-            role: FileRole::Sidecar,
-            size: sidecar.len() as u64,
-            sha256: Sha256Digest::of_bytes(&sidecar),
-            source: FileSource::Bytes(sidecar),
-        });
-        let cm = format_chunk_manifest(target.count).into_bytes();
-        files.push(LocalFile {
-            name: chunk_manifest_name(&target.file_name),
-            role: FileRole::ChunkManifest,
-            size: cm.len() as u64,
-            sha256: Sha256Digest::of_bytes(&cm),
-            source: FileSource::Bytes(cm),
-        });
+        files.extend(small_files(&target.file_name, &digest, target.count));
     }
     Ok(LocalArtifact {
         id: id.clone(),
@@ -354,6 +326,30 @@ fn prepare_variant(
         files,
         variant: Some(target.variant.clone()),
     })
+}
+
+/// The two small files published after a chunk set's chunks, in that order: the `.sha256`
+/// naming `digest` for `name`, then the `.chunkmanifest` naming `count`.
+fn small_files(name: &str, digest: &Sha256Digest, count: u32) -> [LocalFile; 2] {
+    let file = |name: String, role: FileRole, bytes: Vec<u8>| LocalFile {
+        name,
+        role,
+        size: bytes.len() as u64,
+        sha256: Sha256Digest::of_bytes(&bytes),
+        source: FileSource::Bytes(bytes),
+    };
+    [
+        file(
+            sidecar_name(name),
+            FileRole::Sidecar,
+            format_sidecar(digest, name).into_bytes(),
+        ),
+        file(
+            chunk_manifest_name(name),
+            FileRole::ChunkManifest,
+            format_chunk_manifest(count).into_bytes(),
+        ),
+    ]
 }
 
 /// A name that is part of a logical artifact: `X.pkl`, its chunks, chunk manifest, sidecar or
@@ -494,22 +490,7 @@ fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalAr
         }
         .into());
     }
-    let sidecar = format_sidecar(&digest, &name).into_bytes();
-    files.push(LocalFile {
-        name: sidecar_name(&name),
-        role: FileRole::Sidecar,
-        size: sidecar.len() as u64,
-        sha256: Sha256Digest::of_bytes(&sidecar),
-        source: FileSource::Bytes(sidecar),
-    });
-    let cm = format_chunk_manifest(expected_count).into_bytes();
-    files.push(LocalFile {
-        name: chunk_manifest_name(&name),
-        role: FileRole::ChunkManifest,
-        size: cm.len() as u64,
-        sha256: Sha256Digest::of_bytes(&cm),
-        source: FileSource::Bytes(cm),
-    });
+    files.extend(small_files(&name, &digest, expected_count));
     Ok(LocalArtifact {
         id: id.clone(),
         name,

@@ -5,22 +5,9 @@ use std::path::{Path, PathBuf};
 use fs_err as fs;
 
 use crate::error::{Error, Result, SourceProblem};
-use crate::job::ValidateJob;
+use crate::job::{ValidateJob, artifact_dir_and_name};
 use crate::outputs::{self, FetchedArtifact};
 use crate::plan;
-
-/// The directory and file name of a chunk set's logical path (`.` for a bare name).
-pub(crate) fn artifact_dir_and_name(artifact: &Path) -> (PathBuf, String) {
-    let name = artifact
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let dir = match artifact.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    (dir, name)
-}
 
 /// The chunk set `validate` sends, checked locally: its verified files, or the validator
 /// refusal naming the job's artifact (the real run and the dry run both).

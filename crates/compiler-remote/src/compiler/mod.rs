@@ -19,7 +19,6 @@ mod session;
 mod sync;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 pub(crate) use known_hosts::check_host_key_known;
 pub(crate) use session::check_local_rsync;
@@ -35,32 +34,7 @@ pub const DEVICE_PREFIX: &str = "[device] ";
 /// The prefix of lines the remote command (or ssh itself) wrote to stderr, when not merged.
 pub const DEVICE_STDERR_PREFIX: &str = "[device:stderr] ";
 
-/// How to reach the compiler.
-#[derive(Debug, Clone)]
-pub struct ConnectOptions {
-    pub destination: Destination,
-    /// The release owner approved a compiler other than the supported one.
-    pub allow_other_compiler: bool,
-    pub remote_root: RemotePath,
-    /// An ssh config file to use instead of `~/.ssh/config` (which ssh reads by default).
-    pub ssh_config: Option<PathBuf>,
-    /// The local rsync program.
-    pub rsync: PathBuf,
-    pub connect_timeout: Duration,
-}
-
-impl Default for ConnectOptions {
-    fn default() -> Self {
-        ConnectOptions {
-            destination: Destination::default(),
-            allow_other_compiler: false,
-            remote_root: RemotePath::default(),
-            ssh_config: None,
-            rsync: PathBuf::from("rsync"),
-            connect_timeout: Duration::from_secs(10),
-        }
-    }
-}
+pub use crate::target::ConnectOptions;
 
 /// What `sync` did.
 #[derive(Debug, Clone, Serialize)]

@@ -14,18 +14,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use chunker::Sha256Digest;
-use manifest::{BehaviorVersion, Generation, ModelId, layout};
+use manifest::{Generation, ModelId, NamedModel, layout};
 use serde_json::{Value, json};
 
 use crate::Result;
-
-/// One catalog model of the old device.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OldModel {
-    pub id: ModelId,
-    pub name: String,
-    pub version: BehaviorVersion,
-}
 
 /// What to build.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,10 +26,10 @@ pub struct OldDeviceSpec {
     pub generation: Generation,
     /// The selected model (`Model`, `DrivingModel`, the Small profile), installed as one plain
     /// file with its `.sha256`, plus a stale `.p00` part and an eGPU variant.
-    pub selected: OldModel,
+    pub selected: NamedModel,
     /// Other models of the old catalog: the first is installed as legacy `.pNN` parts, the second
     /// as a native chunk set; every one is listed in the caches and catalog params.
-    pub others: Vec<OldModel>,
+    pub others: Vec<NamedModel>,
     /// The `local-` model built on this device (kept by every migration).
     pub local: ModelId,
     /// Size of each stand-in artifact, bytes.
@@ -194,13 +186,13 @@ pub fn build_old_device(data: &Path, spec: &OldDeviceSpec) -> Result<OldDevice> 
     }
 
     // The three caches, in the shapes the previous manager writes them.
-    let catalog: Vec<&OldModel> = std::iter::once(sel).chain(spec.others.iter()).collect();
+    let catalog: Vec<&NamedModel> = std::iter::once(sel).chain(spec.others.iter()).collect();
     let mut versions = serde_json::Map::new();
     let mut artifacts = serde_json::Map::new();
     let mut urls = serde_json::Map::new();
     for m in &catalog {
         let bytes = stand_in(g, m.id.as_str(), size);
-        versions.insert(m.id.to_string(), json!(m.version.to_string()));
+        versions.insert(m.id.to_string(), json!(m.version));
         artifacts.insert(
             m.id.to_string(),
             json!({
@@ -236,7 +228,7 @@ pub fn build_old_device(data: &Path, spec: &OldDeviceSpec) -> Result<OldDevice> 
 
     // Params as the previous manager left them.
     // The catalog lists, comma-joined in catalog order, local models appended.
-    let list = |f: &dyn Fn(&OldModel) -> String, local: &str| {
+    let list = |f: &dyn Fn(&NamedModel) -> String, local: &str| {
         catalog
             .iter()
             .map(|m| f(m))
@@ -244,10 +236,10 @@ pub fn build_old_device(data: &Path, spec: &OldDeviceSpec) -> Result<OldDevice> 
             .collect::<Vec<_>>()
             .join(",")
     };
-    let version = sel.version.to_string();
+    let version = sel.version.clone();
     let available = list(&|m| m.id.to_string(), spec.local.as_str());
     let names = list(&|m| m.name.replace(',', " "), "Rehearsal Local");
-    let versions = list(&|m| m.version.to_string(), "v11");
+    let versions = list(&|m| m.version.clone(), "v11");
     let generation = g.to_string();
     for (key, value) in [
         ("Model", sel.id.as_str()),
@@ -273,11 +265,11 @@ pub fn build_old_device(data: &Path, spec: &OldDeviceSpec) -> Result<OldDevice> 
 mod tests {
     use super::*;
 
-    fn m(id: &str, v: u32) -> OldModel {
-        OldModel {
+    fn m(id: &str, v: u32) -> NamedModel {
+        NamedModel {
             id: id.parse().unwrap(),
             name: format!("Model {id}"),
-            version: BehaviorVersion::new(v),
+            version: manifest::BehaviorVersion::new(v).to_string(),
         }
     }
 

@@ -3,45 +3,12 @@
 //! release says it must hold.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use chunker::Sha256Digest;
 use manifest::{Generation, GitCommit, ModelId, layout};
-use serde::{Deserialize, Serialize};
 
-/// Which device a check was made on.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Scenario {
-    /// The staged release and the openpilot tree, before any device.
-    Release,
-    /// An old device whose selected model is in the new catalog: it must end on the new bytes.
-    Kept,
-    /// An old device whose selected model the new catalog dropped: it must end on the built-in.
-    Dropped,
-}
-
-impl fmt::Display for Scenario {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Scenario::Release => "release",
-            Scenario::Kept => "kept",
-            Scenario::Dropped => "dropped",
-        })
-    }
-}
-
-/// One check of the rehearsal and what was seen.
-#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
-pub struct RehearsalCheck {
-    pub scenario: Scenario,
-    /// A short stable name (`no_old_driving_artifact`, `selected_is_new_artifact`, …).
-    pub check: String,
-    pub passed: bool,
-    /// What was seen (on failure: what is wrong and where).
-    pub detail: String,
-}
+pub use crate::recorded::{RehearsalCheck, Scenario};
 
 fn check(scenario: Scenario, name: &str, problems: Vec<String>, ok: String) -> RehearsalCheck {
     RehearsalCheck {

@@ -27,13 +27,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use chunker::Sha256Digest;
-use manifest::{BehaviorVersion, Generation, GitCommit, Manifest, ModelId, layout};
-use serde::{Deserialize, Serialize};
+use manifest::{BehaviorVersion, Generation, Manifest, ModelId, NamedModel, layout};
 
-use crate::gate::UtcTime;
+use crate::recorded::UtcTime;
 use crate::{Error, Result, Workspace};
-use device::{OldDevice, OldDeviceSpec, OldModel, build_old_device};
-use judge::{DeviceView, Expectation, RehearsalCheck, Scenario, Seen};
+use device::{OldDevice, OldDeviceSpec, build_old_device};
+use judge::{DeviceView, Expectation, Scenario, Seen};
 
 /// Manifests are well under this; a larger file is not one.
 const MAX_MANIFEST_BYTES: u64 = 16 << 20;
@@ -65,41 +64,7 @@ pub struct RehearseOptions {
     pub select: Option<ModelId>,
 }
 
-/// `results/rehearsal.json`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RehearsalRecord {
-    pub generation: Generation,
-    /// The generation the old devices were on.
-    pub previous_generation: Generation,
-    pub manifest: PathBuf,
-    /// The SHA-256 of the manifest's canonical bytes (what `publish` writes and records).
-    pub manifest_sha256: Sha256Digest,
-    pub tinygrad_commit: Option<GitCommit>,
-    pub openpilot: PathBuf,
-    pub device_manager: PathBuf,
-    /// How the device was told where its tree is: `--openpilot-dir DIR` (it follows the tree:
-    /// generation and built-in come from it).
-    pub device_args: Vec<String>,
-    /// The `kept` device's selected model, and the `dropped` device's (absent from the catalog).
-    pub selected: ModelId,
-    pub dropped: ModelId,
-    pub checks: Vec<RehearsalCheck>,
-    pub passed: bool,
-    pub finished_at: UtcTime,
-    /// The devices, the staged store and the manager's logs.
-    pub work_dir: PathBuf,
-}
-
-impl RehearsalRecord {
-    pub fn failures(&self) -> impl Iterator<Item = &RehearsalCheck> {
-        self.checks.iter().filter(|c| !c.passed)
-    }
-}
-
-/// The SHA-256 the rehearsal and the publish record bind a manifest by.
-pub fn manifest_digest(m: &Manifest) -> Sha256Digest {
-    Sha256Digest::of_bytes(&m.to_canonical_bytes())
-}
+pub use crate::recorded::{RehearsalRecord, manifest_digest};
 
 fn input(problem: impl Into<String>) -> Error {
     Error::RehearseInput {
@@ -137,8 +102,8 @@ pub fn read_manifest(path: &Path) -> Result<Manifest> {
 /// old device's other forms, and an ID the catalog does not list.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cast {
-    pub selected: OldModel,
-    pub others: Vec<OldModel>,
+    pub selected: NamedModel,
+    pub others: Vec<NamedModel>,
     pub dropped: ModelId,
 }
 
@@ -148,10 +113,10 @@ pub fn cast(m: &Manifest, select: Option<&ModelId>) -> Result<Cast> {
     let eligible = |e: &&manifest::ModelEntry| {
         !e.id().is_local() && *e.id() != builtin && !e.uses_external_gpu()
     };
-    let old = |e: &manifest::ModelEntry| OldModel {
-        id: e.id().clone(),
-        name: e.name().unwrap_or(e.id().as_str()).to_string(),
-        version: e.version().unwrap_or(BehaviorVersion::new(15)),
+    // An entry without a version is listed as `v15` on the old device.
+    let old = |e: &manifest::ModelEntry| NamedModel {
+        version: e.version().unwrap_or(BehaviorVersion::new(15)).to_string(),
+        ..NamedModel::of_entry(e)
     };
     let selected = match select {
         Some(id) => {
@@ -430,10 +395,10 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
     for scenario in [Scenario::Kept, Scenario::Dropped] {
         let root = work.join(scenario.to_string());
         let selected = match scenario {
-            Scenario::Dropped => OldModel {
+            Scenario::Dropped => NamedModel {
                 id: cast.dropped.clone(),
                 name: "Retired Rehearsal Model".into(),
-                version: cast.selected.version,
+                version: cast.selected.version.clone(),
             },
             _ => cast.selected.clone(),
         };
@@ -540,7 +505,7 @@ mod tests {
         );
         let c = cast(&m, None).unwrap();
         assert_eq!(c.selected.id.as_str(), "pop223");
-        assert_eq!(c.selected.version, BehaviorVersion::new(11));
+        assert_eq!(c.selected.version, BehaviorVersion::new(11).to_string());
         let others: Vec<&str> = c.others.iter().map(|o| o.id.as_str()).collect();
         assert_eq!(others, ["sc23", "tr14223"]);
         // The absent ID really is absent.

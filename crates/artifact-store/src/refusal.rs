@@ -1,0 +1,410 @@
+//! The refusal and problem values [`crate::Error`] carries (a leaf: it uses no other module
+//! of this crate, so `error` and the modules that find these problems do not import each
+//! other). Each module that finds them re-exports its own: `signing::KeyProblem`,
+//! `reuse::ReuseRefusal`, `publish::StoreProblem`, `oob::NotOob`.
+
+use std::fmt;
+
+use chunker::{OobDefect, Sha256Digest};
+use manifest::{GitCommit, ModelId, StorePath};
+
+/// The accepted spellings, for refusals.
+pub const ACCEPTED_STORE_FORMS: &str = "hf://buckets/NS/NAME, hf://datasets/ORG/REPO, github:PATH, file:PATH, or a plain path without a `word:` prefix";
+
+/// Environment variable holding the passphrase of an encrypted secret key, for unattended use.
+pub const PASSPHRASE_ENV: &str = "STARPILOT_SIGN_PASSPHRASE";
+
+/// Why a key file cannot sign. `Display` is the cause and the next step; it never shows key
+/// material.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyProblem {
+    /// The file cannot be read (missing, not a regular file, too large): the reason names it.
+    File { reason: String },
+    /// A `.pub` file was given where the secret key is needed.
+    PublicKeyGiven,
+    /// Not the two-line minisign format, or not base64, or the wrong length.
+    NotASecretKey { reason: String },
+    /// A field names an algorithm minisign does not write.
+    Unsupported { field: &'static str, found: String },
+    /// An encrypted key, and no passphrase could be had.
+    NoPassphrase { reason: String },
+    /// The passphrase given does not decrypt the key (its checksum fails after decryption).
+    WrongPassphrase,
+    /// The KDF refused to run (parameters out of range).
+    Kdf { reason: String },
+    /// The key fails its checksum or its own sign-and-verify check.
+    Damaged { reason: String },
+}
+
+const MAKE_UNATTENDED: &str = "`minisign -G -W -p release.pub -s release.key`";
+const MAKE_WITH_PASSPHRASE: &str = "`minisign -G -p release.pub -s release.key`";
+
+impl fmt::Display for KeyProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyProblem::File { reason } => f.write_str(reason),
+            KeyProblem::PublicKeyGiven => {
+                f.write_str("this is a minisign public key; signing needs the secret key")
+            }
+            KeyProblem::NotASecretKey { reason } => {
+                write!(f, "not a minisign secret key ({reason})")
+            }
+            KeyProblem::Unsupported { field, found } => write!(
+                f,
+                "unsupported {field} {found} (minisign writes `Ed`, `Sc` or none, `B2`)"
+            ),
+            KeyProblem::NoPassphrase { reason } => {
+                write!(f, "the key is encrypted with a passphrase, and {reason}")
+            }
+            KeyProblem::WrongPassphrase => {
+                f.write_str("wrong passphrase: the key does not decrypt with it")
+            }
+            KeyProblem::Kdf { reason } => {
+                write!(f, "cannot derive the key from the passphrase ({reason})")
+            }
+            KeyProblem::Damaged { reason } => write!(f, "the key is damaged ({reason})"),
+        }
+    }
+}
+
+impl cli_support::NextStep for KeyProblem {
+    fn next_step(&self) -> Option<String> {
+        Some(match self {
+            KeyProblem::File { .. } => {
+                "pass the secret key file `minisign -G` wrote (e.g. release.key)".into()
+            }
+            KeyProblem::PublicKeyGiven => "pass the .key file `minisign -G` wrote beside this \
+                 .pub (the .pub is what devices trust)"
+                .into(),
+            KeyProblem::NotASecretKey { .. } => format!(
+                "pass the .key file of `minisign -G`; to make one: {MAKE_WITH_PASSPHRASE}, or \
+                 {MAKE_UNATTENDED} for unattended use (docs/release.md)"
+            ),
+            KeyProblem::Unsupported { .. } => {
+                format!("make a key with minisign: {MAKE_WITH_PASSPHRASE}, or {MAKE_UNATTENDED}")
+            }
+            KeyProblem::NoPassphrase { .. } => format!(
+                "set {} to its passphrase, or run on a terminal to type it; for unattended \
+                 signing make a key without a passphrase: {MAKE_UNATTENDED}",
+                PASSPHRASE_ENV
+            ),
+            KeyProblem::WrongPassphrase => format!(
+                "check {} (or retype it); a forgotten passphrase cannot be recovered: make a new \
+                 key and rotate to it (docs/release.md, \"Key rotation\")",
+                PASSPHRASE_ENV
+            ),
+            KeyProblem::Kdf { .. } => "re-encrypt it with minisign 0.11 (`minisign -C -s \
+                 release.key`) or make a new key"
+                .into(),
+            KeyProblem::Damaged { .. } => "restore release.key from its backup; without one, \
+                 make a new key and rotate to it (docs/release.md, \"Key rotation\")"
+                .into(),
+        })
+    }
+}
+
+/// Why a reuse was refused (`Error::ReuseRefused`); nothing was written. Each names the
+/// model, store or path involved and renders the next step in `Display`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReuseRefusal {
+    /// The source catalog has no entry with this ID.
+    UnknownSource { source_id: ModelId },
+    /// The source cannot be proven built from the same tinygrad and source-model commits.
+    Incompatible {
+        source_id: ModelId,
+        differences: Vec<Difference>,
+    },
+    /// The source entry has no artifact fields.
+    NoArtifact { source_id: ModelId },
+    /// The source artifact is one plain file, not a chunk set.
+    PlainFile { source_id: ModelId },
+    /// A file of the source chunk set is not in the source store. `whole_set` when it is the
+    /// `.chunkmanifest`, i.e. the set as a whole is incomplete.
+    SourceFileMissing {
+        store: String,
+        path: StorePath,
+        whole_set: bool,
+    },
+    /// The source `.chunkmanifest` disagrees with the source catalog's chunk count.
+    ChunkCountDiffers {
+        store: String,
+        path: StorePath,
+        found: u32,
+        catalog: u32,
+    },
+    /// The source `.sha256` disagrees with the source catalog's digest.
+    DigestDiffers {
+        store: String,
+        path: StorePath,
+        found: Sha256Digest,
+        catalog: Sha256Digest,
+    },
+    /// The source chunks add up to another size than the source catalog's.
+    SizeDiffers { total: u64, catalog: u64 },
+    /// The source bytes are not an out-of-band pickle container.
+    NotOob(NotOob),
+    /// Our manifest has no entry for the model; reuse does not add models.
+    NoManifestEntry { model: ModelId },
+}
+
+/// One way a source fails to prove compatibility.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Difference {
+    /// The source catalog records no top-level `tinygrad_commit`.
+    NoTinygradCommit,
+    TinygradCommit {
+        recorded: GitCommit,
+        given: GitCommit,
+    },
+    /// The source entry records no `source_commit`.
+    NoSourceCommit,
+    SourceCommit {
+        recorded: GitCommit,
+        given: GitCommit,
+    },
+}
+
+impl cli_support::NextStep for ReuseRefusal {
+    fn next_step(&self) -> Option<String> {
+        match self {
+            ReuseRefusal::Incompatible { source_id, .. } => Some(format!(
+                "nothing was written; rebuild {source_id} for this generation with `release-cli \
+                 compile --model ID --version vN --source ONNX --out DIR` (ID: the model's ID in \
+                 this generation; vN: its behaviour version; ONNX: its source model; DIR: where \
+                 the chunk set goes); names and release dates do not prove compatibility"
+            )),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ReuseRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReuseRefusal::UnknownSource { source_id } => write!(
+                f,
+                "the source catalog has no model {source_id:?}; pass --source-id with the ID it uses"
+            ),
+            ReuseRefusal::Incompatible {
+                source_id,
+                differences,
+            } => {
+                for (i, d) in differences.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    match d {
+                        Difference::NoTinygradCommit => write!(
+                            f,
+                            "the source catalog records no tinygrad commit (top-level \"{}\"), so compatibility cannot be proven; rebuild instead",
+                            manifest::keys::TINYGRAD_COMMIT
+                        )?,
+                        Difference::TinygradCommit { recorded, given } => write!(
+                            f,
+                            "tinygrad commit differs: the source catalog records {recorded}, you gave {given}"
+                        )?,
+                        Difference::NoSourceCommit => write!(
+                            f,
+                            "the source catalog entry {source_id} records no source-model commit (\"{}\"), so compatibility cannot be proven; rebuild instead",
+                            manifest::keys::SOURCE_COMMIT
+                        )?,
+                        Difference::SourceCommit { recorded, given } => write!(
+                            f,
+                            "source-model commit differs: the source catalog entry {source_id} records {recorded}, you gave {given}"
+                        )?,
+                    }
+                }
+                Ok(())
+            }
+            ReuseRefusal::NoArtifact { source_id } => write!(
+                f,
+                "the source catalog entry {source_id} has no artifact_size/artifact_sha256/artifact_chunk_count"
+            ),
+            ReuseRefusal::PlainFile { source_id } => write!(
+                f,
+                "the source artifact of {source_id} is one plain file (artifact_chunk_count 0); reuse copies chunk sets"
+            ),
+            ReuseRefusal::SourceFileMissing {
+                store,
+                path,
+                whole_set,
+            } => {
+                write!(f, "{store} {path} is missing")?;
+                if *whole_set {
+                    f.write_str(": the source chunk set is incomplete")?;
+                }
+                Ok(())
+            }
+            ReuseRefusal::ChunkCountDiffers {
+                store,
+                path,
+                found,
+                catalog,
+            } => write!(
+                f,
+                "{store} {path} says {found} chunks, the source catalog says {catalog}"
+            ),
+            ReuseRefusal::DigestDiffers {
+                store,
+                path,
+                found,
+                catalog,
+            } => write!(
+                f,
+                "{store} {path} says {found}, the source catalog says {catalog}"
+            ),
+            ReuseRefusal::SizeDiffers { total, catalog } => write!(
+                f,
+                "the source chunks hold {total} bytes, the source catalog says {catalog}"
+            ),
+            ReuseRefusal::NotOob(not_oob) => write!(f, "{not_oob}"),
+            ReuseRefusal::NoManifestEntry { model } => write!(
+                f,
+                "the manifest has no entry {model}; reuse does not add models (add the entry first if the release asks for it)"
+            ),
+        }
+    }
+}
+
+/// One thing wrong in the store with a model the new manifest lists and publish does not
+/// upload (`Error::Incomplete`).
+#[derive(Debug)]
+pub struct StoreProblem {
+    pub model: ModelId,
+    pub kind: StoreProblemKind,
+}
+
+/// What is wrong with a model's files in the store.
+#[derive(Debug)]
+pub enum StoreProblemKind {
+    /// The manifest entry has no artifact fields to check the store against.
+    NoArtifactFields,
+    /// A plain artifact file or the `.sha256` is not in the store.
+    FileMissing { path: StorePath },
+    /// The `.chunkmanifest` is not in the store: the directory is incomplete or absent.
+    ChunkManifestMissing { path: StorePath },
+    /// A chunk named by the `.chunkmanifest` is not in the store.
+    ChunkMissing { path: StorePath },
+    /// The `.chunkmanifest` or `.sha256` cannot be read as one.
+    Malformed(chunker::Error),
+    /// The `.chunkmanifest` names another count than the manifest.
+    ChunkCountDiffers {
+        path: StorePath,
+        found: u32,
+        manifest: u32,
+    },
+    /// The `.sha256` names another digest than the manifest.
+    SidecarDiffers {
+        path: StorePath,
+        found: Sha256Digest,
+        manifest: Sha256Digest,
+    },
+    /// The files add up to another size than the manifest's.
+    SizeDiffers { total: u64, manifest: u64 },
+    /// The stored bytes are not an out-of-band pickle container.
+    NotOob(NotOob),
+    /// The stored bytes hash to another digest than the manifest's (deep check).
+    Corrupt {
+        dir: StorePath,
+        found: Sha256Digest,
+        manifest: Sha256Digest,
+    },
+    /// A problem with one of the entry's `accelerator_artifacts` variants, which is neither in
+    /// `--artifacts <id>/` nor complete in the store.
+    Variant {
+        variant: String,
+        problem: Box<StoreProblemKind>,
+    },
+    /// A variant lacks its size, SHA-256 or chunk count, or its file name is not a bare name.
+    VariantUnpublishable { variant: String, reason: String },
+}
+
+impl std::fmt::Display for StoreProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let id = &self.model;
+        write!(f, "model {id}: ")?;
+        fmt_kind(f, id, &self.kind)
+    }
+}
+
+fn fmt_kind(
+    f: &mut std::fmt::Formatter<'_>,
+    id: &ModelId,
+    kind: &StoreProblemKind,
+) -> std::fmt::Result {
+    {
+        match kind {
+            StoreProblemKind::Variant { variant, problem } => {
+                write!(f, "accelerator variant {variant:?}: ")?;
+                fmt_kind(f, id, problem)?;
+                write!(
+                    f,
+                    " (next: put the variant's file in --artifacts {id}/, or run `release-cli rebuild`, which rebuilds the variant or drops the block)"
+                )
+            }
+            StoreProblemKind::VariantUnpublishable { variant, reason } => write!(
+                f,
+                "accelerator variant {variant:?}: {reason} (next: run `release-cli manifest validate --mode release`, then `release-cli rebuild`)"
+            ),
+            StoreProblemKind::NoArtifactFields => f.write_str(
+                "the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count",
+            ),
+            StoreProblemKind::FileMissing { path } => write!(f, "{path} is missing"),
+            StoreProblemKind::ChunkManifestMissing { path } => write!(
+                f,
+                "{path} is missing (the artifact directory is incomplete or absent; put its chunk set in the artifacts directory)"
+            ),
+            StoreProblemKind::ChunkMissing { path } => write!(f, "chunk {path} is missing"),
+            StoreProblemKind::Malformed(e) => write!(f, "{e}"),
+            StoreProblemKind::ChunkCountDiffers {
+                path,
+                found,
+                manifest,
+            } => write!(
+                f,
+                "{path} says {found} chunks, the manifest says {manifest}"
+            ),
+            StoreProblemKind::SidecarDiffers {
+                path,
+                found,
+                manifest,
+            } => write!(f, "{path} says {found}, the manifest says {manifest}"),
+            StoreProblemKind::SizeDiffers { total, manifest } => write!(
+                f,
+                "the store holds {total} bytes, the manifest says {manifest}"
+            ),
+            StoreProblemKind::NotOob(not_oob) => write!(f, "{not_oob}"),
+            StoreProblemKind::Corrupt {
+                dir,
+                found,
+                manifest,
+            } => write!(
+                f,
+                "the stored artifact's SHA-256 is {found}, the manifest says {manifest} (a chunk in {dir} is corrupt; put the model's chunk set in --artifacts {id}/ so publish replaces it)"
+            ),
+        }
+    }
+}
+
+/// A chunk set in a store whose bytes are not an OOB container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotOob {
+    /// The logical artifact, as the user names it (`hf://buckets/…/x.pkl`).
+    pub what: String,
+    pub offset: u64,
+    pub defect: OobDefect,
+}
+
+impl std::fmt::Display for NotOob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}",
+            chunker::Error::NotOob {
+                what: self.what.clone(),
+                offset: self.offset,
+                defect: self.defect.clone(),
+            }
+        )
+    }
+}
