@@ -891,11 +891,7 @@ impl Store for HfBucketStore {
     }
 
     fn write_file(&self, path: &StorePath, local: &Path) -> Result<u64> {
-        let size = fs_err::metadata(local)?.len();
-        let local = local.to_str().ok_or_else(|| Error::InvalidPath {
-            path: local.display().to_string(),
-            reason: "not valid UTF-8, cannot be passed to the hf CLI".into(),
-        })?;
+        let (size, local) = cli_source(local)?;
         self.cli.cp(local, &self.uri(path), None)?;
         Ok(size)
     }
@@ -906,11 +902,7 @@ impl Store for HfBucketStore {
         local: &Path,
         report: &mut dyn FnMut(Transfer),
     ) -> Result<u64> {
-        let size = fs_err::metadata(local)?.len();
-        let local = local.to_str().ok_or_else(|| Error::InvalidPath {
-            path: local.display().to_string(),
-            reason: "not valid UTF-8, cannot be passed to the hf CLI".into(),
-        })?;
+        let (size, local) = cli_source(local)?;
         self.cli.cp_reporting(local, &self.uri(path), report)?;
         Ok(size)
     }
@@ -1084,6 +1076,16 @@ fn next_link(headers: &HeaderMap) -> Option<String> {
         }
     }
     None
+}
+
+/// A local file handed to the `hf` CLI by name: its size, and its path as the CLI's argument.
+fn cli_source(local: &Path) -> Result<(u64, &str)> {
+    let size = fs_err::metadata(local)?.len();
+    let name = local.to_str().ok_or_else(|| Error::InvalidPath {
+        path: local.display().to_string(),
+        reason: "not valid UTF-8, cannot be passed to the hf CLI".into(),
+    })?;
+    Ok((size, name))
 }
 
 #[cfg(test)]
