@@ -198,11 +198,7 @@ fn chunker_rows(
     }
     let mut rows = Vec::new();
     eprintln!("bench: anchor openssl dgst -sha256");
-    let openssl = best_of(
-        RUNS,
-        || {},
-        || quiet(Command::new("openssl").args(["dgst", "-sha256"]).arg(input)),
-    )?;
+    let openssl = openssl_anchor(input)?;
     let out = work.join("chunks");
     let split_cmd = || {
         let mut c = Command::new(bin);
@@ -346,19 +342,18 @@ pub(crate) fn openssl_of_hundredth(input: &Path, sample: &Path) -> Result<Measur
         "bench: anchor openssl dgst -sha256 over the first hundredth ({} KiB)",
         hundredth >> 10
     );
-    let anchor = best_of(
-        RUNS,
-        || {},
-        || {
-            quiet(
-                Command::new("openssl")
-                    .args(["dgst", "-sha256"])
-                    .arg(sample),
-            )
-        },
-    );
+    let anchor = openssl_anchor(sample);
     let _ = fs::remove_file(sample);
     anchor
+}
+
+/// `openssl dgst -sha256 PATH`, best of [`RUNS`]: the hashing anchor of every bench group.
+pub(crate) fn openssl_anchor(path: &Path) -> Result<Measured, String> {
+    best_of(
+        RUNS,
+        || {},
+        || quiet(Command::new("openssl").args(["dgst", "-sha256"]).arg(path)),
+    )
 }
 
 /// Copy the first `len` bytes of `from` to `to`.

@@ -179,17 +179,7 @@ pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, Stri
     fs::hard_link(big, &big_installed)
         .or_else(|_| fs::copy(big, &big_installed).map(|_| ()))
         .map_err(|e| format!("{}: {e}", big_installed.display()))?;
-    let openssl = best_of(
-        RUNS,
-        || {},
-        || {
-            quiet(
-                Command::new("openssl")
-                    .args(["dgst", "-sha256"])
-                    .arg(&big_installed),
-            )
-        },
-    )?;
+    let openssl = crate::bench::openssl_anchor(&big_installed)?;
     let verify = best_of(RUNS, || {}, || quiet(&mut dmm_cmd(&["verify", BIG_ID])))?;
     let recheck = best_of(RUNS, || {}, || quiet(&mut dmm_cmd(&["status", "--json"])))?;
     // The cached re-check reads no model bytes: it must cost less than hashing a hundredth of

@@ -665,20 +665,6 @@ impl Store for GithubStore {
         self.files.read_at(&rel, offset, buf)
     }
 
-    fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
-        self.write_reporting(path, src, &mut |_| {})
-    }
-
-    fn write_file_reporting(
-        &self,
-        path: &StorePath,
-        local: &Path,
-        report: &mut dyn FnMut(Transfer),
-    ) -> Result<u64> {
-        let mut f = fs_err::File::open(local)?;
-        self.write_reporting(path, &mut f, report)
-    }
-
     /// The copy into the checkout is local; what reaches the remote is each push's: the file is
     /// reported [`Transfer::Staged`] once committed, then the pushes it triggers.
     fn write_reporting(

@@ -885,8 +885,14 @@ impl Store for HfBucketStore {
         self.file(path).read_at(offset, buf)
     }
 
-    fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
-        // `-` is stdin: the bytes stream through the CLI without a temporary copy.
+    /// `-` is stdin: the bytes stream through the CLI without a temporary copy, and nothing is
+    /// learned within them (manifests and sidecars; artifacts go by [`Store::write_file_reporting`]).
+    fn write_reporting(
+        &self,
+        path: &StorePath,
+        src: &mut dyn Read,
+        _report: &mut dyn FnMut(Transfer),
+    ) -> Result<u64> {
         self.cli.cp("-", &self.uri(path), Some(src))
     }
 

@@ -94,20 +94,6 @@ impl Store for LocalStore {
             })
     }
 
-    fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
-        self.write_reporting(path, src, &mut |_| {})
-    }
-
-    fn write_file_reporting(
-        &self,
-        path: &StorePath,
-        local: &Path,
-        report: &mut dyn FnMut(Transfer),
-    ) -> Result<u64> {
-        let mut f = File::open(local)?;
-        self.write_reporting(path, &mut f, report)
-    }
-
     /// The copy counts its bytes as they go ([`Measure::Copied`], every [`COPY_REPORT_BYTES`]);
     /// the file is still written through `chunker::atomic` (temporary, fsync, rename).
     fn write_reporting(

@@ -24,6 +24,7 @@ use crate::github::GithubStore;
 use crate::hf::{HfBucketStore, HfConfig, HubFile, HubHttp};
 use crate::local::LocalStore;
 use crate::paths::StorePath;
+use crate::progress::Transfer;
 use crate::store::{FileStat, ListEntry, Store};
 
 /// A parsed store name.
@@ -388,7 +389,12 @@ impl Store for HfRepoStore {
         self.file(path).read_at(offset, buf)
     }
 
-    fn write(&self, path: &StorePath, _src: &mut dyn Read) -> Result<u64> {
+    fn write_reporting(
+        &self,
+        path: &StorePath,
+        _src: &mut dyn Read,
+        _report: &mut dyn FnMut(Transfer),
+    ) -> Result<u64> {
         Err(self.read_only(path))
     }
 

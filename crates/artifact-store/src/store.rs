@@ -12,7 +12,7 @@ use chunker::Sha256Digest;
 
 use crate::error::{Error, Result};
 use crate::paths::StorePath;
-use crate::progress::{Measure, Transfer};
+use crate::progress::Transfer;
 
 /// What a store knows about one file without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +40,10 @@ pub trait Store: Send + Sync {
 
     /// Write a file from a stream, replacing any previous content. Atomic where the backend
     /// allows: readers see the old file or the new one, never a part. Returns the bytes written.
-    fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64>;
+    /// [`Store::write_reporting`] without reports.
+    fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
+        self.write_reporting(path, src, &mut |_| {})
+    }
 
     /// Write a file from a local file. Backends that can hand the file over directly (the `hf`
     /// CLI) override this; the default streams it through [`Store::write`].
@@ -51,30 +54,26 @@ pub trait Store: Send + Sync {
 
     /// [`Store::write_file`], handing `report` what the backend learns while it writes (see
     /// [`crate::progress`]: bytes within the file, a local commit waiting for a push, a push's
-    /// bytes). The default learns nothing within the file and says so ([`Measure::AtEnd`]).
+    /// bytes). The default streams the file through [`Store::write_reporting`].
     fn write_file_reporting(
         &self,
         path: &StorePath,
         local: &Path,
         report: &mut dyn FnMut(Transfer),
     ) -> Result<u64> {
-        report(Transfer::File {
-            done: 0,
-            measure: Measure::AtEnd,
-        });
-        self.write_file(path, local)
+        let mut f = File::open(local)?;
+        self.write_reporting(path, &mut f, report)
     }
 
-    /// [`Store::write`] with reports as [`Store::write_file_reporting`] makes them. The default
-    /// reports nothing (a small file, or a stream whose length is not known).
+    /// The one writer every store implements: [`Store::write`] handing `report` what the
+    /// backend learns while it writes, as [`Store::write_file_reporting`] describes. A stream
+    /// whose length the backend does not learn (the `hf` CLI's stdin) reports nothing.
     fn write_reporting(
         &self,
         path: &StorePath,
         src: &mut dyn Read,
-        _report: &mut dyn FnMut(Transfer),
-    ) -> Result<u64> {
-        self.write(path, src)
-    }
+        report: &mut dyn FnMut(Transfer),
+    ) -> Result<u64>;
 
     /// [`Store::flush`] with reports of the pushes it makes (a `github:` store).
     fn flush_reporting(&self, _report: &mut dyn FnMut(Transfer)) -> Result<()> {

@@ -47,7 +47,7 @@ pub fn refresh(
 /// `refresh --dry-run`: the person's refresh in plan mode. Failing, the real run's error, with
 /// what the real run would still write before failing.
 pub fn refresh_dry_run(device: &Device, dl: &Downloader) -> Result<RefreshPlan, Failure> {
-    preview::refresh_as(device, dl, unix_now(), Caller::Person).or_else(|e| {
+    preview::refresh(device, dl, unix_now(), Caller::Person).or_else(|e| {
         let before = preview::refresh_failure(device, &e)?;
         Err(crate::render::dry_run::refresh_failure(e, &before))
     })

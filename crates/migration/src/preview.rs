@@ -8,6 +8,7 @@ use downloader::{CancelToken, Downloader};
 use manifest::ModelId;
 use serde::Serialize;
 
+use crate::choice::{CHOICE_FILE, Caller};
 use crate::device::{CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device, JOURNAL_FILE, REFUSED_FILE};
 use crate::device::{RefusedModel, VerifyState};
 pub use crate::effects::ParamChange;
@@ -16,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::journal::read_journal;
 use crate::manager::{failed_fetch, refresh_run};
 use crate::plan::InstallStep;
-use crate::{choice::CHOICE_FILE, trust_state as trust};
+use crate::trust_state as trust;
 
 pub use crate::downloads::{Action, DownloadPlanReport, ModelDownload, Planned, plan as download};
 pub use crate::report::DryRun;
@@ -55,22 +56,12 @@ pub struct PlannedDownload {
     pub installed: VerifyState,
 }
 
-/// `refresh --dry-run` of the daemon's refresh ([`crate::refresh_at`]). Errors are the real
-/// run's; [`refresh_failure`] says what it writes then.
-pub fn refresh(device: &Device, dl: &Downloader, now_unix: u64) -> Result<RefreshPlan> {
-    refresh_as(device, dl, now_unix, crate::choice::Caller::Daemon)
-}
-
-/// The dry run of [`crate::refresh_as`] by `caller` (the `refresh` command's is
-/// [`crate::choice::Caller::Person`]: no retry waits for its backoff).
-pub fn refresh_as(
-    device: &Device,
-    dl: &Downloader,
-    now_unix: u64,
-    caller: crate::choice::Caller,
-) -> Result<RefreshPlan> {
+/// The dry run of [`crate::refresh_as`] by `caller` (the `refresh` command's is [`Caller::Person`]:
+/// no retry waits for its backoff). Errors are the real run's; [`refresh_failure`] says what it
+/// writes then.
+pub fn refresh(device: &Device, dl: &Downloader, now: u64, caller: Caller) -> Result<RefreshPlan> {
     let plan = device.planning();
-    let (r, run) = refresh_run(&plan, dl, &CancelToken::new(), &|_| {}, now_unix, caller)?;
+    let (r, run) = refresh_run(&plan, dl, &CancelToken::new(), &|_| {}, now, caller)?;
     let (would_write, would_remove, would_set_params) = changes(device, &plan)?;
     let steps = |want: InstallStep| run.steps.iter().filter(move |s| s.2 == want);
     let ids = |want| steps(want).map(|s| s.0.clone()).collect();

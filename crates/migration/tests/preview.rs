@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::common::{Fixture, Origin};
 use downloader::CancelToken;
+use migration::choice::Caller;
 use migration::{Effect, Effects};
 
 /// `Model` and `DrivingModel` selecting `id`.
@@ -21,7 +22,7 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
     let before = f.snapshot();
     let planning = f.device().planning();
     let planned = migration::refresh_at(&planning, &dl, &CancelToken::new(), &|_| {}, now);
-    let plan = migration::preview::refresh(&f.device(), &dl, now).unwrap();
+    let plan = migration::preview::refresh(&f.device(), &dl, now, Caller::Daemon).unwrap();
     assert_eq!(
         f.snapshot(),
         before,
@@ -154,7 +155,7 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
         assert_eq!(before.get(&k), after.get(&k), "{label}: {id} kept");
     }
     // And afterwards nothing is left to do.
-    let again = migration::preview::refresh(&f.device(), &dl, now).unwrap();
+    let again = migration::preview::refresh(&f.device(), &dl, now, Caller::Daemon).unwrap();
     assert!(!again.migrating, "{label}: {again:?}");
     assert!(again.would_download.is_empty(), "{label}: {again:?}");
     assert!(again.would_write.is_empty(), "{label}: {again:?}");
@@ -248,7 +249,9 @@ fn a_retry_not_due_is_waited_for_and_an_outdated_copy_stays_in_use() {
         now,
     )
     .unwrap();
-    let plan = migration::preview::refresh(&f.device(), &origin.downloader(), now + 1).unwrap();
+    let plan =
+        migration::preview::refresh(&f.device(), &origin.downloader(), now + 1, Caller::Daemon)
+            .unwrap();
     assert_eq!(
         plan.not_due,
         ["pop223".parse::<manifest::ModelId>().unwrap()],
@@ -362,7 +365,8 @@ fn an_offline_dry_run_fails_as_the_refresh_and_names_its_first_boot() {
     let device = f.device();
     let dl = origin.downloader();
     let before = f.snapshot();
-    let e = migration::preview::refresh(&device, &dl, migration::unix_now()).unwrap_err();
+    let e = migration::preview::refresh(&device, &dl, migration::unix_now(), Caller::Daemon)
+        .unwrap_err();
     let plan = migration::preview::refresh_failure(&device, &e).unwrap();
     assert_eq!(f.snapshot(), before, "the dry run changed the device");
     assert_eq!(plan.migrate_from, Some(Some("v24".to_string())), "{plan:?}");
@@ -405,7 +409,8 @@ fn an_offline_dry_run_fails_as_the_refresh_and_names_its_first_boot() {
     );
 
     // Now on the way (journal past its purge): offline again, nothing more is written.
-    let e = migration::preview::refresh(&device, &dl, migration::unix_now()).unwrap_err();
+    let e = migration::preview::refresh(&device, &dl, migration::unix_now(), Caller::Daemon)
+        .unwrap_err();
     let again = migration::preview::refresh_failure(&device, &e).unwrap();
     assert!(again.is_empty(), "{again:?}");
 }

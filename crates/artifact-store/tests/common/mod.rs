@@ -173,9 +173,14 @@ impl<S: Store> Store for Recording<S> {
     fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
         self.inner.open(path)
     }
-    fn write(&self, path: &StorePath, src: &mut dyn Read) -> Result<u64> {
+    fn write_reporting(
+        &self,
+        path: &StorePath,
+        src: &mut dyn Read,
+        report: &mut dyn FnMut(artifact_store::progress::Transfer),
+    ) -> Result<u64> {
         self.gate(path)?;
-        let n = self.inner.write(path, src)?;
+        let n = self.inner.write_reporting(path, src, report)?;
         self.log.lock().unwrap().push(format!("write {path}"));
         Ok(n)
     }
