@@ -84,7 +84,7 @@ pub fn rows(work: &Path, artifacts: &Path) -> Result<Vec<Row>, String> {
         ),
         ratio,
         bar: ">= 0.5",
-        pass: ratio >= 0.5,
+        pass: Some(ratio >= 0.5),
     }])
 }
 

@@ -6,7 +6,7 @@
 //!   failed, ignored and skipped counts and the reason for each skip (see `ci.rs`). This is the
 //!   README's test command and what `.ci/run` runs after installing the components the tests
 //!   need; `--full` runs `.ci/run` itself.
-//! - `bench [--size SIZE_MIB] [--only GROUP[,GROUP]]`: builds release binaries and prints one table of benchmark ratios,
+//! - `bench [--size SIZE_MIB] [--download-size MIB] [--only GROUP[,GROUP]]`: builds release binaries and prints one table of benchmark ratios,
 //!   each measured against an anchor (openssl, dd, curl) run on the same data in the same run.
 //! - `docs`: regenerate `docs/cli.md` from the binaries' clap help.
 //! - `dist [--reproducible] [--test]`: the aarch64 device binary for the comma (see `dist.rs`).
@@ -34,10 +34,11 @@ tasks:
                      --full: run .ci/run instead (installs sshd, minisign and the pinned hf CLI,
                      requires them, then this and dist --reproducible --test: what CI runs)
   demo [WORK_DIR]    the main job end to end: publish v25, serve it, migrate a v24 device
-  bench [--size N] [--only GROUP[,GROUP]]
-                     benchmark ratios against anchors; N = artifact size in MiB (default 1024);
-                     --only runs some row groups: split, verify, oob, device, github, budget,
-                     fallback
+  bench [--size N] [--download-size M] [--only GROUP[,GROUP]]
+                     benchmark ratios against anchors; N = artifact size in MiB (default 1024),
+                     M = the device download's and the github publish's (default 256);
+                     --only runs some row groups: split, verify, oob, device, github, budget
+                     (runs dist first: the size budget is the aarch64 binary's), fallback
   docs [--check]     regenerate docs/cli.md from the binaries' clap help (--check: fail if stale)
   dist [--reproducible] [--test]
                      build device-modeld-manager for the comma (aarch64, glibc 2.31) into

@@ -204,8 +204,49 @@ both_generations!(
     a_failure_is_logged_with_each_origins_reason,
     status_reports_an_interrupted_download,
     an_unreadable_is_onroad_is_logged_once_and_requests_wait_until_it_recovers,
+    an_is_onroad_that_becomes_unreadable_stops_a_running_download,
     status_reports_an_unreadable_journal_and_refresh_stops_on_it,
 );
+
+/// An `IsOnroad` that becomes unreadable while the daemon downloads a request is not taken as
+/// offroad: the download stops as it does onroad (its finished pieces kept), the request waits,
+/// and once `IsOnroad` reads offroad again the download finishes.
+fn an_is_onroad_that_becomes_unreadable_stops_a_running_download(generation: &str) {
+    let w = World::new(generation);
+    let mut child = w.daemon();
+    w.wait_first_refresh();
+    // Slow enough to be running when IsOnroad breaks.
+    w.server.set_rate_per_conn(Some(200 * 1024));
+    w.set_mem("ModelToDownload", "other");
+    wait_for("the download running", Duration::from_secs(20), || {
+        w.progress().is_some_and(|p| p.contains('%'))
+    });
+    let path = w.params().join("IsOnroad");
+    plant(&path, "directory");
+    wait_for("the download stopped", Duration::from_secs(10), || {
+        w.log_text()
+            .contains("IsOnroad cannot be read, so it is not taken as offroad; kept")
+    });
+    assert_eq!(w.mem("ModelToDownload").as_deref(), Some("other"));
+    assert_eq!(w.installed("other"), None);
+    let served = w.server.requests().len();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        w.server.requests().len(),
+        served,
+        "nothing fetched while unreadable"
+    );
+    alive(&mut child, &w.log_text());
+
+    w.server.set_rate_per_conn(None);
+    fs::remove_dir_all(&path).unwrap();
+    w.set_param("IsOnroad", "0");
+    wait_for("other downloaded", Duration::from_secs(60), || {
+        w.installed("other").is_some()
+    });
+    assert!(sigterm_and_wait(child).success());
+    assert!(!w.log_text().contains("not served"), "{}", w.log_text());
+}
 
 /// A journal that cannot be read (torn, a FIFO): `status` reads it once, reports it and answers
 /// (within seconds: nothing blocks on the FIFO); `refresh` stops on it, naming it, as before; once

@@ -238,6 +238,9 @@ pub enum Interrupt {
     Cancelled,
     /// The car went onroad: the request stays pending and is served once offroad.
     Onroad,
+    /// `IsOnroad` could no longer be read: not taken as offroad, so the download stops as for
+    /// [`Interrupt::Onroad`] and the request waits until it can be read.
+    RoadUnreadable,
     /// The daemon is stopping (SIGTERM): the request stays for the next start.
     Stopping,
 }
@@ -272,26 +275,20 @@ fn watch(
     let (stopping, done) = (stopping.clone(), done.clone());
     let h = thread::spawn(move || {
         while !done.load(Ordering::SeqCst) {
-            let reason = if stopping.load(Ordering::SeqCst) {
-                Some(Interrupt::Stopping)
-            } else if device.is_onroad().unwrap_or(false) {
-                Some(Interrupt::Onroad)
-            } else if device
-                .memory
-                .get_bool(keys::CANCEL_MODEL_DOWNLOAD)
-                .unwrap_or(false)
-                && match cancel_by {
-                    CancelBy::AnyFlag => true,
-                    CancelBy::WrittenAfter(before) => {
-                        device.memory.modified(keys::CANCEL_MODEL_DOWNLOAD) != before
+            let cancelled = || {
+                device
+                    .memory
+                    .get_bool(keys::CANCEL_MODEL_DOWNLOAD)
+                    .unwrap_or(false)
+                    && match cancel_by {
+                        CancelBy::AnyFlag => true,
+                        CancelBy::WrittenAfter(before) => {
+                            device.memory.modified(keys::CANCEL_MODEL_DOWNLOAD) != before
+                        }
                     }
-                }
-            {
-                Some(Interrupt::Cancelled)
-            } else {
-                None
             };
-            if let Some(r) = reason {
+            let road = Road::of(device.is_onroad());
+            if let Some(r) = interrupt(stopping.load(Ordering::SeqCst), &road, cancelled) {
                 *w.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
                 t.cancel();
                 return;
@@ -300,6 +297,18 @@ fn watch(
         }
     });
     (token, why, h)
+}
+
+/// Why a running job stops, if it does: the daemon stopping, then the road (onroad, or an
+/// `IsOnroad` that cannot be read, which is never taken as offroad), then a cancel that applies
+/// (`cancelled`, read only when nothing before it stops the job). Pure.
+fn interrupt(stopping: bool, road: &Road, cancelled: impl FnOnce() -> bool) -> Option<Interrupt> {
+    match road {
+        _ if stopping => Some(Interrupt::Stopping),
+        Road::Onroad => Some(Interrupt::Onroad),
+        Road::Unreadable(_) => Some(Interrupt::RoadUnreadable),
+        Road::Offroad => cancelled().then_some(Interrupt::Cancelled),
+    }
 }
 
 /// How one served request ended.
@@ -404,6 +413,12 @@ pub fn poll(
         (Err(_), Some(Interrupt::Onroad)) | (Err(Error::Onroad { .. }), _) => Served::Kept {
             progress: Progress::Cancelled,
             why: "deferred while driving".into(),
+            retry_in: config.retry_offline,
+        },
+        (Err(_), Some(Interrupt::RoadUnreadable)) => Served::Kept {
+            progress: Progress::Cancelled,
+            why: "IsOnroad cannot be read, so it is not taken as offroad; kept until it can be"
+                .into(),
             retry_in: config.retry_offline,
         },
         (Err(_), Some(Interrupt::Stopping)) => Served::Kept {
@@ -702,6 +717,29 @@ pub fn run(
 mod tests {
     use super::*;
     use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn a_job_stops_for_the_daemon_the_road_or_a_cancel_in_that_order() {
+        let unreadable = || Road::Unreadable("IsOnroad: a directory".into());
+        for (stopping, road, cancelled, want) in [
+            (false, Road::Offroad, false, None),
+            (false, Road::Offroad, true, Some(Interrupt::Cancelled)),
+            (false, Road::Onroad, false, Some(Interrupt::Onroad)),
+            (false, Road::Onroad, true, Some(Interrupt::Onroad)),
+            // Never taken as offroad: a download stops as it does onroad.
+            (false, unreadable(), false, Some(Interrupt::RoadUnreadable)),
+            (false, unreadable(), true, Some(Interrupt::RoadUnreadable)),
+            (true, Road::Onroad, true, Some(Interrupt::Stopping)),
+            (true, unreadable(), false, Some(Interrupt::Stopping)),
+            (true, Road::Offroad, false, Some(Interrupt::Stopping)),
+        ] {
+            assert_eq!(
+                interrupt(stopping, &road, || cancelled),
+                want,
+                "{stopping} {road:?} {cancelled}"
+            );
+        }
+    }
 
     #[test]
     fn a_cancel_applies_only_to_a_request_written_before_it() {

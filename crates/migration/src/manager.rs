@@ -268,7 +268,8 @@ pub(crate) fn refresh_run(
             }
         }
     }
-    let onroad = device.is_onroad().unwrap_or(false);
+    // An `IsOnroad` that cannot be read is not taken as offroad: the selection is held as onroad.
+    let onroad = device.is_onroad().unwrap_or(true);
     let Settled {
         fates,
         outcome,
