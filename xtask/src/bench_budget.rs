@@ -42,7 +42,7 @@ fn size_rows(work: &Path) -> Result<Vec<Row>, String> {
     Ok(vec![
         Row {
             pass: None,
-            bar: "none: the device is aarch64",
+            bar: "none (not device)",
             ..size_row(
                 "device binary size, stripped (x86_64)",
                 len(&stripped)?,
