@@ -2,8 +2,6 @@
 //! bars carry no colour, so `NO_COLOR` has nothing to remove from them. The byte bar's layout is
 //! `cli_support::progress`'s, which the device binary draws too.
 
-use std::io::Read;
-
 use artifact_store::progress::{Measure, Transfer};
 use cli_support::progress::{BAR_CHARS, BYTES_TEMPLATE, bars_hidden as hidden};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -21,20 +19,6 @@ pub fn bytes_bar(len: u64, message: impl Into<String>, json: bool) -> ProgressBa
     );
     bar.set_message(message.into());
     bar
-}
-
-/// A reader that advances a progress bar as it is read.
-pub struct ProgressReader<R> {
-    pub inner: R,
-    pub bar: ProgressBar,
-}
-
-impl<R: Read> Read for ProgressReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.bar.inc(n as u64);
-        Ok(n)
-    }
 }
 
 /// A spinner with elapsed time on stderr, for work whose length the library does not report

@@ -28,8 +28,9 @@ pub use read::{
     read_sidecar, resolve,
 };
 pub use split::{
-    ChunkInfo, PlannedChunk, SplitOptions, SplitPlan, SplitReport, StagedSplit, other_forms,
-    plan_split, set_file_names, split_file, split_reader, stage_reader,
+    CHUNK_WORKERS, ChunkInfo, PlannedChunk, SplitOptions, SplitPlan, SplitReport, StagedSplit,
+    other_forms, plan_split, set_file_names, split_file, split_file_reporting, split_reader,
+    stage_reader,
 };
 pub use verify::{
     Expected, VerifiedChunk, VerifyReport, hash_chunk_set, verify, verify_with_progress,

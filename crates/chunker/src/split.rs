@@ -11,6 +11,12 @@
 //! [`AtomicFile::write_piece`]): copying into the page cache and writing it back would otherwise
 //! take CPU time from the two hashes. Memory is the buffer pool whatever the artifact size.
 //!
+//! A file ([`split_file`], [`split_file_reporting`]: what `release-cli chunk split` runs) is
+//! read at offsets instead: [`CHUNK_WORKERS`] threads each take the next whole chunk, reading,
+//! hashing and writing it to its own temporary, while one more thread hashes the whole file.
+//! Writes to different files are in flight together, where one stream's O_DIRECT writes wait for
+//! each other (each a round trip to the device); memory is one buffer a thread.
+//!
 //! Nothing appears under a final name until every chunk is durable: then the old chunk manifest
 //! (if any) is removed, the chunks are renamed into place, the `.sha256` sidecar is written, and the
 //! `.chunkmanifest` is written last. A crash at any point leaves either the previous complete set
@@ -74,6 +80,22 @@ pub struct SplitReport {
 /// The source file itself is left untouched. If `out_dir` is the source's directory, the plain
 /// file keeps winning over the chunk set for readers (docs/formats.md, "Reading") until it is removed.
 pub fn split_file(src: &Path, out_dir: &Path, opts: &SplitOptions) -> Result<SplitReport> {
+    split_file_reporting(src, out_dir, opts, &|_| {})
+}
+
+/// [`split_file`], calling `progress` with each piece's length as its chunk takes it in (from
+/// several threads: the sum reaches the file's size).
+///
+/// A file can be read at any offset, so unlike [`split_reader`]'s one stream this takes whole
+/// chunks on [`CHUNK_WORKERS`] threads at once, each reading, hashing and writing its own chunk
+/// file, while one more thread hashes the whole file: the O_DIRECT writes of different files
+/// are in flight together, where one stream's writes wait for each other.
+pub fn split_file_reporting(
+    src: &Path,
+    out_dir: &Path,
+    opts: &SplitOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<SplitReport> {
     let name = src
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -82,7 +104,196 @@ pub fn split_file(src: &Path, out_dir: &Path, opts: &SplitOptions) -> Result<Spl
         })?;
     let file = fs::File::open(src)?;
     let size = file.metadata()?.len();
-    split_reader(file, size, &name, out_dir, opts).map_err(|e| e.naming_input(src))
+    stage_file(file.file(), size, &name, out_dir, opts, progress)
+        .map_err(|e| e.naming_input(src))?
+        .install()
+}
+
+/// Threads of [`split_file_reporting`] that each take the next chunk (besides the whole-file
+/// hasher): enough to keep two chunk files' writes in flight while a third chunk is hashed.
+pub const CHUNK_WORKERS: usize = 3;
+
+/// The staging half of [`split_file_reporting`]: [`stage_reader`]'s result, from a file read at
+/// offsets. Errors name `<input>` as [`stage_reader`]'s do ([`Error::naming_input`]).
+fn stage_file(
+    file: &std::fs::File,
+    size: u64,
+    name: &str,
+    out_dir: &Path,
+    opts: &SplitOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<StagedSplit> {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    check_name(name)?;
+    let count = planned_count(name, size, opts.chunk_size)?;
+    remove_stale_temporaries(out_dir, name)?;
+    let cfg = WriterConfig {
+        name: name.to_string(),
+        out_dir: out_dir.to_path_buf(),
+        chunk_size: opts.chunk_size,
+        count,
+        direct: opts.chunk_size.is_multiple_of(DIRECT_ALIGN as u64),
+    };
+    let next = AtomicU32::new(0);
+    let failed = AtomicBool::new(false);
+    let done = Mutex::new(Vec::with_capacity(count as usize));
+    let (whole, first_error) = thread::scope(|scope| {
+        let whole = scope.spawn(|| {
+            hash_file(file, size, &failed).inspect_err(|_| failed.store(true, Ordering::Relaxed))
+        });
+        let workers: Vec<_> = (0..CHUNK_WORKERS)
+            .map(|_| {
+                scope.spawn(|| -> Result<()> {
+                    let mut buf = Buf::new();
+                    loop {
+                        let index = next.fetch_add(1, Ordering::Relaxed);
+                        if index >= count || failed.load(Ordering::Relaxed) {
+                            return Ok(());
+                        }
+                        let staged =
+                            stage_chunk(file, size, &cfg, index, &mut buf, &failed, progress)
+                                .inspect_err(|_| failed.store(true, Ordering::Relaxed))?;
+                        let Some(staged) = staged else {
+                            return Ok(());
+                        };
+                        done.lock().unwrap_or_else(|e| e.into_inner()).push(staged);
+                    }
+                })
+            })
+            .collect();
+        // A chunk's error (a full disk, the input cut short) says more than the whole-file
+        // hasher's, which only stopped because of it.
+        let mut first_error = None;
+        for w in workers {
+            if let Err(e) = w.join().expect("chunk worker panicked") {
+                first_error.get_or_insert(e);
+            }
+        }
+        (
+            whole.join().expect("whole-file hasher panicked"),
+            first_error,
+        )
+    });
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let whole = whole?;
+    let mut done = done.into_inner().unwrap_or_else(|e| e.into_inner());
+    done.sort_by_key(|(index, _, _)| *index);
+    let (files, chunks) = done.into_iter().map(|(_, f, c)| (f, c)).unzip();
+    Ok(StagedSplit {
+        name: name.to_string(),
+        out_dir: out_dir.to_path_buf(),
+        staged: Staged { files, chunks },
+        whole,
+        size,
+    })
+}
+
+/// The SHA-256 of the file's `size` bytes, read at offsets; [`Error::InputChanged`] when it holds
+/// fewer, or more (one byte past `size` is asked for). Stops early once `failed` is set.
+fn hash_file(
+    file: &std::fs::File,
+    size: u64,
+    failed: &std::sync::atomic::AtomicBool,
+) -> Result<Sha256Digest> {
+    let mut hasher = Hasher::new();
+    let mut buf = vec![0u8; IO_BUFFER_SIZE];
+    let mut at = 0u64;
+    while at < size {
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
+        let want = (size - at).min(buf.len() as u64) as usize;
+        let n = read_at_full(file, &mut buf[..want], at)?;
+        hasher.update(&buf[..n]);
+        at += n as u64;
+        if n < want {
+            return Err(changed(size, at));
+        }
+    }
+    if read_at_full(file, &mut [0u8; 1], size)? > 0 {
+        return Err(changed(size, size + 1));
+    }
+    Ok(hasher.finish())
+}
+
+/// Chunk `index` (from 0) of the file's `size` bytes: read at its offset, hashed, written to its
+/// temporary and fsynced; returned with its index, to be put in order. `None` when `failed` was
+/// set meanwhile (another thread's error is the one reported; the temporary is removed).
+fn stage_chunk(
+    file: &std::fs::File,
+    size: u64,
+    cfg: &WriterConfig,
+    index: u32,
+    buf: &mut Buf,
+    failed: &std::sync::atomic::AtomicBool,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Option<(u32, AtomicFile, ChunkInfo)>> {
+    let start = u64::from(index) * cfg.chunk_size;
+    let end = (start + cfg.chunk_size).min(size);
+    let name = chunk_name(&cfg.name, index + 1, cfg.count);
+    let dest = cfg.out_dir.join(&name);
+    let mut out = match cfg.direct {
+        true => AtomicFile::create_direct(&dest),
+        false => AtomicFile::create(&dest),
+    }?;
+    let mut hasher = Hasher::new();
+    let mut at = start;
+    while at < end {
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let want = (end - at).min(buf.len() as u64) as usize;
+        let n = read_at_full(file, &mut buf[..want], at)?;
+        hasher.update(&buf[..n]);
+        out.write_piece(&buf[..n])?;
+        progress(n as u64);
+        at += n as u64;
+        if n < want {
+            // The file ends before this chunk does; what it holds now is the size to report
+            // (a chunk past the end reads nothing, wherever the end is).
+            let actual = file.metadata().map_or(at, |m| m.len());
+            return Err(changed(size, actual));
+        }
+    }
+    out.sync()?;
+    let info = ChunkInfo {
+        name,
+        size: end - start,
+        sha256: hasher.finish(),
+    };
+    Ok(Some((index, out, info)))
+}
+
+/// `read_at` until `buf` is full or the file ends; the bytes read.
+fn read_at_full(file: &std::fs::File, buf: &mut [u8], offset: u64) -> Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(source) => {
+                return Err(Error::ReadInput {
+                    path: PathBuf::from(INPUT),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(filled)
+}
+
+fn changed(expected: u64, actual: u64) -> Error {
+    Error::InputChanged {
+        path: PathBuf::from(INPUT),
+        expected,
+        actual,
+    }
 }
 
 /// The temporaries in `file_names` that an earlier, no longer running split of the chunk set
@@ -754,6 +965,83 @@ mod tests {
                 ".tmp-100-2-m.pkl.sha256"
             ]
         );
+    }
+
+    /// The file split (chunks on several threads) writes byte for byte the set the stream split
+    /// writes and reports the same: sizes around the chunk size, a single chunk, an exact
+    /// multiple, an aligned chunk size (O_DIRECT) and not, more chunks than workers.
+    #[test]
+    fn a_file_split_writes_and_reports_what_the_stream_split_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        let pattern = |n: usize| -> Vec<u8> { (0..n).map(|i| (i * 7 + i / 251) as u8).collect() };
+        for (size, chunk_size) in [
+            (1, 5),
+            (5, 5),
+            (6, 5),
+            (23, 5),
+            (4096 * 3, 4096),
+            (4096 * 9 + 17, 4096),
+            (IO_BUFFER_SIZE * 2 + 1, IO_BUFFER_SIZE as u64),
+            (3 * IO_BUFFER_SIZE + 5, 2 * IO_BUFFER_SIZE as u64 + 4096),
+        ] {
+            for d in [&a, &b] {
+                let _ = fs::remove_dir_all(d);
+                fs::create_dir_all(d).unwrap();
+            }
+            let data = pattern(size);
+            let src = dir.path().join("m.pkl");
+            fs::write(&src, &data).unwrap();
+            let opts = SplitOptions { chunk_size };
+            let done = std::sync::atomic::AtomicU64::new(0);
+            let by_file = split_file_reporting(&src, &a, &opts, &|n| {
+                done.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            })
+            .unwrap();
+            let by_stream = split_reader(&data[..], size as u64, "m.pkl", &b, &opts).unwrap();
+            assert_eq!(by_file, by_stream, "{size} {chunk_size}");
+            assert_eq!(done.into_inner(), size as u64);
+            let (fa, fb) = (names_in(&a), names_in(&b));
+            assert_eq!(fa, fb, "{size} {chunk_size}");
+            for n in fa {
+                assert_eq!(
+                    fs::read(a.join(&n)).unwrap(),
+                    fs::read(b.join(&n)).unwrap(),
+                    "{n}"
+                );
+            }
+        }
+    }
+
+    /// A file that holds fewer or more bytes than its declared size (it changed under the split)
+    /// is refused as the stream split refuses it, and leaves nothing behind.
+    #[test]
+    fn a_file_that_is_not_its_declared_size_is_refused_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        fs::create_dir_all(&out).unwrap();
+        let src = dir.path().join("m.pkl");
+        fs::write(&src, [3u8; 23]).unwrap();
+        let file = std::fs::File::open(&src).unwrap();
+        let opts = SplitOptions { chunk_size: 5 };
+        for (declared, actual) in [(30, 23), (26, 23), (10, 11), (22, 23)] {
+            let err = match stage_file(&file, declared, "m.pkl", &out, &opts, &|_| {}) {
+                Err(e) => e,
+                Ok(_) => panic!("{declared}: staged"),
+            };
+            assert!(
+                matches!(
+                    err,
+                    Error::InputChanged { expected, actual: a, .. } if expected == declared && a == actual
+                ),
+                "{declared}: {err}"
+            );
+            assert!(
+                names_in(&out).is_empty(),
+                "{declared}: {:?}",
+                names_in(&out)
+            );
+        }
     }
 
     /// Regression: a Ctrl-C'd split left its `.tmp-*` files for good.

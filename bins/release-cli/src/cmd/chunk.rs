@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use crate::output::print_json;
-use crate::progress::{ProgressReader, bytes_bar};
+use crate::progress::bytes_bar;
 use crate::units::parse_size;
 use crate::{CliError, CliResult};
 
@@ -182,14 +182,11 @@ fn split(args: SplitArgs) -> CliResult {
     }
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| CliError::failure(format!("{}: {e}", out_dir.display())))?;
+    drop(file);
     let bar = bytes_bar(size, format!("splitting {name}"), args.json);
-    let reader = ProgressReader {
-        inner: file,
-        bar: bar.clone(),
-    };
-    let report = chunker::split_reader(reader, size, &name, &out_dir, &opts);
+    let report = chunker::split_file_reporting(&args.file, &out_dir, &opts, &|n| bar.inc(n));
     bar.finish_and_clear();
-    let report = report.map_err(|e| e.naming_input(&args.file))?;
+    let report = report?;
     if args.json {
         return print_json(&report);
     }
