@@ -14,7 +14,7 @@ use crate::util::{self, Measured, best_of};
 pub const RUNS: usize = 3;
 /// Durable writes are the noisiest figure on a shared disk (writeback of earlier runs, page
 /// reclaim): both contenders get more tries.
-const WRITE_RUNS: usize = 5;
+pub const WRITE_RUNS: usize = 5;
 
 /// Flush earlier runs' dirty pages so that their writeback is not billed to the next contender.
 fn settle() {

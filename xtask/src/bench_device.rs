@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use crate::bench::{RUNS, Row, quiet, secs, write_pseudo_random};
+use crate::bench::{RUNS, Row, WRITE_RUNS, quiet, secs, write_pseudo_random};
 use crate::util::{self, best_of};
 
 const GENERATION: &str = "v25";
@@ -84,7 +84,7 @@ pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, Stri
         })
         .collect();
     let curl = best_of(
-        2,
+        RUNS,
         || {},
         || {
             let mut c = Command::new("curl");
@@ -99,8 +99,9 @@ pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, Stri
         "bench: device-modeld-manager download ({CONNECTIONS} connections, {OUR_RANGES_PER_CHUNK} range per chunk)"
     );
     let installed = device.join("models").join(&small_name);
+    // A verified, durable install: best of as many runs as the other durable writes.
     let ours = best_of(
-        2,
+        WRITE_RUNS,
         || {
             let _ = fs::remove_file(&installed);
         },
@@ -126,7 +127,7 @@ pub fn rows(work: &Path, big: &Path, download_mib: u64) -> Result<Vec<Row>, Stri
     let url_list = work.join("aria2c-urls.txt");
     fs::write(&url_list, chunk_urls.join("\n") + "\n").map_err(|e| e.to_string())?;
     let aria2c = best_of(
-        2,
+        RUNS,
         || {
             let _ = fs::remove_dir_all(&aria_dir);
             let _ = fs::create_dir_all(&aria_dir);
