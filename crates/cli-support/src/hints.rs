@@ -9,12 +9,8 @@
 /// (single quotes group a word); the binary's name is the first word.
 pub fn commands_for(hint: &str, bin: &str, top_level: &[&str]) -> Vec<Vec<String>> {
     let mut spans: Vec<&str> = hint.split('`').skip(1).step_by(2).collect();
-    if !hint.contains('`')
-        && let Some(at) = find_word(hint, bin)
-    {
-        let rest = &hint[at..];
-        let end = rest.find(['(', ';']).unwrap_or(rest.len());
-        spans.push(rest[..end].trim_end_matches([' ', ',', '.']));
+    if let Some(bare) = bare_command(hint, bin) {
+        spans.push(&hint[bare]);
     }
     spans
         .into_iter()
@@ -30,6 +26,18 @@ pub fn commands_for(hint: &str, bin: &str, top_level: &[&str]) -> Vec<Vec<String
             }
         })
         .collect()
+}
+
+/// In a hint without backticks, where its one command stands: from `bin` to the end of its clause
+/// (an opening parenthesis or a semicolon), without trailing punctuation.
+fn bare_command(hint: &str, bin: &str) -> Option<std::ops::Range<usize>> {
+    if hint.contains('`') {
+        return None;
+    }
+    let at = find_word(hint, bin)?;
+    let rest = &hint[at..];
+    let end = rest.find(['(', ';']).unwrap_or(rest.len());
+    Some(at..at + rest[..end].trim_end_matches([' ', ',', '.']).len())
 }
 
 fn find_word(text: &str, word: &str) -> Option<usize> {
@@ -83,9 +91,13 @@ pub fn is_placeholder(word: &str) -> bool {
         || word == "..."
 }
 
-/// Whether the hint's own words (outside its commands) say what `placeholder` stands for.
-fn explained(hint: &str, placeholder: &str) -> bool {
-    let prose: String = hint.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+/// Whether the hint's own words (outside its commands, backticked or bare) say what
+/// `placeholder` stands for.
+fn explained(hint: &str, bin: &str, placeholder: &str) -> bool {
+    let prose: String = match bare_command(hint, bin) {
+        Some(bare) => format!("{} {}", &hint[..bare.start], &hint[bare.end..]),
+        None => hint.split('`').step_by(2).collect::<Vec<_>>().join(" "),
+    };
     let bare = placeholder.trim_start_matches('<').trim_end_matches('>');
     find_word(&prose, bare).is_some()
         || prose.contains(&format!("{bare}:"))
@@ -104,7 +116,7 @@ pub fn check_hint(cmd: &clap::Command, bin: &str, hint: &str) -> Vec<String> {
         for w in words.iter().skip(1) {
             if w.contains('…') || w == "..." {
                 problems.push(format!("`{shown}`: elided arguments ({w})"));
-            } else if is_placeholder(w) && !explained(hint, w) {
+            } else if is_placeholder(w) && !explained(hint, bin, w) {
                 problems.push(format!(
                     "`{shown}`: placeholder {w} is not explained by the hint"
                 ));
@@ -169,6 +181,12 @@ mod tests {
             ("run `refresh` again", 0),
             ("next: tool publish --dry-run; then more", 1),
             ("next: tool publish --workspace '/a b' (quoted)", 0),
+            // A bare command's own words do not explain its placeholders.
+            ("next: tool publish --workspace WS", 1),
+            (
+                "run tool publish --workspace WS (WS: the rebuild workspace)",
+                0,
+            ),
             ("`minisign -G -p release.pub`", 0),
         ];
         for (hint, want) in cases {

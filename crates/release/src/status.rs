@@ -534,14 +534,17 @@ pub fn next_step(s: &Status) -> NextStep {
     let Some(tree) = &s.tree else {
         return step(
             format!("release-cli status --workspace {ws} --openpilot DIR"),
-            "no openpilot tree is known (no --openpilot and no preflight record naming one)".into(),
+            "no openpilot tree is known (no --openpilot and no preflight record naming one); \
+             DIR: the openpilot checkout the release is built from"
+                .into(),
         );
     };
     let Some(pin) = &tree.tinygrad_commit else {
         return step(
             format!("release-cli tinygrad bump --openpilot {op} --tinygrad-src DIR --commit SHA"),
             format!(
-                "the tree has no readable tinygrad marker: {}",
+                "the tree has no readable tinygrad marker: {}; DIR: the tinygrad checkout at the \
+                 commit the tree should pin, SHA: that full commit",
                 tree.problem.clone().unwrap_or_default()
             ),
         );
@@ -549,7 +552,10 @@ pub fn next_step(s: &Status) -> NextStep {
     if tree.pin_generation.is_none() {
         return step(
             format!("release-cli tinygrad bump --openpilot {op} --tinygrad-src DIR --commit {pin}"),
-            format!("the tree's tinygrad {pin} is no generation's pin: record it"),
+            format!(
+                "the tree's tinygrad {pin} is no generation's pin: record it; DIR: the tinygrad \
+                 checkout at {pin}"
+            ),
         );
     }
     let synced_ok = tree.compiler_marker.as_ref() == Some(pin)
@@ -609,7 +615,10 @@ pub fn next_step(s: &Status) -> NextStep {
     if let Some(c) = s.validation.iter().find(|c| c.state != "covered") {
         return step(
             format!("release-cli validate --model ID --workspace {ws}"),
-            format!("{}: {}: {}", c.cell, c.state, c.detail),
+            format!(
+                "{}: {}: {}; ID: a model of the generation that validates this cell",
+                c.cell, c.state, c.detail
+            ),
         );
     }
     let manifest = s.manifest.as_ref().expect("checked").display();
@@ -870,6 +879,15 @@ mod tests {
                     "v{g} {case}: {n:?}"
                 );
                 assert!(!n.why.is_empty(), "v{g} {case}");
+                // Each placeholder the command leaves is said in the why (`DIR: …`).
+                for w in n.command.split_whitespace() {
+                    if cli_support::hints::is_placeholder(w) {
+                        assert!(
+                            n.why.contains(&format!("{w}:")),
+                            "v{g} {case}: {w} is not explained: {n:?}"
+                        );
+                    }
+                }
                 if !n.command.is_empty()
                     && *want != "release-cli status"
                     && *want != "release-cli tinygrad bump"
