@@ -146,6 +146,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     ])?;
     let bin = util::target_dir().join("release/release-cli");
 
+    // Two benches in one target directory would delete each other's files and time each
+    // other: the second is refused while the first holds the lock.
+    let _lock = bench_lock(&util::target_dir().join("xtask-bench.lock"))?;
     let work = util::target_dir().join("xtask-bench");
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
@@ -372,6 +375,27 @@ pub(crate) fn openssl_anchor(path: &Path) -> Result<Measured, String> {
     )
 }
 
+/// An exclusive `flock` on `path`, held until the file is dropped (the kernel drops it when the
+/// process ends, however it ends); an error naming the holder's wait when another bench has it.
+fn bench_lock(path: &Path) -> Result<File, String> {
+    use std::os::fd::AsRawFd;
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: flock on a descriptor this function owns; LOCK_EX | LOCK_NB are plain ints.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(format!(
+            "another `cargo xtask bench` is running in this target directory ({} is locked)\n\
+             next: wait for it to finish; two benches at once would time each other",
+            path.display()
+        ));
+    }
+    Ok(f)
+}
+
 /// Copy the first `len` bytes of `from` to `to`.
 fn copy_prefix(from: &Path, to: &Path, len: u64) -> Result<(), String> {
     let src = File::open(from).map_err(|e| format!("{}: {e}", from.display()))?;
@@ -483,6 +507,19 @@ fn print_table(size_mib: Option<u64>, rows: &[Row]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_second_bench_is_refused_while_the_first_holds_the_lock() {
+        let dir = std::env::temp_dir().join(format!("xtask-bench-lock-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("xtask-bench.lock");
+        let first = bench_lock(&path).unwrap();
+        let e = bench_lock(&path).unwrap_err();
+        assert!(e.contains("another `cargo xtask bench` is running"), "{e}");
+        drop(first);
+        bench_lock(&path).unwrap();
+        let _ = fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn only_names_row_groups() {
