@@ -268,24 +268,20 @@ fn stage_chunk(
     Ok(Some((index, out, info)))
 }
 
-/// `read_at` until `buf` is full or the file ends; the bytes read.
+/// `read_at` until `buf` is full or the file ends ([`fill`] at an offset); the bytes read.
 fn read_at_full(file: &std::fs::File, buf: &mut [u8], offset: u64) -> Result<usize> {
-    use std::os::unix::fs::FileExt;
-    let mut filled = 0;
-    while filled < buf.len() {
-        match file.read_at(&mut buf[filled..], offset + filled as u64) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(source) => {
-                return Err(Error::ReadInput {
-                    path: PathBuf::from(INPUT),
-                    source,
-                });
-            }
+    struct At<'a>(&'a std::fs::File, u64);
+    impl Read for At<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = std::os::unix::fs::FileExt::read_at(self.0, buf, self.1)?;
+            self.1 += n as u64;
+            Ok(n)
         }
     }
-    Ok(filled)
+    fill(&mut At(file, offset), buf).map_err(|source| Error::ReadInput {
+        path: PathBuf::from(INPUT),
+        source,
+    })
 }
 
 fn changed(expected: u64, actual: u64) -> Error {
