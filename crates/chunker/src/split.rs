@@ -126,16 +126,8 @@ fn stage_file(
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-    check_name(name)?;
-    let count = planned_count(name, size, opts.chunk_size)?;
-    remove_stale_temporaries(out_dir, name)?;
-    let cfg = WriterConfig {
-        name: name.to_string(),
-        out_dir: out_dir.to_path_buf(),
-        chunk_size: opts.chunk_size,
-        count,
-        direct: opts.chunk_size.is_multiple_of(DIRECT_ALIGN as u64),
-    };
+    let cfg = WriterConfig::prepare(name, size, out_dir, opts)?;
+    let count = cfg.count;
     let next = AtomicU32::new(0);
     let failed = AtomicBool::new(false);
     let done = Mutex::new(Vec::with_capacity(count as usize));
@@ -234,12 +226,7 @@ fn stage_chunk(
 ) -> Result<Option<(u32, AtomicFile, ChunkInfo)>> {
     let start = u64::from(index) * cfg.chunk_size;
     let end = (start + cfg.chunk_size).min(size);
-    let name = chunk_name(&cfg.name, index + 1, cfg.count);
-    let dest = cfg.out_dir.join(&name);
-    let mut out = match cfg.direct {
-        true => AtomicFile::create_direct(&dest),
-        false => AtomicFile::create(&dest),
-    }?;
+    let mut out = cfg.create(index + 1)?;
     let mut hasher = Hasher::new();
     let mut at = start;
     while at < end {
@@ -261,7 +248,7 @@ fn stage_chunk(
     }
     out.sync()?;
     let info = ChunkInfo {
-        name,
+        name: chunk_name(&cfg.name, index + 1, cfg.count),
         size: end - start,
         sha256: hasher.finish(),
     };
@@ -458,25 +445,12 @@ pub fn stage_reader<R: Read>(
     out_dir: &Path,
     opts: &SplitOptions,
 ) -> Result<StagedSplit> {
-    check_name(name)?;
-    let count = planned_count(name, size, opts.chunk_size)?;
-    remove_stale_temporaries(out_dir, name)?;
-
+    let writer_cfg = WriterConfig::prepare(name, size, out_dir, opts)?;
     let (full_tx, full_rx) = sync_channel::<(Buf, usize)>(BUFFERS_IN_FLIGHT);
     let (empty_tx, empty_rx) = sync_channel::<Buf>(BUFFERS_IN_FLIGHT);
     for _ in 0..BUFFERS_IN_FLIGHT {
         empty_tx.send(Buf::new()).expect("pool fits");
     }
-
-    let writer_cfg = WriterConfig {
-        name: name.to_string(),
-        out_dir: out_dir.to_path_buf(),
-        chunk_size: opts.chunk_size,
-        count,
-        // Buffers are filled completely (but the last) and chunks start at multiples of the
-        // chunk size, so with an aligned chunk size every write but the very last is aligned.
-        direct: opts.chunk_size.is_multiple_of(DIRECT_ALIGN as u64),
-    };
 
     let (read_tx, read_rx) = sync_channel::<(Buf, usize)>(BUFFERS_IN_FLIGHT);
     let (hashed_tx, hashed_rx) = sync_channel::<(Buf, usize)>(BUFFERS_IN_FLIGHT);
@@ -760,6 +734,34 @@ struct WriterConfig {
     direct: bool,
 }
 
+impl WriterConfig {
+    /// What both splits check and clear before they write (the name, the chunk count `size`
+    /// needs, a dead split's temporaries), then where and how the chunks are written.
+    fn prepare(name: &str, size: u64, out_dir: &Path, opts: &SplitOptions) -> Result<Self> {
+        check_name(name)?;
+        let count = planned_count(name, size, opts.chunk_size)?;
+        remove_stale_temporaries(out_dir, name)?;
+        Ok(Self {
+            name: name.to_string(),
+            out_dir: out_dir.to_path_buf(),
+            chunk_size: opts.chunk_size,
+            count,
+            // Pieces are full buffers (but a chunk's last) and chunks start at multiples of the
+            // chunk size, so with an aligned chunk size every write but a tail is aligned.
+            direct: opts.chunk_size.is_multiple_of(DIRECT_ALIGN as u64),
+        })
+    }
+
+    /// The temporary of chunk `index` (from 1), opened for O_DIRECT where [`Self::direct`].
+    fn create(&self, index: u32) -> Result<AtomicFile> {
+        let dest = self.out_dir.join(chunk_name(&self.name, index, self.count));
+        Ok(match self.direct {
+            true => AtomicFile::create_direct(&dest),
+            false => AtomicFile::create(&dest),
+        }?)
+    }
+}
+
 /// One pool buffer: [`IO_BUFFER_SIZE`] bytes starting on a [`DIRECT_ALIGN`] boundary, so that
 /// the writer can hand them to the kernel with O_DIRECT (no copy into the page cache, no
 /// writeback work competing with the two hashing threads for the CPU).
@@ -844,13 +846,7 @@ fn cut_and_write(
             let (file, written) = match &mut current {
                 Some(open) => open,
                 None => {
-                    let index = chunks.len() as u32 + 1;
-                    let dest = cfg.out_dir.join(chunk_name(&cfg.name, index, cfg.count));
-                    let file = if cfg.direct {
-                        AtomicFile::create_direct(&dest)
-                    } else {
-                        AtomicFile::create(&dest)
-                    }?;
+                    let file = cfg.create(chunks.len() as u32 + 1)?;
                     current.insert((file, 0))
                 }
             };
