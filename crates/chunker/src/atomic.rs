@@ -200,6 +200,17 @@ impl AtomicFile {
         &self.temp
     }
 
+    /// Whether writes still bypass the page cache (see [`AtomicFile::create_direct`]).
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// A second handle on the open temporary, for positioned writes from other threads while
+    /// this one keeps the name (it shares the O_DIRECT flag). Panics after [`AtomicFile::sync`].
+    pub fn handle(&mut self) -> io::Result<std::fs::File> {
+        self.file().file().try_clone()
+    }
+
     /// The open temporary file. Panics after [`AtomicFile::sync`].
     pub fn file(&mut self) -> &mut File {
         self.file

@@ -15,6 +15,7 @@ mod digest;
 mod error;
 mod input;
 pub mod oob;
+mod pair;
 mod read;
 mod split;
 mod verify;
@@ -28,9 +29,8 @@ pub use read::{
     read_sidecar, resolve,
 };
 pub use split::{
-    CHUNK_WORKERS, ChunkInfo, PlannedChunk, SplitOptions, SplitPlan, SplitReport, StagedSplit,
-    other_forms, plan_split, set_file_names, split_file, split_file_reporting, split_reader,
-    stage_reader,
+    ChunkInfo, PlannedChunk, SplitOptions, SplitPlan, SplitReport, StagedSplit, other_forms,
+    plan_split, set_file_names, split_file, split_file_reporting, split_reader, stage_reader,
 };
 pub use verify::{
     Expected, VerifiedChunk, VerifyReport, hash_chunk_set, verify, verify_with_progress,
