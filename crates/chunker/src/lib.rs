@@ -30,7 +30,8 @@ pub use read::{
 };
 pub use split::{
     ChunkInfo, PlannedChunk, SplitOptions, SplitPlan, SplitReport, StagedSplit, other_forms,
-    plan_split, set_file_names, split_file, split_file_reporting, split_reader, stage_reader,
+    plan_split, set_file_names, split_file, split_file_reporting, split_open_file, split_reader,
+    stage_reader,
 };
 pub use verify::{
     Expected, VerifiedChunk, VerifyReport, hash_chunk_set, verify, verify_with_progress,

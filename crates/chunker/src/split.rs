@@ -91,13 +91,28 @@ pub fn split_file_reporting(
     opts: &SplitOptions,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<SplitReport> {
+    let file = fs::File::open(src)?;
+    split_open_file(file.into_parts().0, src, out_dir, opts, progress)
+}
+
+/// [`split_file_reporting`] of a file the caller has opened (and checked) already, so that the
+/// file split is the one checked even if `src` is replaced meanwhile. `src` names the chunk set
+/// and the errors; the size is the open file's.
+pub fn split_open_file(
+    file: std::fs::File,
+    src: &Path,
+    out_dir: &Path,
+    opts: &SplitOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<SplitReport> {
     let name = src
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .ok_or_else(|| Error::InvalidName {
             name: src.display().to_string(),
         })?;
-    let file = fs::File::open(src)?;
+    // Through fs_err, so that a failure names the file.
+    let file = fs::File::from_parts(file, src);
     let size = file.metadata()?.len();
     stage_with(file, size, &name, out_dir, opts, keep_chunk, progress)
         .map_err(|e| e.naming_input(src))?

@@ -182,9 +182,9 @@ fn split(args: SplitArgs) -> CliResult {
     }
     std::fs::create_dir_all(&out_dir)
         .map_err(|e| CliError::failure(format!("{}: {e}", out_dir.display())))?;
-    drop(file);
     let bar = bytes_bar(size, format!("splitting {name}"), args.json);
-    let report = chunker::split_file_reporting(&args.file, &out_dir, &opts, &|n| bar.inc(n));
+    // The file checked above is the one split, even if its path is replaced meanwhile.
+    let report = chunker::split_open_file(file, &args.file, &out_dir, &opts, &|n| bar.inc(n));
     bar.finish_and_clear();
     let report = report?;
     if args.json {
