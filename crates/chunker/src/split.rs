@@ -11,7 +11,7 @@
 //! aligned: copying into the page cache and writing it back would take CPU time from the two
 //! hashes. Each chunk's temporary is given its size up front, so that its writes are in flight
 //! side by side. Every chunk's SHA-256 state starts in the whole hasher, which may hash the first
-//! part of the chunk in the same pass as the artifact ([`crate::pair`], [`keep_chunk`]) before it
+//! part of the chunk in the same pass as the artifact ([`crate::pair`], [`kept_share`]) before it
 //! hands the state to the chunk hasher. Memory is the buffer pool whatever the artifact size.
 //!
 //! Nothing appears under a final name until every chunk is durable: then the old chunk manifest
@@ -97,7 +97,8 @@ pub fn split_file_reporting(
 
 /// [`split_file_reporting`] of a file the caller has opened (and checked) already, so that the
 /// file split is the one checked even if `src` is replaced meanwhile. `src` names the chunk set
-/// and the errors; the size is the open file's.
+/// and the errors; the size is the open file's. The file is read from its current position: one
+/// already read from gives [`Error::InputChanged`], never a split of part of it.
 pub fn split_open_file(
     file: std::fs::File,
     src: &Path,
@@ -114,7 +115,7 @@ pub fn split_open_file(
     // Through fs_err, so that a failure names the file.
     let file = fs::File::from_parts(file, src);
     let size = file.metadata()?.len();
-    stage_with(file, size, &name, out_dir, opts, keep_chunk, progress)
+    stage_with(file, size, &name, out_dir, opts, progress)
         .map_err(|e| e.naming_input(src))?
         .install()
 }
@@ -285,17 +286,31 @@ pub fn stage_reader<R: Read>(
     out_dir: &Path,
     opts: &SplitOptions,
 ) -> Result<StagedSplit> {
-    stage_with(reader, size, name, out_dir, opts, keep_chunk, &|_| {})
+    stage_with(reader, size, name, out_dir, opts, &|_| {})
 }
 
-/// [`stage_reader`] with the rule for which chunks the whole-artifact hasher takes.
+/// [`stage_reader`], calling `progress` as pieces are written.
 fn stage_with<R: Read>(
+    reader: R,
+    size: u64,
+    name: &str,
+    out_dir: &Path,
+    opts: &SplitOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<StagedSplit> {
+    let cores = thread::available_parallelism().map_or(1, |n| n.get());
+    let kept = kept_share(opts.chunk_size, cores);
+    stage_sharing(reader, size, name, out_dir, opts, kept, progress)
+}
+
+/// [`stage_with`], the whole-artifact hasher taking the first `kept` bytes of each chunk.
+fn stage_sharing<R: Read>(
     mut reader: R,
     size: u64,
     name: &str,
     out_dir: &Path,
     opts: &SplitOptions,
-    rule: KeepRule,
+    kept: u64,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<StagedSplit> {
     let writer_cfg = WriterConfig::prepare(name, size, out_dir, opts)?;
@@ -307,9 +322,9 @@ fn stage_with<R: Read>(
 
     let (read_tx, read_rx) = sync_channel::<(Buf, usize)>(BUFFERS_IN_FLIGHT);
     let (hashed_tx, hashed_rx) = sync_channel::<(Buf, usize)>(BUFFERS_IN_FLIGHT);
-    let chunks = Chunks::new(opts.chunk_size);
+    let chunks = Chunks::new(opts.chunk_size, kept);
     let (read_result, (whole, by_whole), by_chunks, write_result) = thread::scope(|scope| {
-        let whole = scope.spawn(|| hash_whole(&chunks, read_rx, full_tx, rule));
+        let whole = scope.spawn(|| hash_whole(&chunks, read_rx, full_tx));
         let hasher = scope.spawn(|| hash_chunks(&chunks, full_rx, hashed_tx));
         let writer = scope.spawn(move || write_chunks(writer_cfg, hashed_rx, empty_tx, progress));
         let read_result = read_input(&mut reader, size, read_tx, empty_rx);
@@ -498,23 +513,22 @@ fn read_input<R: Read>(
 }
 
 /// A buffer on its way from the whole-artifact hasher to the chunk hasher, with the states of the
-/// chunks the whole hasher hands over in it: `(chunk index, state)`, each to be continued from
-/// the first byte of that chunk in this buffer.
-type Hashed = (Buf, usize, Vec<(usize, State)>);
+/// chunks the whole hasher hands over in it: `(chunk index, bytes of the chunk the state holds,
+/// state)`; the chunk hasher goes on from that byte.
+type Hashed = (Buf, usize, Vec<(usize, u64, State)>);
 
 /// Hashing stage: the SHA-256 of the whole artifact; buffers go on to the chunk hasher.
 ///
-/// Every chunk's state starts here. While the chunk hasher is behind ([`keep_chunk`]), this
-/// thread hashes the chunk too, in the same pass as the artifact ([`State::update_both`], far
-/// cheaper than a second pass); otherwise it hands the state over with the next buffer and the
-/// chunk hasher goes on from there. So on a machine with cores to spare every chunk is hashed on
-/// its own core, and on two cores the two hashers share the work of both digests. Returns the
-/// artifact's digest and the digests of the chunks this thread finished.
+/// Every chunk's state starts here. This thread hashes the first [`kept_share`] bytes of each
+/// chunk for the chunk too, in the same pass as the artifact ([`State::update_both`], far cheaper
+/// than a second pass), then hands the state over with the buffer and the chunk hasher goes on
+/// from that byte. So on a machine with cores to spare every chunk is hashed on its own core,
+/// and on two cores the two hashers share the work of both digests. Returns the artifact's
+/// digest and the digests of the chunks this thread finished (those no longer than its share).
 fn hash_whole(
     chunks: &Chunks,
     read_rx: Receiver<(Buf, usize)>,
     full_tx: SyncSender<Hashed>,
-    rule: KeepRule,
 ) -> (Sha256Digest, Vec<(usize, Sha256Digest)>) {
     let mut whole = State::new();
     let mut cutter = Cutter::new(chunks.size);
@@ -524,21 +538,26 @@ fn hash_whole(
         let mut handed = Vec::new();
         let mut data = &buf[..len];
         while !data.is_empty() {
-            if cutter.filled == 0 {
+            let at = cutter.filled;
+            if at == 0 {
                 kept = Some(State::new());
             }
-            if kept.is_some()
-                && !(chunks.alignable && rule(cutter.filled, chunks.size, chunks.cores))
-            {
-                handed.extend(kept.take().map(|state| (index, state)));
-            }
             let (piece, full) = cutter.next(&mut data);
-            match &mut kept {
-                Some(state) => whole.update_both(state, piece),
-                None => whole.update(piece),
+            let mut rest = piece;
+            if let Some(mut state) = kept.take() {
+                let share = chunks.kept.saturating_sub(at).min(piece.len() as u64) as usize;
+                whole.update_both(&mut state, &piece[..share]);
+                rest = &piece[share..];
+                if !rest.is_empty() {
+                    handed.push((index, at + share as u64, state));
+                } else if full {
+                    finished.push((index, state.finish()));
+                } else {
+                    kept = Some(state);
+                }
             }
+            whole.update(rest);
             if full {
-                finished.extend(kept.take().map(|state| (index, state.finish())));
                 index += 1;
             }
         }
@@ -551,37 +570,31 @@ fn hash_whole(
     (whole.finish(), finished)
 }
 
-/// Whether the whole-artifact hasher still hashes the current chunk, `filled` bytes into a chunk
-/// of `size`, on a machine with `cores`. With more than two cores each digest has a core of its
-/// own (and reading and writing a third): it hands every chunk over at its start. On two, the
-/// two hashers and the reading and writing share both cores, so it keeps the first quarter of
-/// each chunk, which the chunk hasher then does not hash. Measured on 1 GiB, 2 cores, 8 runs
-/// each (median wall time): hand over at once 0.93 s, keep 15 % 0.88 s, 25 % 0.88 s, 40 % 0.88 s
-/// (user time 1.22 → 1.05 s); a quarter is the balance the per-byte costs predict (the whole
-/// hasher's share grows by 0.3 of what it keeps, the chunk hasher's falls by all of it).
-pub(crate) fn keep_chunk(filled: u64, size: u64, cores: usize) -> bool {
-    cores <= 2 && filled.saturating_mul(4) < size
+/// How many bytes at the start of each chunk of `size` the whole-artifact hasher hashes for the
+/// chunk too, on a machine with `cores`. With more than two cores each digest has a core of its
+/// own (and reading and writing a third): none. On two, the two hashers and the reading and
+/// writing share both cores, so it takes the first quarter, which the chunk hasher then does not
+/// hash. Measured on 1 GiB, 2 cores, 8 runs each (median wall time): none 0.93 s, 15 % 0.88 s,
+/// 25 % 0.88 s, 40 % 0.88 s (user time 1.22 → 1.05 s); a quarter is the balance the per-byte
+/// costs predict (the whole hasher's work grows by 0.3 of what it takes, the chunk hasher's
+/// falls by all of it). A chunk size that is not a multiple of 64 bytes gets none: the two
+/// states would not stand at the same place in a block.
+pub(crate) fn kept_share(size: u64, cores: usize) -> u64 {
+    match cores <= 2 && size.is_multiple_of(64) {
+        true => size / 4,
+        false => 0,
+    }
 }
 
-/// When the whole-artifact hasher keeps a chunk: [`keep_chunk`], or in tests a fixed rule.
-type KeepRule = fn(u64, u64, usize) -> bool;
-
-/// What the two hashers share: where chunks are cut, and the cores they run on.
+/// What the two hashers share: where chunks are cut and how much of each the whole hasher takes.
 struct Chunks {
     size: u64,
-    /// Every chunk starts on a whole SHA-256 block of the artifact (the chunk size is a multiple
-    /// of 64), so its state and the artifact's can take the same blocks.
-    alignable: bool,
-    cores: usize,
+    kept: u64,
 }
 
 impl Chunks {
-    fn new(size: u64) -> Self {
-        Self {
-            size,
-            alignable: size.is_multiple_of(64),
-            cores: thread::available_parallelism().map_or(1, |n| n.get()),
-        }
+    fn new(size: u64, kept: u64) -> Self {
+        Self { size, kept }
     }
 }
 
@@ -659,12 +672,16 @@ fn hash_chunks(
         let mut handed = handed.into_iter().peekable();
         let mut data = &buf[..len];
         while !data.is_empty() {
-            if let Some((_, s)) = handed.next_if(|(i, _)| *i == index) {
+            let at = cutter.filled;
+            let (piece, full) = cutter.next(&mut data);
+            let mut from = 0;
+            if let Some((_, held, s)) = handed.next_if(|(i, _, _)| *i == index) {
+                // The state holds the chunk's bytes up to `held`, inside this piece.
+                from = (held - at) as usize;
                 state = Some(s);
             }
-            let (piece, full) = cutter.next(&mut data);
             if let Some(s) = &mut state {
-                s.update(piece);
+                s.update(&piece[from..]);
             }
             if full {
                 finished.extend(state.take().map(|s| (index, s.finish())));
@@ -723,7 +740,7 @@ impl WriterConfig {
         preallocate(&handle, size, &path)?;
         Ok(std::sync::Arc::new(OpenChunk {
             index,
-            direct: temp.is_direct(),
+            direct: AtomicBool::new(temp.is_direct()),
             temp: std::sync::Mutex::new(Some(temp)),
             handle,
             path,
@@ -846,15 +863,16 @@ fn write_chunks(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Staged> {
     let (job_tx, job_rx) = sync_channel::<Piece>(BUFFERS_IN_FLIGHT);
-    let job_rx = std::sync::Mutex::new(job_rx);
     let pool = WriterPool {
+        jobs: std::sync::Mutex::new(Some(job_rx)),
+        running: std::sync::atomic::AtomicUsize::new(WRITERS),
         failed: AtomicBool::new(false),
         error: std::sync::Mutex::new(None),
         done: std::sync::Mutex::new(Vec::with_capacity(cfg.count as usize)),
     };
     let cut = thread::scope(|scope| {
         for _ in 0..WRITERS {
-            scope.spawn(|| pool.run(&job_rx, progress));
+            scope.spawn(|| pool.run(progress));
         }
         let cut = cut_chunks(&cfg, hashed_rx, &empty_tx, &job_tx, &pool.failed);
         drop(job_tx);
@@ -892,7 +910,8 @@ struct OpenChunk {
     temp: std::sync::Mutex<Option<AtomicFile>>,
     handle: std::fs::File,
     path: PathBuf,
-    direct: bool,
+    /// Writes may go direct: opened with O_DIRECT, and no direct write refused since.
+    direct: AtomicBool,
     remaining: std::sync::atomic::AtomicU64,
 }
 
@@ -905,17 +924,41 @@ struct Piece {
     offset: u64,
 }
 
-/// What the writer threads share: the first error, and the chunks written and fsynced.
+/// What the writer threads share: the queue of pieces (closed by the last writer to stop, so that
+/// the dispatcher never waits on a queue nobody takes from), the first error, and the chunks
+/// written and fsynced.
 struct WriterPool {
+    jobs: std::sync::Mutex<Option<Receiver<Piece>>>,
+    running: std::sync::atomic::AtomicUsize,
     failed: AtomicBool,
     error: std::sync::Mutex<Option<Error>>,
     done: std::sync::Mutex<Vec<(u32, AtomicFile)>>,
 }
 
+/// Held by each writer thread: however it stops (the queue closed, a panic in `progress`), the
+/// last one out closes the queue, and a panic stops the split (the scope passes it on).
+struct Running<'a>(&'a WriterPool);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            self.0.failed.store(true, Ordering::Relaxed);
+        }
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let jobs = self.0.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+            drop(jobs);
+        }
+    }
+}
+
 impl WriterPool {
-    fn run(&self, jobs: &std::sync::Mutex<Receiver<Piece>>, progress: &(dyn Fn(u64) + Sync)) {
+    fn run(&self, progress: &(dyn Fn(u64) + Sync)) {
+        let _running = Running(self);
         loop {
-            let job = jobs.lock().unwrap_or_else(|e| e.into_inner()).recv();
+            let job = match &*self.jobs.lock().unwrap_or_else(|e| e.into_inner()) {
+                Some(jobs) => jobs.recv(),
+                None => return,
+            };
             let Ok(piece) = job else { return };
             if self.failed.load(Ordering::Relaxed) {
                 continue; // dropping the piece returns its buffer; the chunk is never synced
@@ -970,8 +1013,9 @@ fn write_at(chunk: &OpenChunk, data: &[u8], offset: u64) -> io::Result<()> {
             format!("failed to write to `{}`: {e}", chunk.path.display()),
         )
     };
+    let direct = chunk.direct.load(Ordering::Relaxed);
     let mut written = 0;
-    while chunk.direct && written < data.len() {
+    while direct && written < data.len() {
         let rest = &data[written..];
         let at = offset + written as u64;
         let aligned = (rest.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN)
@@ -983,13 +1027,17 @@ fn write_at(chunk: &OpenChunk, data: &[u8], offset: u64) -> io::Result<()> {
         match chunk.handle.write_at(rest, at) {
             Ok(0) => break, // let the buffered write say why
             Ok(n) => written += n,
-            Err(e) if e.kind() == io::ErrorKind::InvalidInput => break,
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                // This filesystem takes the flag but not the writes: buffered from now on.
+                chunk.direct.store(false, Ordering::Relaxed);
+                break;
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(named(e)),
         }
     }
     if written < data.len() {
-        let buffered = match chunk.direct {
+        let buffered = match direct {
             true => std::fs::OpenOptions::new()
                 .write(true)
                 .open(&chunk.path)
@@ -1209,19 +1257,13 @@ mod tests {
     }
 
     /// Whoever hashes a chunk (the chunk hasher, the whole-artifact hasher in the same pass as
-    /// the artifact's digest, or the one after the other, handed over between buffers), the
-    /// digests are SHA-256's: chunk sizes that are multiples of 64 (the states share blocks) and
-    /// not, chunks that end inside a buffer and on its end.
+    /// the artifact's digest, or the one after the other, handed over at any byte: a block
+    /// boundary or not, a buffer boundary or not), the digests are SHA-256's: chunk sizes that
+    /// are multiples of 64 (the states share blocks) and not, chunks that end inside a buffer and
+    /// on its end.
     #[test]
-    fn every_rule_for_who_hashes_a_chunk_gives_sha256s_digests() {
+    fn every_share_of_a_chunk_the_whole_hasher_takes_gives_sha256s_digests() {
         let dir = tempfile::tempdir().unwrap();
-        let never: KeepRule = |_, _, _| false;
-        let always: KeepRule = |_, _, _| true;
-        // Keeps a chunk for two pieces, then hands it over: handovers inside chunks.
-        let mid_chunk: KeepRule = |_, _, _| {
-            static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-            CALLS.fetch_add(1, Ordering::Relaxed) % 3 != 2
-        };
         for (size, chunk_size) in [
             (1000, 64),
             (1000, 100),
@@ -1232,17 +1274,18 @@ mod tests {
             (SPLIT_BUFFER * 4 + 5, SPLIT_BUFFER as u64 * 3 / 2 + 64),
         ] {
             let data = pattern(size);
-            for (label, rule) in [
-                ("never", never),
-                ("always", always),
-                ("mid chunk", mid_chunk),
-                ("a quarter", |f, s, _| keep_chunk(f, s, 2)),
+            for (label, kept) in [
+                ("none", 0),
+                ("all", u64::MAX),
+                ("a third and 5 bytes", chunk_size / 3 + 5),
+                ("a quarter", kept_share(chunk_size, 2)),
+                ("one buffer and a block", SPLIT_BUFFER as u64 + 64),
             ] {
                 let out = dir.path().join(format!("{size}-{chunk_size}-{label}"));
                 fs::create_dir_all(&out).unwrap();
                 let opts = SplitOptions { chunk_size };
                 let staged =
-                    stage_with(&data[..], size as u64, "m.pkl", &out, &opts, rule, &|_| {})
+                    stage_sharing(&data[..], size as u64, "m.pkl", &out, &opts, kept, &|_| {})
                         .unwrap();
                 assert_eq!(
                     staged.sha256(),
@@ -1271,24 +1314,52 @@ mod tests {
     }
 
     #[test]
-    fn the_whole_hasher_keeps_a_quarter_of_each_chunk_on_two_cores_and_none_on_more() {
-        for (filled, size, cores, keeps) in [
-            (0, 100, 1, true),
-            (0, 100, 2, true),
-            (24, 100, 2, true),
-            (25, 100, 2, false),
-            (99, 100, 2, false),
-            (0, 100, 3, false),
-            (0, 100, 64, false),
-            (0, u64::MAX, 2, true),
-            (u64::MAX / 4, u64::MAX, 2, true),
+    fn the_whole_hasher_takes_a_quarter_of_each_chunk_on_two_cores_and_none_on_more() {
+        for (size, cores, kept) in [
+            (100 * 64, 1, 25 * 64),
+            (100 * 64, 2, 25 * 64),
+            (45 << 20, 2, (45 << 20) / 4),
+            (100 * 64, 3, 0),
+            (100 * 64, 64, 0),
+            // The states would not share blocks.
+            (100, 2, 0),
+            (64 * 1000 + 1, 2, 0),
+            (64, 2, 16),
         ] {
-            assert_eq!(
-                keep_chunk(filled, size, cores),
-                keeps,
-                "{filled} of {size}, {cores} cores"
-            );
+            assert_eq!(kept_share(size, cores), kept, "{size}, {cores} cores");
         }
+    }
+
+    /// Regression: a progress callback that panicked in every writer thread left the dispatcher
+    /// waiting forever on a queue nobody took from. The panic now reaches the caller and the
+    /// temporaries are gone.
+    #[test]
+    fn a_panic_in_every_writer_reaches_the_caller_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().to_path_buf();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let data = pattern(SPLIT_BUFFER * 4);
+            let opts = SplitOptions {
+                chunk_size: 256 << 10,
+            };
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                stage_with(&data[..], data.len() as u64, "m.pkl", &out, &opts, &|_| {
+                    panic!("progress")
+                })
+                .map(|_| ())
+            }));
+            let _ = tx.send(result.is_err());
+        });
+        let panicked = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the split is still running a minute after its writers panicked");
+        assert!(panicked, "the writers' panic did not reach the caller");
+        assert!(
+            names_in(dir.path()).is_empty(),
+            "{:?}",
+            names_in(dir.path())
+        );
     }
 
     /// A file that holds fewer or more bytes than its declared size (it changed under the split)
@@ -1303,7 +1374,7 @@ mod tests {
         let opts = SplitOptions { chunk_size: 5 };
         for (declared, actual) in [(30, 23), (26, 23), (10, 11), (22, 23)] {
             let file = std::fs::File::open(&src).unwrap();
-            let staged = stage_with(file, declared, "m.pkl", &out, &opts, keep_chunk, &|_| {});
+            let staged = stage_with(file, declared, "m.pkl", &out, &opts, &|_| {});
             let err = match staged {
                 Err(e) => e,
                 Ok(_) => panic!("{declared}: staged"),
