@@ -143,9 +143,8 @@ impl AtomicFile {
     /// filesystem that refuses the direct write outright.
     pub fn write_piece(&mut self, data: &[u8]) -> io::Result<()> {
         if self.direct {
-            let aligned = (data.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN)
-                && data.len().is_multiple_of(DIRECT_ALIGN);
-            if !aligned {
+            // The file position is aligned: every earlier direct write was.
+            if !direct_aligned(data, 0) {
                 self.stop_direct()?;
             } else {
                 match self.file().write(data) {
@@ -167,29 +166,8 @@ impl AtomicFile {
     /// Turn O_DIRECT off for the rest of this file.
     fn stop_direct(&mut self) -> io::Result<()> {
         self.direct = false;
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsRawFd;
-            let fd = self.file().as_raw_fd();
-            // fcntl is not a file call fs_err wraps: name the file here.
-            let failed = |temp: &Path| {
-                let e = io::Error::last_os_error();
-                io::Error::new(
-                    e.kind(),
-                    format!("failed to turn O_DIRECT off on `{}`: {e}", temp.display()),
-                )
-            };
-            // SAFETY: fcntl on a file descriptor we own; F_GETFL/F_SETFL take plain ints.
-            let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-            if flags < 0 {
-                return Err(failed(&self.temp));
-            }
-            // SAFETY: as above.
-            if unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT) } < 0 {
-                return Err(failed(&self.temp));
-            }
-        }
-        Ok(())
+        let temp = self.temp.clone();
+        clear_direct(self.file().file(), &temp)
     }
 
     pub fn dest(&self) -> &Path {
@@ -264,6 +242,44 @@ impl Drop for AtomicFile {
     }
 }
 
+/// Whether `data`, written at `offset`, meets O_DIRECT's alignment ([`DIRECT_ALIGN`]) in memory,
+/// length and offset.
+pub fn direct_aligned(data: &[u8], offset: u64) -> bool {
+    (data.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN)
+        && data.len().is_multiple_of(DIRECT_ALIGN)
+        && offset.is_multiple_of(DIRECT_ALIGN as u64)
+}
+
+/// Turn O_DIRECT off on the open file description of `file` (shared by every handle duplicated
+/// from it), so that the writes after go through the page cache. `path` names it in the error.
+pub fn clear_direct(file: &std::fs::File, path: &Path) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let fd = file.as_raw_fd();
+        // fcntl is not a file call fs_err wraps: name the file here.
+        let failed = || {
+            let e = io::Error::last_os_error();
+            io::Error::new(
+                e.kind(),
+                format!("failed to turn O_DIRECT off on `{}`: {e}", path.display()),
+            )
+        };
+        // SAFETY: fcntl on an open file descriptor; F_GETFL/F_SETFL take plain ints.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(failed());
+        }
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT) } < 0 {
+            return Err(failed());
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, path);
+    Ok(())
+}
+
 /// Write `data` to `dest` atomically and durably (file and directory fsynced).
 pub fn write_atomic(dest: impl AsRef<Path>, data: &[u8]) -> io::Result<()> {
     let mut f = AtomicFile::create(dest)?;
@@ -300,6 +316,39 @@ mod tests {
         }
         assert!(!dest.exists());
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// The split's writers share one O_DIRECT description per chunk: once it is turned off, an
+    /// unaligned write through any handle of it goes through the page cache.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn clearing_direct_lets_every_handle_write_unaligned() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = AtomicFile::create_direct(dir.path().join("x")).unwrap();
+        if !f.is_direct() {
+            eprintln!("this filesystem has no O_DIRECT: nothing to turn off");
+            return;
+        }
+        let handle = f.handle().unwrap();
+        assert!(!direct_aligned(b"tail", 0));
+        assert!(
+            handle.write_at(b"tail", 0).is_err(),
+            "an unaligned O_DIRECT write was taken"
+        );
+        clear_direct(&handle, f.temp_path()).unwrap();
+        handle.write_at(b"tail", 0).unwrap();
+        f.file().file().write_at(b"T", 0).unwrap();
+        f.sync().unwrap();
+        let temp = dir
+            .path()
+            .read_dir()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        assert_eq!(fs::read(temp).unwrap(), b"Tail");
     }
 
     #[test]

@@ -322,7 +322,10 @@ fn stage_sharing<R: Read>(
 
     let (read_tx, read_rx) = sync_channel::<(Buf, usize)>(BUFFERS_IN_FLIGHT);
     let (hashed_tx, hashed_rx) = sync_channel::<(Buf, usize)>(BUFFERS_IN_FLIGHT);
-    let chunks = Chunks::new(opts.chunk_size, kept);
+    let chunks = Chunks {
+        size: opts.chunk_size,
+        kept,
+    };
     let (read_result, (whole, by_whole), by_chunks, write_result) = thread::scope(|scope| {
         let whole = scope.spawn(|| hash_whole(&chunks, read_rx, full_tx));
         let hasher = scope.spawn(|| hash_chunks(&chunks, full_rx, hashed_tx));
@@ -592,12 +595,6 @@ struct Chunks {
     kept: u64,
 }
 
-impl Chunks {
-    fn new(size: u64, kept: u64) -> Self {
-        Self { size, kept }
-    }
-}
-
 /// Every chunk's digest in order, from the two hashers' `(index, digest)` lists; stops at the
 /// first chunk neither finished (a stage stopped early, so the count no longer matches).
 fn merge_digests(
@@ -708,7 +705,7 @@ struct WriterConfig {
 }
 
 impl WriterConfig {
-    /// What both splits check and clear before they write (the name, the chunk count `size`
+    /// What the split checks and clears before it writes (the name, the chunk count `size`
     /// needs, a dead split's temporaries), then where and how the chunks are written.
     fn prepare(name: &str, size: u64, out_dir: &Path, opts: &SplitOptions) -> Result<Self> {
         check_name(name)?;
@@ -1002,9 +999,12 @@ impl WriterPool {
     }
 }
 
-/// Write `data` at `offset` in the chunk: with O_DIRECT where the chunk has it and the piece
-/// is aligned in memory, length and offset; otherwise (a tail, a filesystem that refuses the
-/// direct write, the rest after a short one) through a buffered handle on the same temporary.
+/// Write `data` at `offset` in the chunk: with O_DIRECT where the chunk has it and the piece is
+/// aligned ([`atomic::direct_aligned`]); otherwise through the page cache. A filesystem that
+/// takes the flag but refuses the writes has it turned off for the whole chunk
+/// ([`atomic::clear_direct`], as [`AtomicFile::write_piece`] does). An unaligned piece (the
+/// artifact's tail) or the rest after a short direct write goes through a buffered handle of its
+/// own, so that the other writers' pieces of the chunk stay direct.
 fn write_at(chunk: &OpenChunk, data: &[u8], offset: u64) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
     let named = |e: io::Error| {
@@ -1013,36 +1013,34 @@ fn write_at(chunk: &OpenChunk, data: &[u8], offset: u64) -> io::Result<()> {
             format!("failed to write to `{}`: {e}", chunk.path.display()),
         )
     };
-    let direct = chunk.direct.load(Ordering::Relaxed);
     let mut written = 0;
-    while direct && written < data.len() {
-        let rest = &data[written..];
+    while chunk.direct.load(Ordering::Relaxed) && written < data.len() {
         let at = offset + written as u64;
-        let aligned = (rest.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN)
-            && rest.len().is_multiple_of(DIRECT_ALIGN)
-            && at.is_multiple_of(DIRECT_ALIGN as u64);
-        if !aligned {
+        if !atomic::direct_aligned(&data[written..], at) {
             break;
         }
-        match chunk.handle.write_at(rest, at) {
+        match chunk.handle.write_at(&data[written..], at) {
             Ok(0) => break, // let the buffered write say why
             Ok(n) => written += n,
             Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
-                // This filesystem takes the flag but not the writes: buffered from now on.
                 chunk.direct.store(false, Ordering::Relaxed);
-                break;
+                atomic::clear_direct(&chunk.handle, &chunk.path)?;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(named(e)),
         }
     }
     if written < data.len() {
-        let buffered = match direct {
-            true => std::fs::OpenOptions::new()
-                .write(true)
-                .open(&chunk.path)
-                .map_err(named)?,
-            false => chunk.handle.try_clone().map_err(named)?,
+        let own;
+        let buffered = match chunk.direct.load(Ordering::Relaxed) {
+            true => {
+                own = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&chunk.path)
+                    .map_err(named)?;
+                &own
+            }
+            false => &chunk.handle,
         };
         buffered
             .write_all_at(&data[written..], offset + written as u64)
