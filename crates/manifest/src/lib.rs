@@ -16,6 +16,7 @@
 //! handling (that is `chunker`); no filtering policy for devices beyond
 //! [`ModelEntry::is_supported`].
 
+pub mod contract;
 mod entry;
 mod error;
 pub mod guard;
@@ -30,6 +31,7 @@ mod types;
 pub mod validate;
 
 pub use chunker::Sha256Digest;
+pub use contract::{Contract, ContractName, DeviceLayout, TreeDeclaration, TreeFiles};
 pub use entry::{AcceleratorArtifact, Artifact, ModelEntry, NewEntry};
 pub use error::{Error, Result};
 pub use guard::{

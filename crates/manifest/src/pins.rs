@@ -12,6 +12,7 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
+use crate::contract::{BASE_CONTRACT, Contract, ContractName, TreeDeclaration};
 use crate::layout::{CURRENT_GENERATION, current_tinygrad_commit};
 use crate::types::{Generation, GitCommit};
 
@@ -22,6 +23,8 @@ pub const PINS_FILE: &str = "tinygrad_pins.json";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PinTable {
     pins: BTreeMap<Generation, GitCommit>,
+    /// Contracts recorded for a generation; the others inherit ([`PinTable::contract_of`]).
+    contracts: BTreeMap<Generation, ContractName>,
 }
 
 impl Default for PinTable {
@@ -50,6 +53,12 @@ pub enum PinRefusal {
         generation: Generation,
         commit: GitCommit,
         owner: Generation,
+    },
+    /// Recording a different contract for a generation that has one.
+    ContractConflict {
+        generation: Generation,
+        recorded: ContractName,
+        new: ContractName,
     },
     /// Recording a different pin for a generation that has one.
     Conflict {
@@ -96,6 +105,14 @@ impl fmt::Display for PinRefusal {
                 f,
                 "tinygrad {commit} is already {owner}'s pin; a new generation ({generation}) needs a new tinygrad commit (same pin means same ABI: keep publishing {owner})"
             ),
+            Self::ContractConflict {
+                generation,
+                recorded,
+                new,
+            } => write!(
+                f,
+                "{generation} is already recorded as a {recorded}-contract generation, not {new}; a generation's contract never changes: bump to the next generation instead"
+            ),
             Self::Conflict {
                 generation,
                 recorded,
@@ -115,7 +132,54 @@ impl PinTable {
     pub fn builtin() -> Self {
         let mut pins = BTreeMap::new();
         pins.insert(CURRENT_GENERATION, current_tinygrad_commit());
-        Self { pins }
+        let mut contracts = BTreeMap::new();
+        contracts.insert(CURRENT_GENERATION, ContractName::V25);
+        Self { pins, contracts }
+    }
+
+    /// The contract `generation` runs: the one recorded for it, else the one of the nearest
+    /// earlier generation with a recorded contract, else [`BASE_CONTRACT`]. A made-up v27 after
+    /// a v26-contract v26 is therefore a v26-contract generation.
+    pub fn contract_of(&self, generation: Generation) -> ContractName {
+        self.contracts
+            .range(..=generation)
+            .next_back()
+            .map(|(_, c)| *c)
+            .unwrap_or(BASE_CONTRACT)
+    }
+
+    /// [`PinTable::contract_of`]'s table row.
+    pub fn contract(&self, generation: Generation) -> &'static Contract {
+        self.contract_of(generation).contract()
+    }
+
+    /// Record that `generation` runs `contract`. Recording the same pair again is a no-op; a
+    /// different contract for a generation that has one recorded is refused.
+    pub fn record_contract(
+        &mut self,
+        generation: Generation,
+        contract: ContractName,
+    ) -> Result<bool, PinRefusal> {
+        match self.contracts.get(&generation) {
+            Some(c) if *c == contract => Ok(false),
+            Some(c) => Err(PinRefusal::ContractConflict {
+                generation,
+                recorded: *c,
+                new: contract,
+            }),
+            None => {
+                self.contracts.insert(generation, contract);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Take what a tree declares (upstream's v26 catalog module): its generation's pin and
+    /// contract, with [`PinTable::record`]'s rules.
+    pub fn declare(&mut self, tree: &TreeDeclaration) -> Result<(), PinRefusal> {
+        self.record(tree.generation, &tree.compiler_revision)?;
+        self.record_contract(tree.generation, tree.contract)?;
+        Ok(())
     }
 
     pub fn get(&self, generation: Generation) -> Option<&GitCommit> {
@@ -163,8 +227,9 @@ impl PinTable {
         Ok(true)
     }
 
-    /// Merge a recorded table (`{"v25": "<sha>", …}`) into this one, with [`PinTable::record`]'s
-    /// rules. `Err` is a message naming the bad key or value.
+    /// Merge a recorded table into this one, with [`PinTable::record`]'s rules. A value is a
+    /// pin (`{"v25": "<sha>"}`) or a pin and a contract (`{"v26": {"tinygrad": "<sha>",
+    /// "contract": "v26"}}`). `Err` is a message naming the bad key or value.
     pub fn merge_json(&mut self, bytes: &[u8]) -> Result<(), String> {
         let value: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
         let Value::Object(map) = value else {
@@ -172,23 +237,68 @@ impl PinTable {
         };
         for (k, v) in map {
             let generation: Generation = k.parse().map_err(|e| format!("key {k:?}: {e}"))?;
-            let commit: GitCommit = v
-                .as_str()
-                .ok_or_else(|| format!("{k}: expected a commit string"))?
-                .parse()
-                .map_err(|e| format!("{k}: {e}"))?;
+            let (commit, contract) = match &v {
+                Value::String(s) => (s.as_str(), None),
+                Value::Object(o) => {
+                    if let Some(extra) = o
+                        .keys()
+                        .find(|k| !["tinygrad", "contract"].contains(&k.as_str()))
+                    {
+                        return Err(format!(
+                            "{k}: unknown key {extra:?} (expected tinygrad, contract)"
+                        ));
+                    }
+                    let commit = o
+                        .get("tinygrad")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| format!("{k}: expected a \"tinygrad\" commit string"))?;
+                    let contract = match o.get("contract") {
+                        None => None,
+                        Some(c) => Some(
+                            c.as_str()
+                                .ok_or_else(|| format!("{k}.contract: expected a string"))?
+                                .parse::<ContractName>()
+                                .map_err(|e| format!("{k}.contract: {e}"))?,
+                        ),
+                    };
+                    (commit, contract)
+                }
+                _ => return Err(format!("{k}: expected a commit string")),
+            };
+            let commit: GitCommit = commit.parse().map_err(|e| format!("{k}: {e}"))?;
             self.record(generation, &commit)
                 .map_err(|e| format!("{k}: {e}"))?;
+            if let Some(c) = contract {
+                self.record_contract(generation, c)
+                    .map_err(|e| format!("{k}: {e}"))?;
+            }
         }
         Ok(())
     }
 
-    /// The table as `tinygrad bump` writes it: one key per generation, in order, newline-ended.
+    /// The table as `tinygrad bump` writes it: one key per generation, in order, newline-ended;
+    /// a generation with a recorded contract other than the one it would inherit is written
+    /// with it (`{"tinygrad": …, "contract": …}`).
     pub fn to_json(&self) -> String {
         let map: Map<String, Value> = self
             .pins
             .iter()
-            .map(|(g, c)| (g.to_string(), Value::String(c.to_string())))
+            .map(|(g, c)| {
+                let inherited = g
+                    .previous()
+                    .map(|p| self.contract_of(p))
+                    .unwrap_or(BASE_CONTRACT);
+                let value = match self.contracts.get(g) {
+                    Some(k) if *k != inherited => {
+                        let mut o = Map::new();
+                        o.insert("tinygrad".into(), Value::String(c.to_string()));
+                        o.insert("contract".into(), Value::String(k.to_string()));
+                        Value::Object(o)
+                    }
+                    _ => Value::String(c.to_string()),
+                };
+                (g.to_string(), value)
+            })
             .collect();
         serde_json::to_string_pretty(&Value::Object(map)).expect("strings serialize") + "\n"
     }
@@ -295,5 +405,78 @@ mod tests {
                 .contains("already pinned")
         );
         assert!(PinTable::builtin().merge_json(b"[]").is_err());
+    }
+
+    #[test]
+    fn contracts_are_recorded_and_inherited() {
+        let (v25, v26, v27, v28) = (
+            Generation::new(25),
+            Generation::new(26),
+            Generation::new(27),
+            Generation::new(28),
+        );
+        let mut t = PinTable::builtin();
+        // Nothing recorded after v25: every later generation is a v25-contract one.
+        assert_eq!(t.contract_of(v27), ContractName::V25);
+        assert_eq!(t.contract_of(Generation::new(3)), ContractName::V25);
+        t.record(v26, &c('a')).unwrap();
+        t.record_contract(v26, ContractName::V26).unwrap();
+        t.record(v27, &c('b')).unwrap();
+        let cases = [
+            (v25, ContractName::V25),
+            (v26, ContractName::V26),
+            (v27, ContractName::V26),
+            (v28, ContractName::V26),
+        ];
+        for (g, want) in cases {
+            assert_eq!(t.contract_of(g), want, "{g}");
+        }
+        assert!(matches!(
+            t.record_contract(v26, ContractName::V25),
+            Err(PinRefusal::ContractConflict { .. })
+        ));
+        // Written with the contract where it changes, and read back the same.
+        let json = t.to_json();
+        assert!(json.contains("\"contract\": \"v26\""), "{json}");
+        assert_eq!(json.matches("contract").count(), 1, "{json}");
+        let mut back = PinTable::builtin();
+        back.merge_json(json.as_bytes()).unwrap();
+        assert_eq!(back.contract_of(v27), ContractName::V26);
+        assert_eq!(back.get(v27), Some(&c('b')));
+        // An explicit return to v25 for a v28 is kept.
+        back.record(v28, &c('d')).unwrap();
+        back.record_contract(v28, ContractName::V25).unwrap();
+        let mut again = PinTable::builtin();
+        again.merge_json(back.to_json().as_bytes()).unwrap();
+        assert_eq!(again.contract_of(v28), ContractName::V25);
+        for bad in [
+            &br#"{"v26": {"tinygrad": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "contract": "v99"}}"#[..],
+            br#"{"v26": {"contract": "v26"}}"#,
+            br#"{"v26": {"tinygrad": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "abi": "x"}}"#,
+            br#"{"v26": 5}"#,
+        ] {
+            assert!(PinTable::builtin().merge_json(bad).is_err());
+        }
+    }
+
+    #[test]
+    fn a_tree_declaration_records_pin_and_contract() {
+        let mut t = PinTable::builtin();
+        let decl = TreeDeclaration {
+            generation: Generation::new(26),
+            contract: ContractName::V26,
+            compiler_revision: c('9'),
+            catalog: vec![],
+        };
+        t.declare(&decl).unwrap();
+        assert_eq!(t.owner_of(&c('9')), Some(Generation::new(26)));
+        assert_eq!(t.contract_of(Generation::new(26)), ContractName::V26);
+        // The same declaration again is fine; another pin for v26 is a conflict.
+        t.declare(&decl).unwrap();
+        let other = TreeDeclaration {
+            compiler_revision: c('8'),
+            ..decl
+        };
+        assert!(t.declare(&other).is_err());
     }
 }

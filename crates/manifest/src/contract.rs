@@ -1,0 +1,667 @@
+//! A generation's contract: the table of everything that differs between StarPilot's v25
+//! contract and upstream's v26 one (docs/formats.md, "Generation contracts").
+//!
+//! A generation is a tinygrad pin ([`crate::pins`]) **and** a contract. The pin says which
+//! tinygrad compiled the artifacts; the contract says what the manifest, the artifact and the
+//! device's files look like. Two contracts exist:
+//!
+//! - [`ContractName::V25`]: today's manifest schema (`tinygrad_single_v1`, a `chestnut`
+//!   accelerator variant, our `generation`/`tinygrad_commit` extensions), the flat device layout
+//!   (`/data/models/<id>_driving_tinygrad.pkl`, the selection in the `Model` params), no stamp in
+//!   the artifact.
+//! - [`ContractName::V26`]: upstream's `starpilot/models/` (top-level `generation`,
+//!   `compiler_revision`, `artifact_abi`; `tinygrad_single_v1_arena`; an `amd` accelerator
+//!   variant; runtime variants; a stamp inside the artifact; build receipts; a per-generation
+//!   device root with `preferences.json`, a job file, locks and modeld's load receipt).
+//!
+//! Every contract detail lives in [`CONTRACTS`]; code asks a [`Contract`] instead of naming a
+//! generation. Which contract a generation runs is recorded in the pin table
+//! ([`crate::PinTable::contract_of`]): `v25` is [`ContractName::V25`]; a tree carrying upstream's
+//! v26 catalog module declares its generation's contract ([`TreeDeclaration`]); any other
+//! generation inherits the contract of the nearest generation before it, so a made-up v27 after
+//! a v26-contract v26 is a v26-contract generation without any code change.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::types::{BehaviorVersion, Generation, GitCommit, ModelId};
+
+/// The contracts this code speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ContractName {
+    V25,
+    V26,
+}
+
+impl ContractName {
+    pub const ALL: [ContractName; 2] = [ContractName::V25, ContractName::V26];
+
+    pub fn as_str(self) -> &'static str {
+        self.contract().name_str
+    }
+
+    /// This contract's table row.
+    pub fn contract(self) -> &'static Contract {
+        CONTRACTS
+            .iter()
+            .find(|c| c.name == self)
+            .expect("every ContractName has a row in CONTRACTS")
+    }
+}
+
+impl fmt::Display for ContractName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ContractName {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        CONTRACTS
+            .iter()
+            .find(|c| c.name_str == s)
+            .map(|c| c.name)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "contract",
+                    s,
+                    format!(
+                        "must be one of {}",
+                        CONTRACTS
+                            .iter()
+                            .map(|c| c.name_str)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })
+    }
+}
+
+impl serde::Serialize for ContractName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Where a device keeps a generation's files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceLayout {
+    /// `<models>/<id>_driving_tinygrad.pkl`, `.catalog.json`, the selection in the `Model`
+    /// params (v25 and before).
+    Flat,
+    /// `<models>/<gen>/<id>/<id>_driving[_amd]_tinygrad.pkl`, `<gen>/catalog.json`,
+    /// `<gen>/preferences.json`, `<gen>/.download-job.json`, `<gen>/.state.lock`,
+    /// `<gen>/.download.lock` (upstream's v26 manager).
+    PerGeneration,
+}
+
+/// The accelerator variant a contract's manifest may carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcceleratorRule {
+    /// The key inside `accelerator_artifacts` (`chestnut`, `amd`).
+    pub key: &'static str,
+    /// The variant's `execution_device` (`"AMD"` for both).
+    pub execution_device: &'static str,
+    /// The variant's file: `<id>_driving_<infix>_tinygrad.pkl`.
+    pub file_infix: &'static str,
+    /// Only on a non-GPU model with `model_lab_eligible: true` (v26).
+    pub requires_lab_eligible: bool,
+    /// The variant carries `compiler_revision` equal to the manifest's (v26).
+    pub carries_compiler_revision: bool,
+}
+
+/// The stamp the artifact carries in its top-level pickle dict (v26 runner's
+/// `validate_artifact`): these keys must hold these values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StampRule {
+    /// The dict key holding the ABI; its value must be [`Contract::artifact_abi`].
+    pub abi_key: &'static str,
+    /// The dict key holding the compiler (tinygrad) revision; its value must be the pin.
+    pub compiler_revision_key: &'static str,
+    /// The dict key holding the format version, and the value it must have.
+    pub format_version_key: &'static str,
+    pub format_version: i64,
+    /// The dict key holding the behaviour version; its value must be the entry's `version`.
+    pub behavior_version_key: &'static str,
+}
+
+/// What a tree that declares this contract carries (upstream's v26 catalog module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeMarkers {
+    /// The catalog module, relative to the openpilot tree.
+    pub catalog_module: &'static str,
+    /// The reviewed catalog beside it, with `{gen}` for the generation (`catalog-v26.json`).
+    pub catalog_json: &'static str,
+    /// The file recording the tree's dependencies, tinygrad among them.
+    pub sync_file: &'static str,
+    /// The dependency path whose `commit` is the tinygrad (compiler) revision.
+    pub tinygrad_dependency: &'static str,
+}
+
+/// modeld's load receipt (v26): what actually runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadReceiptRule {
+    /// `/dev/shm/<dir_prefix><OPENPILOT_PREFIX or default_prefix>/<file>`.
+    pub dir_prefix: &'static str,
+    pub default_prefix: &'static str,
+    pub file: &'static str,
+    pub max_bytes: u64,
+    pub version: i64,
+    /// Seconds between modeld's republications of the receipt.
+    pub republish_secs: u64,
+}
+
+/// One contract's row. Every field is a detail that differs between contracts; nothing here is
+/// written as a constant anywhere else.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Contract {
+    pub name: ContractName,
+    pub name_str: &'static str,
+    /// The `artifact_format` every downloadable artifact carries.
+    pub artifact_format: &'static str,
+    /// The ABI named at the manifest's top level and in the artifact's stamp (v26).
+    pub artifact_abi: Option<&'static str>,
+    /// Top-level keys besides `models` that a manifest of this contract must carry.
+    pub required_top_keys: &'static [&'static str],
+    /// The top-level key holding the tinygrad (compiler) revision.
+    pub revision_key: &'static str,
+    /// The accelerator variant its manifest may carry (at most one kind).
+    pub accelerator: AcceleratorRule,
+    /// `runtime_artifacts` variants are understood up to this runner revision (v26: 2).
+    pub runner_revision: Option<u32>,
+    /// The smallest `min_runner_revision` a runtime variant may name.
+    pub min_runtime_revision: u32,
+    /// Any violation refuses the whole manifest (v26), rather than dropping one entry (v25).
+    pub whole_manifest_refusal: bool,
+    /// Entries must be rows of the tree's bundled catalog, with its version and GPU flag.
+    pub entries_from_tree_catalog: bool,
+    /// An artifact that fits one chunk may be published as one plain file (count 0).
+    pub plain_file_when_one_chunk: bool,
+    pub device_layout: DeviceLayout,
+    /// The selection's "the bundled model" value in the device's selection store.
+    pub bundled_selection: &'static str,
+    /// Free space a download needs beyond the artifact's size.
+    pub download_headroom_bytes: u64,
+    /// `preferences.json`'s size cap (v26).
+    pub preferences_max_bytes: u64,
+    pub stamp: Option<StampRule>,
+    /// `compile`, `dm` and `builtin` write `<file stem>.build.json` and publish requires it.
+    pub build_receipts: bool,
+    pub load_receipt: Option<LoadReceiptRule>,
+    /// The device validation's p95 latency bound, in milliseconds.
+    pub validation_p95_ms: Option<u32>,
+    pub tree: Option<TreeMarkers>,
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// The table. Add a row for a new contract; never a constant elsewhere.
+pub const CONTRACTS: [Contract; 2] = [
+    Contract {
+        name: ContractName::V25,
+        name_str: "v25",
+        artifact_format: "tinygrad_single_v1",
+        artifact_abi: None,
+        required_top_keys: &[],
+        revision_key: crate::keys::TINYGRAD_COMMIT,
+        accelerator: AcceleratorRule {
+            key: "chestnut",
+            execution_device: "AMD",
+            file_infix: "chestnut",
+            requires_lab_eligible: false,
+            carries_compiler_revision: false,
+        },
+        runner_revision: None,
+        min_runtime_revision: 0,
+        whole_manifest_refusal: false,
+        entries_from_tree_catalog: false,
+        plain_file_when_one_chunk: false,
+        device_layout: DeviceLayout::Flat,
+        bundled_selection: "rdf43",
+        download_headroom_bytes: 0,
+        preferences_max_bytes: 0,
+        stamp: None,
+        build_receipts: false,
+        load_receipt: None,
+        validation_p95_ms: None,
+        tree: None,
+    },
+    Contract {
+        name: ContractName::V26,
+        name_str: "v26",
+        artifact_format: "tinygrad_single_v1_arena",
+        artifact_abi: Some("tinygrad_single_v1_arena"),
+        required_top_keys: &["generation", "compiler_revision", "artifact_abi"],
+        revision_key: "compiler_revision",
+        accelerator: AcceleratorRule {
+            key: "amd",
+            execution_device: "AMD",
+            file_infix: "amd",
+            requires_lab_eligible: true,
+            carries_compiler_revision: true,
+        },
+        runner_revision: Some(2),
+        min_runtime_revision: 2,
+        whole_manifest_refusal: true,
+        entries_from_tree_catalog: true,
+        plain_file_when_one_chunk: true,
+        device_layout: DeviceLayout::PerGeneration,
+        bundled_selection: "bundled-current",
+        download_headroom_bytes: 256 * MIB,
+        preferences_max_bytes: 16 * 1024,
+        stamp: Some(StampRule {
+            abi_key: "artifact_abi",
+            compiler_revision_key: "compiler_revision",
+            format_version_key: "format_version",
+            format_version: 1,
+            behavior_version_key: "behavior_version",
+        }),
+        build_receipts: true,
+        load_receipt: Some(LoadReceiptRule {
+            dir_prefix: "starpilot_modeld_",
+            default_prefix: "d",
+            file: "load-v1.json",
+            max_bytes: 1024,
+            version: 1,
+            republish_secs: 5,
+        }),
+        validation_p95_ms: Some(50),
+        tree: Some(TreeMarkers {
+            catalog_module: "starpilot/models/catalog.py",
+            catalog_json: "starpilot/models/catalog-{gen}.json",
+            sync_file: "upstream-sync.json",
+            tinygrad_dependency: "tinygrad_repo",
+        }),
+    },
+];
+
+/// The contract generations inherit when nothing earlier is recorded.
+pub const BASE_CONTRACT: ContractName = ContractName::V25;
+
+impl Contract {
+    /// `<id>_driving_<infix>_tinygrad.pkl`, the accelerator variant's file.
+    pub fn accelerator_file_name(&self, id: &ModelId) -> String {
+        format!("{id}_driving_{}_tinygrad.pkl", self.accelerator.file_infix)
+    }
+
+    /// The reviewed catalog's path in the tree for `generation` (v26:
+    /// `starpilot/models/catalog-v26.json`).
+    pub fn tree_catalog_path(&self, generation: Generation) -> Option<String> {
+        self.tree
+            .map(|t| t.catalog_json.replace("{gen}", &generation.to_string()))
+    }
+
+    /// The load receipt's path for an `OPENPILOT_PREFIX` (`None`: unset).
+    pub fn load_receipt_path(&self, prefix: Option<&str>) -> Option<std::path::PathBuf> {
+        self.load_receipt.map(|r| {
+            std::path::Path::new("/dev/shm")
+                .join(format!(
+                    "{}{}",
+                    r.dir_prefix,
+                    prefix.filter(|p| !p.is_empty()).unwrap_or(r.default_prefix)
+                ))
+                .join(r.file)
+        })
+    }
+}
+
+/// One row of a tree's reviewed catalog (`catalog-v26.json`'s `models`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeCatalogRow {
+    pub id: ModelId,
+    pub name: String,
+    pub version: BehaviorVersion,
+    pub uses_external_gpu: bool,
+    pub model_lab_eligible: bool,
+}
+
+/// What a tree declares about its generation (upstream's v26 catalog module): read from the
+/// catalog JSON beside the module and the tree's `upstream-sync.json`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeDeclaration {
+    pub generation: Generation,
+    pub contract: ContractName,
+    /// `upstream-sync.json`'s `dependencies[path == "tinygrad_repo"].commit`.
+    pub compiler_revision: GitCommit,
+    pub catalog: Vec<TreeCatalogRow>,
+}
+
+impl TreeDeclaration {
+    pub fn row(&self, id: &str) -> Option<&TreeCatalogRow> {
+        self.catalog.iter().find(|r| r.id.as_str() == id)
+    }
+}
+
+/// The generation a reviewed-catalog file name declares: `catalog-v26.json` → v26.
+pub fn parse_tree_catalog_name(contract: &Contract, file_name: &str) -> Option<Generation> {
+    let pattern = contract.tree?.catalog_json.rsplit('/').next()?;
+    let (before, after) = pattern.split_once("{gen}")?;
+    file_name
+        .strip_prefix(before)?
+        .strip_suffix(after)?
+        .parse()
+        .ok()
+}
+
+/// The tinygrad commit an `upstream-sync.json` records for `dependency`.
+pub fn parse_sync_file(bytes: &[u8], dependency: &str) -> std::result::Result<GitCommit, String> {
+    let doc: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let deps = doc
+        .get("dependencies")
+        .and_then(Value::as_array)
+        .ok_or("no `dependencies` list")?;
+    let mut found = deps
+        .iter()
+        .filter(|d| d.get("path").and_then(Value::as_str) == Some(dependency));
+    let dep = found
+        .next()
+        .ok_or_else(|| format!("no dependency with path {dependency:?}"))?;
+    if found.next().is_some() {
+        return Err(format!("more than one dependency with path {dependency:?}"));
+    }
+    let commit = dep
+        .get("commit")
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("dependency {dependency:?} has no `commit` string"))?;
+    commit
+        .parse()
+        .map_err(|e| format!("dependency {dependency:?}: {e}"))
+}
+
+/// The rows of a reviewed catalog (`{"models": [{id, name, version, uses_external_gpu?,
+/// model_lab_eligible?}, …]}`). Every row must parse; ids are unique.
+pub fn parse_tree_catalog(bytes: &[u8]) -> std::result::Result<Vec<TreeCatalogRow>, String> {
+    let doc: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let models = doc
+        .get("models")
+        .and_then(Value::as_array)
+        .ok_or("no `models` list")?;
+    let mut rows: Vec<TreeCatalogRow> = Vec::with_capacity(models.len());
+    for (i, m) in models.iter().enumerate() {
+        let field = |k: &str| {
+            m.get(k)
+                .and_then(Value::as_str)
+                .ok_or_else(|| format!("models[{i}]: no `{k}` string"))
+        };
+        let id: ModelId = field("id")?
+            .parse()
+            .map_err(|e| format!("models[{i}].id: {e}"))?;
+        if rows.iter().any(|r| r.id == id) {
+            return Err(format!("models[{i}]: id {id} is listed twice"));
+        }
+        let version = field("version")?
+            .parse()
+            .map_err(|e| format!("models[{i}].version: {e}"))?;
+        let flag = |k: &str| match m.get(k) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(format!("models[{i}].{k}: not a boolean")),
+        };
+        rows.push(TreeCatalogRow {
+            name: field("name")?.to_string(),
+            version,
+            uses_external_gpu: flag("uses_external_gpu")?,
+            model_lab_eligible: flag("model_lab_eligible")?,
+            id,
+        });
+    }
+    Ok(rows)
+}
+
+/// What a tree holds of a contract's markers, as read by the caller's bounded reader.
+#[derive(Debug, Clone, Default)]
+pub struct TreeFiles {
+    /// The catalog module exists (a regular file).
+    pub catalog_module: bool,
+    /// The reviewed catalogs beside it: (file name, bytes). Exactly one must be there.
+    pub catalogs: Vec<(String, Vec<u8>)>,
+    /// The sync file's bytes, when present.
+    pub sync_file: Option<Vec<u8>>,
+}
+
+/// The tree's declaration from its files, for the contract whose markers they are: `Ok(None)`
+/// when the tree does not carry that contract's catalog module (a v25 tree), `Err` with a
+/// message when it carries it but the declaration cannot be read (no or several reviewed
+/// catalogs, an unreadable sync file or catalog): a device pauses on that, release refuses.
+pub fn declaration(
+    contract: ContractName,
+    files: &TreeFiles,
+) -> std::result::Result<Option<TreeDeclaration>, String> {
+    let c = contract.contract();
+    let Some(markers) = c.tree else {
+        return Ok(None);
+    };
+    if !files.catalog_module {
+        return Ok(None);
+    }
+    let dir = markers
+        .catalog_json
+        .rsplit_once('/')
+        .map(|(d, _)| d)
+        .unwrap_or("");
+    let mut found: Vec<(Generation, &[u8], &str)> = files
+        .catalogs
+        .iter()
+        .filter_map(|(name, bytes)| {
+            parse_tree_catalog_name(c, name).map(|g| (g, bytes.as_slice(), name.as_str()))
+        })
+        .collect();
+    let (generation, bytes, name) = match found.len() {
+        1 => found.remove(0),
+        0 => {
+            return Err(format!(
+                "{} is there but no reviewed catalog ({}) beside it",
+                markers.catalog_module, markers.catalog_json
+            ));
+        }
+        _ => {
+            return Err(format!(
+                "{dir}/ holds several reviewed catalogs ({}); exactly one names the tree's generation",
+                found.iter().map(|f| f.2).collect::<Vec<_>>().join(", ")
+            ));
+        }
+    };
+    let sync = files.sync_file.as_deref().ok_or_else(|| {
+        format!(
+            "{} declares {generation} but {} is missing: it records the tinygrad the tree runs",
+            markers.catalog_module, markers.sync_file
+        )
+    })?;
+    let compiler_revision = parse_sync_file(sync, markers.tinygrad_dependency)
+        .map_err(|e| format!("{}: {e}", markers.sync_file))?;
+    let catalog = parse_tree_catalog(bytes).map_err(|e| format!("{dir}/{name}: {e}"))?;
+    Ok(Some(TreeDeclaration {
+        generation,
+        contract,
+        compiler_revision,
+        catalog,
+    }))
+}
+
+/// The contracts whose trees declare themselves, in the order a reader tries them.
+pub fn declaring_contracts() -> impl Iterator<Item = &'static Contract> {
+    CONTRACTS.iter().filter(|c| c.tree.is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_has_one_row_and_parses_back() {
+        for name in ContractName::ALL {
+            assert_eq!(name.contract().name, name);
+            assert_eq!(name.as_str().parse::<ContractName>().unwrap(), name);
+        }
+        assert_eq!(CONTRACTS.len(), ContractName::ALL.len());
+        assert!("v27".parse::<ContractName>().is_err());
+    }
+
+    #[test]
+    fn paths_from_the_table() {
+        let v26 = ContractName::V26.contract();
+        let id: ModelId = "sc2".parse().unwrap();
+        assert_eq!(
+            v26.accelerator_file_name(&id),
+            "sc2_driving_amd_tinygrad.pkl"
+        );
+        assert_eq!(
+            ContractName::V25.contract().accelerator_file_name(&id),
+            "sc2_driving_chestnut_tinygrad.pkl"
+        );
+        assert_eq!(
+            v26.tree_catalog_path(Generation::new(27)).unwrap(),
+            "starpilot/models/catalog-v27.json"
+        );
+        assert_eq!(
+            v26.load_receipt_path(None).unwrap(),
+            std::path::Path::new("/dev/shm/starpilot_modeld_d/load-v1.json")
+        );
+        assert_eq!(
+            v26.load_receipt_path(Some("t3")).unwrap(),
+            std::path::Path::new("/dev/shm/starpilot_modeld_t3/load-v1.json")
+        );
+        assert_eq!(ContractName::V25.contract().load_receipt_path(None), None);
+        for (name, want) in [
+            ("catalog-v26.json", Some(26)),
+            ("catalog-v27.json", Some(27)),
+            ("catalog-v026.json", None),
+            ("catalog.json", None),
+            ("catalog-v26.json.bak", None),
+        ] {
+            assert_eq!(
+                parse_tree_catalog_name(v26, name).map(Generation::number),
+                want,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn sync_file_cases() {
+        let sha = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+        let ok = format!(
+            r#"{{"dependencies": [{{"path": "panda", "commit": "{}"}}, {{"path": "tinygrad_repo", "commit": "{sha}"}}]}}"#,
+            "a".repeat(40)
+        );
+        assert_eq!(
+            parse_sync_file(ok.as_bytes(), "tinygrad_repo")
+                .unwrap()
+                .as_str(),
+            sha
+        );
+        for (bad, why) in [
+            (&b"{"[..], "not JSON"),
+            (br#"{"deps": []}"#, "no `dependencies`"),
+            (br#"{"dependencies": [{"path": "panda"}]}"#, "no dependency"),
+            (
+                br#"{"dependencies": [{"path": "tinygrad_repo", "commit": 5}]}"#,
+                "no `commit`",
+            ),
+            (
+                br#"{"dependencies": [{"path": "tinygrad_repo", "commit": "abc"}]}"#,
+                "tinygrad_repo",
+            ),
+        ] {
+            let e = parse_sync_file(bad, "tinygrad_repo").unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
+        let twice = format!(
+            r#"{{"dependencies": [{{"path": "tinygrad_repo", "commit": "{sha}"}}, {{"path": "tinygrad_repo", "commit": "{sha}"}}]}}"#
+        );
+        assert!(
+            parse_sync_file(twice.as_bytes(), "tinygrad_repo")
+                .unwrap_err()
+                .contains("more than one")
+        );
+    }
+
+    #[test]
+    fn tree_catalog_cases() {
+        let rows = parse_tree_catalog(
+            br#"{"models": [{"id": "sc2", "name": "SC", "version": "v9"},
+                {"id": "gwm8223", "name": "G", "version": "v12", "uses_external_gpu": true,
+                 "model_lab_eligible": false}]}"#,
+        )
+        .unwrap();
+        assert_eq!(rows.len(), 2);
+        assert!(!rows[0].uses_external_gpu && rows[1].uses_external_gpu);
+        assert_eq!(rows[1].version, BehaviorVersion::new(12));
+        for (bad, why) in [
+            (&br#"{"models": {}}"#[..], "no `models`"),
+            (br#"{"models": [{"id": "x", "name": "X"}]}"#, "version"),
+            (
+                br#"{"models": [{"id": "x", "name": "X", "version": "v1"}, {"id": "x", "name": "Y", "version": "v1"}]}"#,
+                "twice",
+            ),
+            (
+                br#"{"models": [{"id": "x", "name": "X", "version": "v1", "uses_external_gpu": "yes"}]}"#,
+                "boolean",
+            ),
+        ] {
+            let e = parse_tree_catalog(bad).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
+    }
+
+    #[test]
+    fn declaration_cases() {
+        let sha = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+        let sync =
+            format!(r#"{{"dependencies": [{{"path": "tinygrad_repo", "commit": "{sha}"}}]}}"#)
+                .into_bytes();
+        let cat = br#"{"models": [{"id": "sc2", "name": "SC", "version": "v9"}]}"#.to_vec();
+        let files = |module: bool, cats: &[&str], sync: Option<&Vec<u8>>| TreeFiles {
+            catalog_module: module,
+            catalogs: cats.iter().map(|n| (n.to_string(), cat.clone())).collect(),
+            sync_file: sync.cloned(),
+        };
+        // A v25 tree: no module.
+        assert_eq!(
+            declaration(
+                ContractName::V26,
+                &files(false, &["catalog-v26.json"], Some(&sync))
+            ),
+            Ok(None)
+        );
+        assert_eq!(
+            declaration(ContractName::V25, &files(true, &[], None)),
+            Ok(None)
+        );
+        for (number, name) in [(26, "catalog-v26.json"), (27, "catalog-v27.json")] {
+            let d = declaration(
+                ContractName::V26,
+                &files(true, &[name, "other.json"], Some(&sync)),
+            )
+            .unwrap()
+            .unwrap();
+            assert_eq!(d.generation, Generation::new(number));
+            assert_eq!(d.compiler_revision.as_str(), sha);
+            assert_eq!(d.catalog.len(), 1);
+            assert!(d.row("sc2").is_some());
+        }
+        for (f, why) in [
+            (files(true, &[], Some(&sync)), "no reviewed catalog"),
+            (
+                files(true, &["catalog-v26.json", "catalog-v27.json"], Some(&sync)),
+                "several",
+            ),
+            (
+                files(true, &["catalog-v26.json"], None),
+                "upstream-sync.json is missing",
+            ),
+            (
+                files(true, &["catalog-v26.json"], Some(&b"{}".to_vec())),
+                "upstream-sync.json: no `dependencies`",
+            ),
+        ] {
+            let e = declaration(ContractName::V26, &f).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
+    }
+}
