@@ -10,6 +10,7 @@ mod chunk_inputs_cli;
 mod cli_surface;
 mod common;
 mod manifest_cli;
+mod manifest_v26_cli;
 mod publish_rules_cli;
 mod rehearse_cli;
 mod release_contract;

@@ -488,6 +488,76 @@ pub fn declaring_contracts() -> impl Iterator<Item = &'static Contract> {
     CONTRACTS.iter().filter(|c| c.tree.is_some())
 }
 
+// ---- Which contract judges a manifest (manifest validation, release side) ---------------
+
+/// The contract a manifest's own top level names: the one whose ABI its `artifact_abi` is.
+pub fn named_by_manifest(top: &serde_json::Map<String, Value>) -> Option<ContractName> {
+    let abi = top.get(crate::keys::ARTIFACT_ABI)?.as_str()?;
+    CONTRACTS
+        .iter()
+        .find(|c| c.artifact_abi == Some(abi))
+        .map(|c| c.name)
+}
+
+/// The generation a manifest names and the contract that judges it: the contract the pin table
+/// records for that generation; else the one the manifest names by its ABI (a v26 manifest
+/// judged without its tree); else the table's inherited one ([`crate::PinTable::contract_of`]).
+/// Bytes that are not a JSON object name nothing and get the contract of no generation
+/// ([`BASE_CONTRACT`]), whose rules then report what is wrong.
+pub fn for_manifest(pins: &crate::PinTable, bytes: &[u8]) -> (Option<Generation>, ContractName) {
+    let top = match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(top)) => top,
+        _ => return (None, BASE_CONTRACT),
+    };
+    let generation = top
+        .get(crate::keys::GENERATION)
+        .and_then(Value::as_str)
+        .and_then(|g| g.parse::<Generation>().ok());
+    let recorded = generation.and_then(|g| pins.recorded_contract(g));
+    let contract = recorded
+        .or_else(|| named_by_manifest(&top))
+        .unwrap_or_else(|| generation.map_or(BASE_CONTRACT, |g| pins.contract_of(g)));
+    (generation, contract)
+}
+
+#[cfg(test)]
+mod judging_tests {
+    use super::*;
+
+    #[test]
+    fn which_contract_judges_a_manifest() {
+        let v26_doc =
+            br#"{"generation": "v26", "artifact_abi": "tinygrad_single_v1_arena", "models": []}"#;
+        let v27_doc = br#"{"generation": "v27", "models": []}"#;
+        let v25_doc =
+            br#"{"generation": "v25", "artifact_abi": "tinygrad_single_v1_arena", "models": []}"#;
+        let builtin = crate::PinTable::builtin();
+        let mut declared = crate::PinTable::builtin();
+        declared
+            .record_contract(Generation::new(26), ContractName::V26)
+            .unwrap();
+        for (pins, doc, want) in [
+            // Without a tree: the manifest's ABI names v26.
+            (&builtin, &v26_doc[..], ContractName::V26),
+            // Nothing recorded, nothing named: inherited (v25 from the built-in table).
+            (&builtin, &v27_doc[..], ContractName::V25),
+            // A made-up v27 after a v26-contract v26 inherits v26's contract.
+            (&declared, &v27_doc[..], ContractName::V26),
+            // A recorded contract wins over what the manifest names.
+            (&builtin, &v25_doc[..], ContractName::V25),
+            (&builtin, &b"[]"[..], BASE_CONTRACT),
+        ] {
+            assert_eq!(
+                for_manifest(pins, doc).1,
+                want,
+                "{}",
+                String::from_utf8_lossy(doc)
+            );
+        }
+        assert_eq!(for_manifest(&builtin, v27_doc).0, Some(Generation::new(27)));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
