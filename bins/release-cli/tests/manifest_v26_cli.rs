@@ -47,7 +47,12 @@ fn manifest(generation: &str, revision: &str, data: &[u8]) -> Value {
 
 /// A refusal case: its name, the edit, the paths refused, and whether only the tree's
 /// catalog shows it (so that it passes without `--openpilot`).
-type Case = (&'static str, Box<dyn Fn(&mut Value)>, Vec<&'static str>, bool);
+type Case = (
+    &'static str,
+    Box<dyn Fn(&mut Value)>,
+    Vec<&'static str>,
+    bool,
+);
 
 fn validate(dir: &Path, file: &Path, tree: Option<&Path>) -> (Option<i32>, Value) {
     let mut args = vec![
