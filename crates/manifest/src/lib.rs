@@ -26,6 +26,7 @@ mod manifest;
 mod named;
 pub mod pins;
 pub mod signature;
+pub mod stamp;
 pub mod tolerant;
 mod types;
 pub mod validate;
