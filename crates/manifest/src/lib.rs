@@ -25,6 +25,7 @@ pub mod layout;
 mod manifest;
 mod named;
 pub mod pins;
+pub mod receipt;
 pub mod signature;
 pub mod stamp;
 pub mod tolerant;
