@@ -1,0 +1,324 @@
+//! The runtime gate: nothing ships that the pinned runtime cannot load (docs/release.md, "The
+//! release gates").
+//!
+//! Before any byte leaves the machine, every driving artifact a command ships — each model's
+//! artifact, each accelerator variant, the built-in chunk set — has its stamp read
+//! ([`manifest::stamp`], through chunker's reader, so a chunk set is read as the one file it
+//! is) and checked against this generation's contract, pin and the entry's version; and, for a
+//! contract with build receipts, every such artifact and every driver-monitoring file must have
+//! its receipt beside it ([`manifest::receipt`]) naming the pin and the very bytes that ship.
+//! A contract without a stamp or receipts (v25) checks nothing here: its artifacts keep its
+//! rules.
+//!
+//! [`publish_files`] and [`tree_files`] say which files a publish ships and which the tree
+//! holds; [`check_files`] reads them and decides. The reads are bounded (the stamp reader's
+//! caps; receipts at most [`manifest::receipt::MAX_RECEIPT_BYTES`]).
+
+use std::fmt;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use chunker::Sha256Digest;
+use manifest::receipt::{self, BuildReceipt, ReceiptRefusal};
+use manifest::stamp::{self, Framing, StampError, StampLimits, StampRefusal};
+use manifest::{BehaviorVersion, Contract, GitCommit, Manifest, ModelId, layout};
+use serde::Serialize;
+
+use crate::{Error, Result};
+
+/// What a shipped file is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Subject {
+    /// A model's artifact.
+    Model { id: ModelId },
+    /// An `accelerator_artifacts` variant of a model.
+    Variant { id: ModelId, variant: String },
+    /// The built-in driving model in the openpilot tree.
+    Builtin,
+    /// A driver-monitoring file in the openpilot tree.
+    Dm { name: String },
+}
+
+impl fmt::Display for Subject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Model { id } => write!(f, "model {id}"),
+            Self::Variant { id, variant } => write!(f, "model {id}'s {variant} variant"),
+            Self::Builtin => f.write_str("the built-in model"),
+            Self::Dm { name } => write!(f, "DM file {name}"),
+        }
+    }
+}
+
+/// One file to check: where it is (the logical name: a plain file or a chunk set), whether it
+/// carries a stamp, the version it must name, and the digest and size the release states.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShippedFile {
+    pub subject: Subject,
+    pub path: PathBuf,
+    /// A driving artifact (model, variant, built-in) carries a stamp; a DM file does not.
+    pub stamped: bool,
+    pub version: Option<BehaviorVersion>,
+    /// The digest and size the release states for it (`None`: taken from the bytes).
+    pub sha256: Option<Sha256Digest>,
+    pub size: Option<u64>,
+}
+
+/// Why a file cannot ship.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadProblem {
+    /// The stamp could not be read (not a pickle, an unknown framing, a hostile file).
+    Stamp(StampError),
+    /// The stamp names another ABI, compiler, format or version.
+    StampRefused(StampRefusal),
+    /// No build receipt beside it.
+    ReceiptMissing { receipt: PathBuf },
+    /// A receipt that is not one.
+    ReceiptUnreadable { receipt: PathBuf, reason: String },
+    /// A receipt naming another revision, ABI, digest or size.
+    ReceiptRefused(ReceiptRefusal),
+    /// The file is not there, or the bytes are not what the release states.
+    Bytes { reason: String },
+    /// The contract checks files but the generation has no pin.
+    NoPin,
+}
+
+impl fmt::Display for LoadProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Stamp(e) => write!(f, "its stamp cannot be read: {e}"),
+            Self::StampRefused(r) => write!(f, "{r}"),
+            Self::ReceiptMissing { receipt } => write!(
+                f,
+                "no build receipt {}: nothing ties it to the pin (build it with `release-cli compile`, `dm` or `rebuild`, which write the receipt beside it)",
+                receipt.display()
+            ),
+            Self::ReceiptUnreadable { receipt, reason } => {
+                write!(f, "{}: {reason}", receipt.display())
+            }
+            Self::ReceiptRefused(r) => write!(f, "{r}"),
+            Self::Bytes { reason } => f.write_str(reason),
+            Self::NoPin => f.write_str(
+                "the generation has no tinygrad pin to check its stamp and receipt against (record it with `release-cli tinygrad bump`)",
+            ),
+        }
+    }
+}
+
+/// A file that passed: its framing (driving artifacts) and its receipt (contracts with
+/// receipts).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Checked {
+    pub subject: Subject,
+    pub path: PathBuf,
+    pub framing: Option<Framing>,
+    pub receipt: Option<BuildReceipt>,
+}
+
+/// The driving artifacts a publish of `manifest` from `artifacts` ships: each entry's artifact
+/// and each accelerator variant, at `<artifacts>/<id>/<file>`.
+pub fn publish_files(manifest: &Manifest, artifacts: &Path) -> Vec<ShippedFile> {
+    let mut files = Vec::new();
+    for e in manifest.models() {
+        let dir = artifacts.join(e.id().as_str());
+        files.push(ShippedFile {
+            subject: Subject::Model { id: e.id().clone() },
+            path: dir.join(e.file_name().as_str()),
+            stamped: true,
+            version: e.version(),
+            sha256: e.artifact_sha256(),
+            size: e.artifact_size().map(|s| s.get()),
+        });
+        for (variant, a) in e.accelerators() {
+            let Some(name) = e.accelerator_file_name(&variant) else {
+                continue;
+            };
+            files.push(ShippedFile {
+                subject: Subject::Variant {
+                    id: e.id().clone(),
+                    variant,
+                },
+                path: dir.join(name.as_str()),
+                stamped: true,
+                version: e.version(),
+                sha256: a.sha256,
+                size: a.size.map(|s| s.get()),
+            });
+        }
+    }
+    files
+}
+
+/// What the openpilot tree ships with a release: the built-in chunk set and the DM set, in
+/// `selfdrive/modeld/models` (their digests are taken from the bytes).
+pub fn tree_files(openpilot: &Path) -> Vec<ShippedFile> {
+    let dir = openpilot.join(crate::tree::BUILTIN_DIR);
+    let mut files = vec![builtin_file(&dir.join(crate::tree::BUILTIN_NAME))];
+    files.extend(layout::DM_FILES.iter().map(|name| ShippedFile {
+        subject: Subject::Dm {
+            name: name.to_string(),
+        },
+        path: dir.join(name),
+        stamped: false,
+        version: None,
+        sha256: None,
+        size: None,
+    }));
+    files
+}
+
+/// The built-in model at `path` (a plain file or a chunk set).
+pub fn builtin_file(path: &Path) -> ShippedFile {
+    ShippedFile {
+        subject: Subject::Builtin,
+        path: path.to_path_buf(),
+        stamped: true,
+        version: Some(layout::BUILTIN_MODEL_VERSION),
+        sha256: None,
+        size: None,
+    }
+}
+
+/// Whether `contract` checks anything here.
+pub fn checks_anything(contract: &Contract) -> bool {
+    contract.stamp.is_some() || contract.build_receipts
+}
+
+/// Read and decide every file: the first one that cannot ship is the error, naming it.
+/// Nothing is written. A contract that checks nothing returns at once.
+pub fn check_files(
+    files: &[ShippedFile],
+    contract: &Contract,
+    pin: Option<&GitCommit>,
+) -> Result<Vec<Checked>> {
+    if !checks_anything(contract) {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::with_capacity(files.len());
+    for f in files {
+        out.push(
+            check_file(f, contract, pin).map_err(|problem| Error::NotLoadable {
+                subject: f.subject.to_string(),
+                path: f.path.clone(),
+                problem: Box::new(problem),
+            })?,
+        );
+    }
+    Ok(out)
+}
+
+fn check_file(
+    f: &ShippedFile,
+    contract: &Contract,
+    pin: Option<&GitCommit>,
+) -> std::result::Result<Checked, LoadProblem> {
+    let pin = pin.ok_or(LoadProblem::NoPin)?;
+    let name = f
+        .path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let bytes = |e: &dyn fmt::Display| LoadProblem::Bytes {
+        reason: e.to_string(),
+    };
+    let mut reader = chunker::open(&f.path).map_err(|e| bytes(&e))?;
+    let mut framing = None;
+    if f.stamped && contract.stamp.is_some() {
+        let st =
+            stamp::read_stamp(&mut reader, &StampLimits::default()).map_err(LoadProblem::Stamp)?;
+        let version = f.version.ok_or_else(|| LoadProblem::Bytes {
+            reason: "the entry names no behaviour version to check the stamp against".into(),
+        })?;
+        stamp::check_stamp(&name, &st, contract, pin, version)
+            .map_err(LoadProblem::StampRefused)?;
+        framing = Some(st.framing);
+    }
+    let mut receipt = None;
+    if contract.build_receipts {
+        let path = f.path.with_file_name(receipt::receipt_file_name(&name));
+        let r = read_receipt_file(&path)?;
+        let (sha256, size) = match (f.sha256, f.size) {
+            (Some(d), Some(s)) => (d, s),
+            _ => {
+                reader.seek(SeekFrom::Start(0)).map_err(|e| bytes(&e))?;
+                let (d, n) = Sha256Digest::of_reader(&mut reader).map_err(|e| bytes(&e))?;
+                (d, n)
+            }
+        };
+        receipt::check_receipt(&name, &r, contract, pin, &sha256, size)
+            .map_err(LoadProblem::ReceiptRefused)?;
+        receipt = Some(r);
+    }
+    Ok(Checked {
+        subject: f.subject.clone(),
+        path: f.path.clone(),
+        framing,
+        receipt,
+    })
+}
+
+/// A receipt file: missing, unreadable or parsed.
+pub fn read_receipt_file(path: &Path) -> std::result::Result<BuildReceipt, LoadProblem> {
+    let unreadable = |reason: String| LoadProblem::ReceiptUnreadable {
+        receipt: path.to_path_buf(),
+        reason,
+    };
+    match chunker::bounded::read_capped(path, receipt::MAX_RECEIPT_BYTES) {
+        Ok(Some(b)) => receipt::parse_receipt(&b).map_err(|e| unreadable(e.to_string())),
+        Ok(None) => Err(LoadProblem::ReceiptMissing {
+            receipt: path.to_path_buf(),
+        }),
+        Err(e) => Err(unreadable(e.to_string())),
+    }
+}
+
+/// The receipt beside an artifact, when there is one (`status`).
+pub fn receipt_beside(artifact: &Path) -> Option<std::result::Result<BuildReceipt, String>> {
+    let name = artifact.file_name()?.to_string_lossy().into_owned();
+    let path = artifact.with_file_name(receipt::receipt_file_name(&name));
+    match read_receipt_file(&path) {
+        Ok(r) => Some(Ok(r)),
+        Err(LoadProblem::ReceiptMissing { .. }) => None,
+        Err(e) => Some(Err(e.to_string())),
+    }
+}
+
+/// Write `receipt` beside `artifact` (durably, through chunker's atomic write).
+pub fn write_receipt_beside(artifact: &Path, receipt: &BuildReceipt) -> Result<PathBuf> {
+    let name = artifact
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let path = artifact.with_file_name(receipt::receipt_file_name(&name));
+    chunker::atomic::write_atomic(&path, receipt.to_json().as_bytes())?;
+    Ok(path)
+}
+
+/// Digest and size of a logical artifact (plain file or chunk set), read through chunker.
+pub fn digest_of(path: &Path) -> Result<(Sha256Digest, u64)> {
+    let mut r = chunker::open(path)?;
+    r.seek(SeekFrom::Start(0))?;
+    Ok(Sha256Digest::of_reader(&mut r as &mut dyn Read)?)
+}
+
+/// Publish's runtime gate, before any store is opened: every driving artifact `manifest` lists
+/// in `artifacts` and, with `openpilot`, the tree's built-in and DM set, checked against the
+/// contract and pin `pins` record for `generation`.
+pub fn gate_publish(
+    manifest: &Manifest,
+    artifacts: &Path,
+    openpilot: Option<&Path>,
+    pins: &manifest::PinTable,
+    generation: manifest::Generation,
+) -> Result<Vec<Checked>> {
+    let contract = pins.contract(generation);
+    if !checks_anything(contract) {
+        return Ok(Vec::new());
+    }
+    let mut files = publish_files(manifest, artifacts);
+    if let Some(op) = openpilot {
+        files.extend(tree_files(op));
+    }
+    check_files(&files, contract, pins.get(generation))
+}
