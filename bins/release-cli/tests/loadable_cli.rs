@@ -469,3 +469,83 @@ fn a_missing_or_foreign_receipt_is_refused_for_an_artifact_and_a_dm_file() {
         );
     }
 }
+
+/// A tree on `pin` under the v26 contract (v27 inherits it) with a models directory.
+fn tree(root: &Path, generation: &str, pin: &str) -> PathBuf {
+    let op = root.join("op");
+    std::fs::create_dir_all(op.join("selfdrive/modeld/models")).unwrap();
+    std::fs::create_dir_all(op.join("tinygrad_repo")).unwrap();
+    std::fs::write(op.join("tinygrad_repo/TINYGRAD_COMMIT"), format!("{pin}\n")).unwrap();
+    let pins = if generation == "v27" {
+        json!({"v26": {"tinygrad": V26_PIN, "contract": "v26"}, "v27": V27_PIN})
+    } else {
+        json!({"v26": {"tinygrad": V26_PIN, "contract": "v26"}})
+    };
+    std::fs::write(op.join("tinygrad_pins.json"), pins.to_string()).unwrap();
+    op
+}
+
+#[test]
+fn builtin_takes_only_this_pins_stamped_and_receipted_model_and_writes_its_receipt() {
+    for (generation, pin, other) in [("v26", V26_PIN, V27_PIN), ("v27", V27_PIN, V26_PIN)] {
+        let t = tempfile::tempdir().unwrap();
+        let op = tree(t.path(), generation, pin);
+        let build = t.path().join("build");
+        std::fs::create_dir_all(&build).unwrap();
+        let artifact = build.join("rdf43_driving_tinygrad.pkl");
+        let receipt_path = build.join("rdf43_driving_tinygrad.build.json");
+        let builtin = |extra: &[&str]| {
+            let mut a = vec!["builtin", "--artifact", s(&artifact), "--openpilot", s(&op)];
+            a.extend_from_slice(extra);
+            cli(&a)
+        };
+        // Refused, with and without --dry-run, the tree unchanged: a stamp of the other pin
+        // (its receipt matching the bytes), no receipt, a receipt of the other pin.
+        let cases: [(Vec<u8>, Option<&str>, &[&str]); 3] = [
+            (
+                stamp_of(other, "v15", 3),
+                Some(pin),
+                &["compiler_revision", other],
+            ),
+            (stamp_of(pin, "v15", 3), None, &["no build receipt"]),
+            (
+                stamp_of(pin, "v15", 3),
+                Some(other),
+                &["build receipt", other],
+            ),
+        ];
+        for (data, receipt_rev, want) in cases {
+            std::fs::write(&artifact, &data).unwrap();
+            match receipt_rev {
+                Some(rev) => std::fs::write(&receipt_path, receipt("rdf43", rev, &data)).unwrap(),
+                None => {
+                    let _ = std::fs::remove_file(&receipt_path);
+                }
+            }
+            let before = snapshot(&op);
+            for extra in [&["--dry-run"][..], &[]] {
+                let err = refused(&builtin(extra));
+                for w in want {
+                    assert!(err.contains(w), "{generation}: want {w:?}: {err}");
+                }
+                assert!(err.contains("the built-in model"), "{err}");
+                assert_eq!(snapshot(&op), before, "{generation}: the tree changed");
+            }
+        }
+        // This pin's model with its receipt: installed, the receipt beside it.
+        let data = stamp_of(pin, "v15", 3);
+        std::fs::write(&artifact, &data).unwrap();
+        std::fs::write(&receipt_path, receipt("rdf43", pin, &data)).unwrap();
+        let o = builtin(&[]);
+        assert!(o.status.success(), "{generation}: {}", text(&o.stderr));
+        let models = op.join("selfdrive/modeld/models");
+        let written: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(models.join("driving_tinygrad.build.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(written["compiler_revision"], pin);
+        assert_eq!(written["artifact_sha256"], sha_hex(&data));
+        assert_eq!(written["artifact_size"], data.len());
+        assert!(models.join("driving_tinygrad.pkl.chunkmanifest").is_file());
+    }
+}

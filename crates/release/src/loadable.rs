@@ -322,3 +322,132 @@ pub fn gate_publish(
     }
     check_files(&files, contract, pins.get(generation))
 }
+
+/// The contract of the generation whose pin `pin` is (`compile` and `dm` know the pin, not the
+/// generation); a pin no generation records runs the base contract.
+pub fn contract_for_pin(pins: &manifest::PinTable, pin: &GitCommit) -> &'static Contract {
+    match pins.owner_of(pin) {
+        Some(g) => pins.contract(g),
+        None => manifest::contract::BASE_CONTRACT.contract(),
+    }
+}
+
+/// What a build knows of the file it built, for its receipt.
+#[derive(Debug, Clone)]
+pub struct Built<'a> {
+    /// The receipt's `model_id` (a model's id; `rdf43` for the built-in; a DM file's stem).
+    pub model_id: &'a str,
+    /// The behaviour version it was built for (`None`: a DM file).
+    pub version: Option<BehaviorVersion>,
+    /// The logical artifact (plain file or chunk set).
+    pub artifact: &'a Path,
+    /// The sources it was built from (hashed by file name).
+    pub sources: &'a [PathBuf],
+    /// A driving artifact, which carries a stamp.
+    pub stamped: bool,
+}
+
+/// The receipt of a file just built, for a contract with build receipts (`Ok(None)` for one
+/// without). A driving artifact's stamp is read and checked first (a build whose output is not
+/// this pin's is refused, not receipted), and its `model_type`, `image_history_pipeline`,
+/// `execution_device` and `warp_device` are the stamp's; a file without a stamp (the DM set)
+/// has empty ones.
+pub fn receipt_for_build(
+    b: &Built<'_>,
+    contract: &Contract,
+    pin: &GitCommit,
+) -> std::result::Result<Option<BuildReceipt>, LoadProblem> {
+    if !contract.build_receipts {
+        return Ok(None);
+    }
+    let bytes = |e: &dyn fmt::Display| LoadProblem::Bytes {
+        reason: e.to_string(),
+    };
+    let name = b
+        .artifact
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let described = if b.stamped && contract.stamp.is_some() {
+        let mut reader = chunker::open(b.artifact).map_err(|e| bytes(&e))?;
+        let st =
+            stamp::read_stamp(&mut reader, &StampLimits::default()).map_err(LoadProblem::Stamp)?;
+        if let Some(v) = b.version {
+            stamp::check_stamp(&name, &st, contract, pin, v).map_err(LoadProblem::StampRefused)?;
+        }
+        let required = |key: &str| {
+            st.str(key)
+                .map(str::to_string)
+                .ok_or_else(|| LoadProblem::Bytes {
+                    reason: format!("{name}: its stamp has no {key:?} string for the receipt"),
+                })
+        };
+        (
+            required("model_type")?,
+            required("image_history_pipeline")?,
+            required("execution_device")?,
+            required("warp_device")?,
+        )
+    } else {
+        Default::default()
+    };
+    finish(b, contract, pin, described).map(Some)
+}
+
+fn finish(
+    b: &Built<'_>,
+    contract: &Contract,
+    pin: &GitCommit,
+    (model_type, pipeline, execution, warp): (String, String, String, String),
+) -> std::result::Result<BuildReceipt, LoadProblem> {
+    let bytes = |e: &dyn fmt::Display| LoadProblem::Bytes {
+        reason: e.to_string(),
+    };
+    let mut sources = Vec::new();
+    for s in b.sources {
+        let (d, _) = Sha256Digest::of_file(s).map_err(|e| bytes(&e))?;
+        let n = s
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        sources.push((n, d));
+    }
+    let (artifact_sha256, artifact_size) = digest_of(b.artifact).map_err(|e| bytes(&e))?;
+    Ok(BuildReceipt {
+        model_id: b.model_id.to_string(),
+        behavior_version: b.version.map(|v| v.to_string()),
+        model_type,
+        artifact_abi: contract
+            .artifact_abi
+            .unwrap_or(contract.artifact_format)
+            .to_string(),
+        compiler_revision: pin.clone(),
+        source_sha256: receipt::SourceDigests(sources),
+        artifact_sha256,
+        artifact_size,
+        execution_device: execution,
+        warp_device: warp,
+        image_history_pipeline: pipeline,
+        camera_resolutions: crate::gate::CAMERA_RESOLUTIONS
+            .iter()
+            .map(|r| [r.width, r.height])
+            .collect(),
+    })
+}
+
+/// [`receipt_for_build`], written beside the artifact. Returns the receipt's path.
+pub fn write_build_receipt(
+    b: &Built<'_>,
+    contract: &Contract,
+    pin: &GitCommit,
+) -> Result<Option<PathBuf>> {
+    let problem = |problem| Error::NotLoadable {
+        subject: format!("the build of {}", b.model_id),
+        path: b.artifact.to_path_buf(),
+        problem: Box::new(problem),
+    };
+    match receipt_for_build(b, contract, pin).map_err(problem)? {
+        Some(r) => Ok(Some(write_receipt_beside(b.artifact, &r)?)),
+        None => Ok(None),
+    }
+}

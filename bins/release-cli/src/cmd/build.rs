@@ -489,6 +489,25 @@ pub fn compile(args: CompileArgs) -> CliResult {
         .connect()?
         .compile(&job, &pin, &mut live)
         .map_err(remote_error)?;
+    // The build receipt beside it (contracts with receipts), after its stamp is checked.
+    let contract = release::loadable::contract_for_pin(
+        &release::tree::load_pins(args.remote.openpilot.as_deref())?,
+        &pin,
+    );
+    let artifact_path = args.out.join(&artifact.name);
+    if let Some(receipt) = release::loadable::write_build_receipt(
+        &release::loadable::Built {
+            model_id: req.build_id().as_str(),
+            version: Some(args.version),
+            artifact: &artifact_path,
+            sources: &args.sources,
+            stamped: true,
+        },
+        contract,
+        &pin,
+    )? {
+        cli_support::info!("build receipt {}", receipt.display());
+    }
     if args.json {
         return print_json(&CompileReport {
             model: req.build_id().to_string(),
@@ -558,6 +577,27 @@ pub fn dm(args: DmArgs) -> CliResult {
         .connect()?
         .build_dm(&job, &pin, &mut live)
         .map_err(remote_error)?;
+    // Each DM file's build receipt beside it (contracts with receipts): the DM set carries no
+    // stamp, so the receipt is what ties it to the pin.
+    let contract = release::loadable::contract_for_pin(
+        &release::tree::load_pins(args.remote.openpilot.as_deref())?,
+        &pin,
+    );
+    for f in &files {
+        let path = args.out.join(&f.name);
+        let stem = f.name.strip_suffix(".pkl").unwrap_or(&f.name);
+        release::loadable::write_build_receipt(
+            &release::loadable::Built {
+                model_id: stem,
+                version: None,
+                artifact: &path,
+                sources: &job.sources,
+                stamped: false,
+            },
+            contract,
+            &pin,
+        )?;
+    }
     if args.json {
         return print_json(&DmReport {
             out: &args.out,

@@ -82,7 +82,10 @@ pub fn run(args: RebuildArgs) -> CliResult {
         &args.models,
         args.generation,
         pin.clone(),
-    )?;
+    )?
+    .with_contract(
+        release::tree::load_pins(args.remote.openpilot.as_deref())?.contract(args.generation),
+    );
     let sources = StoreSpec::parse(&args.sources).map_err(CliError::usage)?;
     if args.dry_run {
         return dry_run(&args, &rebuild);
