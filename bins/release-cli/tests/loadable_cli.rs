@@ -549,3 +549,49 @@ fn builtin_takes_only_this_pins_stamped_and_receipted_model_and_writes_its_recei
         assert!(models.join("driving_tinygrad.pkl.chunkmanifest").is_file());
     }
 }
+
+/// Set the device's reported p95 in the workspace's validation record of `pop223` (`None`:
+/// the device reported none).
+fn set_p95(r: &Release, p95: Option<f64>) {
+    let path = release::Workspace::new(&r.workspace).validation(&"pop223".parse().unwrap());
+    let mut rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    match p95 {
+        Some(v) => rec["verdict"]["p95_ms"] = json!(v),
+        None => {
+            rec["verdict"].as_object_mut().unwrap().remove("p95_ms");
+        }
+    }
+    std::fs::write(&path, serde_json::to_vec_pretty(&rec).unwrap()).unwrap();
+}
+
+#[test]
+fn a_p95_over_the_contracts_bound_or_unreported_is_refused() {
+    for generation in ["v26", "v27"] {
+        let t = tempfile::tempdir().unwrap();
+        let r = release(t.path(), generation);
+        assert_refused(
+            &r,
+            |r| set_p95(r, Some(50.5)),
+            &[
+                "model pop223",
+                "p95 latency of 50.5 ms",
+                "50 ms bound",
+                "v26 contract",
+            ],
+        );
+        let t = tempfile::tempdir().unwrap();
+        let r = release(t.path(), generation);
+        assert_refused(
+            &r,
+            |r| set_p95(r, None),
+            &["model pop223", "no p95 latency"],
+        );
+        // At the bound it ships.
+        let t = tempfile::tempdir().unwrap();
+        let r = release(t.path(), generation);
+        set_p95(&r, Some(50.0));
+        let o = publish(&r, &t.path().join("store"), &[]);
+        assert!(o.status.success(), "{generation}: {}", text(&o.stderr));
+    }
+}

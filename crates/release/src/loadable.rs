@@ -451,3 +451,276 @@ pub fn write_build_receipt(
         None => Ok(None),
     }
 }
+
+/// `validate`'s runtime gate, before the artifact is sent to the device: its stamp and receipt
+/// against the contract of the generation whose pin `pin` is.
+pub fn gate_validate(
+    id: &ModelId,
+    version: BehaviorVersion,
+    artifact: &Path,
+    pins: &manifest::PinTable,
+    pin: &GitCommit,
+) -> Result<&'static Contract> {
+    let contract = contract_for_pin(pins, pin);
+    let file = ShippedFile {
+        subject: Subject::Model { id: id.clone() },
+        path: artifact.to_path_buf(),
+        stamped: true,
+        version: Some(version),
+        sha256: None,
+        size: None,
+    };
+    check_files(&[file], contract, Some(pin))?;
+    Ok(contract)
+}
+
+// ---- the latency bound --------------------------------------------------------------------
+
+/// The key of the device verdict's p95 inference latency, in milliseconds (a number at the
+/// verdict's top level; `validate` keeps the verdict unchanged in its record).
+pub const P95_KEY: &str = "p95_ms";
+
+/// The p95 latency the device reported in a validation record, when it did.
+pub fn reported_p95(rec: &crate::gate::ValidationRecord) -> Option<f64> {
+    rec.verdict
+        .get(P95_KEY)
+        .and_then(serde_json::Value::as_f64)
+        .filter(|v| v.is_finite() && *v >= 0.0)
+}
+
+/// Why a validation does not let a model ship under its contract.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ValidationProblem {
+    /// No record of the bytes that ship (the coverage gate names what to run).
+    NoRecord,
+    /// The device reported no p95 latency, and the contract bounds it.
+    NoLatency { bound_ms: u32 },
+    /// Over the contract's bound.
+    OverBound { p95_ms: f64, bound_ms: u32 },
+    /// Validation SHA, receipt SHA and artifact digest are not one value.
+    Digests {
+        validated: Sha256Digest,
+        receipt: Option<Sha256Digest>,
+        artifact: Sha256Digest,
+    },
+}
+
+/// The decision, pure: a contract with a latency bound needs the validation of exactly the
+/// bytes that ship (validation SHA = receipt SHA = artifact digest) with a reported p95 within
+/// the bound. A contract without a bound (v25) asks nothing here.
+pub fn decide_validation(
+    contract: &Contract,
+    artifact: &Sha256Digest,
+    receipt: Option<&Sha256Digest>,
+    validated: Option<(&Sha256Digest, Option<f64>)>,
+) -> std::result::Result<(), ValidationProblem> {
+    let Some(bound_ms) = contract.validation_p95_ms else {
+        return Ok(());
+    };
+    let Some((validated, p95)) = validated else {
+        return Err(ValidationProblem::NoRecord);
+    };
+    let receipt_differs = contract.build_receipts && receipt != Some(artifact);
+    if validated != artifact || receipt_differs {
+        return Err(ValidationProblem::Digests {
+            validated: *validated,
+            receipt: receipt.copied(),
+            artifact: *artifact,
+        });
+    }
+    match p95 {
+        None => Err(ValidationProblem::NoLatency { bound_ms }),
+        Some(p) if p > f64::from(bound_ms) => Err(ValidationProblem::OverBound {
+            p95_ms: p,
+            bound_ms,
+        }),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Publish's latency gate over the workspace's validation records: every model the manifest
+/// lists, against its contract's bound, the receipt beside its artifact and its digest.
+pub fn gate_validation(
+    manifest: &Manifest,
+    artifacts: &Path,
+    workspace: &crate::Workspace,
+    contract: &Contract,
+) -> Result<()> {
+    if contract.validation_p95_ms.is_none() {
+        return Ok(());
+    }
+    let records = crate::records::load(workspace)?;
+    for e in manifest.models() {
+        let Some(artifact) = e.artifact_sha256() else {
+            continue;
+        };
+        let path = artifacts
+            .join(e.id().as_str())
+            .join(receipt::receipt_file_name(e.file_name().as_str()));
+        let receipt = read_receipt_file(&path).ok().map(|r| r.artifact_sha256);
+        let rec = records
+            .validations
+            .iter()
+            .filter(|r| &r.model == e.id() && r.artifact_sha256 == artifact)
+            .max_by_key(|r| r.checked_at);
+        let record = workspace.validation(e.id());
+        decide_validation(
+            contract,
+            &artifact,
+            receipt.as_ref(),
+            rec.map(|r| (&r.artifact_sha256, reported_p95(r))),
+        )
+        .map_err(|p| match p {
+            ValidationProblem::OverBound { p95_ms, bound_ms } => Error::LatencyBound {
+                model: e.id().clone(),
+                p95_ms,
+                bound_ms,
+                contract: contract.name,
+                record: record.clone(),
+            },
+            other => Error::ValidationBinding {
+                model: e.id().clone(),
+                problem: match other {
+                    ValidationProblem::NoRecord => format!(
+                        "no device validation of the artifact that ships ({artifact})"
+                    ),
+                    ValidationProblem::NoLatency { bound_ms } => format!(
+                        "the device validation reports no p95 latency (\"{P95_KEY}\"); the {} contract bounds it at {bound_ms} ms",
+                        contract.name
+                    ),
+                    ValidationProblem::Digests {
+                        validated,
+                        receipt,
+                        artifact,
+                    } => format!(
+                        "validation SHA {validated}, receipt SHA {}, artifact digest {artifact}: they must be one value",
+                        receipt.map_or_else(|| "(no receipt)".to_string(), |r| r.to_string())
+                    ),
+                    ValidationProblem::OverBound { .. } => unreachable!("handled above"),
+                },
+                record: record.clone(),
+            },
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use manifest::ContractName;
+
+    fn d(c: char) -> Sha256Digest {
+        c.to_string().repeat(64).parse().unwrap()
+    }
+
+    /// The latency decision for v25 (no bound) and the v26 contract (which a made-up v27 runs
+    /// too: the row is the same).
+    #[test]
+    fn decide_validation_table() {
+        let v25 = ContractName::V25.contract();
+        let v26 = ContractName::V26.contract();
+        let (a, b) = (d('a'), d('b'));
+        type Case<'a> = (
+            &'a str,
+            &'a Contract,
+            Option<&'a Sha256Digest>,
+            Option<(&'a Sha256Digest, Option<f64>)>,
+            std::result::Result<(), ValidationProblem>,
+        );
+        let cases: Vec<Case<'_>> = vec![
+            ("v25 asks nothing", v25, None, None, Ok(())),
+            ("v25 over 50 ms", v25, None, Some((&a, Some(500.0))), Ok(())),
+            ("v26 within", v26, Some(&a), Some((&a, Some(49.9))), Ok(())),
+            (
+                "v26 at the bound",
+                v26,
+                Some(&a),
+                Some((&a, Some(50.0))),
+                Ok(()),
+            ),
+            (
+                "v26 over",
+                v26,
+                Some(&a),
+                Some((&a, Some(50.1))),
+                Err(ValidationProblem::OverBound {
+                    p95_ms: 50.1,
+                    bound_ms: 50,
+                }),
+            ),
+            (
+                "v26 no latency",
+                v26,
+                Some(&a),
+                Some((&a, None)),
+                Err(ValidationProblem::NoLatency { bound_ms: 50 }),
+            ),
+            (
+                "v26 no record",
+                v26,
+                Some(&a),
+                None,
+                Err(ValidationProblem::NoRecord),
+            ),
+            (
+                "v26 validated other bytes",
+                v26,
+                Some(&a),
+                Some((&b, Some(10.0))),
+                Err(ValidationProblem::Digests {
+                    validated: b,
+                    receipt: Some(a),
+                    artifact: a,
+                }),
+            ),
+            (
+                "v26 receipt of other bytes",
+                v26,
+                Some(&b),
+                Some((&a, Some(10.0))),
+                Err(ValidationProblem::Digests {
+                    validated: a,
+                    receipt: Some(b),
+                    artifact: a,
+                }),
+            ),
+            (
+                "v26 no receipt",
+                v26,
+                None,
+                Some((&a, Some(10.0))),
+                Err(ValidationProblem::Digests {
+                    validated: a,
+                    receipt: None,
+                    artifact: a,
+                }),
+            ),
+        ];
+        for (what, contract, receipt, validated, want) in cases {
+            assert_eq!(
+                decide_validation(contract, &a, receipt, validated),
+                want,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn contract_of_a_pin() {
+        let mut pins = manifest::PinTable::builtin();
+        let v25_pin = manifest::layout::current_tinygrad_commit();
+        assert_eq!(contract_for_pin(&pins, &v25_pin).name, ContractName::V25);
+        let p26: GitCommit = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf".parse().unwrap();
+        let p27: GitCommit = "2".repeat(40).parse().unwrap();
+        pins.merge_json(
+            format!(r#"{{"v26": {{"tinygrad": "{p26}", "contract": "v26"}}, "v27": "{p27}"}}"#)
+                .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(contract_for_pin(&pins, &p26).name, ContractName::V26);
+        assert_eq!(contract_for_pin(&pins, &p27).name, ContractName::V26);
+        let unknown: GitCommit = "3".repeat(40).parse().unwrap();
+        assert_eq!(contract_for_pin(&pins, &unknown).name, ContractName::V25);
+    }
+}

@@ -156,6 +156,17 @@ pub fn run(
         &crate::tree::load_pins(req.openpilot.as_deref())?,
         req.generation,
     )?;
+    // The contract's latency bound over the validations the gate counted (validation SHA =
+    // receipt SHA = artifact digest), unless validation is skipped with a reason.
+    if let (Some(ws), None) = (&req.workspace, &req.skip_validation) {
+        let pins = crate::tree::load_pins(req.openpilot.as_deref())?;
+        crate::loadable::gate_validation(
+            manifest,
+            &req.artifacts,
+            ws,
+            pins.contract(req.generation),
+        )?;
+    }
     let stores = open_stores(&req)?;
     let store_refs: Vec<&dyn Store> = stores.iter().map(|s| s.as_ref()).collect();
     let github_only = github_only_gate(&req)?;
