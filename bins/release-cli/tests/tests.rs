@@ -9,6 +9,7 @@ mod chunk_cli;
 mod chunk_inputs_cli;
 mod cli_surface;
 mod common;
+mod loadable_cli;
 mod manifest_cli;
 mod manifest_v26_cli;
 mod publish_rules_cli;

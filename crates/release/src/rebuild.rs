@@ -363,6 +363,34 @@ impl Rebuild {
         Ok((self, dropped))
     }
 
+    /// The contract the generation runs (from the pin table the tree records).
+    pub fn with_contract(mut self, contract: &'static manifest::Contract) -> Self {
+        self.contract = contract;
+        self
+    }
+
+    /// Write the build receipt of `artifact` (in `out`) when the contract has receipts: the
+    /// stamp must be this pin's and this model's, else the build fails.
+    fn receipt(
+        &self,
+        p: &PlannedModel,
+        out: &Path,
+        artifact: &str,
+        sources: &[PathBuf],
+    ) -> Result<(), BuildError> {
+        let path = out.join(artifact);
+        let built = crate::loadable::Built {
+            model_id: p.source.id.as_str(),
+            version: Some(p.version),
+            artifact: &path,
+            sources,
+            stamped: true,
+        };
+        crate::loadable::write_build_receipt(&built, self.contract, &self.pin)
+            .map(|_| ())
+            .map_err(BuildError::model)
+    }
+
     /// The success record at `path` if it still counts as done: made for this generation and
     /// pin, accepted by `fits`, and its ready chunk set still verifies against it.
     fn done_record(&self, path: &Path, fits: impl Fn(&BuildRecord) -> bool) -> Option<BuildRecord> {
@@ -541,6 +569,7 @@ impl Rebuild {
         let a = builder.compile(p, &sources, &out, log, say)?;
         let chunk_sha256 =
             chunk_digests(&out, &a.name, a.chunk_count).map_err(BuildError::model)?;
+        self.receipt(p, &out, &a.name, &sources)?;
         let variants = self.build_variants(builder, p, &sources, &out, log, say);
         Ok(BuildRecord {
             id: id.clone(),
@@ -588,6 +617,12 @@ impl Rebuild {
         for (variant, execution_device) in variants_to_build(entry, self.contract, p.gpu) {
             say(&format!("compiling accelerator variant {variant}"));
             match builder.compile_variant(p, &variant, sources, out, log, say) {
+                Ok(Some(a)) if let Err(e) = self.receipt(p, out, &a.name, sources) => {
+                    say(&format!(
+                        "accelerator variant {variant} FAILED: {}; dropped",
+                        e.message
+                    ))
+                }
                 Ok(Some(a)) => {
                     let chunk_sha256 =
                         chunk_digests(out, &a.name, a.chunk_count).unwrap_or_default();
@@ -640,5 +675,7 @@ impl Rebuild {
     }
 }
 
+#[cfg(test)]
+mod receipt_tests;
 #[cfg(test)]
 mod tests;

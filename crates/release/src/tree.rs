@@ -752,6 +752,10 @@ pub fn builtin(
         )?,
         None => None,
     };
+    // The runtime gate (contracts with a stamp or receipts): the artifact's stamp must be the
+    // tree's pin's and the built-in's version, its receipt beside it must name that pin and
+    // these bytes; the receipt is then written beside the installed built-in.
+    let receipt = builtin_gate(artifact, openpilot)?;
     let mut reader = chunker::open(artifact)?;
     // The built-in model is a driving artifact like any other: an OOB container.
     chunker::check_oob_reader(&mut reader, &artifact.display().to_string())?;
@@ -786,6 +790,9 @@ pub fn builtin(
         // Dropping the staged set on a mismatch removes its temporaries: nothing changed.
         matches(staged.sha256())?;
         let (report, removed) = staged.install_replacing()?;
+        if let Some(r) = &receipt {
+            crate::loadable::write_receipt_beside(&models.join(BUILTIN_NAME), r)?;
+        }
         (report.sha256, report.chunk_count, removed)
     };
     Ok(BuiltinReport {
@@ -797,6 +804,24 @@ pub fn builtin(
         written: chunker::set_file_names(BUILTIN_NAME, chunk_count),
         removed,
     })
+}
+
+/// `builtin`'s runtime gate, for the contract of the tree's pin: the artifact checked as the
+/// built-in it will be; its receipt, to be written beside the installed built-in (`None`: the
+/// contract has no receipts).
+fn builtin_gate(
+    artifact: &Path,
+    openpilot: &Path,
+) -> Result<Option<manifest::receipt::BuildReceipt>> {
+    let pins = load_pins(Some(openpilot))?;
+    let pin = tree_marker(openpilot)?;
+    let contract = match &pin {
+        Some(p) => crate::loadable::contract_for_pin(&pins, p),
+        None => manifest::contract::BASE_CONTRACT.contract(),
+    };
+    let file = crate::loadable::builtin_file(artifact);
+    let checked = crate::loadable::check_files(&[file], contract, pin.as_ref())?;
+    Ok(checked.into_iter().next().and_then(|c| c.receipt))
 }
 
 #[cfg(test)]
