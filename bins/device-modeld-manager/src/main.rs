@@ -102,6 +102,11 @@ struct Cli {
     /// so).
     #[arg(long, global = true, value_name = "FILE")]
     trusted_keys: Option<PathBuf>,
+    /// Where modeld keeps its load receipt (`starpilot_modeld_<OPENPILOT_PREFIX or d>/
+    /// load-v1.json`), read on generations whose contract has one: `status` and the daemon say
+    /// what actually runs [default: /dev/shm].
+    #[arg(long, global = true, value_name = "DIR")]
+    shm_dir: Option<PathBuf>,
     #[command(flatten)]
     output: cli_support::OutputFlags,
     #[command(subcommand)]
@@ -303,6 +308,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
             ..DownloadConfig::default()
         },
         trusted_keys: cli.trusted_keys.clone(),
+        shm_dir: cli.shm_dir.clone(),
+        openpilot_prefix: std::env::var_os("OPENPILOT_PREFIX")
+            .map(|v| v.to_string_lossy().into_owned()),
     };
     let open::Ready {
         device,
