@@ -571,8 +571,11 @@ pub fn run(
     let mut next_request = Instant::now();
     let mut road = Road::Offroad;
     let mut metered_logged = false;
+    // What runs (contracts with a load receipt), looked at onroad too: that is when it runs.
+    let mut running = crate::load_receipt::Watcher::default();
     while !stopping.load(Ordering::SeqCst) {
         report_bad_params(device, &say, log);
+        running.tick(device, Instant::now(), log, &say);
         let now = Road::of(device.is_onroad());
         if let Some(line) = road_change(&road, &now) {
             log(&line);

@@ -743,7 +743,9 @@ pub fn mark_bad(
 }
 
 /// Whether `entry`'s artifact, as the catalog lists it now, is condemned on `device`.
+/// Nothing on a contract without a receipt (v25): nothing could have condemned it.
 pub fn condemned(device: &Device, entry: &manifest::ModelEntry) -> Option<String> {
+    device.load_receipt.as_ref()?;
     let bad = bad_artifacts(device);
     if bad.artifacts.is_empty() {
         return None;
@@ -760,6 +762,104 @@ pub fn monotonic_ns() -> u64 {
     // SAFETY: `ts` is a valid out pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+// ---------------------------------------------------------------------------------------------
+// The daemon's look at what runs
+
+/// The daemon's watch over the receipt: read every `republish_secs` (so a difference is logged
+/// within that long), logged and shown in `ModelDownloadProgress` when it changes, and a
+/// `selected-load-failed` on the artifact just installed marks it bad.
+#[derive(Debug, Default)]
+pub struct Watcher {
+    next: Option<std::time::Instant>,
+    last_line: Option<String>,
+    last_shown: Option<(ModelId, Sha256Digest, Option<&'static str>)>,
+    seen: Option<SeenInstall>,
+}
+
+impl Watcher {
+    /// One look if due (nothing on a contract without a receipt). `log` gets a line when what
+    /// runs, or how it compares, changes; `say` the progress text when the running model does.
+    pub fn tick(
+        &mut self,
+        device: &Device,
+        now: std::time::Instant,
+        log: &dyn Fn(&str),
+        say: &dyn Fn(&crate::progress::Progress),
+    ) {
+        let Some(source) = device.load_receipt.as_ref() else {
+            return;
+        };
+        if self.next.is_some_and(|n| now < n) {
+            return;
+        }
+        self.next = Some(now + std::time::Duration::from_secs(source.rule.republish_secs));
+        let running = read(source);
+        let expected = expected(device).ok();
+        if let Some(Expected::Model {
+            id,
+            sha256: Some(sha256),
+        }) = &expected
+            && self
+                .seen
+                .as_ref()
+                .is_none_or(|s| s.id != *id || s.sha256 != *sha256)
+        {
+            self.seen = Some(SeenInstall {
+                id: id.clone(),
+                sha256: *sha256,
+                since_mono_ns: monotonic_ns(),
+            });
+        }
+        let catalog_sha = self.seen.as_ref().and_then(|s| {
+            device
+                .catalog()
+                .ok()
+                .flatten()
+                .and_then(|c| c.get(&s.id).and_then(|e| e.artifact_sha256()))
+        });
+        if let Poison::Mark { id, sha256 } =
+            poison_decision(&running, self.seen.as_ref(), catalog_sha.as_ref())
+        {
+            let reason = source.rule.selected_load_failed;
+            match mark_bad(device, &id, &sha256, reason, crate::unix_now()) {
+                Ok(true) => log(&format!(
+                    "modeld could not start {id}'s artifact {}: marked bad; the bundled model \
+                     stays in use, the choice stays saved, and it is not downloaded again until \
+                     the catalog publishes other bytes for {id}",
+                    sha256.to_hex()
+                )),
+                Ok(false) => {}
+                Err(e) => log(&format!(
+                    "could not record {id}'s artifact as bad: {}",
+                    crate::daemon::one_line(&e.to_string())
+                )),
+            }
+        }
+        let report = RunningReport::of(&running, expected.as_ref());
+        let line = report.lines().join("; ");
+        if self.last_line.as_deref() != Some(line.as_str()) {
+            log(&line);
+            self.last_line = Some(line);
+        }
+        if let RunningModel::Loaded(r) = &running {
+            let shown = (
+                r.model_id.clone(),
+                r.artifact_sha256,
+                r.fallback.map(|f| f.as_str()),
+            );
+            if self.last_shown.as_ref() != Some(&shown) {
+                say(&crate::progress::Progress::Running {
+                    id: shown.0.clone(),
+                    variant: r.variant,
+                    sha256: shown.1,
+                    fallback: shown.2,
+                });
+                self.last_shown = Some(shown);
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

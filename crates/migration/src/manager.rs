@@ -261,6 +261,11 @@ pub(crate) fn refresh_run(
                 return Err(Error::Download(e));
             }
             Err(e @ Error::Io(_)) => return Err(e),
+            // modeld could not start these very bytes: not an attempt, nothing fetched; the
+            // built-in stands in and the choice stays until the catalog lists other bytes.
+            Err(Error::FailedToStart { why, .. }) => {
+                installs.failed.insert(id, (false, why));
+            }
             // Anything else (every origin refused it, a full disk): the built-in, or the
             // verified older copy, stands in, and later refreshes retry it.
             Err(e) => {
@@ -389,6 +394,14 @@ pub fn install(
             install_variant(device, dl, &v, cancel)?;
         }
         return Ok(None);
+    }
+    // An artifact modeld could not start on this device is not fetched again while the
+    // catalog lists these very bytes (`load_receipt`).
+    if let Some(why) = crate::load_receipt::condemned(device, entry) {
+        return Err(Error::FailedToStart {
+            id: entry.id().to_string(),
+            why,
+        });
     }
     // A verified copy of an earlier publish stays (and stays on record) until the new bytes
     // are installed over it.
