@@ -331,3 +331,55 @@ fn a_v25_tree_shows_nothing_new() {
     );
     assert!(!car.status_text().contains("running:"));
 }
+
+/// The daemon (`run`) says what runs in its log and in `ModelDownloadProgress`, and flags a
+/// difference from what it would have modeld load within the contract's 5 s.
+#[test]
+fn the_daemon_flags_a_difference_within_five_seconds() {
+    use std::time::{Duration, Instant};
+    let car = Car::on(V26_PIN);
+    car.modeld_writes(&bytes(&receipt("bundled-current", "small", Value::Null)));
+    let log = car.device.dir.path().join("daemon.log");
+    let mut c = car
+        .device
+        .command("http://127.0.0.1:9", &["run", "--poll-ms", "20"]);
+    c.arg("--shm-dir")
+        .arg(car.shm())
+        .env_remove("OPENPILOT_PREFIX")
+        .stdout(std::process::Stdio::null())
+        .stderr(fs::File::create(&log).unwrap());
+    let mut child = c.spawn().unwrap();
+    let progress = || car.device.mem("ModelDownloadProgress").unwrap_or_default();
+    let sha12 = &SHA[..12];
+    crate::common::wait_for("the running model shown", Duration::from_secs(30), || {
+        progress() == format!("Running bundled-current (small, sha256 {sha12}), fallback: none")
+    });
+    let text = || fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text().contains("running: bundled-current (small variant"),
+        "{}",
+        text()
+    );
+    // modeld restarts on another model than the device would have it load.
+    let t = Instant::now();
+    car.modeld_writes(&bytes(&receipt(
+        "pop226",
+        "small",
+        json!("selected-load-failed"),
+    )));
+    crate::common::wait_for("the difference flagged", Duration::from_secs(30), || {
+        text().contains(
+            "differs: the bundled model is selected and installed, but modeld runs pop226",
+        )
+    });
+    let took = t.elapsed();
+    assert!(
+        progress().starts_with("Running pop226 (small, sha256"),
+        "{}",
+        progress()
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The contract's republish interval, plus a poll and a scheduling margin.
+    assert!(took < Duration::from_millis(6500), "flagged after {took:?}");
+}

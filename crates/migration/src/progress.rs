@@ -274,6 +274,22 @@ mod tests {
             (Progress::Verifying, "Verifying authenticity..."),
             (Progress::Downloaded, "Downloaded!"),
             (
+                Progress::Running {
+                    id: "pop226".parse().unwrap(),
+                    variant: "small",
+                    sha256: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+                        .parse()
+                        .unwrap(),
+                    fallback: Some("selected-load-failed"),
+                },
+                "Running pop226 (small, sha256 0123456789ab), fallback: selected-load-failed",
+            ),
+            (
+                Progress::Failed(FailReason::FailedToStart),
+                "Download failed: this model's file failed to start on this device; the built-in \
+                 model stays in use",
+            ),
+            (
                 Progress::Failed(FailReason::BadRequest),
                 "Download failed: request could not be read",
             ),

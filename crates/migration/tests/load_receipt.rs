@@ -90,6 +90,24 @@ fn a_model_that_fails_its_first_start_is_marked_and_not_downloaded_again() {
     assert_eq!(f.param("Model").as_deref(), Some("pop223"));
     let (path, sel) = device.resolve().unwrap();
     assert!(migration::is_builtin_id(sel.id.as_str()), "{path:?}");
+    // `status` says so.
+    let status = migration::report::status(&device).unwrap();
+    assert_eq!(status.bad_artifacts.len(), 1);
+    assert!(status.bad_artifacts[0].current);
+    assert!(
+        status.bad_artifacts[0]
+            .text
+            .contains("not downloaded again"),
+        "{:?}",
+        status.bad_artifacts
+    );
+    let running = status.running.unwrap();
+    assert_eq!(running.fallback_reason, Some("selected-load-failed"));
+    assert_eq!(
+        running.matches_selection,
+        Some(true),
+        "the built-in is what resolve answers now"
+    );
     // Marking is once: the next looks change nothing.
     watch.tick(&device, t0 + Duration::from_secs(10), &log, &say);
     assert_eq!(text.matches("marked bad").count(), 1);
@@ -146,4 +164,10 @@ fn a_model_that_fails_its_first_start_is_marked_and_not_downloaded_again() {
     refresh(&device, &origin.downloader()).unwrap();
     let (path, sel) = device.resolve().unwrap();
     assert_eq!((sel.id.as_str(), path), ("pop223", artifact));
+    let status = migration::report::status(&device).unwrap();
+    assert!(
+        !status.bad_artifacts[0].current,
+        "{:?}",
+        status.bad_artifacts
+    );
 }
