@@ -130,7 +130,10 @@ enum Command {
         /// "next_retry","reason"}],"dropped"},"refused_entries":[{"index","id","reason"}],
         /// "trust":{…},"tree":{"openpilot_dir","tinygrad_commit","generation","state","problem",
         /// "next"}}`, plus `"unreadable":["<what>: <why>"]` when a part of the device's state
-        /// (the journal, the choice, a param) cannot be read; while paused (the tree's tinygrad has no generation) `{"generation":null,
+        /// (the journal, the choice, a param) cannot be read, and on a generation whose
+        /// contract has modeld's load receipt `"running":{"state","id","variant",
+        /// "artifact_sha256","fallback_reason","pid","why","matches_selection","difference"}`
+        /// plus `"bad_artifacts":[{"id","sha256","reason","current","text"}]` when any; while paused (the tree's tinygrad has no generation) `{"generation":null,
         /// "manifest_version","resolved","tree":{…}}`.
         #[arg(long)]
         json: bool,
