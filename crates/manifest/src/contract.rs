@@ -168,6 +168,8 @@ pub struct LoadReceiptRule {
     pub fallback_reasons: &'static [&'static str],
     /// The reason saying the selected model failed to load (the bundled one runs instead).
     pub selected_load_failed: &'static str,
+    /// The variant an external-GPU model runs as (and only such a model).
+    pub gpu_variant: &'static str,
 }
 
 /// One contract's row. Every field is a detail that differs between contracts; nothing here is
@@ -302,6 +304,7 @@ pub const CONTRACTS: [Contract; 2] = [
                 "selected-load-failed",
             ],
             selected_load_failed: "selected-load-failed",
+            gpu_variant: "chestnut",
         }),
         validation_p95_ms: Some(50),
         tree: Some(TreeMarkers {
@@ -580,6 +583,7 @@ mod tests {
         let r = v26.load_receipt.unwrap();
         assert_eq!(r.keys.len(), 8);
         assert!(r.fallback_reasons.contains(&r.selected_load_failed));
+        assert!(r.variants.contains(&r.gpu_variant));
         assert_eq!((r.max_bytes, r.version, r.republish_secs), (1024, 1, 5));
         for (name, want) in [
             ("catalog-v26.json", Some(26)),

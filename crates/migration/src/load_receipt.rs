@@ -477,6 +477,45 @@ pub fn read(source: &Source) -> RunningModel {
     liveness(receipt, ticks)
 }
 
+/// A receipt must name a model on the hardware the catalog gives it: an external-GPU model runs
+/// as the rule's GPU variant and only such a model does (the bundled model either way).
+/// `uses_external_gpu`: the catalog's flag for the model (`None`: not in the catalog, not
+/// checked). Pure.
+pub fn hardware_agrees(
+    r: &LoadReceipt,
+    uses_external_gpu: Option<bool>,
+    rule: &LoadReceiptRule,
+) -> std::result::Result<(), String> {
+    match uses_external_gpu {
+        Some(gpu) if !r.bundled && gpu != (r.variant == rule.gpu_variant) => Err(format!(
+            "the receipt says {} runs as the {} variant, but the catalog lists it as {} model",
+            r.model_id,
+            r.variant,
+            if gpu { "an external-GPU" } else { "a non-GPU" }
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// [`read`], then [`hardware_agrees`] against `device`'s catalog: a receipt that disagrees
+/// with it is unavailable.
+pub fn read_on(device: &Device, source: &Source) -> RunningModel {
+    let running = read(source);
+    let receipt = match &running {
+        RunningModel::Loaded(r) | RunningModel::Stale { receipt: r, .. } => r,
+        RunningModel::Unavailable { .. } => return running,
+    };
+    let gpu = device
+        .catalog()
+        .ok()
+        .flatten()
+        .and_then(|c| c.get(&receipt.model_id).map(|e| e.uses_external_gpu()));
+    match hardware_agrees(receipt, gpu, &source.rule) {
+        Ok(()) => running,
+        Err(why) => RunningModel::unavailable(why),
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // What runs against what should
 
@@ -591,7 +630,9 @@ pub fn running_vs_selected(expected: &Expected, running: &RunningModel) -> Verdi
 /// verified against).
 pub fn expected(device: &Device) -> Result<Expected> {
     let (_, sel) = device.resolve()?;
-    if crate::contract::is_builtin_id(sel.id.as_str()) {
+    // The built-in by either name: ours (`rdf43`) or the contract's (`bundled-current`).
+    let bundled = device.load_receipt.as_ref().map(|s| s.bundled);
+    if crate::contract::is_builtin_id(sel.id.as_str()) || bundled == Some(sel.id.as_str()) {
         return Ok(Expected::Bundled);
     }
     let sha256 = device
@@ -795,7 +836,7 @@ impl Watcher {
             return;
         }
         self.next = Some(now + std::time::Duration::from_secs(source.rule.republish_secs));
-        let running = read(source);
+        let running = read_on(device, source);
         let expected = expected(device).ok();
         if let Some(Expected::Model {
             id,
@@ -948,7 +989,7 @@ pub struct BadArtifactReport {
 /// `status`'s `running`: `None` on a contract without a receipt (v25: nothing shown).
 pub fn running_report(device: &Device) -> Option<RunningReport> {
     let source = device.load_receipt.as_ref()?;
-    let running = read(source);
+    let running = read_on(device, source);
     let expected = expected(device).ok();
     Some(RunningReport::of(&running, expected.as_ref()))
 }
@@ -1322,6 +1363,38 @@ mod tests {
             ),
             Poison::No("no live receipt")
         );
+    }
+
+    #[test]
+    fn hardware_table() {
+        let rule = rule();
+        let r = |model: &str, variant: &str| {
+            let RunningModel::Loaded(mut r) = receipt(model, SHA, None, 9) else {
+                panic!()
+            };
+            r.variant = if variant == "chestnut" {
+                "chestnut"
+            } else {
+                "small"
+            };
+            r
+        };
+        // (receipt, catalog's GPU flag) -> agrees
+        for (rec, gpu, ok) in [
+            (r("pop226", "small"), Some(false), true),
+            (r("pop226", "chestnut"), Some(false), false),
+            (r("big226", "chestnut"), Some(true), true),
+            (r("big226", "small"), Some(true), false),
+            (r("bundled-current", "chestnut"), Some(false), true),
+            (r("bundled-current", "small"), None, true),
+            (r("gone226", "chestnut"), None, true),
+        ] {
+            assert_eq!(
+                hardware_agrees(&rec, gpu, &rule).is_ok(),
+                ok,
+                "{rec:?} {gpu:?}"
+            );
+        }
     }
 
     #[test]
