@@ -12,6 +12,7 @@ mod hostile_origin;
 mod hostile_params;
 mod not_yet;
 mod python_temps;
+mod running;
 mod signed;
 mod signed_attacks;
 mod tree;

@@ -154,6 +154,22 @@ pub struct LoadReceiptRule {
     pub version: i64,
     /// Seconds between modeld's republications of the receipt.
     pub republish_secs: u64,
+    // -- what a receipt of `version` holds (the load-receipt reader, `migration::load_receipt`)
+    /// The root the receipt directory is under (`Paths.shm_path()`).
+    pub shm_root: &'static str,
+    /// The longest `OPENPILOT_PREFIX` (`[A-Za-z0-9_-]{1,N}`); another makes the receipt
+    /// unavailable.
+    pub prefix_max_len: usize,
+    /// Exactly these keys, each once.
+    pub keys: &'static [&'static str],
+    /// `variant`'s values.
+    pub variants: &'static [&'static str],
+    /// `fallbackReason`'s values besides `null`.
+    pub fallback_reasons: &'static [&'static str],
+    /// The reason saying the selected model failed to load (the bundled one runs instead).
+    pub selected_load_failed: &'static str,
+    /// The variant an external-GPU model runs as (and only such a model).
+    pub gpu_variant: &'static str,
 }
 
 /// One contract's row. Every field is a detail that differs between contracts; nothing here is
@@ -269,6 +285,26 @@ pub const CONTRACTS: [Contract; 2] = [
             max_bytes: 1024,
             version: 1,
             republish_secs: 5,
+            shm_root: "/dev/shm",
+            prefix_max_len: 32,
+            keys: &[
+                "version",
+                "pid",
+                "processStartTicks",
+                "loadedMonoNs",
+                "modelId",
+                "variant",
+                "artifactSha256",
+                "fallbackReason",
+            ],
+            variants: &["small", "chestnut"],
+            fallback_reasons: &[
+                "chestnut-load-failed",
+                "chestnut-run-stalled",
+                "selected-load-failed",
+            ],
+            selected_load_failed: "selected-load-failed",
+            gpu_variant: "chestnut",
         }),
         validation_p95_ms: Some(50),
         tree: Some(TreeMarkers {
@@ -298,8 +334,19 @@ impl Contract {
 
     /// The load receipt's path for an `OPENPILOT_PREFIX` (`None`: unset).
     pub fn load_receipt_path(&self, prefix: Option<&str>) -> Option<std::path::PathBuf> {
+        let root = self.load_receipt?.shm_root;
+        self.load_receipt_path_in(std::path::Path::new(root), prefix)
+    }
+
+    /// [`Contract::load_receipt_path`] under `shm_root` instead of the rule's (tests, a device
+    /// whose shared memory is mounted elsewhere).
+    pub fn load_receipt_path_in(
+        &self,
+        shm_root: &std::path::Path,
+        prefix: Option<&str>,
+    ) -> Option<std::path::PathBuf> {
         self.load_receipt.map(|r| {
-            std::path::Path::new("/dev/shm")
+            shm_root
                 .join(format!(
                     "{}{}",
                     r.dir_prefix,
@@ -597,6 +644,17 @@ mod tests {
             std::path::Path::new("/dev/shm/starpilot_modeld_t3/load-v1.json")
         );
         assert_eq!(ContractName::V25.contract().load_receipt_path(None), None);
+        assert_eq!(
+            v26.load_receipt_path_in(std::path::Path::new("/tmp/x"), Some("t3"))
+                .unwrap(),
+            std::path::Path::new("/tmp/x/starpilot_modeld_t3/load-v1.json")
+        );
+        // The receipt's shape: eight keys, the selected-load-failed reason among the reasons.
+        let r = v26.load_receipt.unwrap();
+        assert_eq!(r.keys.len(), 8);
+        assert!(r.fallback_reasons.contains(&r.selected_load_failed));
+        assert!(r.variants.contains(&r.gpu_variant));
+        assert_eq!((r.max_bytes, r.version, r.republish_secs), (1024, 1, 5));
         for (name, want) in [
             ("catalog-v26.json", Some(26)),
             ("catalog-v27.json", Some(27)),

@@ -83,6 +83,8 @@ pub struct Device {
     /// fetched manifests with: with them, the stored catalog is re-verified on every read and
     /// only artifacts the signed manifest pins are installed or handed to modeld.
     pub trusted_keys: Option<downloader::trust::TrustedKeys>,
+    /// modeld's load receipt, on a contract that has one (`None`: v25, nothing read).
+    pub load_receipt: Option<crate::load_receipt::Source>,
     pub(crate) effects: Effects,
 }
 
@@ -135,6 +137,7 @@ impl Device {
             memory,
             sysfs_root: PathBuf::from("/sys"),
             trusted_keys: None,
+            load_receipt: None,
             effects,
         }
     }

@@ -228,6 +228,9 @@ pub(crate) fn refresh_run(
         steps: Vec::new(),
     };
     let chestnut = device.chestnut();
+    // Models whose catalog bytes modeld could not start here: no retry is scheduled for them
+    // (nothing to retry until the catalog lists other bytes, which are fetched at once).
+    let mut failed_to_start = std::collections::BTreeSet::new();
     for id in wanted.to_install() {
         let Some(entry) = manifest.get(&id) else {
             continue;
@@ -261,6 +264,12 @@ pub(crate) fn refresh_run(
                 return Err(Error::Download(e));
             }
             Err(e @ Error::Io(_)) => return Err(e),
+            // modeld could not start these very bytes: not an attempt, nothing fetched; the
+            // built-in stands in and the choice stays until the catalog lists other bytes.
+            Err(Error::FailedToStart { why, .. }) => {
+                failed_to_start.insert(id.clone());
+                installs.failed.insert(id, (false, why));
+            }
             // Anything else (every origin refused it, a full disk): the built-in, or the
             // verified older copy, stands in, and later refreshes retry it.
             Err(e) => {
@@ -273,7 +282,7 @@ pub(crate) fn refresh_run(
     let Settled {
         fates,
         outcome,
-        next,
+        mut next,
     } = settle(
         (&raw, &wanted),
         &catalog,
@@ -283,6 +292,8 @@ pub(crate) fn refresh_run(
         onroad.then_some(&slots_now),
         now_unix,
     );
+    next.retry
+        .retain(|id, _| !failed_to_start.iter().any(|f| f.as_str() == id));
     for (id, f) in &fates {
         match f {
             _ if installs.needs_chestnut.contains(id) => {}
@@ -389,6 +400,14 @@ pub fn install(
             install_variant(device, dl, &v, cancel)?;
         }
         return Ok(None);
+    }
+    // An artifact modeld could not start on this device is not fetched again while the
+    // catalog lists these very bytes (`load_receipt`).
+    if let Some(why) = crate::load_receipt::condemned(device, entry) {
+        return Err(Error::FailedToStart {
+            id: entry.id().to_string(),
+            why,
+        });
     }
     // A verified copy of an earlier publish stays (and stays on record) until the new bytes
     // are installed over it.

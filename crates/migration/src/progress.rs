@@ -54,6 +54,9 @@ pub enum FailReason {
     /// With trusted keys: the model list stored on the device does not verify against its
     /// signature (changed on the device); a refresh fetches it again.
     ModelListNotVerified,
+    /// modeld could not start this artifact on this device; it is not downloaded again until
+    /// the model list publishes other bytes for it.
+    FailedToStart,
 }
 
 impl FailReason {
@@ -69,6 +72,7 @@ impl FailReason {
             Error::UnknownModel { .. } => FailReason::NotInList,
             Error::NoCatalog { .. } | Error::CatalogTooLarge { .. } => FailReason::NoModelList,
             Error::BuiltinMissing { .. } => FailReason::BuiltinMissing,
+            Error::FailedToStart { .. } => FailReason::FailedToStart,
             Error::Busy { .. } => FailReason::Busy,
             Error::Io(_)
             | Error::Lock { .. }
@@ -98,6 +102,9 @@ impl FailReason {
             FailReason::BadRequest => "request could not be read",
             FailReason::NotSigned => {
                 "not installable: the signed model list gives no SHA-256, size or chunk count for it"
+            }
+            FailReason::FailedToStart => {
+                "this model's file failed to start on this device; the built-in model stays in use"
             }
             FailReason::ModelListNotVerified => {
                 "model list on the device failed its signature check"
@@ -169,11 +176,30 @@ pub enum Progress {
     /// openpilot."` (or, `None`, `"...tinygrad version cannot be read..."`): the openpilot tree's
     /// tinygrad is no generation's pin, so nothing is changed (see `tree`).
     TreeUnknown(Option<GitCommit>),
+    /// `"Running <id> (<variant>, sha256 <12 hex>), fallback: <reason or none>"`: what modeld
+    /// runs, from its load receipt (contracts with one), written when it changes.
+    Running {
+        id: ModelId,
+        variant: &'static str,
+        sha256: manifest::Sha256Digest,
+        fallback: Option<&'static str>,
+    },
 }
 
 impl fmt::Display for Progress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Progress::Running {
+                id,
+                variant,
+                sha256,
+                fallback,
+            } => write!(
+                f,
+                "Running {id} ({variant}, sha256 {}), fallback: {}",
+                &sha256.to_hex()[..12],
+                fallback.unwrap_or("none")
+            ),
             Progress::Percent(t) => write!(f, "{}%", t.percent()),
             Progress::Verifying => f.write_str("Verifying authenticity..."),
             Progress::Downloaded => f.write_str("Downloaded!"),
@@ -247,6 +273,22 @@ mod tests {
             ),
             (Progress::Verifying, "Verifying authenticity..."),
             (Progress::Downloaded, "Downloaded!"),
+            (
+                Progress::Running {
+                    id: "pop226".parse().unwrap(),
+                    variant: "small",
+                    sha256: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+                        .parse()
+                        .unwrap(),
+                    fallback: Some("selected-load-failed"),
+                },
+                "Running pop226 (small, sha256 0123456789ab), fallback: selected-load-failed",
+            ),
+            (
+                Progress::Failed(FailReason::FailedToStart),
+                "Download failed: this model's file failed to start on this device; the built-in \
+                 model stays in use",
+            ),
             (
                 Progress::Failed(FailReason::BadRequest),
                 "Download failed: request could not be read",
