@@ -582,3 +582,31 @@ fn a_made_up_v26_is_audited_against_the_pin_the_openpilot_tree_records() {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(findings(&v)[0].0, "manifest_missing", "{v}");
 }
+
+/// A manifest without a top-level `generation` is published with one (the key its contract's
+/// published manifests carry), so our own audit calls the store it published healthy.
+#[test]
+fn a_manifest_without_a_generation_is_published_with_one_and_audits_healthy() {
+    let t = tempfile::tempdir().unwrap();
+    let ws = workspace(t.path(), &artifact_bytes(1, 2500));
+    let file = ws.join("ready/model_names_v25.json");
+    let mut doc: Value = serde_json::from_slice(&fs::read(&file).unwrap()).unwrap();
+    assert!(doc.as_object_mut().unwrap().remove("generation").is_some());
+    fs::write(&file, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    // The gate records (the rehearsal's digest) are of what publish stages, as `rehearse`
+    // records them.
+    let mut staged = manifest::Manifest::from_slice(&fs::read(&file).unwrap()).unwrap();
+    staged.set_generation(manifest::Generation::new(25));
+    let staged_file = t.path().join("staged.json");
+    fs::write(&staged_file, staged.to_canonical_bytes()).unwrap();
+    covering_records(&ws, &staged_file);
+    let store = t.path().join("store");
+    publish(&ws, &[s(&store)], &[]);
+    let live: Value =
+        serde_json::from_slice(&fs::read(store.join("manifests/model_names_v25.json")).unwrap())
+            .unwrap();
+    assert_eq!(live["generation"], "v25");
+    let (code, v, _) = audit(&["--store", s(&store), "--workspace", s(&ws)], t.path());
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["healthy"], true);
+}

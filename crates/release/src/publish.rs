@@ -123,13 +123,45 @@ pub fn check_gate(
     )
 }
 
+/// The manifest publish stages (what it gates, signs, uploads and records, and what `rehearse`
+/// serves): `manifest` with the top-level keys every published manifest of `generation` carries
+/// under `contract`, added where absent: `generation`, and the contract's `artifact_abi` when it
+/// names one. A value already there is kept: another `generation` is refused by publish, a
+/// wrong ABI by the contract's validation. The revision under the contract's `revision_key` is
+/// never invented: the pin rule refuses a manifest without it, so every published manifest
+/// carries it.
+pub fn staged_manifest(
+    manifest: &Manifest,
+    generation: Generation,
+    contract: &manifest::Contract,
+) -> Manifest {
+    let mut m = manifest.clone();
+    let has = |m: &Manifest, key: &str| m.top_level().any(|(k, _)| k == key);
+    if !has(&m, manifest::keys::GENERATION) {
+        m.set_generation(generation);
+    }
+    if let Some(abi) = contract.artifact_abi
+        && !has(&m, manifest::keys::ARTIFACT_ABI)
+    {
+        m.set_top_level(manifest::keys::ARTIFACT_ABI, abi.into())
+            .expect("artifact_abi takes any string");
+    }
+    m
+}
+
 /// Run the publish: every gate before any store is written, then the upload, then the record.
 /// `passphrase` unlocks an encrypted signing key.
 pub fn run(
-    req: PublishRequest,
+    mut req: PublishRequest,
     passphrase: &mut dyn FnMut(&Path) -> std::result::Result<String, String>,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<PublishOutcome> {
+    // What every gate below sees and what is uploaded: the manifest as staged for its contract.
+    req.manifest = staged_manifest(
+        &req.manifest,
+        req.generation,
+        crate::tree::load_pins(req.openpilot.as_deref())?.contract(req.generation),
+    );
     let manifest = &req.manifest;
     // The validation gate, before any store is opened or anything written.
     let validation = check_gate(
@@ -417,6 +449,62 @@ mod tests {
             }]
         });
         Manifest::from_slice(doc.to_string().as_bytes()).unwrap()
+    }
+
+    /// The staged manifest carries the contract's top-level keys where the given one lacks
+    /// them, and keeps every value it has: v25, v26 under the v26 contract, and a made-up v27
+    /// that inherits it. Each staged manifest reads back with the generation it is published as.
+    #[test]
+    fn the_staged_manifest_carries_the_contract_top_keys() {
+        use manifest::ContractName;
+        let (v25, v26, v27) = (
+            Generation::new(25),
+            Generation::new(26),
+            Generation::new(27),
+        );
+        let mut pins = manifest::PinTable::builtin();
+        pins.record_contract(v26, ContractName::V26).unwrap();
+        let without = |m: &Manifest, key: &str| {
+            let mut m = m.clone();
+            m.remove_top_level(key);
+            m
+        };
+        for g in [v25, v26, v27] {
+            let contract = pins.contract(g);
+            let full = manifest(g, "0123456789abcdef0123456789abcdef01234567");
+            let bare = without(&without(&full, "generation"), "artifact_abi");
+            assert_eq!(bare.generation(), None);
+            let staged = staged_manifest(&bare, g, contract);
+            assert_eq!(staged.generation(), Some(g), "{g}");
+            assert_eq!(staged.artifact_abi(), contract.artifact_abi, "{g}");
+            assert_eq!(staged.revision(contract), bare.revision(contract), "{g}");
+            assert_eq!(staged.models(), bare.models());
+            // Values already there are kept, even a generation publish then refuses.
+            let mut other = bare.clone();
+            other.set_generation(Generation::new(24));
+            assert_eq!(
+                staged_manifest(&other, g, contract).generation(),
+                Some(Generation::new(24))
+            );
+            // Staging a staged manifest changes nothing.
+            assert_eq!(staged_manifest(&staged, g, contract), staged);
+        }
+        // Under v25 nothing beyond the generation is added.
+        let v25_staged = staged_manifest(
+            &without(
+                &manifest(v25, "e837e367aac9e1a66e689f4f32ce20ca9367df13"),
+                "generation",
+            ),
+            v25,
+            pins.contract(v25),
+        );
+        let keys: Vec<&str> = v25_staged.top_level().map(|(k, _)| k).collect();
+        assert_eq!(keys, ["tinygrad_commit", "generation"]);
+        assert_eq!(
+            pins.contract(v27).artifact_abi,
+            pins.contract(v26).artifact_abi
+        );
+        assert!(pins.contract(v26).artifact_abi.is_some());
     }
 
     /// Messages about a `github:` store name branch paths; other stores keep bucket paths. For

@@ -322,7 +322,14 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
             opts.device_manager.display()
         )));
     }
-    let m = read_manifest(&opts.manifest)?;
+    // The manifest as publish stages it (its contract's top-level keys added where absent), so
+    // the rehearsed bytes are the published ones.
+    let pins = crate::tree::load_pins(Some(&opts.openpilot))?;
+    let m = crate::publish::staged_manifest(
+        &read_manifest(&opts.manifest)?,
+        opts.generation,
+        pins.contract(opts.generation),
+    );
     let g = opts.generation;
     if let Some(mg) = m.generation()
         && mg != g
@@ -337,7 +344,6 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
         .ok_or_else(|| input(format!("{g} has no previous generation to migrate from")))?;
     let cast = cast(&m, opts.select.as_ref())?;
     let pin = m.tinygrad_commit();
-    let pins = crate::tree::load_pins(Some(&opts.openpilot))?;
     // The runtime gate before anything is staged: every driving artifact's stamp and every
     // build receipt (the tree's built-in and DM set too), for contracts that have them.
     crate::loadable::gate_publish(&m, &opts.artifacts, Some(&opts.openpilot), &pins, g)?;
