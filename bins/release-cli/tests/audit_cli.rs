@@ -610,3 +610,72 @@ fn a_manifest_without_a_generation_is_published_with_one_and_audits_healthy() {
     assert_eq!(code, Some(0), "{v}");
     assert_eq!(v["healthy"], true);
 }
+
+/// Stray entries whatever their names (a tab, a backslash, a control character, invalid
+/// UTF-8) or kinds (a FIFO) are each listed, escaped, with a mend that runs as printed and
+/// makes the store healthy; a deep audit of a corrupt artifact names its failing chunk.
+#[test]
+fn odd_strays_are_listed_and_a_deep_audit_names_the_failing_chunk() {
+    use std::os::unix::ffi::OsStrExt;
+    let t = tempfile::tempdir().unwrap();
+    let ws = workspace(t.path(), &artifact_bytes(1, 2500));
+    let store = t.path().join("store");
+    publish(&ws, &[s(&store)], &[]);
+    let dir = store.join("models/v25/pop223");
+    let names: [&[u8]; 4] = [b"a\tb", b"c\\d", b"e\x01f", b"g\xffh"];
+    for n in names {
+        fs::write(dir.join(std::ffi::OsStr::from_bytes(n)), b"stray").unwrap();
+    }
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(dir.join("pipe"))
+            .status()
+            .unwrap()
+            .success()
+    );
+    let stores = ["--store", s(&store), "--workspace", s(&ws)];
+    let start = std::time::Instant::now();
+    let (code, v, _) = audit(&stores, t.path());
+    assert!(start.elapsed() < std::time::Duration::from_secs(20));
+    assert_ne!(code, Some(0), "{v}");
+    assert_eq!(v["healthy"], false);
+    let odd: Vec<String> = v["stores"][0]["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "odd_name")
+        .map(|f| f["message"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(odd.len(), 5, "{v}");
+    for shown in [r"a\tb", r"c\\d", r"e\u{1}f", r"g\xffh", "pipe"] {
+        assert!(odd.iter().any(|m| m.contains(shown)), "{shown}: {odd:?}");
+    }
+    mend(&v, t.path(), &bin_dir(), &[]);
+    let (code, v, _) = audit(&stores, t.path());
+    assert_eq!(code, Some(0), "{v}");
+
+    // Flip one byte of the second chunk (same size): the deep audit names that chunk.
+    let chunk = dir.join(format!("{CHUNK}02of03"));
+    let mut bytes = fs::read(&chunk).unwrap();
+    bytes[10] ^= 0xff;
+    fs::write(&chunk, bytes).unwrap();
+    let mut deep = stores.to_vec();
+    deep.push("--deep");
+    let (code, v, _) = audit(&deep, t.path());
+    assert_ne!(code, Some(0), "{v}");
+    let f = findings(&v);
+    let corrupt: Vec<_> = f.iter().filter(|f| f.0 == "corrupt").collect();
+    assert_eq!(corrupt.len(), 1, "{v}");
+    assert!(corrupt[0].2.ends_with(&format!("{CHUNK}02of03")), "{v}");
+    let message = v["stores"][0]["problems"][0]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "failing chunk(s): models/v25/pop223/{CHUNK}02of03"
+        )),
+        "{message}"
+    );
+    assert!(
+        !message.contains("01of03") && !message.contains("03of03"),
+        "{message}"
+    );
+}

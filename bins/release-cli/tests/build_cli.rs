@@ -1149,6 +1149,34 @@ fn tinygrad_pin_corrects_an_unpublished_pin() {
         3,
         "already v25's pin",
     );
+    // A store that is not there, or a live manifest that is not a regular file: nothing says
+    // whether v26 is published, so nothing is rewritten (and the FIFO does not hang the check).
+    let mut nowhere = fix.to_vec();
+    nowhere.extend(["--store", "nowhere"]);
+    refused(&nowhere, 2, "--store nowhere: no such directory");
+    let mut gh_nowhere = fix.to_vec();
+    gh_nowhere.extend(["--store", "github:nowhere"]);
+    refused(&gh_nowhere, 2, "--store github:nowhere: no such directory");
+    fs::create_dir_all(root.join("store/manifests")).unwrap();
+    assert!(
+        Command::new("mkfifo")
+            .arg(root.join("store/manifests/model_names_v26.json"))
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut at_fifo = fix.to_vec();
+    at_fifo.extend(["--store", "store"]);
+    let started = std::time::Instant::now();
+    let out = pin(&at_fifo);
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("not a regular file"),
+        "{}",
+        text(&out.stderr)
+    );
+    fs::remove_file(root.join("store/manifests/model_names_v26.json")).unwrap();
     // A live v26 manifest with the mistyped pin in the store: published, never corrected.
     write(
         &root.join("store/manifests/model_names_v26.json"),

@@ -43,6 +43,26 @@ impl LocalStore {
             path: path.to_string(),
         }
     }
+
+    /// A FIFO, device or socket where a store file belongs: an error naming it, never read.
+    fn not_regular(&self, path: &StorePath) -> Error {
+        Error::StoreRead {
+            what: format!("{} {}", self.describe(), path),
+            source: io::Error::other(
+                "not a regular file (a FIFO, device or socket); remove it from the store",
+            ),
+        }
+    }
+}
+
+/// Opens for reading without blocking: a FIFO planted in a store cannot hang the reader (the
+/// caller refuses anything but a regular file; a regular file's reads ignore the flag).
+fn open_nonblocking(p: &Path) -> io::Result<File> {
+    use fs_err::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(p)
 }
 
 impl Store for LocalStore {
@@ -68,9 +88,17 @@ impl Store for LocalStore {
 
     fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
         let p = self.fs_path(path);
-        match File::open(&p) {
-            Ok(f) if f.metadata()?.is_file() => Ok(Box::new(f)),
-            Ok(_) => Err(self.not_found(path)),
+        match open_nonblocking(&p) {
+            Ok(f) => {
+                let meta = f.metadata()?;
+                if meta.is_file() {
+                    Ok(Box::new(f))
+                } else if meta.is_dir() {
+                    Err(self.not_found(path))
+                } else {
+                    Err(self.not_regular(path))
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Err(self.not_found(path)),
             Err(e) => Err(e.into()),
         }
@@ -79,8 +107,9 @@ impl Store for LocalStore {
     fn read_at(&self, path: &StorePath, offset: u64, buf: &mut [u8]) -> Result<()> {
         use std::io::{Seek, SeekFrom};
         let p = self.fs_path(path);
-        let mut f = match File::open(&p) {
-            Ok(f) => f,
+        let mut f = match open_nonblocking(&p) {
+            Ok(f) if f.metadata()?.is_file() => f,
+            Ok(_) => return Err(self.not_regular(path)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(self.not_found(path)),
             Err(e) => return Err(e.into()),
         };
@@ -253,6 +282,40 @@ mod tests {
             chunker::Sha256Digest::of_bytes(b"hello")
         );
         assert!(store.read_small(&b, 4).is_err());
+    }
+
+    /// A FIFO or a device where a store file belongs is an error naming it, returned at once
+    /// (opening a FIFO for reading would otherwise wait for a writer forever).
+    #[test]
+    fn special_files_are_errors_not_hangs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path());
+        let m = p("manifests/model_names_v25.json");
+        fs::create_dir_all(dir.path().join("manifests")).unwrap();
+        let fifo = std::ffi::CString::new(
+            dir.path()
+                .join("manifests/model_names_v25.json")
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .unwrap();
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let start = std::time::Instant::now();
+        for e in [
+            store.open(&m).err().unwrap(),
+            store.read_small(&m, 100).unwrap_err(),
+            store.read_at(&m, 0, &mut [0u8; 4]).unwrap_err(),
+        ] {
+            assert!(!e.is_not_found(), "{e}");
+            let text = e.to_string();
+            assert!(text.contains("manifests/model_names_v25.json"), "{text}");
+            assert!(text.contains("not a regular file"), "{text}");
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(5));
+        // A directory there is "not there", as before.
+        let d = p("models/v25/x");
+        fs::create_dir_all(dir.path().join("models/v25/x")).unwrap();
+        assert!(store.open(&d).err().unwrap().is_not_found());
     }
 
     #[test]

@@ -180,6 +180,34 @@ pub struct Snapshot {
     /// With `--deep`: the SHA-256 of every listed artifact whose files are all there, by
     /// logical path (`models/v25/pop223/pop223_driving_tinygrad.pkl`).
     pub digests: Option<BTreeMap<String, Sha256Digest>>,
+    /// Entries under `models/<gen>/` no listing shows (a name no store path can hold, a FIFO,
+    /// device or socket), by their escaped bucket-layout path (directory stores only).
+    pub odd: BTreeMap<String, OddEntry>,
+    /// With `--deep`: for each corrupt chunked artifact (by logical path), the chunks that
+    /// differ from their reference ([`FailingChunk`]).
+    pub failing_chunks: BTreeMap<String, Vec<FailingChunk>>,
+}
+
+/// A chunk of a corrupt artifact whose bytes are not its reference's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailingChunk {
+    /// Its store path (bucket layout).
+    pub path: String,
+    pub sha256: Sha256Digest,
+    pub expected: Sha256Digest,
+    /// What said `expected`: the manifest's per-chunk digests, or the workspace's chunk.
+    pub reference: String,
+}
+
+/// An entry of a store directory that no listing shows, as [`Snapshot::odd`] holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OddEntry {
+    /// Where it is on disk, its name escaped ([`read::escaped`]).
+    pub at: String,
+    /// What it is.
+    pub what: &'static str,
+    /// The shell command that removes it (by inode: the name needs no quoting).
+    pub mend: String,
 }
 
 /// One thing wrong, with the command that mends it.
@@ -634,16 +662,38 @@ pub fn check_store(s: &Snapshot, rules: &Rules) -> StoreAudit {
         if let Some(digests) = &s.digests {
             match digests.get(&e.logical()) {
                 Some(d) if *d == e.sha256 => {}
-                Some(d) => push(
-                    model,
-                    logical.clone(),
-                    "corrupt",
-                    format!(
-                        "{what}the stored bytes hash to {d}, the manifest says {}",
-                        e.sha256
-                    ),
-                    &republish,
-                ),
+                Some(d) => {
+                    let failing = s.failing_chunks.get(&e.logical());
+                    let named = failing.map_or_else(String::new, |f| {
+                        let chunks: Vec<String> = f
+                            .iter()
+                            .map(|c| {
+                                format!(
+                                    "{} hashes to {}, {} says {}",
+                                    c.path, c.sha256, c.reference, c.expected
+                                )
+                            })
+                            .collect();
+                        if chunks.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; failing chunk(s): {}", chunks.join("; "))
+                        }
+                    });
+                    let path = failing
+                        .and_then(|f| f.first())
+                        .map_or_else(|| logical.clone(), |c| at_str(&c.path));
+                    push(
+                        model,
+                        path,
+                        "corrupt",
+                        format!(
+                            "{what}the stored bytes hash to {d}, the manifest says {}{named}",
+                            e.sha256
+                        ),
+                        &republish,
+                    )
+                }
                 None => {}
             }
         }
@@ -662,6 +712,20 @@ pub fn check_store(s: &Snapshot, rules: &Rules) -> StoreAudit {
             };
             push(model.as_ref(), at_str(&path), kind, message, &mend);
         }
+    }
+    // Whatever no listing shows is stale too, manifest or not: never "healthy" beside it.
+    for (shown, e) in &s.odd {
+        let model = shown
+            .split('/')
+            .nth(2)
+            .and_then(|id| id.parse::<ModelId>().ok());
+        push(
+            model.as_ref(),
+            e.at.clone(),
+            "odd_name",
+            format!("{shown}: {} (its name shown escaped)", e.what),
+            &e.mend,
+        );
     }
     out.problems = problems;
     out

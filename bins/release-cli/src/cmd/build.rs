@@ -953,8 +953,23 @@ fn pin(args: PinArgs) -> CliResult {
         .stores
         .iter()
         .map(|s| {
-            artifact_store::StoreSpec::parse(s)
-                .and_then(|spec| args.access.open(&spec))
+            let spec =
+                artifact_store::StoreSpec::parse(s).map_err(crate::cmd::store::store_error)?;
+            // A directory store that is not there holds nothing to check: refused, not taken
+            // for "not published".
+            if let artifact_store::StoreSpec::Local(dir) | artifact_store::StoreSpec::Github(dir) =
+                &spec
+                && !dir.is_dir()
+            {
+                return Err(CliError::usage(format!(
+                    "--store {s}: no such directory, so nothing says whether {} is published \
+                     there; pass the store you publish {} to (the directory `release-cli \
+                     publish --to` wrote, or the `github:` checkout)",
+                    args.generation, args.generation
+                )));
+            }
+            args.access
+                .open(&spec)
                 .map_err(crate::cmd::store::store_error)
         })
         .collect::<CliResult<Vec<_>>>()?;

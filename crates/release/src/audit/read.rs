@@ -71,6 +71,7 @@ pub fn run(req: &AuditRequest, progress: &mut dyn FnMut(DeepProgress)) -> Result
             req.generation,
             keys.as_deref(),
             req.deep,
+            Some(&req.mend.workspace),
             progress,
         )?);
     }
@@ -114,13 +115,16 @@ pub struct DeepProgress<'a> {
 }
 
 /// Read what [`super::check_store`] needs from `store`. `keys`: the `--key` public keys
-/// (`None`: not given, a signature is then reported as not checked).
+/// (`None`: not given, a signature is then reported as not checked). `workspace`: whose
+/// `ready/<id>/` chunks a corrupt artifact's chunks are compared with when the manifest lists
+/// no per-chunk digests.
 pub fn snapshot(
     store: &dyn Store,
     store_ref: StoreRef,
     generation: Generation,
     keys: Option<&[VerifyingKey]>,
     deep: bool,
+    workspace: Option<&Path>,
     progress: &mut dyn FnMut(DeepProgress),
 ) -> Result<Snapshot> {
     let layout = StoreLayout::HfBucket;
@@ -158,13 +162,16 @@ pub fn snapshot(
         .into_iter()
         .map(|e| (e.path.to_string(), e.size))
         .collect();
-    // A directory store's listing hides the temporaries of interrupted writes; they are stale
-    // files here, so look for them on disk (never following a link).
+    // A directory store's listing hides the temporaries of interrupted writes, names no store
+    // path can hold and anything not a regular file; they are stale here, so look for them on
+    // disk (never following a link).
+    let mut odd = BTreeMap::new();
     if let StoreRef::Local { root } = &store_ref {
-        temporaries(
+        on_disk(
             &artifact_store::paths::to_fs_path(&dir, root),
             dir.as_str(),
             &mut files,
+            &mut odd,
         )?;
     }
 
@@ -184,6 +191,7 @@ pub fn snapshot(
         small.insert(path.clone(), read);
     }
 
+    let mut failing_chunks = BTreeMap::new();
     let digests = if deep {
         let parsed = manifest
             .as_ref()
@@ -191,7 +199,8 @@ pub fn snapshot(
             .and_then(|m| m.as_ref())
             .and_then(|b| Manifest::from_slice(b).ok());
         let wanted: Vec<_> = parsed
-            .map(|m| expected_artifacts(&m, generation))
+            .as_ref()
+            .map(|m| expected_artifacts(m, generation))
             .unwrap_or_default()
             .into_iter()
             .filter(|e| e.pieces().iter().all(|p| files.contains_key(p)))
@@ -229,7 +238,21 @@ pub fn snapshot(
                     }
                 })?;
             }
-            out.insert(logical, h.finish());
+            let whole = h.finish();
+            if whole != e.sha256 && e.count > 0 {
+                let listed = parsed
+                    .as_ref()
+                    .and_then(|m| m.get(&e.model))
+                    .filter(|_| e.variant.is_none())
+                    .and_then(|m| m.chunk_digests());
+                let ready =
+                    workspace.map(|w| crate::Workspace::new(w).ready().join(e.model.as_str()));
+                failing_chunks.insert(
+                    logical.clone(),
+                    failing(store, &e.pieces(), listed.as_deref(), ready.as_deref())?,
+                );
+            }
+            out.insert(logical, whole);
         }
         Some(out)
     } else {
@@ -243,7 +266,74 @@ pub fn snapshot(
         files,
         small,
         digests,
+        odd,
+        failing_chunks,
     })
+}
+
+/// The chunks of a corrupt artifact that differ from their reference: the manifest's per-chunk
+/// digests when it lists them (`listed`), else the same-named chunk in the workspace's
+/// `ready/<id>/` (`ready`), read only when it is a regular file. A chunk with no reference is
+/// not named. Reads each stored chunk once more.
+fn failing(
+    store: &dyn Store,
+    pieces: &[String],
+    listed: Option<&[chunker::Sha256Digest]>,
+    ready: Option<&Path>,
+) -> Result<Vec<super::FailingChunk>> {
+    let mut out = Vec::new();
+    for (i, piece) in pieces.iter().enumerate() {
+        let file = piece.rsplit('/').next().unwrap_or(piece);
+        let reference = match (listed.and_then(|l| l.get(i)), ready) {
+            (Some(d), _) => Some((*d, "the manifest's artifact_chunk_sha256".to_string())),
+            (None, Some(dir)) => match local_digest(&dir.join(file))? {
+                Some(d) => Some((d, dir.join(file).display().to_string())),
+                None => None,
+            },
+            (None, None) => None,
+        };
+        let Some((want, from)) = reference else {
+            continue;
+        };
+        let p = artifact_store::paths::store_path(piece)?;
+        let mut h = Hasher::new();
+        h.update_from_reader(&mut store.open(&p)?)
+            .map_err(|source| artifact_store::Error::StoreRead {
+                what: format!("{} {piece}", store.describe()),
+                source,
+            })?;
+        let got = h.finish();
+        if got != want {
+            out.push(super::FailingChunk {
+                path: piece.clone(),
+                sha256: got,
+                expected: want,
+                reference: from,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The SHA-256 of a local regular file, opened without blocking; `None` when it is absent or
+/// not a regular file.
+fn local_digest(path: &Path) -> Result<Option<chunker::Sha256Digest>> {
+    use fs_err::os::unix::fs::OpenOptionsExt;
+    let f = match fs_err::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    if !f.metadata()?.is_file() {
+        return Ok(None);
+    }
+    let mut h = Hasher::new();
+    h.update_from_reader(&mut std::io::BufReader::new(f))?;
+    Ok(Some(h.finish()))
 }
 
 struct Counting<'a, R> {
@@ -259,8 +349,17 @@ impl<R: Read> Read for Counting<'_, R> {
     }
 }
 
-/// Add every temporary (`chunker::atomic` names) under `dir` to `files`, as `rel/…`.
-fn temporaries(dir: &Path, rel: &str, files: &mut BTreeMap<String, u64>) -> Result<()> {
+/// Add every temporary (`chunker::atomic` names) under `dir` to `files`, as `rel/…`, and every
+/// entry no listing shows (a name no store path can hold: control characters, a backslash,
+/// invalid UTF-8; a FIFO, device or socket) to `odd`, shown escaped, with the shell command
+/// that removes it by inode (no quoting of the odd name needed).
+fn on_disk(
+    dir: &Path,
+    rel: &str,
+    files: &mut BTreeMap<String, u64>,
+    odd: &mut BTreeMap<String, super::OddEntry>,
+) -> Result<()> {
+    use std::os::unix::fs::{DirEntryExt, FileTypeExt};
     let entries = match fs_err::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -268,16 +367,68 @@ fn temporaries(dir: &Path, rel: &str, files: &mut BTreeMap<String, u64>) -> Resu
     };
     for entry in entries {
         let entry = entry?;
-        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+        let ty = entry.file_type()?;
+        let raw = entry.file_name();
+        let name = raw.to_str().map(str::to_string);
+        let child = name.as_ref().map(|n| format!("{rel}/{n}"));
+        let holdable = child
+            .as_ref()
+            .is_some_and(|c| c.parse::<StorePath>().is_ok());
+        let special = ty.is_fifo() || ty.is_socket() || ty.is_block_device() || ty.is_char_device();
+        if !holdable || special {
+            let shown = format!("{rel}/{}", escaped(raw.as_encoded_bytes()));
+            odd.insert(
+                shown,
+                super::OddEntry {
+                    at: format!("{}/{}", dir.display(), escaped(raw.as_encoded_bytes())),
+                    what: if special {
+                        "not a regular file (a FIFO, device or socket)"
+                    } else if ty.is_dir() {
+                        "a directory whose name no store path can hold"
+                    } else {
+                        "a name no store path can hold"
+                    },
+                    mend: format!(
+                        "find {} -mindepth 1 -maxdepth 1 -inum {} -exec rm -rf -- {{}} +",
+                        super::sh(&dir.display().to_string()),
+                        entry.ino()
+                    ),
+                },
+            );
+            continue;
+        }
+        let (Some(name), Some(child)) = (name, child) else {
             continue;
         };
-        let ty = entry.file_type()?;
-        let child = format!("{rel}/{name}");
         if ty.is_dir() {
-            temporaries(&entry.path(), &child, files)?;
+            on_disk(&entry.path(), &child, files, odd)?;
         } else if ty.is_file() && chunker::atomic::is_temp_name(&name) {
             files.insert(child, entry.metadata()?.len());
         }
     }
     Ok(())
+}
+
+/// A file name as text: UTF-8 with control characters, quotes and backslashes escaped as Rust
+/// writes them (`\t`, `\u{1}`, `\\`), each byte of invalid UTF-8 as `\xNN`. Pure.
+pub fn escaped(mut bytes: &[u8]) -> String {
+    let mut out = String::new();
+    loop {
+        match std::str::from_utf8(bytes) {
+            Ok(s) => {
+                out.extend(s.chars().flat_map(char::escape_debug));
+                return out;
+            }
+            Err(e) => {
+                let (good, rest) = bytes.split_at(e.valid_up_to());
+                let good = std::str::from_utf8(good).expect("valid up to here");
+                out.extend(good.chars().flat_map(char::escape_debug));
+                let bad = e.error_len().unwrap_or(rest.len());
+                for b in &rest[..bad] {
+                    out.push_str(&format!("\\x{b:02x}"));
+                }
+                bytes = &rest[bad..];
+            }
+        }
+    }
 }

@@ -72,6 +72,8 @@ fn healthy(g: Generation, ids: &[&str]) -> Snapshot {
         files,
         small,
         digests: None,
+        odd: BTreeMap::new(),
+        failing_chunks: BTreeMap::new(),
     }
 }
 
@@ -620,5 +622,77 @@ fn a_variant_is_checked_like_its_model() {
         *s.files.get_mut(&plain).unwrap() = 9;
         s.files.remove(&format!("{plain}.chunk01of01"));
         assert_eq!(kinds(&audit(&s, g, false)), ["size_differs"]);
+    }
+}
+
+/// A name no store path can hold is shown escaped, invalid UTF-8 byte by byte. Pure.
+#[test]
+fn odd_names_are_shown_escaped() {
+    use super::read::escaped;
+    let cases: [(&[u8], &str); 6] = [
+        (b"plain.bin", "plain.bin"),
+        (b"a\tb", "a\\tb"),
+        (b"c\\d", "c\\\\d"),
+        (b"e\x01f", "e\\u{1}f"),
+        (b"g\xffh", "g\\xffh"),
+        (b"\xe2\x82", "\\xe2\\x82"),
+    ];
+    for (raw, shown) in cases {
+        assert_eq!(escaped(raw), shown, "{raw:?}");
+    }
+}
+
+/// Entries no listing shows are problems with their own mend, with a manifest or without; a
+/// corrupt artifact names its failing chunk. v25 and a made-up v26.
+#[test]
+fn odd_entries_and_failing_chunks_are_named() {
+    for g in gens() {
+        let mut s = healthy(g, &["pop223"]);
+        s.odd.insert(
+            format!("models/{g}/pop223/a\\tb"),
+            OddEntry {
+                at: format!("/srv/store/models/{g}/pop223/a\\tb"),
+                what: "a name no store path can hold",
+                mend: "find /srv/store -mindepth 1 -maxdepth 1 -inum 7 -exec rm -rf -- {} +".into(),
+            },
+        );
+        let a = audit(&s, g, false);
+        assert_eq!(kinds(&a), ["odd_name"], "{g}");
+        assert!(a.problems[0].message.contains("a\\tb"), "{:?}", a.problems);
+        assert!(a.problems[0].mend.contains("-inum 7"));
+        assert_eq!(
+            a.problems[0].model.as_ref().map(|m| m.as_str()),
+            Some("pop223")
+        );
+        s.manifest = Ok(None);
+        assert!(kinds(&audit(&s, g, false)).contains(&"odd_name"), "{g}");
+
+        let mut s = healthy(g, &["pop223"]);
+        let name = format!("models/{g}/pop223/pop223_driving_tinygrad.pkl");
+        s.digests = Some(BTreeMap::from([(
+            name.clone(),
+            Sha256Digest::of_bytes(b"other"),
+        )]));
+        s.failing_chunks.insert(
+            name.clone(),
+            vec![FailingChunk {
+                path: format!("{name}.chunk02of03"),
+                sha256: Sha256Digest::of_bytes(b"x"),
+                expected: Sha256Digest::of_bytes(b"y"),
+                reference: "/ws/ready/pop223/pop223_driving_tinygrad.pkl.chunk02of03".into(),
+            }],
+        );
+        let a = audit(&s, g, false);
+        assert_eq!(kinds(&a), ["corrupt"], "{g}");
+        assert!(
+            a.problems[0].path.ends_with(".chunk02of03"),
+            "{:?}",
+            a.problems
+        );
+        assert!(
+            a.problems[0].message.contains("failing chunk(s): models/"),
+            "{:?}",
+            a.problems
+        );
     }
 }
