@@ -79,6 +79,24 @@ fn release_numbers_have_a_ceiling_and_signatures_last_a_day() {
     }
     let o = cli(&["manifest", "sign", "--key", s(&key), "--expires-in", "0", m]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    // And at most ten years.
+    for days in ["3651", "999999999999"] {
+        let o = cli(&[
+            "manifest",
+            "sign",
+            "--key",
+            s(&key),
+            "--expires-in",
+            days,
+            m,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).contains("--expires-in 3650 or less"),
+            "{}",
+            text(&o.stderr)
+        );
+    }
     assert_eq!(snapshot(t.path()), before, "a refused sign wrote something");
 
     // `publish --sign-key`: the same bounds, refused before any upload.
@@ -104,6 +122,7 @@ fn release_numbers_have_a_ceiling_and_signatures_last_a_day() {
     for extra in [
         &["--release", "18446744073709551615"][..],
         &["--expires-in", "0"][..],
+        &["--expires-in", "999999999999"][..],
     ] {
         let o = publish(extra);
         assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", text(&o.stderr));
@@ -243,4 +262,111 @@ fn planted_files_are_refused_without_hanging_or_reading_them() {
         "{err}"
     );
     assert!(!store.exists(), "something was uploaded");
+}
+
+/// A FIFO where `publish`, `audit`, `status` and `rehearse` read inside a store, a workspace or
+/// an openpilot tree is an error naming it, returned at once (each run has 30 s, each returns
+/// in well under that): a live manifest in the store, a record in `results/`, the tree's
+/// tinygrad marker.
+#[test]
+fn fifos_in_a_store_a_workspace_or_a_tree_are_errors_not_hangs() {
+    let t = tempfile::tempdir().unwrap();
+    let (artifacts, manifest) = release(t.path(), &artifact_bytes(13, 2500));
+    let m = s(&manifest);
+    let ws = covering_records(&t.path().join("ws"), &manifest);
+    let store = t.path().join("store");
+    std::fs::create_dir_all(store.join("manifests")).unwrap();
+    mkfifo(&store.join("manifests/model_names_v25.json"));
+    let run = |args: &[&str]| {
+        let mut c = command();
+        c.args(args);
+        let started = Instant::now();
+        let o = within_deadline(c);
+        assert!(started.elapsed() < Duration::from_secs(10), "{args:?}");
+        (o.status.code(), text(&o.stdout), text(&o.stderr))
+    };
+    let (code, out, err) = run(&[
+        "publish",
+        "--generation",
+        "v25",
+        "--manifest",
+        m,
+        "--artifacts",
+        s(&artifacts),
+        "--workspace",
+        s(&ws),
+        "--to",
+        s(&store),
+    ]);
+    assert_ne!(code, Some(0), "{out}{err}");
+    assert!(
+        err.contains("manifests/model_names_v25.json") && err.contains("not a regular file"),
+        "{err}"
+    );
+    let (code, out, err) = run(&[
+        "audit",
+        "--generation",
+        "v25",
+        "--json",
+        "--store",
+        s(&store),
+        "--workspace",
+        s(&ws),
+    ]);
+    assert_ne!(code, Some(0), "{out}{err}");
+    assert!(out.contains("not a regular file"), "{out}{err}");
+
+    // The workspace: a FIFO as the preflight record is an error naming it, not "missing".
+    let preflight = ws.join("results/preflight.json");
+    std::fs::remove_file(&preflight).unwrap();
+    mkfifo(&preflight);
+    let (code, out, err) = run(&["status", "--workspace", s(&ws)]);
+    assert_ne!(code, Some(0), "{out}{err}");
+    assert!(
+        err.contains("preflight.json") && err.contains("not a regular file"),
+        "{out}{err}"
+    );
+    std::fs::remove_file(&preflight).unwrap();
+    // A build record that is a FIFO: the same.
+    let record = ws.join("results/pop223.json");
+    mkfifo(&record);
+    let (code, out, err) = run(&["status", "--workspace", s(&ws)]);
+    assert_ne!(code, Some(0), "{out}{err}");
+    assert!(
+        err.contains("pop223.json") && err.contains("not a regular file"),
+        "{out}{err}"
+    );
+    std::fs::remove_file(&record).unwrap();
+
+    // The tree: a FIFO as its tinygrad marker.
+    let op = t.path().join("openpilot");
+    std::fs::create_dir_all(op.join("tinygrad_repo")).unwrap();
+    mkfifo(&op.join("tinygrad_repo/TINYGRAD_COMMIT"));
+    let (_, out, err) = run(&["status", "--workspace", s(&ws), "--openpilot", s(&op)]);
+    assert!(
+        format!("{out}{err}").contains("TINYGRAD_COMMIT"),
+        "{out}{err}"
+    );
+    let (code, out, err) = run(&[
+        "rehearse",
+        "--generation",
+        "v25",
+        "--manifest",
+        m,
+        "--artifacts",
+        s(&artifacts),
+        "--openpilot",
+        s(&op),
+        "--workspace",
+        s(&ws),
+        "--device-manager",
+        crate::common::BIN,
+    ]);
+    // The unreadable marker fails the rehearsal's release check, naming it.
+    assert_ne!(code, Some(0), "{out}{err}");
+    let record = std::fs::read_to_string(ws.join("results/rehearsal.json")).unwrap();
+    assert!(
+        record.contains("TINYGRAD_COMMIT") && record.contains("not a regular file"),
+        "{record}"
+    );
 }

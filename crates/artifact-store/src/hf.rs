@@ -50,6 +50,11 @@ const MAX_LISTING_PAGE_BYTES: u64 = 64 * 1024 * 1024;
 /// A listing longer than this many pages is refused (far more than a bucket of models needs):
 /// a server that links on forever cannot keep us listing.
 pub const MAX_LISTING_PAGES: usize = 10_000;
+/// A listing still linking on after this long is stopped, however many pages it took: a
+/// bucket of models lists in a few pages, each a second or so even on a slow link.
+pub const MAX_LISTING_TIME: std::time::Duration = std::time::Duration::from_secs(120);
+/// A next-page link longer than this is refused (a cursor that grows with every page).
+pub const MAX_NEXT_LINK_BYTES: usize = 8 * 1024;
 /// A listing whose next link keeps coming while this many pages in a row add no path not
 /// already listed (a fresh cursor on every page over the same or no entries) is stopped.
 pub const MAX_STALLED_PAGES: usize = 3;
@@ -783,6 +788,7 @@ pub struct HfBucketStore {
     http: HubHttp,
     cli: HfCli,
     max_pages: usize,
+    max_time: std::time::Duration,
 }
 
 #[derive(Deserialize)]
@@ -813,7 +819,14 @@ impl HfBucketStore {
             http: HubHttp::new(&config)?,
             cli: HfCli::new(config),
             max_pages: MAX_LISTING_PAGES,
+            max_time: MAX_LISTING_TIME,
         })
+    }
+
+    /// Stop listings still linking on after `time` (default [`MAX_LISTING_TIME`]).
+    pub fn with_max_listing_time(mut self, time: std::time::Duration) -> Self {
+        self.max_time = time;
+        self
     }
 
     /// Refuse listings longer than `pages` pages (default [`MAX_LISTING_PAGES`]).
@@ -916,7 +929,8 @@ impl Store for HfBucketStore {
     fn list(&self, prefix: &StorePath) -> Result<Vec<ListEntry>> {
         let first = self.tree_url(prefix);
         let mut out = Vec::new();
-        let mut pages = Pagination::new(&first, self.max_pages);
+        let mut pages = Pagination::new(&first, self.max_pages).within(self.max_time);
+        let started = std::time::Instant::now();
         let mut listed = HashSet::new();
         let mut next = Some(first.clone());
         while let Some(url) = next.take() {
@@ -964,6 +978,7 @@ impl Store for HfBucketStore {
             if let Some(n) = &next {
                 pages
                     .page_listed(new_paths)
+                    .and_then(|()| pages.in_time(started.elapsed()))
                     .and_then(|()| pages.follow(n))
                     .map_err(|reason| Error::BadResponse {
                     url: self.http.redact(&url),
@@ -1004,6 +1019,7 @@ pub struct Pagination {
     max_pages: usize,
     /// Pages in a row, up to the last one, that listed no new path.
     stalled: usize,
+    max_time: std::time::Duration,
 }
 
 impl Pagination {
@@ -1023,7 +1039,26 @@ impl Pagination {
             seen,
             max_pages,
             stalled: 0,
+            max_time: MAX_LISTING_TIME,
         }
+    }
+
+    /// The same guard with a time bound of `max_time` instead of [`MAX_LISTING_TIME`].
+    pub fn within(mut self, max_time: std::time::Duration) -> Self {
+        self.max_time = max_time;
+        self
+    }
+
+    /// Refuse to go on once the listing has taken `elapsed`, at or over the time bound.
+    pub fn in_time(&self, elapsed: std::time::Duration) -> Result<(), String> {
+        if elapsed >= self.max_time {
+            return Err(format!(
+                "the listing still links to another page after {} s (the bound is {} s)",
+                elapsed.as_secs(),
+                self.max_time.as_secs()
+            ));
+        }
+        Ok(())
     }
 
     /// Count a fetched page that links on and listed `new_paths` paths not listed before;
@@ -1041,6 +1076,12 @@ impl Pagination {
 
     /// Accept `next` as the following page, or say why not.
     pub fn follow(&mut self, next: &str) -> Result<(), String> {
+        if next.len() > MAX_NEXT_LINK_BYTES {
+            return Err(format!(
+                "the next-page link is {} bytes, over the {MAX_NEXT_LINK_BYTES}-byte bound (a cursor that keeps growing)",
+                next.len()
+            ));
+        }
         let url = Url::parse(next)
             .map_err(|e| format!("the next-page link {next:?} is not a URL ({e})"))?;
         let origin = (
@@ -1271,6 +1312,39 @@ mod tests {
                 "Traceback (most recent call last):\n  File \"x\", line 1\n    f()\nConnectionError: boom\nHint: set HF_DEBUG=1 as environment variable for full traceback.\n"
             ),
             "ConnectionError: boom"
+        );
+    }
+
+    /// A listing is bounded in time and in the length of its cursor, each page new or not.
+    #[test]
+    fn pagination_is_bounded_in_time_and_cursor_length() {
+        use std::time::Duration;
+        let first = "http://h:1/api/buckets/a/b/tree/p?recursive=true";
+        let p = Pagination::new(first, 100);
+        assert_eq!(p.in_time(Duration::ZERO), Ok(()));
+        assert_eq!(
+            p.in_time(MAX_LISTING_TIME - Duration::from_millis(1)),
+            Ok(())
+        );
+        assert!(p.in_time(MAX_LISTING_TIME).unwrap_err().contains("120 s"));
+        let p = Pagination::new(first, 100).within(Duration::from_secs(5));
+        assert_eq!(p.in_time(Duration::from_secs(4)), Ok(()));
+        assert!(p.in_time(Duration::from_secs(5)).is_err());
+        // A cursor that grows with every page: refused once its link passes the bound.
+        let mut p = Pagination::new(first, 1_000_000);
+        let mut refused_at = None;
+        for page in 1..10_000usize {
+            let next = format!("{first}&cursor={}", "a".repeat(page * 16));
+            if let Err(e) = p.follow(&next) {
+                assert!(e.contains("keeps growing"), "{e}");
+                refused_at = Some(next.len());
+                break;
+            }
+        }
+        let at = refused_at.expect("a growing cursor is refused");
+        assert!(
+            at > MAX_NEXT_LINK_BYTES && at <= MAX_NEXT_LINK_BYTES + 16,
+            "{at}"
         );
     }
 

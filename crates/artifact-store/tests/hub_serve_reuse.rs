@@ -397,6 +397,16 @@ fn tree_pagination_stops_on_loops_foreign_links_and_endless_listings() {
     assert!(e.contains("past 2 pages"), "{e}");
     assert_eq!(h.emu.requests().len() - before, 2);
     assert!(!e.contains(h.emu.token()));
+    // And the time bound: a listing still linking on when it is reached is stopped there.
+    let before = h.emu.requests().len();
+    let e = HfBucketStore::new(BUCKET, h.config.clone())
+        .unwrap()
+        .with_max_listing_time(std::time::Duration::ZERO)
+        .list(&p("models/v25"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("still links to another page after"), "{e}");
+    assert_eq!(h.emu.requests().len() - before, 1);
 }
 
 /// A server on another origin that a redirect points to, recording Authorization headers.

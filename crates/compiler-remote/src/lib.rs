@@ -57,9 +57,11 @@ pub const MARKER_PATH: &str = plan::MARKER;
 /// Read the tinygrad pin recorded in a local openpilot tree.
 pub fn read_tree_pin(openpilot: &Path) -> Result<GitCommit> {
     let path = openpilot.join(MARKER_PATH);
-    let text = match fs_err::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    // Bounded and non-blocking (a FIFO planted as the marker is an error, not a hang); a
+    // marker is one commit and a newline.
+    let text = match chunker::bounded::read_capped_existing(&path, 4096) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(chunker::Error::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(Error::Pin {
                 path,
                 problem: PinProblem::MarkerMissing,

@@ -119,8 +119,21 @@ impl UnixSeconds {
     }
 
     /// When a signature made now and valid for `days` expires: at least
-    /// [`MIN_EXPIRES_IN_DAYS`], so every device does not refuse it on arrival.
+    /// [`MIN_EXPIRES_IN_DAYS`], so every device does not refuse it on arrival, and at most
+    /// [`MAX_EXPIRES_IN_DAYS`], so the expiry still bounds how long it can be replayed.
     pub fn signature_expiry(self, days: u64) -> Result<Self> {
+        if days > MAX_EXPIRES_IN_DAYS {
+            return Err(Error::invalid(
+                "expiry in days",
+                &days.to_string(),
+                format!(
+                    "a signature may stay valid at most {MAX_EXPIRES_IN_DAYS} days (10 years): \
+                     its expiry is what stops a withdrawn manifest being served to devices \
+                     again; use --expires-in {MAX_EXPIRES_IN_DAYS} or less (default 180) and \
+                     sign again before it expires"
+                ),
+            ));
+        }
         if days < MIN_EXPIRES_IN_DAYS {
             return Err(Error::invalid(
                 "expiry in days",
@@ -402,6 +415,12 @@ pub const MAX_RELEASE_STEP: u64 = 1000;
 /// The shortest validity a new signature may have: a signature that expires sooner would be
 /// refused by devices (almost) as soon as it is published.
 pub const MIN_EXPIRES_IN_DAYS: u64 = 1;
+
+/// The longest validity a new signature may have: 10 years. The expiry is what stops an old
+/// signed manifest (a withdrawn release) being served to devices again; a signature valid past
+/// the fleet's lifetime would bound nothing, and a mistyped lifetime
+/// (`--expires-in 999999999999`) is refused instead of signed.
+pub const MAX_EXPIRES_IN_DAYS: u64 = 3650;
 
 /// What checking one block of a signature file against the trusted keys gave.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -774,6 +793,15 @@ mod tests {
             UnixSeconds(1_000_000 + 180 * 86_400)
         );
         assert!(now.signature_expiry(u64::MAX).is_err());
+        // At most ten years.
+        assert_eq!(
+            now.signature_expiry(MAX_EXPIRES_IN_DAYS).unwrap(),
+            UnixSeconds(1_000_000 + 3650 * 86_400)
+        );
+        for days in [MAX_EXPIRES_IN_DAYS + 1, 999_999_999_999] {
+            let e = now.signature_expiry(days).unwrap_err().to_string();
+            assert!(e.contains("--expires-in 3650 or less"), "{e}");
+        }
     }
 
     #[test]

@@ -79,22 +79,24 @@ pub fn write<T: Serialize>(path: &Path, record: &T) -> Result<()> {
 /// One record: size-capped, regular files only, parsed; an [`Error::Record`] naming the file
 /// otherwise. Every reader of `results/` goes through it.
 pub(crate) fn read<T: DeserializeOwned>(path: &Path) -> Result<T> {
-    // Size-capped, regular files only (a FIFO in results/ must not hang the gate).
-    let bytes = chunker::bounded::read_capped_existing(path, MAX_RECORD_BYTES).map_err(|e| {
-        Error::Record {
-            path: path.to_path_buf(),
-            reason: match e {
-                chunker::Error::FileTooLarge { size, limit, .. } => {
-                    format!("{size} bytes is too large for a record (limit {limit})")
-                }
-                chunker::Error::NotRegularFile { .. } => "not a regular file".into(),
-                other => other.to_string(),
-            },
-        }
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::Record {
+    serde_json::from_slice(&read_bytes(path)?).map_err(|e| Error::Record {
         path: path.to_path_buf(),
         reason: e.to_string(),
+    })
+}
+
+/// A record's bytes: size-capped, regular files only (a FIFO in results/ must not hang the
+/// gate); an [`Error::Record`] naming the file when it cannot be read.
+pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>> {
+    chunker::bounded::read_capped_existing(path, MAX_RECORD_BYTES).map_err(|e| Error::Record {
+        path: path.to_path_buf(),
+        reason: match e {
+            chunker::Error::FileTooLarge { size, limit, .. } => {
+                format!("{size} bytes is too large for a record (limit {limit})")
+            }
+            chunker::Error::NotRegularFile { .. } => "not a regular file".into(),
+            other => other.to_string(),
+        },
     })
 }
 
@@ -130,12 +132,14 @@ pub fn load(workspace: &Workspace) -> Result<Records> {
         paths.push(e?.path());
     }
     paths.sort();
+    // Anything at a record's name is read (a FIFO, a directory or a dangling link there is an
+    // error naming it, never taken for "no record").
     let preflight = workspace.preflight();
-    if preflight.is_file() {
+    if preflight.symlink_metadata().is_ok() {
         records.preflight = Some(read::<PreflightRecord>(&preflight)?);
     }
     let rehearsal = workspace.rehearsal_record();
-    if rehearsal.is_file() {
+    if rehearsal.symlink_metadata().is_ok() {
         records.rehearsal = Some(read::<RehearsalRecord>(&rehearsal)?);
     }
     for p in paths {

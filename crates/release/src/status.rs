@@ -123,11 +123,11 @@ pub struct Status {
 }
 
 /// A record of `results/`, or why it is not one (a problem line, not an error of `status`).
-fn record<T: serde::de::DeserializeOwned>(path: &Path) -> std::result::Result<T, String> {
-    records::read(path).map_err(|e| match e {
-        crate::Error::Record { reason, .. } => reason,
-        other => other.to_string(),
-    })
+/// A record of `results/`: `Err` (the status fails, naming the file) when it cannot be read,
+/// `Ok(Err(why))` when it is no such record.
+fn record<T: serde::de::DeserializeOwned>(path: &Path) -> Result<std::result::Result<T, String>> {
+    let bytes = records::read_bytes(path)?;
+    Ok(serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
 }
 
 fn cell(cell: &Cell, gap: Option<&Gap>, by: &str) -> CellStatus {
@@ -189,9 +189,11 @@ fn builds(
     };
     let mut paths: Vec<PathBuf> = Vec::new();
     // As the gate reads results/: bounded (records::load refuses a larger directory).
+    // Anything but a directory is a record to read: one that cannot be read (a FIFO, a
+    // dangling link, no permission) is an error naming it, never a missing build.
     for e in entries.take(records::MAX_RESULTS_ENTRIES) {
         let e = e?;
-        if e.file_type()?.is_file() {
+        if !e.file_type()?.is_dir() {
             paths.push(e.path());
         }
     }
@@ -219,7 +221,7 @@ fn builds(
         {
             continue;
         }
-        match record::<BuildRecord>(&p) {
+        match record::<BuildRecord>(&p)? {
             Ok(r) => {
                 let current = generation.is_none_or(|g| r.generation == g)
                     && pin.is_none_or(|p| &r.tinygrad_commit == p);
@@ -238,7 +240,7 @@ fn builds(
         }
     }
     for p in failures {
-        match record::<FailureRecord>(&p) {
+        match record::<FailureRecord>(&p)? {
             Ok(f) => {
                 if out.iter().any(|b| b.id == f.id && b.state == "built") {
                     continue;
@@ -361,7 +363,7 @@ pub fn gather(
     let tree_pin = tree.as_ref().and_then(|t| t.tinygrad_commit.clone());
     let manifest_path = generation
         .map(|g| workspace.ready_manifest(g))
-        .filter(|p| p.is_file());
+        .filter(|p| p.symlink_metadata().is_ok());
     let manifest = match &manifest_path {
         Some(p) => match crate::rehearse::read_manifest(p) {
             Ok(m) => Some(m),
@@ -480,7 +482,24 @@ pub fn gather(
             .iter()
             .map(|(n, s)| store_status(n, *s, g, manifest_sha256.as_ref()))
             .collect(),
-        None => Vec::new(),
+        // A store named without a generation to look for: said, not silently dropped.
+        None => stores
+            .iter()
+            .map(|(n, _)| StoreStatus {
+                store: n.clone(),
+                generation: None,
+                tinygrad_commit: None,
+                manifest_sha256: None,
+                models: None,
+                signature_release: None,
+                holds_staged: false,
+                problem: Some(
+                    "not read: no generation is known; pass --generation vNN, or --openpilot DIR \
+                     whose tinygrad pin names one"
+                        .into(),
+                ),
+            })
+            .collect(),
     };
     let mut status = Status {
         workspace: workspace.root().to_path_buf(),

@@ -26,7 +26,8 @@ pub struct SignArgs {
     /// when the key verifies it, else 1). Devices refuse a release lower than one they accepted.
     #[arg(long, value_name = "N")]
     pub release: Option<ReleaseNumber>,
-    /// Days until devices refuse the signature (re-sign before then).
+    /// Days until devices refuse the signature (re-sign before then): 1 to 3650 (10 years; the
+    /// expiry is what stops a withdrawn manifest being served again, so it has an upper bound).
     #[arg(long, value_name = "DAYS", default_value_t = DEFAULT_EXPIRES_IN_DAYS)]
     pub expires_in: u64,
     /// The generation signed for (default: the manifest's `generation` key, else its file name).

@@ -114,7 +114,8 @@ pub struct PublishArgs {
     /// --sign-key, such a publish is refused before any upload.
     #[arg(long, value_name = "REASON", conflicts_with = "sign_key")]
     pub remove_signature: Option<String>,
-    /// With --sign-key: days until devices refuse the signature.
+    /// With --sign-key: days until devices refuse the signature, 1 to 3650 (10 years; the
+    /// expiry is what stops a withdrawn manifest being served again).
     #[arg(long, value_name = "DAYS", requires = "sign_key", default_value_t = super::sign::DEFAULT_EXPIRES_IN_DAYS)]
     pub expires_in: u64,
 }
