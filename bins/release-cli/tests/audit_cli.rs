@@ -679,3 +679,139 @@ fn odd_strays_are_listed_and_a_deep_audit_names_the_failing_chunk() {
         "{message}"
     );
 }
+
+/// The publish record names the manifest canonically (absolute, through a symlinked
+/// directory resolved), however it was typed.
+#[test]
+fn the_publish_record_names_the_manifest_canonically() {
+    let t = tempfile::tempdir().unwrap();
+    let ws = workspace(t.path(), &artifact_bytes(1, 2500));
+    std::os::unix::fs::symlink(&ws, t.path().join("link")).unwrap();
+    let store = t.path().join("store");
+    let o = cli_in(
+        &[
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            "./link/ready/../ready/model_names_v25.json",
+            "--artifacts",
+            "link/ready",
+            "--workspace",
+            "link",
+            "--to",
+            s(&store),
+        ],
+        t.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let record: Value =
+        serde_json::from_slice(&fs::read(ws.join("ready/model_names_v25.publish.json")).unwrap())
+            .unwrap();
+    let canonical = fs::canonicalize(ws.join("ready/model_names_v25.json")).unwrap();
+    assert_eq!(record["manifest"], canonical.to_str().unwrap(), "{record}");
+}
+
+/// `status --store` without a known generation says so for each store, and its human store
+/// row shows what `--json` has (models and the live manifest's SHA-256).
+#[test]
+fn status_says_why_a_store_was_not_read_and_its_rows_show_what_json_has() {
+    let t = tempfile::tempdir().unwrap();
+    let ws = workspace(t.path(), &artifact_bytes(1, 2500));
+    let store = t.path().join("store");
+    publish(&ws, &[s(&store)], &[]);
+    let o = cli(&["status", "--workspace", s(&ws), "--store", s(&store)]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("store ") && l.contains("no generation is known")),
+        "{out}"
+    );
+    let json = |extra: &[&str]| -> Value {
+        let mut a = vec![
+            "status",
+            "--json",
+            "--workspace",
+            s(&ws),
+            "--store",
+            s(&store),
+        ];
+        a.extend(extra);
+        let o = cli(&a);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let v = json(&[]);
+    assert!(
+        v["stores"][0]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("--generation vNN"),
+        "{v}"
+    );
+    let v = json(&["--generation", "v25"]);
+    let o = cli(&[
+        "status",
+        "--workspace",
+        s(&ws),
+        "--store",
+        s(&store),
+        "--generation",
+        "v25",
+    ]);
+    let out = text(&o.stdout);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("store "))
+        .unwrap_or_else(|| panic!("{out}"));
+    let st = &v["stores"][0];
+    assert!(
+        row.contains(&format!("models {}", st["models"])),
+        "{row} / {st}"
+    );
+    assert!(
+        row.contains(st["manifest_sha256"].as_str().unwrap()),
+        "{row} / {st}"
+    );
+}
+
+/// A symlinked `<id>/` in `--artifacts` is followed (its chunk set is published); one whose
+/// link leads nowhere is refused naming it, not called missing.
+#[test]
+fn a_symlinked_model_directory_is_followed() {
+    let t = tempfile::tempdir().unwrap();
+    let ws = workspace(t.path(), &artifact_bytes(1, 2500));
+    let elsewhere = t.path().join("elsewhere");
+    fs::rename(ws.join("ready/pop223"), &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, ws.join("ready/pop223")).unwrap();
+    let store = t.path().join("store");
+    publish(&ws, &[s(&store)], &[]);
+    assert!(
+        store
+            .join(format!("models/v25/pop223/{CHUNK}01of03"))
+            .is_file()
+    );
+    let (code, v, _) = audit(&["--store", s(&store), "--workspace", s(&ws)], t.path());
+    assert_eq!(code, Some(0), "{v}");
+
+    fs::remove_file(ws.join("ready/pop223")).unwrap();
+    std::os::unix::fs::symlink(t.path().join("gone"), ws.join("ready/pop223")).unwrap();
+    let o = cli(&[
+        "publish",
+        "--generation",
+        "v25",
+        "--manifest",
+        s(&ws.join("ready/model_names_v25.json")),
+        "--artifacts",
+        s(&ws.join("ready")),
+        "--workspace",
+        s(&ws),
+        "--to",
+        s(&t.path().join("store2")),
+    ]);
+    let err = text(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("pop223"), "{err}");
+    assert!(!t.path().join("store2").exists());
+}

@@ -199,6 +199,25 @@ fn chunk_oob_reports_the_layout_or_the_offset() {
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["size"], 5000);
     assert!(v["buffers"].as_u64().unwrap() >= 7);
+    // The forms `verify` and `join` accept: any file of the set, or the directory holding it.
+    for form in [
+        "good_driving_tinygrad.pkl.chunk01of05",
+        "good_driving_tinygrad.pkl.chunk05of05",
+        "good_driving_tinygrad.pkl.chunkmanifest",
+        "good_driving_tinygrad.pkl.sha256",
+        "",
+    ] {
+        let o = cli(&[
+            "chunk",
+            "oob",
+            t.path().join(form).to_str().unwrap(),
+            "--json",
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{form}: {}", text(&o.stderr));
+        let w: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(w["size"], 5000, "{form}");
+        assert_eq!(w["buffers"], v["buffers"], "{form}");
+    }
     let bad = t.path().join("bad.pkl");
     fs::write(&bad, random_bytes(7, 100)).unwrap();
     let o = cli(&["chunk", "oob", bad.to_str().unwrap()]);

@@ -253,8 +253,11 @@ pub fn run(
     let (publish_record, publish_history) = if report.dry_run {
         (None, None)
     } else {
+        // The record names the manifest canonically (absolute, links resolved), whatever was
+        // typed, so every later reader finds it from anywhere.
+        let manifest_path = fs_err::canonicalize(&req.manifest_path)?;
         let record = PublishRecord::new(
-            &req.manifest_path,
+            &manifest_path,
             manifest,
             req.generation,
             req.to.iter().map(canonical_store_name).collect(),

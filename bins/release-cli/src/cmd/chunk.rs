@@ -29,7 +29,11 @@ pub enum ChunkCommand {
 
 #[derive(Debug, Args)]
 pub struct OobArgs {
-    /// The logical artifact path (its chunk set, plain file or legacy parts).
+    /// The artifact (its chunk set, plain file or legacy parts): its logical path, any file of
+    /// its set (`….chunk01of02`, `….chunkmanifest`, `….sha256`, `….p00`), or the directory
+    /// holding exactly one set, as `verify` and `join` take it. Nothing there is "not found",
+    /// exit 1.
+    #[arg(value_name = "ARTIFACT")]
     pub logical: PathBuf,
     /// Print `{"path","size","opcode_len","protocol","buffers","buffer_bytes"}`.
     #[arg(long)]
@@ -120,7 +124,8 @@ pub fn run(command: ChunkCommand) -> CliResult {
     }
 }
 
-fn oob(args: OobArgs) -> CliResult {
+fn oob(mut args: OobArgs) -> CliResult {
+    args.logical = locate(&args.logical)?;
     let layout = chunker::check_oob(&args.logical)?;
     if args.json {
         #[derive(serde::Serialize)]

@@ -182,6 +182,9 @@ pub fn status(args: StatusArgs) -> CliResult {
                 t.pin_generation
                     .map_or("no generation's pin".into(), |g| format!("{g}'s pin"))
             )?;
+            if let Some(p) = &t.problem {
+                crate::outln!("tree       problem: {p}")?;
+            }
             crate::outln!(
                 "compiler   marker {} (last sync record)",
                 opt(&t.compiler_marker)
@@ -189,9 +192,10 @@ pub fn status(args: StatusArgs) -> CliResult {
             match &t.synced {
                 None => crate::outln!("synced     never")?,
                 Some(s) => crate::outln!(
-                    "synced     {}:{} digest {} over {} files; tree {}",
+                    "synced     {}:{} at {} digest {} over {} files; tree {}",
                     s.destination,
                     s.remote_root,
+                    release::gate::UtcTime(s.synced_at_unix),
                     s.digest_sha256,
                     s.files,
                     if s.tree_matches {
@@ -229,7 +233,12 @@ pub fn status(args: StatusArgs) -> CliResult {
         crate::outln!("build      {:<16} missing", id.as_str())?;
     }
     for f in &st.dm {
-        crate::outln!("dm         {:<34} {}", f.name, opt(&f.sha256))?;
+        crate::outln!(
+            "dm         {:<34} {} {}",
+            f.name,
+            f.size.map_or("-".into(), |n| format!("{n} bytes")),
+            opt(&f.sha256)
+        )?;
     }
     crate::outln!(
         "builtin    {}{}",
@@ -250,11 +259,13 @@ pub fn status(args: StatusArgs) -> CliResult {
     }
     for s in &st.stores {
         crate::outln!(
-            "store      {} {} tinygrad {} release {}{}{}",
+            "store      {} {} tinygrad {} release {} models {} sha256 {}{}{}",
             s.store,
             opt(&s.generation),
             opt(&s.tinygrad_commit),
             opt(&s.signature_release),
+            opt(&s.models),
+            opt(&s.manifest_sha256),
             if s.holds_staged {
                 " (holds the staged manifest)"
             } else {

@@ -215,7 +215,10 @@ pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifac
         if name.starts_with('.') {
             continue;
         }
-        if !entry.file_type()?.is_dir() {
+        let ty = entry.file_type()?;
+        // A symlinked `<id>/` is followed (to a directory only).
+        let is_dir = ty.is_dir() || (ty.is_symlink() && fs::metadata(entry.path())?.is_dir());
+        if !is_dir {
             // Other files (the manifest, `artifacts.json` beside a rebuild's staging) are fine;
             // artifact pieces out of their `<id>/` would silently publish nothing.
             if looks_like_artifact_piece(&name) {
