@@ -126,10 +126,12 @@ pub fn check_gate(
 /// The manifest publish stages (what it gates, signs, uploads and records, and what `rehearse`
 /// serves): `manifest` with the top-level keys every published manifest of `generation` carries
 /// under `contract`, added where absent: `generation`, and the contract's `artifact_abi` when it
-/// names one. A value already there is kept: another `generation` is refused by publish, a
-/// wrong ABI by the contract's validation. The revision under the contract's `revision_key` is
-/// never invented: the pin rule refuses a manifest without it, so every published manifest
-/// carries it.
+/// names one and the manifest is written in the contract's form (it records the revision under
+/// the contract's `revision_key`; a manifest that does not is left to the contract's
+/// validation, not half converted). A value already there is kept: another `generation` is
+/// refused by publish, a wrong ABI by the contract's validation. The revision is never
+/// invented: the pin rule refuses a manifest without it, so every published manifest carries
+/// it.
 pub fn staged_manifest(
     manifest: &Manifest,
     generation: Generation,
@@ -142,6 +144,7 @@ pub fn staged_manifest(
     }
     if let Some(abi) = contract.artifact_abi
         && !has(&m, manifest::keys::ARTIFACT_ABI)
+        && has(&m, contract.revision_key)
     {
         m.set_top_level(manifest::keys::ARTIFACT_ABI, abi.into())
             .expect("artifact_abi takes any string");
@@ -156,6 +159,11 @@ pub fn run(
     passphrase: &mut dyn FnMut(&Path) -> std::result::Result<String, String>,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<PublishOutcome> {
+    // The record names the manifest canonically (absolute, links resolved), whatever was
+    // typed, so every later reader finds it from anywhere; decided before anything is written.
+    let manifest_path = std::fs::canonicalize(&req.manifest_path)
+        .or_else(|_| std::path::absolute(&req.manifest_path))
+        .unwrap_or_else(|_| req.manifest_path.clone());
     // What every gate below sees and what is uploaded: the manifest as staged for its contract.
     req.manifest = staged_manifest(
         &req.manifest,
@@ -253,9 +261,6 @@ pub fn run(
     let (publish_record, publish_history) = if report.dry_run {
         (None, None)
     } else {
-        // The record names the manifest canonically (absolute, links resolved), whatever was
-        // typed, so every later reader finds it from anywhere.
-        let manifest_path = fs_err::canonicalize(&req.manifest_path)?;
         let record = PublishRecord::new(
             &manifest_path,
             manifest,
@@ -472,9 +477,12 @@ mod tests {
             m.remove_top_level(key);
             m
         };
+        let rev: manifest::GitCommit = "0123456789abcdef0123456789abcdef01234567".parse().unwrap();
         for g in [v25, v26, v27] {
             let contract = pins.contract(g);
-            let full = manifest(g, "0123456789abcdef0123456789abcdef01234567");
+            // Written in the contract's form: the revision under its revision key.
+            let mut full = manifest(g, rev.as_str());
+            full.set_revision(contract, &rev);
             let bare = without(&without(&full, "generation"), "artifact_abi");
             assert_eq!(bare.generation(), None);
             let staged = staged_manifest(&bare, g, contract);
@@ -491,6 +499,13 @@ mod tests {
             );
             // Staging a staged manifest changes nothing.
             assert_eq!(staged_manifest(&staged, g, contract), staged);
+            // Not in the contract's form (no revision under its key): only the generation.
+            let mut foreign = without(&bare, contract.revision_key);
+            if contract.revision_key != "tinygrad_commit" {
+                assert_eq!(staged_manifest(&foreign, g, contract).artifact_abi(), None);
+            }
+            foreign.set_generation(g);
+            assert_eq!(staged_manifest(&foreign, g, contract).generation(), Some(g));
         }
         // Under v25 nothing beyond the generation is added.
         let v25_staged = staged_manifest(

@@ -484,6 +484,9 @@ fn walk_tree_without_git(src: &Path, dst: Option<&Path>) -> Result<u64> {
     Ok(count)
 }
 
+/// The largest device source file searched for `MANIFEST_CANDIDATES`.
+const MAX_TREE_SOURCE_BYTES: u64 = 4 << 20;
+
 /// Find `MANIFEST_CANDIDATES = ("v25",)` in the device code under `starpilot/`: the file, the
 /// 1-based line and the generations listed.
 fn find_manifest_candidates(openpilot: &Path) -> Option<(PathBuf, usize, Vec<Generation>)> {
@@ -496,7 +499,12 @@ fn find_manifest_candidates(openpilot: &Path) -> Option<(PathBuf, usize, Vec<Gen
             if p.is_dir() {
                 stack.push(p);
             } else if p.extension().is_some_and(|e| e == "py") {
-                let Ok(text) = fs::read_to_string(&p) else {
+                // Bounded and non-blocking (a FIFO named `*.py` is skipped, not waited on).
+                let Ok(Some(bytes)) = chunker::bounded::read_capped(&p, MAX_TREE_SOURCE_BYTES)
+                else {
+                    continue;
+                };
+                let Ok(text) = String::from_utf8(bytes) else {
                     continue;
                 };
                 for (i, line) in text.lines().enumerate() {
@@ -655,7 +663,8 @@ pub fn correct_pin(req: &PinRequest, stores: &[&dyn artifact_store::Store]) -> R
     let is_record =
         fs::symlink_metadata(&source_path).is_ok_and(|m| m.is_file() && m.len() < 64 * 1024);
     let source: Option<TinygradSource> = if is_record {
-        serde_json::from_slice(&fs::read(&source_path)?).ok()
+        chunker::bounded::read_capped(&source_path, 64 * 1024)?
+            .and_then(|b| serde_json::from_slice(&b).ok())
     } else {
         None
     };
@@ -664,9 +673,11 @@ pub fn correct_pin(req: &PinRequest, stores: &[&dyn artifact_store::Store]) -> R
     let mut written = Vec::new();
     if let Some(old) = &old {
         written.push(op.join(manifest::pins::PINS_FILE));
-        let marker_is_old = fs::read_to_string(&marker)
-            .map(|t| t.trim() == old.as_str())
-            .unwrap_or(false);
+        // Bounded and non-blocking: a marker that is not a small regular file is not the old pin.
+        let marker_is_old = chunker::bounded::read_capped(&marker, 4096)
+            .ok()
+            .flatten()
+            .is_some_and(|t| String::from_utf8_lossy(&t).trim() == old.as_str());
         if !tree_from_git && marker_is_old {
             written.push(marker.clone());
         }
@@ -1300,5 +1311,49 @@ mod tests {
             source.digest,
             compiler_remote::tree_digest::dir_digest(&plain, &[]).unwrap()
         );
+    }
+
+    /// A FIFO as the tree's marker or source record is read without blocking and taken for
+    /// "not the old pin" (the pin table is still corrected; the FIFO is left alone).
+    #[test]
+    fn a_fifo_marker_does_not_hang_the_pin_correction() {
+        let t = tempfile::tempdir().unwrap();
+        let op = t.path().join("op");
+        fs::create_dir_all(op.join("tinygrad_repo")).unwrap();
+        let plain = t.path().join("plain");
+        fs::create_dir_all(&plain).unwrap();
+        fs::write(plain.join("tensor.py"), b"t").unwrap();
+        bump(&BumpRequest {
+            openpilot: op.clone(),
+            tinygrad_src: plain,
+            commit: Some("1".repeat(40).parse().unwrap()),
+            dry_run: false,
+        })
+        .unwrap();
+        for f in [
+            compiler_remote::MARKER_PATH.to_string(),
+            format!("tinygrad_repo/{TINYGRAD_SOURCE_FILE}"),
+        ] {
+            let p = op.join(f);
+            fs::remove_file(&p).unwrap();
+            let c = std::ffi::CString::new(p.into_os_string().into_encoded_bytes()).unwrap();
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        }
+        let store_dir = t.path().join("store");
+        fs::create_dir_all(&store_dir).unwrap();
+        let store = artifact_store::LocalStore::new(&store_dir);
+        let started = std::time::Instant::now();
+        let r = correct_pin(
+            &PinRequest {
+                openpilot: op.clone(),
+                generation: Generation::new(26),
+                commit: NEW.parse().unwrap(),
+                dry_run: true,
+            },
+            &[&store],
+        )
+        .unwrap();
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert_eq!(r.written, vec![op.join(manifest::pins::PINS_FILE)]);
     }
 }
