@@ -286,10 +286,9 @@ fn failing(
         let file = piece.rsplit('/').next().unwrap_or(piece);
         let reference = match (listed.and_then(|l| l.get(i)), ready) {
             (Some(d), _) => Some((*d, "the manifest's artifact_chunk_sha256".to_string())),
-            (None, Some(dir)) => match local_digest(&dir.join(file))? {
-                Some(d) => Some((d, dir.join(file).display().to_string())),
-                None => None,
-            },
+            (None, Some(dir)) => {
+                local_digest(&dir.join(file))?.map(|d| (d, dir.join(file).display().to_string()))
+            }
             (None, None) => None,
         };
         let Some((want, from)) = reference else {
