@@ -67,7 +67,9 @@ pub fn read_tree_pin(openpilot: &Path) -> Result<GitCommit> {
                 problem: PinProblem::MarkerMissing,
             });
         }
-        Err(e) => return Err(e.into()),
+        // Any other failure is an I/O error naming the path, as before the bounded read.
+        Err(chunker::Error::Io(e)) => return Err(Error::Io(e)),
+        Err(e) => return Err(Error::Io(std::io::Error::other(e.to_string()))),
     };
     text.trim()
         .parse()
