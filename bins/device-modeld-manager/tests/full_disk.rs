@@ -75,7 +75,7 @@ fn a_full_disk_blocks_with_exit_8_and_the_update_installs_once_space_is_freed(ge
     write_manifest(
         &root,
         generation,
-        manifest_json(generation, &[m.clone()], true).as_bytes(),
+        manifest_json(generation, std::slice::from_ref(&m), true).as_bytes(),
     );
     for (k, v) in [("Model", "pop223"), ("DrivingModel", "pop223")] {
         device.set_param(k, v);
