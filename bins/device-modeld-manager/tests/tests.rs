@@ -8,6 +8,8 @@ mod cli;
 mod cli_surface;
 mod common;
 mod field;
+mod floor_bound;
+mod full_disk;
 mod hostile_origin;
 mod hostile_params;
 mod not_yet;

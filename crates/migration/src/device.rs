@@ -476,6 +476,16 @@ impl Device {
                 .params
                 .path(crate::params::keys::MODEL_MANIFEST_ACCEPTED_RELEASE),
         );
+        // Bounded by this catalog's own signed release (`floor::bound`): a floor raised from
+        // outside never refuses the catalog the device holds.
+        let held = downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, None)
+            .ok()
+            .map(|a| crate::floor::AcceptedRelease {
+                release: a.release,
+                expires: a.expires,
+                key: a.key,
+            });
+        let copies = crate::floor::bound(&copies.0, &copies.1, generation, held.as_ref());
         let floor = crate::floor::for_read(&copies, generation);
         match downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, floor) {
             Ok(_) => {}
@@ -503,6 +513,12 @@ impl Device {
     /// the accepted release; `None` when there is none that verifies. Part of the floor a
     /// fetched manifest must reach, since the catalog is stored before the accepted release.
     pub(crate) fn stored_release(&self) -> Option<manifest::ReleaseNumber> {
+        self.stored_signed().map(|a| a.release)
+    }
+
+    /// The stored catalog's verified signature (release, expiry, key) with trusted keys,
+    /// ignoring the accepted release: what bounds the floor (`floor::bound`).
+    pub(crate) fn stored_signed(&self) -> Option<crate::floor::AcceptedRelease> {
         let keys = self.trusted_keys.as_ref()?;
         let dir = self.models_dir();
         let bytes = self
@@ -518,7 +534,11 @@ impl Device {
             .ok()??;
         downloader::trust::verify_stored(keys, &bytes, Some(&sig), self.config.generation, None)
             .ok()
-            .map(|a| a.release)
+            .map(|a| crate::floor::AcceptedRelease {
+                release: a.release,
+                expires: a.expires,
+                key: a.key,
+            })
     }
 
     /// Whether this device installs only what a signed manifest pins (it has trusted keys).
