@@ -84,6 +84,9 @@ pub struct Device {
     /// only artifacts the signed manifest pins are installed or handed to modeld.
     pub trusted_keys: Option<downloader::trust::TrustedKeys>,
     pub(crate) effects: Effects,
+    /// The contract the device's generation runs, as the tree decided it
+    /// ([`crate::tree::Decision::Known`]); [`manifest::contract::BASE_CONTRACT`] until told.
+    contract: &'static manifest::contract::Contract,
 }
 
 /// The bytes `.catalog.json` gets for the accepted manifest `m`: `raw` (what `m` was parsed
@@ -136,7 +139,19 @@ impl Device {
             sysfs_root: PathBuf::from("/sys"),
             trusted_keys: None,
             effects,
+            contract: manifest::contract::BASE_CONTRACT.contract(),
         }
+    }
+
+    /// This device, on a generation that runs `contract` (what the tree decided).
+    pub fn with_contract(mut self, contract: &'static manifest::contract::Contract) -> Self {
+        self.contract = contract;
+        self
+    }
+
+    /// The contract the device's generation runs.
+    pub fn contract(&self) -> &'static manifest::contract::Contract {
+        self.contract
     }
 
     /// Whether the car is driving (`IsOnroad`).
@@ -255,6 +270,7 @@ impl Device {
             .sharing_warnings(d.params.warnings());
         d.sysfs_root = self.sysfs_root.clone();
         d.trusted_keys = self.trusted_keys.clone();
+        d.contract = self.contract;
         d
     }
 

@@ -82,8 +82,12 @@ impl Options {
 pub fn open(o: &Options) -> Result<Opened> {
     require_data_dir(&o.data_dir)?;
     let decision = tree::decide(&tree::read(&o.openpilot_dir), o.generation);
-    let (generation, tinygrad) = match &decision {
-        Decision::Known { generation, commit } => (*generation, commit.clone()),
+    let (generation, tinygrad, contract) = match &decision {
+        Decision::Known {
+            generation,
+            commit,
+            contract,
+        } => (*generation, commit.clone(), *contract),
         Decision::OverrideDisagrees {
             given,
             tree,
@@ -108,7 +112,8 @@ pub fn open(o: &Options) -> Result<Opened> {
         memory_params_dir: o.memory_params_dir.clone(),
         builtin_dir: o.builtin_dir(),
         generation,
-    });
+    })
+    .with_contract(contract);
     device.sysfs_root = o.sysfs_root.clone();
     // The device re-verifies what it stored under the downloader's keys on every read.
     device.trusted_keys = trusted_keys(o.trusted_keys.as_deref())?;
