@@ -395,21 +395,12 @@ pub fn install(
     if state != VerifyState::Outdated {
         device.forget(entry.id())?;
     }
-    let percent = PercentFilter::default();
-    let on_event = |e: Event| match e {
-        Event::Progress { done, total } if percent.advance(done, total).is_some() => {
-            progress(&Progress::Percent(Transferred { done, total }))
-        }
-        Event::Verifying => progress(&Progress::Verifying),
-        _ => {}
+    let label = entry.name().unwrap_or(entry.id().as_str());
+    let target = downloader::Target::from_entry(entry)?;
+    let Some(installed) = install_target(device, dl, &target, label, cancel, progress)? else {
+        // Verified there already (put there by another manager): nothing fetched.
+        return Ok(None);
     };
-    let installed = dl.download(
-        device.config.generation,
-        entry,
-        &device.models_dir(),
-        cancel,
-        &on_event,
-    )?;
     // Record the fresh verification so the next resolve is a stat, not a re-hash.
     device.record_verified(entry, &installed.sha256, installed.size)?;
     device.effects().installed(entry.id().as_str())?;
@@ -417,6 +408,60 @@ pub fn install(
         install_variant(device, dl, &v, cancel)?;
     }
     Ok(Some(installed))
+}
+
+/// Download `target` (a model's standard artifact) where the device's layout installs it, under
+/// the layout's download job (per generation: the job file upstream's manager and UI read,
+/// its progress as `<label>: NN%`, and a cancel set on it by any process). A file already there
+/// with the target's size and SHA-256 (another manager's verified install) is kept and nothing
+/// is fetched: `Ok(None)`. Nothing is recorded: the caller records the verification and the
+/// effect.
+pub fn install_target(
+    device: &Device,
+    dl: &Downloader,
+    target: &downloader::Target,
+    label: &str,
+    cancel: &CancelToken,
+    progress: ProgressFn,
+) -> Result<Option<Installed>> {
+    if variant_in_place(device, target) {
+        return Ok(None);
+    }
+    let percent = PercentFilter::default();
+    let files = device.files();
+    device
+        .effects()
+        .create_dir(&files.artifact_dir(&target.id))?;
+    files
+        .under_job(
+            target.id.as_str(),
+            crate::layout::Variant::Standard,
+            false,
+            cancel,
+            |cancel, publish| {
+                let on_event = |e: Event| match e {
+                    Event::Progress { done, total } => {
+                        if let Some(pct) = percent.advance(done, total) {
+                            progress(&Progress::Percent(Transferred { done, total }));
+                            publish(&format!("{label}: {pct}%"));
+                        }
+                    }
+                    Event::Verifying => progress(&Progress::Verifying),
+                    _ => {}
+                };
+                Ok(dl.download_target(
+                    device.config.generation,
+                    target,
+                    &files.artifact_dir(&target.id),
+                    cancel,
+                    &on_event,
+                )?)
+            },
+        )
+        .map(|installed| {
+            files.tidy_after_install(&target.id);
+            Some(installed)
+        })
 }
 
 /// With a ready external GPU, a model's Chestnut build (`<id>_driving_chestnut_tinygrad.pkl`)
@@ -433,19 +478,31 @@ fn install_variant(
     if device.effects().is_plan() {
         return device.effects().installed(target.local_name.as_str());
     }
-    dl.download_target(
-        device.config.generation,
-        target,
-        &device.models_dir(),
+    let files = device.files();
+    files.under_job(
+        target.id.as_str(),
+        crate::layout::Variant::Accelerator,
+        false,
         cancel,
-        &|_| {},
+        |cancel, _| {
+            Ok(dl.download_target(
+                device.config.generation,
+                target,
+                &files.artifact_dir(&target.id),
+                cancel,
+                &|_| {},
+            )?)
+        },
     )?;
     device.effects().installed(target.local_name.as_str())
 }
 
 /// Whether a model's Chestnut build is there and matches its digest (then it is not fetched).
 pub(crate) fn variant_in_place(device: &Device, target: &downloader::Target) -> bool {
-    let path = device.models_dir().join(target.local_name.as_str());
+    let path = device
+        .files()
+        .artifact_dir(&target.id)
+        .join(target.local_name.as_str());
     // Purged earlier in a planned run: not there any more.
     device.effects().exists(&path)
         && target.sha256.is_some_and(|want| {

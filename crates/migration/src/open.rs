@@ -81,7 +81,8 @@ impl Options {
 /// Open the device `o` describes. Reads only: the data root, the tree, the keys file.
 pub fn open(o: &Options) -> Result<Opened> {
     require_data_dir(&o.data_dir)?;
-    let decision = tree::decide(&tree::read(&o.openpilot_dir), o.generation);
+    let read = tree::read(&o.openpilot_dir);
+    let decision = tree::decide(&read, o.generation);
     let (generation, tinygrad, contract) = match &decision {
         Decision::Known {
             generation,
@@ -113,7 +114,8 @@ pub fn open(o: &Options) -> Result<Opened> {
         builtin_dir: o.builtin_dir(),
         generation,
     })
-    .with_contract(contract);
+    .with_contract(contract)
+    .with_declaration(read.declaration.clone().ok().flatten());
     device.sysfs_root = o.sysfs_root.clone();
     // The device re-verifies what it stored under the downloader's keys on every read.
     device.trusted_keys = trusted_keys(o.trusted_keys.as_deref())?;
