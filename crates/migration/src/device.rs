@@ -401,7 +401,11 @@ impl Device {
 
     /// The catalog as the UIs list it: the stored manifest's entries plus local models.
     pub fn device_catalog(&self, manifest: &Manifest) -> Result<Catalog> {
-        Ok(Catalog::new(manifest, &self.local_models()?))
+        Ok(Catalog::for_contract(
+            manifest,
+            &self.local_models()?,
+            self.contract,
+        ))
     }
 
     /// Whether a local model's artifact is there (a non-empty plain file or a chunk set).
@@ -601,6 +605,24 @@ impl Device {
         &self,
         from: &'static manifest::contract::Contract,
     ) -> Result<Option<crate::layout::Preferences>> {
+        let (selection, _) = contract::selected(&self.selection_params()?);
+        let profiles = self.profiles_read()?;
+        let lower = |s: Option<String>| s.map(|s| s.to_ascii_lowercase());
+        let slots = crate::choice::Slots {
+            selection: Some(selection),
+            small: lower(profiles.small),
+            big: lower(profiles.big),
+        };
+        self.carry_slots(from, &slots)
+    }
+
+    /// [`Device::carry_choice`] with the selection and profiles given (a migration's journal
+    /// keeps them while the params point at the built-in); the rest from the params.
+    pub(crate) fn carry_slots(
+        &self,
+        from: &'static manifest::contract::Contract,
+        slots: &crate::choice::Slots,
+    ) -> Result<Option<crate::layout::Preferences>> {
         let files = self.files();
         let Some(gf) = files.generation_files() else {
             return Ok(None);
@@ -609,15 +631,8 @@ impl Device {
         if self.effects.exists(&path) {
             return files.read_preferences().map(Some);
         }
-        let (selection, _) = contract::selected(&self.selection_params()?);
-        let profiles = self.profiles_read()?;
-        let lower = |s: Option<String>| s.map(|s| s.to_ascii_lowercase());
         let choice = crate::layout::FlatChoice {
-            slots: crate::choice::Slots {
-                selection: Some(selection),
-                small: lower(profiles.small),
-                big: lower(profiles.big),
-            },
+            slots: slots.clone(),
             favorites: self.params.get_str(keys::USER_FAVORITES)?,
             blacklisted: self.params.get_str(keys::BLACKLISTED_MODELS)?,
             sort_mode: self.params.get_str(keys::MODEL_SORT_MODE)?,

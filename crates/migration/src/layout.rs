@@ -149,6 +149,14 @@ impl DeviceFiles {
         }
     }
 
+    /// Whether a generation migration purges the old generation's driving artifacts before it
+    /// downloads (flat: the new artifacts take the old ones' names), or only once the
+    /// selected models of the new generation are in place (per generation: they live apart,
+    /// so the old ones stay until the new ones are there).
+    pub fn purge_before_download(&self) -> bool {
+        self.generation_files().is_none()
+    }
+
     /// Where the selection is kept.
     pub fn selection_store(&self) -> SelectionStore {
         match self.generation_files() {

@@ -68,12 +68,19 @@ pub(crate) fn begin_migration(
         // built-in, never an old-generation pickle and never a file about to be purged.
         // Onroad (the car may have left since the refresh began), nothing is purged.
         device.ensure_offroad("the migration")?;
+        // Where the selection lives in the new layout (per generation: preferences.json),
+        // the user's choice as the journal keeps it is carried there first, once.
+        if device.files().selection_store() == crate::layout::SelectionStore::Preferences {
+            device.carry_slots(manifest::contract::BASE_CONTRACT.contract(), &j.slots())?;
+        }
         write_contract(
             device,
             catalog,
             &contract::interim(&j.wanted(catalog), catalog),
         )?;
-        purged = purge(device)?;
+        if device.files().purge_before_download() {
+            purged = purge(device)?;
+        }
         let mut j = j.clone();
         j.phase = Phase::Download;
         write_journal(device, &j)?;
@@ -317,6 +324,11 @@ pub(crate) fn refresh_run(
     report.fell_back_to_builtin = outcome.fell_back;
 
     if let Some(j) = journal {
+        // A layout that keeps generations apart purges the old one's driving artifacts only
+        // now, with the new selection in place (idempotent: a resumed run purges what is left).
+        if !device.files().purge_before_download() {
+            report.purged = purge(device)?;
+        }
         device
             .params
             .put(keys::MODEL_MANIFEST_VERSION, &j.to.to_string())?;
@@ -365,11 +377,11 @@ pub fn install(
     device.ensure_offroad(&format!("the download of {}", entry.id()))?;
     // With trusted keys, bytes the signed manifest does not pin are never fetched: refused
     // before anything is written (`downloader::trust::digest_rule`).
-    dl.check_signed(&downloader::Target::from_entry(entry)?)?;
+    dl.check_signed(&dl.target(entry)?)?;
     let chestnut = device.chestnut();
     // A Chestnut variant the signature does not pin is left out (listed by `status` as not
     // installable); the model itself still installs.
-    let variant = downloader::egpu::artifacts_to_fetch(entry, chestnut)?
+    let variant = downloader::egpu::artifacts_to_fetch_for(entry, chestnut, dl.contract())?
         .into_iter()
         .nth(1)
         .filter(|v| dl.check_signed(v).is_ok());
@@ -396,7 +408,7 @@ pub fn install(
         device.forget(entry.id())?;
     }
     let label = entry.name().unwrap_or(entry.id().as_str());
-    let target = downloader::Target::from_entry(entry)?;
+    let target = dl.target(entry)?;
     let Some(installed) = install_target(device, dl, &target, label, cancel, progress)? else {
         // Verified there already (put there by another manager): nothing fetched.
         return Ok(None);

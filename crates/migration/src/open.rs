@@ -125,7 +125,9 @@ pub fn open(o: &Options) -> Result<Opened> {
         None => dl,
     };
     Ok(Opened::Ready(Box::new(Ready {
-        dl: dl.with_tinygrad_pin(tinygrad.clone()),
+        dl: dl
+            .with_tinygrad_pin(tinygrad.clone())
+            .with_contract(contract, read.declaration.clone().ok().flatten()),
         device,
         tree: TreeStatus::of(&o.openpilot_dir, &decision),
         tinygrad,

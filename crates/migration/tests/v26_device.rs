@@ -451,3 +451,92 @@ fn a_cancel_set_by_another_process_stops_our_job() {
         .unwrap();
     assert_eq!(v.runtime().read_job(&root).unwrap()["state"], "completed");
 }
+
+/// The whole move, run as the daemon and `refresh` run it: a v25 device (its selection, a v25
+/// artifact of it, a local model, a DM file) whose tree now declares the v26 contract. The
+/// refresh accepts the v26 manifest (whole-manifest rules), carries the choice into
+/// `preferences.json`, downloads the selected model into `<gen>/<id>/`, and only then removes
+/// the v25 driving artifacts; upstream's reading resolves our install as its own. A manifest
+/// the contract refuses on the first origin is refused whole and GitHub's copy is taken.
+#[test]
+fn refresh_moves_a_v25_device_to_the_v26_contract() {
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let models = v.data().join("models");
+        fs::create_dir_all(&models).unwrap();
+        for (name, body) in [
+            ("pop223_driving_tinygrad.pkl", "v25 bytes"),
+            ("sc2_driving_tinygrad.pkl.chunk01of01", "v25 chunk"),
+            ("local-mine_driving_tinygrad.pkl", "local"),
+            ("dmonitoring_model_tinygrad.pkl", "dm"),
+        ] {
+            fs::write(models.join(name), body).unwrap();
+        }
+        let params = v.data().join("params/d");
+        for (k, val) in [
+            (keys::MODEL, "pop223"),
+            (keys::DRIVING_MODEL, "pop223"),
+            (keys::MODEL_MANIFEST_VERSION, "v25"),
+            (keys::BLACKLISTED_MODELS, "sc2"),
+        ] {
+            fs::write(params.join(k), val).unwrap();
+        }
+        // The Hub serves a manifest upstream refuses (a behaviour version changed).
+        let bad = String::from_utf8(v.manifest.clone())
+            .unwrap()
+            .replace("\"v16\"", "\"v15\"");
+        let hf_manifest = v.dir.path().join(format!(
+            "origin/{HF_DIR}/manifests/model_names_{generation}.json"
+        ));
+        fs::write(&hf_manifest, bad).unwrap();
+
+        let (device, dl) = v.open();
+        let report = migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        assert_eq!(report.migrated_from.as_deref(), Some("v25"), "{generation}");
+        assert!(
+            report.manifest_origin.contains("github") || report.manifest_origin.contains(GH_DIR),
+            "{generation}: {}",
+            report.manifest_origin
+        );
+        // Upstream's reading of what we left.
+        let rt = v.runtime();
+        let root = v.root();
+        let sel = rt.resolve_runtime(&root, false);
+        assert_eq!(sel.small_id, "pop223", "{generation}");
+        assert_eq!(sel.small_sha.as_deref(), Some(v.sha("pop223").as_str()));
+        let prefs = rt.preferences(&root);
+        assert_eq!(prefs.blacklisted, ["sc2"]);
+        // The v25 driving artifacts are gone; local models and DM files stay.
+        let mut left: Vec<String> = fs::read_dir(&models)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.contains("driving") || n.starts_with("dmonitoring"))
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "dmonitoring_model_tinygrad.pkl",
+                "local-mine_driving_tinygrad.pkl"
+            ],
+            "{generation}"
+        );
+        assert_eq!(
+            fs::read_to_string(params.join(keys::MODEL_MANIFEST_VERSION)).unwrap(),
+            generation
+        );
+        assert!(!models.join(migration::JOURNAL_FILE).exists());
+        // A second refresh changes nothing upstream reads.
+        let before = snapshot(&root);
+        migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        let after: Vec<_> = snapshot(&root)
+            .into_iter()
+            .filter(|(p, _)| !p.ends_with(".download-job.json"))
+            .collect();
+        let before: Vec<_> = before
+            .into_iter()
+            .filter(|(p, _)| !p.ends_with(".download-job.json"))
+            .collect();
+        assert_eq!(after, before, "{generation}");
+    }
+}
