@@ -715,6 +715,9 @@ fn guard(j: &std::sync::Mutex<DownloadJob>) -> std::sync::MutexGuard<'_, Downloa
     j.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The shortest time between two progress texts written to the job file.
+pub const JOB_PUBLISH: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// How often a running job looks at the job file for a cancel set by another process.
 pub const JOB_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -738,24 +741,35 @@ impl DeviceFiles {
         let job = DownloadJob::start(self, model, variant, download_all, "Starting download")?;
         let job = std::sync::Mutex::new(job);
         let inner = downloader::CancelToken::new();
-        let done = std::sync::atomic::AtomicBool::new(false);
+        // The watcher wakes at once when `f` ends (the sender is dropped), else every poll.
+        let (done, finished) = std::sync::mpsc::channel::<()>();
         let result = std::thread::scope(|s| {
-            s.spawn(|| {
-                while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                    if cancel.is_cancelled() || guard(&job).cancel_requested() {
+            let (job, inner) = (&job, &inner);
+            s.spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    finished.recv_timeout(JOB_POLL)
+                {
+                    if cancel.is_cancelled() || guard(job).cancel_requested() {
                         inner.cancel();
                         return;
                     }
-                    std::thread::sleep(JOB_POLL);
                 }
             });
+            // Progress reaches the job file at most every [`JOB_PUBLISH`] (each write is an
+            // fsynced replace); the first text at once.
+            let last = std::sync::Mutex::new(None::<std::time::Instant>);
             let publish = |text: &str| {
-                if let Ok(JobUpdate::Stop) = guard(&job).publish(Some(text), None) {
+                let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+                if last.is_some_and(|t| t.elapsed() < JOB_PUBLISH) {
+                    return;
+                }
+                *last = Some(std::time::Instant::now());
+                if let Ok(JobUpdate::Stop) = guard(job).publish(Some(text), None) {
                     inner.cancel();
                 }
             };
-            let r = f(&inner, &publish);
-            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            let r = f(inner, &publish);
+            drop(done);
             r
         });
         let job = job.into_inner().unwrap_or_else(|p| p.into_inner());

@@ -29,8 +29,8 @@ fn rows() -> Value {
     ])
 }
 
-struct V26 {
-    dir: tempfile::TempDir,
+pub struct V26 {
+    pub dir: tempfile::TempDir,
     generation: String,
     server: FaultServer,
     /// The served manifest, raw.
@@ -42,7 +42,7 @@ struct V26 {
 impl V26 {
     /// A tree declaring `generation` on upstream's contract, and an origin serving a manifest
     /// of that contract with `pop223` (a plain file) and `sc2` (a chunk set).
-    fn start(generation: &str) -> Self {
+    pub fn start(generation: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let op = dir.path().join("op");
         let models = op.join("starpilot/models");
@@ -109,7 +109,7 @@ impl V26 {
         self.data().join("models").join(&self.generation)
     }
 
-    fn runtime(&self) -> Runtime {
+    pub fn runtime(&self) -> Runtime {
         Runtime {
             generation: self.generation.clone(),
             compiler_revision: COMPILER.into(),
@@ -166,7 +166,7 @@ impl V26 {
         }
     }
 
-    fn sha(&self, id: &str) -> String {
+    pub fn sha(&self, id: &str) -> String {
         self.published.iter().find(|p| p.0 == id).unwrap().1.clone()
     }
 }
@@ -539,4 +539,79 @@ fn refresh_moves_a_v25_device_to_the_v26_contract() {
             .collect();
         assert_eq!(after, before, "{generation}");
     }
+}
+
+/// A v25 device of its own (data and memory params in `dir`) for the shared tree and origin:
+/// `pop223` selected, its v25 artifact, a chunk of another, a local model, a DM file.
+pub fn v25_device_in(dir: &Path) {
+    let models = dir.join("data/models");
+    fs::create_dir_all(&models).unwrap();
+    fs::create_dir_all(dir.join("shm")).unwrap();
+    for (name, body) in [
+        ("pop223_driving_tinygrad.pkl", "v25 bytes"),
+        ("sc2_driving_tinygrad.pkl.chunk01of01", "v25 chunk"),
+        ("local-mine_driving_tinygrad.pkl", "local"),
+        ("dmonitoring_model_tinygrad.pkl", "dm"),
+    ] {
+        fs::write(models.join(name), body).unwrap();
+    }
+    let params = dir.join("data/params/d");
+    fs::create_dir_all(&params).unwrap();
+    for (k, val) in [
+        (keys::MODEL, "pop223"),
+        (keys::DRIVING_MODEL, "pop223"),
+        (keys::ACTIVE_SMALL_MODEL, "pop223"),
+        (keys::MODEL_MANIFEST_VERSION, "v25"),
+        (keys::USER_FAVORITES, "sc2"),
+    ] {
+        fs::write(params.join(k), val).unwrap();
+    }
+}
+
+impl V26 {
+    /// The device in `dir` as the binary opens it, its durable effects going to `effects`.
+    pub fn device_in(
+        &self,
+        dir: &Path,
+        effects: migration::Effects,
+    ) -> (Device, downloader::Downloader) {
+        let o = Options {
+            data_dir: dir.join("data"),
+            memory_params_dir: dir.join("shm"),
+            ..self.options()
+        };
+        let Ok(Opened::Ready(r)) = open::open(&o) else {
+            panic!("not opened")
+        };
+        let declared = migration::tree::read(&o.openpilot_dir)
+            .declaration
+            .unwrap()
+            .unwrap();
+        let mut d = Device::with_effects(r.device.config.clone(), effects)
+            .with_contract(r.device.contract())
+            .with_declaration(Some(declared));
+        d.sysfs_root = r.device.sysfs_root.clone();
+        (d, r.dl)
+    }
+}
+
+/// Every file of the data dir with its bytes, but the verification cache and the manager
+/// lock (inode and times) and the job file's random id.
+pub fn data_snapshot(dir: &Path) -> Vec<(PathBuf, String)> {
+    snapshot(&dir.join("data"))
+        .into_iter()
+        .filter(|(p, _)| !p.ends_with(".verified.json") && !p.ends_with(".manager.lock"))
+        .map(|(p, b)| {
+            let text = String::from_utf8_lossy(&b).into_owned();
+            let shown = if p.ends_with(".download-job.json") {
+                let j: Value = serde_json::from_str(&text).unwrap();
+                format!("{} {}", j["state"], j["model"])
+            } else if b.len() > 4096 {
+                format!("{} bytes", b.len())
+            } else {
+                text
+            };
+            (p.strip_prefix(dir).unwrap().to_path_buf(), shown)
+        })
+        .collect()
 }
