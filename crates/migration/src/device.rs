@@ -597,6 +597,37 @@ impl Device {
         self.write_file(&name, &body)
     }
 
+    /// The selection as the layout's own store keeps it, in the slots the refresh decides
+    /// over: per generation, `preferences.json` when it is there (read as upstream reads it;
+    /// its bundled id is the built-in, its `""` big profile is the disabled one); `None` on a
+    /// flat layout (the params are the store) or before any preferences exist.
+    pub fn stored_slots(&self) -> Result<Option<crate::choice::Slots>> {
+        let files = self.files();
+        let Some(gf) = files.generation_files() else {
+            return Ok(None);
+        };
+        if !self.effects.exists(&files.root().join(gf.preferences)) {
+            return Ok(None);
+        }
+        let p = files.read_preferences()?;
+        let builtin = manifest::contract::BASE_CONTRACT
+            .contract()
+            .bundled_selection;
+        let id = |s: &str| match s == self.contract.bundled_selection {
+            true => builtin.to_string(),
+            false => s.to_string(),
+        };
+        Ok(Some(crate::choice::Slots {
+            selection: Some(id(&p.small)),
+            small: Some(id(&p.small)),
+            big: match p.big.as_str() {
+                "" => Some(contract::BIG_DISABLED.to_string()),
+                b if b == self.contract.bundled_selection => None,
+                b => Some(b.to_string()),
+            },
+        }))
+    }
+
     /// Carry the flat-layout choice the params hold (selection, profiles, favourites,
     /// exclusions, sort mode, randomizer) into the preferences of this per-generation device,
     /// once: preferences already there (upstream's, or ours) are the user's and are kept.

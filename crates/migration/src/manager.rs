@@ -55,7 +55,7 @@ pub(crate) fn begin_migration(
     view: &DeviceView,
     catalog: &Catalog,
 ) -> Result<(Option<Journal>, Vec<String>, bool)> {
-    let (journal, write) = journal_now(view, catalog)?;
+    let (journal, write) = journal_now(view, catalog, device.stored_slots()?)?;
     if write && let Some(j) = &journal {
         write_journal(device, j)?;
     }
@@ -208,9 +208,12 @@ pub(crate) fn refresh_run(
     let view = view.strict()?;
     let (journal, purged, interim) = begin_migration(device, &view, &catalog)?;
     let record = view.choice().cloned();
-    let slots_now = match interim {
-        true => param_slots(device)?,
-        false => view.slots(),
+    // Where the layout keeps the selection in a store of its own (per generation:
+    // preferences.json, upstream's or carried there), that store is what the user chose.
+    let slots_now = match (interim, device.stored_slots()?) {
+        (false, Some(stored)) => stored,
+        (true, _) => param_slots(device)?,
+        (false, None) => view.slots(),
     };
     let (raw, wanted) = chosen(journal.as_ref(), record.as_ref(), &slots_now, &catalog);
     let mut report = RefreshReport {

@@ -615,3 +615,69 @@ pub fn data_snapshot(dir: &Path) -> Vec<(PathBuf, String)> {
         })
         .collect()
 }
+
+/// Our refresh on a device upstream's v26 manager prepared (its catalog, its selection, its
+/// verified install, a job another process is running) while the old v25 params name another
+/// model: the selection is upstream's, nothing is downloaded (only the manifest is asked for),
+/// and no byte upstream wrote changes. v26 and a made-up v27.
+#[test]
+fn a_refresh_on_an_upstream_prepared_device_takes_its_selection_and_fetches_nothing() {
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let root = v.root();
+        fs::create_dir_all(root.join("pop223")).unwrap();
+        let served = v.dir.path().join(format!(
+            "origin/{HF_DIR}/models/{generation}/pop223/pop223_driving_tinygrad.pkl"
+        ));
+        fs::copy(&served, root.join("pop223/pop223_driving_tinygrad.pkl")).unwrap();
+        let manifest: Value = serde_json::from_slice(&v.manifest).unwrap();
+        fs::write(root.join("catalog.json"), python_dump(&manifest)).unwrap();
+        let prefs = json!({"small": "pop223", "big": "", "userFavorites": [],
+            "sortMode": "name", "randomizer": false, "blacklistedModels": ["sc2"]});
+        fs::write(root.join("preferences.json"), python_dump(&prefs)).unwrap();
+        let job = json!({"schemaVersion": 1, "jobId": "fedcba9876543210fedcba9876543210",
+            "state": "running", "model": "big223", "progress": "Big: 3%", "downloadAll": false,
+            "cancelRequested": false, "variant": "standard"});
+        fs::write(root.join(".download-job.json"), python_dump(&job)).unwrap();
+        let other = fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(root.join(".download.lock"))
+            .unwrap();
+        other.lock().unwrap();
+        fs::write(root.join(".state.lock"), "").unwrap();
+        let params = v.data().join("params/d");
+        for (k, val) in [
+            (keys::MODEL, "sc2"),
+            (keys::DRIVING_MODEL, "sc2"),
+            (keys::MODEL_MANIFEST_VERSION, "v25"),
+        ] {
+            fs::write(params.join(k), val).unwrap();
+        }
+        let before = snapshot(&root);
+
+        let (device, dl) = v.open();
+        let report = migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        assert_eq!(
+            report.selected.as_str(),
+            "pop223",
+            "{generation}: upstream's selection"
+        );
+        let fetched: Vec<String> = v
+            .server
+            .requests()
+            .iter()
+            .map(|r| r.path.clone())
+            .filter(|p| p.contains("/models/"))
+            .collect();
+        assert!(fetched.is_empty(), "{generation}: fetched {fetched:?}");
+        assert_eq!(
+            snapshot(&root),
+            before,
+            "{generation}: a byte upstream wrote changed"
+        );
+        let sel = v.runtime().resolve_runtime(&root, false);
+        assert_eq!(sel.small_id, "pop223");
+        drop(other);
+    }
+}
