@@ -551,6 +551,27 @@ mod tests {
         assert!("v27".parse::<ContractName>().is_err());
     }
 
+    /// A per-generation layout has its files in the row; a flat one has none.
+    #[test]
+    fn per_generation_layouts_name_their_files() {
+        for c in &CONTRACTS {
+            assert_eq!(
+                c.generation_files.is_some(),
+                c.device_layout == DeviceLayout::PerGeneration,
+                "{}",
+                c.name
+            );
+            if let Some(f) = c.generation_files {
+                assert!(
+                    !f.sort_modes.is_empty() && f.job_id_hex_digits > 0,
+                    "{}",
+                    c.name
+                );
+                assert_ne!(f.standard_variant, c.accelerator.key);
+            }
+        }
+    }
+
     #[test]
     fn paths_from_the_table() {
         let v26 = ContractName::V26.contract();
