@@ -526,6 +526,15 @@ fn refresh_moves_a_v25_device_to_the_v26_contract() {
             generation
         );
         assert!(!models.join(migration::JOURNAL_FILE).exists());
+        // Download all: every model of the v26 catalog, each where upstream verifies it.
+        migration::download_all(&device, &dl, &CancelToken::new(), &|_, _| {}, &|_| {}).unwrap();
+        let entries = rt.catalog(&root);
+        for id in ["pop223", "sc2"] {
+            assert!(
+                crate::upstream_v26::Runtime::verified_artifact(&root, id, &entries).is_some(),
+                "{generation}: {id}"
+            );
+        }
         // A second refresh changes nothing upstream reads.
         let before = snapshot(&root);
         migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
