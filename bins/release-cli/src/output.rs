@@ -193,7 +193,10 @@ impl From<release::Error> for CliError {
             | E::PinCorrectionRefused { .. }
             | E::RebuildGeneration { .. }
             | E::ReuseManifestPin { .. }
-            | E::SignRefused(_) => EXIT_CHECK_FAILED,
+            | E::SignRefused(_)
+            | E::NotLoadable { .. }
+            | E::LatencyBound { .. }
+            | E::ValidationBinding { .. } => EXIT_CHECK_FAILED,
             _ => EXIT_FAILURE,
         };
         CliError::from_error(code, &e)

@@ -320,6 +320,14 @@ impl Manifest {
         }
     }
 
+    /// Removes a top-level key other than `models`, keeping the order of the others.
+    pub fn remove_top_level(&mut self, key: &str) -> Option<Value> {
+        if key == keys::MODELS {
+            return None;
+        }
+        self.top.shift_remove(key)
+    }
+
     /// Top-level keys other than `models`, in order.
     pub fn top_level(&self) -> impl Iterator<Item = (&str, &Value)> {
         self.top

@@ -83,6 +83,8 @@ pub struct Device {
     /// fetched manifests with: with them, the stored catalog is re-verified on every read and
     /// only artifacts the signed manifest pins are installed or handed to modeld.
     pub trusted_keys: Option<downloader::trust::TrustedKeys>,
+    /// modeld's load receipt, on a contract that has one (`None`: v25, nothing read).
+    pub load_receipt: Option<crate::load_receipt::Source>,
     pub(crate) effects: Effects,
     /// The contract the device's generation runs, as the tree decided it
     /// ([`crate::tree::Decision::Known`]); [`manifest::contract::BASE_CONTRACT`] until told.
@@ -140,6 +142,7 @@ impl Device {
             memory,
             sysfs_root: PathBuf::from("/sys"),
             trusted_keys: None,
+            load_receipt: None,
             effects,
             contract: manifest::contract::BASE_CONTRACT.contract(),
             tree: None,
@@ -515,6 +518,16 @@ impl Device {
                 .params
                 .path(crate::params::keys::MODEL_MANIFEST_ACCEPTED_RELEASE),
         );
+        // Bounded by this catalog's own signed release (`floor::bound`): a floor raised from
+        // outside never refuses the catalog the device holds.
+        let held = downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, None)
+            .ok()
+            .map(|a| crate::floor::AcceptedRelease {
+                release: a.release,
+                expires: a.expires,
+                key: a.key,
+            });
+        let copies = crate::floor::bound(&copies.0, &copies.1, generation, held.as_ref());
         let floor = crate::floor::for_read(&copies, generation);
         match downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, floor) {
             Ok(_) => {}
@@ -542,6 +555,12 @@ impl Device {
     /// the accepted release; `None` when there is none that verifies. Part of the floor a
     /// fetched manifest must reach, since the catalog is stored before the accepted release.
     pub(crate) fn stored_release(&self) -> Option<manifest::ReleaseNumber> {
+        self.stored_signed().map(|a| a.release)
+    }
+
+    /// The stored catalog's verified signature (release, expiry, key) with trusted keys,
+    /// ignoring the accepted release: what bounds the floor (`floor::bound`).
+    pub(crate) fn stored_signed(&self) -> Option<crate::floor::AcceptedRelease> {
         let keys = self.trusted_keys.as_ref()?;
         let dir = self.models_dir();
         let bytes = self
@@ -557,7 +576,11 @@ impl Device {
             .ok()??;
         downloader::trust::verify_stored(keys, &bytes, Some(&sig), self.config.generation, None)
             .ok()
-            .map(|a| a.release)
+            .map(|a| crate::floor::AcceptedRelease {
+                release: a.release,
+                expires: a.expires,
+                key: a.key,
+            })
     }
 
     /// Whether this device installs only what a signed manifest pins (it has trusted keys).

@@ -85,6 +85,10 @@ pub fn download_all(
         device.is_protected(),
         device.contract(),
     ) {
+        // An artifact modeld could not start here is skipped, not a failure of the run.
+        if crate::load_receipt::condemned(device, entry).is_some() {
+            continue;
+        }
         if cancel.is_cancelled() {
             all.cancelled = true;
             break;

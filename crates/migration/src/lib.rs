@@ -22,6 +22,7 @@ mod error;
 mod floor;
 mod journal;
 pub mod layout;
+pub mod load_receipt;
 pub mod lock;
 mod manager;
 pub mod next_step;

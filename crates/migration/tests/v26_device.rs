@@ -139,6 +139,8 @@ impl V26 {
                 ..DownloadConfig::default()
             },
             trusted_keys: None,
+            shm_dir: Some(self.dir.path().join("receipt-shm")),
+            openpilot_prefix: None,
         }
     }
 
@@ -600,6 +602,7 @@ impl V26 {
             .with_contract(r.device.contract())
             .with_declaration(Some(declared));
         d.sysfs_root = r.device.sysfs_root.clone();
+        d.load_receipt = r.device.load_receipt.clone();
         (d, r.dl)
     }
 }

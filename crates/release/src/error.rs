@@ -103,6 +103,17 @@ pub enum Error {
     #[error("{} is missing or unreadable; pass --version vN", path.display())]
     RecordMissing { path: PathBuf },
 
+    /// `rebuild --generation` differs from the generation the openpilot tree declares.
+    #[error(
+        "rebuild --generation {generation}, but the openpilot tree declares {declared} (its \
+         reviewed catalog is catalog-{declared}.json): rebuild {declared}, or pass the tree of \
+         {generation}"
+    )]
+    RebuildTreeGeneration {
+        generation: manifest::Generation,
+        declared: manifest::Generation,
+    },
+
     /// The recorded generation↔pin pairs (`tinygrad_pins.json`) do not parse or conflict.
     #[error("{}: {problem}", path.display())]
     Pins { path: PathBuf, problem: String },
@@ -340,6 +351,33 @@ pub enum Error {
     #[error(transparent)]
     SignFailed(artifact_store::Error),
 
+    /// The runtime gate ([`crate::loadable`]): a file the pinned runtime cannot load, or one
+    /// nothing ties to the pin. Nothing was uploaded, written or changed.
+    #[error("refused: {subject} ({path}): {problem}", path = path.display())]
+    NotLoadable {
+        subject: String,
+        path: PathBuf,
+        problem: Box<crate::loadable::LoadProblem>,
+    },
+    /// The device validation's p95 latency is over the contract's bound.
+    #[error("refused: model {model}'s device validation reports a p95 latency of {p95_ms} ms, over the {bound_ms} ms bound of the {contract} contract ({record})", record = record.display())]
+    LatencyBound {
+        model: ModelId,
+        p95_ms: f64,
+        bound_ms: u32,
+        contract: manifest::ContractName,
+        record: PathBuf,
+    },
+    /// A validation record that does not tie the validated bytes to the receipt and the
+    /// artifact (validation SHA = receipt SHA = artifact digest), or lacks the latency the
+    /// contract bounds.
+    #[error("refused: model {model}: {problem} ({record})", record = record.display())]
+    ValidationBinding {
+        model: ModelId,
+        problem: String,
+        record: PathBuf,
+    },
+
     /// A chunk-set operation failed (its error names the file).
     #[error(transparent)]
     Chunk(#[from] chunker::Error),
@@ -374,6 +412,17 @@ impl NextStep for Error {
             | Error::SignRefused(e)
             | Error::SignFailed(e)
             | Error::Store(e) => e.next_step(),
+            Error::NotLoadable { .. } => Some(
+                "rebuild the file with the generation's pinned tinygrad (`release-cli rebuild`, \
+                 `compile`, `dm` or `builtin` write its build receipt beside it), then run the \
+                 command again"
+                    .into(),
+            ),
+            Error::LatencyBound { .. } | Error::ValidationBinding { .. } => Some(
+                "rerun `release-cli validate` for the model on the device (a model over the \
+                 bound must be rebuilt or left out of the release)"
+                    .into(),
+            ),
             Error::Chunk(e) => e.next_step(),
             Error::Manifest(e) => e.next_step(),
             _ => None,

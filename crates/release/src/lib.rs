@@ -24,6 +24,7 @@ pub use error::{Error, Result};
 pub use workspace::Workspace;
 pub mod audit;
 pub mod gate;
+pub mod loadable;
 pub mod preflight;
 pub mod publish;
 mod recorded;

@@ -147,6 +147,26 @@ pub fn run(
     if let Some(ws) = &req.workspace {
         crate::flags::check_gpu_flags(manifest, ws)?;
     }
+    // The runtime gate: every driving artifact's stamp and every build receipt (contracts
+    // that have them), before any store is opened.
+    crate::loadable::gate_publish(
+        manifest,
+        &req.artifacts,
+        req.openpilot.as_deref(),
+        &crate::tree::load_pins(req.openpilot.as_deref())?,
+        req.generation,
+    )?;
+    // The contract's latency bound over the validations the gate counted (validation SHA =
+    // receipt SHA = artifact digest), unless validation is skipped with a reason.
+    if let (Some(ws), None) = (&req.workspace, &req.skip_validation) {
+        let pins = crate::tree::load_pins(req.openpilot.as_deref())?;
+        crate::loadable::gate_validation(
+            manifest,
+            &req.artifacts,
+            ws,
+            pins.contract(req.generation),
+        )?;
+    }
     let stores = open_stores(&req)?;
     let store_refs: Vec<&dyn Store> = stores.iter().map(|s| s.as_ref()).collect();
     let github_only = github_only_gate(&req)?;
@@ -163,10 +183,14 @@ pub fn run(
             ..RetryPolicy::default()
         },
         deep_verify: req.deep_verify,
-        contract: Contract {
-            pins: crate::tree::load_pins(req.openpilot.as_deref())?,
-            add_models: req.add_models.iter().cloned().collect(),
-            drop_models: req.drop_models.iter().cloned().collect(),
+        contract: {
+            let (pins, tree) = crate::tree::load_tree(req.openpilot.as_deref())?;
+            Contract {
+                pins,
+                add_models: req.add_models.iter().cloned().collect(),
+                drop_models: req.drop_models.iter().cloned().collect(),
+                tree,
+            }
         },
     };
     // A signature covers only what the manifest states: refused before any key is unlocked.

@@ -195,3 +195,47 @@ pub fn check_manifest(bytes: &[u8], rt: &Runtime<'_>) -> Result<BTreeMap<String,
     }
     Ok(rows)
 }
+
+/// One row of a reviewed catalog fixture: id, name, version, uses_external_gpu,
+/// model_lab_eligible.
+pub type Row<'a> = (&'a str, &'a str, &'a str, bool, bool);
+
+/// Writes what a tree of a v26-contract generation carries into the openpilot tree `dir`: the
+/// catalog module `starpilot/models/catalog.py`, the reviewed `catalog-<generation>.json`
+/// beside it (a manifest of the generation without artifacts) and `upstream-sync.json` naming
+/// `revision` as the `tinygrad_repo` dependency's commit. Returns the catalog's bytes.
+pub fn write_tree(
+    dir: &std::path::Path,
+    generation: &str,
+    revision: &str,
+    rows: &[Row<'_>],
+) -> Vec<u8> {
+    let models = dir.join("starpilot/models");
+    std::fs::create_dir_all(&models).unwrap();
+    std::fs::write(
+        models.join("catalog.py"),
+        "# The reviewed model catalog of this tree (test fixture).\n",
+    )
+    .unwrap();
+    let catalog = serde_json::json!({
+        "generation": generation,
+        "compiler_revision": revision,
+        "artifact_abi": "tinygrad_single_v1_arena",
+        "models": rows.iter().map(|(id, name, version, gpu, lab)| serde_json::json!({
+            "id": id, "name": name, "version": version, "uses_external_gpu": gpu,
+            "model_lab_eligible": lab,
+        })).collect::<Vec<_>>(),
+    });
+    let bytes = serde_json::to_vec_pretty(&catalog).unwrap();
+    std::fs::write(models.join(format!("catalog-{generation}.json")), &bytes).unwrap();
+    std::fs::write(
+        dir.join("upstream-sync.json"),
+        serde_json::to_vec_pretty(&serde_json::json!({"dependencies": [
+            {"path": "panda", "commit": "0".repeat(40)},
+            {"path": "tinygrad_repo", "commit": revision},
+        ]}))
+        .unwrap(),
+    )
+    .unwrap();
+    bytes
+}

@@ -377,8 +377,8 @@ pub struct ValidateArgs {
     /// to nothing and write nothing. With --check: print the record that would be written.
     #[arg(long)]
     pub dry_run: bool,
-    /// Print `{"model","passed","resolutions":[{"resolution","passed","problems"}],"verdict",
-    /// "record","log"}` (with --check: the check record; with --dry-run the plan, shaped as
+    /// Print `{"model","passed","p95_ms","resolutions":[{"resolution","passed","problems"}],
+    /// "verdict","record","log"}` (`p95_ms`: the device's reported p95 latency or null; with --check: the check record; with --dry-run the plan, shaped as
     /// sync's, plus `"artifact"` and `"record"`).
     #[arg(long)]
     pub json: bool,
@@ -489,6 +489,25 @@ pub fn compile(args: CompileArgs) -> CliResult {
         .connect()?
         .compile(&job, &pin, &mut live)
         .map_err(remote_error)?;
+    // The build receipt beside it (contracts with receipts), after its stamp is checked.
+    let contract = release::loadable::contract_for_pin(
+        &release::tree::load_pins(args.remote.openpilot.as_deref())?,
+        &pin,
+    );
+    let artifact_path = args.out.join(&artifact.name);
+    if let Some(receipt) = release::loadable::write_build_receipt(
+        &release::loadable::Built {
+            model_id: req.build_id().as_str(),
+            version: Some(args.version),
+            artifact: &artifact_path,
+            sources: &args.sources,
+            stamped: true,
+        },
+        contract,
+        &pin,
+    )? {
+        cli_support::info!("build receipt {}", receipt.display());
+    }
     if args.json {
         return print_json(&CompileReport {
             model: req.build_id().to_string(),
@@ -558,6 +577,27 @@ pub fn dm(args: DmArgs) -> CliResult {
         .connect()?
         .build_dm(&job, &pin, &mut live)
         .map_err(remote_error)?;
+    // Each DM file's build receipt beside it (contracts with receipts): the DM set carries no
+    // stamp, so the receipt is what ties it to the pin.
+    let contract = release::loadable::contract_for_pin(
+        &release::tree::load_pins(args.remote.openpilot.as_deref())?,
+        &pin,
+    );
+    for f in &files {
+        let path = args.out.join(&f.name);
+        let stem = f.name.strip_suffix(".pkl").unwrap_or(&f.name);
+        release::loadable::write_build_receipt(
+            &release::loadable::Built {
+                model_id: stem,
+                version: None,
+                artifact: &path,
+                sources: &job.sources,
+                stamped: false,
+            },
+            contract,
+            &pin,
+        )?;
+    }
     if args.json {
         return print_json(&DmReport {
             out: &args.out,
@@ -623,6 +663,8 @@ pub fn builtin(args: BuiltinArgs) -> CliResult {
 struct ValidateReport<'a> {
     model: &'a ModelId,
     passed: bool,
+    /// The p95 latency the device reported, in ms.
+    p95_ms: Option<f64>,
     resolutions: &'a [release::gate::ResolutionVerdict],
     verdict: &'a serde_json::Value,
     record: &'a Path,
@@ -661,6 +703,14 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         log: log.clone(),
     };
     let pin = args.remote.pin()?;
+    // The runtime gate before anything is sent: the artifact's stamp and build receipt.
+    let contract = release::loadable::gate_validate(
+        id,
+        version,
+        &artifact,
+        &release::tree::load_pins(args.remote.openpilot.as_deref())?,
+        &pin,
+    )?;
     if args.dry_run {
         let (mut plan, set) =
             compiler_remote::dry_run::validate(&args.remote.connect_options(), &job, &pin)
@@ -683,11 +733,25 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         .map_err(remote_error)?;
     let rec = release::validate::validation_record(id, version, pin, verdict, log.clone());
     release::records::write(&record, &rec).map_err(super::gate::release_error)?;
-    let passed = rec.passed();
+    // The p95 latency the device reported, against the contract's bound (the record keeps it
+    // in the device's verdict; publish requires the bound again).
+    let p95_ms = release::loadable::reported_p95(&rec);
+    let over_bound = match (contract.validation_p95_ms, p95_ms) {
+        (Some(bound), Some(p)) if p > f64::from(bound) => {
+            Some(format!("p95 latency {p} ms is over the {bound} ms bound"))
+        }
+        (Some(bound), None) => Some(format!(
+            "the device reported no p95 latency; the {} contract bounds it at {bound} ms",
+            contract.name
+        )),
+        _ => None,
+    };
+    let passed = rec.passed() && over_bound.is_none();
     if args.json {
         print_json(&ValidateReport {
             model: id,
             passed,
+            p95_ms,
             resolutions: &rec.resolutions,
             verdict: &rec.verdict,
             record: &record,
@@ -704,6 +768,12 @@ pub fn validate(args: ValidateArgs) -> CliResult {
                     format!("FAILED ({})", r.problems.join("; "))
                 }
             )?;
+        }
+        if let Some(p) = p95_ms {
+            crate::outln!("{id}: p95 latency {p} ms")?;
+        }
+        if let Some(why) = &over_bound {
+            crate::outln!("{id}: FAILED ({why})")?;
         }
         crate::outln!("verdict recorded in {}", record.display())?;
     }

@@ -99,7 +99,7 @@ pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf
             .collect();
         let verdict = serde_json::json!({
             "model": e.id().as_str(), "version": version.to_string(), "passed": true,
-            "artifact_sha256": sha.to_string(), "resolutions": resolutions,
+            "artifact_sha256": sha.to_string(), "resolutions": resolutions, "p95_ms": 12.5,
             "fixture": "written by the test, not by a device"
         });
         let rec = ValidationRecord {

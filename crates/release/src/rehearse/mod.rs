@@ -338,6 +338,9 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
     let cast = cast(&m, opts.select.as_ref())?;
     let pin = m.tinygrad_commit();
     let pins = crate::tree::load_pins(Some(&opts.openpilot))?;
+    // The runtime gate before anything is staged: every driving artifact's stamp and every
+    // build receipt (the tree's built-in and DM set too), for contracts that have them.
+    crate::loadable::gate_publish(&m, &opts.artifacts, Some(&opts.openpilot), &pins, g)?;
     let tree_pin = compiler_remote::read_tree_pin(&opts.openpilot).map_err(|e| e.to_string());
     let mut checks = vec![judge::judge_release(
         g,

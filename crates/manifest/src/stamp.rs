@@ -1,0 +1,1792 @@
+//! The stamp a v26-contract artifact carries inside itself (docs/formats.md, "The artifact's
+//! stamp"), read without tinygrad and without running anything.
+//!
+//! A compiled driving model is a pickle whose top-level object is a dict. A contract with a
+//! [`StampRule`] names keys of that dict (`artifact_abi`, `compiler_revision`,
+//! `format_version`, `behavior_version`, …) whose values are plain strings and ints: the runtime
+//! refuses the artifact before it runs when they are not its own. [`read_stamp`] reads the
+//! pickle's opcodes as a stack machine that builds no object: strings, ints, bools and `None`
+//! are kept (short strings only), every other value is a marker of its kind, dicts record their
+//! string-keyed items, and nothing is ever imported, called or looked up. At `STOP` the
+//! top-level object must be a dict; its plain items are the [`Stamp`].
+//!
+//! The container around the pickle is reported as a [`Framing`]:
+//! - [`Framing::Plain`]: the file is the pickle itself (`PROTO` first, nothing after `STOP`);
+//! - [`Framing::OobRecords`]: an 8-byte little-endian length `L`, `L` bytes of opcodes, then
+//!   length-prefixed buffer records (the container `chunker::oob` checks); its opcodes refer to
+//!   out-of-band buffers (`NEXT_BUFFER`);
+//! - [`Framing::LengthArena`]: the same 8-byte length and opcodes, then one unframed arena the
+//!   opcodes address through persistent ids (`BINPERSID`).
+//!
+//! Which of the last two a length-prefixed file is, is told by what its opcodes refer to; a file
+//! that is neither framing, or whose opcodes refer to both kinds (or to neither, with bytes
+//! following), is an error that says so.
+//!
+//! Hostile input is bounded ([`StampLimits`]): bytes read, values on the stack, open marks, memo
+//! entries, dict items recorded, the length of any one string, bytes or line. Every declared
+//! length is checked against what is left before anything is read or allocated, and kept
+//! strings are at most [`StampLimits::keep_string`] bytes, so memory stays bounded whatever the
+//! input declares; time is linear in the bytes read.
+//!
+//! [`check_stamp`] is the decision: the stamp against the contract's [`StampRule`], the pinned
+//! compiler revision and the entry's behaviour version.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{self, Read};
+use std::rc::Rc;
+
+use crate::contract::{Contract, StampRule};
+use crate::types::{BehaviorVersion, GitCommit};
+
+/// Caps on what [`read_stamp`] reads and keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StampLimits {
+    /// Bytes read in all (framing head, opcodes, the peek after them).
+    pub max_bytes: u64,
+    /// Values on the stack at once (nesting depth, items of one batch).
+    pub max_stack: usize,
+    /// Marks open at once.
+    pub max_marks: usize,
+    /// Memo entries.
+    pub max_memo: usize,
+    /// Dict items recorded, over all dicts.
+    pub max_items: usize,
+    /// The longest string or bytes value accepted (it is skipped, not kept, above
+    /// [`StampLimits::keep_string`]).
+    pub max_string: u64,
+    /// The longest text line (protocol-0 opcodes such as `GLOBAL`, `INT`).
+    pub max_line: usize,
+    /// Strings up to this length are kept as values; longer ones are a marker.
+    pub keep_string: usize,
+}
+
+impl Default for StampLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: 64 << 20,
+            max_stack: 1 << 16,
+            max_marks: 1 << 10,
+            max_memo: 1 << 20,
+            max_items: 1 << 20,
+            max_string: 16 << 20,
+            max_line: 1 << 16,
+            keep_string: 4096,
+        }
+    }
+}
+
+/// The container found around the pickle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "framing", rename_all = "snake_case")]
+pub enum Framing {
+    /// The file is the pickle.
+    Plain,
+    /// Length-prefixed opcodes, then out-of-band buffer records.
+    OobRecords { opcode_len: u64, buffers: u64 },
+    /// Length-prefixed opcodes, then one unframed arena addressed by persistent ids.
+    LengthArena {
+        opcode_len: u64,
+        persistent_ids: u64,
+    },
+}
+
+impl fmt::Display for Framing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Plain => f.write_str("plain pickle"),
+            Self::OobRecords {
+                opcode_len,
+                buffers,
+            } => write!(
+                f,
+                "length-prefixed pickle ({opcode_len} opcode bytes) with out-of-band buffer records ({buffers} buffer reference(s))"
+            ),
+            Self::LengthArena {
+                opcode_len,
+                persistent_ids,
+            } => write!(
+                f,
+                "length-prefixed pickle ({opcode_len} opcode bytes) with one arena ({persistent_ids} persistent id(s))"
+            ),
+        }
+    }
+}
+
+/// A value of the top-level dict, as far as the stamp reader keeps it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum StampValue {
+    Str(String),
+    Int(i64),
+    Bool(bool),
+    None,
+    /// Anything else, by kind (`"dict"`, `"list"`, `"float"`, `"object"`, `"long string"`, …):
+    /// skipped, never built.
+    Other(&'static str),
+}
+
+impl fmt::Display for StampValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Str(s) => write!(f, "{:?}", crate::error::abbreviate(s)),
+            Self::Int(i) => write!(f, "{i}"),
+            Self::Bool(b) => f.write_str(if *b { "True" } else { "False" }),
+            Self::None => f.write_str("None"),
+            Self::Other(kind) => write!(f, "<{kind}>"),
+        }
+    }
+}
+
+/// What [`read_stamp`] found: the framing and the top-level dict's string-keyed items.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Stamp {
+    #[serde(flatten)]
+    pub framing: Framing,
+    /// The pickle protocol (`PROTO`).
+    pub protocol: u8,
+    /// The top-level dict's items with string keys, in insertion order (a key set twice keeps
+    /// its last value, where it was first set).
+    pub entries: Vec<(String, StampValue)>,
+    /// Items of the top-level dict whose key is not a string (the runners keyed by camera size).
+    pub other_keys: usize,
+}
+
+impl Stamp {
+    pub fn get(&self, key: &str) -> Option<&StampValue> {
+        self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    pub fn str(&self, key: &str) -> Option<&str> {
+        match self.get(key) {
+            Some(StampValue::Str(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn int(&self, key: &str) -> Option<i64> {
+        match self.get(key) {
+            Some(StampValue::Int(i)) => Some(*i),
+            _ => None,
+        }
+    }
+}
+
+/// Why the stamp could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StampDefect {
+    /// Neither a pickle nor a length-prefixed pickle: the first bytes, in hex.
+    UnknownFraming {
+        head: String,
+    },
+    /// A length prefix declares more opcode bytes than the cap allows.
+    HugeOpcodeLength {
+        declared: u64,
+        cap: u64,
+    },
+    /// A length-prefixed pickle whose opcodes refer to both buffers and persistent ids, or to
+    /// neither while bytes follow: which framing it is cannot be told.
+    UndecidableFraming {
+        buffers: u64,
+        persistent_ids: u64,
+    },
+    /// A plain pickle that refers to data outside itself.
+    PlainWithOutside {
+        what: &'static str,
+    },
+    /// A protocol outside 2..=5.
+    Protocol {
+        found: u8,
+    },
+    UnknownOpcode {
+        opcode: u8,
+    },
+    /// The input ends inside the pickle.
+    Truncated,
+    /// More than `cap` bytes would be read.
+    BytesCap {
+        cap: u64,
+    },
+    /// A string, bytes value or frame declares more bytes than the cap allows or than are left.
+    HugeLength {
+        declared: u64,
+        cap: u64,
+    },
+    LineTooLong {
+        cap: usize,
+    },
+    StackCap {
+        cap: usize,
+    },
+    MarkCap {
+        cap: usize,
+    },
+    MemoCap {
+        cap: usize,
+    },
+    ItemsCap {
+        cap: usize,
+    },
+    /// An opcode needs more values than the stack holds above the last mark.
+    StackUnderflow {
+        opcode: u8,
+    },
+    /// An opcode needs a mark and none is open.
+    NoMark {
+        opcode: u8,
+    },
+    /// `GET` of an index never `PUT`.
+    MissingMemo {
+        index: u64,
+    },
+    /// A malformed operand (a text int that is not one, an odd number of dict items, …).
+    BadOperand {
+        opcode: u8,
+        why: String,
+    },
+    /// The top-level object is not a dict.
+    NotADict {
+        found: &'static str,
+    },
+    /// `STOP` with more or fewer than one value, or with a mark open.
+    BadStop {
+        values: usize,
+        marks: usize,
+    },
+    /// The length prefix and the pickle disagree on where the opcodes end.
+    StopPosition {
+        stop_at: u64,
+        declared_end: u64,
+    },
+    /// Bytes follow a plain pickle's `STOP`.
+    TrailingData,
+    /// The length-prefixed framing's tail is not what its opcodes need.
+    BadTail {
+        why: String,
+    },
+    Io {
+        message: String,
+    },
+}
+
+impl fmt::Display for StampDefect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnknownFraming { head } => write!(
+                f,
+                "unknown framing: the file starts {head}, which is neither a pickle (PROTO 0x80 first) nor an 8-byte length followed by one"
+            ),
+            Self::HugeOpcodeLength { declared, cap } => write!(
+                f,
+                "the length prefix declares {declared} opcode bytes, more than the cap of {cap}"
+            ),
+            Self::UndecidableFraming {
+                buffers,
+                persistent_ids,
+            } => write!(
+                f,
+                "unknown framing: a length-prefixed pickle with {buffers} buffer reference(s) and {persistent_ids} persistent id(s) is neither the out-of-band records framing nor the arena framing"
+            ),
+            Self::PlainWithOutside { what } => write!(
+                f,
+                "a plain pickle that refers to {what} outside itself cannot be loaded"
+            ),
+            Self::Protocol { found } => {
+                write!(f, "pickle protocol {found} is not one of 2..=5")
+            }
+            Self::UnknownOpcode { opcode } => write!(f, "unknown pickle opcode 0x{opcode:02x}"),
+            Self::Truncated => f.write_str("the input ends inside the pickle (truncated)"),
+            Self::BytesCap { cap } => write!(
+                f,
+                "more than {cap} bytes without reaching the end of the pickle"
+            ),
+            Self::HugeLength { declared, cap } => write!(
+                f,
+                "a value declares {declared} bytes, more than the {cap} allowed here"
+            ),
+            Self::LineTooLong { cap } => write!(f, "a text operand longer than {cap} bytes"),
+            Self::StackCap { cap } => {
+                write!(f, "more than {cap} values on the stack (nesting too deep)")
+            }
+            Self::MarkCap { cap } => write!(f, "more than {cap} marks open (nesting too deep)"),
+            Self::MemoCap { cap } => write!(f, "more than {cap} memo entries"),
+            Self::ItemsCap { cap } => write!(f, "more than {cap} dict items"),
+            Self::StackUnderflow { opcode } => {
+                write!(
+                    f,
+                    "opcode 0x{opcode:02x} needs more values than the stack holds"
+                )
+            }
+            Self::NoMark { opcode } => {
+                write!(f, "opcode 0x{opcode:02x} needs a mark and none is open")
+            }
+            Self::MissingMemo { index } => write!(f, "memo index {index} was never stored"),
+            Self::BadOperand { opcode, why } => write!(f, "opcode 0x{opcode:02x}: {why}"),
+            Self::NotADict { found } => {
+                write!(f, "the top-level object is a {found}, not a dict: no stamp")
+            }
+            Self::BadStop { values, marks } => write!(
+                f,
+                "STOP with {values} value(s) and {marks} mark(s) open, not one value"
+            ),
+            Self::StopPosition {
+                stop_at,
+                declared_end,
+            } => write!(
+                f,
+                "the pickle stops at byte {stop_at} but the length prefix says its opcodes end at byte {declared_end}"
+            ),
+            Self::TrailingData => f.write_str("bytes follow the plain pickle's STOP"),
+            Self::BadTail { why } => f.write_str(why),
+            Self::Io { message } => write!(f, "read failed: {message}"),
+        }
+    }
+}
+
+/// A defect and the byte offset where it was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StampError {
+    pub offset: u64,
+    pub defect: StampDefect,
+}
+
+impl fmt::Display for StampError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "at byte {}: {}", self.offset, self.defect)
+    }
+}
+
+impl std::error::Error for StampError {}
+
+type R<T> = Result<T, StampError>;
+
+const PROTO: u8 = 0x80;
+const STOP: u8 = b'.';
+/// The sanity bound on a length prefix: beyond it the first 8 bytes are not a length.
+const MAX_PREFIX: u64 = chunker::oob::MAX_OPCODE_LEN;
+
+/// The bytes under the caps: a position, the end of the opcode region (when a prefix declares
+/// it) and the total budget.
+struct Src<In> {
+    input: In,
+    pos: u64,
+    budget: u64,
+    region_end: Option<u64>,
+    scratch: Vec<u8>,
+}
+
+impl<In: Read> Src<In> {
+    fn err(&self, defect: StampDefect) -> StampError {
+        StampError {
+            offset: self.pos,
+            defect,
+        }
+    }
+
+    /// How many more bytes may be read here.
+    fn left(&self) -> u64 {
+        let budget = self.budget.saturating_sub(self.pos);
+        match self.region_end {
+            Some(end) => budget.min(end.saturating_sub(self.pos)),
+            None => budget,
+        }
+    }
+
+    /// Fill `buf` exactly, within the caps.
+    fn fill(&mut self, buf: &mut [u8]) -> R<()> {
+        if buf.len() as u64 > self.left() {
+            let defect = match self.region_end {
+                // The pickle runs on past the end its length prefix declares.
+                Some(end) => StampDefect::StopPosition {
+                    stop_at: self.pos + buf.len() as u64,
+                    declared_end: end,
+                },
+                None => StampDefect::BytesCap { cap: self.budget },
+            };
+            return Err(self.err(defect));
+        }
+        let mut done = 0;
+        while done < buf.len() {
+            match self.input.read(&mut buf[done..]) {
+                Ok(0) => {
+                    self.pos += done as u64;
+                    return Err(self.err(StampDefect::Truncated));
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.pos += done as u64;
+                    return Err(self.err(StampDefect::Io {
+                        message: e.to_string(),
+                    }));
+                }
+            }
+        }
+        self.pos += buf.len() as u64;
+        Ok(())
+    }
+
+    fn byte(&mut self) -> R<u8> {
+        let mut b = [0u8; 1];
+        self.fill(&mut b)?;
+        Ok(b[0])
+    }
+
+    fn le<const N: usize>(&mut self) -> R<[u8; N]> {
+        let mut b = [0u8; N];
+        self.fill(&mut b)?;
+        Ok(b)
+    }
+
+    /// Check a declared length against the cap and what is left, before reading anything.
+    fn declared(&self, declared: u64, cap: u64) -> R<()> {
+        if declared > cap {
+            return Err(self.err(StampDefect::HugeLength { declared, cap }));
+        }
+        if declared > self.left() {
+            return Err(self.err(StampDefect::HugeLength {
+                declared,
+                cap: self.left(),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Read `len` bytes, keeping them only when `keep` is at least `len`.
+    fn bytes(&mut self, len: u64, cap: u64, keep: usize) -> R<Option<Vec<u8>>> {
+        self.declared(len, cap)?;
+        if len <= keep as u64 {
+            let mut v = vec![0u8; len as usize];
+            self.fill(&mut v)?;
+            return Ok(Some(v));
+        }
+        let mut left = len;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.resize(64 * 1024, 0);
+        while left > 0 {
+            let n = left.min(scratch.len() as u64) as usize;
+            let r = self.fill(&mut scratch[..n]);
+            if let Err(e) = r {
+                self.scratch = scratch;
+                return Err(e);
+            }
+            left -= n as u64;
+        }
+        self.scratch = scratch;
+        Ok(None)
+    }
+
+    /// A text operand up to `\n` (not included).
+    fn line(&mut self, cap: usize) -> R<Vec<u8>> {
+        let mut v = Vec::new();
+        loop {
+            let b = self.byte()?;
+            if b == b'\n' {
+                return Ok(v);
+            }
+            if v.len() == cap {
+                return Err(self.err(StampDefect::LineTooLong { cap }));
+            }
+            v.push(b);
+        }
+    }
+
+    /// Whether anything follows (reads at most one byte, past the region).
+    fn at_end(&mut self) -> R<bool> {
+        let mut b = [0u8; 1];
+        loop {
+            return match self.input.read(&mut b) {
+                Ok(0) => Ok(true),
+                Ok(_) => Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(self.err(StampDefect::Io {
+                    message: e.to_string(),
+                })),
+            };
+        }
+    }
+}
+
+/// A value on the machine's stack.
+#[derive(Debug, Clone)]
+enum V {
+    Str(Rc<str>),
+    Int(i64),
+    Bool(bool),
+    None,
+    Dict(usize),
+    Kind(&'static str),
+}
+
+impl V {
+    fn kind(&self) -> &'static str {
+        match self {
+            V::Str(_) => "str",
+            V::Int(_) => "int",
+            V::Bool(_) => "bool",
+            V::None => "None",
+            V::Dict(_) => "dict",
+            V::Kind(k) => k,
+        }
+    }
+}
+
+/// A dict's string-keyed items, and how many items with other keys it got.
+type DictItems = (Vec<(Rc<str>, V)>, usize);
+
+struct Machine<'l> {
+    limits: &'l StampLimits,
+    stack: Vec<V>,
+    marks: Vec<usize>,
+    memo: HashMap<u64, V>,
+    /// Each dict's string-keyed items and how many other keys it got.
+    dicts: Vec<DictItems>,
+    items: usize,
+    buffers: u64,
+    persistent_ids: u64,
+}
+
+impl Machine<'_> {
+    fn floor(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
+    fn push<In: Read>(&mut self, src: &Src<In>, v: V) -> R<()> {
+        if self.stack.len() >= self.limits.max_stack {
+            return Err(src.err(StampDefect::StackCap {
+                cap: self.limits.max_stack,
+            }));
+        }
+        self.stack.push(v);
+        Ok(())
+    }
+
+    fn pop<In: Read>(&mut self, src: &Src<In>, opcode: u8) -> R<V> {
+        if self.stack.len() <= self.floor() {
+            return Err(src.err(StampDefect::StackUnderflow { opcode }));
+        }
+        Ok(self.stack.pop().expect("above the floor"))
+    }
+
+    fn top<In: Read>(&self, src: &Src<In>, opcode: u8) -> R<V> {
+        if self.stack.len() <= self.floor() {
+            return Err(src.err(StampDefect::StackUnderflow { opcode }));
+        }
+        Ok(self.stack.last().expect("above the floor").clone())
+    }
+
+    /// Pop everything above the last mark, and the mark.
+    fn pop_mark<In: Read>(&mut self, src: &Src<In>, opcode: u8) -> R<Vec<V>> {
+        let Some(mark) = self.marks.pop() else {
+            return Err(src.err(StampDefect::NoMark { opcode }));
+        };
+        Ok(self.stack.split_off(mark))
+    }
+
+    fn new_dict(&mut self) -> V {
+        self.dicts.push((Vec::new(), 0));
+        V::Dict(self.dicts.len() - 1)
+    }
+
+    fn set_items<In: Read>(&mut self, src: &Src<In>, target: &V, items: Vec<V>) -> R<()> {
+        let V::Dict(id) = target else {
+            // Items set on an object (a dict subclass rebuilt by REDUCE): skipped.
+            return Ok(());
+        };
+        let mut it = items.into_iter();
+        while let (Some(k), Some(v)) = (it.next(), it.next()) {
+            let dict = &mut self.dicts[*id];
+            match k {
+                V::Str(key) => {
+                    if let Some(slot) = dict.0.iter_mut().find(|(k, _)| **k == *key) {
+                        slot.1 = v;
+                    } else {
+                        if self.items >= self.limits.max_items {
+                            return Err(src.err(StampDefect::ItemsCap {
+                                cap: self.limits.max_items,
+                            }));
+                        }
+                        self.items += 1;
+                        dict.0.push((key, v));
+                    }
+                }
+                _ => dict.1 += 1,
+            }
+        }
+        Ok(())
+    }
+
+    fn memo_put<In: Read>(&mut self, src: &Src<In>, index: u64, opcode: u8) -> R<()> {
+        let v = self.top(src, opcode)?;
+        if !self.memo.contains_key(&index) && self.memo.len() >= self.limits.max_memo {
+            return Err(src.err(StampDefect::MemoCap {
+                cap: self.limits.max_memo,
+            }));
+        }
+        self.memo.insert(index, v);
+        Ok(())
+    }
+
+    fn memo_get<In: Read>(&mut self, src: &Src<In>, index: u64) -> R<()> {
+        let v = self
+            .memo
+            .get(&index)
+            .cloned()
+            .ok_or_else(|| src.err(StampDefect::MissingMemo { index }))?;
+        self.push(src, v)
+    }
+}
+
+fn bad<In: Read>(src: &Src<In>, opcode: u8, why: impl Into<String>) -> StampError {
+    src.err(StampDefect::BadOperand {
+        opcode,
+        why: why.into(),
+    })
+}
+
+fn text_int<In: Read>(src: &Src<In>, opcode: u8, line: &[u8]) -> R<u64> {
+    std::str::from_utf8(line)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .ok_or_else(|| bad(src, opcode, "not a decimal index"))
+}
+
+/// A little-endian two's-complement integer of any length, as `i64` when it fits.
+fn long_le(bytes: &[u8]) -> V {
+    if bytes.is_empty() {
+        return V::Int(0);
+    }
+    if bytes.len() > 8 {
+        let negative = bytes[bytes.len() - 1] & 0x80 != 0;
+        let fill = if negative { 0xff } else { 0 };
+        if bytes[8..].iter().any(|b| *b != fill) || (bytes[7] & 0x80 != 0) != negative {
+            return V::Kind("big int");
+        }
+        return long_le(&bytes[..8]);
+    }
+    let negative = bytes[bytes.len() - 1] & 0x80 != 0;
+    let mut b = [if negative { 0xff } else { 0 }; 8];
+    b[..bytes.len()].copy_from_slice(bytes);
+    V::Int(i64::from_le_bytes(b))
+}
+
+fn string_value(bytes: Option<Vec<u8>>) -> V {
+    match bytes {
+        Some(b) => match String::from_utf8(b) {
+            Ok(s) => V::Str(Rc::from(s)),
+            Err(_) => V::Kind("undecodable string"),
+        },
+        None => V::Kind("long string"),
+    }
+}
+
+/// Run the opcodes from just after `PROTO` to `STOP`; returns the top-level value.
+fn run<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>) -> R<V> {
+    let limits = m.limits;
+    let max_string = limits.max_string;
+    let keep = limits.keep_string;
+    loop {
+        let at = src.pos;
+        let op = src.byte()?;
+        let opcode_err = |d: StampDefect| StampError {
+            offset: at,
+            defect: d,
+        };
+        match op {
+            STOP => {
+                let values = m.stack.len();
+                if values != 1 || !m.marks.is_empty() {
+                    return Err(opcode_err(StampDefect::BadStop {
+                        values,
+                        marks: m.marks.len(),
+                    }));
+                }
+                return Ok(m.stack.pop().expect("one value"));
+            }
+            PROTO => {
+                return Err(opcode_err(StampDefect::BadOperand {
+                    opcode: op,
+                    why: "PROTO inside the pickle".into(),
+                }));
+            }
+            // FRAME: a hint of how many bytes follow; checked against what is left.
+            0x95 => {
+                let len = u64::from_le_bytes(src.le::<8>()?);
+                src.declared(len, src.left())?;
+            }
+            b'(' => {
+                if m.marks.len() >= limits.max_marks {
+                    return Err(opcode_err(StampDefect::MarkCap {
+                        cap: limits.max_marks,
+                    }));
+                }
+                m.marks.push(m.stack.len());
+            }
+            // POP: a value, or the mark when nothing is above it.
+            b'0' => {
+                if m.stack.len() > m.floor() {
+                    m.stack.pop();
+                } else if m.marks.pop().is_none() {
+                    return Err(opcode_err(StampDefect::StackUnderflow { opcode: op }));
+                }
+            }
+            b'1' => {
+                m.pop_mark(src, op)?;
+            }
+            b'2' => {
+                let v = m.top(src, op)?;
+                m.push(src, v)?;
+            }
+            b'N' => m.push(src, V::None)?,
+            0x88 => m.push(src, V::Bool(true))?,
+            0x89 => m.push(src, V::Bool(false))?,
+            // Integers.
+            b'J' => {
+                let v = i32::from_le_bytes(src.le::<4>()?);
+                m.push(src, V::Int(v.into()))?;
+            }
+            b'K' => {
+                let v = src.byte()?;
+                m.push(src, V::Int(v.into()))?;
+            }
+            b'M' => {
+                let v = u16::from_le_bytes(src.le::<2>()?);
+                m.push(src, V::Int(v.into()))?;
+            }
+            0x8a => {
+                let n = src.byte()?;
+                let bytes = src.bytes(n.into(), 255, 255)?.expect("kept");
+                m.push(src, long_le(&bytes))?;
+            }
+            0x8b => {
+                let n = i32::from_le_bytes(src.le::<4>()?);
+                if n < 0 {
+                    return Err(bad(src, op, "negative LONG4 length"));
+                }
+                let bytes = src.bytes(n as u64, max_string, 8)?;
+                let v = bytes.map_or(V::Kind("big int"), |b| long_le(&b));
+                m.push(src, v)?;
+            }
+            b'I' => {
+                let line = src.line(limits.max_line)?;
+                let v = match line.as_slice() {
+                    b"01" => V::Bool(true),
+                    b"00" => V::Bool(false),
+                    l => std::str::from_utf8(l)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<i64>().ok())
+                        .map(V::Int)
+                        .ok_or_else(|| bad(src, op, "INT operand is not an integer"))?,
+                };
+                m.push(src, v)?;
+            }
+            b'L' => {
+                let line = src.line(limits.max_line)?;
+                let text = std::str::from_utf8(&line)
+                    .ok()
+                    .map(|s| s.trim().trim_end_matches('L'))
+                    .filter(|s| {
+                        let d = s.strip_prefix('-').unwrap_or(s);
+                        !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())
+                    })
+                    .ok_or_else(|| bad(src, op, "LONG operand is not an integer"))?;
+                let v = text.parse::<i64>().map_or(V::Kind("big int"), V::Int);
+                m.push(src, v)?;
+            }
+            // Floats.
+            b'G' => {
+                src.le::<8>()?;
+                m.push(src, V::Kind("float"))?;
+            }
+            b'F' => {
+                src.line(limits.max_line)?;
+                m.push(src, V::Kind("float"))?;
+            }
+            // Strings.
+            0x8c => {
+                let n = src.byte()?;
+                let b = src.bytes(n.into(), max_string, keep)?;
+                m.push(src, string_value(b))?;
+            }
+            b'X' => {
+                let n = u32::from_le_bytes(src.le::<4>()?);
+                let b = src.bytes(n.into(), max_string, keep)?;
+                m.push(src, string_value(b))?;
+            }
+            0x8d => {
+                let n = u64::from_le_bytes(src.le::<8>()?);
+                let b = src.bytes(n, max_string, keep)?;
+                m.push(src, string_value(b))?;
+            }
+            b'U' => {
+                let n = src.byte()?;
+                let b = src.bytes(n.into(), max_string, keep)?;
+                m.push(src, string_value(b))?;
+            }
+            b'T' => {
+                let n = i32::from_le_bytes(src.le::<4>()?);
+                if n < 0 {
+                    return Err(bad(src, op, "negative BINSTRING length"));
+                }
+                let b = src.bytes(n as u64, max_string, keep)?;
+                m.push(src, string_value(b))?;
+            }
+            // Text strings (protocol 0): kept when they are plain ASCII without escapes.
+            b'V' | b'S' => {
+                let line = src.line(limits.max_line)?;
+                let plain = if op == b'S' {
+                    let quoted = line.len() >= 2
+                        && (line[0] == b'\'' || line[0] == b'"')
+                        && line[line.len() - 1] == line[0];
+                    if !quoted {
+                        return Err(bad(src, op, "STRING operand is not quoted"));
+                    }
+                    line[1..line.len() - 1].to_vec()
+                } else {
+                    line
+                };
+                let v = if plain.contains(&b'\\') || !plain.is_ascii() || plain.len() > keep {
+                    V::Kind("escaped string")
+                } else {
+                    string_value(Some(plain))
+                };
+                m.push(src, v)?;
+            }
+            // Bytes: skipped.
+            b'C' => {
+                let n = src.byte()?;
+                src.bytes(n.into(), max_string, 0)?;
+                m.push(src, V::Kind("bytes"))?;
+            }
+            b'B' => {
+                let n = u32::from_le_bytes(src.le::<4>()?);
+                src.bytes(n.into(), max_string, 0)?;
+                m.push(src, V::Kind("bytes"))?;
+            }
+            0x8e | 0x96 => {
+                let n = u64::from_le_bytes(src.le::<8>()?);
+                src.bytes(n, max_string, 0)?;
+                m.push(src, V::Kind("bytes"))?;
+            }
+            // Containers.
+            b'}' => {
+                let d = m.new_dict();
+                m.push(src, d)?;
+            }
+            b']' => m.push(src, V::Kind("list"))?,
+            b')' => m.push(src, V::Kind("tuple"))?,
+            0x8f => m.push(src, V::Kind("set"))?,
+            b'd' => {
+                let items = m.pop_mark(src, op)?;
+                if items.len() % 2 != 0 {
+                    return Err(bad(src, op, "an odd number of dict items"));
+                }
+                let d = m.new_dict();
+                m.set_items(src, &d, items)?;
+                m.push(src, d)?;
+            }
+            b'l' | b't' | 0x91 => {
+                m.pop_mark(src, op)?;
+                let kind = match op {
+                    b'l' => "list",
+                    b't' => "tuple",
+                    _ => "frozenset",
+                };
+                m.push(src, V::Kind(kind))?;
+            }
+            0x85..=0x87 => {
+                for _ in 0..(op - 0x84) {
+                    m.pop(src, op)?;
+                }
+                m.push(src, V::Kind("tuple"))?;
+            }
+            b'a' => {
+                m.pop(src, op)?;
+                m.top(src, op)?;
+            }
+            b'e' | 0x90 => {
+                m.pop_mark(src, op)?;
+                m.top(src, op)?;
+            }
+            b's' => {
+                let v = m.pop(src, op)?;
+                let k = m.pop(src, op)?;
+                let target = m.top(src, op)?;
+                m.set_items(src, &target, vec![k, v])?;
+            }
+            b'u' => {
+                let items = m.pop_mark(src, op)?;
+                if items.len() % 2 != 0 {
+                    return Err(bad(src, op, "an odd number of dict items"));
+                }
+                let target = m.top(src, op)?;
+                m.set_items(src, &target, items)?;
+            }
+            // Memo.
+            0x94 => {
+                let index = m.memo.len() as u64;
+                m.memo_put(src, index, op)?;
+            }
+            b'q' => {
+                let i = src.byte()?;
+                m.memo_put(src, i.into(), op)?;
+            }
+            b'r' => {
+                let i = u32::from_le_bytes(src.le::<4>()?);
+                m.memo_put(src, i.into(), op)?;
+            }
+            b'p' => {
+                let line = src.line(limits.max_line)?;
+                let i = text_int(src, op, &line)?;
+                m.memo_put(src, i, op)?;
+            }
+            b'h' => {
+                let i = src.byte()?;
+                m.memo_get(src, i.into())?;
+            }
+            b'j' => {
+                let i = u32::from_le_bytes(src.le::<4>()?);
+                m.memo_get(src, i.into())?;
+            }
+            b'g' => {
+                let line = src.line(limits.max_line)?;
+                let i = text_int(src, op, &line)?;
+                m.memo_get(src, i)?;
+            }
+            // Objects: never imported or built, only their place on the stack.
+            b'c' => {
+                src.line(limits.max_line)?;
+                src.line(limits.max_line)?;
+                m.push(src, V::Kind("global"))?;
+            }
+            0x93 => {
+                m.pop(src, op)?;
+                m.pop(src, op)?;
+                m.push(src, V::Kind("global"))?;
+            }
+            b'i' => {
+                src.line(limits.max_line)?;
+                src.line(limits.max_line)?;
+                m.pop_mark(src, op)?;
+                m.push(src, V::Kind("object"))?;
+            }
+            b'o' => {
+                m.pop_mark(src, op)?;
+                m.push(src, V::Kind("object"))?;
+            }
+            b'R' | 0x81 => {
+                m.pop(src, op)?;
+                m.pop(src, op)?;
+                m.push(src, V::Kind("object"))?;
+            }
+            0x92 => {
+                for _ in 0..3 {
+                    m.pop(src, op)?;
+                }
+                m.push(src, V::Kind("object"))?;
+            }
+            b'b' => {
+                m.pop(src, op)?;
+                m.top(src, op)?;
+            }
+            0x82 => {
+                src.byte()?;
+                m.push(src, V::Kind("object"))?;
+            }
+            0x83 => {
+                src.le::<2>()?;
+                m.push(src, V::Kind("object"))?;
+            }
+            0x84 => {
+                src.le::<4>()?;
+                m.push(src, V::Kind("object"))?;
+            }
+            b'P' => {
+                src.line(limits.max_line)?;
+                m.persistent_ids += 1;
+                m.push(src, V::Kind("persistent id"))?;
+            }
+            b'Q' => {
+                m.pop(src, op)?;
+                m.persistent_ids += 1;
+                m.push(src, V::Kind("persistent id"))?;
+            }
+            0x97 => {
+                m.buffers += 1;
+                m.push(src, V::Kind("buffer"))?;
+            }
+            0x98 => {
+                m.top(src, op)?;
+            }
+            _ => return Err(opcode_err(StampDefect::UnknownOpcode { opcode: op })),
+        }
+    }
+}
+
+/// Read the stamp from `input`: the framing, then the pickle's opcodes up to `STOP`, then (for
+/// the framings that have one) the start of what follows them. Never reads more than
+/// `limits.max_bytes` (plus at most one byte to tell a plain pickle ends at its `STOP`).
+pub fn read_stamp(input: impl Read, limits: &StampLimits) -> Result<Stamp, StampError> {
+    let mut src = Src {
+        input: io::BufReader::with_capacity(64 * 1024, input),
+        pos: 0,
+        budget: limits.max_bytes,
+        region_end: None,
+        scratch: Vec::new(),
+    };
+    let first = src.byte().map_err(|e| unknown_if_short(e, &[]))?;
+    let (prefixed, protocol) = if first == PROTO {
+        (None, src.byte()?)
+    } else {
+        let mut head = [0u8; 10];
+        head[0] = first;
+        for i in 1..10 {
+            head[i] = src.byte().map_err(|e| unknown_if_short(e, &head[..i]))?;
+        }
+        let len = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+        if !(2..=MAX_PREFIX).contains(&len) || head[8] != PROTO {
+            return Err(StampError {
+                offset: 0,
+                defect: StampDefect::UnknownFraming { head: hex(&head) },
+            });
+        }
+        if 8 + len > limits.max_bytes {
+            return Err(StampError {
+                offset: 0,
+                defect: StampDefect::HugeOpcodeLength {
+                    declared: len,
+                    cap: limits.max_bytes.saturating_sub(8),
+                },
+            });
+        }
+        src.region_end = Some(8 + len);
+        (Some(len), head[9])
+    };
+    if !(2..=5).contains(&protocol) {
+        return Err(StampError {
+            offset: src.pos - 1,
+            defect: StampDefect::Protocol { found: protocol },
+        });
+    }
+    let mut m = Machine {
+        limits,
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: HashMap::new(),
+        dicts: Vec::new(),
+        items: 0,
+        buffers: 0,
+        persistent_ids: 0,
+    };
+    let top = run(&mut src, &mut m)?;
+    let stop_at = src.pos;
+    let framing = match prefixed {
+        None => {
+            if m.buffers > 0 {
+                return Err(src.err(StampDefect::PlainWithOutside {
+                    what: "out-of-band buffers",
+                }));
+            }
+            if m.persistent_ids > 0 {
+                return Err(src.err(StampDefect::PlainWithOutside {
+                    what: "persistent ids",
+                }));
+            }
+            if !src.at_end()? {
+                return Err(src.err(StampDefect::TrailingData));
+            }
+            Framing::Plain
+        }
+        Some(opcode_len) => {
+            let end = 8 + opcode_len;
+            if stop_at != end {
+                return Err(src.err(StampDefect::StopPosition {
+                    stop_at,
+                    declared_end: end,
+                }));
+            }
+            src.region_end = None;
+            framing_after(&mut src, opcode_len, m.buffers, m.persistent_ids)?
+        }
+    };
+    let V::Dict(id) = top else {
+        return Err(StampError {
+            offset: stop_at - 1,
+            defect: StampDefect::NotADict { found: top.kind() },
+        });
+    };
+    let (items, other_keys) = std::mem::take(&mut m.dicts[id]);
+    let entries = items
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), public(&v)))
+        .collect();
+    Ok(Stamp {
+        framing,
+        protocol,
+        entries,
+        other_keys,
+    })
+}
+
+/// Which length-prefixed framing the opcodes and the first bytes after them show.
+fn framing_after<In: Read>(
+    src: &mut Src<In>,
+    opcode_len: u64,
+    buffers: u64,
+    persistent_ids: u64,
+) -> R<Framing> {
+    let mut peek = [0u8; 8];
+    let mut got = 0;
+    while got < 8 {
+        match src.input.read(&mut peek[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(src.err(StampDefect::Io {
+                    message: e.to_string(),
+                }));
+            }
+        }
+    }
+    match (buffers, persistent_ids) {
+        (b, 0) if b > 0 || got == 0 => {
+            if b > 0 && got < 8 {
+                return Err(src.err(StampDefect::BadTail {
+                    why: format!(
+                        "the opcodes refer to {b} out-of-band buffer(s) but {got} byte(s) follow them, too few for a record's 8-byte length"
+                    ),
+                }));
+            }
+            if got == 8 && i64::from_le_bytes(peek) < 0 {
+                return Err(src.err(StampDefect::BadTail {
+                    why: format!(
+                        "the first buffer record's length {} is negative",
+                        i64::from_le_bytes(peek)
+                    ),
+                }));
+            }
+            Ok(Framing::OobRecords {
+                opcode_len,
+                buffers: b,
+            })
+        }
+        (0, p) if p > 0 => {
+            if got == 0 {
+                return Err(src.err(StampDefect::BadTail {
+                    why: format!(
+                        "the opcodes refer to {p} persistent id(s) but no arena follows them"
+                    ),
+                }));
+            }
+            Ok(Framing::LengthArena {
+                opcode_len,
+                persistent_ids: p,
+            })
+        }
+        (b, p) => Err(src.err(StampDefect::UndecidableFraming {
+            buffers: b,
+            persistent_ids: p,
+        })),
+    }
+}
+
+fn unknown_if_short(e: StampError, head: &[u8]) -> StampError {
+    if e.defect == StampDefect::Truncated {
+        StampError {
+            offset: 0,
+            defect: StampDefect::UnknownFraming {
+                head: if head.is_empty() {
+                    "empty".into()
+                } else {
+                    format!("{} and ends", hex(head))
+                },
+            },
+        }
+    } else {
+        e
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+}
+
+fn public(v: &V) -> StampValue {
+    match v {
+        V::Str(s) => StampValue::Str(s.to_string()),
+        V::Int(i) => StampValue::Int(*i),
+        V::Bool(b) => StampValue::Bool(*b),
+        V::None => StampValue::None,
+        V::Dict(_) => StampValue::Other("dict"),
+        V::Kind(k) => StampValue::Other(k),
+    }
+}
+
+/// An artifact whose stamp is not this generation's and this entry's: which file, which key,
+/// what the contract, pin or entry expects and what the artifact says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StampRefusal {
+    pub file: String,
+    pub key: &'static str,
+    pub expected: String,
+    /// The artifact's value (`missing` when the key is absent).
+    pub found: String,
+}
+
+impl fmt::Display for StampRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: the artifact's stamp says {} = {}, but this generation and entry need {}; the pinned runtime refuses it before it runs (rebuild it with the pinned tinygrad)",
+            self.file, self.key, self.found, self.expected
+        )
+    }
+}
+
+impl std::error::Error for StampRefusal {}
+
+/// Whether artifacts of this contract carry a stamp to check (v25: no; v26: yes).
+pub fn stamp_required(contract: &Contract) -> bool {
+    contract.stamp.is_some()
+}
+
+/// The decision: `stamp` (read from `file`) against the contract's [`StampRule`], the pinned
+/// compiler revision `pin` and the entry's behaviour version. A contract without a stamp rule
+/// (v25) accepts any artifact: its artifacts keep that contract's rules. The keys are checked
+/// in the runtime's order (ABI, compiler revision, format version, then behaviour version) and
+/// the first mismatch is the refusal.
+pub fn check_stamp(
+    file: &str,
+    stamp: &Stamp,
+    contract: &Contract,
+    pin: &GitCommit,
+    entry_version: BehaviorVersion,
+) -> Result<(), StampRefusal> {
+    let Some(rule) = contract.stamp else {
+        return Ok(());
+    };
+    let expectations = expected_values(&rule, contract, pin, entry_version);
+    for (key, expected) in expectations {
+        let found = stamp.get(key);
+        if found != Some(&expected) {
+            return Err(StampRefusal {
+                file: file.to_string(),
+                key,
+                expected: expected.to_string(),
+                found: found.map_or_else(|| "missing".to_string(), ToString::to_string),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What each stamp key must hold, in the runtime's order.
+fn expected_values(
+    rule: &StampRule,
+    contract: &Contract,
+    pin: &GitCommit,
+    entry_version: BehaviorVersion,
+) -> Vec<(&'static str, StampValue)> {
+    let mut v = Vec::with_capacity(4);
+    if let Some(abi) = contract.artifact_abi {
+        v.push((rule.abi_key, StampValue::Str(abi.to_string())));
+    }
+    v.push((
+        rule.compiler_revision_key,
+        StampValue::Str(pin.as_str().to_string()),
+    ));
+    v.push((
+        rule.format_version_key,
+        StampValue::Int(rule.format_version),
+    ));
+    v.push((
+        rule.behavior_version_key,
+        StampValue::Str(entry_version.to_string()),
+    ));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::ContractName;
+    use std::time::{Duration, Instant};
+
+    const REV: &str = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+
+    /// `SHORT_BINUNICODE` of `s`.
+    fn s(s: &str) -> Vec<u8> {
+        let mut v = vec![0x8c, s.len() as u8];
+        v.extend_from_slice(s.as_bytes());
+        v
+    }
+
+    fn k(n: u8) -> Vec<u8> {
+        vec![b'K', n]
+    }
+
+    /// A protocol-5 pickle of a dict of `items` (already encoded key/value opcodes).
+    fn dict_pickle(items: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+        let mut v = vec![0x80, 5, b'}', 0x94, b'('];
+        for (key, value) in items {
+            v.extend_from_slice(key);
+            v.extend_from_slice(value);
+        }
+        v.extend_from_slice(b"u.");
+        v
+    }
+
+    fn stamp_items(abi: &str, rev: &str, format: u8, version: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+        vec![
+            (s("artifact_abi"), s(abi)),
+            (s("compiler_revision"), s(rev)),
+            (s("format_version"), k(format)),
+            (s("behavior_version"), s(version)),
+            (s("model_type"), s("supercombo")),
+        ]
+    }
+
+    fn prefixed(opcodes: &[u8], tail: &[u8]) -> Vec<u8> {
+        let mut v = (opcodes.len() as u64).to_le_bytes().to_vec();
+        v.extend_from_slice(opcodes);
+        v.extend_from_slice(tail);
+        v
+    }
+
+    fn err(bytes: &[u8], limits: &StampLimits) -> StampError {
+        read_stamp(bytes, limits).unwrap_err()
+    }
+
+    fn defect(bytes: &[u8]) -> StampDefect {
+        err(bytes, &StampLimits::default()).defect
+    }
+
+    #[test]
+    fn hand_made_stamp_reads() {
+        let p = dict_pickle(&stamp_items("tinygrad_single_v1_arena", REV, 1, "v9"));
+        let st = read_stamp(&p[..], &StampLimits::default()).unwrap();
+        assert_eq!(st.framing, Framing::Plain);
+        assert_eq!(st.str("compiler_revision"), Some(REV));
+        assert_eq!(st.int("format_version"), Some(1));
+        assert_eq!(st.str("model_type"), Some("supercombo"));
+        // The same opcodes behind a length prefix, with no buffer referenced and nothing after:
+        // an OOB container with no records.
+        let st = read_stamp(&prefixed(&p, &[])[..], &StampLimits::default()).unwrap();
+        assert_eq!(
+            st.framing,
+            Framing::OobRecords {
+                opcode_len: p.len() as u64,
+                buffers: 0
+            }
+        );
+    }
+
+    #[test]
+    fn framing_errors_say_so() {
+        for (bytes, want) in [
+            (&b""[..], "empty"),
+            (b"hello world, not a pickle", "unknown framing"),
+            (b"\x10\0\0\0\0\0\0\0\x80", "unknown framing"),
+            (b"\x10\0\0\0\0\0\0\0PK", "unknown framing"),
+            (
+                b"\xff\xff\xff\xff\xff\xff\xff\x7f\x80\x05",
+                "unknown framing",
+            ),
+        ] {
+            let e = err(bytes, &StampLimits::default());
+            assert!(
+                matches!(e.defect, StampDefect::UnknownFraming { .. }),
+                "{e}"
+            );
+            assert!(e.to_string().contains(want), "{e}");
+        }
+        // Both kinds of outside reference, or neither with bytes after: undecidable.
+        let both = vec![
+            0x80, 5, b'}', b'(', 0x8c, 1, b'a', 0x97, 0x8c, 1, b'b', b'N', b'Q', b'u', b'.',
+        ];
+        assert!(matches!(
+            defect(&prefixed(&both, &[0; 8])),
+            StampDefect::UndecidableFraming {
+                buffers: 1,
+                persistent_ids: 1
+            }
+        ));
+        let neither = dict_pickle(&[]);
+        assert!(matches!(
+            defect(&prefixed(&neither, &[1, 2, 3])),
+            StampDefect::UndecidableFraming { .. }
+        ));
+        // A plain pickle cannot refer outside itself.
+        let buffer = vec![0x80, 5, b'}', 0x8c, 1, b'a', 0x97, b's', b'.'];
+        assert!(matches!(
+            defect(&buffer),
+            StampDefect::PlainWithOutside { .. }
+        ));
+        // The prefix and the STOP disagree.
+        let p = dict_pickle(&[]);
+        let mut longer = prefixed(&p, &[]);
+        longer[0] += 3;
+        longer.extend_from_slice(&[0; 3]);
+        assert!(matches!(defect(&longer), StampDefect::StopPosition { .. }));
+        let mut shorter = prefixed(&p, &[0; 16]);
+        shorter[0] -= 1;
+        assert!(matches!(defect(&shorter), StampDefect::StopPosition { .. }));
+        assert!(matches!(
+            defect(&[0x80, 1, b'}', b'.']),
+            StampDefect::Protocol { found: 1 }
+        ));
+        assert!(matches!(
+            defect(&[0x80, 6, b'}', b'.']),
+            StampDefect::Protocol { found: 6 }
+        ));
+    }
+
+    #[test]
+    fn not_a_dict_and_malformed_stacks() {
+        for (bytes, want) in [
+            (&[0x80, 5, b']', b'.'][..], "list"),
+            (&[0x80, 5, b'N', b'.'], "None"),
+            (
+                &[
+                    0x80, 5, 0x8c, 1, b'a', 0x8c, 1, b'b', 0x93, b')', b'R', b'.',
+                ],
+                "object",
+            ),
+        ] {
+            let e = defect(bytes);
+            assert_eq!(e, StampDefect::NotADict { found: want });
+        }
+        assert!(matches!(
+            defect(&[0x80, 5, b's', b'.']),
+            StampDefect::StackUnderflow { opcode: b's' }
+        ));
+        assert!(matches!(
+            defect(&[0x80, 5, b'}', b'u', b'.']),
+            StampDefect::NoMark { opcode: b'u' }
+        ));
+        assert!(matches!(
+            defect(&[0x80, 5, b'}', b'(', b'N', b'u', b'.']),
+            StampDefect::BadOperand { opcode: b'u', .. }
+        ));
+        assert!(matches!(
+            defect(&[0x80, 5, b'h', 3, b'.']),
+            StampDefect::MissingMemo { index: 3 }
+        ));
+        assert!(matches!(
+            defect(&[0x80, 5, b'}', b'}', b'.']),
+            StampDefect::BadStop { values: 2, .. }
+        ));
+        assert!(matches!(
+            defect(&[0x80, 5, b'(', b'}', b'.']),
+            StampDefect::BadStop { marks: 1, .. }
+        ));
+        // A mark hides what is below it.
+        assert!(matches!(
+            defect(&[0x80, 5, b'}', b'N', b'(', b's', b'.']),
+            StampDefect::StackUnderflow { .. }
+        ));
+    }
+
+    #[test]
+    fn unknown_opcodes_are_refused() {
+        for op in [0x00u8, 0x99, 0xff, b'z', b'!'] {
+            let e = defect(&[0x80, 5, b'}', op, b'.']);
+            assert_eq!(e, StampDefect::UnknownOpcode { opcode: op });
+        }
+    }
+
+    #[test]
+    fn truncated_everywhere_is_an_error() {
+        let p = dict_pickle(&stamp_items("a", REV, 1, "v9"));
+        for cut in 0..p.len() {
+            let e = err(&p[..cut], &StampLimits::default());
+            assert!(
+                matches!(
+                    e.defect,
+                    StampDefect::Truncated
+                        | StampDefect::UnknownFraming { .. }
+                        | StampDefect::HugeLength { .. }
+                ),
+                "cut {cut}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn huge_declared_lengths_fail_before_reading() {
+        // A string declaring 2^63 bytes, a BINBYTES8, a FRAME and a LONG4: refused at once,
+        // nothing allocated.
+        let mut big_str = vec![0x80, 5, 0x8d];
+        big_str.extend_from_slice(&(1u64 << 63).to_le_bytes());
+        let mut big_bytes = vec![0x80, 5, 0x8e];
+        big_bytes.extend_from_slice(&u64::MAX.to_le_bytes());
+        let mut frame = vec![0x80, 5, 0x95];
+        frame.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        let mut long4 = vec![0x80, 5, 0x8b];
+        long4.extend_from_slice(&i32::MAX.to_le_bytes());
+        let mut unicode = vec![0x80, 5, b'X'];
+        unicode.extend_from_slice(&u32::MAX.to_le_bytes());
+        for bytes in [big_str, big_bytes, frame, long4, unicode] {
+            let start = Instant::now();
+            let e = err(&bytes, &StampLimits::default());
+            assert!(matches!(e.defect, StampDefect::HugeLength { .. }), "{e}");
+            assert!(start.elapsed() < Duration::from_secs(1));
+        }
+        // A prefix declaring more opcodes than the cap.
+        let mut head = (1u64 << 29).to_le_bytes().to_vec();
+        head.extend_from_slice(&[0x80, 5]);
+        let limits = StampLimits {
+            max_bytes: 1 << 20,
+            ..StampLimits::default()
+        };
+        assert!(matches!(
+            err(&head, &limits).defect,
+            StampDefect::HugeOpcodeLength { .. }
+        ));
+        // A string within the cap but longer than what is there: truncated, not allocated
+        // past the input.
+        let mut short = vec![0x80, 5, b'X'];
+        short.extend_from_slice(&(1u32 << 20).to_le_bytes());
+        short.extend_from_slice(b"abc");
+        assert_eq!(defect(&short), StampDefect::Truncated);
+        // The string cap.
+        let limits = StampLimits {
+            max_string: 10,
+            ..StampLimits::default()
+        };
+        let p = dict_pickle(&[(s("k"), s("a string of 20 bytes"))]);
+        assert!(matches!(
+            err(&p, &limits).defect,
+            StampDefect::HugeLength {
+                declared: 20,
+                cap: 10
+            }
+        ));
+        // Past keep_string, a string is read through and kept as a marker only.
+        let limits = StampLimits {
+            keep_string: 4,
+            ..StampLimits::default()
+        };
+        let st = read_stamp(&p[..], &limits).unwrap();
+        assert_eq!(st.get("k"), Some(&StampValue::Other("long string")));
+    }
+
+    #[test]
+    fn deep_nesting_hits_the_caps() {
+        // 100,000 nested lists without marks: the stack cap.
+        let mut lists = vec![0x80, 5];
+        lists.extend(std::iter::repeat_n(b']', 100_000));
+        let e = defect(&lists);
+        assert_eq!(
+            e,
+            StampDefect::StackCap {
+                cap: StampLimits::default().max_stack
+            }
+        );
+        // 100,000 marks: the mark cap.
+        let mut marks = vec![0x80, 5];
+        marks.extend(std::iter::repeat_n(b'(', 100_000));
+        assert_eq!(
+            defect(&marks),
+            StampDefect::MarkCap {
+                cap: StampLimits::default().max_marks
+            }
+        );
+        // Memo entries.
+        let mut memo = vec![0x80, 5, b'N'];
+        memo.extend(std::iter::repeat_n(0x94, 20));
+        let limits = StampLimits {
+            max_memo: 10,
+            ..StampLimits::default()
+        };
+        assert_eq!(err(&memo, &limits).defect, StampDefect::MemoCap { cap: 10 });
+        // Dict items.
+        let items: Vec<_> = (0..20).map(|i| (s(&format!("k{i}")), k(i))).collect();
+        let limits = StampLimits {
+            max_items: 10,
+            ..StampLimits::default()
+        };
+        assert_eq!(
+            err(&dict_pickle(&items), &limits).defect,
+            StampDefect::ItemsCap { cap: 10 }
+        );
+        // A line without end.
+        let mut line = vec![0x80, 5, b'c'];
+        line.extend(std::iter::repeat_n(b'a', 70_000));
+        assert!(matches!(defect(&line), StampDefect::LineTooLong { .. }));
+    }
+
+    /// An endless input: with the default caps the reader stops within 64 MiB and a bounded
+    /// time, whatever the pattern (values pushed and popped forever; a memo grown forever; a
+    /// frame that never ends; an endless string).
+    #[test]
+    fn endless_input_stops_at_the_byte_cap() {
+        let limits = StampLimits {
+            max_bytes: 1 << 20,
+            ..StampLimits::default()
+        };
+        let cycles: [&[u8]; 3] = [b"N0", b"}\x94\x30", b"\x88\x30"];
+        for cycle in cycles {
+            let head = std::io::Cursor::new(vec![0x80u8, 5]);
+            let endless = head.chain(EndlessCycle(cycle, 0));
+            let start = Instant::now();
+            let e = read_stamp(endless, &limits).unwrap_err();
+            assert!(
+                matches!(
+                    e.defect,
+                    StampDefect::BytesCap { .. } | StampDefect::MemoCap { .. }
+                ),
+                "{e}"
+            );
+            assert!(e.offset <= limits.max_bytes);
+            assert!(start.elapsed() < Duration::from_secs(20));
+        }
+        // An endless length-prefixed stream stops at its declared end.
+        let mut head = (1u64 << 19).to_le_bytes().to_vec();
+        head.extend_from_slice(&[0x80, 5]);
+        let endless = std::io::Cursor::new(head).chain(EndlessCycle(b"N0", 0));
+        let e = read_stamp(endless, &limits).unwrap_err();
+        assert!(matches!(e.defect, StampDefect::StopPosition { .. }), "{e}");
+        assert!(e.offset <= 8 + (1 << 19));
+    }
+
+    struct EndlessCycle(&'static [u8], usize);
+
+    impl Read for EndlessCycle {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            for b in buf.iter_mut() {
+                *b = self.0[self.1 % self.0.len()];
+                self.1 += 1;
+            }
+            Ok(buf.len())
+        }
+    }
+
+    fn row(rev: &str, format: u8, abi: &str, version: &str) -> Stamp {
+        read_stamp(
+            &dict_pickle(&stamp_items(abi, rev, format, version))[..],
+            &StampLimits::default(),
+        )
+        .unwrap()
+    }
+
+    /// The decision for v25 (no stamp: anything passes), v26, and a made-up v27 that runs v26's
+    /// contract with its own pin.
+    #[test]
+    fn check_stamp_table() {
+        let v25 = ContractName::V25.contract();
+        let v26 = ContractName::V26.contract();
+        let pin26: GitCommit = REV.parse().unwrap();
+        let pin27: GitCommit = "1111111111111111111111111111111111111111".parse().unwrap();
+        let abi = v26.artifact_abi.unwrap();
+        let v12 = BehaviorVersion::new(12);
+        let good26 = row(REV, 1, abi, "v12");
+        let good27 = row(pin27.as_str(), 1, abi, "v12");
+        let wrong_abi = row(REV, 1, "tinygrad_single_v1", "v12");
+        let wrong_format = row(REV, 2, abi, "v12");
+        let wrong_version = row(REV, 1, abi, "v11");
+        let missing = read_stamp(
+            &dict_pickle(&[(s("artifact_abi"), s(abi))])[..],
+            &StampLimits::default(),
+        )
+        .unwrap();
+        type Want = Option<(&'static str, String, String)>;
+        let cases: Vec<(&str, &Stamp, &Contract, &GitCommit, Want)> = vec![
+            ("v25 ignores any stamp", &wrong_abi, v25, &pin26, None),
+            ("v25 ignores a missing stamp", &missing, v25, &pin26, None),
+            ("v26 good", &good26, v26, &pin26, None),
+            ("v27 good", &good27, v26, &pin27, None),
+            (
+                "v26 artifact in v27",
+                &good26,
+                v26,
+                &pin27,
+                Some(("compiler_revision", pin27.to_string(), REV.into())),
+            ),
+            (
+                "v27 artifact in v26",
+                &good27,
+                v26,
+                &pin26,
+                Some(("compiler_revision", REV.into(), pin27.to_string())),
+            ),
+            (
+                "wrong abi",
+                &wrong_abi,
+                v26,
+                &pin26,
+                Some(("artifact_abi", abi.into(), "tinygrad_single_v1".into())),
+            ),
+            (
+                "wrong format",
+                &wrong_format,
+                v26,
+                &pin26,
+                Some(("format_version", "1".into(), "2".into())),
+            ),
+            (
+                "wrong version",
+                &wrong_version,
+                v26,
+                &pin26,
+                Some(("behavior_version", "v12".into(), "v11".into())),
+            ),
+            (
+                "missing keys",
+                &missing,
+                v26,
+                &pin26,
+                Some(("compiler_revision", REV.into(), "missing".into())),
+            ),
+        ];
+        for (what, stamp, contract, pin, want) in cases {
+            let got = check_stamp("m_driving_tinygrad.pkl", stamp, contract, pin, v12);
+            match want {
+                None => assert_eq!(got, Ok(()), "{what}"),
+                Some((key, expected, found)) => {
+                    let r = got.unwrap_err();
+                    assert_eq!(
+                        (
+                            r.key,
+                            r.expected.trim_matches('"'),
+                            r.found.trim_matches('"')
+                        ),
+                        (key, expected.as_str(), found.as_str()),
+                        "{what}"
+                    );
+                    let msg = r.to_string();
+                    assert!(msg.contains("m_driving_tinygrad.pkl"), "{msg}");
+                    assert!(msg.contains(&expected) && msg.contains(&found), "{msg}");
+                }
+            }
+        }
+        assert!(!stamp_required(v25) && stamp_required(v26));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Random bytes never panic, and end within the caps.
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let limits = StampLimits { max_bytes: 1 << 16, ..StampLimits::default() };
+            let _ = read_stamp(&bytes[..], &limits);
+        }
+
+        /// Random opcodes after a valid head, and behind a length prefix: never a panic.
+        #[test]
+        fn random_opcodes_never_panic(
+            body in proptest::collection::vec(proptest::sample::select(
+                b"().0123NJKMIL\x88\x89GF\x8cX\x8dUTVSCB\x8e\x96}])\x8fdlt\x85\x86\x87aes\x90u\x91\x94qrphjgc\x93ioR\x81\x92b\x82\x83\x84PQ\x97\x98\x95\x8a\x8b\n".to_vec()), 0..256),
+            prefix in proptest::prelude::any::<bool>(),
+        ) {
+            let mut p = vec![0x80, 5];
+            p.extend_from_slice(&body);
+            p.push(b'.');
+            let bytes = if prefix { prefixed(&p, &[0; 8]) } else { p };
+            let limits = StampLimits { max_bytes: 1 << 16, ..StampLimits::default() };
+            let _ = read_stamp(&bytes[..], &limits);
+        }
+    }
+}
