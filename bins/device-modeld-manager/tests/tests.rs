@@ -16,4 +16,5 @@ mod not_yet;
 mod python_temps;
 mod signed;
 mod signed_attacks;
+mod storm;
 mod tree;

@@ -24,6 +24,7 @@ mod origin;
 pub mod policy;
 pub mod space;
 mod staging;
+pub mod stale_store;
 pub mod trust;
 mod unsigned;
 
@@ -84,6 +85,8 @@ pub struct Downloader {
     tinygrad_pin: Option<GitCommit>,
     /// What this downloader's run saw of each origin ([`policy`]).
     book: Mutex<policy::Book>,
+    /// Stores that served other bytes, not downloaded from again until they change.
+    stale: stale_store::Memory,
 }
 
 impl Downloader {
@@ -96,6 +99,7 @@ impl Downloader {
             trusted_keys: None,
             tinygrad_pin: None,
             book: Mutex::new(policy::Book::default()),
+            stale: stale_store::Memory::default(),
         }
     }
 
@@ -379,6 +383,7 @@ impl Downloader {
             cancel,
             on_event: &|_| {},
             leave: &|_, _| false,
+            stale: &self.stale,
         };
         match self.first_answer(|origin, _| download::resolve_from(&job, origin))? {
             Tried::Answered {
@@ -438,6 +443,7 @@ impl Downloader {
                 cancel,
                 on_event,
                 leave: &leave,
+                stale: &self.stale,
             };
             let (result, measured) = download::download_from(&job, origin);
             self.note_measured(origin, measured);

@@ -76,6 +76,8 @@ pub(crate) struct Job<'a> {
     /// Asked while the transfer runs, with what it moved so far and the bytes still needed:
     /// `true` moves the download to the other origin ([`crate::policy::leave`]).
     pub leave: &'a (dyn Fn(Measured, u64) -> bool + Sync),
+    /// Stores that served other bytes ([`crate::stale_store`]).
+    pub stale: &'a crate::stale_store::Memory,
 }
 
 /// What one origin publishes for the job's target, as pieces with their URLs, and the
@@ -158,6 +160,96 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> (Result<Installed
 }
 
 fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) -> Result<Installed> {
+    let resolved = resolve_from(job, origin)?;
+    let Resolved {
+        plan, pieces, ctl, ..
+    } = &resolved;
+    // What the store says now; its `.sha256` is asked for only when it is compared or kept.
+    let state = |ctl: &Ctl| crate::stale_store::StoreState {
+        origin: origin.to_string(),
+        local_name: job.target.local_name.to_string(),
+        expected: plan.sha256,
+        size: plan.size,
+        chunk_count: plan.chunk_count,
+        first_len: pieces.first().map_or(0, |p| p.len),
+        sidecar: store_sidecar(job, origin, ctl),
+    };
+    let remembered = job
+        .stale
+        .get(&origin.to_string(), job.target.local_name.as_str());
+    let now = remembered.as_ref().map(|_| state(ctl));
+    if let (Some(r), Some(now)) = (&remembered, &now)
+        && crate::stale_store::decide(Some(r), now) == crate::stale_store::Go::Skip
+    {
+        return Err(Error::StoreUnchanged {
+            what: format!("{} from {origin}", job.target.local_name),
+            served: r.served,
+        });
+    }
+    let plan_for_state = (plan.sha256, plan.size, plan.chunk_count);
+    let first_len = pieces.first().map_or(0, |p| p.len);
+    let result = transfer(job, origin, resolved, measured);
+    match &result {
+        Ok(_) => job
+            .stale
+            .forget(&origin.to_string(), job.target.local_name.as_str()),
+        Err(e) if e.is_not_yet() => {
+            let served = match e {
+                Error::DigestMismatch { actual, .. } => Some(*actual),
+                _ => None,
+            };
+            let (expected, size, chunk_count) = plan_for_state;
+            let state = now.unwrap_or_else(|| crate::stale_store::StoreState {
+                origin: origin.to_string(),
+                local_name: job.target.local_name.to_string(),
+                expected,
+                size,
+                chunk_count,
+                first_len,
+                // A fresh budget: the transfer's may be spent.
+                sidecar: store_sidecar(
+                    job,
+                    origin,
+                    &Ctl::new(
+                        job.cancel,
+                        job.target.id.as_str(),
+                        job.config.http.origin_deadline,
+                        Instant::now() + job.config.http.origin_deadline,
+                    ),
+                ),
+            });
+            job.stale
+                .remember(crate::stale_store::Served { state, served });
+        }
+        Err(_) => {}
+    }
+    result
+}
+
+/// The store's `.sha256` sidecar of the job's artifact, if it publishes one that parses (one
+/// small request; any failure is `None`).
+fn store_sidecar(job: &Job<'_>, origin: &Origin, ctl: &Ctl) -> Option<chunker::Sha256Digest> {
+    let name: FileName = chunker::sidecar_name(job.target.remote_name.as_str())
+        .parse()
+        .ok()?;
+    let url = origin.artifact_url(job.generation, &job.target.id, &name);
+    let body = job.http.get_small(&url, 1024, ctl).ok()?;
+    std::str::from_utf8(&body)
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .to_ascii_lowercase()
+        .parse()
+        .ok()
+}
+
+/// The transfer of what `resolved` planned from `origin`: staging, ranges, verify, install.
+fn transfer(
+    job: &Job<'_>,
+    origin: &Origin,
+    resolved: Resolved,
+    measured: &mut Measured,
+) -> Result<Installed> {
     let Job {
         http,
         config,
@@ -172,7 +264,7 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
         pieces,
         urls,
         mut ctl,
-    } = resolve_from(job, origin)?;
+    } = resolved;
 
     let staging = Staging::open(
         models_dir,
