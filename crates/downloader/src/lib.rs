@@ -37,7 +37,8 @@ pub use error::{Error, Result, UnusableEntry, UnusableReason};
 pub use http::HttpConfig;
 pub use origin::{DEFAULT_GITHUB_BASE, DEFAULT_HF_BASE, Origin, OriginKind, Origins};
 pub use staging::{
-    LEGACY_STAGING_PREFIX, STAGING_DIR, STALE_AFTER, Usable, collect_unusable, unusable_staged,
+    LEGACY_STAGING_PREFIX, STAGING_DIR, STALE_AFTER, Usable, collect_unusable, staged_bytes,
+    unusable_staged,
 };
 
 use std::path::Path;
