@@ -8,13 +8,16 @@
 //! served; the next download of the artifact from that origin asks only for that state (a few
 //! small requests) and, while it is the same, is refused as [`crate::Error::StoreUnchanged`]
 //! (also "not yet") without a payload request. A changed manifest, sidecar or chunk layout is a
-//! new state: one full transfer again. At most one full transfer per store change, per origin.
+//! new state: one full transfer again. At most one full transfer per store change, per origin;
+//! and, so that bytes corrupted once on the way (not by the store) cannot keep a model away
+//! for good, one more per [`REMEMBER_FOR`] while a store stays unchanged.
 //!
 //! The memory lives as long as the [`crate::Downloader`] (the daemon's whole run); a one-shot
 //! command starts without it, as a person who asks for a download asks for a try now.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use chunker::Sha256Digest;
 
@@ -34,12 +37,16 @@ pub struct StoreState {
     pub sidecar: Option<Sha256Digest>,
 }
 
-/// A store state that served other bytes, and the digest of what it served (`None` when the
-/// transfer failed before the whole artifact was hashed).
+/// How long an unchanged store that served other bytes is not downloaded from again.
+pub const REMEMBER_FOR: Duration = Duration::from_secs(24 * 3600);
+
+/// A store state that served other bytes, the digest of what it served (`None` when the
+/// transfer failed before the whole artifact was hashed), and when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Served {
     pub state: StoreState,
     pub served: Option<Sha256Digest>,
+    pub at: Instant,
 }
 
 /// Whether to transfer from a store now.
@@ -51,10 +58,12 @@ pub enum Go {
     Skip,
 }
 
-/// The rule. Pure.
-pub fn decide(remembered: Option<&Served>, now: &StoreState) -> Go {
+/// The rule, at `now_at`. Pure.
+pub fn decide(remembered: Option<&Served>, now: &StoreState, now_at: Instant) -> Go {
     match remembered {
-        Some(r) if r.state == *now => Go::Skip,
+        Some(r) if r.state == *now && now_at.saturating_duration_since(r.at) < REMEMBER_FOR => {
+            Go::Skip
+        }
         _ => Go::Fetch,
     }
 }
@@ -113,9 +122,11 @@ mod tests {
     /// another origin or artifact) is a new state worth one transfer.
     #[test]
     fn the_stale_store_table() {
+        let t = Instant::now();
         let served = Served {
             state: state(),
             served: Some(d(9)),
+            at: t,
         };
         type Change = fn(&mut StoreState);
         let cases: [(&str, Option<Change>, Go); 10] = [
@@ -148,7 +159,19 @@ mod tests {
                 c(&mut now);
                 &served
             });
-            assert_eq!(decide(remembered, &now), want, "{what}");
+            assert_eq!(decide(remembered, &now, t), want, "{what}");
+        }
+        // An unchanged store is asked once more after a day (bytes corrupted on the way).
+        for (after, want) in [
+            (Duration::ZERO, Go::Skip),
+            (REMEMBER_FOR - Duration::from_secs(1), Go::Skip),
+            (REMEMBER_FOR, Go::Fetch),
+        ] {
+            assert_eq!(
+                decide(Some(&served), &state(), t + after),
+                want,
+                "{after:?}"
+            );
         }
         let m = Memory::default();
         m.remember(served.clone());

@@ -179,7 +179,7 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
         .get(&origin.to_string(), job.target.local_name.as_str());
     let now = remembered.as_ref().map(|_| state(ctl));
     if let (Some(r), Some(now)) = (&remembered, &now)
-        && crate::stale_store::decide(Some(r), now) == crate::stale_store::Go::Skip
+        && crate::stale_store::decide(Some(r), now, Instant::now()) == crate::stale_store::Go::Skip
     {
         return Err(Error::StoreUnchanged {
             what: format!("{} from {origin}", job.target.local_name),
@@ -218,8 +218,11 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
                     ),
                 ),
             });
-            job.stale
-                .remember(crate::stale_store::Served { state, served });
+            job.stale.remember(crate::stale_store::Served {
+                state,
+                served,
+                at: Instant::now(),
+            });
         }
         Err(_) => {}
     }
