@@ -35,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::http::{Ctl, Http};
 use crate::origin::Origin;
 use crate::policy::Measured;
+use crate::stale_store;
 
 struct Run<'a> {
     http: &'a Http,
@@ -77,7 +78,7 @@ pub(crate) struct Job<'a> {
     /// `true` moves the download to the other origin ([`crate::policy::leave`]).
     pub leave: &'a (dyn Fn(Measured, u64) -> bool + Sync),
     /// Stores that served other bytes ([`crate::stale_store`]).
-    pub stale: &'a crate::stale_store::Memory,
+    pub stale: &'a stale_store::Memory,
 }
 
 /// What one origin publishes for the job's target, as pieces with their URLs, and the
@@ -161,64 +162,44 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> (Result<Installed
 
 fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) -> Result<Installed> {
     let resolved = resolve_from(job, origin)?;
-    let Resolved {
-        plan, pieces, ctl, ..
-    } = &resolved;
-    // What the store says now; its `.sha256` is asked for only when it is compared or kept.
-    let state = |ctl: &Ctl| crate::stale_store::StoreState {
-        origin: origin.to_string(),
-        local_name: job.target.local_name.to_string(),
-        expected: plan.sha256,
-        size: plan.size,
-        chunk_count: plan.chunk_count,
-        first_len: pieces.first().map_or(0, |p| p.len),
-        sidecar: store_sidecar(job, origin, ctl),
+    let said = Said {
+        expected: resolved.plan.sha256,
+        size: resolved.plan.size,
+        chunk_count: resolved.plan.chunk_count,
+        first_len: resolved.pieces.first().map_or(0, |p| p.len),
     };
-    let remembered = job
-        .stale
-        .get(&origin.to_string(), job.target.local_name.as_str());
-    let now = remembered.as_ref().map(|_| state(ctl));
+    let (origin_name, local) = (origin.to_string(), job.target.local_name.as_str());
+    // What the store says now, compared only when something is remembered of it.
+    let remembered = job.stale.get(&origin_name, local);
+    let now = remembered
+        .as_ref()
+        .map(|_| store_state(job, origin, &said, &resolved.ctl));
     if let (Some(r), Some(now)) = (&remembered, &now)
-        && crate::stale_store::decide(Some(r), now, Instant::now()) == crate::stale_store::Go::Skip
+        && stale_store::decide(Some(r), now, Instant::now()) == stale_store::Go::Skip
     {
         return Err(Error::StoreUnchanged {
-            what: format!("{} from {origin}", job.target.local_name),
+            what: format!("{local} from {origin}"),
             served: r.served,
         });
     }
-    let plan_for_state = (plan.sha256, plan.size, plan.chunk_count);
-    let first_len = pieces.first().map_or(0, |p| p.len);
     let result = transfer(job, origin, resolved, measured);
     match &result {
-        Ok(_) => job
-            .stale
-            .forget(&origin.to_string(), job.target.local_name.as_str()),
+        Ok(_) => job.stale.forget(&origin_name, local),
         Err(e) if e.is_not_yet() => {
             let served = match e {
                 Error::DigestMismatch { actual, .. } => Some(*actual),
                 _ => None,
             };
-            let (expected, size, chunk_count) = plan_for_state;
-            let state = now.unwrap_or_else(|| crate::stale_store::StoreState {
-                origin: origin.to_string(),
-                local_name: job.target.local_name.to_string(),
-                expected,
-                size,
-                chunk_count,
-                first_len,
-                // A fresh budget: the transfer's may be spent.
-                sidecar: store_sidecar(
-                    job,
-                    origin,
-                    &Ctl::new(
-                        job.cancel,
-                        job.target.id.as_str(),
-                        job.config.http.origin_deadline,
-                        Instant::now() + job.config.http.origin_deadline,
-                    ),
-                ),
-            });
-            job.stale.remember(crate::stale_store::Served {
+            // A fresh budget for the sidecar: the transfer's may be spent.
+            let budget = job.config.http.origin_deadline;
+            let ctl = Ctl::new(
+                job.cancel,
+                job.target.id.as_str(),
+                budget,
+                Instant::now() + budget,
+            );
+            let state = now.unwrap_or_else(|| store_state(job, origin, &said, &ctl));
+            job.stale.remember(stale_store::Served {
                 state,
                 served,
                 at: Instant::now(),
@@ -229,21 +210,34 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
     result
 }
 
-/// The store's `.sha256` sidecar of the job's artifact, if it publishes one that parses (one
-/// small request; any failure is `None`).
-fn store_sidecar(job: &Job<'_>, origin: &Origin, ctl: &Ctl) -> Option<chunker::Sha256Digest> {
-    let name: FileName = chunker::sidecar_name(job.target.remote_name.as_str())
-        .parse()
-        .ok()?;
-    let url = origin.artifact_url(job.generation, &job.target.id, &name);
-    let body = job.http.get_small(&url, 1024, ctl).ok()?;
-    std::str::from_utf8(&body)
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .to_ascii_lowercase()
-        .parse()
+/// What a resolved plan says of the store (the rest of its [`stale_store::StoreState`]).
+struct Said {
+    expected: chunker::Sha256Digest,
+    size: u64,
+    chunk_count: u32,
+    first_len: u64,
+}
+
+/// The store's state as [`stale_store`] compares it: what the plan said, and the store's own
+/// `.sha256` sidecar if it publishes one that parses (one small request; a failure is `None`).
+fn store_state(job: &Job<'_>, origin: &Origin, said: &Said, ctl: &Ctl) -> stale_store::StoreState {
+    let sidecar = chunker::sidecar_name(job.target.remote_name.as_str())
+        .parse::<FileName>()
         .ok()
+        .and_then(|name| {
+            let url = origin.artifact_url(job.generation, &job.target.id, &name);
+            let body = job.http.get_small(&url, 1024, ctl).ok()?;
+            super::resolve::parse_remote_sidecar(&body, &url).ok()
+        });
+    stale_store::StoreState {
+        origin: origin.to_string(),
+        local_name: job.target.local_name.to_string(),
+        expected: said.expected,
+        size: said.size,
+        chunk_count: said.chunk_count,
+        first_len: said.first_len,
+        sidecar,
+    }
 }
 
 /// The transfer of what `resolved` planned from `origin`: staging, ranges, verify, install.
