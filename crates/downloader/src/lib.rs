@@ -24,6 +24,7 @@ mod origin;
 pub mod policy;
 pub mod space;
 mod staging;
+pub mod stale_store;
 pub mod trust;
 mod unsigned;
 
@@ -36,7 +37,8 @@ pub use error::{Error, Result, UnusableEntry, UnusableReason};
 pub use http::HttpConfig;
 pub use origin::{DEFAULT_GITHUB_BASE, DEFAULT_HF_BASE, Origin, OriginKind, Origins};
 pub use staging::{
-    LEGACY_STAGING_PREFIX, STAGING_DIR, STALE_AFTER, Usable, collect_unusable, unusable_staged,
+    LEGACY_STAGING_PREFIX, STAGING_DIR, STALE_AFTER, Usable, collect_unusable, staged_bytes,
+    unusable_staged,
 };
 
 use std::path::Path;
@@ -88,6 +90,8 @@ pub struct Downloader {
     tree: Option<std::sync::Arc<manifest::TreeDeclaration>>,
     /// What this downloader's run saw of each origin ([`policy`]).
     book: Mutex<policy::Book>,
+    /// Stores that served other bytes, not downloaded from again until they change.
+    stale: stale_store::Memory,
 }
 
 impl Downloader {
@@ -102,6 +106,7 @@ impl Downloader {
             contract: manifest::contract::BASE_CONTRACT.contract(),
             tree: None,
             book: Mutex::new(policy::Book::default()),
+            stale: stale_store::Memory::default(),
         }
     }
 
@@ -431,6 +436,7 @@ impl Downloader {
             cancel,
             on_event: &|_| {},
             leave: &|_, _| false,
+            stale: &self.stale,
         };
         match self.first_answer(|origin, _| download::resolve_from(&job, origin))? {
             Tried::Answered {
@@ -490,6 +496,7 @@ impl Downloader {
                 cancel,
                 on_event,
                 leave: &leave,
+                stale: &self.stale,
             };
             let (result, measured) = download::download_from(&job, origin);
             self.note_measured(origin, measured);

@@ -297,11 +297,18 @@ pub fn plan(
             // then: earlier downloads of this run have used their share.
             let before = needed;
             needed = needed.saturating_add(plan.size);
-            if free < needed.saturating_add(space_margin) {
+            // A staging file of this artifact is reused or removed before the real check: its
+            // blocks count as free for it.
+            let staged = downloader::staged_bytes(
+                &device.models_dir(),
+                &plan.sha256.to_hex(),
+                target.local_name.as_str(),
+            );
+            if free.saturating_add(staged) < needed.saturating_add(space_margin) {
                 return Err(downloader::Error::InsufficientSpace {
                     path: device.models_dir(),
                     needed: plan.size.saturating_add(space_margin),
-                    available: free.saturating_sub(before),
+                    available: free.saturating_sub(before).saturating_add(staged),
                 }
                 .into());
             }
