@@ -595,3 +595,110 @@ fn a_p95_over_the_contracts_bound_or_unreported_is_refused() {
         assert!(o.status.success(), "{generation}: {}", text(&o.stderr));
     }
 }
+
+#[test]
+fn status_shows_the_receipts() {
+    for generation in ["v26", "v27"] {
+        let t = tempfile::tempdir().unwrap();
+        let r = release(t.path(), generation);
+        let other = if generation == "v27" {
+            V26_PIN
+        } else {
+            V27_PIN
+        };
+        let models = r.models_dir();
+        let data = std::fs::read(models.join(manifest::layout::DM_FILES[0])).unwrap();
+        std::fs::write(
+            models.join("dmonitoring_model_tinygrad.build.json"),
+            receipt("dmonitoring_model_tinygrad", other, &data),
+        )
+        .unwrap();
+        std::fs::write(models.join("dm_warp_1344x760_tinygrad.build.json"), b"[]").unwrap();
+        let status = |json: bool| {
+            let mut a = vec![
+                "status",
+                "--workspace",
+                s(&r.workspace),
+                "--openpilot",
+                s(&r.openpilot),
+                "--generation",
+                generation,
+            ];
+            if json {
+                a.push("--json");
+            }
+            cli(&a)
+        };
+        let o = status(true);
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", text(&o.stderr)));
+        let receipts = doc["receipts"].as_array().unwrap();
+        let by = |of: &str| {
+            receipts
+                .iter()
+                .find(|x| x["of"] == of)
+                .unwrap_or_else(|| panic!("no {of} in {receipts:?}"))
+        };
+        assert_eq!(receipts.len(), 5, "{receipts:?}");
+        assert_eq!(by("builtin")["compiler_revision"], r.pin);
+        assert_eq!(by("builtin")["matches_pin"], true);
+        assert_eq!(
+            by("dm dmonitoring_model_tinygrad.pkl")["matches_pin"],
+            false
+        );
+        assert!(
+            by("dm dm_warp_1344x760_tinygrad.pkl")["problem"]
+                .as_str()
+                .unwrap()
+                .contains("not a build receipt")
+        );
+        let out = text(&status(false).stdout);
+        assert!(out.contains("receipt    builtin"), "{out}");
+        assert!(out.contains("(NOT this pin)"), "{out}");
+        assert!(out.contains("UNREADABLE"), "{out}");
+    }
+}
+
+#[test]
+fn rehearse_refuses_a_foreign_stamp_before_staging_anything() {
+    for generation in ["v26", "v27"] {
+        let other = if generation == "v27" {
+            V26_PIN
+        } else {
+            V27_PIN
+        };
+        let t = tempfile::tempdir().unwrap();
+        let r = release(t.path(), generation);
+        replace_model(
+            &r,
+            "pop223_driving_tinygrad.pkl",
+            &stamp_of(other, "v15", 1),
+            other,
+        );
+        // The device manager is never reached: a stand-in file is enough.
+        let manager = t.path().join("device-modeld-manager");
+        std::fs::write(&manager, b"#!/bin/sh\nexit 99\n").unwrap();
+        let before = snapshot(t.path());
+        let err = refused(&cli(&[
+            "rehearse",
+            "--generation",
+            generation,
+            "--manifest",
+            s(&r.manifest),
+            "--artifacts",
+            s(&r.artifacts),
+            "--openpilot",
+            s(&r.openpilot),
+            "--workspace",
+            s(&r.workspace),
+            "--device-manager",
+            s(&manager),
+        ]));
+        assert!(err.contains("model pop223") && err.contains(other), "{err}");
+        assert_eq!(
+            snapshot(t.path()),
+            before,
+            "{generation}: something changed"
+        );
+    }
+}
