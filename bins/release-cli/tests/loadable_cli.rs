@@ -266,6 +266,26 @@ fn a_release_of_this_generation_publishes() {
         let store = t.path().join("store");
         let o = publish(&r, &store, &[]);
         assert!(o.status.success(), "{generation}: {}", text(&o.stderr));
+        // The framing found is reported for each driving artifact.
+        let err = text(&o.stderr);
+        for subject in [
+            "model pop223",
+            "model pop223's amd variant",
+            "the built-in model",
+        ] {
+            assert!(
+                err.contains(&format!("checked {subject} (")),
+                "{generation}: {subject}: {err}"
+            );
+        }
+        assert!(
+            err.contains("length-prefixed pickle") && err.contains("out-of-band buffer records"),
+            "{err}"
+        );
+        assert!(
+            err.contains("checked DM file dmonitoring_model_tinygrad.pkl"),
+            "{err}"
+        );
         let stored = store.join(format!("models/{generation}/pop223"));
         assert!(
             stored
