@@ -722,3 +722,72 @@ fn rehearse_refuses_a_foreign_stamp_before_staging_anything() {
         );
     }
 }
+
+#[test]
+fn validate_refuses_to_send_a_foreign_or_unreceipted_artifact() {
+    for (generation, pin, other) in [("v26", V26_PIN, V27_PIN), ("v27", V27_PIN, V26_PIN)] {
+        let t = tempfile::tempdir().unwrap();
+        let op = tree(t.path(), generation, pin);
+        let dir = t.path().join("build");
+        std::fs::create_dir_all(&dir).unwrap();
+        let artifact = dir.join("pop223_driving_tinygrad.pkl");
+        let receipt_path = dir.join("pop223_driving_tinygrad.build.json");
+        let (record, log) = (
+            t.path().join("pop223.validation.json"),
+            t.path().join("logs/v.log"),
+        );
+        for (data, receipt_rev, want) in [
+            (
+                stamp_of(other, "v15", 1),
+                Some(pin),
+                vec!["compiler_revision", other],
+            ),
+            (
+                stamp_of(pin, "v14", 1),
+                Some(pin),
+                vec!["behavior_version", "v14"],
+            ),
+            (stamp_of(pin, "v15", 1), None, vec!["no build receipt"]),
+        ] {
+            std::fs::write(&artifact, &data).unwrap();
+            match receipt_rev {
+                Some(rev) => std::fs::write(&receipt_path, receipt("pop223", rev, &data)).unwrap(),
+                None => {
+                    let _ = std::fs::remove_file(&receipt_path);
+                }
+            }
+            let before = snapshot(t.path());
+            for extra in [&["--dry-run"][..], &[]] {
+                let mut a = vec![
+                    "validate",
+                    "--model",
+                    "pop223",
+                    "--version",
+                    "v15",
+                    "--artifact",
+                    s(&artifact),
+                    "--record",
+                    s(&record),
+                    "--log",
+                    s(&log),
+                    "--openpilot",
+                    s(&op),
+                    // Never reached: the gate refuses before any connection.
+                    "--remote",
+                    "comma@127.0.0.1",
+                    "--allow-other-compiler",
+                ];
+                a.extend_from_slice(extra);
+                let err = refused(&cli(&a));
+                for w in &want {
+                    assert!(err.contains(w), "{generation}: want {w:?}: {err}");
+                }
+                assert_eq!(
+                    snapshot(t.path()),
+                    before,
+                    "{generation}: something was written"
+                );
+            }
+        }
+    }
+}
