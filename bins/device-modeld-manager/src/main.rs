@@ -102,6 +102,11 @@ struct Cli {
     /// so).
     #[arg(long, global = true, value_name = "FILE")]
     trusted_keys: Option<PathBuf>,
+    /// Where modeld keeps its load receipt (`starpilot_modeld_<OPENPILOT_PREFIX or d>/
+    /// load-v1.json`), read on generations whose contract has one: `status` and the daemon say
+    /// what actually runs [default: /dev/shm].
+    #[arg(long, global = true, value_name = "DIR")]
+    shm_dir: Option<PathBuf>,
     #[command(flatten)]
     output: cli_support::OutputFlags,
     #[command(subcommand)]
@@ -125,7 +130,10 @@ enum Command {
         /// "next_retry","reason"}],"dropped"},"refused_entries":[{"index","id","reason"}],
         /// "trust":{…},"tree":{"openpilot_dir","tinygrad_commit","generation","state","problem",
         /// "next"}}`, plus `"unreadable":["<what>: <why>"]` when a part of the device's state
-        /// (the journal, the choice, a param) cannot be read; while paused (the tree's tinygrad has no generation) `{"generation":null,
+        /// (the journal, the choice, a param) cannot be read, and on a generation whose
+        /// contract has modeld's load receipt `"running":{"state","id","variant",
+        /// "artifact_sha256","fallback_reason","pid","why","matches_selection","difference"}`
+        /// plus `"bad_artifacts":[{"id","sha256","reason","current","text"}]` when any; while paused (the tree's tinygrad has no generation) `{"generation":null,
         /// "manifest_version","resolved","tree":{…}}`.
         #[arg(long)]
         json: bool,
@@ -303,6 +311,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
             ..DownloadConfig::default()
         },
         trusted_keys: cli.trusted_keys.clone(),
+        shm_dir: cli.shm_dir.clone(),
+        openpilot_prefix: std::env::var_os("OPENPILOT_PREFIX")
+            .map(|v| v.to_string_lossy().into_owned()),
     };
     let open::Ready {
         device,

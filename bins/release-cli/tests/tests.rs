@@ -11,6 +11,7 @@ mod cli_surface;
 mod common;
 mod loadable_cli;
 mod manifest_cli;
+mod manifest_v26_cli;
 mod publish_rules_cli;
 mod rehearse_cli;
 mod release_contract;

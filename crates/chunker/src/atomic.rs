@@ -183,12 +183,6 @@ impl AtomicFile {
         self.direct
     }
 
-    /// A second handle on the open temporary, for positioned writes from other threads while
-    /// this one keeps the name (it shares the O_DIRECT flag). Panics after [`AtomicFile::sync`].
-    pub fn handle(&mut self) -> io::Result<std::fs::File> {
-        self.file().file().try_clone()
-    }
-
     /// The open temporary file. Panics after [`AtomicFile::sync`].
     pub fn file(&mut self) -> &mut File {
         self.file
@@ -244,7 +238,7 @@ impl Drop for AtomicFile {
 
 /// Whether `data`, written at `offset`, meets O_DIRECT's alignment ([`DIRECT_ALIGN`]) in memory,
 /// length and offset.
-pub fn direct_aligned(data: &[u8], offset: u64) -> bool {
+fn direct_aligned(data: &[u8], offset: u64) -> bool {
     (data.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN)
         && data.len().is_multiple_of(DIRECT_ALIGN)
         && offset.is_multiple_of(DIRECT_ALIGN as u64)
@@ -252,7 +246,7 @@ pub fn direct_aligned(data: &[u8], offset: u64) -> bool {
 
 /// Turn O_DIRECT off on the open file description of `file` (shared by every handle duplicated
 /// from it), so that the writes after go through the page cache. `path` names it in the error.
-pub fn clear_direct(file: &std::fs::File, path: &Path) -> io::Result<()> {
+fn clear_direct(file: &std::fs::File, path: &Path) -> io::Result<()> {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
@@ -318,8 +312,8 @@ mod tests {
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
-    /// The split's writers share one O_DIRECT description per chunk: once it is turned off, an
-    /// unaligned write through any handle of it goes through the page cache.
+    /// Once O_DIRECT is turned off on a file's description, an unaligned write through any
+    /// handle of it goes through the page cache.
     #[test]
     #[cfg(target_os = "linux")]
     fn clearing_direct_lets_every_handle_write_unaligned() {
@@ -330,7 +324,7 @@ mod tests {
             eprintln!("this filesystem has no O_DIRECT: nothing to turn off");
             return;
         }
-        let handle = f.handle().unwrap();
+        let handle = f.file().file().try_clone().unwrap();
         assert!(!direct_aligned(b"tail", 0));
         assert!(
             handle.write_at(b"tail", 0).is_err(),

@@ -15,7 +15,6 @@ mod digest;
 mod error;
 mod input;
 pub mod oob;
-mod pair;
 mod read;
 mod split;
 mod verify;

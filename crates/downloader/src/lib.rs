@@ -35,7 +35,9 @@ pub use download::{
 pub use error::{Error, Result, UnusableEntry, UnusableReason};
 pub use http::HttpConfig;
 pub use origin::{DEFAULT_GITHUB_BASE, DEFAULT_HF_BASE, Origin, OriginKind, Origins};
-pub use staging::{LEGACY_STAGING_PREFIX, STAGING_DIR, STALE_AFTER};
+pub use staging::{
+    LEGACY_STAGING_PREFIX, STAGING_DIR, STALE_AFTER, Usable, collect_unusable, unusable_staged,
+};
 
 use std::path::Path;
 use std::sync::Mutex;

@@ -154,6 +154,22 @@ pub struct LoadReceiptRule {
     pub version: i64,
     /// Seconds between modeld's republications of the receipt.
     pub republish_secs: u64,
+    // -- what a receipt of `version` holds (the load-receipt reader, `migration::load_receipt`)
+    /// The root the receipt directory is under (`Paths.shm_path()`).
+    pub shm_root: &'static str,
+    /// The longest `OPENPILOT_PREFIX` (`[A-Za-z0-9_-]{1,N}`); another makes the receipt
+    /// unavailable.
+    pub prefix_max_len: usize,
+    /// Exactly these keys, each once.
+    pub keys: &'static [&'static str],
+    /// `variant`'s values.
+    pub variants: &'static [&'static str],
+    /// `fallbackReason`'s values besides `null`.
+    pub fallback_reasons: &'static [&'static str],
+    /// The reason saying the selected model failed to load (the bundled one runs instead).
+    pub selected_load_failed: &'static str,
+    /// The variant an external-GPU model runs as (and only such a model).
+    pub gpu_variant: &'static str,
 }
 
 /// One contract's row. Every field is a detail that differs between contracts; nothing here is
@@ -269,6 +285,26 @@ pub const CONTRACTS: [Contract; 2] = [
             max_bytes: 1024,
             version: 1,
             republish_secs: 5,
+            shm_root: "/dev/shm",
+            prefix_max_len: 32,
+            keys: &[
+                "version",
+                "pid",
+                "processStartTicks",
+                "loadedMonoNs",
+                "modelId",
+                "variant",
+                "artifactSha256",
+                "fallbackReason",
+            ],
+            variants: &["small", "chestnut"],
+            fallback_reasons: &[
+                "chestnut-load-failed",
+                "chestnut-run-stalled",
+                "selected-load-failed",
+            ],
+            selected_load_failed: "selected-load-failed",
+            gpu_variant: "chestnut",
         }),
         validation_p95_ms: Some(50),
         tree: Some(TreeMarkers {
@@ -298,8 +334,19 @@ impl Contract {
 
     /// The load receipt's path for an `OPENPILOT_PREFIX` (`None`: unset).
     pub fn load_receipt_path(&self, prefix: Option<&str>) -> Option<std::path::PathBuf> {
+        let root = self.load_receipt?.shm_root;
+        self.load_receipt_path_in(std::path::Path::new(root), prefix)
+    }
+
+    /// [`Contract::load_receipt_path`] under `shm_root` instead of the rule's (tests, a device
+    /// whose shared memory is mounted elsewhere).
+    pub fn load_receipt_path_in(
+        &self,
+        shm_root: &std::path::Path,
+        prefix: Option<&str>,
+    ) -> Option<std::path::PathBuf> {
         self.load_receipt.map(|r| {
-            std::path::Path::new("/dev/shm")
+            shm_root
                 .join(format!(
                     "{}{}",
                     r.dir_prefix,
@@ -488,6 +535,76 @@ pub fn declaring_contracts() -> impl Iterator<Item = &'static Contract> {
     CONTRACTS.iter().filter(|c| c.tree.is_some())
 }
 
+// ---- Which contract judges a manifest (manifest validation, release side) ---------------
+
+/// The contract a manifest's own top level names: the one whose ABI its `artifact_abi` is.
+pub fn named_by_manifest(top: &serde_json::Map<String, Value>) -> Option<ContractName> {
+    let abi = top.get(crate::keys::ARTIFACT_ABI)?.as_str()?;
+    CONTRACTS
+        .iter()
+        .find(|c| c.artifact_abi == Some(abi))
+        .map(|c| c.name)
+}
+
+/// The generation a manifest names and the contract that judges it: the contract the pin table
+/// records for that generation; else the one the manifest names by its ABI (a v26 manifest
+/// judged without its tree); else the table's inherited one ([`crate::PinTable::contract_of`]).
+/// Bytes that are not a JSON object name nothing and get the contract of no generation
+/// ([`BASE_CONTRACT`]), whose rules then report what is wrong.
+pub fn for_manifest(pins: &crate::PinTable, bytes: &[u8]) -> (Option<Generation>, ContractName) {
+    let top = match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(top)) => top,
+        _ => return (None, BASE_CONTRACT),
+    };
+    let generation = top
+        .get(crate::keys::GENERATION)
+        .and_then(Value::as_str)
+        .and_then(|g| g.parse::<Generation>().ok());
+    let recorded = generation.and_then(|g| pins.recorded_contract(g));
+    let contract = recorded
+        .or_else(|| named_by_manifest(&top))
+        .unwrap_or_else(|| generation.map_or(BASE_CONTRACT, |g| pins.contract_of(g)));
+    (generation, contract)
+}
+
+#[cfg(test)]
+mod judging_tests {
+    use super::*;
+
+    #[test]
+    fn which_contract_judges_a_manifest() {
+        let v26_doc =
+            br#"{"generation": "v26", "artifact_abi": "tinygrad_single_v1_arena", "models": []}"#;
+        let v27_doc = br#"{"generation": "v27", "models": []}"#;
+        let v25_doc =
+            br#"{"generation": "v25", "artifact_abi": "tinygrad_single_v1_arena", "models": []}"#;
+        let builtin = crate::PinTable::builtin();
+        let mut declared = crate::PinTable::builtin();
+        declared
+            .record_contract(Generation::new(26), ContractName::V26)
+            .unwrap();
+        for (pins, doc, want) in [
+            // Without a tree: the manifest's ABI names v26.
+            (&builtin, &v26_doc[..], ContractName::V26),
+            // Nothing recorded, nothing named: inherited (v25 from the built-in table).
+            (&builtin, &v27_doc[..], ContractName::V25),
+            // A made-up v27 after a v26-contract v26 inherits v26's contract.
+            (&declared, &v27_doc[..], ContractName::V26),
+            // A recorded contract wins over what the manifest names.
+            (&builtin, &v25_doc[..], ContractName::V25),
+            (&builtin, &b"[]"[..], BASE_CONTRACT),
+        ] {
+            assert_eq!(
+                for_manifest(pins, doc).1,
+                want,
+                "{}",
+                String::from_utf8_lossy(doc)
+            );
+        }
+        assert_eq!(for_manifest(&builtin, v27_doc).0, Some(Generation::new(27)));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,6 +644,17 @@ mod tests {
             std::path::Path::new("/dev/shm/starpilot_modeld_t3/load-v1.json")
         );
         assert_eq!(ContractName::V25.contract().load_receipt_path(None), None);
+        assert_eq!(
+            v26.load_receipt_path_in(std::path::Path::new("/tmp/x"), Some("t3"))
+                .unwrap(),
+            std::path::Path::new("/tmp/x/starpilot_modeld_t3/load-v1.json")
+        );
+        // The receipt's shape: eight keys, the selected-load-failed reason among the reasons.
+        let r = v26.load_receipt.unwrap();
+        assert_eq!(r.keys.len(), 8);
+        assert!(r.fallback_reasons.contains(&r.selected_load_failed));
+        assert!(r.variants.contains(&r.gpu_variant));
+        assert_eq!((r.max_bytes, r.version, r.republish_secs), (1024, 1, 5));
         for (name, want) in [
             ("catalog-v26.json", Some(26)),
             ("catalog-v27.json", Some(27)),

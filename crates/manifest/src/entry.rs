@@ -50,6 +50,24 @@ impl Artifact {
     }
 }
 
+impl Artifact {
+    /// An artifact in the format `contract` publishes (v25 `tinygrad_single_v1`, v26
+    /// `tinygrad_single_v1_arena`).
+    pub fn for_contract(
+        contract: &crate::Contract,
+        size: ArtifactSize,
+        sha256: Sha256Digest,
+        chunk_count: ChunkCount,
+    ) -> Self {
+        Self {
+            format: ArtifactFormat::parse(contract.artifact_format),
+            size,
+            sha256,
+            chunk_count,
+        }
+    }
+}
+
 /// One `accelerator_artifacts` variant (v25: `chestnut`, a precompiled eGPU build).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AcceleratorArtifact {

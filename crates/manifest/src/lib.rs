@@ -51,7 +51,9 @@ pub use types::{
     ArtifactFormat, ArtifactSize, BehaviorVersion, ChunkCount, FileName, Generation, GitCommit,
     ModelId, ModelName, ReleaseDate,
 };
-pub use validate::{Problem, ValidationMode, validate_bytes};
+pub use validate::{
+    Expectation, Problem, ValidationMode, runtime_artifact, validate_bytes, validate_for_contract,
+};
 
 /// JSON keys of the manifest, each named once.
 ///
@@ -119,5 +121,36 @@ pub mod keys {
         &[ID, NAME, VERSION, SERIES, RELEASED, COMMUNITY_FAVORITE];
 
     pub const TOP_LEVEL_EXTENSIONS: [&str; 2] = [GENERATION, TINYGRAD_COMMIT];
+
+    // Keys of the v26 contract's schema (docs/formats.md, "Generation contracts"). Which
+    // contract uses them, and with which values, is the contract table's business
+    // (`crate::contract::CONTRACTS`); these are only the names.
+    /// Top level: the ABI every artifact of the manifest is built for.
+    pub const ARTIFACT_ABI: &str = "artifact_abi";
+    /// Per entry: artifacts for newer runners, each with the runner revision it needs.
+    pub const RUNTIME_ARTIFACTS: &str = "runtime_artifacts";
+    /// Inside a `runtime_artifacts` variant: the lowest runner revision that can load it.
+    pub const MIN_RUNNER_REVISION: &str = "min_runner_revision";
+    /// Inside an `accelerator_artifacts` variant (v26): the compiler revision it was built with.
+    pub const VARIANT_COMPILER_REVISION: &str = "compiler_revision";
+    /// The keys a `runtime_artifacts` variant may carry.
+    pub const RUNTIME_VARIANT_KEYS: [&str; 7] = [
+        MIN_RUNNER_REVISION,
+        ARTIFACT_FORMAT,
+        ARTIFACT_SHA256,
+        ARTIFACT_SIZE,
+        ARTIFACT_CHUNK_COUNT,
+        "conversion_provenance",
+        "validation",
+    ];
+    /// The artifact keys every `runtime_artifacts` variant must carry.
+    pub const RUNTIME_VARIANT_REQUIRED: [&str; 4] = [
+        ARTIFACT_FORMAT,
+        ARTIFACT_SHA256,
+        ARTIFACT_SIZE,
+        ARTIFACT_CHUNK_COUNT,
+    ];
+    /// Keys every entry of a catalog read from a tree's reviewed catalog has.
+    pub const TREE_CATALOG_REQUIRED: &[&str] = &[ID, NAME, VERSION];
     pub const ENTRY_EXTENSIONS: [&str; 2] = [SOURCE_COMMIT, ARTIFACT_CHUNK_SHA256];
 }

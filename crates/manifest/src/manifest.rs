@@ -75,6 +75,86 @@ impl Manifest {
         }
     }
 
+    /// An empty manifest of a generation under `contract`: the contract's required top-level
+    /// keys in its order, then `models` (v26: `{"generation", "compiler_revision",
+    /// "artifact_abi", "models": []}`). A contract without required keys (v25) gets
+    /// [`Manifest::for_generation`]'s extensions, the revision under its `revision_key`.
+    pub fn for_contract(
+        generation: Generation,
+        revision: &GitCommit,
+        contract: &crate::Contract,
+    ) -> Self {
+        let mut m = Self {
+            top: Map::new(),
+            models: Vec::new(),
+        };
+        let keys_in_order: Vec<&str> = if contract.required_top_keys.is_empty() {
+            vec![keys::GENERATION, contract.revision_key]
+        } else {
+            contract.required_top_keys.to_vec()
+        };
+        for key in keys_in_order {
+            if key == keys::GENERATION {
+                m.put_top(key, generation.to_string().into());
+            } else if key == contract.revision_key {
+                m.put_top(key, revision.as_str().into());
+            } else if key == keys::ARTIFACT_ABI
+                && let Some(abi) = contract.artifact_abi
+            {
+                m.put_top(key, abi.into());
+            }
+        }
+        m.top.insert(keys::MODELS.into(), Value::Null);
+        m
+    }
+
+    /// The revision under the contract's `revision_key` (v25 `tinygrad_commit`, v26
+    /// `compiler_revision`), when present and a full commit.
+    pub fn revision(&self, contract: &crate::Contract) -> Option<GitCommit> {
+        self.top.get(contract.revision_key)?.as_str()?.parse().ok()
+    }
+
+    /// Sets the revision under the contract's `revision_key`, in place or appended.
+    pub fn set_revision(&mut self, contract: &crate::Contract, commit: &GitCommit) {
+        self.put_top(contract.revision_key, commit.as_str().into());
+    }
+
+    /// The top-level `artifact_abi`, when present (v26).
+    pub fn artifact_abi(&self) -> Option<&str> {
+        self.top.get(keys::ARTIFACT_ABI)?.as_str()
+    }
+
+    /// Writes every top-level key the contract requires with its value for `generation` and
+    /// `revision` (in place where present, else appended before nothing else changes).
+    pub fn set_contract_keys(
+        &mut self,
+        generation: Generation,
+        revision: &GitCommit,
+        contract: &crate::Contract,
+    ) {
+        self.set_generation(generation);
+        self.set_revision(contract, revision);
+        if let Some(abi) = contract.artifact_abi {
+            self.put_top(keys::ARTIFACT_ABI, abi.into());
+        }
+    }
+
+    /// Every problem under `contract` at the given level, with the checks `expect` asks for.
+    pub fn validate_for_contract(
+        &self,
+        mode: ValidationMode,
+        contract: &crate::Contract,
+        expect: &crate::Expectation<'_>,
+    ) -> Vec<Problem> {
+        crate::validate_for_contract(
+            &self.to_canonical_bytes(),
+            mode,
+            contract,
+            expect,
+            &Limits::default(),
+        )
+    }
+
     /// Parses manifest bytes with the default [`Limits`] and the reader rules.
     pub fn from_slice(bytes: &[u8]) -> Result<Self> {
         Self::from_slice_limited(bytes, &Limits::default())
@@ -238,6 +318,14 @@ impl Manifest {
                 self.top.insert(key.into(), value);
             }
         }
+    }
+
+    /// Removes a top-level key other than `models`, keeping the order of the others.
+    pub fn remove_top_level(&mut self, key: &str) -> Option<Value> {
+        if key == keys::MODELS {
+            return None;
+        }
+        self.top.shift_remove(key)
     }
 
     /// Top-level keys other than `models`, in order.

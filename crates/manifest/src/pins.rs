@@ -148,6 +148,11 @@ impl PinTable {
             .unwrap_or(BASE_CONTRACT)
     }
 
+    /// The contract recorded for `generation` itself, `None` when it would only inherit one.
+    pub fn recorded_contract(&self, generation: Generation) -> Option<ContractName> {
+        self.contracts.get(&generation).copied()
+    }
+
     /// [`PinTable::contract_of`]'s table row.
     pub fn contract(&self, generation: Generation) -> &'static Contract {
         self.contract_of(generation).contract()

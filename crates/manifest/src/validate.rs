@@ -33,11 +33,14 @@ use crate::Limits;
 use crate::error::Error;
 pub use crate::error::Problem;
 pub(crate) use crate::error::abbreviate;
+
+mod by_contract;
 use crate::keys;
 use crate::types::{
     ArtifactFormat, ArtifactSize, BehaviorVersion, ChunkCount, FileName, Generation, GitCommit,
     ModelId, ModelName, ReleaseDate,
 };
+pub use by_contract::{Expectation, runtime_artifact, validate_for_contract};
 
 /// How much validation demands; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

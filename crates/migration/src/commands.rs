@@ -153,7 +153,7 @@ pub fn daemon(
     dl: &Downloader,
     config: &DaemonConfig,
     tree: &TreeStatus,
-    log: &dyn Fn(&str),
+    log: &(dyn Fn(&str) + Sync),
 ) -> Result<()> {
     let _lock = ManagerLock::acquire(&device.models_dir())?;
     let stopping = cli_support::stop_on_signals();

@@ -553,7 +553,40 @@ pub fn run(
     dl: &Downloader,
     config: &DaemonConfig,
     stopping: &Arc<AtomicBool>,
-    log: &dyn Fn(&str),
+    log: &(dyn Fn(&str) + Sync),
+) -> Result<()> {
+    // What runs (contracts with a load receipt), on its own thread so that no refresh or
+    // download delays it past the contract's republish interval; onroad too, when modeld runs.
+    let done = AtomicBool::new(false);
+    thread::scope(|s| {
+        if device.load_receipt.is_some() {
+            let done = &done;
+            let device = device.clone();
+            s.spawn(move || {
+                let say = |p: &Progress| {
+                    let _ = device
+                        .memory
+                        .put(keys::MODEL_DOWNLOAD_PROGRESS, &p.to_string());
+                };
+                let mut running = crate::load_receipt::Watcher::default();
+                while !stopping.load(Ordering::SeqCst) && !done.load(Ordering::SeqCst) {
+                    running.tick(&device, Instant::now(), log, &say);
+                    thread::sleep(Duration::from_millis(100));
+                }
+            });
+        }
+        let r = serve_loop(device, dl, config, stopping, log);
+        done.store(true, Ordering::SeqCst);
+        r
+    })
+}
+
+fn serve_loop(
+    device: &Device,
+    dl: &Downloader,
+    config: &DaemonConfig,
+    stopping: &Arc<AtomicBool>,
+    log: &(dyn Fn(&str) + Sync),
 ) -> Result<()> {
     let say = |p: &Progress| {
         let _ = device

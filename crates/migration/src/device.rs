@@ -83,6 +83,8 @@ pub struct Device {
     /// fetched manifests with: with them, the stored catalog is re-verified on every read and
     /// only artifacts the signed manifest pins are installed or handed to modeld.
     pub trusted_keys: Option<downloader::trust::TrustedKeys>,
+    /// modeld's load receipt, on a contract that has one (`None`: v25, nothing read).
+    pub load_receipt: Option<crate::load_receipt::Source>,
     pub(crate) effects: Effects,
 }
 
@@ -135,6 +137,7 @@ impl Device {
             memory,
             sysfs_root: PathBuf::from("/sys"),
             trusted_keys: None,
+            load_receipt: None,
             effects,
         }
     }
@@ -473,6 +476,16 @@ impl Device {
                 .params
                 .path(crate::params::keys::MODEL_MANIFEST_ACCEPTED_RELEASE),
         );
+        // Bounded by this catalog's own signed release (`floor::bound`): a floor raised from
+        // outside never refuses the catalog the device holds.
+        let held = downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, None)
+            .ok()
+            .map(|a| crate::floor::AcceptedRelease {
+                release: a.release,
+                expires: a.expires,
+                key: a.key,
+            });
+        let copies = crate::floor::bound(&copies.0, &copies.1, generation, held.as_ref());
         let floor = crate::floor::for_read(&copies, generation);
         match downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, floor) {
             Ok(_) => {}
@@ -500,6 +513,12 @@ impl Device {
     /// the accepted release; `None` when there is none that verifies. Part of the floor a
     /// fetched manifest must reach, since the catalog is stored before the accepted release.
     pub(crate) fn stored_release(&self) -> Option<manifest::ReleaseNumber> {
+        self.stored_signed().map(|a| a.release)
+    }
+
+    /// The stored catalog's verified signature (release, expiry, key) with trusted keys,
+    /// ignoring the accepted release: what bounds the floor (`floor::bound`).
+    pub(crate) fn stored_signed(&self) -> Option<crate::floor::AcceptedRelease> {
         let keys = self.trusted_keys.as_ref()?;
         let dir = self.models_dir();
         let bytes = self
@@ -515,7 +534,11 @@ impl Device {
             .ok()??;
         downloader::trust::verify_stored(keys, &bytes, Some(&sig), self.config.generation, None)
             .ok()
-            .map(|a| a.release)
+            .map(|a| crate::floor::AcceptedRelease {
+                release: a.release,
+                expires: a.expires,
+                key: a.key,
+            })
     }
 
     /// Whether this device installs only what a signed manifest pins (it has trusted keys).

@@ -80,6 +80,10 @@ pub fn download_all(
     let catalog = DeviceView::read(device).take_catalog()?;
     let mut all = AllDownloads::default();
     for entry in downloadable(&catalog, device.chestnut(), device.is_protected()) {
+        // An artifact modeld could not start here is skipped, not a failure of the run.
+        if crate::load_receipt::condemned(device, entry).is_some() {
+            continue;
+        }
         if cancel.is_cancelled() {
             all.cancelled = true;
             break;

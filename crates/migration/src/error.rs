@@ -100,6 +100,11 @@ pub enum Error {
     )]
     ExternalGpuRequired { id: String },
 
+    /// modeld could not start this very artifact (its load receipt said
+    /// `selected-load-failed`): not downloaded again until the catalog lists other bytes.
+    #[error("{why}")]
+    FailedToStart { id: String, why: String },
+
     #[error(transparent)]
     Download(#[from] downloader::Error),
 

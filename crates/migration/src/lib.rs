@@ -21,6 +21,7 @@ pub mod effects;
 mod error;
 mod floor;
 mod journal;
+pub mod load_receipt;
 pub mod lock;
 mod manager;
 pub mod next_step;

@@ -228,6 +228,12 @@ pub(crate) fn refresh_run(
         steps: Vec::new(),
     };
     let chestnut = device.chestnut();
+    // Models whose catalog bytes modeld could not start here: no retry is scheduled for them
+    // (nothing to retry until the catalog lists other bytes, which are fetched at once).
+    let mut failed_to_start = std::collections::BTreeSet::new();
+    // The first install refused for want of space: the refresh ends with it (exit 8), once
+    // everything else is written.
+    let mut no_space: Option<(std::path::PathBuf, u64, u64)> = None;
     for id in wanted.to_install() {
         let Some(entry) = manifest.get(&id) else {
             continue;
@@ -261,9 +267,23 @@ pub(crate) fn refresh_run(
                 return Err(Error::Download(e));
             }
             Err(e @ Error::Io(_)) => return Err(e),
+            // modeld could not start these very bytes: not an attempt, nothing fetched; the
+            // built-in stands in and the choice stays until the catalog lists other bytes.
+            Err(Error::FailedToStart { why, .. }) => {
+                failed_to_start.insert(id.clone());
+                installs.failed.insert(id, (false, why));
+            }
             // Anything else (every origin refused it, a full disk): the built-in, or the
             // verified older copy, stands in, and later refreshes retry it.
             Err(e) => {
+                if let Error::Download(downloader::Error::InsufficientSpace {
+                    path,
+                    needed,
+                    available,
+                }) = &e
+                {
+                    no_space.get_or_insert((path.clone(), *needed, *available));
+                }
                 installs.failed.insert(id, (true, e.to_string()));
             }
         }
@@ -273,7 +293,7 @@ pub(crate) fn refresh_run(
     let Settled {
         fates,
         outcome,
-        next,
+        mut next,
     } = settle(
         (&raw, &wanted),
         &catalog,
@@ -283,6 +303,8 @@ pub(crate) fn refresh_run(
         onroad.then_some(&slots_now),
         now_unix,
     );
+    next.retry
+        .retain(|id, _| !failed_to_start.iter().any(|f| f.as_str() == id));
     for (id, f) in &fates {
         match f {
             _ if installs.needs_chestnut.contains(id) => {}
@@ -308,6 +330,11 @@ pub(crate) fn refresh_run(
         _ if outcome.fell_back => progress(&Progress::SelectedUnavailable),
         _ => {}
     }
+    if let Some((_, needed, available)) = &no_space {
+        progress(&Progress::NoSpace {
+            short: needed.saturating_sub(*available),
+        });
+    }
     // The choice first, staged (see `choice::staged`): a crash anywhere in the param writes
     // reads every slot as ours, so neither a fallback nor a switch back loses the choice.
     device.store_choice(&choice::staged(&next, &slots_now))?;
@@ -321,6 +348,16 @@ pub(crate) fn refresh_run(
             .params
             .put(keys::MODEL_MANIFEST_VERSION, &j.to.to_string())?;
         device.remove_file(JOURNAL_FILE)?;
+    }
+    // Blocked on space: everything else is done (the built-in or the older copy stands in), and
+    // the refresh says so with the amount needed (exit 8), instead of "nothing to do".
+    if let Some((path, needed, available)) = no_space {
+        return Err(downloader::Error::InsufficientSpace {
+            path,
+            needed,
+            available,
+        }
+        .into());
     }
     Ok((report, run))
 }
@@ -389,6 +426,14 @@ pub fn install(
             install_variant(device, dl, &v, cancel)?;
         }
         return Ok(None);
+    }
+    // An artifact modeld could not start on this device is not fetched again while the
+    // catalog lists these very bytes (`load_receipt`).
+    if let Some(why) = crate::load_receipt::condemned(device, entry) {
+        return Err(Error::FailedToStart {
+            id: entry.id().to_string(),
+            why,
+        });
     }
     // A verified copy of an earlier publish stays (and stays on record) until the new bytes
     // are installed over it.
@@ -504,12 +549,48 @@ pub fn gc(device: &Device) -> Result<Vec<String>> {
         .map(|n| python_temp(&dir, n))
         .collect();
     let removable = plan::python_temps_to_remove(&temps);
-    let plan = plan::gc_plan(names.iter().map(String::as_str), &ids, &removable);
+    let mut plan = plan::gc_plan(names.iter().map(String::as_str), &ids, &removable);
     for name in &plan {
         device.effects().collect(&dir, name)?;
     }
     device.effects().sync(&dir)?;
+    plan.extend(gc_staging(device, &catalog)?);
     Ok(plan)
+}
+
+/// `gc` of the staging directory: staged files and records no plan of `catalog` can use
+/// (`downloader::unusable_staged`: another digest, a model gone), named
+/// `<staging dir>/<name>`; listed only on [`Device::planning`].
+fn gc_staging(device: &Device, catalog: &manifest::Manifest) -> Result<Vec<String>> {
+    let targets: Vec<downloader::Target> = catalog
+        .models()
+        .iter()
+        .flat_map(|e| {
+            let variant = downloader::Target::chestnut_variant(e).ok().flatten();
+            downloader::Target::from_entry(e)
+                .ok()
+                .into_iter()
+                .chain(variant)
+        })
+        .collect();
+    let hexes: Vec<Option<String>> = targets
+        .iter()
+        .map(|t| t.sha256.map(|d| d.to_hex()))
+        .collect();
+    let usable: Vec<downloader::Usable<'_>> = targets
+        .iter()
+        .zip(&hexes)
+        .map(|(t, h)| downloader::Usable {
+            local_name: t.local_name.as_str(),
+            sha256_hex: h.as_deref(),
+        })
+        .collect();
+    let removed =
+        downloader::collect_unusable(&device.models_dir(), &usable, device.effects().is_plan())?;
+    Ok(removed
+        .into_iter()
+        .map(|n| format!("{}/{n}", downloader::STAGING_DIR))
+        .collect())
 }
 
 /// A Python temporary as `gc` sees it: its age from its mtime, and whether a process holds it

@@ -29,6 +29,10 @@ pub struct Options {
     pub download: DownloadConfig,
     /// Default: [`DEFAULT_TRUSTED_KEYS`] when that file exists, else none.
     pub trusted_keys: Option<PathBuf>,
+    /// Where modeld's load receipt directory is (default: the contract's, `/dev/shm`).
+    pub shm_dir: Option<PathBuf>,
+    /// `OPENPILOT_PREFIX`, which names the receipt's directory (`None`: unset).
+    pub openpilot_prefix: Option<String>,
 }
 
 /// The device, ready for a command.
@@ -81,7 +85,8 @@ impl Options {
 /// Open the device `o` describes. Reads only: the data root, the tree, the keys file.
 pub fn open(o: &Options) -> Result<Opened> {
     require_data_dir(&o.data_dir)?;
-    let decision = tree::decide(&tree::read(&o.openpilot_dir), o.generation);
+    let read = tree::read(&o.openpilot_dir);
+    let decision = tree::decide(&read, o.generation);
     let (generation, tinygrad) = match &decision {
         Decision::Known { generation, commit } => (*generation, commit.clone()),
         Decision::OverrideDisagrees {
@@ -110,6 +115,14 @@ pub fn open(o: &Options) -> Result<Opened> {
         generation,
     });
     device.sysfs_root = o.sysfs_root.clone();
+    // What runs: modeld's load receipt, on a contract that has one.
+    device.load_receipt = read.pins.as_ref().ok().and_then(|pins| {
+        crate::load_receipt::Source::of(
+            pins.contract(generation),
+            o.shm_dir.as_deref(),
+            o.openpilot_prefix.as_deref(),
+        )
+    });
     // The device re-verifies what it stored under the downloader's keys on every read.
     device.trusted_keys = trusted_keys(o.trusted_keys.as_deref())?;
     let dl = Downloader::new(Origins::new(&o.hf_base, &o.github_base), o.download.clone());
@@ -172,6 +185,8 @@ mod tests {
             github_base: "http://127.0.0.1:9/gh".into(),
             download: DownloadConfig::default(),
             trusted_keys: Some(root.join("keys.pub")),
+            shm_dir: Some(root.join("shm")),
+            openpilot_prefix: None,
         }
     }
 

@@ -54,6 +54,9 @@ pub enum FailReason {
     /// With trusted keys: the model list stored on the device does not verify against its
     /// signature (changed on the device); a refresh fetches it again.
     ModelListNotVerified,
+    /// modeld could not start this artifact on this device; it is not downloaded again until
+    /// the model list publishes other bytes for it.
+    FailedToStart,
 }
 
 impl FailReason {
@@ -69,6 +72,7 @@ impl FailReason {
             Error::UnknownModel { .. } => FailReason::NotInList,
             Error::NoCatalog { .. } | Error::CatalogTooLarge { .. } => FailReason::NoModelList,
             Error::BuiltinMissing { .. } => FailReason::BuiltinMissing,
+            Error::FailedToStart { .. } => FailReason::FailedToStart,
             Error::Busy { .. } => FailReason::Busy,
             Error::Io(_)
             | Error::Lock { .. }
@@ -98,6 +102,9 @@ impl FailReason {
             FailReason::BadRequest => "request could not be read",
             FailReason::NotSigned => {
                 "not installable: the signed model list gives no SHA-256, size or chunk count for it"
+            }
+            FailReason::FailedToStart => {
+                "this model's file failed to start on this device; the built-in model stays in use"
             }
             FailReason::ModelListNotVerified => {
                 "model list on the device failed its signature check"
@@ -160,6 +167,10 @@ pub enum Progress {
     /// files do not match its manifest yet (a republish in progress). No failure; the request
     /// is kept and tried again after this long.
     NotYet(std::time::Duration),
+    /// `"Not enough free space: 1.20 GiB more needed; the update installs once it is free."`: a
+    /// refresh blocked on space (`short` bytes beyond what is free now); nothing to do but free
+    /// space, the daemon's next refresh installs it.
+    NoSpace { short: u64 },
     /// `"Download failed: <reason>"`.
     Failed(FailReason),
     /// `"Model list refused: <why>"`: the manifest was not signed as the trusted keys require
@@ -169,11 +180,30 @@ pub enum Progress {
     /// openpilot."` (or, `None`, `"...tinygrad version cannot be read..."`): the openpilot tree's
     /// tinygrad is no generation's pin, so nothing is changed (see `tree`).
     TreeUnknown(Option<GitCommit>),
+    /// `"Running <id> (<variant>, sha256 <12 hex>), fallback: <reason or none>"`: what modeld
+    /// runs, from its load receipt (contracts with one), written when it changes.
+    Running {
+        id: ModelId,
+        variant: &'static str,
+        sha256: manifest::Sha256Digest,
+        fallback: Option<&'static str>,
+    },
 }
 
 impl fmt::Display for Progress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Progress::Running {
+                id,
+                variant,
+                sha256,
+                fallback,
+            } => write!(
+                f,
+                "Running {id} ({variant}, sha256 {}), fallback: {}",
+                &sha256.to_hex()[..12],
+                fallback.unwrap_or("none")
+            ),
             Progress::Percent(t) => write!(f, "{}%", t.percent()),
             Progress::Verifying => f.write_str("Verifying authenticity..."),
             Progress::Downloaded => f.write_str("Downloaded!"),
@@ -200,6 +230,11 @@ impl fmt::Display for Progress {
                 f,
                 "Not yet: the model is still being published; trying again in {}...",
                 Wait(*wait)
+            ),
+            Progress::NoSpace { short } => write!(
+                f,
+                "Not enough free space: {} more needed; the update installs once it is free.",
+                cli_support::progress::bytes(*short)
             ),
             Progress::Failed(reason) => write!(f, "Download failed: {}", reason.text()),
             Progress::ManifestRefused(refusal) => f.write_str(refusal.ui_text()),
@@ -248,6 +283,22 @@ mod tests {
             (Progress::Verifying, "Verifying authenticity..."),
             (Progress::Downloaded, "Downloaded!"),
             (
+                Progress::Running {
+                    id: "pop226".parse().unwrap(),
+                    variant: "small",
+                    sha256: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+                        .parse()
+                        .unwrap(),
+                    fallback: Some("selected-load-failed"),
+                },
+                "Running pop226 (small, sha256 0123456789ab), fallback: selected-load-failed",
+            ),
+            (
+                Progress::Failed(FailReason::FailedToStart),
+                "Download failed: this model's file failed to start on this device; the built-in \
+                 model stays in use",
+            ),
+            (
                 Progress::Failed(FailReason::BadRequest),
                 "Download failed: request could not be read",
             ),
@@ -283,6 +334,10 @@ mod tests {
                 "Model update download failed; using the installed version until it downloads.",
             ),
             (Progress::ExternalGpuRequired, "External GPU required..."),
+            (
+                Progress::NoSpace { short: 3 << 29 },
+                "Not enough free space: 1.50 GiB more needed; the update installs once it is free.",
+            ),
             (
                 Progress::NotYet(std::time::Duration::from_secs(120)),
                 "Not yet: the model is still being published; trying again in 2 min...",

@@ -217,12 +217,18 @@ impl StatusDocument {
                 r.selected.id, r.selected.name, r.selected.version
             ),
             format!("resolves to: {}", r.resolved.display()),
-            match (r.catalog_models, &r.catalog_problem) {
-                (Some(n), _) => format!("catalog: {n} models"),
-                (None, Some(p)) => format!("catalog: NOT USED: {p}"),
-                (None, None) => "catalog: none yet".to_string(),
-            },
         ];
+        if let Some(run) = &r.running {
+            lines.extend(run.lines());
+        }
+        lines.extend([match (r.catalog_models, &r.catalog_problem) {
+            (Some(n), _) => format!("catalog: {n} models"),
+            (None, Some(p)) => format!("catalog: NOT USED: {p}"),
+            (None, None) => "catalog: none yet".to_string(),
+        }]);
+        for b in &r.bad_artifacts {
+            lines.push(format!("  bad artifact: {}", b.text));
+        }
         for n in &r.not_installable {
             lines.push(format!("  {} ({}): {}", n.id, n.file, n.reason));
         }

@@ -95,6 +95,12 @@ pub struct StatusReport {
     /// [`DeviceView::problems`]): reported, read as absent; absent from `--json` when none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<String>,
+    /// What modeld runs, from its load receipt; absent on a contract without one (v25).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub running: Option<crate::load_receipt::RunningReport>,
+    /// Artifacts modeld could not start, not downloaded again while the catalog lists them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bad_artifacts: Vec<crate::load_receipt::BadArtifactReport>,
 }
 
 /// A chosen GPU-only model that is not installed because no Chestnut is ready, as `status`
@@ -440,6 +446,8 @@ pub fn status(device: &Device) -> Result<StatusReport> {
         catalog_problem: view.catalog.problem(),
         waiting_for_chestnut: waiting,
         unreadable: view.problems(),
+        running: crate::load_receipt::running_report(device),
+        bad_artifacts: crate::load_receipt::bad_report(device, catalog),
     })
 }
 

@@ -49,7 +49,7 @@ impl Device {
                 if matches!(
                     self.verify_entry(entry, false)?,
                     VerifyState::Verified | VerifyState::Outdated
-                ) =>
+                ) && crate::load_receipt::condemned(self, entry).is_none() =>
             {
                 Ok((self.artifact_path(&id), sel))
             }

@@ -7,6 +7,7 @@ mod common;
 mod crash_enumeration;
 mod device_contract;
 mod fallback;
+mod load_receipt;
 mod operations;
 mod preview;
 mod signed_crash;

@@ -103,6 +103,17 @@ pub enum Error {
     #[error("{} is missing or unreadable; pass --version vN", path.display())]
     RecordMissing { path: PathBuf },
 
+    /// `rebuild --generation` differs from the generation the openpilot tree declares.
+    #[error(
+        "rebuild --generation {generation}, but the openpilot tree declares {declared} (its \
+         reviewed catalog is catalog-{declared}.json): rebuild {declared}, or pass the tree of \
+         {generation}"
+    )]
+    RebuildTreeGeneration {
+        generation: manifest::Generation,
+        declared: manifest::Generation,
+    },
+
     /// The recorded generation↔pin pairs (`tinygrad_pins.json`) do not parse or conflict.
     #[error("{}: {problem}", path.display())]
     Pins { path: PathBuf, problem: String },

@@ -401,7 +401,7 @@ impl Coverage {
 /// says `passed` although a command in it failed, or that lists no command, is refused as
 /// failed ([`preflight_contradiction`]).
 pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
-    let pin = manifest.tinygrad_commit();
+    let pin = manifest_revision(manifest);
     let mut cov = Coverage::default();
     let pin_problem = |recorded: &GitCommit| -> Option<String> {
         match &pin {
@@ -958,7 +958,7 @@ impl PublishRecord {
             generation,
             manifest: manifest_path.to_path_buf(),
             manifest_sha256: Sha256Digest::of_bytes(&manifest.to_canonical_bytes()),
-            tinygrad_commit: manifest.tinygrad_commit(),
+            tinygrad_commit: manifest_revision(manifest),
             published_at: UtcTime::now(),
             stores,
             models,
@@ -970,6 +970,16 @@ impl PublishRecord {
             signature_removed: allowance.signature_removed,
         }
     }
+}
+
+/// The tinygrad (compiler) revision a manifest records, under the key of the contract it names
+/// (v25 `tinygrad_commit`, v26 `compiler_revision`; [`manifest::contract::for_manifest`]).
+pub fn manifest_revision(manifest: &Manifest) -> Option<GitCommit> {
+    let (_, contract) = manifest::contract::for_manifest(
+        &manifest::PinTable::builtin(),
+        &manifest.to_canonical_bytes(),
+    );
+    manifest.revision(contract.contract())
 }
 
 #[cfg(test)]

@@ -199,10 +199,14 @@ pub fn run(
             ..RetryPolicy::default()
         },
         deep_verify: req.deep_verify,
-        contract: Contract {
-            pins: crate::tree::load_pins(req.openpilot.as_deref())?,
-            add_models: req.add_models.iter().cloned().collect(),
-            drop_models: req.drop_models.iter().cloned().collect(),
+        contract: {
+            let (pins, tree) = crate::tree::load_tree(req.openpilot.as_deref())?;
+            Contract {
+                pins,
+                add_models: req.add_models.iter().cloned().collect(),
+                drop_models: req.drop_models.iter().cloned().collect(),
+                tree,
+            }
         },
     };
     // A signature covers only what the manifest states: refused before any key is unlocked.

@@ -29,7 +29,8 @@ pub use dry_run::{DryRun, Fetch, PlannedBuild};
 pub use plan::{PlannedModel, SourceEntry, parse_source_map, plan};
 pub use record::{
     BuildRecord, FailureRecord, RecordedArtifact, RecordedVariant, VariantDropped, build_manifest,
-    record_fits, record_matches, recorded_version, variant_block,
+    build_manifest_for, record_fits, record_matches, recorded_version, tree_base, variant_block,
+    variant_block_for, variant_refusal, variants_to_build,
 };
 use record::{read_json, ready_verifies, write_json};
 pub use remote::{RemoteBuilder, fetch_sources};
@@ -183,9 +184,11 @@ pub struct Rebuild {
     pub planned: Vec<PlannedModel>,
     /// Source-map models the base catalog does not list (never added unasked).
     pub not_in_catalog: Vec<ModelId>,
-    /// The generation's contract: with build receipts, each artifact built gets its receipt
-    /// beside it ([`Rebuild::with_contract`]; by default the built-in pin table's).
+    /// The contract the generation runs ([`Rebuild::under_contract`]; v25 until told).
     pub contract: &'static manifest::Contract,
+    /// The source map and the `only` selection, to plan again under a contract.
+    map: Vec<SourceEntry>,
+    only: Vec<ModelId>,
 }
 
 /// How one model of a run ended.
@@ -313,8 +316,51 @@ impl Rebuild {
             base,
             planned,
             not_in_catalog,
-            contract: manifest::PinTable::builtin().contract(generation),
+            contract: manifest::ContractName::V25.contract(),
+            map,
+            only: only.to_vec(),
         })
+    }
+
+    /// The same run under the contract `pins` records for the generation. When that contract
+    /// takes its entries from the tree's reviewed catalog (v26) and `tree` declares this
+    /// generation, the base becomes [`tree_base`] (ids, versions, GPU flags and lab eligibility
+    /// from the tree's catalog) and the plan is made again from it; base models the tree's
+    /// catalog does not list are returned (they are not built or published). A tree that
+    /// declares another generation is refused.
+    pub fn under_contract(
+        mut self,
+        pins: &manifest::PinTable,
+        tree: Option<&manifest::TreeDeclaration>,
+    ) -> Result<(Self, Vec<ModelId>)> {
+        self.contract = pins.contract(self.generation);
+        let mut dropped = Vec::new();
+        if let Some(t) = tree {
+            if t.generation != self.generation {
+                return Err(Error::RebuildTreeGeneration {
+                    generation: self.generation,
+                    declared: t.generation,
+                });
+            }
+            if self.contract.entries_from_tree_catalog {
+                let (base, gone) = tree_base(&self.base, t)?;
+                let (planned, not_in_catalog) = plan(&self.map, &base, &self.only)?;
+                self.base = base;
+                self.planned = planned
+                    .into_iter()
+                    .map(|mut p| {
+                        if let Some(row) = t.row(p.source.id.as_str()) {
+                            p.gpu = row.uses_external_gpu;
+                            p.version = row.version;
+                        }
+                        p
+                    })
+                    .collect();
+                self.not_in_catalog = not_in_catalog;
+                dropped = gone;
+            }
+        }
+        Ok((self, dropped))
     }
 
     /// The contract the generation runs (from the pin table the tree records).
@@ -450,12 +496,26 @@ impl Rebuild {
         }
 
         let records = self.manifest_records(this_run);
-        let m = build_manifest(&self.base, &records, self.generation, &self.pin)?;
+        let m = build_manifest_for(
+            &self.base,
+            &records,
+            self.generation,
+            &self.pin,
+            self.contract,
+        )?;
         let variants_dropped: Vec<VariantDropped> = self
             .base
             .models()
             .iter()
-            .flat_map(|e| variant_block(e, records.iter().find(|r| &r.id == e.id())).1)
+            .flat_map(|e| {
+                variant_block_for(
+                    e,
+                    records.iter().find(|r| &r.id == e.id()),
+                    self.contract,
+                    Some(&self.pin),
+                )
+                .1
+            })
             .collect();
         let manifest_path = ws.ready_manifest(self.generation);
         atomic::write_atomic(&manifest_path, &m.to_canonical_bytes())?;
@@ -554,7 +614,7 @@ impl Rebuild {
             return Vec::new();
         };
         let mut built = Vec::new();
-        for (variant, declared) in entry.accelerators() {
+        for (variant, execution_device) in variants_to_build(entry, self.contract, p.gpu) {
             say(&format!("compiling accelerator variant {variant}"));
             match builder.compile_variant(p, &variant, sources, out, log, say) {
                 Ok(Some(a)) if let Err(e) = self.receipt(p, out, &a.name, sources) => {
@@ -568,7 +628,7 @@ impl Rebuild {
                         chunk_digests(out, &a.name, a.chunk_count).unwrap_or_default();
                     built.push(RecordedVariant {
                         variant,
-                        execution_device: declared.execution_device,
+                        execution_device,
                         artifact: RecordedArtifact {
                             name: a.name,
                             size: a.size,

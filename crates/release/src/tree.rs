@@ -12,7 +12,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use chunker::{SplitOptions, atomic};
-use manifest::{Generation, GitCommit, PinTable};
+use manifest::{Generation, GitCommit, PinTable, TreeDeclaration};
 use serde::Serialize;
 
 use crate::{Error, Result};
@@ -20,8 +20,89 @@ use crate::{Error, Result};
 /// `tinygrad_pins.json` holds one line per generation; a megabyte is far beyond any real table.
 pub const MAX_PINS_FILE_BYTES: u64 = 1 << 20;
 
-/// The built-in pins plus those `tinygrad bump` recorded in `<openpilot>/tinygrad_pins.json`.
+/// The built-in pins plus those `tinygrad bump` recorded in `<openpilot>/tinygrad_pins.json`,
+/// plus what the tree declares ([`tree_declaration`]): its generation's pin and contract.
 pub fn load_pins(openpilot: Option<&Path>) -> Result<PinTable> {
+    Ok(load_tree(openpilot)?.0)
+}
+
+/// [`load_pins`] and the tree's declaration together (the declaration's catalog rows are what
+/// a contract that takes its entries from the tree checks manifests against).
+pub fn load_tree(openpilot: Option<&Path>) -> Result<(PinTable, Option<TreeDeclaration>)> {
+    let mut pins = load_recorded_pins(openpilot)?;
+    let Some(dir) = openpilot else {
+        return Ok((pins, None));
+    };
+    let declared = tree_declaration(dir)?;
+    if let Some(d) = &declared {
+        let module = declared_module(dir, d);
+        pins.declare(d).map_err(|refusal| Error::Pins {
+            path: module,
+            problem: format!(
+                "the tree declares {} with compiler revision {} under the {} contract, but: \
+                 {refusal}",
+                d.generation, d.compiler_revision, d.contract
+            ),
+        })?;
+    }
+    Ok((pins, declared))
+}
+
+/// The catalog module of the contract a declaration came from.
+fn declared_module(dir: &Path, d: &TreeDeclaration) -> PathBuf {
+    d.contract
+        .contract()
+        .tree
+        .map_or_else(|| dir.to_path_buf(), |t| dir.join(t.catalog_module))
+}
+
+/// A reviewed catalog is a manifest-sized document.
+pub const MAX_TREE_CATALOG_BYTES: u64 = manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES;
+
+/// What the openpilot tree declares about its generation: for each contract whose trees declare
+/// themselves (upstream's v26 catalog module, its reviewed `catalog-vNN.json` beside it and
+/// `upstream-sync.json`), read through the bounded reader; `None` for a tree that carries no
+/// such module (a v25 tree). A module whose declaration cannot be read is an error naming it.
+pub fn tree_declaration(openpilot: &Path) -> Result<Option<TreeDeclaration>> {
+    for contract in manifest::contract::declaring_contracts() {
+        let Some(markers) = contract.tree else {
+            continue;
+        };
+        let module = openpilot.join(markers.catalog_module);
+        let mut files = manifest::TreeFiles {
+            catalog_module: fs::symlink_metadata(&module).is_ok_and(|m| m.is_file()),
+            ..Default::default()
+        };
+        if !files.catalog_module {
+            continue;
+        }
+        let catalog_dir = module.parent().unwrap_or(openpilot).to_path_buf();
+        let mut names: Vec<String> = fs::read_dir(&catalog_dir)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| manifest::contract::parse_tree_catalog_name(contract, n).is_some())
+            .collect();
+        names.sort();
+        for name in names {
+            let path = catalog_dir.join(&name);
+            if let Some(bytes) = chunker::bounded::read_capped(&path, MAX_TREE_CATALOG_BYTES)? {
+                files.catalogs.push((name, bytes));
+            }
+        }
+        files.sync_file =
+            chunker::bounded::read_capped(&openpilot.join(markers.sync_file), MAX_PINS_FILE_BYTES)?;
+        return manifest::contract::declaration(contract.name, &files).map_err(|problem| {
+            Error::Pins {
+                path: module,
+                problem,
+            }
+        });
+    }
+    Ok(None)
+}
+
+/// The built-in pins plus those recorded in `tinygrad_pins.json`.
+fn load_recorded_pins(openpilot: Option<&Path>) -> Result<PinTable> {
     let mut pins = PinTable::builtin();
     let Some(dir) = openpilot else {
         return Ok(pins);
@@ -749,6 +830,56 @@ mod tests {
 
     const V25: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
     const NEW: &str = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+
+    /// A tree carrying the catalog module declares its generation's pin and contract through
+    /// `load_pins`; a made-up v27 tree is a v26-contract generation; a pin recorded in
+    /// `tinygrad_pins.json` that contradicts the declaration is refused naming the module; a
+    /// v25 tree declares nothing.
+    #[test]
+    fn a_tree_declares_its_generation_contract_and_revision() {
+        let rows = [("sc2", "SC2", "v9", false, true)];
+        for (generation, revision) in [
+            ("v26", NEW),
+            ("v27", "2222222222222222222222222222222222222222"),
+        ] {
+            let t = tempfile::tempdir().unwrap();
+            test_support::v26_checker::write_tree(t.path(), generation, revision, &rows);
+            let (pins, declared) = load_tree(Some(t.path())).unwrap();
+            let g: Generation = generation.parse().unwrap();
+            let d = declared.unwrap();
+            assert_eq!(d.generation, g);
+            assert_eq!(d.catalog.len(), 1);
+            assert_eq!(pins.get(g).unwrap().as_str(), revision);
+            assert_eq!(pins.contract_of(g), manifest::ContractName::V26);
+            assert_eq!(
+                pins.contract_of(Generation::new(25)),
+                manifest::ContractName::V25
+            );
+            assert_eq!(load_pins(Some(t.path())).unwrap(), pins);
+            // A recorded pin that contradicts the tree.
+            fs::write(
+                t.path().join(manifest::pins::PINS_FILE),
+                format!(r#"{{"{generation}": "{}"}}"#, "3".repeat(40)),
+            )
+            .unwrap();
+            let e = load_pins(Some(t.path())).unwrap_err().to_string();
+            assert!(e.contains("catalog.py") && e.contains(revision), "{e}");
+        }
+        let v25 = tempfile::tempdir().unwrap();
+        let (pins, declared) = load_tree(Some(v25.path())).unwrap();
+        assert!(declared.is_none());
+        assert_eq!(pins, PinTable::builtin());
+        // A FIFO planted as the sync file is refused, not read.
+        let t = tempfile::tempdir().unwrap();
+        test_support::v26_checker::write_tree(t.path(), "v26", NEW, &rows);
+        fs::remove_file(t.path().join("upstream-sync.json")).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(t.path().join("upstream-sync.json"))
+            .status()
+            .unwrap();
+        assert!(made.success());
+        assert!(load_pins(Some(t.path())).is_err());
+    }
 
     #[test]
     fn generations_in_python() {

@@ -6,3 +6,4 @@ pub mod release_stores;
 pub mod shell;
 pub mod skip;
 pub mod sshd;
+pub mod v26_checker;

@@ -85,7 +85,14 @@ pub struct ValidateArgs {
     /// Strictness; `release` is what `publish` requires.
     #[arg(long, value_enum, default_value_t = Mode::Catalog)]
     pub mode: Mode,
-    /// Print `{"file","mode","valid","models","problems":[{"path","message"}]}`.
+    /// The openpilot checkout: its recorded pins and what it declares (a v26 tree's catalog
+    /// module, reviewed `catalog-vNN.json` and `upstream-sync.json`) decide the contract the
+    /// manifest's generation runs, and the manifest must then carry that generation's revision
+    /// and (v26) only rows of the tree's reviewed catalog. Without it, a manifest whose
+    /// `artifact_abi` names a contract is judged by that contract's rules.
+    #[arg(long, value_name = "DIR")]
+    pub openpilot: Option<PathBuf>,
+    /// Print `{"file","mode","contract","valid","models","problems":[{"path","message"}]}`.
     #[arg(long)]
     pub json: bool,
 }
@@ -150,7 +157,14 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
                 ))
             })?,
     };
-    let mut m = load(&args.manifest)?;
+    let manifest_bytes = read_limited(&args.manifest)?;
+    let mut m = parse(&args.manifest, &manifest_bytes)?;
+    // The manifest's contract decides the artifact format written, and whether one plain file
+    // (count 0) may stand for an artifact that fits one chunk.
+    let contract =
+        manifest::contract::for_manifest(&manifest::PinTable::builtin(), &manifest_bytes)
+            .1
+            .contract();
     let entry = m.get(&id).ok_or_else(|| {
         CliError::check_failed(format!(
             "{}: no entry for model {id}; add it first (nothing was written)",
@@ -170,8 +184,23 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
     .as_str()
     .to_string();
     let logical = args.dir.join(&name);
-    let pieces = match chunker::resolve(&logical)? {
-        Some(chunker::Resolved::Chunked { pieces, .. }) => pieces,
+    let (pieces, plain) = match chunker::resolve(&logical)? {
+        Some(chunker::Resolved::Chunked { pieces, .. }) => (pieces, false),
+        Some(chunker::Resolved::Plain { path, size })
+            if contract.plain_file_when_one_chunk && size <= chunker::DEFAULT_CHUNK_SIZE =>
+        {
+            (vec![(path, size)], true)
+        }
+        Some(chunker::Resolved::Plain { size, .. }) if contract.plain_file_when_one_chunk => {
+            return Err(CliError::check_failed(format!(
+                "{}: a plain file of {size} bytes; the {} contract publishes a plain file only \
+                 when it fits one chunk ({} bytes): split it with `release-cli chunk split` \
+                 (nothing was written)",
+                logical.display(),
+                contract.name,
+                chunker::DEFAULT_CHUNK_SIZE
+            )));
+        }
         Some(other) => {
             return Err(CliError::check_failed(format!(
                 "{}: found a {} artifact; a release entry describes a chunk set (release-cli chunk split)",
@@ -222,13 +251,22 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
             sidecar.display()
         )));
     }
-    let artifact = manifest::Artifact::tinygrad(
+    let count = if plain { 0 } else { pieces.len() as u64 };
+    if plain {
+        chunk_sha256.clear();
+    }
+    let artifact = manifest::Artifact::for_contract(
+        contract,
         manifest::ArtifactSize::new(size).map_err(CliError::check_failed)?,
         sha256,
-        manifest::ChunkCount::new(pieces.len() as u64).map_err(CliError::check_failed)?,
+        manifest::ChunkCount::new(count).map_err(CliError::check_failed)?,
     );
     let entry = m.get_mut(&id).expect("looked up above");
     match &args.variant {
+        None if plain => {
+            entry.set_artifact(&artifact);
+            Ok(())
+        }
         None => entry.set_artifact_with_chunks(&artifact, &chunk_sha256),
         Some(v) => entry.set_accelerator_artifact(v, &artifact),
     }
@@ -257,7 +295,7 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
             variant: &args.variant,
             size,
             sha256: sha256.to_hex(),
-            chunk_count: pieces.len(),
+            chunk_count: count as usize,
             chunk_sha256: chunk_sha256.iter().map(|d| d.to_hex()).collect(),
             dry_run: args.dry_run,
         });
@@ -267,7 +305,7 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
         if args.dry_run { "dry run: " } else { "" },
         args.manifest.display(),
         if args.dry_run { "would be set " } else { "" },
-        pieces.len()
+        count
     )?;
     if args.dry_run {
         crate::outln!("nothing was changed; run the same command without --dry-run")?;
@@ -328,17 +366,22 @@ fn parse(path: &Path, bytes: &[u8]) -> CliResult<Manifest> {
 fn validate(args: ValidateArgs) -> CliResult {
     let (bytes, problems) = match read_bounded(&args.file)? {
         Ok(bytes) => {
-            let problems = manifest::validate_bytes(&bytes, args.mode.into(), &Limits::default());
+            let problems =
+                validate_under_contract(&bytes, args.mode.into(), args.openpilot.as_deref())?;
             (bytes, problems)
         }
         Err(size) => (
             Vec::new(),
-            vec![manifest::Problem {
-                path: "$".into(),
-                message: too_large_message(size),
-            }],
+            (
+                manifest::contract::BASE_CONTRACT,
+                vec![manifest::Problem {
+                    path: "$".into(),
+                    message: too_large_message(size),
+                }],
+            ),
         ),
     };
+    let (contract, problems) = problems;
     // The number of entries the file lists, valid or not; `None` when it has no models array.
     let models = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
@@ -359,6 +402,7 @@ fn validate(args: ValidateArgs) -> CliResult {
         struct ValidateReport<'a> {
             file: &'a Path,
             mode: &'a str,
+            contract: manifest::ContractName,
             valid: bool,
             models: Option<usize>,
             problems: Vec<ProblemLine<'a>>,
@@ -366,6 +410,7 @@ fn validate(args: ValidateArgs) -> CliResult {
         print_json(&ValidateReport {
             file: &args.file,
             mode: &mode,
+            contract,
             valid: problems.is_empty(),
             models,
             problems: problems
@@ -378,9 +423,14 @@ fn validate(args: ValidateArgs) -> CliResult {
         })?;
     } else if problems.is_empty() {
         crate::outln!(
-            "ok: {} is a valid manifest ({} models, {mode} rules)",
+            "ok: {} is a valid manifest ({} models, {mode} rules{})",
             args.file.display(),
-            models.unwrap_or(0)
+            models.unwrap_or(0),
+            if contract == manifest::contract::BASE_CONTRACT {
+                String::new()
+            } else {
+                format!(", {contract} contract")
+            }
         )?;
         if args.mode != Mode::Release {
             cli_support::info!(
@@ -397,13 +447,48 @@ fn validate(args: ValidateArgs) -> CliResult {
         Ok(())
     } else {
         Err(CliError::check_failed(format!(
-            "{}: {} problem{} ({mode} rules)",
+            "{}: {} problem{} ({mode} rules{})",
             args.file.display(),
             problems.len(),
-            if problems.len() == 1 { "" } else { "s" }
+            if problems.len() == 1 { "" } else { "s" },
+            if contract == manifest::contract::BASE_CONTRACT {
+                String::new()
+            } else {
+                format!(", {contract} contract")
+            }
         ))
         .after_json_report())
     }
+}
+
+/// The contract that judges `bytes` ([`manifest::contract::for_manifest`] over the pins of
+/// `openpilot`, or the built-in ones) and its problems. With a tree, the generation's pin and
+/// the tree's declaration (for the same generation) are expected; without one, nothing is.
+fn validate_under_contract(
+    bytes: &[u8],
+    mode: ValidationMode,
+    openpilot: Option<&Path>,
+) -> CliResult<(manifest::ContractName, Vec<manifest::Problem>)> {
+    let (pins, declared) = release::tree::load_tree(openpilot)?;
+    let (generation, contract) = manifest::contract::for_manifest(&pins, bytes);
+    let with_tree = openpilot.is_some();
+    let expect = manifest::Expectation {
+        generation: generation.filter(|_| with_tree),
+        revision: generation.filter(|_| with_tree).and_then(|g| pins.get(g)),
+        tree: declared
+            .as_ref()
+            .filter(|d| Some(d.generation) == generation),
+    };
+    Ok((
+        contract,
+        manifest::validate_for_contract(
+            bytes,
+            mode,
+            contract.contract(),
+            &expect,
+            &Limits::default(),
+        ),
+    ))
 }
 
 fn fmt(args: FmtArgs) -> CliResult {

@@ -75,7 +75,8 @@ pub fn run(args: RebuildArgs) -> CliResult {
         args.remote.openpilot.as_deref(),
         &args.remote.connect_options(),
     )?;
-    let rebuild = Rebuild::prepare(
+    let (pins, declared) = release::tree::load_tree(args.remote.openpilot.as_deref())?;
+    let (rebuild, not_in_tree) = Rebuild::prepare(
         args.workspace.clone(),
         &args.source_map,
         &args.base_manifest,
@@ -83,9 +84,14 @@ pub fn run(args: RebuildArgs) -> CliResult {
         args.generation,
         pin.clone(),
     )?
-    .with_contract(
-        release::tree::load_pins(args.remote.openpilot.as_deref())?.contract(args.generation),
-    );
+    .under_contract(&pins, declared.as_ref())?;
+    for id in &not_in_tree {
+        cli_support::info!(
+            "{id}: not a row of the tree's reviewed catalog; the {} contract publishes only its \
+             rows, so it is left out",
+            rebuild.contract.name
+        );
+    }
     let sources = StoreSpec::parse(&args.sources).map_err(CliError::usage)?;
     if args.dry_run {
         return dry_run(&args, &rebuild);
@@ -98,7 +104,8 @@ pub fn run(args: RebuildArgs) -> CliResult {
         args.remote.connect_options(),
         pin,
         &mut sink,
-    );
+    )
+    .with_contract(rebuild.contract);
     let summary = rebuild.run(&mut builder, &mut |p: Progress<'_>| {
         cli_support::info!(
             "[model {} of {}] {}: {} ({}s elapsed)",

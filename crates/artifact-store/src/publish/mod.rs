@@ -73,6 +73,34 @@ pub struct Contract {
     pub add_models: BTreeSet<ModelId>,
     /// IDs the new generation may drop (`--drop-model`).
     pub drop_models: BTreeSet<ModelId>,
+    /// What the openpilot tree declares (a v26 tree's reviewed catalog and compiler revision):
+    /// under a contract that takes its entries from the tree's catalog, the manifest's entries
+    /// must be its rows, with its versions and GPU flags.
+    pub tree: Option<manifest::TreeDeclaration>,
+}
+
+impl Contract {
+    /// The generation contract `generation` runs (from the pins).
+    pub fn of(&self, generation: Generation) -> &'static manifest::Contract {
+        self.pins.contract(generation)
+    }
+
+    /// What a manifest of `generation` must say under its contract: the generation; the pinned
+    /// revision where the contract requires its revision key (v26: `compiler_revision`; under
+    /// v25 the pin rule, [`manifest::check_pin`], judges `tinygrad_commit`); the tree's
+    /// declaration when it is for this generation.
+    pub fn expectation(&self, generation: Generation) -> manifest::Expectation<'_> {
+        let c = self.of(generation);
+        manifest::Expectation {
+            generation: Some(generation),
+            revision: c
+                .required_top_keys
+                .contains(&c.revision_key)
+                .then(|| self.pins.get(generation))
+                .flatten(),
+            tree: self.tree.as_ref().filter(|t| t.generation == generation),
+        }
+    }
 }
 
 /// The pin rule and, per store, the generation guard against the previous generation's
@@ -86,7 +114,7 @@ pub fn check_contract(
     manifest::check_pin(
         &contract.pins,
         generation,
-        manifest.tinygrad_commit().as_ref(),
+        manifest.revision(contract.of(generation)).as_ref(),
     )
     .map_err(|refusal| Error::Pin { refusal })?;
     let Some(previous) = generation.previous() else {
@@ -374,7 +402,11 @@ pub fn publish_signed(
             flag: opts.generation,
         }));
     }
-    let problems = manifest.validate(manifest::ValidationMode::Release);
+    let problems = manifest.validate_for_contract(
+        manifest::ValidationMode::Release,
+        opts.contract.of(opts.generation),
+        &opts.contract.expectation(opts.generation),
+    );
     if !problems.is_empty() {
         return Err(manifest::Error::Invalid(problems).into());
     }

@@ -72,17 +72,100 @@ pub fn variant_block(
     base: &manifest::ModelEntry,
     record: Option<&BuildRecord>,
 ) -> (Option<serde_json::Value>, Vec<VariantDropped>) {
-    let rebuilt: &[RecordedVariant] = record.map_or(&[], |r| &r.variants);
+    let v25 = manifest::ContractName::V25.contract();
+    let pin = record.map(|r| r.tinygrad_commit.clone());
+    variant_block_for(base, record, v25, pin.as_ref())
+}
+
+/// Why `contract` does not allow the accelerator variant `key` on an entry (GPU flag `gpu`,
+/// `model_lab_eligible` `lab`), or `None` when it does. The v25 contract allows every variant
+/// its catalog declares; the v26 contract only its accelerator key, only on a non-GPU model
+/// that is lab-eligible. Pure.
+pub fn variant_refusal(
+    contract: &manifest::Contract,
+    key: &str,
+    gpu: bool,
+    lab: bool,
+) -> Option<String> {
+    let rule = contract.accelerator;
+    if contract.whole_manifest_refusal && key != rule.key {
+        return Some(format!(
+            "the {} contract knows only the {:?} accelerator",
+            contract.name, rule.key
+        ));
+    }
+    if rule.requires_lab_eligible && (gpu || !lab) {
+        return Some(format!(
+            "the {} contract allows a {:?} variant only on a model without an external GPU \
+             that is model_lab_eligible",
+            contract.name, rule.key
+        ));
+    }
+    None
+}
+
+/// The accelerator variants a rebuild under `contract` builds for `entry` (key, execution
+/// device): under a contract whose variant depends on the model (v26), its accelerator key
+/// where [`variant_refusal`] allows it; otherwise (v25) the variants the base catalog declares.
+pub fn variants_to_build(
+    entry: &manifest::ModelEntry,
+    contract: &manifest::Contract,
+    gpu: bool,
+) -> Vec<(String, Option<String>)> {
+    let rule = contract.accelerator;
+    if rule.requires_lab_eligible {
+        let lab = entry.model_lab_eligible() == Some(true);
+        return match variant_refusal(contract, rule.key, gpu, lab) {
+            None => vec![(
+                rule.key.to_string(),
+                Some(rule.execution_device.to_string()),
+            )],
+            Some(_) => Vec::new(),
+        };
+    }
+    entry
+        .accelerators()
+        .into_iter()
+        .map(|(k, v)| (k, v.execution_device))
+        .collect()
+}
+
+/// [`variant_block`] under `contract`: only variants the contract allows on this entry are
+/// written, in its artifact format, with its execution device and (v26) the `pin` as the
+/// variant's `compiler_revision`; a variant it does not allow is dropped and named.
+pub fn variant_block_for(
+    base: &manifest::ModelEntry,
+    record: Option<&BuildRecord>,
+    contract: &manifest::Contract,
+    pin: Option<&GitCommit>,
+) -> (Option<serde_json::Value>, Vec<VariantDropped>) {
+    let gpu = record.map_or(base.uses_external_gpu(), |r| r.uses_external_gpu);
+    let lab = base.model_lab_eligible() == Some(true);
+    let mut rebuilt: Vec<&RecordedVariant> = Vec::new();
     let mut dropped = Vec::new();
+    for v in record.map_or(&[][..], |r| &r.variants) {
+        match variant_refusal(contract, &v.variant, gpu, lab) {
+            None => rebuilt.push(v),
+            Some(reason) => dropped.push(VariantDropped {
+                id: base.id().clone(),
+                variant: v.variant.clone(),
+                reason,
+            }),
+        }
+    }
     for (variant, _) in base.accelerators() {
+        if dropped.iter().any(|d| d.variant == variant) {
+            continue;
+        }
         if !rebuilt.iter().any(|v| v.variant == variant) {
             dropped.push(VariantDropped {
                 id: base.id().clone(),
-                variant,
-                reason: match record {
-                    None => "the model has no build for this generation".into(),
-                    Some(_) => "it was not rebuilt for this generation".into(),
+                reason: match (record, variant_refusal(contract, &variant, gpu, lab)) {
+                    (_, Some(reason)) => reason,
+                    (None, None) => "the model has no build for this generation".into(),
+                    (Some(_), None) => "it was not rebuilt for this generation".into(),
                 },
+                variant,
             });
         }
     }
@@ -92,7 +175,10 @@ pub fn variant_block(
     let mut block = serde_json::Map::new();
     for v in rebuilt {
         let mut fields = serde_json::Map::new();
-        fields.insert(keys::ARTIFACT_FORMAT.into(), "tinygrad_single_v1".into());
+        fields.insert(
+            keys::ARTIFACT_FORMAT.into(),
+            contract.artifact_format.into(),
+        );
         fields.insert(
             keys::ARTIFACT_FILENAME.into(),
             v.artifact.name.clone().into(),
@@ -106,8 +192,17 @@ pub fn variant_block(
             keys::ARTIFACT_CHUNK_COUNT.into(),
             v.artifact.chunk_count.into(),
         );
-        if let Some(d) = &v.execution_device {
-            fields.insert(keys::EXECUTION_DEVICE.into(), d.clone().into());
+        let device = match contract.accelerator.carries_compiler_revision {
+            true => Some(contract.accelerator.execution_device.to_string()),
+            false => v.execution_device.clone(),
+        };
+        if let Some(d) = device {
+            fields.insert(keys::EXECUTION_DEVICE.into(), d.into());
+        }
+        if contract.accelerator.carries_compiler_revision
+            && let Some(pin) = pin
+        {
+            fields.insert(keys::VARIANT_COMPILER_REVISION.into(), pin.as_str().into());
         }
         block.insert(v.variant.clone(), fields.into());
     }
@@ -165,14 +260,39 @@ pub fn build_manifest(
     generation: Generation,
     pin: &GitCommit,
 ) -> Result<Manifest> {
+    build_manifest_for(
+        base,
+        records,
+        generation,
+        pin,
+        manifest::ContractName::V25.contract(),
+    )
+}
+
+/// [`build_manifest`] under `contract`: its top-level keys (v26: `generation`,
+/// `compiler_revision`, `artifact_abi`; another contract's revision key is removed), its
+/// artifact format, and only the accelerator variants it allows ([`variant_block_for`]). The
+/// base is expected to hold the contract's entries already (for v26, the tree's reviewed
+/// catalog: [`tree_base`]).
+pub fn build_manifest_for(
+    base: &Manifest,
+    records: &[BuildRecord],
+    generation: Generation,
+    pin: &GitCommit,
+    contract: &manifest::Contract,
+) -> Result<Manifest> {
     let mut m = base.clone();
-    m.set_generation(generation);
-    m.set_tinygrad_commit(pin);
+    m.set_contract_keys(generation, pin, contract);
+    for other in manifest::contract::CONTRACTS.iter() {
+        if other.revision_key != contract.revision_key {
+            let _ = m.remove_top_level(other.revision_key);
+        }
+    }
     let ids: Vec<ModelId> = m.ids().cloned().collect();
     for id in ids {
         let entry = m.get_mut(&id).expect("listed");
         let record = records.iter().find(|r| r.id == id);
-        match variant_block(entry, record).0 {
+        match variant_block_for(entry, record, contract, Some(pin)).0 {
             Some(block) => entry.set(keys::ACCELERATOR_ARTIFACTS, block)?,
             None => {
                 entry.remove(keys::ACCELERATOR_ARTIFACTS)?;
@@ -180,7 +300,8 @@ pub fn build_manifest(
         }
         match record {
             Some(r) => {
-                let artifact = Artifact::tinygrad(
+                let artifact = Artifact::for_contract(
+                    contract,
                     ArtifactSize::new(r.artifact.size)?,
                     r.artifact.sha256,
                     ChunkCount::new(u64::from(r.artifact.chunk_count))?,
@@ -213,6 +334,50 @@ pub fn build_manifest(
         }
     }
     Ok(m)
+}
+
+/// The base of a rebuild under a contract that takes its entries from the tree's reviewed
+/// catalog (v26): the base catalog's entries that are rows of the tree's catalog, each with the
+/// row's `version`, `uses_external_gpu` and (when true, or already present)
+/// `model_lab_eligible`, then the rows the base lacks as new entries (`id`, `name`, `version`,
+/// `uses_external_gpu`, `model_lab_eligible`), in the catalog's order. Returns it and the base's
+/// ids the tree's catalog does not list (dropped). Pure.
+pub fn tree_base(
+    base: &Manifest,
+    tree: &manifest::TreeDeclaration,
+) -> Result<(Manifest, Vec<ModelId>)> {
+    let mut m = base.clone();
+    let mut dropped = Vec::new();
+    for id in base.ids() {
+        if tree.row(id.as_str()).is_none() {
+            m.remove(id);
+            dropped.push(id.clone());
+        }
+    }
+    for row in &tree.catalog {
+        match m.get_mut(&row.id) {
+            Some(entry) => {
+                entry.set_version(row.version);
+                entry.set_uses_external_gpu(row.uses_external_gpu);
+                if row.model_lab_eligible || entry.get(keys::MODEL_LAB_ELIGIBLE).is_some() {
+                    entry.set(keys::MODEL_LAB_ELIGIBLE, row.model_lab_eligible.into())?;
+                }
+            }
+            None => {
+                let mut fields = serde_json::Map::new();
+                fields.insert(keys::ID.into(), row.id.as_str().into());
+                fields.insert(keys::NAME.into(), row.name.clone().into());
+                fields.insert(keys::VERSION.into(), row.version.to_string().into());
+                fields.insert(keys::USES_EXTERNAL_GPU.into(), row.uses_external_gpu.into());
+                fields.insert(
+                    keys::MODEL_LAB_ELIGIBLE.into(),
+                    row.model_lab_eligible.into(),
+                );
+                m.insert(manifest::ModelEntry::from_map(fields)?)?;
+            }
+        }
+    }
+    Ok((m, dropped))
 }
 
 // ---- building -----------------------------------------------------------------------------

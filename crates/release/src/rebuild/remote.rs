@@ -23,6 +23,8 @@ pub struct RemoteBuilder<'a> {
     pub live: &'a mut dyn FnMut(&str),
     store: Option<Box<dyn Store>>,
     compiler: Option<Compiler>,
+    /// The contract whose accelerator variant this builder builds (v25 until told).
+    contract: &'static manifest::Contract,
 }
 
 impl<'a> RemoteBuilder<'a> {
@@ -43,7 +45,14 @@ impl<'a> RemoteBuilder<'a> {
             live,
             store: None,
             compiler: None,
+            contract: manifest::ContractName::V25.contract(),
         }
+    }
+
+    /// Build the accelerator variant of `contract` (v26: `amd`) instead of v25's.
+    pub fn with_contract(mut self, contract: &'static manifest::Contract) -> Self {
+        self.contract = contract;
+        self
     }
 }
 
@@ -105,7 +114,7 @@ impl Builder for RemoteBuilder<'_> {
         log: &Path,
         say: &mut dyn FnMut(&str),
     ) -> Result<Option<FetchedArtifact>, BuildError> {
-        if !variant_is_gpu_build(variant) {
+        if !variant_is_gpu_build_for(self.contract, variant) {
             return Ok(None);
         }
         self.connect_once(say)?;
@@ -134,8 +143,16 @@ impl Builder for RemoteBuilder<'_> {
 
 /// Whether this builder builds the `accelerator_artifacts` key `variant`: `chestnut` (the
 /// external AMD GPU, `./models --gpu`). Pure.
-pub fn variant_is_gpu_build(variant: &str) -> bool {
-    variant == "chestnut"
+#[cfg(test)]
+fn variant_is_gpu_build(variant: &str) -> bool {
+    variant_is_gpu_build_for(manifest::ContractName::V25.contract(), variant)
+}
+
+/// Whether this builder builds the `accelerator_artifacts` key `variant` under `contract`: the
+/// contract's accelerator (v25 `chestnut`, v26 `amd`; both the external AMD GPU build,
+/// `./models --gpu`). Pure.
+pub fn variant_is_gpu_build_for(contract: &manifest::Contract, variant: &str) -> bool {
+    variant == contract.accelerator.key
 }
 
 /// Move the verified chunk set `built` from `tmp` into `out` as

@@ -990,3 +990,264 @@ fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out.sort();
     out
 }
+
+// ---- the v26 contract --------------------------------------------------------------------
+
+/// The tree of a v26-contract generation: `sc23` (lab-eligible, no GPU), `bmrlnapv6` (GPU, its
+/// version v17 where the base says v16) and `new9` (a row the base lacks); `pop223` is not a row.
+fn v26_tree(generation: Generation, revision: &GitCommit) -> manifest::TreeDeclaration {
+    let row = |id: &str, v: u32, gpu: bool, lab: bool| manifest::contract::TreeCatalogRow {
+        id: id.parse().unwrap(),
+        name: id.to_uppercase(),
+        version: manifest::BehaviorVersion::new(v),
+        uses_external_gpu: gpu,
+        model_lab_eligible: lab,
+    };
+    manifest::TreeDeclaration {
+        generation,
+        contract: manifest::ContractName::V26,
+        compiler_revision: revision.clone(),
+        catalog: vec![
+            row("sc23", 9, false, true),
+            row("bmrlnapv6", 17, true, false),
+            row("new9", 8, false, false),
+        ],
+    }
+}
+
+fn v26_variant(name: &str) -> RecordedVariant {
+    RecordedVariant {
+        variant: name.into(),
+        execution_device: Some("AMD".into()),
+        artifact: RecordedArtifact {
+            name: format!("sc23_driving_{name}_tinygrad.pkl"),
+            size: 900,
+            sha256: chunker::Sha256Digest::of_bytes(name.as_bytes()),
+            chunk_count: 0,
+            files: vec![],
+            chunk_sha256: vec![],
+        },
+    }
+}
+
+#[test]
+fn variant_rules_by_contract() {
+    let v25 = manifest::ContractName::V25.contract();
+    let v26 = manifest::ContractName::V26.contract();
+    // (contract, key, gpu, lab, allowed)
+    for (c, key, gpu, lab, allowed) in [
+        (v25, "chestnut", false, false, true),
+        (v25, "chestnut", true, false, true),
+        (v25, "amd", false, false, true),
+        (v26, "amd", false, true, true),
+        (v26, "amd", true, true, false),
+        (v26, "amd", false, false, false),
+        (v26, "chestnut", false, true, false),
+    ] {
+        assert_eq!(
+            variant_refusal(c, key, gpu, lab).is_none(),
+            allowed,
+            "{} {key} gpu={gpu} lab={lab}",
+            c.name
+        );
+    }
+    let entry = |v: serde_json::Value| {
+        manifest::ModelEntry::from_map(v.as_object().unwrap().clone()).unwrap()
+    };
+    let declared = entry(serde_json::json!({"id": "sc23", "model_lab_eligible": true,
+        "accelerator_artifacts": {"chestnut": {"execution_device": "AMD"}}}));
+    assert_eq!(
+        variants_to_build(&declared, v25, false),
+        [("chestnut".to_string(), Some("AMD".to_string()))]
+    );
+    assert_eq!(
+        variants_to_build(&declared, v26, false),
+        [("amd".to_string(), Some("AMD".to_string()))]
+    );
+    assert!(variants_to_build(&declared, v26, true).is_empty());
+    let plain = entry(serde_json::json!({"id": "sc23"}));
+    assert!(variants_to_build(&plain, v26, false).is_empty());
+    assert!(remote::variant_is_gpu_build_for(v26, "amd"));
+    assert!(!remote::variant_is_gpu_build_for(v26, "chestnut"));
+}
+
+/// The rebuilt manifest of a v26-contract generation (v26 and a made-up v27) from a v25-shaped
+/// base: the tree's rows with their versions and GPU flags, the contract's top-level keys, the
+/// arena format, an `amd` variant only where allowed (a `chestnut` one dropped), and an
+/// independent checker of the schema accepts it.
+#[test]
+fn a_v26_contract_manifest_from_the_tree_passes_the_independent_checker() {
+    for (generation, revision) in [
+        (Generation::new(26), OTHER_PIN.parse::<GitCommit>().unwrap()),
+        (
+            Generation::new(27),
+            "2222222222222222222222222222222222222222".parse().unwrap(),
+        ),
+    ] {
+        let tree = v26_tree(generation, &revision);
+        let mut b = base();
+        // The v25 base carries the v25 extensions and a chestnut variant on sc23.
+        b.set_generation(Generation::new(25));
+        b.set_tinygrad_commit(&PIN.parse().unwrap());
+        b.get_mut(&id("sc23"))
+            .unwrap()
+            .set(
+                manifest::keys::ACCELERATOR_ARTIFACTS,
+                serde_json::json!({"chestnut": {"execution_device": "AMD"}}),
+            )
+            .unwrap();
+        let (tb, dropped) = tree_base(&b, &tree).unwrap();
+        assert_eq!(dropped, vec![id("pop223")]);
+        assert_eq!(
+            tb.ids().map(|i| i.as_str()).collect::<Vec<_>>(),
+            ["sc23", "bmrlnapv6", "new9"]
+        );
+        let contract = manifest::ContractName::V26.contract();
+        let mut rec = record(generation, &revision);
+        rec.variants = vec![v26_variant("amd"), v26_variant("chestnut")];
+        let mut gpu = rec.clone();
+        gpu.id = id("bmrlnapv6");
+        gpu.version = manifest::BehaviorVersion::new(17);
+        gpu.uses_external_gpu = true;
+        gpu.variants = vec![v26_variant("amd")];
+        let m =
+            build_manifest_for(&tb, &[rec.clone(), gpu], generation, &revision, contract).unwrap();
+        assert_eq!(
+            m.top_level().map(|(k, _)| k).collect::<Vec<_>>(),
+            ["generation", "compiler_revision", "artifact_abi"],
+            "tinygrad_commit is not a v26 key"
+        );
+        let sc = m.get(&id("sc23")).unwrap();
+        assert_eq!(
+            sc.accelerators()
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect::<Vec<_>>(),
+            ["amd"]
+        );
+        assert_eq!(
+            sc.get(manifest::keys::ACCELERATOR_ARTIFACTS).unwrap()["amd"]["compiler_revision"],
+            revision.as_str()
+        );
+        assert!(
+            m.get(&id("bmrlnapv6"))
+                .unwrap()
+                .get(manifest::keys::ACCELERATOR_ARTIFACTS)
+                .is_none()
+        );
+        let (_, why) = variant_block_for(
+            tb.get(&id("sc23")).unwrap(),
+            Some(&rec),
+            contract,
+            Some(&revision),
+        );
+        assert_eq!(why.len(), 1);
+        assert!(
+            why[0].variant == "chestnut" && why[0].reason.contains("only"),
+            "{why:?}"
+        );
+
+        // The independent checker, over the manifest's models that have artifacts (new9 has
+        // none: a catalog row, which the checker also accepts).
+        let gen_text = generation.to_string();
+        let catalog = serde_json::to_vec(&serde_json::json!({"models": tree.catalog.iter().map(|r| serde_json::json!({
+            "id": r.id.as_str(), "version": r.version.to_string(), "uses_external_gpu": r.uses_external_gpu
+        })).collect::<Vec<_>>()})).unwrap();
+        let rt = test_support::v26_checker::Runtime {
+            generation: &gen_text,
+            compiler_revision: revision.as_str(),
+            artifact_abi: "tinygrad_single_v1_arena",
+            bundled: "bundled-current",
+            catalog: test_support::v26_checker::catalog_rows(&catalog),
+        };
+        let rows = test_support::v26_checker::check_manifest(&m.to_canonical_bytes(), &rt)
+            .unwrap_or_else(|e| panic!("{generation}: {e}\n{}", m.to_canonical_string()));
+        assert_eq!(rows.len(), 3);
+        // And our own validator, given the tree.
+        let problems = m.validate_for_contract(
+            manifest::ValidationMode::Catalog,
+            contract,
+            &manifest::Expectation {
+                generation: Some(generation),
+                revision: Some(&revision),
+                tree: Some(&tree),
+            },
+        );
+        assert!(problems.is_empty(), "{problems:#?}");
+        // The v25 contract's manifest from the same inputs is today's.
+        let v25 = build_manifest_for(
+            &b,
+            std::slice::from_ref(&rec),
+            generation,
+            &revision,
+            manifest::ContractName::V25.contract(),
+        )
+        .unwrap();
+        assert_eq!(
+            v25,
+            build_manifest(&b, &[rec], generation, &revision).unwrap()
+        );
+    }
+}
+
+/// `under_contract`: v25 by default and for a v25 table; a v26-contract generation with its
+/// tree plans from the tree's rows (versions and GPU flags the tree's), and a tree of another
+/// generation is refused.
+#[test]
+fn a_rebuild_under_the_v26_contract_plans_from_the_tree() {
+    let t = tempfile::tempdir().unwrap();
+    let map_path = t.path().join("map.json");
+    fs::write(
+        &map_path,
+        br#"{"sc23": {}, "bmrlnapv6": {"uses_external_gpu": false}, "pop223": {}}"#,
+    )
+    .unwrap();
+    let base_path = t.path().join("base.json");
+    fs::write(&base_path, BASE).unwrap();
+    let revision: GitCommit = OTHER_PIN.parse().unwrap();
+    for g in [26, 27] {
+        let generation = Generation::new(g);
+        let r = Rebuild::prepare(
+            t.path().join("ws"),
+            &map_path,
+            &base_path,
+            &[],
+            generation,
+            revision.clone(),
+        )
+        .unwrap();
+        assert_eq!(r.contract.name, manifest::ContractName::V25);
+        let tree = v26_tree(generation, &revision);
+        let mut pins = manifest::PinTable::builtin();
+        pins.declare(&tree).unwrap();
+        let (r, dropped) = r.under_contract(&pins, Some(&tree)).unwrap();
+        assert_eq!(r.contract.name, manifest::ContractName::V26);
+        assert_eq!(dropped, vec![id("pop223")]);
+        let planned: Vec<(String, String, bool)> = r
+            .planned
+            .iter()
+            .map(|p| (p.source.id.to_string(), p.version.to_string(), p.gpu))
+            .collect();
+        assert_eq!(
+            planned,
+            [
+                ("sc23".into(), "v9".into(), false),
+                ("bmrlnapv6".into(), "v17".into(), true)
+            ]
+        );
+        let other = v26_tree(Generation::new(g + 1), &revision);
+        let r = Rebuild::prepare(
+            t.path().join("ws"),
+            &map_path,
+            &base_path,
+            &[],
+            generation,
+            revision.clone(),
+        )
+        .unwrap();
+        assert!(matches!(
+            r.under_contract(&pins, Some(&other)),
+            Err(Error::RebuildTreeGeneration { .. })
+        ));
+    }
+}
