@@ -148,15 +148,22 @@ fn release(root: &Path, generation: &'static str) -> Release {
         receipt("pop223", pin, &variant),
     )
     .unwrap();
+    // The v26 contract's manifest: top-level generation, compiler_revision and artifact_abi;
+    // the arena format; an `amd` variant (on a lab-eligible non-GPU model) naming the revision.
     let mut e = entry("pop223", &model, model.len().div_ceil(1000) as u32);
+    e["artifact_format"] = json!(ABI);
+    e["model_lab_eligible"] = json!(true);
     e["accelerator_artifacts"] = json!({"amd": {
-        "artifact_format": "tinygrad_single_v1", "artifact_size": variant.len(),
+        "artifact_format": ABI, "artifact_size": variant.len(),
         "artifact_sha256": sha_hex(&variant),
-        "artifact_chunk_count": variant.len().div_ceil(1000), "execution_device": "AMD"}});
+        "artifact_chunk_count": variant.len().div_ceil(1000), "execution_device": "AMD",
+        "compiler_revision": pin}});
     let raw = root.join("raw.json");
     std::fs::write(
         &raw,
-        json!({"generation": generation, "tinygrad_commit": pin, "models": [e]}).to_string(),
+        json!({"generation": generation, "compiler_revision": pin, "artifact_abi": ABI,
+               "models": [e]})
+        .to_string(),
     )
     .unwrap();
     let o = cli(&["manifest", "fmt", s(&raw)]);
@@ -298,7 +305,21 @@ fn a_release_of_this_generation_publishes() {
             !stored.join("pop223_driving_tinygrad.build.json").exists(),
             "{generation}"
         );
-        assert_eq!(r.pin.len(), 40);
+        // What was published is a manifest a v26 device accepts (the independent checker).
+        let published =
+            std::fs::read(store.join(format!("manifests/model_names_{generation}.json"))).unwrap();
+        let rows = test_support::v26_checker::check_manifest(
+            &published,
+            &test_support::v26_checker::Runtime {
+                generation,
+                compiler_revision: r.pin,
+                artifact_abi: ABI,
+                bundled: "bundled-current",
+                catalog: [("pop223".to_string(), ("v15".to_string(), false))].into(),
+            },
+        )
+        .unwrap_or_else(|e| panic!("{generation}: {e}"));
+        assert!(rows.contains_key("pop223"), "{generation}");
     }
 }
 
