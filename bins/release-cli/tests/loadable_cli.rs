@@ -526,6 +526,46 @@ fn tree(root: &Path, generation: &str, pin: &str) -> PathBuf {
     op
 }
 
+/// A tree that declares its generation the way upstream's v26 tree does (catalog module,
+/// reviewed catalog, upstream-sync.json; no tinygrad_pins.json, no TINYGRAD_COMMIT): builtin
+/// judges the built-in by the declared revision.
+#[test]
+fn builtin_in_a_declaring_tree_uses_the_declared_revision() {
+    for (generation, pin, other) in [("v26", V26_PIN, V27_PIN), ("v27", V27_PIN, V26_PIN)] {
+        let t = tempfile::tempdir().unwrap();
+        let op = t.path().join("op");
+        std::fs::create_dir_all(op.join("selfdrive/modeld/models")).unwrap();
+        test_support::v26_checker::write_tree(
+            &op,
+            generation,
+            pin,
+            &[("pop223", "Pop", "v15", false, true)],
+        );
+        let artifact = t.path().join("rdf43_driving_tinygrad.pkl");
+        let receipt_path = t.path().join("rdf43_driving_tinygrad.build.json");
+        let run = || cli(&["builtin", "--artifact", s(&artifact), "--openpilot", s(&op)]);
+        let foreign = stamp_of(other, "v15", 3);
+        std::fs::write(&artifact, &foreign).unwrap();
+        std::fs::write(&receipt_path, receipt("rdf43", pin, &foreign)).unwrap();
+        let before = snapshot(&op);
+        let err = refused(&run());
+        assert!(
+            err.contains("compiler_revision") && err.contains(other),
+            "{err}"
+        );
+        assert_eq!(snapshot(&op), before);
+        let good = stamp_of(pin, "v15", 3);
+        std::fs::write(&artifact, &good).unwrap();
+        std::fs::write(&receipt_path, receipt("rdf43", pin, &good)).unwrap();
+        let o = run();
+        assert!(o.status.success(), "{generation}: {}", text(&o.stderr));
+        assert!(
+            op.join("selfdrive/modeld/models/driving_tinygrad.build.json")
+                .is_file()
+        );
+    }
+}
+
 #[test]
 fn builtin_takes_only_this_pins_stamped_and_receipted_model_and_writes_its_receipt() {
     for (generation, pin, other) in [("v26", V26_PIN, V27_PIN), ("v27", V27_PIN, V26_PIN)] {
