@@ -76,6 +76,14 @@ pub enum Event {
         generation: Generation,
         reason: String,
     },
+    /// A shipped file passed the runtime gate: its stamp's framing (driving artifacts) and
+    /// whether a build receipt tied it to the pin (contracts with a stamp or receipts).
+    RuntimeChecked {
+        subject: String,
+        path: PathBuf,
+        framing: Option<String>,
+        receipt: bool,
+    },
     /// Progress of the upload itself (serialized on its own, as `artifact_store` shapes it).
     #[serde(skip_serializing)]
     Store(artifact_store::publish::Event),
@@ -149,13 +157,21 @@ pub fn run(
     }
     // The runtime gate: every driving artifact's stamp and every build receipt (contracts
     // that have them), before any store is opened.
-    crate::loadable::gate_publish(
+    let checked = crate::loadable::gate_publish(
         manifest,
         &req.artifacts,
         req.openpilot.as_deref(),
         &crate::tree::load_pins(req.openpilot.as_deref())?,
         req.generation,
     )?;
+    for c in checked {
+        on_event(&Event::RuntimeChecked {
+            subject: c.subject.to_string(),
+            path: c.path,
+            framing: c.framing.map(|f| f.to_string()),
+            receipt: c.receipt.is_some(),
+        });
+    }
     // The contract's latency bound over the validations the gate counted (validation SHA =
     // receipt SHA = artifact digest), unless validation is skipped with a reason.
     if let (Some(ws), None) = (&req.workspace, &req.skip_validation) {
