@@ -12,6 +12,7 @@ mod common;
 mod manifest_cli;
 mod manifest_v26_cli;
 mod publish_rules_cli;
+mod publish_v26_cli;
 mod rehearse_cli;
 mod release_contract;
 mod sign_cli;

@@ -405,7 +405,14 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
     let mut cov = Coverage::default();
     let pin_problem = |recorded: &GitCommit| -> Option<String> {
         match &pin {
-            None => Some("the manifest records no tinygrad_commit to compare with".into()),
+            None => Some(format!(
+                "the manifest records no tinygrad revision ({}) to compare with",
+                manifest::contract::CONTRACTS
+                    .iter()
+                    .map(|c| c.revision_key)
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            )),
             Some(p) if p != recorded => Some(format!(
                 "recorded with tinygrad {recorded}, the manifest is pinned to {p}"
             )),
