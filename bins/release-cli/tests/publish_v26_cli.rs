@@ -319,3 +319,36 @@ fn a_publish_over_the_other_tools_live_manifest_merges_its_rows() {
         assert_eq!(snapshot(&store), before, "{generation}: the store changed");
     }
 }
+
+/// Under the v26 contract an artifact that fits one chunk is published as one plain file
+/// (count 0), as `manifest set-artifact` writes it, and a device of the contract reads it.
+#[test]
+fn a_one_chunk_artifact_is_published_as_a_plain_file() {
+    for (generation, revision) in GENERATIONS {
+        let s = setup(generation, revision);
+        let dir = s.artifacts.join("pop223");
+        fs::remove_dir_all(&dir).unwrap();
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("pop223_driving_tinygrad.pkl"), &s.data).unwrap();
+        let mut doc = manifest(generation, revision, &s.data);
+        doc["models"][0]["artifact_chunk_count"] = json!(0);
+        let o = publish(&s, generation, &doc);
+        assert!(o.status.success(), "{generation}: {}", text(&o.stderr));
+        let store = s.dir.path().join("store");
+        let model = store.join(format!("models/{generation}/pop223"));
+        assert_eq!(
+            fs::read(model.join("pop223_driving_tinygrad.pkl")).unwrap(),
+            s.data
+        );
+        assert!(
+            !model
+                .join("pop223_driving_tinygrad.pkl.chunkmanifest")
+                .exists()
+        );
+        let live =
+            fs::read(store.join(format!("manifests/model_names_{generation}.json"))).unwrap();
+        let rows =
+            v26_checker::check_manifest(&live, &checker(generation, revision, &s.catalog)).unwrap();
+        assert_eq!(rows["pop223"]["artifact_chunk_count"], 0);
+    }
+}

@@ -549,7 +549,7 @@ pub fn publish_signed(
     }
     check_contract(manifest, stores, opts.generation, &opts.contract)?;
     check_signature_action(stores, opts.generation, signature)?;
-    let local = prepare_local(artifacts_dir, manifest)?;
+    let local = prepare_local_for(artifacts_dir, manifest, opts.contract.of(opts.generation))?;
     let intended: BTreeSet<ModelId> = local.iter().map(|a| a.id.clone()).collect();
     check_before_upload(manifest, &local, &intended, stores, opts)?;
     let manifest_bytes = manifest.to_canonical_bytes();
