@@ -352,3 +352,42 @@ fn a_one_chunk_artifact_is_published_as_a_plain_file() {
         assert_eq!(rows["pop223"]["artifact_chunk_count"], 0);
     }
 }
+
+/// The generation guard against the previous generation's manifest in the store: a
+/// v26-contract manifest lists only the models built so far, so a previous model it does not
+/// list yet is not refused as dropped; a changed version still is.
+#[test]
+fn the_generation_guard_lets_a_v26_contract_manifest_list_only_built_models() {
+    for (generation, revision) in GENERATIONS {
+        let s = setup(generation, revision);
+        let store = s.dir.path().join("store");
+        let previous = format!("v{}", generation[1..].parse::<u32>().unwrap() - 1);
+        let old_sha = "0".repeat(64);
+        let prev = json!({"generation": previous, "models": [
+            {"id": "pop223", "name": "Pop", "version": "v15", "uses_external_gpu": false,
+             "artifact_format": "tinygrad_single_v1", "artifact_size": 10,
+             "artifact_sha256": old_sha, "artifact_chunk_count": 1},
+            {"id": "gwm8223", "name": "GWM", "version": "v12", "uses_external_gpu": true,
+             "artifact_format": "tinygrad_single_v1", "artifact_size": 10,
+             "artifact_sha256": old_sha, "artifact_chunk_count": 1}
+        ]});
+        fs::create_dir_all(store.join("manifests")).unwrap();
+        let prev_path = store.join(format!("manifests/model_names_{previous}.json"));
+        fs::write(&prev_path, prev.to_string()).unwrap();
+        let o = publish(&s, generation, &manifest(generation, revision, &s.data));
+        assert!(o.status.success(), "{generation}: {}", text(&o.stderr));
+
+        // Another version than the previous generation's is still refused.
+        let mut changed = prev.clone();
+        changed["models"][0]["version"] = json!("v14");
+        fs::write(&prev_path, changed.to_string()).unwrap();
+        let live = store.join(format!("manifests/model_names_{generation}.json"));
+        fs::remove_file(&live).unwrap();
+        let before = snapshot(&store);
+        let o = publish(&s, generation, &manifest(generation, revision, &s.data));
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "{generation}: {err}");
+        assert!(err.contains("v14"), "{generation}: {err}");
+        assert_eq!(snapshot(&store), before);
+    }
+}

@@ -134,14 +134,16 @@ pub fn check_contract(
                 source: e,
             })
         })?;
-        manifest::generation_guard(&old, manifest, &contract.add_models, &contract.drop_models)
-            .map_err(|refusal| Error::GenerationGuard {
+        let (add, drop) = generation_guard_names(&old, manifest, contract.of(generation), contract);
+        manifest::generation_guard(&old, manifest, &add, &drop).map_err(|refusal| {
+            Error::GenerationGuard {
                 store: store.describe(),
                 generation,
                 previous,
                 path: path.to_string(),
                 refusal,
-            })?;
+            }
+        })?;
     }
     Ok(())
 }
@@ -249,6 +251,29 @@ pub fn merge_live_rows(
         merged = merge_live(&merged, &live, &intended);
     }
     Ok(merged)
+}
+
+/// The IDs the generation guard lets a new generation add and drop: those named
+/// (`--add-model`, `--drop-model`); under a contract whose entries are the tree's catalog rows
+/// (v26) also every ID only one side lists, because there the IDs are the tree's catalog
+/// (checked by the contract's validation) and a manifest lists only the models built so far, so
+/// a previous ID it lacks is not yet rebuilt, not retired. Versions, GPU flags and reused
+/// digests stay guarded. Pure.
+pub fn generation_guard_names(
+    previous: &Manifest,
+    new: &Manifest,
+    generation_contract: &manifest::Contract,
+    contract: &Contract,
+) -> (BTreeSet<ModelId>, BTreeSet<ModelId>) {
+    let mut add = contract.add_models.clone();
+    let mut drop = contract.drop_models.clone();
+    if generation_contract.entries_from_tree_catalog {
+        let old: BTreeSet<&ModelId> = previous.ids().collect();
+        let cur: BTreeSet<&ModelId> = new.ids().collect();
+        add.extend(cur.difference(&old).map(|id| (*id).clone()));
+        drop.extend(old.difference(&cur).map(|id| (*id).clone()));
+    }
+    (add, drop)
 }
 
 /// What is refused before any store is written, so that a refusal changes nothing. A dry run
