@@ -127,6 +127,32 @@ fn a_published_v26_contract_manifest_passes_the_independent_checker() {
         let rows = v26_checker::check_manifest(&live, &checker(generation, revision, &s.catalog))
             .unwrap_or_else(|e| panic!("{generation}: {e}"));
         assert_eq!(rows.len(), 1);
+        // `audit` judges the live store by the generation's contract: nothing to report.
+        let o = cli_in(
+            &[
+                "audit",
+                "--generation",
+                generation,
+                "--json",
+                "--store",
+                store.to_str().unwrap(),
+                "--openpilot",
+                s.tree.to_str().unwrap(),
+            ],
+            s.dir.path(),
+        );
+        let report: Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}{}", text(&o.stdout), text(&o.stderr)));
+        let kinds: Vec<&str> = report["stores"][0]["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["kind"].as_str().unwrap())
+            .collect();
+        assert!(
+            !kinds.iter().any(|k| k.starts_with("manifest_")),
+            "{generation}: {report}"
+        );
         // The chunks are where a v26 device fetches them.
         for i in 1..=3 {
             assert!(
