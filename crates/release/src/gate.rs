@@ -982,11 +982,7 @@ impl PublishRecord {
 /// The tinygrad (compiler) revision a manifest records, under the key of the contract it names
 /// (v25 `tinygrad_commit`, v26 `compiler_revision`; [`manifest::contract::for_manifest`]).
 pub fn manifest_revision(manifest: &Manifest) -> Option<GitCommit> {
-    let (_, contract) = manifest::contract::for_manifest(
-        &manifest::PinTable::builtin(),
-        &manifest.to_canonical_bytes(),
-    );
-    manifest.revision(contract.contract())
+    manifest.own_revision()
 }
 
 #[cfg(test)]
