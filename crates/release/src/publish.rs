@@ -139,7 +139,9 @@ pub fn run(
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<PublishOutcome> {
     let manifest = &req.manifest;
-    // The validation gate, before any store is opened or anything written.
+    // The validation gate, before any store is opened or anything written. It judges the
+    // models this release built (the rows merged from a live manifest below are another
+    // tool's, validated by it).
     let validation = check_gate(
         manifest,
         req.workspace.as_ref(),
@@ -209,12 +211,19 @@ pub fn run(
             }
         },
     };
+    // Under a contract whose rows another tool may publish to the same bucket (v26), the live
+    // rows this publish does not change are kept (reads only; a live manifest the contract
+    // refuses stops here). Everything below (signature, upload, record) is about the merged
+    // manifest.
+    let merged =
+        artifact_store::publish::merge_live_rows(manifest, &req.artifacts, &store_refs, &opts)?;
+    let manifest = &merged;
     // A signature covers only what the manifest states: refused before any key is unlocked.
     if !req.sign_keys.is_empty() {
         signing::require_covered(manifest, &req.manifest_path.display().to_string())
             .map_err(Error::SignRefused)?;
     }
-    let signature = sign(&req, &store_refs, passphrase, on_event)?;
+    let signature = sign(&req, manifest, &store_refs, passphrase, on_event)?;
     let action = match (&signature, &req.remove_signature) {
         (Some(sig), _) => SignatureAction::Sign(sig.as_bytes()),
         (None, Some(reason)) => {
@@ -341,6 +350,7 @@ fn github_only_gate(req: &PublishRequest) -> Result<GithubOnly> {
 /// release after every live signed one. `None` without keys.
 fn sign(
     req: &PublishRequest,
+    manifest: &Manifest,
     stores: &[&dyn Store],
     passphrase: &mut dyn FnMut(&Path) -> std::result::Result<String, String>,
     on_event: &mut dyn FnMut(&Event),
@@ -354,7 +364,7 @@ fn sign(
         .map(|p| SigningKey::load(p, passphrase))
         .collect::<artifact_store::Result<Vec<_>>>()
         .map_err(Error::PublishInput)?;
-    let bytes = req.manifest.to_canonical_bytes();
+    let bytes = manifest.to_canonical_bytes();
     let verifying: Vec<VerifyingKey> = keys.iter().map(VerifyingKey::from).collect();
     let live = signing::live_signatures(stores, req.generation, &verifying, &bytes)
         .map_err(Error::SignFailed)?;

@@ -371,7 +371,7 @@ fn store_status(
             match Manifest::from_slice(&bytes) {
                 Ok(m) => {
                     s.generation = m.generation();
-                    s.tinygrad_commit = m.tinygrad_commit();
+                    s.tinygrad_commit = m.own_revision();
                     s.models = Some(m.models().len());
                 }
                 Err(e) => s.problem = Some(format!("the live manifest does not parse: {e}")),

@@ -56,10 +56,9 @@ pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf
     };
     use release::records;
     let m = manifest::Manifest::from_slice(&std::fs::read(manifest).unwrap()).unwrap();
-    // The manifest's pin: `tinygrad_commit` (v25), else the v26 contract's `compiler_revision`.
-    let pin = m
-        .tinygrad_commit()
-        .or_else(|| m.revision(manifest::ContractName::V26.contract()))
+    // The manifest's revision under the contract it names (v25 `tinygrad_commit`, v26
+    // `compiler_revision`).
+    let pin = release::gate::manifest_revision(&m)
         .unwrap_or_else(manifest::layout::current_tinygrad_commit);
     let now = UtcTime::now();
     let preflight = PreflightRecord {
