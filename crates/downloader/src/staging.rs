@@ -372,10 +372,144 @@ pub(crate) fn stale_entries(
         .collect()
 }
 
+/// An artifact a plan may still download: its local name, and the SHA-256 the catalog declares
+/// for it (`None`: the digest comes from the origin's `.sha256` at download time).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Usable<'a> {
+    pub local_name: &'a str,
+    pub sha256_hex: Option<&'a str>,
+}
+
+/// Which entries of the staging directory no download can use, for `gc`. Pure: a table decides.
+/// A staging file or record (`<sha16>-<local_name>[.state]`) is usable when `usable` names its
+/// artifact with the same digest prefix, or with no declared digest; any other one of that shape
+/// is removed. Names of another shape (a temporary of an interrupted write) are left to the age
+/// rule of [`stale_entries`].
+pub fn unusable_staged(entries: &[String], usable: &[Usable<'_>]) -> Vec<String> {
+    entries
+        .iter()
+        .filter(|n| {
+            let base = n.strip_suffix(".state").unwrap_or(n);
+            let Some((sha, local)) = base.split_once('-') else {
+                return false;
+            };
+            if sha.len() != 16 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return false;
+            }
+            !usable.iter().any(|u| {
+                u.local_name == local && u.sha256_hex.is_none_or(|h| h.get(..16) == Some(sha))
+            })
+        })
+        .cloned()
+        .collect()
+}
+
+/// Bytes the staging file of an artifact (`sha256_hex`, `local_name`) holds on disk in
+/// `models_dir`'s staging directory: what its download reuses or frees before the space check,
+/// so a dry run counts them as free too. 0 when there is none (nothing is created or followed).
+pub fn staged_bytes(models_dir: &Path, sha256_hex: &str, local_name: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let (data, _) = staging_names(sha256_hex, local_name);
+    match std::fs::symlink_metadata(models_dir.join(STAGING_DIR).join(data)) {
+        Ok(m) if m.is_file() => m.blocks().saturating_mul(512),
+        _ => 0,
+    }
+}
+
+/// `gc` of the staging directory of `models_dir`: the entries [`unusable_staged`] names,
+/// removed unless `dry_run`; returns them. A models directory without a staging directory has
+/// none (nothing is created). Never follows a link (the directory is opened as for a download).
+pub fn collect_unusable(
+    models_dir: &Path,
+    usable: &[Usable<'_>],
+    dry_run: bool,
+) -> io::Result<Vec<String>> {
+    match std::fs::symlink_metadata(models_dir.join(STAGING_DIR)) {
+        Ok(m) if m.is_dir() => {}
+        _ => return Ok(Vec::new()),
+    }
+    let dir = StagingDir::open(models_dir)?;
+    let names: Vec<String> = dir.entries()?.into_iter().map(|(n, _)| n).collect();
+    let unusable = unusable_staged(&names, usable);
+    if !dry_run {
+        for name in &unusable {
+            dir.remove(name)?;
+        }
+        dir.sync()?;
+    }
+    Ok(unusable)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// The blocks a staged file holds count for its artifact; a link or nothing counts 0.
+    #[test]
+    fn staged_bytes_of_an_artifact() {
+        let dir = tempfile::tempdir().unwrap();
+        let sha = "ab".repeat(32);
+        assert_eq!(staged_bytes(dir.path(), &sha, "a_driving_tinygrad.pkl"), 0);
+        let staging = dir.path().join(STAGING_DIR);
+        fs::create_dir_all(&staging).unwrap();
+        let (data, _) = staging_names(&sha, "a_driving_tinygrad.pkl");
+        fs::write(staging.join(&data), vec![7u8; 64 * 1024]).unwrap();
+        assert!(staged_bytes(dir.path(), &sha, "a_driving_tinygrad.pkl") >= 64 * 1024);
+        assert_eq!(
+            staged_bytes(dir.path(), &"cd".repeat(32), "a_driving_tinygrad.pkl"),
+            0
+        );
+        let (other, _) = staging_names(&sha, "b_driving_tinygrad.pkl");
+        std::os::unix::fs::symlink(staging.join(&data), staging.join(other)).unwrap();
+        assert_eq!(staged_bytes(dir.path(), &sha, "b_driving_tinygrad.pkl"), 0);
+    }
+
+    /// `gc`'s rule: a staged file or record of an artifact no plan can use (another digest, a
+    /// model gone from the catalog) goes; one a download may resume stays; names of another
+    /// shape are left to the age rule.
+    #[test]
+    fn unusable_rule() {
+        let sha = "0123456789abcdef".repeat(4);
+        let other = "fedcba9876543210".repeat(4);
+        let (data, state) = staging_names(&sha, "a_driving_tinygrad.pkl");
+        let (old, old_state) = staging_names(&other, "a_driving_tinygrad.pkl");
+        let (gone, _) = staging_names(&sha, "z_driving_tinygrad.pkl");
+        let (b, _) = staging_names(&other, "b_driving_tinygrad.pkl");
+        let a = |h: Option<&'static str>| Usable {
+            local_name: "a_driving_tinygrad.pkl",
+            sha256_hex: h,
+        };
+        let b_any = Usable {
+            local_name: "b_driving_tinygrad.pkl",
+            sha256_hex: None,
+        };
+        let all = vec![
+            data.clone(),
+            state.clone(),
+            old.clone(),
+            old_state.clone(),
+            gone.clone(),
+            b.clone(),
+            ".new-1-x".to_string(),
+            "junk".to_string(),
+        ];
+        let sha_static: &'static str = Box::leak(sha.into_boxed_str());
+        for (usable, want) in [
+            (
+                vec![a(Some(sha_static)), b_any.clone()],
+                vec![old.clone(), old_state.clone(), gone.clone()],
+            ),
+            // No declared digest: any digest of that artifact may be resumed.
+            (vec![a(None)], vec![gone.clone(), b.clone()]),
+            (
+                vec![],
+                vec![data.clone(), state.clone(), old, old_state, gone, b],
+            ),
+        ] {
+            assert_eq!(unusable_staged(&all, &usable), want, "{usable:?}");
+        }
+    }
 
     #[test]
     fn stale_rule() {

@@ -167,6 +167,10 @@ pub enum Progress {
     /// files do not match its manifest yet (a republish in progress). No failure; the request
     /// is kept and tried again after this long.
     NotYet(std::time::Duration),
+    /// `"Not enough free space: 1.20 GiB more needed; the update installs once it is free."`: a
+    /// refresh blocked on space (`short` bytes beyond what is free now); nothing to do but free
+    /// space, the daemon's next refresh installs it.
+    NoSpace { short: u64 },
     /// `"Download failed: <reason>"`.
     Failed(FailReason),
     /// `"Model list refused: <why>"`: the manifest was not signed as the trusted keys require
@@ -226,6 +230,11 @@ impl fmt::Display for Progress {
                 f,
                 "Not yet: the model is still being published; trying again in {}...",
                 Wait(*wait)
+            ),
+            Progress::NoSpace { short } => write!(
+                f,
+                "Not enough free space: {} more needed; the update installs once it is free.",
+                cli_support::progress::bytes(*short)
             ),
             Progress::Failed(reason) => write!(f, "Download failed: {}", reason.text()),
             Progress::ManifestRefused(refusal) => f.write_str(refusal.ui_text()),
@@ -325,6 +334,10 @@ mod tests {
                 "Model update download failed; using the installed version until it downloads.",
             ),
             (Progress::ExternalGpuRequired, "External GPU required..."),
+            (
+                Progress::NoSpace { short: 3 << 29 },
+                "Not enough free space: 1.50 GiB more needed; the update installs once it is free.",
+            ),
             (
                 Progress::NotYet(std::time::Duration::from_secs(120)),
                 "Not yet: the model is still being published; trying again in 2 min...",

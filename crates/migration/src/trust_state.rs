@@ -132,6 +132,27 @@ pub fn merge_floor(file: &FloorCopy, param: &FloorCopy) -> Option<Floor> {
     })
 }
 
+/// [`merge_floor`] of the copies as [`crate::floor::bound`] leaves them (`held`: the signed
+/// catalog the device holds): a copy the bound changed is marked for rewriting too. Pure.
+pub fn merge_bounded(
+    file: &FloorCopy,
+    param: &FloorCopy,
+    generation: Generation,
+    held: Option<&AcceptedRelease>,
+) -> Option<Floor> {
+    let (f, p) = crate::floor::bound(file, param, generation, held);
+    let mut floor = merge_floor(&f, &p)?;
+    floor.repair_file |= f != *file;
+    floor.repair_param |= p != *param;
+    Some(floor)
+}
+
+/// The floor of `device` from its two copies, bounded by the signed catalog it holds.
+fn merge_device(device: &Device, file: &FloorCopy, param: &FloorCopy) -> Option<Floor> {
+    let held = device.stored_signed();
+    merge_bounded(file, param, device.config.generation, held.as_ref())
+}
+
 /// Both copies as read (size-capped, regular files only).
 pub fn floor_copies(device: &Device) -> (FloorCopy, FloorCopy) {
     crate::floor::read_copies(
@@ -144,7 +165,7 @@ pub fn floor_copies(device: &Device) -> (FloorCopy, FloorCopy) {
 /// resets nothing by itself.
 pub fn floor(device: &Device) -> Result<Floor> {
     let (file, param) = floor_copies(device);
-    merge_floor(&file, &param).ok_or_else(|| {
+    merge_device(device, &file, &param).ok_or_else(|| {
         let problem = |c: &FloorCopy| match c {
             FloorCopy::Missing => "missing".to_string(),
             FloorCopy::Corrupt(m) => format!("corrupt: {m}"),
@@ -181,7 +202,7 @@ pub fn floor_report(device: &Device) -> FloorReport {
         FloorCopy::Corrupt(m) => format!("corrupt: {m}"),
         FloorCopy::Valid(_) => "valid".to_string(),
     };
-    let (accepted_release, source, problem) = match merge_floor(&file, &param) {
+    let (accepted_release, source, problem) = match merge_device(device, &file, &param) {
         Some(f) => (
             f.merged.get(&generation.to_string()).cloned(),
             f.source(&file, &param, generation),
@@ -219,12 +240,29 @@ pub fn accepted_release(
 /// it fetches, so a corrupt file never wedges it and never lowers the floor).
 fn repair_floor(device: &Device, floor: &Floor) -> Result<()> {
     if floor.repair_file {
+        clear_directory(device, &device.models_dir().join(ACCEPTED_RELEASE_FILE))?;
         device.write_json(ACCEPTED_RELEASE_FILE, &floor.merged)?;
     }
     if floor.repair_param {
+        clear_directory(
+            device,
+            &device.params.path(keys::MODEL_MANIFEST_ACCEPTED_RELEASE),
+        )?;
         write_floor_param(device, &floor.merged)?;
     }
     Ok(())
+}
+
+/// A directory at a floor copy's path, removed so the repair's rename can replace it (a link,
+/// a FIFO or a file is replaced by the rename itself, never followed). Not in a dry run.
+fn clear_directory(device: &Device, path: &std::path::Path) -> Result<()> {
+    if device.effects().is_plan() {
+        return Ok(());
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Ok(fs_err::remove_dir_all(path)?),
+        _ => Ok(()),
+    }
 }
 
 fn write_floor_param(device: &Device, all: &AcceptedReleases) -> Result<()> {
@@ -318,6 +356,8 @@ pub fn store_accepted(device: &Device, fetched: &FetchedManifest) -> Result<()> 
         }
         None => device.write_file(CATALOG_FILE, &accepted_catalog_body(fetched, generation)?)?,
     }
+    // What upstream reads, where its layout keeps it (nothing apart on a flat layout).
+    device.publish_catalog(&fetched.raw)?;
     // An origin that served a refused manifest before another served a good one is still
     // worth a look (someone may have written to that store); else clear.
     let refused: Vec<(&str, &Refusal)> = fetched

@@ -72,7 +72,16 @@ impl Staging {
         });
         let file = match (resumed.is_some(), existing) {
             (true, Some(f)) => f,
-            _ => {
+            (_, existing) => {
+                // A staging file nothing can resume (a download cut before its first record,
+                // e.g. by a full disk, or a record of another size) holds this artifact's own
+                // preallocated blocks: removed before the space check, so they count as free
+                // instead of blocking the very download they were reserved for.
+                if existing.is_some() {
+                    drop(existing);
+                    dir.remove(&data_name)?;
+                    dir.remove(&state_name)?;
+                }
                 let available = space::available_bytes(models_dir)?;
                 let needed = plan.size.saturating_add(margin);
                 if available < needed {
