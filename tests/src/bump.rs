@@ -597,6 +597,18 @@ pub fn made_up_tinygrad(dir: &Path) -> Result<String> {
     Ok(git(dir, &["rev-parse", "HEAD"])?.trim().to_string())
 }
 
+/// The made-up tinygrad's next commit (the pin of the generation after the one [`made_up_tinygrad`]
+/// or an earlier call pinned): one more file, one more commit. Returns that commit.
+pub fn next_tinygrad_commit(dir: &Path, label: &str) -> Result<String> {
+    write(
+        &dir.join(format!("tinygrad/{label}.py")),
+        format!("# a made-up tinygrad change: {label}\n").as_bytes(),
+    )?;
+    git(dir, &["add", "-A"])?;
+    git(dir, &["commit", "-q", "-m", label])?;
+    Ok(git(dir, &["rev-parse", "HEAD"])?.trim().to_string())
+}
+
 // ---- the device ------------------------------------------------------------------------------
 
 /// A comma: `/data` (models and params), `/dev/shm/params/d`, and its openpilot checkout as the

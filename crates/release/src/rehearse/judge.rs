@@ -266,7 +266,9 @@ pub fn judge_release(
 ) -> RehearsalCheck {
     let mut problems = Vec::new();
     match (manifest_pin, tree_pin) {
-        (None, _) => problems.push("the manifest records no tinygrad_commit".to_string()),
+        (None, _) => problems.push(
+            "the manifest records no tinygrad pin under its contract's revision key".to_string(),
+        ),
         (_, Err(e)) => problems.push(format!("the openpilot tree's tinygrad: {e}")),
         (Some(m), Ok(t)) if m != t => problems.push(format!(
             "the manifest is pinned to {m}, the openpilot tree's tinygrad_repo/TINYGRAD_COMMIT \

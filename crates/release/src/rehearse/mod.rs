@@ -336,8 +336,10 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
         .previous()
         .ok_or_else(|| input(format!("{g} has no previous generation to migrate from")))?;
     let cast = cast(&m, opts.select.as_ref())?;
-    let pin = m.tinygrad_commit();
     let pins = crate::tree::load_pins(Some(&opts.openpilot))?;
+    // The manifest's pin under the generation's contract (v25 `tinygrad_commit`, v26
+    // `compiler_revision`).
+    let pin = m.revision(pins.contract(g));
     // The runtime gate before anything is staged: every driving artifact's stamp and every
     // build receipt (the tree's built-in and DM set too), for contracts that have them.
     crate::loadable::gate_publish(&m, &opts.artifacts, Some(&opts.openpilot), &pins, g)?;
