@@ -237,11 +237,21 @@ impl<'a> Release<'a> {
     /// `release-cli builtin`: the RDF V4 build of `generation`'s workspace becomes the tree's
     /// built-in chunk set.
     pub fn builtin(&mut self, generation: Generation) -> Result<serde_json::Value> {
-        let artifact = self.workspace(generation).join(format!(
+        let artifact = self.builtin_source(generation);
+        self.builtin_from(&artifact)
+    }
+
+    /// The RDF V4 build in `generation`'s workspace (what [`Release::builtin`] installs).
+    pub fn builtin_source(&self, generation: Generation) -> PathBuf {
+        self.workspace(generation).join(format!(
             "ready/{BUILTIN_SOURCE}/{BUILTIN_SOURCE}{}",
             layout::ARTIFACT_SUFFIX
-        ));
-        let mut args = os(&["builtin", "--artifact"], [&artifact]);
+        ))
+    }
+
+    /// `release-cli builtin --artifact ARTIFACT`: `artifact` becomes the tree's built-in.
+    pub fn builtin_from(&mut self, artifact: &Path) -> Result<serde_json::Value> {
+        let mut args = os(&["builtin", "--artifact"], [artifact]);
         args.extend(os(&["--openpilot"], [&self.openpilot]));
         self.cli("builtin", &args, false)
     }
@@ -457,6 +467,42 @@ impl<'a> Release<'a> {
             })
             .map(|l| l.trim().to_string())
             .collect())
+    }
+
+    /// `release-cli publish --dry-run --skip-validation REASON` of `generation`'s workspace to
+    /// both stores, with the tree: the gates that do not need the validation records (the
+    /// runtime gate among them). Returns the exit code and stderr; nothing is written.
+    pub fn publish_dry_run_unvalidated(
+        &mut self,
+        generation: Generation,
+        reason: &str,
+    ) -> Result<(Option<i32>, String)> {
+        let ws = self.workspace(generation);
+        let mut cmd = Command::new(&self.bins.release_cli);
+        cmd.current_dir(&self.work)
+            .args([
+                "publish",
+                "--dry-run",
+                "--generation",
+                &generation.to_string(),
+            ])
+            .arg("--manifest")
+            .arg(ws.join(format!("ready/model_names_{generation}.json")))
+            .arg("--artifacts")
+            .arg(ws.join("ready"))
+            .arg("--to")
+            .arg(&self.store)
+            .arg("--to")
+            .arg(format!("github:{}", self.github_checkout.display()))
+            .arg("--hub")
+            .arg(&self.store)
+            .arg("--openpilot")
+            .arg(&self.openpilot)
+            .args(["--skip-validation", reason]);
+        let out = cmd
+            .output()
+            .map_err(|e| format!("cannot run release-cli publish: {e}"))?;
+        Ok((out.status.code(), text(&out.stderr)))
     }
 
     /// Commit subjects on the GitHub stand-in's `Models` branch, oldest first.

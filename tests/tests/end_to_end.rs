@@ -735,6 +735,27 @@ fn assert_receipts(
     }
 }
 
+/// Every file under `dir` (relative path → bytes), `.git` aside.
+fn all_files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if e.file_name() == ".git" {
+                continue;
+            }
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                let rel = p.strip_prefix(root).unwrap().display().to_string();
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
 /// Issue 34's end-to-end bump into upstream's v26 contract: the live v25 release, `tinygrad
 /// bump` to a made-up commit, the tree declaring v26 (catalog module, `catalog-v26.json`,
 /// `upstream-sync.json`), sync, rebuild/DM/built-in on a compiler that stamps its output (build
@@ -807,8 +828,33 @@ fn a_bump_into_the_v26_contract_and_on_to_v27_ships_what_upstream_accepts() {
         .unwrap();
         let top: serde_json::Value = serde_json::from_slice(&built).unwrap();
         assert_eq!(top["compiler_revision"], pin.as_str(), "{top}");
-        ok(rel.dm());
+        // The two-bump traps: the previous generation's RDF V4 build is not a built-in of this
+        // tree, and DM files this pin did not build (the previous tree's) stop a publish; each
+        // refusal changes nothing.
+        let tree_models = rel.openpilot.join("selfdrive/modeld/models");
+        let store_before = (all_files(&rel.store), all_files(&rel.github_checkout));
+        let tree_before = story::digests(&tree_models).unwrap();
+        let foreign = rel.builtin_from(&rel.builtin_source(previous));
+        assert!(
+            foreign.is_err(),
+            "{previous}'s built-in went into the {new} tree: {foreign:?}"
+        );
+        assert_eq!(story::digests(&tree_models).unwrap(), tree_before);
         ok(rel.builtin(new));
+        let (code, err) = rel
+            .publish_dry_run_unvalidated(new, "the runtime gate alone")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            code == Some(3) && err.contains("DM file"),
+            "publish with the previous tree's DM files was not refused ({code:?}):\n{err}"
+        );
+        assert_eq!(
+            (all_files(&rel.store), all_files(&rel.github_checkout)),
+            store_before
+        );
+        // The built-in changed what sync sends: sync before the DM build, as after any edit.
+        ok(rel.sync());
+        ok(rel.dm());
         assert_receipts(&rel, new, &pin);
         ok(rel.sync());
         rel.commit_tree(&format!("{new} DM and built-in"))
