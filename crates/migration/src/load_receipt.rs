@@ -817,6 +817,29 @@ pub struct Watcher {
     last_line: Option<String>,
     last_shown: Option<(ModelId, Sha256Digest, Option<&'static str>)>,
     seen: Option<SeenInstall>,
+    /// What the device would have modeld load, when it was last asked, and the receipt then.
+    expected: Option<(Option<Expected>, std::time::Instant, RunningModel)>,
+}
+
+/// How often a device with trusted keys works out what it would have modeld load while the
+/// receipt stays the same: `resolve` re-hashes the artifact there every time (the cache
+/// decides nothing), so not at every look. Without keys it is a `stat` and is asked each look.
+pub const PROTECTED_RECHECK: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether the watch asks `resolve` again: never asked, the receipt changed, the device has no
+/// trusted keys (a cached `stat`), or [`PROTECTED_RECHECK`] has passed. Pure.
+pub fn recheck_due(
+    last: Option<(&RunningModel, std::time::Instant)>,
+    running: &RunningModel,
+    protected: bool,
+    now: std::time::Instant,
+) -> bool {
+    match last {
+        None => true,
+        Some((before, at)) => {
+            before != running || !protected || now.duration_since(at) >= PROTECTED_RECHECK
+        }
+    }
 }
 
 impl Watcher {
@@ -837,7 +860,11 @@ impl Watcher {
         }
         self.next = Some(now + std::time::Duration::from_secs(source.rule.republish_secs));
         let running = read_on(device, source);
-        let expected = expected(device).ok();
+        let last = self.expected.as_ref().map(|(_, at, r)| (r, *at));
+        if recheck_due(last, &running, device.is_protected(), now) {
+            self.expected = Some((expected(device).ok(), now, running.clone()));
+        }
+        let expected = self.expected.as_ref().and_then(|(e, _, _)| e.clone());
         if let Some(Expected::Model {
             id,
             sha256: Some(sha256),
@@ -1363,6 +1390,33 @@ mod tests {
             ),
             Poison::No("no live receipt")
         );
+    }
+
+    #[test]
+    fn recheck_table() {
+        use std::time::{Duration, Instant};
+        let t = Instant::now();
+        let a = receipt("pop226", SHA, None, 9);
+        let b = receipt("pop226", SHA2, None, 9);
+        // (last, now's receipt, protected, elapsed) -> due
+        for (last, now, protected, after, due) in [
+            (None, &a, true, 0, true),
+            (Some(&a), &a, false, 0, true),
+            (Some(&a), &a, true, 5, false),
+            (Some(&a), &b, true, 5, true),
+            (Some(&a), &a, true, 60, true),
+        ] {
+            assert_eq!(
+                recheck_due(
+                    last.map(|r| (r, t)),
+                    now,
+                    protected,
+                    t + Duration::from_secs(after)
+                ),
+                due,
+                "{last:?} {protected} {after}"
+            );
+        }
     }
 
     #[test]
