@@ -348,13 +348,16 @@ impl<'a> Release<'a> {
     /// Every record the matrix publish requires for [`MODELS`] (docs/release.md, "The matrix
     /// publish requires"): preflight; one validation per row (v8, v15, external GPU), which
     /// here is one per model; stable `modelV2`; DM `driverStateV2` at both resolutions.
-    pub fn validation_records(&mut self, generation: Generation) -> Result<()> {
+    /// Returns each model's `validate --json` report, in [`MODELS`] order.
+    pub fn validation_records(&mut self, generation: Generation) -> Result<Vec<serde_json::Value>> {
         self.preflight(generation)?;
+        let mut reports = Vec::new();
         for id in MODELS {
             let r = self.validate(generation, id)?;
             if r["passed"] != true {
                 return Err(format!("validate {id} did not pass: {r}"));
             }
+            reports.push(r);
         }
         self.check(
             generation,
@@ -370,7 +373,7 @@ impl<'a> Release<'a> {
                 "driverStateV2 steady (stand-in device)",
             )?;
         }
-        Ok(())
+        Ok(reports)
     }
 
     /// `release-cli rehearse` for `generation`'s staged release (issue 22, item 3): its record
