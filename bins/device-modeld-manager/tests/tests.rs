@@ -17,4 +17,5 @@ mod python_temps;
 mod running;
 mod signed;
 mod signed_attacks;
+mod storm;
 mod tree;

@@ -450,3 +450,47 @@ fn a_manifest_for_another_tinygrad_is_refused_and_the_other_origin_tried() {
     assert_eq!(w.snapshot(), before);
     assert_eq!(w.json(&["resolve", "--json"])["id"], "pop223");
 }
+
+/// A tree that carries upstream's v26 catalog module but whose declaration cannot be read (the
+/// sync file naming its tinygrad is missing, then malformed) pauses the device as an unknown
+/// tinygrad does: `refresh` exits 10 saying which file and why, the data dir is untouched, and
+/// `resolve` answers the built-in.
+#[test]
+fn a_tree_whose_contract_declaration_cannot_be_read_pauses() {
+    let w = World::new();
+    w.ok(&["refresh"]);
+    let op = w.openpilot();
+    let models = op.join("starpilot/models");
+    fs::create_dir_all(&models).unwrap();
+    fs::write(models.join("catalog.py"), "# reviewed catalog\n").unwrap();
+    fs::write(
+        models.join("catalog-v26.json"),
+        r#"{"models": [{"id": "pop223", "name": "Pop", "version": "v16"}]}"#,
+    )
+    .unwrap();
+    let data_now = || {
+        let mut m = BTreeMap::new();
+        walk(&w.data(), &mut m);
+        m
+    };
+    let before = data_now();
+    for (sync, says) in [
+        (None, "upstream-sync.json is missing"),
+        (Some("{\"dependencies\": 3}"), "no `dependencies` list"),
+    ] {
+        if let Some(body) = sync {
+            fs::write(op.join("upstream-sync.json"), body).unwrap();
+        }
+        let out = w.run(&["refresh"]);
+        assert_eq!(code(&out), Some(10), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains(says)
+                && err.contains("catalog.py")
+                && err.contains("nothing on this device was changed"),
+            "{err}"
+        );
+        assert_eq!(data_now(), before, "{says}: the data dir changed");
+        assert_eq!(w.json(&["resolve", "--json"])["builtin"], true, "{says}");
+    }
+}

@@ -148,15 +148,22 @@ fn release(root: &Path, generation: &'static str) -> Release {
         receipt("pop223", pin, &variant),
     )
     .unwrap();
+    // The v26 contract's manifest: top-level generation, compiler_revision and artifact_abi;
+    // the arena format; an `amd` variant (on a lab-eligible non-GPU model) naming the revision.
     let mut e = entry("pop223", &model, model.len().div_ceil(1000) as u32);
+    e["artifact_format"] = json!(ABI);
+    e["model_lab_eligible"] = json!(true);
     e["accelerator_artifacts"] = json!({"amd": {
-        "artifact_format": "tinygrad_single_v1", "artifact_size": variant.len(),
+        "artifact_format": ABI, "artifact_size": variant.len(),
         "artifact_sha256": sha_hex(&variant),
-        "artifact_chunk_count": variant.len().div_ceil(1000), "execution_device": "AMD"}});
+        "artifact_chunk_count": variant.len().div_ceil(1000), "execution_device": "AMD",
+        "compiler_revision": pin}});
     let raw = root.join("raw.json");
     std::fs::write(
         &raw,
-        json!({"generation": generation, "tinygrad_commit": pin, "models": [e]}).to_string(),
+        json!({"generation": generation, "compiler_revision": pin, "artifact_abi": ABI,
+               "models": [e]})
+        .to_string(),
     )
     .unwrap();
     let o = cli(&["manifest", "fmt", s(&raw)]);
@@ -266,6 +273,26 @@ fn a_release_of_this_generation_publishes() {
         let store = t.path().join("store");
         let o = publish(&r, &store, &[]);
         assert!(o.status.success(), "{generation}: {}", text(&o.stderr));
+        // The framing found is reported for each driving artifact.
+        let err = text(&o.stderr);
+        for subject in [
+            "model pop223",
+            "model pop223's amd variant",
+            "the built-in model",
+        ] {
+            assert!(
+                err.contains(&format!("checked {subject} (")),
+                "{generation}: {subject}: {err}"
+            );
+        }
+        assert!(
+            err.contains("length-prefixed pickle") && err.contains("out-of-band buffer records"),
+            "{err}"
+        );
+        assert!(
+            err.contains("checked DM file dmonitoring_model_tinygrad.pkl"),
+            "{err}"
+        );
         let stored = store.join(format!("models/{generation}/pop223"));
         assert!(
             stored
@@ -278,7 +305,21 @@ fn a_release_of_this_generation_publishes() {
             !stored.join("pop223_driving_tinygrad.build.json").exists(),
             "{generation}"
         );
-        assert_eq!(r.pin.len(), 40);
+        // What was published is a manifest a v26 device accepts (the independent checker).
+        let published =
+            std::fs::read(store.join(format!("manifests/model_names_{generation}.json"))).unwrap();
+        let rows = test_support::v26_checker::check_manifest(
+            &published,
+            &test_support::v26_checker::Runtime {
+                generation,
+                compiler_revision: r.pin,
+                artifact_abi: ABI,
+                bundled: "bundled-current",
+                catalog: [("pop223".to_string(), ("v15".to_string(), false))].into(),
+            },
+        )
+        .unwrap_or_else(|e| panic!("{generation}: {e}"));
+        assert!(rows.contains_key("pop223"), "{generation}");
     }
 }
 
@@ -485,6 +526,46 @@ fn tree(root: &Path, generation: &str, pin: &str) -> PathBuf {
     op
 }
 
+/// A tree that declares its generation the way upstream's v26 tree does (catalog module,
+/// reviewed catalog, upstream-sync.json; no tinygrad_pins.json, no TINYGRAD_COMMIT): builtin
+/// judges the built-in by the declared revision.
+#[test]
+fn builtin_in_a_declaring_tree_uses_the_declared_revision() {
+    for (generation, pin, other) in [("v26", V26_PIN, V27_PIN), ("v27", V27_PIN, V26_PIN)] {
+        let t = tempfile::tempdir().unwrap();
+        let op = t.path().join("op");
+        std::fs::create_dir_all(op.join("selfdrive/modeld/models")).unwrap();
+        test_support::v26_checker::write_tree(
+            &op,
+            generation,
+            pin,
+            &[("pop223", "Pop", "v15", false, true)],
+        );
+        let artifact = t.path().join("rdf43_driving_tinygrad.pkl");
+        let receipt_path = t.path().join("rdf43_driving_tinygrad.build.json");
+        let run = || cli(&["builtin", "--artifact", s(&artifact), "--openpilot", s(&op)]);
+        let foreign = stamp_of(other, "v15", 3);
+        std::fs::write(&artifact, &foreign).unwrap();
+        std::fs::write(&receipt_path, receipt("rdf43", pin, &foreign)).unwrap();
+        let before = snapshot(&op);
+        let err = refused(&run());
+        assert!(
+            err.contains("compiler_revision") && err.contains(other),
+            "{err}"
+        );
+        assert_eq!(snapshot(&op), before);
+        let good = stamp_of(pin, "v15", 3);
+        std::fs::write(&artifact, &good).unwrap();
+        std::fs::write(&receipt_path, receipt("rdf43", pin, &good)).unwrap();
+        let o = run();
+        assert!(o.status.success(), "{generation}: {}", text(&o.stderr));
+        assert!(
+            op.join("selfdrive/modeld/models/driving_tinygrad.build.json")
+                .is_file()
+        );
+    }
+}
+
 #[test]
 fn builtin_takes_only_this_pins_stamped_and_receipted_model_and_writes_its_receipt() {
     for (generation, pin, other) in [("v26", V26_PIN, V27_PIN), ("v27", V27_PIN, V26_PIN)] {
@@ -593,5 +674,181 @@ fn a_p95_over_the_contracts_bound_or_unreported_is_refused() {
         set_p95(&r, Some(50.0));
         let o = publish(&r, &t.path().join("store"), &[]);
         assert!(o.status.success(), "{generation}: {}", text(&o.stderr));
+    }
+}
+
+#[test]
+fn status_shows_the_receipts() {
+    for generation in ["v26", "v27"] {
+        let t = tempfile::tempdir().unwrap();
+        let r = release(t.path(), generation);
+        let other = if generation == "v27" {
+            V26_PIN
+        } else {
+            V27_PIN
+        };
+        let models = r.models_dir();
+        let data = std::fs::read(models.join(manifest::layout::DM_FILES[0])).unwrap();
+        std::fs::write(
+            models.join("dmonitoring_model_tinygrad.build.json"),
+            receipt("dmonitoring_model_tinygrad", other, &data),
+        )
+        .unwrap();
+        std::fs::write(models.join("dm_warp_1344x760_tinygrad.build.json"), b"[]").unwrap();
+        let status = |json: bool| {
+            let mut a = vec![
+                "status",
+                "--workspace",
+                s(&r.workspace),
+                "--openpilot",
+                s(&r.openpilot),
+                "--generation",
+                generation,
+            ];
+            if json {
+                a.push("--json");
+            }
+            cli(&a)
+        };
+        let o = status(true);
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", text(&o.stderr)));
+        let receipts = doc["receipts"].as_array().unwrap();
+        let by = |of: &str| {
+            receipts
+                .iter()
+                .find(|x| x["of"] == of)
+                .unwrap_or_else(|| panic!("no {of} in {receipts:?}"))
+        };
+        assert_eq!(receipts.len(), 5, "{receipts:?}");
+        assert_eq!(by("builtin")["compiler_revision"], r.pin);
+        assert_eq!(by("builtin")["matches_pin"], true);
+        assert_eq!(
+            by("dm dmonitoring_model_tinygrad.pkl")["matches_pin"],
+            false
+        );
+        assert!(
+            by("dm dm_warp_1344x760_tinygrad.pkl")["problem"]
+                .as_str()
+                .unwrap()
+                .contains("not a build receipt")
+        );
+        let out = text(&status(false).stdout);
+        assert!(out.contains("receipt    builtin"), "{out}");
+        assert!(out.contains("(NOT this pin)"), "{out}");
+        assert!(out.contains("UNREADABLE"), "{out}");
+    }
+}
+
+#[test]
+fn rehearse_refuses_a_foreign_stamp_before_staging_anything() {
+    for generation in ["v26", "v27"] {
+        let other = if generation == "v27" {
+            V26_PIN
+        } else {
+            V27_PIN
+        };
+        let t = tempfile::tempdir().unwrap();
+        let r = release(t.path(), generation);
+        replace_model(
+            &r,
+            "pop223_driving_tinygrad.pkl",
+            &stamp_of(other, "v15", 1),
+            other,
+        );
+        // The device manager is never reached: a stand-in file is enough.
+        let manager = t.path().join("device-modeld-manager");
+        std::fs::write(&manager, b"#!/bin/sh\nexit 99\n").unwrap();
+        let before = snapshot(t.path());
+        let err = refused(&cli(&[
+            "rehearse",
+            "--generation",
+            generation,
+            "--manifest",
+            s(&r.manifest),
+            "--artifacts",
+            s(&r.artifacts),
+            "--openpilot",
+            s(&r.openpilot),
+            "--workspace",
+            s(&r.workspace),
+            "--device-manager",
+            s(&manager),
+        ]));
+        assert!(err.contains("model pop223") && err.contains(other), "{err}");
+        assert_eq!(
+            snapshot(t.path()),
+            before,
+            "{generation}: something changed"
+        );
+    }
+}
+
+#[test]
+fn validate_refuses_to_send_a_foreign_or_unreceipted_artifact() {
+    for (generation, pin, other) in [("v26", V26_PIN, V27_PIN), ("v27", V27_PIN, V26_PIN)] {
+        let t = tempfile::tempdir().unwrap();
+        let op = tree(t.path(), generation, pin);
+        let dir = t.path().join("build");
+        std::fs::create_dir_all(&dir).unwrap();
+        let artifact = dir.join("pop223_driving_tinygrad.pkl");
+        let receipt_path = dir.join("pop223_driving_tinygrad.build.json");
+        let (record, log) = (
+            t.path().join("pop223.validation.json"),
+            t.path().join("logs/v.log"),
+        );
+        for (data, receipt_rev, want) in [
+            (
+                stamp_of(other, "v15", 1),
+                Some(pin),
+                vec!["compiler_revision", other],
+            ),
+            (
+                stamp_of(pin, "v14", 1),
+                Some(pin),
+                vec!["behavior_version", "v14"],
+            ),
+            (stamp_of(pin, "v15", 1), None, vec!["no build receipt"]),
+        ] {
+            std::fs::write(&artifact, &data).unwrap();
+            match receipt_rev {
+                Some(rev) => std::fs::write(&receipt_path, receipt("pop223", rev, &data)).unwrap(),
+                None => {
+                    let _ = std::fs::remove_file(&receipt_path);
+                }
+            }
+            let before = snapshot(t.path());
+            for extra in [&["--dry-run"][..], &[]] {
+                let mut a = vec![
+                    "validate",
+                    "--model",
+                    "pop223",
+                    "--version",
+                    "v15",
+                    "--artifact",
+                    s(&artifact),
+                    "--record",
+                    s(&record),
+                    "--log",
+                    s(&log),
+                    "--openpilot",
+                    s(&op),
+                    // Never reached: the gate refuses before any connection.
+                    "--remote",
+                    "comma@127.0.0.1",
+                    "--allow-other-compiler",
+                ];
+                a.extend_from_slice(extra);
+                let err = refused(&cli(&a));
+                for w in &want {
+                    assert!(err.contains(w), "{generation}: want {w:?}: {err}");
+                }
+                assert_eq!(
+                    snapshot(t.path()),
+                    before,
+                    "{generation}: something was written"
+                );
+            }
+        }
     }
 }

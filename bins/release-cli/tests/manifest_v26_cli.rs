@@ -324,3 +324,49 @@ fn fmt_diff_and_set_artifact_keep_the_v26_schema() {
         assert_eq!(fs::read(&file).unwrap(), before);
     }
 }
+
+/// `manifest sign` and `verify` take a v26-contract manifest as they take a v25 one: the trusted
+/// comment names its generation.
+#[test]
+fn sign_and_verify_a_v26_contract_manifest() {
+    for (generation, revision) in GENERATIONS {
+        let t = tempfile::tempdir().unwrap();
+        let kp = minisign::KeyPair::generate_unencrypted_keypair().unwrap();
+        let (sk, pk) = (t.path().join("a.key"), t.path().join("a.pub"));
+        fs::write(&sk, kp.sk.to_box(None).unwrap().into_string()).unwrap();
+        fs::write(&pk, kp.pk.to_box().unwrap().into_string()).unwrap();
+        let data = artifact_bytes(7, 1200);
+        let file = t.path().join(format!("model_names_{generation}.json"));
+        let o = {
+            let raw = t.path().join("raw.json");
+            fs::write(&raw, manifest(generation, revision, &data).to_string()).unwrap();
+            cli(&["manifest", "fmt", raw.to_str().unwrap()], t.path())
+        };
+        fs::write(&file, &o.stdout).unwrap();
+        let o = cli(
+            &[
+                "manifest",
+                "sign",
+                "--key",
+                sk.to_str().unwrap(),
+                "--json",
+                file.to_str().unwrap(),
+            ],
+            t.path(),
+        );
+        assert!(o.status.success(), "{generation}: {}", text(&o.stderr));
+        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(r["generation"], generation);
+        let o = cli(
+            &[
+                "manifest",
+                "verify",
+                "--key",
+                pk.to_str().unwrap(),
+                file.to_str().unwrap(),
+            ],
+            t.path(),
+        );
+        assert!(o.status.success(), "{generation}: {}", text(&o.stderr));
+    }
+}

@@ -13,6 +13,7 @@ mod loadable_cli;
 mod manifest_cli;
 mod manifest_v26_cli;
 mod publish_rules_cli;
+mod publish_v26_cli;
 mod rehearse_cli;
 mod release_contract;
 mod sign_cli;

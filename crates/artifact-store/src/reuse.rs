@@ -49,7 +49,8 @@ pub fn check_compatibility(
         })
     })?;
     let mut differs = Vec::new();
-    match catalog.tinygrad_commit() {
+    // Under the key of the catalog's own contract (v26: `compiler_revision`).
+    match catalog.own_revision() {
         None => differs.push(Difference::NoTinygradCommit),
         Some(c) if &c != tinygrad_commit => differs.push(Difference::TinygradCommit {
             recorded: c,

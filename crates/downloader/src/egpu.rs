@@ -177,8 +177,23 @@ impl Target {
 /// What to fetch for one model: its artifact, then (with a ready Chestnut) its Chestnut
 /// variant when it has one. A malformed variant is left out, never the model.
 pub fn artifacts_to_fetch(entry: &ModelEntry, chestnut: Chestnut) -> Result<Vec<Target>> {
-    let mut out = vec![Target::from_entry(entry)?];
+    artifacts_to_fetch_for(
+        entry,
+        chestnut,
+        manifest::contract::BASE_CONTRACT.contract(),
+    )
+}
+
+/// [`artifacts_to_fetch`] for a device of `contract`: its artifact format; the Chestnut
+/// variant only where the contract's accelerator is Chestnut's.
+pub fn artifacts_to_fetch_for(
+    entry: &ModelEntry,
+    chestnut: Chestnut,
+    contract: &manifest::Contract,
+) -> Result<Vec<Target>> {
+    let mut out = vec![Target::from_entry_for(entry, contract)?];
     if chestnut.is_ready()
+        && contract.accelerator.key == manifest::contract::BASE_CONTRACT.contract().accelerator.key
         && let Ok(Some(variant)) = Target::chestnut_variant(entry)
     {
         out.push(variant);

@@ -146,6 +146,15 @@ pub enum Error {
         actual: Sha256Digest,
     },
 
+    #[error(
+        "{what}: the store says exactly what it said when it served other bytes{}; not downloaded again until it changes (its manifest, .sha256 or chunks)",
+        served.map(|d| format!(" (SHA-256 {d})")).unwrap_or_default()
+    )]
+    StoreUnchanged {
+        what: String,
+        served: Option<Sha256Digest>,
+    },
+
     #[error("model {model} has no downloadable artifact in the manifest ({reason})")]
     NotDownloadable { model: String, reason: String },
 
@@ -213,6 +222,7 @@ impl Error {
         match self {
             Error::ChunkCountMismatch { .. }
             | Error::DigestMismatch { .. }
+            | Error::StoreUnchanged { .. }
             | Error::BadChunkManifest { .. } => true,
             Error::SizeMismatch { .. } => true,
             Error::AllOriginsFailed { attempts, .. } => {

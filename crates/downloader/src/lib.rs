@@ -24,6 +24,7 @@ mod origin;
 pub mod policy;
 pub mod space;
 mod staging;
+pub mod stale_store;
 pub mod trust;
 mod unsigned;
 
@@ -36,7 +37,8 @@ pub use error::{Error, Result, UnusableEntry, UnusableReason};
 pub use http::HttpConfig;
 pub use origin::{DEFAULT_GITHUB_BASE, DEFAULT_HF_BASE, Origin, OriginKind, Origins};
 pub use staging::{
-    LEGACY_STAGING_PREFIX, STAGING_DIR, STALE_AFTER, Usable, collect_unusable, unusable_staged,
+    LEGACY_STAGING_PREFIX, STAGING_DIR, STALE_AFTER, Usable, collect_unusable, staged_bytes,
+    unusable_staged,
 };
 
 use std::path::Path;
@@ -82,8 +84,14 @@ pub struct Downloader {
     trusted_keys: Option<trust::TrustedKeys>,
     /// The tinygrad this device's openpilot tree runs: a manifest naming another one is refused.
     tinygrad_pin: Option<GitCommit>,
+    /// The contract of the device's generation, and what the tree declared: a whole-manifest
+    /// contract (v26) refuses a manifest its rules refuse, and loads only its format.
+    contract: &'static manifest::Contract,
+    tree: Option<std::sync::Arc<manifest::TreeDeclaration>>,
     /// What this downloader's run saw of each origin ([`policy`]).
     book: Mutex<policy::Book>,
+    /// Stores that served other bytes, not downloaded from again until they change.
+    stale: stale_store::Memory,
 }
 
 impl Downloader {
@@ -95,7 +103,10 @@ impl Downloader {
             limits: Limits::default(),
             trusted_keys: None,
             tinygrad_pin: None,
+            contract: manifest::contract::BASE_CONTRACT.contract(),
+            tree: None,
             book: Mutex::new(policy::Book::default()),
+            stale: stale_store::Memory::default(),
         }
     }
 
@@ -159,6 +170,27 @@ impl Downloader {
     pub fn with_tinygrad_pin(mut self, pin: GitCommit) -> Self {
         self.tinygrad_pin = Some(pin);
         self
+    }
+
+    /// Read manifests and artifacts as a device of `contract` does, with the tree's
+    /// declaration (its reviewed catalog bounds a v26 manifest's entries).
+    pub fn with_contract(
+        mut self,
+        contract: &'static manifest::Contract,
+        tree: Option<manifest::TreeDeclaration>,
+    ) -> Self {
+        self.contract = contract;
+        self.tree = tree.map(std::sync::Arc::new);
+        self
+    }
+
+    pub fn contract(&self) -> &'static manifest::Contract {
+        self.contract
+    }
+
+    /// `entry`'s artifact as this device fetches it.
+    pub fn target(&self, entry: &ModelEntry) -> Result<Target> {
+        Target::from_entry_for(entry, self.contract)
     }
 
     pub fn tinygrad_pin(&self) -> Option<&GitCommit> {
@@ -306,6 +338,27 @@ impl Downloader {
                 })?)
             }
         };
+        // A whole-manifest contract (v26) refuses the manifest for any violation of its rules,
+        // as upstream's manager does; the next origin is asked.
+        if self.contract.whole_manifest_refusal {
+            let problems = manifest::validate_for_contract(
+                &bytes,
+                manifest::ValidationMode::Reader,
+                self.contract,
+                &manifest::Expectation {
+                    generation: Some(generation),
+                    revision: self.tinygrad_pin.as_ref(),
+                    tree: self.tree.as_deref(),
+                },
+                &self.limits,
+            );
+            if !problems.is_empty() {
+                return Err(Error::BadManifest {
+                    url: url.to_string(),
+                    source: manifest::Error::Invalid(problems),
+                });
+            }
+        }
         // Only what makes the whole manifest unusable is an error here; a bad entry is left
         // out with its reason and the rest of the catalog still works. (The signature, when
         // required, covers the raw bytes, so a signed manifest's refused entries were signed too.)
@@ -317,7 +370,11 @@ impl Downloader {
         })?;
         let manifest = &read.manifest;
         // Upstream takes the first manifest that yields at least one usable entry.
-        if !manifest.models().iter().any(ModelEntry::is_supported) {
+        if !manifest
+            .models()
+            .iter()
+            .any(|e| e.is_supported_by(self.contract))
+        {
             return Err(Error::NoUsableEntries {
                 url: url.to_string(),
                 entries: unusable_entries(&read),
@@ -355,7 +412,7 @@ impl Downloader {
         cancel: &CancelToken,
         on_event: &(dyn Fn(Event) + Sync),
     ) -> Result<Installed> {
-        let target = Target::from_entry(entry)?;
+        let target = self.target(entry)?;
         self.download_target(generation, &target, models_dir, cancel, on_event)
     }
 
@@ -379,6 +436,7 @@ impl Downloader {
             cancel,
             on_event: &|_| {},
             leave: &|_, _| false,
+            stale: &self.stale,
         };
         match self.first_answer(|origin, _| download::resolve_from(&job, origin))? {
             Tried::Answered {
@@ -438,6 +496,7 @@ impl Downloader {
                 cancel,
                 on_event,
                 leave: &leave,
+                stale: &self.stale,
             };
             let (result, measured) = download::download_from(&job, origin);
             self.note_measured(origin, measured);

@@ -404,6 +404,18 @@ pub fn unusable_staged(entries: &[String], usable: &[Usable<'_>]) -> Vec<String>
         .collect()
 }
 
+/// Bytes the staging file of an artifact (`sha256_hex`, `local_name`) holds on disk in
+/// `models_dir`'s staging directory: what its download reuses or frees before the space check,
+/// so a dry run counts them as free too. 0 when there is none (nothing is created or followed).
+pub fn staged_bytes(models_dir: &Path, sha256_hex: &str, local_name: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let (data, _) = staging_names(sha256_hex, local_name);
+    match std::fs::symlink_metadata(models_dir.join(STAGING_DIR).join(data)) {
+        Ok(m) if m.is_file() => m.blocks().saturating_mul(512),
+        _ => 0,
+    }
+}
+
 /// `gc` of the staging directory of `models_dir`: the entries [`unusable_staged`] names,
 /// removed unless `dry_run`; returns them. A models directory without a staging directory has
 /// none (nothing is created). Never follows a link (the directory is opened as for a download).
@@ -432,6 +444,26 @@ pub fn collect_unusable(
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// The blocks a staged file holds count for its artifact; a link or nothing counts 0.
+    #[test]
+    fn staged_bytes_of_an_artifact() {
+        let dir = tempfile::tempdir().unwrap();
+        let sha = "ab".repeat(32);
+        assert_eq!(staged_bytes(dir.path(), &sha, "a_driving_tinygrad.pkl"), 0);
+        let staging = dir.path().join(STAGING_DIR);
+        fs::create_dir_all(&staging).unwrap();
+        let (data, _) = staging_names(&sha, "a_driving_tinygrad.pkl");
+        fs::write(staging.join(&data), vec![7u8; 64 * 1024]).unwrap();
+        assert!(staged_bytes(dir.path(), &sha, "a_driving_tinygrad.pkl") >= 64 * 1024);
+        assert_eq!(
+            staged_bytes(dir.path(), &"cd".repeat(32), "a_driving_tinygrad.pkl"),
+            0
+        );
+        let (other, _) = staging_names(&sha, "b_driving_tinygrad.pkl");
+        std::os::unix::fs::symlink(staging.join(&data), staging.join(other)).unwrap();
+        assert_eq!(staged_bytes(dir.path(), &sha, "b_driving_tinygrad.pkl"), 0);
+    }
 
     /// `gc`'s rule: a staged file or record of an artifact no plan can use (another digest, a
     /// model gone from the catalog) goes; one a download may resume stays; names of another

@@ -212,6 +212,34 @@ pub struct Contract {
     /// The device validation's p95 latency bound, in milliseconds.
     pub validation_p95_ms: Option<u32>,
     pub tree: Option<TreeMarkers>,
+    /// The per-generation root's files and formats ([`DeviceLayout::PerGeneration`]).
+    pub generation_files: Option<GenerationFiles>,
+}
+
+/// The files of a per-generation device root (`<models>/<gen>/`) and their formats, as
+/// upstream's v26 manager keeps them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenerationFiles {
+    /// The accepted manifest, as upstream writes it (sorted keys).
+    pub catalog: &'static str,
+    /// The selection (small/big profiles, favourites, sort mode, randomizer, exclusions).
+    pub preferences: &'static str,
+    /// The one download job.
+    pub job: &'static str,
+    /// `flock`ed around every state read-modify-write.
+    pub state_lock: &'static str,
+    /// `flock`ed by the one running download job.
+    pub download_lock: &'static str,
+    /// The job file's `schemaVersion`.
+    pub job_schema_version: i64,
+    /// The job id's length in lowercase hex digits.
+    pub job_id_hex_digits: usize,
+    /// The job's `progress` is cut to this many characters.
+    pub job_progress_max_chars: usize,
+    /// The job's `variant` for the standard artifact (the accelerator's is its key).
+    pub standard_variant: &'static str,
+    /// `preferences.json`'s `sortMode` values; the first is the default.
+    pub sort_modes: &'static [&'static str],
 }
 
 const MIB: u64 = 1024 * 1024;
@@ -246,6 +274,7 @@ pub const CONTRACTS: [Contract; 2] = [
         load_receipt: None,
         validation_p95_ms: None,
         tree: None,
+        generation_files: None,
     },
     Contract {
         name: ContractName::V26,
@@ -312,6 +341,26 @@ pub const CONTRACTS: [Contract; 2] = [
             catalog_json: "starpilot/models/catalog-{gen}.json",
             sync_file: "upstream-sync.json",
             tinygrad_dependency: "tinygrad_repo",
+        }),
+        generation_files: Some(GenerationFiles {
+            catalog: "catalog.json",
+            preferences: "preferences.json",
+            job: ".download-job.json",
+            state_lock: ".state.lock",
+            download_lock: ".download.lock",
+            job_schema_version: 1,
+            job_id_hex_digits: 32,
+            job_progress_max_chars: 1000,
+            standard_variant: "standard",
+            sort_modes: &[
+                "name",
+                "date",
+                "date_oldest",
+                "community",
+                "series",
+                "favorites",
+                "released",
+            ],
         }),
     },
 ];
@@ -617,6 +666,27 @@ mod tests {
         }
         assert_eq!(CONTRACTS.len(), ContractName::ALL.len());
         assert!("v27".parse::<ContractName>().is_err());
+    }
+
+    /// A per-generation layout has its files in the row; a flat one has none.
+    #[test]
+    fn per_generation_layouts_name_their_files() {
+        for c in &CONTRACTS {
+            assert_eq!(
+                c.generation_files.is_some(),
+                c.device_layout == DeviceLayout::PerGeneration,
+                "{}",
+                c.name
+            );
+            if let Some(f) = c.generation_files {
+                assert!(
+                    !f.sort_modes.is_empty() && f.job_id_hex_digits > 0,
+                    "{}",
+                    c.name
+                );
+                assert_ne!(f.standard_variant, c.accelerator.key);
+            }
+        }
     }
 
     #[test]

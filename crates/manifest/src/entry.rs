@@ -209,6 +209,15 @@ impl ModelEntry {
         self.artifact_format().is_none_or(|f| f.is_supported())
     }
 
+    /// Whether a device of `contract` loads this entry's artifact: `artifact_format` absent or
+    /// the contract's (v25 also takes an empty one, as [`ModelEntry::is_supported`] does).
+    pub fn is_supported_by(&self, contract: &crate::Contract) -> bool {
+        self.artifact_format().is_none_or(|f| {
+            f.as_str() == contract.artifact_format
+                || (f == ArtifactFormat::Empty && !contract.whole_manifest_refusal)
+        })
+    }
+
     pub fn artifact_size(&self) -> Option<ArtifactSize> {
         self.uint(keys::ARTIFACT_SIZE)
             .and_then(|n| ArtifactSize::new(n).ok())

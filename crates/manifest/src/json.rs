@@ -93,6 +93,67 @@ impl Formatter for PythonFormatter<'_> {
     }
 }
 
+/// What Python's `json.dump(value, out, ensure_ascii=False, allow_nan=False, sort_keys=True)`
+/// writes: keys sorted at every level (by code point, which is UTF-8 byte order), `", "` and
+/// `": "` separators, no indentation, no trailing newline, floats as `repr(float)`. Upstream's
+/// v26 manager writes its state files (`catalog.json`, `preferences.json`,
+/// `.download-job.json`) this way.
+pub fn to_python_sorted_string(value: &serde_json::Value) -> String {
+    let mut out = Vec::with_capacity(4096);
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonDumpFormatter);
+    sorted(value)
+        .serialize(&mut ser)
+        .expect("serializing JSON into memory does not fail");
+    String::from_utf8(out).expect("serde_json writes UTF-8")
+}
+
+/// `value` with every object's keys in sorted order (the map keeps insertion order).
+fn sorted(value: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sorted(&map[k])))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Python's default `json.dump` separators without indentation, with its float formatting.
+struct PythonDumpFormatter;
+
+impl Formatter for PythonDumpFormatter {
+    fn write_f64<W: ?Sized + io::Write>(&mut self, w: &mut W, value: f64) -> io::Result<()> {
+        w.write_all(python_float_repr(value).as_bytes())
+    }
+    fn write_f32<W: ?Sized + io::Write>(&mut self, w: &mut W, value: f32) -> io::Result<()> {
+        w.write_all(python_float_repr(f64::from(value)).as_bytes())
+    }
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
 /// Python's `repr(float)`: the shortest digits that round-trip, in positional notation when the
 /// decimal exponent is in [-4, 16), else `d.ddde+XX` with at least two exponent digits.
 /// JSON has no NaN or infinity, so serde_json never hands us one.
@@ -132,6 +193,21 @@ pub(crate) fn python_float_repr(value: f64) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    /// Bytes Python 3 writes for the same document with `json.dump(..., ensure_ascii=False,
+    /// sort_keys=True)` (checked by hand against CPython 3.11).
+    #[test]
+    fn python_sorted_dump() {
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"z": [1, 2.5, {"b": null, "a": true}], "a": "é\n\"", "m": {}, "e": [], "f": 1e16, "g": 100.0}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            to_python_sorted_string(&v),
+            r#"{"a": "é\n\"", "e": [], "f": 1e+16, "g": 100.0, "m": {}, "z": [1, 2.5, {"a": true, "b": null}]}"#
+        );
+    }
+
     use super::*;
     use serde_json::json;
 

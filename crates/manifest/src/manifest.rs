@@ -114,6 +114,15 @@ impl Manifest {
         self.top.get(contract.revision_key)?.as_str()?.parse().ok()
     }
 
+    /// The revision under the key of the contract the manifest itself names by its
+    /// `artifact_abi` (v26: `compiler_revision`), else under the base contract's
+    /// (`tinygrad_commit`): what a tool without the generation's pin table reads.
+    pub fn own_revision(&self) -> Option<GitCommit> {
+        let named =
+            crate::contract::named_by_manifest(&self.top).unwrap_or(crate::contract::BASE_CONTRACT);
+        self.revision(named.contract())
+    }
+
     /// Sets the revision under the contract's `revision_key`, in place or appended.
     pub fn set_revision(&mut self, contract: &crate::Contract, commit: &GitCommit) {
         self.put_top(contract.revision_key, commit.as_str().into());

@@ -588,6 +588,10 @@ fn v26_manifests_round_trip_and_read_through_the_contract() {
         assert_eq!(m.tinygrad_commit(), None);
         assert_eq!(m.generation(), Some(generation));
         assert_eq!(m.artifact_abi(), Some("tinygrad_single_v1_arena"));
+        // Without a pin table: the key of the contract the manifest names.
+        assert_eq!(m.own_revision(), Some(revision.clone()));
+        let v25m = Manifest::for_generation(generation, &revision);
+        assert_eq!(v25m.own_revision(), Some(revision.clone()));
         // An empty manifest of the contract carries its keys in the contract's order.
         let empty = Manifest::for_contract(generation, &revision, v26());
         assert_eq!(

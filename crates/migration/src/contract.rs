@@ -509,10 +509,23 @@ pub struct Catalog {
 
 impl Catalog {
     pub fn new(manifest: &Manifest, locals: &[LocalModel]) -> Self {
+        Self::for_contract(
+            manifest,
+            locals,
+            manifest::contract::BASE_CONTRACT.contract(),
+        )
+    }
+
+    /// The catalog of a device of `contract`: the entries whose format it loads.
+    pub fn for_contract(
+        manifest: &Manifest,
+        locals: &[LocalModel],
+        contract: &manifest::Contract,
+    ) -> Self {
         let mut rows: Vec<Row> = manifest
             .models()
             .iter()
-            .filter(|e| e.is_supported() && !e.id().is_local())
+            .filter(|e| e.is_supported_by(contract) && !e.id().is_local())
             .map(Row::of_entry)
             .collect();
         rows.extend(locals.iter().map(Row::of_local));

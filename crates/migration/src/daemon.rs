@@ -348,6 +348,17 @@ pub fn not_yet_wait(config: &DaemonConfig) -> Duration {
     crate::choice::NOT_YET_RETRY.min(config.refresh_every)
 }
 
+/// How long the daemon waits after the `streak`-th "not yet" refresh in a row: [`not_yet_wait`],
+/// doubled for each further one, never longer than the refresh interval (a bounded backoff, as
+/// for any failure; a store that stays unchanged costs no transfer meanwhile, see
+/// `downloader::stale_store`). Pure.
+pub fn not_yet_backoff(config: &DaemonConfig, streak: u32) -> Duration {
+    let factor = 1u32 << streak.saturating_sub(1).min(16);
+    not_yet_wait(config)
+        .saturating_mul(factor)
+        .min(config.refresh_every.max(not_yet_wait(config)))
+}
+
 /// One poll: serve the pending request (watching for a cancel), or drop a leftover cancel flag
 /// when nothing runs. Returns the request served, if any, and its last progress.
 pub fn poll_once(device: &Device, dl: &Downloader) -> Result<Option<(Request, Progress)>> {
@@ -604,6 +615,8 @@ fn serve_loop(
     let mut next_request = Instant::now();
     let mut road = Road::Offroad;
     let mut metered_logged = false;
+    // "Not yet" refreshes in a row (see `not_yet_backoff`).
+    let mut not_yet_streak = 0u32;
     while !stopping.load(Ordering::SeqCst) {
         report_bad_params(device, &say, log);
         let now = Road::of(device.is_onroad());
@@ -639,6 +652,10 @@ fn serve_loop(
                     let _ = watcher.join();
                     let ui_cancelled = *why.lock().unwrap_or_else(|e| e.into_inner())
                         == Some(Interrupt::Cancelled);
+                    not_yet_streak = match &result {
+                        Err(e) if !ui_cancelled && is_not_yet(e) => not_yet_streak + 1,
+                        _ => 0,
+                    };
                     next_refresh = match result {
                         Ok(r) => {
                             log(&format!(
@@ -666,8 +683,9 @@ fn serve_loop(
                         }
                         Err(e) if is_not_yet(&e) => {
                             // An origin's files disagree with its manifest (a republish in
-                            // progress): not a failure, no backoff; asked again soon.
-                            let wait = not_yet_wait(config);
+                            // progress): no failure counted; asked again after a backoff that
+                            // starts soon and doubles while it stays "not yet".
+                            let wait = not_yet_backoff(config, not_yet_streak);
                             log(&format!(
                                 "refresh: not yet (the store's files do not match its manifest \
                                  yet; nothing counted as a failure), next try in {} s: {}",
@@ -887,6 +905,34 @@ mod tests {
                 not_yet_wait(&config),
                 Duration::from_secs(want),
                 "{refresh}"
+            );
+        }
+    }
+
+    /// "Not yet" in a row backs off: 2 min, 4, 8, ... never past the refresh interval; a
+    /// daemon refreshing more often than every 2 minutes asks again at its interval.
+    #[test]
+    fn not_yet_backs_off_up_to_the_refresh_interval() {
+        for (refresh, streak, want) in [
+            (3600, 1, 120),
+            (3600, 2, 240),
+            (3600, 3, 480),
+            (3600, 5, 1920),
+            (3600, 6, 3600),
+            (3600, 40, 3600),
+            (3600, 0, 120),
+            (120, 3, 120),
+            (2, 1, 2),
+            (2, 9, 2),
+        ] {
+            let config = DaemonConfig {
+                refresh_every: Duration::from_secs(refresh),
+                ..DaemonConfig::default()
+            };
+            assert_eq!(
+                not_yet_backoff(&config, streak),
+                Duration::from_secs(want),
+                "{refresh} {streak}"
             );
         }
     }

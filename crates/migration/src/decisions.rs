@@ -16,13 +16,19 @@ use crate::view::DeviceView;
 /// The journal a refresh goes on with, from where the device stands ([`contract::start`] over
 /// the journal and `ModelManifestVersion` in `view`), and whether it must be written before
 /// anything else (`manager::begin_migration` writes it).
-pub(crate) fn journal_now(view: &DeviceView, catalog: &Catalog) -> Result<(Option<Journal>, bool)> {
+/// `stored` is the selection the layout's own store keeps (per generation, see
+/// `Device::stored_slots`): a migration keeps that choice rather than the params'.
+pub(crate) fn journal_now(
+    view: &DeviceView,
+    catalog: &Catalog,
+    stored: Option<Slots>,
+) -> Result<(Option<Journal>, bool)> {
     let start = contract::start(
         view.journal().map(|j| j.to.to_string()).as_deref(),
         view.previous(),
         &view.generation.to_string(),
     );
-    let remembered = || Ok(view.remembered());
+    let remembered = || Ok(stored.unwrap_or_else(|| view.remembered()));
     journal_step(
         start,
         view.journal().cloned(),

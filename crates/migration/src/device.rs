@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use manifest::{Generation, Manifest, ModelId, NamedModel, Sha256Digest, layout};
+use manifest::{Generation, Manifest, ModelId, NamedModel, Sha256Digest};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -86,6 +86,11 @@ pub struct Device {
     /// modeld's load receipt, on a contract that has one (`None`: v25, nothing read).
     pub load_receipt: Option<crate::load_receipt::Source>,
     pub(crate) effects: Effects,
+    /// The contract the device's generation runs, as the tree decided it
+    /// ([`crate::tree::Decision::Known`]); [`manifest::contract::BASE_CONTRACT`] until told.
+    contract: &'static manifest::contract::Contract,
+    /// What the tree declared about its generation, when it declared it.
+    tree: Option<std::sync::Arc<manifest::TreeDeclaration>>,
 }
 
 /// The bytes `.catalog.json` gets for the accepted manifest `m`: `raw` (what `m` was parsed
@@ -139,7 +144,37 @@ impl Device {
             trusted_keys: None,
             load_receipt: None,
             effects,
+            contract: manifest::contract::BASE_CONTRACT.contract(),
+            tree: None,
         }
+    }
+
+    /// This device, on a tree that declared `tree` (its reviewed catalog is what the
+    /// per-generation selection is checked against).
+    pub fn with_declaration(mut self, tree: Option<manifest::TreeDeclaration>) -> Self {
+        self.tree = tree.map(std::sync::Arc::new);
+        self
+    }
+
+    /// Where the generation's files live and how each is written ([`crate::layout`]).
+    pub fn files(&self) -> crate::layout::DeviceFiles {
+        crate::layout::DeviceFiles::new(
+            self.contract,
+            &self.config.data_dir,
+            self.config.generation,
+            self.tree.clone(),
+        )
+    }
+
+    /// This device, on a generation that runs `contract` (what the tree decided).
+    pub fn with_contract(mut self, contract: &'static manifest::contract::Contract) -> Self {
+        self.contract = contract;
+        self
+    }
+
+    /// The contract the device's generation runs.
+    pub fn contract(&self) -> &'static manifest::contract::Contract {
+        self.contract
     }
 
     /// Whether the car is driving (`IsOnroad`).
@@ -258,6 +293,8 @@ impl Device {
             .sharing_warnings(d.params.warnings());
         d.sysfs_root = self.sysfs_root.clone();
         d.trusted_keys = self.trusted_keys.clone();
+        d.contract = self.contract;
+        d.tree = self.tree.clone();
         d
     }
 
@@ -367,7 +404,11 @@ impl Device {
 
     /// The catalog as the UIs list it: the stored manifest's entries plus local models.
     pub fn device_catalog(&self, manifest: &Manifest) -> Result<Catalog> {
-        Ok(Catalog::new(manifest, &self.local_models()?))
+        Ok(Catalog::for_contract(
+            manifest,
+            &self.local_models()?,
+            self.contract,
+        ))
     }
 
     /// Whether a local model's artifact is there (a non-empty plain file or a chunk set).
@@ -390,9 +431,10 @@ impl Device {
         builtin_path_in(&self.config.builtin_dir)
     }
 
+    /// Where `id`'s artifact is installed: the layout's answer ([`crate::layout`]).
     pub fn artifact_path(&self, id: &ModelId) -> PathBuf {
-        self.models_dir()
-            .join(layout::artifact_file_name(id).as_str())
+        self.files()
+            .artifact_path(id, crate::layout::Variant::Standard)
     }
 
     pub fn ensure_dirs(&self) -> Result<()> {
@@ -567,6 +609,101 @@ impl Device {
         )
     }
 
+    /// Give upstream the accepted manifest `raw` where and how its layout reads it (per
+    /// generation: `<gen>/catalog.json`, see [`crate::layout::DeviceFiles::upstream_catalog`]);
+    /// nothing on a flat layout. One effect, atomic.
+    pub fn publish_catalog(&self, raw: &[u8]) -> Result<()> {
+        let Some((name, body)) = self.files().upstream_catalog(raw)? else {
+            return Ok(());
+        };
+        self.effects.create_dir(&self.files().root())?;
+        self.write_file(&name, &body)
+    }
+
+    /// The selection as the layout's own store keeps it, in the slots the refresh decides
+    /// over: per generation, `preferences.json` when it is there (read as upstream reads it;
+    /// its bundled id is the built-in, its `""` big profile is the disabled one); `None` on a
+    /// flat layout (the params are the store) or before any preferences exist.
+    pub fn stored_slots(&self) -> Result<Option<crate::choice::Slots>> {
+        let files = self.files();
+        let Some(gf) = files.generation_files() else {
+            return Ok(None);
+        };
+        if !self.effects.exists(&files.root().join(gf.preferences)) {
+            return Ok(None);
+        }
+        let p = files.read_preferences()?;
+        let builtin = manifest::contract::BASE_CONTRACT
+            .contract()
+            .bundled_selection;
+        let id = |s: &str| match s == self.contract.bundled_selection {
+            true => builtin.to_string(),
+            false => s.to_string(),
+        };
+        Ok(Some(crate::choice::Slots {
+            selection: Some(id(&p.small)),
+            small: Some(id(&p.small)),
+            big: match p.big.as_str() {
+                "" => Some(contract::BIG_DISABLED.to_string()),
+                b if b == self.contract.bundled_selection => None,
+                b => Some(b.to_string()),
+            },
+        }))
+    }
+
+    /// Carry the flat-layout choice the params hold (selection, profiles, favourites,
+    /// exclusions, sort mode, randomizer) into the preferences of this per-generation device,
+    /// once: preferences already there (upstream's, or ours) are the user's and are kept.
+    /// Returns the preferences now in force (`None` on a flat layout).
+    pub fn carry_choice(
+        &self,
+        from: &'static manifest::contract::Contract,
+    ) -> Result<Option<crate::layout::Preferences>> {
+        let (selection, _) = contract::selected(&self.selection_params()?);
+        let profiles = self.profiles_read()?;
+        let lower = |s: Option<String>| s.map(|s| s.to_ascii_lowercase());
+        let slots = crate::choice::Slots {
+            selection: Some(selection),
+            small: lower(profiles.small),
+            big: lower(profiles.big),
+        };
+        self.carry_slots(from, &slots)
+    }
+
+    /// [`Device::carry_choice`] with the selection and profiles given (a migration's journal
+    /// keeps them while the params point at the built-in); the rest from the params.
+    pub(crate) fn carry_slots(
+        &self,
+        from: &'static manifest::contract::Contract,
+        slots: &crate::choice::Slots,
+    ) -> Result<Option<crate::layout::Preferences>> {
+        let files = self.files();
+        let Some(gf) = files.generation_files() else {
+            return Ok(None);
+        };
+        let path = files.root().join(gf.preferences);
+        if self.effects.exists(&path) {
+            return files.read_preferences().map(Some);
+        }
+        let choice = crate::layout::FlatChoice {
+            slots: slots.clone(),
+            favorites: self.params.get_str(keys::USER_FAVORITES)?,
+            blacklisted: self.params.get_str(keys::BLACKLISTED_MODELS)?,
+            sort_mode: self.params.get_str(keys::MODEL_SORT_MODE)?,
+            randomizer: self.params.get_bool(keys::MODEL_RANDOMIZER)?,
+        };
+        let rows = files.tree().map_or(&[][..], |t| t.catalog.as_slice());
+        let carried = crate::layout::carry_flat_choice(from, self.contract, rows, &choice);
+        let body = carried.to_bytes();
+        self.effects.create_dir(&files.root())?;
+        let name = format!("{}/{}", files.generation(), gf.preferences);
+        match self.effects.is_plan() {
+            true => self.write_file(&name, &body)?,
+            false => files.with_state_lock(|| self.write_file(&name, &body))?,
+        }
+        Ok(Some(carried))
+    }
+
     /// The remembered choice (`.choice.json`), if any.
     /// A corrupt or unreadable one is read as absent, with a warning
     /// ([`Device::read_json_or_warn`]).
@@ -620,7 +757,7 @@ mod tests {
             data_dir: root.join("data"),
             memory_params_dir: root.join("shm"),
             builtin_dir: root.join("builtin"),
-            generation: layout::CURRENT_GENERATION,
+            generation: manifest::layout::CURRENT_GENERATION,
         })
     }
 

@@ -79,7 +79,12 @@ pub fn download_all(
 ) -> Result<AllDownloads> {
     let catalog = DeviceView::read(device).take_catalog()?;
     let mut all = AllDownloads::default();
-    for entry in downloadable(&catalog, device.chestnut(), device.is_protected()) {
+    for entry in downloadable_for(
+        &catalog,
+        device.chestnut(),
+        device.is_protected(),
+        device.contract(),
+    ) {
         // An artifact modeld could not start here is skipped, not a failure of the run.
         if crate::load_receipt::condemned(device, entry).is_some() {
             continue;
@@ -105,11 +110,26 @@ pub fn downloadable(
     chestnut: downloader::egpu::Chestnut,
     protected: bool,
 ) -> Vec<&ModelEntry> {
+    downloadable_for(
+        catalog,
+        chestnut,
+        protected,
+        manifest::contract::BASE_CONTRACT.contract(),
+    )
+}
+
+/// [`downloadable`] on a device of `contract` (the artifact format it loads).
+pub fn downloadable_for<'a>(
+    catalog: &'a Manifest,
+    chestnut: downloader::egpu::Chestnut,
+    protected: bool,
+    contract: &manifest::Contract,
+) -> Vec<&'a ModelEntry> {
     catalog
         .models()
         .iter()
         .filter(|e| {
-            downloader::Target::from_entry(e)
+            downloader::Target::from_entry_for(e, contract)
                 .is_ok_and(|t| downloader::trust::target_rule(protected, &t).is_ok())
         })
         .filter(|e| {
@@ -232,10 +252,15 @@ pub fn plan(
     let entries: Vec<ModelEntry> = match id {
         None => {
             let catalog = view.take_catalog()?;
-            downloadable(&catalog, device.chestnut(), device.is_protected())
-                .into_iter()
-                .cloned()
-                .collect()
+            downloadable_for(
+                &catalog,
+                device.chestnut(),
+                device.is_protected(),
+                device.contract(),
+            )
+            .into_iter()
+            .cloned()
+            .collect()
         }
         Some(id) => match requested(id, device.config.generation, || view.take_catalog())? {
             Requested::BuiltIn(id) => return Ok(nothing(id, "built-in")),
@@ -272,11 +297,18 @@ pub fn plan(
             // then: earlier downloads of this run have used their share.
             let before = needed;
             needed = needed.saturating_add(plan.size);
-            if free < needed.saturating_add(space_margin) {
+            // A staging file of this artifact is reused or removed before the real check: its
+            // blocks count as free for it.
+            let staged = downloader::staged_bytes(
+                &device.models_dir(),
+                &plan.sha256.to_hex(),
+                target.local_name.as_str(),
+            );
+            if free.saturating_add(staged) < needed.saturating_add(space_margin) {
                 return Err(downloader::Error::InsufficientSpace {
                     path: device.models_dir(),
                     needed: plan.size.saturating_add(space_margin),
-                    available: free.saturating_sub(before),
+                    available: free.saturating_sub(before).saturating_add(staged),
                 }
                 .into());
             }

@@ -21,6 +21,7 @@ pub mod effects;
 mod error;
 mod floor;
 mod journal;
+pub mod layout;
 pub mod load_receipt;
 pub mod lock;
 mod manager;
@@ -51,7 +52,8 @@ pub use error::{Error, Result};
 pub use journal::{Journal, Phase, read_journal};
 pub use lock::ManagerLock;
 pub use manager::{
-    GcPlan, GcReport, RefreshReport, gc, install, refresh, refresh_as, refresh_at, unix_now,
+    GcPlan, GcReport, RefreshReport, gc, install, install_target, refresh, refresh_as, refresh_at,
+    unix_now,
 };
 pub use params::Params;
 pub use progress::{DisplayName, FailReason, Progress, ProgressFn, Transferred};

@@ -55,7 +55,7 @@ pub(crate) fn begin_migration(
     view: &DeviceView,
     catalog: &Catalog,
 ) -> Result<(Option<Journal>, Vec<String>, bool)> {
-    let (journal, write) = journal_now(view, catalog)?;
+    let (journal, write) = journal_now(view, catalog, device.stored_slots()?)?;
     if write && let Some(j) = &journal {
         write_journal(device, j)?;
     }
@@ -68,12 +68,19 @@ pub(crate) fn begin_migration(
         // built-in, never an old-generation pickle and never a file about to be purged.
         // Onroad (the car may have left since the refresh began), nothing is purged.
         device.ensure_offroad("the migration")?;
+        // Where the selection lives in the new layout (per generation: preferences.json),
+        // the user's choice as the journal keeps it is carried there first, once.
+        if device.files().selection_store() == crate::layout::SelectionStore::Preferences {
+            device.carry_slots(manifest::contract::BASE_CONTRACT.contract(), &j.slots())?;
+        }
         write_contract(
             device,
             catalog,
             &contract::interim(&j.wanted(catalog), catalog),
         )?;
-        purged = purge(device)?;
+        if device.files().purge_before_download() {
+            purged = purge(device)?;
+        }
         let mut j = j.clone();
         j.phase = Phase::Download;
         write_journal(device, &j)?;
@@ -201,9 +208,12 @@ pub(crate) fn refresh_run(
     let view = view.strict()?;
     let (journal, purged, interim) = begin_migration(device, &view, &catalog)?;
     let record = view.choice().cloned();
-    let slots_now = match interim {
-        true => param_slots(device)?,
-        false => view.slots(),
+    // Where the layout keeps the selection in a store of its own (per generation:
+    // preferences.json, upstream's or carried there), that store is what the user chose.
+    let slots_now = match (interim, device.stored_slots()?) {
+        (false, Some(stored)) => stored,
+        (true, _) => param_slots(device)?,
+        (false, None) => view.slots(),
     };
     let (raw, wanted) = chosen(journal.as_ref(), record.as_ref(), &slots_now, &catalog);
     let mut report = RefreshReport {
@@ -344,6 +354,11 @@ pub(crate) fn refresh_run(
     report.fell_back_to_builtin = outcome.fell_back;
 
     if let Some(j) = journal {
+        // A layout that keeps generations apart purges the old one's driving artifacts only
+        // now, with the new selection in place (idempotent: a resumed run purges what is left).
+        if !device.files().purge_before_download() {
+            report.purged = purge(device)?;
+        }
         device
             .params
             .put(keys::MODEL_MANIFEST_VERSION, &j.to.to_string())?;
@@ -402,11 +417,11 @@ pub fn install(
     device.ensure_offroad(&format!("the download of {}", entry.id()))?;
     // With trusted keys, bytes the signed manifest does not pin are never fetched: refused
     // before anything is written (`downloader::trust::digest_rule`).
-    dl.check_signed(&downloader::Target::from_entry(entry)?)?;
+    dl.check_signed(&dl.target(entry)?)?;
     let chestnut = device.chestnut();
     // A Chestnut variant the signature does not pin is left out (listed by `status` as not
     // installable); the model itself still installs.
-    let variant = downloader::egpu::artifacts_to_fetch(entry, chestnut)?
+    let variant = downloader::egpu::artifacts_to_fetch_for(entry, chestnut, dl.contract())?
         .into_iter()
         .nth(1)
         .filter(|v| dl.check_signed(v).is_ok());
@@ -440,21 +455,12 @@ pub fn install(
     if state != VerifyState::Outdated {
         device.forget(entry.id())?;
     }
-    let percent = PercentFilter::default();
-    let on_event = |e: Event| match e {
-        Event::Progress { done, total } if percent.advance(done, total).is_some() => {
-            progress(&Progress::Percent(Transferred { done, total }))
-        }
-        Event::Verifying => progress(&Progress::Verifying),
-        _ => {}
+    let label = entry.name().unwrap_or(entry.id().as_str());
+    let target = dl.target(entry)?;
+    let Some(installed) = install_target(device, dl, &target, label, cancel, progress)? else {
+        // Verified there already (put there by another manager): nothing fetched.
+        return Ok(None);
     };
-    let installed = dl.download(
-        device.config.generation,
-        entry,
-        &device.models_dir(),
-        cancel,
-        &on_event,
-    )?;
     // Record the fresh verification so the next resolve is a stat, not a re-hash.
     device.record_verified(entry, &installed.sha256, installed.size)?;
     device.effects().installed(entry.id().as_str())?;
@@ -462,6 +468,60 @@ pub fn install(
         install_variant(device, dl, &v, cancel)?;
     }
     Ok(Some(installed))
+}
+
+/// Download `target` (a model's standard artifact) where the device's layout installs it, under
+/// the layout's download job (per generation: the job file upstream's manager and UI read,
+/// its progress as `<label>: NN%`, and a cancel set on it by any process). A file already there
+/// with the target's size and SHA-256 (another manager's verified install) is kept and nothing
+/// is fetched: `Ok(None)`. Nothing is recorded: the caller records the verification and the
+/// effect.
+pub fn install_target(
+    device: &Device,
+    dl: &Downloader,
+    target: &downloader::Target,
+    label: &str,
+    cancel: &CancelToken,
+    progress: ProgressFn,
+) -> Result<Option<Installed>> {
+    if variant_in_place(device, target) {
+        return Ok(None);
+    }
+    let percent = PercentFilter::default();
+    let files = device.files();
+    device
+        .effects()
+        .create_dir(&files.artifact_dir(&target.id))?;
+    files
+        .under_job(
+            target.id.as_str(),
+            crate::layout::Variant::Standard,
+            false,
+            cancel,
+            |cancel, publish| {
+                let on_event = |e: Event| match e {
+                    Event::Progress { done, total } => {
+                        if let Some(pct) = percent.advance(done, total) {
+                            progress(&Progress::Percent(Transferred { done, total }));
+                            publish(&format!("{label}: {pct}%"));
+                        }
+                    }
+                    Event::Verifying => progress(&Progress::Verifying),
+                    _ => {}
+                };
+                Ok(dl.download_target(
+                    device.config.generation,
+                    target,
+                    &files.artifact_dir(&target.id),
+                    cancel,
+                    &on_event,
+                )?)
+            },
+        )
+        .map(|installed| {
+            files.tidy_after_install(&target.id);
+            Some(installed)
+        })
 }
 
 /// With a ready external GPU, a model's Chestnut build (`<id>_driving_chestnut_tinygrad.pkl`)
@@ -478,19 +538,31 @@ fn install_variant(
     if device.effects().is_plan() {
         return device.effects().installed(target.local_name.as_str());
     }
-    dl.download_target(
-        device.config.generation,
-        target,
-        &device.models_dir(),
+    let files = device.files();
+    files.under_job(
+        target.id.as_str(),
+        crate::layout::Variant::Accelerator,
+        false,
         cancel,
-        &|_| {},
+        |cancel, _| {
+            Ok(dl.download_target(
+                device.config.generation,
+                target,
+                &files.artifact_dir(&target.id),
+                cancel,
+                &|_| {},
+            )?)
+        },
     )?;
     device.effects().installed(target.local_name.as_str())
 }
 
 /// Whether a model's Chestnut build is there and matches its digest (then it is not fetched).
 pub(crate) fn variant_in_place(device: &Device, target: &downloader::Target) -> bool {
-    let path = device.models_dir().join(target.local_name.as_str());
+    let path = device
+        .files()
+        .artifact_dir(&target.id)
+        .join(target.local_name.as_str());
     // Purged earlier in a planned run: not there any more.
     device.effects().exists(&path)
         && target.sha256.is_some_and(|want| {

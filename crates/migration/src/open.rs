@@ -87,8 +87,12 @@ pub fn open(o: &Options) -> Result<Opened> {
     require_data_dir(&o.data_dir)?;
     let read = tree::read(&o.openpilot_dir);
     let decision = tree::decide(&read, o.generation);
-    let (generation, tinygrad) = match &decision {
-        Decision::Known { generation, commit } => (*generation, commit.clone()),
+    let (generation, tinygrad, contract) = match &decision {
+        Decision::Known {
+            generation,
+            commit,
+            contract,
+        } => (*generation, commit.clone(), *contract),
         Decision::OverrideDisagrees {
             given,
             tree,
@@ -113,16 +117,16 @@ pub fn open(o: &Options) -> Result<Opened> {
         memory_params_dir: o.memory_params_dir.clone(),
         builtin_dir: o.builtin_dir(),
         generation,
-    });
+    })
+    .with_contract(contract)
+    .with_declaration(read.declaration.clone().ok().flatten());
     device.sysfs_root = o.sysfs_root.clone();
     // What runs: modeld's load receipt, on a contract that has one.
-    device.load_receipt = read.pins.as_ref().ok().and_then(|pins| {
-        crate::load_receipt::Source::of(
-            pins.contract(generation),
-            o.shm_dir.as_deref(),
-            o.openpilot_prefix.as_deref(),
-        )
-    });
+    device.load_receipt = crate::load_receipt::Source::of(
+        contract,
+        o.shm_dir.as_deref(),
+        o.openpilot_prefix.as_deref(),
+    );
     // The device re-verifies what it stored under the downloader's keys on every read.
     device.trusted_keys = trusted_keys(o.trusted_keys.as_deref())?;
     let dl = Downloader::new(Origins::new(&o.hf_base, &o.github_base), o.download.clone());
@@ -131,7 +135,9 @@ pub fn open(o: &Options) -> Result<Opened> {
         None => dl,
     };
     Ok(Opened::Ready(Box::new(Ready {
-        dl: dl.with_tinygrad_pin(tinygrad.clone()),
+        dl: dl
+            .with_tinygrad_pin(tinygrad.clone())
+            .with_contract(contract, read.declaration.clone().ok().flatten()),
         device,
         tree: TreeStatus::of(&o.openpilot_dir, &decision),
         tinygrad,

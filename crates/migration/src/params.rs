@@ -48,6 +48,12 @@ pub mod keys {
     /// of signed manifests, JSON per generation), kept where a writer of the models directory
     /// cannot lower it (`trust_state`).
     pub const MODEL_MANIFEST_ACCEPTED_RELEASE: &str = "ModelManifestAcceptedRelease";
+    /// The user's choices besides the selection (persistent; comma-joined ids, a sort mode, a
+    /// flag): what a move to a per-generation layout carries into its preferences.
+    pub const USER_FAVORITES: &str = "UserFavorites";
+    pub const BLACKLISTED_MODELS: &str = "BlacklistedModels";
+    pub const MODEL_SORT_MODE: &str = "ModelSortMode";
+    pub const MODEL_RANDOMIZER: &str = "ModelRandomizer";
 }
 
 #[derive(Debug, Clone)]

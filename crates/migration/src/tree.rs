@@ -8,8 +8,16 @@
 //! binary, and a binary older than the tree never "migrates" the device back to its own
 //! generation.
 //!
-//! [`read`] reads the two files (size-capped, regular files only); [`decide`] is the pure rule
-//! over what was read and an optional `--generation` override. A tinygrad no table knows, or a
+//! A tree that carries a contract's declaration (upstream's v26 catalog module, the reviewed
+//! `catalog-vNN.json` beside it and `upstream-sync.json`: `manifest::contract::declaration`)
+//! says its generation, its contract and its tinygrad itself: the commit is the sync file's,
+//! and the pair is [`PinTable::declare`]d into the table. A declaration that is there but
+//! cannot be read pauses the manager as an unknown tinygrad does.
+//!
+//! [`read`] reads the files (size-capped, regular files only); [`decide`] is the pure rule
+//! over what was read and an optional `--generation` override. The generation it decides
+//! carries its contract (`&'static Contract`), which says where the device keeps its files
+//! (`crate::layout`). A tinygrad no table knows, or a
 //! tree that cannot be read, [`Paused`]s the manager: nothing on the device is changed,
 //! `resolve` answers the built-in ([`resolve_paused`]), and `status`, the daemon's log and
 //! `ModelDownloadProgress` say which tinygrad and what to do.
@@ -19,6 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use manifest::contract::{Contract, TreeDeclaration, TreeFiles, declaring_contracts};
 use manifest::pins::PINS_FILE;
 use manifest::{Generation, GitCommit, PinTable};
 use serde::Serialize;
@@ -37,6 +46,11 @@ pub const MARKER_FILE: &str = "tinygrad_repo/TINYGRAD_COMMIT";
 pub const MARKER_LIMIT: u64 = 1024;
 /// `tinygrad_pins.json`: one line per generation.
 pub const PINS_LIMIT: u64 = 64 * 1024;
+/// A declaring tree's reviewed catalog (`catalog-vNN.json`): read with the manifest's cap, as
+/// upstream reads it.
+pub const TREE_CATALOG_LIMIT: u64 = crate::bounded::CATALOG_LIMIT;
+/// `upstream-sync.json`: one entry per dependency of the tree.
+pub const SYNC_FILE_LIMIT: u64 = 1024 * 1024;
 /// Where the openpilot checkout is on a comma.
 pub const DEFAULT_OPENPILOT_DIR: &str = "/data/openpilot";
 /// Where the built-in model is, relative to the openpilot checkout.
@@ -55,12 +69,16 @@ impl std::fmt::Display for Unreadable {
     }
 }
 
-/// The tree as read: its tinygrad, and the pin table (built-in plus the tree's pins file).
+/// The tree as read: its tinygrad, the pin table (built-in plus the tree's pins file), and
+/// the contract declaration it carries, if any.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TreeRead {
     pub openpilot_dir: PathBuf,
     pub marker: std::result::Result<GitCommit, Unreadable>,
     pub pins: std::result::Result<PinTable, Unreadable>,
+    /// `Ok(None)`: the tree declares nothing (a v25 tree); `Err`: it carries a declaring
+    /// contract's catalog module, but the declaration cannot be read.
+    pub declaration: std::result::Result<Option<TreeDeclaration>, Unreadable>,
 }
 
 /// Why the manager changes nothing: the tree's tinygrad has no generation, or the tree cannot be
@@ -83,10 +101,13 @@ pub enum Paused {
 /// The generation this device is on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// The tree's tinygrad is `generation`'s pin (and `--generation`, if given, agrees).
+    /// The tree's tinygrad is `generation`'s pin (and `--generation`, if given, agrees);
+    /// `contract` is the one the generation runs (declared by the tree, else recorded or
+    /// inherited in the pin table).
     Known {
         generation: Generation,
         commit: GitCommit,
+        contract: &'static Contract,
     },
     /// Nothing is changed until the tree is fixed.
     Paused(Paused),
@@ -99,23 +120,43 @@ pub enum Decision {
 }
 
 /// The rule: the generation whose pin is the tree's tinygrad; `overridden` (`--generation`) must
-/// be that one. A tree that cannot be read or whose tinygrad no table knows is [`Paused`]
-/// whatever `overridden` says: the flag cannot vouch for a tinygrad.
+/// be that one. A tree that declares its contract gives its tinygrad in the declaration (the
+/// marker is not needed then), and the declaration is recorded in the table first. A tree
+/// that cannot be read, whose declaration cannot be read or taken, or whose tinygrad no table
+/// knows is [`Paused`] whatever `overridden` says: the flag cannot vouch for a tinygrad.
 pub fn decide(read: &TreeRead, overridden: Option<Generation>) -> Decision {
-    let commit = match &read.marker {
-        Ok(c) => c.clone(),
+    let declared = match &read.declaration {
+        Ok(d) => d.as_ref(),
         Err(u) => return Decision::Paused(Paused::Unreadable(u.clone())),
     };
-    let pins = match &read.pins {
-        Ok(p) => p,
+    let mut table = match &read.pins {
+        Ok(p) => p.clone(),
         Err(u) => return Decision::Paused(Paused::Unreadable(u.clone())),
     };
-    match pins.owner_of(&commit) {
+    let commit = match declared {
+        Some(d) => {
+            if let Err(refusal) = table.declare(d) {
+                return Decision::Paused(Paused::Unreadable(Unreadable {
+                    path: declaration_path(&read.openpilot_dir, d),
+                    problem: format!(
+                        "the tree declares {} on tinygrad {}, which the pin table refuses: {refusal}",
+                        d.generation, d.compiler_revision
+                    ),
+                }));
+            }
+            d.compiler_revision.clone()
+        }
+        None => match &read.marker {
+            Ok(c) => c.clone(),
+            Err(u) => return Decision::Paused(Paused::Unreadable(u.clone())),
+        },
+    };
+    match table.owner_of(&commit) {
         None => Decision::Paused(Paused::Unknown {
             commit,
             marker: read.openpilot_dir.join(MARKER_FILE),
             pins_file: read.openpilot_dir.join(PINS_FILE),
-            known: pins.iter().map(|(g, c)| (g, c.clone())).collect(),
+            known: table.iter().map(|(g, c)| (g, c.clone())).collect(),
         }),
         Some(tree) => match overridden {
             Some(given) if given != tree => Decision::OverrideDisagrees {
@@ -126,9 +167,20 @@ pub fn decide(read: &TreeRead, overridden: Option<Generation>) -> Decision {
             _ => Decision::Known {
                 generation: tree,
                 commit,
+                contract: table.contract(tree),
             },
         },
     }
+}
+
+/// The reviewed catalog a declaration was read from (what a refused declaration names).
+fn declaration_path(openpilot_dir: &Path, d: &TreeDeclaration) -> PathBuf {
+    let path = d
+        .contract
+        .contract()
+        .tree_catalog_path(d.generation)
+        .unwrap_or_default();
+    openpilot_dir.join(path)
 }
 
 /// A tree file, capped and regular-file-only (a FIFO or a symlink to `/dev/zero` is refused
@@ -184,7 +236,61 @@ pub fn read(openpilot_dir: &Path) -> TreeRead {
         openpilot_dir: openpilot_dir.to_path_buf(),
         marker,
         pins,
+        declaration: read_declaration(openpilot_dir),
     }
+}
+
+/// The declaration the tree carries: for each contract whose trees declare themselves, its
+/// catalog module, the reviewed catalogs beside it and the sync file, read with the crate's
+/// bounded reader and handed to `manifest::contract::declaration`. The first contract whose
+/// module is there decides; none there is `Ok(None)`.
+pub fn read_declaration(
+    openpilot_dir: &Path,
+) -> std::result::Result<Option<TreeDeclaration>, Unreadable> {
+    for contract in declaring_contracts() {
+        let Some(markers) = contract.tree else {
+            continue;
+        };
+        let module = openpilot_dir.join(markers.catalog_module);
+        let unreadable = |path: &Path, problem: String| Unreadable {
+            path: path.to_path_buf(),
+            problem,
+        };
+        match std::fs::symlink_metadata(&module) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(unreadable(&module, e.to_string())),
+            Ok(m) if !m.is_file() => {
+                return Err(unreadable(&module, "not a regular file".into()));
+            }
+            Ok(_) => {}
+        }
+        let dir = module.parent().unwrap_or(openpilot_dir);
+        let entries = std::fs::read_dir(dir).map_err(|e| unreadable(dir, e.to_string()))?;
+        let mut catalogs = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| unreadable(dir, e.to_string()))?;
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            if manifest::contract::parse_tree_catalog_name(contract, &name).is_none() {
+                continue;
+            }
+            let path = dir.join(&name);
+            if let Some(bytes) = read_tree_file(&path, TREE_CATALOG_LIMIT)? {
+                catalogs.push((name, bytes));
+            }
+        }
+        catalogs.sort();
+        let sync_path = openpilot_dir.join(markers.sync_file);
+        let files = TreeFiles {
+            catalog_module: true,
+            catalogs,
+            sync_file: read_tree_file(&sync_path, SYNC_FILE_LIMIT)?,
+        };
+        return manifest::contract::declaration(contract.name, &files)
+            .map_err(|problem| unreadable(&module, problem));
+    }
+    Ok(None)
 }
 
 fn list_known(known: &[(Generation, GitCommit)]) -> String {
@@ -271,7 +377,9 @@ impl TreeStatus {
             next: None,
         };
         match decision {
-            Decision::Known { generation, commit }
+            Decision::Known {
+                generation, commit, ..
+            }
             | Decision::OverrideDisagrees {
                 tree: generation,
                 commit,
@@ -415,6 +523,7 @@ mod tests {
             openpilot_dir: "/op".into(),
             marker,
             pins,
+            declaration: Ok(None),
         }
     }
 
@@ -436,9 +545,11 @@ mod tests {
                 known: table.iter().map(|(g, c)| (g, c.clone())).collect(),
             })
         };
+        // These trees declare nothing: every generation inherits the v25 contract.
         let known = |generation, commit: &GitCommit| Decision::Known {
             generation,
             commit: commit.clone(),
+            contract: manifest::contract::ContractName::V25.contract(),
         };
         let builtin = PinTable::builtin();
         let cases: Vec<(&str, TreeRead, Option<Generation>, Decision)> = vec![
@@ -553,7 +664,8 @@ mod tests {
             decide(&r, None),
             Decision::Known {
                 generation: Generation::new(26),
-                commit: pin(V26_PIN)
+                commit: pin(V26_PIN),
+                contract: manifest::contract::ContractName::V25.contract(),
             }
         );
         // Without the pins file: the built-in table.
@@ -593,6 +705,139 @@ mod tests {
         let u = read(op).pins.unwrap_err();
         assert!(u.problem.contains("already pinned"), "{u}");
         assert_eq!(u.path, pins);
+    }
+
+    const DECLARED_PIN: &str = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+
+    /// A tree carrying upstream's declaration: the catalog module, `catalog-<gen>.json` beside
+    /// it and `upstream-sync.json` naming `pin` for `tinygrad_repo`.
+    fn declaring_tree(op: &Path, generation: &str, pin: &str) {
+        let v26 = manifest::contract::ContractName::V26.contract();
+        let markers = v26.tree.unwrap();
+        write(&op.join(markers.catalog_module), b"# the catalog module\n");
+        write(
+            &op.join(markers.catalog_json.replace("{gen}", generation)),
+            br#"{"generation": "x", "models": [{"id": "sc2", "name": "SC", "version": "v9"}]}"#,
+        );
+        write(
+            &op.join(markers.sync_file),
+            format!(
+                r#"{{"dependencies": [{{"path": "panda", "commit": "{}"}}, {{"path": "{}", "commit": "{pin}"}}]}}"#,
+                "a".repeat(40),
+                markers.tinygrad_dependency
+            )
+            .as_bytes(),
+        );
+    }
+
+    /// A declaring tree decides its own generation, contract and tinygrad (the sync file's,
+    /// not the marker's), for v26 and a made-up v27; a v25 tree is decided as before; a
+    /// declaration that cannot be read or taken pauses, naming the file and why.
+    #[test]
+    fn a_declaring_tree_decides_generation_contract_and_tinygrad() {
+        let v25 = manifest::contract::ContractName::V25.contract();
+        let v26 = manifest::contract::ContractName::V26.contract();
+        // v25: no module, nothing declared, the marker decides.
+        let t = tempfile::tempdir().unwrap();
+        let op = t.path();
+        write(
+            &op.join(MARKER_FILE),
+            format!("{}\n", layout::current_tinygrad_commit()).as_bytes(),
+        );
+        let r = read(op);
+        assert_eq!(r.declaration, Ok(None));
+        assert_eq!(
+            decide(&r, None),
+            Decision::Known {
+                generation: layout::CURRENT_GENERATION,
+                commit: layout::current_tinygrad_commit(),
+                contract: v25,
+            }
+        );
+        for generation in ["v26", "v27"] {
+            let t = tempfile::tempdir().unwrap();
+            let op = t.path();
+            declaring_tree(op, generation, DECLARED_PIN);
+            // The marker says something else (or is missing): the sync file decides.
+            let r = read(op);
+            assert!(r.marker.is_err(), "no marker in this tree");
+            let d = r.declaration.clone().unwrap().unwrap();
+            assert_eq!(d.generation.to_string(), generation);
+            assert_eq!(
+                decide(&r, None),
+                Decision::Known {
+                    generation: d.generation,
+                    commit: pin(DECLARED_PIN),
+                    contract: v26,
+                },
+                "{generation}"
+            );
+            write(&op.join(MARKER_FILE), format!("{V26_PIN}\n").as_bytes());
+            assert!(matches!(
+                decide(&read(op), None),
+                Decision::Known { ref commit, .. } if *commit == pin(DECLARED_PIN)
+            ));
+            assert!(matches!(
+                decide(&read(op), Some(layout::CURRENT_GENERATION)),
+                Decision::OverrideDisagrees { .. }
+            ));
+            // Broken declarations pause, each saying why.
+            let markers = v26.tree.unwrap();
+            let sync = op.join(markers.sync_file);
+            type Break<'a> = Box<dyn Fn() + 'a>;
+            let cases: Vec<(Break, &str)> = vec![
+                (
+                    Box::new(|| std::fs::remove_file(&sync).unwrap()),
+                    "upstream-sync.json is missing",
+                ),
+                (Box::new(|| write(&sync, b"{")), "not JSON"),
+                (
+                    Box::new(|| {
+                        write(
+                            &sync,
+                            format!(
+                                r#"{{"dependencies": [{{"path": "tinygrad_repo", "commit": "{}"}}]}}"#,
+                                layout::current_tinygrad_commit()
+                            )
+                            .as_bytes(),
+                        )
+                    }),
+                    "already",
+                ),
+                (
+                    Box::new(|| {
+                        std::fs::remove_file(&sync).unwrap();
+                        std::os::unix::fs::symlink("/dev/zero", &sync).unwrap();
+                    }),
+                    "not a regular file",
+                ),
+            ];
+            for (break_it, says) in cases {
+                declaring_tree(op, generation, DECLARED_PIN);
+                let _ = std::fs::remove_file(&sync);
+                declaring_tree(op, generation, DECLARED_PIN);
+                break_it();
+                let decision = decide(&read(op), Some(d.generation));
+                let Decision::Paused(p @ Paused::Unreadable(_)) = &decision else {
+                    panic!("{generation} {says}: {decision:?}")
+                };
+                assert!(p.message().contains(says), "{says}: {}", p.message());
+                assert!(p.message().contains("nothing on this device was changed"));
+                assert_eq!(p.progress(), Progress::TreeUnknown(None));
+            }
+            let _ = std::fs::remove_file(&sync);
+            declaring_tree(op, generation, DECLARED_PIN);
+            // Two reviewed catalogs: which one is the tree's is unknown.
+            write(
+                &op.join(markers.catalog_json.replace("{gen}", "v30")),
+                br#"{"models": []}"#,
+            );
+            let decision = decide(&read(op), None);
+            assert!(
+                matches!(&decision, Decision::Paused(p) if p.message().contains("several")),
+                "{decision:?}"
+            );
+        }
     }
 
     /// The paused daemon, too, removes and logs a request param it cannot read (here a FIFO

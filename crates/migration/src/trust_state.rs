@@ -356,6 +356,8 @@ pub fn store_accepted(device: &Device, fetched: &FetchedManifest) -> Result<()> 
         }
         None => device.write_file(CATALOG_FILE, &accepted_catalog_body(fetched, generation)?)?,
     }
+    // What upstream reads, where its layout keeps it (nothing apart on a flat layout).
+    device.publish_catalog(&fetched.raw)?;
     // An origin that served a refused manifest before another served a good one is still
     // worth a look (someone may have written to that store); else clear.
     let refused: Vec<(&str, &Refusal)> = fetched

@@ -89,7 +89,7 @@ impl Device {
         let path = self.artifact_path(entry.id());
         // A planned run that purged any form of it sees it missing, as the real run would.
         if self.effects.planned_removal(
-            &self.models_dir(),
+            &self.files().artifact_dir(entry.id()),
             layout::artifact_file_name(entry.id()).as_str(),
         ) {
             return Ok(VerifyState::Missing);
@@ -206,13 +206,12 @@ impl Device {
             });
         }
         let name = layout::artifact_file_name(entry.id());
-        downloader::installed_sidecar_digest(&self.models_dir(), name.as_str()).map(|sha256| {
-            ExpectedDigest {
+        downloader::installed_sidecar_digest(&self.files().artifact_dir(entry.id()), name.as_str())
+            .map(|sha256| ExpectedDigest {
                 sha256,
                 size: None,
                 source: downloader::DigestSource::Sidecar,
-            }
-        })
+            })
     }
 
     /// Record that the artifact just installed at `entry`'s path was verified as `sha256` /

@@ -13,6 +13,11 @@ use crate::upstream::Load;
 use downloader::CancelToken;
 use migration::{Effects, Error, RefreshReport};
 
+use crate::upstream_v26::BUNDLED;
+use crate::v26_device::{V26, data_snapshot, v25_device_in};
+use std::fs;
+use std::path::Path;
+
 /// The starting devices: rich ones (two installs, both profiles) and a fallback.
 type Params = &'static [(&'static str, &'static str)];
 
@@ -294,4 +299,107 @@ fn a_temporary_fallback_and_its_switch_back_survive_a_crash_after_any_effect() {
     at(&origin, T0 + 300)(&f, Effects::none()).unwrap();
     assert_eq!(f.param("Model").as_deref(), Some("pop223"));
     eprintln!("temporary fallback: crashed after each of {n1} + {n2} effects");
+}
+
+/// A named way to prepare a device directory.
+type Start<'a> = (&'a str, &'a dyn Fn(&Path));
+
+/// Crash safety by enumeration for the v25 → v26-contract move and for a v26 download (the
+/// repair of a deleted install): crash right after each durable effect, check what upstream's
+/// v26 code would see at that instant (modeld: the bundled model or a verified install of the
+/// user's model; the saved selection: absent or the user's; a job file it accepts), rerun, and
+/// require the uninterrupted run's end state. v26 and a made-up v27.
+#[test]
+fn the_move_and_a_v26_download_survive_a_crash_after_any_effect() {
+    let mut total = 0;
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let rt = v.runtime();
+        let run = |dir: &Path, effects: migration::Effects| {
+            let (d, dl) = v.device_in(dir, effects);
+            migration::refresh(&d, &dl, &CancelToken::new(), &|_| {})
+        };
+        let migrated = |dir: &Path| {
+            v25_device_in(dir);
+            run(dir, migration::Effects::none()).unwrap();
+        };
+        let repair = |dir: &Path| {
+            migrated(dir);
+            let root = dir.join("data/models").join(generation);
+            fs::remove_file(root.join("pop223/pop223_driving_tinygrad.pkl")).unwrap();
+        };
+        // The made-up v27 runs the move only: the download's effects are the same code.
+        let starts: [Start; 2] = [("move", &v25_device_in), ("download", &repair)];
+        let starts = if generation == "v26" {
+            &starts[..]
+        } else {
+            &starts[..1]
+        };
+        for &(label, prepare) in starts {
+            let clean = tempfile::tempdir().unwrap();
+            prepare(clean.path());
+            let effects = migration::Effects::recording();
+            run(clean.path(), effects.clone()).unwrap();
+            let want = data_snapshot(clean.path());
+            let log = effects.log();
+            assert!(
+                log.iter().any(|e| e == "install pop223"),
+                "{generation} {label}: {log:?}"
+            );
+            if label == "move" {
+                for kind in [
+                    format!("write {generation}/preferences.json"),
+                    format!("write {generation}/catalog.json"),
+                    "remove pop223_driving_tinygrad.pkl".to_string(),
+                ] {
+                    assert!(log.contains(&kind), "{generation}: no {kind} in {log:?}");
+                }
+                let install = log.iter().position(|e| e == "install pop223").unwrap();
+                let purge = log
+                    .iter()
+                    .position(|e| e == "remove pop223_driving_tinygrad.pkl")
+                    .unwrap();
+                assert!(install < purge, "v25 files removed only after: {log:?}");
+            }
+            for (n, what) in log.iter().enumerate() {
+                let t = tempfile::tempdir().unwrap();
+                prepare(t.path());
+                let ctx = format!("{generation} {label}: crash after effect {n} ({what})");
+                match run(t.path(), migration::Effects::crash_after(n)) {
+                    Err(migration::Error::Crashed { effect, .. }) => assert_eq!(effect, n, "{ctx}"),
+                    other => panic!("{ctx}: expected the crash, got {other:?}"),
+                }
+                let root = t.path().join("data/models").join(generation);
+                let sel = rt.resolve_runtime(&root, false);
+                match sel.small_id.as_str() {
+                    BUNDLED => {}
+                    "pop223" => assert_eq!(
+                        sel.small_sha.as_deref(),
+                        Some(v.sha("pop223").as_str()),
+                        "{ctx}"
+                    ),
+                    other => panic!("{ctx}: upstream would load {other}"),
+                }
+                if root.join("preferences.json").exists() {
+                    assert_eq!(
+                        rt.preferences(&root).small,
+                        "pop223",
+                        "{ctx}: the choice is kept"
+                    );
+                }
+                if root.join(".download-job.json").exists() {
+                    assert!(
+                        rt.read_job(&root).is_some(),
+                        "{ctx}: a job file upstream refuses"
+                    );
+                }
+                run(t.path(), migration::Effects::none()).unwrap();
+                assert_eq!(data_snapshot(t.path()), want, "{ctx}: rerun ends elsewhere");
+                total += 1;
+            }
+            let root = clean.path().join("data/models").join(generation);
+            assert_eq!(rt.resolve_runtime(&root, false).small_id, "pop223");
+        }
+    }
+    eprintln!("v26 contract: crashed after each of {total} effects, 0 violations");
 }

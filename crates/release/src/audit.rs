@@ -404,8 +404,15 @@ pub fn check_store(s: &Snapshot, rules: &Rules) -> StoreAudit {
     };
     let manifest = bytes.and_then(|b| {
         out.manifest_sha256 = Some(Sha256Digest::of_bytes(b));
-        let rule_problems =
-            manifest::validate::validate_bytes(b, ValidationMode::Release, &Limits::default());
+        // The rules of the generation's contract (v25: exactly `validate_bytes`'s).
+        let contract = manifest::contract::for_manifest(rules.pins, b).1.contract();
+        let rule_problems = manifest::validate_for_contract(
+            b,
+            ValidationMode::Release,
+            contract,
+            &manifest::Expectation::default(),
+            &Limits::default(),
+        );
         for p in &rule_problems {
             push(
                 None,
@@ -446,7 +453,8 @@ pub fn check_store(s: &Snapshot, rules: &Rules) -> StoreAudit {
                 &republish,
             );
         }
-        if let Err(r) = manifest::pins::check_pin(rules.pins, g, m.tinygrad_commit().as_ref()) {
+        let revision = m.revision(rules.pins.contract(g));
+        if let Err(r) = manifest::pins::check_pin(rules.pins, g, revision.as_ref()) {
             push(
                 None,
                 at(&manifest_path),

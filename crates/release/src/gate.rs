@@ -405,7 +405,14 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
     let mut cov = Coverage::default();
     let pin_problem = |recorded: &GitCommit| -> Option<String> {
         match &pin {
-            None => Some("the manifest records no tinygrad_commit to compare with".into()),
+            None => Some(format!(
+                "the manifest records no tinygrad revision ({}) to compare with",
+                manifest::contract::CONTRACTS
+                    .iter()
+                    .map(|c| c.revision_key)
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            )),
             Some(p) if p != recorded => Some(format!(
                 "recorded with tinygrad {recorded}, the manifest is pinned to {p}"
             )),
@@ -975,11 +982,7 @@ impl PublishRecord {
 /// The tinygrad (compiler) revision a manifest records, under the key of the contract it names
 /// (v25 `tinygrad_commit`, v26 `compiler_revision`; [`manifest::contract::for_manifest`]).
 pub fn manifest_revision(manifest: &Manifest) -> Option<GitCommit> {
-    let (_, contract) = manifest::contract::for_manifest(
-        &manifest::PinTable::builtin(),
-        &manifest.to_canonical_bytes(),
-    );
-    manifest.revision(contract.contract())
+    manifest.own_revision()
 }
 
 #[cfg(test)]

@@ -706,6 +706,79 @@ mod tests {
         }
     }
 
+    /// A DM file's receipt (no stamp) and a driving artifact's (from its stamp), under v26's
+    /// contract; nothing under v25; a foreign stamp is refused, not receipted.
+    #[test]
+    fn receipts_for_builds() {
+        let t = tempfile::tempdir().unwrap();
+        let pin: GitCommit = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf".parse().unwrap();
+        let source = t.path().join("dmonitoring_model.onnx");
+        std::fs::write(&source, b"onnx").unwrap();
+        let dm = t.path().join("dm_warp_1928x1208_tinygrad.pkl");
+        std::fs::write(&dm, b"dm bytes").unwrap();
+        let sources = [source];
+        let built = Built {
+            model_id: "dm_warp_1928x1208_tinygrad",
+            version: None,
+            artifact: &dm,
+            sources: &sources,
+            stamped: false,
+        };
+        let v25 = ContractName::V25.contract();
+        let v26 = ContractName::V26.contract();
+        assert_eq!(receipt_for_build(&built, v25, &pin), Ok(None));
+        let r = receipt_for_build(&built, v26, &pin).unwrap().unwrap();
+        assert_eq!(r.artifact_sha256, Sha256Digest::of_bytes(b"dm bytes"));
+        assert_eq!((r.artifact_size, r.behavior_version.as_deref()), (8, None));
+        assert_eq!(r.compiler_revision, pin);
+        assert_eq!(r.source_sha256.0[0].0, "dmonitoring_model.onnx");
+        let path = write_build_receipt(&built, v26, &pin).unwrap().unwrap();
+        assert!(path.ends_with("dm_warp_1928x1208_tinygrad.build.json"));
+        assert_eq!(read_receipt_file(&path).unwrap(), r);
+        // A driving artifact: its stamp must be this pin's.
+        let stamp = |rev: &str| {
+            let mut p = vec![0x80, 5, b'}', b'('];
+            for (k, v) in [
+                ("artifact_abi", "tinygrad_single_v1_arena"),
+                ("compiler_revision", rev),
+                ("behavior_version", "v12"),
+                ("model_type", "vision_policy"),
+                ("image_history_pipeline", "warp"),
+                ("execution_device", "QCOM"),
+                ("warp_device", "QCOM"),
+            ] {
+                for x in [k, v] {
+                    p.push(0x8c);
+                    p.push(x.len() as u8);
+                    p.extend_from_slice(x.as_bytes());
+                }
+            }
+            p.extend_from_slice(&[0x8c, 14]);
+            p.extend_from_slice(b"format_version");
+            p.extend_from_slice(&[b'K', 1, b'u', b'.']);
+            p
+        };
+        let model = t.path().join("m_driving_tinygrad.pkl");
+        let driving = Built {
+            model_id: "m",
+            version: Some(BehaviorVersion::new(12)),
+            artifact: &model,
+            sources: &sources,
+            stamped: true,
+        };
+        std::fs::write(&model, stamp(pin.as_str())).unwrap();
+        let r = receipt_for_build(&driving, v26, &pin).unwrap().unwrap();
+        assert_eq!(
+            (r.model_type.as_str(), r.image_history_pipeline.as_str()),
+            ("vision_policy", "warp")
+        );
+        std::fs::write(&model, stamp(&"1".repeat(40))).unwrap();
+        assert!(matches!(
+            receipt_for_build(&driving, v26, &pin),
+            Err(LoadProblem::StampRefused(_))
+        ));
+    }
+
     #[test]
     fn contract_of_a_pin() {
         let mut pins = manifest::PinTable::builtin();

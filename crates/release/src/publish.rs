@@ -76,6 +76,14 @@ pub enum Event {
         generation: Generation,
         reason: String,
     },
+    /// A shipped file passed the runtime gate: its stamp's framing (driving artifacts) and
+    /// whether a build receipt tied it to the pin (contracts with a stamp or receipts).
+    RuntimeChecked {
+        subject: String,
+        path: PathBuf,
+        framing: Option<String>,
+        receipt: bool,
+    },
     /// Progress of the upload itself (serialized on its own, as `artifact_store` shapes it).
     #[serde(skip_serializing)]
     Store(artifact_store::publish::Event),
@@ -131,7 +139,9 @@ pub fn run(
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<PublishOutcome> {
     let manifest = &req.manifest;
-    // The validation gate, before any store is opened or anything written.
+    // The validation gate, before any store is opened or anything written. It judges the
+    // models this release built (the rows merged from a live manifest below are another
+    // tool's, validated by it).
     let validation = check_gate(
         manifest,
         req.workspace.as_ref(),
@@ -149,13 +159,21 @@ pub fn run(
     }
     // The runtime gate: every driving artifact's stamp and every build receipt (contracts
     // that have them), before any store is opened.
-    crate::loadable::gate_publish(
+    let checked = crate::loadable::gate_publish(
         manifest,
         &req.artifacts,
         req.openpilot.as_deref(),
         &crate::tree::load_pins(req.openpilot.as_deref())?,
         req.generation,
     )?;
+    for c in checked {
+        on_event(&Event::RuntimeChecked {
+            subject: c.subject.to_string(),
+            path: c.path,
+            framing: c.framing.map(|f| f.to_string()),
+            receipt: c.receipt.is_some(),
+        });
+    }
     // The contract's latency bound over the validations the gate counted (validation SHA =
     // receipt SHA = artifact digest), unless validation is skipped with a reason.
     if let (Some(ws), None) = (&req.workspace, &req.skip_validation) {
@@ -193,12 +211,19 @@ pub fn run(
             }
         },
     };
+    // Under a contract whose rows another tool may publish to the same bucket (v26), the live
+    // rows this publish does not change are kept (reads only; a live manifest the contract
+    // refuses stops here). Everything below (signature, upload, record) is about the merged
+    // manifest.
+    let merged =
+        artifact_store::publish::merge_live_rows(manifest, &req.artifacts, &store_refs, &opts)?;
+    let manifest = &merged;
     // A signature covers only what the manifest states: refused before any key is unlocked.
     if !req.sign_keys.is_empty() {
         signing::require_covered(manifest, &req.manifest_path.display().to_string())
             .map_err(Error::SignRefused)?;
     }
-    let signature = sign(&req, &store_refs, passphrase, on_event)?;
+    let signature = sign(&req, manifest, &store_refs, passphrase, on_event)?;
     let action = match (&signature, &req.remove_signature) {
         (Some(sig), _) => SignatureAction::Sign(sig.as_bytes()),
         (None, Some(reason)) => {
@@ -325,6 +350,7 @@ fn github_only_gate(req: &PublishRequest) -> Result<GithubOnly> {
 /// release after every live signed one. `None` without keys.
 fn sign(
     req: &PublishRequest,
+    manifest: &Manifest,
     stores: &[&dyn Store],
     passphrase: &mut dyn FnMut(&Path) -> std::result::Result<String, String>,
     on_event: &mut dyn FnMut(&Event),
@@ -338,7 +364,7 @@ fn sign(
         .map(|p| SigningKey::load(p, passphrase))
         .collect::<artifact_store::Result<Vec<_>>>()
         .map_err(Error::PublishInput)?;
-    let bytes = req.manifest.to_canonical_bytes();
+    let bytes = manifest.to_canonical_bytes();
     let verifying: Vec<VerifyingKey> = keys.iter().map(VerifyingKey::from).collect();
     let live = signing::live_signatures(stores, req.generation, &verifying, &bytes)
         .map_err(Error::SignFailed)?;

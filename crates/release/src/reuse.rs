@@ -59,7 +59,7 @@ pub fn approve(
         .map_err(|refusal| Error::ReusePin { refusal })?;
     let target = match target {
         Some((path, mut m)) => {
-            if let Some(recorded) = m.tinygrad_commit()
+            if let Some(recorded) = m.own_revision()
                 && recorded != ask.tinygrad_commit
             {
                 return Err(Error::ReuseManifestPin {

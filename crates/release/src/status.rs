@@ -64,6 +64,50 @@ pub struct TreeFile {
     pub sha256: Option<Sha256Digest>,
 }
 
+/// A build receipt found beside an artifact.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReceiptStatus {
+    /// What it is the receipt of (`build pop223`, `dm <file>`, `builtin`).
+    pub of: String,
+    pub receipt: PathBuf,
+    pub compiler_revision: Option<GitCommit>,
+    pub artifact_sha256: Option<Sha256Digest>,
+    /// Whether it names the release's pin (`None`: no pin known, or unreadable).
+    pub matches_pin: Option<bool>,
+    /// Why it is not a receipt.
+    pub problem: Option<String>,
+}
+
+/// The receipts beside `files` (label, logical artifact path), those present only.
+fn receipts(files: &[(String, PathBuf)], pin: Option<&GitCommit>) -> Vec<ReceiptStatus> {
+    files
+        .iter()
+        .filter_map(|(of, path)| {
+            let found = crate::loadable::receipt_beside(path)?;
+            let name = path.file_name()?.to_string_lossy().into_owned();
+            let receipt = path.with_file_name(manifest::receipt::receipt_file_name(&name));
+            Some(match found {
+                Ok(r) => ReceiptStatus {
+                    of: of.clone(),
+                    receipt,
+                    matches_pin: pin.map(|p| p == &r.compiler_revision),
+                    compiler_revision: Some(r.compiler_revision),
+                    artifact_sha256: Some(r.artifact_sha256),
+                    problem: None,
+                },
+                Err(problem) => ReceiptStatus {
+                    of: of.clone(),
+                    receipt,
+                    compiler_revision: None,
+                    artifact_sha256: None,
+                    matches_pin: None,
+                    problem: Some(problem),
+                },
+            })
+        })
+        .collect()
+}
+
 /// A gate cell and its state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CellStatus {
@@ -113,6 +157,9 @@ pub struct Status {
     /// `rdf43` build of this pin.
     pub builtin: Option<TreeFile>,
     pub builtin_matches_build: Option<bool>,
+    /// The build receipts beside the built artifacts, the DM files and the built-in (only
+    /// those present; see [`crate::loadable`]).
+    pub receipts: Vec<ReceiptStatus>,
     pub preflight: CellStatus,
     /// Every driving and device-check cell of the matrix (empty without a staged manifest).
     pub validation: Vec<CellStatus>,
@@ -324,7 +371,7 @@ fn store_status(
             match Manifest::from_slice(&bytes) {
                 Ok(m) => {
                     s.generation = m.generation();
-                    s.tinygrad_commit = m.tinygrad_commit();
+                    s.tinygrad_commit = m.own_revision();
                     s.models = Some(m.models().len());
                 }
                 Err(e) => s.problem = Some(format!("the live manifest does not parse: {e}")),
@@ -399,6 +446,31 @@ pub fn gather(
             .find(|r| r.id.as_str() == layout::BUILTIN_MODEL_ID && r.state == "built")?;
         Some(b.sha256.is_some() && b.sha256 == rdf.sha256)
     });
+
+    let mut receipt_files: Vec<(String, PathBuf)> = builds
+        .iter()
+        .filter(|b| b.state == "built")
+        .map(|b| (format!("build {}", b.id), workspace.ready_artifact(&b.id)))
+        .collect();
+    if let Some(op) = &op {
+        let models = op.join(crate::tree::BUILTIN_DIR);
+        receipt_files.extend(
+            layout::DM_FILES
+                .iter()
+                .map(|n| (format!("dm {n}"), models.join(n))),
+        );
+        receipt_files.push(("builtin".into(), models.join(crate::tree::BUILTIN_NAME)));
+    }
+    // The pin receipts are judged against: the release's, else the pin table's for the
+    // generation.
+    let receipt_pin = match (&pin, generation) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(g)) => crate::tree::load_pins(op.as_deref())
+            .ok()
+            .and_then(|pins| pins.get(g).cloned()),
+        (None, None) => None,
+    };
+    let receipts = receipts(&receipt_files, receipt_pin.as_ref());
 
     let manifest_sha256 = manifest.as_ref().map(crate::rehearse::manifest_digest);
     let (preflight, validation, rehearsal) = match &manifest {
@@ -493,6 +565,7 @@ pub fn gather(
         dm,
         builtin,
         builtin_matches_build,
+        receipts,
         preflight,
         validation,
         rehearsal,
@@ -725,6 +798,7 @@ mod tests {
                 sha256: Some(sha),
             }),
             builtin_matches_build: Some(true),
+            receipts: vec![],
             preflight: covered("preflight"),
             validation: vec![covered("v11 artifact at 1928x1208")],
             rehearsal: covered("rehearsal"),

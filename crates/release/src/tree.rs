@@ -813,8 +813,13 @@ fn builtin_gate(
     artifact: &Path,
     openpilot: &Path,
 ) -> Result<Option<manifest::receipt::BuildReceipt>> {
-    let pins = load_pins(Some(openpilot))?;
-    let pin = tree_marker(openpilot)?;
+    // A tree that declares its generation (upstream's catalog module) records its tinygrad in
+    // its sync file; any other tree in tinygrad_repo/TINYGRAD_COMMIT.
+    let (pins, declared) = load_tree(Some(openpilot))?;
+    let pin = match declared {
+        Some(d) => Some(d.compiler_revision),
+        None => tree_marker(openpilot)?,
+    };
     let contract = match &pin {
         Some(p) => crate::loadable::contract_for_pin(&pins, p),
         None => manifest::contract::BASE_CONTRACT.contract(),

@@ -23,7 +23,10 @@ pub fn release_error(e: release::Error) -> CliError {
         release::Error::NotACheckout { .. } => CliError::usage_from(e),
         release::Error::Record { .. }
         | release::Error::ValidationGate { .. }
-        | release::Error::GpuFlag { .. } => CliError::check_failed_from(e),
+        | release::Error::GpuFlag { .. }
+        | release::Error::NotLoadable { .. }
+        | release::Error::LatencyBound { .. }
+        | release::Error::ValidationBinding { .. } => CliError::check_failed_from(e),
         e => CliError::failure_from(e),
     }
 }

@@ -131,6 +131,7 @@ pub struct StatusArgs {
     /// "synced_at_unix","tree_matches"},"problem"},"manifest","manifest_sha256","unbuilt",
     /// "builds":[{"id","state","generation","version","uses_external_gpu","tinygrad_commit",
     /// "sha256","error"}],"dm":[{"name","size","sha256"}],"builtin","builtin_matches_build",
+    /// "receipts":[{"of","receipt","compiler_revision","artifact_sha256","matches_pin","problem"}],
     /// "preflight":{"cell","state","detail"},"validation":[…],"rehearsal":{…},
     /// "stores":[{"store","generation","tinygrad_commit","manifest_sha256","models",
     /// "signature_release","holds_staged","problem"}],"problems","next":{"command","why"}}`.
@@ -242,6 +243,25 @@ pub fn status(args: StatusArgs) -> CliResult {
             None => "",
         }
     )?;
+    for r in &st.receipts {
+        crate::outln!(
+            "receipt    {:<40} {}",
+            r.of,
+            match (&r.problem, &r.compiler_revision) {
+                (Some(p), _) => format!("UNREADABLE ({p})"),
+                (None, rev) => format!(
+                    "tinygrad {} sha256 {}{}",
+                    opt(rev),
+                    opt(&r.artifact_sha256),
+                    match r.matches_pin {
+                        Some(true) => "",
+                        Some(false) => " (NOT this pin)",
+                        None => "",
+                    }
+                ),
+            }
+        )?;
+    }
     for c in std::iter::once(&st.preflight)
         .chain(st.validation.iter())
         .chain(std::iter::once(&st.rehearsal))

@@ -204,6 +204,22 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             "warning: publishing {generation} unsigned and removing its signature ({reason}); \
              devices with trusted keys will refuse this generation as not signed"
         ),
+        publish::Event::RuntimeChecked { .. } if json => {}
+        publish::Event::RuntimeChecked {
+            subject,
+            path,
+            framing,
+            receipt,
+        } => cli_support::info!(
+            "checked {subject} ({}): {}{}",
+            path.display(),
+            framing.as_deref().unwrap_or("no stamp"),
+            if *receipt {
+                "; build receipt names the pin and these bytes"
+            } else {
+                ""
+            }
+        ),
         publish::Event::Store(e) if json => {
             let _ = print_json(e);
         }

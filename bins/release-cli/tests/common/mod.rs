@@ -56,8 +56,9 @@ pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf
     };
     use release::records;
     let m = manifest::Manifest::from_slice(&std::fs::read(manifest).unwrap()).unwrap();
-    let pin = m
-        .tinygrad_commit()
+    // The manifest's revision under the contract it names (v25 `tinygrad_commit`, v26
+    // `compiler_revision`).
+    let pin = release::gate::manifest_revision(&m)
         .unwrap_or_else(manifest::layout::current_tinygrad_commit);
     let now = UtcTime::now();
     let preflight = PreflightRecord {

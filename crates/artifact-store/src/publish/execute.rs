@@ -164,6 +164,7 @@ pub(super) fn publish_one(
                     source: e,
                 })
             })?;
+            let live = super::guard_view(live, opts.contract.of(opts.generation));
             manifest::guard(&live, manifest, intended).map_err(|refusal| Error::Guard {
                 store: name.clone(),
                 refusal,

@@ -134,16 +134,146 @@ pub fn check_contract(
                 source: e,
             })
         })?;
-        manifest::generation_guard(&old, manifest, &contract.add_models, &contract.drop_models)
-            .map_err(|refusal| Error::GenerationGuard {
+        let (add, drop) = generation_guard_names(&old, manifest, contract.of(generation), contract);
+        manifest::generation_guard(&old, manifest, &add, &drop).map_err(|refusal| {
+            Error::GenerationGuard {
                 store: store.describe(),
                 generation,
                 previous,
                 path: path.to_string(),
                 refusal,
-            })?;
+            }
+        })?;
     }
     Ok(())
+}
+
+// ---- one bucket, two tools (contracts whose entries come from the tree's catalog) ---------
+
+/// The live manifest as the release guard compares it under `contract`: under a contract whose
+/// entries are the tree's catalog rows (v26), a live row without `artifact_sha256` is a catalog
+/// row the device reads from its own tree, not a published model, so it is left out (a publish
+/// that lists only complete models does not "remove" it). Other contracts: the live manifest as
+/// it is. Pure.
+pub fn guard_view(live: Manifest, contract: &manifest::Contract) -> Manifest {
+    if !contract.entries_from_tree_catalog {
+        return live;
+    }
+    let mut view = live;
+    let rows: Vec<ModelId> = view
+        .models()
+        .iter()
+        .filter(|e| e.get(manifest::keys::ARTIFACT_SHA256).is_none())
+        .map(|e| e.id().clone())
+        .collect();
+    for id in rows {
+        view.remove(&id);
+    }
+    view
+}
+
+/// `ours` with the live manifest's published rows merged in, as the other tool of a shared
+/// bucket merges: every live row with an artifact that this publish does not change (`intended`:
+/// the models it uploads) is kept as the live manifest has it, in place of ours or appended;
+/// the models this publish uploads are ours. Catalog rows without an artifact are not copied.
+/// Pure.
+pub fn merge_live(ours: &Manifest, live: &Manifest, intended: &BTreeSet<ModelId>) -> Manifest {
+    let mut out = ours.clone();
+    for row in live.models() {
+        if row.get(manifest::keys::ARTIFACT_SHA256).is_none() || intended.contains(row.id()) {
+            continue;
+        }
+        out.upsert(row.clone());
+    }
+    out
+}
+
+/// The models a publish of `artifacts_dir` uploads: its `<id>/` directories (what
+/// [`prepare_local`] reads; a name that is no model ID is refused there).
+pub fn intended_ids(artifacts_dir: &Path) -> Result<BTreeSet<ModelId>> {
+    let mut out = BTreeSet::new();
+    for e in fs_err::read_dir(artifacts_dir)? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || !e.file_type()?.is_dir() {
+            continue;
+        }
+        if let Ok(id) = name.parse::<ModelId>() {
+            out.insert(id);
+        }
+    }
+    Ok(out)
+}
+
+/// Under a contract whose entries are the tree's catalog rows (v26), the manifest to publish:
+/// `manifest` with each store's live manifest of the generation merged in ([`merge_live`]),
+/// so that a bucket another tool (upstream's own rebuild) also publishes to keeps that tool's
+/// rows. A live manifest that the contract refuses (at the reader level, with the generation's
+/// expectation) stops the publish, as the other tool stops on ours: only an absent one is a
+/// first publish. Other contracts: `manifest` as it is. Reads only.
+pub fn merge_live_rows(
+    manifest: &Manifest,
+    artifacts_dir: &Path,
+    stores: &[&dyn Store],
+    opts: &PublishOptions,
+) -> Result<Manifest> {
+    let contract = opts.contract.of(opts.generation);
+    if !contract.entries_from_tree_catalog {
+        return Ok(manifest.clone());
+    }
+    let intended = intended_ids(artifacts_dir)?;
+    let path = StoreLayout::HfBucket.manifest_path(opts.generation);
+    let expect = opts.contract.expectation(opts.generation);
+    let mut merged = manifest.clone();
+    for store in stores {
+        let Some(bytes) = store.read_small(&path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)?
+        else {
+            continue;
+        };
+        let refused = |source| {
+            Error::Refused(Refusal::LiveUnparsable {
+                store: store.describe(),
+                path: path.clone(),
+                source,
+            })
+        };
+        let problems = manifest::validate_for_contract(
+            &bytes,
+            manifest::ValidationMode::Reader,
+            contract,
+            &expect,
+            &manifest::Limits::default(),
+        );
+        if !problems.is_empty() {
+            return Err(refused(manifest::Error::Invalid(problems)));
+        }
+        let live = Manifest::from_slice(&bytes).map_err(refused)?;
+        merged = merge_live(&merged, &live, &intended);
+    }
+    Ok(merged)
+}
+
+/// The IDs the generation guard lets a new generation add and drop: those named
+/// (`--add-model`, `--drop-model`); under a contract whose entries are the tree's catalog rows
+/// (v26) also every ID only one side lists, because there the IDs are the tree's catalog
+/// (checked by the contract's validation) and a manifest lists only the models built so far, so
+/// a previous ID it lacks is not yet rebuilt, not retired. Versions, GPU flags and reused
+/// digests stay guarded. Pure.
+pub fn generation_guard_names(
+    previous: &Manifest,
+    new: &Manifest,
+    generation_contract: &manifest::Contract,
+    contract: &Contract,
+) -> (BTreeSet<ModelId>, BTreeSet<ModelId>) {
+    let mut add = contract.add_models.clone();
+    let mut drop = contract.drop_models.clone();
+    if generation_contract.entries_from_tree_catalog {
+        let old: BTreeSet<&ModelId> = previous.ids().collect();
+        let cur: BTreeSet<&ModelId> = new.ids().collect();
+        add.extend(cur.difference(&old).map(|id| (*id).clone()));
+        drop.extend(old.difference(&cur).map(|id| (*id).clone()));
+    }
+    (add, drop)
 }
 
 /// What is refused before any store is written, so that a refusal changes nothing. A dry run
@@ -176,6 +306,7 @@ fn check_before_upload(
                     source: e,
                 })
             })?;
+            let live = guard_view(live, opts.contract.of(opts.generation));
             manifest::guard(&live, manifest, intended).map_err(|refusal| Error::Guard {
                 store: store.describe(),
                 refusal,
@@ -185,7 +316,14 @@ fn check_before_upload(
     for store in stores {
         let deep = opts.deep_verify || store.reads_are_local();
         let mut problems = Vec::new();
+        // Under a contract whose rows another tool may publish (v26), a row exactly as this
+        // store's live manifest has it is that tool's published row, not ours to re-check
+        // (its `.sha256` sidecar, say, is not part of that contract).
+        let live_rows = live_rows_kept(*store, &manifest_path, opts)?;
         for entry in manifest.models().iter().filter(|e| !e.id().is_local()) {
+            if !intended.contains(entry.id()) && live_rows.iter().any(|r| r == entry) {
+                continue;
+            }
             if !uploads_main_artifact(local, entry.id()) {
                 inspect::check_entry(*store, opts.generation, entry, deep, &mut problems)?;
             }
@@ -204,6 +342,30 @@ fn check_before_upload(
         }
     }
     Ok(())
+}
+
+/// The live rows with an artifact, under a contract whose entries are the tree's catalog rows;
+/// none otherwise (or without a parsable live manifest, which the guard refuses anyway).
+fn live_rows_kept(
+    store: &dyn Store,
+    path: &manifest::StorePath,
+    opts: &PublishOptions,
+) -> Result<Vec<manifest::ModelEntry>> {
+    if !opts.contract.of(opts.generation).entries_from_tree_catalog {
+        return Ok(Vec::new());
+    }
+    let Some(bytes) = store.read_small(path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)? else {
+        return Ok(Vec::new());
+    };
+    Ok(Manifest::from_slice(&bytes)
+        .map(|m| {
+            m.models()
+                .iter()
+                .filter(|e| e.get(manifest::keys::ARTIFACT_SHA256).is_some())
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default())
 }
 
 /// Whether `--artifacts <id>/` holds the model's main chunk set (an empty `<id>/` directory, as
@@ -412,7 +574,7 @@ pub fn publish_signed(
     }
     check_contract(manifest, stores, opts.generation, &opts.contract)?;
     check_signature_action(stores, opts.generation, signature)?;
-    let local = prepare_local(artifacts_dir, manifest)?;
+    let local = prepare_local_for(artifacts_dir, manifest, opts.contract.of(opts.generation))?;
     let intended: BTreeSet<ModelId> = local.iter().map(|a| a.id.clone()).collect();
     check_before_upload(manifest, &local, &intended, stores, opts)?;
     let manifest_bytes = manifest.to_canonical_bytes();
@@ -473,6 +635,46 @@ mod tests {
                 (got, want) => panic!("{kinds:?}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    /// Merging a live manifest of another tool: its published rows we do not change are kept
+    /// (replacing ours, or appended), ours win for the models we upload, catalog rows without
+    /// an artifact are not copied; the guard's view leaves catalog rows out only under a
+    /// contract whose entries are the tree's catalog rows.
+    #[test]
+    fn merge_live_and_guard_view() {
+        let sha = |c: char| c.to_string().repeat(64);
+        let m = |rows: serde_json::Value| {
+            Manifest::from_value(serde_json::json!({"generation": "v26", "models": rows})).unwrap()
+        };
+        let art = |id: &str, c: char| {
+            serde_json::json!({"id": id, "version": "v1", "artifact_sha256": sha(c),
+                "artifact_size": 1, "artifact_chunk_count": 0})
+        };
+        let ours = m(serde_json::json!([art("a1", 'a'), art("b1", 'b')]));
+        let live = m(
+            serde_json::json!([art("b1", 'c'), art("a1", 'd'), art("c1", 'e'),
+            {"id": "d1", "version": "v1"}]),
+        );
+        let intended: BTreeSet<ModelId> = ["a1".parse().unwrap()].into();
+        let merged = merge_live(&ours, &live, &intended);
+        let digest = |id: &str| {
+            merged
+                .get(&id.parse().unwrap())
+                .and_then(|e| e.artifact_sha256())
+                .map(|d| d.to_hex())
+        };
+        assert_eq!(
+            merged.ids().map(|i| i.as_str()).collect::<Vec<_>>(),
+            ["a1", "b1", "c1"]
+        );
+        assert_eq!(digest("a1"), Some(sha('a')), "ours for what we upload");
+        assert_eq!(digest("b1"), Some(sha('c')), "live for what we do not");
+        assert_eq!(digest("c1"), Some(sha('e')));
+        let v26 = manifest::ContractName::V26.contract();
+        let v25 = manifest::ContractName::V25.contract();
+        assert_eq!(guard_view(live.clone(), v26).models().len(), 3);
+        assert_eq!(guard_view(live.clone(), v25), live);
     }
 
     #[test]

@@ -207,6 +207,17 @@ pub fn plan_model(
 /// entry (count, size, whole digest, and per-chunk digests when the entry lists them). Reads
 /// every chunk once, streaming.
 pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifact>> {
+    prepare_local_for(dir, manifest, manifest::ContractName::V25.contract())
+}
+
+/// [`prepare_local`] under `contract`: where the contract publishes an artifact that fits one
+/// chunk as one plain file (v26), an entry with `artifact_chunk_count` 0 uploads its plain file
+/// (at most one chunk's size); otherwise such an entry is refused as before.
+pub fn prepare_local_for(
+    dir: &Path,
+    manifest: &Manifest,
+    contract: &manifest::Contract,
+) -> Result<Vec<LocalArtifact>> {
     let mut ids = Vec::new();
     let mut loose = Vec::new();
     for entry in fs::read_dir(dir)? {
@@ -244,7 +255,12 @@ pub fn prepare_local(dir: &Path, manifest: &Manifest) -> Result<Vec<LocalArtifac
                 model: id.clone(),
             })
         })?;
-        out.push(prepare_model(dir, &id, entry)?);
+        out.push(prepare_model(
+            dir,
+            &id,
+            entry,
+            contract.plain_file_when_one_chunk,
+        )?);
         for target in super::inspect::variant_targets(entry).into_iter().flatten() {
             let logical = dir.join(id.as_str()).join(&target.file_name);
             if let Some(found) = chunker::resolve(&logical)? {
@@ -371,7 +387,12 @@ fn flat_layout_error(dir: &Path, loose: &[String]) -> Error {
     })
 }
 
-fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalArtifact> {
+fn prepare_model(
+    dir: &Path,
+    id: &ModelId,
+    entry: &ModelEntry,
+    plain_ok: bool,
+) -> Result<LocalArtifact> {
     let name = entry.file_name().as_str().to_string();
     let model_dir = dir.join(id.as_str());
     let logical = model_dir.join(&name);
@@ -403,6 +424,30 @@ fn prepare_model(dir: &Path, id: &ModelId, entry: &ModelEntry) -> Result<LocalAr
         .artifact()
         .ok_or_else(|| Error::Refused(Refusal::NoArtifactFields { model: id.clone() }))?;
     let expected_count = artifact.chunk_count.get();
+    if expected_count == 0 && plain_ok {
+        let found = chunker::resolve(&logical)?.ok_or_else(|| chunker::Error::NotFound {
+            path: logical.clone(),
+        })?;
+        if let Resolved::Plain { size, .. } = &found
+            && *size > chunker::DEFAULT_CHUNK_SIZE
+        {
+            return Err(Error::Refused(Refusal::NotAChunkSet {
+                path: logical.clone(),
+                form: "plain file larger than one chunk",
+            }));
+        }
+        let target = super::inspect::VariantTarget {
+            variant: String::new(),
+            file_name: name.clone(),
+            size: artifact.size.get(),
+            sha256: artifact.sha256,
+            count: 0,
+        };
+        let mut plain = prepare_variant(id, &logical, found, &target)?;
+        plain.variant = None;
+        plain.name = name;
+        return Ok(plain);
+    }
     if expected_count == 0 {
         return Err(Error::Refused(Refusal::PlainFileCount {
             model: id.clone(),

@@ -35,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::http::{Ctl, Http};
 use crate::origin::Origin;
 use crate::policy::Measured;
+use crate::stale_store;
 
 struct Run<'a> {
     http: &'a Http,
@@ -76,6 +77,8 @@ pub(crate) struct Job<'a> {
     /// Asked while the transfer runs, with what it moved so far and the bytes still needed:
     /// `true` moves the download to the other origin ([`crate::policy::leave`]).
     pub leave: &'a (dyn Fn(Measured, u64) -> bool + Sync),
+    /// Stores that served other bytes ([`crate::stale_store`]).
+    pub stale: &'a stale_store::Memory,
 }
 
 /// What one origin publishes for the job's target, as pieces with their URLs, and the
@@ -158,6 +161,92 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> (Result<Installed
 }
 
 fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) -> Result<Installed> {
+    let resolved = resolve_from(job, origin)?;
+    let said = Said {
+        expected: resolved.plan.sha256,
+        size: resolved.plan.size,
+        chunk_count: resolved.plan.chunk_count,
+        first_len: resolved.pieces.first().map_or(0, |p| p.len),
+    };
+    let (origin_name, local) = (origin.to_string(), job.target.local_name.as_str());
+    // What the store says now, compared only when something is remembered of it.
+    let remembered = job.stale.get(&origin_name, local);
+    let now = remembered
+        .as_ref()
+        .map(|_| store_state(job, origin, &said, &resolved.ctl));
+    if let (Some(r), Some(now)) = (&remembered, &now)
+        && stale_store::decide(Some(r), now, Instant::now()) == stale_store::Go::Skip
+    {
+        return Err(Error::StoreUnchanged {
+            what: format!("{local} from {origin}"),
+            served: r.served,
+        });
+    }
+    let result = transfer(job, origin, resolved, measured);
+    match &result {
+        Ok(_) => job.stale.forget(&origin_name, local),
+        Err(e) if e.is_not_yet() => {
+            let served = match e {
+                Error::DigestMismatch { actual, .. } => Some(*actual),
+                _ => None,
+            };
+            // A fresh budget for the sidecar: the transfer's may be spent.
+            let budget = job.config.http.origin_deadline;
+            let ctl = Ctl::new(
+                job.cancel,
+                job.target.id.as_str(),
+                budget,
+                Instant::now() + budget,
+            );
+            let state = now.unwrap_or_else(|| store_state(job, origin, &said, &ctl));
+            job.stale.remember(stale_store::Served {
+                state,
+                served,
+                at: Instant::now(),
+            });
+        }
+        Err(_) => {}
+    }
+    result
+}
+
+/// What a resolved plan says of the store (the rest of its [`stale_store::StoreState`]).
+struct Said {
+    expected: chunker::Sha256Digest,
+    size: u64,
+    chunk_count: u32,
+    first_len: u64,
+}
+
+/// The store's state as [`stale_store`] compares it: what the plan said, and the store's own
+/// `.sha256` sidecar if it publishes one that parses (one small request; a failure is `None`).
+fn store_state(job: &Job<'_>, origin: &Origin, said: &Said, ctl: &Ctl) -> stale_store::StoreState {
+    let sidecar = chunker::sidecar_name(job.target.remote_name.as_str())
+        .parse::<FileName>()
+        .ok()
+        .and_then(|name| {
+            let url = origin.artifact_url(job.generation, &job.target.id, &name);
+            let body = job.http.get_small(&url, 1024, ctl).ok()?;
+            super::resolve::parse_remote_sidecar(&body, &url).ok()
+        });
+    stale_store::StoreState {
+        origin: origin.to_string(),
+        local_name: job.target.local_name.to_string(),
+        expected: said.expected,
+        size: said.size,
+        chunk_count: said.chunk_count,
+        first_len: said.first_len,
+        sidecar,
+    }
+}
+
+/// The transfer of what `resolved` planned from `origin`: staging, ranges, verify, install.
+fn transfer(
+    job: &Job<'_>,
+    origin: &Origin,
+    resolved: Resolved,
+    measured: &mut Measured,
+) -> Result<Installed> {
     let Job {
         http,
         config,
@@ -172,7 +261,7 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
         pieces,
         urls,
         mut ctl,
-    } = resolve_from(job, origin)?;
+    } = resolved;
 
     let staging = Staging::open(
         models_dir,

@@ -154,6 +154,12 @@ pub struct Target {
 
 impl Target {
     pub fn from_entry(entry: &ModelEntry) -> Result<Self> {
+        Self::from_entry_for(entry, manifest::contract::BASE_CONTRACT.contract())
+    }
+
+    /// The entry's artifact as a device of `contract` fetches it (its `artifact_format` must
+    /// be one that contract loads).
+    pub fn from_entry_for(entry: &ModelEntry, contract: &manifest::Contract) -> Result<Self> {
         let model = entry.id().to_string();
         let bad = |reason: &str| Error::NotDownloadable {
             model: model.clone(),
@@ -162,7 +168,7 @@ impl Target {
         if entry.id().is_local() {
             return Err(bad("local models are never downloaded"));
         }
-        if !entry.is_supported() {
+        if !entry.is_supported_by(contract) {
             return Err(bad("unsupported artifact_format"));
         }
         let chunk_count = entry.artifact_chunk_count().map(|c| c.get());

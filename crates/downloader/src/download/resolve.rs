@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::http::{Ctl, Http};
 
 /// A sidecar's digest as upstream reads it: the first token, 64 hex digits in either case.
-fn parse_remote_sidecar(body: &[u8], url: &str) -> Result<Sha256Digest> {
+pub(crate) fn parse_remote_sidecar(body: &[u8], url: &str) -> Result<Sha256Digest> {
     let token = std::str::from_utf8(body)
         .ok()
         .and_then(|t| t.split_whitespace().next())

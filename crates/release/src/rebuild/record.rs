@@ -290,8 +290,15 @@ pub fn build_manifest_for(
     }
     let ids: Vec<ModelId> = m.ids().cloned().collect();
     for id in ids {
-        let entry = m.get_mut(&id).expect("listed");
         let record = records.iter().find(|r| r.id == id);
+        // Under a contract whose entries are the tree's catalog rows (v26), devices read every
+        // row from their tree: the manifest lists only the models built, so that every
+        // manifest a run writes (after each model) is publishable.
+        if record.is_none() && contract.entries_from_tree_catalog {
+            m.remove(&id);
+            continue;
+        }
+        let entry = m.get_mut(&id).expect("listed");
         match variant_block_for(entry, record, contract, Some(pin)).0 {
             Some(block) => entry.set(keys::ACCELERATOR_ARTIFACTS, block)?,
             None => {

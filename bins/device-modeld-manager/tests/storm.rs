@@ -1,0 +1,197 @@
+//! No download storm (docs/device.md, *Origin policy*): when both origins serve bytes of the
+//! right length that do not match the manifest (a republish interrupted and left alone), the
+//! daemon transfers the artifact at most once per origin per store change, however often it
+//! asks again; a changed store is worth one transfer more, and a completed one installs. Bytes
+//! served are counted by the fault-injecting server over a fixed window. For v25 and a made-up
+//! v26.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use test_support::http_server::FaultServer;
+use test_support::published::{
+    GH_DIR, HF_DIR, artifact_bytes, manifest_json, publish_model, write_manifest,
+};
+
+const CHUNK: usize = 128 * 1024;
+
+/// The manifest of `bytes` on both origins, the files left as they are; the files of the
+/// republish go to a directory returned, to land later (or never).
+fn half_republish(root: &Path, generation: &str, bytes: &[u8]) -> tempfile::TempDir {
+    let staged = tempfile::tempdir().unwrap();
+    let m = publish_model(staged.path(), generation, "pop223", bytes, Some(CHUNK));
+    write_manifest(
+        root,
+        generation,
+        manifest_json(generation, &[m], true).as_bytes(),
+    );
+    staged
+}
+
+fn complete(root: &Path, staged: &Path, generation: &str) {
+    for layout in [HF_DIR, GH_DIR] {
+        let dir = match layout {
+            HF_DIR => format!("{layout}/models/{generation}/pop223"),
+            _ => format!("{layout}/{generation}/pop223"),
+        };
+        let to = root.join(&dir);
+        let _ = fs::remove_dir_all(&to);
+        fs::create_dir_all(&to).unwrap();
+        for e in fs::read_dir(staged.join(&dir)).unwrap() {
+            let e = e.unwrap();
+            fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// Body bytes each origin served under the model's directory so far (payload and small files).
+fn served(server: &FaultServer, generation: &str) -> (u64, u64) {
+    (
+        server.body_bytes_under(&format!("/{HF_DIR}/models/{generation}/pop223/")),
+        server.body_bytes_under(&format!("/{GH_DIR}/{generation}/pop223/")),
+    )
+}
+
+/// What one download attempt may cost an origin: the artifact, plus one refetch of each chunk
+/// that failed its digest (the downloader retries a chunk once within an attempt), plus small
+/// files.
+fn one_attempt(size: usize) -> u64 {
+    2 * size as u64 + 16 * 1024
+}
+
+/// Small files only (manifest-side requests of a refresh that transfers nothing).
+const SMALL: u64 = 16 * 1024;
+
+fn not_yet_lines(log: &Path) -> usize {
+    fs::read_to_string(log)
+        .unwrap_or_default()
+        .matches("refresh: not yet (")
+        .count()
+}
+
+fn both_origins_serving_other_bytes_cost_one_transfer_per_store_change(generation: &str) {
+    let device = Device::new();
+    if generation != "v25" {
+        set_tree(&device.openpilot(), V26_PIN, Some(&v26_pins()));
+    }
+    let root: PathBuf = device.dir.path().join("origin");
+    fs::create_dir_all(&root).unwrap();
+    let size = 2 * CHUNK;
+    let old = artifact_bytes(1, size);
+    let m = publish_model(&root, generation, "pop223", &old, Some(CHUNK));
+    write_manifest(
+        &root,
+        generation,
+        manifest_json(generation, &[m], true).as_bytes(),
+    );
+    for (k, v) in [("Model", "pop223"), ("DrivingModel", "pop223")] {
+        device.set_param(k, v);
+    }
+    let server = FaultServer::start(&root).unwrap();
+    let out = device
+        .command(&server.url(), &["refresh"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // Interrupted and left alone: the manifest names new bytes of the same length, both
+    // origins still serve the old ones.
+    let new = artifact_bytes(7, size);
+    let _abandoned = half_republish(&root, generation, &new);
+    server.clear_requests();
+    let log = device.dir.path().join("daemon.log");
+    let mut daemon = device
+        .command(
+            &server.url(),
+            &[
+                "run",
+                "--poll-ms",
+                "50",
+                "--retry-secs",
+                "1",
+                "--refresh-secs",
+                "2",
+            ],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // The first refresh transfers once from each origin; then a fixed window of 10 s (about
+    // five more refreshes at the daemon's 2 s interval) transfers nothing more.
+    let text = || fs::read_to_string(&log).unwrap_or_default();
+    wait_for("the first not-yet", Duration::from_secs(30), || {
+        not_yet_lines(&log) >= 1
+    });
+    let first = served(&server, generation);
+    assert!(
+        first.0 > 0 && first.1 > 0 && first.0 <= one_attempt(size) && first.1 <= one_attempt(size),
+        "{generation}: served {first:?}: {}",
+        text()
+    );
+    let (start, asked) = (Instant::now(), not_yet_lines(&log));
+    std::thread::sleep(Duration::from_secs(10));
+    let asked = not_yet_lines(&log) - asked;
+    assert!(asked >= 3, "the daemon kept asking ({asked}): {}", text());
+    let window = served(&server, generation);
+    assert!(
+        window.0 - first.0 <= SMALL && window.1 - first.1 <= SMALL,
+        "{generation}: no transfer in {:?} and {asked} refreshes, served {first:?} then \
+         {window:?} of a {size}-byte artifact: {}",
+        start.elapsed(),
+        text()
+    );
+    assert!(
+        text().contains("the store says exactly what it said when it served other bytes"),
+        "{}",
+        text()
+    );
+    assert_eq!(device.installed("pop223").as_deref(), Some(&old[..]));
+
+    // The store changes (another interrupted republish): one transfer more per origin.
+    let newer = artifact_bytes(8, size);
+    let staged = half_republish(&root, generation, &newer);
+    let seen = not_yet_lines(&log);
+    wait_for("two more refreshes", Duration::from_secs(20), || {
+        not_yet_lines(&log) >= seen + 3
+    });
+    let second = served(&server, generation);
+    for (before, after) in [(window.0, second.0), (window.1, second.1)] {
+        assert!(
+            after > before + SMALL && after - before <= one_attempt(size),
+            "{generation}: one more attempt per origin, served {window:?} then {second:?}: {}",
+            text()
+        );
+    }
+
+    // Completed: the next refresh installs it.
+    complete(&root, staged.path(), generation);
+    wait_for("the new bytes", Duration::from_secs(30), || {
+        device.installed("pop223").as_deref() == Some(&newer[..])
+    });
+    // SAFETY: our own child's pid.
+    unsafe { libc::kill(daemon.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(daemon.wait().unwrap().success());
+    let last = served(&server, generation);
+    assert!(
+        last.0 - second.0 <= size as u64 + SMALL,
+        "{last:?}: {}",
+        text()
+    );
+}
+
+mod both_origins_serving_other_bytes_cost_one_transfer_per_store_change {
+    #[test]
+    fn v25() {
+        super::both_origins_serving_other_bytes_cost_one_transfer_per_store_change("v25")
+    }
+    #[test]
+    fn v26() {
+        super::both_origins_serving_other_bytes_cost_one_transfer_per_store_change("v26")
+    }
+}

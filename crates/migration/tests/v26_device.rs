@@ -1,0 +1,695 @@
+//! A device whose openpilot tree declares upstream's v26 contract (and a made-up v27 with the
+//! same contract): what our manager writes is judged by the independent checker
+//! (`upstream_v26`), which reads the data dir the way upstream's v26 manager and modeld do.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use downloader::{CancelToken, DownloadConfig, Target};
+use manifest::contract::ContractName;
+use migration::layout::{DownloadJob, JobState, Variant};
+use migration::open::{self, Opened, Options};
+use migration::{Device, params::keys};
+use serde_json::{Value, json};
+use test_support::http_server::FaultServer;
+use test_support::published::{GH_DIR, HF_DIR, artifact_bytes, publish_model, write_manifest};
+
+use crate::upstream_v26::{BUNDLED, Runtime, python_dump};
+
+const COMPILER: &str = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+const ABI: &str = "tinygrad_single_v1_arena";
+const CHUNK: usize = 64 * 1024;
+
+/// The reviewed rows the tree declares.
+fn rows() -> Value {
+    json!([
+        {"id": "sc2", "name": "SC2", "version": "v9"},
+        {"id": "pop223", "name": "Pop", "version": "v16", "model_lab_eligible": true},
+        {"id": "big223", "name": "Big", "version": "v16", "uses_external_gpu": true},
+    ])
+}
+
+pub struct V26 {
+    pub dir: tempfile::TempDir,
+    generation: String,
+    server: FaultServer,
+    /// The served manifest, raw.
+    manifest: Vec<u8>,
+    /// id → (sha, size, chunk count).
+    published: Vec<(String, String, u64, u32)>,
+}
+
+impl V26 {
+    /// A tree declaring `generation` on upstream's contract, and an origin serving a manifest
+    /// of that contract with `pop223` (a plain file) and `sc2` (a chunk set).
+    pub fn start(generation: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let op = dir.path().join("op");
+        let models = op.join("starpilot/models");
+        fs::create_dir_all(&models).unwrap();
+        fs::write(models.join("catalog.py"), "# reviewed catalog\n").unwrap();
+        let tree_catalog = json!({
+            "generation": generation, "compiler_revision": COMPILER, "artifact_abi": ABI,
+            "models": rows(),
+        });
+        fs::write(
+            models.join(format!("catalog-{generation}.json")),
+            serde_json::to_vec_pretty(&tree_catalog).unwrap(),
+        )
+        .unwrap();
+        fs::write(
+            op.join("upstream-sync.json"),
+            json!({"dependencies": [{"path": "tinygrad_repo", "commit": COMPILER}]}).to_string(),
+        )
+        .unwrap();
+        fs::create_dir_all(dir.path().join("data/params/d")).unwrap();
+        fs::create_dir_all(dir.path().join("shm")).unwrap();
+        let origin = dir.path().join("origin");
+        let mut published = Vec::new();
+        let mut entries = Vec::new();
+        for (seed, id, chunk) in [(7u64, "pop223", None), (8, "sc2", Some(CHUNK))] {
+            let bytes = artifact_bytes(seed, 2 * CHUNK + 333 * seed as usize);
+            let p = publish_model(&origin, generation, id, &bytes, chunk);
+            let row = rows()
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["id"] == id)
+                .unwrap()
+                .clone();
+            let mut e = row.as_object().unwrap().clone();
+            e.insert("artifact_format".into(), json!(ABI));
+            e.insert("artifact_sha256".into(), json!(p.sha256));
+            e.insert("artifact_size".into(), json!(p.size));
+            e.insert("artifact_chunk_count".into(), json!(p.chunk_count));
+            entries.push(Value::Object(e));
+            published.push((id.to_string(), p.sha256, p.size, p.chunk_count));
+        }
+        let manifest = serde_json::to_vec_pretty(&json!({
+            "generation": generation, "compiler_revision": COMPILER, "artifact_abi": ABI,
+            "models": entries,
+        }))
+        .unwrap();
+        write_manifest(&origin, generation, &manifest);
+        let server = FaultServer::start(&origin).unwrap();
+        V26 {
+            dir,
+            generation: generation.to_string(),
+            server,
+            manifest,
+            published,
+        }
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn root(&self) -> PathBuf {
+        self.data().join("models").join(&self.generation)
+    }
+
+    pub fn runtime(&self) -> Runtime {
+        Runtime {
+            generation: self.generation.clone(),
+            compiler_revision: COMPILER.into(),
+            artifact_abi: ABI.into(),
+            catalog_path: self.dir.path().join(format!(
+                "op/starpilot/models/catalog-{}.json",
+                self.generation
+            )),
+        }
+    }
+
+    fn options(&self) -> Options {
+        Options {
+            data_dir: self.data(),
+            memory_params_dir: self.dir.path().join("shm"),
+            builtin_dir: Some(self.dir.path().join("builtin")),
+            openpilot_dir: self.dir.path().join("op"),
+            generation: None,
+            sysfs_root: self.dir.path().join("sys"),
+            hf_base: format!("{}/{HF_DIR}", self.server.url()),
+            github_base: format!("{}/{GH_DIR}", self.server.url()),
+            download: DownloadConfig {
+                space_margin: 0,
+                max_attempts: 2,
+                backoff_base: std::time::Duration::from_millis(5),
+                backoff_max: std::time::Duration::from_millis(20),
+                ..DownloadConfig::default()
+            },
+            trusted_keys: None,
+            shm_dir: Some(self.dir.path().join("receipt-shm")),
+            openpilot_prefix: None,
+        }
+    }
+
+    /// The device as the binary opens it: the tree decides generation and contract.
+    fn open(&self) -> (Device, downloader::Downloader) {
+        let Ok(Opened::Ready(r)) = open::open(&self.options()) else {
+            panic!("the declaring tree did not open")
+        };
+        assert_eq!(r.device.contract().name, ContractName::V26);
+        assert_eq!(r.device.config.generation.to_string(), self.generation);
+        (r.device, r.dl)
+    }
+
+    fn target(&self, id: &str) -> Target {
+        let (_, sha, size, chunks) = self.published.iter().find(|p| p.0 == id).unwrap();
+        let name: manifest::FileName = format!("{id}_driving_tinygrad.pkl").parse().unwrap();
+        Target {
+            id: id.parse().unwrap(),
+            remote_name: name.clone(),
+            local_name: name,
+            size: Some(*size),
+            sha256: Some(sha.parse().unwrap()),
+            chunk_count: Some(*chunks),
+            chunk_sha256: None,
+        }
+    }
+
+    pub fn sha(&self, id: &str) -> String {
+        self.published.iter().find(|p| p.0 == id).unwrap().1.clone()
+    }
+}
+
+/// Every file under `dir` with its bytes (lock files included: they stay empty).
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                out.push((p.clone(), fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A v25 device (its selection and profiles in the params) moves to a v26-contract tree: the
+/// choice is carried into `preferences.json`, the accepted manifest is given to upstream as
+/// `catalog.json`, the selected model is downloaded into `<gen>/<id>/` under a job upstream
+/// reads; upstream's own reading then resolves our install as its own. v26 and a made-up v27.
+#[test]
+fn a_moved_v25_device_resolves_as_upstream_resolves_it() {
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let params = v.data().join("params/d");
+        for (k, val) in [
+            (keys::MODEL, "pop223"),
+            (keys::DRIVING_MODEL, "pop223"),
+            (keys::ACTIVE_BIG_MODEL, "none"),
+            (keys::USER_FAVORITES, "sc2,pop223,gone1"),
+            (keys::MODEL_SORT_MODE, "series"),
+        ] {
+            fs::write(params.join(k), val).unwrap();
+        }
+        let (device, dl) = v.open();
+        let rt = v.runtime();
+        let root = v.root();
+        // Before: upstream sees nothing of ours and resolves the bundled model.
+        assert_eq!(rt.resolve_runtime(&root, false).small_id, BUNDLED);
+
+        let carried = device
+            .carry_choice(ContractName::V25.contract())
+            .unwrap()
+            .unwrap();
+        device.publish_catalog(&v.manifest).unwrap();
+        let cancel = CancelToken::new();
+        let installed =
+            migration::install_target(&device, &dl, &v.target("pop223"), "Pop", &cancel, &|_| {})
+                .unwrap();
+        assert!(installed.is_some(), "{generation}: fetched");
+
+        // What upstream reads, read as upstream reads it.
+        let prefs = rt.preferences(&root);
+        assert_eq!(prefs.small, "pop223", "{generation}");
+        assert_eq!(prefs.big, "", "{generation}: big disabled stays disabled");
+        assert_eq!(prefs.user_favorites, ["sc2", "pop223"]);
+        assert_eq!(prefs.sort_mode, "series");
+        assert_eq!(carried.small, prefs.small);
+        let entries = rt.catalog(&root);
+        assert_eq!(
+            entries["pop223"]["artifact_sha256"],
+            json!(v.sha("pop223")),
+            "{generation}: the live manifest is accepted"
+        );
+        let sel = rt.resolve_runtime(&root, false);
+        assert_eq!(sel.small_id, "pop223", "{generation}");
+        assert_eq!(
+            sel.small_path,
+            Some(root.join("pop223/pop223_driving_tinygrad.pkl"))
+        );
+        assert_eq!(sel.small_sha.as_deref(), Some(v.sha("pop223").as_str()));
+        // Byte for byte as upstream writes its state files.
+        let manifest: Value = serde_json::from_slice(&v.manifest).unwrap();
+        assert_eq!(
+            fs::read_to_string(root.join("catalog.json")).unwrap(),
+            python_dump(&manifest)
+        );
+        let saved: Value =
+            serde_json::from_slice(&fs::read(root.join("preferences.json")).unwrap()).unwrap();
+        assert_eq!(
+            fs::read_to_string(root.join("preferences.json")).unwrap(),
+            python_dump(&saved)
+        );
+        let job = rt.read_job(&root).expect("a job file upstream accepts");
+        assert_eq!(job["state"], "completed", "{generation}: {job:?}");
+        assert_eq!(
+            (&job["model"], &job["downloadAll"]),
+            (&json!(""), &json!(false))
+        );
+        assert_eq!(
+            fs::read_to_string(root.join(".download-job.json")).unwrap(),
+            python_dump(&Value::Object(job.clone()))
+        );
+        // Nothing of the v26 root is left behind but upstream's own files.
+        let mut names: Vec<String> = fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                ".download-job.json",
+                ".download.lock",
+                ".state.lock",
+                "catalog.json",
+                "pop223",
+                "preferences.json"
+            ]
+        );
+        let in_model_dir: Vec<String> = fs::read_dir(root.join("pop223"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(
+            in_model_dir,
+            ["pop223_driving_tinygrad.pkl"],
+            "{generation}"
+        );
+        // The chunk set downloads into its own directory too.
+        migration::install_target(&device, &dl, &v.target("sc2"), "SC2", &cancel, &|_| {})
+            .unwrap()
+            .unwrap();
+        assert!(crate::upstream_v26::Runtime::verified_artifact(&root, "sc2", &entries).is_some());
+    }
+}
+
+/// A device as upstream's v26 manager leaves it: its selection, a verified install, a job
+/// another process is running. Our manager reads the selection, fetches nothing upstream
+/// verified, refuses to start a second job, and changes no byte; once the other process is
+/// gone its running job reads as interrupted, rewritten in upstream's format.
+#[test]
+fn a_device_upstream_prepared_is_read_not_rewritten() {
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let root = v.root();
+        fs::create_dir_all(root.join("pop223")).unwrap();
+        let origin_file = v.dir.path().join(format!(
+            "origin/{HF_DIR}/models/{generation}/pop223/pop223_driving_tinygrad.pkl"
+        ));
+        fs::copy(
+            &origin_file,
+            root.join("pop223/pop223_driving_tinygrad.pkl"),
+        )
+        .unwrap();
+        let manifest: Value = serde_json::from_slice(&v.manifest).unwrap();
+        fs::write(root.join("catalog.json"), python_dump(&manifest)).unwrap();
+        let prefs = json!({"small": "pop223", "big": BUNDLED, "userFavorites": ["sc2"],
+            "sortMode": "date", "randomizer": false, "blacklistedModels": []});
+        fs::write(root.join("preferences.json"), python_dump(&prefs)).unwrap();
+        let job = json!({"schemaVersion": 1, "jobId": "0123456789abcdef0123456789abcdef",
+            "state": "running", "model": "sc2", "progress": "SC2: 40%", "downloadAll": false,
+            "cancelRequested": false, "variant": "standard"});
+        fs::write(root.join(".download-job.json"), python_dump(&job)).unwrap();
+        // The other manager: its own open file description holding the download lock.
+        let other = fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(root.join(".download.lock"))
+            .unwrap();
+        other.lock().unwrap();
+        fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(root.join(".state.lock"))
+            .unwrap();
+        let before = snapshot(&root);
+
+        let (device, dl) = v.open();
+        let files = device.files();
+        // Our manager reads upstream's selection.
+        let read = files.read_preferences().unwrap();
+        assert_eq!(
+            (read.small.as_str(), read.sort_mode.as_str()),
+            ("pop223", "date")
+        );
+        assert_eq!(
+            device
+                .carry_choice(ContractName::V25.contract())
+                .unwrap()
+                .unwrap(),
+            read,
+            "the user's v26 choice is kept, not replaced by the v25 params"
+        );
+        // Their job is seen, running.
+        let status = files.job_status().unwrap();
+        assert!(status.downloading);
+        assert_eq!(status.job.as_ref().unwrap().state, JobState::Running);
+        // A second job is refused: another manager is downloading.
+        let e = DownloadJob::start(&files, "sc2", Variant::Standard, false, "x").unwrap_err();
+        assert!(matches!(e, migration::Error::Busy { .. }), "{e}");
+        // What upstream verified is not fetched again.
+        let requests = v.server.requests().len();
+        let r = migration::install_target(
+            &device,
+            &dl,
+            &v.target("pop223"),
+            "Pop",
+            &CancelToken::new(),
+            &|_| {},
+        )
+        .unwrap();
+        assert!(r.is_none(), "{generation}: kept");
+        assert_eq!(v.server.requests().len(), requests, "nothing requested");
+        device.publish_catalog(&v.manifest).unwrap();
+        assert_eq!(snapshot(&root), before, "{generation}: no byte changed");
+
+        // The other process is gone: its job reads as interrupted, as upstream reads it.
+        drop(other);
+        let status = files.job_status().unwrap();
+        assert!(!status.downloading);
+        let job = v.runtime().read_job(&root).unwrap();
+        assert_eq!(job["state"], "interrupted");
+        assert_eq!(job["jobId"], "0123456789abcdef0123456789abcdef");
+        assert_eq!(job["progress"], migration::layout::INTERRUPTED);
+        assert_eq!(
+            status.job.unwrap().state,
+            JobState::Interrupted,
+            "{generation}"
+        );
+    }
+}
+
+/// Upstream's UI cancels our job by setting `cancelRequested` on the job file: the running
+/// download stops, the job ends `failed`, and the download lock is free again.
+#[test]
+fn a_cancel_set_by_another_process_stops_our_job() {
+    let v = V26::start("v26");
+    let (device, _) = v.open();
+    let files = device.files();
+    let root = v.root();
+    let seen = std::sync::atomic::AtomicBool::new(false);
+    let r: migration::Result<()> = files.under_job(
+        "sc2",
+        Variant::Standard,
+        false,
+        &CancelToken::new(),
+        |cancel, publish| {
+            publish("SC2: 10%");
+            let job = v.runtime().read_job(&root).unwrap();
+            assert_eq!(
+                (&job["state"], &job["progress"]),
+                (&json!("running"), &json!("SC2: 10%"))
+            );
+            // Upstream's cancel action: set the flag on the job it sees, atomically.
+            let mut job = Value::Object(job);
+            job["cancelRequested"] = json!(true);
+            let tmp = root.join(".model-cancel");
+            fs::write(&tmp, python_dump(&job)).unwrap();
+            fs::rename(&tmp, root.join(".download-job.json")).unwrap();
+            let start = std::time::Instant::now();
+            while !cancel.is_cancelled() {
+                assert!(
+                    start.elapsed() < std::time::Duration::from_secs(5),
+                    "not seen"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            seen.store(true, std::sync::atomic::Ordering::SeqCst);
+            Err(downloader::Error::Cancelled {
+                model: "sc2".into(),
+            }
+            .into())
+        },
+    );
+    assert!(r.is_err() && seen.into_inner());
+    let job = v.runtime().read_job(&root).unwrap();
+    assert_eq!(job["state"], "failed");
+    assert!(!files.job_status().unwrap().downloading, "the lock is free");
+    DownloadJob::start(&files, "", Variant::Standard, true, "Starting download")
+        .unwrap()
+        .finish(false, "Downloaded!")
+        .unwrap();
+    assert_eq!(v.runtime().read_job(&root).unwrap()["state"], "completed");
+}
+
+/// The whole move, run as the daemon and `refresh` run it: a v25 device (its selection, a v25
+/// artifact of it, a local model, a DM file) whose tree now declares the v26 contract. The
+/// refresh accepts the v26 manifest (whole-manifest rules), carries the choice into
+/// `preferences.json`, downloads the selected model into `<gen>/<id>/`, and only then removes
+/// the v25 driving artifacts; upstream's reading resolves our install as its own. A manifest
+/// the contract refuses on the first origin is refused whole and GitHub's copy is taken.
+#[test]
+fn refresh_moves_a_v25_device_to_the_v26_contract() {
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let models = v.data().join("models");
+        fs::create_dir_all(&models).unwrap();
+        for (name, body) in [
+            ("pop223_driving_tinygrad.pkl", "v25 bytes"),
+            ("sc2_driving_tinygrad.pkl.chunk01of01", "v25 chunk"),
+            ("local-mine_driving_tinygrad.pkl", "local"),
+            ("dmonitoring_model_tinygrad.pkl", "dm"),
+        ] {
+            fs::write(models.join(name), body).unwrap();
+        }
+        let params = v.data().join("params/d");
+        for (k, val) in [
+            (keys::MODEL, "pop223"),
+            (keys::DRIVING_MODEL, "pop223"),
+            (keys::MODEL_MANIFEST_VERSION, "v25"),
+            (keys::BLACKLISTED_MODELS, "sc2"),
+        ] {
+            fs::write(params.join(k), val).unwrap();
+        }
+        // The Hub serves a manifest upstream refuses (a behaviour version changed).
+        let bad = String::from_utf8(v.manifest.clone())
+            .unwrap()
+            .replace("\"v16\"", "\"v15\"");
+        let hf_manifest = v.dir.path().join(format!(
+            "origin/{HF_DIR}/manifests/model_names_{generation}.json"
+        ));
+        fs::write(&hf_manifest, bad).unwrap();
+
+        let (device, dl) = v.open();
+        let report = migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        assert_eq!(report.migrated_from.as_deref(), Some("v25"), "{generation}");
+        assert!(
+            report.manifest_origin.contains("github") || report.manifest_origin.contains(GH_DIR),
+            "{generation}: {}",
+            report.manifest_origin
+        );
+        // Upstream's reading of what we left.
+        let rt = v.runtime();
+        let root = v.root();
+        let sel = rt.resolve_runtime(&root, false);
+        assert_eq!(sel.small_id, "pop223", "{generation}");
+        assert_eq!(sel.small_sha.as_deref(), Some(v.sha("pop223").as_str()));
+        let prefs = rt.preferences(&root);
+        assert_eq!(prefs.blacklisted, ["sc2"]);
+        // The v25 driving artifacts are gone; local models and DM files stay.
+        let mut left: Vec<String> = fs::read_dir(&models)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.contains("driving") || n.starts_with("dmonitoring"))
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "dmonitoring_model_tinygrad.pkl",
+                "local-mine_driving_tinygrad.pkl"
+            ],
+            "{generation}"
+        );
+        assert_eq!(
+            fs::read_to_string(params.join(keys::MODEL_MANIFEST_VERSION)).unwrap(),
+            generation
+        );
+        assert!(!models.join(migration::JOURNAL_FILE).exists());
+        // Download all: every model of the v26 catalog, each where upstream verifies it.
+        migration::download_all(&device, &dl, &CancelToken::new(), &|_, _| {}, &|_| {}).unwrap();
+        let entries = rt.catalog(&root);
+        for id in ["pop223", "sc2"] {
+            assert!(
+                crate::upstream_v26::Runtime::verified_artifact(&root, id, &entries).is_some(),
+                "{generation}: {id}"
+            );
+        }
+        // A second refresh changes nothing upstream reads.
+        let before = snapshot(&root);
+        migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        let after: Vec<_> = snapshot(&root)
+            .into_iter()
+            .filter(|(p, _)| !p.ends_with(".download-job.json"))
+            .collect();
+        let before: Vec<_> = before
+            .into_iter()
+            .filter(|(p, _)| !p.ends_with(".download-job.json"))
+            .collect();
+        assert_eq!(after, before, "{generation}");
+    }
+}
+
+/// A v25 device of its own (data and memory params in `dir`) for the shared tree and origin:
+/// `pop223` selected, its v25 artifact, a chunk of another, a local model, a DM file.
+pub fn v25_device_in(dir: &Path) {
+    let models = dir.join("data/models");
+    fs::create_dir_all(&models).unwrap();
+    fs::create_dir_all(dir.join("shm")).unwrap();
+    for (name, body) in [
+        ("pop223_driving_tinygrad.pkl", "v25 bytes"),
+        ("sc2_driving_tinygrad.pkl.chunk01of01", "v25 chunk"),
+        ("local-mine_driving_tinygrad.pkl", "local"),
+        ("dmonitoring_model_tinygrad.pkl", "dm"),
+    ] {
+        fs::write(models.join(name), body).unwrap();
+    }
+    let params = dir.join("data/params/d");
+    fs::create_dir_all(&params).unwrap();
+    for (k, val) in [
+        (keys::MODEL, "pop223"),
+        (keys::DRIVING_MODEL, "pop223"),
+        (keys::ACTIVE_SMALL_MODEL, "pop223"),
+        (keys::MODEL_MANIFEST_VERSION, "v25"),
+        (keys::USER_FAVORITES, "sc2"),
+    ] {
+        fs::write(params.join(k), val).unwrap();
+    }
+}
+
+impl V26 {
+    /// The device in `dir` as the binary opens it, its durable effects going to `effects`.
+    pub fn device_in(
+        &self,
+        dir: &Path,
+        effects: migration::Effects,
+    ) -> (Device, downloader::Downloader) {
+        let o = Options {
+            data_dir: dir.join("data"),
+            memory_params_dir: dir.join("shm"),
+            ..self.options()
+        };
+        let Ok(Opened::Ready(r)) = open::open(&o) else {
+            panic!("not opened")
+        };
+        let declared = migration::tree::read(&o.openpilot_dir)
+            .declaration
+            .unwrap()
+            .unwrap();
+        let mut d = Device::with_effects(r.device.config.clone(), effects)
+            .with_contract(r.device.contract())
+            .with_declaration(Some(declared));
+        d.sysfs_root = r.device.sysfs_root.clone();
+        d.load_receipt = r.device.load_receipt.clone();
+        (d, r.dl)
+    }
+}
+
+/// Every file of the data dir with its bytes, but the verification cache and the manager
+/// lock (inode and times) and the job file's random id.
+pub fn data_snapshot(dir: &Path) -> Vec<(PathBuf, String)> {
+    snapshot(&dir.join("data"))
+        .into_iter()
+        .filter(|(p, _)| !p.ends_with(".verified.json") && !p.ends_with(".manager.lock"))
+        .map(|(p, b)| {
+            let text = String::from_utf8_lossy(&b).into_owned();
+            let shown = if p.ends_with(".download-job.json") {
+                let j: Value = serde_json::from_str(&text).unwrap();
+                format!("{} {}", j["state"], j["model"])
+            } else if b.len() > 4096 {
+                format!("{} bytes", b.len())
+            } else {
+                text
+            };
+            (p.strip_prefix(dir).unwrap().to_path_buf(), shown)
+        })
+        .collect()
+}
+
+/// Our refresh on a device upstream's v26 manager prepared (its catalog, its selection, its
+/// verified install, a job another process is running) while the old v25 params name another
+/// model: the selection is upstream's, nothing is downloaded (only the manifest is asked for),
+/// and no byte upstream wrote changes. v26 and a made-up v27.
+#[test]
+fn a_refresh_on_an_upstream_prepared_device_takes_its_selection_and_fetches_nothing() {
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let root = v.root();
+        fs::create_dir_all(root.join("pop223")).unwrap();
+        let served = v.dir.path().join(format!(
+            "origin/{HF_DIR}/models/{generation}/pop223/pop223_driving_tinygrad.pkl"
+        ));
+        fs::copy(&served, root.join("pop223/pop223_driving_tinygrad.pkl")).unwrap();
+        let manifest: Value = serde_json::from_slice(&v.manifest).unwrap();
+        fs::write(root.join("catalog.json"), python_dump(&manifest)).unwrap();
+        let prefs = json!({"small": "pop223", "big": "", "userFavorites": [],
+            "sortMode": "name", "randomizer": false, "blacklistedModels": ["sc2"]});
+        fs::write(root.join("preferences.json"), python_dump(&prefs)).unwrap();
+        let job = json!({"schemaVersion": 1, "jobId": "fedcba9876543210fedcba9876543210",
+            "state": "running", "model": "big223", "progress": "Big: 3%", "downloadAll": false,
+            "cancelRequested": false, "variant": "standard"});
+        fs::write(root.join(".download-job.json"), python_dump(&job)).unwrap();
+        let other = fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(root.join(".download.lock"))
+            .unwrap();
+        other.lock().unwrap();
+        fs::write(root.join(".state.lock"), "").unwrap();
+        let params = v.data().join("params/d");
+        for (k, val) in [
+            (keys::MODEL, "sc2"),
+            (keys::DRIVING_MODEL, "sc2"),
+            (keys::MODEL_MANIFEST_VERSION, "v25"),
+        ] {
+            fs::write(params.join(k), val).unwrap();
+        }
+        let before = snapshot(&root);
+
+        let (device, dl) = v.open();
+        let report = migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        assert_eq!(
+            report.selected.as_str(),
+            "pop223",
+            "{generation}: upstream's selection"
+        );
+        let fetched: Vec<String> = v
+            .server
+            .requests()
+            .iter()
+            .map(|r| r.path.clone())
+            .filter(|p| p.contains("/models/"))
+            .collect();
+        assert!(fetched.is_empty(), "{generation}: fetched {fetched:?}");
+        assert_eq!(
+            snapshot(&root),
+            before,
+            "{generation}: a byte upstream wrote changed"
+        );
+        let sel = v.runtime().resolve_runtime(&root, false);
+        assert_eq!(sel.small_id, "pop223");
+        drop(other);
+    }
+}
