@@ -463,6 +463,11 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
             kept: dev.kept.clone(),
             models_dir: dev.models_dir(),
             builtin_dir: builtin_dir.clone(),
+            selected_artifact: pins.contract(g).device_layout.artifact_rel_path(
+                g,
+                &selected.id,
+                layout::artifact_file_name(&selected.id).as_str(),
+            ),
         };
         checks.extend(judge::judge_device(&expect, &view));
     }
