@@ -237,11 +237,21 @@ impl<'a> Release<'a> {
     /// `release-cli builtin`: the RDF V4 build of `generation`'s workspace becomes the tree's
     /// built-in chunk set.
     pub fn builtin(&mut self, generation: Generation) -> Result<serde_json::Value> {
-        let artifact = self.workspace(generation).join(format!(
+        let artifact = self.builtin_source(generation);
+        self.builtin_from(&artifact)
+    }
+
+    /// The RDF V4 build in `generation`'s workspace (what [`Release::builtin`] installs).
+    pub fn builtin_source(&self, generation: Generation) -> PathBuf {
+        self.workspace(generation).join(format!(
             "ready/{BUILTIN_SOURCE}/{BUILTIN_SOURCE}{}",
             layout::ARTIFACT_SUFFIX
-        ));
-        let mut args = os(&["builtin", "--artifact"], [&artifact]);
+        ))
+    }
+
+    /// `release-cli builtin --artifact ARTIFACT`: `artifact` becomes the tree's built-in.
+    pub fn builtin_from(&mut self, artifact: &Path) -> Result<serde_json::Value> {
+        let mut args = os(&["builtin", "--artifact"], [artifact]);
         args.extend(os(&["--openpilot"], [&self.openpilot]));
         self.cli("builtin", &args, false)
     }
@@ -338,13 +348,16 @@ impl<'a> Release<'a> {
     /// Every record the matrix publish requires for [`MODELS`] (docs/release.md, "The matrix
     /// publish requires"): preflight; one validation per row (v8, v15, external GPU), which
     /// here is one per model; stable `modelV2`; DM `driverStateV2` at both resolutions.
-    pub fn validation_records(&mut self, generation: Generation) -> Result<()> {
+    /// Returns each model's `validate --json` report, in [`MODELS`] order.
+    pub fn validation_records(&mut self, generation: Generation) -> Result<Vec<serde_json::Value>> {
         self.preflight(generation)?;
+        let mut reports = Vec::new();
         for id in MODELS {
             let r = self.validate(generation, id)?;
             if r["passed"] != true {
                 return Err(format!("validate {id} did not pass: {r}"));
             }
+            reports.push(r);
         }
         self.check(
             generation,
@@ -360,7 +373,7 @@ impl<'a> Release<'a> {
                 "driverStateV2 steady (stand-in device)",
             )?;
         }
-        Ok(())
+        Ok(reports)
     }
 
     /// `release-cli rehearse` for `generation`'s staged release (issue 22, item 3): its record
@@ -457,6 +470,42 @@ impl<'a> Release<'a> {
             })
             .map(|l| l.trim().to_string())
             .collect())
+    }
+
+    /// `release-cli publish --dry-run --skip-validation REASON` of `generation`'s workspace to
+    /// both stores, with the tree: the gates that do not need the validation records (the
+    /// runtime gate among them). Returns the exit code and stderr; nothing is written.
+    pub fn publish_dry_run_unvalidated(
+        &mut self,
+        generation: Generation,
+        reason: &str,
+    ) -> Result<(Option<i32>, String)> {
+        let ws = self.workspace(generation);
+        let mut cmd = Command::new(&self.bins.release_cli);
+        cmd.current_dir(&self.work)
+            .args([
+                "publish",
+                "--dry-run",
+                "--generation",
+                &generation.to_string(),
+            ])
+            .arg("--manifest")
+            .arg(ws.join(format!("ready/model_names_{generation}.json")))
+            .arg("--artifacts")
+            .arg(ws.join("ready"))
+            .arg("--to")
+            .arg(&self.store)
+            .arg("--to")
+            .arg(format!("github:{}", self.github_checkout.display()))
+            .arg("--hub")
+            .arg(&self.store)
+            .arg("--openpilot")
+            .arg(&self.openpilot)
+            .args(["--skip-validation", reason]);
+        let out = cmd
+            .output()
+            .map_err(|e| format!("cannot run release-cli publish: {e}"))?;
+        Ok((out.status.code(), text(&out.stderr)))
     }
 
     /// Commit subjects on the GitHub stand-in's `Models` branch, oldest first.
@@ -594,6 +643,18 @@ pub fn made_up_tinygrad(dir: &Path) -> Result<String> {
     git(dir, &["init", "-q"])?;
     git(dir, &["add", "-A"])?;
     git(dir, &["commit", "-q", "-m", "made-up tinygrad"])?;
+    Ok(git(dir, &["rev-parse", "HEAD"])?.trim().to_string())
+}
+
+/// The made-up tinygrad's next commit (the pin of the generation after the one [`made_up_tinygrad`]
+/// or an earlier call pinned): one more file, one more commit. Returns that commit.
+pub fn next_tinygrad_commit(dir: &Path, label: &str) -> Result<String> {
+    write(
+        &dir.join(format!("tinygrad/{label}.py")),
+        format!("# a made-up tinygrad change: {label}\n").as_bytes(),
+    )?;
+    git(dir, &["add", "-A"])?;
+    git(dir, &["commit", "-q", "-m", label])?;
     Ok(git(dir, &["rev-parse", "HEAD"])?.trim().to_string())
 }
 

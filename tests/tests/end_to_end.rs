@@ -519,3 +519,389 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
     }
     eprintln!("bump: whole test {:.1} s", started.elapsed().as_secs_f64());
 }
+
+// ---- a bump into the v26 contract, and on to a v27 that keeps it ------------------------------
+
+/// The ABI a v26-contract runtime loads and the bundled model's id, as upstream's catalog module
+/// states them (not read from our contract table: the checker below is independent of it).
+const V26_ABI: &str = "tinygrad_single_v1_arena";
+const V26_BUNDLED: &str = "bundled-current";
+
+/// The reviewed catalog rows the maintainer writes into `catalog-<gen>.json`: the built models
+/// with the live manifest's name, version and GPU flag; the v8 QCOM model is Model Lab eligible
+/// (so the rebuild builds its `amd` variant, which upstream allows only on such a model).
+fn reviewed_rows(live: &manifest::Manifest) -> Vec<(String, String, String, bool, bool)> {
+    use integration_tests::bump::MODELS;
+    MODELS
+        .iter()
+        .map(|id| {
+            let e = live
+                .get(&id.parse().unwrap())
+                .expect("a built model is live");
+            (
+                id.to_string(),
+                e.name().unwrap_or(id).to_string(),
+                e.version().expect("a version").to_string(),
+                e.uses_external_gpu(),
+                *id == "tr16223",
+            )
+        })
+        .collect()
+}
+
+/// The hand edits of a bump into (or within) the v26 contract (docs/release.md): the tree's
+/// catalog module, its one reviewed `catalog-<gen>.json` (the previous generation's removed) and
+/// `upstream-sync.json` naming the new tinygrad as `tinygrad_repo`'s commit; committed.
+fn declare_v26_tree(
+    rel: &integration_tests::bump::Release,
+    generation: manifest::Generation,
+    pin: &str,
+    rows: &[(String, String, String, bool, bool)],
+) -> Vec<u8> {
+    let dir = rel.openpilot.join("starpilot/models");
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("catalog-") && name.ends_with(".json") {
+                std::fs::remove_file(e.path()).unwrap();
+            }
+        }
+    }
+    let rows: Vec<test_support::v26_checker::Row<'_>> = rows
+        .iter()
+        .map(|(i, n, v, g, l)| (i.as_str(), n.as_str(), v.as_str(), *g, *l))
+        .collect();
+    let catalog =
+        test_support::v26_checker::write_tree(&rel.openpilot, &generation.to_string(), pin, &rows);
+    rel.commit_tree(&format!("declare {generation} under the v26 contract"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    catalog
+}
+
+/// What upstream's runner checks inside one artifact (`validate_artifact`, from the reference):
+/// read with python3's own pickle module (every global refused: nothing is imported), the
+/// container an 8-byte length, the opcodes, then (8-byte length, buffer) records; the top-level
+/// dict's stamp, pipeline, frame skip, both camera sizes' runners and metadata. The bytes are
+/// joined from the store's pieces as a v26 device fetches them (`models/<gen>/<id>/<file>`
+/// itself for a count of 0, else `.chunkNNofMM`), and their size and SHA-256 must be the row's.
+const RUNNER_CHECK: &str = r#"
+import hashlib, io, json, pickle, struct, sys
+path, name, count, size, sha, abi, revision, version = sys.argv[1:]
+count, size = int(count), int(size)
+pieces = [path + "/" + name] if count == 0 else [
+    "%s/%s.chunk%02dof%02d" % (path, name, i + 1, count) for i in range(count)]
+data = b"".join(open(p, "rb").read() for p in pieces)
+assert len(data) == size, "size %d != %d" % (len(data), size)
+assert hashlib.sha256(data).hexdigest() == sha, "digest"
+(n,) = struct.unpack_from("<q", data, 0)
+ops, rest, bufs = data[8:8 + n], data[8 + n:], []
+while rest:
+    (m,) = struct.unpack_from("<q", rest, 0)
+    bufs.append(rest[8:8 + m]); rest = rest[8 + m:]
+class Refuse(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError("global %s.%s" % (module, name))
+d = Refuse(io.BytesIO(ops), buffers=bufs).load()
+assert isinstance(d, dict), type(d)
+want = {"artifact_abi": abi, "compiler_revision": revision, "format_version": 1,
+        "behavior_version": version}
+for k, v in want.items():
+    assert d.get(k) == v, "catalog model compiler/ABI mismatch: %s=%r" % (k, d.get(k))
+assert d["model_type"] in ("supercombo", "vision_policy", "vision_multi_policy")
+assert d["image_history_pipeline"] in ("policy", "warp")
+assert isinstance(d["frame_skip"], int) and 1 <= d["frame_skip"] <= 20
+assert (1928, 1208) in d and (1344, 760) in d, "runners for both camera sizes"
+for k in ("input_shapes", "output_shapes", "output_slices"):
+    assert k in d["metadata"], k
+print(json.dumps({"ok": name}))
+"#;
+
+fn runner_accepts(dir: &Path, name: &str, row: &serde_json::Value, pin: &str) {
+    let arg = |k: &str| match &row[k] {
+        serde_json::Value::String(s) => s.clone(),
+        v => v.to_string(),
+    };
+    let out = std::process::Command::new("python3")
+        .args(["-c", RUNNER_CHECK])
+        .arg(dir)
+        .arg(name)
+        .args([
+            arg("artifact_chunk_count"),
+            arg("artifact_size"),
+            arg("artifact_sha256"),
+        ])
+        .args([V26_ABI, pin])
+        .arg(arg("version"))
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "upstream's runner would refuse {}/{name}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The whole published generation as a v26 device and runtime read it, independently of our
+/// code: the manifest in the local store and on the git branch accepted by the reference's
+/// checker for this tree's catalog and pin, every model listed, and every artifact (and `amd`
+/// variant) in the store loadable by the runner's checks.
+fn assert_upstream_accepts(
+    rel: &integration_tests::bump::Release,
+    generation: manifest::Generation,
+    pin: &str,
+    catalog: &[u8],
+) {
+    use integration_tests::bump::MODELS;
+    use test_support::v26_checker::{Runtime, catalog_rows, check_manifest};
+    let gen_s = generation.to_string();
+    let rt = Runtime {
+        generation: &gen_s,
+        compiler_revision: pin,
+        artifact_abi: V26_ABI,
+        bundled: V26_BUNDLED,
+        catalog: catalog_rows(catalog),
+    };
+    let name = format!("model_names_{generation}.json");
+    let hub = std::fs::read(rel.store.join("manifests").join(&name)).unwrap();
+    let github = std::fs::read(rel.github_checkout.join(&name)).unwrap();
+    assert_eq!(hub, github, "the two stores publish one manifest");
+    let rows = check_manifest(&hub, &rt)
+        .unwrap_or_else(|why| panic!("a {generation} device refuses the manifest: {why}"));
+    let mut ids: Vec<&str> = rows.keys().map(String::as_str).collect();
+    ids.sort();
+    let mut want = MODELS.to_vec();
+    want.sort();
+    assert_eq!(ids, want, "every built model is published");
+    let mut variants = 0;
+    for (id, row) in &rows {
+        let dir = rel.store.join(format!("models/{generation}/{id}"));
+        runner_accepts(&dir, &format!("{id}_driving_tinygrad.pkl"), row, pin);
+        if let Some(amd) = row.get("accelerator_artifacts").and_then(|a| a.get("amd")) {
+            let mut v = amd.clone();
+            v["version"] = row["version"].clone();
+            runner_accepts(&dir, &format!("{id}_driving_amd_tinygrad.pkl"), &v, pin);
+            variants += 1;
+        }
+    }
+    assert_eq!(
+        variants, 1,
+        "the lab-eligible model's amd variant is published"
+    );
+}
+
+/// Every build receipt of `generation`'s release (each model, the built-in, the DM set) names
+/// the pin and the bytes beside it, as the compiler's receipt states them.
+fn assert_receipts(
+    rel: &integration_tests::bump::Release,
+    generation: manifest::Generation,
+    pin: &str,
+) {
+    use integration_tests::bump::MODELS;
+    let mut receipts: Vec<(std::path::PathBuf, std::path::PathBuf)> = MODELS
+        .iter()
+        .map(|id| {
+            let dir = rel.workspace(generation).join(format!("ready/{id}"));
+            (
+                dir.join(format!("{id}_driving_tinygrad.build.json")),
+                dir.join(format!("{id}_driving_tinygrad.pkl")),
+            )
+        })
+        .collect();
+    let models = rel.openpilot.join("selfdrive/modeld/models");
+    for f in ["driving_tinygrad.pkl"]
+        .iter()
+        .chain(layout::DM_FILES.iter())
+    {
+        let stem = f.strip_suffix(".pkl").unwrap();
+        receipts.push((models.join(format!("{stem}.build.json")), models.join(f)));
+    }
+    for (receipt, artifact) in receipts {
+        let r: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(&receipt).unwrap_or_else(|e| panic!("{}: {e}", receipt.display())),
+        )
+        .unwrap();
+        assert_eq!(r["compiler_revision"], pin, "{}", receipt.display());
+        assert_eq!(r["artifact_abi"], V26_ABI, "{}", receipt.display());
+        let mut reader = chunker::open(&artifact).unwrap();
+        let (sha, size) = chunker::Sha256Digest::of_reader(&mut reader).unwrap();
+        assert_eq!(
+            r["artifact_sha256"],
+            sha.to_string(),
+            "{}",
+            receipt.display()
+        );
+        assert_eq!(r["artifact_size"], size, "{}", receipt.display());
+    }
+}
+
+/// Every file under `dir` (relative path → bytes), `.git` aside.
+fn all_files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if e.file_name() == ".git" {
+                continue;
+            }
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                let rel = p.strip_prefix(root).unwrap().display().to_string();
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// Issue 34's end-to-end bump into upstream's v26 contract: the live v25 release, `tinygrad
+/// bump` to a made-up commit, the tree declaring v26 (catalog module, `catalog-v26.json`,
+/// `upstream-sync.json`), sync, rebuild/DM/built-in on a compiler that stamps its output (build
+/// receipts beside each), the device validation with its p95 latency within the bound, the
+/// rehearsal (a v25 device, then a v26 one, migrated by the real manager), the gated publish to
+/// a local store and a git `Models` branch; the published manifest is
+/// accepted by the reference's checker and each artifact by the runner's checks. Then the same
+/// for a made-up v27 that keeps v26's contract.
+#[test]
+fn a_bump_into_the_v26_contract_and_on_to_v27_ships_what_upstream_accepts() {
+    use integration_tests::bump::{self, Compiler, MODELS, Release};
+    use test_support::sshd::{DeviceRoot, Sshd};
+
+    let Some(sshd) = Sshd::start() else { return };
+    let started = std::time::Instant::now();
+    let bins = Binaries::next_to_test_executable().unwrap_or_else(|e| panic!("{e}"));
+    let (old, old_pin) = bump::current_generation();
+    let comma = DeviceRoot::new(Some(&old_pin));
+    let compiler = Compiler {
+        ssh_config: sshd.ssh_config().to_path_buf(),
+        alias: Sshd::alias().to_string(),
+        remote_root: comma.remote_root(),
+        models_dir: comma.models_dir(),
+    };
+    let t = tempfile::tempdir().unwrap();
+    let work = t.path().join("maintainer");
+    let ok = |r: Result<serde_json::Value, String>| r.unwrap_or_else(|e| panic!("{e}"));
+    let mut rel = Release::new(&bins, &compiler, &work, &comma.remote_root().join("models"))
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // The live release of the current generation (v25), as in the v25 story.
+    rel.stage_live_release(old)
+        .unwrap_or_else(|e| panic!("{e}"));
+    ok(rel.publish(
+        old,
+        Some("the live release the bump starts from; the bump's own publish is gated"),
+    ));
+    let rows = reviewed_rows(&rel.live_manifest(old).unwrap());
+
+    // The compiler comma now runs a compiler that stamps what it builds, and the device measures
+    // a p95 latency within the contract's bound.
+    comma.set("stamp", V26_ABI);
+    comma.set("p95_ms", "31.5");
+
+    let tinygrad = work.join("tinygrad");
+    let mut pin = bump::made_up_tinygrad(&tinygrad).unwrap();
+    let mut base = rel.store.join(format!("manifests/model_names_{old}.json"));
+    let mut previous = old;
+    for step in 0..2 {
+        if step == 1 {
+            pin = bump::next_tinygrad_commit(&tinygrad, "the next tinygrad").unwrap();
+        }
+        let new = rel
+            .tinygrad_bump(&tinygrad, &pin)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            Some(new),
+            previous.next(),
+            "the bump names the next generation"
+        );
+        let catalog = declare_v26_tree(&rel, new, &pin, &rows);
+
+        let s = ok(rel.sync());
+        assert_eq!(s["tinygrad_commit"], pin.as_str());
+        let r = ok(rel.rebuild(new, &base));
+        assert_eq!(r["compiled"], MODELS.len(), "{r}");
+        let built = std::fs::read(
+            rel.workspace(new)
+                .join(format!("ready/model_names_{new}.json")),
+        )
+        .unwrap();
+        let top: serde_json::Value = serde_json::from_slice(&built).unwrap();
+        assert_eq!(top["compiler_revision"], pin.as_str(), "{top}");
+        // The two-bump traps: the previous generation's RDF V4 build is not a built-in of this
+        // tree, and DM files this pin did not build (the previous tree's) stop a publish; each
+        // refusal changes nothing.
+        let tree_models = rel.openpilot.join("selfdrive/modeld/models");
+        let store_before = (all_files(&rel.store), all_files(&rel.github_checkout));
+        let tree_before = story::digests(&tree_models).unwrap();
+        let foreign = rel.builtin_from(&rel.builtin_source(previous));
+        assert!(
+            foreign.is_err(),
+            "{previous}'s built-in went into the {new} tree: {foreign:?}"
+        );
+        assert_eq!(story::digests(&tree_models).unwrap(), tree_before);
+        ok(rel.builtin(new));
+        let (code, err) = rel
+            .publish_dry_run_unvalidated(new, "the runtime gate alone")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            code == Some(3) && err.contains("DM file"),
+            "publish with the previous tree's DM files was not refused ({code:?}):\n{err}"
+        );
+        assert_eq!(
+            (all_files(&rel.store), all_files(&rel.github_checkout)),
+            store_before
+        );
+        // The built-in changed what sync sends: sync before the DM build, as after any edit.
+        ok(rel.sync());
+        ok(rel.dm());
+        assert_receipts(&rel, new, &pin);
+        ok(rel.sync());
+        rel.commit_tree(&format!("{new} DM and built-in"))
+            .unwrap_or_else(|e| panic!("{e}"));
+
+        // The device validation reports its p95 latency, and the contract's bound holds: over
+        // it, `validate` fails (once is enough to show it).
+        if step == 0 {
+            comma.set("p95_ms", "75");
+            let over = rel.validate(new, bump::SELECTED);
+            assert!(
+                over.as_ref().is_err_and(|e| e.contains("p95")),
+                "a p95 of 75 ms passed validation: {over:?}"
+            );
+            comma.set("p95_ms", "31.5");
+        }
+        let reports = rel
+            .validation_records(new)
+            .unwrap_or_else(|e| panic!("{e}"));
+        for v in &reports {
+            assert_eq!(v["p95_ms"], 31.5, "{v}");
+            assert_eq!(v["passed"], true, "{v}");
+        }
+        // The rehearsal: devices of the previous generation, migrated by the real device
+        // manager, end on this generation's bytes where its layout puts them.
+        let r = rel.rehearse(new).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r["passed"], true, "{r}");
+        let report = ok(rel.publish(new, None));
+        assert_eq!(report["validation"]["status"], "passed", "{report}");
+        let commits = rel.github_commits().unwrap();
+        assert_eq!(
+            commits.last().map(String::as_str),
+            Some(format!("Publish model_names_{new}.json").as_str()),
+            "{commits:?}"
+        );
+        assert_upstream_accepts(&rel, new, &pin, &catalog);
+
+        base = rel.store.join(format!("manifests/model_names_{new}.json"));
+        previous = new;
+    }
+
+    for (step, took) in &rel.steps {
+        eprintln!("v26 bump: {step:<40} {:>6.2} s", took.as_secs_f64());
+    }
+    eprintln!(
+        "v26 bump: whole test {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}

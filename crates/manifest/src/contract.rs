@@ -100,6 +100,19 @@ pub enum DeviceLayout {
     PerGeneration,
 }
 
+// ---- (h8) where a layout puts a model's artifact ------------------------------------------
+
+impl DeviceLayout {
+    /// A model's artifact file `file` relative to the device's models directory: `<file>`
+    /// (flat) or `<gen>/<id>/<file>` (per generation).
+    pub fn artifact_rel_path(self, generation: Generation, id: &ModelId, file: &str) -> String {
+        match self {
+            Self::Flat => file.to_string(),
+            Self::PerGeneration => format!("{generation}/{id}/{file}"),
+        }
+    }
+}
+
 /// The accelerator variant a contract's manifest may carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcceleratorRule {

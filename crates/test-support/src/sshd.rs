@@ -378,7 +378,41 @@ while len(blob) < size:
 blob = bytes(blob[:size])
 # Shape it as the real compiler's output: an out-of-band pickle container (8-byte LE opcode
 # length, a protocol-5 opcode stream ending in STOP, then (8-byte LE length, buffer) records).
-if read("plain_pickle") != model:
+abi = read("stamp")
+if abi and read("plain_pickle") != model:
+    # A compiler that stamps its output (the v26 contract): the opcodes are a real pickle of a
+    # dict whose plain items say which runtime can load it (the ABI, the tinygrad it was built
+    # with, the format and the behaviour version), the weights one out-of-band buffer.
+    import pickle
+    def stamped(weights):
+        return {
+            "artifact_abi": abi,
+            "compiler_revision": tinygrad,
+            "format_version": 1,
+            "behavior_version": version,
+            "model_type": "vision_policy" if fmt == "split" else "supercombo",
+            "image_history_pipeline": "policy",
+            "frame_skip": 4,
+            "execution_device": "USB+AMD:LLVM" if gpu else "QCOM",
+            "warp_device": "QCOM",
+            "metadata": {"input_shapes": {"input_imgs": (1, 12, 128, 256)},
+                         "output_shapes": {"outputs": (1, 6504)},
+                         "output_slices": {"plan": (0, 4955)}},
+            (1928, 1208): {"runner": "stand-in jit"},
+            (1344, 760): {"runner": "stand-in jit"},
+            "weights": pickle.PickleBuffer(weights),
+        }
+    def dump(weights):
+        bufs = []
+        ops = pickle.dumps(stamped(weights), protocol=5, buffer_callback=bufs.append)
+        return ops, [bytes(b.raw()) for b in bufs]
+    ops, _ = dump(b"")
+    ops, bufs = dump(blob[:max(size - 16 - len(ops), 1)])
+    blob = struct.pack("<q", len(ops)) + ops
+    for b in bufs:
+        blob += struct.pack("<q", len(b)) + b
+    size = len(blob)
+elif read("plain_pickle") != model:
     ops = 9 if size - 17 >= 8 else size - 8
     out = struct.pack("<q", ops) + b"\x80\x05" + blob[:ops - 3] + b"."
     while len(out) < size:
@@ -413,7 +447,8 @@ print("wrote %d chunk(s)" % n, flush=True)
 /// verdict as its last line, like `scripts/validate_model_artifact.py`, with one result per
 /// camera resolution (`resolutions."<W>x<H>"`: `passed` and `finite.<output>`, the contract
 /// docs/release.md describes). The `nonfinite` knob (`<W>x<H> <output>`) makes that output
-/// non-finite at that resolution.
+/// non-finite at that resolution; the `p95_ms` knob is the p95 inference latency the device
+/// measured, reported as the verdict's `p95_ms` (absent without the knob).
 const VALIDATOR_STANDIN: &str = r#"#!/usr/bin/env python3
 import hashlib, json, os, sys
 args = sys.argv[1:]
@@ -423,6 +458,8 @@ here = os.path.dirname(os.path.abspath(__file__))
 models = os.path.join(here, "..", "..", "models")
 knob = os.path.join(here, "..", ".standin", "nonfinite")
 bad = open(knob).read().split() if os.path.exists(knob) else []
+p95 = os.path.join(here, "..", ".standin", "p95_ms")
+latency = float(open(p95).read()) if os.path.exists(p95) else None
 name = model + "_driving_tinygrad.pkl"
 print("validating " + name, flush=True)
 try:
@@ -436,7 +473,10 @@ try:
         finite = {o: ok and bad != [r, o] for o in ("plan", "lane_lines", "road_edges", "lead", "pose", "action")}
         res[r] = {"passed": all(finite.values()), "finite": finite}
     passed = all(v["passed"] for v in res.values())
-    print(json.dumps({"model": model, "version": version, "passed": passed, "artifact_sha256": h.hexdigest(), "resolutions": res}))
+    verdict = {"model": model, "version": version, "passed": passed, "artifact_sha256": h.hexdigest(), "resolutions": res}
+    if latency is not None:
+        verdict["p95_ms"] = latency
+    print(json.dumps(verdict))
 except FileNotFoundError as e:
     print(json.dumps({"model": model, "version": version, "passed": False, "error": str(e)}))
 "#;
@@ -476,7 +516,10 @@ impl DeviceRoot {
     }
 
     /// A knob file under `.standin/` (`fail`, `corrupt`, `dm_missing`, `chunk_size`,
-    /// `artifact_size`, `nonfinite`).
+    /// `artifact_size`, `nonfinite`, `p95_ms`; `stamp`: the ABI a stamping compiler names, which
+    /// makes every driving artifact a real pickle of a dict carrying the stamp, its
+    /// `compiler_revision` the comma's tinygrad marker and its `behavior_version` the
+    /// `--version` given).
     pub fn set(&self, knob: &str, value: &str) {
         let state = self.remote_root().join(".standin");
         fs::create_dir_all(&state).unwrap();

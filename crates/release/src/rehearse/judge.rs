@@ -72,6 +72,9 @@ pub struct Expectation {
     pub kept: BTreeMap<String, Sha256Digest>,
     pub models_dir: PathBuf,
     pub builtin_dir: PathBuf,
+    /// Where the selected model's new artifact must be, relative to `models_dir`, under the
+    /// generation's device layout (`<id>_driving_tinygrad.pkl`, or `<gen>/<id>/…`).
+    pub selected_artifact: String,
 }
 
 /// The params that name the model modeld loads.
@@ -187,10 +190,15 @@ pub fn judge_device(e: &Expectation, v: &DeviceView) -> Vec<RehearsalCheck> {
     };
     match s {
         Scenario::Kept => {
-            let file = layout::artifact_file_name(&e.selected);
-            let path = e.models_dir.join(file.as_str());
+            let rel = e.selected_artifact.as_str();
+            let path = e.models_dir.join(rel);
             let mut problems = params_are(e.selected.as_str());
-            match (e.catalog.get(&e.selected), v.top.get(file.as_str())) {
+            // A file directly in the models directory, or one below it (a per-generation root).
+            let found = match v.top.get(rel) {
+                Some(seen) => Some(seen.clone()),
+                None => v.nested.get(rel).map(|d| Seen::File(*d)),
+            };
+            match (e.catalog.get(&e.selected), found.as_ref()) {
                 (None, _) => problems.push(format!("{} is not in the new catalog", e.selected)),
                 (Some(_), None) => problems.push(format!("{} is missing", path.display())),
                 (Some(want), Some(Seen::File(got))) if got != want => problems.push(format!(
@@ -266,7 +274,9 @@ pub fn judge_release(
 ) -> RehearsalCheck {
     let mut problems = Vec::new();
     match (manifest_pin, tree_pin) {
-        (None, _) => problems.push("the manifest records no tinygrad_commit".to_string()),
+        (None, _) => problems.push(
+            "the manifest records no tinygrad pin under its contract's revision key".to_string(),
+        ),
         (_, Err(e)) => problems.push(format!("the openpilot tree's tinygrad: {e}")),
         (Some(m), Ok(t)) if m != t => problems.push(format!(
             "the manifest is pinned to {m}, the openpilot tree's tinygrad_repo/TINYGRAD_COMMIT \
@@ -319,6 +329,7 @@ mod tests {
             kept: [("local-x_driving_tinygrad.pkl".to_string(), d("local"))].into(),
             models_dir: PathBuf::from("/dev-x/data/models"),
             builtin_dir: PathBuf::from("/op/selfdrive/modeld/models"),
+            selected_artifact: format!("{selected}_driving_tinygrad.pkl"),
         }
     }
 
@@ -361,6 +372,64 @@ mod tests {
             .filter(|c| !c.passed)
             .map(|c| format!("{}: {}", c.check, c.detail))
             .collect()
+    }
+
+    /// The selected model's new artifact where the generation's layout puts it: flat for v25,
+    /// `<gen>/<id>/` for the v26 contract (and a made-up v27 that keeps it). A file in the other
+    /// place does not count.
+    #[test]
+    fn the_selected_artifact_is_judged_where_the_layout_puts_it() {
+        use manifest::contract::DeviceLayout;
+        for (layout, generation) in [
+            (DeviceLayout::Flat, Generation::new(25)),
+            (DeviceLayout::PerGeneration, Generation::new(26)),
+            (DeviceLayout::PerGeneration, Generation::new(27)),
+        ] {
+            let mut e = expect(Scenario::Kept, "pop223");
+            e.generation = generation;
+            e.selected_artifact = layout.artifact_rel_path(
+                generation,
+                &id("pop223"),
+                layout::artifact_file_name(&id("pop223")).as_str(),
+            );
+            let mut v = good(Scenario::Kept);
+            v.params
+                .insert("ModelManifestVersion".into(), generation.to_string());
+            let flat = "pop223_driving_tinygrad.pkl";
+            let there = v.top.remove(flat).unwrap();
+            let Seen::File(digest) = there else {
+                panic!("the good view holds a file")
+            };
+            if layout == DeviceLayout::Flat {
+                assert_eq!(e.selected_artifact, flat);
+                v.top.insert(flat.into(), Seen::File(digest));
+            } else {
+                assert_eq!(
+                    e.selected_artifact,
+                    format!("{generation}/pop223/pop223_driving_tinygrad.pkl")
+                );
+                v.nested.insert(e.selected_artifact.clone(), digest);
+            }
+            v.resolved = Some(e.models_dir.join(&e.selected_artifact));
+            let checks = judge_device(&e, &v);
+            assert!(
+                failed(&checks).is_empty(),
+                "{layout:?}: {:?}",
+                failed(&checks)
+            );
+            if layout == DeviceLayout::PerGeneration {
+                // The artifact at the flat place instead: missing where the layout wants it.
+                v.nested.remove(&e.selected_artifact);
+                v.top.insert(flat.into(), Seen::File(digest));
+                let failing = failed(&judge_device(&e, &v));
+                assert!(
+                    failing
+                        .iter()
+                        .any(|f| f.starts_with("selected_is_new_artifact") && f.contains("missing")),
+                    "{failing:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -343,7 +343,9 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
         .previous()
         .ok_or_else(|| input(format!("{g} has no previous generation to migrate from")))?;
     let cast = cast(&m, opts.select.as_ref())?;
-    let pin = m.tinygrad_commit();
+    // The manifest's pin under the generation's contract (v25 `tinygrad_commit`, v26
+    // `compiler_revision`).
+    let pin = m.revision(pins.contract(g));
     // The runtime gate before anything is staged: every driving artifact's stamp and every
     // build receipt (the tree's built-in and DM set too), for contracts that have them.
     crate::loadable::gate_publish(&m, &opts.artifacts, Some(&opts.openpilot), &pins, g)?;
@@ -467,6 +469,11 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
             kept: dev.kept.clone(),
             models_dir: dev.models_dir(),
             builtin_dir: builtin_dir.clone(),
+            selected_artifact: pins.contract(g).device_layout.artifact_rel_path(
+                g,
+                &selected.id,
+                layout::artifact_file_name(&selected.id).as_str(),
+            ),
         };
         checks.extend(judge::judge_device(&expect, &view));
     }
