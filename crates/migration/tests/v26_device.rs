@@ -693,3 +693,108 @@ fn a_refresh_on_an_upstream_prepared_device_takes_its_selection_and_fetches_noth
         drop(other);
     }
 }
+
+/// `resolve` and `status` (its `--json` is the report's serialization) on a per-generation
+/// device answer from the layout's own files, as upstream's runtime resolver reads them: the
+/// preferences' selection, its artifact under `<gen>/<id>/` verified against `catalog.json`,
+/// else the built-in. The v25 params naming another model play no part. Each answer is
+/// compared with the independent checker's `resolve_runtime`: a verified install, a damaged
+/// one, a refused catalog, the bundled selection. v26 and v27.
+#[test]
+fn resolve_and_status_answer_what_upstream_loads() {
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let root = v.root();
+        fs::create_dir_all(v.dir.path().join("builtin")).unwrap();
+        fs::write(
+            v.dir.path().join("builtin/driving_tinygrad.pkl"),
+            b"built-in",
+        )
+        .unwrap();
+        let builtin = v.dir.path().join("builtin/driving_tinygrad.pkl");
+        // The v25 params name sc2; upstream's selection is pop223.
+        let params = v.data().join("params/d");
+        for k in [keys::MODEL, keys::DRIVING_MODEL] {
+            fs::write(params.join(k), "sc2").unwrap();
+        }
+        fs::create_dir_all(root.join("pop223")).unwrap();
+        let install = root.join("pop223/pop223_driving_tinygrad.pkl");
+        fs::copy(
+            v.dir.path().join(format!(
+                "origin/{HF_DIR}/models/{generation}/pop223/pop223_driving_tinygrad.pkl"
+            )),
+            &install,
+        )
+        .unwrap();
+        let manifest: Value = serde_json::from_slice(&v.manifest).unwrap();
+        fs::write(root.join("catalog.json"), python_dump(&manifest)).unwrap();
+        let prefs = |small: &str| {
+            json!({"small": small, "big": "", "userFavorites": [], "sortMode": "name",
+                "randomizer": false, "blacklistedModels": []})
+        };
+        fs::write(root.join("preferences.json"), python_dump(&prefs("pop223"))).unwrap();
+        let rt = v.runtime();
+        let (device, _) = v.open();
+
+        // Each case: what upstream loads, and our answers.
+        let check = |case: &str, want_id: &str, want_installed: bool| {
+            let up = rt.resolve_runtime(&root, false);
+            let r = migration::report::resolve(&device).unwrap();
+            let s = migration::report::status(&device).unwrap();
+            let json: Value = serde_json::to_value(&s).unwrap();
+            assert_eq!(
+                up.small_path.clone().unwrap_or(builtin.clone()),
+                r.path,
+                "{generation} {case}"
+            );
+            assert_eq!(s.resolved, r.path, "{generation} {case}");
+            assert_eq!(r.builtin, up.small_path.is_none(), "{generation} {case}");
+            assert_eq!(up.small_id, want_id, "{generation} {case}: the checker");
+            // `selected` is the user's choice as upstream reads it, loaded or not.
+            let small = rt.preferences(&root).small;
+            let ours = match small.as_str() {
+                BUNDLED => migration::contract::builtin_id().to_string(),
+                id => id.to_string(),
+            };
+            assert_eq!(
+                json["selected"]["id"],
+                json!(ours),
+                "{generation} {case}: {json}"
+            );
+            let verified = s
+                .installed
+                .iter()
+                .any(|m| m.id == "pop223" && m.state == migration::VerifyState::Verified);
+            assert_eq!(
+                verified, want_installed,
+                "{generation} {case}: {:?}",
+                s.installed
+            );
+        };
+        check("verified install", "pop223", true);
+        assert_eq!(
+            migration::report::resolve(&device).unwrap().model.name,
+            "Pop",
+            "named from the catalog"
+        );
+
+        // The bundled selection.
+        fs::write(root.join("preferences.json"), python_dump(&prefs(BUNDLED))).unwrap();
+        check("bundled selection", BUNDLED, true);
+        fs::write(root.join("preferences.json"), python_dump(&prefs("pop223"))).unwrap();
+
+        // A catalog upstream refuses whole (another compiler revision): nothing verifies.
+        let mut refused = manifest.clone();
+        refused["compiler_revision"] = json!("0".repeat(40));
+        fs::write(root.join("catalog.json"), python_dump(&refused)).unwrap();
+        check("refused catalog", BUNDLED, false);
+        fs::write(root.join("catalog.json"), python_dump(&manifest)).unwrap();
+        check("catalog back", "pop223", true);
+
+        // A damaged install (same size, one byte changed).
+        let mut bytes = fs::read(&install).unwrap();
+        bytes[10] ^= 1;
+        fs::write(&install, &bytes).unwrap();
+        check("damaged install", BUNDLED, false);
+    }
+}
