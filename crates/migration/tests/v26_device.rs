@@ -798,3 +798,67 @@ fn resolve_and_status_answer_what_upstream_loads() {
         check("damaged install", BUNDLED, false);
     }
 }
+
+/// Every file under `dir` whose name ends with `suffix`.
+fn files_ending(dir: &Path, suffix: &str) -> Vec<PathBuf> {
+    snapshot(dir)
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .collect()
+}
+
+/// An origin as upstream publishes a v26 generation: chunk pieces `<artifact>.chunkNNofMM` with
+/// no `.chunkmanifest` and no `.sha256` beside them (their count is the manifest's), and a
+/// plain file for a count of 0. A device of that contract downloads both from the manifest's
+/// count, size and SHA-256 alone, never asks for either file, and upstream's reader verifies
+/// both installs. v26 and v27.
+#[test]
+fn a_v26_origin_without_chunk_manifests_or_sidecars_is_downloaded() {
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let origin = v.dir.path().join("origin");
+        let extra: Vec<PathBuf> = [".chunkmanifest", ".sha256"]
+            .iter()
+            .flat_map(|s| files_ending(&origin, s))
+            .collect();
+        assert!(
+            !extra.is_empty(),
+            "the fixture publishes them to begin with"
+        );
+        for p in extra {
+            fs::remove_file(p).unwrap();
+        }
+        let (device, dl) = v.open();
+        let m = manifest::Manifest::from_slice(&v.manifest).unwrap();
+        device.publish_catalog(&v.manifest).unwrap();
+        let cancel = CancelToken::new();
+        for (id, chunks) in [("sc2", 3), ("pop223", 0)] {
+            let entry = m.get(&id.parse().unwrap()).unwrap();
+            let target = dl.target(entry).unwrap();
+            assert_eq!(target.chunk_count, Some(chunks), "{generation} {id}");
+            migration::install_target(&device, &dl, &target, id, &cancel, &|_| {})
+                .unwrap_or_else(|e| panic!("{generation} {id}: {e}"))
+                .expect("fetched");
+        }
+        let asked: Vec<String> = v.server.requests().into_iter().map(|r| r.path).collect();
+        assert!(
+            !asked
+                .iter()
+                .any(|p| p.ends_with(".chunkmanifest") || p.ends_with(".sha256")),
+            "{generation}: {asked:?}"
+        );
+        assert!(
+            asked.iter().any(|p| p.contains(".chunk03of03")),
+            "{generation}: the pieces were fetched: {asked:?}"
+        );
+        let root = v.root();
+        let entries = v.runtime().catalog(&root);
+        for id in ["sc2", "pop223"] {
+            assert!(
+                crate::upstream_v26::Runtime::verified_artifact(&root, id, &entries).is_some(),
+                "{generation} {id}"
+            );
+        }
+    }
+}
