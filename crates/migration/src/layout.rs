@@ -895,6 +895,28 @@ impl DeviceFiles {
     }
 }
 
+impl DeviceFiles {
+    /// These preferences (read under this generation's state lock) as upstream would read the
+    /// same bytes in generation `to`: against `to`'s reviewed catalog, so an id `to` does not
+    /// list is the bundled model (small, big) or left out (favourites, exclusions).
+    pub fn read_preferences_as(&self, to: &DeviceFiles) -> Result<Preferences> {
+        let files = self.per_generation()?;
+        self.with_state_lock(|| {
+            let bytes = read_capped(
+                &self.root().join(files.preferences),
+                self.contract.preferences_max_bytes,
+            )
+            .ok()
+            .flatten();
+            Ok(Preferences::parse(
+                to.contract,
+                to.tree_rows(),
+                bytes.as_deref(),
+            ))
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -862,3 +862,128 @@ fn a_v26_origin_without_chunk_manifests_or_sidecars_is_downloaded() {
         }
     }
 }
+
+/// A device on a v26-contract generation (v26's own root: upstream's preferences, catalog and
+/// installs) moves to a made-up v27 with the same contract: `v26/preferences.json` is carried
+/// into `v27/preferences.json` as upstream reads it against v27's catalog (an id v27 does not
+/// list reads as the bundled model and leaves the favourites), the selected v27 artifact is
+/// downloaded, and only then are v26's driving artifacts removed (its other files, local
+/// models and DM files stay). The v25 params name another model and play no part.
+#[test]
+fn a_move_between_v26_contract_generations_keeps_the_users_choice() {
+    for (small, want) in [("sc2", "sc2"), ("old26", BUNDLED)] {
+        let v = V26::start("v27");
+        let models = v.data().join("models");
+        let v26 = models.join("v26");
+        for id in ["sc2", "old26", "pop223"] {
+            fs::create_dir_all(v26.join(id)).unwrap();
+            fs::write(
+                v26.join(format!("{id}/{id}_driving_tinygrad.pkl")),
+                format!("v26 {id}"),
+            )
+            .unwrap();
+        }
+        fs::write(v26.join("pop223/pop223_driving_amd_tinygrad.pkl"), "amd").unwrap();
+        let prefs = json!({"small": small, "big": "", "userFavorites": ["old26", "pop223"],
+            "sortMode": "date", "randomizer": true, "blacklistedModels": ["sc2", "old26"]});
+        fs::write(v26.join("preferences.json"), python_dump(&prefs)).unwrap();
+        fs::write(v26.join("catalog.json"), "{}").unwrap();
+        for (name, body) in [
+            ("local-mine_driving_tinygrad.pkl", "local"),
+            ("dmonitoring_model_tinygrad.pkl", "dm"),
+        ] {
+            fs::write(models.join(name), body).unwrap();
+        }
+        let params = v.data().join("params/d");
+        for (k, val) in [
+            (keys::MODEL, "pop223"),
+            (keys::DRIVING_MODEL, "pop223"),
+            (keys::MODEL_MANIFEST_VERSION, "v26"),
+        ] {
+            fs::write(params.join(k), val).unwrap();
+        }
+        let (device, dl) = v.open();
+        let report = migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        assert_eq!(report.migrated_from.as_deref(), Some("v26"), "{small}");
+
+        let rt = v.runtime();
+        let root = v.root();
+        let p = rt.preferences(&root);
+        assert_eq!(p.small, want, "{small}: carried as upstream reads it");
+        assert_eq!(p.big, "");
+        assert_eq!(p.user_favorites, ["pop223"]);
+        assert_eq!(p.blacklisted, ["sc2"]);
+        assert_eq!((p.sort_mode.as_str(), p.randomizer), ("date", true));
+        let sel = rt.resolve_runtime(&root, false);
+        assert_eq!(sel.small_id, want, "{small}: what v27's modeld loads");
+        if want != BUNDLED {
+            assert_eq!(sel.small_sha.as_deref(), Some(v.sha(want).as_str()));
+        }
+        // Our resolve agrees.
+        let builtin = v.dir.path().join("builtin/driving_tinygrad.pkl");
+        fs::create_dir_all(builtin.parent().unwrap()).unwrap();
+        fs::write(&builtin, b"built-in").unwrap();
+        let r = migration::report::resolve(&device).unwrap();
+        assert_eq!(r.path, sel.small_path.clone().unwrap_or(builtin), "{small}");
+        // v26's driving artifacts are gone; its other files, local models and DM files stay.
+        let left: Vec<String> = snapshot(&v26)
+            .into_iter()
+            .map(|(p, _)| p.strip_prefix(&v26).unwrap().display().to_string())
+            .collect();
+        // (`.state.lock`: the preferences were read under v26's own lock, as upstream reads.)
+        assert_eq!(
+            left,
+            [".state.lock", "catalog.json", "preferences.json"],
+            "{small}"
+        );
+        assert!(models.join("local-mine_driving_tinygrad.pkl").exists());
+        assert!(models.join("dmonitoring_model_tinygrad.pkl").exists());
+        assert!(!models.join(migration::JOURNAL_FILE).exists());
+        // The move is done: a second refresh changes nothing upstream reads in v27.
+        let before: Vec<_> = snapshot(&root)
+            .into_iter()
+            .filter(|(p, _)| !p.ends_with(".download-job.json"))
+            .collect();
+        migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        let after: Vec<_> = snapshot(&root)
+            .into_iter()
+            .filter(|(p, _)| !p.ends_with(".download-job.json"))
+            .collect();
+        assert_eq!(after, before, "{small}");
+    }
+}
+
+/// A device as a v26-contract v26 left it, for a move to the made-up v27: upstream's
+/// preferences selecting `pop223` (the params name `sc2`), v26 installs of both, a local model
+/// and a DM file.
+pub fn v26_device_in(dir: &Path) {
+    let models = dir.join("data/models");
+    let v26 = models.join("v26");
+    fs::create_dir_all(dir.join("shm")).unwrap();
+    for id in ["pop223", "sc2"] {
+        fs::create_dir_all(v26.join(id)).unwrap();
+        fs::write(
+            v26.join(format!("{id}/{id}_driving_tinygrad.pkl")),
+            format!("v26 {id}"),
+        )
+        .unwrap();
+    }
+    let prefs = json!({"small": "pop223", "big": "", "userFavorites": ["sc2"],
+        "sortMode": "name", "randomizer": false, "blacklistedModels": []});
+    fs::write(v26.join("preferences.json"), python_dump(&prefs)).unwrap();
+    for (name, body) in [
+        ("local-mine_driving_tinygrad.pkl", "local"),
+        ("dmonitoring_model_tinygrad.pkl", "dm"),
+    ] {
+        fs::write(models.join(name), body).unwrap();
+    }
+    let params = dir.join("data/params/d");
+    fs::create_dir_all(&params).unwrap();
+    for (k, val) in [
+        (keys::MODEL, "sc2"),
+        (keys::DRIVING_MODEL, "sc2"),
+        (keys::MODEL_MANIFEST_VERSION, "v26"),
+    ] {
+        fs::write(params.join(k), val).unwrap();
+    }
+}
