@@ -535,8 +535,9 @@ pub fn install_target(
         })
 }
 
-/// With a ready external GPU, a model's Chestnut build (`<id>_driving_chestnut_tinygrad.pkl`)
-/// is fetched beside it, unless the same file is already there and verifies.
+/// With a ready external GPU, a model's accelerator build (the contract's: v25
+/// `<id>_driving_chestnut_tinygrad.pkl`, v26 `<gen>/<id>/<id>_driving_amd_tinygrad.pkl`) is
+/// fetched beside it, unless the same file is already there and verifies.
 fn install_variant(
     device: &Device,
     dl: &Downloader,
@@ -565,6 +566,7 @@ fn install_variant(
             )?)
         },
     )?;
+    files.tidy_after_install(&target.id);
     device.effects().installed(target.local_name.as_str())
 }
 

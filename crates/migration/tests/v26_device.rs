@@ -987,3 +987,85 @@ pub fn v26_device_in(dir: &Path) {
         fs::write(params.join(k), val).unwrap();
     }
 }
+
+/// With the external GPU ready, a v26-contract device fetches a model's `amd` build beside
+/// it, into `<gen>/<id>/<id>_driving_amd_tinygrad.pkl` where upstream looks for it, under a job
+/// upstream reads as the `amd` variant's; without the GPU only the standard artifact. The
+/// manifest with the variant is one upstream accepts. v26 and v27.
+#[test]
+fn the_amd_build_is_fetched_with_the_external_gpu() {
+    for (generation, gpu) in [("v26", true), ("v27", true), ("v26", false)] {
+        let v = V26::start(generation);
+        let origin = v.dir.path().join("origin");
+        let amd = artifact_bytes(11, 5000);
+        let amd_sha = test_support::published::sha256_hex(&amd);
+        for dir in test_support::published::artifact_dirs(&origin, generation, "pop223") {
+            fs::write(dir.join("pop223_driving_amd_tinygrad.pkl"), &amd).unwrap();
+        }
+        let mut m: Value = serde_json::from_slice(&v.manifest).unwrap();
+        for e in m["models"].as_array_mut().unwrap() {
+            if e["id"] == "pop223" {
+                e["accelerator_artifacts"] = json!({"amd": {
+                    "artifact_format": ABI, "artifact_sha256": amd_sha,
+                    "artifact_size": amd.len(), "artifact_chunk_count": 0,
+                    "execution_device": "AMD", "compiler_revision": COMPILER}});
+            }
+        }
+        let body = serde_json::to_vec_pretty(&m).unwrap();
+        write_manifest(&origin, generation, &body);
+        if gpu {
+            let usb = v.dir.path().join("sys/bus/usb/devices/2-1");
+            fs::create_dir_all(&usb).unwrap();
+            for (f, val) in [
+                ("idVendor", "add1\n"),
+                ("idProduct", "0001\n"),
+                ("product", "custom ed4e39b7-CLEAN\n"),
+            ] {
+                fs::write(usb.join(f), val).unwrap();
+            }
+        }
+        let (device, dl) = v.open();
+        device.publish_catalog(&body).unwrap();
+        let parsed = manifest::Manifest::from_slice(&body).unwrap();
+        let entry = parsed.get(&"pop223".parse().unwrap()).unwrap();
+        migration::install(&device, &dl, entry, &CancelToken::new(), &|_| {}).unwrap();
+
+        let root = v.root();
+        let rt = v.runtime();
+        let entries = rt.catalog(&root);
+        assert!(
+            entries["pop223"].contains_key("accelerator_artifacts"),
+            "{generation}: upstream accepts the manifest with the amd build"
+        );
+        assert!(
+            crate::upstream_v26::Runtime::verified_artifact(&root, "pop223", &entries).is_some()
+        );
+        let amd_path = crate::upstream_v26::Runtime::artifact_path(&root, "pop223", true);
+        let mut names: Vec<String> = fs::read_dir(root.join("pop223"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        let job = rt.read_job(&root).expect("a job file upstream accepts");
+        if gpu {
+            assert_eq!(fs::read(&amd_path).unwrap(), amd, "{generation}");
+            assert_eq!(
+                names,
+                [
+                    "pop223_driving_amd_tinygrad.pkl",
+                    "pop223_driving_tinygrad.pkl"
+                ],
+                "{generation}"
+            );
+            assert_eq!(job["variant"], "amd", "{generation}");
+            assert_eq!(job["state"], "completed");
+            // Already there and verified: not fetched again.
+            let asked = v.server.requests().len();
+            migration::install(&device, &dl, entry, &CancelToken::new(), &|_| {}).unwrap();
+            assert_eq!(v.server.requests().len(), asked, "{generation}");
+        } else {
+            assert_eq!(names, ["pop223_driving_tinygrad.pkl"], "{generation}");
+            assert_eq!(job["variant"], "standard");
+        }
+    }
+}
