@@ -72,7 +72,8 @@ impl Device {
     /// [`Device::resolve`] on a per-generation layout: what upstream's runtime resolver loads.
     /// The small profile of `preferences.json`, when its artifact under `<gen>/<id>/` verifies
     /// against the accepted `<gen>/catalog.json` (read as upstream reads it,
-    /// [`crate::layout::DeviceFiles::accepted_catalog`]); else the built-in. Our params, our
+    /// [`crate::layout::DeviceFiles::accepted_catalog`]) and modeld has not failed to start
+    /// those bytes ([`crate::load_receipt`]); else the built-in. Our params, our
     /// `.catalog.json` and a migration's journal play no part: upstream's modeld does not read
     /// them.
     fn resolve_per_generation(&self) -> Result<(PathBuf, NamedModel)> {
@@ -93,6 +94,10 @@ impl Device {
         let path = self.artifact_path(&id);
         let plain = fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
         if !plain || self.verify_entry(entry, false)? != VerifyState::Verified {
+            return Ok(builtin());
+        }
+        // Bytes modeld could not start here: it runs the bundled model instead, and so is told.
+        if crate::load_receipt::condemned(self, entry).is_some() {
             return Ok(builtin());
         }
         let named = self.device_catalog(&catalog)?.named(&id);

@@ -791,6 +791,30 @@ fn resolve_and_status_answer_what_upstream_loads() {
         fs::write(root.join("catalog.json"), python_dump(&manifest)).unwrap();
         check("catalog back", "pop223", true);
 
+        // Bytes modeld could not start here: it runs the bundled model, and `resolve` says so
+        // (upstream's resolver would hand them over once more; the receipt names the fallback).
+        migration::load_receipt::mark_bad(
+            &device,
+            &"pop223".parse().unwrap(),
+            &v.sha("pop223").parse().unwrap(),
+            "selected-load-failed",
+            1,
+        )
+        .unwrap();
+        let r = migration::report::resolve(&device).unwrap();
+        assert_eq!(
+            (r.path.clone(), r.builtin),
+            (builtin.clone(), true),
+            "{generation}"
+        );
+        fs::remove_file(
+            v.data()
+                .join("models")
+                .join(migration::load_receipt::BAD_ARTIFACTS_FILE),
+        )
+        .unwrap();
+        check("record gone", "pop223", true);
+
         // A damaged install (same size, one byte changed).
         let mut bytes = fs::read(&install).unwrap();
         bytes[10] ^= 1;
