@@ -137,10 +137,23 @@ impl Target {
     /// The entry's `accelerator_artifacts.chestnut` variant, when it declares an AMD build in a
     /// supported format; `Ok(None)` when the entry has no such variant.
     pub fn chestnut_variant(entry: &ModelEntry) -> Result<Option<Self>> {
+        Self::accelerator_variant(entry, manifest::contract::BASE_CONTRACT.contract())
+    }
+
+    /// The entry's accelerator variant as a device of `contract` fetches it (the contract's
+    /// [`manifest::contract::AcceleratorRule`]: v25 `chestnut`, v26 `amd`): it must declare the
+    /// rule's execution device and a format the contract loads; installed as the contract's
+    /// accelerator file name (`<id>_driving_<infix>_tinygrad.pkl`). `Ok(None)` when the entry
+    /// has no such variant.
+    pub fn accelerator_variant(
+        entry: &ModelEntry,
+        contract: &manifest::Contract,
+    ) -> Result<Option<Self>> {
+        let rule = &contract.accelerator;
         let Some((_, v)) = entry
             .accelerators()
             .into_iter()
-            .find(|(name, _)| name == CHESTNUT_VARIANT)
+            .find(|(name, _)| name == rule.key)
         else {
             return Ok(None);
         };
@@ -148,20 +161,31 @@ impl Target {
             model: entry.id().to_string(),
             reason,
         };
-        if v.execution_device.as_deref() != Some(CHESTNUT_EXECUTION_DEVICE) {
+        if v.execution_device.as_deref() != Some(rule.execution_device) {
             return Err(bad(format!(
-                "its chestnut variant's execution_device is {}, not {CHESTNUT_EXECUTION_DEVICE:?}",
+                "its {} variant's execution_device is {}, not {:?}",
+                rule.key,
                 v.execution_device
                     .as_deref()
-                    .map_or_else(|| "missing".to_string(), |d| format!("{d:?}"))
+                    .map_or_else(|| "missing".to_string(), |d| format!("{d:?}")),
+                rule.execution_device,
             )));
         }
-        if v.format.as_ref().is_some_and(|f| !f.is_supported()) {
-            return Err(bad(
-                "its chestnut variant has an unsupported artifact_format".into(),
-            ));
+        // A whole-manifest contract loads its one format; v25 any format it knows.
+        let loads = |f: &manifest::ArtifactFormat| match contract.whole_manifest_refusal {
+            true => f.as_str() == contract.artifact_format,
+            false => f.is_supported(),
+        };
+        if v.format.as_ref().is_some_and(|f| !loads(f)) {
+            return Err(bad(format!(
+                "its {} variant has an unsupported artifact_format",
+                rule.key
+            )));
         }
-        let local_name = chestnut_file_name(entry.id());
+        let local_name: FileName = contract
+            .accelerator_file_name(entry.id())
+            .parse()
+            .expect("a model ID makes a valid file name");
         Ok(Some(Self {
             id: entry.id().clone(),
             remote_name: v.filename.unwrap_or_else(|| local_name.clone()),
@@ -184,8 +208,8 @@ pub fn artifacts_to_fetch(entry: &ModelEntry, chestnut: Chestnut) -> Result<Vec<
     )
 }
 
-/// [`artifacts_to_fetch`] for a device of `contract`: its artifact format; the Chestnut
-/// variant only where the contract's accelerator is Chestnut's.
+/// [`artifacts_to_fetch`] for a device of `contract`: its artifact format, and with a ready
+/// external GPU the contract's accelerator variant ([`Target::accelerator_variant`]).
 pub fn artifacts_to_fetch_for(
     entry: &ModelEntry,
     chestnut: Chestnut,
@@ -193,8 +217,7 @@ pub fn artifacts_to_fetch_for(
 ) -> Result<Vec<Target>> {
     let mut out = vec![Target::from_entry_for(entry, contract)?];
     if chestnut.is_ready()
-        && contract.accelerator.key == manifest::contract::BASE_CONTRACT.contract().accelerator.key
-        && let Ok(Some(variant)) = Target::chestnut_variant(entry)
+        && let Ok(Some(variant)) = Target::accelerator_variant(entry, contract)
     {
         out.push(variant);
     }
@@ -347,5 +370,71 @@ mod tests {
         assert_eq!(detect_chestnut(root.path()), Chestnut::Present);
         put("2-1", "add1", "0001", Some(CHESTNUT_READY_PRODUCT));
         assert_eq!(detect_chestnut(root.path()), Chestnut::Ready);
+    }
+
+    /// Each contract fetches its own accelerator and only its own: v25 the `chestnut` build,
+    /// v26's contract the `amd` build in its one format, both only with a ready GPU; a variant
+    /// of the wrong device or format is left out, never the model.
+    #[test]
+    fn each_contract_fetches_its_own_accelerator_variant() {
+        use manifest::contract::ContractName;
+        let v26_format = ContractName::V26.contract().artifact_format;
+        let both = |amd_format: &str| {
+            entry(json!({"id": "pop223", "artifact_format": v26_format,
+                "accelerator_artifacts": {
+                "chestnut": {"artifact_size": 5, "artifact_sha256": "4".repeat(64),
+                    "execution_device": "AMD"},
+                "amd": {"artifact_format": amd_format, "artifact_size": 7,
+                    "artifact_sha256": "5".repeat(64), "artifact_chunk_count": 0,
+                    "execution_device": "AMD"}}}))
+        };
+        let locals = |e: &ModelEntry, c: &manifest::Contract, gpu| -> Vec<String> {
+            artifacts_to_fetch_for(e, gpu, c)
+                .map(|ts| ts.into_iter().map(|t| t.local_name.to_string()).collect())
+                .unwrap_or_default()
+        };
+        let v25 = ContractName::V25.contract();
+        let v26 = ContractName::V26.contract();
+        let e = both(v26_format);
+        let table: [(&manifest::Contract, Chestnut, &[&str]); 4] = [
+            (
+                v26,
+                Chestnut::Ready,
+                &[
+                    "pop223_driving_tinygrad.pkl",
+                    "pop223_driving_amd_tinygrad.pkl",
+                ],
+            ),
+            (v26, Chestnut::Present, &["pop223_driving_tinygrad.pkl"]),
+            (v26, Chestnut::Absent, &["pop223_driving_tinygrad.pkl"]),
+            (v25, Chestnut::Absent, &[]),
+        ];
+        for (c, gpu, want) in table {
+            assert_eq!(locals(&e, c, gpu), want, "{} {gpu:?}", c.name_str);
+        }
+        let amd = Target::accelerator_variant(&e, v26).unwrap().unwrap();
+        assert_eq!(
+            (amd.remote_name.as_str(), amd.size, amd.chunk_count),
+            ("pop223_driving_amd_tinygrad.pkl", Some(7), Some(0))
+        );
+        // v25 takes the chestnut build of an entry in a format it loads.
+        let v25_entry = entry(json!({"id": "pop223", "accelerator_artifacts": {
+            "chestnut": {"artifact_size": 5, "artifact_sha256": "4".repeat(64),
+                "execution_device": "AMD"},
+            "amd": {"execution_device": "AMD"}}}));
+        assert_eq!(
+            locals(&v25_entry, v25, Chestnut::Ready),
+            [
+                "pop223_driving_tinygrad.pkl",
+                "pop223_driving_chestnut_tinygrad.pkl"
+            ]
+        );
+        // An amd build in a format v26 does not load: the model alone.
+        let wrong = both("tinygrad_single_v1");
+        assert!(Target::accelerator_variant(&wrong, v26).is_err());
+        assert_eq!(
+            locals(&wrong, v26, Chestnut::Ready),
+            ["pop223_driving_tinygrad.pkl"]
+        );
     }
 }

@@ -211,6 +211,10 @@ pub struct Contract {
     pub entries_from_tree_catalog: bool,
     /// An artifact that fits one chunk may be published as one plain file (count 0).
     pub plain_file_when_one_chunk: bool,
+    /// The device takes a chunked artifact's piece count from the manifest's
+    /// `artifact_chunk_count` alone and never asks the origin for `.chunkmanifest` (v26: its
+    /// origin is read as upstream's devices read it, which never fetch it).
+    pub chunk_count_from_manifest: bool,
     pub device_layout: DeviceLayout,
     /// The selection's "the bundled model" value in the device's selection store.
     pub bundled_selection: &'static str,
@@ -278,6 +282,7 @@ pub const CONTRACTS: [Contract; 2] = [
         whole_manifest_refusal: false,
         entries_from_tree_catalog: false,
         plain_file_when_one_chunk: false,
+        chunk_count_from_manifest: false,
         device_layout: DeviceLayout::Flat,
         bundled_selection: "rdf43",
         download_headroom_bytes: 0,
@@ -308,6 +313,7 @@ pub const CONTRACTS: [Contract; 2] = [
         whole_manifest_refusal: true,
         entries_from_tree_catalog: true,
         plain_file_when_one_chunk: true,
+        chunk_count_from_manifest: true,
         device_layout: DeviceLayout::PerGeneration,
         bundled_selection: "bundled-current",
         download_headroom_bytes: 256 * MIB,

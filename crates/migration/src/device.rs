@@ -632,23 +632,7 @@ impl Device {
         if !self.effects.exists(&files.root().join(gf.preferences)) {
             return Ok(None);
         }
-        let p = files.read_preferences()?;
-        let builtin = manifest::contract::BASE_CONTRACT
-            .contract()
-            .bundled_selection;
-        let id = |s: &str| match s == self.contract.bundled_selection {
-            true => builtin.to_string(),
-            false => s.to_string(),
-        };
-        Ok(Some(crate::choice::Slots {
-            selection: Some(id(&p.small)),
-            small: Some(id(&p.small)),
-            big: match p.big.as_str() {
-                "" => Some(contract::BIG_DISABLED.to_string()),
-                b if b == self.contract.bundled_selection => None,
-                b => Some(b.to_string()),
-            },
-        }))
+        self.slots_of(&files.read_preferences()?).map(Some)
     }
 
     /// Carry the flat-layout choice the params hold (selection, profiles, favourites,
@@ -667,7 +651,7 @@ impl Device {
             small: lower(profiles.small),
             big: lower(profiles.big),
         };
-        self.carry_slots(from, &slots)
+        self.carry_slots(from, &slots, None)
     }
 
     /// [`Device::carry_choice`] with the selection and profiles given (a migration's journal
@@ -676,6 +660,7 @@ impl Device {
         &self,
         from: &'static manifest::contract::Contract,
         slots: &crate::choice::Slots,
+        from_generation: Option<&str>,
     ) -> Result<Option<crate::layout::Preferences>> {
         let files = self.files();
         let Some(gf) = files.generation_files() else {
@@ -684,6 +669,21 @@ impl Device {
         let path = files.root().join(gf.preferences);
         if self.effects.exists(&path) {
             return files.read_preferences().map(Some);
+        }
+        // The generation moved from kept its own preferences in this layout: they are the
+        // user's choice, carried forward as upstream reads them against this generation's
+        // catalog (an id it does not list reads as the bundled model, and drops out of the
+        // favourites and exclusions).
+        if let Some(prev) = self.previous_preferences(from_generation) {
+            let carried = prev.read_preferences_as(&files)?;
+            let body = carried.to_bytes();
+            self.effects.create_dir(&files.root())?;
+            let name = format!("{}/{}", files.generation(), gf.preferences);
+            match self.effects.is_plan() {
+                true => self.write_file(&name, &body)?,
+                false => files.with_state_lock(|| self.write_file(&name, &body))?,
+            }
+            return Ok(Some(carried));
         }
         let choice = crate::layout::FlatChoice {
             slots: slots.clone(),
@@ -743,6 +743,112 @@ impl Device {
             .ok()
             .flatten()
             .unwrap_or_default()
+    }
+}
+
+// ---- A move between two generations that keep their own roots ----
+
+impl Device {
+    /// The files generation `from` kept in this device's per-generation layout, when it kept
+    /// any (its root `<models>/<from>/` is a directory; a generation of a flat contract has no
+    /// root of its own, so `None`; `None` as well for this very generation and on a flat
+    /// layout).
+    pub fn previous_files(&self, from: &str) -> Option<crate::layout::DeviceFiles> {
+        let generation = from.parse::<manifest::Generation>().ok()?;
+        if generation == self.config.generation {
+            return None;
+        }
+        self.files().generation_files()?;
+        let prev = crate::layout::DeviceFiles::new(
+            self.contract,
+            &self.config.data_dir,
+            generation,
+            self.tree.clone(),
+        );
+        fs::symlink_metadata(prev.root())
+            .is_ok_and(|m| m.is_dir())
+            .then_some(prev)
+    }
+
+    /// [`Device::previous_files`] when that root holds preferences (the user's choice there).
+    fn previous_preferences(&self, from: Option<&str>) -> Option<crate::layout::DeviceFiles> {
+        let prev = self.previous_files(from?)?;
+        let gf = prev.generation_files()?;
+        self.effects
+            .exists(&prev.root().join(gf.preferences))
+            .then_some(prev)
+    }
+
+    /// The selection a migration from `from` starts with: this generation's own store when it
+    /// has one ([`Device::stored_slots`]), else the store of the generation moved from when it
+    /// kept one in this layout (read against this generation's catalog); `None` otherwise (the
+    /// params are the store).
+    pub(crate) fn slots_for_move(
+        &self,
+        from: Option<&str>,
+    ) -> Result<Option<crate::choice::Slots>> {
+        if let Some(s) = self.stored_slots()? {
+            return Ok(Some(s));
+        }
+        let Some(prev) = self.previous_preferences(from) else {
+            return Ok(None);
+        };
+        self.slots_of(&prev.read_preferences_as(&self.files())?)
+            .map(Some)
+    }
+
+    /// Preferences as the refresh's slots (the bundled id is the built-in, `""` big the
+    /// disabled profile).
+    fn slots_of(&self, p: &crate::layout::Preferences) -> Result<crate::choice::Slots> {
+        let builtin = manifest::contract::BASE_CONTRACT
+            .contract()
+            .bundled_selection;
+        let id = |s: &str| match s == self.contract.bundled_selection {
+            true => builtin.to_string(),
+            false => s.to_string(),
+        };
+        Ok(crate::choice::Slots {
+            selection: Some(id(&p.small)),
+            small: Some(id(&p.small)),
+            big: match p.big.as_str() {
+                "" => Some(contract::BIG_DISABLED.to_string()),
+                b if b == self.contract.bundled_selection => None,
+                b => Some(b.to_string()),
+            },
+        })
+    }
+
+    /// The driving artifacts generation `from` installed under its own root
+    /// (`<from>/<id>/...`), as (directory, file name), `local-*` models excepted; nothing when
+    /// `from` kept no root in this layout.
+    pub(crate) fn previous_artifacts(&self, from: Option<&str>) -> Result<Vec<(PathBuf, String)>> {
+        let Some(prev) = from.and_then(|g| self.previous_files(g)) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        let rd = match fs::read_dir(prev.root()) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(e.into()),
+        };
+        let mut dirs: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect();
+        dirs.sort();
+        for dir in dirs {
+            let mut names: Vec<String> = fs::read_dir(&dir)?
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()))
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect();
+            names.sort();
+            for name in crate::plan::purge_plan(names.iter().map(String::as_str)) {
+                out.push((dir.clone(), name));
+            }
+        }
+        Ok(out)
     }
 }
 

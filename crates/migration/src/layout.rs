@@ -860,6 +860,63 @@ pub fn carry_flat_choice(
     p
 }
 
+// ---- What the generation's own files say (read as upstream reads them) ----
+
+impl DeviceFiles {
+    /// The accepted manifest as upstream's `catalog(root)` takes it: `<gen>/catalog.json` when
+    /// it passes the contract's whole-manifest rules for this generation, the tree's compiler
+    /// revision and its reviewed catalog; `None` when it is missing, unreadable or refused
+    /// (upstream then has only the tree's rows, which install nothing). `None` on a flat layout.
+    pub fn accepted_catalog(&self) -> Option<manifest::Manifest> {
+        let files = self.generation_files()?;
+        let tree = self.tree()?;
+        let limits = manifest::Limits::default();
+        let bytes = read_capped(
+            &self.root().join(files.catalog),
+            crate::bounded::CATALOG_LIMIT,
+        )
+        .ok()
+        .flatten()?;
+        let problems = manifest::validate_for_contract(
+            &bytes,
+            manifest::ValidationMode::Reader,
+            self.contract,
+            &manifest::Expectation {
+                generation: Some(self.generation),
+                revision: Some(&tree.compiler_revision),
+                tree: Some(tree),
+            },
+            &limits,
+        );
+        if !problems.is_empty() {
+            return None;
+        }
+        manifest::Manifest::from_slice(&bytes).ok()
+    }
+}
+
+impl DeviceFiles {
+    /// These preferences (read under this generation's state lock) as upstream would read the
+    /// same bytes in generation `to`: against `to`'s reviewed catalog, so an id `to` does not
+    /// list is the bundled model (small, big) or left out (favourites, exclusions).
+    pub fn read_preferences_as(&self, to: &DeviceFiles) -> Result<Preferences> {
+        let files = self.per_generation()?;
+        self.with_state_lock(|| {
+            let bytes = read_capped(
+                &self.root().join(files.preferences),
+                self.contract.preferences_max_bytes,
+            )
+            .ok()
+            .flatten();
+            Ok(Preferences::parse(
+                to.contract,
+                to.tree_rows(),
+                bytes.as_deref(),
+            ))
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,7 +55,7 @@ pub(crate) fn begin_migration(
     view: &DeviceView,
     catalog: &Catalog,
 ) -> Result<(Option<Journal>, Vec<String>, bool)> {
-    let (journal, write) = journal_now(view, catalog, device.stored_slots()?)?;
+    let (journal, write) = journal_now(view, catalog, device.slots_for_move(view.previous())?)?;
     if write && let Some(j) = &journal {
         write_journal(device, j)?;
     }
@@ -71,7 +71,11 @@ pub(crate) fn begin_migration(
         // Where the selection lives in the new layout (per generation: preferences.json),
         // the user's choice as the journal keeps it is carried there first, once.
         if device.files().selection_store() == crate::layout::SelectionStore::Preferences {
-            device.carry_slots(manifest::contract::BASE_CONTRACT.contract(), &j.slots())?;
+            device.carry_slots(
+                manifest::contract::BASE_CONTRACT.contract(),
+                &j.slots(),
+                j.from.as_deref(),
+            )?;
         }
         write_contract(
             device,
@@ -79,7 +83,7 @@ pub(crate) fn begin_migration(
             &contract::interim(&j.wanted(catalog), catalog),
         )?;
         if device.files().purge_before_download() {
-            purged = purge(device)?;
+            purged = purge(device, j.from.as_deref())?;
         }
         let mut j = j.clone();
         j.phase = Phase::Download;
@@ -357,7 +361,7 @@ pub(crate) fn refresh_run(
         // A layout that keeps generations apart purges the old one's driving artifacts only
         // now, with the new selection in place (idempotent: a resumed run purges what is left).
         if !device.files().purge_before_download() {
-            report.purged = purge(device)?;
+            report.purged = purge(device, j.from.as_deref())?;
         }
         device
             .params
@@ -392,16 +396,23 @@ pub(crate) fn write_contract(device: &Device, catalog: &Catalog, outcome: &Outco
     Ok(())
 }
 
-/// Delete every non-local driving artifact in the models dir.
-fn purge(device: &Device) -> Result<Vec<String>> {
+/// Delete every non-local driving artifact in the models dir, and those generation `from`
+/// installed under a root of its own in this layout (`<from>/<id>/`; its other files are
+/// upstream's and kept).
+fn purge(device: &Device, from: Option<&str>) -> Result<Vec<String>> {
     let names = device.model_file_names()?;
-    let plan = plan::purge_plan(names.iter().map(String::as_str));
+    let mut plan = plan::purge_plan(names.iter().map(String::as_str));
     let dir = device.models_dir();
     device
         .effects()
         .cache_remove(&dir.join(crate::device::VERIFIED_FILE));
     for name in &plan {
         device.effects().purge(&dir, name)?;
+    }
+    for (sub, name) in device.previous_artifacts(from)? {
+        device.effects().purge(&sub, &name)?;
+        let rel = sub.strip_prefix(&dir).unwrap_or(&sub).join(&name);
+        plan.push(rel.display().to_string());
     }
     Ok(plan)
 }
@@ -524,8 +535,9 @@ pub fn install_target(
         })
 }
 
-/// With a ready external GPU, a model's Chestnut build (`<id>_driving_chestnut_tinygrad.pkl`)
-/// is fetched beside it, unless the same file is already there and verifies.
+/// With a ready external GPU, a model's accelerator build (the contract's: v25
+/// `<id>_driving_chestnut_tinygrad.pkl`, v26 `<gen>/<id>/<id>_driving_amd_tinygrad.pkl`) is
+/// fetched beside it, unless the same file is already there and verifies.
 fn install_variant(
     device: &Device,
     dl: &Downloader,
@@ -554,6 +566,7 @@ fn install_variant(
             )?)
         },
     )?;
+    files.tidy_after_install(&target.id);
     device.effects().installed(target.local_name.as_str())
 }
 

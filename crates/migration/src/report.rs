@@ -259,7 +259,13 @@ impl VerifyReport {
 }
 
 fn model_ref(device: &Device, id: &str) -> Result<NamedModel<String>> {
-    model_ref_in(device, catalog_or_problem(device)?.0.as_ref(), id)
+    // A per-generation layout names its models from its own accepted catalog.
+    let files = device.files();
+    let catalog = match files.generation_files() {
+        Some(_) => files.accepted_catalog(),
+        None => catalog_or_problem(device)?.0,
+    };
+    model_ref_in(device, catalog.as_ref(), id)
 }
 
 /// [`model_ref`] with `catalog` already read.
@@ -367,13 +373,25 @@ fn fallback(
 /// catalog itself.
 pub fn status(device: &Device) -> Result<StatusReport> {
     let mut view = DeviceView::read(device);
-    let selected = view.selected();
+    // A per-generation layout answers from its own files, as upstream reads them: the
+    // selection from `preferences.json`, what is installed against `<gen>/catalog.json`.
+    let per_generation = device.files().generation_files().is_some();
+    let selected = match per_generation {
+        true => device.layout_selection()?,
+        false => view.selected(),
+    };
     // A stored catalog that cannot be read is the error, named, as for every command that needs
     // it (a refresh stores it again); one the trusted keys refuse is reported.
     if (view.catalog.error()).is_some_and(|e| !matches!(e, Error::CatalogNotTrusted { .. })) {
         view.take_catalog()?;
     }
-    let catalog = view.catalog();
+    let layout_catalog = per_generation
+        .then(|| device.files().accepted_catalog())
+        .flatten();
+    let catalog = match per_generation {
+        true => layout_catalog.as_ref(),
+        false => view.catalog(),
+    };
     let mut installed = Vec::new();
     if let Some(c) = catalog {
         for e in c.models() {

@@ -20,6 +20,9 @@ impl Device {
     /// earlier publish in this generation ([`VerifyState::Outdated`]) is used until the new one
     /// verifies.
     pub fn resolve(&self) -> Result<(PathBuf, NamedModel)> {
+        if self.files().generation_files().is_some() {
+            return self.resolve_per_generation();
+        }
         let sel = self.selection()?;
         if crate::contract::is_builtin_id(&sel.id) || !self.is_current()? {
             return Ok((self.builtin_path(), NamedModel::builtin()));
@@ -55,5 +58,49 @@ impl Device {
             }
             _ => Ok((self.builtin_path(), NamedModel::builtin())),
         }
+    }
+
+    /// The selected id as the layout's own store keeps it (per generation: `preferences.json`'s
+    /// small profile, its bundled id read as the built-in; the built-in when there is none).
+    pub fn layout_selection(&self) -> Result<String> {
+        Ok(self
+            .stored_slots()?
+            .and_then(|s| s.selection)
+            .unwrap_or_else(|| crate::contract::builtin_id().to_string()))
+    }
+
+    /// [`Device::resolve`] on a per-generation layout: what upstream's runtime resolver loads.
+    /// The small profile of `preferences.json`, when its artifact under `<gen>/<id>/` verifies
+    /// against the accepted `<gen>/catalog.json` (read as upstream reads it,
+    /// [`crate::layout::DeviceFiles::accepted_catalog`]) and modeld has not failed to start
+    /// those bytes ([`crate::load_receipt`]); else the built-in. Our params, our
+    /// `.catalog.json` and a migration's journal play no part: upstream's modeld does not read
+    /// them.
+    fn resolve_per_generation(&self) -> Result<(PathBuf, NamedModel)> {
+        let builtin = || (self.builtin_path(), NamedModel::builtin());
+        let sel = self.layout_selection()?;
+        let Ok(id) = sel.parse::<ModelId>() else {
+            return Ok(builtin());
+        };
+        if crate::contract::is_builtin_id(id.as_str()) {
+            return Ok(builtin());
+        }
+        let Some(catalog) = self.files().accepted_catalog() else {
+            return Ok(builtin());
+        };
+        let Some(entry) = catalog.get(&id) else {
+            return Ok(builtin());
+        };
+        let path = self.artifact_path(&id);
+        let plain = fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+        if !plain || self.verify_entry(entry, false)? != VerifyState::Verified {
+            return Ok(builtin());
+        }
+        // Bytes modeld could not start here: it runs the bundled model instead, and so is told.
+        if crate::load_receipt::condemned(self, entry).is_some() {
+            return Ok(builtin());
+        }
+        let named = self.device_catalog(&catalog)?.named(&id);
+        Ok((path, named))
     }
 }

@@ -14,7 +14,7 @@ use downloader::CancelToken;
 use migration::{Effects, Error, RefreshReport};
 
 use crate::upstream_v26::BUNDLED;
-use crate::v26_device::{V26, data_snapshot, v25_device_in};
+use crate::v26_device::{V26, data_snapshot, v25_device_in, v26_device_in};
 use std::fs;
 use std::path::Path;
 
@@ -328,13 +328,18 @@ fn the_move_and_a_v26_download_survive_a_crash_after_any_effect() {
             let root = dir.join("data/models").join(generation);
             fs::remove_file(root.join("pop223/pop223_driving_tinygrad.pkl")).unwrap();
         };
-        // The made-up v27 runs the move only: the download's effects are the same code.
-        let starts: [Start; 2] = [("move", &v25_device_in), ("download", &repair)];
-        let starts = if generation == "v26" {
-            &starts[..]
-        } else {
-            &starts[..1]
+        // The made-up v27 runs the moves only (from v25, and from a v26-contract v26): the
+        // download's effects are the same code.
+        let starts: [Start; 3] = [
+            ("move", &v25_device_in),
+            ("download", &repair),
+            ("move from v26", &v26_device_in),
+        ];
+        let picked: Vec<Start> = match generation {
+            "v26" => starts[..2].to_vec(),
+            _ => vec![starts[0], starts[2]],
         };
+        let starts = &picked[..];
         for &(label, prepare) in starts {
             let clean = tempfile::tempdir().unwrap();
             prepare(clean.path());
@@ -360,6 +365,17 @@ fn the_move_and_a_v26_download_survive_a_crash_after_any_effect() {
                     .position(|e| e == "remove pop223_driving_tinygrad.pkl")
                     .unwrap();
                 assert!(install < purge, "v25 files removed only after: {log:?}");
+            }
+            if label == "move from v26" {
+                let install = log.iter().position(|e| e == "install pop223").unwrap();
+                let purge = log
+                    .iter()
+                    .position(|e| e == "remove pop223_driving_tinygrad.pkl")
+                    .unwrap_or_else(|| panic!("v26's artifacts are not removed: {log:?}"));
+                assert!(install < purge, "v26 files removed only after: {log:?}");
+                let v26 = clean.path().join("data/models/v26");
+                assert!(!v26.join("pop223/pop223_driving_tinygrad.pkl").exists());
+                assert!(!v26.join("sc2/sc2_driving_tinygrad.pkl").exists());
             }
             for (n, what) in log.iter().enumerate() {
                 let t = tempfile::tempdir().unwrap();

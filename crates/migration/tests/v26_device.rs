@@ -693,3 +693,403 @@ fn a_refresh_on_an_upstream_prepared_device_takes_its_selection_and_fetches_noth
         drop(other);
     }
 }
+
+/// `resolve` and `status` (its `--json` is the report's serialization) on a per-generation
+/// device answer from the layout's own files, as upstream's runtime resolver reads them: the
+/// preferences' selection, its artifact under `<gen>/<id>/` verified against `catalog.json`,
+/// else the built-in. The v25 params naming another model play no part. Each answer is
+/// compared with the independent checker's `resolve_runtime`: a verified install, a damaged
+/// one, a refused catalog, the bundled selection. v26 and v27.
+#[test]
+fn resolve_and_status_answer_what_upstream_loads() {
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let root = v.root();
+        fs::create_dir_all(v.dir.path().join("builtin")).unwrap();
+        fs::write(
+            v.dir.path().join("builtin/driving_tinygrad.pkl"),
+            b"built-in",
+        )
+        .unwrap();
+        let builtin = v.dir.path().join("builtin/driving_tinygrad.pkl");
+        // The v25 params name sc2; upstream's selection is pop223.
+        let params = v.data().join("params/d");
+        for k in [keys::MODEL, keys::DRIVING_MODEL] {
+            fs::write(params.join(k), "sc2").unwrap();
+        }
+        fs::create_dir_all(root.join("pop223")).unwrap();
+        let install = root.join("pop223/pop223_driving_tinygrad.pkl");
+        fs::copy(
+            v.dir.path().join(format!(
+                "origin/{HF_DIR}/models/{generation}/pop223/pop223_driving_tinygrad.pkl"
+            )),
+            &install,
+        )
+        .unwrap();
+        let manifest: Value = serde_json::from_slice(&v.manifest).unwrap();
+        fs::write(root.join("catalog.json"), python_dump(&manifest)).unwrap();
+        let prefs = |small: &str| {
+            json!({"small": small, "big": "", "userFavorites": [], "sortMode": "name",
+                "randomizer": false, "blacklistedModels": []})
+        };
+        fs::write(root.join("preferences.json"), python_dump(&prefs("pop223"))).unwrap();
+        let rt = v.runtime();
+        let (device, _) = v.open();
+
+        // Each case: what upstream loads, and our answers.
+        let check = |case: &str, want_id: &str, want_installed: bool| {
+            let up = rt.resolve_runtime(&root, false);
+            let r = migration::report::resolve(&device).unwrap();
+            let s = migration::report::status(&device).unwrap();
+            let json: Value = serde_json::to_value(&s).unwrap();
+            assert_eq!(
+                up.small_path.clone().unwrap_or(builtin.clone()),
+                r.path,
+                "{generation} {case}"
+            );
+            assert_eq!(s.resolved, r.path, "{generation} {case}");
+            assert_eq!(r.builtin, up.small_path.is_none(), "{generation} {case}");
+            assert_eq!(up.small_id, want_id, "{generation} {case}: the checker");
+            // `selected` is the user's choice as upstream reads it, loaded or not.
+            let small = rt.preferences(&root).small;
+            let ours = match small.as_str() {
+                BUNDLED => migration::contract::builtin_id().to_string(),
+                id => id.to_string(),
+            };
+            assert_eq!(
+                json["selected"]["id"],
+                json!(ours),
+                "{generation} {case}: {json}"
+            );
+            let verified = s
+                .installed
+                .iter()
+                .any(|m| m.id == "pop223" && m.state == migration::VerifyState::Verified);
+            assert_eq!(
+                verified, want_installed,
+                "{generation} {case}: {:?}",
+                s.installed
+            );
+        };
+        check("verified install", "pop223", true);
+        assert_eq!(
+            migration::report::resolve(&device).unwrap().model.name,
+            "Pop",
+            "named from the catalog"
+        );
+
+        // The bundled selection.
+        fs::write(root.join("preferences.json"), python_dump(&prefs(BUNDLED))).unwrap();
+        check("bundled selection", BUNDLED, true);
+        fs::write(root.join("preferences.json"), python_dump(&prefs("pop223"))).unwrap();
+
+        // A catalog upstream refuses whole (another compiler revision): nothing verifies.
+        let mut refused = manifest.clone();
+        refused["compiler_revision"] = json!("0".repeat(40));
+        fs::write(root.join("catalog.json"), python_dump(&refused)).unwrap();
+        check("refused catalog", BUNDLED, false);
+        fs::write(root.join("catalog.json"), python_dump(&manifest)).unwrap();
+        check("catalog back", "pop223", true);
+
+        // Bytes modeld could not start here: it runs the bundled model, and `resolve` says so
+        // (upstream's resolver would hand them over once more; the receipt names the fallback).
+        migration::load_receipt::mark_bad(
+            &device,
+            &"pop223".parse().unwrap(),
+            &v.sha("pop223").parse().unwrap(),
+            "selected-load-failed",
+            1,
+        )
+        .unwrap();
+        let r = migration::report::resolve(&device).unwrap();
+        assert_eq!(
+            (r.path.clone(), r.builtin),
+            (builtin.clone(), true),
+            "{generation}"
+        );
+        fs::remove_file(
+            v.data()
+                .join("models")
+                .join(migration::load_receipt::BAD_ARTIFACTS_FILE),
+        )
+        .unwrap();
+        check("record gone", "pop223", true);
+
+        // A damaged install (same size, one byte changed).
+        let mut bytes = fs::read(&install).unwrap();
+        bytes[10] ^= 1;
+        fs::write(&install, &bytes).unwrap();
+        check("damaged install", BUNDLED, false);
+    }
+}
+
+/// Every file under `dir` whose name ends with `suffix`.
+fn files_ending(dir: &Path, suffix: &str) -> Vec<PathBuf> {
+    snapshot(dir)
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .collect()
+}
+
+/// An origin as upstream publishes a v26 generation: chunk pieces `<artifact>.chunkNNofMM` with
+/// no `.chunkmanifest` and no `.sha256` beside them (their count is the manifest's), and a
+/// plain file for a count of 0. A device of that contract downloads both from the manifest's
+/// count, size and SHA-256 alone, never asks for either file, and upstream's reader verifies
+/// both installs. v26 and v27.
+#[test]
+fn a_v26_origin_without_chunk_manifests_or_sidecars_is_downloaded() {
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let origin = v.dir.path().join("origin");
+        let extra: Vec<PathBuf> = [".chunkmanifest", ".sha256"]
+            .iter()
+            .flat_map(|s| files_ending(&origin, s))
+            .collect();
+        assert!(
+            !extra.is_empty(),
+            "the fixture publishes them to begin with"
+        );
+        for p in extra {
+            fs::remove_file(p).unwrap();
+        }
+        let (device, dl) = v.open();
+        let m = manifest::Manifest::from_slice(&v.manifest).unwrap();
+        device.publish_catalog(&v.manifest).unwrap();
+        let cancel = CancelToken::new();
+        for (id, chunks) in [("sc2", 3), ("pop223", 0)] {
+            let entry = m.get(&id.parse().unwrap()).unwrap();
+            let target = dl.target(entry).unwrap();
+            assert_eq!(target.chunk_count, Some(chunks), "{generation} {id}");
+            migration::install_target(&device, &dl, &target, id, &cancel, &|_| {})
+                .unwrap_or_else(|e| panic!("{generation} {id}: {e}"))
+                .expect("fetched");
+        }
+        let asked: Vec<String> = v.server.requests().into_iter().map(|r| r.path).collect();
+        assert!(
+            !asked
+                .iter()
+                .any(|p| p.ends_with(".chunkmanifest") || p.ends_with(".sha256")),
+            "{generation}: {asked:?}"
+        );
+        assert!(
+            asked.iter().any(|p| p.contains(".chunk03of03")),
+            "{generation}: the pieces were fetched: {asked:?}"
+        );
+        let root = v.root();
+        let entries = v.runtime().catalog(&root);
+        for id in ["sc2", "pop223"] {
+            assert!(
+                crate::upstream_v26::Runtime::verified_artifact(&root, id, &entries).is_some(),
+                "{generation} {id}"
+            );
+        }
+    }
+}
+
+/// A device on a v26-contract generation (v26's own root: upstream's preferences, catalog and
+/// installs) moves to a made-up v27 with the same contract: `v26/preferences.json` is carried
+/// into `v27/preferences.json` as upstream reads it against v27's catalog (an id v27 does not
+/// list reads as the bundled model and leaves the favourites), the selected v27 artifact is
+/// downloaded, and only then are v26's driving artifacts removed (its other files, local
+/// models and DM files stay). The v25 params name another model and play no part.
+#[test]
+fn a_move_between_v26_contract_generations_keeps_the_users_choice() {
+    for (small, want) in [("sc2", "sc2"), ("old26", BUNDLED)] {
+        let v = V26::start("v27");
+        let models = v.data().join("models");
+        let v26 = models.join("v26");
+        for id in ["sc2", "old26", "pop223"] {
+            fs::create_dir_all(v26.join(id)).unwrap();
+            fs::write(
+                v26.join(format!("{id}/{id}_driving_tinygrad.pkl")),
+                format!("v26 {id}"),
+            )
+            .unwrap();
+        }
+        fs::write(v26.join("pop223/pop223_driving_amd_tinygrad.pkl"), "amd").unwrap();
+        let prefs = json!({"small": small, "big": "", "userFavorites": ["old26", "pop223"],
+            "sortMode": "date", "randomizer": true, "blacklistedModels": ["sc2", "old26"]});
+        fs::write(v26.join("preferences.json"), python_dump(&prefs)).unwrap();
+        fs::write(v26.join("catalog.json"), "{}").unwrap();
+        for (name, body) in [
+            ("local-mine_driving_tinygrad.pkl", "local"),
+            ("dmonitoring_model_tinygrad.pkl", "dm"),
+        ] {
+            fs::write(models.join(name), body).unwrap();
+        }
+        let params = v.data().join("params/d");
+        for (k, val) in [
+            (keys::MODEL, "pop223"),
+            (keys::DRIVING_MODEL, "pop223"),
+            (keys::MODEL_MANIFEST_VERSION, "v26"),
+        ] {
+            fs::write(params.join(k), val).unwrap();
+        }
+        let (device, dl) = v.open();
+        let report = migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        assert_eq!(report.migrated_from.as_deref(), Some("v26"), "{small}");
+
+        let rt = v.runtime();
+        let root = v.root();
+        let p = rt.preferences(&root);
+        assert_eq!(p.small, want, "{small}: carried as upstream reads it");
+        assert_eq!(p.big, "");
+        assert_eq!(p.user_favorites, ["pop223"]);
+        assert_eq!(p.blacklisted, ["sc2"]);
+        assert_eq!((p.sort_mode.as_str(), p.randomizer), ("date", true));
+        let sel = rt.resolve_runtime(&root, false);
+        assert_eq!(sel.small_id, want, "{small}: what v27's modeld loads");
+        if want != BUNDLED {
+            assert_eq!(sel.small_sha.as_deref(), Some(v.sha(want).as_str()));
+        }
+        // Our resolve agrees.
+        let builtin = v.dir.path().join("builtin/driving_tinygrad.pkl");
+        fs::create_dir_all(builtin.parent().unwrap()).unwrap();
+        fs::write(&builtin, b"built-in").unwrap();
+        let r = migration::report::resolve(&device).unwrap();
+        assert_eq!(r.path, sel.small_path.clone().unwrap_or(builtin), "{small}");
+        // v26's driving artifacts are gone; its other files, local models and DM files stay.
+        let left: Vec<String> = snapshot(&v26)
+            .into_iter()
+            .map(|(p, _)| p.strip_prefix(&v26).unwrap().display().to_string())
+            .collect();
+        // (`.state.lock`: the preferences were read under v26's own lock, as upstream reads.)
+        assert_eq!(
+            left,
+            [".state.lock", "catalog.json", "preferences.json"],
+            "{small}"
+        );
+        assert!(models.join("local-mine_driving_tinygrad.pkl").exists());
+        assert!(models.join("dmonitoring_model_tinygrad.pkl").exists());
+        assert!(!models.join(migration::JOURNAL_FILE).exists());
+        // The move is done: a second refresh changes nothing upstream reads in v27.
+        let before: Vec<_> = snapshot(&root)
+            .into_iter()
+            .filter(|(p, _)| !p.ends_with(".download-job.json"))
+            .collect();
+        migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        let after: Vec<_> = snapshot(&root)
+            .into_iter()
+            .filter(|(p, _)| !p.ends_with(".download-job.json"))
+            .collect();
+        assert_eq!(after, before, "{small}");
+    }
+}
+
+/// A device as a v26-contract v26 left it, for a move to the made-up v27: upstream's
+/// preferences selecting `pop223` (the params name `sc2`), v26 installs of both, a local model
+/// and a DM file.
+pub fn v26_device_in(dir: &Path) {
+    let models = dir.join("data/models");
+    let v26 = models.join("v26");
+    fs::create_dir_all(dir.join("shm")).unwrap();
+    for id in ["pop223", "sc2"] {
+        fs::create_dir_all(v26.join(id)).unwrap();
+        fs::write(
+            v26.join(format!("{id}/{id}_driving_tinygrad.pkl")),
+            format!("v26 {id}"),
+        )
+        .unwrap();
+    }
+    let prefs = json!({"small": "pop223", "big": "", "userFavorites": ["sc2"],
+        "sortMode": "name", "randomizer": false, "blacklistedModels": []});
+    fs::write(v26.join("preferences.json"), python_dump(&prefs)).unwrap();
+    for (name, body) in [
+        ("local-mine_driving_tinygrad.pkl", "local"),
+        ("dmonitoring_model_tinygrad.pkl", "dm"),
+    ] {
+        fs::write(models.join(name), body).unwrap();
+    }
+    let params = dir.join("data/params/d");
+    fs::create_dir_all(&params).unwrap();
+    for (k, val) in [
+        (keys::MODEL, "sc2"),
+        (keys::DRIVING_MODEL, "sc2"),
+        (keys::MODEL_MANIFEST_VERSION, "v26"),
+    ] {
+        fs::write(params.join(k), val).unwrap();
+    }
+}
+
+/// With the external GPU ready, a v26-contract device fetches a model's `amd` build beside
+/// it, into `<gen>/<id>/<id>_driving_amd_tinygrad.pkl` where upstream looks for it, under a job
+/// upstream reads as the `amd` variant's; without the GPU only the standard artifact. The
+/// manifest with the variant is one upstream accepts. v26 and v27.
+#[test]
+fn the_amd_build_is_fetched_with_the_external_gpu() {
+    for (generation, gpu) in [("v26", true), ("v27", true), ("v26", false)] {
+        let v = V26::start(generation);
+        let origin = v.dir.path().join("origin");
+        let amd = artifact_bytes(11, 5000);
+        let amd_sha = test_support::published::sha256_hex(&amd);
+        for dir in test_support::published::artifact_dirs(&origin, generation, "pop223") {
+            fs::write(dir.join("pop223_driving_amd_tinygrad.pkl"), &amd).unwrap();
+        }
+        let mut m: Value = serde_json::from_slice(&v.manifest).unwrap();
+        for e in m["models"].as_array_mut().unwrap() {
+            if e["id"] == "pop223" {
+                e["accelerator_artifacts"] = json!({"amd": {
+                    "artifact_format": ABI, "artifact_sha256": amd_sha,
+                    "artifact_size": amd.len(), "artifact_chunk_count": 0,
+                    "execution_device": "AMD", "compiler_revision": COMPILER}});
+            }
+        }
+        let body = serde_json::to_vec_pretty(&m).unwrap();
+        write_manifest(&origin, generation, &body);
+        if gpu {
+            let usb = v.dir.path().join("sys/bus/usb/devices/2-1");
+            fs::create_dir_all(&usb).unwrap();
+            for (f, val) in [
+                ("idVendor", "add1\n"),
+                ("idProduct", "0001\n"),
+                ("product", "custom ed4e39b7-CLEAN\n"),
+            ] {
+                fs::write(usb.join(f), val).unwrap();
+            }
+        }
+        let (device, dl) = v.open();
+        device.publish_catalog(&body).unwrap();
+        let parsed = manifest::Manifest::from_slice(&body).unwrap();
+        let entry = parsed.get(&"pop223".parse().unwrap()).unwrap();
+        migration::install(&device, &dl, entry, &CancelToken::new(), &|_| {}).unwrap();
+
+        let root = v.root();
+        let rt = v.runtime();
+        let entries = rt.catalog(&root);
+        assert!(
+            entries["pop223"].contains_key("accelerator_artifacts"),
+            "{generation}: upstream accepts the manifest with the amd build"
+        );
+        assert!(
+            crate::upstream_v26::Runtime::verified_artifact(&root, "pop223", &entries).is_some()
+        );
+        let amd_path = crate::upstream_v26::Runtime::artifact_path(&root, "pop223", true);
+        let mut names: Vec<String> = fs::read_dir(root.join("pop223"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        let job = rt.read_job(&root).expect("a job file upstream accepts");
+        if gpu {
+            assert_eq!(fs::read(&amd_path).unwrap(), amd, "{generation}");
+            assert_eq!(
+                names,
+                [
+                    "pop223_driving_amd_tinygrad.pkl",
+                    "pop223_driving_tinygrad.pkl"
+                ],
+                "{generation}"
+            );
+            assert_eq!(job["variant"], "amd", "{generation}");
+            assert_eq!(job["state"], "completed");
+            // Already there and verified: not fetched again.
+            let asked = v.server.requests().len();
+            migration::install(&device, &dl, entry, &CancelToken::new(), &|_| {}).unwrap();
+            assert_eq!(v.server.requests().len(), asked, "{generation}");
+        } else {
+            assert_eq!(names, ["pop223_driving_tinygrad.pkl"], "{generation}");
+            assert_eq!(job["variant"], "standard");
+        }
+    }
+}

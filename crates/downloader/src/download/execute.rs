@@ -70,6 +70,8 @@ pub(crate) struct Job<'a> {
     pub http: &'a Http,
     pub config: &'a DownloadConfig,
     pub generation: Generation,
+    /// The contract the device reads its origin under (where a piece count comes from).
+    pub contract: &'static manifest::Contract,
     pub target: &'a Target,
     pub models_dir: &'a Path,
     pub cancel: &'a CancelToken,
@@ -96,6 +98,7 @@ pub(crate) fn resolve_from(job: &Job<'_>, origin: &Origin) -> Result<Resolved> {
         http,
         config,
         generation,
+        contract,
         target,
         cancel,
         ..
@@ -122,7 +125,14 @@ pub(crate) fn resolve_from(job: &Job<'_>, origin: &Origin) -> Result<Resolved> {
             deadline,
         );
     }
-    let (plan, chunk_len) = resolve_plan(http, config, target, &ctl, &url_of)?;
+    let (plan, chunk_len) = resolve_plan(
+        http,
+        config,
+        target,
+        contract.chunk_count_from_manifest,
+        &ctl,
+        &url_of,
+    )?;
     if target.size.is_none() {
         let deadline = config.http.artifact_deadline(start, plan.size);
         ctl = Ctl::new(

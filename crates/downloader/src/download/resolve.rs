@@ -30,6 +30,27 @@ pub(crate) fn parse_remote_sidecar(body: &[u8], url: &str) -> Result<Sha256Diges
         })
 }
 
+/// Where a target's piece count comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CountSource {
+    /// The entry declares 0: one plain file.
+    Plain,
+    /// The entry's count, taken as it is (the origin is not asked).
+    Declared(u32),
+    /// The origin's `.chunkmanifest` (checked against the entry's count when it has one).
+    ChunkManifest,
+}
+
+/// The piece count's source for an entry declaring `declared`, on a device whose contract
+/// takes the count from the manifest alone (`from_manifest`) or asks the origin. Pure.
+pub(crate) fn count_source(declared: Option<u32>, from_manifest: bool) -> CountSource {
+    match (declared, from_manifest) {
+        (Some(0), _) => CountSource::Plain,
+        (Some(n), true) => CountSource::Declared(n),
+        _ => CountSource::ChunkManifest,
+    }
+}
+
 /// Everything one origin must tell before the first payload byte: the chunk count (checked
 /// against the entry's, or learned from `.chunkmanifest`; none published means one plain
 /// file), the digest (the entry's, or the `.sha256` sidecar's), the size (the entry's, or
@@ -38,6 +59,7 @@ pub(crate) fn resolve_plan(
     http: &Http,
     config: &DownloadConfig,
     target: &Target,
+    count_from_manifest: bool,
     ctl: &Ctl,
     url_of: &(dyn Fn(&str) -> Result<String> + Sync),
 ) -> Result<(Plan, u64)> {
@@ -50,7 +72,15 @@ pub(crate) fn resolve_plan(
             let name = chunker::chunk_name(remote, 1, n);
             s.spawn(move || head_len(http, config, ctl, url_of, &name))
         });
-        resolve_with(http, config, target, ctl, url_of, early_head)
+        resolve_with(
+            http,
+            config,
+            target,
+            count_source(target.chunk_count, count_from_manifest),
+            ctl,
+            url_of,
+            early_head,
+        )
     })
 }
 
@@ -74,6 +104,7 @@ fn resolve_with(
     http: &Http,
     config: &DownloadConfig,
     target: &Target,
+    source: CountSource,
     ctl: &Ctl,
     url_of: &(dyn Fn(&str) -> Result<String> + Sync),
     early_head: Option<std::thread::ScopedJoinHandle<'_, Result<u64>>>,
@@ -89,9 +120,11 @@ fn resolve_with(
         )
     };
 
-    let chunk_count = match target.chunk_count {
-        Some(0) => 0,
-        declared => {
+    let chunk_count = match source {
+        CountSource::Plain => 0,
+        CountSource::Declared(n) => n,
+        CountSource::ChunkManifest => {
+            let declared = target.chunk_count;
             let url = url_of(&chunker::chunk_manifest_name(remote))?;
             match with_retries(config, ctl, &url, || http.get_small(&url, 64, ctl)) {
                 Ok(body) => {
@@ -190,4 +223,30 @@ fn resolve_with(
         chunk_sha256: target.chunk_sha256.clone(),
     };
     Ok((plan, first_len.unwrap_or(size)))
+}
+
+#[cfg(test)]
+mod count_tests {
+    use super::{CountSource, count_source};
+    use manifest::contract::ContractName;
+
+    /// v25 asks the origin's `.chunkmanifest` for every chunked entry; a contract taking the
+    /// count from the manifest (v26) never does; a declared 0 is a plain file for both.
+    #[test]
+    fn where_the_piece_count_comes_from() {
+        let v25 = ContractName::V25.contract().chunk_count_from_manifest;
+        let v26 = ContractName::V26.contract().chunk_count_from_manifest;
+        let table = [
+            (v25, Some(0), CountSource::Plain),
+            (v25, Some(3), CountSource::ChunkManifest),
+            (v25, None, CountSource::ChunkManifest),
+            (v26, Some(0), CountSource::Plain),
+            (v26, Some(1), CountSource::Declared(1)),
+            (v26, Some(3), CountSource::Declared(3)),
+            (v26, None, CountSource::ChunkManifest),
+        ];
+        for (from_manifest, declared, want) in table {
+            assert_eq!(count_source(declared, from_manifest), want, "{declared:?}");
+        }
+    }
 }
