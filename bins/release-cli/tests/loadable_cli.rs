@@ -19,7 +19,32 @@ const ABI: &str = "tinygrad_single_v1_arena";
 
 /// A protocol-5 pickle of `{key: value, …, "weights": <out-of-band buffer>}` in an OOB
 /// container (8-byte length, opcodes, one buffer record), its values strings or small ints.
-fn stamped(items: &[(&str, Item)], payload: &[u8]) -> Vec<u8> {
+/// The tree's built-in (stamped, as a chunk set) and DM set, each with its build receipt naming
+/// `pin`: what publish's runtime gate reads in `--openpilot` for a receipt contract.
+pub(crate) fn runtime_tree(openpilot: &Path, pin: &str) {
+    let models = openpilot.join("selfdrive/modeld/models");
+    std::fs::create_dir_all(&models).unwrap();
+    let rev: &'static str = Box::leak(pin.to_string().into_boxed_str());
+    let builtin = stamp_of(rev, "v15", 3);
+    split(&builtin, &models, "driving_tinygrad.pkl");
+    std::fs::write(
+        models.join("driving_tinygrad.build.json"),
+        receipt("rdf43", pin, &builtin),
+    )
+    .unwrap();
+    for (i, name) in manifest::layout::DM_FILES.iter().enumerate() {
+        let data = vec![i as u8 + 10; 700];
+        std::fs::write(models.join(name), &data).unwrap();
+        let stem = name.strip_suffix(".pkl").unwrap();
+        std::fs::write(
+            models.join(format!("{stem}.build.json")),
+            receipt(stem, pin, &data),
+        )
+        .unwrap();
+    }
+}
+
+pub(crate) fn stamped(items: &[(&str, Item)], payload: &[u8]) -> Vec<u8> {
     fn str_op(out: &mut Vec<u8>, s: &str) {
         out.push(0x8c); // SHORT_BINUNICODE
         out.push(s.len() as u8);
@@ -43,7 +68,7 @@ fn stamped(items: &[(&str, Item)], payload: &[u8]) -> Vec<u8> {
     out
 }
 
-enum Item {
+pub(crate) enum Item {
     S(&'static str),
     I(u8),
 }
@@ -68,7 +93,7 @@ fn sha_hex(data: &[u8]) -> String {
 }
 
 /// The compiler's receipt for `data`, as the v26 contract lists its fields.
-fn receipt(model_id: &str, rev: &str, data: &[u8]) -> String {
+pub(crate) fn receipt(model_id: &str, rev: &str, data: &[u8]) -> String {
     let r = json!({
         "model_id": model_id, "behavior_version": "v15", "model_type": "supercombo",
         "artifact_abi": ABI, "compiler_revision": rev,
@@ -181,23 +206,7 @@ fn release(root: &Path, generation: &'static str) -> Release {
     let models = openpilot.join("selfdrive/modeld/models");
     std::fs::create_dir_all(&models).unwrap();
     std::fs::write(openpilot.join("tinygrad_pins.json"), pins.to_string()).unwrap();
-    let builtin = stamp_of(pin, "v15", 3);
-    split(&builtin, &models, "driving_tinygrad.pkl");
-    std::fs::write(
-        models.join("driving_tinygrad.build.json"),
-        receipt("rdf43", pin, &builtin),
-    )
-    .unwrap();
-    for (i, name) in manifest::layout::DM_FILES.iter().enumerate() {
-        let data = vec![i as u8 + 10; 700];
-        std::fs::write(models.join(name), &data).unwrap();
-        let stem = name.strip_suffix(".pkl").unwrap();
-        std::fs::write(
-            models.join(format!("{stem}.build.json")),
-            receipt(stem, pin, &data),
-        )
-        .unwrap();
-    }
+    runtime_tree(&openpilot, pin);
     let workspace = covering_records(&root.join("ws"), &manifest);
     Release {
         generation,

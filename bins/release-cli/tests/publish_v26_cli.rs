@@ -10,6 +10,7 @@ use crate::common::{cli, cli_in, covering_records, publish_argv, snapshot, strs,
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::loadable_cli::{Item, receipt, runtime_tree, stamped};
 use serde_json::{Value, json};
 use test_support::published::{artifact_bytes, sha256_hex};
 use test_support::v26_checker;
@@ -34,11 +35,30 @@ struct Setup {
     data: Vec<u8>,
 }
 
+/// pop223's artifact as the v26 contract's runtime reads it: a pickle whose top-level dict
+/// carries the stamp of `revision` and pop223's behaviour version (v15).
+fn stamped_model(revision: &str) -> Vec<u8> {
+    let rev: &'static str = Box::leak(revision.to_string().into_boxed_str());
+    stamped(
+        &[
+            ("artifact_abi", Item::S("tinygrad_single_v1_arena")),
+            ("compiler_revision", Item::S(rev)),
+            ("format_version", Item::I(1)),
+            ("behavior_version", Item::S("v15")),
+            ("model_type", Item::S("supercombo")),
+            ("image_history_pipeline", Item::S("policy")),
+            ("frame_skip", Item::I(4)),
+        ],
+        &artifact_bytes(26, 2500),
+    )
+}
+
 fn setup(generation: &str, revision: &str) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let tree = dir.path().join("openpilot");
     let catalog = v26_checker::write_tree(&tree, generation, revision, &ROWS);
-    let data = artifact_bytes(26, 2500);
+    runtime_tree(&tree, revision);
+    let data = stamped_model(revision);
     let pkl = dir.path().join("build/pop223_driving_tinygrad.pkl");
     fs::create_dir_all(pkl.parent().unwrap()).unwrap();
     fs::write(&pkl, &data).unwrap();
@@ -53,6 +73,12 @@ fn setup(generation: &str, revision: &str) -> Setup {
         "1000",
     ]);
     assert!(o.status.success(), "{}", text(&o.stderr));
+    // The compiler's build receipt beside the artifact: publish's runtime gate requires it.
+    fs::write(
+        artifacts.join("pop223/pop223_driving_tinygrad.build.json"),
+        receipt("pop223", revision, &data),
+    )
+    .unwrap();
     Setup {
         dir,
         tree,
@@ -240,15 +266,9 @@ fn each_v26_refusal_uploads_nothing_and_changes_nothing() {
             },
             "compiler_revision",
         ),
-        (
-            "no artifact_abi",
-            {
-                let mut d = good.clone();
-                d.as_object_mut().unwrap().remove("artifact_abi");
-                d
-            },
-            "artifact_abi",
-        ),
+        // A missing `artifact_abi` is not a refusal: publish stages the contract's ABI into a
+        // manifest that names the contract's revision (release's
+        // `publish::tests::the_staged_manifest_carries_the_contract_top_keys`).
     ];
     for (name, doc, path) in cases {
         let before_tree = snapshot(&s.tree);
@@ -356,6 +376,11 @@ fn a_one_chunk_artifact_is_published_as_a_plain_file() {
         fs::remove_dir_all(&dir).unwrap();
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("pop223_driving_tinygrad.pkl"), &s.data).unwrap();
+        fs::write(
+            dir.join("pop223_driving_tinygrad.build.json"),
+            receipt("pop223", revision, &s.data),
+        )
+        .unwrap();
         let mut doc = manifest(generation, revision, &s.data);
         doc["models"][0]["artifact_chunk_count"] = json!(0);
         let o = publish(&s, generation, &doc);

@@ -116,9 +116,15 @@ pub struct Checked {
     pub receipt: Option<BuildReceipt>,
 }
 
-/// The driving artifacts a publish of `manifest` from `artifacts` ships: each entry's artifact
-/// and each accelerator variant, at `<artifacts>/<id>/<file>`.
-pub fn publish_files(manifest: &Manifest, artifacts: &Path) -> Vec<ShippedFile> {
+/// The driving artifacts a publish of `manifest` from `artifacts` ships under `contract`: each
+/// entry's artifact and each accelerator variant the contract knows, at `<artifacts>/<id>/<file>`.
+/// A variant under another key (a `chestnut` key in a v26 manifest) ships nothing: the
+/// contract's manifest validation refuses the whole manifest for it, naming the key.
+pub fn publish_files(
+    manifest: &Manifest,
+    artifacts: &Path,
+    contract: &Contract,
+) -> Vec<ShippedFile> {
     let mut files = Vec::new();
     for e in manifest.models() {
         let dir = artifacts.join(e.id().as_str());
@@ -131,6 +137,9 @@ pub fn publish_files(manifest: &Manifest, artifacts: &Path) -> Vec<ShippedFile> 
             size: e.artifact_size().map(|s| s.get()),
         });
         for (variant, a) in e.accelerators() {
+            if variant != contract.accelerator.key {
+                continue;
+            }
             let Some(name) = e.accelerator_file_name(&variant) else {
                 continue;
             };
@@ -316,7 +325,7 @@ pub fn gate_publish(
     if !checks_anything(contract) {
         return Ok(Vec::new());
     }
-    let mut files = publish_files(manifest, artifacts);
+    let mut files = publish_files(manifest, artifacts, contract);
     if let Some(op) = openpilot {
         files.extend(tree_files(op));
     }

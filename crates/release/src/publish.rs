@@ -197,6 +197,26 @@ pub fn run(
     if let Some(ws) = &req.workspace {
         crate::flags::check_gpu_flags(manifest, ws)?;
     }
+    // The manifest's own contract rules before any artifact is read: a manifest its contract
+    // refuses as a whole (a v26 `chestnut` key, an id not in the tree's catalog) is named for
+    // that, not for a file it makes the gate look for.
+    {
+        let (pins, tree) = crate::tree::load_tree(req.openpilot.as_deref())?;
+        let rules = artifact_store::publish::Contract {
+            pins,
+            add_models: Default::default(),
+            drop_models: Default::default(),
+            tree,
+        };
+        let problems = manifest.validate_for_contract(
+            manifest::ValidationMode::Release,
+            rules.of(req.generation),
+            &rules.expectation(req.generation),
+        );
+        if !problems.is_empty() {
+            return Err(artifact_store::Error::from(manifest::Error::Invalid(problems)).into());
+        }
+    }
     // The runtime gate: every driving artifact's stamp and every build receipt (contracts
     // that have them), before any store is opened.
     let checked = crate::loadable::gate_publish(
