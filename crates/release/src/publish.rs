@@ -197,6 +197,14 @@ pub fn run(
     if let Some(ws) = &req.workspace {
         crate::flags::check_gpu_flags(manifest, ws)?;
     }
+    // A signature covers only what the manifest states: a signed publish of a manifest that
+    // leaves an artifact's size, digest or count unstated is named for that, with the command
+    // that writes them into this manifest, before any other rule (checked again on the merged
+    // manifest below).
+    if !req.sign_keys.is_empty() {
+        signing::require_covered(manifest, &req.manifest_path.display().to_string())
+            .map_err(Error::SignRefused)?;
+    }
     // The manifest's own contract rules before any artifact is read: a manifest its contract
     // refuses as a whole (a v26 `chestnut` key, an id not in the tree's catalog) is named for
     // that, not for a file it makes the gate look for.
