@@ -905,12 +905,8 @@ impl Watcher {
                 )),
             }
         }
-        let report = RunningReport::of(&running, expected.as_ref());
-        let line = report.lines().join("; ");
-        if self.last_line.as_deref() != Some(line.as_str()) {
-            log(&line);
-            self.last_line = Some(line);
-        }
+        // The UI's param first, then the log: whoever reads the log line finds the param
+        // already saying what runs.
         if let RunningModel::Loaded(r) = &running {
             let shown = (
                 r.model_id.clone(),
@@ -926,6 +922,12 @@ impl Watcher {
                 });
                 self.last_shown = Some(shown);
             }
+        }
+        let report = RunningReport::of(&running, expected.as_ref());
+        let line = report.lines().join("; ");
+        if self.last_line.as_deref() != Some(line.as_str()) {
+            log(&line);
+            self.last_line = Some(line);
         }
     }
 }
