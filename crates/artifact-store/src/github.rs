@@ -170,7 +170,6 @@ impl GithubStore {
     /// the orphaned `git push` of a killed one) to end. Its descriptor stays close-on-exec:
     /// [`git_command`](Self::git_command) hands it to this store's own `git` children only.
     fn take_lock(&self, git_dir: &Path, wait: Duration) -> Result<std::fs::File> {
-        use std::os::fd::AsRawFd;
         let path = git_dir.join(LOCK_FILE);
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -181,13 +180,20 @@ impl GithubStore {
                 what: path.display().to_string(),
                 source,
             })?;
-        let fd = file.as_raw_fd();
         let began = Instant::now();
         let mut said = false;
         loop {
-            // SAFETY: plain flock(2) on a descriptor we own.
-            if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                break;
+            // std's file lock is flock(2) on Unix: held by the open file description, so the
+            // `git` children that inherit the descriptor keep holding it.
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(source)) => {
+                    return Err(Error::StoreRead {
+                        what: path.display().to_string(),
+                        source,
+                    });
+                }
             }
             if began.elapsed() >= wait {
                 return Err(self.refuse(format!(

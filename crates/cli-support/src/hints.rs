@@ -93,6 +93,7 @@ pub fn is_placeholder(word: &str) -> bool {
 
 /// Whether the hint's own words (outside its commands, backticked or bare) say what
 /// `placeholder` stands for.
+#[cfg(feature = "cli")]
 fn explained(hint: &str, bin: &str, placeholder: &str) -> bool {
     let prose: String = match bare_command(hint, bin) {
         Some(bare) => format!("{} {}", &hint[..bare.start], &hint[bare.end..]),
@@ -108,6 +109,7 @@ fn explained(hint: &str, bin: &str, placeholder: &str) -> bool {
 /// refusal (unknown subcommand or flag, a required flag missing, a bad value that is not a
 /// placeholder) and each placeholder the hint does not explain. An empty list: it runs as
 /// printed.
+#[cfg(feature = "cli")]
 pub fn check_hint(cmd: &clap::Command, bin: &str, hint: &str) -> Vec<String> {
     let top: Vec<&str> = cmd.get_subcommands().map(|s| s.get_name()).collect();
     let mut problems = Vec::new();
@@ -150,7 +152,7 @@ pub fn check_hint(cmd: &clap::Command, bin: &str, hint: &str) -> Vec<String> {
     problems
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cli"))]
 mod tests {
     use super::*;
 

@@ -4,10 +4,13 @@
 //! [`NextStep`]), the layout of a download's progress line ([`progress`]) and stopping on
 //! SIGTERM/SIGINT ([`stop`]).
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
+#[cfg(feature = "cli")]
+use std::ffi::OsString;
 use std::io::{self, IsTerminal, Write};
 use std::sync::OnceLock;
 
+#[cfg(feature = "cli")]
 use clap_complete::Shell;
 
 pub mod hints;
@@ -24,6 +27,7 @@ pub use stop::stop_on_signals;
 /// falls back to file names. The arms are relabelled the way the loop spells them.
 ///
 /// `-v`'s help in the script is the binary's own (the text [`parse`] was given), as in `--help`.
+#[cfg(feature = "cli")]
 pub fn completion_script(shell: Shell, cmd: &mut clap::Command, bin: &str) -> Vec<u8> {
     let mut script = Vec::new();
     if let Some(help) = VERBOSE_HELP.get() {
@@ -40,6 +44,7 @@ pub fn completion_script(shell: Shell, cmd: &mut clap::Command, bin: &str) -> Ve
 /// Rewrite `case` arm labels spelled `a__subcmd__b[__subcmd__…])` for a binary `a-b` to the
 /// loop's spelling `a__b[__subcmd__…])`. Only lines that start (after indentation) with the wrong
 /// spelling followed by `)` or a subcommand separator are touched.
+#[cfg(feature = "cli")]
 fn relabel_bash_arms(script: &str, bin: &str) -> String {
     const SEP: &str = "__subcmd__";
     let wrong = bin.replace('-', SEP);
@@ -160,7 +165,8 @@ impl Failure {
 
 /// `--color WHEN`: `auto` colours a terminal unless `NO_COLOR` is set; the flag, asked for on
 /// this one run, overrides `NO_COLOR` (<https://no-color.org>).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum ColorChoice {
     Auto,
     Always,
@@ -188,6 +194,7 @@ pub enum Verbosity {
 }
 
 /// The output flags both binaries take before or after any subcommand.
+#[cfg(feature = "cli")]
 #[derive(Debug, Clone, clap::Args)]
 pub struct OutputFlags {
     /// Print only the requested output on stdout plus errors and warnings on stderr: no progress
@@ -224,6 +231,7 @@ pub struct OutputFlags {
     pub color: ColorChoice,
 }
 
+#[cfg(feature = "cli")]
 impl OutputFlags {
     pub fn verbosity(&self) -> Verbosity {
         match (self.quiet, self.verbose) {
@@ -237,6 +245,7 @@ impl OutputFlags {
 static FLAGS: OnceLock<(Verbosity, ColorChoice)> = OnceLock::new();
 
 /// The binary's help for `-v`, recorded by [`parse`] for [`completion_script`].
+#[cfg(feature = "cli")]
 static VERBOSE_HELP: OnceLock<&'static str> = OnceLock::new();
 
 /// The run's verbosity, set once by [`parse`] (`Normal` before that, e.g. in unit tests).
@@ -308,6 +317,7 @@ macro_rules! detail {
 
 /// The last `--color WHEN` (or `--color=WHEN`) before a `--` in `args`; clap checks the value
 /// itself later, so an unknown one here is `auto`.
+#[cfg(feature = "cli")]
 fn color_flag(args: &[OsString]) -> ColorChoice {
     use clap::ValueEnum;
     let mut choice = ColorChoice::Auto;
@@ -328,6 +338,7 @@ fn color_flag(args: &[OsString]) -> ColorChoice {
 /// Parse the process's arguments into `C`, with clap's own styling (help, errors) coloured by
 /// the same rule as the rest of the output, `verbose_help` as `-v`'s help, and the run's
 /// verbosity recorded for [`info!`] and [`detail!`]. `flags` picks the [`OutputFlags`] out of `C`.
+#[cfg(feature = "cli")]
 pub fn parse<C: clap::Parser>(verbose_help: &'static str, flags: fn(&C) -> &OutputFlags) -> C {
     let args: Vec<OsString> = std::env::args_os().collect();
     let colour = use_colour(
@@ -362,6 +373,7 @@ pub fn parse<C: clap::Parser>(verbose_help: &'static str, flags: fn(&C) -> &Outp
 /// The error document for a usage error the argument parser found itself (an unknown flag, a
 /// missing argument, a bad value) when `--json` was asked for before any `--`: kind `usage`, the
 /// exit code stays clap's 2. `None` without `--json`, and for `--help`/`--version` (success).
+#[cfg(feature = "cli")]
 fn usage_error_json(args: &[OsString], e: &clap::Error) -> Option<String> {
     let json = args
         .iter()
@@ -383,7 +395,7 @@ fn usage_error_json(args: &[OsString], e: &clap::Error) -> Option<String> {
     Some(failure.json_document())
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cli"))]
 mod tests {
     #[test]
     fn capture_info_keeps_this_threads_lines() {

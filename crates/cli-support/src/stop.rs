@@ -1,37 +1,21 @@
 //! Stopping on SIGTERM and SIGINT: a long-running command (`release-cli serve`) waits on
 //! [`stop_on_signals`]'s flag and ends normally, exit 0, instead of being killed by the signal
-//! (exit 143 or 130). The handler only stores to an atomic; a thread relays it to the flag.
+//! (exit 143 or 130). The handler only stores to the flag.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// Set by the signal handler.
-static SIGNALLED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop_signal(_: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    SIGNALLED.store(true, Ordering::SeqCst);
-}
-
 /// Install handlers for SIGTERM and SIGINT and return a flag that becomes true once either
-/// arrives (within about 20 ms). After this, neither signal kills the process: the caller
-/// must poll the flag and end.
+/// arrives. After this, neither signal kills the process: the caller must poll the flag and
+/// end. The handlers are signal-hook's, which only store to the flag (async-signal-safe).
 pub fn stop_on_signals() -> Arc<AtomicBool> {
-    for sig in [libc::SIGTERM, libc::SIGINT] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe {
-            libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t);
-        }
-    }
     let stopping = Arc::new(AtomicBool::new(false));
-    let relay = stopping.clone();
-    std::thread::spawn(move || {
-        while !SIGNALLED.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        relay.store(true, Ordering::SeqCst);
-    });
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        // Registration fails only for a forbidden signal (SIGKILL, SIGSTOP, …), never these.
+        signal_hook::flag::register(sig, stopping.clone())
+            .expect("SIGTERM and SIGINT can be handled");
+    }
     stopping
 }
 
