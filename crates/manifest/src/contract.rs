@@ -454,7 +454,7 @@ pub struct TreeCatalogRow {
     pub version: BehaviorVersion,
     /// Whether the model runs on the external GPU.
     pub uses_external_gpu: bool,
-    /// Whether the model may be offered in the Model Lab.
+    /// The row's `model_lab_eligible` (v26: an `amd` variant needs it true).
     pub model_lab_eligible: bool,
 }
 

@@ -26,7 +26,7 @@ pub struct NewEntry {
     pub name: ModelName,
     /// The behaviour version.
     pub version: BehaviorVersion,
-    /// The `series` the model belongs to (free text, shown grouped on devices).
+    /// The `series` (model family) it belongs to.
     pub series: String,
     /// The `released` date.
     pub released: ReleaseDate,

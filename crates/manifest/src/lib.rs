@@ -143,13 +143,13 @@ pub mod keys {
 
     /// `small` or `chestnut`.
     pub const MODEL_SIZE: &str = "model_size";
-    /// Whether the model may be offered in the Model Lab.
+    /// A bool seen in the field; under the v26 contract an `amd` variant needs it true.
     pub const MODEL_LAB_ELIGIBLE: &str = "model_lab_eligible";
     /// Extra builds of the model for accelerators, keyed by variant (`chestnut`).
     pub const ACCELERATOR_ARTIFACTS: &str = "accelerator_artifacts";
     /// The logical artifact's file name, when not `<id>_driving_tinygrad.pkl`.
     pub const ARTIFACT_FILENAME: &str = "artifact_filename";
-    /// An http(s) URL the artifact may be fetched from instead of the store layout.
+    /// An http(s) URL seen in the field; checked when present, never used to download.
     pub const ARTIFACT_URL: &str = "artifact_url";
     /// Inside an `accelerator_artifacts` variant (`"AMD"` for Chestnut).
     pub const EXECUTION_DEVICE: &str = "execution_device";
