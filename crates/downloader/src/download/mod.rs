@@ -49,9 +49,9 @@ pub struct DownloadConfig {
     pub ranges_per_chunk: usize,
     /// Tries per range before the origin counts as failed.
     pub max_attempts: u32,
-    /// Wait before the first retry; it doubles with each retry.
+    /// Wait before the first retry; it doubles with each retry, and jitter adds up to half again.
     pub backoff_base: Duration,
-    /// The longest wait between retries.
+    /// The cap on that doubling (before jitter).
     pub backoff_max: Duration,
     /// Free space required beyond the artifact itself.
     pub space_margin: u64,
