@@ -27,6 +27,7 @@ pub fn run(full: bool) -> Result<(), String> {
         "-D",
         "warnings",
     ])?;
+    linked_crate_docs()?;
     let log = util::target_dir().join("tmp").join("ci-skips.log");
     std::fs::create_dir_all(log.parent().unwrap_or(&log))
         .map_err(|e| format!("{}: {e}", log.display()))?;
@@ -42,6 +43,36 @@ pub fn run(full: bool) -> Result<(), String> {
     docs::run(true)?;
     eprintln!("{summary}");
     Ok(())
+}
+
+/// The library crates other programs link. Their `#![warn(missing_docs)]` already fails clippy
+/// above; rustdoc alone sees broken or private intra-doc links and malformed doc markup.
+const LINKED_CRATES: [&str; 4] = ["chunker", "manifest", "downloader", "artifact-store"];
+
+/// `cargo doc --no-deps` of [`LINKED_CRATES`] with rustdoc's warnings as errors (issue 38
+/// item 4). Their doc examples run with the tests.
+fn linked_crate_docs() -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut args = vec!["doc", "--no-deps", "--locked"];
+    for c in LINKED_CRATES {
+        args.extend(["-p", c]);
+    }
+    eprintln!("$ RUSTDOCFLAGS='-D warnings' cargo {}", args.join(" "));
+    let status = Command::new(cargo)
+        .args(&args)
+        .current_dir(util::root())
+        .env("RUSTDOCFLAGS", "-D warnings")
+        .status()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`cargo {}` failed ({status}): a public item of a linked crate lacks docs or a doc \
+             link is broken; see the errors above",
+            args.join(" ")
+        ))
+    }
 }
 
 /// `cargo test --workspace --locked`, its stdout echoed line by line and its `test result:`

@@ -17,7 +17,9 @@ pub enum Error {
     /// `what` names the store and the path in it.
     #[error("reading {what} failed: {source}")]
     StoreRead {
+        /// The store and the path in it.
         what: String,
+        /// The read error.
         #[source]
         source: io::Error,
     },
@@ -25,7 +27,9 @@ pub enum Error {
     /// A child process (`git`) could not be started or waited for.
     #[error("could not run {program}: {source}")]
     Child {
+        /// The program.
         program: String,
+        /// Why it could not run.
         #[source]
         source: io::Error,
     },
@@ -33,60 +37,109 @@ pub enum Error {
     /// `serve`'s listening socket or accept thread could not be set up.
     #[error("serve: could not {what}: {source}")]
     Serve {
+        /// What was being set up (`bind the listen address`, `start the accept thread`, ...).
         what: &'static str,
+        /// The I/O error.
         #[source]
         source: io::Error,
     },
 
+    /// A string that is not a valid store path (absolute, `..`, empty segments, control
+    /// characters).
     #[error("invalid store path {path:?}: {reason}")]
-    InvalidPath { path: String, reason: String },
+    InvalidPath {
+        /// The string.
+        path: String,
+        /// Why it is refused.
+        reason: String,
+    },
 
+    /// A store name that does not parse, or a store that cannot be opened as named; the message
+    /// lists the accepted forms.
     #[error(
         "invalid store {spec:?}: {reason}; accepted forms: {}",
         crate::refusal::ACCEPTED_STORE_FORMS
     )]
-    InvalidStore { spec: String, reason: String },
-
-    #[error("{store}: {path} not found")]
-    NotFound { store: String, path: String },
-
-    #[error("{store}: {path} cannot be stored here: {reason}")]
-    Unsupported {
-        store: String,
-        path: String,
+    InvalidStore {
+        /// The store name as given.
+        spec: String,
+        /// Why it is refused.
         reason: String,
     },
 
+    /// The file is not in the store: a definite answer (see [`Error::is_not_found`]).
+    #[error("{store}: {path} not found")]
+    NotFound {
+        /// The store, as described.
+        store: String,
+        /// The store path.
+        path: String,
+    },
+
+    /// The store cannot hold this path or operation (a GitHub branch holds only the branch layout;
+    /// a Hub repository is read-only).
+    #[error("{store}: {path} cannot be stored here: {reason}")]
+    Unsupported {
+        /// The store, as described.
+        store: String,
+        /// The store path.
+        path: String,
+        /// Why not.
+        reason: String,
+    },
+
+    /// An HTTP request could not be made or its body not read (connect, TLS, timeout, reset).
     #[error("HTTP request {method} {url} failed: {message}")]
     Http {
+        /// The method (`GET`, `HEAD`, ...).
         method: &'static str,
+        /// The URL.
         url: String,
+        /// What failed.
         message: String,
     },
 
+    /// An HTTP request answered with a status that is not success.
     #[error("HTTP {method} {url} answered {status}{hint}")]
     HttpStatus {
+        /// The method.
         method: &'static str,
+        /// The URL.
         url: String,
+        /// The status code.
         status: u16,
+        /// A next step for the status (for 401/403: the token), or empty.
         hint: &'static str,
     },
 
+    /// An HTTP answer that is not what the API promises (a listing that is not JSON, a pagination
+    /// link leaving the API, ...).
     #[error("unexpected answer from {url}: {reason}")]
-    BadResponse { url: String, reason: String },
+    BadResponse {
+        /// The URL.
+        url: String,
+        /// What is wrong with the answer.
+        reason: String,
+    },
 
+    /// The `hf` CLI could not be started; the message says how to install it or point at it.
     #[error(
         "could not run the Hugging Face CLI {program:?}: {source}; install it (pip install huggingface_hub==2.4.0 hf-xet==1.8.0, the versions tested) or pass --hf-cli PATH / set HF_CLI"
     )]
     HfCliMissing {
+        /// The program tried.
         program: String,
+        /// Why it could not be started.
         #[source]
         source: io::Error,
     },
 
+    /// The `hf` CLI ran and failed.
     #[error("`{command}` failed ({status}): {kind}: {stderr}")]
     HfCli {
+        /// The command line, with any token redacted.
         command: String,
+        /// Its exit status.
         status: String,
         /// What the failure means, read from the CLI's own words.
         kind: HfFailure,
@@ -94,69 +147,108 @@ pub enum Error {
         stderr: String,
     },
 
+    /// The GitHub checkout cannot be published from (dirty, another branch, not in sync with its
+    /// origin, locked by another publish, ...); nothing was written.
     #[error("git checkout {checkout}: {reason}")]
-    GitRefused { checkout: PathBuf, reason: String },
+    GitRefused {
+        /// The checkout.
+        checkout: PathBuf,
+        /// Why.
+        reason: String,
+    },
 
     /// `git push` was rejected (the branch moved, protection, no permission); the commit stays
     /// in the checkout.
     #[error("git checkout {checkout}: push to {remote}/{branch} was rejected: {stderr}")]
     PushRejected {
+        /// The checkout.
         checkout: PathBuf,
+        /// The remote pushed to.
         remote: String,
+        /// The branch pushed.
         branch: String,
+        /// git's error output.
         stderr: String,
     },
 
+    /// A git command failed.
     #[error("`git {args}` in {checkout} failed ({status}): {stderr}")]
     Git {
+        /// The checkout it ran in.
         checkout: PathBuf,
+        /// Its arguments.
         args: String,
+        /// Its exit status.
         status: String,
+        /// git's error output.
         stderr: String,
     },
 
+    /// A manifest could not be parsed, or a value is invalid.
     #[error("{0}")]
     Manifest(#[from] manifest::Error),
 
+    /// A chunk set could not be read, split or verified.
     #[error("{0}")]
     Chunk(#[from] chunker::Error),
 
+    /// The release guard refused to replace the store's live manifest: it lists every unexpected
+    /// change.
     #[error("{store}: {refusal}")]
     Guard {
+        /// The store.
         store: String,
+        /// Every unexpected change.
         #[source]
         refusal: manifest::GuardRefusal,
     },
 
+    /// Writing a file failed on every attempt of the [`crate::retry::RetryPolicy`].
     #[error("{store}: upload of {path} failed after {attempts} attempts: {last}")]
     UploadFailed {
+        /// The store.
         store: String,
+        /// The store path.
         path: String,
+        /// Attempts made.
         attempts: u32,
+        /// The last attempt's error.
         last: Box<Error>,
     },
 
     /// Publish refused before writing the manifest: what was checked and what is wrong.
     #[error("refusing to publish to {store}:{}", ProblemLines(problems))]
     Incomplete {
+        /// The store.
         store: String,
+        /// Every problem found, per model.
         problems: Vec<crate::refusal::StoreProblem>,
     },
 
+    /// The manifest's tinygrad pin is not its generation's, or the pin table refuses it.
     #[error("publish refused: {refusal}")]
     Pin {
+        /// Why.
         #[source]
         refusal: manifest::PinRefusal,
     },
 
+    /// The new generation departs from the previous one's live manifest in a way the release
+    /// contract does not allow (a version or GPU flag changed, a model added or dropped without
+    /// being named, an artifact carried over).
     #[error(
         "refusing to publish {generation} to {store}: it departs from {previous} ({path}):\n{refusal}"
     )]
     GenerationGuard {
+        /// The store.
         store: String,
+        /// The generation published.
         generation: manifest::Generation,
+        /// The generation before it, whose live manifest was compared.
         previous: manifest::Generation,
+        /// The previous manifest's store path.
         path: String,
+        /// Every departure.
         #[source]
         refusal: manifest::GenerationRefusal,
     },
@@ -167,8 +259,11 @@ pub enum Error {
         "cannot tell whether GitHub would be ahead of the Hub: reading {hub} {path} failed: {source}; nothing was written"
     )]
     HubUnreadable {
+        /// The Hub store.
         hub: String,
+        /// The manifest's store path on it.
         path: String,
+        /// Why it could not be read.
         #[source]
         source: Box<Error>,
     },
@@ -179,22 +274,34 @@ pub enum Error {
 
     /// A signing or verifying key that cannot be used (never shows the key itself).
     #[error("key {}: {message}", path.display())]
-    Signing { path: PathBuf, message: String },
+    Signing {
+        /// The key file.
+        path: PathBuf,
+        /// What is wrong (never the key itself).
+        message: String,
+    },
 
     /// A public key file that cannot be read (missing, not a regular file, too large) or holds
     /// no key.
     #[error("key {}: {message}", path.display())]
-    PublicKeyFile { path: PathBuf, message: String },
+    PublicKeyFile {
+        /// The public key file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
 
     /// A secret key that cannot sign; the [`crate::signing::KeyProblem`] is the cause and the
     /// next step (never the key itself).
     #[error("key {}: {problem}", path.display())]
     Key {
+        /// The key file.
         path: PathBuf,
+        /// Why it cannot sign.
         problem: crate::refusal::KeyProblem,
     },
 
-    /// A reuse refused before anything was written; match on the [`ReuseRefusal`].
+    /// A reuse refused before anything was written; match on the [`crate::reuse::ReuseRefusal`].
     #[error("reuse refused: {0}")]
     ReuseRefused(crate::refusal::ReuseRefusal),
 }
@@ -205,63 +312,108 @@ pub enum Error {
 pub enum Refusal {
     /// A directory in the artifacts directory whose name is not a model ID.
     NotAModelId {
+        /// The directory.
         path: PathBuf,
+        /// Why its name is not a model ID.
         source: manifest::Error,
     },
     /// A model directory in the artifacts directory without an entry in the new manifest.
     NoManifestEntry {
+        /// The model directory.
         path: PathBuf,
+        /// The model it is named for.
         model: manifest::ModelId,
     },
     /// Artifact files lying directly in the artifacts directory (a flat `chunk split` output).
-    LooseFiles { dir: PathBuf, loose: Vec<String> },
+    LooseFiles {
+        /// The artifacts directory.
+        dir: PathBuf,
+        /// The loose file names.
+        loose: Vec<String>,
+    },
     /// A model to upload whose manifest entry has no artifact fields.
-    NoArtifactFields { model: manifest::ModelId },
+    NoArtifactFields {
+        /// The model.
+        model: manifest::ModelId,
+    },
     /// A model to upload whose entry says one plain file (`artifact_chunk_count` 0).
-    PlainFileCount { model: manifest::ModelId },
+    PlainFileCount {
+        /// The model.
+        model: manifest::ModelId,
+    },
     /// A model to upload whose local artifact is not a chunk set.
-    NotAChunkSet { path: PathBuf, form: &'static str },
+    NotAChunkSet {
+        /// The local artifact.
+        path: PathBuf,
+        /// The form found instead (`plain`, `legacy`).
+        form: &'static str,
+    },
     /// The previous generation's live manifest, which the generation guard needs, does not parse.
     PreviousUnparsable {
+        /// The store.
         store: String,
+        /// The previous generation's manifest path.
         path: manifest::StorePath,
+        /// Why it does not parse.
         source: manifest::Error,
     },
     /// The live manifest to be replaced does not parse.
     LiveUnparsable {
+        /// The store.
         store: String,
+        /// The live manifest's path.
         path: manifest::StorePath,
+        /// Why it does not parse.
         source: manifest::Error,
     },
     /// A Hugging Face store given after a GitHub one.
-    StoreOrder { hf: String, github: String },
+    StoreOrder {
+        /// The Hugging Face store.
+        hf: String,
+        /// The GitHub store before it.
+        github: String,
+    },
     /// GitHub without the Hub, and the Hub does not serve this manifest.
     GithubAheadOfHub {
+        /// The Hub store.
         hub: String,
+        /// The manifest's store path.
         path: String,
+        /// Whether the Hub serves a manifest there at all (another one than this).
         hub_has_one: bool,
     },
     /// `--github-only` with an empty reason.
     GithubOnlyNoReason,
     /// The manifest's own `generation` is not `--generation`.
     GenerationMismatch {
+        /// The manifest's `generation`.
         manifest: manifest::Generation,
+        /// The `--generation` given.
         flag: manifest::Generation,
     },
     /// Signing was asked for with no key.
     NoSigningKey,
     /// A live signature none of the signing keys verifies hides its release number.
-    LiveSignatureUnverified { store: String, comment: String },
+    LiveSignatureUnverified {
+        /// The store.
+        store: String,
+        /// The signature's trusted comment, unverified.
+        comment: String,
+    },
     /// An unsigned publish to a store that holds a signature for the generation: the old
     /// signature would stay beside the new manifest and every device with keys would refuse it.
     SignedStore {
+        /// The store.
         store: String,
+        /// The signature file's path.
         path: manifest::StorePath,
     },
     /// Signing a manifest some of whose downloadable artifacts lack a size, SHA-256 or chunk
     /// count: the signature would not cover their bytes.
     Uncovered {
+        /// The manifest, as named in messages.
         manifest: String,
+        /// Each artifact the signature would not cover, with the missing fields.
         uncovered: Vec<manifest::signature::Uncovered>,
     },
 }
@@ -427,6 +579,7 @@ pub enum HfFailure {
     ConfirmationRequired,
     /// The source of a copy is not there.
     SourceMissing,
+    /// Any other failure.
     Other,
 }
 
@@ -436,6 +589,7 @@ impl HfFailure {
         !matches!(self, HfFailure::Other | HfFailure::BatchFailed)
     }
 
+    /// What to do about this failure, as one sentence for the user.
     pub fn next_step(self) -> &'static str {
         match self {
             HfFailure::BucketMissing => {
@@ -471,6 +625,7 @@ impl std::fmt::Display for HfFailure {
     }
 }
 
+/// This crate's result type, with [`Error`] as the default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// `Incomplete`'s problems, one indented line each.

@@ -59,6 +59,10 @@ pub(crate) fn github_to_bucket(path: &StorePath) -> Option<StorePath> {
     StoreLayout::GithubBranch.translate(path, StoreLayout::HfBucket)
 }
 
+/// The GitHub `Models` branch as a [`Store`]: a clean checkout of the branch, written one commit
+/// per file and pushed in batches (module docs). Open it with [`GithubStore::open`], which refuses
+/// a checkout that is dirty, on another branch or behind its origin, and holds the checkout's
+/// publish lock while the store lives.
 #[derive(Debug, Clone)]
 pub struct GithubStore {
     checkout: PathBuf,
@@ -74,7 +78,9 @@ pub struct GithubStore {
 /// Commits made and not yet pushed, and the bytes of the files they wrote.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Unpushed {
+    /// Commits waiting to be pushed.
     pub commits: u32,
+    /// Bytes of the files they wrote.
     pub bytes: u64,
 }
 
@@ -282,10 +288,12 @@ impl GithubStore {
         Ok(())
     }
 
+    /// The checkout's working tree.
     pub fn checkout(&self) -> &Path {
         &self.checkout
     }
 
+    /// The branch published to.
     pub fn branch(&self) -> &str {
         &self.branch
     }

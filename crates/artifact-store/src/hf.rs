@@ -64,6 +64,7 @@ pub const MAX_STALLED_PAGES: usize = 3;
 pub struct HfConfig {
     /// `https://huggingface.co` unless `HF_ENDPOINT` says otherwise; no trailing slash.
     pub endpoint: String,
+    /// The Hub token (`HF_TOKEN`), when set; never shown in messages.
     pub token: Option<String>,
     /// The `hf` CLI: `--hf-cli`, else `HF_CLI`, else `hf` on PATH.
     pub cli: PathBuf,
@@ -126,6 +127,8 @@ impl std::fmt::Debug for HubHttp {
 }
 
 impl HubHttp {
+    /// An HTTP client for `config`'s endpoint and token. [`Error::InvalidStore`] when the endpoint
+    /// is not a URL.
     pub fn new(config: &HfConfig) -> Result<Self> {
         let endpoint = Url::parse(&config.endpoint).map_err(|e| Error::InvalidStore {
             spec: config.endpoint.clone(),
@@ -150,6 +153,7 @@ impl HubHttp {
         })
     }
 
+    /// The endpoint URL, without a trailing `/`.
     pub fn endpoint(&self) -> &str {
         self.endpoint.as_str().trim_end_matches('/')
     }
@@ -563,6 +567,7 @@ pub struct HfCli {
 }
 
 impl HfCli {
+    /// The CLI as `config` names it; its private `HF_HOME` is made on first use.
     pub fn new(config: HfConfig) -> Self {
         Self {
             config,
@@ -781,6 +786,9 @@ impl HfCli {
     }
 }
 
+/// A Hugging Face bucket as a [`Store`]: read over HTTP (resolve URLs and the tree API, paginated
+/// under [`Pagination`]'s guard), written, copied server-side and removed through the `hf` CLI.
+/// Paths are the bucket layout itself.
 #[derive(Debug, Clone)]
 pub struct HfBucketStore {
     /// `NS/NAME`.
@@ -835,6 +843,7 @@ impl HfBucketStore {
         self
     }
 
+    /// The bucket, `NS/NAME`.
     pub fn bucket(&self) -> &str {
         &self.bucket
     }
@@ -858,6 +867,7 @@ impl HfBucketStore {
         }
     }
 
+    /// The `hf` CLI this store writes through.
     pub fn cli(&self) -> &HfCli {
         &self.cli
     }
@@ -1023,6 +1033,7 @@ pub struct Pagination {
 }
 
 impl Pagination {
+    /// A guard for a listing whose first page is `first`, refusing more than `max_pages` pages.
     pub fn new(first: &str, max_pages: usize) -> Self {
         let parsed = Url::parse(first).ok();
         let mut seen = HashSet::new();

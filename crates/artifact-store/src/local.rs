@@ -18,6 +18,8 @@ use crate::store::{FileStat, ListEntry, Store};
 /// there (and at the start), so a file larger than this has more than one report.
 pub const COPY_REPORT_BYTES: u64 = 4 << 20;
 
+/// A directory as a [`Store`]: store paths are paths under the root, every write is atomic
+/// (temporary, fsync, rename, fsync of the directory), and a server-side copy is a local copy.
 #[derive(Debug, Clone)]
 pub struct LocalStore {
     root: PathBuf,
@@ -29,6 +31,7 @@ impl LocalStore {
         Self { root: root.into() }
     }
 
+    /// The root directory.
     pub fn root(&self) -> &Path {
         &self.root
     }

@@ -30,22 +30,32 @@ use crate::store::{FileStat, ListEntry, Store};
 /// A parsed store name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreSpec {
+    /// A local directory (`file:PATH`, or a plain path).
     Local(PathBuf),
+    /// A Hugging Face bucket (`hf://buckets/NS/NAME`).
     HfBucket {
+        /// `NS/NAME`.
         bucket: String,
     },
+    /// A checkout of the GitHub `Models` branch (`github:PATH`).
     Github(PathBuf),
     /// `hf://datasets/ORG/REPO` or `hf://models/ORG/REPO`, read-only (a reuse source).
     HfRepo {
+        /// `datasets` or `models`.
         kind: RepoKind,
+        /// `ORG/REPO`.
         repo: String,
+        /// The revision after `@`, when given.
         revision: Option<String>,
     },
 }
 
+/// The kind of a Hugging Face repository.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RepoKind {
+    /// `hf://datasets/...`.
     Datasets,
+    /// `hf://models/...`.
     Models,
 }
 
@@ -82,7 +92,9 @@ impl fmt::Display for StoreSpec {
 /// A store and a path inside it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Location {
+    /// The store.
     pub store: StoreSpec,
+    /// The path inside it.
     pub path: StorePath,
 }
 
@@ -185,10 +197,12 @@ impl StoreSpec {
         Ok(StoreSpec::Local(PathBuf::from(spec)))
     }
 
+    /// Whether the store is on the Hugging Face Hub (a bucket or a repository).
     pub fn is_hf(&self) -> bool {
         matches!(self, StoreSpec::HfBucket { .. } | StoreSpec::HfRepo { .. })
     }
 
+    /// Whether the store is a GitHub checkout.
     pub fn is_github(&self) -> bool {
         matches!(self, StoreSpec::Github(_))
     }
@@ -317,6 +331,8 @@ pub struct HfRepoStore {
 }
 
 impl HfRepoStore {
+    /// A read-only store over a Hub repository at `revision` (default `main`).
+    /// [`Error::InvalidStore`] when the endpoint is not a URL.
     pub fn new(
         kind: RepoKind,
         repo: &str,

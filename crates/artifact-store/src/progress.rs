@@ -37,13 +37,26 @@ pub enum Measure {
 pub enum Transfer {
     /// `done` bytes of the file being written have reached the store, as `measure` counts them
     /// (`done` 0 announces the measure at the start of the file).
-    File { done: u64, measure: Measure },
+    File {
+        /// Bytes of the file reached the store so far.
+        done: u64,
+        /// What `done` counts.
+        measure: Measure,
+    },
     /// The file (`bytes` long) is committed in the local checkout and waits for a push (a
     /// `github:` store): it counts as sent once a push ends.
-    Staged { bytes: u64 },
+    Staged {
+        /// The file's size.
+        bytes: u64,
+    },
     /// A `git push` is under way: `written` bytes of pack written to the remote so far (git's
     /// "Writing objects" figure), for commits of `waiting` bytes of files.
-    Push { written: u64, waiting: u64 },
+    Push {
+        /// Bytes of pack written so far.
+        written: u64,
+        /// Bytes of the files the pushed commits carry.
+        waiting: u64,
+    },
     /// The push ended: every staged file is on the remote.
     Pushed,
 }
@@ -144,11 +157,26 @@ fn strip_ansi(s: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HfLine {
     /// A file's own bar (its description is the local path, indented by two spaces).
-    File { done: u64, total: u64 },
+    File {
+        /// Bytes done.
+        done: u64,
+        /// Bytes in all.
+        total: u64,
+    },
     /// "Processing Files (a / b)": every file of the call.
-    Processing { done: u64, total: u64 },
+    Processing {
+        /// Files done.
+        done: u64,
+        /// Files in all.
+        total: u64,
+    },
     /// "New Data Upload": bytes sent after deduplication.
-    NewData { done: u64, total: u64 },
+    NewData {
+        /// Bytes sent.
+        done: u64,
+        /// Bytes to send.
+        total: u64,
+    },
 }
 
 /// Parse one segment (see [`segments`]) of the `hf` CLI's stderr; `None` for anything that is

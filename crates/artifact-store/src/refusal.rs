@@ -19,21 +19,41 @@ pub const PASSPHRASE_ENV: &str = "STARPILOT_SIGN_PASSPHRASE";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyProblem {
     /// The file cannot be read (missing, not a regular file, too large): the reason names it.
-    File { reason: String },
+    File {
+        /// Why, naming the file.
+        reason: String,
+    },
     /// A `.pub` file was given where the secret key is needed.
     PublicKeyGiven,
     /// Not the two-line minisign format, or not base64, or the wrong length.
-    NotASecretKey { reason: String },
+    NotASecretKey {
+        /// What is wrong.
+        reason: String,
+    },
     /// A field names an algorithm minisign does not write.
-    Unsupported { field: &'static str, found: String },
+    Unsupported {
+        /// The field.
+        field: &'static str,
+        /// The value found.
+        found: String,
+    },
     /// An encrypted key, and no passphrase could be had.
-    NoPassphrase { reason: String },
+    NoPassphrase {
+        /// Why (no terminal, the environment variable unset, ...).
+        reason: String,
+    },
     /// The passphrase given does not decrypt the key (its checksum fails after decryption).
     WrongPassphrase,
     /// The KDF refused to run (parameters out of range).
-    Kdf { reason: String },
+    Kdf {
+        /// The KDF's error.
+        reason: String,
+    },
     /// The key fails its checksum or its own sign-and-verify check.
-    Damaged { reason: String },
+    Damaged {
+        /// What failed.
+        reason: String,
+    },
 }
 
 const MAKE_UNATTENDED: &str = "`minisign -G -W -p release.pub -s release.key`";
@@ -108,43 +128,73 @@ impl cli_support::NextStep for KeyProblem {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReuseRefusal {
     /// The source catalog has no entry with this ID.
-    UnknownSource { source_id: ModelId },
+    UnknownSource {
+        /// The source ID asked for.
+        source_id: ModelId,
+    },
     /// The source cannot be proven built from the same tinygrad and source-model commits.
     Incompatible {
+        /// The source ID.
         source_id: ModelId,
+        /// Every difference.
         differences: Vec<Difference>,
     },
     /// The source entry has no artifact fields.
-    NoArtifact { source_id: ModelId },
+    NoArtifact {
+        /// The source ID.
+        source_id: ModelId,
+    },
     /// The source artifact is one plain file, not a chunk set.
-    PlainFile { source_id: ModelId },
+    PlainFile {
+        /// The source ID.
+        source_id: ModelId,
+    },
     /// A file of the source chunk set is not in the source store. `whole_set` when it is the
     /// `.chunkmanifest`, i.e. the set as a whole is incomplete.
     SourceFileMissing {
+        /// The source store.
         store: String,
+        /// The missing file's path.
         path: StorePath,
+        /// Whether it is the `.chunkmanifest` (the whole set is incomplete).
         whole_set: bool,
     },
     /// The source `.chunkmanifest` disagrees with the source catalog's chunk count.
     ChunkCountDiffers {
+        /// The source store.
         store: String,
+        /// The `.chunkmanifest`'s path.
         path: StorePath,
+        /// The count it says.
         found: u32,
+        /// The count the source catalog says.
         catalog: u32,
     },
     /// The source `.sha256` disagrees with the source catalog's digest.
     DigestDiffers {
+        /// The source store.
         store: String,
+        /// The `.sha256`'s path.
         path: StorePath,
+        /// The digest it says.
         found: Sha256Digest,
+        /// The digest the source catalog says.
         catalog: Sha256Digest,
     },
     /// The source chunks add up to another size than the source catalog's.
-    SizeDiffers { total: u64, catalog: u64 },
+    SizeDiffers {
+        /// The chunks' total size in bytes.
+        total: u64,
+        /// The size the source catalog says.
+        catalog: u64,
+    },
     /// The source bytes are not an out-of-band pickle container.
     NotOob(NotOob),
     /// Our manifest has no entry for the model; reuse does not add models.
-    NoManifestEntry { model: ModelId },
+    NoManifestEntry {
+        /// The model.
+        model: ModelId,
+    },
 }
 
 /// One way a source fails to prove compatibility.
@@ -152,14 +202,20 @@ pub enum ReuseRefusal {
 pub enum Difference {
     /// The source catalog records no top-level `tinygrad_commit`.
     NoTinygradCommit,
+    /// The source catalog's `tinygrad_commit` is not the one given.
     TinygradCommit {
+        /// The source catalog's.
         recorded: GitCommit,
+        /// The one given.
         given: GitCommit,
     },
     /// The source entry records no `source_commit`.
     NoSourceCommit,
+    /// The source entry's `source_commit` is not the one given.
     SourceCommit {
+        /// The source entry's.
         recorded: GitCommit,
+        /// The one given.
         given: GitCommit,
     },
 }
@@ -270,7 +326,9 @@ impl std::fmt::Display for ReuseRefusal {
 /// upload (`Error::Incomplete`).
 #[derive(Debug)]
 pub struct StoreProblem {
+    /// The model.
     pub model: ModelId,
+    /// What is wrong.
     pub kind: StoreProblemKind,
 }
 
@@ -280,43 +338,73 @@ pub enum StoreProblemKind {
     /// The manifest entry has no artifact fields to check the store against.
     NoArtifactFields,
     /// A plain artifact file or the `.sha256` is not in the store.
-    FileMissing { path: StorePath },
+    FileMissing {
+        /// The missing file.
+        path: StorePath,
+    },
     /// The `.chunkmanifest` is not in the store: the directory is incomplete or absent.
-    ChunkManifestMissing { path: StorePath },
+    ChunkManifestMissing {
+        /// The `.chunkmanifest`'s path.
+        path: StorePath,
+    },
     /// A chunk named by the `.chunkmanifest` is not in the store.
-    ChunkMissing { path: StorePath },
+    ChunkMissing {
+        /// The missing chunk.
+        path: StorePath,
+    },
     /// The `.chunkmanifest` or `.sha256` cannot be read as one.
     Malformed(chunker::Error),
     /// The `.chunkmanifest` names another count than the manifest.
     ChunkCountDiffers {
+        /// The `.chunkmanifest`'s path.
         path: StorePath,
+        /// The count it says.
         found: u32,
+        /// The manifest's `artifact_chunk_count`.
         manifest: u32,
     },
     /// The `.sha256` names another digest than the manifest.
     SidecarDiffers {
+        /// The `.sha256`'s path.
         path: StorePath,
+        /// The digest it says.
         found: Sha256Digest,
+        /// The manifest's `artifact_sha256`.
         manifest: Sha256Digest,
     },
     /// The files add up to another size than the manifest's.
-    SizeDiffers { total: u64, manifest: u64 },
+    SizeDiffers {
+        /// The files' total size in bytes.
+        total: u64,
+        /// The manifest's `artifact_size`.
+        manifest: u64,
+    },
     /// The stored bytes are not an out-of-band pickle container.
     NotOob(NotOob),
     /// The stored bytes hash to another digest than the manifest's (deep check).
     Corrupt {
+        /// The model's store directory.
         dir: StorePath,
+        /// The digest of the stored bytes.
         found: Sha256Digest,
+        /// The manifest's `artifact_sha256`.
         manifest: Sha256Digest,
     },
     /// A problem with one of the entry's `accelerator_artifacts` variants, which is neither in
     /// `--artifacts <id>/` nor complete in the store.
     Variant {
+        /// The `accelerator_artifacts` key.
         variant: String,
+        /// What is wrong with it.
         problem: Box<StoreProblemKind>,
     },
     /// A variant lacks its size, SHA-256 or chunk count, or its file name is not a bare name.
-    VariantUnpublishable { variant: String, reason: String },
+    VariantUnpublishable {
+        /// The `accelerator_artifacts` key.
+        variant: String,
+        /// What it lacks.
+        reason: String,
+    },
 }
 
 impl std::fmt::Display for StoreProblem {
@@ -391,7 +479,9 @@ fn fmt_kind(
 pub struct NotOob {
     /// The logical artifact, as the user names it (`hf://buckets/…/x.pkl`).
     pub what: String,
+    /// Byte offset of the field that is wrong.
     pub offset: u64,
+    /// What is wrong there.
     pub defect: OobDefect,
 }
 

@@ -9,7 +9,9 @@ use crate::error::{Error, Result};
 pub struct RetryPolicy {
     /// Total attempts, including the first (at least 1).
     pub attempts: u32,
+    /// Wait before the second attempt; it doubles with each attempt after.
     pub initial_delay: Duration,
+    /// The longest wait between attempts.
     pub max_delay: Duration,
 }
 

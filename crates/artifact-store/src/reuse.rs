@@ -30,7 +30,9 @@ pub use crate::refusal::{Difference, ReuseRefusal};
 /// What the source catalog says about the artifact, once it is proven compatible.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compatible {
+    /// The source's artifact fields: format, size, SHA-256, chunk count.
     pub artifact: Artifact,
+    /// The source's per-chunk digests, when it records them.
     pub chunk_digests: Option<Vec<Sha256Digest>>,
 }
 
@@ -90,30 +92,45 @@ pub fn check_compatibility(
 
 /// A reuse to carry out.
 pub struct ReuseRequest<'a> {
+    /// The model (the stable ID the artifact is renamed to).
     pub model: ModelId,
+    /// The generation it is reused into.
     pub generation: Generation,
+    /// The store the source artifact is in.
     pub source: &'a dyn Store,
     /// The logical artifact in the source store (`dir/x_driving_tinygrad.pkl`).
     pub source_path: StorePath,
+    /// What the source catalog says about it, proven compatible.
     pub compatible: Compatible,
+    /// The store it is copied to.
     pub dest: &'a dyn Store,
 }
 
+/// What a reuse did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReuseReport {
+    /// The model.
     pub model: String,
+    /// The artifact's SHA-256.
     pub sha256: Sha256Digest,
+    /// Its size in bytes.
     pub size: u64,
+    /// Its chunk count.
     pub chunk_count: u32,
     /// Every chunk went Hub-to-Hub: no artifact bytes passed through this machine.
     pub server_side: bool,
+    /// Every chunk copied, in order.
     pub copied: Vec<CopiedChunk>,
 }
 
+/// One chunk a reuse copied.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CopiedChunk {
+    /// The source (store and path).
     pub from: String,
+    /// The destination (store and path).
     pub to: String,
+    /// Its size in bytes.
     pub size: u64,
 }
 
@@ -121,9 +138,13 @@ pub struct CopiedChunk {
 /// (`reuse --dry-run` prints it; [`reuse`] carries it out).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReusePlan {
+    /// The model.
     pub model: String,
+    /// The artifact's SHA-256.
     pub sha256: Sha256Digest,
+    /// Its size in bytes.
     pub size: u64,
+    /// Its chunk count.
     pub chunk_count: u32,
     /// Every chunk can go Hub-to-Hub (both ends are on the Hub).
     pub server_side: bool,

@@ -226,6 +226,7 @@ pub struct VerifyingKey {
 }
 
 impl VerifyingKey {
+    /// minisign's key ID: 16 upper-case hex digits, as `minisign -G` prints it.
     pub fn id(&self) -> &str {
         &self.id
     }
@@ -349,6 +350,7 @@ pub fn check_signature(
 /// The signature found in one store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveSignature {
+    /// The store, as described.
     pub store: String,
     /// The release of a block one of our keys verified (over the live manifest or the new one:
     /// an interrupted publish leaves the new signature beside the old manifest).

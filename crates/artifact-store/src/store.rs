@@ -17,13 +17,16 @@ use crate::progress::Transfer;
 /// What a store knows about one file without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileStat {
+    /// Size in bytes.
     pub size: u64,
 }
 
 /// One file found by [`Store::list`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListEntry {
+    /// The file's store path.
     pub path: StorePath,
+    /// Its size in bytes.
     pub size: u64,
 }
 

@@ -170,10 +170,12 @@ impl AtomicFile {
         clear_direct(self.file().file(), &temp)
     }
 
+    /// The final path this file is renamed to on commit.
     pub fn dest(&self) -> &Path {
         &self.dest
     }
 
+    /// The temporary path the bytes are written to until commit.
     pub fn temp_path(&self) -> &Path {
         &self.temp
     }

@@ -23,10 +23,12 @@ pub struct Sha256Digest([u8; 32]);
 pub struct InvalidDigest;
 
 impl Sha256Digest {
+    /// The digest with these 32 raw bytes.
     pub const fn from_bytes(bytes: [u8; 32]) -> Self {
         Self(bytes)
     }
 
+    /// The 32 raw bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
@@ -101,10 +103,12 @@ impl<'de> serde::Deserialize<'de> for Sha256Digest {
 pub struct Hasher(Sha256);
 
 impl Hasher {
+    /// A hasher that has seen no bytes yet.
     pub fn new() -> Self {
         Self(Sha256::new())
     }
 
+    /// Feed `data` to the digest.
     pub fn update(&mut self, data: &[u8]) {
         self.0.update(data);
     }
@@ -126,6 +130,7 @@ impl Hasher {
         }
     }
 
+    /// The digest of every byte fed so far.
     pub fn finish(self) -> Sha256Digest {
         Sha256Digest(self.0.finalize().into())
     }

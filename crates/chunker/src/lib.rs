@@ -8,6 +8,52 @@
 //!
 //! It does not know about manifests, model IDs or stores; those live in the `manifest` and
 //! `artifact-store` crates. It never holds a whole artifact in memory.
+//!
+//! # Example
+//!
+//! Split a file into a chunk set, then verify the set against what the split reported, as a
+//! manifest would record it:
+//!
+//! ```
+//! use chunker::{Expected, SplitOptions, split_file, verify};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let src = dir.path().join("model.pkl");
+//! std::fs::write(&src, vec![7u8; 2_500])?;
+//! let out = dir.path().join("release");
+//! std::fs::create_dir(&out)?;
+//!
+//! // 1000-byte chunks: model.pkl.chunk01of03 .. chunk03of03, model.pkl.sha256 and, last,
+//! // model.pkl.chunkmanifest.
+//! let opts = SplitOptions { chunk_size: 1_000, ..SplitOptions::default() };
+//! let report = split_file(&src, &out, &opts)?;
+//! assert_eq!(report.chunk_count, 3);
+//! assert_eq!(report.chunks[2].name, "model.pkl.chunk03of03");
+//! assert_eq!(report.chunks[2].size, 500);
+//!
+//! // Verify by logical name: the set is found, its sizes checked and every byte hashed.
+//! let expected = Expected {
+//!     sha256: Some(report.sha256),
+//!     size: Some(report.size),
+//!     chunk_count: Some(report.chunk_count),
+//!     chunk_sha256: Some(report.chunks.iter().map(|c| c.sha256).collect()),
+//!     ..Expected::default()
+//! };
+//! let checked = verify(&out.join("model.pkl"), &expected)?;
+//! assert_eq!(checked.form, "chunked");
+//! assert_eq!(checked.sha256, chunker::Sha256Digest::of_bytes(&[7u8; 2_500]));
+//!
+//! // A damaged chunk is named in the error.
+//! std::fs::write(out.join("model.pkl.chunk02of03"), vec![0u8; 1_000])?;
+//! let err = verify(&out.join("model.pkl"), &expected).unwrap_err();
+//! assert!(matches!(err, chunker::Error::DigestMismatch { .. }));
+//! assert!(err.to_string().contains("chunk 2 of 3"), "{err}");
+//! # Ok(())
+//! # }
+//! ```
+
+#![warn(missing_docs)]
 
 pub mod atomic;
 pub mod bounded;
@@ -154,7 +200,12 @@ pub enum Form {
     /// `NAME` itself, one plain file.
     Plain,
     /// `NAME.chunkNNofMM`.
-    Chunk { index: u32, count: u32 },
+    Chunk {
+        /// 1-based chunk index.
+        index: u32,
+        /// The number of chunks the name declares.
+        count: u32,
+    },
     /// `NAME.pNN`, a legacy part (0-based).
     LegacyPart(u32),
     /// `NAME.sha256`.

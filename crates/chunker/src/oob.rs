@@ -47,23 +47,52 @@ pub struct OobLayout {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OobDefect {
     /// Shorter than the 10-byte head.
-    TooShort { size: u64 },
+    TooShort {
+        /// The file's size in bytes.
+        size: u64,
+    },
     /// `L` is outside `2..=1 GiB` (a plain pickle starts with `0x80 0x05` and fails here).
-    OpcodeLength { value: i64 },
+    OpcodeLength {
+        /// The length `L` read from bytes 0..8.
+        value: i64,
+    },
     /// Byte 8 is not the pickle `PROTO` opcode.
-    NoProtoOpcode { found: u8 },
+    NoProtoOpcode {
+        /// The byte found at offset 8.
+        found: u8,
+    },
     /// Byte 9 is a protocol the loader does not know.
-    Protocol { found: u8 },
+    Protocol {
+        /// The protocol byte found at offset 9.
+        found: u8,
+    },
     /// The opcode stream runs past the end of the file.
-    OpcodesTruncated { end: u64 },
+    OpcodesTruncated {
+        /// The byte offset the opcode stream would end at.
+        end: u64,
+    },
     /// The opcode stream does not end with `STOP`.
-    NoStopOpcode { found: u8 },
+    NoStopOpcode {
+        /// The last byte of the opcode stream.
+        found: u8,
+    },
     /// Fewer than 8 bytes left for a record's length.
-    RecordHeaderTruncated { left: u64 },
+    RecordHeaderTruncated {
+        /// Bytes left after the previous record.
+        left: u64,
+    },
     /// A negative record length.
-    NegativeRecord { value: i64 },
+    NegativeRecord {
+        /// The length read.
+        value: i64,
+    },
     /// A record runs past the end of the file.
-    RecordTruncated { len: u64, left: u64 },
+    RecordTruncated {
+        /// The record's declared length in bytes.
+        len: u64,
+        /// The bytes left in the file after its 8-byte length.
+        left: u64,
+    },
     /// More than [`MAX_BUFFERS`] records.
     TooManyBuffers,
 }
@@ -109,14 +138,18 @@ impl fmt::Display for OobDefect {
 /// A defect and where: the offset of the field that is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OobError {
+    /// Byte offset of the field that is wrong.
     pub offset: u64,
+    /// What is wrong there.
     pub defect: OobDefect,
 }
 
 /// An OOB check failure: a defect, or the reader failing.
 #[derive(Debug)]
 pub enum OobCheckError {
+    /// The file is not an OOB container.
     Defect(OobError),
+    /// Reading failed.
     Io(io::Error),
 }
 

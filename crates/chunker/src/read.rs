@@ -20,16 +20,26 @@ use crate::{
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolved {
     /// One plain file.
-    Plain { path: PathBuf, size: u64 },
+    Plain {
+        /// The file.
+        path: PathBuf,
+        /// Its size in bytes when found.
+        size: u64,
+    },
     /// A native chunk set; `pieces` are the chunks in order.
     Chunked {
+        /// The `.chunkmanifest`.
         manifest: PathBuf,
+        /// The chunks in order, with their sizes.
         pieces: Vec<(PathBuf, u64)>,
     },
     /// Legacy `.pNN` parts in order, with the digest from their `.sha256` sidecar.
     Legacy {
+        /// The `.sha256` sidecar of the parts.
         sidecar: PathBuf,
+        /// The digest it records for the whole artifact.
         digest: Sha256Digest,
+        /// The parts in order, with their sizes.
         pieces: Vec<(PathBuf, u64)>,
     },
 }
@@ -43,6 +53,7 @@ impl Resolved {
         }
     }
 
+    /// The logical size: the sum of the pieces' sizes.
     pub fn size(&self) -> u64 {
         match self {
             Resolved::Plain { size, .. } => *size,
@@ -213,6 +224,8 @@ pub struct ArtifactReader {
 }
 
 impl ArtifactReader {
+    /// A reader over `pieces` concatenated in order, each read only up to its recorded size. Opens
+    /// nothing until the first read.
     pub fn new(pieces: Vec<(PathBuf, u64)>) -> Self {
         let mut starts = Vec::with_capacity(pieces.len());
         let mut total = 0;
@@ -234,6 +247,7 @@ impl ArtifactReader {
         self.total
     }
 
+    /// Whether the logical artifact has no bytes.
     pub fn is_empty(&self) -> bool {
         self.total == 0
     }

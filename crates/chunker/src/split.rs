@@ -58,18 +58,26 @@ impl Default for SplitOptions {
 /// One written chunk.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ChunkInfo {
+    /// The chunk's file name (`NAME.chunkNNofMM`).
     pub name: String,
+    /// Its size in bytes.
     pub size: u64,
+    /// Its SHA-256.
     pub sha256: Sha256Digest,
 }
 
 /// What a split produced. Serializes to the `release-cli chunk split --json` shape.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SplitReport {
+    /// The logical artifact name.
     pub name: String,
+    /// Its size in bytes.
     pub size: u64,
+    /// The SHA-256 of the whole artifact (what the `.sha256` sidecar records).
     pub sha256: Sha256Digest,
+    /// Number of chunks written (what the `.chunkmanifest` records).
     pub chunk_count: u32,
+    /// Every chunk, in order.
     pub chunks: Vec<ChunkInfo>,
 }
 
@@ -146,8 +154,11 @@ pub fn stale_temporaries<'a>(
 /// SHA-256.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SplitPlan {
+    /// The logical artifact name.
     pub name: String,
+    /// Its size in bytes.
     pub size: u64,
+    /// Number of chunks it would split into.
     pub chunk_count: u32,
     /// The chunks, in order, with the size each would have.
     pub chunks: Vec<PlannedChunk>,
@@ -162,7 +173,9 @@ pub struct SplitPlan {
 /// One chunk a split would write.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PlannedChunk {
+    /// The chunk's file name (`NAME.chunkNNofMM`).
     pub name: String,
+    /// Its size in bytes.
     pub size: u64,
 }
 

@@ -19,7 +19,9 @@ use crate::{Hasher, IO_BUFFER_SIZE, Resolved, Sha256Digest};
 /// What the artifact must be. Every field is optional; `None` means "not checked".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Expected {
+    /// The SHA-256 of the whole logical artifact.
     pub sha256: Option<Sha256Digest>,
+    /// The size of the whole logical artifact, in bytes.
     pub size: Option<u64>,
     /// 0 means one plain file.
     pub chunk_count: Option<u32>,
@@ -30,11 +32,15 @@ pub struct Expected {
 /// What was found and checked.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VerifyReport {
+    /// The logical path verified.
     pub path: PathBuf,
     /// `plain`, `chunked` or `legacy`.
     pub form: &'static str,
+    /// The logical size in bytes.
     pub size: u64,
+    /// The SHA-256 of the whole artifact, computed from the bytes read.
     pub sha256: Sha256Digest,
+    /// Number of chunks (0 for a plain file; the part count for legacy parts).
     pub chunk_count: u32,
     /// Every piece read, in order.
     pub chunks: Vec<VerifiedChunk>,
@@ -43,7 +49,9 @@ pub struct VerifyReport {
 /// One piece of a verified artifact.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VerifiedChunk {
+    /// The piece's file name.
     pub name: String,
+    /// Its size in bytes.
     pub size: u64,
     /// Computed only when per-chunk digests were expected.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -52,6 +60,23 @@ pub struct VerifiedChunk {
 
 /// Verify the logical artifact at `logical` against `expected`. Legacy parts are always checked
 /// against their sidecar digest as well.
+///
+/// `logical` is resolved strictly: a plain file wins, then a complete chunk set (its
+/// `.chunkmanifest` and every chunk it counts), then legacy `.pNN` parts with their `.sha256`;
+/// a chunk set with a chunk missing is an error ([`Error::MissingChunk`]), not "absent". Then,
+/// in this order, each check only when `expected` asks for it:
+///
+/// 1. the number of chunks against [`Expected::chunk_count`] (0 for a plain file), and the
+///    length of [`Expected::chunk_sha256`] against the number of pieces
+///    ([`Error::CountMismatch`]);
+/// 2. the sum of the pieces' sizes against [`Expected::size`] ([`Error::SizeMismatch`]);
+/// 3. for a chunk set, every chunk but the last against the set's chunk size and the last
+///    against 1..=chunk size ([`Error::SizeMismatch`] naming the chunk);
+/// 4. every byte is read once; each chunk's SHA-256 against [`Expected::chunk_sha256`] (the
+///    first mismatch is named), then the whole artifact's against [`Expected::sha256`] and,
+///    for legacy parts, against the sidecar ([`Error::DigestMismatch`]).
+///
+/// Nothing is written. A file that cannot be read is [`Error::Io`] naming it.
 pub fn verify(logical: &Path, expected: &Expected) -> Result<VerifyReport> {
     verify_with_progress(logical, expected, &mut |_| {})
 }

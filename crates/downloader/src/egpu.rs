@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 
 /// USB vendor ids a Chestnut reports (lowercase hex, as sysfs writes them).
 pub const CHESTNUT_VENDORS: [&str; 2] = ["add1", "3801"];
+/// The USB product id a Chestnut reports.
 pub const CHESTNUT_PRODUCT: &str = "0001";
 /// The `product` string of a Chestnut whose firmware is ready.
 pub const CHESTNUT_READY_PRODUCT: &str = "custom ed4e39b7-CLEAN";
@@ -38,13 +39,16 @@ pub const EXTERNAL_GPU_REQUIRED: &str = "External GPU required...";
 /// What is plugged in, best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Chestnut {
+    /// No Chestnut is plugged in.
     Absent,
     /// A Chestnut without the firmware it needs: upstream treats it as absent for models.
     Present,
+    /// A Chestnut with the firmware it needs: accelerator variants may be used.
     Ready,
 }
 
 impl Chestnut {
+    /// Whether a Chestnut variant can run.
     pub fn is_ready(self) -> bool {
         self == Self::Ready
     }
@@ -53,8 +57,11 @@ impl Chestnut {
 /// The three sysfs attributes of one USB device (`None` when the file is missing).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UsbDevice {
+    /// `idVendor`.
     pub id_vendor: Option<String>,
+    /// `idProduct`.
     pub id_product: Option<String>,
+    /// `product`.
     pub product: Option<String>,
 }
 

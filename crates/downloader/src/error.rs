@@ -6,17 +6,31 @@ use std::path::{Path, PathBuf};
 use chunker::Sha256Digest;
 use manifest::{ArtifactFormat, Problem};
 
+/// This crate's result type, with [`Error`] as the default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Everything that can go wrong fetching a manifest or downloading a model. Network errors name the
+/// URL; file errors name the path; a failure on every origin lists each origin's error.
+/// ([`Error::is_retryable`] says which are worth another try on the same URL.)
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A non-success HTTP status. 404/403/410 are final for that origin; 429 and 5xx are retried.
     #[error("{url}: HTTP {status}")]
-    Status { url: String, status: u16 },
+    Status {
+        /// The URL asked.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+    },
 
     /// Connect/read failure, reset, timeout, or a body that ended early.
     #[error("{url}: transfer failed: {message}")]
-    Transport { url: String, message: String },
+    Transport {
+        /// The URL asked.
+        url: String,
+        /// What failed.
+        message: String,
+    },
 
     /// No connection could be made: refused, no address for the name, or a connect that timed
     /// out (`timed_out`, not retried: the next origin is asked at once). Unlike a silent or
@@ -24,8 +38,11 @@ pub enum Error {
     /// ([`crate::policy::after`]).
     #[error("{url}: cannot connect: {message}")]
     NoConnection {
+        /// The URL asked.
         url: String,
+        /// What failed.
         message: String,
+        /// Whether the connect timed out.
         timed_out: bool,
     },
 
@@ -33,22 +50,33 @@ pub enum Error {
     /// to http, too many hops, no Location). The next origin is tried.
     #[error("{url}: redirect to `{location}` refused: {reason}")]
     Redirect {
+        /// The URL that answered with the redirect.
         url: String,
+        /// Its `Location`, as sent.
         location: String,
+        /// Why it is refused.
         reason: String,
     },
 
     /// This origin used up its time; the next origin is tried.
     #[error("{url}: this origin took longer than its deadline of {seconds} s; giving up on it")]
-    Deadline { url: String, seconds: u64 },
+    Deadline {
+        /// The URL being fetched when the deadline passed.
+        url: String,
+        /// The origin's deadline, in seconds.
+        seconds: u64,
+    },
 
     /// This origin answered nothing within the response timeout, or sent a body slower than
     /// the minimum rate: it is given up (not retried) and the other origin is asked first for
     /// the rest of the run (see [`crate::policy`]).
     #[error("{url}: {message}; giving up on this origin for this run")]
     TooSlow {
+        /// The URL asked.
         url: String,
+        /// What it did (or did not do) in time.
         message: String,
+        /// Which criterion it missed.
         why: crate::policy::GiveUp,
     },
 
@@ -56,21 +84,40 @@ pub enum Error {
     /// [`crate::policy::leave`]); the bytes it fetched are kept. Never the final error of a
     /// download: the origin it left is asked again if the other one fails.
     #[error("{url}: {rate} bytes/s here; moved to the other origin to compare")]
-    LeftForFaster { url: String, rate: u64 },
+    LeftForFaster {
+        /// The URL being fetched.
+        url: String,
+        /// Its measured rate, in bytes per second.
+        rate: u64,
+    },
 
     /// The server answered something no correct server would (wrong Content-Range, a body
     /// longer than asked for, a size other than the manifest's).
     #[error("{url}: protocol violation: {message}")]
-    Protocol { url: String, message: String },
+    Protocol {
+        /// The URL asked.
+        url: String,
+        /// What the server did wrong.
+        message: String,
+    },
 
     /// The published files have another size than the manifest implies (the first chunk's
     /// length cannot make up the artifact, or a piece is longer or shorter than planned).
     #[error("{url}: the published files do not match the manifest: {message}")]
-    SizeMismatch { url: String, message: String },
+    SizeMismatch {
+        /// The URL of the piece.
+        url: String,
+        /// What does not match.
+        message: String,
+    },
 
+    /// The manifest was refused by the reader rules or is too large or not JSON; the next origin is
+    /// tried.
     #[error("{url}: manifest rejected: {source}")]
     BadManifest {
+        /// The manifest's URL.
         url: String,
+        /// Why it was refused.
         #[source]
         source: manifest::Error,
     },
@@ -79,16 +126,22 @@ pub enum Error {
     /// when the manifest lists no models). The next origin is tried.
     #[error("{url}: manifest has no usable model entry{}", UnusableList(.entries))]
     NoUsableEntries {
+        /// The manifest's URL.
         url: String,
+        /// Each entry left out, with why.
         entries: Vec<UnusableEntry>,
     },
 
+    /// The manifest's `generation` is not the one the device reads; the next origin is tried.
     #[error(
         "{url}: manifest says generation {found} but this device reads {expected}; not using it"
     )]
     WrongGeneration {
+        /// The manifest's URL.
         url: String,
+        /// The generation this device reads.
         expected: String,
+        /// The generation the manifest names.
         found: String,
     },
 
@@ -98,15 +151,20 @@ pub enum Error {
         "{url}: manifest was built for tinygrad {found} but this device's openpilot tree runs tinygrad {expected}; not using it"
     )]
     WrongTinygrad {
+        /// The manifest's URL.
         url: String,
+        /// The tinygrad this device runs.
         expected: manifest::GitCommit,
+        /// The manifest's `tinygrad_commit`.
         found: manifest::GitCommit,
     },
 
     /// The manifest is not signed as the device's trusted keys require (`trust`).
     #[error("{url}: manifest refused: {refusal}")]
     Refused {
+        /// The manifest's URL.
         url: String,
+        /// Why its signature was refused.
         refusal: manifest::signature::Refusal,
     },
 
@@ -115,48 +173,81 @@ pub enum Error {
         "trusted keys {}: {message}",
         path.display()
     )]
-    TrustedKeys { path: PathBuf, message: String },
+    TrustedKeys {
+        /// The trusted keys file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
 
+    /// No origin served a manifest this device accepts.
     #[error("no origin served a valid {generation} manifest:\n{}", AttemptList(.attempts))]
     ManifestUnavailable {
+        /// The generation asked for.
         generation: String,
+        /// Each origin (as displayed) with its error, in the order tried.
         attempts: Vec<(String, Error)>,
     },
 
+    /// The origin's `.chunkmanifest` disagrees with the entry's `artifact_chunk_count`; nothing is
+    /// downloaded from that origin.
     #[error(
         "{url}: remote .chunkmanifest says {remote} chunks, the manifest says {expected}; the published set is inconsistent"
     )]
     ChunkCountMismatch {
+        /// The `.chunkmanifest`'s URL.
         url: String,
+        /// The count the manifest entry declares.
         expected: u32,
+        /// The count the origin publishes.
         remote: u32,
     },
 
+    /// The origin's `.chunkmanifest` is not a chunk count.
     #[error("{url}: malformed .chunkmanifest: {source}")]
     BadChunkManifest {
+        /// Its URL.
         url: String,
+        /// The parse error.
         #[source]
         source: chunker::Error,
     },
 
+    /// Bytes downloaded do not have the digest expected (a chunk's, or the whole artifact's); they
+    /// were discarded, nothing was installed.
     #[error("{what}: SHA-256 is {actual}, expected {expected}; the download was discarded")]
     DigestMismatch {
+        /// What was hashed (the file and the origin).
         what: String,
+        /// The digest expected (the manifest's or the sidecar's).
         expected: Sha256Digest,
+        /// The digest of the bytes received.
         actual: Sha256Digest,
     },
 
+    /// The store serves the same manifest entry, `.sha256` and chunks as when it last served bytes
+    /// that failed verification, so it is not downloaded from again until it changes
+    /// ([`crate::stale_store`]).
     #[error(
         "{what}: the store says exactly what it said when it served other bytes{}; not downloaded again until it changes (its manifest, .sha256 or chunks)",
         served.map(|d| format!(" (SHA-256 {d})")).unwrap_or_default()
     )]
     StoreUnchanged {
+        /// The artifact and origin.
         what: String,
+        /// What it served last time, when known.
         served: Option<Sha256Digest>,
     },
 
+    /// The entry cannot be downloaded by this device (a `local-` model, an unsupported format,
+    /// inconsistent per-chunk digests).
     #[error("model {model} has no downloadable artifact in the manifest ({reason})")]
-    NotDownloadable { model: String, reason: String },
+    NotDownloadable {
+        /// The model.
+        model: String,
+        /// Why.
+        reason: String,
+    },
 
     /// A device with trusted keys installs only bytes its signed manifest pins: this artifact
     /// lacks a signed SHA-256, size or chunk count ([`crate::trust::digest_rule`]). Nothing was
@@ -166,24 +257,35 @@ pub enum Error {
         crate::unsigned::not_installable_text(file, missing)
     )]
     NotSigned {
+        /// The model.
         model: String,
         /// The local file name (`<id>_driving_tinygrad.pkl`, or the Chestnut variant's).
         file: String,
+        /// What the signed manifest does not give.
         missing: Vec<crate::unsigned::Unsigned>,
     },
 
+    /// The filesystem holding the models lacks room for the artifact plus the download's margin; no
+    /// staging file was made.
     #[error(
         "not enough free space in {}: need {needed} bytes (artifact plus margin), {available} available; free space or remove unused models (`device-modeld-manager gc`)",
         path.display()
     )]
     InsufficientSpace {
+        /// The directory checked.
         path: PathBuf,
+        /// Bytes needed, in all.
         needed: u64,
+        /// Bytes available.
         available: u64,
     },
 
+    /// The download was cancelled through its [`crate::CancelToken`].
     #[error("download of {model} was cancelled")]
-    Cancelled { model: String },
+    Cancelled {
+        /// The model.
+        model: String,
+    },
 
     /// A file or directory operation on the device failed. File errors come from `fs-err` (or,
     /// for the staging directory's raw system calls, from a wrapper worded the same way), so
@@ -195,7 +297,9 @@ pub enum Error {
     /// Every origin failed; each attempt's error is listed. Nothing was installed.
     #[error("download of {model} failed on every origin:\n{}", AttemptList(.attempts))]
     AllOriginsFailed {
+        /// The model.
         model: String,
+        /// Each origin (as displayed) with its error, in the order tried.
         attempts: Vec<(String, Error)>,
     },
 }
@@ -287,6 +391,7 @@ pub struct UnusableEntry {
     pub index: usize,
     /// The entry's `id` as published, when it had a string one (possibly not a valid ID).
     pub id: Option<String>,
+    /// Why it is left out.
     pub reason: UnusableReason,
 }
 
@@ -295,10 +400,16 @@ pub struct UnusableEntry {
 pub enum UnusableReason {
     /// The device's reading of the manifest left it out (`manifest::tolerant`): every problem,
     /// each with its JSON path (`models[3].artifact_sha256`).
-    Refused { problems: Vec<Problem> },
+    Refused {
+        /// Every problem, each with its JSON path.
+        problems: Vec<Problem>,
+    },
     /// A valid entry in an `artifact_format` this device cannot load (it loads only
     /// `tinygrad_single_v1`, or no format given): a newer release of the manager may.
-    UnsupportedFormat { format: ArtifactFormat },
+    UnsupportedFormat {
+        /// The format the entry names.
+        format: ArtifactFormat,
+    },
 }
 
 impl fmt::Display for UnusableEntry {

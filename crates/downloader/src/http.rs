@@ -42,6 +42,7 @@ pub struct HttpConfig {
     /// Minimum transfer rate of a body in bytes per second, averaged over `rate_window`; a slower
     /// transfer fails (and is retried, within the origin's deadline).
     pub min_rate: u64,
+    /// The window [`HttpConfig::min_rate`] is averaged over.
     pub rate_window: Duration,
     /// How long one origin may take before the next is tried: the whole manifest fetch, or,
     /// for an artifact, this plus `size / deadline_rate` (retries and backoff included).
@@ -51,6 +52,7 @@ pub struct HttpConfig {
     pub deadline_rate: u64,
     /// Redirect hops followed per request.
     pub max_redirects: u32,
+    /// Idle connections kept open per host for reuse.
     pub max_idle_per_host: usize,
 }
 

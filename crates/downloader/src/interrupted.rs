@@ -1,4 +1,4 @@
-//! Downloads left unfinished in the staging directory (see [`crate::staging`]): what `status`
+//! Downloads left unfinished in the staging directory ([`crate::STAGING_DIR`]): what `status`
 //! reports as an interrupted download, read without following anything and without writing.
 //!
 //! A download stages `<16 hex of its digest>-<local name>` and its completion record

@@ -12,6 +12,59 @@
 //!
 //! What it does not do: decide what to download or delete (that is `migration`), touch params,
 //! or load models. It never holds an artifact in memory: pieces stream to a staging file.
+//!
+//! # Example
+//!
+//! Fetch the generation's manifest and download one model into the models directory. Here a
+//! local HTTP server (hidden lines) plays both origins; on a device the origins are
+//! [`Origins::default()`] (the Hugging Face bucket, then GitHub) and the directory
+//! `/data/models`.
+//!
+//! ```
+//! use downloader::{CancelToken, DownloadConfig, Downloader, Origins};
+//! use manifest::{Generation, ModelId};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # use test_support::published::{GH_DIR, HF_DIR, artifact_bytes, manifest_json, publish_model, write_manifest};
+//! # let dir = tempfile::tempdir()?;
+//! # let root = dir.path().join("origin");
+//! # // Model `pop223`, 200 000 bytes published as 64 KiB chunks, in a manifest with digests.
+//! # let published = publish_model(&root, "v25", "pop223", &artifact_bytes(7, 200_000), Some(64 * 1024));
+//! # write_manifest(&root, "v25", manifest_json("v25", &[published], true).as_bytes());
+//! # let server = test_support::http_server::FaultServer::start(&root)?;
+//! # let hf_base = format!("{}/{HF_DIR}", server.url());
+//! # let github_base = format!("{}/{GH_DIR}", server.url());
+//! # let models_dir = dir.path().join("models");
+//! # std::fs::create_dir(&models_dir)?;
+//! let downloader = Downloader::new(
+//!     Origins::new(&hf_base, &github_base),
+//!     DownloadConfig::default(),
+//! );
+//!
+//! // The first origin serving a valid v25 manifest wins; each failure is kept in the error.
+//! let generation: Generation = "v25".parse()?;
+//! let fetched = downloader.fetch_manifest(generation)?;
+//! let id: ModelId = "pop223".parse()?;
+//! let entry = fetched.manifest.get(&id).ok_or("pop223 is not in the manifest")?;
+//!
+//! // Chunks are fetched in parallel into staging, each checked against the manifest's per-chunk
+//! // digest when it lists them, and the whole file against `artifact_sha256` before it is
+//! // renamed into place.
+//! let installed = downloader.download(
+//!     generation,
+//!     entry,
+//!     &models_dir,
+//!     &CancelToken::new(),
+//!     &|event| eprintln!("{event:?}"),
+//! )?;
+//! assert_eq!(installed.path, models_dir.join("pop223_driving_tinygrad.pkl"));
+//! assert_eq!(Some(installed.sha256), entry.artifact_sha256());
+//! assert_eq!(std::fs::metadata(&installed.path)?.len(), 200_000);
+//! # Ok(())
+//! # }
+//! ```
+
+#![warn(missing_docs)]
 
 mod cancel;
 mod download;
@@ -57,11 +110,14 @@ use crate::http::Http;
 /// usable entries, the ones left out with their reasons, and what was normalised.
 #[derive(Debug, Clone)]
 pub struct FetchedManifest {
+    /// The usable entries.
     pub manifest: Manifest,
     /// The bytes as served (within the manifest size limit), so the device can store exactly
     /// what it accepted.
     pub raw: Vec<u8>,
+    /// The origin that served it, as displayed.
     pub origin: String,
+    /// The manifest's URL.
     pub url: String,
     /// What its signature vouched for, when the downloader has trusted keys.
     pub signed: Option<trust::Accepted>,
@@ -95,6 +151,8 @@ pub struct Downloader {
 }
 
 impl Downloader {
+    /// A downloader over `origins` (asked in order) with `config`, reading as a device of the base
+    /// contract (v25) with no tinygrad pin and no trusted keys until told otherwise.
     pub fn new(origins: Origins, config: DownloadConfig) -> Self {
         Self {
             http: Http::new(&config.http),
@@ -184,6 +242,7 @@ impl Downloader {
         self
     }
 
+    /// The contract this downloader reads manifests and fetches artifacts under.
     pub fn contract(&self) -> &'static manifest::Contract {
         self.contract
     }
@@ -193,6 +252,8 @@ impl Downloader {
         Target::from_entry_for(entry, self.contract)
     }
 
+    /// The tinygrad a manifest must name, when set: one naming another is refused
+    /// ([`Error::WrongTinygrad`]).
     pub fn tinygrad_pin(&self) -> Option<&GitCommit> {
         self.tinygrad_pin.as_ref()
     }
@@ -203,6 +264,7 @@ impl Downloader {
         self
     }
 
+    /// The keys a manifest's signature must verify under, when set.
     pub fn trusted_keys(&self) -> Option<&trust::TrustedKeys> {
         self.trusted_keys.as_ref()
     }
@@ -219,10 +281,12 @@ impl Downloader {
         })
     }
 
+    /// The origins, in configured order.
     pub fn origins(&self) -> &Origins {
         &self.origins
     }
 
+    /// The tuning every download uses.
     pub fn config(&self) -> &DownloadConfig {
         &self.config
     }

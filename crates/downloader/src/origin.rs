@@ -12,20 +12,25 @@ pub const DEFAULT_HF_BASE: &str =
 pub const DEFAULT_GITHUB_BASE: &str =
     "https://raw.githubusercontent.com/firestar5683/StarPilot-Resources/Models";
 
+/// Which store an origin is: it decides the path layout under the base URL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OriginKind {
+    /// A Hugging Face bucket (resolve URLs).
     HuggingFace,
+    /// The raw files of a GitHub branch.
     GitHub,
 }
 
 /// One origin: a base URL and the layout of paths under it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {
+    /// Which store it is.
     pub kind: OriginKind,
     base: String,
 }
 
 impl Origin {
+    /// An origin of `kind` at `base` (a trailing `/` is dropped).
     pub fn new(kind: OriginKind, base: &str) -> Self {
         Self {
             kind,
@@ -33,6 +38,7 @@ impl Origin {
         }
     }
 
+    /// The base URL, without a trailing `/`.
     pub fn base(&self) -> &str {
         &self.base
     }
@@ -44,18 +50,22 @@ impl Origin {
         }
     }
 
+    /// The URL of a store path under this origin (each segment URL-encoded).
     pub fn url(&self, path: &StorePath) -> String {
         format!("{}/{}", self.base, path.url_encoded())
     }
 
+    /// The URL of `generation`'s manifest, `.../model_names_<gen>.json` in this origin's layout.
     pub fn manifest_url(&self, generation: Generation) -> String {
         self.url(&self.layout().manifest_path(generation))
     }
 
+    /// The URL of `file` of model `id` in `generation`, in this origin's layout.
     pub fn artifact_url(&self, generation: Generation, id: &ModelId, file: &FileName) -> String {
         self.url(&self.layout().artifact_path(generation, id, file))
     }
 
+    /// `Hugging Face` or `GitHub`.
     pub fn name(&self) -> &'static str {
         match self.kind {
             OriginKind::HuggingFace => "Hugging Face",
@@ -75,6 +85,7 @@ impl fmt::Display for Origin {
 pub struct Origins(Vec<Origin>);
 
 impl Origins {
+    /// Hugging Face at `hf_base` first, then GitHub at `github_base`.
     pub fn new(hf_base: &str, github_base: &str) -> Self {
         Self(vec![
             Origin::new(OriginKind::HuggingFace, hf_base),
@@ -82,6 +93,7 @@ impl Origins {
         ])
     }
 
+    /// The origins, in the order they are asked.
     pub fn iter(&self) -> impl Iterator<Item = &Origin> {
         self.0.iter()
     }

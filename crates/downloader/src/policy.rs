@@ -56,6 +56,7 @@ pub enum GiveUp {
 }
 
 impl GiveUp {
+    /// The give-up as a phrase (`missed its deadline`, ...).
     pub fn as_str(self) -> &'static str {
         match self {
             GiveUp::Deadline => "missed its deadline",
@@ -99,7 +100,9 @@ pub fn after(said: Said, in_a_row: u32) -> (u32, Option<GiveUp>) {
 /// each download's time is wall clock from its first range request, all connections together).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Measured {
+    /// Payload bytes.
     pub bytes: u64,
+    /// Time they took.
     pub elapsed: Duration,
 }
 
@@ -112,6 +115,7 @@ impl Measured {
             .then(|| (self.bytes as f64 / self.elapsed.as_secs_f64()) as u64)
     }
 
+    /// Add another download's bytes and time (saturating).
     pub fn add(&mut self, other: Measured) {
         self.bytes = self.bytes.saturating_add(other.bytes);
         self.elapsed = self.elapsed.saturating_add(other.elapsed);
@@ -121,7 +125,9 @@ impl Measured {
 /// What the run has seen of one origin.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Seen {
+    /// When the origin was given up and why; `None` while it is not.
     pub given_up: Option<(Instant, GiveUp)>,
+    /// What it moved this run.
     pub measured: Measured,
     /// Attempts in a row that could not connect to it (see [`after`]).
     pub no_connection: u32,
@@ -144,7 +150,12 @@ pub enum Standing {
     /// Asked after the others: given up (for [`DEMOTE_FOR`]).
     GivenUp(GiveUp),
     /// Asked after the others: its measured rate is far below the other's.
-    FarSlower { rate: u64, other: u64 },
+    FarSlower {
+        /// Its measured rate, in bytes per second.
+        rate: u64,
+        /// The other origin's rate, in bytes per second.
+        other: u64,
+    },
 }
 
 /// The order to ask the origins in: `seen` in the configured order, each with what the run saw
@@ -215,6 +226,7 @@ pub struct Book {
 }
 
 impl Book {
+    /// What this run has seen of the origin `kind`.
     pub fn seen(&self, kind: OriginKind) -> Seen {
         match kind {
             OriginKind::HuggingFace => self.hf,
@@ -229,6 +241,8 @@ impl Book {
         }
     }
 
+    /// Give the origin `kind` up at `now` for `why`; it is asked after the others for
+    /// [`DEMOTE_FOR`].
     pub fn give_up(&mut self, kind: OriginKind, why: GiveUp, now: Instant) {
         self.slot(kind).given_up = Some((now, why));
     }
@@ -242,6 +256,8 @@ impl Book {
         }
     }
 
+    /// Add `m` to what `kind` moved; the rates of both origins are forgotten [`DEMOTE_FOR`] after
+    /// they started being summed.
     pub fn measured(&mut self, kind: OriginKind, m: Measured, now: Instant) {
         if self
             .since

@@ -376,7 +376,9 @@ pub(crate) fn stale_entries(
 /// for it (`None`: the digest comes from the origin's `.sha256` at download time).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Usable<'a> {
+    /// The artifact's local file name.
     pub local_name: &'a str,
+    /// Its declared SHA-256 in hex, or `None` when the digest comes from the origin.
     pub sha256_hex: Option<&'a str>,
 }
 
@@ -384,7 +386,7 @@ pub struct Usable<'a> {
 /// A staging file or record (`<sha16>-<local_name>[.state]`) is usable when `usable` names its
 /// artifact with the same digest prefix, or with no declared digest; any other one of that shape
 /// is removed. Names of another shape (a temporary of an interrupted write) are left to the age
-/// rule of [`stale_entries`].
+/// rule ([`STALE_AFTER`]).
 pub fn unusable_staged(entries: &[String], usable: &[Usable<'_>]) -> Vec<String> {
     entries
         .iter()

@@ -26,12 +26,15 @@ use chunker::Sha256Digest;
 pub struct StoreState {
     /// The origin (its kind and base URL, as displayed).
     pub origin: String,
+    /// The artifact's local file name.
     pub local_name: String,
     /// The digest the bytes are verified against.
     pub expected: Sha256Digest,
+    /// The artifact's size in bytes.
     pub size: u64,
     /// 0 = one plain file.
     pub chunk_count: u32,
+    /// The first piece's length: the first chunk's for a set of more than one chunk, else the size.
     pub first_len: u64,
     /// The store's `.sha256` sidecar, when it publishes one that parses.
     pub sidecar: Option<Sha256Digest>,
@@ -44,8 +47,11 @@ pub const REMEMBER_FOR: Duration = Duration::from_secs(24 * 3600);
 /// transfer failed before the whole artifact was hashed), and when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Served {
+    /// The store's state when it served them.
     pub state: StoreState,
+    /// The digest of the bytes it served.
     pub served: Option<Sha256Digest>,
+    /// When.
     pub at: Instant,
 }
 

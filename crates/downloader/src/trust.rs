@@ -33,6 +33,7 @@ pub struct TrustedKey {
 }
 
 impl TrustedKey {
+    /// The key's name: its `.pub` file's untrusted comment, or `key <n>`.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -122,18 +123,22 @@ impl TrustedKeys {
         })
     }
 
+    /// The keys file they were read from.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// The number of keys.
     pub fn len(&self) -> usize {
         self.keys.len()
     }
 
+    /// Whether there are none (never so for a file that loaded).
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
 
+    /// The keys, in file order.
     pub fn keys(&self) -> &[TrustedKey] {
         &self.keys
     }
@@ -142,8 +147,11 @@ impl TrustedKeys {
 /// What a verified signature vouched for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Accepted {
+    /// The generation the signature names.
     pub generation: Generation,
+    /// The release number it names.
     pub release: ReleaseNumber,
+    /// When it expires, in Unix seconds.
     pub expires: UnixSeconds,
     /// The name of the trusted key that signed it.
     pub key: String,

@@ -8,8 +8,11 @@ use std::fmt;
 /// it: what the manifest entry (or variant) does not give is not signed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unsigned {
+    /// The whole artifact's SHA-256 (`artifact_sha256`).
     Sha256,
+    /// Its size (`artifact_size`).
     Size,
+    /// Its chunk count (`artifact_chunk_count`).
     ChunkCount,
 }
 
@@ -34,8 +37,8 @@ impl fmt::Display for Unsigned {
     }
 }
 
-/// The words for an artifact a device with trusted keys does not install: "not installable:
-/// the signed manifest gives no SHA-256, size for <file>".
+/// The words for an artifact a device with trusted keys does not install: `not installable:
+/// the signed manifest gives no SHA-256, size for <file>`.
 pub fn not_installable_text(file: &str, missing: &[Unsigned]) -> String {
     let list: Vec<String> = missing.iter().map(ToString::to_string).collect();
     format!(

@@ -32,13 +32,19 @@ use crate::types::{BehaviorVersion, Generation, GitCommit, ModelId};
 /// The contracts this code speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ContractName {
+    /// The v25 contract: `tinygrad_single_v1`, the `chestnut` variant, the flat device layout, no
+    /// stamp.
     V25,
+    /// Upstream's v26 contract: `tinygrad_single_v1_arena`, `artifact_abi`, a stamp in the
+    /// artifact, build receipts, the per-generation device layout.
     V26,
 }
 
 impl ContractName {
+    /// Every contract, oldest first.
     pub const ALL: [ContractName; 2] = [ContractName::V25, ContractName::V26];
 
+    /// The contract's name as written in the pin table and in messages (`v25`, `v26`).
     pub fn as_str(self) -> &'static str {
         self.contract().name_str
     }
@@ -138,6 +144,7 @@ pub struct StampRule {
     pub compiler_revision_key: &'static str,
     /// The dict key holding the format version, and the value it must have.
     pub format_version_key: &'static str,
+    /// The value the format-version key must hold.
     pub format_version: i64,
     /// The dict key holding the behaviour version; its value must be the entry's `version`.
     pub behavior_version_key: &'static str,
@@ -161,9 +168,13 @@ pub struct TreeMarkers {
 pub struct LoadReceiptRule {
     /// `/dev/shm/<dir_prefix><OPENPILOT_PREFIX or default_prefix>/<file>`.
     pub dir_prefix: &'static str,
+    /// The `OPENPILOT_PREFIX` used when the environment sets none.
     pub default_prefix: &'static str,
+    /// The receipt's file name inside its directory.
     pub file: &'static str,
+    /// The largest receipt a reader accepts, in bytes.
     pub max_bytes: u64,
+    /// The receipt `version` this rule describes.
     pub version: i64,
     /// Seconds between modeld's republications of the receipt.
     pub republish_secs: u64,
@@ -189,7 +200,9 @@ pub struct LoadReceiptRule {
 /// written as a constant anywhere else.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Contract {
+    /// Which contract this row is.
     pub name: ContractName,
+    /// Its name as written (`v25`, `v26`); [`ContractName::as_str`] returns it.
     pub name_str: &'static str,
     /// The `artifact_format` every downloadable artifact carries.
     pub artifact_format: &'static str,
@@ -215,6 +228,7 @@ pub struct Contract {
     /// `artifact_chunk_count` alone and never asks the origin for `.chunkmanifest` (v26: its
     /// origin is read as upstream's devices read it, which never fetch it).
     pub chunk_count_from_manifest: bool,
+    /// Where a device keeps this contract's files.
     pub device_layout: DeviceLayout,
     /// The selection's "the bundled model" value in the device's selection store.
     pub bundled_selection: &'static str,
@@ -222,12 +236,16 @@ pub struct Contract {
     pub download_headroom_bytes: u64,
     /// `preferences.json`'s size cap (v26).
     pub preferences_max_bytes: u64,
+    /// The stamp the artifact's top-level pickle dict must carry; `None` when the contract has none
+    /// (v25).
     pub stamp: Option<StampRule>,
     /// `compile`, `dm` and `builtin` write `<file stem>.build.json` and publish requires it.
     pub build_receipts: bool,
+    /// modeld's load receipt; `None` when the contract has none (v25).
     pub load_receipt: Option<LoadReceiptRule>,
     /// The device validation's p95 latency bound, in milliseconds.
     pub validation_p95_ms: Option<u32>,
+    /// What a tree declaring this contract carries; `None` for a contract no tree declares (v25).
     pub tree: Option<TreeMarkers>,
     /// The per-generation root's files and formats ([`DeviceLayout::PerGeneration`]).
     pub generation_files: Option<GenerationFiles>,
@@ -428,10 +446,15 @@ impl Contract {
 /// One row of a tree's reviewed catalog (`catalog-v26.json`'s `models`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TreeCatalogRow {
+    /// The model ID.
     pub id: ModelId,
+    /// The display name.
     pub name: String,
+    /// The behaviour version.
     pub version: BehaviorVersion,
+    /// Whether the model runs on the external GPU.
     pub uses_external_gpu: bool,
+    /// The row's `model_lab_eligible` (v26: an `amd` variant needs it true).
     pub model_lab_eligible: bool,
 }
 
@@ -439,14 +462,18 @@ pub struct TreeCatalogRow {
 /// catalog JSON beside the module and the tree's `upstream-sync.json`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TreeDeclaration {
+    /// The generation the tree is for.
     pub generation: Generation,
+    /// The contract the tree declares for it.
     pub contract: ContractName,
     /// `upstream-sync.json`'s `dependencies[path == "tinygrad_repo"].commit`.
     pub compiler_revision: GitCommit,
+    /// The reviewed catalog's rows, in file order.
     pub catalog: Vec<TreeCatalogRow>,
 }
 
 impl TreeDeclaration {
+    /// The catalog row of model `id`, if the tree's catalog has one.
     pub fn row(&self, id: &str) -> Option<&TreeCatalogRow> {
         self.catalog.iter().find(|r| r.id.as_str() == id)
     }

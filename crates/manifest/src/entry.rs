@@ -20,21 +20,32 @@ use crate::validate::check_entry_reader;
 /// The fields every release-tool entry starts with (see [`ModelEntry::new`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewEntry {
+    /// The model ID; fixed for the entry's life.
     pub id: ModelId,
+    /// The display name.
     pub name: ModelName,
+    /// The behaviour version.
     pub version: BehaviorVersion,
+    /// The `series` (model family) it belongs to.
     pub series: String,
+    /// The `released` date.
     pub released: ReleaseDate,
+    /// Whether the model is marked a community favourite.
     pub community_favorite: bool,
+    /// Whether it runs on the external GPU (`uses_external_gpu`).
     pub uses_external_gpu: bool,
 }
 
 /// What a manifest says about a logical artifact.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Artifact {
+    /// `artifact_format`.
     pub format: ArtifactFormat,
+    /// `artifact_size`: bytes of the logical artifact.
     pub size: ArtifactSize,
+    /// `artifact_sha256`: SHA-256 of the whole logical artifact.
     pub sha256: Sha256Digest,
+    /// `artifact_chunk_count`: 0 for one plain file, else the number of chunks.
     pub chunk_count: ChunkCount,
 }
 
@@ -71,14 +82,26 @@ impl Artifact {
 /// One `accelerator_artifacts` variant (v25: `chestnut`, a precompiled eGPU build).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AcceleratorArtifact {
+    /// `artifact_format`, when the variant has one.
     pub format: Option<ArtifactFormat>,
+    /// `artifact_filename`: the variant's logical file name, when not the default.
     pub filename: Option<FileName>,
+    /// `artifact_size` in bytes.
     pub size: Option<ArtifactSize>,
+    /// `artifact_sha256` of the whole variant artifact.
     pub sha256: Option<Sha256Digest>,
+    /// `artifact_chunk_count` (0 for a plain file).
     pub chunk_count: Option<ChunkCount>,
+    /// `execution_device` (`"AMD"` for Chestnut).
     pub execution_device: Option<String>,
 }
 
+/// One model of a manifest: its ID and its JSON object as read, every key in its original order
+/// (unknown keys kept in place).
+/// Every known field present passed the reader checks ([`crate::ValidationMode::Reader`]) when the
+/// entry was built, and every setter writes only valid values, so the typed getters return `None`
+/// only for an absent field, never for a malformed one. The `id` cannot change: build a new entry
+/// instead.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelEntry {
     id: ModelId,
@@ -124,6 +147,7 @@ impl ModelEntry {
         Ok(Self { id, fields })
     }
 
+    /// The model ID.
     pub fn id(&self) -> &ModelId {
         &self.id
     }
@@ -133,10 +157,12 @@ impl ModelEntry {
         &self.fields
     }
 
+    /// The raw value of `key`, known or not.
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.fields.get(key)
     }
 
+    /// The JSON object, keys in order.
     pub fn into_fields(self) -> Map<String, Value> {
         self.fields
     }
@@ -159,22 +185,27 @@ impl ModelEntry {
         self.fields.get(key).and_then(Value::as_u64)
     }
 
+    /// `name`, when present.
     pub fn name(&self) -> Option<&str> {
         self.str_field(keys::NAME)
     }
 
+    /// `version`, when present.
     pub fn version(&self) -> Option<BehaviorVersion> {
         self.typed(keys::VERSION)
     }
 
+    /// `series`, when present.
     pub fn series(&self) -> Option<&str> {
         self.str_field(keys::SERIES)
     }
 
+    /// `released`, when present.
     pub fn released(&self) -> Option<ReleaseDate> {
         self.typed(keys::RELEASED)
     }
 
+    /// `community_favorite`, when present.
     pub fn community_favorite(&self) -> Option<bool> {
         self.fields
             .get(keys::COMMUNITY_FAVORITE)
@@ -189,16 +220,19 @@ impl ModelEntry {
             .unwrap_or(false)
     }
 
+    /// `model_size` (`small` or `chestnut`), when present.
     pub fn model_size(&self) -> Option<&str> {
         self.str_field(keys::MODEL_SIZE)
     }
 
+    /// `model_lab_eligible`, when present.
     pub fn model_lab_eligible(&self) -> Option<bool> {
         self.fields
             .get(keys::MODEL_LAB_ELIGIBLE)
             .and_then(Value::as_bool)
     }
 
+    /// `artifact_format`, when present (an unknown value is [`ArtifactFormat::Unsupported`]).
     pub fn artifact_format(&self) -> Option<ArtifactFormat> {
         self.str_field(keys::ARTIFACT_FORMAT)
             .map(ArtifactFormat::parse)
@@ -218,15 +252,18 @@ impl ModelEntry {
         })
     }
 
+    /// `artifact_size` in bytes, when present.
     pub fn artifact_size(&self) -> Option<ArtifactSize> {
         self.uint(keys::ARTIFACT_SIZE)
             .and_then(|n| ArtifactSize::new(n).ok())
     }
 
+    /// `artifact_sha256`, when present.
     pub fn artifact_sha256(&self) -> Option<Sha256Digest> {
         self.typed(keys::ARTIFACT_SHA256)
     }
 
+    /// `artifact_chunk_count`, when present (absent means one plain file to devices).
     pub fn artifact_chunk_count(&self) -> Option<ChunkCount> {
         self.uint(keys::ARTIFACT_CHUNK_COUNT)
             .and_then(|n| ChunkCount::new(n).ok())
@@ -245,6 +282,7 @@ impl ModelEntry {
         })
     }
 
+    /// `artifact_filename`, when present (see [`ModelEntry::file_name`] for the default).
     pub fn artifact_filename(&self) -> Option<FileName> {
         self.typed(keys::ARTIFACT_FILENAME)
     }
@@ -256,6 +294,7 @@ impl ModelEntry {
             .unwrap_or_else(|| crate::layout::artifact_file_name(&self.id))
     }
 
+    /// `artifact_url`, when present (an http(s) URL the Python tools may write).
     pub fn artifact_url(&self) -> Option<&str> {
         self.str_field(keys::ARTIFACT_URL)
     }
@@ -404,30 +443,37 @@ impl ModelEntry {
         Ok(())
     }
 
+    /// Sets `source_commit` (our extension) in place, or appends it.
     pub fn set_source_commit(&mut self, commit: &GitCommit) {
         self.put(keys::SOURCE_COMMIT, commit.as_str().into());
     }
 
+    /// Sets `name` in place, or appends it.
     pub fn set_name(&mut self, name: &ModelName) {
         self.put(keys::NAME, name.as_str().into());
     }
 
+    /// Sets `version` in place, or appends it.
     pub fn set_version(&mut self, version: BehaviorVersion) {
         self.put(keys::VERSION, version.to_string().into());
     }
 
+    /// Sets `series` in place, or appends it.
     pub fn set_series(&mut self, series: &str) {
         self.put(keys::SERIES, series.into());
     }
 
+    /// Sets `released` in place, or appends it.
     pub fn set_released(&mut self, released: ReleaseDate) {
         self.put(keys::RELEASED, released.to_string().into());
     }
 
+    /// Sets `community_favorite` in place, or appends it.
     pub fn set_community_favorite(&mut self, favorite: bool) {
         self.put(keys::COMMUNITY_FAVORITE, favorite.into());
     }
 
+    /// Sets `uses_external_gpu` in place, or appends it.
     pub fn set_uses_external_gpu(&mut self, gpu: bool) {
         self.put(keys::USES_EXTERNAL_GPU, gpu.into());
     }

@@ -2,26 +2,39 @@
 
 use std::fmt;
 
+/// This crate's result type, with [`Error`] as the default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Everything that can go wrong reading, building or editing a manifest. Every variant names the
+/// value or the JSON path at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A value that does not fit one of the crate's newtypes (`ModelId`, `Generation`, ...).
     #[error("invalid {kind} {value:?}: {reason}")]
     InvalidValue {
+        /// What the value was meant to be (`model ID`, `generation`, ...).
         kind: &'static str,
+        /// The value refused, cut to 80 characters.
         value: String,
+        /// Why it is refused.
         reason: String,
     },
 
     /// The manifest is larger than [`crate::Limits::max_manifest_bytes`]; checked before parsing
     /// so a hostile server cannot make us parse endless data.
     #[error("manifest is {actual} bytes, more than the limit of {limit} bytes")]
-    TooLarge { limit: u64, actual: u64 },
+    TooLarge {
+        /// The limit, in bytes.
+        limit: u64,
+        /// The manifest's size (or the bytes read before the limit was passed).
+        actual: u64,
+    },
 
+    /// The bytes are not JSON (or not UTF-8); serde_json's error says where.
     #[error("manifest is not valid JSON: {0}")]
     Json(#[source] serde_json::Error),
 
+    /// Reading the manifest from its reader failed.
     #[error("could not read manifest: {0}")]
     Read(#[source] std::io::Error),
 
@@ -32,11 +45,18 @@ pub enum Error {
 
     /// A setter was given a value for a known field that is not valid for that field.
     #[error("invalid value for {key}: {problems}", problems = ProblemList(.problems))]
-    InvalidField { key: String, problems: Vec<Problem> },
+    InvalidField {
+        /// The field's JSON key.
+        key: String,
+        /// What is wrong with the value.
+        problems: Vec<Problem>,
+    },
 
+    /// [`crate::Manifest::insert`] was given a model the manifest already has; holds its ID.
     #[error("model {0} is already in the manifest")]
     DuplicateId(String),
 
+    /// An edit would remove or change an entry's `id` in place.
     #[error("the `id` of an entry cannot be removed or changed in place; build a new entry")]
     IdIsFixed,
 }
@@ -55,7 +75,9 @@ impl Error {
 /// `$` for the whole document) and what.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Problem {
+    /// The JSON path, e.g. `models[3].artifact_sha256`, or `$` for the whole document.
     pub path: String,
+    /// What is wrong there.
     pub message: String,
 }
 

@@ -21,7 +21,9 @@ use crate::validate::join_key;
 pub struct FieldChange {
     /// Dotted path inside the entry (or the top level), e.g. `artifact_size`.
     pub field: String,
+    /// The value on the old side; `None` when absent there.
     pub old: Option<Value>,
+    /// The value on the new side; `None` when absent there.
     pub new: Option<Value>,
 }
 
@@ -44,7 +46,9 @@ impl fmt::Display for FieldChange {
 /// The changes of one model present on both sides.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelChange {
+    /// The model.
     pub id: ModelId,
+    /// Its fields that differ, in the new entry's key order.
     pub fields: Vec<FieldChange>,
 }
 
@@ -62,6 +66,7 @@ pub struct ManifestDiff {
 }
 
 impl ManifestDiff {
+    /// Whether the two manifests are the same in every key.
     pub fn is_empty(&self) -> bool {
         self.top_level.is_empty()
             && self.added.is_empty()
@@ -167,21 +172,33 @@ pub fn diff(old: &Manifest, new: &Manifest) -> ManifestDiff {
 /// One change the release guard did not expect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UnexpectedChange {
+    /// A model the new manifest adds that is not among the intended ones.
     Added(ModelId),
+    /// A model the new manifest removes that is not among the intended ones.
     Removed(ModelId),
+    /// A field of a model that is not among the intended ones would change.
     Changed {
+        /// The model.
         id: ModelId,
+        /// The field's dotted path inside the entry.
         field: String,
     },
+    /// A top-level key other than `models` would change (adding `generation` or `tinygrad_commit`
+    /// is allowed).
     TopLevel {
+        /// The key.
         field: String,
     },
     /// The behaviour version or `uses_external_gpu` of a model would change within the
     /// generation: refused for every model, intended or not.
     Fixed {
+        /// The model.
         id: ModelId,
+        /// The field: `version` or `uses_external_gpu`.
         field: String,
+        /// The live value; `None` when absent.
         old: Option<Value>,
+        /// The new value; `None` when absent.
         new: Option<Value>,
     },
 }
@@ -317,20 +334,35 @@ pub enum GenerationChange {
     NamedDropNotDropped(ModelId),
     /// The behaviour version changed: it must stay when only tinygrad changes.
     Version {
+        /// The model.
         id: ModelId,
+        /// Its `version` in the old generation; `None` when absent.
         old: Option<String>,
+        /// Its `version` in the new one; `None` when absent.
         new: Option<String>,
     },
     /// `uses_external_gpu` changed: a Chestnut build stays a Chestnut build.
-    ExternalGpu { id: ModelId, old: bool, new: bool },
+    ExternalGpu {
+        /// The model.
+        id: ModelId,
+        /// `uses_external_gpu` in the old generation.
+        old: bool,
+        /// `uses_external_gpu` in the new one.
+        new: bool,
+    },
     /// An artifact (the model's own, or an `accelerator_artifacts` variant: `variant`) whose
     /// `artifact_sha256` is one the previous generation published (`from`, `from_variant`): a
     /// pickle compiled with the previous tinygrad, carried into the new generation.
     Carried {
+        /// The model in the new generation carrying the artifact.
         id: ModelId,
+        /// `None` for the entry's own artifact, else the `accelerator_artifacts` key.
         variant: Option<String>,
+        /// The carried digest.
         sha256: crate::Sha256Digest,
+        /// The model of the previous generation that published it.
         from: ModelId,
+        /// `None` when it was that model's own artifact, else its `accelerator_artifacts` key.
         from_variant: Option<String>,
     },
 }
@@ -387,6 +419,7 @@ impl fmt::Display for GenerationChange {
 /// Every departure of a new generation from the previous one, refused together.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GenerationRefusal {
+    /// Every change refused, in the order found.
     pub changes: Vec<GenerationChange>,
 }
 
@@ -527,6 +560,7 @@ fn carried(
 #[error("refusing to publish: the new manifest makes {} unexpected change{} to the live one:\n{}",
     .changes.len(), if .changes.len() == 1 { "" } else { "s" }, ChangeList(changes))]
 pub struct GuardRefusal {
+    /// Every unexpected change, in the order found.
     pub changes: Vec<UnexpectedChange>,
 }
 

@@ -36,6 +36,7 @@ pub struct PythonFormatter<'a> {
 }
 
 impl PythonFormatter<'_> {
+    /// A formatter with the 2-space indent Python's `json.dumps(indent=2)` uses.
     pub fn new() -> Self {
         Self {
             pretty: PrettyFormatter::with_indent(b"  "),

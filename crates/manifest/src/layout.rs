@@ -16,10 +16,13 @@ use crate::types::{BehaviorVersion, FileName, Generation, GitCommit, ModelId};
 
 /// The Hugging Face bucket devices download from first.
 pub const HF_BUCKET: &str = "StarPilot-Driving/StarPilot-Resources";
+/// The Hugging Face endpoint bucket URLs are built on.
 pub const HF_ENDPOINT: &str = "https://huggingface.co";
 /// The GitHub repository devices fall back to, and its branch.
 pub const GITHUB_REPO: &str = "firestar5683/StarPilot-Resources";
+/// The branch of [`GITHUB_REPO`] that holds the manifests and artifacts.
 pub const GITHUB_BRANCH: &str = "Models";
+/// The endpoint raw GitHub file URLs are built on.
 pub const GITHUB_RAW_ENDPOINT: &str = "https://raw.githubusercontent.com";
 
 /// The generation this code publishes and devices running it read.
@@ -29,7 +32,9 @@ pub const CURRENT_TINYGRAD_COMMIT: &str = "e837e367aac9e1a66e689f4f32ce20ca9367d
 
 /// The built-in model shipped in the openpilot tree: always installed, the fallback.
 pub const BUILTIN_MODEL_ID: &str = "rdf43";
+/// The built-in model's display name.
 pub const BUILTIN_MODEL_NAME: &str = "Regret Driven Framework V4";
+/// The built-in model's behaviour version.
 pub const BUILTIN_MODEL_VERSION: BehaviorVersion = BehaviorVersion::new(15);
 
 /// The driver-monitoring set: built once per generation, replaced together.
@@ -46,12 +51,14 @@ pub const SIGNATURE_SUFFIX: &str = ".minisig";
 /// Suffix of every driving artifact: `<id>_driving_tinygrad.pkl`.
 pub const ARTIFACT_SUFFIX: &str = "_driving_tinygrad.pkl";
 
+/// [`CURRENT_TINYGRAD_COMMIT`] as a typed commit.
 pub fn current_tinygrad_commit() -> GitCommit {
     CURRENT_TINYGRAD_COMMIT
         .parse()
         .expect("the pinned commit is 40 lowercase hex digits")
 }
 
+/// [`BUILTIN_MODEL_ID`] as a typed ID.
 pub fn builtin_model_id() -> ModelId {
     BUILTIN_MODEL_ID
         .parse()
@@ -88,10 +95,12 @@ pub fn parse_manifest_file_name(file: &str) -> Option<Generation> {
 pub struct StorePath(String);
 
 impl StorePath {
+    /// The path as written, `/`-separated.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 
+    /// The path's segments, in order; none is empty, `.` or `..`.
     pub fn segments(&self) -> impl Iterator<Item = &str> {
         self.0.split('/')
     }

@@ -15,6 +15,59 @@
 //! uploading and writing files belong to `downloader` and `artifact-store`; no chunk-set
 //! handling (that is `chunker`); no filtering policy for devices beyond
 //! [`ModelEntry::is_supported`].
+//!
+//! # Example
+//!
+//! Parse a manifest, read an entry through its typed getters, validate it at the release level,
+//! and see a broken one refused with the JSON path of each problem:
+//!
+//! ```
+//! use manifest::{Manifest, ModelId, ValidationMode};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let text = r#"{
+//!   "models": [
+//!     {
+//!       "id": "pop223",
+//!       "name": "Pop 223",
+//!       "version": "v15",
+//!       "series": "Pop",
+//!       "released": "2025-06-01",
+//!       "community_favorite": false,
+//!       "artifact_format": "tinygrad_single_v1",
+//!       "artifact_size": 94371840,
+//!       "artifact_sha256": "1da45bc0a1fbaf4118e28c858f8f99c4a571fb630b6e7cfb44baf6fa106f759d",
+//!       "artifact_chunk_count": 3,
+//!       "uses_external_gpu": false
+//!     }
+//!   ]
+//! }"#;
+//!
+//! // Parsing enforces the reader rules: every known field present is well-formed.
+//! let manifest = Manifest::from_slice(text.as_bytes())?;
+//! let id: ModelId = "pop223".parse()?;
+//! let entry = manifest.get(&id).expect("pop223 is in the manifest");
+//! assert_eq!(entry.version().map(|v| v.to_string()).as_deref(), Some("v15"));
+//! assert_eq!(entry.artifact_chunk_count().map(|c| c.get()), Some(3));
+//! assert_eq!(entry.file_name().as_str(), "pop223_driving_tinygrad.pkl");
+//!
+//! // The release level adds what publishing needs; this manifest has it all.
+//! assert!(manifest.validate(ValidationMode::Release).is_empty());
+//!
+//! // Written back, a manifest without changes is byte-for-byte what was read.
+//! assert_eq!(manifest.to_canonical_string().trim_end(), text);
+//!
+//! // A malformed field is refused with its JSON path; every problem is listed.
+//! let broken = text.replace("\"v15\"", "\"15\"").replace("1da45bc0", "XYZ");
+//! let err = Manifest::from_slice(broken.as_bytes()).unwrap_err();
+//! let manifest::Error::Invalid(problems) = &err else { panic!("{err}") };
+//! let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
+//! assert_eq!(paths, ["models[0].version", "models[0].artifact_sha256"]);
+//! # Ok(())
+//! # }
+//! ```
+
+#![warn(missing_docs)]
 
 pub mod contract;
 mod entry;
@@ -62,24 +115,41 @@ pub use validate::{
 /// [`keys::SOURCE_COMMIT`], [`keys::ARTIFACT_CHUNK_SHA256`]) are plain extra keys to it and safe
 /// to add.
 pub mod keys {
+    /// Top level: the array of model entries.
     pub const MODELS: &str = "models";
 
+    /// The model ID.
     pub const ID: &str = "id";
+    /// The display name.
     pub const NAME: &str = "name";
+    /// The behaviour version (`v15`).
     pub const VERSION: &str = "version";
+    /// The series the model belongs to.
     pub const SERIES: &str = "series";
+    /// The release date, `YYYY-MM-DD`.
     pub const RELEASED: &str = "released";
+    /// Whether the model is a community favourite.
     pub const COMMUNITY_FAVORITE: &str = "community_favorite";
+    /// The artifact's format (`tinygrad_single_v1`).
     pub const ARTIFACT_FORMAT: &str = "artifact_format";
+    /// Bytes of the logical artifact.
     pub const ARTIFACT_SIZE: &str = "artifact_size";
+    /// SHA-256 of the whole logical artifact.
     pub const ARTIFACT_SHA256: &str = "artifact_sha256";
+    /// Number of chunks; 0 for one plain file.
     pub const ARTIFACT_CHUNK_COUNT: &str = "artifact_chunk_count";
+    /// Whether the model runs on the external GPU.
     pub const USES_EXTERNAL_GPU: &str = "uses_external_gpu";
 
+    /// `small` or `chestnut`.
     pub const MODEL_SIZE: &str = "model_size";
+    /// A bool seen in the field; under the v26 contract an `amd` variant needs it true.
     pub const MODEL_LAB_ELIGIBLE: &str = "model_lab_eligible";
+    /// Extra builds of the model for accelerators, keyed by variant (`chestnut`).
     pub const ACCELERATOR_ARTIFACTS: &str = "accelerator_artifacts";
+    /// The logical artifact's file name, when not `<id>_driving_tinygrad.pkl`.
     pub const ARTIFACT_FILENAME: &str = "artifact_filename";
+    /// An http(s) URL seen in the field; checked when present, never used to download.
     pub const ARTIFACT_URL: &str = "artifact_url";
     /// Inside an `accelerator_artifacts` variant (`"AMD"` for Chestnut).
     pub const EXECUTION_DEVICE: &str = "execution_device";
@@ -120,6 +190,7 @@ pub mod keys {
     pub const CATALOG_REQUIRED: &[&str] =
         &[ID, NAME, VERSION, SERIES, RELEASED, COMMUNITY_FAVORITE];
 
+    /// Our top-level extension keys.
     pub const TOP_LEVEL_EXTENSIONS: [&str; 2] = [GENERATION, TINYGRAD_COMMIT];
 
     // Keys of the v26 contract's schema (docs/formats.md, "Generation contracts"). Which
@@ -152,5 +223,6 @@ pub mod keys {
     ];
     /// Keys every entry of a catalog read from a tree's reviewed catalog has.
     pub const TREE_CATALOG_REQUIRED: &[&str] = &[ID, NAME, VERSION];
+    /// Our per-entry extension keys.
     pub const ENTRY_EXTENSIONS: [&str; 2] = [SOURCE_COMMIT, ARTIFACT_CHUNK_SHA256];
 }

@@ -21,6 +21,7 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// The default of [`Limits::max_manifest_bytes`]: 2 MiB.
     pub const DEFAULT_MAX_MANIFEST_BYTES: u64 = 2 * 1024 * 1024;
 }
 
@@ -244,10 +245,12 @@ impl Manifest {
         crate::json::to_canonical_string(self)
     }
 
+    /// [`Manifest::to_canonical_string`] as UTF-8 bytes: what is published.
     pub fn to_canonical_bytes(&self) -> Vec<u8> {
         self.to_canonical_string().into_bytes()
     }
 
+    /// The manifest as a JSON value, keys in order.
     pub fn to_value(&self) -> Value {
         serde_json::to_value(self).expect("a manifest always converts to a JSON value")
     }
@@ -258,14 +261,17 @@ impl Manifest {
         check_document(&self.to_value(), mode)
     }
 
+    /// The entries, in file order.
     pub fn models(&self) -> &[ModelEntry] {
         &self.models
     }
 
+    /// The model IDs, in file order.
     pub fn ids(&self) -> impl Iterator<Item = &ModelId> {
         self.models.iter().map(ModelEntry::id)
     }
 
+    /// The entry of model `id`.
     pub fn get(&self, id: &ModelId) -> Option<&ModelEntry> {
         self.models.iter().find(|e| e.id() == id)
     }
@@ -296,6 +302,7 @@ impl Manifest {
         Ok(())
     }
 
+    /// Removes and returns the entry of model `id`; the other entries keep their order.
     pub fn remove(&mut self, id: &ModelId) -> Option<ModelEntry> {
         let pos = self.models.iter().position(|e| e.id() == id)?;
         Some(self.models.remove(pos))
@@ -316,6 +323,7 @@ impl Manifest {
         self.put_top(keys::GENERATION, generation.to_string().into());
     }
 
+    /// Sets `tinygrad_commit` in place, or appends it after the existing keys.
     pub fn set_tinygrad_commit(&mut self, commit: &GitCommit) {
         self.put_top(keys::TINYGRAD_COMMIT, commit.as_str().into());
     }

@@ -18,8 +18,11 @@ use crate::types::ModelId;
 /// `{"id","name","version"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct NamedModel<I = ModelId> {
+    /// The model ID.
     pub id: I,
+    /// The display name; the ID when nothing better is known.
     pub name: String,
+    /// The behaviour version (`v15`); empty when unknown.
     pub version: String,
 }
 

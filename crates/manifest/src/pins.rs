@@ -37,33 +37,51 @@ impl Default for PinTable {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PinRefusal {
     /// The manifest does not say which tinygrad it was built with.
-    Missing { generation: Generation },
+    Missing {
+        /// The manifest's generation.
+        generation: Generation,
+    },
     /// No pin is recorded for the generation.
-    Unknown { generation: Generation },
+    Unknown {
+        /// The generation.
+        generation: Generation,
+    },
     /// The manifest's pin is not its generation's.
     Mismatch {
+        /// The manifest's generation.
         generation: Generation,
+        /// The pin recorded for it.
         expected: GitCommit,
+        /// The manifest's `tinygrad_commit`.
         found: GitCommit,
         /// The generation `found` is the pin of, when it is one.
         belongs_to: Option<Generation>,
     },
     /// Recording a pin already used by another generation.
     Reused {
+        /// The generation being recorded.
         generation: Generation,
+        /// The commit offered as its pin.
         commit: GitCommit,
+        /// The generation that already has it.
         owner: Generation,
     },
     /// Recording a different contract for a generation that has one.
     ContractConflict {
+        /// The generation.
         generation: Generation,
+        /// The contract recorded for it.
         recorded: ContractName,
+        /// The contract offered.
         new: ContractName,
     },
     /// Recording a different pin for a generation that has one.
     Conflict {
+        /// The generation.
         generation: Generation,
+        /// The pin recorded for it.
         recorded: GitCommit,
+        /// The pin offered.
         new: GitCommit,
     },
 }
@@ -187,6 +205,7 @@ impl PinTable {
         Ok(())
     }
 
+    /// The pin of `generation`, when one is recorded.
     pub fn get(&self, generation: Generation) -> Option<&GitCommit> {
         self.pins.get(&generation)
     }
@@ -199,6 +218,7 @@ impl PinTable {
             .map(|(g, _)| *g)
     }
 
+    /// Every `(generation, pin)`, by generation.
     pub fn iter(&self) -> impl Iterator<Item = (Generation, &GitCommit)> {
         self.pins.iter().map(|(g, c)| (*g, c))
     }

@@ -40,19 +40,29 @@ pub fn receipt_file_name(artifact: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BuildReceipt {
+    /// The model ID (or the DM file's stem for the DM set).
     pub model_id: String,
     /// The behaviour version (`v8` … `v16`); `null` for a file with none (the DM set).
     pub behavior_version: Option<String>,
+    /// What the artifact is, as the compiler names it (`vision_policy`, ...).
     pub model_type: String,
+    /// The ABI the artifact is built for; must be the contract's.
     pub artifact_abi: String,
+    /// The tinygrad revision that compiled it; must be the generation's pin.
     pub compiler_revision: GitCommit,
     /// `{source file name: sha256}`, in the order the build hashed them.
     pub source_sha256: SourceDigests,
+    /// SHA-256 of the artifact as written; must be the bytes that ship.
     pub artifact_sha256: Sha256Digest,
+    /// Size of the artifact in bytes; must be the bytes that ship.
     pub artifact_size: u64,
+    /// The device the artifact runs on (`QCOM`, `AMD`).
     pub execution_device: String,
+    /// The device the camera warp runs on.
     pub warp_device: String,
+    /// Which image-history pipeline the artifact was built with (`policy`, ...).
     pub image_history_pipeline: String,
+    /// The camera resolutions `[width, height]` it was compiled for.
     pub camera_resolutions: Vec<[u32; 2]>,
 }
 
@@ -102,8 +112,14 @@ impl<'de> Deserialize<'de> for SourceDigests {
 /// Why a receipt could not be read.
 #[derive(Debug)]
 pub enum ReceiptReadError {
+    /// Reading the receipt failed.
     Io(std::io::Error),
-    TooLarge { limit: u64 },
+    /// The receipt is over the size cap.
+    TooLarge {
+        /// The cap, in bytes ([`MAX_RECEIPT_BYTES`]).
+        limit: u64,
+    },
+    /// Not JSON, a field missing or of the wrong type, or an unknown key; serde_json's message.
     Invalid(String),
 }
 
@@ -136,6 +152,7 @@ pub fn read_receipt(input: impl Read) -> Result<BuildReceipt, ReceiptReadError> 
     parse_receipt(&bytes)
 }
 
+/// Parse a receipt from bytes (no size cap): every field with its type, no other key.
 pub fn parse_receipt(bytes: &[u8]) -> Result<BuildReceipt, ReceiptReadError> {
     serde_json::from_slice(bytes).map_err(|e| ReceiptReadError::Invalid(e.to_string()))
 }
@@ -151,9 +168,13 @@ impl BuildReceipt {
 /// A receipt that does not tie its file to this pin and these bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReceiptRefusal {
+    /// The artifact's file name.
     pub file: String,
+    /// The receipt field that disagrees.
     pub field: &'static str,
+    /// What the contract, pin or bytes need.
     pub expected: String,
+    /// What the receipt says.
     pub found: String,
 }
 

@@ -54,8 +54,10 @@ impl StoreLayout {
 pub struct ReleaseNumber(u64);
 
 impl ReleaseNumber {
+    /// The first release of a generation.
     pub const FIRST: ReleaseNumber = ReleaseNumber(1);
 
+    /// Release `n`; 0 is refused.
     pub fn new(n: u64) -> Result<Self> {
         if n == 0 {
             return Err(Error::invalid("release number", "0", "releases start at 1"));
@@ -63,6 +65,7 @@ impl ReleaseNumber {
         Ok(Self(n))
     }
 
+    /// The number.
     pub fn get(self) -> u64 {
         self.0
     }
@@ -147,6 +150,7 @@ impl UnixSeconds {
         self.plus_days(days)
     }
 
+    /// `days` days after this instant; an error when that overflows.
     pub fn plus_days(self, days: u64) -> Result<Self> {
         days.checked_mul(86_400)
             .and_then(|s| self.0.checked_add(s))
@@ -174,8 +178,11 @@ fn parse_decimal(kind: &'static str, s: &str) -> Result<u64> {
 /// What the release key vouches for besides the manifest's bytes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct TrustedComment {
+    /// The generation signed.
     pub generation: Generation,
+    /// The release number signed.
     pub release: ReleaseNumber,
+    /// When the signature stops being accepted, in Unix seconds.
     pub expires: UnixSeconds,
 }
 
@@ -223,6 +230,7 @@ impl FromStr for TrustedComment {
 pub struct SignatureBlock(String);
 
 impl SignatureBlock {
+    /// The block's text: four lines, each ending in `\n`.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -321,36 +329,58 @@ impl SignatureBlock {
 /// the device; the next origin is tried.
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum Refusal {
+    /// No signature file is published beside the manifest.
     #[error("no signature is published beside the manifest")]
     Unsigned,
+    /// The signature file has no usable signature block.
     #[error("the signature file is malformed: {reason}")]
-    Malformed { reason: String },
+    Malformed {
+        /// Why.
+        reason: String,
+    },
+    /// No trusted key verifies any block over the manifest's bytes.
     #[error(
         "the signature does not verify under any of the {keys} trusted key(s): the manifest or \
          its signature was changed after signing, or another key signed it"
     )]
-    UntrustedSignature { keys: usize },
+    UntrustedSignature {
+        /// How many trusted keys were tried.
+        keys: usize,
+    },
+    /// A verified block's trusted comment is not `generation=vNN release=N expires=SECONDS`.
     #[error("the signed comment is not `generation=vNN release=N expires=SECONDS`: {reason}")]
-    BadComment { reason: String },
+    BadComment {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The signature is for another generation than the manifest fetched.
     #[error("the signature is for generation {found}, but this device fetched {expected}")]
     OtherGeneration {
+        /// The generation fetched.
         expected: Generation,
+        /// The generation signed.
         found: Generation,
     },
+    /// The signature has expired by the device's clock.
     #[error(
         "the signature expired at {expires} (Unix seconds) and the device clock says {now}; the \
          release engineer must sign the manifest again"
     )]
     Expired {
+        /// When it expired, in Unix seconds.
         expires: UnixSeconds,
+        /// The device's clock, in Unix seconds.
         now: UnixSeconds,
     },
+    /// The release is older than one the device already accepted (a rollback).
     #[error(
         "release {release} is older than release {accepted}, which this device already accepted \
          (an old manifest served again); keeping the newer one"
     )]
     Rollback {
+        /// The release number fetched.
         release: ReleaseNumber,
+        /// The highest release number this device accepted for the generation.
         accepted: ReleaseNumber,
     },
 }
@@ -426,11 +456,17 @@ pub const MAX_EXPIRES_IN_DAYS: u64 = 3650;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum BlockOutcome<'a> {
     /// The block is not a decodable minisign signature (bad base64, wrong length or algorithm).
-    Undecodable { reason: &'a str },
+    Undecodable {
+        /// Why it does not decode.
+        reason: &'a str,
+    },
     /// It decodes, but no trusted key verifies it over the manifest's bytes.
     NotVerified,
     /// A trusted key verifies it; its trusted comment, not yet checked.
-    Verified { comment: &'a str },
+    Verified {
+        /// The trusted comment's text.
+        comment: &'a str,
+    },
 }
 
 /// The decision over a signature file's blocks, in file order: the first block that verifies
@@ -528,6 +564,7 @@ pub fn next_release(
 /// controls. Signing refuses such a manifest (docs/formats.md, "Signed manifests").
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Uncovered {
+    /// The model.
     pub model: ModelId,
     /// `None` for the entry's own artifact, else the `accelerator_artifacts` key (`chestnut`).
     pub variant: Option<String>,

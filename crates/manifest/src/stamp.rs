@@ -83,10 +83,17 @@ pub enum Framing {
     /// The file is the pickle.
     Plain,
     /// Length-prefixed opcodes, then out-of-band buffer records.
-    OobRecords { opcode_len: u64, buffers: u64 },
+    OobRecords {
+        /// Bytes of the opcode stream.
+        opcode_len: u64,
+        /// Out-of-band buffer references in the opcodes.
+        buffers: u64,
+    },
     /// Length-prefixed opcodes, then one unframed arena addressed by persistent ids.
     LengthArena {
+        /// Bytes of the opcode stream.
         opcode_len: u64,
+        /// Persistent-id references into the arena.
         persistent_ids: u64,
     },
 }
@@ -117,9 +124,13 @@ impl fmt::Display for Framing {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(untagged)]
 pub enum StampValue {
+    /// A string, up to [`StampLimits::keep_string`] bytes.
     Str(String),
+    /// An integer that fits 64 bits.
     Int(i64),
+    /// `True` or `False`.
     Bool(bool),
+    /// Python's `None`.
     None,
     /// Anything else, by kind (`"dict"`, `"list"`, `"float"`, `"object"`, `"long string"`, …):
     /// skipped, never built.
@@ -141,6 +152,7 @@ impl fmt::Display for StampValue {
 /// What [`read_stamp`] found: the framing and the top-level dict's string-keyed items.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Stamp {
+    /// The container around the pickle.
     #[serde(flatten)]
     pub framing: Framing,
     /// The pickle protocol (`PROTO`).
@@ -153,10 +165,12 @@ pub struct Stamp {
 }
 
 impl Stamp {
+    /// The value of `key` in the top-level dict.
     pub fn get(&self, key: &str) -> Option<&StampValue> {
         self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
+    /// The value of `key` when it is a string.
     pub fn str(&self, key: &str) -> Option<&str> {
         match self.get(key) {
             Some(StampValue::Str(s)) => Some(s),
@@ -164,6 +178,7 @@ impl Stamp {
         }
     }
 
+    /// The value of `key` when it is an integer.
     pub fn int(&self, key: &str) -> Option<i64> {
         match self.get(key) {
             Some(StampValue::Int(i)) => Some(*i),
@@ -177,94 +192,129 @@ impl Stamp {
 pub enum StampDefect {
     /// Neither a pickle nor a length-prefixed pickle: the first bytes, in hex.
     UnknownFraming {
+        /// The first bytes, in hex.
         head: String,
     },
     /// A length prefix declares more opcode bytes than the cap allows.
     HugeOpcodeLength {
+        /// Opcode bytes the prefix declares.
         declared: u64,
+        /// The cap: [`StampLimits::max_bytes`] less the 8-byte prefix.
         cap: u64,
     },
     /// A length-prefixed pickle whose opcodes refer to both buffers and persistent ids, or to
     /// neither while bytes follow: which framing it is cannot be told.
     UndecidableFraming {
+        /// Buffer references found.
         buffers: u64,
+        /// Persistent-id references found.
         persistent_ids: u64,
     },
     /// A plain pickle that refers to data outside itself.
     PlainWithOutside {
+        /// What it refers to (an out-of-band buffer, a persistent id).
         what: &'static str,
     },
     /// A protocol outside 2..=5.
     Protocol {
+        /// The protocol byte.
         found: u8,
     },
+    /// An opcode this reader does not know.
     UnknownOpcode {
+        /// The opcode byte.
         opcode: u8,
     },
     /// The input ends inside the pickle.
     Truncated,
     /// More than `cap` bytes would be read.
     BytesCap {
+        /// The cap, [`StampLimits::max_bytes`].
         cap: u64,
     },
     /// A string, bytes value or frame declares more bytes than the cap allows or than are left.
     HugeLength {
+        /// Bytes declared.
         declared: u64,
+        /// The cap, or the bytes left when that is fewer.
         cap: u64,
     },
+    /// A text line longer than [`StampLimits::max_line`].
     LineTooLong {
+        /// The cap, in bytes.
         cap: usize,
     },
+    /// More values on the stack than [`StampLimits::max_stack`].
     StackCap {
+        /// The cap.
         cap: usize,
     },
+    /// More marks open than [`StampLimits::max_marks`].
     MarkCap {
+        /// The cap.
         cap: usize,
     },
+    /// More memo entries than [`StampLimits::max_memo`].
     MemoCap {
+        /// The cap.
         cap: usize,
     },
+    /// More dict items than [`StampLimits::max_items`].
     ItemsCap {
+        /// The cap.
         cap: usize,
     },
     /// An opcode needs more values than the stack holds above the last mark.
     StackUnderflow {
+        /// The opcode byte.
         opcode: u8,
     },
     /// An opcode needs a mark and none is open.
     NoMark {
+        /// The opcode byte.
         opcode: u8,
     },
     /// `GET` of an index never `PUT`.
     MissingMemo {
+        /// The memo index.
         index: u64,
     },
     /// A malformed operand (a text int that is not one, an odd number of dict items, …).
     BadOperand {
+        /// The opcode byte.
         opcode: u8,
+        /// What is wrong with it.
         why: String,
     },
     /// The top-level object is not a dict.
     NotADict {
+        /// The kind of object found (`list`, `int`, ...).
         found: &'static str,
     },
     /// `STOP` with more or fewer than one value, or with a mark open.
     BadStop {
+        /// Values on the stack at `STOP`.
         values: usize,
+        /// Marks open at `STOP`.
         marks: usize,
     },
     /// The length prefix and the pickle disagree on where the opcodes end.
     StopPosition {
+        /// Where `STOP` is, as a byte offset.
         stop_at: u64,
+        /// Where the length prefix says the opcodes end.
         declared_end: u64,
     },
     /// Bytes follow a plain pickle's `STOP`.
     TrailingData,
     /// The length-prefixed framing's tail is not what its opcodes need.
     BadTail {
+        /// What is wrong.
         why: String,
     },
+    /// Reading the input failed.
     Io {
+        /// The I/O error's message.
         message: String,
     },
 }
@@ -346,7 +396,9 @@ impl fmt::Display for StampDefect {
 /// A defect and the byte offset where it was found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StampError {
+    /// Byte offset where the defect was found.
     pub offset: u64,
+    /// What is wrong there.
     pub defect: StampDefect,
 }
 
@@ -1227,8 +1279,11 @@ fn public(v: &V) -> StampValue {
 /// what the contract, pin or entry expects and what the artifact says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StampRefusal {
+    /// The artifact's file name.
     pub file: String,
+    /// The stamp key that disagrees.
     pub key: &'static str,
+    /// What the contract, pin or entry expects.
     pub expected: String,
     /// The artifact's value (`missing` when the key is absent).
     pub found: String,

@@ -68,7 +68,9 @@ impl fmt::Display for RefusedEntry {
 /// A manifest read the device's way: the usable entries, what was left out, what was fixed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tolerated {
+    /// The usable entries, as a manifest.
     pub manifest: Manifest,
+    /// The entries left out, each with why.
     pub refused: Vec<RefusedEntry>,
     /// Values changed to what upstream reads them as (path and what was done).
     pub normalised: Vec<Problem>,

@@ -42,10 +42,12 @@ macro_rules! serde_via_str {
 pub struct Generation(u32);
 
 impl Generation {
+    /// Generation `number` (`new(25)` is `v25`).
     pub const fn new(number: u32) -> Self {
         Self(number)
     }
 
+    /// The number after the `v`.
     pub const fn number(self) -> u32 {
         self.0
     }
@@ -82,10 +84,12 @@ serde_via_str!(Generation);
 pub struct BehaviorVersion(u32);
 
 impl BehaviorVersion {
+    /// Behaviour version `number` (`new(15)` is `v15`).
     pub const fn new(number: u32) -> Self {
         Self(number)
     }
 
+    /// The number after the `v`.
     pub const fn number(self) -> u32 {
         self.0
     }
@@ -116,15 +120,18 @@ serde_via_str!(BehaviorVersion);
 pub struct ModelId(String);
 
 impl ModelId {
+    /// The longest ID accepted, in bytes.
     pub const MAX_LEN: usize = 128;
     /// Prefix of user-built models that live on one device only and are never published,
     /// downloaded, pruned or migrated.
     pub const LOCAL_PREFIX: &'static str = "local-";
 
+    /// The ID as written.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 
+    /// Whether this is a `local-` model, built on one device and never published.
     pub fn is_local(&self) -> bool {
         self.0.starts_with(Self::LOCAL_PREFIX)
     }
@@ -179,6 +186,7 @@ serde_via_str!(ModelId);
 pub struct ModelName(String);
 
 impl ModelName {
+    /// The name as written.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -221,16 +229,20 @@ pub struct ReleaseDate {
 }
 
 impl ReleaseDate {
+    /// The date; an error when it is not a real calendar date.
     pub fn new(year: u16, month: u8, day: u8) -> Result<Self> {
         format!("{year:04}-{month:02}-{day:02}").parse()
     }
 
+    /// The year.
     pub fn year(self) -> u16 {
         self.year
     }
+    /// The month, 1..=12.
     pub fn month(self) -> u8 {
         self.month
     }
+    /// The day of the month, 1..=31.
     pub fn day(self) -> u8 {
         self.day
     }
@@ -285,6 +297,7 @@ serde_via_str!(ReleaseDate);
 pub struct GitCommit(String);
 
 impl GitCommit {
+    /// The 40 hex digits.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -318,8 +331,10 @@ serde_via_str!(GitCommit);
 pub struct FileName(String);
 
 impl FileName {
+    /// The longest file name accepted, in bytes.
     pub const MAX_LEN: usize = 255;
 
+    /// The name as written.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -358,8 +373,10 @@ serde_via_str!(FileName);
 pub struct ArtifactSize(u64);
 
 impl ArtifactSize {
+    /// The largest artifact size accepted: 2 GiB.
     pub const MAX: u64 = 2 * 1024 * 1024 * 1024;
 
+    /// `bytes`; an error when 0 or over [`ArtifactSize::MAX`].
     pub fn new(bytes: u64) -> Result<Self> {
         if bytes == 0 || bytes > Self::MAX {
             Err(Error::invalid(
@@ -372,6 +389,7 @@ impl ArtifactSize {
         }
     }
 
+    /// The size in bytes.
     pub fn get(self) -> u64 {
         self.0
     }
@@ -388,9 +406,12 @@ impl fmt::Display for ArtifactSize {
 pub struct ChunkCount(u32);
 
 impl ChunkCount {
+    /// The largest chunk count: [`chunker::MAX_CHUNKS`].
     pub const MAX: u32 = chunker::MAX_CHUNKS;
+    /// 0: one plain file.
     pub const PLAIN_FILE: Self = Self(0);
 
+    /// `count`; an error when over [`ChunkCount::MAX`].
     pub fn new(count: u64) -> Result<Self> {
         match u32::try_from(count) {
             Ok(c) if c <= Self::MAX => Ok(Self(c)),
@@ -402,10 +423,12 @@ impl ChunkCount {
         }
     }
 
+    /// The count.
     pub fn get(self) -> u32 {
         self.0
     }
 
+    /// Whether the artifact is one plain file (count 0).
     pub fn is_plain_file(self) -> bool {
         self.0 == 0
     }
@@ -426,12 +449,15 @@ pub enum ArtifactFormat {
     Empty,
     /// `tinygrad_single_v1`: one out-of-band tinygrad pickle, the only format we write.
     TinygradSingleV1,
+    /// Any other value: devices drop such an entry.
     Unsupported(String),
 }
 
 impl ArtifactFormat {
+    /// The `tinygrad_single_v1` spelling.
     pub const TINYGRAD_SINGLE_V1: &'static str = "tinygrad_single_v1";
 
+    /// The format `s` names; never fails (an unknown value is [`ArtifactFormat::Unsupported`]).
     pub fn parse(s: &str) -> Self {
         match s {
             "" => Self::Empty,
@@ -440,6 +466,7 @@ impl ArtifactFormat {
         }
     }
 
+    /// The format as written.
     pub fn as_str(&self) -> &str {
         match self {
             Self::Empty => "",
@@ -448,6 +475,7 @@ impl ArtifactFormat {
         }
     }
 
+    /// Whether devices keep an entry of this format (absent, empty or `tinygrad_single_v1`).
     pub fn is_supported(&self) -> bool {
         !matches!(self, Self::Unsupported(_))
     }

@@ -45,8 +45,11 @@ pub use by_contract::{Expectation, runtime_artifact, validate_for_contract};
 /// How much validation demands; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ValidationMode {
+    /// What every reader enforces; what a parsed [`crate::Manifest`] guarantees.
     Reader,
+    /// A complete catalog as the Python tools write one, with or without artifacts.
     Catalog,
+    /// What we publish: every entry downloadable, no `local-` model.
     Release,
 }
 

@@ -20,15 +20,25 @@ pub enum GithubOnly {
     /// The stores include a Hub store, or no GitHub one: the rule does not apply.
     NotGithubOnly,
     /// The Hub already serves exactly this manifest.
-    HubHoldsSame { hub: String, path: String },
+    HubHoldsSame {
+        /// The Hub store.
+        hub: String,
+        /// The manifest's store path.
+        path: String,
+    },
     /// Allowed by `--github-only REASON`.
-    Flag { reason: String },
+    Flag {
+        /// The reason given.
+        reason: String,
+    },
 }
 
 /// What the Hub holds at the generation's manifest path, as far as the rule cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HubManifest<'a> {
+    /// No manifest there.
     Absent,
+    /// A manifest with these bytes.
     Holds(&'a [u8]),
 }
 

@@ -50,11 +50,15 @@ pub(crate) fn check_entry(
 /// what it must be.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VariantTarget {
+    /// The `accelerator_artifacts` key (`chestnut`, `amd`).
     pub variant: String,
     /// `artifact_filename`, or `<id>_driving_<variant>_tinygrad.pkl` (the name devices fetch).
     pub file_name: String,
+    /// The variant's size in bytes.
     pub size: u64,
+    /// Its SHA-256.
     pub sha256: Sha256Digest,
+    /// Its chunk count.
     pub count: u32,
 }
 

@@ -53,8 +53,11 @@ pub(crate) const SMALL_FILE_LIMIT: u64 = 4096;
 /// Everything publish needs besides the stores.
 #[derive(Debug, Clone)]
 pub struct PublishOptions {
+    /// The generation published; the manifest's own `generation` must agree.
     pub generation: Generation,
+    /// Plan and report only: nothing is written to any store.
     pub dry_run: bool,
+    /// Retries of each write.
     pub retry: RetryPolicy,
     /// Re-read every listed artifact in the store and check its SHA-256 (slow on the Hub).
     /// Stores whose reads are local ([`Store::reads_are_local`]) are always checked this way.
@@ -68,6 +71,7 @@ pub struct PublishOptions {
 /// generation's manifest, the generation guard ([`manifest::generation_guard`]).
 #[derive(Debug, Clone, Default)]
 pub struct Contract {
+    /// The pin of each generation, and its contract.
     pub pins: manifest::PinTable,
     /// IDs the new generation may add (`--add-model`).
     pub add_models: BTreeSet<ModelId>,
@@ -380,18 +384,29 @@ pub(crate) fn uploads_main_artifact(local: &[LocalArtifact], id: &ModelId) -> bo
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
+    /// Work on a store begins.
     StoreStarted {
+        /// The store.
         store: String,
+        /// Bytes it will upload.
         upload_bytes: u64,
     },
+    /// A file upload begins.
     Uploading {
+        /// The store.
         store: String,
+        /// The store path.
         path: String,
+        /// The file's size.
         size: u64,
     },
+    /// A file is in the store.
     Uploaded {
+        /// The store.
         store: String,
+        /// The store path.
         path: String,
+        /// The file's size.
         size: u64,
         /// Bytes of this store's uploads counted as sent so far (the [`crate::progress::Tally`]
         /// position; a `github:` store's committed files count once a push carried them).
@@ -401,36 +416,63 @@ pub enum Event {
     /// push's bytes: [`crate::progress::Transfer`]), and the store's bytes counted as sent
     /// since `StoreStarted` (of its `upload_bytes`).
     Progress {
+        /// The store.
         store: String,
+        /// The store path being written.
         path: String,
+        /// What the store reported.
         transfer: crate::progress::Transfer,
+        /// Bytes of the store's uploads counted as sent.
         sent: u64,
     },
+    /// A write failed and is tried again after a wait.
     Retrying {
+        /// The store.
         store: String,
+        /// The store path.
         path: String,
+        /// The attempt that failed (1-based).
         attempt: u32,
+        /// Its error.
         error: String,
+        /// The wait before the next attempt, in milliseconds.
         wait_ms: u64,
     },
+    /// A file was removed from the store (a retracted chunk manifest, a shadowing plain file, a
+    /// stale chunk, a signature).
     Removed {
+        /// The store.
         store: String,
+        /// The store path.
         path: String,
     },
+    /// The store holds every model of the manifest complete: the last check before the
+    /// manifest, by names and sizes (the bytes were hashed earlier).
     Checked {
+        /// The store.
         store: String,
+        /// Models checked (in a dry run, those it would not upload).
         models: usize,
     },
+    /// The release guard passed against the store's live manifest.
     Guarded {
+        /// The store.
         store: String,
+        /// No live manifest existed (the guard had nothing to compare).
         first_publish: bool,
     },
+    /// The new manifest is live in the store.
     ManifestWritten {
+        /// The store.
         store: String,
+        /// The manifest's store path.
         path: String,
     },
+    /// The store already holds exactly this manifest; it was not rewritten.
     ManifestUnchanged {
+        /// The store.
         store: String,
+        /// The manifest's store path.
         path: String,
     },
 }
@@ -438,15 +480,21 @@ pub enum Event {
 /// The outcome for one store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StoreReport {
+    /// The store, as described.
     pub store: String,
+    /// The plan's steps, in order.
     pub steps: Vec<Step>,
+    /// Files uploaded (0 in a dry run, whose uploads are the `Upload` steps).
     pub uploaded_files: usize,
+    /// Bytes uploaded (0 in a dry run).
     pub uploaded_bytes: u64,
+    /// Files the store already held with this size and SHA-256, left as they are.
     pub skipped_files: usize,
     /// No live manifest existed: the first publish of this generation to this store.
     pub first_publish: bool,
     /// `written`, `unchanged`, or in a dry run `would_write` / `unchanged`.
     pub manifest: &'static str,
+    /// The manifest's store path.
     pub manifest_path: String,
     /// The signature file beside the manifest, when the publish signs or removes it: `written`,
     /// `unchanged`, `removed`, `absent` (nothing to remove), or in a dry run `would_write` /
@@ -455,11 +503,17 @@ pub struct StoreReport {
     pub signature: Option<&'static str>,
 }
 
+/// What a publish did (or, in a dry run, would do), store by store. Serializes to `release-cli
+/// publish --json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PublishReport {
+    /// Whether nothing was written.
     pub dry_run: bool,
+    /// The generation published.
     pub generation: String,
+    /// The models of the manifest, in order.
     pub models: Vec<String>,
+    /// One report per store, in publish order.
     pub stores: Vec<StoreReport>,
 }
 
@@ -500,7 +554,10 @@ pub enum SignatureAction<'a> {
     /// asked for — rather than a new manifest beside an old signature, which they would refuse
     /// as "changed after signing", the alarm that must keep meaning tampering. Removing after
     /// the guard passed means a refused publish removes nothing.
-    RemoveSignature { reason: &'a str },
+    RemoveSignature {
+        /// Why, recorded in the publish's report.
+        reason: &'a str,
+    },
 }
 
 /// Publish `manifest` and the artifacts in `artifacts_dir` to each store in turn, unsigned

@@ -19,34 +19,46 @@ use crate::paths::StorePath;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FileRole {
+    /// A `NAME.chunkNNofMM` (uploaded first).
     Chunk,
+    /// The `NAME.sha256` sidecar (after the chunks).
     Sidecar,
+    /// The `NAME.chunkmanifest` (last: it makes the set visible).
     ChunkManifest,
 }
 
 /// Where the bytes of a file to upload come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FileSource {
+    /// A file on disk.
     Path(PathBuf),
+    /// Bytes made in memory (a sidecar or chunk manifest written by publish).
     Bytes(Vec<u8>),
 }
 
 /// One file of a model's published form, with what it must be.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalFile {
+    /// The file name in the model's store directory.
     pub name: String,
+    /// What it is.
     pub role: FileRole,
+    /// Its size in bytes.
     pub size: u64,
+    /// Its SHA-256.
     pub sha256: Sha256Digest,
+    /// Where its bytes come from.
     pub source: FileSource,
 }
 
 /// A model found in the artifacts directory, verified against the manifest, in upload order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalArtifact {
+    /// The model.
     pub id: ModelId,
     /// The logical artifact name, `<id>_driving_tinygrad.pkl` unless the entry says otherwise.
     pub name: String,
+    /// The files to upload, in upload order.
     pub files: Vec<LocalFile>,
     /// `None` for the model's artifact; the `accelerator_artifacts` key for a variant found in
     /// the same `<id>/` directory, uploaded beside it.
@@ -56,10 +68,13 @@ pub struct LocalArtifact {
 /// What the store holds for one file, as observed before planning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Observed {
+    /// Not in the store.
     Missing,
     /// Present; `sha256` is `None` when it was not worth reading (the size already differs).
     Present {
+        /// Its size in bytes.
         size: u64,
+        /// Its SHA-256, when read.
         sha256: Option<Sha256Digest>,
     },
 }
@@ -68,8 +83,11 @@ pub enum Observed {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reason {
+    /// Not in the store.
     Missing,
+    /// In the store with another size.
     SizeDiffers,
+    /// In the store with the same size and another SHA-256.
     ContentDiffers,
     /// The chunk manifest is rewritten because the chunks under it changed.
     ChunksChanged,
@@ -92,27 +110,39 @@ impl std::fmt::Display for Reason {
 pub enum Step {
     /// Remove the chunk manifest before changing chunks under it.
     Retract {
+        /// The chunk manifest's store path.
         path: String,
     },
+    /// Upload a file.
     Upload {
+        /// The store path.
         path: String,
+        /// Index of the file in its [`LocalArtifact::files`].
         #[serde(skip)]
         file: usize,
+        /// No byte of the file is in the range (it starts past the end, a zero-length suffix, an
+        /// empty file): answered 416.
         size: u64,
+        /// Why it is uploaded.
         reason: Reason,
     },
     /// A plain `NAME` beside the chunk set would win over it for every reader.
     RemoveShadowingPlain {
+        /// The plain file's store path.
         path: String,
     },
+    /// The store already holds this file with this size and SHA-256.
     Skip {
+        /// The store path.
         path: String,
+        /// Its size in bytes.
         size: u64,
     },
     /// A chunk an older split of the artifact left (another chunk count), removed once the new
     /// manifest is live in the store, never before: a device that fetched the old manifest
     /// finds the old chunks until then.
     RemoveStale {
+        /// The stale chunk's store path.
         path: String,
     },
 }

@@ -94,10 +94,15 @@ pub(crate) fn percent_decode(s: &str) -> Option<String> {
 pub enum RangeAnswer {
     /// No usable Range header (absent, malformed, several ranges): the whole file.
     Full,
+    /// One range, `start..=end` (both inclusive, within the file).
     Partial {
+        /// First byte.
         start: u64,
+        /// Last byte (inclusive).
         end: u64,
     },
+    /// No byte of the file is in the range (it starts past the end, a zero-length suffix, an empty
+    /// file): answered 416.
     Unsatisfiable,
 }
 

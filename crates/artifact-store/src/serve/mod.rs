@@ -73,15 +73,20 @@ pub enum MountKind {
 /// A URL prefix (`/buckets/NS/NAME/resolve/`) served from a directory.
 #[derive(Debug, Clone)]
 pub struct Mount {
+    /// The URL prefix, starting and ending with `/`.
     pub prefix: String,
+    /// The directory it serves (a store root in the bucket layout).
     pub root: PathBuf,
+    /// How the rest of the URL maps to a store path.
     pub kind: MountKind,
     /// Serve `/api/buckets/<bucket>/tree/...` listings for this root too.
     pub tree_api_bucket: Option<String>,
 }
 
+/// What [`Server`] serves: URL prefixes mapped to store directories.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
+    /// The mounts, tried in order.
     pub mounts: Vec<Mount>,
     /// Most requests [`Server::requests`] remembers; the oldest half is forgotten beyond it, so a
     /// mirror left running for days does not grow without bound. 0 (the default) keeps no log at
@@ -126,9 +131,13 @@ impl ServeConfig {
 /// One served request, for tests that must prove what did (or did not) go over the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestRecord {
+    /// The request method.
     pub method: String,
+    /// The request target as sent (path and query).
     pub target: String,
+    /// The status answered.
     pub status: u16,
+    /// Body bytes sent.
     pub bytes: u64,
     /// Whether the request carried an `Authorization` header. Its value is never kept: it may
     /// be a token.
@@ -176,6 +185,7 @@ impl Server {
         })
     }
 
+    /// The address the server listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }

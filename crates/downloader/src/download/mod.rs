@@ -49,10 +49,13 @@ pub struct DownloadConfig {
     pub ranges_per_chunk: usize,
     /// Tries per range before the origin counts as failed.
     pub max_attempts: u32,
+    /// Wait before the first retry; it doubles with each retry, and jitter adds up to half again.
     pub backoff_base: Duration,
+    /// The cap on that doubling (before jitter).
     pub backoff_max: Duration,
     /// Free space required beyond the artifact itself.
     pub space_margin: u64,
+    /// Timeouts, rates and deadlines of the HTTP client.
     pub http: HttpConfig,
 }
 
@@ -74,14 +77,25 @@ impl Default for DownloadConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// Trying this origin.
-    Origin { origin: String },
+    Origin {
+        /// The origin, as displayed (its name and base URL).
+        origin: String,
+    },
     /// Bytes of the artifact present in staging so far.
-    Progress { done: u64, total: u64 },
+    Progress {
+        /// Bytes present in staging.
+        done: u64,
+        /// The artifact's size in bytes.
+        total: u64,
+    },
     /// All bytes are in; the digest (which followed the bytes as they arrived) finishes over
     /// the last ones before install.
     Verifying,
     /// Verified and renamed into place.
-    Installed { path: PathBuf },
+    Installed {
+        /// The installed file.
+        path: PathBuf,
+    },
 }
 
 /// Where the digest a download was verified against came from.
@@ -96,6 +110,7 @@ pub enum DigestSource {
 }
 
 impl DigestSource {
+    /// `manifest` or `sidecar`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Manifest => "manifest",
@@ -113,10 +128,15 @@ impl std::fmt::Display for DigestSource {
 /// A verified, installed artifact.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Installed {
+    /// The installed logical file (`<models>/<local name>`).
     pub path: PathBuf,
+    /// Its size in bytes.
     pub size: u64,
+    /// Its SHA-256, which the whole artifact matched before the rename.
     pub sha256: Sha256Digest,
+    /// Where that digest came from.
     pub digest_source: DigestSource,
+    /// The origin the bytes came from, as displayed.
     pub origin: String,
 }
 
@@ -124,10 +144,13 @@ pub struct Installed {
 /// a download learns it before its first payload byte ([`crate::Downloader::plan_target`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DownloadPlan {
+    /// The origin that answered, as displayed.
     pub origin: String,
     /// The artifact's size (the entry's, or learned from the origin).
     pub size: u64,
+    /// The digest the bytes would be verified against.
     pub sha256: Sha256Digest,
+    /// Where that digest comes from.
     pub digest_source: DigestSource,
     /// The remote files, each placed at its offset in the artifact.
     pub pieces: Vec<Piece>,
@@ -139,20 +162,28 @@ pub struct DownloadPlan {
 /// `.sha256` sidecar (absent too: not downloadable), the size from `HEAD`.
 #[derive(Debug, Clone)]
 pub struct Target {
+    /// The model.
     pub id: ModelId,
     /// Remote logical name (`artifact_filename` or `<id>_driving_tinygrad.pkl`).
     pub remote_name: FileName,
     /// Local logical name: `<id>_driving_tinygrad.pkl` (what modeld opens), or
     /// `<id>_driving_chestnut_tinygrad.pkl` for the eGPU variant.
     pub local_name: FileName,
+    /// `artifact_size`, when the entry declares it.
     pub size: Option<u64>,
+    /// `artifact_sha256`, when the entry declares it.
     pub sha256: Option<Sha256Digest>,
     /// `Some(0)` = one plain file.
     pub chunk_count: Option<u32>,
+    /// `artifact_chunk_sha256`, when the entry declares it: one digest per chunk, checked as each
+    /// chunk arrives.
     pub chunk_sha256: Option<Vec<Sha256Digest>>,
 }
 
 impl Target {
+    /// The entry's artifact as a device of the base contract (v25) fetches it.
+    /// [`Error::NotDownloadable`] for a `local-` model, an unsupported `artifact_format`, or
+    /// per-chunk digests that do not match the chunk count.
     pub fn from_entry(entry: &ModelEntry) -> Result<Self> {
         Self::from_entry_for(entry, manifest::contract::BASE_CONTRACT.contract())
     }

@@ -23,8 +23,11 @@ pub(crate) struct Plan {
 pub struct Piece {
     /// 1-based chunk index (1 for a plain file).
     pub index: u32,
+    /// The remote file name (`NAME` or `NAME.chunkNNofMM`).
     pub remote: String,
+    /// Where its bytes go in the artifact.
     pub offset: u64,
+    /// Its length in bytes.
     pub len: u64,
 }
 
