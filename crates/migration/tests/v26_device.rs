@@ -1093,3 +1093,81 @@ fn the_amd_build_is_fetched_with_the_external_gpu() {
         }
     }
 }
+
+/// Every entry under `dir` (directories, files, symlinks) with a file's bytes: what a run that
+/// writes nothing must leave exactly as it was (an empty lock file or directory included).
+fn entries(dir: &Path) -> Vec<(PathBuf, Option<Vec<u8>>)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                dirs.push(p.clone());
+                out.push((p, None));
+            } else {
+                out.push((p.clone(), Some(fs::read(&p).unwrap_or_default())));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `refresh --dry-run` on a v26-contract tree writes nothing: not the state lock upstream's
+/// layout keeps (`.state.lock`, `.download.lock`), not the generation's root, not a job file,
+/// not `preferences.json`; the data dir (models and params) is entry for entry and byte for
+/// byte what it was. On a device about to move from v25, on one whose selected model must be
+/// downloaded again, and on one upstream's manager prepared without lock files yet. v26 and a
+/// made-up v27.
+#[test]
+fn a_dry_run_on_a_v26_contract_tree_writes_nothing() {
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let move_from_v25 = |dir: &Path| v25_device_in(dir);
+        let repair = |dir: &Path| {
+            v25_device_in(dir);
+            let (d, dl) = v.device_in(dir, migration::Effects::none());
+            migration::refresh(&d, &dl, &CancelToken::new(), &|_| {}).unwrap();
+            let root = dir.join("data/models").join(generation);
+            fs::remove_file(root.join("pop223/pop223_driving_tinygrad.pkl")).unwrap();
+            for lock in [".state.lock", ".download.lock"] {
+                fs::remove_file(root.join(lock)).unwrap();
+            }
+        };
+        let prepared = |dir: &Path| {
+            fs::create_dir_all(dir.join("data/params/d")).unwrap();
+            fs::create_dir_all(dir.join("shm")).unwrap();
+            let root = dir.join("data/models").join(generation);
+            fs::create_dir_all(&root).unwrap();
+            let manifest: Value = serde_json::from_slice(&v.manifest).unwrap();
+            fs::write(root.join("catalog.json"), python_dump(&manifest)).unwrap();
+            let prefs = json!({"small": "sc2", "big": "", "userFavorites": [],
+                "sortMode": "name", "randomizer": false, "blacklistedModels": []});
+            fs::write(root.join("preferences.json"), python_dump(&prefs)).unwrap();
+        };
+        let starts: [(&str, &dyn Fn(&Path)); 3] = [
+            ("move from v25", &move_from_v25),
+            ("download due", &repair),
+            ("prepared by upstream", &prepared),
+        ];
+        for (label, prepare) in starts {
+            let t = tempfile::tempdir().unwrap();
+            prepare(t.path());
+            let before = entries(&t.path().join("data"));
+            let (d, dl) = v.device_in(t.path(), migration::Effects::none());
+            let plan = migration::commands::refresh_dry_run(&d, &dl)
+                .unwrap_or_else(|e| panic!("{generation} {label}: {e:?}"));
+            assert!(
+                !plan.would_download.is_empty() || !plan.would_write.is_empty(),
+                "{generation} {label}: the dry run plans nothing: {plan:?}"
+            );
+            assert_eq!(
+                entries(&t.path().join("data")),
+                before,
+                "{generation} {label}: the dry run wrote"
+            );
+        }
+    }
+}
