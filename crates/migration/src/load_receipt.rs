@@ -497,19 +497,47 @@ pub fn hardware_agrees(
     }
 }
 
-/// [`read`], then [`hardware_agrees`] against `device`'s catalog: a receipt that disagrees
-/// with it is unavailable.
+/// The receipt's model as the tree's reviewed catalog (upstream's `BY_ID`, what modeld's own
+/// reader checks a receipt against) knows it: its external-GPU flag (`None` for the bundled
+/// model), or why the receipt names no model the tree has. Pure.
+pub fn tree_gpu_flag(
+    r: &LoadReceipt,
+    tree: &manifest::contract::TreeDeclaration,
+) -> std::result::Result<Option<bool>, String> {
+    if r.bundled {
+        return Ok(None);
+    }
+    tree.row(r.model_id.as_str())
+        .map(|row| Some(row.uses_external_gpu))
+        .ok_or_else(|| {
+            format!(
+                "the receipt names {}, a model the tree's reviewed {} catalog does not list",
+                r.model_id, tree.generation
+            )
+        })
+}
+
+/// [`read`], then the receipt's model checked as upstream's reader checks it: against the
+/// tree's reviewed catalog when the tree declared one ([`tree_gpu_flag`], a model it does not
+/// list is unavailable), else against `device`'s catalog; then [`hardware_agrees`]. A receipt
+/// that fails either is unavailable.
 pub fn read_on(device: &Device, source: &Source) -> RunningModel {
     let running = read(source);
     let receipt = match &running {
         RunningModel::Loaded(r) | RunningModel::Stale { receipt: r, .. } => r,
         RunningModel::Unavailable { .. } => return running,
     };
-    let gpu = device
-        .catalog()
-        .ok()
-        .flatten()
-        .and_then(|c| c.get(&receipt.model_id).map(|e| e.uses_external_gpu()));
+    let gpu = match device.files().tree() {
+        Some(tree) => match tree_gpu_flag(receipt, tree) {
+            Ok(gpu) => gpu,
+            Err(why) => return RunningModel::unavailable(why),
+        },
+        None => device
+            .catalog()
+            .ok()
+            .flatten()
+            .and_then(|c| c.get(&receipt.model_id).map(|e| e.uses_external_gpu())),
+    };
     match hardware_agrees(receipt, gpu, &source.rule) {
         Ok(()) => running,
         Err(why) => RunningModel::unavailable(why),
@@ -1448,6 +1476,48 @@ mod tests {
                 ok,
                 "{rec:?} {gpu:?}"
             );
+        }
+    }
+
+    /// A receipt's model is known as upstream's reader knows it: by the tree's reviewed
+    /// catalog (`BY_ID`), not by the live manifest. An id the tree lacks is unavailable even
+    /// when a manifest lists it; one the tree has gives the tree's GPU flag.
+    #[test]
+    fn tree_gpu_flag_table() {
+        use manifest::contract::{ContractName, TreeCatalogRow, TreeDeclaration};
+        let row = |id: &str, gpu: bool| TreeCatalogRow {
+            id: id.parse().unwrap(),
+            name: id.into(),
+            version: "v16".parse().unwrap(),
+            uses_external_gpu: gpu,
+            model_lab_eligible: false,
+        };
+        let tree = TreeDeclaration {
+            generation: manifest::Generation::new(26),
+            contract: ContractName::V26,
+            compiler_revision: "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf".parse().unwrap(),
+            catalog: vec![row("pop226", false), row("big226", true)],
+        };
+        let r = |model: &str| {
+            let RunningModel::Loaded(r) = receipt(model, SHA, None, 9) else {
+                panic!()
+            };
+            r
+        };
+        // receipt's model -> the flag, or unavailable
+        for (model, want) in [
+            ("pop226", Ok(Some(false))),
+            ("big226", Ok(Some(true))),
+            ("bundled-current", Ok(None)),
+            ("gone226", Err("gone226")),
+        ] {
+            match (tree_gpu_flag(&r(model), &tree), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{model}"),
+                (Err(why), Err(named)) => {
+                    assert!(why.contains(named) && why.contains("v26"), "{why}")
+                }
+                (got, want) => panic!("{model}: {got:?}, want {want:?}"),
+            }
         }
     }
 

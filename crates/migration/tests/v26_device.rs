@@ -1171,3 +1171,50 @@ fn a_dry_run_on_a_v26_contract_tree_writes_nothing() {
         }
     }
 }
+
+/// The receipt's model is checked as upstream's receipt reader checks it: against the tree's
+/// reviewed catalog (`BY_ID`), not against the manifest we accepted. A receipt naming a model
+/// the tree lacks is unavailable; one naming a tree GPU model that the manifest does not
+/// publish (`big223`) as the small variant is unavailable too (before, the manifest had no row
+/// for it and the receipt was believed). v26 and a made-up v27.
+#[test]
+fn a_load_receipt_is_checked_against_the_trees_catalog() {
+    use std::os::unix::fs::PermissionsExt;
+    let stat = fs::read_to_string("/proc/self/stat").unwrap();
+    let ticks: u64 = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        v25_device_in(v.dir.path());
+        let (device, dl) = v.open();
+        migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        let dir = v.dir.path().join("receipt-shm/starpilot_modeld_d");
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        let status_for = |model: &str, variant: &str| {
+            let f = dir.join("load-v1.json");
+            let body = json!({"version": 1, "pid": std::process::id(), "processStartTicks": ticks,
+                "loadedMonoNs": migration::load_receipt::monotonic_ns(), "modelId": model,
+                "variant": variant, "artifactSha256": v.sha("pop223"), "fallbackReason": null});
+            fs::write(&f, serde_json::to_vec(&body).unwrap()).unwrap();
+            fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+            migration::report::status(&device).unwrap().running.unwrap()
+        };
+        let ok = status_for("pop223", "small");
+        assert_eq!(ok.state, "running", "{generation}: {ok:?}");
+        assert_eq!(ok.id.as_deref(), Some("pop223"));
+        for (model, variant, named) in [
+            ("zzz226", "small", "zzz226"),
+            ("big223", "small", "external-GPU"),
+        ] {
+            let r = status_for(model, variant);
+            assert_eq!(r.state, "unavailable", "{generation} {model}: {r:?}");
+            let why = r.why.unwrap_or_default();
+            assert!(why.contains(named), "{generation} {model}: {why}");
+        }
+    }
+}
