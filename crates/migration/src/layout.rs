@@ -174,6 +174,20 @@ impl DeviceFiles {
         }
     }
 
+    /// Of the flat layout's selection and catalog state (the `Model`, `DrivingModel` and
+    /// profile params, the catalog params, the `.model_*.json` caches), what this layout
+    /// writes: `params` and `files` as they are on a flat layout, where upstream's v25 modeld
+    /// and UIs read them; nothing per generation, where upstream's v26 code reads the
+    /// selection from `preferences.json` and the catalog from `catalog.json` only and no
+    /// param at all, so a second copy could only come to disagree with them (the v25 values
+    /// stay as v25 left them, as upstream's own v26 leaves them).
+    pub fn flat_state_writes<P, F>(&self, params: Vec<P>, files: Vec<F>) -> (Vec<P>, Vec<F>) {
+        match self.generation_files() {
+            None => (params, files),
+            Some(_) => (Vec::new(), Vec::new()),
+        }
+    }
+
     /// Free space a download of `size` bytes needs: the size and the contract's headroom.
     pub fn space_needed(&self, size: u64) -> u64 {
         size.saturating_add(self.contract.download_headroom_bytes)

@@ -1218,3 +1218,85 @@ fn a_load_receipt_is_checked_against_the_trees_catalog() {
         }
     }
 }
+
+/// On a v26-contract tree nothing upstream reads is kept twice: upstream's v26 code reads the
+/// selection from `preferences.json` and the catalog from `catalog.json`, and no param, so the
+/// refresh writes neither the `Model`/profile/catalog params nor the v25 caches (the v25 values
+/// stay as v25 left them; only `ModelManifestVersion`, our generation marker, moves), and our
+/// own record `.catalog.json` holds the very manifest `catalog.json` holds. A selection changed
+/// in upstream's UI is followed without any param written. v26 and a made-up v27.
+#[test]
+fn a_v26_contract_device_keeps_no_second_selection_or_catalog() {
+    let flat_caches = [
+        ".model_versions.json",
+        ".model_artifact_urls.json",
+        ".model_artifacts.json",
+    ];
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let t = tempfile::tempdir().unwrap();
+        v25_device_in(t.path());
+        let params_dir = t.path().join("data/params/d");
+        let params = || {
+            let mut all: Vec<(String, String)> = fs::read_dir(&params_dir)
+                .unwrap()
+                .map(|e| e.unwrap())
+                .map(|e| {
+                    let name = e.file_name().into_string().unwrap();
+                    (name, fs::read_to_string(e.path()).unwrap())
+                })
+                .filter(|(k, _)| k != keys::MODEL_MANIFEST_VERSION)
+                .collect();
+            all.sort();
+            all
+        };
+        let before = params();
+        let effects = migration::Effects::recording();
+        let (d, dl) = v.device_in(t.path(), effects.clone());
+        migration::refresh(&d, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        let params_written: Vec<String> = effects
+            .log()
+            .into_iter()
+            .filter(|e| e.starts_with("param "))
+            .collect();
+        assert_eq!(
+            params_written,
+            [format!("param ModelManifestVersion={generation}")],
+            "{generation}"
+        );
+        assert_eq!(params(), before, "{generation}: a param changed");
+        let models = t.path().join("data/models");
+        for cache in flat_caches {
+            assert!(!models.join(cache).exists(), "{generation}: {cache}");
+        }
+        let root = models.join(generation);
+        let json = |p: PathBuf| -> Value { serde_json::from_slice(&fs::read(p).unwrap()).unwrap() };
+        assert_eq!(
+            json(models.join(migration::CATALOG_FILE)),
+            json(root.join("catalog.json")),
+            "{generation}: our record and upstream's catalog disagree"
+        );
+        // The user picks sc2 in upstream's panel (its preferences write); our refresh fetches
+        // it and still writes no param.
+        let rt = v.runtime();
+        let mut prefs = rt.preferences(&root);
+        assert_eq!(prefs.small, "pop223");
+        prefs.small = "sc2".into();
+        let body = json!({"small": prefs.small, "big": prefs.big,
+            "userFavorites": prefs.user_favorites, "sortMode": prefs.sort_mode,
+            "randomizer": prefs.randomizer, "blacklistedModels": prefs.blacklisted});
+        fs::write(root.join("preferences.json"), python_dump(&body)).unwrap();
+        let effects = migration::Effects::recording();
+        let (d, dl) = v.device_in(t.path(), effects.clone());
+        migration::refresh(&d, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        assert!(
+            effects.log().iter().all(|e| !e.starts_with("param ")),
+            "{generation}: {:?}",
+            effects.log()
+        );
+        assert!(effects.log().contains(&"install sc2".to_string()));
+        assert_eq!(params(), before, "{generation}");
+        assert_eq!(rt.resolve_runtime(&root, false).small_id, "sc2");
+        assert_eq!(d.resolve().unwrap().1.id.as_str(), "sc2");
+    }
+}
