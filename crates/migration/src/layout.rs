@@ -257,8 +257,7 @@ impl DeviceFiles {
         if self.effects.is_plan() && std::fs::symlink_metadata(&path).is_err() {
             return f();
         }
-        let _held =
-            lock_file(&path, Blocking::Wait)?.expect("a waiting lock is always taken");
+        let _held = lock_file(&path, Blocking::Wait)?.expect("a waiting lock is always taken");
         f()
     }
 
@@ -933,11 +932,11 @@ impl DeviceFiles {
         let bytes = self
             .effects
             .read(
-            &self.root().join(files.catalog),
-            crate::bounded::CATALOG_LIMIT,
-        )
-        .ok()
-        .flatten()?;
+                &self.root().join(files.catalog),
+                crate::bounded::CATALOG_LIMIT,
+            )
+            .ok()
+            .flatten()?;
         let problems = manifest::validate_for_contract(
             &bytes,
             manifest::ValidationMode::Reader,
@@ -966,11 +965,11 @@ impl DeviceFiles {
             let bytes = self
                 .effects
                 .read(
-                &self.root().join(files.preferences),
-                self.contract.preferences_max_bytes,
-            )
-            .ok()
-            .flatten();
+                    &self.root().join(files.preferences),
+                    self.contract.preferences_max_bytes,
+                )
+                .ok()
+                .flatten();
             Ok(Preferences::parse(
                 to.contract,
                 to.tree_rows(),

@@ -435,7 +435,10 @@ fn the_move_and_a_v26_download_survive_a_crash_after_any_effect() {
             assert_eq!(rt.resolve_runtime(&root, false).small_id, "pop223");
         }
     }
-    assert!(jobs_crashed >= 8, "{jobs_crashed} crashes after a job-file write");
+    assert!(
+        jobs_crashed >= 8,
+        "{jobs_crashed} crashes after a job-file write"
+    );
     eprintln!(
         "v26 contract: crashed after each of {total} effects ({jobs_crashed} after a job-file \
          write), 0 violations"
