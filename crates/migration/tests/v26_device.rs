@@ -1115,6 +1115,9 @@ fn entries(dir: &Path) -> Vec<(PathBuf, Option<Vec<u8>>)> {
     out
 }
 
+/// A named way to prepare a device directory.
+type NamedStart<'a> = (&'a str, &'a dyn Fn(&Path));
+
 /// `refresh --dry-run` on a v26-contract tree writes nothing: not the state lock upstream's
 /// layout keeps (`.state.lock`, `.download.lock`), not the generation's root, not a job file,
 /// not `preferences.json`; the data dir (models and params) is entry for entry and byte for
@@ -1147,7 +1150,7 @@ fn a_dry_run_on_a_v26_contract_tree_writes_nothing() {
                 "sortMode": "name", "randomizer": false, "blacklistedModels": []});
             fs::write(root.join("preferences.json"), python_dump(&prefs)).unwrap();
         };
-        let starts: [(&str, &dyn Fn(&Path)); 3] = [
+        let starts: [NamedStart; 3] = [
             ("move from v25", &move_from_v25),
             ("download due", &repair),
             ("prepared by upstream", &prepared),
