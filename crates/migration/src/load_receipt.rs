@@ -711,6 +711,90 @@ pub struct SeenInstall {
     pub since_mono_ns: u64,
 }
 
+/// When this manager installed an artifact: the boot (the kernel's `boot_id`) and
+/// CLOCK_MONOTONIC then. A receipt of the same boot speaks of the artifact only when modeld
+/// loaded after that moment; a receipt lives in `/dev/shm`, so one of a later boot always
+/// loaded after. Kept in the verification cache while the file is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstallMoment {
+    pub boot_id: String,
+    pub mono_ns: u64,
+}
+
+impl InstallMoment {
+    /// Now (`None` when the boot id cannot be read: then nothing is ever inferred from it).
+    pub fn now() -> Option<Self> {
+        Some(Self {
+            boot_id: boot_id()?,
+            mono_ns: monotonic_ns(),
+        })
+    }
+
+    /// The CLOCK_MONOTONIC moment of this boot (`current_boot`) after which a load speaks of
+    /// the artifact: the install's own moment in the same boot, the boot's start (0) after a
+    /// reboot. Pure.
+    pub fn since_mono_ns(&self, current_boot: &str) -> u64 {
+        match self.boot_id == current_boot {
+            true => self.mono_ns,
+            false => 0,
+        }
+    }
+}
+
+/// The kernel's id of this boot.
+pub fn boot_id() -> Option<String> {
+    let b =
+        crate::bounded::read_capped(Path::new("/proc/sys/kernel/random/boot_id"), 64).ok()??;
+    let id = String::from_utf8(b).ok()?.trim().to_string();
+    (!id.is_empty()).then_some(id)
+}
+
+/// The one-shot runs' look at the receipt (`refresh`, where the daemon's watch may not have
+/// run since the install): when modeld says the selected model failed to load, after this
+/// manager installed the artifact the device would have it load (the moment is recorded at
+/// the install, [`InstallMoment`]), and the catalog still lists those bytes, the artifact is
+/// marked bad as the watch marks it ([`poison_decision`]). Nothing without a receipt rule, a
+/// live receipt, or a recorded install. Returns what was marked.
+pub fn notice_failed_start(device: &Device) -> Result<Option<(ModelId, Sha256Digest)>> {
+    let Some(source) = device.load_receipt.as_ref() else {
+        return Ok(None);
+    };
+    let running = read_on(device, source);
+    let RunningModel::Loaded(r) = &running else {
+        return Ok(None);
+    };
+    if !r.fallback.is_some_and(|f| f.is_selected_load_failed()) {
+        return Ok(None);
+    }
+    let Ok(Expected::Model {
+        id,
+        sha256: Some(sha256),
+    }) = expected(device)
+    else {
+        return Ok(None);
+    };
+    let (Some(moment), Some(boot)) = (device.install_moment(&id, &sha256), boot_id()) else {
+        return Ok(None);
+    };
+    let seen = SeenInstall {
+        since_mono_ns: moment.since_mono_ns(&boot),
+        id,
+        sha256,
+    };
+    let catalog_sha = device
+        .catalog()
+        .ok()
+        .flatten()
+        .and_then(|c| c.get(&seen.id).and_then(|e| e.artifact_sha256()));
+    match poison_decision(&running, Some(&seen), catalog_sha.as_ref()) {
+        Poison::Mark { id, sha256 } => {
+            let reason = source.rule.selected_load_failed;
+            Ok(mark_bad(device, &id, &sha256, reason, crate::unix_now())?.then_some((id, sha256)))
+        }
+        Poison::No(_) => Ok(None),
+    }
+}
+
 /// [`poison_decision`]'s answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Poison {
@@ -1519,6 +1603,22 @@ mod tests {
                 (got, want) => panic!("{model}: {got:?}, want {want:?}"),
             }
         }
+    }
+
+    /// A load of this boot speaks of an install of this boot only after it; after a reboot,
+    /// of any earlier install.
+    #[test]
+    fn install_moment_table() {
+        let m = InstallMoment {
+            boot_id: "boot-a".into(),
+            mono_ns: 5_000,
+        };
+        for (boot, since) in [("boot-a", 5_000), ("boot-b", 0)] {
+            assert_eq!(m.since_mono_ns(boot), since, "{boot}");
+        }
+        let now = InstallMoment::now().expect("Linux has a boot id");
+        assert_eq!(now.boot_id, boot_id().unwrap());
+        assert!(now.mono_ns <= monotonic_ns());
     }
 
     #[test]

@@ -201,6 +201,9 @@ pub(crate) fn refresh_run(
         }
     };
     crate::trust_state::store_accepted(device, &fetched)?;
+    // modeld may have failed to start what this manager installed since the daemon last
+    // looked (or with no daemon running): marked bad now, before anything is fetched again.
+    crate::load_receipt::notice_failed_start(device)?;
     let refused: Vec<crate::device::RefusedModel> =
         fetched.refused_entries.iter().map(Into::into).collect();
     device.store_refused(&refused)?;

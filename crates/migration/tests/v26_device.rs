@@ -1303,3 +1303,72 @@ fn a_v26_contract_device_keeps_no_second_selection_or_catalog() {
         assert_eq!(d.resolve().unwrap().1.id.as_str(), "sc2");
     }
 }
+
+/// A one-shot `refresh` notices, as the daemon's watch does, that modeld could not start the
+/// artifact this manager installed (`selected-load-failed` in a receipt of a load after the
+/// install, whose moment the install recorded): those bytes are marked bad, the bundled model
+/// is what upstream's resolver and ours hand modeld, and `preferences.json` keeps the choice.
+/// A receipt of a load before the install, or an artifact whose install this manager did not
+/// record (another manager's), marks nothing. v26 and a made-up v27.
+#[test]
+fn a_refresh_notices_a_model_that_failed_its_first_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let stat = fs::read_to_string("/proc/self/stat").unwrap();
+    let ticks: u64 = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        v25_device_in(v.dir.path());
+        let (device, dl) = v.open();
+        let refresh = || migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        refresh();
+        // The move's purge drops the verification cache (v25 and v26 artifacts share file
+        // names), so its install moment with it: the case here is a download on the v26 device.
+        fs::remove_file(v.root().join("pop223/pop223_driving_tinygrad.pkl")).unwrap();
+        refresh();
+        let models = v.data().join("models");
+        let bad = models.join(migration::load_receipt::BAD_ARTIFACTS_FILE);
+        let verified = models.join(migration::VERIFIED_FILE);
+        let dir = v.dir.path().join("receipt-shm/starpilot_modeld_d");
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        let modeld_fell_back = |loaded: u64| {
+            let f = dir.join("load-v1.json");
+            let body = json!({"version": 1, "pid": std::process::id(),
+                "processStartTicks": ticks, "loadedMonoNs": loaded,
+                "modelId": "bundled-current", "variant": "small",
+                "artifactSha256": "ab".repeat(32), "fallbackReason": "selected-load-failed"});
+            fs::write(&f, serde_json::to_vec(&body).unwrap()).unwrap();
+            fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+        };
+        // modeld loaded before the install: not about these bytes.
+        modeld_fell_back(1);
+        refresh();
+        assert!(
+            !bad.exists(),
+            "{generation}: marked from a load before the install"
+        );
+        // An install this manager did not record (the cache gone: re-verified, no moment).
+        let recorded = fs::read(&verified).unwrap();
+        fs::remove_file(&verified).unwrap();
+        modeld_fell_back(migration::load_receipt::monotonic_ns());
+        refresh();
+        assert!(
+            !bad.exists(),
+            "{generation}: marked without a recorded install"
+        );
+        // The recorded install, and a load after it.
+        fs::write(&verified, &recorded).unwrap();
+        refresh();
+        let marked: Value = serde_json::from_slice(&fs::read(&bad).unwrap()).unwrap();
+        assert_eq!(marked["artifacts"][0]["id"], "pop223", "{generation}");
+        assert_eq!(marked["artifacts"][0]["sha256"], v.sha("pop223").as_str());
+        let (path, _) = device.resolve().unwrap();
+        assert!(!path.starts_with(&models), "{generation}: {path:?}");
+        assert_eq!(v.runtime().preferences(&v.root()).small, "pop223");
+    }
+}
