@@ -373,10 +373,11 @@ fn the_daemon_flags_a_difference_within_five_seconds() {
         )
     });
     let took = t.elapsed();
-    assert!(
-        progress().starts_with("Running pop226 (small, sha256"),
-        "{}",
-        progress()
+    // The daemon logs the line first, then writes the param: wait for that too.
+    crate::common::wait_for(
+        "the new running model shown",
+        Duration::from_secs(30),
+        || progress().starts_with("Running pop226 (small, sha256"),
     );
     child.kill().unwrap();
     child.wait().unwrap();

@@ -164,6 +164,7 @@ impl Device {
             self.config.generation,
             self.tree.clone(),
         )
+        .with_effects(self.effects.clone())
     }
 
     /// This device, on a generation that runs `contract` (what the tree decided).
@@ -679,10 +680,7 @@ impl Device {
             let body = carried.to_bytes();
             self.effects.create_dir(&files.root())?;
             let name = format!("{}/{}", files.generation(), gf.preferences);
-            match self.effects.is_plan() {
-                true => self.write_file(&name, &body)?,
-                false => files.with_state_lock(|| self.write_file(&name, &body))?,
-            }
+            files.with_state_lock(|| self.write_file(&name, &body))?;
             return Ok(Some(carried));
         }
         let choice = crate::layout::FlatChoice {
@@ -697,10 +695,7 @@ impl Device {
         let body = carried.to_bytes();
         self.effects.create_dir(&files.root())?;
         let name = format!("{}/{}", files.generation(), gf.preferences);
-        match self.effects.is_plan() {
-            true => self.write_file(&name, &body)?,
-            false => files.with_state_lock(|| self.write_file(&name, &body))?,
-        }
+        files.with_state_lock(|| self.write_file(&name, &body))?;
         Ok(Some(carried))
     }
 
@@ -764,7 +759,8 @@ impl Device {
             &self.config.data_dir,
             generation,
             self.tree.clone(),
-        );
+        )
+        .with_effects(self.effects.clone());
         fs::symlink_metadata(prev.root())
             .is_ok_and(|m| m.is_dir())
             .then_some(prev)

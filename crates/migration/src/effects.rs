@@ -338,7 +338,8 @@ impl Effects {
         })
     }
 
-    /// Write the verification cache `path` (not an effect of the log; skipped in plan mode).
+    /// Write `path` without making it an effect of the log (skipped in plan mode): the
+    /// verification cache, and a running job's progress text (see `layout::DeviceFiles`).
     pub(crate) fn cache_write(&self, path: &Path, bytes: &[u8]) -> Result<()> {
         if !self.planned(path, Some(bytes)) {
             write_atomic(path, bytes)?;

@@ -23,12 +23,11 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use chunker::atomic::write_atomic;
 use manifest::contract::{Contract, DeviceLayout, GenerationFiles, TreeDeclaration};
 use manifest::{Generation, ModelId};
 use serde_json::{Map, Value};
 
-use crate::bounded::read_capped;
+use crate::effects::Effects;
 use crate::error::{Error, Result};
 
 /// Which artifact of a model: the standard one, or its accelerator build (v25: `chestnut`,
@@ -55,6 +54,9 @@ pub struct DeviceFiles {
     models: PathBuf,
     generation: Generation,
     tree: Option<Arc<TreeDeclaration>>,
+    /// The writer every file upstream reads goes through (the job file and the preferences
+    /// too), so each write is an effect of the crash enumeration and a dry run writes nothing.
+    effects: Effects,
 }
 
 impl DeviceFiles {
@@ -72,7 +74,14 @@ impl DeviceFiles {
             models: data_dir.join("models"),
             generation,
             tree,
+            effects: Effects::none(),
         }
+    }
+
+    /// These files, written through `effects` (the device's writer: [`Effects`]).
+    pub fn with_effects(mut self, effects: Effects) -> Self {
+        self.effects = effects;
+        self
     }
 
     pub fn contract(&self) -> &'static Contract {
@@ -165,6 +174,20 @@ impl DeviceFiles {
         }
     }
 
+    /// Of the flat layout's selection and catalog state (the `Model`, `DrivingModel` and
+    /// profile params, the catalog params, the `.model_*.json` caches), what this layout
+    /// writes: `params` and `files` as they are on a flat layout, where upstream's v25 modeld
+    /// and UIs read them; nothing per generation, where upstream's v26 code reads the
+    /// selection from `preferences.json` and the catalog from `catalog.json` only and no
+    /// param at all, so a second copy could only come to disagree with them (the v25 values
+    /// stay as v25 left them, as upstream's own v26 leaves them).
+    pub fn flat_state_writes<P, F>(&self, params: Vec<P>, files: Vec<F>) -> (Vec<P>, Vec<F>) {
+        match self.generation_files() {
+            None => (params, files),
+            Some(_) => (Vec::new(), Vec::new()),
+        }
+    }
+
     /// Free space a download of `size` bytes needs: the size and the contract's headroom.
     pub fn space_needed(&self, size: u64) -> u64 {
         size.saturating_add(self.contract.download_headroom_bytes)
@@ -226,11 +249,21 @@ impl DeviceFiles {
 
     /// Run `f` holding `flock` on the state lock (created when missing), as upstream does
     /// around every state read-modify-write.
+    /// A dry run creates nothing: it takes the lock when the lock file is there, and reads
+    /// without it when it is not (upstream replaces every state file atomically).
     pub fn with_state_lock<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let files = self.per_generation()?;
-        let _held = lock_file(&self.lock_path(files.state_lock), Blocking::Wait)?
-            .expect("a waiting lock is always taken");
+        let path = self.lock_path(files.state_lock);
+        if self.effects.is_plan() && std::fs::symlink_metadata(&path).is_err() {
+            return f();
+        }
+        let _held = lock_file(&path, Blocking::Wait)?.expect("a waiting lock is always taken");
         f()
+    }
+
+    /// `<gen>/<name>`: a file of the generation's root as the effects log names it.
+    fn rel(&self, name: &str) -> String {
+        format!("{}/{}", self.generation, name)
     }
 
     /// `preferences.json` as upstream reads it (see [`Preferences::parse`]); defaults when it
@@ -244,7 +277,9 @@ impl DeviceFiles {
             return Preferences::defaults(self.contract);
         };
         let path = self.root().join(files.preferences);
-        let bytes = read_capped(&path, self.contract.preferences_max_bytes)
+        let bytes = self
+            .effects
+            .read(&path, self.contract.preferences_max_bytes)
             .ok()
             .flatten();
         Preferences::parse(self.contract, self.tree_rows(), bytes.as_deref())
@@ -274,11 +309,14 @@ impl DeviceFiles {
                     ),
                 });
             }
-            let there = read_capped(&path, self.contract.preferences_max_bytes)
+            let there = self
+                .effects
+                .read(&path, self.contract.preferences_max_bytes)
                 .ok()
                 .flatten();
             if prefs != before || there.as_deref() != Some(body.as_slice()) {
-                write_atomic(&path, &body)?;
+                self.effects
+                    .write_file(&self.models, &self.rel(files.preferences), &body)?;
             }
             Ok(prefs)
         })
@@ -291,7 +329,10 @@ impl DeviceFiles {
         let files = self.per_generation()?;
         self.with_state_lock(|| {
             let job = self.read_job(files);
-            let busy = lock_file(&self.lock_path(files.download_lock), Blocking::Try)?.is_none();
+            let lock = self.lock_path(files.download_lock);
+            // A dry run creates no lock file; one that is not there is held by nobody.
+            let busy = !(self.effects.is_plan() && std::fs::symlink_metadata(&lock).is_err())
+                && lock_file(&lock, Blocking::Try)?.is_none();
             let job = match job {
                 Some(mut j) if !busy && j.state == JobState::Running => {
                     j.state = JobState::Interrupted;
@@ -314,14 +355,26 @@ impl DeviceFiles {
     /// The job file, when it is one upstream accepts (`None` otherwise).
     fn read_job(&self, files: &GenerationFiles) -> Option<Job> {
         let path = self.root().join(files.job);
-        let bytes = read_capped(&path, JOB_LIMIT).ok().flatten()?;
+        let bytes = self.effects.read(&path, JOB_LIMIT).ok().flatten()?;
         Job::parse(self.contract, &bytes)
     }
 
+    /// Write the job file: an effect (a job started, ended, or found interrupted).
     fn write_job(&self, files: &GenerationFiles, job: &Job) -> Result<()> {
-        let path = self.root().join(files.job);
-        write_atomic(&path, job.to_bytes(files).as_bytes())?;
-        Ok(())
+        self.effects.write_file(
+            &self.models,
+            &self.rel(files.job),
+            job.to_bytes(files).as_bytes(),
+        )
+    }
+
+    /// Write a running job's progress text: through the same writer, but not an effect of
+    /// the log. How many are written depends on time ([`JOB_PUBLISH`]), and each leaves what
+    /// the job's start left (our job `running`, upstream's format), which the enumeration
+    /// crashes after.
+    fn write_job_progress(&self, files: &GenerationFiles, job: &Job) -> Result<()> {
+        self.effects
+            .cache_write(&self.root().join(files.job), job.to_bytes(files).as_bytes())
     }
 }
 
@@ -658,7 +711,7 @@ impl DownloadJob {
                 on_file.model = m.to_string();
             }
             if on_file != self.job || progress.is_some() || model.is_some() {
-                files.write_job(gf, &on_file)?;
+                files.write_job_progress(gf, &on_file)?;
             }
             let stop = on_file.cancel_requested;
             self.job = on_file;
@@ -773,6 +826,11 @@ impl DeviceFiles {
             r
         });
         let job = job.into_inner().unwrap_or_else(|p| p.into_inner());
+        // A simulated crash inside `f` stops everything at once, as kill -9 would: the job
+        // file stays `running` with nobody holding its lock (upstream reads it interrupted).
+        if let Err(Error::Crashed { .. }) = &result {
+            return result;
+        }
         let (failed, text) = match &result {
             Ok(_) => (false, "Downloaded!".to_string()),
             Err(e) => (true, e.to_string()),
@@ -871,12 +929,14 @@ impl DeviceFiles {
         let files = self.generation_files()?;
         let tree = self.tree()?;
         let limits = manifest::Limits::default();
-        let bytes = read_capped(
-            &self.root().join(files.catalog),
-            crate::bounded::CATALOG_LIMIT,
-        )
-        .ok()
-        .flatten()?;
+        let bytes = self
+            .effects
+            .read(
+                &self.root().join(files.catalog),
+                crate::bounded::CATALOG_LIMIT,
+            )
+            .ok()
+            .flatten()?;
         let problems = manifest::validate_for_contract(
             &bytes,
             manifest::ValidationMode::Reader,
@@ -902,12 +962,14 @@ impl DeviceFiles {
     pub fn read_preferences_as(&self, to: &DeviceFiles) -> Result<Preferences> {
         let files = self.per_generation()?;
         self.with_state_lock(|| {
-            let bytes = read_capped(
-                &self.root().join(files.preferences),
-                self.contract.preferences_max_bytes,
-            )
-            .ok()
-            .flatten();
+            let bytes = self
+                .effects
+                .read(
+                    &self.root().join(files.preferences),
+                    self.contract.preferences_max_bytes,
+                )
+                .ok()
+                .flatten();
             Ok(Preferences::parse(
                 to.contract,
                 to.tree_rows(),

@@ -497,19 +497,47 @@ pub fn hardware_agrees(
     }
 }
 
-/// [`read`], then [`hardware_agrees`] against `device`'s catalog: a receipt that disagrees
-/// with it is unavailable.
+/// The receipt's model as the tree's reviewed catalog (upstream's `BY_ID`, what modeld's own
+/// reader checks a receipt against) knows it: its external-GPU flag (`None` for the bundled
+/// model), or why the receipt names no model the tree has. Pure.
+pub fn tree_gpu_flag(
+    r: &LoadReceipt,
+    tree: &manifest::contract::TreeDeclaration,
+) -> std::result::Result<Option<bool>, String> {
+    if r.bundled {
+        return Ok(None);
+    }
+    tree.row(r.model_id.as_str())
+        .map(|row| Some(row.uses_external_gpu))
+        .ok_or_else(|| {
+            format!(
+                "the receipt names {}, a model the tree's reviewed {} catalog does not list",
+                r.model_id, tree.generation
+            )
+        })
+}
+
+/// [`read`], then the receipt's model checked as upstream's reader checks it: against the
+/// tree's reviewed catalog when the tree declared one ([`tree_gpu_flag`], a model it does not
+/// list is unavailable), else against `device`'s catalog; then [`hardware_agrees`]. A receipt
+/// that fails either is unavailable.
 pub fn read_on(device: &Device, source: &Source) -> RunningModel {
     let running = read(source);
     let receipt = match &running {
         RunningModel::Loaded(r) | RunningModel::Stale { receipt: r, .. } => r,
         RunningModel::Unavailable { .. } => return running,
     };
-    let gpu = device
-        .catalog()
-        .ok()
-        .flatten()
-        .and_then(|c| c.get(&receipt.model_id).map(|e| e.uses_external_gpu()));
+    let gpu = match device.files().tree() {
+        Some(tree) => match tree_gpu_flag(receipt, tree) {
+            Ok(gpu) => gpu,
+            Err(why) => return RunningModel::unavailable(why),
+        },
+        None => device
+            .catalog()
+            .ok()
+            .flatten()
+            .and_then(|c| c.get(&receipt.model_id).map(|e| e.uses_external_gpu())),
+    };
     match hardware_agrees(receipt, gpu, &source.rule) {
         Ok(()) => running,
         Err(why) => RunningModel::unavailable(why),
@@ -681,6 +709,90 @@ pub struct SeenInstall {
     pub id: ModelId,
     pub sha256: Sha256Digest,
     pub since_mono_ns: u64,
+}
+
+/// When this manager installed an artifact: the boot (the kernel's `boot_id`) and
+/// CLOCK_MONOTONIC then. A receipt of the same boot speaks of the artifact only when modeld
+/// loaded after that moment; a receipt lives in `/dev/shm`, so one of a later boot always
+/// loaded after. Kept in the verification cache while the file is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstallMoment {
+    pub boot_id: String,
+    pub mono_ns: u64,
+}
+
+impl InstallMoment {
+    /// Now (`None` when the boot id cannot be read: then nothing is ever inferred from it).
+    pub fn now() -> Option<Self> {
+        Some(Self {
+            boot_id: boot_id()?,
+            mono_ns: monotonic_ns(),
+        })
+    }
+
+    /// The CLOCK_MONOTONIC moment of this boot (`current_boot`) after which a load speaks of
+    /// the artifact: the install's own moment in the same boot, the boot's start (0) after a
+    /// reboot. Pure.
+    pub fn since_mono_ns(&self, current_boot: &str) -> u64 {
+        match self.boot_id == current_boot {
+            true => self.mono_ns,
+            false => 0,
+        }
+    }
+}
+
+/// The kernel's id of this boot.
+pub fn boot_id() -> Option<String> {
+    let b =
+        crate::bounded::read_capped(Path::new("/proc/sys/kernel/random/boot_id"), 64).ok()??;
+    let id = String::from_utf8(b).ok()?.trim().to_string();
+    (!id.is_empty()).then_some(id)
+}
+
+/// The one-shot runs' look at the receipt (`refresh`, where the daemon's watch may not have
+/// run since the install): when modeld says the selected model failed to load, after this
+/// manager installed the artifact the device would have it load (the moment is recorded at
+/// the install, [`InstallMoment`]), and the catalog still lists those bytes, the artifact is
+/// marked bad as the watch marks it ([`poison_decision`]). Nothing without a receipt rule, a
+/// live receipt, or a recorded install. Returns what was marked.
+pub fn notice_failed_start(device: &Device) -> Result<Option<(ModelId, Sha256Digest)>> {
+    let Some(source) = device.load_receipt.as_ref() else {
+        return Ok(None);
+    };
+    let running = read_on(device, source);
+    let RunningModel::Loaded(r) = &running else {
+        return Ok(None);
+    };
+    if !r.fallback.is_some_and(|f| f.is_selected_load_failed()) {
+        return Ok(None);
+    }
+    let Ok(Expected::Model {
+        id,
+        sha256: Some(sha256),
+    }) = expected(device)
+    else {
+        return Ok(None);
+    };
+    let (Some(moment), Some(boot)) = (device.install_moment(&id, &sha256), boot_id()) else {
+        return Ok(None);
+    };
+    let seen = SeenInstall {
+        since_mono_ns: moment.since_mono_ns(&boot),
+        id,
+        sha256,
+    };
+    let catalog_sha = device
+        .catalog()
+        .ok()
+        .flatten()
+        .and_then(|c| c.get(&seen.id).and_then(|e| e.artifact_sha256()));
+    match poison_decision(&running, Some(&seen), catalog_sha.as_ref()) {
+        Poison::Mark { id, sha256 } => {
+            let reason = source.rule.selected_load_failed;
+            Ok(mark_bad(device, &id, &sha256, reason, crate::unix_now())?.then_some((id, sha256)))
+        }
+        Poison::No(_) => Ok(None),
+    }
 }
 
 /// [`poison_decision`]'s answer.
@@ -1451,6 +1563,64 @@ mod tests {
                 "{rec:?} {gpu:?}"
             );
         }
+    }
+
+    /// A receipt's model is known as upstream's reader knows it: by the tree's reviewed
+    /// catalog (`BY_ID`), not by the live manifest. An id the tree lacks is unavailable even
+    /// when a manifest lists it; one the tree has gives the tree's GPU flag.
+    #[test]
+    fn tree_gpu_flag_table() {
+        use manifest::contract::{ContractName, TreeCatalogRow, TreeDeclaration};
+        let row = |id: &str, gpu: bool| TreeCatalogRow {
+            id: id.parse().unwrap(),
+            name: id.into(),
+            version: "v16".parse().unwrap(),
+            uses_external_gpu: gpu,
+            model_lab_eligible: false,
+        };
+        let tree = TreeDeclaration {
+            generation: manifest::Generation::new(26),
+            contract: ContractName::V26,
+            compiler_revision: "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf".parse().unwrap(),
+            catalog: vec![row("pop226", false), row("big226", true)],
+        };
+        let r = |model: &str| {
+            let RunningModel::Loaded(r) = receipt(model, SHA, None, 9) else {
+                panic!()
+            };
+            r
+        };
+        // receipt's model -> the flag, or unavailable
+        for (model, want) in [
+            ("pop226", Ok(Some(false))),
+            ("big226", Ok(Some(true))),
+            ("bundled-current", Ok(None)),
+            ("gone226", Err("gone226")),
+        ] {
+            match (tree_gpu_flag(&r(model), &tree), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{model}"),
+                (Err(why), Err(named)) => {
+                    assert!(why.contains(named) && why.contains("v26"), "{why}")
+                }
+                (got, want) => panic!("{model}: {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    /// A load of this boot speaks of an install of this boot only after it; after a reboot,
+    /// of any earlier install.
+    #[test]
+    fn install_moment_table() {
+        let m = InstallMoment {
+            boot_id: "boot-a".into(),
+            mono_ns: 5_000,
+        };
+        for (boot, since) in [("boot-a", 5_000), ("boot-b", 0)] {
+            assert_eq!(m.since_mono_ns(boot), since, "{boot}");
+        }
+        let now = InstallMoment::now().expect("Linux has a boot id");
+        assert_eq!(now.boot_id, boot_id().unwrap());
+        assert!(now.mono_ns <= monotonic_ns());
     }
 
     #[test]

@@ -201,6 +201,9 @@ pub(crate) fn refresh_run(
         }
     };
     crate::trust_state::store_accepted(device, &fetched)?;
+    // modeld may have failed to start what this manager installed since the daemon last
+    // looked (or with no daemon running): marked bad now, before anything is fetched again.
+    crate::load_receipt::notice_failed_start(device)?;
     let refused: Vec<crate::device::RefusedModel> =
         fetched.refused_entries.iter().map(Into::into).collect();
     device.store_refused(&refused)?;
@@ -214,9 +217,11 @@ pub(crate) fn refresh_run(
     let record = view.choice().cloned();
     // Where the layout keeps the selection in a store of its own (per generation:
     // preferences.json, upstream's or carried there), that store is what the user chose.
+    // (A purge phase of this run carried the choice there first; the params are that
+    // layout's only where there is no such store.)
     let slots_now = match (interim, device.stored_slots()?) {
-        (false, Some(stored)) => stored,
-        (true, _) => param_slots(device)?,
+        (_, Some(stored)) => stored,
+        (true, None) => param_slots(device)?,
         (false, None) => view.slots(),
     };
     let (raw, wanted) = chosen(journal.as_ref(), record.as_ref(), &slots_now, &catalog);
@@ -381,9 +386,11 @@ pub(crate) fn refresh_run(
     Ok((report, run))
 }
 
-/// Write what modeld and the UIs read: selection and profile params, catalog params, caches.
+/// Write what modeld and the UIs read: selection and profile params, catalog params, caches
+/// (where the layout keeps them: `DeviceFiles::flat_state_writes`).
 pub(crate) fn write_contract(device: &Device, catalog: &Catalog, outcome: &Outcome) -> Result<()> {
     let (params, files) = contract_writes(catalog, outcome);
+    let (params, files) = device.files().flat_state_writes(params, files);
     for (key, value) in params {
         match value {
             Some(v) => device.params.put(key, &v)?,

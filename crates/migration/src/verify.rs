@@ -26,6 +26,10 @@ struct CacheEntry {
     /// republished the model with other bytes makes them an older verified copy, not corrupt.
     #[serde(default)]
     catalog_verified: bool,
+    /// When this manager installed these bytes (kept while the file is unchanged): what a
+    /// one-shot run compares a load receipt with (`load_receipt::notice_failed_start`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    installed: Option<crate::load_receipt::InstallMoment>,
 }
 
 impl Device {
@@ -149,6 +153,10 @@ impl Device {
                             && c.sha256 == report.sha256.to_hex()
                             && c.size == report.size
                     });
+                let installed = cache
+                    .get(&name)
+                    .filter(|c| c.signature == sig)
+                    .and_then(|c| c.installed.clone());
                 cache.insert(
                     name,
                     CacheEntry {
@@ -156,6 +164,7 @@ impl Device {
                         sha256: report.sha256.to_hex(),
                         size: report.size,
                         catalog_verified: matches || earlier,
+                        installed,
                     },
                 );
                 if matches {
@@ -235,9 +244,24 @@ impl Device {
                 sha256: sha256.to_hex(),
                 size,
                 catalog_verified: true,
+                installed: crate::load_receipt::InstallMoment::now(),
             },
         );
         self.save_cache(&cache)
+    }
+
+    /// When this manager installed `id`'s artifact with digest `sha256`, if it did and the
+    /// file is unchanged since (its stat signature is the one recorded then).
+    pub(crate) fn install_moment(
+        &self,
+        id: &ModelId,
+        sha256: &Sha256Digest,
+    ) -> Option<crate::load_receipt::InstallMoment> {
+        let sig = Self::signature(&self.artifact_path(id)).ok()??;
+        self.load_cache()
+            .remove(layout::artifact_file_name(id).as_str())
+            .filter(|c| c.signature == sig && c.sha256 == sha256.to_hex())
+            .and_then(|c| c.installed)
     }
 
     /// Forget a cached verification (after deleting or replacing an artifact).

@@ -312,6 +312,7 @@ type Start<'a> = (&'a str, &'a dyn Fn(&Path));
 #[test]
 fn the_move_and_a_v26_download_survive_a_crash_after_any_effect() {
     let mut total = 0;
+    let mut jobs_crashed = 0;
     for generation in ["v26", "v27"] {
         let v = V26::start(generation);
         let rt = v.runtime();
@@ -350,6 +351,15 @@ fn the_move_and_a_v26_download_survive_a_crash_after_any_effect() {
             assert!(
                 log.iter().any(|e| e == "install pop223"),
                 "{generation} {label}: {log:?}"
+            );
+            // The job file is written through the effects: at the job's start (before the
+            // install) and at its end, each a crash point.
+            let job = format!("write {generation}/.download-job.json");
+            let jobs: Vec<usize> = (0..log.len()).filter(|&i| log[i] == job).collect();
+            let install = log.iter().position(|e| e == "install pop223").unwrap();
+            assert!(
+                jobs.len() >= 2 && jobs[0] < install && jobs[1] < install,
+                "{generation} {label}: the job's start and end are not effects: {log:?}"
             );
             if label == "move" {
                 for kind in [
@@ -408,6 +418,14 @@ fn the_move_and_a_v26_download_survive_a_crash_after_any_effect() {
                         rt.read_job(&root).is_some(),
                         "{ctx}: a job file upstream refuses"
                     );
+                    // The crashed process holds no lock: upstream's UI shows no download
+                    // running (ours, cut short, reads as interrupted) and may start its own.
+                    let (busy, state) = rt.job_status(&root);
+                    assert!(!busy, "{ctx}: the download lock is still held");
+                    assert_ne!(state.as_deref(), Some("running"), "{ctx}");
+                }
+                if what.ends_with("/.download-job.json") {
+                    jobs_crashed += 1;
                 }
                 run(t.path(), migration::Effects::none()).unwrap();
                 assert_eq!(data_snapshot(t.path()), want, "{ctx}: rerun ends elsewhere");
@@ -417,5 +435,12 @@ fn the_move_and_a_v26_download_survive_a_crash_after_any_effect() {
             assert_eq!(rt.resolve_runtime(&root, false).small_id, "pop223");
         }
     }
-    eprintln!("v26 contract: crashed after each of {total} effects, 0 violations");
+    assert!(
+        jobs_crashed >= 8,
+        "{jobs_crashed} crashes after a job-file write"
+    );
+    eprintln!(
+        "v26 contract: crashed after each of {total} effects ({jobs_crashed} after a job-file \
+         write), 0 violations"
+    );
 }

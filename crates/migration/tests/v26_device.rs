@@ -1093,3 +1093,282 @@ fn the_amd_build_is_fetched_with_the_external_gpu() {
         }
     }
 }
+
+/// Every entry under `dir` (directories, files, symlinks) with a file's bytes: what a run that
+/// writes nothing must leave exactly as it was (an empty lock file or directory included).
+fn entries(dir: &Path) -> Vec<(PathBuf, Option<Vec<u8>>)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                dirs.push(p.clone());
+                out.push((p, None));
+            } else {
+                out.push((p.clone(), Some(fs::read(&p).unwrap_or_default())));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A named way to prepare a device directory.
+type NamedStart<'a> = (&'a str, &'a dyn Fn(&Path));
+
+/// `refresh --dry-run` on a v26-contract tree writes nothing: not the state lock upstream's
+/// layout keeps (`.state.lock`, `.download.lock`), not the generation's root, not a job file,
+/// not `preferences.json`; the data dir (models and params) is entry for entry and byte for
+/// byte what it was. On a device about to move from v25, on one whose selected model must be
+/// downloaded again, and on one upstream's manager prepared without lock files yet. v26 and a
+/// made-up v27.
+#[test]
+fn a_dry_run_on_a_v26_contract_tree_writes_nothing() {
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let move_from_v25 = |dir: &Path| v25_device_in(dir);
+        let repair = |dir: &Path| {
+            v25_device_in(dir);
+            let (d, dl) = v.device_in(dir, migration::Effects::none());
+            migration::refresh(&d, &dl, &CancelToken::new(), &|_| {}).unwrap();
+            let root = dir.join("data/models").join(generation);
+            fs::remove_file(root.join("pop223/pop223_driving_tinygrad.pkl")).unwrap();
+            for lock in [".state.lock", ".download.lock"] {
+                fs::remove_file(root.join(lock)).unwrap();
+            }
+        };
+        let prepared = |dir: &Path| {
+            fs::create_dir_all(dir.join("data/params/d")).unwrap();
+            fs::create_dir_all(dir.join("shm")).unwrap();
+            let root = dir.join("data/models").join(generation);
+            fs::create_dir_all(&root).unwrap();
+            let manifest: Value = serde_json::from_slice(&v.manifest).unwrap();
+            fs::write(root.join("catalog.json"), python_dump(&manifest)).unwrap();
+            let prefs = json!({"small": "sc2", "big": "", "userFavorites": [],
+                "sortMode": "name", "randomizer": false, "blacklistedModels": []});
+            fs::write(root.join("preferences.json"), python_dump(&prefs)).unwrap();
+        };
+        let starts: [NamedStart; 3] = [
+            ("move from v25", &move_from_v25),
+            ("download due", &repair),
+            ("prepared by upstream", &prepared),
+        ];
+        for (label, prepare) in starts {
+            let t = tempfile::tempdir().unwrap();
+            prepare(t.path());
+            let before = entries(&t.path().join("data"));
+            let (d, dl) = v.device_in(t.path(), migration::Effects::none());
+            let plan = migration::commands::refresh_dry_run(&d, &dl)
+                .unwrap_or_else(|e| panic!("{generation} {label}: {e:?}"));
+            assert!(
+                !plan.would_download.is_empty() || !plan.would_write.is_empty(),
+                "{generation} {label}: the dry run plans nothing: {plan:?}"
+            );
+            assert_eq!(
+                entries(&t.path().join("data")),
+                before,
+                "{generation} {label}: the dry run wrote"
+            );
+        }
+    }
+}
+
+/// The receipt's model is checked as upstream's receipt reader checks it: against the tree's
+/// reviewed catalog (`BY_ID`), not against the manifest we accepted. A receipt naming a model
+/// the tree lacks is unavailable; one naming a tree GPU model that the manifest does not
+/// publish (`big223`) as the small variant is unavailable too (before, the manifest had no row
+/// for it and the receipt was believed). v26 and a made-up v27.
+#[test]
+fn a_load_receipt_is_checked_against_the_trees_catalog() {
+    use std::os::unix::fs::PermissionsExt;
+    let stat = fs::read_to_string("/proc/self/stat").unwrap();
+    let ticks: u64 = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        v25_device_in(v.dir.path());
+        let (device, dl) = v.open();
+        migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        let dir = v.dir.path().join("receipt-shm/starpilot_modeld_d");
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        let status_for = |model: &str, variant: &str| {
+            let f = dir.join("load-v1.json");
+            let body = json!({"version": 1, "pid": std::process::id(), "processStartTicks": ticks,
+                "loadedMonoNs": migration::load_receipt::monotonic_ns(), "modelId": model,
+                "variant": variant, "artifactSha256": v.sha("pop223"), "fallbackReason": null});
+            fs::write(&f, serde_json::to_vec(&body).unwrap()).unwrap();
+            fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+            migration::report::status(&device).unwrap().running.unwrap()
+        };
+        let ok = status_for("pop223", "small");
+        assert_eq!(ok.state, "running", "{generation}: {ok:?}");
+        assert_eq!(ok.id.as_deref(), Some("pop223"));
+        for (model, variant, named) in [
+            ("zzz226", "small", "zzz226"),
+            ("big223", "small", "external-GPU"),
+        ] {
+            let r = status_for(model, variant);
+            assert_eq!(r.state, "unavailable", "{generation} {model}: {r:?}");
+            let why = r.why.unwrap_or_default();
+            assert!(why.contains(named), "{generation} {model}: {why}");
+        }
+    }
+}
+
+/// On a v26-contract tree nothing upstream reads is kept twice: upstream's v26 code reads the
+/// selection from `preferences.json` and the catalog from `catalog.json`, and no param, so the
+/// refresh writes neither the `Model`/profile/catalog params nor the v25 caches (the v25 values
+/// stay as v25 left them; only `ModelManifestVersion`, our generation marker, moves), and our
+/// own record `.catalog.json` holds the very manifest `catalog.json` holds. A selection changed
+/// in upstream's UI is followed without any param written. v26 and a made-up v27.
+#[test]
+fn a_v26_contract_device_keeps_no_second_selection_or_catalog() {
+    let flat_caches = [
+        ".model_versions.json",
+        ".model_artifact_urls.json",
+        ".model_artifacts.json",
+    ];
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let t = tempfile::tempdir().unwrap();
+        v25_device_in(t.path());
+        let params_dir = t.path().join("data/params/d");
+        let params = || {
+            let mut all: Vec<(String, String)> = fs::read_dir(&params_dir)
+                .unwrap()
+                .map(|e| e.unwrap())
+                .map(|e| {
+                    let name = e.file_name().into_string().unwrap();
+                    (name, fs::read_to_string(e.path()).unwrap())
+                })
+                .filter(|(k, _)| k != keys::MODEL_MANIFEST_VERSION)
+                .collect();
+            all.sort();
+            all
+        };
+        let before = params();
+        let effects = migration::Effects::recording();
+        let (d, dl) = v.device_in(t.path(), effects.clone());
+        migration::refresh(&d, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        let params_written: Vec<String> = effects
+            .log()
+            .into_iter()
+            .filter(|e| e.starts_with("param "))
+            .collect();
+        assert_eq!(
+            params_written,
+            [format!("param ModelManifestVersion={generation}")],
+            "{generation}"
+        );
+        assert_eq!(params(), before, "{generation}: a param changed");
+        let models = t.path().join("data/models");
+        for cache in flat_caches {
+            assert!(!models.join(cache).exists(), "{generation}: {cache}");
+        }
+        let root = models.join(generation);
+        let json = |p: PathBuf| -> Value { serde_json::from_slice(&fs::read(p).unwrap()).unwrap() };
+        assert_eq!(
+            json(models.join(migration::CATALOG_FILE)),
+            json(root.join("catalog.json")),
+            "{generation}: our record and upstream's catalog disagree"
+        );
+        // The user picks sc2 in upstream's panel (its preferences write); our refresh fetches
+        // it and still writes no param.
+        let rt = v.runtime();
+        let mut prefs = rt.preferences(&root);
+        assert_eq!(prefs.small, "pop223");
+        prefs.small = "sc2".into();
+        let body = json!({"small": prefs.small, "big": prefs.big,
+            "userFavorites": prefs.user_favorites, "sortMode": prefs.sort_mode,
+            "randomizer": prefs.randomizer, "blacklistedModels": prefs.blacklisted});
+        fs::write(root.join("preferences.json"), python_dump(&body)).unwrap();
+        let effects = migration::Effects::recording();
+        let (d, dl) = v.device_in(t.path(), effects.clone());
+        migration::refresh(&d, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        assert!(
+            effects.log().iter().all(|e| !e.starts_with("param ")),
+            "{generation}: {:?}",
+            effects.log()
+        );
+        assert!(effects.log().contains(&"install sc2".to_string()));
+        assert_eq!(params(), before, "{generation}");
+        assert_eq!(rt.resolve_runtime(&root, false).small_id, "sc2");
+        assert_eq!(d.resolve().unwrap().1.id.as_str(), "sc2");
+    }
+}
+
+/// A one-shot `refresh` notices, as the daemon's watch does, that modeld could not start the
+/// artifact this manager installed (`selected-load-failed` in a receipt of a load after the
+/// install, whose moment the install recorded): those bytes are marked bad, the bundled model
+/// is what upstream's resolver and ours hand modeld, and `preferences.json` keeps the choice.
+/// A receipt of a load before the install, or an artifact whose install this manager did not
+/// record (another manager's), marks nothing. v26 and a made-up v27.
+#[test]
+fn a_refresh_notices_a_model_that_failed_its_first_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let stat = fs::read_to_string("/proc/self/stat").unwrap();
+    let ticks: u64 = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        v25_device_in(v.dir.path());
+        let (device, dl) = v.open();
+        let refresh = || migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        refresh();
+        // The move's purge drops the verification cache (v25 and v26 artifacts share file
+        // names), so its install moment with it: the case here is a download on the v26 device.
+        fs::remove_file(v.root().join("pop223/pop223_driving_tinygrad.pkl")).unwrap();
+        refresh();
+        let models = v.data().join("models");
+        let bad = models.join(migration::load_receipt::BAD_ARTIFACTS_FILE);
+        let verified = models.join(migration::VERIFIED_FILE);
+        let dir = v.dir.path().join("receipt-shm/starpilot_modeld_d");
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        let modeld_fell_back = |loaded: u64| {
+            let f = dir.join("load-v1.json");
+            let body = json!({"version": 1, "pid": std::process::id(),
+                "processStartTicks": ticks, "loadedMonoNs": loaded,
+                "modelId": "bundled-current", "variant": "small",
+                "artifactSha256": "ab".repeat(32), "fallbackReason": "selected-load-failed"});
+            fs::write(&f, serde_json::to_vec(&body).unwrap()).unwrap();
+            fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+        };
+        // modeld loaded before the install: not about these bytes.
+        modeld_fell_back(1);
+        refresh();
+        assert!(
+            !bad.exists(),
+            "{generation}: marked from a load before the install"
+        );
+        // An install this manager did not record (the cache gone: re-verified, no moment).
+        let recorded = fs::read(&verified).unwrap();
+        fs::remove_file(&verified).unwrap();
+        modeld_fell_back(migration::load_receipt::monotonic_ns());
+        refresh();
+        assert!(
+            !bad.exists(),
+            "{generation}: marked without a recorded install"
+        );
+        // The recorded install, and a load after it.
+        fs::write(&verified, &recorded).unwrap();
+        refresh();
+        let marked: Value = serde_json::from_slice(&fs::read(&bad).unwrap()).unwrap();
+        assert_eq!(marked["artifacts"][0]["id"], "pop223", "{generation}");
+        assert_eq!(marked["artifacts"][0]["sha256"], v.sha("pop223").as_str());
+        let (path, _) = device.resolve().unwrap();
+        assert!(!path.starts_with(&models), "{generation}: {path:?}");
+        assert_eq!(v.runtime().preferences(&v.root()).small, "pop223");
+    }
+}

@@ -364,6 +364,26 @@ impl Runtime {
                 .is_some_and(|v| v == "standard" || v == "amd");
         ok.then_some(job)
     }
+
+    /// `_job_status` as the UI snapshot reports it, without its rewrite: whether the
+    /// download lock is held (`flock` tried without waiting on `.download.lock`), and the job's
+    /// state as reported (a `running` job nobody holds the lock of reads `interrupted`).
+    /// `None` when there is no job upstream accepts.
+    pub fn job_status(&self, root: &Path) -> (bool, Option<String>) {
+        let busy = fs::OpenOptions::new()
+            .append(true)
+            .open(root.join(".download.lock"))
+            .is_ok_and(|f| matches!(f.try_lock(), Err(fs::TryLockError::WouldBlock)));
+        let state = self.read_job(root).map(|j| {
+            let s = j["state"].as_str().unwrap_or_default().to_string();
+            if s == "running" && !busy {
+                "interrupted".to_string()
+            } else {
+                s
+            }
+        });
+        (busy, state)
+    }
 }
 
 /// What `preferences` returns.

@@ -55,6 +55,17 @@ pub struct DeviceView {
     pub refresh_exit: Option<i32>,
     /// The last line `resolve` printed (`None` when it failed).
     pub resolved: Option<PathBuf>,
+    /// The `small` profile of the generation's `preferences.json`, on a layout that keeps the
+    /// selection there (`None`: not there, not JSON, or no string `small`).
+    pub preferences_small: Option<String>,
+}
+
+/// Where a layout that keeps the selection apart from the params keeps it: the preferences
+/// file relative to the models directory, and the id it names the built-in by.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct SelectionFile {
+    pub rel_path: String,
+    pub bundled: String,
 }
 
 /// What the device must hold after the run.
@@ -75,6 +86,9 @@ pub struct Expectation {
     /// Where the selected model's new artifact must be, relative to `models_dir`, under the
     /// generation's device layout (`<id>_driving_tinygrad.pkl`, or `<gen>/<id>/…`).
     pub selected_artifact: String,
+    /// Per generation, where the selection lives (upstream's v26 reads it there and reads no
+    /// param); `None` on a flat layout, where the selection params name the model.
+    pub selection_file: Option<SelectionFile>,
 }
 
 /// The params that name the model modeld loads.
@@ -181,12 +195,29 @@ pub fn judge_device(e: &Expectation, v: &DeviceView) -> Vec<RehearsalCheck> {
         format!("ModelManifestVersion = {generation}"),
     ));
 
+    // The selection where the generation's layout keeps it: the params (flat), or the small
+    // profile of the preferences file (per generation; the built-in by the contract's id).
     let params_are = |want: &str| -> Vec<String> {
-        SELECTION_PARAMS
-            .iter()
-            .filter(|k| v.params.get(**k).map(String::as_str) != Some(want))
-            .map(|k| format!("params {k} is {:?}, not {want:?}", v.params.get(*k)))
-            .collect()
+        match &e.selection_file {
+            None => SELECTION_PARAMS
+                .iter()
+                .filter(|k| v.params.get(**k).map(String::as_str) != Some(want))
+                .map(|k| format!("params {k} is {:?}, not {want:?}", v.params.get(*k)))
+                .collect(),
+            Some(f) => {
+                let want = match want == layout::BUILTIN_MODEL_ID {
+                    true => f.bundled.as_str(),
+                    false => want,
+                };
+                match v.preferences_small.as_deref() {
+                    Some(small) if small == want => vec![],
+                    other => vec![format!(
+                        "{} names {other:?} as the small profile, not {want:?}",
+                        f.rel_path
+                    )],
+                }
+            }
+        }
     };
     match s {
         Scenario::Kept => {
@@ -330,6 +361,41 @@ mod tests {
             models_dir: PathBuf::from("/dev-x/data/models"),
             builtin_dir: PathBuf::from("/op/selfdrive/modeld/models"),
             selected_artifact: format!("{selected}_driving_tinygrad.pkl"),
+            selection_file: None,
+        }
+    }
+
+    /// Per generation the selection is judged in the preferences file, not in the params
+    /// (which keep what the previous generation left): kept → the model, dropped → the
+    /// contract's bundled id; anything else there fails, whatever the params say.
+    #[test]
+    fn a_per_generation_selection_is_judged_in_its_preferences() {
+        for (scenario, selected, small, ok) in [
+            (Scenario::Kept, "pop223", Some("pop223"), true),
+            (Scenario::Kept, "pop223", Some("bundled-current"), false),
+            (Scenario::Kept, "pop223", None, false),
+            (Scenario::Dropped, "gone9", Some("bundled-current"), true),
+            (Scenario::Dropped, "gone9", Some("gone9"), false),
+        ] {
+            let mut e = expect(scenario, selected);
+            e.selection_file = Some(SelectionFile {
+                rel_path: "v26/preferences.json".into(),
+                bundled: "bundled-current".into(),
+            });
+            let mut v = good(scenario);
+            // The params keep the previous generation's selection.
+            for k in SELECTION_PARAMS {
+                v.params.insert(k.into(), selected.into());
+            }
+            v.preferences_small = small.map(Into::into);
+            let failing = failed(&judge_device(&e, &v));
+            assert_eq!(failing.is_empty(), ok, "{scenario} {small:?}: {failing:?}");
+            if !ok {
+                assert!(
+                    failing.iter().any(|f| f.contains("v26/preferences.json")),
+                    "{failing:?}"
+                );
+            }
         }
     }
 

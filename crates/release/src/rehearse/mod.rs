@@ -460,6 +460,17 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
             .then(|| out.lines().rev().find(|l| !l.trim().is_empty()))
             .flatten()
             .map(|l| PathBuf::from(l.trim()));
+        let contract = pins.contract(g);
+        let selection_file = contract.generation_files.map(|f| judge::SelectionFile {
+            rel_path: format!("{g}/{}", f.preferences),
+            bundled: contract.bundled_selection.to_string(),
+        });
+        if let Some(f) = &selection_file {
+            view.preferences_small = fs::read(dev.models_dir().join(&f.rel_path))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|p| p.get("small")?.as_str().map(str::to_string));
+        }
         let expect = Expectation {
             scenario,
             generation: g,
@@ -469,7 +480,8 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
             kept: dev.kept.clone(),
             models_dir: dev.models_dir(),
             builtin_dir: builtin_dir.clone(),
-            selected_artifact: pins.contract(g).device_layout.artifact_rel_path(
+            selection_file,
+            selected_artifact: contract.device_layout.artifact_rel_path(
                 g,
                 &selected.id,
                 layout::artifact_file_name(&selected.id).as_str(),
