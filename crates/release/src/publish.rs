@@ -107,6 +107,7 @@ pub struct PublishOutcome {
 pub fn check_gate(
     manifest: &Manifest,
     workspace: Option<&Workspace>,
+    openpilot: Option<&Path>,
     skip_reason: Option<&str>,
 ) -> Result<GateOutcome> {
     if let Some(r) = skip_reason
@@ -119,7 +120,12 @@ pub fn check_gate(
     }
     let coverage = match workspace {
         Some(ws) => {
-            let records = crate::records::load(ws)?;
+            let mut records = crate::records::load(ws)?;
+            // The preflight must be of the tree being released, as it is now.
+            records.tree = records
+                .preflight
+                .as_ref()
+                .map(|p| crate::preflight::tree_now(openpilot, p));
             Some(crate::gate::coverage(manifest, &records))
         }
         None => None,
@@ -172,6 +178,10 @@ pub fn run(
     let manifest_path = std::fs::canonicalize(&req.manifest_path)
         .or_else(|_| std::path::absolute(&req.manifest_path))
         .unwrap_or_else(|_| req.manifest_path.clone());
+    // The tree the release ships with must select exactly the generation of its tinygrad.
+    if let Some(op) = &req.openpilot {
+        crate::tree::check_selectors(op)?;
+    }
     // What every gate below sees and what is uploaded: the manifest as staged for its contract.
     req.manifest = staged_manifest(
         &req.manifest,
@@ -185,6 +195,7 @@ pub fn run(
     let validation = check_gate(
         manifest,
         req.workspace.as_ref(),
+        req.openpilot.as_deref(),
         req.skip_validation.as_deref(),
     )?;
     if let GateOutcome::Skipped { reason, gaps, .. } = &validation {
@@ -675,7 +686,7 @@ mod tests {
                 (None, Some("hotfix: validated by hand"), "Skipped"),
             ];
             for (workspace, skip, want) in cases {
-                let got = match check_gate(&m, workspace, skip) {
+                let got = match check_gate(&m, workspace, None, skip) {
                     Err(Error::PublishNeedsWorkspace) => "PublishNeedsWorkspace",
                     Err(Error::SkipValidationNoReason) => "SkipValidationNoReason",
                     Ok(GateOutcome::Skipped { reason, .. }) => {

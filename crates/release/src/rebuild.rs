@@ -300,6 +300,12 @@ impl Rebuild {
         generation: Generation,
         pin: GitCommit,
     ) -> Result<Self> {
+        if source_map.symlink_metadata().is_err() {
+            return Err(Error::SourceMapMissing {
+                path: source_map.to_path_buf(),
+                generation,
+            });
+        }
         // Size-capped, regular files only; the chunker's error names the path and the limit.
         let map_bytes = read_input(source_map, MAX_SOURCE_MAP_BYTES)?;
         let map = parse_source_map(&map_bytes, source_map)?;

@@ -793,8 +793,8 @@ fn a_partial_rerun_keeps_finished_work_outside_its_selection() {
     assert_eq!(summary.without_artifact, [id("bmrlnapv6")]);
 }
 
-/// File errors come from fs-err: a missing source map is an `Error::Io` whose message names the
-/// operation and the file, and whose kind is kept.
+/// A missing source map is named, with the command that writes the generation's map
+/// (`source-map next`); other file errors come from fs-err, naming the operation and the file.
 #[test]
 fn a_missing_source_map_names_its_path() {
     let s = setup();
@@ -809,15 +809,27 @@ fn a_missing_source_map_names_its_path() {
     ) else {
         panic!("prepared without a source map")
     };
-    let Error::Io(io) = &e else {
-        panic!("not an Io error: {e:?}")
-    };
-    assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    assert!(matches!(e, Error::SourceMapMissing { .. }), "{e:?}");
     let text = e.to_string();
     assert!(
-        text.contains("failed to open file") && text.contains(&*s.map.to_string_lossy()),
+        text.contains(&*s.map.to_string_lossy())
+            && text.contains("`release-cli source-map next --openpilot DIR`")
+            && text.contains("scripts/model_source_map_v26.json"),
         "{text}"
     );
+    // A directory there is a file error naming it, as before.
+    fs::create_dir(&s.map).unwrap();
+    let Err(e) = Rebuild::prepare(
+        s.ws.clone(),
+        &s.map,
+        &s.base,
+        &[],
+        Generation::new(26),
+        PIN.parse().unwrap(),
+    ) else {
+        panic!("prepared from a directory")
+    };
+    assert!(e.to_string().contains(&*s.map.to_string_lossy()), "{e}");
 }
 
 /// `rebuild --generation` must be the generation of the tinygrad it builds with: v25 with the
