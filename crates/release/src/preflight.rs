@@ -162,11 +162,14 @@ fn run_one(
 
 /// The checkout the release is cut from as it is now, for the gate's comparison with the
 /// preflight `record` ([`crate::gate::preflight_binding`]): `given` (`--openpilot`), else the
-/// checkout the record names; foreign when both are given and resolve to different directories.
+/// checkout the record names; foreign when the record is of a git checkout (it names a commit)
+/// and `given` resolves to another directory. A record of a checkout without git is bound by its
+/// pin alone.
 pub fn tree_now(given: Option<&Path>, record: &PreflightRecord) -> TreeNow {
     let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let openpilot = given.unwrap_or(&record.openpilot).to_path_buf();
-    let foreign = given.is_some_and(|g| real(g) != real(&record.openpilot));
+    let foreign = record.openpilot_commit.is_some()
+        && given.is_some_and(|g| real(g) != real(&record.openpilot));
     let (commit, dirty) = git_state(&openpilot);
     TreeNow {
         openpilot,
