@@ -101,6 +101,8 @@ pub struct Release<'a> {
     pub github_checkout: PathBuf,
     /// Each step with its wall time, for the report.
     pub steps: Vec<(String, Duration)>,
+    /// Every generation is rebuilt in one workspace ([`Release::workspace`]).
+    pub shared_workspace: bool,
 }
 
 impl<'a> Release<'a> {
@@ -170,12 +172,33 @@ impl<'a> Release<'a> {
             github_origin,
             github_checkout,
             steps: Vec::new(),
+            shared_workspace: false,
         })
     }
 
-    /// The rebuild workspace of `generation`.
+    /// The rebuild workspace of `generation`: one per generation, or with
+    /// [`Release::shared_workspace`] the one workspace every generation is rebuilt in (as a
+    /// maintainer keeps `/Volumes/T5/StarPilot-Model-Rebuild`).
     pub fn workspace(&self, generation: Generation) -> PathBuf {
-        self.work.join(format!("rebuild-{generation}"))
+        if self.shared_workspace {
+            self.work.join("rebuild")
+        } else {
+            self.work.join(format!("rebuild-{generation}"))
+        }
+    }
+
+    /// Where `generation`'s staged release is: its workspace, or `generations/<gen>/` in it once
+    /// a later generation's rebuild set it aside.
+    pub fn release_dir(&self, generation: Generation) -> PathBuf {
+        let ws = self.workspace(generation);
+        if ws
+            .join(format!("ready/model_names_{generation}.json"))
+            .exists()
+        {
+            ws
+        } else {
+            ws.join(format!("generations/{generation}"))
+        }
     }
 
     /// The manifest `rebuild` wrote for `generation`.
@@ -246,6 +269,76 @@ impl<'a> Release<'a> {
         self.cli("status", &args, false)
     }
 
+    /// `release-cli audit --generation G --store STORE --workspace WS --openpilot OP --json`:
+    /// its exit code and report.
+    pub fn audit(&self, generation: Generation) -> Result<(Option<i32>, serde_json::Value)> {
+        let out = Command::new(&self.bins.release_cli)
+            .current_dir(&self.work)
+            .args(["audit", "--generation", &generation.to_string(), "--json"])
+            .arg("--store")
+            .arg(&self.store)
+            .arg("--workspace")
+            .arg(self.workspace(generation))
+            .arg("--openpilot")
+            .arg(&self.openpilot)
+            .output()
+            .map_err(|e| format!("cannot run release-cli audit: {e}"))?;
+        let v = serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
+                "audit printed no JSON ({e}): {}{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            )
+        })?;
+        Ok((out.status.code(), v))
+    }
+
+    /// Run each distinct `mend` command an audit report printed, exactly as printed (`sh -c`,
+    /// in the maintainer's directory, with release-cli's directory first on PATH).
+    pub fn run_mends(&self, report: &serde_json::Value) -> Result<Vec<String>> {
+        let mut mends: Vec<String> = Vec::new();
+        for st in report["stores"].as_array().into_iter().flatten() {
+            for p in st["problems"].as_array().into_iter().flatten() {
+                if let Some(m) = p["mend"].as_str()
+                    && !mends.iter().any(|x| x == m)
+                {
+                    mends.push(m.to_string());
+                }
+            }
+        }
+        let bin_dir = self
+            .bins
+            .release_cli
+            .parent()
+            .ok_or("release-cli has no directory")?;
+        for m in &mends {
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(m)
+                .current_dir(&self.work)
+                .env(
+                    "PATH",
+                    format!(
+                        "{}:{}",
+                        bin_dir.display(),
+                        std::env::var("PATH").unwrap_or_default()
+                    ),
+                )
+                .envs(git_identity())
+                .output()
+                .map_err(|e| format!("cannot run sh: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "the mend `{m}` failed ({}): {}{}",
+                    out.status,
+                    text(&out.stdout),
+                    text(&out.stderr)
+                ));
+            }
+        }
+        Ok(mends)
+    }
+
     /// Run `release-cli ARGS` expecting a refusal: its exit code and stderr.
     pub fn refused(&self, args: &[OsString]) -> Result<(Option<i32>, String)> {
         let out = Command::new(&self.bins.release_cli)
@@ -314,7 +407,7 @@ impl<'a> Release<'a> {
 
     /// The RDF V4 build in `generation`'s workspace (what [`Release::builtin`] installs).
     pub fn builtin_source(&self, generation: Generation) -> PathBuf {
-        self.workspace(generation).join(format!(
+        self.release_dir(generation).join(format!(
             "ready/{BUILTIN_SOURCE}/{BUILTIN_SOURCE}{}",
             layout::ARTIFACT_SUFFIX
         ))

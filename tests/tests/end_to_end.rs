@@ -821,6 +821,9 @@ fn a_bump_into_the_v26_contract_and_on_to_v27_ships_what_upstream_accepts() {
     let ok = |r: Result<serde_json::Value, String>| r.unwrap_or_else(|e| panic!("{e}"));
     let mut rel = Release::new(&bins, &compiler, &work, &comma.remote_root().join("models"))
         .unwrap_or_else(|e| panic!("{e}"));
+    // One rebuild workspace for every generation, as the maintainer keeps it: each rebuild
+    // sets the previous generation's release aside in generations/<gen>/.
+    rel.shared_workspace = true;
 
     // The live release of the current generation (v25), as in the v25 story.
     rel.stage_live_release(old)
@@ -1026,6 +1029,42 @@ fn a_bump_into_the_v26_contract_and_on_to_v27_ships_what_upstream_accepts() {
         base = rel.store.join(format!("manifests/model_names_{new}.json"));
         previous = new;
     }
+
+    // The v26 release, set aside in the shared workspace by the v27 rebuild, stays repairable:
+    // with a chunk of it gone from the store, audit --generation v26 names the problem with a
+    // mend that runs as printed (from generations/v26/), and the store is whole again.
+    let v26 = old.next().unwrap();
+    assert!(
+        rel.workspace(v26)
+            .join(format!("generations/{v26}/ready/model_names_{v26}.json"))
+            .is_file(),
+        "the v27 rebuild did not set v26 aside"
+    );
+    let (code, clean) = rel.audit(v26).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(code, Some(0), "{clean}");
+    let dir = rel.store.join(format!(
+        "models/{v26}/{}",
+        integration_tests::bump::SELECTED
+    ));
+    let piece = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("_driving_tinygrad.pkl"))
+        .expect("a piece of the selected model in the store");
+    std::fs::remove_file(&piece).unwrap();
+    let (code, damaged) = rel.audit(v26).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(code, Some(3), "{damaged}");
+    let mends = rel.run_mends(&damaged).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        mends
+            .iter()
+            .any(|m| m.contains(&format!("generations/{v26}/ready/model_names_{v26}.json"))),
+        "{mends:?}"
+    );
+    let (code, mended) = rel.audit(v26).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(code, Some(0), "{mended}");
+    assert!(piece.is_file());
 
     for (step, took) in &rel.steps {
         eprintln!("v26 bump: {step:<40} {:>6.2} s", took.as_secs_f64());

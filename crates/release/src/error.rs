@@ -84,6 +84,20 @@ pub enum Error {
         generation: Generation,
     },
 
+    /// A rebuild of a new generation would set the previous one's release aside where one is
+    /// already (nothing was moved).
+    #[error(
+        "{from} holds {generation}'s release, but {to} is already there: nothing was moved; keep \
+         one of the two (rename the other out of the workspace), then rerun the rebuild",
+        from = from.display(),
+        to = to.display()
+    )]
+    SetAsideTaken {
+        generation: Generation,
+        from: PathBuf,
+        to: PathBuf,
+    },
+
     /// `source-map next` would overwrite a map that is already there with other content.
     #[error(
         "{path} is already there with other content (it may hold hand edits); `release-cli \
