@@ -172,11 +172,7 @@ pub fn write_next(
             problem: "--from is the map being written; pass the previous generation's".into(),
         });
     }
-    let existing = match chunker::bounded::read_capped(&path, crate::rebuild::MAX_SOURCE_MAP_BYTES)
-    {
-        Ok(b) => b,
-        Err(e) => return Err(e.into()),
-    };
+    let existing = chunker::bounded::read_capped(&path, crate::rebuild::MAX_SOURCE_MAP_BYTES)?;
     if existing.is_none() && path.symlink_metadata().is_ok() {
         return Err(Error::SourceMap {
             path,

@@ -204,7 +204,7 @@ fn stage_store(
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| input(e.to_string()))?;
         let text = manifest::signature::join_signature_blocks(&blocks);
-        chunker::atomic::write_atomic(&at(&hf.signature_path(g)), text.as_bytes())?;
+        chunker::atomic::write_atomic(at(&hf.signature_path(g)), text.as_bytes())?;
     } else if sig.is_file() {
         fs::copy(&sig, at(&hf.signature_path(g)))?;
     }
