@@ -154,6 +154,9 @@ pub struct Status {
     /// `ready/model_names_<gen>.json`, when it exists.
     pub manifest: Option<PathBuf>,
     pub manifest_sha256: Option<Sha256Digest>,
+    /// The generation's source map in the tree (`scripts/model_source_map_<gen>.json`), when
+    /// it is there (`None`: not written yet, or no tree or generation known).
+    pub source_map: Option<PathBuf>,
     /// Catalog models without a build record of this generation and pin.
     pub unbuilt: Vec<ModelId>,
     pub builds: Vec<BuildStatus>,
@@ -608,9 +611,15 @@ pub fn gather(
             })
             .collect(),
     };
+    let source_map = match (&op, generation) {
+        (Some(op), Some(g)) => Some(crate::source_map::map_path(op, g)),
+        _ => None,
+    }
+    .filter(|p| p.is_file());
     let mut status = Status {
         workspace: workspace.root().to_path_buf(),
         generation,
+        source_map,
         tree,
         manifest: manifest_path,
         manifest_sha256,
@@ -710,7 +719,27 @@ pub fn next_step(s: &Status) -> NextStep {
     }
     let rebuild = |why: String| rebuild_step(&ws.to_string(), &g, &op, &why);
     if s.manifest.is_none() {
-        return rebuild(format!("no staged manifest ready/model_names_{g}.json yet"));
+        // The generation's source map first (runbook step 4), then the rebuild from it.
+        let Some(map) = &s.source_map else {
+            return step(
+                format!("release-cli source-map next --openpilot {op}"),
+                format!(
+                    "no source map scripts/model_source_map_{g}.json in the tree yet: it is \
+                     written from the previous generation's (commit it, then rebuild)"
+                ),
+            );
+        };
+        return NextStep {
+            command: format!(
+                "release-cli rebuild --workspace {ws} --generation {g} --openpilot {op} \
+                 --source-map {} --base-manifest BASE_MANIFEST",
+                map.display()
+            ),
+            why: format!(
+                "no staged manifest ready/model_names_{g}.json yet; BASE_MANIFEST: the manifest \
+                 the models are rebuilt from (the live one)"
+            ),
+        };
     }
     if let Some(b) = s.builds.iter().find(|b| b.state != "built") {
         return rebuild(format!(
@@ -878,6 +907,7 @@ mod tests {
         Status {
             workspace: "/ws".into(),
             generation: Some(g),
+            source_map: Some(format!("/op/scripts/model_source_map_{g}.json").into()),
             tree: Some(TreeStatus {
                 openpilot: "/op".into(),
                 tinygrad_commit: Some(pin.clone()),
@@ -994,6 +1024,14 @@ mod tests {
                 "no staged manifest",
                 |s| s.manifest = None,
                 "release-cli rebuild",
+            ),
+            (
+                "no staged manifest and no source map",
+                |s| {
+                    s.manifest = None;
+                    s.source_map = None;
+                },
+                "release-cli source-map next",
             ),
             (
                 "a failed build",
