@@ -89,7 +89,11 @@ pub struct Release<'a> {
     pub work: PathBuf,
     pub openpilot: PathBuf,
     pub sources: PathBuf,
+    /// The current generation's source map in the tree (the next ones beside it).
     pub source_map: PathBuf,
+    /// The release secret key rehearse and publish sign with, once the tree ships its public
+    /// half (`starpilot/assets/model_release_keys.pub`).
+    pub sign_key: Option<PathBuf>,
     /// The local store (the Hugging Face stand-in, published first).
     pub store: PathBuf,
     /// The bare repository standing in for GitHub, and the `Models` checkout published to.
@@ -97,6 +101,8 @@ pub struct Release<'a> {
     pub github_checkout: PathBuf,
     /// Each step with its wall time, for the report.
     pub steps: Vec<(String, Duration)>,
+    /// Every generation is rebuilt in one workspace ([`Release::workspace`]).
+    pub shared_workspace: bool,
 }
 
 impl<'a> Release<'a> {
@@ -115,7 +121,12 @@ impl<'a> Release<'a> {
         let openpilot = work.join("openpilot");
         standin_openpilot_tree(&openpilot, &pin, standin_models)?;
         let sources = work.join("onnx-archive");
-        let source_map = work.join("model_source_map.json");
+        // The current generation's source map lives in the tree, as StarPilot keeps it
+        // (`scripts/model_source_map_vNN.json`); the next one is written by `source-map next`.
+        let source_map = openpilot.join(format!(
+            "scripts/model_source_map_{}.json",
+            current_generation().0
+        ));
         let mut map = serde_json::Map::new();
         let catalog = Manifest::from_slice(CATALOG.as_bytes()).map_err(|e| e.to_string())?;
         for id in MODELS {
@@ -139,6 +150,11 @@ impl<'a> Release<'a> {
             &source_map,
             serde_json::Value::Object(map).to_string().as_bytes(),
         )?;
+        git(&openpilot, &["add", "-A"])?;
+        git(
+            &openpilot,
+            &["commit", "-q", "-m", "the current source map"],
+        )?;
         let store = work.join("store");
         fs::create_dir_all(&store).map_err(|e| e.to_string())?;
         let github_origin = work.join("github-origin.git");
@@ -151,16 +167,38 @@ impl<'a> Release<'a> {
             openpilot,
             sources,
             source_map,
+            sign_key: None,
             store,
             github_origin,
             github_checkout,
             steps: Vec::new(),
+            shared_workspace: false,
         })
     }
 
-    /// The rebuild workspace of `generation`.
+    /// The rebuild workspace of `generation`: one per generation, or with
+    /// [`Release::shared_workspace`] the one workspace every generation is rebuilt in (as a
+    /// maintainer keeps `/Volumes/T5/StarPilot-Model-Rebuild`).
     pub fn workspace(&self, generation: Generation) -> PathBuf {
-        self.work.join(format!("rebuild-{generation}"))
+        if self.shared_workspace {
+            self.work.join("rebuild")
+        } else {
+            self.work.join(format!("rebuild-{generation}"))
+        }
+    }
+
+    /// Where `generation`'s staged release is: its workspace, or `generations/<gen>/` in it once
+    /// a later generation's rebuild set it aside.
+    pub fn release_dir(&self, generation: Generation) -> PathBuf {
+        let ws = self.workspace(generation);
+        if ws
+            .join(format!("ready/model_names_{generation}.json"))
+            .exists()
+        {
+            ws
+        } else {
+            ws.join(format!("generations/{generation}"))
+        }
     }
 
     /// The manifest `rebuild` wrote for `generation`.
@@ -209,12 +247,138 @@ impl<'a> Release<'a> {
         self.cli("sync", &args, true)
     }
 
+    /// `generation`'s source map in the tree (`scripts/model_source_map_<gen>.json`).
+    pub fn source_map_of(&self, generation: Generation) -> PathBuf {
+        self.openpilot
+            .join(format!("scripts/model_source_map_{generation}.json"))
+    }
+
+    /// `release-cli source-map next --openpilot OP` (runbook step 4): the tree's generation's
+    /// source map from the previous one beside it; committed as the maintainer does.
+    pub fn source_map_next(&mut self) -> Result<serde_json::Value> {
+        let args = os(&["source-map", "next", "--openpilot"], [&self.openpilot]);
+        let r = self.cli("source-map next", &args, false)?;
+        self.commit_tree("the next source map")?;
+        Ok(r)
+    }
+
+    /// `release-cli status --workspace WS --openpilot OP --json` for `generation`'s workspace.
+    pub fn status(&mut self, generation: Generation) -> Result<serde_json::Value> {
+        let mut args = os(&["status", "--workspace"], [&self.workspace(generation)]);
+        args.extend(os(&["--openpilot"], [&self.openpilot]));
+        self.cli("status", &args, false)
+    }
+
+    /// `release-cli audit --generation G --store STORE --workspace WS --openpilot OP --json`:
+    /// its exit code and report.
+    pub fn audit(&self, generation: Generation) -> Result<(Option<i32>, serde_json::Value)> {
+        let out = Command::new(&self.bins.release_cli)
+            .current_dir(&self.work)
+            .args(["audit", "--generation", &generation.to_string(), "--json"])
+            .arg("--store")
+            .arg(&self.store)
+            .arg("--workspace")
+            .arg(self.workspace(generation))
+            .arg("--openpilot")
+            .arg(&self.openpilot)
+            .output()
+            .map_err(|e| format!("cannot run release-cli audit: {e}"))?;
+        let v = serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
+                "audit printed no JSON ({e}): {}{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            )
+        })?;
+        Ok((out.status.code(), v))
+    }
+
+    /// Run each distinct `mend` command an audit report printed, exactly as printed (`sh -c`,
+    /// in the maintainer's directory, with release-cli's directory first on PATH).
+    pub fn run_mends(&self, report: &serde_json::Value) -> Result<Vec<String>> {
+        let mut mends: Vec<String> = Vec::new();
+        for st in report["stores"].as_array().into_iter().flatten() {
+            for p in st["problems"].as_array().into_iter().flatten() {
+                if let Some(m) = p["mend"].as_str()
+                    && !mends.iter().any(|x| x == m)
+                {
+                    mends.push(m.to_string());
+                }
+            }
+        }
+        let bin_dir = self
+            .bins
+            .release_cli
+            .parent()
+            .ok_or("release-cli has no directory")?;
+        for m in &mends {
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(m)
+                .current_dir(&self.work)
+                .env(
+                    "PATH",
+                    format!(
+                        "{}:{}",
+                        bin_dir.display(),
+                        std::env::var("PATH").unwrap_or_default()
+                    ),
+                )
+                .envs(git_identity())
+                .output()
+                .map_err(|e| format!("cannot run sh: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "the mend `{m}` failed ({}): {}{}",
+                    out.status,
+                    text(&out.stdout),
+                    text(&out.stderr)
+                ));
+            }
+        }
+        Ok(mends)
+    }
+
+    /// Run `release-cli ARGS` expecting a refusal: its exit code and stderr.
+    pub fn refused(&self, args: &[OsString]) -> Result<(Option<i32>, String)> {
+        let out = Command::new(&self.bins.release_cli)
+            .current_dir(&self.work)
+            .args(args)
+            .envs(git_identity())
+            .output()
+            .map_err(|e| format!("cannot run release-cli: {e}"))?;
+        Ok((out.status.code(), text(&out.stderr)))
+    }
+
+    /// The arguments of [`Release::publish`] with `--dry-run` (gated on the workspace).
+    pub fn publish_dry_run_args(&self, generation: Generation) -> Vec<OsString> {
+        let ws = self.workspace(generation);
+        let mut args = os(
+            &[
+                "publish",
+                "--dry-run",
+                "--generation",
+                &generation.to_string(),
+            ],
+            [],
+        );
+        args.extend(os(
+            &["--manifest"],
+            [&ws.join(format!("ready/model_names_{generation}.json"))],
+        ));
+        args.extend(os(&["--artifacts"], [&ws.join("ready")]));
+        args.extend(os(&["--to"], [&self.store]));
+        args.extend(os(&["--openpilot"], [&self.openpilot]));
+        args.extend(os(&["--workspace"], [&ws]));
+        args
+    }
+
     /// `release-cli rebuild` of [`MODELS`] for `generation` on top of `base` (the catalog the
-    /// behaviour versions come from).
+    /// behaviour versions come from), from the generation's source map in the tree.
     pub fn rebuild(&mut self, generation: Generation, base: &Path) -> Result<serde_json::Value> {
         let ws = self.workspace(generation);
         let mut args: Vec<OsString> = vec!["rebuild".into(), "--workspace".into(), ws.into()];
-        args.extend(os(&["--source-map"], [&self.source_map]));
+        args.extend(os(&["--source-map"], [&self.source_map_of(generation)]));
         args.extend(os(&["--base-manifest"], [base]));
         args.extend(os(&["--sources"], [&self.sources]));
         args.extend(os(&["--generation", &generation.to_string()], []));
@@ -243,7 +407,7 @@ impl<'a> Release<'a> {
 
     /// The RDF V4 build in `generation`'s workspace (what [`Release::builtin`] installs).
     pub fn builtin_source(&self, generation: Generation) -> PathBuf {
-        self.workspace(generation).join(format!(
+        self.release_dir(generation).join(format!(
             "ready/{BUILTIN_SOURCE}/{BUILTIN_SOURCE}{}",
             layout::ARTIFACT_SUFFIX
         ))
@@ -396,6 +560,9 @@ impl<'a> Release<'a> {
         if self.bins.device_runner.is_none() {
             args.extend(os(&["--device-manager"], [&self.bins.device_manager]));
         }
+        if let Some(key) = &self.sign_key {
+            args.extend(os(&["--sign-key"], [key]));
+        }
         self.cli("rehearse", &args, false)
     }
 
@@ -423,6 +590,9 @@ impl<'a> Release<'a> {
         match skip {
             Some(reason) => args.extend(os(&["--skip-validation", reason], [])),
             None => args.extend(os(&["--workspace"], [&ws])),
+        }
+        if let Some(key) = &self.sign_key {
+            args.extend(os(&["--sign-key"], [key]));
         }
         self.cli(&format!("publish {generation}"), &args, false)
     }

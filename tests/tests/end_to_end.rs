@@ -305,6 +305,9 @@ fn a_v25_device_follows_its_tree_through_a_bump_to_v26() {
     let s = ok(rel.sync());
     assert_eq!(s["tinygrad_commit"], new_pin.as_str());
     let live_old_path = rel.store.join(format!("manifests/model_names_{old}.json"));
+    // Runbook step 4: the generation's source map, written from the previous one.
+    let map = ok(rel.source_map_next());
+    assert_eq!(map["models"], MODELS.len(), "{map}");
     let r = ok(rel.rebuild(new, &live_old_path));
     assert_eq!(r["compiled"], MODELS.len(), "{r}");
     ok(rel.dm());
@@ -735,6 +738,39 @@ fn assert_receipts(
     }
 }
 
+/// A release key pair made with `minisign -G`: the public half goes into the tree as
+/// `starpilot/assets/model_release_keys.pub` (committed); returns the secret key's path. Without
+/// minisign the signed part of the story is skipped, unless STARPILOT_REQUIRE_MINISIGN=1.
+fn ship_release_keys(rel: &integration_tests::bump::Release) -> Option<std::path::PathBuf> {
+    let dir = rel.work.join("release-keys");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (public, secret) = (dir.join("release.pub"), dir.join("release.key"));
+    let made = std::process::Command::new("minisign")
+        .args(["-G", "-W", "-p"])
+        .arg(&public)
+        .arg("-s")
+        .arg(&secret)
+        .output();
+    match made {
+        Ok(o) if o.status.success() => {}
+        other => {
+            let why = format!("minisign -G is not available ({other:?})");
+            if std::env::var_os("STARPILOT_REQUIRE_MINISIGN").is_some_and(|v| v == "1") {
+                panic!("{why}, and STARPILOT_REQUIRE_MINISIGN=1");
+            }
+            test_support::skip::skipped(&format!("the signed rehearse and publish: {why}"));
+            return None;
+        }
+    }
+    let keys = rel
+        .openpilot
+        .join("starpilot/assets/model_release_keys.pub");
+    std::fs::copy(&public, &keys).unwrap();
+    rel.commit_tree("ship the release keys")
+        .unwrap_or_else(|e| panic!("{e}"));
+    Some(secret)
+}
+
 /// Every file under `dir` (relative path → bytes), `.git` aside.
 fn all_files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     fn walk(root: &Path, dir: &Path, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
@@ -785,6 +821,9 @@ fn a_bump_into_the_v26_contract_and_on_to_v27_ships_what_upstream_accepts() {
     let ok = |r: Result<serde_json::Value, String>| r.unwrap_or_else(|e| panic!("{e}"));
     let mut rel = Release::new(&bins, &compiler, &work, &comma.remote_root().join("models"))
         .unwrap_or_else(|e| panic!("{e}"));
+    // One rebuild workspace for every generation, as the maintainer keeps it: each rebuild
+    // sets the previous generation's release aside in generations/<gen>/.
+    rel.shared_workspace = true;
 
     // The live release of the current generation (v25), as in the v25 story.
     rel.stage_live_release(old)
@@ -817,9 +856,19 @@ fn a_bump_into_the_v26_contract_and_on_to_v27_ships_what_upstream_accepts() {
             "the bump names the next generation"
         );
         let catalog = declare_v26_tree(&rel, new, &pin, &rows);
+        // The second bump's tree ships the fleet's release keys (a hand edit committed with
+        // the bump): from here on its devices take only a signed manifest.
+        if step == 1 {
+            rel.sign_key = ship_release_keys(&rel);
+        }
 
         let s = ok(rel.sync());
         assert_eq!(s["tinygrad_commit"], pin.as_str());
+        // Runbook step 4: the source map from the previous one and the tree's catalog, ids
+        // stable; then the rebuild from it.
+        let map = ok(rel.source_map_next());
+        assert_eq!(map["models"], MODELS.len(), "{map}");
+        assert_eq!(map["dropped"], serde_json::json!([]), "{map}");
         let r = ok(rel.rebuild(new, &base));
         assert_eq!(r["compiled"], MODELS.len(), "{r}");
         let built = std::fs::read(
@@ -855,6 +904,16 @@ fn a_bump_into_the_v26_contract_and_on_to_v27_ships_what_upstream_accepts() {
         );
         // The built-in changed what sync sends: sync before the DM build, as after any edit.
         ok(rel.sync());
+        // The previous tree's DM files are there, but their receipts name the previous pin:
+        // status asks for the DM build (it used to skip it once the files existed).
+        let st = ok(rel.status(new));
+        assert!(
+            st["next"]["command"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("release-cli dm ")),
+            "status after the rebuild does not ask for dm: {}",
+            st["next"]
+        );
         ok(rel.dm());
         assert_receipts(&rel, new, &pin);
         ok(rel.sync());
@@ -879,10 +938,84 @@ fn a_bump_into_the_v26_contract_and_on_to_v27_ships_what_upstream_accepts() {
             assert_eq!(v["p95_ms"], 31.5, "{v}");
             assert_eq!(v["passed"], true, "{v}");
         }
+        // A tree with release keys rehearses signed: status says so, and a rehearsal without
+        // the key is refused before any device is built, naming --sign-key.
+        if let Some(key) = rel.sign_key.take() {
+            let st = ok(rel.status(new));
+            let next = st["next"]["command"].as_str().unwrap_or_default();
+            assert!(
+                next.starts_with("release-cli rehearse ") && next.ends_with(" --sign-key KEY"),
+                "{}",
+                st["next"]
+            );
+            let unsigned = rel.rehearse(new);
+            assert!(
+                unsigned
+                    .as_ref()
+                    .is_err_and(|e| e.contains("--sign-key KEY") && e.contains("exit status: 2")),
+                "an unsigned rehearsal of a keyed tree was not refused: {unsigned:?}"
+            );
+            rel.sign_key = Some(key);
+        }
         // The rehearsal: devices of the previous generation, migrated by the real device
         // manager, end on this generation's bytes where its layout puts them.
         let r = rel.rehearse(new).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r["passed"], true, "{r}");
+        // The gate is bound to the tree that ships: a commit after preflight (a test broken
+        // after it ran) or an uncommitted change makes the preflight stale; preflight again.
+        if step == 0 {
+            let broken = rel
+                .openpilot
+                .join("starpilot/assets/tests/test_model_pipeline.py");
+            std::fs::write(&broken, b"def test_it():\n    assert False\n").unwrap();
+            let (code, err) = rel.refused(&rel.publish_dry_run_args(new)).unwrap();
+            assert!(
+                code == Some(3) && err.contains("has uncommitted changes"),
+                "({code:?}) {err}"
+            );
+            rel.commit_tree("a test broken after preflight")
+                .unwrap_or_else(|e| panic!("{e}"));
+            let (code, err) = rel.refused(&rel.publish_dry_run_args(new)).unwrap();
+            assert!(
+                code == Some(3) && err.contains("committed since"),
+                "({code:?}) {err}"
+            );
+            std::fs::write(&broken, b"def test_it():\n    pass\n").unwrap();
+            rel.commit_tree("the test fixed")
+                .unwrap_or_else(|e| panic!("{e}"));
+            ok(rel.preflight(new));
+        }
+        // The tree must select exactly the generation it ships: a tree on the next tinygrad
+        // whose MANIFEST_CANDIDATES still names the previous generation is refused by status,
+        // preflight and publish, each naming the line and the edit.
+        if step == 1 {
+            let selector = rel.openpilot.join("starpilot/assets/model_manager.py");
+            let kept = std::fs::read(&selector).unwrap();
+            std::fs::write(
+                &selector,
+                format!("import os\nMANIFEST_CANDIDATES = (\"{previous}\",)\n"),
+            )
+            .unwrap();
+            let want = format!("MANIFEST_CANDIDATES names (\"{previous}\",)");
+            let (code, err) = rel.refused(&rel.publish_dry_run_args(new)).unwrap();
+            assert!(code == Some(3) && err.contains(&want), "({code:?}) {err}");
+            let mut pre: Vec<std::ffi::OsString> =
+                vec!["preflight".into(), "--dry-run".into(), "--openpilot".into()];
+            pre.push(rel.openpilot.clone().into());
+            pre.push("--workspace".into());
+            pre.push(rel.workspace(new).into());
+            let (code, err) = rel.refused(&pre).unwrap();
+            assert!(code == Some(3) && err.contains(&want), "({code:?}) {err}");
+            let st = ok(rel.status(new));
+            assert!(
+                st["next"]["why"]
+                    .as_str()
+                    .is_some_and(|w| w.contains(&want)),
+                "{}",
+                st["next"]
+            );
+            std::fs::write(&selector, kept).unwrap();
+        }
         let report = ok(rel.publish(new, None));
         assert_eq!(report["validation"]["status"], "passed", "{report}");
         let commits = rel.github_commits().unwrap();
@@ -896,6 +1029,42 @@ fn a_bump_into_the_v26_contract_and_on_to_v27_ships_what_upstream_accepts() {
         base = rel.store.join(format!("manifests/model_names_{new}.json"));
         previous = new;
     }
+
+    // The v26 release, set aside in the shared workspace by the v27 rebuild, stays repairable:
+    // with a chunk of it gone from the store, audit --generation v26 names the problem with a
+    // mend that runs as printed (from generations/v26/), and the store is whole again.
+    let v26 = old.next().unwrap();
+    assert!(
+        rel.workspace(v26)
+            .join(format!("generations/{v26}/ready/model_names_{v26}.json"))
+            .is_file(),
+        "the v27 rebuild did not set v26 aside"
+    );
+    let (code, clean) = rel.audit(v26).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(code, Some(0), "{clean}");
+    let dir = rel.store.join(format!(
+        "models/{v26}/{}",
+        integration_tests::bump::SELECTED
+    ));
+    let piece = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("_driving_tinygrad.pkl"))
+        .expect("a piece of the selected model in the store");
+    std::fs::remove_file(&piece).unwrap();
+    let (code, damaged) = rel.audit(v26).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(code, Some(3), "{damaged}");
+    let mends = rel.run_mends(&damaged).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        mends
+            .iter()
+            .any(|m| m.contains(&format!("generations/{v26}/ready/model_names_{v26}.json"))),
+        "{mends:?}"
+    );
+    let (code, mended) = rel.audit(v26).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(code, Some(0), "{mended}");
+    assert!(piece.is_file());
 
     for (step, took) in &rel.steps {
         eprintln!("v26 bump: {step:<40} {:>6.2} s", took.as_secs_f64());

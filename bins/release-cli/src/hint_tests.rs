@@ -817,3 +817,133 @@ fn the_carried_artifact_refusal_names_a_rebuild_that_runs() {
                generations)";
     assert!(!check_hint(&cmd, BIN, old).is_empty(), "not caught: {old}");
 }
+
+/// The tree and source-map hints run as printed, for v25's pin and a made-up v26 (and a v27
+/// after it, whose map starts from v26's): `source-map next`'s next step (the rebuild from the
+/// map it wrote), its refusal of a map with other content, rebuild's refusal of a missing map
+/// (naming `source-map next`), a tree whose `MANIFEST_CANDIDATES` names another generation
+/// (refused by preflight, with the edit), and the gate's line for a preflight of uncommitted
+/// changes (the preflight to run again, workspace filled in).
+#[test]
+fn tree_and_source_map_hints_run() {
+    let v27_pin = "2727272727272727272727272727272727272727";
+    for (generation, pin) in [("v25", PIN), (NEXT_GEN, NEXT_PIN), ("v27", v27_pin)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let op = stand_in_checkout(tmp.path(), pin, 0);
+        let opp = Path::new(&op);
+        std::fs::write(
+            opp.join(manifest::pins::PINS_FILE),
+            format!("{{\"v26\": \"{NEXT_PIN}\", \"v27\": \"{v27_pin}\"}}\n"),
+        )
+        .unwrap();
+        let g: manifest::Generation = generation.parse().unwrap();
+        let mut c = Collector::default();
+        // The previous generation's map (for v25, the map is written from a v24 one).
+        let previous = g.previous().unwrap();
+        std::fs::create_dir_all(opp.join("scripts")).unwrap();
+        std::fs::write(
+            opp.join(format!("scripts/model_source_map_{previous}.json")),
+            r#"{"pop223": {"source_id": "pop22", "input_format": "split"}}"#,
+        )
+        .unwrap();
+        let ws = tmp.path().join("ws");
+        let ws = ws.to_str().unwrap();
+        let map = opp.join(format!("scripts/model_source_map_{generation}.json"));
+        let map = map.to_str().unwrap();
+        // rebuild before the map exists: refused, naming source-map next (v25's pin is built
+        // in; the made-up ones need a synced tree, so rebuild's unit test covers them).
+        if generation == "v25" {
+            let f = c.failing(
+                &format!("{generation} rebuild without its source map"),
+                &[
+                    "rebuild",
+                    "--workspace",
+                    ws,
+                    "--source-map",
+                    map,
+                    "--base-manifest",
+                    map,
+                    "--generation",
+                    generation,
+                    "--tinygrad-commit",
+                    pin,
+                    "--dry-run",
+                ],
+            );
+            assert!(
+                f.message.contains("release-cli source-map next"),
+                "{}",
+                f.message
+            );
+        }
+        let scenario = format!("{generation} source-map next");
+        assert_eq!(
+            c.succeeding(&scenario, &["source-map", "next", "--openpilot", &op]),
+            1
+        );
+        assert!(Path::new(map).is_file());
+        std::fs::write(map, "{}\n").unwrap();
+        let f = c.failing(
+            &format!("{generation} source-map next over a hand-edited map"),
+            &["source-map", "next", "--openpilot", &op],
+        );
+        assert!(f.message.contains("--dry-run --json"), "{}", f.message);
+        // A tree selecting another generation than its tinygrad's.
+        std::fs::create_dir_all(opp.join("starpilot/assets")).unwrap();
+        std::fs::write(
+            opp.join("starpilot/assets/model_manager.py"),
+            format!("MANIFEST_CANDIDATES = (\"{previous}\",)\n"),
+        )
+        .unwrap();
+        let f = c.failing(
+            &format!("{generation} preflight of a tree selecting {previous}"),
+            &["preflight", "--openpilot", &op, "--workspace", ws],
+        );
+        assert!(
+            f.message
+                .contains(&format!("set it to (\"{generation}\",)")),
+            "{}",
+            f.message
+        );
+        c.finish(2);
+    }
+    // The gate's line for a preflight of uncommitted changes names the preflight to run again.
+    let m = manifest::Manifest::from_slice(
+        format!(
+            r#"{{"generation": "v25", "tinygrad_commit": "{PIN}", "models": [{{"id": "pop223",
+            "name": "P", "version": "v11", "artifact_format": "tinygrad_single_v1",
+            "artifact_size": 5, "artifact_sha256": "{}", "artifact_chunk_count": 1}}]}}"#,
+            "ab".repeat(32)
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let p = release::gate::PreflightRecord {
+        openpilot: "/home/me/open pilot".into(),
+        openpilot_commit: None,
+        openpilot_dirty: Some(true),
+        tinygrad_commit: PIN.parse().unwrap(),
+        commands: vec![],
+        passed: true,
+        finished_at: release::gate::UtcTime(1),
+        log: "/ws/logs/preflight.log".into(),
+    };
+    let records = release::gate::Records {
+        preflight: Some(p),
+        ..Default::default()
+    };
+    let cov = release::gate::coverage(&m, &records);
+    let mut c = Collector::default();
+    let line = cov
+        .gap_lines()
+        .into_iter()
+        .find(|l| l.starts_with("preflight"))
+        .unwrap();
+    let line = release::gate::fill_workspace(&line, Some(Path::new("/r ws")));
+    assert!(
+        line.contains("--openpilot '/home/me/open pilot' --workspace '/r ws'`"),
+        "{line}"
+    );
+    c.check("a preflight of uncommitted changes", &line);
+    c.finish(1);
+}

@@ -167,6 +167,7 @@ impl From<release::Error> for CliError {
             E::NotADirectory { .. }
             | E::NotAnOpenpilotTree { .. }
             | E::SourceMap { .. }
+            | E::SourceMapExists { .. }
             | E::NotInSourceMap { .. }
             | E::NotInCatalog { .. }
             | E::NoBehaviourVersion { .. }
@@ -181,6 +182,7 @@ impl From<release::Error> for CliError {
             | E::PublishNeedsWorkspace
             | E::PublishInput(_) => EXIT_USAGE,
             E::Pins { .. }
+            | E::GenerationSelector { .. }
             | E::BumpRefused { .. }
             | E::BumpPinned { .. }
             | E::CheckoutAtOtherCommit { .. }

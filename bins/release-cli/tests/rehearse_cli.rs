@@ -468,7 +468,21 @@ fn status_follows_a_v26_release_from_the_tree_to_the_store() {
         digest.sha256.to_string()
     );
     assert_eq!(s["tree"]["synced"]["tree_matches"], true);
+    // The generation's source map is the rebuild's input: written first, then named.
+    assert!(
+        next(&s).starts_with("release-cli source-map next --openpilot"),
+        "{s:#}"
+    );
+    let map = op.join("scripts/model_source_map_v26.json");
+    fs::create_dir_all(map.parent().unwrap()).unwrap();
+    fs::write(&map, "{}\n").unwrap();
+    let s = status(t.path(), &ws, &op, &[&store]);
     assert!(next(&s).starts_with("release-cli rebuild"), "{s:#}");
+    assert!(
+        next(&s).contains(&format!("--source-map {}", map.display())),
+        "{s:#}"
+    );
+    fs::remove_file(&map).unwrap();
 
     // Staged and built, with the DM set in the tree: the gates are next, preflight first.
     let ready_dir = t.path().join("stage");

@@ -131,7 +131,9 @@ impl MendContext {
     /// missing or different, removes what an older split left, and writes the manifest (and
     /// signature) last.
     pub fn republish(&self, generation: Generation, store: &StoreRef, signed: bool) -> String {
-        let ws = crate::Workspace::new(&self.workspace);
+        // The workspace that holds this generation's release: the top level, or
+        // generations/<gen>/ once a later generation's rebuild set it aside.
+        let ws = crate::Workspace::new(&self.workspace).holding(generation);
         let (ready, manifest) = (ws.ready(), ws.ready_manifest(generation));
         let mut c = format!(
             "release-cli publish --generation {generation} --manifest {} --artifacts {} --workspace {} --to {}",

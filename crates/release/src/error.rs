@@ -72,6 +72,42 @@ pub enum Error {
     #[error("{}: {problem}", path.display())]
     SourceMap { path: PathBuf, problem: String },
 
+    /// `--source-map` names no file: the next generation's map is written by `source-map next`.
+    #[error(
+        "{path}: no such source map; write the {generation} map from the previous generation's \
+         with `release-cli source-map next --openpilot DIR` (DIR: the openpilot checkout; it \
+         writes scripts/model_source_map_{generation}.json there), then rerun this command",
+        path = path.display()
+    )]
+    SourceMapMissing {
+        path: PathBuf,
+        generation: Generation,
+    },
+
+    /// A rebuild of a new generation would set the previous one's release aside where one is
+    /// already (nothing was moved).
+    #[error(
+        "{from} holds {generation}'s release, but {to} is already there: nothing was moved; keep \
+         one of the two (rename the other out of the workspace), then rerun the rebuild",
+        from = from.display(),
+        to = to.display()
+    )]
+    SetAsideTaken {
+        generation: Generation,
+        from: PathBuf,
+        to: PathBuf,
+    },
+
+    /// `source-map next` would overwrite a map that is already there with other content.
+    #[error(
+        "{path} is already there with other content (it may hold hand edits); `release-cli \
+         source-map next --openpilot {openpilot} --dry-run --json` lists what it would keep, \
+         leave out and add: remove the file first if it should be written again",
+        path = path.display(),
+        openpilot = crate::gate::shell_word(&openpilot.display().to_string())
+    )]
+    SourceMapExists { path: PathBuf, openpilot: PathBuf },
+
     /// A `--model` without a source-map entry.
     #[error("{id} has no entry in the source map; add its source_id, input_format and ref")]
     NotInSourceMap { id: ModelId },
@@ -117,6 +153,20 @@ pub enum Error {
     /// The recorded generation↔pin pairs (`tinygrad_pins.json`) do not parse or conflict.
     #[error("{}: {problem}", path.display())]
     Pins { path: PathBuf, problem: String },
+
+    /// The tree's generation selectors (`MANIFEST_CANDIDATES`, the catalog module's
+    /// `GENERATION`, the reviewed catalog's name) do not name exactly the generation of its
+    /// tinygrad.
+    #[error(
+        "{openpilot}: the tree's tinygrad is {generation}'s pin, but:\n  {}",
+        problems.join("\n  "),
+        openpilot = openpilot.display()
+    )]
+    GenerationSelector {
+        openpilot: PathBuf,
+        generation: Generation,
+        problems: Vec<String>,
+    },
 
     /// `tinygrad bump` would record a pair the pin rules refuse.
     #[error("tinygrad bump refused: {refusal}")]
@@ -423,6 +473,10 @@ impl NextStep for Error {
                  bound must be rebuilt or left out of the release)"
                     .into(),
             ),
+            Error::GenerationSelector { generation, .. } => Some(format!(
+                "make each edit named (the tree selects the single generation {generation}, never \
+                 an older one kept as a fallback), commit it, and run the command again"
+            )),
             Error::Chunk(e) => e.next_step(),
             Error::Manifest(e) => e.next_step(),
             _ => None,

@@ -302,6 +302,25 @@ pub struct Records {
     pub checks: Vec<CheckRecord>,
     /// `results/rehearsal.json`, the last `release-cli rehearse`.
     pub rehearsal: Option<crate::recorded::RehearsalRecord>,
+    /// The openpilot checkout as it is now, which the preflight record must be of
+    /// ([`preflight_binding`]); `None`: not looked at (no tree to compare with).
+    pub tree: Option<TreeNow>,
+}
+
+/// The openpilot checkout as it is when the gate runs, observed by
+/// [`crate::preflight::tree_now`] (the I/O); the preflight record is compared with it by the
+/// pure [`preflight_binding`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeNow {
+    /// The checkout the release is cut from (`--openpilot`, else the one the record names).
+    pub openpilot: PathBuf,
+    /// The record names another checkout than `--openpilot` (both resolved to their real
+    /// paths).
+    pub foreign: bool,
+    /// Its `HEAD` now (`None`: not a git checkout, or git could not tell).
+    pub commit: Option<GitCommit>,
+    /// Whether it has uncommitted changes now (`None`: not known).
+    pub dirty: Option<bool>,
 }
 
 // ---- the coverage rule --------------------------------------------------------------------
@@ -432,6 +451,8 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
         )),
         Some(p) => {
             if let Some(detail) = pin_problem(&p.tinygrad_commit) {
+                cov.gaps.push((Cell::Preflight, Gap::Stale { detail }));
+            } else if let Some(detail) = preflight_binding(p, records.tree.as_ref()) {
                 cov.gaps.push((Cell::Preflight, Gap::Stale { detail }));
             } else if let Some(detail) = preflight_contradiction(p) {
                 cov.gaps.push((
@@ -734,6 +755,72 @@ pub fn preflight_contradiction(p: &PreflightRecord) -> Option<String> {
         })
 }
 
+/// Why a preflight record is not of the tree being released: it ran on uncommitted changes
+/// (`openpilot_dirty`), in another checkout than `--openpilot` (foreign), at another commit than
+/// the checkout's `HEAD` now (stale: something was committed since), or the checkout has
+/// uncommitted changes now. Each says what to do; the command's `--workspace WS` is filled in
+/// by [`fill_workspace`]. `None` when it binds (and when no tree was observed, only the record's
+/// own dirtiness is judged). Pure.
+pub fn preflight_binding(p: &PreflightRecord, now: Option<&TreeNow>) -> Option<String> {
+    let again = |op: &std::path::Path| {
+        let op = shell_word(&op.display().to_string());
+        format!("run `release-cli preflight --openpilot {op} --workspace WS` again")
+    };
+    if p.openpilot_dirty == Some(true) {
+        return Some(format!(
+            "the repository tests ran on uncommitted changes in {}: commit them (or `git stash \
+             --include-untracked`), then {}",
+            p.openpilot.display(),
+            again(now.map_or(&p.openpilot, |t| &t.openpilot))
+        ));
+    }
+    let now = now?;
+    if now.foreign {
+        return Some(format!(
+            "the repository tests ran in {}, not in the release's checkout {}: {}",
+            p.openpilot.display(),
+            now.openpilot.display(),
+            again(&now.openpilot)
+        ));
+    }
+    match (&p.openpilot_commit, &now.commit) {
+        (Some(then), Some(head)) if then != head => {
+            return Some(format!(
+                "the repository tests ran at commit {then}, {} is at {head} now (committed \
+                 since): {}",
+                now.openpilot.display(),
+                again(&now.openpilot)
+            ));
+        }
+        (None, Some(head)) => {
+            return Some(format!(
+                "the record names no commit of {} (it was not a git checkout then), which is at \
+                 {head} now: {}",
+                now.openpilot.display(),
+                again(&now.openpilot)
+            ));
+        }
+        (Some(then), None) => {
+            return Some(format!(
+                "the repository tests ran at commit {then}, but the HEAD of {} cannot be read \
+                 now; check `git -C {} rev-parse HEAD`, then {}",
+                now.openpilot.display(),
+                shell_word(&now.openpilot.display().to_string()),
+                again(&now.openpilot)
+            ));
+        }
+        _ => {}
+    }
+    if now.dirty == Some(true) {
+        return Some(format!(
+            "{} has uncommitted changes the repository tests did not run on: commit them, then {}",
+            now.openpilot.display(),
+            again(&now.openpilot)
+        ));
+    }
+    None
+}
+
 /// Why a device check is not about the artifacts `manifest` lists: it names none (written
 /// before checks were bound to artifacts), or, with a `model`, the manifest does not list that
 /// model with the digest it was made on, or, without one, no artifact it was made on is still
@@ -855,17 +942,21 @@ pub fn fill_workspace(line: &str, workspace: Option<&std::path::Path>) -> String
     let Some(ws) = workspace else {
         return line.to_string();
     };
-    let shown = ws.display().to_string();
-    let quoted = if shown.is_empty()
-        || shown
+    let quoted = shell_word(&ws.display().to_string());
+    line.replace("--workspace WS`", &format!("--workspace {quoted}`"))
+}
+
+/// `word` as one shell word: as it is when it needs no quoting, else in single quotes.
+pub fn shell_word(word: &str) -> String {
+    if word.is_empty()
+        || word
             .chars()
             .any(|c| !(c.is_ascii_alphanumeric() || "/._-+:@%,=".contains(c)))
     {
-        format!("'{}'", shown.replace('\'', "'\\''"))
+        format!("'{}'", word.replace('\'', "'\\''"))
     } else {
-        shown
-    };
-    line.replace("--workspace WS`", &format!("--workspace {quoted}`"))
+        word.to_string()
+    }
 }
 
 /// The gate: publish when the records cover the matrix, or when the release engineer skipped
@@ -1131,6 +1222,7 @@ mod tests {
                 ),
             ],
             rehearsal: Some(rehearsal(&full(), true)),
+            tree: None,
         }
     }
 
@@ -1480,6 +1572,7 @@ mod tests {
                         check(CheckKind::DriverState, Some(LO), true, pin),
                     ],
                     rehearsal: Some(rehearsal(&m, true)),
+                    tree: None,
                 };
                 edit(&mut records, pin);
                 let cov = coverage(&m, &records);
@@ -1514,6 +1607,7 @@ mod tests {
                 validations: vec![validation("a11", 12, 2, pin, [true, true])],
                 checks: vec![c],
                 rehearsal: Some(rehearsal(&m, true)),
+                tree: None,
             };
             let lines = coverage(&m, &records).gap_lines().join("\n");
             for want in [
@@ -1756,5 +1850,140 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// The preflight record binds to the tree being released as it is now: a dirty preflight,
+    /// one of another checkout, one made before a commit, or a tree with uncommitted changes now
+    /// is stale, each line saying what to run; a record and tree that agree cover the cell. For
+    /// v25, v26's contract and a made-up v27 (the rule is the same for every generation).
+    #[test]
+    fn the_preflight_is_of_the_tree_being_released() {
+        const HEAD: &str = "1111111111111111111111111111111111111111";
+        const LATER: &str = "2222222222222222222222222222222222222222";
+        let now = |foreign: bool, commit: Option<&str>, dirty: Option<bool>| TreeNow {
+            openpilot: "/home/me/openpilot".into(),
+            foreign,
+            commit: commit.map(|c| c.parse().unwrap()),
+            dirty,
+        };
+        type Case<'a> = (
+            &'a str,
+            Option<&'a str>,
+            Option<bool>,
+            Option<TreeNow>,
+            Option<&'a str>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "the tree as tested",
+                Some(HEAD),
+                Some(false),
+                Some(now(false, Some(HEAD), Some(false))),
+                None,
+            ),
+            ("no tree observed", Some(HEAD), Some(false), None, None),
+            (
+                "neither is a git checkout",
+                None,
+                None,
+                Some(now(false, None, None)),
+                None,
+            ),
+            (
+                "tested on uncommitted changes",
+                Some(HEAD),
+                Some(true),
+                Some(now(false, Some(HEAD), Some(true))),
+                Some("ran on uncommitted changes"),
+            ),
+            (
+                "tested dirty, no tree observed",
+                Some(HEAD),
+                Some(true),
+                None,
+                Some("ran on uncommitted changes"),
+            ),
+            (
+                "another checkout",
+                Some(HEAD),
+                Some(false),
+                Some(now(true, Some(HEAD), Some(false))),
+                Some("not in the release's checkout /home/me/openpilot"),
+            ),
+            (
+                "committed since",
+                Some(HEAD),
+                Some(false),
+                Some(now(false, Some(LATER), Some(false))),
+                Some(
+                    "ran at commit 1111111111111111111111111111111111111111, /home/me/openpilot is at 2222222222222222222222222222222222222222 now",
+                ),
+            ),
+            (
+                "recorded without a commit",
+                None,
+                None,
+                Some(now(false, Some(HEAD), Some(false))),
+                Some("names no commit"),
+            ),
+            (
+                "HEAD unreadable now",
+                Some(HEAD),
+                Some(false),
+                Some(now(false, None, None)),
+                Some("cannot be read"),
+            ),
+            (
+                "uncommitted changes now",
+                Some(HEAD),
+                Some(false),
+                Some(now(false, Some(HEAD), Some(true))),
+                Some("has uncommitted changes the repository tests did not run on"),
+            ),
+        ];
+        for (generation, pin) in [(25, PIN), (26, V26_PIN), (27, OTHER_PIN)] {
+            let m = manifest_in(generation, pin, &[("a11", 11, false, 2)]);
+            for (case, commit, dirty, tree, want) in &cases {
+                let mut p = preflight(true, pin);
+                p.openpilot = "/home/me/openpilot".into();
+                p.openpilot_commit = commit.map(|c| c.parse().unwrap());
+                p.openpilot_dirty = *dirty;
+                let got = preflight_binding(&p, tree.as_ref());
+                match (want, &got) {
+                    (None, None) => {}
+                    (Some(w), Some(line)) => {
+                        assert!(line.contains(w), "v{generation} {case}: {line}");
+                        assert!(
+                            line.contains(
+                                "run `release-cli preflight --openpilot /home/me/openpilot \
+                                 --workspace WS` again"
+                            ),
+                            "v{generation} {case}: {line}"
+                        );
+                    }
+                    _ => panic!("v{generation} {case}: {got:?}, want {want:?}"),
+                }
+                // The cell follows the rule, with the workspace filled in.
+                let records = Records {
+                    preflight: Some(p),
+                    tree: tree.clone(),
+                    ..Default::default()
+                };
+                let cov = coverage(&m, &records);
+                let gap = cov.gaps.iter().find(|(c, _)| *c == Cell::Preflight);
+                match want {
+                    None => assert!(gap.is_none(), "v{generation} {case}: {gap:?}"),
+                    Some(_) => {
+                        assert!(
+                            matches!(gap, Some((_, Gap::Stale { .. }))),
+                            "v{generation} {case}: {gap:?}"
+                        );
+                        let line =
+                            fill_workspace(&cov.gap_lines()[0], Some(std::path::Path::new("/w s")));
+                        assert!(line.contains("--workspace '/w s'`"), "{line}");
+                    }
+                }
+            }
+        }
     }
 }

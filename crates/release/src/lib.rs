@@ -7,7 +7,8 @@
 //!   before anything is written and able to stop there (dry run);
 //! - [`publish`]: the gates, the signature, the upload and the publish record, in order;
 //! - [`reuse`]: when an artifact built elsewhere may be adopted, and the copy;
-//! - [`rehearse`]: the staged release played on old-generation devices before it is published.
+//! - [`rehearse`]: the staged release played on old-generation devices before it is published;
+//! - [`source_map`]: the next generation's source map from the previous one and the tree.
 //!
 //! Every rule that decides is a function over typed values with a table test; the code around
 //! it performs the I/O. Errors are [`Error`], one enum for the crate, each variant naming the
@@ -30,5 +31,6 @@ pub mod publish;
 mod recorded;
 pub mod records;
 pub mod rehearse;
+pub mod source_map;
 pub mod status;
 pub mod validate;

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use manifest::GitCommit;
 
-use crate::gate::{CommandRun, PreflightRecord, UtcTime};
+use crate::gate::{CommandRun, PreflightRecord, TreeNow, UtcTime};
 use crate::{Error, Result};
 
 /// The seed's repository tests, in order, each run from the checkout's root.
@@ -40,10 +40,13 @@ pub fn check(openpilot: &Path) -> Result<GitCommit> {
             reason: "it has no ./dev script".into(),
         });
     }
-    compiler_remote::read_tree_pin(openpilot).map_err(|e| Error::NotACheckout {
+    let pin = compiler_remote::read_tree_pin(openpilot).map_err(|e| Error::NotACheckout {
         openpilot: openpilot.to_path_buf(),
         reason: e.to_string(),
-    })
+    })?;
+    // The tests are of the tree that ships: it must select the generation of its tinygrad.
+    crate::tree::check_selectors(openpilot)?;
+    Ok(pin)
 }
 
 /// Run the seed's commands in `openpilot`, writing their output to `log` and to `sink`.
@@ -157,8 +160,27 @@ fn run_one(
     Ok(status.code())
 }
 
+/// The checkout the release is cut from as it is now, for the gate's comparison with the
+/// preflight `record` ([`crate::gate::preflight_binding`]): `given` (`--openpilot`), else the
+/// checkout the record names; foreign when the record is of a git checkout (it names a commit)
+/// and `given` resolves to another directory. A record of a checkout without git is bound by its
+/// pin alone.
+pub fn tree_now(given: Option<&Path>, record: &PreflightRecord) -> TreeNow {
+    let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let openpilot = given.unwrap_or(&record.openpilot).to_path_buf();
+    let foreign = record.openpilot_commit.is_some()
+        && given.is_some_and(|g| real(g) != real(&record.openpilot));
+    let (commit, dirty) = git_state(&openpilot);
+    TreeNow {
+        openpilot,
+        foreign,
+        commit,
+        dirty,
+    }
+}
+
 /// The checkout's `HEAD` and whether it has changes, when it is a git checkout with git present.
-fn git_state(dir: &Path) -> (Option<GitCommit>, Option<bool>) {
+pub fn git_state(dir: &Path) -> (Option<GitCommit>, Option<bool>) {
     if !dir.join(".git").exists() {
         return (None, None);
     }

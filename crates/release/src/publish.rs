@@ -106,7 +106,9 @@ pub struct PublishOutcome {
 /// must cover the seed's matrix for `manifest`, unless validation is skipped with a reason.
 pub fn check_gate(
     manifest: &Manifest,
+    manifest_path: Option<&Path>,
     workspace: Option<&Workspace>,
+    openpilot: Option<&Path>,
     skip_reason: Option<&str>,
 ) -> Result<GateOutcome> {
     if let Some(r) = skip_reason
@@ -119,7 +121,17 @@ pub fn check_gate(
     }
     let coverage = match workspace {
         Some(ws) => {
-            let records = crate::records::load(ws)?;
+            let mut records = crate::records::load(ws)?;
+            // The preflight must be of the tree being released, as it is now; unless these
+            // very bytes were published through a passing gate before (a republish repairs a
+            // gated release, whatever the tree has done since).
+            let repair = manifest_path.is_some_and(|p| crate::records::gated_before(p, manifest));
+            if !repair {
+                records.tree = records
+                    .preflight
+                    .as_ref()
+                    .map(|p| crate::preflight::tree_now(openpilot, p));
+            }
             Some(crate::gate::coverage(manifest, &records))
         }
         None => None,
@@ -172,6 +184,11 @@ pub fn run(
     let manifest_path = std::fs::canonicalize(&req.manifest_path)
         .or_else(|_| std::path::absolute(&req.manifest_path))
         .unwrap_or_else(|_| req.manifest_path.clone());
+    // The tree the release ships with must select exactly the generation of its tinygrad.
+    let tree_generation = match &req.openpilot {
+        Some(op) => crate::tree::check_selectors(op)?,
+        None => None,
+    };
     // What every gate below sees and what is uploaded: the manifest as staged for its contract.
     req.manifest = staged_manifest(
         &req.manifest,
@@ -184,7 +201,9 @@ pub fn run(
     // tool's, validated by it).
     let validation = check_gate(
         manifest,
+        Some(&manifest_path),
         req.workspace.as_ref(),
+        req.openpilot.as_deref(),
         req.skip_validation.as_deref(),
     )?;
     if let GateOutcome::Skipped { reason, gaps, .. } = &validation {
@@ -227,10 +246,14 @@ pub fn run(
     }
     // The runtime gate: every driving artifact's stamp and every build receipt (contracts
     // that have them), before any store is opened.
+    // The tree's built-in and DM set ship with the tree's own generation: they are judged when
+    // the tree is of the generation published (or its generation is unknown), not when an
+    // older generation is published again from a tree that has moved on (a repair).
+    let tree_ships = tree_generation.is_none_or(|g| g == req.generation);
     let checked = crate::loadable::gate_publish(
         manifest,
         &req.artifacts,
-        req.openpilot.as_deref(),
+        req.openpilot.as_deref().filter(|_| tree_ships),
         &crate::tree::load_pins(req.openpilot.as_deref())?,
         req.generation,
     )?;
@@ -675,7 +698,7 @@ mod tests {
                 (None, Some("hotfix: validated by hand"), "Skipped"),
             ];
             for (workspace, skip, want) in cases {
-                let got = match check_gate(&m, workspace, skip) {
+                let got = match check_gate(&m, None, workspace, None, skip) {
                     Err(Error::PublishNeedsWorkspace) => "PublishNeedsWorkspace",
                     Err(Error::SkipValidationNoReason) => "SkipValidationNoReason",
                     Ok(GateOutcome::Skipped { reason, .. }) => {

@@ -221,6 +221,10 @@ pub struct Summary {
     /// because they were not rebuilt for this generation (never copied from the base).
     pub variants_dropped: Vec<VariantDropped>,
     pub models: Vec<ModelOutcome>,
+    /// Where this run moved the previous generation's release to (`generations/<gen>/`), if it
+    /// did ([`Workspace::set_aside`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub set_aside: Option<PathBuf>,
     /// Why the run stopped early, if it did.
     #[serde(skip)]
     pub stopped: Option<String>,
@@ -300,6 +304,12 @@ impl Rebuild {
         generation: Generation,
         pin: GitCommit,
     ) -> Result<Self> {
+        if source_map.symlink_metadata().is_err() {
+            return Err(Error::SourceMapMissing {
+                path: source_map.to_path_buf(),
+                generation,
+            });
+        }
         // Size-capped, regular files only; the chunker's error names the path and the limit.
         let map_bytes = read_input(source_map, MAX_SOURCE_MAP_BYTES)?;
         let map = parse_source_map(&map_bytes, source_map)?;
@@ -417,6 +427,11 @@ impl Rebuild {
         on_progress: &mut dyn FnMut(Progress<'_>),
     ) -> Result<Summary> {
         let ws = &self.workspace;
+        // One generation, one workspace: another generation's staged release moves to
+        // generations/<gen>/ first, where it stays publishable.
+        let set_aside = ws
+            .set_aside(self.generation)?
+            .map(|(_, w)| w.root().to_path_buf());
         for d in ws.rebuild_dirs() {
             fs::create_dir_all(d)?;
         }
@@ -543,6 +558,7 @@ impl Rebuild {
                 .cloned()
                 .collect(),
             variants_dropped,
+            set_aside,
             models: outcomes,
             stopped,
             with_artifact: records.len(),

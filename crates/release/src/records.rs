@@ -32,6 +32,44 @@ pub fn publish_record_path(manifest: &Path) -> PathBuf {
     manifest.with_file_name(format!("{stem}.publish.json"))
 }
 
+/// Whether `manifest` (as staged) was already published through a passing validation gate, as a
+/// publish record beside `manifest_path` says (the newest or any in the history): then a publish
+/// of the same bytes again (a mend, a second store) is a repair of a release that was gated, and
+/// the preflight is judged as it was then, not against the tree's later commits. Records that
+/// cannot be read count as none.
+pub fn gated_before(manifest_path: &Path, manifest: &manifest::Manifest) -> bool {
+    let Some(dir) = manifest_path.parent() else {
+        return false;
+    };
+    let Some(stem) = manifest_path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+    else {
+        return false;
+    };
+    let prefix = format!("{stem}.publish.");
+    let want = chunker::Sha256Digest::of_bytes(&manifest.to_canonical_bytes());
+    let Ok(entries) = fs::read_dir(if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    }) else {
+        return false;
+    };
+    entries
+        .take(MAX_RESULTS_ENTRIES)
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with(&prefix) && n.ends_with(".json")
+        })
+        .filter_map(|e| read::<crate::gate::PublishRecord>(&e.path()).ok())
+        .any(|r| {
+            r.manifest_sha256 == want
+                && matches!(r.validation, crate::gate::GateOutcome::Passed { .. })
+        })
+}
+
 /// One publish's own record, never overwritten: `<manifest stem>.publish.<YYYYMMDDTHHMMSSZ>.json`
 /// beside the manifest for the time it was published (`model_names_v25.publish.20261202T190455Z.json`),
 /// with `-2`, `-3`, … when `taken` says that name is already used (two publishes in one second).
@@ -240,5 +278,57 @@ mod tests {
         let missing = t.path().join("results/absent.validation.json");
         let e = read::<PreflightRecord>(&missing).unwrap_err();
         assert!(e.to_string().contains(&*missing.to_string_lossy()), "{e}");
+    }
+
+    /// A republish of bytes that went out through a passing gate is recognised from the
+    /// publish records beside the manifest (the newest or the history); a skipped gate, other
+    /// bytes or no record are not. For v25, v26 and v27 manifests alike.
+    #[test]
+    fn a_republish_of_gated_bytes_is_recognised() {
+        for generation in [25, 26, 27] {
+            let t = tempfile::tempdir().unwrap();
+            let path = t.path().join(format!("model_names_v{generation}.json"));
+            let m = manifest::Manifest::from_slice(
+                format!(r#"{{"generation": "v{generation}", "models": []}}"#).as_bytes(),
+            )
+            .unwrap();
+            let other = manifest::Manifest::from_slice(
+                format!(r#"{{"generation": "v{generation}", "models": [], "x": 1}}"#).as_bytes(),
+            )
+            .unwrap();
+            assert!(!gated_before(&path, &m), "no record");
+            let record = |validation| crate::gate::PublishRecord {
+                generation: manifest::Generation::new(generation),
+                manifest: path.clone(),
+                manifest_sha256: chunker::Sha256Digest::of_bytes(&m.to_canonical_bytes()),
+                tinygrad_commit: None,
+                published_at: crate::recorded::UtcTime(1),
+                stores: vec![],
+                models: vec![],
+                validation,
+                github_only: None,
+                signature_removed: None,
+            };
+            let skipped = crate::gate::GateOutcome::Skipped {
+                reason: "hotfix".into(),
+                workspace: None,
+                gaps: vec![],
+            };
+            write(&publish_record_path(&path), &record(skipped)).unwrap();
+            assert!(!gated_before(&path, &m), "v{generation}: a skipped gate");
+            let passed = crate::gate::GateOutcome::Passed {
+                workspace: t.path().into(),
+                covered: vec![],
+            };
+            let history = path.with_file_name(format!(
+                "model_names_v{generation}.publish.20261202T190455Z.json"
+            ));
+            write(&history, &record(passed)).unwrap();
+            assert!(
+                gated_before(&path, &m),
+                "v{generation}: the history's passed gate"
+            );
+            assert!(!gated_before(&path, &other), "v{generation}: other bytes");
+        }
     }
 }

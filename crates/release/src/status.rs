@@ -22,6 +22,12 @@ pub struct TreeStatus {
     pub tinygrad_commit: Option<GitCommit>,
     /// The generation whose pin that is (built-in table plus `tinygrad_pins.json`).
     pub pin_generation: Option<Generation>,
+    /// What the tree's generation selectors (`MANIFEST_CANDIDATES`, the catalog module's
+    /// `GENERATION`, the reviewed catalog) get wrong about `pin_generation`, each with its edit.
+    pub selector_problems: Vec<String>,
+    /// The tree ships release keys (`starpilot/assets/model_release_keys.pub`): its devices
+    /// refuse an unsigned manifest, so rehearse and publish are signed.
+    pub trusted_keys: bool,
     /// The compiler's marker as the last `sync` recorded it (no connection is made).
     pub compiler_marker: Option<GitCommit>,
     /// The last sync: where to and the digest of what it sent.
@@ -148,6 +154,9 @@ pub struct Status {
     /// `ready/model_names_<gen>.json`, when it exists.
     pub manifest: Option<PathBuf>,
     pub manifest_sha256: Option<Sha256Digest>,
+    /// The generation's source map in the tree (`scripts/model_source_map_<gen>.json`), when
+    /// it is there (`None`: not written yet, or no tree or generation known).
+    pub source_map: Option<PathBuf>,
     /// Catalog models without a build record of this generation and pin.
     pub unbuilt: Vec<ModelId>,
     pub builds: Vec<BuildStatus>,
@@ -160,6 +169,10 @@ pub struct Status {
     /// The build receipts beside the built artifacts, the DM files and the built-in (only
     /// those present; see [`crate::loadable`]).
     pub receipts: Vec<ReceiptStatus>,
+    /// The generation's contract ties every artifact, DM file and the built-in to the pin by a
+    /// build receipt (v26's): then a file without a receipt of this pin and these bytes is not
+    /// built yet, whatever lies there.
+    pub receipts_required: bool,
     pub preflight: CellStatus,
     /// Every driving and device-check cell of the matrix (empty without a staged manifest).
     pub validation: Vec<CellStatus>,
@@ -213,10 +226,16 @@ fn tree_status(op: &Path) -> Result<TreeStatus> {
         }
         None => None,
     };
+    let selector_problems = match pin_generation {
+        Some(g) => crate::tree::selector_problems(&crate::tree::generation_selectors(op)?, g),
+        None => Vec::new(),
+    };
     Ok(TreeStatus {
         openpilot: op.to_path_buf(),
         tinygrad_commit,
         pin_generation,
+        selector_problems,
+        trusted_keys: op.join(crate::rehearse::TREE_TRUSTED_KEYS).is_file(),
         compiler_marker: record.map(|r| r.tinygrad_commit),
         synced,
         problem,
@@ -399,7 +418,12 @@ pub fn gather(
     generation: Option<Generation>,
     stores: &[(String, &dyn Store)],
 ) -> Result<Status> {
-    let recs = records::load(workspace)?;
+    let mut recs = records::load(workspace)?;
+    // The preflight is judged against the checkout as it is now (commit, changes, which one).
+    recs.tree = recs
+        .preflight
+        .as_ref()
+        .map(|p| crate::preflight::tree_now(openpilot, p));
     let mut problems = Vec::new();
     let op: Option<PathBuf> = openpilot
         .map(Path::to_path_buf)
@@ -473,6 +497,9 @@ pub fn gather(
         (None, None) => None,
     };
     let receipts = receipts(&receipt_files, receipt_pin.as_ref());
+    let receipts_required = generation.is_some_and(|g| {
+        crate::tree::load_pins(op.as_deref()).is_ok_and(|p| p.contract(g).build_receipts)
+    });
 
     let manifest_sha256 = manifest.as_ref().map(crate::rehearse::manifest_digest);
     let (preflight, validation, rehearsal) = match &manifest {
@@ -520,6 +547,17 @@ pub fn gather(
                             "recorded with tinygrad {}, the tree is at {}",
                             p.tinygrad_commit,
                             tree_pin.as_ref().expect("checked")
+                        ),
+                    }),
+                    "",
+                ),
+                Some(p) if crate::gate::preflight_binding(p, recs.tree.as_ref()).is_some() => cell(
+                    &Cell::Preflight,
+                    Some(&Gap::Stale {
+                        detail: crate::gate::fill_workspace(
+                            &crate::gate::preflight_binding(p, recs.tree.as_ref())
+                                .expect("checked"),
+                            Some(workspace.root()),
                         ),
                     }),
                     "",
@@ -573,9 +611,15 @@ pub fn gather(
             })
             .collect(),
     };
+    let source_map = match (&op, generation) {
+        (Some(op), Some(g)) => Some(crate::source_map::map_path(op, g)),
+        _ => None,
+    }
+    .filter(|p| p.is_file());
     let mut status = Status {
         workspace: workspace.root().to_path_buf(),
         generation,
+        source_map,
         tree,
         manifest: manifest_path,
         manifest_sha256,
@@ -585,6 +629,7 @@ pub fn gather(
         builtin,
         builtin_matches_build,
         receipts,
+        receipts_required,
         preflight,
         validation,
         rehearsal,
@@ -650,6 +695,16 @@ pub fn next_step(s: &Status) -> NextStep {
             ),
         );
     }
+    if !tree.selector_problems.is_empty() {
+        return step(
+            format!("release-cli status --workspace {ws} --openpilot {op}"),
+            format!(
+                "the tree does not select the generation of its tinygrad: {}; make the edit, \
+                 commit it, then run this again",
+                tree.selector_problems.join("; ")
+            ),
+        );
+    }
     let synced_ok = tree.compiler_marker.as_ref() == Some(pin)
         && tree.synced.as_ref().is_some_and(|x| x.tree_matches);
     if !synced_ok {
@@ -664,7 +719,27 @@ pub fn next_step(s: &Status) -> NextStep {
     }
     let rebuild = |why: String| rebuild_step(&ws.to_string(), &g, &op, &why);
     if s.manifest.is_none() {
-        return rebuild(format!("no staged manifest ready/model_names_{g}.json yet"));
+        // The generation's source map first (runbook step 4), then the rebuild from it.
+        let Some(map) = &s.source_map else {
+            return step(
+                format!("release-cli source-map next --openpilot {op}"),
+                format!(
+                    "no source map scripts/model_source_map_{g}.json in the tree yet: it is \
+                     written from the previous generation's (commit it, then rebuild)"
+                ),
+            );
+        };
+        return NextStep {
+            command: format!(
+                "release-cli rebuild --workspace {ws} --generation {g} --openpilot {op} \
+                 --source-map {} --base-manifest BASE_MANIFEST",
+                map.display()
+            ),
+            why: format!(
+                "no staged manifest ready/model_names_{g}.json yet; BASE_MANIFEST: the manifest \
+                 the models are rebuilt from (the live one)"
+            ),
+        };
     }
     if let Some(b) = s.builds.iter().find(|b| b.state != "built") {
         return rebuild(format!(
@@ -679,16 +754,61 @@ pub fn next_step(s: &Status) -> NextStep {
     if let Some(id) = s.unbuilt.first() {
         return rebuild(format!("{id} has no build of this generation and pin"));
     }
-    if s.dm.iter().any(|f| f.sha256.is_none()) || s.dm.is_empty() {
+    // What a file's receipt says: `None` when it ties these bytes to the pin (or the contract
+    // has no receipts), else why not.
+    let unreceipted = |of: &str, sha: Option<&Sha256Digest>| -> Option<String> {
+        if !s.receipts_required {
+            return None;
+        }
+        match s.receipts.iter().find(|r| r.of == of) {
+            None => Some(format!("{of} has no build receipt")),
+            Some(r) if r.matches_pin != Some(true) => Some(format!(
+                "{of}'s build receipt names tinygrad {}, not the pin {pin}",
+                r.compiler_revision
+                    .as_ref()
+                    .map_or("(unreadable)".to_string(), |c| c.to_string())
+            )),
+            Some(r) if sha.is_some() && r.artifact_sha256.as_ref() != sha => {
+                Some(format!("{of}'s build receipt is of other bytes"))
+            }
+            Some(_) => None,
+        }
+    };
+    if let Some(why) = s
+        .builds
+        .iter()
+        .find_map(|b| unreceipted(&format!("build {}", b.id), b.sha256.as_ref()))
+    {
+        return rebuild(why);
+    }
+    let dm_missing: Vec<&str> =
+        s.dm.iter()
+            .filter(|f| f.sha256.is_none())
+            .map(|f| f.name.as_str())
+            .collect();
+    let dm_unbuilt =
+        s.dm.iter()
+            .find_map(|f| unreceipted(&format!("dm {}", f.name), f.sha256.as_ref()));
+    if s.dm.is_empty() || !dm_missing.is_empty() || dm_unbuilt.is_some() {
         return step(
             format!(
                 "release-cli dm --out {op}/{} --openpilot {op}",
                 crate::tree::BUILTIN_DIR
             ),
-            "the tree lacks DM files (all four are replaced together)".into(),
+            match dm_unbuilt {
+                Some(why) if dm_missing.is_empty() && !s.dm.is_empty() => format!(
+                    "the tree's DM files are not this pin's build: {why} (all four are rebuilt \
+                     together)"
+                ),
+                _ => "the tree lacks DM files (all four are replaced together)".into(),
+            },
         );
     }
-    if s.builtin.is_none() || s.builtin_matches_build == Some(false) {
+    let builtin_unbuilt = s
+        .builtin
+        .as_ref()
+        .and_then(|b| unreceipted("builtin", b.sha256.as_ref()));
+    if s.builtin.is_none() || s.builtin_matches_build == Some(false) || builtin_unbuilt.is_some() {
         return step(
             format!(
                 "release-cli builtin --artifact {ws}/ready/rdf43/rdf43_driving_tinygrad.pkl --openpilot {op}"
@@ -714,13 +834,23 @@ pub fn next_step(s: &Status) -> NextStep {
         );
     }
     let manifest = s.manifest.as_ref().expect("checked").display();
+    // A tree that ships release keys: its devices take only a signed manifest.
+    let (sign, key_why) = if tree.trusted_keys {
+        (
+            " --sign-key KEY",
+            "; KEY: the release secret key (the tree ships model_release_keys.pub, so devices \
+             take only a signed manifest)",
+        )
+    } else {
+        ("", "")
+    };
     if s.rehearsal.state != "covered" {
         return step(
             format!(
-                "release-cli rehearse --generation {g} --manifest {manifest} --artifacts {ws}/ready --openpilot {op} --workspace {ws}"
+                "release-cli rehearse --generation {g} --manifest {manifest} --artifacts {ws}/ready --openpilot {op} --workspace {ws}{sign}"
             ),
             format!(
-                "the rehearsal is {}: {}",
+                "the rehearsal is {}: {}{key_why}",
                 s.rehearsal.state, s.rehearsal.detail
             ),
         );
@@ -734,14 +864,16 @@ pub fn next_step(s: &Status) -> NextStep {
             .collect();
         return step(
             format!(
-                "release-cli publish --generation {g} --manifest {manifest} --artifacts {ws}/ready --workspace {ws} --openpilot {op} --to hf://buckets/{} --to github:CHECKOUT",
+                "release-cli publish --generation {g} --manifest {manifest} --artifacts {ws}/ready --workspace {ws} --openpilot {op} --to hf://buckets/{} --to github:CHECKOUT{sign}",
                 layout::HF_BUCKET
             ),
             if s.stores.is_empty() {
-                "every gate is covered; no --store was given to check what is live".into()
+                format!(
+                    "every gate is covered; no --store was given to check what is live{key_why}"
+                )
             } else {
                 format!(
-                    "every gate is covered; not live yet in {}",
+                    "every gate is covered; not live yet in {}{key_why}",
                     behind.join(", ")
                 )
             },
@@ -775,10 +907,13 @@ mod tests {
         Status {
             workspace: "/ws".into(),
             generation: Some(g),
+            source_map: Some(format!("/op/scripts/model_source_map_{g}.json").into()),
             tree: Some(TreeStatus {
                 openpilot: "/op".into(),
                 tinygrad_commit: Some(pin.clone()),
                 pin_generation: Some(g),
+                selector_problems: vec![],
+                trusted_keys: false,
                 compiler_marker: Some(pin.clone()),
                 synced: Some(SyncedStatus {
                     destination: "comma".into(),
@@ -818,6 +953,7 @@ mod tests {
             }),
             builtin_matches_build: Some(true),
             receipts: vec![],
+            receipts_required: false,
             preflight: covered("preflight"),
             validation: vec![covered("v11 artifact at 1928x1208")],
             rehearsal: covered("rehearsal"),
@@ -890,6 +1026,14 @@ mod tests {
                 "release-cli rebuild",
             ),
             (
+                "no staged manifest and no source map",
+                |s| {
+                    s.manifest = None;
+                    s.source_map = None;
+                },
+                "release-cli source-map next",
+            ),
+            (
                 "a failed build",
                 |s| s.builds[0].state = "failed",
                 "release-cli rebuild",
@@ -951,6 +1095,30 @@ mod tests {
                 "release-cli publish",
             ),
             (
+                "not rehearsed, the tree ships release keys",
+                |s| {
+                    s.rehearsal.state = "missing";
+                    s.tree.as_mut().unwrap().trusted_keys = true;
+                },
+                "release-cli rehearse",
+            ),
+            (
+                "a store behind, the tree ships release keys",
+                |s| {
+                    s.stores[0].holds_staged = false;
+                    s.tree.as_mut().unwrap().trusted_keys = true;
+                },
+                "release-cli publish",
+            ),
+            (
+                "the tree selects another generation",
+                |s| {
+                    s.tree.as_mut().unwrap().selector_problems =
+                        vec!["x.py:3: MANIFEST_CANDIDATES names (\"v25\",)".into()]
+                },
+                "release-cli status",
+            ),
+            (
                 "a later step undone does not jump ahead of an earlier one",
                 |s| {
                     s.rehearsal.state = "missing";
@@ -962,6 +1130,7 @@ mod tests {
         for (g, pin) in [
             (25, "e837e367aac9e1a66e689f4f32ce20ca9367df13"),
             (26, &*"26".repeat(20)),
+            (27, &*"27".repeat(20)),
         ] {
             for (case, edit, want) in &table {
                 let mut s = done(g, pin);
@@ -972,6 +1141,10 @@ mod tests {
                     "v{g} {case}: {n:?}"
                 );
                 assert!(!n.why.is_empty(), "v{g} {case}");
+                // A tree with release keys rehearses and publishes signed, in that order.
+                if case.contains("release keys") {
+                    assert!(n.command.ends_with(" --sign-key KEY"), "v{g} {case}: {n:?}");
+                }
                 // Each placeholder the command leaves is said in the why (`DIR: …`).
                 for w in n.command.split_whitespace() {
                     if cli_support::hints::is_placeholder(w) {
@@ -993,6 +1166,104 @@ mod tests {
                         "v{g} {case}: {n:?}"
                     );
                 }
+            }
+        }
+    }
+
+    /// Every artifact, DM file and the built-in with a receipt of `pin` and its bytes.
+    fn with_receipts(s: &mut Status, pin: &str) {
+        s.receipts_required = true;
+        let pin: GitCommit = pin.parse().unwrap();
+        let mut of: Vec<(String, Option<Sha256Digest>)> = s
+            .builds
+            .iter()
+            .map(|b| (format!("build {}", b.id), b.sha256))
+            .collect();
+        of.extend(s.dm.iter().map(|f| (format!("dm {}", f.name), f.sha256)));
+        of.push(("builtin".into(), s.builtin.as_ref().and_then(|b| b.sha256)));
+        s.receipts = of
+            .into_iter()
+            .map(|(of, sha)| ReceiptStatus {
+                receipt: format!("/r/{of}.build.json").into(),
+                of,
+                compiler_revision: Some(pin.clone()),
+                artifact_sha256: sha,
+                matches_pin: Some(true),
+                problem: None,
+            })
+            .collect();
+    }
+
+    /// Under a contract with build receipts, the next step follows what each file's receipt
+    /// says, not that a file is there: after a rebuild, the previous pin's DM set (present, its
+    /// receipt of the old pin) asks for `dm`, and so on for each file. Without receipts (v25)
+    /// the same status is done.
+    #[test]
+    fn the_next_step_reads_each_files_receipt() {
+        type Edit = fn(&mut Status);
+        let table: Vec<(&str, Edit, &str)> = vec![
+            ("every receipt of this pin", |_| {}, ""),
+            (
+                "the previous pin's DM set",
+                |s| {
+                    for r in s.receipts.iter_mut().filter(|r| r.of.starts_with("dm ")) {
+                        r.matches_pin = Some(false);
+                        r.compiler_revision = Some("e".repeat(40).parse().unwrap());
+                    }
+                },
+                "release-cli dm",
+            ),
+            (
+                "a DM file without a receipt",
+                |s| {
+                    s.receipts
+                        .retain(|r| !r.of.ends_with("dm_warp_1344x760_tinygrad.pkl"))
+                },
+                "release-cli dm",
+            ),
+            (
+                "a DM receipt of other bytes",
+                |s| {
+                    let r = s
+                        .receipts
+                        .iter_mut()
+                        .find(|r| r.of.starts_with("dm "))
+                        .unwrap();
+                    r.artifact_sha256 = Some(Sha256Digest::of_bytes(b"x"));
+                },
+                "release-cli dm",
+            ),
+            (
+                "the built-in's receipt of the previous pin",
+                |s| {
+                    let r = s.receipts.iter_mut().find(|r| r.of == "builtin").unwrap();
+                    r.matches_pin = Some(false);
+                },
+                "release-cli builtin",
+            ),
+            (
+                "a model's receipt missing",
+                |s| s.receipts.retain(|r| !r.of.starts_with("build ")),
+                "release-cli rebuild",
+            ),
+        ];
+        for (g, pin) in [
+            (25, "e837e367aac9e1a66e689f4f32ce20ca9367df13"),
+            (26, &*"26".repeat(20)),
+            (27, &*"27".repeat(20)),
+        ] {
+            for (case, edit, want) in &table {
+                let mut s = done(g, pin);
+                with_receipts(&mut s, pin);
+                edit(&mut s);
+                let n = next_step(&s);
+                assert!(
+                    n.command.starts_with(want) && (!want.is_empty() || n.command.is_empty()),
+                    "v{g} {case}: {n:?}"
+                );
+                // A contract without receipts judges by the files alone: done.
+                s.receipts_required = false;
+                assert_eq!(next_step(&s).command, "", "v{g} {case} without receipts");
             }
         }
     }

@@ -507,18 +507,170 @@ fn find_manifest_candidates(openpilot: &Path) -> Option<(PathBuf, usize, Vec<Gen
                 let Ok(text) = String::from_utf8(bytes) else {
                     continue;
                 };
-                for (i, line) in text.lines().enumerate() {
-                    if let Some(rest) = line.trim_start().strip_prefix("MANIFEST_CANDIDATES") {
-                        let gens = parse_generations(rest);
-                        if !gens.is_empty() {
-                            return Some((p, i + 1, gens));
-                        }
+                let lines: Vec<&str> = text.lines().collect();
+                for (i, line) in lines.iter().enumerate() {
+                    // The definition (`= (…)`, or annotated `: tuple[str, ...] = (…)`), not a
+                    // use; a tuple that spans lines is read to its closing parenthesis.
+                    let Some(rest) = line.trim_start().strip_prefix("MANIFEST_CANDIDATES") else {
+                        continue;
+                    };
+                    if !rest.trim_start().starts_with(['=', ':']) {
+                        continue;
                     }
+                    let mut value = rest.to_string();
+                    let mut j = i + 1;
+                    while value.contains('(') && !value.contains(')') && j < lines.len() {
+                        value.push_str(lines[j]);
+                        j += 1;
+                    }
+                    return Some((p, i + 1, parse_generations(&value)));
                 }
             }
         }
     }
     None
+}
+
+/// One place in the tree that names the generation the device runs: StarPilot's
+/// `MANIFEST_CANDIDATES`, the catalog module's `GENERATION` and the reviewed `catalog-vNN.json`
+/// of a tree that declares its contract.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Selector {
+    /// `MANIFEST_CANDIDATES`, `GENERATION` or `the reviewed catalog`.
+    pub what: &'static str,
+    pub path: PathBuf,
+    /// 1-based line (0: the file as a whole, a catalog named for its generation).
+    pub line: usize,
+    pub generations: Vec<Generation>,
+}
+
+/// Every generation selector the tree carries ([`Selector`]); a tree with none (a stand-in
+/// without StarPilot's device code) has nothing to check.
+pub fn generation_selectors(openpilot: &Path) -> Result<Vec<Selector>> {
+    let mut out = Vec::new();
+    if let Some((path, line, generations)) = find_manifest_candidates(openpilot) {
+        out.push(Selector {
+            what: "MANIFEST_CANDIDATES",
+            path,
+            line,
+            generations,
+        });
+    }
+    for contract in manifest::contract::declaring_contracts() {
+        let Some(markers) = contract.tree else {
+            continue;
+        };
+        let module = openpilot.join(markers.catalog_module);
+        if let Ok(Some(bytes)) = chunker::bounded::read_capped(&module, MAX_TREE_SOURCE_BYTES) {
+            let text = String::from_utf8_lossy(&bytes);
+            for (i, line) in text.lines().enumerate() {
+                let Some(rest) = line.strip_prefix("GENERATION") else {
+                    continue;
+                };
+                if rest.trim_start().starts_with(['=', ':']) {
+                    out.push(Selector {
+                        what: "GENERATION",
+                        path: module.clone(),
+                        line: i + 1,
+                        generations: parse_generations(rest),
+                    });
+                    break;
+                }
+            }
+        }
+    }
+    if let Some(d) = tree_declaration(openpilot)? {
+        let markers = d.contract.contract().tree.expect("a declaring contract");
+        out.push(Selector {
+            what: "the reviewed catalog",
+            path: openpilot.join(
+                markers
+                    .catalog_json
+                    .replace("{gen}", &d.generation.to_string()),
+            ),
+            line: 0,
+            generations: vec![d.generation],
+        });
+    }
+    Ok(out)
+}
+
+/// What is wrong with the tree's selectors for a tree whose tinygrad is `generation`'s pin:
+/// each must name exactly that generation (one, never an older one kept as a fallback), each
+/// problem with the edit that fixes it. Pure.
+pub fn selector_problems(selectors: &[Selector], generation: Generation) -> Vec<String> {
+    selectors
+        .iter()
+        .filter(|s| s.generations != [generation])
+        .map(|s| {
+            let at = if s.line == 0 {
+                s.path.display().to_string()
+            } else {
+                format!("{}:{}", s.path.display(), s.line)
+            };
+            let named: Vec<String> = s.generations.iter().map(|g| format!("\"{g}\"")).collect();
+            match s.what {
+                "MANIFEST_CANDIDATES" => format!(
+                    "{at}: MANIFEST_CANDIDATES names ({},), the tree's tinygrad is {generation}'s \
+                     pin: set it to (\"{generation}\",)",
+                    named.join(", ")
+                ),
+                "GENERATION" => format!(
+                    "{at}: GENERATION is {}, the tree's tinygrad is {generation}'s pin: set it to \
+                     \"{generation}\"",
+                    if named.is_empty() {
+                        "no generation".to_string()
+                    } else {
+                        named.join(", ")
+                    }
+                ),
+                _ => format!(
+                    "{at}: the reviewed catalog is {}'s, the tree's tinygrad is {generation}'s \
+                     pin: review its rows and rename it to {}",
+                    named.join(", "),
+                    s.path
+                        .file_name()
+                        .map(|n| n.to_string_lossy().replace(
+                            &s.generations
+                                .first()
+                                .map(|g| g.to_string())
+                                .unwrap_or_default(),
+                            &generation.to_string()
+                        ))
+                        .unwrap_or_default()
+                ),
+            }
+        })
+        .collect()
+}
+
+/// The generation the tree runs (the one whose pin its tinygrad marker is) and what its
+/// selectors get wrong about it ([`selector_problems`]); `None` when the marker is missing or
+/// no generation's pin (other checks name that).
+pub fn tree_generation(openpilot: &Path) -> Result<Option<(Generation, Vec<String>)>> {
+    let pins = load_pins(Some(openpilot))?;
+    let Ok(marker) = compiler_remote::read_tree_pin(openpilot) else {
+        return Ok(None);
+    };
+    let Some(generation) = pins.owner_of(&marker) else {
+        return Ok(None);
+    };
+    let problems = selector_problems(&generation_selectors(openpilot)?, generation);
+    Ok(Some((generation, problems)))
+}
+
+/// Refuse a tree whose generation selectors do not name exactly the generation of its tinygrad
+/// ([`tree_generation`]): `status`, `preflight`, `rehearse` and `publish` run this before
+/// anything else. Returns the tree's generation.
+pub fn check_selectors(openpilot: &Path) -> Result<Option<Generation>> {
+    match tree_generation(openpilot)? {
+        Some((generation, problems)) if !problems.is_empty() => Err(Error::GenerationSelector {
+            openpilot: openpilot.to_path_buf(),
+            generation,
+            problems,
+        }),
+        other => Ok(other.map(|(g, _)| g)),
+    }
 }
 
 /// The `"vNN"` strings in a Python tuple literal.
@@ -895,6 +1047,96 @@ mod tests {
             .unwrap();
         assert!(made.success());
         assert!(load_pins(Some(t.path())).is_err());
+    }
+
+    /// The tree's generation selectors must name exactly the generation of its tinygrad:
+    /// `MANIFEST_CANDIDATES` (v25, v26's contract, v27), the catalog module's `GENERATION` and
+    /// the reviewed catalog's name (trees that declare v26's contract); each problem names the
+    /// file, line, value and the edit.
+    #[test]
+    fn the_tree_selects_the_generation_of_its_tinygrad() {
+        let rows = [("sc2", "SC2", "v9", false, true)];
+        let candidates = |dir: &Path, text: &str| {
+            fs::create_dir_all(dir.join("starpilot/assets")).unwrap();
+            fs::write(
+                dir.join("starpilot/assets/model_manager.py"),
+                format!("import os\nMANIFEST_CANDIDATES = {text}\n"),
+            )
+            .unwrap();
+        };
+        let marker = |dir: &Path, pin: &str| {
+            fs::create_dir_all(dir.join("tinygrad_repo")).unwrap();
+            fs::write(
+                dir.join("tinygrad_repo/TINYGRAD_COMMIT"),
+                format!("{pin}\n"),
+            )
+            .unwrap();
+        };
+        // v25: the built-in pin.
+        let t = tempfile::tempdir().unwrap();
+        marker(t.path(), V25);
+        assert_eq!(
+            check_selectors(t.path()).unwrap(),
+            Some(Generation::new(25)),
+            "no selector"
+        );
+        candidates(t.path(), "(\"v25\",)");
+        assert_eq!(
+            check_selectors(t.path()).unwrap(),
+            Some(Generation::new(25))
+        );
+        for bad in ["(\"v24\", \"v25\")", "(\"v26\",)", "()"] {
+            candidates(t.path(), bad);
+            let e = check_selectors(t.path()).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                matches!(e, Error::GenerationSelector { .. })
+                    && text.contains("model_manager.py:2: MANIFEST_CANDIDATES names")
+                    && text.contains("set it to (\"v25\",)"),
+                "{bad}: {text}"
+            );
+        }
+        // v26's contract and a made-up v27 that inherits it: the tree declares its generation.
+        for (generation, revision, previous) in [
+            ("v26", NEW, "v25"),
+            ("v27", "2222222222222222222222222222222222222222", "v26"),
+        ] {
+            let t = tempfile::tempdir().unwrap();
+            test_support::v26_checker::write_tree(t.path(), generation, revision, &rows);
+            marker(t.path(), revision);
+            candidates(t.path(), &format!("(\"{generation}\",)"));
+            let g: Generation = generation.parse().unwrap();
+            assert_eq!(check_selectors(t.path()).unwrap(), Some(g));
+            // MANIFEST_CANDIDATES still the previous generation's (the trap).
+            candidates(t.path(), &format!("(\"{previous}\",)"));
+            let text = check_selectors(t.path()).unwrap_err().to_string();
+            assert!(
+                text.contains(&format!("names (\"{previous}\",)"))
+                    && text.contains(&format!("set it to (\"{generation}\",)")),
+                "{generation}: {text}"
+            );
+            candidates(t.path(), &format!("(\"{generation}\",)"));
+            // The catalog module's GENERATION left at the previous generation.
+            let module = t.path().join("starpilot/models/catalog.py");
+            fs::write(&module, format!("GENERATION = \"{previous}\"\n")).unwrap();
+            let text = check_selectors(t.path()).unwrap_err().to_string();
+            assert!(
+                text.contains("catalog.py:1: GENERATION is")
+                    && text.contains(&format!("set it to \"{generation}\"")),
+                "{generation}: {text}"
+            );
+        }
+        // The pure rule over the reviewed catalog's name.
+        let sel = Selector {
+            what: "the reviewed catalog",
+            path: "/op/starpilot/models/catalog-v26.json".into(),
+            line: 0,
+            generations: vec![Generation::new(26)],
+        };
+        let p = selector_problems(std::slice::from_ref(&sel), Generation::new(27));
+        assert_eq!(p.len(), 1);
+        assert!(p[0].contains("rename it to catalog-v27.json"), "{p:?}");
+        assert!(selector_problems(&[sel], Generation::new(26)).is_empty());
     }
 
     #[test]

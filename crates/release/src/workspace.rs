@@ -13,7 +13,16 @@
 //! <workspace>/ready/<id>/<id>_driving_<variant>_tinygrad.pkl…   a rebuilt accelerator variant
 //! <workspace>/ready/model_names_<gen>.json the manifest for `release-cli publish`
 //! <workspace>/rehearsal/                   the last rehearsal's devices and logs
+//! <workspace>/generations/<gen>/           an earlier generation's release, set aside by the
+//!                                          rebuild of the next (ready/, results/, logs/,
+//!                                          rehearsal/ in the layout above)
 //! ```
+//!
+//! One generation, one workspace: the top level holds the generation being released; a
+//! `rebuild` of another generation first moves the previous one's ready set, records, logs and
+//! publish history to `generations/<gen>/` ([`Workspace::set_aside`]), itself a workspace of
+//! the same layout, so `publish --workspace <workspace>/generations/<gen>` (what `audit`'s mend
+//! prints) still repairs it. A workspace from before the rule reads as it always did.
 
 use std::path::{Path, PathBuf};
 
@@ -136,6 +145,87 @@ impl Workspace {
     /// `rehearsal/`: the last rehearsal's devices and logs (replaced by each rehearsal).
     pub fn rehearsal_dir(&self) -> PathBuf {
         self.0.join("rehearsal")
+    }
+
+    /// `generations/<gen>/`: `generation`'s release once set aside, a workspace of its own.
+    pub fn generation_dir(&self, generation: Generation) -> Workspace {
+        Workspace(self.0.join("generations").join(generation.to_string()))
+    }
+
+    /// The workspace that holds `generation`'s staged release: this one when its `ready/` has
+    /// `model_names_<gen>.json`, else `generations/<gen>/` when that has it, else this one.
+    pub fn holding(&self, generation: Generation) -> Workspace {
+        let aside = self.generation_dir(generation);
+        if self.ready_manifest(generation).symlink_metadata().is_err()
+            && aside.ready_manifest(generation).symlink_metadata().is_ok()
+        {
+            aside
+        } else {
+            self.clone()
+        }
+    }
+
+    /// The generations whose staged manifest `ready/` holds (`ready/model_names_<gen>.json`).
+    pub fn staged_generations(&self) -> crate::Result<Vec<Generation>> {
+        let mut out = Vec::new();
+        let Ok(entries) = fs_err::read_dir(self.ready()) else {
+            return Ok(out);
+        };
+        for e in entries.take(crate::records::MAX_RESULTS_ENTRIES) {
+            let name = e?.file_name().to_string_lossy().into_owned();
+            let g = name
+                .strip_prefix("model_names_")
+                .and_then(|r| r.strip_suffix(".json"))
+                .and_then(|g| g.parse::<Generation>().ok());
+            if let Some(g) = g {
+                out.push(g);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Before a rebuild of `building`: when `ready/` holds another generation's staged manifest
+    /// and not `building`'s, move `ready/`, `results/`, `logs/` and `rehearsal/` (the newest such
+    /// generation's release, with its publish records) to `generations/<gen>/`, each by one
+    /// rename, so that generation stays publishable as it was. Returns where it went. A part
+    /// already there is refused, nothing moved; a move interrupted half way resumes on the next
+    /// run (the manifest is moved last, so `ready/` still says which generation it is).
+    pub fn set_aside(
+        &self,
+        building: Generation,
+    ) -> crate::Result<Option<(Generation, Workspace)>> {
+        let staged = self.staged_generations()?;
+        if staged.contains(&building) {
+            return Ok(None);
+        }
+        let Some(&g) = staged.iter().max() else {
+            return Ok(None);
+        };
+        let dest = self.generation_dir(g);
+        let parts = ["results", "logs", "rehearsal", "ready"];
+        for part in parts {
+            if self.0.join(part).symlink_metadata().is_ok()
+                && dest.0.join(part).symlink_metadata().is_ok()
+            {
+                return Err(crate::Error::SetAsideTaken {
+                    generation: g,
+                    from: self.0.join(part),
+                    to: dest.0.join(part),
+                });
+            }
+        }
+        fs_err::create_dir_all(&dest.0)?;
+        for part in parts {
+            let from = self.0.join(part);
+            if from.symlink_metadata().is_ok() {
+                fs_err::rename(&from, dest.0.join(part))?;
+            }
+        }
+        for dir in [&dest.0, &self.0] {
+            chunker::atomic::sync_dir(dir)?;
+        }
+        Ok(Some((g, dest)))
     }
 
     /// The directories a rebuild run creates.

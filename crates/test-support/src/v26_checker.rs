@@ -212,9 +212,12 @@ pub fn write_tree(
 ) -> Vec<u8> {
     let models = dir.join("starpilot/models");
     std::fs::create_dir_all(&models).unwrap();
+    // Upstream's catalog module states its generation as a constant (`GENERATION = "v26"`).
     std::fs::write(
         models.join("catalog.py"),
-        "# The reviewed model catalog of this tree (test fixture).\n",
+        format!(
+            "# The reviewed model catalog of this tree (test fixture).\nGENERATION = \"{generation}\"\n"
+        ),
     )
     .unwrap();
     let catalog = serde_json::json!({

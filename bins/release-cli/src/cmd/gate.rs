@@ -22,6 +22,7 @@ pub fn release_error(e: release::Error) -> CliError {
     match e {
         release::Error::NotACheckout { .. } => CliError::usage_from(e),
         release::Error::Record { .. }
+        | release::Error::GenerationSelector { .. }
         | release::Error::ValidationGate { .. }
         | release::Error::GpuFlag { .. }
         | release::Error::NotLoadable { .. }

@@ -8,6 +8,7 @@ pub mod manifest;
 pub mod rebuild;
 pub mod rehearse;
 pub mod sign;
+pub mod source_map;
 pub mod store;
 
 use clap::Subcommand;
@@ -36,6 +37,9 @@ pub enum Command {
     Dm(build::DmArgs),
     /// Replace the built-in RDF V4 in an openpilot tree with its native chunk set.
     Builtin(build::BuiltinArgs),
+    /// The next generation's source map (`source-map next`), from the previous one and the tree.
+    #[command(subcommand)]
+    SourceMap(source_map::SourceMapCommand),
     /// Resumable bulk rebuild of a generation: fetch sources, compile, stage, write the manifest.
     Rebuild(rebuild::RebuildArgs),
     /// Run `./dev sync` and the seed's repository tests in the openpilot checkout and record
@@ -94,6 +98,7 @@ impl Command {
             Command::Compile(a) => a.json,
             Command::Dm(a) => a.json,
             Command::Builtin(a) => a.json,
+            Command::SourceMap(c) => c.json(),
             Command::Rebuild(a) => a.json,
             Command::Preflight(a) => a.json,
             Command::Validate(a) => a.json,
@@ -117,6 +122,7 @@ pub fn run(command: Command) -> CliResult {
         Command::Compile(a) => build::compile(a),
         Command::Dm(a) => build::dm(a),
         Command::Builtin(a) => build::builtin(a),
+        Command::SourceMap(c) => source_map::run(c),
         Command::Rebuild(a) => rebuild::run(a),
         Command::Preflight(a) => gate::preflight(a),
         Command::Validate(a) => build::validate(a),

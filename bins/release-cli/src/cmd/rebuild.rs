@@ -45,7 +45,8 @@ pub struct RebuildArgs {
     pub dry_run: bool,
     /// Print the final summary `{"workspace","generation","tinygrad_commit","manifest","compiled",
     /// "skipped","failed","not_attempted","not_in_catalog","without_artifact",
-    /// "variants_dropped":[{"id","variant","reason"}],"models":[{"id","status","error"?}]}`
+    /// "variants_dropped":[{"id","variant","reason"}],"set_aside"?,"models":[{"id","status",
+    /// "error"?}]}` (`set_aside`: where the previous generation's release was moved)
     /// (with --dry-run `{"dry_run":true,"workspace",
     /// "generation","tinygrad_commit","sources","manifest","not_in_catalog","models":[{"id",
     /// "action":"skip"|"build","version","source_id","input_format","gpu","fetch"?,"plan"?}]}`,
@@ -146,6 +147,14 @@ pub fn run(args: RebuildArgs) -> CliResult {
             summary.with_artifact + summary.without_artifact.len(),
             args.generation
         )?;
+    }
+    if let Some(dir) = &summary.set_aside {
+        cli_support::info!(
+            "the previous generation's release (ready/, results/, logs/, rehearsal/) was set aside \
+             in {}, where it stays publishable: pass --workspace {} to repair it",
+            dir.display(),
+            release::audit::sh(&dir.display().to_string())
+        );
     }
     // Warnings go to stderr in both modes; --json also lists them as "variants_dropped".
     for d in &summary.variants_dropped {

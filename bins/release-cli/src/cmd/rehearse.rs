@@ -34,6 +34,13 @@ pub struct RehearseArgs {
     /// the built-in].
     #[arg(long, value_name = "ID")]
     pub select: Option<ModelId>,
+    /// The release secret key `publish --sign-key` signs with (repeat during a rotation): the
+    /// rehearsal's manifest is signed with it, as devices of a tree that ships
+    /// starpilot/assets/model_release_keys.pub require (such a tree is refused without it,
+    /// unless MANIFEST.minisig is beside the manifest). An encrypted key's passphrase comes
+    /// from STARPILOT_SIGN_PASSPHRASE, else from the terminal.
+    #[arg(long, value_name = "KEY")]
+    pub sign_key: Vec<PathBuf>,
     /// Print the record: `{"generation","previous_generation","manifest","manifest_sha256",
     /// "tinygrad_commit","openpilot","device_manager","device_args","selected","dropped",
     /// "checks":[{"scenario","check","passed","detail"}],"passed","finished_at","work_dir"}`.
@@ -65,6 +72,15 @@ pub fn rehearse(args: RehearseArgs) -> CliResult {
         openpilot: args.openpilot,
         device_manager,
         select: args.select,
+        sign_keys: args
+            .sign_key
+            .iter()
+            .map(|p| {
+                artifact_store::signing::SigningKey::load(p, &mut super::sign::ask_passphrase)
+                    .map(std::sync::Arc::new)
+                    .map_err(CliError::usage_from)
+            })
+            .collect::<Result<_, _>>()?,
     };
     let rec =
         release::rehearse::run(&opts, &mut |line| cli_support::info!("{line}")).map_err(error)?;

@@ -793,8 +793,8 @@ fn a_partial_rerun_keeps_finished_work_outside_its_selection() {
     assert_eq!(summary.without_artifact, [id("bmrlnapv6")]);
 }
 
-/// File errors come from fs-err: a missing source map is an `Error::Io` whose message names the
-/// operation and the file, and whose kind is kept.
+/// A missing source map is named, with the command that writes the generation's map
+/// (`source-map next`); other file errors come from fs-err, naming the operation and the file.
 #[test]
 fn a_missing_source_map_names_its_path() {
     let s = setup();
@@ -809,15 +809,27 @@ fn a_missing_source_map_names_its_path() {
     ) else {
         panic!("prepared without a source map")
     };
-    let Error::Io(io) = &e else {
-        panic!("not an Io error: {e:?}")
-    };
-    assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    assert!(matches!(e, Error::SourceMapMissing { .. }), "{e:?}");
     let text = e.to_string();
     assert!(
-        text.contains("failed to open file") && text.contains(&*s.map.to_string_lossy()),
+        text.contains(&*s.map.to_string_lossy())
+            && text.contains("`release-cli source-map next --openpilot DIR`")
+            && text.contains("scripts/model_source_map_v26.json"),
         "{text}"
     );
+    // A directory there is a file error naming it, as before.
+    fs::create_dir(&s.map).unwrap();
+    let Err(e) = Rebuild::prepare(
+        s.ws.clone(),
+        &s.map,
+        &s.base,
+        &[],
+        Generation::new(26),
+        PIN.parse().unwrap(),
+    ) else {
+        panic!("prepared from a directory")
+    };
+    assert!(e.to_string().contains(&*s.map.to_string_lossy()), "{e}");
 }
 
 /// `rebuild --generation` must be the generation of the tinygrad it builds with: v25 with the
@@ -1251,5 +1263,89 @@ fn a_rebuild_under_the_v26_contract_plans_from_the_tree() {
             r.under_contract(&pins, Some(&other)),
             Err(Error::RebuildTreeGeneration { .. })
         ));
+    }
+}
+
+/// One generation, one workspace: a rebuild of the next generation in a workspace that holds
+/// the previous one's staged release (its manifest, chunk sets, records, publish history) sets
+/// that release aside in generations/<gen>/ before it writes anything, so it stays publishable
+/// from there (audit's mend names that workspace); the new release is at the top level. Rerun,
+/// nothing moves again. For a v25 workspace rebuilt as a made-up v26, and that v26 as a v27.
+#[test]
+fn a_rebuild_of_the_next_generation_sets_the_previous_one_aside() {
+    for (old, new) in [(25, 26), (26, 27)] {
+        let (old, new) = (Generation::new(old), Generation::new(new));
+        let s = setup();
+        let ws = Workspace::new(&s.ws);
+        // The previous generation's release, as rebuild, preflight and publish left it.
+        let staged = ws.ready_manifest(old);
+        fs::create_dir_all(ws.ready_model(&id("pop223"))).unwrap();
+        fs::write(
+            ws.ready_model(&id("pop223")).join("old.chunk01of01"),
+            b"old",
+        )
+        .unwrap();
+        fs::write(
+            &staged,
+            format!(r#"{{"generation": "{old}", "models": []}}"#),
+        )
+        .unwrap();
+        fs::write(crate::records::publish_record_path(&staged), b"{}").unwrap();
+        fs::create_dir_all(ws.results()).unwrap();
+        fs::write(ws.preflight(), b"{\"old\": true}").unwrap();
+        let before = tree(ws.root());
+        let r = Rebuild::prepare(
+            s.ws.clone(),
+            &s.map,
+            &s.base,
+            &[],
+            new,
+            PIN.parse().unwrap(),
+        )
+        .unwrap();
+        let (summary, _) = run(&r, &mut FakeBuilder::default());
+        let aside = ws.generation_dir(old);
+        assert_eq!(
+            summary.set_aside.as_deref(),
+            Some(aside.root()),
+            "{old} -> {new}"
+        );
+        // Every file of the old release is under generations/<old>/, byte for byte.
+        for (path, bytes) in before {
+            let rel = path.strip_prefix(ws.root()).unwrap();
+            assert_eq!(
+                fs::read(aside.root().join(rel)).unwrap(),
+                bytes,
+                "{old} -> {new}: {}",
+                rel.display()
+            );
+        }
+        assert!(!staged.exists() && ws.ready_manifest(new).is_file());
+        assert_eq!(ws.holding(old), aside);
+        assert_eq!(ws.holding(new), ws);
+        // The mend audit prints for the old generation publishes from where it now is.
+        let mend = crate::audit::MendContext {
+            workspace: s.ws.clone(),
+            sign_keys: vec![],
+            openpilot: None,
+        };
+        let store = crate::audit::StoreRef::Local {
+            root: "/store".into(),
+        };
+        let line = mend.republish(old, &store, false);
+        let at = aside.root().display().to_string();
+        assert!(
+            line.contains(&format!("--manifest {at}/ready/model_names_{old}.json"))
+                && line.contains(&format!("--artifacts {at}/ready "))
+                && line.contains(&format!("--workspace {at} ")),
+            "{line}"
+        );
+        assert!(
+            mend.republish(new, &store, false)
+                .contains(&format!("--workspace {} ", ws.display()))
+        );
+        // A rerun finds its own generation at the top level and moves nothing.
+        let (again, _) = run(&r, &mut FakeBuilder::default());
+        assert_eq!(again.set_aside, None);
     }
 }

@@ -62,6 +62,10 @@ pub struct RehearseOptions {
     /// The model the old device has selected; default: the first catalog model that is neither
     /// local, the built-in nor external-GPU.
     pub select: Option<ModelId>,
+    /// The release keys publish signs with (`--sign-key`): the rehearsal store's manifest is
+    /// signed with them, as the fleet of a tree that ships trusted keys needs. Empty: a
+    /// `.minisig` beside the staged manifest is served, if there is one.
+    pub sign_keys: Vec<std::sync::Arc<artifact_store::signing::SigningKey>>,
 }
 
 pub use crate::recorded::{RehearsalRecord, manifest_digest};
@@ -176,18 +180,32 @@ fn stage_store(
     m: &Manifest,
     artifacts: &Path,
     g: Generation,
+    sign_keys: &[std::sync::Arc<artifact_store::signing::SigningKey>],
 ) -> Result<()> {
     let hf = layout::StoreLayout::HfBucket;
     let at = |p: &layout::StorePath| store.join(p.as_str());
     let mpath = at(&hf.manifest_path(g));
     fs::create_dir_all(mpath.parent().expect("manifests/"))?;
     chunker::atomic::write_atomic(&mpath, &m.to_canonical_bytes())?;
-    let sig = PathBuf::from(format!(
-        "{}{}",
-        manifest_path.display(),
-        manifest::signature::SIGNATURE_SUFFIX
-    ));
-    if sig.is_file() {
+    let sig = signature_beside(manifest_path);
+    if !sign_keys.is_empty() {
+        // Signed as publish signs the same bytes; the release number and expiry are the
+        // rehearsal's own (old devices have accepted no release of this generation yet).
+        let comment = artifact_store::signing::new_comment(
+            g,
+            manifest::ReleaseNumber::FIRST,
+            manifest::signature::MIN_EXPIRES_IN_DAYS,
+        )
+        .map_err(|e| input(e.to_string()))?;
+        let bytes = m.to_canonical_bytes();
+        let blocks = sign_keys
+            .iter()
+            .map(|k| k.sign(&bytes, &comment))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| input(e.to_string()))?;
+        let text = manifest::signature::join_signature_blocks(&blocks);
+        chunker::atomic::write_atomic(at(&hf.signature_path(g)), text.as_bytes())?;
+    } else if sig.is_file() {
         fs::copy(&sig, at(&hf.signature_path(g)))?;
     }
     for e in m.models().iter().filter(|e| !e.id().is_local()) {
@@ -209,6 +227,15 @@ fn stage_store(
         }
     }
     Ok(())
+}
+
+/// `MANIFEST.minisig`: a signature made beside the staged manifest (`manifest sign`).
+fn signature_beside(manifest_path: &Path) -> PathBuf {
+    PathBuf::from(format!(
+        "{}{}",
+        manifest_path.display(),
+        manifest::signature::SIGNATURE_SUFFIX
+    ))
 }
 
 /// What the device directory holds now.
@@ -322,6 +349,21 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
             opts.device_manager.display()
         )));
     }
+    // The devices follow the tree: it must select exactly the generation of its tinygrad.
+    crate::tree::check_selectors(&opts.openpilot)?;
+    // A tree that ships trusted keys makes its devices refuse an unsigned manifest: the
+    // rehearsal is signed as the publish will be, before any device is built.
+    if opts.openpilot.join(TREE_TRUSTED_KEYS).is_file()
+        && opts.sign_keys.is_empty()
+        && !signature_beside(&opts.manifest).is_file()
+    {
+        return Err(input(format!(
+            "{} ships {TREE_TRUSTED_KEYS}: its devices refuse an unsigned manifest, so the \
+             rehearsal is signed as the publish will be; run this command again with \
+             --sign-key KEY (KEY: the release secret key `publish --sign-key` signs with)",
+            opts.openpilot.display()
+        )));
+    }
     // The manifest as publish stages it (its contract's top-level keys added where absent), so
     // the rehearsed bytes are the published ones.
     let pins = crate::tree::load_pins(Some(&opts.openpilot))?;
@@ -369,7 +411,14 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
         opts.artifacts.display(),
         store.display()
     ));
-    stage_store(&store, &opts.manifest, &m, &opts.artifacts, g)?;
+    stage_store(
+        &store,
+        &opts.manifest,
+        &m,
+        &opts.artifacts,
+        g,
+        &opts.sign_keys,
+    )?;
     let server = artifact_store::serve::Server::start(
         "127.0.0.1:0",
         artifact_store::serve::ServeConfig::standard(
