@@ -210,6 +210,63 @@ pub const SYNC_PARTS: [SyncPart; 4] = [
     },
 ];
 
+/// Where a tree records the tinygrad it runs, on this machine and on the compiler alike: the
+/// seed's marker ([`MARKER`]), or, in a tree that declares its generation (upstream's catalog
+/// module, [`manifest::contract::TreeMarkers`]), the `commit` of the tinygrad dependency in its
+/// sync file (`upstream-sync.json`), which is where upstream's compiler takes the revision its
+/// build receipts name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PinLocation {
+    #[default]
+    Marker,
+    Declared(manifest::contract::TreeMarkers),
+}
+
+impl PinLocation {
+    /// The file, relative to the tree's root.
+    pub fn rel(&self) -> &'static str {
+        match self {
+            PinLocation::Marker => MARKER,
+            PinLocation::Declared(m) => m.sync_file,
+        }
+    }
+
+    /// The commit the file's bytes record (the marker's trimmed text; the sync file's
+    /// dependency), or why it records none.
+    pub fn commit_in(&self, bytes: &[u8]) -> std::result::Result<String, String> {
+        match self {
+            PinLocation::Marker => Ok(String::from_utf8_lossy(bytes).trim().to_string()),
+            PinLocation::Declared(m) => {
+                manifest::contract::parse_sync_file(bytes, m.tinygrad_dependency)
+                    .map(|c| c.to_string())
+            }
+        }
+    }
+
+    /// What `sync` sends from a tree whose pin is recorded here: the seed's four parts, and for
+    /// a tree that declares its generation its sync file (the compiler's receipts take their
+    /// revision from it) and the catalog module's package (upstream's compiler runs
+    /// `starpilot.models.compile` and reads the catalog from there).
+    pub fn sync_parts(&self) -> Vec<SyncPart> {
+        let mut parts = SYNC_PARTS.to_vec();
+        if let PinLocation::Declared(m) = self {
+            parts.push(SyncPart {
+                rel: m.sync_file,
+                is_dir: false,
+                options: &["-az"],
+            });
+            if let Some((package, _)) = m.catalog_module.rsplit_once('/') {
+                parts.push(SyncPart {
+                    rel: package,
+                    is_dir: true,
+                    options: &["-az", "--delete", "--exclude=__pycache__"],
+                });
+            }
+        }
+        parts
+    }
+}
+
 impl SyncPart {
     /// How `sync` reports it: `tinygrad_repo/ -> /data/openpilot/tinygrad_repo/ (--delete)`.
     pub fn describe(&self, dst: &RemotePath) -> String {
@@ -223,9 +280,21 @@ impl SyncPart {
     }
 }
 
-/// `mkdir -p` of the directories the sync transfers go into.
-pub fn sync_mkdir_command(root: &RemotePath) -> crate::Result<String> {
-    let dirs = ["tinygrad_repo", "selfdrive/modeld", "scripts"]
+/// `mkdir -p` of the directories the sync transfers of `parts` go into: each directory part
+/// and each file part's parent, once, in order.
+pub fn sync_mkdir_command(root: &RemotePath, parts: &[SyncPart]) -> crate::Result<String> {
+    let mut rels: Vec<&str> = Vec::new();
+    for part in parts {
+        let dir = if part.is_dir {
+            Some(part.rel)
+        } else {
+            part.rel.rsplit_once('/').map(|(d, _)| d)
+        };
+        if let Some(d) = dir.filter(|d| !rels.contains(d)) {
+            rels.push(d);
+        }
+    }
+    let dirs = rels
         .iter()
         .map(|d| root.join(d).map(|p| p.to_string()))
         .collect::<crate::Result<Vec<_>>>()?;
@@ -363,6 +432,50 @@ mod tests {
         assert_eq!(r.artifact_name(), "pop223_driving_tinygrad.pkl");
     }
 
+    /// A v25 tree's pin is its marker and sync sends the seed's four parts; a tree declaring a
+    /// v26-contract generation (v26, or a made-up v27 inheriting that contract: the markers
+    /// are the contract's, not the generation's) records it in its sync file, and sync also
+    /// sends that file and the catalog's package, making their directories first.
+    #[test]
+    fn where_a_tree_records_its_pin_and_what_sync_sends() {
+        let root: RemotePath = "/data/openpilot".parse().unwrap();
+        let v25 = PinLocation::Marker;
+        assert_eq!(v25.rel(), "tinygrad_repo/TINYGRAD_COMMIT");
+        assert_eq!(v25.sync_parts(), SYNC_PARTS.to_vec());
+        let sha = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+        assert_eq!(v25.commit_in(format!("{sha}\n").as_bytes()).unwrap(), sha);
+        let markers = manifest::ContractName::V26.contract().tree.unwrap();
+        let v26 = PinLocation::Declared(markers);
+        assert_eq!(v26.rel(), "upstream-sync.json");
+        let sync = format!(
+            r#"{{"dependencies": [{{"path": "panda", "commit": "{}"}}, {{"path": "tinygrad_repo", "commit": "{sha}"}}]}}"#,
+            "0".repeat(40)
+        );
+        assert_eq!(v26.commit_in(sync.as_bytes()).unwrap(), sha);
+        // A marker's text is not a sync file.
+        let e = v26.commit_in(format!("{sha}\n").as_bytes()).unwrap_err();
+        assert!(e.contains("not JSON"), "{e}");
+        let parts = v26.sync_parts();
+        let rels: Vec<&str> = parts.iter().map(|p| p.rel).collect();
+        assert_eq!(
+            rels,
+            [
+                "tinygrad_repo",
+                "selfdrive/modeld",
+                "scripts/model_compiler.py",
+                "models",
+                "upstream-sync.json",
+                "starpilot/models"
+            ]
+        );
+        assert!(parts[5].is_dir && !parts[4].is_dir);
+        assert_eq!(
+            sync_mkdir_command(&root, &parts).unwrap(),
+            "mkdir -p /data/openpilot/tinygrad_repo /data/openpilot/selfdrive/modeld \
+             /data/openpilot/scripts /data/openpilot/starpilot/models"
+        );
+    }
+
     #[test]
     fn sync_and_dm_and_validate_command_lines() {
         let root: RemotePath = "/data/openpilot".parse().unwrap();
@@ -380,7 +493,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            sync_mkdir_command(&root).unwrap(),
+            sync_mkdir_command(&root, &SYNC_PARTS).unwrap(),
             "mkdir -p /data/openpilot/tinygrad_repo /data/openpilot/selfdrive/modeld \
              /data/openpilot/scripts"
         );

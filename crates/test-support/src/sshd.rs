@@ -329,7 +329,15 @@ def read(name):
             return f.read().strip()
     except FileNotFoundError:
         return None
+# The tinygrad it builds with, where the tree records it: upstream's compiler reads the
+# tinygrad_repo dependency of upstream-sync.json; the seed's tree has TINYGRAD_COMMIT.
 tinygrad = read("../tinygrad_repo/TINYGRAD_COMMIT") or "?"
+try:
+    import json
+    with open(os.path.join(root, "upstream-sync.json")) as f:
+        tinygrad = [d["commit"] for d in json.load(f)["dependencies"] if d.get("path") == "tinygrad_repo"][0]
+except (FileNotFoundError, ValueError, KeyError, IndexError):
+    pass
 print("standin compiler: tinygrad " + tinygrad, flush=True)
 os.makedirs(out_dir, exist_ok=True)
 if "--dm" in args:

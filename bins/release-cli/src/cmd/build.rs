@@ -28,8 +28,9 @@ pub struct RemoteArgs {
     /// Accept a compiler other than comma@192.168.3.110 (only with the release owner's approval).
     #[arg(long)]
     pub allow_other_compiler: bool,
-    /// The local openpilot tree; its tinygrad_repo/TINYGRAD_COMMIT is the pin unless
-    /// --tinygrad-commit is given.
+    /// The local openpilot tree; the tinygrad it records is the pin unless --tinygrad-commit is
+    /// given (upstream-sync.json in a tree that declares its generation, else
+    /// tinygrad_repo/TINYGRAD_COMMIT).
     #[arg(long, value_name = "DIR")]
     pub openpilot: Option<PathBuf>,
     /// The tinygrad commit the compiler must have (full 40-hex SHA).
@@ -45,8 +46,12 @@ pub struct RemoteArgs {
 
 impl RemoteArgs {
     pub fn pin(&self) -> CliResult<GitCommit> {
-        compiler_remote::resolve_pin(self.tinygrad_commit.clone(), self.openpilot.as_deref())
-            .map_err(remote_error)
+        // A tree that declares its generation records its tinygrad in its sync file
+        // (`release::tree::tree_pin`); any other tree in tinygrad_repo/TINYGRAD_COMMIT.
+        Ok(release::tree::resolve_pin(
+            self.tinygrad_commit.clone(),
+            self.openpilot.as_deref(),
+        )?)
     }
 
     pub fn connect_options(&self) -> ConnectOptions {
@@ -56,6 +61,11 @@ impl RemoteArgs {
             remote_root: self.remote_root.clone(),
             ssh_config: self.ssh_config.clone(),
             rsync: self.rsync.clone(),
+            // The compiler's tree records its tinygrad where the local tree does.
+            pin_location: self
+                .openpilot
+                .as_deref()
+                .map_or_else(Default::default, compiler_remote::pin_location),
             ..ConnectOptions::default()
         }
     }
@@ -426,9 +436,10 @@ pub fn sync(args: SyncArgs) -> CliResult {
         crate::outln!("synced {t}")?;
     }
     crate::outln!(
-        "ok: {}:{}/tinygrad_repo/TINYGRAD_COMMIT is {}",
+        "ok: {}:{}/{} records tinygrad {}",
         report.destination,
         report.remote_root,
+        compiler_remote::pin_location(&openpilot).rel(),
         report.tinygrad_commit
     )?;
     crate::outln!(
@@ -803,10 +814,11 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
             workspace: args.workspace.as_ref(),
         },
         || {
-            compiler_remote::resolve_pin(
+            release::tree::resolve_pin(
                 args.remote.tinygrad_commit.clone(),
                 args.remote.openpilot.as_deref(),
             )
+            .map_err(Box::new)
         },
         release::validate::CheckedOn::Ready,
     )
