@@ -640,16 +640,24 @@ fn builtin_takes_only_this_pins_stamped_and_receipted_model_and_writes_its_recei
     }
 }
 
-/// Set the device's reported p95 in the workspace's validation record of `pop223` (`None`:
-/// the device reported none).
+/// Set the device's reported p95 in the workspace's validation record of `pop223`, where
+/// upstream's v26 validator reports it (`cameras[i].inference_ms.p95`; the worst camera at
+/// `p95`, the other well within any bound), or (`None`) a report without timings under a
+/// top-level `p95_ms` that no validator writes.
 fn set_p95(r: &Release, p95: Option<f64>) {
     let path = release::Workspace::new(&r.workspace).validation(&"pop223".parse().unwrap());
     let mut rec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     match p95 {
-        Some(v) => rec["verdict"]["p95_ms"] = json!(v),
+        Some(v) => {
+            rec["verdict"]["cameras"] = json!([
+                {"passed": true, "camera": [1928, 1208], "inference_ms": {"p95": 1.0}},
+                {"passed": true, "camera": [1344, 760], "inference_ms": {"p95": v}}
+            ])
+        }
         None => {
-            rec["verdict"].as_object_mut().unwrap().remove("p95_ms");
+            rec["verdict"].as_object_mut().unwrap().remove("cameras");
+            rec["verdict"]["p95_ms"] = json!(12.5);
         }
     }
     std::fs::write(&path, serde_json::to_vec_pretty(&rec).unwrap()).unwrap();

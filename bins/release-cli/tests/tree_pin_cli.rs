@@ -144,6 +144,60 @@ fn builds_take_the_pin_where_the_tree_records_it_and_receipt_it() {
         let out = run(t.path(), &dm_args, &remote);
         assert_eq!(out.status.code(), Some(0), "{label}: {}", text(&out.stderr));
         let dm = t.path().join("dm");
+        // The device validation: under the v26 contract the validator is given the contract's
+        // bound (`--max-p95-ms 50`, as upstream's rebuild runs it) and fails a camera over it;
+        // v25 has no bound and gives none.
+        dev.set("p95_ms", "75");
+        let models_dir = dev.models_dir();
+        let validate = [
+            "validate",
+            "--python",
+            "python3",
+            "--remote-models-dir",
+            models_dir.to_str().unwrap(),
+            "--model",
+            "pop223",
+            "--version",
+            "v15",
+            "--artifact",
+            "out/pop223_driving_tinygrad.pkl",
+            "--record",
+            "v.json",
+            "--log",
+            "v.log",
+            "--openpilot",
+            op_s,
+        ];
+        let out = run(t.path(), &validate, &remote);
+        let calls = dev.validator_calls();
+        assert_eq!(
+            calls.len(),
+            1,
+            "{label}: {calls:?} {} {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        let record = receipt(&t.path().join("v.json"));
+        if declared.is_none() {
+            assert_eq!(out.status.code(), Some(0), "{label}: {}", text(&out.stderr));
+            assert!(!calls[0].contains("--max-p95-ms"), "{label}: {calls:?}");
+        } else {
+            let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+            assert_eq!(out.status.code(), Some(3), "{label}: {all}");
+            assert!(calls[0].ends_with("--max-p95-ms 50"), "{label}: {calls:?}");
+            assert!(
+                all.contains("no p95 latency for every camera"),
+                "{label}: {all}"
+            );
+            // The device's report, kept as its verdict: the cameras it failed over the bound.
+            assert_eq!(record["verdict"]["passed"], false, "{label}");
+            assert!(
+                record["verdict"]["cameras"][0]["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("exceeds 50.00 ms")),
+                "{label}: {record}"
+            );
+        }
         if declared.is_none() {
             assert!(!receipt_path.exists(), "v25 wrote a receipt");
             assert!(
@@ -209,21 +263,6 @@ fn builds_take_the_pin_where_the_tree_records_it_and_receipt_it() {
         let calls = dev.calls();
         let local = snapshot(t.path());
         let device = snapshot(&dev.remote_root());
-        let validate = [
-            "validate",
-            "--model",
-            "pop223",
-            "--version",
-            "v15",
-            "--artifact",
-            "out/pop223_driving_tinygrad.pkl",
-            "--record",
-            "v.json",
-            "--log",
-            "v.log",
-            "--openpilot",
-            op_s,
-        ];
         for args in [
             &["sync", "--openpilot", op_s][..],
             &compile[..],

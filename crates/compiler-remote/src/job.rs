@@ -82,6 +82,8 @@ pub struct ValidateJob {
     pub models_dir: RemotePath,
     pub python: String,
     pub log: PathBuf,
+    /// The p95 latency bound the validator is given (`None`: the contract has none).
+    pub latency_bound: Option<plan::LatencyBound>,
 }
 
 impl Plan {
@@ -245,6 +247,7 @@ impl ValidateJob {
             &self.python,
             &self.id,
             self.version,
+            self.latency_bound,
         ));
         p.run(plan::validate_cleanup_command(&self.models_dir, &set.name));
         p.writes.push(self.log.clone());

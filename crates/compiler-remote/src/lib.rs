@@ -46,7 +46,7 @@ pub use compiler::{
 pub use error::{Error, PinProblem, Result, Side, SourceProblem};
 pub use job::{CompileJob, DmJob, Plan, Step, ValidateJob};
 pub use outputs::FetchedArtifact;
-pub use plan::{CompileRequest, InputFormat, PinLocation};
+pub use plan::{CompileRequest, InputFormat, LatencyBound, PinLocation};
 pub use target::{DEFAULT_REMOTE_ROOT, Destination, RemotePath, SUPPORTED_COMPILER};
 
 use manifest::GitCommit;

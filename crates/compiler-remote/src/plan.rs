@@ -369,15 +369,28 @@ pub fn validate_cleanup_command(models_dir: &RemotePath, name: &str) -> String {
     format!("rm -f {m}/{q} {m}/{q}.*")
 }
 
-/// `cd ROOT && PYTHON scripts/validate_model_artifact.py --model ID --version vN`.
+/// The p95 latency bound a validator is given: its flag and the bound in milliseconds (the
+/// contract's, `manifest::contract::LatencyReport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatencyBound {
+    pub flag: &'static str,
+    pub ms: u32,
+}
+
+/// `cd ROOT && PYTHON scripts/validate_model_artifact.py --model ID --version vN`, and the
+/// latency bound's `FLAG MS` when there is one (the validator then fails a camera over it).
 pub fn validate_command(
     root: &RemotePath,
     python: &str,
     id: &ModelId,
     version: BehaviorVersion,
+    bound: Option<LatencyBound>,
 ) -> String {
+    let bound = bound.map_or(String::new(), |b| {
+        format!(" {} {}", shell_quote(b.flag), b.ms)
+    });
     format!(
-        "cd {} && {} scripts/validate_model_artifact.py --model {} --version {}",
+        "cd {} && {} scripts/validate_model_artifact.py --model {} --version {}{bound}",
         shell_quote(root.as_str()),
         shell_quote(python),
         shell_quote(id.as_str()),
@@ -519,10 +532,29 @@ mod tests {
                 &root,
                 "/usr/bin/python3",
                 &"x".parse().unwrap(),
-                "v3".parse().unwrap()
+                "v3".parse().unwrap(),
+                None
             ),
             "cd /data/openpilot && /usr/bin/python3 scripts/validate_model_artifact.py --model x \
              --version v3"
+        );
+        // Under a contract with a latency bound, the validator is given it (v26's table row:
+        // upstream's rebuild passes `--max-p95-ms 50`).
+        let v26 = manifest::ContractName::V26.contract();
+        let bound = LatencyBound {
+            flag: v26.validation_latency.unwrap().bound_flag,
+            ms: v26.validation_p95_ms.unwrap(),
+        };
+        assert_eq!(
+            validate_command(
+                &root,
+                "/usr/bin/python3",
+                &"x".parse().unwrap(),
+                "v3".parse().unwrap(),
+                Some(bound)
+            ),
+            "cd /data/openpilot && /usr/bin/python3 scripts/validate_model_artifact.py --model x \
+             --version v3 --max-p95-ms 50"
         );
     }
 

@@ -589,6 +589,7 @@ fn validate_returns_the_device_verdict() {
                 models_dir: models.clone(),
                 python: "python3".into(),
                 log: out.path().join("v.log"),
+                latency_bound: None,
             },
             &pin(),
             &mut |_| {},
@@ -706,6 +707,7 @@ fn each_real_run_executes_exactly_the_steps_its_dry_run_renders() {
         models_dir: dev.models_dir().to_str().unwrap().parse().unwrap(),
         python: "python3".into(),
         log: out.path().join("v.log"),
+        latency_bound: None,
     };
     let (plan, set) = dry_run::validate(&o, &job, &pin()).unwrap();
     let verdict = c.validate(&job, &pin(), &mut |_| {}).unwrap();

@@ -705,14 +705,6 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         workspace: args.workspace.as_ref(),
     })
     .map_err(validate_error)?;
-    let job = ValidateJob {
-        id: id.clone(),
-        version,
-        artifact: artifact.clone(),
-        models_dir: args.remote_models_dir.clone(),
-        python: args.python.clone(),
-        log: log.clone(),
-    };
     let pin = args.remote.pin()?;
     // The runtime gate before anything is sent: the artifact's stamp and build receipt.
     let contract = release::loadable::gate_validate(
@@ -722,6 +714,16 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         &release::tree::load_pins(args.remote.openpilot.as_deref())?,
         &pin,
     )?;
+    let job = ValidateJob {
+        id: id.clone(),
+        version,
+        artifact: artifact.clone(),
+        models_dir: args.remote_models_dir.clone(),
+        python: args.python.clone(),
+        log: log.clone(),
+        // The contract's latency bound, given to the validator as upstream's rebuild does.
+        latency_bound: release::loadable::latency_bound(contract),
+    };
     if args.dry_run {
         let (mut plan, set) =
             compiler_remote::dry_run::validate(&args.remote.connect_options(), &job, &pin)
@@ -746,14 +748,19 @@ pub fn validate(args: ValidateArgs) -> CliResult {
     release::records::write(&record, &rec).map_err(super::gate::release_error)?;
     // The p95 latency the device reported, against the contract's bound (the record keeps it
     // in the device's verdict; publish requires the bound again).
-    let p95_ms = release::loadable::reported_p95(&rec);
+    let p95_ms = release::loadable::reported_p95(&rec, contract);
     let over_bound = match (contract.validation_p95_ms, p95_ms) {
         (Some(bound), Some(p)) if p > f64::from(bound) => {
             Some(format!("p95 latency {p} ms is over the {bound} ms bound"))
         }
-        (Some(bound), None) => Some(format!(
-            "the device reported no p95 latency; the {} contract bounds it at {bound} ms",
+        (Some(bound), None) if rec.passed() => Some(format!(
+            "the device reported no p95 latency for every camera; the {} contract bounds it at \
+             {bound} ms",
             contract.name
+        )),
+        (Some(bound), None) => Some(format!(
+            "the device reported no p95 latency for every camera: its validator fails a camera \
+             over the {bound} ms bound or that it cannot run before reporting one"
         )),
         _ => None,
     };
