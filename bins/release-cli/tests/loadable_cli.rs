@@ -128,21 +128,21 @@ fn split(data: &[u8], dir: &Path, name: &str) {
     std::fs::remove_dir_all(&build).unwrap();
 }
 
-struct Release {
-    generation: &'static str,
-    pin: &'static str,
-    root: PathBuf,
-    artifacts: PathBuf,
-    manifest: PathBuf,
-    openpilot: PathBuf,
-    workspace: PathBuf,
+pub(crate) struct Release {
+    pub(crate) generation: &'static str,
+    pub(crate) pin: &'static str,
+    pub(crate) root: PathBuf,
+    pub(crate) artifacts: PathBuf,
+    pub(crate) manifest: PathBuf,
+    pub(crate) openpilot: PathBuf,
+    pub(crate) workspace: PathBuf,
 }
 
 impl Release {
     fn model_dir(&self) -> PathBuf {
         self.artifacts.join("pop223")
     }
-    fn models_dir(&self) -> PathBuf {
+    pub(crate) fn models_dir(&self) -> PathBuf {
         self.openpilot.join("selfdrive/modeld/models")
     }
 }
@@ -150,7 +150,7 @@ impl Release {
 /// A release of `pop223` (with an `amd` variant) for `generation` under the v26 contract: the
 /// tree's `tinygrad_pins.json` records the contract (v27 inherits it from v26), stamped
 /// artifacts with receipts, the tree's built-in and DM set with receipts, covering records.
-fn release(root: &Path, generation: &'static str) -> Release {
+pub(crate) fn release(root: &Path, generation: &'static str) -> Release {
     let pin = if generation == "v27" {
         V27_PIN
     } else {
@@ -219,7 +219,7 @@ fn release(root: &Path, generation: &'static str) -> Release {
     }
 }
 
-fn publish(r: &Release, store: &Path, extra: &[&str]) -> std::process::Output {
+pub(crate) fn publish(r: &Release, store: &Path, extra: &[&str]) -> std::process::Output {
     let mut a = vec![
         "publish",
         "--generation",
@@ -254,7 +254,7 @@ fn state(r: &Release, store: &Path) -> (Files, Option<Files>) {
 
 /// Make the change, publish (and dry-run), require a refusal naming `want`, and that nothing
 /// changed anywhere.
-fn assert_refused(r: &Release, change: impl FnOnce(&Release), want: &[&str]) {
+pub(crate) fn assert_refused(r: &Release, change: impl FnOnce(&Release), want: &[&str]) {
     change(r);
     let store = r.root.join("store");
     let before = state(r, &store);

@@ -254,6 +254,43 @@ fn builds_take_the_pin_where_the_tree_records_it_and_receipt_it() {
             assert_eq!(r["artifact_size"], data.len(), "{label} {name}");
         }
 
+        // Publish reads these receipts: the DM set `dm` wrote ships in a release of this
+        // generation, is refused (naming the receipt's revision) in a release of the other,
+        // and is refused (naming the digest) once a file is no longer the bytes its receipt
+        // names; nothing is uploaded.
+        let other = if label == "v26" { "v27" } else { "v26" };
+        let install_dm = |r: &crate::loadable_cli::Release| {
+            for e in fs::read_dir(&dm).unwrap() {
+                let e = e.unwrap();
+                fs::copy(e.path(), r.models_dir().join(e.file_name())).unwrap();
+            }
+        };
+        let p = tempfile::tempdir().unwrap();
+        let r = crate::loadable_cli::release(p.path(), label);
+        install_dm(&r);
+        let o = crate::loadable_cli::publish(&r, &p.path().join("store"), &[]);
+        assert!(o.status.success(), "{label}: {}", text(&o.stderr));
+        let p = tempfile::tempdir().unwrap();
+        let r = crate::loadable_cli::release(p.path(), other);
+        crate::loadable_cli::assert_refused(
+            &r,
+            install_dm,
+            &["DM file", "compiler_revision", revision],
+        );
+        let p = tempfile::tempdir().unwrap();
+        let r = crate::loadable_cli::release(p.path(), label);
+        crate::loadable_cli::assert_refused(
+            &r,
+            |r| {
+                install_dm(r);
+                let f = r.models_dir().join(manifest::layout::DM_FILES[0]);
+                let mut data = fs::read(&f).unwrap();
+                data.push(b'!');
+                fs::write(&f, data).unwrap();
+            },
+            &["DM file dmonitoring_model_tinygrad.pkl", "artifact_sha256"],
+        );
+
         // A marker that names another commit than the declaration: every build refuses before
         // connecting, naming both files and both values; nothing changes.
         write(
