@@ -28,8 +28,8 @@ pub struct RemoteArgs {
     /// Accept a compiler other than comma@192.168.3.110 (only with the release owner's approval).
     #[arg(long)]
     pub allow_other_compiler: bool,
-    /// The local openpilot tree; the tinygrad it records is the pin unless --tinygrad-commit is
-    /// given (upstream-sync.json in a tree that declares its generation, else
+    /// The local openpilot tree; without --tinygrad-commit the tinygrad it records is the pin
+    /// (upstream-sync.json in a tree that declares its generation, else
     /// tinygrad_repo/TINYGRAD_COMMIT).
     #[arg(long, value_name = "DIR")]
     pub openpilot: Option<PathBuf>,
