@@ -146,7 +146,7 @@ fn fetch_dir(out: &Path, name: &str) -> PathBuf {
     out.join(format!("{}fetch-{name}", chunker::atomic::TEMP_PREFIX))
 }
 
-/// `sync`: its `mkdir`, its transfers (the tree's [`plan::PinLocation::sync_parts`]), the
+/// `sync`: its `mkdir`, its transfers (the tree's [`crate::plan::PinLocation::sync_parts`]), the
 /// marker check, and the sync record.
 pub(crate) fn sync_plan(opts: &ConnectOptions, openpilot: &Path, pin: &GitCommit) -> Result<Plan> {
     let root = &opts.remote_root;

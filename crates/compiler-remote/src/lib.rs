@@ -5,8 +5,11 @@
 //!
 //! - [`Compiler::connect`] opens one SSH session through the system `ssh` (the `openssh` crate,
 //!   one ControlMaster, `~/.ssh/config` honoured) and checks rsync on both ends;
-//! - [`Compiler::sync`] runs the seed's four rsync transfers over that same master and then
-//!   checks `<remote-root>/tinygrad_repo/TINYGRAD_COMMIT` against the pin;
+//! - [`Compiler::sync`] runs the seed's four rsync transfers over that same master (plus, from a
+//!   tree that declares its generation, its `upstream-sync.json` and `starpilot/models/`:
+//!   [`PinLocation::sync_parts`]) and then checks the compiler's pin where the tree records it
+//!   (`<remote-root>/tinygrad_repo/TINYGRAD_COMMIT`, or the sync file's `tinygrad_repo`
+//!   dependency: [`PinLocation`]);
 //! - [`Compiler::compile`] builds one model: marker check first, an emptied staging directory
 //!   holding exactly that model's sources, `./models --<id> --version <vN>`, output streamed
 //!   live and saved to a log, outputs fetched and checked (chunk count, SHA-256) before they are

@@ -1,6 +1,6 @@
 //! A deterministic digest of a directory tree, and of exactly what `sync` sends.
 //!
-//! The digest is SHA-256 over one stream of entries, each part in [`plan::PinLocation::sync_parts`] order,
+//! The digest is SHA-256 over one stream of entries, each part in [`crate::plan::PinLocation::sync_parts`] order,
 //! the entries of a directory sorted by file name (bytes), depth first. An entry is its kind
 //! (file, directory, symlink, other), its permission bits (rsync `-a` keeps them), its path
 //! relative to the part's root, and for a file its size and the SHA-256 of its content, for a
