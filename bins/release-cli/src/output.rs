@@ -145,6 +145,7 @@ pub fn remote_error(e: compiler_remote::Error) -> CliError {
         E::Pin { .. } | E::TreeIncomplete { .. } | E::Source { .. } => CliError::usage(e),
         E::MarkerMissing { .. }
         | E::MarkerMismatch { .. }
+        | E::MarkerUnreadable { .. }
         | E::DigestMismatch { .. }
         | E::InvalidOutputs { .. }
         | E::MissingOutputs { .. }
@@ -183,6 +184,7 @@ impl From<release::Error> for CliError {
             | E::PublishInput(_) => EXIT_USAGE,
             E::Pins { .. }
             | E::GenerationSelector { .. }
+            | E::TreePinDisagrees { .. }
             | E::BumpRefused { .. }
             | E::BumpPinned { .. }
             | E::CheckoutAtOtherCommit { .. }

@@ -128,21 +128,21 @@ fn split(data: &[u8], dir: &Path, name: &str) {
     std::fs::remove_dir_all(&build).unwrap();
 }
 
-struct Release {
-    generation: &'static str,
-    pin: &'static str,
-    root: PathBuf,
-    artifacts: PathBuf,
-    manifest: PathBuf,
-    openpilot: PathBuf,
-    workspace: PathBuf,
+pub(crate) struct Release {
+    pub(crate) generation: &'static str,
+    pub(crate) pin: &'static str,
+    pub(crate) root: PathBuf,
+    pub(crate) artifacts: PathBuf,
+    pub(crate) manifest: PathBuf,
+    pub(crate) openpilot: PathBuf,
+    pub(crate) workspace: PathBuf,
 }
 
 impl Release {
     fn model_dir(&self) -> PathBuf {
         self.artifacts.join("pop223")
     }
-    fn models_dir(&self) -> PathBuf {
+    pub(crate) fn models_dir(&self) -> PathBuf {
         self.openpilot.join("selfdrive/modeld/models")
     }
 }
@@ -150,7 +150,7 @@ impl Release {
 /// A release of `pop223` (with an `amd` variant) for `generation` under the v26 contract: the
 /// tree's `tinygrad_pins.json` records the contract (v27 inherits it from v26), stamped
 /// artifacts with receipts, the tree's built-in and DM set with receipts, covering records.
-fn release(root: &Path, generation: &'static str) -> Release {
+pub(crate) fn release(root: &Path, generation: &'static str) -> Release {
     let pin = if generation == "v27" {
         V27_PIN
     } else {
@@ -219,7 +219,7 @@ fn release(root: &Path, generation: &'static str) -> Release {
     }
 }
 
-fn publish(r: &Release, store: &Path, extra: &[&str]) -> std::process::Output {
+pub(crate) fn publish(r: &Release, store: &Path, extra: &[&str]) -> std::process::Output {
     let mut a = vec![
         "publish",
         "--generation",
@@ -254,7 +254,7 @@ fn state(r: &Release, store: &Path) -> (Files, Option<Files>) {
 
 /// Make the change, publish (and dry-run), require a refusal naming `want`, and that nothing
 /// changed anywhere.
-fn assert_refused(r: &Release, change: impl FnOnce(&Release), want: &[&str]) {
+pub(crate) fn assert_refused(r: &Release, change: impl FnOnce(&Release), want: &[&str]) {
     change(r);
     let store = r.root.join("store");
     let before = state(r, &store);
@@ -640,16 +640,24 @@ fn builtin_takes_only_this_pins_stamped_and_receipted_model_and_writes_its_recei
     }
 }
 
-/// Set the device's reported p95 in the workspace's validation record of `pop223` (`None`:
-/// the device reported none).
+/// Set the device's reported p95 in the workspace's validation record of `pop223`, where
+/// upstream's v26 validator reports it (`cameras[i].inference_ms.p95`; the worst camera at
+/// `p95`, the other well within any bound), or (`None`) a report without timings under a
+/// top-level `p95_ms` that no validator writes.
 fn set_p95(r: &Release, p95: Option<f64>) {
     let path = release::Workspace::new(&r.workspace).validation(&"pop223".parse().unwrap());
     let mut rec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     match p95 {
-        Some(v) => rec["verdict"]["p95_ms"] = json!(v),
+        Some(v) => {
+            rec["verdict"]["cameras"] = json!([
+                {"passed": true, "camera": [1928, 1208], "inference_ms": {"p95": 1.0}},
+                {"passed": true, "camera": [1344, 760], "inference_ms": {"p95": v}}
+            ])
+        }
         None => {
-            rec["verdict"].as_object_mut().unwrap().remove("p95_ms");
+            rec["verdict"].as_object_mut().unwrap().remove("cameras");
+            rec["verdict"]["p95_ms"] = json!(12.5);
         }
     }
     std::fs::write(&path, serde_json::to_vec_pretty(&rec).unwrap()).unwrap();

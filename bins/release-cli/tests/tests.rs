@@ -18,3 +18,4 @@ mod rehearse_cli;
 mod release_contract;
 mod sign_cli;
 mod store_cli;
+mod tree_pin_cli;

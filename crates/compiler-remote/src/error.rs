@@ -168,6 +168,17 @@ pub enum Error {
     )]
     MarkerMissing { destination: String, path: String },
 
+    /// The compiler's record of its tinygrad (its tree's sync file) names no commit.
+    #[error(
+        "{destination}:{path} records no tinygrad commit ({problem}); refusing to build. Run \
+         `release-cli sync` with the right tree"
+    )]
+    MarkerUnreadable {
+        destination: String,
+        path: String,
+        problem: String,
+    },
+
     #[error(
         "tinygrad marker mismatch on {destination}:{path}: found {found:?}, expected {expected}; \
          refusing to build. Run `release-cli sync` with the right tree, or fix the pin"

@@ -82,6 +82,8 @@ pub struct ValidateJob {
     pub models_dir: RemotePath,
     pub python: String,
     pub log: PathBuf,
+    /// The p95 latency bound the validator is given (`None`: the contract has none).
+    pub latency_bound: Option<plan::LatencyBound>,
 }
 
 impl Plan {
@@ -111,7 +113,7 @@ impl Plan {
 
     fn check_marker(&mut self, opts: &ConnectOptions) -> Result<()> {
         self.steps.push(Step::CheckMarker {
-            path: opts.remote_root.join(plan::MARKER)?.to_string(),
+            path: opts.remote_root.join(opts.pin_location.rel())?.to_string(),
             expected: self.tinygrad_commit.to_string(),
         });
         Ok(())
@@ -144,12 +146,14 @@ fn fetch_dir(out: &Path, name: &str) -> PathBuf {
     out.join(format!("{}fetch-{name}", chunker::atomic::TEMP_PREFIX))
 }
 
-/// `sync`: its `mkdir`, its four transfers, the marker check, and the sync record.
+/// `sync`: its `mkdir`, its transfers (the tree's [`crate::plan::PinLocation::sync_parts`]), the
+/// marker check, and the sync record.
 pub(crate) fn sync_plan(opts: &ConnectOptions, openpilot: &Path, pin: &GitCommit) -> Result<Plan> {
     let root = &opts.remote_root;
     let mut p = Plan::new(opts, pin);
-    p.run(plan::sync_mkdir_command(root)?);
-    for part in plan::SYNC_PARTS {
+    let parts = crate::pin_location(openpilot).sync_parts();
+    p.run(plan::sync_mkdir_command(root, &parts)?);
+    for part in parts {
         let slash = if part.is_dir { "/" } else { "" };
         let mut from = openpilot.join(part.rel).into_os_string();
         from.push(slash);
@@ -243,6 +247,7 @@ impl ValidateJob {
             &self.python,
             &self.id,
             self.version,
+            self.latency_bound,
         ));
         p.run(plan::validate_cleanup_command(&self.models_dir, &set.name));
         p.writes.push(self.log.clone());

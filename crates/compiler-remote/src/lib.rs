@@ -5,8 +5,11 @@
 //!
 //! - [`Compiler::connect`] opens one SSH session through the system `ssh` (the `openssh` crate,
 //!   one ControlMaster, `~/.ssh/config` honoured) and checks rsync on both ends;
-//! - [`Compiler::sync`] runs the seed's four rsync transfers over that same master and then
-//!   checks `<remote-root>/tinygrad_repo/TINYGRAD_COMMIT` against the pin;
+//! - [`Compiler::sync`] runs the seed's four rsync transfers over that same master (plus, from a
+//!   tree that declares its generation, its `upstream-sync.json` and `starpilot/models/`:
+//!   [`PinLocation::sync_parts`]) and then checks the compiler's pin where the tree records it
+//!   (`<remote-root>/tinygrad_repo/TINYGRAD_COMMIT`, or the sync file's `tinygrad_repo`
+//!   dependency: [`PinLocation`]);
 //! - [`Compiler::compile`] builds one model: marker check first, an emptied staging directory
 //!   holding exactly that model's sources, `./models --<id> --version <vN>`, output streamed
 //!   live and saved to a log, outputs fetched and checked (chunk count, SHA-256) before they are
@@ -46,7 +49,7 @@ pub use compiler::{
 pub use error::{Error, PinProblem, Result, Side, SourceProblem};
 pub use job::{CompileJob, DmJob, Plan, Step, ValidateJob};
 pub use outputs::FetchedArtifact;
-pub use plan::{CompileRequest, InputFormat};
+pub use plan::{CompileRequest, InputFormat, LatencyBound, PinLocation};
 pub use target::{DEFAULT_REMOTE_ROOT, Destination, RemotePath, SUPPORTED_COMPILER};
 
 use manifest::GitCommit;
@@ -54,7 +57,21 @@ use manifest::GitCommit;
 /// The marker file in an openpilot tree, relative to its root.
 pub const MARKER_PATH: &str = plan::MARKER;
 
-/// Read the tinygrad pin recorded in a local openpilot tree.
+/// Where the openpilot tree at `openpilot` records its tinygrad: the sync file of a tree
+/// carrying a declaring contract's catalog module (a regular file), else the seed's marker.
+/// Only where: whether the declaration reads and agrees with the marker is
+/// `release::tree::tree_pin`'s to say.
+pub fn pin_location(openpilot: &Path) -> PinLocation {
+    manifest::contract::declaring_contracts()
+        .filter_map(|c| c.tree)
+        .find(|m| {
+            std::fs::symlink_metadata(openpilot.join(m.catalog_module)).is_ok_and(|md| md.is_file())
+        })
+        .map_or(PinLocation::Marker, PinLocation::Declared)
+}
+
+/// Read the tinygrad pin recorded in a local openpilot tree's marker (the seed's
+/// `tinygrad_repo/TINYGRAD_COMMIT`).
 pub fn read_tree_pin(openpilot: &Path) -> Result<GitCommit> {
     let path = openpilot.join(MARKER_PATH);
     // Bounded and non-blocking (a FIFO planted as the marker is an error, not a hang); a

@@ -210,6 +210,63 @@ pub const SYNC_PARTS: [SyncPart; 4] = [
     },
 ];
 
+/// Where a tree records the tinygrad it runs, on this machine and on the compiler alike: the
+/// seed's marker ([`MARKER`]), or, in a tree that declares its generation (upstream's catalog
+/// module, [`manifest::contract::TreeMarkers`]), the `commit` of the tinygrad dependency in its
+/// sync file (`upstream-sync.json`), which is where upstream's compiler takes the revision its
+/// build receipts name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PinLocation {
+    #[default]
+    Marker,
+    Declared(manifest::contract::TreeMarkers),
+}
+
+impl PinLocation {
+    /// The file, relative to the tree's root.
+    pub fn rel(&self) -> &'static str {
+        match self {
+            PinLocation::Marker => MARKER,
+            PinLocation::Declared(m) => m.sync_file,
+        }
+    }
+
+    /// The commit the file's bytes record (the marker's trimmed text; the sync file's
+    /// dependency), or why it records none.
+    pub fn commit_in(&self, bytes: &[u8]) -> std::result::Result<String, String> {
+        match self {
+            PinLocation::Marker => Ok(String::from_utf8_lossy(bytes).trim().to_string()),
+            PinLocation::Declared(m) => {
+                manifest::contract::parse_sync_file(bytes, m.tinygrad_dependency)
+                    .map(|c| c.to_string())
+            }
+        }
+    }
+
+    /// What `sync` sends from a tree whose pin is recorded here: the seed's four parts, and for
+    /// a tree that declares its generation its sync file (the compiler's receipts take their
+    /// revision from it) and the catalog module's package (upstream's compiler runs
+    /// `starpilot.models.compile` and reads the catalog from there).
+    pub fn sync_parts(&self) -> Vec<SyncPart> {
+        let mut parts = SYNC_PARTS.to_vec();
+        if let PinLocation::Declared(m) = self {
+            parts.push(SyncPart {
+                rel: m.sync_file,
+                is_dir: false,
+                options: &["-az"],
+            });
+            if let Some((package, _)) = m.catalog_module.rsplit_once('/') {
+                parts.push(SyncPart {
+                    rel: package,
+                    is_dir: true,
+                    options: &["-az", "--delete", "--exclude=__pycache__"],
+                });
+            }
+        }
+        parts
+    }
+}
+
 impl SyncPart {
     /// How `sync` reports it: `tinygrad_repo/ -> /data/openpilot/tinygrad_repo/ (--delete)`.
     pub fn describe(&self, dst: &RemotePath) -> String {
@@ -223,9 +280,21 @@ impl SyncPart {
     }
 }
 
-/// `mkdir -p` of the directories the sync transfers go into.
-pub fn sync_mkdir_command(root: &RemotePath) -> crate::Result<String> {
-    let dirs = ["tinygrad_repo", "selfdrive/modeld", "scripts"]
+/// `mkdir -p` of the directories the sync transfers of `parts` go into: each directory part
+/// and each file part's parent, once, in order.
+pub fn sync_mkdir_command(root: &RemotePath, parts: &[SyncPart]) -> crate::Result<String> {
+    let mut rels: Vec<&str> = Vec::new();
+    for part in parts {
+        let dir = if part.is_dir {
+            Some(part.rel)
+        } else {
+            part.rel.rsplit_once('/').map(|(d, _)| d)
+        };
+        if let Some(d) = dir.filter(|d| !rels.contains(d)) {
+            rels.push(d);
+        }
+    }
+    let dirs = rels
         .iter()
         .map(|d| root.join(d).map(|p| p.to_string()))
         .collect::<crate::Result<Vec<_>>>()?;
@@ -300,15 +369,28 @@ pub fn validate_cleanup_command(models_dir: &RemotePath, name: &str) -> String {
     format!("rm -f {m}/{q} {m}/{q}.*")
 }
 
-/// `cd ROOT && PYTHON scripts/validate_model_artifact.py --model ID --version vN`.
+/// The p95 latency bound a validator is given: its flag and the bound in milliseconds (the
+/// contract's, `manifest::contract::LatencyReport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatencyBound {
+    pub flag: &'static str,
+    pub ms: u32,
+}
+
+/// `cd ROOT && PYTHON scripts/validate_model_artifact.py --model ID --version vN`, and the
+/// latency bound's `FLAG MS` when there is one (the validator then fails a camera over it).
 pub fn validate_command(
     root: &RemotePath,
     python: &str,
     id: &ModelId,
     version: BehaviorVersion,
+    bound: Option<LatencyBound>,
 ) -> String {
+    let bound = bound.map_or(String::new(), |b| {
+        format!(" {} {}", shell_quote(b.flag), b.ms)
+    });
     format!(
-        "cd {} && {} scripts/validate_model_artifact.py --model {} --version {}",
+        "cd {} && {} scripts/validate_model_artifact.py --model {} --version {}{bound}",
         shell_quote(root.as_str()),
         shell_quote(python),
         shell_quote(id.as_str()),
@@ -363,6 +445,50 @@ mod tests {
         assert_eq!(r.artifact_name(), "pop223_driving_tinygrad.pkl");
     }
 
+    /// A v25 tree's pin is its marker and sync sends the seed's four parts; a tree declaring a
+    /// v26-contract generation (v26, or a made-up v27 inheriting that contract: the markers
+    /// are the contract's, not the generation's) records it in its sync file, and sync also
+    /// sends that file and the catalog's package, making their directories first.
+    #[test]
+    fn where_a_tree_records_its_pin_and_what_sync_sends() {
+        let root: RemotePath = "/data/openpilot".parse().unwrap();
+        let v25 = PinLocation::Marker;
+        assert_eq!(v25.rel(), "tinygrad_repo/TINYGRAD_COMMIT");
+        assert_eq!(v25.sync_parts(), SYNC_PARTS.to_vec());
+        let sha = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+        assert_eq!(v25.commit_in(format!("{sha}\n").as_bytes()).unwrap(), sha);
+        let markers = manifest::ContractName::V26.contract().tree.unwrap();
+        let v26 = PinLocation::Declared(markers);
+        assert_eq!(v26.rel(), "upstream-sync.json");
+        let sync = format!(
+            r#"{{"dependencies": [{{"path": "panda", "commit": "{}"}}, {{"path": "tinygrad_repo", "commit": "{sha}"}}]}}"#,
+            "0".repeat(40)
+        );
+        assert_eq!(v26.commit_in(sync.as_bytes()).unwrap(), sha);
+        // A marker's text is not a sync file.
+        let e = v26.commit_in(format!("{sha}\n").as_bytes()).unwrap_err();
+        assert!(e.contains("not JSON"), "{e}");
+        let parts = v26.sync_parts();
+        let rels: Vec<&str> = parts.iter().map(|p| p.rel).collect();
+        assert_eq!(
+            rels,
+            [
+                "tinygrad_repo",
+                "selfdrive/modeld",
+                "scripts/model_compiler.py",
+                "models",
+                "upstream-sync.json",
+                "starpilot/models"
+            ]
+        );
+        assert!(parts[5].is_dir && !parts[4].is_dir);
+        assert_eq!(
+            sync_mkdir_command(&root, &parts).unwrap(),
+            "mkdir -p /data/openpilot/tinygrad_repo /data/openpilot/selfdrive/modeld \
+             /data/openpilot/scripts /data/openpilot/starpilot/models"
+        );
+    }
+
     #[test]
     fn sync_and_dm_and_validate_command_lines() {
         let root: RemotePath = "/data/openpilot".parse().unwrap();
@@ -380,7 +506,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            sync_mkdir_command(&root).unwrap(),
+            sync_mkdir_command(&root, &SYNC_PARTS).unwrap(),
             "mkdir -p /data/openpilot/tinygrad_repo /data/openpilot/selfdrive/modeld \
              /data/openpilot/scripts"
         );
@@ -406,10 +532,29 @@ mod tests {
                 &root,
                 "/usr/bin/python3",
                 &"x".parse().unwrap(),
-                "v3".parse().unwrap()
+                "v3".parse().unwrap(),
+                None
             ),
             "cd /data/openpilot && /usr/bin/python3 scripts/validate_model_artifact.py --model x \
              --version v3"
+        );
+        // Under a contract with a latency bound, the validator is given it (v26's table row:
+        // upstream's rebuild passes `--max-p95-ms 50`).
+        let v26 = manifest::ContractName::V26.contract();
+        let bound = LatencyBound {
+            flag: v26.validation_latency.unwrap().bound_flag,
+            ms: v26.validation_p95_ms.unwrap(),
+        };
+        assert_eq!(
+            validate_command(
+                &root,
+                "/usr/bin/python3",
+                &"x".parse().unwrap(),
+                "v3".parse().unwrap(),
+                Some(bound)
+            ),
+            "cd /data/openpilot && /usr/bin/python3 scripts/validate_model_artifact.py --model x \
+             --version v3 --max-p95-ms 50"
         );
     }
 

@@ -155,6 +155,9 @@ pub struct ConnectOptions {
     /// The local rsync program.
     pub rsync: PathBuf,
     pub connect_timeout: Duration,
+    /// Where the compiler's tree records its tinygrad: as the local tree does
+    /// ([`crate::pin_location`]); the seed's marker when there is no local tree.
+    pub pin_location: crate::plan::PinLocation,
 }
 
 impl Default for ConnectOptions {
@@ -166,6 +169,7 @@ impl Default for ConnectOptions {
             ssh_config: None,
             rsync: PathBuf::from("rsync"),
             connect_timeout: Duration::from_secs(10),
+            pin_location: crate::plan::PinLocation::Marker,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! A deterministic digest of a directory tree, and of exactly what `sync` sends.
 //!
-//! The digest is SHA-256 over one stream of entries, each part in [`plan::SYNC_PARTS`] order,
+//! The digest is SHA-256 over one stream of entries, each part in [`crate::plan::PinLocation::sync_parts`] order,
 //! the entries of a directory sorted by file name (bytes), depth first. An entry is its kind
 //! (file, directory, symlink, other), its permission bits (rsync `-a` keeps them), its path
 //! relative to the part's root, and for a file its size and the SHA-256 of its content, for a
@@ -22,7 +22,7 @@ use chunker::{Hasher, Sha256Digest};
 use fs_err as fs;
 
 use crate::error::Result;
-use crate::plan::{self, SyncPart};
+use crate::plan::SyncPart;
 
 pub use crate::unsynced::TreeDigest;
 
@@ -38,7 +38,7 @@ pub fn excluded_names(part: &SyncPart) -> Vec<&'static str> {
 /// exclusions. A part that is missing is recorded as missing (sync itself refuses that tree).
 pub fn sync_digest(openpilot: &Path) -> Result<TreeDigest> {
     let mut d = Digester::default();
-    for part in plan::SYNC_PARTS {
+    for part in crate::pin_location(openpilot).sync_parts() {
         d.part(&openpilot.join(part.rel), part.rel, &excluded_names(&part))?;
     }
     Ok(d.finish())
@@ -309,10 +309,10 @@ mod tests {
         // TINYGRAD_COMMIT, extra/README, tensor.py, modeld.py, model_compiler.py, models.
         assert_eq!(sync_digest(t.path()).unwrap().files, 6);
         assert_eq!(
-            excluded_names(&plan::SYNC_PARTS[0]),
+            excluded_names(&crate::plan::SYNC_PARTS[0]),
             [".git", "__pycache__"]
         );
-        assert!(excluded_names(&plan::SYNC_PARTS[1]).is_empty());
+        assert!(excluded_names(&crate::plan::SYNC_PARTS[1]).is_empty());
         // A missing part is part of the digest, not an error.
         let t2 = tree();
         std::fs::remove_file(t2.path().join("models")).unwrap();

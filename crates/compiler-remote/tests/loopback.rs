@@ -137,6 +137,93 @@ fn sync_sends_the_four_parts_and_checks_the_marker() {
     }
 }
 
+/// A tree that declares a v26-contract generation (v26, and a made-up v27 inheriting the
+/// contract) records its tinygrad in `upstream-sync.json` alone: sync sends that file and the
+/// catalog's package, and the compiler's pin is read from the sync file there (no
+/// TINYGRAD_COMMIT anywhere). A compiler whose sync file names another commit, or none, is
+/// refused before `./models` runs.
+#[test]
+fn a_declared_tree_records_its_pin_in_its_sync_file_on_both_ends() {
+    let Some(sshd) = Sshd::start() else { return };
+    for (generation, revision) in [("v26", OTHER), ("v27", "2".repeat(40).leak() as &str)] {
+        let dev = DeviceRoot::new(None);
+        let local = tempfile::tempdir().unwrap();
+        openpilot_tree(local.path(), &dev, revision);
+        fs::remove_file(local.path().join("tinygrad_repo/TINYGRAD_COMMIT")).unwrap();
+        test_support::v26_checker::write_tree(
+            local.path(),
+            generation,
+            revision,
+            &[("sc2", "SC2", "v9", false, true)],
+        );
+        let location = compiler_remote::pin_location(local.path());
+        assert_eq!(location.rel(), "upstream-sync.json");
+        let o = ConnectOptions {
+            pin_location: location,
+            ..opts(&sshd, &dev)
+        };
+        let pin: GitCommit = revision.parse().unwrap();
+        let c = Compiler::connect(o.clone()).unwrap();
+        assert_eq!(c.read_marker().unwrap(), None);
+        let report = c.sync(local.path(), &pin).unwrap();
+        assert_eq!(report.transfers.len(), 6, "{:?}", report.transfers);
+        assert_eq!(report.tinygrad_commit, revision);
+        let r = dev.remote_root();
+        assert!(r.join("upstream-sync.json").is_file());
+        assert!(r.join("starpilot/models/catalog.py").is_file());
+        assert!(
+            r.join(format!("starpilot/models/catalog-{generation}.json"))
+                .is_file()
+        );
+        assert!(!r.join("tinygrad_repo/TINYGRAD_COMMIT").exists());
+        // The tree is what the sync sent (the digest covers the two new parts) ...
+        compiler_remote::synced::check_synced(
+            local.path(),
+            &o.destination.to_string(),
+            o.remote_root.as_str(),
+        )
+        .unwrap();
+        // ... and an edit of the catalog is a tree the compiler does not have.
+        fs::write(
+            local.path().join("starpilot/models/catalog.py"),
+            b"# edited\n",
+        )
+        .unwrap();
+        assert!(
+            compiler_remote::synced::check_synced(
+                local.path(),
+                &o.destination.to_string(),
+                o.remote_root.as_str()
+            )
+            .is_err()
+        );
+
+        // The compiler's sync file names another tinygrad, then none: refused, nothing ran.
+        let src = tempfile::tempdir().unwrap();
+        let s = onnx(src.path(), "driving_supercombo.onnx", b"onnx-a");
+        let out = tempfile::tempdir().unwrap();
+        let log = out.path().join("logs/sc2.log");
+        fs::write(
+            r.join("upstream-sync.json"),
+            format!(r#"{{"dependencies": [{{"path": "tinygrad_repo", "commit": "{PIN}"}}]}}"#),
+        )
+        .unwrap();
+        let job = compile_job(&request("sc2"), std::slice::from_ref(&s), out.path(), &log);
+        let err = c.compile(&job, &pin, &mut |_| {}).unwrap_err();
+        assert!(matches!(err, Error::MarkerMismatch { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("upstream-sync.json") && text.contains(PIN) && text.contains(revision),
+            "{text}"
+        );
+        fs::write(r.join("upstream-sync.json"), b"{}").unwrap();
+        let err = c.compile(&job, &pin, &mut |_| {}).unwrap_err();
+        assert!(matches!(err, Error::MarkerUnreadable { .. }), "{err}");
+        assert!(err.to_string().contains("no `dependencies`"), "{err}");
+        assert!(dev.calls().is_empty(), "./models ran: {:?}", dev.calls());
+    }
+}
+
 #[test]
 fn compile_refuses_on_a_wrong_or_missing_marker_before_models_runs() {
     let Some(sshd) = Sshd::start() else { return };
@@ -502,6 +589,7 @@ fn validate_returns_the_device_verdict() {
                 models_dir: models.clone(),
                 python: "python3".into(),
                 log: out.path().join("v.log"),
+                latency_bound: None,
             },
             &pin(),
             &mut |_| {},
@@ -619,6 +707,7 @@ fn each_real_run_executes_exactly_the_steps_its_dry_run_renders() {
         models_dir: dev.models_dir().to_str().unwrap().parse().unwrap(),
         python: "python3".into(),
         log: out.path().join("v.log"),
+        latency_bound: None,
     };
     let (plan, set) = dry_run::validate(&o, &job, &pin()).unwrap();
     let verdict = c.validate(&job, &pin(), &mut |_| {}).unwrap();

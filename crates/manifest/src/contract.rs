@@ -150,6 +150,43 @@ pub struct StampRule {
     pub behavior_version_key: &'static str,
 }
 
+/// The device validator's latency bound and report, as upstream's v26 rebuild runs its
+/// validator (`scripts/validate_driving_model.py … --max-p95-ms 50`): the bound is a flag of
+/// the validator, which fails a camera whose p95 is over it, and its report holds one result
+/// per camera resolution with its inference timings in milliseconds
+/// (`cameras[i].inference_ms.p95`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatencyReport {
+    /// The validator's flag taking the bound in milliseconds.
+    pub bound_flag: &'static str,
+    /// The report's list of per-camera results.
+    pub cameras_key: &'static str,
+    /// A camera result's timings object.
+    pub timing_key: &'static str,
+    /// The p95 inside the timings.
+    pub p95_key: &'static str,
+}
+
+impl LatencyReport {
+    /// The p95 a validator's report states, pure: the highest p95 over its cameras, or `None`
+    /// when it states none for some camera (a camera the validator failed before timing it,
+    /// no camera at all, a value that is not a finite non-negative number). A bound holds only
+    /// where every camera was timed.
+    pub fn p95_of(&self, report: &Value) -> Option<f64> {
+        let cameras = report.get(self.cameras_key)?.as_array()?;
+        let mut worst: Option<f64> = None;
+        for c in cameras {
+            let p = c
+                .get(self.timing_key)?
+                .get(self.p95_key)?
+                .as_f64()
+                .filter(|v| v.is_finite() && *v >= 0.0)?;
+            worst = Some(worst.map_or(p, |w| w.max(p)));
+        }
+        worst
+    }
+}
+
 /// What a tree that declares this contract carries (upstream's v26 catalog module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TreeMarkers {
@@ -245,6 +282,9 @@ pub struct Contract {
     pub load_receipt: Option<LoadReceiptRule>,
     /// The device validation's p95 latency bound, in milliseconds.
     pub validation_p95_ms: Option<u32>,
+    /// How the device validator is given that bound and where its report holds the p95
+    /// (present exactly when there is a bound).
+    pub validation_latency: Option<LatencyReport>,
     /// What a tree declaring this contract carries; `None` for a contract no tree declares (v25).
     pub tree: Option<TreeMarkers>,
     /// The per-generation root's files and formats ([`DeviceLayout::PerGeneration`]).
@@ -309,6 +349,7 @@ pub const CONTRACTS: [Contract; 2] = [
         build_receipts: false,
         load_receipt: None,
         validation_p95_ms: None,
+        validation_latency: None,
         tree: None,
         generation_files: None,
     },
@@ -373,6 +414,12 @@ pub const CONTRACTS: [Contract; 2] = [
             gpu_variant: "chestnut",
         }),
         validation_p95_ms: Some(50),
+        validation_latency: Some(LatencyReport {
+            bound_flag: "--max-p95-ms",
+            cameras_key: "cameras",
+            timing_key: "inference_ms",
+            p95_key: "p95",
+        }),
         tree: Some(TreeMarkers {
             catalog_module: "starpilot/models/catalog.py",
             catalog_json: "starpilot/models/catalog-{gen}.json",
@@ -732,6 +779,45 @@ mod tests {
                 );
                 assert_ne!(f.standard_variant, c.accelerator.key);
             }
+        }
+    }
+
+    /// A contract bounds latency exactly when it says how to pass the bound and read the p95.
+    /// The p95 is read where upstream's validator writes it (the highest over the cameras); a
+    /// top-level `p95_ms` (which no validator writes), a camera without timings (failed before
+    /// it was timed, e.g. over the bound), none at all or a value that is no latency state
+    /// nothing.
+    #[test]
+    fn where_a_validation_report_states_its_p95() {
+        for c in &CONTRACTS {
+            assert_eq!(
+                c.validation_p95_ms.is_some(),
+                c.validation_latency.is_some(),
+                "{}",
+                c.name
+            );
+        }
+        let r = ContractName::V26.contract().validation_latency.unwrap();
+        assert_eq!(r.bound_flag, "--max-p95-ms");
+        let cam = |p: Value| serde_json::json!({"passed": true, "camera": [1928, 1208], "inference_ms": {"min": 1.0, "median": 2.0, "p95": p, "max": 40.0}});
+        for (report, want) in [
+            (
+                serde_json::json!({"passed": true, "cameras": [cam(12.5.into()), cam(31.25.into())]}),
+                Some(31.25),
+            ),
+            (serde_json::json!({"cameras": [cam(0.into())]}), Some(0.0)),
+            (serde_json::json!({"passed": true, "p95_ms": 12.5}), None),
+            (serde_json::json!({"cameras": []}), None),
+            (
+                serde_json::json!({"cameras": [cam(12.5.into()), {"passed": false, "camera": [1344, 760],
+                    "error": "ValueError: p95 latency 75.00 ms exceeds 50.00 ms"}]}),
+                None,
+            ),
+            (serde_json::json!({"cameras": [cam((-1).into())]}), None),
+            (serde_json::json!({"cameras": [cam("12".into())]}), None),
+            (serde_json::json!({"cameras": {"a": cam(1.into())}}), None),
+        ] {
+            assert_eq!(r.p95_of(&report), want, "{report}");
         }
     }
 

@@ -168,6 +168,29 @@ pub enum Error {
         problems: Vec<String>,
     },
 
+    /// A tree that declares its generation (upstream's catalog module) records its tinygrad
+    /// (the generation's compiler revision) in its sync file, and its tinygrad marker names
+    /// another commit: which one the compiler builds with would be a guess.
+    #[error(
+        "{}: holds {found:?}, but {} records tinygrad {declared} for the tree's {generation} \
+         (the compiler revision every artifact and receipt must name); the two must agree and \
+         nothing was run or written. next: write {declared} into {} (or remove it: this tree \
+         records its tinygrad in {} alone), or correct {} if {declared} is not the tinygrad the \
+         tree runs",
+        marker.display(),
+        sync_file.display(),
+        marker.display(),
+        sync_file.display(),
+        sync_file.display()
+    )]
+    TreePinDisagrees {
+        marker: PathBuf,
+        found: String,
+        sync_file: PathBuf,
+        declared: GitCommit,
+        generation: Generation,
+    },
+
     /// `tinygrad bump` would record a pair the pin rules refuse.
     #[error("tinygrad bump refused: {refusal}")]
     BumpRefused { refusal: manifest::PinRefusal },

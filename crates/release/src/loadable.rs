@@ -485,16 +485,19 @@ pub fn gate_validate(
 
 // ---- the latency bound --------------------------------------------------------------------
 
-/// The key of the device verdict's p95 inference latency, in milliseconds (a number at the
-/// verdict's top level; `validate` keeps the verdict unchanged in its record).
-pub const P95_KEY: &str = "p95_ms";
+/// The p95 latency the device reported in a validation record, read where the contract's
+/// validator writes it (`validate` keeps the device's report unchanged in its record as its
+/// verdict); `None` when it reported none, or the contract has no latency report.
+pub fn reported_p95(rec: &crate::gate::ValidationRecord, contract: &Contract) -> Option<f64> {
+    contract.validation_latency?.p95_of(&rec.verdict)
+}
 
-/// The p95 latency the device reported in a validation record, when it did.
-pub fn reported_p95(rec: &crate::gate::ValidationRecord) -> Option<f64> {
-    rec.verdict
-        .get(P95_KEY)
-        .and_then(serde_json::Value::as_f64)
-        .filter(|v| v.is_finite() && *v >= 0.0)
+/// The latency bound `validate` gives the device validator under `contract`.
+pub fn latency_bound(contract: &Contract) -> Option<compiler_remote::LatencyBound> {
+    Some(compiler_remote::LatencyBound {
+        flag: contract.validation_latency?.bound_flag,
+        ms: contract.validation_p95_ms?,
+    })
 }
 
 /// Why a validation does not let a model ship under its contract.
@@ -577,7 +580,7 @@ pub fn gate_validation(
             contract,
             &artifact,
             receipt.as_ref(),
-            rec.map(|r| (&r.artifact_sha256, reported_p95(r))),
+            rec.map(|r| (&r.artifact_sha256, reported_p95(r, contract))),
         )
         .map_err(|p| match p {
             ValidationProblem::OverBound { p95_ms, bound_ms } => Error::LatencyBound {
@@ -594,7 +597,11 @@ pub fn gate_validation(
                         "no device validation of the artifact that ships ({artifact})"
                     ),
                     ValidationProblem::NoLatency { bound_ms } => format!(
-                        "the device validation reports no p95 latency (\"{P95_KEY}\"); the {} contract bounds it at {bound_ms} ms",
+                        "the device validation reports no p95 latency for every camera ({}); the {} contract bounds it at {bound_ms} ms",
+                        contract.validation_latency.map_or(String::new(), |l| format!(
+                            "\"{}\"[].\"{}\".\"{}\"",
+                            l.cameras_key, l.timing_key, l.p95_key
+                        )),
                         contract.name
                     ),
                     ValidationProblem::Digests {

@@ -40,10 +40,14 @@ pub fn check(openpilot: &Path) -> Result<GitCommit> {
             reason: "it has no ./dev script".into(),
         });
     }
-    let pin = compiler_remote::read_tree_pin(openpilot).map_err(|e| Error::NotACheckout {
-        openpilot: openpilot.to_path_buf(),
-        reason: e.to_string(),
-    })?;
+    // The tree's tinygrad where the tree records it (its sync file when it declares its
+    // generation, else its marker).
+    let pin = crate::tree::tree_pin(openpilot)
+        .map(|p| p.commit)
+        .map_err(|e| Error::NotACheckout {
+            openpilot: openpilot.to_path_buf(),
+            reason: e.to_string(),
+        })?;
     // The tests are of the tree that ships: it must select the generation of its tinygrad.
     crate::tree::check_selectors(openpilot)?;
     Ok(pin)

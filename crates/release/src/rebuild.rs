@@ -81,6 +81,7 @@ pub fn stops_the_run(e: &compiler_remote::Error) -> bool {
         e,
         E::MarkerMismatch { .. }
             | E::MarkerMissing { .. }
+            | E::MarkerUnreadable { .. }
             | E::Connect { .. }
             | E::HostKeyNotKnown { .. }
             | E::Ssh { .. }

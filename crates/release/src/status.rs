@@ -206,8 +206,8 @@ fn cell(cell: &Cell, gap: Option<&Gap>, by: &str) -> CellStatus {
 
 fn tree_status(op: &Path) -> Result<TreeStatus> {
     let pins = crate::tree::load_pins(Some(op))?;
-    let (tinygrad_commit, problem) = match compiler_remote::read_tree_pin(op) {
-        Ok(p) => (Some(p), None),
+    let (tinygrad_commit, problem) = match crate::tree::tree_pin(op) {
+        Ok(p) => (Some(p.commit), None),
         Err(e) => (None, Some(e.to_string())),
     };
     let pin_generation = tinygrad_commit.as_ref().and_then(|p| pins.owner_of(p));

@@ -101,6 +101,94 @@ pub fn tree_declaration(openpilot: &Path) -> Result<Option<TreeDeclaration>> {
     Ok(None)
 }
 
+// ---- the tinygrad a tree runs -------------------------------------------------------------
+
+/// Where the tinygrad pin of the tree at hand is recorded, and the pin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreePin {
+    pub commit: GitCommit,
+    /// The file that records it: the sync file of a tree that declares its generation, else
+    /// `tinygrad_repo/TINYGRAD_COMMIT`.
+    pub recorded_in: PathBuf,
+    /// The tree's declaration, when it makes one.
+    pub declared: Option<TreeDeclaration>,
+}
+
+/// The decision, pure: a tree that declares its generation records its compiler revision in
+/// its sync file (`declared`); a marker (`tinygrad_repo/TINYGRAD_COMMIT`, as read, `None`
+/// when absent) beside it must name the same commit or nothing can be built from it (`Err`
+/// with what the marker holds). A tree that declares nothing has only its marker: `None`
+/// here, and the marker's own reader says what is wrong with it.
+pub fn declared_pin(
+    declared: Option<&GitCommit>,
+    marker: Option<&str>,
+) -> std::result::Result<Option<GitCommit>, String> {
+    match (declared, marker) {
+        (None, _) => Ok(None),
+        (Some(d), Some(m)) if m.trim() != d.as_str() => Err(m.trim().to_string()),
+        (Some(d), _) => Ok(Some(d.clone())),
+    }
+}
+
+/// The tinygrad the tree at `openpilot` runs, the pin every release-side reader (`sync`,
+/// `compile`, `dm`, `validate`, `builtin`, `preflight`, `rehearse`, `status`) builds and judges
+/// with: for a tree that declares its generation (upstream's catalog module), the compiler
+/// revision its sync file records ([`load_tree`]), refused when `tinygrad_repo/TINYGRAD_COMMIT`
+/// names another ([`Error::TreePinDisagrees`]); for any other tree, its marker.
+pub fn tree_pin(openpilot: &Path) -> Result<TreePin> {
+    let (_, declared) = load_tree(Some(openpilot))?;
+    let marker_path = openpilot.join(compiler_remote::MARKER_PATH);
+    let marker = compiler_remote::read_tree_pin(openpilot);
+    let Some(d) = declared else {
+        return Ok(TreePin {
+            commit: marker?,
+            recorded_in: marker_path,
+            declared: None,
+        });
+    };
+    let found = match &marker {
+        Ok(c) => Some(c.to_string()),
+        Err(compiler_remote::Error::Pin {
+            problem: compiler_remote::PinProblem::MarkerMissing,
+            ..
+        }) => None,
+        Err(compiler_remote::Error::Pin {
+            problem: compiler_remote::PinProblem::NotACommit { found, .. },
+            ..
+        }) => Some(found.clone()),
+        Err(_) => return Err(marker.unwrap_err().into()),
+    };
+    let markers = d
+        .contract
+        .contract()
+        .tree
+        .expect("a declaring contract names its tree markers");
+    let sync_file = openpilot.join(markers.sync_file);
+    match declared_pin(Some(&d.compiler_revision), found.as_deref()) {
+        Ok(commit) => Ok(TreePin {
+            commit: commit.unwrap_or_else(|| d.compiler_revision.clone()),
+            recorded_in: sync_file,
+            declared: Some(d),
+        }),
+        Err(found) => Err(Error::TreePinDisagrees {
+            marker: marker_path,
+            found,
+            sync_file,
+            declared: d.compiler_revision.clone(),
+            generation: d.generation,
+        }),
+    }
+}
+
+/// The pin to build with: `--tinygrad-commit` when given, else [`tree_pin`] of `--openpilot`.
+pub fn resolve_pin(explicit: Option<GitCommit>, openpilot: Option<&Path>) -> Result<GitCommit> {
+    match (explicit, openpilot) {
+        (Some(c), _) => Ok(c),
+        (None, Some(dir)) => Ok(tree_pin(dir)?.commit),
+        (None, None) => Ok(compiler_remote::resolve_pin(None, None)?),
+    }
+}
+
 /// The built-in pins plus those recorded in `tinygrad_pins.json`.
 fn load_recorded_pins(openpilot: Option<&Path>) -> Result<PinTable> {
     let mut pins = PinTable::builtin();
@@ -644,12 +732,13 @@ pub fn selector_problems(selectors: &[Selector], generation: Generation) -> Vec<
         .collect()
 }
 
-/// The generation the tree runs (the one whose pin its tinygrad marker is) and what its
+/// The generation the tree runs (the one whose pin its recorded tinygrad is) and what its
 /// selectors get wrong about it ([`selector_problems`]); `None` when the marker is missing or
 /// no generation's pin (other checks name that).
 pub fn tree_generation(openpilot: &Path) -> Result<Option<(Generation, Vec<String>)>> {
     let pins = load_pins(Some(openpilot))?;
-    let Ok(marker) = compiler_remote::read_tree_pin(openpilot) else {
+    // The tinygrad where the tree records it (its sync file when it declares its generation).
+    let Ok(marker) = tree_pin(openpilot).map(|p| p.commit) else {
         return Ok(None);
     };
     let Some(generation) = pins.owner_of(&marker) else {
@@ -980,7 +1069,7 @@ fn builtin_gate(
     // its sync file; any other tree in tinygrad_repo/TINYGRAD_COMMIT.
     let (pins, declared) = load_tree(Some(openpilot))?;
     let pin = match declared {
-        Some(d) => Some(d.compiler_revision),
+        Some(_) => Some(tree_pin(openpilot)?.commit),
         None => tree_marker(openpilot)?,
     };
     let contract = match &pin {
@@ -998,6 +1087,96 @@ mod tests {
 
     const V25: &str = "e837e367aac9e1a66e689f4f32ce20ca9367df13";
     const NEW: &str = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+
+    /// The agreement rule, as a table: no declaration leaves the marker to its own reader; a
+    /// declaration's revision is the pin when the marker is absent or names it, refused (with
+    /// what the marker holds) when it names anything else.
+    #[test]
+    fn a_declared_revision_and_the_marker_must_agree() {
+        let d: GitCommit = NEW.parse().unwrap();
+        for (declared, marker, want) in [
+            (None, None, Ok(None)),
+            (None, Some(V25), Ok(None)),
+            (Some(&d), None, Ok(Some(d.clone()))),
+            (Some(&d), Some(NEW), Ok(Some(d.clone()))),
+            (Some(&d), Some(&format!("{NEW}\n")[..]), Ok(Some(d.clone()))),
+            (Some(&d), Some(V25), Err(V25.to_string())),
+            (Some(&d), Some("9d0446a"), Err("9d0446a".to_string())),
+        ] {
+            assert_eq!(
+                declared_pin(declared, marker),
+                want,
+                "{declared:?} {marker:?}"
+            );
+        }
+    }
+
+    /// Where each tree's pin comes from: a v25 tree's marker; a v26 tree's and a made-up v27
+    /// tree's sync file, with or without a marker that agrees; refused, naming both files and
+    /// both values, when the marker names another commit; `resolve_pin` the same unless
+    /// `--tinygrad-commit` is given.
+    #[test]
+    fn the_pin_comes_from_where_the_tree_records_it() {
+        let rows = [("sc2", "SC2", "v9", false, true)];
+        let v25 = tempfile::tempdir().unwrap();
+        fs::create_dir_all(v25.path().join("tinygrad_repo")).unwrap();
+        let marker = v25.path().join("tinygrad_repo/TINYGRAD_COMMIT");
+        fs::write(&marker, format!("{V25}\n")).unwrap();
+        let p = tree_pin(v25.path()).unwrap();
+        assert_eq!((p.commit.as_str(), &p.recorded_in), (V25, &marker));
+        assert!(p.declared.is_none());
+        fs::remove_file(&marker).unwrap();
+        assert!(matches!(
+            tree_pin(v25.path()),
+            Err(Error::Compiler(compiler_remote::Error::Pin { .. }))
+        ));
+        for (generation, revision) in [("v26", NEW), ("v27", &"2".repeat(40)[..])] {
+            let t = tempfile::tempdir().unwrap();
+            test_support::v26_checker::write_tree(t.path(), generation, revision, &rows);
+            let sync_file = t.path().join("upstream-sync.json");
+            // Only upstream-sync.json records it.
+            let p = tree_pin(t.path()).unwrap();
+            assert_eq!(p.commit.as_str(), revision, "{generation}");
+            assert_eq!(p.recorded_in, sync_file);
+            assert_eq!(p.declared.unwrap().generation.to_string(), generation);
+            assert_eq!(
+                resolve_pin(None, Some(t.path())).unwrap().as_str(),
+                revision
+            );
+            // A marker that agrees changes nothing.
+            let marker = t.path().join("tinygrad_repo/TINYGRAD_COMMIT");
+            fs::create_dir_all(marker.parent().unwrap()).unwrap();
+            fs::write(&marker, format!("{revision}\n")).unwrap();
+            assert_eq!(tree_pin(t.path()).unwrap().commit.as_str(), revision);
+            // One that names another commit is refused, naming both files and values.
+            fs::write(&marker, format!("{V25}\n")).unwrap();
+            let e = tree_pin(t.path()).unwrap_err();
+            assert!(matches!(e, Error::TreePinDisagrees { .. }), "{e:?}");
+            let text = e.to_string();
+            for want in [
+                &marker.display().to_string()[..],
+                &sync_file.display().to_string()[..],
+                V25,
+                revision,
+                generation,
+                "next:",
+            ] {
+                assert!(text.contains(want), "{want} not in {text}");
+            }
+            assert!(resolve_pin(None, Some(t.path())).is_err());
+            // --tinygrad-commit is the pin as given.
+            let given: GitCommit = V25.parse().unwrap();
+            assert_eq!(
+                resolve_pin(Some(given.clone()), Some(t.path())).unwrap(),
+                given
+            );
+            // The built-in's gate reads the pin the same way: refused before the artifact is
+            // read (it does not even exist).
+            fs::create_dir_all(t.path().join(BUILTIN_DIR)).unwrap();
+            let e = builtin(&t.path().join("missing.pkl"), t.path(), true, |_, _| {}).unwrap_err();
+            assert!(matches!(e, Error::TreePinDisagrees { .. }), "{e:?}");
+        }
+    }
 
     /// A tree carrying the catalog module declares its generation's pin and contract through
     /// `load_pins`; a made-up v27 tree is a v26-contract generation; a pin recorded in

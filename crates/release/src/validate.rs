@@ -123,7 +123,7 @@ pub struct CheckFlags<'a> {
 /// made on ([`CheckedOn`]) are looked up only once the flags are accepted.
 pub fn check_record(
     f: &CheckFlags<'_>,
-    pin: impl FnOnce() -> compiler_remote::Result<GitCommit>,
+    pin: impl FnOnce() -> std::result::Result<GitCommit, Box<crate::Error>>,
     artifacts: CheckedOn,
 ) -> Result<(PathBuf, CheckRecord)> {
     let kind = f.kind;
@@ -175,7 +175,7 @@ pub fn check_record(
         resolution: f.resolution,
         model: f.model.cloned(),
         passed: f.passed,
-        tinygrad_commit: pin()?,
+        tinygrad_commit: pin().map_err(|e| *e)?,
         checked_by,
         checked_at: UtcTime::now(),
         note: note.to_string(),

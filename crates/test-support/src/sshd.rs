@@ -329,7 +329,15 @@ def read(name):
             return f.read().strip()
     except FileNotFoundError:
         return None
+# The tinygrad it builds with, where the tree records it: upstream's compiler reads the
+# tinygrad_repo dependency of upstream-sync.json; the seed's tree has TINYGRAD_COMMIT.
 tinygrad = read("../tinygrad_repo/TINYGRAD_COMMIT") or "?"
+try:
+    import json
+    with open(os.path.join(root, "upstream-sync.json")) as f:
+        tinygrad = [d["commit"] for d in json.load(f)["dependencies"] if d.get("path") == "tinygrad_repo"][0]
+except (FileNotFoundError, ValueError, KeyError, IndexError):
+    pass
 print("standin compiler: tinygrad " + tinygrad, flush=True)
 os.makedirs(out_dir, exist_ok=True)
 if "--dm" in args:
@@ -448,12 +456,18 @@ print("wrote %d chunk(s)" % n, flush=True)
 /// camera resolution (`resolutions."<W>x<H>"`: `passed` and `finite.<output>`, the contract
 /// docs/release.md describes). The `nonfinite` knob (`<W>x<H> <output>`) makes that output
 /// non-finite at that resolution; the `p95_ms` knob is the p95 inference latency the device
-/// measured, reported as the verdict's `p95_ms` (absent without the knob).
+/// measured, reported as upstream's v26 validator (`scripts/validate_driving_model.py`) reports
+/// it: `cameras[i].inference_ms.p95` per camera (absent without the knob), and a camera over
+/// the `--max-p95-ms` bound given fails with an `error` and no timings, as upstream's does.
 const VALIDATOR_STANDIN: &str = r#"#!/usr/bin/env python3
 import hashlib, json, os, sys
 args = sys.argv[1:]
 model = args[args.index("--model") + 1]
 version = args[args.index("--version") + 1]
+bound = float(args[args.index("--max-p95-ms") + 1]) if "--max-p95-ms" in args else None
+os.makedirs(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".standin"), exist_ok=True)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".standin", "validate.log"), "a") as f:
+    f.write(" ".join(args) + "\n")
 here = os.path.dirname(os.path.abspath(__file__))
 models = os.path.join(here, "..", "..", "models")
 knob = os.path.join(here, "..", ".standin", "nonfinite")
@@ -472,10 +486,20 @@ try:
     for r in ("1928x1208", "1344x760"):
         finite = {o: ok and bad != [r, o] for o in ("plan", "lane_lines", "road_edges", "lead", "pose", "action")}
         res[r] = {"passed": all(finite.values()), "finite": finite}
-    passed = all(v["passed"] for v in res.values())
-    verdict = {"model": model, "version": version, "passed": passed, "artifact_sha256": h.hexdigest(), "resolutions": res}
+    cameras = []
     if latency is not None:
-        verdict["p95_ms"] = latency
+        for r in ("1928x1208", "1344x760"):
+            camera = [int(x) for x in r.split("x")]
+            if bound is not None and latency > bound:
+                cameras.append({"passed": False, "camera": camera,
+                                "error": "ValueError: p95 latency %.2f ms exceeds %.2f ms" % (latency, bound)})
+            else:
+                cameras.append({"passed": res[r]["passed"], "camera": camera,
+                                "inference_ms": {"min": latency / 2, "median": latency * 0.8, "p95": latency, "max": latency * 1.1}})
+    passed = all(v["passed"] for v in res.values()) and all(c["passed"] for c in cameras)
+    verdict = {"model": model, "version": version, "passed": passed, "artifact_sha256": h.hexdigest(), "resolutions": res}
+    if cameras:
+        verdict["cameras"] = cameras
     print(json.dumps(verdict))
 except FileNotFoundError as e:
     print(json.dumps({"model": model, "version": version, "passed": False, "error": str(e)}))
@@ -528,6 +552,15 @@ impl DeviceRoot {
 
     pub fn clear(&self, knob: &str) {
         let _ = fs::remove_file(self.remote_root().join(".standin").join(knob));
+    }
+
+    /// Every validator call so far, its arguments one line each.
+    pub fn validator_calls(&self) -> Vec<String> {
+        fs::read_to_string(self.remote_root().join(".standin/validate.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
     }
 
     /// Every `./models` call so far, one line each: `<args> | inputs=<staged files>`.

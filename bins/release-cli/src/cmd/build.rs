@@ -28,8 +28,9 @@ pub struct RemoteArgs {
     /// Accept a compiler other than comma@192.168.3.110 (only with the release owner's approval).
     #[arg(long)]
     pub allow_other_compiler: bool,
-    /// The local openpilot tree; its tinygrad_repo/TINYGRAD_COMMIT is the pin unless
-    /// --tinygrad-commit is given.
+    /// The local openpilot tree; without --tinygrad-commit the tinygrad it records is the pin
+    /// (upstream-sync.json in a tree that declares its generation, else
+    /// tinygrad_repo/TINYGRAD_COMMIT).
     #[arg(long, value_name = "DIR")]
     pub openpilot: Option<PathBuf>,
     /// The tinygrad commit the compiler must have (full 40-hex SHA).
@@ -45,8 +46,12 @@ pub struct RemoteArgs {
 
 impl RemoteArgs {
     pub fn pin(&self) -> CliResult<GitCommit> {
-        compiler_remote::resolve_pin(self.tinygrad_commit.clone(), self.openpilot.as_deref())
-            .map_err(remote_error)
+        // A tree that declares its generation records its tinygrad in its sync file
+        // (`release::tree::tree_pin`); any other tree in tinygrad_repo/TINYGRAD_COMMIT.
+        Ok(release::tree::resolve_pin(
+            self.tinygrad_commit.clone(),
+            self.openpilot.as_deref(),
+        )?)
     }
 
     pub fn connect_options(&self) -> ConnectOptions {
@@ -56,6 +61,11 @@ impl RemoteArgs {
             remote_root: self.remote_root.clone(),
             ssh_config: self.ssh_config.clone(),
             rsync: self.rsync.clone(),
+            // The compiler's tree records its tinygrad where the local tree does.
+            pin_location: self
+                .openpilot
+                .as_deref()
+                .map_or_else(Default::default, compiler_remote::pin_location),
             ..ConnectOptions::default()
         }
     }
@@ -426,9 +436,10 @@ pub fn sync(args: SyncArgs) -> CliResult {
         crate::outln!("synced {t}")?;
     }
     crate::outln!(
-        "ok: {}:{}/tinygrad_repo/TINYGRAD_COMMIT is {}",
+        "ok: {}:{}/{} records tinygrad {}",
         report.destination,
         report.remote_root,
+        compiler_remote::pin_location(&openpilot).rel(),
         report.tinygrad_commit
     )?;
     crate::outln!(
@@ -694,14 +705,6 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         workspace: args.workspace.as_ref(),
     })
     .map_err(validate_error)?;
-    let job = ValidateJob {
-        id: id.clone(),
-        version,
-        artifact: artifact.clone(),
-        models_dir: args.remote_models_dir.clone(),
-        python: args.python.clone(),
-        log: log.clone(),
-    };
     let pin = args.remote.pin()?;
     // The runtime gate before anything is sent: the artifact's stamp and build receipt.
     let contract = release::loadable::gate_validate(
@@ -711,6 +714,16 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         &release::tree::load_pins(args.remote.openpilot.as_deref())?,
         &pin,
     )?;
+    let job = ValidateJob {
+        id: id.clone(),
+        version,
+        artifact: artifact.clone(),
+        models_dir: args.remote_models_dir.clone(),
+        python: args.python.clone(),
+        log: log.clone(),
+        // The contract's latency bound, given to the validator as upstream's rebuild does.
+        latency_bound: release::loadable::latency_bound(contract),
+    };
     if args.dry_run {
         let (mut plan, set) =
             compiler_remote::dry_run::validate(&args.remote.connect_options(), &job, &pin)
@@ -735,14 +748,19 @@ pub fn validate(args: ValidateArgs) -> CliResult {
     release::records::write(&record, &rec).map_err(super::gate::release_error)?;
     // The p95 latency the device reported, against the contract's bound (the record keeps it
     // in the device's verdict; publish requires the bound again).
-    let p95_ms = release::loadable::reported_p95(&rec);
+    let p95_ms = release::loadable::reported_p95(&rec, contract);
     let over_bound = match (contract.validation_p95_ms, p95_ms) {
         (Some(bound), Some(p)) if p > f64::from(bound) => {
             Some(format!("p95 latency {p} ms is over the {bound} ms bound"))
         }
-        (Some(bound), None) => Some(format!(
-            "the device reported no p95 latency; the {} contract bounds it at {bound} ms",
+        (Some(bound), None) if rec.passed() => Some(format!(
+            "the device reported no p95 latency for every camera; the {} contract bounds it at \
+             {bound} ms",
             contract.name
+        )),
+        (Some(bound), None) => Some(format!(
+            "the device reported no p95 latency for every camera: its validator fails a camera \
+             over the {bound} ms bound or that it cannot run before reporting one"
         )),
         _ => None,
     };
@@ -803,10 +821,11 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
             workspace: args.workspace.as_ref(),
         },
         || {
-            compiler_remote::resolve_pin(
+            release::tree::resolve_pin(
                 args.remote.tinygrad_commit.clone(),
                 args.remote.openpilot.as_deref(),
             )
+            .map_err(Box::new)
         },
         release::validate::CheckedOn::Ready,
     )

@@ -66,7 +66,12 @@ pub fn run(args: RebuildArgs) -> CliResult {
         .map_err(crate::cmd::build::remote_error)?;
     let pin = args.remote.pin()?;
     let pin_from = match (&args.remote.tinygrad_commit, &args.remote.openpilot) {
-        (None, Some(op)) => op.join(compiler_remote::MARKER_PATH).display().to_string(),
+        // The file the tree records its tinygrad in (its sync file when it declares its
+        // generation), as `pin` read it.
+        (None, Some(op)) => op
+            .join(compiler_remote::pin_location(op).rel())
+            .display()
+            .to_string(),
         _ => "--tinygrad-commit".to_string(),
     };
     release::rebuild::check_tree(

@@ -100,7 +100,11 @@ pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf
             .collect();
         let verdict = serde_json::json!({
             "model": e.id().as_str(), "version": version.to_string(), "passed": true,
-            "artifact_sha256": sha.to_string(), "resolutions": resolutions, "p95_ms": 12.5,
+            "artifact_sha256": sha.to_string(), "resolutions": resolutions,
+            "cameras": [
+                {"passed": true, "camera": [1928, 1208], "inference_ms": {"p95": 12.5}},
+                {"passed": true, "camera": [1344, 760], "inference_ms": {"p95": 11.0}}
+            ],
             "fixture": "written by the test, not by a device"
         });
         let rec = ValidationRecord {

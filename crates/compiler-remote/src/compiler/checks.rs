@@ -7,7 +7,6 @@ use fs_err as fs;
 use crate::error::{Error, Result, SourceProblem};
 use crate::job::{ValidateJob, artifact_dir_and_name};
 use crate::outputs::{self, FetchedArtifact};
-use crate::plan;
 
 /// The chunk set `validate` sends, checked locally: its verified files, or the validator
 /// refusal naming the job's artifact (the real run and the dry run both).
@@ -25,7 +24,7 @@ pub(crate) fn release_set_to_validate(job: &ValidateJob) -> Result<FetchedArtifa
 
 /// The parts of the openpilot tree `sync` sends are all there.
 pub(crate) fn check_tree(openpilot: &Path) -> Result<()> {
-    for part in plan::SYNC_PARTS {
+    for part in crate::pin_location(openpilot).sync_parts() {
         let p = openpilot.join(part.rel);
         let ok = if part.is_dir { p.is_dir() } else { p.exists() };
         if !ok {

@@ -15,14 +15,22 @@ use crate::synced::{self, SyncRecord};
 use crate::tree_digest::sync_digest;
 
 impl Compiler {
-    /// The compiler's tinygrad marker, trimmed; `None` when the file is absent.
+    /// The commit the compiler's tree records where the local tree does
+    /// ([`crate::PinLocation`]: the seed's marker, trimmed, or the sync file's tinygrad
+    /// dependency); `None` when the file is absent.
     pub fn read_marker(&self) -> Result<Option<String>> {
-        let marker = self.root_join(plan::MARKER)?;
+        let location = self.opts.pin_location;
+        let marker = self.root_join(location.rel())?;
         let out = self.run(&plan::read_marker_command(&marker))?;
         match out.status.code() {
-            Some(0) => Ok(Some(
-                String::from_utf8_lossy(&out.stdout).trim().to_string(),
-            )),
+            Some(0) => location
+                .commit_in(&out.stdout)
+                .map(Some)
+                .map_err(|problem| Error::MarkerUnreadable {
+                    destination: self.dest(),
+                    path: marker.to_string(),
+                    problem,
+                }),
             Some(3) => Ok(None),
             _ => Err(Error::RemoteCommand {
                 destination: self.dest(),
@@ -35,7 +43,7 @@ impl Compiler {
 
     /// Refuse unless the compiler's marker equals `pin`.
     pub fn check_marker(&self, pin: &GitCommit) -> Result<()> {
-        let path = self.root_join(plan::MARKER)?.to_string();
+        let path = self.root_join(self.opts.pin_location.rel())?.to_string();
         match self.read_marker()? {
             None => Err(Error::MarkerMissing {
                 destination: self.dest(),
@@ -63,7 +71,7 @@ impl Compiler {
         synced::remove_record(openpilot)?;
         exec.run()?;
         let mut transfers = Vec::new();
-        for part in plan::SYNC_PARTS {
+        for part in crate::pin_location(openpilot).sync_parts() {
             let slash = if part.is_dir { "/" } else { "" };
             exec.send(&format!("of {}{slash}", part.rel))?;
             transfers.push(part.describe(&root.join(part.rel)?));

@@ -310,8 +310,8 @@ pub fn judge_release(
         ),
         (_, Err(e)) => problems.push(format!("the openpilot tree's tinygrad: {e}")),
         (Some(m), Ok(t)) if m != t => problems.push(format!(
-            "the manifest is pinned to {m}, the openpilot tree's tinygrad_repo/TINYGRAD_COMMIT \
-             is {t}: a device on this tree refuses the manifest"
+            "the manifest is pinned to {m}, the openpilot tree runs tinygrad {t} (as the tree \
+             records it): a device on this tree refuses the manifest"
         )),
         _ => {}
     }

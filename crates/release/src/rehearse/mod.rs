@@ -391,7 +391,9 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
     // The runtime gate before anything is staged: every driving artifact's stamp and every
     // build receipt (the tree's built-in and DM set too), for contracts that have them.
     crate::loadable::gate_publish(&m, &opts.artifacts, Some(&opts.openpilot), &pins, g)?;
-    let tree_pin = compiler_remote::read_tree_pin(&opts.openpilot).map_err(|e| e.to_string());
+    let tree_pin = crate::tree::tree_pin(&opts.openpilot)
+        .map(|p| p.commit)
+        .map_err(|e| e.to_string());
     let mut checks = vec![judge::judge_release(
         g,
         pin.as_ref(),
