@@ -135,7 +135,9 @@ impl Store for LocalStore {
         let dir = dest
             .parent()
             .expect("store paths have a parent under the root");
-        fs::create_dir_all(dir)?;
+        // A first write creates the store's directories: each is fsynced up to the one that
+        // existed, or a power cut could keep this file's manifest and lose its directory.
+        atomic::create_dir_all_durable(dir)?;
         let mut tmp = AtomicFile::create(&dest)?;
         // The source is any stream (an HTTP body, another store's file): name the destination.
         let n = copy_reporting(src, tmp.file(), report).map_err(|source| Error::StoreRead {
