@@ -453,8 +453,8 @@ impl GithubStore {
                         "{behind} commit(s) behind {}/{}, and not all of them are publish commits (\"{subject}\" is not one: a publish commit writes or removes exactly the file its subject names); look at them with `git -C {} log HEAD..{remote_ref}`, then run `git -C {} merge --ff-only {remote_ref}` and rerun",
                         self.remote,
                         self.branch,
-                        self.checkout.display(),
-                        self.checkout.display()
+                        shell_word(&self.checkout.display().to_string()),
+                        shell_word(&self.checkout.display().to_string())
                     ))),
                 };
             }
@@ -739,6 +739,20 @@ fn is_resumable(subjects: &str) -> bool {
     any
 }
 
+/// `word` as one shell word: as it is when it holds only characters no shell treats
+/// specially, else single-quoted. Pure.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@%".contains(&b));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
 /// Of the commits a checkout lacks (`git log --format=%x1e%s --name-only --no-renames
 /// HEAD..origin/<branch>`), the subject of the first that is not a publish commit of this store
 /// (`Publish <path>` or `Remove <path>` changing exactly that branch-layout file, nothing
@@ -952,6 +966,13 @@ mod tests {
         ));
         assert!(!is_resumable(""));
         assert!(!is_resumable("Publish a\nmy own fix"));
+    }
+
+    #[test]
+    fn paths_in_printed_commands_are_one_shell_word() {
+        assert_eq!(shell_word("/srv/Models"), "/srv/Models");
+        assert_eq!(shell_word("/srv/my models"), "'/srv/my models'");
+        assert_eq!(shell_word("/srv/it's"), "'/srv/it'\\''s'");
     }
 
     #[test]

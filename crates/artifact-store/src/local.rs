@@ -1,7 +1,9 @@
 //! The local directory store: the embedded default, the origin `serve` publishes, and the
 //! stand-in for a bucket in tests. Every write goes through `chunker::atomic` (temp file in the
 //! same directory, fsync, rename, fsync the directory), so a crash leaves the old file or the
-//! new one and a stray `.tmp-*` at worst, which listings skip.
+//! new one and a stray `.tmp-*` at worst, which listings skip. The directories a write creates
+//! (the store's own on a first publish) are fsynced up to the one that existed
+//! (`atomic::create_dir_all_durable`), so a power cut cannot keep a file and lose its directory.
 
 use fs_err::{self as fs, File};
 use std::io::{self, Read};
