@@ -91,6 +91,83 @@ pub struct Unpushed {
 /// CPU spent for nothing; the push now sends the packed bytes as they are (issue 27 item 5).
 const BIG_FILE_THRESHOLD: &str = "core.bigFileThreshold=1m";
 
+/// Every git command of the store also runs with these (git 2.36 or later; Debian bookworm
+/// ships 2.39): git fsyncs each object, pack, ref and the index it writes before renaming it
+/// into place (its default fsyncs packs only, so after a power cut a ref could name an empty
+/// object file). git syncs no directory: [`GithubStore::after_git`] makes each command's
+/// renames durable (docs/release.md, "Power loss").
+const GIT_FSYNC: [&str; 2] = ["core.fsync=all", "core.fsyncMethod=fsync"];
+
+/// The `-c NAME=VALUE` arguments every git command of the store runs with.
+fn git_config_args() -> Vec<&'static str> {
+    let mut out = vec!["-c", BIG_FILE_THRESHOLD];
+    for c in GIT_FSYNC {
+        out.extend(["-c", c]);
+    }
+    out
+}
+
+/// A checkout's directories (its `.git` included), each with its entries (name, inode), read
+/// with readdir alone: what a git command changed is where these differ ([`dirs_changed`]).
+pub type Listing =
+    std::collections::BTreeMap<PathBuf, std::collections::BTreeSet<(std::ffi::OsString, u64)>>;
+
+fn listing(root: &Path) -> Listing {
+    use std::os::unix::fs::DirEntryExt;
+    let mut out = Listing::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut entries = std::collections::BTreeSet::new();
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            }
+            entries.insert((e.file_name(), e.ino()));
+        }
+        out.insert(dir, entries);
+    }
+    out
+}
+
+/// The directories of the checkout `root` whose entries differ between two listings (an
+/// entry added, removed, or renamed over: a new inode under an old name), and the new ones, in
+/// the order they must be synced: the object store first, then the working tree, then the refs
+/// and `.git` itself (index, HEAD, packed-refs), so that no ref is durable before the objects
+/// it names; deepest first within each, so that a new directory is durable before its entry
+/// in its parent. Pure.
+pub fn dirs_changed(root: &Path, before: &Listing, after: &Listing) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = after
+        .iter()
+        .filter(|(dir, entries)| before.get(*dir) != Some(*entries))
+        .map(|(dir, _)| dir.clone())
+        .collect();
+    let rank = |d: &Path| {
+        let rel = d.strip_prefix(root).unwrap_or(d);
+        let group = if rel.starts_with(".git/objects") {
+            0
+        } else if rel.starts_with(".git/refs") || rel == Path::new(".git") {
+            2
+        } else {
+            1
+        };
+        (group, std::cmp::Reverse(rel.components().count()))
+    };
+    out.sort_by_key(|d| rank(d));
+    out
+}
+
+/// Whether `git SUBCOMMAND` may write in the checkout (objects, refs, the index, the working
+/// tree), so that the store syncs what it wrote. Pure.
+fn git_writes(subcommand: &str) -> bool {
+    !matches!(
+        subcommand,
+        "rev-parse" | "symbolic-ref" | "log" | "rev-list" | "cat-file" | "diff" | "show"
+    )
+}
+
 /// Most bytes of committed files that wait for a push ([`push_due`]): a quarter of a
 /// GiB, far under GitHub's 2 GiB per push, and several 45 MiB chunks per push.
 pub const PUSH_BATCH_BYTES: u64 = 256 << 20;
@@ -364,6 +441,37 @@ impl GithubStore {
             if behind == "0" && is_resumable(&subjects) {
                 return self.push(&mut |_| {});
             }
+            // A power cut after a push reached the origin can take the checkout's own record
+            // of it (its commits, its refs) away: the checkout is then behind an origin that
+            // holds exactly our publish commits, and catching up is finishing the publish.
+            if ahead == "0" {
+                let log = self.git([
+                    "log",
+                    "--format=%x1e%s",
+                    "--name-only",
+                    "--no-renames",
+                    &format!("HEAD..{remote_ref}"),
+                ])?;
+                return match theirs_behind(&log) {
+                    None => {
+                        self.git(["merge", "--ff-only", "--quiet", &remote_ref])?;
+                        tracing::info!(
+                            "caught {} up with the {behind} publish commit(s) {}/{} already took",
+                            self.checkout.display(),
+                            self.remote,
+                            self.branch
+                        );
+                        Ok(())
+                    }
+                    Some(subject) => Err(self.refuse(format!(
+                        "{behind} commit(s) behind {}/{}, and not all of them are publish commits (\"{subject}\" is not one: a publish commit writes or removes exactly the file its subject names); look at them with `git -C {} log HEAD..{remote_ref}`, then run `git -C {} merge --ff-only {remote_ref}` and rerun",
+                        self.remote,
+                        self.branch,
+                        shell_word(&self.checkout.display().to_string()),
+                        shell_word(&self.checkout.display().to_string())
+                    ))),
+                };
+            }
             return Err(self.refuse(format!(
                 "not in sync with {}/{}: {ahead} commit(s) ahead, {behind} behind; run `git pull --ff-only` or push first",
                 self.remote, self.branch
@@ -408,11 +516,12 @@ impl GithubStore {
     /// the rest is the error text when git fails.
     fn git_streaming(&self, args: &[&str], on_segment: &mut dyn FnMut(&str) -> bool) -> Result<()> {
         use std::process::Stdio;
+        let before = self.before_git(args);
         let mut child = self
             .git_command()
             .arg("-C")
             .arg(&self.checkout)
-            .args(["-c", BIG_FILE_THRESHOLD])
+            .args(git_config_args())
             .args(args)
             .env("GIT_TERMINAL_PROMPT", "0")
             .stdin(Stdio::null())
@@ -445,6 +554,7 @@ impl GithubStore {
             .wait()
             .and_then(|s| read.map(|()| s))
             .map_err(|source| self.git_failed(source))?;
+        self.after_git(args, before)?;
         if !status.success() {
             return Err(Error::Git {
                 checkout: self.checkout.clone(),
@@ -476,16 +586,18 @@ impl GithubStore {
         S: AsRef<OsStr>,
     {
         let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+        let before = self.before_git(&args);
         let out = self
             .git_command()
             .arg("-C")
             .arg(&self.checkout)
-            .args(["-c", BIG_FILE_THRESHOLD])
+            .args(git_config_args())
             .args(&args)
             // Never wait for a password prompt: fail and say so.
             .env("GIT_TERMINAL_PROMPT", "0")
             .output()
             .map_err(|source| self.git_failed(source))?;
+        self.after_git(&args, before)?;
         if !out.status.success() {
             return Err(Error::Git {
                 checkout: self.checkout.clone(),
@@ -499,6 +611,38 @@ impl GithubStore {
             });
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Before a git command: the checkout's directories and their entries when the command
+    /// may write ([`git_writes`]), for [`after_git`](Self::after_git) to sync what changed.
+    fn before_git<S: AsRef<OsStr>>(&self, args: &[S]) -> Option<Listing> {
+        let writes = args
+            .first()
+            .and_then(|a| a.as_ref().to_str())
+            .is_none_or(git_writes);
+        writes.then(|| listing(&self.checkout))
+    }
+
+    /// After a git command (ended well or not): announce it to a crash-enumeration observer
+    /// (with the `-c` settings it ran with), then fsync every directory of the checkout whose
+    /// entries it changed (deepest first). git fsyncs the files it writes (`core.fsync`) but no
+    /// directory, so under strict POSIX the renames of its objects, refs and index, and the
+    /// directories it creates, are durable only then; each command's effects are durable
+    /// before the next one starts.
+    fn after_git<S: AsRef<OsStr>>(&self, args: &[S], before: Option<Listing>) -> Result<()> {
+        let mut all: Vec<std::ffi::OsString> =
+            git_config_args().into_iter().map(Into::into).collect();
+        all.extend(args.iter().map(|a| a.as_ref().to_owned()));
+        chunker::effects::note(chunker::effects::Effect::Ran {
+            dir: &self.checkout,
+            args: &all,
+        });
+        if let Some(before) = before {
+            for dir in dirs_changed(&self.checkout, &before, &listing(&self.checkout)) {
+                chunker::atomic::sync_dir(&dir)?;
+            }
+        }
+        Ok(())
     }
 
     /// `git` could not be started (not installed, no such checkout directory).
@@ -532,6 +676,7 @@ impl GithubStore {
             .git_command()
             .arg("-C")
             .arg(&self.checkout)
+            .args(git_config_args())
             .args(["diff", "--cached", "--quiet", "--", rel.as_str()])
             .status()
             .map_err(|source| self.git_failed(source))?
@@ -606,6 +751,47 @@ fn is_resumable(subjects: &str) -> bool {
         }
     }
     any
+}
+
+/// `word` as one shell word: as it is when it holds only characters no shell treats
+/// specially, else single-quoted. Pure.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@%".contains(&b));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+/// Of the commits a checkout lacks (`git log --format=%x1e%s --name-only --no-renames
+/// HEAD..origin/<branch>`), the subject of the first that is not a publish commit of this store
+/// (`Publish <path>` or `Remove <path>` changing exactly that branch-layout file, nothing
+/// else); `None` when every one is, so catching up is finishing our own publish. Pure.
+pub fn theirs_behind(log: &str) -> Option<String> {
+    for record in log.split('\x1e').filter(|r| !r.trim().is_empty()) {
+        let mut lines = record.lines();
+        let subject = lines.next().unwrap_or_default().trim().to_string();
+        let files: Vec<&str> = lines.map(str::trim).filter(|l| !l.is_empty()).collect();
+        let named = subject
+            .strip_prefix("Publish ")
+            .or_else(|| subject.strip_prefix("Remove "));
+        let ours = named.is_some_and(|path| {
+            files == [path]
+                && path
+                    .parse::<StorePath>()
+                    .ok()
+                    .and_then(|p| github_to_bucket(&p))
+                    .is_some()
+        });
+        if !ours {
+            return Some(subject);
+        }
+    }
+    None
 }
 
 /// Whether a segment of `git push --progress`'s stderr is one of its progress phases (left out
@@ -794,6 +980,136 @@ mod tests {
         ));
         assert!(!is_resumable(""));
         assert!(!is_resumable("Publish a\nmy own fix"));
+    }
+
+    #[test]
+    fn paths_in_printed_commands_are_one_shell_word() {
+        assert_eq!(shell_word("/srv/Models"), "/srv/Models");
+        assert_eq!(shell_word("/srv/my models"), "'/srv/my models'");
+        assert_eq!(shell_word("/srv/it's"), "'/srv/it'\\''s'");
+    }
+
+    #[test]
+    fn only_our_own_publish_commits_are_caught_up_with() {
+        let pub_ = |path: &str| format!("\x1ePublish {path}\n\n{path}\n");
+        let rm = |path: &str| format!("\x1eRemove {path}\n\n{path}\n");
+        for generation in ["v25", "v26", "v27"] {
+            let chunk = format!("{generation}/wm9/wm9_driving_tinygrad.pkl.chunk01of03");
+            let set = format!("{generation}/wm9/wm9_driving_tinygrad.pkl.chunkmanifest");
+            let manifest = format!("model_names_{generation}.json");
+            for (log, want) in [
+                (String::new(), None),
+                (pub_(&manifest), None),
+                (
+                    format!("{}{}{}", pub_(&manifest), pub_(&set), rm(&chunk)),
+                    None,
+                ),
+                // Someone's commit, a publish subject over other files, a file outside the
+                // branch layout, a merge (no files listed): not ours.
+                (
+                    format!("{}\x1emy own fix\n\nREADME.md\n", pub_(&set)),
+                    Some("my own fix"),
+                ),
+                (
+                    format!("\x1ePublish {set}\n\n{set}\nREADME.md\n"),
+                    Some(&format!("Publish {set}")[..]),
+                ),
+                (
+                    "\x1ePublish notes.txt\n\nnotes.txt\n".to_string(),
+                    Some("Publish notes.txt"),
+                ),
+                (
+                    format!("\x1ePublish {manifest}\n"),
+                    Some(&format!("Publish {manifest}")[..]),
+                ),
+            ] {
+                assert_eq!(theirs_behind(&log).as_deref(), want, "{log:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_directories_a_git_command_changed_are_synced_deepest_first() {
+        let l = |dirs: &[(&str, &[(&str, u64)])]| -> Listing {
+            dirs.iter()
+                .map(|(d, es)| {
+                    (
+                        PathBuf::from(d),
+                        es.iter().map(|(n, i)| ((*n).into(), *i)).collect(),
+                    )
+                })
+                .collect()
+        };
+        let before = l(&[
+            ("/c", &[(".git", 1), ("v25", 2)]),
+            ("/c/.git", &[("index", 3), ("refs", 4)]),
+            ("/c/.git/refs", &[]),
+            ("/c/v25", &[]),
+        ]);
+        let root = Path::new("/c");
+        // Nothing changed: nothing synced.
+        assert!(dirs_changed(root, &before, &before).is_empty());
+        // A commit: a new object directory with its object, the branch ref renamed over, the
+        // index renamed over (a new inode); and a file in the working tree. The objects go
+        // first, the refs and `.git` last.
+        let before = l(&[
+            ("/c", &[(".git", 1), ("v25", 2)]),
+            ("/c/.git", &[("index", 3), ("refs", 4), ("objects", 5)]),
+            ("/c/.git/objects", &[("pack", 6)]),
+            ("/c/.git/objects/pack", &[]),
+            ("/c/.git/refs", &[("heads", 7)]),
+            ("/c/.git/refs/heads", &[("Models", 8)]),
+            ("/c/v25", &[]),
+        ]);
+        let after = l(&[
+            ("/c", &[(".git", 1), ("v25", 2)]),
+            ("/c/.git", &[("index", 9), ("refs", 4), ("objects", 5)]),
+            ("/c/.git/objects", &[("pack", 6), ("ab", 10)]),
+            ("/c/.git/objects/ab", &[("cdef", 11)]),
+            ("/c/.git/objects/pack", &[]),
+            ("/c/.git/refs", &[("heads", 7)]),
+            ("/c/.git/refs/heads", &[("Models", 13)]),
+            ("/c/v25", &[("x", 12)]),
+        ]);
+        assert_eq!(
+            dirs_changed(root, &before, &after),
+            [
+                "/c/.git/objects/ab",
+                "/c/.git/objects",
+                "/c/v25",
+                "/c/.git/refs/heads",
+                "/c/.git"
+            ]
+            .map(PathBuf::from)
+            .to_vec()
+        );
+    }
+
+    #[test]
+    fn every_git_command_runs_durable_and_writers_are_synced() {
+        let args = git_config_args();
+        for c in [
+            "core.fsync=all",
+            "core.fsyncMethod=fsync",
+            BIG_FILE_THRESHOLD,
+        ] {
+            assert!(args.windows(2).any(|w| w == ["-c", c]), "{c}");
+        }
+        for (sub, writes) in [
+            ("add", true),
+            ("commit", true),
+            ("push", true),
+            ("fetch", true),
+            ("merge", true),
+            ("reset", true),
+            ("checkout", true),
+            ("status", true),
+            ("rev-parse", false),
+            ("log", false),
+            ("diff", false),
+        ] {
+            assert_eq!(git_writes(sub), writes, "{sub}");
+        }
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The local directory store: the embedded default, the origin `serve` publishes, and the
 //! stand-in for a bucket in tests. Every write goes through `chunker::atomic` (temp file in the
 //! same directory, fsync, rename, fsync the directory), so a crash leaves the old file or the
-//! new one and a stray `.tmp-*` at worst, which listings skip.
+//! new one and a stray `.tmp-*` at worst, which listings skip. The directories a write creates
+//! (the store's own on a first publish) are fsynced up to the one that existed
+//! (`atomic::create_dir_all_durable`), so a power cut cannot keep a file and lose its directory.
 
 use fs_err::{self as fs, File};
 use std::io::{self, Read};
@@ -138,7 +140,9 @@ impl Store for LocalStore {
         let dir = dest
             .parent()
             .expect("store paths have a parent under the root");
-        fs::create_dir_all(dir)?;
+        // A first write creates the store's directories: each is fsynced up to the one that
+        // existed, or a power cut could keep this file's manifest and lose its directory.
+        atomic::create_dir_all_durable(dir)?;
         let mut tmp = AtomicFile::create(&dest)?;
         // The source is any stream (an HTTP body, another store's file): name the destination.
         let n = copy_reporting(src, tmp.file(), report).map_err(|source| Error::StoreRead {

@@ -403,3 +403,85 @@ fn a_publish_pushes_once_per_model_and_once_for_the_manifest() {
     assert_eq!(first.trim(), format!("Publish {WM9}.chunkmanifest"));
     rerun_and_check(&w, "after a batched publish");
 }
+
+/// A power cut after a push reached the origin can take the checkout's own commits and refs
+/// away (a git that ignores `core.fsync`, older than 2.36, or a checkout an older release-cli
+/// left): the checkout is then behind an origin holding exactly our publish commits, and the
+/// rerun catches up and finishes. Someone else's commit there is refused, naming it, and the
+/// commands the refusal prints run as printed.
+#[test]
+fn a_checkout_behind_an_origin_holding_only_our_publish_commits_catches_up() {
+    let w = world();
+    let checkout = &w.remote.checkout;
+    let release_one = git(checkout, &["rev-parse", "HEAD"]);
+    let store = GithubStore::open(checkout, "Models").unwrap();
+    publish(&w.m2, &w.dir2, &[&store], &opts(), &mut |_| {}).unwrap();
+    drop(store);
+    // What the cut left: the branch and its remote-tracking ref back at release one, the
+    // working tree as the branch was then.
+    git(checkout, &["reset", "--quiet", "--hard", &release_one]);
+    git(
+        checkout,
+        &["update-ref", "refs/remotes/origin/Models", &release_one],
+    );
+    rerun_and_check(&w, "behind the origin's publish commits");
+
+    // Someone else's commit on the origin, and the checkout behind again.
+    let other = w.remote.bare.parent().unwrap().join("someone");
+    git(
+        w.remote.bare.parent().unwrap(),
+        &[
+            "clone",
+            "--quiet",
+            "-b",
+            "Models",
+            w.remote.bare.to_str().unwrap(),
+            other.to_str().unwrap(),
+        ],
+    );
+    fs::write(other.join("notes.txt"), b"theirs").unwrap();
+    git(&other, &["add", "notes.txt"]);
+    git(
+        &other,
+        &[
+            "-c",
+            "user.name=someone",
+            "-c",
+            "user.email=someone@localhost",
+            "commit",
+            "--quiet",
+            "-m",
+            "my own fix",
+        ],
+    );
+    git(&other, &["push", "--quiet", "origin", "Models"]);
+    let e = GithubStore::open(checkout, "Models")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("1 commit(s) behind") && e.contains("\"my own fix\" is not one"),
+        "{e}"
+    );
+    assert!(!checkout.join("notes.txt").exists(), "nothing was merged");
+    // The two commands the refusal prints, run as printed.
+    let commands: Vec<&str> = e.split('`').skip(1).step_by(2).collect();
+    assert_eq!(commands.len(), 2, "{e}");
+    assert!(
+        commands[0].starts_with("git -C ") && commands[0].contains(" log "),
+        "{e}"
+    );
+    assert!(commands[1].contains(" merge --ff-only "), "{e}");
+    for c in &commands {
+        let out = std::process::Command::new("sh")
+            .args(["-c", c])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{c}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(fs::read(checkout.join("notes.txt")).unwrap(), b"theirs");
+    GithubStore::open(checkout, "Models").expect("after the printed merge, the rerun opens");
+}

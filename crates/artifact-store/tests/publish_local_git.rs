@@ -374,7 +374,10 @@ fn github_store_refuses_a_checkout_it_must_not_touch() {
     let e = GithubStore::open(&remote.checkout, "Models")
         .unwrap_err()
         .to_string();
-    assert!(e.contains("not in sync") && e.contains("1 behind"), "{e}");
+    assert!(
+        e.contains("1 commit(s) behind") && e.contains("\"b\" is not one"),
+        "{e}"
+    );
     git(&remote.checkout, &["pull", "--quiet", "--ff-only"]);
 
     // Ahead of origin: a local commit not pushed.

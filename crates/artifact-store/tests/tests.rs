@@ -5,6 +5,7 @@
 mod common;
 mod github_resume;
 mod hub_serve_reuse;
+mod power_loss;
 mod publish_local_git;
 mod publish_progress;
 mod publish_rules;

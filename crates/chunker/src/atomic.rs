@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use fs_err::{self as fs, File, OpenOptions};
 
+use crate::effects::{self, Effect};
+
 /// Every temporary file made by this module starts with this prefix.
 pub const TEMP_PREFIX: &str = ".tmp-";
 
@@ -196,7 +198,9 @@ impl AtomicFile {
     /// be made durable first and renamed into place together later.
     pub fn sync(&mut self) -> io::Result<()> {
         if let Some(file) = self.file.take() {
+            effects::note(Effect::Wrote(&self.temp));
             file.sync_all()?;
+            effects::note(Effect::SyncedFile(&self.temp));
         }
         Ok(())
     }
@@ -208,6 +212,10 @@ impl AtomicFile {
         self.sync()?;
         fs::rename(&self.temp, &self.dest)?;
         self.committed = true;
+        effects::note(Effect::Renamed {
+            from: &self.temp,
+            to: &self.dest,
+        });
         Ok(std::mem::take(&mut self.dest))
     }
 
@@ -286,13 +294,67 @@ pub fn write_atomic(dest: impl AsRef<Path>, data: &[u8]) -> io::Result<()> {
 
 /// fsync a directory so that renames and removals in it survive a power cut.
 pub fn sync_dir(dir: impl AsRef<Path>) -> io::Result<()> {
-    File::open(dir.as_ref())?.sync_all()
+    File::open(dir.as_ref())?.sync_all()?;
+    effects::note(Effect::SyncedDir(dir.as_ref()));
+    Ok(())
+}
+
+/// `create_dir_all` that survives a power cut: every directory it creates is fsynced, and so
+/// is the parent of each, up to the directory that already existed (under strict POSIX a new
+/// directory's entry is durable only once its parent is fsynced, so without this a store's
+/// first file, or a chunk set split into a new `--out-dir`, could be fsynced and renamed into
+/// place, and still vanish with the directory holding it). Creates nothing and syncs nothing
+/// when `dir` exists. Shared by the directory store and `chunk split`.
+pub fn create_dir_all_durable(dir: impl AsRef<Path>) -> io::Result<()> {
+    let dir = dir.as_ref();
+    // The missing directories, deepest first, and the one that exists above them.
+    let mut missing: Vec<&Path> = Vec::new();
+    let mut cur = dir;
+    let existing = loop {
+        match std::fs::metadata(cur) {
+            Ok(_) => break cur,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                missing.push(cur);
+                match cur.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => cur = p,
+                    _ => break Path::new("."),
+                }
+            }
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("failed to look at `{}`: {e}", cur.display()),
+                ));
+            }
+        }
+    };
+    if missing.is_empty() {
+        return Ok(());
+    }
+    for d in missing.iter().rev() {
+        match fs::create_dir(d) {
+            Ok(()) => effects::note(Effect::CreatedDir(d)),
+            // Another writer made it meanwhile: it is still ours to make durable.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && d.is_dir() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    // Each new directory, deepest first, then the one that existed: each sync makes the entry
+    // of the directory below it durable.
+    for d in &missing {
+        sync_dir(d)?;
+    }
+    sync_dir(existing)
 }
 
 /// Remove a file if it exists; a missing file is not an error.
 pub fn remove_if_exists(path: impl AsRef<Path>) -> io::Result<bool> {
+    let path = path.as_ref();
     match fs::remove_file(path) {
-        Ok(()) => Ok(true),
+        Ok(()) => {
+            effects::note(Effect::Removed(path));
+            Ok(true)
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     }

@@ -58,6 +58,7 @@
 pub mod atomic;
 pub mod bounded;
 mod digest;
+pub mod effects;
 mod error;
 mod input;
 pub mod oob;

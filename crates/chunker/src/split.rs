@@ -605,6 +605,9 @@ impl WriterConfig {
         check_name(name)?;
         let count = planned_count(name, size, opts.chunk_size)?;
         remove_stale_temporaries(out_dir, name)?;
+        // A new `out_dir` (and any new directory above it) is made durable before a chunk goes
+        // in: the set's own directory sync would not keep the directory itself.
+        atomic::create_dir_all_durable(out_dir)?;
         Ok(Self {
             name: name.to_string(),
             out_dir: out_dir.to_path_buf(),

@@ -6,4 +6,5 @@ pub mod release_stores;
 pub mod shell;
 pub mod skip;
 pub mod sshd;
+pub mod strict_fs;
 pub mod v26_checker;

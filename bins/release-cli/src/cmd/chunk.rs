@@ -185,7 +185,9 @@ fn split(args: SplitArgs) -> CliResult {
     if args.dry_run {
         return split_dry_run(&args, &name, size, &out_dir, &opts);
     }
-    std::fs::create_dir_all(&out_dir)
+    // Every directory created is fsynced up to the one that existed (a power cut after the
+    // split must not take the new directory, and the set in it, away).
+    chunker::atomic::create_dir_all_durable(&out_dir)
         .map_err(|e| CliError::failure(format!("{}: {e}", out_dir.display())))?;
     let bar = bytes_bar(size, format!("splitting {name}"), args.json);
     // The file checked above is the one split, even if its path is replaced meanwhile.
