@@ -25,14 +25,24 @@ pub enum Effect<'a> {
     /// A file was fsynced: its bytes are durable (its name is not, until its directory is).
     SyncedFile(&'a Path),
     /// A rename; durable once the directory holding `to` is fsynced.
-    Renamed { from: &'a Path, to: &'a Path },
+    Renamed {
+        /// The name the file had.
+        from: &'a Path,
+        /// The name it has now.
+        to: &'a Path,
+    },
     /// A directory was fsynced: its entries are durable.
     SyncedDir(&'a Path),
     /// A file was removed.
     Removed(&'a Path),
     /// An external program ran to its end in `dir` with `args` (what it wrote is known only
     /// from what it was told, e.g. git's `core.fsync`).
-    Ran { dir: &'a Path, args: &'a [OsString] },
+    Ran {
+        /// The directory it ran in.
+        dir: &'a Path,
+        /// Its arguments (for git: the `-c` settings first), the program's name excluded.
+        args: &'a [OsString],
+    },
 }
 
 impl Effect<'_> {
