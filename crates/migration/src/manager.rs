@@ -499,6 +499,11 @@ pub fn install_target(
         return Ok(None);
     }
     let percent = PercentFilter::default();
+    // For the finished transfer's log line: when it started, the origins tried, the bytes
+    // already staged when this run first reported.
+    let started = std::time::Instant::now();
+    let origins = std::sync::Mutex::new(Vec::<String>::new());
+    let first_done = std::sync::Mutex::new(None::<u64>);
     let files = device.files();
     device
         .effects()
@@ -511,7 +516,15 @@ pub fn install_target(
             cancel,
             |cancel, publish| {
                 let on_event = |e: Event| match e {
+                    Event::Origin { origin } => {
+                        let mut o = origins.lock().unwrap_or_else(|p| p.into_inner());
+                        o.push(origin_name(&origin).to_string());
+                    }
                     Event::Progress { done, total } => {
+                        first_done
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert(done);
                         if let Some(pct) = percent.advance(done, total) {
                             progress(&Progress::Percent(Transferred { done, total }));
                             publish(&format!("{label}: {pct}%"));
@@ -531,8 +544,26 @@ pub fn install_target(
         )
         .map(|installed| {
             files.tidy_after_install(&target.id);
+            let origin = origin_name(&installed.origin).to_string();
+            let mut after = origins.into_inner().unwrap_or_else(|p| p.into_inner());
+            after.retain(|o| *o != origin);
+            after.dedup();
+            let staged = first_done.into_inner().unwrap_or_else(|p| p.into_inner());
+            progress(&Progress::Fetched(crate::progress::Fetched {
+                what: target.id.to_string(),
+                size: installed.size,
+                moved: installed.size - staged.unwrap_or(0).min(installed.size),
+                took: started.elapsed(),
+                origin,
+                after,
+            }));
             Some(installed)
         })
+}
+
+/// An origin's name, `Hugging Face`, from how the downloader shows it (`Hugging Face (<base>)`).
+fn origin_name(shown: &str) -> &str {
+    shown.split_once(" (").map_or(shown, |(name, _)| name)
 }
 
 /// With a ready external GPU, a model's accelerator build (the contract's: v25
