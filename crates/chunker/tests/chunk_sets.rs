@@ -719,7 +719,10 @@ fn default_expectations_check_the_sets_own_sidecar() {
     // A malformed sidecar is an error naming it, never taken as "no sidecar".
     fs::write(&sidecar, b"not a digest\n").unwrap();
     let e = chunker::verify(&logical, &Expected::default()).unwrap_err();
-    assert!(e.to_string().contains(&sidecar.display().to_string()), "{e}");
+    assert!(
+        e.to_string().contains(&sidecar.display().to_string()),
+        "{e}"
+    );
     // No sidecar: the bytes hash, and the report says nothing was compared.
     fs::remove_file(&sidecar).unwrap();
     let r = chunker::verify(&logical, &Expected::default()).unwrap();

@@ -472,8 +472,14 @@ mod tests {
         }
         .to_string();
         assert_eq!(text.matches("http://127.0.0.1:9/hf").count(), 1, "{text}");
-        assert!(text.contains("  Hugging Face: http://127.0.0.1:9/hf/manifests"), "{text}");
-        assert!(text.contains("  GitHub (http://127.0.0.1:9/gh): download of pop223"), "{text}");
+        assert!(
+            text.contains("  Hugging Face: http://127.0.0.1:9/hf/manifests"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  GitHub (http://127.0.0.1:9/gh): download of pop223"),
+            "{text}"
+        );
         assert_eq!(origin_label("odd", "x"), "odd");
         assert_eq!(origin_label("A ()", "anything"), "A ()");
     }

@@ -216,10 +216,13 @@ fn serve_outcome(
                     *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(name);
                 }
             };
-            let named = |p: &Progress| match (p, &*current.lock().unwrap_or_else(|p| p.into_inner())) {
-                (Progress::Percent(t), Some(name)) => say(&Progress::PercentOf(name.clone(), *t)),
-                _ => say(p),
-            };
+            let named =
+                |p: &Progress| match (p, &*current.lock().unwrap_or_else(|p| p.into_inner())) {
+                    (Progress::Percent(t), Some(name)) => {
+                        say(&Progress::PercentOf(name.clone(), *t))
+                    }
+                    _ => say(p),
+                };
             download_all(device, dl, cancel, &start, &named).map(|all| match all.cancelled {
                 true => Progress::Cancelled,
                 false => Progress::AllDownloaded,
@@ -405,13 +408,18 @@ pub fn not_yet_backoff(config: &DaemonConfig, streak: u32) -> Duration {
 /// when nothing runs. Returns the request served, if any, and its last progress.
 pub fn poll_once(device: &Device, dl: &Downloader) -> Result<Option<(Request, Progress)>> {
     let stopping = Arc::new(AtomicBool::new(false));
-    Ok(
-        poll(device, dl, &stopping, &DaemonConfig::default(), Outlets::NONE)?.map(|(r, s)| match s {
-            Served::Finished(p)
-            | Served::Kept { progress: p, .. }
-            | Served::Failed { progress: p, .. } => (r, p),
-        }),
-    )
+    Ok(poll(
+        device,
+        dl,
+        &stopping,
+        &DaemonConfig::default(),
+        Outlets::NONE,
+    )?
+    .map(|(r, s)| match s {
+        Served::Finished(p)
+        | Served::Kept { progress: p, .. }
+        | Served::Failed { progress: p, .. } => (r, p),
+    }))
 }
 
 /// [`poll_once`], stopping early when `stopping` is set; says whether the request was kept,
@@ -673,6 +681,21 @@ fn serve_loop(
         config.poll.as_millis(),
         config.refresh_every.as_secs()
     ));
+    // A new tree: the params made safe for every reader before the first refresh goes online.
+    if Road::of(device.is_onroad()) == Road::Offroad {
+        match crate::manager::settle_new_tree(device) {
+            Ok(Some(from)) => log(&format!(
+                "new tree: the device was on {from}; until the {} catalog is fetched everything \
+                 modeld reads names the built-in (done before any network)",
+                device.config.generation
+            )),
+            Ok(None) => {}
+            Err(e) => log(&format!(
+                "new tree: the offline first step failed (the refresh retries it): {}",
+                one_line(&e.to_string())
+            )),
+        }
+    }
     let mut next_refresh = Instant::now();
     let mut next_request = Instant::now();
     let mut road = Road::Offroad;

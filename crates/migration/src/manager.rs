@@ -178,6 +178,28 @@ pub(crate) fn failed_fetch(device: &Device, e: &Error) -> Result<()> {
     Ok(())
 }
 
+/// The first step of `run` on a device whose params still belong to another generation than
+/// its tree's (the tree changed since the last refresh), taken before any network: the offline
+/// first boot's steps (see [`failed_fetch`]) — the choice journaled, everything modeld and the
+/// UIs read pointed at the built-in, the old generation's driving artifacts purged — so no
+/// reader of the params (modeld's "load `<id>_driving_tinygrad.pkl` when present" included)
+/// opens an old-generation pickle while the first refresh is still fetching. The refresh then
+/// resumes the journal at its download phase, exactly as after an offline boot. Offroad only;
+/// a device on its tree's generation, or with a migration already past its purge, is not
+/// touched. Returns the generation the params came from when it changed anything.
+pub fn settle_new_tree(device: &Device) -> Result<Option<String>> {
+    device.ensure_offroad("the first step on a new tree")?;
+    device.ensure_dirs()?;
+    let view = DeviceView::read(device).strict()?;
+    let catalog = crate::offline::offline_catalog(device)?;
+    let (journal, _purged, changed) = begin_migration(device, &view, &catalog)?;
+    Ok(changed.then(|| {
+        journal
+            .and_then(|j| j.from)
+            .unwrap_or_else(|| "no generation yet (a first start)".to_string())
+    }))
+}
+
 /// [`refresh_at`], with what it went through. On a device in plan mode
 /// ([`Device::planning`]) it is the dry run: downloads are assumed to succeed.
 pub(crate) fn refresh_run(

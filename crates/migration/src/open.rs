@@ -161,7 +161,11 @@ pub fn require_data_dir(dir: &Path) -> Result<()> {
 
 /// The keys file a device uses: `flag`, else the tree's (`<openpilot_dir>/`
 /// [`TREE_TRUSTED_KEYS`], `/data/openpilot/...` on a comma) when it exists. Pure.
-pub fn keys_path(flag: Option<&Path>, openpilot_dir: &Path, exists: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+pub fn keys_path(
+    flag: Option<&Path>,
+    openpilot_dir: &Path,
+    exists: impl Fn(&Path) -> bool,
+) -> Option<PathBuf> {
     match flag {
         Some(p) => Some(p.to_path_buf()),
         None => Some(openpilot_dir.join(TREE_TRUSTED_KEYS)).filter(|p| exists(p)),
@@ -322,7 +326,11 @@ mod tests {
         let tree = Path::new("/work/op");
         let flag = Path::new("/etc/keys.pub");
         for (given, exists, want) in [
-            (None, true, Some("/work/op/starpilot/assets/model_release_keys.pub")),
+            (
+                None,
+                true,
+                Some("/work/op/starpilot/assets/model_release_keys.pub"),
+            ),
             (None, false, None),
             (Some(flag), false, Some("/etc/keys.pub")),
             (Some(flag), true, Some("/etc/keys.pub")),

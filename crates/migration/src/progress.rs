@@ -146,7 +146,11 @@ impl fmt::Display for Fetched {
             units::rate(self.moved, self.took)
         )?;
         if self.moved < self.size {
-            write!(f, ", resumed: {} were staged", units::bytes(self.size - self.moved))?;
+            write!(
+                f,
+                ", resumed: {} were staged",
+                units::bytes(self.size - self.moved)
+            )?;
         }
         if !self.after.is_empty() {
             write!(f, ", after {} failed", self.after.join(", "))?;

@@ -546,33 +546,45 @@ impl ProgressView {
 /// A [`ProgressView`] that the download's workers share, writing to stderr; on a terminal it
 /// owns the indicatif bar of the label's download.
 #[derive(Debug)]
-pub struct StderrProgress(std::sync::Mutex<(ProgressView, Option<indicatif::ProgressBar>)>);
+pub struct StderrProgress(std::sync::Mutex<Shared>);
+
+/// What the workers share: the view, the bar drawn now, the last text line (not repeated).
+#[derive(Debug)]
+struct Shared {
+    view: ProgressView,
+    bar: Option<indicatif::ProgressBar>,
+    last_text: Option<String>,
+}
 
 impl StderrProgress {
     /// `tty`: stderr is a terminal. The verbosity is the run's (`cli_support::verbosity`).
     pub fn new(tty: bool) -> Self {
         let view = ProgressView::new(tty, cli_support::verbosity());
-        StderrProgress(std::sync::Mutex::new((view, None)))
+        StderrProgress(std::sync::Mutex::new(Shared {
+            view,
+            bar: None,
+            last_text: None,
+        }))
     }
 
-    fn state(
-        &self,
-    ) -> std::sync::MutexGuard<'_, (ProgressView, Option<indicatif::ProgressBar>)> {
+    fn state(&self) -> std::sync::MutexGuard<'_, Shared> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// What the following percentages are about, e.g. `pop223` (ends a drawn bar).
     pub fn label(&self, label: &str) {
         let mut s = self.state();
-        if let Some(bar) = s.1.take() {
-            bar.finish();
-        }
-        s.0.label(label);
+        end_bar(&mut s.bar);
+        s.view.label(label);
     }
 
     pub fn say(&self, p: &Progress) {
         let mut s = self.state();
-        let (view, bar) = &mut *s;
+        let Shared {
+            view,
+            bar,
+            last_text,
+        } = &mut *s;
         if !view.draws_bar() {
             eprint!("{}", view.render(p));
             return;
@@ -591,10 +603,15 @@ impl StderrProgress {
                 }
             }
             text => {
-                // The bar stays as it last was; the text goes on the next line.
-                if let Some(b) = bar.take() {
-                    b.finish();
+                // The same text twice in a row (a request's end said by the download and by
+                // the request) is shown once.
+                let shown = text.to_string();
+                if last_text.as_deref() == Some(shown.as_str()) {
+                    return;
                 }
+                *last_text = Some(shown);
+                // The bar stays as it last was; the text goes on the next line.
+                end_bar(bar);
                 // What the next percentages are about, when the text says it.
                 match text {
                     Progress::Downloading(name) => view.label(name.as_str()),
@@ -609,10 +626,10 @@ impl StderrProgress {
     /// A line of its own among the progress (above a drawn bar, which stays).
     pub fn line(&self, text: impl std::fmt::Display) {
         let s = self.state();
-        if s.0.verbosity == cli_support::Verbosity::Quiet {
+        if s.view.verbosity == cli_support::Verbosity::Quiet {
             return;
         }
-        match &s.1 {
+        match &s.bar {
             Some(bar) => bar.suspend(|| eprintln!("{text}")),
             None => eprintln!("{text}"),
         }
@@ -620,9 +637,16 @@ impl StderrProgress {
 
     /// End a drawn bar, leaving it as it last was.
     pub fn finish(&self) {
-        if let Some(bar) = self.state().1.take() {
-            bar.finish();
-        }
+        end_bar(&mut self.state().bar);
+    }
+}
+
+/// Leave the drawn bar as it last was and end its line (indicatif leaves the cursor at the
+/// right edge; without the newline the next text would wrap onto the bar's line).
+fn end_bar(bar: &mut Option<indicatif::ProgressBar>) {
+    if let Some(b) = bar.take() {
+        b.finish();
+        eprintln!();
     }
 }
 
