@@ -10,6 +10,7 @@ mod common;
 mod field;
 mod first_boot;
 mod floor_bound;
+mod following;
 mod full_disk;
 mod hostile_origin;
 mod hostile_params;

@@ -190,11 +190,42 @@ pub struct StatusDocument {
     pub report: StatusReport,
     pub trust: TrustReport,
     pub tree: TreeStatus,
-    /// The pid of another manager holding the lock now (the daemon, or a `refresh` or
-    /// `download` elsewhere): its staged downloads are under way, not interrupted. Only in
-    /// `--json` when there is one.
+    /// Another manager holding the lock now (the daemon, or a `refresh` or `download`
+    /// elsewhere): its staged downloads are under way, not interrupted. Only in `--json` when
+    /// there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub another_manager: Option<u32>,
+    pub another_manager: Option<AnotherManager>,
+}
+
+/// The manager holding the lock, and what the UI's memory params say it is doing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AnotherManager {
+    pub pid: u32,
+    /// The UI request pending or being served: a model id, or `all` (`DownloadAllModels`).
+    pub request: Option<String>,
+    /// `ModelDownloadProgress` as the UI shows it (e.g. `42%`).
+    pub progress: Option<String>,
+}
+
+impl AnotherManager {
+    /// The manager holding `device`'s lock, if any (`crate::lock::holder`), with its request
+    /// and progress read from the memory params (nothing read counts as none).
+    pub fn of(device: &Device) -> Option<Self> {
+        let pid = crate::lock::holder(&device.models_dir())?;
+        let value = |key| match device.memory.read(key) {
+            crate::params::ParamRead::Value(v) => Some(v.trim().to_string()),
+            _ => None,
+        };
+        let request = match device.memory.get_bool(params::keys::DOWNLOAD_ALL_MODELS) {
+            Ok(true) => Some("all".to_string()),
+            _ => value(params::keys::MODEL_TO_DOWNLOAD),
+        };
+        Some(AnotherManager {
+            pid,
+            request,
+            progress: value(params::keys::MODEL_DOWNLOAD_PROGRESS),
+        })
+    }
 }
 
 impl StatusDocument {
@@ -203,7 +234,7 @@ impl StatusDocument {
             report: crate::report::status(device)?,
             trust: TrustReport::of(device)?,
             tree,
-            another_manager: crate::lock::holder(&device.models_dir()),
+            another_manager: AnotherManager::of(device),
         })
     }
 
@@ -281,10 +312,19 @@ impl StatusDocument {
                 }
             ));
         }
-        if let Some(pid) = self.another_manager {
+        if let Some(m) = &self.another_manager {
             lines.push(format!(
-                "manager running: pid {pid} holds the lock (the daemon, or a refresh or download)"
+                "manager running: pid {} holds the lock (the daemon, or a refresh or download)",
+                m.pid
             ));
+            if let Some(request) = &m.request {
+                lines.push(format!(
+                    "downloading now: {request} (the UI's request){}",
+                    m.progress
+                        .as_ref()
+                        .map_or(String::new(), |p| format!(", progress: {p}"))
+                ));
+            }
         }
         for d in &r.interrupted_downloads {
             if self.another_manager.is_some() {
@@ -318,7 +358,7 @@ impl StatusDocument {
     /// The `next:` hint `status` adds on stderr, if any.
     pub fn next(&self) -> Option<String> {
         let hint = self.next_alone()?;
-        Some(match self.another_manager {
+        Some(match self.another_manager.as_ref().map(|m| m.pid) {
             // Every command that changes the device would exit 3 (busy) meanwhile.
             Some(pid) => format!(
                 "the manager running as pid {pid} holds the lock and does this itself (`status` \
