@@ -358,7 +358,7 @@ fn terminal_shows_the_bar_and_the_log(generation: &str) {
     // The bar of the daemon's download was drawn, in place, labelled with the model's name.
     let drawn = tmux.drawn("run");
     assert!(
-        bars(&drawn, &format!("Model {LONG_ID}")).len() <= 1,
+        bars(&drawn, &format!("Model {LONG_ID}")).len() == 1,
         "{}",
         drawn.join("\n")
     );

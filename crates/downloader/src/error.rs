@@ -173,8 +173,10 @@ pub enum Error {
     },
 
     #[error(
-        "not enough free space in {}: need {needed} bytes (artifact plus margin), {available} available; free space or remove unused models (`device-modeld-manager gc`)",
-        path.display()
+        "not enough free space in {}: need {needed} bytes ({}, artifact plus margin), {} available; free space or remove unused models (`device-modeld-manager gc`)",
+        path.display(),
+        cli_support::progress::bytes(*needed),
+        cli_support::progress::bytes(*available)
     )]
     InsufficientSpace {
         path: PathBuf,
