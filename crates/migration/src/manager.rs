@@ -185,18 +185,24 @@ pub(crate) fn failed_fetch(device: &Device, e: &Error) -> Result<()> {
 /// reader of the params (modeld's "load `<id>_driving_tinygrad.pkl` when present" included)
 /// opens an old-generation pickle while the first refresh is still fetching. The refresh then
 /// resumes the journal at its download phase, exactly as after an offline boot. Offroad only;
-/// a device on its tree's generation, or with a migration already past its purge, is not
-/// touched. Returns the generation the params came from when it changed anything.
+/// a device with no generation on record, on its tree's generation, or with a migration already
+/// past its purge, is not touched. Returns the generation the params came from when it changed anything.
 pub fn settle_new_tree(device: &Device) -> Result<Option<String>> {
     device.ensure_offroad("the first step on a new tree")?;
     device.ensure_dirs()?;
     let view = DeviceView::read(device).strict()?;
+    // A device with no generation on record (a first start) has no old pickle named anywhere:
+    // nothing to make safe, and nothing is written before a manifest is had (a refused one
+    // changes nothing, see docs/device.md, *Trust*).
+    if view.previous().is_none() {
+        return Ok(None);
+    }
     let catalog = crate::offline::offline_catalog(device)?;
     let (journal, _purged, changed) = begin_migration(device, &view, &catalog)?;
     Ok(changed.then(|| {
         journal
             .and_then(|j| j.from)
-            .unwrap_or_else(|| "no generation yet (a first start)".to_string())
+            .unwrap_or_else(|| "an unknown generation".to_string())
     }))
 }
 
