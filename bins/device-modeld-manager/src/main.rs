@@ -98,7 +98,7 @@ struct Cli {
     /// Minisign public keys the release is signed with (one or more, e.g. during a key
     /// rotation). With keys, a manifest is installed only if one of them signed it, for this
     /// generation, unexpired, and not older than the last accepted release. Default: the
-    /// StarPilot keys file if it exists; without keys the device is unprotected (`status` says
+    /// openpilot tree's `<openpilot-dir>/starpilot/assets/model_release_keys.pub` if it exists; without keys the device is unprotected (`status` says
     /// so).
     #[arg(long, global = true, value_name = "FILE")]
     trusted_keys: Option<PathBuf>,
@@ -374,7 +374,22 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 refresh_every: Duration::from_secs(refresh_secs),
                 retry_offline: Duration::from_secs(retry_secs),
             };
-            Ok(commands::daemon(device, dl, &config, &tree_status, &log)?)
+            // In the foreground on a terminal the progress shows too, and log lines go above
+            // the bar instead of through it.
+            let tty = std::io::stderr().is_terminal();
+            let log_line = |line: &str| match tty {
+                true => progress.line(stamped(line)),
+                false => log(line),
+            };
+            let terminal = tty.then_some(&progress);
+            Ok(commands::daemon(
+                device,
+                dl,
+                &config,
+                &tree_status,
+                &log_line,
+                terminal,
+            )?)
         }
         Command::Completions { .. } => unreachable!("handled before the device is opened"),
     }
@@ -391,9 +406,15 @@ impl Drop for PrintWarnings<'_> {
     }
 }
 
-/// The daemon's log line.
+/// The daemon's log line, on stderr: `<UTC time> device-modeld-manager: <line>`.
 fn log(line: &str) {
-    cli_support::info!("device-modeld-manager: {line}");
+    cli_support::info!("{}", stamped(line));
+}
+
+/// `line` as the log shows it, stamped with the time (UTC, RFC 3339).
+fn stamped(line: &str) -> String {
+    let now = cli_support::progress::timestamp(std::time::SystemTime::now());
+    format!("{now} device-modeld-manager: {line}")
 }
 
 /// Every command while the tree's tinygrad has no generation: nothing on the device is changed.

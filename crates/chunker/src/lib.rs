@@ -80,7 +80,8 @@ pub use split::{
     stage_reader,
 };
 pub use verify::{
-    Expected, VerifiedChunk, VerifyReport, hash_chunk_set, verify, verify_with_progress,
+    DigestChecked, Expected, OwnSidecar, VerifiedChunk, VerifyReport, hash_chunk_set, verify,
+    verify_with_progress,
 };
 
 use std::path::Path;

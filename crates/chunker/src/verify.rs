@@ -16,7 +16,11 @@ use crate::error::{Error, Result};
 use crate::read::{check_chunk_sizes, resolve_strict};
 use crate::{Hasher, IO_BUFFER_SIZE, Resolved, Sha256Digest};
 
-/// What the artifact must be. Every field is optional; `None` means "not checked".
+/// What the artifact must be. `size`, `chunk_count` and `chunk_sha256` are checked when given.
+/// The whole digest is checked against `sha256` when given; without it, against the set's own
+/// `NAME.sha256` sidecar unless `own_sidecar` is [`OwnSidecar::Ignore`] (see [`verify`]).
+/// `Expected::default()` therefore checks a set against its own `.sha256`, as `release-cli chunk
+/// verify` does; [`VerifyReport::digest_checked`] says what the digest was checked against.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Expected {
     /// The SHA-256 of the whole logical artifact.
@@ -27,6 +31,34 @@ pub struct Expected {
     pub chunk_count: Option<u32>,
     /// Per-chunk digests in order (the `artifact_chunk_sha256` manifest extension).
     pub chunk_sha256: Option<Vec<Sha256Digest>>,
+    /// What to do with the set's own `.sha256` sidecar when `sha256` is `None`.
+    pub own_sidecar: OwnSidecar,
+}
+
+/// How [`verify`] uses the artifact's own `NAME.sha256` sidecar when no digest is expected.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OwnSidecar {
+    /// Check the whole digest against it when it exists (a malformed one is an error naming
+    /// it); without one the digest is unchecked ([`DigestChecked::Nothing`]).
+    #[default]
+    Check,
+    /// Do not read it: the caller compares [`VerifyReport::sha256`] with its own record (the
+    /// device judges its models against the catalog, not a local sidecar). Legacy parts are
+    /// still checked against theirs, which is part of the legacy form.
+    Ignore,
+}
+
+/// What the whole digest of a verified artifact was checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DigestChecked {
+    /// [`Expected::sha256`].
+    Expected,
+    /// The artifact's own `.sha256` sidecar (legacy parts always are).
+    OwnSidecar,
+    /// Nothing: no digest was expected and no sidecar was read. Only the counts and sizes
+    /// asked for were checked; [`VerifyReport::sha256`] is what the bytes hash to.
+    Nothing,
 }
 
 /// What was found and checked.
@@ -44,6 +76,9 @@ pub struct VerifyReport {
     pub chunk_count: u32,
     /// Every piece read, in order.
     pub chunks: Vec<VerifiedChunk>,
+    /// What `sha256` was checked against (not in the serialized report).
+    #[serde(skip)]
+    pub digest_checked: DigestChecked,
 }
 
 /// One piece of a verified artifact.
@@ -58,25 +93,18 @@ pub struct VerifiedChunk {
     pub sha256: Option<Sha256Digest>,
 }
 
-/// Verify the logical artifact at `logical` against `expected`. Legacy parts are always checked
-/// against their sidecar digest as well.
+/// Verify the logical artifact at `logical` (plain file, chunk set or legacy parts) against
+/// `expected`.
 ///
-/// `logical` is resolved strictly: a plain file wins, then a complete chunk set (its
-/// `.chunkmanifest` and every chunk it counts), then legacy `.pNN` parts with their `.sha256`;
-/// a chunk set with a chunk missing is an error ([`Error::MissingChunk`]), not "absent". Then,
-/// in this order, each check only when `expected` asks for it:
-///
-/// 1. the number of chunks against [`Expected::chunk_count`] (0 for a plain file), and the
-///    length of [`Expected::chunk_sha256`] against the number of pieces
-///    ([`Error::CountMismatch`]);
-/// 2. the sum of the pieces' sizes against [`Expected::size`] ([`Error::SizeMismatch`]);
-/// 3. for a chunk set, every chunk but the last against the set's chunk size and the last
-///    against 1..=chunk size ([`Error::SizeMismatch`] naming the chunk);
-/// 4. every byte is read once; each chunk's SHA-256 against [`Expected::chunk_sha256`] (the
-///    first mismatch is named), then the whole artifact's against [`Expected::sha256`] and,
-///    for legacy parts, against the sidecar ([`Error::DigestMismatch`]).
-///
-/// Nothing is written. A file that cannot be read is [`Error::Io`] naming it.
+/// Guarantees, when it returns `Ok`: every piece the form names exists, a chunk set's chunks
+/// all have the chunk size but the last (which is not longer, nor empty); the count, size and
+/// per-chunk digests asked for match; and the whole artifact hashes to `expected.sha256`, or,
+/// without it, to the artifact's own `NAME.sha256` sidecar when there is one (unless
+/// [`OwnSidecar::Ignore`]); legacy parts always to their sidecar. Which of these held is
+/// [`VerifyReport::digest_checked`]: [`DigestChecked::Nothing`] means no digest was compared, so
+/// a caller that needs the bytes proven must check it or pass a digest. Every byte is read once;
+/// nothing is written. An error names the first thing that failed (the chunk, the file, the
+/// digest expected and found).
 pub fn verify(logical: &Path, expected: &Expected) -> Result<VerifyReport> {
     verify_with_progress(logical, expected, &mut |_| {})
 }
@@ -148,16 +176,28 @@ pub fn verify_with_progress(
         }
     }
     let mut wanted_whole = vec![];
+    let mut digest_checked = DigestChecked::Nothing;
     if let Some(d) = expected.sha256 {
-        wanted_whole.push(d);
+        wanted_whole.push((d, String::new()));
+        digest_checked = DigestChecked::Expected;
     }
     if let Resolved::Legacy { digest, .. } = &resolved {
-        wanted_whole.push(*digest);
+        wanted_whole.push((*digest, " against its .sha256".to_string()));
+        if digest_checked == DigestChecked::Nothing {
+            digest_checked = DigestChecked::OwnSidecar;
+        }
+    } else if digest_checked == DigestChecked::Nothing && expected.own_sidecar == OwnSidecar::Check
+    {
+        let sidecar = own_sidecar_path(logical);
+        if let Some(d) = crate::read_sidecar(&sidecar)? {
+            wanted_whole.push((d, format!(" against {}", sidecar.display())));
+            digest_checked = DigestChecked::OwnSidecar;
+        }
     }
-    for want in wanted_whole {
+    for (want, against) in wanted_whole {
         if want != whole {
             return Err(Error::DigestMismatch {
-                what: format!("{} (whole artifact)", logical.display()),
+                what: format!("{} (whole artifact{against})", logical.display()),
                 expected: want,
                 actual: whole,
             });
@@ -183,7 +223,17 @@ pub fn verify_with_progress(
         sha256: whole,
         chunk_count: count,
         chunks,
+        digest_checked,
     })
+}
+
+/// `NAME.sha256` beside the logical artifact `NAME`.
+fn own_sidecar_path(logical: &Path) -> PathBuf {
+    let name = logical
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    logical.with_file_name(crate::sidecar_name(&name))
 }
 
 /// The SHA-256 of the whole of `pieces` (in order) and of each piece, in one pass that reads

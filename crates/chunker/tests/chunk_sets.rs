@@ -350,6 +350,7 @@ fn verify_names_the_problem() {
         size: Some(20),
         chunk_count: Some(3),
         chunk_sha256: Some(chunk_digests.clone()),
+        ..Expected::default()
     };
     let ok = chunker::verify(&logical, &good).unwrap();
     assert_eq!(ok.chunks[2].sha256, Some(chunk_digests[2]));
@@ -531,6 +532,7 @@ proptest! {
             size: Some(size),
             chunk_count: Some(report.chunk_count),
             chunk_sha256: Some(report.chunks.iter().map(|c| c.sha256).collect()),
+            ..Expected::default()
         });
         prop_assert!(v.is_ok());
     }
@@ -666,4 +668,63 @@ fn plan_split_names_what_the_split_then_writes_and_removes() {
         chunker::plan_split(NAME, 0, dir.path(), &opts),
         Err(Error::EmptyInput { .. })
     ));
+}
+
+/// Issue 37: `verify` with default expectations checks a set against its own `.sha256`, as
+/// `release-cli chunk verify` does: same-size corruption of a chunk (counts and sizes intact) is
+/// an error naming the sidecar, not `Ok`. Without a sidecar, or told to ignore it, the report
+/// says no digest was compared; a malformed sidecar is an error naming it.
+#[test]
+fn default_expectations_check_the_sets_own_sidecar() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = payload(20, 3);
+    let report = split_bytes(dir.path(), &data, 7).unwrap();
+    let logical = dir.path().join(NAME);
+    let sidecar = dir.path().join(sidecar_name(NAME));
+    assert!(sidecar.is_file(), "split writes the sidecar");
+    let ok = chunker::verify(&logical, &Expected::default()).unwrap();
+    assert_eq!(ok.digest_checked, chunker::DigestChecked::OwnSidecar);
+    assert_eq!(ok.sha256, report.sha256);
+
+    fs::write(dir.path().join(chunk_name(NAME, 2, 3)), b"XXXXXXX").unwrap();
+    match chunker::verify(&logical, &Expected::default()) {
+        Err(Error::DigestMismatch {
+            what,
+            expected,
+            actual,
+        }) => {
+            assert!(what.contains(&sidecar.display().to_string()), "{what}");
+            assert_eq!(expected, report.sha256);
+            assert_ne!(actual, report.sha256);
+        }
+        other => panic!("a set whose bytes no longer match its .sha256 verified: {other:?}"),
+    }
+    // Ignoring the sidecar is a choice the report makes visible.
+    let ignored = Expected {
+        own_sidecar: chunker::OwnSidecar::Ignore,
+        ..Expected::default()
+    };
+    let r = chunker::verify(&logical, &ignored).unwrap();
+    assert_eq!(r.digest_checked, chunker::DigestChecked::Nothing);
+    // An expected digest wins over the sidecar.
+    let r = chunker::verify(
+        &logical,
+        &Expected {
+            sha256: Some(r.sha256),
+            ..Expected::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(r.digest_checked, chunker::DigestChecked::Expected);
+    // A malformed sidecar is an error naming it, never taken as "no sidecar".
+    fs::write(&sidecar, b"not a digest\n").unwrap();
+    let e = chunker::verify(&logical, &Expected::default()).unwrap_err();
+    assert!(
+        e.to_string().contains(&sidecar.display().to_string()),
+        "{e}"
+    );
+    // No sidecar: the bytes hash, and the report says nothing was compared.
+    fs::remove_file(&sidecar).unwrap();
+    let r = chunker::verify(&logical, &Expected::default()).unwrap();
+    assert_eq!(r.digest_checked, chunker::DigestChecked::Nothing);
 }

@@ -342,6 +342,7 @@ fn compile_clears_a_stale_input_and_fetches_a_verified_chunk_set() {
             chunk_count: Some(3),
             size: Some(2500),
             chunk_sha256: None,
+            ..chunker::Expected::default()
         },
     )
     .unwrap();

@@ -268,8 +268,10 @@ pub enum Error {
     /// The filesystem holding the models lacks room for the artifact plus the download's margin; no
     /// staging file was made.
     #[error(
-        "not enough free space in {}: need {needed} bytes (artifact plus margin), {available} available; free space or remove unused models (`device-modeld-manager gc`)",
-        path.display()
+        "not enough free space in {}: need {needed} bytes ({}, artifact plus margin), {} available; free space or remove unused models (`device-modeld-manager gc`)",
+        path.display(),
+        cli_support::progress::bytes(*needed),
+        cli_support::progress::bytes(*available)
     )]
     InsufficientSpace {
         /// The directory checked.
@@ -479,13 +481,29 @@ impl fmt::Display for UnusableList<'_> {
 
 struct AttemptList<'a>(&'a [(String, Error)]);
 
+/// How an attempt names its origin: `Hugging Face (<base>)` shortened to `Hugging Face` when
+/// the attempt's error already shows that base URL, so each URL is said once. Pure.
+fn origin_label<'a>(origin: &'a str, error: &str) -> &'a str {
+    match origin.rsplit_once(" (") {
+        Some((name, rest))
+            if rest
+                .strip_suffix(')')
+                .is_some_and(|base| !base.is_empty() && error.contains(base)) =>
+        {
+            name
+        }
+        _ => origin,
+    }
+}
+
 impl fmt::Display for AttemptList<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, (origin, err)) in self.0.iter().enumerate() {
             if i > 0 {
                 writeln!(f)?;
             }
-            write!(f, "  {origin}: {err}")?;
+            let err = err.to_string();
+            write!(f, "  {}: {err}", origin_label(origin, &err))?;
         }
         Ok(())
     }
@@ -532,5 +550,50 @@ impl std::error::Error for OsError {}
 impl cli_support::NextStep for Error {
     fn next_step(&self) -> Option<String> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 37: the offline line named each URL twice (`Hugging Face (base): base/…: …`). An
+    /// attempt whose error shows its origin's base names the origin once; one that does not
+    /// keeps the base.
+    #[test]
+    fn each_origin_is_named_once() {
+        let hf = "Hugging Face (http://127.0.0.1:9/hf)";
+        let gh = "GitHub (http://127.0.0.1:9/gh)";
+        let attempts = vec![
+            (
+                hf.to_string(),
+                Error::Status {
+                    url: "http://127.0.0.1:9/hf/manifests/model_names_v25.json".into(),
+                    status: 503,
+                },
+            ),
+            (
+                gh.to_string(),
+                Error::Cancelled {
+                    model: "pop223".into(),
+                },
+            ),
+        ];
+        let text = Error::ManifestUnavailable {
+            generation: "v25".into(),
+            attempts,
+        }
+        .to_string();
+        assert_eq!(text.matches("http://127.0.0.1:9/hf").count(), 1, "{text}");
+        assert!(
+            text.contains("  Hugging Face: http://127.0.0.1:9/hf/manifests"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  GitHub (http://127.0.0.1:9/gh): download of pop223"),
+            "{text}"
+        );
+        assert_eq!(origin_label("odd", "x"), "odd");
+        assert_eq!(origin_label("A ()", "anything"), "A ()");
     }
 }

@@ -467,7 +467,8 @@ impl Downloader {
     }
 
     /// Download `entry`'s artifact of `generation` into `models_dir`, trying each origin in
-    /// order. Progress and origin changes go to `on_event`.
+    /// order. Progress and origin changes go to `on_event`. Guarantees as
+    /// [`Downloader::download_target`].
     pub fn download(
         &self,
         generation: Generation,
@@ -522,6 +523,17 @@ impl Downloader {
 
     /// [`Downloader::download`] of an explicit target: a model's artifact
     /// ([`Target::from_entry`]) or its Chestnut variant ([`Target::chestnut_variant`]).
+    ///
+    /// When it returns `Ok(installed)`: `installed.path` holds, as one plain file fsynced and
+    /// renamed into place (its directory fsynced), bytes of `installed.size` whose whole SHA-256
+    /// is `installed.sha256`, checked before the rename against the digest named by
+    /// `installed.digest_source` (with trusted keys always the signed manifest's, with its size
+    /// and chunk count; without keys the entry's digest, else the origin's `.sha256`), and each
+    /// chunk's when published; other forms of the same name are removed after. When it returns
+    /// `Err`: nothing new is under the final name (a copy already there is untouched), and the
+    /// staging file under `<models_dir>/.starpilot-staging` may hold verified-so-far bytes that
+    /// the next call resumes. It never writes past the declared size, never requests another
+    /// generation's paths, and returns [`Error::Cancelled`] within about a second of `cancel`.
     pub fn download_target(
         &self,
         generation: Generation,

@@ -18,8 +18,12 @@ use crate::error::{Error, Result};
 pub use crate::unsigned::{Unsigned, not_installable_text};
 
 /// Where StarPilot keeps the release keys it trusts: shipped read-only with the openpilot tree,
-/// so whoever can write a store cannot change them.
+/// so whoever can write a store cannot change them. This is the path on a comma, whose tree is
+/// `/data/openpilot`; a device manager takes [`TREE_TRUSTED_KEYS`] under the tree it runs on.
 pub const DEFAULT_TRUSTED_KEYS: &str = "/data/openpilot/starpilot/assets/model_release_keys.pub";
+
+/// [`DEFAULT_TRUSTED_KEYS`] relative to the openpilot tree.
+pub const TREE_TRUSTED_KEYS: &str = "starpilot/assets/model_release_keys.pub";
 
 /// A trusted keys file is a few lines per key.
 const MAX_KEYS_FILE_BYTES: u64 = 64 * 1024;

@@ -147,16 +147,23 @@ pub fn gc_plan(device: &Device) -> Result<GcPlan> {
 }
 
 /// `run`: the daemon under the manager lock until SIGTERM or SIGINT, its log starting with the
-/// tree it runs on.
+/// tree it runs on; `terminal` (a foreground run on a terminal) shows its progress too.
 pub fn daemon(
     device: &Device,
     dl: &Downloader,
     config: &DaemonConfig,
     tree: &TreeStatus,
     log: &(dyn Fn(&str) + Sync),
+    terminal: Option<&StderrProgress>,
 ) -> Result<()> {
     let _lock = ManagerLock::acquire(&device.models_dir())?;
     let stopping = cli_support::stop_on_signals();
     log(&crate::render::tree_line(tree));
-    crate::daemon::run(device, dl, config, &stopping, log)
+    let show = |p: &Progress| {
+        if let Some(t) = terminal {
+            t.say(p)
+        }
+    };
+    let show: Option<&(dyn Fn(&Progress) + Sync)> = terminal.map(|_| &show as _);
+    crate::daemon::run(device, dl, config, &stopping, log, show)
 }

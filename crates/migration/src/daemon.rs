@@ -145,6 +145,44 @@ pub fn failure_progress(e: &Error) -> Progress {
     }
 }
 
+/// Write `p` to the UI's `ModelDownloadProgress`, if it is for the UI ([`Progress::for_ui`]).
+fn show_in_ui(device: &Device, p: &Progress) {
+    if p.for_ui() {
+        let _ = device
+            .memory
+            .put(keys::MODEL_DOWNLOAD_PROGRESS, &p.to_string());
+    }
+}
+
+/// Where the daemon's progress goes besides the UI: its log (each finished transfer, one line)
+/// and, for a foreground `run` on a terminal, the terminal (everything else: the bar, texts).
+#[derive(Clone, Copy)]
+pub struct Outlets<'a> {
+    pub log: &'a (dyn Fn(&str) + Sync),
+    pub terminal: Option<&'a (dyn Fn(&Progress) + Sync)>,
+}
+
+impl Outlets<'_> {
+    /// Nowhere but the UI.
+    pub const NONE: Outlets<'static> = Outlets {
+        log: &|_| {},
+        terminal: None,
+    };
+
+    /// `p` to the UI, the log or the terminal, as [`Outlets`] says.
+    fn say(&self, device: &Device, p: &Progress) {
+        show_in_ui(device, p);
+        match p {
+            Progress::Fetched(f) => (self.log)(&f.to_string()),
+            _ => {
+                if let Some(t) = self.terminal {
+                    t(p)
+                }
+            }
+        }
+    }
+}
+
 /// Serve one request to the end; returns the final progress (written to
 /// `ModelDownloadProgress` too).
 pub fn serve(
@@ -153,11 +191,7 @@ pub fn serve(
     request: &Request,
     cancel: &CancelToken,
 ) -> Progress {
-    let say = |p: &Progress| {
-        let _ = device
-            .memory
-            .put(keys::MODEL_DOWNLOAD_PROGRESS, &p.to_string());
-    };
+    let say = |p: &Progress| show_in_ui(device, p);
     let last =
         serve_outcome(device, dl, request, cancel, &say).unwrap_or_else(|e| failure_progress(&e));
     say(&last);
@@ -173,12 +207,23 @@ fn serve_outcome(
 ) -> Result<Progress> {
     match request {
         Request::DownloadAll => {
+            // Each model's percentages name it (`"<name>: 42%"`), not a bare percentage.
+            let current = std::sync::Mutex::new(None::<DisplayName>);
             let start = |entry: &ModelEntry, before: bool| {
                 if before {
-                    say(&Progress::Downloading(DisplayName::of(entry)));
+                    let name = DisplayName::of(entry);
+                    say(&Progress::Downloading(name.clone()));
+                    *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(name);
                 }
             };
-            download_all(device, dl, cancel, &start, say).map(|all| match all.cancelled {
+            let named =
+                |p: &Progress| match (p, &*current.lock().unwrap_or_else(|p| p.into_inner())) {
+                    (Progress::Percent(t), Some(name)) => {
+                        say(&Progress::PercentOf(name.clone(), *t))
+                    }
+                    _ => say(p),
+                };
+            download_all(device, dl, cancel, &start, &named).map(|all| match all.cancelled {
                 true => Progress::Cancelled,
                 false => Progress::AllDownloaded,
             })
@@ -363,13 +408,18 @@ pub fn not_yet_backoff(config: &DaemonConfig, streak: u32) -> Duration {
 /// when nothing runs. Returns the request served, if any, and its last progress.
 pub fn poll_once(device: &Device, dl: &Downloader) -> Result<Option<(Request, Progress)>> {
     let stopping = Arc::new(AtomicBool::new(false));
-    Ok(
-        poll(device, dl, &stopping, &DaemonConfig::default())?.map(|(r, s)| match s {
-            Served::Finished(p)
-            | Served::Kept { progress: p, .. }
-            | Served::Failed { progress: p, .. } => (r, p),
-        }),
-    )
+    Ok(poll(
+        device,
+        dl,
+        &stopping,
+        &DaemonConfig::default(),
+        Outlets::NONE,
+    )?
+    .map(|(r, s)| match s {
+        Served::Finished(p)
+        | Served::Kept { progress: p, .. }
+        | Served::Failed { progress: p, .. } => (r, p),
+    }))
 }
 
 /// [`poll_once`], stopping early when `stopping` is set; says whether the request was kept,
@@ -379,6 +429,7 @@ pub fn poll(
     dl: &Downloader,
     stopping: &Arc<AtomicBool>,
     config: &DaemonConfig,
+    out: Outlets<'_>,
 ) -> Result<Option<(Request, Served)>> {
     let Some(request) = read_request(device)? else {
         // (One that cannot be read is the sweep's to remove and report.)
@@ -411,11 +462,7 @@ pub fn poll(
     }
     let done = Arc::new(AtomicBool::new(false));
     let (cancel, why, watcher) = watch(device, stopping, &done, CancelBy::AnyFlag);
-    let say = |p: &Progress| {
-        let _ = device
-            .memory
-            .put(keys::MODEL_DOWNLOAD_PROGRESS, &p.to_string());
-    };
+    let say = |p: &Progress| out.say(device, p);
     let outcome = serve_outcome(device, dl, &request, &cancel, &say);
     done.store(true, Ordering::SeqCst);
     let _ = watcher.join();
@@ -470,6 +517,31 @@ pub fn poll(
         Served::Kept { progress, .. } => say(progress),
     }
     Ok(Some((request, served)))
+}
+
+/// While a refresh runs (`done` unset), acknowledge each request the UI writes in
+/// `ModelDownloadProgress` within a fraction of a second, whatever the origins do (a hanging
+/// store holds a refresh for its deadline); it is served when the refresh ends.
+fn acknowledge_while(
+    device: &Device,
+    done: &AtomicBool,
+    stopping: &AtomicBool,
+    log: &(dyn Fn(&str) + Sync),
+) {
+    let mut acknowledged: Option<Request> = None;
+    while !done.load(Ordering::SeqCst) && !stopping.load(Ordering::SeqCst) {
+        if let Ok(Some(request)) = read_request(device)
+            && acknowledged.as_ref() != Some(&request)
+        {
+            show_in_ui(device, &Progress::AfterRefresh);
+            log(&format!(
+                "{}: received; served when the running refresh ends",
+                describe(&request)
+            ));
+            acknowledged = Some(request);
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Remove the request params that cannot be read, and say so in `ModelDownloadProgress` and
@@ -565,7 +637,9 @@ pub fn run(
     config: &DaemonConfig,
     stopping: &Arc<AtomicBool>,
     log: &(dyn Fn(&str) + Sync),
+    terminal: Option<&(dyn Fn(&Progress) + Sync)>,
 ) -> Result<()> {
+    let out = Outlets { log, terminal };
     // What runs (contracts with a load receipt), on its own thread so that no refresh or
     // download delays it past the contract's republish interval; onroad too, when modeld runs.
     let done = AtomicBool::new(false);
@@ -574,11 +648,7 @@ pub fn run(
             let done = &done;
             let device = device.clone();
             s.spawn(move || {
-                let say = |p: &Progress| {
-                    let _ = device
-                        .memory
-                        .put(keys::MODEL_DOWNLOAD_PROGRESS, &p.to_string());
-                };
+                let say = |p: &Progress| show_in_ui(&device, p);
                 let mut running = crate::load_receipt::Watcher::default();
                 while !stopping.load(Ordering::SeqCst) && !done.load(Ordering::SeqCst) {
                     running.tick(&device, Instant::now(), log, &say);
@@ -586,7 +656,7 @@ pub fn run(
                 }
             });
         }
-        let r = serve_loop(device, dl, config, stopping, log);
+        let r = serve_loop(device, dl, config, stopping, out);
         done.store(true, Ordering::SeqCst);
         r
     })
@@ -597,13 +667,13 @@ fn serve_loop(
     dl: &Downloader,
     config: &DaemonConfig,
     stopping: &Arc<AtomicBool>,
-    log: &(dyn Fn(&str) + Sync),
+    out: Outlets<'_>,
 ) -> Result<()> {
-    let say = |p: &Progress| {
-        let _ = device
-            .memory
-            .put(keys::MODEL_DOWNLOAD_PROGRESS, &p.to_string());
-    };
+    let log = out.log;
+    let say = |p: &Progress| out.say(device, p);
+    // The progress a kept request last showed: a new request that waits for its retry is
+    // acknowledged with it at once.
+    let mut kept_progress: Option<(Request, Progress)> = None;
     log(&format!(
         "started: generation {}, models in {}, polling every {} ms, refreshing every {} s",
         device.config.generation,
@@ -611,6 +681,21 @@ fn serve_loop(
         config.poll.as_millis(),
         config.refresh_every.as_secs()
     ));
+    // A new tree: the params made safe for every reader before the first refresh goes online.
+    if Road::of(device.is_onroad()) == Road::Offroad {
+        match crate::manager::settle_new_tree(device) {
+            Ok(Some(from)) => log(&format!(
+                "new tree: the device was on {from}; until the {} catalog is fetched everything \
+                 modeld reads names the built-in (done before any network)",
+                device.config.generation
+            )),
+            Ok(None) => {}
+            Err(e) => log(&format!(
+                "new tree: the offline first step failed (the refresh retries it): {}",
+                one_line(&e.to_string())
+            )),
+        }
+    }
     let mut next_refresh = Instant::now();
     let mut next_request = Instant::now();
     let mut road = Road::Offroad;
@@ -647,8 +732,12 @@ fn serve_loop(
                     let before = device.memory.modified(keys::CANCEL_MODEL_DOWNLOAD);
                     let (cancel, why, watcher) =
                         watch(device, stopping, &done, CancelBy::WrittenAfter(before));
-                    let result = refresh(device, dl, &cancel, &say);
-                    done.store(true, Ordering::SeqCst);
+                    let result = thread::scope(|s| {
+                        s.spawn(|| acknowledge_while(device, &done, stopping, log));
+                        let r = refresh(device, dl, &cancel, &say);
+                        done.store(true, Ordering::SeqCst);
+                        r
+                    });
                     let _ = watcher.join();
                     let ui_cancelled = *why.lock().unwrap_or_else(|e| e.into_inner())
                         == Some(Interrupt::Cancelled);
@@ -726,15 +815,20 @@ fn serve_loop(
             match read_request(device) {
                 Ok(Some(request)) if Instant::now() >= next_request => {
                     log(&format!("job: {}", describe(&request)));
-                    match poll(device, dl, stopping, config) {
+                    match poll(device, dl, stopping, config, out) {
                         Ok(Some((request, served))) => match served {
                             Served::Finished(p) => log(&format!("{}: {p}", describe(&request))),
                             Served::Failed { progress, why } => {
                                 log(&format!("{}: {progress} ({why})", describe(&request)))
                             }
-                            Served::Kept { why, retry_in, .. } => {
+                            Served::Kept {
+                                why,
+                                retry_in,
+                                progress,
+                            } => {
                                 log(&format!("{}: kept pending ({why})", describe(&request)));
                                 next_request = Instant::now() + retry_in;
+                                kept_progress = Some((request, progress));
                             }
                         },
                         Ok(None) => {}
@@ -745,10 +839,24 @@ fn serve_loop(
                         )),
                     }
                 }
-                Ok(Some(_)) => {}
+                Ok(Some(request)) => {
+                    // Waiting for its retry: a request the UI wrote since is acknowledged at
+                    // once with why it waits, not left unanswered until then.
+                    if let Some((kept, progress)) = &kept_progress
+                        && *kept != request
+                    {
+                        say(progress);
+                        log(&format!(
+                            "{}: waits for the retry of {} ({progress})",
+                            describe(&request),
+                            describe(kept)
+                        ));
+                        kept_progress = Some((request, progress.clone()));
+                    }
+                }
                 Ok(None) => {
                     // Nothing pending: drop a leftover cancel flag (see `poll`).
-                    if let Err(e) = poll(device, dl, stopping, config) {
+                    if let Err(e) = poll(device, dl, stopping, config, out) {
                         log(&format!("cancel flag: {}", one_line(&e.to_string())));
                     }
                 }

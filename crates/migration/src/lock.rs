@@ -116,8 +116,69 @@ fn open_legacy(path: &Path) -> io::Result<Option<File>> {
     Ok(None)
 }
 
+/// The pid of the process that holds the manager lock on `models_dir` now (the daemon, or a
+/// `refresh` or `download` in another shell), read from the kernel's `/proc/locks`: nothing is
+/// locked or opened for it, so a manager starting meanwhile is never turned away. `None`: not
+/// held, or not knowable (no `/proc`).
+pub fn holder(models_dir: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(models_dir).ok()?;
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    holder_in(&locks, meta.dev(), meta.ino())
+}
+
+/// The pid holding a `flock` on the file `(dev, ino)` in `/proc/locks`' text (lines such as
+/// `1: FLOCK  ADVISORY  WRITE 7990 fe:00:5398791 0 EOF`; waiters, `1: -> FLOCK ...`, are not
+/// holders). Pure.
+pub fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<u32> {
+    // glibc's encoding of a dev_t: the kernel prints major and minor in hex.
+    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
+    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
+    locks.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            [_, "FLOCK", _, "WRITE", pid, file, ..] => {
+                let mut parts = file.split(':');
+                let (ma, mi, i) = (parts.next()?, parts.next()?, parts.next()?);
+                let same = u64::from_str_radix(ma, 16).ok()? == major
+                    && u64::from_str_radix(mi, 16).ok()? == minor
+                    && i.parse::<u64>().ok()? == ino;
+                same.then(|| pid.parse().ok()).flatten()
+            }
+            _ => None,
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    /// `/proc/locks` read for the models directory's inode: a writer's pid, never a waiter's
+    /// or another file's.
+    #[test]
+    fn the_lock_holder_is_read_from_proc_locks() {
+        let locks = "1: FLOCK  ADVISORY  WRITE 27528 fe:00:10048770 0 EOF\n\
+                     2: -> FLOCK  ADVISORY  WRITE 999 fe:01:42 0 EOF\n\
+                     3: FLOCK  ADVISORY  READ 7990 fe:01:42 0 EOF\n\
+                     4: POSIX  ADVISORY  WRITE 5 fe:01:42 0 EOF\n\
+                     5: FLOCK  ADVISORY  WRITE 7991 fe:01:42 0 EOF\n";
+        let dev = (0xfe << 8) | 1;
+        assert_eq!(super::holder_in(locks, dev, 42), Some(7991));
+        assert_eq!(super::holder_in(locks, dev, 43), None);
+        assert_eq!(super::holder_in(locks, 0xfe << 8, 10_048_770), Some(27528));
+        assert_eq!(super::holder_in("", dev, 42), None);
+    }
+
+    /// A held lock is seen with the holder's pid; a free one is not held.
+    #[test]
+    fn holder_sees_a_held_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(super::holder(dir.path()), None);
+        let lock = super::ManagerLock::acquire(dir.path()).unwrap();
+        assert_eq!(super::holder(dir.path()), Some(std::process::id()));
+        drop(lock);
+        assert_eq!(super::holder(dir.path()), None);
+    }
+
     use super::*;
 
     #[test]

@@ -178,6 +178,34 @@ pub(crate) fn failed_fetch(device: &Device, e: &Error) -> Result<()> {
     Ok(())
 }
 
+/// The first step of `run` on a device whose params still belong to another generation than
+/// its tree's (the tree changed since the last refresh), taken before any network: the offline
+/// first boot's steps (see [`failed_fetch`]) — the choice journaled, everything modeld and the
+/// UIs read pointed at the built-in, the old generation's driving artifacts purged — so no
+/// reader of the params (modeld's "load `<id>_driving_tinygrad.pkl` when present" included)
+/// opens an old-generation pickle while the first refresh is still fetching. The refresh then
+/// resumes the journal at its download phase, exactly as after an offline boot. Offroad only;
+/// a device with no generation on record, on its tree's generation, or with a migration already
+/// past its purge, is not touched. Returns the generation the params came from when it changed anything.
+pub fn settle_new_tree(device: &Device) -> Result<Option<String>> {
+    device.ensure_offroad("the first step on a new tree")?;
+    device.ensure_dirs()?;
+    let view = DeviceView::read(device).strict()?;
+    // A device with no generation on record (a first start) has no old pickle named anywhere:
+    // nothing to make safe, and nothing is written before a manifest is had (a refused one
+    // changes nothing, see docs/device.md, *Trust*).
+    if view.previous().is_none() {
+        return Ok(None);
+    }
+    let catalog = crate::offline::offline_catalog(device)?;
+    let (journal, _purged, changed) = begin_migration(device, &view, &catalog)?;
+    Ok(changed.then(|| {
+        journal
+            .and_then(|j| j.from)
+            .unwrap_or_else(|| "an unknown generation".to_string())
+    }))
+}
+
 /// [`refresh_at`], with what it went through. On a device in plan mode
 /// ([`Device::planning`]) it is the dry run: downloads are assumed to succeed.
 pub(crate) fn refresh_run(
@@ -506,6 +534,11 @@ pub fn install_target(
         return Ok(None);
     }
     let percent = PercentFilter::default();
+    // For the finished transfer's log line: when it started, the origins tried, the bytes
+    // already staged when this run first reported.
+    let started = std::time::Instant::now();
+    let origins = std::sync::Mutex::new(Vec::<String>::new());
+    let first_done = std::sync::Mutex::new(None::<u64>);
     let files = device.files();
     device
         .effects()
@@ -518,7 +551,15 @@ pub fn install_target(
             cancel,
             |cancel, publish| {
                 let on_event = |e: Event| match e {
+                    Event::Origin { origin } => {
+                        let mut o = origins.lock().unwrap_or_else(|p| p.into_inner());
+                        o.push(origin_name(&origin).to_string());
+                    }
                     Event::Progress { done, total } => {
+                        first_done
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert(done);
                         if let Some(pct) = percent.advance(done, total) {
                             progress(&Progress::Percent(Transferred { done, total }));
                             publish(&format!("{label}: {pct}%"));
@@ -538,8 +579,26 @@ pub fn install_target(
         )
         .map(|installed| {
             files.tidy_after_install(&target.id);
+            let origin = origin_name(&installed.origin).to_string();
+            let mut after = origins.into_inner().unwrap_or_else(|p| p.into_inner());
+            after.retain(|o| *o != origin);
+            after.dedup();
+            let staged = first_done.into_inner().unwrap_or_else(|p| p.into_inner());
+            progress(&Progress::Fetched(crate::progress::Fetched {
+                what: target.id.to_string(),
+                size: installed.size,
+                moved: installed.size - staged.unwrap_or(0).min(installed.size),
+                took: started.elapsed(),
+                origin,
+                after,
+            }));
             Some(installed)
         })
+}
+
+/// An origin's name, `Hugging Face`, from how the downloader shows it (`Hugging Face (<base>)`).
+fn origin_name(shown: &str) -> &str {
+    shown.split_once(" (").map_or(shown, |(name, _)| name)
 }
 
 /// With a ready external GPU, a model's accelerator build (the contract's: v25

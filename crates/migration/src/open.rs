@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use downloader::trust::{DEFAULT_TRUSTED_KEYS, TrustedKeys};
+use downloader::trust::{TREE_TRUSTED_KEYS, TrustedKeys};
 use downloader::{DownloadConfig, Downloader, Origins};
 use manifest::{Generation, GitCommit};
 
@@ -27,7 +27,7 @@ pub struct Options {
     pub hf_base: String,
     pub github_base: String,
     pub download: DownloadConfig,
-    /// Default: [`DEFAULT_TRUSTED_KEYS`] when that file exists, else none.
+    /// Default: `<openpilot_dir>/`[`TREE_TRUSTED_KEYS`] when that file exists, else none.
     pub trusted_keys: Option<PathBuf>,
     /// Where modeld's load receipt directory is (default: the contract's, `/dev/shm`).
     pub shm_dir: Option<PathBuf>,
@@ -128,7 +128,7 @@ pub fn open(o: &Options) -> Result<Opened> {
         o.openpilot_prefix.as_deref(),
     );
     // The device re-verifies what it stored under the downloader's keys on every read.
-    device.trusted_keys = trusted_keys(o.trusted_keys.as_deref())?;
+    device.trusted_keys = trusted_keys(o.trusted_keys.as_deref(), &o.openpilot_dir)?;
     let dl = Downloader::new(Origins::new(&o.hf_base, &o.github_base), o.download.clone());
     let dl = match &device.trusted_keys {
         Some(keys) => dl.with_trusted_keys(keys.clone()),
@@ -159,17 +159,27 @@ pub fn require_data_dir(dir: &Path) -> Result<()> {
     })
 }
 
-/// The keys of `flag`, or of the StarPilot default file when it exists. A given file that
-/// cannot be used is an error: a device that was meant to be protected must not silently run
-/// unprotected.
-pub fn trusted_keys(flag: Option<&Path>) -> Result<Option<TrustedKeys>> {
-    let default = Path::new(DEFAULT_TRUSTED_KEYS);
-    let path = match flag {
-        Some(p) => p,
-        None if default.exists() => default,
-        None => return Ok(None),
+/// The keys file a device uses: `flag`, else the tree's (`<openpilot_dir>/`
+/// [`TREE_TRUSTED_KEYS`], `/data/openpilot/...` on a comma) when it exists. Pure.
+pub fn keys_path(
+    flag: Option<&Path>,
+    openpilot_dir: &Path,
+    exists: impl Fn(&Path) -> bool,
+) -> Option<PathBuf> {
+    match flag {
+        Some(p) => Some(p.to_path_buf()),
+        None => Some(openpilot_dir.join(TREE_TRUSTED_KEYS)).filter(|p| exists(p)),
+    }
+}
+
+/// The keys of `flag`, or of the tree's StarPilot keys file when it exists ([`keys_path`]). A
+/// given file that cannot be used is an error: a device that was meant to be protected must not
+/// silently run unprotected.
+pub fn trusted_keys(flag: Option<&Path>, openpilot_dir: &Path) -> Result<Option<TrustedKeys>> {
+    let Some(path) = keys_path(flag, openpilot_dir, |p| p.exists()) else {
+        return Ok(None);
     };
-    TrustedKeys::load(path)
+    TrustedKeys::load(&path)
         .map(Some)
         .map_err(Error::TrustedKeysUnusable)
 }
@@ -307,5 +317,34 @@ mod tests {
             assert!(matches!(open(&o), Ok(Opened::Paused { .. })));
             assert_eq!(files(t.path()).len(), before.len(), "nothing written");
         }
+    }
+
+    /// Issue 37: the default keys file follows `--openpilot-dir` (a tree elsewhere than
+    /// `/data/openpilot` brings its own keys); a given flag wins; a missing default is none.
+    #[test]
+    fn the_default_keys_file_is_the_trees() {
+        let tree = Path::new("/work/op");
+        let flag = Path::new("/etc/keys.pub");
+        for (given, exists, want) in [
+            (
+                None,
+                true,
+                Some("/work/op/starpilot/assets/model_release_keys.pub"),
+            ),
+            (None, false, None),
+            (Some(flag), false, Some("/etc/keys.pub")),
+            (Some(flag), true, Some("/etc/keys.pub")),
+        ] {
+            assert_eq!(
+                keys_path(given, tree, |_| exists),
+                want.map(PathBuf::from),
+                "{given:?} {exists}"
+            );
+        }
+        assert_eq!(
+            keys_path(None, Path::new("/data/openpilot"), |_| true).unwrap(),
+            Path::new(downloader::trust::DEFAULT_TRUSTED_KEYS),
+            "on a comma it is the documented default"
+        );
     }
 }

@@ -19,6 +19,10 @@ use crate::error::Error;
 pub struct DisplayName(String);
 
 impl DisplayName {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
     pub fn of(entry: &manifest::ModelEntry) -> Self {
         DisplayName(crate::contract::clean_name(
             entry.name().unwrap_or(entry.id().as_str()),
@@ -113,6 +117,48 @@ impl FailReason {
     }
 }
 
+/// One finished transfer, as the log says it ([`Progress::Fetched`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched {
+    /// The model (or variant file) fetched.
+    pub what: String,
+    /// The artifact's size.
+    pub size: u64,
+    /// The bytes this run moved (less than `size` for a resumed download).
+    pub moved: u64,
+    pub took: std::time::Duration,
+    /// The origin that served it, by name.
+    pub origin: String,
+    /// The origins tried before it, by name: a fallback.
+    pub after: Vec<String>,
+}
+
+impl fmt::Display for Fetched {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use cli_support::progress as units;
+        write!(
+            f,
+            "downloaded {}: {} in {} from {} ({})",
+            self.what,
+            units::bytes(self.size),
+            units::took(self.took),
+            self.origin,
+            units::rate(self.moved, self.took)
+        )?;
+        if self.moved < self.size {
+            write!(
+                f,
+                ", resumed: {} were staged",
+                units::bytes(self.size - self.moved)
+            )?;
+        }
+        if !self.after.is_empty() {
+            write!(f, ", after {} failed", self.after.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
 /// How far the current download is: `done` of `total` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transferred {
@@ -138,6 +184,11 @@ pub enum Progress {
     Verifying,
     /// `"Downloaded!"`.
     Downloaded,
+    /// A finished transfer, for the log and a terminal, never the UI (see [`Progress::for_ui`]):
+    /// `"downloaded pop223: 12.00 MiB in 3.2 s from GitHub (3.75 MiB/s), after Hugging Face"`.
+    Fetched(Fetched),
+    /// `"<name>: 42%"`: download-all's percentage, naming the model it is about.
+    PercentOf(DisplayName, Transferred),
     /// `"Built-in model already downloaded."`.
     BuiltinAlreadyDownloaded,
     /// `"Local model, nothing to download."`.
@@ -148,6 +199,9 @@ pub enum Progress {
     Downloading(DisplayName),
     /// `"All models downloaded!"`.
     AllDownloaded,
+    /// `"Request received; it starts when the model list check ends..."`: a request the daemon
+    /// read while a refresh runs (acknowledged within a second, whatever the origins do).
+    AfterRefresh,
     /// `"Download cancelled..."`.
     Cancelled,
     /// `"Hugging Face and GitHub are offline..."`.
@@ -190,6 +244,14 @@ pub enum Progress {
     },
 }
 
+impl Progress {
+    /// Whether the UI's `ModelDownloadProgress` shows it: everything but a finished transfer's
+    /// log line ([`Progress::Fetched`]).
+    pub fn for_ui(&self) -> bool {
+        !matches!(self, Progress::Fetched(_))
+    }
+}
+
 impl fmt::Display for Progress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -205,6 +267,8 @@ impl fmt::Display for Progress {
                 fallback.unwrap_or("none")
             ),
             Progress::Percent(t) => write!(f, "{}%", t.percent()),
+            Progress::PercentOf(DisplayName(name), t) => write!(f, "{name}: {}%", t.percent()),
+            Progress::Fetched(fetched) => fetched.fmt(f),
             Progress::Verifying => f.write_str("Verifying authenticity..."),
             Progress::Downloaded => f.write_str("Downloaded!"),
             Progress::BuiltinAlreadyDownloaded => f.write_str("Built-in model already downloaded."),
@@ -214,6 +278,9 @@ impl fmt::Display for Progress {
             }
             Progress::Downloading(DisplayName(name)) => write!(f, "Downloading \"{name}\"..."),
             Progress::AllDownloaded => f.write_str("All models downloaded!"),
+            Progress::AfterRefresh => {
+                f.write_str("Request received; it starts when the model list check ends...")
+            }
             Progress::Cancelled => f.write_str("Download cancelled..."),
             Progress::Offline => f.write_str("Hugging Face and GitHub are offline..."),
             Progress::SelectedUnavailable => {

@@ -5,7 +5,6 @@
 //! [`Line`]s ([`Render`]). The binary builds one, then prints it.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use serde::Serialize;
 
@@ -191,6 +190,42 @@ pub struct StatusDocument {
     pub report: StatusReport,
     pub trust: TrustReport,
     pub tree: TreeStatus,
+    /// Another manager holding the lock now (the daemon, or a `refresh` or `download`
+    /// elsewhere): its staged downloads are under way, not interrupted. Only in `--json` when
+    /// there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub another_manager: Option<AnotherManager>,
+}
+
+/// The manager holding the lock, and what the UI's memory params say it is doing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AnotherManager {
+    pub pid: u32,
+    /// The UI request pending or being served: a model id, or `all` (`DownloadAllModels`).
+    pub request: Option<String>,
+    /// `ModelDownloadProgress` as the UI shows it (e.g. `42%`).
+    pub progress: Option<String>,
+}
+
+impl AnotherManager {
+    /// The manager holding `device`'s lock, if any (`crate::lock::holder`), with its request
+    /// and progress read from the memory params (nothing read counts as none).
+    pub fn of(device: &Device) -> Option<Self> {
+        let pid = crate::lock::holder(&device.models_dir())?;
+        let value = |key| match device.memory.read(key) {
+            crate::params::ParamRead::Value(v) => Some(v.trim().to_string()),
+            _ => None,
+        };
+        let request = match device.memory.get_bool(params::keys::DOWNLOAD_ALL_MODELS) {
+            Ok(true) => Some("all".to_string()),
+            _ => value(params::keys::MODEL_TO_DOWNLOAD),
+        };
+        Some(AnotherManager {
+            pid,
+            request,
+            progress: value(params::keys::MODEL_DOWNLOAD_PROGRESS),
+        })
+    }
 }
 
 impl StatusDocument {
@@ -199,6 +234,7 @@ impl StatusDocument {
             report: crate::report::status(device)?,
             trust: TrustReport::of(device)?,
             tree,
+            another_manager: AnotherManager::of(device),
         })
     }
 
@@ -243,8 +279,9 @@ impl StatusDocument {
             lines.push(format!("  {} ({slot}): {}", w.id, w.reason));
         }
         lines.push(format!(
-            "free bytes: {}",
-            r.free_bytes.map_or("unknown".into(), |f| f.to_string())
+            "free space: {}",
+            r.free_bytes
+                .map_or("unknown".into(), cli_support::progress::bytes)
         ));
         if let Some(fb) = &r.fallback {
             for p in &fb.pending {
@@ -275,13 +312,37 @@ impl StatusDocument {
                 }
             ));
         }
-        for d in &r.interrupted_downloads {
+        if let Some(m) = &self.another_manager {
             lines.push(format!(
-                "interrupted download: {} ({}), {} of {} bytes staged{}",
+                "manager running: pid {} holds the lock (the daemon, or a refresh or download)",
+                m.pid
+            ));
+            if let Some(request) = &m.request {
+                lines.push(format!(
+                    "downloading now: {request} (the UI's request){}",
+                    m.progress
+                        .as_ref()
+                        .map_or(String::new(), |p| format!(", progress: {p}"))
+                ));
+            }
+        }
+        for d in &r.interrupted_downloads {
+            if self.another_manager.is_some() {
+                lines.push(format!(
+                    "downloading now: {} ({}), {} of {} staged",
+                    d.id.as_deref().unwrap_or("not in the catalog"),
+                    d.file,
+                    cli_support::progress::bytes(d.done_bytes),
+                    cli_support::progress::bytes(d.size),
+                ));
+                continue;
+            }
+            lines.push(format!(
+                "interrupted download: {} ({}), {} of {} staged{}",
                 d.id.as_deref().unwrap_or("not in the catalog"),
                 d.file,
-                d.done_bytes,
-                d.size,
+                cli_support::progress::bytes(d.done_bytes),
+                cli_support::progress::bytes(d.size),
                 if d.current {
                     "; the next download of it resumes there"
                 } else {
@@ -296,6 +357,20 @@ impl StatusDocument {
 
     /// The `next:` hint `status` adds on stderr, if any.
     pub fn next(&self) -> Option<String> {
+        let hint = self.next_alone()?;
+        Some(match self.another_manager.as_ref().map(|m| m.pid) {
+            // Every command that changes the device would exit 3 (busy) meanwhile.
+            Some(pid) => format!(
+                "the manager running as pid {pid} holds the lock and does this itself (`status` \
+                 again follows it; its log says what it does); `refresh`, `download` and `gc` \
+                 exit 3 while it runs"
+            ),
+            None => hint,
+        })
+    }
+
+    /// The hint when no other manager runs.
+    fn next_alone(&self) -> Option<String> {
         let r = &self.report;
         if r.interrupted_migration.is_some() {
             Some("`refresh` finishes the interrupted migration".into())
@@ -436,10 +511,11 @@ impl Render for ResolveReport {
     }
 }
 
-/// Typed progress as the device binary shows it on stderr. On a terminal a download redraws one
-/// line, `LABEL [====>   ] DONE/TOTAL RATE eta ETA` (`cli_support::progress`, as release-cli's
-/// bars); elsewhere (logs, pipes) every tenth percent gets a line `LABEL N%` (`-v`: every
-/// percent). Other progress always gets a line, clearing a drawn bar first; `-q` shows nothing.
+/// Typed progress as the device binary shows it on stderr. On a terminal a download is one
+/// indicatif bar, `LABEL [====>   ] DONE/TOTAL RATE eta ETA`, as wide as the terminal and
+/// redrawn in place ([`StderrProgress`] draws it; this view only drops the percentages that
+/// would go backwards); elsewhere (logs, pipes) every tenth percent gets a line `LABEL N%`
+/// (`-v`: every percent). Other progress always gets a line of its own; `-q` shows nothing.
 /// Parallel workers report out of order: a percentage at or below the highest shown for the
 /// label is dropped.
 #[derive(Debug)]
@@ -447,12 +523,8 @@ pub struct ProgressView {
     tty: bool,
     verbosity: cli_support::Verbosity,
     label: String,
-    /// A bar is drawn on the current line and must be cleared before other text.
-    drawn: bool,
     highest: Option<u64>,
     last_logged: Option<u64>,
-    /// When and where the label's download was first seen, for its rate.
-    start: Option<(Instant, u64)>,
 }
 
 impl ProgressView {
@@ -461,10 +533,8 @@ impl ProgressView {
             tty,
             verbosity,
             label: String::new(),
-            drawn: false,
             highest: None,
             last_logged: None,
-            start: None,
         }
     }
 
@@ -473,35 +543,36 @@ impl ProgressView {
         self.label = label.to_string();
         self.highest = None;
         self.last_logged = None;
-        self.start = None;
     }
 
-    /// What to write to stderr for `p`, seen at `now` (empty: nothing).
-    pub fn render(&mut self, p: &Progress, now: Instant) -> String {
+    /// Whether the bar is drawn at all: on a terminal, unless `-q`.
+    pub fn draws_bar(&self) -> bool {
+        self.tty && self.verbosity != cli_support::Verbosity::Quiet
+    }
+
+    /// Whether `pct` moves the label's progress forward (and records it).
+    fn advance(&mut self, pct: u64) -> bool {
+        if self.highest.is_some_and(|h| pct <= h) {
+            return false;
+        }
+        self.highest = Some(pct);
+        true
+    }
+
+    /// What to write to stderr for `p` as text (empty: nothing; on a terminal a percentage is
+    /// the bar's, never text).
+    pub fn render(&mut self, p: &Progress) -> String {
         use cli_support::Verbosity;
         if self.verbosity == Verbosity::Quiet {
             return String::new();
         }
-        let Progress::Percent(t) = p else {
-            return self.line(p);
+        let t = match p {
+            Progress::Percent(t) | Progress::PercentOf(_, t) => t,
+            _ => return format!("{p}\n"),
         };
         let pct = t.percent();
-        if self.highest.is_some_and(|h| pct <= h) {
+        if !self.advance(pct) || self.tty {
             return String::new();
-        }
-        self.highest = Some(pct);
-        let (since, from) = *self.start.get_or_insert((now, t.done));
-        if self.tty {
-            self.drawn = true;
-            let moved = t.done.saturating_sub(from);
-            let line = cli_support::progress::bytes_line(
-                &self.label,
-                t.done,
-                t.total,
-                moved,
-                now.saturating_duration_since(since),
-            );
-            return format!("\r\x1b[2K{line}");
         }
         let every = self.verbosity == Verbosity::Verbose;
         if every || self.last_logged.is_none_or(|l| pct / 10 > l / 10) {
@@ -510,59 +581,131 @@ impl ProgressView {
         }
         String::new()
     }
-
-    /// A line of its own (clearing a drawn bar first; nothing with `-q`).
-    pub fn line(&mut self, text: impl std::fmt::Display) -> String {
-        if self.verbosity == cli_support::Verbosity::Quiet {
-            return String::new();
-        }
-        let clear = if self.drawn { "\r\x1b[2K" } else { "" };
-        self.drawn = false;
-        format!("{clear}{text}\n")
-    }
-
-    /// What ends a drawn bar's line (empty when none is drawn).
-    pub fn finish(&mut self) -> &'static str {
-        match std::mem::take(&mut self.drawn) {
-            true => "\n",
-            false => "",
-        }
-    }
 }
 
-/// A [`ProgressView`] that the download's workers share, writing to stderr.
+/// A [`ProgressView`] that the download's workers share, writing to stderr; on a terminal it
+/// owns the indicatif bar of the label's download.
 #[derive(Debug)]
-pub struct StderrProgress(std::sync::Mutex<ProgressView>);
+pub struct StderrProgress(std::sync::Mutex<Shared>);
+
+/// What the workers share: the view, the bar drawn now, the last text line (not repeated).
+#[derive(Debug)]
+struct Shared {
+    view: ProgressView,
+    bar: Option<indicatif::ProgressBar>,
+    last_text: Option<String>,
+}
 
 impl StderrProgress {
     /// `tty`: stderr is a terminal. The verbosity is the run's (`cli_support::verbosity`).
     pub fn new(tty: bool) -> Self {
         let view = ProgressView::new(tty, cli_support::verbosity());
-        StderrProgress(std::sync::Mutex::new(view))
+        StderrProgress(std::sync::Mutex::new(Shared {
+            view,
+            bar: None,
+            last_text: None,
+        }))
     }
 
-    fn view(&self) -> std::sync::MutexGuard<'_, ProgressView> {
+    fn state(&self) -> std::sync::MutexGuard<'_, Shared> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// What the following percentages are about, e.g. `pop223`.
+    /// What the following percentages are about, e.g. `pop223` (ends a drawn bar).
     pub fn label(&self, label: &str) {
-        self.view().label(label);
+        let mut s = self.state();
+        end_bar(&mut s.bar);
+        s.view.label(label);
     }
 
     pub fn say(&self, p: &Progress) {
-        eprint!("{}", self.view().render(p, Instant::now()));
+        let mut s = self.state();
+        let Shared {
+            view,
+            bar,
+            last_text,
+        } = &mut *s;
+        if !view.draws_bar() {
+            eprint!("{}", view.render(p));
+            return;
+        }
+        match p {
+            Progress::Percent(t) | Progress::PercentOf(_, t) => {
+                if !view.advance(t.percent()) {
+                    return;
+                }
+                match bar {
+                    Some(b) => {
+                        b.set_length(t.total);
+                        b.set_position(t.done);
+                    }
+                    None => *bar = Some(new_bar(&view.label, *t)),
+                }
+            }
+            text => {
+                // The same text twice in a row (a request's end said by the download and by
+                // the request) is shown once.
+                let shown = text.to_string();
+                if last_text.as_deref() == Some(shown.as_str()) {
+                    return;
+                }
+                *last_text = Some(shown);
+                // The bar stays as it last was; the text goes on the next line.
+                end_bar(bar);
+                // What the next percentages are about, when the text says it.
+                match text {
+                    Progress::Downloading(name) => view.label(name.as_str()),
+                    Progress::DownloadingSelected(id) => view.label(id.as_str()),
+                    _ => {}
+                }
+                eprintln!("{text}");
+            }
+        }
     }
 
-    /// A line of its own among the progress.
+    /// A line of its own among the progress (above a drawn bar, which stays).
     pub fn line(&self, text: impl std::fmt::Display) {
-        eprint!("{}", self.view().line(text));
+        let s = self.state();
+        if s.view.verbosity == cli_support::Verbosity::Quiet {
+            return;
+        }
+        match &s.bar {
+            Some(bar) => bar.suspend(|| eprintln!("{text}")),
+            None => eprintln!("{text}"),
+        }
     }
 
-    /// End a drawn bar's line.
+    /// End a drawn bar, leaving it as it last was.
     pub fn finish(&self) {
-        eprint!("{}", self.view().finish());
+        end_bar(&mut self.state().bar);
     }
+}
+
+/// Leave the drawn bar as it last was and end its line (indicatif leaves the cursor at the
+/// right edge; without the newline the next text would wrap onto the bar's line).
+fn end_bar(bar: &mut Option<indicatif::ProgressBar>) {
+    if let Some(b) = bar.take() {
+        b.finish();
+        eprintln!();
+    }
+}
+
+/// The bar of one download on stderr ([`cli_support::progress::WIDE_BYTES_TEMPLATE`]), from
+/// `t` on: a resumed download starts part-way, and its rate counts only what this run moves.
+fn new_bar(label: &str, t: crate::Transferred) -> indicatif::ProgressBar {
+    use cli_support::progress::{BAR_CHARS, WIDE_BYTES_TEMPLATE};
+    let style = indicatif::ProgressStyle::with_template(WIDE_BYTES_TEMPLATE)
+        .expect("the template parses (cli_support's tests)")
+        .progress_chars(BAR_CHARS);
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(t.total),
+        indicatif::ProgressDrawTarget::stderr_with_hz(10),
+    )
+    .with_style(style)
+    .with_message(label.to_string())
+    .with_position(t.done);
+    bar.reset_eta();
+    bar
 }
 
 #[cfg(test)]
@@ -743,10 +886,9 @@ mod tests {
         })
     }
 
-    /// The rendering of each progress in turn, all at the same instant.
+    /// The rendering of each progress in turn.
     fn shown(v: &mut ProgressView, ps: &[Progress]) -> Vec<String> {
-        let now = Instant::now();
-        ps.iter().map(|p| v.render(p, now)).collect()
+        ps.iter().map(|p| v.render(p)).collect()
     }
 
     #[test]
@@ -810,51 +952,30 @@ mod tests {
         );
     }
 
-    /// On a terminal: one redrawn line with bytes, rate and ETA (the rate over what this run
-    /// moved since the label's first report), cleared before text, ended by `finish`.
+    /// On a terminal a percentage is never text (the indicatif bar draws it, see
+    /// `StderrProgress`; the tmux test watches it at 80 columns), other progress is a line, and
+    /// a finished transfer says size, time, origin and rate.
     #[test]
-    fn a_terminal_gets_one_redrawn_bar_with_bytes_rate_and_eta() {
+    fn a_terminal_gets_text_only_for_what_is_not_a_percentage() {
         let mut v = view(true, cli_support::Verbosity::Normal);
-        let t0 = Instant::now();
-        let mib = |n: u64| {
-            Progress::Percent(crate::Transferred {
-                done: n << 20,
-                total: 8 << 20,
-            })
-        };
-        // A resumed download: 2 MiB were there before this run.
+        assert!(v.draws_bar());
+        assert_eq!(shown(&mut v, &[pct(5), pct(50)]), ["", ""]);
+        let fetched = Progress::Fetched(crate::progress::Fetched {
+            what: "pop223".into(),
+            size: 12 << 20,
+            moved: 12 << 20,
+            took: std::time::Duration::from_secs(4),
+            origin: "GitHub".into(),
+            after: vec!["Hugging Face".into()],
+        });
         assert_eq!(
-            v.render(&mib(2), t0),
-            format!(
-                "\r\x1b[2Kpop223 [{}>{}] 2.00 MiB/8.00 MiB 0 B/s eta 0s",
-                "=".repeat(7),
-                " ".repeat(22)
-            )
+            shown(&mut v, &[Progress::Verifying, fetched]),
+            [
+                "Verifying authenticity...\n",
+                "downloaded pop223: 12.00 MiB in 4.0 s from GitHub (3.00 MiB/s), after Hugging Face failed\n"
+            ]
         );
-        let bar = v.render(&mib(4), t0 + std::time::Duration::from_secs(2));
-        assert_eq!(
-            bar,
-            format!(
-                "\r\x1b[2Kpop223 [{}>{}] 4.00 MiB/8.00 MiB 1.00 MiB/s eta 4s",
-                "=".repeat(15),
-                " ".repeat(14)
-            )
-        );
-        assert!(!bar.contains('\n'));
-        assert_eq!(
-            v.render(&mib(3), t0),
-            "",
-            "out-of-order progress is dropped"
-        );
-        assert_eq!(
-            v.render(&Progress::Verifying, t0),
-            "\r\x1b[2KVerifying authenticity...\n"
-        );
-        assert_eq!(v.render(&Progress::Downloaded, t0), "Downloaded!\n");
-        assert_eq!(v.finish(), "", "no bar drawn");
-        v.label("next");
-        assert!(!v.render(&mib(1), t0).is_empty());
-        assert_eq!(v.finish(), "\n");
-        assert_eq!(v.finish(), "");
+        assert!(!view(true, cli_support::Verbosity::Quiet).draws_bar());
+        assert!(!view(false, cli_support::Verbosity::Normal).draws_bar());
     }
 }

@@ -195,18 +195,24 @@ fn read_tree_file(path: &Path, limit: u64) -> std::result::Result<Option<Vec<u8>
     })
 }
 
+/// The tinygrad commit a marker's bytes name, read as upstream reads the file: a UTF-8
+/// byte-order mark and surrounding whitespace (a trailing newline, CRLF) are ignored, and hex
+/// digits in either case name the same commit. Anything else is refused. Pure.
+pub fn marker_commit(bytes: &[u8]) -> std::result::Result<GitCommit, manifest::Error> {
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    let text = String::from_utf8_lossy(bytes);
+    text.trim().to_ascii_lowercase().parse::<GitCommit>()
+}
+
 /// Read the tree at `openpilot_dir`: the marker (required) and the pins file (optional: without
 /// it the table is the built-in one).
 pub fn read(openpilot_dir: &Path) -> TreeRead {
     let marker_path = openpilot_dir.join(MARKER_FILE);
     let marker = match read_tree_file(&marker_path, MARKER_LIMIT) {
-        Ok(Some(bytes)) => {
-            let text = String::from_utf8_lossy(&bytes);
-            text.trim().parse::<GitCommit>().map_err(|e| Unreadable {
-                path: marker_path.clone(),
-                problem: format!("not a tinygrad commit ({e})"),
-            })
-        }
+        Ok(Some(bytes)) => marker_commit(&bytes).map_err(|e| Unreadable {
+            path: marker_path.clone(),
+            problem: format!("not a tinygrad commit ({e})"),
+        }),
         Ok(None) => Err(Unreadable {
             path: marker_path.clone(),
             problem: if openpilot_dir.is_dir() {
@@ -501,6 +507,35 @@ pub fn run_paused(
 mod tests {
     use super::*;
     use manifest::layout;
+
+    /// Issue 37: a marker in uppercase, with a byte-order mark or CRLF names its commit (the
+    /// device was paused by these); a short, long or non-hex one is still refused.
+    #[test]
+    fn the_marker_is_read_as_upstream_reads_it() {
+        let c = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+        let upper = c.to_ascii_uppercase();
+        for ok in [
+            c.to_string(),
+            format!("{c}\n"),
+            format!("  {c}\r\n"),
+            upper.clone(),
+            format!("\u{feff}{c}\n"),
+            format!("\u{feff}{upper}\r\n"),
+        ] {
+            assert_eq!(marker_commit(ok.as_bytes()).unwrap().as_str(), c, "{ok:?}");
+        }
+        for bad in [
+            "",
+            "\u{feff}",
+            &c[..39],
+            &format!("{c}0"),
+            &format!("{}g", &c[..39]),
+            &format!("{c} extra"),
+            &format!("\u{feff}\u{feff}{c}"),
+        ] {
+            assert!(marker_commit(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+    }
 
     /// A made-up next generation's pin.
     const V26_PIN: &str = "26262626262626262626262626262626262626aa";

@@ -142,6 +142,8 @@ impl Device {
             size: None,
             chunk_count: None,
             chunk_sha256: None,
+            // The catalog judges the bytes (`fits` below), not a sidecar on the device.
+            own_sidecar: chunker::OwnSidecar::Ignore,
         };
         let state = match chunker::verify(&path, &expected) {
             Ok(report) => {

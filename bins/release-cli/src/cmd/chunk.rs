@@ -400,6 +400,8 @@ fn verify(mut args: VerifyArgs) -> CliResult {
         size: args.size,
         chunk_count: args.chunk_count,
         chunk_sha256: None,
+        // The sidecar is read below, with what to say when there is none.
+        own_sidecar: chunker::OwnSidecar::Ignore,
     };
     let mut against_sidecar = false;
     let mut digest_unchecked = false;

@@ -120,8 +120,12 @@ pub fn download_lines(p: &DownloadPlanReport) -> Vec<String> {
             Action::Download { artifacts } => {
                 for p in artifacts {
                     out.push(format!(
-                        "would download {} ({} bytes in {} file(s) from {}, digest from the {})",
-                        p.name, p.size, p.pieces, p.origin, p.digest_source
+                        "would download {} ({} in {} file(s) from {}, digest from the {})",
+                        p.name,
+                        cli_support::progress::bytes(p.size),
+                        p.pieces,
+                        p.origin,
+                        p.digest_source
                     ));
                     out.extend(p.would_install.iter().map(|n| format!("would install {n}")));
                     out.extend(p.would_remove.iter().map(|n| format!("would remove {n}")));
@@ -130,8 +134,9 @@ pub fn download_lines(p: &DownloadPlanReport) -> Vec<String> {
         }
     }
     out.push(format!(
-        "would download {} bytes; {} bytes free",
-        p.needed, p.free
+        "would download {}; {} free",
+        cli_support::progress::bytes(p.needed),
+        cli_support::progress::bytes(p.free)
     ));
     out
 }

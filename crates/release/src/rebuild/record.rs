@@ -418,6 +418,7 @@ pub(super) fn ready_verifies(workspace: &Workspace, r: &BuildRecord) -> bool {
             chunk_count: Some(r.artifact.chunk_count),
             chunk_sha256: (!r.artifact.chunk_sha256.is_empty())
                 .then(|| r.artifact.chunk_sha256.clone()),
+            ..Expected::default()
         },
     )
     .is_ok()

@@ -334,6 +334,7 @@ mod tests {
                 size: Some(r.size),
                 chunk_count: Some(r.chunk_count),
                 chunk_sha256: None,
+                ..chunker::Expected::default()
             },
         )
         .unwrap();
