@@ -195,3 +195,153 @@ mod both_origins_serving_other_bytes_cost_one_transfer_per_store_change {
         super::both_origins_serving_other_bytes_cost_one_transfer_per_store_change("v26")
     }
 }
+
+/// The daily byte budget holds across daemon restarts (the ledger is a file; the stale-store
+/// memory is the process's): restarted after each "not yet", the daemon transfers again only
+/// while the day's count leaves room for one more artifact, then starts none; the whole day
+/// costs at most the budget plus one download from each origin. `status` shows the exact
+/// bytes (`--json`) and that the automatic refresh holds the artifact back.
+fn the_daily_budget_holds_across_restarts(generation: &str) {
+    let device = Device::new();
+    if generation != "v25" {
+        set_tree(&device.openpilot(), V26_PIN, Some(&v26_pins()));
+    }
+    let root: PathBuf = device.dir.path().join("origin");
+    fs::create_dir_all(&root).unwrap();
+    let size = 2 * CHUNK;
+    let m = publish_model(
+        &root,
+        generation,
+        "pop223",
+        &artifact_bytes(1, size),
+        Some(CHUNK),
+    );
+    write_manifest(
+        &root,
+        generation,
+        manifest_json(generation, &[m], true).as_bytes(),
+    );
+    for (k, v) in [("Model", "pop223"), ("DrivingModel", "pop223")] {
+        device.set_param(k, v);
+    }
+    let server = FaultServer::start(&root).unwrap();
+    let out = device
+        .command(&server.url(), &["refresh"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _abandoned = half_republish(&root, generation, &artifact_bytes(7, size));
+    server.clear_requests();
+    let mut logs = String::new();
+    let mut refused = None;
+    for run in 0..6 {
+        let log = device.dir.path().join(format!("daemon{run}.log"));
+        let mut child = device
+            .command(
+                &server.url(),
+                &[
+                    "run",
+                    "--poll-ms",
+                    "50",
+                    "--retry-secs",
+                    "1",
+                    "--refresh-secs",
+                    "2",
+                ],
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let text = || fs::read_to_string(&log).unwrap_or_default();
+        let until = Instant::now() + Duration::from_secs(30);
+        // Held back, the refresh keeps the installed model and ends without a transfer.
+        let held = || text().contains(&format!("refresh: {generation} manifest from"));
+        while !(not_yet_lines(&log) >= 1 || held()) {
+            assert!(
+                Instant::now() < until,
+                "{generation} run {run}: neither a not-yet nor the budget: {logs}{}",
+                text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let before = served(&server, generation);
+        let over = held();
+        if over {
+            // Held back: nothing more over a window of a few refreshes.
+            std::thread::sleep(Duration::from_secs(5));
+        }
+        // SAFETY: our own child's pid.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        assert!(child.wait().unwrap().success());
+        logs += &text();
+        if over {
+            let after = served(&server, generation);
+            assert!(
+                after.0 - before.0 <= SMALL && after.1 - before.1 <= SMALL,
+                "{generation}: held back, served {before:?} then {after:?}: {logs}"
+            );
+            refused = Some((run, after));
+            break;
+        }
+    }
+    let Some((run, total)) = refused else {
+        panic!("{generation}: six restarts, never held back: {logs}")
+    };
+    assert!(
+        run >= 1,
+        "{generation}: the first run already over budget: {logs}"
+    );
+    // The refresh by hand (one size) is counted too; the day is bounded by the budget (10
+    // sizes) plus one download from each origin.
+    let bound = 10 * size as u64 + 2 * one_attempt(size);
+    assert!(
+        total.0 + total.1 <= bound,
+        "{generation}: {total:?} over {bound}: {logs}"
+    );
+
+    let out = device
+        .command(&server.url(), &["status", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["fetched_today"]["artifacts"].as_array().unwrap().clone();
+    let row = rows
+        .iter()
+        .find(|r| {
+            r["artifact"]
+                .as_str()
+                .is_some_and(|a| a.ends_with("pop223_driving_tinygrad.pkl"))
+        })
+        .unwrap_or_else(|| panic!("{v}"));
+    let bytes = row["bytes"].as_u64().unwrap();
+    // Every payload byte the daemons received, and the refresh by hand's.
+    assert!(bytes > 9 * size as u64, "{row}");
+    assert!(bytes <= total.0 + total.1 + size as u64, "{row} {total:?}");
+    assert_eq!(row["budget"].as_u64(), Some(10 * size as u64), "{row}");
+    assert_eq!(row["held_back"], true, "{row}");
+    let out = device
+        .command(&server.url(), &["status"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let human = String::from_utf8_lossy(&out.stdout).to_string() + &stderr(&out);
+    assert!(
+        human.contains("fetched today:") && human.contains("fetches it again tomorrow"),
+        "{human}"
+    );
+}
+
+mod the_daily_budget_holds_across_restarts {
+    #[test]
+    fn v25() {
+        super::the_daily_budget_holds_across_restarts("v25")
+    }
+    #[test]
+    fn v26() {
+        super::the_daily_budget_holds_across_restarts("v26")
+    }
+}

@@ -502,6 +502,7 @@ impl Downloader {
             on_event: &|_| {},
             leave: &|_, _| false,
             stale: &self.stale,
+            received: &std::sync::atomic::AtomicU64::new(0),
         };
         match self.first_answer(|origin, _| download::resolve_from(&job, origin))? {
             Tried::Answered {
@@ -552,6 +553,7 @@ impl Downloader {
                     && other
                         .is_some_and(|k| policy::leave(m, remaining, &self.seen(k), Instant::now()))
             };
+            let received = std::sync::atomic::AtomicU64::new(0);
             let job = download::Job {
                 http: &self.http,
                 config: &self.config,
@@ -563,9 +565,17 @@ impl Downloader {
                 on_event,
                 leave: &leave,
                 stale: &self.stale,
+                received: &received,
             };
             let (result, measured) = download::download_from(&job, origin);
             self.note_measured(origin, measured);
+            let bytes = received.load(std::sync::atomic::Ordering::SeqCst);
+            if bytes > 0 {
+                on_event(Event::Fetched {
+                    origin: origin.to_string(),
+                    bytes,
+                });
+            }
             result
         })?;
         match tried {

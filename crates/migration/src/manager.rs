@@ -505,6 +505,7 @@ pub fn install_target(
     if variant_in_place(device, target) {
         return Ok(None);
     }
+    let artifact = within_budget(device, target)?;
     let percent = PercentFilter::default();
     let files = device.files();
     device
@@ -525,6 +526,7 @@ pub fn install_target(
                         }
                     }
                     Event::Verifying => progress(&Progress::Verifying),
+                    Event::Fetched { bytes, .. } => count_fetched(device, &artifact, target, bytes),
                     _ => {}
                 };
                 Ok(dl.download_target(
@@ -557,6 +559,7 @@ fn install_variant(
     if device.effects().is_plan() {
         return device.effects().installed(target.local_name.as_str());
     }
+    let artifact = within_budget(device, target)?;
     let files = device.files();
     files.under_job(
         target.id.as_str(),
@@ -569,12 +572,62 @@ fn install_variant(
                 target,
                 &files.artifact_dir(&target.id),
                 cancel,
-                &|_| {},
+                &|e| {
+                    if let Event::Fetched { bytes, .. } = e {
+                        count_fetched(device, &artifact, target, bytes)
+                    }
+                },
             )?)
         },
     )?;
     files.tidy_after_install(&target.id);
     device.effects().installed(target.local_name.as_str())
+}
+
+/// The ledger's name for `target` (its path under the models directory), once the daily budget
+/// allows a transfer of it: on a device held to a budget (the daemon's automatic refresh), a
+/// transfer that could take today's count past it is not started ([`Error::OverBudget`]).
+fn within_budget(device: &Device, target: &downloader::Target) -> Result<String> {
+    let models = device.models_dir();
+    let path = device
+        .files()
+        .artifact_dir(&target.id)
+        .join(target.local_name.as_str());
+    let artifact = path
+        .strip_prefix(&models)
+        .unwrap_or(&path)
+        .to_string_lossy()
+        .into_owned();
+    if let (Some(budget), Some(size)) = (device.budget, target.size) {
+        let read = crate::budget::read(&models, crate::budget::today());
+        let spent = read.spent(&artifact);
+        let asker = crate::budget::Asker::Automatic;
+        if crate::budget::decide(spent, size, budget, asker) == crate::budget::Verdict::Refuse {
+            return Err(Error::OverBudget {
+                artifact,
+                spent: spent.unwrap_or(0),
+                budget: budget.bytes_for(size),
+            });
+        }
+    }
+    Ok(artifact)
+}
+
+/// Count bytes fetched of `target` in the daily ledger (not in a planned run). A ledger that
+/// cannot be written is not a reason to stop a download: the count is best effort, and
+/// `status` says when it is unknown.
+fn count_fetched(device: &Device, artifact: &str, target: &downloader::Target, bytes: u64) {
+    if device.effects().is_plan() {
+        return;
+    }
+    let size = target.size.unwrap_or(bytes);
+    let _ = crate::budget::count(
+        &device.models_dir(),
+        artifact,
+        size,
+        bytes,
+        crate::budget::today(),
+    );
 }
 
 /// Whether a model's Chestnut build is there and matches its digest (then it is not fetched).

@@ -63,6 +63,8 @@ struct Run<'a> {
     rewritten: AtomicBool,
     /// Every worker has returned (the follower stops waiting for bytes that will not come).
     workers_done: AtomicBool,
+    /// Every payload byte received, kept or not (the job's count).
+    received: &'a AtomicU64,
 }
 
 /// Fetch the artifact from one origin into staging, verify it and install it.
@@ -81,6 +83,9 @@ pub(crate) struct Job<'a> {
     pub leave: &'a (dyn Fn(Measured, u64) -> bool + Sync),
     /// Stores that served other bytes ([`crate::stale_store`]).
     pub stale: &'a stale_store::Memory,
+    /// Every payload byte received from the network, including bytes later discarded (a chunk
+    /// that failed its digest, a body that ignored `Range`): what a byte budget counts.
+    pub received: &'a AtomicU64,
 }
 
 /// What one origin publishes for the job's target, as pieces with their URLs, and the
@@ -312,6 +317,7 @@ fn transfer(
         wrote: Condvar::new(),
         rewritten: AtomicBool::new(false),
         workers_done: AtomicBool::new(false),
+        received: job.received,
         pieces,
     };
     on_event(Event::Progress {
@@ -631,6 +637,7 @@ impl Run<'_> {
             // never read, let alone written.
             let want = (seg_len - *written).min(buf.len() as u64) as usize;
             let n = body.read(&mut buf[..want])?;
+            self.received.fetch_add(n as u64, Ordering::SeqCst);
             if n == 0 {
                 return Err(Error::Transport {
                     url: url.clone(),
