@@ -1,7 +1,8 @@
 //! No download storm (docs/device.md, *Origin policy*): when both origins serve bytes of the
 //! right length that do not match the manifest (a republish interrupted and left alone), the
 //! daemon transfers the artifact at most once per origin per store change, however often it
-//! asks again; a changed store is worth one transfer more, and a completed one installs. Bytes
+//! asks again, and across a restart; a changed store is worth one transfer more, and a
+//! completed one installs. Bytes
 //! served are counted by the fault-injecting server over a fixed window. For v25 and a made-up
 //! v26.
 
@@ -153,6 +154,48 @@ fn both_origins_serving_other_bytes_cost_one_transfer_per_store_change(generatio
     );
     assert_eq!(device.installed("pop223").as_deref(), Some(&old[..]));
 
+    // Restarted, the daemon still remembers the store (its file): nothing transferred again.
+    // SAFETY: our own child's pid.
+    unsafe { libc::kill(daemon.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(daemon.wait().unwrap().success());
+    let log = device.dir.path().join("daemon-restarted.log");
+    let mut daemon = device
+        .command(
+            &server.url(),
+            &[
+                "run",
+                "--poll-ms",
+                "50",
+                "--retry-secs",
+                "1",
+                "--refresh-secs",
+                "2",
+            ],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let text = || fs::read_to_string(&log).unwrap_or_default();
+    wait_for(
+        "two not-yets after the restart",
+        Duration::from_secs(30),
+        || not_yet_lines(&log) >= 2,
+    );
+    let restarted = served(&server, generation);
+    assert!(
+        restarted.0 - window.0 <= SMALL && restarted.1 - window.1 <= SMALL,
+        "{generation}: no transfer after a restart, served {window:?} then {restarted:?}: {}",
+        text()
+    );
+    assert!(
+        text().contains("the store says exactly what it said when it served other bytes"),
+        "{}",
+        text()
+    );
+    let window = restarted;
+
     // The store changes (another interrupted republish): one transfer more per origin.
     let newer = artifact_bytes(8, size);
     let staged = half_republish(&root, generation, &newer);
@@ -196,8 +239,8 @@ mod both_origins_serving_other_bytes_cost_one_transfer_per_store_change {
     }
 }
 
-/// The daily byte budget holds across daemon restarts (the ledger is a file; the stale-store
-/// memory is the process's): restarted after each "not yet", the daemon transfers again only
+/// The daily byte budget holds across daemon restarts even when the stale-store memory is lost
+/// each time (its file removed): restarted after each "not yet", the daemon transfers again only
 /// while the day's count leaves room for one more artifact, then starts none; the whole day
 /// costs at most the budget plus one download from each origin. `status` shows the exact
 /// bytes (`--json`) and that the automatic refresh holds the artifact back.
@@ -236,6 +279,8 @@ fn the_daily_budget_holds_across_restarts(generation: &str) {
     let mut logs = String::new();
     let mut refused = None;
     for run in 0..6 {
+        // The stale-store memory lost each time (a file that cannot be kept): the budget alone.
+        let _ = fs::remove_file(device.models().join(".stale-stores.json"));
         let log = device.dir.path().join(format!("daemon{run}.log"));
         let mut child = device
             .command(

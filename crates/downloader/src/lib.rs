@@ -188,6 +188,12 @@ impl Downloader {
             .collect()
     }
 
+    /// Keep the memory of stores that served other bytes in `path` ([`stale_store::Memory::keep_in`]),
+    /// so that it survives a restart (the daemon's; one-shot commands do not call it).
+    pub fn keep_stale_stores_in(&self, path: &Path) {
+        self.stale.keep_in(path);
+    }
+
     /// What this downloader saw of `kind` so far.
     pub fn seen(&self, kind: OriginKind) -> policy::Seen {
         self.book

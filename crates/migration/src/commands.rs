@@ -156,6 +156,8 @@ pub fn daemon(
     log: &(dyn Fn(&str) + Sync),
 ) -> Result<()> {
     let _lock = ManagerLock::acquire(&device.models_dir())?;
+    // What stores served other bytes survives a restart (no storm across restarts).
+    dl.keep_stale_stores_in(&device.models_dir().join(downloader::stale_store::FILE));
     let stopping = cli_support::stop_on_signals();
     log(&crate::render::tree_line(tree));
     crate::daemon::run(device, dl, config, &stopping, log)
