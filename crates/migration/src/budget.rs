@@ -218,17 +218,10 @@ pub fn read(models_dir: &Path, today: u64) -> Read {
     }
 }
 
-/// Count `bytes` fetched of `artifact` (of `size` bytes) at `today`: the ledger read, added
-/// to and written back atomically (an unknown one starts afresh; anything but a regular file at
-/// its path is removed first, so a planted directory cannot stop the counting).
-pub fn count(
-    models_dir: &Path,
-    artifact: &str,
-    size: u64,
-    bytes: u64,
-    today: u64,
-) -> std::io::Result<()> {
-    let mut ledger = match read(models_dir, today) {
+/// The ledger's bytes once `bytes` fetched of `artifact` (of `size` bytes) are added to `read`
+/// at `today` (an unknown ledger starts afresh). Pure.
+pub fn counted(read: Read, artifact: &str, size: u64, bytes: u64, today: u64) -> Vec<u8> {
+    let mut ledger = match read {
         Read::Known(l) => l,
         Read::Unknown(_) => Ledger {
             day: today,
@@ -241,6 +234,22 @@ pub fn count(
         .or_insert(Fetched { bytes: 0, size });
     entry.bytes = entry.bytes.saturating_add(bytes);
     entry.size = size;
+    let mut body = serde_json::to_vec(&ledger).unwrap_or_default();
+    body.push(b'\n');
+    body
+}
+
+/// Count `bytes` fetched of `artifact` (of `size` bytes) at `today`: the ledger read, added
+/// to and written back atomically (an unknown one starts afresh; anything but a regular file at
+/// its path is removed first, so a planted directory cannot stop the counting).
+pub fn count(
+    models_dir: &Path,
+    artifact: &str,
+    size: u64,
+    bytes: u64,
+    today: u64,
+) -> std::io::Result<()> {
+    let body = counted(read(models_dir, today), artifact, size, bytes, today);
     let path = ledger_path(models_dir);
     if let Ok(m) = std::fs::symlink_metadata(&path)
         && !m.is_file()
@@ -251,8 +260,6 @@ pub fn count(
             fs_err::remove_file(&path)?;
         }
     }
-    let mut body = serde_json::to_vec(&ledger).map_err(std::io::Error::other)?;
-    body.push(b'\n');
     chunker::atomic::write_atomic(&path, &body)
 }
 

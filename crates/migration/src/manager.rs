@@ -589,15 +589,7 @@ fn install_variant(
 /// transfer that could take today's count past it is not started ([`Error::OverBudget`]).
 fn within_budget(device: &Device, target: &downloader::Target) -> Result<String> {
     let models = device.models_dir();
-    let path = device
-        .files()
-        .artifact_dir(&target.id)
-        .join(target.local_name.as_str());
-    let artifact = path
-        .strip_prefix(&models)
-        .unwrap_or(&path)
-        .to_string_lossy()
-        .into_owned();
+    let artifact = artifact_name(device, target);
     if let (Some(budget), Some(size)) = (device.budget, target.size) {
         let read = crate::budget::read(&models, crate::budget::today());
         let spent = read.spent(&artifact);
@@ -611,6 +603,18 @@ fn within_budget(device: &Device, target: &downloader::Target) -> Result<String>
         }
     }
     Ok(artifact)
+}
+
+/// `target`'s name in the daily ledger: its path under the models directory.
+fn artifact_name(device: &Device, target: &downloader::Target) -> String {
+    let path = device
+        .files()
+        .artifact_dir(&target.id)
+        .join(target.local_name.as_str());
+    path.strip_prefix(device.models_dir())
+        .unwrap_or(&path)
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Count bytes fetched of `target` in the daily ledger (not in a planned run). A ledger that
