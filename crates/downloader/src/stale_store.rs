@@ -136,7 +136,7 @@ impl Memory {
 
     /// Keep the memory in `path` from now on: what it holds is remembered (as of when it was
     /// written; past [`REMEMBER_FOR`] or dated in the future: dropped; a file that cannot be
-    /// read or parsed: nothing), and every change is written back atomically. Best effort: a
+    /// read or parsed: nothing), and every later change is written back atomically. Best effort: a
     /// file that cannot be written costs at most one more transfer after a restart.
     pub fn keep_in(&self, path: &Path) {
         let now_unix = unix_now();
@@ -161,8 +161,8 @@ impl Memory {
                 at,
             });
         }
+        // Nothing written until something changes (a daemon that only waits writes nothing).
         *self.file.lock().unwrap_or_else(|e| e.into_inner()) = Some(path.to_path_buf());
-        self.save(&map);
     }
 
     fn save(&self, map: &BTreeMap<(String, String), Served>) {
