@@ -33,7 +33,7 @@ use chunker::Sha256Digest;
 pub struct StoreState {
     /// The origin (its kind and base URL, as displayed).
     pub origin: String,
-    /// The artifact's local file name.
+    /// The artifact's generation and local file name (`v25/<name>`).
     pub local_name: String,
     /// The digest the bytes are verified against.
     pub expected: Sha256Digest,

@@ -183,7 +183,9 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
         chunk_count: resolved.plan.chunk_count,
         first_len: resolved.pieces.first().map_or(0, |p| p.len),
     };
-    let (origin_name, local) = (origin.to_string(), job.target.local_name.as_str());
+    // Per generation: the same file name of another generation is another store.
+    let qualified = format!("{}/{}", job.generation, job.target.local_name);
+    let (origin_name, local) = (origin.to_string(), qualified.as_str());
     // What the store says now, compared only when something is remembered of it.
     let remembered = job.stale.get(&origin_name, local);
     let now = remembered
@@ -246,7 +248,7 @@ fn store_state(job: &Job<'_>, origin: &Origin, said: &Said, ctl: &Ctl) -> stale_
         });
     stale_store::StoreState {
         origin: origin.to_string(),
-        local_name: job.target.local_name.to_string(),
+        local_name: format!("{}/{}", job.generation, job.target.local_name),
         expected: said.expected,
         size: said.size,
         chunk_count: said.chunk_count,
