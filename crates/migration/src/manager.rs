@@ -605,16 +605,27 @@ fn within_budget(device: &Device, target: &downloader::Target) -> Result<String>
     Ok(artifact)
 }
 
-/// `target`'s name in the daily ledger: its path under the models directory.
+/// `target`'s name in the daily ledger: its path under the models directory, under the
+/// generation it is of (`v25/<id>_driving_tinygrad.pkl`, `v26/<id>/…`).
 fn artifact_name(device: &Device, target: &downloader::Target) -> String {
     let path = device
         .files()
         .artifact_dir(&target.id)
         .join(target.local_name.as_str());
-    path.strip_prefix(device.models_dir())
+    let rel = path
+        .strip_prefix(device.models_dir())
         .unwrap_or(&path)
         .to_string_lossy()
-        .into_owned()
+        .into_owned();
+    // A flat layout gives every generation's build of a model the same file name: the ledger
+    // names the generation too, so the bytes of the generation moved from are not counted
+    // against the new generation's artifact.
+    let generation = device.config.generation.to_string();
+    if rel.starts_with(&format!("{generation}/")) {
+        rel
+    } else {
+        format!("{generation}/{rel}")
+    }
 }
 
 /// Count bytes fetched of `target` in the daily ledger (not in a planned run). A ledger that
