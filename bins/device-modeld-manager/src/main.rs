@@ -373,6 +373,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 poll: Duration::from_millis(poll_ms),
                 refresh_every: Duration::from_secs(refresh_secs),
                 retry_offline: Duration::from_secs(retry_secs),
+                ..Default::default()
             };
             // In the foreground on a terminal the progress shows too, and log lines go above
             // the bar instead of through it.

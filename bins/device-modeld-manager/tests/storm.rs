@@ -1,7 +1,8 @@
 //! No download storm (docs/device.md, *Origin policy*): when both origins serve bytes of the
 //! right length that do not match the manifest (a republish interrupted and left alone), the
 //! daemon transfers the artifact at most once per origin per store change, however often it
-//! asks again; a changed store is worth one transfer more, and a completed one installs. Bytes
+//! asks again, and across a restart; a changed store is worth one transfer more, and a
+//! completed one installs. Bytes
 //! served are counted by the fault-injecting server over a fixed window. For v25 and a made-up
 //! v26.
 
@@ -153,6 +154,48 @@ fn both_origins_serving_other_bytes_cost_one_transfer_per_store_change(generatio
     );
     assert_eq!(device.installed("pop223").as_deref(), Some(&old[..]));
 
+    // Restarted, the daemon still remembers the store (its file): nothing transferred again.
+    // SAFETY: our own child's pid.
+    unsafe { libc::kill(daemon.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(daemon.wait().unwrap().success());
+    let log = device.dir.path().join("daemon-restarted.log");
+    let mut daemon = device
+        .command(
+            &server.url(),
+            &[
+                "run",
+                "--poll-ms",
+                "50",
+                "--retry-secs",
+                "1",
+                "--refresh-secs",
+                "2",
+            ],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let text = || fs::read_to_string(&log).unwrap_or_default();
+    wait_for(
+        "two not-yets after the restart",
+        Duration::from_secs(30),
+        || not_yet_lines(&log) >= 2,
+    );
+    let restarted = served(&server, generation);
+    assert!(
+        restarted.0 - window.0 <= SMALL && restarted.1 - window.1 <= SMALL,
+        "{generation}: no transfer after a restart, served {window:?} then {restarted:?}: {}",
+        text()
+    );
+    assert!(
+        text().contains("the store says exactly what it said when it served other bytes"),
+        "{}",
+        text()
+    );
+    let window = restarted;
+
     // The store changes (another interrupted republish): one transfer more per origin.
     let newer = artifact_bytes(8, size);
     let staged = half_republish(&root, generation, &newer);
@@ -193,5 +236,157 @@ mod both_origins_serving_other_bytes_cost_one_transfer_per_store_change {
     #[test]
     fn v26() {
         super::both_origins_serving_other_bytes_cost_one_transfer_per_store_change("v26")
+    }
+}
+
+/// The daily byte budget holds across daemon restarts even when the stale-store memory is lost
+/// each time (its file removed): restarted after each "not yet", the daemon transfers again only
+/// while the day's count leaves room for one more artifact, then starts none; the whole day
+/// costs at most the budget plus one download from each origin. `status` shows the exact
+/// bytes (`--json`) and that the automatic refresh holds the artifact back.
+fn the_daily_budget_holds_across_restarts(generation: &str) {
+    let device = Device::new();
+    if generation != "v25" {
+        set_tree(&device.openpilot(), V26_PIN, Some(&v26_pins()));
+    }
+    let root: PathBuf = device.dir.path().join("origin");
+    fs::create_dir_all(&root).unwrap();
+    let size = 2 * CHUNK;
+    let m = publish_model(
+        &root,
+        generation,
+        "pop223",
+        &artifact_bytes(1, size),
+        Some(CHUNK),
+    );
+    write_manifest(
+        &root,
+        generation,
+        manifest_json(generation, &[m], true).as_bytes(),
+    );
+    for (k, v) in [("Model", "pop223"), ("DrivingModel", "pop223")] {
+        device.set_param(k, v);
+    }
+    let server = FaultServer::start(&root).unwrap();
+    let out = device
+        .command(&server.url(), &["refresh"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _abandoned = half_republish(&root, generation, &artifact_bytes(7, size));
+    server.clear_requests();
+    let mut logs = String::new();
+    let mut refused = None;
+    for run in 0..6 {
+        // The stale-store memory lost each time (a file that cannot be kept): the budget alone.
+        let _ = fs::remove_file(device.models().join(".stale-stores.json"));
+        let log = device.dir.path().join(format!("daemon{run}.log"));
+        let mut child = device
+            .command(
+                &server.url(),
+                &[
+                    "run",
+                    "--poll-ms",
+                    "50",
+                    "--retry-secs",
+                    "1",
+                    "--refresh-secs",
+                    "2",
+                ],
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let text = || fs::read_to_string(&log).unwrap_or_default();
+        let until = Instant::now() + Duration::from_secs(30);
+        // Held back, the refresh keeps the installed model and ends without a transfer.
+        let held = || text().contains(&format!("refresh: {generation} manifest from"));
+        while !(not_yet_lines(&log) >= 1 || held()) {
+            assert!(
+                Instant::now() < until,
+                "{generation} run {run}: neither a not-yet nor the budget: {logs}{}",
+                text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let before = served(&server, generation);
+        let over = held();
+        if over {
+            // Held back: nothing more over a window of a few refreshes.
+            std::thread::sleep(Duration::from_secs(5));
+        }
+        // SAFETY: our own child's pid.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        assert!(child.wait().unwrap().success());
+        logs += &text();
+        if over {
+            let after = served(&server, generation);
+            assert!(
+                after.0 - before.0 <= SMALL && after.1 - before.1 <= SMALL,
+                "{generation}: held back, served {before:?} then {after:?}: {logs}"
+            );
+            refused = Some((run, after));
+            break;
+        }
+    }
+    let Some((run, total)) = refused else {
+        panic!("{generation}: six restarts, never held back: {logs}")
+    };
+    assert!(
+        run >= 1,
+        "{generation}: the first run already over budget: {logs}"
+    );
+    // The refresh by hand (one size) is counted too; the day is bounded by the budget (10
+    // sizes) plus one download from each origin.
+    let bound = 10 * size as u64 + 2 * one_attempt(size);
+    assert!(
+        total.0 + total.1 <= bound,
+        "{generation}: {total:?} over {bound}: {logs}"
+    );
+
+    let out = device
+        .command(&server.url(), &["status", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["fetched_today"]["artifacts"].as_array().unwrap().clone();
+    let row = rows
+        .iter()
+        .find(|r| {
+            r["artifact"]
+                .as_str()
+                .is_some_and(|a| a.ends_with("pop223_driving_tinygrad.pkl"))
+        })
+        .unwrap_or_else(|| panic!("{v}"));
+    let bytes = row["bytes"].as_u64().unwrap();
+    // Every payload byte the daemons received, and the refresh by hand's.
+    assert!(bytes > 9 * size as u64, "{row}");
+    assert!(bytes <= total.0 + total.1 + size as u64, "{row} {total:?}");
+    assert_eq!(row["budget"].as_u64(), Some(10 * size as u64), "{row}");
+    assert_eq!(row["held_back"], true, "{row}");
+    let out = device
+        .command(&server.url(), &["status"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let human = String::from_utf8_lossy(&out.stdout).to_string() + &stderr(&out);
+    assert!(
+        human.contains("fetched today:") && human.contains("fetches it again tomorrow"),
+        "{human}"
+    );
+}
+
+mod the_daily_budget_holds_across_restarts {
+    #[test]
+    fn v25() {
+        super::the_daily_budget_holds_across_restarts("v25")
+    }
+    #[test]
+    fn v26() {
+        super::the_daily_budget_holds_across_restarts("v26")
     }
 }

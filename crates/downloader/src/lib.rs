@@ -188,6 +188,12 @@ impl Downloader {
             .collect()
     }
 
+    /// Keep the memory of stores that served other bytes in `path` ([`stale_store::Memory::keep_in`]),
+    /// so that it survives a restart (the daemon's; one-shot commands do not call it).
+    pub fn keep_stale_stores_in(&self, path: &Path) {
+        self.stale.keep_in(path);
+    }
+
     /// What this downloader saw of `kind` so far.
     pub fn seen(&self, kind: OriginKind) -> policy::Seen {
         self.book
@@ -503,6 +509,7 @@ impl Downloader {
             on_event: &|_| {},
             leave: &|_, _| false,
             stale: &self.stale,
+            received: &std::sync::atomic::AtomicU64::new(0),
         };
         match self.first_answer(|origin, _| download::resolve_from(&job, origin))? {
             Tried::Answered {
@@ -564,6 +571,7 @@ impl Downloader {
                     && other
                         .is_some_and(|k| policy::leave(m, remaining, &self.seen(k), Instant::now()))
             };
+            let received = std::sync::atomic::AtomicU64::new(0);
             let job = download::Job {
                 http: &self.http,
                 config: &self.config,
@@ -575,9 +583,17 @@ impl Downloader {
                 on_event,
                 leave: &leave,
                 stale: &self.stale,
+                received: &received,
             };
             let (result, measured) = download::download_from(&job, origin);
             self.note_measured(origin, measured);
+            let bytes = received.load(std::sync::atomic::Ordering::SeqCst);
+            if bytes > 0 {
+                on_event(Event::Fetched {
+                    origin: origin.to_string(),
+                    bytes,
+                });
+            }
             result
         })?;
         match tried {

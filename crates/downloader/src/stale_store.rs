@@ -13,20 +13,27 @@
 //! for good, one more per [`REMEMBER_FOR`] while a store stays unchanged.
 //!
 //! The memory lives as long as the [`crate::Downloader`] (the daemon's whole run); a one-shot
-//! command starts without it, as a person who asks for a download asks for a try now.
+//! command starts without it, as a person who asks for a download asks for a try now. The
+//! daemon keeps it in a file too ([`Memory::keep_in`], [`FILE`] in the models directory), so
+//! a restart does not cost one more transfer per origin: read with a size cap, written
+//! atomically after each change; a file that cannot be read or parsed is nothing remembered
+//! (at most one more transfer per origin), an entry dated in the future is dropped.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
 
 use chunker::Sha256Digest;
 
 /// What one origin's store says about one artifact, before any payload byte.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoreState {
     /// The origin (its kind and base URL, as displayed).
     pub origin: String,
-    /// The artifact's local file name.
+    /// The artifact's generation and local file name (`v25/<name>`).
     pub local_name: String,
     /// The digest the bytes are verified against.
     pub expected: Sha256Digest,
@@ -74,9 +81,31 @@ pub fn decide(remembered: Option<&Served>, now: &StoreState, now_at: Instant) ->
     }
 }
 
+/// The file the daemon keeps the memory in, in the models directory.
+pub const FILE: &str = ".stale-stores.json";
+/// The file's read cap (a few entries per artifact and origin).
+pub const FILE_LIMIT: u64 = 256 * 1024;
+
+/// One remembered state as the file holds it: when, in Unix seconds.
+#[derive(Debug, Serialize, Deserialize)]
+struct Saved {
+    state: StoreState,
+    served: Option<Sha256Digest>,
+    at_unix: u64,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// The remembered states, by origin and artifact.
 #[derive(Debug, Default)]
-pub struct Memory(Mutex<BTreeMap<(String, String), Served>>);
+pub struct Memory {
+    map: Mutex<BTreeMap<(String, String), Served>>,
+    file: Mutex<Option<PathBuf>>,
+}
 
 impl Memory {
     fn key(origin: &str, local_name: &str) -> (String, String) {
@@ -85,21 +114,76 @@ impl Memory {
 
     /// What is remembered of `origin`'s store for `local_name`.
     pub fn get(&self, origin: &str, local_name: &str) -> Option<Served> {
-        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         map.get(&Self::key(origin, local_name)).cloned()
     }
 
     /// Remember that `served.state` served other bytes.
     pub fn remember(&self, served: Served) {
         let key = Self::key(&served.state.origin, &served.state.local_name);
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         map.insert(key, served);
+        self.save(&map);
     }
 
     /// Forget `origin`'s store for `local_name` (its bytes verified).
     pub fn forget(&self, origin: &str, local_name: &str) {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        map.remove(&Self::key(origin, local_name));
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.remove(&Self::key(origin, local_name)).is_some() {
+            self.save(&map);
+        }
+    }
+
+    /// Keep the memory in `path` from now on: what it holds is remembered (as of when it was
+    /// written; past [`REMEMBER_FOR`] or dated in the future: dropped; a file that cannot be
+    /// read or parsed: nothing), and every later change is written back atomically. Best effort: a
+    /// file that cannot be written costs at most one more transfer after a restart.
+    pub fn keep_in(&self, path: &Path) {
+        let now_unix = unix_now();
+        let saved: Vec<Saved> = chunker::bounded::read_capped(path, FILE_LIMIT)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        for s in saved {
+            let Some(age) = now_unix.checked_sub(s.at_unix).map(Duration::from_secs) else {
+                continue;
+            };
+            if age >= REMEMBER_FOR {
+                continue;
+            }
+            let at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
+            let key = Self::key(&s.state.origin, &s.state.local_name);
+            map.entry(key).or_insert(Served {
+                state: s.state,
+                served: s.served,
+                at,
+            });
+        }
+        // Nothing written until something changes (a daemon that only waits writes nothing).
+        *self.file.lock().unwrap_or_else(|e| e.into_inner()) = Some(path.to_path_buf());
+    }
+
+    fn save(&self, map: &BTreeMap<(String, String), Served>) {
+        let Some(path) = self.file.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+            return;
+        };
+        let now_unix = unix_now();
+        let saved: Vec<Saved> = map
+            .values()
+            .map(|s| Saved {
+                state: s.state.clone(),
+                served: s.served,
+                at_unix: now_unix.saturating_sub(s.at.elapsed().as_secs()),
+            })
+            .collect();
+        if let Ok(body) = serde_json::to_vec(&saved) {
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+                let _ = std::fs::remove_dir_all(&path);
+            }
+            let _ = chunker::atomic::write_atomic(&path, &body);
+        }
     }
 }
 
@@ -184,5 +268,62 @@ mod tests {
         assert_eq!(m.get(&state().origin, &state().local_name), Some(served));
         m.forget(&state().origin, &state().local_name);
         assert_eq!(m.get(&state().origin, &state().local_name), None);
+    }
+
+    /// Kept in a file, the memory survives a new `Memory` (a daemon restart); garbage, a
+    /// directory or a future date are nothing remembered, never an error.
+    #[test]
+    fn the_memory_survives_a_restart_in_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        let served = Served {
+            state: state(),
+            served: Some(d(9)),
+            at: Instant::now(),
+        };
+        let first = Memory::default();
+        first.keep_in(&path);
+        first.remember(served.clone());
+        let again = Memory::default();
+        again.keep_in(&path);
+        let got = again.get(&state().origin, &state().local_name).unwrap();
+        assert_eq!(
+            (got.state, got.served),
+            (served.state.clone(), served.served)
+        );
+        assert_eq!(
+            decide(
+                again.get(&state().origin, &state().local_name).as_ref(),
+                &state(),
+                Instant::now()
+            ),
+            Go::Skip
+        );
+        again.forget(&state().origin, &state().local_name);
+        let third = Memory::default();
+        third.keep_in(&path);
+        assert_eq!(third.get(&state().origin, &state().local_name), None);
+        for bad in [&b"garbage"[..], br#"[{"state":1}]"#] {
+            std::fs::write(&path, bad).unwrap();
+            let m = Memory::default();
+            m.keep_in(&path);
+            assert_eq!(m.get(&state().origin, &state().local_name), None);
+        }
+        let future = serde_json::to_vec(&[Saved {
+            state: state(),
+            served: None,
+            at_unix: unix_now() + 3600,
+        }])
+        .unwrap();
+        std::fs::write(&path, future).unwrap();
+        let m = Memory::default();
+        m.keep_in(&path);
+        assert_eq!(m.get(&state().origin, &state().local_name), None);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        let m = Memory::default();
+        m.keep_in(&path);
+        m.remember(served);
+        assert!(std::fs::metadata(&path).unwrap().is_file());
     }
 }

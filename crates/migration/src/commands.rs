@@ -157,6 +157,8 @@ pub fn daemon(
     terminal: Option<&StderrProgress>,
 ) -> Result<()> {
     let _lock = ManagerLock::acquire(&device.models_dir())?;
+    // What stores served other bytes survives a restart (no storm across restarts).
+    dl.keep_stale_stores_in(&device.models_dir().join(downloader::stale_store::FILE));
     let stopping = cli_support::stop_on_signals();
     log(&crate::render::tree_line(tree));
     let show = |p: &Progress| {

@@ -565,6 +565,9 @@ pub struct DaemonConfig {
     pub refresh_every: Duration,
     /// How soon a refresh or request that found no network is tried again.
     pub retry_offline: Duration,
+    /// What the automatic refresh may fetch of one artifact per UTC day
+    /// ([`crate::budget`]); requests from the UI are served past it (and counted).
+    pub daily_budget: crate::budget::DailyBudget,
 }
 
 impl Default for DaemonConfig {
@@ -573,6 +576,7 @@ impl Default for DaemonConfig {
             poll: Duration::from_secs(1),
             refresh_every: Duration::from_secs(3600),
             retry_offline: Duration::from_secs(30),
+            daily_budget: crate::budget::DailyBudget::default(),
         }
     }
 }
@@ -732,9 +736,12 @@ fn serve_loop(
                     let before = device.memory.modified(keys::CANCEL_MODEL_DOWNLOAD);
                     let (cancel, why, watcher) =
                         watch(device, stopping, &done, CancelBy::WrittenAfter(before));
+                    // Held to the daily byte budget (a UI request is not).
+                    let mut automatic = device.clone();
+                    automatic.budget = Some(config.daily_budget);
                     let result = thread::scope(|s| {
                         s.spawn(|| acknowledge_while(device, &done, stopping, log));
-                        let r = refresh(device, dl, &cancel, &say);
+                        let r = refresh(&automatic, dl, &cancel, &say);
                         done.store(true, Ordering::SeqCst);
                         r
                     });

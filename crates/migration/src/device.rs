@@ -85,6 +85,10 @@ pub struct Device {
     pub trusted_keys: Option<downloader::trust::TrustedKeys>,
     /// modeld's load receipt, on a contract that has one (`None`: v25, nothing read).
     pub load_receipt: Option<crate::load_receipt::Source>,
+    /// The daily byte budget a download on this device is held to (`Some` for the daemon's
+    /// automatic refresh, [`crate::budget`]); `None`: a person asked, served whatever the count.
+    /// Bytes are counted either way.
+    pub budget: Option<crate::budget::DailyBudget>,
     pub(crate) effects: Effects,
     /// The contract the device's generation runs, as the tree decided it
     /// ([`crate::tree::Decision::Known`]); [`manifest::contract::BASE_CONTRACT`] until told.
@@ -143,6 +147,7 @@ impl Device {
             sysfs_root: PathBuf::from("/sys"),
             trusted_keys: None,
             load_receipt: None,
+            budget: None,
             effects,
             contract: manifest::contract::BASE_CONTRACT.contract(),
             tree: None,

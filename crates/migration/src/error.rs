@@ -29,6 +29,19 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The daemon's automatic refresh would take today's bytes of one artifact past its daily
+    /// budget ([`crate::budget`]): the transfer is not started.
+    #[error(
+        "{artifact}: {spent} bytes fetched today (UTC), another transfer could pass the daily \
+         budget of {budget} bytes; the automatic refresh tries it again tomorrow; a download \
+         asked from the UI or `download`/`refresh` by hand is served now"
+    )]
+    OverBudget {
+        artifact: String,
+        spent: u64,
+        budget: u64,
+    },
+
     #[error("invalid param key {key:?}: keys are ASCII letters, digits and _")]
     BadParamKey { key: String },
 

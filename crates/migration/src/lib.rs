@@ -10,6 +10,7 @@
 //! `device-modeld-manager` binary).
 
 pub mod bounded;
+pub mod budget;
 pub mod choice;
 pub mod commands;
 pub mod contract;

@@ -533,6 +533,7 @@ pub fn install_target(
     if variant_in_place(device, target) {
         return Ok(None);
     }
+    let artifact = within_budget(device, target)?;
     let percent = PercentFilter::default();
     // For the finished transfer's log line: when it started, the origins tried, the bytes
     // already staged when this run first reported.
@@ -566,6 +567,7 @@ pub fn install_target(
                         }
                     }
                     Event::Verifying => progress(&Progress::Verifying),
+                    Event::Fetched { bytes, .. } => count_fetched(device, &artifact, target, bytes),
                     _ => {}
                 };
                 Ok(dl.download_target(
@@ -616,6 +618,7 @@ fn install_variant(
     if device.effects().is_plan() {
         return device.effects().installed(target.local_name.as_str());
     }
+    let artifact = within_budget(device, target)?;
     let files = device.files();
     files.under_job(
         target.id.as_str(),
@@ -628,12 +631,77 @@ fn install_variant(
                 target,
                 &files.artifact_dir(&target.id),
                 cancel,
-                &|_| {},
+                &|e| {
+                    if let Event::Fetched { bytes, .. } = e {
+                        count_fetched(device, &artifact, target, bytes)
+                    }
+                },
             )?)
         },
     )?;
     files.tidy_after_install(&target.id);
     device.effects().installed(target.local_name.as_str())
+}
+
+/// The ledger's name for `target` (its path under the models directory), once the daily budget
+/// allows a transfer of it: on a device held to a budget (the daemon's automatic refresh), a
+/// transfer that could take today's count past it is not started ([`Error::OverBudget`]).
+fn within_budget(device: &Device, target: &downloader::Target) -> Result<String> {
+    let models = device.models_dir();
+    let artifact = artifact_name(device, target);
+    if let (Some(budget), Some(size)) = (device.budget, target.size) {
+        let read = crate::budget::read(&models, crate::budget::today());
+        let spent = read.spent(&artifact);
+        let asker = crate::budget::Asker::Automatic;
+        if crate::budget::decide(spent, size, budget, asker) == crate::budget::Verdict::Refuse {
+            return Err(Error::OverBudget {
+                artifact,
+                spent: spent.unwrap_or(0),
+                budget: budget.bytes_for(size),
+            });
+        }
+    }
+    Ok(artifact)
+}
+
+/// `target`'s name in the daily ledger: its path under the models directory, under the
+/// generation it is of (`v25/<id>_driving_tinygrad.pkl`, `v26/<id>/…`).
+fn artifact_name(device: &Device, target: &downloader::Target) -> String {
+    let path = device
+        .files()
+        .artifact_dir(&target.id)
+        .join(target.local_name.as_str());
+    let rel = path
+        .strip_prefix(device.models_dir())
+        .unwrap_or(&path)
+        .to_string_lossy()
+        .into_owned();
+    // A flat layout gives every generation's build of a model the same file name: the ledger
+    // names the generation too, so the bytes of the generation moved from are not counted
+    // against the new generation's artifact.
+    let generation = device.config.generation.to_string();
+    if rel.starts_with(&format!("{generation}/")) {
+        rel
+    } else {
+        format!("{generation}/{rel}")
+    }
+}
+
+/// Count bytes fetched of `target` in the daily ledger (not in a planned run). A ledger that
+/// cannot be written is not a reason to stop a download: the count is best effort, and
+/// `status` says when it is unknown.
+fn count_fetched(device: &Device, artifact: &str, target: &downloader::Target, bytes: u64) {
+    if device.effects().is_plan() {
+        return;
+    }
+    let size = target.size.unwrap_or(bytes);
+    let _ = crate::budget::count(
+        &device.models_dir(),
+        artifact,
+        size,
+        bytes,
+        crate::budget::today(),
+    );
 }
 
 /// Whether a model's Chestnut build is there and matches its digest (then it is not fetched).

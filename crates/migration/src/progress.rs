@@ -89,7 +89,8 @@ impl FailReason {
             | Error::Crashed { .. }
             | Error::DataDir { .. }
             | Error::TrustedKeysUnusable(_)
-            | Error::GenerationDisagrees { .. } => FailReason::DeviceError,
+            | Error::GenerationDisagrees { .. }
+            | Error::OverBudget { .. } => FailReason::DeviceError,
         }
     }
 

@@ -350,6 +350,26 @@ impl StatusDocument {
                 }
             ));
         }
+        let today = &r.fetched_today;
+        if let Some(why) = &today.unknown {
+            lines.push(format!(
+                "fetched today: unknown ({why}); counted afresh from the next download"
+            ));
+        }
+        for a in &today.artifacts {
+            lines.push(format!(
+                "fetched today: {} {} of its daily {}{}",
+                a.artifact,
+                cli_support::progress::bytes(a.bytes),
+                cli_support::progress::bytes(a.budget),
+                if a.held_back {
+                    "; the automatic refresh fetches it again tomorrow (UTC), a request from \
+                     the UI now"
+                } else {
+                    ""
+                }
+            ));
+        }
         lines.extend(r.unreadable.iter().map(|p| format!("unreadable: {p}")));
         lines.extend(self.trust.lines());
         lines

@@ -101,6 +101,9 @@ pub struct StatusReport {
     /// Artifacts modeld could not start, not downloaded again while the catalog lists them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub bad_artifacts: Vec<crate::load_receipt::BadArtifactReport>,
+    /// Bytes fetched of each artifact today (UTC) against the daemon's daily budget
+    /// ([`crate::budget`]), exact.
+    pub fetched_today: crate::budget::TodayReport,
 }
 
 /// A chosen GPU-only model that is not installed because no Chestnut is ready, as `status`
@@ -466,6 +469,11 @@ pub fn status(device: &Device) -> Result<StatusReport> {
         unreadable: view.problems(),
         running: crate::load_receipt::running_report(device),
         bad_artifacts: crate::load_receipt::bad_report(device, catalog),
+        fetched_today: {
+            let today = crate::budget::today();
+            let read = crate::budget::read(&device.models_dir(), today);
+            crate::budget::report(&read, today, device.budget.unwrap_or_default())
+        },
     })
 }
 

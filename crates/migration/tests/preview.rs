@@ -109,6 +109,9 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
         s.iter()
             .filter_map(|(k, v)| Some((k.strip_prefix("models/")?.to_string(), v.clone())))
             .filter(|(k, _)| migration::plan::driving_key(k).is_none() && !k.ends_with('/'))
+            // The daily byte budget's ledger: a count of what was fetched, not named by a dry
+            // run (docs/device.md, *The daily byte budget*).
+            .filter(|(k, _)| k != migration::budget::LEDGER_FILE)
             .collect()
     };
     let (f0, f1) = (files(&before), files(&after));
@@ -301,8 +304,12 @@ fn download_agrees(
             }
         }
     }
+    // The daily byte budget's ledger counts what was fetched; a dry run fetches nothing and
+    // does not name it (docs/device.md, *The daily byte budget*).
+    let ledger = format!("models/{}", migration::budget::LEDGER_FILE);
     let changed: BTreeSet<String> = after
         .iter()
+        .filter(|(k, _)| **k != ledger)
         .filter(|(k, v)| before.get(*k) != Some(v))
         .map(|(k, _)| k.clone())
         .collect();

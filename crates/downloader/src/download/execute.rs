@@ -63,6 +63,8 @@ struct Run<'a> {
     rewritten: AtomicBool,
     /// Every worker has returned (the follower stops waiting for bytes that will not come).
     workers_done: AtomicBool,
+    /// Every payload byte received, kept or not (the job's count).
+    received: &'a AtomicU64,
 }
 
 /// Fetch the artifact from one origin into staging, verify it and install it.
@@ -81,6 +83,9 @@ pub(crate) struct Job<'a> {
     pub leave: &'a (dyn Fn(Measured, u64) -> bool + Sync),
     /// Stores that served other bytes ([`crate::stale_store`]).
     pub stale: &'a stale_store::Memory,
+    /// Every payload byte received from the network, including bytes later discarded (a chunk
+    /// that failed its digest, a body that ignored `Range`): what a byte budget counts.
+    pub received: &'a AtomicU64,
 }
 
 /// What one origin publishes for the job's target, as pieces with their URLs, and the
@@ -178,7 +183,9 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
         chunk_count: resolved.plan.chunk_count,
         first_len: resolved.pieces.first().map_or(0, |p| p.len),
     };
-    let (origin_name, local) = (origin.to_string(), job.target.local_name.as_str());
+    // Per generation: the same file name of another generation is another store.
+    let qualified = format!("{}/{}", job.generation, job.target.local_name);
+    let (origin_name, local) = (origin.to_string(), qualified.as_str());
     // What the store says now, compared only when something is remembered of it.
     let remembered = job.stale.get(&origin_name, local);
     let now = remembered
@@ -241,7 +248,7 @@ fn store_state(job: &Job<'_>, origin: &Origin, said: &Said, ctl: &Ctl) -> stale_
         });
     stale_store::StoreState {
         origin: origin.to_string(),
-        local_name: job.target.local_name.to_string(),
+        local_name: format!("{}/{}", job.generation, job.target.local_name),
         expected: said.expected,
         size: said.size,
         chunk_count: said.chunk_count,
@@ -312,6 +319,7 @@ fn transfer(
         wrote: Condvar::new(),
         rewritten: AtomicBool::new(false),
         workers_done: AtomicBool::new(false),
+        received: job.received,
         pieces,
     };
     on_event(Event::Progress {
@@ -631,6 +639,7 @@ impl Run<'_> {
             // never read, let alone written.
             let want = (seg_len - *written).min(buf.len() as u64) as usize;
             let n = body.read(&mut buf[..want])?;
+            self.received.fetch_add(n as u64, Ordering::SeqCst);
             if n == 0 {
                 return Err(Error::Transport {
                     url: url.clone(),

@@ -91,6 +91,14 @@ pub enum Event {
     /// All bytes are in; the digest (which followed the bytes as they arrived) finishes over
     /// the last ones before install.
     Verifying,
+    /// One origin's try moved this many payload bytes over the network (resumed bytes already
+    /// on disk not counted), whatever its outcome: what a daily byte budget counts.
+    Fetched {
+        /// The origin, as displayed.
+        origin: String,
+        /// Bytes received from it in this try.
+        bytes: u64,
+    },
     /// Verified and renamed into place.
     Installed {
         /// The installed file.

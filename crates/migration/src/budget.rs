@@ -1,0 +1,363 @@
+//! The daily byte budget per artifact: what the daemon's automatic refresh may fetch of one
+//! artifact in one UTC day, counted durably in `<models>/.fetched-today.json`.
+//!
+//! Every payload byte a download receives is counted against the artifact it is for (resumed
+//! bytes already on disk are not fetched again and not counted), whoever asked for it. Before
+//! an automatic refresh starts a transfer, [`decide`] compares what was fetched of that artifact
+//! today, plus one whole artifact, with the budget ([`DailyBudget`]: a multiple of the
+//! artifact's size): over it, the transfer is not started and the refresh fails naming the
+//! artifact, the bytes and when it may try again. So an automatic refresh never starts a
+//! transfer that could take the day's count past the budget; a person (a UI request, a
+//! `download` or `refresh` command) is served whatever the count, and their bytes are counted
+//! too.
+//!
+//! The ledger is read with a size cap. A ledger that cannot be read or makes no sense (not a
+//! regular file, over the cap, not the format, a day in the future) is "unknown": `status` says
+//! so, the count starts afresh, and the next counted byte replaces it. A local writer can so
+//! reset today's count, as removing the file would; it can never stop a download for more than
+//! the rest of the day.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::bounded;
+
+/// The ledger's file name, in the models directory.
+pub const LEDGER_FILE: &str = ".fetched-today.json";
+/// The ledger's read cap: one line per artifact fetched today.
+pub const LEDGER_LIMIT: u64 = 64 * 1024;
+/// Seconds of a UTC day.
+const DAY: u64 = 24 * 3600;
+
+/// How many bytes of one artifact the automatic refresh may fetch in one UTC day.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DailyBudget {
+    /// The budget is this many times the artifact's size. One download asks each origin once
+    /// and may fetch a chunk that failed its digest twice: up to 4 sizes when both origins
+    /// serve other bytes. The default leaves room for two such rounds and an install.
+    pub times_size: u64,
+}
+
+impl Default for DailyBudget {
+    /// Ten whole artifacts a day.
+    fn default() -> Self {
+        Self { times_size: 10 }
+    }
+}
+
+impl DailyBudget {
+    /// The budget, in bytes, of an artifact of `size` bytes.
+    pub fn bytes_for(&self, size: u64) -> u64 {
+        size.saturating_mul(self.times_size)
+    }
+}
+
+/// Who asks for a transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asker {
+    /// The daemon's automatic refresh: held to the budget.
+    Automatic,
+    /// A person (a UI request, a command): served, and counted.
+    Person,
+}
+
+/// Whether a transfer may start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Within the budget.
+    Fetch,
+    /// Over the budget, but a person asked: fetched, and said so.
+    FetchOverBudget,
+    /// Over the budget: not started before the next UTC day.
+    Refuse,
+}
+
+/// Whether a transfer of an artifact of `size` bytes may start when `spent` bytes of it were
+/// fetched today (`None`: the ledger is unknown, counted afresh). Pure.
+pub fn decide(spent: Option<u64>, size: u64, budget: DailyBudget, asker: Asker) -> Verdict {
+    let within = spent.unwrap_or(0).saturating_add(size) <= budget.bytes_for(size);
+    match (within, asker) {
+        (true, _) => Verdict::Fetch,
+        (false, Asker::Person) => Verdict::FetchOverBudget,
+        (false, Asker::Automatic) => Verdict::Refuse,
+    }
+}
+
+/// One artifact's count for the ledger's day.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fetched {
+    /// Payload bytes received today.
+    pub bytes: u64,
+    /// The artifact's size when they were counted (its budget is a multiple of it).
+    pub size: u64,
+}
+
+/// The ledger: the UTC day (days since the Unix epoch) and each artifact's count, by its path
+/// under the models directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ledger {
+    /// Days since 1970-01-01 (UTC).
+    pub day: u64,
+    /// Each artifact's count that day.
+    pub fetched: BTreeMap<String, Fetched>,
+}
+
+/// The ledger as read at `today`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Read {
+    /// Today's counts (empty when no ledger, or one of an earlier day).
+    Known(Ledger),
+    /// Unreadable or nonsensical (why, on one line): counted afresh.
+    Unknown(String),
+}
+
+impl Read {
+    /// Today's count for `artifact` (`None` when unknown).
+    pub fn spent(&self, artifact: &str) -> Option<u64> {
+        match self {
+            Read::Known(l) => Some(l.fetched.get(artifact).map_or(0, |f| f.bytes)),
+            Read::Unknown(_) => None,
+        }
+    }
+}
+
+/// What `status` shows of the ledger: each artifact's bytes today against its budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TodayReport {
+    /// The UTC day (days since 1970-01-01).
+    pub day: u64,
+    /// Why the ledger is unknown (counted afresh), when it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unknown: Option<String>,
+    /// Each artifact fetched today, by path under the models directory.
+    pub artifacts: Vec<ArtifactToday>,
+}
+
+/// One artifact's line of [`TodayReport`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ArtifactToday {
+    /// Its path under the models directory.
+    pub artifact: String,
+    /// Payload bytes fetched today.
+    pub bytes: u64,
+    /// Its daily budget in bytes (`budget` times its size).
+    pub budget: u64,
+    /// The automatic refresh starts no transfer of it before tomorrow ([`decide`]).
+    pub held_back: bool,
+}
+
+/// The ledger read at `today`, as `status` reports it under `budget`. Pure.
+pub fn report(read: &Read, today: u64, budget: DailyBudget) -> TodayReport {
+    match read {
+        Read::Known(l) => TodayReport {
+            day: today,
+            unknown: None,
+            artifacts: l
+                .fetched
+                .iter()
+                .map(|(artifact, f)| ArtifactToday {
+                    artifact: artifact.clone(),
+                    bytes: f.bytes,
+                    budget: budget.bytes_for(f.size),
+                    held_back: decide(Some(f.bytes), f.size, budget, Asker::Automatic)
+                        == Verdict::Refuse,
+                })
+                .collect(),
+        },
+        Read::Unknown(why) => TodayReport {
+            day: today,
+            unknown: Some(why.clone()),
+            artifacts: Vec::new(),
+        },
+    }
+}
+
+/// Today (UTC days since the epoch) from the system clock.
+pub fn today() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / DAY)
+}
+
+/// The ledger's path under `models_dir`.
+pub fn ledger_path(models_dir: &Path) -> PathBuf {
+    models_dir.join(LEDGER_FILE)
+}
+
+/// Interpret the ledger's bytes (`None`: no ledger) at `today`. Pure.
+pub fn interpret(bytes: Option<&[u8]>, today: u64) -> Read {
+    let Some(bytes) = bytes else {
+        return Read::Known(Ledger {
+            day: today,
+            ..Ledger::default()
+        });
+    };
+    match serde_json::from_slice::<Ledger>(bytes) {
+        Err(e) => Read::Unknown(format!("not a ledger: {e}")),
+        Ok(l) if l.day > today => Read::Unknown(format!(
+            "dated day {} after today ({today}): clock or file wrong",
+            l.day
+        )),
+        Ok(l) if l.day < today => Read::Known(Ledger {
+            day: today,
+            ..Ledger::default()
+        }),
+        Ok(l) => Read::Known(l),
+    }
+}
+
+/// Read the ledger under `models_dir` at `today` (bounded; never an error).
+pub fn read(models_dir: &Path, today: u64) -> Read {
+    match bounded::read_capped(&ledger_path(models_dir), LEDGER_LIMIT) {
+        Ok(bytes) => interpret(bytes.as_deref(), today),
+        Err(e) => Read::Unknown(crate::daemon::one_line(&e.to_string())),
+    }
+}
+
+/// The ledger's bytes once `bytes` fetched of `artifact` (of `size` bytes) are added to `read`
+/// at `today` (an unknown ledger starts afresh). Pure.
+pub fn counted(read: Read, artifact: &str, size: u64, bytes: u64, today: u64) -> Vec<u8> {
+    let mut ledger = match read {
+        Read::Known(l) => l,
+        Read::Unknown(_) => Ledger {
+            day: today,
+            ..Ledger::default()
+        },
+    };
+    let entry = ledger
+        .fetched
+        .entry(artifact.to_string())
+        .or_insert(Fetched { bytes: 0, size });
+    entry.bytes = entry.bytes.saturating_add(bytes);
+    entry.size = size;
+    let mut body = serde_json::to_vec(&ledger).unwrap_or_default();
+    body.push(b'\n');
+    body
+}
+
+/// Count `bytes` fetched of `artifact` (of `size` bytes) at `today`: the ledger read, added
+/// to and written back atomically (an unknown one starts afresh; anything but a regular file at
+/// its path is removed first, so a planted directory cannot stop the counting).
+pub fn count(
+    models_dir: &Path,
+    artifact: &str,
+    size: u64,
+    bytes: u64,
+    today: u64,
+) -> std::io::Result<()> {
+    let body = counted(read(models_dir, today), artifact, size, bytes, today);
+    let path = ledger_path(models_dir);
+    if let Ok(m) = std::fs::symlink_metadata(&path)
+        && !m.is_file()
+    {
+        if m.is_dir() {
+            fs_err::remove_dir_all(&path)?;
+        } else {
+            fs_err::remove_file(&path)?;
+        }
+    }
+    chunker::atomic::write_atomic(&path, &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use manifest::ModelEntry;
+    use manifest::contract::ContractName;
+
+    /// The rule over the artifacts v25, v26's contract and a made-up v27 (v26's contract)
+    /// fetch for one entry: an automatic refresh starts a transfer only while one more whole
+    /// artifact stays within the budget; a person is always served, told when over it; an
+    /// unknown ledger counts afresh.
+    #[test]
+    fn the_daily_budget_table() {
+        let v = serde_json::json!({"id": "sc2", "artifact_size": 1000, "artifact_sha256": "1".repeat(64)});
+        let entry = ModelEntry::from_map(v.as_object().unwrap().clone()).unwrap();
+        let budget = DailyBudget::default();
+        for (g, contract) in [
+            (25, ContractName::V25),
+            (26, ContractName::V26),
+            (27, ContractName::V26),
+        ] {
+            let target = downloader::Target::from_entry_for(&entry, contract.contract())
+                .unwrap_or_else(|e| panic!("v{g}: {e}"));
+            let size = target.size.expect("the entry's size");
+            assert_eq!(size, 1000, "v{g}");
+            use Asker::*;
+            use Verdict::*;
+            let cases = [
+                (Some(0), Automatic, Fetch),
+                (Some(9 * size), Automatic, Fetch),
+                (Some(9 * size + 1), Automatic, Refuse),
+                (Some(10 * size), Automatic, Refuse),
+                (Some(u64::MAX), Automatic, Refuse),
+                (None, Automatic, Fetch),
+                (Some(0), Person, Fetch),
+                (Some(10 * size), Person, FetchOverBudget),
+                (Some(u64::MAX), Person, FetchOverBudget),
+            ];
+            for (spent, asker, want) in cases {
+                assert_eq!(
+                    decide(spent, size, budget, asker),
+                    want,
+                    "v{g} {spent:?} {asker:?}"
+                );
+            }
+        }
+        // A zero multiple refuses every automatic transfer; an empty artifact always fits.
+        let none = DailyBudget { times_size: 0 };
+        assert_eq!(decide(Some(0), 10, none, Asker::Automatic), Verdict::Refuse);
+        assert_eq!(decide(Some(0), 0, budget, Asker::Automatic), Verdict::Fetch);
+    }
+
+    #[test]
+    fn the_ledger_reads_hostile_content_as_unknown_and_counts_afresh() {
+        let today = 20_000;
+        let ok = br#"{"day":20000,"fetched":{"a.pkl":{"bytes":5,"size":10}}}"#;
+        assert_eq!(interpret(Some(ok), today).spent("a.pkl"), Some(5));
+        assert_eq!(interpret(Some(ok), today).spent("b.pkl"), Some(0));
+        // Yesterday's counts are over; no ledger is nothing fetched.
+        assert_eq!(interpret(Some(ok), today + 1).spent("a.pkl"), Some(0));
+        assert_eq!(interpret(None, today).spent("a.pkl"), Some(0));
+        for bad in [
+            &b"garbage"[..],
+            b"",
+            b"\xef\xbb\xbf{}",
+            br#"{"day":-1,"fetched":{}}"#,
+            br#"{"day":20000,"fetched":{"a.pkl":{"bytes":-5,"size":10}}}"#,
+            br#"{"day":20000,"fetched":{},"extra":1}"#,
+            br#"{"day":20001,"fetched":{}}"#,
+        ] {
+            assert!(
+                matches!(interpret(Some(bad), today), Read::Unknown(_)),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let d = tempfile::tempdir().unwrap();
+        count(d.path(), "a.pkl", 10, 4, today).unwrap();
+        count(d.path(), "a.pkl", 10, 3, today).unwrap();
+        assert_eq!(read(d.path(), today).spent("a.pkl"), Some(7));
+        // Garbage, an oversized file and a planted directory: unknown, then replaced.
+        let path = ledger_path(d.path());
+        std::fs::write(&path, b"\x00garbage").unwrap();
+        assert!(matches!(read(d.path(), today), Read::Unknown(_)));
+        count(d.path(), "a.pkl", 10, 2, today).unwrap();
+        assert_eq!(read(d.path(), today).spent("a.pkl"), Some(2));
+        std::fs::write(&path, vec![b' '; LEDGER_LIMIT as usize + 1]).unwrap();
+        assert!(matches!(read(d.path(), today), Read::Unknown(_)));
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir_all(path.join("x")).unwrap();
+        let why = match read(d.path(), today) {
+            Read::Unknown(why) => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(why.contains(LEDGER_FILE), "{why}");
+        count(d.path(), "a.pkl", 10, 1, today).unwrap();
+        assert_eq!(read(d.path(), today).spent("a.pkl"), Some(1));
+    }
+}
