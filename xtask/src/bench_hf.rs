@@ -1,8 +1,8 @@
 //! `--only hf`: publishing to the Hub through the real, pinned `hf` CLI (huggingface_hub 2.4.0
 //! with hf-xet 1.8.0, `.ci/run`'s venv): our publish (the library's `HfBucketStore` and
 //! `publish`, through the `bench_hf_publish` example: the model's files, then the manifest)
-//! against the same CLI uploading the same files alone (`hf buckets sync DIR
-//! hf://buckets/B/models/<gen>/<id>`, one command). Each run starts a fresh Hub emulator
+//! against the same CLI uploading the same files alone (`hf buckets cp FILE
+//! hf://buckets/B/models/<gen>/<id>/FILE`, one command per file). Each run starts a fresh Hub emulator
 //! (`hub-emulator`, everything in memory) whose uplink (request bodies of all connections
 //! together) is capped at [`UPLINK`], as one release machine's upload link is.
 
@@ -111,13 +111,18 @@ pub fn rows(work: &Path, artifacts: &Path) -> Result<Vec<Row>, String> {
     };
 
     eprintln!(
-        "bench: hf buckets sync of {} MiB (the pinned hf CLI alone, uplink {} MiB/s)",
+        "bench: hf buckets cp of {} MiB, file by file (the pinned hf CLI alone, uplink {} MiB/s)",
         bytes >> 20,
         UPLINK >> 20
     );
+    // One `hf buckets cp` per file, as a person uploads them (`hf buckets sync` needs listing
+    // endpoints the emulator does not answer).
     let alone = best_of(RUNS, &fresh, || {
-        let mut c = Command::new(&cli);
-        c.args(["buckets", "sync"])
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(r#"set -e; for f in "$2"/*; do "$1" buckets cp "$f" "$3/$(basename "$f")" --format json; done"#)
+            .arg("sh")
+            .arg(&cli)
             .arg(&model_dir)
             .arg(format!("hf://buckets/{BUCKET}/models/{generation}/{id}"));
         env(&mut c);
@@ -138,7 +143,7 @@ pub fn rows(work: &Path, artifacts: &Path) -> Result<Vec<Row>, String> {
         name: "hf publish throughput / hf alone",
         ours: format!("{} ({:.0} MiB/s)", secs(ours), mib_s(ours)),
         anchor: format!(
-            "{} ({:.0} MiB/s, hf buckets sync, uplink {} MiB/s)",
+            "{} ({:.0} MiB/s, hf buckets cp per file, uplink {} MiB/s)",
             secs(alone),
             mib_s(alone),
             UPLINK >> 20
