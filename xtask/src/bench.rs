@@ -43,9 +43,11 @@ pub struct Row {
 /// The groups of rows `--only` can name, in the order the bench runs them. `split` is the split
 /// time and peak RSS; `device` every row of the device download (speed against curl, verified
 /// install against aria2c and the link limit, peak RSS, verify, re-check); `budget` the binary
-/// size and the 180 MiB download's RSS; `fallback` the three fallback rows.
-pub const GROUPS: [&str; 7] = [
-    "split", "verify", "oob", "device", "github", "budget", "fallback",
+/// size and the 180 MiB download's RSS; `fallback` the three fallback rows; `install` the
+/// verified install in the field's shapes against aria2c and the link limit; `hf` the publish
+/// through the real `hf` CLI against that CLI alone.
+pub const GROUPS: [&str; 9] = [
+    "split", "verify", "oob", "device", "install", "github", "hf", "budget", "fallback",
 ];
 
 /// Which groups of rows to run: all of them, or those `--only` names.
@@ -146,6 +148,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "--bins",
         "--example",
         "bench_github_publish",
+        "--example",
+        "bench_hf_publish",
     ])?;
     let bin = util::target_dir().join("release/release-cli");
 
@@ -171,6 +175,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if only.has("device") {
         rows.extend(crate::bench_device::rows(&work, &input, download_mib)?);
     }
+    if only.has("install") {
+        rows.extend(crate::bench_shapes::rows(&work)?);
+    }
     if only.has("github") {
         if !only.has("device") {
             // The device rows publish the model the GitHub row publishes again.
@@ -180,6 +187,27 @@ pub fn run(args: &[String]) -> Result<(), String> {
             &work,
             &crate::bench_device::published_models(&work),
         )?);
+    }
+    if only.has("hf") {
+        if !only.has("device") && !only.has("github") {
+            // The hf row publishes the model the device rows download.
+            crate::bench_device::publish_small(&work, download_mib)?;
+        }
+        // A failing Hub row is shown MISSED with its error; the other rows still print.
+        match crate::bench_hf::rows(&work, &crate::bench_device::published_models(&work)) {
+            Ok(r) => rows.extend(r),
+            Err(e) => {
+                eprintln!("bench: the hf row failed: {e}");
+                rows.push(Row {
+                    name: "hf publish throughput / hf alone",
+                    ours: "failed".into(),
+                    anchor: "see the error above the table".into(),
+                    ratio: 0.0,
+                    bar: ">= 0.9",
+                    pass: Some(false),
+                });
+            }
+        }
     }
     if only.has("budget") {
         rows.extend(crate::bench_budget::rows(&work)?);

@@ -32,7 +32,7 @@ const OUR_RANGES_PER_CHUNK: &str = "1";
 const ARIA2C_FILES_AT_ONCE: &str = "4";
 
 /// Kills the origin server when the bench ends, however it ends.
-pub(crate) struct Server(Child);
+pub(crate) struct Server(pub(crate) Child);
 
 impl Drop for Server {
     fn drop(&mut self) {

@@ -26,7 +26,10 @@
 //! `--test` plays the workspace's end-to-end story (`tests/tests/end_to_end.rs`: v24 device ->
 //! refresh -> verified v25 install, Hugging Face down, selected model missing) with the aarch64
 //! binary under `qemu-aarch64-static` against `release-cli serve` on the host, through the
-//! story's `STARPILOT_DEVICE_BIN` / `STARPILOT_DEVICE_RUNNER` hook.
+//! story's `STARPILOT_DEVICE_BIN` / `STARPILOT_DEVICE_RUNNER` hook; then the hashing story
+//! (`dist_hash.rs`): the same artifact installed and verified on a CPU with the ARMv8 SHA-2
+//! instructions and on one without, `status -v` naming the backend. Every build checks that the
+//! binary contains those instructions (`aarch64-linux-gnu-objdump -d`).
 
 use std::fmt;
 use std::fs;
@@ -187,6 +190,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     };
 
     let glibc = check_binary(&bin)?;
+    check_sha2_instructions(&bin)?;
     let out = publish(&bin, &digest)?;
     println!(
         "{} ({} bytes, sha256 {digest}, needs {glibc}, ceiling {GLIBC_CEILING})",
@@ -259,6 +263,71 @@ fn check_binary(bin: &Path) -> Result<GlibcVersion, String> {
     Ok(max)
 }
 
+/// The ARMv8 SHA-2 instructions SHA-256 needs; `sha2`'s aarch64 backend uses all four.
+pub const SHA2_INSTRUCTIONS: [&str; 4] = ["sha256h", "sha256h2", "sha256su0", "sha256su1"];
+
+/// Which of [`SHA2_INSTRUCTIONS`] a disassembly (`objdump -d`) never uses. Pure.
+pub fn missing_sha2_instructions(disassembly: &str) -> Vec<&'static str> {
+    let mut seen = [false; SHA2_INSTRUCTIONS.len()];
+    for line in disassembly.lines() {
+        // `  4f2a1c:\t5e004020 \tsha256h\tq0, q1, v2.4s`: the mnemonic is the first word after
+        // the address and the encoding.
+        let Some(mnemonic) = line
+            .split('\t')
+            .map(str::trim)
+            .find(|w| w.starts_with("sha256"))
+        else {
+            continue;
+        };
+        let mnemonic = mnemonic.split_whitespace().next().unwrap_or("");
+        if let Some(i) = SHA2_INSTRUCTIONS.iter().position(|m| *m == mnemonic) {
+            seen[i] = true;
+        }
+    }
+    SHA2_INSTRUCTIONS
+        .iter()
+        .zip(seen)
+        .filter(|(_, s)| !s)
+        .map(|(m, _)| *m)
+        .collect()
+}
+
+/// The binary hashes with the comma's SHA-2 instructions when the CPU has them: each of them
+/// is in its code (`aarch64-linux-gnu-objdump -d`). Whether they run is decided at run time
+/// (`status -v` names the backend; `--test` shows both).
+fn check_sha2_instructions(bin: &Path) -> Result<(), String> {
+    let out = Command::new("aarch64-linux-gnu-objdump")
+        .args(["-d", "--no-show-raw-insn"])
+        .arg(bin)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| {
+            format!("cannot run aarch64-linux-gnu-objdump: {e} (apt-get install binutils-aarch64-linux-gnu)")
+        })?;
+    if !out.status.success() {
+        return Err(format!(
+            "aarch64-linux-gnu-objdump -d {} failed",
+            bin.display()
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let missing = missing_sha2_instructions(&text);
+    if !missing.is_empty() {
+        return Err(format!(
+            "{} has no {} instruction: its SHA-256 would run the portable code on the comma; \
+             sha2 needs its `asm` feature on aarch64 (crates/chunker/Cargo.toml)",
+            bin.display(),
+            missing.join("/")
+        ));
+    }
+    eprintln!(
+        "dist: {} uses the ARMv8 SHA-2 instructions ({}) when the CPU has them",
+        bin.display(),
+        SHA2_INSTRUCTIONS.join(", ")
+    );
+    Ok(())
+}
+
 /// The installed toolchain and the caches under `target/dist-tools`.
 struct Tools {
     dir: PathBuf,
@@ -281,7 +350,15 @@ impl Tools {
         }
         let dir = util::target_dir().join("dist-tools");
         fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let mut pkgs = vec!["rustc-web", "cargo-web", "binutils", "python3-venv"];
+        // binutils-aarch64-linux-gnu: an objdump that reads the aarch64 binary (the host's
+        // cannot), to show the ARMv8 SHA-2 instructions are in it.
+        let mut pkgs = vec![
+            "rustc-web",
+            "cargo-web",
+            "binutils",
+            "binutils-aarch64-linux-gnu",
+            "python3-venv",
+        ];
         if test {
             pkgs.push("qemu-user-static");
         }
@@ -462,7 +539,14 @@ impl Tools {
         }
         // The host side of the story: release-cli (publish, serve) and the test driver are
         // built by the usual toolchain; only the device binary is swapped.
-        util::cargo(&["build", "--locked", "-p", "release-cli"])?;
+        util::cargo(&[
+            "build",
+            "--locked",
+            "-p",
+            "release-cli",
+            "-p",
+            "test-support",
+        ])?;
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let args = [
             "test",
@@ -496,6 +580,23 @@ impl Tools {
             ));
         }
         eprintln!("dist: the end-to-end story passed with the aarch64 binary under qemu");
+        let python = self.venv.join("bin/python3");
+        crate::dist_hash::run(
+            Path::new(QEMU),
+            glibc_root,
+            bin,
+            QEMU_CPU,
+            &mut || {
+                let mut c = Command::new(&python);
+                c.args(["-m", "ziglang"])
+                    .env("ZIG_GLOBAL_CACHE_DIR", self.dir.join("zig-cache"))
+                    .env("ZIG_LOCAL_CACHE_DIR", self.dir.join("zig-cache"));
+                c
+            },
+            &util::target_dir().join("debug"),
+            &util::target_dir().join("dist-hash-story"),
+        )?;
+        eprintln!("dist: the hashing story passed with and without the SHA-2 instructions");
         Ok(())
     }
 }
@@ -970,6 +1071,21 @@ mod tests {
         assert!(GlibcVersion(3, 0, 0) > GLIBC_CEILING);
         assert_eq!(GlibcVersion(2, 30, 0).to_string(), "GLIBC_2.30");
         assert_eq!(GlibcVersion(2, 3, 4).to_string(), "GLIBC_2.3.4");
+    }
+
+    #[test]
+    fn the_sha2_instructions_are_found_in_a_disassembly() {
+        let all = "  4f2a1c:\tsha256h\tq0, q1, v2.4s\n  4f2a20:\tsha256h2\tq1, q3, v2.4s\n\
+                   4f2a24:\tsha256su0\tv4.4s, v5.4s\n  4f2a28:\tsha256su1\tv4.4s, v6.4s, v7.4s\n";
+        assert!(missing_sha2_instructions(all).is_empty());
+        let some = "  10:\tsha256h\tq0, q1, v2.4s\n  14:\tsha256h2\tq1, q3, v2.4s\n  18:\tadd\tx0, x0, #1\n";
+        assert_eq!(missing_sha2_instructions(some), ["sha256su0", "sha256su1"]);
+        assert_eq!(missing_sha2_instructions(""), SHA2_INSTRUCTIONS);
+        // A symbol named like an instruction is not one.
+        assert_eq!(
+            missing_sha2_instructions("0000000000001000 <sha256h_wrapper>:\n").len(),
+            4
+        );
     }
 
     #[test]

@@ -18,9 +18,12 @@ mod bench_budget;
 mod bench_device;
 mod bench_fallback;
 mod bench_github;
+mod bench_hf;
+mod bench_shapes;
 mod ci;
 mod demo;
 mod dist;
+mod dist_hash;
 mod docs;
 mod util;
 
@@ -36,9 +39,11 @@ tasks:
   demo [WORK_DIR]    the main job end to end: publish v25, serve it, migrate a v24 device
   bench [--size N] [--download-size M] [--only GROUP[,GROUP]]
                      benchmark ratios against anchors; N = artifact size in MiB (default 1024),
-                     M = the device download's and the github publish's (default 256);
-                     --only runs some row groups: split, verify, oob, device, github, budget
-                     (runs dist first: the size budget is the aarch64 binary's), fallback
+                     M = the device download's and the github and hf publishes' (default 256);
+                     --only runs some row groups: split, verify, oob, device, install
+                     (the install in the field's shapes), github, hf (publish through the
+                     pinned hf CLI), budget (runs dist first: the size budget is the aarch64
+                     binary's), fallback
   docs [--check]     regenerate docs/cli.md from the binaries' clap help (--check: fail if stale)
   dist [--reproducible] [--test]
                      build device-modeld-manager for the comma (aarch64, glibc 2.31) into

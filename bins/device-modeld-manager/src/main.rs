@@ -115,7 +115,8 @@ struct Cli {
 
 /// What `-v` adds, as `--help` shows it.
 const VERBOSE_HELP: &str = "Also print each step on stderr: the data, models, memory-params and \
-built-in directories, origins, generation and trusted keys in use; every download percentage \
+built-in directories, origins, generation, trusted keys and SHA-256 backend (the CPU's SHA \
+instructions or the portable code) in use; every download percentage \
 (not only every tenth) when stderr is not a terminal";
 
 #[derive(Subcommand)]
@@ -327,7 +328,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
             builtin_dir,
         } => return paused_run(&cli, &builtin_dir, &paused),
     };
-    cli_support::detail!("{}", options.describe(&device, &tinygrad));
+    // The SHA-256 code this CPU runs (the comma's has the ARMv8 SHA-2 instructions).
+    cli_support::detail!(
+        "{}, SHA-256 backend: {}",
+        options.describe(&device, &tinygrad),
+        chunker::hash_backend()
+    );
     // Params and state records read as absent because they could not be read: said on stderr
     // when the command ends, whichever way.
     let _warnings = PrintWarnings(&device);

@@ -472,6 +472,21 @@ fn quiet_prints_only_the_answer_and_verbose_each_step() {
         err.contains(&format!("data dir {}", w.data().display())) && err.contains("origins http"),
         "{err}"
     );
+    // The SHA-256 code in use is named: the CPU's instructions, or the portable fallback.
+    let backend = err
+        .lines()
+        .find_map(|l| {
+            l.split_once("SHA-256 backend: ")
+                .map(|(_, b)| b.to_string())
+        })
+        .unwrap_or_else(|| panic!("no SHA-256 backend named: {err}"));
+    assert_eq!(backend, chunker::hash_backend(), "{err}");
+    let status = w.run(&["status", "-v"]);
+    assert!(
+        stderr(&status).contains(&format!("SHA-256 backend: {backend}")),
+        "{}",
+        stderr(&status)
+    );
     // Off a terminal the default logs each tenth; -v every percentage it reaches.
     let lines = err
         .lines()

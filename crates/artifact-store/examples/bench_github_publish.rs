@@ -11,8 +11,9 @@ use std::path::Path;
 use artifact_store::GithubStore;
 use artifact_store::publish::{PublishOptions, publish};
 use artifact_store::retry::RetryPolicy;
-use manifest::Manifest;
-use manifest::layout::{CURRENT_GENERATION, current_tinygrad_commit};
+use manifest::layout::CURRENT_GENERATION;
+
+mod common;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -27,42 +28,7 @@ fn main() {
 }
 
 fn run(checkout: &Path, artifacts: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let mut models = Vec::new();
-    let mut ids: Vec<String> = std::fs::read_dir(artifacts)?
-        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect::<Result<_, _>>()?;
-    ids.sort();
-    for id in ids {
-        let name = format!("{id}_driving_tinygrad.pkl");
-        let dir = artifacts.join(&id);
-        let sidecar = std::fs::read_to_string(dir.join(format!("{name}.sha256")))?;
-        let sha = sidecar.split_whitespace().next().ok_or("empty sidecar")?;
-        let count: u32 = std::fs::read_to_string(dir.join(format!("{name}.chunkmanifest")))?
-            .trim()
-            .parse()?;
-        let mut size = 0;
-        for i in 1..=count {
-            size += std::fs::metadata(dir.join(chunker::chunk_name(&name, i, count)))?.len();
-        }
-        models.push(serde_json::json!({
-            "id": id,
-            "name": format!("Bench {id}"),
-            "version": "v16",
-            "series": "OP Series",
-            "released": "2026-01-01",
-            "community_favorite": false,
-            "artifact_format": "tinygrad_single_v1",
-            "artifact_size": size,
-            "artifact_sha256": sha,
-            "artifact_chunk_count": count,
-            "uses_external_gpu": false,
-        }));
-    }
-    let manifest = Manifest::from_value(serde_json::json!({
-        "generation": CURRENT_GENERATION.to_string(),
-        "tinygrad_commit": current_tinygrad_commit().to_string(),
-        "models": models,
-    }))?;
+    let manifest = common::manifest_of(artifacts)?;
     let store = GithubStore::open(checkout, "Models")?;
     let opts = PublishOptions {
         generation: CURRENT_GENERATION,

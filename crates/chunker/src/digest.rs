@@ -97,6 +97,39 @@ impl<'de> serde::Deserialize<'de> for Sha256Digest {
     }
 }
 
+/// Which SHA-256 code [`Hasher`] runs on this CPU, as `sha2` chooses it at run time: its
+/// instruction backend when the CPU reports the SHA instructions (x86_64's SHA extensions with
+/// SSE2, SSSE3 and SSE4.1; aarch64's ARMv8 SHA-2, HWCAP `sha2`), its portable code otherwise.
+/// Asked the same way `sha2` asks (the kernel's HWCAP on aarch64 Linux, CPUID on x86_64), so
+/// what `status -v` names is what hashes.
+pub fn hash_backend() -> &'static str {
+    backend_name(hardware_sha256())
+}
+
+/// The name [`hash_backend`] prints. Pure.
+pub fn backend_name(hardware: Option<&'static str>) -> &'static str {
+    hardware.unwrap_or("portable (no SHA-256 instructions on this CPU)")
+}
+
+#[cfg(target_arch = "aarch64")]
+fn hardware_sha256() -> Option<&'static str> {
+    std::arch::is_aarch64_feature_detected!("sha2").then_some("ARMv8 SHA-2 instructions")
+}
+
+#[cfg(target_arch = "x86_64")]
+fn hardware_sha256() -> Option<&'static str> {
+    (std::arch::is_x86_feature_detected!("sha")
+        && std::arch::is_x86_feature_detected!("sse2")
+        && std::arch::is_x86_feature_detected!("ssse3")
+        && std::arch::is_x86_feature_detected!("sse4.1"))
+    .then_some("x86 SHA extensions")
+}
+
+#[cfg(not(any(target_arch = "aarch64", target_arch = "x86_64")))]
+fn hardware_sha256() -> Option<&'static str> {
+    None
+}
+
 /// A running SHA-256 that can be fed piece by piece; a thin wrapper so callers need not depend on
 /// `sha2` themselves.
 #[derive(Clone, Default)]
@@ -139,6 +172,28 @@ impl Hasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The backend is named as the CPU reports its SHA instructions, the way `sha2` asks; the
+    /// portable code says so.
+    #[test]
+    fn the_hash_backend_is_named_as_the_cpu_reports_it() {
+        assert_eq!(
+            backend_name(Some("ARMv8 SHA-2 instructions")),
+            "ARMv8 SHA-2 instructions"
+        );
+        assert!(backend_name(None).starts_with("portable"));
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            hash_backend() == "x86 SHA extensions",
+            std::arch::is_x86_feature_detected!("sha")
+                && std::arch::is_x86_feature_detected!("sse4.1")
+        );
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(
+            hash_backend() == "ARMv8 SHA-2 instructions",
+            std::arch::is_aarch64_feature_detected!("sha2")
+        );
+    }
 
     #[test]
     fn parses_only_lowercase_hex() {

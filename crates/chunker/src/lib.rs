@@ -66,7 +66,7 @@ mod read;
 mod split;
 mod verify;
 
-pub use digest::{Hasher, IO_BUFFER_SIZE, InvalidDigest, Sha256Digest};
+pub use digest::{Hasher, IO_BUFFER_SIZE, InvalidDigest, Sha256Digest, hash_backend};
 pub use error::{Error, Result};
 pub use input::{locate, member_of, sets_among};
 pub use oob::{OobDefect, OobLayout};

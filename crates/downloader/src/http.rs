@@ -338,6 +338,18 @@ impl Http {
         }
     }
 
+    /// Send `GET url` (with a byte range, `end` inclusive) now and return without waiting for
+    /// the answer: [`Pending::wait`] takes it up later. A download sends a connection's next
+    /// range this way shortly before the current answer ends, so that the next answer's latency
+    /// passes while the last bytes of this one still arrive.
+    pub fn get_later(&self, url: &str, range: (u64, u64), ctl: &Ctl) -> Result<Pending> {
+        let headers = vec![(
+            "Range".to_string(),
+            format!("bytes={}-{}", range.0, range.1),
+        )];
+        self.issue("GET", url, headers, ctl, true)
+    }
+
     /// Start `method url` on a request thread and wait for its final response head.
     fn start(
         &self,
@@ -347,6 +359,19 @@ impl Http {
         ctl: &Ctl,
         want_body: bool,
     ) -> Result<Body> {
+        self.issue(method, url, headers, ctl, want_body)?.wait(ctl)
+    }
+
+    /// Start `method url` on a request thread; the caller waits for its head with
+    /// [`Pending::wait`].
+    fn issue(
+        &self,
+        method: &'static str,
+        url: &str,
+        headers: Vec<(String, String)>,
+        ctl: &Ctl,
+        want_body: bool,
+    ) -> Result<Pending> {
         ctl.check(url)?;
         let first = check_url(url).map_err(|reason| Error::Redirect {
             url: url.to_string(),
@@ -382,15 +407,52 @@ impl Http {
                 url: url.to_string(),
                 message: format!("cannot start a request thread: {e}"),
             })?;
-        let started = Instant::now();
+        Ok(Pending {
+            url: url.to_string(),
+            rx,
+            started: Instant::now(),
+            want_body,
+            config: self.config.clone(),
+        })
+    }
+}
+
+/// A request sent on its own thread whose response head has not been taken up yet
+/// ([`Http::get_later`]). Dropped without [`Pending::wait`], its thread ends by itself (at its
+/// next send, or the origin's deadline).
+pub struct Pending {
+    url: String,
+    rx: Receiver<Msg>,
+    started: Instant,
+    want_body: bool,
+    config: HttpConfig,
+}
+
+impl Pending {
+    /// When the request was sent.
+    pub fn sent_at(&self) -> Instant {
+        self.started
+    }
+
+    /// Wait for the final response head (the response timeout counted from when the request
+    /// was sent); the body then streams as [`Http::get`]'s does.
+    pub fn wait(self, ctl: &Ctl) -> Result<Body> {
+        let Pending {
+            url,
+            rx,
+            started,
+            want_body,
+            config,
+        } = self;
+        let url = url.as_str();
         let head = loop {
             ctl.check(url)?;
-            if started.elapsed() >= self.config.response_timeout {
+            if started.elapsed() >= config.response_timeout {
                 return Err(Error::TooSlow {
                     url: url.to_string(),
                     message: format!(
                         "no response within {} s",
-                        self.config.response_timeout.as_secs_f32()
+                        config.response_timeout.as_secs_f32()
                     ),
                     why: GiveUp::Silent,
                 });
@@ -426,11 +488,7 @@ impl Http {
             pos: 0,
             ended: !want_body,
             ctl: ctl.clone(),
-            rate: RateGuard::new(
-                Instant::now(),
-                self.config.min_rate,
-                self.config.rate_window,
-            ),
+            rate: RateGuard::new(Instant::now(), config.min_rate, config.rate_window),
         })
     }
 }

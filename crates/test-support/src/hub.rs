@@ -150,6 +150,9 @@ struct Shared {
     stop: AtomicBool,
     /// Request bodies are read at most this many bytes a second (0: as fast as they come).
     body_rate: std::sync::atomic::AtomicU64,
+    /// The uplink: request bodies of every connection together at most this many bytes a
+    /// second (0: no cap), and when the link is next free.
+    uplink: Mutex<(u64, Option<std::time::Instant>)>,
 }
 
 /// Start-up settings.
@@ -192,6 +195,7 @@ impl HubEmulator {
             state: Mutex::new(State::default()),
             stop: AtomicBool::new(false),
             body_rate: std::sync::atomic::AtomicU64::new(0),
+            uplink: Mutex::new((0, None)),
         });
         let mut threads = Vec::new();
         for (listener, which) in [(hub, Listener::Hub), (content, Listener::Content)] {
@@ -221,6 +225,12 @@ impl HubEmulator {
     /// a slow uplink would, so an upload lasts long enough for its progress to be seen.
     pub fn limit_upload_rate(&self, bytes_per_sec: u64) {
         self.shared.body_rate.store(bytes_per_sec, Ordering::SeqCst);
+    }
+
+    /// Cap the uplink: request bodies of all connections together are read at most
+    /// `bytes_per_sec` (0: no cap), as one release machine's upload link would carry them.
+    pub fn limit_uplink(&self, bytes_per_sec: u64) {
+        *self.shared.uplink.lock().unwrap() = (bytes_per_sec, None);
     }
 
     /// `HF_ENDPOINT` for clients.
@@ -732,7 +742,11 @@ impl Response {
     }
 }
 
-fn read_request(r: &mut BufReader<TcpStream>, rate: u64) -> io::Result<Option<Request>> {
+fn read_request(
+    r: &mut BufReader<TcpStream>,
+    rate: u64,
+    uplink: &Mutex<(u64, Option<std::time::Instant>)>,
+) -> io::Result<Option<Request>> {
     let mut line = String::new();
     if r.read_line(&mut line)? == 0 {
         return Ok(None);
@@ -776,7 +790,27 @@ fn read_request(r: &mut BufReader<TcpStream>, rate: u64) -> io::Result<Option<Re
         }
     } else if let Some(n) = get("content-length").and_then(|v| v.parse::<usize>().ok()) {
         body = vec![0; n];
-        if rate == 0 {
+        let link = uplink.lock().unwrap().0;
+        if link > 0 {
+            // The shared link: each piece waits until the link has carried the pieces before
+            // it, whichever connection sent them.
+            let step = (link / 100).clamp(1024, 1 << 20) as usize;
+            for piece in body.chunks_mut(step) {
+                r.read_exact(piece)?;
+                let due = {
+                    let mut l = uplink.lock().unwrap();
+                    let now = std::time::Instant::now();
+                    let start = l.1.filter(|t| *t > now).unwrap_or(now);
+                    let due = start + Duration::from_secs_f64(piece.len() as f64 / link as f64);
+                    l.1 = Some(due);
+                    due
+                };
+                let now = std::time::Instant::now();
+                if due > now {
+                    thread::sleep(due - now);
+                }
+            }
+        } else if rate == 0 {
             r.read_exact(&mut body)?;
         } else {
             // A tenth of a second's worth at a time.
@@ -837,7 +871,7 @@ fn serve_connection(stream: TcpStream, shared: &Shared, which: Listener) -> io::
     let mut out = stream;
     loop {
         let rate = shared.body_rate.load(Ordering::SeqCst);
-        let Some(req) = read_request(&mut reader, rate)? else {
+        let Some(req) = read_request(&mut reader, rate, &shared.uplink)? else {
             return Ok(());
         };
         let resp = match which {
@@ -1633,5 +1667,41 @@ mod tests {
             assert_eq!(decode_chunk(&raw, c).unwrap(), data);
         }
         assert!(parse_xorb(&raw[..raw.len() - 1]).is_err());
+    }
+
+    /// The uplink cap is shared: two connections uploading at once together take as long as
+    /// their bytes at the cap (each alone at the cap would finish in half the time).
+    #[test]
+    fn the_uplink_cap_is_shared_by_every_connection() {
+        let hub = HubEmulator::start(HubConfig::default()).unwrap();
+        hub.limit_uplink(2_000_000);
+        let addr = hub.hub_addr;
+        let started = std::time::Instant::now();
+        let uploads: Vec<_> = (0..2)
+            .map(|_| {
+                thread::spawn(move || {
+                    let mut s = TcpStream::connect(addr).unwrap();
+                    let body = vec![7u8; 300_000];
+                    let head = format!(
+                        "POST /api/nothing HTTP/1.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    s.write_all(head.as_bytes()).unwrap();
+                    s.write_all(&body).unwrap();
+                    let mut answer = Vec::new();
+                    let _ = s.read_to_end(&mut answer);
+                    assert!(answer.starts_with(b"HTTP/1.1 "), "{answer:?}");
+                })
+            })
+            .collect();
+        for u in uploads {
+            u.join().unwrap();
+        }
+        // 600 000 bytes at 2 MB/s: 0.3 s (less one piece each, read before its wait).
+        assert!(
+            started.elapsed() >= Duration::from_millis(270),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }

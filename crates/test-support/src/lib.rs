@@ -1,6 +1,7 @@
 //! Shared test helpers: temporary trees and local servers on 127.0.0.1.
 pub mod http_server;
 pub mod hub;
+pub mod inorder_server;
 pub mod published;
 pub mod release_stores;
 pub mod shell;

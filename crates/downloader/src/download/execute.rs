@@ -2,9 +2,11 @@
 //! (each range retried, resumed, checked against the plan), verify the whole, install.
 //!
 //! Nothing waits on the disk or the digest while bytes can flow: the workers only receive and
-//! write; the artifact's SHA-256 follows the bytes in artifact order while they arrive (a
-//! [`Follower`] reads back what was just written, from the page cache, and starts its
-//! writeback), and each completed piece is made durable and recorded on a [`Recorder`] thread.
+//! write, starting the writeback of what they wrote every [`WRITEBACK_STEP`] (so the disk works
+//! while the network does, whatever order the bytes arrive in); the artifact's SHA-256 follows
+//! the bytes in artifact order while they arrive (a [`Follower`] reads back what was just
+//! written, from the page cache), and each completed piece is made durable and recorded on a
+//! recorder thread.
 //! When the transfer ends, only the bytes of the last round are left to hash and flush. A byte
 //! written twice (a server that ignored `Range` after part of a segment arrived, a chunk fetched
 //! again after failing its digest) makes the followed digest void, and the staging file is hashed
@@ -441,19 +443,36 @@ impl Run<'_> {
     }
 
     fn worker(&self, records: mpsc::Sender<Record>) {
+        // This connection's next range when it was sent ahead ([`Ahead`]), and the block it
+        // belongs to when that block was taken off the queue for it.
+        let mut ahead: Option<Ahead> = None;
+        let mut next_block: Option<Block> = None;
         loop {
             if self.stopped() {
                 return;
             }
-            let Some(block) = self.queue.lock().unwrap().pop_front() else {
+            let taken = next_block.take();
+            let Some(block) = taken.or_else(|| self.queue.lock().unwrap().pop_front()) else {
                 return;
             };
             // A stop between two segments of the block ends the worker as at the loop's top.
-            let res = block.iter().try_for_each(|seg| {
+            let res = block.iter().enumerate().try_for_each(|(k, seg)| {
                 if self.stopped() {
                     return Ok(());
                 }
-                self.fetch_segment(seg, &records)?;
+                // What this connection fetches after `seg`: the block's next segment, else the
+                // first of the next block, taken off the queue only when it is sent ahead
+                // (moments before this connection is free).
+                let mut following = || match block.get(k + 1) {
+                    Some(s) => Some(s.clone()),
+                    None => {
+                        if next_block.is_none() {
+                            next_block = self.queue.lock().unwrap().pop_front();
+                        }
+                        next_block.as_ref().and_then(|b| b.first().cloned())
+                    }
+                };
+                self.fetch_segment(seg, &records, &mut ahead, &mut following)?;
                 let finished = {
                     let mut open = self.open_segments.lock().unwrap();
                     open[seg.piece] -= 1;
@@ -538,14 +557,20 @@ impl Run<'_> {
         }
     }
 
-    fn fetch_segment(&self, seg: &Segment, records: &mpsc::Sender<Record>) -> Result<()> {
+    fn fetch_segment(
+        &self,
+        seg: &Segment,
+        records: &mpsc::Sender<Record>,
+        ahead: &mut Option<Ahead>,
+        following: &mut dyn FnMut() -> Option<Segment>,
+    ) -> Result<()> {
         if seg.start == seg.end {
             return Ok(());
         }
         let mut written = 0u64;
         let mut etag: Option<String> = None;
         let res = with_retries(self.config, &self.ctl, &self.urls[seg.piece], || {
-            self.try_segment(seg, &mut written, &mut etag, records)
+            self.try_segment(seg, &mut written, &mut etag, records, ahead, following)
         });
         if res.is_err() {
             // Stopping (cancel, SIGTERM, this origin given up): what this segment has on disk
@@ -566,6 +591,8 @@ impl Run<'_> {
         written: &mut u64,
         etag: &mut Option<String>,
         records: &mpsc::Sender<Record>,
+        ahead: &mut Option<Ahead>,
+        following: &mut dyn FnMut() -> Option<Segment>,
     ) -> Result<()> {
         let piece = &self.pieces[seg.piece];
         let url = &self.urls[seg.piece];
@@ -580,9 +607,23 @@ impl Run<'_> {
             message,
         };
         let validator = if *written > 0 { etag.as_deref() } else { None };
-        let mut body = self
-            .http
-            .get(url, Some((start, last)), validator, &self.ctl)?;
+        // This range went out ahead when the previous one was ending: take up its answer.
+        let sent_ahead = ahead
+            .take()
+            .filter(|a| a.piece == seg.piece && a.start == start && a.end == seg.end);
+        let (sent, mut body) = match sent_ahead {
+            Some(a) if validator.is_none() => (a.pending.sent_at(), a.pending.wait(&self.ctl)?),
+            _ => (
+                Instant::now(),
+                self.http
+                    .get(url, Some((start, last)), validator, &self.ctl)?,
+            ),
+        };
+        // How long this answer took to start: the next range goes out that long before this
+        // one ends.
+        let answered = Instant::now();
+        let latency = answered.duration_since(sent);
+        let mut sent_next = false;
         match body.meta.status {
             206 => {
                 let verdict = range_verdict((start, last), body.meta.content_range, piece.len);
@@ -629,6 +670,8 @@ impl Run<'_> {
         }
         let seg_len = seg.end - seg.start;
         let mut buf = vec![0u8; 256 * 1024];
+        // Where this attempt's bytes not yet handed to the disk begin.
+        let mut unflushed = piece.offset + seg.start + *written;
         while *written < seg_len {
             if self.stopped() {
                 return Err(Error::Cancelled {
@@ -651,12 +694,35 @@ impl Run<'_> {
             self.staging.file.write_all_at(&buf[..n], at)?;
             let before = *written;
             *written += n as u64;
+            let end = at + n as u64;
+            if end - unflushed >= WRITEBACK_STEP || *written == seg_len {
+                start_writeback(&self.staging.file, unflushed, end);
+                unflushed = end;
+            }
             self.wrote(at, n as u64, *written == seg_len);
             if before / RANGE_RECORD_STEP != *written / RANGE_RECORD_STEP {
                 let _ = records.send(Record::Range(piece.index, seg.start, seg.start + *written));
             }
             // Progress in steps of at most PROGRESS_STEP, however large the write: a small
             // model still reports many percentages.
+            if !sent_next
+                && let Some(lead) = lead_bytes(*written, answered.elapsed(), latency)
+                && seg_len - *written <= lead
+            {
+                sent_next = true;
+                *ahead = following().filter(|n| n.start < n.end).and_then(|n| {
+                    let pending = self
+                        .http
+                        .get_later(&self.urls[n.piece], (n.start, n.end - 1), &self.ctl)
+                        .ok()?;
+                    Some(Ahead {
+                        piece: n.piece,
+                        start: n.start,
+                        end: n.end,
+                        pending,
+                    })
+                });
+            }
             let mut left = n as u64;
             while left > 0 {
                 let step = left.min(PROGRESS_STEP);
@@ -673,6 +739,31 @@ impl Run<'_> {
     }
 }
 
+/// A connection's next range, sent before its current answer ended ([`Http::get_later`]) so
+/// that the next answer's latency passes while this one's last bytes arrive: one request of
+/// a connection ahead at most, taken up by the next [`Run::try_segment`] of that range.
+struct Ahead {
+    piece: usize,
+    start: u64,
+    end: u64,
+    pending: crate::http::Pending,
+}
+
+/// How many bytes before the end of an answer its connection's next range is sent: what the
+/// answer delivers in the time it took to start (`latency`), at the rate it has delivered so
+/// far (`written` bytes in `elapsed` since its head). `None` until a rate is known (a quarter
+/// of a MiB, 50 ms). Pure.
+pub(crate) fn lead_bytes(written: u64, elapsed: Duration, latency: Duration) -> Option<u64> {
+    if written < LEAD_MIN_BYTES || elapsed < LEAD_MIN_TIME {
+        return None;
+    }
+    let rate = written as f64 / elapsed.as_secs_f64();
+    Some((rate * latency.as_secs_f64()) as u64)
+}
+
+const LEAD_MIN_BYTES: u64 = 256 * 1024;
+const LEAD_MIN_TIME: Duration = Duration::from_millis(50);
+
 /// What the recorder thread makes durable and records ([`Staging::mark_done`],
 /// [`Staging::mark_range`], [`Staging::forget`]).
 enum Record {
@@ -686,19 +777,17 @@ const PROGRESS_STEP: u64 = 8 * 1024;
 
 /// Bytes hashed per read-back of the follower.
 const FOLLOW_STEP: u64 = 1 << 20;
-/// Bytes hashed between two writeback starts of the follower.
+/// Bytes a worker writes between two writeback starts.
 const WRITEBACK_STEP: u64 = 8 << 20;
 
 /// The artifact's SHA-256, computed in artifact order over the bytes as they reach the staging
 /// file (read back at once, from the page cache), so that when the transfer ends only its last
-/// bytes are left to hash. Behind it, the hashed bytes' writeback is started, so that the
-/// install's fsync finds little left to write.
+/// bytes are left to hash.
 struct Follower<'r, 'a> {
     run: &'r Run<'a>,
     hasher: Hasher,
     /// Bytes `[0, pos)` are hashed.
     pos: u64,
-    flushed: u64,
 }
 
 impl<'r, 'a> Follower<'r, 'a> {
@@ -707,7 +796,6 @@ impl<'r, 'a> Follower<'r, 'a> {
             run,
             hasher: Hasher::new(),
             pos: 0,
-            flushed: 0,
         }
     }
 
@@ -730,10 +818,6 @@ impl<'r, 'a> Follower<'r, 'a> {
                     .ok()?;
                 self.hasher.update(&buf[..n]);
                 self.pos += n as u64;
-                if self.pos - self.flushed >= WRITEBACK_STEP || self.pos == size {
-                    start_writeback(&self.run.staging.file, self.flushed, self.pos);
-                    self.flushed = self.pos;
-                }
             }
         }
         Some(self.hasher.finish())
@@ -822,6 +906,31 @@ pub(crate) fn range_verdict(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The next range goes out as many bytes before the end as the answer delivers in its own
+    /// latency, once its rate is known.
+    #[test]
+    fn lead_table() {
+        let ms = Duration::from_millis;
+        let mib = 1u64 << 20;
+        let cases = [
+            // 16 MiB in 1 s, 20 ms to answer: a third of a MiB ahead.
+            (16 * mib, ms(1000), ms(20), Some(16 * mib / 50)),
+            // 32 MiB/s, 100 ms: 3.2 MiB ahead.
+            (32 * mib, ms(1000), ms(100), Some(32 * mib / 10)),
+            (8 * mib, ms(2000), ms(0), Some(0)),
+            // Too early to know the rate.
+            (100 * 1024, ms(1000), ms(20), None),
+            (mib, ms(10), ms(20), None),
+        ];
+        for (written, elapsed, latency, want) in cases {
+            let got = lead_bytes(written, elapsed, latency);
+            match (got, want) {
+                (Some(g), Some(w)) => assert!(g.abs_diff(w) <= 1, "{g} vs {w}"),
+                _ => assert_eq!(got, want),
+            }
+        }
+    }
 
     /// Every disagreement between the planned length and the origin's file is "other file"
     /// (not yet); only a wrong answer about a file of the right length is a broken server.

@@ -1,4 +1,5 @@
 //! `test-http-server --dir D [--addr 127.0.0.1:0] [--rate-per-conn BYTES_PER_SEC] [--latency-ms N]
+//! [--single-thread]
 //! [--fault PATH_PREFIX*=FAULT]...`
 //!
 //! Serves `D` with the fault server's normal behaviour plus the per-connection bandwidth cap and
@@ -6,7 +7,9 @@
 //! `slow:BYTES_PER_SEC`, `status:CODE`, see `Fault::parse`) to every request under a path. With
 //! `--stats-file F --count PREFIX...`, `F` holds one `PREFIX BYTES` line per prefix (body bytes
 //! served under it), rewritten every 100 ms. Prints `http://ADDR` as its first stdout line, then
-//! serves until killed.
+//! serves until killed. With `--single-thread`, the directory is served instead by one thread
+//! that answers each connection's requests in order (`test_support::inorder_server`: the cap and
+//! latency apply, faults and stats do not).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -22,6 +25,7 @@ fn main() -> ExitCode {
     let mut faults: Vec<(String, Fault)> = Vec::new();
     let mut stats: Option<PathBuf> = None;
     let mut counted: Vec<String> = Vec::new();
+    let mut single_thread = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -52,9 +56,10 @@ fn main() -> ExitCode {
                 }
                 "--stats-file" => stats = Some(PathBuf::from(value()?)),
                 "--count" => counted.push(value()?),
+                "--single-thread" => single_thread = true,
                 "-h" | "--help" => {
                     println!(
-                        "usage: test-http-server --dir D [--addr 127.0.0.1:0] [--rate-per-conn BYTES_PER_SEC] [--latency-ms N] [--fault PATH_PREFIX*=trickle:MS|stall|slow:BPS|status:CODE]..."
+                        "usage: test-http-server --dir D [--addr 127.0.0.1:0] [--rate-per-conn BYTES_PER_SEC] [--latency-ms N] [--single-thread] [--fault PATH_PREFIX*=trickle:MS|stall|slow:BPS|status:CODE]..."
                     );
                     std::process::exit(0);
                 }
@@ -72,6 +77,30 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     config.root = dir;
+    if single_thread {
+        if !faults.is_empty() || stats.is_some() {
+            eprintln!("test-http-server: --single-thread serves no --fault and no --stats-file");
+            return ExitCode::from(2);
+        }
+        let listener = match std::net::TcpListener::bind(config.addr) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("test-http-server: cannot listen: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        let addr = listener.local_addr().expect("a bound address");
+        println!("http://{addr}");
+        let _ = std::io::stdout().flush();
+        let served = test_support::inorder_server::serve(
+            listener,
+            &config.root,
+            config.rate_per_conn,
+            config.latency,
+        );
+        eprintln!("test-http-server: {served:?}");
+        return ExitCode::from(1);
+    }
     let server = match FaultServer::with_config(config) {
         Ok(s) => s,
         Err(e) => {
