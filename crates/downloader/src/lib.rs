@@ -572,6 +572,24 @@ impl Downloader {
                         .is_some_and(|k| policy::leave(m, remaining, &self.seen(k), Instant::now()))
             };
             let received = std::sync::atomic::AtomicU64::new(0);
+            // The bytes this origin delivered are reported once, before `Installed` when the
+            // try installs (so `Installed` stays the last event of a download), else after it.
+            let reported = std::sync::atomic::AtomicBool::new(false);
+            let report_fetched = || {
+                let bytes = received.load(std::sync::atomic::Ordering::SeqCst);
+                if bytes > 0 && !reported.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    on_event(Event::Fetched {
+                        origin: origin.to_string(),
+                        bytes,
+                    });
+                }
+            };
+            let on_event = &|e: Event| {
+                if matches!(e, Event::Installed { .. }) {
+                    report_fetched();
+                }
+                on_event(e)
+            };
             let job = download::Job {
                 http: &self.http,
                 config: &self.config,
@@ -587,13 +605,7 @@ impl Downloader {
             };
             let (result, measured) = download::download_from(&job, origin);
             self.note_measured(origin, measured);
-            let bytes = received.load(std::sync::atomic::Ordering::SeqCst);
-            if bytes > 0 {
-                on_event(Event::Fetched {
-                    origin: origin.to_string(),
-                    bytes,
-                });
-            }
+            report_fetched();
             result
         })?;
         match tried {
