@@ -1,10 +1,11 @@
 //! The first boot on a new tree is safe for every reader (issue 37): the tree moved to the next
 //! generation, the origins hang (a refresh cannot get a manifest for its whole deadline), and
-//! `run` has just started. Within a few seconds, before any origin has answered anything,
-//! whoever reads the params as modeld's fallback does ("load `<id>_driving_tinygrad.pkl` when
-//! present", upstream's own id map) finds the built-in or nothing, never the old generation's
-//! pickle; once the origins answer, the device ends on the new generation's model. v25 → v26
-//! and v26 → a made-up v27 (both through the pins file, as a tinygrad bump writes it).
+//! `run` has just started. Within a few seconds, before any origin has answered anything, the
+//! new tree's modeld, reading the device as it does, finds the built-in or nothing, never the
+//! old generation's pickle, and `run`'s offline first step is done; once the origins answer,
+//! the device ends on the new generation's model. v25 (flat, modeld's fallback over the params)
+//! → v26 and v26 → a made-up v27, both on a tree declaring upstream's v26 contract, read by the
+//! independent checker (`test_support::upstream_v26`) as upstream's v26 modeld reads them.
 
 use std::fs;
 use std::path::Path;
@@ -12,32 +13,41 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use manifest::layout::CURRENT_TINYGRAD_COMMIT;
 use test_support::http_server::{Fault, FaultServer};
 use test_support::published::{
     GH_DIR, HF_DIR, artifact_bytes, manifest_json, publish_model, write_manifest_at,
 };
+use test_support::upstream_v26::{contract_manifest, python_dump};
 
 const CHUNK: usize = 64 * 1024;
-const V27_PIN: &str = "27272727272727272727272727272727272727bb";
-
-/// The pins file of a tree that knows v25, v26 and v27.
-fn pins() -> String {
-    format!(
-        "{{\n  \"v25\": \"{CURRENT_TINYGRAD_COMMIT}\",\n  \"v26\": \"{V26_PIN}\",\n  \"v27\": \"{V27_PIN}\"\n}}\n"
-    )
-}
-
-fn pin(generation: &str) -> &'static str {
-    match generation {
-        "v25" => CURRENT_TINYGRAD_COMMIT,
-        "v26" => V26_PIN,
-        _ => V27_PIN,
-    }
-}
 
 fn pop_bytes(generation: &str) -> Vec<u8> {
     artifact_bytes(generation.as_bytes()[2].into(), 2 * CHUNK + 9)
+}
+
+/// Move the device's tree to `generation`: v25's flat layout (the tree `Device::new` makes),
+/// or a tree declaring it on upstream's v26 contract (the reviewed catalog lists `pop223`).
+fn tree_at(device: &Device, generation: &str) {
+    if generation != "v25" {
+        device.declare(generation, &contract_rows(&["pop223"]));
+    }
+}
+
+/// The bytes modeld of `generation` loads, read as that modeld reads the device: v25's
+/// fallback over the params ([`fallback_loads`]), or upstream's v26 `resolve_runtime` over
+/// `<gen>/` (preferences, catalog, verified artifact), by the independent checker. `None`: the
+/// built-in (or nothing there).
+fn modeld_loads(device: &Device, generation: &str) -> Vec<(String, Option<Vec<u8>>)> {
+    if generation == "v25" {
+        return fallback_loads(&device.params(), &device.models());
+    }
+    let sel = device
+        .runtime(generation)
+        .resolve_runtime(&device.root(generation), true);
+    [("small", sel.small_path), ("big", sel.big_path)]
+        .into_iter()
+        .map(|(k, p)| (k.to_string(), p.map(|p| fs::read(p).unwrap())))
+        .collect()
 }
 
 /// modeld's own id map (upstream): lowercase, `rdf`/`rdf43` → `rdf43`, `sc` → `sc2`.
@@ -83,9 +93,9 @@ fn fallback_loads(params: &Path, models: &Path) -> Vec<(String, Option<Vec<u8>>)
 
 fn first_boot_on_a_new_tree(from: &str, to: &str) {
     let device = Device::new();
-    let op = device.openpilot();
-    set_tree(&op, pin(from), Some(&pins()));
+    tree_at(&device, from);
     let root = device.dir.path().join("origin");
+    let rows = contract_rows(&["pop223"]);
     for generation in [from, to] {
         let m = publish_model(
             &root,
@@ -94,40 +104,44 @@ fn first_boot_on_a_new_tree(from: &str, to: &str) {
             &pop_bytes(generation),
             Some(CHUNK),
         );
-        let body = manifest_json(generation, std::slice::from_ref(&m), true).replacen(
-            "\"models\":",
-            &format!(
-                "\"tinygrad_commit\": \"{}\",\n  \"models\":",
-                pin(generation)
-            ),
-            1,
-        );
+        let body = if generation == "v25" {
+            manifest_json(generation, std::slice::from_ref(&m), true).into_bytes()
+        } else {
+            contract_manifest(&device.runtime(generation), &rows, &[m])
+        };
         for dir in [HF_DIR, GH_DIR] {
-            write_manifest_at(&root, dir, generation, body.as_bytes());
+            write_manifest_at(&root, dir, generation, &body);
         }
     }
-    for (k, v) in [
-        ("Model", "pop223"),
-        ("DrivingModel", "pop223"),
-        ("ActiveSmallModel", "pop223"),
-    ] {
-        device.set_param(k, v);
+    // The user selects pop223 where `from` keeps the selection.
+    if from == "v25" {
+        for k in ["Model", "DrivingModel", "ActiveSmallModel"] {
+            device.set_param(k, "pop223");
+        }
+    } else {
+        let prefs = serde_json::json!({"small": "pop223", "big": "", "userFavorites": [],
+            "sortMode": "name", "randomizer": false, "blacklistedModels": []});
+        fs::create_dir_all(device.root(from)).unwrap();
+        fs::write(
+            device.root(from).join("preferences.json"),
+            python_dump(&prefs),
+        )
+        .unwrap();
     }
     let server = FaultServer::start(&root).unwrap();
     let base = server.url();
     let out = device.command(&base, &["refresh"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(device.installed("pop223"), Some(pop_bytes(from)));
-    let loads = fallback_loads(&device.params(), &device.models());
+    let old = pop_bytes(from);
     assert!(
-        loads
+        modeld_loads(&device, from)
             .iter()
-            .any(|(_, b)| b.as_deref() == Some(&pop_bytes(from)[..])),
-        "the fixture: before the move the fallback loads {from}'s pop223"
+            .any(|(_, b)| b.as_deref() == Some(&old[..])),
+        "the fixture: before the move {from}'s modeld loads {from}'s pop223"
     );
 
     // The tree moves; every origin hangs (accepts, never answers).
-    set_tree(&op, pin(to), Some(&pins()));
+    tree_at(&device, to);
     server.add_fault("/*", Fault::Stall, None);
     let sent_before = server.body_bytes_under("/");
     let mut daemon = device
@@ -137,23 +151,35 @@ fn first_boot_on_a_new_tree(from: &str, to: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let old = pop_bytes(from);
     let until = Instant::now() + Duration::from_secs(10);
-    let safe = loop {
-        let loads = fallback_loads(&device.params(), &device.models());
-        if loads.iter().all(|(_, b)| b.is_none()) {
-            break loads;
+    // What modeld of the new tree would load, from the start: the built-in or nothing, never
+    // the old generation's pickle (on upstream's v26 contract its modeld reads `<to>/` only).
+    loop {
+        let loads = modeld_loads(&device, to);
+        if loads.iter().all(|(_, b)| b.is_none()) && first_step_taken(&device, to) {
+            break;
         }
         for (k, b) in &loads {
             assert!(
                 b.as_deref() != Some(&old[..]) || Instant::now() < until,
-                "{from} -> {to}: 10 s after `run` started on the {to} tree, {k} still makes the \
-                 fallback load {from}'s pickle"
+                "{from} -> {to}: 10 s after `run` started on the {to} tree, {k} still makes \
+                 modeld load {from}'s pickle"
             );
         }
+        assert!(
+            Instant::now() < until,
+            "{from} -> {to}: 10 s after `run` started, the offline first step was not taken"
+        );
         std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(!safe.is_empty(), "the selection params are still there");
+    }
+    // `resolve`, the reader docs/integration.md calls safe in any case, agrees: the built-in.
+    let out = device
+        .command(&base, &["resolve", "--json"])
+        .output()
+        .unwrap();
+    let answer: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(answer["builtin"], true, "{from} -> {to}: {answer}");
     // No origin has sent a byte since the move: the step took no network.
     assert_eq!(
         server.body_bytes_under("/"),
@@ -178,19 +204,37 @@ fn first_boot_on_a_new_tree(from: &str, to: &str) {
         "{log}"
     );
 
-    // Online again: the next refresh installs the new generation's model and selects it.
+    // Online again: the next refresh installs the new generation's model, modeld of the new
+    // tree loads it, and the old generation's pickle is gone.
     server.clear_faults();
     let out = device.command(&base, &["refresh"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(device.installed("pop223"), Some(pop_bytes(to)));
     assert_eq!(device.param("ModelManifestVersion").as_deref(), Some(to));
-    let loads = fallback_loads(&device.params(), &device.models());
+    let loads = modeld_loads(&device, to);
     assert!(
         loads
             .iter()
             .any(|(_, b)| b.as_deref() == Some(&pop_bytes(to)[..])),
         "{loads:?}"
     );
+    let mut dirs = vec![device.models()];
+    while let Some(dir) = dirs.pop() {
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                assert!(fs::read(&p).unwrap() != old, "{from}'s pickle left: {p:?}");
+            }
+        }
+    }
+}
+
+/// Whether `run`'s offline first step on the `to` tree (upstream's v26 contract) is done, as
+/// upstream reads it: the user's choice is already in `<to>/preferences.json`, while modeld
+/// loads the built-in until the model is verified there.
+fn first_step_taken(device: &Device, to: &str) -> bool {
+    device.runtime(to).preferences(&device.root(to)).small == "pop223"
 }
 
 #[test]

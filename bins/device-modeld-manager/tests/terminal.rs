@@ -3,7 +3,10 @@
 //! indicatif bar that is redrawn in place (one line for the whole download, the label, bytes
 //! and ETA on it, nothing wrapped), and a foreground `run` logs a download that fell back from
 //! Hugging Face to GitHub and a download that failed on both, each line stamped with the time,
-//! the finished one with size, time, origin and rate, each origin named once.
+//! the finished one with size, time, origin and rate, each origin named once. v25 on its flat
+//! layout; v26 and a made-up v27 on a tree declaring upstream's v26 contract, where the
+//! independent checker (`test_support::upstream_v26`) then reads the device as upstream's v26
+//! code does: the install verified where it looks for it, the job in the state it expects.
 //!
 //! tmux is a real component: without it the test skips with a message, and fails when
 //! `STARPILOT_REQUIRE_TMUX=1` (set by `.ci/run`, which installs it).
@@ -16,6 +19,7 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use test_support::http_server::{Fault, ServerConfig};
 use test_support::published::{artifact_bytes, manifest_json, publish_model, write_manifest};
+use test_support::upstream_v26::{Runtime, contract_manifest};
 
 const REQUIRE_TMUX: &str = "STARPILOT_REQUIRE_TMUX";
 const MIB: usize = 1024 * 1024;
@@ -165,9 +169,9 @@ fn bars<'a>(lines: &'a [String], label: &str) -> Vec<&'a String> {
 fn terminal_shows_the_bar_and_the_log(generation: &str) {
     let Some(tmux) = Tmux::start() else { return };
     let device = Device::new();
-    if generation != "v25" {
-        set_tree(&device.openpilot(), V26_PIN, Some(&v26_pins()));
-    }
+    // v25: the flat layout; a later generation: a tree declaring upstream's v26 contract.
+    let rows = contract_rows(&[LONG_ID, BROKEN_ID]);
+    let upstream = (generation != "v25").then(|| device.declare(generation, &rows));
     let root = device.dir.path().join("origin");
     let good = publish_model(
         &root,
@@ -183,11 +187,18 @@ fn terminal_shows_the_bar_and_the_log(generation: &str) {
         &artifact_bytes(32, MIB),
         Some(MIB),
     );
-    write_manifest(
-        &root,
-        generation,
-        manifest_json(generation, &[good, broken], true).as_bytes(),
-    );
+    let manifest = match &upstream {
+        None => manifest_json(generation, &[good, broken], true).into_bytes(),
+        Some(rt) => contract_manifest(rt, &rows, &[good, broken]),
+    };
+    write_manifest(&root, generation, &manifest);
+    // Where the model is installed, as upstream's reader looks for it on a contract's tree.
+    let installed = match &upstream {
+        None => device
+            .models()
+            .join(format!("{LONG_ID}_driving_tinygrad.pkl")),
+        Some(_) => Runtime::artifact_path(&device.root(generation), LONG_ID, false),
+    };
     // About 3 s for the 4 MiB: the bar is redrawn many times.
     let mut config = ServerConfig::new(&root);
     config.rate_per_conn = Some(400 * 1024);
@@ -248,22 +259,11 @@ fn terminal_shows_the_bar_and_the_log(generation: &str) {
         done.contains(" from Hugging Face (") && done.contains("/s)"),
         "{done}"
     );
-    assert_eq!(device.installed(LONG_ID).map(|b| b.len()), Some(4 * MIB));
+    assert_eq!(fs::read(&installed).map(|b| b.len()).ok(), Some(4 * MIB));
+    upstream_reads(&device, upstream.as_ref(), generation, "completed");
 
     // 2. A foreground `run`: a download that falls back, one that fails, in the log.
-    fs::remove_file(
-        device
-            .models()
-            .join(format!("{LONG_ID}_driving_tinygrad.pkl")),
-    )
-    .unwrap_or_else(|_| {
-        // (a v26-layout device keeps it elsewhere: remove whatever holds it)
-        for e in walk(&device.models()) {
-            if e.to_string_lossy().contains(LONG_ID) {
-                let _ = fs::remove_file(e);
-            }
-        }
-    });
+    fs::remove_file(&installed).unwrap();
     let hf = |id: &str| format!("/hf/models/{generation}/{id}/*");
     server.add_fault(&hf(LONG_ID), Fault::Status(404), None);
     server.add_fault(&hf(BROKEN_ID), Fault::Status(404), None);
@@ -279,15 +279,13 @@ fn terminal_shows_the_bar_and_the_log(generation: &str) {
         let until = Instant::now() + Duration::from_secs(60);
         loop {
             let screen = tmux.screen("run");
-            assert!(
-                screen
-                    .iter()
-                    .filter(|l| l.contains(" [") && l.contains(" eta "))
-                    .count()
-                    <= 1,
-                "more than one bar line:\n{}",
-                screen.join("\n")
-            );
+            for id in [LONG_ID, BROKEN_ID] {
+                assert!(
+                    bars(&screen, &format!("Model {id}")).len() <= 1,
+                    "more than one bar line of {id}:\n{}",
+                    screen.join("\n")
+                );
+            }
             if let Some(l) = tmux.joined("run").into_iter().find(|l| f(l)) {
                 return l;
             }
@@ -362,20 +360,34 @@ fn terminal_shows_the_bar_and_the_log(generation: &str) {
         "{}",
         drawn.join("\n")
     );
+    // A download that fetched nothing does not claim its bytes (where the origin's 404 comes
+    // after the bar is drawn: a contract that takes the chunk count from the manifest).
+    for bar in bars(&drawn, &format!("Model {BROKEN_ID}")) {
+        assert!(bar.contains(" 0 B/1.00 MiB "), "{bar}");
+    }
+    // The fallen-back download verifies for upstream; the failed one is its last job.
+    upstream_reads(&device, upstream.as_ref(), generation, "failed");
 }
 
-/// Every file under `dir`.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
+/// On a tree of upstream's v26 contract (`upstream`), what upstream's v26 code reads of the
+/// device, read by the independent checker: `LONG_ID` installed where it verifies it, never
+/// `BROKEN_ID`; the last job in `state`, no manager holding the download lock.
+fn upstream_reads(device: &Device, upstream: Option<&Runtime>, generation: &str, state: &str) {
+    let Some(rt) = upstream else { return };
+    let root = device.root(generation);
+    let entries = rt.catalog(&root);
+    assert!(
+        Runtime::verified_artifact(&root, LONG_ID, &entries).is_some(),
+        "{generation}: upstream does not verify {LONG_ID}: {:?}",
+        entries.get(LONG_ID)
+    );
+    assert_eq!(Runtime::verified_artifact(&root, BROKEN_ID, &entries), None);
+    assert_eq!(
+        rt.job_status(&root),
+        (false, Some(state.to_string())),
+        "{generation}: {:?}",
+        rt.read_job(&root)
+    );
 }
 
 mod eighty_columns {
@@ -386,5 +398,9 @@ mod eighty_columns {
     #[test]
     fn v26() {
         super::terminal_shows_the_bar_and_the_log("v26")
+    }
+    #[test]
+    fn v27() {
+        super::terminal_shows_the_bar_and_the_log("v27")
     }
 }

@@ -701,11 +701,12 @@ impl StderrProgress {
     }
 }
 
-/// Leave the drawn bar as it last was and end its line (indicatif leaves the cursor at the
-/// right edge; without the newline the next text would wrap onto the bar's line).
+/// Leave the drawn bar as it last was (`abandon`: indicatif's `finish` would fill it, so a
+/// failed download would claim all its bytes) and end its line (indicatif leaves the cursor at
+/// the right edge; without the newline the next text would wrap onto the bar's line).
 fn end_bar(bar: &mut Option<indicatif::ProgressBar>) {
     if let Some(b) = bar.take() {
-        b.finish();
+        b.abandon();
         eprintln!();
     }
 }

@@ -12,5 +12,5 @@ mod operations;
 mod preview;
 mod signed_crash;
 mod upstream;
-mod upstream_v26;
+use test_support::upstream_v26;
 mod v26_device;

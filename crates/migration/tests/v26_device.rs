@@ -14,10 +14,9 @@ use serde_json::{Value, json};
 use test_support::http_server::FaultServer;
 use test_support::published::{GH_DIR, HF_DIR, artifact_bytes, publish_model, write_manifest};
 
-use crate::upstream_v26::{BUNDLED, Runtime, python_dump};
+use crate::upstream_v26::{BUNDLED, Runtime, contract_manifest, declare_tree, python_dump};
 
-const COMPILER: &str = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
-const ABI: &str = "tinygrad_single_v1_arena";
+const COMPILER: &str = crate::upstream_v26::COMPILER_REVISION;
 const CHUNK: usize = 64 * 1024;
 
 /// The reviewed rows the tree declares.
@@ -44,52 +43,24 @@ impl V26 {
     /// of that contract with `pop223` (a plain file) and `sc2` (a chunk set).
     pub fn start(generation: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let op = dir.path().join("op");
-        let models = op.join("starpilot/models");
-        fs::create_dir_all(&models).unwrap();
-        fs::write(models.join("catalog.py"), "# reviewed catalog\n").unwrap();
-        let tree_catalog = json!({
-            "generation": generation, "compiler_revision": COMPILER, "artifact_abi": ABI,
-            "models": rows(),
-        });
-        fs::write(
-            models.join(format!("catalog-{generation}.json")),
-            serde_json::to_vec_pretty(&tree_catalog).unwrap(),
-        )
-        .unwrap();
-        fs::write(
-            op.join("upstream-sync.json"),
-            json!({"dependencies": [{"path": "tinygrad_repo", "commit": COMPILER}]}).to_string(),
-        )
-        .unwrap();
+        let rows = rows();
+        let rows = rows.as_array().unwrap();
+        let rt = declare_tree(&dir.path().join("op"), generation, COMPILER, rows);
         fs::create_dir_all(dir.path().join("data/params/d")).unwrap();
         fs::create_dir_all(dir.path().join("shm")).unwrap();
         let origin = dir.path().join("origin");
-        let mut published = Vec::new();
-        let mut entries = Vec::new();
-        for (seed, id, chunk) in [(7u64, "pop223", None), (8, "sc2", Some(CHUNK))] {
-            let bytes = artifact_bytes(seed, 2 * CHUNK + 333 * seed as usize);
-            let p = publish_model(&origin, generation, id, &bytes, chunk);
-            let row = rows()
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|r| r["id"] == id)
-                .unwrap()
-                .clone();
-            let mut e = row.as_object().unwrap().clone();
-            e.insert("artifact_format".into(), json!(ABI));
-            e.insert("artifact_sha256".into(), json!(p.sha256));
-            e.insert("artifact_size".into(), json!(p.size));
-            e.insert("artifact_chunk_count".into(), json!(p.chunk_count));
-            entries.push(Value::Object(e));
-            published.push((id.to_string(), p.sha256, p.size, p.chunk_count));
-        }
-        let manifest = serde_json::to_vec_pretty(&json!({
-            "generation": generation, "compiler_revision": COMPILER, "artifact_abi": ABI,
-            "models": entries,
-        }))
-        .unwrap();
+        let models: Vec<_> = [(7u64, "pop223", None), (8, "sc2", Some(CHUNK))]
+            .into_iter()
+            .map(|(seed, id, chunk)| {
+                let bytes = artifact_bytes(seed, 2 * CHUNK + 333 * seed as usize);
+                publish_model(&origin, generation, id, &bytes, chunk)
+            })
+            .collect();
+        let manifest = contract_manifest(&rt, rows, &models);
+        let published = models
+            .into_iter()
+            .map(|p| (p.id, p.sha256, p.size, p.chunk_count))
+            .collect();
         write_manifest(&origin, generation, &manifest);
         let server = FaultServer::start(&origin).unwrap();
         V26 {
@@ -110,15 +81,7 @@ impl V26 {
     }
 
     pub fn runtime(&self) -> Runtime {
-        Runtime {
-            generation: self.generation.clone(),
-            compiler_revision: COMPILER.into(),
-            artifact_abi: ABI.into(),
-            catalog_path: self.dir.path().join(format!(
-                "op/starpilot/models/catalog-{}.json",
-                self.generation
-            )),
-        }
+        Runtime::of_tree(&self.dir.path().join("op"), &self.generation, COMPILER)
     }
 
     fn options(&self) -> Options {
@@ -1030,7 +993,7 @@ fn the_amd_build_is_fetched_with_the_external_gpu() {
         for e in m["models"].as_array_mut().unwrap() {
             if e["id"] == "pop223" {
                 e["accelerator_artifacts"] = json!({"amd": {
-                    "artifact_format": ABI, "artifact_sha256": amd_sha,
+                    "artifact_format": crate::upstream_v26::ARTIFACT_ABI, "artifact_sha256": amd_sha,
                     "artifact_size": amd.len(), "artifact_chunk_count": 0,
                     "execution_device": "AMD", "compiler_revision": COMPILER}});
             }

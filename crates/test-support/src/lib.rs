@@ -8,4 +8,5 @@ pub mod shell;
 pub mod skip;
 pub mod sshd;
 pub mod strict_fs;
+pub mod upstream_v26;
 pub mod v26_checker;

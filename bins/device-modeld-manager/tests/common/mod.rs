@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use serde_json::{Value, json};
 use test_support::published::{GH_DIR, HF_DIR};
+use test_support::upstream_v26::{COMPILER_REVISION, Runtime, declare_tree};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_device-modeld-manager");
 
@@ -29,6 +31,27 @@ const V24_SELECTION: [(&str, &str); 6] = [
 
 /// A made-up next generation's tinygrad pin (no real tinygrad commit).
 pub const V26_PIN: &str = "26262626262626262626262626262626262626aa";
+
+/// A made-up v27's tinygrad pin.
+pub const V27_PIN: &str = "27272727272727272727272727272727272727bb";
+
+/// The tinygrad of a tree declaring `generation` on upstream's v26 contract: upstream's own
+/// for v26, [`V27_PIN`] for a later one.
+pub fn contract_pin(generation: &str) -> &'static str {
+    if generation == "v26" {
+        COMPILER_REVISION
+    } else {
+        V27_PIN
+    }
+}
+
+/// The reviewed catalog rows of a tree declaring upstream's v26 contract: `ids`, none for the
+/// external GPU, each named `Model <id>` as the published manifests name them.
+pub fn contract_rows(ids: &[&str]) -> Vec<Value> {
+    ids.iter()
+        .map(|id| json!({"id": id, "name": format!("Model {id}"), "version": "v16"}))
+        .collect()
+}
 
 /// The openpilot checkout beside the data root `data` (`<data>/../openpilot`), created when it
 /// does not exist as a v25 tree: `tinygrad_repo/TINYGRAD_COMMIT` holds v25's pin and there is no pins file
@@ -129,6 +152,27 @@ impl Device {
     /// The openpilot checkout the binary is pointed at (see [`openpilot_tree`]).
     pub fn openpilot(&self) -> PathBuf {
         openpilot_tree(&self.data())
+    }
+
+    /// Make this device's tree declare `generation` on upstream's v26 contract with `rows`, on
+    /// [`contract_pin`]'s tinygrad; what the device runs.
+    pub fn declare(&self, generation: &str, rows: &[Value]) -> Runtime {
+        declare_tree(
+            &self.openpilot(),
+            generation,
+            contract_pin(generation),
+            rows,
+        )
+    }
+
+    /// What a device on this tree runs once it declares `generation` ([`Device::declare`]).
+    pub fn runtime(&self, generation: &str) -> Runtime {
+        Runtime::of_tree(&self.openpilot(), generation, contract_pin(generation))
+    }
+
+    /// `<models>/<gen>`: where a generation of upstream's v26 contract keeps its files.
+    pub fn root(&self, generation: &str) -> PathBuf {
+        self.models().join(generation)
     }
 
     /// The binary for this device against the origins below `base`, with `args`.

@@ -3,14 +3,71 @@
 //! `resolve_runtime` and job-file reading) and NOT from the `migration` crate: it uses none of
 //! its code, only serde_json and sha2. It answers what upstream's v26 code would see on a data
 //! dir: which manifest it accepts, which selection it reads, which artifacts it trusts, what
-//! modeld would load.
+//! modeld would load. [`declare_tree`] and [`contract_manifest`] write what such a device
+//! starts from: a tree declaring a generation of that contract, and a manifest of it.
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+
+use crate::published::PublishedModel;
+
+/// Upstream's v26 `COMPILER_REVISION` (its catalog module).
+pub const COMPILER_REVISION: &str = "9d0446a4ba8a532c8b674fb6ad795af015cd9dcf";
+/// Upstream's v26 `ARTIFACT_ABI`.
+pub const ARTIFACT_ABI: &str = "tinygrad_single_v1_arena";
+/// Where upstream's tree keeps its catalog module and reviewed catalog.
+const TREE_CATALOG_DIR: &str = "starpilot/models";
+
+/// Make the openpilot checkout `op` a tree declaring `generation` on upstream's contract with
+/// tinygrad `compiler`: the catalog module, `catalog-<gen>.json` with `rows` as its reviewed
+/// models (another generation's catalog removed, as a checkout of the new tree has none) and
+/// `upstream-sync.json`. Returns what a device on that tree runs.
+pub fn declare_tree(op: &Path, generation: &str, compiler: &str, rows: &[Value]) -> Runtime {
+    let dir = op.join(TREE_CATALOG_DIR);
+    fs::create_dir_all(&dir).unwrap();
+    for e in fs::read_dir(&dir).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        if name.starts_with("catalog-") && name.ends_with(".json") {
+            fs::remove_file(dir.join(name)).unwrap();
+        }
+    }
+    fs::write(dir.join("catalog.py"), "# reviewed catalog\n").unwrap();
+    let catalog_path = Runtime::of_tree(op, generation, compiler).catalog_path;
+    let catalog = json!({"generation": generation, "compiler_revision": compiler,
+        "artifact_abi": ARTIFACT_ABI, "models": rows});
+    fs::write(&catalog_path, serde_json::to_vec_pretty(&catalog).unwrap()).unwrap();
+    let sync = json!({"dependencies": [{"path": "tinygrad_repo", "commit": compiler}]});
+    fs::write(op.join("upstream-sync.json"), sync.to_string()).unwrap();
+    Runtime::of_tree(op, generation, compiler)
+}
+
+/// A manifest of upstream's contract for `rt`: each of `published`, its reviewed row of
+/// `rows` with the published artifact's fields.
+pub fn contract_manifest(rt: &Runtime, rows: &[Value], published: &[PublishedModel]) -> Vec<u8> {
+    let entries: Vec<Value> = published
+        .iter()
+        .map(|p| {
+            let mut e = rows
+                .iter()
+                .find(|r| r["id"] == p.id.as_str())
+                .unwrap()
+                .clone();
+            e["artifact_format"] = json!(ARTIFACT_ABI);
+            e["artifact_sha256"] = json!(p.sha256);
+            e["artifact_size"] = json!(p.size);
+            e["artifact_chunk_count"] = json!(p.chunk_count);
+            e
+        })
+        .collect();
+    serde_json::to_vec_pretty(&json!({"generation": rt.generation,
+        "compiler_revision": rt.compiler_revision, "artifact_abi": rt.artifact_abi,
+        "models": entries}))
+    .unwrap()
+}
 
 /// Upstream's constants, as its catalog module declares them (the tree gives them here).
 #[derive(Debug, Clone)]
@@ -55,6 +112,18 @@ fn read_json(path: &Path, limit: u64) -> Option<serde_json::Map<String, Value>> 
 }
 
 impl Runtime {
+    /// What a device on the tree `op` declaring `generation` with tinygrad `compiler` runs.
+    pub fn of_tree(op: &Path, generation: &str, compiler: &str) -> Runtime {
+        Runtime {
+            generation: generation.into(),
+            compiler_revision: compiler.into(),
+            artifact_abi: ARTIFACT_ABI.into(),
+            catalog_path: op
+                .join(TREE_CATALOG_DIR)
+                .join(format!("catalog-{generation}.json")),
+        }
+    }
+
     /// The catalog module's `BY_ID`: the bundled entry and the reviewed rows.
     pub fn by_id(&self) -> BTreeMap<String, Known> {
         let mut out = BTreeMap::new();
