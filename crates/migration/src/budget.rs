@@ -3,10 +3,10 @@
 //!
 //! Every payload byte a download receives is counted against the artifact it is for (resumed
 //! bytes already on disk are not fetched again and not counted), whoever asked for it. Before
-//! an automatic refresh starts a transfer, [`decide`] compares what was fetched of that artifact
+//! an automatic refresh starts a transfer, [`hold`] compares what was fetched of that artifact
 //! today, plus one whole artifact, with the budget ([`DailyBudget`]: a multiple of the
-//! artifact's size): over it, the transfer is not started and the refresh fails naming the
-//! artifact, the bytes and when it may try again. So an automatic refresh never starts a
+//! artifact's size): over it, the transfer is not started and the artifact is held back
+//! ([`HeldBack`]: not a failure), naming it, the bytes and when it may try again. So an automatic refresh never starts a
 //! transfer that could take the day's count past the budget; a person (a UI request, a
 //! `download` or `refresh` command) is served whatever the count, and their bytes are counted
 //! too.
@@ -54,35 +54,55 @@ impl DailyBudget {
     }
 }
 
-/// Who asks for a transfer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Asker {
-    /// The daemon's automatic refresh: held to the budget.
-    Automatic,
-    /// A person (a UI request, a command): served, and counted.
-    Person,
+/// An artifact the automatic refresh does not fetch before the next UTC day: one more whole
+/// artifact could take today's count past its budget. Not a failure: no failure is counted, no
+/// backoff starts, and the daemon logs it once per artifact and day (its [`Display`] line).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HeldBack {
+    /// The artifact, by its path under the models directory (`<gen>/<path>`).
+    pub id: String,
+    /// Payload bytes of it fetched today (UTC; 0 when the ledger is unknown).
+    pub fetched: u64,
+    /// Its daily budget in bytes.
+    pub budget: u64,
+    /// When the automatic refresh may fetch it again (Unix seconds: the next UTC midnight).
+    pub until: u64,
 }
 
-/// Whether a transfer may start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Within the budget.
-    Fetch,
-    /// Over the budget, but a person asked: fetched, and said so.
-    FetchOverBudget,
-    /// Over the budget: not started before the next UTC day.
-    Refuse,
-}
-
-/// Whether a transfer of an artifact of `size` bytes may start when `spent` bytes of it were
-/// fetched today (`None`: the ledger is unknown, counted afresh). Pure.
-pub fn decide(spent: Option<u64>, size: u64, budget: DailyBudget, asker: Asker) -> Verdict {
-    let within = spent.unwrap_or(0).saturating_add(size) <= budget.bytes_for(size);
-    match (within, asker) {
-        (true, _) => Verdict::Fetch,
-        (false, Asker::Person) => Verdict::FetchOverBudget,
-        (false, Asker::Automatic) => Verdict::Refuse,
+impl std::fmt::Display for HeldBack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use cli_support::progress::{bytes, timestamp};
+        let until = std::time::UNIX_EPOCH + std::time::Duration::from_secs(self.until);
+        write!(
+            f,
+            "{}: held back, fetched {} of today's {} budget; tries again after {} (a request \
+             from the UI is served now)",
+            self.id,
+            bytes(self.fetched),
+            bytes(self.budget),
+            timestamp(until)
+        )
     }
+}
+
+/// Whether the automatic refresh holds back artifact `id` of `size` bytes when `spent` bytes
+/// of it were fetched on UTC day `today` (`None`: the ledger is unknown, counted afresh): held
+/// back when one more whole artifact would pass the budget. A person is never held. Pure.
+pub fn hold(
+    id: &str,
+    spent: Option<u64>,
+    size: u64,
+    budget: DailyBudget,
+    today: u64,
+) -> Option<HeldBack> {
+    let fetched = spent.unwrap_or(0);
+    let budget = budget.bytes_for(size);
+    (fetched.saturating_add(size) > budget).then(|| HeldBack {
+        id: id.to_string(),
+        fetched,
+        budget,
+        until: today.saturating_add(1).saturating_mul(DAY),
+    })
 }
 
 /// One artifact's count for the ledger's day.
@@ -146,7 +166,7 @@ pub struct ArtifactToday {
     pub bytes: u64,
     /// Its daily budget in bytes (`budget` times its size).
     pub budget: u64,
-    /// The automatic refresh starts no transfer of it before tomorrow ([`decide`]).
+    /// The automatic refresh starts no transfer of it before tomorrow ([`hold`]).
     pub held_back: bool,
 }
 
@@ -163,8 +183,7 @@ pub fn report(read: &Read, today: u64, budget: DailyBudget) -> TodayReport {
                     artifact: artifact.clone(),
                     bytes: f.bytes,
                     budget: budget.bytes_for(f.size),
-                    held_back: decide(Some(f.bytes), f.size, budget, Asker::Automatic)
-                        == Verdict::Refuse,
+                    held_back: hold(artifact, Some(f.bytes), f.size, budget, today).is_some(),
                 })
                 .collect(),
         },
@@ -270,14 +289,16 @@ mod tests {
     use manifest::contract::ContractName;
 
     /// The rule over the artifacts v25, v26's contract and a made-up v27 (v26's contract)
-    /// fetch for one entry: an automatic refresh starts a transfer only while one more whole
-    /// artifact stays within the budget; a person is always served, told when over it; an
-    /// unknown ledger counts afresh.
+    /// fetch for one entry: the automatic refresh holds an artifact back (naming it, today's
+    /// bytes and budget, and the next UTC midnight) once one more whole artifact would pass the
+    /// budget; an unknown ledger counts afresh.
     #[test]
     fn the_daily_budget_table() {
-        let v = serde_json::json!({"id": "sc2", "artifact_size": 1000, "artifact_sha256": "1".repeat(64)});
+        const MIB: u64 = 1024 * 1024;
+        let v = serde_json::json!({"id": "sc2", "artifact_size": 3 * MIB, "artifact_sha256": "1".repeat(64)});
         let entry = ModelEntry::from_map(v.as_object().unwrap().clone()).unwrap();
         let budget = DailyBudget::default();
+        let today = 20_000;
         for (g, contract) in [
             (25, ContractName::V25),
             (26, ContractName::V26),
@@ -286,32 +307,41 @@ mod tests {
             let target = downloader::Target::from_entry_for(&entry, contract.contract())
                 .unwrap_or_else(|e| panic!("v{g}: {e}"));
             let size = target.size.expect("the entry's size");
-            assert_eq!(size, 1000, "v{g}");
-            use Asker::*;
-            use Verdict::*;
-            let cases = [
-                (Some(0), Automatic, Fetch),
-                (Some(9 * size), Automatic, Fetch),
-                (Some(9 * size + 1), Automatic, Refuse),
-                (Some(10 * size), Automatic, Refuse),
-                (Some(u64::MAX), Automatic, Refuse),
-                (None, Automatic, Fetch),
-                (Some(0), Person, Fetch),
-                (Some(10 * size), Person, FetchOverBudget),
-                (Some(u64::MAX), Person, FetchOverBudget),
-            ];
-            for (spent, asker, want) in cases {
-                assert_eq!(
-                    decide(spent, size, budget, asker),
-                    want,
-                    "v{g} {spent:?} {asker:?}"
-                );
+            assert_eq!(size, 3 * MIB, "v{g}");
+            let id = format!("v{g}/{}", target.local_name.as_str());
+            for (spent, held) in [
+                (Some(0), false),
+                (Some(9 * size), false),
+                (None, false),
+                (Some(9 * size + 1), true),
+                (Some(10 * size), true),
+                (Some(u64::MAX), true),
+            ] {
+                let got = hold(&id, spent, size, budget, today);
+                assert_eq!(got.is_some(), held, "v{g} {spent:?}");
+                if let Some(h) = got {
+                    assert_eq!(
+                        (h.id.as_str(), h.fetched, h.budget, h.until),
+                        (id.as_str(), spent.unwrap(), 10 * size, 20_001 * DAY),
+                        "v{g}"
+                    );
+                }
             }
+            let line = hold(&id, Some(9 * size + MIB), size, budget, today)
+                .unwrap()
+                .to_string();
+            assert_eq!(
+                line,
+                format!(
+                    "{id}: held back, fetched 28.00 MiB of today's 30.00 MiB budget; tries \
+                     again after 2024-10-05T00:00:00Z (a request from the UI is served now)"
+                )
+            );
         }
-        // A zero multiple refuses every automatic transfer; an empty artifact always fits.
+        // A zero multiple holds back every artifact; an empty artifact always fits.
         let none = DailyBudget { times_size: 0 };
-        assert_eq!(decide(Some(0), 10, none, Asker::Automatic), Verdict::Refuse);
-        assert_eq!(decide(Some(0), 0, budget, Asker::Automatic), Verdict::Fetch);
+        assert!(hold("a", Some(0), 10, none, today).is_some());
+        assert!(hold("a", Some(0), 0, budget, today).is_none());
     }
 
     #[test]

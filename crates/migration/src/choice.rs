@@ -206,8 +206,9 @@ pub fn written_slots(o: &Outcome) -> Slots {
 
 /// The record after a refresh: a slot whose model was dropped for good takes what was written
 /// (the fallback becomes the choice); every other slot keeps the user's choice. Retries: a
-/// model whose download failed this time counts one more failure and waits [`backoff`]; one the
-/// backoff skipped keeps its schedule; a model that is fine or dropped, or no longer wanted,
+/// model whose download failed this time counts one more failure and waits [`backoff`]; one not
+/// tried (the backoff skipped it, or the daily byte budget held it back) keeps its schedule, or
+/// has none; a model that is fine or dropped, or no longer wanted,
 /// leaves the list.
 pub fn after_refresh(
     prev: Option<&Choice>,
@@ -241,7 +242,9 @@ pub fn after_refresh(
         let before = prev.and_then(|p| p.retry.get(id.as_str()));
         let r = match (attempted, before) {
             (false, Some(b)) => b.clone(),
-            _ => {
+            // Not tried (held back by the daily byte budget): no failure, no backoff.
+            (false, None) => continue,
+            (true, _) => {
                 let failures = before.map_or(0, |b| b.failures).saturating_add(1);
                 Retry {
                     failures,
@@ -552,6 +555,19 @@ mod tests {
         assert!(r4.retry.is_empty());
         assert_eq!(r4.wanted, s("pop223", None, None));
         assert_eq!(r4.dropped, r1.dropped, "the last drop stays on record");
+
+        // Not tried with no schedule before (held back by the daily byte budget): still
+        // pending, but no failure counted and no backoff started.
+        fates.insert(
+            id("pop223"),
+            Fate::Temporary {
+                attempted: false,
+                reason: "held back".into(),
+            },
+        );
+        let r5 = after_refresh(Some(&r4), &r4.wanted, &w, &fates, &written, 2100);
+        assert!(r5.retry.is_empty(), "{:?}", r5.retry);
+        assert_eq!(r5.wanted, s("pop223", None, None));
     }
 
     #[test]

@@ -706,6 +706,8 @@ fn serve_loop(
     let mut metered_logged = false;
     // "Not yet" refreshes in a row (see `not_yet_backoff`).
     let mut not_yet_streak = 0u32;
+    // Artifacts held back by the daily byte budget, logged once per artifact and day.
+    let mut held_logged = std::collections::BTreeSet::new();
     while !stopping.load(Ordering::SeqCst) {
         report_bad_params(device, &say, log);
         let now = Road::of(device.is_onroad());
@@ -754,6 +756,11 @@ fn serve_loop(
                     };
                     next_refresh = match result {
                         Ok(r) => {
+                            for held in &r.held_back {
+                                if held_logged.insert((held.id.clone(), held.until)) {
+                                    log(&held.to_string());
+                                }
+                            }
                             log(&format!(
                                 "refresh: {} manifest from {}, {} models, {} entries refused, selected {}{}",
                                 r.generation,

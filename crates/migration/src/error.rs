@@ -29,18 +29,11 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    /// The daemon's automatic refresh would take today's bytes of one artifact past its daily
-    /// budget ([`crate::budget`]): the transfer is not started.
-    #[error(
-        "{artifact}: {spent} bytes fetched today (UTC), another transfer could pass the daily \
-         budget of {budget} bytes; the automatic refresh tries it again tomorrow; a download \
-         asked from the UI or `download`/`refresh` by hand is served now"
-    )]
-    OverBudget {
-        artifact: String,
-        spent: u64,
-        budget: u64,
-    },
+    /// The daemon's automatic refresh holds an artifact back for the day
+    /// ([`crate::budget::hold`]): no transfer is started. The refresh takes it as an outcome,
+    /// not a failure (`RefreshReport::held_back`).
+    #[error("{0}")]
+    HeldBack(crate::budget::HeldBack),
 
     #[error("invalid param key {key:?}: keys are ASCII letters, digits and _")]
     BadParamKey { key: String },

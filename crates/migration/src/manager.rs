@@ -113,6 +113,10 @@ pub struct RefreshReport {
     pub needs_chestnut: Vec<String>,
     /// Manifest entries left out of the catalog, each with its reason; the rest work.
     pub refused_entries: Vec<crate::device::RefusedModel>,
+    /// Artifacts the daily byte budget held back (the daemon's automatic refresh only): not a
+    /// failure, so no retry is scheduled for them; the model stays pending.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held_back: Vec<crate::budget::HeldBack>,
 }
 
 /// Fetch the manifest, store it, migrate if the generation changed (or a migration was
@@ -265,6 +269,7 @@ pub(crate) fn refresh_run(
         dropped: Vec::new(),
         needs_chestnut: Vec::new(),
         refused_entries: refused,
+        held_back: Vec::new(),
     };
 
     // Every wanted catalog model verified (kept) or installed; what cannot be had is replaced.
@@ -319,6 +324,12 @@ pub(crate) fn refresh_run(
             Err(Error::FailedToStart { why, .. }) => {
                 failed_to_start.insert(id.clone());
                 installs.failed.insert(id, (false, why));
+            }
+            // Held back by the daily byte budget: not an attempt, so no failure is counted and
+            // no backoff starts; the daemon logs it once a day.
+            Err(Error::HeldBack(held)) => {
+                installs.failed.insert(id, (false, held.to_string()));
+                report.held_back.push(held);
             }
             // Anything else (every origin refused it, a full disk): the built-in, or the
             // verified older copy, stands in, and later refreshes retry it.
@@ -645,20 +656,14 @@ fn install_variant(
 
 /// The ledger's name for `target` (its path under the models directory), once the daily budget
 /// allows a transfer of it: on a device held to a budget (the daemon's automatic refresh), a
-/// transfer that could take today's count past it is not started ([`Error::OverBudget`]).
+/// transfer that could take today's count past it is not started ([`Error::HeldBack`]).
 fn within_budget(device: &Device, target: &downloader::Target) -> Result<String> {
-    let models = device.models_dir();
     let artifact = artifact_name(device, target);
     if let (Some(budget), Some(size)) = (device.budget, target.size) {
-        let read = crate::budget::read(&models, crate::budget::today());
-        let spent = read.spent(&artifact);
-        let asker = crate::budget::Asker::Automatic;
-        if crate::budget::decide(spent, size, budget, asker) == crate::budget::Verdict::Refuse {
-            return Err(Error::OverBudget {
-                artifact,
-                spent: spent.unwrap_or(0),
-                budget: budget.bytes_for(size),
-            });
+        let today = crate::budget::today();
+        let spent = crate::budget::read(&device.models_dir(), today).spent(&artifact);
+        if let Some(held) = crate::budget::hold(&artifact, spent, size, budget, today) {
+            return Err(Error::HeldBack(held));
         }
     }
     Ok(artifact)

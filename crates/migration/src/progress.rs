@@ -90,7 +90,7 @@ impl FailReason {
             | Error::DataDir { .. }
             | Error::TrustedKeysUnusable(_)
             | Error::GenerationDisagrees { .. }
-            | Error::OverBudget { .. } => FailReason::DeviceError,
+            | Error::HeldBack(_) => FailReason::DeviceError,
         }
     }
 

@@ -1335,3 +1335,89 @@ fn a_refresh_notices_a_model_that_failed_its_first_start() {
         assert_eq!(v.runtime().preferences(&v.root()).small, "pop223");
     }
 }
+
+/// The daily ledger (`<models>/.fetched-today.json`) names each artifact by its path under the
+/// generation it is of (`<gen>/<path>`): a v25 build and a v26-contract build of one id, fetched
+/// into one models directory by the daemon's automatic refresh, are counted apart, so the v25
+/// build's day past its budget holds back only the v25 build. v26 and a made-up v27.
+#[test]
+fn the_daily_ledger_names_the_per_generation_path() {
+    use migration::budget::{DailyBudget, ledger_path, read, today};
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let (mut device, dl) = v.open();
+        device.budget = Some(DailyBudget::default());
+        // A v25 build of the same id (other bytes), on the same origin and models directory.
+        let v25_bytes = artifact_bytes(25, 3 * CHUNK);
+        let p = publish_model(
+            &v.dir.path().join("origin"),
+            "v25",
+            "pop223",
+            &v25_bytes,
+            None,
+        );
+        let mut v25 = Device::new(migration::DeviceConfig {
+            data_dir: v.data(),
+            memory_params_dir: v.dir.path().join("shm"),
+            builtin_dir: v.dir.path().join("builtin"),
+            generation: manifest::Generation::new(25),
+        });
+        v25.budget = Some(DailyBudget::default());
+        let name: manifest::FileName = "pop223_driving_tinygrad.pkl".parse().unwrap();
+        let v25_target = Target {
+            id: "pop223".parse().unwrap(),
+            remote_name: name.clone(),
+            local_name: name,
+            size: Some(p.size),
+            sha256: Some(p.sha256.parse().unwrap()),
+            chunk_count: None,
+            chunk_sha256: None,
+        };
+        let cancel = CancelToken::new();
+        let fetch = |device: &Device, target: &Target| {
+            migration::install_target(device, &dl, target, "Pop", &cancel, &|_| {})
+        };
+        fetch(&v25, &v25_target)
+            .unwrap()
+            .expect("the v25 build fetched");
+        fetch(&device, &v.target("pop223"))
+            .unwrap()
+            .expect("the v26-contract build fetched");
+
+        let models = v.data().join("models");
+        let (v25_key, new_key) = (
+            "v25/pop223_driving_tinygrad.pkl".to_string(),
+            format!("{generation}/pop223/pop223_driving_tinygrad.pkl"),
+        );
+        let ledger: Value =
+            serde_json::from_slice(&fs::read(ledger_path(&models)).unwrap()).unwrap();
+        let counted: Vec<&String> = ledger["fetched"].as_object().unwrap().keys().collect();
+        assert_eq!(counted, [&v25_key, &new_key], "{generation}: {ledger}");
+        let new_size = v.target("pop223").size.unwrap();
+        let day = read(&models, today());
+        assert_eq!(day.spent(&v25_key), Some(p.size), "{generation}: {ledger}");
+        assert_eq!(
+            day.spent(&new_key),
+            Some(new_size),
+            "{generation}: {ledger}"
+        );
+
+        // The v25 build's day spent: only the v25 build is held back.
+        migration::budget::count(&models, &v25_key, p.size, 10 * p.size, today()).unwrap();
+        fs::remove_file(models.join("pop223_driving_tinygrad.pkl")).unwrap();
+        fs::remove_file(v.root().join("pop223/pop223_driving_tinygrad.pkl")).unwrap();
+        match fetch(&v25, &v25_target) {
+            Err(migration::Error::HeldBack(h)) => {
+                assert_eq!(h.id, v25_key, "{generation}");
+                assert_eq!(h.fetched, 11 * p.size, "{generation}");
+            }
+            other => panic!("{generation}: the v25 build not held back: {other:?}"),
+        }
+        fetch(&device, &v.target("pop223"))
+            .unwrap()
+            .expect("the v26-contract build is not held back by the v25 build's count");
+        let day = read(&models, today());
+        assert_eq!(day.spent(&new_key), Some(2 * new_size), "{generation}");
+        assert_eq!(day.spent(&v25_key), Some(11 * p.size), "{generation}");
+    }
+}

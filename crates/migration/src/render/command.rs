@@ -138,6 +138,7 @@ mod tests {
             retrying: Vec::new(),
             dropped: Vec::new(),
             needs_chestnut: Vec::new(),
+            held_back: Vec::new(),
             refused_entries: Vec::new(),
         }
     }
