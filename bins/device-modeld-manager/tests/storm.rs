@@ -348,6 +348,14 @@ fn the_daily_budget_holds_across_restarts(generation: &str) {
                     && held[0].contains("T00:00:00Z"),
                 "{generation}: {text}"
             );
+            // The UI says why, not "download failed".
+            assert_eq!(
+                device.mem("ModelDownloadProgress").as_deref(),
+                Some(
+                    "Today's download budget for this model is used up; it downloads tomorrow, or now if you ask for it."
+                ),
+                "{generation}: {text}"
+            );
             let choice = fs::read_to_string(device.models().join(".choice.json")).unwrap();
             let choice: serde_json::Value = serde_json::from_str(&choice).unwrap();
             assert!(

@@ -283,6 +283,7 @@ pub(crate) fn refresh_run(
     // Models whose catalog bytes modeld could not start here: no retry is scheduled for them
     // (nothing to retry until the catalog lists other bytes, which are fetched at once).
     let mut failed_to_start = std::collections::BTreeSet::new();
+    let mut held_back = std::collections::BTreeSet::new();
     // The first install refused for want of space: the refresh ends with it (exit 8), once
     // everything else is written.
     let mut no_space: Option<(std::path::PathBuf, u64, u64)> = None;
@@ -328,6 +329,7 @@ pub(crate) fn refresh_run(
             // Held back by the daily byte budget: not an attempt, so no failure is counted and
             // no backoff starts; the daemon logs it once a day.
             Err(Error::HeldBack(held)) => {
+                held_back.insert(id.clone());
                 installs.failed.insert(id, (false, held.to_string()));
                 report.held_back.push(held);
             }
@@ -383,6 +385,7 @@ pub(crate) fn refresh_run(
             progress(&Progress::ExternalGpuRequired)
         }
         Some(Fate::Dropped) => progress(&Progress::SelectedUnavailable),
+        _ if held_back.contains(&wanted.selection) => progress(&Progress::HeldBack),
         Some(Fate::Temporary { .. }) => progress(&Progress::SelectedRetrying),
         Some(Fate::OldCopyInUse { .. }) => progress(&Progress::UpdateRetrying),
         _ if outcome.fell_back => progress(&Progress::SelectedUnavailable),

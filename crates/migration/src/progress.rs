@@ -226,6 +226,10 @@ pub enum Progress {
     /// refresh blocked on space (`short` bytes beyond what is free now); nothing to do but free
     /// space, the daemon's next refresh installs it.
     NoSpace { short: u64 },
+    /// `"Today's download budget for this model is used up; it downloads tomorrow, or now if
+    /// you ask for it."`: the automatic refresh held the selection back by the daily byte
+    /// budget (`budget::HeldBack`). Not a failure; a request from the UI is served at once.
+    HeldBack,
     /// `"Download failed: <reason>"`.
     Failed(FailReason),
     /// `"Model list refused: <why>"`: the manifest was not signed as the trusted keys require
@@ -298,6 +302,9 @@ impl fmt::Display for Progress {
                 f,
                 "Not yet: the model is still being published; trying again in {}...",
                 Wait(*wait)
+            ),
+            Progress::HeldBack => f.write_str(
+                "Today's download budget for this model is used up; it downloads tomorrow, or now if you ask for it.",
             ),
             Progress::NoSpace { short } => write!(
                 f,
@@ -402,6 +409,10 @@ mod tests {
                 "Model update download failed; using the installed version until it downloads.",
             ),
             (Progress::ExternalGpuRequired, "External GPU required..."),
+            (
+                Progress::HeldBack,
+                "Today's download budget for this model is used up; it downloads tomorrow, or now if you ask for it.",
+            ),
             (
                 Progress::NoSpace { short: 3 << 29 },
                 "Not enough free space: 1.50 GiB more needed; the update installs once it is free.",
