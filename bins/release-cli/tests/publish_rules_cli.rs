@@ -551,3 +551,62 @@ fn rebuild_rebuilds_a_chestnut_variant_on_the_compiler_and_publish_uploads_it() 
             .is_file()
     );
 }
+
+/// `release-cli ARGS` exactly as a hint prints it (`sh -c`, the binary first on PATH).
+fn run_as_printed(command: &str) -> std::process::Output {
+    let bin_dir = Path::new(crate::common::BIN).parent().unwrap();
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .env(
+            "PATH",
+            format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap()),
+        )
+        .env("HF_TOKEN", "")
+        .output()
+        .unwrap()
+}
+
+/// A first publish of a whole-manifest generation into a store that holds no previous
+/// generation is guarded against the previous generation's manifest the workspace set aside:
+/// a model it leaves out is refused (exit 3, nothing written) naming the model and
+/// `--drop-model`, and the printed command, which names it, publishes. For v25 and made-up
+/// v26 and v27 (no tree declares them, so they keep v25's contract).
+#[test]
+fn a_first_publish_that_leaves_out_a_catalog_model_is_refused_unless_named() {
+    for (generation, previous) in [("v25", "v24"), ("v26", "v25"), ("v27", "v26")] {
+        let t = tempfile::tempdir().unwrap();
+        let r = release(t.path(), generation, &artifact_bytes(67, 2500), false);
+        let aside = r.workspace.join(format!("generations/{previous}/ready"));
+        std::fs::create_dir_all(&aside).unwrap();
+        let row = |id: &str| json!({"id": id, "name": id, "version": "v15"});
+        std::fs::write(
+            aside.join(format!("model_names_{previous}.json")),
+            json!({"generation": previous, "models": [row("pop223"), row("gwm8")]}).to_string(),
+        )
+        .unwrap();
+        let store = t.path().join("store");
+        let err = refused(&publish(&r, &[s(&store)], &[]));
+        assert!(
+            err.contains("leaves out gwm8") && err.contains("--drop-model gwm8`"),
+            "{generation}: {err}"
+        );
+        assert!(!store.exists(), "{generation}: a refusal wrote the store");
+        let next = err
+            .lines()
+            .find_map(|l| l.strip_prefix("next: "))
+            .unwrap_or_else(|| panic!("{generation}: no next step in {err}"));
+        let command = next.split('`').nth(1).unwrap();
+        let o = run_as_printed(command);
+        assert!(
+            o.status.success(),
+            "{generation}: {command}: {}",
+            text(&o.stderr)
+        );
+        assert!(
+            store
+                .join(format!("manifests/model_names_{generation}.json"))
+                .is_file()
+        );
+    }
+}

@@ -168,6 +168,24 @@ pub enum Error {
         problems: Vec<String>,
     },
 
+    /// A first publish of a whole-manifest generation (no `--to` store holds the previous
+    /// generation's manifest) leaves out models of the previous generation's staged manifest
+    /// without `--drop-model` ([`crate::catalog_guard`]). `rerun`: this publish with each named.
+    #[error(
+        "refusing to publish {generation}: it leaves out {}, which {previous}'s manifest {} \
+         lists (no --to store holds {previous}'s manifest, so the workspace's is compared); \
+         model IDs stay stable across generations",
+        models.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        path.display()
+    )]
+    LeftOutOfGeneration {
+        generation: Generation,
+        previous: Generation,
+        path: PathBuf,
+        models: Vec<ModelId>,
+        rerun: String,
+    },
+
     /// A tree that declares its generation (upstream's catalog module) records its tinygrad
     /// (the generation's compiler revision) in its sync file, and its tinygrad marker names
     /// another commit: which one the compiler builds with would be a guess.
@@ -496,6 +514,15 @@ impl NextStep for Error {
                  bound must be rebuilt or left out of the release)"
                     .into(),
             ),
+            Error::LeftOutOfGeneration { models, rerun, .. } => Some(format!(
+                "add {} back to the manifest, or retire {} on purpose: `{rerun}`",
+                models
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if models.len() == 1 { "it" } else { "them" }
+            )),
             Error::GenerationSelector { generation, .. } => Some(format!(
                 "make each edit named (the tree selects the single generation {generation}, never \
                  an older one kept as a fallback), commit it, and run the command again"

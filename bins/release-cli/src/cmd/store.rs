@@ -205,6 +205,9 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             "warning: publishing {generation} unsigned and removing its signature ({reason}); \
              devices with trusted keys will refuse this generation as not signed"
         ),
+        publish::Event::StaysUnpublished { id, catalog } => eprintln!(
+            "note: {id} (in the tree's {catalog}) is not in this manifest: it stays unpublished"
+        ),
         publish::Event::RuntimeChecked { .. } if json => {}
         publish::Event::RuntimeChecked {
             subject,
