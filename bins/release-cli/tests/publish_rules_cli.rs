@@ -610,3 +610,68 @@ fn a_first_publish_that_leaves_out_a_catalog_model_is_refused_unless_named() {
         );
     }
 }
+
+/// A `github:` publish on a git older than 2.36 (which ignores `core.fsync`) is refused before
+/// anything is written, naming the version and what to install; the same publish with a
+/// current git goes through. For v25 and a made-up v26.
+#[test]
+fn a_github_publish_with_a_git_older_than_2_36_is_refused() {
+    let real_git = std::process::Command::new("sh")
+        .args(["-c", "command -v git"])
+        .output()
+        .unwrap();
+    let real_git = text(&real_git.stdout).trim().to_string();
+    for generation in ["v25", "v26"] {
+        let t = tempfile::tempdir().unwrap();
+        let r = release(t.path(), generation, &artifact_bytes(69, 2500), false);
+        let remote = GitRemote::new(&t.path().join("git"), "Models", None);
+        let gh = format!("github:{}", remote.checkout.display());
+        let bin = t.path().join("oldgit");
+        std::fs::create_dir_all(&bin).unwrap();
+        let fake = bin.join("git");
+        std::fs::write(
+            &fake,
+            format!(
+                "#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 'git version 2.34.1'; exit 0; }}\n\
+                 exec '{real_git}' \"$@\"\n"
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let argv: Vec<String> = [
+            "publish",
+            "--generation",
+            &r.generation,
+            "--manifest",
+            s(&r.manifest),
+            "--artifacts",
+            s(&r.artifacts),
+            "--workspace",
+            s(&r.workspace),
+            "--openpilot",
+            s(&r.openpilot),
+            "--to",
+            &gh,
+            "--github-only",
+            "test",
+        ]
+        .map(String::from)
+        .to_vec();
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+        let o = crate::common::command()
+            .args(&argv)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        let err = text(&o.stderr);
+        assert!(!o.status.success(), "{generation}: {err}");
+        assert!(
+            err.contains("git 2.34 ignores core.fsync") && err.contains("install git 2.36"),
+            "{generation}: {err}"
+        );
+        assert_eq!(remote.remote_subjects(), ["init"], "{generation}");
+        let o = crate::common::command().args(&argv).output().unwrap();
+        assert!(o.status.success(), "{generation}: {}", text(&o.stderr));
+    }
+}
