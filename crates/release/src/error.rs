@@ -104,7 +104,7 @@ pub enum Error {
          source-map next --openpilot {openpilot} --dry-run --json` lists what it would keep, \
          leave out and add: remove the file first if it should be written again",
         path = path.display(),
-        openpilot = crate::gate::shell_word(&openpilot.display().to_string())
+        openpilot = cli_support::shell_quote(&openpilot.display().to_string())
     )]
     SourceMapExists { path: PathBuf, openpilot: PathBuf },
 

@@ -431,35 +431,37 @@ fn check_left_out(
     let LeftOut::Refused(models) = left_out(contract, old.ids(), manifest, &dropped) else {
         return Ok(());
     };
-    let sh = |p: &Path| crate::gate::shell_word(&p.display().to_string());
-    let mut rerun = format!(
-        "release-cli publish --generation {} --manifest {} --artifacts {} --workspace {}",
-        req.generation,
-        sh(&req.manifest_path),
-        sh(&req.artifacts),
-        sh(ws.root())
-    );
-    let mut flag = |name: &str, value: String| rerun.push_str(&format!(" --{name} {value}"));
-    if let Some(op) = &req.openpilot {
-        flag("openpilot", sh(op));
+    let mut rerun = format!("release-cli publish --generation {}", req.generation);
+    let mut flag = |name: &str, value: &str| {
+        rerun.push_str(&format!(" --{name} {}", cli_support::shell_quote(value)));
+    };
+    flag("manifest", &req.manifest_path.to_string_lossy());
+    flag("artifacts", &req.artifacts.to_string_lossy());
+    flag("workspace", &ws.root().to_string_lossy());
+    let hub = Some(req.hub.clone()).filter(|h| h != crate::rebuild::DEFAULT_SOURCES);
+    let openpilot = req
+        .openpilot
+        .as_ref()
+        .map(|p| p.to_string_lossy().into_owned());
+    for (name, value) in [
+        ("openpilot", openpilot),
+        ("skip-validation", req.skip_validation.clone()),
+        ("github-only", req.github_only.clone()),
+        ("hub", hub),
+    ] {
+        if let Some(v) = value {
+            flag(name, &v);
+        }
     }
-    if let Some(reason) = &req.skip_validation {
-        flag("skip-validation", crate::gate::shell_word(reason));
-    }
-    for to in &req.to {
-        flag("to", crate::gate::shell_word(&to.to_string()));
-    }
-    for key in &req.sign_keys {
-        flag("sign-key", sh(key));
-    }
-    if let Some(reason) = &req.github_only {
-        flag("github-only", crate::gate::shell_word(reason));
-    }
-    for id in &req.add_models {
-        flag("add-model", id.to_string());
-    }
+    req.to.iter().for_each(|to| flag("to", &to.to_string()));
+    req.sign_keys
+        .iter()
+        .for_each(|k| flag("sign-key", &k.to_string_lossy()));
+    req.add_models
+        .iter()
+        .for_each(|id| flag("add-model", id.as_str()));
     for id in req.drop_models.iter().chain(&models) {
-        flag("drop-model", id.to_string());
+        flag("drop-model", id.as_str());
     }
     if req.dry_run {
         rerun.push_str(" --dry-run");

@@ -264,7 +264,7 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
              serve --store {}` and a device pointed at it (`device-modeld-manager --hf-base URL \
              refresh`, URL: the base URL serve prints)",
             report.generation,
-            release::audit::sh(&dir.display().to_string())
+            cli_support::shell_quote(&dir.display().to_string())
         );
     } else {
         cli_support::info!(
