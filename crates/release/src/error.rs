@@ -174,7 +174,8 @@ pub enum Error {
     #[error(
         "refusing to publish {generation}: it leaves out {}, which {previous}'s manifest {} \
          lists (no --to store holds {previous}'s manifest, so the workspace's is compared); \
-         model IDs stay stable across generations",
+         model IDs stay stable across generations, and one retired on purpose is named with \
+         --drop-model ID",
         models.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
         path.display()
     )]
