@@ -303,6 +303,13 @@ fn refusals_and_chunk_errors_print_hints_that_run() {
     let missing = tmp.path().join("nothing/here.pkl");
     let missing = missing.to_str().unwrap();
     let empty_ws = tmp.path().join("no-such-ws");
+    // A workspace whose v24 release was set aside, listing a model the v25 manifest leaves out.
+    let left_ws = tmp.path().join("left out ws");
+    let v24 = left_ws.join("generations/v24/ready");
+    std::fs::create_dir_all(&v24).unwrap();
+    let row = |id: &str| serde_json::json!({"id": id, "name": id, "version": "v15"});
+    let doc = serde_json::json!({"generation": "v24", "models": [row("pop223"), row("gwm8")]});
+    std::fs::write(v24.join("model_names_v24.json"), doc.to_string()).unwrap();
     let mut c = Collector::default();
     let own = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<String>>();
     let publish = |generation: &str, manifest: &str, artifacts: &str, extra: &[&str]| {
@@ -351,6 +358,20 @@ fn refusals_and_chunk_errors_print_hints_that_run() {
                 &plain_manifest,
                 &plain_artifacts,
                 &["--skip-validation", "test"],
+            ),
+        ),
+        (
+            "first publish leaving out a model of the previous generation",
+            publish(
+                "v25",
+                &manifest,
+                &artifacts,
+                &[
+                    "--workspace",
+                    left_ws.to_str().unwrap(),
+                    "--skip-validation",
+                    "test",
+                ],
             ),
         ),
         (

@@ -198,6 +198,7 @@ impl From<release::Error> for CliError {
             | E::RebuildGeneration { .. }
             | E::ReuseManifestPin { .. }
             | E::SignRefused(_)
+            | E::LeftOutOfGeneration { .. }
             | E::NotLoadable { .. }
             | E::LatencyBound { .. }
             | E::ValidationBinding { .. } => EXIT_CHECK_FAILED,

@@ -551,3 +551,127 @@ fn rebuild_rebuilds_a_chestnut_variant_on_the_compiler_and_publish_uploads_it() 
             .is_file()
     );
 }
+
+/// `release-cli ARGS` exactly as a hint prints it (`sh -c`, the binary first on PATH).
+fn run_as_printed(command: &str) -> std::process::Output {
+    let bin_dir = Path::new(crate::common::BIN).parent().unwrap();
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .env(
+            "PATH",
+            format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap()),
+        )
+        .env("HF_TOKEN", "")
+        .output()
+        .unwrap()
+}
+
+/// A first publish of a whole-manifest generation into a store that holds no previous
+/// generation is guarded against the previous generation's manifest the workspace set aside:
+/// a model it leaves out is refused (exit 3, nothing written) naming the model and
+/// `--drop-model`, and the printed command, which names it, publishes. For v25 and made-up
+/// v26 and v27 (no tree declares them, so they keep v25's contract).
+#[test]
+fn a_first_publish_that_leaves_out_a_catalog_model_is_refused_unless_named() {
+    for (generation, previous) in [("v25", "v24"), ("v26", "v25"), ("v27", "v26")] {
+        let t = tempfile::tempdir().unwrap();
+        let r = release(t.path(), generation, &artifact_bytes(67, 2500), false);
+        let aside = r.workspace.join(format!("generations/{previous}/ready"));
+        std::fs::create_dir_all(&aside).unwrap();
+        let row = |id: &str| json!({"id": id, "name": id, "version": "v15"});
+        std::fs::write(
+            aside.join(format!("model_names_{previous}.json")),
+            json!({"generation": previous, "models": [row("pop223"), row("gwm8")]}).to_string(),
+        )
+        .unwrap();
+        let store = t.path().join("store");
+        let err = refused(&publish(&r, &[s(&store)], &[]));
+        assert!(
+            err.contains("leaves out gwm8") && err.contains("--drop-model gwm8`"),
+            "{generation}: {err}"
+        );
+        assert!(!store.exists(), "{generation}: a refusal wrote the store");
+        let next = err
+            .lines()
+            .find_map(|l| l.strip_prefix("next: "))
+            .unwrap_or_else(|| panic!("{generation}: no next step in {err}"));
+        let command = next.split('`').nth(1).unwrap();
+        let o = run_as_printed(command);
+        assert!(
+            o.status.success(),
+            "{generation}: {command}: {}",
+            text(&o.stderr)
+        );
+        assert!(
+            store
+                .join(format!("manifests/model_names_{generation}.json"))
+                .is_file()
+        );
+    }
+}
+
+/// A `github:` publish on a git older than 2.36 (which ignores `core.fsync`) is refused before
+/// anything is written, naming the version and what to install; the same publish with a
+/// current git goes through. For v25 and a made-up v26.
+#[test]
+fn a_github_publish_with_a_git_older_than_2_36_is_refused() {
+    let real_git = std::process::Command::new("sh")
+        .args(["-c", "command -v git"])
+        .output()
+        .unwrap();
+    let real_git = text(&real_git.stdout).trim().to_string();
+    for generation in ["v25", "v26"] {
+        let t = tempfile::tempdir().unwrap();
+        let r = release(t.path(), generation, &artifact_bytes(69, 2500), false);
+        let remote = GitRemote::new(&t.path().join("git"), "Models", None);
+        let gh = format!("github:{}", remote.checkout.display());
+        let bin = t.path().join("oldgit");
+        std::fs::create_dir_all(&bin).unwrap();
+        let fake = bin.join("git");
+        std::fs::write(
+            &fake,
+            format!(
+                "#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 'git version 2.34.1'; exit 0; }}\n\
+                 exec '{real_git}' \"$@\"\n"
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let argv: Vec<String> = [
+            "publish",
+            "--generation",
+            &r.generation,
+            "--manifest",
+            s(&r.manifest),
+            "--artifacts",
+            s(&r.artifacts),
+            "--workspace",
+            s(&r.workspace),
+            "--openpilot",
+            s(&r.openpilot),
+            "--to",
+            &gh,
+            "--github-only",
+            "test",
+        ]
+        .map(String::from)
+        .to_vec();
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+        let o = crate::common::command()
+            .args(&argv)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        let err = text(&o.stderr);
+        assert!(!o.status.success(), "{generation}: {err}");
+        assert!(
+            err.contains("git 2.34 ignores core.fsync") && err.contains("install git 2.36"),
+            "{generation}: {err}"
+        );
+        assert_eq!(remote.remote_subjects(), ["init"], "{generation}");
+        let o = crate::common::command().args(&argv).output().unwrap();
+        assert!(o.status.success(), "{generation}: {}", text(&o.stderr));
+    }
+}

@@ -442,3 +442,26 @@ fn the_generation_guard_lets_a_v26_contract_manifest_list_only_built_models() {
         assert_eq!(snapshot(&store), before);
     }
 }
+
+/// A first publish of a v26-contract generation into a store without the previous generation:
+/// the manifest is compared with the tree's catalog, and a partial one (upstream accepts them)
+/// is published with one line per catalog model left out, saying it stays unpublished.
+#[test]
+fn a_first_publish_names_each_catalog_model_it_leaves_unpublished() {
+    for (generation, revision) in GENERATIONS {
+        let s = setup(generation, revision);
+        let o = publish(&s, generation, &manifest(generation, revision, &s.data));
+        let err = text(&o.stderr);
+        assert!(o.status.success(), "{generation}: {err}");
+        let notes: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains("stays unpublished"))
+            .collect();
+        assert_eq!(notes.len(), 1, "{generation}: {err}");
+        assert!(
+            notes[0].contains("gwm8223")
+                && notes[0].contains(&format!("catalog-{generation}.json")),
+            "{generation}: {err}"
+        );
+    }
+}

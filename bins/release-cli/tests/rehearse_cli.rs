@@ -632,3 +632,44 @@ fn a_tree_on_another_tinygrad_fails_the_rehearsal_naming_both_pins() {
         "{detail}"
     );
 }
+
+/// `status --generation G` of a generation the rebuild of the next one set aside reads its
+/// release from `WS/generations/G/` (its staged manifest and build records), and names that
+/// as the workspace; the generation at the top level is still read from there. For v25 set
+/// aside by a made-up v26, and a made-up v26 set aside by a made-up v27.
+#[test]
+fn status_of_a_set_aside_generation_reads_its_release_from_generations() {
+    for (generation, pin, next) in [("v25", TG, "v26"), ("v26", NEXT_PIN, "v27")] {
+        let t = tempfile::tempdir().unwrap();
+        let ws = t.path().join("ws");
+        let aside = ws.join("generations").join(generation);
+        let (_, manifest, bytes) = staged(&aside, generation, pin);
+        for (id, data) in MODELS.iter().zip(&bytes) {
+            build_record(&aside, id, data, generation, pin);
+        }
+        fs::create_dir_all(ws.join("ready")).unwrap();
+        let top = ws.join(format!("ready/model_names_{next}.json"));
+        fs::write(&top, json!({"generation": next, "models": []}).to_string()).unwrap();
+        let status_of = |g: &str| -> Value {
+            let args = [
+                "status",
+                "--workspace",
+                ws.to_str().unwrap(),
+                "--generation",
+                g,
+            ];
+            let o = cli_in(&[&args[..], &["--json"]].concat(), t.path());
+            assert_eq!(o.status.code(), Some(0), "{g}: {}", text(&o.stderr));
+            serde_json::from_slice(&o.stdout).unwrap()
+        };
+        let s = status_of(generation);
+        assert_eq!(s["workspace"], aside.to_str().unwrap(), "{s:#}");
+        assert_eq!(s["manifest"], manifest.to_str().unwrap(), "{s:#}");
+        let builds = s["builds"].as_array().unwrap();
+        assert_eq!(builds.len(), 3, "{s:#}");
+        assert!(builds.iter().all(|b| b["state"] == "built"), "{s:#}");
+        let s = status_of(next);
+        assert_eq!(s["workspace"], ws.to_str().unwrap(), "{s:#}");
+        assert_eq!(s["manifest"], top.to_str().unwrap(), "{s:#}");
+    }
+}

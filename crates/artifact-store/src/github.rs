@@ -98,6 +98,35 @@ const BIG_FILE_THRESHOLD: &str = "core.bigFileThreshold=1m";
 /// renames durable (docs/release.md, "Power loss").
 const GIT_FSYNC: [&str; 2] = ["core.fsync=all", "core.fsyncMethod=fsync"];
 
+/// The oldest git that honours [`GIT_FSYNC`] (`core.fsync` came with git 2.36; an older git
+/// ignores it silently and fsyncs no ref or index).
+pub const MIN_GIT: (u32, u32) = (2, 36);
+
+/// Why the git whose `git --version` printed `version` cannot run this store durably, or `None`
+/// when it is [`MIN_GIT`] or later. Output that names no version is refused too: durability
+/// that cannot be told is not assumed. Pure.
+pub fn git_version_problem(version: &str) -> Option<String> {
+    let number = version.trim().strip_prefix("git version ").unwrap_or("");
+    let mut parts = number.split(['.', ' ']).map(str::parse::<u32>);
+    let (min_major, min_minor) = MIN_GIT;
+    let upgrade = format!(
+        "install git {min_major}.{min_minor} or later (Debian bookworm ships 2.39; \
+         `git --version` says which runs), then rerun"
+    );
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) if (major, minor) >= MIN_GIT => None,
+        (Some(Ok(major)), Some(Ok(minor))) => Some(format!(
+            "git {major}.{minor} ignores core.fsync (git {min_major}.{min_minor} added it), so a \
+             power cut during a publish could leave a ref naming an object that was never \
+             written; {upgrade}"
+        )),
+        _ => Some(format!(
+            "cannot tell git's version from `git --version` ({:?}); {upgrade}",
+            version.trim()
+        )),
+    }
+}
+
 /// The `-c NAME=VALUE` arguments every git command of the store runs with.
 fn git_config_args() -> Vec<&'static str> {
     let mut out = vec!["-c", BIG_FILE_THRESHOLD];
@@ -229,6 +258,19 @@ impl GithubStore {
             _lock: None,
             unpushed: Arc::default(),
         };
+        let version = Command::new("git").arg("--version").output();
+        let version = version.map_err(|source| store.git_failed(source))?.stdout;
+        if let Some(problem) = git_version_problem(&String::from_utf8_lossy(&version)) {
+            return Err(store.refuse(problem));
+        }
+        if fs_err::symlink_metadata(store.checkout.join(".git")).is_ok_and(|m| m.is_file()) {
+            return Err(store.refuse(
+                "its .git is a file (a `git worktree` or a submodule): its objects and refs live \
+                 in another directory, outside the ones this store makes durable after each git \
+                 command; publish from a plain clone (`git clone --branch Models URL DIR`, then \
+                 github:DIR)",
+            ));
+        }
         if store.checkout.join(".git").exists() {
             let git_dir = PathBuf::from(store.git(["rev-parse", "--absolute-git-dir"])?);
             // Another store of this process on the same checkout shares its lock (an flock
@@ -283,7 +325,7 @@ impl GithubStore {
                     "another publish to this checkout, or the `git push` of an interrupted one, still holds {} after {} s; let it finish (or find it with `fuser {}` and stop it), then rerun",
                     path.display(),
                     wait.as_secs(),
-                    path.display()
+                    cli_support::shell_quote(&path.to_string_lossy())
                 )));
             }
             if !said {
@@ -467,8 +509,8 @@ impl GithubStore {
                         "{behind} commit(s) behind {}/{}, and not all of them are publish commits (\"{subject}\" is not one: a publish commit writes or removes exactly the file its subject names); look at them with `git -C {} log HEAD..{remote_ref}`, then run `git -C {} merge --ff-only {remote_ref}` and rerun",
                         self.remote,
                         self.branch,
-                        shell_word(&self.checkout.display().to_string()),
-                        shell_word(&self.checkout.display().to_string())
+                        cli_support::shell_quote(&self.checkout.to_string_lossy()),
+                        cli_support::shell_quote(&self.checkout.to_string_lossy())
                     ))),
                 };
             }
@@ -753,20 +795,6 @@ fn is_resumable(subjects: &str) -> bool {
     any
 }
 
-/// `word` as one shell word: as it is when it holds only characters no shell treats
-/// specially, else single-quoted. Pure.
-fn shell_word(word: &str) -> String {
-    let plain = !word.is_empty()
-        && word
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@%".contains(&b));
-    if plain {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', "'\\''"))
-    }
-}
-
 /// Of the commits a checkout lacks (`git log --format=%x1e%s --name-only --no-renames
 /// HEAD..origin/<branch>`), the subject of the first that is not a publish commit of this store
 /// (`Publish <path>` or `Remove <path>` changing exactly that branch-layout file, nothing
@@ -953,6 +981,36 @@ impl Store for GithubStore {
 mod tests {
     use super::*;
 
+    /// `git --version` outputs: 2.36 and later pass (release, vendor suffixes), older ones are
+    /// refused naming the version and what to install, unreadable output is refused too.
+    #[test]
+    fn git_older_than_2_36_is_refused() {
+        let cases: [(&str, Option<&str>); 9] = [
+            ("git version 2.39.5\n", None),
+            ("git version 2.36.0", None),
+            ("git version 3.0.0", None),
+            ("git version 2.39.3 (Apple Git-146)\n", None),
+            ("git version 2.47.1.windows.2", None),
+            ("git version 2.35.8\n", Some("git 2.35 ignores core.fsync")),
+            ("git version 1.8.3.1", Some("git 1.8 ignores core.fsync")),
+            ("git version", Some("cannot tell git's version")),
+            ("", Some("cannot tell git's version")),
+        ];
+        for (output, want) in cases {
+            let got = git_version_problem(output);
+            match (&got, want) {
+                (None, None) => {}
+                (Some(p), Some(w)) => {
+                    assert!(
+                        p.contains(w) && p.contains("install git 2.36"),
+                        "{output}: {p}"
+                    )
+                }
+                _ => panic!("{output:?}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
     #[test]
     fn rejected_pushes_and_resumable_commits() {
         for (stderr, rejected) in [
@@ -980,13 +1038,6 @@ mod tests {
         ));
         assert!(!is_resumable(""));
         assert!(!is_resumable("Publish a\nmy own fix"));
-    }
-
-    #[test]
-    fn paths_in_printed_commands_are_one_shell_word() {
-        assert_eq!(shell_word("/srv/Models"), "/srv/Models");
-        assert_eq!(shell_word("/srv/my models"), "'/srv/my models'");
-        assert_eq!(shell_word("/srv/it's"), "'/srv/it'\\''s'");
     }
 
     #[test]

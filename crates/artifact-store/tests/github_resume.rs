@@ -485,3 +485,67 @@ fn a_checkout_behind_an_origin_holding_only_our_publish_commits_catches_up() {
     assert_eq!(fs::read(checkout.join("notes.txt")).unwrap(), b"theirs");
     GithubStore::open(checkout, "Models").expect("after the printed merge, the rerun opens");
 }
+
+/// The lock refusal's `fuser` hint runs as printed for a checkout whose path holds a space: it
+/// names the one file, and finds this process, which holds the lock.
+#[test]
+fn the_lock_hint_runs_as_printed_for_a_path_with_a_space() {
+    let t = tempfile::tempdir().unwrap();
+    let remote = GitRemote::new(&t.path().join("my models"), "Models", None);
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(git_dir(&remote.checkout).join(LOCK_FILE))
+        .unwrap();
+    lock.try_lock().unwrap();
+    let e = GithubStore::open_waiting(&remote.checkout, "Models", Duration::from_millis(100))
+        .unwrap_err()
+        .to_string();
+    let hint = e
+        .split('`')
+        .find(|s| s.starts_with("fuser "))
+        .unwrap_or_else(|| panic!("no fuser hint in: {e}"));
+    let o = std::process::Command::new("sh")
+        .args(["-c", hint])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{hint}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let pids = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        pids.split_whitespace()
+            .any(|p| p.trim_end_matches(|c: char| !c.is_ascii_digit())
+                == std::process::id().to_string()),
+        "{hint} found {pids:?}, not this process"
+    );
+}
+
+/// A checkout whose `.git` is a file (a `git worktree`: its objects and refs are in the main
+/// checkout's git directory, which the store does not make durable) is refused, saying why.
+#[test]
+fn a_worktree_checkout_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let remote = GitRemote::new(t.path(), "Models", None);
+    let wt = t.path().join("wt");
+    git(
+        &remote.checkout,
+        &[
+            "worktree",
+            "add",
+            "--quiet",
+            "--force",
+            wt.to_str().unwrap(),
+            "Models",
+        ],
+    );
+    assert!(wt.join(".git").is_file());
+    let e = GithubStore::open(&wt, "Models").unwrap_err().to_string();
+    assert!(
+        e.contains(".git is a file") && e.contains("git clone --branch Models"),
+        "{e}"
+    );
+}

@@ -19,6 +19,17 @@ pub mod stop;
 
 pub use stop::stop_on_signals;
 
+/// Quote one word for a POSIX shell, so a command printed for a person runs as printed: words
+/// made only of safe characters stay as they are, others go in single quotes.
+pub fn shell_quote(word: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c);
+    if !word.is_empty() && word.chars().all(safe) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
 /// The completion script for `shell`, for a binary installed as `bin`.
 ///
 /// clap_complete's bash generator (4.6) spells the state of a hyphenated binary two ways: its
@@ -397,6 +408,17 @@ fn usage_error_json(args: &[OsString], e: &clap::Error) -> Option<String> {
 
 #[cfg(all(test, feature = "cli"))]
 mod tests {
+    /// Safe words as they are, every other word one single-quoted shell word.
+    #[test]
+    fn quoting() {
+        use super::shell_quote;
+        assert_eq!(shell_quote("/data/x_1.pkl"), "/data/x_1.pkl");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("$(rm -rf /)"), "'$(rm -rf /)'");
+    }
+
     #[test]
     fn capture_info_keeps_this_threads_lines() {
         let ((), lines) = super::capture_info(|| {

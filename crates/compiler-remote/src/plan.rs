@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use cli_support::shell_quote;
 use manifest::{BehaviorVersion, ModelId};
 
 use crate::target::RemotePath;
@@ -110,16 +111,6 @@ impl CompileRequest {
             output_dir.to_string(),
         ]);
         args
-    }
-}
-
-/// Quote one word for a POSIX shell; words made only of safe characters stay as they are.
-pub fn shell_quote(word: &str) -> String {
-    let safe = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c);
-    if !word.is_empty() && word.chars().all(safe) {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
     }
 }
 
@@ -556,15 +547,6 @@ mod tests {
             "cd /data/openpilot && /usr/bin/python3 scripts/validate_model_artifact.py --model x \
              --version v3 --max-p95-ms 50"
         );
-    }
-
-    #[test]
-    fn quoting() {
-        assert_eq!(shell_quote("/data/x_1.pkl"), "/data/x_1.pkl");
-        assert_eq!(shell_quote("a b"), "'a b'");
-        assert_eq!(shell_quote("it's"), r"'it'\''s'");
-        assert_eq!(shell_quote(""), "''");
-        assert_eq!(shell_quote("$(rm -rf /)"), "'$(rm -rf /)'");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use crate::plan::shell_quote;
+use cli_support::shell_quote;
 
 /// What `rsync --version` said.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,6 +13,7 @@
 
 pub mod read;
 
+use cli_support::shell_quote;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
@@ -74,18 +75,18 @@ impl StoreRef {
     /// The shell command that removes `path` from this store.
     pub fn remove_command(&self, path: &StorePath) -> String {
         match self {
-            StoreRef::Local { .. } => format!("rm -f -- {}", sh(&self.locate(path))),
+            StoreRef::Local { .. } => format!("rm -f -- {}", shell_quote(&self.locate(path))),
             StoreRef::Hub { bucket } => format!(
                 "hf buckets rm {} --yes",
-                sh(&manifest::layout::hf_bucket_uri(bucket, path))
+                shell_quote(&manifest::layout::hf_bucket_uri(bucket, path))
             ),
             StoreRef::Github { checkout, branch } => {
-                let co = sh(&checkout.display().to_string());
+                let co = shell_quote(&checkout.display().to_string());
                 let rel = branch_path(path);
                 format!(
                     "git -C {co} rm -q -- {r} && git -C {co} commit -qm {m} && git -C {co} push -q origin HEAD:refs/heads/{branch}",
-                    r = sh(rel.as_str()),
-                    m = sh(&format!("Remove {rel}")),
+                    r = shell_quote(rel.as_str()),
+                    m = shell_quote(&format!("Remove {rel}")),
                 )
             }
         }
@@ -96,18 +97,6 @@ fn branch_path(path: &StorePath) -> StorePath {
     StoreLayout::HfBucket
         .translate(path, StoreLayout::GithubBranch)
         .unwrap_or_else(|| path.clone())
-}
-
-/// Quote for a POSIX shell when needed.
-pub fn sh(s: &str) -> String {
-    let plain = !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/._-+:=@,".contains(&b));
-    if plain {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
 }
 
 /// What a small file beside a chunk set says instead of what the manifest says (`None`: it
@@ -137,20 +126,26 @@ impl MendContext {
         let (ready, manifest) = (ws.ready(), ws.ready_manifest(generation));
         let mut c = format!(
             "release-cli publish --generation {generation} --manifest {} --artifacts {} --workspace {} --to {}",
-            sh(&manifest.display().to_string()),
-            sh(&ready.display().to_string()),
-            sh(&ws.display().to_string()),
-            sh(&store.spec()),
+            shell_quote(&manifest.display().to_string()),
+            shell_quote(&ready.display().to_string()),
+            shell_quote(&ws.display().to_string()),
+            shell_quote(&store.spec()),
         );
         if let StoreRef::Github { .. } = store {
             c.push_str(" --github-only 'audit: mend the GitHub store'");
         }
         if let Some(op) = &self.openpilot {
-            c.push_str(&format!(" --openpilot {}", sh(&op.display().to_string())));
+            c.push_str(&format!(
+                " --openpilot {}",
+                shell_quote(&op.display().to_string())
+            ));
         }
         if signed {
             for k in &self.sign_keys {
-                c.push_str(&format!(" --sign-key {}", sh(&k.display().to_string())));
+                c.push_str(&format!(
+                    " --sign-key {}",
+                    shell_quote(&k.display().to_string())
+                ));
             }
         }
         c

@@ -104,7 +104,7 @@ pub enum Error {
          source-map next --openpilot {openpilot} --dry-run --json` lists what it would keep, \
          leave out and add: remove the file first if it should be written again",
         path = path.display(),
-        openpilot = crate::gate::shell_word(&openpilot.display().to_string())
+        openpilot = cli_support::shell_quote(&openpilot.display().to_string())
     )]
     SourceMapExists { path: PathBuf, openpilot: PathBuf },
 
@@ -166,6 +166,25 @@ pub enum Error {
         openpilot: PathBuf,
         generation: Generation,
         problems: Vec<String>,
+    },
+
+    /// A first publish of a whole-manifest generation (no `--to` store holds the previous
+    /// generation's manifest) leaves out models of the previous generation's staged manifest
+    /// without `--drop-model` ([`crate::catalog_guard`]). `rerun`: this publish with each named.
+    #[error(
+        "refusing to publish {generation}: it leaves out {}, which {previous}'s manifest {} \
+         lists (no --to store holds {previous}'s manifest, so the workspace's is compared); \
+         model IDs stay stable across generations, and one retired on purpose is named with \
+         --drop-model ID",
+        models.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        path.display()
+    )]
+    LeftOutOfGeneration {
+        generation: Generation,
+        previous: Generation,
+        path: PathBuf,
+        models: Vec<ModelId>,
+        rerun: String,
     },
 
     /// A tree that declares its generation (upstream's catalog module) records its tinygrad
@@ -496,6 +515,15 @@ impl NextStep for Error {
                  bound must be rebuilt or left out of the release)"
                     .into(),
             ),
+            Error::LeftOutOfGeneration { models, rerun, .. } => Some(format!(
+                "add {} back to the manifest, or retire {} on purpose: `{rerun}`",
+                models
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if models.len() == 1 { "it" } else { "them" }
+            )),
             Error::GenerationSelector { generation, .. } => Some(format!(
                 "make each edit named (the tree selects the single generation {generation}, never \
                  an older one kept as a fallback), commit it, and run the command again"

@@ -763,7 +763,7 @@ pub fn preflight_contradiction(p: &PreflightRecord) -> Option<String> {
 /// own dirtiness is judged). Pure.
 pub fn preflight_binding(p: &PreflightRecord, now: Option<&TreeNow>) -> Option<String> {
     let again = |op: &std::path::Path| {
-        let op = shell_word(&op.display().to_string());
+        let op = cli_support::shell_quote(&op.display().to_string());
         format!("run `release-cli preflight --openpilot {op} --workspace WS` again")
     };
     if p.openpilot_dirty == Some(true) {
@@ -805,7 +805,7 @@ pub fn preflight_binding(p: &PreflightRecord, now: Option<&TreeNow>) -> Option<S
                 "the repository tests ran at commit {then}, but the HEAD of {} cannot be read \
                  now; check `git -C {} rev-parse HEAD`, then {}",
                 now.openpilot.display(),
-                shell_word(&now.openpilot.display().to_string()),
+                cli_support::shell_quote(&now.openpilot.display().to_string()),
                 again(&now.openpilot)
             ));
         }
@@ -942,21 +942,8 @@ pub fn fill_workspace(line: &str, workspace: Option<&std::path::Path>) -> String
     let Some(ws) = workspace else {
         return line.to_string();
     };
-    let quoted = shell_word(&ws.display().to_string());
+    let quoted = cli_support::shell_quote(&ws.display().to_string());
     line.replace("--workspace WS`", &format!("--workspace {quoted}`"))
-}
-
-/// `word` as one shell word: as it is when it needs no quoting, else in single quotes.
-pub fn shell_word(word: &str) -> String {
-    if word.is_empty()
-        || word
-            .chars()
-            .any(|c| !(c.is_ascii_alphanumeric() || "/._-+:@%,=".contains(c)))
-    {
-        format!("'{}'", word.replace('\'', "'\\''"))
-    } else {
-        word.to_string()
-    }
 }
 
 /// The gate: publish when the records cover the matrix, or when the release engineer skipped

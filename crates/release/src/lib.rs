@@ -24,6 +24,7 @@ mod workspace;
 pub use error::{Error, Result};
 pub use workspace::Workspace;
 pub mod audit;
+pub mod catalog_guard;
 pub mod gate;
 pub mod loadable;
 pub mod preflight;

@@ -84,6 +84,9 @@ pub enum Event {
         framing: Option<String>,
         receipt: bool,
     },
+    /// A first publish (no store holds the previous generation) leaves out a model of the
+    /// tree's reviewed catalog (`catalog`, relative to the tree): it stays unpublished.
+    StaysUnpublished { id: ModelId, catalog: String },
     /// Progress of the upload itself (serialized on its own, as `artifact_store` shapes it).
     #[serde(skip_serializing)]
     Store(artifact_store::publish::Event),
@@ -309,6 +312,9 @@ pub fn run(
     let merged =
         artifact_store::publish::merge_live_rows(manifest, &req.artifacts, &store_refs, &opts)?;
     let manifest = &merged;
+    // Into stores that hold no previous generation, the guard compares with the tree's catalog
+    // or the workspace's staged manifest of the previous generation instead.
+    check_left_out(&req, manifest, &store_refs, on_event)?;
     // A signature covers only what the manifest states: refused before any key is unlocked.
     if !req.sign_keys.is_empty() {
         signing::require_covered(manifest, &req.manifest_path.display().to_string())
@@ -367,6 +373,105 @@ pub fn run(
         validation,
         publish_record,
         publish_history,
+    })
+}
+
+/// The generation guard where no `--to` store holds the previous generation's manifest
+/// ([`crate::catalog_guard`]): under a contract whose entries are the tree's catalog rows, each
+/// catalog row `manifest` leaves out is reported as staying unpublished; otherwise a model of
+/// the previous generation's manifest staged in the workspace that it leaves out is refused
+/// unless named with `--drop-model`. Nothing to compare with, nothing said.
+fn check_left_out(
+    req: &PublishRequest,
+    manifest: &Manifest,
+    stores: &[&dyn Store],
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<()> {
+    use crate::catalog_guard::{LeftOut, left_out};
+    let Some(previous) = req.generation.previous() else {
+        return Ok(());
+    };
+    let held = manifest::StoreLayout::HfBucket.manifest_path(previous);
+    for store in stores {
+        if store.stat(&held)?.is_some() {
+            return Ok(());
+        }
+    }
+    let (pins, tree) = crate::tree::load_tree(req.openpilot.as_deref())?;
+    let contract = pins.contract(req.generation);
+    let dropped = req.drop_models.iter().cloned().collect();
+    if contract.entries_from_tree_catalog {
+        let Some(tree) = tree.filter(|t| t.generation == req.generation) else {
+            return Ok(());
+        };
+        let catalog = tree.contract.contract().tree.map_or_else(String::new, |t| {
+            t.catalog_json.replace("{gen}", &req.generation.to_string())
+        });
+        let ids = tree.catalog.iter().map(|r| &r.id);
+        if let LeftOut::StayUnpublished(ids) = left_out(contract, ids, manifest, &dropped) {
+            for id in ids {
+                let catalog = catalog.clone();
+                on_event(&Event::StaysUnpublished { id, catalog });
+            }
+        }
+        return Ok(());
+    }
+    let Some(ws) = &req.workspace else {
+        return Ok(());
+    };
+    let path = ws.holding(previous).ready_manifest(previous);
+    let limit = manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES;
+    let Some(bytes) = chunker::bounded::read_capped(&path, limit)? else {
+        return Ok(());
+    };
+    let old = Manifest::from_slice(&bytes).map_err(|source| Error::ManifestFile {
+        path: path.clone(),
+        source,
+    })?;
+    let LeftOut::Refused(models) = left_out(contract, old.ids(), manifest, &dropped) else {
+        return Ok(());
+    };
+    let mut rerun = format!("release-cli publish --generation {}", req.generation);
+    let mut flag = |name: &str, value: &str| {
+        rerun.push_str(&format!(" --{name} {}", cli_support::shell_quote(value)));
+    };
+    flag("manifest", &req.manifest_path.to_string_lossy());
+    flag("artifacts", &req.artifacts.to_string_lossy());
+    flag("workspace", &ws.root().to_string_lossy());
+    let hub = Some(req.hub.clone()).filter(|h| h != crate::rebuild::DEFAULT_SOURCES);
+    let openpilot = req
+        .openpilot
+        .as_ref()
+        .map(|p| p.to_string_lossy().into_owned());
+    for (name, value) in [
+        ("openpilot", openpilot),
+        ("skip-validation", req.skip_validation.clone()),
+        ("github-only", req.github_only.clone()),
+        ("hub", hub),
+    ] {
+        if let Some(v) = value {
+            flag(name, &v);
+        }
+    }
+    req.to.iter().for_each(|to| flag("to", &to.to_string()));
+    req.sign_keys
+        .iter()
+        .for_each(|k| flag("sign-key", &k.to_string_lossy()));
+    req.add_models
+        .iter()
+        .for_each(|id| flag("add-model", id.as_str()));
+    for id in req.drop_models.iter().chain(&models) {
+        flag("drop-model", id.as_str());
+    }
+    if req.dry_run {
+        rerun.push_str(" --dry-run");
+    }
+    Err(Error::LeftOutOfGeneration {
+        generation: req.generation,
+        previous,
+        path,
+        models,
+        rerun,
     })
 }
 

@@ -410,14 +410,17 @@ fn store_status(
 }
 
 /// Read where the release stands. `openpilot` defaults to the tree the preflight record names;
-/// `generation` to the one whose pin the tree's tinygrad is. Nothing is written or connected
-/// to except the given stores, which are only read.
+/// `generation` to the one whose pin the tree's tinygrad is. A `generation` the rebuild of the
+/// next one set aside is read from `generations/<gen>/` ([`Workspace::holding`]), which the
+/// report then names as its workspace. Nothing is written or connected to except the given
+/// stores, which are only read.
 pub fn gather(
     workspace: &Workspace,
     openpilot: Option<&Path>,
     generation: Option<Generation>,
     stores: &[(String, &dyn Store)],
 ) -> Result<Status> {
+    let workspace = &generation.map_or_else(|| workspace.clone(), |g| workspace.holding(g));
     let mut recs = records::load(workspace)?;
     // The preflight is judged against the checkout as it is now (commit, changes, which one).
     recs.tree = recs

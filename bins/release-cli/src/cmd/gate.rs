@@ -123,7 +123,7 @@ pub fn preflight(args: PreflightArgs) -> CliResult {
         )?;
     }
     if rec.passed {
-        let ws = release::audit::sh(&args.workspace.root().display().to_string());
+        let ws = cli_support::shell_quote(&args.workspace.root().display().to_string());
         cli_support::info!(
             "next: `release-cli validate --model ID --workspace {ws}` for each model of the seed's \
              matrix (ID: the model; `release-cli status --workspace {ws}` lists what is still \

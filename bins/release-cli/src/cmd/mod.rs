@@ -149,7 +149,7 @@ pub(crate) fn say_publish_next(
     artifacts: &std::path::Path,
     workspace: &release::Workspace,
 ) {
-    let sh = |p: &std::path::Path| release::audit::sh(&p.display().to_string());
+    let sh = |p: &std::path::Path| cli_support::shell_quote(&p.display().to_string());
     cli_support::info!(
         "next: `release-cli publish --generation {generation} --manifest {} --artifacts {} \
          --workspace {} --to STORE` (STORE: a store to publish to, e.g. hf://buckets/NS/NAME; \

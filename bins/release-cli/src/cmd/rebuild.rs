@@ -158,7 +158,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
             "the previous generation's release (ready/, results/, logs/, rehearsal/) was set aside \
              in {}, where it stays publishable: pass --workspace {} to repair it",
             dir.display(),
-            release::audit::sh(&dir.display().to_string())
+            cli_support::shell_quote(&dir.display().to_string())
         );
     }
     // Warnings go to stderr in both modes; --json also lists them as "variants_dropped".

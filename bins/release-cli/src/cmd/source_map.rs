@@ -88,7 +88,7 @@ pub fn run(c: SourceMapCommand) -> CliResult {
             ids(&r.gpu_from_catalog)
         )?;
     }
-    let sh = |p: &std::path::Path| release::audit::sh(&p.display().to_string());
+    let sh = |p: &std::path::Path| cli_support::shell_quote(&p.display().to_string());
     if r.dry_run {
         cli_support::info!("next: run the same command without --dry-run");
     } else {

@@ -205,6 +205,9 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             "warning: publishing {generation} unsigned and removing its signature ({reason}); \
              devices with trusted keys will refuse this generation as not signed"
         ),
+        publish::Event::StaysUnpublished { id, catalog } => eprintln!(
+            "note: {id} (in the tree's {catalog}) is not in this manifest: it stays unpublished"
+        ),
         publish::Event::RuntimeChecked { .. } if json => {}
         publish::Event::RuntimeChecked {
             subject,
@@ -261,7 +264,7 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
              serve --store {}` and a device pointed at it (`device-modeld-manager --hf-base URL \
              refresh`, URL: the base URL serve prints)",
             report.generation,
-            release::audit::sh(&dir.display().to_string())
+            cli_support::shell_quote(&dir.display().to_string())
         );
     } else {
         cli_support::info!(

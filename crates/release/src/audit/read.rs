@@ -389,7 +389,7 @@ fn on_disk(
                     },
                     mend: format!(
                         "find {} -mindepth 1 -maxdepth 1 -inum {} -exec rm -rf -- {{}} +",
-                        super::sh(&dir.display().to_string()),
+                        cli_support::shell_quote(&dir.display().to_string()),
                         entry.ino()
                     ),
                 },

@@ -285,7 +285,11 @@ fn each_defect_is_found_with_model_path_and_mend() {
             ]
             .contains(kind)
             {
-                assert_eq!(f.mend, format!("rm -f -- {}", sh(&f.path)), "{g} {what}");
+                assert_eq!(
+                    f.mend,
+                    format!("rm -f -- {}", shell_quote(&f.path)),
+                    "{g} {what}"
+                );
             } else {
                 assert_eq!(
                     f.mend,
@@ -528,7 +532,7 @@ fn remove_commands_name_the_store_s_own_path() {
     for (store, want) in cases {
         assert_eq!(store.remove_command(&p), want);
     }
-    assert_eq!(sh("it's"), r"'it'\''s'");
+    assert_eq!(shell_quote("it's"), r"'it'\''s'");
 }
 
 #[test]
