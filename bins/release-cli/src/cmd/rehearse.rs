@@ -133,7 +133,8 @@ pub struct StatusArgs {
     /// The release's openpilot tree [default: the one the preflight record names].
     #[arg(long, value_name = "DIR")]
     pub openpilot: Option<PathBuf>,
-    /// The generation being released [default: the one whose pin the tree's tinygrad is].
+    /// The generation being released [default: the one whose pin the tree's tinygrad is]. An
+    /// earlier generation a later rebuild set aside is read from `<workspace>/generations/<gen>/`.
     #[arg(long, value_name = "vNN")]
     pub generation: Option<Generation>,
     /// A store to read what it holds live (manifest generation, pin, signature release); only
