@@ -251,7 +251,8 @@ fn differences_text(source_id: &ModelId, differences: &[Difference]) -> String {
 
 /// One thing wrong in the store with a model the new manifest lists and publish does not
 /// upload (`Error::Incomplete`).
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("model {model}: {}", kind_text(model, kind))]
 pub struct StoreProblem {
     /// The model.
     pub model: ModelId,
@@ -334,66 +335,44 @@ pub enum StoreProblemKind {
     },
 }
 
-impl std::fmt::Display for StoreProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let id = &self.model;
-        write!(f, "model {id}: ")?;
-        fmt_kind(f, id, &self.kind)
-    }
-}
-
-fn fmt_kind(
-    f: &mut std::fmt::Formatter<'_>,
-    id: &ModelId,
-    kind: &StoreProblemKind,
-) -> std::fmt::Result {
+/// [`StoreProblem`]'s message for `kind` of model `id`.
+fn kind_text(id: &ModelId, kind: &StoreProblemKind) -> String {
     match kind {
-        StoreProblemKind::Variant { variant, problem } => {
-            write!(f, "accelerator variant {variant:?}: ")?;
-            fmt_kind(f, id, problem)?;
-            write!(
-                f,
-                " (next: put the variant's file in --artifacts {id}/, or run `release-cli rebuild`, which rebuilds the variant or drops the block)"
-            )
-        }
-        StoreProblemKind::VariantUnpublishable { variant, reason } => write!(
-            f,
+        StoreProblemKind::Variant { variant, problem } => format!(
+            "accelerator variant {variant:?}: {} (next: put the variant's file in --artifacts {id}/, or run `release-cli rebuild`, which rebuilds the variant or drops the block)",
+            kind_text(id, problem)
+        ),
+        StoreProblemKind::VariantUnpublishable { variant, reason } => format!(
             "accelerator variant {variant:?}: {reason} (next: run `release-cli manifest validate --mode release`, then `release-cli rebuild`)"
         ),
-        StoreProblemKind::NoArtifactFields => f.write_str(
-            "the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count",
-        ),
-        StoreProblemKind::FileMissing { path } => write!(f, "{path} is missing"),
-        StoreProblemKind::ChunkManifestMissing { path } => write!(
-            f,
+        StoreProblemKind::NoArtifactFields => {
+            "the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count".into()
+        }
+        StoreProblemKind::FileMissing { path } => format!("{path} is missing"),
+        StoreProblemKind::ChunkManifestMissing { path } => format!(
             "{path} is missing (the artifact directory is incomplete or absent; put its chunk set in the artifacts directory)"
         ),
-        StoreProblemKind::ChunkMissing { path } => write!(f, "chunk {path} is missing"),
-        StoreProblemKind::Malformed(e) => write!(f, "{e}"),
+        StoreProblemKind::ChunkMissing { path } => format!("chunk {path} is missing"),
+        StoreProblemKind::Malformed(e) => format!("{e}"),
         StoreProblemKind::ChunkCountDiffers {
             path,
             found,
             manifest,
-        } => write!(
-            f,
-            "{path} says {found} chunks, the manifest says {manifest}"
-        ),
+        } => format!("{path} says {found} chunks, the manifest says {manifest}"),
         StoreProblemKind::SidecarDiffers {
             path,
             found,
             manifest,
-        } => write!(f, "{path} says {found}, the manifest says {manifest}"),
-        StoreProblemKind::SizeDiffers { total, manifest } => write!(
-            f,
-            "the store holds {total} bytes, the manifest says {manifest}"
-        ),
-        StoreProblemKind::NotOob(not_oob) => write!(f, "{not_oob}"),
+        } => format!("{path} says {found}, the manifest says {manifest}"),
+        StoreProblemKind::SizeDiffers { total, manifest } => {
+            format!("the store holds {total} bytes, the manifest says {manifest}")
+        }
+        StoreProblemKind::NotOob(not_oob) => format!("{not_oob}"),
         StoreProblemKind::Corrupt {
             dir,
             found,
             manifest,
-        } => write!(
-            f,
+        } => format!(
             "the stored artifact's SHA-256 is {found}, the manifest says {manifest} (a chunk in {dir} is corrupt; put the model's chunk set in --artifacts {id}/ so publish replaces it)"
         ),
     }
