@@ -308,9 +308,10 @@ pub enum Error {
 
 /// Why a publish (or its signing step) was refused before it wrote anything. `Display` names
 /// the path, store or value involved and the next step.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum Refusal {
     /// A directory in the artifacts directory whose name is not a model ID.
+    #[error("{}: directory name is not a model ID ({source}); the artifacts directory holds one <id>/ per model", path.display())]
     NotAModelId {
         /// The directory.
         path: PathBuf,
@@ -318,6 +319,7 @@ pub enum Refusal {
         source: manifest::Error,
     },
     /// A model directory in the artifacts directory without an entry in the new manifest.
+    #[error("{}: model {model} has no entry in the new manifest; add the entry or remove the directory", path.display())]
     NoManifestEntry {
         /// The model directory.
         path: PathBuf,
@@ -325,6 +327,7 @@ pub enum Refusal {
         model: manifest::ModelId,
     },
     /// Artifact files lying directly in the artifacts directory (a flat `chunk split` output).
+    #[error("{}", loose_files(dir, loose))]
     LooseFiles {
         /// The artifacts directory.
         dir: PathBuf,
@@ -332,16 +335,23 @@ pub enum Refusal {
         loose: Vec<String>,
     },
     /// A model to upload whose manifest entry has no artifact fields.
+    #[error(
+        "model {model}: the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count; fill them in (release-cli chunk verify prints them)"
+    )]
     NoArtifactFields {
         /// The model.
         model: manifest::ModelId,
     },
     /// A model to upload whose entry says one plain file (`artifact_chunk_count` 0).
+    #[error(
+        "model {model}: artifact_chunk_count is 0 (one plain file); release builds are published as chunk sets"
+    )]
     PlainFileCount {
         /// The model.
         model: manifest::ModelId,
     },
     /// A model to upload whose local artifact is not a chunk set.
+    #[error("{}: found a {form} artifact; publish needs a chunk set (release-cli chunk split)", path.display())]
     NotAChunkSet {
         /// The local artifact.
         path: PathBuf,
@@ -349,6 +359,9 @@ pub enum Refusal {
         form: &'static str,
     },
     /// The previous generation's live manifest, which the generation guard needs, does not parse.
+    #[error(
+        "{store}: the previous generation's manifest {path} does not parse ({source}); the new generation is checked against it, so fix it first"
+    )]
     PreviousUnparsable {
         /// The store.
         store: String,
@@ -358,6 +371,9 @@ pub enum Refusal {
         source: manifest::Error,
     },
     /// The live manifest to be replaced does not parse.
+    #[error(
+        "{store}: the live manifest {path} does not parse ({source}); fix it by hand before publishing over it"
+    )]
     LiveUnparsable {
         /// The store.
         store: String,
@@ -367,6 +383,9 @@ pub enum Refusal {
         source: manifest::Error,
     },
     /// A Hugging Face store given after a GitHub one.
+    #[error(
+        "store order: {hf} comes after {github}; publish to Hugging Face first and GitHub second (give the hf:// --to before the github: one)"
+    )]
     StoreOrder {
         /// The Hugging Face store.
         hf: String,
@@ -374,6 +393,7 @@ pub enum Refusal {
         github: String,
     },
     /// GitHub without the Hub, and the Hub does not serve this manifest.
+    #[error("GitHub would be ahead of the Hub: {hub} {} {path}, and devices try the Hub first; next: publish to the Hub first (--to hf://buckets/NS/NAME before the github: store), or pass --github-only \"REASON\" (written into the publish record)", if *hub_has_one { "holds another" } else { "holds no" })]
     GithubAheadOfHub {
         /// The Hub store.
         hub: String,
@@ -383,8 +403,12 @@ pub enum Refusal {
         hub_has_one: bool,
     },
     /// `--github-only` with an empty reason.
+    #[error(
+        "--github-only needs a reason, e.g. --github-only \"Hub outage, republished there later\"; it is written into the publish record"
+    )]
     GithubOnlyNoReason,
     /// The manifest's own `generation` is not `--generation`.
+    #[error("the manifest says generation {manifest} but --generation is {flag}; fix one of them")]
     GenerationMismatch {
         /// The manifest's `generation`.
         manifest: manifest::Generation,
@@ -392,8 +416,12 @@ pub enum Refusal {
         flag: manifest::Generation,
     },
     /// Signing was asked for with no key.
+    #[error("no signing key given")]
     NoSigningKey,
     /// A live signature none of the signing keys verifies hides its release number.
+    #[error(
+        "{store}: the live signature does not verify with the signing key(s) (its comment says {comment:?}); if it was made with another key (a rotation), check it with `release-cli manifest verify --key OLD.pub`, then pass --release with a number above its release"
+    )]
     LiveSignatureUnverified {
         /// The store.
         store: String,
@@ -402,6 +430,9 @@ pub enum Refusal {
     },
     /// An unsigned publish to a store that holds a signature for the generation: the old
     /// signature would stay beside the new manifest and every device with keys would refuse it.
+    #[error(
+        "{store}: holds {path}, so this generation is signed; publishing without --sign-key would leave that signature beside the new manifest and every device with trusted keys would refuse the generation. Nothing was uploaded."
+    )]
     SignedStore {
         /// The store.
         store: String,
@@ -410,6 +441,7 @@ pub enum Refusal {
     },
     /// Signing a manifest some of whose downloadable artifacts lack a size, SHA-256 or chunk
     /// count: the signature would not cover their bytes.
+    #[error("{}", uncovered_text(manifest, uncovered))]
     Uncovered {
         /// The manifest, as named in messages.
         manifest: String,
@@ -418,117 +450,9 @@ pub enum Refusal {
     },
 }
 
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Refusal::NotAModelId { path, source } => write!(
-                f,
-                "{}: directory name is not a model ID ({source}); the artifacts directory holds one <id>/ per model",
-                path.display()
-            ),
-            Refusal::NoManifestEntry { path, model } => write!(
-                f,
-                "{}: model {model} has no entry in the new manifest; add the entry or remove the directory",
-                path.display()
-            ),
-            Refusal::LooseFiles { dir, loose } => loose_files(f, dir, loose),
-            Refusal::NoArtifactFields { model } => write!(
-                f,
-                "model {model}: the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count; fill them in (release-cli chunk verify prints them)"
-            ),
-            Refusal::PlainFileCount { model } => write!(
-                f,
-                "model {model}: artifact_chunk_count is 0 (one plain file); release builds are published as chunk sets"
-            ),
-            Refusal::NotAChunkSet { path, form } => write!(
-                f,
-                "{}: found a {form} artifact; publish needs a chunk set (release-cli chunk split)",
-                path.display()
-            ),
-            Refusal::PreviousUnparsable {
-                store,
-                path,
-                source,
-            } => write!(
-                f,
-                "{store}: the previous generation's manifest {path} does not parse ({source}); the new generation is checked against it, so fix it first"
-            ),
-            Refusal::LiveUnparsable {
-                store,
-                path,
-                source,
-            } => write!(
-                f,
-                "{store}: the live manifest {path} does not parse ({source}); fix it by hand before publishing over it"
-            ),
-            Refusal::GithubAheadOfHub {
-                hub,
-                path,
-                hub_has_one,
-            } => write!(
-                f,
-                "GitHub would be ahead of the Hub: {hub} {} {path}, and devices try the Hub first; next: publish to the Hub first (--to hf://buckets/NS/NAME before the github: store), or pass --github-only \"REASON\" (written into the publish record)",
-                if *hub_has_one {
-                    "holds another"
-                } else {
-                    "holds no"
-                }
-            ),
-            Refusal::GithubOnlyNoReason => write!(
-                f,
-                "--github-only needs a reason, e.g. --github-only \"Hub outage, republished there later\"; it is written into the publish record"
-            ),
-            Refusal::StoreOrder { hf, github } => write!(
-                f,
-                "store order: {hf} comes after {github}; publish to Hugging Face first and GitHub second (give the hf:// --to before the github: one)"
-            ),
-            Refusal::GenerationMismatch { manifest, flag } => write!(
-                f,
-                "the manifest says generation {manifest} but --generation is {flag}; fix one of them"
-            ),
-            Refusal::NoSigningKey => f.write_str("no signing key given"),
-            Refusal::SignedStore { store, path } => write!(
-                f,
-                "{store}: holds {path}, so this generation is signed; publishing without \
-                 --sign-key would leave that signature beside the new manifest and every device \
-                 with trusted keys would refuse the generation. Nothing was uploaded."
-            ),
-            Refusal::Uncovered {
-                manifest,
-                uncovered,
-            } => {
-                write!(
-                    f,
-                    "{manifest}: not signed: a signature covers only what the manifest states, and \
-                     {} downloadable artifact(s) lack a size, SHA-256 or chunk count (a device \
-                     with keys would have to trust the store for them):",
-                    uncovered.len()
-                )?;
-                for u in uncovered {
-                    write!(f, "\n  {u}\n    next: {}", u.fix_command(manifest))?;
-                }
-                f.write_str(
-                    "\n(DIR is the directory holding that artifact's chunk set, e.g. ready/<id>/); \
-                     nothing was written",
-                )
-            }
-            Refusal::LiveSignatureUnverified { store, comment } => write!(
-                f,
-                "{store}: the live signature does not verify with the signing key(s) (its comment says \
-                 {comment:?}); if it was made with another key (a rotation), check it with `release-cli \
-                 manifest verify --key OLD.pub`, then pass --release with a number above its release"
-            ),
-        }
-    }
-}
-
 /// [`Refusal::LooseFiles`]: names the files and the layout publish expects, with the command
 /// that fixes it.
-fn loose_files(
-    f: &mut std::fmt::Formatter<'_>,
-    dir: &std::path::Path,
-    loose: &[String],
-) -> std::fmt::Result {
+fn loose_files(dir: &std::path::Path, loose: &[String]) -> String {
     let suffix = manifest::layout::ARTIFACT_SUFFIX;
     let shown: Vec<&str> = loose.iter().take(5).map(String::as_str).collect();
     let more = if loose.len() > shown.len() {
@@ -536,11 +460,25 @@ fn loose_files(
     } else {
         String::new()
     };
-    write!(
-        f,
+    format!(
         "{}: the artifacts directory holds one <id>/ directory per model (<id>/<id>{suffix}.chunkNNofMM and .chunkmanifest), not loose files; found {}{more} at its top level, nothing was published",
         dir.display(),
         shown.join(", ")
+    )
+}
+
+/// [`Refusal::Uncovered`]: each artifact the signature would not cover, with its fix.
+fn uncovered_text(manifest: &str, uncovered: &[manifest::signature::Uncovered]) -> String {
+    let each: String = uncovered
+        .iter()
+        .map(|u| format!("\n  {u}\n    next: {}", u.fix_command(manifest)))
+        .collect();
+    format!(
+        "{manifest}: not signed: a signature covers only what the manifest states, and {} \
+         downloadable artifact(s) lack a size, SHA-256 or chunk count (a device with keys would \
+         have to trust the store for them):{each}\n(DIR is the directory holding that artifact's \
+         chunk set, e.g. ready/<id>/); nothing was written",
+        uncovered.len()
     )
 }
 
@@ -567,18 +505,24 @@ fn loose_files_fix(dir: &std::path::Path, loose: &[String]) -> String {
 }
 
 /// What a failed `hf` CLI call means.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum HfFailure {
+    #[error("bucket not found")]
     /// The bucket (or repository) does not exist.
     BucketMissing,
+    #[error("the Hub refused the token")]
     /// The token was refused (401/403).
     AuthRefused,
+    #[error("the Hub refused part of the change")]
     /// The Hub refused some operations of a batch.
     BatchFailed,
+    #[error("the CLI asked for confirmation")]
     /// The CLI asked for a confirmation it could not get.
     ConfirmationRequired,
+    #[error("source not found")]
     /// The source of a copy is not there.
     SourceMissing,
+    #[error("error")]
     /// Any other failure.
     Other,
 }
@@ -609,19 +553,6 @@ impl HfFailure {
                 "run the command again; if it keeps failing, run it by hand with HF_DEBUG=1"
             }
         }
-    }
-}
-
-impl std::fmt::Display for HfFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            HfFailure::BucketMissing => "bucket not found",
-            HfFailure::AuthRefused => "the Hub refused the token",
-            HfFailure::BatchFailed => "the Hub refused part of the change",
-            HfFailure::ConfirmationRequired => "the CLI asked for confirmation",
-            HfFailure::SourceMissing => "source not found",
-            HfFailure::Other => "error",
-        })
     }
 }
 

@@ -45,7 +45,7 @@ use manifest::StoreLayout;
 use crate::error::{Error, Result};
 use crate::local::LocalStore;
 use crate::paths::StorePath;
-use crate::progress::{ProgressText, Transfer, parse_git_push_bytes};
+use crate::progress::{Finished, Transfer, parse_git_push_bytes, wait_reading_progress};
 use crate::store::{FileStat, ListEntry, Store};
 
 /// Bucket layout (what every [`Store`] speaks) → branch layout; `None` for what the branch
@@ -340,10 +340,16 @@ impl GithubStore {
         Ok(file)
     }
 
-    /// A `git` command that inherits the publish lock (and no other process this program
-    /// starts does: a Hub upload or another test's `git` must not hold this checkout's lock).
-    fn git_command(&self) -> Command {
+    /// `git -C CHECKOUT -c … ARGS`, never waiting for a password prompt, inheriting the publish
+    /// lock (and no other process this program starts does: a Hub upload or another test's
+    /// `git` must not hold this checkout's lock).
+    fn git_command<S: AsRef<OsStr>>(&self, args: &[S]) -> Command {
         let mut cmd = Command::new("git");
+        cmd.arg("-C")
+            .arg(&self.checkout)
+            .args(git_config_args())
+            .args(args)
+            .env("GIT_TERMINAL_PROMPT", "0");
         if let Some(lock) = &self._lock {
             use std::os::fd::AsRawFd;
             use std::os::unix::process::CommandExt;
@@ -559,43 +565,15 @@ impl GithubStore {
     fn git_streaming(&self, args: &[&str], on_segment: &mut dyn FnMut(&str) -> bool) -> Result<()> {
         use std::process::Stdio;
         let before = self.before_git(args);
-        let mut child = self
-            .git_command()
-            .arg("-C")
-            .arg(&self.checkout)
-            .args(git_config_args())
-            .args(args)
-            .env("GIT_TERMINAL_PROMPT", "0")
+        let child = self
+            .git_command(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|source| self.git_failed(source))?;
-        let mut stdout = child.stdout.take().expect("piped");
-        let mut stderr = child.stderr.take().expect("piped");
-        let mut text = ProgressText::new();
-        let read = std::thread::scope(|scope| {
-            let drain = scope.spawn(move || {
-                let mut sink = Vec::new();
-                stdout.read_to_end(&mut sink).map(|_| ())
-            });
-            let mut buf = [0u8; 8192];
-            let read = loop {
-                match stderr.read(&mut buf) {
-                    Ok(0) => break Ok(()),
-                    Ok(n) => text.feed(&buf[..n], on_segment),
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => break Err(e),
-                }
-            };
-            let drained = drain.join().expect("reading a pipe does not panic");
-            read.and(drained)
-        });
-        let kept = text.finish(on_segment);
-        let status = child
-            .wait()
-            .and_then(|s| read.map(|()| s))
-            .map_err(|source| self.git_failed(source))?;
+        let Finished { status, kept, .. } =
+            wait_reading_progress(child, on_segment).map_err(|source| self.git_failed(source))?;
         self.after_git(args, before)?;
         if !status.success() {
             return Err(Error::Git {
@@ -630,13 +608,7 @@ impl GithubStore {
         let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
         let before = self.before_git(&args);
         let out = self
-            .git_command()
-            .arg("-C")
-            .arg(&self.checkout)
-            .args(git_config_args())
-            .args(&args)
-            // Never wait for a password prompt: fail and say so.
-            .env("GIT_TERMINAL_PROMPT", "0")
+            .git_command(&args)
             .output()
             .map_err(|source| self.git_failed(source))?;
         self.after_git(&args, before)?;
@@ -715,11 +687,7 @@ impl GithubStore {
         report: &mut dyn FnMut(Transfer),
     ) -> Result<()> {
         let unchanged = self
-            .git_command()
-            .arg("-C")
-            .arg(&self.checkout)
-            .args(git_config_args())
-            .args(["diff", "--cached", "--quiet", "--", rel.as_str()])
+            .git_command(&["diff", "--cached", "--quiet", "--", rel.as_str()])
             .status()
             .map_err(|source| self.git_failed(source))?
             .success();

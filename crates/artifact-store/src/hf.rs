@@ -40,7 +40,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, HfFailure, Result};
 use crate::paths::{StorePath, is_under};
-use crate::progress::{HfLine, Measure, ProgressText, Transfer, parse_hf_line};
+use crate::progress::{Finished, HfLine, Measure, Transfer, parse_hf_line, wait_reading_progress};
 use crate::store::{FileStat, ListEntry, Store};
 
 /// At most this many redirects per request (the Hub answers resolve URLs with one or two).
@@ -708,14 +708,11 @@ impl HfCli {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd.spawn().map_err(|source| Error::HfCliMissing {
+        let child = cmd.spawn().map_err(|source| Error::HfCliMissing {
             program: self.config.cli.display().to_string(),
             source,
         })?;
         report(Transfer::File { done: 0, measure });
-        let mut stdout = child.stdout.take().expect("piped");
-        let mut stderr = child.stderr.take().expect("piped");
-        let mut text = ProgressText::new();
         // The CLI redraws a line it did not change when another bar moves: one report each.
         let mut last = 0;
         let mut parse = |seg: &str| match parse_hf_line(seg) {
@@ -730,33 +727,14 @@ impl HfCli {
             // The "Validating" percentage: progress, but not of bytes.
             None => seg.trim_start().starts_with("Validating"),
         };
-        let (out, read) = std::thread::scope(|scope| {
-            let drain = scope.spawn(move || {
-                let mut buf = Vec::new();
-                stdout.read_to_end(&mut buf).map(|_| buf)
-            });
-            let mut buf = [0u8; 8192];
-            let read = loop {
-                match stderr.read(&mut buf) {
-                    Ok(0) => break Ok(()),
-                    Ok(n) => text.feed(&buf[..n], &mut parse),
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => break Err(e),
-                }
-            };
-            (drain.join().expect("reading a pipe does not panic"), read)
-        });
-        let kept = text.finish(&mut parse);
-        let status = child.wait().and_then(|s| read.map(|()| s));
-        let (status, stdout) = match (status, out) {
-            (Ok(s), Ok(o)) => (s, o),
-            (Err(source), _) | (_, Err(source)) => {
-                return Err(Error::Child {
-                    program: self.describe(&args),
-                    source,
-                });
-            }
-        };
+        let Finished {
+            status,
+            stdout,
+            kept,
+        } = wait_reading_progress(child, &mut parse).map_err(|source| Error::Child {
+            program: self.describe(&args),
+            source,
+        })?;
         if !status.success() {
             let text = if kept.trim().is_empty() {
                 String::from_utf8_lossy(&stdout).into_owned()

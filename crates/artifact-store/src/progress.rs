@@ -252,9 +252,55 @@ pub fn parse_git_push_bytes(segment: &str) -> Option<u64> {
     Some(whole * mult + hundredths * mult / 100)
 }
 
+/// What [`wait_reading_progress`] saw of a child that ran to its end.
+pub(crate) struct Finished {
+    pub status: std::process::ExitStatus,
+    /// Its stdout, whole.
+    pub stdout: Vec<u8>,
+    /// Its stderr without the progress segments ([`ProgressText::finish`]).
+    pub kept: String,
+}
+
+/// Wait for `child` (stdout and stderr piped) while reading its stderr as it comes: each
+/// segment goes to `parse`, which says whether it was progress. Stdout is drained on a second
+/// thread, so a chatty tool cannot stall on a full pipe.
+pub(crate) fn wait_reading_progress(
+    mut child: std::process::Child,
+    parse: &mut dyn FnMut(&str) -> bool,
+) -> std::io::Result<Finished> {
+    use std::io::Read;
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    let mut text = ProgressText::new();
+    let (out, read) = std::thread::scope(|scope| {
+        let drain = scope.spawn(move || {
+            let mut buf = Vec::new();
+            stdout.read_to_end(&mut buf).map(|_| buf)
+        });
+        let mut buf = [0u8; 8192];
+        let read = loop {
+            match stderr.read(&mut buf) {
+                Ok(0) => break Ok(()),
+                Ok(n) => text.feed(&buf[..n], parse),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        (drain.join().expect("reading a pipe does not panic"), read)
+    });
+    let kept = text.finish(parse);
+    let status = child.wait()?;
+    read?;
+    Ok(Finished {
+        status,
+        stdout: out?,
+        kept,
+    })
+}
+
 /// Reads a tool's stderr as it comes, hands each byte figure to a callback and keeps the rest
 /// (the lines that are not progress) for an error message, bounded.
-pub(crate) struct ProgressText {
+struct ProgressText {
     pending: String,
     kept: String,
 }
@@ -566,6 +612,29 @@ mod tests {
             }
             assert_eq!(got, want, "{name}");
         }
+    }
+
+    #[test]
+    fn a_child_is_waited_for_with_its_stderr_read_as_it_comes_and_its_stdout_drained() {
+        use std::process::{Command, Stdio};
+        // 1 MiB of stdout: more than a pipe holds, so an undrained stdout would stall the child.
+        let script = "head -c 1048576 /dev/zero; printf 'Writing objects: 100%% (3/3), 2.00 KiB | 1 MiB/s\\rfatal: no\\n' >&2; exit 3";
+        let child = Command::new("sh")
+            .args(["-c", script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut seen = Vec::new();
+        let finished = wait_reading_progress(child, &mut |s| {
+            seen.extend(parse_git_push_bytes(s));
+            s.starts_with("Writing objects")
+        })
+        .unwrap();
+        assert_eq!(finished.status.code(), Some(3));
+        assert_eq!(finished.stdout.len(), 1 << 20);
+        assert_eq!(finished.kept, "fatal: no\n");
+        assert_eq!(seen, [2048]);
     }
 
     #[test]

@@ -3,8 +3,6 @@
 //! other). Each module that finds them re-exports its own: `signing::KeyProblem`,
 //! `reuse::ReuseRefusal`, `publish::StoreProblem`, `oob::NotOob`.
 
-use std::fmt;
-
 use chunker::{OobDefect, Sha256Digest};
 use manifest::{GitCommit, ModelId, StorePath};
 
@@ -16,20 +14,24 @@ pub const PASSPHRASE_ENV: &str = "STARPILOT_SIGN_PASSPHRASE";
 
 /// Why a key file cannot sign. `Display` is the cause and the next step; it never shows key
 /// material.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyProblem {
+    #[error("{reason}")]
     /// The file cannot be read (missing, not a regular file, too large): the reason names it.
     File {
         /// Why, naming the file.
         reason: String,
     },
+    #[error("this is a minisign public key; signing needs the secret key")]
     /// A `.pub` file was given where the secret key is needed.
     PublicKeyGiven,
+    #[error("not a minisign secret key ({reason})")]
     /// Not the two-line minisign format, or not base64, or the wrong length.
     NotASecretKey {
         /// What is wrong.
         reason: String,
     },
+    #[error("unsupported {field} {found} (minisign writes `Ed`, `Sc` or none, `B2`)")]
     /// A field names an algorithm minisign does not write.
     Unsupported {
         /// The field.
@@ -37,18 +39,22 @@ pub enum KeyProblem {
         /// The value found.
         found: String,
     },
+    #[error("the key is encrypted with a passphrase, and {reason}")]
     /// An encrypted key, and no passphrase could be had.
     NoPassphrase {
         /// Why (no terminal, the environment variable unset, ...).
         reason: String,
     },
+    #[error("wrong passphrase: the key does not decrypt with it")]
     /// The passphrase given does not decrypt the key (its checksum fails after decryption).
     WrongPassphrase,
+    #[error("cannot derive the key from the passphrase ({reason})")]
     /// The KDF refused to run (parameters out of range).
     Kdf {
         /// The KDF's error.
         reason: String,
     },
+    #[error("the key is damaged ({reason})")]
     /// The key fails its checksum or its own sign-and-verify check.
     Damaged {
         /// What failed.
@@ -58,34 +64,6 @@ pub enum KeyProblem {
 
 const MAKE_UNATTENDED: &str = "`minisign -G -W -p release.pub -s release.key`";
 const MAKE_WITH_PASSPHRASE: &str = "`minisign -G -p release.pub -s release.key`";
-
-impl fmt::Display for KeyProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            KeyProblem::File { reason } => f.write_str(reason),
-            KeyProblem::PublicKeyGiven => {
-                f.write_str("this is a minisign public key; signing needs the secret key")
-            }
-            KeyProblem::NotASecretKey { reason } => {
-                write!(f, "not a minisign secret key ({reason})")
-            }
-            KeyProblem::Unsupported { field, found } => write!(
-                f,
-                "unsupported {field} {found} (minisign writes `Ed`, `Sc` or none, `B2`)"
-            ),
-            KeyProblem::NoPassphrase { reason } => {
-                write!(f, "the key is encrypted with a passphrase, and {reason}")
-            }
-            KeyProblem::WrongPassphrase => {
-                f.write_str("wrong passphrase: the key does not decrypt with it")
-            }
-            KeyProblem::Kdf { reason } => {
-                write!(f, "cannot derive the key from the passphrase ({reason})")
-            }
-            KeyProblem::Damaged { reason } => write!(f, "the key is damaged ({reason})"),
-        }
-    }
-}
 
 impl cli_support::NextStep for KeyProblem {
     fn next_step(&self) -> Option<String> {
@@ -125,13 +103,15 @@ impl cli_support::NextStep for KeyProblem {
 
 /// Why a reuse was refused (`Error::ReuseRefused`); nothing was written. Each names the
 /// model, store or path involved and renders the next step in `Display`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReuseRefusal {
+    #[error("the source catalog has no model {source_id:?}; pass --source-id with the ID it uses")]
     /// The source catalog has no entry with this ID.
     UnknownSource {
         /// The source ID asked for.
         source_id: ModelId,
     },
+    #[error("{}", differences_text(source_id, differences))]
     /// The source cannot be proven built from the same tinygrad and source-model commits.
     Incompatible {
         /// The source ID.
@@ -139,16 +119,23 @@ pub enum ReuseRefusal {
         /// Every difference.
         differences: Vec<Difference>,
     },
+    #[error(
+        "the source catalog entry {source_id} has no artifact_size/artifact_sha256/artifact_chunk_count"
+    )]
     /// The source entry has no artifact fields.
     NoArtifact {
         /// The source ID.
         source_id: ModelId,
     },
+    #[error(
+        "the source artifact of {source_id} is one plain file (artifact_chunk_count 0); reuse copies chunk sets"
+    )]
     /// The source artifact is one plain file, not a chunk set.
     PlainFile {
         /// The source ID.
         source_id: ModelId,
     },
+    #[error("{store} {path} is missing{}", if *whole_set { ": the source chunk set is incomplete" } else { "" })]
     /// A file of the source chunk set is not in the source store. `whole_set` when it is the
     /// `.chunkmanifest`, i.e. the set as a whole is incomplete.
     SourceFileMissing {
@@ -159,6 +146,7 @@ pub enum ReuseRefusal {
         /// Whether it is the `.chunkmanifest` (the whole set is incomplete).
         whole_set: bool,
     },
+    #[error("{store} {path} says {found} chunks, the source catalog says {catalog}")]
     /// The source `.chunkmanifest` disagrees with the source catalog's chunk count.
     ChunkCountDiffers {
         /// The source store.
@@ -170,6 +158,7 @@ pub enum ReuseRefusal {
         /// The count the source catalog says.
         catalog: u32,
     },
+    #[error("{store} {path} says {found}, the source catalog says {catalog}")]
     /// The source `.sha256` disagrees with the source catalog's digest.
     DigestDiffers {
         /// The source store.
@@ -181,6 +170,7 @@ pub enum ReuseRefusal {
         /// The digest the source catalog says.
         catalog: Sha256Digest,
     },
+    #[error("the source chunks hold {total} bytes, the source catalog says {catalog}")]
     /// The source chunks add up to another size than the source catalog's.
     SizeDiffers {
         /// The chunks' total size in bytes.
@@ -188,8 +178,12 @@ pub enum ReuseRefusal {
         /// The size the source catalog says.
         catalog: u64,
     },
+    #[error("{0}")]
     /// The source bytes are not an out-of-band pickle container.
     NotOob(NotOob),
+    #[error(
+        "the manifest has no entry {model}; reuse does not add models (add the entry first if the release asks for it)"
+    )]
     /// Our manifest has no entry for the model; reuse does not add models.
     NoManifestEntry {
         /// The model.
@@ -234,97 +228,31 @@ impl cli_support::NextStep for ReuseRefusal {
     }
 }
 
-impl std::fmt::Display for ReuseRefusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ReuseRefusal::UnknownSource { source_id } => write!(
-                f,
-                "the source catalog has no model {source_id:?}; pass --source-id with the ID it uses"
-            ),
-            ReuseRefusal::Incompatible {
-                source_id,
-                differences,
-            } => {
-                for (i, d) in differences.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str("; ")?;
-                    }
-                    match d {
-                        Difference::NoTinygradCommit => write!(
-                            f,
-                            "the source catalog records no tinygrad commit (top-level \"{}\"), so compatibility cannot be proven; rebuild instead",
-                            manifest::keys::TINYGRAD_COMMIT
-                        )?,
-                        Difference::TinygradCommit { recorded, given } => write!(
-                            f,
-                            "tinygrad commit differs: the source catalog records {recorded}, you gave {given}"
-                        )?,
-                        Difference::NoSourceCommit => write!(
-                            f,
-                            "the source catalog entry {source_id} records no source-model commit (\"{}\"), so compatibility cannot be proven; rebuild instead",
-                            manifest::keys::SOURCE_COMMIT
-                        )?,
-                        Difference::SourceCommit { recorded, given } => write!(
-                            f,
-                            "source-model commit differs: the source catalog entry {source_id} records {recorded}, you gave {given}"
-                        )?,
-                    }
-                }
-                Ok(())
-            }
-            ReuseRefusal::NoArtifact { source_id } => write!(
-                f,
-                "the source catalog entry {source_id} has no artifact_size/artifact_sha256/artifact_chunk_count"
-            ),
-            ReuseRefusal::PlainFile { source_id } => write!(
-                f,
-                "the source artifact of {source_id} is one plain file (artifact_chunk_count 0); reuse copies chunk sets"
-            ),
-            ReuseRefusal::SourceFileMissing {
-                store,
-                path,
-                whole_set,
-            } => {
-                write!(f, "{store} {path} is missing")?;
-                if *whole_set {
-                    f.write_str(": the source chunk set is incomplete")?;
-                }
-                Ok(())
-            }
-            ReuseRefusal::ChunkCountDiffers {
-                store,
-                path,
-                found,
-                catalog,
-            } => write!(
-                f,
-                "{store} {path} says {found} chunks, the source catalog says {catalog}"
-            ),
-            ReuseRefusal::DigestDiffers {
-                store,
-                path,
-                found,
-                catalog,
-            } => write!(
-                f,
-                "{store} {path} says {found}, the source catalog says {catalog}"
-            ),
-            ReuseRefusal::SizeDiffers { total, catalog } => write!(
-                f,
-                "the source chunks hold {total} bytes, the source catalog says {catalog}"
-            ),
-            ReuseRefusal::NotOob(not_oob) => write!(f, "{not_oob}"),
-            ReuseRefusal::NoManifestEntry { model } => write!(
-                f,
-                "the manifest has no entry {model}; reuse does not add models (add the entry first if the release asks for it)"
-            ),
-        }
-    }
+/// [`ReuseRefusal::Incompatible`]: every difference, joined by `; `.
+fn differences_text(source_id: &ModelId, differences: &[Difference]) -> String {
+    let one = |d: &Difference| match d {
+        Difference::NoTinygradCommit => format!(
+            "the source catalog records no tinygrad commit (top-level \"{}\"), so compatibility cannot be proven; rebuild instead",
+            manifest::keys::TINYGRAD_COMMIT
+        ),
+        Difference::TinygradCommit { recorded, given } => format!(
+            "tinygrad commit differs: the source catalog records {recorded}, you gave {given}"
+        ),
+        Difference::NoSourceCommit => format!(
+            "the source catalog entry {source_id} records no source-model commit (\"{}\"), so compatibility cannot be proven; rebuild instead",
+            manifest::keys::SOURCE_COMMIT
+        ),
+        Difference::SourceCommit { recorded, given } => format!(
+            "source-model commit differs: the source catalog entry {source_id} records {recorded}, you gave {given}"
+        ),
+    };
+    differences.iter().map(one).collect::<Vec<_>>().join("; ")
 }
 
 /// One thing wrong in the store with a model the new manifest lists and publish does not
 /// upload (`Error::Incomplete`).
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("model {model}: {}", kind_text(model, kind))]
 pub struct StoreProblem {
     /// The model.
     pub model: ModelId,
@@ -407,75 +335,52 @@ pub enum StoreProblemKind {
     },
 }
 
-impl std::fmt::Display for StoreProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let id = &self.model;
-        write!(f, "model {id}: ")?;
-        fmt_kind(f, id, &self.kind)
-    }
-}
-
-fn fmt_kind(
-    f: &mut std::fmt::Formatter<'_>,
-    id: &ModelId,
-    kind: &StoreProblemKind,
-) -> std::fmt::Result {
-    {
-        match kind {
-            StoreProblemKind::Variant { variant, problem } => {
-                write!(f, "accelerator variant {variant:?}: ")?;
-                fmt_kind(f, id, problem)?;
-                write!(
-                    f,
-                    " (next: put the variant's file in --artifacts {id}/, or run `release-cli rebuild`, which rebuilds the variant or drops the block)"
-                )
-            }
-            StoreProblemKind::VariantUnpublishable { variant, reason } => write!(
-                f,
-                "accelerator variant {variant:?}: {reason} (next: run `release-cli manifest validate --mode release`, then `release-cli rebuild`)"
-            ),
-            StoreProblemKind::NoArtifactFields => f.write_str(
-                "the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count",
-            ),
-            StoreProblemKind::FileMissing { path } => write!(f, "{path} is missing"),
-            StoreProblemKind::ChunkManifestMissing { path } => write!(
-                f,
-                "{path} is missing (the artifact directory is incomplete or absent; put its chunk set in the artifacts directory)"
-            ),
-            StoreProblemKind::ChunkMissing { path } => write!(f, "chunk {path} is missing"),
-            StoreProblemKind::Malformed(e) => write!(f, "{e}"),
-            StoreProblemKind::ChunkCountDiffers {
-                path,
-                found,
-                manifest,
-            } => write!(
-                f,
-                "{path} says {found} chunks, the manifest says {manifest}"
-            ),
-            StoreProblemKind::SidecarDiffers {
-                path,
-                found,
-                manifest,
-            } => write!(f, "{path} says {found}, the manifest says {manifest}"),
-            StoreProblemKind::SizeDiffers { total, manifest } => write!(
-                f,
-                "the store holds {total} bytes, the manifest says {manifest}"
-            ),
-            StoreProblemKind::NotOob(not_oob) => write!(f, "{not_oob}"),
-            StoreProblemKind::Corrupt {
-                dir,
-                found,
-                manifest,
-            } => write!(
-                f,
-                "the stored artifact's SHA-256 is {found}, the manifest says {manifest} (a chunk in {dir} is corrupt; put the model's chunk set in --artifacts {id}/ so publish replaces it)"
-            ),
+/// [`StoreProblem`]'s message for `kind` of model `id`.
+fn kind_text(id: &ModelId, kind: &StoreProblemKind) -> String {
+    match kind {
+        StoreProblemKind::Variant { variant, problem } => format!(
+            "accelerator variant {variant:?}: {} (next: put the variant's file in --artifacts {id}/, or run `release-cli rebuild`, which rebuilds the variant or drops the block)",
+            kind_text(id, problem)
+        ),
+        StoreProblemKind::VariantUnpublishable { variant, reason } => format!(
+            "accelerator variant {variant:?}: {reason} (next: run `release-cli manifest validate --mode release`, then `release-cli rebuild`)"
+        ),
+        StoreProblemKind::NoArtifactFields => {
+            "the manifest entry has no artifact_size/artifact_sha256/artifact_chunk_count".into()
         }
+        StoreProblemKind::FileMissing { path } => format!("{path} is missing"),
+        StoreProblemKind::ChunkManifestMissing { path } => format!(
+            "{path} is missing (the artifact directory is incomplete or absent; put its chunk set in the artifacts directory)"
+        ),
+        StoreProblemKind::ChunkMissing { path } => format!("chunk {path} is missing"),
+        StoreProblemKind::Malformed(e) => format!("{e}"),
+        StoreProblemKind::ChunkCountDiffers {
+            path,
+            found,
+            manifest,
+        } => format!("{path} says {found} chunks, the manifest says {manifest}"),
+        StoreProblemKind::SidecarDiffers {
+            path,
+            found,
+            manifest,
+        } => format!("{path} says {found}, the manifest says {manifest}"),
+        StoreProblemKind::SizeDiffers { total, manifest } => {
+            format!("the store holds {total} bytes, the manifest says {manifest}")
+        }
+        StoreProblemKind::NotOob(not_oob) => format!("{not_oob}"),
+        StoreProblemKind::Corrupt {
+            dir,
+            found,
+            manifest,
+        } => format!(
+            "the stored artifact's SHA-256 is {found}, the manifest says {manifest} (a chunk in {dir} is corrupt; put the model's chunk set in --artifacts {id}/ so publish replaces it)"
+        ),
     }
 }
 
 /// A chunk set in a store whose bytes are not an OOB container.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", chunker::Error::NotOob { what: what.clone(), offset: *offset, defect: defect.clone() })]
 pub struct NotOob {
     /// The logical artifact, as the user names it (`hf://buckets/…/x.pkl`).
     pub what: String,
@@ -483,18 +388,4 @@ pub struct NotOob {
     pub offset: u64,
     /// What is wrong there.
     pub defect: OobDefect,
-}
-
-impl std::fmt::Display for NotOob {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}",
-            chunker::Error::NotOob {
-                what: self.what.clone(),
-                offset: self.offset,
-                defect: self.defect.clone(),
-            }
-        )
-    }
 }

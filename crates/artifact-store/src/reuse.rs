@@ -166,6 +166,12 @@ pub struct ReusePlan {
 /// Check the source against its catalog (count, sidecar digest, every chunk present, sizes, OOB
 /// container) and plan the copy into `models/<gen>/<model>/`, renamed. Only reads the source.
 pub fn plan(req: &ReuseRequest<'_>) -> Result<ReusePlan> {
+    let sources = check_source(req)?;
+    copy_plan(req, sources)
+}
+
+/// The source chunk set, checked against its catalog: each chunk's path and size, in order.
+fn check_source(req: &ReuseRequest<'_>) -> Result<Vec<(StorePath, u64)>> {
     let artifact = &req.compatible.artifact;
     let count = artifact.chunk_count.get();
     let src_name = req.source_path.file_name().to_string();
@@ -237,7 +243,13 @@ pub fn plan(req: &ReuseRequest<'_>) -> Result<ReusePlan> {
     if let Err(not_oob) = crate::oob::check_pieces(req.source, &sources, &what)? {
         return Err(Error::ReuseRefused(ReuseRefusal::NotOob(not_oob)));
     }
+    Ok(sources)
+}
 
+/// The copy of the checked `sources` into `models/<gen>/<model>/`, renamed.
+fn copy_plan(req: &ReuseRequest<'_>, sources: Vec<(StorePath, u64)>) -> Result<ReusePlan> {
+    let artifact = &req.compatible.artifact;
+    let count = artifact.chunk_count.get();
     let dest_name = manifest::layout::artifact_file_name(&req.model).to_string();
     let dir = StoreLayout::HfBucket.artifact_dir(req.generation, &req.model);
     let dest_cm = dir.join(&chunk_manifest_name(&dest_name))?;

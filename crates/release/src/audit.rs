@@ -216,8 +216,8 @@ pub struct Finding {
     pub model: Option<ModelId>,
     /// Where: a file path, `hf://` address or checkout path.
     pub path: String,
-    /// A stable name for the kind of problem.
-    pub kind: &'static str,
+    /// What it is about.
+    pub kind: FindingKind,
     pub message: String,
     /// A command that runs as printed and mends it.
     pub mend: String,
@@ -364,376 +364,390 @@ pub struct Rules<'a> {
     pub mend: &'a MendContext,
 }
 
-/// Audit one store's snapshot. Pure.
-pub fn check_store(s: &Snapshot, rules: &Rules) -> StoreAudit {
-    let g = rules.generation;
-    let store = s.store.spec();
-    let mut problems = Vec::new();
-    let manifest_path = StoreLayout::HfBucket.manifest_path(g);
-    let signed = rules.keys > 0 || !matches!(s.signature, SignatureRead::Absent);
-    let republish = rules.mend.republish(g, &s.store, signed);
-    let mut out = StoreAudit {
-        store: store.clone(),
-        manifest_sha256: None,
-        models: 0,
-        artifacts: 0,
-        bytes: 0,
-        deep: s.digests.is_some(),
-        signature: SignatureState {
-            state: "unsigned",
-            release: None,
-            key: None,
-            expires: None,
-        },
-        problems: Vec::new(),
-    };
-    let mut push = |model: Option<&ModelId>, path: String, kind, message: String, mend: &str| {
-        problems.push(Finding {
-            store: store.clone(),
+/// What a [`Finding`] is about; the JSON report names it in snake case (`file_missing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    ManifestUnreadable,
+    ManifestMissing,
+    /// Fails the release rules or does not parse.
+    ManifestRule,
+    ManifestGeneration,
+    ManifestPin,
+    SignatureMissing,
+    SignatureNearExpiry,
+    SignatureRefused,
+    ChunkManifestMissing,
+    ChunkCountDiffers,
+    SidecarMissing,
+    SidecarDiffers,
+    /// A `.chunkmanifest` or `.sha256` that could not be read.
+    Unreadable,
+    /// A `.chunkmanifest` or `.sha256` that is not one.
+    Malformed,
+    FileMissing,
+    SizeDiffers,
+    ChunkSize,
+    Corrupt,
+    Temporary,
+    Unlisted,
+    ShadowingPlainFile,
+    OtherSplit,
+    OddName,
+    StoresDisagree,
+    ArtifactDigestDiffers,
+}
+
+/// The findings of one store as [`check_store`]'s steps add them.
+struct Findings<'a> {
+    s: &'a Snapshot,
+    /// The command that publishes the store again, the mend of most findings.
+    republish: String,
+    list: Vec<Finding>,
+}
+
+impl Findings<'_> {
+    fn push(
+        &mut self,
+        model: Option<&ModelId>,
+        path: String,
+        kind: FindingKind,
+        message: String,
+        mend: &str,
+    ) {
+        self.list.push(Finding {
+            store: self.s.store.spec(),
             model: model.cloned(),
             path,
             kind,
             message,
             mend: mend.to_string(),
         })
-    };
-    let at = |p: &StorePath| s.store.locate(p);
-    let at_str = |p: &str| match p.parse::<StorePath>() {
-        Ok(p) => s.store.locate(&p),
-        Err(_) => p.to_string(),
-    };
-
-    // The manifest.
-    let bytes = match &s.manifest {
-        Err(e) => {
-            push(
-                None,
-                at(&manifest_path),
-                "manifest_unreadable",
-                e.clone(),
-                &republish,
-            );
-            None
-        }
-        Ok(None) => {
-            push(
-                None,
-                at(&manifest_path),
-                "manifest_missing",
-                format!("no {g} manifest: devices of this generation find no model list here"),
-                &republish,
-            );
-            None
-        }
-        Ok(Some(b)) => Some(b),
-    };
-    let manifest = bytes.and_then(|b| {
-        out.manifest_sha256 = Some(Sha256Digest::of_bytes(b));
-        // The rules of the generation's contract (v25: exactly `validate_bytes`'s).
-        let contract = manifest::contract::for_manifest(rules.pins, b).1.contract();
-        let rule_problems = manifest::validate_for_contract(
-            b,
-            ValidationMode::Release,
-            contract,
-            &manifest::Expectation::default(),
-            &Limits::default(),
-        );
-        for p in &rule_problems {
-            push(
-                None,
-                at(&manifest_path),
-                "manifest_rule",
-                format!("fails the release rules at {p}"),
-                &republish,
-            );
-        }
-        match Manifest::from_slice(b) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                if rule_problems.is_empty() {
-                    push(
-                        None,
-                        at(&manifest_path),
-                        "manifest_rule",
-                        format!("does not parse: {e}"),
-                        &republish,
-                    );
-                }
-                None
-            }
-        }
-    });
-    if let Some(m) = &manifest {
-        out.models = m.models().len();
-        if m.generation() != Some(g) {
-            push(
-                None,
-                at(&manifest_path),
-                "manifest_generation",
-                format!(
-                    "says generation {}, but it is the {g} manifest",
-                    m.generation()
-                        .map_or_else(|| "(none)".to_string(), |x| x.to_string())
-                ),
-                &republish,
-            );
-        }
-        let revision = m.revision(rules.pins.contract(g));
-        if let Err(r) = manifest::pins::check_pin(rules.pins, g, revision.as_ref()) {
-            push(
-                None,
-                at(&manifest_path),
-                "manifest_pin",
-                pin_text(&r),
-                &republish,
-            );
-        }
     }
 
-    // The signature.
-    let sig_path = StoreLayout::HfBucket.signature_path(g);
-    match &s.signature {
-        SignatureRead::Absent => {
-            if rules.keys > 0 {
-                push(
-                    None,
-                    at(&sig_path),
-                    "signature_missing",
-                    format!(
-                        "{}; devices with trusted keys refuse this generation",
-                        Refusal::Unsigned
-                    ),
-                    &republish,
-                );
-            }
-        }
-        SignatureRead::NotChecked => out.signature.state = "not_checked",
-        SignatureRead::Checked(checks) => {
-            out.signature.state = "refused";
-            let decided = checks.as_ref().map_err(Clone::clone).and_then(|c| {
-                signature::decide_blocks(
-                    c.iter().map(BlockCheck::outcome),
-                    rules.keys,
-                    g,
-                    None,
-                    rules.now,
-                )
-            });
-            match decided {
-                Ok(TrustedComment {
-                    release, expires, ..
-                }) => {
-                    out.signature.state = "verified";
-                    out.signature.release = Some(release.get());
-                    out.signature.expires = Some(expires.0);
-                    out.signature.key = checks
-                        .as_ref()
-                        .ok()
-                        .and_then(|c| c.iter().find_map(|b| b.verified_by.clone()));
-                    if let Some(days) = near_expiry(expires, rules.now) {
-                        push(
-                            None,
-                            at(&sig_path),
-                            "signature_near_expiry",
-                            format!(
-                                "release {release} expires {} (in {days} day(s), within {NEAR_EXPIRY_DAYS}); devices refuse it from then on",
-                                UtcTime(expires.0)
-                            ),
-                            &republish,
-                        );
-                    }
-                }
-                Err(r) => push(
-                    None,
-                    at(&sig_path),
-                    "signature_refused",
-                    refusal_text(&r),
-                    &republish,
-                ),
-            }
-        }
+    /// A finding that publishing again mends.
+    fn republish(&mut self, model: Option<&ModelId>, at: String, kind: FindingKind, msg: String) {
+        let mend = self.republish.clone();
+        self.push(model, at, kind, msg, &mend)
     }
 
-    // The artifacts.
+    /// Where a bucket-layout path (as text) is in the store.
+    fn at(&self, p: &str) -> String {
+        match p.parse::<StorePath>() {
+            Ok(p) => self.s.store.locate(&p),
+            Err(_) => p.to_string(),
+        }
+    }
+}
+
+/// Audit one store's snapshot: its manifest, its signature, every artifact the manifest lists,
+/// and what else lies in the generation's directory. Pure.
+pub fn check_store(s: &Snapshot, rules: &Rules) -> StoreAudit {
+    let g = rules.generation;
+    let signed = rules.keys > 0 || !matches!(s.signature, SignatureRead::Absent);
+    let mut f = Findings {
+        s,
+        republish: rules.mend.republish(g, &s.store, signed),
+        list: Vec::new(),
+    };
+    let manifest = check_manifest(&mut f, rules);
+    let signature = check_signature(&mut f, rules);
     let expected = manifest
         .as_ref()
         .map(|m| expected_artifacts(m, g))
         .unwrap_or_default();
-    out.artifacts = expected.len();
-    out.bytes = expected.iter().map(|e| e.size).sum();
     for e in &expected {
-        let model = Some(&e.model);
-        let what = match &e.variant {
-            None => String::new(),
-            Some(v) => format!("accelerator variant {v:?}: "),
-        };
-        let logical = at_str(&e.logical());
-        let mut missing = Vec::new();
-        let mut total = 0u64;
-        let mut sizes = Vec::new();
-        for p in e.pieces() {
-            match s.files.get(&p) {
-                Some(n) => {
-                    total += n;
-                    sizes.push((p, *n));
-                }
-                None => missing.push(p),
-            }
-        }
-        if e.count > 0 {
-            // The `.chunkmanifest` and `.sha256` beside the chunks: each missing, unreadable,
-            // malformed, or saying other than the manifest (`check` gives what it says instead).
-            let mut beside = |file: String,
-                              missing: (&'static str, &str),
-                              differs: &'static str,
-                              check: &SaysInstead| {
-                let key = format!("{}/{}", e.dir, file);
-                let (kind, message) = match s.small.get(&key) {
-                    None => (missing.0, format!("{what}{}", missing.1)),
-                    Some(Err(err)) => ("unreadable", format!("{what}{err}")),
-                    Some(Ok(b)) => match check(b, std::path::Path::new(&key)) {
-                        Ok(None) => return,
-                        Ok(Some(says)) => (differs, format!("{what}{says}")),
-                        Err(err) => ("malformed", format!("{what}{err}")),
-                    },
-                };
-                push(model, at_str(&key), kind, message, &republish);
-            };
-            beside(
-                chunker::chunk_manifest_name(&e.name),
-                (
-                    "chunk_manifest_missing",
-                    "the .chunkmanifest is missing, so devices treat the artifact as absent",
-                ),
-                "chunk_count_differs",
-                &|b, path| {
-                    let n = chunker::parse_chunk_manifest(b, path)?;
-                    Ok(
-                        (n != e.count)
-                            .then(|| format!("says {n} chunks, the manifest {}", e.count)),
-                    )
-                },
-            );
-            beside(
-                chunker::sidecar_name(&e.name),
-                ("sidecar_missing", "the .sha256 sidecar is missing"),
-                "sidecar_differs",
-                &|b, path| {
-                    let d = chunker::parse_sidecar(b, path)?;
-                    Ok((d != e.sha256).then(|| format!("says {d}, the manifest {}", e.sha256)))
-                },
-            );
-        }
-        for p in &missing {
-            push(
-                model,
-                at_str(p),
-                "file_missing",
-                format!(
-                    "{what}missing (the manifest lists {} file(s) for {})",
-                    e.pieces().len(),
-                    e.name
-                ),
-                &republish,
-            );
-        }
-        if !missing.is_empty() {
-            continue;
-        }
-        if total != e.size {
-            push(
-                model,
-                logical.clone(),
-                "size_differs",
-                format!(
-                    "{what}the store holds {} ({total} bytes), the manifest says {} ({} bytes)",
-                    human_bytes(total),
-                    human_bytes(e.size),
-                    e.size
-                ),
-                &republish,
-            );
-        } else if let Some((p, n, want)) = bad_chunk_size(&sizes) {
-            push(
-                model,
-                at_str(&p),
-                "chunk_size",
-                format!(
-                    "{what}{n} bytes: every chunk but the last must have {want} bytes, the last 1 to {want}"
-                ),
-                &republish,
-            );
-        }
-        if let Some(digests) = &s.digests {
-            match digests.get(&e.logical()) {
-                Some(d) if *d == e.sha256 => {}
-                Some(d) => {
-                    let failing = s.failing_chunks.get(&e.logical());
-                    let named = failing.map_or_else(String::new, |f| {
-                        let chunks: Vec<String> = f
-                            .iter()
-                            .map(|c| {
-                                format!(
-                                    "{} hashes to {}, {} says {}",
-                                    c.path, c.sha256, c.reference, c.expected
-                                )
-                            })
-                            .collect();
-                        if chunks.is_empty() {
-                            String::new()
-                        } else {
-                            format!("; failing chunk(s): {}", chunks.join("; "))
-                        }
-                    });
-                    let path = failing
-                        .and_then(|f| f.first())
-                        .map_or_else(|| logical.clone(), |c| at_str(&c.path));
-                    push(
-                        model,
-                        path,
-                        "corrupt",
-                        format!(
-                            "{what}the stored bytes hash to {d}, the manifest says {}{named}",
-                            e.sha256
-                        ),
-                        &republish,
-                    )
-                }
-                None => {}
-            }
-        }
+        check_artifact(&mut f, e);
     }
+    check_stale(&mut f, manifest.is_some().then_some(&expected[..]), g);
+    StoreAudit {
+        store: s.store.spec(),
+        manifest_sha256: s
+            .manifest
+            .as_ref()
+            .ok()
+            .and_then(Option::as_deref)
+            .map(Sha256Digest::of_bytes),
+        models: manifest.as_ref().map_or(0, |m| m.models().len()),
+        artifacts: expected.len(),
+        bytes: expected.iter().map(|e| e.size).sum(),
+        deep: s.digests.is_some(),
+        signature,
+        problems: f.list,
+    }
+}
 
-    // Anything else in the generation's directory is stale.
-    if manifest.is_some() {
-        for (path, kind, message) in stale_files(&s.files, &expected, g) {
-            let model = path
-                .split('/')
-                .nth(2)
-                .and_then(|id| id.parse::<ModelId>().ok());
-            let mend = match path.parse::<StorePath>() {
-                Ok(p) => s.store.remove_command(&p),
-                Err(_) => republish.clone(),
-            };
-            push(model.as_ref(), at_str(&path), kind, message, &mend);
+/// The manifest: read, passing the release rules of its contract, of this generation, with
+/// its generation's pin. Returns it when it parses.
+fn check_manifest(f: &mut Findings, rules: &Rules) -> Option<Manifest> {
+    use FindingKind as K;
+    let g = rules.generation;
+    let at = f.s.store.locate(&StoreLayout::HfBucket.manifest_path(g));
+    let b = match &f.s.manifest {
+        Err(e) => {
+            f.republish(None, at, K::ManifestUnreadable, e.clone());
+            return None;
+        }
+        Ok(None) => {
+            let msg =
+                format!("no {g} manifest: devices of this generation find no model list here");
+            f.republish(None, at, K::ManifestMissing, msg);
+            return None;
+        }
+        Ok(Some(b)) => b,
+    };
+    // The rules of the generation's contract (v25: exactly `validate_bytes`'s).
+    let contract = manifest::contract::for_manifest(rules.pins, b).1.contract();
+    let rule_problems = manifest::validate_for_contract(
+        b,
+        ValidationMode::Release,
+        contract,
+        &manifest::Expectation::default(),
+        &Limits::default(),
+    );
+    for p in &rule_problems {
+        let msg = format!("fails the release rules at {p}");
+        f.republish(None, at.clone(), K::ManifestRule, msg);
+    }
+    let m = match Manifest::from_slice(b) {
+        Ok(m) => m,
+        Err(e) => {
+            if rule_problems.is_empty() {
+                f.republish(None, at, K::ManifestRule, format!("does not parse: {e}"));
+            }
+            return None;
+        }
+    };
+    if m.generation() != Some(g) {
+        let says = m
+            .generation()
+            .map_or_else(|| "(none)".to_string(), |x| x.to_string());
+        let msg = format!("says generation {says}, but it is the {g} manifest");
+        f.republish(None, at.clone(), K::ManifestGeneration, msg);
+    }
+    let revision = m.revision(rules.pins.contract(g));
+    if let Err(r) = manifest::pins::check_pin(rules.pins, g, revision.as_ref()) {
+        f.republish(None, at, K::ManifestPin, pin_text(&r));
+    }
+    Some(m)
+}
+
+/// The signature: present when keys were given, verified with them and not near expiry.
+fn check_signature(f: &mut Findings, rules: &Rules) -> SignatureState {
+    use FindingKind as K;
+    let g = rules.generation;
+    let at = f.s.store.locate(&StoreLayout::HfBucket.signature_path(g));
+    let mut state = SignatureState {
+        state: "unsigned",
+        release: None,
+        key: None,
+        expires: None,
+    };
+    let checks = match &f.s.signature {
+        SignatureRead::Absent => {
+            if rules.keys > 0 {
+                let msg = format!(
+                    "{}; devices with trusted keys refuse this generation",
+                    Refusal::Unsigned
+                );
+                f.republish(None, at, K::SignatureMissing, msg);
+            }
+            return state;
+        }
+        SignatureRead::NotChecked => {
+            state.state = "not_checked";
+            return state;
+        }
+        SignatureRead::Checked(checks) => checks,
+    };
+    state.state = "refused";
+    let decided = checks.as_ref().map_err(Clone::clone).and_then(|c| {
+        signature::decide_blocks(
+            c.iter().map(BlockCheck::outcome),
+            rules.keys,
+            g,
+            None,
+            rules.now,
+        )
+    });
+    let TrustedComment {
+        release, expires, ..
+    } = match decided {
+        Ok(c) => c,
+        Err(r) => {
+            f.republish(None, at, K::SignatureRefused, refusal_text(&r));
+            return state;
+        }
+    };
+    state.state = "verified";
+    state.release = Some(release.get());
+    state.expires = Some(expires.0);
+    state.key = checks
+        .as_ref()
+        .ok()
+        .and_then(|c| c.iter().find_map(|b| b.verified_by.clone()));
+    if let Some(days) = near_expiry(expires, rules.now) {
+        let msg = format!(
+            "release {release} expires {} (in {days} day(s), within {NEAR_EXPIRY_DAYS}); devices refuse it from then on",
+            UtcTime(expires.0)
+        );
+        f.republish(None, at, K::SignatureNearExpiry, msg);
+    }
+    state
+}
+
+/// One listed artifact: its `.chunkmanifest` and `.sha256`, every piece there, the sizes and,
+/// with `--deep`, the digest.
+fn check_artifact(f: &mut Findings, e: &Expected) {
+    use FindingKind as K;
+    let s = f.s;
+    let model = Some(&e.model);
+    let what = match &e.variant {
+        None => String::new(),
+        Some(v) => format!("accelerator variant {v:?}: "),
+    };
+    let logical = f.at(&e.logical());
+    if e.count > 0 {
+        check_beside(f, e, &what);
+    }
+    let (mut missing, mut sizes) = (Vec::new(), Vec::new());
+    for p in e.pieces() {
+        match s.files.get(&p) {
+            Some(n) => sizes.push((p, *n)),
+            None => missing.push(p),
         }
     }
-    // Whatever no listing shows is stale too, manifest or not: never "healthy" beside it.
-    for (shown, e) in &s.odd {
-        let model = shown
-            .split('/')
+    for p in &missing {
+        let msg = format!(
+            "{what}missing (the manifest lists {} file(s) for {})",
+            e.pieces().len(),
+            e.name
+        );
+        f.republish(model, f.at(p), K::FileMissing, msg);
+    }
+    if !missing.is_empty() {
+        return;
+    }
+    let total: u64 = sizes.iter().map(|(_, n)| n).sum();
+    if total != e.size {
+        let msg = format!(
+            "{what}the store holds {} ({total} bytes), the manifest says {} ({} bytes)",
+            human_bytes(total),
+            human_bytes(e.size),
+            e.size
+        );
+        f.republish(model, logical.clone(), K::SizeDiffers, msg);
+    } else if let Some((p, n, want)) = bad_chunk_size(&sizes) {
+        let msg = format!(
+            "{what}{n} bytes: every chunk but the last must have {want} bytes, the last 1 to {want}"
+        );
+        f.republish(model, f.at(&p), K::ChunkSize, msg);
+    }
+    let Some(d) = s.digests.as_ref().and_then(|d| d.get(&e.logical())) else {
+        return;
+    };
+    if *d == e.sha256 {
+        return;
+    }
+    let failing = s.failing_chunks.get(&e.logical());
+    let chunks: Vec<String> = failing
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            format!(
+                "{} hashes to {}, {} says {}",
+                c.path, c.sha256, c.reference, c.expected
+            )
+        })
+        .collect();
+    let named = if chunks.is_empty() {
+        String::new()
+    } else {
+        format!("; failing chunk(s): {}", chunks.join("; "))
+    };
+    let path = failing
+        .and_then(|c| c.first())
+        .map_or(logical, |c| f.at(&c.path));
+    let msg = format!(
+        "{what}the stored bytes hash to {d}, the manifest says {}{named}",
+        e.sha256
+    );
+    f.republish(model, path, K::Corrupt, msg);
+}
+
+/// The `.chunkmanifest` and `.sha256` beside a chunk set: each missing, unreadable, malformed,
+/// or saying other than the manifest.
+fn check_beside(f: &mut Findings, e: &Expected, what: &str) {
+    use FindingKind as K;
+    let count: &SaysInstead = &|b, path| {
+        let n = chunker::parse_chunk_manifest(b, path)?;
+        Ok((n != e.count).then(|| format!("says {n} chunks, the manifest {}", e.count)))
+    };
+    let digest: &SaysInstead = &|b, path| {
+        let d = chunker::parse_sidecar(b, path)?;
+        Ok((d != e.sha256).then(|| format!("says {d}, the manifest {}", e.sha256)))
+    };
+    let files = [
+        (
+            chunker::chunk_manifest_name(&e.name),
+            K::ChunkManifestMissing,
+            "the .chunkmanifest is missing, so devices treat the artifact as absent",
+            K::ChunkCountDiffers,
+            count,
+        ),
+        (
+            chunker::sidecar_name(&e.name),
+            K::SidecarMissing,
+            "the .sha256 sidecar is missing",
+            K::SidecarDiffers,
+            digest,
+        ),
+    ];
+    for (file, missing, missing_msg, differs, check) in files {
+        let key = format!("{}/{}", e.dir, file);
+        let (kind, message) = match f.s.small.get(&key) {
+            None => (missing, format!("{what}{missing_msg}")),
+            Some(Err(err)) => (K::Unreadable, format!("{what}{err}")),
+            Some(Ok(b)) => match check(b, std::path::Path::new(&key)) {
+                Ok(None) => continue,
+                Ok(Some(says)) => (differs, format!("{what}{says}")),
+                Err(err) => (K::Malformed, format!("{what}{err}")),
+            },
+        };
+        f.republish(Some(&e.model), f.at(&key), kind, message);
+    }
+}
+
+/// What else lies in the generation's directory: the files no listed artifact owns (when the
+/// manifest parsed: `expected`), and whatever no listing shows, manifest or not (never
+/// "healthy" beside it).
+fn check_stale(f: &mut Findings, expected: Option<&[Expected]>, g: Generation) {
+    let s = f.s;
+    let model_of = |path: &str| {
+        path.split('/')
             .nth(2)
-            .and_then(|id| id.parse::<ModelId>().ok());
-        push(
-            model.as_ref(),
+            .and_then(|id| id.parse::<ModelId>().ok())
+    };
+    for (path, kind, message) in expected
+        .map(|e| stale_files(&s.files, e, g))
+        .unwrap_or_default()
+    {
+        let mend = match path.parse::<StorePath>() {
+            Ok(p) => s.store.remove_command(&p),
+            Err(_) => f.republish.clone(),
+        };
+        f.push(model_of(&path).as_ref(), f.at(&path), kind, message, &mend);
+    }
+    for (shown, e) in &s.odd {
+        let msg = format!("{shown}: {} (its name shown escaped)", e.what);
+        f.push(
+            model_of(shown).as_ref(),
             e.at.clone(),
-            "odd_name",
-            format!("{shown}: {} (its name shown escaped)", e.what),
+            FindingKind::OddName,
+            msg,
             &e.mend,
         );
     }
-    out.problems = problems;
-    out
 }
 
 /// The days left when `expires` is within [`NEAR_EXPIRY_DAYS`] of `now` (an expired one is
@@ -763,7 +777,7 @@ pub fn stale_files(
     files: &BTreeMap<String, u64>,
     expected: &[Expected],
     generation: Generation,
-) -> Vec<(String, &'static str, String)> {
+) -> Vec<(String, FindingKind, String)> {
     let owned: BTreeSet<String> = expected.iter().flat_map(Expected::files).collect();
     let listed: BTreeSet<String> = expected.iter().map(|e| e.model.to_string()).collect();
     let by_logical: BTreeMap<String, &Expected> =
@@ -781,17 +795,17 @@ pub fn stale_files(
         let model = rest.split('/').next().unwrap_or_default();
         let (kind, why) = if chunker::atomic::is_temp_name(file) {
             (
-                "temporary",
+                FindingKind::Temporary,
                 "a temporary an interrupted write left".to_string(),
             )
         } else if !listed.contains(model) {
             (
-                "unlisted",
+                FindingKind::Unlisted,
                 format!("model {model} is not in the {generation} manifest"),
             )
         } else if let Some(e) = by_logical.get(path) {
             (
-                "shadowing_plain_file",
+                FindingKind::ShadowingPlainFile,
                 format!(
                     "a plain file shadows the listed {}-chunk set: every reader takes it first",
                     e.count
@@ -802,7 +816,7 @@ pub fn stale_files(
         {
             match chunker::parse_chunk_name(&e.name, file) {
                 Some((_, n)) if n != e.count => (
-                    "other_split",
+                    FindingKind::OtherSplit,
                     format!(
                         "a chunk of a {n}-chunk split; the manifest lists {}",
                         if e.count == 0 {
@@ -813,7 +827,7 @@ pub fn stale_files(
                     ),
                 ),
                 _ => (
-                    "other_split",
+                    FindingKind::OtherSplit,
                     format!(
                         "belongs to a chunk set of {}, which the manifest lists as a plain file",
                         e.name
@@ -822,7 +836,7 @@ pub fn stale_files(
             }
         } else {
             (
-                "unlisted",
+                FindingKind::Unlisted,
                 "no artifact the manifest lists owns this file".to_string(),
             )
         };
@@ -858,7 +872,7 @@ pub fn compare_stores(snapshots: &[Snapshot], rules: &Rules) -> Vec<Finding> {
             store: s.store.spec(),
             model: None,
             path: path.clone(),
-            kind: "stores_disagree",
+            kind: FindingKind::StoresDisagree,
             message: format!(
                 "manifest SHA-256 {} differs from {}'s {}",
                 Sha256Digest::of_bytes(bytes),
@@ -891,7 +905,7 @@ pub fn compare_stores(snapshots: &[Snapshot], rules: &Rules) -> Vec<Finding> {
                 store: s.store.spec(),
                 model: firsts.or(theirs).map(|x| x.0.clone()),
                 path: s.store.locate(&logical.parse().expect("a layout path")),
-                kind: "artifact_digest_differs",
+                kind: FindingKind::ArtifactDigestDiffers,
                 message: format!(
                     "{} lists {}, {} lists {}",
                     s.store.spec(),

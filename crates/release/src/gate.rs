@@ -421,85 +421,114 @@ impl Coverage {
 /// failed ([`preflight_contradiction`]).
 pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
     let pin = manifest_revision(manifest);
+    let pin = pin.as_ref();
     let mut cov = Coverage::default();
-    let pin_problem = |recorded: &GitCommit| -> Option<String> {
-        match &pin {
-            None => Some(format!(
-                "the manifest records no tinygrad revision ({}) to compare with",
-                manifest::contract::CONTRACTS
-                    .iter()
-                    .map(|c| c.revision_key)
-                    .collect::<Vec<_>>()
-                    .join(" or ")
-            )),
-            Some(p) if p != recorded => Some(format!(
-                "recorded with tinygrad {recorded}, the manifest is pinned to {p}"
-            )),
-            Some(_) => None,
-        }
-    };
+    cov.add(Cell::Preflight, preflight_cell(records, pin));
+    let published = published(manifest);
+    driving_cells(&mut cov, &published, records, pin);
+    // modelV2 once, driverStateV2 per resolution.
+    let model_v2 = check_cell(records, manifest, pin, CheckKind::ModelV2, None);
+    cov.add(Cell::ModelV2, model_v2);
+    for res in CAMERA_RESOLUTIONS {
+        let state = check_cell(records, manifest, pin, CheckKind::DriverState, Some(res));
+        cov.add(Cell::DriverState(res), state);
+    }
+    if let Some(gap) = rehearsal_gap(manifest, records.rehearsal.as_ref()) {
+        cov.gaps.push((Cell::Rehearsal, gap));
+    } else if let Some(r) = &records.rehearsal {
+        cov.covered.push((
+            Cell::Rehearsal,
+            format!(
+                "rehearsed {} -> {} at {}",
+                r.previous_generation, r.generation, r.finished_at
+            ),
+        ));
+    }
+    cov
+}
 
-    // Preflight.
-    match &records.preflight {
-        None => cov.gaps.push((
-            Cell::Preflight,
-            Gap::Missing {
-                next: "run `release-cli preflight --openpilot DIR --workspace WS` (DIR: the \
-                       openpilot checkout)"
-                    .into(),
-            },
-        )),
-        Some(p) => {
-            if let Some(detail) = pin_problem(&p.tinygrad_commit) {
-                cov.gaps.push((Cell::Preflight, Gap::Stale { detail }));
-            } else if let Some(detail) = preflight_binding(p, records.tree.as_ref()) {
-                cov.gaps.push((Cell::Preflight, Gap::Stale { detail }));
-            } else if let Some(detail) = preflight_contradiction(p) {
-                cov.gaps.push((
-                    Cell::Preflight,
-                    Gap::Failed {
-                        detail: format!(
-                            "{detail}; the record cannot be trusted: run `release-cli preflight \
-                             --openpilot DIR --workspace WS` again (see {})",
-                            p.log.display()
-                        ),
-                    },
-                ));
-            } else if !p.passed {
-                let failed = p
-                    .commands
-                    .iter()
-                    .find(|c| !c.passed)
-                    .map(|c| {
-                        format!(
-                            "`{}` exited {}",
-                            c.argv.join(" "),
-                            c.exit_code
-                                .map_or("by a signal".to_string(), |c| c.to_string())
-                        )
-                    })
-                    .unwrap_or_else(|| "not every command ran".to_string());
-                cov.gaps.push((
-                    Cell::Preflight,
-                    Gap::Failed {
-                        detail: format!("{failed} (see {})", p.log.display()),
-                    },
-                ));
-            } else {
-                cov.covered.push((
-                    Cell::Preflight,
-                    format!(
-                        "preflight of {} at {}",
-                        p.openpilot.display(),
-                        p.finished_at
-                    ),
-                ));
-            }
+impl Coverage {
+    /// A cell's verdict: covered by the record named, or its gap.
+    fn add(&mut self, cell: Cell, verdict: Result<String, Gap>) {
+        match verdict {
+            Ok(by) => self.covered.push((cell, by)),
+            Err(gap) => self.gaps.push((cell, gap)),
         }
     }
+}
 
-    // The artifacts the manifest publishes, with what row they belong to.
-    let published: Vec<(&ModelId, BehaviorVersion, bool, Sha256Digest)> = manifest
+/// Why a record made with tinygrad `recorded` is not current for a manifest pinned to `pin`.
+fn pin_problem(pin: Option<&GitCommit>, recorded: &GitCommit) -> Option<String> {
+    match pin {
+        None => Some(format!(
+            "the manifest records no tinygrad revision ({}) to compare with",
+            manifest::contract::CONTRACTS
+                .iter()
+                .map(|c| c.revision_key)
+                .collect::<Vec<_>>()
+                .join(" or ")
+        )),
+        Some(p) if p != recorded => Some(format!(
+            "recorded with tinygrad {recorded}, the manifest is pinned to {p}"
+        )),
+        Some(_) => None,
+    }
+}
+
+/// The preflight cell's verdict.
+fn preflight_cell(records: &Records, pin: Option<&GitCommit>) -> Result<String, Gap> {
+    let Some(p) = &records.preflight else {
+        return Err(Gap::Missing {
+            next: "run `release-cli preflight --openpilot DIR --workspace WS` (DIR: the \
+                   openpilot checkout)"
+                .into(),
+        });
+    };
+    if let Some(detail) =
+        pin_problem(pin, &p.tinygrad_commit).or_else(|| preflight_binding(p, records.tree.as_ref()))
+    {
+        return Err(Gap::Stale { detail });
+    }
+    if let Some(detail) = preflight_contradiction(p) {
+        return Err(Gap::Failed {
+            detail: format!(
+                "{detail}; the record cannot be trusted: run `release-cli preflight \
+                 --openpilot DIR --workspace WS` again (see {})",
+                p.log.display()
+            ),
+        });
+    }
+    if !p.passed {
+        let failed = p
+            .commands
+            .iter()
+            .find(|c| !c.passed)
+            .map(|c| {
+                format!(
+                    "`{}` exited {}",
+                    c.argv.join(" "),
+                    c.exit_code
+                        .map_or("by a signal".to_string(), |c| c.to_string())
+                )
+            })
+            .unwrap_or_else(|| "not every command ran".to_string());
+        return Err(Gap::Failed {
+            detail: format!("{failed} (see {})", p.log.display()),
+        });
+    }
+    Ok(format!(
+        "preflight of {} at {}",
+        p.openpilot.display(),
+        p.finished_at
+    ))
+}
+
+/// An artifact the manifest publishes, with the row it belongs to: its model, behaviour
+/// version, whether it is an external-GPU one, and its digest.
+type Published<'a> = (&'a ModelId, BehaviorVersion, bool, Sha256Digest);
+
+fn published(manifest: &Manifest) -> Vec<Published<'_>> {
+    manifest
         .models()
         .iter()
         .filter(|e| !e.id().is_local())
@@ -511,33 +540,52 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
                 e.artifact_sha256()?,
             ))
         })
-        .collect();
-    // The record that counts for an entry: the newest of its bytes, else the newest of any.
-    let record_of = |id: &ModelId, sha: &Sha256Digest| {
-        let of_model = || records.validations.iter().filter(|r| &r.model == id);
-        newest(of_model().filter(|r| &r.artifact_sha256 == sha), |r| {
-            (r.checked_at, r.passed())
-        })
-        .or_else(|| newest(of_model(), |r| (r.checked_at, r.passed())))
-    };
-    // A record is current for an entry when it is of the same bytes, version and pin.
-    let staleness =
-        |r: &ValidationRecord, version: BehaviorVersion, sha: &Sha256Digest| -> Option<String> {
-            if &r.artifact_sha256 != sha {
-                return Some(format!(
-                    "{} was validated as artifact_sha256 {}, the manifest lists {sha}",
-                    r.model, r.artifact_sha256
-                ));
-            }
-            if r.version != version {
-                return Some(format!(
-                    "{} was validated as behaviour version {}, the manifest lists {version}",
-                    r.model, r.version
-                ));
-            }
-            pin_problem(&r.tinygrad_commit).map(|d| format!("{}: {d}", r.model))
-        };
+        .collect()
+}
 
+/// The record that counts for an entry: the newest of its bytes, else the newest of any.
+fn record_of<'a>(
+    records: &'a Records,
+    id: &ModelId,
+    sha: &Sha256Digest,
+) -> Option<&'a ValidationRecord> {
+    let of_model = || records.validations.iter().filter(|r| &r.model == id);
+    newest(of_model().filter(|r| &r.artifact_sha256 == sha), |r| {
+        (r.checked_at, r.passed())
+    })
+    .or_else(|| newest(of_model(), |r| (r.checked_at, r.passed())))
+}
+
+/// Why a record is not current for an entry: other bytes, version or pin.
+fn staleness(
+    r: &ValidationRecord,
+    version: BehaviorVersion,
+    sha: &Sha256Digest,
+    pin: Option<&GitCommit>,
+) -> Option<String> {
+    if &r.artifact_sha256 != sha {
+        return Some(format!(
+            "{} was validated as artifact_sha256 {}, the manifest lists {sha}",
+            r.model, r.artifact_sha256
+        ));
+    }
+    if r.version != version {
+        return Some(format!(
+            "{} was validated as behaviour version {}, the manifest lists {version}",
+            r.model, r.version
+        ));
+    }
+    pin_problem(pin, &r.tinygrad_commit).map(|d| format!("{}: {d}", r.model))
+}
+
+/// The driving cells: each representative version's row (and the GPU row) at each resolution,
+/// then every current failure of a published artifact outside its row's cover.
+fn driving_cells(
+    cov: &mut Coverage,
+    published: &[Published<'_>],
+    records: &Records,
+    pin: Option<&GitCommit>,
+) {
     // Failures already named in a row's gap, so they are not listed twice.
     let mut named_failures: BTreeSet<(ModelId, CameraResolution)> = BTreeSet::new();
     let mut rows: Vec<Subject> = Vec::new();
@@ -561,70 +609,15 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
             })
             .collect();
         for res in CAMERA_RESOLUTIONS {
-            let cell = Cell::Driving(row.clone(), res);
-            let mut failed = Vec::new();
-            let mut stale = Vec::new();
-            let mut by = None;
-            for (id, version, _, sha) in &candidates {
-                let Some(r) = record_of(id, sha) else {
-                    continue;
-                };
-                if let Some(s) = staleness(r, *version, sha) {
-                    stale.push(s);
-                    continue;
-                }
-                match r.at(res) {
-                    Some(v) if v.passed => {
-                        by = Some(format!("{id} validated at {}", r.checked_at));
-                        break;
-                    }
-                    Some(v) => failed.push(((*id).clone(), v.problems.join("; "))),
-                    None => {
-                        failed.push(((*id).clone(), format!("the record has no {res} verdict")))
-                    }
-                }
-            }
-            if let Some(by) = by {
-                cov.covered.push((cell, by));
-            } else if !failed.is_empty() {
-                let detail: Vec<String> =
-                    failed.iter().map(|(id, d)| format!("{id}: {d}")).collect();
-                named_failures.extend(failed.into_iter().map(|(id, _)| (id, res)));
-                cov.gaps.push((
-                    cell,
-                    Gap::Failed {
-                        detail: detail.join("; "),
-                    },
-                ));
-            } else if !stale.is_empty() {
-                cov.gaps.push((
-                    cell,
-                    Gap::Stale {
-                        detail: format!("{}; validate it again", stale.join("; ")),
-                    },
-                ));
-            } else {
-                let ids: Vec<&str> = candidates.iter().map(|(id, ..)| id.as_str()).collect();
-                cov.gaps.push((
-                    cell,
-                    Gap::Missing {
-                        next: format!(
-                            "validate one of {} (`release-cli validate --model {} --workspace \
-                             WS`)",
-                            ids.join(", "),
-                            ids.first().copied().unwrap_or("ID")
-                        ),
-                    },
-                ));
-            }
+            let verdict = row_cell(&candidates, records, pin, res, &mut named_failures);
+            cov.add(Cell::Driving(row.clone(), res), verdict);
         }
     }
-    // A current failure of a published artifact outside its row's cover.
-    for (id, version, _, sha) in &published {
-        let Some(r) = record_of(id, sha) else {
+    for (id, version, _, sha) in published {
+        let Some(r) = record_of(records, id, sha) else {
             continue;
         };
-        if staleness(r, *version, sha).is_some() {
+        if staleness(r, *version, sha, pin).is_some() {
             continue;
         }
         for v in &r.resolutions {
@@ -642,74 +635,98 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
             }
         }
     }
+}
 
-    // modelV2 once, driverStateV2 per resolution.
-    let mut check_cell = |cell: Cell, kind: CheckKind, res: Option<CameraResolution>| {
-        let found = newest(
-            records
-                .checks
-                .iter()
-                .filter(|c| c.check == kind && c.resolution == res),
-            |c| (c.checked_at, c.passed),
-        );
+/// A row's cell at `res`: covered by one current pass of any of its `candidates`; else their
+/// current failures (added to `named_failures`), else why their records are stale, else missing.
+fn row_cell(
+    candidates: &[&Published<'_>],
+    records: &Records,
+    pin: Option<&GitCommit>,
+    res: CameraResolution,
+    named_failures: &mut BTreeSet<(ModelId, CameraResolution)>,
+) -> Result<String, Gap> {
+    let mut failed = Vec::new();
+    let mut stale = Vec::new();
+    for (id, version, _, sha) in candidates {
+        let Some(r) = record_of(records, id, sha) else {
+            continue;
+        };
+        if let Some(s) = staleness(r, *version, sha, pin) {
+            stale.push(s);
+            continue;
+        }
+        match r.at(res) {
+            Some(v) if v.passed => return Ok(format!("{id} validated at {}", r.checked_at)),
+            Some(v) => failed.push(((*id).clone(), v.problems.join("; "))),
+            None => failed.push(((*id).clone(), format!("the record has no {res} verdict"))),
+        }
+    }
+    if !failed.is_empty() {
+        let detail: Vec<String> = failed.iter().map(|(id, d)| format!("{id}: {d}")).collect();
+        named_failures.extend(failed.into_iter().map(|(id, _)| (id, res)));
+        return Err(Gap::Failed {
+            detail: detail.join("; "),
+        });
+    }
+    if !stale.is_empty() {
+        return Err(Gap::Stale {
+            detail: format!("{}; validate it again", stale.join("; ")),
+        });
+    }
+    let ids: Vec<&str> = candidates.iter().map(|(id, ..)| id.as_str()).collect();
+    Err(Gap::Missing {
+        next: format!(
+            "validate one of {} (`release-cli validate --model {} --workspace WS`)",
+            ids.join(", "),
+            ids.first().copied().unwrap_or("ID")
+        ),
+    })
+}
+
+/// A device check's cell (`kind` at `res`): the newest record, current and passed.
+fn check_cell(
+    records: &Records,
+    manifest: &Manifest,
+    pin: Option<&GitCommit>,
+    kind: CheckKind,
+    res: Option<CameraResolution>,
+) -> Result<String, Gap> {
+    let found = newest(
+        records
+            .checks
+            .iter()
+            .filter(|c| c.check == kind && c.resolution == res),
+        |c| (c.checked_at, c.passed),
+    );
+    let Some(c) = found else {
         let flag = res.map_or(String::new(), |r| format!(" --resolution {r}"));
         // The record's pin: the manifest's, or the checkout's when the manifest has none.
-        let pin_flag = pin.as_ref().map_or(" --openpilot DIR".to_string(), |p| {
+        let pin_flag = pin.map_or(" --openpilot DIR".to_string(), |p| {
             format!(" --tinygrad-commit {p}")
         });
-        match found {
-            None => cov.gaps.push((
-                cell,
-                Gap::Missing {
-                    next: format!(
-                        "check it on the device, then `release-cli validate --check {kind}{flag} \
-                         --passed --note TEXT --by NAME{pin_flag} --workspace WS` (TEXT: what \
-                         you saw; NAME: who checked)"
-                    ),
-                },
-            )),
-            Some(c) => {
-                if let Some(detail) = pin_problem(&c.tinygrad_commit) {
-                    cov.gaps.push((cell, Gap::Stale { detail }));
-                } else if let Some(detail) = check_binding(c, manifest) {
-                    cov.gaps.push((
-                        cell,
-                        Gap::Stale {
-                            detail: format!("{detail}; check it on the device again"),
-                        },
-                    ));
-                } else if !c.passed {
-                    cov.gaps.push((
-                        cell,
-                        Gap::Failed {
-                            detail: format!("{} recorded a failure: {}", c.checked_by, c.note),
-                        },
-                    ));
-                } else {
-                    cov.covered.push((
-                        cell,
-                        format!("checked by {} at {}", c.checked_by, c.checked_at),
-                    ));
-                }
-            }
-        }
-    };
-    check_cell(Cell::ModelV2, CheckKind::ModelV2, None);
-    for res in CAMERA_RESOLUTIONS {
-        check_cell(Cell::DriverState(res), CheckKind::DriverState, Some(res));
-    }
-    if let Some(gap) = rehearsal_gap(manifest, records.rehearsal.as_ref()) {
-        cov.gaps.push((Cell::Rehearsal, gap));
-    } else if let Some(r) = &records.rehearsal {
-        cov.covered.push((
-            Cell::Rehearsal,
-            format!(
-                "rehearsed {} -> {} at {}",
-                r.previous_generation, r.generation, r.finished_at
+        return Err(Gap::Missing {
+            next: format!(
+                "check it on the device, then `release-cli validate --check {kind}{flag} \
+                 --passed --note TEXT --by NAME{pin_flag} --workspace WS` (TEXT: what \
+                 you saw; NAME: who checked)"
             ),
-        ));
+        });
+    };
+    if let Some(detail) = pin_problem(pin, &c.tinygrad_commit) {
+        return Err(Gap::Stale { detail });
     }
-    cov
+    if let Some(detail) = check_binding(c, manifest) {
+        return Err(Gap::Stale {
+            detail: format!("{detail}; check it on the device again"),
+        });
+    }
+    if !c.passed {
+        return Err(Gap::Failed {
+            detail: format!("{} recorded a failure: {}", c.checked_by, c.note),
+        });
+    }
+    Ok(format!("checked by {} at {}", c.checked_by, c.checked_at))
 }
 
 /// The record that counts of several about the same thing: the newest by `checked_at`, and on

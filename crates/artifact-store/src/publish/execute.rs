@@ -48,35 +48,11 @@ pub(super) fn publish_one(
 ) -> Result<StoreReport> {
     let name = store.describe();
     let layout = StoreLayout::HfBucket;
-    // 1. Plan every model from what the store holds now.
-    let mut plans = Vec::new();
-    for art in local {
-        let dir = layout.artifact_dir(opts.generation, &art.id);
-        let mut observed = Vec::new();
-        for f in &art.files {
-            observed.push(observe(store, &dir.join(&f.name)?, f)?);
-        }
-        // A plain file shadows a chunk set; a plain variant is itself the file to upload.
-        let chunked = art
-            .files
-            .iter()
-            .any(|f| f.role == super::FileRole::ChunkManifest);
-        let plain_present = chunked && store.stat(&dir.join(&art.name)?)?.is_some();
-        let mut steps = plan_model(art, &dir, &observed, plain_present);
-        steps.extend(stale_steps(store, art, &dir)?);
-        plans.push((art, dir.clone(), steps));
-    }
-    let upload_bytes: u64 = plans
-        .iter()
-        .flat_map(|(_, _, s)| s)
-        .map(|s| match s {
-            Step::Upload { size, .. } => *size,
-            _ => 0,
-        })
-        .sum();
+    // 1. Plan every model from what the store holds now, then (unless a dry run) carry it out.
+    let plans = plan_store(store, local, opts)?;
     let mut rep = StoreReport {
         store: name.clone(),
-        steps: plans.iter().flat_map(|(_, _, s)| s.clone()).collect(),
+        steps: plans.iter().flat_map(|(_, s)| s.clone()).collect(),
         uploaded_files: 0,
         uploaded_bytes: 0,
         skipped_files: 0,
@@ -86,35 +62,7 @@ pub(super) fn publish_one(
         signature: None,
     };
     if !opts.dry_run {
-        on_event(&Event::StoreStarted {
-            store: name.clone(),
-            upload_bytes,
-        });
-        let mut tally = Tally::default();
-        for (art, _, steps) in &plans {
-            for step in steps {
-                run_step(store, art, step, opts.retry, &mut rep, &mut tally, on_event)?;
-            }
-        }
-        // Uploads a backend held back (the GitHub store's batched pushes) go out now, before
-        // the store is checked and its manifest written.
-        const HELD: &str = "(writes not yet pushed)";
-        opts.retry.run(
-            &name,
-            HELD,
-            |_, _, _| {},
-            || {
-                store.flush_reporting(&mut |t: Transfer| {
-                    tally.report(0, t);
-                    on_event(&Event::Progress {
-                        store: name.clone(),
-                        path: HELD.to_string(),
-                        transfer: t,
-                        sent: tally.position(),
-                    })
-                })
-            },
-        )?;
+        upload(store, &plans, opts.retry, &mut rep, on_event)?;
     } else {
         rep.skipped_files = rep
             .steps
@@ -122,55 +70,12 @@ pub(super) fn publish_one(
             .filter(|s| matches!(s, Step::Skip { .. }))
             .count();
     }
-
-    // 2. Every listed artifact complete and matching. In a dry run, what would be uploaded
-    // counts as there. The models not uploaded were already checked (hashed where reads are
-    // local or with --deep-verify) before the first upload of any store
-    // (`super::check_before_upload`); step 1 hashed every file of the models it uploaded or
-    // found there. So this last look, right before the manifest, reads names and sizes only.
-    let mut problems = Vec::new();
-    let mut checked = 0;
-    for entry in manifest.models() {
-        if entry.id().is_local()
-            || (opts.dry_run && super::uploads_main_artifact(local, entry.id()))
-        {
-            continue;
-        }
-        checked += 1;
-        check_entry(store, opts.generation, entry, false, &mut problems)?;
-    }
-    if !problems.is_empty() {
-        return Err(Error::Incomplete {
-            store: name,
-            problems,
-        });
-    }
-    on_event(&Event::Checked {
-        store: name.clone(),
-        models: checked,
-    });
-
+    // 2. Every listed artifact complete and matching.
+    check_complete(manifest, local, store, opts, on_event)?;
     // 3. The live manifest, fetched again now, and the guard.
     let manifest_path = layout.manifest_path(opts.generation);
-    let live_bytes =
-        store.read_small(&manifest_path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)?;
-    match &live_bytes {
-        None => rep.first_publish = true,
-        Some(bytes) => {
-            let live = Manifest::from_slice(bytes).map_err(|e| {
-                Error::Refused(Refusal::LiveUnparsable {
-                    store: name.clone(),
-                    path: manifest_path.clone(),
-                    source: e,
-                })
-            })?;
-            let live = super::guard_view(live, opts.contract.of(opts.generation));
-            manifest::guard(&live, manifest, intended).map_err(|refusal| Error::Guard {
-                store: name.clone(),
-                refusal,
-            })?;
-        }
-    }
+    let live_bytes = guard_live(manifest, intended, store, opts, &manifest_path)?;
+    rep.first_publish = live_bytes.is_none();
     on_event(&Event::Guarded {
         store: name.clone(),
         first_publish: rep.first_publish,
@@ -213,6 +118,151 @@ pub(super) fn publish_one(
         }
     }
     Ok(rep)
+}
+
+/// A model's plan in one store: its local artifact and its steps.
+type ModelPlan<'a> = (&'a LocalArtifact, Vec<Step>);
+
+/// Step 1's plan: every model's steps from what the store holds now.
+fn plan_store<'a>(
+    store: &dyn Store,
+    local: &'a [LocalArtifact],
+    opts: &PublishOptions,
+) -> Result<Vec<ModelPlan<'a>>> {
+    let layout = StoreLayout::HfBucket;
+    let mut plans = Vec::new();
+    for art in local {
+        let dir = layout.artifact_dir(opts.generation, &art.id);
+        let mut observed = Vec::new();
+        for f in &art.files {
+            observed.push(observe(store, &dir.join(&f.name)?, f)?);
+        }
+        // A plain file shadows a chunk set; a plain variant is itself the file to upload.
+        let chunked = art
+            .files
+            .iter()
+            .any(|f| f.role == super::FileRole::ChunkManifest);
+        let plain_present = chunked && store.stat(&dir.join(&art.name)?)?.is_some();
+        let mut steps = plan_model(art, &dir, &observed, plain_present);
+        steps.extend(stale_steps(store, art, &dir)?);
+        plans.push((art, steps));
+    }
+    Ok(plans)
+}
+
+/// Step 1 carried out: every planned step, then what the backend held back.
+fn upload(
+    store: &dyn Store,
+    plans: &[ModelPlan<'_>],
+    retry: RetryPolicy,
+    rep: &mut StoreReport,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<()> {
+    let name = rep.store.clone();
+    let upload_bytes: u64 = plans
+        .iter()
+        .flat_map(|(_, s)| s)
+        .map(|s| match s {
+            Step::Upload { size, .. } => *size,
+            _ => 0,
+        })
+        .sum();
+    on_event(&Event::StoreStarted {
+        store: name.clone(),
+        upload_bytes,
+    });
+    let mut tally = Tally::default();
+    for (art, steps) in plans {
+        for step in steps {
+            run_step(store, art, step, retry, rep, &mut tally, on_event)?;
+        }
+    }
+    // Uploads a backend held back (the GitHub store's batched pushes) go out now, before
+    // the store is checked and its manifest written.
+    const HELD: &str = "(writes not yet pushed)";
+    retry.run(
+        &name,
+        HELD,
+        |_, _, _| {},
+        || {
+            store.flush_reporting(&mut |t: Transfer| {
+                tally.report(0, t);
+                on_event(&Event::Progress {
+                    store: name.clone(),
+                    path: HELD.to_string(),
+                    transfer: t,
+                    sent: tally.position(),
+                })
+            })
+        },
+    )?;
+    Ok(())
+}
+
+/// Step 2: every listed artifact complete and matching. In a dry run, what would be uploaded
+/// counts as there. The models not uploaded were already checked (hashed where reads are
+/// local or with --deep-verify) before the first upload of any store
+/// (`super::check_before_upload`); step 1 hashed every file of the models it uploaded or
+/// found there. So this last look, right before the manifest, reads names and sizes only.
+fn check_complete(
+    manifest: &Manifest,
+    local: &[LocalArtifact],
+    store: &dyn Store,
+    opts: &PublishOptions,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<()> {
+    let name = store.describe();
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for entry in manifest.models() {
+        if entry.id().is_local()
+            || (opts.dry_run && super::uploads_main_artifact(local, entry.id()))
+        {
+            continue;
+        }
+        checked += 1;
+        check_entry(store, opts.generation, entry, false, &mut problems)?;
+    }
+    if !problems.is_empty() {
+        return Err(Error::Incomplete {
+            store: name,
+            problems,
+        });
+    }
+    on_event(&Event::Checked {
+        store: name,
+        models: checked,
+    });
+    Ok(())
+}
+
+/// Step 3: the live manifest at `manifest_path`, read again now, and the release guard against
+/// it. `None`: the store holds none (a first publish).
+fn guard_live(
+    manifest: &Manifest,
+    intended: &BTreeSet<ModelId>,
+    store: &dyn Store,
+    opts: &PublishOptions,
+    manifest_path: &StorePath,
+) -> Result<Option<Vec<u8>>> {
+    let name = store.describe();
+    let live_bytes =
+        store.read_small(manifest_path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)?;
+    if let Some(bytes) = &live_bytes {
+        let live = Manifest::from_slice(bytes).map_err(|e| {
+            Error::Refused(Refusal::LiveUnparsable {
+                store: name.clone(),
+                path: manifest_path.clone(),
+                source: e,
+            })
+        })?;
+        let live = super::guard_view(live, opts.contract.of(opts.generation));
+        manifest::guard(&live, manifest, intended).map_err(|refusal| Error::Guard {
+            store: name,
+            refusal,
+        })?;
+    }
+    Ok(live_bytes)
 }
 
 /// [`Step::RemoveStale`] for every file an older split of `art` left in `dir`.

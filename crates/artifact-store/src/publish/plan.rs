@@ -9,7 +9,7 @@ use chunker::{
     Resolved, Sha256Digest, chunk_manifest_name, format_chunk_manifest, format_sidecar,
     sidecar_name,
 };
-use manifest::{Manifest, ModelEntry, ModelId};
+use manifest::{Artifact, Manifest, ModelEntry, ModelId};
 use serde::Serialize;
 
 use crate::error::{Error, Refusal, Result};
@@ -432,20 +432,7 @@ fn prepare_model(
     // An empty `<id>/` marks the model as intended without uploading anything: its files are
     // already in the store (a reuse copied them there), where step 2 checks them. So does one
     // that holds only accelerator variants (uploaded beside the stored artifact).
-    let variant_names: Vec<String> = super::inspect::variant_targets(entry)
-        .into_iter()
-        .flatten()
-        .map(|t| t.file_name)
-        .collect();
-    let mut only_variants = true;
-    for e in fs::read_dir(&model_dir)? {
-        let n = e?.file_name().to_string_lossy().into_owned();
-        if !variant_names.iter().any(|v| n.starts_with(v.as_str())) {
-            only_variants = false;
-            break;
-        }
-    }
-    if only_variants {
+    if holds_only_variants(&model_dir, entry)? {
         return Ok(LocalArtifact {
             id: id.clone(),
             name,
@@ -456,44 +443,87 @@ fn prepare_model(
     let artifact = entry
         .artifact()
         .ok_or_else(|| Error::Refused(Refusal::NoArtifactFields { model: id.clone() }))?;
-    let expected_count = artifact.chunk_count.get();
-    if expected_count == 0 && plain_ok {
-        let found = chunker::resolve(&logical)?.ok_or_else(|| chunker::Error::NotFound {
-            path: logical.clone(),
-        })?;
-        if let Resolved::Plain { size, .. } = &found
-            && *size > chunker::DEFAULT_CHUNK_SIZE
-        {
-            return Err(Error::Refused(Refusal::NotAChunkSet {
-                path: logical.clone(),
-                form: "plain file larger than one chunk",
-            }));
-        }
-        let target = super::inspect::VariantTarget {
-            variant: String::new(),
-            file_name: name.clone(),
-            size: artifact.size.get(),
-            sha256: artifact.sha256,
-            count: 0,
-        };
-        let mut plain = prepare_variant(id, &logical, found, &target)?;
-        plain.variant = None;
-        plain.name = name;
-        return Ok(plain);
-    }
-    if expected_count == 0 {
-        return Err(Error::Refused(Refusal::PlainFileCount {
+    match artifact.chunk_count.get() {
+        0 if plain_ok => prepare_plain(id, &logical, name, &artifact),
+        0 => Err(Error::Refused(Refusal::PlainFileCount {
             model: id.clone(),
+        })),
+        _ => prepare_chunk_set(id, &logical, name, entry, &artifact),
+    }
+}
+
+/// Whether every entry of `model_dir` is one of the entry's accelerator variants (or there is
+/// none).
+fn holds_only_variants(model_dir: &Path, entry: &ModelEntry) -> Result<bool> {
+    let variant_names: Vec<String> = super::inspect::variant_targets(entry)
+        .into_iter()
+        .flatten()
+        .map(|t| t.file_name)
+        .collect();
+    for e in fs::read_dir(model_dir)? {
+        let n = e?.file_name().to_string_lossy().into_owned();
+        if !variant_names.iter().any(|v| n.starts_with(v.as_str())) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The artifact as found at `logical` (any form), or not found.
+fn resolve_present(logical: &Path) -> Result<Resolved> {
+    Ok(
+        chunker::resolve(logical)?.ok_or_else(|| chunker::Error::NotFound {
+            path: logical.to_path_buf(),
+        })?,
+    )
+}
+
+/// A model whose entry says one plain file, where plain files are allowed: at most one chunk
+/// long, checked like a variant.
+fn prepare_plain(
+    id: &ModelId,
+    logical: &Path,
+    name: String,
+    artifact: &Artifact,
+) -> Result<LocalArtifact> {
+    let found = resolve_present(logical)?;
+    if let Resolved::Plain { size, .. } = &found
+        && *size > chunker::DEFAULT_CHUNK_SIZE
+    {
+        return Err(Error::Refused(Refusal::NotAChunkSet {
+            path: logical.to_path_buf(),
+            form: "plain file larger than one chunk",
         }));
     }
-    let resolved = chunker::resolve(&logical)?.ok_or_else(|| chunker::Error::NotFound {
-        path: logical.clone(),
-    })?;
+    let target = super::inspect::VariantTarget {
+        variant: String::new(),
+        file_name: name.clone(),
+        size: artifact.size.get(),
+        sha256: artifact.sha256,
+        count: 0,
+    };
+    let mut plain = prepare_variant(id, logical, found, &target)?;
+    plain.variant = None;
+    plain.name = name;
+    Ok(plain)
+}
+
+/// A model's chunk set at `logical`, checked against its entry (count, each chunk's digest,
+/// size, SHA-256, OOB container, a sidecar beside it), with the small files to write.
+fn prepare_chunk_set(
+    id: &ModelId,
+    logical: &Path,
+    name: String,
+    entry: &ModelEntry,
+    artifact: &Artifact,
+) -> Result<LocalArtifact> {
+    let expected_count = artifact.chunk_count.get();
+    let resolved = resolve_present(logical)?;
     let pieces = match &resolved {
         Resolved::Chunked { pieces, .. } => pieces.clone(),
         other => {
             return Err(Error::Refused(Refusal::NotAChunkSet {
-                path: logical.clone(),
+                path: logical.to_path_buf(),
                 form: other.form(),
             }));
         }

@@ -267,18 +267,9 @@ impl Waiting {
 /// connection's own thread reads the same socket with its timeouts, so the socket's blocking
 /// mode is left alone).
 fn has_unread_bytes(stream: &TcpStream) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut byte = 0u8;
-    // SAFETY: a one-byte buffer we own; MSG_PEEK leaves the byte in the socket.
-    let n = unsafe {
-        libc::recv(
-            stream.as_raw_fd(),
-            (&mut byte as *mut u8).cast(),
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    n > 0
+    use rustix::net::{RecvFlags, recv};
+    // MSG_PEEK leaves the byte in the socket.
+    recv(stream, &mut [0u8], RecvFlags::PEEK | RecvFlags::DONTWAIT).is_ok_and(|(n, _)| n > 0)
 }
 
 /// How long a new connection has to send its first bytes before it counts against its address's
@@ -519,6 +510,33 @@ mod tests {
         let r = &logged.requests()[0];
         assert!(r.authorized);
         assert!(!format!("{r:?}").contains("hf_secret"), "{r:?}");
+    }
+
+    #[test]
+    fn unread_bytes_are_seen_without_being_taken_or_blocking() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        // a blocking peek would wait out this timeout
+        server
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let start = std::time::Instant::now();
+        assert!(!has_unread_bytes(&server), "nothing was sent yet");
+        assert!(start.elapsed() < Duration::from_secs(1), "the peek blocked");
+        client.write_all(b"G").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !has_unread_bytes(&server) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the byte never showed"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut byte = [0u8];
+        server.read_exact(&mut byte).unwrap();
+        assert_eq!(&byte, b"G", "the peek left the byte in the socket");
+        assert!(!has_unread_bytes(&server));
     }
 
     #[test]
