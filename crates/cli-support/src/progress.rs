@@ -4,10 +4,10 @@
 //! [`WIDE_BYTES_TEMPLATE`], whose bar takes what the terminal's width leaves, so a 16-character
 //! model id still fits 80 columns and indicatif redraws the one line in place.
 //!
-//! Every human size either binary prints is [`bytes`], indicatif's `HumanBytes`: the bar's
-//! `{bytes}` and the text beside it are one format by construction, and the device binary,
-//! which draws the bar anyway, carries no second size crate. Log lines are stamped with
-//! [`timestamp`].
+//! Every human size either binary prints is [`bytes`], in the format of indicatif's `HumanBytes`
+//! (the bar's `{bytes}`), so the bar and the text beside it read alike; it is written here
+//! rather than called so the format crates that take this crate do not build indicatif. Log
+//! lines are stamped with [`timestamp`].
 
 use std::io::IsTerminal;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -27,10 +27,20 @@ pub fn bars_hidden(json: bool) -> bool {
     json || crate::verbosity() == crate::Verbosity::Quiet || !std::io::stderr().is_terminal()
 }
 
-/// A byte count in binary units, two decimals: `512 B`, `1.00 KiB`, `45.00 MiB`
-/// (indicatif's `HumanBytes`, the bar's own `{bytes}`).
+/// A byte count in binary units, two decimals: `512 B`, `1.00 KiB`, `45.00 MiB` (what
+/// indicatif's `HumanBytes`, the bar's own `{bytes}`, prints). `--json` keeps exact bytes.
 pub fn bytes(n: u64) -> String {
-    indicatif::HumanBytes(n).to_string()
+    let (mut value, mut unit) = (n as f64, "B");
+    for next in ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"] {
+        if value < 1024.0 {
+            break;
+        }
+        (value, unit) = (value / 1024.0, next);
+    }
+    match unit {
+        "B" => format!("{n} B"),
+        _ => format!("{value:.2} {unit}"),
+    }
 }
 
 /// A transfer's rate, `1.50 MiB/s`: `n` bytes over `took` (`0 B/s` for no time).
@@ -93,6 +103,17 @@ mod tests {
             (69_654_736_896, "64.87 GiB"),
         ] {
             assert_eq!(bytes(n), text, "{n}");
+        }
+        // The bar's `{bytes}` and the text beside it are one format, at every unit's edges.
+        for k in 0..64 {
+            for n in [
+                1u64 << k,
+                (1 << k) - 1,
+                (1 << k) + (1 << k) / 3,
+                u64::MAX >> k,
+            ] {
+                assert_eq!(bytes(n), indicatif::HumanBytes(n).to_string(), "{n}");
+            }
         }
         assert_eq!(rate(3 << 20, Duration::from_secs(2)), "1.50 MiB/s");
         assert_eq!(rate(5, Duration::ZERO), "0 B/s");

@@ -652,8 +652,8 @@ pub fn check_store(s: &Snapshot, rules: &Rules) -> StoreAudit {
                 "size_differs",
                 format!(
                     "{what}the store holds {} ({total} bytes), the manifest says {} ({} bytes)",
-                    human_bytes(total),
-                    human_bytes(e.size),
+                    cli_support::progress::bytes(total),
+                    cli_support::progress::bytes(e.size),
                     e.size
                 ),
                 &republish,
@@ -942,21 +942,6 @@ fn refusal_text(r: &Refusal) -> String {
         ),
         other => format!("{other}; devices with trusted keys refuse the generation"),
     }
-}
-
-/// `47185920` as `45.0 MiB`; below 1 KiB in bytes. Pure.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
 }
 
 /// The whole audit: every store's findings, then the disagreements between stores.

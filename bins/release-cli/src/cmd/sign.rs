@@ -219,7 +219,7 @@ pub fn sign(a: SignArgs) -> CliResult {
         crate::outln!(
             "dry run: would write {} ({}{}): {} as {generation} release {release} with key {} (expires {})",
             output.display(),
-            crate::units::human_size(text.len() as u64),
+            cli_support::progress::bytes(text.len() as u64),
             if replaces {
                 ", replacing the signature there"
             } else {
