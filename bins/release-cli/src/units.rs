@@ -1,11 +1,6 @@
-//! Byte sizes on the command line: `47185920`, `45MiB`, `45M`, `1GiB`, `500kB`; and times as
-//! human output shows them (`2026-12-02T19:04:55Z`; `--json` keeps Unix seconds). Human sizes
-//! are `cli_support::progress::bytes` (`45.00 MiB`).
-
-/// Unix seconds as an RFC 3339 UTC time, `2027-06-01T00:00:00Z`.
-pub fn rfc3339(unix_seconds: u64) -> String {
-    release::gate::UtcTime(unix_seconds).to_string()
-}
+//! Byte sizes on the command line: `47185920`, `45MiB`, `45M`, `1GiB`, `500kB`. Human output
+//! shows sizes as `cli_support::progress::bytes` (`45.00 MiB`) and times as
+//! `cli_support::time::rfc3339` (`2026-12-02T19:04:55Z`); `--json` keeps bytes and Unix seconds.
 
 /// Parse a size in bytes, with an optional binary (`KiB`, `MiB`, `GiB`, or `K`/`M`/`G`) or
 /// decimal (`kB`, `MB`, `GB`) unit. `B` alone means bytes.
@@ -41,13 +36,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_size, rfc3339};
-
-    #[test]
-    fn human_times() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(1_811_863_574), "2027-06-01T15:26:14Z");
-    }
+    use super::parse_size;
 
     #[test]
     fn sizes() {

@@ -199,7 +199,7 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
         } => cli_support::info!(
             "signing {generation} release {release} with key {} (expires {})",
             keys.join(" and "),
-            crate::units::rfc3339(*expires),
+            cli_support::time::rfc3339(*expires),
         ),
         publish::Event::RemovingSignature { generation, reason } => eprintln!(
             "warning: publishing {generation} unsigned and removing its signature ({reason}); \
