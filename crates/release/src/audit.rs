@@ -31,9 +31,6 @@ use crate::gate::UtcTime;
 /// and two weeks leave time to sign and publish again (`release-cli publish --sign-key`).
 pub const NEAR_EXPIRY_DAYS: u64 = 14;
 
-/// `.chunkmanifest` and `.sha256` files are read up to this size; a larger one is malformed.
-pub const SMALL_FILE_LIMIT: u64 = 4096;
-
 /// The store as the mend commands must name it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
