@@ -420,7 +420,7 @@ fn log(line: &str) {
 
 /// `line` as the log shows it, stamped with the time (UTC, RFC 3339).
 fn stamped(line: &str) -> String {
-    let now = cli_support::progress::timestamp(std::time::SystemTime::now());
+    let now = cli_support::time::timestamp(std::time::SystemTime::now());
     format!("{now} device-modeld-manager: {line}")
 }
 

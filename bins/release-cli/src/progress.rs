@@ -50,7 +50,7 @@ pub fn upload_label(store: &str, path: &str, transfer: &Transfer) -> String {
         Transfer::Staged { .. } => format!("{store}: {name} committed, waiting for a push"),
         Transfer::Push { waiting, .. } => format!(
             "{store}: git push of {} committed (pack bytes written)",
-            crate::units::human_size(*waiting)
+            cli_support::progress::bytes(*waiting)
         ),
         Transfer::Pushed => format!("{store}: pushed"),
     }
@@ -89,7 +89,7 @@ mod tests {
                     written: 1,
                     waiting: 3 << 20,
                 },
-                "github:/srv/res: git push of 3.0 MiB committed (pack bytes written)",
+                "github:/srv/res: git push of 3.00 MiB committed (pack bytes written)",
             ),
             (Transfer::Pushed, "github:/srv/res: pushed"),
         ] {

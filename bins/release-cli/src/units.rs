@@ -1,28 +1,6 @@
-//! Byte sizes on the command line: `47185920`, `45MiB`, `45M`, `1GiB`, `500kB`; and sizes and
-//! times as human output shows them (`45.0 MiB`, `2026-12-02T19:04:55Z`; `--json` keeps bytes
-//! and Unix seconds).
-
-/// A size for people: whole bytes below 1 KiB (`452 B`), else one decimal in the largest binary
-/// unit that keeps the number at least 1 (`2.4 KiB`, `45.0 MiB`, `1.5 GiB`).
-pub fn human_size(bytes: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    // Move up while the value would print as 1024.0 or more in this unit.
-    while value >= 1023.95 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
-}
-
-/// Unix seconds as an RFC 3339 UTC time, `2027-06-01T00:00:00Z`.
-pub fn rfc3339(unix_seconds: u64) -> String {
-    release::gate::UtcTime(unix_seconds).to_string()
-}
+//! Byte sizes on the command line: `47185920`, `45MiB`, `45M`, `1GiB`, `500kB`. Human output
+//! shows sizes as `cli_support::progress::bytes` (`45.00 MiB`) and times as
+//! `cli_support::time::rfc3339` (`2026-12-02T19:04:55Z`); `--json` keeps bytes and Unix seconds.
 
 /// Parse a size in bytes, with an optional binary (`KiB`, `MiB`, `GiB`, or `K`/`M`/`G`) or
 /// decimal (`kB`, `MB`, `GB`) unit. `B` alone means bytes.
@@ -58,27 +36,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{human_size, parse_size, rfc3339};
-
-    #[test]
-    fn human_sizes_and_times() {
-        for (bytes, want) in [
-            (0, "0 B"),
-            (452, "452 B"),
-            (1023, "1023 B"),
-            (1024, "1.0 KiB"),
-            (2500, "2.4 KiB"),
-            (47_185_920, "45.0 MiB"),
-            ((1 << 20) - 1, "1.0 MiB"),
-            (1_610_612_736, "1.5 GiB"),
-            (5 << 40, "5.0 TiB"),
-            (u64::MAX, "16777216.0 TiB"),
-        ] {
-            assert_eq!(human_size(bytes), want, "{bytes}");
-        }
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(1_811_863_574), "2027-06-01T15:26:14Z");
-    }
+    use super::parse_size;
 
     #[test]
     fn sizes() {

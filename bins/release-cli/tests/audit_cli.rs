@@ -143,7 +143,7 @@ fn audit_finds_what_breaks_in_a_directory_and_github_and_each_mend_runs_as_print
     assert!(o.status.success(), "{}", text(&o.stderr));
     let human = text(&o.stdout);
     assert!(human.contains("every chunk hashed"), "{human}");
-    assert!(human.contains("2.4 KiB"), "{human}");
+    assert!(human.contains("2.44 KiB"), "{human}");
     assert!(human.contains("the 2 stores agree"), "{human}");
     assert!(human.contains("healthy: v25"), "{human}");
 

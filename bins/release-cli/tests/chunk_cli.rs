@@ -417,7 +417,7 @@ fn join_dry_run_checks_the_set_and_writes_nothing() {
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).contains("would write j.pkl (2.4 KiB"),
+        text(&out.stdout).contains("would write j.pkl (2.44 KiB"),
         "{}",
         text(&out.stdout)
     );

@@ -627,7 +627,7 @@ fn reuse_dry_run_checks_the_source_prints_the_plan_and_writes_nothing() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
-        out.starts_with("plan reuse pop223 (1.5 KiB, 2 chunk(s)"),
+        out.starts_with("plan reuse pop223 (1.46 KiB, 2 chunk(s)"),
         "{out}"
     );
     assert!(

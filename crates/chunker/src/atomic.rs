@@ -115,7 +115,7 @@ impl AtomicFile {
             match OpenOptions::new()
                 .write(true)
                 .create_new(true)
-                .custom_flags(libc::O_DIRECT)
+                .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
                 .open(&temp)
             {
                 Ok(file) => {
@@ -259,25 +259,15 @@ fn direct_aligned(data: &[u8], offset: u64) -> bool {
 fn clear_direct(file: &std::fs::File, path: &Path) -> io::Result<()> {
     #[cfg(target_os = "linux")]
     {
-        use std::os::fd::AsRawFd;
-        let fd = file.as_raw_fd();
-        // fcntl is not a file call fs_err wraps: name the file here.
-        let failed = || {
-            let e = io::Error::last_os_error();
-            io::Error::new(
-                e.kind(),
-                format!("failed to turn O_DIRECT off on `{}`: {e}", path.display()),
-            )
-        };
-        // SAFETY: fcntl on an open file descriptor; F_GETFL/F_SETFL take plain ints.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        if flags < 0 {
-            return Err(failed());
-        }
-        // SAFETY: as above.
-        if unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT) } < 0 {
-            return Err(failed());
-        }
+        use rustix::fs::{OFlags, fcntl_getfl, fcntl_setfl};
+        fcntl_getfl(file)
+            .and_then(|flags| fcntl_setfl(file, flags - OFlags::DIRECT))
+            // fcntl is not a file call fs_err wraps: name the file here.
+            .map_err(|e| {
+                let e = io::Error::from(e);
+                let what = format!("failed to turn O_DIRECT off on `{}`: {e}", path.display());
+                io::Error::new(e.kind(), what)
+            })?;
     }
     #[cfg(not(target_os = "linux"))]
     let _ = (file, path);

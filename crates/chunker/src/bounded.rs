@@ -12,6 +12,7 @@ use std::path::Path;
 
 use fs_err::OpenOptions;
 use fs_err::os::unix::fs::OpenOptionsExt;
+use rustix::fs::OFlags;
 
 use crate::error::{Error, Result};
 
@@ -30,7 +31,7 @@ pub fn read_capped(path: &Path, limit: u64) -> Result<Option<Vec<u8>>> {
 pub fn read_capped_existing(path: &Path, limit: u64) -> Result<Vec<u8>> {
     let file = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .custom_flags((OFlags::NONBLOCK | OFlags::CLOEXEC).bits() as i32)
         .open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() {

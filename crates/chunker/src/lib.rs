@@ -117,6 +117,10 @@ pub const MAX_CHUNKS: u32 = 99;
 /// Legacy multipart sets had at most 100 parts (`.p00` ..= `.p99`).
 pub const MAX_LEGACY_PARTS: u32 = 100;
 
+/// A `.chunkmanifest` or `.sha256` file is read up to this size (4 KiB), so a bogus one cannot
+/// make a reader load it whole: the one limit of every reader of them, local or in a store.
+pub const SMALL_FILE_LIMIT: u64 = 4096;
+
 /// The legacy writer's part size (95 MiB). Only informative: readers take parts as they are.
 pub const LEGACY_PART_SIZE: u64 = 95 * 1024 * 1024;
 

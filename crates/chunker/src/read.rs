@@ -175,11 +175,12 @@ pub fn read_sidecar(path: &Path) -> Result<Option<Sha256Digest>> {
     }
 }
 
-/// Read a sidecar or chunk manifest, never more than a sidecar could hold, so a bogus file
-/// cannot make a reader load it whole.
+/// Read a sidecar or chunk manifest, never more than [`crate::SMALL_FILE_LIMIT`].
 fn read_small(path: &Path) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
-    File::open(path)?.take(4096).read_to_end(&mut buf)?;
+    File::open(path)?
+        .take(crate::SMALL_FILE_LIMIT)
+        .read_to_end(&mut buf)?;
     Ok(buf)
 }
 

@@ -1,8 +1,8 @@
 //! What the two binaries' fronts share and nothing else: shell completion scripts that work past
 //! the first word, stdout writes that survive a closed pipe (`| head -c1`), the `-q`/`-v`/`--color`
 //! output flags and the colour rule (`NO_COLOR`), the failure both report through ([`Failure`],
-//! [`NextStep`]), the layout of a download's progress line ([`progress`]) and stopping on
-//! SIGTERM/SIGINT ([`stop`]).
+//! [`NextStep`]), the layout of a download's progress line ([`progress`]), stopping on
+//! SIGTERM/SIGINT ([`stop`]) and RFC 3339 times ([`time`]).
 
 use std::ffi::OsStr;
 #[cfg(feature = "cli")]
@@ -16,6 +16,7 @@ use clap_complete::Shell;
 pub mod hints;
 pub mod progress;
 pub mod stop;
+pub mod time;
 
 pub use stop::stop_on_signals;
 

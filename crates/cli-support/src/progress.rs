@@ -4,13 +4,13 @@
 //! [`WIDE_BYTES_TEMPLATE`], whose bar takes what the terminal's width leaves, so a 16-character
 //! model id still fits 80 columns and indicatif redraws the one line in place.
 //!
-//! Every human size either binary prints is [`bytes`], indicatif's `HumanBytes`: the bar's
-//! `{bytes}` and the text beside it are one format by construction, and the device binary,
-//! which draws the bar anyway, carries no second size crate. Log lines are stamped with
-//! [`timestamp`].
+//! Every human size either binary prints is [`bytes`], in the format of indicatif's `HumanBytes`
+//! (the bar's `{bytes}`), so the bar and the text beside it read alike; it is written here
+//! rather than called so the format crates that take this crate do not build indicatif. Log
+//! lines are stamped with [`crate::time::timestamp`].
 
 use std::io::IsTerminal;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// The template of a byte-count bar, in indicatif's syntax (`release-cli`).
 pub const BYTES_TEMPLATE: &str = "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}";
@@ -27,10 +27,20 @@ pub fn bars_hidden(json: bool) -> bool {
     json || crate::verbosity() == crate::Verbosity::Quiet || !std::io::stderr().is_terminal()
 }
 
-/// A byte count in binary units, two decimals: `512 B`, `1.00 KiB`, `45.00 MiB`
-/// (indicatif's `HumanBytes`, the bar's own `{bytes}`).
+/// A byte count in binary units, two decimals: `512 B`, `1.00 KiB`, `45.00 MiB` (what
+/// indicatif's `HumanBytes`, the bar's own `{bytes}`, prints). `--json` keeps exact bytes.
 pub fn bytes(n: u64) -> String {
-    indicatif::HumanBytes(n).to_string()
+    let (mut value, mut unit) = (n as f64, "B");
+    for next in ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"] {
+        if value < 1024.0 {
+            break;
+        }
+        (value, unit) = (value / 1024.0, next);
+    }
+    match unit {
+        "B" => format!("{n} B"),
+        _ => format!("{value:.2} {unit}"),
+    }
 }
 
 /// A transfer's rate, `1.50 MiB/s`: `n` bytes over `took` (`0 B/s` for no time).
@@ -50,34 +60,6 @@ pub fn took(d: Duration) -> String {
     }
 }
 
-/// `t` in UTC as RFC 3339 to the second, `2026-12-06T09:30:01Z`: the stamp on each line of the
-/// device daemon's log. Times before 1970 are stamped as 1970.
-pub fn timestamp(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// The proleptic Gregorian date `days` after 1970-01-01 (Howard Hinnant's `civil_from_days`):
-/// (year, month 1..=12, day 1..=31). The one calendar conversion both binaries' timestamps use.
-pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,6 +76,17 @@ mod tests {
         ] {
             assert_eq!(bytes(n), text, "{n}");
         }
+        // The bar's `{bytes}` and the text beside it are one format, at every unit's edges.
+        for k in 0..64 {
+            for n in [
+                1u64 << k,
+                (1 << k) - 1,
+                (1 << k) + (1 << k) / 3,
+                u64::MAX >> k,
+            ] {
+                assert_eq!(bytes(n), indicatif::HumanBytes(n).to_string(), "{n}");
+            }
+        }
         assert_eq!(rate(3 << 20, Duration::from_secs(2)), "1.50 MiB/s");
         assert_eq!(rate(5, Duration::ZERO), "0 B/s");
         for (secs, text) in [
@@ -104,19 +97,6 @@ mod tests {
         ] {
             assert_eq!(took(Duration::from_secs_f64(secs)), text, "{secs}");
         }
-    }
-
-    #[test]
-    fn timestamps_are_utc_rfc3339() {
-        let at = |s: u64| timestamp(UNIX_EPOCH + Duration::from_secs(s));
-        assert_eq!(at(0), "1970-01-01T00:00:00Z");
-        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(at(1_811_863_574), "2027-06-01T15:26:14Z");
-        assert_eq!(at(1_796_549_401), "2026-12-06T09:30:01Z");
-        assert_eq!(
-            timestamp(UNIX_EPOCH - Duration::from_secs(5)),
-            "1970-01-01T00:00:00Z"
-        );
     }
 
     /// The device's template draws with indicatif (a template error would panic at runtime).

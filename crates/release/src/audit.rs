@@ -32,9 +32,6 @@ use crate::gate::UtcTime;
 /// and two weeks leave time to sign and publish again (`release-cli publish --sign-key`).
 pub const NEAR_EXPIRY_DAYS: u64 = 14;
 
-/// `.chunkmanifest` and `.sha256` files are read up to this size; a larger one is malformed.
-pub const SMALL_FILE_LIMIT: u64 = 4096;
-
 /// The store as the mend commands must name it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -632,8 +629,8 @@ fn check_artifact(f: &mut Findings, e: &Expected) {
     if total != e.size {
         let msg = format!(
             "{what}the store holds {} ({total} bytes), the manifest says {} ({} bytes)",
-            human_bytes(total),
-            human_bytes(e.size),
+            cli_support::progress::bytes(total),
+            cli_support::progress::bytes(e.size),
             e.size
         );
         f.republish(model, logical.clone(), K::SizeDiffers, msg);
@@ -951,21 +948,6 @@ fn refusal_text(r: &Refusal) -> String {
         ),
         other => format!("{other}; devices with trusted keys refuse the generation"),
     }
-}
-
-/// `47185920` as `45.0 MiB`; below 1 KiB in bytes. Pure.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
 }
 
 /// The whole audit: every store's findings, then the disagreements between stores.

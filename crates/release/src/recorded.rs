@@ -22,72 +22,18 @@ impl UtcTime {
     }
 }
 
-// Days since 1970-01-01 to (year, month, day), proleptic Gregorian: the one conversion, shared
-// with the device's log timestamps.
-use cli_support::progress::civil_from_days as civil;
-
-/// (year, month, day) to days since 1970-01-01, the inverse of `civil`.
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = i64::from((m + 9) % 12);
-    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 impl fmt::Display for UtcTime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let secs = self.0 as i64;
-        let (y, m, d) = civil(secs.div_euclid(86_400));
-        let t = secs.rem_euclid(86_400);
-        write!(
-            f,
-            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-            t / 3600,
-            t / 60 % 60,
-            t % 60
-        )
+        f.write_str(&cli_support::time::rfc3339(self.0))
     }
 }
 
 impl FromStr for UtcTime {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("time {s:?}: expected YYYY-MM-DDTHH:MM:SSZ (UTC)");
-        let b = s.as_bytes();
-        if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[19] != b'Z' {
-            return Err(bad());
-        }
-        let n = |r: std::ops::Range<usize>| -> Result<u32, String> {
-            let t = &s[r];
-            if !t.bytes().all(|c| c.is_ascii_digit()) {
-                return Err(bad());
-            }
-            t.parse().map_err(|_| bad())
-        };
-        let (y, mo, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
-        if b[13] != b':' || b[16] != b':' {
-            return Err(bad());
-        }
-        let (h, mi, se) = (n(11..13)?, n(14..16)?, n(17..19)?);
-        if !(1970..=9999).contains(&y)
-            || !(1..=12).contains(&mo)
-            || !(1..=31).contains(&d)
-            || h > 23
-            || mi > 59
-            || se > 59
-        {
-            return Err(bad());
-        }
-        let days = days_from_civil(i64::from(y), mo, d);
-        if civil(days) != (i64::from(y), mo, d) {
-            return Err(bad());
-        }
-        Ok(Self(
-            days as u64 * 86_400 + u64::from(h) * 3600 + u64::from(mi) * 60 + u64::from(se),
-        ))
+        cli_support::time::parse_rfc3339(s)
+            .map(Self)
+            .ok_or_else(|| format!("time {s:?}: expected YYYY-MM-DDTHH:MM:SSZ (UTC)"))
     }
 }
 

@@ -368,27 +368,11 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// `2026-12-02T14:12:39.763Z` from epoch milliseconds.
+/// `2026-12-02T14:12:39.763Z` from epoch milliseconds: the one RFC 3339 formatter
+/// (`cli_support::time`) and the milliseconds.
 pub fn iso8601(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
+    let secs = cli_support::time::rfc3339(ms / 1000);
+    format!("{}.{:03}Z", secs.trim_end_matches('Z'), ms % 1000)
 }
 
 /// Store `bytes` as a xorb of uncompressed chunks under an emulator-made file id.

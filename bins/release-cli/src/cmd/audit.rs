@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use manifest::{Generation, UnixSeconds};
-use release::audit::{self, MendContext, Report, read};
+use release::audit::{MendContext, Report, read};
 use release::gate::UtcTime;
 
 use super::store::StoreAccess;
@@ -120,7 +120,7 @@ fn render(r: &Report) -> CliResult {
             s.store,
             s.models,
             s.artifacts,
-            audit::human_bytes(s.bytes),
+            cli_support::progress::bytes(s.bytes),
             if s.deep { ", every chunk hashed" } else { "" }
         )?;
         if let Some(sha) = &s.manifest_sha256 {

@@ -529,7 +529,7 @@ pub fn compile(args: CompileArgs) -> CliResult {
     crate::outln!(
         "ok: {} ({}, sha256 {}, {} chunk(s)) in {}; log {}",
         artifact.name,
-        crate::units::human_size(artifact.size),
+        cli_support::progress::bytes(artifact.size),
         artifact.sha256,
         artifact.chunk_count,
         args.out.display(),
@@ -648,7 +648,7 @@ pub fn builtin(args: BuiltinArgs) -> CliResult {
             "dry run: {} would become a chunk set ({}, sha256 {}, {} chunk(s)); nothing \
              was changed",
             report.path.display(),
-            crate::units::human_size(report.size),
+            cli_support::progress::bytes(report.size),
             report.sha256,
             report.chunk_count
         )?;
@@ -660,7 +660,7 @@ pub fn builtin(args: BuiltinArgs) -> CliResult {
     crate::outln!(
         "ok: {} is now a chunk set ({}, sha256 {}, {} chunk(s)); removed {removed}",
         report.path.display(),
-        crate::units::human_size(report.size),
+        cli_support::progress::bytes(report.size),
         report.sha256,
         report.chunk_count,
     )?;
@@ -733,7 +733,7 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         let what = format!(
             "validate {id} {version} with {} (verified: {}, sha256 {}, {} chunk(s))",
             artifact.display(),
-            crate::units::human_size(set.size),
+            cli_support::progress::bytes(set.size),
             set.sha256,
             set.chunk_count
         );

@@ -149,11 +149,11 @@ fn oob(mut args: OobArgs) -> CliResult {
     crate::outln!(
         "{}: OOB pickle container, {}: {}-byte protocol-{} opcode stream and {} buffer(s) of {}",
         args.logical.display(),
-        crate::units::human_size(layout.size),
+        cli_support::progress::bytes(layout.size),
         layout.opcode_len,
         layout.protocol,
         layout.buffers,
-        crate::units::human_size(layout.buffer_bytes)
+        cli_support::progress::bytes(layout.buffer_bytes)
     )
 }
 
@@ -200,7 +200,7 @@ fn split(args: SplitArgs) -> CliResult {
     crate::outln!(
         "{}: {}, sha256 {}, {} chunk(s) in {}",
         report.name,
-        crate::units::human_size(report.size),
+        cli_support::progress::bytes(report.size),
         report.sha256,
         report.chunk_count,
         out_dir.display()
@@ -241,7 +241,7 @@ fn split_dry_run(
     crate::outln!(
         "dry run: would split {} ({}) into {} chunk(s) in {}{}",
         args.file.display(),
-        crate::units::human_size(size),
+        cli_support::progress::bytes(size),
         plan.chunk_count,
         out_dir.display(),
         if out_dir.is_dir() {
@@ -254,7 +254,7 @@ fn split_dry_run(
         crate::outln!(
             "  would write {}  {}",
             c.name,
-            crate::units::human_size(c.size)
+            cli_support::progress::bytes(c.size)
         )?;
     }
     for n in plan.written.iter().skip(plan.chunks.len()) {
@@ -324,7 +324,7 @@ fn join(mut args: JoinArgs) -> CliResult {
     crate::outln!(
         "wrote {} ({}, sha256 {sha256})",
         args.output.display(),
-        crate::units::human_size(size)
+        cli_support::progress::bytes(size)
     )?;
     cli_support::info!(
         "next: `release-cli chunk split {}` makes a chunk set of it again",
@@ -380,7 +380,7 @@ fn join_dry_run(args: &JoinArgs) -> CliResult {
     crate::outln!(
         "dry run: would write {} ({}, sha256 {}){}, joined from the {} artifact {}",
         args.output.display(),
-        crate::units::human_size(report.size),
+        cli_support::progress::bytes(report.size),
         report.sha256,
         if replaces {
             ", replacing the file there"
@@ -457,7 +457,7 @@ fn verify(mut args: VerifyArgs) -> CliResult {
         "ok: {} ({}, {}, {} chunk(s), sha256 {}{})",
         args.logical.display(),
         report.form,
-        crate::units::human_size(report.size),
+        cli_support::progress::bytes(report.size),
         report.chunk_count,
         report.sha256,
         if against_sidecar {

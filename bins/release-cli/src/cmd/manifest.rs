@@ -593,8 +593,9 @@ fn diff(args: DiffArgs) -> CliResult {
 }
 
 /// The diff's text, one line per change; with `color`, added lines green, removed red, changed
-/// yellow (ANSI SGR).
+/// yellow (anstyle's ANSI SGR, as clap styles its help).
 fn render_diff(d: &ManifestDiff, color: bool) -> String {
+    use anstyle::AnsiColor;
     let plain = d.to_string();
     if !color {
         return plain;
@@ -602,13 +603,14 @@ fn render_diff(d: &ManifestDiff, color: bool) -> String {
     plain
         .lines()
         .map(|l| {
-            let sgr = match l.chars().next() {
-                Some('+') => "32",
-                Some('-') => "31",
-                Some('~') => "33",
+            let colour = match l.chars().next() {
+                Some('+') => AnsiColor::Green,
+                Some('-') => AnsiColor::Red,
+                Some('~') => AnsiColor::Yellow,
                 _ => return format!("{l}\n"),
             };
-            format!("\x1b[{sgr}m{l}\x1b[0m\n")
+            let style = colour.on_default();
+            format!("{style}{l}{style:#}\n")
         })
         .collect()
 }

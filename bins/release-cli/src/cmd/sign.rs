@@ -219,7 +219,7 @@ pub fn sign(a: SignArgs) -> CliResult {
         crate::outln!(
             "dry run: would write {} ({}{}): {} as {generation} release {release} with key {} (expires {})",
             output.display(),
-            crate::units::human_size(text.len() as u64),
+            cli_support::progress::bytes(text.len() as u64),
             if replaces {
                 ", replacing the signature there"
             } else {
@@ -227,7 +227,7 @@ pub fn sign(a: SignArgs) -> CliResult {
             },
             a.manifest.display(),
             ids.join(" and "),
-            crate::units::rfc3339(comment.expires.0),
+            cli_support::time::rfc3339(comment.expires.0),
         )?;
         return crate::outln!("nothing was changed; run the same command without --dry-run");
     }
@@ -241,7 +241,7 @@ pub fn sign(a: SignArgs) -> CliResult {
         "signed {} as {generation} release {release} with key {} (expires {}): {}",
         a.manifest.display(),
         ids.join(" and "),
-        crate::units::rfc3339(comment.expires.0),
+        cli_support::time::rfc3339(comment.expires.0),
         output.display()
     )?;
     // The public key `minisign -G` wrote beside the (first) secret key, when it is there.
@@ -333,7 +333,7 @@ pub fn verify(a: VerifyArgs) -> CliResult {
                 crate::outln!(
                     "devices with these keys accept it: {generation} release {} (expires {})",
                     c.release,
-                    crate::units::rfc3339(c.expires.0)
+                    cli_support::time::rfc3339(c.expires.0)
                 )?;
             }
             Ok(())

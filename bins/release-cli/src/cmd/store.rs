@@ -199,7 +199,7 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
         } => cli_support::info!(
             "signing {generation} release {release} with key {} (expires {})",
             keys.join(" and "),
-            crate::units::rfc3339(*expires),
+            cli_support::time::rfc3339(*expires),
         ),
         publish::Event::RemovingSignature { generation, reason } => eprintln!(
             "warning: publishing {generation} unsigned and removing its signature ({reason}); \
@@ -375,7 +375,7 @@ fn render_store_event(e: &Event, bar: &mut Option<indicatif::ProgressBar>, dry_r
             let path = at(store, path);
             cli_support::detail!(
                 "{store}: uploading {path} ({})",
-                crate::units::human_size(*size)
+                cli_support::progress::bytes(*size)
             )
         }
     }
@@ -407,7 +407,7 @@ fn print_report(report: &PublishReport) {
                         out,
                         "  upload   {} ({}, {reason})",
                         at(path),
-                        crate::units::human_size(*size)
+                        cli_support::progress::bytes(*size)
                     ),
                     Step::RemoveShadowingPlain { path } => {
                         let path = at(path);
@@ -429,7 +429,7 @@ fn print_report(report: &PublishReport) {
                 out,
                 "  uploaded {} file(s), {}; {} already present",
                 s.uploaded_files,
-                crate::units::human_size(s.uploaded_bytes),
+                cli_support::progress::bytes(s.uploaded_bytes),
                 s.skipped_files
             );
         }
@@ -551,7 +551,7 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
             "copied {} -> {} ({})",
             c.from,
             c.to,
-            crate::units::human_size(c.size)
+            cli_support::progress::bytes(c.size)
         );
     }
     if args.json {
@@ -561,7 +561,7 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
     crate::outln!("sha256       {}", report.sha256)?;
     crate::outln!(
         "size         {} ({} bytes)",
-        crate::units::human_size(report.size),
+        cli_support::progress::bytes(report.size),
         report.size
     )?;
     crate::outln!("chunk_count  {}", report.chunk_count)?;
@@ -603,7 +603,7 @@ fn print_reuse_plan(plan: &ReusePlan, manifest: Option<&std::path::Path>, json: 
     let mut text = format!(
         "plan reuse {} ({}, {} chunk(s), sha256 {}), {}\n  remove   {}\n",
         plan.model,
-        crate::units::human_size(plan.size),
+        cli_support::progress::bytes(plan.size),
         plan.chunk_count,
         plan.sha256,
         if plan.server_side {
@@ -618,7 +618,7 @@ fn print_reuse_plan(plan: &ReusePlan, manifest: Option<&std::path::Path>, json: 
             "  copy     {} -> {} ({})\n",
             c.from,
             c.to,
-            crate::units::human_size(c.size)
+            cli_support::progress::bytes(c.size)
         ));
     }
     for w in &plan.write {

@@ -10,13 +10,10 @@ use std::path::Path;
 
 use artifact_store::signing::{VerifyingKey, check_signature};
 use artifact_store::{Store, StoreSpec};
-use chunker::Hasher;
+use chunker::{Hasher, SMALL_FILE_LIMIT};
 use manifest::{Generation, Limits, Manifest, StoreLayout, StorePath};
 
-use super::{
-    MendContext, Report, Rules, SMALL_FILE_LIMIT, SignatureRead, Snapshot, StoreRef,
-    expected_artifacts,
-};
+use super::{MendContext, Report, Rules, SignatureRead, Snapshot, StoreRef, expected_artifacts};
 use crate::Result;
 
 /// What `release-cli audit` was asked.

@@ -542,19 +542,6 @@ fn remove_commands_name_the_store_s_own_path() {
 }
 
 #[test]
-fn human_sizes() {
-    for (n, want) in [
-        (0, "0 B"),
-        (1023, "1023 B"),
-        (2500, "2.4 KiB"),
-        (47_185_920, "45.0 MiB"),
-        (3 << 30, "3.0 GiB"),
-    ] {
-        assert_eq!(human_bytes(n), want);
-    }
-}
-
-#[test]
 fn expected_artifacts_skip_local_models_and_include_variants() {
     for g in gens() {
         let mut doc: serde_json::Value =

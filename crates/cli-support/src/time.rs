@@ -1,0 +1,78 @@
+//! Times as people and the records read them: RFC 3339 in UTC to the second,
+//! `2026-12-06T09:30:01Z`, both ways. The calendar is jiff's (a well-kept date crate), not
+//! hand arithmetic; `--json` keeps Unix seconds where its documented fields say so.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use jiff::Timestamp;
+
+/// Unix seconds as RFC 3339 UTC, `2027-06-01T15:26:14Z`. Past the year 9999 (jiff's range) it
+/// reads jiff's last second.
+pub fn rfc3339(unix_seconds: u64) -> String {
+    let max = Timestamp::MAX.as_second();
+    let secs = i64::try_from(unix_seconds).map_or(max, |s| s.min(max));
+    Timestamp::from_second(secs).map_or_else(|_| Timestamp::MAX.to_string(), |t| t.to_string())
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` back to Unix seconds: exactly the form [`rfc3339`] writes (no other
+/// separator, offset or fraction), a real date, not before 1970.
+pub fn parse_rfc3339(text: &str) -> Option<u64> {
+    let t: Timestamp = text.parse().ok()?;
+    let secs = u64::try_from(t.as_second()).ok()?;
+    (rfc3339(secs) == text).then_some(secs)
+}
+
+/// `t` as [`rfc3339`]: the stamp on each line of the device daemon's log. Times before 1970 are
+/// stamped as 1970.
+pub fn timestamp(t: SystemTime) -> String {
+    rfc3339(t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn timestamps_are_utc_rfc3339() {
+        let at = |s: u64| timestamp(UNIX_EPOCH + Duration::from_secs(s));
+        assert_eq!(at(0), "1970-01-01T00:00:00Z");
+        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(at(1_811_863_574), "2027-06-01T15:26:14Z");
+        assert_eq!(at(1_796_549_401), "2026-12-06T09:30:01Z");
+        assert_eq!(
+            timestamp(UNIX_EPOCH - Duration::from_secs(5)),
+            "1970-01-01T00:00:00Z"
+        );
+    }
+
+    #[test]
+    fn only_the_written_form_parses_back() {
+        for secs in [
+            0,
+            951_868_799,
+            1_796_238_295,
+            1_811_863_574,
+            253_402_207_200,
+        ] {
+            assert_eq!(parse_rfc3339(&rfc3339(secs)), Some(secs), "{secs}");
+        }
+        for bad in [
+            "2026-02-30T00:00:00Z",
+            "2026-12-02 19:04:55Z",
+            "2026-12-02t19:04:55z",
+            "2026-12-02T24:00:00Z",
+            "2026-12-02T19:04:55.5Z",
+            "2026-12-02T19:04:55+00:00",
+            "2026-12-02T19:04:55",
+            "1969-12-31T23:59:59Z",
+            "",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+        assert_eq!(
+            rfc3339(u64::MAX),
+            rfc3339(Timestamp::MAX.as_second() as u64)
+        );
+    }
+}
