@@ -160,11 +160,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
     let input = work.join("bench_driving_tinygrad.pkl");
-    eprintln!(
-        "bench: writing a {size_mib} MiB artifact to {}",
-        input.display()
-    );
     if only.needs_artifact() {
+        eprintln!(
+            "bench: writing a {size_mib} MiB artifact to {}",
+            input.display()
+        );
         write_pseudo_random(&input, size_mib << 20)?;
         frame_oob(&input, size_mib << 20, OOB_BUFFER)?;
         warm(&input)?;
@@ -470,10 +470,12 @@ pub fn secs(m: Measured) -> String {
     format!("{:.3} s", m.wall.as_secs_f64())
 }
 
+/// `cmd` as set up (arguments, environment, directory) with its stdout discarded, for timing;
+/// [`util::measure`] keeps its stderr and shows it if it fails.
 pub fn quiet(cmd: &mut Command) -> Command {
-    let mut c = Command::new(cmd.get_program());
-    c.args(cmd.get_args());
-    c.stdout(Stdio::null()).stderr(Stdio::null());
+    let fresh = Command::new(cmd.get_program());
+    let mut c = std::mem::replace(cmd, fresh);
+    c.stdout(Stdio::null());
     c
 }
 

@@ -106,7 +106,7 @@ pub fn run(
         model: with_cpu.to_string(),
         preload: None,
     };
-    let without = cpu_without(work, with_cpu, zig, &|cpu: &Cpu| {
+    let without = cpu_without(qemu, work, with_cpu, zig, &|cpu: &Cpu| {
         let device = work.join("probe");
         let _ = mkdirs(&device.join("builtin"));
         let out = runner(cpu, &["status", "-v"], &device, &url)
@@ -156,12 +156,13 @@ pub fn run(
 /// A CPU qemu runs the binary on that reports no SHA-2: the first model `qemu -cpu help` lists
 /// whose `status -v` says portable, else `with_cpu` with the HWCAP bit cleared.
 fn cpu_without(
+    qemu: &Path,
     work: &Path,
     with_cpu: &str,
     zig: &mut dyn FnMut() -> Command,
     status_of: &dyn Fn(&Cpu) -> Option<String>,
 ) -> Result<Cpu, String> {
-    let listed = Command::new("/usr/bin/qemu-aarch64-static")
+    let listed = Command::new(qemu)
         .args(["-cpu", "help"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())

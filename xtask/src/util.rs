@@ -1,5 +1,8 @@
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The workspace root (xtask lives one level below it).
@@ -48,9 +51,25 @@ pub struct Measured {
     pub max_rss_kib: u64,
 }
 
-/// Run a command to completion, measuring wall time and the child's own peak RSS (wait4).
+/// Run a command to completion, measuring wall time and the child's own peak RSS (wait4). Its
+/// stderr goes to an unlinked temporary file, shown (the last 4 KiB) if it fails.
 pub fn measure(cmd: &mut Command) -> Result<Measured, String> {
     let desc = format!("{cmd:?}");
+    static N: AtomicU64 = AtomicU64::new(0);
+    let log_path = std::env::temp_dir().join(format!(
+        "xtask-stderr-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut log = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&log_path)
+        .map_err(|e| format!("{}: {e}", log_path.display()))?;
+    let _ = fs::remove_file(&log_path);
+    cmd.stderr(log.try_clone().map_err(|e| e.to_string())?);
     let start = Instant::now();
     let child = cmd
         .spawn()
@@ -70,7 +89,14 @@ pub fn measure(cmd: &mut Command) -> Result<Measured, String> {
         ));
     }
     if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
-        return Err(format!("{desc} failed (wait status {status})"));
+        let mut stderr = Vec::new();
+        let _ = log.seek(SeekFrom::Start(0));
+        let _ = log.read_to_end(&mut stderr);
+        let tail = &stderr[stderr.len().saturating_sub(4096)..];
+        return Err(format!(
+            "{desc} failed (wait status {status}); its stderr:\n{}",
+            String::from_utf8_lossy(tail).trim_end()
+        ));
     }
     Ok(Measured {
         wall,
@@ -102,4 +128,31 @@ pub fn best_of(
         });
     }
     Ok(best.expect("n >= 1"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::quiet;
+
+    /// Issue 39: a failing bench command's stderr was discarded, so the hf row failed with only
+    /// a wait status.
+    #[test]
+    fn a_failing_commands_stderr_is_shown() {
+        let mut c = Command::new("sh");
+        c.args(["-c", "echo the reason it failed >&2; exit 3"]);
+        let err = measure(&mut quiet(&mut c)).unwrap_err();
+        assert!(err.contains("its stderr:\nthe reason it failed"), "{err}");
+    }
+
+    /// Issue 39: `quiet` rebuilt the command from its program and arguments alone, so the hf
+    /// row's `HF_ENDPOINT`, `HF_TOKEN` and `HF_HOME` never reached the CLI.
+    #[test]
+    fn quiet_keeps_the_environment_and_directory() {
+        let mut c = Command::new("sh");
+        c.args(["-c", r#"test "$XTASK_QUIET" = kept && test "$(pwd)" = /"#])
+            .env("XTASK_QUIET", "kept")
+            .current_dir("/");
+        measure(&mut quiet(&mut c)).unwrap();
+    }
 }

@@ -83,7 +83,10 @@ pub enum Error {
     /// A download moved to the other origin, far faster or not yet measured (see
     /// [`crate::policy::leave`]); the bytes it fetched are kept. Never the final error of a
     /// download: the origin it left is asked again if the other one fails.
-    #[error("{url}: {rate} bytes/s here; moved to the other origin to compare")]
+    #[error(
+        "{url}: {}/s here; moved to the other origin to compare",
+        cli_support::progress::bytes(*.rate)
+    )]
     LeftForFaster {
         /// The URL being fetched.
         url: String,
@@ -595,5 +598,19 @@ mod tests {
         );
         assert_eq!(origin_label("odd", "x"), "odd");
         assert_eq!(origin_label("A ()", "anything"), "A ()");
+    }
+
+    /// Issue 39: the rate is the human one every other message shows, not raw bytes/s.
+    #[test]
+    fn left_for_faster_names_a_human_rate() {
+        let text = Error::LeftForFaster {
+            url: "http://127.0.0.1:9/hf/x".into(),
+            rate: 3 << 19,
+        }
+        .to_string();
+        assert_eq!(
+            text,
+            "http://127.0.0.1:9/hf/x: 1.50 MiB/s here; moved to the other origin to compare"
+        );
     }
 }

@@ -763,10 +763,10 @@ impl RateGuard {
         let need = (self.min_rate as f64 * self.window.as_secs_f64()) as u64;
         (self.bytes < need).then(|| {
             format!(
-                "{} bytes in {:.1} s, slower than the minimum of {} bytes/s",
-                self.bytes,
+                "{} in {:.1} s, slower than the minimum of {}/s",
+                cli_support::progress::bytes(self.bytes),
                 now.duration_since(self.start).as_secs_f64(),
-                self.min_rate
+                cli_support::progress::bytes(self.min_rate)
             )
         })
     }
@@ -897,7 +897,16 @@ mod tests {
             "no verdict before a window closes"
         );
         g.observe(t0 + 5 * s, 999);
-        assert!(g.check(t0 + 10 * s).unwrap().contains("999 bytes"));
+        assert_eq!(
+            g.check(t0 + 10 * s).unwrap(),
+            "999 B in 10.0 s, slower than the minimum of 100 B/s"
+        );
+        assert_eq!(
+            RateGuard::new(t0, 64 << 10, 10 * s)
+                .check(t0 + 10 * s)
+                .unwrap(),
+            "0 B in 10.0 s, slower than the minimum of 64.00 KiB/s"
+        );
         g.observe(t0 + 10 * s, 1);
         assert!(
             g.check(t0 + 10 * s).is_none(),
