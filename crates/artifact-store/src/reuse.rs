@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::paths::{StorePath, parent};
 use crate::store::Store;
 
-const SMALL_FILE_LIMIT: u64 = 4096;
+use chunker::SMALL_FILE_LIMIT;
 
 pub use crate::refusal::{Difference, ReuseRefusal};
 

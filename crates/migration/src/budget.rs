@@ -71,8 +71,7 @@ pub struct HeldBack {
 
 impl std::fmt::Display for HeldBack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use cli_support::progress::{bytes, timestamp};
-        let until = std::time::UNIX_EPOCH + std::time::Duration::from_secs(self.until);
+        use cli_support::{progress::bytes, time::rfc3339};
         write!(
             f,
             "{}: held back, fetched {} of today's {} budget; tries again after {} (a request \
@@ -80,7 +79,7 @@ impl std::fmt::Display for HeldBack {
             self.id,
             bytes(self.fetched),
             bytes(self.budget),
-            timestamp(until)
+            rfc3339(self.until)
         )
     }
 }

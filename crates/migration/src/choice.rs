@@ -150,6 +150,16 @@ pub fn due(retry: Option<&Retry>, now_unix: u64, caller: Caller) -> bool {
 /// interval, when that is shorter).
 pub const NOT_YET_RETRY: Duration = Duration::from_secs(2 * 60);
 
+/// Why a refresh did not have a wanted catalog model, and whether that counts toward its backoff.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// Its download was tried and failed: one more failure, the backoff grows.
+    Tried(String),
+    /// Not tried (the backoff not due, held back by the byte budget, failed to start, no
+    /// Chestnut): no failure is counted.
+    NotTried(String),
+}
+
 /// What became of one wanted model in a refresh.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fate {
@@ -157,22 +167,22 @@ pub enum Fate {
     Ok,
     /// A verified copy of an earlier publish in this generation is in use; the catalog's newer
     /// bytes could not be had yet and are retried.
-    OldCopyInUse { attempted: bool, reason: String },
+    OldCopyInUse(Failure),
     /// In the catalog but could not be had: the built-in stands in, and it is retried.
-    Temporary { attempted: bool, reason: String },
+    Temporary(Failure),
     /// Not in the catalog: dropped for good.
     Dropped,
 }
 
 /// The fate of a wanted model: `available` after the installs, `old_copy` when a verified copy
 /// of an earlier publish is there, `failure` the reason this refresh could not install it
-/// (`attempted` false when the backoff skipped the download).
+/// (or why it was not tried).
 pub fn fate(
     id: &ModelId,
     catalog: &Catalog,
     available: bool,
     old_copy: bool,
-    failure: Option<(bool, String)>,
+    failure: Option<Failure>,
 ) -> Fate {
     if contract::kind(id) == ModelKind::BuiltIn {
         return Fate::Ok;
@@ -182,11 +192,10 @@ pub fn fate(
     }
     match (available, old_copy, failure) {
         (true, _, None) => Fate::Ok,
-        (_, true, Some((attempted, reason))) => Fate::OldCopyInUse { attempted, reason },
+        (_, true, Some(f)) => Fate::OldCopyInUse(f),
         (true, false, Some(_)) => Fate::Ok,
         (false, _, f) => {
-            let (attempted, reason) = f.unwrap_or((false, "not installed".into()));
-            Fate::Temporary { attempted, reason }
+            Fate::Temporary(f.unwrap_or_else(|| Failure::NotTried("not installed".into())))
         }
     }
 }
@@ -233,18 +242,16 @@ pub fn after_refresh(
     }
     let mut retry = BTreeMap::new();
     for (id, f) in fates {
-        let (attempted, reason) = match f {
-            Fate::Temporary { attempted, reason } | Fate::OldCopyInUse { attempted, reason } => {
-                (*attempted, reason)
-            }
+        let failure = match f {
+            Fate::Temporary(f) | Fate::OldCopyInUse(f) => f,
             Fate::Ok | Fate::Dropped => continue,
         };
         let before = prev.and_then(|p| p.retry.get(id.as_str()));
-        let r = match (attempted, before) {
-            (false, Some(b)) => b.clone(),
+        let r = match (failure, before) {
+            (Failure::NotTried(_), Some(b)) => b.clone(),
             // Not tried (held back by the daily byte budget): no failure, no backoff.
-            (false, None) => continue,
-            (true, _) => {
+            (Failure::NotTried(_), None) => continue,
+            (Failure::Tried(reason), _) => {
                 let failures = before.map_or(0, |b| b.failures).saturating_add(1);
                 Retry {
                     failures,
@@ -428,7 +435,7 @@ mod tests {
     #[test]
     fn fates_table() {
         let c = catalog();
-        let fail = || Some((true, "404".to_string()));
+        let fail = || Some(Failure::Tried("404".to_string()));
         for (m, avail, old, failure, want) in [
             ("rdf43", false, false, None, Fate::Ok),
             ("pop223", true, false, None, Fate::Ok),
@@ -438,30 +445,21 @@ mod tests {
                 false,
                 false,
                 fail(),
-                Fate::Temporary {
-                    attempted: true,
-                    reason: "404".into(),
-                },
+                Fate::Temporary(Failure::Tried("404".into())),
             ),
             (
                 "pop223",
                 true,
                 true,
                 fail(),
-                Fate::OldCopyInUse {
-                    attempted: true,
-                    reason: "404".into(),
-                },
+                Fate::OldCopyInUse(Failure::Tried("404".into())),
             ),
             (
                 "pop223",
                 false,
                 false,
                 None,
-                Fate::Temporary {
-                    attempted: false,
-                    reason: "not installed".into(),
-                },
+                Fate::Temporary(Failure::NotTried("not installed".into())),
             ),
         ] {
             assert_eq!(
@@ -490,13 +488,7 @@ mod tests {
         );
         let written = s("rdf43", Some("rdf43"), None);
         let mut fates = BTreeMap::new();
-        fates.insert(
-            id("pop223"),
-            Fate::Temporary {
-                attempted: true,
-                reason: "404".into(),
-            },
-        );
+        fates.insert(id("pop223"), Fate::Temporary(Failure::Tried("404".into())));
         fates.insert(id("gone"), Fate::Dropped);
         let r1 = after_refresh(None, &wanted_slots, &w, &fates, &written, 1000);
         assert_eq!(
@@ -515,22 +507,10 @@ mod tests {
         assert_eq!(r1.dropped, BTreeSet::from(["gone".to_string()]));
 
         // Skipped by the backoff: the schedule stays. Tried and failed again: doubled.
-        fates.insert(
-            id("pop223"),
-            Fate::Temporary {
-                attempted: false,
-                reason: "x".into(),
-            },
-        );
+        fates.insert(id("pop223"), Fate::Temporary(Failure::NotTried("x".into())));
         let r2 = after_refresh(Some(&r1), &r1.wanted, &w, &fates, &written, 1100);
         assert_eq!(r2.retry["pop223"], r1.retry["pop223"]);
-        fates.insert(
-            id("pop223"),
-            Fate::Temporary {
-                attempted: true,
-                reason: "503".into(),
-            },
-        );
+        fates.insert(id("pop223"), Fate::Temporary(Failure::Tried("503".into())));
         let r3 = after_refresh(Some(&r2), &r2.wanted, &w, &fates, &written, 1300);
         assert_eq!(
             r3.retry["pop223"],
@@ -560,10 +540,7 @@ mod tests {
         // pending, but no failure counted and no backoff started.
         fates.insert(
             id("pop223"),
-            Fate::Temporary {
-                attempted: false,
-                reason: "held back".into(),
-            },
+            Fate::Temporary(Failure::NotTried("held back".into())),
         );
         let r5 = after_refresh(Some(&r4), &r4.wanted, &w, &fates, &written, 2100);
         assert!(r5.retry.is_empty(), "{:?}", r5.retry);

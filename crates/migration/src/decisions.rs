@@ -64,8 +64,8 @@ pub(crate) struct Installs {
     pub ok: BTreeSet<ModelId>,
     /// A verified copy of an earlier publish is there.
     pub old_copy: BTreeSet<ModelId>,
-    /// Not had this time: `(attempted, reason)`.
-    pub failed: BTreeMap<ModelId, (bool, String)>,
+    /// Not had this time, and why.
+    pub failed: BTreeMap<ModelId, choice::Failure>,
     /// GPU-only models not fetched because no Chestnut is ready ([`InstallStep::NeedsChestnut`]):
     /// no failure is counted, a big profile naming one is kept.
     pub needs_chestnut: BTreeSet<ModelId>,
@@ -103,7 +103,8 @@ impl Installs {
             }
             InstallStep::Wait => {
                 let reason = retry.map(|r| r.reason.clone()).unwrap_or_default();
-                self.failed.insert(id.clone(), (false, reason));
+                self.failed
+                    .insert(id.clone(), choice::Failure::NotTried(reason));
             }
             InstallStep::Fetch => {}
         }
@@ -144,10 +145,9 @@ pub(crate) fn settle(
             // Kept in its slot: nothing to retry.
             (true, BigProfile::Model(b)) if *b == id && id != wanted.selection => Fate::Ok,
             // The selection stands in as the built-in until a Chestnut is ready.
-            (true, _) => Fate::Temporary {
-                attempted: false,
-                reason: downloader::egpu::EXTERNAL_GPU_REQUIRED.to_string(),
-            },
+            (true, _) => Fate::Temporary(choice::Failure::NotTried(
+                downloader::egpu::EXTERNAL_GPU_REQUIRED.to_string(),
+            )),
             (false, _) => choice::fate(
                 &id,
                 catalog,

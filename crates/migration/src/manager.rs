@@ -27,7 +27,7 @@ use downloader::{CancelToken, Downloader, Event, Installed};
 use manifest::{Generation, ModelEntry, ModelId};
 use serde::Serialize;
 
-use crate::choice::{self, Caller, Fate};
+use crate::choice::{self, Caller, Failure, Fate};
 use crate::contract::{self, Catalog, Outcome};
 use crate::decisions::{
     Installs, Settled, chosen, contract_writes, journal_now, offline_first_boot_due, settle,
@@ -324,13 +324,15 @@ pub(crate) fn refresh_run(
             // built-in stands in and the choice stays until the catalog lists other bytes.
             Err(Error::FailedToStart { why, .. }) => {
                 failed_to_start.insert(id.clone());
-                installs.failed.insert(id, (false, why));
+                installs.failed.insert(id, Failure::NotTried(why));
             }
             // Held back by the daily byte budget: not an attempt, so no failure is counted and
             // no backoff starts; the daemon logs it once a day.
             Err(Error::HeldBack(held)) => {
                 held_back.insert(id.clone());
-                installs.failed.insert(id, (false, held.to_string()));
+                installs
+                    .failed
+                    .insert(id, Failure::NotTried(held.to_string()));
                 report.held_back.push(held);
             }
             // Anything else (every origin refused it, a full disk): the built-in, or the
@@ -344,7 +346,7 @@ pub(crate) fn refresh_run(
                 {
                     no_space.get_or_insert((path.clone(), *needed, *available));
                 }
-                installs.failed.insert(id, (true, e.to_string()));
+                installs.failed.insert(id, Failure::Tried(e.to_string()));
             }
         }
     }
@@ -368,9 +370,7 @@ pub(crate) fn refresh_run(
     for (id, f) in &fates {
         match f {
             _ if installs.needs_chestnut.contains(id) => {}
-            Fate::Temporary { .. } | Fate::OldCopyInUse { .. } => {
-                report.retrying.push(id.to_string())
-            }
+            Fate::Temporary(_) | Fate::OldCopyInUse(_) => report.retrying.push(id.to_string()),
             Fate::Dropped => report.dropped.push(id.to_string()),
             Fate::Ok => {}
         }
@@ -386,8 +386,8 @@ pub(crate) fn refresh_run(
         }
         Some(Fate::Dropped) => progress(&Progress::SelectedUnavailable),
         _ if held_back.contains(&wanted.selection) => progress(&Progress::HeldBack),
-        Some(Fate::Temporary { .. }) => progress(&Progress::SelectedRetrying),
-        Some(Fate::OldCopyInUse { .. }) => progress(&Progress::UpdateRetrying),
+        Some(Fate::Temporary(_)) => progress(&Progress::SelectedRetrying),
+        Some(Fate::OldCopyInUse(_)) => progress(&Progress::UpdateRetrying),
         _ if outcome.fell_back => progress(&Progress::SelectedUnavailable),
         _ => {}
     }

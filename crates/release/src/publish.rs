@@ -443,7 +443,10 @@ fn check_left_out(
         .openpilot
         .as_ref()
         .map(|p| p.to_string_lossy().into_owned());
-    let hf_cli = req.hf_cli.as_ref().map(|p| p.to_string_lossy().into_owned());
+    let hf_cli = req
+        .hf_cli
+        .as_ref()
+        .map(|p| p.to_string_lossy().into_owned());
     let signed = !req.sign_keys.is_empty();
     for (name, value) in [
         ("openpilot", openpilot),
@@ -454,7 +457,10 @@ fn check_left_out(
         ("github-branch", Some(req.github_branch.clone())),
         ("attempts", Some(req.attempts.to_string())),
         ("release", req.release.map(|r| r.to_string())),
-        ("expires-in", signed.then(|| req.expires_in_days.to_string())),
+        (
+            "expires-in",
+            signed.then(|| req.expires_in_days.to_string()),
+        ),
         ("remove-signature", req.remove_signature.clone()),
     ] {
         if let Some(v) = value {
@@ -471,7 +477,10 @@ fn check_left_out(
     for id in req.drop_models.iter().chain(&models) {
         flag("drop-model", id.as_str());
     }
-    for (on, name) in [(req.dry_run, " --dry-run"), (req.deep_verify, " --deep-verify")] {
+    for (on, name) in [
+        (req.dry_run, " --dry-run"),
+        (req.deep_verify, " --deep-verify"),
+    ] {
         if on {
             rerun.push_str(name);
         }

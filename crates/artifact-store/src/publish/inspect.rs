@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::paths::StorePath;
 use crate::store::Store;
 
-use super::SMALL_FILE_LIMIT;
+use chunker::SMALL_FILE_LIMIT;
 
 pub use crate::refusal::{StoreProblem, StoreProblemKind};
 

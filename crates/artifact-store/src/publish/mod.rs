@@ -47,9 +47,6 @@ use execute::publish_one;
 pub use inspect::{StoreProblem, StoreProblemKind, VariantTarget, variant_targets};
 pub use plan::*;
 
-/// Small files (`.sha256`, `.chunkmanifest`) are never larger than this.
-pub(crate) const SMALL_FILE_LIMIT: u64 = 4096;
-
 /// Everything publish needs besides the stores.
 #[derive(Debug, Clone)]
 pub struct PublishOptions {
