@@ -98,7 +98,7 @@ const BIG_FILE_THRESHOLD: &str = "core.bigFileThreshold=1m";
 /// renames durable (docs/release.md, "Power loss").
 const GIT_FSYNC: [&str; 2] = ["core.fsync=all", "core.fsyncMethod=fsync"];
 
-/// The oldest git that honours [`GIT_FSYNC`] (`core.fsync` came with git 2.36; an older git
+/// The oldest git that honours `GIT_FSYNC` (`core.fsync` came with git 2.36; an older git
 /// ignores it silently and fsyncs no ref or index).
 pub const MIN_GIT: (u32, u32) = (2, 36);
 
