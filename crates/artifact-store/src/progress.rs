@@ -301,7 +301,10 @@ pub(crate) fn wait_reading_progress(
 /// Reads a tool's stderr as it comes, hands each byte figure to a callback and keeps the rest
 /// (the lines that are not progress) for an error message, bounded.
 struct ProgressText {
-    pending: String,
+    /// Bytes of the segment not yet ended. Kept as bytes: a read may end inside a multi-byte
+    /// character, which decodes only once its last byte has come (a `\r` or `\n` byte is never
+    /// part of one, so a segment ends on a character boundary).
+    pending: Vec<u8>,
     kept: String,
 }
 
@@ -311,7 +314,7 @@ const KEPT_LIMIT: usize = 256 * 1024;
 impl ProgressText {
     pub fn new() -> Self {
         Self {
-            pending: String::new(),
+            pending: Vec::new(),
             kept: String::new(),
         }
     }
@@ -319,17 +322,17 @@ impl ProgressText {
     /// Feed what was read; `parse` sees each complete segment and returns whether it was
     /// progress (else it is kept).
     pub fn feed(&mut self, bytes: &[u8], parse: &mut dyn FnMut(&str) -> bool) {
-        self.pending.push_str(&String::from_utf8_lossy(bytes));
-        while let Some(i) = self.pending.find(['\r', '\n']) {
-            let seg: String = self.pending.drain(..=i).collect();
-            self.segment(&seg, parse);
+        self.pending.extend_from_slice(bytes);
+        while let Some(i) = self.pending.iter().position(|b| matches!(b, b'\r' | b'\n')) {
+            let seg: Vec<u8> = self.pending.drain(..=i).collect();
+            self.segment(&String::from_utf8_lossy(&seg), parse);
         }
     }
 
     /// The end of the stream: the rest is one last segment.
     pub fn finish(mut self, parse: &mut dyn FnMut(&str) -> bool) -> String {
         let rest = std::mem::take(&mut self.pending);
-        self.segment(&rest, parse);
+        self.segment(&String::from_utf8_lossy(&rest), parse);
         self.kept
     }
 
@@ -657,5 +660,23 @@ mod tests {
         assert_eq!(seen.len(), 9);
         assert!(kept.contains("Total 3 (delta 1)"), "{kept}");
         assert!(!kept.contains("Writing objects"), "{kept}");
+    }
+
+    /// A read that ends inside a multi-byte character (here every possible cut of "é" and
+    /// "—") keeps the character whole in what is kept for the error message.
+    #[test]
+    fn a_character_cut_between_two_reads_is_kept_whole() {
+        let text = "remote: refusé — le dépôt est plein\nTotal 3\n".as_bytes();
+        for cut in 1..text.len() {
+            let mut pt = ProgressText::new();
+            let mut parse = |_: &str| false;
+            pt.feed(&text[..cut], &mut parse);
+            pt.feed(&text[cut..], &mut parse);
+            assert_eq!(
+                pt.finish(&mut parse),
+                "remote: refusé — le dépôt est plein\nTotal 3\n",
+                "cut at byte {cut}"
+            );
+        }
     }
 }
