@@ -14,9 +14,8 @@
 //! name does none of those; it also starts with `.`, which our own purge and `gc` plans skip.
 //! Upstream's cleanup lists only `/data/models` itself, never subdirectories.
 
-use std::ffi::CString;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -25,6 +24,8 @@ use std::time::{Duration, SystemTime};
 
 use fs_err as fs;
 use fs_err::File;
+use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, Stat};
+use rustix::io::Errno;
 
 use crate::error::os_error;
 
@@ -41,22 +42,15 @@ pub const STALE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Temporaries of [`StagingDir::write_atomic`] start with this.
 const NEW_PREFIX: &str = ".new-";
 
-fn cstr(name: &str) -> io::Result<CString> {
-    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+/// `name` when it is a plain file name of the directory (no `/`, not `.` or `..`, no NUL).
+fn plain(name: &str) -> io::Result<&str> {
+    if name.is_empty() || name.contains(['/', '\0']) || name == "." || name == ".." {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("`{name}` is not a plain file name"),
         ));
     }
-    CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in a name"))
-}
-
-fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
+    Ok(name)
 }
 
 /// The open, verified staging directory.
@@ -69,13 +63,6 @@ impl StagingDir {
     /// Open `<models_dir>/.starpilot-staging`, creating it, as the module docs describe.
     pub fn open(models_dir: &Path) -> io::Result<Self> {
         let path = models_dir.join(STAGING_DIR);
-        let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-            os_error(
-                "open directory",
-                &path,
-                io::Error::new(io::ErrorKind::InvalidInput, "NUL in the path"),
-            )
-        })?;
         for _ in 0..3 {
             // fs-err has no DirBuilder (the mode must be set at creation).
             match std::fs::DirBuilder::new().mode(0o700).create(&path) {
@@ -83,28 +70,20 @@ impl StagingDir {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(os_error("create directory", &path, e)),
             }
-            // SAFETY: a valid NUL-terminated path; the result is checked.
-            let fd = unsafe {
-                libc::open(
-                    c.as_ptr(),
-                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                )
-            };
-            if fd < 0 {
-                let e = io::Error::last_os_error();
-                if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) {
+            let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            let fd = match rustix::fs::open(&path, flags, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(Errno::LOOP | Errno::NOTDIR) => {
                     // A symlink or a file at our name: not ours. Unlinking it never touches
                     // what a symlink points to.
                     fs::remove_file(&path)?;
                     continue;
                 }
-                return Err(os_error("open directory", &path, e));
-            }
-            // SAFETY: `fd` is a freshly opened descriptor we own.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            let st = fstat(fd.as_raw_fd()).map_err(|e| os_error("query metadata", &path, e))?;
-            // SAFETY: no arguments, cannot fail.
-            let me = unsafe { libc::geteuid() };
+                Err(e) => return Err(os_error("open directory", &path, e.into())),
+            };
+            let st =
+                rustix::fs::fstat(&fd).map_err(|e| os_error("query metadata", &path, e.into()))?;
+            let me = rustix::process::geteuid().as_raw();
             if st.st_uid != me {
                 return Err(io::Error::new(
                     io::ErrorKind::PermissionDenied,
@@ -116,9 +95,8 @@ impl StagingDir {
                 ));
             }
             if st.st_mode & 0o077 != 0 {
-                // SAFETY: a valid descriptor.
-                check(unsafe { libc::fchmod(fd.as_raw_fd(), 0o700) })
-                    .map_err(|e| os_error("set permissions of", &path, e))?;
+                rustix::fs::fchmod(&fd, Mode::RWXU)
+                    .map_err(|e| os_error("set permissions of", &path, e.into()))?;
             }
             let dir = Self { fd, path };
             dir.remove_legacy(models_dir);
@@ -151,40 +129,38 @@ impl StagingDir {
 
     /// A file of the directory, opened relative to its descriptor; the result carries its path,
     /// so every later error on it (fs-err) names it.
-    fn openat(&self, name: &str, flags: libc::c_int) -> io::Result<File> {
+    fn openat(&self, name: &str, flags: OFlags) -> io::Result<File> {
         let path = self.join(name);
-        let op = if flags & libc::O_CREAT != 0 {
+        let op = if flags.contains(OFlags::CREATE) {
             "create file"
         } else {
             "open file"
         };
-        let c = cstr(name).map_err(|e| os_error(op, &path, e))?;
-        // SAFETY: a valid directory descriptor and NUL-terminated name; the result is checked.
-        let fd = check(unsafe {
-            libc::openat(
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                0o600 as libc::c_uint,
-            )
-        })
-        .map_err(|e| os_error(op, &path, e))?;
-        // SAFETY: a freshly opened descriptor we own.
-        let file = unsafe { std::fs::File::from_raw_fd(fd) };
-        Ok(File::from_parts(file, path))
+        let fd = plain(name)
+            .and_then(|name| {
+                let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                Ok(rustix::fs::openat(
+                    &self.fd,
+                    name,
+                    flags,
+                    Mode::RUSR | Mode::WUSR,
+                )?)
+            })
+            .map_err(|e| os_error(op, &path, e))?;
+        Ok(File::from_parts(std::fs::File::from(fd), path))
     }
 
     /// A new, empty file at `name` (whatever was there is removed first; never followed).
     pub fn create_new(&self, name: &str) -> io::Result<File> {
         self.remove(name)?;
-        self.openat(name, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL)
+        self.openat(name, OFlags::RDWR | OFlags::CREATE | OFlags::EXCL)
     }
 
     /// The existing regular file at `name`, read-write; a symlink or anything else is refused.
     pub fn open_existing(&self, name: &str) -> io::Result<File> {
-        let f = self.openat(name, libc::O_RDWR)?;
-        let st = fstat(f.as_raw_fd()).map_err(|e| os_error("query metadata", f.path(), e))?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        let f = self.openat(name, OFlags::RDWR)?;
+        let st = fstat(&f).map_err(|e| os_error("query metadata", f.path(), e))?;
+        if !is_regular(&st) {
             return Err(os_error(
                 "open file",
                 f.path(),
@@ -231,31 +207,16 @@ impl StagingDir {
 
     fn rename_within(&self, from: &str, to: &str) -> io::Result<()> {
         let fail = |e| os_error("rename", &self.join(from), e);
-        let (a, b) = (cstr(from).map_err(fail)?, cstr(to).map_err(fail)?);
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: valid descriptors and NUL-terminated names.
-        check(unsafe { libc::renameat(fd, a.as_ptr(), fd, b.as_ptr()) })
-            .map(drop)
-            .map_err(fail)
+        let (a, b) = (plain(from).map_err(fail)?, plain(to).map_err(fail)?);
+        rustix::fs::renameat(&self.fd, a, &self.fd, b).map_err(|e| fail(e.into()))
     }
 
     /// Move `name` to `dest` (outside the staging directory, same filesystem). The rename
     /// replaces whatever is at `dest` (a symlink included) without following it.
     pub fn rename_out(&self, name: &str, dest: &Path) -> io::Result<()> {
         let fail = |e| os_error("rename into place", dest, e);
-        let a = cstr(name).map_err(fail)?;
-        let b = CString::new(dest.as_os_str().as_bytes()).map_err(|_| {
-            fail(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "NUL in the path",
-            ))
-        })?;
-        // SAFETY: valid descriptor and NUL-terminated names.
-        check(unsafe {
-            libc::renameat(self.fd.as_raw_fd(), a.as_ptr(), libc::AT_FDCWD, b.as_ptr())
-        })
-        .map(drop)
-        .map_err(fail)
+        let a = plain(name).map_err(fail)?;
+        rustix::fs::renameat(&self.fd, a, CWD, dest).map_err(|e| fail(e.into()))
     }
 
     /// Whether `name` in the directory is still the very file `file` is open on (same device and
@@ -263,42 +224,25 @@ impl StagingDir {
     /// bytes someone swapped in under our name are never installed.
     pub fn still_is(&self, name: &str, file: &File) -> io::Result<bool> {
         let fail = |e| os_error("query metadata", &self.join(name), e);
-        let c = cstr(name).map_err(fail)?;
-        // SAFETY: an all-zero `stat` is a valid value to be overwritten.
-        let mut at: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: a valid descriptor, a NUL-terminated name and a correctly sized buffer.
-        check(unsafe {
-            libc::fstatat(
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                &mut at,
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        })
-        .map_err(fail)?;
-        let open = fstat(file.as_raw_fd()).map_err(fail)?;
-        Ok(at.st_mode & libc::S_IFMT == libc::S_IFREG
-            && at.st_dev == open.st_dev
-            && at.st_ino == open.st_ino)
+        let name = plain(name).map_err(fail)?;
+        let at = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e| fail(e.into()))?;
+        let open = fstat(file).map_err(fail)?;
+        Ok(is_regular(&at) && at.st_dev == open.st_dev && at.st_ino == open.st_ino)
     }
 
     /// Unlink `name` (never following it); absent is fine.
     pub fn remove(&self, name: &str) -> io::Result<()> {
         let fail = |e| os_error("remove file", &self.join(name), e);
-        let c = cstr(name).map_err(fail)?;
-        // SAFETY: a valid descriptor and NUL-terminated name.
-        match check(unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) }) {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(fail(e)),
+        let name = plain(name).map_err(fail)?;
+        match rustix::fs::unlinkat(&self.fd, name, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(fail(e.into())),
         }
     }
 
     pub fn sync(&self) -> io::Result<()> {
-        // SAFETY: a valid descriptor.
-        check(unsafe { libc::fsync(self.fd.as_raw_fd()) })
-            .map(drop)
-            .map_err(|e| os_error("sync directory", &self.path, e))
+        rustix::fs::fsync(&self.fd).map_err(|e| os_error("sync directory", &self.path, e.into()))
     }
 
     /// Names in the directory with their age (by modification time, never following a link).
@@ -333,12 +277,12 @@ impl StagingDir {
     }
 }
 
-fn fstat(fd: libc::c_int) -> io::Result<libc::stat> {
-    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid descriptor and a correctly sized buffer.
-    check(unsafe { libc::fstat(fd, &mut st) })?;
-    Ok(st)
+fn fstat(file: &File) -> io::Result<Stat> {
+    Ok(rustix::fs::fstat(file)?)
+}
+
+fn is_regular(st: &Stat) -> bool {
+    FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
 }
 
 /// The staging names of an artifact: data `<sha16>-<local_name>`, its record `<...>.state`.
