@@ -12,7 +12,7 @@ use artifact_store::publish::{
 };
 use artifact_store::retry::RetryPolicy;
 use artifact_store::signing::{self, SigningKey, VerifyingKey};
-use artifact_store::{HfConfig, Store, StoreSpec};
+use artifact_store::{Store, StoreAccess, StoreSpec};
 use manifest::{Generation, Manifest, ModelId, ReleaseNumber};
 use serde::Serialize;
 
@@ -31,12 +31,9 @@ pub struct PublishRequest {
     /// The `--to` stores, in publish order.
     pub to: Vec<StoreSpec>,
     /// The Hub store a GitHub-only publish is compared with.
-    pub hub: String,
-    /// The `hf` CLI for Hugging Face stores (else `HF_CLI`, else `hf` on PATH), read with the
-    /// rest of the Hub settings each time a store is opened.
-    pub hf_cli: Option<PathBuf>,
-    /// The branch a `github:` checkout must be on.
-    pub github_branch: String,
+    pub hub: StoreSpec,
+    /// How the stores are reached.
+    pub access: StoreAccess,
     pub dry_run: bool,
     pub deep_verify: bool,
     /// Attempts per upload (at least one is made).
@@ -438,12 +435,13 @@ fn check_left_out(
     flag("manifest", &req.manifest_path.to_string_lossy());
     flag("artifacts", &req.artifacts.to_string_lossy());
     flag("workspace", &ws.root().to_string_lossy());
-    let hub = Some(req.hub.clone()).filter(|h| h != crate::rebuild::DEFAULT_SOURCES);
+    let hub = Some(req.hub.to_string()).filter(|h| h != crate::rebuild::DEFAULT_SOURCES);
     let openpilot = req
         .openpilot
         .as_ref()
         .map(|p| p.to_string_lossy().into_owned());
-    let hf_cli = req
+    let access = &req.access;
+    let hf_cli = access
         .hf_cli
         .as_ref()
         .map(|p| p.to_string_lossy().into_owned());
@@ -454,7 +452,7 @@ fn check_left_out(
         ("github-only", req.github_only.clone()),
         ("hub", hub),
         ("hf-cli", hf_cli),
-        ("github-branch", Some(req.github_branch.clone())),
+        ("github-branch", Some(access.github_branch.clone())),
         ("attempts", Some(req.attempts.to_string())),
         ("release", req.release.map(|r| r.to_string())),
         (
@@ -533,12 +531,8 @@ fn open_stores(req: &PublishRequest) -> Result<Vec<Box<dyn Store>>> {
     Ok(req
         .to
         .iter()
-        .map(|s| open(req, s))
+        .map(|s| s.open(&req.access))
         .collect::<artifact_store::Result<_>>()?)
-}
-
-fn open(req: &PublishRequest, spec: &StoreSpec) -> artifact_store::Result<Box<dyn Store>> {
-    spec.open(&HfConfig::from_env(req.hf_cli.clone()), &req.github_branch)
 }
 
 /// GitHub never ahead of the Hub: `artifact_store::publish::check_github_only` over the `--to`
@@ -546,18 +540,17 @@ fn open(req: &PublishRequest, spec: &StoreSpec) -> artifact_store::Result<Box<dy
 fn github_only_gate(req: &PublishRequest) -> Result<GithubOnly> {
     // A `--to` that is the Hub store counts as the Hub (an offline mirror, or a directory
     // standing in for the Hub, named on purpose).
-    let hub = StoreSpec::parse(&req.hub)?;
     let kinds: Vec<(bool, bool)> = req
         .to
         .iter()
-        .map(|s| (s.is_hf() || s.same_store(&hub), s.is_github()))
+        .map(|s| (s.is_hf() || s.same_store(&req.hub), s.is_github()))
         .collect();
     Ok(check_github_only(
         &kinds,
         req.github_only.as_deref(),
         req.generation,
         &req.manifest,
-        &mut || open(req, &StoreSpec::parse(&req.hub)?),
+        &mut || req.hub.open(&req.access),
     )?)
 }
 

@@ -186,8 +186,8 @@ pub struct PinArgs {
     /// A store to check for a live manifest of --generation (`hf://buckets/NS/NAME`,
     /// `github:CHECKOUT`, `file:DIR` or a directory). Repeat for every store you publish to; at
     /// least one is required.
-    #[arg(long = "store", value_name = "STORE", required = true)]
-    pub stores: Vec<String>,
+    #[arg(long = "store", value_name = "STORE", required = true, value_parser = artifact_store::StoreSpec::parse)]
+    pub stores: Vec<artifact_store::StoreSpec>,
     #[command(flatten)]
     pub access: crate::cmd::store::StoreAccess,
     /// Check the stores and say what would be written; change nothing.
@@ -968,28 +968,25 @@ fn bump(args: BumpArgs) -> CliResult {
 // ---- tinygrad pin ------------------------------------------------------------------------
 
 fn pin(args: PinArgs) -> CliResult {
+    let access = args.access.get();
     let stores = args
         .stores
         .iter()
-        .map(|s| {
-            let spec =
-                artifact_store::StoreSpec::parse(s).map_err(crate::cmd::store::store_error)?;
+        .map(|spec| {
             // A directory store that is not there holds nothing to check: refused, not taken
             // for "not published".
             if let artifact_store::StoreSpec::Local(dir) | artifact_store::StoreSpec::Github(dir) =
-                &spec
+                spec
                 && !dir.is_dir()
             {
                 return Err(CliError::usage(format!(
-                    "--store {s}: no such directory, so nothing says whether {} is published \
+                    "--store {spec}: no such directory, so nothing says whether {} is published \
                      there; pass the store you publish {} to (the directory `release-cli \
                      publish --to` wrote, or the `github:` checkout)",
                     args.generation, args.generation
                 )));
             }
-            args.access
-                .open(&spec)
-                .map_err(crate::cmd::store::store_error)
+            spec.open(&access).map_err(crate::cmd::store::store_error)
         })
         .collect::<CliResult<Vec<_>>>()?;
     let refs: Vec<&dyn artifact_store::Store> = stores.iter().map(|s| s.as_ref()).collect();

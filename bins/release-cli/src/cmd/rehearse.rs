@@ -167,8 +167,9 @@ fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
 
 pub fn status(args: StatusArgs) -> CliResult {
     let mut opened = Vec::new();
+    let access = args.access.get();
     for (name, spec) in &args.stores {
-        let store = args.access.open(spec).map_err(super::store::store_error)?;
+        let store = spec.open(&access).map_err(super::store::store_error)?;
         opened.push((name.clone(), store));
     }
     let refs: Vec<(String, &dyn artifact_store::Store)> = opened

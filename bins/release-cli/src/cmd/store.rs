@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use artifact_store::publish::{Event, PublishReport, Step};
 use artifact_store::reuse::ReusePlan;
 use artifact_store::serve::{ServeConfig, Server};
-use artifact_store::{HfConfig, Location, Store, StoreSpec};
+use artifact_store::{Location, StoreSpec};
 use clap::Args;
 use manifest::{Generation, GitCommit, Manifest, ModelId, layout};
 use release::gate::GateOutcome;
@@ -91,8 +91,8 @@ pub struct PublishArgs {
     /// The Hub store whose live manifest a GitHub-only publish is compared with (read only). A
     /// `--to` naming this same store counts as the Hub: an offline mirror or a directory that
     /// stands in for the Hub is named here on purpose, and may then go before GitHub.
-    #[arg(long, value_name = "STORE", default_value = release::rebuild::DEFAULT_SOURCES)]
-    pub hub: String,
+    #[arg(long, value_name = "STORE", default_value = release::rebuild::DEFAULT_SOURCES, value_parser = StoreSpec::parse)]
+    pub hub: StoreSpec,
     #[command(flatten)]
     pub access: StoreAccess,
     /// Print one JSON line per event (`{"event":…}`), then the report `{"dry_run","generation",
@@ -132,12 +132,12 @@ pub struct StoreAccess {
 }
 
 impl StoreAccess {
-    pub fn hf(&self) -> HfConfig {
-        HfConfig::from_env(self.hf_cli.clone())
-    }
-
-    pub fn open(&self, spec: &StoreSpec) -> artifact_store::Result<Box<dyn Store>> {
-        spec.open(&self.hf(), &self.github_branch)
+    /// The one value every store is opened with.
+    pub fn get(&self) -> artifact_store::StoreAccess {
+        artifact_store::StoreAccess {
+            hf_cli: self.hf_cli.clone(),
+            github_branch: self.github_branch.clone(),
+        }
     }
 }
 
@@ -162,8 +162,7 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
         manifest_path: args.manifest,
         manifest,
         artifacts: args.artifacts,
-        hf_cli: args.access.hf_cli,
-        github_branch: args.access.github_branch,
+        access: args.access.get(),
         to: args.to,
         hub: args.hub,
         dry_run: args.dry_run,
@@ -461,8 +460,8 @@ pub struct ReuseArgs {
     pub source_id: Option<ModelId>,
     /// The source logical artifact, e.g. `hf://datasets/ORG/REPO/dir/x_driving_tinygrad.pkl`
     /// (its `.chunkNNofMM` files and `.chunkmanifest` sit beside that name).
-    #[arg(long, value_name = "LOCATION")]
-    pub from: String,
+    #[arg(long, value_name = "LOCATION", value_parser = Location::parse)]
+    pub from: Location,
     /// The source catalog: a manifest with top-level `tinygrad_commit` and per-entry
     /// `source_commit`.
     #[arg(long, value_name = "FILE")]
@@ -474,8 +473,8 @@ pub struct ReuseArgs {
     #[arg(long, value_name = "SHA")]
     pub tinygrad_commit: GitCommit,
     /// The store to copy into (`hf://buckets/NS/NAME` for a server-side copy).
-    #[arg(long, value_name = "STORE")]
-    pub to: String,
+    #[arg(long, value_name = "STORE", value_parser = StoreSpec::parse)]
+    pub to: StoreSpec,
     /// The generation to copy into, e.g. `v25`.
     #[arg(long, value_name = "vNN")]
     pub generation: Generation,
@@ -520,11 +519,10 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
         &catalog,
         target,
     )?;
-    let from = Location::parse(&args.from).map_err(store_error)?;
-    let source = args.access.open(&from.store).map_err(store_error)?;
-    let dest = StoreSpec::parse(&args.to)
-        .and_then(|spec| args.access.open(&spec))
-        .map_err(store_error)?;
+    let from = &args.from;
+    let access = args.access.get();
+    let source = from.store.open(&access).map_err(store_error)?;
+    let dest = args.to.open(&access).map_err(store_error)?;
     cli_support::detail!("source: {}", source.describe());
     cli_support::detail!("destination: {}", dest.describe());
     if args.dry_run {
