@@ -51,13 +51,20 @@ pub enum StoreSpec {
 }
 
 /// How stores are reached, one value for every store a command opens: the `hf` CLI Hugging Face
-/// stores run (else `HF_CLI`, else `hf` on PATH; read with the rest of the Hub settings each
-/// time a store is opened) and the branch a `github:` checkout must be on.
+/// stores run (read with the rest of the Hub settings each time a store is opened) and the
+/// branch a `github:` checkout must be on. With feature `cli`, the flags `--hf-cli` and
+/// `--github-branch` every store-opening command of release-cli flattens.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct StoreAccess {
-    /// `--hf-cli`, when given.
+    /// The `hf` CLI to run for Hugging Face stores (default: `HF_CLI`, else `hf` on PATH).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "PATH"))]
     pub hf_cli: Option<PathBuf>,
     /// The branch a `github:` checkout must be on.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, default_value = manifest::layout::GITHUB_BRANCH, value_name = "BRANCH")
+    )]
     pub github_branch: String,
 }
 

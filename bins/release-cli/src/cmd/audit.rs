@@ -8,10 +8,10 @@ use manifest::{Generation, UnixSeconds};
 use release::audit::{MendContext, Report, read};
 use release::gate::UtcTime;
 
-use super::store::StoreAccess;
 use crate::output::print_json;
 use crate::progress::bytes_bar;
 use crate::{CliError, CliResult};
+use artifact_store::StoreAccess;
 
 #[derive(Debug, Args)]
 pub struct AuditArgs {
@@ -64,7 +64,7 @@ pub fn run(args: AuditArgs) -> CliResult {
             sign_keys: args.sign_key,
             openpilot: args.openpilot,
         },
-        access: args.access.get(),
+        access: args.access.clone(),
     };
     // One bar per store while --deep hashes it (hidden off a terminal, with --json or -q).
     let mut bar: Option<(String, indicatif::ProgressBar)> = None;

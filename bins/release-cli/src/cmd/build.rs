@@ -189,7 +189,7 @@ pub struct PinArgs {
     #[arg(long = "store", value_name = "STORE", required = true, value_parser = artifact_store::StoreSpec::parse)]
     pub stores: Vec<artifact_store::StoreSpec>,
     #[command(flatten)]
-    pub access: crate::cmd::store::StoreAccess,
+    pub access: artifact_store::StoreAccess,
     /// Check the stores and say what would be written; change nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -338,7 +338,7 @@ pub struct ValidateArgs {
     pub version: Option<BehaviorVersion>,
     /// The rebuild workspace: the artifact defaults to ready/<id>/, the record goes to
     /// results/<id>.validation.json (results/<check>[.<W>x<H>].check.json with --check).
-    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
+    #[arg(long, value_name = "DIR", value_parser = release::Workspace::value_parser())]
     pub workspace: Option<release::Workspace>,
     /// The chunk set's logical path (default: <workspace>/ready/<id>/<id>_driving_tinygrad.pkl).
     #[arg(long, value_name = "PATH")]
@@ -968,7 +968,6 @@ fn bump(args: BumpArgs) -> CliResult {
 // ---- tinygrad pin ------------------------------------------------------------------------
 
 fn pin(args: PinArgs) -> CliResult {
-    let access = args.access.get();
     let stores = args
         .stores
         .iter()
@@ -986,7 +985,8 @@ fn pin(args: PinArgs) -> CliResult {
                     args.generation, args.generation
                 )));
             }
-            spec.open(&access).map_err(crate::cmd::store::store_error)
+            spec.open(&args.access)
+                .map_err(crate::cmd::store::store_error)
         })
         .collect::<CliResult<Vec<_>>>()?;
     let refs: Vec<&dyn artifact_store::Store> = stores.iter().map(|s| s.as_ref()).collect();

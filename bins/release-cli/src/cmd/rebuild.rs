@@ -16,7 +16,7 @@ use crate::{CliError, CliResult};
 #[derive(Debug, Args)]
 pub struct RebuildArgs {
     /// The rebuild workspace (created if missing; rerun with the same one to resume).
-    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
+    #[arg(long, value_name = "DIR", value_parser = release::Workspace::value_parser())]
     pub workspace: release::Workspace,
     /// The source map: `{"<id>": {"source_id", "input_format", "ref", "uses_external_gpu"}}`.
     #[arg(long, value_name = "FILE")]
@@ -34,7 +34,7 @@ pub struct RebuildArgs {
     #[arg(long = "model", value_name = "ID")]
     pub models: Vec<ModelId>,
     #[command(flatten)]
-    pub access: crate::cmd::store::StoreAccess,
+    pub access: artifact_store::StoreAccess,
     /// Make the checks a rebuild makes before building (the one-compiler policy, the pin, the
     /// source map and base catalog, which models are done: their records and ready chunk sets
     /// verified; and, when a model would be built, the local rsync and a key for the compiler
@@ -104,7 +104,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
     let mut sink = live;
     let mut builder = RemoteBuilder::new(
         args.sources.clone(),
-        args.access.get(),
+        args.access.clone(),
         args.remote.connect_options(),
         pin,
         &mut sink,
