@@ -112,6 +112,6 @@ pub use error::{Error, HfFailure, Refusal, Result};
 pub use github::GithubStore;
 pub use hf::{HfBucketStore, HfConfig};
 pub use local::LocalStore;
-pub use location::{Location, StoreSpec};
+pub use location::{Location, StoreAccess, StoreSpec};
 pub use paths::StorePath;
 pub use store::{FileStat, ListEntry, Store};

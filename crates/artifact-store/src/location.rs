@@ -50,6 +50,31 @@ pub enum StoreSpec {
     },
 }
 
+/// How stores are reached, one value for every store a command opens: the `hf` CLI Hugging Face
+/// stores run (read with the rest of the Hub settings each time a store is opened) and the
+/// branch a `github:` checkout must be on. With feature `cli`, the flags `--hf-cli` and
+/// `--github-branch` every store-opening command of release-cli flattens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct StoreAccess {
+    /// The `hf` CLI to run for Hugging Face stores (default: `HF_CLI`, else `hf` on PATH).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "PATH"))]
+    pub hf_cli: Option<PathBuf>,
+    /// The branch a `github:` checkout must be on.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, default_value = manifest::layout::GITHUB_BRANCH, value_name = "BRANCH")
+    )]
+    pub github_branch: String,
+}
+
+impl StoreAccess {
+    /// The Hub settings from the environment, with this `hf` CLI.
+    pub fn hf(&self) -> HfConfig {
+        HfConfig::from_env(self.hf_cli.clone())
+    }
+}
+
 /// The kind of a Hugging Face repository.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RepoKind {
@@ -68,10 +93,19 @@ impl RepoKind {
     }
 }
 
+/// The name [`StoreSpec::parse`] reads back as the same store (a Hub repository: as the store
+/// part of a [`Location`]): a directory as its plain path, or as `file:PATH` when the plain
+/// path would read as another store or be refused (`hf://…`, `github:…`, `word:…`).
 impl fmt::Display for StoreSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            StoreSpec::Local(p) => write!(f, "{}", p.display()),
+            StoreSpec::Local(p) => {
+                let plain = p.display().to_string();
+                match StoreSpec::parse(&plain) {
+                    Ok(same) if same == *self => f.write_str(&plain),
+                    _ => write!(f, "file:{plain}"),
+                }
+            }
             StoreSpec::HfBucket { bucket } => write!(f, "hf://buckets/{bucket}"),
             StoreSpec::Github(p) => write!(f, "github:{}", p.display()),
             StoreSpec::HfRepo {
@@ -224,16 +258,21 @@ impl StoreSpec {
     }
 
     /// Open the store. A GitHub checkout is checked (branch, clean, in sync) here.
-    pub fn open(&self, hf: &HfConfig, github_branch: &str) -> Result<Box<dyn Store>> {
+    pub fn open(&self, access: &StoreAccess) -> Result<Box<dyn Store>> {
         Ok(match self {
             StoreSpec::Local(p) => Box::new(LocalStore::new(p.clone())),
-            StoreSpec::HfBucket { bucket } => Box::new(HfBucketStore::new(bucket, hf.clone())?),
-            StoreSpec::Github(p) => Box::new(GithubStore::open(p.clone(), github_branch)?),
+            StoreSpec::HfBucket { bucket } => Box::new(HfBucketStore::new(bucket, access.hf())?),
+            StoreSpec::Github(p) => Box::new(GithubStore::open(p.clone(), &access.github_branch)?),
             StoreSpec::HfRepo {
                 kind,
                 repo,
                 revision,
-            } => Box::new(HfRepoStore::new(*kind, repo, revision.clone(), hf)?),
+            } => Box::new(HfRepoStore::new(
+                *kind,
+                repo,
+                revision.clone(),
+                &access.hf(),
+            )?),
         })
     }
 }
@@ -477,6 +516,50 @@ mod tests {
             "file://",
         ] {
             assert!(StoreSpec::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    /// What hints print (a store's Display) is read back as the same store, in every form.
+    #[test]
+    fn display_reads_back_as_the_same_store() {
+        for typed in [
+            "hf://buckets/StarPilot-Driving/StarPilot-Resources",
+            "github:../res",
+            "github:/srv/a checkout",
+            "file:rel/store",
+            "file:///srv/store",
+            "rel/store",
+            "/srv/my store",
+            "./hf:odd",
+            "file:hf:odd",
+            "file:hf://buckets/a/b",
+            "file:github:x",
+            "file:file:x",
+            "file:C:store",
+        ] {
+            let spec = StoreSpec::parse(typed).unwrap();
+            let shown = spec.to_string();
+            assert_eq!(
+                StoreSpec::parse(&shown).unwrap(),
+                spec,
+                "{typed} shown as {shown}"
+            );
+        }
+        assert_eq!(
+            StoreSpec::Local("/srv/my store".into()).to_string(),
+            "/srv/my store"
+        );
+        assert_eq!(StoreSpec::Local("hf:odd".into()).to_string(), "file:hf:odd");
+        // A Hub repository is only ever a reuse source: its name is the store part of a
+        // location.
+        for typed in [
+            "hf://datasets/org/repo/x.pkl",
+            "hf://models/org/repo@abc/dir/x.pkl",
+        ] {
+            let l = Location::parse(typed).unwrap();
+            let shown = format!("{}/{}", l.store, l.path);
+            assert_eq!(shown, typed);
+            assert_eq!(Location::parse(&shown).unwrap(), l);
         }
     }
 

@@ -17,6 +17,7 @@ use cli_support::shell_quote;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+use artifact_store::StoreSpec;
 use artifact_store::signing::BlockCheck;
 use chunker::Sha256Digest;
 use manifest::signature::{self, Refusal, TrustedComment};
@@ -48,10 +49,13 @@ impl StoreRef {
     /// The name `--store`/`--to` takes.
     pub fn spec(&self) -> String {
         match self {
-            StoreRef::Local { root } => root.display().to_string(),
-            StoreRef::Hub { bucket } => format!("hf://buckets/{bucket}"),
-            StoreRef::Github { checkout, .. } => format!("github:{}", checkout.display()),
+            StoreRef::Local { root } => StoreSpec::Local(root.clone()),
+            StoreRef::Hub { bucket } => StoreSpec::HfBucket {
+                bucket: bucket.clone(),
+            },
+            StoreRef::Github { checkout, .. } => StoreSpec::Github(checkout.clone()),
         }
+        .to_string()
     }
 
     /// Where a bucket-layout path is in this store, as a user finds it: a file path, an

@@ -12,48 +12,127 @@ use artifact_store::publish::{
 };
 use artifact_store::retry::RetryPolicy;
 use artifact_store::signing::{self, SigningKey, VerifyingKey};
-use artifact_store::{HfConfig, Store, StoreSpec};
+use artifact_store::{Store, StoreAccess, StoreSpec};
 use manifest::{Generation, Manifest, ModelId, ReleaseNumber};
 use serde::Serialize;
 
 use crate::gate::{GateOutcome, PublishAllowance, PublishRecord};
 use crate::{Error, Result, Workspace};
 
-/// Everything a publish is asked to do, as parsed from the command line.
+/// Default validity of a signature, in days.
+pub const DEFAULT_EXPIRES_IN_DAYS: u64 = 180;
+
+/// Everything a publish is asked to do: the manifest the caller read from `--manifest`, and the
+/// publish and signing flag groups, each taken whole as parsed from the command line.
 #[derive(Debug)]
 pub struct PublishRequest {
-    pub generation: Generation,
-    /// Where the manifest was read from (named in the publish record, which goes beside it).
-    pub manifest_path: PathBuf,
     pub manifest: Manifest,
-    /// One `<id>/` directory per model to upload.
+    pub flags: PublishFlags,
+    pub sign: SignFlags,
+}
+
+/// The flags of `release-cli publish` (with feature `cli`, the clap group it flattens; the doc
+/// comments are its `--help`), but for the signing ones ([`SignFlags`]).
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct PublishFlags {
+    /// The generation to publish, e.g. `v25`.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "vNN"))]
+    pub generation: Generation,
+    /// The new manifest (`model_names_<gen>.json`) to publish, last.
+    #[cfg_attr(feature = "cli", arg(long = "manifest", value_name = "FILE"))]
+    pub manifest_path: PathBuf,
+    /// One `<id>/` directory per model to upload, each holding that model's chunk set.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
     pub artifacts: PathBuf,
-    /// The `--to` stores, in publish order.
+    /// A store: `hf://buckets/NS/NAME`, `github:CHECKOUT`, `file:DIR` or a plain directory path
+    /// without a `word:` prefix (anything else, e.g. `hf:/buckets/…` or `gh:…`, is refused).
+    /// Repeat for several stores; they are published in order (Hugging Face before GitHub).
+    #[cfg_attr(
+        feature = "cli",
+        arg(long = "to", value_name = "STORE", required = true, value_parser = StoreSpec::parse)
+    )]
     pub to: Vec<StoreSpec>,
-    /// The Hub store a GitHub-only publish is compared with.
-    pub hub: String,
-    /// The `hf` CLI for Hugging Face stores (else `HF_CLI`, else `hf` on PATH), read with the
-    /// rest of the Hub settings each time a store is opened.
-    pub hf_cli: Option<PathBuf>,
-    /// The branch a `github:` checkout must be on.
-    pub github_branch: String,
+    /// Print the plan (what would be uploaded, skipped and written) and change nothing.
+    #[cfg_attr(feature = "cli", arg(long))]
     pub dry_run: bool,
+    /// Also on the Hub, re-read every listed artifact and check its SHA-256 (a download of
+    /// each; directory and github: stores are always checked this way).
+    #[cfg_attr(feature = "cli", arg(long))]
     pub deep_verify: bool,
-    /// Attempts per upload (at least one is made).
+    /// Attempts per upload before giving up (with exponential backoff from 2 s up to 30 s).
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 4, value_name = "N"))]
     pub attempts: u32,
+    /// A model this generation adds to the previous generation's IDs (repeat for several).
+    /// Without it, a new ID is refused when a store holds the previous generation's manifest.
+    #[cfg_attr(feature = "cli", arg(long = "add-model", value_name = "ID"))]
     pub add_models: Vec<ModelId>,
+    /// A model of the previous generation this one retires (repeat for several). Without it, a
+    /// missing ID is refused: model IDs stay stable across generations.
+    #[cfg_attr(feature = "cli", arg(long = "drop-model", value_name = "ID"))]
     pub drop_models: Vec<ModelId>,
-    /// The openpilot tree whose `tinygrad_pins.json` adds to the built-in pins.
+    /// The openpilot tree whose `tinygrad_pins.json` (written by `tinygrad bump`) records the
+    /// pins of generations after v25. The manifest's tinygrad_commit must be --generation's pin.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
     pub openpilot: Option<PathBuf>,
-    /// The rebuild workspace holding the gate records.
+    /// The rebuild workspace whose results/ holds the preflight, validation and rehearsal
+    /// records; they must cover the seed's validation matrix and a passing rehearsal of this
+    /// manifest's bytes, or nothing is published.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_name = "DIR", value_parser = crate::workspace::Workspace::value_parser())
+    )]
     pub workspace: Option<Workspace>,
+    /// Publish without a covering validation record or rehearsal (the whole gate is skipped);
+    /// the reason and the uncovered cells are written into the publish record (`<manifest
+    /// stem>.publish.<time>.json` beside the manifest, copied to `<manifest stem>.publish.json`).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "REASON"))]
     pub skip_validation: Option<String>,
+    /// Allow a github: store without an hf:// one although the Hub (--hub) does not serve this
+    /// manifest; the reason is written into the publish record. Without it such a publish is
+    /// refused: devices try the Hub first, so GitHub is never ahead of it.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "REASON"))]
     pub github_only: Option<String>,
-    /// Minisign secret keys to sign with (none: unsigned).
-    pub sign_keys: Vec<PathBuf>,
+    /// The Hub store whose live manifest a GitHub-only publish is compared with (read only). A
+    /// `--to` naming this same store counts as the Hub: an offline mirror or a directory that
+    /// stands in for the Hub is named here on purpose, and may then go before GitHub.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_name = "STORE", default_value = crate::rebuild::DEFAULT_SOURCES, value_parser = StoreSpec::parse)
+    )]
+    pub hub: StoreSpec,
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub access: StoreAccess,
+}
+
+/// The signing flags of `release-cli publish` (with feature `cli`, a clap group).
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct SignFlags {
+    /// Sign the manifest with this minisign secret key and upload `model_names_<gen>.json.minisig`
+    /// just before the manifest in each store. Repeat during a key rotation. An encrypted key's
+    /// passphrase comes from STARPILOT_SIGN_PASSPHRASE, else from the terminal.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "KEY"))]
+    pub sign_key: Vec<PathBuf>,
+    /// With --sign-key: the release number (default: one more than the live signed manifest's).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N", requires = "sign_key"))]
     pub release: Option<ReleaseNumber>,
+    /// Publish unsigned over a store that holds this generation's signature, removing that
+    /// signature (before the manifest is written); REASON goes into the publish record. Devices
+    /// with trusted keys then refuse the generation as not signed. Without this flag or
+    /// --sign-key, such a publish is refused before any upload.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_name = "REASON", conflicts_with = "sign_key")
+    )]
     pub remove_signature: Option<String>,
-    pub expires_in_days: u64,
+    /// With --sign-key: days until devices refuse the signature, 1 to 3650 (10 years; the
+    /// expiry is what stops a withdrawn manifest being served again).
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_name = "DAYS", requires = "sign_key", default_value_t = DEFAULT_EXPIRES_IN_DAYS)
+    )]
+    pub expires_in: u64,
 }
 
 /// What a publish tells its caller as it goes, in order.
@@ -184,19 +263,19 @@ pub fn run(
 ) -> Result<PublishOutcome> {
     // The record names the manifest canonically (absolute, links resolved), whatever was
     // typed, so every later reader finds it from anywhere; decided before anything is written.
-    let manifest_path = std::fs::canonicalize(&req.manifest_path)
-        .or_else(|_| std::path::absolute(&req.manifest_path))
-        .unwrap_or_else(|_| req.manifest_path.clone());
+    let manifest_path = std::fs::canonicalize(&req.flags.manifest_path)
+        .or_else(|_| std::path::absolute(&req.flags.manifest_path))
+        .unwrap_or_else(|_| req.flags.manifest_path.clone());
     // The tree the release ships with must select exactly the generation of its tinygrad.
-    let tree_generation = match &req.openpilot {
+    let tree_generation = match &req.flags.openpilot {
         Some(op) => crate::tree::check_selectors(op)?,
         None => None,
     };
     // What every gate below sees and what is uploaded: the manifest as staged for its contract.
     req.manifest = staged_manifest(
         &req.manifest,
-        req.generation,
-        crate::tree::load_pins(req.openpilot.as_deref())?.contract(req.generation),
+        req.flags.generation,
+        crate::tree::load_pins(req.flags.openpilot.as_deref())?.contract(req.flags.generation),
     );
     let manifest = &req.manifest;
     // The validation gate, before any store is opened or anything written. It judges the
@@ -205,9 +284,9 @@ pub fn run(
     let validation = check_gate(
         manifest,
         Some(&manifest_path),
-        req.workspace.as_ref(),
-        req.openpilot.as_deref(),
-        req.skip_validation.as_deref(),
+        req.flags.workspace.as_ref(),
+        req.flags.openpilot.as_deref(),
+        req.flags.skip_validation.as_deref(),
     )?;
     if let GateOutcome::Skipped { reason, gaps, .. } = &validation {
         on_event(&Event::ValidationSkipped {
@@ -216,22 +295,22 @@ pub fn run(
         });
     }
     // uses_external_gpu must be what the workspace's build records say was built.
-    if let Some(ws) = &req.workspace {
+    if let Some(ws) = &req.flags.workspace {
         crate::flags::check_gpu_flags(manifest, ws)?;
     }
     // A signature covers only what the manifest states: a signed publish of a manifest that
     // leaves an artifact's size, digest or count unstated is named for that, with the command
     // that writes them into this manifest, before any other rule (checked again on the merged
     // manifest below).
-    if !req.sign_keys.is_empty() {
-        signing::require_covered(manifest, &req.manifest_path.display().to_string())
+    if !req.sign.sign_key.is_empty() {
+        signing::require_covered(manifest, &req.flags.manifest_path.display().to_string())
             .map_err(Error::SignRefused)?;
     }
     // The manifest's own contract rules before any artifact is read: a manifest its contract
     // refuses as a whole (a v26 `chestnut` key, an id not in the tree's catalog) is named for
     // that, not for a file it makes the gate look for.
     {
-        let (pins, tree) = crate::tree::load_tree(req.openpilot.as_deref())?;
+        let (pins, tree) = crate::tree::load_tree(req.flags.openpilot.as_deref())?;
         let rules = artifact_store::publish::Contract {
             pins,
             add_models: Default::default(),
@@ -240,8 +319,8 @@ pub fn run(
         };
         let problems = manifest.validate_for_contract(
             manifest::ValidationMode::Release,
-            rules.of(req.generation),
-            &rules.expectation(req.generation),
+            rules.of(req.flags.generation),
+            &rules.expectation(req.flags.generation),
         );
         if !problems.is_empty() {
             return Err(artifact_store::Error::from(manifest::Error::Invalid(problems)).into());
@@ -252,13 +331,13 @@ pub fn run(
     // The tree's built-in and DM set ship with the tree's own generation: they are judged when
     // the tree is of the generation published (or its generation is unknown), not when an
     // older generation is published again from a tree that has moved on (a repair).
-    let tree_ships = tree_generation.is_none_or(|g| g == req.generation);
+    let tree_ships = tree_generation.is_none_or(|g| g == req.flags.generation);
     let checked = crate::loadable::gate_publish(
         manifest,
-        &req.artifacts,
-        req.openpilot.as_deref().filter(|_| tree_ships),
-        &crate::tree::load_pins(req.openpilot.as_deref())?,
-        req.generation,
+        &req.flags.artifacts,
+        req.flags.openpilot.as_deref().filter(|_| tree_ships),
+        &crate::tree::load_pins(req.flags.openpilot.as_deref())?,
+        req.flags.generation,
     )?;
     for c in checked {
         on_event(&Event::RuntimeChecked {
@@ -270,13 +349,13 @@ pub fn run(
     }
     // The contract's latency bound over the validations the gate counted (validation SHA =
     // receipt SHA = artifact digest), unless validation is skipped with a reason.
-    if let (Some(ws), None) = (&req.workspace, &req.skip_validation) {
-        let pins = crate::tree::load_pins(req.openpilot.as_deref())?;
+    if let (Some(ws), None) = (&req.flags.workspace, &req.flags.skip_validation) {
+        let pins = crate::tree::load_pins(req.flags.openpilot.as_deref())?;
         crate::loadable::gate_validation(
             manifest,
-            &req.artifacts,
+            &req.flags.artifacts,
             ws,
-            pins.contract(req.generation),
+            pins.contract(req.flags.generation),
         )?;
     }
     let stores = open_stores(&req)?;
@@ -288,19 +367,19 @@ pub fn run(
         });
     }
     let opts = PublishOptions {
-        generation: req.generation,
-        dry_run: req.dry_run,
+        generation: req.flags.generation,
+        dry_run: req.flags.dry_run,
         retry: RetryPolicy {
-            attempts: req.attempts.max(1),
+            attempts: req.flags.attempts.max(1),
             ..RetryPolicy::default()
         },
-        deep_verify: req.deep_verify,
+        deep_verify: req.flags.deep_verify,
         contract: {
-            let (pins, tree) = crate::tree::load_tree(req.openpilot.as_deref())?;
+            let (pins, tree) = crate::tree::load_tree(req.flags.openpilot.as_deref())?;
             Contract {
                 pins,
-                add_models: req.add_models.iter().cloned().collect(),
-                drop_models: req.drop_models.iter().cloned().collect(),
+                add_models: req.flags.add_models.iter().cloned().collect(),
+                drop_models: req.flags.drop_models.iter().cloned().collect(),
                 tree,
             }
         },
@@ -309,23 +388,27 @@ pub fn run(
     // rows this publish does not change are kept (reads only; a live manifest the contract
     // refuses stops here). Everything below (signature, upload, record) is about the merged
     // manifest.
-    let merged =
-        artifact_store::publish::merge_live_rows(manifest, &req.artifacts, &store_refs, &opts)?;
+    let merged = artifact_store::publish::merge_live_rows(
+        manifest,
+        &req.flags.artifacts,
+        &store_refs,
+        &opts,
+    )?;
     let manifest = &merged;
     // Into stores that hold no previous generation, the guard compares with the tree's catalog
     // or the workspace's staged manifest of the previous generation instead.
     check_left_out(&req, manifest, &store_refs, on_event)?;
     // A signature covers only what the manifest states: refused before any key is unlocked.
-    if !req.sign_keys.is_empty() {
-        signing::require_covered(manifest, &req.manifest_path.display().to_string())
+    if !req.sign.sign_key.is_empty() {
+        signing::require_covered(manifest, &req.flags.manifest_path.display().to_string())
             .map_err(Error::SignRefused)?;
     }
     let signature = sign(&req, manifest, &store_refs, passphrase, on_event)?;
-    let action = match (&signature, &req.remove_signature) {
+    let action = match (&signature, &req.sign.remove_signature) {
         (Some(sig), _) => SignatureAction::Sign(sig.as_bytes()),
         (None, Some(reason)) => {
             on_event(&Event::RemovingSignature {
-                generation: req.generation,
+                generation: req.flags.generation,
                 reason: reason.clone(),
             });
             SignatureAction::RemoveSignature { reason }
@@ -334,7 +417,7 @@ pub fn run(
     };
     let report = publish_signed(
         manifest,
-        &req.artifacts,
+        &req.flags.artifacts,
         &store_refs,
         &opts,
         action,
@@ -346,13 +429,13 @@ pub fn run(
         let record = PublishRecord::new(
             &manifest_path,
             manifest,
-            req.generation,
-            req.to.iter().map(canonical_store_name).collect(),
+            req.flags.generation,
+            req.flags.to.iter().map(canonical_store_name).collect(),
             report.models.clone(),
             validation.clone(),
             PublishAllowance {
                 github_only,
-                signature_removed: req.remove_signature.clone(),
+                signature_removed: req.sign.remove_signature.clone(),
             },
         );
         let history =
@@ -388,7 +471,7 @@ fn check_left_out(
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<()> {
     use crate::catalog_guard::{LeftOut, left_out};
-    let Some(previous) = req.generation.previous() else {
+    let Some(previous) = req.flags.generation.previous() else {
         return Ok(());
     };
     let held = manifest::StoreLayout::HfBucket.manifest_path(previous);
@@ -397,15 +480,16 @@ fn check_left_out(
             return Ok(());
         }
     }
-    let (pins, tree) = crate::tree::load_tree(req.openpilot.as_deref())?;
-    let contract = pins.contract(req.generation);
-    let dropped = req.drop_models.iter().cloned().collect();
+    let (pins, tree) = crate::tree::load_tree(req.flags.openpilot.as_deref())?;
+    let contract = pins.contract(req.flags.generation);
+    let dropped = req.flags.drop_models.iter().cloned().collect();
     if contract.entries_from_tree_catalog {
-        let Some(tree) = tree.filter(|t| t.generation == req.generation) else {
+        let Some(tree) = tree.filter(|t| t.generation == req.flags.generation) else {
             return Ok(());
         };
         let catalog = tree.contract.contract().tree.map_or_else(String::new, |t| {
-            t.catalog_json.replace("{gen}", &req.generation.to_string())
+            t.catalog_json
+                .replace("{gen}", &req.flags.generation.to_string())
         });
         let ids = tree.catalog.iter().map(|r| &r.id);
         if let LeftOut::StayUnpublished(ids) = left_out(contract, ids, manifest, &dropped) {
@@ -416,7 +500,7 @@ fn check_left_out(
         }
         return Ok(());
     }
-    let Some(ws) = &req.workspace else {
+    let Some(ws) = &req.flags.workspace else {
         return Ok(());
     };
     let path = ws.holding(previous).ready_manifest(previous);
@@ -431,62 +515,69 @@ fn check_left_out(
     let LeftOut::Refused(models) = left_out(contract, old.ids(), manifest, &dropped) else {
         return Ok(());
     };
-    let mut rerun = format!("release-cli publish --generation {}", req.generation);
+    let mut rerun = format!("release-cli publish --generation {}", req.flags.generation);
     let mut flag = |name: &str, value: &str| {
         rerun.push_str(&format!(" --{name} {}", cli_support::shell_quote(value)));
     };
-    flag("manifest", &req.manifest_path.to_string_lossy());
-    flag("artifacts", &req.artifacts.to_string_lossy());
+    flag("manifest", &req.flags.manifest_path.to_string_lossy());
+    flag("artifacts", &req.flags.artifacts.to_string_lossy());
     flag("workspace", &ws.root().to_string_lossy());
-    let hub = Some(req.hub.clone()).filter(|h| h != crate::rebuild::DEFAULT_SOURCES);
+    let hub = Some(req.flags.hub.to_string()).filter(|h| h != crate::rebuild::DEFAULT_SOURCES);
     let openpilot = req
+        .flags
         .openpilot
         .as_ref()
         .map(|p| p.to_string_lossy().into_owned());
-    let hf_cli = req
+    let access = &req.flags.access;
+    let hf_cli = access
         .hf_cli
         .as_ref()
         .map(|p| p.to_string_lossy().into_owned());
-    let signed = !req.sign_keys.is_empty();
+    let signed = !req.sign.sign_key.is_empty();
     for (name, value) in [
         ("openpilot", openpilot),
-        ("skip-validation", req.skip_validation.clone()),
-        ("github-only", req.github_only.clone()),
+        ("skip-validation", req.flags.skip_validation.clone()),
+        ("github-only", req.flags.github_only.clone()),
         ("hub", hub),
         ("hf-cli", hf_cli),
-        ("github-branch", Some(req.github_branch.clone())),
-        ("attempts", Some(req.attempts.to_string())),
-        ("release", req.release.map(|r| r.to_string())),
+        ("github-branch", Some(access.github_branch.clone())),
+        ("attempts", Some(req.flags.attempts.to_string())),
+        ("release", req.sign.release.map(|r| r.to_string())),
         (
             "expires-in",
-            signed.then(|| req.expires_in_days.to_string()),
+            signed.then(|| req.sign.expires_in.to_string()),
         ),
-        ("remove-signature", req.remove_signature.clone()),
+        ("remove-signature", req.sign.remove_signature.clone()),
     ] {
         if let Some(v) = value {
             flag(name, &v);
         }
     }
-    req.to.iter().for_each(|to| flag("to", &to.to_string()));
-    req.sign_keys
+    req.flags
+        .to
+        .iter()
+        .for_each(|to| flag("to", &to.to_string()));
+    req.sign
+        .sign_key
         .iter()
         .for_each(|k| flag("sign-key", &k.to_string_lossy()));
-    req.add_models
+    req.flags
+        .add_models
         .iter()
         .for_each(|id| flag("add-model", id.as_str()));
-    for id in req.drop_models.iter().chain(&models) {
+    for id in req.flags.drop_models.iter().chain(&models) {
         flag("drop-model", id.as_str());
     }
     for (on, name) in [
-        (req.dry_run, " --dry-run"),
-        (req.deep_verify, " --deep-verify"),
+        (req.flags.dry_run, " --dry-run"),
+        (req.flags.deep_verify, " --deep-verify"),
     ] {
         if on {
             rerun.push_str(name);
         }
     }
     Err(Error::LeftOutOfGeneration {
-        generation: req.generation,
+        generation: req.flags.generation,
         previous,
         path,
         models,
@@ -529,16 +620,13 @@ pub fn canonical_store_name(spec: &StoreSpec) -> String {
 
 /// The `--to` stores, in an order that never puts GitHub ahead of the Hub, opened.
 fn open_stores(req: &PublishRequest) -> Result<Vec<Box<dyn Store>>> {
-    check_store_order(&req.to).map_err(Error::PublishInput)?;
+    check_store_order(&req.flags.to).map_err(Error::PublishInput)?;
     Ok(req
+        .flags
         .to
         .iter()
-        .map(|s| open(req, s))
+        .map(|s| s.open(&req.flags.access))
         .collect::<artifact_store::Result<_>>()?)
-}
-
-fn open(req: &PublishRequest, spec: &StoreSpec) -> artifact_store::Result<Box<dyn Store>> {
-    spec.open(&HfConfig::from_env(req.hf_cli.clone()), &req.github_branch)
 }
 
 /// GitHub never ahead of the Hub: `artifact_store::publish::check_github_only` over the `--to`
@@ -546,18 +634,18 @@ fn open(req: &PublishRequest, spec: &StoreSpec) -> artifact_store::Result<Box<dy
 fn github_only_gate(req: &PublishRequest) -> Result<GithubOnly> {
     // A `--to` that is the Hub store counts as the Hub (an offline mirror, or a directory
     // standing in for the Hub, named on purpose).
-    let hub = StoreSpec::parse(&req.hub)?;
     let kinds: Vec<(bool, bool)> = req
+        .flags
         .to
         .iter()
-        .map(|s| (s.is_hf() || s.same_store(&hub), s.is_github()))
+        .map(|s| (s.is_hf() || s.same_store(&req.flags.hub), s.is_github()))
         .collect();
     Ok(check_github_only(
         &kinds,
-        req.github_only.as_deref(),
-        req.generation,
+        req.flags.github_only.as_deref(),
+        req.flags.generation,
         &req.manifest,
-        &mut || open(req, &StoreSpec::parse(&req.hub)?),
+        &mut || req.flags.hub.open(&req.flags.access),
     )?)
 }
 
@@ -570,25 +658,26 @@ fn sign(
     passphrase: &mut dyn FnMut(&Path) -> std::result::Result<String, String>,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<Option<String>> {
-    if req.sign_keys.is_empty() {
+    if req.sign.sign_key.is_empty() {
         return Ok(None);
     }
     let keys = req
-        .sign_keys
+        .sign
+        .sign_key
         .iter()
         .map(|p| SigningKey::load(p, passphrase))
         .collect::<artifact_store::Result<Vec<_>>>()
         .map_err(Error::PublishInput)?;
     let bytes = manifest.to_canonical_bytes();
     let verifying: Vec<VerifyingKey> = keys.iter().map(VerifyingKey::from).collect();
-    let live = signing::live_signatures(stores, req.generation, &verifying, &bytes)
+    let live = signing::live_signatures(stores, req.flags.generation, &verifying, &bytes)
         .map_err(Error::SignFailed)?;
-    let release = signing::choose_release(&live, req.release).map_err(Error::PublishInput)?;
-    let comment = signing::new_comment(req.generation, release, req.expires_in_days)
+    let release = signing::choose_release(&live, req.sign.release).map_err(Error::PublishInput)?;
+    let comment = signing::new_comment(req.flags.generation, release, req.sign.expires_in)
         .map_err(Error::PublishInput)?;
     let text = signing::sign_manifest(&keys, &bytes, &comment).map_err(Error::SignFailed)?;
     on_event(&Event::Signed {
-        generation: req.generation.to_string(),
+        generation: req.flags.generation.to_string(),
         release: release.get(),
         expires: comment.expires.0,
         keys: keys.iter().map(|k| k.id().to_string()).collect(),

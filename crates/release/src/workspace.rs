@@ -43,6 +43,14 @@ impl From<PathBuf> for Workspace {
 }
 
 impl Workspace {
+    /// `--workspace DIR`: a path, as clap parses every path flag (an empty one is refused), made
+    /// a workspace.
+    #[cfg(feature = "cli")]
+    pub fn value_parser() -> impl clap::builder::TypedValueParser<Value = Workspace> {
+        use clap::builder::TypedValueParser;
+        clap::builder::PathBufValueParser::new().map(Workspace::from)
+    }
+
     pub fn new(root: impl Into<PathBuf>) -> Self {
         Self(root.into())
     }

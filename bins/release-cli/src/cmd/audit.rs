@@ -8,10 +8,10 @@ use manifest::{Generation, UnixSeconds};
 use release::audit::{MendContext, Report, read};
 use release::gate::UtcTime;
 
-use super::store::StoreAccess;
 use crate::output::print_json;
 use crate::progress::bytes_bar;
 use crate::{CliError, CliResult};
+use artifact_store::StoreAccess;
 
 #[derive(Debug, Args)]
 pub struct AuditArgs {
@@ -20,8 +20,8 @@ pub struct AuditArgs {
     pub generation: Generation,
     /// A store to audit: `hf://buckets/NS/NAME`, `github:CHECKOUT`, `file:DIR` or a directory.
     /// Repeat for several; every store must agree with the first (same manifest bytes).
-    #[arg(long, value_name = "STORE", required = true)]
-    pub store: Vec<String>,
+    #[arg(long, value_name = "STORE", required = true, value_parser = artifact_store::StoreSpec::parse)]
+    pub store: Vec<artifact_store::StoreSpec>,
     /// Also read and hash every chunk of every listed artifact (streaming; a download of each
     /// from the Hub), with progress.
     #[arg(long)]
@@ -64,8 +64,7 @@ pub fn run(args: AuditArgs) -> CliResult {
             sign_keys: args.sign_key,
             openpilot: args.openpilot,
         },
-        hf: args.access.hf(),
-        github_branch: args.access.github_branch.clone(),
+        access: args.access.clone(),
     };
     // One bar per store while --deep hashes it (hidden off a terminal, with --json or -q).
     let mut bar: Option<(String, indicatif::ProgressBar)> = None;

@@ -186,10 +186,10 @@ pub struct PinArgs {
     /// A store to check for a live manifest of --generation (`hf://buckets/NS/NAME`,
     /// `github:CHECKOUT`, `file:DIR` or a directory). Repeat for every store you publish to; at
     /// least one is required.
-    #[arg(long = "store", value_name = "STORE", required = true)]
-    pub stores: Vec<String>,
+    #[arg(long = "store", value_name = "STORE", required = true, value_parser = artifact_store::StoreSpec::parse)]
+    pub stores: Vec<artifact_store::StoreSpec>,
     #[command(flatten)]
-    pub access: crate::cmd::store::StoreAccess,
+    pub access: artifact_store::StoreAccess,
     /// Check the stores and say what would be written; change nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -338,7 +338,7 @@ pub struct ValidateArgs {
     pub version: Option<BehaviorVersion>,
     /// The rebuild workspace: the artifact defaults to ready/<id>/, the record goes to
     /// results/<id>.validation.json (results/<check>[.<W>x<H>].check.json with --check).
-    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
+    #[arg(long, value_name = "DIR", value_parser = release::Workspace::value_parser())]
     pub workspace: Option<release::Workspace>,
     /// The chunk set's logical path (default: <workspace>/ready/<id>/<id>_driving_tinygrad.pkl).
     #[arg(long, value_name = "PATH")]
@@ -971,24 +971,21 @@ fn pin(args: PinArgs) -> CliResult {
     let stores = args
         .stores
         .iter()
-        .map(|s| {
-            let spec =
-                artifact_store::StoreSpec::parse(s).map_err(crate::cmd::store::store_error)?;
+        .map(|spec| {
             // A directory store that is not there holds nothing to check: refused, not taken
             // for "not published".
             if let artifact_store::StoreSpec::Local(dir) | artifact_store::StoreSpec::Github(dir) =
-                &spec
+                spec
                 && !dir.is_dir()
             {
                 return Err(CliError::usage(format!(
-                    "--store {s}: no such directory, so nothing says whether {} is published \
+                    "--store {spec}: no such directory, so nothing says whether {} is published \
                      there; pass the store you publish {} to (the directory `release-cli \
                      publish --to` wrote, or the `github:` checkout)",
                     args.generation, args.generation
                 )));
             }
-            args.access
-                .open(&spec)
+            spec.open(&args.access)
                 .map_err(crate::cmd::store::store_error)
         })
         .collect::<CliResult<Vec<_>>>()?;

@@ -10,13 +10,6 @@ use serde::Serialize;
 use crate::output::print_json;
 use crate::{CliError, CliResult};
 
-/// `--workspace DIR`: a path, as clap parses every path flag (an empty one is refused), made a
-/// [`release::Workspace`].
-pub fn workspace_arg() -> impl clap::builder::TypedValueParser<Value = release::Workspace> {
-    use clap::builder::TypedValueParser;
-    clap::builder::PathBufValueParser::new().map(release::Workspace::from)
-}
-
 /// Map a `release` error to the CLI's exit codes.
 pub fn release_error(e: release::Error) -> CliError {
     match e {
@@ -49,7 +42,7 @@ pub struct PreflightArgs {
     pub openpilot: PathBuf,
     /// The rebuild workspace: the record goes to results/preflight.json, the output to
     /// logs/preflight.log.
-    #[arg(long, value_name = "DIR", value_parser = workspace_arg())]
+    #[arg(long, value_name = "DIR", value_parser = release::Workspace::value_parser())]
     pub workspace: release::Workspace,
     /// Make the checks preflight makes before running anything (a checkout with ./dev and a
     /// tinygrad marker) and print the commands it would run and the log and record it would

@@ -16,7 +16,7 @@ use crate::{CliError, CliResult};
 #[derive(Debug, Args)]
 pub struct RebuildArgs {
     /// The rebuild workspace (created if missing; rerun with the same one to resume).
-    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
+    #[arg(long, value_name = "DIR", value_parser = release::Workspace::value_parser())]
     pub workspace: release::Workspace,
     /// The source map: `{"<id>": {"source_id", "input_format", "ref", "uses_external_gpu"}}`.
     #[arg(long, value_name = "FILE")]
@@ -25,8 +25,8 @@ pub struct RebuildArgs {
     #[arg(long, value_name = "FILE")]
     pub base_manifest: PathBuf,
     /// Where the ONNX sources are archived, as `onnx/<source-id>/<file>`.
-    #[arg(long, value_name = "STORE", default_value = DEFAULT_SOURCES)]
-    pub sources: String,
+    #[arg(long, value_name = "STORE", default_value = DEFAULT_SOURCES, value_parser = StoreSpec::parse)]
+    pub sources: StoreSpec,
     /// The generation being built, e.g. v26.
     #[arg(long, value_name = "vNN")]
     pub generation: Generation,
@@ -34,7 +34,7 @@ pub struct RebuildArgs {
     #[arg(long = "model", value_name = "ID")]
     pub models: Vec<ModelId>,
     #[command(flatten)]
-    pub access: crate::cmd::store::StoreAccess,
+    pub access: artifact_store::StoreAccess,
     /// Make the checks a rebuild makes before building (the one-compiler policy, the pin, the
     /// source map and base catalog, which models are done: their records and ready chunk sets
     /// verified; and, when a model would be built, the local rsync and a key for the compiler
@@ -98,15 +98,13 @@ pub fn run(args: RebuildArgs) -> CliResult {
             rebuild.contract.name
         );
     }
-    let sources = StoreSpec::parse(&args.sources).map_err(CliError::usage)?;
     if args.dry_run {
         return dry_run(&args, &rebuild);
     }
     let mut sink = live;
     let mut builder = RemoteBuilder::new(
-        sources,
-        args.access.hf(),
-        args.access.github_branch.clone(),
+        args.sources.clone(),
+        args.access.clone(),
         args.remote.connect_options(),
         pin,
         &mut sink,
@@ -182,7 +180,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
 
 /// `rebuild --dry-run`: which models a run would skip or build, and how, changing nothing.
 fn dry_run(args: &RebuildArgs, rebuild: &Rebuild) -> CliResult {
-    let report = rebuild.dry_run(&args.remote.connect_options(), &args.sources)?;
+    let report = rebuild.dry_run(&args.remote.connect_options(), &args.sources.to_string())?;
     if args.json {
         return print_json(&report);
     }

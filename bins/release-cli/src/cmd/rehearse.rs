@@ -25,7 +25,7 @@ pub struct RehearseArgs {
     pub openpilot: PathBuf,
     /// The rebuild workspace: the record goes to results/rehearsal.json (publish requires a
     /// passing one for these manifest bytes), the devices and logs to rehearsal/ (replaced).
-    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
+    #[arg(long, value_name = "DIR", value_parser = release::Workspace::value_parser())]
     pub workspace: release::Workspace,
     /// The device-modeld-manager binary to run [default: the one beside release-cli].
     #[arg(long, value_name = "PATH")]
@@ -128,7 +128,7 @@ pub fn rehearse(args: RehearseArgs) -> CliResult {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// The rebuild workspace (results/, ready/).
-    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
+    #[arg(long, value_name = "DIR", value_parser = release::Workspace::value_parser())]
     pub workspace: release::Workspace,
     /// The release's openpilot tree [default: the one the preflight record names].
     #[arg(long, value_name = "DIR")]
@@ -142,7 +142,7 @@ pub struct StatusArgs {
     #[arg(long = "store", visible_alias = "to", value_name = "STORE", value_parser = named_store)]
     pub stores: Vec<(String, artifact_store::StoreSpec)>,
     #[command(flatten)]
-    pub access: super::store::StoreAccess,
+    pub access: artifact_store::StoreAccess,
     /// Print `{"workspace","generation","tree":{"openpilot","tinygrad_commit","pin_generation",
     /// "compiler_marker","synced":{"destination","remote_root","digest_sha256","files",
     /// "synced_at_unix","tree_matches"},"problem"},"manifest","manifest_sha256","unbuilt",
@@ -168,7 +168,7 @@ fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
 pub fn status(args: StatusArgs) -> CliResult {
     let mut opened = Vec::new();
     for (name, spec) in &args.stores {
-        let store = args.access.open(spec).map_err(super::store::store_error)?;
+        let store = spec.open(&args.access).map_err(super::store::store_error)?;
         opened.push((name.clone(), store));
     }
     let refs: Vec<(String, &dyn artifact_store::Store)> = opened

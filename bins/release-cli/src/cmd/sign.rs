@@ -12,8 +12,7 @@ use serde::Serialize;
 use crate::output::print_json;
 use crate::{CliError, CliResult};
 
-/// Default validity of a signature, in days.
-pub const DEFAULT_EXPIRES_IN_DAYS: u64 = 180;
+pub use release::publish::DEFAULT_EXPIRES_IN_DAYS;
 
 #[derive(Debug, Args)]
 pub struct SignArgs {

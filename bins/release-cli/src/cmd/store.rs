@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use artifact_store::publish::{Event, PublishReport, Step};
 use artifact_store::reuse::ReusePlan;
 use artifact_store::serve::{ServeConfig, Server};
-use artifact_store::{HfConfig, Location, Store, StoreSpec};
+use artifact_store::{Location, StoreAccess, StoreSpec};
 use clap::Args;
 use manifest::{Generation, GitCommit, Manifest, ModelId, layout};
 use release::gate::GateOutcome;
@@ -35,150 +35,41 @@ pub fn load_pins(openpilot: Option<&std::path::Path>) -> CliResult<manifest::Pin
     Ok(release::tree::load_pins(openpilot)?)
 }
 
+/// `publish`: release's publish flags and signing flags, each group taken whole.
 #[derive(Debug, Args)]
 pub struct PublishArgs {
-    /// The generation to publish, e.g. `v25`.
-    #[arg(long, value_name = "vNN")]
-    pub generation: Generation,
-    /// The new manifest (`model_names_<gen>.json`) to publish, last.
-    #[arg(long, value_name = "FILE")]
-    pub manifest: PathBuf,
-    /// One `<id>/` directory per model to upload, each holding that model's chunk set.
-    #[arg(long, value_name = "DIR")]
-    pub artifacts: PathBuf,
-    /// A store: `hf://buckets/NS/NAME`, `github:CHECKOUT`, `file:DIR` or a plain directory path
-    /// without a `word:` prefix (anything else, e.g. `hf:/buckets/…` or `gh:…`, is refused).
-    /// Repeat for several stores; they are published in order (Hugging Face before GitHub).
-    #[arg(long = "to", value_name = "STORE", required = true, value_parser = StoreSpec::parse)]
-    pub to: Vec<StoreSpec>,
-    /// Print the plan (what would be uploaded, skipped and written) and change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Also on the Hub, re-read every listed artifact and check its SHA-256 (a download of
-    /// each; directory and github: stores are always checked this way).
-    #[arg(long)]
-    pub deep_verify: bool,
-    /// Attempts per upload before giving up (with exponential backoff from 2 s up to 30 s).
-    #[arg(long, default_value_t = 4, value_name = "N")]
-    pub attempts: u32,
-    /// A model this generation adds to the previous generation's IDs (repeat for several).
-    /// Without it, a new ID is refused when a store holds the previous generation's manifest.
-    #[arg(long = "add-model", value_name = "ID")]
-    pub add_models: Vec<ModelId>,
-    /// A model of the previous generation this one retires (repeat for several). Without it, a
-    /// missing ID is refused: model IDs stay stable across generations.
-    #[arg(long = "drop-model", value_name = "ID")]
-    pub drop_models: Vec<ModelId>,
-    /// The openpilot tree whose `tinygrad_pins.json` (written by `tinygrad bump`) records the
-    /// pins of generations after v25. The manifest's tinygrad_commit must be --generation's pin.
-    #[arg(long, value_name = "DIR")]
-    pub openpilot: Option<PathBuf>,
-    /// The rebuild workspace whose results/ holds the preflight, validation and rehearsal
-    /// records; they must cover the seed's validation matrix and a passing rehearsal of this
-    /// manifest's bytes, or nothing is published.
-    #[arg(long, value_name = "DIR", value_parser = super::gate::workspace_arg())]
-    pub workspace: Option<release::Workspace>,
-    /// Publish without a covering validation record or rehearsal (the whole gate is skipped);
-    /// the reason and the uncovered cells are written into the publish record (`<manifest
-    /// stem>.publish.<time>.json` beside the manifest, copied to `<manifest stem>.publish.json`).
-    #[arg(long, value_name = "REASON")]
-    pub skip_validation: Option<String>,
-    /// Allow a github: store without an hf:// one although the Hub (--hub) does not serve this
-    /// manifest; the reason is written into the publish record. Without it such a publish is
-    /// refused: devices try the Hub first, so GitHub is never ahead of it.
-    #[arg(long, value_name = "REASON")]
-    pub github_only: Option<String>,
-    /// The Hub store whose live manifest a GitHub-only publish is compared with (read only). A
-    /// `--to` naming this same store counts as the Hub: an offline mirror or a directory that
-    /// stands in for the Hub is named here on purpose, and may then go before GitHub.
-    #[arg(long, value_name = "STORE", default_value = release::rebuild::DEFAULT_SOURCES)]
-    pub hub: String,
     #[command(flatten)]
-    pub access: StoreAccess,
+    pub flags: publish::PublishFlags,
     /// Print one JSON line per event (`{"event":…}`), then the report `{"dry_run","generation",
     /// "models","stores":[…],"validation","publish_record","publish_history"}` (see
     /// docs/release.md).
     #[arg(long)]
     pub json: bool,
-    /// Sign the manifest with this minisign secret key and upload `model_names_<gen>.json.minisig`
-    /// just before the manifest in each store. Repeat during a key rotation. An encrypted key's
-    /// passphrase comes from STARPILOT_SIGN_PASSPHRASE, else from the terminal.
-    #[arg(long, value_name = "KEY")]
-    pub sign_key: Vec<PathBuf>,
-    /// With --sign-key: the release number (default: one more than the live signed manifest's).
-    #[arg(long, value_name = "N", requires = "sign_key")]
-    pub release: Option<manifest::ReleaseNumber>,
-    /// Publish unsigned over a store that holds this generation's signature, removing that
-    /// signature (before the manifest is written); REASON goes into the publish record. Devices
-    /// with trusted keys then refuse the generation as not signed. Without this flag or
-    /// --sign-key, such a publish is refused before any upload.
-    #[arg(long, value_name = "REASON", conflicts_with = "sign_key")]
-    pub remove_signature: Option<String>,
-    /// With --sign-key: days until devices refuse the signature, 1 to 3650 (10 years; the
-    /// expiry is what stops a withdrawn manifest being served again).
-    #[arg(long, value_name = "DAYS", requires = "sign_key", default_value_t = super::sign::DEFAULT_EXPIRES_IN_DAYS)]
-    pub expires_in: u64,
-}
-
-/// How to reach stores: the flags `publish`, `reuse` and `rebuild` share.
-#[derive(Debug, Args)]
-pub struct StoreAccess {
-    /// The `hf` CLI to run for Hugging Face stores (default: `HF_CLI`, else `hf` on PATH).
-    #[arg(long, value_name = "PATH")]
-    pub hf_cli: Option<PathBuf>,
-    /// The branch a `github:` checkout must be on.
-    #[arg(long, default_value = layout::GITHUB_BRANCH, value_name = "BRANCH")]
-    pub github_branch: String,
-}
-
-impl StoreAccess {
-    pub fn hf(&self) -> HfConfig {
-        HfConfig::from_env(self.hf_cli.clone())
-    }
-
-    pub fn open(&self, spec: &StoreSpec) -> artifact_store::Result<Box<dyn Store>> {
-        spec.open(&self.hf(), &self.github_branch)
-    }
+    #[command(flatten)]
+    pub sign: publish::SignFlags,
 }
 
 pub fn publish_cmd(args: PublishArgs) -> CliResult {
-    let manifest = read_manifest(&args.manifest)?;
-    if !args.artifacts.is_dir() {
+    let flags = args.flags;
+    let manifest = read_manifest(&flags.manifest_path)?;
+    if !flags.artifacts.is_dir() {
         return Err(CliError::usage(format!(
             "--artifacts {}: not a directory",
-            args.artifacts.display()
+            flags.artifacts.display()
         )));
     }
     let json = args.json;
-    let dry_run = args.dry_run;
-    let removing_signature = args.remove_signature.is_some();
+    let dry_run = flags.dry_run;
+    let removing_signature = args.sign.remove_signature.is_some();
     // A local store, which `serve` can serve to a device for a try.
-    let local_store = args.to.iter().find_map(|s| match s {
+    let local_store = flags.to.iter().find_map(|s| match s {
         StoreSpec::Local(p) => Some(p.clone()),
         _ => None,
     });
     let request = PublishRequest {
-        generation: args.generation,
-        manifest_path: args.manifest,
         manifest,
-        artifacts: args.artifacts,
-        hf_cli: args.access.hf_cli,
-        github_branch: args.access.github_branch,
-        to: args.to,
-        hub: args.hub,
-        dry_run: args.dry_run,
-        deep_verify: args.deep_verify,
-        attempts: args.attempts,
-        add_models: args.add_models,
-        drop_models: args.drop_models,
-        openpilot: args.openpilot,
-        workspace: args.workspace,
-        skip_validation: args.skip_validation,
-        github_only: args.github_only,
-        sign_keys: args.sign_key,
-        release: args.release,
-        remove_signature: args.remove_signature,
-        expires_in_days: args.expires_in,
+        flags,
+        sign: args.sign,
     };
     let mut bar = None;
     let mut on_event = |e: &publish::Event| match e {
@@ -461,8 +352,8 @@ pub struct ReuseArgs {
     pub source_id: Option<ModelId>,
     /// The source logical artifact, e.g. `hf://datasets/ORG/REPO/dir/x_driving_tinygrad.pkl`
     /// (its `.chunkNNofMM` files and `.chunkmanifest` sit beside that name).
-    #[arg(long, value_name = "LOCATION")]
-    pub from: String,
+    #[arg(long, value_name = "LOCATION", value_parser = Location::parse)]
+    pub from: Location,
     /// The source catalog: a manifest with top-level `tinygrad_commit` and per-entry
     /// `source_commit`.
     #[arg(long, value_name = "FILE")]
@@ -474,8 +365,8 @@ pub struct ReuseArgs {
     #[arg(long, value_name = "SHA")]
     pub tinygrad_commit: GitCommit,
     /// The store to copy into (`hf://buckets/NS/NAME` for a server-side copy).
-    #[arg(long, value_name = "STORE")]
-    pub to: String,
+    #[arg(long, value_name = "STORE", value_parser = StoreSpec::parse)]
+    pub to: StoreSpec,
     /// The generation to copy into, e.g. `v25`.
     #[arg(long, value_name = "vNN")]
     pub generation: Generation,
@@ -520,11 +411,9 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
         &catalog,
         target,
     )?;
-    let from = Location::parse(&args.from).map_err(store_error)?;
-    let source = args.access.open(&from.store).map_err(store_error)?;
-    let dest = StoreSpec::parse(&args.to)
-        .and_then(|spec| args.access.open(&spec))
-        .map_err(store_error)?;
+    let from = &args.from;
+    let source = from.store.open(&args.access).map_err(store_error)?;
+    let dest = args.to.open(&args.access).map_err(store_error)?;
     cli_support::detail!("source: {}", source.describe());
     cli_support::detail!("destination: {}", dest.describe());
     if args.dry_run {

@@ -9,7 +9,7 @@ use std::io::Read;
 use std::path::Path;
 
 use artifact_store::signing::{VerifyingKey, check_signature};
-use artifact_store::{Store, StoreSpec};
+use artifact_store::{Store, StoreAccess, StoreSpec};
 use chunker::{Hasher, SMALL_FILE_LIMIT};
 use manifest::{Generation, Limits, Manifest, StoreLayout, StorePath};
 
@@ -20,8 +20,8 @@ use crate::Result;
 #[derive(Debug, Clone)]
 pub struct AuditRequest {
     pub generation: Generation,
-    /// The stores as the user named them; the first is the reference the others must match.
-    pub stores: Vec<String>,
+    /// The stores; the first is the reference the others must match.
+    pub stores: Vec<StoreSpec>,
     /// Public key files (`--key`); empty: signatures are not checked.
     pub keys: Vec<std::path::PathBuf>,
     /// For the pins of generations after v25 (`tinygrad_pins.json`), and the mend commands.
@@ -29,19 +29,17 @@ pub struct AuditRequest {
     pub deep: bool,
     /// How the mend commands that publish again are written.
     pub mend: MendContext,
-    pub hf: artifact_store::HfConfig,
-    pub github_branch: String,
+    pub access: StoreAccess,
 }
 
-/// The audit: parse every store name (a bad one refuses before any store is read), load the
-/// keys and pins, read each store in turn, then decide ([`Report::decide`]).
+/// The audit: name every store as mend commands do (a Hub repository refuses before any store
+/// is read), load the keys and pins, read each store in turn, then decide ([`Report::decide`]).
 pub fn run(req: &AuditRequest, progress: &mut dyn FnMut(DeepProgress)) -> Result<Report> {
     let mut specs = Vec::new();
-    for s in &req.stores {
-        let spec = StoreSpec::parse(s)?;
-        let r = store_ref(&spec, &req.github_branch).ok_or_else(|| {
+    for spec in &req.stores {
+        let r = store_ref(spec, &req.access.github_branch).ok_or_else(|| {
             artifact_store::Error::InvalidStore {
-                spec: s.clone(),
+                spec: spec.to_string(),
                 reason: "a Hub repository is no release store; audit the bucket \
                          (hf://buckets/NS/NAME)"
                     .into(),
@@ -61,7 +59,7 @@ pub fn run(req: &AuditRequest, progress: &mut dyn FnMut(DeepProgress)) -> Result
     let pins = crate::tree::load_pins(req.openpilot.as_deref())?;
     let mut snapshots = Vec::new();
     for (spec, r) in specs {
-        let store = spec.open(&req.hf, &req.github_branch)?;
+        let store = spec.open(&req.access)?;
         snapshots.push(snapshot(
             store.as_ref(),
             r,

@@ -3,7 +3,7 @@
 use fs_err as fs;
 use std::path::{Path, PathBuf};
 
-use artifact_store::{HfConfig, Store, StoreSpec};
+use artifact_store::{Store, StoreAccess, StoreSpec};
 use chunker::atomic;
 use compiler_remote::{CompileJob, CompileRequest, Compiler, ConnectOptions, FetchedArtifact};
 use manifest::{FileName, GitCommit, ModelId};
@@ -15,8 +15,7 @@ use super::{BuildError, Builder, PlannedModel};
 /// done touches neither.
 pub struct RemoteBuilder<'a> {
     pub sources: StoreSpec,
-    pub hf: HfConfig,
-    pub github_branch: String,
+    pub access: StoreAccess,
     pub connect: ConnectOptions,
     pub pin: GitCommit,
     /// Live compiler output.
@@ -30,16 +29,14 @@ pub struct RemoteBuilder<'a> {
 impl<'a> RemoteBuilder<'a> {
     pub fn new(
         sources: StoreSpec,
-        hf: HfConfig,
-        github_branch: String,
+        access: StoreAccess,
         connect: ConnectOptions,
         pin: GitCommit,
         live: &'a mut dyn FnMut(&str),
     ) -> Self {
         Self {
             sources,
-            hf,
-            github_branch,
+            access,
             connect,
             pin,
             live,
@@ -64,10 +61,7 @@ impl Builder for RemoteBuilder<'_> {
         _say: &mut dyn FnMut(&str),
     ) -> Result<Vec<PathBuf>, BuildError> {
         if self.store.is_none() {
-            let store = self
-                .sources
-                .open(&self.hf, &self.github_branch)
-                .map_err(BuildError::run)?;
+            let store = self.sources.open(&self.access).map_err(BuildError::run)?;
             self.store = Some(store);
         }
         let store = self.store.as_deref().expect("opened");
