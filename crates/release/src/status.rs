@@ -155,7 +155,7 @@ impl StoreStatus {
 }
 
 /// The next command and why.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct NextStep {
     pub command: String,
     pub why: String,
@@ -198,7 +198,6 @@ pub struct Status {
     pub next: NextStep,
 }
 
-/// A record of `results/`, or why it is not one (a problem line, not an error of `status`).
 /// A record of `results/`: `Err` (the status fails, naming the file) when it cannot be read,
 /// `Ok(Err(why))` when it is no such record.
 fn record<T: serde::de::DeserializeOwned>(path: &Path) -> Result<std::result::Result<T, String>> {
@@ -509,10 +508,7 @@ pub fn gather(
         rehearsal,
         stores,
         problems,
-        next: NextStep {
-            command: String::new(),
-            why: String::new(),
-        },
+        next: NextStep::default(),
     };
     status.next = next_step(&status);
     Ok(status)
