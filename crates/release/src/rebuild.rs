@@ -38,6 +38,14 @@ pub use remote::{RemoteBuilder, fetch_sources};
 /// The default source store: the bucket where the seed archives ONNX sources.
 pub const DEFAULT_SOURCES: &str = "hf://buckets/StarPilot-Driving/StarPilot-Resources";
 
+/// What one planned model came to in a run.
+enum Attempt {
+    /// Its success record still counts: not built again.
+    Skipped(BuildRecord),
+    Compiled(BuildRecord),
+    Failed(BuildError),
+}
+
 /// Why one model's build failed, and whether every further model would fail the same way.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuildError {
@@ -443,9 +451,6 @@ impl Rebuild {
         let mut this_run: Vec<BuildRecord> = Vec::new();
         let mut stopped: Option<String> = None;
         for (index, p) in self.planned.iter().enumerate() {
-            if stopped.is_some() {
-                break;
-            }
             let id = &p.source.id;
             let mut say = |message: &str| {
                 on_progress(Progress {
@@ -455,87 +460,33 @@ impl Rebuild {
                     message,
                 })
             };
-            let record_path = ws.build_record(id);
-            let failure_path = ws.failure_record(id);
-            if let Some(r) = self.done_record(&record_path, |r| record_fits(r, p)) {
-                say("done earlier, skipped");
-                let _ = atomic::remove_if_exists(&failure_path);
-                outcomes.push(ModelOutcome {
-                    id: id.clone(),
-                    status: "skipped",
-                    error: None,
-                });
-                this_run.push(r);
-                continue;
-            }
-            let log = ws.build_log(id);
-            let attempt = self.build_one(builder, p, &log, &mut say);
-            match attempt {
-                Ok(record) => {
-                    write_json(&record_path, &record)?;
-                    let _ = atomic::remove_if_exists(&failure_path);
-                    say(&format!(
-                        "compiled: {} bytes, {} chunk(s), sha256 {}",
-                        record.artifact.size, record.artifact.chunk_count, record.artifact.sha256
-                    ));
-                    outcomes.push(ModelOutcome {
-                        id: id.clone(),
-                        status: "compiled",
-                        error: None,
-                    });
-                    this_run.push(record);
+            let (status, error) = match self.attempt(builder, p, &mut say)? {
+                Attempt::Skipped(r) => {
+                    this_run.push(r);
+                    ("skipped", None)
                 }
-                Err(e) => {
-                    // A failed attempt invalidates an older success record of this model.
-                    let _ = atomic::remove_if_exists(&record_path);
-                    write_json(
-                        &failure_path,
-                        &FailureRecord {
-                            id: id.clone(),
-                            status: "failed".into(),
-                            generation: self.generation,
-                            error: e.message.clone(),
-                            log: log.clone(),
-                        },
-                    )?;
-                    say(&format!("FAILED: {}", e.message));
-                    outcomes.push(ModelOutcome {
-                        id: id.clone(),
-                        status: "failed",
-                        error: Some(e.message.clone()),
-                    });
+                Attempt::Compiled(r) => {
+                    this_run.push(r);
+                    ("compiled", None)
+                }
+                Attempt::Failed(e) => {
                     if e.stops_the_run {
-                        stopped = Some(e.message);
+                        stopped = Some(e.message.clone());
                     }
+                    ("failed", Some(e.message))
                 }
+            };
+            outcomes.push(ModelOutcome {
+                id: id.clone(),
+                status,
+                error,
+            });
+            if stopped.is_some() {
+                break;
             }
         }
-
         let records = self.manifest_records(this_run);
-        let m = build_manifest_for(
-            &self.base,
-            &records,
-            self.generation,
-            &self.pin,
-            self.contract,
-        )?;
-        let variants_dropped: Vec<VariantDropped> = self
-            .base
-            .models()
-            .iter()
-            .flat_map(|e| {
-                variant_block_for(
-                    e,
-                    records.iter().find(|r| &r.id == e.id()),
-                    self.contract,
-                    Some(&self.pin),
-                )
-                .1
-            })
-            .collect();
-        let manifest_path = ws.ready_manifest(self.generation);
-        atomic::write_atomic(&manifest_path, &m.to_canonical_bytes())?;
-
+        let manifest_path = self.write_manifest(&records)?;
         let count = |s: &str| outcomes.iter().filter(|o| o.status == s).count();
         Ok(Summary {
             workspace: ws.clone(),
@@ -558,12 +509,90 @@ impl Rebuild {
                 .filter(|id| !records.iter().any(|r| &r.id == *id))
                 .cloned()
                 .collect(),
-            variants_dropped,
+            variants_dropped: self.variants_dropped(&records),
             set_aside,
             models: outcomes,
             stopped,
             with_artifact: records.len(),
         })
+    }
+
+    /// One planned model: skipped when its success record still counts, else built, its
+    /// success or failure record written (each replacing the other).
+    fn attempt(
+        &self,
+        builder: &mut dyn Builder,
+        p: &PlannedModel,
+        say: &mut dyn FnMut(&str),
+    ) -> Result<Attempt> {
+        let ws = &self.workspace;
+        let id = &p.source.id;
+        let record_path = ws.build_record(id);
+        let failure_path = ws.failure_record(id);
+        if let Some(r) = self.done_record(&record_path, |r| record_fits(r, p)) {
+            say("done earlier, skipped");
+            let _ = atomic::remove_if_exists(&failure_path);
+            return Ok(Attempt::Skipped(r));
+        }
+        let log = ws.build_log(id);
+        match self.build_one(builder, p, &log, say) {
+            Ok(record) => {
+                write_json(&record_path, &record)?;
+                let _ = atomic::remove_if_exists(&failure_path);
+                say(&format!(
+                    "compiled: {} bytes, {} chunk(s), sha256 {}",
+                    record.artifact.size, record.artifact.chunk_count, record.artifact.sha256
+                ));
+                Ok(Attempt::Compiled(record))
+            }
+            Err(e) => {
+                // A failed attempt invalidates an older success record of this model.
+                let _ = atomic::remove_if_exists(&record_path);
+                write_json(
+                    &failure_path,
+                    &FailureRecord {
+                        id: id.clone(),
+                        status: "failed".into(),
+                        generation: self.generation,
+                        error: e.message.clone(),
+                        log,
+                    },
+                )?;
+                say(&format!("FAILED: {}", e.message));
+                Ok(Attempt::Failed(e))
+            }
+        }
+    }
+
+    /// Write the generation's manifest of `records` to `ready/`.
+    fn write_manifest(&self, records: &[BuildRecord]) -> Result<PathBuf> {
+        let m = build_manifest_for(
+            &self.base,
+            records,
+            self.generation,
+            &self.pin,
+            self.contract,
+        )?;
+        let manifest_path = self.workspace.ready_manifest(self.generation);
+        atomic::write_atomic(&manifest_path, &m.to_canonical_bytes())?;
+        Ok(manifest_path)
+    }
+
+    /// The variants the manifest of `records` leaves out, per base model.
+    fn variants_dropped(&self, records: &[BuildRecord]) -> Vec<VariantDropped> {
+        self.base
+            .models()
+            .iter()
+            .flat_map(|e| {
+                variant_block_for(
+                    e,
+                    records.iter().find(|r| &r.id == e.id()),
+                    self.contract,
+                    Some(&self.pin),
+                )
+                .1
+            })
+            .collect()
     }
 
     fn build_one(

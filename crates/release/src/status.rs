@@ -10,7 +10,7 @@ use chunker::Sha256Digest;
 use manifest::{BehaviorVersion, Generation, GitCommit, Manifest, ModelId, layout};
 use serde::Serialize;
 
-use crate::gate::{Cell, Gap, coverage};
+use crate::gate::{Cell, Gap, Records, coverage};
 use crate::rebuild::{BuildRecord, FailureRecord};
 use crate::{Result, Workspace, records};
 
@@ -138,8 +138,24 @@ pub struct StoreStatus {
     pub problem: Option<String>,
 }
 
+impl StoreStatus {
+    /// The store called `name`, nothing read from it yet.
+    fn unread(name: &str) -> Self {
+        StoreStatus {
+            store: name.to_string(),
+            generation: None,
+            tinygrad_commit: None,
+            manifest_sha256: None,
+            models: None,
+            signature_release: None,
+            holds_staged: false,
+            problem: None,
+        }
+    }
+}
+
 /// The next command and why.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct NextStep {
     pub command: String,
     pub why: String,
@@ -182,7 +198,6 @@ pub struct Status {
     pub next: NextStep,
 }
 
-/// A record of `results/`, or why it is not one (a problem line, not an error of `status`).
 /// A record of `results/`: `Err` (the status fails, naming the file) when it cannot be read,
 /// `Ok(Err(why))` when it is no such record.
 fn record<T: serde::de::DeserializeOwned>(path: &Path) -> Result<std::result::Result<T, String>> {
@@ -371,16 +386,7 @@ fn store_status(
     g: Generation,
     staged: Option<&Sha256Digest>,
 ) -> StoreStatus {
-    let mut s = StoreStatus {
-        store: name.to_string(),
-        generation: None,
-        tinygrad_commit: None,
-        manifest_sha256: None,
-        models: None,
-        signature_release: None,
-        holds_staged: false,
-        problem: None,
-    };
+    let mut s = StoreStatus::unread(name);
     let hf = layout::StoreLayout::HfBucket;
     match store.read_small(&hf.manifest_path(g), 16 << 20) {
         Ok(None) => s.problem = Some(format!("no {} manifest", g)),
@@ -438,16 +444,11 @@ pub fn gather(
     let manifest_path = generation
         .map(|g| workspace.ready_manifest(g))
         .filter(|p| p.symlink_metadata().is_ok());
-    let manifest = match &manifest_path {
-        Some(p) => match crate::rehearse::read_manifest(p) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                problems.push(e.to_string());
-                None
-            }
-        },
-        None => None,
-    };
+    let manifest = manifest_path.as_ref().and_then(|p| {
+        crate::rehearse::read_manifest(p)
+            .map_err(|e| problems.push(e.to_string()))
+            .ok()
+    });
     let pin = manifest
         .as_ref()
         .and_then(Manifest::tinygrad_commit)
@@ -455,15 +456,7 @@ pub fn gather(
     let builds = builds(workspace, generation, pin.as_ref(), &mut problems)?;
     let unbuilt = manifest
         .as_ref()
-        .map(|m| {
-            m.models()
-                .iter()
-                .map(|e| e.id())
-                .filter(|id| !id.is_local())
-                .filter(|id| !builds.iter().any(|b| &b.id == *id && b.state == "built"))
-                .cloned()
-                .collect()
-        })
+        .map(|m| unbuilt(m, &builds))
         .unwrap_or_default();
     let (dm, builtin) = match &op {
         Some(op) => dm_and_builtin(op)?,
@@ -475,145 +468,22 @@ pub fn gather(
             .find(|r| r.id.as_str() == layout::BUILTIN_MODEL_ID && r.state == "built")?;
         Some(b.sha256.is_some() && b.sha256 == rdf.sha256)
     });
-
-    let mut receipt_files: Vec<(String, PathBuf)> = builds
-        .iter()
-        .filter(|b| b.state == "built")
-        .map(|b| (format!("build {}", b.id), workspace.ready_artifact(&b.id)))
-        .collect();
-    if let Some(op) = &op {
-        let models = op.join(crate::tree::BUILTIN_DIR);
-        receipt_files.extend(
-            layout::DM_FILES
-                .iter()
-                .map(|n| (format!("dm {n}"), models.join(n))),
-        );
-        receipt_files.push(("builtin".into(), models.join(crate::tree::BUILTIN_NAME)));
-    }
-    // The pin receipts are judged against: the release's, else the pin table's for the
-    // generation.
-    let receipt_pin = match (&pin, generation) {
-        (Some(p), _) => Some(p.clone()),
-        (None, Some(g)) => crate::tree::load_pins(op.as_deref())
-            .ok()
-            .and_then(|pins| pins.get(g).cloned()),
-        (None, None) => None,
-    };
-    let receipts = receipts(&receipt_files, receipt_pin.as_ref());
-    let receipts_required = generation.is_some_and(|g| {
-        crate::tree::load_pins(op.as_deref()).is_ok_and(|p| p.contract(g).build_receipts)
-    });
-
+    let (receipts, receipts_required) =
+        receipts_of(workspace, op.as_deref(), generation, pin.as_ref(), &builds);
     let manifest_sha256 = manifest.as_ref().map(crate::rehearse::manifest_digest);
     let (preflight, validation, rehearsal) = match &manifest {
-        Some(m) => {
-            let cov = coverage(m, &recs);
-            let mut all: Vec<(Cell, Option<Gap>, String)> = cov
-                .covered
-                .iter()
-                .map(|(c, by)| (c.clone(), None, by.clone()))
-                .chain(
-                    cov.gaps
-                        .iter()
-                        .map(|(c, g)| (c.clone(), Some(g.clone()), String::new())),
-                )
-                .collect();
-            all.sort_by(|a, b| a.0.cmp(&b.0));
-            let find = |want: &Cell| {
-                all.iter()
-                    .find(|(c, ..)| c == want)
-                    .map(|(c, g, by)| cell(c, g.as_ref(), by))
-                    .expect("coverage lists every cell")
-            };
-            let validation = all
-                .iter()
-                .filter(|(c, ..)| !matches!(c, Cell::Preflight | Cell::Rehearsal))
-                .map(|(c, g, by)| cell(c, g.as_ref(), by))
-                .collect();
-            (find(&Cell::Preflight), validation, find(&Cell::Rehearsal))
-        }
-        None => {
-            let pre = match &recs.preflight {
-                None => cell(
-                    &Cell::Preflight,
-                    Some(&Gap::Missing {
-                        next: "run `release-cli preflight --openpilot DIR --workspace WS` \
-                               (DIR: the openpilot checkout)"
-                            .into(),
-                    }),
-                    "",
-                ),
-                Some(p) if tree_pin.as_ref().is_some_and(|t| t != &p.tinygrad_commit) => cell(
-                    &Cell::Preflight,
-                    Some(&Gap::Stale {
-                        detail: format!(
-                            "recorded with tinygrad {}, the tree is at {}",
-                            p.tinygrad_commit,
-                            tree_pin.as_ref().expect("checked")
-                        ),
-                    }),
-                    "",
-                ),
-                Some(p) if crate::gate::preflight_binding(p, recs.tree.as_ref()).is_some() => cell(
-                    &Cell::Preflight,
-                    Some(&Gap::Stale {
-                        detail: crate::gate::fill_workspace(
-                            &crate::gate::preflight_binding(p, recs.tree.as_ref())
-                                .expect("checked"),
-                            Some(workspace.root()),
-                        ),
-                    }),
-                    "",
-                ),
-                Some(p) if !p.passed => cell(
-                    &Cell::Preflight,
-                    Some(&Gap::Failed {
-                        detail: format!("see {}", p.log.display()),
-                    }),
-                    "",
-                ),
-                Some(p) => cell(
-                    &Cell::Preflight,
-                    None,
-                    &format!(
-                        "preflight of {} at {}",
-                        p.openpilot.display(),
-                        p.finished_at
-                    ),
-                ),
-            };
-            let reh = CellStatus {
+        Some(m) => gate_cells(m, &recs),
+        None => (
+            preflight_unstaged(&recs, tree_pin.as_ref(), workspace),
+            Vec::new(),
+            CellStatus {
                 cell: Cell::Rehearsal.to_string(),
                 state: "missing",
                 detail: "no staged manifest to rehearse yet".into(),
-            };
-            (pre, Vec::new(), reh)
-        }
+            },
+        ),
     };
-    let stores = match generation {
-        Some(g) => stores
-            .iter()
-            .map(|(n, s)| store_status(n, *s, g, manifest_sha256.as_ref()))
-            .collect(),
-        // A store named without a generation to look for: said, not silently dropped.
-        None => stores
-            .iter()
-            .map(|(n, _)| StoreStatus {
-                store: n.clone(),
-                generation: None,
-                tinygrad_commit: None,
-                manifest_sha256: None,
-                models: None,
-                signature_release: None,
-                holds_staged: false,
-                problem: Some(
-                    "not read: no generation is known; pass --generation vNN, or --openpilot DIR \
-                     whose tinygrad pin names one"
-                        .into(),
-                ),
-            })
-            .collect(),
-    };
+    let stores = stores_status(stores, generation, manifest_sha256.as_ref());
     let source_map = match (&op, generation) {
         (Some(op), Some(g)) => Some(crate::source_map::map_path(op, g)),
         _ => None,
@@ -638,13 +508,161 @@ pub fn gather(
         rehearsal,
         stores,
         problems,
-        next: NextStep {
-            command: String::new(),
-            why: String::new(),
-        },
+        next: NextStep::default(),
     };
     status.next = next_step(&status);
     Ok(status)
+}
+
+/// The build receipts beside the built artifacts, the tree's DM files and its built-in, judged
+/// against `pin` (else the pin table's for `generation`), and whether the generation's contract
+/// requires them.
+fn receipts_of(
+    workspace: &Workspace,
+    op: Option<&Path>,
+    generation: Option<Generation>,
+    pin: Option<&GitCommit>,
+    builds: &[BuildStatus],
+) -> (Vec<ReceiptStatus>, bool) {
+    let pins = generation.and_then(|_| crate::tree::load_pins(op).ok());
+    // The pin receipts are judged against: the release's, else the pin table's for the
+    // generation.
+    let receipt_pin = pin
+        .cloned()
+        .or_else(|| pins.as_ref()?.get(generation?).cloned());
+    let receipts = receipts(&receipt_files(workspace, op, builds), receipt_pin.as_ref());
+    let required =
+        generation.is_some_and(|g| pins.as_ref().is_some_and(|p| p.contract(g).build_receipts));
+    (receipts, required)
+}
+
+/// What each store given holds live for `generation` (none read without one).
+fn stores_status(
+    stores: &[(String, &dyn Store)],
+    generation: Option<Generation>,
+    staged: Option<&Sha256Digest>,
+) -> Vec<StoreStatus> {
+    stores
+        .iter()
+        .map(|(n, s)| match generation {
+            Some(g) => store_status(n, *s, g, staged),
+            // A store named without a generation to look for: said, not silently dropped.
+            None => StoreStatus {
+                problem: Some(
+                    "not read: no generation is known; pass --generation vNN, or --openpilot DIR \
+                     whose tinygrad pin names one"
+                        .into(),
+                ),
+                ..StoreStatus::unread(n)
+            },
+        })
+        .collect()
+}
+
+/// The catalog models of `m` without a build of this generation and pin in `builds`.
+fn unbuilt(m: &Manifest, builds: &[BuildStatus]) -> Vec<ModelId> {
+    m.models()
+        .iter()
+        .map(|e| e.id())
+        .filter(|id| !id.is_local())
+        .filter(|id| !builds.iter().any(|b| &b.id == *id && b.state == "built"))
+        .cloned()
+        .collect()
+}
+
+/// The files whose build receipts the status reads (label, logical artifact path): the built
+/// artifacts, then the tree's DM files and built-in.
+fn receipt_files(
+    ws: &Workspace,
+    op: Option<&Path>,
+    builds: &[BuildStatus],
+) -> Vec<(String, PathBuf)> {
+    let mut files: Vec<(String, PathBuf)> = builds
+        .iter()
+        .filter(|b| b.state == "built")
+        .map(|b| (format!("build {}", b.id), ws.ready_artifact(&b.id)))
+        .collect();
+    if let Some(op) = op {
+        let models = op.join(crate::tree::BUILTIN_DIR);
+        files.extend(
+            layout::DM_FILES
+                .iter()
+                .map(|n| (format!("dm {n}"), models.join(n))),
+        );
+        files.push(("builtin".into(), models.join(crate::tree::BUILTIN_NAME)));
+    }
+    files
+}
+
+/// The preflight, validation and rehearsal cells of the staged manifest `m`, as the gate
+/// judges them (validation in matrix order).
+fn gate_cells(m: &Manifest, recs: &Records) -> (CellStatus, Vec<CellStatus>, CellStatus) {
+    let cov = coverage(m, recs);
+    let mut all: Vec<(Cell, CellStatus)> = cov
+        .covered
+        .iter()
+        .map(|(c, by)| (c.clone(), cell(c, None, by)))
+        .chain(
+            cov.gaps
+                .iter()
+                .map(|(c, g)| (c.clone(), cell(c, Some(g), ""))),
+        )
+        .collect();
+    all.sort_by(|a, b| a.0.cmp(&b.0));
+    let find = |want: &Cell| {
+        all.iter()
+            .find(|(c, _)| c == want)
+            .map(|(_, s)| s.clone())
+            .expect("coverage lists every cell")
+    };
+    let (preflight, rehearsal) = (find(&Cell::Preflight), find(&Cell::Rehearsal));
+    let validation = all
+        .into_iter()
+        .filter(|(c, _)| !matches!(c, Cell::Preflight | Cell::Rehearsal))
+        .map(|(_, s)| s)
+        .collect();
+    (preflight, validation, rehearsal)
+}
+
+/// The preflight cell with no staged manifest for the gate to judge it by: its record against
+/// the tree's pin and the checkout as it is now.
+fn preflight_unstaged(recs: &Records, tree_pin: Option<&GitCommit>, ws: &Workspace) -> CellStatus {
+    let Some(p) = &recs.preflight else {
+        let next = "run `release-cli preflight --openpilot DIR --workspace WS` \
+                    (DIR: the openpilot checkout)";
+        return cell(
+            &Cell::Preflight,
+            Some(&Gap::Missing { next: next.into() }),
+            "",
+        );
+    };
+    let gap = if let Some(t) = tree_pin.filter(|t| *t != &p.tinygrad_commit) {
+        Some(Gap::Stale {
+            detail: format!(
+                "recorded with tinygrad {}, the tree is at {t}",
+                p.tinygrad_commit
+            ),
+        })
+    } else if let Some(binding) = crate::gate::preflight_binding(p, recs.tree.as_ref()) {
+        Some(Gap::Stale {
+            detail: crate::gate::fill_workspace(&binding, Some(ws.root())),
+        })
+    } else if !p.passed {
+        Some(Gap::Failed {
+            detail: format!("see {}", p.log.display()),
+        })
+    } else {
+        None
+    };
+    let by = match gap {
+        Some(_) => String::new(),
+        None => format!(
+            "preflight of {} at {}",
+            p.openpilot.display(),
+            p.finished_at
+        ),
+    };
+    cell(&Cell::Preflight, gap.as_ref(), &by)
 }
 
 /// The `rebuild` step of [`next_step`] for workspace `ws`, generation `g` and tree `op`:
@@ -662,165 +680,250 @@ pub fn rebuild_step(ws: &str, g: &str, op: &str, why: &str) -> NextStep {
     }
 }
 
-/// The next command, a pure function of the status: the first step of the runbook
-/// (docs/release.md, "Bumping to the next generation") that is not done.
-pub fn next_step(s: &Status) -> NextStep {
-    let ws = s.workspace.display();
-    let op = s.tree.as_ref().map_or("~/openpilot".to_string(), |t| {
-        t.openpilot.display().to_string()
-    });
-    let g = s.generation.map_or("vNN".to_string(), |g| g.to_string());
-    let step = |command: String, why: String| NextStep { command, why };
+/// Where the commands a step names point: the workspace, the openpilot tree and the generation,
+/// or the placeholders a step leaves for them.
+struct Places {
+    ws: String,
+    op: String,
+    g: String,
+}
+
+impl Places {
+    fn of(s: &Status) -> Self {
+        Places {
+            ws: s.workspace.display().to_string(),
+            op: s.tree.as_ref().map_or("~/openpilot".to_string(), |t| {
+                t.openpilot.display().to_string()
+            }),
+            g: s.generation.map_or("vNN".to_string(), |g| g.to_string()),
+        }
+    }
+
+    fn rebuild(&self, why: &str) -> NextStep {
+        rebuild_step(&self.ws, &self.g, &self.op, why)
+    }
+}
+
+fn step(command: String, why: String) -> NextStep {
+    NextStep { command, why }
+}
+
+/// Runbook steps 1-3 (the tree, its pin, the sync): `Ok` with the tree and its pin once the
+/// compiler holds this tree, else the step that gets it there.
+fn synced_tree<'a>(
+    s: &'a Status,
+    at: &Places,
+) -> std::result::Result<(&'a TreeStatus, &'a GitCommit), NextStep> {
+    let Places { ws, op, .. } = at;
     let Some(tree) = &s.tree else {
-        return step(
+        return Err(step(
             format!("release-cli status --workspace {ws} --openpilot DIR"),
             "no openpilot tree is known (no --openpilot and no preflight record naming one); \
              DIR: the openpilot checkout the release is built from"
                 .into(),
-        );
+        ));
     };
     let Some(pin) = &tree.tinygrad_commit else {
-        return step(
+        return Err(step(
             format!("release-cli tinygrad bump --openpilot {op} --tinygrad-src DIR --commit SHA"),
             format!(
                 "the tree has no readable tinygrad marker: {}; DIR: the tinygrad checkout at the \
                  commit the tree should pin, SHA: that full commit",
                 tree.problem.clone().unwrap_or_default()
             ),
-        );
+        ));
     };
     if tree.pin_generation.is_none() {
-        return step(
+        return Err(step(
             format!("release-cli tinygrad bump --openpilot {op} --tinygrad-src DIR --commit {pin}"),
             format!(
                 "the tree's tinygrad {pin} is no generation's pin: record it; DIR: the tinygrad \
                  checkout at {pin}"
             ),
-        );
+        ));
     }
     if !tree.selector_problems.is_empty() {
-        return step(
+        return Err(step(
             format!("release-cli status --workspace {ws} --openpilot {op}"),
             format!(
                 "the tree does not select the generation of its tinygrad: {}; make the edit, \
                  commit it, then run this again",
                 tree.selector_problems.join("; ")
             ),
-        );
-    }
-    let synced_ok = tree.compiler_marker.as_ref() == Some(pin)
-        && tree.synced.as_ref().is_some_and(|x| x.tree_matches);
-    if !synced_ok {
-        let why = match (&tree.compiler_marker, &tree.synced) {
-            (None, _) | (_, None) => "the tree was never synced to the compiler".to_string(),
-            (Some(m), _) if m != pin => {
-                format!("the compiler's marker is {m}, the tree's pin {pin}")
-            }
-            _ => "the files sync sends changed since the last sync".to_string(),
-        };
-        return step(format!("release-cli sync --openpilot {op}"), why);
-    }
-    let rebuild = |why: String| rebuild_step(&ws.to_string(), &g, &op, &why);
-    if s.manifest.is_none() {
-        // The generation's source map first (runbook step 4), then the rebuild from it.
-        let Some(map) = &s.source_map else {
-            return step(
-                format!("release-cli source-map next --openpilot {op}"),
-                format!(
-                    "no source map scripts/model_source_map_{g}.json in the tree yet: it is \
-                     written from the previous generation's (commit it, then rebuild)"
-                ),
-            );
-        };
-        return NextStep {
-            command: format!(
-                "release-cli rebuild --workspace {ws} --generation {g} --openpilot {op} \
-                 --source-map {} --base-manifest BASE_MANIFEST",
-                map.display()
-            ),
-            why: format!(
-                "no staged manifest ready/model_names_{g}.json yet; BASE_MANIFEST: the manifest \
-                 the models are rebuilt from (the live one)"
-            ),
-        };
-    }
-    if let Some(b) = s.builds.iter().find(|b| b.state != "built") {
-        return rebuild(format!(
-            "{} is {} ({})",
-            b.id,
-            b.state,
-            b.error
-                .clone()
-                .unwrap_or_else(|| "another generation or pin".into())
         ));
     }
-    if let Some(id) = s.unbuilt.first() {
-        return rebuild(format!("{id} has no build of this generation and pin"));
-    }
-    // What a file's receipt says: `None` when it ties these bytes to the pin (or the contract
-    // has no receipts), else why not.
-    let unreceipted = |of: &str, sha: Option<&Sha256Digest>| -> Option<String> {
+    let why = match (&tree.compiler_marker, &tree.synced) {
+        (None, _) | (_, None) => "the tree was never synced to the compiler".to_string(),
+        (Some(m), _) if m != pin => format!("the compiler's marker is {m}, the tree's pin {pin}"),
+        (_, Some(x)) if !x.tree_matches => {
+            "the files sync sends changed since the last sync".to_string()
+        }
+        _ => return Ok((tree, pin)),
+    };
+    Err(step(format!("release-cli sync --openpilot {op}"), why))
+}
+
+/// Runbook step 4 when no manifest is staged: the generation's source map, then the rebuild
+/// from it.
+fn unstaged_step(s: &Status, at: &Places) -> NextStep {
+    let Places { ws, op, g } = at;
+    let Some(map) = &s.source_map else {
+        return step(
+            format!("release-cli source-map next --openpilot {op}"),
+            format!(
+                "no source map scripts/model_source_map_{g}.json in the tree yet: it is \
+                 written from the previous generation's (commit it, then rebuild)"
+            ),
+        );
+    };
+    step(
+        format!(
+            "release-cli rebuild --workspace {ws} --generation {g} --openpilot {op} \
+             --source-map {} --base-manifest BASE_MANIFEST",
+            map.display()
+        ),
+        format!(
+            "no staged manifest ready/model_names_{g}.json yet; BASE_MANIFEST: the manifest \
+             the models are rebuilt from (the live one)"
+        ),
+    )
+}
+
+/// What a file's build receipt says of it against the release's pin.
+enum Receipt<'a> {
+    /// It ties these bytes to the pin, or the contract has no receipts.
+    Ties,
+    Absent,
+    /// It names another compiler revision (`None`: unreadable).
+    OtherPin(Option<&'a GitCommit>),
+    OtherBytes,
+}
+
+impl<'a> Receipt<'a> {
+    /// The receipt of the file called `of` whose bytes are `sha`.
+    fn of(s: &'a Status, of: &str, sha: Option<&Sha256Digest>) -> Self {
         if !s.receipts_required {
-            return None;
+            return Receipt::Ties;
         }
         match s.receipts.iter().find(|r| r.of == of) {
-            None => Some(format!("{of} has no build receipt")),
-            Some(r) if r.matches_pin != Some(true) => Some(format!(
-                "{of}'s build receipt names tinygrad {}, not the pin {pin}",
-                r.compiler_revision
-                    .as_ref()
-                    .map_or("(unreadable)".to_string(), |c| c.to_string())
-            )),
-            Some(r) if sha.is_some() && r.artifact_sha256.as_ref() != sha => {
-                Some(format!("{of}'s build receipt is of other bytes"))
+            None => Receipt::Absent,
+            Some(r) if r.matches_pin != Some(true) => {
+                Receipt::OtherPin(r.compiler_revision.as_ref())
             }
-            Some(_) => None,
+            Some(r) if sha.is_some() && r.artifact_sha256.as_ref() != sha => Receipt::OtherBytes,
+            Some(_) => Receipt::Ties,
         }
-    };
-    if let Some(why) = s
-        .builds
-        .iter()
-        .find_map(|b| unreceipted(&format!("build {}", b.id), b.sha256.as_ref()))
-    {
-        return rebuild(why);
     }
-    let dm_missing: Vec<&str> =
-        s.dm.iter()
-            .filter(|f| f.sha256.is_none())
-            .map(|f| f.name.as_str())
-            .collect();
-    let dm_unbuilt =
-        s.dm.iter()
-            .find_map(|f| unreceipted(&format!("dm {}", f.name), f.sha256.as_ref()));
-    if s.dm.is_empty() || !dm_missing.is_empty() || dm_unbuilt.is_some() {
-        return step(
-            format!(
-                "release-cli dm --out {op}/{} --openpilot {op}",
-                crate::tree::BUILTIN_DIR
-            ),
-            match dm_unbuilt {
-                Some(why) if dm_missing.is_empty() && !s.dm.is_empty() => format!(
-                    "the tree's DM files are not this pin's build: {why} (all four are rebuilt \
-                     together)"
+
+    /// Why the file called `of` is not the build of `pin` (`None`: it is).
+    fn problem(&self, of: &str, pin: &GitCommit) -> Option<String> {
+        match self {
+            Receipt::Ties => None,
+            Receipt::Absent => Some(format!("{of} has no build receipt")),
+            Receipt::OtherPin(c) => Some(format!(
+                "{of}'s build receipt names tinygrad {}, not the pin {pin}",
+                c.map_or("(unreadable)".to_string(), |c| c.to_string())
+            )),
+            Receipt::OtherBytes => Some(format!("{of}'s build receipt is of other bytes")),
+        }
+    }
+}
+
+/// The first artifact whose build record or receipt is not this generation's and pin's, in the
+/// order the runbook builds them (models, DM set, built-in).
+enum Unbuilt<'a> {
+    /// A model's record is stale, or only a failure.
+    Record(&'a BuildStatus),
+    /// A catalog model with no record of this generation and pin.
+    NoRecord(&'a ModelId),
+    /// A built model whose receipt is not of the pin (why).
+    ModelReceipt(String),
+    /// DM files missing from the tree.
+    DmMissing,
+    /// Every DM file there, one's receipt not of the pin (why).
+    DmReceipt(String),
+    /// The built-in missing, of another build, or its receipt not of the pin.
+    Builtin,
+}
+
+impl<'a> Unbuilt<'a> {
+    fn first(s: &'a Status, pin: &GitCommit) -> Option<Self> {
+        let problem =
+            |of: &str, sha: Option<&Sha256Digest>| Receipt::of(s, of, sha).problem(of, pin);
+        if let Some(b) = s.builds.iter().find(|b| b.state != "built") {
+            return Some(Unbuilt::Record(b));
+        }
+        if let Some(id) = s.unbuilt.first() {
+            return Some(Unbuilt::NoRecord(id));
+        }
+        if let Some(why) = s
+            .builds
+            .iter()
+            .find_map(|b| problem(&format!("build {}", b.id), b.sha256.as_ref()))
+        {
+            return Some(Unbuilt::ModelReceipt(why));
+        }
+        if s.dm.is_empty() || s.dm.iter().any(|f| f.sha256.is_none()) {
+            return Some(Unbuilt::DmMissing);
+        }
+        if let Some(why) =
+            s.dm.iter()
+                .find_map(|f| problem(&format!("dm {}", f.name), f.sha256.as_ref()))
+        {
+            return Some(Unbuilt::DmReceipt(why));
+        }
+        let builtin_ok = s.builtin.as_ref().is_some_and(|b| {
+            s.builtin_matches_build != Some(false)
+                && problem("builtin", b.sha256.as_ref()).is_none()
+        });
+        (!builtin_ok).then_some(Unbuilt::Builtin)
+    }
+
+    fn step(&self, at: &Places) -> NextStep {
+        let Places { ws, op, .. } = at;
+        let dm = |why: String| {
+            step(
+                format!(
+                    "release-cli dm --out {op}/{} --openpilot {op}",
+                    crate::tree::BUILTIN_DIR
                 ),
-                _ => "the tree lacks DM files (all four are replaced together)".into(),
-            },
-        );
-    }
-    let builtin_unbuilt = s
-        .builtin
-        .as_ref()
-        .and_then(|b| unreceipted("builtin", b.sha256.as_ref()));
-    if s.builtin.is_none() || s.builtin_matches_build == Some(false) || builtin_unbuilt.is_some() {
-        return step(
-            format!(
-                "release-cli builtin --artifact {ws}/ready/rdf43/rdf43_driving_tinygrad.pkl --openpilot {op}"
+                why,
+            )
+        };
+        match self {
+            Unbuilt::Record(b) => at.rebuild(&format!(
+                "{} is {} ({})",
+                b.id,
+                b.state,
+                b.error
+                    .clone()
+                    .unwrap_or_else(|| "another generation or pin".into())
+            )),
+            Unbuilt::NoRecord(id) => {
+                at.rebuild(&format!("{id} has no build of this generation and pin"))
+            }
+            Unbuilt::ModelReceipt(why) => at.rebuild(why),
+            Unbuilt::DmMissing => dm("the tree lacks DM files (all four are replaced together)".into()),
+            Unbuilt::DmReceipt(why) => dm(format!(
+                "the tree's DM files are not this pin's build: {why} (all four are rebuilt \
+                 together)"
+            )),
+            Unbuilt::Builtin => step(
+                format!(
+                    "release-cli builtin --artifact {ws}/ready/rdf43/rdf43_driving_tinygrad.pkl --openpilot {op}"
+                ),
+                "the tree's built-in RDF V4 is missing or not the workspace's rdf43 build of this pin \
+                 (build it with rebuild --model rdf43, or compile it and pass that artifact)"
+                    .into(),
             ),
-            "the tree's built-in RDF V4 is missing or not the workspace's rdf43 build of this pin \
-             (build it with rebuild --model rdf43, or compile it and pass that artifact)"
-                .into(),
-        );
+        }
     }
+}
+
+/// Runbook steps 6-9 once every artifact is built: the preflight, the validation cells, the
+/// rehearsal and the publish to every store given, each when its gate or store is not there yet.
+fn gated_step(s: &Status, at: &Places, tree: &TreeStatus, manifest: &Path) -> NextStep {
+    let Places { ws, op, g } = at;
     if s.preflight.state != "covered" {
         return step(
             format!("release-cli preflight --openpilot {op} --workspace {ws}"),
@@ -836,7 +939,7 @@ pub fn next_step(s: &Status) -> NextStep {
             ),
         );
     }
-    let manifest = s.manifest.as_ref().expect("checked").display();
+    let manifest = manifest.display();
     // A tree that ships release keys: its devices take only a signed manifest.
     let (sign, key_why) = if tree.trusted_keys {
         (
@@ -858,13 +961,13 @@ pub fn next_step(s: &Status) -> NextStep {
             ),
         );
     }
-    if s.stores.is_empty() || s.stores.iter().any(|x| !x.holds_staged) {
-        let behind: Vec<&str> = s
-            .stores
-            .iter()
-            .filter(|x| !x.holds_staged)
-            .map(|x| x.store.as_str())
-            .collect();
+    let behind: Vec<&str> = s
+        .stores
+        .iter()
+        .filter(|x| !x.holds_staged)
+        .map(|x| x.store.as_str())
+        .collect();
+    if s.stores.is_empty() || !behind.is_empty() {
         return step(
             format!(
                 "release-cli publish --generation {g} --manifest {manifest} --artifacts {ws}/ready --workspace {ws} --openpilot {op} --to hf://buckets/{} --to github:CHECKOUT{sign}",
@@ -888,6 +991,23 @@ pub fn next_step(s: &Status) -> NextStep {
             "done: every store given holds the staged {g} manifest; devices pick it up on their next refresh (check one comma, docs/release.md)"
         ),
     )
+}
+
+/// The next command, a pure function of the status: the first step of the runbook
+/// (docs/release.md, "Bumping to the next generation") that is not done.
+pub fn next_step(s: &Status) -> NextStep {
+    let at = Places::of(s);
+    let (tree, pin) = match synced_tree(s, &at) {
+        Ok(t) => t,
+        Err(step) => return step,
+    };
+    let Some(manifest) = &s.manifest else {
+        return unstaged_step(s, &at);
+    };
+    match Unbuilt::first(s, pin) {
+        Some(unbuilt) => unbuilt.step(&at),
+        None => gated_step(s, &at, tree, manifest),
+    }
 }
 
 #[cfg(test)]
@@ -1249,6 +1369,40 @@ mod tests {
                 |s| s.receipts.retain(|r| !r.of.starts_with("build ")),
                 "release-cli rebuild",
             ),
+            (
+                "a model's receipt of the previous pin",
+                |s| {
+                    let r = s
+                        .receipts
+                        .iter_mut()
+                        .find(|r| r.of.starts_with("build "))
+                        .unwrap();
+                    r.matches_pin = Some(false);
+                },
+                "release-cli rebuild",
+            ),
+            (
+                "an unreadable DM receipt",
+                |s| {
+                    let r = s
+                        .receipts
+                        .iter_mut()
+                        .find(|r| r.of.starts_with("dm "))
+                        .unwrap();
+                    (r.compiler_revision, r.matches_pin) = (None, None);
+                },
+                "release-cli dm",
+            ),
+            (
+                "a model's receipt missing and the DM set of the previous pin",
+                |s| {
+                    s.receipts.retain(|r| !r.of.starts_with("build "));
+                    for r in s.receipts.iter_mut().filter(|r| r.of.starts_with("dm ")) {
+                        r.matches_pin = Some(false);
+                    }
+                },
+                "release-cli rebuild",
+            ),
         ];
         for (g, pin) in [
             (25, "e837e367aac9e1a66e689f4f32ce20ca9367df13"),
@@ -1269,5 +1423,54 @@ mod tests {
                 assert_eq!(next_step(&s).command, "", "v{g} {case} without receipts");
             }
         }
+    }
+
+    /// The why says what the first file's receipt says, and a missing DM file outranks a DM
+    /// receipt of another pin (the set is replaced whole).
+    #[test]
+    fn the_why_says_what_the_receipt_says() {
+        let pin = "26".repeat(20);
+        let why = |edit: fn(&mut Status)| {
+            let mut s = done(26, &pin);
+            with_receipts(&mut s, &pin);
+            edit(&mut s);
+            next_step(&s).why
+        };
+        let w = why(|s| s.receipts.retain(|r| r.of != "build pop223"));
+        assert!(w.starts_with("build pop223 has no build receipt; "), "{w}");
+        let w = why(|s| {
+            let r = s
+                .receipts
+                .iter_mut()
+                .find(|r| r.of.starts_with("dm "))
+                .unwrap();
+            (r.compiler_revision, r.matches_pin) = (None, None);
+        });
+        assert!(
+            w.contains("build receipt names tinygrad (unreadable), not the pin 2626"),
+            "{w}"
+        );
+        let w = why(|s| {
+            let r = s
+                .receipts
+                .iter_mut()
+                .find(|r| r.of == "build pop223")
+                .unwrap();
+            r.artifact_sha256 = Some(Sha256Digest::of_bytes(b"x"));
+        });
+        assert!(
+            w.starts_with("build pop223's build receipt is of other bytes"),
+            "{w}"
+        );
+        let w = why(|s| {
+            s.dm[0].sha256 = None;
+            for r in s.receipts.iter_mut().filter(|r| r.of.starts_with("dm ")) {
+                r.matches_pin = Some(false);
+            }
+        });
+        assert_eq!(
+            w,
+            "the tree lacks DM files (all four are replaced together)"
+        );
     }
 }

@@ -749,7 +749,40 @@ pub fn validate(args: ValidateArgs) -> CliResult {
     // The p95 latency the device reported, against the contract's bound (the record keeps it
     // in the device's verdict; publish requires the bound again).
     let p95_ms = release::loadable::reported_p95(&rec, contract);
-    let over_bound = match (contract.validation_p95_ms, p95_ms) {
+    let over_bound = over_bound(contract, &rec, p95_ms);
+    let passed = rec.passed() && over_bound.is_none();
+    if args.json {
+        print_json(&ValidateReport {
+            model: id,
+            passed,
+            p95_ms,
+            resolutions: &rec.resolutions,
+            verdict: &rec.verdict,
+            record: &record,
+            log: &log,
+        })?;
+    } else {
+        print_validation(id, &rec, p95_ms, over_bound.as_deref(), &record)?;
+    }
+    if passed {
+        Ok(())
+    } else {
+        Err(CliError::check_failed(format!(
+            "{id} failed device validation; see {} and {}",
+            record.display(),
+            log.display()
+        )))
+    }
+}
+
+/// Why the p95 latency the device reported fails the contract's bound (`None`: within it, or
+/// no bound).
+fn over_bound(
+    contract: &manifest::Contract,
+    rec: &release::gate::ValidationRecord,
+    p95_ms: Option<f64>,
+) -> Option<String> {
+    match (contract.validation_p95_ms, p95_ms) {
         (Some(bound), Some(p)) if p > f64::from(bound) => {
             Some(format!("p95 latency {p} ms is over the {bound} ms bound"))
         }
@@ -763,47 +796,36 @@ pub fn validate(args: ValidateArgs) -> CliResult {
              over the {bound} ms bound or that it cannot run before reporting one"
         )),
         _ => None,
-    };
-    let passed = rec.passed() && over_bound.is_none();
-    if args.json {
-        print_json(&ValidateReport {
-            model: id,
-            passed,
-            p95_ms,
-            resolutions: &rec.resolutions,
-            verdict: &rec.verdict,
-            record: &record,
-            log: &log,
-        })?;
-    } else {
-        for r in &rec.resolutions {
-            crate::outln!(
-                "{id} at {}: {}",
-                r.resolution,
-                if r.passed {
-                    "passed".to_string()
-                } else {
-                    format!("FAILED ({})", r.problems.join("; "))
-                }
-            )?;
-        }
-        if let Some(p) = p95_ms {
-            crate::outln!("{id}: p95 latency {p} ms")?;
-        }
-        if let Some(why) = &over_bound {
-            crate::outln!("{id}: FAILED ({why})")?;
-        }
-        crate::outln!("verdict recorded in {}", record.display())?;
     }
-    if passed {
-        Ok(())
-    } else {
-        Err(CliError::check_failed(format!(
-            "{id} failed device validation; see {} and {}",
-            record.display(),
-            log.display()
-        )))
+}
+
+/// The device's verdict per resolution, its latency, and where it is recorded.
+fn print_validation(
+    id: &ModelId,
+    rec: &release::gate::ValidationRecord,
+    p95_ms: Option<f64>,
+    over_bound: Option<&str>,
+    record: &Path,
+) -> CliResult {
+    for r in &rec.resolutions {
+        crate::outln!(
+            "{id} at {}: {}",
+            r.resolution,
+            if r.passed {
+                "passed".to_string()
+            } else {
+                format!("FAILED ({})", r.problems.join("; "))
+            }
+        )?;
     }
+    if let Some(p) = p95_ms {
+        crate::outln!("{id}: p95 latency {p} ms")?;
+    }
+    if let Some(why) = over_bound {
+        crate::outln!("{id}: FAILED ({why})")?;
+    }
+    crate::outln!("verdict recorded in {}", record.display())?;
+    Ok(())
 }
 
 /// `validate --check`: record a check the release engineer made on the device.

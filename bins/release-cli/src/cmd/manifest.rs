@@ -141,9 +141,65 @@ pub fn run(command: ManifestCommand) -> CliResult {
 }
 
 fn set_artifact(args: SetArtifactArgs) -> CliResult {
-    use std::io::Read;
-    let id = match &args.model {
-        Some(id) => id.clone(),
+    let id = model_of(&args)?;
+    let manifest_bytes = read_limited(&args.manifest)?;
+    let mut m = parse(&args.manifest, &manifest_bytes)?;
+    // The manifest's contract decides the artifact format written, and whether one plain file
+    // (count 0) may stand for an artifact that fits one chunk.
+    let contract =
+        manifest::contract::for_manifest(&manifest::PinTable::builtin(), &manifest_bytes)
+            .1
+            .contract();
+    let name = artifact_name(&m, &id, &args)?;
+    let logical = args.dir.join(&name);
+    let (pieces, plain) = artifact_pieces(&logical, &name, &args.dir, contract)?;
+    chunker::check_oob_reader(
+        &mut chunker::ArtifactReader::new(pieces.clone()),
+        &logical.display().to_string(),
+    )?;
+    let mut h = hash_pieces(&pieces)?;
+    let sidecar = logical.with_file_name(chunker::sidecar_name(&name));
+    if let Some(found) = chunker::read_sidecar(&sidecar)?
+        && found != h.sha256
+    {
+        return Err(CliError::check_failed(format!(
+            "{}: says {found}, the chunks hash to {}; nothing was written",
+            sidecar.display(),
+            h.sha256
+        )));
+    }
+    let count = if plain { 0 } else { pieces.len() as u64 };
+    if plain {
+        h.chunk_sha256.clear();
+    }
+    let artifact = manifest::Artifact::for_contract(
+        contract,
+        manifest::ArtifactSize::new(h.size).map_err(CliError::check_failed)?,
+        h.sha256,
+        manifest::ChunkCount::new(count).map_err(CliError::check_failed)?,
+    );
+    let entry = m.get_mut(&id).expect("looked up above");
+    match &args.variant {
+        None if plain => {
+            entry.set_artifact(&artifact);
+            Ok(())
+        }
+        None => entry.set_artifact_with_chunks(&artifact, &h.chunk_sha256),
+        Some(v) => entry.set_accelerator_artifact(v, &artifact),
+    }
+    .map_err(CliError::failure)?;
+    if !args.dry_run {
+        // The error names the manifest (fs_err).
+        chunker::atomic::write_atomic(&args.manifest, &m.to_canonical_bytes())
+            .map_err(|e| CliError::failure(e.to_string()))?;
+    }
+    report_set_artifact(&args, &id, &h, count)
+}
+
+/// The model `set-artifact` sets: `--model`, else the directory's name.
+fn model_of(args: &SetArtifactArgs) -> CliResult<manifest::ModelId> {
+    match &args.model {
+        Some(id) => Ok(id.clone()),
         None => args
             .dir
             .file_name()
@@ -155,17 +211,17 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
                     "{}: the directory name is not a model ID ({e}); pass --model ID",
                     args.dir.display()
                 ))
-            })?,
-    };
-    let manifest_bytes = read_limited(&args.manifest)?;
-    let mut m = parse(&args.manifest, &manifest_bytes)?;
-    // The manifest's contract decides the artifact format written, and whether one plain file
-    // (count 0) may stand for an artifact that fits one chunk.
-    let contract =
-        manifest::contract::for_manifest(&manifest::PinTable::builtin(), &manifest_bytes)
-            .1
-            .contract();
-    let entry = m.get(&id).ok_or_else(|| {
+            }),
+    }
+}
+
+/// The logical file name of `id`'s artifact (or its `--variant`'s) in `m`.
+fn artifact_name(
+    m: &Manifest,
+    id: &manifest::ModelId,
+    args: &SetArtifactArgs,
+) -> CliResult<String> {
+    let entry = m.get(id).ok_or_else(|| {
         CliError::check_failed(format!(
             "{}: no entry for model {id}; add it first (nothing was written)",
             args.manifest.display()
@@ -180,58 +236,68 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
                 args.manifest.display()
             ))
         })?,
-    }
-    .as_str()
-    .to_string();
-    let logical = args.dir.join(&name);
-    let (pieces, plain) = match chunker::resolve(&logical)? {
-        Some(chunker::Resolved::Chunked { pieces, .. }) => (pieces, false),
+    };
+    Ok(name.as_str().to_string())
+}
+
+/// The files of the artifact at `logical` (each with its size), and whether it is one plain
+/// file the contract publishes as such (count 0).
+fn artifact_pieces(
+    logical: &Path,
+    name: &str,
+    dir: &Path,
+    contract: &manifest::contract::Contract,
+) -> CliResult<(Vec<(PathBuf, u64)>, bool)> {
+    match chunker::resolve(logical)? {
+        Some(chunker::Resolved::Chunked { pieces, .. }) => Ok((pieces, false)),
         Some(chunker::Resolved::Plain { path, size })
             if contract.plain_file_when_one_chunk && size <= chunker::DEFAULT_CHUNK_SIZE =>
         {
-            (vec![(path, size)], true)
+            Ok((vec![(path, size)], true))
         }
         Some(chunker::Resolved::Plain { size, .. }) if contract.plain_file_when_one_chunk => {
-            return Err(CliError::check_failed(format!(
+            Err(CliError::check_failed(format!(
                 "{}: a plain file of {size} bytes; the {} contract publishes a plain file only \
                  when it fits one chunk ({} bytes): split it with `release-cli chunk split` \
                  (nothing was written)",
                 logical.display(),
                 contract.name,
                 chunker::DEFAULT_CHUNK_SIZE
-            )));
+            )))
         }
-        Some(other) => {
-            return Err(CliError::check_failed(format!(
-                "{}: found a {} artifact; a release entry describes a chunk set (release-cli chunk split)",
-                logical.display(),
-                other.form()
-            )));
-        }
-        None => {
-            return Err(CliError::check_failed(format!(
-                "{}: no complete chunk set ({name}.chunkmanifest and every chunk)",
-                args.dir.display()
-            )));
-        }
-    };
-    chunker::check_oob_reader(
-        &mut chunker::ArtifactReader::new(pieces.clone()),
-        &logical.display().to_string(),
-    )?;
-    // One pass: each chunk's digest and the whole artifact's.
+        Some(other) => Err(CliError::check_failed(format!(
+            "{}: found a {} artifact; a release entry describes a chunk set (release-cli chunk split)",
+            logical.display(),
+            other.form()
+        ))),
+        None => Err(CliError::check_failed(format!(
+            "{}: no complete chunk set ({name}.chunkmanifest and every chunk)",
+            dir.display()
+        ))),
+    }
+}
+
+/// An artifact's size and digests, read in one pass.
+struct Hashed {
+    size: u64,
+    sha256: chunker::Sha256Digest,
+    /// Each piece's digest, in order.
+    chunk_sha256: Vec<chunker::Sha256Digest>,
+}
+
+/// One pass over `pieces`: each chunk's digest and the whole artifact's.
+fn hash_pieces(pieces: &[(PathBuf, u64)]) -> CliResult<Hashed> {
+    use std::io::Read;
     let mut whole = chunker::Hasher::new();
     let mut chunk_sha256 = Vec::new();
     let mut size = 0u64;
     let mut buf = vec![0u8; chunker::IO_BUFFER_SIZE];
-    for (path, _) in &pieces {
-        let mut f = std::fs::File::open(path)
-            .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))?;
+    for (path, _) in pieces {
+        let failed = |e: std::io::Error| CliError::failure(format!("{}: {e}", path.display()));
+        let mut f = std::fs::File::open(path).map_err(failed)?;
         let mut h = chunker::Hasher::new();
         loop {
-            let n = f
-                .read(&mut buf)
-                .map_err(|e| CliError::failure(format!("{}: {e}", path.display())))?;
+            let n = f.read(&mut buf).map_err(failed)?;
             if n == 0 {
                 break;
             }
@@ -241,41 +307,20 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
         }
         chunk_sha256.push(h.finish());
     }
-    let sha256 = whole.finish();
-    let sidecar = logical.with_file_name(chunker::sidecar_name(&name));
-    if let Some(found) = chunker::read_sidecar(&sidecar)?
-        && found != sha256
-    {
-        return Err(CliError::check_failed(format!(
-            "{}: says {found}, the chunks hash to {sha256}; nothing was written",
-            sidecar.display()
-        )));
-    }
-    let count = if plain { 0 } else { pieces.len() as u64 };
-    if plain {
-        chunk_sha256.clear();
-    }
-    let artifact = manifest::Artifact::for_contract(
-        contract,
-        manifest::ArtifactSize::new(size).map_err(CliError::check_failed)?,
-        sha256,
-        manifest::ChunkCount::new(count).map_err(CliError::check_failed)?,
-    );
-    let entry = m.get_mut(&id).expect("looked up above");
-    match &args.variant {
-        None if plain => {
-            entry.set_artifact(&artifact);
-            Ok(())
-        }
-        None => entry.set_artifact_with_chunks(&artifact, &chunk_sha256),
-        Some(v) => entry.set_accelerator_artifact(v, &artifact),
-    }
-    .map_err(CliError::failure)?;
-    if !args.dry_run {
-        // The error names the manifest (fs_err).
-        chunker::atomic::write_atomic(&args.manifest, &m.to_canonical_bytes())
-            .map_err(|e| CliError::failure(e.to_string()))?;
-    }
+    Ok(Hashed {
+        size,
+        sha256: whole.finish(),
+        chunk_sha256,
+    })
+}
+
+/// What `set-artifact` set (or would set under `--dry-run`), as text or `--json`.
+fn report_set_artifact(
+    args: &SetArtifactArgs,
+    id: &manifest::ModelId,
+    h: &Hashed,
+    count: u64,
+) -> CliResult {
     if args.json {
         #[derive(serde::Serialize)]
         struct SetArtifactReport<'a, V: serde::Serialize> {
@@ -293,18 +338,20 @@ fn set_artifact(args: SetArtifactArgs) -> CliResult {
             manifest: &args.manifest,
             model: id.as_str(),
             variant: &args.variant,
-            size,
-            sha256: sha256.to_hex(),
+            size: h.size,
+            sha256: h.sha256.to_hex(),
             chunk_count: count as usize,
-            chunk_sha256: chunk_sha256.iter().map(|d| d.to_hex()).collect(),
+            chunk_sha256: h.chunk_sha256.iter().map(|d| d.to_hex()).collect(),
             dry_run: args.dry_run,
         });
     }
     crate::outln!(
-        "{}{}: {id} {}= {size} bytes, sha256 {sha256}, {} chunk(s) (with per-chunk digests)",
+        "{}{}: {id} {}= {} bytes, sha256 {}, {} chunk(s) (with per-chunk digests)",
         if args.dry_run { "dry run: " } else { "" },
         args.manifest.display(),
         if args.dry_run { "would be set " } else { "" },
+        h.size,
+        h.sha256,
         count
     )?;
     if args.dry_run {

@@ -65,39 +65,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
         .check_policy(args.remote.allow_other_compiler)
         .map_err(crate::cmd::build::remote_error)?;
     let pin = args.remote.pin()?;
-    let pin_from = match (&args.remote.tinygrad_commit, &args.remote.openpilot) {
-        // The file the tree records its tinygrad in (its sync file when it declares its
-        // generation), as `pin` read it.
-        (None, Some(op)) => op
-            .join(compiler_remote::pin_location(op).rel())
-            .display()
-            .to_string(),
-        _ => "--tinygrad-commit".to_string(),
-    };
-    release::rebuild::check_tree(
-        args.generation,
-        &pin,
-        &pin_from,
-        args.remote.openpilot.as_deref(),
-        &args.remote.connect_options(),
-    )?;
-    let (pins, declared) = release::tree::load_tree(args.remote.openpilot.as_deref())?;
-    let (rebuild, not_in_tree) = Rebuild::prepare(
-        args.workspace.clone(),
-        &args.source_map,
-        &args.base_manifest,
-        &args.models,
-        args.generation,
-        pin.clone(),
-    )?
-    .under_contract(&pins, declared.as_ref())?;
-    for id in &not_in_tree {
-        cli_support::info!(
-            "{id}: not a row of the tree's reviewed catalog; the {} contract publishes only its \
-             rows, so it is left out",
-            rebuild.contract.name
-        );
-    }
+    let rebuild = prepare(&args, &pin)?;
     if args.dry_run {
         return dry_run(&args, &rebuild);
     }
@@ -122,8 +90,75 @@ pub fn run(args: RebuildArgs) -> CliResult {
     })?;
     drop(builder);
 
+    print_summary(&args, &summary, started)?;
+    // Warnings go to stderr in both modes; --json also lists them as "variants_dropped".
+    for d in &summary.variants_dropped {
+        eprintln!("warning: {d}");
+    }
+    // With --json the summary above already says what failed.
+    summary
+        .result()
+        .map_err(|e| CliError::from(e).after_json_report())?;
+    if summary.complete() {
+        super::say_publish_next(
+            args.generation,
+            &summary.manifest,
+            &args.workspace.ready(),
+            &args.workspace,
+        );
+    }
+    Ok(())
+}
+
+/// The checks a rebuild makes before building (the tree against the generation and pin, the
+/// source map and base catalog), and the rebuild under the tree's contract; a model the tree's
+/// reviewed catalog does not list is said and left out.
+fn prepare(args: &RebuildArgs, pin: &manifest::GitCommit) -> CliResult<Rebuild> {
+    let pin_from = match (&args.remote.tinygrad_commit, &args.remote.openpilot) {
+        // The file the tree records its tinygrad in (its sync file when it declares its
+        // generation), as `pin` read it.
+        (None, Some(op)) => op
+            .join(compiler_remote::pin_location(op).rel())
+            .display()
+            .to_string(),
+        _ => "--tinygrad-commit".to_string(),
+    };
+    release::rebuild::check_tree(
+        args.generation,
+        pin,
+        &pin_from,
+        args.remote.openpilot.as_deref(),
+        &args.remote.connect_options(),
+    )?;
+    let (pins, declared) = release::tree::load_tree(args.remote.openpilot.as_deref())?;
+    let (rebuild, not_in_tree) = Rebuild::prepare(
+        args.workspace.clone(),
+        &args.source_map,
+        &args.base_manifest,
+        &args.models,
+        args.generation,
+        pin.clone(),
+    )?
+    .under_contract(&pins, declared.as_ref())?;
+    for id in &not_in_tree {
+        cli_support::info!(
+            "{id}: not a row of the tree's reviewed catalog; the {} contract publishes only its \
+             rows, so it is left out",
+            rebuild.contract.name
+        );
+    }
+    Ok(rebuild)
+}
+
+/// The summary, as `--json` or text, and where the previous generation's release was set
+/// aside.
+fn print_summary(
+    args: &RebuildArgs,
+    summary: &release::rebuild::Summary,
+    started: Instant,
+) -> CliResult {
     if args.json {
-        print_json(&summary)?;
+        print_json(summary)?;
     } else {
         crate::outln!(
             "rebuild {} ({}): {} compiled, {} skipped (done earlier), {} failed, {} not attempted, in {}s",
@@ -157,22 +192,6 @@ pub fn run(args: RebuildArgs) -> CliResult {
              in {}, where it stays publishable: pass --workspace {} to repair it",
             dir.display(),
             cli_support::shell_quote(&dir.display().to_string())
-        );
-    }
-    // Warnings go to stderr in both modes; --json also lists them as "variants_dropped".
-    for d in &summary.variants_dropped {
-        eprintln!("warning: {d}");
-    }
-    // With --json the summary above already says what failed.
-    summary
-        .result()
-        .map_err(|e| CliError::from(e).after_json_report())?;
-    if summary.complete() {
-        super::say_publish_next(
-            args.generation,
-            &summary.manifest,
-            &args.workspace.ready(),
-            &args.workspace,
         );
     }
     Ok(())

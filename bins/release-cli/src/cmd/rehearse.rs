@@ -190,7 +190,14 @@ pub fn status(args: StatusArgs) -> CliResult {
         st.workspace.display(),
         opt(&st.generation)
     )?;
-    match &st.tree {
+    print_tree(st.tree.as_ref())?;
+    print_files(&st)?;
+    print_gates_and_stores(&st)
+}
+
+/// The tree, its pin and the last sync.
+fn print_tree(tree: Option<&release::status::TreeStatus>) -> CliResult {
+    match tree {
         None => crate::outln!("tree       (none: pass --openpilot DIR)")?,
         Some(t) => {
             crate::outln!(
@@ -225,6 +232,11 @@ pub fn status(args: StatusArgs) -> CliResult {
             }
         }
     }
+    Ok(())
+}
+
+/// The staged manifest, each build, the tree's DM files and built-in, and their receipts.
+fn print_files(st: &release::status::Status) -> CliResult {
     crate::outln!(
         "manifest   {} {}",
         st.manifest
@@ -288,6 +300,11 @@ pub fn status(args: StatusArgs) -> CliResult {
             }
         )?;
     }
+    Ok(())
+}
+
+/// The gate cells, the stores, the problems and the next step.
+fn print_gates_and_stores(st: &release::status::Status) -> CliResult {
     for c in std::iter::once(&st.preflight)
         .chain(st.validation.iter())
         .chain(std::iter::once(&st.rehearsal))

@@ -65,22 +65,27 @@ pub fn stand_in(generation: Generation, what: &str, len: usize) -> Vec<u8> {
     unit.bytes().cycle().take(len.max(1)).collect()
 }
 
-/// Build `data/` as the previous generation's manager leaves it. `data` must not exist yet or
-/// be empty: nothing already there is overwritten.
-pub fn build_old_device(data: &Path, spec: &OldDeviceSpec) -> Result<OldDevice> {
-    let models = data.join("models");
-    let params = data.join("params/d");
-    fs::create_dir_all(&models)?;
-    fs::create_dir_all(&params)?;
-    let mut dev = OldDevice {
-        data: data.to_path_buf(),
-        driving: BTreeMap::new(),
-        kept: BTreeMap::new(),
-    };
-    let g = spec.generation;
-    let size = spec.artifact_size;
-    let mut write = |name: &str, bytes: &[u8], keep: Option<bool>| -> Result<()> {
-        let path = models.join(name);
+/// What becomes of a file written on the old device.
+#[derive(Clone, Copy)]
+enum Fate {
+    /// An old-generation driving file: no migration may leave these bytes.
+    Driving,
+    /// A file every migration keeps.
+    Kept,
+    /// A cache, neither.
+    Cache,
+}
+
+/// Writes the old device's `models/` files, recording each driving and kept file's digest.
+struct Writer<'a> {
+    models: PathBuf,
+    dev: &'a mut OldDevice,
+}
+
+impl Writer<'_> {
+    /// Write `models/<name>`, refusing to overwrite anything.
+    fn write(&mut self, name: &str, bytes: &[u8], fate: Fate) -> Result<()> {
+        let path = self.models.join(name);
         if path.symlink_metadata().is_ok() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::AlreadyExists,
@@ -93,45 +98,76 @@ pub fn build_old_device(data: &Path, spec: &OldDeviceSpec) -> Result<OldDevice> 
         }
         fs::write(&path, bytes)?;
         let digest = Sha256Digest::of_bytes(bytes);
-        match keep {
-            Some(false) => {
-                dev.driving.insert(name.to_string(), digest);
-            }
-            Some(true) => {
-                dev.kept.insert(name.to_string(), digest);
-            }
-            None => {}
-        }
+        match fate {
+            Fate::Driving => self.dev.driving.insert(name.to_string(), digest),
+            Fate::Kept => self.dev.kept.insert(name.to_string(), digest),
+            Fate::Cache => None,
+        };
         Ok(())
-    };
-    let file = |id: &ModelId| layout::artifact_file_name(id).as_str().to_string();
+    }
 
-    // The selected model, one plain file and its sidecar; a stale part of an older download; its
-    // eGPU variant.
+    /// A plain artifact `name` and its `.sha256` sidecar, both driving files.
+    fn sidecar(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
+        self.write(
+            &chunker::sidecar_name(name),
+            chunker::format_sidecar(&Sha256Digest::of_bytes(bytes), name).as_bytes(),
+            Fate::Driving,
+        )
+    }
+}
+
+fn file(id: &ModelId) -> String {
+    layout::artifact_file_name(id).as_str().to_string()
+}
+
+/// Build `data/` as the previous generation's manager leaves it. `data` must not exist yet or
+/// be empty: nothing already there is overwritten.
+pub fn build_old_device(data: &Path, spec: &OldDeviceSpec) -> Result<OldDevice> {
+    let models = data.join("models");
+    let params = data.join("params/d");
+    fs::create_dir_all(&models)?;
+    fs::create_dir_all(&params)?;
+    let mut dev = OldDevice {
+        data: data.to_path_buf(),
+        driving: BTreeMap::new(),
+        kept: BTreeMap::new(),
+    };
+    let mut w = Writer {
+        models,
+        dev: &mut dev,
+    };
+    write_driving(&mut w, spec)?;
+    write_kept(&mut w, spec)?;
+    write_caches(&mut w, spec)?;
+    write_params(&params, spec)?;
+    Ok(dev)
+}
+
+/// The old generation's driving files: the selected model as one plain file and its sidecar, a
+/// stale part of an older download and its eGPU variant; a pre-v23 split file; the first other
+/// model as legacy parts, the second as a native chunk set.
+fn write_driving(w: &mut Writer, spec: &OldDeviceSpec) -> Result<()> {
+    let (g, size) = (spec.generation, spec.artifact_size);
     let sel = &spec.selected;
     let sel_bytes = stand_in(g, sel.id.as_str(), size);
     let sel_name = file(&sel.id);
-    write(&sel_name, &sel_bytes, Some(false))?;
-    write(
-        &chunker::sidecar_name(&sel_name),
-        chunker::format_sidecar(&Sha256Digest::of_bytes(&sel_bytes), &sel_name).as_bytes(),
-        Some(false),
-    )?;
-    write(
+    w.write(&sel_name, &sel_bytes, Fate::Driving)?;
+    w.sidecar(&sel_name, &sel_bytes)?;
+    w.write(
         &chunker::legacy_part_name(&sel_name, 0),
         &sel_bytes[..sel_bytes.len() / 2],
-        Some(false),
+        Fate::Driving,
     )?;
-    write(
+    w.write(
         &format!("{}_driving_chestnut_tinygrad.pkl", sel.id),
         &stand_in(g, &format!("{} chestnut", sel.id), size / 2),
-        Some(false),
+        Fate::Driving,
     )?;
     // A pre-v23 split file, which only the driving_ prefix marks.
-    write(
+    w.write(
         "driving_vision_tinygrad.pkl",
         &stand_in(g, "driving_vision", size / 4),
-        Some(false),
+        Fate::Driving,
     )?;
 
     // Legacy multipart parts with their sidecar.
@@ -140,13 +176,13 @@ pub fn build_old_device(data: &Path, spec: &OldDeviceSpec) -> Result<OldDevice> 
         let bytes = stand_in(g, m.id.as_str(), size);
         let part = bytes.len().div_ceil(3).max(1);
         for (i, p) in bytes.chunks(part).enumerate() {
-            write(&chunker::legacy_part_name(&name, i as u32), p, Some(false))?;
+            w.write(
+                &chunker::legacy_part_name(&name, i as u32),
+                p,
+                Fate::Driving,
+            )?;
         }
-        write(
-            &chunker::sidecar_name(&name),
-            chunker::format_sidecar(&Sha256Digest::of_bytes(&bytes), &name).as_bytes(),
-            Some(false),
-        )?;
+        w.sidecar(&name, &bytes)?;
     }
     // A native chunk set, chunk manifest last as the chunker writes it.
     if let Some(m) = spec.others.get(1) {
@@ -155,43 +191,47 @@ pub fn build_old_device(data: &Path, spec: &OldDeviceSpec) -> Result<OldDevice> 
         let part = bytes.len().div_ceil(2).max(1);
         let count = bytes.chunks(part).count() as u32;
         for (i, p) in bytes.chunks(part).enumerate() {
-            write(
-                &chunker::chunk_name(&name, i as u32 + 1, count),
-                p,
-                Some(false),
-            )?;
+            let chunk = chunker::chunk_name(&name, i as u32 + 1, count);
+            w.write(&chunk, p, Fate::Driving)?;
         }
-        write(
+        w.write(
             &chunker::chunk_manifest_name(&name),
             chunker::format_chunk_manifest(count).as_bytes(),
-            Some(false),
+            Fate::Driving,
         )?;
     }
+    Ok(())
+}
 
-    // A model built on this device and its sidecar, and the DM set: both stay.
-    let local_name = file(&spec.local);
-    write(
-        &local_name,
-        &stand_in(g, spec.local.as_str(), size / 2),
-        Some(true),
-    )?;
+/// A model built on this device and its sidecar, and the DM set: both stay.
+fn write_kept(w: &mut Writer, spec: &OldDeviceSpec) -> Result<()> {
+    let (g, size) = (spec.generation, spec.artifact_size);
+    let local = stand_in(g, spec.local.as_str(), size / 2);
+    w.write(&file(&spec.local), &local, Fate::Kept)?;
     let sidecar = json!({"name": "Rehearsal Local", "version": "v11", "uses_external_gpu": false});
-    write(
-        &format!("{}.json", spec.local),
-        sidecar.to_string().as_bytes(),
-        Some(true),
-    )?;
+    let sidecar_name = format!("{}.json", spec.local);
+    w.write(&sidecar_name, sidecar.to_string().as_bytes(), Fate::Kept)?;
     for dm in layout::DM_FILES {
-        write(dm, &stand_in(g, dm, size / 8), Some(true))?;
+        w.write(dm, &stand_in(g, dm, size / 8), Fate::Kept)?;
     }
+    Ok(())
+}
 
-    // The three caches, in the shapes the previous manager writes them.
-    let catalog: Vec<&NamedModel> = std::iter::once(sel).chain(spec.others.iter()).collect();
+/// The old catalog in order: the selected model, then the others.
+fn catalog(spec: &OldDeviceSpec) -> Vec<&NamedModel> {
+    std::iter::once(&spec.selected)
+        .chain(spec.others.iter())
+        .collect()
+}
+
+/// The three caches, in the shapes the previous manager writes them.
+fn write_caches(w: &mut Writer, spec: &OldDeviceSpec) -> Result<()> {
+    let g = spec.generation;
     let mut versions = serde_json::Map::new();
     let mut artifacts = serde_json::Map::new();
     let mut urls = serde_json::Map::new();
-    for m in &catalog {
-        let bytes = stand_in(g, m.id.as_str(), size);
+    for m in catalog(spec) {
+        let bytes = stand_in(g, m.id.as_str(), spec.artifact_size);
         versions.insert(m.id.to_string(), json!(m.version));
         artifacts.insert(
             m.id.to_string(),
@@ -223,10 +263,15 @@ pub fn build_old_device(data: &Path, spec: &OldDeviceSpec) -> Result<OldDevice> 
         (".model_artifacts.json", Value::Object(artifacts)),
         (".model_artifact_urls.json", Value::Object(urls)),
     ] {
-        write(cache, body.to_string().as_bytes(), None)?;
+        w.write(cache, body.to_string().as_bytes(), Fate::Cache)?;
     }
+    Ok(())
+}
 
-    // Params as the previous manager left them.
+/// Params as the previous manager left them.
+fn write_params(params: &Path, spec: &OldDeviceSpec) -> Result<()> {
+    let catalog = catalog(spec);
+    let sel = &spec.selected;
     // The catalog lists, comma-joined in catalog order, local models appended.
     let list = |f: &dyn Fn(&NamedModel) -> String, local: &str| {
         catalog
@@ -240,7 +285,7 @@ pub fn build_old_device(data: &Path, spec: &OldDeviceSpec) -> Result<OldDevice> 
     let available = list(&|m| m.id.to_string(), spec.local.as_str());
     let names = list(&|m| m.name.replace(',', " "), "Rehearsal Local");
     let versions = list(&|m| m.version.clone(), "v11");
-    let generation = g.to_string();
+    let generation = spec.generation.to_string();
     for (key, value) in [
         ("Model", sel.id.as_str()),
         ("DrivingModel", sel.id.as_str()),
@@ -258,7 +303,7 @@ pub fn build_old_device(data: &Path, spec: &OldDeviceSpec) -> Result<OldDevice> 
     ] {
         fs::write(params.join(key), value.as_bytes())?;
     }
-    Ok(dev)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -105,13 +105,23 @@ fn under(p: &Path, dir: &Path) -> bool {
 
 /// The checks of one device.
 pub fn judge_device(e: &Expectation, v: &DeviceView) -> Vec<RehearsalCheck> {
-    let s = e.scenario;
-    let mut out = Vec::new();
-    let old_digests: BTreeMap<&Sha256Digest, &str> =
-        e.old_driving.iter().map(|(n, d)| (d, n.as_str())).collect();
+    let mut out = vec![
+        refresh_exit(e, v),
+        no_old_driving_artifact(e, v),
+        local_and_dm_kept(e, v),
+        manifest_version_param(e, v),
+    ];
+    match e.scenario {
+        Scenario::Kept => out.push(selected_is_new_artifact(e, v)),
+        Scenario::Dropped => out.push(absent_model_falls_back_to_builtin(e, v)),
+        Scenario::Release => {}
+    }
+    out
+}
 
-    out.push(check(
-        s,
+fn refresh_exit(e: &Expectation, v: &DeviceView) -> RehearsalCheck {
+    check(
+        e.scenario,
         "refresh_exit",
         match v.refresh_exit {
             Some(0) => vec![],
@@ -119,11 +129,15 @@ pub fn judge_device(e: &Expectation, v: &DeviceView) -> Vec<RehearsalCheck> {
             None => vec!["device-modeld-manager refresh was killed by a signal".into()],
         },
         "device-modeld-manager refresh exited 0".into(),
-    ));
+    )
+}
 
-    // No old-generation driving artifact under <data>/models: every non-local driving file left
-    // is the new generation's plain artifact of a catalog model with the catalog's digest, and
-    // no old bytes remain anywhere below.
+/// No old-generation driving artifact under <data>/models: every non-local driving file left
+/// is the new generation's plain artifact of a catalog model with the catalog's digest, and
+/// no old bytes remain anywhere below.
+fn no_old_driving_artifact(e: &Expectation, v: &DeviceView) -> RehearsalCheck {
+    let old_digests: BTreeMap<&Sha256Digest, &str> =
+        e.old_driving.iter().map(|(n, d)| (d, n.as_str())).collect();
     let mut left = Vec::new();
     for (name, seen) in &v.top {
         let Some(key) = driving_key(name) else {
@@ -151,8 +165,8 @@ pub fn judge_device(e: &Expectation, v: &DeviceView) -> Vec<RehearsalCheck> {
             left.push(format!("{path} (the old bytes of {old})"));
         }
     }
-    out.push(check(
-        s,
+    check(
+        e.scenario,
         "no_old_driving_artifact",
         left.into_iter()
             .map(|l| format!("{} still holds {l}", e.models_dir.display()))
@@ -164,9 +178,11 @@ pub fn judge_device(e: &Expectation, v: &DeviceView) -> Vec<RehearsalCheck> {
                 .map_or("old".into(), |g| g.to_string()),
             e.models_dir.display()
         ),
-    ));
+    )
+}
 
-    // The files every migration keeps.
+/// The files every migration keeps.
+fn local_and_dm_kept(e: &Expectation, v: &DeviceView) -> RehearsalCheck {
     let mut lost = Vec::new();
     for (name, d) in &e.kept {
         match v.top.get(name) {
@@ -175,16 +191,18 @@ pub fn judge_device(e: &Expectation, v: &DeviceView) -> Vec<RehearsalCheck> {
             None => lost.push(format!("{name} was deleted")),
         }
     }
-    out.push(check(
-        s,
+    check(
+        e.scenario,
         "local_and_dm_kept",
         lost,
         format!("{} local and DM file(s) unchanged", e.kept.len()),
-    ));
+    )
+}
 
+fn manifest_version_param(e: &Expectation, v: &DeviceView) -> RehearsalCheck {
     let generation = e.generation.to_string();
-    out.push(check(
-        s,
+    check(
+        e.scenario,
         "manifest_version_param",
         match v.params.get("ModelManifestVersion") {
             Some(g) if *g == generation => vec![],
@@ -193,106 +211,108 @@ pub fn judge_device(e: &Expectation, v: &DeviceView) -> Vec<RehearsalCheck> {
             )],
         },
         format!("ModelManifestVersion = {generation}"),
-    ));
+    )
+}
 
-    // The selection where the generation's layout keeps it: the params (flat), or the small
-    // profile of the preferences file (per generation; the built-in by the contract's id).
-    let params_are = |want: &str| -> Vec<String> {
-        match &e.selection_file {
-            None => SELECTION_PARAMS
-                .iter()
-                .filter(|k| v.params.get(**k).map(String::as_str) != Some(want))
-                .map(|k| format!("params {k} is {:?}, not {want:?}", v.params.get(*k)))
-                .collect(),
-            Some(f) => {
-                let want = match want == layout::BUILTIN_MODEL_ID {
-                    true => f.bundled.as_str(),
-                    false => want,
-                };
-                match v.preferences_small.as_deref() {
-                    Some(small) if small == want => vec![],
-                    other => vec![format!(
-                        "{} names {other:?} as the small profile, not {want:?}",
-                        f.rel_path
-                    )],
-                }
-            }
-        }
-    };
-    match s {
-        Scenario::Kept => {
-            let rel = e.selected_artifact.as_str();
-            let path = e.models_dir.join(rel);
-            let mut problems = params_are(e.selected.as_str());
-            // A file directly in the models directory, or one below it (a per-generation root).
-            let found = match v.top.get(rel) {
-                Some(seen) => Some(seen.clone()),
-                None => v.nested.get(rel).map(|d| Seen::File(*d)),
+/// Where the selection is not `want`, where the generation's layout keeps it: the params
+/// (flat), or the small profile of the preferences file (per generation; the built-in by the
+/// contract's id).
+fn selection_problems(e: &Expectation, v: &DeviceView, want: &str) -> Vec<String> {
+    match &e.selection_file {
+        None => SELECTION_PARAMS
+            .iter()
+            .filter(|k| v.params.get(**k).map(String::as_str) != Some(want))
+            .map(|k| format!("params {k} is {:?}, not {want:?}", v.params.get(*k)))
+            .collect(),
+        Some(f) => {
+            let want = match want == layout::BUILTIN_MODEL_ID {
+                true => f.bundled.as_str(),
+                false => want,
             };
-            match (e.catalog.get(&e.selected), found.as_ref()) {
-                (None, _) => problems.push(format!("{} is not in the new catalog", e.selected)),
-                (Some(_), None) => problems.push(format!("{} is missing", path.display())),
-                (Some(want), Some(Seen::File(got))) if got != want => problems.push(format!(
-                    "{} has SHA-256 {got}, the manifest lists {want}",
-                    path.display()
-                )),
-                (Some(_), Some(Seen::Other)) => {
-                    problems.push(format!("{} is not a regular file", path.display()))
-                }
-                _ => {}
+            match v.preferences_small.as_deref() {
+                Some(small) if small == want => vec![],
+                other => vec![format!(
+                    "{} names {other:?} as the small profile, not {want:?}",
+                    f.rel_path
+                )],
             }
-            match &v.resolved {
-                Some(r) if same_path(r, &path) => {}
-                Some(r) => problems.push(format!(
-                    "resolve answers {}, not {}",
-                    r.display(),
-                    path.display()
-                )),
-                None => problems.push("resolve answered nothing".into()),
-            }
-            out.push(check(
-                s,
-                "selected_is_new_artifact",
-                problems,
-                format!(
-                    "{} selected and resolved to {} with the manifest's SHA-256",
-                    e.selected,
-                    path.display()
-                ),
-            ));
         }
-        Scenario::Dropped => {
-            let builtin = layout::BUILTIN_MODEL_ID;
-            let mut problems = params_are(builtin);
-            if e.catalog.contains_key(&e.selected) {
-                problems.push(format!(
-                    "{} is in the new catalog; the dropped case needs an absent model",
-                    e.selected
-                ));
-            }
-            match &v.resolved {
-                Some(r) if under(r, &e.builtin_dir) => {}
-                Some(r) => problems.push(format!(
-                    "resolve answers {}, not the built-in in {}",
-                    r.display(),
-                    e.builtin_dir.display()
-                )),
-                None => problems.push("resolve answered nothing".into()),
-            }
-            out.push(check(
-                s,
-                "absent_model_falls_back_to_builtin",
-                problems,
-                format!(
-                    "{} (absent from the new catalog) fell back to the built-in {builtin} in {}",
-                    e.selected,
-                    e.builtin_dir.display()
-                ),
-            ));
-        }
-        Scenario::Release => {}
     }
-    out
+}
+
+/// The kept device: its selection is the new artifact, with the manifest's digest, and
+/// `resolve` answers it.
+fn selected_is_new_artifact(e: &Expectation, v: &DeviceView) -> RehearsalCheck {
+    let rel = e.selected_artifact.as_str();
+    let path = e.models_dir.join(rel);
+    let mut problems = selection_problems(e, v, e.selected.as_str());
+    // A file directly in the models directory, or one below it (a per-generation root).
+    let found = match v.top.get(rel) {
+        Some(seen) => Some(seen.clone()),
+        None => v.nested.get(rel).map(|d| Seen::File(*d)),
+    };
+    match (e.catalog.get(&e.selected), found.as_ref()) {
+        (None, _) => problems.push(format!("{} is not in the new catalog", e.selected)),
+        (Some(_), None) => problems.push(format!("{} is missing", path.display())),
+        (Some(want), Some(Seen::File(got))) if got != want => problems.push(format!(
+            "{} has SHA-256 {got}, the manifest lists {want}",
+            path.display()
+        )),
+        (Some(_), Some(Seen::Other)) => {
+            problems.push(format!("{} is not a regular file", path.display()))
+        }
+        _ => {}
+    }
+    match &v.resolved {
+        Some(r) if same_path(r, &path) => {}
+        Some(r) => problems.push(format!(
+            "resolve answers {}, not {}",
+            r.display(),
+            path.display()
+        )),
+        None => problems.push("resolve answered nothing".into()),
+    }
+    check(
+        e.scenario,
+        "selected_is_new_artifact",
+        problems,
+        format!(
+            "{} selected and resolved to {} with the manifest's SHA-256",
+            e.selected,
+            path.display()
+        ),
+    )
+}
+
+/// The dropped device: its selection, absent from the new catalog, falls back to the built-in.
+fn absent_model_falls_back_to_builtin(e: &Expectation, v: &DeviceView) -> RehearsalCheck {
+    let builtin = layout::BUILTIN_MODEL_ID;
+    let mut problems = selection_problems(e, v, builtin);
+    if e.catalog.contains_key(&e.selected) {
+        problems.push(format!(
+            "{} is in the new catalog; the dropped case needs an absent model",
+            e.selected
+        ));
+    }
+    match &v.resolved {
+        Some(r) if under(r, &e.builtin_dir) => {}
+        Some(r) => problems.push(format!(
+            "resolve answers {}, not the built-in in {}",
+            r.display(),
+            e.builtin_dir.display()
+        )),
+        None => problems.push("resolve answered nothing".into()),
+    }
+    check(
+        e.scenario,
+        "absent_model_falls_back_to_builtin",
+        problems,
+        format!(
+            "{} (absent from the new catalog) fell back to the built-in {builtin} in {}",
+            e.selected,
+            e.builtin_dir.display()
+        ),
+    )
 }
 
 /// The release checks made before any device: the openpilot tree's tinygrad is the manifest's

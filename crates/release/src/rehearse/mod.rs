@@ -32,7 +32,7 @@ use manifest::{BehaviorVersion, Generation, Manifest, ModelId, NamedModel, layou
 use crate::recorded::UtcTime;
 use crate::{Error, Result, Workspace};
 use device::{OldDevice, OldDeviceSpec, build_old_device};
-use judge::{DeviceView, Expectation, Scenario, Seen};
+use judge::{DeviceView, Expectation, RehearsalCheck, Scenario, Seen};
 
 /// Manifests are well under this; a larger file is not one.
 const MAX_MANIFEST_BYTES: u64 = 16 << 20;
@@ -326,10 +326,10 @@ fn manager(
     Ok((out.status.code(), stdout))
 }
 
-/// Run the rehearsal and write `results/rehearsal.json`. Errors are inputs that cannot be
-/// rehearsed (nothing recorded); a rehearsal that ran and failed is a record with
-/// `passed: false`. `say` gets one line per step.
-pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<RehearsalRecord> {
+/// Refuse what cannot be rehearsed before anything is read: missing directories or manager, a
+/// tree that does not select its tinygrad's generation, an unsigned rehearsal of a tree that
+/// ships release keys.
+fn check_inputs(opts: &RehearseOptions) -> Result<()> {
     for (flag, dir) in [
         ("--workspace", opts.workspace.root()),
         ("--artifacts", &opts.artifacts),
@@ -364,46 +364,60 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
             opts.openpilot.display()
         )));
     }
-    // The manifest as publish stages it (its contract's top-level keys added where absent), so
-    // the rehearsed bytes are the published ones.
-    let pins = crate::tree::load_pins(Some(&opts.openpilot))?;
-    let m = crate::publish::staged_manifest(
-        &read_manifest(&opts.manifest)?,
-        opts.generation,
-        pins.contract(opts.generation),
-    );
-    let g = opts.generation;
-    if let Some(mg) = m.generation()
-        && mg != g
-    {
-        return Err(input(format!(
-            "--manifest {} is a {mg} manifest, not {g}; pass the manifest of --generation",
-            opts.manifest.display()
-        )));
-    }
-    let previous = g
-        .previous()
-        .ok_or_else(|| input(format!("{g} has no previous generation to migrate from")))?;
-    let cast = cast(&m, opts.select.as_ref())?;
-    // The manifest's pin under the generation's contract (v25 `tinygrad_commit`, v26
-    // `compiler_revision`).
-    let pin = m.revision(pins.contract(g));
-    // The runtime gate before anything is staged: every driving artifact's stamp and every
-    // build receipt (the tree's built-in and DM set too), for contracts that have them.
-    crate::loadable::gate_publish(&m, &opts.artifacts, Some(&opts.openpilot), &pins, g)?;
-    let tree_pin = crate::tree::tree_pin(&opts.openpilot)
-        .map(|p| p.commit)
-        .map_err(|e| e.to_string());
-    let mut checks = vec![judge::judge_release(
-        g,
-        pin.as_ref(),
-        tree_pin.as_ref().map_err(String::as_str),
-        pins.get(g),
-    )];
+    Ok(())
+}
 
-    let work = opts.workspace.rehearsal_dir();
+/// What is rehearsed: the manifest as publish stages it (its contract's top-level keys added
+/// where absent, so the rehearsed bytes are the published ones), the generation the devices
+/// migrate from, the cast and the manifest's pin.
+struct Release {
+    pins: manifest::PinTable,
+    m: Manifest,
+    previous: Generation,
+    cast: Cast,
+    /// The manifest's pin under the generation's contract (v25 `tinygrad_commit`, v26
+    /// `compiler_revision`).
+    pin: Option<manifest::GitCommit>,
+}
+
+impl Release {
+    fn read(opts: &RehearseOptions) -> Result<Self> {
+        let pins = crate::tree::load_pins(Some(&opts.openpilot))?;
+        let g = opts.generation;
+        let m =
+            crate::publish::staged_manifest(&read_manifest(&opts.manifest)?, g, pins.contract(g));
+        if let Some(mg) = m.generation()
+            && mg != g
+        {
+            return Err(input(format!(
+                "--manifest {} is a {mg} manifest, not {g}; pass the manifest of --generation",
+                opts.manifest.display()
+            )));
+        }
+        let previous = g
+            .previous()
+            .ok_or_else(|| input(format!("{g} has no previous generation to migrate from")))?;
+        let cast = cast(&m, opts.select.as_ref())?;
+        let pin = m.revision(pins.contract(g));
+        Ok(Release {
+            pins,
+            m,
+            previous,
+            cast,
+            pin,
+        })
+    }
+}
+
+/// Lay the release out as a store in `work/store` and serve it on 127.0.0.1.
+fn serve_staged(
+    opts: &RehearseOptions,
+    m: &Manifest,
+    work: &Path,
+    say: &mut dyn FnMut(&str),
+) -> Result<artifact_store::serve::Server> {
     if work.symlink_metadata().is_ok() {
-        fs::remove_dir_all(&work)?;
+        fs::remove_dir_all(work)?;
     }
     let store = work.join("store");
     fs::create_dir_all(&store)?;
@@ -413,10 +427,11 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
         opts.artifacts.display(),
         store.display()
     ));
+    let g = opts.generation;
     stage_store(
         &store,
         &opts.manifest,
-        &m,
+        m,
         &opts.artifacts,
         g,
         &opts.sign_keys,
@@ -436,124 +451,180 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
             store.display()
         ))
     })?;
-    let url = server.url();
-    say(&format!("serving it on {url}"));
+    say(&format!("serving it on {}", server.url()));
+    Ok(server)
+}
 
-    // The device follows its tree, as on a comma: its generation is the one of the tree's
-    // tinygrad, its built-in under the tree (docs/device.md, "Which generation").
-    let builtin_dir = opts.openpilot.join(crate::tree::BUILTIN_DIR);
+/// The manager's arguments for the device `dev` built in `root` (its data, params and sysfs
+/// roots, made here) against the store served at `url`.
+fn manager_args(
+    opts: &RehearseOptions,
+    dev: &OldDevice,
+    root: &Path,
+    url: &str,
+    device_args: &[String],
+) -> Result<Vec<String>> {
+    let shm = root.join("shm/params/d");
+    let sysfs = root.join("sys");
+    fs::create_dir_all(&shm)?;
+    fs::create_dir_all(&sysfs)?;
+    let mut common: Vec<String> = vec![
+        "--data-dir".into(),
+        dev.data.display().to_string(),
+        "--memory-params-dir".into(),
+        shm.display().to_string(),
+        "--sysfs-root".into(),
+        sysfs.display().to_string(),
+        "--hf-base".into(),
+        format!("{url}/buckets/{}/resolve", layout::HF_BUCKET),
+        "--github-base".into(),
+        format!("{url}/{}/{}", layout::GITHUB_REPO, layout::GITHUB_BRANCH),
+    ];
+    common.extend(device_args.iter().cloned());
+    let keys = opts.openpilot.join(TREE_TRUSTED_KEYS);
+    if keys.is_file() {
+        common.extend(["--trusted-keys".into(), keys.display().to_string()]);
+    }
+    Ok(common)
+}
+
+/// One scenario: a `previous`-generation device built in `root`, refreshed and resolved by the
+/// real manager against the store at `url`, read back and judged.
+fn rehearse_device(
+    opts: &RehearseOptions,
+    r: &Release,
+    scenario: Scenario,
+    root: &Path,
+    url: &str,
+    device_args: &[String],
+    say: &mut dyn FnMut(&str),
+) -> Result<Vec<RehearsalCheck>> {
+    let (g, previous) = (opts.generation, r.previous);
+    let selected = match scenario {
+        Scenario::Dropped => NamedModel {
+            id: r.cast.dropped.clone(),
+            name: "Retired Rehearsal Model".into(),
+            version: r.cast.selected.version.clone(),
+        },
+        _ => r.cast.selected.clone(),
+    };
+    let spec = OldDeviceSpec {
+        generation: previous,
+        selected: selected.clone(),
+        others: r.cast.others.clone(),
+        local: "local-rehearsal".parse().expect("a valid local ID"),
+        artifact_size: OLD_ARTIFACT_BYTES,
+    };
+    say(&format!(
+        "{scenario}: a {previous} device with {} selected in {}",
+        selected.id,
+        root.display()
+    ));
+    let dev = build_old_device(&root.join("data"), &spec)?;
+    let common = manager_args(opts, &dev, root, url, device_args)?;
+    let log = root.join("manager.log");
+    say(&format!(
+        "{scenario}: device-modeld-manager refresh, then resolve (log: {})",
+        log.display()
+    ));
+    let (refresh_exit, _) = manager(&opts.device_manager, &common, &["refresh", "--json"], &log)?;
+    let (resolve_exit, out) = manager(&opts.device_manager, &common, &["resolve"], &log)?;
+    let mut view = read_device(&dev)?;
+    view.refresh_exit = refresh_exit;
+    view.resolved = (resolve_exit == Some(0))
+        .then(|| out.lines().rev().find(|l| !l.trim().is_empty()))
+        .flatten()
+        .map(|l| PathBuf::from(l.trim()));
+    let contract = r.pins.contract(g);
+    let selection_file = contract.generation_files.map(|f| judge::SelectionFile {
+        rel_path: format!("{g}/{}", f.preferences),
+        bundled: contract.bundled_selection.to_string(),
+    });
+    if let Some(f) = &selection_file {
+        view.preferences_small = fs::read(dev.models_dir().join(&f.rel_path))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|p| p.get("small")?.as_str().map(str::to_string));
+    }
+    let expect = Expectation {
+        scenario,
+        generation: g,
+        selected: selected.id.clone(),
+        catalog: r
+            .m
+            .models()
+            .iter()
+            .filter(|e| !e.id().is_local())
+            .filter_map(|e| Some((e.id().clone(), e.artifact_sha256()?)))
+            .collect(),
+        old_driving: dev.driving.clone(),
+        kept: dev.kept.clone(),
+        models_dir: dev.models_dir(),
+        // The device follows its tree, as on a comma: its generation is the one of the tree's
+        // tinygrad, its built-in under the tree (docs/device.md, "Which generation").
+        builtin_dir: opts.openpilot.join(crate::tree::BUILTIN_DIR),
+        selection_file,
+        selected_artifact: contract.device_layout.artifact_rel_path(
+            g,
+            &selected.id,
+            layout::artifact_file_name(&selected.id).as_str(),
+        ),
+    };
+    Ok(judge::judge_device(&expect, &view))
+}
+
+/// Run the rehearsal and write `results/rehearsal.json`. Errors are inputs that cannot be
+/// rehearsed (nothing recorded); a rehearsal that ran and failed is a record with
+/// `passed: false`. `say` gets one line per step.
+pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<RehearsalRecord> {
+    check_inputs(opts)?;
+    let r = Release::read(opts)?;
+    let g = opts.generation;
+    // The runtime gate before anything is staged: every driving artifact's stamp and every
+    // build receipt (the tree's built-in and DM set too), for contracts that have them.
+    crate::loadable::gate_publish(&r.m, &opts.artifacts, Some(&opts.openpilot), &r.pins, g)?;
+    let tree_pin = crate::tree::tree_pin(&opts.openpilot)
+        .map(|p| p.commit)
+        .map_err(|e| e.to_string());
+    let mut checks = vec![judge::judge_release(
+        g,
+        r.pin.as_ref(),
+        tree_pin.as_ref().map_err(String::as_str),
+        r.pins.get(g),
+    )];
+    let work = opts.workspace.rehearsal_dir();
+    let server = serve_staged(opts, &r.m, &work, say)?;
+    let url = server.url();
     let device_args: Vec<String> = vec![
         "--openpilot-dir".into(),
         opts.openpilot.display().to_string(),
     ];
-    let keys = opts.openpilot.join(TREE_TRUSTED_KEYS);
-    let catalog: BTreeMap<ModelId, Sha256Digest> = m
-        .models()
-        .iter()
-        .filter(|e| !e.id().is_local())
-        .filter_map(|e| Some((e.id().clone(), e.artifact_sha256()?)))
-        .collect();
-
     for scenario in [Scenario::Kept, Scenario::Dropped] {
         let root = work.join(scenario.to_string());
-        let selected = match scenario {
-            Scenario::Dropped => NamedModel {
-                id: cast.dropped.clone(),
-                name: "Retired Rehearsal Model".into(),
-                version: cast.selected.version.clone(),
-            },
-            _ => cast.selected.clone(),
-        };
-        let spec = OldDeviceSpec {
-            generation: previous,
-            selected: selected.clone(),
-            others: cast.others.clone(),
-            local: "local-rehearsal".parse().expect("a valid local ID"),
-            artifact_size: OLD_ARTIFACT_BYTES,
-        };
-        say(&format!(
-            "{scenario}: a {previous} device with {} selected in {}",
-            selected.id,
-            root.display()
-        ));
-        let dev = build_old_device(&root.join("data"), &spec)?;
-        let shm = root.join("shm/params/d");
-        let sysfs = root.join("sys");
-        fs::create_dir_all(&shm)?;
-        fs::create_dir_all(&sysfs)?;
-        let mut common: Vec<String> = vec![
-            "--data-dir".into(),
-            dev.data.display().to_string(),
-            "--memory-params-dir".into(),
-            shm.display().to_string(),
-            "--sysfs-root".into(),
-            sysfs.display().to_string(),
-            "--hf-base".into(),
-            format!("{url}/buckets/{}/resolve", layout::HF_BUCKET),
-            "--github-base".into(),
-            format!("{url}/{}/{}", layout::GITHUB_REPO, layout::GITHUB_BRANCH),
-        ];
-        common.extend(device_args.iter().cloned());
-        if keys.is_file() {
-            common.extend(["--trusted-keys".into(), keys.display().to_string()]);
-        }
-        let log = root.join("manager.log");
-        say(&format!(
-            "{scenario}: device-modeld-manager refresh, then resolve (log: {})",
-            log.display()
-        ));
-        let (refresh_exit, _) =
-            manager(&opts.device_manager, &common, &["refresh", "--json"], &log)?;
-        let (resolve_exit, out) = manager(&opts.device_manager, &common, &["resolve"], &log)?;
-        let mut view = read_device(&dev)?;
-        view.refresh_exit = refresh_exit;
-        view.resolved = (resolve_exit == Some(0))
-            .then(|| out.lines().rev().find(|l| !l.trim().is_empty()))
-            .flatten()
-            .map(|l| PathBuf::from(l.trim()));
-        let contract = pins.contract(g);
-        let selection_file = contract.generation_files.map(|f| judge::SelectionFile {
-            rel_path: format!("{g}/{}", f.preferences),
-            bundled: contract.bundled_selection.to_string(),
-        });
-        if let Some(f) = &selection_file {
-            view.preferences_small = fs::read(dev.models_dir().join(&f.rel_path))
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|p| p.get("small")?.as_str().map(str::to_string));
-        }
-        let expect = Expectation {
+        checks.extend(rehearse_device(
+            opts,
+            &r,
             scenario,
-            generation: g,
-            selected: selected.id.clone(),
-            catalog: catalog.clone(),
-            old_driving: dev.driving.clone(),
-            kept: dev.kept.clone(),
-            models_dir: dev.models_dir(),
-            builtin_dir: builtin_dir.clone(),
-            selection_file,
-            selected_artifact: contract.device_layout.artifact_rel_path(
-                g,
-                &selected.id,
-                layout::artifact_file_name(&selected.id).as_str(),
-            ),
-        };
-        checks.extend(judge::judge_device(&expect, &view));
+            &root,
+            &url,
+            &device_args,
+            say,
+        )?);
     }
     drop(server);
 
     let passed = checks.iter().all(|c| c.passed);
     let rec = RehearsalRecord {
         generation: g,
-        previous_generation: previous,
+        previous_generation: r.previous,
         manifest: opts.manifest.clone(),
-        manifest_sha256: manifest_digest(&m),
-        tinygrad_commit: pin,
+        manifest_sha256: manifest_digest(&r.m),
+        tinygrad_commit: r.pin,
         openpilot: opts.openpilot.clone(),
         device_manager: opts.device_manager.clone(),
         device_args,
-        selected: cast.selected.id,
-        dropped: cast.dropped,
+        selected: r.cast.selected.id,
+        dropped: r.cast.dropped,
         checks,
         passed,
         finished_at: UtcTime::now(),
