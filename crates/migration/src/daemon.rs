@@ -431,6 +431,12 @@ pub fn poll(
     config: &DaemonConfig,
     out: Outlets<'_>,
 ) -> Result<Option<(Request, Served)>> {
+    // Kept for later, nothing shown but the stop: onroad, an unreadable road, stopping.
+    let stopped = |why: &str| Served::Kept {
+        progress: Progress::Cancelled,
+        why: why.into(),
+        retry_in: config.retry_offline,
+    };
     let Some(request) = read_request(device)? else {
         // (One that cannot be read is the sweep's to remove and report.)
         if matches!(
@@ -451,14 +457,7 @@ pub fn poll(
     }
     if device.is_onroad()? {
         // Served once the car is offroad; not a byte fetched, not a file touched.
-        return Ok(Some((
-            request,
-            Served::Kept {
-                progress: Progress::Cancelled,
-                why: "deferred while driving".into(),
-                retry_in: config.retry_offline,
-            },
-        )));
+        return Ok(Some((request, stopped("deferred while driving"))));
     }
     let done = Arc::new(AtomicBool::new(false));
     let (cancel, why, watcher) = watch(device, stopping, &done, CancelBy::AnyFlag);
@@ -468,22 +467,15 @@ pub fn poll(
     let _ = watcher.join();
     let interrupt = *why.lock().unwrap_or_else(|e| e.into_inner());
     let served = match (outcome, interrupt) {
-        (Err(_), Some(Interrupt::Onroad)) | (Err(Error::Onroad { .. }), _) => Served::Kept {
-            progress: Progress::Cancelled,
-            why: "deferred while driving".into(),
-            retry_in: config.retry_offline,
-        },
-        (Err(_), Some(Interrupt::RoadUnreadable)) => Served::Kept {
-            progress: Progress::Cancelled,
-            why: "IsOnroad cannot be read, so it is not taken as offroad; kept until it can be"
-                .into(),
-            retry_in: config.retry_offline,
-        },
-        (Err(_), Some(Interrupt::Stopping)) => Served::Kept {
-            progress: Progress::Cancelled,
-            why: "stopping; kept for the next start (finished chunks are kept)".into(),
-            retry_in: config.retry_offline,
-        },
+        (Err(_), Some(Interrupt::Onroad)) | (Err(Error::Onroad { .. }), _) => {
+            stopped("deferred while driving")
+        }
+        (Err(_), Some(Interrupt::RoadUnreadable)) => {
+            stopped("IsOnroad cannot be read, so it is not taken as offroad; kept until it can be")
+        }
+        (Err(_), Some(Interrupt::Stopping)) => {
+            stopped("stopping; kept for the next start (finished chunks are kept)")
+        }
         // The store is half-way through a republish: not a failure; asked again soon.
         (Err(e), _) if is_not_yet(&e) => {
             let wait = not_yet_wait(config);
