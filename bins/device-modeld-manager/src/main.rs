@@ -289,14 +289,10 @@ fn show(doc: &impl Render, json: bool) -> Result<(), Failure> {
     }
 }
 
-fn run(cli: Cli) -> Result<(), Failure> {
-    if let Command::Completions { shell } = cli.command {
-        let mut cmd = <Cli as clap::CommandFactory>::command();
-        let script = cli_support::completion_script(shell, &mut cmd, "device-modeld-manager");
-        return write_stdout(&script);
-    }
+/// Where the device and its stores are, and how downloads run, as the flags say.
+fn options(cli: &Cli) -> open::Options {
     let space_margin = cli.space_margin_mib * 1024 * 1024;
-    let options = open::Options {
+    open::Options {
         data_dir: cli.data_dir.clone(),
         memory_params_dir: cli.memory_params_dir.clone(),
         builtin_dir: cli.builtin_dir.clone(),
@@ -315,7 +311,42 @@ fn run(cli: Cli) -> Result<(), Failure> {
         shm_dir: cli.shm_dir.clone(),
         openpilot_prefix: std::env::var_os("OPENPILOT_PREFIX")
             .map(|v| v.to_string_lossy().into_owned()),
+    }
+}
+
+/// The daemon, until SIGTERM. In the foreground on a terminal the progress shows too, and log
+/// lines go above the bar instead of through it.
+fn run_daemon(
+    device: &Device,
+    dl: &downloader::Downloader,
+    config: &migration::daemon::DaemonConfig,
+    tree_status: &tree::TreeStatus,
+    progress: &render::StderrProgress,
+) -> Result<(), Failure> {
+    let tty = std::io::stderr().is_terminal();
+    let log_line = |line: &str| match tty {
+        true => progress.line(stamped(line)),
+        false => log(line),
     };
+    let terminal = tty.then_some(progress);
+    Ok(commands::daemon(
+        device,
+        dl,
+        config,
+        tree_status,
+        &log_line,
+        terminal,
+    )?)
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
+    if let Command::Completions { shell } = cli.command {
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        let script = cli_support::completion_script(shell, &mut cmd, "device-modeld-manager");
+        return write_stdout(&script);
+    }
+    let options = options(&cli);
+    let space_margin = options.download.space_margin;
     let open::Ready {
         device,
         dl,
@@ -381,22 +412,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 retry_offline: Duration::from_secs(retry_secs),
                 ..Default::default()
             };
-            // In the foreground on a terminal the progress shows too, and log lines go above
-            // the bar instead of through it.
-            let tty = std::io::stderr().is_terminal();
-            let log_line = |line: &str| match tty {
-                true => progress.line(stamped(line)),
-                false => log(line),
-            };
-            let terminal = tty.then_some(&progress);
-            Ok(commands::daemon(
-                device,
-                dl,
-                &config,
-                &tree_status,
-                &log_line,
-                terminal,
-            )?)
+            run_daemon(device, dl, &config, &tree_status, &progress)
         }
         Command::Completions { .. } => unreachable!("handled before the device is opened"),
     }

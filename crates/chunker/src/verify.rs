@@ -117,13 +117,70 @@ pub fn verify_with_progress(
     progress: &mut dyn FnMut(u64),
 ) -> Result<VerifyReport> {
     let resolved = resolve_strict(logical)?;
+    let pieces = resolved.pieces();
+    let chunk_digests_wanted = check_shape(logical, &resolved, &pieces, expected)?;
+    let (whole, chunk_digests) = hash_pieces(&pieces, chunk_digests_wanted.is_some(), progress)?;
+    if let Some(list) = chunk_digests_wanted {
+        for (i, ((path, _), (want, got))) in pieces
+            .iter()
+            .zip(list.iter().zip(chunk_digests.iter()))
+            .enumerate()
+        {
+            if want != got {
+                return Err(Error::DigestMismatch {
+                    what: format!("chunk {} of {} ({})", i + 1, pieces.len(), path.display()),
+                    expected: *want,
+                    actual: *got,
+                });
+            }
+        }
+    }
+    let (wanted_whole, digest_checked) = whole_digests(logical, &resolved, expected)?;
+    for WholeDigest { want, against } in wanted_whole {
+        if want != whole {
+            return Err(Error::DigestMismatch {
+                what: format!("{} (whole artifact{against})", logical.display()),
+                expected: want,
+                actual: whole,
+            });
+        }
+    }
+    let chunks = pieces
+        .iter()
+        .enumerate()
+        .map(|(i, (path, size))| VerifiedChunk {
+            name: path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            size: *size,
+            sha256: chunk_digests.get(i).copied(),
+        })
+        .collect();
+    Ok(VerifyReport {
+        path: logical.to_path_buf(),
+        form: resolved.form(),
+        size: resolved.size(),
+        sha256: whole,
+        chunk_count: resolved.chunk_count(),
+        chunks,
+        digest_checked,
+    })
+}
+
+/// What can be checked before a byte is read: the count and size asked for, a chunk set's chunk
+/// sizes, and as many per-chunk digests as pieces. Returns the per-chunk digests asked for.
+fn check_shape<'e>(
+    logical: &Path,
+    resolved: &Resolved,
+    pieces: &[(PathBuf, u64)],
+    expected: &'e Expected,
+) -> Result<Option<&'e Vec<Sha256Digest>>> {
     let name = logical
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let pieces = resolved.pieces();
     let count = resolved.chunk_count();
-
     if let Some(want) = expected.chunk_count
         && want != count
     {
@@ -144,87 +201,61 @@ pub fn verify_with_progress(
         });
     }
     if let Resolved::Chunked { .. } = resolved {
-        check_chunk_sizes(&pieces)?;
+        check_chunk_sizes(pieces)?;
     }
-    let chunk_digests_wanted = match &expected.chunk_sha256 {
-        Some(list) if list.len() != pieces.len() => {
-            return Err(Error::CountMismatch {
-                name: format!("{name} (per-chunk digests)"),
-                expected: list.len() as u32,
-                actual: pieces.len() as u32,
-            });
-        }
-        Some(list) => Some(list),
-        None => None,
-    };
-
-    let (whole, chunk_digests) = hash_pieces(&pieces, chunk_digests_wanted.is_some(), progress)?;
-
-    if let Some(list) = chunk_digests_wanted {
-        for (i, ((path, _), (want, got))) in pieces
-            .iter()
-            .zip(list.iter().zip(chunk_digests.iter()))
-            .enumerate()
-        {
-            if want != got {
-                return Err(Error::DigestMismatch {
-                    what: format!("chunk {} of {} ({})", i + 1, pieces.len(), path.display()),
-                    expected: *want,
-                    actual: *got,
-                });
-            }
-        }
+    match &expected.chunk_sha256 {
+        Some(list) if list.len() != pieces.len() => Err(Error::CountMismatch {
+            name: format!("{name} (per-chunk digests)"),
+            expected: list.len() as u32,
+            actual: pieces.len() as u32,
+        }),
+        wanted => Ok(wanted.as_ref()),
     }
-    let mut wanted_whole = vec![];
+}
+
+/// A digest the whole artifact must hash to, and what it is checked against, for the message.
+struct WholeDigest {
+    want: Sha256Digest,
+    against: String,
+}
+
+/// The digests the whole artifact must hash to (the one expected, a legacy set's sidecar, else
+/// the artifact's own sidecar when asked to check it), and which of them [`DigestChecked`]
+/// names.
+fn whole_digests(
+    logical: &Path,
+    resolved: &Resolved,
+    expected: &Expected,
+) -> Result<(Vec<WholeDigest>, DigestChecked)> {
+    let mut wanted = vec![];
     let mut digest_checked = DigestChecked::Nothing;
-    if let Some(d) = expected.sha256 {
-        wanted_whole.push((d, String::new()));
+    if let Some(want) = expected.sha256 {
+        wanted.push(WholeDigest {
+            want,
+            against: String::new(),
+        });
         digest_checked = DigestChecked::Expected;
     }
-    if let Resolved::Legacy { digest, .. } = &resolved {
-        wanted_whole.push((*digest, " against its .sha256".to_string()));
+    if let Resolved::Legacy { digest, .. } = resolved {
+        wanted.push(WholeDigest {
+            want: *digest,
+            against: " against its .sha256".to_string(),
+        });
         if digest_checked == DigestChecked::Nothing {
             digest_checked = DigestChecked::OwnSidecar;
         }
     } else if digest_checked == DigestChecked::Nothing && expected.own_sidecar == OwnSidecar::Check
     {
         let sidecar = own_sidecar_path(logical);
-        if let Some(d) = crate::read_sidecar(&sidecar)? {
-            wanted_whole.push((d, format!(" against {}", sidecar.display())));
+        if let Some(want) = crate::read_sidecar(&sidecar)? {
+            wanted.push(WholeDigest {
+                want,
+                against: format!(" against {}", sidecar.display()),
+            });
             digest_checked = DigestChecked::OwnSidecar;
         }
     }
-    for (want, against) in wanted_whole {
-        if want != whole {
-            return Err(Error::DigestMismatch {
-                what: format!("{} (whole artifact{against})", logical.display()),
-                expected: want,
-                actual: whole,
-            });
-        }
-    }
-
-    let chunks = pieces
-        .iter()
-        .enumerate()
-        .map(|(i, (path, size))| VerifiedChunk {
-            name: path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            size: *size,
-            sha256: chunk_digests.get(i).copied(),
-        })
-        .collect();
-    Ok(VerifyReport {
-        path: logical.to_path_buf(),
-        form: resolved.form(),
-        size: total,
-        sha256: whole,
-        chunk_count: count,
-        chunks,
-        digest_checked,
-    })
+    Ok((wanted, digest_checked))
 }
 
 /// `NAME.sha256` beside the logical artifact `NAME`.

@@ -16,7 +16,7 @@
 //! - **A panic inside the HTTP stack** is caught on that thread and becomes a transfer error of
 //!   this origin; it never unwinds into the manager.
 
-use std::io::Read as _;
+use std::io::Read;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -506,95 +506,15 @@ struct RequestJob {
 
 impl RequestJob {
     fn run(self, tx: &SyncSender<Msg>) {
-        let url0 = self.first.to_string();
-        let head = |r: Result<Meta>| {
-            let _ = tx.send(Msg::Head(r));
-        };
-        let mut url = self.first.clone();
-        let mut hops = 0;
-        let resp = loop {
-            let remaining = self.deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
-                return head(Err(Error::Transport {
-                    url: url0,
-                    message: "the origin's deadline passed".into(),
-                }));
-            }
-            let mut req = self.agent.request_url(self.method, &url).timeout(remaining);
-            let same_origin = same_origin(&self.first, &url);
-            for (name, value) in &self.headers {
-                if !same_origin && is_credential(name) {
-                    continue;
-                }
-                req = req.set(name, value);
-            }
-            match req.call() {
-                Ok(resp) if (300..400).contains(&resp.status()) => {
-                    let location = resp.header("location").map(str::to_string);
-                    match next_hop(&url, location.as_deref(), hops, self.max_redirects) {
-                        Ok(next) => {
-                            url = next;
-                            hops += 1;
-                        }
-                        Err(reason) => {
-                            return head(Err(Error::Redirect {
-                                url: url0,
-                                location: location.unwrap_or_default(),
-                                reason,
-                            }));
-                        }
-                    }
-                }
-                Ok(resp) => break resp,
-                // A range inside the size the manifest implies lies past the end of the file
-                // the origin serves: it has another file than the manifest describes (a store
-                // half-way through a republish), "not yet".
-                Err(ureq::Error::Status(416, resp)) => {
-                    return head(Err(Error::SizeMismatch {
-                        url: url0,
-                        message: format!(
-                            "HTTP 416: the range asked for is past the end of the published file \
-                             (Content-Range {:?})",
-                            resp.header("content-range").unwrap_or("")
-                        ),
-                    }));
-                }
-                Err(ureq::Error::Status(status, _)) => {
-                    return head(Err(Error::Status { url: url0, status }));
-                }
-                // No connection at all (refused, no address, or a connect that timed out): a
-                // network hiccup as much as a dead origin; the policy gives it up only after
-                // several in a row (`policy::after`).
-                Err(ureq::Error::Transport(t)) if is_no_connection(&t) => {
-                    return head(Err(Error::NoConnection {
-                        url: url0,
-                        timed_out: is_timeout(&t),
-                        message: t.to_string(),
-                    }));
-                }
-                Err(ureq::Error::Transport(t)) if is_timeout(&t) => {
-                    // Accepted, then silent past the idle timeout: the origin is not answering,
-                    // not merely flaky.
-                    return head(Err(Error::TooSlow {
-                        url: url0,
-                        message: t.to_string(),
-                        why: GiveUp::Silent,
-                    }));
-                }
-                Err(ureq::Error::Transport(t)) => {
-                    return head(Err(Error::Transport {
-                        url: url0,
-                        message: t.to_string(),
-                    }));
-                }
+        let resp = match self.respond() {
+            Ok(resp) => resp,
+            Err(e) => {
+                let _ = tx.send(Msg::Head(Err(e)));
+                return;
             }
         };
-        let status = resp.status();
-        if status != 200 && status != 206 {
-            return head(Err(Error::Status { url: url0, status }));
-        }
         let meta = Meta {
-            status,
+            status: resp.status(),
             content_length: resp
                 .header("content-length")
                 .and_then(|v| v.trim().parse().ok()),
@@ -604,42 +524,131 @@ impl RequestJob {
         if tx.send(Msg::Head(Ok(meta))).is_err() || !self.want_body {
             return;
         }
-        let mut reader = resp.into_reader();
-        let mut buf = vec![0u8; PIECE];
+        stream_body(resp.into_reader(), tx);
+    }
+
+    /// The final answer, after the redirects allowed (credentials sent to the first origin
+    /// only), within the deadline: a 200 or a 206, else the error it comes to.
+    fn respond(&self) -> Result<ureq::Response> {
+        let url0 = self.first.to_string();
+        let mut url = self.first.clone();
+        let mut hops = 0;
         loop {
-            // Gather reads into one message until it is full or [`GATHER`] has passed since
-            // the batch began (ureq reads a body whose request has a deadline 8 KiB at a time:
-            // a fast body would otherwise be thousands of messages and writes a second; a slow
-            // one still goes over read by read).
-            let began = Instant::now();
-            let mut filled = 0;
-            let end = loop {
-                match reader.read(&mut buf[filled..]) {
-                    Ok(0) => break Ok(true),
-                    Ok(n) => {
-                        filled += n;
-                        if filled == buf.len() || began.elapsed() >= GATHER {
-                            break Ok(false);
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => break Err(e),
+            let remaining = self.deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(Error::Transport {
+                    url: url0,
+                    message: "the origin's deadline passed".into(),
+                });
+            }
+            let mut req = self.agent.request_url(self.method, &url).timeout(remaining);
+            let same_origin = same_origin(&self.first, &url);
+            for (name, value) in &self.headers {
+                if !same_origin && is_credential(name) {
+                    continue;
                 }
-            };
-            // What arrived before an error is handed over first: a retry resumes after it.
-            if filled > 0 && tx.send(Msg::Data(buf[..filled].to_vec())).is_err() {
+                req = req.set(name, value);
+            }
+            let resp = req.call().map_err(|e| call_error(&url0, e))?;
+            let status = resp.status();
+            if !(300..400).contains(&status) {
+                if status != 200 && status != 206 {
+                    return Err(Error::Status { url: url0, status });
+                }
+                return Ok(resp);
+            }
+            let location = resp.header("location").map(str::to_string);
+            match next_hop(&url, location.as_deref(), hops, self.max_redirects) {
+                Ok(next) => {
+                    url = next;
+                    hops += 1;
+                }
+                Err(reason) => {
+                    return Err(Error::Redirect {
+                        url: url0,
+                        location: location.unwrap_or_default(),
+                        reason,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// What a failed request comes to (`url0`: the URL first asked for).
+fn call_error(url0: &str, e: ureq::Error) -> Error {
+    let url = url0.to_string();
+    match e {
+        // A range inside the size the manifest implies lies past the end of the file the
+        // origin serves: it has another file than the manifest describes (a store half-way
+        // through a republish), "not yet".
+        ureq::Error::Status(416, resp) => Error::SizeMismatch {
+            url,
+            message: format!(
+                "HTTP 416: the range asked for is past the end of the published file \
+                 (Content-Range {:?})",
+                resp.header("content-range").unwrap_or("")
+            ),
+        },
+        ureq::Error::Status(status, _) => Error::Status { url, status },
+        // No connection at all (refused, no address, or a connect that timed out): a network
+        // hiccup as much as a dead origin; the policy gives it up only after several in a row
+        // (`policy::after`).
+        ureq::Error::Transport(t) if is_no_connection(&t) => Error::NoConnection {
+            url,
+            timed_out: is_timeout(&t),
+            message: t.to_string(),
+        },
+        // Accepted, then silent past the idle timeout: the origin is not answering, not merely
+        // flaky.
+        ureq::Error::Transport(t) if is_timeout(&t) => Error::TooSlow {
+            url,
+            message: t.to_string(),
+            why: GiveUp::Silent,
+        },
+        ureq::Error::Transport(t) => Error::Transport {
+            url,
+            message: t.to_string(),
+        },
+    }
+}
+
+/// Hand the body over in messages until it ends or fails (or the reader hung up).
+fn stream_body(mut reader: impl Read, tx: &SyncSender<Msg>) {
+    let mut buf = vec![0u8; PIECE];
+    loop {
+        // Gather reads into one message until it is full or [`GATHER`] has passed since the
+        // batch began (ureq reads a body whose request has a deadline 8 KiB at a time: a fast
+        // body would otherwise be thousands of messages and writes a second; a slow one still
+        // goes over read by read).
+        let began = Instant::now();
+        let mut filled = 0;
+        let end = loop {
+            match reader.read(&mut buf[filled..]) {
+                Ok(0) => break Ok(true),
+                Ok(n) => {
+                    filled += n;
+                    if filled == buf.len() || began.elapsed() >= GATHER {
+                        break Ok(false);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        // What arrived before an error is handed over first: a retry resumes after it.
+        if filled > 0 && tx.send(Msg::Data(buf[..filled].to_vec())).is_err() {
+            return;
+        }
+        match end {
+            Ok(false) => {}
+            Ok(true) => {
+                let _ = tx.send(Msg::End);
                 return;
             }
-            match end {
-                Ok(false) => {}
-                Ok(true) => {
-                    let _ = tx.send(Msg::End);
-                    return;
-                }
-                Err(e) => {
-                    let _ = tx.send(Msg::Fail(e.to_string()));
-                    return;
-                }
+            Err(e) => {
+                let _ = tx.send(Msg::Fail(e.to_string()));
+                return;
             }
         }
     }

@@ -386,49 +386,10 @@ impl Downloader {
         let signed = match &self.trusted_keys {
             None => None,
             Some(keys) => {
-                let sig_url = format!("{url}{}", manifest::signature::SIGNATURE_SUFFIX);
-                let sig = match get(&sig_url, manifest::signature::MAX_SIGNATURE_BYTES) {
-                    Ok(b) => Some(b),
-                    Err(Error::Status {
-                        status: 404 | 410, ..
-                    }) => None,
-                    Err(e) => return Err(e),
-                };
-                let verdict = trust::verify_manifest(
-                    keys,
-                    &bytes,
-                    sig.as_deref(),
-                    generation,
-                    accepted,
-                    UnixSeconds::now(),
-                );
-                Some(verdict.map_err(|refusal| Error::Refused {
-                    url: url.to_string(),
-                    refusal,
-                })?)
+                Some(self.signature_verdict(keys, url, &bytes, generation, accepted, &get)?)
             }
         };
-        // A whole-manifest contract (v26) refuses the manifest for any violation of its rules,
-        // as upstream's manager does; the next origin is asked.
-        if self.contract.whole_manifest_refusal {
-            let problems = manifest::validate_for_contract(
-                &bytes,
-                manifest::ValidationMode::Reader,
-                self.contract,
-                &manifest::Expectation {
-                    generation: Some(generation),
-                    revision: self.tinygrad_pin.as_ref(),
-                    tree: self.tree.as_deref(),
-                },
-                &self.limits,
-            );
-            if !problems.is_empty() {
-                return Err(Error::BadManifest {
-                    url: url.to_string(),
-                    source: manifest::Error::Invalid(problems),
-                });
-            }
-        }
+        self.check_whole_contract(url, &bytes, generation)?;
         // Only what makes the whole manifest unusable is an error here; a bad entry is left
         // out with its reason and the rest of the catalog still works. (The signature, when
         // required, covers the raw bytes, so a signed manifest's refused entries were signed too.)
@@ -438,6 +399,77 @@ impl Downloader {
                 source,
             }
         })?;
+        self.check_usable(url, &read, generation)?;
+        Ok((read, signed, bytes))
+    }
+
+    /// The manifest's signature (`<url>.sig`; none published is for the verdict to judge)
+    /// checked over its raw bytes with the trusted `keys`: accepted, or refused.
+    fn signature_verdict(
+        &self,
+        keys: &trust::TrustedKeys,
+        url: &str,
+        bytes: &[u8],
+        generation: Generation,
+        accepted: Option<ReleaseNumber>,
+        get: &dyn Fn(&str, u64) -> Result<Vec<u8>>,
+    ) -> Result<trust::Accepted> {
+        let sig_url = format!("{url}{}", manifest::signature::SIGNATURE_SUFFIX);
+        let sig = match get(&sig_url, manifest::signature::MAX_SIGNATURE_BYTES) {
+            Ok(b) => Some(b),
+            Err(Error::Status {
+                status: 404 | 410, ..
+            }) => None,
+            Err(e) => return Err(e),
+        };
+        let verdict = trust::verify_manifest(
+            keys,
+            bytes,
+            sig.as_deref(),
+            generation,
+            accepted,
+            UnixSeconds::now(),
+        );
+        verdict.map_err(|refusal| Error::Refused {
+            url: url.to_string(),
+            refusal,
+        })
+    }
+
+    /// A whole-manifest contract (v26) refuses the manifest for any violation of its rules, as
+    /// upstream's manager does; the next origin is asked.
+    fn check_whole_contract(&self, url: &str, bytes: &[u8], generation: Generation) -> Result<()> {
+        if !self.contract.whole_manifest_refusal {
+            return Ok(());
+        }
+        let problems = manifest::validate_for_contract(
+            bytes,
+            manifest::ValidationMode::Reader,
+            self.contract,
+            &manifest::Expectation {
+                generation: Some(generation),
+                revision: self.tinygrad_pin.as_ref(),
+                tree: self.tree.as_deref(),
+            },
+            &self.limits,
+        );
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(Error::BadManifest {
+            url: url.to_string(),
+            source: manifest::Error::Invalid(problems),
+        })
+    }
+
+    /// A read manifest this device can use: at least one usable entry (upstream takes the
+    /// first manifest that yields one), of its generation, and of its tinygrad pin.
+    fn check_usable(
+        &self,
+        url: &str,
+        read: &manifest::Tolerated,
+        generation: Generation,
+    ) -> Result<()> {
         let manifest = &read.manifest;
         // Upstream takes the first manifest that yields at least one usable entry.
         if !manifest
@@ -447,7 +479,7 @@ impl Downloader {
         {
             return Err(Error::NoUsableEntries {
                 url: url.to_string(),
-                entries: unusable_entries(&read),
+                entries: unusable_entries(read),
             });
         }
         if let Some(found) = manifest.generation()
@@ -469,7 +501,7 @@ impl Downloader {
                 found,
             });
         }
-        Ok((read, signed, bytes))
+        Ok(())
     }
 
     /// Download `entry`'s artifact of `generation` into `models_dir`, trying each origin in

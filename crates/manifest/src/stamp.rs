@@ -734,21 +734,15 @@ fn string_value(bytes: Option<Vec<u8>>) -> V {
 
 /// Run the opcodes from just after `PROTO` to `STOP`; returns the top-level value.
 fn run<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>) -> R<V> {
-    let limits = m.limits;
-    let max_string = limits.max_string;
-    let keep = limits.keep_string;
     loop {
         let at = src.pos;
         let op = src.byte()?;
-        let opcode_err = |d: StampDefect| StampError {
-            offset: at,
-            defect: d,
-        };
+        let at_op = |defect: StampDefect| StampError { offset: at, defect };
         match op {
             STOP => {
                 let values = m.stack.len();
                 if values != 1 || !m.marks.is_empty() {
-                    return Err(opcode_err(StampDefect::BadStop {
+                    return Err(at_op(StampDefect::BadStop {
                         values,
                         marks: m.marks.len(),
                     }));
@@ -756,323 +750,346 @@ fn run<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>) -> R<V> {
                 return Ok(m.stack.pop().expect("one value"));
             }
             PROTO => {
-                return Err(opcode_err(StampDefect::BadOperand {
+                return Err(at_op(StampDefect::BadOperand {
                     opcode: op,
                     why: "PROTO inside the pickle".into(),
                 }));
             }
-            // FRAME: a hint of how many bytes follow; checked against what is left.
-            0x95 => {
-                let len = u64::from_le_bytes(src.le::<8>()?);
-                src.declared(len, src.left())?;
-            }
-            b'(' => {
-                if m.marks.len() >= limits.max_marks {
-                    return Err(opcode_err(StampDefect::MarkCap {
-                        cap: limits.max_marks,
-                    }));
-                }
-                m.marks.push(m.stack.len());
-            }
-            // POP: a value, or the mark when nothing is above it.
-            b'0' => {
-                if m.stack.len() > m.floor() {
-                    m.stack.pop();
-                } else if m.marks.pop().is_none() {
-                    return Err(opcode_err(StampDefect::StackUnderflow { opcode: op }));
-                }
-            }
-            b'1' => {
-                m.pop_mark(src, op)?;
-            }
-            b'2' => {
-                let v = m.top(src, op)?;
-                m.push(src, v)?;
-            }
-            b'N' => m.push(src, V::None)?,
-            0x88 => m.push(src, V::Bool(true))?,
-            0x89 => m.push(src, V::Bool(false))?,
-            // Integers.
-            b'J' => {
-                let v = i32::from_le_bytes(src.le::<4>()?);
-                m.push(src, V::Int(v.into()))?;
-            }
-            b'K' => {
-                let v = src.byte()?;
-                m.push(src, V::Int(v.into()))?;
-            }
-            b'M' => {
-                let v = u16::from_le_bytes(src.le::<2>()?);
-                m.push(src, V::Int(v.into()))?;
-            }
-            0x8a => {
-                let n = src.byte()?;
-                let bytes = src.bytes(n.into(), 255, 255)?.expect("kept");
-                m.push(src, long_le(&bytes))?;
-            }
-            0x8b => {
-                let n = i32::from_le_bytes(src.le::<4>()?);
-                if n < 0 {
-                    return Err(bad(src, op, "negative LONG4 length"));
-                }
-                let bytes = src.bytes(n as u64, max_string, 8)?;
-                let v = bytes.map_or(V::Kind("big int"), |b| long_le(&b));
-                m.push(src, v)?;
-            }
-            b'I' => {
-                let line = src.line(limits.max_line)?;
-                let v = match line.as_slice() {
-                    b"01" => V::Bool(true),
-                    b"00" => V::Bool(false),
-                    l => std::str::from_utf8(l)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<i64>().ok())
-                        .map(V::Int)
-                        .ok_or_else(|| bad(src, op, "INT operand is not an integer"))?,
-                };
-                m.push(src, v)?;
-            }
-            b'L' => {
-                let line = src.line(limits.max_line)?;
-                let text = std::str::from_utf8(&line)
-                    .ok()
-                    .map(|s| s.trim().trim_end_matches('L'))
-                    .filter(|s| {
-                        let d = s.strip_prefix('-').unwrap_or(s);
-                        !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())
-                    })
-                    .ok_or_else(|| bad(src, op, "LONG operand is not an integer"))?;
-                let v = text.parse::<i64>().map_or(V::Kind("big int"), V::Int);
-                m.push(src, v)?;
-            }
-            // Floats.
-            b'G' => {
-                src.le::<8>()?;
-                m.push(src, V::Kind("float"))?;
-            }
-            b'F' => {
-                src.line(limits.max_line)?;
-                m.push(src, V::Kind("float"))?;
-            }
-            // Strings.
-            0x8c => {
-                let n = src.byte()?;
-                let b = src.bytes(n.into(), max_string, keep)?;
-                m.push(src, string_value(b))?;
-            }
-            b'X' => {
-                let n = u32::from_le_bytes(src.le::<4>()?);
-                let b = src.bytes(n.into(), max_string, keep)?;
-                m.push(src, string_value(b))?;
-            }
-            0x8d => {
-                let n = u64::from_le_bytes(src.le::<8>()?);
-                let b = src.bytes(n, max_string, keep)?;
-                m.push(src, string_value(b))?;
-            }
-            b'U' => {
-                let n = src.byte()?;
-                let b = src.bytes(n.into(), max_string, keep)?;
-                m.push(src, string_value(b))?;
-            }
-            b'T' => {
-                let n = i32::from_le_bytes(src.le::<4>()?);
-                if n < 0 {
-                    return Err(bad(src, op, "negative BINSTRING length"));
-                }
-                let b = src.bytes(n as u64, max_string, keep)?;
-                m.push(src, string_value(b))?;
-            }
-            // Text strings (protocol 0): kept when they are plain ASCII without escapes.
-            b'V' | b'S' => {
-                let line = src.line(limits.max_line)?;
-                let plain = if op == b'S' {
-                    let quoted = line.len() >= 2
-                        && (line[0] == b'\'' || line[0] == b'"')
-                        && line[line.len() - 1] == line[0];
-                    if !quoted {
-                        return Err(bad(src, op, "STRING operand is not quoted"));
-                    }
-                    line[1..line.len() - 1].to_vec()
-                } else {
-                    line
-                };
-                let v = if plain.contains(&b'\\') || !plain.is_ascii() || plain.len() > keep {
-                    V::Kind("escaped string")
-                } else {
-                    string_value(Some(plain))
-                };
-                m.push(src, v)?;
-            }
-            // Bytes: skipped.
-            b'C' => {
-                let n = src.byte()?;
-                src.bytes(n.into(), max_string, 0)?;
-                m.push(src, V::Kind("bytes"))?;
-            }
-            b'B' => {
-                let n = u32::from_le_bytes(src.le::<4>()?);
-                src.bytes(n.into(), max_string, 0)?;
-                m.push(src, V::Kind("bytes"))?;
-            }
-            0x8e | 0x96 => {
-                let n = u64::from_le_bytes(src.le::<8>()?);
-                src.bytes(n, max_string, 0)?;
-                m.push(src, V::Kind("bytes"))?;
-            }
-            // Containers.
-            b'}' => {
-                let d = m.new_dict();
-                m.push(src, d)?;
-            }
-            b']' => m.push(src, V::Kind("list"))?,
-            b')' => m.push(src, V::Kind("tuple"))?,
-            0x8f => m.push(src, V::Kind("set"))?,
-            b'd' => {
-                let items = m.pop_mark(src, op)?;
-                if items.len() % 2 != 0 {
-                    return Err(bad(src, op, "an odd number of dict items"));
-                }
-                let d = m.new_dict();
-                m.set_items(src, &d, items)?;
-                m.push(src, d)?;
-            }
-            b'l' | b't' | 0x91 => {
-                m.pop_mark(src, op)?;
-                let kind = match op {
-                    b'l' => "list",
-                    b't' => "tuple",
-                    _ => "frozenset",
-                };
-                m.push(src, V::Kind(kind))?;
-            }
-            0x85..=0x87 => {
-                for _ in 0..(op - 0x84) {
-                    m.pop(src, op)?;
-                }
-                m.push(src, V::Kind("tuple"))?;
-            }
-            b'a' => {
-                m.pop(src, op)?;
-                m.top(src, op)?;
-            }
-            b'e' | 0x90 => {
-                m.pop_mark(src, op)?;
-                m.top(src, op)?;
-            }
-            b's' => {
-                let v = m.pop(src, op)?;
-                let k = m.pop(src, op)?;
-                let target = m.top(src, op)?;
-                m.set_items(src, &target, vec![k, v])?;
-            }
-            b'u' => {
-                let items = m.pop_mark(src, op)?;
-                if items.len() % 2 != 0 {
-                    return Err(bad(src, op, "an odd number of dict items"));
-                }
-                let target = m.top(src, op)?;
-                m.set_items(src, &target, items)?;
-            }
-            // Memo.
-            0x94 => {
-                let index = m.memo.len() as u64;
-                m.memo_put(src, index, op)?;
-            }
-            b'q' => {
-                let i = src.byte()?;
-                m.memo_put(src, i.into(), op)?;
-            }
-            b'r' => {
-                let i = u32::from_le_bytes(src.le::<4>()?);
-                m.memo_put(src, i.into(), op)?;
-            }
-            b'p' => {
-                let line = src.line(limits.max_line)?;
-                let i = text_int(src, op, &line)?;
-                m.memo_put(src, i, op)?;
-            }
-            b'h' => {
-                let i = src.byte()?;
-                m.memo_get(src, i.into())?;
-            }
-            b'j' => {
-                let i = u32::from_le_bytes(src.le::<4>()?);
-                m.memo_get(src, i.into())?;
-            }
-            b'g' => {
-                let line = src.line(limits.max_line)?;
-                let i = text_int(src, op, &line)?;
-                m.memo_get(src, i)?;
-            }
-            // Objects: never imported or built, only their place on the stack.
-            b'c' => {
-                src.line(limits.max_line)?;
-                src.line(limits.max_line)?;
-                m.push(src, V::Kind("global"))?;
-            }
-            0x93 => {
-                m.pop(src, op)?;
-                m.pop(src, op)?;
-                m.push(src, V::Kind("global"))?;
-            }
-            b'i' => {
-                src.line(limits.max_line)?;
-                src.line(limits.max_line)?;
-                m.pop_mark(src, op)?;
-                m.push(src, V::Kind("object"))?;
-            }
-            b'o' => {
-                m.pop_mark(src, op)?;
-                m.push(src, V::Kind("object"))?;
-            }
-            b'R' | 0x81 => {
-                m.pop(src, op)?;
-                m.pop(src, op)?;
-                m.push(src, V::Kind("object"))?;
-            }
-            0x92 => {
-                for _ in 0..3 {
-                    m.pop(src, op)?;
-                }
-                m.push(src, V::Kind("object"))?;
-            }
-            b'b' => {
-                m.pop(src, op)?;
-                m.top(src, op)?;
-            }
-            0x82 => {
-                src.byte()?;
-                m.push(src, V::Kind("object"))?;
-            }
-            0x83 => {
-                src.le::<2>()?;
-                m.push(src, V::Kind("object"))?;
-            }
-            0x84 => {
-                src.le::<4>()?;
-                m.push(src, V::Kind("object"))?;
-            }
-            b'P' => {
-                src.line(limits.max_line)?;
-                m.persistent_ids += 1;
-                m.push(src, V::Kind("persistent id"))?;
-            }
-            b'Q' => {
-                m.pop(src, op)?;
-                m.persistent_ids += 1;
-                m.push(src, V::Kind("persistent id"))?;
-            }
-            0x97 => {
-                m.buffers += 1;
-                m.push(src, V::Kind("buffer"))?;
-            }
-            0x98 => {
-                m.top(src, op)?;
-            }
-            _ => return Err(opcode_err(StampDefect::UnknownOpcode { opcode: op })),
+            _ => {}
+        }
+        // Each group reads the operands of its own opcodes and says whether `op` was one.
+        let known = stack_op(src, m, op, at)?
+            || number_op(src, m, op)?
+            || string_op(src, m, op)?
+            || container_op(src, m, op)?
+            || memo_op(src, m, op)?
+            || object_op(src, m, op)?;
+        if !known {
+            return Err(at_op(StampDefect::UnknownOpcode { opcode: op }));
         }
     }
+}
+
+/// Frames, marks and the plain stack moves (`POP`, `POP_MARK`, `DUP`).
+fn stack_op<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>, op: u8, at: u64) -> R<bool> {
+    let at_op = |defect: StampDefect| StampError { offset: at, defect };
+    match op {
+        // FRAME: a hint of how many bytes follow; checked against what is left.
+        0x95 => {
+            let len = u64::from_le_bytes(src.le::<8>()?);
+            src.declared(len, src.left())?;
+        }
+        b'(' => {
+            if m.marks.len() >= m.limits.max_marks {
+                return Err(at_op(StampDefect::MarkCap {
+                    cap: m.limits.max_marks,
+                }));
+            }
+            m.marks.push(m.stack.len());
+        }
+        // POP: a value, or the mark when nothing is above it.
+        b'0' => {
+            if m.stack.len() > m.floor() {
+                m.stack.pop();
+            } else if m.marks.pop().is_none() {
+                return Err(at_op(StampDefect::StackUnderflow { opcode: op }));
+            }
+        }
+        b'1' => {
+            m.pop_mark(src, op)?;
+        }
+        b'2' => {
+            let v = m.top(src, op)?;
+            m.push(src, v)?;
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// `None`, booleans, integers and floats (floats only as their kind).
+fn number_op<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>, op: u8) -> R<bool> {
+    let max_line = m.limits.max_line;
+    let v = match op {
+        b'N' => V::None,
+        0x88 => V::Bool(true),
+        0x89 => V::Bool(false),
+        b'J' => V::Int(i32::from_le_bytes(src.le::<4>()?).into()),
+        b'K' => V::Int(src.byte()?.into()),
+        b'M' => V::Int(u16::from_le_bytes(src.le::<2>()?).into()),
+        0x8a => {
+            let n = src.byte()?;
+            long_le(&src.bytes(n.into(), 255, 255)?.expect("kept"))
+        }
+        0x8b => {
+            let n = i32::from_le_bytes(src.le::<4>()?);
+            if n < 0 {
+                return Err(bad(src, op, "negative LONG4 length"));
+            }
+            let bytes = src.bytes(n as u64, m.limits.max_string, 8)?;
+            bytes.map_or(V::Kind("big int"), |b| long_le(&b))
+        }
+        b'I' => match src.line(max_line)?.as_slice() {
+            b"01" => V::Bool(true),
+            b"00" => V::Bool(false),
+            l => std::str::from_utf8(l)
+                .ok()
+                .and_then(|s| s.trim().parse::<i64>().ok())
+                .map(V::Int)
+                .ok_or_else(|| bad(src, op, "INT operand is not an integer"))?,
+        },
+        b'L' => {
+            let line = src.line(max_line)?;
+            let text = std::str::from_utf8(&line)
+                .ok()
+                .map(|s| s.trim().trim_end_matches('L'))
+                .filter(|s| {
+                    let d = s.strip_prefix('-').unwrap_or(s);
+                    !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())
+                })
+                .ok_or_else(|| bad(src, op, "LONG operand is not an integer"))?;
+            text.parse::<i64>().map_or(V::Kind("big int"), V::Int)
+        }
+        b'G' => {
+            src.le::<8>()?;
+            V::Kind("float")
+        }
+        b'F' => {
+            src.line(max_line)?;
+            V::Kind("float")
+        }
+        _ => return Ok(false),
+    };
+    m.push(src, v)?;
+    Ok(true)
+}
+
+/// Strings (kept when short and UTF-8) and bytes (skipped).
+fn string_op<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>, op: u8) -> R<bool> {
+    let (max_string, keep) = (m.limits.max_string, m.limits.keep_string);
+    let v = match op {
+        0x8c | b'X' | 0x8d | b'U' | b'T' => {
+            let n = length_operand(src, op)?;
+            string_value(src.bytes(n, max_string, keep)?)
+        }
+        b'C' | b'B' | 0x8e | 0x96 => {
+            let n = length_operand(src, op)?;
+            src.bytes(n, max_string, 0)?;
+            V::Kind("bytes")
+        }
+        b'V' | b'S' => text_string(src, op, m.limits)?,
+        _ => return Ok(false),
+    };
+    m.push(src, v)?;
+    Ok(true)
+}
+
+/// The binary length operand of a string or bytes opcode.
+fn length_operand<In: Read>(src: &mut Src<In>, op: u8) -> R<u64> {
+    Ok(match op {
+        0x8c | b'U' | b'C' => src.byte()?.into(),
+        b'X' | b'B' => u32::from_le_bytes(src.le::<4>()?).into(),
+        b'T' => {
+            let n = i32::from_le_bytes(src.le::<4>()?);
+            if n < 0 {
+                return Err(bad(src, op, "negative BINSTRING length"));
+            }
+            n as u64
+        }
+        // 0x8d, 0x8e and 0x96: eight bytes.
+        _ => u64::from_le_bytes(src.le::<8>()?),
+    })
+}
+
+/// A text string (protocol 0): kept when it is plain ASCII without escapes.
+fn text_string<In: Read>(src: &mut Src<In>, op: u8, limits: &StampLimits) -> R<V> {
+    let line = src.line(limits.max_line)?;
+    let plain = if op == b'S' {
+        let quoted = line.len() >= 2
+            && (line[0] == b'\'' || line[0] == b'"')
+            && line[line.len() - 1] == line[0];
+        if !quoted {
+            return Err(bad(src, op, "STRING operand is not quoted"));
+        }
+        line[1..line.len() - 1].to_vec()
+    } else {
+        line
+    };
+    Ok(
+        if plain.contains(&b'\\') || !plain.is_ascii() || plain.len() > limits.keep_string {
+            V::Kind("escaped string")
+        } else {
+            string_value(Some(plain))
+        },
+    )
+}
+
+/// Dicts (the only containers whose items are kept), lists, tuples and sets.
+fn container_op<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>, op: u8) -> R<bool> {
+    let v = match op {
+        b'}' => m.new_dict(),
+        b']' => V::Kind("list"),
+        b')' => V::Kind("tuple"),
+        0x8f => V::Kind("set"),
+        b'd' => {
+            let items = m.pop_mark(src, op)?;
+            if items.len() % 2 != 0 {
+                return Err(bad(src, op, "an odd number of dict items"));
+            }
+            let d = m.new_dict();
+            m.set_items(src, &d, items)?;
+            d
+        }
+        b'l' | b't' | 0x91 => {
+            m.pop_mark(src, op)?;
+            V::Kind(match op {
+                b'l' => "list",
+                b't' => "tuple",
+                _ => "frozenset",
+            })
+        }
+        0x85..=0x87 => {
+            for _ in 0..(op - 0x84) {
+                m.pop(src, op)?;
+            }
+            V::Kind("tuple")
+        }
+        // Appends and sets: the container they change stays where it is.
+        b'a' => {
+            m.pop(src, op)?;
+            m.top(src, op)?;
+            return Ok(true);
+        }
+        b'e' | 0x90 => {
+            m.pop_mark(src, op)?;
+            m.top(src, op)?;
+            return Ok(true);
+        }
+        b's' => {
+            let v = m.pop(src, op)?;
+            let k = m.pop(src, op)?;
+            let target = m.top(src, op)?;
+            m.set_items(src, &target, vec![k, v])?;
+            return Ok(true);
+        }
+        b'u' => {
+            let items = m.pop_mark(src, op)?;
+            if items.len() % 2 != 0 {
+                return Err(bad(src, op, "an odd number of dict items"));
+            }
+            let target = m.top(src, op)?;
+            m.set_items(src, &target, items)?;
+            return Ok(true);
+        }
+        _ => return Ok(false),
+    };
+    m.push(src, v)?;
+    Ok(true)
+}
+
+/// The memo: `MEMOIZE` and the three `PUT`s store the top value, the three `GET`s push one.
+fn memo_op<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>, op: u8) -> R<bool> {
+    match op {
+        0x94 => {
+            let index = m.memo.len() as u64;
+            m.memo_put(src, index, op)?;
+        }
+        b'q' | b'r' | b'p' => {
+            let index = memo_index(src, op, m.limits.max_line)?;
+            m.memo_put(src, index, op)?;
+        }
+        b'h' | b'j' | b'g' => {
+            let index = memo_index(src, op, m.limits.max_line)?;
+            m.memo_get(src, index)?;
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// The memo index operand: one byte, four bytes, or a decimal line.
+fn memo_index<In: Read>(src: &mut Src<In>, op: u8, max_line: usize) -> R<u64> {
+    Ok(match op {
+        b'q' | b'h' => src.byte()?.into(),
+        b'r' | b'j' => u32::from_le_bytes(src.le::<4>()?).into(),
+        // b'p' and b'g'.
+        _ => {
+            let line = src.line(max_line)?;
+            text_int(src, op, &line)?
+        }
+    })
+}
+
+/// Objects: never imported or built, only their place on the stack.
+fn object_op<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>, op: u8) -> R<bool> {
+    let max_line = m.limits.max_line;
+    let v = match op {
+        b'c' => {
+            src.line(max_line)?;
+            src.line(max_line)?;
+            V::Kind("global")
+        }
+        0x93 => {
+            m.pop(src, op)?;
+            m.pop(src, op)?;
+            V::Kind("global")
+        }
+        b'i' => {
+            src.line(max_line)?;
+            src.line(max_line)?;
+            m.pop_mark(src, op)?;
+            V::Kind("object")
+        }
+        b'o' => {
+            m.pop_mark(src, op)?;
+            V::Kind("object")
+        }
+        b'R' | 0x81 | 0x92 => {
+            for _ in 0..(if op == 0x92 { 3 } else { 2 }) {
+                m.pop(src, op)?;
+            }
+            V::Kind("object")
+        }
+        0x82 => {
+            src.byte()?;
+            V::Kind("object")
+        }
+        0x83 => {
+            src.le::<2>()?;
+            V::Kind("object")
+        }
+        0x84 => {
+            src.le::<4>()?;
+            V::Kind("object")
+        }
+        b'P' => {
+            src.line(max_line)?;
+            m.persistent_ids += 1;
+            V::Kind("persistent id")
+        }
+        b'Q' => {
+            m.pop(src, op)?;
+            m.persistent_ids += 1;
+            V::Kind("persistent id")
+        }
+        0x97 => {
+            m.buffers += 1;
+            V::Kind("buffer")
+        }
+        // BUILD and READONLY_BUFFER change the value in place.
+        b'b' => {
+            m.pop(src, op)?;
+            m.top(src, op)?;
+            return Ok(true);
+        }
+        0x98 => {
+            m.top(src, op)?;
+            return Ok(true);
+        }
+        _ => return Ok(false),
+    };
+    m.push(src, v)?;
+    Ok(true)
 }
 
 /// Read the stamp from `input`: the framing, then the pickle's opcodes up to `STOP`, then (for
@@ -1086,40 +1103,7 @@ pub fn read_stamp(input: impl Read, limits: &StampLimits) -> Result<Stamp, Stamp
         region_end: None,
         scratch: Vec::new(),
     };
-    let first = src.byte().map_err(|e| unknown_if_short(e, &[]))?;
-    let (prefixed, protocol) = if first == PROTO {
-        (None, src.byte()?)
-    } else {
-        let mut head = [0u8; 10];
-        head[0] = first;
-        for i in 1..10 {
-            head[i] = src.byte().map_err(|e| unknown_if_short(e, &head[..i]))?;
-        }
-        let len = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
-        if !(2..=MAX_PREFIX).contains(&len) || head[8] != PROTO {
-            return Err(StampError {
-                offset: 0,
-                defect: StampDefect::UnknownFraming { head: hex(&head) },
-            });
-        }
-        if 8 + len > limits.max_bytes {
-            return Err(StampError {
-                offset: 0,
-                defect: StampDefect::HugeOpcodeLength {
-                    declared: len,
-                    cap: limits.max_bytes.saturating_sub(8),
-                },
-            });
-        }
-        src.region_end = Some(8 + len);
-        (Some(len), head[9])
-    };
-    if !(2..=5).contains(&protocol) {
-        return Err(StampError {
-            offset: src.pos - 1,
-            defect: StampDefect::Protocol { found: protocol },
-        });
-    }
+    let (prefixed, protocol) = read_head(&mut src, limits)?;
     let mut m = Machine {
         limits,
         stack: Vec::new(),
@@ -1178,6 +1162,46 @@ pub fn read_stamp(input: impl Read, limits: &StampLimits) -> Result<Stamp, Stamp
         entries,
         other_keys,
     })
+}
+
+/// The framing's head: `PROTO` right away (a plain pickle) or an 8-byte length first; returns
+/// the declared opcode length (when prefixed) and the pickle protocol.
+fn read_head<In: Read>(src: &mut Src<In>, limits: &StampLimits) -> R<(Option<u64>, u8)> {
+    let first = src.byte().map_err(|e| unknown_if_short(e, &[]))?;
+    let (prefixed, protocol) = if first == PROTO {
+        (None, src.byte()?)
+    } else {
+        let mut head = [0u8; 10];
+        head[0] = first;
+        for i in 1..10 {
+            head[i] = src.byte().map_err(|e| unknown_if_short(e, &head[..i]))?;
+        }
+        let len = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+        if !(2..=MAX_PREFIX).contains(&len) || head[8] != PROTO {
+            return Err(StampError {
+                offset: 0,
+                defect: StampDefect::UnknownFraming { head: hex(&head) },
+            });
+        }
+        if 8 + len > limits.max_bytes {
+            return Err(StampError {
+                offset: 0,
+                defect: StampDefect::HugeOpcodeLength {
+                    declared: len,
+                    cap: limits.max_bytes.saturating_sub(8),
+                },
+            });
+        }
+        src.region_end = Some(8 + len);
+        (Some(len), head[9])
+    };
+    if !(2..=5).contains(&protocol) {
+        return Err(StampError {
+            offset: src.pos - 1,
+            defect: StampDefect::Protocol { found: protocol },
+        });
+    }
+    Ok((prefixed, protocol))
 }
 
 /// Which length-prefixed framing the opcodes and the first bytes after them show.

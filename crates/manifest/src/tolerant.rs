@@ -188,130 +188,18 @@ impl Manifest {
 
     /// [`Manifest::from_slice_tolerant`] on an already parsed document.
     pub fn from_value_tolerant(doc: Value) -> Result<Tolerated> {
-        let (mut top, items) = match doc {
-            Value::Array(items) => (Map::new(), items),
-            Value::Object(mut top) => match top.get_mut(keys::MODELS).map(Value::take) {
-                Some(Value::Array(items)) => (top, items),
-                Some(other) => {
-                    return Err(whole(
-                        keys::MODELS.into(),
-                        format!(
-                            "expected an array of model entries, found {}",
-                            abbreviate(&other.to_string())
-                        ),
-                    ));
-                }
-                None => return Err(whole(ROOT.into(), "missing the \"models\" array".into())),
-            },
-            _ => {
-                return Err(whole(
-                    ROOT.into(),
-                    "expected an object with a \"models\" array".into(),
-                ));
-            }
-        };
-        top.entry(keys::MODELS).or_insert(Value::Null);
-        // Top-level rules (our extensions) are whole-manifest rules: checked on the document
-        // with no entries, so entry problems cannot leak in.
-        let mut probe = top.clone();
-        probe.insert(keys::MODELS.into(), Value::Array(Vec::new()));
-        let top_problems = crate::validate::check_document(
-            &Value::Object(probe),
-            crate::validate::ValidationMode::Reader,
-        );
-        if !top_problems.is_empty() {
-            return Err(Error::Invalid(top_problems));
-        }
-
-        // Whole-manifest refusals first: duplicate and path-like IDs.
-        let mut first_seen: HashMap<&str, usize> = HashMap::new();
-        let mut fatal = Vec::new();
-        for (i, item) in items.iter().enumerate() {
-            let Some(id) = item.get(keys::ID).and_then(Value::as_str) else {
-                continue;
-            };
-            let path = join_key(&entry_path(i), keys::ID);
-            if is_path_like(id) {
-                fatal.push(Problem {
-                    path: path.clone(),
-                    message: format!(
-                        "ID {:?} looks like a path; not taking any entry from this manifest",
-                        abbreviate(id)
-                    ),
-                });
-            }
-            match first_seen.get(id) {
-                Some(first) => fatal.push(Problem {
-                    path,
-                    message: format!(
-                        "duplicate model ID {:?} (first at {}); not taking any entry from this manifest",
-                        abbreviate(id),
-                        entry_path(*first)
-                    ),
-                }),
-                None => {
-                    first_seen.insert(id, i);
-                }
-            }
-        }
-        if !fatal.is_empty() {
-            return Err(Error::Invalid(fatal));
-        }
-
+        let (top, items) = top_and_items(doc)?;
+        refuse_whole_for_ids(&items)?;
         let mut models = Vec::new();
         let mut refused = Vec::new();
         let mut normalised = Vec::new();
         for (i, item) in items.into_iter().enumerate() {
-            let path = entry_path(i);
-            let id = item
-                .get(keys::ID)
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            let Value::Object(mut map) = item else {
-                refused.push(RefusedEntry {
-                    index: i,
-                    id,
-                    problems: vec![Problem {
-                        path,
-                        message: "expected an object".into(),
-                    }],
-                });
-                continue;
-            };
-            let mut fixes = Vec::new();
-            normalise_entry(&mut map, &path, &mut fixes);
-            let mut problems = Vec::new();
-            if let Some(s) = &id
-                && let Some(why) = served_id_problem(s)
-            {
-                problems.push(Problem {
-                    path: join_key(&path, keys::ID),
-                    message: format!("{why} (got {:?})", abbreviate(s)),
-                });
-            }
-            check_entry_reader(&map, &path, &mut problems);
-            problems.dedup_by(|a, b| a.path == b.path);
-            if problems.is_empty() {
-                match ModelEntry::from_map(map) {
-                    Ok(entry) => {
-                        normalised.extend(fixes);
-                        models.push(entry);
-                    }
-                    Err(e) => refused.push(RefusedEntry {
-                        index: i,
-                        id,
-                        problems: vec![Problem {
-                            path,
-                            message: e.to_string(),
-                        }],
-                    }),
+            match read_entry(i, item) {
+                Ok((entry, fixes)) => {
+                    normalised.extend(fixes);
+                    models.push(entry);
                 }
-            } else {
-                refused.push(RefusedEntry {
-                    index: i,
-                    id,
-                    problems,
-                });
+                Err(r) => refused.push(r),
             }
         }
         Ok(Tolerated {
@@ -319,6 +207,131 @@ impl Manifest {
             refused,
             normalised,
         })
+    }
+}
+
+/// The document's top level (its `models` key kept, as `null`) and its entries; a document
+/// without a `models` array, or whose top level breaks our rules, is refused whole. A bare array
+/// is the entries of an empty top level.
+fn top_and_items(doc: Value) -> Result<(Map<String, Value>, Vec<Value>)> {
+    let (mut top, items) = match doc {
+        Value::Array(items) => (Map::new(), items),
+        Value::Object(mut top) => match top.get_mut(keys::MODELS).map(Value::take) {
+            Some(Value::Array(items)) => (top, items),
+            Some(other) => {
+                return Err(whole(
+                    keys::MODELS.into(),
+                    format!(
+                        "expected an array of model entries, found {}",
+                        abbreviate(&other.to_string())
+                    ),
+                ));
+            }
+            None => return Err(whole(ROOT.into(), "missing the \"models\" array".into())),
+        },
+        _ => {
+            return Err(whole(
+                ROOT.into(),
+                "expected an object with a \"models\" array".into(),
+            ));
+        }
+    };
+    top.entry(keys::MODELS).or_insert(Value::Null);
+    // Top-level rules (our extensions) are whole-manifest rules: checked on the document with no
+    // entries, so entry problems cannot leak in.
+    let mut probe = top.clone();
+    probe.insert(keys::MODELS.into(), Value::Array(Vec::new()));
+    let top_problems = crate::validate::check_document(
+        &Value::Object(probe),
+        crate::validate::ValidationMode::Reader,
+    );
+    if !top_problems.is_empty() {
+        return Err(Error::Invalid(top_problems));
+    }
+    Ok((top, items))
+}
+
+/// The whole-manifest refusals among the entries: duplicate and path-like IDs.
+fn refuse_whole_for_ids(items: &[Value]) -> Result<()> {
+    let mut first_seen: HashMap<&str, usize> = HashMap::new();
+    let mut fatal = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let Some(id) = item.get(keys::ID).and_then(Value::as_str) else {
+            continue;
+        };
+        let path = join_key(&entry_path(i), keys::ID);
+        if is_path_like(id) {
+            fatal.push(Problem {
+                path: path.clone(),
+                message: format!(
+                    "ID {:?} looks like a path; not taking any entry from this manifest",
+                    abbreviate(id)
+                ),
+            });
+        }
+        match first_seen.get(id) {
+            Some(first) => fatal.push(Problem {
+                path,
+                message: format!(
+                    "duplicate model ID {:?} (first at {}); not taking any entry from this manifest",
+                    abbreviate(id),
+                    entry_path(*first)
+                ),
+            }),
+            None => {
+                first_seen.insert(id, i);
+            }
+        }
+    }
+    if fatal.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Invalid(fatal))
+    }
+}
+
+/// Entry `i` read the device's way: the entry with the fixes normalising made, or the entry
+/// refused with its reasons.
+fn read_entry(
+    i: usize,
+    item: Value,
+) -> std::result::Result<(ModelEntry, Vec<Problem>), RefusedEntry> {
+    let path = entry_path(i);
+    let id = item
+        .get(keys::ID)
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let refuse = |id, problems| RefusedEntry {
+        index: i,
+        id,
+        problems,
+    };
+    let Value::Object(mut map) = item else {
+        let message = "expected an object".into();
+        return Err(refuse(id, vec![Problem { path, message }]));
+    };
+    let mut fixes = Vec::new();
+    normalise_entry(&mut map, &path, &mut fixes);
+    let mut problems = Vec::new();
+    if let Some(s) = &id
+        && let Some(why) = served_id_problem(s)
+    {
+        problems.push(Problem {
+            path: join_key(&path, keys::ID),
+            message: format!("{why} (got {:?})", abbreviate(s)),
+        });
+    }
+    check_entry_reader(&map, &path, &mut problems);
+    problems.dedup_by(|a, b| a.path == b.path);
+    if !problems.is_empty() {
+        return Err(refuse(id, problems));
+    }
+    match ModelEntry::from_map(map) {
+        Ok(entry) => Ok((entry, fixes)),
+        Err(e) => {
+            let message = e.to_string();
+            Err(refuse(id, vec![Problem { path, message }]))
+        }
     }
 }
 

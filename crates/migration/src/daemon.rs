@@ -431,6 +431,12 @@ pub fn poll(
     config: &DaemonConfig,
     out: Outlets<'_>,
 ) -> Result<Option<(Request, Served)>> {
+    // Kept for later, nothing shown but the stop: onroad, an unreadable road, stopping.
+    let stopped = |why: &str| Served::Kept {
+        progress: Progress::Cancelled,
+        why: why.into(),
+        retry_in: config.retry_offline,
+    };
     let Some(request) = read_request(device)? else {
         // (One that cannot be read is the sweep's to remove and report.)
         if matches!(
@@ -451,14 +457,7 @@ pub fn poll(
     }
     if device.is_onroad()? {
         // Served once the car is offroad; not a byte fetched, not a file touched.
-        return Ok(Some((
-            request,
-            Served::Kept {
-                progress: Progress::Cancelled,
-                why: "deferred while driving".into(),
-                retry_in: config.retry_offline,
-            },
-        )));
+        return Ok(Some((request, stopped("deferred while driving"))));
     }
     let done = Arc::new(AtomicBool::new(false));
     let (cancel, why, watcher) = watch(device, stopping, &done, CancelBy::AnyFlag);
@@ -468,22 +467,15 @@ pub fn poll(
     let _ = watcher.join();
     let interrupt = *why.lock().unwrap_or_else(|e| e.into_inner());
     let served = match (outcome, interrupt) {
-        (Err(_), Some(Interrupt::Onroad)) | (Err(Error::Onroad { .. }), _) => Served::Kept {
-            progress: Progress::Cancelled,
-            why: "deferred while driving".into(),
-            retry_in: config.retry_offline,
-        },
-        (Err(_), Some(Interrupt::RoadUnreadable)) => Served::Kept {
-            progress: Progress::Cancelled,
-            why: "IsOnroad cannot be read, so it is not taken as offroad; kept until it can be"
-                .into(),
-            retry_in: config.retry_offline,
-        },
-        (Err(_), Some(Interrupt::Stopping)) => Served::Kept {
-            progress: Progress::Cancelled,
-            why: "stopping; kept for the next start (finished chunks are kept)".into(),
-            retry_in: config.retry_offline,
-        },
+        (Err(_), Some(Interrupt::Onroad)) | (Err(Error::Onroad { .. }), _) => {
+            stopped("deferred while driving")
+        }
+        (Err(_), Some(Interrupt::RoadUnreadable)) => {
+            stopped("IsOnroad cannot be read, so it is not taken as offroad; kept until it can be")
+        }
+        (Err(_), Some(Interrupt::Stopping)) => {
+            stopped("stopping; kept for the next start (finished chunks are kept)")
+        }
         // The store is half-way through a republish: not a failure; asked again soon.
         (Err(e), _) if is_not_yet(&e) => {
             let wait = not_yet_wait(config);
@@ -660,24 +652,53 @@ pub fn run(
                 }
             });
         }
-        let r = serve_loop(device, dl, config, stopping, out);
+        let r = serve_loop(Daemon {
+            device,
+            dl,
+            config,
+            stopping,
+            out,
+        });
         done.store(true, Ordering::SeqCst);
         r
     })
 }
 
-fn serve_loop(
-    device: &Device,
-    dl: &Downloader,
-    config: &DaemonConfig,
-    stopping: &Arc<AtomicBool>,
-    out: Outlets<'_>,
-) -> Result<()> {
-    let log = out.log;
-    let say = |p: &Progress| out.say(device, p);
-    // The progress a kept request last showed: a new request that waits for its retry is
-    // acknowledged with it at once.
-    let mut kept_progress: Option<(Request, Progress)> = None;
+/// What the daemon loop works with, from start to stop.
+#[derive(Clone, Copy)]
+struct Daemon<'a> {
+    device: &'a Device,
+    dl: &'a Downloader,
+    config: &'a DaemonConfig,
+    stopping: &'a Arc<AtomicBool>,
+    out: Outlets<'a>,
+}
+
+/// What the daemon loop remembers from one poll to the next.
+struct LoopState {
+    road: Road,
+    next_refresh: Instant,
+    next_request: Instant,
+    /// A refresh skipped on a metered network was logged (once, until it is not metered).
+    metered_logged: bool,
+    /// "Not yet" refreshes in a row (see `not_yet_backoff`).
+    not_yet_streak: u32,
+    /// Artifacts held back by the daily byte budget, logged once per artifact and day.
+    held_logged: std::collections::BTreeSet<(String, u64)>,
+    /// The progress a kept request last showed: a new request that waits for its retry is
+    /// acknowledged with it at once.
+    kept_progress: Option<(Request, Progress)>,
+}
+
+/// How a refresh the daemon ran ended.
+struct RefreshEnded {
+    result: Result<crate::manager::RefreshReport>,
+    /// Stopped by a cancel the UI wrote while it ran.
+    ui_cancelled: bool,
+}
+
+fn serve_loop(d: Daemon<'_>) -> Result<()> {
+    let (device, config, log) = (d.device, d.config, d.out.log);
     log(&format!(
         "started: generation {}, models in {}, polling every {} ms, refreshing every {} s",
         device.config.generation,
@@ -685,13 +706,57 @@ fn serve_loop(
         config.poll.as_millis(),
         config.refresh_every.as_secs()
     ));
-    // A new tree: the params made safe for every reader before the first refresh goes online.
     if Road::of(device.is_onroad()) == Road::Offroad {
-        match crate::manager::settle_new_tree(device) {
+        d.settle_new_tree();
+    }
+    let mut st = LoopState {
+        road: Road::Offroad,
+        next_refresh: Instant::now(),
+        next_request: Instant::now(),
+        metered_logged: false,
+        not_yet_streak: 0,
+        held_logged: std::collections::BTreeSet::new(),
+        kept_progress: None,
+    };
+    while !d.stopping.load(Ordering::SeqCst) {
+        report_bad_params(device, &|p: &Progress| d.say(p), log);
+        let now = Road::of(device.is_onroad());
+        if let Some(line) = road_change(&st.road, &now) {
+            log(&line);
+        }
+        let was = std::mem::replace(&mut st.road, now);
+        if st.road == Road::Offroad {
+            if was != Road::Offroad {
+                st.next_refresh = Instant::now();
+                st.next_request = Instant::now();
+            }
+            if Instant::now() >= st.next_refresh {
+                d.refresh_when_due(&mut st);
+            }
+            d.serve_requests(&mut st);
+        }
+        let wake = Instant::now() + config.poll;
+        while Instant::now() < wake && !d.stopping.load(Ordering::SeqCst) {
+            thread::sleep(Duration::from_millis(20).min(config.poll));
+        }
+    }
+    log("stopped: any download in progress is kept and resumes at the next start");
+    Ok(())
+}
+
+impl Daemon<'_> {
+    fn say(&self, p: &Progress) {
+        self.out.say(self.device, p)
+    }
+
+    /// A new tree: the params made safe for every reader before the first refresh goes online.
+    fn settle_new_tree(&self) {
+        let log = self.out.log;
+        match crate::manager::settle_new_tree(self.device) {
             Ok(Some(from)) => log(&format!(
                 "new tree: the device was on {from}; until the {} catalog is fetched everything \
                  modeld reads names the built-in (done before any network)",
-                device.config.generation
+                self.device.config.generation
             )),
             Ok(None) => {}
             Err(e) => log(&format!(
@@ -700,190 +765,199 @@ fn serve_loop(
             )),
         }
     }
-    let mut next_refresh = Instant::now();
-    let mut next_request = Instant::now();
-    let mut road = Road::Offroad;
-    let mut metered_logged = false;
-    // "Not yet" refreshes in a row (see `not_yet_backoff`).
-    let mut not_yet_streak = 0u32;
-    // Artifacts held back by the daily byte budget, logged once per artifact and day.
-    let mut held_logged = std::collections::BTreeSet::new();
-    while !stopping.load(Ordering::SeqCst) {
-        report_bad_params(device, &say, log);
-        let now = Road::of(device.is_onroad());
-        if let Some(line) = road_change(&road, &now) {
-            log(&line);
+
+    /// The refresh that is due: skipped on a metered network, else run and logged; sets when
+    /// the next one is due.
+    fn refresh_when_due(&self, st: &mut LoopState) {
+        let log = self.out.log;
+        if self.device.is_metered().unwrap_or(false) {
+            if !st.metered_logged {
+                log("refresh skipped: metered network (requests from the UI are still served)");
+                st.metered_logged = true;
+            }
+            st.next_refresh = Instant::now() + self.config.retry_offline;
+            return;
         }
-        let was = std::mem::replace(&mut road, now);
-        if road == Road::Offroad {
-            if was != Road::Offroad {
-                next_refresh = Instant::now();
-                next_request = Instant::now();
-            }
-            if Instant::now() >= next_refresh {
-                if device.is_metered().unwrap_or(false) {
-                    if !metered_logged {
-                        log(
-                            "refresh skipped: metered network (requests from the UI are still served)",
-                        );
-                        metered_logged = true;
-                    }
-                    next_refresh = Instant::now() + config.retry_offline;
-                } else {
-                    metered_logged = false;
-                    log("job: refresh");
-                    // Stopped by SIGTERM, the car going onroad, or a cancel the UI writes while
-                    // it runs (one already there is for a request, not for this refresh).
-                    let done = Arc::new(AtomicBool::new(false));
-                    let before = device.memory.modified(keys::CANCEL_MODEL_DOWNLOAD);
-                    let (cancel, why, watcher) =
-                        watch(device, stopping, &done, CancelBy::WrittenAfter(before));
-                    // Held to the daily byte budget (a UI request is not).
-                    let mut automatic = device.clone();
-                    automatic.budget = Some(config.daily_budget);
-                    let result = thread::scope(|s| {
-                        s.spawn(|| acknowledge_while(device, &done, stopping, log));
-                        let r = refresh(&automatic, dl, &cancel, &say);
-                        done.store(true, Ordering::SeqCst);
-                        r
-                    });
-                    let _ = watcher.join();
-                    let ui_cancelled = *why.lock().unwrap_or_else(|e| e.into_inner())
-                        == Some(Interrupt::Cancelled);
-                    not_yet_streak = match &result {
-                        Err(e) if !ui_cancelled && is_not_yet(e) => not_yet_streak + 1,
-                        _ => 0,
-                    };
-                    next_refresh = match result {
-                        Ok(r) => {
-                            for held in &r.held_back {
-                                if held_logged.insert((held.id.clone(), held.until)) {
-                                    log(&held.to_string());
-                                }
-                            }
-                            log(&format!(
-                                "refresh: {} manifest from {}, {} models, {} entries refused, selected {}{}",
-                                r.generation,
-                                r.manifest_origin,
-                                r.models,
-                                r.refused_entries.len(),
-                                r.selected,
-                                if r.fell_back_to_builtin {
-                                    " (fell back to the built-in)"
-                                } else {
-                                    ""
-                                }
-                            ));
-                            Instant::now() + config.refresh_every
-                        }
-                        Err(_) if ui_cancelled => {
-                            say(&Progress::Cancelled);
-                            log(&format!(
-                                "refresh cancelled from the UI (CancelModelDownload); next try in {} s",
-                                config.retry_offline.as_secs()
-                            ));
-                            Instant::now() + config.retry_offline
-                        }
-                        Err(e) if is_not_yet(&e) => {
-                            // An origin's files disagree with its manifest (a republish in
-                            // progress): no failure counted; asked again after a backoff that
-                            // starts soon and doubles while it stays "not yet".
-                            let wait = not_yet_backoff(config, not_yet_streak);
-                            log(&format!(
-                                "refresh: not yet (the store's files do not match its manifest \
-                                 yet; nothing counted as a failure), next try in {} s: {}",
-                                wait.as_secs(),
-                                one_line(&e.to_string())
-                            ));
-                            Instant::now() + wait
-                        }
-                        Err(e) => {
-                            let stopped = matches!(
-                                e,
-                                Error::Onroad { .. }
-                                    | Error::Download(downloader::Error::Cancelled { .. })
-                            );
-                            let wait = if is_offline(&e) || stopped {
-                                config.retry_offline
-                            } else {
-                                config.refresh_every
-                            };
-                            log(&format!(
-                                "refresh failed, will retry in {} s: {}",
-                                wait.as_secs(),
-                                one_line(&e.to_string())
-                            ));
-                            // A manifest refused on trust grounds is shown to the user.
-                            if let Error::Download(d) = &e
-                                && let Some(r) = crate::trust_state::refusal(d)
-                            {
-                                say(&Progress::ManifestRefused(r));
-                            }
-                            Instant::now() + wait
-                        }
-                    };
-                }
-            }
-            // No error of one request (a param swapped under it, a full disk) stops the daemon:
-            // it is logged, and the next poll goes on.
-            match read_request(device) {
-                Ok(Some(request)) if Instant::now() >= next_request => {
-                    log(&format!("job: {}", describe(&request)));
-                    match poll(device, dl, stopping, config, out) {
-                        Ok(Some((request, served))) => match served {
-                            Served::Finished(p) => log(&format!("{}: {p}", describe(&request))),
-                            Served::Failed { progress, why } => {
-                                log(&format!("{}: {progress} ({why})", describe(&request)))
-                            }
-                            Served::Kept {
-                                why,
-                                retry_in,
-                                progress,
-                            } => {
-                                log(&format!("{}: kept pending ({why})", describe(&request)));
-                                next_request = Instant::now() + retry_in;
-                                kept_progress = Some((request, progress));
-                            }
-                        },
-                        Ok(None) => {}
-                        Err(e) => log(&format!(
-                            "{}: not served: {}",
-                            describe(&request),
-                            one_line(&e.to_string())
-                        )),
-                    }
-                }
-                Ok(Some(request)) => {
-                    // Waiting for its retry: a request the UI wrote since is acknowledged at
-                    // once with why it waits, not left unanswered until then.
-                    if let Some((kept, progress)) = &kept_progress
-                        && *kept != request
-                    {
-                        say(progress);
-                        log(&format!(
-                            "{}: waits for the retry of {} ({progress})",
-                            describe(&request),
-                            describe(kept)
-                        ));
-                        kept_progress = Some((request, progress.clone()));
-                    }
-                }
-                Ok(None) => {
-                    // Nothing pending: drop a leftover cancel flag (see `poll`).
-                    if let Err(e) = poll(device, dl, stopping, config, out) {
-                        log(&format!("cancel flag: {}", one_line(&e.to_string())));
-                    }
-                }
-                Err(e) => log(&format!("request not read: {}", one_line(&e.to_string()))),
-            }
-        }
-        let wake = Instant::now() + config.poll;
-        while Instant::now() < wake && !stopping.load(Ordering::SeqCst) {
-            thread::sleep(Duration::from_millis(20).min(config.poll));
+        st.metered_logged = false;
+        log("job: refresh");
+        let ended = self.run_refresh();
+        st.not_yet_streak = match &ended.result {
+            Err(e) if !ended.ui_cancelled && is_not_yet(e) => st.not_yet_streak + 1,
+            _ => 0,
+        };
+        let wait = self.refresh_ended(st, ended);
+        st.next_refresh = Instant::now() + wait;
+    }
+
+    /// One refresh held to the daily byte budget (a UI request is not), stopped by SIGTERM, the
+    /// car going onroad, or a cancel the UI writes while it runs (one already there is for a
+    /// request, not for this refresh); requests written meanwhile are acknowledged.
+    fn run_refresh(&self) -> RefreshEnded {
+        let (device, stopping, log) = (self.device, self.stopping, self.out.log);
+        let done = Arc::new(AtomicBool::new(false));
+        let before = device.memory.modified(keys::CANCEL_MODEL_DOWNLOAD);
+        let (cancel, why, watcher) = watch(device, stopping, &done, CancelBy::WrittenAfter(before));
+        let mut automatic = device.clone();
+        automatic.budget = Some(self.config.daily_budget);
+        let out = self.out;
+        let say = |p: &Progress| out.say(device, p);
+        let result = thread::scope(|s| {
+            s.spawn(|| acknowledge_while(device, &done, stopping, log));
+            let r = refresh(&automatic, self.dl, &cancel, &say);
+            done.store(true, Ordering::SeqCst);
+            r
+        });
+        let _ = watcher.join();
+        let ui_cancelled =
+            *why.lock().unwrap_or_else(|e| e.into_inner()) == Some(Interrupt::Cancelled);
+        RefreshEnded {
+            result,
+            ui_cancelled,
         }
     }
-    log("stopped: any download in progress is kept and resumes at the next start");
-    Ok(())
+
+    /// Log how a refresh ended (and show a trust refusal or a UI cancel); returns how long until
+    /// the next one.
+    fn refresh_ended(&self, st: &mut LoopState, ended: RefreshEnded) -> Duration {
+        let (config, log) = (self.config, self.out.log);
+        match ended.result {
+            Ok(r) => {
+                for held in &r.held_back {
+                    if st.held_logged.insert((held.id.clone(), held.until)) {
+                        log(&held.to_string());
+                    }
+                }
+                log(&format!(
+                    "refresh: {} manifest from {}, {} models, {} entries refused, selected {}{}",
+                    r.generation,
+                    r.manifest_origin,
+                    r.models,
+                    r.refused_entries.len(),
+                    r.selected,
+                    if r.fell_back_to_builtin {
+                        " (fell back to the built-in)"
+                    } else {
+                        ""
+                    }
+                ));
+                config.refresh_every
+            }
+            Err(_) if ended.ui_cancelled => {
+                self.say(&Progress::Cancelled);
+                log(&format!(
+                    "refresh cancelled from the UI (CancelModelDownload); next try in {} s",
+                    config.retry_offline.as_secs()
+                ));
+                config.retry_offline
+            }
+            Err(e) if is_not_yet(&e) => {
+                // An origin's files disagree with its manifest (a republish in progress): no
+                // failure counted; asked again after a backoff that starts soon and doubles
+                // while it stays "not yet".
+                let wait = not_yet_backoff(config, st.not_yet_streak);
+                log(&format!(
+                    "refresh: not yet (the store's files do not match its manifest yet; nothing \
+                     counted as a failure), next try in {} s: {}",
+                    wait.as_secs(),
+                    one_line(&e.to_string())
+                ));
+                wait
+            }
+            Err(e) => {
+                let stopped = matches!(
+                    e,
+                    Error::Onroad { .. } | Error::Download(downloader::Error::Cancelled { .. })
+                );
+                let wait = if is_offline(&e) || stopped {
+                    config.retry_offline
+                } else {
+                    config.refresh_every
+                };
+                log(&format!(
+                    "refresh failed, will retry in {} s: {}",
+                    wait.as_secs(),
+                    one_line(&e.to_string())
+                ));
+                // A manifest refused on trust grounds is shown to the user.
+                if let Error::Download(d) = &e
+                    && let Some(r) = crate::trust_state::refusal(d)
+                {
+                    self.say(&Progress::ManifestRefused(r));
+                }
+                wait
+            }
+        }
+    }
+
+    /// Serve the pending request when its retry is due, acknowledge one that waits, or drop a
+    /// leftover cancel flag. No error of one request (a param swapped under it, a full disk)
+    /// stops the daemon: it is logged, and the next poll goes on.
+    fn serve_requests(&self, st: &mut LoopState) {
+        let Daemon {
+            device,
+            dl,
+            config,
+            stopping,
+            out,
+        } = *self;
+        let log = out.log;
+        match read_request(device) {
+            Ok(Some(request)) if Instant::now() >= st.next_request => {
+                log(&format!("job: {}", describe(&request)));
+                match poll(device, dl, stopping, config, out) {
+                    Ok(Some((request, served))) => self.served(st, request, served),
+                    Ok(None) => {}
+                    Err(e) => log(&format!(
+                        "{}: not served: {}",
+                        describe(&request),
+                        one_line(&e.to_string())
+                    )),
+                }
+            }
+            Ok(Some(request)) => {
+                // Waiting for its retry: a request the UI wrote since is acknowledged at once
+                // with why it waits, not left unanswered until then.
+                if let Some((kept, progress)) = &st.kept_progress
+                    && *kept != request
+                {
+                    self.say(progress);
+                    log(&format!(
+                        "{}: waits for the retry of {} ({progress})",
+                        describe(&request),
+                        describe(kept)
+                    ));
+                    st.kept_progress = Some((request, progress.clone()));
+                }
+            }
+            Ok(None) => {
+                // Nothing pending: drop a leftover cancel flag (see `poll`).
+                if let Err(e) = poll(device, dl, stopping, config, out) {
+                    log(&format!("cancel flag: {}", one_line(&e.to_string())));
+                }
+            }
+            Err(e) => log(&format!("request not read: {}", one_line(&e.to_string()))),
+        }
+    }
+
+    /// Log how a served request ended; a kept one is served again after its retry.
+    fn served(&self, st: &mut LoopState, request: Request, served: Served) {
+        let log = self.out.log;
+        match served {
+            Served::Finished(p) => log(&format!("{}: {p}", describe(&request))),
+            Served::Failed { progress, why } => {
+                log(&format!("{}: {progress} ({why})", describe(&request)))
+            }
+            Served::Kept {
+                why,
+                retry_in,
+                progress,
+            } => {
+                log(&format!("{}: kept pending ({why})", describe(&request)));
+                st.next_request = Instant::now() + retry_in;
+                st.kept_progress = Some((request, progress));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

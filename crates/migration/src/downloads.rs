@@ -275,8 +275,11 @@ pub fn plan(
     };
     let cancel = CancelToken::new();
     let names = device.model_file_names()?;
-    let free = free_bytes(device);
-    let mut needed = 0u64;
+    let mut space = SpaceUse {
+        free: free_bytes(device),
+        needed: 0,
+        margin: space_margin,
+    };
     let mut models = Vec::new();
     for entry in &entries {
         let targets: Vec<Target> = downloader::egpu::artifacts_to_fetch(entry, device.chestnut())?;
@@ -293,10 +296,6 @@ pub fn plan(
                 continue;
             }
             let plan = dl.plan_target(device.config.generation, target, &cancel)?;
-            // The real run checks each download's size plus the margin against what is free
-            // then: earlier downloads of this run have used their share.
-            let before = needed;
-            needed = needed.saturating_add(plan.size);
             // A staging file of this artifact is reused or removed before the real check: its
             // blocks count as free for it.
             let staged = downloader::staged_bytes(
@@ -304,32 +303,8 @@ pub fn plan(
                 &plan.sha256.to_hex(),
                 target.local_name.as_str(),
             );
-            if free.saturating_add(staged) < needed.saturating_add(space_margin) {
-                return Err(downloader::Error::InsufficientSpace {
-                    path: device.models_dir(),
-                    needed: plan.size.saturating_add(space_margin),
-                    available: free.saturating_sub(before).saturating_add(staged),
-                }
-                .into());
-            }
-            let local = target.local_name.as_str();
-            let mut would_install = vec![local.to_string()];
-            if plan.digest_source == DigestSource::Sidecar {
-                would_install.push(chunker::sidecar_name(local));
-            }
-            let mut would_remove = downloader::other_forms(names.iter().map(String::as_str), local);
-            // The sidecar is rewritten, not removed, when the digest came from the origin's.
-            would_remove.retain(|n| !would_install.contains(n));
-            planned.push(Planned {
-                name: local.to_string(),
-                origin: plan.origin,
-                size: plan.size,
-                sha256: plan.sha256,
-                digest_source: plan.digest_source,
-                pieces: plan.pieces.len(),
-                would_install,
-                would_remove,
-            });
+            space.take(device, plan.size, staged)?;
+            planned.push(Planned::of(plan, target, &names));
         }
         models.push(ModelDownload {
             id: entry.id().clone(),
@@ -342,9 +317,61 @@ pub fn plan(
     }
     Ok(DownloadPlanReport {
         models,
-        needed,
-        free,
+        needed: space.needed,
+        free: space.free,
     })
+}
+
+/// The free space the planned downloads use, checked as the real run checks each download's
+/// size plus the margin against what is free then: earlier downloads of the run have used
+/// their share.
+struct SpaceUse {
+    free: u64,
+    needed: u64,
+    margin: u64,
+}
+
+impl SpaceUse {
+    /// One more download of `size` bytes, `staged` of which are on disk already (they count as
+    /// free for it); refused when it does not fit.
+    fn take(&mut self, device: &Device, size: u64, staged: u64) -> Result<()> {
+        let before = self.needed;
+        self.needed = self.needed.saturating_add(size);
+        if self.free.saturating_add(staged) < self.needed.saturating_add(self.margin) {
+            return Err(downloader::Error::InsufficientSpace {
+                path: device.models_dir(),
+                needed: size.saturating_add(self.margin),
+                available: self.free.saturating_sub(before).saturating_add(staged),
+            }
+            .into());
+        }
+        Ok(())
+    }
+}
+
+impl Planned {
+    /// The artifact `plan` fetches for `target`, with the files it would install and those of
+    /// `names` (the models directory's) it would remove.
+    fn of(plan: downloader::DownloadPlan, target: &Target, names: &[String]) -> Planned {
+        let local = target.local_name.as_str();
+        let mut would_install = vec![local.to_string()];
+        if plan.digest_source == DigestSource::Sidecar {
+            would_install.push(chunker::sidecar_name(local));
+        }
+        let mut would_remove = downloader::other_forms(names.iter().map(String::as_str), local);
+        // The sidecar is rewritten, not removed, when the digest came from the origin's.
+        would_remove.retain(|n| !would_install.contains(n));
+        Planned {
+            name: local.to_string(),
+            origin: plan.origin,
+            size: plan.size,
+            sha256: plan.sha256,
+            digest_source: plan.digest_source,
+            pieces: plan.pieces.len(),
+            would_install,
+            would_remove,
+        }
+    }
 }
 
 fn free_bytes(device: &Device) -> u64 {

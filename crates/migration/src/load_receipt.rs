@@ -168,12 +168,8 @@ impl<'de> Deserialize<'de> for Members {
     }
 }
 
-/// The receipt in `bytes`, by `rule`; `bundled` is the contract's bundled model id. Pure.
-pub fn parse(
-    bytes: &[u8],
-    rule: &LoadReceiptRule,
-    bundled: &str,
-) -> std::result::Result<LoadReceipt, String> {
+/// The receipt's JSON object as its members, in order, within the rule's size limit.
+fn decode(bytes: &[u8], rule: &LoadReceiptRule) -> std::result::Result<Members, String> {
     if bytes.len() as u64 > rule.max_bytes {
         return Err(format!(
             "{} bytes, over the receipt's {}-byte limit",
@@ -182,10 +178,16 @@ pub fn parse(
         ));
     }
     let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_string())?;
-    let Members(members) =
-        serde_json::from_str(text).map_err(|e| format!("not a JSON object ({e})"))?;
+    serde_json::from_str(text).map_err(|e| format!("not a JSON object ({e})"))
+}
+
+/// The members by key: each key once, and exactly the rule's keys.
+fn exact_fields<'m>(
+    members: &'m [(String, Value)],
+    rule: &LoadReceiptRule,
+) -> std::result::Result<BTreeMap<&'m str, &'m Value>, String> {
     let mut fields: BTreeMap<&str, &Value> = BTreeMap::new();
-    for (k, v) in &members {
+    for (k, v) in members {
         if fields.insert(k.as_str(), v).is_some() {
             return Err(format!("key {k:?} appears twice"));
         }
@@ -200,6 +202,17 @@ pub fn parse(
             rule.keys.iter().collect::<Vec<_>>()
         ));
     }
+    Ok(fields)
+}
+
+/// The receipt in `bytes`, by `rule`; `bundled` is the contract's bundled model id. Pure.
+pub fn parse(
+    bytes: &[u8],
+    rule: &LoadReceiptRule,
+    bundled: &str,
+) -> std::result::Result<LoadReceipt, String> {
+    let Members(members) = decode(bytes, rule)?;
+    let fields = exact_fields(&members, rule)?;
     let field = |k: &str| fields[k];
     let version = field("version");
     if version.as_i64() != Some(rule.version) {

@@ -210,6 +210,40 @@ pub fn settle_new_tree(device: &Device) -> Result<Option<String>> {
     }))
 }
 
+/// What the steps of one refresh share besides the device: where it fetches from, how it is
+/// stopped and reports, and who runs it when.
+#[derive(Clone, Copy)]
+struct RunBy<'a> {
+    dl: &'a Downloader,
+    cancel: &'a CancelToken,
+    progress: ProgressFn<'a>,
+    now_unix: u64,
+    caller: Caller,
+}
+
+/// The first install refused for want of space: the refresh ends with it (exit 8), once
+/// everything else is written.
+struct NoSpace {
+    path: std::path::PathBuf,
+    needed: u64,
+    available: u64,
+}
+
+/// What installing the wanted catalog models came to.
+#[derive(Default)]
+struct InstallRound {
+    installs: Installs,
+    /// Each wanted catalog model, its state before, and what the run did with it.
+    steps: Vec<(ModelId, VerifyState, InstallStep)>,
+    /// Models whose catalog bytes modeld could not start here: no retry is scheduled for them
+    /// (nothing to retry until the catalog lists other bytes, which are fetched at once).
+    failed_to_start: BTreeSet<ModelId>,
+    /// Models the daily byte budget held back, and what it said of each.
+    held_back: BTreeSet<ModelId>,
+    held: Vec<crate::budget::HeldBack>,
+    no_space: Option<NoSpace>,
+}
+
 /// [`refresh_at`], with what it went through. On a device in plan mode
 /// ([`Device::planning`]) it is the dry run: downloads are assumed to succeed.
 pub(crate) fn refresh_run(
@@ -220,25 +254,17 @@ pub(crate) fn refresh_run(
     now_unix: u64,
     caller: Caller,
 ) -> Result<(RefreshReport, RefreshRun)> {
+    let by = RunBy {
+        dl,
+        cancel,
+        progress,
+        now_unix,
+        caller,
+    };
     // Onroad: not one request, not one file touched.
     device.ensure_offroad("refresh")?;
     device.ensure_dirs()?;
-    let generation = device.config.generation;
-    // Cancellable (SIGTERM, the car going onroad), signature checked when keys are trusted.
-    let fetched = match crate::trust_state::fetch_accepted(device, dl, cancel) {
-        Ok(f) => f,
-        Err(e) => {
-            failed_fetch(device, &e)?;
-            return Err(e);
-        }
-    };
-    crate::trust_state::store_accepted(device, &fetched)?;
-    // modeld may have failed to start what this manager installed since the daemon last
-    // looked (or with no daemon running): marked bad now, before anything is fetched again.
-    crate::load_receipt::notice_failed_start(device)?;
-    let refused: Vec<crate::device::RefusedModel> =
-        fetched.refused_entries.iter().map(Into::into).collect();
-    device.store_refused(&refused)?;
+    let (fetched, refused) = fetch_and_store(device, dl, cancel)?;
     // What the decisions take, read once (the catalog just stored among it); the params again
     // only after a purge phase of this run pointed them at the built-in.
     let mut view = DeviceView::read(device);
@@ -257,8 +283,10 @@ pub(crate) fn refresh_run(
         (false, None) => view.slots(),
     };
     let (raw, wanted) = chosen(journal.as_ref(), record.as_ref(), &slots_now, &catalog);
+    // Every wanted catalog model verified (kept) or installed; what cannot be had is replaced.
+    let mut round = install_wanted(device, by, &manifest, &wanted, record.as_ref())?;
     let mut report = RefreshReport {
-        generation,
+        generation: device.config.generation,
         manifest_origin: fetched.origin,
         models: manifest.models().len(),
         migrated_from: journal.as_ref().and_then(|j| j.from.clone()),
@@ -269,87 +297,13 @@ pub(crate) fn refresh_run(
         dropped: Vec::new(),
         needs_chestnut: Vec::new(),
         refused_entries: refused,
-        held_back: Vec::new(),
+        held_back: std::mem::take(&mut round.held),
     };
-
-    // Every wanted catalog model verified (kept) or installed; what cannot be had is replaced.
-    let mut installs = Installs::default();
-    let mut run = RefreshRun {
+    let run = RefreshRun {
         manifest_url: fetched.url,
         journal: journal.clone(),
-        steps: Vec::new(),
+        steps: std::mem::take(&mut round.steps),
     };
-    let chestnut = device.chestnut();
-    // Models whose catalog bytes modeld could not start here: no retry is scheduled for them
-    // (nothing to retry until the catalog lists other bytes, which are fetched at once).
-    let mut failed_to_start = std::collections::BTreeSet::new();
-    let mut held_back = std::collections::BTreeSet::new();
-    // The first install refused for want of space: the refresh ends with it (exit 8), once
-    // everything else is written.
-    let mut no_space: Option<(std::path::PathBuf, u64, u64)> = None;
-    for id in wanted.to_install() {
-        let Some(entry) = manifest.get(&id) else {
-            continue;
-        };
-        let state = device.verify_entry(entry, false)?;
-        let retry = record.as_ref().and_then(|r| r.retry.get(id.as_str()));
-        let step = installs.step(entry, state, retry, chestnut, now_unix, caller);
-        run.steps.push((id.clone(), state, step));
-        match step {
-            InstallStep::Keep | InstallStep::Wait | InstallStep::NeedsChestnut => continue,
-            InstallStep::Fetch => {}
-        }
-        progress(&Progress::DownloadingSelected(id.clone()));
-        match install(device, dl, entry, cancel, progress) {
-            Ok(_) => {
-                installs.ok.insert(id);
-            }
-            // A simulated crash, a cancel, a local I/O failure, or an origin whose files do not
-            // match its manifest yet (a republish in progress): stop here, so the next run tries
-            // again instead of giving up the selection. During a migration the journal stays
-            // and the params already point at the built-in; on the same generation nothing was
-            // written, so the selection is kept as it was.
-            Err(e @ Error::Crashed { .. }) => return Err(e),
-            // The car went onroad: stop before the download, keep everything for offroad.
-            Err(e @ Error::Onroad { .. }) => return Err(e),
-            Err(Error::Download(e))
-                if e.is_not_yet()
-                    || (e.is_local()
-                        && !matches!(e, downloader::Error::InsufficientSpace { .. })) =>
-            {
-                return Err(Error::Download(e));
-            }
-            Err(e @ Error::Io(_)) => return Err(e),
-            // modeld could not start these very bytes: not an attempt, nothing fetched; the
-            // built-in stands in and the choice stays until the catalog lists other bytes.
-            Err(Error::FailedToStart { why, .. }) => {
-                failed_to_start.insert(id.clone());
-                installs.failed.insert(id, Failure::NotTried(why));
-            }
-            // Held back by the daily byte budget: not an attempt, so no failure is counted and
-            // no backoff starts; the daemon logs it once a day.
-            Err(Error::HeldBack(held)) => {
-                held_back.insert(id.clone());
-                installs
-                    .failed
-                    .insert(id, Failure::NotTried(held.to_string()));
-                report.held_back.push(held);
-            }
-            // Anything else (every origin refused it, a full disk): the built-in, or the
-            // verified older copy, stands in, and later refreshes retry it.
-            Err(e) => {
-                if let Error::Download(downloader::Error::InsufficientSpace {
-                    path,
-                    needed,
-                    available,
-                }) = &e
-                {
-                    no_space.get_or_insert((path.clone(), *needed, *available));
-                }
-                installs.failed.insert(id, Failure::Tried(e.to_string()));
-            }
-        }
-    }
     // An `IsOnroad` that cannot be read is not taken as offroad: the selection is held as onroad.
     let onroad = device.is_onroad().unwrap_or(true);
     let Settled {
@@ -359,43 +313,15 @@ pub(crate) fn refresh_run(
     } = settle(
         (&raw, &wanted),
         &catalog,
-        &installs,
+        &round.installs,
         &|id| device.local_present(id),
         record.as_ref(),
         onroad.then_some(&slots_now),
         now_unix,
     );
     next.retry
-        .retain(|id, _| !failed_to_start.iter().any(|f| f.as_str() == id));
-    for (id, f) in &fates {
-        match f {
-            _ if installs.needs_chestnut.contains(id) => {}
-            Fate::Temporary(_) | Fate::OldCopyInUse(_) => report.retrying.push(id.to_string()),
-            Fate::Dropped => report.dropped.push(id.to_string()),
-            Fate::Ok => {}
-        }
-    }
-    report.needs_chestnut = installs
-        .needs_chestnut
-        .iter()
-        .map(|id| id.to_string())
-        .collect();
-    match fates.get(&wanted.selection) {
-        _ if installs.needs_chestnut.contains(&wanted.selection) => {
-            progress(&Progress::ExternalGpuRequired)
-        }
-        Some(Fate::Dropped) => progress(&Progress::SelectedUnavailable),
-        _ if held_back.contains(&wanted.selection) => progress(&Progress::HeldBack),
-        Some(Fate::Temporary(_)) => progress(&Progress::SelectedRetrying),
-        Some(Fate::OldCopyInUse(_)) => progress(&Progress::UpdateRetrying),
-        _ if outcome.fell_back => progress(&Progress::SelectedUnavailable),
-        _ => {}
-    }
-    if let Some((_, needed, available)) = &no_space {
-        progress(&Progress::NoSpace {
-            short: needed.saturating_sub(*available),
-        });
-    }
+        .retain(|id, _| !round.failed_to_start.iter().any(|f| f.as_str() == id));
+    round.report(&mut report, &fates, &outcome, &wanted.selection, progress);
     // The choice first, staged (see `choice::staged`): a crash anywhere in the param writes
     // reads every slot as ours, so neither a fallback nor a switch back loses the choice.
     device.store_choice(&choice::staged(&next, &slots_now))?;
@@ -405,27 +331,197 @@ pub(crate) fn refresh_run(
     report.fell_back_to_builtin = outcome.fell_back;
 
     if let Some(j) = journal {
-        // A layout that keeps generations apart purges the old one's driving artifacts only
-        // now, with the new selection in place (idempotent: a resumed run purges what is left).
-        if !device.files().purge_before_download() {
-            report.purged = purge(device, j.from.as_deref())?;
-        }
-        device
-            .params
-            .put(keys::MODEL_MANIFEST_VERSION, &j.to.to_string())?;
-        device.remove_file(JOURNAL_FILE)?;
+        finish_migration(device, &j, &mut report)?;
     }
     // Blocked on space: everything else is done (the built-in or the older copy stands in), and
     // the refresh says so with the amount needed (exit 8), instead of "nothing to do".
-    if let Some((path, needed, available)) = no_space {
-        return Err(downloader::Error::InsufficientSpace {
-            path,
-            needed,
-            available,
-        }
-        .into());
+    match round.no_space {
+        Some(no_space) => Err(no_space.into()),
+        None => Ok((report, run)),
     }
-    Ok((report, run))
+}
+
+/// A migration's last steps, with the new selection in place: a layout that keeps generations
+/// apart purges the old one's driving artifacts only now (idempotent: a resumed run purges what
+/// is left), then `ModelManifestVersion`, then the journal goes.
+fn finish_migration(device: &Device, j: &Journal, report: &mut RefreshReport) -> Result<()> {
+    if !device.files().purge_before_download() {
+        report.purged = purge(device, j.from.as_deref())?;
+    }
+    device
+        .params
+        .put(keys::MODEL_MANIFEST_VERSION, &j.to.to_string())?;
+    device.remove_file(JOURNAL_FILE)
+}
+
+impl From<NoSpace> for Error {
+    fn from(n: NoSpace) -> Error {
+        downloader::Error::InsufficientSpace {
+            path: n.path,
+            needed: n.needed,
+            available: n.available,
+        }
+        .into()
+    }
+}
+
+/// Fetch the manifest (cancellable: SIGTERM, the car going onroad; signature checked when keys
+/// are trusted), store it with the entries it refused, and mark bad what modeld failed to start
+/// since the last look. A failed fetch goes through [`failed_fetch`].
+fn fetch_and_store(
+    device: &Device,
+    dl: &Downloader,
+    cancel: &CancelToken,
+) -> Result<(
+    downloader::FetchedManifest,
+    Vec<crate::device::RefusedModel>,
+)> {
+    let fetched = match crate::trust_state::fetch_accepted(device, dl, cancel) {
+        Ok(f) => f,
+        Err(e) => {
+            failed_fetch(device, &e)?;
+            return Err(e);
+        }
+    };
+    crate::trust_state::store_accepted(device, &fetched)?;
+    // modeld may have failed to start what this manager installed since the daemon last
+    // looked (or with no daemon running): marked bad now, before anything is fetched again.
+    crate::load_receipt::notice_failed_start(device)?;
+    let refused: Vec<crate::device::RefusedModel> =
+        fetched.refused_entries.iter().map(Into::into).collect();
+    device.store_refused(&refused)?;
+    Ok((fetched, refused))
+}
+
+/// Each wanted catalog model kept (verified), left to wait, or installed now; an install
+/// failure that must stop the refresh stops it here.
+fn install_wanted(
+    device: &Device,
+    by: RunBy<'_>,
+    manifest: &manifest::Manifest,
+    wanted: &contract::Wanted,
+    record: Option<&choice::Choice>,
+) -> Result<InstallRound> {
+    let mut round = InstallRound::default();
+    let chestnut = device.chestnut();
+    for id in wanted.to_install() {
+        let Some(entry) = manifest.get(&id) else {
+            continue;
+        };
+        let state = device.verify_entry(entry, false)?;
+        let retry = record.and_then(|r| r.retry.get(id.as_str()));
+        let step = (round.installs).step(entry, state, retry, chestnut, by.now_unix, by.caller);
+        round.steps.push((id.clone(), state, step));
+        match step {
+            InstallStep::Keep | InstallStep::Wait | InstallStep::NeedsChestnut => continue,
+            InstallStep::Fetch => {}
+        }
+        (by.progress)(&Progress::DownloadingSelected(id.clone()));
+        match install(device, by.dl, entry, by.cancel, by.progress) {
+            Ok(_) => {
+                round.installs.ok.insert(id);
+            }
+            Err(e) => round.failed(id, e)?,
+        }
+    }
+    Ok(round)
+}
+
+impl InstallRound {
+    /// Record why `id` was not installed, or stop the refresh with `e`.
+    fn failed(&mut self, id: ModelId, e: Error) -> Result<()> {
+        match e {
+            // A simulated crash, a cancel, a local I/O failure, or an origin whose files do not
+            // match its manifest yet (a republish in progress): stop here, so the next run tries
+            // again instead of giving up the selection. During a migration the journal stays
+            // and the params already point at the built-in; on the same generation nothing was
+            // written, so the selection is kept as it was.
+            e @ Error::Crashed { .. } => return Err(e),
+            // The car went onroad: stop before the download, keep everything for offroad.
+            e @ Error::Onroad { .. } => return Err(e),
+            Error::Download(e)
+                if e.is_not_yet()
+                    || (e.is_local()
+                        && !matches!(e, downloader::Error::InsufficientSpace { .. })) =>
+            {
+                return Err(Error::Download(e));
+            }
+            e @ Error::Io(_) => return Err(e),
+            // modeld could not start these very bytes: not an attempt, nothing fetched; the
+            // built-in stands in and the choice stays until the catalog lists other bytes.
+            Error::FailedToStart { why, .. } => {
+                self.failed_to_start.insert(id.clone());
+                self.installs.failed.insert(id, Failure::NotTried(why));
+            }
+            // Held back by the daily byte budget: not an attempt, so no failure is counted and
+            // no backoff starts; the daemon logs it once a day.
+            Error::HeldBack(held) => {
+                self.held_back.insert(id.clone());
+                let why = Failure::NotTried(held.to_string());
+                self.installs.failed.insert(id, why);
+                self.held.push(held);
+            }
+            // Anything else (every origin refused it, a full disk): the built-in, or the
+            // verified older copy, stands in, and later refreshes retry it.
+            e => {
+                if let Error::Download(downloader::Error::InsufficientSpace {
+                    path,
+                    needed,
+                    available,
+                }) = &e
+                {
+                    self.no_space.get_or_insert(NoSpace {
+                        path: path.clone(),
+                        needed: *needed,
+                        available: *available,
+                    });
+                }
+                self.installs
+                    .failed
+                    .insert(id, Failure::Tried(e.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The models retrying, dropped and waiting for a Chestnut, in the report; what became of
+    /// the selection, and a want of space, in the progress.
+    fn report(
+        &self,
+        report: &mut RefreshReport,
+        fates: &std::collections::BTreeMap<ModelId, Fate>,
+        outcome: &Outcome,
+        selection: &ModelId,
+        progress: ProgressFn,
+    ) {
+        let needs_chestnut = &self.installs.needs_chestnut;
+        for (id, f) in fates {
+            match f {
+                _ if needs_chestnut.contains(id) => {}
+                Fate::Temporary(_) | Fate::OldCopyInUse(_) => report.retrying.push(id.to_string()),
+                Fate::Dropped => report.dropped.push(id.to_string()),
+                Fate::Ok => {}
+            }
+        }
+        report.needs_chestnut = needs_chestnut.iter().map(|id| id.to_string()).collect();
+        match fates.get(selection) {
+            _ if needs_chestnut.contains(selection) => progress(&Progress::ExternalGpuRequired),
+            Some(Fate::Dropped) => progress(&Progress::SelectedUnavailable),
+            _ if self.held_back.contains(selection) => progress(&Progress::HeldBack),
+            Some(Fate::Temporary(_)) => progress(&Progress::SelectedRetrying),
+            Some(Fate::OldCopyInUse(_)) => progress(&Progress::UpdateRetrying),
+            _ if outcome.fell_back => progress(&Progress::SelectedUnavailable),
+            _ => {}
+        }
+        if let Some(NoSpace {
+            needed, available, ..
+        }) = &self.no_space
+        {
+            progress(&Progress::NoSpace {
+                short: needed.saturating_sub(*available),
+            });
+        }
+    }
 }
 
 /// Write what modeld and the UIs read: selection and profile params, catalog params, caches

@@ -257,50 +257,25 @@ impl StatusDocument {
         if let Some(run) = &r.running {
             lines.extend(run.lines());
         }
-        lines.extend([match (r.catalog_models, &r.catalog_problem) {
-            (Some(n), _) => format!("catalog: {n} models"),
-            (None, Some(p)) => format!("catalog: NOT USED: {p}"),
-            (None, None) => "catalog: none yet".to_string(),
-        }]);
-        for b in &r.bad_artifacts {
-            lines.push(format!("  bad artifact: {}", b.text));
-        }
-        for n in &r.not_installable {
-            lines.push(format!("  {} ({}): {}", n.id, n.file, n.reason));
-        }
-        for m in &r.installed {
-            lines.push(format!("  {} {}", m.id, state_text(m.state)));
-        }
-        for w in &r.waiting_for_chestnut {
-            let slot = match w.slot {
-                "big_profile" => "big profile",
-                other => other,
-            };
-            lines.push(format!("  {} ({slot}): {}", w.id, w.reason));
-        }
+        lines.extend(catalog_lines(r));
         lines.push(format!(
             "free space: {}",
             r.free_bytes
                 .map_or("unknown".into(), cli_support::progress::bytes)
         ));
-        if let Some(fb) = &r.fallback {
-            for p in &fb.pending {
-                let case = match p.case {
-                    PendingCase::Temporary => "waiting for",
-                    PendingCase::Update => "update pending for",
-                };
-                lines.push(format!(
-                    "{case} {}: {} failed attempt(s), next retry at unix {} ({})",
-                    p.id, p.failures, p.next_retry, p.reason
-                ));
-            }
-            if !fb.dropped.is_empty() {
-                lines.push(format!(
-                    "dropped for good (not in the catalog): {}",
-                    fb.dropped.join(", ")
-                ));
-            }
-        }
+        lines.extend(fallback_lines(r));
+        lines.extend(self.under_way_lines());
+        lines.extend(fetched_today_lines(r));
+        lines.extend(r.unreadable.iter().map(|p| format!("unreadable: {p}")));
+        lines.extend(self.trust.lines());
+        lines
+    }
+
+    /// An interrupted migration, the manager holding the lock and its request, and the
+    /// staged downloads (under way while it holds the lock, interrupted otherwise).
+    fn under_way_lines(&self) -> Vec<String> {
+        let r = &self.report;
+        let mut lines = Vec::new();
         if let Some(j) = &r.interrupted_migration {
             lines.push(format!(
                 "interrupted migration: {} -> {} at the {} phase",
@@ -327,54 +302,104 @@ impl StatusDocument {
             }
         }
         for d in &r.interrupted_downloads {
-            if self.another_manager.is_some() {
-                lines.push(format!(
-                    "downloading now: {} ({}), {} of {} staged",
-                    d.id.as_deref().unwrap_or("not in the catalog"),
-                    d.file,
-                    cli_support::progress::bytes(d.done_bytes),
-                    cli_support::progress::bytes(d.size),
-                ));
-                continue;
-            }
-            lines.push(format!(
-                "interrupted download: {} ({}), {} of {} staged{}",
+            let staged = format!(
+                "{} ({}), {} of {} staged",
                 d.id.as_deref().unwrap_or("not in the catalog"),
                 d.file,
                 cli_support::progress::bytes(d.done_bytes),
                 cli_support::progress::bytes(d.size),
-                if d.current {
-                    "; the next download of it resumes there"
-                } else {
-                    "; not the catalog's bytes now, a download starts over"
+            );
+            lines.push(match (&self.another_manager, d.current) {
+                (Some(_), _) => format!("downloading now: {staged}"),
+                (None, true) => {
+                    format!("interrupted download: {staged}; the next download of it resumes there")
                 }
-            ));
+                (None, false) => format!(
+                    "interrupted download: {staged}; not the catalog's bytes now, a download \
+                     starts over"
+                ),
+            });
         }
-        let today = &r.fetched_today;
-        if let Some(why) = &today.unknown {
-            lines.push(format!(
-                "fetched today: unknown ({why}); counted afresh from the next download"
-            ));
-        }
-        for a in &today.artifacts {
-            lines.push(format!(
-                "fetched today: {} {} of its daily {}{}",
-                a.artifact,
-                cli_support::progress::bytes(a.bytes),
-                cli_support::progress::bytes(a.budget),
-                if a.held_back {
-                    "; the automatic refresh fetches it again tomorrow (UTC), a request from \
-                     the UI now"
-                } else {
-                    ""
-                }
-            ));
-        }
-        lines.extend(r.unreadable.iter().map(|p| format!("unreadable: {p}")));
-        lines.extend(self.trust.lines());
         lines
     }
+}
 
+/// The catalog's state, and its models: bad artifacts, entries this device cannot install,
+/// installed ones, and those waiting for a Chestnut.
+fn catalog_lines(r: &StatusReport) -> Vec<String> {
+    let mut lines = vec![match (r.catalog_models, &r.catalog_problem) {
+        (Some(n), _) => format!("catalog: {n} models"),
+        (None, Some(p)) => format!("catalog: NOT USED: {p}"),
+        (None, None) => "catalog: none yet".to_string(),
+    }];
+    for b in &r.bad_artifacts {
+        lines.push(format!("  bad artifact: {}", b.text));
+    }
+    for n in &r.not_installable {
+        lines.push(format!("  {} ({}): {}", n.id, n.file, n.reason));
+    }
+    for m in &r.installed {
+        lines.push(format!("  {} {}", m.id, state_text(m.state)));
+    }
+    for w in &r.waiting_for_chestnut {
+        let slot = match w.slot {
+            "big_profile" => "big profile",
+            other => other,
+        };
+        lines.push(format!("  {} ({slot}): {}", w.id, w.reason));
+    }
+    lines
+}
+
+/// The models retried with a backoff, and those dropped for good.
+fn fallback_lines(r: &StatusReport) -> Vec<String> {
+    let Some(fb) = &r.fallback else {
+        return Vec::new();
+    };
+    let mut lines = Vec::new();
+    for p in &fb.pending {
+        let case = match p.case {
+            PendingCase::Temporary => "waiting for",
+            PendingCase::Update => "update pending for",
+        };
+        lines.push(format!(
+            "{case} {}: {} failed attempt(s), next retry at unix {} ({})",
+            p.id, p.failures, p.next_retry, p.reason
+        ));
+    }
+    if !fb.dropped.is_empty() {
+        lines.push(format!(
+            "dropped for good (not in the catalog): {}",
+            fb.dropped.join(", ")
+        ));
+    }
+    lines
+}
+
+/// What each artifact fetched today of its daily budget (or why that is unknown).
+fn fetched_today_lines(r: &StatusReport) -> Vec<String> {
+    let today = &r.fetched_today;
+    let unknown = today.unknown.iter().map(|why| {
+        format!("fetched today: unknown ({why}); counted afresh from the next download")
+    });
+    let artifacts = today.artifacts.iter().map(|a| {
+        format!(
+            "fetched today: {} {} of its daily {}{}",
+            a.artifact,
+            cli_support::progress::bytes(a.bytes),
+            cli_support::progress::bytes(a.budget),
+            if a.held_back {
+                "; the automatic refresh fetches it again tomorrow (UTC), a request from the UI \
+                 now"
+            } else {
+                ""
+            }
+        )
+    });
+    unknown.chain(artifacts).collect()
+}
+
+impl StatusDocument {
     /// The `next:` hint `status` adds on stderr, if any.
     pub fn next(&self) -> Option<String> {
         let hint = self.next_alone()?;

@@ -395,51 +395,12 @@ pub fn status(device: &Device) -> Result<StatusReport> {
         true => layout_catalog.as_ref(),
         false => view.catalog(),
     };
-    let mut installed = Vec::new();
-    if let Some(c) = catalog {
-        for e in c.models() {
-            if contract::kind(e.id()) == ModelKind::BuiltIn {
-                continue;
-            }
-            let state = device.verify_entry(e, false)?;
-            if state != VerifyState::Missing {
-                installed.push(InstalledModel {
-                    id: e.id().to_string(),
-                    state,
-                    digest_source: digest_source(device, e),
-                });
-            }
-        }
-    }
+    let installed = match catalog {
+        Some(c) => installed_models(device, c)?,
+        None => Vec::new(),
+    };
     let waiting = match catalog {
-        Some(c) => {
-            // The user's choice: `.choice.json`'s while a slot stands in as the built-in, else
-            // the params.
-            let profiles = view.profiles();
-            let chosen_rec = view.choice().map(|r| r.wanted.clone());
-            let pick = |rec: Option<&Option<String>>, param: Option<String>| {
-                rec.cloned().flatten().or(param)
-            };
-            let sel = pick(
-                chosen_rec.as_ref().map(|w| &w.selection),
-                Some(selected.clone()),
-            );
-            let big = pick(chosen_rec.as_ref().map(|w| &w.big), profiles.big);
-            let chestnut = device.chestnut();
-            waiting_for_chestnut(
-                &[
-                    ("selection", sel.as_deref()),
-                    ("big_profile", big.as_deref()),
-                ],
-                c,
-                chestnut,
-                &|e| {
-                    device
-                        .verify_entry(e, false)
-                        .is_ok_and(|s| s == VerifyState::Verified)
-                },
-            )
-        }
+        Some(c) => chosen_waiting_for_chestnut(device, &view, &selected, c),
         None => Vec::new(),
     };
     // As `resolve` answers: the built-in when the answer cannot be had.
@@ -475,6 +436,57 @@ pub fn status(device: &Device) -> Result<StatusReport> {
             crate::budget::report(&read, today, device.budget.unwrap_or_default())
         },
     })
+}
+
+/// The catalog's models (but the built-in) that are on the device, each with its state.
+fn installed_models(device: &Device, catalog: &manifest::Manifest) -> Result<Vec<InstalledModel>> {
+    let mut installed = Vec::new();
+    for e in catalog.models() {
+        if contract::kind(e.id()) == ModelKind::BuiltIn {
+            continue;
+        }
+        let state = device.verify_entry(e, false)?;
+        if state != VerifyState::Missing {
+            installed.push(InstalledModel {
+                id: e.id().to_string(),
+                state,
+                digest_source: digest_source(device, e),
+            });
+        }
+    }
+    Ok(installed)
+}
+
+/// [`waiting_for_chestnut`] for the user's choice: `.choice.json`'s while a slot stands in as
+/// the built-in, else the params (`selected` for the selection).
+fn chosen_waiting_for_chestnut(
+    device: &Device,
+    view: &DeviceView,
+    selected: &str,
+    catalog: &manifest::Manifest,
+) -> Vec<WaitingForChestnut> {
+    let profiles = view.profiles();
+    let chosen_rec = view.choice().map(|r| r.wanted.clone());
+    let pick =
+        |rec: Option<&Option<String>>, param: Option<String>| rec.cloned().flatten().or(param);
+    let sel = pick(
+        chosen_rec.as_ref().map(|w| &w.selection),
+        Some(selected.to_string()),
+    );
+    let big = pick(chosen_rec.as_ref().map(|w| &w.big), profiles.big);
+    waiting_for_chestnut(
+        &[
+            ("selection", sel.as_deref()),
+            ("big_profile", big.as_deref()),
+        ],
+        catalog,
+        device.chestnut(),
+        &|e| {
+            device
+                .verify_entry(e, false)
+                .is_ok_and(|s| s == VerifyState::Verified)
+        },
+    )
 }
 
 /// Re-hash installed catalog models (or the one named) against the catalog. `on_hash` is

@@ -53,6 +53,8 @@ struct Run<'a> {
     queue: Mutex<VecDeque<Block>>,
     open_segments: Mutex<Vec<usize>>,
     done_bytes: AtomicU64,
+    /// Bytes already on disk when the run started (resumed, not fetched now).
+    resumed: u64,
     abort: Arc<AtomicBool>,
     error: Mutex<Option<Error>>,
     /// Pieces already fetched once more from their first byte after failing their digest.
@@ -266,160 +268,33 @@ fn transfer(
     resolved: Resolved,
     measured: &mut Measured,
 ) -> Result<Installed> {
-    let Job {
-        http,
-        config,
-        target,
-        models_dir,
-        cancel,
-        on_event,
-        ..
-    } = *job;
     let Resolved {
         plan,
         pieces,
         urls,
-        mut ctl,
+        ctl,
     } = resolved;
-
+    let target = job.target;
     let staging = Staging::open(
-        models_dir,
+        job.models_dir,
         &target.local_name,
         &plan,
         &pieces,
-        config.space_margin,
+        job.config.space_margin,
     )?;
-    let (done, partial) = staging.recorded();
-    let workers = config.connections.max(1);
-    let segments = plan_segments(&pieces, &done, &partial, config.ranges_per_chunk);
-    let present = present_ranges(&pieces, &segments, plan.size);
-    let blocks = plan_blocks(segments, workers);
-    let mut open_segments = vec![0usize; pieces.len()];
-    for s in blocks.iter().flatten() {
-        open_segments[s.piece] += 1;
-    }
-    let already = bytes_on_disk(&pieces, &done, &partial);
-    let abort = Arc::new(AtomicBool::new(false));
-    ctl.abort = Some(abort.clone());
-    let run = Run {
-        http,
-        ctl,
-        config,
-        target,
-        plan: &plan,
-        urls,
-        staging: &staging,
-        cancel,
-        on_event,
-        queue: Mutex::new(blocks.into_iter().collect()),
-        open_segments: Mutex::new(open_segments),
-        done_bytes: AtomicU64::new(already),
-        abort,
-        error: Mutex::new(None),
-        refetched: Mutex::new(BTreeSet::new()),
-        written: Mutex::new(present),
-        wrote: Condvar::new(),
-        rewritten: AtomicBool::new(false),
-        workers_done: AtomicBool::new(false),
-        received: job.received,
-        pieces,
-    };
-    on_event(Event::Progress {
-        done: already,
-        total: plan.size,
-    });
-    let started = Instant::now();
-    let moved = || Measured {
-        bytes: run
-            .done_bytes
-            .load(Ordering::SeqCst)
-            .saturating_sub(already),
-        elapsed: started.elapsed(),
-    };
-    let followed = thread::scope(|s| {
-        let (records, recorded) = mpsc::channel::<Record>();
-        let recorder = s.spawn(|| run.record(recorded));
-        let follower = s.spawn(|| Follower::new(&run).follow());
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                let records = records.clone();
-                s.spawn(|| run.worker(records))
-            })
-            .collect();
-        drop(records);
-        // Watch the transfer's rate: the policy may move it to the other origin.
-        let mut last_check = Instant::now();
-        while !handles.iter().all(|h| h.is_finished()) {
-            thread::sleep(Duration::from_millis(10));
-            if run.stopped() || last_check.elapsed() < Duration::from_millis(250) {
-                continue;
+    let run = Run::new(job, &plan, &staging, pieces, urls, ctl);
+    let followed = run.drive(job.leave, measured);
+    let actual = match run.verified(followed, origin) {
+        Ok(actual) => actual,
+        Err(Unverified { error, discard }) => {
+            if discard {
+                staging.discard();
             }
-            last_check = Instant::now();
-            let m = moved();
-            let remaining = plan
-                .size
-                .saturating_sub(run.done_bytes.load(Ordering::SeqCst));
-            if (job.leave)(m, remaining) {
-                run.fail(Error::LeftForFaster {
-                    url: run.urls[0].clone(),
-                    rate: m.rate().unwrap_or(0),
-                });
-            }
+            return Err(error);
         }
-        for h in handles {
-            let _ = h.join();
-        }
-        *measured = moved();
-        {
-            let _guard = run.written.lock().unwrap();
-            run.workers_done.store(true, Ordering::SeqCst);
-            run.wrote.notify_all();
-        }
-        if !run.stopped() {
-            on_event(Event::Verifying);
-        }
-        let _ = recorder.join();
-        follower.join().ok().flatten()
-    });
-    if let Some(e) = run.error.lock().unwrap().take() {
-        // Without per-chunk digests a digest failure cannot say which bytes are bad: drop them
-        // all. With them, only the failing chunk was forgotten (in `finish_piece`); every
-        // verified chunk is kept. Anything else keeps what is on disk for a resume.
-        if matches!(e, Error::DigestMismatch { .. }) && plan.chunk_sha256.is_none() {
-            staging.discard();
-        }
-        return Err(e);
-    }
-    if cancel.is_cancelled() {
-        return Err(Error::Cancelled {
-            model: target.id.to_string(),
-        });
-    }
-
-    // The digest followed the bytes as they arrived; only when some byte was written twice is
-    // the staging file hashed whole again.
-    let actual = match followed {
-        Some(d) if !run.rewritten.load(Ordering::SeqCst) => d,
-        _ => hash_file(&staging.file, plan.size, &run.ctl)?,
     };
-    if actual != plan.sha256 {
-        staging.discard();
-        return Err(Error::DigestMismatch {
-            what: format!(
-                "{} from {origin} (digest from the {})",
-                target.local_name, plan.digest_source
-            ),
-            expected: plan.sha256,
-            actual,
-        });
-    }
-    if cancel.is_cancelled() {
-        return Err(Error::Cancelled {
-            model: target.id.to_string(),
-        });
-    }
-    let path = install(&staging, models_dir, &target.local_name, &plan)?;
-    on_event(Event::Installed { path: path.clone() });
+    let path = install(&staging, job.models_dir, &target.local_name, &plan)?;
+    (job.on_event)(Event::Installed { path: path.clone() });
     Ok(Installed {
         path,
         size: plan.size,
@@ -427,6 +302,181 @@ fn transfer(
         digest_source: plan.digest_source,
         origin: origin.to_string(),
     })
+}
+
+/// Why a transfer ended without an artifact to install, and whether its staged bytes go (kept
+/// otherwise, for a resume).
+struct Unverified {
+    error: Error,
+    discard: bool,
+}
+
+impl<'a> Run<'a> {
+    /// The run over what staging already holds: the segments still missing, spread over the
+    /// connections as blocks, and the bytes the follower may hash at once.
+    fn new(
+        job: &Job<'a>,
+        plan: &'a Plan,
+        staging: &'a Staging,
+        pieces: Vec<Piece>,
+        urls: Vec<String>,
+        mut ctl: Ctl,
+    ) -> Run<'a> {
+        let config = job.config;
+        let (done, partial) = staging.recorded();
+        let segments = plan_segments(&pieces, &done, &partial, config.ranges_per_chunk);
+        let present = present_ranges(&pieces, &segments, plan.size);
+        let blocks = plan_blocks(segments, config.connections.max(1));
+        let mut open_segments = vec![0usize; pieces.len()];
+        for s in blocks.iter().flatten() {
+            open_segments[s.piece] += 1;
+        }
+        let resumed = bytes_on_disk(&pieces, &done, &partial);
+        let abort = Arc::new(AtomicBool::new(false));
+        ctl.abort = Some(abort.clone());
+        Run {
+            http: job.http,
+            ctl,
+            config,
+            target: job.target,
+            plan,
+            urls,
+            staging,
+            cancel: job.cancel,
+            on_event: job.on_event,
+            queue: Mutex::new(blocks.into_iter().collect()),
+            open_segments: Mutex::new(open_segments),
+            done_bytes: AtomicU64::new(resumed),
+            resumed,
+            abort,
+            error: Mutex::new(None),
+            refetched: Mutex::new(BTreeSet::new()),
+            written: Mutex::new(present),
+            wrote: Condvar::new(),
+            rewritten: AtomicBool::new(false),
+            workers_done: AtomicBool::new(false),
+            received: job.received,
+            pieces,
+        }
+    }
+
+    /// Run the workers, the recorder and the follower to their end, asking `leave` four times a
+    /// second whether to move to the other origin; `measured` gets what moved. Returns the
+    /// digest the follower computed, when it followed every byte.
+    fn drive(
+        &self,
+        leave: &(dyn Fn(Measured, u64) -> bool + Sync),
+        measured: &mut Measured,
+    ) -> Option<Sha256Digest> {
+        (self.on_event)(Event::Progress {
+            done: self.resumed,
+            total: self.plan.size,
+        });
+        let started = Instant::now();
+        let moved = || Measured {
+            bytes: self
+                .done_bytes
+                .load(Ordering::SeqCst)
+                .saturating_sub(self.resumed),
+            elapsed: started.elapsed(),
+        };
+        thread::scope(|s| {
+            let (records, recorded) = mpsc::channel::<Record>();
+            let recorder = s.spawn(|| self.record(recorded));
+            let follower = s.spawn(|| Follower::new(self).follow());
+            let handles: Vec<_> = (0..self.config.connections.max(1))
+                .map(|_| {
+                    let records = records.clone();
+                    s.spawn(|| self.worker(records))
+                })
+                .collect();
+            drop(records);
+            // Watch the transfer's rate: the policy may move it to the other origin.
+            let mut last_check = Instant::now();
+            while !handles.iter().all(|h| h.is_finished()) {
+                thread::sleep(Duration::from_millis(10));
+                if self.stopped() || last_check.elapsed() < Duration::from_millis(250) {
+                    continue;
+                }
+                last_check = Instant::now();
+                let m = moved();
+                let remaining =
+                    (self.plan.size).saturating_sub(self.done_bytes.load(Ordering::SeqCst));
+                if leave(m, remaining) {
+                    self.fail(Error::LeftForFaster {
+                        url: self.urls[0].clone(),
+                        rate: m.rate().unwrap_or(0),
+                    });
+                }
+            }
+            for h in handles {
+                let _ = h.join();
+            }
+            *measured = moved();
+            {
+                let _guard = self.written.lock().unwrap();
+                self.workers_done.store(true, Ordering::SeqCst);
+                self.wrote.notify_all();
+            }
+            if !self.stopped() {
+                (self.on_event)(Event::Verifying);
+            }
+            let _ = recorder.join();
+            follower.join().ok().flatten()
+        })
+    }
+
+    /// After the transfer: its first error, a cancel, or the artifact's digest (the one
+    /// `followed`, or the staging file hashed again when some byte was written twice), which
+    /// must be the plan's; then, once more, a cancel.
+    fn verified(
+        &self,
+        followed: Option<Sha256Digest>,
+        origin: &Origin,
+    ) -> std::result::Result<Sha256Digest, Unverified> {
+        let plan = self.plan;
+        let keep = |error| Unverified {
+            error,
+            discard: false,
+        };
+        if let Some(error) = self.error.lock().unwrap().take() {
+            // Without per-chunk digests a digest failure cannot say which bytes are bad: drop
+            // them all. With them, only the failing chunk was forgotten (in `finish_piece`);
+            // every verified chunk is kept. Anything else keeps what is on disk for a resume.
+            let discard =
+                matches!(error, Error::DigestMismatch { .. }) && plan.chunk_sha256.is_none();
+            return Err(Unverified { error, discard });
+        }
+        self.check_cancel().map_err(keep)?;
+        let actual = match followed {
+            Some(d) if !self.rewritten.load(Ordering::SeqCst) => d,
+            _ => hash_file(&self.staging.file, plan.size, &self.ctl).map_err(keep)?,
+        };
+        if actual != plan.sha256 {
+            return Err(Unverified {
+                error: Error::DigestMismatch {
+                    what: format!(
+                        "{} from {origin} (digest from the {})",
+                        self.target.local_name, plan.digest_source
+                    ),
+                    expected: plan.sha256,
+                    actual,
+                },
+                discard: true,
+            });
+        }
+        self.check_cancel().map_err(keep)?;
+        Ok(actual)
+    }
+
+    fn check_cancel(&self) -> Result<()> {
+        if self.cancel.is_cancelled() {
+            return Err(Error::Cancelled {
+                model: self.target.id.to_string(),
+            });
+        }
+        Ok(())
+    }
 }
 
 impl Run<'_> {
@@ -595,6 +645,71 @@ impl Run<'_> {
         following: &mut dyn FnMut() -> Option<Segment>,
     ) -> Result<()> {
         let piece = &self.pieces[seg.piece];
+        let Answer {
+            mut body,
+            answered,
+            latency,
+        } = self.answer(seg, written, etag, ahead)?;
+        let mut sent_next = false;
+        let seg_len = seg.end - seg.start;
+        let mut buf = vec![0u8; 256 * 1024];
+        // Where this attempt's bytes not yet handed to the disk begin.
+        let mut unflushed = piece.offset + seg.start + *written;
+        while *written < seg_len {
+            if self.stopped() {
+                return Err(Error::Cancelled {
+                    model: self.target.id.to_string(),
+                });
+            }
+            // Never ask for more than the segment still needs: extra bytes a server sends are
+            // never read, let alone written.
+            let want = (seg_len - *written).min(buf.len() as u64) as usize;
+            let n = body.read(&mut buf[..want])?;
+            self.received.fetch_add(n as u64, Ordering::SeqCst);
+            if n == 0 {
+                return Err(Error::Transport {
+                    url: self.urls[seg.piece].clone(),
+                    message: format!("body ended after {} of {} bytes", *written, seg_len),
+                });
+            }
+            let at = piece.offset + seg.start + *written;
+            debug_assert!(at + n as u64 <= self.plan.size);
+            self.staging.file.write_all_at(&buf[..n], at)?;
+            let before = *written;
+            *written += n as u64;
+            let end = at + n as u64;
+            if end - unflushed >= WRITEBACK_STEP || *written == seg_len {
+                start_writeback(&self.staging.file, unflushed, end);
+                unflushed = end;
+            }
+            self.wrote(at, n as u64, *written == seg_len);
+            if before / RANGE_RECORD_STEP != *written / RANGE_RECORD_STEP {
+                let _ = records.send(Record::Range(piece.index, seg.start, seg.start + *written));
+            }
+            if !sent_next
+                && let Some(lead) = lead_bytes(*written, answered.elapsed(), latency)
+                && seg_len - *written <= lead
+            {
+                sent_next = true;
+                *ahead = self.send_ahead(following);
+            }
+            self.progress(n as u64);
+        }
+        body.finish();
+        Ok(())
+    }
+
+    /// The answer to the request for the rest of `seg` (taken up from the one sent ahead when
+    /// it is that range), checked: the range asked for, or the whole piece (then `written`
+    /// starts over, skipping what lies before the segment).
+    fn answer(
+        &self,
+        seg: &Segment,
+        written: &mut u64,
+        etag: &mut Option<String>,
+        ahead: &mut Option<Ahead>,
+    ) -> Result<Answer> {
+        let piece = &self.pieces[seg.piece];
         let url = &self.urls[seg.piece];
         let start = seg.start + *written;
         let last = seg.end - 1;
@@ -623,7 +738,6 @@ impl Run<'_> {
         // one ends.
         let answered = Instant::now();
         let latency = answered.duration_since(sent);
-        let mut sent_next = false;
         match body.meta.status {
             206 => {
                 let verdict = range_verdict((start, last), body.meta.content_range, piece.len);
@@ -668,75 +782,52 @@ impl Run<'_> {
         if body.meta.etag.is_some() {
             *etag = body.meta.etag.clone();
         }
-        let seg_len = seg.end - seg.start;
-        let mut buf = vec![0u8; 256 * 1024];
-        // Where this attempt's bytes not yet handed to the disk begin.
-        let mut unflushed = piece.offset + seg.start + *written;
-        while *written < seg_len {
-            if self.stopped() {
-                return Err(Error::Cancelled {
-                    model: self.target.id.to_string(),
-                });
-            }
-            // Never ask for more than the segment still needs: extra bytes a server sends are
-            // never read, let alone written.
-            let want = (seg_len - *written).min(buf.len() as u64) as usize;
-            let n = body.read(&mut buf[..want])?;
-            self.received.fetch_add(n as u64, Ordering::SeqCst);
-            if n == 0 {
-                return Err(Error::Transport {
-                    url: url.clone(),
-                    message: format!("body ended after {} of {} bytes", *written, seg_len),
-                });
-            }
-            let at = piece.offset + seg.start + *written;
-            debug_assert!(at + n as u64 <= self.plan.size);
-            self.staging.file.write_all_at(&buf[..n], at)?;
-            let before = *written;
-            *written += n as u64;
-            let end = at + n as u64;
-            if end - unflushed >= WRITEBACK_STEP || *written == seg_len {
-                start_writeback(&self.staging.file, unflushed, end);
-                unflushed = end;
-            }
-            self.wrote(at, n as u64, *written == seg_len);
-            if before / RANGE_RECORD_STEP != *written / RANGE_RECORD_STEP {
-                let _ = records.send(Record::Range(piece.index, seg.start, seg.start + *written));
-            }
-            // Progress in steps of at most PROGRESS_STEP, however large the write: a small
-            // model still reports many percentages.
-            if !sent_next
-                && let Some(lead) = lead_bytes(*written, answered.elapsed(), latency)
-                && seg_len - *written <= lead
-            {
-                sent_next = true;
-                *ahead = following().filter(|n| n.start < n.end).and_then(|n| {
-                    let pending = self
-                        .http
-                        .get_later(&self.urls[n.piece], (n.start, n.end - 1), &self.ctl)
-                        .ok()?;
-                    Some(Ahead {
-                        piece: n.piece,
-                        start: n.start,
-                        end: n.end,
-                        pending,
-                    })
-                });
-            }
-            let mut left = n as u64;
-            while left > 0 {
-                let step = left.min(PROGRESS_STEP);
-                left -= step;
-                let done = self.done_bytes.fetch_add(step, Ordering::SeqCst) + step;
-                (self.on_event)(Event::Progress {
-                    done,
-                    total: self.plan.size,
-                });
-            }
-        }
-        body.finish();
-        Ok(())
+        Ok(Answer {
+            body,
+            answered,
+            latency,
+        })
     }
+
+    /// This connection's next range (`following`), sent now so that its answer's latency
+    /// passes while the current one's last bytes arrive; `None` when there is none or it could
+    /// not be sent (it is asked for again in its turn).
+    fn send_ahead(&self, following: &mut dyn FnMut() -> Option<Segment>) -> Option<Ahead> {
+        let n = following().filter(|n| n.start < n.end)?;
+        let pending = self
+            .http
+            .get_later(&self.urls[n.piece], (n.start, n.end - 1), &self.ctl)
+            .ok()?;
+        Some(Ahead {
+            piece: n.piece,
+            start: n.start,
+            end: n.end,
+            pending,
+        })
+    }
+
+    /// `n` more bytes done, reported in steps of at most [`PROGRESS_STEP`] however large the
+    /// write: a small model still reports many percentages.
+    fn progress(&self, n: u64) {
+        let mut left = n;
+        while left > 0 {
+            let step = left.min(PROGRESS_STEP);
+            left -= step;
+            let done = self.done_bytes.fetch_add(step, Ordering::SeqCst) + step;
+            (self.on_event)(Event::Progress {
+                done,
+                total: self.plan.size,
+            });
+        }
+    }
+}
+
+/// A range request's answer, checked, and when it came: the next range is sent ahead
+/// `latency` before this one ends.
+struct Answer {
+    body: crate::http::Body,
+    answered: Instant,
+    latency: Duration,
 }
 
 /// A connection's next range, sent before its current answer ended ([`Http::get_later`]) so

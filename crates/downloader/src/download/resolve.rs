@@ -100,6 +100,26 @@ fn head_len(
     })
 }
 
+/// Where the resolve's requests go: one origin's URLs, asked with retries under its control.
+#[derive(Clone, Copy)]
+struct Ask<'a> {
+    http: &'a Http,
+    config: &'a DownloadConfig,
+    ctl: &'a Ctl,
+    url_of: &'a (dyn Fn(&str) -> Result<String> + Sync),
+}
+
+/// Whether the origin says a file is not there.
+fn is_gone(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Status {
+            status: 404 | 403 | 410,
+            ..
+        }
+    )
+}
+
 fn resolve_with(
     http: &Http,
     config: &DownloadConfig,
@@ -109,48 +129,14 @@ fn resolve_with(
     url_of: &(dyn Fn(&str) -> Result<String> + Sync),
     early_head: Option<std::thread::ScopedJoinHandle<'_, Result<u64>>>,
 ) -> Result<(Plan, u64)> {
+    let ask = Ask {
+        http,
+        config,
+        ctl,
+        url_of,
+    };
     let remote = target.remote_name.as_str();
-    let gone = |e: &Error| {
-        matches!(
-            e,
-            Error::Status {
-                status: 404 | 403 | 410,
-                ..
-            }
-        )
-    };
-
-    let chunk_count = match source {
-        CountSource::Plain => 0,
-        CountSource::Declared(n) => n,
-        CountSource::ChunkManifest => {
-            let declared = target.chunk_count;
-            let url = url_of(&chunker::chunk_manifest_name(remote))?;
-            match with_retries(config, ctl, &url, || http.get_small(&url, 64, ctl)) {
-                Ok(body) => {
-                    let remote_count = chunker::parse_chunk_manifest(&body, Path::new(&url))
-                        .map_err(|source| Error::BadChunkManifest {
-                            url: url.clone(),
-                            source,
-                        })?;
-                    if let Some(expected) = declared
-                        && remote_count != expected
-                    {
-                        return Err(Error::ChunkCountMismatch {
-                            url,
-                            expected,
-                            remote: remote_count,
-                        });
-                    }
-                    remote_count
-                }
-                // Nothing published as chunks, and the entry does not say there are any:
-                // upstream then reads the name as one plain file.
-                Err(e) if declared.is_none() && gone(&e) => 0,
-                Err(e) => return Err(e),
-            }
-        }
-    };
+    let chunk_count = ask.chunk_count(target, source)?;
     if let Some(list) = &target.chunk_sha256
         && list.len() != chunk_count as usize
     {
@@ -160,26 +146,10 @@ fn resolve_with(
             remote: chunk_count,
         });
     }
-
     let (sha256, digest_source) = match target.sha256 {
         Some(d) => (d, DigestSource::Manifest),
-        None => {
-            let url = url_of(&chunker::sidecar_name(remote))?;
-            match with_retries(config, ctl, &url, || http.get_small(&url, 1024, ctl)) {
-                Ok(body) => (parse_remote_sidecar(&body, &url)?, DigestSource::Sidecar),
-                Err(e) if gone(&e) => {
-                    return Err(Error::NotDownloadable {
-                        model: target.id.to_string(),
-                        reason: format!(
-                            "the manifest declares no artifact_sha256 and the origin has no sidecar ({url}: {e}); nothing to verify the bytes against"
-                        ),
-                    });
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        None => (ask.sidecar_digest(target)?, DigestSource::Sidecar),
     };
-
     let head_len = |name: &str| head_len(http, config, ctl, url_of, name);
     let first_len = match early_head {
         // Asked for under the declared count, which the `.chunkmanifest` just confirmed.
@@ -194,26 +164,7 @@ fn resolve_with(
     };
     let size = match target.size {
         Some(s) => s,
-        None => {
-            let learned = match (chunk_count, first_len) {
-                (0, _) => head_len(remote)?,
-                (1, _) => head_len(&chunker::chunk_name(remote, 1, 1))?,
-                (n, Some(first)) => {
-                    let last = head_len(&chunker::chunk_name(remote, n, n))?;
-                    first
-                        .checked_mul(u64::from(n - 1))
-                        .and_then(|b| b.checked_add(last))
-                        .unwrap_or(u64::MAX)
-                }
-                (_, None) => unreachable!("the first chunk's length is read for n > 1"),
-            };
-            manifest::ArtifactSize::new(learned)
-                .map_err(|e| Error::SizeMismatch {
-                    url: url_of(remote).unwrap_or_default(),
-                    message: format!("the published files add up to {learned} bytes: {e}"),
-                })?
-                .get()
-        }
+        None => ask.learned_size(remote, chunk_count, first_len)?,
     };
     let plan = Plan {
         size,
@@ -223,6 +174,87 @@ fn resolve_with(
         chunk_sha256: target.chunk_sha256.clone(),
     };
     Ok((plan, first_len.unwrap_or(size)))
+}
+
+impl Ask<'_> {
+    /// How many chunks the artifact is published as: 0 for a plain file, the entry's count, or
+    /// the origin's `.chunkmanifest` (which must agree with a declared count).
+    fn chunk_count(&self, target: &Target, source: CountSource) -> Result<u32> {
+        let (http, ctl) = (self.http, self.ctl);
+        let url = match source {
+            CountSource::Plain => return Ok(0),
+            CountSource::Declared(n) => return Ok(n),
+            CountSource::ChunkManifest => {
+                (self.url_of)(&chunker::chunk_manifest_name(target.remote_name.as_str()))?
+            }
+        };
+        let declared = target.chunk_count;
+        match with_retries(self.config, ctl, &url, || http.get_small(&url, 64, ctl)) {
+            Ok(body) => {
+                let remote_count =
+                    chunker::parse_chunk_manifest(&body, Path::new(&url)).map_err(|source| {
+                        Error::BadChunkManifest {
+                            url: url.clone(),
+                            source,
+                        }
+                    })?;
+                if let Some(expected) = declared
+                    && remote_count != expected
+                {
+                    return Err(Error::ChunkCountMismatch {
+                        url,
+                        expected,
+                        remote: remote_count,
+                    });
+                }
+                Ok(remote_count)
+            }
+            // Nothing published as chunks, and the entry does not say there are any: upstream
+            // then reads the name as one plain file.
+            Err(e) if declared.is_none() && is_gone(&e) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The digest from the origin's `.sha256` sidecar, for an entry that declares none.
+    fn sidecar_digest(&self, target: &Target) -> Result<chunker::Sha256Digest> {
+        let (http, ctl) = (self.http, self.ctl);
+        let url = (self.url_of)(&chunker::sidecar_name(target.remote_name.as_str()))?;
+        match with_retries(self.config, ctl, &url, || http.get_small(&url, 1024, ctl)) {
+            Ok(body) => parse_remote_sidecar(&body, &url),
+            Err(e) if is_gone(&e) => Err(Error::NotDownloadable {
+                model: target.id.to_string(),
+                reason: format!(
+                    "the manifest declares no artifact_sha256 and the origin has no sidecar ({url}: {e}); nothing to verify the bytes against"
+                ),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The size of an entry that declares none, from the published files' lengths (every chunk
+    /// but the last is as long as the first).
+    fn learned_size(&self, remote: &str, chunk_count: u32, first_len: Option<u64>) -> Result<u64> {
+        let head_len = |name: &str| head_len(self.http, self.config, self.ctl, self.url_of, name);
+        let learned = match (chunk_count, first_len) {
+            (0, _) => head_len(remote)?,
+            (1, _) => head_len(&chunker::chunk_name(remote, 1, 1))?,
+            (n, Some(first)) => {
+                let last = head_len(&chunker::chunk_name(remote, n, n))?;
+                first
+                    .checked_mul(u64::from(n - 1))
+                    .and_then(|b| b.checked_add(last))
+                    .unwrap_or(u64::MAX)
+            }
+            (_, None) => unreachable!("the first chunk's length is read for n > 1"),
+        };
+        Ok(manifest::ArtifactSize::new(learned)
+            .map_err(|e| Error::SizeMismatch {
+                url: (self.url_of)(remote).unwrap_or_default(),
+                message: format!("the published files add up to {learned} bytes: {e}"),
+            })?
+            .get())
+    }
 }
 
 #[cfg(test)]

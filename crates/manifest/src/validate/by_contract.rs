@@ -35,7 +35,7 @@ use super::{
     check_entry_reader, check_misspelt_keys, check_top_reader, entry_path, join_key, kind_of,
     validate_bytes,
 };
-use crate::contract::Contract;
+use crate::contract::{Contract, TreeCatalogRow};
 use crate::entry::ModelEntry;
 use crate::error::{Error, Problem, Result};
 use crate::keys;
@@ -196,25 +196,8 @@ fn check_whole(
     };
     check_top_reader(top, out);
     check_top(top, contract, expect, &refusal, out);
-    let entries = match top.get(keys::MODELS) {
-        Some(Value::Array(items)) => items.as_slice(),
-        Some(other) => {
-            out.push(Problem {
-                path: keys::MODELS.into(),
-                message: format!(
-                    "expected a list of model entries, found {}; {refusal}",
-                    kind_of(other)
-                ),
-            });
-            return;
-        }
-        None => {
-            out.push(Problem {
-                path: ROOT.into(),
-                message: format!("missing the \"models\" list; {refusal}"),
-            });
-            return;
-        }
+    let Some(entries) = models_list(top, &refusal, out) else {
+        return;
     };
     let mut known_top: Vec<&'static str> = TOP_KEYS.to_vec();
     known_top.extend(contract.required_top_keys);
@@ -260,31 +243,59 @@ fn check_whole(
                 }
             }
         }
-        check_entry(
-            map,
-            &path,
+        let rules = EntryRules {
             contract,
             expect,
-            revision.as_deref(),
-            &refusal,
-            out,
-        );
+            revision: revision.as_deref(),
+            refusal: &refusal,
+        };
+        check_entry(map, &path, &rules, out);
         if mode != ValidationMode::Reader {
             check_entry_catalog(map, &path, out);
         }
         if mode == ValidationMode::Release {
             check_entry_release(map, &path, contract, out);
         }
-        if let Some(id) = map.get(keys::ID).and_then(Value::as_str)
-            && id.parse::<ModelId>().is_ok()
-        {
-            for p in out[first_problem..]
-                .iter_mut()
-                .filter(|p| !p.path.ends_with(".id"))
-            {
-                p.message
-                    .push_str(&format!(" (model {:?})", abbreviate(id)));
-            }
+        name_the_model(map, &mut out[first_problem..]);
+    }
+}
+
+/// The top level's `models` list, or the refusal for its absence or its kind.
+fn models_list<'v>(
+    top: &'v Map<String, Value>,
+    refusal: &str,
+    out: &mut Vec<Problem>,
+) -> Option<&'v [Value]> {
+    match top.get(keys::MODELS) {
+        Some(Value::Array(items)) => Some(items.as_slice()),
+        Some(other) => {
+            out.push(Problem {
+                path: keys::MODELS.into(),
+                message: format!(
+                    "expected a list of model entries, found {}; {refusal}",
+                    kind_of(other)
+                ),
+            });
+            None
+        }
+        None => {
+            out.push(Problem {
+                path: ROOT.into(),
+                message: format!("missing the \"models\" list; {refusal}"),
+            });
+            None
+        }
+    }
+}
+
+/// Each of an entry's problems, but those on its `id`, names the model when its id is valid.
+fn name_the_model(map: &Map<String, Value>, problems: &mut [Problem]) {
+    if let Some(id) = map.get(keys::ID).and_then(Value::as_str)
+        && id.parse::<ModelId>().is_ok()
+    {
+        for p in problems.iter_mut().filter(|p| !p.path.ends_with(".id")) {
+            p.message
+                .push_str(&format!(" (model {:?})", abbreviate(id)));
         }
     }
 }
@@ -334,19 +345,62 @@ fn check_top(
     }
 }
 
+/// What the contract's entry rules read besides the entry: the revision variants must carry
+/// and the words every refusal ends with.
+struct EntryRules<'a> {
+    contract: &'a Contract,
+    expect: &'a Expectation<'a>,
+    revision: Option<&'a str>,
+    refusal: &'a str,
+}
+
+/// An artifact that may name a digest, at its JSON path: the entry itself, an accelerator
+/// variant or a runtime variant.
+type Artifact<'v> = (String, &'v Map<String, Value>);
+
+/// What `fields[key]` is, for a message: its kind, or "nothing".
+fn got(fields: &Map<String, Value>, key: &str) -> String {
+    fields
+        .get(key)
+        .map(kind_of)
+        .unwrap_or_else(|| "nothing".into())
+}
+
 /// The contract's rules for one entry (see the module docs).
 fn check_entry(
     map: &Map<String, Value>,
     path: &str,
-    contract: &Contract,
-    expect: &Expectation<'_>,
-    revision: Option<&str>,
-    refusal: &str,
+    rules: &EntryRules<'_>,
     out: &mut Vec<Problem>,
 ) {
     let mut sink = Sink(out);
+    let row = check_identity(map, path, rules, &mut sink);
+    let gpu = row.map_or_else(
+        || truthy(map.get(keys::USES_EXTERNAL_GPU)),
+        |r| r.uses_external_gpu,
+    );
+    let mut artifacts: Vec<Artifact<'_>> = vec![(path.to_owned(), map)];
+    check_accelerators(map, path, gpu, rules, &mut sink, &mut artifacts);
+    if rules.contract.runner_revision.is_some() {
+        check_runtime_variants(map, path, rules, &mut sink, &mut artifacts);
+    }
+    for (apath, fields) in artifacts {
+        check_artifact(&apath, fields, rules, &mut sink);
+    }
+}
+
+/// The entry's `id` (a string, not the bundled model's) and, where the contract takes entries
+/// from the tree's catalog, its row there with the row's `version` and GPU flag. Returns the
+/// row.
+fn check_identity<'a>(
+    map: &Map<String, Value>,
+    path: &str,
+    rules: &EntryRules<'a>,
+    sink: &mut Sink<'_>,
+) -> Option<&'a TreeCatalogRow> {
+    let (contract, refusal) = (rules.contract, rules.refusal);
     let id = map.get(keys::ID).and_then(Value::as_str);
-    let row = match (id, expect.tree) {
+    let row = match (id, rules.expect.tree) {
         (Some(id), Some(tree)) if contract.entries_from_tree_catalog => {
             let row = tree.row(id);
             if row.is_none() {
@@ -380,244 +434,246 @@ fn check_entry(
         ),
         _ => {}
     }
-    if let Some(row) = row {
-        let want = row.version.to_string();
-        if map.get(keys::VERSION).and_then(Value::as_str) != Some(want.as_str()) {
-            sink.push(
-                join_key(path, keys::VERSION),
-                format!(
-                    "is {}, but the tree's reviewed catalog says {want}; {refusal}",
-                    map.get(keys::VERSION)
-                        .map(kind_of)
-                        .unwrap_or_else(|| "missing".into())
-                ),
-            );
-        }
-        if truthy(map.get(keys::USES_EXTERNAL_GPU)) != row.uses_external_gpu {
-            sink.push(
-                join_key(path, keys::USES_EXTERNAL_GPU),
-                format!(
-                    "reads as {}, but the tree's reviewed catalog says {}; {refusal}",
-                    truthy(map.get(keys::USES_EXTERNAL_GPU)),
-                    row.uses_external_gpu
-                ),
-            );
-        }
+    let row = row?;
+    let want = row.version.to_string();
+    if map.get(keys::VERSION).and_then(Value::as_str) != Some(want.as_str()) {
+        sink.push(
+            join_key(path, keys::VERSION),
+            format!(
+                "is {}, but the tree's reviewed catalog says {want}; {refusal}",
+                map.get(keys::VERSION)
+                    .map(kind_of)
+                    .unwrap_or_else(|| "missing".into())
+            ),
+        );
     }
-    let gpu = row.map_or_else(
-        || truthy(map.get(keys::USES_EXTERNAL_GPU)),
-        |r| r.uses_external_gpu,
-    );
+    if truthy(map.get(keys::USES_EXTERNAL_GPU)) != row.uses_external_gpu {
+        sink.push(
+            join_key(path, keys::USES_EXTERNAL_GPU),
+            format!(
+                "reads as {}, but the tree's reviewed catalog says {}; {refusal}",
+                truthy(map.get(keys::USES_EXTERNAL_GPU)),
+                row.uses_external_gpu
+            ),
+        );
+    }
+    Some(row)
+}
 
-    // Accelerator variants.
+/// `accelerator_artifacts`: only the contract's accelerator, on a model that may carry it, with
+/// the contract's device and the manifest's revision. Adds each variant to `artifacts`.
+fn check_accelerators<'v>(
+    map: &'v Map<String, Value>,
+    path: &str,
+    gpu: bool,
+    rules: &EntryRules<'_>,
+    sink: &mut Sink<'_>,
+    artifacts: &mut Vec<Artifact<'v>>,
+) {
+    let (contract, refusal) = (rules.contract, rules.refusal);
     let apath = join_key(path, keys::ACCELERATOR_ARTIFACTS);
     let rule = contract.accelerator;
-    let mut artifacts: Vec<(String, &Map<String, Value>)> = vec![(path.to_owned(), map)];
-    match map.get(keys::ACCELERATOR_ARTIFACTS) {
-        None => {}
-        Some(Value::Object(variants)) => {
-            for (name, variant) in variants {
-                let vpath = join_key(&apath, name);
-                if name != rule.key {
-                    sink.push(
-                        &vpath,
-                        format!(
-                            "unknown accelerator {:?}: the {} contract knows only {:?}; {refusal}",
-                            abbreviate(name),
-                            contract.name,
-                            rule.key
-                        ),
-                    );
-                    continue;
-                }
-                let Value::Object(fields) = variant else {
-                    sink.push(
-                        &vpath,
-                        format!("expected an object, found {}; {refusal}", kind_of(variant)),
-                    );
-                    continue;
-                };
-                if rule.requires_lab_eligible && gpu {
-                    sink.push(
-                        &vpath,
-                        format!(
-                            "a {:?} variant is only for a model without an external GPU; \
-                             {refusal}",
-                            rule.key
-                        ),
-                    );
-                }
-                if rule.requires_lab_eligible
-                    && map.get(keys::MODEL_LAB_ELIGIBLE) != Some(&Value::Bool(true))
-                {
-                    sink.push(
-                        join_key(path, keys::MODEL_LAB_ELIGIBLE),
-                        format!(
-                            "must be true for an entry with a {:?} variant; {refusal}",
-                            rule.key
-                        ),
-                    );
-                }
-                if fields.get(keys::EXECUTION_DEVICE).and_then(Value::as_str)
-                    != Some(rule.execution_device)
-                {
-                    sink.push(
-                        join_key(&vpath, keys::EXECUTION_DEVICE),
-                        format!(
-                            "must be {:?} (got {}); {refusal}",
-                            rule.execution_device,
-                            fields
-                                .get(keys::EXECUTION_DEVICE)
-                                .map(kind_of)
-                                .unwrap_or_else(|| "nothing".into())
-                        ),
-                    );
-                }
-                if rule.carries_compiler_revision {
-                    let got = fields
-                        .get(keys::VARIANT_COMPILER_REVISION)
-                        .and_then(Value::as_str);
-                    if got.is_none() || got != revision {
-                        sink.push(
-                            join_key(&vpath, keys::VARIANT_COMPILER_REVISION),
-                            format!(
-                                "must be the manifest's revision {} (got {}); {refusal}",
-                                revision.unwrap_or("(none)"),
-                                fields
-                                    .get(keys::VARIANT_COMPILER_REVISION)
-                                    .map(kind_of)
-                                    .unwrap_or_else(|| "nothing".into())
-                            ),
-                        );
-                    }
-                }
-                artifacts.push((vpath, fields));
-            }
+    let variants = match map.get(keys::ACCELERATOR_ARTIFACTS) {
+        None => return,
+        Some(Value::Object(variants)) => variants,
+        Some(other) => {
+            return sink.push(
+                &apath,
+                format!("expected an object, found {}; {refusal}", kind_of(other)),
+            );
         }
-        Some(other) => sink.push(
-            &apath,
-            format!("expected an object, found {}; {refusal}", kind_of(other)),
-        ),
-    }
-
-    // Runtime variants.
-    if contract.runner_revision.is_some() {
-        let rpath = join_key(path, keys::RUNTIME_ARTIFACTS);
-        match map.get(keys::RUNTIME_ARTIFACTS) {
-            None => {}
-            Some(Value::Array(variants)) => {
-                let mut revisions = HashSet::new();
-                for (i, variant) in variants.iter().enumerate() {
-                    let vpath = format!("{rpath}[{i}]");
-                    let Value::Object(fields) = variant else {
-                        sink.push(
-                            &vpath,
-                            format!("expected an object, found {}; {refusal}", kind_of(variant)),
-                        );
-                        continue;
-                    };
-                    for key in fields.keys() {
-                        if !keys::RUNTIME_VARIANT_KEYS.contains(&key.as_str()) {
-                            sink.push(
-                                join_key(&vpath, key),
-                                format!("not a runtime variant key; {refusal}"),
-                            );
-                        }
-                    }
-                    for key in keys::RUNTIME_VARIANT_REQUIRED {
-                        if !fields.contains_key(key) {
-                            sink.push(
-                                join_key(&vpath, key),
-                                format!("missing; every runtime variant needs it; {refusal}"),
-                            );
-                        }
-                    }
-                    let mpath = join_key(&vpath, keys::MIN_RUNNER_REVISION);
-                    match int_of(fields.get(keys::MIN_RUNNER_REVISION)) {
-                        None => sink.push(
-                            mpath,
-                            format!(
-                                "must be an integer (got {}); {refusal}",
-                                fields
-                                    .get(keys::MIN_RUNNER_REVISION)
-                                    .map(kind_of)
-                                    .unwrap_or_else(|| "nothing".into())
-                            ),
-                        ),
-                        Some(r) if r < i128::from(contract.min_runtime_revision) => sink.push(
-                            mpath,
-                            format!("is {r}, below {}; {refusal}", contract.min_runtime_revision),
-                        ),
-                        Some(r) if !revisions.insert(r) => sink.push(
-                            mpath,
-                            format!("{r} is named by another runtime variant; {refusal}"),
-                        ),
-                        Some(_) => {}
-                    }
-                    artifacts.push((vpath, fields));
-                }
-            }
-            Some(other) => sink.push(
-                &rpath,
-                format!("expected a list, found {}; {refusal}", kind_of(other)),
-            ),
-        }
-    }
-
-    // Every artifact that names a digest.
-    for (apath, fields) in artifacts {
-        if !fields.contains_key(keys::ARTIFACT_SHA256) {
+    };
+    for (name, variant) in variants {
+        let vpath = join_key(&apath, name);
+        if name != rule.key {
+            sink.push(
+                &vpath,
+                format!(
+                    "unknown accelerator {:?}: the {} contract knows only {:?}; {refusal}",
+                    abbreviate(name),
+                    contract.name,
+                    rule.key
+                ),
+            );
             continue;
         }
-        if super::check_digest(&fields[keys::ARTIFACT_SHA256]).is_err() {
+        let Value::Object(fields) = variant else {
             sink.push(
-                join_key(&apath, keys::ARTIFACT_SHA256),
-                format!("not 64 lowercase hex digits; {refusal}"),
+                &vpath,
+                format!("expected an object, found {}; {refusal}", kind_of(variant)),
             );
-        }
-        let size = int_of(fields.get(keys::ARTIFACT_SIZE));
-        if !size.is_some_and(|s| s > 0 && s <= i128::from(ArtifactSize::MAX)) {
+            continue;
+        };
+        if rule.requires_lab_eligible && gpu {
             sink.push(
-                join_key(&apath, keys::ARTIFACT_SIZE),
+                &vpath,
                 format!(
-                    "must be an integer in (0, {}] (got {}); {refusal}",
-                    ArtifactSize::MAX,
-                    fields
-                        .get(keys::ARTIFACT_SIZE)
-                        .map(kind_of)
-                        .unwrap_or_else(|| "nothing".into())
+                    "a {:?} variant is only for a model without an external GPU; {refusal}",
+                    rule.key
                 ),
             );
         }
-        let count = int_of(fields.get(keys::ARTIFACT_CHUNK_COUNT));
-        if !count.is_some_and(|c| (0..=i128::from(ChunkCount::MAX)).contains(&c)) {
-            sink.push(
-                join_key(&apath, keys::ARTIFACT_CHUNK_COUNT),
-                format!(
-                    "must be an integer in 0..={} (got {}); {refusal}",
-                    ChunkCount::MAX,
-                    fields
-                        .get(keys::ARTIFACT_CHUNK_COUNT)
-                        .map(kind_of)
-                        .unwrap_or_else(|| "nothing".into())
-                ),
-            );
-        }
-        if fields.get(keys::ARTIFACT_FORMAT).and_then(Value::as_str)
-            != Some(contract.artifact_format)
+        if rule.requires_lab_eligible
+            && map.get(keys::MODEL_LAB_ELIGIBLE) != Some(&Value::Bool(true))
         {
             sink.push(
-                join_key(&apath, keys::ARTIFACT_FORMAT),
+                join_key(path, keys::MODEL_LAB_ELIGIBLE),
                 format!(
-                    "must be {:?} (got {}); {refusal}",
-                    contract.artifact_format,
-                    fields
-                        .get(keys::ARTIFACT_FORMAT)
-                        .map(kind_of)
-                        .unwrap_or_else(|| "nothing".into())
+                    "must be true for an entry with a {:?} variant; {refusal}",
+                    rule.key
                 ),
             );
         }
+        if fields.get(keys::EXECUTION_DEVICE).and_then(Value::as_str) != Some(rule.execution_device)
+        {
+            sink.push(
+                join_key(&vpath, keys::EXECUTION_DEVICE),
+                format!(
+                    "must be {:?} (got {}); {refusal}",
+                    rule.execution_device,
+                    got(fields, keys::EXECUTION_DEVICE)
+                ),
+            );
+        }
+        if rule.carries_compiler_revision {
+            let revision = fields
+                .get(keys::VARIANT_COMPILER_REVISION)
+                .and_then(Value::as_str);
+            if revision.is_none() || revision != rules.revision {
+                sink.push(
+                    join_key(&vpath, keys::VARIANT_COMPILER_REVISION),
+                    format!(
+                        "must be the manifest's revision {} (got {}); {refusal}",
+                        rules.revision.unwrap_or("(none)"),
+                        got(fields, keys::VARIANT_COMPILER_REVISION)
+                    ),
+                );
+            }
+        }
+        artifacts.push((vpath, fields));
+    }
+}
+
+/// `runtime_artifacts`: a list of objects with only the runtime variant keys, all the required
+/// ones, and a unique integer `min_runner_revision` of at least the contract's minimum. Adds
+/// each variant to `artifacts`.
+fn check_runtime_variants<'v>(
+    map: &'v Map<String, Value>,
+    path: &str,
+    rules: &EntryRules<'_>,
+    sink: &mut Sink<'_>,
+    artifacts: &mut Vec<Artifact<'v>>,
+) {
+    let (contract, refusal) = (rules.contract, rules.refusal);
+    let rpath = join_key(path, keys::RUNTIME_ARTIFACTS);
+    let variants = match map.get(keys::RUNTIME_ARTIFACTS) {
+        None => return,
+        Some(Value::Array(variants)) => variants,
+        Some(other) => {
+            return sink.push(
+                &rpath,
+                format!("expected a list, found {}; {refusal}", kind_of(other)),
+            );
+        }
+    };
+    let mut revisions = HashSet::new();
+    for (i, variant) in variants.iter().enumerate() {
+        let vpath = format!("{rpath}[{i}]");
+        let Value::Object(fields) = variant else {
+            sink.push(
+                &vpath,
+                format!("expected an object, found {}; {refusal}", kind_of(variant)),
+            );
+            continue;
+        };
+        for key in fields.keys() {
+            if !keys::RUNTIME_VARIANT_KEYS.contains(&key.as_str()) {
+                sink.push(
+                    join_key(&vpath, key),
+                    format!("not a runtime variant key; {refusal}"),
+                );
+            }
+        }
+        for key in keys::RUNTIME_VARIANT_REQUIRED {
+            if !fields.contains_key(key) {
+                sink.push(
+                    join_key(&vpath, key),
+                    format!("missing; every runtime variant needs it; {refusal}"),
+                );
+            }
+        }
+        let mpath = join_key(&vpath, keys::MIN_RUNNER_REVISION);
+        match int_of(fields.get(keys::MIN_RUNNER_REVISION)) {
+            None => sink.push(
+                mpath,
+                format!(
+                    "must be an integer (got {}); {refusal}",
+                    got(fields, keys::MIN_RUNNER_REVISION)
+                ),
+            ),
+            Some(r) if r < i128::from(contract.min_runtime_revision) => sink.push(
+                mpath,
+                format!("is {r}, below {}; {refusal}", contract.min_runtime_revision),
+            ),
+            Some(r) if !revisions.insert(r) => sink.push(
+                mpath,
+                format!("{r} is named by another runtime variant; {refusal}"),
+            ),
+            Some(_) => {}
+        }
+        artifacts.push((vpath, fields));
+    }
+}
+
+/// An artifact that names a digest: the digest, size, chunk count and format the contract
+/// allows.
+fn check_artifact(
+    apath: &str,
+    fields: &Map<String, Value>,
+    rules: &EntryRules<'_>,
+    sink: &mut Sink<'_>,
+) {
+    let (contract, refusal) = (rules.contract, rules.refusal);
+    if !fields.contains_key(keys::ARTIFACT_SHA256) {
+        return;
+    }
+    if super::check_digest(&fields[keys::ARTIFACT_SHA256]).is_err() {
+        sink.push(
+            join_key(apath, keys::ARTIFACT_SHA256),
+            format!("not 64 lowercase hex digits; {refusal}"),
+        );
+    }
+    let size = int_of(fields.get(keys::ARTIFACT_SIZE));
+    if !size.is_some_and(|s| s > 0 && s <= i128::from(ArtifactSize::MAX)) {
+        sink.push(
+            join_key(apath, keys::ARTIFACT_SIZE),
+            format!(
+                "must be an integer in (0, {}] (got {}); {refusal}",
+                ArtifactSize::MAX,
+                got(fields, keys::ARTIFACT_SIZE)
+            ),
+        );
+    }
+    let count = int_of(fields.get(keys::ARTIFACT_CHUNK_COUNT));
+    if !count.is_some_and(|c| (0..=i128::from(ChunkCount::MAX)).contains(&c)) {
+        sink.push(
+            join_key(apath, keys::ARTIFACT_CHUNK_COUNT),
+            format!(
+                "must be an integer in 0..={} (got {}); {refusal}",
+                ChunkCount::MAX,
+                got(fields, keys::ARTIFACT_CHUNK_COUNT)
+            ),
+        );
+    }
+    if fields.get(keys::ARTIFACT_FORMAT).and_then(Value::as_str) != Some(contract.artifact_format) {
+        sink.push(
+            join_key(apath, keys::ARTIFACT_FORMAT),
+            format!(
+                "must be {:?} (got {}); {refusal}",
+                contract.artifact_format,
+                got(fields, keys::ARTIFACT_FORMAT)
+            ),
+        );
     }
 }
 
