@@ -1,24 +1,24 @@
 //! Times as people and the records read them: RFC 3339 in UTC to the second,
-//! `2026-12-06T09:30:01Z`, both ways. The calendar is jiff's (a well-kept date crate), not
-//! hand arithmetic; `--json` keeps Unix seconds where its documented fields say so.
+//! `2026-12-06T09:30:01Z`, both ways. The calendar is humantime's (a small, well-kept crate),
+//! not hand arithmetic; `--json` keeps Unix seconds where its documented fields say so.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use jiff::Timestamp;
+/// The last second humantime writes, `9999-12-31T23:59:59Z`.
+const LAST_SECOND: u64 = 253_402_300_799;
 
-/// Unix seconds as RFC 3339 UTC, `2027-06-01T15:26:14Z`. Past the year 9999 (jiff's range) it
-/// reads jiff's last second.
+/// Unix seconds as RFC 3339 UTC, `2027-06-01T15:26:14Z`. Past the year 9999 it reads that
+/// year's last second.
 pub fn rfc3339(unix_seconds: u64) -> String {
-    let max = Timestamp::MAX.as_second();
-    let secs = i64::try_from(unix_seconds).map_or(max, |s| s.min(max));
-    Timestamp::from_second(secs).map_or_else(|_| Timestamp::MAX.to_string(), |t| t.to_string())
+    let t = UNIX_EPOCH + Duration::from_secs(unix_seconds.min(LAST_SECOND));
+    humantime::format_rfc3339_seconds(t).to_string()
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` back to Unix seconds: exactly the form [`rfc3339`] writes (no other
 /// separator, offset or fraction), a real date, not before 1970.
 pub fn parse_rfc3339(text: &str) -> Option<u64> {
-    let t: Timestamp = text.parse().ok()?;
-    let secs = u64::try_from(t.as_second()).ok()?;
+    let t = humantime::parse_rfc3339(text).ok()?;
+    let secs = t.duration_since(UNIX_EPOCH).ok()?.as_secs();
     (rfc3339(secs) == text).then_some(secs)
 }
 
@@ -31,7 +31,6 @@ pub fn timestamp(t: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn timestamps_are_utc_rfc3339() {
@@ -70,9 +69,7 @@ mod tests {
         ] {
             assert_eq!(parse_rfc3339(bad), None, "{bad}");
         }
-        assert_eq!(
-            rfc3339(u64::MAX),
-            rfc3339(Timestamp::MAX.as_second() as u64)
-        );
+        assert_eq!(rfc3339(u64::MAX), "9999-12-31T23:59:59Z");
+        assert_eq!(parse_rfc3339("9999-12-31T23:59:59Z"), Some(LAST_SECOND));
     }
 }
