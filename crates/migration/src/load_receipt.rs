@@ -23,13 +23,14 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use manifest::contract::{Contract, LoadReceiptRule};
 use manifest::{ModelId, Sha256Digest};
 use serde::{Deserialize, Serialize};
+use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, Stat};
+use rustix::io::Errno;
 use serde_json::Value;
 
 use crate::device::Device;
@@ -318,64 +319,34 @@ pub fn liveness(receipt: LoadReceipt, ticks: Option<u64>) -> RunningModel {
 }
 
 fn errno_text(e: &std::io::Error) -> String {
-    match e.raw_os_error() {
-        Some(libc::ELOOP) => "a symbolic link (not followed)".into(),
-        Some(libc::ENOTDIR) => "not a directory".into(),
+    match e.raw_os_error().map(Errno::from_raw_os_error) {
+        Some(Errno::LOOP) => "a symbolic link (not followed)".into(),
+        Some(Errno::NOTDIR) => "not a directory".into(),
         _ => e.to_string(),
     }
 }
 
-fn open_at(dir: Option<&OwnedFd>, path: &Path, flags: libc::c_int) -> std::io::Result<OwnedFd> {
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    let at = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
-    // SAFETY: `c` is a valid NUL-terminated path; the fd returned is owned below.
-    let fd = unsafe { libc::openat(at, c.as_ptr(), flags | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+fn open_at(dir: Option<&OwnedFd>, path: &Path, flags: OFlags) -> std::io::Result<OwnedFd> {
+    let flags = flags | OFlags::CLOEXEC;
+    Ok(match dir {
+        Some(d) => rustix::fs::openat(d, path, flags, Mode::empty())?,
+        None => rustix::fs::openat(CWD, path, flags, Mode::empty())?,
+    })
 }
 
-fn fstat(fd: &OwnedFd) -> std::io::Result<libc::stat> {
-    // SAFETY: `st` is written by fstat before it is read.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(st)
+fn fstat(fd: &OwnedFd) -> std::io::Result<Stat> {
+    Ok(rustix::fs::fstat(fd)?)
 }
 
-fn lstat_at(dir: &OwnedFd, name: &Path) -> std::io::Result<libc::stat> {
-    let c = std::ffi::CString::new(name.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: as in `fstat`.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe {
-        libc::fstatat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            &mut st,
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    } != 0
-    {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(st)
+fn lstat_at(dir: &OwnedFd, name: &Path) -> std::io::Result<Stat> {
+    Ok(rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?)
 }
 
-fn identity(st: &libc::stat) -> (u64, u64, i64, i64, i64, i64, i64) {
-    (
-        st.st_dev,
-        st.st_ino,
-        st.st_size,
-        st.st_mtime,
-        st.st_mtime_nsec,
-        st.st_ctime,
-        st.st_ctime_nsec,
-    )
+/// Whether two looks at a file saw the same file, unchanged (device, inode, size, times).
+fn same_file(a: &Stat, b: &Stat) -> bool {
+    (a.st_dev, a.st_ino, a.st_size) == (b.st_dev, b.st_ino, b.st_size)
+        && (a.st_mtime, a.st_mtime_nsec, a.st_ctime, a.st_ctime_nsec)
+            == (b.st_mtime, b.st_mtime_nsec, b.st_ctime, b.st_ctime_nsec)
 }
 
 /// The receipt's bytes, read as the module says (no link followed, nothing but a regular file
@@ -385,11 +356,11 @@ fn read_bytes(path: &Path, max: u64) -> std::result::Result<Vec<u8>, String> {
         return Err(format!("{} is not a file path", path.display()));
     };
     let name = Path::new(name);
-    let uid = unsafe { libc::geteuid() };
+    let uid = rustix::process::geteuid().as_raw();
     let d = open_at(
         None,
         dir,
-        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
     )
     .map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => format!(
@@ -414,7 +385,7 @@ fn read_bytes(path: &Path, max: u64) -> std::result::Result<Vec<u8>, String> {
     let f = open_at(
         Some(&d),
         name,
-        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK,
     )
     .map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => format!(
@@ -424,7 +395,7 @@ fn read_bytes(path: &Path, max: u64) -> std::result::Result<Vec<u8>, String> {
         _ => format!("{}: {}", path.display(), errno_text(&e)),
     })?;
     let before = fstat(&f).map_err(|e| format!("{}: {e}", path.display()))?;
-    if before.st_mode & libc::S_IFMT != libc::S_IFREG {
+    if FileType::from_raw_mode(before.st_mode) != FileType::RegularFile {
         return Err(format!("{}: not a regular file", path.display()));
     }
     if before.st_uid != uid || before.st_mode & 0o077 != 0 {
@@ -455,7 +426,7 @@ fn read_bytes(path: &Path, max: u64) -> std::result::Result<Vec<u8>, String> {
     }
     let after = fstat(&f).map_err(|e| e.to_string())?;
     let named = lstat_at(&d, name).map_err(|e| format!("{}: {e}", path.display()))?;
-    if identity(&before) != identity(&after) || identity(&before) != identity(&named) {
+    if !same_file(&before, &after) || !same_file(&before, &named) {
         return Err(format!("{}: replaced while it was read", path.display()));
     }
     Ok(bytes)
@@ -921,13 +892,8 @@ pub fn condemned(device: &Device, entry: &manifest::ModelEntry) -> Option<String
 
 /// CLOCK_MONOTONIC now, in nanoseconds (modeld's `loadedMonoNs` clock).
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------------
