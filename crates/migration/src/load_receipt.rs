@@ -28,9 +28,9 @@ use std::path::{Path, PathBuf};
 
 use manifest::contract::{Contract, LoadReceiptRule};
 use manifest::{ModelId, Sha256Digest};
-use serde::{Deserialize, Serialize};
 use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::device::Device;
