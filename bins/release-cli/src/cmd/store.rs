@@ -13,11 +13,9 @@ use manifest::{Generation, GitCommit, Manifest, ModelId, layout};
 use release::gate::GateOutcome;
 use release::publish::{self, PublishRequest};
 
-use crate::output::print_json;
+use crate::output::{print_json, release_error, store_error};
 use crate::progress::bytes_bar;
 use crate::{CliError, CliResult};
-
-pub(crate) use crate::output::store_error;
 
 fn read_manifest(path: &PathBuf) -> CliResult<Manifest> {
     // A missing input file is exit 1, as for every command (an I/O failure, like manifest
@@ -25,9 +23,7 @@ fn read_manifest(path: &PathBuf) -> CliResult<Manifest> {
     if let Err(e) = std::fs::metadata(path) {
         return Err(CliError::failure(format!("{}: {e}", path.display())));
     }
-    let bytes = super::manifest::read_limited(path)?;
-    Manifest::from_slice(&bytes)
-        .map_err(|e| CliError::check_failed(format!("{}: {e}", path.display())))
+    Ok(crate::input::read_manifest(path)?.1)
 }
 
 /// The built-in pins plus those `tinygrad bump` recorded in `<openpilot>/tinygrad_pins.json`.
@@ -181,6 +177,26 @@ fn print_outcome(outcome: &publish::PublishOutcome) -> CliResult {
     Ok(())
 }
 
+/// The `next:` line after a build or rehearsal that leaves a release ready to publish: the
+/// publish command for these paths, each quoted for the shell (`rebuild` and `rehearse` say
+/// it alike).
+pub(crate) fn say_publish_next(
+    generation: Generation,
+    manifest: &std::path::Path,
+    artifacts: &std::path::Path,
+    workspace: &release::Workspace,
+) {
+    let sh = |p: &std::path::Path| cli_support::shell_quote(&p.display().to_string());
+    cli_support::info!(
+        "next: `release-cli publish --generation {generation} --manifest {} --artifacts {} \
+         --workspace {} --to STORE` (STORE: a store to publish to, e.g. hf://buckets/NS/NAME; \
+         --to again for each other store)",
+        sh(manifest),
+        sh(artifacts),
+        sh(workspace.root())
+    );
+}
+
 /// A publish error's exit code: the gate's refusals are failed checks (as for `preflight`), and
 /// a `--workspace` whose records cannot be read is a failure, as the gate classifies them.
 fn publish_error(e: release::Error) -> CliError {
@@ -193,7 +209,7 @@ fn publish_error(e: release::Error) -> CliError {
         | E::NotADirectory {
             flag: "--workspace",
             ..
-        } => super::gate::release_error(e),
+        } => release_error(e),
         e => e.into(),
     }
 }
