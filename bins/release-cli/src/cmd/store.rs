@@ -26,11 +26,6 @@ fn read_manifest(path: &PathBuf) -> CliResult<Manifest> {
     Ok(crate::input::read_manifest(path)?.1)
 }
 
-/// The built-in pins plus those `tinygrad bump` recorded in `<openpilot>/tinygrad_pins.json`.
-pub fn load_pins(openpilot: Option<&std::path::Path>) -> CliResult<manifest::PinTable> {
-    Ok(release::tree::load_pins(openpilot)?)
-}
-
 /// `publish`: release's publish flags and signing flags, each group taken whole.
 #[derive(Debug, Args)]
 pub struct PublishArgs {
@@ -438,7 +433,7 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
             tinygrad_commit: args.tinygrad_commit.clone(),
             generation: args.generation,
         },
-        &load_pins(args.openpilot.as_deref())?,
+        &release::tree::load_pins(args.openpilot.as_deref())?,
         &catalog,
         target,
     )?;

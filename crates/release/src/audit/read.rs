@@ -179,13 +179,9 @@ fn read_signature(
         Ok(Some(sig)) => match keys {
             None => SignatureRead::NotChecked,
             Some(keys) => {
-                let data = manifest
-                    .as_ref()
-                    .ok()
-                    .cloned()
-                    .flatten()
-                    .unwrap_or_default();
-                SignatureRead::Checked(check_signature(keys, &data, &String::from_utf8_lossy(&sig)))
+                let data = manifest.as_ref().ok().and_then(Option::as_deref);
+                let text = String::from_utf8_lossy(&sig);
+                SignatureRead::Checked(check_signature(keys, data.unwrap_or_default(), &text))
             }
         },
         Err(e) => SignatureRead::Checked(Err(manifest::signature::Refusal::Malformed {
