@@ -11,7 +11,7 @@ use clap::{CommandFactory, Parser};
 use cli_support::Failure;
 use cli_support::hints::check_hint;
 
-use crate::Cli;
+use crate::cmd::Cli;
 
 /// The argument-vector builders the integration tests use too.
 #[path = "../tests/common/argv.rs"]

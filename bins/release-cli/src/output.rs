@@ -125,6 +125,21 @@ impl From<chunker::Error> for CliError {
     }
 }
 
+/// Map a `release` error to the CLI's exit codes.
+pub fn release_error(e: release::Error) -> CliError {
+    match e {
+        release::Error::NotACheckout { .. } => CliError::usage_from(e),
+        release::Error::Record { .. }
+        | release::Error::GenerationSelector { .. }
+        | release::Error::ValidationGate { .. }
+        | release::Error::GpuFlag { .. }
+        | release::Error::NotLoadable { .. }
+        | release::Error::LatencyBound { .. }
+        | release::Error::ValidationBinding { .. } => CliError::check_failed_from(e),
+        e => CliError::failure_from(e),
+    }
+}
+
 pub(crate) fn store_error(e: artifact_store::Error) -> CliError {
     use artifact_store::Error as E;
     match e {

@@ -1,6 +1,7 @@
 //! Progress bars on a terminal; nothing when stderr is not one, with `--json` or with `-q`. The
 //! bars carry no colour, so `NO_COLOR` has nothing to remove from them. The byte bar's layout is
 //! `cli_support::progress`'s, which the device binary draws too.
+//! Also the live output lines of the compiler comma and of preflight's commands ([`live`]).
 
 use artifact_store::progress::{Measure, Transfer};
 use cli_support::progress::{BAR_CHARS, BYTES_TEMPLATE, bars_hidden as hidden};
@@ -56,9 +57,32 @@ pub fn upload_label(store: &str, path: &str, transfer: &Transfer) -> String {
     }
 }
 
+/// Print a live output line of the device (or of preflight's commands) on stderr, so stdout
+/// stays machine-readable; nothing with `-q` (the lines are in the log file either way).
+pub fn live(line: &str) {
+    if shows_live_output(cli_support::verbosity()) {
+        eprintln!("{line}");
+    }
+}
+
+/// Whether live output lines are echoed at this verbosity: by default and with `-v`, not with
+/// `-q`.
+fn shows_live_output(v: cli_support::Verbosity) -> bool {
+    v >= cli_support::Verbosity::Normal
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cli_support::Verbosity;
+
+    /// `-q` silences the device's live lines; the default and `-v` show them.
+    #[test]
+    fn live_output_is_left_out_only_with_quiet() {
+        assert!(!shows_live_output(Verbosity::Quiet));
+        assert!(shows_live_output(Verbosity::Normal));
+        assert!(shows_live_output(Verbosity::Verbose));
+    }
 
     #[test]
     fn upload_labels() {

@@ -261,103 +261,8 @@ pub fn run(
     passphrase: &mut dyn FnMut(&Path) -> std::result::Result<String, String>,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<PublishOutcome> {
-    // The record names the manifest canonically (absolute, links resolved), whatever was
-    // typed, so every later reader finds it from anywhere; decided before anything is written.
-    let manifest_path = std::fs::canonicalize(&req.flags.manifest_path)
-        .or_else(|_| std::path::absolute(&req.flags.manifest_path))
-        .unwrap_or_else(|_| req.flags.manifest_path.clone());
-    // The tree the release ships with must select exactly the generation of its tinygrad.
-    let tree_generation = match &req.flags.openpilot {
-        Some(op) => crate::tree::check_selectors(op)?,
-        None => None,
-    };
-    // What every gate below sees and what is uploaded: the manifest as staged for its contract.
-    req.manifest = staged_manifest(
-        &req.manifest,
-        req.flags.generation,
-        crate::tree::load_pins(req.flags.openpilot.as_deref())?.contract(req.flags.generation),
-    );
-    let manifest = &req.manifest;
-    // The validation gate, before any store is opened or anything written. It judges the
-    // models this release built (the rows merged from a live manifest below are another
-    // tool's, validated by it).
-    let validation = check_gate(
-        manifest,
-        Some(&manifest_path),
-        req.flags.workspace.as_ref(),
-        req.flags.openpilot.as_deref(),
-        req.flags.skip_validation.as_deref(),
-    )?;
-    if let GateOutcome::Skipped { reason, gaps, .. } = &validation {
-        on_event(&Event::ValidationSkipped {
-            reason: reason.clone(),
-            gaps: gaps.len(),
-        });
-    }
-    // uses_external_gpu must be what the workspace's build records say was built.
-    if let Some(ws) = &req.flags.workspace {
-        crate::flags::check_gpu_flags(manifest, ws)?;
-    }
-    // A signature covers only what the manifest states: a signed publish of a manifest that
-    // leaves an artifact's size, digest or count unstated is named for that, with the command
-    // that writes them into this manifest, before any other rule (checked again on the merged
-    // manifest below).
-    if !req.sign.sign_key.is_empty() {
-        signing::require_covered(manifest, &req.flags.manifest_path.display().to_string())
-            .map_err(Error::SignRefused)?;
-    }
-    // The manifest's own contract rules before any artifact is read: a manifest its contract
-    // refuses as a whole (a v26 `chestnut` key, an id not in the tree's catalog) is named for
-    // that, not for a file it makes the gate look for.
-    {
-        let (pins, tree) = crate::tree::load_tree(req.flags.openpilot.as_deref())?;
-        let rules = artifact_store::publish::Contract {
-            pins,
-            add_models: Default::default(),
-            drop_models: Default::default(),
-            tree,
-        };
-        let problems = manifest.validate_for_contract(
-            manifest::ValidationMode::Release,
-            rules.of(req.flags.generation),
-            &rules.expectation(req.flags.generation),
-        );
-        if !problems.is_empty() {
-            return Err(artifact_store::Error::from(manifest::Error::Invalid(problems)).into());
-        }
-    }
-    // The runtime gate: every driving artifact's stamp and every build receipt (contracts
-    // that have them), before any store is opened.
-    // The tree's built-in and DM set ship with the tree's own generation: they are judged when
-    // the tree is of the generation published (or its generation is unknown), not when an
-    // older generation is published again from a tree that has moved on (a repair).
-    let tree_ships = tree_generation.is_none_or(|g| g == req.flags.generation);
-    let checked = crate::loadable::gate_publish(
-        manifest,
-        &req.flags.artifacts,
-        req.flags.openpilot.as_deref().filter(|_| tree_ships),
-        &crate::tree::load_pins(req.flags.openpilot.as_deref())?,
-        req.flags.generation,
-    )?;
-    for c in checked {
-        on_event(&Event::RuntimeChecked {
-            subject: c.subject.to_string(),
-            path: c.path,
-            framing: c.framing.map(|f| f.to_string()),
-            receipt: c.receipt.is_some(),
-        });
-    }
-    // The contract's latency bound over the validations the gate counted (validation SHA =
-    // receipt SHA = artifact digest), unless validation is skipped with a reason.
-    if let (Some(ws), None) = (&req.flags.workspace, &req.flags.skip_validation) {
-        let pins = crate::tree::load_pins(req.flags.openpilot.as_deref())?;
-        crate::loadable::gate_validation(
-            manifest,
-            &req.flags.artifacts,
-            ws,
-            pins.contract(req.flags.generation),
-        )?;
-    }
+    let staged = stage(&mut req)?;
+    let validation = check_before_stores(&req, &staged, on_event)?;
     let stores = open_stores(&req)?;
     let store_refs: Vec<&dyn Store> = stores.iter().map(|s| s.as_ref()).collect();
     let github_only = github_only_gate(&req)?;
@@ -374,22 +279,14 @@ pub fn run(
             ..RetryPolicy::default()
         },
         deep_verify: req.flags.deep_verify,
-        contract: {
-            let (pins, tree) = crate::tree::load_tree(req.flags.openpilot.as_deref())?;
-            Contract {
-                pins,
-                add_models: req.flags.add_models.iter().cloned().collect(),
-                drop_models: req.flags.drop_models.iter().cloned().collect(),
-                tree,
-            }
-        },
+        contract: staged.contract,
     };
     // Under a contract whose rows another tool may publish to the same bucket (v26), the live
     // rows this publish does not change are kept (reads only; a live manifest the contract
     // refuses stops here). Everything below (signature, upload, record) is about the merged
     // manifest.
     let merged = artifact_store::publish::merge_live_rows(
-        manifest,
+        &req.manifest,
         &req.flags.artifacts,
         &store_refs,
         &opts,
@@ -397,12 +294,9 @@ pub fn run(
     let manifest = &merged;
     // Into stores that hold no previous generation, the guard compares with the tree's catalog
     // or the workspace's staged manifest of the previous generation instead.
-    check_left_out(&req, manifest, &store_refs, on_event)?;
+    check_left_out(&req, &opts.contract, manifest, &store_refs, on_event)?;
     // A signature covers only what the manifest states: refused before any key is unlocked.
-    if !req.sign.sign_key.is_empty() {
-        signing::require_covered(manifest, &req.flags.manifest_path.display().to_string())
-            .map_err(Error::SignRefused)?;
-    }
+    require_covered(&req, manifest)?;
     let signature = sign(&req, manifest, &store_refs, passphrase, on_event)?;
     let action = match (&signature, &req.sign.remove_signature) {
         (Some(sig), _) => SignatureAction::Sign(sig.as_bytes()),
@@ -426,30 +320,19 @@ pub fn run(
     let (publish_record, publish_history) = if report.dry_run {
         (None, None)
     } else {
-        let record = PublishRecord::new(
-            &manifest_path,
+        let allowance = PublishAllowance {
+            github_only,
+            signature_removed: req.sign.remove_signature.clone(),
+        };
+        let (record, history) = write_records(
+            &req,
+            &staged.manifest_path,
             manifest,
-            req.flags.generation,
-            req.flags.to.iter().map(canonical_store_name).collect(),
-            report.models.clone(),
-            validation.clone(),
-            PublishAllowance {
-                github_only,
-                signature_removed: req.sign.remove_signature.clone(),
-            },
-        );
-        let history =
-            crate::records::publish_history_path(&record.manifest, record.published_at, |p| {
-                p.exists()
-            })
-            .ok_or_else(|| Error::Record {
-                path: crate::records::publish_record_path(&record.manifest),
-                reason: "999 publish records of this second already exist beside it".into(),
-            })?;
-        crate::records::write(&history, &record)?;
-        let path = crate::records::publish_record_path(&record.manifest);
-        crate::records::write(&path, &record)?;
-        (Some(path), Some(history))
+            &report,
+            &validation,
+            allowance,
+        )?;
+        (Some(record), Some(history))
     };
     Ok(PublishOutcome {
         report,
@@ -459,6 +342,166 @@ pub fn run(
     })
 }
 
+/// What publish decides before any gate: the manifest's canonical path, the generation the
+/// tree selects, and the contract (pins, tree declaration, `--add-model`/`--drop-model`).
+struct Staged {
+    manifest_path: PathBuf,
+    tree_generation: Option<Generation>,
+    contract: Contract,
+}
+
+/// Name the manifest canonically, check the tree's selectors, load the pins and replace
+/// `req.manifest` with the manifest as staged for its contract ([`staged_manifest`]).
+fn stage(req: &mut PublishRequest) -> Result<Staged> {
+    // The record names the manifest canonically (absolute, links resolved), whatever was
+    // typed, so every later reader finds it from anywhere; decided before anything is written.
+    let manifest_path = absolute(&req.flags.manifest_path);
+    // The tree the release ships with must select exactly the generation of its tinygrad.
+    let tree_generation = match &req.flags.openpilot {
+        Some(op) => crate::tree::check_selectors(op)?,
+        None => None,
+    };
+    let (pins, tree) = crate::tree::load_tree(req.flags.openpilot.as_deref())?;
+    let contract = Contract {
+        pins,
+        add_models: req.flags.add_models.iter().cloned().collect(),
+        drop_models: req.flags.drop_models.iter().cloned().collect(),
+        tree,
+    };
+    // What every gate below sees and what is uploaded: the manifest as staged for its contract.
+    req.manifest = staged_manifest(
+        &req.manifest,
+        req.flags.generation,
+        contract.of(req.flags.generation),
+    );
+    Ok(Staged {
+        manifest_path,
+        tree_generation,
+        contract,
+    })
+}
+
+/// Every gate publish passes before any store is opened, in order: validation, GPU flags,
+/// the signature's coverage, the manifest's contract rules, the runtime gate, the latency
+/// bound. The validation gate's outcome goes into the record.
+fn check_before_stores(
+    req: &PublishRequest,
+    staged: &Staged,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<GateOutcome> {
+    let manifest = &req.manifest;
+    let generation = req.flags.generation;
+    // The validation gate, before any store is opened or anything written. It judges the
+    // models this release built (the rows merged from a live manifest below are another
+    // tool's, validated by it).
+    let validation = check_gate(
+        manifest,
+        Some(&staged.manifest_path),
+        req.flags.workspace.as_ref(),
+        req.flags.openpilot.as_deref(),
+        req.flags.skip_validation.as_deref(),
+    )?;
+    if let GateOutcome::Skipped { reason, gaps, .. } = &validation {
+        on_event(&Event::ValidationSkipped {
+            reason: reason.clone(),
+            gaps: gaps.len(),
+        });
+    }
+    // uses_external_gpu must be what the workspace's build records say was built.
+    if let Some(ws) = &req.flags.workspace {
+        crate::flags::check_gpu_flags(manifest, ws)?;
+    }
+    // A signature covers only what the manifest states: a signed publish of a manifest that
+    // leaves an artifact's size, digest or count unstated is named for that, with the command
+    // that writes them into this manifest, before any other rule (checked again on the merged
+    // manifest).
+    require_covered(req, manifest)?;
+    // The manifest's own contract rules before any artifact is read: a manifest its contract
+    // refuses as a whole (a v26 `chestnut` key, an id not in the tree's catalog) is named for
+    // that, not for a file it makes the gate look for.
+    let problems = manifest.validate_for_contract(
+        manifest::ValidationMode::Release,
+        staged.contract.of(generation),
+        &staged.contract.expectation(generation),
+    );
+    if !problems.is_empty() {
+        return Err(artifact_store::Error::from(manifest::Error::Invalid(problems)).into());
+    }
+    // The runtime gate: every driving artifact's stamp and every build receipt (contracts
+    // that have them), before any store is opened.
+    // The tree's built-in and DM set ship with the tree's own generation: they are judged when
+    // the tree is of the generation published (or its generation is unknown), not when an
+    // older generation is published again from a tree that has moved on (a repair).
+    let tree_ships = staged.tree_generation.is_none_or(|g| g == generation);
+    let checked = crate::loadable::gate_publish(
+        manifest,
+        &req.flags.artifacts,
+        req.flags.openpilot.as_deref().filter(|_| tree_ships),
+        &staged.contract.pins,
+        generation,
+    )?;
+    for c in checked {
+        on_event(&Event::RuntimeChecked {
+            subject: c.subject.to_string(),
+            path: c.path,
+            framing: c.framing.map(|f| f.to_string()),
+            receipt: c.receipt.is_some(),
+        });
+    }
+    // The contract's latency bound over the validations the gate counted (validation SHA =
+    // receipt SHA = artifact digest), unless validation is skipped with a reason.
+    if let (Some(ws), None) = (&req.flags.workspace, &req.flags.skip_validation) {
+        crate::loadable::gate_validation(
+            manifest,
+            &req.flags.artifacts,
+            ws,
+            staged.contract.of(generation),
+        )?;
+    }
+    Ok(validation)
+}
+
+/// A signed publish refuses a manifest that leaves an artifact's size, digest or count
+/// unstated ([`signing::require_covered`]); an unsigned one passes.
+fn require_covered(req: &PublishRequest, manifest: &Manifest) -> Result<()> {
+    if !req.sign.sign_key.is_empty() {
+        signing::require_covered(manifest, &req.flags.manifest_path.display().to_string())
+            .map_err(Error::SignRefused)?;
+    }
+    Ok(())
+}
+
+/// The publish record, written twice: as this publish's own history file, then as the newest
+/// record beside the manifest. Returns (newest, history).
+fn write_records(
+    req: &PublishRequest,
+    manifest_path: &Path,
+    manifest: &Manifest,
+    report: &PublishReport,
+    validation: &GateOutcome,
+    allowance: PublishAllowance,
+) -> Result<(PathBuf, PathBuf)> {
+    let record = PublishRecord::new(
+        manifest_path,
+        manifest,
+        req.flags.generation,
+        req.flags.to.iter().map(canonical_store_name).collect(),
+        report.models.clone(),
+        validation.clone(),
+        allowance,
+    );
+    let history =
+        crate::records::publish_history_path(&record.manifest, record.published_at, |p| p.exists())
+            .ok_or_else(|| Error::Record {
+                path: crate::records::publish_record_path(&record.manifest),
+                reason: "999 publish records of this second already exist beside it".into(),
+            })?;
+    crate::records::write(&history, &record)?;
+    let path = crate::records::publish_record_path(&record.manifest);
+    crate::records::write(&path, &record)?;
+    Ok((path, history))
+}
+
 /// The generation guard where no `--to` store holds the previous generation's manifest
 /// ([`crate::catalog_guard`]): under a contract whose entries are the tree's catalog rows, each
 /// catalog row `manifest` leaves out is reported as staying unpublished; otherwise a model of
@@ -466,12 +509,14 @@ pub fn run(
 /// unless named with `--drop-model`. Nothing to compare with, nothing said.
 fn check_left_out(
     req: &PublishRequest,
+    contract: &Contract,
     manifest: &Manifest,
     stores: &[&dyn Store],
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<()> {
     use crate::catalog_guard::{LeftOut, left_out};
-    let Some(previous) = req.flags.generation.previous() else {
+    let generation = req.flags.generation;
+    let Some(previous) = generation.previous() else {
         return Ok(());
     };
     let held = manifest::StoreLayout::HfBucket.manifest_path(previous);
@@ -480,19 +525,21 @@ fn check_left_out(
             return Ok(());
         }
     }
-    let (pins, tree) = crate::tree::load_tree(req.flags.openpilot.as_deref())?;
-    let contract = pins.contract(req.flags.generation);
-    let dropped = req.flags.drop_models.iter().cloned().collect();
-    if contract.entries_from_tree_catalog {
-        let Some(tree) = tree.filter(|t| t.generation == req.flags.generation) else {
+    let rules = contract.of(generation);
+    let dropped = &contract.drop_models;
+    if rules.entries_from_tree_catalog {
+        let Some(tree) = contract
+            .tree
+            .as_ref()
+            .filter(|t| t.generation == generation)
+        else {
             return Ok(());
         };
         let catalog = tree.contract.contract().tree.map_or_else(String::new, |t| {
-            t.catalog_json
-                .replace("{gen}", &req.flags.generation.to_string())
+            t.catalog_json.replace("{gen}", &generation.to_string())
         });
         let ids = tree.catalog.iter().map(|r| &r.id);
-        if let LeftOut::StayUnpublished(ids) = left_out(contract, ids, manifest, &dropped) {
+        if let LeftOut::StayUnpublished(ids) = left_out(rules, ids, manifest, dropped) {
             for id in ids {
                 let catalog = catalog.clone();
                 on_event(&Event::StaysUnpublished { id, catalog });
@@ -512,77 +559,62 @@ fn check_left_out(
         path: path.clone(),
         source,
     })?;
-    let LeftOut::Refused(models) = left_out(contract, old.ids(), manifest, &dropped) else {
+    let LeftOut::Refused(models) = left_out(rules, old.ids(), manifest, dropped) else {
         return Ok(());
     };
-    let mut rerun = format!("release-cli publish --generation {}", req.flags.generation);
-    let mut flag = |name: &str, value: &str| {
-        rerun.push_str(&format!(" --{name} {}", cli_support::shell_quote(value)));
-    };
-    flag("manifest", &req.flags.manifest_path.to_string_lossy());
-    flag("artifacts", &req.flags.artifacts.to_string_lossy());
-    flag("workspace", &ws.root().to_string_lossy());
-    let hub = Some(req.flags.hub.to_string()).filter(|h| h != crate::rebuild::DEFAULT_SOURCES);
-    let openpilot = req
-        .flags
-        .openpilot
-        .as_ref()
-        .map(|p| p.to_string_lossy().into_owned());
-    let access = &req.flags.access;
-    let hf_cli = access
-        .hf_cli
-        .as_ref()
-        .map(|p| p.to_string_lossy().into_owned());
+    Err(Error::LeftOutOfGeneration {
+        generation,
+        previous,
+        rerun: rerun_dropping(req, ws, &models),
+        path,
+        models,
+    })
+}
+
+/// The publish command as given (each value quoted for the shell), with `models` added as
+/// `--drop-model`: the rerun [`Error::LeftOutOfGeneration`] names.
+fn rerun_dropping(req: &PublishRequest, ws: &Workspace, models: &[ModelId]) -> String {
+    let flags = &req.flags;
+    let lossy = |p: &Path| p.to_string_lossy().into_owned();
+    let hub = Some(flags.hub.to_string()).filter(|h| h != crate::rebuild::DEFAULT_SOURCES);
     let signed = !req.sign.sign_key.is_empty();
-    for (name, value) in [
-        ("openpilot", openpilot),
-        ("skip-validation", req.flags.skip_validation.clone()),
-        ("github-only", req.flags.github_only.clone()),
+    let once = [
+        ("manifest", Some(lossy(&flags.manifest_path))),
+        ("artifacts", Some(lossy(&flags.artifacts))),
+        ("workspace", Some(lossy(ws.root()))),
+        ("openpilot", flags.openpilot.as_deref().map(lossy)),
+        ("skip-validation", flags.skip_validation.clone()),
+        ("github-only", flags.github_only.clone()),
         ("hub", hub),
-        ("hf-cli", hf_cli),
-        ("github-branch", Some(access.github_branch.clone())),
-        ("attempts", Some(req.flags.attempts.to_string())),
+        ("hf-cli", flags.access.hf_cli.as_deref().map(lossy)),
+        ("github-branch", Some(flags.access.github_branch.clone())),
+        ("attempts", Some(flags.attempts.to_string())),
         ("release", req.sign.release.map(|r| r.to_string())),
         (
             "expires-in",
             signed.then(|| req.sign.expires_in.to_string()),
         ),
         ("remove-signature", req.sign.remove_signature.clone()),
-    ] {
-        if let Some(v) = value {
-            flag(name, &v);
-        }
-    }
-    req.flags
-        .to
-        .iter()
-        .for_each(|to| flag("to", &to.to_string()));
-    req.sign
-        .sign_key
-        .iter()
-        .for_each(|k| flag("sign-key", &k.to_string_lossy()));
-    req.flags
-        .add_models
-        .iter()
-        .for_each(|id| flag("add-model", id.as_str()));
-    for id in req.flags.drop_models.iter().chain(&models) {
-        flag("drop-model", id.as_str());
+    ];
+    let id = |name: &'static str| move |id: &ModelId| (name, id.as_str().to_string());
+    let repeated = (flags.to.iter().map(|to| ("to", to.to_string())))
+        .chain(req.sign.sign_key.iter().map(|k| ("sign-key", lossy(k))))
+        .chain(flags.add_models.iter().map(id("add-model")))
+        .chain(flags.drop_models.iter().chain(models).map(id("drop-model")));
+    let given = once.into_iter().filter_map(|(name, v)| Some((name, v?)));
+    let mut rerun = format!("release-cli publish --generation {}", flags.generation);
+    for (name, value) in given.chain(repeated) {
+        rerun.push_str(&format!(" --{name} {}", cli_support::shell_quote(&value)));
     }
     for (on, name) in [
-        (req.flags.dry_run, " --dry-run"),
-        (req.flags.deep_verify, " --deep-verify"),
+        (flags.dry_run, " --dry-run"),
+        (flags.deep_verify, " --deep-verify"),
     ] {
         if on {
             rerun.push_str(name);
         }
     }
-    Err(Error::LeftOutOfGeneration {
-        generation: req.flags.generation,
-        previous,
-        path,
-        models,
-        rerun,
-    })
+    rerun
 }
 
 /// A store path as messages about `store` (a store's name, as publish's events give it) show
@@ -606,16 +638,18 @@ pub fn path_in_store(store: &str, path: &str) -> String {
 /// `file:` and a `github:` checkout as `github:`, each with its absolute path (symlinks
 /// resolved where it exists); a Hub store as `hf://…`.
 pub fn canonical_store_name(spec: &StoreSpec) -> String {
-    let absolute = |p: &Path| {
-        std::fs::canonicalize(p)
-            .or_else(|_| std::path::absolute(p))
-            .unwrap_or_else(|_| p.to_path_buf())
-    };
     match spec {
         StoreSpec::Local(p) => format!("file:{}", absolute(p).display()),
         StoreSpec::Github(p) => format!("github:{}", absolute(p).display()),
         other => other.to_string(),
     }
+}
+
+/// `p` absolute, with its links resolved where it exists.
+fn absolute(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p)
+        .or_else(|_| std::path::absolute(p))
+        .unwrap_or_else(|_| p.to_path_buf())
 }
 
 /// The `--to` stores, in an order that never puts GitHub ahead of the Hub, opened.

@@ -12,7 +12,8 @@ use compiler_remote::{
 use manifest::{BehaviorVersion, GitCommit, ModelId};
 use serde::Serialize;
 
-use crate::output::print_json;
+use crate::output::{print_json, release_error, remote_error, store_error};
+use crate::progress::live;
 use crate::{CliError, CliResult};
 
 /// Flags every command that talks to the compiler takes.
@@ -95,16 +96,6 @@ impl RemoteArgs {
     }
 }
 
-pub use crate::output::remote_error;
-
-/// Print a live output line of the device (or of preflight's commands) on stderr, so stdout
-/// stays machine-readable; nothing with `-q` (the lines are in the log file either way).
-pub fn live(line: &str) {
-    if shows_live_output(cli_support::verbosity()) {
-        eprintln!("{line}");
-    }
-}
-
 /// Print a dry run's plan: the steps on the compiler, then the local files written and removed;
 /// with `--json` one document, the plan with `"dry_run":true` and the `extra` fields.
 pub fn print_plan(
@@ -153,12 +144,6 @@ pub fn render_plan(plan: &compiler_remote::dry_run::Plan, indent: &str) -> CliRe
         crate::outln!("{indent}would remove {}", list(&plan.removes))?;
     }
     Ok(())
-}
-
-/// Whether live output lines are echoed at this verbosity: by default and with `-v`, not with
-/// `-q`.
-fn shows_live_output(v: cli_support::Verbosity) -> bool {
-    v >= cli_support::Verbosity::Normal
 }
 
 #[derive(Debug, Subcommand)]
@@ -745,7 +730,7 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         .validate(&job, &pin, &mut live)
         .map_err(remote_error)?;
     let rec = release::validate::validation_record(id, version, pin, verdict, log.clone());
-    release::records::write(&record, &rec).map_err(super::gate::release_error)?;
+    release::records::write(&record, &rec).map_err(release_error)?;
     // The p95 latency the device reported, against the contract's bound (the record keeps it
     // in the device's verdict; publish requires the bound again).
     let p95_ms = release::loadable::reported_p95(&rec, contract);
@@ -869,7 +854,7 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
         cli_support::info!("next: run the same command without --dry-run");
         return Ok(());
     }
-    release::records::write(&record, &rec).map_err(super::gate::release_error)?;
+    release::records::write(&record, &rec).map_err(release_error)?;
     if args.json {
         return print_json(&rec);
     }
@@ -1007,8 +992,7 @@ fn pin(args: PinArgs) -> CliResult {
                     args.generation, args.generation
                 )));
             }
-            spec.open(&args.access)
-                .map_err(crate::cmd::store::store_error)
+            spec.open(&args.access).map_err(store_error)
         })
         .collect::<CliResult<Vec<_>>>()?;
     let refs: Vec<&dyn artifact_store::Store> = stores.iter().map(|s| s.as_ref()).collect();
@@ -1072,18 +1056,4 @@ fn pin(args: PinArgs) -> CliResult {
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use cli_support::Verbosity;
-
-    /// `-q` silences the device's live lines; the default and `-v` show them.
-    #[test]
-    fn live_output_is_left_out_only_with_quiet() {
-        assert!(!shows_live_output(Verbosity::Quiet));
-        assert!(shows_live_output(Verbosity::Normal));
-        assert!(shows_live_output(Verbosity::Verbose));
-    }
 }

@@ -7,23 +7,8 @@ use clap::Args;
 use manifest::GitCommit;
 use serde::Serialize;
 
-use crate::output::print_json;
+use crate::output::{print_json, release_error};
 use crate::{CliError, CliResult};
-
-/// Map a `release` error to the CLI's exit codes.
-pub fn release_error(e: release::Error) -> CliError {
-    match e {
-        release::Error::NotACheckout { .. } => CliError::usage_from(e),
-        release::Error::Record { .. }
-        | release::Error::GenerationSelector { .. }
-        | release::Error::ValidationGate { .. }
-        | release::Error::GpuFlag { .. }
-        | release::Error::NotLoadable { .. }
-        | release::Error::LatencyBound { .. }
-        | release::Error::ValidationBinding { .. } => CliError::check_failed_from(e),
-        e => CliError::failure_from(e),
-    }
-}
 
 /// `preflight --dry-run --json`.
 #[derive(Serialize)]
@@ -93,7 +78,7 @@ pub fn preflight(args: PreflightArgs) -> CliResult {
         cli_support::info!("next: run the same command without --dry-run");
         return Ok(());
     }
-    let rec = release::preflight::run(&args.openpilot, &log, &mut super::build::live)
+    let rec = release::preflight::run(&args.openpilot, &log, &mut crate::progress::live)
         .map_err(release_error)?;
     release::records::write(&record_path, &rec).map_err(release_error)?;
     if args.json {

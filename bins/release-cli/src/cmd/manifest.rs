@@ -6,6 +6,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use manifest::{Limits, Manifest, ManifestDiff, ValidationMode};
 use serde_json::{Value, json};
 
+use crate::input::{read_bounded, read_limited, too_large_message};
 use crate::output::print_json;
 use crate::{CliError, CliResult};
 
@@ -358,42 +359,6 @@ fn report_set_artifact(
         crate::outln!("nothing was changed; run the same command without --dry-run")?;
     }
     Ok(())
-}
-
-/// A manifest file's bytes, read no further than one byte past the fleet's size limit.
-/// `Err(size)` when the file is over the limit: its real size where the file system knows it.
-fn read_bounded(path: &Path) -> CliResult<Result<Vec<u8>, u64>> {
-    let limit = Limits::default().max_manifest_bytes;
-    // Regular files only, opened without blocking: a FIFO or a device is refused at once.
-    match chunker::bounded::read_capped(path, limit) {
-        Ok(Some(bytes)) => Ok(Ok(bytes)),
-        Ok(None) => Err(CliError::failure(format!(
-            "{}: No such file or directory (os error 2)",
-            path.display()
-        ))),
-        Err(chunker::Error::FileTooLarge { size, .. }) => Ok(Err(size)),
-        Err(e @ chunker::Error::NotRegularFile { .. }) => Err(CliError::usage(e)),
-        Err(e) => Err(CliError::failure(e)),
-    }
-}
-
-fn too_large_message(size: u64) -> String {
-    format!(
-        "manifest is {size} bytes, more than the limit of {} bytes that devices enforce",
-        Limits::default().max_manifest_bytes
-    )
-}
-
-/// Read a manifest file for a command that needs all of it; over the size limit is a failed
-/// check (exit 3) naming the file and its size.
-pub(crate) fn read_limited(path: &Path) -> CliResult<Vec<u8>> {
-    read_bounded(path)?.map_err(|size| {
-        CliError::check_failed(format!(
-            "{}: {}; devices would refuse it, so shrink it (fewer entries or fields) before using it",
-            path.display(),
-            too_large_message(size)
-        ))
-    })
 }
 
 fn load(path: &Path) -> CliResult<Manifest> {

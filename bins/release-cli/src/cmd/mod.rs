@@ -1,4 +1,5 @@
-//! One module per command group. Each exposes a clap `Args`/`Subcommand` type and a `run`.
+//! The command line ([`Cli`], with the exit codes `--help` shows) and one module per command
+//! group. Each exposes a clap `Args`/`Subcommand` type and a `run`.
 
 pub mod audit;
 pub mod build;
@@ -11,9 +12,40 @@ pub mod sign;
 pub mod source_map;
 pub mod store;
 
-use clap::Subcommand;
+use clap::{Parser, Subcommand};
 
 use crate::CliResult;
+
+/// The exit codes, as `--help` shows them.
+const EXIT_CODES_HELP: &str = "\
+Exit codes (stable, see docs/release.md):
+  0  success
+  1  the operation failed (I/O, network, remote command); the message names what and where
+  2  usage error: bad flags or arguments, or a refused flag (another compiler, store order)
+  3  a check failed: verification, validation, tinygrad marker, or a refused release guard
+
+Every command that reports takes --json and then prints JSON on stdout (shapes in --help and
+docs/release.md); progress and messages go to stderr. A --json command that fails prints one
+{\"error\":{\"kind\",\"message\",\"next\"}} document instead (kind: failure, usage,
+check_failed), with the same exit code; a report that already says what failed (manifest
+validate, fmt --check, diff, the rebuild summary) is not followed by one.";
+
+/// The StarPilot release engineer's tool: chunk artifacts, check manifests, publish generations.
+#[derive(Debug, Parser)]
+#[command(
+    name = "release-cli",
+    version,
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_help = EXIT_CODES_HELP
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub output: cli_support::OutputFlags,
+    #[command(subcommand)]
+    pub command: Command,
+}
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -133,29 +165,9 @@ pub fn run(command: Command) -> CliResult {
         Command::Serve(a) => store::serve_cmd(a),
         Command::Audit(a) => audit::run(a),
         Command::Completions { shell } => {
-            let mut cmd = <crate::Cli as clap::CommandFactory>::command();
+            let mut cmd = <Cli as clap::CommandFactory>::command();
             let script = cli_support::completion_script(shell, &mut cmd, "release-cli");
             crate::output::write_stdout(&script)
         }
     }
-}
-
-/// The `next:` line after a build or rehearsal that leaves a release ready to publish: the
-/// publish command for these paths, each quoted for the shell (`rebuild` and `rehearse` say
-/// it alike).
-pub(crate) fn say_publish_next(
-    generation: ::manifest::Generation,
-    manifest: &std::path::Path,
-    artifacts: &std::path::Path,
-    workspace: &release::Workspace,
-) {
-    let sh = |p: &std::path::Path| cli_support::shell_quote(&p.display().to_string());
-    cli_support::info!(
-        "next: `release-cli publish --generation {generation} --manifest {} --artifacts {} \
-         --workspace {} --to STORE` (STORE: a store to publish to, e.g. hf://buckets/NS/NAME; \
-         --to again for each other store)",
-        sh(manifest),
-        sh(artifacts),
-        sh(workspace.root())
-    );
 }

@@ -9,8 +9,9 @@ use clap::Args;
 use manifest::{Generation, ModelId};
 use release::rebuild::{DEFAULT_SOURCES, Progress, Rebuild, RemoteBuilder};
 
-use crate::cmd::build::{RemoteArgs, live, render_plan};
-use crate::output::print_json;
+use crate::cmd::build::{RemoteArgs, render_plan};
+use crate::output::{print_json, remote_error};
+use crate::progress::live;
 use crate::{CliError, CliResult};
 
 #[derive(Debug, Args)]
@@ -63,7 +64,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
     args.remote
         .remote
         .check_policy(args.remote.allow_other_compiler)
-        .map_err(crate::cmd::build::remote_error)?;
+        .map_err(remote_error)?;
     let pin = args.remote.pin()?;
     let rebuild = prepare(&args, &pin)?;
     if args.dry_run {
@@ -100,7 +101,7 @@ pub fn run(args: RebuildArgs) -> CliResult {
         .result()
         .map_err(|e| CliError::from(e).after_json_report())?;
     if summary.complete() {
-        super::say_publish_next(
+        super::store::say_publish_next(
             args.generation,
             &summary.manifest,
             &args.workspace.ready(),

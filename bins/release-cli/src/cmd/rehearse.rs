@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 use manifest::{Generation, ModelId};
 
-use crate::output::print_json;
+use crate::output::{print_json, release_error, store_error};
 use crate::{CliError, CliResult};
 
 #[derive(Debug, Args)]
@@ -53,7 +53,7 @@ fn error(e: release::Error) -> CliError {
         release::Error::RehearseInput { .. }
         | release::Error::NotADirectory { .. }
         | release::Error::ManifestFile { .. } => CliError::usage(e),
-        e => super::gate::release_error(e),
+        e => release_error(e),
     }
 }
 
@@ -107,7 +107,7 @@ pub fn rehearse(args: RehearseArgs) -> CliResult {
         )?;
     }
     if rec.passed {
-        super::say_publish_next(
+        super::store::say_publish_next(
             rec.generation,
             &rec.manifest,
             &opts.artifacts,
@@ -168,7 +168,7 @@ fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
 pub fn status(args: StatusArgs) -> CliResult {
     let mut opened = Vec::new();
     for (name, spec) in &args.stores {
-        let store = spec.open(&args.access).map_err(super::store::store_error)?;
+        let store = spec.open(&args.access).map_err(store_error)?;
         opened.push((name.clone(), store));
     }
     let refs: Vec<(String, &dyn artifact_store::Store)> = opened

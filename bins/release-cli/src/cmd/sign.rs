@@ -9,6 +9,7 @@ use manifest::signature;
 use manifest::{Generation, Manifest, ReleaseNumber, UnixSeconds};
 use serde::Serialize;
 
+use crate::input::read_manifest;
 use crate::output::print_json;
 use crate::{CliError, CliResult};
 
@@ -150,13 +151,6 @@ fn generation_of(path: &Path, m: &Manifest, flag: Option<Generation>) -> CliResu
                 path.display()
             ))
         })
-}
-
-fn read_manifest(path: &Path) -> CliResult<(Vec<u8>, Manifest)> {
-    let bytes = super::manifest::read_limited(path)?;
-    let m = Manifest::from_slice(&bytes)
-        .map_err(|e| CliError::check_failed(format!("{}: {e}", path.display())))?;
-    Ok((bytes, m))
 }
 
 pub fn sign(a: SignArgs) -> CliResult {

@@ -13,11 +13,9 @@ use manifest::{Generation, GitCommit, Manifest, ModelId, layout};
 use release::gate::GateOutcome;
 use release::publish::{self, PublishRequest};
 
-use crate::output::print_json;
+use crate::output::{print_json, release_error, store_error};
 use crate::progress::bytes_bar;
 use crate::{CliError, CliResult};
-
-pub(crate) use crate::output::store_error;
 
 fn read_manifest(path: &PathBuf) -> CliResult<Manifest> {
     // A missing input file is exit 1, as for every command (an I/O failure, like manifest
@@ -25,14 +23,7 @@ fn read_manifest(path: &PathBuf) -> CliResult<Manifest> {
     if let Err(e) = std::fs::metadata(path) {
         return Err(CliError::failure(format!("{}: {e}", path.display())));
     }
-    let bytes = super::manifest::read_limited(path)?;
-    Manifest::from_slice(&bytes)
-        .map_err(|e| CliError::check_failed(format!("{}: {e}", path.display())))
-}
-
-/// The built-in pins plus those `tinygrad bump` recorded in `<openpilot>/tinygrad_pins.json`.
-pub fn load_pins(openpilot: Option<&std::path::Path>) -> CliResult<manifest::PinTable> {
-    Ok(release::tree::load_pins(openpilot)?)
+    Ok(crate::input::read_manifest(path)?.1)
 }
 
 /// `publish`: release's publish flags and signing flags, each group taken whole.
@@ -58,8 +49,7 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             flags.artifacts.display()
         )));
     }
-    let json = args.json;
-    let dry_run = flags.dry_run;
+    let (json, dry_run) = (args.json, flags.dry_run);
     let removing_signature = args.sign.remove_signature.is_some();
     // A local store, which `serve` can serve to a device for a try.
     let local_store = flags.to.iter().find_map(|s| match s {
@@ -72,17 +62,56 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
         sign: args.sign,
     };
     let mut bar = None;
-    let mut on_event = |e: &publish::Event| match e {
-        publish::Event::ValidationSkipped { reason, gaps } => eprintln!(
+    let mut on_event = |e: &publish::Event| render_publish_event(e, json, &mut bar, dry_run);
+    let outcome = publish::run(request, &mut super::sign::ask_passphrase, &mut on_event)
+        .map_err(publish_error)?;
+    if json {
+        return print_json(&outcome);
+    }
+    print_outcome(&outcome)?;
+    let generation = &outcome.report.generation;
+    if outcome.report.dry_run {
+        cli_support::info!("next: run the same command without --dry-run to publish");
+    } else if removing_signature {
+        cli_support::info!(
+            "next: devices without trusted keys pick up {generation} on their next refresh; \
+             devices with keys refuse it as not signed until you publish it again with \
+             --sign-key"
+        );
+    } else if let Some(dir) = &local_store {
+        cli_support::info!(
+            "next: devices pick up {generation} on their next refresh; try it offline with \
+             `release-cli serve --store {}` and a device pointed at it (`device-modeld-manager \
+             --hf-base URL refresh`, URL: the base URL serve prints)",
+            cli_support::shell_quote(&dir.display().to_string())
+        );
+    } else {
+        cli_support::info!("next: devices pick up {generation} on their next refresh");
+    }
+    Ok(())
+}
+
+/// The text form of publish's events: warnings and notes on stderr, the upload's progress
+/// ([`render_store_event`]); with `--json`, the signature and the upload's events as JSON
+/// lines.
+fn render_publish_event(
+    e: &publish::Event,
+    json: bool,
+    bar: &mut Option<indicatif::ProgressBar>,
+    dry_run: bool,
+) {
+    use publish::Event as E;
+    match e {
+        E::ValidationSkipped { reason, gaps } => eprintln!(
             "warning: publishing without validation ({reason}); {gaps} uncovered cell(s) recorded"
         ),
-        publish::Event::GithubOnly { reason } => {
+        E::GithubOnly { reason } => {
             eprintln!("warning: publishing to GitHub without the Hub ({reason}); recorded")
         }
-        publish::Event::Signed { .. } if json => {
+        E::Signed { .. } if json => {
             let _ = print_json(e);
         }
-        publish::Event::Signed {
+        E::Signed {
             generation,
             release,
             expires,
@@ -92,15 +121,15 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
             keys.join(" and "),
             cli_support::time::rfc3339(*expires),
         ),
-        publish::Event::RemovingSignature { generation, reason } => eprintln!(
+        E::RemovingSignature { generation, reason } => eprintln!(
             "warning: publishing {generation} unsigned and removing its signature ({reason}); \
              devices with trusted keys will refuse this generation as not signed"
         ),
-        publish::Event::StaysUnpublished { id, catalog } => eprintln!(
+        E::StaysUnpublished { id, catalog } => eprintln!(
             "note: {id} (in the tree's {catalog}) is not in this manifest: it stays unpublished"
         ),
-        publish::Event::RuntimeChecked { .. } if json => {}
-        publish::Event::RuntimeChecked {
+        E::RuntimeChecked { .. } if json => {}
+        E::RuntimeChecked {
             subject,
             path,
             framing,
@@ -115,18 +144,17 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
                 ""
             }
         ),
-        publish::Event::Store(e) if json => {
+        E::Store(e) if json => {
             let _ = print_json(e);
         }
-        publish::Event::Store(e) => render_store_event(e, &mut bar, dry_run),
-    };
-    let outcome = publish::run(request, &mut super::sign::ask_passphrase, &mut on_event)
-        .map_err(publish_error)?;
-    if json {
-        return print_json(&outcome);
+        E::Store(e) => render_store_event(e, bar, dry_run),
     }
-    let report = &outcome.report;
-    print_report(report);
+}
+
+/// The text report of a publish: the plan or what was uploaded, what the validation gate
+/// decided, and where the records went.
+fn print_outcome(outcome: &publish::PublishOutcome) -> CliResult {
+    print_report(&outcome.report);
     match &outcome.validation {
         GateOutcome::Passed { workspace, covered } => crate::outln!(
             "validation: {} cell(s) of the seed's matrix covered by the records in {}",
@@ -141,29 +169,27 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
     if let Some(p) = &outcome.publish_history {
         crate::outln!("this publish's record (kept): {}", p.display())?;
     }
-    if report.dry_run {
-        cli_support::info!("next: run the same command without --dry-run to publish");
-    } else if removing_signature {
-        cli_support::info!(
-            "next: devices without trusted keys pick up {} on their next refresh; devices with \
-             keys refuse it as not signed until you publish it again with --sign-key",
-            report.generation
-        );
-    } else if let Some(dir) = &local_store {
-        cli_support::info!(
-            "next: devices pick up {} on their next refresh; try it offline with `release-cli \
-             serve --store {}` and a device pointed at it (`device-modeld-manager --hf-base URL \
-             refresh`, URL: the base URL serve prints)",
-            report.generation,
-            cli_support::shell_quote(&dir.display().to_string())
-        );
-    } else {
-        cli_support::info!(
-            "next: devices pick up {} on their next refresh",
-            report.generation
-        );
-    }
     Ok(())
+}
+
+/// The `next:` line after a build or rehearsal that leaves a release ready to publish: the
+/// publish command for these paths, each quoted for the shell (`rebuild` and `rehearse` say
+/// it alike).
+pub(crate) fn say_publish_next(
+    generation: Generation,
+    manifest: &std::path::Path,
+    artifacts: &std::path::Path,
+    workspace: &release::Workspace,
+) {
+    let sh = |p: &std::path::Path| cli_support::shell_quote(&p.display().to_string());
+    cli_support::info!(
+        "next: `release-cli publish --generation {generation} --manifest {} --artifacts {} \
+         --workspace {} --to STORE` (STORE: a store to publish to, e.g. hf://buckets/NS/NAME; \
+         --to again for each other store)",
+        sh(manifest),
+        sh(artifacts),
+        sh(workspace.root())
+    );
 }
 
 /// A publish error's exit code: the gate's refusals are failed checks (as for `preflight`), and
@@ -178,7 +204,7 @@ fn publish_error(e: release::Error) -> CliError {
         | E::NotADirectory {
             flag: "--workspace",
             ..
-        } => super::gate::release_error(e),
+        } => release_error(e),
         e => e.into(),
     }
 }
@@ -407,7 +433,7 @@ pub fn reuse_cmd(args: ReuseArgs) -> CliResult {
             tinygrad_commit: args.tinygrad_commit.clone(),
             generation: args.generation,
         },
-        &load_pins(args.openpilot.as_deref())?,
+        &release::tree::load_pins(args.openpilot.as_deref())?,
         &catalog,
         target,
     )?;

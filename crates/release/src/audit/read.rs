@@ -122,36 +122,82 @@ pub fn snapshot(
     workspace: Option<&Path>,
     progress: &mut dyn FnMut(DeepProgress),
 ) -> Result<Snapshot> {
-    let layout = StoreLayout::HfBucket;
     let manifest = store
         .read_small(
-            &layout.manifest_path(generation),
+            &StoreLayout::HfBucket.manifest_path(generation),
             Limits::DEFAULT_MAX_MANIFEST_BYTES,
         )
         .map_err(|e| e.to_string());
-    let signature = match store.read_small(
-        &layout.signature_path(generation),
+    let signature = read_signature(store, generation, keys, &manifest);
+    let (files, odd) = listing(store, &store_ref, generation)?;
+    let small = read_small_files(store, &files);
+    let (digests, failing_chunks) = if deep {
+        let parsed = manifest
+            .as_ref()
+            .ok()
+            .and_then(|m| m.as_ref())
+            .and_then(|b| Manifest::from_slice(b).ok());
+        let name = store_ref.spec();
+        let (digests, failing) = deep_digests(
+            store,
+            &name,
+            &files,
+            workspace,
+            parsed.as_ref(),
+            generation,
+            progress,
+        )?;
+        (Some(digests), failing)
+    } else {
+        (None, BTreeMap::new())
+    };
+    Ok(Snapshot {
+        store: store_ref,
+        manifest,
+        signature,
+        files,
+        small,
+        digests,
+        odd,
+        failing_chunks,
+    })
+}
+
+/// The generation's signature file, checked with `keys` over the `manifest` bytes read (none
+/// read: over no bytes).
+fn read_signature(
+    store: &dyn Store,
+    generation: Generation,
+    keys: Option<&[VerifyingKey]>,
+    manifest: &std::result::Result<Option<Vec<u8>>, String>,
+) -> SignatureRead {
+    match store.read_small(
+        &StoreLayout::HfBucket.signature_path(generation),
         manifest::signature::MAX_SIGNATURE_BYTES,
     ) {
         Ok(None) => SignatureRead::Absent,
         Ok(Some(sig)) => match keys {
             None => SignatureRead::NotChecked,
             Some(keys) => {
-                let data = manifest
-                    .as_ref()
-                    .ok()
-                    .cloned()
-                    .flatten()
-                    .unwrap_or_default();
-                SignatureRead::Checked(check_signature(keys, &data, &String::from_utf8_lossy(&sig)))
+                let data = manifest.as_ref().ok().and_then(Option::as_deref);
+                let text = String::from_utf8_lossy(&sig);
+                SignatureRead::Checked(check_signature(keys, data.unwrap_or_default(), &text))
             }
         },
         Err(e) => SignatureRead::Checked(Err(manifest::signature::Refusal::Malformed {
             reason: e.to_string(),
         })),
-    };
+    }
+}
 
-    let dir = layout.generation_dir(generation);
+/// Every file under `models/<gen>/` (bucket layout) with its size, and the entries there no
+/// listing shows ([`super::OddEntry`], directory stores only).
+fn listing(
+    store: &dyn Store,
+    store_ref: &StoreRef,
+    generation: Generation,
+) -> Result<(BTreeMap<String, u64>, BTreeMap<String, super::OddEntry>)> {
+    let dir = StoreLayout::HfBucket.generation_dir(generation);
     let mut files: BTreeMap<String, u64> = store
         .list(&dir)?
         .into_iter()
@@ -161,7 +207,7 @@ pub fn snapshot(
     // path can hold and anything not a regular file; they are stale here, so look for them on
     // disk (never following a link).
     let mut odd = BTreeMap::new();
-    if let StoreRef::Local { root } = &store_ref {
+    if let StoreRef::Local { root } = store_ref {
         on_disk(
             &artifact_store::paths::to_fs_path(&dir, root),
             dir.as_str(),
@@ -169,7 +215,15 @@ pub fn snapshot(
             &mut odd,
         )?;
     }
+    Ok((files, odd))
+}
 
+/// The content of every `.chunkmanifest` and `.sha256` among `files`, or why it was not read;
+/// one gone since the listing is left out.
+fn read_small_files(
+    store: &dyn Store,
+    files: &BTreeMap<String, u64>,
+) -> BTreeMap<String, std::result::Result<Vec<u8>, String>> {
     let mut small = BTreeMap::new();
     for path in files.keys() {
         if !(path.ends_with(".chunkmanifest") || path.ends_with(".sha256")) {
@@ -185,85 +239,86 @@ pub fn snapshot(
         };
         small.insert(path.clone(), read);
     }
+    small
+}
 
-    let mut failing_chunks = BTreeMap::new();
-    let digests = if deep {
-        let parsed = manifest
-            .as_ref()
-            .ok()
-            .and_then(|m| m.as_ref())
-            .and_then(|b| Manifest::from_slice(b).ok());
-        let wanted: Vec<_> = parsed
-            .as_ref()
-            .map(|m| expected_artifacts(m, generation))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|e| e.pieces().iter().all(|p| files.contains_key(p)))
-            .collect();
-        let total: u64 = wanted
-            .iter()
-            .flat_map(|e| e.pieces())
-            .map(|p| files[&p])
-            .sum();
-        let name = store_ref.spec();
-        let mut done = 0u64;
-        let mut out = BTreeMap::new();
-        for e in &wanted {
-            let logical = e.logical();
-            let mut h = Hasher::new();
-            for piece in e.pieces() {
-                let p = artifact_store::paths::store_path(&piece)?;
-                let reader = store.open(&p)?;
-                let mut counting = Counting {
-                    inner: reader,
-                    on_read: &mut |n| {
-                        done += n;
-                        progress(DeepProgress {
-                            store: &name,
-                            artifact: &logical,
-                            done,
-                            total,
-                        })
-                    },
-                };
-                h.update_from_reader(&mut counting).map_err(|source| {
-                    artifact_store::Error::StoreRead {
-                        what: format!("{name} {piece}"),
-                        source,
-                    }
-                })?;
-            }
-            let whole = h.finish();
-            if whole != e.sha256 && e.count > 0 {
-                let listed = parsed
-                    .as_ref()
-                    .and_then(|m| m.get(&e.model))
-                    .filter(|_| e.variant.is_none())
-                    .and_then(|m| m.chunk_digests());
-                let ready =
-                    workspace.map(|w| crate::Workspace::new(w).ready().join(e.model.as_str()));
-                failing_chunks.insert(
-                    logical.clone(),
-                    failing(store, &e.pieces(), listed.as_deref(), ready.as_deref())?,
-                );
-            }
-            out.insert(logical, whole);
+/// A corrupt artifact's failing chunks, by its logical path.
+type FailingChunks = BTreeMap<String, Vec<super::FailingChunk>>;
+
+/// `--deep`: the SHA-256 of every artifact `parsed` lists whose `files` are all in the store
+/// (named `name`), by logical path, and for each corrupt chunked one the chunks that differ
+/// ([`failing`]; `workspace`: whose `ready/<id>/` chunks they are compared with).
+fn deep_digests(
+    store: &dyn Store,
+    name: &str,
+    files: &BTreeMap<String, u64>,
+    workspace: Option<&Path>,
+    parsed: Option<&Manifest>,
+    generation: Generation,
+    progress: &mut dyn FnMut(DeepProgress),
+) -> Result<(BTreeMap<String, chunker::Sha256Digest>, FailingChunks)> {
+    let wanted: Vec<_> = parsed
+        .map(|m| expected_artifacts(m, generation))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.pieces().iter().all(|p| files.contains_key(p)))
+        .collect();
+    let total: u64 = wanted
+        .iter()
+        .flat_map(|e| e.pieces())
+        .map(|p| files[&p])
+        .sum();
+    let mut done = 0u64;
+    let (mut digests, mut failing_chunks) = (BTreeMap::new(), BTreeMap::new());
+    for e in &wanted {
+        let logical = e.logical();
+        let whole = hash_pieces(store, name, &e.pieces(), &mut |n| {
+            done += n;
+            progress(DeepProgress {
+                store: name,
+                artifact: &logical,
+                done,
+                total,
+            })
+        })?;
+        if whole != e.sha256 && e.count > 0 {
+            let listed = parsed
+                .and_then(|m| m.get(&e.model))
+                .filter(|_| e.variant.is_none())
+                .and_then(|m| m.chunk_digests());
+            let ready = workspace.map(|w| crate::Workspace::new(w).ready().join(e.model.as_str()));
+            failing_chunks.insert(
+                logical.clone(),
+                failing(store, &e.pieces(), listed.as_deref(), ready.as_deref())?,
+            );
         }
-        Some(out)
-    } else {
-        None
-    };
+        digests.insert(logical, whole);
+    }
+    Ok((digests, failing_chunks))
+}
 
-    Ok(Snapshot {
-        store: store_ref,
-        manifest,
-        signature,
-        files,
-        small,
-        digests,
-        odd,
-        failing_chunks,
-    })
+/// The SHA-256 of `pieces` read in order from `store` (`name` in a read error), streaming;
+/// `on_read` is told each read's byte count.
+fn hash_pieces(
+    store: &dyn Store,
+    name: &str,
+    pieces: &[String],
+    on_read: &mut dyn FnMut(u64),
+) -> Result<chunker::Sha256Digest> {
+    let mut h = Hasher::new();
+    for piece in pieces {
+        let p = artifact_store::paths::store_path(piece)?;
+        let mut counting = Counting {
+            inner: store.open(&p)?,
+            on_read: &mut *on_read,
+        };
+        h.update_from_reader(&mut counting)
+            .map_err(|source| artifact_store::Error::StoreRead {
+                what: format!("{name} {piece}"),
+                source,
+            })?;
+    }
+    Ok(h.finish())
 }
 
 /// The chunks of a corrupt artifact that differ from their reference: the manifest's per-chunk
@@ -289,14 +344,12 @@ fn failing(
         let Some((want, from)) = reference else {
             continue;
         };
-        let p = artifact_store::paths::store_path(piece)?;
-        let mut h = Hasher::new();
-        h.update_from_reader(&mut store.open(&p)?)
-            .map_err(|source| artifact_store::Error::StoreRead {
-                what: format!("{} {piece}", store.describe()),
-                source,
-            })?;
-        let got = h.finish();
+        let got = hash_pieces(
+            store,
+            &store.describe(),
+            std::slice::from_ref(piece),
+            &mut |_| {},
+        )?;
         if got != want {
             out.push(super::FailingChunk {
                 path: piece.clone(),
