@@ -8,6 +8,7 @@ mod hub_serve_reuse;
 mod power_loss;
 mod publish_local_git;
 mod publish_progress;
+mod publish_reads;
 mod publish_rules;
 mod republish_window;
 mod serve_hostile;

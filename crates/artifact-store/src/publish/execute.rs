@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use manifest::{Manifest, ModelId, StoreLayout};
 
-use super::inspect::check_entry;
+use super::inspect::{Look, check_entry};
 use super::{
     Event, FileSource, LocalArtifact, LocalFile, Observed, PublishOptions, SignatureAction, Step,
     StoreReport, plan_model,
@@ -221,7 +221,7 @@ fn check_complete(
             continue;
         }
         checked += 1;
-        check_entry(store, opts.generation, entry, false, &mut problems)?;
+        check_entry(store, opts.generation, entry, Look::Sizes, &mut problems)?;
     }
     if !problems.is_empty() {
         return Err(Error::Incomplete {

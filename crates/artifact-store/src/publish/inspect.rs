@@ -17,12 +17,26 @@ use chunker::SMALL_FILE_LIMIT;
 
 pub use crate::refusal::{StoreProblem, StoreProblemKind};
 
+/// How far a stored artifact is looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Look {
+    /// Its files there, at their sizes, with `.chunkmanifest` and `.sha256` saying what the
+    /// manifest says: small reads only. Publish's last look before the manifest, when every
+    /// artifact was looked at closer earlier in the same run.
+    Sizes,
+    /// And an OOB container: the frame headers read in place (a seek each on disk, an HTTP
+    /// range each on the Hub; one per frame).
+    Container,
+    /// And its bytes hashed to the manifest's SHA-256 (`--deep-verify`, or reads are local).
+    Digest,
+}
+
 /// Check one manifest entry against the store, adding one problem per thing wrong.
 pub(crate) fn check_entry(
     store: &dyn Store,
     generation: Generation,
     entry: &ModelEntry,
-    deep: bool,
+    look: Look,
     problems: &mut Vec<StoreProblem>,
 ) -> Result<()> {
     let id = entry.id();
@@ -43,7 +57,7 @@ pub(crate) fn check_entry(
         sha256: artifact.sha256,
         count: artifact.chunk_count.get(),
     };
-    check_stored(store, &dir, &name, &want, deep, &mut push)
+    check_stored(store, &dir, &name, &want, look, &mut push)
 }
 
 /// One accelerator variant of an entry as publish needs it: where it lives in the store, and
@@ -112,7 +126,7 @@ pub(crate) fn check_variants(
     generation: Generation,
     entry: &ModelEntry,
     local: &[String],
-    deep: bool,
+    look: Look,
     problems: &mut Vec<StoreProblem>,
 ) -> Result<()> {
     let id = entry.id();
@@ -145,7 +159,7 @@ pub(crate) fn check_variants(
                 },
             })
         };
-        check_stored(store, &dir, &t.file_name, &want, deep, &mut push)?;
+        check_stored(store, &dir, &t.file_name, &want, look, &mut push)?;
     }
     Ok(())
 }
@@ -158,13 +172,14 @@ struct Want {
 }
 
 /// Check one logical artifact `dir/name` in the store: its files complete (plain, or chunk set
-/// with `.chunkmanifest` and `.sha256`), its size, an OOB container, and with `deep` its digest.
+/// with `.chunkmanifest` and `.sha256`) and its size; as far as `look` says, an OOB container
+/// and its digest.
 fn check_stored(
     store: &dyn Store,
     dir: &StorePath,
     name: &str,
     want: &Want,
-    deep: bool,
+    look: Look,
     push: &mut dyn FnMut(StoreProblemKind),
 ) -> Result<()> {
     let count = want.count;
@@ -231,6 +246,9 @@ fn check_stored(
         });
         return Ok(());
     }
+    if look == Look::Sizes {
+        return Ok(());
+    }
     // Found in the store rather than uploaded now: it must be an OOB container too (a few
     // small reads: a seek on disk, an HTTP range on the Hub).
     let what = format!("{} {}", store.describe(), dir.join(name)?);
@@ -238,7 +256,7 @@ fn check_stored(
         push(StoreProblemKind::NotOob(not_oob));
         return Ok(());
     }
-    if deep {
+    if look == Look::Digest {
         let mut h = Hasher::new();
         for (p, _) in &pieces {
             h.update_from_reader(store.open(p)?)

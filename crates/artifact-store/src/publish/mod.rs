@@ -315,7 +315,11 @@ fn check_before_upload(
         }
     }
     for store in stores {
-        let deep = opts.deep_verify || store.reads_are_local();
+        let look = if opts.deep_verify || store.reads_are_local() {
+            inspect::Look::Digest
+        } else {
+            inspect::Look::Container
+        };
         let mut problems = Vec::new();
         // Under a contract whose rows another tool may publish (v26), a row exactly as this
         // store's live manifest has it is that tool's published row, not ours to re-check
@@ -326,14 +330,14 @@ fn check_before_upload(
                 continue;
             }
             if !uploads_main_artifact(local, entry.id()) {
-                inspect::check_entry(*store, opts.generation, entry, deep, &mut problems)?;
+                inspect::check_entry(*store, opts.generation, entry, look, &mut problems)?;
             }
             let here: Vec<String> = local
                 .iter()
                 .filter(|a| &a.id == entry.id())
                 .filter_map(|a| a.variant.clone())
                 .collect();
-            inspect::check_variants(*store, opts.generation, entry, &here, deep, &mut problems)?;
+            inspect::check_variants(*store, opts.generation, entry, &here, look, &mut problems)?;
         }
         if !problems.is_empty() {
             return Err(Error::Incomplete {
