@@ -257,22 +257,27 @@ fn check_stored(
         return Ok(());
     }
     if look == Look::Digest {
-        let mut h = Hasher::new();
-        for (p, _) in &pieces {
-            h.update_from_reader(store.open(p)?)
-                .map_err(|source| Error::StoreRead {
-                    what: format!("{} {p}", store.describe()),
-                    source,
-                })?;
-        }
-        let d = h.finish();
-        if d != want.sha256 {
+        let found = digest_of(store, &pieces)?;
+        if found != want.sha256 {
             push(StoreProblemKind::Corrupt {
                 dir: dir.clone(),
-                found: d,
+                found,
                 manifest: want.sha256,
             });
         }
     }
     Ok(())
+}
+
+/// The SHA-256 of the pieces read in order through the store.
+fn digest_of(store: &dyn Store, pieces: &[(StorePath, u64)]) -> Result<Sha256Digest> {
+    let mut h = Hasher::new();
+    for (p, _) in pieces {
+        h.update_from_reader(store.open(p)?)
+            .map_err(|source| Error::StoreRead {
+                what: format!("{} {p}", store.describe()),
+                source,
+            })?;
+    }
+    Ok(h.finish())
 }
