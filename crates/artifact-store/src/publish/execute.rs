@@ -200,10 +200,11 @@ fn upload(
 }
 
 /// Step 2: every listed artifact complete and matching. In a dry run, what would be uploaded
-/// counts as there. The models not uploaded were already checked (hashed where reads are
-/// local or with --deep-verify) before the first upload of any store
-/// (`super::check_before_upload`); step 1 hashed every file of the models it uploaded or
-/// found there. So this last look, right before the manifest, reads names and sizes only.
+/// counts as there. A model whose artifact step 1 uploaded was checked from the local files
+/// (size, SHA-256, OOB container), so for it this last look, right before the manifest, reads
+/// names and sizes only; one found in the store is read as an OOB container in place again
+/// (hashed before the first upload where reads are local or with --deep-verify,
+/// `super::check_before_upload`, which leaves out rows another tool published).
 fn check_complete(
     manifest: &Manifest,
     local: &[LocalArtifact],
@@ -221,7 +222,12 @@ fn check_complete(
             continue;
         }
         checked += 1;
-        check_entry(store, opts.generation, entry, Look::Sizes, &mut problems)?;
+        let look = if super::uploads_main_artifact(local, entry.id()) {
+            Look::Sizes
+        } else {
+            Look::Container
+        };
+        check_entry(store, opts.generation, entry, look, &mut problems)?;
     }
     if !problems.is_empty() {
         return Err(Error::Incomplete {

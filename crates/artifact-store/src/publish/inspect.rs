@@ -21,8 +21,8 @@ pub use crate::refusal::{StoreProblem, StoreProblemKind};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Look {
     /// Its files there, at their sizes, with `.chunkmanifest` and `.sha256` saying what the
-    /// manifest says: small reads only. Publish's last look before the manifest, when every
-    /// artifact was looked at closer earlier in the same run.
+    /// manifest says: small reads only. Publish's last look before the manifest at an artifact
+    /// it uploaded, checked from the local files in the same run.
     Sizes,
     /// And an OOB container: the frame headers read in place (a seek each on disk, an HTTP
     /// range each on the Hub; one per frame).
