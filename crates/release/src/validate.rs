@@ -197,9 +197,6 @@ pub enum CheckedOn {
     Given(BTreeMap<ModelId, Sha256Digest>),
 }
 
-/// `.sha256` sidecars are one line; anything larger is not one.
-const MAX_SIDECAR_BYTES: u64 = 4096;
-
 /// The artifacts a device check is made on: the SHA-256 in each `ready/<id>/<id>_driving_
 /// tinygrad.pkl.sha256` of `workspace` (only `model`'s with `--model`), each read size-capped
 /// and regular-file-only. Refused without a workspace, or when it holds no built artifact: a
@@ -237,7 +234,7 @@ pub fn ready_digests(
         let sidecar = path.with_file_name(chunker::sidecar_name(
             &path.file_name().unwrap_or_default().to_string_lossy(),
         ));
-        match chunker::bounded::read_capped_existing(&sidecar, MAX_SIDECAR_BYTES) {
+        match chunker::bounded::read_capped_existing(&sidecar, chunker::SMALL_FILE_LIMIT) {
             Ok(bytes) => {
                 digests.insert(id, chunker::parse_sidecar(&bytes, &sidecar)?);
             }
