@@ -17,7 +17,7 @@
 
 use std::fmt;
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::github::GithubStore;
@@ -73,6 +73,14 @@ impl StoreAccess {
     pub fn hf(&self) -> HfConfig {
         HfConfig::from_env(self.hf_cli.clone())
     }
+}
+
+/// Where a directory store's path leads: canonical when it exists, else made absolute against
+/// the working directory, else as given. Two names of one directory resolve alike.
+pub fn resolved(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p)
+        .or_else(|_| std::path::absolute(p))
+        .unwrap_or_else(|_| p.to_path_buf())
 }
 
 /// The kind of a Hugging Face repository.
@@ -245,14 +253,9 @@ impl StoreSpec {
     /// is spelt (`./store`, `store/`, an absolute path). Used to tell which `--to` is the one
     /// `publish --hub` names.
     pub fn same_store(&self, other: &StoreSpec) -> bool {
-        let place = |p: &std::path::Path| {
-            std::fs::canonicalize(p)
-                .or_else(|_| std::path::absolute(p))
-                .unwrap_or_else(|_| p.to_path_buf())
-        };
         match (self, other) {
             (StoreSpec::Local(a), StoreSpec::Local(b))
-            | (StoreSpec::Github(a), StoreSpec::Github(b)) => place(a) == place(b),
+            | (StoreSpec::Github(a), StoreSpec::Github(b)) => resolved(a) == resolved(b),
             (a, b) => a == b,
         }
     }

@@ -355,7 +355,7 @@ struct Staged {
 fn stage(req: &mut PublishRequest) -> Result<Staged> {
     // The record names the manifest canonically (absolute, links resolved), whatever was
     // typed, so every later reader finds it from anywhere; decided before anything is written.
-    let manifest_path = absolute(&req.flags.manifest_path);
+    let manifest_path = artifact_store::location::resolved(&req.flags.manifest_path);
     // The tree the release ships with must select exactly the generation of its tinygrad.
     let tree_generation = match &req.flags.openpilot {
         Some(op) => crate::tree::check_selectors(op)?,
@@ -639,17 +639,12 @@ pub fn path_in_store(store: &str, path: &str) -> String {
 /// resolved where it exists); a Hub store as `hf://…`.
 pub fn canonical_store_name(spec: &StoreSpec) -> String {
     match spec {
-        StoreSpec::Local(p) => format!("file:{}", absolute(p).display()),
-        StoreSpec::Github(p) => format!("github:{}", absolute(p).display()),
+        StoreSpec::Local(p) => format!("file:{}", artifact_store::location::resolved(p).display()),
+        StoreSpec::Github(p) => {
+            format!("github:{}", artifact_store::location::resolved(p).display())
+        }
         other => other.to_string(),
     }
-}
-
-/// `p` absolute, with its links resolved where it exists.
-fn absolute(p: &Path) -> PathBuf {
-    std::fs::canonicalize(p)
-        .or_else(|_| std::path::absolute(p))
-        .unwrap_or_else(|_| p.to_path_buf())
 }
 
 /// The `--to` stores, in an order that never puts GitHub ahead of the Hub, opened.
