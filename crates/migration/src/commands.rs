@@ -12,7 +12,7 @@ use crate::device::Device;
 use crate::downloads::{DownloadPlanReport, DownloadReport, download_all, download_model};
 use crate::error::{Error, Result};
 use crate::lock::ManagerLock;
-use crate::manager::{self, GcPlan, GcReport, RefreshReport, unix_now};
+use crate::manager::{self, GcPlan, GcReport, RefreshReport, Run};
 use crate::next_step::{code, failure};
 use crate::preview::{self, RefreshPlan};
 use crate::progress::Progress;
@@ -32,13 +32,13 @@ pub fn refresh(
     let _lock = ManagerLock::acquire(&device.models_dir())?;
     progress.label("selected model");
     let print = |p: &Progress| progress.say(p);
-    let r = manager::refresh_as(
+    let r = manager::refresh(
         device,
-        dl,
-        &CancelToken::new(),
-        &print,
-        unix_now(),
-        Caller::Person,
+        &Run {
+            progress: &print,
+            caller: Caller::Person,
+            ..Run::new(dl)
+        },
     );
     progress.finish();
     r
@@ -47,7 +47,11 @@ pub fn refresh(
 /// `refresh --dry-run`: the person's refresh in plan mode. Failing, the real run's error, with
 /// what the real run would still write before failing.
 pub fn refresh_dry_run(device: &Device, dl: &Downloader) -> Result<RefreshPlan, Failure> {
-    preview::refresh(device, dl, unix_now(), Caller::Person).or_else(|e| {
+    let person = Run {
+        caller: Caller::Person,
+        ..Run::new(dl)
+    };
+    preview::refresh(device, &person).or_else(|e| {
         let before = preview::refresh_failure(device, &e)?;
         Err(crate::render::dry_run::refresh_failure(e, &before))
     })

@@ -17,7 +17,7 @@ use manifest::{ModelEntry, ModelId};
 use crate::device::Device;
 use crate::downloads::{download_all, download_model};
 use crate::error::{Error, Result};
-use crate::manager::refresh;
+use crate::manager::{Run, refresh};
 use crate::params::{ParamRead, keys};
 use crate::progress::{DisplayName, FailReason, Progress};
 
@@ -803,7 +803,12 @@ impl Daemon<'_> {
         let say = |p: &Progress| out.say(device, p);
         let result = thread::scope(|s| {
             s.spawn(|| acknowledge_while(device, &done, stopping, log));
-            let r = refresh(&automatic, self.dl, &cancel, &say);
+            let by = Run {
+                cancel,
+                progress: &say,
+                ..Run::new(self.dl)
+            };
+            let r = refresh(&automatic, &by);
             done.store(true, Ordering::SeqCst);
             r
         });

@@ -53,8 +53,7 @@ pub use error::{Error, Result};
 pub use journal::{Journal, Phase, read_journal};
 pub use lock::ManagerLock;
 pub use manager::{
-    GcPlan, GcReport, RefreshReport, gc, install, install_target, refresh, refresh_as, refresh_at,
-    unix_now,
+    GcPlan, GcReport, RefreshReport, Run, gc, install, install_target, refresh, unix_now,
 };
 pub use params::Params;
 pub use progress::{DisplayName, FailReason, Progress, ProgressFn, Transferred};

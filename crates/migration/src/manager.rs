@@ -117,47 +117,13 @@ pub struct RefreshReport {
     /// failure, so no retry is scheduled for them; the model stays pending.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub held_back: Vec<crate::budget::HeldBack>,
-}
-
-/// Fetch the manifest, store it, migrate if the generation changed (or a migration was
-/// interrupted), then make everything modeld and the UIs read agree with the catalog: the
-/// selection and profile params (repaired to the built-in where a wanted model cannot be had),
-/// the catalog params and the three JSON caches.
-pub fn refresh(
-    device: &Device,
-    dl: &Downloader,
-    cancel: &CancelToken,
-    progress: ProgressFn,
-) -> Result<RefreshReport> {
-    refresh_at(device, dl, cancel, progress, unix_now())
-}
-
-/// [`refresh`] at a given time (Unix seconds), which decides which retries are due (the
-/// daemon's schedule, [`Caller::Daemon`]).
-pub fn refresh_at(
-    device: &Device,
-    dl: &Downloader,
-    cancel: &CancelToken,
-    progress: ProgressFn,
-    now_unix: u64,
-) -> Result<RefreshReport> {
-    refresh_as(device, dl, cancel, progress, now_unix, Caller::Daemon)
-}
-
-/// [`refresh_at`] run by `caller`: a person's refresh ([`Caller::Person`], the `refresh`
-/// command) tries every pending model at once; the daemon's waits for each one's backoff.
-pub fn refresh_as(
-    device: &Device,
-    dl: &Downloader,
-    cancel: &CancelToken,
-    progress: ProgressFn,
-    now_unix: u64,
-    caller: Caller,
-) -> Result<RefreshReport> {
-    Ok(refresh_run(device, dl, cancel, progress, now_unix, caller)?.0)
+    /// What it went through besides (the dry run reports it); not in `--json`.
+    #[serde(skip)]
+    pub(crate) went_through: RefreshRun,
 }
 
 /// What a refresh went through besides its report (the dry run reports it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct RefreshRun {
     pub manifest_url: String,
     /// The journal it went on with: a migration started or resumed.
@@ -210,15 +176,32 @@ pub fn settle_new_tree(device: &Device) -> Result<Option<String>> {
     }))
 }
 
-/// What the steps of one refresh share besides the device: where it fetches from, how it is
-/// stopped and reports, and who runs it when.
-#[derive(Clone, Copy)]
-struct RunBy<'a> {
-    dl: &'a Downloader,
-    cancel: &'a CancelToken,
-    progress: ProgressFn<'a>,
-    now_unix: u64,
-    caller: Caller,
+/// Who runs a refresh, when, and how it is stopped and reports: what the steps of one refresh
+/// share besides the device. [`Run::new`] is the daemon's refresh now, quiet and never
+/// cancelled; the fields say otherwise.
+#[derive(Clone)]
+pub struct Run<'a> {
+    pub dl: &'a Downloader,
+    /// Raised by SIGTERM, the car going onroad, or a cancel from the UI.
+    pub cancel: CancelToken,
+    pub progress: ProgressFn<'a>,
+    /// Unix seconds, which decide which retries are due.
+    pub now_unix: u64,
+    /// A person's refresh ([`Caller::Person`], the `refresh` command) tries every pending model
+    /// at once; the daemon's ([`Caller::Daemon`]) waits for each one's backoff.
+    pub caller: Caller,
+}
+
+impl<'a> Run<'a> {
+    pub fn new(dl: &'a Downloader) -> Self {
+        Run {
+            dl,
+            cancel: CancelToken::new(),
+            progress: &|_| {},
+            now_unix: unix_now(),
+            caller: Caller::Daemon,
+        }
+    }
 }
 
 /// The first install refused for want of space: the refresh ends with it (exit 8), once
@@ -244,27 +227,16 @@ struct InstallRound {
     no_space: Option<NoSpace>,
 }
 
-/// [`refresh_at`], with what it went through. On a device in plan mode
+/// Fetch the manifest, store it, migrate if the generation changed (or a migration was
+/// interrupted), then make everything modeld and the UIs read agree with the catalog: the
+/// selection and profile params (repaired to the built-in where a wanted model cannot be had),
+/// the catalog params and the three JSON caches. On a device in plan mode
 /// ([`Device::planning`]) it is the dry run: downloads are assumed to succeed.
-pub(crate) fn refresh_run(
-    device: &Device,
-    dl: &Downloader,
-    cancel: &CancelToken,
-    progress: ProgressFn,
-    now_unix: u64,
-    caller: Caller,
-) -> Result<(RefreshReport, RefreshRun)> {
-    let by = RunBy {
-        dl,
-        cancel,
-        progress,
-        now_unix,
-        caller,
-    };
+pub fn refresh(device: &Device, by: &Run) -> Result<RefreshReport> {
     // Onroad: not one request, not one file touched.
     device.ensure_offroad("refresh")?;
     device.ensure_dirs()?;
-    let (fetched, refused) = fetch_and_store(device, dl, cancel)?;
+    let (fetched, refused) = fetch_and_store(device, by.dl, &by.cancel)?;
     // What the decisions take, read once (the catalog just stored among it); the params again
     // only after a purge phase of this run pointed them at the built-in.
     let mut view = DeviceView::read(device);
@@ -298,11 +270,11 @@ pub(crate) fn refresh_run(
         needs_chestnut: Vec::new(),
         refused_entries: refused,
         held_back: std::mem::take(&mut round.held),
-    };
-    let run = RefreshRun {
-        manifest_url: fetched.url,
-        journal: journal.clone(),
-        steps: std::mem::take(&mut round.steps),
+        went_through: RefreshRun {
+            manifest_url: fetched.url,
+            journal: journal.clone(),
+            steps: std::mem::take(&mut round.steps),
+        },
     };
     // An `IsOnroad` that cannot be read is not taken as offroad: the selection is held as onroad.
     let onroad = device.is_onroad().unwrap_or(true);
@@ -317,11 +289,17 @@ pub(crate) fn refresh_run(
         &|id| device.local_present(id),
         record.as_ref(),
         onroad.then_some(&slots_now),
-        now_unix,
+        by.now_unix,
     );
     next.retry
         .retain(|id, _| !round.failed_to_start.iter().any(|f| f.as_str() == id));
-    round.report(&mut report, &fates, &outcome, &wanted.selection, progress);
+    round.report(
+        &mut report,
+        &fates,
+        &outcome,
+        &wanted.selection,
+        by.progress,
+    );
     // The choice first, staged (see `choice::staged`): a crash anywhere in the param writes
     // reads every slot as ours, so neither a fallback nor a switch back loses the choice.
     device.store_choice(&choice::staged(&next, &slots_now))?;
@@ -337,7 +315,7 @@ pub(crate) fn refresh_run(
     // the refresh says so with the amount needed (exit 8), instead of "nothing to do".
     match round.no_space {
         Some(no_space) => Err(no_space.into()),
-        None => Ok((report, run)),
+        None => Ok(report),
     }
 }
 
@@ -397,7 +375,7 @@ fn fetch_and_store(
 /// failure that must stop the refresh stops it here.
 fn install_wanted(
     device: &Device,
-    by: RunBy<'_>,
+    by: &Run,
     manifest: &manifest::Manifest,
     wanted: &contract::Wanted,
     record: Option<&choice::Choice>,
@@ -417,7 +395,7 @@ fn install_wanted(
             InstallStep::Fetch => {}
         }
         (by.progress)(&Progress::DownloadingSelected(id.clone()));
-        match install(device, by.dl, entry, by.cancel, by.progress) {
+        match install(device, by.dl, entry, &by.cancel, by.progress) {
             Ok(_) => {
                 round.installs.ok.insert(id);
             }

@@ -4,18 +4,17 @@
 //! downloads assumed to succeed. The plan is read off the typed log, so it cannot drift from the
 //! run. `download --dry-run` is [`crate::downloads::plan`].
 
-use downloader::{CancelToken, Downloader};
 use manifest::ModelId;
 use serde::Serialize;
 
-use crate::choice::{CHOICE_FILE, Caller};
+use crate::choice::CHOICE_FILE;
 use crate::device::{CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device, JOURNAL_FILE, REFUSED_FILE};
 use crate::device::{RefusedModel, VerifyState};
 pub use crate::effects::ParamChange;
 use crate::effects::{Changes, Effect};
 use crate::error::{Error, Result};
 use crate::journal::read_journal;
-use crate::manager::{failed_fetch, refresh_run};
+use crate::manager::{Run, failed_fetch};
 use crate::plan::InstallStep;
 use crate::trust_state as trust;
 
@@ -56,12 +55,13 @@ pub struct PlannedDownload {
     pub installed: VerifyState,
 }
 
-/// The dry run of [`crate::refresh_as`] by `caller` (the `refresh` command's is [`Caller::Person`]:
+/// The dry run of [`crate::refresh`] `by` (the `refresh` command's is [`crate::choice::Caller::Person`]:
 /// no retry waits for its backoff). Errors are the real run's; [`refresh_failure`] says what it
 /// writes then.
-pub fn refresh(device: &Device, dl: &Downloader, now: u64, caller: Caller) -> Result<RefreshPlan> {
+pub fn refresh(device: &Device, by: &Run) -> Result<RefreshPlan> {
     let plan = device.planning();
-    let (r, run) = refresh_run(&plan, dl, &CancelToken::new(), &|_| {}, now, caller)?;
+    let r = crate::manager::refresh(&plan, by)?;
+    let run = &r.went_through;
     let (would_write, would_remove, would_set_params) = changes(device, &plan)?;
     let steps = |want: InstallStep| run.steps.iter().filter(move |s| s.2 == want);
     let ids = |want| steps(want).map(|s| s.0.clone()).collect();

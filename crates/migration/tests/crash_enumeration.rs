@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use crate::common::{Fixture, Origin, refresh};
 use crate::upstream;
 use crate::upstream::Load;
-use downloader::CancelToken;
 use migration::{Effects, Error, RefreshReport};
 
 use crate::upstream_v26::BUNDLED;
@@ -220,12 +219,12 @@ fn at(
     now: u64,
 ) -> impl Fn(&Fixture, Effects) -> migration::Result<RefreshReport> + '_ {
     move |f: &Fixture, effects: Effects| {
-        migration::refresh_at(
+        migration::refresh(
             &f.device_with(effects),
-            &origin.downloader(),
-            &CancelToken::new(),
-            &|_| {},
-            now,
+            &migration::Run {
+                now_unix: now,
+                ..migration::Run::new(&origin.downloader())
+            },
         )
     }
 }
@@ -318,7 +317,7 @@ fn the_move_and_a_v26_download_survive_a_crash_after_any_effect() {
         let rt = v.runtime();
         let run = |dir: &Path, effects: migration::Effects| {
             let (d, dl) = v.device_in(dir, effects);
-            migration::refresh(&d, &dl, &CancelToken::new(), &|_| {})
+            migration::refresh(&d, &migration::Run::new(&dl))
         };
         let migrated = |dir: &Path| {
             v25_device_in(dir);

@@ -10,7 +10,6 @@ use std::fs;
 
 use crate::common::{CATALOG_IDS, Fixture, LOCAL_BARE, LOCAL_MINE, Origin, refresh, sha_of};
 use crate::upstream::Load;
-use downloader::CancelToken;
 
 /// What a fixture must end as.
 struct Case {
@@ -377,9 +376,13 @@ fn a_same_generation_refresh_repairs_a_missing_or_old_selected_artifact() {
         }
     );
     let progress = std::sync::Mutex::new(Vec::new());
-    migration::refresh(&device, &dl, &CancelToken::new(), &|p| {
-        progress.lock().unwrap().push(p.to_string())
-    })
+    migration::refresh(
+        &device,
+        &migration::Run {
+            progress: &|p| progress.lock().unwrap().push(p.to_string()),
+            ..migration::Run::new(&dl)
+        },
+    )
     .unwrap();
     assert_eq!(sha_of(&path).as_deref(), Some(origin.sha("pop223")));
     assert!(

@@ -6,7 +6,6 @@ use std::fs;
 use std::sync::Mutex;
 
 use crate::common::{Fixture, Origin, sha_of};
-use downloader::CancelToken;
 use migration::report::PendingCase;
 use migration::{Progress, VerifyState};
 
@@ -19,12 +18,13 @@ fn refresh_at(
     now: u64,
 ) -> (migration::Result<migration::RefreshReport>, Vec<Progress>) {
     let seen = Mutex::new(Vec::new());
-    let r = migration::refresh_at(
+    let r = migration::refresh(
         &f.device(),
-        &origin.downloader(),
-        &CancelToken::new(),
-        &|p| seen.lock().unwrap().push(p.clone()),
-        now,
+        &migration::Run {
+            progress: &|p| seen.lock().unwrap().push(p.clone()),
+            now_unix: now,
+            ..migration::Run::new(&origin.downloader())
+        },
     );
     (r, seen.into_inner().unwrap())
 }
@@ -101,16 +101,17 @@ fn a_failed_download_falls_back_for_now_is_retried_with_backoff_and_switches_bac
     // Offroad at the start, but the car goes onroad while the model downloads: downloaded and
     // verified, not switched.
     f.set("IsOnroad", "0");
-    let r = migration::refresh_at(
+    let r = migration::refresh(
         &f.device(),
-        &origin.downloader(),
-        &CancelToken::new(),
-        &|p| {
-            if matches!(p, Progress::Percent(_) | Progress::Verifying) {
-                f.set("IsOnroad", "1");
-            }
+        &migration::Run {
+            progress: &|p| {
+                if matches!(p, Progress::Percent(_) | Progress::Verifying) {
+                    f.set("IsOnroad", "1");
+                }
+            },
+            now_unix: T0 + 900,
+            ..migration::Run::new(&origin.downloader())
         },
-        T0 + 900,
     );
     let r = r.unwrap();
     assert_eq!(r.selected.as_str(), "rdf43", "no switch while onroad");

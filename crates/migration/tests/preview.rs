@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::common::{Fixture, Origin};
 use downloader::CancelToken;
-use migration::choice::Caller;
 use migration::{Effect, Effects};
 
 /// `Model` and `DrivingModel` selecting `id`.
@@ -19,24 +18,21 @@ fn selecting(id: &'static str) -> Vec<(&'static str, &'static str)> {
 /// changed by the plan, and the dry-run report agreeing with the real run's.
 fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
     let dl = origin.downloader();
+    let at_now = migration::Run {
+        now_unix: now,
+        ..migration::Run::new(&dl)
+    };
     let before = f.snapshot();
     let planning = f.device().planning();
-    let planned = migration::refresh_at(&planning, &dl, &CancelToken::new(), &|_| {}, now);
-    let plan = migration::preview::refresh(&f.device(), &dl, now, Caller::Daemon).unwrap();
+    let planned = migration::refresh(&planning, &at_now);
+    let plan = migration::preview::refresh(&f.device(), &at_now).unwrap();
     assert_eq!(
         f.snapshot(),
         before,
         "{label}: the dry run changed the device"
     );
     let applying = Effects::recording();
-    let r = migration::refresh_at(
-        &f.device_with(applying.clone()),
-        &dl,
-        &CancelToken::new(),
-        &|_| {},
-        now,
-    )
-    .unwrap();
+    let r = migration::refresh(&f.device_with(applying.clone()), &at_now).unwrap();
     assert_eq!(
         planned.unwrap(),
         r,
@@ -158,7 +154,7 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
         assert_eq!(before.get(&k), after.get(&k), "{label}: {id} kept");
     }
     // And afterwards nothing is left to do.
-    let again = migration::preview::refresh(&f.device(), &dl, now, Caller::Daemon).unwrap();
+    let again = migration::preview::refresh(&f.device(), &at_now).unwrap();
     assert!(!again.migrating, "{label}: {again:?}");
     assert!(again.would_download.is_empty(), "{label}: {again:?}");
     assert!(again.would_write.is_empty(), "{label}: {again:?}");
@@ -203,12 +199,12 @@ fn the_dry_run_names_exactly_what_the_refresh_then_changes() {
     let recording = migration::Effects::recording();
     let f = Fixture::v24(&selecting("pop223"));
     let run = |effects: migration::Effects| {
-        migration::refresh_at(
+        migration::refresh(
             &f.device_with(effects),
-            &origin.downloader(),
-            &CancelToken::new(),
-            &|_| {},
-            now,
+            &migration::Run {
+                now_unix: now,
+                ..migration::Run::new(&origin.downloader())
+            },
         )
     };
     run(recording.clone()).unwrap();
@@ -221,12 +217,12 @@ fn the_dry_run_names_exactly_what_the_refresh_then_changes() {
         .map(|(n, _)| n)
         .expect("the journal is written twice");
     let f = Fixture::v24(&selecting("pop223"));
-    let crashed = migration::refresh_at(
+    let crashed = migration::refresh(
         &f.device_with(migration::Effects::crash_after(phase_written)),
-        &origin.downloader(),
-        &CancelToken::new(),
-        &|_| {},
-        now,
+        &migration::Run {
+            now_unix: now,
+            ..migration::Run::new(&origin.downloader())
+        },
     );
     assert!(
         matches!(crashed, Err(migration::Error::Crashed { .. })),
@@ -244,17 +240,22 @@ fn a_retry_not_due_is_waited_for_and_an_outdated_copy_stays_in_use() {
     origin.republish("pop223", 7);
     origin.refuse("pop223");
     let now = migration::unix_now();
-    migration::refresh_at(
+    migration::refresh(
         &f.device(),
-        &origin.downloader(),
-        &CancelToken::new(),
-        &|_| {},
-        now,
+        &migration::Run {
+            now_unix: now,
+            ..migration::Run::new(&origin.downloader())
+        },
     )
     .unwrap();
-    let plan =
-        migration::preview::refresh(&f.device(), &origin.downloader(), now + 1, Caller::Daemon)
-            .unwrap();
+    let plan = migration::preview::refresh(
+        &f.device(),
+        &migration::Run {
+            now_unix: now + 1,
+            ..migration::Run::new(&origin.downloader())
+        },
+    )
+    .unwrap();
     assert_eq!(
         plan.not_due,
         ["pop223".parse::<manifest::ModelId>().unwrap()],
@@ -372,13 +373,12 @@ fn an_offline_dry_run_fails_as_the_refresh_and_names_its_first_boot() {
     let device = f.device();
     let dl = origin.downloader();
     let before = f.snapshot();
-    let e = migration::preview::refresh(&device, &dl, migration::unix_now(), Caller::Daemon)
-        .unwrap_err();
+    let e = migration::preview::refresh(&device, &migration::Run::new(&dl)).unwrap_err();
     let plan = migration::preview::refresh_failure(&device, &e).unwrap();
     assert_eq!(f.snapshot(), before, "the dry run changed the device");
     assert_eq!(plan.migrate_from, Some(Some("v24".to_string())), "{plan:?}");
 
-    let real = migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap_err();
+    let real = migration::refresh(&device, &migration::Run::new(&dl)).unwrap_err();
     assert_eq!(e.to_string(), real.to_string());
     let after = f.snapshot();
     let purged: Vec<String> = migration::plan::purge_plan(
@@ -416,8 +416,7 @@ fn an_offline_dry_run_fails_as_the_refresh_and_names_its_first_boot() {
     );
 
     // Now on the way (journal past its purge): offline again, nothing more is written.
-    let e = migration::preview::refresh(&device, &dl, migration::unix_now(), Caller::Daemon)
-        .unwrap_err();
+    let e = migration::preview::refresh(&device, &migration::Run::new(&dl)).unwrap_err();
     let again = migration::preview::refresh_failure(&device, &e).unwrap();
     assert!(again.is_empty(), "{again:?}");
 }

@@ -14,7 +14,6 @@ use std::path::Path;
 use crate::common::{Fixture, Origin, refresh};
 use crate::crash_enumeration::{Enumeration, Uninterrupted, enumerate};
 use downloader::trust::TrustedKeys;
-use migration::choice::Caller;
 use migration::{Device, Effects};
 
 const RELEASE_PARAM: &str = "ModelManifestAcceptedRelease";
@@ -93,12 +92,7 @@ fn a_crash_after_any_effect_of_a_signed_refresh_then_a_rerun_ends_as_an_uninterr
         // say yet (checked with the dry run, which writes nothing).
         let newer_stored =
             f.snapshot().get("models/.catalog.json") == want.get("models/.catalog.json");
-        let replayed = migration::preview::refresh(
-            &device,
-            &dl(&replay),
-            migration::unix_now(),
-            Caller::Daemon,
-        );
+        let replayed = migration::preview::refresh(&device, &migration::Run::new(&dl(&replay)));
         assert_eq!(
             replayed.is_err(),
             newer_stored,

@@ -456,7 +456,7 @@ fn refresh_moves_a_v25_device_to_the_v26_contract() {
         fs::write(&hf_manifest, bad).unwrap();
 
         let (device, dl) = v.open();
-        let report = migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        let report = migration::refresh(&device, &migration::Run::new(&dl)).unwrap();
         assert_eq!(report.migrated_from.as_deref(), Some("v25"), "{generation}");
         assert!(
             report.manifest_origin.contains("github") || report.manifest_origin.contains(GH_DIR),
@@ -502,7 +502,7 @@ fn refresh_moves_a_v25_device_to_the_v26_contract() {
         }
         // A second refresh changes nothing upstream reads.
         let before = snapshot(&root);
-        migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        migration::refresh(&device, &migration::Run::new(&dl)).unwrap();
         let after: Vec<_> = snapshot(&root)
             .into_iter()
             .filter(|(p, _)| !p.ends_with(".download-job.json"))
@@ -632,7 +632,7 @@ fn a_refresh_on_an_upstream_prepared_device_takes_its_selection_and_fetches_noth
         let before = snapshot(&root);
 
         let (device, dl) = v.open();
-        let report = migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        let report = migration::refresh(&device, &migration::Run::new(&dl)).unwrap();
         assert_eq!(
             report.selected.as_str(),
             "pop223",
@@ -890,7 +890,7 @@ fn a_move_between_v26_contract_generations_keeps_the_users_choice() {
             fs::write(params.join(k), val).unwrap();
         }
         let (device, dl) = v.open();
-        let report = migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        let report = migration::refresh(&device, &migration::Run::new(&dl)).unwrap();
         assert_eq!(report.migrated_from.as_deref(), Some("v26"), "{small}");
 
         let rt = v.runtime();
@@ -931,7 +931,7 @@ fn a_move_between_v26_contract_generations_keeps_the_users_choice() {
             .into_iter()
             .filter(|(p, _)| !p.ends_with(".download-job.json"))
             .collect();
-        migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        migration::refresh(&device, &migration::Run::new(&dl)).unwrap();
         let after: Vec<_> = snapshot(&root)
             .into_iter()
             .filter(|(p, _)| !p.ends_with(".download-job.json"))
@@ -1095,7 +1095,7 @@ fn a_dry_run_on_a_v26_contract_tree_writes_nothing() {
         let repair = |dir: &Path| {
             v25_device_in(dir);
             let (d, dl) = v.device_in(dir, migration::Effects::none());
-            migration::refresh(&d, &dl, &CancelToken::new(), &|_| {}).unwrap();
+            migration::refresh(&d, &migration::Run::new(&dl)).unwrap();
             let root = dir.join("data/models").join(generation);
             fs::remove_file(root.join("pop223/pop223_driving_tinygrad.pkl")).unwrap();
             for lock in [".state.lock", ".download.lock"] {
@@ -1157,7 +1157,7 @@ fn a_load_receipt_is_checked_against_the_trees_catalog() {
         let v = V26::start(generation);
         v25_device_in(v.dir.path());
         let (device, dl) = v.open();
-        migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        migration::refresh(&device, &migration::Run::new(&dl)).unwrap();
         let dir = v.dir.path().join("receipt-shm/starpilot_modeld_d");
         fs::create_dir_all(&dir).unwrap();
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
@@ -1219,7 +1219,7 @@ fn a_v26_contract_device_keeps_no_second_selection_or_catalog() {
         let before = params();
         let effects = migration::Effects::recording();
         let (d, dl) = v.device_in(t.path(), effects.clone());
-        migration::refresh(&d, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        migration::refresh(&d, &migration::Run::new(&dl)).unwrap();
         let params_written: Vec<String> = effects
             .log()
             .into_iter()
@@ -1254,7 +1254,7 @@ fn a_v26_contract_device_keeps_no_second_selection_or_catalog() {
         fs::write(root.join("preferences.json"), python_dump(&body)).unwrap();
         let effects = migration::Effects::recording();
         let (d, dl) = v.device_in(t.path(), effects.clone());
-        migration::refresh(&d, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        migration::refresh(&d, &migration::Run::new(&dl)).unwrap();
         assert!(
             effects.log().iter().all(|e| !e.starts_with("param ")),
             "{generation}: {:?}",
@@ -1287,7 +1287,7 @@ fn a_refresh_notices_a_model_that_failed_its_first_start() {
         let v = V26::start(generation);
         v25_device_in(v.dir.path());
         let (device, dl) = v.open();
-        let refresh = || migration::refresh(&device, &dl, &CancelToken::new(), &|_| {}).unwrap();
+        let refresh = || migration::refresh(&device, &migration::Run::new(&dl)).unwrap();
         refresh();
         // The move's purge drops the verification cache (v25 and v26 artifacts share file
         // names), so its install moment with it: the case here is a download on the v26 device.

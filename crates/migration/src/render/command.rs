@@ -140,6 +140,7 @@ mod tests {
             needs_chestnut: Vec::new(),
             held_back: Vec::new(),
             refused_entries: Vec::new(),
+            went_through: Default::default(),
         }
     }
 

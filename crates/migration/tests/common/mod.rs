@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use downloader::{CancelToken, DownloadConfig, Downloader, Origins};
+use downloader::{DownloadConfig, Downloader, Origins};
 use manifest::Generation;
 use migration::{Device, DeviceConfig, Effects, RefreshReport};
 use serde_json::json;
@@ -152,7 +152,7 @@ impl Origin {
 
 /// A refresh now, not cancelled, its progress ignored.
 pub fn refresh(device: &Device, dl: &Downloader) -> migration::Result<RefreshReport> {
-    migration::refresh(device, dl, &CancelToken::new(), &|_| {})
+    migration::refresh(device, &migration::Run::new(dl))
 }
 
 /// A data dir (plus built-in dir and memory params) as the Python manager leaves a v24 device.
