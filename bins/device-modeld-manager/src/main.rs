@@ -12,7 +12,6 @@ use cli_support::Failure;
 use downloader::DownloadConfig;
 use manifest::Generation;
 use migration::next_step::{code, failure};
-use migration::preview::DryRun;
 use migration::render::{self, Line, Render};
 use migration::{Device, commands, open, tree};
 
@@ -376,30 +375,30 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Refresh {
             dry_run: true,
             json,
-        } => show(&DryRun::of(&commands::refresh_dry_run(device, dl)?), json),
+        } => show(&commands::refresh_dry_run(device, dl)?, json),
         Command::Refresh { json, .. } => show(&commands::refresh(device, dl, &progress)?, json),
         Command::Download {
             id,
             dry_run: true,
             json,
             ..
-        } => {
-            let plan = commands::download_plan(device, dl, id.as_deref(), space_margin)?;
-            show(&DryRun::of(&plan), json)
-        }
+        } => show(
+            &commands::download_plan(device, dl, id.as_deref(), space_margin)?,
+            json,
+        ),
         Command::Download { id, json, .. } => show(
             &commands::download(device, dl, id.as_deref(), &progress)?,
             json,
         ),
         Command::Verify { id, dry_run, json } => {
-            let doc = commands::verify(device, id.as_deref(), dry_run, json)?;
-            show(&doc, json)?;
-            doc.outcome(json)
+            let report = commands::verify(device, id.as_deref(), dry_run, json)?;
+            show(&report, json)?;
+            report.outcome(json)
         }
         Command::Gc {
             dry_run: true,
             json,
-        } => show(&DryRun::of(&commands::gc_plan(device)?), json),
+        } => show(&commands::gc_plan(device)?, json),
         Command::Gc { json, .. } => show(&commands::gc(device)?, json),
         Command::Run {
             poll_ms,

@@ -16,8 +16,8 @@ use crate::manager::{self, GcPlan, GcReport, RefreshReport, Run};
 use crate::next_step::{code, failure};
 use crate::preview::{self, RefreshPlan};
 use crate::progress::Progress;
-use crate::render::command::DownloadDocument;
-use crate::render::{StderrProgress, VerifyDocument};
+use crate::render::StderrProgress;
+use crate::report::VerifyReport;
 use crate::tree::TreeStatus;
 
 /// `refresh`: a person's refresh (every pending model is tried now, whatever its backoff), its
@@ -70,7 +70,7 @@ pub fn download(
     dl: &Downloader,
     id: Option<&str>,
     progress: &StderrProgress,
-) -> Result<DownloadDocument, Failure> {
+) -> Result<DownloadReport, Failure> {
     device.ensure_offroad("download")?;
     let _lock = ManagerLock::acquire(&device.models_dir())?;
     let cancel = CancelToken::new();
@@ -94,11 +94,7 @@ pub fn download(
             vec![(id, r?.is_some())]
         }
     };
-    let report = DownloadReport::of(device, &done);
-    Ok(DownloadDocument {
-        all: id.is_none(),
-        report,
-    })
+    Ok(DownloadReport::of(device, id.is_none(), &done))
 }
 
 /// `download --dry-run` of `id` (`None`: `--all`); `space_margin` is the downloader's.
@@ -118,13 +114,13 @@ pub fn verify(
     only: Option<&str>,
     dry_run: bool,
     json: bool,
-) -> Result<VerifyDocument, Failure> {
+) -> Result<VerifyReport, Failure> {
     let on_hash = |id: &ModelId| {
         if !json {
             cli_support::info!("verifying {id}...");
         }
     };
-    match VerifyDocument::of(device, only, dry_run, &on_hash) {
+    match crate::report::verify(device, only, dry_run, &on_hash) {
         Err(Error::UnknownModel { id, generation }) => Err(failure(
             code::FAILURE,
             format_args!(
@@ -132,7 +128,7 @@ pub fn verify(
                  models"
             ),
         )),
-        doc => Ok(doc?),
+        report => Ok(report?),
     }
 }
 
@@ -147,7 +143,10 @@ pub fn gc(device: &Device) -> Result<GcReport> {
 /// `gc --dry-run`: gc in plan mode (no lock file either; allowed while driving).
 pub fn gc_plan(device: &Device) -> Result<GcPlan> {
     let would_remove = manager::gc(&device.planning())?;
-    Ok(GcPlan { would_remove })
+    Ok(GcPlan {
+        dry_run: true,
+        would_remove,
+    })
 }
 
 /// `run`: the daemon under the manager lock until SIGTERM or SIGINT, its log starting with the

@@ -139,9 +139,11 @@ pub fn downloadable_for<'a>(
         .collect()
 }
 
-/// What `download` did, as `download --json` prints it.
+/// What `download <ID>` or `download --all` (`all`) did, as `download --json` prints it.
 #[derive(Debug, Clone, Serialize)]
 pub struct DownloadReport {
+    #[serde(skip)]
+    pub all: bool,
     pub models: Vec<Downloaded>,
 }
 
@@ -155,7 +157,7 @@ pub struct Downloaded {
 
 impl DownloadReport {
     /// The report of `done` (each model and whether it was downloaded) on `device`.
-    pub fn of(device: &Device, done: &[(ModelId, bool)]) -> Self {
+    pub fn of(device: &Device, all: bool, done: &[(ModelId, bool)]) -> Self {
         let models = done.iter().map(|(id, downloaded)| Downloaded {
             id: id.clone(),
             path: match is_builtin_id(id.as_str()) {
@@ -165,6 +167,7 @@ impl DownloadReport {
             downloaded: *downloaded,
         });
         Self {
+            all,
             models: models.collect(),
         }
     }
@@ -217,10 +220,11 @@ fn source_name<S: serde::Serializer>(
     ser.serialize_str(s.as_str())
 }
 
-/// What `download` would do; serialized as `download --dry-run --json` prints it (after
-/// `"dry_run": true`).
+/// What `download` would do; serialized as `download --dry-run --json` prints it.
 #[derive(Debug, Clone, Serialize)]
 pub struct DownloadPlanReport {
+    /// Always true: `"dry_run": true` leads its `--json`.
+    pub dry_run: bool,
     pub models: Vec<ModelDownload>,
     /// Bytes the downloads would fetch.
     #[serde(rename = "download_bytes")]
@@ -242,6 +246,7 @@ pub fn plan(
     device.ensure_offroad("download")?;
     let mut view = DeviceView::read(device);
     let nothing = |id: ModelId, why: &'static str| DownloadPlanReport {
+        dry_run: true,
         models: vec![ModelDownload {
             id,
             action: Action::Nothing { reason: why },
@@ -316,6 +321,7 @@ pub fn plan(
         });
     }
     Ok(DownloadPlanReport {
+        dry_run: true,
         models,
         needed: space.needed,
         free: space.free,

@@ -829,6 +829,8 @@ pub struct GcReport {
 /// What `gc` would remove (`gc` on [`Device::planning`]), as `gc --dry-run --json` prints it.
 #[derive(Debug, Clone, Serialize)]
 pub struct GcPlan {
+    /// Always true: `"dry_run": true` leads its `--json`.
+    pub dry_run: bool,
     pub would_remove: Vec<String>,
 }
 

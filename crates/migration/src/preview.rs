@@ -19,11 +19,12 @@ use crate::plan::InstallStep;
 use crate::trust_state as trust;
 
 pub use crate::downloads::{Action, DownloadPlanReport, ModelDownload, Planned, plan as download};
-pub use crate::report::DryRun;
 
-/// What `refresh` would do, as `refresh --dry-run --json` prints it (after `"dry_run"`).
+/// What `refresh` would do, as `refresh --dry-run --json` prints it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RefreshPlan {
+    /// Always true: `"dry_run": true` leads its `--json`.
+    pub dry_run: bool,
     pub generation: String,
     pub manifest_origin: String,
     pub manifest_url: String,
@@ -70,6 +71,7 @@ pub fn refresh(device: &Device, by: &Run) -> Result<RefreshPlan> {
         installed: *installed,
     });
     Ok(RefreshPlan {
+        dry_run: true,
         generation: r.generation.to_string(),
         manifest_origin: r.manifest_origin,
         manifest_url: run.manifest_url.clone(),

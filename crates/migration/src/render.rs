@@ -467,35 +467,11 @@ impl Render for PausedStatus {
     }
 }
 
-/// `verify` (`verify --dry-run` adds `"dry_run": true` to its `--json`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct VerifyDocument {
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub dry_run: bool,
-    #[serde(flatten)]
-    pub report: VerifyReport,
-}
-
-impl VerifyDocument {
-    /// `verify` (with `dry_run` nothing is recorded in the verification cache); `on_hash` is
-    /// called before a present model is hashed.
-    pub fn of(
-        device: &Device,
-        only: Option<&str>,
-        dry_run: bool,
-        on_hash: &dyn Fn(&manifest::ModelId),
-    ) -> Result<Self> {
-        let report = match dry_run {
-            true => crate::report::verify_read_only(device, only, on_hash)?,
-            false => crate::report::verify(device, only, on_hash)?,
-        };
-        Ok(VerifyDocument { dry_run, report })
-    }
-
-    /// How `verify` ends once the document is printed: exit 6 unless every model verified.
+impl VerifyReport {
+    /// How `verify` ends once the report is printed: exit 6 unless every model verified.
     pub fn failure(&self) -> Option<cli_support::Failure> {
         let code = crate::next_step::code::NOT_VERIFIED;
-        (!self.report.all_verified()).then(|| {
+        (!self.all_verified()).then(|| {
             crate::next_step::failure(
                 code,
                 "some models are missing or do not match the catalog; run `download <ID>` for \
@@ -506,14 +482,12 @@ impl VerifyDocument {
 
     /// One `<id> <state>` line per model.
     pub fn lines(&self) -> Vec<String> {
-        let models = &self.report.models;
-        models
-            .iter()
+        (self.models.iter())
             .map(|m| format!("{} {}", m.id, state_text(m.state)))
             .collect()
     }
 
-    /// How `verify` ends once the document is printed (`json`: with `--json`, whose document
+    /// How `verify` ends once the report is printed (`json`: with `--json`, whose report
     /// already says what failed).
     pub fn outcome(&self, json: bool) -> std::result::Result<(), cli_support::Failure> {
         match self.failure() {
@@ -524,9 +498,9 @@ impl VerifyDocument {
     }
 }
 
-impl Render for VerifyDocument {
+impl Render for VerifyReport {
     fn text(&self) -> Vec<Line> {
-        let none = self.report.models.is_empty();
+        let none = self.models.is_empty();
         let note = none.then(|| "no installed models to verify".to_string());
         out_then_notes(self.lines(), note)
     }
@@ -853,6 +827,7 @@ mod tests {
     #[test]
     fn verify_documents() {
         let report = VerifyReport {
+            dry_run: false,
             models: vec![
                 InstalledModel {
                     id: "pop223".into(),
@@ -866,9 +841,9 @@ mod tests {
                 },
             ],
         };
-        let doc = |dry_run| VerifyDocument {
+        let doc = |dry_run| VerifyReport {
             dry_run,
-            report: report.clone(),
+            ..report.clone()
         };
         let models = r#"[{"id":"pop223","state":"verified","digest_source":"manifest"},{"id":"wd40","state":"outdated","digest_source":null}]"#;
         assert_eq!(
@@ -885,7 +860,7 @@ mod tests {
         assert_eq!((failure.code, failure.kind), (6, "not_verified"));
         assert!(failure.message.starts_with("some models are missing"));
         let mut verified = doc(false);
-        verified.report.models.truncate(1);
+        verified.models.truncate(1);
         assert_eq!(verified.failure(), None);
         assert_eq!(
             doc(false).lines(),

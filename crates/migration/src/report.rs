@@ -247,9 +247,11 @@ fn catalog_or_problem(device: &Device) -> Result<(Option<manifest::Manifest>, Op
     }
 }
 
-/// `verify`.
+/// `verify` (`verify --dry-run` adds `"dry_run": true` to its `--json`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VerifyReport {
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
     pub models: Vec<InstalledModel>,
 }
 
@@ -489,33 +491,15 @@ fn chosen_waiting_for_chestnut(
     )
 }
 
-/// Re-hash installed catalog models (or the one named) against the catalog. `on_hash` is
-/// called before a model that is present gets hashed (that can take a while).
+/// Re-hash installed catalog models (or the one named) against the catalog, recording what it
+/// hashed in `.verified.json` unless `dry_run` (`verify --dry-run`: the same walk, states and
+/// errors, nothing written). `on_hash` is called before a model that is present gets hashed
+/// (that can take a while).
 pub fn verify(
     device: &Device,
     only: Option<&str>,
+    dry_run: bool,
     on_hash: &dyn Fn(&ModelId),
-) -> Result<VerifyReport> {
-    verify_walk(device, only, on_hash, &|e| device.verify_entry(e, true))
-}
-
-/// [`verify`] without recording what it hashed in `.verified.json` (`verify --dry-run`): the
-/// same walk, states and errors, nothing written.
-pub fn verify_read_only(
-    device: &Device,
-    only: Option<&str>,
-    on_hash: &dyn Fn(&ModelId),
-) -> Result<VerifyReport> {
-    verify_walk(device, only, on_hash, &|e| {
-        device.verify_entry_read_only(e, true)
-    })
-}
-
-fn verify_walk(
-    device: &Device,
-    only: Option<&str>,
-    on_hash: &dyn Fn(&ModelId),
-    check: &dyn Fn(&manifest::ModelEntry) -> Result<VerifyState>,
 ) -> Result<VerifyReport> {
     let catalog = device.require_catalog()?;
     let mut models = Vec::new();
@@ -527,7 +511,7 @@ fn verify_walk(
             state: VerifyState::Verified,
             digest_source: None,
         });
-        return Ok(VerifyReport { models });
+        return Ok(VerifyReport { dry_run, models });
     }
     for e in catalog.models() {
         if only.is_some_and(|want| e.id().as_str() != want) {
@@ -540,7 +524,10 @@ fn verify_walk(
         if matches!(chunker::resolve(&device.artifact_path(e.id())), Ok(Some(_))) {
             on_hash(e.id());
         }
-        let state = check(e)?;
+        let state = match dry_run {
+            true => device.verify_entry_read_only(e, true)?,
+            false => device.verify_entry(e, true)?,
+        };
         if state == VerifyState::Missing && only.is_none() {
             continue;
         }
@@ -558,29 +545,7 @@ fn verify_walk(
             generation: device.config.generation.to_string(),
         });
     }
-    Ok(VerifyReport { models })
-}
-
-/// A dry run's JSON document: `"dry_run": true`, then the plan's own fields.
-#[derive(Serialize)]
-pub struct DryRun<'a, T: Serialize> {
-    pub dry_run: bool,
-    #[serde(flatten)]
-    pub plan: &'a T,
-}
-
-impl<'a, T: Serialize> DryRun<'a, T> {
-    pub fn of(plan: &'a T) -> Self {
-        Self {
-            dry_run: true,
-            plan,
-        }
-    }
-
-    /// The document, compact, on one line.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("plans serialize")
-    }
+    Ok(VerifyReport { dry_run, models })
 }
 
 #[cfg(test)]

@@ -143,13 +143,13 @@ fn verify_passes_on_a_fully_installed_device_whose_catalog_lists_the_builtin() {
     let origin = Origin::start();
     let f = origin.refreshed(&[("Model", "pop223"), ("DrivingModel", "pop223")]);
     let device = f.device();
-    let r = migration::report::verify(&device, None, &|_| {}).unwrap();
+    let r = migration::report::verify(&device, None, false, &|_| {}).unwrap();
     assert!(r.all_verified(), "{r:?}");
     assert_eq!(r.models.len(), 1, "{r:?}");
-    let one = migration::report::verify(&device, Some("rdf43"), &|_| {}).unwrap();
+    let one = migration::report::verify(&device, Some("rdf43"), false, &|_| {}).unwrap();
     assert!(one.all_verified());
     fs::write(f.models().join("pop223_driving_tinygrad.pkl"), b"bad").unwrap();
-    let r = migration::report::verify(&device, None, &|_| {}).unwrap();
+    let r = migration::report::verify(&device, None, false, &|_| {}).unwrap();
     assert_eq!(r.models[0].state, VerifyState::Corrupt);
     assert!(!r.all_verified());
 

@@ -1,8 +1,6 @@
 //! `refresh`, `download` and `gc` as they print: the summary on stdout, what is left to do on
 //! stderr (`--json` is the report itself).
 
-use serde::Serialize;
-
 use super::{Line, Render, out_then_notes};
 use crate::contract::is_builtin_id;
 use crate::downloads::DownloadReport;
@@ -59,22 +57,13 @@ impl Render for RefreshReport {
     }
 }
 
-/// `download <ID>` or `download --all` (`all`), as `download` prints it; its `--json` is the
-/// [`DownloadReport`].
-#[derive(Debug, Clone, Serialize)]
-pub struct DownloadDocument {
-    #[serde(skip)]
-    pub all: bool,
-    #[serde(flatten)]
-    pub report: DownloadReport,
-}
-
-impl Render for DownloadDocument {
+/// `download <ID>` or `download --all`: the path, or that all were downloaded.
+impl Render for DownloadReport {
     fn text(&self) -> Vec<Line> {
         let mut lines = Vec::new();
         if self.all {
             lines.push(Line::Out("All models downloaded!".to_string()));
-        } else if let Some(m) = self.report.models.first() {
+        } else if let Some(m) = self.models.first() {
             lines.push(Line::Out(m.path.display().to_string()));
             if !m.downloaded && !is_builtin_id(m.id.as_str()) && !m.id.is_local() {
                 lines.push(Line::Note(format!(
@@ -214,10 +203,7 @@ mod tests {
 
     #[test]
     fn a_download_prints_the_path_and_says_when_nothing_was_fetched() {
-        let doc = |all, models| DownloadDocument {
-            all,
-            report: DownloadReport { models },
-        };
+        let doc = |all, models| DownloadReport { all, models };
         let next =
             "next: select a model in the UI (param `Model`); `resolve` prints what modeld loads";
         let fetched = doc(false, vec![downloaded("pop223", true)]);

@@ -1,8 +1,8 @@
 //! `refresh --dry-run`, `download --dry-run` and `gc --dry-run` as they print: the plans are
 //! [`crate::preview`]'s (the refresh and gc in plan mode, the downloads planned); `--json` is one
-//! document (`"dry_run": true`, then the plan's own serialization), the text one `would …` line
-//! per effect. `verify --dry-run` is [`crate::report::verify_read_only`], rendered as `verify`
-//! is.
+//! document (each plan leads with `"dry_run": true`), the text one `would …` line
+//! per effect. `verify --dry-run` is [`crate::report::verify`] with its `dry_run`, rendered as
+//! `verify` is.
 
 use cli_support::Failure;
 
@@ -10,7 +10,7 @@ use super::{Line, Render, out_then_notes};
 use crate::VerifyState;
 use crate::error::Error;
 use crate::manager::GcPlan;
-use crate::preview::{Action, DownloadPlanReport, DryRun, FailedRefreshPlan, RefreshPlan};
+use crate::preview::{Action, DownloadPlanReport, FailedRefreshPlan, RefreshPlan};
 
 /// `refresh --dry-run`: one `would …` line per effect.
 pub fn refresh_lines(p: &RefreshPlan) -> Vec<String> {
@@ -61,10 +61,10 @@ pub fn refresh_lines(p: &RefreshPlan) -> Vec<String> {
     out
 }
 
-impl Render for DryRun<'_, RefreshPlan> {
+impl Render for RefreshPlan {
     fn text(&self) -> Vec<Line> {
         let next = "next: run `refresh` without --dry-run to do it".to_string();
-        out_then_notes(refresh_lines(self.plan), [next])
+        out_then_notes(refresh_lines(self), [next])
     }
 }
 
@@ -141,17 +141,17 @@ pub fn download_lines(p: &DownloadPlanReport) -> Vec<String> {
     out
 }
 
-impl Render for DryRun<'_, DownloadPlanReport> {
+impl Render for DownloadPlanReport {
     fn text(&self) -> Vec<Line> {
         let next = "next: run `download` without --dry-run to do it".to_string();
-        out_then_notes(download_lines(self.plan), [next])
+        out_then_notes(download_lines(self), [next])
     }
 }
 
 /// `gc --dry-run`: a `would remove` line per file, then whether there is anything to do.
-impl Render for DryRun<'_, GcPlan> {
+impl Render for GcPlan {
     fn text(&self) -> Vec<Line> {
-        let files = &self.plan.would_remove;
+        let files = &self.would_remove;
         let note = match files.is_empty() {
             true => "nothing to remove",
             false => "next: run `gc` without --dry-run to remove them",
@@ -169,23 +169,21 @@ mod tests {
     #[test]
     fn gc_dry_run_says_what_it_would_remove_or_that_nothing_is_to_do() {
         let plan = |names: &[&str]| GcPlan {
+            dry_run: true,
             would_remove: names.iter().map(|s| s.to_string()).collect(),
         };
         let empty = plan(&[]);
-        assert_eq!(
-            DryRun::of(&empty).text(),
-            [Line::Note("nothing to remove".into())]
-        );
+        assert_eq!(empty.text(), [Line::Note("nothing to remove".into())]);
         let some = plan(&["x.tmp"]);
         assert_eq!(
-            DryRun::of(&some).text(),
+            some.text(),
             [
                 Line::Out("would remove x.tmp".into()),
                 Line::Note("next: run `gc` without --dry-run to remove them".into())
             ]
         );
         assert_eq!(
-            DryRun::of(&some).to_json(),
+            serde_json::to_string(&some).unwrap(),
             r#"{"dry_run":true,"would_remove":["x.tmp"]}"#
         );
     }
