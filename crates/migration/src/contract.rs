@@ -40,9 +40,7 @@ pub fn kind(id: &ModelId) -> ModelKind {
 }
 
 /// The built-in model's id.
-pub fn builtin_id() -> ModelId {
-    layout::builtin_model_id()
-}
+pub use layout::builtin_model_id as builtin_id;
 
 // ---------------------------------------------------------------------------------------------
 // Ids and aliases (upstream `canonical`, `aliases`, v23 namespace)
@@ -300,15 +298,11 @@ pub enum BigOutcome {
 /// Decide the selection and profiles after the installs: a model that is neither the built-in
 /// nor available (a catalog model that did not verify, a catalog id no longer listed, a local
 /// model whose file is gone) is replaced by the built-in (selection, small profile) or dropped
-/// (big profile), so what modeld loads is always something that is there.
-pub fn decide(w: &Wanted, catalog: &Catalog, avail: &dyn Availability) -> Outcome {
-    decide_keeping(w, catalog, avail, &|_| false)
-}
-
-/// [`decide`], except that a big profile naming a model for which `keep_big` holds stays as it
-/// is although the model is not available (a GPU-only model waiting for a ready Chestnut:
-/// modeld loads the big profile only with one, and the first refresh with one fetches it).
-pub fn decide_keeping(
+/// (big profile), so what modeld loads is always something that is there. A big profile naming
+/// a model for which `keep_big` holds stays as it is although the model is not available (a
+/// GPU-only model waiting for a ready Chestnut: modeld loads the big profile only with one, and
+/// the first refresh with one fetches it).
+pub fn decide(
     w: &Wanted,
     catalog: &Catalog,
     avail: &dyn Availability,
@@ -929,7 +923,7 @@ mod tests {
         ];
         for (s, p, ok, want_sel, want_small, want_big, fell) in cases {
             let w = wanted(&s, &p, &c);
-            let o = decide(&w, &c, &up(ok));
+            let o = decide(&w, &c, &up(ok), &|_| false);
             let big = match &o.big {
                 BigOutcome::Model(n) => Some(n.id.as_str()),
                 _ => None,
@@ -945,7 +939,12 @@ mod tests {
                 "{s:?} {p:?} {ok:?}"
             );
         }
-        let o = decide(&wanted(&sel("gone"), &no_profiles, &c), &c, &up(&[]));
+        let o = decide(
+            &wanted(&sel("gone"), &no_profiles, &c),
+            &c,
+            &up(&[]),
+            &|_| false,
+        );
         assert_eq!(o.selection.name, "Regret Driven Framework V4");
         assert_eq!(o.selection.version, "v15");
     }
@@ -973,7 +972,7 @@ mod tests {
         // (keep_big) -> (big profile written, fell back)
         for (keep, want_big, fell) in [(true, Some("big1".to_string()), false), (false, None, true)]
         {
-            let o = decide_keeping(&w, &c, &pop_only, &|i: &ModelId| {
+            let o = decide(&w, &c, &pop_only, &|i: &ModelId| {
                 keep && i.as_str() == "big1"
             });
             assert_eq!((big(&o), o.fell_back), (want_big, fell), "keep={keep}");
@@ -987,7 +986,7 @@ mod tests {
             },
             ..w.clone()
         };
-        let o = decide_keeping(&gone, &c, &pop_only, &|_| true);
+        let o = decide(&gone, &c, &pop_only, &|_| true);
         assert_eq!((big(&o), o.fell_back), (None, true));
     }
 

@@ -32,15 +32,10 @@ pub enum Request {
     },
 }
 
-/// The pending request, `DownloadAllModels` first (upstream's priority).
-pub fn read_request(device: &Device) -> Result<Option<Request>> {
-    read_request_in(&device.memory)
-}
-
-/// [`read_request`] from the memory params `memory`.
-/// A request param that cannot be read is an error naming it ([`sweep_bad_params`] removes
-/// it first in the daemon).
-pub fn read_request_in(memory: &crate::params::Params) -> Result<Option<Request>> {
+/// The pending request in the memory params `memory`, `DownloadAllModels` first (upstream's
+/// priority). A request param that cannot be read is an error naming it
+/// ([`sweep_bad_params`] removes it first in the daemon).
+pub fn read_request(memory: &crate::params::Params) -> Result<Option<Request>> {
     if memory.get_bool(keys::DOWNLOAD_ALL_MODELS)? {
         return Ok(Some(Request::DownloadAll));
     }
@@ -259,13 +254,8 @@ fn catalog_name(device: &Device, id: &ModelId) -> Option<DisplayName> {
         .map(DisplayName::of)
 }
 
-/// Clear a handled request and the cancel flag.
-pub fn finish(device: &Device, request: &Request) -> Result<()> {
-    finish_in(&device.memory, request)
-}
-
-/// [`finish`] in the memory params `memory`.
-pub fn finish_in(memory: &crate::params::Params, request: &Request) -> Result<()> {
+/// Clear a handled request and the cancel flag in the memory params `memory`.
+pub fn finish(memory: &crate::params::Params, request: &Request) -> Result<()> {
     match request {
         Request::DownloadAll => memory.discard(keys::DOWNLOAD_ALL_MODELS)?,
         Request::Download { raw, .. } => match memory.read(keys::MODEL_TO_DOWNLOAD) {
@@ -437,7 +427,7 @@ pub fn poll(
         why: why.into(),
         retry_in: config.retry_offline,
     };
-    let Some(request) = read_request(device)? else {
+    let Some(request) = read_request(&device.memory)? else {
         // (One that cannot be read is the sweep's to remove and report.)
         if matches!(
             device.memory.read(keys::CANCEL_MODEL_DOWNLOAD),
@@ -504,7 +494,7 @@ pub fn poll(
     match &served {
         Served::Finished(p) | Served::Failed { progress: p, .. } => {
             say(p);
-            finish(device, &request)?;
+            finish(&device.memory, &request)?;
         }
         Served::Kept { progress, .. } => say(progress),
     }
@@ -522,7 +512,7 @@ fn acknowledge_while(
 ) {
     let mut acknowledged: Option<Request> = None;
     while !done.load(Ordering::SeqCst) && !stopping.load(Ordering::SeqCst) {
-        if let Ok(Some(request)) = read_request(device)
+        if let Ok(Some(request)) = read_request(&device.memory)
             && acknowledged.as_ref() != Some(&request)
         {
             show_in_ui(device, &Progress::AfterRefresh);
@@ -770,7 +760,13 @@ impl Daemon<'_> {
     /// the next one is due.
     fn refresh_when_due(&self, st: &mut LoopState) {
         let log = self.out.log;
-        if self.device.is_metered().unwrap_or(false) {
+        // `NetworkMetered`: a metered connection.
+        if self
+            .device
+            .params
+            .get_bool(keys::NETWORK_METERED)
+            .unwrap_or(false)
+        {
             if !st.metered_logged {
                 log("refresh skipped: metered network (requests from the UI are still served)");
                 st.metered_logged = true;
@@ -906,7 +902,7 @@ impl Daemon<'_> {
             out,
         } = *self;
         let log = out.log;
-        match read_request(device) {
+        match read_request(&device.memory) {
             Ok(Some(request)) if Instant::now() >= st.next_request => {
                 log(&format!("job: {}", describe(&request)));
                 match poll(device, dl, stopping, config, out) {
@@ -1179,10 +1175,7 @@ mod tests {
             assert!(text.contains(b.key) && text.ends_with("removed"), "{text}");
             assert!(!memory.path(b.key).exists());
         }
-        assert_eq!(
-            read_request_in(&memory).unwrap(),
-            Some(Request::DownloadAll)
-        );
+        assert_eq!(read_request(&memory).unwrap(), Some(Request::DownloadAll));
         assert!(sweep_bad_params(&memory).is_empty());
     }
 }

@@ -158,7 +158,7 @@ pub(crate) fn settle(
         };
         fates.insert(id, f);
     }
-    let mut outcome = contract::decide_keeping(wanted, catalog, &available, &kept_big);
+    let mut outcome = contract::decide(wanted, catalog, &available, &kept_big);
     if let Some(slots_now) = onroad_slots {
         outcome = choice::hold_onroad(outcome, slots_now, record, catalog);
     }

@@ -188,11 +188,6 @@ impl Device {
         self.params.get_bool(keys::IS_ONROAD)
     }
 
-    /// Whether the connection is metered (`NetworkMetered`).
-    pub fn is_metered(&self) -> Result<bool> {
-        self.params.get_bool(keys::NETWORK_METERED)
-    }
-
     /// [`Error::Onroad`] while the car is driving: called before anything that purges,
     /// migrates or downloads, so none of it happens onroad.
     pub fn ensure_offroad(&self, what: &str) -> Result<()> {
@@ -557,13 +552,6 @@ impl Device {
         Ok(Some(m))
     }
 
-    /// The release of the stored catalog's verified signature (with trusted keys), ignoring
-    /// the accepted release; `None` when there is none that verifies. Part of the floor a
-    /// fetched manifest must reach, since the catalog is stored before the accepted release.
-    pub(crate) fn stored_release(&self) -> Option<manifest::ReleaseNumber> {
-        self.stored_signed().map(|a| a.release)
-    }
-
     /// The stored catalog's verified signature (release, expiry, key) with trusted keys,
     /// ignoring the accepted release: what bounds the floor (`floor::bound`).
     pub(crate) fn stored_signed(&self) -> Option<crate::floor::AcceptedRelease> {
@@ -601,17 +589,6 @@ impl Device {
         self.write_file(
             CATALOG_FILE,
             &catalog_body(None, m, self.config.generation)?,
-        )
-    }
-
-    /// Store the manifest exactly as received (`raw`, which parsed as `m`): byte for byte when
-    /// it names this generation itself, so what passed the download's size limit passes the
-    /// same limit when read back; a manifest without a `generation` field is tagged instead
-    /// ([`store_catalog`](Self::store_catalog), limit checked on what is written).
-    pub fn store_catalog_bytes(&self, raw: &[u8], m: &Manifest) -> Result<()> {
-        self.write_file(
-            CATALOG_FILE,
-            &catalog_body(Some(raw), m, self.config.generation)?,
         )
     }
 
@@ -729,11 +706,6 @@ impl Device {
                 .get_str(keys::MODEL_MANIFEST_VERSION)?
                 .as_deref()
                 == Some(self.config.generation.to_string().as_str()))
-    }
-
-    /// Store the entries the accepted manifest had that this device left out.
-    pub fn store_refused(&self, refused: &[RefusedModel]) -> Result<()> {
-        self.write_json(REFUSED_FILE, refused)
     }
 
     /// The entries the stored catalog's manifest had that were left out (none if unknown).
@@ -947,13 +919,13 @@ mod tests {
         let cache = d.models_dir().join(VERIFIED_FILE);
         let recorded = || fs::read(&cache).ok();
         assert_eq!(
-            d.verify_entry_read_only(&entry, false).unwrap(),
+            d.planning().verify_entry(&entry, false).unwrap(),
             VerifyState::Missing
         );
         fs::write(&path, b"pop223 artifact bytes").unwrap();
         for force in [false, true] {
             assert_eq!(
-                d.verify_entry_read_only(&entry, force).unwrap(),
+                d.planning().verify_entry(&entry, force).unwrap(),
                 VerifyState::Verified
             );
             assert_eq!(recorded(), None, "force {force}");
@@ -966,7 +938,7 @@ mod tests {
         fs::write(&path, b"POP223 ARTIFACT BYTES").unwrap();
         for force in [false, true] {
             assert_eq!(
-                d.verify_entry_read_only(&entry, force).unwrap(),
+                d.planning().verify_entry(&entry, force).unwrap(),
                 VerifyState::Corrupt
             );
             assert_eq!(recorded().as_ref(), Some(&on_record), "force {force}");

@@ -290,7 +290,7 @@ pub fn plan(
         let targets: Vec<Target> = downloader::egpu::artifacts_to_fetch(entry, device.chestnut())?;
         // As `install`: the model's artifact unless a verified copy is there, its Chestnut
         // build unless that is in place.
-        let main_kept = plan::install_step(device.verify_entry_read_only(entry, false)?, true)
+        let main_kept = plan::install_step(device.planning().verify_entry(entry, false)?, true)
             == InstallStep::Keep;
         let mut planned = Vec::new();
         for (i, target) in targets.iter().enumerate() {

@@ -367,7 +367,7 @@ fn fetch_and_store(
     crate::load_receipt::notice_failed_start(device)?;
     let refused: Vec<crate::device::RefusedModel> =
         fetched.refused_entries.iter().map(Into::into).collect();
-    device.store_refused(&refused)?;
+    device.write_json(crate::device::REFUSED_FILE, &refused)?;
     Ok((fetched, refused))
 }
 

@@ -524,8 +524,9 @@ pub fn verify(
         if matches!(chunker::resolve(&device.artifact_path(e.id())), Ok(Some(_))) {
             on_hash(e.id());
         }
+        // A dry run verifies in plan mode: the same answer, the cache read, nothing recorded.
         let state = match dry_run {
-            true => device.verify_entry_read_only(e, true)?,
+            true => device.planning().verify_entry(e, true)?,
             false => device.verify_entry(e, true)?,
         };
         if state == VerifyState::Missing && only.is_none() {

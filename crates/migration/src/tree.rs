@@ -483,14 +483,14 @@ pub fn run_paused(
         for bad in crate::daemon::sweep_bad_params(memory) {
             log(&bad.to_string());
         }
-        if let Some(request) = crate::daemon::read_request_in(memory)? {
+        if let Some(request) = crate::daemon::read_request(memory)? {
             let what = match &request {
                 Request::DownloadAll => "download all".to_string(),
                 Request::Download { raw, .. } => format!("download {raw}"),
             };
             log(&format!("{what}: not served, {}", paused.progress()));
             announce(memory, paused)?;
-            crate::daemon::finish_in(memory, &request)?;
+            crate::daemon::finish(memory, &request)?;
         } else if memory.get_bool(keys::CANCEL_MODEL_DOWNLOAD)? {
             memory.remove(keys::CANCEL_MODEL_DOWNLOAD)?;
         }

@@ -223,19 +223,6 @@ pub fn floor_report(device: &Device) -> FloorReport {
     }
 }
 
-/// Every generation's accepted release (the higher copy of each).
-pub fn accepted_releases(device: &Device) -> Result<AcceptedReleases> {
-    Ok(floor(device)?.merged)
-}
-
-/// The accepted release of `generation`, if any.
-pub fn accepted_release(
-    device: &Device,
-    generation: Generation,
-) -> Result<Option<AcceptedRelease>> {
-    Ok(accepted_releases(device)?.remove(&generation.to_string()))
-}
-
 /// Rewrite a missing, corrupt or lower copy from the merged floor (a refresh does this before
 /// it fetches, so a corrupt file never wedges it and never lowers the floor).
 fn repair_floor(device: &Device, floor: &Floor) -> Result<()> {
@@ -313,9 +300,10 @@ pub(crate) fn record_failed_fetch(device: &Device, e: &crate::Error) -> Result<(
 /// is higher (a crash between storing the catalog and raising the floor).
 pub(crate) fn release_floor(device: &Device, dl: &Downloader) -> Result<Option<ReleaseNumber>> {
     Ok(match dl.trusted_keys() {
-        Some(_) => accepted_release(device, device.config.generation)?
+        Some(_) => (floor(device)?.merged)
+            .remove(&device.config.generation.to_string())
             .map(|a| a.release)
-            .max(device.stored_release()),
+            .max(device.stored_signed().map(|a| a.release)),
         None => None,
     })
 }
@@ -406,7 +394,7 @@ fn record_accepted(
     generation: Generation,
     signed: &trust::Accepted,
 ) -> Result<()> {
-    match accepted_after(accepted_releases(device)?, generation, signed) {
+    match accepted_after(floor(device)?.merged, generation, signed) {
         // Atomic, and reported to the crash enumeration like every other effect of a refresh:
         // the file, then its mirror in the param (each only raises the floor).
         Some(all) => {

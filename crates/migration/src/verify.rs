@@ -80,12 +80,6 @@ impl Device {
         self.effects.cache_write(&path, &body)
     }
 
-    /// [`verify_entry`](Self::verify_entry) in plan mode ([`Device::planning`]): the same
-    /// answer, the cache read and reused the same way, nothing recorded. For the dry runs.
-    pub fn verify_entry_read_only(&self, entry: &ModelEntry, force: bool) -> Result<VerifyState> {
-        self.planning().verify_entry(entry, force)
-    }
-
     /// Whether `entry`'s artifact is installed and verified: size and SHA-256 against the
     /// catalog. A cached result is reused while the stat signature of every file is unchanged,
     /// so a re-check of an untouched model costs a few `stat`s; `force` re-hashes anyway.
