@@ -204,22 +204,16 @@ impl Device {
         downloader::egpu::detect_chestnut(&self.sysfs_root)
     }
 
-    /// Write a state or cache file in the models dir atomically and report the effect.
+    /// Write a state or cache file in the models dir atomically and report the effect; nothing
+    /// is written when the file holds these bytes already.
     pub(crate) fn write_file(&self, name: &str, body: &[u8]) -> Result<()> {
-        if !self.would_change(name, body) {
+        let old = self
+            .effects
+            .read(&self.models_dir().join(name), body.len() as u64);
+        if old.is_ok_and(|old| old.as_deref() == Some(body)) {
             return Ok(());
         }
         self.effects.write_file(&self.models_dir(), name, body)
-    }
-
-    /// Whether [`write_file`](Self::write_file) of `body` would write: the file holds other
-    /// bytes, or is not there. Read-only.
-    pub(crate) fn would_change(&self, name: &str, body: &[u8]) -> bool {
-        let path = self.models_dir().join(name);
-        !self
-            .effects
-            .read(&path, body.len() as u64)
-            .is_ok_and(|old| old.as_deref() == Some(body))
     }
 
     /// A JSON state file of the models dir (`.choice.json`, `.migration.json`, the trust

@@ -107,7 +107,12 @@ impl TrustReport {
     /// The device's trust state (its trusted keys are the downloader's).
     pub fn of(device: &Device) -> Result<Self> {
         let floor = trust_state::floor_report(device);
-        let refused = trust_state::last_refusal(device)?;
+        // The last refusal report; a corrupt or unreadable one is read as absent with a warning
+        // (it is a report, not the floor).
+        let refused: Option<RefusedManifest> = device.read_json_or_warn(
+            trust_state::REFUSED_MANIFEST_FILE,
+            crate::bounded::JOURNAL_LIMIT,
+        )?;
         Ok(match &device.trusted_keys {
             None => TrustReport {
                 protected: false,

@@ -321,7 +321,8 @@ pub fn resolve(device: &Device) -> Result<ResolveReport> {
         ),
     };
     let is_builtin = contract::is_builtin_id(sel.id.as_str());
-    if is_builtin && !device.builtin_present() {
+    // The built-in chunk set is the one thing `resolve` cannot do without.
+    if is_builtin && !matches!(chunker::resolve(&device.builtin_path()), Ok(Some(_))) {
         return Err(Error::BuiltinMissing {
             path: device.builtin_path(),
         });

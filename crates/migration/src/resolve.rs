@@ -9,11 +9,6 @@ use crate::device::{Device, VerifyState};
 use crate::error::Result;
 
 impl Device {
-    /// Whether the built-in chunk set is there (the one thing `resolve` cannot do without).
-    pub fn builtin_present(&self) -> bool {
-        matches!(chunker::resolve(&self.builtin_path()), Ok(Some(_)))
-    }
-
     /// The path modeld should load: the selected model when it is verified for this generation
     /// (or a `local-*` plain file), else the built-in. Never an unverified or old-generation
     /// file: while a migration is unfinished the answer is the built-in. A verified copy of an

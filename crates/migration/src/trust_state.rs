@@ -32,7 +32,6 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::floor::{ACCEPTED_RELEASE_FILE, AcceptedRelease, AcceptedReleases, FloorCopy};
 
-use crate::bounded::JOURNAL_LIMIT;
 use crate::device::{CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device};
 use crate::error::{Error, Result};
 use crate::params::keys;
@@ -257,12 +256,6 @@ fn write_floor_param(device: &Device, all: &AcceptedReleases) -> Result<()> {
         keys::MODEL_MANIFEST_ACCEPTED_RELEASE,
         &serde_json::to_string(all).expect("state serializes"),
     )
-}
-
-/// The last refusal report; a corrupt or unreadable one is read as absent with a warning (it
-/// is a report, not the floor).
-pub fn last_refusal(device: &Device) -> Result<Option<RefusedManifest>> {
-    device.read_json_or_warn(REFUSED_MANIFEST_FILE, JOURNAL_LIMIT)
 }
 
 /// Fetch the generation's manifest; with trusted keys, refuse one older than the accepted
