@@ -455,20 +455,20 @@ impl Render for StatusDocument {
     }
 }
 
-/// `status` while paused: the lines it prints (its `--json` is the [`PausedStatus`]).
-pub fn paused_status_lines(r: &PausedStatus) -> Vec<String> {
-    vec![
-        "generation: none (paused)".to_string(),
-        tree_line(&r.tree),
-        format!("resolves to: {}", r.resolved.display()),
-        format!("problem: {}", r.tree.problem.as_deref().unwrap_or_default()),
-    ]
-}
-
+/// `status` while paused (its `--json` is the [`PausedStatus`]).
 impl Render for PausedStatus {
     fn text(&self) -> Vec<Line> {
+        let lines = [
+            "generation: none (paused)".to_string(),
+            tree_line(&self.tree),
+            format!("resolves to: {}", self.resolved.display()),
+            format!(
+                "problem: {}",
+                self.tree.problem.as_deref().unwrap_or_default()
+            ),
+        ];
         let next = self.tree.next.as_ref().map(|n| format!("next: {n}"));
-        out_then_notes(paused_status_lines(self), next)
+        out_then_notes(lines, next)
     }
 }
 

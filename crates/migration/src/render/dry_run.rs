@@ -13,88 +13,80 @@ use crate::manager::GcPlan;
 use crate::preview::{Action, DownloadPlanReport, FailedRefreshPlan, RefreshPlan};
 
 /// `refresh --dry-run`: one `would …` line per effect.
-pub fn refresh_lines(p: &RefreshPlan) -> Vec<String> {
-    let mut out = vec![format!(
-        "{} manifest from {}: {} models",
-        p.generation, p.manifest_origin, p.models
-    )];
-    if p.migrating {
-        out.push(format!(
-            "would migrate from {} to {}",
-            p.migrated_from.as_deref().unwrap_or("unknown"),
-            p.generation
-        ));
-    }
-    out.extend(p.would_purge.iter().map(|n| format!("would purge {n}")));
-    out.extend(p.would_download.iter().map(|p| {
-        format!(
-            "would download {} (installed: {})",
-            p.id,
-            state_name(p.installed)
-        )
-    }));
-    out.extend(
-        p.would_keep
-            .iter()
-            .map(|id| format!("would keep {id} (verified)")),
-    );
-    out.extend(
-        p.not_due
-            .iter()
-            .map(|id| format!("would not retry {id} yet (its retry is not due)")),
-    );
-    out.extend(p.would_write.iter().map(|n| format!("would write {n}")));
-    out.extend(p.would_remove.iter().map(|n| format!("would remove {n}")));
-    out.extend(p.would_set_params.iter().map(|c| match &c.value {
-        Some(v) => format!("would set param {} = {v}", c.key),
-        None => format!("would remove param {}", c.key),
-    }));
-    out.push(format!(
-        "would select {}{}",
-        p.selected,
-        if p.fell_back_to_builtin {
-            " (falling back to the built-in model)"
-        } else {
-            ""
-        }
-    ));
-    out
-}
-
 impl Render for RefreshPlan {
     fn text(&self) -> Vec<Line> {
+        let p = self;
+        let mut out = vec![format!(
+            "{} manifest from {}: {} models",
+            p.generation, p.manifest_origin, p.models
+        )];
+        if p.migrating {
+            out.push(format!(
+                "would migrate from {} to {}",
+                p.migrated_from.as_deref().unwrap_or("unknown"),
+                p.generation
+            ));
+        }
+        out.extend(p.would_purge.iter().map(|n| format!("would purge {n}")));
+        out.extend(p.would_download.iter().map(|p| {
+            format!(
+                "would download {} (installed: {})",
+                p.id,
+                state_name(p.installed)
+            )
+        }));
+        out.extend(
+            p.would_keep
+                .iter()
+                .map(|id| format!("would keep {id} (verified)")),
+        );
+        out.extend(
+            p.not_due
+                .iter()
+                .map(|id| format!("would not retry {id} yet (its retry is not due)")),
+        );
+        out.extend(p.would_write.iter().map(|n| format!("would write {n}")));
+        out.extend(p.would_remove.iter().map(|n| format!("would remove {n}")));
+        out.extend(p.would_set_params.iter().map(|c| match &c.value {
+            Some(v) => format!("would set param {} = {v}", c.key),
+            None => format!("would remove param {}", c.key),
+        }));
+        out.push(format!(
+            "would select {}{}",
+            p.selected,
+            if p.fell_back_to_builtin {
+                " (falling back to the built-in model)"
+            } else {
+                ""
+            }
+        ));
         let next = "next: run `refresh` without --dry-run to do it".to_string();
-        out_then_notes(refresh_lines(self), [next])
+        out_then_notes(out, [next])
     }
 }
 
-/// What a failing `refresh` writes before it fails, as lines to add to the error message (each
-/// starting with a newline; none when it writes nothing).
-pub fn failure_lines(p: &FailedRefreshPlan) -> Vec<String> {
-    if p.is_empty() {
-        return Vec::new();
+/// How `refresh --dry-run` fails with the real run's error `e`: its message, then what the real
+/// run would write before failing (`before`, one line each starting with a newline; none when
+/// it writes nothing), then its next step.
+pub fn refresh_failure(e: Error, before: &FailedRefreshPlan) -> Failure {
+    let mut fail = Failure::from(e);
+    if before.is_empty() {
+        return fail;
     }
     let mut out = vec!["\nbefore failing, the real run would:".to_string()];
-    if let Some(from) = &p.migrate_from {
+    if let Some(from) = &before.migrate_from {
         out.push(format!(
             "\n  migrate from {} to the built-in model offline",
             from.as_deref().unwrap_or("unknown")
         ));
     }
-    out.extend(p.would_purge.iter().map(|n| format!("\n  purge {n}")));
-    out.extend(p.would_write.iter().map(|n| format!("\n  write {n}")));
-    out.extend(p.would_set_params.iter().map(|c| match &c.value {
+    out.extend(before.would_purge.iter().map(|n| format!("\n  purge {n}")));
+    out.extend(before.would_write.iter().map(|n| format!("\n  write {n}")));
+    out.extend(before.would_set_params.iter().map(|c| match &c.value {
         Some(v) => format!("\n  set param {} = {v}", c.key),
         None => format!("\n  remove param {}", c.key),
     }));
-    out
-}
-
-/// How `refresh --dry-run` fails with the real run's error `e`: its message, then what the real
-/// run would write before failing (`before`), then its next step.
-pub fn refresh_failure(e: Error, before: &FailedRefreshPlan) -> Failure {
-    let mut fail = Failure::from(e);
-    fail.message.push_str(&failure_lines(before).join(""));
+    fail.message.push_str(&out.join(""));
     fail
 }
 
@@ -109,42 +101,38 @@ pub fn state_name(s: VerifyState) -> &'static str {
 }
 
 /// `download --dry-run`: what each model would fetch, install and remove.
-pub fn download_lines(p: &DownloadPlanReport) -> Vec<String> {
-    let mut out = Vec::new();
-    for m in &p.models {
-        match &m.action {
-            Action::Nothing { reason } => {
-                out.push(format!("{}: {reason}, nothing to download", m.id))
-            }
-            Action::Installed => out.push(format!("{}: verified copy installed, kept", m.id)),
-            Action::Download { artifacts } => {
-                for p in artifacts {
-                    out.push(format!(
-                        "would download {} ({} in {} file(s) from {}, digest from the {})",
-                        p.name,
-                        cli_support::progress::bytes(p.size),
-                        p.pieces,
-                        p.origin,
-                        p.digest_source
-                    ));
-                    out.extend(p.would_install.iter().map(|n| format!("would install {n}")));
-                    out.extend(p.would_remove.iter().map(|n| format!("would remove {n}")));
+impl Render for DownloadPlanReport {
+    fn text(&self) -> Vec<Line> {
+        let mut out = Vec::new();
+        for m in &self.models {
+            match &m.action {
+                Action::Nothing { reason } => {
+                    out.push(format!("{}: {reason}, nothing to download", m.id))
+                }
+                Action::Installed => out.push(format!("{}: verified copy installed, kept", m.id)),
+                Action::Download { artifacts } => {
+                    for p in artifacts {
+                        out.push(format!(
+                            "would download {} ({} in {} file(s) from {}, digest from the {})",
+                            p.name,
+                            cli_support::progress::bytes(p.size),
+                            p.pieces,
+                            p.origin,
+                            p.digest_source
+                        ));
+                        out.extend(p.would_install.iter().map(|n| format!("would install {n}")));
+                        out.extend(p.would_remove.iter().map(|n| format!("would remove {n}")));
+                    }
                 }
             }
         }
-    }
-    out.push(format!(
-        "would download {}; {} free",
-        cli_support::progress::bytes(p.needed),
-        cli_support::progress::bytes(p.free)
-    ));
-    out
-}
-
-impl Render for DownloadPlanReport {
-    fn text(&self) -> Vec<Line> {
+        out.push(format!(
+            "would download {}; {} free",
+            cli_support::progress::bytes(self.needed),
+            cli_support::progress::bytes(self.free)
+        ));
         let next = "next: run `download` without --dry-run to do it".to_string();
-        out_then_notes(download_lines(self), [next])
+        out_then_notes(out, [next])
     }
 }
 
