@@ -501,7 +501,9 @@ pub struct Catalog {
     pub rows: Vec<Row>,
 }
 
+#[cfg(test)]
 impl Catalog {
+    /// [`Catalog::for_contract`] of the base contract (the tests' catalogs).
     pub fn new(manifest: &Manifest, locals: &[LocalModel]) -> Self {
         Self::for_contract(
             manifest,
@@ -509,7 +511,9 @@ impl Catalog {
             manifest::contract::BASE_CONTRACT.contract(),
         )
     }
+}
 
+impl Catalog {
     /// The catalog of a device of `contract`: the entries whose format it loads.
     pub fn for_contract(
         manifest: &Manifest,

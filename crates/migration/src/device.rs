@@ -377,11 +377,12 @@ impl Device {
         Ok(names)
     }
 
-    /// Local models in the models dir with their sidecars (`local-<id>.json`, used when it
-    /// parses as a JSON object, as upstream reads it).
-    pub fn local_models(&self) -> Result<Vec<LocalModel>> {
+    /// The catalog as the UIs list it: the stored manifest's entries plus the local models in
+    /// the models dir with their sidecars (`local-<id>.json`, used when it parses as a JSON
+    /// object, as upstream reads it).
+    pub fn device_catalog(&self, manifest: &Manifest) -> Result<Catalog> {
         let names = self.model_file_names()?;
-        Ok(contract::discover_locals(names.iter().map(String::as_str))
+        let locals: Vec<LocalModel> = contract::discover_locals(names.iter().map(String::as_str))
             .into_iter()
             .map(|id| {
                 let sidecar = read_capped(
@@ -394,16 +395,8 @@ impl Device {
                 .and_then(|v| v.as_object().cloned());
                 LocalModel { id, sidecar }
             })
-            .collect())
-    }
-
-    /// The catalog as the UIs list it: the stored manifest's entries plus local models.
-    pub fn device_catalog(&self, manifest: &Manifest) -> Result<Catalog> {
-        Ok(Catalog::for_contract(
-            manifest,
-            &self.local_models()?,
-            self.contract,
-        ))
+            .collect();
+        Ok(Catalog::for_contract(manifest, &locals, self.contract))
     }
 
     /// Whether a local model's artifact is there (a non-empty plain file or a chunk set).

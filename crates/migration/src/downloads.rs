@@ -79,7 +79,7 @@ pub fn download_all(
 ) -> Result<AllDownloads> {
     let catalog = DeviceView::read(device).take_catalog()?;
     let mut all = AllDownloads::default();
-    for entry in downloadable_for(
+    for entry in downloadable(
         &catalog,
         device.chestnut(),
         device.is_protected(),
@@ -104,22 +104,9 @@ pub fn download_all(
 /// Every catalog model "download all" takes: downloadable, not the built-in, and an
 /// external-GPU model only with a ready Chestnut (upstream's rule); on a `protected` device
 /// (trusted keys) only models whose signed entry pins their bytes
-/// (`downloader::trust::digest_rule`).
-pub fn downloadable(
-    catalog: &Manifest,
-    chestnut: downloader::egpu::Chestnut,
-    protected: bool,
-) -> Vec<&ModelEntry> {
-    downloadable_for(
-        catalog,
-        chestnut,
-        protected,
-        manifest::contract::BASE_CONTRACT.contract(),
-    )
-}
-
-/// [`downloadable`] on a device of `contract` (the artifact format it loads).
-pub fn downloadable_for<'a>(
+/// (`downloader::trust::digest_rule`); `contract` is the device's (the artifact format it
+/// loads).
+pub fn downloadable<'a>(
     catalog: &'a Manifest,
     chestnut: downloader::egpu::Chestnut,
     protected: bool,
@@ -257,7 +244,7 @@ pub fn plan(
     let entries: Vec<ModelEntry> = match id {
         None => {
             let catalog = view.take_catalog()?;
-            downloadable_for(
+            downloadable(
                 &catalog,
                 device.chestnut(),
                 device.is_protected(),
@@ -403,10 +390,15 @@ mod tests {
             entry("rdf43"), entry("rdf"), entry("pop223"),
         ]}))
         .unwrap();
-        let ids: Vec<&str> = downloadable(&catalog, downloader::egpu::Chestnut::Absent, false)
-            .into_iter()
-            .map(|e| e.id().as_str())
-            .collect();
+        let ids: Vec<&str> = downloadable(
+            &catalog,
+            downloader::egpu::Chestnut::Absent,
+            false,
+            manifest::contract::BASE_CONTRACT.contract(),
+        )
+        .into_iter()
+        .map(|e| e.id().as_str())
+        .collect();
         assert_eq!(ids, ["pop223"]);
     }
 }

@@ -289,7 +289,12 @@ fn download_agrees(
         }
         None => {
             let catalog = device.require_catalog().unwrap();
-            for e in migration::downloadable(&catalog, device.chestnut(), device.is_protected()) {
+            for e in migration::downloadable(
+                &catalog,
+                device.chestnut(),
+                device.is_protected(),
+                device.contract(),
+            ) {
                 migration::install(&device, &dl, e, &CancelToken::new(), &|_| {}).unwrap();
             }
         }
