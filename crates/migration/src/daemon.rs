@@ -760,13 +760,8 @@ impl Daemon<'_> {
     /// the next one is due.
     fn refresh_when_due(&self, st: &mut LoopState) {
         let log = self.out.log;
-        // `NetworkMetered`: a metered connection.
-        if self
-            .device
-            .params
-            .get_bool(keys::NETWORK_METERED)
-            .unwrap_or(false)
-        {
+        let metered = self.device.params.get_bool(keys::NETWORK_METERED);
+        if metered.unwrap_or(false) {
             if !st.metered_logged {
                 log("refresh skipped: metered network (requests from the UI are still served)");
                 st.metered_logged = true;
