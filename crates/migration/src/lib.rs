@@ -9,38 +9,20 @@
 //! It does not speak HTTP (that is `downloader`) or parse command lines (that is the
 //! `device-modeld-manager` binary).
 
-pub mod bounded;
-pub mod budget;
-pub mod choice;
-pub mod commands;
-pub mod contract;
-pub mod daemon;
-mod decisions;
-mod device;
-pub mod downloads;
-pub mod effects;
 mod error;
-mod floor;
-mod journal;
-pub mod layout;
-pub mod load_receipt;
-pub mod lock;
-mod manager;
-pub mod next_step;
-mod offline;
-pub mod open;
-pub mod params;
-pub mod plan;
-pub mod preview;
-pub mod progress;
-pub mod render;
 pub mod report;
-mod resolve;
-pub mod shape;
-pub mod tree;
-pub mod trust_state;
-mod verify;
-pub mod view;
+pub mod rules;
+pub mod run;
+pub mod state;
+
+// The modules' paths before the folders (updated in the next commit).
+pub use report::{progress, render};
+pub use rules::{budget, choice, contract, next_step, plan, shape};
+use rules::{decisions, floor};
+pub use run::{commands, daemon, downloads, lock, open, preview};
+use run::{manager, offline};
+pub use state::{bounded, effects, layout, load_receipt, params, tree, trust_state, view};
+use state::{device, journal};
 
 pub use contract::is_builtin_id;
 pub use device::{

@@ -1,6 +1,13 @@
 //! What `status`, `verify` and `resolve` report, as typed values (the binary only renders them).
 //! Names and versions come from the catalog, never from params, so a report cannot repeat a
 //! stale param.
+//!
+//! The folder, read in this order: these typed reports, then [`progress`] (every text the UI
+//! reads in `ModelDownloadProgress`), then [`render`] (each command's report as the binary
+//! prints it).
+
+pub mod progress;
+pub mod render;
 
 use serde::Serialize;
 
