@@ -11,9 +11,9 @@ use clap::{Parser, Subcommand};
 use cli_support::Failure;
 use downloader::DownloadConfig;
 use manifest::Generation;
-use migration::next_step::{code, failure};
-use migration::render::{self, Line, Render};
-use migration::{Device, commands, open, tree};
+use migration::report::render::{self, Line, Render};
+use migration::rules::next_step::{code, failure};
+use migration::{Device, run::commands, run::open, state::tree};
 
 #[cfg(test)]
 mod hint_tests;
@@ -63,7 +63,7 @@ struct Cli {
     /// decides the manifest generation: the one whose pin it is, in the built-in pin table plus
     /// the checkout's `tinygrad_pins.json`. A tinygrad no table knows (or a marker that cannot
     /// be read) changes nothing: exit 10, `resolve` answers the built-in.
-    #[arg(long, global = true, value_name = "DIR", default_value = migration::tree::DEFAULT_OPENPILOT_DIR)]
+    #[arg(long, global = true, value_name = "DIR", default_value = migration::state::tree::DEFAULT_OPENPILOT_DIR)]
     openpilot_dir: PathBuf,
     /// Check that the openpilot tree's tinygrad is this generation's, e.g. `v25`: a
     /// disagreement is a usage error (exit 2) and nothing is touched. Without it the tree
@@ -318,7 +318,7 @@ fn options(cli: &Cli) -> open::Options {
 fn run_daemon(
     device: &Device,
     dl: &downloader::Downloader,
-    config: &migration::daemon::DaemonConfig,
+    config: &migration::run::daemon::DaemonConfig,
     tree_status: &tree::TreeStatus,
     progress: &render::StderrProgress,
 ) -> Result<(), Failure> {
@@ -405,7 +405,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             refresh_secs,
             retry_secs,
         } => {
-            let config = migration::daemon::DaemonConfig {
+            let config = migration::run::daemon::DaemonConfig {
                 poll: Duration::from_millis(poll_ms),
                 refresh_every: Duration::from_secs(refresh_secs),
                 retry_offline: Duration::from_secs(retry_secs),
@@ -464,7 +464,7 @@ fn paused_run(
             *json,
         ),
         Command::Run { poll_ms, .. } => {
-            let config = migration::daemon::DaemonConfig {
+            let config = migration::run::daemon::DaemonConfig {
                 poll: Duration::from_millis(*poll_ms),
                 ..Default::default()
             };

@@ -30,10 +30,10 @@ pub enum Error {
     },
 
     /// The daemon's automatic refresh holds an artifact back for the day
-    /// ([`crate::budget::hold`]): no transfer is started. The refresh takes it as an outcome,
+    /// ([`crate::rules::budget::hold`]): no transfer is started. The refresh takes it as an outcome,
     /// not a failure (`RefreshReport::held_back`).
     #[error("{0}")]
-    HeldBack(crate::budget::HeldBack),
+    HeldBack(crate::rules::budget::HeldBack),
 
     #[error("invalid param key {key:?}: keys are ASCII letters, digits and _")]
     BadParamKey { key: String },

@@ -8,6 +8,23 @@
 //!
 //! It does not speak HTTP (that is `downloader`) or parse command lines (that is the
 //! `device-modeld-manager` binary).
+//!
+//! # Reading order
+//!
+//! Four folders, read in this order; each folder's own page gives the order inside it.
+//!
+//! 1. [`state`]: what is on the device and how it is read and written (params, the files of each
+//!    generation, the journal, the trust state, the openpilot tree, modeld's load receipt, the
+//!    view a command decides from).
+//! 2. [`rules`]: the decisions over values already read (the contract with modeld and the UIs,
+//!    the user's choice, what is deleted, what a refresh or download does, the rollback floor,
+//!    the byte budget, the exit codes). No module here depends on `run`.
+//! 3. [`run`]: what acts on the device (the lock, opening the device, the operations and the
+//!    migration's state machine, the dry runs, the daemon, each command).
+//! 4. [`report`]: what a command reports (the typed reports, the UI's progress texts, and how
+//!    the binary renders each).
+//!
+//! [`Error`] (at the root) is the one error type of all four.
 
 mod error;
 pub mod report;
@@ -15,27 +32,20 @@ pub mod rules;
 pub mod run;
 pub mod state;
 
-// The modules' paths before the folders (updated in the next commit).
-pub use report::{progress, render};
-pub use rules::{budget, choice, contract, next_step, plan, shape};
-use rules::{decisions, floor};
-pub use run::{commands, daemon, downloads, lock, open, preview};
-use run::{manager, offline};
-pub use state::{bounded, effects, layout, load_receipt, params, tree, trust_state, view};
-use state::{device, journal};
-
-pub use contract::is_builtin_id;
-pub use device::{
+pub use error::{Error, Result};
+pub use report::progress::{DisplayName, FailReason, Progress, ProgressFn, Transferred};
+pub use rules::contract::is_builtin_id;
+pub use run::downloads::{
+    AllDownloads, DownloadReport, download_all, download_model, downloadable,
+};
+pub use run::lock::ManagerLock;
+pub use run::manager::{
+    GcPlan, GcReport, RefreshReport, Run, gc, install, install_target, refresh, unix_now,
+};
+pub use state::device::{
     CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device, DeviceConfig, ExpectedDigest, JOURNAL_FILE,
     REFUSED_FILE, RefusedModel, VERIFIED_FILE, VerifyState,
 };
-pub use downloads::{AllDownloads, DownloadReport, download_all, download_model, downloadable};
-pub use effects::{Effect, Effects};
-pub use error::{Error, Result};
-pub use journal::{Journal, Phase, read_journal};
-pub use lock::ManagerLock;
-pub use manager::{
-    GcPlan, GcReport, RefreshReport, Run, gc, install, install_target, refresh, unix_now,
-};
-pub use params::Params;
-pub use progress::{DisplayName, FailReason, Progress, ProgressFn, Transferred};
+pub use state::effects::{Effect, Effects};
+pub use state::journal::{Journal, Phase, read_journal};
+pub use state::params::Params;

@@ -3,7 +3,7 @@
 //! it, check what upstream modeld would load at that instant, then rerun and require the state
 //! an uninterrupted run leaves. The effects are counted by the crate's own checkpoints
 //! (`migration::Effects`, the one writer of device state, over its typed log of
-//! `migration::effects::Effect`); the crash stops the refresh at once, as kill -9 would.
+//! `migration::state::effects::Effect`); the crash stops the refresh at once, as kill -9 would.
 
 use std::collections::BTreeMap;
 

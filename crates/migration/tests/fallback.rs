@@ -392,7 +392,7 @@ fn resolve_answers_the_builtin_when_in_doubt_and_fails_only_without_it() {
     let verified = f.models().join(".verified.json");
     fs::File::create(&verified)
         .unwrap()
-        .set_len(migration::bounded::VERIFIED_LIMIT + 1)
+        .set_len(migration::state::bounded::VERIFIED_LIMIT + 1)
         .unwrap();
     // An oversized verification cache is ignored (re-hash), not trusted and not fatal.
     assert!(!migration::report::resolve(&device).unwrap().builtin);

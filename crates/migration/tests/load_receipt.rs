@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use downloader::CancelToken;
 use manifest::contract::ContractName;
-use migration::load_receipt::{BAD_ARTIFACTS_FILE, Source, Watcher, monotonic_ns};
+use migration::state::load_receipt::{BAD_ARTIFACTS_FILE, Source, Watcher, monotonic_ns};
 use serde_json::{Value, json};
 
 use crate::common::{Origin, refresh};

@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use crate::common::{Fixture, Origin, refresh, sha_of};
 use downloader::CancelToken;
 use manifest::ModelId;
-use migration::daemon::{self, Request};
-use migration::params::keys;
+use migration::run::daemon::{self, Request};
+use migration::state::params::keys;
 use migration::{FailReason, Progress, VerifyState};
 use test_support::http_server::Fault;
 

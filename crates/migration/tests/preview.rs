@@ -25,7 +25,7 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
     let before = f.snapshot();
     let planning = f.device().planning();
     let planned = migration::refresh(&planning, &at_now);
-    let plan = migration::preview::refresh(&f.device(), &at_now).unwrap();
+    let plan = migration::run::preview::refresh(&f.device(), &at_now).unwrap();
     assert_eq!(
         f.snapshot(),
         before,
@@ -52,7 +52,7 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
     assert_eq!(plan.migrated_from, r.migrated_from, "{label}");
     // What the report names is what the log holds: each download an install, each changed
     // param written, each file written or removed.
-    for migration::preview::PlannedDownload { id, .. } in &plan.would_download {
+    for migration::run::preview::PlannedDownload { id, .. } in &plan.would_download {
         let install = Effect::Install {
             what: id.to_string(),
         };
@@ -104,10 +104,10 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
     let files = |s: &BTreeMap<String, String>| -> BTreeMap<String, String> {
         s.iter()
             .filter_map(|(k, v)| Some((k.strip_prefix("models/")?.to_string(), v.clone())))
-            .filter(|(k, _)| migration::plan::driving_key(k).is_none() && !k.ends_with('/'))
+            .filter(|(k, _)| migration::rules::plan::driving_key(k).is_none() && !k.ends_with('/'))
             // The daily byte budget's ledger: a count of what was fetched, not named by a dry
             // run (docs/device.md, *The daily byte budget*).
-            .filter(|(k, _)| k != migration::budget::LEDGER_FILE)
+            .filter(|(k, _)| k != migration::rules::budget::LEDGER_FILE)
             .collect()
     };
     let (f0, f1) = (files(&before), files(&after));
@@ -142,7 +142,7 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
 
     // Downloads: each one's artifact is new; each kept one is untouched.
     let artifact = |id: &manifest::ModelId| format!("models/{id}_driving_tinygrad.pkl");
-    for migration::preview::PlannedDownload { id, .. } in &plan.would_download {
+    for migration::run::preview::PlannedDownload { id, .. } in &plan.would_download {
         let k = artifact(id);
         assert!(
             after.contains_key(&k) && before.get(&k) != after.get(&k),
@@ -154,7 +154,7 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
         assert_eq!(before.get(&k), after.get(&k), "{label}: {id} kept");
     }
     // And afterwards nothing is left to do.
-    let again = migration::preview::refresh(&f.device(), &at_now).unwrap();
+    let again = migration::run::preview::refresh(&f.device(), &at_now).unwrap();
     assert!(!again.migrating, "{label}: {again:?}");
     assert!(again.would_download.is_empty(), "{label}: {again:?}");
     assert!(again.would_write.is_empty(), "{label}: {again:?}");
@@ -248,7 +248,7 @@ fn a_retry_not_due_is_waited_for_and_an_outdated_copy_stays_in_use() {
         },
     )
     .unwrap();
-    let plan = migration::preview::refresh(
+    let plan = migration::run::preview::refresh(
         &f.device(),
         &migration::Run {
             now_unix: now + 1,
@@ -272,12 +272,12 @@ fn download_agrees(
     f: &Fixture,
     origin: &Origin,
     id: Option<&str>,
-) -> migration::preview::DownloadPlanReport {
+) -> migration::run::preview::DownloadPlanReport {
     let device = f.device();
     let dl = origin.downloader();
     let id: Option<manifest::ModelId> = id.map(|i| i.parse().unwrap());
     let before = f.snapshot();
-    let plan = migration::preview::download(&device, &dl, id.as_ref(), 0).unwrap();
+    let plan = migration::run::preview::download(&device, &dl, id.as_ref(), 0).unwrap();
     assert_eq!(
         f.snapshot(),
         before,
@@ -303,7 +303,7 @@ fn download_agrees(
     let mut install = BTreeSet::new();
     let mut remove = BTreeSet::new();
     for m in &plan.models {
-        if let migration::preview::Action::Download { artifacts: planned } = &m.action {
+        if let migration::run::preview::Action::Download { artifacts: planned } = &m.action {
             for p in planned {
                 install.extend(p.would_install.iter().map(|n| format!("models/{n}")));
                 remove.extend(p.would_remove.iter().map(|n| format!("models/{n}")));
@@ -312,7 +312,7 @@ fn download_agrees(
     }
     // The daily byte budget's ledger counts what was fetched; a dry run fetches nothing and
     // does not name it (docs/device.md, *The daily byte budget*).
-    let ledger = format!("models/{}", migration::budget::LEDGER_FILE);
+    let ledger = format!("models/{}", migration::rules::budget::LEDGER_FILE);
     let changed: BTreeSet<String> = after
         .iter()
         .filter(|(k, _)| **k != ledger)
@@ -330,10 +330,10 @@ fn download_agrees(
 }
 
 /// How many models the plan downloads.
-fn downloads(plan: &migration::preview::DownloadPlanReport) -> usize {
+fn downloads(plan: &migration::run::preview::DownloadPlanReport) -> usize {
     plan.models
         .iter()
-        .filter(|m| matches!(m.action, migration::preview::Action::Download { .. }))
+        .filter(|m| matches!(m.action, migration::run::preview::Action::Download { .. }))
         .count()
 }
 
@@ -378,15 +378,15 @@ fn an_offline_dry_run_fails_as_the_refresh_and_names_its_first_boot() {
     let device = f.device();
     let dl = origin.downloader();
     let before = f.snapshot();
-    let e = migration::preview::refresh(&device, &migration::Run::new(&dl)).unwrap_err();
-    let plan = migration::preview::refresh_failure(&device, &e).unwrap();
+    let e = migration::run::preview::refresh(&device, &migration::Run::new(&dl)).unwrap_err();
+    let plan = migration::run::preview::refresh_failure(&device, &e).unwrap();
     assert_eq!(f.snapshot(), before, "the dry run changed the device");
     assert_eq!(plan.migrate_from, Some(Some("v24".to_string())), "{plan:?}");
 
     let real = migration::refresh(&device, &migration::Run::new(&dl)).unwrap_err();
     assert_eq!(e.to_string(), real.to_string());
     let after = f.snapshot();
-    let purged: Vec<String> = migration::plan::purge_plan(
+    let purged: Vec<String> = migration::rules::plan::purge_plan(
         before
             .keys()
             .filter_map(|k| k.strip_prefix("models/"))
@@ -421,7 +421,7 @@ fn an_offline_dry_run_fails_as_the_refresh_and_names_its_first_boot() {
     );
 
     // Now on the way (journal past its purge): offline again, nothing more is written.
-    let e = migration::preview::refresh(&device, &migration::Run::new(&dl)).unwrap_err();
-    let again = migration::preview::refresh_failure(&device, &e).unwrap();
+    let e = migration::run::preview::refresh(&device, &migration::Run::new(&dl)).unwrap_err();
+    let again = migration::run::preview::refresh_failure(&device, &e).unwrap();
     assert!(again.is_empty(), "{again:?}");
 }

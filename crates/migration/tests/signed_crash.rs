@@ -92,7 +92,8 @@ fn a_crash_after_any_effect_of_a_signed_refresh_then_a_rerun_ends_as_an_uninterr
         // say yet (checked with the dry run, which writes nothing).
         let newer_stored =
             f.snapshot().get("models/.catalog.json") == want.get("models/.catalog.json");
-        let replayed = migration::preview::refresh(&device, &migration::Run::new(&dl(&replay)));
+        let replayed =
+            migration::run::preview::refresh(&device, &migration::Run::new(&dl(&replay)));
         assert_eq!(
             replayed.is_err(),
             newer_stored,

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 
 use downloader::{CancelToken, DownloadConfig, Target};
 use manifest::contract::ContractName;
-use migration::layout::{DownloadJob, JobState, Variant};
-use migration::open::{self, Opened, Options};
-use migration::{Device, params::keys};
+use migration::run::open::{self, Opened, Options};
+use migration::state::layout::{DownloadJob, JobState, Variant};
+use migration::{Device, state::params::keys};
 use serde_json::{Value, json};
 use test_support::http_server::FaultServer;
 use test_support::published::{GH_DIR, HF_DIR, artifact_bytes, publish_model, write_manifest};
@@ -355,7 +355,7 @@ fn a_device_upstream_prepared_is_read_not_rewritten() {
         let job = v.runtime().read_job(&root).unwrap();
         assert_eq!(job["state"], "interrupted");
         assert_eq!(job["jobId"], "0123456789abcdef0123456789abcdef");
-        assert_eq!(job["progress"], migration::layout::INTERRUPTED);
+        assert_eq!(job["progress"], migration::state::layout::INTERRUPTED);
         assert_eq!(
             status.job.unwrap().state,
             JobState::Interrupted,
@@ -557,7 +557,7 @@ impl V26 {
         let Ok(Opened::Ready(r)) = open::open(&o) else {
             panic!("not opened")
         };
-        let declared = migration::tree::read(&o.openpilot_dir)
+        let declared = migration::state::tree::read(&o.openpilot_dir)
             .declaration
             .unwrap()
             .unwrap();
@@ -716,7 +716,7 @@ fn resolve_and_status_answer_what_upstream_loads() {
             // `selected` is the user's choice as upstream reads it, loaded or not.
             let small = rt.preferences(&root).small;
             let ours = match small.as_str() {
-                BUNDLED => migration::contract::builtin_id().to_string(),
+                BUNDLED => migration::rules::contract::builtin_id().to_string(),
                 id => id.to_string(),
             };
             assert_eq!(
@@ -756,7 +756,7 @@ fn resolve_and_status_answer_what_upstream_loads() {
 
         // Bytes modeld could not start here: it runs the bundled model, and `resolve` says so
         // (upstream's resolver would hand them over once more; the receipt names the fallback).
-        migration::load_receipt::mark_bad(
+        migration::state::load_receipt::mark_bad(
             &device,
             &"pop223".parse().unwrap(),
             &v.sha("pop223").parse().unwrap(),
@@ -773,7 +773,7 @@ fn resolve_and_status_answer_what_upstream_loads() {
         fs::remove_file(
             v.data()
                 .join("models")
-                .join(migration::load_receipt::BAD_ARTIFACTS_FILE),
+                .join(migration::state::load_receipt::BAD_ARTIFACTS_FILE),
         )
         .unwrap();
         check("record gone", "pop223", true);
@@ -1123,7 +1123,7 @@ fn a_dry_run_on_a_v26_contract_tree_writes_nothing() {
             prepare(t.path());
             let before = entries(&t.path().join("data"));
             let (d, dl) = v.device_in(t.path(), migration::Effects::none());
-            let plan = migration::commands::refresh_dry_run(&d, &dl)
+            let plan = migration::run::commands::refresh_dry_run(&d, &dl)
                 .unwrap_or_else(|e| panic!("{generation} {label}: {e:?}"));
             assert!(
                 !plan.would_download.is_empty() || !plan.would_write.is_empty(),
@@ -1164,7 +1164,7 @@ fn a_load_receipt_is_checked_against_the_trees_catalog() {
         let status_for = |model: &str, variant: &str| {
             let f = dir.join("load-v1.json");
             let body = json!({"version": 1, "pid": std::process::id(), "processStartTicks": ticks,
-                "loadedMonoNs": migration::load_receipt::monotonic_ns(), "modelId": model,
+                "loadedMonoNs": migration::state::load_receipt::monotonic_ns(), "modelId": model,
                 "variant": variant, "artifactSha256": v.sha("pop223"), "fallbackReason": null});
             fs::write(&f, serde_json::to_vec(&body).unwrap()).unwrap();
             fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
@@ -1294,7 +1294,7 @@ fn a_refresh_notices_a_model_that_failed_its_first_start() {
         fs::remove_file(v.root().join("pop223/pop223_driving_tinygrad.pkl")).unwrap();
         refresh();
         let models = v.data().join("models");
-        let bad = models.join(migration::load_receipt::BAD_ARTIFACTS_FILE);
+        let bad = models.join(migration::state::load_receipt::BAD_ARTIFACTS_FILE);
         let verified = models.join(migration::VERIFIED_FILE);
         let dir = v.dir.path().join("receipt-shm/starpilot_modeld_d");
         fs::create_dir_all(&dir).unwrap();
@@ -1318,7 +1318,7 @@ fn a_refresh_notices_a_model_that_failed_its_first_start() {
         // An install this manager did not record (the cache gone: re-verified, no moment).
         let recorded = fs::read(&verified).unwrap();
         fs::remove_file(&verified).unwrap();
-        modeld_fell_back(migration::load_receipt::monotonic_ns());
+        modeld_fell_back(migration::state::load_receipt::monotonic_ns());
         refresh();
         assert!(
             !bad.exists(),
@@ -1342,7 +1342,7 @@ fn a_refresh_notices_a_model_that_failed_its_first_start() {
 /// build's day past its budget holds back only the v25 build. v26 and a made-up v27.
 #[test]
 fn the_daily_ledger_names_the_per_generation_path() {
-    use migration::budget::{DailyBudget, ledger_path, read, today};
+    use migration::rules::budget::{DailyBudget, ledger_path, read, today};
     for generation in ["v26", "v27"] {
         let v = V26::start(generation);
         let (mut device, dl) = v.open();
@@ -1403,7 +1403,7 @@ fn the_daily_ledger_names_the_per_generation_path() {
         );
 
         // The v25 build's day spent: only the v25 build is held back.
-        migration::budget::count(&models, &v25_key, p.size, 10 * p.size, today()).unwrap();
+        migration::rules::budget::count(&models, &v25_key, p.size, 10 * p.size, today()).unwrap();
         fs::remove_file(models.join("pop223_driving_tinygrad.pkl")).unwrap();
         fs::remove_file(v.root().join("pop223/pop223_driving_tinygrad.pkl")).unwrap();
         match fetch(&v25, &v25_target) {

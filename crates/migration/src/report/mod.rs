@@ -13,11 +13,11 @@ use serde::Serialize;
 
 use manifest::{ModelId, NamedModel};
 
-use crate::contract::{self, ModelKind};
-use crate::device::{Device, VerifyState};
 use crate::error::{Error, Result};
-use crate::journal::Journal;
-use crate::view::DeviceView;
+use crate::rules::contract::{self, ModelKind};
+use crate::state::device::{Device, VerifyState};
+use crate::state::journal::Journal;
+use crate::state::view::DeviceView;
 
 /// `resolve`: the path modeld should load and what it is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -55,7 +55,7 @@ pub enum PendingCase {
 /// The fallback state: what the user chose, what is retried, what was dropped for good.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FallbackReport {
-    pub chosen: crate::choice::Slots,
+    pub chosen: crate::rules::choice::Slots,
     pub pending: Vec<PendingModel>,
     pub dropped: Vec<String>,
 }
@@ -88,7 +88,7 @@ pub struct StatusReport {
     /// From `.choice.json`; `None` before the first refresh of this build.
     pub fallback: Option<FallbackReport>,
     /// Entries of the last accepted manifest this device left out, each with its reason.
-    pub refused_entries: Vec<crate::device::RefusedModel>,
+    pub refused_entries: Vec<crate::state::device::RefusedModel>,
     /// With trusted keys: why the stored catalog is not used (it does not verify against the
     /// signature kept beside it); `resolve` answers the built-in meanwhile.
     pub catalog_problem: Option<String>,
@@ -104,13 +104,13 @@ pub struct StatusReport {
     pub unreadable: Vec<String>,
     /// What modeld runs, from its load receipt; absent on a contract without one (v25).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub running: Option<crate::load_receipt::RunningReport>,
+    pub running: Option<crate::state::load_receipt::RunningReport>,
     /// Artifacts modeld could not start, not downloaded again while the catalog lists them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub bad_artifacts: Vec<crate::load_receipt::BadArtifactReport>,
+    pub bad_artifacts: Vec<crate::state::load_receipt::BadArtifactReport>,
     /// Bytes fetched of each artifact today (UTC) against the daemon's daily budget
-    /// ([`crate::budget`]), exact.
-    pub fetched_today: crate::budget::TodayReport,
+    /// ([`crate::rules::budget`]), exact.
+    pub fetched_today: crate::rules::budget::TodayReport,
 }
 
 /// A chosen GPU-only model that is not installed because no Chestnut is ready, as `status`
@@ -248,7 +248,7 @@ fn catalog_or_problem(device: &Device) -> Result<(Option<manifest::Manifest>, Op
     match device.catalog() {
         Ok(c) => Ok((c, None)),
         Err(e @ Error::CatalogNotTrusted { .. }) => {
-            Ok((None, Some(crate::next_step::with_next(&e))))
+            Ok((None, Some(crate::rules::next_step::with_next(&e))))
         }
         Err(e) => Err(e),
     }
@@ -324,7 +324,7 @@ pub fn resolve(device: &Device) -> Result<ResolveReport> {
         Err(e) => (
             device.builtin_path(),
             NamedModel::builtin(),
-            Some(crate::next_step::with_next(&e)),
+            Some(crate::rules::next_step::with_next(&e)),
         ),
     };
     let is_builtin = contract::is_builtin_id(sel.id.as_str());
@@ -349,7 +349,7 @@ pub fn resolve(device: &Device) -> Result<ResolveReport> {
 
 fn fallback(
     device: &Device,
-    choice: Option<&crate::choice::Choice>,
+    choice: Option<&crate::rules::choice::Choice>,
     catalog: Option<&manifest::Manifest>,
 ) -> Result<Option<FallbackReport>> {
     let Some(c) = choice.cloned() else {
@@ -438,12 +438,12 @@ pub fn status(device: &Device) -> Result<StatusReport> {
         catalog_problem: view.catalog.problem(),
         waiting_for_chestnut: waiting,
         unreadable: view.problems(),
-        running: crate::load_receipt::running_report(device),
-        bad_artifacts: crate::load_receipt::bad_report(device, catalog),
+        running: crate::state::load_receipt::running_report(device),
+        bad_artifacts: crate::state::load_receipt::bad_report(device, catalog),
         fetched_today: {
-            let today = crate::budget::today();
-            let read = crate::budget::read(&device.models_dir(), today);
-            crate::budget::report(&read, today, device.budget.unwrap_or_default())
+            let today = crate::rules::budget::today();
+            let read = crate::rules::budget::read(&device.models_dir(), today);
+            crate::rules::budget::report(&read, today, device.budget.unwrap_or_default())
         },
     })
 }

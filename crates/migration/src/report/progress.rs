@@ -24,7 +24,7 @@ impl DisplayName {
     }
 
     pub fn of(entry: &manifest::ModelEntry) -> Self {
-        DisplayName(crate::contract::clean_name(
+        DisplayName(crate::rules::contract::clean_name(
             entry.name().unwrap_or(entry.id().as_str()),
         ))
     }

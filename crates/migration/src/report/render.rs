@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::report::{PendingCase, ResolveReport, StatusReport, VerifyReport};
-use crate::tree::{PausedStatus, TreeStatus};
+use crate::state::tree::{PausedStatus, TreeStatus};
 
 pub mod command;
 pub mod dry_run;
@@ -40,9 +40,9 @@ pub(crate) fn out_then_notes(
     let out = lines.into_iter().map(Line::Out);
     out.chain(notes.into_iter().map(Line::Note)).collect()
 }
-use crate::trust_state::{self, AcceptedRelease, FloorSource, RefusedManifest};
+use crate::state::trust_state::{self, AcceptedRelease, FloorSource, RefusedManifest};
 use crate::{Device, VerifyState};
-use crate::{Phase, Progress, params};
+use crate::{Phase, Progress, state::params};
 
 /// A verification state as `status` and `verify` print it.
 pub fn state_text(s: VerifyState) -> &'static str {
@@ -111,7 +111,7 @@ impl TrustReport {
         // (it is a report, not the floor).
         let refused: Option<RefusedManifest> = device.read_json_or_warn(
             trust_state::REFUSED_MANIFEST_FILE,
-            crate::bounded::JOURNAL_LIMIT,
+            crate::state::bounded::JOURNAL_LIMIT,
         )?;
         Ok(match &device.trusted_keys {
             None => TrustReport {
@@ -213,12 +213,12 @@ pub struct AnotherManager {
 }
 
 impl AnotherManager {
-    /// The manager holding `device`'s lock, if any (`crate::lock::holder`), with its request
+    /// The manager holding `device`'s lock, if any (`crate::run::lock::holder`), with its request
     /// and progress read from the memory params (nothing read counts as none).
     pub fn of(device: &Device) -> Option<Self> {
-        let pid = crate::lock::holder(&device.models_dir())?;
+        let pid = crate::run::lock::holder(&device.models_dir())?;
         let value = |key| match device.memory.read(key) {
-            crate::params::ParamRead::Value(v) => Some(v.trim().to_string()),
+            crate::state::params::ParamRead::Value(v) => Some(v.trim().to_string()),
             _ => None,
         };
         let request = match device.memory.get_bool(params::keys::DOWNLOAD_ALL_MODELS) {
@@ -475,9 +475,9 @@ impl Render for PausedStatus {
 impl VerifyReport {
     /// How `verify` ends once the report is printed: exit 6 unless every model verified.
     pub fn failure(&self) -> Option<cli_support::Failure> {
-        let code = crate::next_step::code::NOT_VERIFIED;
+        let code = crate::rules::next_step::code::NOT_VERIFIED;
         (!self.all_verified()).then(|| {
-            crate::next_step::failure(
+            crate::rules::next_step::failure(
                 code,
                 "some models are missing or do not match the catalog; run `download <ID>` for \
                  each one not listed as verified",
@@ -986,7 +986,7 @@ mod tests {
         let mut v = view(true, cli_support::Verbosity::Normal);
         assert!(v.draws_bar());
         assert_eq!(shown(&mut v, &[pct(5), pct(50)]), ["", ""]);
-        let fetched = Progress::Fetched(crate::progress::Fetched {
+        let fetched = Progress::Fetched(crate::report::progress::Fetched {
             what: "pop223".into(),
             size: 12 << 20,
             moved: 12 << 20,

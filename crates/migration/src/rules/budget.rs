@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::bounded;
+use crate::state::bounded;
 
 /// The ledger's file name, in the models directory.
 pub const LEDGER_FILE: &str = ".fetched-today.json";
@@ -232,7 +232,7 @@ pub fn interpret(bytes: Option<&[u8]>, today: u64) -> Read {
 pub fn read(models_dir: &Path, today: u64) -> Read {
     match bounded::read_capped(&ledger_path(models_dir), LEDGER_LIMIT) {
         Ok(bytes) => interpret(bytes.as_deref(), today),
-        Err(e) => Read::Unknown(crate::daemon::one_line(&e.to_string())),
+        Err(e) => Read::Unknown(crate::run::daemon::one_line(&e.to_string())),
     }
 }
 

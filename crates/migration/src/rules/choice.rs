@@ -21,7 +21,7 @@ use std::time::Duration;
 use manifest::ModelId;
 use serde::{Deserialize, Serialize};
 
-use crate::contract::{self, BigOutcome, BigProfile, Catalog, ModelKind, Outcome, Wanted};
+use crate::rules::contract::{self, BigOutcome, BigProfile, Catalog, ModelKind, Outcome, Wanted};
 
 /// The record's file in the models dir.
 pub const CHOICE_FILE: &str = ".choice.json";
@@ -318,7 +318,7 @@ pub fn hold_onroad(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::{ProfilesRead, SelectionParams};
+    use crate::rules::contract::{ProfilesRead, SelectionParams};
     use manifest::Manifest;
     use serde_json::json;
 

@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use manifest::{Manifest, ModelEntry, ModelId, NamedModel, layout};
 use serde_json::{Map, Value};
 
-use crate::params::keys;
+use crate::state::params::keys;
 
 /// Built-in, catalog or local: decides how a model is obtained and where modeld loads it from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,8 +45,8 @@ pub use layout::builtin_model_id as builtin_id;
 // ---------------------------------------------------------------------------------------------
 // Ids and aliases (upstream `canonical`, `aliases`, v23 namespace)
 
-use crate::shape::CANONICAL;
-pub use crate::shape::canonical_id;
+use crate::rules::shape::CANONICAL;
+pub use crate::rules::shape::canonical_id;
 
 /// The aliases of a key, in upstream's order: its canonical form, every key mapping to it, the
 /// key without `_default`, and the key with `2` appended unless it already ends in `2`.
@@ -480,8 +480,8 @@ impl Row {
     /// A local model, from its sidecar (name, version, series, released, uses_external_gpu,
     /// model_size, model_lab_eligible, accelerator_artifacts) with upstream's defaults.
     pub fn of_local(local: &LocalModel) -> Self {
-        let source = crate::shape::local_model(local.id.as_str(), local.sidecar.as_ref());
-        let listed = crate::shape::listed(&source);
+        let source = crate::rules::shape::local_model(local.id.as_str(), local.sidecar.as_ref());
+        let listed = crate::rules::shape::listed(&source);
         Row {
             model: NamedModel {
                 id: local.id.clone(),
@@ -576,7 +576,7 @@ impl Catalog {
     /// The comma-joined catalog params, in catalog order, exactly as upstream writes them
     /// (`shape::params`).
     pub fn params(&self) -> Vec<(&'static str, String)> {
-        crate::shape::params(&self.sources())
+        crate::rules::shape::params(&self.sources())
     }
 
     /// The three caches, `(file name, JSON body)`, as upstream writes them (`shape::caches`):
@@ -585,16 +585,16 @@ impl Catalog {
     /// every model). Rebuilt from this catalog alone, so no entry of another generation or of
     /// a dropped model survives.
     pub fn caches(&self) -> Vec<(&'static str, Value)> {
-        crate::shape::caches(&self.sources())
+        crate::rules::shape::caches(&self.sources())
     }
 }
 
-pub use crate::shape::{ARTIFACTS_CACHE, URLS_CACHE, VERSIONS_CACHE};
+pub use crate::rules::shape::{ARTIFACTS_CACHE, URLS_CACHE, VERSIONS_CACHE};
 
 /// A cache body as bytes, as upstream writes it: Python's default `json.dumps` layout, no
 /// trailing newline (`shape::dumps`).
 pub fn cache_bytes(v: &Value) -> Vec<u8> {
-    crate::shape::dumps(v).into_bytes()
+    crate::rules::shape::dumps(v).into_bytes()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,12 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use manifest::{Generation, Manifest, ModelEntry, ModelId};
 
-use crate::choice::{self, Fate, Slots};
-use crate::contract::{self, BigProfile, Catalog, ModelKind, Outcome, Wanted};
 use crate::error::{Error, Result};
-use crate::journal::{Journal, journal_step, wanted_of};
-use crate::plan::{self, InstallStep, VerifyState};
-use crate::view::DeviceView;
+use crate::rules::choice::{self, Fate, Slots};
+use crate::rules::contract::{self, BigProfile, Catalog, ModelKind, Outcome, Wanted};
+use crate::rules::plan::{self, InstallStep, VerifyState};
+use crate::state::journal::{Journal, journal_step, wanted_of};
+use crate::state::view::DeviceView;
 
 /// The journal a refresh goes on with, from where the device stands ([`contract::start`] over
 /// the journal and `ModelManifestVersion` in `view`), and whether it must be written before

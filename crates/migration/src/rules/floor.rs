@@ -9,8 +9,8 @@ use std::path::Path;
 use manifest::{Generation, ReleaseNumber, UnixSeconds};
 use serde::{Deserialize, Serialize};
 
-use crate::bounded::{JOURNAL_LIMIT, read_capped};
 use crate::error::Error;
+use crate::state::bounded::{JOURNAL_LIMIT, read_capped};
 
 pub const ACCEPTED_RELEASE_FILE: &str = ".accepted-release.json";
 

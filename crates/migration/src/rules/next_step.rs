@@ -96,7 +96,7 @@ impl NextStep for Error {
                  yet (a republish in progress); the installed model (or the built-in) stays in \
                  use. Run the same command again in a few minutes: it tries at once. The \
                  daemon's own refresh asks again within {} minutes",
-                crate::choice::NOT_YET_RETRY.as_secs() / 60
+                crate::rules::choice::NOT_YET_RETRY.as_secs() / 60
             ),
             Error::Download(D::Io(_)) => {
                 "check that the data dir is writable and not full, then run the command again"

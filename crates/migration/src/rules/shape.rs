@@ -346,7 +346,7 @@ pub fn urls_entry(m: &Map<String, Value>) -> Option<(String, Map<String, Value>)
 
 /// The comma-joined params for these model dicts, in upstream's write order.
 pub fn params(models: &[Map<String, Value>]) -> Vec<(&'static str, String)> {
-    use crate::params::keys;
+    use crate::state::params::keys;
     let rows: Vec<Listed> = models.iter().map(listed).collect();
     let join = |f: &dyn Fn(&Listed) -> &str| rows.iter().map(f).collect::<Vec<_>>().join(",");
     vec![
@@ -529,8 +529,8 @@ mod tests {
     /// `AvailableModelSeries` (or any catalog param). For v25 and a made-up v26.
     #[test]
     fn series_with_control_characters_never_reach_the_series_list() {
-        use crate::contract::{Catalog, LocalModel};
-        use crate::params::keys;
+        use crate::rules::contract::{Catalog, LocalModel};
+        use crate::state::params::keys;
         for generation in ["v25", "v26"] {
             let body = serde_json::to_vec(&json!({"generation": generation, "models": [
                 {"id": "pop223", "name": "Pop", "version": "v16", "series": "Pop Series"},

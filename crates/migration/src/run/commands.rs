@@ -1,24 +1,24 @@
 //! Each device command as the binary runs it, one call: the checks before it (driving, the
 //! manager lock), the run with its progress on stderr, and the typed report the binary renders
-//! ([`crate::render`]).
+//! ([`crate::report::render`]).
 
 use cli_support::Failure;
 use downloader::{CancelToken, Downloader};
 use manifest::{ModelEntry, ModelId};
 
-use crate::choice::Caller;
-use crate::daemon::DaemonConfig;
-use crate::device::Device;
-use crate::downloads::{DownloadPlanReport, DownloadReport, download_all, download_model};
 use crate::error::{Error, Result};
-use crate::lock::ManagerLock;
-use crate::manager::{self, GcPlan, GcReport, RefreshReport, Run};
-use crate::next_step::{code, failure};
-use crate::preview::{self, RefreshPlan};
-use crate::progress::Progress;
-use crate::render::StderrProgress;
 use crate::report::VerifyReport;
-use crate::tree::TreeStatus;
+use crate::report::progress::Progress;
+use crate::report::render::StderrProgress;
+use crate::rules::choice::Caller;
+use crate::rules::next_step::{code, failure};
+use crate::run::daemon::DaemonConfig;
+use crate::run::downloads::{DownloadPlanReport, DownloadReport, download_all, download_model};
+use crate::run::lock::ManagerLock;
+use crate::run::manager::{self, GcPlan, GcReport, RefreshReport, Run};
+use crate::run::preview::{self, RefreshPlan};
+use crate::state::device::Device;
+use crate::state::tree::TreeStatus;
 
 /// `refresh`: a person's refresh (every pending model is tried now, whatever its backoff), its
 /// progress labelled `selected model`.
@@ -53,7 +53,7 @@ pub fn refresh_dry_run(device: &Device, dl: &Downloader) -> Result<RefreshPlan, 
     };
     preview::refresh(device, &person).or_else(|e| {
         let before = preview::refresh_failure(device, &e)?;
-        Err(crate::render::dry_run::refresh_failure(e, &before))
+        Err(crate::report::render::dry_run::refresh_failure(e, &before))
     })
 }
 
@@ -163,12 +163,12 @@ pub fn daemon(
     // What stores served other bytes survives a restart (no storm across restarts).
     dl.keep_stale_stores_in(&device.models_dir().join(downloader::stale_store::FILE));
     let stopping = cli_support::stop_on_signals();
-    log(&crate::render::tree_line(tree));
+    log(&crate::report::render::tree_line(tree));
     let show = |p: &Progress| {
         if let Some(t) = terminal {
             t.say(p)
         }
     };
     let show: Option<&(dyn Fn(&Progress) + Sync)> = terminal.map(|_| &show as _);
-    crate::daemon::run(device, dl, config, &stopping, log, show)
+    crate::run::daemon::run(device, dl, config, &stopping, log, show)
 }

@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 use downloader::{CancelToken, Downloader};
 use manifest::{ModelEntry, ModelId};
 
-use crate::device::Device;
-use crate::downloads::{download_all, download_model};
 use crate::error::{Error, Result};
-use crate::manager::{Run, refresh};
-use crate::params::{ParamRead, keys};
-use crate::progress::{DisplayName, FailReason, Progress};
+use crate::report::progress::{DisplayName, FailReason, Progress};
+use crate::run::downloads::{download_all, download_model};
+use crate::run::manager::{Run, refresh};
+use crate::state::device::Device;
+use crate::state::params::{ParamRead, keys};
 
 /// One request read from the memory params.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +35,7 @@ pub enum Request {
 /// The pending request in the memory params `memory`, `DownloadAllModels` first (upstream's
 /// priority). A request param that cannot be read is an error naming it
 /// ([`sweep_bad_params`] removes it first in the daemon).
-pub fn read_request(memory: &crate::params::Params) -> Result<Option<Request>> {
+pub fn read_request(memory: &crate::state::params::Params) -> Result<Option<Request>> {
     if memory.get_bool(keys::DOWNLOAD_ALL_MODELS)? {
         return Ok(Some(Request::DownloadAll));
     }
@@ -74,11 +74,11 @@ impl std::fmt::Display for BadParam {
 
 /// Remove every request param of `memory` that cannot be read (see [`BadParam`]), so no bad
 /// one stops the daemon or is read again; the caller reports them. Never fails.
-pub fn sweep_bad_params(memory: &crate::params::Params) -> Vec<BadParam> {
+pub fn sweep_bad_params(memory: &crate::state::params::Params) -> Vec<BadParam> {
     let mut bad = Vec::new();
     for key in REQUEST_KEYS {
         if let ParamRead::Unreadable(e) = memory.read(key) {
-            let why = one_line(&crate::params::unreadable(&e));
+            let why = one_line(&crate::state::params::unreadable(&e));
             let problem = match memory.discard(key) {
                 Ok(()) => format!("{why}; removed"),
                 Err(r) => format!("{why}; could not remove it: {}", one_line(&r.to_string())),
@@ -130,7 +130,7 @@ pub fn failure_progress(e: &Error) -> Progress {
     match e {
         Error::Download(downloader::Error::Cancelled { .. }) => Progress::Cancelled,
         Error::Download(d @ downloader::Error::ManifestUnavailable { .. }) => {
-            match crate::trust_state::refusal(d) {
+            match crate::state::trust_state::refusal(d) {
                 Some(r) => Progress::ManifestRefused(r),
                 None => Progress::Offline,
             }
@@ -229,10 +229,14 @@ fn serve_outcome(
                 say(&Progress::Downloading(name));
             }
             download_model(device, dl, id, cancel, say).map(|_| {
-                let canonical = crate::contract::canonical_id(id.as_str());
-                match canonical.parse().map(|c| crate::contract::kind(&c)) {
-                    Ok(crate::contract::ModelKind::BuiltIn) => Progress::BuiltinAlreadyDownloaded,
-                    Ok(crate::contract::ModelKind::Local) => Progress::LocalNothingToDownload,
+                let canonical = crate::rules::contract::canonical_id(id.as_str());
+                match canonical.parse().map(|c| crate::rules::contract::kind(&c)) {
+                    Ok(crate::rules::contract::ModelKind::BuiltIn) => {
+                        Progress::BuiltinAlreadyDownloaded
+                    }
+                    Ok(crate::rules::contract::ModelKind::Local) => {
+                        Progress::LocalNothingToDownload
+                    }
                     // Also when a verified copy was kept: upstream's text, which the UI takes
                     // as "the model is there".
                     _ => Progress::Downloaded,
@@ -246,7 +250,7 @@ fn serve_outcome(
 /// The display name of catalog model `id` (`None`: no stored catalog, or not in it).
 fn catalog_name(device: &Device, id: &ModelId) -> Option<DisplayName> {
     let catalog = device.catalog().ok().flatten()?;
-    let canonical = crate::contract::canonical_id(id.as_str());
+    let canonical = crate::rules::contract::canonical_id(id.as_str());
     catalog
         .models()
         .iter()
@@ -255,7 +259,7 @@ fn catalog_name(device: &Device, id: &ModelId) -> Option<DisplayName> {
 }
 
 /// Clear a handled request and the cancel flag in the memory params `memory`.
-pub fn finish(memory: &crate::params::Params, request: &Request) -> Result<()> {
+pub fn finish(memory: &crate::state::params::Params, request: &Request) -> Result<()> {
     match request {
         Request::DownloadAll => memory.discard(keys::DOWNLOAD_ALL_MODELS)?,
         Request::Download { raw, .. } => match memory.read(keys::MODEL_TO_DOWNLOAD) {
@@ -378,9 +382,9 @@ fn is_offline(e: &Error) -> bool {
 }
 
 /// How soon the daemon asks a store that was "not yet" again, a refresh or a request:
-/// [`crate::choice::NOT_YET_RETRY`], or the refresh interval when that is shorter. Pure.
+/// [`crate::rules::choice::NOT_YET_RETRY`], or the refresh interval when that is shorter. Pure.
 pub fn not_yet_wait(config: &DaemonConfig) -> Duration {
-    crate::choice::NOT_YET_RETRY.min(config.refresh_every)
+    crate::rules::choice::NOT_YET_RETRY.min(config.refresh_every)
 }
 
 /// How long the daemon waits after the `streak`-th "not yet" refresh in a row: [`not_yet_wait`],
@@ -548,8 +552,8 @@ pub struct DaemonConfig {
     /// How soon a refresh or request that found no network is tried again.
     pub retry_offline: Duration,
     /// What the automatic refresh may fetch of one artifact per UTC day
-    /// ([`crate::budget`]); requests from the UI are served past it (and counted).
-    pub daily_budget: crate::budget::DailyBudget,
+    /// ([`crate::rules::budget`]); requests from the UI are served past it (and counted).
+    pub daily_budget: crate::rules::budget::DailyBudget,
 }
 
 impl Default for DaemonConfig {
@@ -558,7 +562,7 @@ impl Default for DaemonConfig {
             poll: Duration::from_secs(1),
             refresh_every: Duration::from_secs(3600),
             retry_offline: Duration::from_secs(30),
-            daily_budget: crate::budget::DailyBudget::default(),
+            daily_budget: crate::rules::budget::DailyBudget::default(),
         }
     }
 }
@@ -635,7 +639,7 @@ pub fn run(
             let device = device.clone();
             s.spawn(move || {
                 let say = |p: &Progress| show_in_ui(&device, p);
-                let mut running = crate::load_receipt::Watcher::default();
+                let mut running = crate::state::load_receipt::Watcher::default();
                 while !stopping.load(Ordering::SeqCst) && !done.load(Ordering::SeqCst) {
                     running.tick(&device, Instant::now(), log, &say);
                     thread::sleep(Duration::from_millis(100));
@@ -682,7 +686,7 @@ struct LoopState {
 
 /// How a refresh the daemon ran ended.
 struct RefreshEnded {
-    result: Result<crate::manager::RefreshReport>,
+    result: Result<crate::run::manager::RefreshReport>,
     /// Stopped by a cancel the UI wrote while it ran.
     ui_cancelled: bool,
 }
@@ -742,7 +746,7 @@ impl Daemon<'_> {
     /// A new tree: the params made safe for every reader before the first refresh goes online.
     fn settle_new_tree(&self) {
         let log = self.out.log;
-        match crate::manager::settle_new_tree(self.device) {
+        match crate::run::manager::settle_new_tree(self.device) {
             Ok(Some(from)) => log(&format!(
                 "new tree: the device was on {from}; until the {} catalog is fetched everything \
                  modeld reads names the built-in (done before any network)",
@@ -876,7 +880,7 @@ impl Daemon<'_> {
                 ));
                 // A manifest refused on trust grounds is shown to the user.
                 if let Error::Download(d) = &e
-                    && let Some(r) = crate::trust_state::refusal(d)
+                    && let Some(r) = crate::state::trust_state::refusal(d)
                 {
                     self.say(&Progress::ManifestRefused(r));
                 }
@@ -1151,11 +1155,11 @@ mod tests {
     #[test]
     fn bad_request_params_are_swept_and_good_ones_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let memory = crate::params::Params::new(dir.path().join("d"));
+        let memory = crate::state::params::Params::new(dir.path().join("d"));
         std::fs::create_dir_all(memory.dir()).unwrap();
         std::fs::File::create(memory.path(keys::MODEL_TO_DOWNLOAD))
             .unwrap()
-            .set_len(crate::bounded::PARAM_LIMIT + 1)
+            .set_len(crate::state::bounded::PARAM_LIMIT + 1)
             .unwrap();
         std::fs::create_dir(memory.path(keys::CANCEL_MODEL_DOWNLOAD)).unwrap();
         std::fs::write(memory.path(keys::DOWNLOAD_ALL_MODELS), b"1\0").unwrap();

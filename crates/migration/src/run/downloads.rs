@@ -11,15 +11,15 @@ use downloader::{CancelToken, DigestSource, Downloader, Installed, Target};
 use manifest::{Manifest, ModelEntry, ModelId};
 use serde::Serialize;
 
-use crate::contract::is_builtin_id;
-use crate::decisions::{Requested, gpu_rule, requested};
-use crate::device::Device;
 use crate::error::Result;
-use crate::manager::{install, variant_in_place};
-use crate::params::keys;
-use crate::plan::{self, InstallStep};
-use crate::progress::{Progress, ProgressFn};
-use crate::view::DeviceView;
+use crate::report::progress::{Progress, ProgressFn};
+use crate::rules::contract::is_builtin_id;
+use crate::rules::decisions::{Requested, gpu_rule, requested};
+use crate::rules::plan::{self, InstallStep};
+use crate::run::manager::{install, variant_in_place};
+use crate::state::device::Device;
+use crate::state::params::keys;
+use crate::state::view::DeviceView;
 
 /// `download <ID>`: the catalog entry, downloaded and verified.
 pub fn download_model(
@@ -86,7 +86,7 @@ pub fn download_all(
         device.contract(),
     ) {
         // An artifact modeld could not start here is skipped, not a failure of the run.
-        if crate::load_receipt::condemned(device, entry).is_some() {
+        if crate::state::load_receipt::condemned(device, entry).is_some() {
             continue;
         }
         if cancel.is_cancelled() {
@@ -120,7 +120,7 @@ pub fn downloadable<'a>(
                 .is_ok_and(|t| downloader::trust::target_rule(protected, &t).is_ok())
         })
         .filter(|e| {
-            !crate::contract::is_builtin_id(e.id().as_str())
+            !crate::rules::contract::is_builtin_id(e.id().as_str())
                 && downloader::egpu::in_download_all(e.uses_external_gpu(), chestnut)
         })
         .collect()

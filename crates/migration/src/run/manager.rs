@@ -27,18 +27,18 @@ use downloader::{CancelToken, Downloader, Event, Installed};
 use manifest::{Generation, ModelEntry, ModelId};
 use serde::Serialize;
 
-use crate::choice::{self, Caller, Failure, Fate};
-use crate::contract::{self, Catalog, Outcome};
-use crate::decisions::{
+use crate::error::{Error, Result};
+use crate::report::progress::{Progress, ProgressFn, Transferred};
+use crate::rules::choice::{self, Caller, Failure, Fate};
+use crate::rules::contract::{self, Catalog, Outcome};
+use crate::rules::decisions::{
     Installs, Settled, chosen, contract_writes, journal_now, offline_first_boot_due, settle,
 };
-use crate::device::{Device, JOURNAL_FILE, VerifyState};
-use crate::error::{Error, Result};
-use crate::journal::{Journal, Phase, write_journal};
-use crate::params::keys;
-use crate::plan::{self, InstallStep};
-use crate::progress::{Progress, ProgressFn, Transferred};
-use crate::view::{DeviceView, param_slots};
+use crate::rules::plan::{self, InstallStep};
+use crate::state::device::{Device, JOURNAL_FILE, VerifyState};
+use crate::state::journal::{Journal, Phase, write_journal};
+use crate::state::params::keys;
+use crate::state::view::{DeviceView, param_slots};
 
 /// Seconds since the epoch (0 if the clock is before it).
 pub fn unix_now() -> u64 {
@@ -70,7 +70,7 @@ pub(crate) fn begin_migration(
         device.ensure_offroad("the migration")?;
         // Where the selection lives in the new layout (per generation: preferences.json),
         // the user's choice as the journal keeps it is carried there first, once.
-        if device.files().selection_store() == crate::layout::SelectionStore::Preferences {
+        if device.files().selection_store() == crate::state::layout::SelectionStore::Preferences {
             device.carry_slots(
                 manifest::contract::BASE_CONTRACT.contract(),
                 &j.slots(),
@@ -112,11 +112,11 @@ pub struct RefreshReport {
     /// one is kept; a selection naming one stands in as the built-in until one is ready).
     pub needs_chestnut: Vec<String>,
     /// Manifest entries left out of the catalog, each with its reason; the rest work.
-    pub refused_entries: Vec<crate::device::RefusedModel>,
+    pub refused_entries: Vec<crate::state::device::RefusedModel>,
     /// Artifacts the daily byte budget held back (the daemon's automatic refresh only): not a
     /// failure, so no retry is scheduled for them; the model stays pending.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub held_back: Vec<crate::budget::HeldBack>,
+    pub held_back: Vec<crate::rules::budget::HeldBack>,
     /// What it went through besides (the dry run reports it); not in `--json`.
     #[serde(skip)]
     pub(crate) went_through: RefreshRun,
@@ -138,11 +138,11 @@ pub(crate) struct RefreshRun {
 /// on a cancel, and not when a manifest was refused on trust grounds (a refused manifest
 /// changes nothing, see docs/device.md, *Trust*).
 pub(crate) fn failed_fetch(device: &Device, e: &Error) -> Result<()> {
-    crate::trust_state::record_failed_fetch(device, e)?;
+    crate::state::trust_state::record_failed_fetch(device, e)?;
     if offline_first_boot_due(e) {
         // The offline first boot: the journal and purge steps over the offline catalog (a
         // device on this generation already changes nothing).
-        let catalog = crate::offline::offline_catalog(device)?;
+        let catalog = crate::run::offline::offline_catalog(device)?;
         begin_migration(device, &DeviceView::read(device).strict()?, &catalog)?;
     }
     Ok(())
@@ -167,7 +167,7 @@ pub fn settle_new_tree(device: &Device) -> Result<Option<String>> {
     if view.previous().is_none() {
         return Ok(None);
     }
-    let catalog = crate::offline::offline_catalog(device)?;
+    let catalog = crate::run::offline::offline_catalog(device)?;
     let (journal, _purged, changed) = begin_migration(device, &view, &catalog)?;
     Ok(changed.then(|| {
         journal
@@ -223,7 +223,7 @@ struct InstallRound {
     failed_to_start: BTreeSet<ModelId>,
     /// Models the daily byte budget held back, and what it said of each.
     held_back: BTreeSet<ModelId>,
-    held: Vec<crate::budget::HeldBack>,
+    held: Vec<crate::rules::budget::HeldBack>,
     no_space: Option<NoSpace>,
 }
 
@@ -352,22 +352,22 @@ fn fetch_and_store(
     cancel: &CancelToken,
 ) -> Result<(
     downloader::FetchedManifest,
-    Vec<crate::device::RefusedModel>,
+    Vec<crate::state::device::RefusedModel>,
 )> {
-    let fetched = match crate::trust_state::fetch_accepted(device, dl, cancel) {
+    let fetched = match crate::state::trust_state::fetch_accepted(device, dl, cancel) {
         Ok(f) => f,
         Err(e) => {
             failed_fetch(device, &e)?;
             return Err(e);
         }
     };
-    crate::trust_state::store_accepted(device, &fetched)?;
+    crate::state::trust_state::store_accepted(device, &fetched)?;
     // modeld may have failed to start what this manager installed since the daemon last
     // looked (or with no daemon running): marked bad now, before anything is fetched again.
-    crate::load_receipt::notice_failed_start(device)?;
-    let refused: Vec<crate::device::RefusedModel> =
+    crate::state::load_receipt::notice_failed_start(device)?;
+    let refused: Vec<crate::state::device::RefusedModel> =
         fetched.refused_entries.iter().map(Into::into).collect();
-    device.write_json(crate::device::REFUSED_FILE, &refused)?;
+    device.write_json(crate::state::device::REFUSED_FILE, &refused)?;
     Ok((fetched, refused))
 }
 
@@ -528,7 +528,7 @@ fn purge(device: &Device, from: Option<&str>) -> Result<Vec<String>> {
     let dir = device.models_dir();
     device
         .effects()
-        .cache_remove(&dir.join(crate::device::VERIFIED_FILE));
+        .cache_remove(&dir.join(crate::state::device::VERIFIED_FILE));
     for name in &plan {
         device.effects().purge(&dir, name)?;
     }
@@ -578,7 +578,7 @@ pub fn install(
     }
     // An artifact modeld could not start on this device is not fetched again while the
     // catalog lists these very bytes (`load_receipt`).
-    if let Some(why) = crate::load_receipt::condemned(device, entry) {
+    if let Some(why) = crate::state::load_receipt::condemned(device, entry) {
         return Err(Error::FailedToStart {
             id: entry.id().to_string(),
             why,
@@ -635,7 +635,7 @@ pub fn install_target(
     files
         .under_job(
             target.id.as_str(),
-            crate::layout::Variant::Standard,
+            crate::state::layout::Variant::Standard,
             false,
             cancel,
             |cancel, publish| {
@@ -674,7 +674,7 @@ pub fn install_target(
             after.retain(|o| *o != origin);
             after.dedup();
             let staged = first_done.into_inner().unwrap_or_else(|p| p.into_inner());
-            progress(&Progress::Fetched(crate::progress::Fetched {
+            progress(&Progress::Fetched(crate::report::progress::Fetched {
                 what: target.id.to_string(),
                 size: installed.size,
                 moved: installed.size - staged.unwrap_or(0).min(installed.size),
@@ -710,7 +710,7 @@ fn install_variant(
     let files = device.files();
     files.under_job(
         target.id.as_str(),
-        crate::layout::Variant::Accelerator,
+        crate::state::layout::Variant::Accelerator,
         false,
         cancel,
         |cancel, _| {
@@ -737,9 +737,9 @@ fn install_variant(
 fn within_budget(device: &Device, target: &downloader::Target) -> Result<String> {
     let artifact = artifact_name(device, target);
     if let (Some(budget), Some(size)) = (device.budget, target.size) {
-        let today = crate::budget::today();
-        let spent = crate::budget::read(&device.models_dir(), today).spent(&artifact);
-        if let Some(held) = crate::budget::hold(&artifact, spent, size, budget, today) {
+        let today = crate::rules::budget::today();
+        let spent = crate::rules::budget::read(&device.models_dir(), today).spent(&artifact);
+        if let Some(held) = crate::rules::budget::hold(&artifact, spent, size, budget, today) {
             return Err(Error::HeldBack(held));
         }
     }
@@ -777,12 +777,12 @@ fn count_fetched(device: &Device, artifact: &str, target: &downloader::Target, b
         return;
     }
     let size = target.size.unwrap_or(bytes);
-    let _ = crate::budget::count(
+    let _ = crate::rules::budget::count(
         &device.models_dir(),
         artifact,
         size,
         bytes,
-        crate::budget::today(),
+        crate::rules::budget::today(),
     );
 }
 

@@ -10,9 +10,9 @@
 use manifest::{Manifest, layout};
 use serde_json::json;
 
-use crate::contract::Catalog;
-use crate::device::Device;
 use crate::error::Result;
+use crate::rules::contract::Catalog;
+use crate::state::device::Device;
 
 /// The catalog a device knows without a manifest: the built-in and its local models.
 pub(crate) fn offline_catalog(device: &Device) -> Result<Catalog> {

@@ -10,7 +10,7 @@ use downloader::{DownloadConfig, Downloader, Origins};
 use manifest::{Generation, GitCommit};
 
 use crate::error::{Error, Result};
-use crate::tree::{self, Decision, Paused, TreeStatus};
+use crate::state::tree::{self, Decision, Paused, TreeStatus};
 use crate::{Device, DeviceConfig};
 
 /// What a command is run against (the device binary's global flags).
@@ -122,7 +122,7 @@ pub fn open(o: &Options) -> Result<Opened> {
     .with_declaration(read.declaration.clone().ok().flatten());
     device.sysfs_root = o.sysfs_root.clone();
     // What runs: modeld's load receipt, on a contract that has one.
-    device.load_receipt = crate::load_receipt::Source::of(
+    device.load_receipt = crate::state::load_receipt::Source::of(
         contract,
         o.shm_dir.as_deref(),
         o.openpilot_prefix.as_deref(),
@@ -282,7 +282,7 @@ mod tests {
             let before = files(t.path());
             let other = Generation::new(if generation.number() == 26 { 25 } else { 26 });
             let e = open(&options(t.path(), Some(other))).err().unwrap();
-            assert_eq!(e.exit_code(), crate::next_step::code::USAGE, "{e}");
+            assert_eq!(e.exit_code(), crate::rules::next_step::code::USAGE, "{e}");
             assert!(
                 e.to_string().starts_with(&format!(
                     "--generation {other} disagrees with the openpilot tree"

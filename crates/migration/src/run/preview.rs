@@ -2,23 +2,27 @@
 //! and checks (onroad, the manifest fetch and its signature, the catalog, the installed models),
 //! the same decisions, every effect logged and skipped, later reads seeing the planned values,
 //! downloads assumed to succeed. The plan is read off the typed log, so it cannot drift from the
-//! run. `download --dry-run` is [`crate::downloads::plan`].
+//! run. `download --dry-run` is [`crate::run::downloads::plan`].
 
 use manifest::ModelId;
 use serde::Serialize;
 
-use crate::choice::CHOICE_FILE;
-use crate::device::{CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device, JOURNAL_FILE, REFUSED_FILE};
-use crate::device::{RefusedModel, VerifyState};
-pub use crate::effects::ParamChange;
-use crate::effects::{Changes, Effect};
 use crate::error::{Error, Result};
-use crate::journal::read_journal;
-use crate::manager::{Run, failed_fetch};
-use crate::plan::InstallStep;
-use crate::trust_state as trust;
+use crate::rules::choice::CHOICE_FILE;
+use crate::rules::plan::InstallStep;
+use crate::run::manager::{Run, failed_fetch};
+use crate::state::device::{
+    CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device, JOURNAL_FILE, REFUSED_FILE,
+};
+use crate::state::device::{RefusedModel, VerifyState};
+pub use crate::state::effects::ParamChange;
+use crate::state::effects::{Changes, Effect};
+use crate::state::journal::read_journal;
+use crate::state::trust_state as trust;
 
-pub use crate::downloads::{Action, DownloadPlanReport, ModelDownload, Planned, plan as download};
+pub use crate::run::downloads::{
+    Action, DownloadPlanReport, ModelDownload, Planned, plan as download,
+};
 
 /// What `refresh` would do, as `refresh --dry-run --json` prints it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -56,12 +60,12 @@ pub struct PlannedDownload {
     pub installed: VerifyState,
 }
 
-/// The dry run of [`crate::refresh`] `by` (the `refresh` command's is [`crate::choice::Caller::Person`]:
+/// The dry run of [`crate::refresh`] `by` (the `refresh` command's is [`crate::rules::choice::Caller::Person`]:
 /// no retry waits for its backoff). Errors are the real run's; [`refresh_failure`] says what it
 /// writes then.
 pub fn refresh(device: &Device, by: &Run) -> Result<RefreshPlan> {
     let plan = device.planning();
-    let r = crate::manager::refresh(&plan, by)?;
+    let r = crate::run::manager::refresh(&plan, by)?;
     let run = &r.went_through;
     let (would_write, would_remove, would_set_params) = changes(device, &plan)?;
     let steps = |want: InstallStep| run.steps.iter().filter(move |s| s.2 == want);

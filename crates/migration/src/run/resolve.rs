@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use manifest::{ModelId, NamedModel};
 
-use crate::device::{Device, VerifyState};
 use crate::error::Result;
+use crate::state::device::{Device, VerifyState};
 
 impl Device {
     /// The path modeld should load: the selected model when it is verified for this generation
@@ -19,7 +19,7 @@ impl Device {
             return self.resolve_per_generation();
         }
         let sel = self.selection()?;
-        if crate::contract::is_builtin_id(&sel.id) || !self.is_current()? {
+        if crate::rules::contract::is_builtin_id(&sel.id) || !self.is_current()? {
             return Ok((self.builtin_path(), NamedModel::builtin()));
         }
         let Ok(id) = sel.id.parse::<ModelId>() else {
@@ -47,7 +47,7 @@ impl Device {
                 if matches!(
                     self.verify_entry(entry, false)?,
                     VerifyState::Verified | VerifyState::Outdated
-                ) && crate::load_receipt::condemned(self, entry).is_none() =>
+                ) && crate::state::load_receipt::condemned(self, entry).is_none() =>
             {
                 Ok((self.artifact_path(&id), sel))
             }
@@ -61,14 +61,14 @@ impl Device {
         Ok(self
             .stored_slots()?
             .and_then(|s| s.selection)
-            .unwrap_or_else(|| crate::contract::builtin_id().to_string()))
+            .unwrap_or_else(|| crate::rules::contract::builtin_id().to_string()))
     }
 
     /// [`Device::resolve`] on a per-generation layout: what upstream's runtime resolver loads.
     /// The small profile of `preferences.json`, when its artifact under `<gen>/<id>/` verifies
     /// against the accepted `<gen>/catalog.json` (read as upstream reads it,
-    /// [`crate::layout::DeviceFiles::accepted_catalog`]) and modeld has not failed to start
-    /// those bytes ([`crate::load_receipt`]); else the built-in. Our params, our
+    /// [`crate::state::layout::DeviceFiles::accepted_catalog`]) and modeld has not failed to start
+    /// those bytes ([`crate::state::load_receipt`]); else the built-in. Our params, our
     /// `.catalog.json` and a migration's journal play no part: upstream's modeld does not read
     /// them.
     fn resolve_per_generation(&self) -> Result<(PathBuf, NamedModel)> {
@@ -77,7 +77,7 @@ impl Device {
         let Ok(id) = sel.parse::<ModelId>() else {
             return Ok(builtin());
         };
-        if crate::contract::is_builtin_id(id.as_str()) {
+        if crate::rules::contract::is_builtin_id(id.as_str()) {
             return Ok(builtin());
         }
         let Some(catalog) = self.files().accepted_catalog() else {
@@ -92,7 +92,7 @@ impl Device {
             return Ok(builtin());
         }
         // Bytes modeld could not start here: it runs the bundled model instead, and so is told.
-        if crate::load_receipt::condemned(self, entry).is_some() {
+        if crate::state::load_receipt::condemned(self, entry).is_some() {
             return Ok(builtin());
         }
         let named = self.device_catalog(&catalog)?.named(&id);

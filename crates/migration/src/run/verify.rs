@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use manifest::{ModelEntry, ModelId, Sha256Digest, layout};
 use serde::{Deserialize, Serialize};
 
-use crate::bounded;
-use crate::device::{Device, ExpectedDigest, VERIFIED_FILE, VerifyState};
 use crate::error::{Error, Result};
+use crate::state::bounded;
+use crate::state::device::{Device, ExpectedDigest, VERIFIED_FILE, VerifyState};
 
 /// The stat signature of every file of an installed artifact; equal signatures mean the bytes
 /// were not replaced since they were hashed.
@@ -29,7 +29,7 @@ struct CacheEntry {
     /// When this manager installed these bytes (kept while the file is unchanged): what a
     /// one-shot run compares a load receipt with (`load_receipt::notice_failed_start`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    installed: Option<crate::load_receipt::InstallMoment>,
+    installed: Option<crate::state::load_receipt::InstallMoment>,
 }
 
 impl Device {
@@ -240,7 +240,7 @@ impl Device {
                 sha256: sha256.to_hex(),
                 size,
                 catalog_verified: true,
-                installed: crate::load_receipt::InstallMoment::now(),
+                installed: crate::state::load_receipt::InstallMoment::now(),
             },
         );
         self.save_cache(&cache)
@@ -252,7 +252,7 @@ impl Device {
         &self,
         id: &ModelId,
         sha256: &Sha256Digest,
-    ) -> Option<crate::load_receipt::InstallMoment> {
+    ) -> Option<crate::state::load_receipt::InstallMoment> {
         let sig = Self::signature(&self.artifact_path(id)).ok()??;
         self.load_cache()
             .remove(layout::artifact_file_name(id).as_str())

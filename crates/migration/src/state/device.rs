@@ -10,13 +10,13 @@ use manifest::{Generation, Manifest, ModelId, NamedModel, Sha256Digest};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::bounded::{self, read_capped};
-use crate::choice::{CHOICE_FILE, Choice};
-use crate::contract::{self, Catalog, LocalModel, ProfilesRead, SelectionParams};
-use crate::effects::{Changes, Effect, Effects, ParamChange};
 use crate::error::{Error, Result};
-use crate::params::{Params, keys};
-pub use crate::plan::VerifyState;
+use crate::rules::choice::{CHOICE_FILE, Choice};
+use crate::rules::contract::{self, Catalog, LocalModel, ProfilesRead, SelectionParams};
+pub use crate::rules::plan::VerifyState;
+use crate::state::bounded::{self, read_capped};
+use crate::state::effects::{Changes, Effect, Effects, ParamChange};
+use crate::state::params::{Params, keys};
 
 /// The stored catalog: the validated manifest this device last accepted.
 pub const CATALOG_FILE: &str = ".catalog.json";
@@ -84,14 +84,14 @@ pub struct Device {
     /// only artifacts the signed manifest pins are installed or handed to modeld.
     pub trusted_keys: Option<downloader::trust::TrustedKeys>,
     /// modeld's load receipt, on a contract that has one (`None`: v25, nothing read).
-    pub load_receipt: Option<crate::load_receipt::Source>,
+    pub load_receipt: Option<crate::state::load_receipt::Source>,
     /// The daily byte budget a download on this device is held to (`Some` for the daemon's
-    /// automatic refresh, [`crate::budget`]); `None`: a person asked, served whatever the count.
+    /// automatic refresh, [`crate::rules::budget`]); `None`: a person asked, served whatever the count.
     /// Bytes are counted either way.
-    pub budget: Option<crate::budget::DailyBudget>,
+    pub budget: Option<crate::rules::budget::DailyBudget>,
     pub(crate) effects: Effects,
     /// The contract the device's generation runs, as the tree decided it
-    /// ([`crate::tree::Decision::Known`]); [`manifest::contract::BASE_CONTRACT`] until told.
+    /// ([`crate::state::tree::Decision::Known`]); [`manifest::contract::BASE_CONTRACT`] until told.
     contract: &'static manifest::contract::Contract,
     /// What the tree declared about its generation, when it declared it.
     tree: Option<std::sync::Arc<manifest::TreeDeclaration>>,
@@ -161,9 +161,9 @@ impl Device {
         self
     }
 
-    /// Where the generation's files live and how each is written ([`crate::layout`]).
-    pub fn files(&self) -> crate::layout::DeviceFiles {
-        crate::layout::DeviceFiles::new(
+    /// Where the generation's files live and how each is written ([`crate::state::layout`]).
+    pub fn files(&self) -> crate::state::layout::DeviceFiles {
+        crate::state::layout::DeviceFiles::new(
             self.contract,
             &self.config.data_dir,
             self.config.generation,
@@ -256,8 +256,8 @@ impl Device {
     }
 
     /// What was read as absent because it could not be read (params, state records), since
-    /// the last [`Warnings::take`](crate::params::Warnings::take).
-    pub fn warnings(&self) -> &crate::params::Warnings {
+    /// the last [`Warnings::take`](crate::state::params::Warnings::take).
+    pub fn warnings(&self) -> &crate::state::params::Warnings {
         self.params.warnings()
     }
 
@@ -419,10 +419,10 @@ impl Device {
         builtin_path_in(&self.config.builtin_dir)
     }
 
-    /// Where `id`'s artifact is installed: the layout's answer ([`crate::layout`]).
+    /// Where `id`'s artifact is installed: the layout's answer ([`crate::state::layout`]).
     pub fn artifact_path(&self, id: &ModelId) -> PathBuf {
         self.files()
-            .artifact_path(id, crate::layout::Variant::Standard)
+            .artifact_path(id, crate::state::layout::Variant::Standard)
     }
 
     pub fn ensure_dirs(&self) -> Result<()> {
@@ -500,23 +500,23 @@ impl Device {
                 });
             }
         };
-        let copies = crate::floor::read_copies(
+        let copies = crate::rules::floor::read_copies(
             &self.models_dir(),
             &self
                 .params
-                .path(crate::params::keys::MODEL_MANIFEST_ACCEPTED_RELEASE),
+                .path(crate::state::params::keys::MODEL_MANIFEST_ACCEPTED_RELEASE),
         );
         // Bounded by this catalog's own signed release (`floor::bound`): a floor raised from
         // outside never refuses the catalog the device holds.
         let held = downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, None)
             .ok()
-            .map(|a| crate::floor::AcceptedRelease {
+            .map(|a| crate::rules::floor::AcceptedRelease {
                 release: a.release,
                 expires: a.expires,
                 key: a.key,
             });
-        let copies = crate::floor::bound(&copies.0, &copies.1, generation, held.as_ref());
-        let floor = crate::floor::for_read(&copies, generation);
+        let copies = crate::rules::floor::bound(&copies.0, &copies.1, generation, held.as_ref());
+        let floor = crate::rules::floor::for_read(&copies, generation);
         match downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, floor) {
             Ok(_) => {}
             // A catalog validly signed for another generation (left by an earlier build): not
@@ -541,7 +541,7 @@ impl Device {
 
     /// The stored catalog's verified signature (release, expiry, key) with trusted keys,
     /// ignoring the accepted release: what bounds the floor (`floor::bound`).
-    pub(crate) fn stored_signed(&self) -> Option<crate::floor::AcceptedRelease> {
+    pub(crate) fn stored_signed(&self) -> Option<crate::rules::floor::AcceptedRelease> {
         let keys = self.trusted_keys.as_ref()?;
         let dir = self.models_dir();
         let bytes = self
@@ -557,7 +557,7 @@ impl Device {
             .ok()??;
         downloader::trust::verify_stored(keys, &bytes, Some(&sig), self.config.generation, None)
             .ok()
-            .map(|a| crate::floor::AcceptedRelease {
+            .map(|a| crate::rules::floor::AcceptedRelease {
                 release: a.release,
                 expires: a.expires,
                 key: a.key,
@@ -580,7 +580,7 @@ impl Device {
     }
 
     /// Give upstream the accepted manifest `raw` where and how its layout reads it (per
-    /// generation: `<gen>/catalog.json`, see [`crate::layout::DeviceFiles::upstream_catalog`]);
+    /// generation: `<gen>/catalog.json`, see [`crate::state::layout::DeviceFiles::upstream_catalog`]);
     /// nothing on a flat layout. One effect, atomic.
     pub fn publish_catalog(&self, raw: &[u8]) -> Result<()> {
         let Some((name, body)) = self.files().upstream_catalog(raw)? else {
@@ -594,7 +594,7 @@ impl Device {
     /// over: per generation, `preferences.json` when it is there (read as upstream reads it;
     /// its bundled id is the built-in, its `""` big profile is the disabled one); `None` on a
     /// flat layout (the params are the store) or before any preferences exist.
-    pub fn stored_slots(&self) -> Result<Option<crate::choice::Slots>> {
+    pub fn stored_slots(&self) -> Result<Option<crate::rules::choice::Slots>> {
         let files = self.files();
         let Some(gf) = files.generation_files() else {
             return Ok(None);
@@ -612,11 +612,11 @@ impl Device {
     pub fn carry_choice(
         &self,
         from: &'static manifest::contract::Contract,
-    ) -> Result<Option<crate::layout::Preferences>> {
+    ) -> Result<Option<crate::state::layout::Preferences>> {
         let (selection, _) = contract::selected(&self.selection_params()?);
         let profiles = self.profiles_read()?;
         let lower = |s: Option<String>| s.map(|s| s.to_ascii_lowercase());
-        let slots = crate::choice::Slots {
+        let slots = crate::rules::choice::Slots {
             selection: Some(selection),
             small: lower(profiles.small),
             big: lower(profiles.big),
@@ -629,9 +629,9 @@ impl Device {
     pub(crate) fn carry_slots(
         &self,
         from: &'static manifest::contract::Contract,
-        slots: &crate::choice::Slots,
+        slots: &crate::rules::choice::Slots,
         from_generation: Option<&str>,
-    ) -> Result<Option<crate::layout::Preferences>> {
+    ) -> Result<Option<crate::state::layout::Preferences>> {
         let files = self.files();
         let Some(gf) = files.generation_files() else {
             return Ok(None);
@@ -652,7 +652,7 @@ impl Device {
             files.with_state_lock(|| self.write_file(&name, &body))?;
             return Ok(Some(carried));
         }
-        let choice = crate::layout::FlatChoice {
+        let choice = crate::state::layout::FlatChoice {
             slots: slots.clone(),
             favorites: self.params.get_str(keys::USER_FAVORITES)?,
             blacklisted: self.params.get_str(keys::BLACKLISTED_MODELS)?,
@@ -660,7 +660,7 @@ impl Device {
             randomizer: self.params.get_bool(keys::MODEL_RANDOMIZER)?,
         };
         let rows = files.tree().map_or(&[][..], |t| t.catalog.as_slice());
-        let carried = crate::layout::carry_flat_choice(from, self.contract, rows, &choice);
+        let carried = crate::state::layout::carry_flat_choice(from, self.contract, rows, &choice);
         let body = carried.to_bytes();
         self.effects.create_dir(&files.root())?;
         let name = format!("{}/{}", files.generation(), gf.preferences);
@@ -712,13 +712,13 @@ impl Device {
     /// any (its root `<models>/<from>/` is a directory; a generation of a flat contract has no
     /// root of its own, so `None`; `None` as well for this very generation and on a flat
     /// layout).
-    pub fn previous_files(&self, from: &str) -> Option<crate::layout::DeviceFiles> {
+    pub fn previous_files(&self, from: &str) -> Option<crate::state::layout::DeviceFiles> {
         let generation = from.parse::<manifest::Generation>().ok()?;
         if generation == self.config.generation {
             return None;
         }
         self.files().generation_files()?;
-        let prev = crate::layout::DeviceFiles::new(
+        let prev = crate::state::layout::DeviceFiles::new(
             self.contract,
             &self.config.data_dir,
             generation,
@@ -731,7 +731,10 @@ impl Device {
     }
 
     /// [`Device::previous_files`] when that root holds preferences (the user's choice there).
-    fn previous_preferences(&self, from: Option<&str>) -> Option<crate::layout::DeviceFiles> {
+    fn previous_preferences(
+        &self,
+        from: Option<&str>,
+    ) -> Option<crate::state::layout::DeviceFiles> {
         let prev = self.previous_files(from?)?;
         let gf = prev.generation_files()?;
         self.effects
@@ -746,7 +749,7 @@ impl Device {
     pub(crate) fn slots_for_move(
         &self,
         from: Option<&str>,
-    ) -> Result<Option<crate::choice::Slots>> {
+    ) -> Result<Option<crate::rules::choice::Slots>> {
         if let Some(s) = self.stored_slots()? {
             return Ok(Some(s));
         }
@@ -759,7 +762,10 @@ impl Device {
 
     /// Preferences as the refresh's slots (the bundled id is the built-in, `""` big the
     /// disabled profile).
-    fn slots_of(&self, p: &crate::layout::Preferences) -> Result<crate::choice::Slots> {
+    fn slots_of(
+        &self,
+        p: &crate::state::layout::Preferences,
+    ) -> Result<crate::rules::choice::Slots> {
         let builtin = manifest::contract::BASE_CONTRACT
             .contract()
             .bundled_selection;
@@ -767,7 +773,7 @@ impl Device {
             true => builtin.to_string(),
             false => s.to_string(),
         };
-        Ok(crate::choice::Slots {
+        Ok(crate::rules::choice::Slots {
             selection: Some(id(&p.small)),
             small: Some(id(&p.small)),
             big: match p.big.as_str() {
@@ -804,7 +810,7 @@ impl Device {
                 .filter_map(|e| e.file_name().into_string().ok())
                 .collect();
             names.sort();
-            for name in crate::plan::purge_plan(names.iter().map(String::as_str)) {
+            for name in crate::rules::plan::purge_plan(names.iter().map(String::as_str)) {
                 out.push((dir.clone(), name));
             }
         }

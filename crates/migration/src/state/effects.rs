@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex};
 use chunker::atomic::{remove_if_exists, sync_dir, write_atomic};
 use fs_err as fs;
 
-use crate::bounded::read_capped;
 use crate::error::{Error, Result};
+use crate::state::bounded::read_capped;
 
 /// One durable effect, in the order it was made. Its `Display` is the line the crash
 /// enumeration names it by (`param K=V`, `write NAME`, `remove NAME`, `install ID`).

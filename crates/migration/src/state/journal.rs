@@ -5,10 +5,12 @@
 use manifest::{Generation, ModelId};
 use serde::{Deserialize, Serialize};
 
-use crate::choice::Slots;
-use crate::contract::{self, BigProfile, Catalog, ProfilesRead, SelectionParams, Start, Wanted};
-use crate::device::{Device, JOURNAL_FILE};
 use crate::error::Result;
+use crate::rules::choice::Slots;
+use crate::rules::contract::{
+    self, BigProfile, Catalog, ProfilesRead, SelectionParams, Start, Wanted,
+};
+use crate::state::device::{Device, JOURNAL_FILE};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -85,7 +87,7 @@ impl Journal {
 
 /// Read the journal, if any.
 pub fn read_journal(device: &Device) -> Result<Option<Journal>> {
-    device.read_json(JOURNAL_FILE, crate::bounded::JOURNAL_LIMIT)
+    device.read_json(JOURNAL_FILE, crate::state::bounded::JOURNAL_LIMIT)
 }
 
 pub(crate) fn write_journal(device: &Device, j: &Journal) -> Result<()> {

@@ -27,8 +27,8 @@ use manifest::contract::{Contract, DeviceLayout, GenerationFiles, TreeDeclaratio
 use manifest::{Generation, ModelId};
 use serde_json::{Map, Value};
 
-use crate::effects::Effects;
 use crate::error::{Error, Result};
+use crate::state::effects::Effects;
 
 /// Which artifact of a model: the standard one, or its accelerator build (v25: `chestnut`,
 /// v26: `amd`; the contract's [`manifest::contract::AcceleratorRule`]).
@@ -142,7 +142,7 @@ impl DeviceFiles {
     /// The accepted manifest: `<models>/.catalog.json` (flat) or `<gen>/catalog.json`.
     pub fn catalog_path(&self) -> PathBuf {
         match self.generation_files() {
-            None => self.models.join(crate::device::CATALOG_FILE),
+            None => self.models.join(crate::state::device::CATALOG_FILE),
             Some(f) => self.root().join(f.catalog),
         }
     }
@@ -198,7 +198,7 @@ impl DeviceFiles {
     /// as upstream writes it (keys sorted, Python's separators, no newline).
     pub fn catalog_bytes(&self, raw: Option<&[u8]>, m: &manifest::Manifest) -> Result<Vec<u8>> {
         match self.generation_files() {
-            None => crate::device::catalog_body(raw, m, self.generation),
+            None => crate::state::device::catalog_body(raw, m, self.generation),
             Some(_) => {
                 let value: Value = match raw {
                     Some(raw) => serde_json::from_slice(raw).map_err(|e| Error::CorruptState {
@@ -844,7 +844,7 @@ impl DeviceFiles {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FlatChoice {
     /// The selection and the two profiles (canonical ids; `None`: unset).
-    pub slots: crate::choice::Slots,
+    pub slots: crate::rules::choice::Slots,
     /// `UserFavorites`, `BlacklistedModels` (comma-joined ids).
     pub favorites: Option<String>,
     pub blacklisted: Option<String>,
@@ -865,7 +865,7 @@ pub fn carry_flat_choice(
 ) -> Preferences {
     let mut p = Preferences::defaults(to);
     let map = |id: &str| -> String {
-        if id == from.bundled_selection || crate::contract::is_builtin_id(id) {
+        if id == from.bundled_selection || crate::rules::contract::is_builtin_id(id) {
             to.bundled_selection.to_string()
         } else {
             id.to_string()
@@ -886,7 +886,7 @@ pub fn carry_flat_choice(
         p.small = id;
     }
     p.big = match choice.slots.big.as_deref() {
-        Some(crate::contract::BIG_DISABLED) => String::new(),
+        Some(crate::rules::contract::BIG_DISABLED) => String::new(),
         Some(id) => Some(map(id))
             .filter(|id| *id != to.bundled_selection && Preferences::fits(to, rows, id, true))
             .unwrap_or_else(|| to.bundled_selection.to_string()),
@@ -933,7 +933,7 @@ impl DeviceFiles {
             .effects
             .read(
                 &self.root().join(files.catalog),
-                crate::bounded::CATALOG_LIMIT,
+                crate::state::bounded::CATALOG_LIMIT,
             )
             .ok()
             .flatten()?;
@@ -999,7 +999,7 @@ mod tests {
 
     fn slots(selection: Option<&str>, small: Option<&str>, big: Option<&str>) -> FlatChoice {
         FlatChoice {
-            slots: crate::choice::Slots {
+            slots: crate::rules::choice::Slots {
                 selection: selection.map(Into::into),
                 small: small.map(Into::into),
                 big: big.map(Into::into),

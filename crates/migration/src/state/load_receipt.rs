@@ -33,8 +33,8 @@ use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::device::Device;
 use crate::error::Result;
+use crate::state::device::Device;
 
 /// The state file remembering artifacts modeld could not start.
 pub const BAD_ARTIFACTS_FILE: &str = ".bad-artifacts.json";
@@ -454,7 +454,7 @@ pub fn read(source: &Source) -> RunningModel {
         Err(why) => return RunningModel::unavailable(why),
     };
     let stat = source.proc_root.join(receipt.pid.to_string()).join("stat");
-    let ticks = crate::bounded::read_capped(&stat, 4096)
+    let ticks = crate::state::bounded::read_capped(&stat, 4096)
         .ok()
         .flatten()
         .and_then(|b| start_ticks_of(&b));
@@ -644,7 +644,7 @@ pub fn expected(device: &Device) -> Result<Expected> {
     let (_, sel) = device.resolve()?;
     // The built-in by either name: ours (`rdf43`) or the contract's (`bundled-current`).
     let bundled = device.load_receipt.as_ref().map(|s| s.bundled);
-    if crate::contract::is_builtin_id(sel.id.as_str()) || bundled == Some(sel.id.as_str()) {
+    if crate::rules::contract::is_builtin_id(sel.id.as_str()) || bundled == Some(sel.id.as_str()) {
         return Ok(Expected::Bundled);
     }
     let sha256 = device
@@ -727,8 +727,8 @@ impl InstallMoment {
 
 /// The kernel's id of this boot.
 pub fn boot_id() -> Option<String> {
-    let b =
-        crate::bounded::read_capped(Path::new("/proc/sys/kernel/random/boot_id"), 64).ok()??;
+    let b = crate::state::bounded::read_capped(Path::new("/proc/sys/kernel/random/boot_id"), 64)
+        .ok()??;
     let id = String::from_utf8(b).ok()?.trim().to_string();
     (!id.is_empty()).then_some(id)
 }
@@ -941,7 +941,7 @@ impl Watcher {
         device: &Device,
         now: std::time::Instant,
         log: &dyn Fn(&str),
-        say: &dyn Fn(&crate::progress::Progress),
+        say: &dyn Fn(&crate::report::progress::Progress),
     ) {
         let Some(source) = device.load_receipt.as_ref() else {
             return;
@@ -992,7 +992,7 @@ impl Watcher {
                 Ok(false) => {}
                 Err(e) => log(&format!(
                     "could not record {id}'s artifact as bad: {}",
-                    crate::daemon::one_line(&e.to_string())
+                    crate::run::daemon::one_line(&e.to_string())
                 )),
             }
         }
@@ -1005,7 +1005,7 @@ impl Watcher {
                 r.fallback.map(|f| f.as_str()),
             );
             if self.last_shown.as_ref() != Some(&shown) {
-                say(&crate::progress::Progress::Running {
+                say(&crate::report::progress::Progress::Running {
                     id: shown.0.clone(),
                     variant: r.variant,
                     sha256: shown.1,

@@ -5,9 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::bounded::PARAM_LIMIT;
-use crate::effects::Effects;
 use crate::error::{Error, Result};
+use crate::state::bounded::PARAM_LIMIT;
+use crate::state::effects::Effects;
 
 /// Persistent keys this manager reads and writes.
 pub mod keys {
@@ -166,7 +166,7 @@ impl Params {
     }
 
     /// The value, with a trailing NUL or newline left as written; `None` when unset. A value
-    /// over [`PARAM_LIMIT`](crate::bounded::PARAM_LIMIT) bytes (or a param path that is not a
+    /// over [`PARAM_LIMIT`](crate::state::bounded::PARAM_LIMIT) bytes (or a param path that is not a
     /// regular file) is an error naming the path; it is never read whole.
     pub fn get(&self, key: &str) -> Result<Option<String>> {
         check_key(key)?;

@@ -17,7 +17,7 @@
 //! [`read`] reads the files (size-capped, regular files only); [`decide`] is the pure rule
 //! over what was read and an optional `--generation` override. The generation it decides
 //! carries its contract (`&'static Contract`), which says where the device keeps its files
-//! (`crate::layout`). A tinygrad no table knows, or a
+//! (`crate::state::layout`). A tinygrad no table knows, or a
 //! tree that cannot be read, [`Paused`]s the manager: nothing on the device is changed,
 //! `resolve` answers the built-in ([`resolve_paused`]), and `status`, the daemon's log and
 //! `ModelDownloadProgress` say which tinygrad and what to do.
@@ -32,13 +32,13 @@ use manifest::pins::PINS_FILE;
 use manifest::{Generation, GitCommit, PinTable};
 use serde::Serialize;
 
-use crate::bounded::read_capped;
-use crate::contract;
-use crate::daemon::{DaemonConfig, Request};
 use crate::error::{Error, Result};
-use crate::params::{Params, keys};
-use crate::progress::Progress;
 use crate::report::ResolveReport;
+use crate::report::progress::Progress;
+use crate::rules::contract;
+use crate::run::daemon::{DaemonConfig, Request};
+use crate::state::bounded::read_capped;
+use crate::state::params::{Params, keys};
 
 /// The tree's tinygrad marker, relative to the openpilot checkout.
 pub const MARKER_FILE: &str = "tinygrad_repo/TINYGRAD_COMMIT";
@@ -48,7 +48,7 @@ pub const MARKER_LIMIT: u64 = 1024;
 pub const PINS_LIMIT: u64 = 64 * 1024;
 /// A declaring tree's reviewed catalog (`catalog-vNN.json`): read with the manifest's cap, as
 /// upstream reads it.
-pub const TREE_CATALOG_LIMIT: u64 = crate::bounded::CATALOG_LIMIT;
+pub const TREE_CATALOG_LIMIT: u64 = crate::state::bounded::CATALOG_LIMIT;
 /// `upstream-sync.json`: one entry per dependency of the tree.
 pub const SYNC_FILE_LIMIT: u64 = 1024 * 1024;
 /// Where the openpilot checkout is on a comma.
@@ -416,7 +416,7 @@ impl TreeStatus {
 /// a tinygrad the tree may no longer run), with the reason in `doubt`. Fails only when the
 /// built-in is missing, like [`crate::report::resolve`].
 pub fn resolve_paused(builtin_dir: &Path, paused: &Paused) -> Result<ResolveReport> {
-    let path = crate::device::builtin_path_in(builtin_dir);
+    let path = crate::state::device::builtin_path_in(builtin_dir);
     if !matches!(chunker::resolve(&path), Ok(Some(_))) {
         return Err(Error::BuiltinMissing { path });
     }
@@ -451,7 +451,7 @@ pub fn status_paused(
     PausedStatus {
         generation: None,
         manifest_version: params.get_str(keys::MODEL_MANIFEST_VERSION).ok().flatten(),
-        resolved: crate::device::builtin_path_in(builtin_dir),
+        resolved: crate::state::device::builtin_path_in(builtin_dir),
         tree: TreeStatus::of(openpilot_dir, &Decision::Paused(paused.clone())),
     }
 }
@@ -480,17 +480,17 @@ pub fn run_paused(
     announce(memory, paused)?;
     while !stopping.load(Ordering::SeqCst) {
         // A request param that cannot be read is removed and logged, never fatal.
-        for bad in crate::daemon::sweep_bad_params(memory) {
+        for bad in crate::run::daemon::sweep_bad_params(memory) {
             log(&bad.to_string());
         }
-        if let Some(request) = crate::daemon::read_request(memory)? {
+        if let Some(request) = crate::run::daemon::read_request(memory)? {
             let what = match &request {
                 Request::DownloadAll => "download all".to_string(),
                 Request::Download { raw, .. } => format!("download {raw}"),
             };
             log(&format!("{what}: not served, {}", paused.progress()));
             announce(memory, paused)?;
-            crate::daemon::finish(memory, &request)?;
+            crate::run::daemon::finish(memory, &request)?;
         } else if memory.get_bool(keys::CANCEL_MODEL_DOWNLOAD)? {
             memory.remove(keys::CANCEL_MODEL_DOWNLOAD)?;
         }

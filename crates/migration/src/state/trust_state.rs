@@ -30,11 +30,13 @@ use manifest::signature::Refusal;
 use manifest::{Generation, ReleaseNumber, UnixSeconds};
 use serde::{Deserialize, Serialize};
 
-pub use crate::floor::{ACCEPTED_RELEASE_FILE, AcceptedRelease, AcceptedReleases, FloorCopy};
+pub use crate::rules::floor::{
+    ACCEPTED_RELEASE_FILE, AcceptedRelease, AcceptedReleases, FloorCopy,
+};
 
-use crate::device::{CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device};
 use crate::error::{Error, Result};
-use crate::params::keys;
+use crate::state::device::{CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device};
+use crate::state::params::keys;
 
 pub const REFUSED_MANIFEST_FILE: &str = ".refused-manifest.json";
 
@@ -131,7 +133,7 @@ pub fn merge_floor(file: &FloorCopy, param: &FloorCopy) -> Option<Floor> {
     })
 }
 
-/// [`merge_floor`] of the copies as [`crate::floor::bound`] leaves them (`held`: the signed
+/// [`merge_floor`] of the copies as [`crate::rules::floor::bound`] leaves them (`held`: the signed
 /// catalog the device holds): a copy the bound changed is marked for rewriting too. Pure.
 pub fn merge_bounded(
     file: &FloorCopy,
@@ -139,7 +141,7 @@ pub fn merge_bounded(
     generation: Generation,
     held: Option<&AcceptedRelease>,
 ) -> Option<Floor> {
-    let (f, p) = crate::floor::bound(file, param, generation, held);
+    let (f, p) = crate::rules::floor::bound(file, param, generation, held);
     let mut floor = merge_floor(&f, &p)?;
     floor.repair_file |= f != *file;
     floor.repair_param |= p != *param;
@@ -154,7 +156,7 @@ fn merge_device(device: &Device, file: &FloorCopy, param: &FloorCopy) -> Option<
 
 /// Both copies as read (size-capped, regular files only).
 pub fn floor_copies(device: &Device) -> (FloorCopy, FloorCopy) {
-    crate::floor::read_copies(
+    crate::rules::floor::read_copies(
         &device.models_dir(),
         &device.params.path(keys::MODEL_MANIFEST_ACCEPTED_RELEASE),
     )
@@ -210,7 +212,9 @@ pub fn floor_report(device: &Device) -> FloorReport {
         None => (
             None,
             FloorSource::None,
-            floor(device).err().map(|e| crate::next_step::with_next(&e)),
+            floor(device)
+                .err()
+                .map(|e| crate::rules::next_step::with_next(&e)),
         ),
     };
     FloorReport {
@@ -358,7 +362,7 @@ pub(crate) fn accepted_catalog_body(
 ) -> Result<Vec<u8>> {
     let raw = (fetched.refused_entries.is_empty() && fetched.normalised.is_empty())
         .then_some(fetched.raw.as_slice());
-    crate::device::catalog_body(raw, &fetched.manifest, generation)
+    crate::state::device::catalog_body(raw, &fetched.manifest, generation)
 }
 
 /// Write the refusal report for `refusals`, or remove it when there are none.

@@ -9,12 +9,12 @@
 
 use manifest::{Generation, Manifest};
 
-use crate::choice::{self, Choice, Slots};
-use crate::contract::{self, ProfilesRead, SelectionParams};
-use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::journal::{Journal, read_journal};
-use crate::params::{Warnings, keys};
+use crate::rules::choice::{self, Choice, Slots};
+use crate::rules::contract::{self, ProfilesRead, SelectionParams};
+use crate::state::device::Device;
+use crate::state::journal::{Journal, read_journal};
+use crate::state::params::{Warnings, keys};
 
 /// One part of the device's state as read: its value, or the error it could not be read with
 /// (naming the path), and the warnings of what in it was read as absent because it could not be
@@ -41,7 +41,7 @@ impl<T> Readable<T> {
     /// Why it could not be read: the error with its next step (`None`: it was read).
     pub fn problem(&self) -> Option<String> {
         let e = self.value.as_ref().err()?;
-        Some(crate::next_step::with_next(e))
+        Some(crate::rules::next_step::with_next(e))
     }
 
     /// The error it could not be read with, if any.
@@ -259,7 +259,7 @@ mod tests {
             let big = d.params.path(keys::ACTIVE_BIG_MODEL);
             fs::File::create(&big)
                 .unwrap()
-                .set_len(crate::bounded::PARAM_LIMIT + 1)
+                .set_len(crate::state::bounded::PARAM_LIMIT + 1)
                 .unwrap();
 
             let view = DeviceView::read(&d);

@@ -2,9 +2,9 @@
 //! stderr (`--json` is the report itself).
 
 use super::{Line, Render, out_then_notes};
-use crate::contract::is_builtin_id;
-use crate::downloads::DownloadReport;
-use crate::manager::{GcReport, RefreshReport};
+use crate::rules::contract::is_builtin_id;
+use crate::run::downloads::DownloadReport;
+use crate::run::manager::{GcReport, RefreshReport};
 
 impl Render for RefreshReport {
     fn text(&self) -> Vec<Line> {
@@ -92,7 +92,7 @@ impl Render for GcReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::downloads::Downloaded;
+    use crate::run::downloads::Downloaded;
     use manifest::Generation;
 
     fn outs(lines: &[Line]) -> Vec<&str> {

@@ -1,5 +1,5 @@
 //! `refresh --dry-run`, `download --dry-run` and `gc --dry-run` as they print: the plans are
-//! [`crate::preview`]'s (the refresh and gc in plan mode, the downloads planned); `--json` is one
+//! [`crate::run::preview`]'s (the refresh and gc in plan mode, the downloads planned); `--json` is one
 //! document (each plan leads with `"dry_run": true`), the text one `would …` line
 //! per effect. `verify --dry-run` is [`crate::report::verify`] with its `dry_run`, rendered as
 //! `verify` is.
@@ -9,8 +9,8 @@ use cli_support::Failure;
 use super::{Line, Render, out_then_notes};
 use crate::VerifyState;
 use crate::error::Error;
-use crate::manager::GcPlan;
-use crate::preview::{Action, DownloadPlanReport, FailedRefreshPlan, RefreshPlan};
+use crate::run::manager::GcPlan;
+use crate::run::preview::{Action, DownloadPlanReport, FailedRefreshPlan, RefreshPlan};
 
 /// `refresh --dry-run`: one `would …` line per effect.
 impl Render for RefreshPlan {
@@ -152,7 +152,7 @@ impl Render for GcPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::preview::ParamChange;
+    use crate::run::preview::ParamChange;
 
     #[test]
     fn gc_dry_run_says_what_it_would_remove_or_that_nothing_is_to_do() {
