@@ -1,4 +1,4 @@
-//! The one error type of the migration crate.
+//! The one error type of the migration crate, and [`one_line`], an error's text as one log line.
 
 use std::path::PathBuf;
 
@@ -155,4 +155,17 @@ pub enum Error {
     /// A simulated crash (tests only, see `Effects`): nothing after effect `effect` ran.
     #[error("simulated crash after effect {effect} ({what})")]
     Crashed { effect: usize, what: String },
+}
+
+/// A message of several lines (an error listing each origin's reason) as one log line: the
+/// lines joined with `; `, after a line ending in a colon just a space. Pure.
+pub fn one_line(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if !out.is_empty() {
+            out.push_str(if out.ends_with(':') { " " } else { "; " });
+        }
+        out.push_str(line);
+    }
+    out
 }

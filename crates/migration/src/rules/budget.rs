@@ -232,7 +232,7 @@ pub fn interpret(bytes: Option<&[u8]>, today: u64) -> Read {
 pub fn read(models_dir: &Path, today: u64) -> Read {
     match bounded::read_capped(&ledger_path(models_dir), LEDGER_LIMIT) {
         Ok(bytes) => interpret(bytes.as_deref(), today),
-        Err(e) => Read::Unknown(crate::run::daemon::one_line(&e.to_string())),
+        Err(e) => Read::Unknown(crate::error::one_line(&e.to_string())),
     }
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use downloader::{CancelToken, Downloader};
 use manifest::{ModelEntry, ModelId};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, one_line};
 use crate::report::progress::{DisplayName, FailReason, Progress};
 use crate::run::downloads::{download_all, download_model};
 use crate::run::manager::{Run, refresh};
@@ -87,19 +87,6 @@ pub fn sweep_bad_params(memory: &crate::state::params::Params) -> Vec<BadParam> 
         }
     }
     bad
-}
-
-/// A message of several lines (an error listing each origin's reason) as one log line: the
-/// lines joined with `; `, after a line ending in a colon just a space. Pure.
-pub fn one_line(text: &str) -> String {
-    let mut out = String::new();
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        if !out.is_empty() {
-            out.push_str(if out.ends_with(':') { " " } else { "; " });
-        }
-        out.push_str(line);
-    }
-    out
 }
 
 /// Whether a `CancelModelDownload` found when a request starts is for that request: written

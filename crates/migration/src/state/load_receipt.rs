@@ -992,7 +992,7 @@ impl Watcher {
                 Ok(false) => {}
                 Err(e) => log(&format!(
                     "could not record {id}'s artifact as bad: {}",
-                    crate::run::daemon::one_line(&e.to_string())
+                    crate::error::one_line(&e.to_string())
                 )),
             }
         }
