@@ -30,8 +30,8 @@ pub enum Error {
     },
 
     /// The daemon's automatic refresh holds an artifact back for the day
-    /// ([`crate::rules::budget::hold`]): no transfer is started. The refresh takes it as an outcome,
-    /// not a failure (`RefreshReport::held_back`).
+    /// ([`crate::rules::budget::hold`]): no transfer is started. The refresh takes it as an
+    /// outcome, not a failure (`RefreshReport::held_back`).
     #[error("{0}")]
     HeldBack(crate::rules::budget::HeldBack),
 

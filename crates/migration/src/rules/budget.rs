@@ -56,7 +56,7 @@ impl DailyBudget {
 
 /// An artifact the automatic refresh does not fetch before the next UTC day: one more whole
 /// artifact could take today's count past its budget. Not a failure: no failure is counted, no
-/// backoff starts, and the daemon logs it once per artifact and day (its [`Display`] line).
+/// backoff starts, and the daemon logs it once per artifact and day (its [`Display`](std::fmt::Display) line).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HeldBack {
     /// The artifact, by its path under the models directory (`<gen>/<path>`).

@@ -60,8 +60,8 @@ pub struct PlannedDownload {
     pub installed: VerifyState,
 }
 
-/// The dry run of [`crate::refresh`] `by` (the `refresh` command's is [`crate::rules::choice::Caller::Person`]:
-/// no retry waits for its backoff). Errors are the real run's; [`refresh_failure`] says what it
+/// The dry run of [`crate::refresh`] `by` (the `refresh` command's is
+/// [`crate::rules::choice::Caller::Person`]: no retry waits for its backoff). Errors are the real run's; [`refresh_failure`] says what it
 /// writes then.
 pub fn refresh(device: &Device, by: &Run) -> Result<RefreshPlan> {
     let plan = device.planning();

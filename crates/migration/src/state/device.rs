@@ -86,8 +86,8 @@ pub struct Device {
     /// modeld's load receipt, on a contract that has one (`None`: v25, nothing read).
     pub load_receipt: Option<crate::state::load_receipt::Source>,
     /// The daily byte budget a download on this device is held to (`Some` for the daemon's
-    /// automatic refresh, [`crate::rules::budget`]); `None`: a person asked, served whatever the count.
-    /// Bytes are counted either way.
+    /// automatic refresh, [`crate::rules::budget`]); `None`: a person asked, served whatever the
+    /// count. Bytes are counted either way.
     pub budget: Option<crate::rules::budget::DailyBudget>,
     pub(crate) effects: Effects,
     /// The contract the device's generation runs, as the tree decided it
@@ -580,8 +580,8 @@ impl Device {
     }
 
     /// Give upstream the accepted manifest `raw` where and how its layout reads it (per
-    /// generation: `<gen>/catalog.json`, see [`crate::state::layout::DeviceFiles::upstream_catalog`]);
-    /// nothing on a flat layout. One effect, atomic.
+    /// generation: `<gen>/catalog.json`, see
+    /// [`crate::state::layout::DeviceFiles::upstream_catalog`]); nothing on a flat layout. One effect, atomic.
     pub fn publish_catalog(&self, raw: &[u8]) -> Result<()> {
         let Some((name, body)) = self.files().upstream_catalog(raw)? else {
             return Ok(());
@@ -670,7 +670,7 @@ impl Device {
 
     /// The remembered choice (`.choice.json`), if any.
     /// A corrupt or unreadable one is read as absent, with a warning
-    /// ([`Device::read_json_or_warn`]).
+    /// (`Device::read_json_or_warn`).
     pub fn choice(&self) -> Result<Option<Choice>> {
         self.read_json_or_warn(CHOICE_FILE, bounded::JOURNAL_LIMIT)
     }

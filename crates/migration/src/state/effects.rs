@@ -5,14 +5,14 @@
 //! - **apply** (production, [`Effects::none`]; [`Effects::recording`] also keeps the log): the
 //!   effect is made durable, then recorded;
 //! - **crash checkpoint** ([`Effects::crash_after`]): as apply, and right after the n-th effect
-//!   the operation stops with [`Error::Crashed`](crate::Error::Crashed) and runs nothing else
+//!   the operation stops with [`Error::Crashed`] and runs nothing else
 //!   (no cleanup, no fallback), which is what kill -9 at that instant would leave;
 //! - **plan** ([`Effects::plan`]): the effect is recorded and skipped; later reads of the same
-//!   run through [`Effects::read`] see the planned bytes (a removed file reads as absent), so a
+//!   run through `Effects::read` see the planned bytes (a removed file reads as absent), so a
 //!   dry run is the real run with its writes left out.
 //!
 //! The verification cache (`.verified.json`) and the models directory itself are written here
-//! too ([`Effects::cache_write`], [`Effects::create_dir`]) but are not effects of the log: they
+//! too (`Effects::cache_write`, `Effects::create_dir`) but are not effects of the log: they
 //! change nothing modeld or the UI reads, and a crash cannot leave them inconsistent.
 
 use std::collections::BTreeMap;
@@ -129,7 +129,7 @@ impl Effects {
         Self::make(Some(n), false)
     }
 
-    /// Record every effect and skip it; reads through [`Effects::read`] see what was planned.
+    /// Record every effect and skip it; reads through `Effects::read` see what was planned.
     pub fn plan() -> Self {
         Self::make(None, true)
     }

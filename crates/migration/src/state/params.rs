@@ -166,8 +166,8 @@ impl Params {
     }
 
     /// The value, with a trailing NUL or newline left as written; `None` when unset. A value
-    /// over [`PARAM_LIMIT`](crate::state::bounded::PARAM_LIMIT) bytes (or a param path that is not a
-    /// regular file) is an error naming the path; it is never read whole.
+    /// over [`PARAM_LIMIT`] bytes (or a param path that is not a regular file) is an error naming
+    /// the path; it is never read whole.
     pub fn get(&self, key: &str) -> Result<Option<String>> {
         check_key(key)?;
         let path = self.path(key);

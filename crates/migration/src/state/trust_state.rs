@@ -133,8 +133,8 @@ pub fn merge_floor(file: &FloorCopy, param: &FloorCopy) -> Option<Floor> {
     })
 }
 
-/// [`merge_floor`] of the copies as [`crate::rules::floor::bound`] leaves them (`held`: the signed
-/// catalog the device holds): a copy the bound changed is marked for rewriting too. Pure.
+/// [`merge_floor`] of the copies as `floor::bound` leaves them (`held`: the signed catalog the
+/// device holds): a copy the bound changed is marked for rewriting too. Pure.
 pub fn merge_bounded(
     file: &FloorCopy,
     param: &FloorCopy,
@@ -265,7 +265,7 @@ fn write_floor_param(device: &Device, all: &AcceptedReleases) -> Result<()> {
 /// Fetch the generation's manifest; with trusted keys, refuse one older than the accepted
 /// release (a missing or corrupt copy of it is rewritten from the other first; with neither
 /// readable, nothing is fetched). A refusal is returned as the fetch error and recorded by
-/// [`record_failed_fetch`]. `cancel` stops the fetch. The accepted manifest is stored by
+/// `record_failed_fetch`. `cancel` stops the fetch. The accepted manifest is stored by
 /// [`store_accepted`].
 pub fn fetch_accepted(
     device: &Device,

@@ -1,7 +1,7 @@
 //! `refresh --dry-run`, `download --dry-run` and `gc --dry-run` as they print: the plans are
-//! [`crate::run::preview`]'s (the refresh and gc in plan mode, the downloads planned); `--json` is one
-//! document (each plan leads with `"dry_run": true`), the text one `would …` line
-//! per effect. `verify --dry-run` is [`crate::report::verify`] with its `dry_run`, rendered as
+//! [`crate::run::preview`]'s (the refresh and gc in plan mode, the downloads planned); `--json`
+//! is one document (each plan leads with `"dry_run": true`), the text one `would …` line per
+//! effect. `verify --dry-run` is [`crate::report::verify`] with its `dry_run`, rendered as
 //! `verify` is.
 
 use cli_support::Failure;
