@@ -657,7 +657,20 @@ impl Rebuild {
                 let _ = h.join();
             }
             drop(jobs);
-            drain(done.as_ref(), &mut ran, &mut in_flight, &mut |_| {}, true);
+            // The last uploads, said as of the last model the run reached.
+            let last = ran.outcomes.len().saturating_sub(1);
+            if let Some(p) = self.planned.get(last) {
+                let id = &p.source.id;
+                let mut say = |message: &str| {
+                    on_progress(Progress {
+                        index: last,
+                        total,
+                        id,
+                        message,
+                    })
+                };
+                drain(done.as_ref(), &mut ran, &mut in_flight, &mut say, true);
+            }
             Ok(ran)
         })
     }

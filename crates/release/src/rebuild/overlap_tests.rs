@@ -375,3 +375,21 @@ fn a_rerun_skips_recorded_uploads() {
         "done models fetch nothing: {log:#?}"
     );
 }
+
+/// What publish takes from the upload records: per `--to` store (by the name publish's record
+/// gives it), the recorded files of the models it publishes; another store or generation
+/// contributes nothing.
+#[test]
+fn publish_knows_the_recorded_files_of_the_same_store_only() {
+    let s = setup();
+    run(&s, false, &[], &[]);
+    let ws = &s.rebuild.workspace;
+    let ids = || IDS.iter().map(|i| id(i));
+    let stores = ["hf://buckets/a/b".to_string(), "file:/fake".to_string()];
+    let known = known_files(ws, Generation::new(26), ids(), &stores);
+    assert!(known[0].is_empty());
+    let held = s.held.lock().unwrap().clone();
+    assert_eq!(known[1].keys().cloned().collect::<BTreeSet<_>>(), held);
+    let other = known_files(ws, Generation::new(27), ids(), &stores);
+    assert!(other.iter().all(|k| k.is_empty()));
+}
