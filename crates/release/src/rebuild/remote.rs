@@ -20,7 +20,8 @@ pub struct RemoteBuilder<'a> {
     pub pin: GitCommit,
     /// Live compiler output.
     pub live: &'a mut dyn FnMut(&str),
-    store: Option<Box<dyn Store>>,
+    /// The sources of the model in turn (the first; the rest come from [`Builder::fetcher`]'s).
+    in_turn: super::StoreFetcher,
     compiler: Option<Compiler>,
     /// The contract whose accelerator variant this builder builds (v25 until told).
     contract: &'static manifest::Contract,
@@ -46,12 +47,12 @@ impl<'a> RemoteBuilder<'a> {
         live: &'a mut dyn FnMut(&str),
     ) -> Self {
         Self {
+            in_turn: super::StoreFetcher::new(sources.clone(), access.clone()),
             sources,
             access,
             connect,
             pin,
             live,
-            store: None,
             compiler: None,
             contract: manifest::ContractName::V25.contract(),
             device_check: None,
@@ -78,12 +79,8 @@ impl Builder for RemoteBuilder<'_> {
         dir: &Path,
         _say: &mut dyn FnMut(&str),
     ) -> Result<Vec<PathBuf>, BuildError> {
-        if self.store.is_none() {
-            let store = self.sources.open(&self.access).map_err(BuildError::run)?;
-            self.store = Some(store);
-        }
-        let store = self.store.as_deref().expect("opened");
-        fetch_sources(store, &model.source.source_id, dir).map_err(BuildError::model)
+        use super::SourceFetcher;
+        self.in_turn.fetch(model, dir)
     }
 
     /// The next model's sources from the same store, on a store client of their own.
