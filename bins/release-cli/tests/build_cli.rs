@@ -363,9 +363,32 @@ fn rebuild_uploads_each_model_and_publish_then_writes_only_the_manifest() {
     assert!(!root.join("up").exists());
 
     args.push("--json");
+    // With --validate, each model is validated after its compile, as `validate` does; a
+    // model failing it is not uploaded.
+    let models_dir = dev.models_dir().to_str().unwrap().to_string();
+    args.extend([
+        "--validate",
+        "--python",
+        "python3",
+        "--remote-models-dir",
+        &models_dir,
+    ]);
+    dev.set("nonfinite", "1344x760 lead");
+    let out = cli(&args, root);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["models"][0]["validation"], "failed", "{summary}");
+    assert!(summary.get("uploads").is_none(), "{summary}");
+    assert!(!root.join("up").exists());
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&fs::read(root.join("ws/results/sc23.validation.json")).unwrap())
+            .unwrap();
+    assert_eq!(recorded["resolutions"][1]["passed"], false, "{recorded}");
+    dev.clear("nonfinite");
     let out = cli(&args, root);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["models"][1]["validation"], "passed", "{summary}");
     let statuses: Vec<&str> = summary["uploads"]
         .as_array()
         .unwrap()

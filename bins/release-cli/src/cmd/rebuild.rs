@@ -49,6 +49,22 @@ pub struct RebuildArgs {
     /// its bytes. With --upload-to, only a passing model is uploaded.
     #[arg(long)]
     pub validate: bool,
+    /// With --validate: the models directory on the compiler the validator reads.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/data/models",
+        requires = "validate"
+    )]
+    pub remote_models_dir: compiler_remote::RemotePath,
+    /// With --validate: the Python the validator runs with on the compiler.
+    #[arg(
+        long,
+        value_name = "PROGRAM",
+        default_value = "/usr/local/venv/bin/python3",
+        requires = "validate"
+    )]
+    pub python: String,
     #[command(flatten)]
     pub access: artifact_store::StoreAccess,
     /// Make the checks a rebuild makes before building (the one-compiler policy, the pin, the
@@ -96,8 +112,8 @@ pub fn run(args: RebuildArgs) -> CliResult {
     .with_contract(rebuild.contract)
     .with_device_check(release::rebuild::DeviceCheck {
         pins: release::tree::load_pins(args.remote.openpilot.as_deref())?,
-        models_dir: "/data/models".parse().map_err(CliError::failure)?,
-        python: "/usr/local/venv/bin/python3".into(),
+        models_dir: args.remote_models_dir.clone(),
+        python: args.python.clone(),
     });
     let uploader = match args.upload_to.is_empty() {
         true => None,
