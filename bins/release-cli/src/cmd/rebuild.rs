@@ -78,10 +78,12 @@ pub struct RebuildArgs {
     /// Print the final summary `{"workspace","generation","tinygrad_commit","manifest","compiled",
     /// "skipped","failed","not_attempted","not_in_catalog","without_artifact",
     /// "variants_dropped":[{"id","variant","reason"}],"set_aside"?,"models":[{"id","status",
-    /// "error"?}]}` (`set_aside`: where the previous generation's release was moved)
+    /// "error"?,"validation"?}],"uploads"?:[{"id","store","status","error"?}]}` (`set_aside`:
+    /// where the previous generation's release was moved; `uploads` with --upload-to)
     /// (with --dry-run `{"dry_run":true,"workspace",
     /// "generation","tinygrad_commit","sources","manifest","not_in_catalog","models":[{"id",
-    /// "action":"skip"|"build","version","source_id","input_format","gpu","fetch"?,"plan"?}]}`,
+    /// "action":"skip"|"build","version","source_id","input_format","gpu","fetch"?,"plan"?}],
+    /// "validate","upload_to":[STORE]}`,
     /// `plan` shaped as `compile --dry-run --json`'s).
     #[arg(long)]
     pub json: bool,
