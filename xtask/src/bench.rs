@@ -45,9 +45,10 @@ pub struct Row {
 /// install against aria2c and the link limit, peak RSS, verify, re-check); `budget` the binary
 /// size and the 180 MiB download's RSS; `fallback` the three fallback rows; `install` the
 /// verified install in the field's shapes against aria2c and the link limit; `hf` the publish
-/// through the real `hf` CLI against that CLI alone.
-pub const GROUPS: [&str; 9] = [
-    "split", "verify", "oob", "device", "install", "github", "hf", "budget", "fallback",
+/// through the real `hf` CLI against that CLI alone; `bump` a bump's wall clock (rebuild
+/// --upload-to, then publish) against the compiler's time.
+pub const GROUPS: [&str; 10] = [
+    "split", "verify", "oob", "device", "install", "github", "hf", "bump", "budget", "fallback",
 ];
 
 /// Which groups of rows to run: all of them, or those `--only` names.
@@ -150,6 +151,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "bench_github_publish",
         "--example",
         "bench_hf_publish",
+        "-p",
+        "release",
+        "--example",
+        "bench_bump",
     ])?;
     let bin = util::target_dir().join("release/release-cli");
 
@@ -208,6 +213,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 });
             }
         }
+    }
+    if only.has("bump") {
+        rows.extend(crate::bench_bump::rows(&work)?);
     }
     if only.has("budget") {
         rows.extend(crate::bench_budget::rows(&work)?);

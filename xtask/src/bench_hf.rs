@@ -16,14 +16,14 @@ use crate::bench::{RUNS, Row, quiet, secs};
 use crate::bench_device::Server;
 use crate::util::{self, best_of};
 
-const BUCKET: &str = "StarPilot-Driving/StarPilot-Resources";
+pub(crate) const BUCKET: &str = "StarPilot-Driving/StarPilot-Resources";
 /// The release machine's uplink in the bench.
 const UPLINK: u64 = 24 << 20;
 /// Where `.ci/run` keeps the pinned CLI's venv.
 const CI_VENV: &str = ".cache/starpilot-ci/hf-venv-2.4.0-xet-1.8.0/bin/hf";
 
 /// The pinned `hf`: `$STARPILOT_HF_CLI`, else `.ci/run`'s venv under `$HOME`.
-fn hf_cli() -> Result<PathBuf, String> {
+pub(crate) fn hf_cli() -> Result<PathBuf, String> {
     let cli = std::env::var_os("STARPILOT_HF_CLI")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
@@ -40,10 +40,11 @@ fn hf_cli() -> Result<PathBuf, String> {
     Ok(cli)
 }
 
-/// A fresh emulator with the uplink cap and the bucket: it, `HF_ENDPOINT` and the token.
-fn start_hub(bin: &Path) -> Result<(Server, String, String), String> {
+/// A fresh emulator with the uplink cap `uplink` (bytes/s) and the bucket: it, `HF_ENDPOINT`
+/// and the token.
+pub(crate) fn start_hub(bin: &Path, uplink: u64) -> Result<(Server, String, String), String> {
     let mut child = Command::new(bin)
-        .args(["--quiet", "--uplink-rate", &UPLINK.to_string(), BUCKET])
+        .args(["--quiet", "--uplink-rate", &uplink.to_string(), BUCKET])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -97,7 +98,9 @@ pub fn rows(work: &Path, artifacts: &Path) -> Result<Vec<Row>, String> {
         hub.replace(None);
         let _ = fs::remove_dir_all(&home);
         let _ = fs::create_dir_all(&home);
-        hub.replace(Some(start_hub(&hub_bin).expect("the Hub emulator starts")));
+        hub.replace(Some(
+            start_hub(&hub_bin, UPLINK).expect("the Hub emulator starts"),
+        ));
     };
     let env = |c: &mut Command| {
         let h = hub.borrow();

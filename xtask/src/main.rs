@@ -15,6 +15,7 @@
 
 mod bench;
 mod bench_budget;
+mod bench_bump;
 mod bench_device;
 mod bench_fallback;
 mod bench_github;

@@ -313,6 +313,140 @@ fn rebuild_records_a_failure_then_resumes_and_writes_the_manifest() {
     dev.clear("nonfinite");
 }
 
+/// `rebuild --upload-to DIR` (issue 39 item 2): each built model's artifact files go to the
+/// store while the next compiles, recorded in results/<id>.upload.json, never a manifest;
+/// `publish` then finds them there and uploads only the manifest. The dry run names the
+/// uploads.
+#[test]
+fn rebuild_uploads_each_model_and_publish_then_writes_only_the_manifest() {
+    let Some(sshd) = Sshd::start() else { return };
+    let dev = DeviceRoot::new(Some(PIN));
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    write(&root.join("store/onnx/pop22/driving_vision.onnx"), b"v");
+    write(&root.join("store/onnx/pop22/driving_policy.onnx"), b"p");
+    write(&root.join("store/onnx/sc23/driving_supercombo.onnx"), b"s");
+    write(
+        &root.join("map.json"),
+        br#"{"pop223": {"source_id": "pop22", "input_format": "split"},
+             "sc23": {"source_id": "sc23", "input_format": "supercombo"}}"#,
+    );
+    let mut base: serde_json::Value = serde_json::from_str(BASE).unwrap();
+    base["models"].as_array_mut().unwrap().truncate(2);
+    write(&root.join("base.json"), base.to_string().as_bytes());
+    let mut buf = Vec::new();
+    let mut args = vec![
+        "rebuild",
+        "--workspace",
+        "ws",
+        "--source-map",
+        "map.json",
+        "--base-manifest",
+        "base.json",
+        "--sources",
+        "store",
+        "--generation",
+        "v25",
+        "--upload-to",
+        "up",
+    ];
+    args.extend(remote(&sshd, &dev, &mut buf));
+    let mut dry = args.clone();
+    dry.push("--dry-run");
+    let out = cli(&dry, root);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("  upload pop223, sc23 -> file:"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(!root.join("up").exists());
+
+    args.push("--json");
+    // With --validate, each model is validated after its compile, as `validate` does; a
+    // model failing it is not uploaded.
+    let models_dir = dev.models_dir().to_str().unwrap().to_string();
+    args.extend([
+        "--validate",
+        "--python",
+        "python3",
+        "--remote-models-dir",
+        &models_dir,
+    ]);
+    dev.set("nonfinite", "1344x760 lead");
+    let out = cli(&args, root);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["models"][0]["validation"], "failed", "{summary}");
+    assert!(summary.get("uploads").is_none(), "{summary}");
+    assert!(!root.join("up").exists());
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&fs::read(root.join("ws/results/sc23.validation.json")).unwrap())
+            .unwrap();
+    assert_eq!(recorded["resolutions"][1]["passed"], false, "{recorded}");
+    dev.clear("nonfinite");
+    let out = cli(&args, root);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["models"][1]["validation"], "passed", "{summary}");
+    let statuses: Vec<&str> = summary["uploads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["uploaded", "uploaded"], "{summary}");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("uploading pop223 in the background meanwhile"),
+        "{err}"
+    );
+    let up = root.join("up");
+    assert!(
+        up.join("models/v25/sc23/sc23_driving_tinygrad.pkl.chunkmanifest")
+            .is_file()
+    );
+    assert!(!up.join("manifests").exists(), "rebuild wrote a manifest");
+    let rec: serde_json::Value =
+        serde_json::from_slice(&fs::read(root.join("ws/results/pop223.upload.json")).unwrap())
+            .unwrap();
+    assert_eq!(rec["uploads"][0]["artifact"], "pop223_driving_tinygrad.pkl");
+    assert_eq!(rec["uploads"][0]["files"].as_array().unwrap().len(), 5);
+
+    // A rerun skips what is recorded and still there.
+    let out = cli(&args, root);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again["uploads"][0]["status"], "recorded", "{again}");
+
+    let out = cli(
+        &[
+            "publish",
+            "--generation",
+            "v25",
+            "--manifest",
+            "ws/ready/model_names_v25.json",
+            "--artifacts",
+            "ws/ready",
+            "--workspace",
+            "ws",
+            "--skip-validation",
+            "test: no device",
+            "--to",
+            "up",
+            "--json",
+        ],
+        root,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["stores"][0]["uploaded_files"], 0, "{report}");
+    assert_eq!(report["stores"][0]["skipped_files"], 10, "{report}");
+    assert_eq!(report["stores"][0]["manifest"], "written", "{report}");
+    assert!(up.join("manifests/model_names_v25.json").is_file());
+}
+
 #[test]
 fn validate_check_records_a_device_check_and_refuses_incomplete_ones() {
     let t = tempfile::tempdir().unwrap();

@@ -86,3 +86,98 @@ fn the_last_look_before_the_manifest_reads_no_artifact_bytes() {
     let again = store.reads.load(Ordering::SeqCst);
     assert!(again > 0, "a model found in the store was not checked");
 }
+
+/// Issue 39 item 2: `rebuild --upload-to` uploads a model's files through publish's step 1 and
+/// never a manifest; publish, told what the upload recorded, does not read those files back
+/// (on the Hub, a download of each) and uploads nothing again.
+#[test]
+fn recorded_uploads_are_not_read_back_and_an_upload_writes_no_manifest() {
+    use artifact_store::publish::{
+        KnownFiles, SignatureAction, prepare_local, publish_known, upload_artifacts,
+    };
+    let t = tempfile::tempdir().unwrap();
+    let m = model("pop", 1, 60_000);
+    let artifacts = artifacts_dir(t.path(), &[&m]);
+    let manifest = manifest_of(vec![entry(m.id, &m.data, "Pop")]);
+    let store = Remote {
+        inner: LocalStore::new(t.path().join("store")),
+        reads: AtomicUsize::new(0),
+    };
+    let local = prepare_local(&artifacts, &manifest).unwrap();
+    let up = upload_artifacts(
+        &store,
+        &local,
+        CURRENT_GENERATION,
+        RetryPolicy::immediate(1),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(up.uploaded_files > 2, "{up:?}");
+    assert_eq!(read_artifact(&store.inner, m.id), m.data);
+    let manifest_path = manifest::StoreLayout::HfBucket.manifest_path(CURRENT_GENERATION);
+    assert_eq!(store.inner.stat(&manifest_path).unwrap(), None);
+    let known: KnownFiles = local[0]
+        .files
+        .iter()
+        .map(|f| (format!("models/v25/pop/{}", f.name), (f.size, f.sha256)))
+        .collect();
+    let opts = PublishOptions {
+        generation: CURRENT_GENERATION,
+        dry_run: false,
+        retry: RetryPolicy::immediate(1),
+        deep_verify: false,
+        contract: Default::default(),
+    };
+    let before = store.reads.load(Ordering::SeqCst);
+    let report = publish_known(
+        &manifest,
+        &artifacts,
+        &[&store],
+        &opts,
+        SignatureAction::Unsigned,
+        &[known],
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(report.stores[0].uploaded_files, 0, "uploaded again");
+    assert_eq!(report.stores[0].skipped_files, local[0].files.len());
+    assert_eq!(report.stores[0].manifest, "written");
+    assert_eq!(store.reads.load(Ordering::SeqCst), before, "read back");
+    // Without the record, the same publish reads the files back to hash them.
+    publish(&manifest, &artifacts, &[&store], &opts, &mut |_| {}).unwrap();
+    assert!(store.reads.load(Ordering::SeqCst) > before);
+}
+
+/// An upload outside publish never replaces what a store holds under the artifact's name
+/// (perhaps live): refused whole, before anything is written.
+#[test]
+fn an_upload_never_replaces_files_the_store_holds() {
+    use artifact_store::publish::{prepare_local, upload_artifacts};
+    let t = tempfile::tempdir().unwrap();
+    let old = model("pop", 1, 6_000);
+    let manifest = manifest_of(vec![entry(old.id, &old.data, "Pop")]);
+    let store = LocalStore::new(t.path().join("store"));
+    let opts = PublishOptions {
+        generation: CURRENT_GENERATION,
+        dry_run: false,
+        retry: RetryPolicy::immediate(1),
+        deep_verify: false,
+        contract: Default::default(),
+    };
+    let first = artifacts_dir(&t.path().join("old"), &[&old]);
+    publish(&manifest, &first, &[&store], &opts, &mut |_| {}).unwrap();
+    let new = model("pop", 2, 6_000);
+    let changed = manifest_of(vec![entry(new.id, &new.data, "Pop")]);
+    let second = artifacts_dir(&t.path().join("new"), &[&new]);
+    let local = prepare_local(&second, &changed).unwrap();
+    let e = upload_artifacts(
+        &store,
+        &local,
+        CURRENT_GENERATION,
+        RetryPolicy::immediate(1),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("only publish"), "{e}");
+    assert_eq!(read_artifact(&store, old.id), old.data);
+}

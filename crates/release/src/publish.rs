@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use artifact_store::publish::{
     Contract, GithubOnly, PublishOptions, PublishReport, SignatureAction, check_github_only,
-    check_store_order, publish_signed,
+    check_store_order, publish_known,
 };
 use artifact_store::retry::RetryPolicy;
 use artifact_store::signing::{self, SigningKey, VerifyingKey};
@@ -309,12 +309,27 @@ pub fn run(
         }
         (None, None) => SignatureAction::Unsigned,
     };
-    let report = publish_signed(
+    // Files `rebuild --upload-to` recorded in these stores are not read back to hash them.
+    let known = match &req.flags.workspace {
+        Some(ws) => crate::rebuild::known_files(
+            ws,
+            req.flags.generation,
+            manifest.ids().cloned(),
+            &req.flags
+                .to
+                .iter()
+                .map(canonical_store_name)
+                .collect::<Vec<_>>(),
+        ),
+        None => Vec::new(),
+    };
+    let report = publish_known(
         manifest,
         &req.flags.artifacts,
         &store_refs,
         &opts,
         action,
+        &known,
         &mut |e| on_event(&Event::Store(e.clone())),
     )?;
     let (publish_record, publish_history) = if report.dry_run {

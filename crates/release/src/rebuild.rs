@@ -11,6 +11,7 @@
 //! and compiles on the compiler comma; the unit tests drive the rules with a fake.
 
 mod dry_run;
+mod overlap;
 mod plan;
 mod record;
 mod remote;
@@ -26,6 +27,11 @@ use serde::Serialize;
 use crate::{Error, Result, Workspace};
 
 pub use dry_run::{DryRun, Fetch, PlannedBuild};
+pub use overlap::{
+    SourceFetcher, StoreFetcher, StoreUploader, UploadOutcome, UploadRecord, UploadRow,
+    UploadedFile, Uploader, known_files,
+};
+use overlap::{UploadJob, upload_model};
 pub use plan::{PlannedModel, SourceEntry, parse_source_map, plan};
 pub use record::{
     BuildRecord, FailureRecord, RecordedArtifact, RecordedVariant, VariantDropped, build_manifest,
@@ -33,7 +39,7 @@ pub use record::{
     variant_block_for, variant_refusal, variants_to_build,
 };
 use record::{read_json, ready_verifies, write_json};
-pub use remote::{RemoteBuilder, fetch_sources};
+pub use remote::{DeviceCheck, RemoteBuilder, fetch_sources};
 
 /// The default source store: the bucket where the seed archives ONNX sources.
 pub const DEFAULT_SOURCES: &str = "hf://buckets/StarPilot-Driving/StarPilot-Resources";
@@ -179,6 +185,38 @@ pub trait Builder {
         let _ = (model, variant, sources, out, log, say);
         Ok(None)
     }
+
+    /// A fetcher of sources that runs beside this builder's compiles (the next model's sources
+    /// fetched while one compiles). `None`: each model's sources are fetched in turn.
+    fn fetcher(&self) -> Option<Box<dyn SourceFetcher>> {
+        None
+    }
+
+    /// Validate `model`'s ready chunk set in `ws` on the device, as `validate --model ID
+    /// --workspace WS` does (the same job, the same record, `results/<id>.validation.json`);
+    /// whether it passed.
+    fn validate(
+        &mut self,
+        model: &PlannedModel,
+        ws: &Workspace,
+        say: &mut dyn FnMut(&str),
+    ) -> Result<bool, BuildError> {
+        let _ = (model, ws, say);
+        Err(BuildError::run(
+            "this builder cannot validate on the device",
+        ))
+    }
+}
+
+/// What a run overlaps with its compiles and checks after each (`rebuild --validate`,
+/// `--upload-to`).
+#[derive(Default)]
+pub struct Overlap<'a> {
+    /// Validate each model on the device right after its compile; only a passing model is
+    /// uploaded.
+    pub validate: bool,
+    /// Upload each finished model's artifact files in the background while the next compiles.
+    pub uploader: Option<Box<dyn Uploader + 'a>>,
 }
 
 // ---- the run ------------------------------------------------------------------------------
@@ -208,6 +246,9 @@ pub struct ModelOutcome {
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// With `--validate`: `passed` or `failed` (then not uploaded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub validation: Option<&'static str>,
 }
 
 /// What a run did. Serializes to the `release-cli rebuild --json` summary.
@@ -230,6 +271,10 @@ pub struct Summary {
     /// because they were not rebuilt for this generation (never copied from the base).
     pub variants_dropped: Vec<VariantDropped>,
     pub models: Vec<ModelOutcome>,
+    /// With `--upload-to`: each model's upload to each store. A `failed` one is uploaded by
+    /// publish.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub uploads: Vec<UploadOutcome>,
     /// Where this run moved the previous generation's release to (`generations/<gen>/`), if it
     /// did ([`Workspace::set_aside`]).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -254,7 +299,7 @@ impl Summary {
         let ids: Vec<ModelId> = self
             .models
             .iter()
-            .filter(|o| o.status == "failed")
+            .filter(|o| o.status == "failed" || o.validation == Some("failed"))
             .map(|o| o.id.clone())
             .collect();
         if ids.is_empty() {
@@ -301,6 +346,49 @@ fn read_input(path: &Path, limit: u64) -> Result<Vec<u8>> {
         chunker::Error::Io(io) => Error::Io(io),
         other => other.into(),
     })
+}
+
+/// What the models of a run came to (before the manifest).
+#[derive(Default)]
+struct Ran {
+    outcomes: Vec<ModelOutcome>,
+    /// Records this run checked (skipped) or built: the manifest takes them as they are
+    /// rather than reading and re-hashing their ready chunk sets a second time.
+    this_run: Vec<BuildRecord>,
+    uploads: Vec<UploadOutcome>,
+    /// Why the run stopped early, if it did.
+    stopped: Option<String>,
+}
+
+/// The prefetch thread: the fetcher back, and the sources it fetched.
+type Prefetch<'s> =
+    std::thread::ScopedJoinHandle<'s, (Result<Vec<PathBuf>, BuildError>, Box<dyn SourceFetcher>)>;
+
+/// The upload worker's finished models into `ran`, each said; with `wait`, until it is done.
+fn drain(
+    done: Option<&std::sync::mpsc::Receiver<Vec<UploadOutcome>>>,
+    ran: &mut Ran,
+    in_flight: &mut Vec<ModelId>,
+    say: &mut dyn FnMut(&str),
+    wait: bool,
+) {
+    let Some(done) = done else { return };
+    let finished: Vec<Vec<UploadOutcome>> = if wait {
+        done.iter().collect()
+    } else {
+        done.try_iter().collect()
+    };
+    for u in finished.into_iter().flatten() {
+        in_flight.retain(|id| id != &u.id);
+        say(&match &u.error {
+            None => format!("{}: {} to {}", u.id, u.status, u.store),
+            Some(e) => format!(
+                "{}: upload to {} FAILED: {e}; publish will upload it",
+                u.id, u.store
+            ),
+        });
+        ran.uploads.push(u);
+    }
 }
 
 impl Rebuild {
@@ -435,6 +523,20 @@ impl Rebuild {
         builder: &mut dyn Builder,
         on_progress: &mut dyn FnMut(Progress<'_>),
     ) -> Result<Summary> {
+        self.run_with(builder, Overlap::default(), on_progress)
+    }
+
+    /// [`Rebuild::run`], overlapping with the compiles what `overlap` asks: the next model's
+    /// sources fetched while one compiles (when the builder has a [`Builder::fetcher`]), each
+    /// model validated right after its compile, each finished (and passing) model uploaded by
+    /// a background worker while the next compiles. The manifest is written last, as by `run`;
+    /// no store ever gets one from here.
+    pub fn run_with(
+        &self,
+        builder: &mut dyn Builder,
+        overlap: Overlap<'_>,
+        on_progress: &mut dyn FnMut(Progress<'_>),
+    ) -> Result<Summary> {
         let ws = &self.workspace;
         // One generation, one workspace: another generation's staged release moves to
         // generations/<gen>/ first, where it stays publishable.
@@ -444,48 +546,8 @@ impl Rebuild {
         for d in ws.rebuild_dirs() {
             fs::create_dir_all(d)?;
         }
-        let total = self.planned.len();
-        let mut outcomes = Vec::new();
-        // Records this run checked (skipped) or built: the manifest below takes them as they
-        // are rather than reading and re-hashing their ready chunk sets a second time.
-        let mut this_run: Vec<BuildRecord> = Vec::new();
-        let mut stopped: Option<String> = None;
-        for (index, p) in self.planned.iter().enumerate() {
-            let id = &p.source.id;
-            let mut say = |message: &str| {
-                on_progress(Progress {
-                    index,
-                    total,
-                    id,
-                    message,
-                })
-            };
-            let (status, error) = match self.attempt(builder, p, &mut say)? {
-                Attempt::Skipped(r) => {
-                    this_run.push(r);
-                    ("skipped", None)
-                }
-                Attempt::Compiled(r) => {
-                    this_run.push(r);
-                    ("compiled", None)
-                }
-                Attempt::Failed(e) => {
-                    if e.stops_the_run {
-                        stopped = Some(e.message.clone());
-                    }
-                    ("failed", Some(e.message))
-                }
-            };
-            outcomes.push(ModelOutcome {
-                id: id.clone(),
-                status,
-                error,
-            });
-            if stopped.is_some() {
-                break;
-            }
-        }
-        let records = self.manifest_records(this_run);
+        let ran = self.run_models(builder, overlap, on_progress)?;
+        let (outcomes, records) = (ran.outcomes, self.manifest_records(ran.this_run));
         let manifest_path = self.write_manifest(&records)?;
         let count = |s: &str| outcomes.iter().filter(|o| o.status == s).count();
         Ok(Summary {
@@ -512,17 +574,217 @@ impl Rebuild {
             variants_dropped: self.variants_dropped(&records),
             set_aside,
             models: outcomes,
-            stopped,
+            uploads: ran.uploads,
+            stopped: ran.stopped,
             with_artifact: records.len(),
         })
     }
 
+    /// The models of the plan, one after another on the compiler, with the prefetch thread and
+    /// the upload worker beside them (both joined before it returns).
+    fn run_models(
+        &self,
+        builder: &mut dyn Builder,
+        overlap: Overlap<'_>,
+        on_progress: &mut dyn FnMut(Progress<'_>),
+    ) -> Result<Ran> {
+        let total = self.planned.len();
+        let mut ran = Ran::default();
+        let mut fetcher = builder.fetcher();
+        let (ws, generation) = (&self.workspace, self.generation);
+        std::thread::scope(|scope| {
+            let (jobs, done) = match overlap.uploader {
+                Some(mut up) => {
+                    let (tx, rx) = std::sync::mpsc::channel::<UploadJob>();
+                    let (done_tx, done) = std::sync::mpsc::channel();
+                    scope.spawn(move || {
+                        for job in rx {
+                            let _ = done_tx.send(upload_model(ws, generation, &mut *up, &job));
+                        }
+                    });
+                    (Some(tx), Some(done))
+                }
+                None => (None, None),
+            };
+            let mut prefetch: Option<(usize, Prefetch<'_>)> = None;
+            let mut in_flight: Vec<ModelId> = Vec::new();
+            for (index, p) in self.planned.iter().enumerate() {
+                let id = &p.source.id;
+                let mut say = |message: &str| {
+                    on_progress(Progress {
+                        index,
+                        total,
+                        id,
+                        message,
+                    })
+                };
+                // This model's prefetched sources; then the next one's fetch starts.
+                let fetched = prefetch.take().and_then(|(i, h)| {
+                    let (r, f) = h.join().expect("the prefetch thread does not panic");
+                    fetcher = Some(f);
+                    (i == index).then_some(r)
+                });
+                if let Some(next) = self.planned.get(index + 1).filter(|n| self.may_build(n))
+                    && let Some(mut f) = fetcher.take()
+                {
+                    let dir = ws.onnx(&next.source.id);
+                    say(&format!(
+                        "fetching the sources of {} meanwhile",
+                        next.source.id
+                    ));
+                    prefetch = Some((index + 1, scope.spawn(move || (f.fetch(next, &dir), f))));
+                }
+                drain(done.as_ref(), &mut ran, &mut in_flight, &mut say, false);
+                if !in_flight.is_empty() {
+                    let ids: Vec<&str> = in_flight.iter().map(|i| i.as_str()).collect();
+                    say(&format!(
+                        "uploading {} in the background meanwhile",
+                        ids.join(", ")
+                    ));
+                }
+                let finished =
+                    self.one_model(builder, p, fetched, overlap.validate, &mut say, &mut ran)?;
+                if let (Some(r), Some(tx)) = (finished, &jobs) {
+                    say("queued for upload; it uploads while the next model compiles");
+                    in_flight.push(r.id.clone());
+                    let _ = tx.send(self.upload_job(&r)?);
+                }
+                if ran.stopped.is_some() {
+                    break;
+                }
+            }
+            if let Some((_, h)) = prefetch.take() {
+                let _ = h.join();
+            }
+            drop(jobs);
+            // The last uploads, said as of the last model the run reached.
+            let last = ran.outcomes.len().saturating_sub(1);
+            if let Some(p) = self.planned.get(last) {
+                let id = &p.source.id;
+                let mut say = |message: &str| {
+                    on_progress(Progress {
+                        index: last,
+                        total,
+                        id,
+                        message,
+                    })
+                };
+                drain(done.as_ref(), &mut ran, &mut in_flight, &mut say, true);
+            }
+            Ok(ran)
+        })
+    }
+
+    /// Whether a run may build `p` (no success record that fits it): worth fetching its
+    /// sources ahead. Reads the record only; the run still verifies it in turn.
+    fn may_build(&self, p: &PlannedModel) -> bool {
+        let path = self.workspace.build_record(&p.source.id);
+        !read_json::<BuildRecord>(&path)
+            .is_some_and(|r| record_matches(&r, self.generation, &self.pin) && record_fits(&r, p))
+    }
+
+    /// What the upload worker needs of a finished model: its manifest row, and the artifacts
+    /// (the model's and each rebuilt variant's) a store must hold.
+    fn upload_job(&self, r: &BuildRecord) -> Result<UploadJob> {
+        let manifest = build_manifest_for(
+            &self.base,
+            std::slice::from_ref(r),
+            self.generation,
+            &self.pin,
+            self.contract,
+        )?;
+        let artifacts = std::iter::once(&r.artifact)
+            .chain(r.variants.iter().map(|v| &v.artifact))
+            .map(|a| (a.name.clone(), a.sha256))
+            .collect();
+        Ok(UploadJob {
+            id: r.id.clone(),
+            manifest,
+            artifacts,
+        })
+    }
+
+    /// One model of the run: attempted (skipped or built), then with `validate` checked on the
+    /// device; its outcome and record go into `ran`. The record to upload when it is done and,
+    /// with `validate`, passed.
+    fn one_model(
+        &self,
+        builder: &mut dyn Builder,
+        p: &PlannedModel,
+        fetched: Option<Result<Vec<PathBuf>, BuildError>>,
+        validate: bool,
+        say: &mut dyn FnMut(&str),
+        ran: &mut Ran,
+    ) -> Result<Option<BuildRecord>> {
+        let mut outcome = ModelOutcome {
+            id: p.source.id.clone(),
+            status: "failed",
+            error: None,
+            validation: None,
+        };
+        let (record, fresh) = match self.attempt(builder, p, fetched, say)? {
+            Attempt::Skipped(r) => (r, false),
+            Attempt::Compiled(r) => (r, true),
+            Attempt::Failed(e) => {
+                if e.stops_the_run {
+                    ran.stopped = Some(e.message.clone());
+                }
+                outcome.error = Some(e.message);
+                ran.outcomes.push(outcome);
+                return Ok(None);
+            }
+        };
+        outcome.status = if fresh { "compiled" } else { "skipped" };
+        ran.this_run.push(record.clone());
+        let passed = match validate {
+            false => true,
+            true if !fresh && self.validated_before(&record) => true,
+            true => {
+                say("validating on the device");
+                match builder.validate(p, &self.workspace, say) {
+                    Ok(passed) => {
+                        outcome.validation = Some(if passed { "passed" } else { "failed" });
+                        say(if passed {
+                            "validation passed"
+                        } else {
+                            "FAILED device validation; not uploaded"
+                        });
+                        passed
+                    }
+                    Err(e) => {
+                        if e.stops_the_run {
+                            ran.stopped = Some(e.message.clone());
+                        }
+                        say(&format!("validation FAILED: {}; not uploaded", e.message));
+                        outcome.validation = Some("failed");
+                        outcome.error = Some(e.message);
+                        false
+                    }
+                }
+            }
+        };
+        ran.outcomes.push(outcome);
+        Ok(passed.then_some(record))
+    }
+
+    /// Whether the workspace's validation record of `r`'s model is of these very bytes, with
+    /// this pin, and passes under the contract (a rerun does not validate it again).
+    fn validated_before(&self, r: &BuildRecord) -> bool {
+        read_json::<crate::gate::ValidationRecord>(&self.workspace.validation(&r.id)).is_some_and(
+            |v| {
+                v.artifact_sha256 == r.artifact.sha256
+                    && v.tinygrad_commit == self.pin
+                    && crate::validate::passes(&v, self.contract)
+            },
+        )
+    }
     /// One planned model: skipped when its success record still counts, else built, its
     /// success or failure record written (each replacing the other).
     fn attempt(
         &self,
         builder: &mut dyn Builder,
         p: &PlannedModel,
+        fetched: Option<Result<Vec<PathBuf>, BuildError>>,
         say: &mut dyn FnMut(&str),
     ) -> Result<Attempt> {
         let ws = &self.workspace;
@@ -535,7 +797,7 @@ impl Rebuild {
             return Ok(Attempt::Skipped(r));
         }
         let log = ws.build_log(id);
-        match self.build_one(builder, p, &log, say) {
+        match self.build_one(builder, p, fetched, &log, say) {
             Ok(record) => {
                 write_json(&record_path, &record)?;
                 let _ = atomic::remove_if_exists(&failure_path);
@@ -599,12 +861,21 @@ impl Rebuild {
         &self,
         builder: &mut dyn Builder,
         p: &PlannedModel,
+        fetched: Option<Result<Vec<PathBuf>, BuildError>>,
         log: &Path,
         say: &mut dyn FnMut(&str),
     ) -> Result<BuildRecord, BuildError> {
         let id = &p.source.id;
-        say("fetching sources");
-        let sources = builder.fetch_sources(p, &self.workspace.onnx(id), say)?;
+        let sources = match fetched {
+            Some(fetched) => {
+                say("sources fetched while the model before compiled");
+                fetched?
+            }
+            None => {
+                say("fetching sources");
+                builder.fetch_sources(p, &self.workspace.onnx(id), say)?
+            }
+        };
         say(&format!(
             "compiling ({}, {}{})",
             p.version,
@@ -721,6 +992,8 @@ impl Rebuild {
     }
 }
 
+#[cfg(test)]
+mod overlap_tests;
 #[cfg(test)]
 mod receipt_tests;
 #[cfg(test)]

@@ -101,6 +101,71 @@ pub fn validation_record(
     }
 }
 
+/// The device job of `validate --model ID` (and `rebuild --validate`) for the chunk set at
+/// `artifact`, after the runtime gate (its stamp and receipt against the contract of `pin`'s
+/// generation), with that contract's latency bound; and the contract.
+pub struct DeviceValidation<'a> {
+    pub id: &'a ModelId,
+    pub version: BehaviorVersion,
+    pub artifact: &'a Path,
+    pub log: &'a Path,
+    pub models_dir: &'a compiler_remote::RemotePath,
+    pub python: &'a str,
+}
+
+impl DeviceValidation<'_> {
+    /// The job, once the runtime gate passed, and the contract of `pin`'s generation.
+    pub fn job(
+        &self,
+        pins: &manifest::PinTable,
+        pin: &GitCommit,
+    ) -> Result<(compiler_remote::ValidateJob, &'static manifest::Contract)> {
+        let contract =
+            crate::loadable::gate_validate(self.id, self.version, self.artifact, pins, pin)?;
+        let job = compiler_remote::ValidateJob {
+            id: self.id.clone(),
+            version: self.version,
+            artifact: self.artifact.to_path_buf(),
+            models_dir: self.models_dir.clone(),
+            python: self.python.to_string(),
+            log: self.log.to_path_buf(),
+            // The contract's latency bound, given to the validator as upstream's rebuild does.
+            latency_bound: crate::loadable::latency_bound(contract),
+        };
+        Ok((job, contract))
+    }
+}
+
+/// The device's verdict written as the validation record at `record` (what the publish gate
+/// reads), and whether it passes: every resolution passed and, where `contract` bounds the
+/// p95 latency, the device reported one within the bound.
+pub fn record_verdict(
+    id: &ModelId,
+    version: BehaviorVersion,
+    pin: GitCommit,
+    verdict: compiler_remote::Verdict,
+    log: PathBuf,
+    record: &Path,
+    contract: &manifest::Contract,
+) -> Result<(ValidationRecord, bool)> {
+    let rec = validation_record(id, version, pin, verdict, log);
+    crate::records::write(record, &rec)?;
+    let passed = passes(&rec, contract);
+    Ok((rec, passed))
+}
+
+/// Whether `rec` lets its model ship under `contract`: every resolution passed, and a p95
+/// latency within the contract's bound when it has one.
+pub fn passes(rec: &ValidationRecord, contract: &manifest::Contract) -> bool {
+    let p95 = crate::loadable::reported_p95(rec, contract);
+    rec.passed()
+        && match (contract.validation_p95_ms, p95) {
+            (Some(bound), Some(p)) => p <= f64::from(bound),
+            (Some(_), None) => false,
+            (None, _) => true,
+        }
+}
+
 /// What `validate --check KIND` was given.
 #[derive(Debug, Clone)]
 pub struct CheckFlags<'a> {

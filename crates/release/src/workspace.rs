@@ -7,6 +7,7 @@
 //! <workspace>/logs/preflight.log           the latest preflight's output
 //! <workspace>/results/<id>.json            success record (what was built, with which pin)
 //! <workspace>/results/<id>.failure.json    failure record of the latest attempt
+//! <workspace>/results/<id>.upload.json     what `rebuild --upload-to` put in each store
 //! <workspace>/results/preflight.json, <id>.validation.json, <check>[.<W>x<H>].check.json,
 //!                    rehearsal.json        the gate's records (crate::records)
 //! <workspace>/ready/<id>/<id>_driving_tinygrad.pkl.chunkNNofMM + .sha256 + .chunkmanifest
@@ -101,6 +102,11 @@ impl Workspace {
     /// `results/<id>.failure.json`: the model's latest failed attempt.
     pub fn failure_record(&self, id: &ModelId) -> PathBuf {
         self.results().join(format!("{id}.failure.json"))
+    }
+
+    /// `results/<id>.upload.json`: what `rebuild --upload-to` put in each store.
+    pub fn upload_record(&self, id: &ModelId) -> PathBuf {
+        self.results().join(format!("{id}.upload.json"))
     }
 
     /// `results/preflight.json`.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 use compiler_remote::{
     CompileJob, CompileRequest, Compiler, ConnectOptions, Destination, DmJob, InputFormat,
-    RemotePath, ValidateJob,
+    RemotePath,
 };
 use manifest::{BehaviorVersion, GitCommit, ModelId};
 use serde::Serialize;
@@ -692,23 +692,18 @@ pub fn validate(args: ValidateArgs) -> CliResult {
     .map_err(validate_error)?;
     let pin = args.remote.pin()?;
     // The runtime gate before anything is sent: the artifact's stamp and build receipt.
-    let contract = release::loadable::gate_validate(
+    let (job, contract) = release::validate::DeviceValidation {
         id,
         version,
-        &artifact,
+        artifact: &artifact,
+        log: &log,
+        models_dir: &args.remote_models_dir,
+        python: &args.python,
+    }
+    .job(
         &release::tree::load_pins(args.remote.openpilot.as_deref())?,
         &pin,
     )?;
-    let job = ValidateJob {
-        id: id.clone(),
-        version,
-        artifact: artifact.clone(),
-        models_dir: args.remote_models_dir.clone(),
-        python: args.python.clone(),
-        log: log.clone(),
-        // The contract's latency bound, given to the validator as upstream's rebuild does.
-        latency_bound: release::loadable::latency_bound(contract),
-    };
     if args.dry_run {
         let (mut plan, set) =
             compiler_remote::dry_run::validate(&args.remote.connect_options(), &job, &pin)
@@ -729,13 +724,20 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         .connect()?
         .validate(&job, &pin, &mut live)
         .map_err(remote_error)?;
-    let rec = release::validate::validation_record(id, version, pin, verdict, log.clone());
-    release::records::write(&record, &rec).map_err(release_error)?;
+    let (rec, passed) = release::validate::record_verdict(
+        id,
+        version,
+        pin,
+        verdict,
+        log.clone(),
+        &record,
+        contract,
+    )
+    .map_err(release_error)?;
     // The p95 latency the device reported, against the contract's bound (the record keeps it
     // in the device's verdict; publish requires the bound again).
     let p95_ms = release::loadable::reported_p95(&rec, contract);
     let over_bound = over_bound(contract, &rec, p95_ms);
-    let passed = rec.passed() && over_bound.is_none();
     if args.json {
         print_json(&ValidateReport {
             model: id,

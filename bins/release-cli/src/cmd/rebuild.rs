@@ -7,7 +7,7 @@ use std::time::Instant;
 use artifact_store::StoreSpec;
 use clap::Args;
 use manifest::{Generation, ModelId};
-use release::rebuild::{DEFAULT_SOURCES, Progress, Rebuild, RemoteBuilder};
+use release::rebuild::{DEFAULT_SOURCES, Overlap, Progress, Rebuild, RemoteBuilder, StoreUploader};
 
 use crate::cmd::build::{RemoteArgs, render_plan};
 use crate::output::{print_json, remote_error};
@@ -34,6 +34,37 @@ pub struct RebuildArgs {
     /// Only these models (default: every source-map model that is in the base manifest).
     #[arg(long = "model", value_name = "ID")]
     pub models: Vec<ModelId>,
+    /// Upload each finished model's artifact files (chunks, `.sha256`, `.chunkmanifest`; never a
+    /// manifest) to this store from a background worker while the next model compiles, as
+    /// publish uploads them (same store forms as publish's --to; repeat for several, the Hub
+    /// before GitHub). Recorded in results/<id>.upload.json once the store has them; a rerun
+    /// skips what is recorded and still there, and publish, still gated as always, then
+    /// uploads only what is missing and the manifest last. A failed upload does not stop the
+    /// compiles: the summary names it and publish uploads it.
+    #[arg(long = "upload-to", value_name = "STORE", value_parser = StoreSpec::parse)]
+    pub upload_to: Vec<StoreSpec>,
+    /// Validate each model on the device right after its compile, as `validate --model ID
+    /// --workspace DIR` does (same job, same record results/<id>.validation.json, read by the
+    /// publish gate); a model done earlier is validated again only without a passing record of
+    /// its bytes. With --upload-to, only a passing model is uploaded.
+    #[arg(long)]
+    pub validate: bool,
+    /// With --validate: the models directory on the compiler the validator reads.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/data/models",
+        requires = "validate"
+    )]
+    pub remote_models_dir: compiler_remote::RemotePath,
+    /// With --validate: the Python the validator runs with on the compiler.
+    #[arg(
+        long,
+        value_name = "PROGRAM",
+        default_value = "/usr/local/venv/bin/python3",
+        requires = "validate"
+    )]
+    pub python: String,
     #[command(flatten)]
     pub access: artifact_store::StoreAccess,
     /// Make the checks a rebuild makes before building (the one-compiler policy, the pin, the
@@ -47,10 +78,12 @@ pub struct RebuildArgs {
     /// Print the final summary `{"workspace","generation","tinygrad_commit","manifest","compiled",
     /// "skipped","failed","not_attempted","not_in_catalog","without_artifact",
     /// "variants_dropped":[{"id","variant","reason"}],"set_aside"?,"models":[{"id","status",
-    /// "error"?}]}` (`set_aside`: where the previous generation's release was moved)
+    /// "error"?,"validation"?}],"uploads"?:[{"id","store","status","error"?}]}` (`set_aside`:
+    /// where the previous generation's release was moved; `uploads` with --upload-to)
     /// (with --dry-run `{"dry_run":true,"workspace",
     /// "generation","tinygrad_commit","sources","manifest","not_in_catalog","models":[{"id",
-    /// "action":"skip"|"build","version","source_id","input_format","gpu","fetch"?,"plan"?}]}`,
+    /// "action":"skip"|"build","version","source_id","input_format","gpu","fetch"?,"plan"?}],
+    /// "validate","upload_to":[STORE]}`,
     /// `plan` shaped as `compile --dry-run --json`'s).
     #[arg(long)]
     pub json: bool,
@@ -78,8 +111,26 @@ pub fn run(args: RebuildArgs) -> CliResult {
         pin,
         &mut sink,
     )
-    .with_contract(rebuild.contract);
-    let summary = rebuild.run(&mut builder, &mut |p: Progress<'_>| {
+    .with_contract(rebuild.contract)
+    .with_device_check(release::rebuild::DeviceCheck {
+        pins: release::tree::load_pins(args.remote.openpilot.as_deref())?,
+        models_dir: args.remote_models_dir.clone(),
+        python: args.python.clone(),
+    });
+    let uploader = match args.upload_to.is_empty() {
+        true => None,
+        false => Some(Box::new(StoreUploader::open(
+            &args.upload_to,
+            &args.access,
+            args.generation,
+            rebuild.contract,
+        )?) as Box<dyn release::rebuild::Uploader>),
+    };
+    let overlap = Overlap {
+        validate: args.validate,
+        uploader,
+    };
+    let summary = rebuild.run_with(&mut builder, overlap, &mut |p: Progress<'_>| {
         cli_support::info!(
             "[model {} of {}] {}: {} ({}s elapsed)",
             p.index + 1,
@@ -178,6 +229,14 @@ fn print_summary(
                 o.error.as_deref().unwrap_or_default()
             )?;
         }
+        for o in summary
+            .models
+            .iter()
+            .filter(|o| o.validation == Some("failed"))
+        {
+            crate::outln!("  FAILED device validation {} (not uploaded)", o.id)?;
+        }
+        print_uploads(&summary.uploads)?;
         not_in_catalog(&summary.not_in_catalog)?;
         crate::outln!(
             "manifest: {} ({} of {} models have a {} artifact)",
@@ -201,8 +260,18 @@ fn print_summary(
 /// `rebuild --dry-run`: which models a run would skip or build, and how, changing nothing.
 fn dry_run(args: &RebuildArgs, rebuild: &Rebuild) -> CliResult {
     let report = rebuild.dry_run(&args.remote.connect_options(), &args.sources.to_string())?;
+    artifact_store::publish::check_store_order(&args.upload_to)
+        .map_err(release::Error::PublishInput)?;
+    let stores: Vec<String> = args
+        .upload_to
+        .iter()
+        .map(release::publish::canonical_store_name)
+        .collect();
     if args.json {
-        return print_json(&report);
+        let mut v = serde_json::to_value(&report).map_err(CliError::failure)?;
+        v["validate"] = args.validate.into();
+        v["upload_to"] = serde_json::to_value(&stores).map_err(CliError::failure)?;
+        return print_json(&v);
     }
     let building = report.building();
     crate::outln!(
@@ -234,9 +303,41 @@ fn dry_run(args: &RebuildArgs, rebuild: &Rebuild) -> CliResult {
             )?,
         }
     }
+    let ids: Vec<&str> = report.models.iter().map(|m| m.id.as_str()).collect();
+    for store in &stores {
+        crate::outln!(
+            "  upload {} -> {store} (artifact files only, each model once built{}, in the \
+             background; what results/<id>.upload.json records there is skipped)",
+            ids.join(", "),
+            if args.validate { " and validated" } else { "" }
+        )?;
+    }
     not_in_catalog(&report.not_in_catalog)?;
     crate::outln!("  would write  {}", report.manifest.display())?;
     cli_support::info!("next: run the same command without --dry-run");
+    Ok(())
+}
+
+/// With --upload-to: how many models each store got, and each failed upload with its error.
+fn print_uploads(uploads: &[release::rebuild::UploadOutcome]) -> CliResult {
+    if uploads.is_empty() {
+        return Ok(());
+    }
+    let n = |s: &str| uploads.iter().filter(|u| u.status == s).count();
+    crate::outln!(
+        "uploads: {} uploaded, {} recorded earlier and still there, {} failed",
+        n("uploaded"),
+        n("recorded"),
+        n("failed")
+    )?;
+    for u in uploads.iter().filter(|u| u.status == "failed") {
+        crate::outln!(
+            "  upload FAILED {} to {}: {}; publish will upload it",
+            u.id,
+            u.store,
+            u.error.as_deref().unwrap_or_default()
+        )?;
+    }
     Ok(())
 }
 

@@ -2,9 +2,10 @@
 //! the store is complete, run the release guard against its live manifest, then write the
 //! signature and the manifest last (the order is in [`super`]'s module comment).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use manifest::{Manifest, ModelId, StoreLayout};
+use chunker::Sha256Digest;
+use manifest::{Generation, Manifest, ModelId, StoreLayout};
 
 use super::inspect::{Look, check_entry};
 use super::{
@@ -17,13 +18,30 @@ use crate::progress::{Tally, Transfer};
 use crate::retry::RetryPolicy;
 use crate::store::Store;
 
-fn observe(store: &dyn Store, path: &StorePath, want: &LocalFile) -> Result<Observed> {
+/// Files a record says a store holds, by store path: the size and SHA-256 they were uploaded
+/// with, recorded only once the store had them (`rebuild --upload-to`'s upload record).
+pub type KnownFiles = BTreeMap<String, (u64, Sha256Digest)>;
+
+/// What the store holds at `path` for `want`. A file `known` names with `want`'s size and
+/// digest, at that size in the store, is taken as that digest without reading it back.
+fn observe(
+    store: &dyn Store,
+    path: &StorePath,
+    want: &LocalFile,
+    known: &KnownFiles,
+) -> Result<Observed> {
     match store.stat(path)? {
         None => Ok(Observed::Missing),
         Some(s) if s.size != want.size => Ok(Observed::Present {
             size: s.size,
             sha256: None,
         }),
+        Some(s) if known.get(path.as_str()) == Some(&(s.size, want.sha256)) => {
+            Ok(Observed::Present {
+                size: s.size,
+                sha256: Some(want.sha256),
+            })
+        }
         Some(s) => {
             let sha256 = store.sha256(path)?.map(|(d, _)| d);
             Ok(Observed::Present {
@@ -44,23 +62,14 @@ pub(super) fn publish_one(
     store: &dyn Store,
     opts: &PublishOptions,
     signature: SignatureAction<'_>,
+    known: &KnownFiles,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<StoreReport> {
     let name = store.describe();
     let layout = StoreLayout::HfBucket;
     // 1. Plan every model from what the store holds now, then (unless a dry run) carry it out.
-    let plans = plan_store(store, local, opts)?;
-    let mut rep = StoreReport {
-        store: name.clone(),
-        steps: plans.iter().flat_map(|(_, s)| s.clone()).collect(),
-        uploaded_files: 0,
-        uploaded_bytes: 0,
-        skipped_files: 0,
-        first_publish: false,
-        manifest: "unchanged",
-        manifest_path: layout.manifest_path(opts.generation).to_string(),
-        signature: None,
-    };
+    let plans = plan_store(store, local, opts.generation, known)?;
+    let mut rep = new_report(name.clone(), &plans, opts.generation);
     if !opts.dry_run {
         upload(store, &plans, opts.retry, &mut rep, on_event)?;
     } else {
@@ -123,19 +132,66 @@ pub(super) fn publish_one(
 /// A model's plan in one store: its local artifact and its steps.
 type ModelPlan<'a> = (&'a LocalArtifact, Vec<Step>);
 
+/// A store's report before anything is done: the plan's steps, nothing uploaded yet.
+fn new_report(store: String, plans: &[ModelPlan<'_>], generation: Generation) -> StoreReport {
+    StoreReport {
+        store,
+        steps: plans.iter().flat_map(|(_, s)| s.clone()).collect(),
+        uploaded_files: 0,
+        uploaded_bytes: 0,
+        skipped_files: 0,
+        first_publish: false,
+        manifest: "unchanged",
+        manifest_path: StoreLayout::HfBucket.manifest_path(generation).to_string(),
+        signature: None,
+    }
+}
+
+/// Step 1 alone, for `rebuild --upload-to`: the files of `local` that `store` lacks, uploaded
+/// in publish's order (chunks, `.sha256`, `.chunkmanifest` last) with publish's retries; never
+/// a manifest or a signature, and never a removal. An artifact whose plan would retract or
+/// remove a file the store holds (other bytes under its name, perhaps live) is refused whole
+/// before anything is written: only publish, after its gates, replaces such files.
+pub fn upload_artifacts(
+    store: &dyn Store,
+    local: &[LocalArtifact],
+    generation: Generation,
+    retry: RetryPolicy,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<StoreReport> {
+    let plans = plan_store(store, local, generation, &KnownFiles::new())?;
+    let removes = plans.iter().flat_map(|(_, s)| s).find_map(|s| match s {
+        Step::Retract { path } | Step::RemoveShadowingPlain { path } => Some(path),
+        _ => None,
+    });
+    if let Some(path) = removes {
+        return Err(Error::Unsupported {
+            store: store.describe(),
+            path: path.clone(),
+            reason: "the store holds other bytes under this artifact's name; only publish, \
+                     after its gates, replaces them"
+                .into(),
+        });
+    }
+    let mut rep = new_report(store.describe(), &plans, generation);
+    upload(store, &plans, retry, &mut rep, on_event)?;
+    Ok(rep)
+}
+
 /// Step 1's plan: every model's steps from what the store holds now.
 fn plan_store<'a>(
     store: &dyn Store,
     local: &'a [LocalArtifact],
-    opts: &PublishOptions,
+    generation: Generation,
+    known: &KnownFiles,
 ) -> Result<Vec<ModelPlan<'a>>> {
     let layout = StoreLayout::HfBucket;
     let mut plans = Vec::new();
     for art in local {
-        let dir = layout.artifact_dir(opts.generation, &art.id);
+        let dir = layout.artifact_dir(generation, &art.id);
         let mut observed = Vec::new();
         for f in &art.files {
-            observed.push(observe(store, &dir.join(&f.name)?, f)?);
+            observed.push(observe(store, &dir.join(&f.name)?, f, known)?);
         }
         // A plain file shadows a chunk set; a plain variant is itself the file to upload.
         let chunked = art

@@ -44,6 +44,7 @@ mod plan;
 
 pub use ahead::{GithubOnly, HubManifest, check_github_only, decide_github_only};
 use execute::publish_one;
+pub use execute::{KnownFiles, upload_artifacts};
 pub use inspect::{StoreProblem, StoreProblemKind, VariantTarget, variant_targets};
 pub use plan::*;
 
@@ -614,6 +615,30 @@ pub fn publish_signed(
     signature: SignatureAction<'_>,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<PublishReport> {
+    publish_known(
+        manifest,
+        artifacts_dir,
+        stores,
+        opts,
+        signature,
+        &[],
+        on_event,
+    )
+}
+
+/// [`publish_signed`], where `known[i]` names files the store `stores[i]` is recorded to hold
+/// ([`KnownFiles`], `rebuild --upload-to`'s record): such a file found at its recorded size is
+/// planned as holding its recorded digest, not read back to hash it, except with
+/// `--deep-verify` or where reads are local. Everything else is as [`publish_signed`].
+pub fn publish_known(
+    manifest: &Manifest,
+    artifacts_dir: &Path,
+    stores: &[&dyn Store],
+    opts: &PublishOptions,
+    signature: SignatureAction<'_>,
+    known: &[KnownFiles],
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<PublishReport> {
     if let Some(g) = manifest.generation()
         && g != opts.generation
     {
@@ -642,7 +667,12 @@ pub fn publish_signed(
         models: intended.iter().map(|i| i.to_string()).collect(),
         stores: Vec::new(),
     };
-    for store in stores {
+    let none = KnownFiles::new();
+    for (i, store) in stores.iter().enumerate() {
+        let known = known
+            .get(i)
+            .filter(|_| !opts.deep_verify && !store.reads_are_local())
+            .unwrap_or(&none);
         report.stores.push(publish_one(
             manifest,
             &manifest_bytes,
@@ -651,6 +681,7 @@ pub fn publish_signed(
             *store,
             opts,
             signature,
+            known,
             on_event,
         )?);
     }

@@ -282,23 +282,35 @@ pub fn prepare_local_for(
     ids.sort();
     let mut out = Vec::new();
     for id in ids {
-        let entry = manifest.get(&id).ok_or_else(|| {
-            Error::Refused(Refusal::NoManifestEntry {
-                path: dir.join(id.as_str()),
-                model: id.clone(),
-            })
-        })?;
-        out.push(prepare_model(
-            dir,
-            &id,
-            entry,
-            contract.plain_file_when_one_chunk,
-        )?);
-        for target in super::inspect::variant_targets(entry).into_iter().flatten() {
-            let logical = dir.join(id.as_str()).join(&target.file_name);
-            if let Some(found) = chunker::resolve(&logical)? {
-                out.push(prepare_variant(&id, &logical, found, &target)?);
-            }
+        out.extend(prepare_one(dir, &id, manifest, contract)?);
+    }
+    Ok(out)
+}
+
+/// One model of the artifacts directory `dir` as [`prepare_local_for`] reads it: `<id>/`'s
+/// artifact, then each accelerator variant found beside it, verified against `manifest`.
+pub fn prepare_one(
+    dir: &Path,
+    id: &ModelId,
+    manifest: &Manifest,
+    contract: &manifest::Contract,
+) -> Result<Vec<LocalArtifact>> {
+    let entry = manifest.get(id).ok_or_else(|| {
+        Error::Refused(Refusal::NoManifestEntry {
+            path: dir.join(id.as_str()),
+            model: id.clone(),
+        })
+    })?;
+    let mut out = vec![prepare_model(
+        dir,
+        id,
+        entry,
+        contract.plain_file_when_one_chunk,
+    )?];
+    for target in super::inspect::variant_targets(entry).into_iter().flatten() {
+        let logical = dir.join(id.as_str()).join(&target.file_name);
+        if let Some(found) = chunker::resolve(&logical)? {
+            out.push(prepare_variant(id, &logical, found, &target)?);
         }
     }
     Ok(out)

@@ -20,10 +20,22 @@ pub struct RemoteBuilder<'a> {
     pub pin: GitCommit,
     /// Live compiler output.
     pub live: &'a mut dyn FnMut(&str),
-    store: Option<Box<dyn Store>>,
+    /// The sources of the model in turn (the first; the rest come from [`Builder::fetcher`]'s).
+    in_turn: super::StoreFetcher,
     compiler: Option<Compiler>,
     /// The contract whose accelerator variant this builder builds (v25 until told).
     contract: &'static manifest::Contract,
+    /// How `rebuild --validate` validates on the device (`None`: it cannot).
+    device_check: Option<DeviceCheck>,
+}
+
+/// What `validate` takes besides the workspace: the pins (the runtime gate's contract), the
+/// models directory on the compiler and the validator's Python (`validate`'s defaults).
+#[derive(Debug, Clone)]
+pub struct DeviceCheck {
+    pub pins: manifest::PinTable,
+    pub models_dir: compiler_remote::RemotePath,
+    pub python: String,
 }
 
 impl<'a> RemoteBuilder<'a> {
@@ -35,15 +47,22 @@ impl<'a> RemoteBuilder<'a> {
         live: &'a mut dyn FnMut(&str),
     ) -> Self {
         Self {
+            in_turn: super::StoreFetcher::new(sources.clone(), access.clone()),
             sources,
             access,
             connect,
             pin,
             live,
-            store: None,
             compiler: None,
             contract: manifest::ContractName::V25.contract(),
+            device_check: None,
         }
+    }
+
+    /// Validate on the device after each compile (`rebuild --validate`) with `check`.
+    pub fn with_device_check(mut self, check: DeviceCheck) -> Self {
+        self.device_check = Some(check);
+        self
     }
 
     /// Build the accelerator variant of `contract` (v26: `amd`) instead of v25's.
@@ -60,12 +79,56 @@ impl Builder for RemoteBuilder<'_> {
         dir: &Path,
         _say: &mut dyn FnMut(&str),
     ) -> Result<Vec<PathBuf>, BuildError> {
-        if self.store.is_none() {
-            let store = self.sources.open(&self.access).map_err(BuildError::run)?;
-            self.store = Some(store);
+        use super::SourceFetcher;
+        self.in_turn.fetch(model, dir)
+    }
+
+    /// The next model's sources from the same store, on a store client of their own.
+    fn fetcher(&self) -> Option<Box<dyn super::SourceFetcher>> {
+        Some(Box::new(super::StoreFetcher::new(
+            self.sources.clone(),
+            self.access.clone(),
+        )))
+    }
+
+    /// `validate --model ID --workspace WS`'s job on the same session: the runtime gate, the
+    /// device's verdict, the record `results/<id>.validation.json`.
+    fn validate(
+        &mut self,
+        model: &PlannedModel,
+        ws: &crate::Workspace,
+        say: &mut dyn FnMut(&str),
+    ) -> Result<bool, BuildError> {
+        let Some(check) = self.device_check.clone() else {
+            return Err(BuildError::run("this builder was not given a device check"));
+        };
+        let id = &model.source.id;
+        let (artifact, log) = (ws.ready_artifact(id), ws.validate_log(id));
+        let (job, contract) = crate::validate::DeviceValidation {
+            id,
+            version: model.version,
+            artifact: &artifact,
+            log: &log,
+            models_dir: &check.models_dir,
+            python: &check.python,
         }
-        let store = self.store.as_deref().expect("opened");
-        fetch_sources(store, &model.source.source_id, dir).map_err(BuildError::model)
+        .job(&check.pins, &self.pin)
+        .map_err(BuildError::model)?;
+        self.connect_once(say)?;
+        let c = self.compiler.as_ref().expect("connected");
+        let verdict = c.validate(&job, &self.pin, &mut *self.live)?;
+        let record = ws.validation(id);
+        let (_, passed) = crate::validate::record_verdict(
+            id,
+            model.version,
+            self.pin.clone(),
+            verdict,
+            log,
+            &record,
+            contract,
+        )
+        .map_err(BuildError::run)?;
+        Ok(passed)
     }
 
     fn compile(
