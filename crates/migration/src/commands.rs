@@ -12,13 +12,14 @@ use crate::device::Device;
 use crate::downloads::{DownloadPlanReport, DownloadReport, download_all, download_model};
 use crate::error::{Error, Result};
 use crate::lock::ManagerLock;
-use crate::manager::{self, GcPlan, GcReport, RefreshReport, unix_now};
+use crate::manager::{self, GcPlan, GcReport, RefreshReport};
 use crate::next_step::{code, failure};
 use crate::preview::{self, RefreshPlan};
 use crate::progress::Progress;
 use crate::render::command::DownloadDocument;
 use crate::render::{StderrProgress, VerifyDocument};
 use crate::tree::TreeStatus;
+use manifest::UnixSeconds;
 
 /// `refresh`: a person's refresh (every pending model is tried now, whatever its backoff), its
 /// progress labelled `selected model`.
@@ -37,7 +38,7 @@ pub fn refresh(
         dl,
         &CancelToken::new(),
         &print,
-        unix_now(),
+        UnixSeconds::now().0,
         Caller::Person,
     );
     progress.finish();
@@ -47,7 +48,7 @@ pub fn refresh(
 /// `refresh --dry-run`: the person's refresh in plan mode. Failing, the real run's error, with
 /// what the real run would still write before failing.
 pub fn refresh_dry_run(device: &Device, dl: &Downloader) -> Result<RefreshPlan, Failure> {
-    preview::refresh(device, dl, unix_now(), Caller::Person).or_else(|e| {
+    preview::refresh(device, dl, UnixSeconds::now().0, Caller::Person).or_else(|e| {
         let before = preview::refresh_failure(device, &e)?;
         Err(crate::render::dry_run::refresh_failure(e, &before))
     })

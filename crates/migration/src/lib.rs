@@ -54,7 +54,6 @@ pub use journal::{Journal, Phase, read_journal};
 pub use lock::ManagerLock;
 pub use manager::{
     GcPlan, GcReport, RefreshReport, gc, install, install_target, refresh, refresh_as, refresh_at,
-    unix_now,
 };
 pub use params::Params;
 pub use progress::{DisplayName, FailReason, Progress, ProgressFn, Transferred};

@@ -773,7 +773,10 @@ pub fn notice_failed_start(device: &Device) -> Result<Option<(ModelId, Sha256Dig
     match poison_decision(&running, Some(&seen), catalog_sha.as_ref()) {
         Poison::Mark { id, sha256 } => {
             let reason = source.rule.selected_load_failed;
-            Ok(mark_bad(device, &id, &sha256, reason, crate::unix_now())?.then_some((id, sha256)))
+            Ok(
+                mark_bad(device, &id, &sha256, reason, manifest::UnixSeconds::now().0)?
+                    .then_some((id, sha256)),
+            )
         }
         Poison::No(_) => Ok(None),
     }
@@ -982,7 +985,7 @@ impl Watcher {
             poison_decision(&running, self.seen.as_ref(), catalog_sha.as_ref())
         {
             let reason = source.rule.selected_load_failed;
-            match mark_bad(device, &id, &sha256, reason, crate::unix_now()) {
+            match mark_bad(device, &id, &sha256, reason, manifest::UnixSeconds::now().0) {
                 Ok(true) => log(&format!(
                     "modeld could not start {id}'s artifact {}: marked bad; the bundled model \
                      stays in use, the choice stays saved, and it is not downloaded again until \

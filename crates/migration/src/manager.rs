@@ -24,7 +24,7 @@ use fs_err as fs;
 use std::collections::BTreeSet;
 
 use downloader::{CancelToken, Downloader, Event, Installed};
-use manifest::{Generation, ModelEntry, ModelId};
+use manifest::{Generation, ModelEntry, ModelId, UnixSeconds};
 use serde::Serialize;
 
 use crate::choice::{self, Caller, Failure, Fate};
@@ -39,11 +39,6 @@ use crate::params::keys;
 use crate::plan::{self, InstallStep};
 use crate::progress::{Progress, ProgressFn, Transferred};
 use crate::view::{DeviceView, param_slots};
-
-/// Seconds since the epoch (0 if the clock is before it).
-pub fn unix_now() -> u64 {
-    manifest::UnixSeconds::now().0
-}
 
 /// Steps 1–2 of a migration (journal, built-in everywhere, purge), or where an interrupted
 /// one stands. `catalog` is the new generation's, or the offline stand-in (built-in and local
@@ -129,7 +124,7 @@ pub fn refresh(
     cancel: &CancelToken,
     progress: ProgressFn,
 ) -> Result<RefreshReport> {
-    refresh_at(device, dl, cancel, progress, unix_now())
+    refresh_at(device, dl, cancel, progress, UnixSeconds::now().0)
 }
 
 /// [`refresh`] at a given time (Unix seconds), which decides which retries are due (the

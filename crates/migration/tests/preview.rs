@@ -167,7 +167,7 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
 
 #[test]
 fn the_dry_run_names_exactly_what_the_refresh_then_changes() {
-    let now = migration::unix_now();
+    let now = manifest::UnixSeconds::now().0;
     let origin = Origin::start();
     // A generation migration, with each kind of selection.
     for (label, params) in [
@@ -243,7 +243,7 @@ fn a_retry_not_due_is_waited_for_and_an_outdated_copy_stays_in_use() {
     // stays in use and the model is retried later.
     origin.republish("pop223", 7);
     origin.refuse("pop223");
-    let now = migration::unix_now();
+    let now = manifest::UnixSeconds::now().0;
     migration::refresh_at(
         &f.device(),
         &origin.downloader(),
@@ -372,8 +372,9 @@ fn an_offline_dry_run_fails_as_the_refresh_and_names_its_first_boot() {
     let device = f.device();
     let dl = origin.downloader();
     let before = f.snapshot();
-    let e = migration::preview::refresh(&device, &dl, migration::unix_now(), Caller::Daemon)
-        .unwrap_err();
+    let e =
+        migration::preview::refresh(&device, &dl, manifest::UnixSeconds::now().0, Caller::Daemon)
+            .unwrap_err();
     let plan = migration::preview::refresh_failure(&device, &e).unwrap();
     assert_eq!(f.snapshot(), before, "the dry run changed the device");
     assert_eq!(plan.migrate_from, Some(Some("v24".to_string())), "{plan:?}");
@@ -416,8 +417,9 @@ fn an_offline_dry_run_fails_as_the_refresh_and_names_its_first_boot() {
     );
 
     // Now on the way (journal past its purge): offline again, nothing more is written.
-    let e = migration::preview::refresh(&device, &dl, migration::unix_now(), Caller::Daemon)
-        .unwrap_err();
+    let e =
+        migration::preview::refresh(&device, &dl, manifest::UnixSeconds::now().0, Caller::Daemon)
+            .unwrap_err();
     let again = migration::preview::refresh_failure(&device, &e).unwrap();
     assert!(again.is_empty(), "{again:?}");
 }

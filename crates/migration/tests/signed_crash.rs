@@ -20,7 +20,7 @@ use migration::{Device, Effects};
 const RELEASE_PARAM: &str = "ModelManifestAcceptedRelease";
 
 fn sign(kp: &minisign::KeyPair, data: &[u8], release: u64) -> String {
-    let expires = manifest::UnixSeconds::now().plus_days(1).unwrap();
+    let expires = manifest::UnixSeconds::now().plus_days(1).unwrap().0;
     minisign::sign(
         Some(&kp.pk),
         &kp.sk,
@@ -96,7 +96,7 @@ fn a_crash_after_any_effect_of_a_signed_refresh_then_a_rerun_ends_as_an_uninterr
         let replayed = migration::preview::refresh(
             &device,
             &dl(&replay),
-            migration::unix_now(),
+            manifest::UnixSeconds::now().0,
             Caller::Daemon,
         );
         assert_eq!(
