@@ -813,8 +813,8 @@ pub fn stale_files(
         } else if let Some(e) =
             chunker::member_of(file).and_then(|l| by_logical.get(&format!("{dir}/{l}")))
         {
-            match chunker::parse_chunk_name(&e.name, file) {
-                Some((_, n)) if n != e.count => (
+            match chunker::form_of(&e.name, file) {
+                Some(chunker::Form::Chunk { count: n, .. }) if n != e.count => (
                     FindingKind::OtherSplit,
                     format!(
                         "a chunk of a {n}-chunk split; the manifest lists {}",

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use artifact_store::signing::{VerifyingKey, check_signature};
 use artifact_store::{Store, StoreAccess, StoreSpec};
-use chunker::{Hasher, SMALL_FILE_LIMIT};
+use chunker::{Form, Hasher, SMALL_FILE_LIMIT};
 use manifest::{Generation, Limits, Manifest, StoreLayout, StorePath};
 
 use super::{MendContext, Report, Rules, SignatureRead, Snapshot, StoreRef, expected_artifacts};
@@ -226,7 +226,10 @@ fn read_small_files(
 ) -> BTreeMap<String, std::result::Result<Vec<u8>, String>> {
     let mut small = BTreeMap::new();
     for path in files.keys() {
-        if !(path.ends_with(".chunkmanifest") || path.ends_with(".sha256")) {
+        if !matches!(
+            chunker::member_form(path),
+            Some((_, Form::ChunkManifest | Form::Sidecar))
+        ) {
             continue;
         }
         let Ok(p) = path.parse::<StorePath>() else {
