@@ -437,7 +437,6 @@ pub fn gather(
         .map(Path::to_path_buf)
         .or_else(|| recs.preflight.as_ref().map(|p| p.openpilot.clone()))
         .filter(|p| p.is_dir());
-    // The pin table, read once: the tree's (its error is status's), else the built-in one.
     let pins = crate::tree::load_pins(op.as_deref())?;
     let tree = op.as_deref().map(|op| tree_status(op, &pins)).transpose()?;
     let generation = generation.or(tree.as_ref().and_then(|t| t.pin_generation));
