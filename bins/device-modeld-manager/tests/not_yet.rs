@@ -207,7 +207,7 @@ fn a_refresh_by_hand_retries_a_pending_model_at_once() {
         let retry = w.retry().expect("a real failure is recorded");
         assert_eq!(retry["failures"], 1, "{retry}");
         assert!(
-            retry["next_unix"].as_u64().unwrap() > migration::unix_now() + 200,
+            retry["next_unix"].as_u64().unwrap() > manifest::UnixSeconds::now().0 + 200,
             "{retry}"
         );
         assert_eq!(w.device.installed("pop223").as_deref(), Some(&old[..]));

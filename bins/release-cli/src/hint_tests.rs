@@ -946,7 +946,7 @@ fn tree_and_source_map_hints_run() {
         tinygrad_commit: PIN.parse().unwrap(),
         commands: vec![],
         passed: true,
-        finished_at: release::gate::UtcTime(1),
+        finished_at: manifest::UnixSeconds(1),
         log: "/ws/logs/preflight.log".into(),
     };
     let records = release::gate::Records {

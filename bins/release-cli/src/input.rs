@@ -43,11 +43,20 @@ pub(crate) fn read_limited(path: &Path) -> CliResult<Vec<u8>> {
     })
 }
 
-/// A manifest file's bytes ([`read_limited`]) and the manifest they parse to; bytes that do not
-/// parse are a failed check (exit 3) naming the file.
+/// A manifest file's bytes ([`read_limited`]) and the manifest they parse to ([`parse_manifest`]).
 pub(crate) fn read_manifest(path: &Path) -> CliResult<(Vec<u8>, Manifest)> {
     let bytes = read_limited(path)?;
-    let m = Manifest::from_slice(&bytes)
-        .map_err(|e| CliError::check_failed(format!("{}: {e}", path.display())))?;
+    let m = parse_manifest(path, &bytes)?;
     Ok((bytes, m))
+}
+
+/// Parse a manifest file's bytes within the default [`manifest::Limits`]; a malformed one is a
+/// failed check (exit 3) naming the file and pointing at `validate`.
+pub(crate) fn parse_manifest(path: &Path, bytes: &[u8]) -> CliResult<Manifest> {
+    Manifest::from_slice_limited(bytes, &manifest::Limits::default()).map_err(|e| {
+        CliError::check_failed(format!("{}: {e}", path.display())).with_next(format!(
+            "`release-cli manifest validate {}` lists every problem",
+            path.display()
+        ))
+    })
 }

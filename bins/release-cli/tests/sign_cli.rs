@@ -244,7 +244,7 @@ fn publish_signs_each_release_and_uploads_the_signature_before_the_manifest() {
         .map(|r| &r[..20])
         .unwrap_or("");
     assert!(
-        expires.parse::<release::gate::UtcTime>().is_ok() && !err.contains("Unix seconds"),
+        expires.parse::<manifest::UnixSeconds>().is_ok() && !err.contains("Unix seconds"),
         "{err}"
     );
     assert_eq!(verify(&a_pub)["release"], 1);

@@ -38,6 +38,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use chunker::Form;
 use chunker::atomic::temp_owner;
 
 use manifest::StoreLayout;
@@ -219,10 +220,10 @@ pub fn push_due(file_name: &str, waiting: Unpushed) -> bool {
 
 /// `NAME.chunkNNofMM` with a non-empty `NAME`.
 fn is_chunk_file(file_name: &str) -> bool {
-    file_name
-        .rfind(".chunk")
-        .filter(|&i| i > 0)
-        .is_some_and(|i| chunker::parse_chunk_name(&file_name[..i], file_name).is_some())
+    matches!(
+        chunker::member_form(file_name),
+        Some((_, Form::Chunk { .. }))
+    )
 }
 
 /// How long [`GithubStore::open`] waits for another publish to the same checkout, or the `git

@@ -13,7 +13,7 @@ use std::io::Cursor;
 use std::path::{Path, PathBuf};
 
 use manifest::signature::{self, SignatureBlock, TrustedComment};
-use manifest::{Generation, ReleaseNumber, StoreLayout, UnixSeconds};
+use manifest::{Generation, ReleaseNumber, SignatureExpiry, StoreLayout, UnixSeconds};
 
 use crate::error::{Error, Refusal, Result};
 pub use crate::keyfile::KeyProblem;

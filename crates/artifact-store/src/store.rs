@@ -14,6 +14,55 @@ use crate::error::{Error, Result};
 use crate::paths::StorePath;
 use crate::progress::Transfer;
 
+/// The SHA-256 of `pieces` read in order through `store` (`name` and the piece in a read
+/// error), streaming, and with `each` every piece's own digest from the same read; `on_read`
+/// is told each read's byte count. The one store digest of publish's look and audit's `--deep`.
+pub fn digest_of<'p>(
+    store: &dyn Store,
+    name: &str,
+    pieces: impl IntoIterator<Item = &'p StorePath>,
+    each: bool,
+    on_read: &mut dyn FnMut(u64),
+) -> Result<(Sha256Digest, Vec<Sha256Digest>)> {
+    let (mut whole, mut own) = (chunker::Hasher::new(), Vec::new());
+    for p in pieces {
+        let mut piece = chunker::Hasher::new();
+        let mut seen = Seen {
+            inner: store.open(p)?,
+            piece: each.then_some(&mut piece),
+            on_read: &mut *on_read,
+        };
+        whole
+            .update_from_reader(&mut seen)
+            .map_err(|source| Error::StoreRead {
+                what: format!("{name} {p}"),
+                source,
+            })?;
+        if each {
+            own.push(piece.finish());
+        }
+    }
+    Ok((whole.finish(), own))
+}
+
+/// A reader that tells each read to `on_read` and, when given one, to a piece's own hasher.
+struct Seen<'a, R> {
+    inner: R,
+    piece: Option<&'a mut chunker::Hasher>,
+    on_read: &'a mut dyn FnMut(u64),
+}
+
+impl<R: Read> Read for Seen<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if let Some(h) = &mut self.piece {
+            h.update(&buf[..n]);
+        }
+        (self.on_read)(n as u64);
+        Ok(n)
+    }
+}
+
 /// What a store knows about one file without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileStat {

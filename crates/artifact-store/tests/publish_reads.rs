@@ -4,55 +4,13 @@
 //! the frame headers of each uploaded artifact again cost one HTTP range per frame on the Hub
 //! (7 of the 21 s of a 256 MiB publish through the `hf` CLI in `cargo xtask bench`).
 
-use std::io::Read;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use crate::common::*;
 use artifact_store::publish::{PublishOptions, publish};
 use artifact_store::retry::RetryPolicy;
-use artifact_store::{FileStat, ListEntry, LocalStore, Result, Store, StorePath};
+use artifact_store::{LocalStore, Store};
 use manifest::layout::CURRENT_GENERATION;
-
-/// A directory store that reads like a remote one (`reads_are_local` false, as the Hub) and
-/// counts the reads of file contents beyond the small files.
-struct Remote {
-    inner: LocalStore,
-    reads: AtomicUsize,
-}
-
-impl Store for Remote {
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn stat(&self, path: &StorePath) -> Result<Option<FileStat>> {
-        self.inner.stat(path)
-    }
-    fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
-        self.reads.fetch_add(1, Ordering::SeqCst);
-        self.inner.open(path)
-    }
-    fn read_at(&self, path: &StorePath, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.reads.fetch_add(1, Ordering::SeqCst);
-        self.inner.read_at(path, offset, buf)
-    }
-    fn read_small(&self, path: &StorePath, limit: u64) -> Result<Option<Vec<u8>>> {
-        self.inner.read_small(path, limit)
-    }
-    fn write_reporting(
-        &self,
-        path: &StorePath,
-        src: &mut dyn Read,
-        report: &mut dyn FnMut(artifact_store::progress::Transfer),
-    ) -> Result<u64> {
-        self.inner.write_reporting(path, src, report)
-    }
-    fn list(&self, prefix: &StorePath) -> Result<Vec<ListEntry>> {
-        self.inner.list(prefix)
-    }
-    fn delete(&self, path: &StorePath) -> Result<bool> {
-        self.inner.delete(path)
-    }
-}
 
 #[test]
 fn the_last_look_before_the_manifest_reads_no_artifact_bytes() {
@@ -61,9 +19,10 @@ fn the_last_look_before_the_manifest_reads_no_artifact_bytes() {
     let m = model("pop", 1, 60_000);
     let artifacts = artifacts_dir(t.path(), &[&m]);
     let manifest = manifest_of(vec![entry(m.id, &m.data, "Pop")]);
-    let store = Remote {
-        inner: LocalStore::new(t.path().join("store")),
-        reads: AtomicUsize::new(0),
+    // A directory store that reads like a remote one and counts the reads of file contents.
+    let store = Recording {
+        remote: true,
+        ..Recording::new(LocalStore::new(t.path().join("store")))
     };
     let opts = PublishOptions {
         generation: CURRENT_GENERATION,
@@ -99,9 +58,9 @@ fn recorded_uploads_are_not_read_back_and_an_upload_writes_no_manifest() {
     let m = model("pop", 1, 60_000);
     let artifacts = artifacts_dir(t.path(), &[&m]);
     let manifest = manifest_of(vec![entry(m.id, &m.data, "Pop")]);
-    let store = Remote {
-        inner: LocalStore::new(t.path().join("store")),
-        reads: AtomicUsize::new(0),
+    let store = Recording {
+        remote: true,
+        ..Recording::new(LocalStore::new(t.path().join("store")))
     };
     let local = prepare_local(&artifacts, &manifest).unwrap();
     let up = upload_artifacts(

@@ -17,10 +17,7 @@ use crate::error::{Error, Result};
 /// `NAME.chunkNNofMM` (two digits each), `NAME.chunkmanifest`, `NAME.sha256` and the legacy
 /// `NAME.pNN` all give `NAME`; `NAME` must not be empty.
 pub fn member_of(file_name: &str) -> Option<&str> {
-    let (stem, _) = file_name.rsplit_once('.')?;
-    // The forms of `stem` ([`crate::form_of`]) whose file is a set member, not `stem` itself.
-    let member = crate::form_of(stem, file_name).is_some_and(|f| f != crate::Form::Plain);
-    (member && !stem.is_empty()).then_some(stem)
+    crate::member_form(file_name).map(|(name, _)| name)
 }
 
 /// The logical names of the sets whose members are among `file_names`, sorted. Pure.

@@ -187,8 +187,8 @@ pub fn parse_sidecar(content: &[u8], path: &Path) -> Result<Sha256Digest> {
 }
 
 /// Parse a chunk file name of the logical artifact `name`: `Some((index, count))` for
-/// `NAME.chunkNNofMM`, else `None`.
-pub fn parse_chunk_name(name: &str, file_name: &str) -> Option<(u32, u32)> {
+/// `NAME.chunkNNofMM`, else `None`. Other crates match [`form_of`]'s [`Form::Chunk`].
+fn parse_chunk_name(name: &str, file_name: &str) -> Option<(u32, u32)> {
     let rest = file_name.strip_prefix(name)?.strip_prefix(".chunk")?;
     let (idx, count) = rest.split_once("of")?;
     if idx.len() != 2 || count.len() != 2 {
@@ -237,6 +237,14 @@ pub fn form_of(name: &str, file_name: &str) -> Option<Form> {
                 .then(|| Form::LegacyPart(digits.parse().expect("two digits")))
         }
     }
+}
+
+/// The set a member file belongs to and its form, NAME unknown: `NAME.chunkNNofMM`,
+/// `NAME.chunkmanifest`, `NAME.sha256` and `NAME.pNN` give `(NAME, form)` with `NAME` not empty
+/// (it may be a path); anything else `None`. Pure.
+pub fn member_form(file_name: &str) -> Option<(&str, Form)> {
+    let (stem, _) = file_name.rsplit_once('.')?; // a tail follows, so never Form::Plain
+    Some((stem, form_of(stem, file_name).filter(|_| !stem.is_empty())?))
 }
 
 /// Number of chunks a `size`-byte artifact splits into.

@@ -29,8 +29,7 @@ use crate::digest::Hasher;
 use crate::error::{Error, Result};
 use crate::{
     DEFAULT_CHUNK_SIZE, Form, MAX_CHUNKS, Sha256Digest, check_name, chunk_count_for,
-    chunk_manifest_name, chunk_name, format_chunk_manifest, format_sidecar, parse_chunk_name,
-    sidecar_name,
+    chunk_manifest_name, chunk_name, form_of, format_chunk_manifest, format_sidecar, sidecar_name,
 };
 
 /// Buffers in the pool: bounds memory to this many [`SPLIT_BUFFER`]s (32 MiB), enough that the
@@ -141,7 +140,7 @@ pub fn stale_temporaries<'a>(
             atomic::temp_owner(f).is_some_and(|(pid, dest)| {
                 let ours = dest == crate::chunk_manifest_name(name)
                     || dest == crate::sidecar_name(name)
-                    || crate::parse_chunk_name(name, dest).is_some();
+                    || matches!(form_of(name, dest), Some(Form::Chunk { .. }));
                 ours && !alive(pid)
             })
         })
@@ -202,7 +201,7 @@ pub fn plan_split(name: &str, size: u64, out_dir: &Path, opts: &SplitOptions) ->
     }
     let mut removed: Vec<String> = listing
         .iter()
-        .filter(|f| parse_chunk_name(name, f).is_some_and(|(_, c)| c != count))
+        .filter(|f| matches!(form_of(name, f), Some(Form::Chunk { count: c, .. }) if c != count))
         .cloned()
         .collect();
     removed.extend(
@@ -425,7 +424,7 @@ pub fn other_forms(name: &str, dir: &Path, count: u32) -> Result<Vec<String>> {
         let Some(file_name) = file_name.to_str() else {
             continue;
         };
-        let other_form = match crate::form_of(name, file_name) {
+        let other_form = match form_of(name, file_name) {
             Some(Form::Plain | Form::LegacyPart(_)) => true,
             Some(Form::Chunk { count: c, .. }) => c != count,
             _ => false,
@@ -758,7 +757,7 @@ fn remove_stale_chunks(name: &str, dir: &Path, count: u32) -> Result<()> {
         let Some(file_name) = file_name.to_str() else {
             continue;
         };
-        if let Some((_, c)) = parse_chunk_name(name, file_name)
+        if let Some(Form::Chunk { count: c, .. }) = form_of(name, file_name)
             && c != count
         {
             let p = entry.path();

@@ -1,8 +1,72 @@
-//! Times as people and the records read them: RFC 3339 in UTC to the second,
-//! `2026-12-06T09:30:01Z`, both ways. The calendar is humantime's (a small, well-kept crate),
-//! not hand arithmetic; `--json` keeps Unix seconds where its documented fields say so.
+//! The one time type, [`UnixSeconds`], and times as people and the records read them: RFC 3339
+//! in UTC to the second, `2026-12-06T09:30:01Z`, both ways. The calendar is humantime's (a small,
+//! well-kept crate), not hand arithmetic; `--json` keeps Unix seconds where its documented fields
+//! say so.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// A point in time, whole seconds since 1970 UTC. JSON writes the number (a signature's expiry,
+/// the device's records); a field documented as RFC 3339 takes
+/// `#[serde(with = "cli_support::time::rfc3339_field")]`. Shown and parsed as RFC 3339.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct UnixSeconds(pub u64);
+
+impl UnixSeconds {
+    /// The system clock now (0 if it is before 1970).
+    pub fn now() -> Self {
+        Self(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        )
+    }
+
+    /// `days` days after this instant; `None` when that overflows.
+    pub fn plus_days(self, days: u64) -> Option<Self> {
+        days.checked_mul(86_400)
+            .and_then(|s| self.0.checked_add(s))
+            .map(Self)
+    }
+}
+
+impl fmt::Display for UnixSeconds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&rfc3339(self.0))
+    }
+}
+
+impl FromStr for UnixSeconds {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_rfc3339(s)
+            .map(Self)
+            .ok_or_else(|| format!("time {s:?}: expected YYYY-MM-DDTHH:MM:SSZ (UTC)"))
+    }
+}
+
+/// A [`UnixSeconds`] field written as RFC 3339 text (`#[serde(with = ...)]`): the release
+/// records' `*_at` fields.
+pub mod rfc3339_field {
+    use super::UnixSeconds;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes `t` as `2026-12-02T19:04:55Z`.
+    pub fn serialize<S: Serializer>(t: &UnixSeconds, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(t)
+    }
+
+    /// Reads exactly the form [`serialize`] writes.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<UnixSeconds, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
 
 /// The last second humantime writes, `9999-12-31T23:59:59Z`.
 const LAST_SECOND: u64 = 253_402_300_799;

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use fs_err as fs;
 
-use chunker::{Expected, Sha256Digest};
+use chunker::{Expected, Form, Sha256Digest};
 use serde::Serialize;
 
 use crate::error::Result;
@@ -102,14 +102,14 @@ pub fn check_release(dir: &Path, name: &str) -> Result<Result<FetchedArtifact, O
         if *f == manifest_name || *f == sidecar_name {
             continue;
         }
-        match chunker::parse_chunk_name(name, f) {
-            Some((_, of)) if of != count => {
+        match chunker::form_of(name, f) {
+            Some(Form::Chunk { count: of, .. }) if of != count => {
                 return invalid(format!(
                     "{f} does not belong to a set of {count} chunks ({manifest_name} says {count})"
                 ));
             }
-            Some((idx, _)) => chunks.push((idx, f.clone())),
-            None => return invalid(format!("unexpected file {f}")),
+            Some(Form::Chunk { index, .. }) => chunks.push((index, f.clone())),
+            _ => return invalid(format!("unexpected file {f}")),
         }
     }
     chunks.sort();

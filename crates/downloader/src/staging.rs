@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime};
 
 use fs_err as fs;
 use fs_err::File;
-use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, Stat};
+use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, Stat, fstat};
 use rustix::io::Errno;
 
 use crate::error::os_error;
@@ -81,8 +81,7 @@ impl StagingDir {
                 }
                 Err(e) => return Err(os_error("open directory", &path, e.into())),
             };
-            let st =
-                rustix::fs::fstat(&fd).map_err(|e| os_error("query metadata", &path, e.into()))?;
+            let st = fstat(&fd).map_err(|e| os_error("query metadata", &path, e.into()))?;
             let me = rustix::process::geteuid().as_raw();
             if st.st_uid != me {
                 return Err(io::Error::new(
@@ -159,7 +158,7 @@ impl StagingDir {
     /// The existing regular file at `name`, read-write; a symlink or anything else is refused.
     pub fn open_existing(&self, name: &str) -> io::Result<File> {
         let f = self.openat(name, OFlags::RDWR)?;
-        let st = fstat(&f).map_err(|e| os_error("query metadata", f.path(), e))?;
+        let st = fstat(&f).map_err(|e| os_error("query metadata", f.path(), e.into()))?;
         if !is_regular(&st) {
             return Err(os_error(
                 "open file",
@@ -227,7 +226,7 @@ impl StagingDir {
         let name = plain(name).map_err(fail)?;
         let at = rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)
             .map_err(|e| fail(e.into()))?;
-        let open = fstat(file).map_err(fail)?;
+        let open = fstat(file).map_err(|e| fail(e.into()))?;
         Ok(is_regular(&at) && at.st_dev == open.st_dev && at.st_ino == open.st_ino)
     }
 
@@ -275,10 +274,6 @@ impl StagingDir {
             let _ = self.sync();
         }
     }
-}
-
-fn fstat(file: &File) -> io::Result<Stat> {
-    Ok(rustix::fs::fstat(file)?)
 }
 
 fn is_regular(st: &Stat) -> bool {

@@ -22,11 +22,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use chunker::Sha256Digest;
+use manifest::UnixSeconds;
 
 /// What one origin's store says about one artifact, before any payload byte.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,12 +95,6 @@ struct Saved {
     at_unix: u64,
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// The remembered states, by origin and artifact.
 #[derive(Debug, Default)]
 pub struct Memory {
@@ -139,7 +134,7 @@ impl Memory {
     /// read or parsed: nothing), and every later change is written back atomically. Best effort: a
     /// file that cannot be written costs at most one more transfer after a restart.
     pub fn keep_in(&self, path: &Path) {
-        let now_unix = unix_now();
+        let now_unix = UnixSeconds::now().0;
         let saved: Vec<Saved> = chunker::bounded::read_capped(path, FILE_LIMIT)
             .ok()
             .flatten()
@@ -169,7 +164,7 @@ impl Memory {
         let Some(path) = self.file.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
             return;
         };
-        let now_unix = unix_now();
+        let now_unix = UnixSeconds::now().0;
         let saved: Vec<Saved> = map
             .values()
             .map(|s| Saved {
@@ -312,7 +307,7 @@ mod tests {
         let future = serde_json::to_vec(&[Saved {
             state: state(),
             served: None,
-            at_unix: unix_now() + 3600,
+            at_unix: UnixSeconds::now().0 + 3600,
         }])
         .unwrap();
         std::fs::write(&path, future).unwrap();

@@ -98,7 +98,7 @@ pub use layout::{StoreLayout, StorePath};
 pub use manifest::{Limits, Manifest};
 pub use named::NamedModel;
 pub use pins::{PinRefusal, PinTable, check_pin};
-pub use signature::{ReleaseNumber, TrustedComment, UnixSeconds};
+pub use signature::{ReleaseNumber, SignatureExpiry, TrustedComment, UnixSeconds};
 pub use tolerant::{RefusedEntry, Tolerated};
 pub use types::{
     ArtifactFormat, ArtifactSize, BehaviorVersion, ChunkCount, FileName, Generation, GitCommit,

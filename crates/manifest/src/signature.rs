@@ -105,26 +105,18 @@ impl fmt::Display for ReleaseNumber {
     }
 }
 
-/// Seconds since the Unix epoch (UTC).
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct UnixSeconds(pub u64);
+pub use cli_support::time::UnixSeconds;
 
-impl UnixSeconds {
-    /// The system clock now (0 if it is before 1970).
-    pub fn now() -> Self {
-        Self(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-        )
-    }
-
+/// When a signature made at an instant expires.
+pub trait SignatureExpiry: Sized {
     /// When a signature made now and valid for `days` expires: at least
     /// [`MIN_EXPIRES_IN_DAYS`], so every device does not refuse it on arrival, and at most
     /// [`MAX_EXPIRES_IN_DAYS`], so the expiry still bounds how long it can be replayed.
-    pub fn signature_expiry(self, days: u64) -> Result<Self> {
+    fn signature_expiry(self, days: u64) -> Result<Self>;
+}
+
+impl SignatureExpiry for UnixSeconds {
+    fn signature_expiry(self, days: u64) -> Result<Self> {
         if days > MAX_EXPIRES_IN_DAYS {
             return Err(Error::invalid(
                 "expiry in days",
@@ -148,20 +140,7 @@ impl UnixSeconds {
             ));
         }
         self.plus_days(days)
-    }
-
-    /// `days` days after this instant; an error when that overflows.
-    pub fn plus_days(self, days: u64) -> Result<Self> {
-        days.checked_mul(86_400)
-            .and_then(|s| self.0.checked_add(s))
-            .map(Self)
             .ok_or_else(|| Error::invalid("expiry in days", &days.to_string(), "too far ahead"))
-    }
-}
-
-impl fmt::Display for UnixSeconds {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
     }
 }
 
@@ -191,7 +170,7 @@ impl fmt::Display for TrustedComment {
         write!(
             f,
             "generation={} release={} expires={}",
-            self.generation, self.release, self.expires
+            self.generation, self.release, self.expires.0
         )
     }
 }
@@ -363,8 +342,8 @@ pub enum Refusal {
     },
     /// The signature has expired by the device's clock.
     #[error(
-        "the signature expired at {expires} (Unix seconds) and the device clock says {now}; the \
-         release engineer must sign the manifest again"
+        "the signature expired at {} (Unix seconds) and the device clock says {}; the \
+         release engineer must sign the manifest again", expires.0, now.0
     )]
     Expired {
         /// When it expired, in Unix seconds.

@@ -322,36 +322,52 @@ pub(crate) fn check_document(doc: &Value, mode: ValidationMode) -> Vec<Problem> 
             message: "no models; devices ignore a manifest without entries".into(),
         });
     }
+    check_entries(entries, "", &mut out, |map, path, out| {
+        if mode != ValidationMode::Reader {
+            check_entry_strict(map, path, mode, out);
+            check_misspelt_keys(map, path, &ENTRY_KEYS, out);
+        }
+    });
+    out
+}
+
+/// Every entry that is an object, after the checks every level and contract shares (an entry
+/// that is not an object, a duplicate ID: their messages end in `suffix`), handed to `each`
+/// with its path; the problems found in an entry then name its model.
+fn check_entries<'v>(
+    entries: &'v [Value],
+    suffix: &str,
+    out: &mut Vec<Problem>,
+    mut each: impl FnMut(&'v Map<String, Value>, &str, &mut Vec<Problem>),
+) {
     let mut first_seen: HashMap<&str, usize> = HashMap::new();
     for (i, entry) in entries.iter().enumerate() {
         let path = entry_path(i);
         let Some(map) = entry.as_object() else {
             out.push(Problem {
                 path,
-                message: format!("expected an object, found {}", kind_of(entry)),
+                message: format!("expected an object, found {}{suffix}", kind_of(entry)),
             });
             continue;
         };
         let first_problem = out.len();
-        check_entry_reader(map, &path, &mut out);
+        check_entry_reader(map, &path, out);
         if let Some(id) = map.get(keys::ID).and_then(Value::as_str) {
-            if let Some(first) = first_seen.get(id) {
-                out.push(Problem {
+            match first_seen.get(id) {
+                Some(first) => out.push(Problem {
                     path: join_key(&path, keys::ID),
                     message: format!(
-                        "duplicate model ID {:?} (first at {})",
+                        "duplicate model ID {:?} (first at {}){suffix}",
                         abbreviate(id),
                         entry_path(*first)
                     ),
-                });
-            } else {
-                first_seen.insert(id, i);
+                }),
+                None => {
+                    first_seen.insert(id, i);
+                }
             }
         }
-        if mode != ValidationMode::Reader {
-            check_entry_strict(map, &path, mode, &mut out);
-            check_misspelt_keys(map, &path, &ENTRY_KEYS, &mut out);
-        }
+        each(map, &path, out);
         // Name the model as well as its index: `models[6]` alone sends you counting.
         if let Some(id) = map.get(keys::ID).and_then(Value::as_str)
             && id.parse::<ModelId>().is_ok()
@@ -365,7 +381,6 @@ pub(crate) fn check_document(doc: &Value, mode: ValidationMode) -> Vec<Problem> 
             }
         }
     }
-    out
 }
 
 /// Every top-level key of a manifest object that this crate knows.

@@ -40,7 +40,7 @@ pub use run::downloads::{
 };
 pub use run::lock::ManagerLock;
 pub use run::manager::{
-    GcPlan, GcReport, RefreshReport, Run, gc, install, install_target, refresh, unix_now,
+    GcPlan, GcReport, RefreshReport, Run, gc, install, install_target, refresh,
 };
 pub use state::device::{
     CATALOG_FILE, CATALOG_SIGNATURE_FILE, Device, DeviceConfig, ExpectedDigest, JOURNAL_FILE,

@@ -163,7 +163,7 @@ fn agree(label: &str, f: &Fixture, origin: &Origin, now: u64) {
 
 #[test]
 fn the_dry_run_names_exactly_what_the_refresh_then_changes() {
-    let now = migration::unix_now();
+    let now = manifest::UnixSeconds::now().0;
     let origin = Origin::start();
     // A generation migration, with each kind of selection.
     for (label, params) in [
@@ -239,7 +239,7 @@ fn a_retry_not_due_is_waited_for_and_an_outdated_copy_stays_in_use() {
     // stays in use and the model is retried later.
     origin.republish("pop223", 7);
     origin.refuse("pop223");
-    let now = migration::unix_now();
+    let now = manifest::UnixSeconds::now().0;
     migration::refresh(
         &f.device(),
         &migration::Run {

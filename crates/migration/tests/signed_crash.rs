@@ -19,7 +19,7 @@ use migration::{Device, Effects};
 const RELEASE_PARAM: &str = "ModelManifestAcceptedRelease";
 
 fn sign(kp: &minisign::KeyPair, data: &[u8], release: u64) -> String {
-    let expires = manifest::UnixSeconds::now().plus_days(1).unwrap();
+    let expires = manifest::UnixSeconds::now().plus_days(1).unwrap().0;
     minisign::sign(
         Some(&kp.pk),
         &kp.sk,

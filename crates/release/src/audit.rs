@@ -27,8 +27,6 @@ use manifest::{
 };
 use serde::Serialize;
 
-use crate::gate::UtcTime;
-
 /// A signature that expires within this many days is a problem: devices refuse an expired one,
 /// and two weeks leave time to sign and publish again (`release-cli publish --sign-key`).
 pub const NEAR_EXPIRY_DAYS: u64 = 14;
@@ -590,7 +588,7 @@ fn check_signature(f: &mut Findings, rules: &Rules) -> SignatureState {
     if let Some(days) = near_expiry(expires, rules.now) {
         let msg = format!(
             "release {release} expires {} (in {days} day(s), within {NEAR_EXPIRY_DAYS}); devices refuse it from then on",
-            UtcTime(expires.0)
+            expires
         );
         f.republish(None, at, K::SignatureNearExpiry, msg);
     }
@@ -815,8 +813,8 @@ pub fn stale_files(
         } else if let Some(e) =
             chunker::member_of(file).and_then(|l| by_logical.get(&format!("{dir}/{l}")))
         {
-            match chunker::parse_chunk_name(&e.name, file) {
-                Some((_, n)) if n != e.count => (
+            match chunker::form_of(&e.name, file) {
+                Some(chunker::Form::Chunk { count: n, .. }) if n != e.count => (
                     FindingKind::OtherSplit,
                     format!(
                         "a chunk of a {n}-chunk split; the manifest lists {}",
@@ -947,8 +945,7 @@ fn refusal_text(r: &Refusal) -> String {
     match r {
         Refusal::Expired { expires, now } => format!(
             "the signature expired {} (the clock says {}); devices with trusted keys refuse the generation",
-            UtcTime(expires.0),
-            UtcTime(now.0)
+            expires, now
         ),
         other => format!("{other}; devices with trusted keys refuse the generation"),
     }

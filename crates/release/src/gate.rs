@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use chunker::Sha256Digest;
-use manifest::{BehaviorVersion, GitCommit, Manifest, ModelId};
+use manifest::{BehaviorVersion, GitCommit, Manifest, ModelId, UnixSeconds};
 use serde::{Deserialize, Serialize};
 
 /// A camera resolution the driving model is compiled for (`1928x1208`).
@@ -91,8 +91,6 @@ pub const REPRESENTATIVE_VERSIONS: [BehaviorVersion; 5] = [
 pub const REQUIRED_OUTPUTS: [&str; 6] =
     ["plan", "lane_lines", "road_edges", "lead", "pose", "action"];
 
-pub use crate::recorded::UtcTime;
-
 // ---- the records --------------------------------------------------------------------------
 
 /// One command preflight ran in the openpilot checkout.
@@ -103,7 +101,8 @@ pub struct CommandRun {
     /// Its exit code; `null` when it was killed by a signal or could not start.
     pub exit_code: Option<i32>,
     pub passed: bool,
-    pub started_at: UtcTime,
+    #[serde(with = "cli_support::time::rfc3339_field")]
+    pub started_at: UnixSeconds,
     pub duration_ms: u64,
 }
 
@@ -122,7 +121,8 @@ pub struct PreflightRecord {
     pub commands: Vec<CommandRun>,
     /// Every command of the seed ran and exited 0.
     pub passed: bool,
-    pub finished_at: UtcTime,
+    #[serde(with = "cli_support::time::rfc3339_field")]
+    pub finished_at: UnixSeconds,
     /// The commands' combined output.
     pub log: PathBuf,
 }
@@ -145,7 +145,8 @@ pub struct ValidationRecord {
     pub artifact_sha256: Sha256Digest,
     /// The tinygrad pin the device's marker was checked against.
     pub tinygrad_commit: GitCommit,
-    pub checked_at: UtcTime,
+    #[serde(with = "cli_support::time::rfc3339_field")]
+    pub checked_at: UnixSeconds,
     /// One verdict per camera resolution in [`CAMERA_RESOLUTIONS`].
     pub resolutions: Vec<ResolutionVerdict>,
     /// The device validator's own JSON, unchanged.
@@ -282,7 +283,8 @@ pub struct CheckRecord {
     /// The tinygrad pin of the build that was checked.
     pub tinygrad_commit: GitCommit,
     pub checked_by: String,
-    pub checked_at: UtcTime,
+    #[serde(with = "cli_support::time::rfc3339_field")]
+    pub checked_at: UnixSeconds,
     /// What was observed.
     pub note: String,
     /// The artifacts the check was made on: each model's chunk-set SHA-256 in the workspace's
@@ -734,7 +736,7 @@ fn check_cell(
 /// or equally old pass never hides a failure.
 pub fn newest<'a, T>(
     records: impl Iterator<Item = &'a T>,
-    key: impl Fn(&T) -> (UtcTime, bool),
+    key: impl Fn(&T) -> (UnixSeconds, bool),
 ) -> Option<&'a T>
 where
     T: 'a,
@@ -1020,7 +1022,8 @@ pub struct PublishRecord {
     /// The SHA-256 of the canonical manifest that was published.
     pub manifest_sha256: Sha256Digest,
     pub tinygrad_commit: Option<GitCommit>,
-    pub published_at: UtcTime,
+    #[serde(with = "cli_support::time::rfc3339_field")]
+    pub published_at: UnixSeconds,
     /// The stores, in the order published.
     pub stores: Vec<String>,
     /// The models uploaded from `--artifacts`.
@@ -1061,7 +1064,7 @@ impl PublishRecord {
             manifest: manifest_path.to_path_buf(),
             manifest_sha256: Sha256Digest::of_bytes(&manifest.to_canonical_bytes()),
             tinygrad_commit: manifest_revision(manifest),
-            published_at: UtcTime::now(),
+            published_at: UnixSeconds::now(),
             stores,
             models,
             validation,
@@ -1141,11 +1144,11 @@ mod tests {
                 argv: vec!["./dev".into(), "sync".into()],
                 exit_code: Some(if passed { 0 } else { 1 }),
                 passed,
-                started_at: UtcTime(0),
+                started_at: UnixSeconds(0),
                 duration_ms: 1,
             }],
             passed,
-            finished_at: UtcTime(1),
+            finished_at: UnixSeconds(1),
             log: "logs/preflight.log".into(),
         }
     }
@@ -1156,7 +1159,7 @@ mod tests {
             version: BehaviorVersion::new(v),
             artifact_sha256: sha(d),
             tinygrad_commit: pin.parse().unwrap(),
-            checked_at: UtcTime(2),
+            checked_at: UnixSeconds(2),
             resolutions: CAMERA_RESOLUTIONS
                 .iter()
                 .zip(pass)
@@ -1188,7 +1191,7 @@ mod tests {
             passed,
             tinygrad_commit: pin.parse().unwrap(),
             checked_by: "tester".into(),
-            checked_at: UtcTime(3),
+            checked_at: UnixSeconds(3),
             note: "watched it".into(),
             artifacts: [
                 ("a11".parse().unwrap(), sha(2)),
@@ -1256,7 +1259,7 @@ mod tests {
                 },
             }],
             passed,
-            finished_at: UtcTime(9),
+            finished_at: UnixSeconds(9),
             work_dir: "/ws/rehearsal".into(),
         }
     }
@@ -1428,7 +1431,7 @@ mod tests {
                 "an older pass listed after a newer failure of the same bytes",
                 |r, pin| {
                     let mut failed = validation("a11", 11, 2, pin, [true, false]);
-                    failed.checked_at = UtcTime(5);
+                    failed.checked_at = UnixSeconds(5);
                     r.validations.insert(0, failed);
                 },
                 vec![(Cell::Driving(v(11), LO), "failed")],
@@ -1437,7 +1440,7 @@ mod tests {
                 "an older pass listed before a newer failure of the same bytes",
                 |r, pin| {
                     let mut failed = validation("a11", 11, 2, pin, [false, true]);
-                    failed.checked_at = UtcTime(5);
+                    failed.checked_at = UnixSeconds(5);
                     r.validations.push(failed);
                 },
                 vec![(Cell::Driving(v(11), HI), "failed")],
@@ -1457,7 +1460,7 @@ mod tests {
                 "a newer pass after an older failure of the same bytes counts",
                 |r, pin| {
                     let mut failed = validation("a8", 8, 1, pin, [false, false]);
-                    failed.checked_at = UtcTime(1);
+                    failed.checked_at = UnixSeconds(1);
                     r.validations.push(failed);
                 },
                 vec![],
@@ -1466,7 +1469,7 @@ mod tests {
                 "a newer record of other bytes does not hide the current one",
                 |r, pin| {
                     let mut other = validation("a11", 11, 9, pin, [false, false]);
-                    other.checked_at = UtcTime(7);
+                    other.checked_at = UnixSeconds(7);
                     r.validations.insert(0, other);
                 },
                 vec![],
@@ -1551,7 +1554,7 @@ mod tests {
                 "an older passing check beside a newer failed one",
                 |r, pin| {
                     let mut failed = check(CheckKind::DriverState, Some(HI), false, pin);
-                    failed.checked_at = UtcTime(4);
+                    failed.checked_at = UnixSeconds(4);
                     r.checks.push(failed);
                 },
                 vec![(Cell::DriverState(HI), "failed")],
@@ -1747,8 +1750,8 @@ mod tests {
             (951_868_799, "2000-02-29T23:59:59Z"),
             (1_796_238_295, "2026-12-02T19:04:55Z"),
         ] {
-            assert_eq!(UtcTime(secs).to_string(), text);
-            assert_eq!(text.parse::<UtcTime>().unwrap(), UtcTime(secs));
+            assert_eq!(UnixSeconds(secs).to_string(), text);
+            assert_eq!(text.parse::<UnixSeconds>().unwrap(), UnixSeconds(secs));
         }
         for bad in [
             "2026-02-30T00:00:00Z",
@@ -1756,7 +1759,7 @@ mod tests {
             "2026-12-02T24:00:00Z",
             "",
         ] {
-            assert!(bad.parse::<UtcTime>().is_err(), "{bad}");
+            assert!(bad.parse::<UnixSeconds>().is_err(), "{bad}");
         }
         assert_eq!("1928x1208".parse::<CameraResolution>().unwrap(), HI);
         for bad in ["1928", "x1208", "1928x", "0x760", "+1x2", "1928X1208"] {

@@ -15,8 +15,9 @@ use std::time::Instant;
 
 use manifest::GitCommit;
 
-use crate::gate::{CommandRun, PreflightRecord, TreeNow, UtcTime};
+use crate::gate::{CommandRun, PreflightRecord, TreeNow};
 use crate::{Error, Result};
+use manifest::UnixSeconds;
 
 /// The seed's repository tests, in order, each run from the checkout's root.
 pub const COMMANDS: [&[&str]; 2] = [
@@ -66,7 +67,7 @@ pub fn run(openpilot: &Path, log: &Path, sink: &mut dyn FnMut(&str)) -> Result<P
     let mut log_file = fs_err::File::create(log)?;
     let mut commands = Vec::new();
     for argv in COMMANDS {
-        let started_at = UtcTime::now();
+        let started_at = UnixSeconds::now();
         let t0 = Instant::now();
         writeln!(log_file, "$ {}", argv.join(" "))?;
         let exit_code = run_one(openpilot, argv, &mut log_file, sink)?;
@@ -95,7 +96,7 @@ pub fn run(openpilot: &Path, log: &Path, sink: &mut dyn FnMut(&str)) -> Result<P
         tinygrad_commit,
         passed: commands.len() == COMMANDS.len() && commands.iter().all(|c| c.passed),
         commands,
-        finished_at: UtcTime::now(),
+        finished_at: UnixSeconds::now(),
         log: log.to_path_buf(),
     })
 }

@@ -1,55 +1,13 @@
-//! Values more than one part of the gate records and reads: the time a record was made
-//! ([`UtcTime`]) and the rehearsal's record ([`RehearsalRecord`], its checks and the manifest
+//! Values more than one part of the gate records and reads: the rehearsal's record ([`RehearsalRecord`], its checks and the manifest
 //! digest it binds). A leaf: it uses no other module of this crate, so `gate`, `records` and
 //! `rehearse` (which re-export these) do not import each other in a circle.
 
 use std::fmt;
 use std::path::PathBuf;
-use std::str::FromStr;
 
 use chunker::Sha256Digest;
-use manifest::{Generation, GitCommit, Manifest, ModelId};
+use manifest::{Generation, GitCommit, Manifest, ModelId, UnixSeconds};
 use serde::{Deserialize, Serialize};
-
-/// A point in time, whole seconds since 1970 UTC; written as `2026-12-02T19:04:55Z`.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
-pub struct UtcTime(pub u64);
-
-impl UtcTime {
-    /// The system clock now (0 if it is before 1970), as the signature's clock reads it.
-    pub fn now() -> Self {
-        Self(manifest::UnixSeconds::now().0)
-    }
-}
-
-impl fmt::Display for UtcTime {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&cli_support::time::rfc3339(self.0))
-    }
-}
-
-impl FromStr for UtcTime {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        cli_support::time::parse_rfc3339(s)
-            .map(Self)
-            .ok_or_else(|| format!("time {s:?}: expected YYYY-MM-DDTHH:MM:SSZ (UTC)"))
-    }
-}
-
-impl Serialize for UtcTime {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for UtcTime {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
-    }
-}
 
 /// Which device a check was made on.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
@@ -104,7 +62,8 @@ pub struct RehearsalRecord {
     pub dropped: ModelId,
     pub checks: Vec<RehearsalCheck>,
     pub passed: bool,
-    pub finished_at: UtcTime,
+    #[serde(with = "cli_support::time::rfc3339_field")]
+    pub finished_at: UnixSeconds,
     /// The devices, the staged store and the manager's logs.
     pub work_dir: PathBuf,
 }

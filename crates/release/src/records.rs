@@ -13,6 +13,7 @@ use crate::Workspace;
 use crate::gate::{CheckRecord, PreflightRecord, Records, ValidationRecord};
 use crate::recorded::RehearsalRecord;
 use crate::{Error, Result};
+use manifest::UnixSeconds;
 
 /// Records are a few kilobytes; anything much larger is not one.
 pub(crate) const MAX_RECORD_BYTES: u64 = 4 << 20;
@@ -76,7 +77,7 @@ pub fn gated_before(manifest_path: &Path, manifest: &manifest::Manifest) -> bool
 /// `None` when every suffix up to 999 is taken.
 pub fn publish_history_path(
     manifest: &Path,
-    published_at: crate::recorded::UtcTime,
+    published_at: UnixSeconds,
     taken: impl Fn(&Path) -> bool,
 ) -> Option<PathBuf> {
     let stem = manifest
@@ -202,8 +203,8 @@ mod tests {
     /// generation's manifest name.
     #[test]
     fn publish_history_names_one_file_per_publish() {
-        use crate::gate::UtcTime;
-        let at: UtcTime = "2026-12-02T19:04:55Z".parse().unwrap();
+        use manifest::UnixSeconds;
+        let at: UnixSeconds = "2026-12-02T19:04:55Z".parse().unwrap();
         for generation in ["v25", "v26"] {
             let m = PathBuf::from(format!("/r/ready/model_names_{generation}.json"));
             let stem = format!("/r/ready/model_names_{generation}.publish.20261202T190455Z");
@@ -302,7 +303,7 @@ mod tests {
                 manifest: path.clone(),
                 manifest_sha256: chunker::Sha256Digest::of_bytes(&m.to_canonical_bytes()),
                 tinygrad_commit: None,
-                published_at: crate::recorded::UtcTime(1),
+                published_at: UnixSeconds(1),
                 stores: vec![],
                 models: vec![],
                 validation,

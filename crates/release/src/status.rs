@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use artifact_store::Store;
 use chunker::Sha256Digest;
-use manifest::{BehaviorVersion, Generation, GitCommit, Manifest, ModelId, layout};
+use manifest::{BehaviorVersion, Generation, GitCommit, Manifest, ModelId, PinTable, layout};
 use serde::Serialize;
 
 use crate::gate::{Cell, Gap, Records, coverage};
@@ -219,8 +219,7 @@ fn cell(cell: &Cell, gap: Option<&Gap>, by: &str) -> CellStatus {
     }
 }
 
-fn tree_status(op: &Path) -> Result<TreeStatus> {
-    let pins = crate::tree::load_pins(Some(op))?;
+fn tree_status(op: &Path, pins: &PinTable) -> Result<TreeStatus> {
     let (tinygrad_commit, problem) = match crate::tree::tree_pin(op) {
         Ok(p) => (Some(p.commit), None),
         Err(e) => (None, Some(e.to_string())),
@@ -438,7 +437,8 @@ pub fn gather(
         .map(Path::to_path_buf)
         .or_else(|| recs.preflight.as_ref().map(|p| p.openpilot.clone()))
         .filter(|p| p.is_dir());
-    let tree = op.as_deref().map(tree_status).transpose()?;
+    let pins = crate::tree::load_pins(op.as_deref())?;
+    let tree = op.as_deref().map(|op| tree_status(op, &pins)).transpose()?;
     let generation = generation.or(tree.as_ref().and_then(|t| t.pin_generation));
     let tree_pin = tree.as_ref().and_then(|t| t.tinygrad_commit.clone());
     let manifest_path = generation
@@ -468,8 +468,14 @@ pub fn gather(
             .find(|r| r.id.as_str() == layout::BUILTIN_MODEL_ID && r.state == "built")?;
         Some(b.sha256.is_some() && b.sha256 == rdf.sha256)
     });
-    let (receipts, receipts_required) =
-        receipts_of(workspace, op.as_deref(), generation, pin.as_ref(), &builds);
+    let (receipts, receipts_required) = receipts_of(
+        workspace,
+        op.as_deref(),
+        generation,
+        pin.as_ref(),
+        &pins,
+        &builds,
+    );
     let manifest_sha256 = manifest.as_ref().map(crate::rehearse::manifest_digest);
     let (preflight, validation, rehearsal) = match &manifest {
         Some(m) => gate_cells(m, &recs),
@@ -522,17 +528,14 @@ fn receipts_of(
     op: Option<&Path>,
     generation: Option<Generation>,
     pin: Option<&GitCommit>,
+    pins: &PinTable,
     builds: &[BuildStatus],
 ) -> (Vec<ReceiptStatus>, bool) {
-    let pins = generation.and_then(|_| crate::tree::load_pins(op).ok());
     // The pin receipts are judged against: the release's, else the pin table's for the
     // generation.
-    let receipt_pin = pin
-        .cloned()
-        .or_else(|| pins.as_ref()?.get(generation?).cloned());
+    let receipt_pin = pin.cloned().or_else(|| pins.get(generation?).cloned());
     let receipts = receipts(&receipt_files(workspace, op, builds), receipt_pin.as_ref());
-    let required =
-        generation.is_some_and(|g| pins.as_ref().is_some_and(|p| p.contract(g).build_receipts));
+    let required = generation.is_some_and(|g| pins.contract(g).build_receipts);
     (receipts, required)
 }
 

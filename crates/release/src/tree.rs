@@ -449,15 +449,18 @@ fn source_commit(src: &Path, given: Option<&GitCommit>) -> Result<(GitCommit, So
             }),
         };
     }
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(src)
-        .args(["rev-parse", "--verify", "HEAD^{commit}"])
-        .output()
-        .map_err(|source| Error::Git {
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(src)
+            .args(args)
+            .output();
+        out.map_err(|source| Error::Git {
             path: src.to_path_buf(),
             source,
-        })?;
+        })
+    };
+    let out = git(&["rev-parse", "--verify", "HEAD^{commit}"])?;
     let head = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let parsed: Option<GitCommit> = head.parse().ok();
     let Some(head) = parsed.filter(|_| out.status.success()) else {
@@ -475,15 +478,7 @@ fn source_commit(src: &Path, given: Option<&GitCommit>) -> Result<(GitCommit, So
     }
     // Every file but `.git` is copied, so a modified or untracked file (ignored ones are build
     // output and stay allowed) would be recorded as HEAD without being it.
-    let status = std::process::Command::new("git")
-        .arg("-C")
-        .arg(src)
-        .args(["status", "--porcelain", "--untracked-files=all"])
-        .output()
-        .map_err(|source| Error::Git {
-            path: src.to_path_buf(),
-            source,
-        })?;
+    let status = git(&["status", "--porcelain", "--untracked-files=all"])?;
     if !status.status.success() {
         return Err(Error::CheckoutWithoutCommit {
             path: src.to_path_buf(),

@@ -8,11 +8,9 @@ use std::path::{Path, PathBuf};
 
 use chunker::Sha256Digest;
 
-use manifest::{BehaviorVersion, GitCommit, ModelId};
+use manifest::{BehaviorVersion, GitCommit, ModelId, UnixSeconds};
 
-use crate::gate::{
-    CAMERA_RESOLUTIONS, CameraResolution, CheckKind, CheckRecord, UtcTime, ValidationRecord,
-};
+use crate::gate::{CAMERA_RESOLUTIONS, CameraResolution, CheckKind, CheckRecord, ValidationRecord};
 use crate::{Error, Result, Workspace};
 
 /// What `validate --model ID` was given.
@@ -95,7 +93,7 @@ pub fn validation_record(
         resolutions: crate::gate::read_verdict(&verdict.verdict, &verdict.artifact_sha256),
         artifact_sha256: verdict.artifact_sha256,
         tinygrad_commit: pin,
-        checked_at: UtcTime::now(),
+        checked_at: UnixSeconds::now(),
         verdict: verdict.verdict,
         log,
     }
@@ -242,7 +240,7 @@ pub fn check_record(
         passed: f.passed,
         tinygrad_commit: pin().map_err(|e| *e)?,
         checked_by,
-        checked_at: UtcTime::now(),
+        checked_at: UnixSeconds::now(),
         note: note.to_string(),
         artifacts: match artifacts {
             CheckedOn::Ready => ready_digests(f.workspace, f.model)?,

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use clap::Args;
 use manifest::{Generation, UnixSeconds};
 use release::audit::{MendContext, Report, read};
-use release::gate::UtcTime;
 
 use crate::output::print_json;
 use crate::progress::bytes_bar;
@@ -107,7 +106,7 @@ fn render(r: &Report) -> CliResult {
             ("verified", Some(rel), Some(exp)) => format!(
                 "signed, release {rel} by key {}, expires {} (in {} days)",
                 sig.key.as_deref().unwrap_or("?"),
-                UtcTime(exp),
+                UnixSeconds(exp),
                 exp.saturating_sub(now) / 86_400
             ),
             ("not_checked", ..) => "signed (not checked: no --key)".to_string(),

@@ -6,7 +6,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use manifest::{Limits, Manifest, ManifestDiff, ValidationMode};
 use serde_json::{Value, json};
 
-use crate::input::{read_bounded, read_limited, too_large_message};
+use crate::input::{parse_manifest, read_bounded, read_limited, read_manifest, too_large_message};
 use crate::output::print_json;
 use crate::{CliError, CliResult};
 
@@ -144,7 +144,7 @@ pub fn run(command: ManifestCommand) -> CliResult {
 fn set_artifact(args: SetArtifactArgs) -> CliResult {
     let id = model_of(&args)?;
     let manifest_bytes = read_limited(&args.manifest)?;
-    let mut m = parse(&args.manifest, &manifest_bytes)?;
+    let mut m = parse_manifest(&args.manifest, &manifest_bytes)?;
     // The manifest's contract decides the artifact format written, and whether one plain file
     // (count 0) may stand for an artifact that fits one chunk.
     let contract =
@@ -362,17 +362,7 @@ fn report_set_artifact(
 }
 
 fn load(path: &Path) -> CliResult<Manifest> {
-    parse(path, &read_limited(path)?)
-}
-
-/// Parse a manifest file's bytes; a malformed one is a failed check pointing at `validate`.
-fn parse(path: &Path, bytes: &[u8]) -> CliResult<Manifest> {
-    Manifest::from_slice_limited(bytes, &Limits::default()).map_err(|e| {
-        CliError::check_failed(format!("{}: {e}", path.display())).with_next(format!(
-            "`release-cli manifest validate {}` lists every problem",
-            path.display()
-        ))
-    })
+    Ok(read_manifest(path)?.1)
 }
 
 fn validate(args: ValidateArgs) -> CliResult {
@@ -505,7 +495,7 @@ fn validate_under_contract(
 
 fn fmt(args: FmtArgs) -> CliResult {
     let original = read_limited(&args.file)?;
-    let canonical = parse(&args.file, &original)?.to_canonical_bytes();
+    let canonical = parse_manifest(&args.file, &original)?.to_canonical_bytes();
     if args.check {
         let is_canonical = canonical == original;
         if args.json {

@@ -220,7 +220,7 @@ fn print_tree(tree: Option<&release::status::TreeStatus>) -> CliResult {
                     "synced     {}:{} at {} digest {} over {} files; tree {}",
                     s.destination,
                     s.remote_root,
-                    release::gate::UtcTime(s.synced_at_unix),
+                    manifest::UnixSeconds(s.synced_at_unix),
                     s.digest_sha256,
                     s.files,
                     if s.tree_matches {

@@ -50,9 +50,10 @@ pub fn text(b: &[u8]) -> String {
 /// `rehearse`, for tests whose subject is publishing (`rehearse_cli.rs` runs the real
 /// rehearsal). Returns `workspace`.
 pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf {
+    use manifest::UnixSeconds;
     use release::gate::{
         CAMERA_RESOLUTIONS, CheckKind, CheckRecord, CommandRun, PreflightRecord, REQUIRED_OUTPUTS,
-        UtcTime, ValidationRecord, read_verdict,
+        ValidationRecord, read_verdict,
     };
     use release::records;
     let m = manifest::Manifest::from_slice(&std::fs::read(manifest).unwrap()).unwrap();
@@ -60,7 +61,7 @@ pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf
     // `compiler_revision`).
     let pin = release::gate::manifest_revision(&m)
         .unwrap_or_else(manifest::layout::current_tinygrad_commit);
-    let now = UtcTime::now();
+    let now = UnixSeconds::now();
     let preflight = PreflightRecord {
         openpilot: "/fixture/openpilot".into(),
         openpilot_commit: None,

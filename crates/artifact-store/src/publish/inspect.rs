@@ -5,11 +5,11 @@
 use std::path::Path;
 
 use chunker::{
-    Hasher, Sha256Digest, chunk_manifest_name, parse_chunk_manifest, parse_sidecar, sidecar_name,
+    Sha256Digest, chunk_manifest_name, parse_chunk_manifest, parse_sidecar, sidecar_name,
 };
 use manifest::{Generation, ModelEntry, StoreLayout};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::paths::StorePath;
 use crate::store::Store;
 
@@ -257,7 +257,9 @@ fn check_stored(
         return Ok(());
     }
     if look == Look::Digest {
-        let found = digest_of(store, &pieces)?;
+        let pieces = pieces.iter().map(|(p, _)| p);
+        let (found, _) =
+            crate::store::digest_of(store, &store.describe(), pieces, false, &mut |_| {})?;
         if found != want.sha256 {
             push(StoreProblemKind::Corrupt {
                 dir: dir.clone(),
@@ -267,17 +269,4 @@ fn check_stored(
         }
     }
     Ok(())
-}
-
-/// The SHA-256 of the pieces read in order through the store.
-fn digest_of(store: &dyn Store, pieces: &[(StorePath, u64)]) -> Result<Sha256Digest> {
-    let mut h = Hasher::new();
-    for (p, _) in pieces {
-        h.update_from_reader(store.open(p)?)
-            .map_err(|source| Error::StoreRead {
-                what: format!("{} {p}", store.describe()),
-                source,
-            })?;
-    }
-    Ok(h.finish())
 }

@@ -6,7 +6,7 @@ use fs_err as fs;
 use std::path::{Path, PathBuf};
 
 use chunker::{
-    Resolved, Sha256Digest, chunk_manifest_name, format_chunk_manifest, format_sidecar,
+    Form, Resolved, Sha256Digest, chunk_manifest_name, format_chunk_manifest, format_sidecar,
     sidecar_name,
 };
 use manifest::{Artifact, Manifest, ModelEntry, ModelId};
@@ -154,7 +154,7 @@ pub fn stale_split_files(name: &str, count: u32, listed: &[&str]) -> Vec<String>
     let mut out: Vec<String> = listed
         .iter()
         .filter(|f| {
-            chunker::parse_chunk_name(name, f).is_some_and(|(_, n)| n != count)
+            matches!(chunker::form_of(name, f), Some(Form::Chunk { count: n, .. }) if n != count)
                 || (count == 0 && **f == chunk_manifest_name(name))
         })
         .map(|f| f.to_string())

@@ -4,6 +4,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use artifact_store::{FileStat, ListEntry, Result, Store, StorePath};
@@ -98,7 +99,8 @@ pub fn p(s: &str) -> StorePath {
     s.parse().unwrap()
 }
 
-/// A store that records every write and delete, in order, and can be told to fail.
+/// A store that records every write and delete, in order, can be told to fail, counts the
+/// opens of file contents beyond the small files, and can read like a remote one.
 pub struct Recording<S> {
     pub inner: S,
     pub log: Arc<Mutex<Vec<String>>>,
@@ -108,6 +110,10 @@ pub struct Recording<S> {
     pub transient: Mutex<u32>,
     /// Whether deletes count against `budget` too (a publish killed at any effect).
     pub gate_deletes: bool,
+    /// Opens of file contents (a `read_at` opens too; `read_small` is not counted).
+    pub reads: AtomicUsize,
+    /// Reads like a remote store (`reads_are_local` false, as the Hub).
+    pub remote: bool,
 }
 
 impl<S> Recording<S> {
@@ -118,6 +124,8 @@ impl<S> Recording<S> {
             budget: Mutex::new(None),
             transient: Mutex::new(0),
             gate_deletes: false,
+            reads: AtomicUsize::new(0),
+            remote: false,
         }
     }
 
@@ -165,13 +173,17 @@ impl<S: Store> Store for Recording<S> {
         self.inner.describe()
     }
     fn reads_are_local(&self) -> bool {
-        self.inner.reads_are_local()
+        !self.remote && self.inner.reads_are_local()
     }
     fn stat(&self, path: &StorePath) -> Result<Option<FileStat>> {
         self.inner.stat(path)
     }
     fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.open(path)
+    }
+    fn read_small(&self, path: &StorePath, limit: u64) -> Result<Option<Vec<u8>>> {
+        self.inner.read_small(path, limit)
     }
     fn write_reporting(
         &self,

@@ -87,10 +87,7 @@ impl Compiler {
             remote_root: root.to_string(),
             tinygrad_commit: pin.clone(),
             digest: before,
-            synced_at_unix: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            synced_at_unix: manifest::UnixSeconds::now().0,
         };
         synced::write_record(openpilot, &record)?;
         Ok(SyncReport {

@@ -64,39 +64,22 @@ pub(crate) fn resolve_plan(
     url_of: &(dyn Fn(&str) -> Result<String> + Sync),
 ) -> Result<(Plan, u64)> {
     let remote = target.remote_name.as_str();
+    let ask = Ask {
+        http,
+        config,
+        ctl,
+        url_of,
+    };
     // When the entry declares a chunk count, the first chunk's name is known before the
     // `.chunkmanifest` answers: its HEAD (the chunk length) goes out at the same time, so the
     // two round trips cost one.
     std::thread::scope(|s| {
         let early_head = target.chunk_count.filter(|n| *n > 1).map(|n| {
             let name = chunker::chunk_name(remote, 1, n);
-            s.spawn(move || head_len(http, config, ctl, url_of, &name))
+            s.spawn(move || ask.head_len(&name))
         });
-        resolve_with(
-            http,
-            config,
-            target,
-            count_source(target.chunk_count, count_from_manifest),
-            ctl,
-            url_of,
-            early_head,
-        )
-    })
-}
-
-/// The length `HEAD` gives for the remote file `name`.
-fn head_len(
-    http: &Http,
-    config: &DownloadConfig,
-    ctl: &Ctl,
-    url_of: &(dyn Fn(&str) -> Result<String> + Sync),
-    name: &str,
-) -> Result<u64> {
-    let url = url_of(name)?;
-    let (len, _) = with_retries(config, ctl, &url, || http.head(&url, ctl))?;
-    len.ok_or_else(|| Error::Protocol {
-        url,
-        message: "HEAD gave no Content-Length".into(),
+        let source = count_source(target.chunk_count, count_from_manifest);
+        resolve_with(ask, target, source, early_head)
     })
 }
 
@@ -121,20 +104,12 @@ fn is_gone(e: &Error) -> bool {
 }
 
 fn resolve_with(
-    http: &Http,
-    config: &DownloadConfig,
+    ask: Ask<'_>,
     target: &Target,
     source: CountSource,
-    ctl: &Ctl,
-    url_of: &(dyn Fn(&str) -> Result<String> + Sync),
     early_head: Option<std::thread::ScopedJoinHandle<'_, Result<u64>>>,
 ) -> Result<(Plan, u64)> {
-    let ask = Ask {
-        http,
-        config,
-        ctl,
-        url_of,
-    };
+    let url_of = ask.url_of;
     let remote = target.remote_name.as_str();
     let chunk_count = ask.chunk_count(target, source)?;
     if let Some(list) = &target.chunk_sha256
@@ -150,7 +125,6 @@ fn resolve_with(
         Some(d) => (d, DigestSource::Manifest),
         None => (ask.sidecar_digest(target)?, DigestSource::Sidecar),
     };
-    let head_len = |name: &str| head_len(http, config, ctl, url_of, name);
     let first_len = match early_head {
         // Asked for under the declared count, which the `.chunkmanifest` just confirmed.
         Some(h) if chunk_count > 1 => Some(h.join().unwrap_or_else(|_| {
@@ -159,7 +133,7 @@ fn resolve_with(
                 message: "the HEAD request's thread panicked".into(),
             })
         })?),
-        _ if chunk_count > 1 => Some(head_len(&chunker::chunk_name(remote, 1, chunk_count))?),
+        _ if chunk_count > 1 => Some(ask.head_len(&chunker::chunk_name(remote, 1, chunk_count))?),
         _ => None,
     };
     let size = match target.size {
@@ -177,6 +151,18 @@ fn resolve_with(
 }
 
 impl Ask<'_> {
+    /// The length `HEAD` gives for the remote file `name`.
+    fn head_len(&self, name: &str) -> Result<u64> {
+        let url = (self.url_of)(name)?;
+        let (len, _) = with_retries(self.config, self.ctl, &url, || {
+            self.http.head(&url, self.ctl)
+        })?;
+        len.ok_or_else(|| Error::Protocol {
+            url,
+            message: "HEAD gave no Content-Length".into(),
+        })
+    }
+
     /// How many chunks the artifact is published as: 0 for a plain file, the entry's count, or
     /// the origin's `.chunkmanifest` (which must agree with a declared count).
     fn chunk_count(&self, target: &Target, source: CountSource) -> Result<u32> {
@@ -235,12 +221,11 @@ impl Ask<'_> {
     /// The size of an entry that declares none, from the published files' lengths (every chunk
     /// but the last is as long as the first).
     fn learned_size(&self, remote: &str, chunk_count: u32, first_len: Option<u64>) -> Result<u64> {
-        let head_len = |name: &str| head_len(self.http, self.config, self.ctl, self.url_of, name);
         let learned = match (chunk_count, first_len) {
-            (0, _) => head_len(remote)?,
-            (1, _) => head_len(&chunker::chunk_name(remote, 1, 1))?,
+            (0, _) => self.head_len(remote)?,
+            (1, _) => self.head_len(&chunker::chunk_name(remote, 1, 1))?,
             (n, Some(first)) => {
-                let last = head_len(&chunker::chunk_name(remote, n, n))?;
+                let last = self.head_len(&chunker::chunk_name(remote, n, n))?;
                 first
                     .checked_mul(u64::from(n - 1))
                     .and_then(|b| b.checked_add(last))

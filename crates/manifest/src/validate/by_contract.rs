@@ -32,8 +32,7 @@ use serde_json::{Map, Value};
 
 use super::{
     ENTRY_KEYS, ROOT, Sink, TOP_KEYS, VARIANT_RELEASE_REQUIRED, ValidationMode, abbreviate,
-    check_entry_reader, check_misspelt_keys, check_top_reader, entry_path, join_key, kind_of,
-    validate_bytes,
+    check_entries, check_misspelt_keys, check_top_reader, join_key, kind_of, validate_bytes,
 };
 use crate::contract::{Contract, TreeCatalogRow};
 use crate::entry::ModelEntry;
@@ -216,48 +215,21 @@ fn check_whole(
             .and_then(Value::as_str)
             .map(str::to_owned)
     });
-    let mut first_seen: HashMap<&str, usize> = HashMap::new();
-    for (i, entry) in entries.iter().enumerate() {
-        let path = entry_path(i);
-        let Some(map) = entry.as_object() else {
-            out.push(Problem {
-                path,
-                message: format!("expected an object, found {}; {refusal}", kind_of(entry)),
-            });
-            continue;
-        };
-        let first_problem = out.len();
-        check_entry_reader(map, &path, out);
-        if let Some(id) = map.get(keys::ID).and_then(Value::as_str) {
-            match first_seen.get(id) {
-                Some(first) => out.push(Problem {
-                    path: join_key(&path, keys::ID),
-                    message: format!(
-                        "duplicate model ID {:?} (first at {}); {refusal}",
-                        abbreviate(id),
-                        entry_path(*first)
-                    ),
-                }),
-                None => {
-                    first_seen.insert(id, i);
-                }
-            }
-        }
-        let rules = EntryRules {
-            contract,
-            expect,
-            revision: revision.as_deref(),
-            refusal: &refusal,
-        };
-        check_entry(map, &path, &rules, out);
+    let rules = EntryRules {
+        contract,
+        expect,
+        revision: revision.as_deref(),
+        refusal: &refusal,
+    };
+    check_entries(entries, &format!("; {refusal}"), out, |map, path, out| {
+        check_entry(map, path, &rules, out);
         if mode != ValidationMode::Reader {
-            check_entry_catalog(map, &path, out);
+            check_entry_catalog(map, path, out);
         }
         if mode == ValidationMode::Release {
-            check_entry_release(map, &path, contract, out);
+            check_entry_release(map, path, contract, out);
         }
-        name_the_model(map, &mut out[first_problem..]);
-    }
+    });
 }
 
 /// The top level's `models` list, or the refusal for its absence or its kind.
@@ -284,18 +256,6 @@ fn models_list<'v>(
                 message: format!("missing the \"models\" list; {refusal}"),
             });
             None
-        }
-    }
-}
-
-/// Each of an entry's problems, but those on its `id`, names the model when its id is valid.
-fn name_the_model(map: &Map<String, Value>, problems: &mut [Problem]) {
-    if let Some(id) = map.get(keys::ID).and_then(Value::as_str)
-        && id.parse::<ModelId>().is_ok()
-    {
-        for p in problems.iter_mut().filter(|p| !p.path.ends_with(".id")) {
-            p.message
-                .push_str(&format!(" (model {:?})", abbreviate(id)));
         }
     }
 }

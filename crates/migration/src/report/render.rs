@@ -170,7 +170,7 @@ impl TrustReport {
             match (&self.accepted_release, &floor.accepted_release_problem) {
                 (Some(a), _) => format!(
                     "  accepted release: {} (signed by {}, expires {}) {from}",
-                    a.release, a.key, a.expires
+                    a.release, a.key, a.expires.0
                 ),
                 (None, Some(p)) => format!("  accepted release: UNKNOWN: {p}"),
                 (None, None) => "  accepted release: none yet".to_string(),
@@ -179,7 +179,7 @@ impl TrustReport {
         if let Some(r) = &self.last_refusal {
             lines.push(format!(
                 "  last refusal ({} at {}): {}",
-                r.generation, r.at, r.text
+                r.generation, r.at.0, r.text
             ));
             lines.extend(r.reasons.iter().map(|reason| format!("    {reason}")));
         }

@@ -196,9 +196,7 @@ pub fn report(read: &Read, today: u64, budget: DailyBudget) -> TodayReport {
 
 /// Today (UTC days since the epoch) from the system clock.
 pub fn today() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / DAY)
+    manifest::UnixSeconds::now().0 / DAY
 }
 
 /// The ledger's path under `models_dir`.

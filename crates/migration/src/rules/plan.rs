@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 
+use chunker::Form;
 use chunker::atomic::is_temp_name;
 use manifest::ModelId;
 
@@ -35,6 +36,10 @@ pub fn driving_key(name: &str) -> Option<&str> {
     name.starts_with("driving_").then_some("")
 }
 
+fn is_chunk_manifest(name: &str) -> bool {
+    matches!(chunker::member_form(name), Some((_, Form::ChunkManifest)))
+}
+
 fn is_local_key(key: &str) -> bool {
     key.starts_with(ModelId::LOCAL_PREFIX)
 }
@@ -52,7 +57,7 @@ pub fn purge_plan<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
         .collect();
     // `.chunkmanifest` files first: a set without its manifest is "not present" to every
     // reader, so no reader can see a manifest whose chunks are already gone.
-    out.sort_by_key(|n| (!n.ends_with(".chunkmanifest"), n.clone()));
+    out.sort_by_key(|n| (!is_chunk_manifest(n), n.clone()));
     out
 }
 
@@ -116,7 +121,7 @@ pub fn gc_plan<'a>(
         })
         .map(str::to_string)
         .collect();
-    out.sort_by_key(|n| (!n.ends_with(".chunkmanifest"), n.clone()));
+    out.sort_by_key(|n| (!is_chunk_manifest(n), n.clone()));
     out
 }
 

@@ -24,7 +24,7 @@ use fs_err as fs;
 use std::collections::BTreeSet;
 
 use downloader::{CancelToken, Downloader, Event, Installed};
-use manifest::{Generation, ModelEntry, ModelId};
+use manifest::{Generation, ModelEntry, ModelId, UnixSeconds};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -39,11 +39,6 @@ use crate::state::device::{Device, JOURNAL_FILE, VerifyState};
 use crate::state::journal::{Journal, Phase, write_journal};
 use crate::state::params::keys;
 use crate::state::view::{DeviceView, param_slots};
-
-/// Seconds since the epoch (0 if the clock is before it).
-pub fn unix_now() -> u64 {
-    manifest::UnixSeconds::now().0
-}
 
 /// Steps 1–2 of a migration (journal, built-in everywhere, purge), or where an interrupted
 /// one stands. `catalog` is the new generation's, or the offline stand-in (built-in and local
@@ -198,7 +193,7 @@ impl<'a> Run<'a> {
             dl,
             cancel: CancelToken::new(),
             progress: &|_| {},
-            now_unix: unix_now(),
+            now_unix: UnixSeconds::now().0,
             caller: Caller::Daemon,
         }
     }

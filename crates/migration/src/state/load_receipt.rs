@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 
 use manifest::contract::{Contract, LoadReceiptRule};
 use manifest::{ModelId, Sha256Digest};
-use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, Stat};
+use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, Stat, fstat, statat};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -334,14 +334,6 @@ fn open_at(dir: Option<&OwnedFd>, path: &Path, flags: OFlags) -> std::io::Result
     })
 }
 
-fn fstat(fd: &OwnedFd) -> std::io::Result<Stat> {
-    Ok(rustix::fs::fstat(fd)?)
-}
-
-fn lstat_at(dir: &OwnedFd, name: &Path) -> std::io::Result<Stat> {
-    Ok(rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?)
-}
-
 /// Whether two looks at a file saw the same file, unchanged (device, inode, size, times).
 fn same_file(a: &Stat, b: &Stat) -> bool {
     (a.st_dev, a.st_ino, a.st_size) == (b.st_dev, b.st_ino, b.st_size)
@@ -425,7 +417,8 @@ fn read_bytes(path: &Path, max: u64) -> std::result::Result<Vec<u8>, String> {
         ));
     }
     let after = fstat(&f).map_err(|e| e.to_string())?;
-    let named = lstat_at(&d, name).map_err(|e| format!("{}: {e}", path.display()))?;
+    let named = statat(&d, name, AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     if !same_file(&before, &after) || !same_file(&before, &named) {
         return Err(format!("{}: replaced while it was read", path.display()));
     }
@@ -773,7 +766,10 @@ pub fn notice_failed_start(device: &Device) -> Result<Option<(ModelId, Sha256Dig
     match poison_decision(&running, Some(&seen), catalog_sha.as_ref()) {
         Poison::Mark { id, sha256 } => {
             let reason = source.rule.selected_load_failed;
-            Ok(mark_bad(device, &id, &sha256, reason, crate::unix_now())?.then_some((id, sha256)))
+            Ok(
+                mark_bad(device, &id, &sha256, reason, manifest::UnixSeconds::now().0)?
+                    .then_some((id, sha256)),
+            )
         }
         Poison::No(_) => Ok(None),
     }
@@ -982,7 +978,7 @@ impl Watcher {
             poison_decision(&running, self.seen.as_ref(), catalog_sha.as_ref())
         {
             let reason = source.rule.selected_load_failed;
-            match mark_bad(device, &id, &sha256, reason, crate::unix_now()) {
+            match mark_bad(device, &id, &sha256, reason, manifest::UnixSeconds::now().0) {
                 Ok(true) => log(&format!(
                     "modeld could not start {id}'s artifact {}: marked bad; the bundled model \
                      stays in use, the choice stays saved, and it is not downloaded again until \

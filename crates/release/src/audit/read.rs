@@ -5,12 +5,11 @@
 //! listed artifact streaming, reporting progress. It decides nothing.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::Path;
 
 use artifact_store::signing::{VerifyingKey, check_signature};
 use artifact_store::{Store, StoreAccess, StoreSpec};
-use chunker::{Hasher, SMALL_FILE_LIMIT};
+use chunker::{Form, Hasher, SMALL_FILE_LIMIT};
 use manifest::{Generation, Limits, Manifest, StoreLayout, StorePath};
 
 use super::{MendContext, Report, Rules, SignatureRead, Snapshot, StoreRef, expected_artifacts};
@@ -226,7 +225,10 @@ fn read_small_files(
 ) -> BTreeMap<String, std::result::Result<Vec<u8>, String>> {
     let mut small = BTreeMap::new();
     for path in files.keys() {
-        if !(path.ends_with(".chunkmanifest") || path.ends_with(".sha256")) {
+        if !matches!(
+            chunker::member_form(path),
+            Some((_, Form::ChunkManifest | Form::Sidecar))
+        ) {
             continue;
         }
         let Ok(p) = path.parse::<StorePath>() else {
@@ -272,7 +274,20 @@ fn deep_digests(
     let (mut digests, mut failing_chunks) = (BTreeMap::new(), BTreeMap::new());
     for e in &wanted {
         let logical = e.logical();
-        let whole = hash_pieces(store, name, &e.pieces(), &mut |n| {
+        let listed = parsed
+            .and_then(|m| m.get(&e.model))
+            .filter(|_| e.variant.is_none())
+            .and_then(|m| m.chunk_digests());
+        let ready = workspace.map(|w| crate::Workspace::new(w).ready().join(e.model.as_str()));
+        let pieces = e.pieces();
+        let paths = pieces
+            .iter()
+            .map(|p| artifact_store::paths::store_path(p))
+            .collect::<artifact_store::Result<Vec<_>>>()?;
+        // A chunked artifact with something to compare its chunks with has each chunk hashed
+        // in the same read, so a corrupt one is not read again.
+        let each = e.count > 0 && (listed.is_some() || ready.is_some());
+        let (whole, own) = artifact_store::digest_of(store, name, &paths, each, &mut |n| {
             done += n;
             progress(DeepProgress {
                 store: name,
@@ -282,14 +297,9 @@ fn deep_digests(
             })
         })?;
         if whole != e.sha256 && e.count > 0 {
-            let listed = parsed
-                .and_then(|m| m.get(&e.model))
-                .filter(|_| e.variant.is_none())
-                .and_then(|m| m.chunk_digests());
-            let ready = workspace.map(|w| crate::Workspace::new(w).ready().join(e.model.as_str()));
             failing_chunks.insert(
                 logical.clone(),
-                failing(store, &e.pieces(), listed.as_deref(), ready.as_deref())?,
+                failing(&pieces, &own, listed.as_deref(), ready.as_deref())?,
             );
         }
         digests.insert(logical, whole);
@@ -297,37 +307,13 @@ fn deep_digests(
     Ok((digests, failing_chunks))
 }
 
-/// The SHA-256 of `pieces` read in order from `store` (`name` in a read error), streaming;
-/// `on_read` is told each read's byte count.
-fn hash_pieces(
-    store: &dyn Store,
-    name: &str,
-    pieces: &[String],
-    on_read: &mut dyn FnMut(u64),
-) -> Result<chunker::Sha256Digest> {
-    let mut h = Hasher::new();
-    for piece in pieces {
-        let p = artifact_store::paths::store_path(piece)?;
-        let mut counting = Counting {
-            inner: store.open(&p)?,
-            on_read: &mut *on_read,
-        };
-        h.update_from_reader(&mut counting)
-            .map_err(|source| artifact_store::Error::StoreRead {
-                what: format!("{name} {piece}"),
-                source,
-            })?;
-    }
-    Ok(h.finish())
-}
-
 /// The chunks of a corrupt artifact that differ from their reference: the manifest's per-chunk
 /// digests when it lists them (`listed`), else the same-named chunk in the workspace's
 /// `ready/<id>/` (`ready`), read only when it is a regular file. A chunk with no reference is
-/// not named. Reads each stored chunk once more.
+/// not named. `got`: each stored chunk's digest, from the read that found the artifact corrupt.
 fn failing(
-    store: &dyn Store,
     pieces: &[String],
+    got: &[chunker::Sha256Digest],
     listed: Option<&[chunker::Sha256Digest]>,
     ready: Option<&Path>,
 ) -> Result<Vec<super::FailingChunk>> {
@@ -344,12 +330,7 @@ fn failing(
         let Some((want, from)) = reference else {
             continue;
         };
-        let got = hash_pieces(
-            store,
-            &store.describe(),
-            std::slice::from_ref(piece),
-            &mut |_| {},
-        )?;
+        let got = got[i];
         if got != want {
             out.push(super::FailingChunk {
                 path: piece.clone(),
@@ -381,19 +362,6 @@ fn local_digest(path: &Path) -> Result<Option<chunker::Sha256Digest>> {
     let mut h = Hasher::new();
     h.update_from_reader(&mut std::io::BufReader::new(f))?;
     Ok(Some(h.finish()))
-}
-
-struct Counting<'a, R> {
-    inner: R,
-    on_read: &'a mut dyn FnMut(u64),
-}
-
-impl<R: Read> Read for Counting<'_, R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        (self.on_read)(n as u64);
-        Ok(n)
-    }
 }
 
 /// Add every temporary (`chunker::atomic` names) under `dir` to `files`, as `rel/…`, and every

@@ -29,10 +29,10 @@ use std::process::Command;
 use chunker::Sha256Digest;
 use manifest::{BehaviorVersion, Generation, Manifest, ModelId, NamedModel, layout};
 
-use crate::recorded::UtcTime;
 use crate::{Error, Result, Workspace};
 use device::{OldDevice, OldDeviceSpec, build_old_device};
 use judge::{DeviceView, Expectation, RehearsalCheck, Scenario, Seen};
+use manifest::UnixSeconds;
 
 /// Manifests are well under this; a larger file is not one.
 const MAX_MANIFEST_BYTES: u64 = 16 << 20;
@@ -627,7 +627,7 @@ pub fn run(opts: &RehearseOptions, say: &mut dyn FnMut(&str)) -> Result<Rehearsa
         dropped: r.cast.dropped,
         checks,
         passed,
-        finished_at: UtcTime::now(),
+        finished_at: UnixSeconds::now(),
         work_dir: work,
     };
     crate::records::write(&opts.workspace.rehearsal_record(), &rec)?;
