@@ -2,6 +2,7 @@
 //! on 127.0.0.1 (`common::World`).
 
 mod common;
+mod early;
 mod faults;
 mod field;
 mod hostile;

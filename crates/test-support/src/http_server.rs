@@ -430,12 +430,26 @@ fn respond(req: &Request, out: &mut TcpStream, shared: &Shared) -> io::Result<bo
             let mut rendered = Vec::new();
             let mut sink = Capture(&mut rendered);
             respond_to(req, &mut sink, shared, None)?;
-            for b in rendered {
+            // Rendered is not sent: the body's bytes count as they leave, one by one.
+            let head = rendered
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .map_or(rendered.len(), |p| p + 4);
+            let count = |n: u64, add: bool| {
+                let mut sent = shared.sent.lock().unwrap();
+                let c = sent.entry(req.path.clone()).or_default();
+                *c = if add { *c + n } else { c.saturating_sub(n) };
+            };
+            count((rendered.len() - head) as u64, false);
+            for (i, b) in rendered.into_iter().enumerate() {
                 if shared.stop.load(Ordering::SeqCst) {
                     return Ok(false);
                 }
                 out.write_all(&[b])?;
                 out.flush()?;
+                if i >= head {
+                    count(1, true);
+                }
                 thread::sleep(*every);
             }
             return Ok(false);

@@ -29,7 +29,7 @@ use super::plan::{
     Block, Piece, Plan, Segment, add_range, bytes_on_disk, plan_blocks, plan_pieces, plan_segments,
     present_ranges,
 };
-use super::resolve::resolve_plan;
+use super::resolve::{implied_plan, resolve_plan};
 use super::retry::with_retries;
 use super::staged::{RANGE_RECORD_STEP, Staging, install};
 use super::{CancelToken, DownloadConfig, Event, Installed, Target};
@@ -69,6 +69,11 @@ struct Run<'a> {
     workers_done: AtomicBool,
     /// Every payload byte received, kept or not (the job's count).
     received: &'a AtomicU64,
+    /// Whether the plan is the origin's: `None` while a transfer started on the entry's word
+    /// waits for the origin's answer ([`transfer`]). Nothing is recorded before it is
+    /// `Some(true)`.
+    confirmed: Mutex<Option<bool>>,
+    settled: Condvar,
 }
 
 /// Fetch the artifact from one origin into staging, verify it and install it.
@@ -102,55 +107,64 @@ pub(crate) struct Resolved {
     pub ctl: Ctl,
 }
 
+/// The URL of the job's remote file `name` on `origin`.
+fn url_on(job: &Job<'_>, origin: &Origin, name: &str) -> Result<String> {
+    let file: FileName = name.parse().map_err(|e| Error::NotDownloadable {
+        model: job.target.id.to_string(),
+        reason: format!("bad remote file name: {e}"),
+    })?;
+    Ok(origin.artifact_url(job.generation, &job.target.id, &file))
+}
+
+/// The transfer's control for an artifact of `size` bytes (its deadline counted from `start`),
+/// or, while the size is unknown, the manifest's budget.
+fn control(job: &Job<'_>, start: Instant, size: Option<u64>) -> Ctl {
+    let (cancel, id) = (job.cancel, job.target.id.as_str());
+    match size {
+        Some(size) => {
+            let deadline = job.config.http.artifact_deadline(start, size);
+            Ctl::new(
+                cancel,
+                id,
+                deadline.saturating_duration_since(start),
+                deadline,
+            )
+        }
+        None => {
+            let budget = job.config.http.origin_deadline;
+            Ctl::new(cancel, id, budget, start + budget)
+        }
+    }
+}
+
 pub(crate) fn resolve_from(job: &Job<'_>, origin: &Origin) -> Result<Resolved> {
-    let Job {
-        http,
-        config,
-        generation,
-        contract,
-        target,
-        cancel,
-        ..
-    } = *job;
-    let url_of = |name: &str| -> Result<String> {
-        let file: FileName = name.parse().map_err(|e| Error::NotDownloadable {
-            model: target.id.to_string(),
-            reason: format!("bad remote file name: {e}"),
-        })?;
-        Ok(origin.artifact_url(generation, &target.id, &file))
-    };
-    let remote = target.remote_name.as_str();
+    let url_of = |name: &str| url_on(job, origin, name);
     let start = Instant::now();
     // What the entry leaves open is learned under the manifest's budget; the transfer then
     // gets the artifact's deadline, counted from the same start.
-    let budget = config.http.origin_deadline;
-    let mut ctl = Ctl::new(cancel, target.id.as_str(), budget, start + budget);
-    if let Some(size) = target.size {
-        let deadline = config.http.artifact_deadline(start, size);
-        ctl = Ctl::new(
-            cancel,
-            target.id.as_str(),
-            deadline.saturating_duration_since(start),
-            deadline,
-        );
-    }
+    let ctl = control(job, start, job.target.size);
     let (plan, chunk_len) = resolve_plan(
-        http,
-        config,
-        target,
-        contract.chunk_count_from_manifest,
+        job.http,
+        job.config,
+        job.target,
+        job.contract.chunk_count_from_manifest,
         &ctl,
         &url_of,
     )?;
-    if target.size.is_none() {
-        let deadline = config.http.artifact_deadline(start, plan.size);
-        ctl = Ctl::new(
-            cancel,
-            target.id.as_str(),
-            deadline.saturating_duration_since(start),
-            deadline,
-        );
-    }
+    let ctl = control(job, start, Some(plan.size));
+    placed(job, origin, plan, chunk_len, ctl)
+}
+
+/// The plan placed as pieces with their URLs.
+fn placed(
+    job: &Job<'_>,
+    origin: &Origin,
+    plan: Plan,
+    chunk_len: u64,
+    ctl: Ctl,
+) -> Result<Resolved> {
+    let remote = job.target.remote_name.as_str();
+    let url_of = |name: &str| url_on(job, origin, name);
     let pieces =
         plan_pieces(remote, plan.size, plan.chunk_count, chunk_len).map_err(|message| {
             Error::SizeMismatch {
@@ -171,6 +185,21 @@ pub(crate) fn resolve_from(job: &Job<'_>, origin: &Origin) -> Result<Resolved> {
     })
 }
 
+/// What the manifest entry implies the origin publishes, placed, for a transfer to start on
+/// while the origin is asked ([`implied_plan`]); `None` when the entry leaves something open,
+/// nothing would be asked, or bytes of this artifact are already staged (their record decides
+/// the layout a resume continues; that path asks first, as before).
+fn implied(job: &Job<'_>, origin: &Origin) -> Option<Resolved> {
+    let (plan, chunk_len) = implied_plan(job.target, job.contract.chunk_count_from_manifest)?;
+    let staged = job.target.staging_name()?;
+    let staging = job.models_dir.join(crate::STAGING_DIR);
+    if fs_err::symlink_metadata(staging.join(staged)).is_ok() {
+        return None;
+    }
+    let ctl = control(job, Instant::now(), Some(plan.size));
+    placed(job, origin, plan, chunk_len, ctl).ok()
+}
+
 /// Download the job's target from `origin`, and what this origin's payload transfer measured
 /// (bytes fetched now, not resumed ones, and the time from the first range request).
 pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> (Result<Installed>, Measured) {
@@ -180,30 +209,50 @@ pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> (Result<Installed
 }
 
 fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) -> Result<Installed> {
-    let resolved = resolve_from(job, origin)?;
-    let said = Said {
-        expected: resolved.plan.sha256,
-        size: resolved.plan.size,
-        chunk_count: resolved.plan.chunk_count,
-        first_len: resolved.pieces.first().map_or(0, |p| p.len),
-    };
     // Per generation: the same file name of another generation is another store.
     let qualified = format!("{}/{}", job.generation, job.target.local_name);
     let (origin_name, local) = (origin.to_string(), qualified.as_str());
-    // What the store says now, compared only when something is remembered of it.
     let remembered = job.stale.get(&origin_name, local);
-    let now = remembered
-        .as_ref()
-        .map(|_| store_state(job, origin, &said, &resolved.ctl));
-    if let (Some(r), Some(now)) = (&remembered, &now)
-        && stale_store::decide(Some(r), now, Instant::now()) == stale_store::Go::Skip
-    {
-        return Err(Error::StoreUnchanged {
-            what: format!("{local} from {origin}"),
-            served: r.served,
-        });
-    }
-    let result = transfer(job, origin, resolved, measured);
+    // Nothing remembered of this store: the transfer starts on what the entry implies while
+    // the origin is asked (the round trip before the first payload byte is saved); when the
+    // origin says otherwise, what was started is dropped and the transfer starts over on its
+    // word.
+    let implied = match remembered {
+        None => implied(job, origin),
+        Some(_) => None,
+    };
+    let (said, now, result) = match implied {
+        Some(guess) => {
+            let said = Said::of(&guess);
+            match transfer(job, origin, guess, true, measured) {
+                Outcome::Done(result) => (said, None, result),
+                Outcome::Unresolved(e) => return Err(e),
+                Outcome::Replan(resolved) => {
+                    let said = Said::of(&resolved);
+                    let result = transfer(job, origin, resolved, false, measured).done();
+                    (said, None, result)
+                }
+            }
+        }
+        None => {
+            let resolved = resolve_from(job, origin)?;
+            let said = Said::of(&resolved);
+            // What the store says now, compared only when something is remembered of it.
+            let now = remembered
+                .as_ref()
+                .map(|_| store_state(job, origin, &said, &resolved.ctl));
+            if let (Some(r), Some(now)) = (&remembered, &now)
+                && stale_store::decide(Some(r), now, Instant::now()) == stale_store::Go::Skip
+            {
+                return Err(Error::StoreUnchanged {
+                    what: format!("{local} from {origin}"),
+                    served: r.served,
+                });
+            }
+            let result = transfer(job, origin, resolved, false, measured).done();
+            (said, now, result)
+        }
+    };
     match &result {
         Ok(_) => job.stale.forget(&origin_name, local),
         Err(e) if e.is_not_yet() => {
@@ -239,6 +288,17 @@ struct Said {
     first_len: u64,
 }
 
+impl Said {
+    fn of(resolved: &Resolved) -> Self {
+        Said {
+            expected: resolved.plan.sha256,
+            size: resolved.plan.size,
+            chunk_count: resolved.plan.chunk_count,
+            first_len: resolved.pieces.first().map_or(0, |p| p.len),
+        }
+    }
+}
+
 /// The store's state as [`stale_store`] compares it: what the plan said, and the store's own
 /// `.sha256` sidecar if it publishes one that parses (one small request; a failure is `None`).
 fn store_state(job: &Job<'_>, origin: &Origin, said: &Said, ctl: &Ctl) -> stale_store::StoreState {
@@ -261,13 +321,41 @@ fn store_state(job: &Job<'_>, origin: &Origin, said: &Said, ctl: &Ctl) -> stale_
     }
 }
 
+/// How a transfer ended.
+enum Outcome {
+    /// Installed, or failed on what the origin publishes.
+    Done(Result<Installed>),
+    /// Started on the entry's word, but the origin publishes another layout: nothing was
+    /// recorded or installed, the staged bytes are gone; start over on this.
+    Replan(Resolved),
+    /// Started on the entry's word, but asking the origin failed: nothing was recorded or
+    /// installed, the staged bytes are gone, as if nothing had started.
+    Unresolved(Error),
+}
+
+impl Outcome {
+    /// The result of a transfer on the origin's own word (which never ends otherwise).
+    fn done(self) -> Result<Installed> {
+        match self {
+            Outcome::Done(result) => result,
+            Outcome::Unresolved(e) => Err(e),
+            Outcome::Replan(_) => unreachable!("only a transfer on the entry's word replans"),
+        }
+    }
+}
+
 /// The transfer of what `resolved` planned from `origin`: staging, ranges, verify, install.
+/// When the plan is the entry's word (`implied`, [`implied`]), the origin is asked at the same
+/// time ([`resolve_from`]): until it gives the same plan nothing is recorded (no piece counts as
+/// done, no range, so a crash resumes nothing of it), and nothing is verified or installed
+/// before its answer; another answer stops the workers and drops what they wrote.
 fn transfer(
     job: &Job<'_>,
     origin: &Origin,
     resolved: Resolved,
+    implied: bool,
     measured: &mut Measured,
-) -> Result<Installed> {
+) -> Outcome {
     let Resolved {
         plan,
         pieces,
@@ -275,33 +363,76 @@ fn transfer(
         ctl,
     } = resolved;
     let target = job.target;
-    let staging = Staging::open(
+    let staging = match Staging::open(
         job.models_dir,
         &target.local_name,
         &plan,
         &pieces,
         job.config.space_margin,
-    )?;
-    let run = Run::new(job, &plan, &staging, pieces, urls, ctl);
-    let followed = run.drive(job.leave, measured);
+    ) {
+        Ok(staging) => staging,
+        // The origin's answer comes before any error of ours, as when it is asked first.
+        Err(_) if implied => {
+            return match resolve_from(job, origin) {
+                Ok(resolved) => Outcome::Replan(resolved),
+                Err(e) => Outcome::Unresolved(e),
+            };
+        }
+        Err(e) => return Outcome::Done(Err(e)),
+    };
+    let run = Run::new(job, &plan, &staging, pieces, urls, ctl, implied);
+    let (followed, asked) = thread::scope(|s| {
+        let asked = implied.then(|| {
+            s.spawn(|| {
+                let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    resolve_from(job, origin)
+                }))
+                .unwrap_or_else(|_| {
+                    Err(Error::Protocol {
+                        url: run.urls[0].clone(),
+                        message: "the thread asking the origin panicked".into(),
+                    })
+                });
+                run.settle(
+                    answer
+                        .as_ref()
+                        .is_ok_and(|r| r.plan == plan && r.pieces == run.pieces),
+                );
+                answer
+            })
+        });
+        let followed = run.drive(job.leave, measured);
+        (followed, asked.and_then(|h| h.join().ok()))
+    });
+    if implied && !run.confirmed() {
+        staging.discard();
+        return match asked {
+            Some(Ok(resolved)) => Outcome::Replan(resolved),
+            Some(Err(e)) => Outcome::Unresolved(e),
+            None => unreachable!("the asking thread catches its panics"),
+        };
+    }
     let actual = match run.verified(followed, origin) {
         Ok(actual) => actual,
         Err(Unverified { error, discard }) => {
             if discard {
                 staging.discard();
             }
-            return Err(error);
+            return Outcome::Done(Err(error));
         }
     };
-    let path = install(&staging, job.models_dir, &target.local_name, &plan)?;
+    let path = match install(&staging, job.models_dir, &target.local_name, &plan) {
+        Ok(path) => path,
+        Err(e) => return Outcome::Done(Err(e)),
+    };
     (job.on_event)(Event::Installed { path: path.clone() });
-    Ok(Installed {
+    Outcome::Done(Ok(Installed {
         path,
         size: plan.size,
         sha256: actual,
         digest_source: plan.digest_source,
         origin: origin.to_string(),
-    })
+    }))
 }
 
 /// Why a transfer ended without an artifact to install, and whether its staged bytes go (kept
@@ -321,6 +452,7 @@ impl<'a> Run<'a> {
         pieces: Vec<Piece>,
         urls: Vec<String>,
         mut ctl: Ctl,
+        implied: bool,
     ) -> Run<'a> {
         let config = job.config;
         let (done, partial) = staging.recorded();
@@ -356,6 +488,8 @@ impl<'a> Run<'a> {
             rewritten: AtomicBool::new(false),
             workers_done: AtomicBool::new(false),
             received: job.received,
+            confirmed: Mutex::new((!implied).then_some(true)),
+            settled: Condvar::new(),
             pieces,
         }
     }
@@ -484,6 +618,34 @@ impl Run<'_> {
         self.abort.load(Ordering::SeqCst) || self.cancel.is_cancelled()
     }
 
+    /// The origin answered a transfer started on the entry's word: with the same plan
+    /// (`same`; what waits to be recorded is recorded), or not (the workers stop, nothing of
+    /// theirs is recorded).
+    fn settle(&self, same: bool) {
+        *self.confirmed.lock().unwrap() = Some(same);
+        if !same {
+            self.abort.store(true, Ordering::SeqCst);
+        }
+        self.settled.notify_all();
+    }
+
+    /// Whether the plan is known to be the origin's (always, unless started on the entry's
+    /// word and not yet, or not, confirmed).
+    fn confirmed(&self) -> bool {
+        *self.confirmed.lock().unwrap() == Some(true)
+    }
+
+    /// Wait for the origin's answer ([`Run::settle`]); whether it confirmed the plan.
+    fn wait_confirmed(&self) -> bool {
+        let mut confirmed = self.confirmed.lock().unwrap();
+        loop {
+            if let Some(same) = *confirmed {
+                return same;
+            }
+            confirmed = self.settled.wait(confirmed).unwrap();
+        }
+    }
+
     fn fail(&self, e: Error) {
         let mut slot = self.error.lock().unwrap();
         if slot.is_none() {
@@ -583,8 +745,14 @@ impl Run<'_> {
 
     /// The recorder thread: fsync and record what the workers finished, in the order they
     /// finished it, until every worker has returned. A failure stops the run.
+    /// Nothing before the plan is confirmed (the records wait), and nothing of a plan the
+    /// origin does not confirm.
     fn record(&self, records: mpsc::Receiver<Record>) {
+        let confirmed = self.wait_confirmed();
         for r in records {
+            if !confirmed {
+                continue;
+            }
             let res = match r {
                 Record::Done(index) => self.staging.mark_done(index),
                 Record::Range(index, a, b) => self.staging.mark_range(index, a, b),
@@ -622,9 +790,10 @@ impl Run<'_> {
         let res = with_retries(self.config, &self.ctl, &self.urls[seg.piece], || {
             self.try_segment(seg, &mut written, &mut etag, records, ahead, following)
         });
-        if res.is_err() {
+        if res.is_err() && self.confirmed() {
             // Stopping (cancel, SIGTERM, this origin given up): what this segment has on disk
-            // is kept for the next run, when each chunk's digest can check it.
+            // is kept for the next run, when each chunk's digest can check it (only on a plan
+            // the origin confirmed).
             let index = self.pieces[seg.piece].index;
             let _ = self
                 .staging

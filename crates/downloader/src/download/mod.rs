@@ -12,7 +12,8 @@
 //!
 //! The seams: this file holds the public vocabulary (config, events, targets); [`plan`] the pure
 //! decisions (pieces, segments, what a resume still needs); [`resolve`] what one origin publishes
-//! (a few small requests, no payload); [`execute`] one origin's run (workers, ranges, verify,
+//! (a few small requests, no payload, which a transfer on the layout the entry implies need not
+//! wait for); [`execute`] one origin's run (workers, ranges, verify,
 //! install); [`staged`] the staging file, its completion record and the install rename;
 //! [`inspect`] the digest checks of bytes on disk; [`retry`] the one retry helper.
 

@@ -9,7 +9,7 @@ use chunker::Sha256Digest;
 use super::DigestSource;
 
 /// What one origin publishes for a target, every unknown resolved: what the payload must be.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Plan {
     pub size: u64,
     pub sha256: Sha256Digest,

@@ -1,6 +1,7 @@
-//! What one origin publishes for a target, learned before the first payload byte: the chunk
-//! count, the digest and the size the manifest entry leaves open. A few small requests; no
-//! payload.
+//! What one origin publishes for a target: the chunk count, the digest and the size the
+//! manifest entry leaves open, learned with a few small requests (no payload); and the layout an
+//! entry declaring all of them implies, which a transfer may start on while those requests are
+//! in flight ([`implied_plan`]), kept only when they confirm it.
 
 use std::path::Path;
 
@@ -81,6 +82,49 @@ pub(crate) fn resolve_plan(
         let source = count_source(target.chunk_count, count_from_manifest);
         resolve_with(ask, target, source, early_head)
     })
+}
+
+/// The plan an entry implies on its own, and its first chunk's length, when it declares the
+/// size, the digest and the chunk count and the origin would still be asked before the first
+/// payload byte (the `.chunkmanifest`, or the first chunk's `HEAD`): a transfer may start on it
+/// while those requests are in flight, and is kept only if [`resolve_plan`] gives the same.
+/// Pure.
+pub(crate) fn implied_plan(target: &Target, count_from_manifest: bool) -> Option<(Plan, u64)> {
+    let (size, sha256, count) = (target.size?, target.sha256?, target.chunk_count?);
+    let asks = match count_source(Some(count), count_from_manifest) {
+        CountSource::Plain => false,
+        CountSource::Declared(n) => n > 1,
+        CountSource::ChunkManifest => true,
+    };
+    if !asks {
+        return None;
+    }
+    let plan = Plan {
+        size,
+        sha256,
+        digest_source: DigestSource::Manifest,
+        chunk_count: count,
+        chunk_sha256: target.chunk_sha256.clone(),
+    };
+    Some((plan, implied_chunk_len(size, count)?))
+}
+
+/// The first chunk's length an artifact of `size` bytes in `count > 0` chunks most likely has:
+/// the whole artifact for one chunk; else the native chunk size, when `count` such chunks hold
+/// exactly `size` bytes (the last one 1 to chunk-size bytes); else `size / count` rounded up
+/// when that fits the same way; else `None`. A guess, confirmed by the origin. Pure.
+pub(crate) fn implied_chunk_len(size: u64, count: u32) -> Option<u64> {
+    let n = u64::from(count);
+    let fits = |len: u64| {
+        len > 0 && len.checked_mul(n - 1).is_some_and(|b| b < size) && size <= len.saturating_mul(n)
+    };
+    match count {
+        0 => None,
+        1 => Some(size),
+        _ => [chunker::DEFAULT_CHUNK_SIZE, size.div_ceil(n)]
+            .into_iter()
+            .find(|&len| fits(len)),
+    }
 }
 
 /// Where the resolve's requests go: one origin's URLs, asked with retries under its control.
@@ -244,7 +288,7 @@ impl Ask<'_> {
 
 #[cfg(test)]
 mod count_tests {
-    use super::{CountSource, count_source};
+    use super::{CountSource, count_source, implied_chunk_len};
     use manifest::contract::ContractName;
 
     /// v25 asks the origin's `.chunkmanifest` for every chunked entry; a contract taking the
@@ -264,6 +308,33 @@ mod count_tests {
         ];
         for (from_manifest, declared, want) in table {
             assert_eq!(count_source(declared, from_manifest), want, "{declared:?}");
+        }
+    }
+
+    /// The chunk length a transfer starts on before the origin confirms it: the native 45 MiB
+    /// when it fits the count, else the size split evenly (rounded up), else none.
+    #[test]
+    fn the_implied_chunk_length() {
+        const MIB: u64 = 1 << 20;
+        let native = chunker::DEFAULT_CHUNK_SIZE;
+        let table = [
+            // The field's model: four native chunks, the last one short.
+            (180_000_000, 4, Some(native)),
+            (4 * native, 4, Some(native)),
+            (3 * native + 1, 4, Some(native)),
+            // Cut with another chunk size: evenly, or nearly.
+            (64 * MIB, 4, Some(16 * MIB)),
+            (
+                3 * 64 * 1024 + 100,
+                4,
+                Some((3 * 64 * 1024 + 100_u64).div_ceil(4)),
+            ),
+            (5, 4, None),
+            (1000, 1, Some(1000)),
+            (1000, 0, None),
+        ];
+        for (size, count, want) in table {
+            assert_eq!(implied_chunk_len(size, count), want, "{size} in {count}");
         }
     }
 }
