@@ -264,3 +264,54 @@ fn a_stale_record_does_not_stand_for_a_chunk_set_replaced_since() {
         );
     }
 }
+
+/// A plain file (v25's accelerator variants are one) has no chunk manifest to retract before
+/// it changes: an upload outside publish that finds other bytes under its name (the live
+/// variant, here rebuilt to other bytes) is refused whole and leaves the live file as it is.
+#[test]
+fn an_upload_never_overwrites_a_plain_file_the_store_holds() {
+    use artifact_store::publish::{prepare_local, upload_artifacts};
+    let t = tempfile::tempdir().unwrap();
+    let m = model("pop", 1, 6_000);
+    let variant = |seed| {
+        let data = bytes(seed, 1_800);
+        let mut e = entry(m.id, &m.data, "Pop");
+        e["accelerator_artifacts"] = serde_json::json!({"chestnut": {
+            "artifact_format": "tinygrad_single_v1",
+            "artifact_filename": "pop_driving_chestnut_tinygrad.pkl",
+            "artifact_size": data.len(),
+            "artifact_sha256": chunker::Sha256Digest::of_bytes(&data).to_hex(),
+            "artifact_chunk_count": 0,
+            "execution_device": "AMD"
+        }});
+        let dir = artifacts_dir(&t.path().join(format!("v{seed}")), &[&m]);
+        std::fs::write(dir.join("pop/pop_driving_chestnut_tinygrad.pkl"), &data).unwrap();
+        (manifest_of(vec![e]), dir, data)
+    };
+    let store = LocalStore::new(t.path().join("store"));
+    let opts = PublishOptions {
+        generation: CURRENT_GENERATION,
+        dry_run: false,
+        retry: RetryPolicy::immediate(1),
+        deep_verify: false,
+        contract: Default::default(),
+    };
+    let (live, first, live_variant) = variant(31);
+    publish(&live, &first, &[&store], &opts, &mut |_| {}).unwrap();
+    let (rebuilt, second, _) = variant(32);
+    let local = prepare_local(&second, &rebuilt).unwrap();
+    let e = upload_artifacts(
+        &store,
+        &local,
+        CURRENT_GENERATION,
+        RetryPolicy::immediate(1),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("only publish"), "{e}");
+    let path = p("models/v25/pop/pop_driving_chestnut_tinygrad.pkl");
+    assert_eq!(
+        store.read_small(&path, 10_000).unwrap().unwrap(),
+        live_variant
+    );
+}

@@ -9,8 +9,8 @@ use manifest::{Generation, Manifest, ModelId, StoreLayout};
 
 use super::inspect::{Look, check_entry};
 use super::{
-    Event, FileSource, LocalArtifact, LocalFile, Observed, PublishOptions, SignatureAction, Step,
-    StoreReport, plan_model,
+    Event, FileSource, LocalArtifact, LocalFile, Observed, PublishOptions, Reason, SignatureAction,
+    Step, StoreReport, plan_model,
 };
 use crate::error::{Error, Refusal, Result};
 use crate::paths::StorePath;
@@ -150,9 +150,10 @@ fn new_report(store: String, plans: &[ModelPlan<'_>], generation: Generation) ->
 
 /// Step 1 alone, for `rebuild --upload-to`: the files of `local` that `store` lacks, uploaded
 /// in publish's order (chunks, `.sha256`, `.chunkmanifest` last) with publish's retries; never
-/// a manifest or a signature, and never a removal. An artifact whose plan would retract or
-/// remove a file the store holds (other bytes under its name, perhaps live) is refused whole
-/// before anything is written: only publish, after its gates, replaces such files.
+/// a manifest or a signature, and never a removal or a replacement. A plan that would retract,
+/// remove or overwrite a file the store holds (other bytes under the name, perhaps live: a
+/// plain file, such as v25's variants, has no chunk manifest to retract first) is refused
+/// whole before anything is written: only publish, after its gates, replaces such files.
 pub fn upload_artifacts(
     store: &dyn Store,
     local: &[LocalArtifact],
@@ -163,6 +164,11 @@ pub fn upload_artifacts(
     let plans = plan_store(store, local, generation, &KnownFiles::new())?;
     let removes = plans.iter().flat_map(|(_, s)| s).find_map(|s| match s {
         Step::Retract { path } | Step::RemoveShadowingPlain { path } => Some(path),
+        Step::Upload {
+            path,
+            reason: Reason::SizeDiffers | Reason::ContentDiffers,
+            ..
+        } => Some(path),
         _ => None,
     });
     if let Some(path) = removes {
