@@ -393,3 +393,62 @@ fn publish_knows_the_recorded_files_of_the_same_store_only() {
     let other = known_files(ws, Generation::new(27), ids(), &stores);
     assert!(other.iter().all(|k| k.is_empty()));
 }
+
+/// A panic in the uploader (a bug in a store client) is that model's failed upload, not the end
+/// of the run: every model is built and the manifest written; the uploader is not used again.
+#[test]
+fn a_panicking_uploader_does_not_end_the_run() {
+    struct Panicky(FakeUploader);
+    impl Uploader for Panicky {
+        fn stores(&self) -> Vec<String> {
+            self.0.stores()
+        }
+        fn whole(&mut self, store: usize, row: &UploadRow) -> Result<bool, String> {
+            self.0.whole(store, row)
+        }
+        fn upload(
+            &mut self,
+            store: usize,
+            ready: &Path,
+            id: &ModelId,
+            manifest: &Manifest,
+        ) -> Result<Vec<UploadRow>, String> {
+            assert_ne!(id.as_str(), "sc23", "injected: a store client's bug");
+            self.0.upload(store, ready, id, manifest)
+        }
+    }
+    let s = setup();
+    let mut builder = Timed {
+        log: s.log.clone(),
+        fails_validation: Vec::new(),
+    };
+    let uploader = Panicky(FakeUploader {
+        log: s.log.clone(),
+        held: s.held.clone(),
+        fails: Vec::new(),
+    });
+    let overlap = Overlap {
+        validate: false,
+        uploader: Some(Box::new(uploader)),
+    };
+    let summary = s
+        .rebuild
+        .run_with(&mut builder, overlap, &mut |_| {})
+        .unwrap();
+    assert_eq!(summary.compiled, 3);
+    assert!(summary.manifest.exists());
+    assert_eq!(
+        uploads(&summary),
+        [
+            ("pop223", "uploaded"),
+            ("sc23", "failed"),
+            ("rdf43", "failed")
+        ]
+    );
+    let error = summary.uploads[1].error.as_deref().unwrap();
+    assert!(
+        error.contains("panicked") && error.contains("injected"),
+        "{error}"
+    );
+    assert!(!s.rebuild.workspace.upload_record(&id("rdf43")).exists());
+}
