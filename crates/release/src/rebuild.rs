@@ -614,9 +614,10 @@ impl Rebuild {
                         message,
                     })
                 };
-                // This model's prefetched sources; then the next one's fetch starts.
+                // This model's prefetched sources; then the next one's fetch starts. A fetcher
+                // that panicked (a bug in a store client) is dropped: sources come in turn.
                 let fetched = prefetch.take().and_then(|(i, h)| {
-                    let (r, f) = h.join().expect("the prefetch thread does not panic");
+                    let (r, f) = h.join().ok()?;
                     fetcher = Some(f);
                     (i == index).then_some(r)
                 });

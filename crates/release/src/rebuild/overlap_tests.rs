@@ -37,12 +37,15 @@ struct Timed {
     log: Log,
     /// Models whose device validation fails.
     fails_validation: Vec<ModelId>,
+    /// Models whose fetch ahead panics.
+    prefetch_panics: Vec<ModelId>,
 }
 
-struct TimedFetcher(Log);
+struct TimedFetcher(Log, Vec<ModelId>);
 
 impl SourceFetcher for TimedFetcher {
     fn fetch(&mut self, model: &PlannedModel, dir: &Path) -> Result<Vec<PathBuf>, BuildError> {
+        assert!(!self.1.contains(&model.source.id), "injected: a fetch bug");
         note(&self.0, format!("fetch start {}", model.source.id));
         std::thread::sleep(Duration::from_millis(60));
         note(&self.0, format!("fetch end {}", model.source.id));
@@ -96,7 +99,10 @@ impl Builder for Timed {
     }
 
     fn fetcher(&self) -> Option<Box<dyn SourceFetcher>> {
-        Some(Box::new(TimedFetcher(self.log.clone())))
+        Some(Box::new(TimedFetcher(
+            self.log.clone(),
+            self.prefetch_panics.clone(),
+        )))
     }
 
     fn validate(
@@ -205,6 +211,7 @@ fn run(
     let mut builder = Timed {
         log: s.log.clone(),
         fails_validation: validation_fails.iter().map(|i| id(i)).collect(),
+        prefetch_panics: Vec::new(),
     };
     let uploader = FakeUploader {
         log: s.log.clone(),
@@ -421,6 +428,7 @@ fn a_panicking_uploader_does_not_end_the_run() {
     let mut builder = Timed {
         log: s.log.clone(),
         fails_validation: Vec::new(),
+        prefetch_panics: Vec::new(),
     };
     let uploader = Panicky(FakeUploader {
         log: s.log.clone(),
@@ -451,4 +459,25 @@ fn a_panicking_uploader_does_not_end_the_run() {
         "{error}"
     );
     assert!(!s.rebuild.workspace.upload_record(&id("rdf43")).exists());
+}
+
+/// A panic while fetching the next model's sources ahead (a bug in a store client) is not the
+/// end of the run: that model's sources are fetched in turn, and no more are fetched ahead.
+#[test]
+fn a_panicking_prefetch_falls_back_to_fetching_in_turn() {
+    let s = setup();
+    let mut builder = Timed {
+        log: s.log.clone(),
+        fails_validation: Vec::new(),
+        prefetch_panics: vec![id("sc23")],
+    };
+    let summary = s
+        .rebuild
+        .run_with(&mut builder, Overlap::default(), &mut |_| {})
+        .unwrap();
+    assert_eq!(summary.compiled, 3);
+    assert!(summary.manifest.exists());
+    let log = s.log.lock().unwrap().clone();
+    at(&log, "fetch in turn sc23");
+    at(&log, "fetch in turn rdf43");
 }
