@@ -140,3 +140,137 @@ fn an_upload_never_replaces_files_the_store_holds() {
     assert!(e.to_string().contains("only publish"), "{e}");
     assert_eq!(read_artifact(&store, old.id), old.data);
 }
+
+/// A record older than what the store holds does not stand for it: another publish since the
+/// record (another pin's bytes at the same sizes, here one that stopped after its chunks, the
+/// chunk manifest retracted, or one that finished) changed the chunks under the record's word.
+/// Publish, told the stale record, finds that out from the chunk set's small files and uploads
+/// the manifest's bytes again rather than listing them over other bytes.
+#[test]
+fn a_stale_record_does_not_stand_for_a_chunk_set_replaced_since() {
+    use artifact_store::publish::{
+        FileSource, KnownFiles, SignatureAction, prepare_local, publish_known, upload_artifacts,
+    };
+    for finished in [false, true] {
+        let t = tempfile::tempdir().unwrap();
+        let ours = model("pop", 1, 60_000);
+        let other = model("pop", 2, 60_000);
+        let artifacts = artifacts_dir(&t.path().join("ours"), &[&ours]);
+        let manifest = manifest_of(vec![entry(ours.id, &ours.data, "Pop")]);
+        let store = Remote {
+            inner: LocalStore::new(t.path().join("store")),
+            reads: AtomicUsize::new(0),
+        };
+        let local = prepare_local(&artifacts, &manifest).unwrap();
+        upload_artifacts(
+            &store,
+            &local,
+            CURRENT_GENERATION,
+            RetryPolicy::immediate(1),
+            &mut |_| {},
+        )
+        .unwrap();
+        let known: KnownFiles = local[0]
+            .files
+            .iter()
+            .map(|f| (format!("models/v25/pop/{}", f.name), (f.size, f.sha256)))
+            .collect();
+        // Another publish: the chunk manifest retracted, the other chunks (same sizes), then,
+        // when it finished, the sidecar and the chunk manifest.
+        let theirs = prepare_local(
+            &artifacts_dir(&t.path().join("theirs"), &[&other]),
+            &manifest_of(vec![entry(other.id, &other.data, "Pop")]),
+        )
+        .unwrap();
+        let cm = theirs[0].files.last().unwrap();
+        store
+            .inner
+            .delete(&p(&format!("models/v25/pop/{}", cm.name)))
+            .unwrap();
+        for f in theirs[0].files.iter() {
+            let is_chunk = f.role == artifact_store::publish::FileRole::Chunk;
+            let path = p(&format!("models/v25/pop/{}", f.name));
+            match &f.source {
+                FileSource::Path(src) if is_chunk => store.inner.write_file(&path, src),
+                FileSource::Bytes(b) if finished && !is_chunk => store.inner.write_bytes(&path, b),
+                FileSource::Path(src) if finished => store.inner.write_file(&path, src),
+                _ => continue,
+            }
+            .unwrap();
+        }
+        let opts = PublishOptions {
+            generation: CURRENT_GENERATION,
+            dry_run: false,
+            retry: RetryPolicy::immediate(1),
+            deep_verify: false,
+            contract: Default::default(),
+        };
+        let report = publish_known(
+            &manifest,
+            &artifacts,
+            &[&store],
+            &opts,
+            SignatureAction::Unsigned,
+            &[known],
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(report.stores[0].manifest, "written");
+        assert_eq!(
+            read_artifact(&store.inner, ours.id),
+            ours.data,
+            "finished {finished}: the manifest lists bytes the store does not hold"
+        );
+    }
+}
+
+/// A plain file (v25's accelerator variants are one) has no chunk manifest to retract before
+/// it changes: an upload outside publish that finds other bytes under its name (the live
+/// variant, here rebuilt to other bytes) is refused whole and leaves the live file as it is.
+#[test]
+fn an_upload_never_overwrites_a_plain_file_the_store_holds() {
+    use artifact_store::publish::{prepare_local, upload_artifacts};
+    let t = tempfile::tempdir().unwrap();
+    let m = model("pop", 1, 6_000);
+    let variant = |seed| {
+        let data = bytes(seed, 1_800);
+        let mut e = entry(m.id, &m.data, "Pop");
+        e["accelerator_artifacts"] = serde_json::json!({"chestnut": {
+            "artifact_format": "tinygrad_single_v1",
+            "artifact_filename": "pop_driving_chestnut_tinygrad.pkl",
+            "artifact_size": data.len(),
+            "artifact_sha256": chunker::Sha256Digest::of_bytes(&data).to_hex(),
+            "artifact_chunk_count": 0,
+            "execution_device": "AMD"
+        }});
+        let dir = artifacts_dir(&t.path().join(format!("v{seed}")), &[&m]);
+        std::fs::write(dir.join("pop/pop_driving_chestnut_tinygrad.pkl"), &data).unwrap();
+        (manifest_of(vec![e]), dir, data)
+    };
+    let store = LocalStore::new(t.path().join("store"));
+    let opts = PublishOptions {
+        generation: CURRENT_GENERATION,
+        dry_run: false,
+        retry: RetryPolicy::immediate(1),
+        deep_verify: false,
+        contract: Default::default(),
+    };
+    let (live, first, live_variant) = variant(31);
+    publish(&live, &first, &[&store], &opts, &mut |_| {}).unwrap();
+    let (rebuilt, second, _) = variant(32);
+    let local = prepare_local(&second, &rebuilt).unwrap();
+    let e = upload_artifacts(
+        &store,
+        &local,
+        CURRENT_GENERATION,
+        RetryPolicy::immediate(1),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("only publish"), "{e}");
+    let path = p("models/v25/pop/pop_driving_chestnut_tinygrad.pkl");
+    assert_eq!(
+        store.read_small(&path, 10_000).unwrap().unwrap(),
+        live_variant
+    );
+}

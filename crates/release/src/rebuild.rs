@@ -31,7 +31,7 @@ pub use overlap::{
     SourceFetcher, StoreFetcher, StoreUploader, UploadOutcome, UploadRecord, UploadRow,
     UploadedFile, Uploader, known_files,
 };
-use overlap::{UploadJob, upload_model};
+use overlap::{UploadJob, upload_worker};
 pub use plan::{PlannedModel, SourceEntry, parse_source_map, plan};
 pub use record::{
     BuildRecord, FailureRecord, RecordedArtifact, RecordedVariant, VariantDropped, build_manifest,
@@ -597,11 +597,7 @@ impl Rebuild {
                 Some(mut up) => {
                     let (tx, rx) = std::sync::mpsc::channel::<UploadJob>();
                     let (done_tx, done) = std::sync::mpsc::channel();
-                    scope.spawn(move || {
-                        for job in rx {
-                            let _ = done_tx.send(upload_model(ws, generation, &mut *up, &job));
-                        }
-                    });
+                    scope.spawn(move || upload_worker(ws, generation, &mut *up, rx, done_tx));
                     (Some(tx), Some(done))
                 }
                 None => (None, None),
@@ -618,9 +614,10 @@ impl Rebuild {
                         message,
                     })
                 };
-                // This model's prefetched sources; then the next one's fetch starts.
+                // This model's prefetched sources; then the next one's fetch starts. A fetcher
+                // that panicked (a bug in a store client) is dropped: sources come in turn.
                 let fetched = prefetch.take().and_then(|(i, h)| {
-                    let (r, f) = h.join().expect("the prefetch thread does not panic");
+                    let (r, f) = h.join().ok()?;
                     fetcher = Some(f);
                     (i == index).then_some(r)
                 });

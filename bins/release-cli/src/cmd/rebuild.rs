@@ -35,9 +35,10 @@ pub struct RebuildArgs {
     #[arg(long = "model", value_name = "ID")]
     pub models: Vec<ModelId>,
     /// Upload each finished model's artifact files (chunks, `.sha256`, `.chunkmanifest`; never a
-    /// manifest) to this store from a background worker while the next model compiles, as
-    /// publish uploads them (same store forms as publish's --to; repeat for several, the Hub
-    /// before GitHub). Recorded in results/<id>.upload.json once the store has them; a rerun
+    /// manifest, and never over other bytes the store holds under their names: publish replaces
+    /// those after its gates) to this store from a background worker while the next model
+    /// compiles, as publish uploads them (same store forms as publish's --to; repeat for
+    /// several, the Hub before GitHub). Recorded in results/<id>.upload.json once the store has them; a rerun
     /// skips what is recorded and still there, and publish, still gated as always, then
     /// uploads only what is missing and the manifest last. A failed upload does not stop the
     /// compiles: the summary names it and publish uploads it.

@@ -9,8 +9,8 @@ use manifest::{Generation, Manifest, ModelId, StoreLayout};
 
 use super::inspect::{Look, check_entry};
 use super::{
-    Event, FileSource, LocalArtifact, LocalFile, Observed, PublishOptions, SignatureAction, Step,
-    StoreReport, plan_model,
+    Event, FileSource, LocalArtifact, LocalFile, Observed, PublishOptions, Reason, SignatureAction,
+    Step, StoreReport, plan_model,
 };
 use crate::error::{Error, Refusal, Result};
 use crate::paths::StorePath;
@@ -23,7 +23,8 @@ use crate::store::Store;
 pub type KnownFiles = BTreeMap<String, (u64, Sha256Digest)>;
 
 /// What the store holds at `path` for `want`. A file `known` names with `want`'s size and
-/// digest, at that size in the store, is taken as that digest without reading it back.
+/// digest, at that size in the store, is taken as that digest without reading it back
+/// (`known` is empty unless the artifact's small files read back as its own, [`anchored`]).
 fn observe(
     store: &dyn Store,
     path: &StorePath,
@@ -149,9 +150,10 @@ fn new_report(store: String, plans: &[ModelPlan<'_>], generation: Generation) ->
 
 /// Step 1 alone, for `rebuild --upload-to`: the files of `local` that `store` lacks, uploaded
 /// in publish's order (chunks, `.sha256`, `.chunkmanifest` last) with publish's retries; never
-/// a manifest or a signature, and never a removal. An artifact whose plan would retract or
-/// remove a file the store holds (other bytes under its name, perhaps live) is refused whole
-/// before anything is written: only publish, after its gates, replaces such files.
+/// a manifest or a signature, and never a removal or a replacement. A plan that would retract,
+/// remove or overwrite a file the store holds (other bytes under the name, perhaps live: a
+/// plain file, such as v25's variants, has no chunk manifest to retract first) is refused
+/// whole before anything is written: only publish, after its gates, replaces such files.
 pub fn upload_artifacts(
     store: &dyn Store,
     local: &[LocalArtifact],
@@ -162,6 +164,11 @@ pub fn upload_artifacts(
     let plans = plan_store(store, local, generation, &KnownFiles::new())?;
     let removes = plans.iter().flat_map(|(_, s)| s).find_map(|s| match s {
         Step::Retract { path } | Step::RemoveShadowingPlain { path } => Some(path),
+        Step::Upload {
+            path,
+            reason: Reason::SizeDiffers | Reason::ContentDiffers,
+            ..
+        } => Some(path),
         _ => None,
     });
     if let Some(path) = removes {
@@ -187,8 +194,13 @@ fn plan_store<'a>(
 ) -> Result<Vec<ModelPlan<'a>>> {
     let layout = StoreLayout::HfBucket;
     let mut plans = Vec::new();
+    let none = KnownFiles::new();
     for art in local {
         let dir = layout.artifact_dir(generation, &art.id);
+        let known = match anchored(store, art, &dir, known)? {
+            true => known,
+            false => &none,
+        };
         let mut observed = Vec::new();
         for f in &art.files {
             observed.push(observe(store, &dir.join(&f.name)?, f, known)?);
@@ -204,6 +216,45 @@ fn plan_store<'a>(
         plans.push((art, steps));
     }
     Ok(plans)
+}
+
+/// Whether a record's word ([`KnownFiles`]) may stand for `art`'s files in `store`: `art` is a
+/// chunk set and its sidecar and chunk manifest, read back whole (small reads), are `art`'s.
+/// Publish retracts a chunk manifest before it changes chunks under it and writes it last, so
+/// another set's chunk manifest there, or none, means the chunks may be other bytes too (a
+/// publish since the record, perhaps one that stopped half-way): then they are hashed.
+fn anchored(
+    store: &dyn Store,
+    art: &LocalArtifact,
+    dir: &StorePath,
+    known: &KnownFiles,
+) -> Result<bool> {
+    let chunked = art
+        .files
+        .iter()
+        .any(|f| f.role == super::FileRole::ChunkManifest);
+    let named = art
+        .files
+        .iter()
+        .any(|f| known.contains_key(&format!("{dir}/{}", f.name)));
+    if !named || !chunked {
+        return Ok(false);
+    }
+    for f in art
+        .files
+        .iter()
+        .filter(|f| f.role != super::FileRole::Chunk)
+    {
+        let path = dir.join(&f.name)?;
+        if store.stat(&path)?.map(|s| s.size) != Some(f.size) {
+            return Ok(false);
+        }
+        let held = store.read_small(&path, f.size)?;
+        if held.map(|b| Sha256Digest::of_bytes(&b)) != Some(f.sha256) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Step 1 carried out: every planned step, then what the backend held back.

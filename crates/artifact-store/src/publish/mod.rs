@@ -629,7 +629,9 @@ pub fn publish_signed(
 /// [`publish_signed`], where `known[i]` names files the store `stores[i]` is recorded to hold
 /// ([`KnownFiles`], `rebuild --upload-to`'s record): such a file found at its recorded size is
 /// planned as holding its recorded digest, not read back to hash it, except with
-/// `--deep-verify` or where reads are local. Everything else is as [`publish_signed`].
+/// `--deep-verify`, where reads are local, or where the chunk set's sidecar and chunk manifest
+/// (read back whole) are not the artifact's own: a publish since the record changed it.
+/// Everything else is as [`publish_signed`].
 pub fn publish_known(
     manifest: &Manifest,
     artifacts_dir: &Path,

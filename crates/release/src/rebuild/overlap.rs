@@ -124,7 +124,7 @@ pub struct UploadOutcome {
 /// The worker's work for one model: per store, skip it when the record names every artifact
 /// of the job and the store still holds them whole, else upload and record what the store
 /// then holds. A failure is the outcome, never the end of the run.
-pub(super) fn upload_model(
+fn upload_model(
     ws: &Workspace,
     generation: Generation,
     up: &mut dyn Uploader,
@@ -171,6 +171,52 @@ pub(super) fn upload_model(
         });
     }
     out
+}
+
+/// The upload worker: each finished model of `jobs` through [`upload_model`], its outcomes
+/// sent to `done`. A panic in the uploader (a bug in a store client) is that model's `failed`
+/// outcome, not the end of the run; the uploader, its state unknown, is not used again, so
+/// the models after it fail too (publish uploads them).
+pub(super) fn upload_worker(
+    ws: &Workspace,
+    generation: Generation,
+    up: &mut dyn Uploader,
+    jobs: std::sync::mpsc::Receiver<UploadJob>,
+    done: std::sync::mpsc::Sender<Vec<UploadOutcome>>,
+) {
+    let stores = up.stores();
+    let mut panicked: Option<String> = None;
+    for job in jobs {
+        let ran = match &panicked {
+            None => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                upload_model(ws, generation, up, &job)
+            }))
+            .map_err(|p| {
+                let what = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown".into());
+                format!("the upload worker panicked ({what})")
+            }),
+            Some(why) => Err(format!("not uploaded: {why} earlier")),
+        };
+        let outcomes = ran.unwrap_or_else(|error| {
+            panicked.get_or_insert_with(|| error.clone());
+            stores
+                .iter()
+                .map(|store| UploadOutcome {
+                    id: job.id.clone(),
+                    store: store.clone(),
+                    status: "failed",
+                    error: Some(error.clone()),
+                })
+                .collect()
+        });
+        if done.send(outcomes).is_err() {
+            return;
+        }
+    }
 }
 
 /// Publish's [`KnownFiles`] for each `stores` entry (as publish's record names stores): the

@@ -37,12 +37,15 @@ struct Timed {
     log: Log,
     /// Models whose device validation fails.
     fails_validation: Vec<ModelId>,
+    /// Models whose fetch ahead panics.
+    prefetch_panics: Vec<ModelId>,
 }
 
-struct TimedFetcher(Log);
+struct TimedFetcher(Log, Vec<ModelId>);
 
 impl SourceFetcher for TimedFetcher {
     fn fetch(&mut self, model: &PlannedModel, dir: &Path) -> Result<Vec<PathBuf>, BuildError> {
+        assert!(!self.1.contains(&model.source.id), "injected: a fetch bug");
         note(&self.0, format!("fetch start {}", model.source.id));
         std::thread::sleep(Duration::from_millis(60));
         note(&self.0, format!("fetch end {}", model.source.id));
@@ -96,7 +99,10 @@ impl Builder for Timed {
     }
 
     fn fetcher(&self) -> Option<Box<dyn SourceFetcher>> {
-        Some(Box::new(TimedFetcher(self.log.clone())))
+        Some(Box::new(TimedFetcher(
+            self.log.clone(),
+            self.prefetch_panics.clone(),
+        )))
     }
 
     fn validate(
@@ -205,6 +211,7 @@ fn run(
     let mut builder = Timed {
         log: s.log.clone(),
         fails_validation: validation_fails.iter().map(|i| id(i)).collect(),
+        prefetch_panics: Vec::new(),
     };
     let uploader = FakeUploader {
         log: s.log.clone(),
@@ -392,4 +399,85 @@ fn publish_knows_the_recorded_files_of_the_same_store_only() {
     assert_eq!(known[1].keys().cloned().collect::<BTreeSet<_>>(), held);
     let other = known_files(ws, Generation::new(27), ids(), &stores);
     assert!(other.iter().all(|k| k.is_empty()));
+}
+
+/// A panic in the uploader (a bug in a store client) is that model's failed upload, not the end
+/// of the run: every model is built and the manifest written; the uploader is not used again.
+#[test]
+fn a_panicking_uploader_does_not_end_the_run() {
+    struct Panicky(FakeUploader);
+    impl Uploader for Panicky {
+        fn stores(&self) -> Vec<String> {
+            self.0.stores()
+        }
+        fn whole(&mut self, store: usize, row: &UploadRow) -> Result<bool, String> {
+            self.0.whole(store, row)
+        }
+        fn upload(
+            &mut self,
+            store: usize,
+            ready: &Path,
+            id: &ModelId,
+            manifest: &Manifest,
+        ) -> Result<Vec<UploadRow>, String> {
+            assert_ne!(id.as_str(), "sc23", "injected: a store client's bug");
+            self.0.upload(store, ready, id, manifest)
+        }
+    }
+    let s = setup();
+    let mut builder = Timed {
+        log: s.log.clone(),
+        fails_validation: Vec::new(),
+        prefetch_panics: Vec::new(),
+    };
+    let uploader = Panicky(FakeUploader {
+        log: s.log.clone(),
+        held: s.held.clone(),
+        fails: Vec::new(),
+    });
+    let overlap = Overlap {
+        validate: false,
+        uploader: Some(Box::new(uploader)),
+    };
+    let summary = s
+        .rebuild
+        .run_with(&mut builder, overlap, &mut |_| {})
+        .unwrap();
+    assert_eq!(summary.compiled, 3);
+    assert!(summary.manifest.exists());
+    assert_eq!(
+        uploads(&summary),
+        [
+            ("pop223", "uploaded"),
+            ("sc23", "failed"),
+            ("rdf43", "failed")
+        ]
+    );
+    let error = summary.uploads[1].error.as_deref().unwrap();
+    assert!(
+        error.contains("panicked") && error.contains("injected"),
+        "{error}"
+    );
+    assert!(!s.rebuild.workspace.upload_record(&id("rdf43")).exists());
+}
+
+/// A panic while fetching the next model's sources ahead (a bug in a store client) is not the
+/// end of the run: that model's sources are fetched in turn, and no more are fetched ahead.
+#[test]
+fn a_panicking_prefetch_falls_back_to_fetching_in_turn() {
+    let s = setup();
+    let mut builder = Timed {
+        log: s.log.clone(),
+        fails_validation: Vec::new(),
+        prefetch_panics: vec![id("sc23")],
+    };
+    let summary = s
+        .rebuild
+        .run_with(&mut builder, Overlap::default(), &mut |_| {})
+        .unwrap();
+    assert_eq!(summary.compiled, 3);
+    assert!(summary.manifest.exists());
+    let log = s.log.lock().unwrap().clone();
+    at(&log, "fetch in turn sc23");
+    at(&log, "fetch in turn rdf43");
 }
