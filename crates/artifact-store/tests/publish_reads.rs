@@ -157,9 +157,9 @@ fn a_stale_record_does_not_stand_for_a_chunk_set_replaced_since() {
         let other = model("pop", 2, 60_000);
         let artifacts = artifacts_dir(&t.path().join("ours"), &[&ours]);
         let manifest = manifest_of(vec![entry(ours.id, &ours.data, "Pop")]);
-        let store = Remote {
-            inner: LocalStore::new(t.path().join("store")),
-            reads: AtomicUsize::new(0),
+        let store = Recording {
+            remote: true,
+            ..Recording::new(LocalStore::new(t.path().join("store")))
         };
         let local = prepare_local(&artifacts, &manifest).unwrap();
         upload_artifacts(
