@@ -161,10 +161,6 @@ impl HubHttp {
         redact(text, &[self.token.as_deref().unwrap_or_default()])
     }
 
-    fn same_origin(&self, url: &Url) -> bool {
-        origin(url) == origin(&self.endpoint)
-    }
-
     /// Send a request, following redirects by hand. Returns the final response and the headers
     /// of the first one (the Hub puts `X-Linked-Size` on the redirect, not on the CDN answer).
     pub fn send(&self, method: Method, url: &str) -> Result<(Response, HeaderMap)> {
@@ -195,7 +191,7 @@ impl HubHttp {
                 req = req.header(RANGE, format!("bytes={start}-{end}"));
             }
             if let Some(token) = &self.token
-                && self.same_origin(&url)
+                && origin(&url) == origin(&self.endpoint)
             {
                 req = req.header(AUTHORIZATION, format!("Bearer {token}"));
             }
@@ -768,15 +764,6 @@ impl HfBucketStore {
     pub fn cli(&self) -> &HfCli {
         &self.cli
     }
-
-    fn tree_url(&self, prefix: &StorePath) -> String {
-        format!(
-            "{}/api/buckets/{}/tree/{}?recursive=true",
-            self.http.endpoint(),
-            self.bucket,
-            prefix.url_encoded()
-        )
-    }
 }
 
 impl Store for HfBucketStore {
@@ -834,7 +821,11 @@ impl Store for HfBucketStore {
     }
 
     fn list(&self, prefix: &StorePath) -> Result<Vec<ListEntry>> {
-        let first = self.tree_url(prefix);
+        let (endpoint, prefix_url) = (self.http.endpoint(), prefix.url_encoded());
+        let first = format!(
+            "{endpoint}/api/buckets/{}/tree/{prefix_url}?recursive=true",
+            self.bucket
+        );
         let mut pages = Pagination::new(&first, self.max_pages).within(self.max_time);
         let (started, mut listed, mut out) = (std::time::Instant::now(), HashSet::new(), vec![]);
         let mut next = Some(first);

@@ -471,10 +471,8 @@ struct Reader<'l, In> {
 
 impl<In: Read> Reader<'_, In> {
     fn err(&self, defect: StampDefect) -> StampError {
-        StampError {
-            offset: self.pos,
-            defect,
-        }
+        let offset = self.pos;
+        StampError { offset, defect }
     }
 
     fn bad(&self, opcode: u8, why: impl Into<String>) -> StampError {
@@ -627,10 +625,6 @@ impl<In: Read> Reader<'_, In> {
         Ok((prefixed, protocol))
     }
 
-    fn floor(&self) -> usize {
-        self.marks.last().copied().unwrap_or(0)
-    }
-
     fn push(&mut self, v: V) -> R<()> {
         if self.stack.len() >= self.limits.max_stack {
             let cap = self.limits.max_stack;
@@ -642,7 +636,7 @@ impl<In: Read> Reader<'_, In> {
 
     /// The value on top of the stack, above the last mark.
     fn top(&self, opcode: u8) -> R<V> {
-        let above = &self.stack[self.floor()..];
+        let above = &self.stack[self.marks.last().copied().unwrap_or(0)..];
         let underflow = || self.err(StampDefect::StackUnderflow { opcode });
         above.last().cloned().ok_or_else(underflow)
     }
@@ -758,7 +752,7 @@ impl<In: Read> Reader<'_, In> {
             }
             b'(' => self.marks.push(self.stack.len()),
             // POP: a value, or the mark when nothing is above it.
-            b'0' if self.stack.len() > self.floor() => drop(self.stack.pop()),
+            b'0' if self.top(op).is_ok() => drop(self.stack.pop()),
             b'0' if self.marks.pop().is_none() => {
                 return Err(at_op(StampDefect::StackUnderflow { opcode: op }));
             }
@@ -857,7 +851,21 @@ impl<In: Read> Reader<'_, In> {
                 self.bytes(n, max_string, 0)?;
                 V::Kind("bytes")
             }
-            b'V' | b'S' => self.text_string(op)?,
+            // A text string (protocol 0): kept when it is plain ASCII without escapes.
+            b'V' | b'S' => {
+                let line = self.line()?;
+                let plain = match line.as_slice() {
+                    [q @ (b'\'' | b'"'), inner @ .., end] if op == b'S' && q == end => inner,
+                    _ if op == b'S' => return Err(self.bad(op, "STRING operand is not quoted")),
+                    all => all,
+                };
+                let escaped = plain.contains(&b'\\') || !plain.is_ascii();
+                if escaped || plain.len() > keep {
+                    V::Kind("escaped string")
+                } else {
+                    string_value(Some(plain.to_vec()))
+                }
+            }
             _ => return Ok(false),
         };
         self.push(v)?;
@@ -876,22 +884,6 @@ impl<In: Read> Reader<'_, In> {
             }
             // 0x8d, 0x8e and 0x96: eight bytes.
             _ => u64::from_le_bytes(self.le()?),
-        })
-    }
-
-    /// A text string (protocol 0): kept when it is plain ASCII without escapes.
-    fn text_string(&mut self, op: u8) -> R<V> {
-        let line = self.line()?;
-        let plain = match line.as_slice() {
-            [q @ (b'\'' | b'"'), inner @ .., end] if op == b'S' && q == end => inner,
-            _ if op == b'S' => return Err(self.bad(op, "STRING operand is not quoted")),
-            all => all,
-        };
-        let escaped = plain.contains(&b'\\') || !plain.is_ascii();
-        Ok(if escaped || plain.len() > self.limits.keep_string {
-            V::Kind("escaped string")
-        } else {
-            string_value(Some(plain.to_vec()))
         })
     }
 
