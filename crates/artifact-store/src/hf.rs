@@ -29,18 +29,20 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use reqwest::blocking::{Client, Response};
-use reqwest::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_LENGTH, HeaderMap, LINK, LOCATION};
+use reqwest::header::{
+    ACCEPT_ENCODING, AUTHORIZATION, CONTENT_LENGTH, HeaderMap, LINK, LOCATION, RANGE,
+};
 use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
 
 use crate::error::{Error, HfFailure, Result};
 use crate::paths::{StorePath, is_under};
-use crate::progress::{Finished, HfLine, Measure, Transfer, parse_hf_line, wait_reading_progress};
+use crate::progress::{HfLine, Measure, Transfer, parse_hf_line, wait_reading_progress};
 use crate::store::{FileStat, ListEntry, Store};
 
 /// At most this many redirects per request (the Hub answers resolve URLs with one or two).
@@ -141,11 +143,7 @@ impl HubHttp {
             // download is fine and a stalled one fails.
             .timeout(config.timeout)
             .build()
-            .map_err(|e| Error::Http {
-                method: "INIT",
-                url: config.endpoint.clone(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| http_error("INIT", &config.endpoint, e))?;
         Ok(Self {
             client,
             endpoint,
@@ -163,12 +161,6 @@ impl HubHttp {
         redact(text, &[self.token.as_deref().unwrap_or_default()])
     }
 
-    fn same_origin(&self, url: &Url) -> bool {
-        url.scheme() == self.endpoint.scheme()
-            && url.host_str() == self.endpoint.host_str()
-            && url.port_or_known_default() == self.endpoint.port_or_known_default()
-    }
-
     /// Send a request, following redirects by hand. Returns the final response and the headers
     /// of the first one (the Hub puts `X-Linked-Size` on the redirect, not on the CDN answer).
     pub fn send(&self, method: Method, url: &str) -> Result<(Response, HeaderMap)> {
@@ -182,16 +174,12 @@ impl HubHttp {
         url: &str,
         range: Option<(u64, u64)>,
     ) -> Result<(Response, HeaderMap)> {
-        let method_name: &'static str = if method == Method::HEAD {
+        let name = if method == Method::HEAD {
             "HEAD"
         } else {
             "GET"
         };
-        let mut url = Url::parse(url).map_err(|e| Error::Http {
-            method: method_name,
-            url: url.to_string(),
-            message: e.to_string(),
-        })?;
+        let mut url = Url::parse(url).map_err(|e| http_error(name, url, e))?;
         let mut first_headers = None;
         for _ in 0..=MAX_REDIRECTS {
             // No compression: sizes and ranges must be about the stored bytes.
@@ -200,76 +188,32 @@ impl HubHttp {
                 .request(method.clone(), url.clone())
                 .header(ACCEPT_ENCODING, "identity");
             if let Some((start, end)) = range {
-                req = req.header(reqwest::header::RANGE, format!("bytes={start}-{end}"));
+                req = req.header(RANGE, format!("bytes={start}-{end}"));
             }
             if let Some(token) = &self.token
-                && self.same_origin(&url)
+                && origin(&url) == origin(&self.endpoint)
             {
                 req = req.header(AUTHORIZATION, format!("Bearer {token}"));
             }
-            let resp = req.send().map_err(|e| Error::Http {
-                method: method_name,
-                url: self.redact(url.as_str()),
-                message: self.redact(&e.to_string()),
+            let resp = req.send().map_err(|e| {
+                http_error(name, self.redact(url.as_str()), self.redact(&e.to_string()))
             })?;
-            if first_headers.is_none() {
-                first_headers = Some(resp.headers().clone());
-            }
-            if resp.status().is_redirection()
-                && let Some(loc) = resp.headers().get(LOCATION)
-            {
-                let loc = loc.to_str().map_err(|_| Error::BadResponse {
-                    url: url.to_string(),
-                    reason: "redirect Location is not text".into(),
-                })?;
-                url = url.join(loc).map_err(|e| Error::BadResponse {
-                    url: url.to_string(),
-                    reason: format!("bad redirect Location {loc:?}: {e}"),
-                })?;
-                continue;
-            }
-            return Ok((resp, first_headers.unwrap_or_default()));
+            first_headers.get_or_insert_with(|| resp.headers().clone());
+            let location = resp.headers().get(LOCATION);
+            let Some(loc) = location.filter(|_| resp.status().is_redirection()) else {
+                return Ok((resp, first_headers.unwrap_or_default()));
+            };
+            let loc = loc
+                .to_str()
+                .map_err(|_| bad_response(&url, "redirect Location is not text"))?;
+            url = url
+                .join(loc)
+                .map_err(|e| bad_response(&url, format!("bad redirect Location {loc:?}: {e}")))?;
         }
-        Err(Error::BadResponse {
-            url: url.to_string(),
-            reason: format!("more than {MAX_REDIRECTS} redirects"),
-        })
-    }
-}
-
-impl HubHttp {
-    /// HEAD a resolve URL: the stored file's size, `None` on 404. A redirect's own
-    /// Content-Length describes the redirect body, so the Hub's `X-Linked-Size` on the first
-    /// answer is trusted there, and Content-Length only on the final one.
-    pub(crate) fn stat(&self, url: &str) -> Result<Option<FileStat>> {
-        let (resp, first) = self.send(Method::HEAD, url)?;
-        match resp.status() {
-            StatusCode::NOT_FOUND => Ok(None),
-            s if s.is_success() => {
-                let size = header_u64(&first, "x-linked-size")
-                    .or_else(|| header_u64(resp.headers(), CONTENT_LENGTH.as_str()))
-                    .ok_or_else(|| Error::BadResponse {
-                        url: url.to_string(),
-                        reason: "no Content-Length or X-Linked-Size".into(),
-                    })?;
-                Ok(Some(FileStat { size }))
-            }
-            s => Err(status_error("HEAD", url, s)),
-        }
-    }
-
-    /// GET a resolve URL as a stream; `not_found()` on 404.
-    pub(crate) fn open(
-        &self,
-        url: &str,
-        not_found: impl FnOnce() -> Error,
-    ) -> Result<Box<dyn Read + Send>> {
-        let (resp, _) = self.send(Method::GET, url)?;
-        match resp.status() {
-            StatusCode::NOT_FOUND => Err(not_found()),
-            StatusCode::OK => Ok(Box::new(resp)),
-            s => Err(status_error("GET", url, s)),
-        }
+        Err(bad_response(
+            url,
+            format!("more than {MAX_REDIRECTS} redirects"),
+        ))
     }
 }
 
@@ -291,51 +235,51 @@ impl HubFile<'_> {
         }
     }
 
+    /// HEAD the file: its stored size, `None` on 404. A redirect's own Content-Length describes
+    /// the redirect body, so the Hub's `X-Linked-Size` on the first answer is trusted there,
+    /// and Content-Length only on the final one.
     pub fn stat(&self) -> Result<Option<FileStat>> {
-        self.http.stat(&self.url)
+        let (url, (resp, first)) = (&self.url, self.http.send(Method::HEAD, &self.url)?);
+        match resp.status() {
+            StatusCode::NOT_FOUND => Ok(None),
+            s if s.is_success() => {
+                let size = header_u64(&first, "x-linked-size")
+                    .or_else(|| header_u64(resp.headers(), CONTENT_LENGTH.as_str()))
+                    .ok_or_else(|| bad_response(url, "no Content-Length or X-Linked-Size"))?;
+                Ok(Some(FileStat { size }))
+            }
+            s => Err(status_error("HEAD", url, s)),
+        }
     }
 
+    /// GET the file as a stream.
     pub fn open(&self) -> Result<Box<dyn Read + Send>> {
-        self.http.open(&self.url, || self.not_found())
+        let (resp, _) = self.http.send(Method::GET, &self.url)?;
+        match resp.status() {
+            StatusCode::NOT_FOUND => Err(self.not_found()),
+            StatusCode::OK => Ok(Box::new(resp)),
+            s => Err(status_error("GET", &self.url, s)),
+        }
     }
 
+    /// Fill `buf` from `offset` with one ranged GET. A server that ignores the range (200) is
+    /// read up to the range and no further.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.http
-            .read_range(&self.url, offset, buf, || self.not_found())
-    }
-}
-
-impl HubHttp {
-    /// Fill `buf` from `offset` of a resolve URL with one ranged GET; `not_found()` on 404. A
-    /// server that ignores the range (200) is read up to the range and no further.
-    pub(crate) fn read_range(
-        &self,
-        url: &str,
-        offset: u64,
-        buf: &mut [u8],
-        not_found: impl FnOnce() -> Error,
-    ) -> Result<()> {
         if buf.is_empty() {
             return Ok(());
         }
-        let end = offset + buf.len() as u64 - 1;
-        let (mut resp, _) = self.send_range(Method::GET, url, Some((offset, end)))?;
-        let io_err = |e: std::io::Error| Error::Http {
-            method: "GET",
-            url: url.to_string(),
-            message: e.to_string(),
-        };
+        let (url, range) = (&self.url, Some((offset, offset + buf.len() as u64 - 1)));
+        let (mut resp, _) = self.http.send_range(Method::GET, url, range)?;
+        let io_err = |e: io::Error| http_error("GET", url, e);
         match resp.status() {
-            StatusCode::NOT_FOUND => Err(not_found()),
+            StatusCode::NOT_FOUND => Err(self.not_found()),
             StatusCode::PARTIAL_CONTENT => resp.read_exact(buf).map_err(io_err),
             StatusCode::OK => {
-                let skipped = std::io::copy(&mut (&mut resp).take(offset), &mut std::io::sink())
-                    .map_err(io_err)?;
+                let skipped =
+                    io::copy(&mut (&mut resp).take(offset), &mut io::sink()).map_err(io_err)?;
                 if skipped != offset {
-                    return Err(Error::BadResponse {
-                        url: url.to_string(),
-                        reason: format!("ends at byte {skipped}, before {offset}"),
-                    });
+                    let reason = format!("ends at byte {skipped}, before {offset}");
+                    return Err(bad_response(url, reason));
                 }
                 resp.read_exact(buf).map_err(io_err)
             }
@@ -357,6 +301,20 @@ fn status_error(method: &'static str, url: &str, status: StatusCode) -> Error {
         status: status.as_u16(),
         hint,
     }
+}
+
+fn http_error(method: &'static str, url: impl ToString, message: impl ToString) -> Error {
+    let (url, message) = (url.to_string(), message.to_string());
+    Error::Http {
+        method,
+        url,
+        message,
+    }
+}
+
+fn bad_response(url: impl ToString, reason: impl Into<String>) -> Error {
+    let (url, reason) = (url.to_string(), reason.into());
+    Error::BadResponse { url, reason }
 }
 
 fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
@@ -410,17 +368,16 @@ pub fn child_env(
 /// choice wins); a value huggingface_hub reads as true (`1`, `ON`, `YES`, `TRUE`, any case)
 /// turns the bars off, so nothing is reported within a file ([`Measure::AtEnd`]). Pure.
 pub fn progress_bars_env(user: Option<&std::ffi::OsStr>) -> (Option<&'static str>, Measure) {
-    match user {
-        None => (Some("0"), Measure::HfCli),
-        Some(v) => {
-            let v = v.to_string_lossy().to_ascii_uppercase();
-            if ["1", "ON", "YES", "TRUE"].contains(&v.as_str()) {
-                (None, Measure::AtEnd)
-            } else {
-                (None, Measure::HfCli)
-            }
-        }
-    }
+    let truthy = |v: &std::ffi::OsStr| {
+        let v = v.to_string_lossy().to_ascii_uppercase();
+        ["1", "ON", "YES", "TRUE"].contains(&v.as_str())
+    };
+    let measure = if user.is_some_and(truthy) {
+        Measure::AtEnd
+    } else {
+        Measure::HfCli
+    };
+    (user.is_none().then_some("0"), measure)
 }
 
 /// Remove secrets from text we are about to show: each of `secrets` (the token), the value of
@@ -437,44 +394,31 @@ pub fn redact(text: &str, secrets: &[&str]) -> String {
     // `authorization: VALUE` (to the end of the line) and `Bearer VALUE` (one word).
     loop {
         let lower = rest.to_ascii_lowercase();
-        let a = lower.find("authorization");
-        let b = lower.find("bearer ");
-        let (at, is_auth) = match (a, b) {
-            (Some(a), Some(b)) if a <= b => (a, true),
-            (Some(a), None) => (a, true),
-            (_, Some(b)) => (b, false),
-            (None, None) => break,
+        let found = ["authorization", "bearer "].map(|word| lower.find(word).map(|at| (at, word)));
+        let Some((at, word)) = found.into_iter().flatten().min() else {
+            break;
         };
-        if is_auth {
-            let after = &rest[at + "authorization".len()..];
+        let (head, after) = rest.split_at(at + word.len());
+        out.push_str(head);
+        let (keep, value_end) = if word == "bearer " {
+            let end =
+                after.find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ',' | '}'));
+            (0, end.unwrap_or(after.len()))
+        } else {
             // Only a header-like use: `authorization: x`, `authorization=x`, `'authorization': 'x'`.
             let sep = after
-                .char_indices()
-                .find(|(_, c)| !matches!(c, ' ' | '"' | '\'' | ':' | '='))
-                .map(|(i, _)| i)
+                .find(|c| !matches!(c, ' ' | '"' | '\'' | ':' | '='))
                 .unwrap_or(after.len());
-            if after[..sep].contains([':', '=']) {
-                let value_end = after[sep..]
-                    .find(['\n', '\r', ',', '}'])
-                    .map(|i| sep + i)
-                    .unwrap_or(after.len());
-                out.push_str(&rest[..at + "authorization".len()]);
-                out.push_str(&after[..sep]);
-                out.push_str(MARK);
-                rest = &after[value_end..];
-            } else {
-                out.push_str(&rest[..at + "authorization".len()]);
+            if !after[..sep].contains([':', '=']) {
                 rest = after;
+                continue;
             }
-        } else {
-            let after = &rest[at + "bearer ".len()..];
-            let end = after
-                .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ',' | '}'))
-                .unwrap_or(after.len());
-            out.push_str(&rest[..at + "bearer ".len()]);
-            out.push_str(MARK);
-            rest = &after[end..];
-        }
+            let end = after[sep..].find(['\n', '\r', ',', '}']);
+            (sep, end.map_or(after.len(), |i| sep + i))
+        };
+        out.push_str(&after[..keep]);
+        out.push_str(MARK);
+        rest = &after[value_end..];
     }
     out.push_str(rest);
     redact_hf_tokens(&out)
@@ -548,11 +492,7 @@ fn summarize_stderr(stderr: &str) -> String {
         s = stderr.trim().to_string();
     }
     if s.len() > 4000 {
-        let mut cut = 4000;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
+        s.truncate(s.floor_char_boundary(4000));
         s.push('…');
     }
     s
@@ -576,23 +516,21 @@ impl HfCli {
     }
 
     fn private_home(&self) -> Result<PathBuf> {
-        if let Some(d) = self.home.get() {
-            return Ok(d.path().to_path_buf());
-        }
-        let dir = tempfile::Builder::new()
-            .prefix("starpilot-hf-home-")
-            .tempdir()
-            // A tempfile-crate error: say where it was making the directory.
-            .map_err(|e| {
-                std::io::Error::new(
-                    e.kind(),
-                    format!(
+        if self.home.get().is_none() {
+            let dir = tempfile::Builder::new()
+                .prefix("starpilot-hf-home-")
+                .tempdir()
+                // A tempfile-crate error: say where it was making the directory.
+                .map_err(|e| {
+                    let tmp = std::env::temp_dir();
+                    let why = format!(
                         "failed to create a private HF_HOME in `{}`: {e}",
-                        std::env::temp_dir().display()
-                    ),
-                )
-            })?;
-        let _ = self.home.set(dir);
+                        tmp.display()
+                    );
+                    io::Error::new(e.kind(), why)
+                })?;
+            let _ = self.home.set(dir);
+        }
         Ok(self.home.get().expect("just set").path().to_path_buf())
     }
 
@@ -614,6 +552,29 @@ impl HfCli {
         Ok(cmd)
     }
 
+    fn spawn(&self, mut cmd: Command) -> Result<std::process::Child> {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.spawn().map_err(|source| Error::HfCliMissing {
+            program: self.config.cli.display().to_string(),
+            source,
+        })
+    }
+
+    /// A failed run of `hf ARGS`: its kind and the useful part of what it printed (stderr, else
+    /// stdout: some errors print there with `--format json`).
+    fn failed(&self, args: &[&str], status: ExitStatus, stderr: &str, stdout: &[u8]) -> Error {
+        let text = match stderr.trim() {
+            "" => String::from_utf8_lossy(stdout).into_owned(),
+            _ => stderr.to_string(),
+        };
+        Error::HfCli {
+            command: self.describe(args),
+            status: status.to_string(),
+            kind: classify_cli_failure(&text),
+            stderr: self.redact(&summarize_stderr(&text)),
+        }
+    }
+
     fn describe(&self, args: &[&str]) -> String {
         self.redact(&format!("{} {}", self.config.cli.display(), args.join(" ")))
     }
@@ -626,30 +587,17 @@ impl HfCli {
     /// Run `hf ARGS`, optionally feeding `stdin` to it, streamed.
     pub fn run(&self, args: &[&str], stdin: Option<&mut dyn Read>) -> Result<u64> {
         let mut cmd = self.command(args)?;
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        cmd.stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        });
-        let mut child = cmd.spawn().map_err(|source| Error::HfCliMissing {
-            program: self.config.cli.display().to_string(),
-            source,
-        })?;
-        let mut stdin_pipe = child.stdin.take();
+        cmd.stdin(stdin.as_ref().map_or_else(Stdio::null, |_| Stdio::piped()));
+        let mut child = self.spawn(cmd)?;
+        let pipe = child.stdin.take();
         let (out, fed) = std::thread::scope(|scope| {
             // Drain stdout/stderr on a second thread while this one feeds stdin, so a chatty
             // CLI can never deadlock against a full pipe.
             let waiter = scope.spawn(move || child.wait_with_output());
-            let fed = match (stdin, stdin_pipe.take()) {
-                (Some(src), Some(mut pipe)) => {
-                    let r = io::copy(src, &mut pipe).and_then(|n| pipe.flush().map(|_| n));
-                    // Closing the pipe is the end of the data.
-                    drop(pipe);
-                    Some(r)
-                }
-                _ => None,
-            };
+            // The pipe is closed (dropped) once fed: that is the end of the data.
+            let fed = stdin.zip(pipe).map(|(src, mut pipe)| {
+                io::copy(src, &mut pipe).and_then(|n| pipe.flush().map(|_| n))
+            });
             (
                 waiter.join().expect("waiting for a child does not panic"),
                 fed,
@@ -661,29 +609,14 @@ impl HfCli {
         })?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
-            // A CLI that fails on stdout (some errors print there with --format json).
-            let text = if stderr.trim().is_empty() {
-                String::from_utf8_lossy(&out.stdout).into_owned()
-            } else {
-                stderr.into_owned()
-            };
-            return Err(Error::HfCli {
-                command: self.describe(args),
-                status: out.status.to_string(),
-                kind: classify_cli_failure(&text),
-                stderr: self.redact(&summarize_stderr(&text)),
-            });
+            return Err(self.failed(args, out.status, &stderr, &out.stdout));
         }
-        let fed = match fed {
-            Some(r) => r.map_err(|e| Error::HfCli {
-                command: self.describe(args),
-                status: "stdin".into(),
-                kind: HfFailure::Other,
-                stderr: self.redact(&format!("could not stream the data to the CLI: {e}")),
-            })?,
-            None => 0,
-        };
-        Ok(fed)
+        fed.unwrap_or(Ok(0)).map_err(|e| Error::HfCli {
+            command: self.describe(args),
+            status: "stdin".into(),
+            kind: HfFailure::Other,
+            stderr: self.redact(&format!("could not stream the data to the CLI: {e}")),
+        })
     }
 
     /// `hf buckets cp LOCAL DST --format json`, reading the CLI's own per-file progress line
@@ -705,13 +638,8 @@ impl HfCli {
         if let Some(v) = set {
             cmd.env("HF_HUB_DISABLE_PROGRESS_BARS", v);
         }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let child = cmd.spawn().map_err(|source| Error::HfCliMissing {
-            program: self.config.cli.display().to_string(),
-            source,
-        })?;
+        cmd.stdin(Stdio::null());
+        let child = self.spawn(cmd)?;
         report(Transfer::File { done: 0, measure });
         // The CLI redraws a line it did not change when another bar moves: one report each.
         let mut last = 0;
@@ -727,26 +655,13 @@ impl HfCli {
             // The "Validating" percentage: progress, but not of bytes.
             None => seg.trim_start().starts_with("Validating"),
         };
-        let Finished {
-            status,
-            stdout,
-            kept,
-        } = wait_reading_progress(child, &mut parse).map_err(|source| Error::Child {
+        let finished = wait_reading_progress(child, &mut parse).map_err(|source| Error::Child {
             program: self.describe(&args),
             source,
         })?;
-        if !status.success() {
-            let text = if kept.trim().is_empty() {
-                String::from_utf8_lossy(&stdout).into_owned()
-            } else {
-                kept
-            };
-            return Err(Error::HfCli {
-                command: self.describe(&args),
-                status: status.to_string(),
-                kind: classify_cli_failure(&text),
-                stderr: self.redact(&summarize_stderr(&text)),
-            });
+        if !finished.status.success() {
+            let (status, kept, stdout) = (finished.status, &finished.kept, &finished.stdout);
+            return Err(self.failed(&args, status, kept, stdout));
         }
         Ok(())
     }
@@ -849,15 +764,6 @@ impl HfBucketStore {
     pub fn cli(&self) -> &HfCli {
         &self.cli
     }
-
-    fn tree_url(&self, prefix: &StorePath) -> String {
-        format!(
-            "{}/api/buckets/{}/tree/{}?recursive=true",
-            self.http.endpoint(),
-            self.bucket,
-            prefix.url_encoded()
-        )
-    }
 }
 
 impl Store for HfBucketStore {
@@ -915,12 +821,14 @@ impl Store for HfBucketStore {
     }
 
     fn list(&self, prefix: &StorePath) -> Result<Vec<ListEntry>> {
-        let first = self.tree_url(prefix);
-        let mut out = Vec::new();
+        let (endpoint, prefix_url) = (self.http.endpoint(), prefix.url_encoded());
+        let first = format!(
+            "{endpoint}/api/buckets/{}/tree/{prefix_url}?recursive=true",
+            self.bucket
+        );
         let mut pages = Pagination::new(&first, self.max_pages).within(self.max_time);
-        let started = std::time::Instant::now();
-        let mut listed = HashSet::new();
-        let mut next = Some(first.clone());
+        let (started, mut listed, mut out) = (std::time::Instant::now(), HashSet::new(), vec![]);
+        let mut next = Some(first);
         while let Some(url) = next.take() {
             let (resp, _) = self.http.send(Method::GET, &url)?;
             match resp.status() {
@@ -929,38 +837,29 @@ impl Store for HfBucketStore {
                 s => return Err(status_error("GET", &url, s)),
             }
             next = next_link(resp.headers());
+            let too_big =
+                format!("tree listing page larger than the {MAX_LISTING_PAGE_BYTES}-byte limit");
             let body = chunker::bounded::read_up_to(resp, MAX_LISTING_PAGE_BYTES)
                 .map_err(|source| Error::StoreRead {
                     what: url.clone(),
                     source,
                 })?
-                .ok_or_else(|| Error::BadResponse {
-                    url: url.clone(),
-                    reason: format!(
-                        "tree listing page larger than the {MAX_LISTING_PAGE_BYTES}-byte limit"
-                    ),
-                })?;
-            let entries: Vec<TreeEntry> =
-                serde_json::from_slice(&body).map_err(|e| Error::BadResponse {
-                    url: url.clone(),
-                    reason: format!("tree listing is not the expected JSON array: {e}"),
-                })?;
+                .ok_or_else(|| bad_response(&url, too_big))?;
+            let entries: Vec<TreeEntry> = serde_json::from_slice(&body).map_err(|e| {
+                bad_response(
+                    &url,
+                    format!("tree listing is not the expected JSON array: {e}"),
+                )
+            })?;
             let mut new_paths = 0;
             for e in entries {
-                if listed.insert((e.kind.clone(), e.path.clone())) {
-                    new_paths += 1;
-                }
-                if e.kind != "file" {
-                    continue;
-                }
-                let Ok(path) = e.path.parse::<StorePath>() else {
-                    continue;
-                };
-                if is_under(&path, prefix) {
-                    out.push(ListEntry {
-                        path,
-                        size: e.size.unwrap_or(0),
-                    });
+                new_paths += usize::from(listed.insert((e.kind.clone(), e.path.clone())));
+                match e.path.parse::<StorePath>() {
+                    Ok(path) if e.kind == "file" && is_under(&path, prefix) => {
+                        let size = e.size.unwrap_or(0);
+                        out.push(ListEntry { path, size });
+                    }
+                    _ => {}
                 }
             }
             if let Some(n) = &next {
@@ -1014,18 +913,10 @@ impl Pagination {
     /// A guard for a listing whose first page is `first`, refusing more than `max_pages` pages.
     pub fn new(first: &str, max_pages: usize) -> Self {
         let parsed = Url::parse(first).ok();
-        let mut seen = HashSet::new();
-        seen.insert(first.to_string());
         Self {
-            origin: parsed.as_ref().map(|u| {
-                (
-                    u.scheme().to_string(),
-                    u.host_str().map(str::to_string),
-                    u.port_or_known_default(),
-                )
-            }),
+            origin: parsed.as_ref().map(origin),
             path: parsed.map(|u| u.path().to_string()).unwrap_or_default(),
-            seen,
+            seen: HashSet::from([first.to_string()]),
             max_pages,
             stalled: 0,
             max_time: MAX_LISTING_TIME,
@@ -1073,12 +964,7 @@ impl Pagination {
         }
         let url = Url::parse(next)
             .map_err(|e| format!("the next-page link {next:?} is not a URL ({e})"))?;
-        let origin = (
-            url.scheme().to_string(),
-            url.host_str().map(str::to_string),
-            url.port_or_known_default(),
-        );
-        if self.origin.as_ref() != Some(&origin) || url.path() != self.path {
+        if self.origin != Some(origin(&url)) || url.path() != self.path {
             return Err(format!(
                 "the next-page link {next:?} leads away from this listing ({})",
                 self.path
@@ -1099,19 +985,23 @@ impl Pagination {
 /// The `rel="next"` target of a `Link` header, as the Hub paginates listings.
 fn next_link(headers: &HeaderMap) -> Option<String> {
     let link = headers.get(LINK)?.to_str().ok()?;
-    for part in link.split(',') {
+    link.split(',').find_map(|part| {
         let mut pieces = part.split(';');
         let target = pieces.next()?.trim();
-        if pieces.any(|p| p.trim().replace(' ', "") == "rel=\"next\"") {
-            return Some(
-                target
-                    .trim_start_matches('<')
-                    .trim_end_matches('>')
-                    .to_string(),
-            );
-        }
-    }
-    None
+        let next = pieces.any(|p| p.trim().replace(' ', "") == "rel=\"next\"");
+        next.then(|| {
+            target
+                .trim_start_matches('<')
+                .trim_end_matches('>')
+                .to_string()
+        })
+    })
+}
+
+/// A URL's scheme, host and port: what must match for the token or a next page to go there.
+fn origin(url: &Url) -> (String, Option<String>, Option<u16>) {
+    let host = url.host_str().map(str::to_string);
+    (url.scheme().to_string(), host, url.port_or_known_default())
 }
 
 /// A local file handed to the `hf` CLI by name: its size, and its path as the CLI's argument.

@@ -30,13 +30,15 @@
 //!
 //! [`check_stamp`] is the decision: the stamp against the contract's [`StampRule`], the pinned
 //! compiler revision and the entry's behaviour version.
+//!
+//! [`StampRule`]: crate::contract::StampRule
 
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Read};
 use std::rc::Rc;
 
-use crate::contract::{Contract, StampRule};
+use crate::contract::Contract;
 use crate::types::{BehaviorVersion, GitCommit};
 
 /// Caps on what [`read_stamp`] reads and keeps.
@@ -100,26 +102,29 @@ pub enum Framing {
 
 impl fmt::Display for Framing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Plain => f.write_str("plain pickle"),
+        let (opcode_len, tail) = match self {
+            Self::Plain => return f.write_str("plain pickle"),
             Self::OobRecords {
                 opcode_len,
                 buffers,
-            } => write!(
-                f,
-                "length-prefixed pickle ({opcode_len} opcode bytes) with out-of-band buffer records ({buffers} buffer reference(s))"
+            } => (
+                opcode_len,
+                format!("out-of-band buffer records ({buffers} buffer reference(s))"),
             ),
             Self::LengthArena {
                 opcode_len,
                 persistent_ids,
-            } => write!(
-                f,
-                "length-prefixed pickle ({opcode_len} opcode bytes) with one arena ({persistent_ids} persistent id(s))"
+            } => (
+                opcode_len,
+                format!("one arena ({persistent_ids} persistent id(s))"),
             ),
-        }
+        };
+        write!(
+            f,
+            "length-prefixed pickle ({opcode_len} opcode bytes) with {tail}"
+        )
     }
 }
-
 /// A value of the top-level dict, as far as the stamp reader keeps it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(untagged)]
@@ -188,14 +193,18 @@ impl Stamp {
 }
 
 /// Why the stamp could not be read.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StampDefect {
     /// Neither a pickle nor a length-prefixed pickle: the first bytes, in hex.
+    #[error(
+        "unknown framing: the file starts {head}, which is neither a pickle (PROTO 0x80 first) nor an 8-byte length followed by one"
+    )]
     UnknownFraming {
         /// The first bytes, in hex.
         head: String,
     },
     /// A length prefix declares more opcode bytes than the cap allows.
+    #[error("the length prefix declares {declared} opcode bytes, more than the cap of {cap}")]
     HugeOpcodeLength {
         /// Opcode bytes the prefix declares.
         declared: u64,
@@ -204,6 +213,9 @@ pub enum StampDefect {
     },
     /// A length-prefixed pickle whose opcodes refer to both buffers and persistent ids, or to
     /// neither while bytes follow: which framing it is cannot be told.
+    #[error(
+        "unknown framing: a length-prefixed pickle with {buffers} buffer reference(s) and {persistent_ids} persistent id(s) is neither the out-of-band records framing nor the arena framing"
+    )]
     UndecidableFraming {
         /// Buffer references found.
         buffers: u64,
@@ -211,28 +223,34 @@ pub enum StampDefect {
         persistent_ids: u64,
     },
     /// A plain pickle that refers to data outside itself.
+    #[error("a plain pickle that refers to {what} outside itself cannot be loaded")]
     PlainWithOutside {
         /// What it refers to (an out-of-band buffer, a persistent id).
         what: &'static str,
     },
     /// A protocol outside 2..=5.
+    #[error("pickle protocol {found} is not one of 2..=5")]
     Protocol {
         /// The protocol byte.
         found: u8,
     },
     /// An opcode this reader does not know.
+    #[error("unknown pickle opcode 0x{opcode:02x}")]
     UnknownOpcode {
         /// The opcode byte.
         opcode: u8,
     },
     /// The input ends inside the pickle.
+    #[error("the input ends inside the pickle (truncated)")]
     Truncated,
     /// More than `cap` bytes would be read.
+    #[error("more than {cap} bytes without reaching the end of the pickle")]
     BytesCap {
         /// The cap, [`StampLimits::max_bytes`].
         cap: u64,
     },
     /// A string, bytes value or frame declares more bytes than the cap allows or than are left.
+    #[error("a value declares {declared} bytes, more than the {cap} allowed here")]
     HugeLength {
         /// Bytes declared.
         declared: u64,
@@ -240,46 +258,55 @@ pub enum StampDefect {
         cap: u64,
     },
     /// A text line longer than [`StampLimits::max_line`].
+    #[error("a text operand longer than {cap} bytes")]
     LineTooLong {
         /// The cap, in bytes.
         cap: usize,
     },
     /// More values on the stack than [`StampLimits::max_stack`].
+    #[error("more than {cap} values on the stack (nesting too deep)")]
     StackCap {
         /// The cap.
         cap: usize,
     },
     /// More marks open than [`StampLimits::max_marks`].
+    #[error("more than {cap} marks open (nesting too deep)")]
     MarkCap {
         /// The cap.
         cap: usize,
     },
     /// More memo entries than [`StampLimits::max_memo`].
+    #[error("more than {cap} memo entries")]
     MemoCap {
         /// The cap.
         cap: usize,
     },
     /// More dict items than [`StampLimits::max_items`].
+    #[error("more than {cap} dict items")]
     ItemsCap {
         /// The cap.
         cap: usize,
     },
     /// An opcode needs more values than the stack holds above the last mark.
+    #[error("opcode 0x{opcode:02x} needs more values than the stack holds")]
     StackUnderflow {
         /// The opcode byte.
         opcode: u8,
     },
     /// An opcode needs a mark and none is open.
+    #[error("opcode 0x{opcode:02x} needs a mark and none is open")]
     NoMark {
         /// The opcode byte.
         opcode: u8,
     },
     /// `GET` of an index never `PUT`.
+    #[error("memo index {index} was never stored")]
     MissingMemo {
         /// The memo index.
         index: u64,
     },
     /// A malformed operand (a text int that is not one, an odd number of dict items, …).
+    #[error("opcode 0x{opcode:02x}: {why}")]
     BadOperand {
         /// The opcode byte.
         opcode: u8,
@@ -287,11 +314,13 @@ pub enum StampDefect {
         why: String,
     },
     /// The top-level object is not a dict.
+    #[error("the top-level object is a {found}, not a dict: no stamp")]
     NotADict {
         /// The kind of object found (`list`, `int`, ...).
         found: &'static str,
     },
     /// `STOP` with more or fewer than one value, or with a mark open.
+    #[error("STOP with {values} value(s) and {marks} mark(s) open, not one value")]
     BadStop {
         /// Values on the stack at `STOP`.
         values: usize,
@@ -299,6 +328,9 @@ pub enum StampDefect {
         marks: usize,
     },
     /// The length prefix and the pickle disagree on where the opcodes end.
+    #[error(
+        "the pickle stops at byte {stop_at} but the length prefix says its opcodes end at byte {declared_end}"
+    )]
     StopPosition {
         /// Where `STOP` is, as a byte offset.
         stop_at: u64,
@@ -306,95 +338,25 @@ pub enum StampDefect {
         declared_end: u64,
     },
     /// Bytes follow a plain pickle's `STOP`.
+    #[error("bytes follow the plain pickle's STOP")]
     TrailingData,
     /// The length-prefixed framing's tail is not what its opcodes need.
+    #[error("{why}")]
     BadTail {
         /// What is wrong.
         why: String,
     },
     /// Reading the input failed.
+    #[error("read failed: {message}")]
     Io {
         /// The I/O error's message.
         message: String,
     },
 }
 
-impl fmt::Display for StampDefect {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::UnknownFraming { head } => write!(
-                f,
-                "unknown framing: the file starts {head}, which is neither a pickle (PROTO 0x80 first) nor an 8-byte length followed by one"
-            ),
-            Self::HugeOpcodeLength { declared, cap } => write!(
-                f,
-                "the length prefix declares {declared} opcode bytes, more than the cap of {cap}"
-            ),
-            Self::UndecidableFraming {
-                buffers,
-                persistent_ids,
-            } => write!(
-                f,
-                "unknown framing: a length-prefixed pickle with {buffers} buffer reference(s) and {persistent_ids} persistent id(s) is neither the out-of-band records framing nor the arena framing"
-            ),
-            Self::PlainWithOutside { what } => write!(
-                f,
-                "a plain pickle that refers to {what} outside itself cannot be loaded"
-            ),
-            Self::Protocol { found } => {
-                write!(f, "pickle protocol {found} is not one of 2..=5")
-            }
-            Self::UnknownOpcode { opcode } => write!(f, "unknown pickle opcode 0x{opcode:02x}"),
-            Self::Truncated => f.write_str("the input ends inside the pickle (truncated)"),
-            Self::BytesCap { cap } => write!(
-                f,
-                "more than {cap} bytes without reaching the end of the pickle"
-            ),
-            Self::HugeLength { declared, cap } => write!(
-                f,
-                "a value declares {declared} bytes, more than the {cap} allowed here"
-            ),
-            Self::LineTooLong { cap } => write!(f, "a text operand longer than {cap} bytes"),
-            Self::StackCap { cap } => {
-                write!(f, "more than {cap} values on the stack (nesting too deep)")
-            }
-            Self::MarkCap { cap } => write!(f, "more than {cap} marks open (nesting too deep)"),
-            Self::MemoCap { cap } => write!(f, "more than {cap} memo entries"),
-            Self::ItemsCap { cap } => write!(f, "more than {cap} dict items"),
-            Self::StackUnderflow { opcode } => {
-                write!(
-                    f,
-                    "opcode 0x{opcode:02x} needs more values than the stack holds"
-                )
-            }
-            Self::NoMark { opcode } => {
-                write!(f, "opcode 0x{opcode:02x} needs a mark and none is open")
-            }
-            Self::MissingMemo { index } => write!(f, "memo index {index} was never stored"),
-            Self::BadOperand { opcode, why } => write!(f, "opcode 0x{opcode:02x}: {why}"),
-            Self::NotADict { found } => {
-                write!(f, "the top-level object is a {found}, not a dict: no stamp")
-            }
-            Self::BadStop { values, marks } => write!(
-                f,
-                "STOP with {values} value(s) and {marks} mark(s) open, not one value"
-            ),
-            Self::StopPosition {
-                stop_at,
-                declared_end,
-            } => write!(
-                f,
-                "the pickle stops at byte {stop_at} but the length prefix says its opcodes end at byte {declared_end}"
-            ),
-            Self::TrailingData => f.write_str("bytes follow the plain pickle's STOP"),
-            Self::BadTail { why } => f.write_str(why),
-            Self::Io { message } => write!(f, "read failed: {message}"),
-        }
-    }
-}
-
 /// A defect and the byte offset where it was found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("at byte {offset}: {defect}")]
 pub struct StampError {
     /// Byte offset where the defect was found.
     pub offset: u64,
@@ -402,162 +364,12 @@ pub struct StampError {
     pub defect: StampDefect,
 }
 
-impl fmt::Display for StampError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "at byte {}: {}", self.offset, self.defect)
-    }
-}
-
-impl std::error::Error for StampError {}
-
 type R<T> = Result<T, StampError>;
 
 const PROTO: u8 = 0x80;
 const STOP: u8 = b'.';
 /// The sanity bound on a length prefix: beyond it the first 8 bytes are not a length.
 const MAX_PREFIX: u64 = chunker::oob::MAX_OPCODE_LEN;
-
-/// The bytes under the caps: a position, the end of the opcode region (when a prefix declares
-/// it) and the total budget.
-struct Src<In> {
-    input: In,
-    pos: u64,
-    budget: u64,
-    region_end: Option<u64>,
-    scratch: Vec<u8>,
-}
-
-impl<In: Read> Src<In> {
-    fn err(&self, defect: StampDefect) -> StampError {
-        StampError {
-            offset: self.pos,
-            defect,
-        }
-    }
-
-    /// How many more bytes may be read here.
-    fn left(&self) -> u64 {
-        let budget = self.budget.saturating_sub(self.pos);
-        match self.region_end {
-            Some(end) => budget.min(end.saturating_sub(self.pos)),
-            None => budget,
-        }
-    }
-
-    /// Fill `buf` exactly, within the caps.
-    fn fill(&mut self, buf: &mut [u8]) -> R<()> {
-        if buf.len() as u64 > self.left() {
-            let defect = match self.region_end {
-                // The pickle runs on past the end its length prefix declares.
-                Some(end) => StampDefect::StopPosition {
-                    stop_at: self.pos + buf.len() as u64,
-                    declared_end: end,
-                },
-                None => StampDefect::BytesCap { cap: self.budget },
-            };
-            return Err(self.err(defect));
-        }
-        let mut done = 0;
-        while done < buf.len() {
-            match self.input.read(&mut buf[done..]) {
-                Ok(0) => {
-                    self.pos += done as u64;
-                    return Err(self.err(StampDefect::Truncated));
-                }
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    self.pos += done as u64;
-                    return Err(self.err(StampDefect::Io {
-                        message: e.to_string(),
-                    }));
-                }
-            }
-        }
-        self.pos += buf.len() as u64;
-        Ok(())
-    }
-
-    fn byte(&mut self) -> R<u8> {
-        let mut b = [0u8; 1];
-        self.fill(&mut b)?;
-        Ok(b[0])
-    }
-
-    fn le<const N: usize>(&mut self) -> R<[u8; N]> {
-        let mut b = [0u8; N];
-        self.fill(&mut b)?;
-        Ok(b)
-    }
-
-    /// Check a declared length against the cap and what is left, before reading anything.
-    fn declared(&self, declared: u64, cap: u64) -> R<()> {
-        if declared > cap {
-            return Err(self.err(StampDefect::HugeLength { declared, cap }));
-        }
-        if declared > self.left() {
-            return Err(self.err(StampDefect::HugeLength {
-                declared,
-                cap: self.left(),
-            }));
-        }
-        Ok(())
-    }
-
-    /// Read `len` bytes, keeping them only when `keep` is at least `len`.
-    fn bytes(&mut self, len: u64, cap: u64, keep: usize) -> R<Option<Vec<u8>>> {
-        self.declared(len, cap)?;
-        if len <= keep as u64 {
-            let mut v = vec![0u8; len as usize];
-            self.fill(&mut v)?;
-            return Ok(Some(v));
-        }
-        let mut left = len;
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.resize(64 * 1024, 0);
-        while left > 0 {
-            let n = left.min(scratch.len() as u64) as usize;
-            let r = self.fill(&mut scratch[..n]);
-            if let Err(e) = r {
-                self.scratch = scratch;
-                return Err(e);
-            }
-            left -= n as u64;
-        }
-        self.scratch = scratch;
-        Ok(None)
-    }
-
-    /// A text operand up to `\n` (not included).
-    fn line(&mut self, cap: usize) -> R<Vec<u8>> {
-        let mut v = Vec::new();
-        loop {
-            let b = self.byte()?;
-            if b == b'\n' {
-                return Ok(v);
-            }
-            if v.len() == cap {
-                return Err(self.err(StampDefect::LineTooLong { cap }));
-            }
-            v.push(b);
-        }
-    }
-
-    /// Whether anything follows (reads at most one byte, past the region).
-    fn at_end(&mut self) -> R<bool> {
-        let mut b = [0u8; 1];
-        loop {
-            return match self.input.read(&mut b) {
-                Ok(0) => Ok(true),
-                Ok(_) => Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => Err(self.err(StampDefect::Io {
-                    message: e.to_string(),
-                })),
-            };
-        }
-    }
-}
 
 /// A value on the machine's stack.
 #[derive(Debug, Clone)]
@@ -571,66 +383,274 @@ enum V {
 }
 
 impl V {
-    fn kind(&self) -> &'static str {
+    fn public(&self) -> StampValue {
         match self {
-            V::Str(_) => "str",
-            V::Int(_) => "int",
-            V::Bool(_) => "bool",
-            V::None => "None",
-            V::Dict(_) => "dict",
-            V::Kind(k) => k,
+            V::Str(s) => StampValue::Str(s.to_string()),
+            V::Int(i) => StampValue::Int(*i),
+            V::Bool(b) => StampValue::Bool(*b),
+            V::None => StampValue::None,
+            V::Dict(_) => StampValue::Other("dict"),
+            V::Kind(k) => StampValue::Other(k),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.public() {
+            StampValue::Str(_) => "str",
+            StampValue::Int(_) => "int",
+            StampValue::Bool(_) => "bool",
+            StampValue::None => "None",
+            StampValue::Other(k) => k,
         }
     }
 }
 
+/// How an opcode of [`KIND_OPS`] reads its operand: not at all, fixed bytes, or text lines.
+#[derive(Clone, Copy)]
+enum Operand {
+    No,
+    Bytes(usize),
+    Lines(u8),
+}
+
+/// The opcodes whose values are never built (objects are never imported or called), only kept
+/// in their place on the stack: the operand each skips, the values it pops, whether it pops
+/// to the last mark, and the kind of value it pushes (`None`: it changes the value below in
+/// place, which must be there).
+const KIND_OPS: [(u8, Operand, u8, bool, Option<&str>); 29] = [
+    (b']', Operand::No, 0, false, Some("list")),
+    (b')', Operand::No, 0, false, Some("tuple")),
+    (0x8f, Operand::No, 0, false, Some("set")),
+    (b'l', Operand::No, 0, true, Some("list")),
+    (b't', Operand::No, 0, true, Some("tuple")),
+    (0x91, Operand::No, 0, true, Some("frozenset")),
+    (0x85, Operand::No, 1, false, Some("tuple")),
+    (0x86, Operand::No, 2, false, Some("tuple")),
+    (0x87, Operand::No, 3, false, Some("tuple")),
+    (b'G', Operand::Bytes(8), 0, false, Some("float")),
+    (b'F', Operand::Lines(1), 0, false, Some("float")),
+    (b'c', Operand::Lines(2), 0, false, Some("global")),
+    (0x93, Operand::No, 2, false, Some("global")),
+    (b'i', Operand::Lines(2), 0, true, Some("object")),
+    (b'o', Operand::No, 0, true, Some("object")),
+    (b'R', Operand::No, 2, false, Some("object")),
+    (0x81, Operand::No, 2, false, Some("object")),
+    (0x92, Operand::No, 3, false, Some("object")),
+    (0x82, Operand::Bytes(1), 0, false, Some("object")),
+    (0x83, Operand::Bytes(2), 0, false, Some("object")),
+    (0x84, Operand::Bytes(4), 0, false, Some("object")),
+    (b'P', Operand::Lines(1), 0, false, Some("persistent id")),
+    (b'Q', Operand::No, 1, false, Some("persistent id")),
+    (0x97, Operand::No, 0, false, Some("buffer")),
+    // Appends, BUILD and READONLY_BUFFER.
+    (b'a', Operand::No, 1, false, None),
+    (b'e', Operand::No, 0, true, None),
+    (0x90, Operand::No, 0, true, None),
+    (b'b', Operand::No, 1, false, None),
+    (0x98, Operand::No, 0, false, None),
+];
+
 /// A dict's string-keyed items, and how many items with other keys it got.
 type DictItems = (Vec<(Rc<str>, V)>, usize);
 
-struct Machine<'l> {
+/// The bytes under the caps and the stack machine that runs over them.
+struct Reader<'l, In> {
+    input: In,
+    pos: u64,
+    /// The end of the opcode region, when a length prefix declares it.
+    region_end: Option<u64>,
     limits: &'l StampLimits,
     stack: Vec<V>,
     marks: Vec<usize>,
     memo: HashMap<u64, V>,
-    /// Each dict's string-keyed items and how many other keys it got.
     dicts: Vec<DictItems>,
     items: usize,
     buffers: u64,
     persistent_ids: u64,
 }
 
-impl Machine<'_> {
-    fn floor(&self) -> usize {
-        self.marks.last().copied().unwrap_or(0)
+impl<In: Read> Reader<'_, In> {
+    fn err(&self, defect: StampDefect) -> StampError {
+        let offset = self.pos;
+        StampError { offset, defect }
     }
 
-    fn push<In: Read>(&mut self, src: &Src<In>, v: V) -> R<()> {
-        if self.stack.len() >= self.limits.max_stack {
-            return Err(src.err(StampDefect::StackCap {
-                cap: self.limits.max_stack,
+    fn bad(&self, opcode: u8, why: impl Into<String>) -> StampError {
+        let why = why.into();
+        self.err(StampDefect::BadOperand { opcode, why })
+    }
+
+    /// How many more bytes may be read here.
+    fn left(&self) -> u64 {
+        let budget = self.limits.max_bytes.saturating_sub(self.pos);
+        self.region_end
+            .map_or(budget, |end| budget.min(end.saturating_sub(self.pos)))
+    }
+
+    /// Read into `buf` until it is full or the input ends, past any cap; returns how many
+    /// bytes came (counted in `pos` when `advance`).
+    fn read_up_to(&mut self, buf: &mut [u8], advance: bool) -> R<usize> {
+        let (mut done, mut failed) = (0, None);
+        while done < buf.len() && failed.is_none() {
+            match self.input.read(&mut buf[done..]) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => failed = Some(e.to_string()),
+            }
+        }
+        if advance {
+            self.pos += done as u64;
+        }
+        match failed {
+            Some(message) => Err(self.err(StampDefect::Io { message })),
+            None => Ok(done),
+        }
+    }
+
+    /// Fill `buf` exactly, within the caps.
+    fn fill(&mut self, buf: &mut [u8]) -> R<()> {
+        if buf.len() as u64 > self.left() {
+            return Err(self.err(match self.region_end {
+                // The pickle runs on past the end its length prefix declares.
+                Some(end) => StampDefect::StopPosition {
+                    stop_at: self.pos + buf.len() as u64,
+                    declared_end: end,
+                },
+                None => StampDefect::BytesCap {
+                    cap: self.limits.max_bytes,
+                },
             }));
+        }
+        if self.read_up_to(buf, true)? < buf.len() {
+            return Err(self.err(StampDefect::Truncated));
+        }
+        Ok(())
+    }
+
+    fn le<const N: usize>(&mut self) -> R<[u8; N]> {
+        let mut b = [0u8; N];
+        self.fill(&mut b)?;
+        Ok(b)
+    }
+
+    fn byte(&mut self) -> R<u8> {
+        Ok(self.le::<1>()?[0])
+    }
+
+    /// Check a declared length against the cap and what is left, before reading anything.
+    fn declared(&self, declared: u64, cap: u64) -> R<()> {
+        let cap = if declared > cap { cap } else { self.left() };
+        if declared > cap {
+            return Err(self.err(StampDefect::HugeLength { declared, cap }));
+        }
+        Ok(())
+    }
+
+    /// Read `len` bytes, keeping them only when `keep` is at least `len`.
+    fn bytes(&mut self, len: u64, cap: u64, keep: usize) -> R<Option<Vec<u8>>> {
+        self.declared(len, cap)?;
+        if len <= keep as u64 {
+            let mut v = vec![0u8; len as usize];
+            self.fill(&mut v)?;
+            return Ok(Some(v));
+        }
+        let mut chunk = [0u8; 8192];
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            self.fill(&mut chunk[..n])?;
+            left -= n as u64;
+        }
+        Ok(None)
+    }
+
+    /// A text operand up to `\n` (not included).
+    fn line(&mut self) -> R<Vec<u8>> {
+        let mut v = Vec::new();
+        loop {
+            let b = self.byte()?;
+            if b == b'\n' {
+                return Ok(v);
+            }
+            if v.len() == self.limits.max_line {
+                let cap = self.limits.max_line;
+                return Err(self.err(StampDefect::LineTooLong { cap }));
+            }
+            v.push(b);
+        }
+    }
+
+    /// The framing's head: `PROTO` right away (a plain pickle) or an 8-byte length first;
+    /// returns the declared opcode length (when prefixed) and the pickle protocol.
+    fn head(&mut self) -> R<(Option<u64>, u8)> {
+        let at_start = |defect| StampError { offset: 0, defect };
+        let unknown_if_short = |e: StampError, head: &[u8]| match e.defect {
+            StampDefect::Truncated if head.is_empty() => at_start(StampDefect::UnknownFraming {
+                head: "empty".into(),
+            }),
+            StampDefect::Truncated => at_start(StampDefect::UnknownFraming {
+                head: format!("{} and ends", hex(head)),
+            }),
+            _ => e,
+        };
+        let first = self.byte().map_err(|e| unknown_if_short(e, &[]))?;
+        let (prefixed, protocol) = if first == PROTO {
+            (None, self.byte()?)
+        } else {
+            let mut head = [first; 10];
+            for i in 1..10 {
+                head[i] = self.byte().map_err(|e| unknown_if_short(e, &head[..i]))?;
+            }
+            let len = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+            if !(2..=MAX_PREFIX).contains(&len) || head[8] != PROTO {
+                let head = hex(&head);
+                return Err(at_start(StampDefect::UnknownFraming { head }));
+            }
+            if 8 + len > self.limits.max_bytes {
+                return Err(at_start(StampDefect::HugeOpcodeLength {
+                    declared: len,
+                    cap: self.limits.max_bytes.saturating_sub(8),
+                }));
+            }
+            self.region_end = Some(8 + len);
+            (Some(len), head[9])
+        };
+        if !(2..=5).contains(&protocol) {
+            return Err(StampError {
+                offset: self.pos - 1,
+                defect: StampDefect::Protocol { found: protocol },
+            });
+        }
+        Ok((prefixed, protocol))
+    }
+
+    fn push(&mut self, v: V) -> R<()> {
+        if self.stack.len() >= self.limits.max_stack {
+            let cap = self.limits.max_stack;
+            return Err(self.err(StampDefect::StackCap { cap }));
         }
         self.stack.push(v);
         Ok(())
     }
 
-    fn pop<In: Read>(&mut self, src: &Src<In>, opcode: u8) -> R<V> {
-        if self.stack.len() <= self.floor() {
-            return Err(src.err(StampDefect::StackUnderflow { opcode }));
-        }
-        Ok(self.stack.pop().expect("above the floor"))
+    /// The value on top of the stack, above the last mark.
+    fn top(&self, opcode: u8) -> R<V> {
+        let above = &self.stack[self.marks.last().copied().unwrap_or(0)..];
+        let underflow = || self.err(StampDefect::StackUnderflow { opcode });
+        above.last().cloned().ok_or_else(underflow)
     }
 
-    fn top<In: Read>(&self, src: &Src<In>, opcode: u8) -> R<V> {
-        if self.stack.len() <= self.floor() {
-            return Err(src.err(StampDefect::StackUnderflow { opcode }));
-        }
-        Ok(self.stack.last().expect("above the floor").clone())
+    fn pop(&mut self, opcode: u8) -> R<V> {
+        let v = self.top(opcode)?;
+        self.stack.pop();
+        Ok(v)
     }
 
     /// Pop everything above the last mark, and the mark.
-    fn pop_mark<In: Read>(&mut self, src: &Src<In>, opcode: u8) -> R<Vec<V>> {
+    fn pop_mark(&mut self, opcode: u8) -> R<Vec<V>> {
         let Some(mark) = self.marks.pop() else {
-            return Err(src.err(StampDefect::NoMark { opcode }));
+            return Err(self.err(StampDefect::NoMark { opcode }));
         };
         Ok(self.stack.split_off(mark))
     }
@@ -640,471 +660,358 @@ impl Machine<'_> {
         V::Dict(self.dicts.len() - 1)
     }
 
-    fn set_items<In: Read>(&mut self, src: &Src<In>, target: &V, items: Vec<V>) -> R<()> {
+    fn set_items(&mut self, target: &V, items: Vec<V>) -> R<()> {
         let V::Dict(id) = target else {
             // Items set on an object (a dict subclass rebuilt by REDUCE): skipped.
             return Ok(());
         };
         let mut it = items.into_iter();
         while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            let dict = &mut self.dicts[*id];
-            match k {
-                V::Str(key) => {
-                    if let Some(slot) = dict.0.iter_mut().find(|(k, _)| **k == *key) {
-                        slot.1 = v;
-                    } else {
-                        if self.items >= self.limits.max_items {
-                            return Err(src.err(StampDefect::ItemsCap {
-                                cap: self.limits.max_items,
-                            }));
-                        }
-                        self.items += 1;
-                        dict.0.push((key, v));
-                    }
-                }
-                _ => dict.1 += 1,
+            let V::Str(key) = k else {
+                self.dicts[*id].1 += 1;
+                continue;
+            };
+            let dict = &mut self.dicts[*id].0;
+            if let Some(slot) = dict.iter_mut().find(|(k, _)| **k == *key) {
+                slot.1 = v;
+            } else if self.items >= self.limits.max_items {
+                let cap = self.limits.max_items;
+                return Err(self.err(StampDefect::ItemsCap { cap }));
+            } else {
+                self.items += 1;
+                dict.push((key, v));
             }
         }
         Ok(())
     }
 
-    fn memo_put<In: Read>(&mut self, src: &Src<In>, index: u64, opcode: u8) -> R<()> {
-        let v = self.top(src, opcode)?;
+    fn memo_put(&mut self, index: u64, opcode: u8) -> R<()> {
+        let v = self.top(opcode)?;
         if !self.memo.contains_key(&index) && self.memo.len() >= self.limits.max_memo {
-            return Err(src.err(StampDefect::MemoCap {
-                cap: self.limits.max_memo,
-            }));
+            let cap = self.limits.max_memo;
+            return Err(self.err(StampDefect::MemoCap { cap }));
         }
         self.memo.insert(index, v);
         Ok(())
     }
 
-    fn memo_get<In: Read>(&mut self, src: &Src<In>, index: u64) -> R<()> {
-        let v = self
-            .memo
-            .get(&index)
-            .cloned()
-            .ok_or_else(|| src.err(StampDefect::MissingMemo { index }))?;
-        self.push(src, v)
+    /// The memo index operand: one byte, four bytes, or a decimal line.
+    fn memo_index(&mut self, op: u8) -> R<u64> {
+        Ok(match op {
+            b'q' | b'h' => self.byte()?.into(),
+            b'r' | b'j' => u32::from_le_bytes(self.le()?).into(),
+            // b'p' and b'g'.
+            _ => {
+                let line = self.line()?;
+                text_number(&line).ok_or_else(|| self.bad(op, "not a decimal index"))?
+            }
+        })
+    }
+
+    /// Run the opcodes from just after `PROTO` to `STOP`; returns the top-level value.
+    fn run(&mut self) -> R<V> {
+        loop {
+            let at = self.pos;
+            let op = self.byte()?;
+            let at_op = |defect| StampError { offset: at, defect };
+            match op {
+                STOP if self.stack.len() != 1 || !self.marks.is_empty() => {
+                    return Err(at_op(StampDefect::BadStop {
+                        values: self.stack.len(),
+                        marks: self.marks.len(),
+                    }));
+                }
+                STOP => return Ok(self.stack.pop().expect("one value")),
+                PROTO => {
+                    return Err(at_op(StampDefect::BadOperand {
+                        opcode: op,
+                        why: "PROTO inside the pickle".into(),
+                    }));
+                }
+                _ => {}
+            }
+            if !(self.stack_op(op, at)? || self.value_op(op)? || self.kind_op(op)?) {
+                return Err(at_op(StampDefect::UnknownOpcode { opcode: op }));
+            }
+        }
+    }
+
+    /// Frames, marks, the plain stack moves, the memo and the dicts (the only containers
+    /// whose items are kept); whether `op` was one of them.
+    fn stack_op(&mut self, op: u8, at: u64) -> R<bool> {
+        let at_op = |defect| StampError { offset: at, defect };
+        match op {
+            // FRAME: a hint of how many bytes follow; checked against what is left.
+            0x95 => {
+                let len = u64::from_le_bytes(self.le()?);
+                self.declared(len, self.left())?;
+            }
+            b'(' if self.marks.len() >= self.limits.max_marks => {
+                let cap = self.limits.max_marks;
+                return Err(at_op(StampDefect::MarkCap { cap }));
+            }
+            b'(' => self.marks.push(self.stack.len()),
+            // POP: a value, or the mark when nothing is above it.
+            b'0' if self.top(op).is_ok() => drop(self.stack.pop()),
+            b'0' if self.marks.pop().is_none() => {
+                return Err(at_op(StampDefect::StackUnderflow { opcode: op }));
+            }
+            b'0' => {}
+            b'1' => drop(self.pop_mark(op)?),
+            b'2' => {
+                let v = self.top(op)?;
+                self.push(v)?;
+            }
+            // MEMOIZE and the three PUTs store the top value, the three GETs push one.
+            0x94 => self.memo_put(self.memo.len() as u64, op)?,
+            b'q' | b'r' | b'p' => {
+                let index = self.memo_index(op)?;
+                self.memo_put(index, op)?;
+            }
+            b'h' | b'j' | b'g' => {
+                let index = self.memo_index(op)?;
+                let missing = || self.err(StampDefect::MissingMemo { index });
+                let v = self.memo.get(&index).cloned().ok_or_else(missing)?;
+                self.push(v)?;
+            }
+            b'}' => {
+                let d = self.new_dict();
+                self.push(d)?;
+            }
+            b'd' | b'u' => {
+                let items = self.pop_mark(op)?;
+                if items.len() % 2 != 0 {
+                    return Err(self.bad(op, "an odd number of dict items"));
+                }
+                let target = if op == b'd' {
+                    self.new_dict()
+                } else {
+                    self.top(op)?
+                };
+                self.set_items(&target, items)?;
+                if op == b'd' {
+                    self.push(target)?;
+                }
+            }
+            b's' => {
+                let v = self.pop(op)?;
+                let k = self.pop(op)?;
+                let target = self.top(op)?;
+                self.set_items(&target, vec![k, v])?;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// `None`, booleans, integers (floats are in [`KIND_OPS`]), strings (kept when short and
+    /// UTF-8) and bytes (skipped); whether `op` was one of them.
+    fn value_op(&mut self, op: u8) -> R<bool> {
+        let (max_string, keep) = (self.limits.max_string, self.limits.keep_string);
+        let v = match op {
+            b'N' => V::None,
+            0x88 | 0x89 => V::Bool(op == 0x88),
+            b'J' => V::Int(i32::from_le_bytes(self.le()?).into()),
+            b'K' => V::Int(self.byte()?.into()),
+            b'M' => V::Int(u16::from_le_bytes(self.le()?).into()),
+            0x8a => {
+                let n = self.byte()?;
+                long_le(&self.bytes(n.into(), 255, 255)?.expect("kept"))
+            }
+            0x8b => {
+                let n = self.length(op)?;
+                let bytes = self.bytes(n, max_string, 8)?;
+                bytes.map_or(V::Kind("big int"), |b| long_le(&b))
+            }
+            b'I' => match self.line()?.as_slice() {
+                b"01" => V::Bool(true),
+                b"00" => V::Bool(false),
+                l => text_number(l)
+                    .map(V::Int)
+                    .ok_or_else(|| self.bad(op, "INT operand is not an integer"))?,
+            },
+            b'L' => {
+                let line = self.line()?;
+                let text = std::str::from_utf8(&line)
+                    .ok()
+                    .map(|s| s.trim().trim_end_matches('L'))
+                    .filter(|s| {
+                        let d = s.strip_prefix('-').unwrap_or(s);
+                        !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())
+                    })
+                    .ok_or_else(|| self.bad(op, "LONG operand is not an integer"))?;
+                text.parse::<i64>().map_or(V::Kind("big int"), V::Int)
+            }
+            0x8c | b'X' | 0x8d | b'U' | b'T' => {
+                let n = self.length(op)?;
+                string_value(self.bytes(n, max_string, keep)?)
+            }
+            b'C' | b'B' | 0x8e | 0x96 => {
+                let n = self.length(op)?;
+                self.bytes(n, max_string, 0)?;
+                V::Kind("bytes")
+            }
+            // A text string (protocol 0): kept when it is plain ASCII without escapes.
+            b'V' | b'S' => {
+                let line = self.line()?;
+                let plain = match line.as_slice() {
+                    [q @ (b'\'' | b'"'), inner @ .., end] if op == b'S' && q == end => inner,
+                    _ if op == b'S' => return Err(self.bad(op, "STRING operand is not quoted")),
+                    all => all,
+                };
+                let escaped = plain.contains(&b'\\') || !plain.is_ascii();
+                if escaped || plain.len() > keep {
+                    V::Kind("escaped string")
+                } else {
+                    string_value(Some(plain.to_vec()))
+                }
+            }
+            _ => return Ok(false),
+        };
+        self.push(v)?;
+        Ok(true)
+    }
+
+    /// The binary length operand of a string, bytes or `LONG4` opcode.
+    fn length(&mut self, op: u8) -> R<u64> {
+        Ok(match op {
+            0x8c | b'U' | b'C' => self.byte()?.into(),
+            b'X' | b'B' => u32::from_le_bytes(self.le()?).into(),
+            b'T' | 0x8b => {
+                let n = i32::from_le_bytes(self.le()?);
+                let name = if op == b'T' { "BINSTRING" } else { "LONG4" };
+                u64::try_from(n).map_err(|_| self.bad(op, format!("negative {name} length")))?
+            }
+            // 0x8d, 0x8e and 0x96: eight bytes.
+            _ => u64::from_le_bytes(self.le()?),
+        })
+    }
+
+    /// An opcode of [`KIND_OPS`]; whether `op` was one of them.
+    fn kind_op(&mut self, op: u8) -> R<bool> {
+        let Some(&(_, operand, pops, mark, kind)) = KIND_OPS.iter().find(|row| row.0 == op) else {
+            return Ok(false);
+        };
+        match operand {
+            Operand::No => {}
+            Operand::Bytes(n) => self.fill(&mut [0u8; 8][..n])?,
+            Operand::Lines(n) => {
+                for _ in 0..n {
+                    self.line()?;
+                }
+            }
+        }
+        for _ in 0..pops {
+            self.pop(op)?;
+        }
+        if mark {
+            self.pop_mark(op)?;
+        }
+        let Some(kind) = kind else {
+            return self.top(op).map(|_| true);
+        };
+        self.persistent_ids += u64::from(kind == "persistent id");
+        self.buffers += u64::from(kind == "buffer");
+        self.push(V::Kind(kind)).map(|()| true)
+    }
+
+    /// What follows `STOP`: nothing after a plain pickle; after a length-prefixed one, the
+    /// framing its opcodes' references and the first bytes after them show.
+    fn framing_after(&mut self, prefixed: Option<u64>) -> R<Framing> {
+        let (buffers, persistent_ids) = (self.buffers, self.persistent_ids);
+        let mut peek = [0u8; 8];
+        let Some(opcode_len) = prefixed else {
+            if buffers > 0 || persistent_ids > 0 {
+                let what = if buffers > 0 {
+                    "out-of-band buffers"
+                } else {
+                    "persistent ids"
+                };
+                return Err(self.err(StampDefect::PlainWithOutside { what }));
+            }
+            if self.read_up_to(&mut peek[..1], false)? > 0 {
+                return Err(self.err(StampDefect::TrailingData));
+            }
+            return Ok(Framing::Plain);
+        };
+        let (stop_at, declared_end) = (self.pos, 8 + opcode_len);
+        if stop_at != declared_end {
+            return Err(self.err(StampDefect::StopPosition {
+                stop_at,
+                declared_end,
+            }));
+        }
+        let got = self.read_up_to(&mut peek, false)?;
+        let bad_tail = |why| Err(self.err(StampDefect::BadTail { why }));
+        match (buffers, persistent_ids) {
+            (b, 0) if b > 0 && got < 8 => bad_tail(format!(
+                "the opcodes refer to {b} out-of-band buffer(s) but {got} byte(s) follow them, too few for a record's 8-byte length"
+            )),
+            (b, 0) if b > 0 && got == 8 && i64::from_le_bytes(peek) < 0 => bad_tail(format!(
+                "the first buffer record's length {} is negative",
+                i64::from_le_bytes(peek)
+            )),
+            (b, 0) if b > 0 || got == 0 => Ok(Framing::OobRecords {
+                opcode_len,
+                buffers,
+            }),
+            (0, p) if p > 0 && got == 0 => bad_tail(format!(
+                "the opcodes refer to {p} persistent id(s) but no arena follows them"
+            )),
+            (0, p) if p > 0 => Ok(Framing::LengthArena {
+                opcode_len,
+                persistent_ids,
+            }),
+            (b, p) => Err(self.err(StampDefect::UndecidableFraming {
+                buffers: b,
+                persistent_ids: p,
+            })),
+        }
     }
 }
 
-fn bad<In: Read>(src: &Src<In>, opcode: u8, why: impl Into<String>) -> StampError {
-    src.err(StampDefect::BadOperand {
-        opcode,
-        why: why.into(),
-    })
-}
-
-fn text_int<In: Read>(src: &Src<In>, opcode: u8, line: &[u8]) -> R<u64> {
-    std::str::from_utf8(line)
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .ok_or_else(|| bad(src, opcode, "not a decimal index"))
+/// A decimal number on a text line (surrounding blanks allowed).
+fn text_number<T: std::str::FromStr>(line: &[u8]) -> Option<T> {
+    std::str::from_utf8(line).ok()?.trim().parse().ok()
 }
 
 /// A little-endian two's-complement integer of any length, as `i64` when it fits.
 fn long_le(bytes: &[u8]) -> V {
-    if bytes.is_empty() {
+    let Some(&last) = bytes.last() else {
         return V::Int(0);
-    }
+    };
+    let fill = if last & 0x80 != 0 { 0xff } else { 0 };
     if bytes.len() > 8 {
-        let negative = bytes[bytes.len() - 1] & 0x80 != 0;
-        let fill = if negative { 0xff } else { 0 };
-        if bytes[8..].iter().any(|b| *b != fill) || (bytes[7] & 0x80 != 0) != negative {
+        if bytes[8..].iter().any(|b| *b != fill) || (bytes[7] & 0x80 != 0) != (fill != 0) {
             return V::Kind("big int");
         }
         return long_le(&bytes[..8]);
     }
-    let negative = bytes[bytes.len() - 1] & 0x80 != 0;
-    let mut b = [if negative { 0xff } else { 0 }; 8];
+    let mut b = [fill; 8];
     b[..bytes.len()].copy_from_slice(bytes);
     V::Int(i64::from_le_bytes(b))
 }
 
 fn string_value(bytes: Option<Vec<u8>>) -> V {
-    match bytes {
-        Some(b) => match String::from_utf8(b) {
-            Ok(s) => V::Str(Rc::from(s)),
-            Err(_) => V::Kind("undecodable string"),
-        },
+    match bytes.map(String::from_utf8) {
+        Some(Ok(s)) => V::Str(Rc::from(s)),
+        Some(Err(_)) => V::Kind("undecodable string"),
         None => V::Kind("long string"),
     }
 }
 
-/// Run the opcodes from just after `PROTO` to `STOP`; returns the top-level value.
-fn run<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>) -> R<V> {
-    loop {
-        let at = src.pos;
-        let op = src.byte()?;
-        let at_op = |defect: StampDefect| StampError { offset: at, defect };
-        match op {
-            STOP => {
-                let values = m.stack.len();
-                if values != 1 || !m.marks.is_empty() {
-                    return Err(at_op(StampDefect::BadStop {
-                        values,
-                        marks: m.marks.len(),
-                    }));
-                }
-                return Ok(m.stack.pop().expect("one value"));
-            }
-            PROTO => {
-                return Err(at_op(StampDefect::BadOperand {
-                    opcode: op,
-                    why: "PROTO inside the pickle".into(),
-                }));
-            }
-            _ => {}
-        }
-        // Each group reads the operands of its own opcodes and says whether `op` was one.
-        let known = stack_op(src, m, op, at)?
-            || number_op(src, m, op)?
-            || string_op(src, m, op)?
-            || container_op(src, m, op)?
-            || memo_op(src, m, op)?
-            || object_op(src, m, op)?;
-        if !known {
-            return Err(at_op(StampDefect::UnknownOpcode { opcode: op }));
-        }
-    }
-}
-
-/// Frames, marks and the plain stack moves (`POP`, `POP_MARK`, `DUP`).
-fn stack_op<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>, op: u8, at: u64) -> R<bool> {
-    let at_op = |defect: StampDefect| StampError { offset: at, defect };
-    match op {
-        // FRAME: a hint of how many bytes follow; checked against what is left.
-        0x95 => {
-            let len = u64::from_le_bytes(src.le::<8>()?);
-            src.declared(len, src.left())?;
-        }
-        b'(' => {
-            if m.marks.len() >= m.limits.max_marks {
-                return Err(at_op(StampDefect::MarkCap {
-                    cap: m.limits.max_marks,
-                }));
-            }
-            m.marks.push(m.stack.len());
-        }
-        // POP: a value, or the mark when nothing is above it.
-        b'0' => {
-            if m.stack.len() > m.floor() {
-                m.stack.pop();
-            } else if m.marks.pop().is_none() {
-                return Err(at_op(StampDefect::StackUnderflow { opcode: op }));
-            }
-        }
-        b'1' => {
-            m.pop_mark(src, op)?;
-        }
-        b'2' => {
-            let v = m.top(src, op)?;
-            m.push(src, v)?;
-        }
-        _ => return Ok(false),
-    }
-    Ok(true)
-}
-
-/// `None`, booleans, integers and floats (floats only as their kind).
-fn number_op<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>, op: u8) -> R<bool> {
-    let max_line = m.limits.max_line;
-    let v = match op {
-        b'N' => V::None,
-        0x88 => V::Bool(true),
-        0x89 => V::Bool(false),
-        b'J' => V::Int(i32::from_le_bytes(src.le::<4>()?).into()),
-        b'K' => V::Int(src.byte()?.into()),
-        b'M' => V::Int(u16::from_le_bytes(src.le::<2>()?).into()),
-        0x8a => {
-            let n = src.byte()?;
-            long_le(&src.bytes(n.into(), 255, 255)?.expect("kept"))
-        }
-        0x8b => {
-            let n = i32::from_le_bytes(src.le::<4>()?);
-            if n < 0 {
-                return Err(bad(src, op, "negative LONG4 length"));
-            }
-            let bytes = src.bytes(n as u64, m.limits.max_string, 8)?;
-            bytes.map_or(V::Kind("big int"), |b| long_le(&b))
-        }
-        b'I' => match src.line(max_line)?.as_slice() {
-            b"01" => V::Bool(true),
-            b"00" => V::Bool(false),
-            l => std::str::from_utf8(l)
-                .ok()
-                .and_then(|s| s.trim().parse::<i64>().ok())
-                .map(V::Int)
-                .ok_or_else(|| bad(src, op, "INT operand is not an integer"))?,
-        },
-        b'L' => {
-            let line = src.line(max_line)?;
-            let text = std::str::from_utf8(&line)
-                .ok()
-                .map(|s| s.trim().trim_end_matches('L'))
-                .filter(|s| {
-                    let d = s.strip_prefix('-').unwrap_or(s);
-                    !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())
-                })
-                .ok_or_else(|| bad(src, op, "LONG operand is not an integer"))?;
-            text.parse::<i64>().map_or(V::Kind("big int"), V::Int)
-        }
-        b'G' => {
-            src.le::<8>()?;
-            V::Kind("float")
-        }
-        b'F' => {
-            src.line(max_line)?;
-            V::Kind("float")
-        }
-        _ => return Ok(false),
-    };
-    m.push(src, v)?;
-    Ok(true)
-}
-
-/// Strings (kept when short and UTF-8) and bytes (skipped).
-fn string_op<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>, op: u8) -> R<bool> {
-    let (max_string, keep) = (m.limits.max_string, m.limits.keep_string);
-    let v = match op {
-        0x8c | b'X' | 0x8d | b'U' | b'T' => {
-            let n = length_operand(src, op)?;
-            string_value(src.bytes(n, max_string, keep)?)
-        }
-        b'C' | b'B' | 0x8e | 0x96 => {
-            let n = length_operand(src, op)?;
-            src.bytes(n, max_string, 0)?;
-            V::Kind("bytes")
-        }
-        b'V' | b'S' => text_string(src, op, m.limits)?,
-        _ => return Ok(false),
-    };
-    m.push(src, v)?;
-    Ok(true)
-}
-
-/// The binary length operand of a string or bytes opcode.
-fn length_operand<In: Read>(src: &mut Src<In>, op: u8) -> R<u64> {
-    Ok(match op {
-        0x8c | b'U' | b'C' => src.byte()?.into(),
-        b'X' | b'B' => u32::from_le_bytes(src.le::<4>()?).into(),
-        b'T' => {
-            let n = i32::from_le_bytes(src.le::<4>()?);
-            if n < 0 {
-                return Err(bad(src, op, "negative BINSTRING length"));
-            }
-            n as u64
-        }
-        // 0x8d, 0x8e and 0x96: eight bytes.
-        _ => u64::from_le_bytes(src.le::<8>()?),
-    })
-}
-
-/// A text string (protocol 0): kept when it is plain ASCII without escapes.
-fn text_string<In: Read>(src: &mut Src<In>, op: u8, limits: &StampLimits) -> R<V> {
-    let line = src.line(limits.max_line)?;
-    let plain = if op == b'S' {
-        let quoted = line.len() >= 2
-            && (line[0] == b'\'' || line[0] == b'"')
-            && line[line.len() - 1] == line[0];
-        if !quoted {
-            return Err(bad(src, op, "STRING operand is not quoted"));
-        }
-        line[1..line.len() - 1].to_vec()
-    } else {
-        line
-    };
-    Ok(
-        if plain.contains(&b'\\') || !plain.is_ascii() || plain.len() > limits.keep_string {
-            V::Kind("escaped string")
-        } else {
-            string_value(Some(plain))
-        },
-    )
-}
-
-/// Dicts (the only containers whose items are kept), lists, tuples and sets.
-fn container_op<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>, op: u8) -> R<bool> {
-    let v = match op {
-        b'}' => m.new_dict(),
-        b']' => V::Kind("list"),
-        b')' => V::Kind("tuple"),
-        0x8f => V::Kind("set"),
-        b'd' => {
-            let items = m.pop_mark(src, op)?;
-            if items.len() % 2 != 0 {
-                return Err(bad(src, op, "an odd number of dict items"));
-            }
-            let d = m.new_dict();
-            m.set_items(src, &d, items)?;
-            d
-        }
-        b'l' | b't' | 0x91 => {
-            m.pop_mark(src, op)?;
-            V::Kind(match op {
-                b'l' => "list",
-                b't' => "tuple",
-                _ => "frozenset",
-            })
-        }
-        0x85..=0x87 => {
-            for _ in 0..(op - 0x84) {
-                m.pop(src, op)?;
-            }
-            V::Kind("tuple")
-        }
-        // Appends and sets: the container they change stays where it is.
-        b'a' => {
-            m.pop(src, op)?;
-            m.top(src, op)?;
-            return Ok(true);
-        }
-        b'e' | 0x90 => {
-            m.pop_mark(src, op)?;
-            m.top(src, op)?;
-            return Ok(true);
-        }
-        b's' => {
-            let v = m.pop(src, op)?;
-            let k = m.pop(src, op)?;
-            let target = m.top(src, op)?;
-            m.set_items(src, &target, vec![k, v])?;
-            return Ok(true);
-        }
-        b'u' => {
-            let items = m.pop_mark(src, op)?;
-            if items.len() % 2 != 0 {
-                return Err(bad(src, op, "an odd number of dict items"));
-            }
-            let target = m.top(src, op)?;
-            m.set_items(src, &target, items)?;
-            return Ok(true);
-        }
-        _ => return Ok(false),
-    };
-    m.push(src, v)?;
-    Ok(true)
-}
-
-/// The memo: `MEMOIZE` and the three `PUT`s store the top value, the three `GET`s push one.
-fn memo_op<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>, op: u8) -> R<bool> {
-    match op {
-        0x94 => {
-            let index = m.memo.len() as u64;
-            m.memo_put(src, index, op)?;
-        }
-        b'q' | b'r' | b'p' => {
-            let index = memo_index(src, op, m.limits.max_line)?;
-            m.memo_put(src, index, op)?;
-        }
-        b'h' | b'j' | b'g' => {
-            let index = memo_index(src, op, m.limits.max_line)?;
-            m.memo_get(src, index)?;
-        }
-        _ => return Ok(false),
-    }
-    Ok(true)
-}
-
-/// The memo index operand: one byte, four bytes, or a decimal line.
-fn memo_index<In: Read>(src: &mut Src<In>, op: u8, max_line: usize) -> R<u64> {
-    Ok(match op {
-        b'q' | b'h' => src.byte()?.into(),
-        b'r' | b'j' => u32::from_le_bytes(src.le::<4>()?).into(),
-        // b'p' and b'g'.
-        _ => {
-            let line = src.line(max_line)?;
-            text_int(src, op, &line)?
-        }
-    })
-}
-
-/// Objects: never imported or built, only their place on the stack.
-fn object_op<In: Read>(src: &mut Src<In>, m: &mut Machine<'_>, op: u8) -> R<bool> {
-    let max_line = m.limits.max_line;
-    let v = match op {
-        b'c' => {
-            src.line(max_line)?;
-            src.line(max_line)?;
-            V::Kind("global")
-        }
-        0x93 => {
-            m.pop(src, op)?;
-            m.pop(src, op)?;
-            V::Kind("global")
-        }
-        b'i' => {
-            src.line(max_line)?;
-            src.line(max_line)?;
-            m.pop_mark(src, op)?;
-            V::Kind("object")
-        }
-        b'o' => {
-            m.pop_mark(src, op)?;
-            V::Kind("object")
-        }
-        b'R' | 0x81 | 0x92 => {
-            for _ in 0..(if op == 0x92 { 3 } else { 2 }) {
-                m.pop(src, op)?;
-            }
-            V::Kind("object")
-        }
-        0x82 => {
-            src.byte()?;
-            V::Kind("object")
-        }
-        0x83 => {
-            src.le::<2>()?;
-            V::Kind("object")
-        }
-        0x84 => {
-            src.le::<4>()?;
-            V::Kind("object")
-        }
-        b'P' => {
-            src.line(max_line)?;
-            m.persistent_ids += 1;
-            V::Kind("persistent id")
-        }
-        b'Q' => {
-            m.pop(src, op)?;
-            m.persistent_ids += 1;
-            V::Kind("persistent id")
-        }
-        0x97 => {
-            m.buffers += 1;
-            V::Kind("buffer")
-        }
-        // BUILD and READONLY_BUFFER change the value in place.
-        b'b' => {
-            m.pop(src, op)?;
-            m.top(src, op)?;
-            return Ok(true);
-        }
-        0x98 => {
-            m.top(src, op)?;
-            return Ok(true);
-        }
-        _ => return Ok(false),
-    };
-    m.push(src, v)?;
-    Ok(true)
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
 }
 
 /// Read the stamp from `input`: the framing, then the pickle's opcodes up to `STOP`, then (for
 /// the framings that have one) the start of what follows them. Never reads more than
 /// `limits.max_bytes` (plus at most one byte to tell a plain pickle ends at its `STOP`).
 pub fn read_stamp(input: impl Read, limits: &StampLimits) -> Result<Stamp, StampError> {
-    let mut src = Src {
+    let mut r = Reader {
         input: io::BufReader::with_capacity(64 * 1024, input),
         pos: 0,
-        budget: limits.max_bytes,
         region_end: None,
-        scratch: Vec::new(),
-    };
-    let (prefixed, protocol) = read_head(&mut src, limits)?;
-    let mut m = Machine {
         limits,
         stack: Vec::new(),
         marks: Vec::new(),
@@ -1114,194 +1021,34 @@ pub fn read_stamp(input: impl Read, limits: &StampLimits) -> Result<Stamp, Stamp
         buffers: 0,
         persistent_ids: 0,
     };
-    let top = run(&mut src, &mut m)?;
-    let stop_at = src.pos;
-    let framing = match prefixed {
-        None => {
-            if m.buffers > 0 {
-                return Err(src.err(StampDefect::PlainWithOutside {
-                    what: "out-of-band buffers",
-                }));
-            }
-            if m.persistent_ids > 0 {
-                return Err(src.err(StampDefect::PlainWithOutside {
-                    what: "persistent ids",
-                }));
-            }
-            if !src.at_end()? {
-                return Err(src.err(StampDefect::TrailingData));
-            }
-            Framing::Plain
-        }
-        Some(opcode_len) => {
-            let end = 8 + opcode_len;
-            if stop_at != end {
-                return Err(src.err(StampDefect::StopPosition {
-                    stop_at,
-                    declared_end: end,
-                }));
-            }
-            src.region_end = None;
-            framing_after(&mut src, opcode_len, m.buffers, m.persistent_ids)?
-        }
-    };
+    let (prefixed, protocol) = r.head()?;
+    let top = r.run()?;
+    let stop_at = r.pos;
+    let framing = r.framing_after(prefixed)?;
     let V::Dict(id) = top else {
         return Err(StampError {
             offset: stop_at - 1,
             defect: StampDefect::NotADict { found: top.kind() },
         });
     };
-    let (items, other_keys) = std::mem::take(&mut m.dicts[id]);
-    let entries = items
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), public(&v)))
-        .collect();
+    let (items, other_keys) = std::mem::take(&mut r.dicts[id]);
     Ok(Stamp {
         framing,
         protocol,
-        entries,
+        entries: items
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.public()))
+            .collect(),
         other_keys,
     })
 }
 
-/// The framing's head: `PROTO` right away (a plain pickle) or an 8-byte length first; returns
-/// the declared opcode length (when prefixed) and the pickle protocol.
-fn read_head<In: Read>(src: &mut Src<In>, limits: &StampLimits) -> R<(Option<u64>, u8)> {
-    let first = src.byte().map_err(|e| unknown_if_short(e, &[]))?;
-    let (prefixed, protocol) = if first == PROTO {
-        (None, src.byte()?)
-    } else {
-        let mut head = [0u8; 10];
-        head[0] = first;
-        for i in 1..10 {
-            head[i] = src.byte().map_err(|e| unknown_if_short(e, &head[..i]))?;
-        }
-        let len = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
-        if !(2..=MAX_PREFIX).contains(&len) || head[8] != PROTO {
-            return Err(StampError {
-                offset: 0,
-                defect: StampDefect::UnknownFraming { head: hex(&head) },
-            });
-        }
-        if 8 + len > limits.max_bytes {
-            return Err(StampError {
-                offset: 0,
-                defect: StampDefect::HugeOpcodeLength {
-                    declared: len,
-                    cap: limits.max_bytes.saturating_sub(8),
-                },
-            });
-        }
-        src.region_end = Some(8 + len);
-        (Some(len), head[9])
-    };
-    if !(2..=5).contains(&protocol) {
-        return Err(StampError {
-            offset: src.pos - 1,
-            defect: StampDefect::Protocol { found: protocol },
-        });
-    }
-    Ok((prefixed, protocol))
-}
-
-/// Which length-prefixed framing the opcodes and the first bytes after them show.
-fn framing_after<In: Read>(
-    src: &mut Src<In>,
-    opcode_len: u64,
-    buffers: u64,
-    persistent_ids: u64,
-) -> R<Framing> {
-    let mut peek = [0u8; 8];
-    let mut got = 0;
-    while got < 8 {
-        match src.input.read(&mut peek[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                return Err(src.err(StampDefect::Io {
-                    message: e.to_string(),
-                }));
-            }
-        }
-    }
-    match (buffers, persistent_ids) {
-        (b, 0) if b > 0 || got == 0 => {
-            if b > 0 && got < 8 {
-                return Err(src.err(StampDefect::BadTail {
-                    why: format!(
-                        "the opcodes refer to {b} out-of-band buffer(s) but {got} byte(s) follow them, too few for a record's 8-byte length"
-                    ),
-                }));
-            }
-            if got == 8 && i64::from_le_bytes(peek) < 0 {
-                return Err(src.err(StampDefect::BadTail {
-                    why: format!(
-                        "the first buffer record's length {} is negative",
-                        i64::from_le_bytes(peek)
-                    ),
-                }));
-            }
-            Ok(Framing::OobRecords {
-                opcode_len,
-                buffers: b,
-            })
-        }
-        (0, p) if p > 0 => {
-            if got == 0 {
-                return Err(src.err(StampDefect::BadTail {
-                    why: format!(
-                        "the opcodes refer to {p} persistent id(s) but no arena follows them"
-                    ),
-                }));
-            }
-            Ok(Framing::LengthArena {
-                opcode_len,
-                persistent_ids: p,
-            })
-        }
-        (b, p) => Err(src.err(StampDefect::UndecidableFraming {
-            buffers: b,
-            persistent_ids: p,
-        })),
-    }
-}
-
-fn unknown_if_short(e: StampError, head: &[u8]) -> StampError {
-    if e.defect == StampDefect::Truncated {
-        StampError {
-            offset: 0,
-            defect: StampDefect::UnknownFraming {
-                head: if head.is_empty() {
-                    "empty".into()
-                } else {
-                    format!("{} and ends", hex(head))
-                },
-            },
-        }
-    } else {
-        e
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
-}
-
-fn public(v: &V) -> StampValue {
-    match v {
-        V::Str(s) => StampValue::Str(s.to_string()),
-        V::Int(i) => StampValue::Int(*i),
-        V::Bool(b) => StampValue::Bool(*b),
-        V::None => StampValue::None,
-        V::Dict(_) => StampValue::Other("dict"),
-        V::Kind(k) => StampValue::Other(k),
-    }
-}
-
 /// An artifact whose stamp is not this generation's and this entry's: which file, which key,
 /// what the contract, pin or entry expects and what the artifact says.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{file}: the artifact's stamp says {key} = {found}, but this generation and entry need {expected}; the pinned runtime refuses it before it runs (rebuild it with the pinned tinygrad)"
+)]
 pub struct StampRefusal {
     /// The artifact's file name.
     pub file: String,
@@ -1313,18 +1060,6 @@ pub struct StampRefusal {
     pub found: String,
 }
 
-impl fmt::Display for StampRefusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: the artifact's stamp says {} = {}, but this generation and entry need {}; the pinned runtime refuses it before it runs (rebuild it with the pinned tinygrad)",
-            self.file, self.key, self.found, self.expected
-        )
-    }
-}
-
-impl std::error::Error for StampRefusal {}
-
 /// Whether artifacts of this contract carry a stamp to check (v25: no; v26: yes).
 pub fn stamp_required(contract: &Contract) -> bool {
     contract.stamp.is_some()
@@ -1335,6 +1070,8 @@ pub fn stamp_required(contract: &Contract) -> bool {
 /// (v25) accepts any artifact: its artifacts keep that contract's rules. The keys are checked
 /// in the runtime's order (ABI, compiler revision, format version, then behaviour version) and
 /// the first mismatch is the refusal.
+///
+/// [`StampRule`]: crate::contract::StampRule
 pub fn check_stamp(
     file: &str,
     stamp: &Stamp,
@@ -1345,8 +1082,24 @@ pub fn check_stamp(
     let Some(rule) = contract.stamp else {
         return Ok(());
     };
-    let expectations = expected_values(&rule, contract, pin, entry_version);
-    for (key, expected) in expectations {
+    let abi = contract
+        .artifact_abi
+        .map(|abi| (rule.abi_key, StampValue::Str(abi.into())));
+    let rest = [
+        (
+            rule.compiler_revision_key,
+            StampValue::Str(pin.as_str().into()),
+        ),
+        (
+            rule.format_version_key,
+            StampValue::Int(rule.format_version),
+        ),
+        (
+            rule.behavior_version_key,
+            StampValue::Str(entry_version.to_string()),
+        ),
+    ];
+    for (key, expected) in abi.into_iter().chain(rest) {
         let found = stamp.get(key);
         if found != Some(&expected) {
             return Err(StampRefusal {
@@ -1358,32 +1111,6 @@ pub fn check_stamp(
         }
     }
     Ok(())
-}
-
-/// What each stamp key must hold, in the runtime's order.
-fn expected_values(
-    rule: &StampRule,
-    contract: &Contract,
-    pin: &GitCommit,
-    entry_version: BehaviorVersion,
-) -> Vec<(&'static str, StampValue)> {
-    let mut v = Vec::with_capacity(4);
-    if let Some(abi) = contract.artifact_abi {
-        v.push((rule.abi_key, StampValue::Str(abi.to_string())));
-    }
-    v.push((
-        rule.compiler_revision_key,
-        StampValue::Str(pin.as_str().to_string()),
-    ));
-    v.push((
-        rule.format_version_key,
-        StampValue::Int(rule.format_version),
-    ));
-    v.push((
-        rule.behavior_version_key,
-        StampValue::Str(entry_version.to_string()),
-    ));
-    v
 }
 
 #[cfg(test)]
