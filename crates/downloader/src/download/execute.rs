@@ -502,10 +502,19 @@ impl<'a> Run<'a> {
         leave: &(dyn Fn(Measured, u64) -> bool + Sync),
         measured: &mut Measured,
     ) -> Option<Sha256Digest> {
-        (self.on_event)(Event::Progress {
-            done: self.resumed,
-            total: self.plan.size,
-        });
+        // A transfer started on the entry's word alone reports nothing before its first byte:
+        // while the origin is silent the UI keeps the request's acknowledgement, not a "0%".
+        let implied = self
+            .confirmed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none();
+        if !implied {
+            (self.on_event)(Event::Progress {
+                done: self.resumed,
+                total: self.plan.size,
+            });
+        }
         let started = Instant::now();
         let moved = || Measured {
             bytes: self
