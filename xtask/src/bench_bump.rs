@@ -68,7 +68,7 @@ pub fn rows(work: &Path) -> Result<Vec<Row>, String> {
     let floor = N as f64 * (COMPILE_MS + VALIDATE_MS) as f64 / 1000.0 + one;
     let ratio = ours / floor;
     Ok(vec![Row {
-        name: "bump (rebuild --upload-to, publish) / compiler time",
+        name: "bump (rebuild --upload-to, publish; one run each) / compiler time",
         ours: format!("{ours:.1} s (sequential {sequential:.1} s)"),
         anchor: format!(
             "{floor:.1} s ({N} x {:.0} s compile+validate + one {MIB} MiB upload {one:.1} s, \
