@@ -10,7 +10,7 @@ use std::process::Command;
 
 use crate::bench::{Row, write_pseudo_random};
 use crate::bench_device::{device_command, entry, mkdirs, run_ok, sidecar_digest, start_server};
-use crate::util::{self, best_of};
+use crate::util;
 
 /// Stripped size budget (decimal megabytes, as a download is counted).
 const SIZE_BUDGET: u64 = 4_000_000;
@@ -118,17 +118,18 @@ fn download_rss_row(work: &Path) -> Result<Row, String> {
     run_ok(&mut dmm_cmd(&["refresh"]))?;
     let installed = device.join("models").join(&name);
     eprintln!("bench: device-modeld-manager download (default settings), peak RSS");
-    let m = best_of(
-        2,
-        || {
-            let _ = fs::remove_file(&installed);
-        },
-        || crate::bench::quiet(&mut dmm_cmd(&["download", ID])),
-    )?;
+    // Through the small launcher: measured straight from here, the child's peak RSS would
+    // count this process's own (dist ran in it just before).
+    let mut rss_kib = 0;
+    for _ in 0..2 {
+        let _ = fs::remove_file(&installed);
+        let m = util::measure_own_rss(&dmm_cmd(&["download", ID]), work)?;
+        rss_kib = rss_kib.max(m.max_rss_kib);
+    }
     if !installed.exists() {
         return Err(format!("download did not install {}", installed.display()));
     }
-    let rss_mib = m.max_rss_kib as f64 / 1024.0;
+    let rss_mib = rss_kib as f64 / 1024.0;
     Ok(Row {
         name: "device 180 MiB download peak RSS",
         ours: format!("{rss_mib:.1} MiB"),

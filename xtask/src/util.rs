@@ -104,6 +104,43 @@ pub fn measure(cmd: &mut Command) -> Result<Measured, String> {
     })
 }
 
+/// Where [`measure_child`] writes the peak RSS (KiB) of the command it ran.
+pub const RSS_OUT_ENV: &str = "XTASK_RSS_OUT";
+
+/// `cargo xtask measure-child PROGRAM ARGS…` (run by [`measure_own_rss`], not by people): run
+/// the command as a child of this small process and write its peak RSS in KiB to the file
+/// `$XTASK_RSS_OUT`. A child's `ru_maxrss` also counts the memory of the process that spawned
+/// it, as it was at the exec (with `posix_spawn` the spawner's own high-water mark): measured
+/// straight from the bench, after `cargo xtask dist` ran in it, a download read the bench's
+/// ~23 MiB instead of its own ~12 MiB. From here it counts this launcher's few MiB at most.
+pub fn measure_child(args: &[String]) -> Result<(), String> {
+    let out = std::env::var_os(RSS_OUT_ENV).ok_or(format!("{RSS_OUT_ENV} is not set"))?;
+    let (program, rest) = args.split_first().ok_or("measure-child needs a command")?;
+    let m = measure(Command::new(program).args(rest))?;
+    fs::write(&out, m.max_rss_kib.to_string()).map_err(|e| e.to_string())
+}
+
+/// Run `cmd` (program and arguments only; its stdout is discarded) through [`measure_child`]:
+/// its wall time (with the launcher's start) and its own peak RSS, not the bench's.
+pub fn measure_own_rss(cmd: &Command, work: &Path) -> Result<Measured, String> {
+    let rss = work.join("measure-child.rss");
+    let _ = fs::remove_file(&rss);
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut launcher = Command::new(exe);
+    launcher
+        .arg("measure-child")
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .env(RSS_OUT_ENV, &rss)
+        .stdout(std::process::Stdio::null());
+    let m = measure(&mut launcher)?;
+    let kib = fs::read_to_string(&rss).map_err(|e| format!("{}: {e}", rss.display()))?;
+    Ok(Measured {
+        max_rss_kib: kib.trim().parse().map_err(|e| format!("{kib:?}: {e}"))?,
+        ..m
+    })
+}
+
 /// Best (shortest) of `n` runs; the ratio of two best-of-n runs is the steadiest figure on a
 /// shared machine.
 pub fn best_of(
