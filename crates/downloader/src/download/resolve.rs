@@ -311,6 +311,43 @@ mod count_tests {
         }
     }
 
+    /// Whether a transfer starts before the origin answers, per generation as the pin table
+    /// gives its contract (v25; v26 recorded with upstream's v26 contract; a made-up v27 that
+    /// inherits it): v25 asks every chunked entry's `.chunkmanifest` first (docs/formats.md),
+    /// so every declared chunk count starts early; the v26 contract takes the count from the
+    /// manifest and asks only the first chunk's HEAD of a set of two or more, so a one-chunk
+    /// entry has no round trip to save; a plain file (count 0) never starts early.
+    #[test]
+    fn when_a_transfer_starts_before_the_origin_answers() {
+        use super::implied_plan;
+        use crate::download::Target;
+        use manifest::{Generation, PinTable};
+        let mut pins = PinTable::builtin();
+        pins.record_contract(Generation::new(26), ContractName::V26)
+            .unwrap();
+        let target = |count| Target {
+            id: "pop".parse().unwrap(),
+            remote_name: "pop_driving_tinygrad.pkl".parse().unwrap(),
+            local_name: "pop_driving_tinygrad.pkl".parse().unwrap(),
+            size: Some(180_000_000),
+            sha256: Some(chunker::Sha256Digest::from_bytes([7; 32])),
+            chunk_count: Some(count),
+            chunk_sha256: None,
+        };
+        let table = [
+            (25, [false, true, true]),
+            (26, [false, false, true]),
+            (27, [false, false, true]),
+        ];
+        for (generation, want) in table {
+            let contract = pins.contract(Generation::new(generation));
+            for (count, want) in [0, 1, 4].into_iter().zip(want) {
+                let early = implied_plan(&target(count), contract.chunk_count_from_manifest);
+                assert_eq!(early.is_some(), want, "v{generation}, {count} chunk(s)");
+            }
+        }
+    }
+
     /// The chunk length a transfer starts on before the origin confirms it: the native 45 MiB
     /// when it fits the count, else the size split evenly (rounded up), else none.
     #[test]
