@@ -407,7 +407,8 @@ fn usage_error_json(args: &[OsString], e: &clap::Error) -> Option<String> {
     Some(failure.json_document())
 }
 
-#[cfg(all(test, feature = "cli"))]
+#[cfg(test)]
+#[cfg(feature = "cli")]
 mod tests {
     /// Safe words as they are, every other word one single-quoted shell word.
     #[test]
