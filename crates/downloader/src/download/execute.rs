@@ -214,21 +214,19 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
     let (origin_name, local) = (origin.to_string(), qualified.as_str());
     let remembered = job.stale.get(&origin_name, local);
     // Nothing remembered of this store: the transfer starts on what the entry implies while
-    // the origin is asked (the round trip before the first payload byte is saved); when the
-    // origin says otherwise, what was started is dropped and the transfer starts over on its
-    // word.
+    // the origin is asked; when the origin says otherwise, it starts over on its word.
     let implied = match remembered {
         None => implied(job, origin),
         Some(_) => None,
     };
     let (said, now, result) = match implied {
         Some(guess) => {
-            let said = Said::of(&guess);
+            let said = plan_state(job, origin, &guess);
             match transfer(job, origin, guess, true, measured) {
                 Outcome::Done(result) => (said, None, result),
                 Outcome::Unresolved(e) => return Err(e),
                 Outcome::Replan(resolved) => {
-                    let said = Said::of(&resolved);
+                    let said = plan_state(job, origin, &resolved);
                     let result = transfer(job, origin, resolved, false, measured).done();
                     (said, None, result)
                 }
@@ -236,11 +234,11 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
         }
         None => {
             let resolved = resolve_from(job, origin)?;
-            let said = Said::of(&resolved);
+            let said = plan_state(job, origin, &resolved);
             // What the store says now, compared only when something is remembered of it.
             let now = remembered
                 .as_ref()
-                .map(|_| store_state(job, origin, &said, &resolved.ctl));
+                .map(|_| with_sidecar(job, origin, said.clone(), &resolved.ctl));
             if let (Some(r), Some(now)) = (&remembered, &now)
                 && stale_store::decide(Some(r), now, Instant::now()) == stale_store::Go::Skip
             {
@@ -268,7 +266,7 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
                 budget,
                 Instant::now() + budget,
             );
-            let state = now.unwrap_or_else(|| store_state(job, origin, &said, &ctl));
+            let state = now.unwrap_or_else(|| with_sidecar(job, origin, said, &ctl));
             job.stale.remember(stale_store::Served {
                 state,
                 served,
@@ -280,29 +278,28 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
     result
 }
 
-/// What a resolved plan says of the store (the rest of its [`stale_store::StoreState`]).
-struct Said {
-    expected: chunker::Sha256Digest,
-    size: u64,
-    chunk_count: u32,
-    first_len: u64,
-}
-
-impl Said {
-    fn of(resolved: &Resolved) -> Self {
-        Said {
-            expected: resolved.plan.sha256,
-            size: resolved.plan.size,
-            chunk_count: resolved.plan.chunk_count,
-            first_len: resolved.pieces.first().map_or(0, |p| p.len),
-        }
+/// What a resolved plan says of the store, as [`stale_store`] compares it (without its sidecar).
+fn plan_state(job: &Job<'_>, origin: &Origin, resolved: &Resolved) -> stale_store::StoreState {
+    stale_store::StoreState {
+        origin: origin.to_string(),
+        local_name: format!("{}/{}", job.generation, job.target.local_name),
+        expected: resolved.plan.sha256,
+        size: resolved.plan.size,
+        chunk_count: resolved.plan.chunk_count,
+        first_len: resolved.pieces.first().map_or(0, |p| p.len),
+        sidecar: None,
     }
 }
 
-/// The store's state as [`stale_store`] compares it: what the plan said, and the store's own
-/// `.sha256` sidecar if it publishes one that parses (one small request; a failure is `None`).
-fn store_state(job: &Job<'_>, origin: &Origin, said: &Said, ctl: &Ctl) -> stale_store::StoreState {
-    let sidecar = chunker::sidecar_name(job.target.remote_name.as_str())
+/// `state` with the store's own `.sha256` sidecar, if it publishes one that parses (one small
+/// request; a failure is `None`).
+fn with_sidecar(
+    job: &Job<'_>,
+    origin: &Origin,
+    mut state: stale_store::StoreState,
+    ctl: &Ctl,
+) -> stale_store::StoreState {
+    state.sidecar = chunker::sidecar_name(job.target.remote_name.as_str())
         .parse::<FileName>()
         .ok()
         .and_then(|name| {
@@ -310,15 +307,7 @@ fn store_state(job: &Job<'_>, origin: &Origin, said: &Said, ctl: &Ctl) -> stale_
             let body = job.http.get_small(&url, 1024, ctl).ok()?;
             super::resolve::parse_remote_sidecar(&body, &url).ok()
         });
-    stale_store::StoreState {
-        origin: origin.to_string(),
-        local_name: format!("{}/{}", job.generation, job.target.local_name),
-        expected: said.expected,
-        size: said.size,
-        chunk_count: said.chunk_count,
-        first_len: said.first_len,
-        sidecar,
-    }
+    state
 }
 
 /// How a transfer ended.
