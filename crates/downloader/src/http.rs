@@ -300,12 +300,12 @@ impl Http {
                 headers.push(("If-Range".to_string(), tag.to_string()));
             }
         }
-        self.start("GET", url, headers, ctl, true)
+        self.issue("GET", url, headers, ctl, true)?.wait(ctl)
     }
 
     /// HEAD `url`: the length and ETag.
     pub fn head(&self, url: &str, ctl: &Ctl) -> Result<(Option<u64>, Option<String>)> {
-        let body = self.start("HEAD", url, Vec::new(), ctl, false)?;
+        let body = self.issue("HEAD", url, Vec::new(), ctl, false)?.wait(ctl)?;
         Ok((body.meta.content_length, body.meta.etag))
     }
 
@@ -350,18 +350,6 @@ impl Http {
         self.issue("GET", url, headers, ctl, true)
     }
 
-    /// Start `method url` on a request thread and wait for its final response head.
-    fn start(
-        &self,
-        method: &'static str,
-        url: &str,
-        headers: Vec<(String, String)>,
-        ctl: &Ctl,
-        want_body: bool,
-    ) -> Result<Body> {
-        self.issue(method, url, headers, ctl, want_body)?.wait(ctl)
-    }
-
     /// Start `method url` on a request thread; the caller waits for its head with
     /// [`Pending::wait`].
     fn issue(
@@ -373,11 +361,14 @@ impl Http {
         want_body: bool,
     ) -> Result<Pending> {
         ctl.check(url)?;
-        let first = check_url(url).map_err(|reason| Error::Redirect {
-            url: url.to_string(),
-            location: url.to_string(),
-            reason,
-        })?;
+        let first = Url::parse(url)
+            .map_err(|e| format!("not a URL ({e})"))
+            .and_then(check_url)
+            .map_err(|reason| Error::Redirect {
+                url: url.to_string(),
+                location: url.to_string(),
+                reason,
+            })?;
         let (tx, rx) = mpsc::sync_channel::<Msg>(QUEUE);
         let job = RequestJob {
             agent: self.agent.clone(),
@@ -437,17 +428,10 @@ impl Pending {
     /// Wait for the final response head (the response timeout counted from when the request
     /// was sent); the body then streams as [`Http::get`]'s does.
     pub fn wait(self, ctl: &Ctl) -> Result<Body> {
-        let Pending {
-            url,
-            rx,
-            started,
-            want_body,
-            config,
-        } = self;
-        let url = url.as_str();
+        let (url, rx, config) = (self.url.as_str(), self.rx, &self.config);
         let head = loop {
             ctl.check(url)?;
-            if started.elapsed() >= config.response_timeout {
+            if self.started.elapsed() >= config.response_timeout {
                 return Err(Error::TooSlow {
                     url: url.to_string(),
                     message: format!(
@@ -486,7 +470,7 @@ impl Pending {
             rx,
             buf: Vec::new(),
             pos: 0,
-            ended: !want_body,
+            ended: !self.want_body,
             ctl: ctl.clone(),
             rate: RateGuard::new(Instant::now(), config.min_rate, config.rate_window),
         })
@@ -681,12 +665,7 @@ fn is_timeout(t: &ureq::Transport) -> bool {
 
 /// Why a URL may not be requested, if it may not: only `http`/`https` with a host and no user
 /// info.
-fn check_url(s: &str) -> std::result::Result<Url, String> {
-    let url = Url::parse(s).map_err(|e| format!("not a URL ({e})"))?;
-    check_parsed(url)
-}
-
-fn check_parsed(url: Url) -> std::result::Result<Url, String> {
+fn check_url(url: Url) -> std::result::Result<Url, String> {
     if !matches!(url.scheme(), "http" | "https") {
         return Err(format!("scheme `{}` is not http or https", url.scheme()));
     }
@@ -714,7 +693,7 @@ pub(crate) fn next_hop(
     let next = current
         .join(location.trim())
         .map_err(|e| format!("unusable Location ({e})"))?;
-    let next = check_parsed(next)?;
+    let next = check_url(next)?;
     if current.scheme() == "https" && next.scheme() == "http" {
         return Err("a redirect from https down to http".into());
     }
