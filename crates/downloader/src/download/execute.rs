@@ -1,16 +1,10 @@
 //! One origin's run: resolve the plan, open staging, fetch the segments with parallel workers
 //! (each range retried, resumed, checked against the plan), verify the whole, install.
 //!
-//! Nothing waits on the disk or the digest while bytes can flow: the workers only receive and
-//! write, starting the writeback of what they wrote every [`WRITEBACK_STEP`] (so the disk works
-//! while the network does, whatever order the bytes arrive in); the artifact's SHA-256 follows
-//! the bytes in artifact order while they arrive (a [`Follower`] reads back what was just
-//! written, from the page cache), and each completed piece is made durable and recorded on a
-//! recorder thread.
-//! When the transfer ends, only the bytes of the last round are left to hash and flush. A byte
-//! written twice (a server that ignored `Range` after part of a segment arrived, a chunk fetched
-//! again after failing its digest) makes the followed digest void, and the staging file is hashed
-//! whole once more, as before.
+//! Nothing waits on the disk or the digest while bytes can flow: workers only receive, write
+//! and start writeback; a [`Follower`] hashes the bytes in artifact order as they land; a
+//! recorder thread makes finished pieces durable. A byte written twice voids the followed
+//! digest, and the staging file is then hashed whole.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::path::Path;
@@ -69,9 +63,8 @@ struct Run<'a> {
     workers_done: AtomicBool,
     /// Every payload byte received, kept or not (the job's count).
     received: &'a AtomicU64,
-    /// Whether the plan is the origin's: `None` while a transfer started on the entry's word
-    /// waits for the origin's answer ([`transfer`]). Nothing is recorded before it is
-    /// `Some(true)`.
+    /// Whether the plan is the origin's (`None`: still waiting for its answer); nothing is
+    /// recorded before it is `Some(true)`.
     confirmed: Mutex<Option<bool>>,
     settled: Condvar,
 }
@@ -185,10 +178,9 @@ fn placed(
     })
 }
 
-/// What the manifest entry implies the origin publishes, placed, for a transfer to start on
-/// while the origin is asked ([`implied_plan`]); `None` when the entry leaves something open,
-/// nothing would be asked, or bytes of this artifact are already staged (their record decides
-/// the layout a resume continues; that path asks first, as before).
+/// What the entry implies the origin publishes, placed, for a transfer to start on while the
+/// origin is asked ([`implied_plan`]); `None` when bytes of it are already staged (a resume
+/// continues their recorded layout, so it asks first).
 fn implied(job: &Job<'_>, origin: &Origin) -> Option<Resolved> {
     let (plan, chunk_len) = implied_plan(job.target, job.contract.chunk_count_from_manifest)?;
     let staged = job.target.staging_name()?;
@@ -334,10 +326,8 @@ impl Outcome {
 }
 
 /// The transfer of what `resolved` planned from `origin`: staging, ranges, verify, install.
-/// When the plan is the entry's word (`implied`, [`implied`]), the origin is asked at the same
-/// time ([`resolve_from`]): until it gives the same plan nothing is recorded (no piece counts as
-/// done, no range, so a crash resumes nothing of it), and nothing is verified or installed
-/// before its answer; another answer stops the workers and drops what they wrote.
+/// On the entry's word (`implied`) the origin is asked meanwhile: nothing is recorded, verified
+/// or installed before it gives the same plan; another answer drops what was written.
 fn transfer(
     job: &Job<'_>,
     origin: &Origin,
@@ -741,10 +731,8 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// The recorder thread: fsync and record what the workers finished, in the order they
-    /// finished it, until every worker has returned. A failure stops the run.
-    /// Nothing before the plan is confirmed (the records wait), and nothing of a plan the
-    /// origin does not confirm.
+    /// The recorder thread: fsync and record what the workers finished, in order, once the plan
+    /// is confirmed (nothing of an unconfirmed one). A failure stops the run.
     fn record(&self, records: mpsc::Receiver<Record>) {
         let confirmed = self.wait_confirmed();
         for r in records {
@@ -1007,10 +995,8 @@ struct Ahead {
     pending: crate::http::Pending,
 }
 
-/// How many bytes before the end of an answer its connection's next range is sent: what the
-/// answer delivers in the time it took to start (`latency`), at the rate it has delivered so
-/// far (`written` bytes in `elapsed` since its head). `None` until a rate is known (a quarter
-/// of a MiB, 50 ms). Pure.
+/// How many bytes before the end of an answer its connection's next range is sent: what it
+/// delivers in `latency` at its rate so far; `None` until a rate is known. Pure.
 pub(crate) fn lead_bytes(written: u64, elapsed: Duration, latency: Duration) -> Option<u64> {
     if written < LEAD_MIN_BYTES || elapsed < LEAD_MIN_TIME {
         return None;
@@ -1112,10 +1098,8 @@ impl<'r, 'a> Follower<'r, 'a> {
     }
 }
 
-/// Start writing `[from, to)` of `file` back to the disk without waiting for it (Linux
-/// `sync_file_range(SYNC_FILE_RANGE_WRITE)`), so that the install's fsync only waits for the
-/// last bytes. Durability still comes from that fsync; this only moves the work earlier, so a
-/// failure here is ignored.
+/// Start writing `[from, to)` back to the disk without waiting (`sync_file_range`), so the
+/// install's fsync, which gives durability, only waits for the last bytes; failures are ignored.
 fn start_writeback(file: &fs_err::File, from: u64, to: u64) {
     #[cfg(target_os = "linux")]
     {
