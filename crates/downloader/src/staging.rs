@@ -34,6 +34,10 @@ pub const LEGACY_STAGING_PREFIX: &str = ".tmp-partial-";
 /// Entries of other artifacts untouched for this long are removed when a download starts.
 pub const STALE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// A download's completion record is a header line and one index (or range) per line: small by
+/// construction, and read no further than this.
+pub(crate) const MAX_STATE_BYTES: u64 = 64 * 1024;
+
 /// Temporaries of [`StagingDir::write_atomic`] start with this.
 const NEW_PREFIX: &str = ".new-";
 
@@ -282,6 +286,12 @@ pub(crate) fn staging_names(sha_hex: &str, local_name: &str) -> (String, String)
     (data, state)
 }
 
+/// `(sha16, local name)` of a name of the staging files' shape `<sha16>-<local name>[.state]`.
+fn staged_parts(name: &str) -> Option<(&str, &str)> {
+    let base = name.strip_suffix(".state").unwrap_or(name);
+    base.split_once('-').filter(|(sha, _)| sha.len() == 16)
+}
+
 /// Which staging entries to remove before a download of `local_name` whose own names are
 /// `current` (kept): another digest's files of the same model at once (never resumable into
 /// this artifact), anything else once untouched for [`STALE_AFTER`]. Pure.
@@ -290,11 +300,7 @@ pub(crate) fn stale_entries(
     current: &[&str],
     local_name: &str,
 ) -> Vec<String> {
-    let same_model = |n: &str| {
-        let base = n.strip_suffix(".state").unwrap_or(n);
-        base.split_once('-')
-            .is_some_and(|(sha, rest)| rest == local_name && sha.len() == 16)
-    };
+    let same_model = |n: &str| staged_parts(n).is_some_and(|(_, rest)| rest == local_name);
     entries
         .iter()
         .filter(|(n, age)| !current.contains(&n.as_str()) && (same_model(n) || *age >= STALE_AFTER))
@@ -321,11 +327,10 @@ pub fn unusable_staged(entries: &[String], usable: &[Usable<'_>]) -> Vec<String>
     entries
         .iter()
         .filter(|n| {
-            let base = n.strip_suffix(".state").unwrap_or(n);
-            let Some((sha, local)) = base.split_once('-') else {
+            let Some((sha, local)) = staged_parts(n) else {
                 return false;
             };
-            if sha.len() != 16 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+            if !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return false;
             }
             !usable.iter().any(|u| {

@@ -15,7 +15,7 @@ use super::DigestSource;
 use super::plan::{Partial, Piece, Plan, add_range, other_forms};
 use crate::error::{Error, Result};
 use crate::space;
-use crate::staging::{StagingDir, staging_names};
+use crate::staging::{MAX_STATE_BYTES, StagingDir, staging_names};
 
 /// The staging file plus the record of which pieces (and, when each chunk has its own digest,
 /// which ranges inside unfinished pieces) are on disk and fsynced, both in the verified staging
@@ -36,9 +36,6 @@ pub(crate) struct Staging {
 /// How often, in bytes of one segment, its progress is recorded (fsync + record) while it
 /// downloads, so even a crash loses at most this much of a chunk.
 pub(crate) const RANGE_RECORD_STEP: u64 = 8 * 1024 * 1024;
-
-/// The completion record is a header line and one index per line: small by construction.
-const MAX_STATE_BYTES: u64 = 64 * 1024;
 
 impl Staging {
     pub(crate) fn open(
