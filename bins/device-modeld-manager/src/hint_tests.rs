@@ -1,13 +1,13 @@
 //! Every next step the device's refusals and failures print runs as printed: each scenario runs
 //! in-process through the binary's own parser and `run`, and every command its failure names
 //! (the `next:` line, also the `next` of the `--json` error document, and the commands in its
-//! message) is checked against `Cli::command()` by [`cli_support::hints::check_hint`].
+//! message) is checked against `Cli::command()` by [`test_support::hints::check_hint`].
 
 use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, Parser};
 use cli_support::Failure;
-use cli_support::hints::check_hint;
+use test_support::hints::check_hint;
 
 use crate::Cli;
 

@@ -2,14 +2,14 @@
 //! through the binary's own parser and `cmd::run`, and every command its failure names (the
 //! `next:` line, which is also the `next` of the `--json` error document, and the commands in the
 //! message's lines, as the validation gate lists them) is checked against `Cli::command()` by
-//! [`cli_support::hints::check_hint`]: the subcommand and flags exist, required flags are
+//! [`test_support::hints::check_hint`]: the subcommand and flags exist, required flags are
 //! present, and a placeholder left in is one the hint explains.
 
 use std::path::Path;
 
 use clap::{CommandFactory, Parser};
 use cli_support::Failure;
-use cli_support::hints::check_hint;
+use test_support::hints::check_hint;
 
 use crate::cmd::Cli;
 
@@ -203,7 +203,7 @@ fn the_validation_gates_hints_run() {
         let top: Vec<&str> = top.iter().map(String::as_str).collect();
         let mut ran = 0;
         for line in f.message.lines().filter(|l| l.contains("validate --check")) {
-            for argv in cli_support::hints::commands_for(line, BIN, &top) {
+            for argv in test_support::hints::commands_for(line, BIN, &top) {
                 let filled: Vec<&str> = argv[1..]
                     .iter()
                     .map(|w| match w.as_str() {
@@ -453,7 +453,7 @@ fn audits_mend_commands_run() {
                     assert!(mend.starts_with("release-cli publish "), "{mend}");
                     c.check(&format!("audit mend {generation}"), &format!("`{mend}`"));
                     let cmd = Cli::command();
-                    let words = cli_support::hints::commands_for(&format!("`{mend}`"), BIN, &[]);
+                    let words = test_support::hints::commands_for(&format!("`{mend}`"), BIN, &[]);
                     assert_eq!(words.len(), 1);
                     // The store is one word, whatever its path.
                     let to = words[0].iter().position(|w| w == "--to").unwrap();
@@ -732,7 +732,7 @@ fn reuse_hints_run() {
         std::fs::create_dir_all(dir.join("pop223")).unwrap();
         let ws = root.join("ws");
         std::fs::create_dir_all(&ws).unwrap();
-        let words = &cli_support::hints::commands_for(&next, BIN, &[])[0];
+        let words = &test_support::hints::commands_for(&next, BIN, &[])[0];
         let mut filled: Vec<String> = words[1..]
             .iter()
             .map(|w| match w.as_str() {

@@ -26,9 +26,8 @@ one log line per request `serve` answers (as RUST_LOG=debug)";
 
 fn main() -> ExitCode {
     let cli = cli_support::parse::<cmd::Cli>(VERBOSE_HELP, |c| &c.output);
-    let json = cli.command.json();
     match cmd::run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => e.report(json),
+        Err(e) => e.report(cli_support::json_requested()),
     }
 }

@@ -260,6 +260,15 @@ static FLAGS: OnceLock<(Verbosity, ColorChoice)> = OnceLock::new();
 #[cfg(feature = "cli")]
 static VERBOSE_HELP: OnceLock<&'static str> = OnceLock::new();
 
+/// Whether the parsed subcommand's `--json` was given, recorded by [`parse`].
+static JSON: OnceLock<bool> = OnceLock::new();
+
+/// Whether the command [`parse`] parsed asked for `--json` (its innermost subcommand's `json`
+/// flag; `false` before parsing): a failure then also prints a JSON error document.
+pub fn json_requested() -> bool {
+    JSON.get().copied().unwrap_or(false)
+}
+
 /// The run's verbosity, set once by [`parse`] (`Normal` before that, e.g. in unit tests).
 pub fn verbosity() -> Verbosity {
     FLAGS.get().map_or(Verbosity::Normal, |f| f.0)
@@ -379,7 +388,17 @@ pub fn parse<C: clap::Parser>(verbose_help: &'static str, flags: fn(&C) -> &Outp
     let cli = C::from_arg_matches(&matches).unwrap_or_else(|e| exit(e.format(&mut cmd.clone())));
     let f = flags(&cli);
     let _ = FLAGS.set((f.verbosity(), f.color));
+    let _ = JSON.set(json_flag(&matches));
     cli
+}
+
+/// The `json` flag of the innermost subcommand in `matches` (`false` where it has none).
+#[cfg(feature = "cli")]
+fn json_flag(matches: &clap::ArgMatches) -> bool {
+    match matches.subcommand() {
+        Some((_, sub)) => json_flag(sub),
+        None => matches!(matches.try_get_one::<bool>("json"), Ok(Some(true))),
+    }
 }
 
 /// The error document for a usage error the argument parser found itself (an unknown flag, a
@@ -407,7 +426,8 @@ fn usage_error_json(args: &[OsString], e: &clap::Error) -> Option<String> {
     Some(failure.json_document())
 }
 
-#[cfg(all(test, feature = "cli"))]
+#[cfg(test)]
+#[cfg(feature = "cli")]
 mod tests {
     /// Safe words as they are, every other word one single-quoted shell word.
     #[test]
@@ -613,6 +633,16 @@ mod tests {
         assert_eq!(json_for(&["bin", "verify", "--", "--json"]), None);
         assert_eq!(json_for(&["bin", "verify", "--json", "--help"]), None);
         assert_eq!(json_for(&["bin", "--version", "--json"]), None);
+    }
+
+    /// A failure's JSON document follows the innermost subcommand's own `--json`.
+    #[test]
+    fn the_json_flag_is_the_innermost_subcommands() {
+        use clap::CommandFactory;
+        let flag = |a: &[&str]| json_flag(&TestCli::command().try_get_matches_from(a).unwrap());
+        assert!(flag(&["bin", "verify", "--json", "--sha256", "x"]));
+        assert!(!flag(&["bin", "verify", "--sha256", "x"]));
+        assert!(!flag(&["bin", "-q", "verify", "--sha256=--json"]));
     }
 
     #[test]

@@ -29,10 +29,6 @@ pub const CHESTNUT_VENDORS: [&str; 2] = ["add1", "3801"];
 pub const CHESTNUT_PRODUCT: &str = "0001";
 /// The `product` string of a Chestnut whose firmware is ready.
 pub const CHESTNUT_READY_PRODUCT: &str = "custom ed4e39b7-CLEAN";
-/// The accelerator variant name in `accelerator_artifacts`.
-pub const CHESTNUT_VARIANT: &str = "chestnut";
-/// The execution device a Chestnut variant must declare.
-pub const CHESTNUT_EXECUTION_DEVICE: &str = "AMD";
 /// Upstream's progress text for a refused GPU-only download.
 pub const EXTERNAL_GPU_REQUIRED: &str = "External GPU required...";
 
@@ -131,13 +127,6 @@ pub fn unrequested_download(uses_external_gpu: bool, chestnut: Chestnut) -> bool
 /// Whether "download all" takes a model ([`unrequested_download`]). Pure.
 pub fn in_download_all(uses_external_gpu: bool, chestnut: Chestnut) -> bool {
     unrequested_download(uses_external_gpu, chestnut)
-}
-
-/// The local name of a model's Chestnut variant: `<id>_driving_chestnut_tinygrad.pkl`.
-pub fn chestnut_file_name(id: &manifest::ModelId) -> FileName {
-    format!("{id}_driving_chestnut_tinygrad.pkl")
-        .parse()
-        .expect("a model ID makes a valid file name")
 }
 
 impl Target {

@@ -512,10 +512,8 @@ impl fmt::Display for AttemptList<'_> {
     }
 }
 
-/// An I/O error of a system call that `fs-err` has no wrapper for (`openat`, `renameat`,
-/// `unlinkat`, `fstat`, `fsync` on the staging directory's descriptor, `statvfs`,
-/// `posix_fallocate`), worded the way `fs-err` words its own: the operation and the path, then
-/// the OS error. `kind()` is kept, so a `NotFound` is still a `NotFound`.
+/// An I/O error of a system call `fs-err` has no wrapper for, worded as `fs-err` words its own
+/// (operation, path, OS error), with its `kind()` kept.
 pub(crate) fn os_error(op: &'static str, path: &Path, source: std::io::Error) -> std::io::Error {
     std::io::Error::new(
         source.kind(),

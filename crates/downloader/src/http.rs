@@ -1,20 +1,14 @@
 //! A blocking HTTP client that a hostile or broken origin cannot turn against the device.
 //!
-//! ureq (no async runtime, rustls) does the wire work, but every decision that protects the device
+//! ureq (no async runtime, rustls) does the wire work; every decision that protects the device
 //! is taken here:
-//! - **Redirects are followed by us**, never by ureq (ureq 2 panics on a redirect to a URL with
-//!   no host, such as `file:`, `data:`, `mailto:` or `unix:`). A hop is taken only to `http` or
-//!   `https` with a host, never from `https` down to `http`, never to a URL with user info, at
-//!   most [`HttpConfig::max_redirects`] times; credentials (`Authorization`) are only ever sent to
-//!   the origin (scheme, host, port) they were given for. See [`next_hop`].
-//! - **Every request runs on its own thread** and the caller waits on a channel, polling every
-//!   50 ms: a cancel, the origin's deadline, a response-header timeout and the minimum transfer
-//!   rate are all checked while waiting, so nothing the network does (a silent connect, headers
-//!   trickled one byte a second, a body at 1 byte/s) can hold the caller. An abandoned request
-//!   thread ends by itself: at its next read when the body is flowing, at the idle timeout when it
-//!   is silent, at the origin deadline at the latest.
-//! - **A panic inside the HTTP stack** is caught on that thread and becomes a transfer error of
-//!   this origin; it never unwinds into the manager.
+//! - **Redirects are followed by us** (ureq 2 panics on a redirect to a URL with no host): only
+//!   to `http`/`https` with a host, never down to `http`, never with user info, at most
+//!   [`HttpConfig::max_redirects`] times, credentials only to their own origin ([`next_hop`]).
+//! - **Every request runs on its own thread** while the caller polls a channel, checking cancel,
+//!   deadline, response timeout and minimum rate, so nothing the network does can hold it; an
+//!   abandoned thread ends by itself, at the origin deadline at the latest.
+//! - **A panic inside the HTTP stack** is caught on that thread and becomes a transfer error.
 
 use std::io::Read;
 use std::panic::AssertUnwindSafe;
@@ -86,10 +80,8 @@ impl HttpConfig {
 
 /// How often a waiting caller looks at its cancel flag and clocks.
 const POLL: Duration = Duration::from_millis(50);
-/// Body bytes handed over per message at most; at most `QUEUE` messages wait, so a request
-/// never buffers more than `QUEUE * PIECE` bytes. Each message holds what one read returned
-/// (so a slow body is handed over as it trickles), and a fast body's bursts go over in few
-/// messages.
+/// Body bytes handed over per message at most; with at most `QUEUE` messages waiting, a request
+/// never buffers more than `QUEUE * PIECE` bytes.
 const PIECE: usize = 256 * 1024;
 const QUEUE: usize = 4;
 /// The longest a request thread gathers body reads before handing them over.
@@ -300,12 +292,12 @@ impl Http {
                 headers.push(("If-Range".to_string(), tag.to_string()));
             }
         }
-        self.start("GET", url, headers, ctl, true)
+        self.issue("GET", url, headers, ctl, true)?.wait(ctl)
     }
 
     /// HEAD `url`: the length and ETag.
     pub fn head(&self, url: &str, ctl: &Ctl) -> Result<(Option<u64>, Option<String>)> {
-        let body = self.start("HEAD", url, Vec::new(), ctl, false)?;
+        let body = self.issue("HEAD", url, Vec::new(), ctl, false)?.wait(ctl)?;
         Ok((body.meta.content_length, body.meta.etag))
     }
 
@@ -350,18 +342,6 @@ impl Http {
         self.issue("GET", url, headers, ctl, true)
     }
 
-    /// Start `method url` on a request thread and wait for its final response head.
-    fn start(
-        &self,
-        method: &'static str,
-        url: &str,
-        headers: Vec<(String, String)>,
-        ctl: &Ctl,
-        want_body: bool,
-    ) -> Result<Body> {
-        self.issue(method, url, headers, ctl, want_body)?.wait(ctl)
-    }
-
     /// Start `method url` on a request thread; the caller waits for its head with
     /// [`Pending::wait`].
     fn issue(
@@ -373,11 +353,14 @@ impl Http {
         want_body: bool,
     ) -> Result<Pending> {
         ctl.check(url)?;
-        let first = check_url(url).map_err(|reason| Error::Redirect {
-            url: url.to_string(),
-            location: url.to_string(),
-            reason,
-        })?;
+        let first = Url::parse(url)
+            .map_err(|e| format!("not a URL ({e})"))
+            .and_then(check_url)
+            .map_err(|reason| Error::Redirect {
+                url: url.to_string(),
+                location: url.to_string(),
+                reason,
+            })?;
         let (tx, rx) = mpsc::sync_channel::<Msg>(QUEUE);
         let job = RequestJob {
             agent: self.agent.clone(),
@@ -437,17 +420,10 @@ impl Pending {
     /// Wait for the final response head (the response timeout counted from when the request
     /// was sent); the body then streams as [`Http::get`]'s does.
     pub fn wait(self, ctl: &Ctl) -> Result<Body> {
-        let Pending {
-            url,
-            rx,
-            started,
-            want_body,
-            config,
-        } = self;
-        let url = url.as_str();
+        let (url, rx, config) = (self.url.as_str(), self.rx, &self.config);
         let head = loop {
             ctl.check(url)?;
-            if started.elapsed() >= config.response_timeout {
+            if self.started.elapsed() >= config.response_timeout {
                 return Err(Error::TooSlow {
                     url: url.to_string(),
                     message: format!(
@@ -486,7 +462,7 @@ impl Pending {
             rx,
             buf: Vec::new(),
             pos: 0,
-            ended: !want_body,
+            ended: !self.want_body,
             ctl: ctl.clone(),
             rate: RateGuard::new(Instant::now(), config.min_rate, config.rate_window),
         })
@@ -617,10 +593,8 @@ fn call_error(url0: &str, e: ureq::Error) -> Error {
 fn stream_body(mut reader: impl Read, tx: &SyncSender<Msg>) {
     let mut buf = vec![0u8; PIECE];
     loop {
-        // Gather reads into one message until it is full or [`GATHER`] has passed since the
-        // batch began (ureq reads a body whose request has a deadline 8 KiB at a time: a fast
-        // body would otherwise be thousands of messages and writes a second; a slow one still
-        // goes over read by read).
+        // Gather reads (ureq's are 8 KiB) into one message until it is full or [`GATHER`] has
+        // passed: a fast body goes over in few messages, a slow one read by read.
         let began = Instant::now();
         let mut filled = 0;
         let end = loop {
@@ -681,12 +655,7 @@ fn is_timeout(t: &ureq::Transport) -> bool {
 
 /// Why a URL may not be requested, if it may not: only `http`/`https` with a host and no user
 /// info.
-fn check_url(s: &str) -> std::result::Result<Url, String> {
-    let url = Url::parse(s).map_err(|e| format!("not a URL ({e})"))?;
-    check_parsed(url)
-}
-
-fn check_parsed(url: Url) -> std::result::Result<Url, String> {
+fn check_url(url: Url) -> std::result::Result<Url, String> {
     if !matches!(url.scheme(), "http" | "https") {
         return Err(format!("scheme `{}` is not http or https", url.scheme()));
     }
@@ -714,7 +683,7 @@ pub(crate) fn next_hop(
     let next = current
         .join(location.trim())
         .map_err(|e| format!("unusable Location ({e})"))?;
-    let next = check_parsed(next)?;
+    let next = check_url(next)?;
     if current.scheme() == "https" && next.scheme() == "http" {
         return Err("a redirect from https down to http".into());
     }

@@ -10,10 +10,7 @@ use std::path::Path;
 
 use fs_err as fs;
 
-use crate::staging::STAGING_DIR;
-
-/// The completion record is small by construction (the download caps it at this too).
-const MAX_STATE_BYTES: u64 = 64 * 1024;
+use crate::staging::{MAX_STATE_BYTES, STAGING_DIR};
 
 /// One unfinished download: the file it installs, the digest it is for, how far it got.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,18 +1,13 @@
 //! The staging directory: where a download's bytes are assembled before the one rename that
 //! installs them, and nothing in it is followed that we did not create.
 //!
-//! `<models>/.starpilot-staging` is created with mode `0700`, opened with `O_NOFOLLOW |
-//! O_DIRECTORY`, and checked (on the open descriptor) to be a directory owned by this user with
-//! no group or other access. Every file in it is opened relative to that descriptor (`openat`)
-//! with `O_NOFOLLOW`, and a new file with `O_CREAT | O_EXCL`, so a symlink planted at a staging
-//! name, or the directory swapped for a symlink after the check, is never followed. A symlink or
-//! a file found at the directory's own name is unlinked (which never touches its target) and the
-//! directory made afresh; a directory owned by another user is refused.
+//! `<models>/.starpilot-staging` is a `0700` directory owned by this user, opened `O_NOFOLLOW`
+//! and checked on its descriptor; every file in it is opened relative to that descriptor with
+//! `O_NOFOLLOW` (new ones `O_EXCL`), so a planted or swapped-in symlink is never followed.
 //!
-//! The name is chosen so that upstream's Python cleanup never touches it: that cleanup deletes
-//! entries of `/data/models` that start with `tmp` or `driving_` or contain `_driving_`, and this
-//! name does none of those; it also starts with `.`, which our own purge and `gc` plans skip.
-//! Upstream's cleanup lists only `/data/models` itself, never subdirectories.
+//! Upstream's Python cleanup never touches the name (it deletes `tmp*`, `driving_*` and
+//! `*_driving_*` entries of `/data/models`, never subdirectories), and our purge and `gc` skip
+//! names starting with `.`.
 
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
@@ -38,6 +33,10 @@ pub const LEGACY_STAGING_PREFIX: &str = ".tmp-partial-";
 
 /// Entries of other artifacts untouched for this long are removed when a download starts.
 pub const STALE_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// A download's completion record is a header line and one index (or range) per line: small by
+/// construction, and read no further than this.
+pub(crate) const MAX_STATE_BYTES: u64 = 64 * 1024;
 
 /// Temporaries of [`StagingDir::write_atomic`] start with this.
 const NEW_PREFIX: &str = ".new-";
@@ -287,23 +286,21 @@ pub(crate) fn staging_names(sha_hex: &str, local_name: &str) -> (String, String)
     (data, state)
 }
 
-/// Which entries of the staging directory to remove before a download of `local_name` whose own
-/// names are `current`. Pure: a table decides.
-/// - the current download's names: kept (they are what a resume continues);
-/// - another digest's files of the same model: removed (superseded by a republish or another
-///   generation; they can never be resumed into this artifact);
-/// - anything else (another model's partial, a temporary of an interrupted write, a name we do
-///   not make): removed once untouched for [`STALE_AFTER`].
+/// `(sha16, local name)` of a name of the staging files' shape `<sha16>-<local name>[.state]`.
+fn staged_parts(name: &str) -> Option<(&str, &str)> {
+    let base = name.strip_suffix(".state").unwrap_or(name);
+    base.split_once('-').filter(|(sha, _)| sha.len() == 16)
+}
+
+/// Which staging entries to remove before a download of `local_name` whose own names are
+/// `current` (kept): another digest's files of the same model at once (never resumable into
+/// this artifact), anything else once untouched for [`STALE_AFTER`]. Pure.
 pub(crate) fn stale_entries(
     entries: &[(String, Duration)],
     current: &[&str],
     local_name: &str,
 ) -> Vec<String> {
-    let same_model = |n: &str| {
-        let base = n.strip_suffix(".state").unwrap_or(n);
-        base.split_once('-')
-            .is_some_and(|(sha, rest)| rest == local_name && sha.len() == 16)
-    };
+    let same_model = |n: &str| staged_parts(n).is_some_and(|(_, rest)| rest == local_name);
     entries
         .iter()
         .filter(|(n, age)| !current.contains(&n.as_str()) && (same_model(n) || *age >= STALE_AFTER))
@@ -330,11 +327,10 @@ pub fn unusable_staged(entries: &[String], usable: &[Usable<'_>]) -> Vec<String>
     entries
         .iter()
         .filter(|n| {
-            let base = n.strip_suffix(".state").unwrap_or(n);
-            let Some((sha, local)) = base.split_once('-') else {
+            let Some((sha, local)) = staged_parts(n) else {
                 return false;
             };
-            if sha.len() != 16 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+            if !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return false;
             }
             !usable.iter().any(|u| {

@@ -216,11 +216,9 @@ pub fn verify_stored(
     })
 }
 
-/// One Ed25519 check per block and key until a block verifies under a trusted key and its
-/// signed comment passes `check`. A block that does not decode is skipped, not fatal (during a
-/// key rotation a file with one damaged block still verifies by its good one). Refused: the
-/// first verified block's comment refusal (it explains most), else [`Refusal::Malformed`] when
-/// no block decoded, else [`Refusal::UntrustedSignature`].
+/// Accepted when a block verifies under a trusted key and its comment passes `check`; a block
+/// that does not decode is skipped (a rotation's file verifies by its good block). Refused: the
+/// first verified block's comment refusal, else `Malformed` when none decoded, else untrusted.
 fn verify_with(
     keys: &TrustedKeys,
     bytes: &[u8],

@@ -1,4 +1,5 @@
 //! Shared test helpers: temporary trees and local servers on 127.0.0.1.
+pub mod hints;
 pub mod http_server;
 pub mod hub;
 pub mod inorder_server;

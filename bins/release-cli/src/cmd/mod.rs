@@ -106,45 +106,6 @@ pub enum Command {
     },
 }
 
-impl Command {
-    /// Whether `--json` was asked for (then a failure prints a JSON error document too).
-    pub fn json(&self) -> bool {
-        match self {
-            Command::Chunk(c) => match c {
-                chunk::ChunkCommand::Split(a) => a.json,
-                chunk::ChunkCommand::Join(a) => a.json,
-                chunk::ChunkCommand::Verify(a) => a.json,
-                chunk::ChunkCommand::Oob(a) => a.json,
-            },
-            Command::Manifest(c) => match c {
-                manifest::ManifestCommand::Validate(a) => a.json,
-                manifest::ManifestCommand::Fmt(a) => a.json,
-                manifest::ManifestCommand::Diff(a) => a.json,
-                manifest::ManifestCommand::Sign(a) => a.json,
-                manifest::ManifestCommand::Verify(a) => a.json,
-                manifest::ManifestCommand::SetArtifact(a) => a.json,
-            },
-            Command::Tinygrad(build::TinygradCommand::Bump(a)) => a.json,
-            Command::Tinygrad(build::TinygradCommand::Pin(a)) => a.json,
-            Command::Sync(a) => a.json,
-            Command::Compile(a) => a.json,
-            Command::Dm(a) => a.json,
-            Command::Builtin(a) => a.json,
-            Command::SourceMap(c) => c.json(),
-            Command::Rebuild(a) => a.json,
-            Command::Preflight(a) => a.json,
-            Command::Validate(a) => a.json,
-            Command::Rehearse(a) => a.json,
-            Command::Status(a) => a.json,
-            Command::Publish(a) => a.json,
-            Command::Reuse(a) => a.json,
-            Command::Serve(a) => a.json,
-            Command::Audit(a) => a.json,
-            Command::Completions { .. } => false,
-        }
-    }
-}
-
 pub fn run(command: Command) -> CliResult {
     match command {
         Command::Chunk(c) => chunk::run(c),

@@ -72,15 +72,10 @@ pub fn rehearse(args: RehearseArgs) -> CliResult {
         openpilot: args.openpilot,
         device_manager,
         select: args.select,
-        sign_keys: args
-            .sign_key
-            .iter()
-            .map(|p| {
-                artifact_store::signing::SigningKey::load(p, &mut super::sign::ask_passphrase)
-                    .map(std::sync::Arc::new)
-                    .map_err(CliError::usage_from)
-            })
-            .collect::<Result<_, _>>()?,
+        sign_keys: super::sign::load_signing_keys(&args.sign_key)?
+            .into_iter()
+            .map(std::sync::Arc::new)
+            .collect(),
     };
     let rec =
         release::rehearse::run(&opts, &mut |line| cli_support::info!("{line}")).map_err(error)?;

@@ -37,14 +37,6 @@ pub struct NextArgs {
     pub json: bool,
 }
 
-impl SourceMapCommand {
-    pub fn json(&self) -> bool {
-        match self {
-            SourceMapCommand::Next(a) => a.json,
-        }
-    }
-}
-
 pub fn run(c: SourceMapCommand) -> CliResult {
     let SourceMapCommand::Next(args) = c;
     let r = release::source_map::write_next(

@@ -1,16 +1,10 @@
 //! One origin's run: resolve the plan, open staging, fetch the segments with parallel workers
 //! (each range retried, resumed, checked against the plan), verify the whole, install.
 //!
-//! Nothing waits on the disk or the digest while bytes can flow: the workers only receive and
-//! write, starting the writeback of what they wrote every [`WRITEBACK_STEP`] (so the disk works
-//! while the network does, whatever order the bytes arrive in); the artifact's SHA-256 follows
-//! the bytes in artifact order while they arrive (a [`Follower`] reads back what was just
-//! written, from the page cache), and each completed piece is made durable and recorded on a
-//! recorder thread.
-//! When the transfer ends, only the bytes of the last round are left to hash and flush. A byte
-//! written twice (a server that ignored `Range` after part of a segment arrived, a chunk fetched
-//! again after failing its digest) makes the followed digest void, and the staging file is hashed
-//! whole once more, as before.
+//! Nothing waits on the disk or the digest while bytes can flow: workers only receive, write
+//! and start writeback; a [`Follower`] hashes the bytes in artifact order as they land; a
+//! recorder thread makes finished pieces durable. A byte written twice voids the followed
+//! digest, and the staging file is then hashed whole.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::path::Path;
@@ -69,9 +63,8 @@ struct Run<'a> {
     workers_done: AtomicBool,
     /// Every payload byte received, kept or not (the job's count).
     received: &'a AtomicU64,
-    /// Whether the plan is the origin's: `None` while a transfer started on the entry's word
-    /// waits for the origin's answer ([`transfer`]). Nothing is recorded before it is
-    /// `Some(true)`.
+    /// Whether the plan is the origin's (`None`: still waiting for its answer); nothing is
+    /// recorded before it is `Some(true)`.
     confirmed: Mutex<Option<bool>>,
     settled: Condvar,
 }
@@ -185,10 +178,9 @@ fn placed(
     })
 }
 
-/// What the manifest entry implies the origin publishes, placed, for a transfer to start on
-/// while the origin is asked ([`implied_plan`]); `None` when the entry leaves something open,
-/// nothing would be asked, or bytes of this artifact are already staged (their record decides
-/// the layout a resume continues; that path asks first, as before).
+/// What the entry implies the origin publishes, placed, for a transfer to start on while the
+/// origin is asked ([`implied_plan`]); `None` when bytes of it are already staged (a resume
+/// continues their recorded layout, so it asks first).
 fn implied(job: &Job<'_>, origin: &Origin) -> Option<Resolved> {
     let (plan, chunk_len) = implied_plan(job.target, job.contract.chunk_count_from_manifest)?;
     let staged = job.target.staging_name()?;
@@ -214,21 +206,19 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
     let (origin_name, local) = (origin.to_string(), qualified.as_str());
     let remembered = job.stale.get(&origin_name, local);
     // Nothing remembered of this store: the transfer starts on what the entry implies while
-    // the origin is asked (the round trip before the first payload byte is saved); when the
-    // origin says otherwise, what was started is dropped and the transfer starts over on its
-    // word.
+    // the origin is asked; when the origin says otherwise, it starts over on its word.
     let implied = match remembered {
         None => implied(job, origin),
         Some(_) => None,
     };
     let (said, now, result) = match implied {
         Some(guess) => {
-            let said = Said::of(&guess);
+            let said = plan_state(job, origin, &guess);
             match transfer(job, origin, guess, true, measured) {
                 Outcome::Done(result) => (said, None, result),
                 Outcome::Unresolved(e) => return Err(e),
                 Outcome::Replan(resolved) => {
-                    let said = Said::of(&resolved);
+                    let said = plan_state(job, origin, &resolved);
                     let result = transfer(job, origin, resolved, false, measured).done();
                     (said, None, result)
                 }
@@ -236,11 +226,11 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
         }
         None => {
             let resolved = resolve_from(job, origin)?;
-            let said = Said::of(&resolved);
+            let said = plan_state(job, origin, &resolved);
             // What the store says now, compared only when something is remembered of it.
             let now = remembered
                 .as_ref()
-                .map(|_| store_state(job, origin, &said, &resolved.ctl));
+                .map(|_| with_sidecar(job, origin, said.clone(), &resolved.ctl));
             if let (Some(r), Some(now)) = (&remembered, &now)
                 && stale_store::decide(Some(r), now, Instant::now()) == stale_store::Go::Skip
             {
@@ -268,7 +258,7 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
                 budget,
                 Instant::now() + budget,
             );
-            let state = now.unwrap_or_else(|| store_state(job, origin, &said, &ctl));
+            let state = now.unwrap_or_else(|| with_sidecar(job, origin, said, &ctl));
             job.stale.remember(stale_store::Served {
                 state,
                 served,
@@ -280,29 +270,28 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
     result
 }
 
-/// What a resolved plan says of the store (the rest of its [`stale_store::StoreState`]).
-struct Said {
-    expected: chunker::Sha256Digest,
-    size: u64,
-    chunk_count: u32,
-    first_len: u64,
-}
-
-impl Said {
-    fn of(resolved: &Resolved) -> Self {
-        Said {
-            expected: resolved.plan.sha256,
-            size: resolved.plan.size,
-            chunk_count: resolved.plan.chunk_count,
-            first_len: resolved.pieces.first().map_or(0, |p| p.len),
-        }
+/// What a resolved plan says of the store, as [`stale_store`] compares it (without its sidecar).
+fn plan_state(job: &Job<'_>, origin: &Origin, resolved: &Resolved) -> stale_store::StoreState {
+    stale_store::StoreState {
+        origin: origin.to_string(),
+        local_name: format!("{}/{}", job.generation, job.target.local_name),
+        expected: resolved.plan.sha256,
+        size: resolved.plan.size,
+        chunk_count: resolved.plan.chunk_count,
+        first_len: resolved.pieces.first().map_or(0, |p| p.len),
+        sidecar: None,
     }
 }
 
-/// The store's state as [`stale_store`] compares it: what the plan said, and the store's own
-/// `.sha256` sidecar if it publishes one that parses (one small request; a failure is `None`).
-fn store_state(job: &Job<'_>, origin: &Origin, said: &Said, ctl: &Ctl) -> stale_store::StoreState {
-    let sidecar = chunker::sidecar_name(job.target.remote_name.as_str())
+/// `state` with the store's own `.sha256` sidecar, if it publishes one that parses (one small
+/// request; a failure is `None`).
+fn with_sidecar(
+    job: &Job<'_>,
+    origin: &Origin,
+    mut state: stale_store::StoreState,
+    ctl: &Ctl,
+) -> stale_store::StoreState {
+    state.sidecar = chunker::sidecar_name(job.target.remote_name.as_str())
         .parse::<FileName>()
         .ok()
         .and_then(|name| {
@@ -310,15 +299,7 @@ fn store_state(job: &Job<'_>, origin: &Origin, said: &Said, ctl: &Ctl) -> stale_
             let body = job.http.get_small(&url, 1024, ctl).ok()?;
             super::resolve::parse_remote_sidecar(&body, &url).ok()
         });
-    stale_store::StoreState {
-        origin: origin.to_string(),
-        local_name: format!("{}/{}", job.generation, job.target.local_name),
-        expected: said.expected,
-        size: said.size,
-        chunk_count: said.chunk_count,
-        first_len: said.first_len,
-        sidecar,
-    }
+    state
 }
 
 /// How a transfer ended.
@@ -345,10 +326,8 @@ impl Outcome {
 }
 
 /// The transfer of what `resolved` planned from `origin`: staging, ranges, verify, install.
-/// When the plan is the entry's word (`implied`, [`implied`]), the origin is asked at the same
-/// time ([`resolve_from`]): until it gives the same plan nothing is recorded (no piece counts as
-/// done, no range, so a crash resumes nothing of it), and nothing is verified or installed
-/// before its answer; another answer stops the workers and drops what they wrote.
+/// On the entry's word (`implied`) the origin is asked meanwhile: nothing is recorded, verified
+/// or installed before it gives the same plan; another answer drops what was written.
 fn transfer(
     job: &Job<'_>,
     origin: &Origin,
@@ -752,10 +731,8 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// The recorder thread: fsync and record what the workers finished, in the order they
-    /// finished it, until every worker has returned. A failure stops the run.
-    /// Nothing before the plan is confirmed (the records wait), and nothing of a plan the
-    /// origin does not confirm.
+    /// The recorder thread: fsync and record what the workers finished, in order, once the plan
+    /// is confirmed (nothing of an unconfirmed one). A failure stops the run.
     fn record(&self, records: mpsc::Receiver<Record>) {
         let confirmed = self.wait_confirmed();
         for r in records {
@@ -1018,10 +995,8 @@ struct Ahead {
     pending: crate::http::Pending,
 }
 
-/// How many bytes before the end of an answer its connection's next range is sent: what the
-/// answer delivers in the time it took to start (`latency`), at the rate it has delivered so
-/// far (`written` bytes in `elapsed` since its head). `None` until a rate is known (a quarter
-/// of a MiB, 50 ms). Pure.
+/// How many bytes before the end of an answer its connection's next range is sent: what it
+/// delivers in `latency` at its rate so far; `None` until a rate is known. Pure.
 pub(crate) fn lead_bytes(written: u64, elapsed: Duration, latency: Duration) -> Option<u64> {
     if written < LEAD_MIN_BYTES || elapsed < LEAD_MIN_TIME {
         return None;
@@ -1123,10 +1098,8 @@ impl<'r, 'a> Follower<'r, 'a> {
     }
 }
 
-/// Start writing `[from, to)` of `file` back to the disk without waiting for it (Linux
-/// `sync_file_range(SYNC_FILE_RANGE_WRITE)`), so that the install's fsync only waits for the
-/// last bytes. Durability still comes from that fsync; this only moves the work earlier, so a
-/// failure here is ignored.
+/// Start writing `[from, to)` back to the disk without waiting (`sync_file_range`), so the
+/// install's fsync, which gives durability, only waits for the last bytes; failures are ignored.
 fn start_writeback(file: &fs_err::File, from: u64, to: u64) {
     #[cfg(target_os = "linux")]
     {

@@ -1,21 +1,15 @@
 //! One model's artifact: plan the pieces, fetch them in parallel into one staging file, verify,
 //! then install with a single rename.
 //!
-//! Install layout: whatever the published form (plain file or chunk set), the artifact is
-//! assembled into one staging file `<sha16>-<name>` in the staging directory
-//! `<models>/.starpilot-staging` (see [`crate::staging`]), each piece written at its own offset.
-//! After the whole SHA-256 matches, the file is fsynced and renamed over `<id>_driving_tinygrad.pkl`, and the directory fsynced. A plain file wins over a
-//! chunk set for every reader (docs/formats.md, "Reading"), so that one rename is the moment the new
-//! artifact becomes visible; a reader holding the old file keeps reading the old inode, so it can
-//! never see a mix. Leftover chunk-set or `.pNN` files of the same name are removed afterwards,
-//! `.chunkmanifest` first.
+//! Whatever the published form, the artifact is assembled into one staging file (see
+//! [`crate::staging`]) and, once its whole SHA-256 matches, renamed over
+//! `<id>_driving_tinygrad.pkl`: a plain file wins over a chunk set for every reader
+//! (docs/formats.md, "Reading"), so that rename is the one moment the new artifact appears and
+//! no reader sees a mix. Other forms of the name are removed afterwards, `.chunkmanifest` first.
 //!
-//! The seams: this file holds the public vocabulary (config, events, targets); [`plan`] the pure
-//! decisions (pieces, segments, what a resume still needs); [`resolve`] what one origin publishes
-//! (a few small requests, no payload, which a transfer on the layout the entry implies need not
-//! wait for); [`execute`] one origin's run (workers, ranges, verify,
-//! install); [`staged`] the staging file, its completion record and the install rename;
-//! [`inspect`] the digest checks of bytes on disk; [`retry`] the one retry helper.
+//! This file holds the public vocabulary; [`plan`] the pure decisions, [`resolve`] what one
+//! origin publishes, [`execute`] one origin's run, [`staged`] the staging file, its record and
+//! the install, [`inspect`] digests of bytes on disk, [`retry`] the one retry helper.
 
 mod execute;
 mod inspect;

@@ -175,18 +175,12 @@ const TAIL_DIV: u64 = 7;
 /// piece it spans) that fetch them, in order.
 pub(crate) type Block = Vec<Segment>;
 
-/// Cut `segments` (in artifact order) into the blocks `workers` connections take off the queue
-/// front to back, so that every connection stays busy until the end and the bytes arrive
-/// roughly in artifact order (the artifact's digest follows them while they arrive):
-/// - the first 6/7 of the bytes in `workers` equal blocks (one per connection, most of the
-///   transfer, a request per piece a block spans),
-/// - the last 1/7 in `workers` equal smaller blocks: while they arrive, the digest catches up
-///   with the first round's bytes, so only a small last round is left to hash at the end.
-///
-/// Blocks cut across pieces (a block of 27 MiB over 45 MiB chunks spans two), never across a
-/// hole (bytes already on disk). With less than [`MIN_BLOCK`] per connection, every segment is
-/// its own block; when the last round's blocks would be below [`MIN_BLOCK`], there is one round.
-/// Pure.
+/// Cut `segments` (in artifact order) into the blocks `workers` connections take off the queue,
+/// so every connection stays busy and bytes arrive roughly in artifact order for the digest:
+/// the first 6/7 of the bytes in `workers` equal blocks, the last 1/7 in `workers` smaller ones
+/// (the digest catches up meanwhile, leaving only a small last round to hash). Blocks span
+/// pieces but never a hole; below [`MIN_BLOCK`] per connection each segment is a block, and a
+/// last round below it is dropped. Pure.
 pub(crate) fn plan_blocks(segments: Vec<Segment>, workers: usize) -> Vec<Block> {
     let total: u64 = segments.iter().map(|s| s.end - s.start).sum();
     let n = workers.max(1) as u64;

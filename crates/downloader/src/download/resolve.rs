@@ -52,10 +52,8 @@ pub(crate) fn count_source(declared: Option<u32>, from_manifest: bool) -> CountS
     }
 }
 
-/// Everything one origin must tell before the first payload byte: the chunk count (checked
-/// against the entry's, or learned from `.chunkmanifest`; none published means one plain
-/// file), the digest (the entry's, or the `.sha256` sidecar's), the size (the entry's, or
-/// from `HEAD`), and the first chunk's length. A few small requests; no payload.
+/// Everything one origin must tell before the first payload byte (chunk count, digest, size,
+/// first chunk length) that the entry leaves open or must be checked. A few small requests.
 pub(crate) fn resolve_plan(
     http: &Http,
     config: &DownloadConfig,
@@ -84,11 +82,9 @@ pub(crate) fn resolve_plan(
     })
 }
 
-/// The plan an entry implies on its own, and its first chunk's length, when it declares the
-/// size, the digest and the chunk count and the origin would still be asked before the first
-/// payload byte (the `.chunkmanifest`, or the first chunk's `HEAD`): a transfer may start on it
-/// while those requests are in flight, and is kept only if [`resolve_plan`] gives the same.
-/// Pure.
+/// The plan (and first chunk length) an entry declaring size, digest and chunk count implies,
+/// when the origin would still be asked before the first payload byte: a transfer may start on
+/// it meanwhile, kept only if [`resolve_plan`] gives the same. Pure.
 pub(crate) fn implied_plan(target: &Target, count_from_manifest: bool) -> Option<(Plan, u64)> {
     let (size, sha256, count) = (target.size?, target.sha256?, target.chunk_count?);
     let asks = match count_source(Some(count), count_from_manifest) {

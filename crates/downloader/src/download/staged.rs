@@ -15,7 +15,7 @@ use super::DigestSource;
 use super::plan::{Partial, Piece, Plan, add_range, other_forms};
 use crate::error::{Error, Result};
 use crate::space;
-use crate::staging::{StagingDir, staging_names};
+use crate::staging::{MAX_STATE_BYTES, StagingDir, staging_names};
 
 /// The staging file plus the record of which pieces (and, when each chunk has its own digest,
 /// which ranges inside unfinished pieces) are on disk and fsynced, both in the verified staging
@@ -36,9 +36,6 @@ pub(crate) struct Staging {
 /// How often, in bytes of one segment, its progress is recorded (fsync + record) while it
 /// downloads, so even a crash loses at most this much of a chunk.
 pub(crate) const RANGE_RECORD_STEP: u64 = 8 * 1024 * 1024;
-
-/// The completion record is a header line and one index per line: small by construction.
-const MAX_STATE_BYTES: u64 = 64 * 1024;
 
 impl Staging {
     pub(crate) fn open(
@@ -73,10 +70,8 @@ impl Staging {
         let file = match (resumed.is_some(), existing) {
             (true, Some(f)) => f,
             (_, existing) => {
-                // A staging file nothing can resume (a download cut before its first record,
-                // e.g. by a full disk, or a record of another size) holds this artifact's own
-                // preallocated blocks: removed before the space check, so they count as free
-                // instead of blocking the very download they were reserved for.
+                // A staging file nothing can resume holds this artifact's own preallocated
+                // blocks: removed before the space check, so they count as free.
                 if existing.is_some() {
                     drop(existing);
                     dir.remove(&data_name)?;
@@ -224,13 +219,10 @@ impl Staging {
 /// (openpilot's and upstream's writes, under the usual umask).
 pub const INSTALLED_MODE: u32 = 0o644;
 
-/// Rename the verified staging file over the final name and remove any other form of the same
-/// artifact (see the `download` module docs for why this is atomic for modeld). Right before the rename
-/// the staging name is checked to still be the file we wrote and verified: another manager's
-/// cleanup may have removed it (then nothing is installed and the next try starts over), and
-/// nothing swapped in under our name is ever installed. A digest learned from the origin's
-/// sidecar is written next to the installed file afterwards, so `status` and `verify` can check
-/// it later.
+/// Rename the verified staging file over the final name (atomic for modeld, see the `download`
+/// module docs) and remove the artifact's other forms. The staging name must still be the file
+/// we verified, so nothing swapped in is installed; a digest learned from the origin's sidecar is
+/// written beside the installed file for `status` and `verify`.
 pub(crate) fn install(
     staging: &Staging,
     dir: &Path,
