@@ -34,11 +34,11 @@ pub use overlap::{
 use overlap::{UploadJob, upload_worker};
 pub use plan::{PlannedModel, SourceEntry, parse_source_map, plan};
 pub use record::{
-    BuildRecord, FailureRecord, RecordedArtifact, RecordedVariant, VariantDropped, build_manifest,
-    build_manifest_for, record_fits, record_matches, recorded_version, tree_base, variant_block,
+    BuildRecord, FailureRecord, RecordedArtifact, RecordedVariant, VariantDropped,
+    build_manifest_for, record_fits, record_matches, recorded_version, tree_base,
     variant_block_for, variant_refusal, variants_to_build,
 };
-use record::{read_json, ready_verifies, write_json};
+use record::{read_json, ready_verifies};
 pub use remote::{DeviceCheck, RemoteBuilder, fetch_sources};
 
 /// The default source store: the bucket where the seed archives ONNX sources.
@@ -517,19 +517,10 @@ impl Rebuild {
 
     /// Build every planned model that is not done, record each outcome, and write the
     /// manifest. Only I/O errors of the workspace itself end it with `Err`; model failures are
-    /// in the summary ([`Summary::result`]).
-    pub fn run(
-        &self,
-        builder: &mut dyn Builder,
-        on_progress: &mut dyn FnMut(Progress<'_>),
-    ) -> Result<Summary> {
-        self.run_with(builder, Overlap::default(), on_progress)
-    }
-
-    /// [`Rebuild::run`], overlapping with the compiles what `overlap` asks: the next model's
+    /// in the summary ([`Summary::result`]). Overlapping with the compiles what `overlap` asks: the next model's
     /// sources fetched while one compiles (when the builder has a [`Builder::fetcher`]), each
     /// model validated right after its compile, each finished (and passing) model uploaded by
-    /// a background worker while the next compiles. The manifest is written last, as by `run`;
+    /// a background worker while the next compiles. The manifest is written last;
     /// no store ever gets one from here.
     pub fn run_with(
         &self,
@@ -796,7 +787,7 @@ impl Rebuild {
         let log = ws.build_log(id);
         match self.build_one(builder, p, fetched, &log, say) {
             Ok(record) => {
-                write_json(&record_path, &record)?;
+                crate::records::write(&record_path, &record)?;
                 let _ = atomic::remove_if_exists(&failure_path);
                 say(&format!(
                     "compiled: {} bytes, {} chunk(s), sha256 {}",
@@ -807,7 +798,7 @@ impl Rebuild {
             Err(e) => {
                 // A failed attempt invalidates an older success record of this model.
                 let _ = atomic::remove_if_exists(&record_path);
-                write_json(
+                crate::records::write(
                     &failure_path,
                     &FailureRecord {
                         id: id.clone(),

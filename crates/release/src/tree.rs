@@ -214,14 +214,6 @@ fn load_recorded_pins(openpilot: Option<&Path>) -> Result<PinTable> {
     Ok(pins)
 }
 
-/// What the last `release-cli sync` of `openpilot` sent, and where (the record
-/// `<openpilot>/.starpilot_sync.json`, see [`compiler_remote::synced`]); `None` when the tree
-/// was never synced. Its `digest` is the tree's digest at that sync; whether the tree still
-/// matches it is [`compiler_remote::synced::check_synced`].
-pub fn sync_record(openpilot: &Path) -> Result<Option<SyncRecord>> {
-    Ok(compiler_remote::synced::read_record(openpilot)?)
-}
-
 pub use compiler_remote::synced::SyncRecord;
 pub use compiler_remote::tree_digest::TreeDigest;
 /// The digest of what a sync of `openpilot` would send now: equal to the record's `digest`

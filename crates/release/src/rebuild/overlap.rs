@@ -16,7 +16,7 @@ use chunker::Sha256Digest;
 use manifest::{Generation, Manifest, ModelId, StoreLayout};
 use serde::{Deserialize, Serialize};
 
-use super::record::{read_json, write_json};
+use super::record::read_json;
 use super::{BuildError, PlannedModel};
 use crate::Workspace;
 
@@ -163,7 +163,7 @@ fn upload_model(
             .and_then(|rows| {
                 rec.uploads.retain(|r| r.store != store);
                 rec.uploads.extend(rows);
-                write_json(&path, &rec).map_err(|e| e.to_string())
+                crate::records::write(&path, &rec).map_err(|e| e.to_string())
             });
         out.push(match done {
             Ok(()) => outcome("uploaded", None),
