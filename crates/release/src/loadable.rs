@@ -66,44 +66,34 @@ pub struct ShippedFile {
 }
 
 /// Why a file cannot ship.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadProblem {
     /// The stamp could not be read (not a pickle, an unknown framing, a hostile file).
+    #[error("its stamp cannot be read: {0}")]
     Stamp(StampError),
     /// The stamp names another ABI, compiler, format or version.
+    #[error("{0}")]
     StampRefused(StampRefusal),
     /// No build receipt beside it.
+    #[error(
+        "no build receipt {}: nothing ties it to the pin (build it with `release-cli compile`, `dm` or `rebuild`, which write the receipt beside it)",
+        receipt.display()
+    )]
     ReceiptMissing { receipt: PathBuf },
     /// A receipt that is not one.
+    #[error("{}: {reason}", receipt.display())]
     ReceiptUnreadable { receipt: PathBuf, reason: String },
     /// A receipt naming another revision, ABI, digest or size.
+    #[error("{0}")]
     ReceiptRefused(ReceiptRefusal),
     /// The file is not there, or the bytes are not what the release states.
+    #[error("{reason}")]
     Bytes { reason: String },
     /// The contract checks files but the generation has no pin.
+    #[error(
+        "the generation has no tinygrad pin to check its stamp and receipt against (record it with `release-cli tinygrad bump`)"
+    )]
     NoPin,
-}
-
-impl fmt::Display for LoadProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Stamp(e) => write!(f, "its stamp cannot be read: {e}"),
-            Self::StampRefused(r) => write!(f, "{r}"),
-            Self::ReceiptMissing { receipt } => write!(
-                f,
-                "no build receipt {}: nothing ties it to the pin (build it with `release-cli compile`, `dm` or `rebuild`, which write the receipt beside it)",
-                receipt.display()
-            ),
-            Self::ReceiptUnreadable { receipt, reason } => {
-                write!(f, "{}: {reason}", receipt.display())
-            }
-            Self::ReceiptRefused(r) => write!(f, "{r}"),
-            Self::Bytes { reason } => f.write_str(reason),
-            Self::NoPin => f.write_str(
-                "the generation has no tinygrad pin to check its stamp and receipt against (record it with `release-cli tinygrad bump`)",
-            ),
-        }
-    }
 }
 
 /// A file that passed: its framing (driving artifacts) and its receipt (contracts with

@@ -326,6 +326,18 @@ pub struct Progress<'a> {
     pub message: &'a str,
 }
 
+/// The record of a compiled artifact, with its chunks' digests.
+fn recorded(a: FetchedArtifact, chunk_sha256: Vec<chunker::Sha256Digest>) -> RecordedArtifact {
+    RecordedArtifact {
+        name: a.name,
+        size: a.size,
+        sha256: a.sha256,
+        chunk_count: a.chunk_count,
+        files: a.files,
+        chunk_sha256,
+    }
+}
+
 /// The SHA-256 of each chunk of the verified chunk set `out/<name>`, in order (one pass over
 /// the chunks, which are small next to the compile that made them).
 fn chunk_digests(out: &Path, name: &str, count: u32) -> Result<Vec<chunker::Sha256Digest>> {
@@ -890,14 +902,7 @@ impl Rebuild {
                 .iter()
                 .filter_map(|s| s.file_name().map(|n| n.to_string_lossy().into_owned()))
                 .collect(),
-            artifact: RecordedArtifact {
-                name: a.name,
-                size: a.size,
-                sha256: a.sha256,
-                chunk_count: a.chunk_count,
-                files: a.files,
-                chunk_sha256,
-            },
+            artifact: recorded(a, chunk_sha256),
             variants,
             log: log.to_path_buf(),
         })
@@ -921,27 +926,18 @@ impl Rebuild {
         let mut built = Vec::new();
         for (variant, execution_device) in variants_to_build(entry, self.contract, p.gpu) {
             say(&format!("compiling accelerator variant {variant}"));
-            match builder.compile_variant(p, &variant, sources, out, log, say) {
-                Ok(Some(a)) if let Err(e) = self.receipt(p, out, &a.name, sources) => {
-                    say(&format!(
-                        "accelerator variant {variant} FAILED: {}; dropped",
-                        e.message
-                    ))
-                }
+            let compiled = builder.compile_variant(p, &variant, sources, out, log, say);
+            match compiled.and_then(|a| match a {
+                Some(a) => self.receipt(p, out, &a.name, sources).map(|()| Some(a)),
+                None => Ok(None),
+            }) {
                 Ok(Some(a)) => {
                     let chunk_sha256 =
                         chunk_digests(out, &a.name, a.chunk_count).unwrap_or_default();
                     built.push(RecordedVariant {
                         variant,
                         execution_device,
-                        artifact: RecordedArtifact {
-                            name: a.name,
-                            size: a.size,
-                            sha256: a.sha256,
-                            chunk_count: a.chunk_count,
-                            files: a.files,
-                            chunk_sha256,
-                        },
+                        artifact: recorded(a, chunk_sha256),
                     });
                 }
                 Ok(None) => say(&format!(

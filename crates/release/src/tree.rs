@@ -513,9 +513,7 @@ fn replace_tree(src: &Path, op: &Path, source: &TinygradSource) -> Result<u64> {
         new.join("TINYGRAD_COMMIT"),
         format!("{}\n", source.commit).as_bytes(),
     )?;
-    let mut record = serde_json::to_vec_pretty(source).expect("a source record serializes");
-    record.push(b'\n');
-    atomic::write_atomic(new.join(TINYGRAD_SOURCE_FILE), &record)?;
+    crate::records::write(&new.join(TINYGRAD_SOURCE_FILE), source)?;
     if dest.exists() {
         fs::rename(&dest, &old)?;
     }
@@ -923,9 +921,7 @@ pub fn correct_pin(req: &PinRequest, stores: &[&dyn artifact_store::Store]) -> R
             }
             if let Some(mut s) = source {
                 s.commit = req.commit.clone();
-                let mut bytes = serde_json::to_vec_pretty(&s).expect("a source record serializes");
-                bytes.push(b'\n');
-                atomic::write_atomic(&source_path, &bytes)?;
+                crate::records::write(&source_path, &s)?;
             }
         }
     }
