@@ -263,7 +263,7 @@ pub fn run(
 ) -> Result<PublishOutcome> {
     let staged = stage(&mut req)?;
     let validation = check_before_stores(&req, &staged, on_event)?;
-    let stores = open_stores(&req)?;
+    let stores = open_stores(&req.flags.to, &req.flags.access)?;
     let store_refs: Vec<&dyn Store> = stores.iter().map(|s| s.as_ref()).collect();
     let github_only = github_only_gate(&req)?;
     if let GithubOnly::Flag { reason } = &github_only {
@@ -664,14 +664,16 @@ pub fn canonical_store_name(spec: &StoreSpec) -> String {
     }
 }
 
-/// The `--to` stores, in an order that never puts GitHub ahead of the Hub, opened.
-fn open_stores(req: &PublishRequest) -> Result<Vec<Box<dyn Store>>> {
-    check_store_order(&req.flags.to).map_err(Error::PublishInput)?;
-    Ok(req
-        .flags
-        .to
+/// `specs` (publish's `--to`, rebuild's `--upload-to`), refused in an order that puts GitHub
+/// ahead of the Hub, opened.
+pub(crate) fn open_stores(
+    specs: &[StoreSpec],
+    access: &StoreAccess,
+) -> Result<Vec<Box<dyn Store>>> {
+    check_store_order(specs).map_err(Error::PublishInput)?;
+    Ok(specs
         .iter()
-        .map(|s| s.open(&req.flags.access))
+        .map(|s| s.open(access))
         .collect::<artifact_store::Result<_>>()?)
 }
 

@@ -263,16 +263,12 @@ impl StoreUploader {
         generation: Generation,
         contract: &'static manifest::Contract,
     ) -> crate::Result<Self> {
-        artifact_store::publish::check_store_order(specs).map_err(crate::Error::PublishInput)?;
         Ok(Self {
+            stores: crate::publish::open_stores(specs, access)?,
             names: specs
                 .iter()
                 .map(crate::publish::canonical_store_name)
                 .collect(),
-            stores: specs
-                .iter()
-                .map(|s| s.open(access))
-                .collect::<artifact_store::Result<_>>()?,
             generation,
             contract,
             retry: RetryPolicy::default(),
