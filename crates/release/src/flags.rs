@@ -92,16 +92,10 @@ pub fn check_gpu_flags(manifest: &Manifest, workspace: &Workspace) -> Result<usi
 }
 
 fn read_record(path: &Path) -> Result<Option<BuildRecord>> {
-    let meta = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    if !meta.is_file() || meta.len() > MAX_RECORD_BYTES {
+    // Only a regular file, not a link to one, can speak for an entry.
+    if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
         return Ok(None);
     }
-    // The read itself is capped too: a file that grows (or is swapped for a FIFO) after the
-    // look above is not read without end.
     let bytes = match chunker::bounded::read_capped(path, MAX_RECORD_BYTES) {
         Ok(Some(bytes)) => bytes,
         Ok(None)

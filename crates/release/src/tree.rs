@@ -35,7 +35,9 @@ pub fn load_tree(openpilot: Option<&Path>) -> Result<(PinTable, Option<TreeDecla
     };
     let declared = tree_declaration(dir)?;
     if let Some(d) = &declared {
-        let module = declared_module(dir, d);
+        // The catalog module of the contract the declaration came from.
+        let tree = d.contract.contract().tree;
+        let module = tree.map_or_else(|| dir.to_path_buf(), |t| dir.join(t.catalog_module));
         pins.declare(d).map_err(|refusal| Error::Pins {
             path: module,
             problem: format!(
@@ -46,14 +48,6 @@ pub fn load_tree(openpilot: Option<&Path>) -> Result<(PinTable, Option<TreeDecla
         })?;
     }
     Ok((pins, declared))
-}
-
-/// The catalog module of the contract a declaration came from.
-fn declared_module(dir: &Path, d: &TreeDeclaration) -> PathBuf {
-    d.contract
-        .contract()
-        .tree
-        .map_or_else(|| dir.to_path_buf(), |t| dir.join(t.catalog_module))
 }
 
 /// A reviewed catalog is a manifest-sized document.
