@@ -359,11 +359,7 @@ pub fn bump(req: &BumpRequest) -> Result<BumpReport> {
     if generation.is_some() {
         written.push(pins_path.clone());
     }
-    let removed = if dest.exists() {
-        vec![dest.clone()]
-    } else {
-        vec![]
-    };
+    let removed: Vec<PathBuf> = dest.exists().then(|| dest.clone()).into_iter().collect();
     let files = if req.dry_run {
         walk_tree_without_git(src, None)?
     } else {
