@@ -46,15 +46,11 @@ pub fn run(req: &AuditRequest, progress: &mut dyn FnMut(DeepProgress)) -> Result
         })?;
         specs.push((spec, r));
     }
-    let keys = if req.keys.is_empty() {
-        None
-    } else {
-        let mut keys = Vec::new();
-        for k in &req.keys {
-            keys.extend(VerifyingKey::load_all(k)?);
-        }
-        Some(keys)
-    };
+    let mut keys = Vec::new();
+    for k in &req.keys {
+        keys.extend(VerifyingKey::load_all(k)?);
+    }
+    let keys = (!req.keys.is_empty()).then_some(keys);
     let pins = crate::tree::load_pins(req.openpilot.as_deref())?;
     let mut snapshots = Vec::new();
     for (spec, r) in specs {
