@@ -918,7 +918,7 @@ fn sync_records_the_tree_and_builds_refuse_another_tree_or_generation() {
         let out = run(&["sync", "--json"]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let record = release::tree::sync_record(&op)
+        let record = compiler_remote::synced::read_record(&op)
             .unwrap()
             .expect("a sync record");
         assert_eq!(record.tinygrad_commit.as_str(), pin);

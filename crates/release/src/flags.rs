@@ -20,7 +20,12 @@ use crate::{Error, Result, Workspace};
 const MAX_RECORD_BYTES: u64 = 1 << 20;
 
 /// One model whose manifest flag is not what its build record says.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "model {id}: the manifest says uses_external_gpu: {manifest}, but {} records {} of this artifact",
+    record_path.display(),
+    if *record { "a Chestnut (--gpu) build" } else { "a QCOM build" }
+)]
 pub struct GpuFlagMismatch {
     pub id: ModelId,
     /// `uses_external_gpu` in the manifest (absent reads as `false`).
@@ -28,26 +33,6 @@ pub struct GpuFlagMismatch {
     /// `uses_external_gpu` of the build (`./models --gpu`).
     pub record: bool,
     pub record_path: PathBuf,
-}
-
-impl std::fmt::Display for GpuFlagMismatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let target = |gpu: bool| {
-            if gpu {
-                "a Chestnut (--gpu) build"
-            } else {
-                "a QCOM build"
-            }
-        };
-        write!(
-            f,
-            "model {}: the manifest says uses_external_gpu: {}, but {} records {} of this artifact",
-            self.id,
-            self.manifest,
-            self.record_path.display(),
-            target(self.record)
-        )
-    }
 }
 
 /// Every non-local entry of `manifest` whose `uses_external_gpu` differs from the record (path,
@@ -107,16 +92,10 @@ pub fn check_gpu_flags(manifest: &Manifest, workspace: &Workspace) -> Result<usi
 }
 
 fn read_record(path: &Path) -> Result<Option<BuildRecord>> {
-    let meta = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    if !meta.is_file() || meta.len() > MAX_RECORD_BYTES {
+    // Only a regular file, not a link to one, can speak for an entry.
+    if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
         return Ok(None);
     }
-    // The read itself is capped too: a file that grows (or is swapped for a FIFO) after the
-    // look above is not read without end.
     let bytes = match chunker::bounded::read_capped(path, MAX_RECORD_BYTES) {
         Ok(Some(bytes)) => bytes,
         Ok(None)

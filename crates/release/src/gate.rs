@@ -392,6 +392,14 @@ impl Coverage {
         self.gaps.is_empty()
     }
 
+    /// A cell's verdict: covered by the record named, or its gap.
+    fn add(&mut self, cell: Cell, verdict: Result<String, Gap>) {
+        match verdict {
+            Ok(by) => self.covered.push((cell, by)),
+            Err(gap) => self.gaps.push((cell, gap)),
+        }
+    }
+
     /// One line per gap: `<cell>: missing|failed|stale: <detail>`.
     pub fn gap_lines(&self) -> Vec<String> {
         self.gaps
@@ -422,7 +430,7 @@ impl Coverage {
 /// says `passed` although a command in it failed, or that lists no command, is refused as
 /// failed ([`preflight_contradiction`]).
 pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
-    let pin = manifest_revision(manifest);
+    let pin = manifest.own_revision();
     let pin = pin.as_ref();
     let mut cov = Coverage::default();
     cov.add(Cell::Preflight, preflight_cell(records, pin));
@@ -447,16 +455,6 @@ pub fn coverage(manifest: &Manifest, records: &Records) -> Coverage {
         ));
     }
     cov
-}
-
-impl Coverage {
-    /// A cell's verdict: covered by the record named, or its gap.
-    fn add(&mut self, cell: Cell, verdict: Result<String, Gap>) {
-        match verdict {
-            Ok(by) => self.covered.push((cell, by)),
-            Err(gap) => self.gaps.push((cell, gap)),
-        }
-    }
 }
 
 /// Why a record made with tinygrad `recorded` is not current for a manifest pinned to `pin`.
@@ -1037,50 +1035,6 @@ pub struct PublishRecord {
     /// and its signature removed from the stores; the reason given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature_removed: Option<String>,
-}
-
-/// Why a publish may go ahead besides its validation gate: the GitHub-only decision and the
-/// signature opt-out, as `publish` decided them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PublishAllowance {
-    pub github_only: artifact_store::publish::GithubOnly,
-    /// `publish --remove-signature REASON`.
-    pub signature_removed: Option<String>,
-}
-
-impl PublishRecord {
-    /// The record of a finished publish of `manifest` (read from `manifest_path`).
-    pub fn new(
-        manifest_path: &std::path::Path,
-        manifest: &Manifest,
-        generation: manifest::Generation,
-        stores: Vec<String>,
-        models: Vec<String>,
-        validation: GateOutcome,
-        allowance: PublishAllowance,
-    ) -> Self {
-        Self {
-            generation,
-            manifest: manifest_path.to_path_buf(),
-            manifest_sha256: Sha256Digest::of_bytes(&manifest.to_canonical_bytes()),
-            tinygrad_commit: manifest_revision(manifest),
-            published_at: UnixSeconds::now(),
-            stores,
-            models,
-            validation,
-            github_only: match allowance.github_only {
-                artifact_store::publish::GithubOnly::NotGithubOnly => None,
-                other => Some(other),
-            },
-            signature_removed: allowance.signature_removed,
-        }
-    }
-}
-
-/// The tinygrad (compiler) revision a manifest records, under the key of the contract it names
-/// (v25 `tinygrad_commit`, v26 `compiler_revision`; [`manifest::contract::for_manifest`]).
-pub fn manifest_revision(manifest: &Manifest) -> Option<GitCommit> {
-    manifest.own_revision()
 }
 
 #[cfg(test)]

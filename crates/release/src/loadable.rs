@@ -66,44 +66,34 @@ pub struct ShippedFile {
 }
 
 /// Why a file cannot ship.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadProblem {
     /// The stamp could not be read (not a pickle, an unknown framing, a hostile file).
+    #[error("its stamp cannot be read: {0}")]
     Stamp(StampError),
     /// The stamp names another ABI, compiler, format or version.
+    #[error("{0}")]
     StampRefused(StampRefusal),
     /// No build receipt beside it.
+    #[error(
+        "no build receipt {}: nothing ties it to the pin (build it with `release-cli compile`, `dm` or `rebuild`, which write the receipt beside it)",
+        receipt.display()
+    )]
     ReceiptMissing { receipt: PathBuf },
     /// A receipt that is not one.
+    #[error("{}: {reason}", receipt.display())]
     ReceiptUnreadable { receipt: PathBuf, reason: String },
     /// A receipt naming another revision, ABI, digest or size.
+    #[error("{0}")]
     ReceiptRefused(ReceiptRefusal),
     /// The file is not there, or the bytes are not what the release states.
+    #[error("{reason}")]
     Bytes { reason: String },
     /// The contract checks files but the generation has no pin.
+    #[error(
+        "the generation has no tinygrad pin to check its stamp and receipt against (record it with `release-cli tinygrad bump`)"
+    )]
     NoPin,
-}
-
-impl fmt::Display for LoadProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Stamp(e) => write!(f, "its stamp cannot be read: {e}"),
-            Self::StampRefused(r) => write!(f, "{r}"),
-            Self::ReceiptMissing { receipt } => write!(
-                f,
-                "no build receipt {}: nothing ties it to the pin (build it with `release-cli compile`, `dm` or `rebuild`, which write the receipt beside it)",
-                receipt.display()
-            ),
-            Self::ReceiptUnreadable { receipt, reason } => {
-                write!(f, "{}: {reason}", receipt.display())
-            }
-            Self::ReceiptRefused(r) => write!(f, "{r}"),
-            Self::Bytes { reason } => f.write_str(reason),
-            Self::NoPin => f.write_str(
-                "the generation has no tinygrad pin to check its stamp and receipt against (record it with `release-cli tinygrad bump`)",
-            ),
-        }
-    }
 }
 
 /// A file that passed: its framing (driving artifacts) and its receipt (contracts with
@@ -217,6 +207,13 @@ pub fn check_files(
     Ok(out)
 }
 
+/// A file that is not there or cannot be read, as a [`LoadProblem::Bytes`].
+fn bytes(e: impl fmt::Display) -> LoadProblem {
+    LoadProblem::Bytes {
+        reason: e.to_string(),
+    }
+}
+
 fn check_file(
     f: &ShippedFile,
     contract: &Contract,
@@ -228,10 +225,7 @@ fn check_file(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let bytes = |e: &dyn fmt::Display| LoadProblem::Bytes {
-        reason: e.to_string(),
-    };
-    let mut reader = chunker::open(&f.path).map_err(|e| bytes(&e))?;
+    let mut reader = chunker::open(&f.path).map_err(bytes)?;
     let mut framing = None;
     if f.stamped && contract.stamp.is_some() {
         let st =
@@ -250,8 +244,8 @@ fn check_file(
         let (sha256, size) = match (f.sha256, f.size) {
             (Some(d), Some(s)) => (d, s),
             _ => {
-                reader.seek(SeekFrom::Start(0)).map_err(|e| bytes(&e))?;
-                let (d, n) = Sha256Digest::of_reader(&mut reader).map_err(|e| bytes(&e))?;
+                reader.seek(SeekFrom::Start(0)).map_err(bytes)?;
+                let (d, n) = Sha256Digest::of_reader(&mut reader).map_err(bytes)?;
                 (d, n)
             }
         };
@@ -369,16 +363,13 @@ pub fn receipt_for_build(
     if !contract.build_receipts {
         return Ok(None);
     }
-    let bytes = |e: &dyn fmt::Display| LoadProblem::Bytes {
-        reason: e.to_string(),
-    };
     let name = b
         .artifact
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let described = if b.stamped && contract.stamp.is_some() {
-        let mut reader = chunker::open(b.artifact).map_err(|e| bytes(&e))?;
+        let mut reader = chunker::open(b.artifact).map_err(bytes)?;
         let st =
             stamp::read_stamp(&mut reader, &StampLimits::default()).map_err(LoadProblem::Stamp)?;
         if let Some(v) = b.version {
@@ -409,19 +400,16 @@ fn finish(
     pin: &GitCommit,
     (model_type, pipeline, execution, warp): (String, String, String, String),
 ) -> std::result::Result<BuildReceipt, LoadProblem> {
-    let bytes = |e: &dyn fmt::Display| LoadProblem::Bytes {
-        reason: e.to_string(),
-    };
     let mut sources = Vec::new();
     for s in b.sources {
-        let (d, _) = Sha256Digest::of_file(s).map_err(|e| bytes(&e))?;
+        let (d, _) = Sha256Digest::of_file(s).map_err(bytes)?;
         let n = s
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         sources.push((n, d));
     }
-    let (artifact_sha256, artifact_size) = digest_of(b.artifact).map_err(|e| bytes(&e))?;
+    let (artifact_sha256, artifact_size) = digest_of(b.artifact).map_err(bytes)?;
     Ok(BuildReceipt {
         model_id: b.model_id.to_string(),
         behavior_version: b.version.map(|v| v.to_string()),

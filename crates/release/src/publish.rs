@@ -16,7 +16,7 @@ use artifact_store::{Store, StoreAccess, StoreSpec};
 use manifest::{Generation, Manifest, ModelId, ReleaseNumber};
 use serde::Serialize;
 
-use crate::gate::{GateOutcome, PublishAllowance, PublishRecord};
+use crate::gate::{GateOutcome, PublishRecord};
 use crate::{Error, Result, Workspace};
 
 /// Default validity of a signature, in days.
@@ -263,7 +263,7 @@ pub fn run(
 ) -> Result<PublishOutcome> {
     let staged = stage(&mut req)?;
     let validation = check_before_stores(&req, &staged, on_event)?;
-    let stores = open_stores(&req)?;
+    let stores = open_stores(&req.flags.to, &req.flags.access)?;
     let store_refs: Vec<&dyn Store> = stores.iter().map(|s| s.as_ref()).collect();
     let github_only = github_only_gate(&req)?;
     if let GithubOnly::Flag { reason } = &github_only {
@@ -335,17 +335,13 @@ pub fn run(
     let (publish_record, publish_history) = if report.dry_run {
         (None, None)
     } else {
-        let allowance = PublishAllowance {
-            github_only,
-            signature_removed: req.sign.remove_signature.clone(),
-        };
         let (record, history) = write_records(
             &req,
-            &staged.manifest_path,
+            staged.manifest_path,
             manifest,
             &report,
             &validation,
-            allowance,
+            github_only,
         )?;
         (Some(record), Some(history))
     };
@@ -490,21 +486,27 @@ fn require_covered(req: &PublishRequest, manifest: &Manifest) -> Result<()> {
 /// record beside the manifest. Returns (newest, history).
 fn write_records(
     req: &PublishRequest,
-    manifest_path: &Path,
+    manifest_path: PathBuf,
     manifest: &Manifest,
     report: &PublishReport,
     validation: &GateOutcome,
-    allowance: PublishAllowance,
+    github_only: GithubOnly,
 ) -> Result<(PathBuf, PathBuf)> {
-    let record = PublishRecord::new(
-        manifest_path,
-        manifest,
-        req.flags.generation,
-        req.flags.to.iter().map(canonical_store_name).collect(),
-        report.models.clone(),
-        validation.clone(),
-        allowance,
-    );
+    let record = PublishRecord {
+        generation: req.flags.generation,
+        manifest: manifest_path,
+        manifest_sha256: chunker::Sha256Digest::of_bytes(&manifest.to_canonical_bytes()),
+        tinygrad_commit: manifest.own_revision(),
+        published_at: manifest::UnixSeconds::now(),
+        stores: req.flags.to.iter().map(canonical_store_name).collect(),
+        models: report.models.clone(),
+        validation: validation.clone(),
+        github_only: match github_only {
+            GithubOnly::NotGithubOnly => None,
+            other => Some(other),
+        },
+        signature_removed: req.sign.remove_signature.clone(),
+    };
     let history =
         crate::records::publish_history_path(&record.manifest, record.published_at, |p| p.exists())
             .ok_or_else(|| Error::Record {
@@ -662,14 +664,16 @@ pub fn canonical_store_name(spec: &StoreSpec) -> String {
     }
 }
 
-/// The `--to` stores, in an order that never puts GitHub ahead of the Hub, opened.
-fn open_stores(req: &PublishRequest) -> Result<Vec<Box<dyn Store>>> {
-    check_store_order(&req.flags.to).map_err(Error::PublishInput)?;
-    Ok(req
-        .flags
-        .to
+/// `specs` (publish's `--to`, rebuild's `--upload-to`), refused in an order that puts GitHub
+/// ahead of the Hub, opened.
+pub(crate) fn open_stores(
+    specs: &[StoreSpec],
+    access: &StoreAccess,
+) -> Result<Vec<Box<dyn Store>>> {
+    check_store_order(specs).map_err(Error::PublishInput)?;
+    Ok(specs
         .iter()
-        .map(|s| s.open(&req.flags.access))
+        .map(|s| s.open(access))
         .collect::<artifact_store::Result<_>>()?)
 }
 

@@ -34,11 +34,11 @@ pub use overlap::{
 use overlap::{UploadJob, upload_worker};
 pub use plan::{PlannedModel, SourceEntry, parse_source_map, plan};
 pub use record::{
-    BuildRecord, FailureRecord, RecordedArtifact, RecordedVariant, VariantDropped, build_manifest,
-    build_manifest_for, record_fits, record_matches, recorded_version, tree_base, variant_block,
+    BuildRecord, FailureRecord, RecordedArtifact, RecordedVariant, VariantDropped,
+    build_manifest_for, record_fits, record_matches, recorded_version, tree_base,
     variant_block_for, variant_refusal, variants_to_build,
 };
-use record::{read_json, ready_verifies, write_json};
+use record::{read_json, ready_verifies};
 pub use remote::{DeviceCheck, RemoteBuilder, fetch_sources};
 
 /// The default source store: the bucket where the seed archives ONNX sources.
@@ -326,6 +326,18 @@ pub struct Progress<'a> {
     pub message: &'a str,
 }
 
+/// The record of a compiled artifact, with its chunks' digests.
+fn recorded(a: FetchedArtifact, chunk_sha256: Vec<chunker::Sha256Digest>) -> RecordedArtifact {
+    RecordedArtifact {
+        name: a.name,
+        size: a.size,
+        sha256: a.sha256,
+        chunk_count: a.chunk_count,
+        files: a.files,
+        chunk_sha256,
+    }
+}
+
 /// The SHA-256 of each chunk of the verified chunk set `out/<name>`, in order (one pass over
 /// the chunks, which are small next to the compile that made them).
 fn chunk_digests(out: &Path, name: &str, count: u32) -> Result<Vec<chunker::Sha256Digest>> {
@@ -517,19 +529,10 @@ impl Rebuild {
 
     /// Build every planned model that is not done, record each outcome, and write the
     /// manifest. Only I/O errors of the workspace itself end it with `Err`; model failures are
-    /// in the summary ([`Summary::result`]).
-    pub fn run(
-        &self,
-        builder: &mut dyn Builder,
-        on_progress: &mut dyn FnMut(Progress<'_>),
-    ) -> Result<Summary> {
-        self.run_with(builder, Overlap::default(), on_progress)
-    }
-
-    /// [`Rebuild::run`], overlapping with the compiles what `overlap` asks: the next model's
+    /// in the summary ([`Summary::result`]). Overlapping with the compiles what `overlap` asks: the next model's
     /// sources fetched while one compiles (when the builder has a [`Builder::fetcher`]), each
     /// model validated right after its compile, each finished (and passing) model uploaded by
-    /// a background worker while the next compiles. The manifest is written last, as by `run`;
+    /// a background worker while the next compiles. The manifest is written last;
     /// no store ever gets one from here.
     pub fn run_with(
         &self,
@@ -796,7 +799,7 @@ impl Rebuild {
         let log = ws.build_log(id);
         match self.build_one(builder, p, fetched, &log, say) {
             Ok(record) => {
-                write_json(&record_path, &record)?;
+                crate::records::write(&record_path, &record)?;
                 let _ = atomic::remove_if_exists(&failure_path);
                 say(&format!(
                     "compiled: {} bytes, {} chunk(s), sha256 {}",
@@ -807,7 +810,7 @@ impl Rebuild {
             Err(e) => {
                 // A failed attempt invalidates an older success record of this model.
                 let _ = atomic::remove_if_exists(&record_path);
-                write_json(
+                crate::records::write(
                     &failure_path,
                     &FailureRecord {
                         id: id.clone(),
@@ -899,14 +902,7 @@ impl Rebuild {
                 .iter()
                 .filter_map(|s| s.file_name().map(|n| n.to_string_lossy().into_owned()))
                 .collect(),
-            artifact: RecordedArtifact {
-                name: a.name,
-                size: a.size,
-                sha256: a.sha256,
-                chunk_count: a.chunk_count,
-                files: a.files,
-                chunk_sha256,
-            },
+            artifact: recorded(a, chunk_sha256),
             variants,
             log: log.to_path_buf(),
         })
@@ -930,27 +926,18 @@ impl Rebuild {
         let mut built = Vec::new();
         for (variant, execution_device) in variants_to_build(entry, self.contract, p.gpu) {
             say(&format!("compiling accelerator variant {variant}"));
-            match builder.compile_variant(p, &variant, sources, out, log, say) {
-                Ok(Some(a)) if let Err(e) = self.receipt(p, out, &a.name, sources) => {
-                    say(&format!(
-                        "accelerator variant {variant} FAILED: {}; dropped",
-                        e.message
-                    ))
-                }
+            let compiled = builder.compile_variant(p, &variant, sources, out, log, say);
+            match compiled.and_then(|a| match a {
+                Some(a) => self.receipt(p, out, &a.name, sources).map(|()| Some(a)),
+                None => Ok(None),
+            }) {
                 Ok(Some(a)) => {
                     let chunk_sha256 =
                         chunk_digests(out, &a.name, a.chunk_count).unwrap_or_default();
                     built.push(RecordedVariant {
                         variant,
                         execution_device,
-                        artifact: RecordedArtifact {
-                            name: a.name,
-                            size: a.size,
-                            sha256: a.sha256,
-                            chunk_count: a.chunk_count,
-                            files: a.files,
-                            chunk_sha256,
-                        },
+                        artifact: recorded(a, chunk_sha256),
                     });
                 }
                 Ok(None) => say(&format!(

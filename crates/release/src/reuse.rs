@@ -7,7 +7,7 @@
 //! a target manifest built with another tinygrad is never updated. Every refusal comes before
 //! any store is touched.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use artifact_store::Store;
 use artifact_store::reuse::{
@@ -126,14 +126,9 @@ pub fn run(
     let report =
         artifact_store::reuse::reuse(&request(&approved, source, source_path, dest), on_chunk)?;
     if let Some((path, m)) = &approved.target {
-        write_manifest(path, m)?;
+        chunker::atomic::write_atomic(path, &m.to_canonical_bytes())?;
     }
     Ok(report)
-}
-
-fn write_manifest(path: &Path, m: &Manifest) -> Result<()> {
-    chunker::atomic::write_atomic(path, &m.to_canonical_bytes())?;
-    Ok(())
 }
 
 #[cfg(test)]

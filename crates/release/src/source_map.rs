@@ -27,7 +27,7 @@ pub fn map_path(openpilot: &Path, generation: Generation) -> PathBuf {
 }
 
 /// The next map, decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NextMap {
     /// The map's bytes (pretty JSON, entries in the previous map's order, new rows last).
     pub bytes: Vec<u8>,
@@ -57,13 +57,7 @@ pub fn next_map(
             problem: format!("not a JSON object: {e}"),
         })?;
     let mut out = serde_json::Map::new();
-    let mut next = NextMap {
-        bytes: Vec::new(),
-        kept: Vec::new(),
-        dropped: Vec::new(),
-        added: Vec::new(),
-        gpu_from_catalog: Vec::new(),
-    };
+    let mut next = NextMap::default();
     for (key, value) in doc {
         let id: ModelId = key.parse().expect("checked by parse_source_map");
         let mut value = value;
@@ -134,28 +128,23 @@ pub fn write_next(
     dry_run: bool,
 ) -> Result<NextMapReport> {
     let tree_generation = crate::tree::check_selectors(openpilot)?;
-    let generation = match generation.or(tree_generation) {
-        Some(g) => g,
-        None => {
-            return Err(Error::SourceMap {
-                path: openpilot.to_path_buf(),
-                problem: "no generation given and the tree's tinygrad is no generation's pin; \
-                          pass --generation vNN"
-                    .into(),
-            });
-        }
-    };
+    let generation = generation
+        .or(tree_generation)
+        .ok_or_else(|| Error::SourceMap {
+            path: openpilot.to_path_buf(),
+            problem: "no generation given and the tree's tinygrad is no generation's pin; \
+                      pass --generation vNN"
+                .into(),
+        })?;
     let from = match from {
         Some(p) => p.to_path_buf(),
-        None => match generation.previous() {
-            Some(prev) => map_path(openpilot, prev),
-            None => {
-                return Err(Error::SourceMap {
-                    path: openpilot.to_path_buf(),
-                    problem: format!("{generation} has no previous generation; pass --from FILE"),
-                });
-            }
-        },
+        None => {
+            let prev = generation.previous().ok_or_else(|| Error::SourceMap {
+                path: openpilot.to_path_buf(),
+                problem: format!("{generation} has no previous generation; pass --from FILE"),
+            })?;
+            map_path(openpilot, prev)
+        }
     };
     let previous =
         chunker::bounded::read_capped_existing(&from, crate::rebuild::MAX_SOURCE_MAP_BYTES)?;

@@ -71,7 +71,7 @@ pub struct TreeFile {
 }
 
 /// A build receipt found beside an artifact.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ReceiptStatus {
     /// What it is the receipt of (`build pop223`, `dm <file>`, `builtin`).
     pub of: String,
@@ -104,10 +104,8 @@ fn receipts(files: &[(String, PathBuf)], pin: Option<&GitCommit>) -> Vec<Receipt
                 Err(problem) => ReceiptStatus {
                     of: of.clone(),
                     receipt,
-                    compiler_revision: None,
-                    artifact_sha256: None,
-                    matches_pin: None,
                     problem: Some(problem),
+                    ..Default::default()
                 },
             })
         })
@@ -124,7 +122,7 @@ pub struct CellStatus {
 }
 
 /// What a store holds live for the generation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct StoreStatus {
     pub store: String,
     pub generation: Option<Generation>,
@@ -136,22 +134,6 @@ pub struct StoreStatus {
     /// Whether it holds the workspace's staged manifest, byte for byte.
     pub holds_staged: bool,
     pub problem: Option<String>,
-}
-
-impl StoreStatus {
-    /// The store called `name`, nothing read from it yet.
-    fn unread(name: &str) -> Self {
-        StoreStatus {
-            store: name.to_string(),
-            generation: None,
-            tinygrad_commit: None,
-            manifest_sha256: None,
-            models: None,
-            signature_release: None,
-            holds_staged: false,
-            problem: None,
-        }
-    }
 }
 
 /// The next command and why.
@@ -225,7 +207,7 @@ fn tree_status(op: &Path, pins: &PinTable) -> Result<TreeStatus> {
         Err(e) => (None, Some(e.to_string())),
     };
     let pin_generation = tinygrad_commit.as_ref().and_then(|p| pins.owner_of(p));
-    let record = crate::tree::sync_record(op)?;
+    let record = compiler_remote::synced::read_record(op)?;
     let synced = match &record {
         Some(r) => {
             let now = compiler_remote::tree_digest::sync_digest(op)?;
@@ -385,7 +367,10 @@ fn store_status(
     g: Generation,
     staged: Option<&Sha256Digest>,
 ) -> StoreStatus {
-    let mut s = StoreStatus::unread(name);
+    let mut s = StoreStatus {
+        store: name.to_string(),
+        ..Default::default()
+    };
     let hf = layout::StoreLayout::HfBucket;
     match store.read_small(&hf.manifest_path(g), 16 << 20) {
         Ok(None) => s.problem = Some(format!("no {} manifest", g)),
@@ -556,7 +541,8 @@ fn stores_status(
                      whose tinygrad pin names one"
                         .into(),
                 ),
-                ..StoreStatus::unread(n)
+                store: n.to_string(),
+                ..Default::default()
             },
         })
         .collect()

@@ -35,7 +35,9 @@ pub fn load_tree(openpilot: Option<&Path>) -> Result<(PinTable, Option<TreeDecla
     };
     let declared = tree_declaration(dir)?;
     if let Some(d) = &declared {
-        let module = declared_module(dir, d);
+        // The catalog module of the contract the declaration came from.
+        let tree = d.contract.contract().tree;
+        let module = tree.map_or_else(|| dir.to_path_buf(), |t| dir.join(t.catalog_module));
         pins.declare(d).map_err(|refusal| Error::Pins {
             path: module,
             problem: format!(
@@ -46,14 +48,6 @@ pub fn load_tree(openpilot: Option<&Path>) -> Result<(PinTable, Option<TreeDecla
         })?;
     }
     Ok((pins, declared))
-}
-
-/// The catalog module of the contract a declaration came from.
-fn declared_module(dir: &Path, d: &TreeDeclaration) -> PathBuf {
-    d.contract
-        .contract()
-        .tree
-        .map_or_else(|| dir.to_path_buf(), |t| dir.join(t.catalog_module))
 }
 
 /// A reviewed catalog is a manifest-sized document.
@@ -214,14 +208,6 @@ fn load_recorded_pins(openpilot: Option<&Path>) -> Result<PinTable> {
     Ok(pins)
 }
 
-/// What the last `release-cli sync` of `openpilot` sent, and where (the record
-/// `<openpilot>/.starpilot_sync.json`, see [`compiler_remote::synced`]); `None` when the tree
-/// was never synced. Its `digest` is the tree's digest at that sync; whether the tree still
-/// matches it is [`compiler_remote::synced::check_synced`].
-pub fn sync_record(openpilot: &Path) -> Result<Option<SyncRecord>> {
-    Ok(compiler_remote::synced::read_record(openpilot)?)
-}
-
 pub use compiler_remote::synced::SyncRecord;
 pub use compiler_remote::tree_digest::TreeDigest;
 /// The digest of what a sync of `openpilot` would send now: equal to the record's `digest`
@@ -373,11 +359,7 @@ pub fn bump(req: &BumpRequest) -> Result<BumpReport> {
     if generation.is_some() {
         written.push(pins_path.clone());
     }
-    let removed = if dest.exists() {
-        vec![dest.clone()]
-    } else {
-        vec![]
-    };
+    let removed: Vec<PathBuf> = dest.exists().then(|| dest.clone()).into_iter().collect();
     let files = if req.dry_run {
         walk_tree_without_git(src, None)?
     } else {
@@ -521,9 +503,7 @@ fn replace_tree(src: &Path, op: &Path, source: &TinygradSource) -> Result<u64> {
         new.join("TINYGRAD_COMMIT"),
         format!("{}\n", source.commit).as_bytes(),
     )?;
-    let mut record = serde_json::to_vec_pretty(source).expect("a source record serializes");
-    record.push(b'\n');
-    atomic::write_atomic(new.join(TINYGRAD_SOURCE_FILE), &record)?;
+    crate::records::write(&new.join(TINYGRAD_SOURCE_FILE), source)?;
     if dest.exists() {
         fs::rename(&dest, &old)?;
     }
@@ -931,9 +911,7 @@ pub fn correct_pin(req: &PinRequest, stores: &[&dyn artifact_store::Store]) -> R
             }
             if let Some(mut s) = source {
                 s.commit = req.commit.clone();
-                let mut bytes = serde_json::to_vec_pretty(&s).expect("a source record serializes");
-                bytes.push(b'\n');
-                atomic::write_atomic(&source_path, &bytes)?;
+                crate::records::write(&source_path, &s)?;
             }
         }
     }

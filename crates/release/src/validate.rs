@@ -79,26 +79,6 @@ pub fn targets(f: &ValidateFlags<'_>) -> Result<ValidateTargets> {
     })
 }
 
-/// The record of the device's verdict, per camera resolution, its own JSON kept unchanged.
-pub fn validation_record(
-    id: &ModelId,
-    version: BehaviorVersion,
-    pin: GitCommit,
-    verdict: compiler_remote::Verdict,
-    log: PathBuf,
-) -> ValidationRecord {
-    ValidationRecord {
-        model: id.clone(),
-        version,
-        resolutions: crate::gate::read_verdict(&verdict.verdict, &verdict.artifact_sha256),
-        artifact_sha256: verdict.artifact_sha256,
-        tinygrad_commit: pin,
-        checked_at: UnixSeconds::now(),
-        verdict: verdict.verdict,
-        log,
-    }
-}
-
 /// The device job of `validate --model ID` (and `rebuild --validate`) for the chunk set at
 /// `artifact`, after the runtime gate (its stamp and receipt against the contract of `pin`'s
 /// generation), with that contract's latency bound; and the contract.
@@ -135,7 +115,7 @@ impl DeviceValidation<'_> {
 }
 
 /// The device's verdict written as the validation record at `record` (what the publish gate
-/// reads), and whether it passes: every resolution passed and, where `contract` bounds the
+/// reads; per camera resolution, the device's own JSON kept unchanged), and whether it passes: every resolution passed and, where `contract` bounds the
 /// p95 latency, the device reported one within the bound.
 pub fn record_verdict(
     id: &ModelId,
@@ -146,7 +126,16 @@ pub fn record_verdict(
     record: &Path,
     contract: &manifest::Contract,
 ) -> Result<(ValidationRecord, bool)> {
-    let rec = validation_record(id, version, pin, verdict, log);
+    let rec = ValidationRecord {
+        model: id.clone(),
+        version,
+        resolutions: crate::gate::read_verdict(&verdict.verdict, &verdict.artifact_sha256),
+        artifact_sha256: verdict.artifact_sha256,
+        tinygrad_commit: pin,
+        checked_at: UnixSeconds::now(),
+        verdict: verdict.verdict,
+        log,
+    };
     crate::records::write(record, &rec)?;
     let passed = passes(&rec, contract);
     Ok((rec, passed))

@@ -59,7 +59,8 @@ pub fn covering_records(workspace: &Path, manifest: &Path) -> std::path::PathBuf
     let m = manifest::Manifest::from_slice(&std::fs::read(manifest).unwrap()).unwrap();
     // The manifest's revision under the contract it names (v25 `tinygrad_commit`, v26
     // `compiler_revision`).
-    let pin = release::gate::manifest_revision(&m)
+    let pin = m
+        .own_revision()
         .unwrap_or_else(manifest::layout::current_tinygrad_commit);
     let now = UnixSeconds::now();
     let preflight = PreflightRecord {

@@ -46,15 +46,11 @@ pub fn run(req: &AuditRequest, progress: &mut dyn FnMut(DeepProgress)) -> Result
         })?;
         specs.push((spec, r));
     }
-    let keys = if req.keys.is_empty() {
-        None
-    } else {
-        let mut keys = Vec::new();
-        for k in &req.keys {
-            keys.extend(VerifyingKey::load_all(k)?);
-        }
-        Some(keys)
-    };
+    let mut keys = Vec::new();
+    for k in &req.keys {
+        keys.extend(VerifyingKey::load_all(k)?);
+    }
+    let keys = (!req.keys.is_empty()).then_some(keys);
     let pins = crate::tree::load_pins(req.openpilot.as_deref())?;
     let mut snapshots = Vec::new();
     for (spec, r) in specs {
@@ -426,24 +422,13 @@ fn on_disk(
 
 /// A file name as text: UTF-8 with control characters, quotes and backslashes escaped as Rust
 /// writes them (`\t`, `\u{1}`, `\\`), each byte of invalid UTF-8 as `\xNN`. Pure.
-pub fn escaped(mut bytes: &[u8]) -> String {
+pub fn escaped(bytes: &[u8]) -> String {
     let mut out = String::new();
-    loop {
-        match std::str::from_utf8(bytes) {
-            Ok(s) => {
-                out.extend(s.chars().flat_map(char::escape_debug));
-                return out;
-            }
-            Err(e) => {
-                let (good, rest) = bytes.split_at(e.valid_up_to());
-                let good = std::str::from_utf8(good).expect("valid up to here");
-                out.extend(good.chars().flat_map(char::escape_debug));
-                let bad = e.error_len().unwrap_or(rest.len());
-                for b in &rest[..bad] {
-                    out.push_str(&format!("\\x{b:02x}"));
-                }
-                bytes = &rest[bad..];
-            }
+    for chunk in bytes.utf8_chunks() {
+        out.extend(chunk.valid().chars().flat_map(char::escape_debug));
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
         }
     }
+    out
 }

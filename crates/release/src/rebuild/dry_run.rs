@@ -56,7 +56,7 @@ impl DryRun {
 }
 
 impl Rebuild {
-    /// The dry run of [`Rebuild::run`] with sources from `sources` (as given) on the compiler
+    /// The dry run of [`Rebuild::run_with`] with sources from `sources` (as given) on the compiler
     /// `opts` names: reads the records and verifies the ready chunk sets of models done earlier
     /// and, when a model would be built, makes the checks a run makes before it connects.
     pub fn dry_run(&self, opts: &ConnectOptions, sources: &str) -> Result<DryRun> {

@@ -16,7 +16,7 @@ use chunker::Sha256Digest;
 use manifest::{Generation, Manifest, ModelId, StoreLayout};
 use serde::{Deserialize, Serialize};
 
-use super::record::{read_json, write_json};
+use super::record::read_json;
 use super::{BuildError, PlannedModel};
 use crate::Workspace;
 
@@ -163,7 +163,7 @@ fn upload_model(
             .and_then(|rows| {
                 rec.uploads.retain(|r| r.store != store);
                 rec.uploads.extend(rows);
-                write_json(&path, &rec).map_err(|e| e.to_string())
+                crate::records::write(&path, &rec).map_err(|e| e.to_string())
             });
         out.push(match done {
             Ok(()) => outcome("uploaded", None),
@@ -263,16 +263,12 @@ impl StoreUploader {
         generation: Generation,
         contract: &'static manifest::Contract,
     ) -> crate::Result<Self> {
-        artifact_store::publish::check_store_order(specs).map_err(crate::Error::PublishInput)?;
         Ok(Self {
+            stores: crate::publish::open_stores(specs, access)?,
             names: specs
                 .iter()
                 .map(crate::publish::canonical_store_name)
                 .collect(),
-            stores: specs
-                .iter()
-                .map(|s| s.open(access))
-                .collect::<artifact_store::Result<_>>()?,
             generation,
             contract,
             retry: RetryPolicy::default(),

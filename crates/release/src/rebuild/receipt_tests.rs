@@ -127,7 +127,7 @@ fn setup(dir: &Path) -> (PathBuf, PathBuf) {
 }
 
 fn run(r: &Rebuild, b: &mut StampingBuilder) -> Summary {
-    r.run(b, &mut |_| {}).unwrap()
+    r.run_with(b, Overlap::default(), &mut |_| {}).unwrap()
 }
 
 #[test]

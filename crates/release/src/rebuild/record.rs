@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use chunker::{Expected, atomic};
+use chunker::Expected;
 use compiler_remote::InputFormat;
 use manifest::{
     Artifact, ArtifactSize, BehaviorVersion, ChunkCount, Generation, GitCommit, Manifest, ModelId,
@@ -64,19 +64,6 @@ impl std::fmt::Display for VariantDropped {
     }
 }
 
-/// The `accelerator_artifacts` block of one entry in a rebuilt manifest: only variants rebuilt
-/// for this generation and pin (`record`, which the caller matched to the generation and pin)
-/// are written; every variant of the base entry without one is dropped and named. Never a
-/// block from the base catalog, whose variants were compiled with another build. Pure.
-pub fn variant_block(
-    base: &manifest::ModelEntry,
-    record: Option<&BuildRecord>,
-) -> (Option<serde_json::Value>, Vec<VariantDropped>) {
-    let v25 = manifest::ContractName::V25.contract();
-    let pin = record.map(|r| r.tinygrad_commit.clone());
-    variant_block_for(base, record, v25, pin.as_ref())
-}
-
 /// Why `contract` does not allow the accelerator variant `key` on an entry (GPU flag `gpu`,
 /// `model_lab_eligible` `lab`), or `None` when it does. The v25 contract allows every variant
 /// its catalog declares; the v26 contract only its accelerator key, only on a non-GPU model
@@ -130,9 +117,11 @@ pub fn variants_to_build(
         .collect()
 }
 
-/// [`variant_block`] under `contract`: only variants the contract allows on this entry are
-/// written, in its artifact format, with its execution device and (v26) the `pin` as the
-/// variant's `compiler_revision`; a variant it does not allow is dropped and named.
+/// The `accelerator_artifacts` block of one entry in a rebuilt manifest under `contract`: only
+/// variants rebuilt for this generation and pin (`record`, which the caller matched to them) and
+/// that the contract allows on this entry are written, in its artifact format, with its
+/// execution device and (v26) the `pin` as the variant's `compiler_revision`; every other
+/// variant of the base entry is dropped and named. Never a block from the base catalog. Pure.
 pub fn variant_block_for(
     base: &manifest::ModelEntry,
     record: Option<&BuildRecord>,
@@ -251,25 +240,8 @@ pub fn record_fits(r: &BuildRecord, p: &PlannedModel) -> bool {
 
 /// The manifest for publish: the base catalog with, for every model built for this generation
 /// and pin, its artifact fields and `source_commit`; artifact fields of every other model are
-/// dropped (they describe another generation's pickle), and so is every
-/// `accelerator_artifacts` variant not rebuilt with its model ([`variant_block`]). Behaviour
-/// versions are never touched.
-pub fn build_manifest(
-    base: &Manifest,
-    records: &[BuildRecord],
-    generation: Generation,
-    pin: &GitCommit,
-) -> Result<Manifest> {
-    build_manifest_for(
-        base,
-        records,
-        generation,
-        pin,
-        manifest::ContractName::V25.contract(),
-    )
-}
-
-/// [`build_manifest`] under `contract`: its top-level keys (v26: `generation`,
+/// dropped, and so is every variant not rebuilt with its model. Behaviour versions are never
+/// touched. Under `contract`: its top-level keys (v26: `generation`,
 /// `compiler_revision`, `artifact_abi`; another contract's revision key is removed), its
 /// artifact format, and only the accelerator variants it allows ([`variant_block_for`]). The
 /// base is expected to hold the contract's entries already (for v26, the tree's reviewed
@@ -391,12 +363,6 @@ pub fn tree_base(
 
 pub(super) fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
     crate::records::read(path).ok()
-}
-
-pub(super) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let mut text = serde_json::to_string_pretty(value).expect("records serialize");
-    text.push('\n');
-    Ok(atomic::write_atomic(path, text.as_bytes())?)
 }
 
 /// The recorded behaviour version of a built model (for `validate --workspace`).

@@ -16,6 +16,31 @@ const BASE: &str = r#"{"models": [
   {"id": "bmrlnapv6", "name": "B", "version": "v16", "series": "WM Series", "released": "2025-01-03", "community_favorite": false, "uses_external_gpu": true}
 ]}"#;
 
+/// [`variant_block_for`] under v25 with the record's pin.
+fn variant_block(
+    base: &manifest::ModelEntry,
+    record: Option<&BuildRecord>,
+) -> (Option<serde_json::Value>, Vec<VariantDropped>) {
+    let pin = record.map(|r| r.tinygrad_commit.clone());
+    variant_block_for(
+        base,
+        record,
+        manifest::ContractName::V25.contract(),
+        pin.as_ref(),
+    )
+}
+
+/// [`build_manifest_for`] under v25.
+fn build_manifest(
+    base: &Manifest,
+    records: &[BuildRecord],
+    generation: Generation,
+    pin: &GitCommit,
+) -> Result<Manifest> {
+    let v25 = manifest::ContractName::V25.contract();
+    build_manifest_for(base, records, generation, pin, v25)
+}
+
 fn base() -> Manifest {
     Manifest::from_slice(BASE.as_bytes()).unwrap()
 }
@@ -579,7 +604,7 @@ fn rebuild(s: &Setup, pin: &str, only: &[ModelId]) -> Rebuild {
 fn run(r: &Rebuild, b: &mut FakeBuilder) -> (Summary, Vec<String>) {
     let mut lines = Vec::new();
     let s = r
-        .run(b, &mut |p| {
+        .run_with(b, Overlap::default(), &mut |p| {
             lines.push(format!(
                 "[{} of {}] {}: {}",
                 p.index + 1,

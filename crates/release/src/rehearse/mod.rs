@@ -22,7 +22,7 @@ pub mod judge;
 
 use fs_err as fs;
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -310,19 +310,16 @@ fn manager(
             source,
         })?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let mut text = String::new();
-    if let Ok(old) = std::fs::read_to_string(log) {
-        text = old;
-    }
-    text.push_str(&format!(
+    let mut file = fs::OpenOptions::new().create(true).append(true).open(log)?;
+    write!(
+        file,
         "$ {} {} {}\nexit: {:?}\n--- stdout\n{stdout}\n--- stderr\n{}\n",
         bin.display(),
         common.join(" "),
         args.join(" "),
         out.status.code(),
         String::from_utf8_lossy(&out.stderr)
-    ));
-    fs::write(log, text)?;
+    )?;
     Ok((out.status.code(), stdout))
 }
 
