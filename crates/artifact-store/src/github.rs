@@ -560,9 +560,9 @@ impl GithubStore {
         pushed
     }
 
-    /// Run `git ARGS` in the checkout with its stderr read as it comes: each segment (see
-    /// [`crate::progress::segments`]) goes to `on_segment`, which says whether it was progress;
-    /// the rest is the error text when git fails.
+    /// Run `git ARGS` in the checkout with its stderr read as it comes: each segment (a line or
+    /// a `\r`-ended redraw, ANSI codes removed) goes to `on_segment`, which says whether it was
+    /// progress; the rest is the error text when git fails.
     fn git_streaming(&self, args: &[&str], on_segment: &mut dyn FnMut(&str) -> bool) -> Result<()> {
         use std::process::Stdio;
         let before = self.before_git(args);
@@ -577,12 +577,7 @@ impl GithubStore {
             wait_reading_progress(child, on_segment).map_err(|source| self.git_failed(source))?;
         self.after_git(args, before)?;
         if !status.success() {
-            return Err(Error::Git {
-                checkout: self.checkout.clone(),
-                args: args.join(" "),
-                status: status.to_string(),
-                stderr: kept.trim().to_string(),
-            });
+            return Err(self.git_error(args.join(" "), status, &kept));
         }
         Ok(())
     }
@@ -614,16 +609,9 @@ impl GithubStore {
             .map_err(|source| self.git_failed(source))?;
         self.after_git(&args, before)?;
         if !out.status.success() {
-            return Err(Error::Git {
-                checkout: self.checkout.clone(),
-                args: args
-                    .iter()
-                    .map(|a| a.to_string_lossy())
-                    .collect::<Vec<_>>()
-                    .join(" "),
-                status: out.status.to_string(),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            });
+            let shown: Vec<_> = args.iter().map(|a| a.to_string_lossy()).collect();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            return Err(self.git_error(shown.join(" "), out.status, &stderr));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
@@ -658,6 +646,16 @@ impl GithubStore {
             }
         }
         Ok(())
+    }
+
+    /// `git ARGS` ended with `status`, saying `stderr`.
+    fn git_error(&self, args: String, status: std::process::ExitStatus, stderr: &str) -> Error {
+        Error::Git {
+            checkout: self.checkout.clone(),
+            args,
+            status: status.to_string(),
+            stderr: stderr.trim().to_string(),
+        }
     }
 
     /// `git` could not be started (not installed, no such checkout directory).
@@ -841,15 +839,13 @@ impl Store for GithubStore {
     }
 
     fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
-        let rel = bucket_to_github(path).ok_or_else(|| Error::NotFound {
+        let not_found = || Error::NotFound {
             store: self.describe(),
             path: path.to_string(),
-        })?;
+        };
+        let rel = bucket_to_github(path).ok_or_else(not_found)?;
         self.files.open(&rel).map_err(|e| match e {
-            Error::NotFound { .. } => Error::NotFound {
-                store: self.describe(),
-                path: path.to_string(),
-            },
+            Error::NotFound { .. } => not_found(),
             other => other,
         })
     }

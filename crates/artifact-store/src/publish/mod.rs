@@ -342,20 +342,15 @@ fn live_rows_kept(
     path: &manifest::StorePath,
     opts: &PublishOptions,
 ) -> Result<Vec<manifest::ModelEntry>> {
-    if !opts.contract.of(opts.generation).entries_from_tree_catalog {
+    let contract = opts.contract.of(opts.generation);
+    if !contract.entries_from_tree_catalog {
         return Ok(Vec::new());
     }
     let Some(bytes) = store.read_small(path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)? else {
         return Ok(Vec::new());
     };
     Ok(Manifest::from_slice(&bytes)
-        .map(|m| {
-            m.models()
-                .iter()
-                .filter(|e| e.get(manifest::keys::ARTIFACT_SHA256).is_some())
-                .cloned()
-                .collect()
-        })
+        .map(|m| guard_view(m, contract).models().to_vec())
         .unwrap_or_default())
 }
 
