@@ -85,18 +85,14 @@ pub struct Unpushed {
     pub bytes: u64,
 }
 
-/// Every git command of the store runs with this: a file over 1 MiB (every chunk) is stored
-/// deflated once, straight into a pack, and never tried as a delta base or target. A chunk is
-/// incompressible weights that no other chunk resembles, so git's delta search over 45 MiB
-/// blobs (its default threshold is 512 MiB) and the push's re-deflate of loose objects were
-/// CPU spent for nothing; the push now sends the packed bytes as they are (issue 27 item 5).
+/// Every git command of the store runs with this: a file over 1 MiB (every chunk) goes deflated
+/// once straight into a pack and is never a delta base or target. Chunks are incompressible and
+/// unlike each other, so delta search and re-deflating them on push would be CPU for nothing.
 const BIG_FILE_THRESHOLD: &str = "core.bigFileThreshold=1m";
 
-/// Every git command of the store also runs with these (git 2.36 or later; Debian bookworm
-/// ships 2.39): git fsyncs each object, pack, ref and the index it writes before renaming it
-/// into place (its default fsyncs packs only, so after a power cut a ref could name an empty
-/// object file). git syncs no directory: [`GithubStore::after_git`] makes each command's
-/// renames durable (docs/release.md, "Power loss").
+/// And with these (git 2.36 or later): git fsyncs every object, pack, ref and index before its
+/// rename (by default packs only, so after a power cut a ref could name an empty object). git
+/// syncs no directory: [`GithubStore::after_git`] does (docs/release.md, "Power loss").
 const GIT_FSYNC: [&str; 2] = ["core.fsync=all", "core.fsyncMethod=fsync"];
 
 /// The oldest git that honours `GIT_FSYNC` (`core.fsync` came with git 2.36; an older git
