@@ -217,7 +217,7 @@ pub enum Error {
     },
 
     /// Publish refused before writing the manifest: what was checked and what is wrong.
-    #[error("refusing to publish to {store}:{}", ProblemLines(problems))]
+    #[error("refusing to publish to {store}:{}", problem_lines(problems))]
     Incomplete {
         /// The store.
         store: String,
@@ -560,15 +560,8 @@ impl HfFailure {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// `Incomplete`'s problems, one indented line each.
-struct ProblemLines<'a>(&'a [crate::refusal::StoreProblem]);
-
-impl std::fmt::Display for ProblemLines<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for p in self.0 {
-            write!(f, "\n  - {p}")?;
-        }
-        Ok(())
-    }
+fn problem_lines(problems: &[crate::refusal::StoreProblem]) -> String {
+    problems.iter().map(|p| format!("\n  - {p}")).collect()
 }
 
 impl Error {

@@ -85,18 +85,14 @@ pub struct Unpushed {
     pub bytes: u64,
 }
 
-/// Every git command of the store runs with this: a file over 1 MiB (every chunk) is stored
-/// deflated once, straight into a pack, and never tried as a delta base or target. A chunk is
-/// incompressible weights that no other chunk resembles, so git's delta search over 45 MiB
-/// blobs (its default threshold is 512 MiB) and the push's re-deflate of loose objects were
-/// CPU spent for nothing; the push now sends the packed bytes as they are (issue 27 item 5).
+/// Every git command of the store runs with this: a file over 1 MiB (every chunk) goes deflated
+/// once straight into a pack and is never a delta base or target. Chunks are incompressible and
+/// unlike each other, so delta search and re-deflating them on push would be CPU for nothing.
 const BIG_FILE_THRESHOLD: &str = "core.bigFileThreshold=1m";
 
-/// Every git command of the store also runs with these (git 2.36 or later; Debian bookworm
-/// ships 2.39): git fsyncs each object, pack, ref and the index it writes before renaming it
-/// into place (its default fsyncs packs only, so after a power cut a ref could name an empty
-/// object file). git syncs no directory: [`GithubStore::after_git`] makes each command's
-/// renames durable (docs/release.md, "Power loss").
+/// And with these (git 2.36 or later): git fsyncs every object, pack, ref and index before its
+/// rename (by default packs only, so after a power cut a ref could name an empty object). git
+/// syncs no directory: [`GithubStore::after_git`] does (docs/release.md, "Power loss").
 const GIT_FSYNC: [&str; 2] = ["core.fsync=all", "core.fsyncMethod=fsync"];
 
 /// The oldest git that honours `GIT_FSYNC` (`core.fsync` came with git 2.36; an older git
@@ -560,9 +556,9 @@ impl GithubStore {
         pushed
     }
 
-    /// Run `git ARGS` in the checkout with its stderr read as it comes: each segment (see
-    /// [`crate::progress::segments`]) goes to `on_segment`, which says whether it was progress;
-    /// the rest is the error text when git fails.
+    /// Run `git ARGS` in the checkout with its stderr read as it comes: each segment (a line or
+    /// a `\r`-ended redraw, ANSI codes removed) goes to `on_segment`, which says whether it was
+    /// progress; the rest is the error text when git fails.
     fn git_streaming(&self, args: &[&str], on_segment: &mut dyn FnMut(&str) -> bool) -> Result<()> {
         use std::process::Stdio;
         let before = self.before_git(args);
@@ -577,12 +573,7 @@ impl GithubStore {
             wait_reading_progress(child, on_segment).map_err(|source| self.git_failed(source))?;
         self.after_git(args, before)?;
         if !status.success() {
-            return Err(Error::Git {
-                checkout: self.checkout.clone(),
-                args: args.join(" "),
-                status: status.to_string(),
-                stderr: kept.trim().to_string(),
-            });
+            return Err(self.git_error(args.join(" "), status, &kept));
         }
         Ok(())
     }
@@ -614,16 +605,9 @@ impl GithubStore {
             .map_err(|source| self.git_failed(source))?;
         self.after_git(&args, before)?;
         if !out.status.success() {
-            return Err(Error::Git {
-                checkout: self.checkout.clone(),
-                args: args
-                    .iter()
-                    .map(|a| a.to_string_lossy())
-                    .collect::<Vec<_>>()
-                    .join(" "),
-                status: out.status.to_string(),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            });
+            let shown: Vec<_> = args.iter().map(|a| a.to_string_lossy()).collect();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            return Err(self.git_error(shown.join(" "), out.status, &stderr));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
@@ -658,6 +642,16 @@ impl GithubStore {
             }
         }
         Ok(())
+    }
+
+    /// `git ARGS` ended with `status`, saying `stderr`.
+    fn git_error(&self, args: String, status: std::process::ExitStatus, stderr: &str) -> Error {
+        Error::Git {
+            checkout: self.checkout.clone(),
+            args,
+            status: status.to_string(),
+            stderr: stderr.trim().to_string(),
+        }
     }
 
     /// `git` could not be started (not installed, no such checkout directory).
@@ -841,15 +835,13 @@ impl Store for GithubStore {
     }
 
     fn open(&self, path: &StorePath) -> Result<Box<dyn Read + Send>> {
-        let rel = bucket_to_github(path).ok_or_else(|| Error::NotFound {
+        let not_found = || Error::NotFound {
             store: self.describe(),
             path: path.to_string(),
-        })?;
+        };
+        let rel = bucket_to_github(path).ok_or_else(not_found)?;
         self.files.open(&rel).map_err(|e| match e {
-            Error::NotFound { .. } => Error::NotFound {
-                store: self.describe(),
-                path: path.to_string(),
-            },
+            Error::NotFound { .. } => not_found(),
             other => other,
         })
     }

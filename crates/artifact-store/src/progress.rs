@@ -123,14 +123,6 @@ impl Tally {
     }
 }
 
-/// Split a tool's progress output into the segments a terminal would overwrite or scroll: at
-/// `\r` and `\n`, with ANSI escape sequences (cursor moves, colours) removed.
-pub fn segments(text: &str) -> impl Iterator<Item = String> + '_ {
-    text.split(['\r', '\n'])
-        .map(strip_ansi)
-        .filter(|s| !s.trim().is_empty())
-}
-
 fn strip_ansi(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars().peekable();
@@ -179,8 +171,9 @@ pub enum HfLine {
     },
 }
 
-/// Parse one segment (see [`segments`]) of the `hf` CLI's stderr; `None` for anything that is
-/// not a byte progress line (a "Validating" percentage, an error message).
+/// Parse one segment (a line or a `\r`-ended redraw, ANSI codes removed) of the `hf` CLI's
+/// stderr; `None` for anything that is not a byte progress line (a "Validating" percentage, an
+/// error message).
 pub fn parse_hf_line(segment: &str) -> Option<HfLine> {
     let (desc, rest) = segment
         .split_once(" : ")
@@ -351,6 +344,14 @@ impl ProgressText {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tool's progress output split into the segments a terminal would overwrite or scroll:
+    /// at `\r` and `\n`, with ANSI escape sequences removed.
+    fn segments(text: &str) -> impl Iterator<Item = String> + '_ {
+        text.split(['\r', '\n'])
+            .map(strip_ansi)
+            .filter(|s| !s.trim().is_empty())
+    }
 
     /// Real stderr of `hf buckets cp FILE hf://buckets/…` (huggingface_hub 2.4.0, hf-xet
     /// 1.8.0) against the Hub emulator, with `HF_HUB_DISABLE_PROGRESS_BARS=0` and `--format

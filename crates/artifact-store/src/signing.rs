@@ -162,15 +162,6 @@ impl SigningKey {
         &self.id
     }
 
-    /// The public half, as the two lines of a `.pub` file.
-    pub fn public_key_file(&self) -> String {
-        format!(
-            "untrusted comment: minisign public key {}\n{}\n",
-            self.id,
-            self.public.to_base64()
-        )
-    }
-
     /// One signature block over `data`.
     pub fn sign(&self, data: &[u8], comment: &TrustedComment) -> Result<SignatureBlock> {
         let untrusted = format!("signature from StarPilot release key {}", self.id);

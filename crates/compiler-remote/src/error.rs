@@ -4,74 +4,46 @@ use std::path::PathBuf;
 use chunker::Sha256Digest;
 
 /// Which end of an rsync transfer a problem is on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Side {
+    #[error("this machine")]
     Local,
+    #[error("the compiler")]
     Remote,
 }
 
-impl std::fmt::Display for Side {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Side::Local => "this machine",
-            Side::Remote => "the compiler",
-        })
-    }
-}
-
 /// Why a compile's source files cannot be staged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum SourceProblem {
     /// No source file was given at all.
+    #[error("no source files given; pass the model's ONNX file(s)")]
     NoneGiven,
     /// The path is not a regular file, or the file is empty.
+    #[error("not a non-empty file")]
     NotANonEmptyFile,
     /// Two sources have the same file name, so staging one would overwrite the other.
+    #[error("two sources share this file name; staging would overwrite one")]
     DuplicateName,
 }
 
-impl std::fmt::Display for SourceProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            SourceProblem::NoneGiven => "no source files given; pass the model's ONNX file(s)",
-            SourceProblem::NotANonEmptyFile => "not a non-empty file",
-            SourceProblem::DuplicateName => {
-                "two sources share this file name; staging would overwrite one"
-            }
-        })
-    }
-}
-
 /// Why the tinygrad pin cannot be had.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PinProblem {
     /// Neither `--tinygrad-commit` nor `--openpilot` was given.
+    #[error(
+        "no tinygrad pin: pass --tinygrad-commit SHA or --openpilot DIR (whose \
+         tinygrad_repo/TINYGRAD_COMMIT is the pin)"
+    )]
     NotGiven,
     /// The openpilot tree has no `tinygrad_repo/TINYGRAD_COMMIT`.
+    #[error(
+        "no tinygrad marker in this tree; pass --tinygrad-commit SHA or run \
+         `release-cli tinygrad bump`"
+    )]
     MarkerMissing,
     /// The marker does not hold a full 40-hex commit.
+    #[error("the tinygrad marker holds {found:?}, not a commit: {reason}")]
     NotACommit { found: String, reason: String },
-}
-
-impl std::fmt::Display for PinProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PinProblem::NotGiven => f.write_str(
-                "no tinygrad pin: pass --tinygrad-commit SHA or --openpilot DIR (whose \
-                 tinygrad_repo/TINYGRAD_COMMIT is the pin)",
-            ),
-            PinProblem::MarkerMissing => f.write_str(
-                "no tinygrad marker in this tree; pass --tinygrad-commit SHA or run \
-                 `release-cli tinygrad bump`",
-            ),
-            PinProblem::NotACommit { found, reason } => {
-                write!(
-                    f,
-                    "the tinygrad marker holds {found:?}, not a commit: {reason}"
-                )
-            }
-        }
-    }
 }
 
 /// Everything that can go wrong talking to the compiler comma.

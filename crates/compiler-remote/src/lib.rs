@@ -76,7 +76,7 @@ pub fn read_tree_pin(openpilot: &Path) -> Result<GitCommit> {
     let path = openpilot.join(MARKER_PATH);
     // Bounded and non-blocking (a FIFO planted as the marker is an error, not a hang); a
     // marker is one commit and a newline.
-    let text = match chunker::bounded::read_capped_existing(&path, 4096) {
+    let text = match chunker::bounded::read_capped_existing(&path, chunker::SMALL_FILE_LIMIT) {
         Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
         Err(chunker::Error::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(Error::Pin {

@@ -26,30 +26,20 @@ pub struct FetchedArtifact {
 }
 
 /// Why the fetched outputs are not usable.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OutputProblem {
     /// Nothing of this artifact came back.
+    #[error("none of its files is there")]
     Missing,
     /// Something came back, but not a well-formed artifact.
+    #[error("{0}")]
     Invalid(String),
     /// Well-formed, but the bytes do not hash to the `.sha256`.
+    #[error("its chunks hash to {actual} but its .sha256 says {expected}")]
     Digest {
         expected: Sha256Digest,
         actual: Sha256Digest,
     },
-}
-
-impl std::fmt::Display for OutputProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            OutputProblem::Missing => f.write_str("none of its files is there"),
-            OutputProblem::Invalid(detail) => f.write_str(detail),
-            OutputProblem::Digest { expected, actual } => write!(
-                f,
-                "its chunks hash to {actual} but its .sha256 says {expected}"
-            ),
-        }
-    }
 }
 
 /// Files in `dir` that belong to `name` (the name itself or `name.<anything>`).

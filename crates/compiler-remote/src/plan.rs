@@ -135,22 +135,25 @@ pub fn run_models_command(root: &RemotePath, args: &[String]) -> String {
 /// Empty the staging directory (a stale input there could be picked up by the compiler) and
 /// remove any earlier outputs of this artifact, so whatever is fetched afterwards is new.
 pub fn prepare_command(staging: &RemotePath, output: &RemotePath, artifact: &str) -> String {
-    let (s, o, a) = (
-        shell_quote(staging.as_str()),
-        shell_quote(output.as_str()),
-        shell_quote(artifact),
-    );
-    format!("rm -rf {s} && mkdir -p {s} {o} && rm -f {o}/{a} {o}/{a}.*")
+    clear_command(staging, Some(output), &artifact_outputs(output, artifact))
 }
 
 /// Remove the staged sources and this artifact's outputs after a build.
 pub fn cleanup_command(staging: &RemotePath, output: &RemotePath, artifact: &str) -> String {
-    let (s, o, a) = (
-        shell_quote(staging.as_str()),
-        shell_quote(output.as_str()),
-        shell_quote(artifact),
-    );
-    format!("rm -rf {s} && mkdir -p {s} && rm -f {o}/{a} {o}/{a}.*")
+    clear_command(staging, None, &artifact_outputs(output, artifact))
+}
+
+/// `rm -rf STAGING && mkdir -p STAGING [DIR] && rm -f FILES` (`files`: already quoted).
+fn clear_command(staging: &RemotePath, also_make: Option<&RemotePath>, files: &str) -> String {
+    let s = shell_quote(staging.as_str());
+    let also = also_make.map_or(String::new(), |d| format!(" {}", shell_quote(d.as_str())));
+    format!("rm -rf {s} && mkdir -p {s}{also} && rm -f {files}")
+}
+
+/// `OUTPUT/NAME OUTPUT/NAME.*`, quoted.
+fn artifact_outputs(output: &RemotePath, artifact: &str) -> String {
+    let (o, a) = (shell_quote(output.as_str()), shell_quote(artifact));
+    format!("{o}/{a} {o}/{a}.*")
 }
 
 /// `cd ROOT && ./models --dm --input-dir STAGING --output-dir OUT 2>&1`.
@@ -319,30 +322,23 @@ pub fn dm_fetch_options() -> Vec<String> {
     v
 }
 
-fn dm_paths(output: &RemotePath) -> crate::Result<Vec<String>> {
-    DM_FILES
+/// The four DM files in `output`, quoted.
+fn dm_paths(output: &RemotePath) -> crate::Result<String> {
+    let paths: Vec<String> = DM_FILES
         .iter()
         .map(|f| output.join(f).map(|p| p.to_string()))
-        .collect()
+        .collect::<crate::Result<_>>()?;
+    Ok(shell_words(&paths))
 }
 
 /// Empty the staging directory and remove earlier DM outputs before a DM build.
 pub fn dm_prepare_command(staging: &RemotePath, output: &RemotePath) -> crate::Result<String> {
-    let s = shell_quote(staging.as_str());
-    Ok(format!(
-        "rm -rf {s} && mkdir -p {s} {} && rm -f {}",
-        shell_quote(output.as_str()),
-        shell_words(&dm_paths(output)?)
-    ))
+    Ok(clear_command(staging, Some(output), &dm_paths(output)?))
 }
 
 /// Remove the staged DM sources and the DM outputs after a DM build.
 pub fn dm_cleanup_command(staging: &RemotePath, output: &RemotePath) -> crate::Result<String> {
-    let s = shell_quote(staging.as_str());
-    Ok(format!(
-        "rm -rf {s} && mkdir -p {s} && rm -f {}",
-        shell_words(&dm_paths(output)?)
-    ))
+    Ok(clear_command(staging, None, &dm_paths(output)?))
 }
 
 /// Make room for the chunk set `name` in the models directory the validator reads.

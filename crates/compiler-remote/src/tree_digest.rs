@@ -10,8 +10,7 @@
 //! `tinygrad_repo/`, as rsync's `--exclude=NAME` matches a name at any depth) are skipped with
 //! everything under them.
 //!
-//! Files are streamed through a bounded buffer, one at a time: memory does not grow with the
-//! tree.
+//! Files are streamed one at a time: memory does not grow with the tree.
 
 use std::io::ErrorKind;
 use std::os::unix::ffi::OsStrExt;
@@ -51,14 +50,10 @@ pub fn dir_digest(dir: &Path, exclude: &[&str]) -> Result<TreeDigest> {
     Ok(d.finish())
 }
 
-/// The read buffer: most source files fit in one read.
-const BUFFER: usize = 256 * 1024;
-
 #[derive(Default)]
 struct Digester {
     hasher: Hasher,
     files: u64,
-    buf: Vec<u8>,
 }
 
 impl Digester {
@@ -118,7 +113,7 @@ impl Digester {
             self.field(b"f");
             self.field(&mode);
             self.field(rel);
-            let (sha, size) = self.file_sha256(path)?;
+            let (sha, size) = Sha256Digest::of_reader(fs::File::open(path)?)?;
             self.field(&size.to_le_bytes());
             self.field(sha.as_bytes());
         } else if ty.is_symlink() {
@@ -134,28 +129,6 @@ impl Digester {
             self.field(&(meta.mode() & 0o170000).to_le_bytes());
         }
         Ok(())
-    }
-
-    /// One file's SHA-256 and size, read through the one reused buffer.
-    fn file_sha256(&mut self, path: &Path) -> Result<(Sha256Digest, u64)> {
-        use std::io::Read;
-        if self.buf.is_empty() {
-            self.buf = vec![0; BUFFER];
-        }
-        let mut f = fs::File::open(path)?;
-        let mut h = Hasher::new();
-        let mut size = 0u64;
-        loop {
-            let n = match f.read(&mut self.buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.into()),
-            };
-            h.update(&self.buf[..n]);
-            size += n as u64;
-        }
-        Ok((h.finish(), size))
     }
 
     fn finish(self) -> TreeDigest {

@@ -15,35 +15,24 @@ pub struct TreeDigest {
 }
 
 /// Why the local tree is not what the compiler has.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unsynced {
     /// No sync of this tree was recorded.
+    #[error("this tree has no record of a sync")]
     Never,
     /// The files sync sends changed since the last sync.
+    #[error(
+        "the files sync sends changed since the last sync (synced {} over {} files, now {} over {} files)",
+        recorded.sha256, recorded.files, now.sha256, now.files
+    )]
     Changed {
         recorded: TreeDigest,
         now: TreeDigest,
     },
     /// The last sync went to another compiler or remote root.
+    #[error("it was last synced to {destination}:{remote_root}")]
     Elsewhere {
         destination: String,
         remote_root: String,
     },
-}
-
-impl std::fmt::Display for Unsynced {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Unsynced::Never => f.write_str("this tree has no record of a sync"),
-            Unsynced::Changed { recorded, now } => write!(
-                f,
-                "the files sync sends changed since the last sync (synced {} over {} files, now {} over {} files)",
-                recorded.sha256, recorded.files, now.sha256, now.files
-            ),
-            Unsynced::Elsewhere {
-                destination,
-                remote_root,
-            } => write!(f, "it was last synced to {destination}:{remote_root}"),
-        }
-    }
 }

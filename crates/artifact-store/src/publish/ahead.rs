@@ -33,21 +33,13 @@ pub enum GithubOnly {
     },
 }
 
-/// What the Hub holds at the generation's manifest path, as far as the rule cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HubManifest<'a> {
-    /// No manifest there.
-    Absent,
-    /// A manifest with these bytes.
-    Holds(&'a [u8]),
-}
-
-/// The rule. `stores` is (is Hub, is GitHub) per `--to`; `hub` is `None` when it was not
-/// fetched (the rule must then not need it). A reason that is only whitespace is no reason.
+/// The rule. `stores` is (is Hub, is GitHub) per `--to`; `hub` is the Hub store, the
+/// manifest's path and the manifest's bytes there (`None`: no manifest), or `None` when it was
+/// not fetched (the rule must then not need it). A reason that is only whitespace is no reason.
 pub fn decide_github_only(
     stores: &[(bool, bool)],
     reason: Option<&str>,
-    hub: Option<(&str, &str, HubManifest<'_>)>,
+    hub: Option<(&str, &str, Option<&[u8]>)>,
     manifest_bytes: &[u8],
 ) -> std::result::Result<GithubOnly, Refusal> {
     let has_hub = stores.iter().any(|s| s.0);
@@ -64,16 +56,14 @@ pub fn decide_github_only(
         });
     }
     match hub {
-        Some((hub, path, HubManifest::Holds(live))) if live == manifest_bytes => {
-            Ok(GithubOnly::HubHoldsSame {
-                hub: hub.to_string(),
-                path: path.to_string(),
-            })
-        }
+        Some((hub, path, Some(live))) if live == manifest_bytes => Ok(GithubOnly::HubHoldsSame {
+            hub: hub.to_string(),
+            path: path.to_string(),
+        }),
         Some((hub, path, held)) => Err(Refusal::GithubAheadOfHub {
             hub: hub.to_string(),
             path: path.to_string(),
-            hub_has_one: matches!(held, HubManifest::Holds(_)),
+            hub_has_one: held.is_some(),
         }),
         None => Err(Refusal::GithubAheadOfHub {
             hub: "(the Hub)".into(),
@@ -110,14 +100,10 @@ pub fn check_github_only(
     let live = hub
         .read_small(&path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)
         .map_err(|e| unreadable(hub.describe(), e))?;
-    let held = match &live {
-        Some(b) => HubManifest::Holds(b),
-        None => HubManifest::Absent,
-    };
     decide_github_only(
         stores,
         None,
-        Some((&hub.describe(), path.as_str(), held)),
+        Some((&hub.describe(), path.as_str(), live.as_deref())),
         &bytes,
     )
     .map_err(Error::Refused)
@@ -137,7 +123,7 @@ mod tests {
             &'a str,
             Vec<(bool, bool)>,
             Option<&'a str>,
-            Option<(&'a str, &'a str, HubManifest<'a>)>,
+            Option<(&'a str, &'a str, Option<&'a [u8]>)>,
             &'a str,
         );
         let cases: Vec<Case> = vec![
@@ -148,28 +134,28 @@ mod tests {
                 "github alone, hub holds the same",
                 vec![gh],
                 None,
-                hub(HubManifest::Holds(m)),
+                hub(Some(m)),
                 "same",
             ),
             (
                 "github alone, hub holds another",
                 vec![gh],
                 None,
-                hub(HubManifest::Holds(other)),
+                hub(Some(other)),
                 "refused",
             ),
             (
                 "github alone, hub holds none",
                 vec![gh],
                 None,
-                hub(HubManifest::Absent),
+                hub(None),
                 "refused",
             ),
             (
                 "local and github, no hub",
                 vec![local, gh],
                 None,
-                hub(HubManifest::Absent),
+                hub(None),
                 "refused",
             ),
             (
@@ -198,7 +184,7 @@ mod tests {
             };
             assert_eq!(got, want, "{name}");
         }
-        let text = decide_github_only(&[gh], None, hub(HubManifest::Holds(other)), m)
+        let text = decide_github_only(&[gh], None, hub(Some(other)), m)
             .unwrap_err()
             .to_string();
         assert!(

@@ -206,10 +206,7 @@ fn plan_store<'a>(
             observed.push(observe(store, &dir.join(&f.name)?, f, known)?);
         }
         // A plain file shadows a chunk set; a plain variant is itself the file to upload.
-        let chunked = art
-            .files
-            .iter()
-            .any(|f| f.role == super::FileRole::ChunkManifest);
+        let chunked = art.is_chunked();
         let plain_present = chunked && store.stat(&dir.join(&art.name)?)?.is_some();
         let mut steps = plan_model(art, &dir, &observed, plain_present);
         steps.extend(stale_steps(store, art, &dir)?);
@@ -229,10 +226,7 @@ fn anchored(
     dir: &StorePath,
     known: &KnownFiles,
 ) -> Result<bool> {
-    let chunked = art
-        .files
-        .iter()
-        .any(|f| f.role == super::FileRole::ChunkManifest);
+    let chunked = art.is_chunked();
     let named = art
         .files
         .iter()
@@ -351,7 +345,7 @@ fn check_complete(
 
 /// Step 3: the live manifest at `manifest_path`, read again now, and the release guard against
 /// it. `None`: the store holds none (a first publish).
-fn guard_live(
+pub(super) fn guard_live(
     manifest: &Manifest,
     intended: &BTreeSet<ModelId>,
     store: &dyn Store,
@@ -385,10 +379,7 @@ fn stale_steps(store: &dyn Store, art: &LocalArtifact, dir: &StorePath) -> Resul
     if art.files.is_empty() {
         return Ok(Vec::new());
     }
-    let chunked = art
-        .files
-        .iter()
-        .any(|f| f.role == super::FileRole::ChunkManifest);
+    let chunked = art.is_chunked();
     let count = if chunked {
         art.files
             .iter()
@@ -465,14 +456,7 @@ fn remove_signature(
     if opts.dry_run {
         return Ok("would_remove");
     }
-    let name = store.describe();
-    let path_s = path.to_string();
-    opts.retry
-        .run(&name, &path_s, |_, _, _| {}, || store.delete(&path))?;
-    on_event(&Event::Removed {
-        store: name,
-        path: path_s,
-    });
+    remove(store, opts.retry, path.as_str(), on_event)?;
     Ok("removed")
 }
 
@@ -525,12 +509,7 @@ fn run_step(
         // After the manifest (step 5 of `publish_one`).
         Step::RemoveStale { .. } => {}
         Step::Retract { path } | Step::RemoveShadowingPlain { path } => {
-            let p: StorePath = path.parse()?;
-            retry.run(&name, path, |_, _, _| {}, || store.delete(&p))?;
-            on_event(&Event::Removed {
-                store: name.clone(),
-                path: path.clone(),
-            });
+            remove(store, retry, path, on_event)?
         }
         Step::Upload {
             path, file, size, ..

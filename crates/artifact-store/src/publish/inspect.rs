@@ -31,6 +31,19 @@ pub(crate) enum Look {
     Digest,
 }
 
+impl VariantTarget {
+    /// The model's own artifact as a target (an empty `variant`).
+    pub(crate) fn main(entry: &ModelEntry, artifact: &manifest::Artifact) -> Self {
+        Self {
+            variant: String::new(),
+            file_name: entry.file_name().as_str().to_string(),
+            size: artifact.size.get(),
+            sha256: artifact.sha256,
+            count: artifact.chunk_count.get(),
+        }
+    }
+}
+
 /// Check one manifest entry against the store, adding one problem per thing wrong.
 pub(crate) fn check_entry(
     store: &dyn Store,
@@ -51,13 +64,13 @@ pub(crate) fn check_entry(
         return Ok(());
     };
     let dir = StoreLayout::HfBucket.artifact_dir(generation, id);
-    let name = entry.file_name().as_str().to_string();
-    let want = Want {
-        size: artifact.size.get(),
-        sha256: artifact.sha256,
-        count: artifact.chunk_count.get(),
-    };
-    check_stored(store, &dir, &name, &want, look, &mut push)
+    check_stored(
+        store,
+        &dir,
+        &VariantTarget::main(entry, &artifact),
+        look,
+        &mut push,
+    )
 }
 
 /// One accelerator variant of an entry as publish needs it: where it lives in the store, and
@@ -145,11 +158,6 @@ pub(crate) fn check_variants(
         if local.contains(&t.variant) {
             continue;
         }
-        let want = Want {
-            size: t.size,
-            sha256: t.sha256,
-            count: t.count,
-        };
         let mut push = |kind| {
             problems.push(StoreProblem {
                 model: id.clone(),
@@ -159,30 +167,22 @@ pub(crate) fn check_variants(
                 },
             })
         };
-        check_stored(store, &dir, &t.file_name, &want, look, &mut push)?;
+        check_stored(store, &dir, &t, look, &mut push)?;
     }
     Ok(())
 }
 
-/// What a stored artifact must be.
-struct Want {
-    size: u64,
-    sha256: Sha256Digest,
-    count: u32,
-}
-
-/// Check one logical artifact `dir/name` in the store: its files complete (plain, or chunk set
+/// Check one logical artifact `dir/<want.file_name>` in the store: its files complete (plain, or chunk set
 /// with `.chunkmanifest` and `.sha256`) and its size; as far as `look` says, an OOB container
 /// and its digest.
 fn check_stored(
     store: &dyn Store,
     dir: &StorePath,
-    name: &str,
-    want: &Want,
+    want: &VariantTarget,
     look: Look,
     push: &mut dyn FnMut(StoreProblemKind),
 ) -> Result<()> {
-    let count = want.count;
+    let (name, count) = (want.file_name.as_str(), want.count);
     let mut pieces = Vec::new();
     if count == 0 {
         let p = dir.join(name)?;

@@ -42,7 +42,7 @@ mod execute;
 mod inspect;
 mod plan;
 
-pub use ahead::{GithubOnly, HubManifest, check_github_only, decide_github_only};
+pub use ahead::{GithubOnly, check_github_only, decide_github_only};
 use execute::publish_one;
 pub use execute::{KnownFiles, upload_artifacts};
 pub use inspect::{StoreProblem, StoreProblemKind, VariantTarget, variant_targets};
@@ -298,22 +298,7 @@ fn check_before_upload(
 ) -> Result<()> {
     let manifest_path = StoreLayout::HfBucket.manifest_path(opts.generation);
     for store in stores {
-        if let Some(bytes) =
-            store.read_small(&manifest_path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)?
-        {
-            let live = Manifest::from_slice(&bytes).map_err(|e| {
-                Error::Refused(Refusal::LiveUnparsable {
-                    store: store.describe(),
-                    path: manifest_path.clone(),
-                    source: e,
-                })
-            })?;
-            let live = guard_view(live, opts.contract.of(opts.generation));
-            manifest::guard(&live, manifest, intended).map_err(|refusal| Error::Guard {
-                store: store.describe(),
-                refusal,
-            })?;
-        }
+        execute::guard_live(manifest, intended, *store, opts, &manifest_path)?;
     }
     for store in stores {
         let look = if opts.deep_verify || store.reads_are_local() {
@@ -357,20 +342,15 @@ fn live_rows_kept(
     path: &manifest::StorePath,
     opts: &PublishOptions,
 ) -> Result<Vec<manifest::ModelEntry>> {
-    if !opts.contract.of(opts.generation).entries_from_tree_catalog {
+    let contract = opts.contract.of(opts.generation);
+    if !contract.entries_from_tree_catalog {
         return Ok(Vec::new());
     }
     let Some(bytes) = store.read_small(path, manifest::Limits::DEFAULT_MAX_MANIFEST_BYTES)? else {
         return Ok(Vec::new());
     };
     Ok(Manifest::from_slice(&bytes)
-        .map(|m| {
-            m.models()
-                .iter()
-                .filter(|e| e.get(manifest::keys::ARTIFACT_SHA256).is_some())
-                .cloned()
-                .collect()
-        })
+        .map(|m| guard_view(m, contract).models().to_vec())
         .unwrap_or_default())
 }
 

@@ -9,7 +9,7 @@ use chunker::{
     Form, Resolved, Sha256Digest, chunk_manifest_name, format_chunk_manifest, format_sidecar,
     sidecar_name,
 };
-use manifest::{Artifact, Manifest, ModelEntry, ModelId};
+use manifest::{Manifest, ModelEntry, ModelId};
 use serde::Serialize;
 
 use crate::error::{Error, Refusal, Result};
@@ -63,6 +63,13 @@ pub struct LocalArtifact {
     /// `None` for the model's artifact; the `accelerator_artifacts` key for a variant found in
     /// the same `<id>/` directory, uploaded beside it.
     pub variant: Option<String>,
+}
+
+impl LocalArtifact {
+    /// Whether it is published as a chunk set (it has a `.chunkmanifest`), not one plain file.
+    pub(crate) fn is_chunked(&self) -> bool {
+        self.files.iter().any(|f| f.role == FileRole::ChunkManifest)
+    }
 }
 
 /// What the store holds for one file, as observed before planning.
@@ -277,7 +284,10 @@ pub fn prepare_local_for(
     }
     if !loose.is_empty() {
         loose.sort();
-        return Err(flat_layout_error(dir, &loose));
+        return Err(Error::Refused(Refusal::LooseFiles {
+            dir: dir.to_path_buf(),
+            loose,
+        }));
     }
     ids.sort();
     let mut out = Vec::new();
@@ -310,24 +320,28 @@ pub fn prepare_one(
     for target in super::inspect::variant_targets(entry).into_iter().flatten() {
         let logical = dir.join(id.as_str()).join(&target.file_name);
         if let Some(found) = chunker::resolve(&logical)? {
-            out.push(prepare_variant(id, &logical, found, &target)?);
+            out.push(prepare_found(id, &logical, found, &target, None)?);
         }
     }
     Ok(out)
 }
 
-/// Verify a variant found in `--artifacts <id>/` against its manifest fields (form and count,
-/// size, SHA-256, OOB container) and list its files in upload order: one plain file for a
-/// count of 0, else the chunks, `.sha256` and `.chunkmanifest` as for a model.
-fn prepare_variant(
+/// Verify the artifact found at `logical` against `target` (form and count, each chunk's digest
+/// the model's entry lists, size, SHA-256, OOB container, a sidecar beside a model's chunk set)
+/// and list its files in upload order: one plain file for a count of 0, else the chunks,
+/// `.sha256` and `.chunkmanifest`. `main`: the model's entry when this is its own artifact,
+/// `None` for an accelerator variant.
+fn prepare_found(
     id: &ModelId,
     logical: &Path,
     found: Resolved,
     target: &super::inspect::VariantTarget,
+    main: Option<&ModelEntry>,
 ) -> Result<LocalArtifact> {
-    let pieces = match (&found, target.count) {
-        (Resolved::Plain { path, size }, 0) => vec![(path.clone(), *size)],
-        (Resolved::Chunked { pieces, .. }, n) if n > 0 => pieces.clone(),
+    let what = logical.display().to_string();
+    let pieces = match (found, target.count) {
+        (Resolved::Plain { path, size }, 0) => vec![(path, size)],
+        (Resolved::Chunked { pieces, .. }, n) if n > 0 => pieces,
         (other, _) => {
             return Err(Error::Refused(Refusal::NotAChunkSet {
                 path: logical.to_path_buf(),
@@ -337,16 +351,27 @@ fn prepare_variant(
     };
     if target.count > 0 && pieces.len() as u32 != target.count {
         return Err(chunker::Error::CountMismatch {
-            name: logical.display().to_string(),
+            name: what,
             expected: target.count,
             actual: pieces.len() as u32,
         }
         .into());
     }
+    let chunk_digests = main.and_then(ModelEntry::chunk_digests);
     let (digest, chunk_sha256) = chunker::hash_chunk_set(&pieces)?;
     let mut files = Vec::new();
     let mut total = 0u64;
-    for ((path, size), chunk_digest) in pieces.iter().zip(chunk_sha256) {
+    for (i, ((path, size), chunk_digest)) in pieces.iter().zip(chunk_sha256).enumerate() {
+        if let Some(expected) = chunk_digests.as_ref().and_then(|d| d.get(i))
+            && *expected != chunk_digest
+        {
+            return Err(chunker::Error::DigestMismatch {
+                what: path.display().to_string(),
+                expected: *expected,
+                actual: chunk_digest,
+            }
+            .into());
+        }
         total += size;
         files.push(LocalFile {
             name: path
@@ -360,7 +385,6 @@ fn prepare_variant(
             source: FileSource::Path(path.clone()),
         });
     }
-    let what = logical.display().to_string();
     if total != target.size {
         return Err(chunker::Error::SizeMismatch {
             what,
@@ -377,15 +401,32 @@ fn prepare_variant(
         }
         .into());
     }
-    chunker::check_oob_reader(&mut chunker::ArtifactReader::new(pieces.clone()), &what)?;
+    // Every driving artifact is an out-of-band pickle container; the check reads only its
+    // headers, seeking over the buffers through the chunk set.
+    chunker::check_oob_reader(&mut chunker::ArtifactReader::new(pieces), &what)?;
+    let name = &target.file_name;
+    if main.is_some() && target.count > 0 {
+        // A sidecar in the directory must agree; the uploaded one is always written fresh.
+        let sidecar_path = logical.with_file_name(sidecar_name(name));
+        if let Some(found) = chunker::read_sidecar(&sidecar_path)?
+            && found != digest
+        {
+            return Err(chunker::Error::DigestMismatch {
+                what: sidecar_path.display().to_string(),
+                expected: digest,
+                actual: found,
+            }
+            .into());
+        }
+    }
     if target.count > 0 {
-        files.extend(small_files(&target.file_name, &digest, target.count));
+        files.extend(small_files(name, &digest, target.count));
     }
     Ok(LocalArtifact {
         id: id.clone(),
-        name: target.file_name.clone(),
+        name: name.clone(),
         files,
-        variant: Some(target.variant.clone()),
+        variant: main.is_none().then(|| target.variant.clone()),
     })
 }
 
@@ -414,8 +455,7 @@ fn small_files(name: &str, digest: &Sha256Digest, count: u32) -> [LocalFile; 2] 
 }
 
 /// A name that is part of a logical artifact: `X.pkl`, its chunks, chunk manifest, sidecar or
-/// legacy parts.
-/// Any `.chunk…` tail counts (a chunk of any spelling is still a piece lying loose).
+/// legacy parts. Any `.chunk…` tail counts (a chunk of any spelling is still a piece lying loose).
 pub(crate) fn looks_like_artifact_piece(name: &str) -> bool {
     let Some(end) = name.find(".pkl").map(|i| i + ".pkl".len()) else {
         return false;
@@ -423,15 +463,8 @@ pub(crate) fn looks_like_artifact_piece(name: &str) -> bool {
     chunker::form_of(&name[..end], name).is_some() || name[end..].starts_with(".chunk")
 }
 
-/// The refusal for files lying directly in the artifacts directory (a flat `chunk split`
-/// output).
-fn flat_layout_error(dir: &Path, loose: &[String]) -> Error {
-    Error::Refused(Refusal::LooseFiles {
-        dir: dir.to_path_buf(),
-        loose: loose.to_vec(),
-    })
-}
-
+/// The model's own artifact in `<dir>/<id>/`: a chunk set, or where `plain_ok` (v26) one plain
+/// file at most one chunk long when its entry's count is 0.
 fn prepare_model(
     dir: &Path,
     id: &ModelId,
@@ -455,13 +488,25 @@ fn prepare_model(
     let artifact = entry
         .artifact()
         .ok_or_else(|| Error::Refused(Refusal::NoArtifactFields { model: id.clone() }))?;
-    match artifact.chunk_count.get() {
-        0 if plain_ok => prepare_plain(id, &logical, name, &artifact),
-        0 => Err(Error::Refused(Refusal::PlainFileCount {
+    let count = artifact.chunk_count.get();
+    if count == 0 && !plain_ok {
+        return Err(Error::Refused(Refusal::PlainFileCount {
             model: id.clone(),
-        })),
-        _ => prepare_chunk_set(id, &logical, name, entry, &artifact),
+        }));
     }
+    let found = chunker::resolve(&logical)?.ok_or_else(|| chunker::Error::NotFound {
+        path: logical.clone(),
+    })?;
+    if let (0, Resolved::Plain { size, .. }) = (count, &found)
+        && *size > chunker::DEFAULT_CHUNK_SIZE
+    {
+        return Err(Error::Refused(Refusal::NotAChunkSet {
+            path: logical,
+            form: "plain file larger than one chunk",
+        }));
+    }
+    let target = super::inspect::VariantTarget::main(entry, &artifact);
+    prepare_found(id, &logical, found, &target, Some(entry))
 }
 
 /// Whether every entry of `model_dir` is one of the entry's accelerator variants (or there is
@@ -479,142 +524,4 @@ fn holds_only_variants(model_dir: &Path, entry: &ModelEntry) -> Result<bool> {
         }
     }
     Ok(true)
-}
-
-/// The artifact as found at `logical` (any form), or not found.
-fn resolve_present(logical: &Path) -> Result<Resolved> {
-    Ok(
-        chunker::resolve(logical)?.ok_or_else(|| chunker::Error::NotFound {
-            path: logical.to_path_buf(),
-        })?,
-    )
-}
-
-/// A model whose entry says one plain file, where plain files are allowed: at most one chunk
-/// long, checked like a variant.
-fn prepare_plain(
-    id: &ModelId,
-    logical: &Path,
-    name: String,
-    artifact: &Artifact,
-) -> Result<LocalArtifact> {
-    let found = resolve_present(logical)?;
-    if let Resolved::Plain { size, .. } = &found
-        && *size > chunker::DEFAULT_CHUNK_SIZE
-    {
-        return Err(Error::Refused(Refusal::NotAChunkSet {
-            path: logical.to_path_buf(),
-            form: "plain file larger than one chunk",
-        }));
-    }
-    let target = super::inspect::VariantTarget {
-        variant: String::new(),
-        file_name: name.clone(),
-        size: artifact.size.get(),
-        sha256: artifact.sha256,
-        count: 0,
-    };
-    let mut plain = prepare_variant(id, logical, found, &target)?;
-    plain.variant = None;
-    plain.name = name;
-    Ok(plain)
-}
-
-/// A model's chunk set at `logical`, checked against its entry (count, each chunk's digest,
-/// size, SHA-256, OOB container, a sidecar beside it), with the small files to write.
-fn prepare_chunk_set(
-    id: &ModelId,
-    logical: &Path,
-    name: String,
-    entry: &ModelEntry,
-    artifact: &Artifact,
-) -> Result<LocalArtifact> {
-    let expected_count = artifact.chunk_count.get();
-    let resolved = resolve_present(logical)?;
-    let pieces = match &resolved {
-        Resolved::Chunked { pieces, .. } => pieces.clone(),
-        other => {
-            return Err(Error::Refused(Refusal::NotAChunkSet {
-                path: logical.to_path_buf(),
-                form: other.form(),
-            }));
-        }
-    };
-    if pieces.len() as u32 != expected_count {
-        return Err(chunker::Error::CountMismatch {
-            name: logical.display().to_string(),
-            expected: expected_count,
-            actual: pieces.len() as u32,
-        }
-        .into());
-    }
-    let chunk_digests = entry.chunk_digests();
-    let (digest, chunk_sha256) = chunker::hash_chunk_set(&pieces)?;
-    let mut files = Vec::new();
-    let mut total = 0u64;
-    for (i, ((path, size), digest)) in pieces.iter().zip(chunk_sha256).enumerate() {
-        if let Some(expected) = chunk_digests.as_ref().and_then(|d| d.get(i))
-            && *expected != digest
-        {
-            return Err(chunker::Error::DigestMismatch {
-                what: path.display().to_string(),
-                expected: *expected,
-                actual: digest,
-            }
-            .into());
-        }
-        total += size;
-        files.push(LocalFile {
-            name: path
-                .file_name()
-                .expect("chunk paths have names")
-                .to_string_lossy()
-                .into_owned(),
-            role: FileRole::Chunk,
-            size: *size,
-            sha256: digest,
-            source: FileSource::Path(path.clone()),
-        });
-    }
-    if total != artifact.size.get() {
-        return Err(chunker::Error::SizeMismatch {
-            what: logical.display().to_string(),
-            expected: artifact.size.get(),
-            actual: total,
-        }
-        .into());
-    }
-    if digest != artifact.sha256 {
-        return Err(chunker::Error::DigestMismatch {
-            what: logical.display().to_string(),
-            expected: artifact.sha256,
-            actual: digest,
-        }
-        .into());
-    }
-    // Every v25 driving artifact is an out-of-band pickle container; the check reads only its
-    // headers, seeking over the buffers through the chunk set.
-    chunker::check_oob_reader(
-        &mut chunker::ArtifactReader::new(pieces.clone()),
-        &logical.display().to_string(),
-    )?;
-    // A sidecar in the directory must agree; the uploaded one is always written fresh.
-    let sidecar_path = logical.with_file_name(sidecar_name(&name));
-    if let Some(found) = chunker::read_sidecar(&sidecar_path)?
-        && found != digest
-    {
-        return Err(chunker::Error::DigestMismatch {
-            what: sidecar_path.display().to_string(),
-            expected: digest,
-            actual: found,
-        }
-        .into());
-    }
-    files.extend(small_files(&name, &digest, expected_count));
-    Ok(LocalArtifact {
-        id: id.clone(),
-        name,
-        files,
-        variant: None,
-    })
 }

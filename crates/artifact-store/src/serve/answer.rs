@@ -46,15 +46,15 @@ pub(super) fn simple(
     Ok((status, 0))
 }
 
-/// A 200 `text/plain` answer.
-fn text(out: &mut impl Write, body: &str, head: bool) -> io::Result<(u16, u64)> {
+/// A 200 answer of `body`, of type `content_type`.
+fn ok(out: &mut impl Write, content_type: &str, body: &[u8], head: bool) -> io::Result<(u16, u64)> {
     write!(
         out,
-        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     )?;
     if !head {
-        out.write_all(body.as_bytes())?;
+        out.write_all(body)?;
     }
     out.flush()?;
     Ok((200, if head { 0 } else { body.len() as u64 }))
@@ -102,7 +102,12 @@ pub(super) fn respond(
         return simple(out, 404, "Not Found", head);
     };
     match route(config, &path) {
-        Route::Index => text(out, &index(config), head),
+        Route::Index => ok(
+            out,
+            "text/plain; charset=utf-8",
+            index(config).as_bytes(),
+            head,
+        ),
         Route::NotFound => simple(out, 404, "Not Found", head),
         Route::Tree { root, prefix } => tree(out, &root, prefix.as_ref(), head),
         Route::File(p) => file(out, req, &p, head),
@@ -157,16 +162,7 @@ fn tree(
         .map(|e| serde_json::json!({"type": "file", "path": e.path.as_str(), "size": e.size}))
         .collect();
     let body = serde_json::to_vec(&body).expect("JSON of strings and numbers");
-    write!(
-        out,
-        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )?;
-    if !head {
-        out.write_all(&body)?;
-    }
-    out.flush()?;
-    Ok((200, if head { 0 } else { body.len() as u64 }))
+    ok(out, "application/json", &body, head)
 }
 
 fn file(out: &mut impl Write, req: &Request, path: &Path, head: bool) -> io::Result<(u16, u64)> {

@@ -167,27 +167,24 @@ impl Compiler {
         let cleanup = exec.cleanup();
         let status = status?;
         cleanup?;
+        let refused = |detail| Error::Validator {
+            model: id.to_string(),
+            detail,
+            log: log.to_path_buf(),
+        };
         if !status.success() {
-            return Err(Error::Validator {
-                model: id.to_string(),
-                detail: format!("the validator exited with {}", status_text(&status)),
-                log: log.to_path_buf(),
-            });
+            let status = status_text(&status);
+            return Err(refused(format!("the validator exited with {status}")));
         }
-        let verdict: serde_json::Value =
-            serde_json::from_str(&last).map_err(|e| Error::Validator {
-                model: id.to_string(),
-                detail: format!("its last output line is not a JSON verdict ({e}): {last:?}"),
-                log: log.to_path_buf(),
-            })?;
+        let verdict: serde_json::Value = serde_json::from_str(&last).map_err(|e| {
+            refused(format!(
+                "its last output line is not a JSON verdict ({e}): {last:?}"
+            ))
+        })?;
         let passed = verdict
             .get("passed")
             .and_then(|v| v.as_bool())
-            .ok_or_else(|| Error::Validator {
-                model: id.to_string(),
-                detail: format!("the verdict has no boolean \"passed\": {last}"),
-                log: log.to_path_buf(),
-            })?;
+            .ok_or_else(|| refused(format!("the verdict has no boolean \"passed\": {last}")))?;
         Ok(Verdict {
             passed,
             verdict,

@@ -164,18 +164,13 @@ impl Compiler {
                 detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
             });
         }
-        let v = rsync::parse_version(&text).map_err(|first| Error::RsyncIncompatible {
-            side: Side::Remote,
-            host: format!(" ({})", self.dest()),
-            version: first,
-            detail: "not an rsync version banner".to_string(),
-        })?;
-        rsync::check_compatible(&v).map_err(|detail| Error::RsyncIncompatible {
-            side: Side::Remote,
-            host: format!(" ({})", self.dest()),
-            version: text.lines().next().unwrap_or("").to_string(),
-            detail,
-        })
+        let host = format!(" ({})", self.dest());
+        check_banner(
+            Side::Remote,
+            host,
+            &text,
+            "not an rsync version banner".into(),
+        )
     }
 
     /// Run local rsync with the session's ControlMaster as its remote shell.
@@ -190,11 +185,7 @@ impl Compiler {
             .args(args)
             .stdin(Stdio::null())
             .output()
-            .map_err(|e| Error::RsyncMissing {
-                side: Side::Local,
-                host: String::new(),
-                detail: format!("{}: {e}", self.opts.rsync.display()),
-            })?;
+            .map_err(|e| local_missing(&self.opts.rsync, e))?;
         if !out.status.success() {
             return Err(Error::Rsync {
                 what: what.to_string(),
@@ -211,27 +202,35 @@ pub(crate) fn check_local_rsync(program: &Path) -> Result<()> {
         .arg("--version")
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| Error::RsyncMissing {
-            side: Side::Local,
-            host: String::new(),
-            detail: format!("{}: {e}", program.display()),
-        })?;
+        .map_err(|e| local_missing(program, e))?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let v = rsync::parse_version(&text).map_err(|first| Error::RsyncIncompatible {
+    let not_banner = format!(
+        "{} did not print an rsync version banner",
+        program.display()
+    );
+    check_banner(Side::Local, String::new(), &text, not_banner)
+}
+
+fn local_missing(program: &Path, e: std::io::Error) -> Error {
+    Error::RsyncMissing {
         side: Side::Local,
         host: String::new(),
-        version: first,
-        detail: format!(
-            "{} did not print an rsync version banner",
-            program.display()
-        ),
-    })?;
-    rsync::check_compatible(&v).map_err(|detail| Error::RsyncIncompatible {
-        side: Side::Local,
-        host: String::new(),
-        version: text.lines().next().unwrap_or("").to_string(),
+        detail: format!("{}: {e}", program.display()),
+    }
+}
+
+/// rsync's `--version` output `text` on `side` (`host`: ` (DEST)` for the compiler): a version
+/// banner (else `not_banner`) of a compatible rsync.
+fn check_banner(side: Side, host: String, text: &str, not_banner: String) -> Result<()> {
+    let incompatible = |version, detail| Error::RsyncIncompatible {
+        side,
+        host: host.clone(),
+        version,
         detail,
-    })
+    };
+    let v = rsync::parse_version(text).map_err(|first| incompatible(first, not_banner))?;
+    let banner = text.lines().next().unwrap_or("").to_string();
+    rsync::check_compatible(&v).map_err(|detail| incompatible(banner, detail))
 }
 
 pub(crate) fn status_text(status: &ExitStatus) -> String {
