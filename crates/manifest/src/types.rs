@@ -21,6 +21,24 @@ fn parse_v_number(s: &str) -> Option<u32> {
     digits.parse().ok()
 }
 
+/// `as_str`, `Display` and serde through the string for a `String` newtype.
+macro_rules! str_newtype {
+    ($t:ident, $doc:literal) => {
+        impl $t {
+            #[doc = $doc]
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        serde_via_str!($t);
+    };
+}
+
 macro_rules! serde_via_str {
     ($t:ty) => {
         impl Serialize for $t {
@@ -126,11 +144,6 @@ impl ModelId {
     /// downloaded, pruned or migrated.
     pub const LOCAL_PREFIX: &'static str = "local-";
 
-    /// The ID as written.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
     /// Whether this is a `local-` model, built on one device and never published.
     pub fn is_local(&self) -> bool {
         self.0.starts_with(Self::LOCAL_PREFIX)
@@ -167,30 +180,17 @@ impl FromStr for ModelId {
     }
 }
 
-impl fmt::Display for ModelId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 impl AsRef<str> for ModelId {
     fn as_ref(&self) -> &str {
         &self.0
     }
 }
-serde_via_str!(ModelId);
+str_newtype!(ModelId, "The ID as written.");
 
 /// A display name. Devices store catalogs in comma-joined params, so a comma would shift every
 /// later name onto the wrong model; an empty name would show as a blank row.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct ModelName(String);
-
-impl ModelName {
-    /// The name as written.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
 
 impl FromStr for ModelName {
     type Err = Error;
@@ -213,12 +213,7 @@ impl FromStr for ModelName {
     }
 }
 
-impl fmt::Display for ModelName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-serde_via_str!(ModelName);
+str_newtype!(ModelName, "The name as written.");
 
 /// A calendar date written `YYYY-MM-DD` (the `released` field).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
@@ -296,13 +291,6 @@ serde_via_str!(ReleaseDate);
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct GitCommit(String);
 
-impl GitCommit {
-    /// The 40 hex digits.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
 impl FromStr for GitCommit {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -318,12 +306,7 @@ impl FromStr for GitCommit {
     }
 }
 
-impl fmt::Display for GitCommit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-serde_via_str!(GitCommit);
+str_newtype!(GitCommit, "The 40 hex digits.");
 
 /// A bare file name (one path segment): what `artifact_filename` must be, since it is joined
 /// onto a directory on the device and into URLs.
@@ -333,11 +316,6 @@ pub struct FileName(String);
 impl FileName {
     /// The longest file name accepted, in bytes.
     pub const MAX_LEN: usize = 255;
-
-    /// The name as written.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
 impl FromStr for FileName {
@@ -360,12 +338,7 @@ impl FromStr for FileName {
     }
 }
 
-impl fmt::Display for FileName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-serde_via_str!(FileName);
+str_newtype!(FileName, "The name as written.");
 
 /// Bytes of a logical artifact: in `(0, 2 GiB]`. Nothing larger fits a comma's model budget,
 /// and the cap bounds what a device will agree to download.
