@@ -121,9 +121,6 @@ pub const MAX_LEGACY_PARTS: u32 = 100;
 /// make a reader load it whole: the one limit of every reader of them, local or in a store.
 pub const SMALL_FILE_LIMIT: u64 = 4096;
 
-/// The legacy writer's part size (95 MiB). Only informative: readers take parts as they are.
-pub const LEGACY_PART_SIZE: u64 = 95 * 1024 * 1024;
-
 /// `NAME.chunkNNofMM`, 1-based `index`.
 pub fn chunk_name(name: &str, index: u32, count: u32) -> String {
     format!("{name}.chunk{index:02}of{count:02}")
@@ -247,6 +244,13 @@ pub fn member_form(file_name: &str) -> Option<(&str, Form)> {
     Some((stem, form_of(stem, file_name).filter(|_| !stem.is_empty())?))
 }
 
+/// The last component of `path` as text (lossy), or `""` when it has none.
+pub(crate) fn file_name_of(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 /// Number of chunks a `size`-byte artifact splits into.
 pub fn chunk_count_for(size: u64, chunk_size: u64) -> u64 {
     size.div_ceil(chunk_size)
@@ -254,13 +258,7 @@ pub fn chunk_count_for(size: u64, chunk_size: u64) -> u64 {
 
 /// The logical name must be a bare file name: no separators, not `.`/`..`, not empty.
 pub(crate) fn check_name(name: &str) -> Result<()> {
-    let bad = name.is_empty()
-        || name == "."
-        || name == ".."
-        || name.contains('/')
-        || name.contains('\\')
-        || name.contains('\0');
-    if bad {
+    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\\', '\0']) {
         return Err(Error::InvalidName {
             name: name.to_string(),
         });

@@ -95,12 +95,11 @@ pub(crate) enum Found {
 }
 
 fn split_logical(logical: &Path) -> Result<(&Path, String)> {
-    let name = logical
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .ok_or_else(|| Error::InvalidName {
-            name: logical.display().to_string(),
-        })?;
+    let name = crate::file_name_of(logical);
+    if name.is_empty() {
+        let name = logical.display().to_string();
+        return Err(Error::InvalidName { name });
+    }
     let dir = match logical.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

@@ -111,12 +111,11 @@ pub fn split_open_file(
     opts: &SplitOptions,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<SplitReport> {
-    let name = src
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .ok_or_else(|| Error::InvalidName {
-            name: src.display().to_string(),
-        })?;
+    let name = crate::file_name_of(src);
+    if name.is_empty() {
+        let name = src.display().to_string();
+        return Err(Error::InvalidName { name });
+    }
     // Through fs_err, so that a failure names the file.
     let file = fs::File::from_parts(file, src);
     let size = file.metadata()?.len();
@@ -189,16 +188,7 @@ pub fn plan_split(name: &str, size: u64, out_dir: &Path, opts: &SplitOptions) ->
             size: (size - u64::from(i - 1) * opts.chunk_size).min(opts.chunk_size),
         })
         .collect();
-    let mut listing = Vec::new();
-    match fs::read_dir(out_dir) {
-        Ok(entries) => {
-            for entry in entries {
-                listing.push(entry?.file_name().to_string_lossy().into_owned());
-            }
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e.into()),
-    }
+    let listing = names_in(out_dir)?;
     let mut removed: Vec<String> = listing
         .iter()
         .filter(|f| matches!(form_of(name, f), Some(Form::Chunk { count: c, .. }) if c != count))
@@ -227,28 +217,23 @@ pub fn plan_split(name: &str, size: u64, out_dir: &Path, opts: &SplitOptions) ->
 /// Remove the stale temporaries of the chunk set `name` from `out_dir` (see
 /// [`stale_temporaries`]), so an interrupted split does not leave them for good.
 fn remove_stale_temporaries(out_dir: &Path, name: &str) -> Result<()> {
-    let entries = match fs::read_dir(out_dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e.into()),
-    };
-    let mut names = Vec::new();
-    for entry in entries {
-        names.push(entry?.file_name().to_string_lossy().into_owned());
-    }
-    for stale in stale_temporaries(
-        name,
-        names.iter().map(String::as_str),
-        atomic::process_alive,
-    ) {
-        let path = out_dir.join(stale);
-        match fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e.into()),
-        }
+    let names = names_in(out_dir)?;
+    let alive = atomic::process_alive;
+    for stale in stale_temporaries(name, names.iter().map(String::as_str), alive) {
+        atomic::remove_if_exists(out_dir.join(stale))?;
     }
     Ok(())
+}
+
+/// The names in `dir` (lossily as text); none when it does not exist.
+fn names_in(dir: &Path) -> Result<Vec<String>> {
+    match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+            .collect(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// What [`split_reader`]'s errors call the stream it reads, which it cannot name.

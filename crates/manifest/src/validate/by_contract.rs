@@ -278,8 +278,7 @@ fn check_top(
     }
     if let Some(v) = top.get(contract.revision_key)
         && expect.revision.is_none()
-        && let Err(m) = super::expect_str(v)
-            .and_then(|s| s.parse::<GitCommit>().map(drop).map_err(super::reason))
+        && let Err(m) = super::parsed::<GitCommit>(v)
     {
         sink.push(
             join_key(ROOT, contract.revision_key),
