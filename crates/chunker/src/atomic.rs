@@ -87,19 +87,7 @@ fn parent_dir(path: &Path) -> &Path {
 impl AtomicFile {
     /// Create a temporary file beside `dest`.
     pub fn create(dest: impl AsRef<Path>) -> io::Result<Self> {
-        let dest = dest.as_ref().to_path_buf();
-        let temp = temp_path_for(&dest)?;
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)?;
-        Ok(Self {
-            file: Some(file),
-            temp,
-            dest,
-            committed: false,
-            direct: false,
-        })
+        Self::open(dest.as_ref(), false)
     }
 
     /// Like [`AtomicFile::create`], but bypassing the page cache (O_DIRECT) where the platform
@@ -107,37 +95,37 @@ impl AtomicFile {
     /// with [`AtomicFile::write_piece`], which falls back to buffered writes for any piece that
     /// is not aligned. Durability is unchanged: [`AtomicFile::sync`] still fsyncs.
     pub fn create_direct(dest: impl AsRef<Path>) -> io::Result<Self> {
-        #[cfg(target_os = "linux")]
-        {
-            use fs_err::os::unix::fs::OpenOptionsExt;
-            let dest = dest.as_ref().to_path_buf();
-            let temp = temp_path_for(&dest)?;
-            match OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
-                .open(&temp)
-            {
-                Ok(file) => {
-                    return Ok(Self {
-                        file: Some(file),
-                        temp,
-                        dest,
-                        committed: false,
-                        direct: true,
-                    });
-                }
-                // Filesystems without O_DIRECT (tmpfs) refuse the open with EINVAL (fs_err keeps
-                // the kind, not the raw code): write through the cache.
-                Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
-                    let _ = fs::remove_file(&temp);
-                }
-                Err(e) => return Err(e),
-            }
-            Self::create(dest)
+        match Self::open(dest.as_ref(), cfg!(target_os = "linux")) {
+            // Filesystems without O_DIRECT (tmpfs) refuse the open with EINVAL (fs_err keeps
+            // the kind, not the raw code): write through the cache.
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => Self::create(dest),
+            other => other,
         }
-        #[cfg(not(target_os = "linux"))]
-        Self::create(dest)
+    }
+
+    /// The temporary beside `dest`, opened with O_DIRECT when `direct` (Linux only).
+    fn open(dest: &Path, direct: bool) -> io::Result<Self> {
+        let temp = temp_path_for(dest)?;
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(target_os = "linux")]
+        if direct {
+            use fs_err::os::unix::fs::OpenOptionsExt;
+            options.custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32);
+        }
+        let file = options.open(&temp).inspect_err(|e| {
+            // A refused O_DIRECT open may have made the file first.
+            if direct && e.kind() == io::ErrorKind::InvalidInput {
+                let _ = std::fs::remove_file(&temp);
+            }
+        })?;
+        Ok(Self {
+            file: Some(file),
+            temp,
+            dest: dest.to_path_buf(),
+            committed: false,
+            direct,
+        })
     }
 
     /// Append `data`. On an O_DIRECT file, an unaligned piece (in memory or in length, such as

@@ -63,17 +63,8 @@ impl Manifest {
     /// An empty manifest for a generation built with the given tinygrad commit:
     /// `{"generation": ..., "tinygrad_commit": ..., "models": []}`.
     pub fn for_generation(generation: Generation, tinygrad_commit: &GitCommit) -> Self {
-        let mut top = Map::new();
-        top.insert(keys::GENERATION.into(), generation.to_string().into());
-        top.insert(
-            keys::TINYGRAD_COMMIT.into(),
-            tinygrad_commit.as_str().into(),
-        );
-        top.insert(keys::MODELS.into(), Value::Null);
-        Self {
-            top,
-            models: Vec::new(),
-        }
+        let v25 = crate::ContractName::V25.contract();
+        Self::for_contract(generation, tinygrad_commit, v25)
     }
 
     /// An empty manifest of a generation under `contract`: the contract's required top-level
@@ -328,13 +319,9 @@ impl Manifest {
         self.put_top(keys::TINYGRAD_COMMIT, commit.as_str().into());
     }
 
+    /// In place, or appended (the map keeps insertion order).
     fn put_top(&mut self, key: &str, value: Value) {
-        match self.top.get_mut(key) {
-            Some(slot) => *slot = value,
-            None => {
-                self.top.insert(key.into(), value);
-            }
-        }
+        self.top.insert(key.into(), value);
     }
 
     /// Removes a top-level key other than `models`, keeping the order of the others.
