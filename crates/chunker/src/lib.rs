@@ -71,13 +71,11 @@ pub use error::{Error, Result};
 pub use input::{locate, member_of, sets_among};
 pub use oob::{OobDefect, OobLayout};
 pub use read::{
-    ArtifactReader, Resolved, join, join_checked, join_with_progress, open, read_chunk_manifest,
-    read_sidecar, resolve,
+    ArtifactReader, Resolved, join, join_checked, open, read_chunk_manifest, read_sidecar, resolve,
 };
 pub use split::{
     ChunkInfo, PlannedChunk, SplitOptions, SplitPlan, SplitReport, StagedSplit, other_forms,
-    plan_split, set_file_names, split_file, split_file_reporting, split_open_file, split_reader,
-    stage_reader,
+    plan_split, set_file_names, split_file, split_open_file, split_reader, stage_reader,
 };
 pub use verify::{
     DigestChecked, Expected, OwnSidecar, VerifiedChunk, VerifyReport, hash_chunk_set, verify,

@@ -217,14 +217,15 @@ pub fn check_oob<R: Read + Seek>(reader: &mut R, size: u64) -> Result<OobLayout,
     })
 }
 
+/// Write the head of an OOB container (`L` and nothing else) and a record length: what a
+/// writer needs, and what tests build fixtures with.
+pub fn length_prefix(len: u64) -> [u8; 8] {
+    (len as i64).to_le_bytes()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The head of an OOB container (`L`) or a record length.
-    fn length_prefix(len: u64) -> [u8; 8] {
-        (len as i64).to_le_bytes()
-    }
     use std::io::Cursor;
 
     fn container(opcodes: &[u8], buffers: &[&[u8]]) -> Vec<u8> {

@@ -334,21 +334,12 @@ impl Seek for ArtifactReader {
 /// Returns its digest and size. Where a `.sha256` sidecar is present (always for legacy parts),
 /// the joined bytes must match it, or nothing is written.
 pub fn join(logical: &Path, output: &Path) -> Result<(Sha256Digest, u64)> {
-    join_with_progress(logical, output, &mut |_| {})
+    join_checked(logical, output, None, &mut |_| {})
 }
 
-/// [`join`], calling `progress` with the number of bytes read each time it reads.
-pub fn join_with_progress(
-    logical: &Path,
-    output: &Path,
-    progress: &mut dyn FnMut(u64),
-) -> Result<(Sha256Digest, u64)> {
-    join_checked(logical, output, None, progress)
-}
-
-/// [`join_with_progress`] with the whole artifact's SHA-256 given (`sha256`, e.g. the
-/// manifest's `artifact_sha256`): the joined bytes must match it, or nothing is written. A
-/// chunk set with neither a given digest nor a `.sha256` (as Python's chunker writes them) is
+/// [`join`], calling `progress` with the number of bytes read each time it reads, and with the
+/// whole artifact's SHA-256 given when `sha256` is (e.g. the manifest's `artifact_sha256`): the
+/// joined bytes must match it, or nothing is written. A chunk set with neither a given digest nor a `.sha256` (as Python's chunker writes them) is
 /// checked by its chunk sizes before anything is written.
 pub fn join_checked(
     logical: &Path,

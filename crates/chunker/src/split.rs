@@ -85,23 +85,13 @@ pub struct SplitReport {
 /// The source file itself is left untouched. If `out_dir` is the source's directory, the plain
 /// file keeps winning over the chunk set for readers (docs/formats.md, "Reading") until it is removed.
 pub fn split_file(src: &Path, out_dir: &Path, opts: &SplitOptions) -> Result<SplitReport> {
-    split_file_reporting(src, out_dir, opts, &|_| {})
-}
-
-/// [`split_file`], calling `progress` with each piece's length once it is written (from the
-/// writer threads: the sum reaches the file's size).
-pub fn split_file_reporting(
-    src: &Path,
-    out_dir: &Path,
-    opts: &SplitOptions,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<SplitReport> {
     let file = fs::File::open(src)?;
-    split_open_file(file.into_parts().0, src, out_dir, opts, progress)
+    split_open_file(file.into_parts().0, src, out_dir, opts, &|_| {})
 }
 
-/// [`split_file_reporting`] of a file the caller has opened (and checked) already, so that the
-/// file split is the one checked even if `src` is replaced meanwhile. `src` names the chunk set
+/// [`split_file`] of a file the caller has opened (and checked) already, so that the file split
+/// is the one checked even if `src` is replaced meanwhile, calling `progress` with each piece's
+/// length once it is written (from the writer threads: the sum reaches the file's size). `src` names the chunk set
 /// and the errors; the size is the open file's. The file is read from its current position: one
 /// already read from gives [`Error::InputChanged`], never a split of part of it.
 pub fn split_open_file(
@@ -806,7 +796,8 @@ mod tests {
             fs::write(&src, &data).unwrap();
             let opts = SplitOptions { chunk_size };
             let done = std::sync::atomic::AtomicU64::new(0);
-            let by_file = split_file_reporting(&src, &a, &opts, &|n| {
+            let file = std::fs::File::open(&src).unwrap();
+            let by_file = split_open_file(file, &src, &a, &opts, &|n| {
                 done.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
             })
             .unwrap();

@@ -738,12 +738,7 @@ pub fn runtime_artifact(entry: &ModelEntry, contract: &Contract) -> Result<Model
         if k == keys::MIN_RUNNER_REVISION {
             continue;
         }
-        match out.get_mut(k) {
-            Some(slot) => *slot = v.clone(),
-            None => {
-                out.insert(k.clone(), v.clone());
-            }
-        }
+        out.insert(k.clone(), v.clone());
     }
     ModelEntry::from_map(out)
 }
