@@ -25,7 +25,7 @@ use fs_err as fs;
 use serde::Serialize;
 
 use crate::atomic::{self, AtomicFile, DIRECT_ALIGN};
-use crate::digest::Hasher;
+use crate::digest::{Hasher, PieceHashes};
 use crate::error::{Error, Result};
 use crate::{
     DEFAULT_CHUNK_SIZE, Form, MAX_CHUNKS, Sha256Digest, check_name, chunk_count_for,
@@ -284,6 +284,9 @@ fn stage_with<R: Read>(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<StagedSplit> {
     let writer_cfg = WriterConfig::prepare(name, size, out_dir, opts)?;
+    let sizes = (1..=writer_cfg.count)
+        .map(|i| writer_cfg.chunk_len(i))
+        .collect();
     let (empty_tx, empty_rx) = sync_channel::<Buf>(BUFFERS_IN_FLIGHT);
     for _ in 0..BUFFERS_IN_FLIGHT {
         empty_tx.send(Buf::new()).expect("pool fits");
@@ -291,10 +294,9 @@ fn stage_with<R: Read>(
     let (read_tx, read_rx) = sync_channel::<Filled>(BUFFERS_IN_FLIGHT);
     let (hashed_tx, hashed_rx) = sync_channel::<Filled>(BUFFERS_IN_FLIGHT);
     let (write_tx, write_rx) = sync_channel::<Filled>(BUFFERS_IN_FLIGHT);
-    let chunk_size = opts.chunk_size;
     let (read_result, whole, digests, write_result) = thread::scope(|scope| {
         let whole = scope.spawn(|| hash_whole(read_rx, hashed_tx));
-        let hasher = scope.spawn(|| hash_chunks(chunk_size, hashed_rx, write_tx));
+        let hasher = scope.spawn(|| hash_chunks(sizes, hashed_rx, write_tx));
         let writer = scope.spawn(move || write_chunks(writer_cfg, write_rx, empty_tx, progress));
         let read_result = read_input(&mut reader, size, read_tx, empty_rx);
         let whole = whole.join().expect("whole-artifact hasher panicked");
@@ -501,64 +503,21 @@ fn hash_whole(read_rx: Receiver<Filled>, hashed_tx: SyncSender<Filled>) -> Sha25
     whole.finish()
 }
 
-/// Hashing stage: the SHA-256 of each chunk, on a thread of its own so that the two hashes of
-/// every byte run on two cores; buffers go on to the writer untouched. Returns the digests in
-/// order, the last one of whatever the last chunk received.
+/// Hashing stage: the SHA-256 of each chunk (cut at `sizes`), on a thread of its own so that
+/// the two hashes of every byte run on two cores; buffers go on to the writer untouched.
 fn hash_chunks(
-    chunk_size: u64,
+    sizes: Vec<u64>,
     hashed_rx: Receiver<Filled>,
     write_tx: SyncSender<Filled>,
 ) -> Vec<Sha256Digest> {
-    let mut cutter = Cutter::new(chunk_size);
-    let mut digests = Vec::new();
-    let mut current: Option<Hasher> = None;
+    let mut hashes = PieceHashes::new(sizes.into_iter());
     for (buf, len) in hashed_rx {
-        let mut data = &buf[..len];
-        while !data.is_empty() {
-            let (piece, full) = cutter.next(&mut data);
-            let hasher = current.get_or_insert_with(Hasher::new);
-            hasher.update(piece);
-            if full {
-                digests.extend(current.take().map(Hasher::finish));
-            }
-        }
+        hashes.update(&buf[..len]);
         if write_tx.send((buf, len)).is_err() {
             break; // the writer stopped; its error is reported by the caller
         }
     }
-    // A last chunk shorter than the others ends with the stream.
-    digests.extend(current.map(Hasher::finish));
-    digests
-}
-
-/// Cuts a byte stream into chunk-size pieces, remembering where the current chunk stands, so that
-/// the chunk hasher and the writer cut the same stream at the same places.
-struct Cutter {
-    chunk_size: u64,
-    filled: u64,
-}
-
-impl Cutter {
-    fn new(chunk_size: u64) -> Self {
-        Self {
-            chunk_size,
-            filled: 0,
-        }
-    }
-
-    /// Split off the next piece of `data` that fits in the current chunk. The flag says whether
-    /// the piece completes the chunk.
-    fn next<'a>(&mut self, data: &mut &'a [u8]) -> (&'a [u8], bool) {
-        let room = (self.chunk_size - self.filled).min(data.len() as u64) as usize;
-        let (piece, rest) = data.split_at(room);
-        *data = rest;
-        self.filled += room as u64;
-        let full = self.filled == self.chunk_size;
-        if full {
-            self.filled = 0;
-        }
-        (piece, full)
-    }
+    hashes.finish()
 }
 
 struct WriterConfig {

@@ -12,6 +12,7 @@ use std::thread;
 
 use serde::Serialize;
 
+use crate::digest::PieceHashes;
 use crate::error::{Error, Result};
 use crate::read::{check_chunk_sizes, resolve_strict};
 use crate::{Hasher, IO_BUFFER_SIZE, Resolved, Sha256Digest};
@@ -270,29 +271,11 @@ fn hash_pieces(
     let (tx, rx) = sync_channel::<Arc<Vec<u8>>>(4);
     thread::scope(|scope| {
         let chunk_thread = scope.spawn(move || {
-            let mut digests = Vec::with_capacity(sizes.len());
-            let mut sizes = sizes.into_iter();
-            let mut remaining = sizes.next().unwrap_or(0);
-            let mut hasher = Hasher::new();
+            let mut hashes = PieceHashes::new(sizes.into_iter());
             for buf in rx {
-                let mut data = &buf[..];
-                while !data.is_empty() {
-                    while remaining == 0 {
-                        digests.push(std::mem::take(&mut hasher).finish());
-                        remaining = sizes.next().unwrap_or(u64::MAX);
-                    }
-                    let take = remaining.min(data.len() as u64) as usize;
-                    hasher.update(&data[..take]);
-                    remaining -= take as u64;
-                    data = &data[take..];
-                }
+                hashes.update(&buf);
             }
-            digests.push(hasher.finish());
-            // Trailing empty pieces still get their digest.
-            for _ in sizes {
-                digests.push(Hasher::new().finish());
-            }
-            digests
+            hashes.finish()
         });
         let mut whole = Hasher::new();
         let result = (|| {

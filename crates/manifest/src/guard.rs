@@ -12,6 +12,7 @@ use std::fmt;
 use serde_json::{Map, Value};
 
 use crate::Manifest;
+use crate::error::Lines;
 use crate::keys;
 use crate::types::ModelId;
 use crate::validate::join_key;
@@ -504,21 +505,6 @@ fn carried(
 pub struct GuardRefusal {
     /// Every unexpected change, in the order found.
     pub changes: Vec<UnexpectedChange>,
-}
-
-/// Items one a line, each after a prefix.
-struct Lines<'a, T>(&'a [T], &'static str);
-
-impl<T: fmt::Display> fmt::Display for Lines<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, c) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("\n")?;
-            }
-            write!(f, "{}{c}", self.1)?;
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
