@@ -165,16 +165,6 @@ impl AtomicFile {
         &self.dest
     }
 
-    /// The temporary path the bytes are written to until commit.
-    pub fn temp_path(&self) -> &Path {
-        &self.temp
-    }
-
-    /// Whether writes still bypass the page cache (see [`AtomicFile::create_direct`]).
-    pub fn is_direct(&self) -> bool {
-        self.direct
-    }
-
     /// The open temporary file. Panics after [`AtomicFile::sync`].
     pub fn file(&mut self) -> &mut File {
         self.file
@@ -362,7 +352,7 @@ mod tests {
         use std::os::unix::fs::FileExt;
         let dir = tempfile::tempdir().unwrap();
         let mut f = AtomicFile::create_direct(dir.path().join("x")).unwrap();
-        if !f.is_direct() {
+        if !f.direct {
             eprintln!("this filesystem has no O_DIRECT: nothing to turn off");
             return;
         }
@@ -372,7 +362,7 @@ mod tests {
             handle.write_at(b"tail", 0).is_err(),
             "an unaligned O_DIRECT write was taken"
         );
-        clear_direct(&handle, f.temp_path()).unwrap();
+        clear_direct(&handle, &f.temp).unwrap();
         handle.write_at(b"tail", 0).unwrap();
         f.file().file().write_at(b"T", 0).unwrap();
         f.sync().unwrap();

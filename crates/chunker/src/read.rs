@@ -55,12 +55,7 @@ impl Resolved {
 
     /// The logical size: the sum of the pieces' sizes.
     pub fn size(&self) -> u64 {
-        match self {
-            Resolved::Plain { size, .. } => *size,
-            Resolved::Chunked { pieces, .. } | Resolved::Legacy { pieces, .. } => {
-                pieces.iter().map(|(_, s)| s).sum()
-            }
-        }
+        self.pieces().iter().map(|(_, s)| s).sum()
     }
 
     /// The manifest's `artifact_chunk_count` for this form: 0 for one plain file.
@@ -160,27 +155,25 @@ pub(crate) fn inspect(logical: &Path) -> Result<Found> {
 
 /// Read and parse the `.chunkmanifest` at `path`; `Ok(None)` when there is none.
 pub fn read_chunk_manifest(path: &Path) -> Result<Option<u32>> {
-    match file_size(path)? {
-        Some(_) => parse_chunk_manifest(&read_small(path)?, path).map(Some),
-        None => Ok(None),
-    }
+    read_small(path, parse_chunk_manifest)
 }
 
 /// Read and parse the `.sha256` sidecar at `path`; `Ok(None)` when there is none.
 pub fn read_sidecar(path: &Path) -> Result<Option<Sha256Digest>> {
-    match file_size(path)? {
-        Some(_) => parse_sidecar(&read_small(path)?, path).map(Some),
-        None => Ok(None),
-    }
+    read_small(path, parse_sidecar)
 }
 
-/// Read a sidecar or chunk manifest, never more than [`crate::SMALL_FILE_LIMIT`].
-fn read_small(path: &Path) -> Result<Vec<u8>> {
+/// Read a sidecar or chunk manifest, never more than [`crate::SMALL_FILE_LIMIT`], and parse it;
+/// `Ok(None)` when there is none.
+fn read_small<T>(path: &Path, parse: fn(&[u8], &Path) -> Result<T>) -> Result<Option<T>> {
+    if file_size(path)?.is_none() {
+        return Ok(None);
+    }
     let mut buf = Vec::new();
     File::open(path)?
         .take(crate::SMALL_FILE_LIMIT)
         .read_to_end(&mut buf)?;
-    Ok(buf)
+    parse(&buf, path).map(Some)
 }
 
 /// Find the logical artifact at `logical` (e.g. `models/pop223_driving_tinygrad.pkl`).

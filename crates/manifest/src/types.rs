@@ -55,21 +55,51 @@ macro_rules! serde_via_str {
     };
 }
 
+/// `new`, `number`, `FromStr`, `Display` and serde of a `vN` newtype.
+macro_rules! v_number {
+    ($t:ident, $kind:literal, $example:literal, $new_doc:literal) => {
+        impl $t {
+            #[doc = $new_doc]
+            pub const fn new(number: u32) -> Self {
+                Self(number)
+            }
+
+            /// The number after the `v`.
+            pub const fn number(self) -> u32 {
+                self.0
+            }
+        }
+
+        impl FromStr for $t {
+            type Err = Error;
+            fn from_str(s: &str) -> Result<Self> {
+                let must = concat!("must look like ", $example);
+                parse_v_number(s)
+                    .map(Self)
+                    .ok_or_else(|| Error::invalid($kind, s, must))
+            }
+        }
+
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "v{}", self.0)
+            }
+        }
+        serde_via_str!($t);
+    };
+}
+
 /// A manifest generation (`v25`): one tinygrad ABI. Ordered by number; generations only go up.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct Generation(u32);
+v_number!(
+    Generation,
+    "generation",
+    "v25",
+    "Generation `number` (`new(25)` is `v25`)."
+);
 
 impl Generation {
-    /// Generation `number` (`new(25)` is `v25`).
-    pub const fn new(number: u32) -> Self {
-        Self(number)
-    }
-
-    /// The number after the `v`.
-    pub const fn number(self) -> u32 {
-        self.0
-    }
-
     /// The generation after this one (`v25` -> `v26`); `None` only at `u32::MAX`.
     pub fn next(self) -> Option<Self> {
         self.0.checked_add(1).map(Self)
@@ -81,53 +111,15 @@ impl Generation {
     }
 }
 
-impl FromStr for Generation {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        parse_v_number(s)
-            .map(Self)
-            .ok_or_else(|| Error::invalid("generation", s, "must look like v25"))
-    }
-}
-
-impl fmt::Display for Generation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "v{}", self.0)
-    }
-}
-serde_via_str!(Generation);
-
 /// A model's behavior version (`v15`): its output-parser contract, independent of the generation.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct BehaviorVersion(u32);
-
-impl BehaviorVersion {
-    /// Behaviour version `number` (`new(15)` is `v15`).
-    pub const fn new(number: u32) -> Self {
-        Self(number)
-    }
-
-    /// The number after the `v`.
-    pub const fn number(self) -> u32 {
-        self.0
-    }
-}
-
-impl FromStr for BehaviorVersion {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        parse_v_number(s)
-            .map(Self)
-            .ok_or_else(|| Error::invalid("behavior version", s, "must look like v15"))
-    }
-}
-
-impl fmt::Display for BehaviorVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "v{}", self.0)
-    }
-}
-serde_via_str!(BehaviorVersion);
+v_number!(
+    BehaviorVersion,
+    "behavior version",
+    "v15",
+    "Behaviour version `number` (`new(15)` is `v15`)."
+);
 
 /// A model ID (`pop223`, `remove-avgpoolv4`, `local-mine`), matching `^[a-z0-9][a-z0-9_-]*$`.
 ///
