@@ -183,6 +183,10 @@ impl ModelEntry {
         self.fields.get(key).and_then(Value::as_u64)
     }
 
+    fn flag(&self, key: &str) -> Option<bool> {
+        self.fields.get(key).and_then(Value::as_bool)
+    }
+
     /// `name`, when present.
     pub fn name(&self) -> Option<&str> {
         self.str_field(keys::NAME)
@@ -205,17 +209,12 @@ impl ModelEntry {
 
     /// `community_favorite`, when present.
     pub fn community_favorite(&self) -> Option<bool> {
-        self.fields
-            .get(keys::COMMUNITY_FAVORITE)
-            .and_then(Value::as_bool)
+        self.flag(keys::COMMUNITY_FAVORITE)
     }
 
     /// `uses_external_gpu`, false when absent (as on devices).
     pub fn uses_external_gpu(&self) -> bool {
-        self.fields
-            .get(keys::USES_EXTERNAL_GPU)
-            .and_then(Value::as_bool)
-            .unwrap_or(false)
+        self.flag(keys::USES_EXTERNAL_GPU).unwrap_or(false)
     }
 
     /// `model_size` (`small` or `chestnut`), when present.
@@ -225,9 +224,7 @@ impl ModelEntry {
 
     /// `model_lab_eligible`, when present.
     pub fn model_lab_eligible(&self) -> Option<bool> {
-        self.fields
-            .get(keys::MODEL_LAB_ELIGIBLE)
-            .and_then(Value::as_bool)
+        self.flag(keys::MODEL_LAB_ELIGIBLE)
     }
 
     /// `artifact_format`, when present (an unknown value is [`ArtifactFormat::Unsupported`]).

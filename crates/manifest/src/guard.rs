@@ -391,18 +391,7 @@ pub fn generation_guard(
     add: &BTreeSet<ModelId>,
     drop: &BTreeSet<ModelId>,
 ) -> Result<(), GenerationRefusal> {
-    let old: BTreeMap<&ModelId, _> = previous
-        .models()
-        .iter()
-        .filter(|e| !e.id().is_local())
-        .map(|e| (e.id(), e))
-        .collect();
-    let cur: BTreeMap<&ModelId, _> = new
-        .models()
-        .iter()
-        .filter(|e| !e.id().is_local())
-        .map(|e| (e.id(), e))
-        .collect();
+    let (old, cur) = (published(previous), published(new));
     let mut changes = Vec::new();
     for id in cur.keys().filter(|id| !old.contains_key(*id)) {
         if !add.contains(*id) {
@@ -455,6 +444,12 @@ pub fn generation_guard(
     } else {
         Err(GenerationRefusal { changes })
     }
+}
+
+/// The entries of `m` that are published (not `local-`), by ID.
+fn published(m: &Manifest) -> BTreeMap<&ModelId, &crate::ModelEntry> {
+    let entries = m.models().iter().filter(|e| !e.id().is_local());
+    entries.map(|e| (e.id(), e)).collect()
 }
 
 /// Every artifact of `cur` (each model's own and each accelerator variant) whose SHA-256 is one
