@@ -77,7 +77,8 @@ fn temp_path_for(dest: &Path) -> io::Result<PathBuf> {
     Ok(dir.join(format!("{TEMP_PREFIX}{}-{n}-{name}", std::process::id())))
 }
 
-fn parent_dir(path: &Path) -> &Path {
+/// The directory holding `path` (`.` for a bare name).
+pub(crate) fn parent_dir(path: &Path) -> &Path {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

@@ -78,28 +78,13 @@ impl Resolved {
     }
 }
 
-/// What is on disk for a logical name, before the "incomplete means absent" rule is applied.
-pub(crate) enum Found {
-    Present(Resolved),
-    MissingChunk {
-        index: u32,
-        count: u32,
-        path: PathBuf,
-    },
-    Absent,
-}
-
 fn split_logical(logical: &Path) -> Result<(&Path, String)> {
     let name = crate::file_name_of(logical);
     if name.is_empty() {
         let name = logical.display().to_string();
         return Err(Error::InvalidName { name });
     }
-    let dir = match logical.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    Ok((dir, name))
+    Ok((crate::atomic::parent_dir(logical), name))
 }
 
 fn file_size(path: &Path) -> Result<Option<u64>> {
@@ -111,13 +96,13 @@ fn file_size(path: &Path) -> Result<Option<u64>> {
     }
 }
 
-pub(crate) fn inspect(logical: &Path) -> Result<Found> {
+/// Like [`resolve`], but a missing chunk ([`Error::MissingChunk`]) or a missing artifact
+/// ([`Error::NotFound`]) is an error saying which.
+pub(crate) fn resolve_strict(logical: &Path) -> Result<Resolved> {
     let (dir, name) = split_logical(logical)?;
     if let Some(size) = file_size(logical)? {
-        return Ok(Found::Present(Resolved::Plain {
-            path: logical.to_path_buf(),
-            size,
-        }));
+        let path = logical.to_path_buf();
+        return Ok(Resolved::Plain { path, size });
     }
     let manifest = dir.join(chunk_manifest_name(&name));
     if let Some(count) = read_chunk_manifest(&manifest)? {
@@ -126,10 +111,10 @@ pub(crate) fn inspect(logical: &Path) -> Result<Found> {
             let path = dir.join(chunk_name(&name, index, count));
             match file_size(&path)? {
                 Some(size) => pieces.push((path, size)),
-                None => return Ok(Found::MissingChunk { index, count, path }),
+                None => return Err(Error::MissingChunk { index, count, path }),
             }
         }
-        return Ok(Found::Present(Resolved::Chunked { manifest, pieces }));
+        return Ok(Resolved::Chunked { manifest, pieces });
     }
     let first = dir.join(legacy_part_name(&name, 0));
     let sidecar = dir.join(sidecar_name(&name));
@@ -144,13 +129,14 @@ pub(crate) fn inspect(logical: &Path) -> Result<Found> {
                 None => break,
             }
         }
-        return Ok(Found::Present(Resolved::Legacy {
+        return Ok(Resolved::Legacy {
             sidecar,
             digest,
             pieces,
-        }));
+        });
     }
-    Ok(Found::Absent)
+    let path = logical.to_path_buf();
+    Err(Error::NotFound { path })
 }
 
 /// Read and parse the `.chunkmanifest` at `path`; `Ok(None)` when there is none.
@@ -180,22 +166,10 @@ fn read_small<T>(path: &Path, parse: fn(&[u8], &Path) -> Result<T>) -> Result<Op
 /// `Ok(None)` when nothing complete is there; an error only for I/O failures and malformed
 /// chunk manifests or sidecars.
 pub fn resolve(logical: &Path) -> Result<Option<Resolved>> {
-    Ok(match inspect(logical)? {
-        Found::Present(r) => Some(r),
-        Found::MissingChunk { .. } | Found::Absent => None,
-    })
-}
-
-/// Like [`resolve`], but a missing chunk or a missing artifact is an error saying which.
-pub(crate) fn resolve_strict(logical: &Path) -> Result<Resolved> {
-    match inspect(logical)? {
-        Found::Present(r) => Ok(r),
-        Found::MissingChunk { index, count, path } => {
-            Err(Error::MissingChunk { index, count, path })
-        }
-        Found::Absent => Err(Error::NotFound {
-            path: logical.to_path_buf(),
-        }),
+    match resolve_strict(logical) {
+        Ok(r) => Ok(Some(r)),
+        Err(Error::MissingChunk { .. } | Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
