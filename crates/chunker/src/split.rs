@@ -353,13 +353,31 @@ impl StagedSplit {
 
     /// Make the set visible (see the module comment for the crash-safe order).
     pub fn install(self) -> Result<SplitReport> {
-        install(
-            &self.name,
-            &self.out_dir,
-            self.staged,
-            self.whole,
-            self.size,
-        )
+        let Self {
+            name,
+            out_dir,
+            staged,
+            whole,
+            size,
+        } = self;
+        let count = staged.chunks.len() as u32;
+        let manifest_path = out_dir.join(chunk_manifest_name(&name));
+        atomic::remove_if_exists(&manifest_path)?;
+        atomic::sync_dir(&out_dir)?;
+        for file in staged.files {
+            file.commit()?;
+        }
+        remove_stale_chunks(&name, &out_dir, count)?;
+        let sidecar = out_dir.join(sidecar_name(&name));
+        atomic::write_atomic(&sidecar, format_sidecar(&whole, &name).as_bytes())?;
+        atomic::write_atomic(&manifest_path, format_chunk_manifest(count).as_bytes())?;
+        Ok(SplitReport {
+            name,
+            size,
+            sha256: whole,
+            chunk_count: count,
+            chunks: staged.chunks,
+        })
     }
 
     /// [`StagedSplit::install`], then remove every other form of the artifact in `out_dir`
@@ -653,34 +671,6 @@ fn write_chunks(
         let _ = empty_tx.try_send(buf);
     }
     Ok(Staged { files, chunks })
-}
-
-/// Make the staged set visible: old manifest out, chunks in, sidecar, manifest last.
-fn install(
-    name: &str,
-    out_dir: &Path,
-    staged: Staged,
-    whole: Sha256Digest,
-    size: u64,
-) -> Result<SplitReport> {
-    let count = staged.chunks.len() as u32;
-    let manifest_path = out_dir.join(chunk_manifest_name(name));
-    atomic::remove_if_exists(&manifest_path)?;
-    atomic::sync_dir(out_dir)?;
-    for file in staged.files {
-        file.commit()?;
-    }
-    remove_stale_chunks(name, out_dir, count)?;
-    let sidecar = out_dir.join(sidecar_name(name));
-    atomic::write_atomic(&sidecar, format_sidecar(&whole, name).as_bytes())?;
-    atomic::write_atomic(&manifest_path, format_chunk_manifest(count).as_bytes())?;
-    Ok(SplitReport {
-        name: name.to_string(),
-        size,
-        sha256: whole,
-        chunk_count: count,
-        chunks: staged.chunks,
-    })
 }
 
 /// Chunks of an earlier split with a different count would only confuse people and tools.
