@@ -199,29 +199,12 @@ impl Manifest {
         if !problems.is_empty() {
             return Err(Error::Invalid(problems));
         }
-        let (mut top, items) = match doc {
-            Value::Array(items) => {
-                let mut top = Map::new();
-                top.insert(keys::MODELS.into(), Value::Null);
-                (top, items)
-            }
-            Value::Object(mut top) => {
-                let items = match top.get_mut(keys::MODELS).map(Value::take) {
-                    Some(Value::Array(items)) => items,
-                    _ => unreachable!("check_document checked the models array"),
-                };
-                (top, items)
-            }
-            _ => unreachable!("check_document checked the document shape"),
-        };
-        let mut models = Vec::with_capacity(items.len());
-        for item in items {
-            let Value::Object(map) = item else {
-                unreachable!("check_document checked every entry is an object")
-            };
-            models.push(ModelEntry::from_map(map)?);
-        }
-        top.entry(keys::MODELS).or_insert(Value::Null);
+        let (top, items) = crate::tolerant::top_and_items(doc)?;
+        let models = items.into_iter().map(|item| match item {
+            Value::Object(map) => ModelEntry::from_map(map),
+            _ => unreachable!("check_document checked every entry is an object"),
+        });
+        let models = models.collect::<Result<_>>()?;
         Ok(Self { top, models })
     }
 

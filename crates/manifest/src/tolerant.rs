@@ -215,7 +215,7 @@ impl Manifest {
 /// The document's top level (its `models` key kept, as `null`) and its entries; a document
 /// without a `models` array, or whose top level breaks our rules, is refused whole. A bare array
 /// is the entries of an empty top level.
-fn top_and_items(doc: Value) -> Result<(Map<String, Value>, Vec<Value>)> {
+pub(crate) fn top_and_items(doc: Value) -> Result<(Map<String, Value>, Vec<Value>)> {
     let (mut top, items) = match doc {
         Value::Array(items) => (Map::new(), items),
         Value::Object(mut top) => match top.get_mut(keys::MODELS).map(Value::take) {
