@@ -77,7 +77,8 @@ fn temp_path_for(dest: &Path) -> io::Result<PathBuf> {
     Ok(dir.join(format!("{TEMP_PREFIX}{}-{n}-{name}", std::process::id())))
 }
 
-fn parent_dir(path: &Path) -> &Path {
+/// The directory holding `path` (`.` for a bare name).
+pub(crate) fn parent_dir(path: &Path) -> &Path {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -87,19 +88,7 @@ fn parent_dir(path: &Path) -> &Path {
 impl AtomicFile {
     /// Create a temporary file beside `dest`.
     pub fn create(dest: impl AsRef<Path>) -> io::Result<Self> {
-        let dest = dest.as_ref().to_path_buf();
-        let temp = temp_path_for(&dest)?;
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)?;
-        Ok(Self {
-            file: Some(file),
-            temp,
-            dest,
-            committed: false,
-            direct: false,
-        })
+        Self::open(dest.as_ref(), false)
     }
 
     /// Like [`AtomicFile::create`], but bypassing the page cache (O_DIRECT) where the platform
@@ -107,37 +96,37 @@ impl AtomicFile {
     /// with [`AtomicFile::write_piece`], which falls back to buffered writes for any piece that
     /// is not aligned. Durability is unchanged: [`AtomicFile::sync`] still fsyncs.
     pub fn create_direct(dest: impl AsRef<Path>) -> io::Result<Self> {
-        #[cfg(target_os = "linux")]
-        {
-            use fs_err::os::unix::fs::OpenOptionsExt;
-            let dest = dest.as_ref().to_path_buf();
-            let temp = temp_path_for(&dest)?;
-            match OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
-                .open(&temp)
-            {
-                Ok(file) => {
-                    return Ok(Self {
-                        file: Some(file),
-                        temp,
-                        dest,
-                        committed: false,
-                        direct: true,
-                    });
-                }
-                // Filesystems without O_DIRECT (tmpfs) refuse the open with EINVAL (fs_err keeps
-                // the kind, not the raw code): write through the cache.
-                Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
-                    let _ = fs::remove_file(&temp);
-                }
-                Err(e) => return Err(e),
-            }
-            Self::create(dest)
+        match Self::open(dest.as_ref(), cfg!(target_os = "linux")) {
+            // Filesystems without O_DIRECT (tmpfs) refuse the open with EINVAL (fs_err keeps
+            // the kind, not the raw code): write through the cache.
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => Self::create(dest),
+            other => other,
         }
-        #[cfg(not(target_os = "linux"))]
-        Self::create(dest)
+    }
+
+    /// The temporary beside `dest`, opened with O_DIRECT when `direct` (Linux only).
+    fn open(dest: &Path, direct: bool) -> io::Result<Self> {
+        let temp = temp_path_for(dest)?;
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(target_os = "linux")]
+        if direct {
+            use fs_err::os::unix::fs::OpenOptionsExt;
+            options.custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32);
+        }
+        let file = options.open(&temp).inspect_err(|e| {
+            // A refused O_DIRECT open may have made the file first.
+            if direct && e.kind() == io::ErrorKind::InvalidInput {
+                let _ = std::fs::remove_file(&temp);
+            }
+        })?;
+        Ok(Self {
+            file: Some(file),
+            temp,
+            dest: dest.to_path_buf(),
+            committed: false,
+            direct,
+        })
     }
 
     /// Append `data`. On an O_DIRECT file, an unaligned piece (in memory or in length, such as
@@ -175,16 +164,6 @@ impl AtomicFile {
     /// The final path this file is renamed to on commit.
     pub fn dest(&self) -> &Path {
         &self.dest
-    }
-
-    /// The temporary path the bytes are written to until commit.
-    pub fn temp_path(&self) -> &Path {
-        &self.temp
-    }
-
-    /// Whether writes still bypass the page cache (see [`AtomicFile::create_direct`]).
-    pub fn is_direct(&self) -> bool {
-        self.direct
     }
 
     /// The open temporary file. Panics after [`AtomicFile::sync`].
@@ -374,7 +353,7 @@ mod tests {
         use std::os::unix::fs::FileExt;
         let dir = tempfile::tempdir().unwrap();
         let mut f = AtomicFile::create_direct(dir.path().join("x")).unwrap();
-        if !f.is_direct() {
+        if !f.direct {
             eprintln!("this filesystem has no O_DIRECT: nothing to turn off");
             return;
         }
@@ -384,7 +363,7 @@ mod tests {
             handle.write_at(b"tail", 0).is_err(),
             "an unaligned O_DIRECT write was taken"
         );
-        clear_direct(&handle, f.temp_path()).unwrap();
+        clear_direct(&handle, &f.temp).unwrap();
         handle.write_at(b"tail", 0).unwrap();
         f.file().file().write_at(b"T", 0).unwrap();
         f.sync().unwrap();

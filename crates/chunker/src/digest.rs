@@ -169,6 +169,52 @@ impl Hasher {
     }
 }
 
+/// The SHA-256 of each piece of a stream cut at the given sizes: what the split and the
+/// verification hash per chunk beside the whole digest. Bytes past the last size go to one
+/// more piece.
+pub(crate) struct PieceHashes<I> {
+    sizes: I,
+    left: u64,
+    current: Hasher,
+    digests: Vec<Sha256Digest>,
+}
+
+impl<I: Iterator<Item = u64>> PieceHashes<I> {
+    pub(crate) fn new(mut sizes: I) -> Self {
+        let left = sizes.next().unwrap_or(0);
+        let (current, digests) = (Hasher::new(), Vec::new());
+        Self {
+            sizes,
+            left,
+            current,
+            digests,
+        }
+    }
+
+    /// Feed the next bytes of the stream.
+    pub(crate) fn update(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            while self.left == 0 {
+                self.digests
+                    .push(std::mem::take(&mut self.current).finish());
+                self.left = self.sizes.next().unwrap_or(u64::MAX);
+            }
+            let (piece, rest) = data.split_at(self.left.min(data.len() as u64) as usize);
+            self.current.update(piece);
+            self.left -= piece.len() as u64;
+            data = rest;
+        }
+    }
+
+    /// Every piece's digest in order; pieces the stream never reached hash as empty.
+    pub(crate) fn finish(mut self) -> Vec<Sha256Digest> {
+        self.digests.push(self.current.finish());
+        self.digests
+            .extend(self.sizes.map(|_| Hasher::new().finish()));
+        self.digests
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

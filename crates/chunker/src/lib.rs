@@ -71,13 +71,11 @@ pub use error::{Error, Result};
 pub use input::{locate, member_of, sets_among};
 pub use oob::{OobDefect, OobLayout};
 pub use read::{
-    ArtifactReader, Resolved, join, join_checked, join_with_progress, open, read_chunk_manifest,
-    read_sidecar, resolve,
+    ArtifactReader, Resolved, join, join_checked, open, read_chunk_manifest, read_sidecar, resolve,
 };
 pub use split::{
     ChunkInfo, PlannedChunk, SplitOptions, SplitPlan, SplitReport, StagedSplit, other_forms,
-    plan_split, set_file_names, split_file, split_file_reporting, split_open_file, split_reader,
-    stage_reader,
+    plan_split, set_file_names, split_file, split_open_file, split_reader, stage_reader,
 };
 pub use verify::{
     DigestChecked, Expected, OwnSidecar, VerifiedChunk, VerifyReport, hash_chunk_set, verify,
@@ -120,9 +118,6 @@ pub const MAX_LEGACY_PARTS: u32 = 100;
 /// A `.chunkmanifest` or `.sha256` file is read up to this size (4 KiB), so a bogus one cannot
 /// make a reader load it whole: the one limit of every reader of them, local or in a store.
 pub const SMALL_FILE_LIMIT: u64 = 4096;
-
-/// The legacy writer's part size (95 MiB). Only informative: readers take parts as they are.
-pub const LEGACY_PART_SIZE: u64 = 95 * 1024 * 1024;
 
 /// `NAME.chunkNNofMM`, 1-based `index`.
 pub fn chunk_name(name: &str, index: u32, count: u32) -> String {
@@ -247,6 +242,13 @@ pub fn member_form(file_name: &str) -> Option<(&str, Form)> {
     Some((stem, form_of(stem, file_name).filter(|_| !stem.is_empty())?))
 }
 
+/// The last component of `path` as text (lossy), or `""` when it has none.
+pub(crate) fn file_name_of(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 /// Number of chunks a `size`-byte artifact splits into.
 pub fn chunk_count_for(size: u64, chunk_size: u64) -> u64 {
     size.div_ceil(chunk_size)
@@ -254,13 +256,7 @@ pub fn chunk_count_for(size: u64, chunk_size: u64) -> u64 {
 
 /// The logical name must be a bare file name: no separators, not `.`/`..`, not empty.
 pub(crate) fn check_name(name: &str) -> Result<()> {
-    let bad = name.is_empty()
-        || name == "."
-        || name == ".."
-        || name.contains('/')
-        || name.contains('\\')
-        || name.contains('\0');
-    if bad {
+    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\\', '\0']) {
         return Err(Error::InvalidName {
             name: name.to_string(),
         });

@@ -13,7 +13,6 @@
 //! cost grows with the number of buffers, not with their size. A plain pickle, a truncated
 //! buffer or trailing bytes are refused with the offset where the container stops making sense.
 
-use std::fmt;
 use std::io::{self, Read, Seek, SeekFrom};
 
 /// Largest opcode stream the device's loader treats as OOB (1 GiB).
@@ -44,49 +43,60 @@ pub struct OobLayout {
 }
 
 /// Why a file is not an OOB container, at which byte offset.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OobDefect {
     /// Shorter than the 10-byte head.
+    #[error("only {size} bytes; an OOB container has a 10-byte head")]
     TooShort {
         /// The file's size in bytes.
         size: u64,
     },
     /// `L` is outside `2..=1 GiB` (a plain pickle starts with `0x80 0x05` and fails here).
+    #[error("opcode length {value} is not in 2..={MAX_OPCODE_LEN}")]
     OpcodeLength {
         /// The length `L` read from bytes 0..8.
         value: i64,
     },
     /// Byte 8 is not the pickle `PROTO` opcode.
+    #[error(
+        "byte 8 is 0x{found:02x}, not the pickle PROTO opcode 0x80 (a plain pickle, not an OOB container?)"
+    )]
     NoProtoOpcode {
         /// The byte found at offset 8.
         found: u8,
     },
     /// Byte 9 is a protocol the loader does not know.
+    #[error("pickle protocol {found} is above {MAX_PICKLE_PROTOCOL}, which devices cannot load")]
     Protocol {
         /// The protocol byte found at offset 9.
         found: u8,
     },
     /// The opcode stream runs past the end of the file.
+    #[error("the opcode stream would end at byte {end}, past the end")]
     OpcodesTruncated {
         /// The byte offset the opcode stream would end at.
         end: u64,
     },
     /// The opcode stream does not end with `STOP`.
+    #[error("the opcode stream ends with 0x{found:02x}, not the pickle STOP opcode '.'")]
     NoStopOpcode {
         /// The last byte of the opcode stream.
         found: u8,
     },
     /// Fewer than 8 bytes left for a record's length.
+    #[error("{left} trailing byte(s), too few for a buffer record's 8-byte length")]
     RecordHeaderTruncated {
         /// Bytes left after the previous record.
         left: u64,
     },
     /// A negative record length.
+    #[error("buffer record length {value} is negative")]
     NegativeRecord {
         /// The length read.
         value: i64,
     },
     /// A record runs past the end of the file.
+    #[error("a {len}-byte buffer record with only {left} byte(s) left (truncated)")]
     RecordTruncated {
         /// The record's declared length in bytes.
         len: u64,
@@ -94,45 +104,8 @@ pub enum OobDefect {
         left: u64,
     },
     /// More than [`MAX_BUFFERS`] records.
+    #[error("more than {MAX_BUFFERS} buffer records")]
     TooManyBuffers,
-}
-
-impl fmt::Display for OobDefect {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::TooShort { size } => {
-                write!(f, "only {size} bytes; an OOB container has a 10-byte head")
-            }
-            Self::OpcodeLength { value } => {
-                write!(f, "opcode length {value} is not in 2..={MAX_OPCODE_LEN}")
-            }
-            Self::NoProtoOpcode { found } => write!(
-                f,
-                "byte 8 is 0x{found:02x}, not the pickle PROTO opcode 0x80 (a plain pickle, not an OOB container?)"
-            ),
-            Self::Protocol { found } => write!(
-                f,
-                "pickle protocol {found} is above {MAX_PICKLE_PROTOCOL}, which devices cannot load"
-            ),
-            Self::OpcodesTruncated { end } => {
-                write!(f, "the opcode stream would end at byte {end}, past the end")
-            }
-            Self::NoStopOpcode { found } => write!(
-                f,
-                "the opcode stream ends with 0x{found:02x}, not the pickle STOP opcode '.'"
-            ),
-            Self::RecordHeaderTruncated { left } => write!(
-                f,
-                "{left} trailing byte(s), too few for a buffer record's 8-byte length"
-            ),
-            Self::NegativeRecord { value } => write!(f, "buffer record length {value} is negative"),
-            Self::RecordTruncated { len, left } => write!(
-                f,
-                "a {len}-byte buffer record with only {left} byte(s) left (truncated)"
-            ),
-            Self::TooManyBuffers => write!(f, "more than {MAX_BUFFERS} buffer records"),
-        }
-    }
 }
 
 /// A defect and where: the offset of the field that is wrong.

@@ -55,12 +55,7 @@ impl Resolved {
 
     /// The logical size: the sum of the pieces' sizes.
     pub fn size(&self) -> u64 {
-        match self {
-            Resolved::Plain { size, .. } => *size,
-            Resolved::Chunked { pieces, .. } | Resolved::Legacy { pieces, .. } => {
-                pieces.iter().map(|(_, s)| s).sum()
-            }
-        }
+        self.pieces().iter().map(|(_, s)| s).sum()
     }
 
     /// The manifest's `artifact_chunk_count` for this form: 0 for one plain file.
@@ -83,29 +78,13 @@ impl Resolved {
     }
 }
 
-/// What is on disk for a logical name, before the "incomplete means absent" rule is applied.
-pub(crate) enum Found {
-    Present(Resolved),
-    MissingChunk {
-        index: u32,
-        count: u32,
-        path: PathBuf,
-    },
-    Absent,
-}
-
 fn split_logical(logical: &Path) -> Result<(&Path, String)> {
-    let name = logical
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .ok_or_else(|| Error::InvalidName {
-            name: logical.display().to_string(),
-        })?;
-    let dir = match logical.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    Ok((dir, name))
+    let name = crate::file_name_of(logical);
+    if name.is_empty() {
+        let name = logical.display().to_string();
+        return Err(Error::InvalidName { name });
+    }
+    Ok((crate::atomic::parent_dir(logical), name))
 }
 
 fn file_size(path: &Path) -> Result<Option<u64>> {
@@ -117,13 +96,13 @@ fn file_size(path: &Path) -> Result<Option<u64>> {
     }
 }
 
-pub(crate) fn inspect(logical: &Path) -> Result<Found> {
+/// Like [`resolve`], but a missing chunk ([`Error::MissingChunk`]) or a missing artifact
+/// ([`Error::NotFound`]) is an error saying which.
+pub(crate) fn resolve_strict(logical: &Path) -> Result<Resolved> {
     let (dir, name) = split_logical(logical)?;
     if let Some(size) = file_size(logical)? {
-        return Ok(Found::Present(Resolved::Plain {
-            path: logical.to_path_buf(),
-            size,
-        }));
+        let path = logical.to_path_buf();
+        return Ok(Resolved::Plain { path, size });
     }
     let manifest = dir.join(chunk_manifest_name(&name));
     if let Some(count) = read_chunk_manifest(&manifest)? {
@@ -132,10 +111,10 @@ pub(crate) fn inspect(logical: &Path) -> Result<Found> {
             let path = dir.join(chunk_name(&name, index, count));
             match file_size(&path)? {
                 Some(size) => pieces.push((path, size)),
-                None => return Ok(Found::MissingChunk { index, count, path }),
+                None => return Err(Error::MissingChunk { index, count, path }),
             }
         }
-        return Ok(Found::Present(Resolved::Chunked { manifest, pieces }));
+        return Ok(Resolved::Chunked { manifest, pieces });
     }
     let first = dir.join(legacy_part_name(&name, 0));
     let sidecar = dir.join(sidecar_name(&name));
@@ -150,60 +129,47 @@ pub(crate) fn inspect(logical: &Path) -> Result<Found> {
                 None => break,
             }
         }
-        return Ok(Found::Present(Resolved::Legacy {
+        return Ok(Resolved::Legacy {
             sidecar,
             digest,
             pieces,
-        }));
+        });
     }
-    Ok(Found::Absent)
+    let path = logical.to_path_buf();
+    Err(Error::NotFound { path })
 }
 
 /// Read and parse the `.chunkmanifest` at `path`; `Ok(None)` when there is none.
 pub fn read_chunk_manifest(path: &Path) -> Result<Option<u32>> {
-    match file_size(path)? {
-        Some(_) => parse_chunk_manifest(&read_small(path)?, path).map(Some),
-        None => Ok(None),
-    }
+    read_small(path, parse_chunk_manifest)
 }
 
 /// Read and parse the `.sha256` sidecar at `path`; `Ok(None)` when there is none.
 pub fn read_sidecar(path: &Path) -> Result<Option<Sha256Digest>> {
-    match file_size(path)? {
-        Some(_) => parse_sidecar(&read_small(path)?, path).map(Some),
-        None => Ok(None),
-    }
+    read_small(path, parse_sidecar)
 }
 
-/// Read a sidecar or chunk manifest, never more than [`crate::SMALL_FILE_LIMIT`].
-fn read_small(path: &Path) -> Result<Vec<u8>> {
+/// Read a sidecar or chunk manifest, never more than [`crate::SMALL_FILE_LIMIT`], and parse it;
+/// `Ok(None)` when there is none.
+fn read_small<T>(path: &Path, parse: fn(&[u8], &Path) -> Result<T>) -> Result<Option<T>> {
+    if file_size(path)?.is_none() {
+        return Ok(None);
+    }
     let mut buf = Vec::new();
     File::open(path)?
         .take(crate::SMALL_FILE_LIMIT)
         .read_to_end(&mut buf)?;
-    Ok(buf)
+    parse(&buf, path).map(Some)
 }
 
 /// Find the logical artifact at `logical` (e.g. `models/pop223_driving_tinygrad.pkl`).
 /// `Ok(None)` when nothing complete is there; an error only for I/O failures and malformed
 /// chunk manifests or sidecars.
 pub fn resolve(logical: &Path) -> Result<Option<Resolved>> {
-    Ok(match inspect(logical)? {
-        Found::Present(r) => Some(r),
-        Found::MissingChunk { .. } | Found::Absent => None,
-    })
-}
-
-/// Like [`resolve`], but a missing chunk or a missing artifact is an error saying which.
-pub(crate) fn resolve_strict(logical: &Path) -> Result<Resolved> {
-    match inspect(logical)? {
-        Found::Present(r) => Ok(r),
-        Found::MissingChunk { index, count, path } => {
-            Err(Error::MissingChunk { index, count, path })
-        }
-        Found::Absent => Err(Error::NotFound {
-            path: logical.to_path_buf(),
-        }),
+    match resolve_strict(logical) {
+        Ok(r) => Ok(Some(r)),
+        Err(Error::MissingChunk { .. } | Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
@@ -335,21 +301,12 @@ impl Seek for ArtifactReader {
 /// Returns its digest and size. Where a `.sha256` sidecar is present (always for legacy parts),
 /// the joined bytes must match it, or nothing is written.
 pub fn join(logical: &Path, output: &Path) -> Result<(Sha256Digest, u64)> {
-    join_with_progress(logical, output, &mut |_| {})
+    join_checked(logical, output, None, &mut |_| {})
 }
 
-/// [`join`], calling `progress` with the number of bytes read each time it reads.
-pub fn join_with_progress(
-    logical: &Path,
-    output: &Path,
-    progress: &mut dyn FnMut(u64),
-) -> Result<(Sha256Digest, u64)> {
-    join_checked(logical, output, None, progress)
-}
-
-/// [`join_with_progress`] with the whole artifact's SHA-256 given (`sha256`, e.g. the
-/// manifest's `artifact_sha256`): the joined bytes must match it, or nothing is written. A
-/// chunk set with neither a given digest nor a `.sha256` (as Python's chunker writes them) is
+/// [`join`], calling `progress` with the number of bytes read each time it reads, and with the
+/// whole artifact's SHA-256 given when `sha256` is (e.g. the manifest's `artifact_sha256`): the
+/// joined bytes must match it, or nothing is written. A chunk set with neither a given digest nor a `.sha256` (as Python's chunker writes them) is
 /// checked by its chunk sizes before anything is written.
 pub fn join_checked(
     logical: &Path,

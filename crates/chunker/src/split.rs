@@ -25,7 +25,7 @@ use fs_err as fs;
 use serde::Serialize;
 
 use crate::atomic::{self, AtomicFile, DIRECT_ALIGN};
-use crate::digest::Hasher;
+use crate::digest::{Hasher, PieceHashes};
 use crate::error::{Error, Result};
 use crate::{
     DEFAULT_CHUNK_SIZE, Form, MAX_CHUNKS, Sha256Digest, check_name, chunk_count_for,
@@ -85,23 +85,13 @@ pub struct SplitReport {
 /// The source file itself is left untouched. If `out_dir` is the source's directory, the plain
 /// file keeps winning over the chunk set for readers (docs/formats.md, "Reading") until it is removed.
 pub fn split_file(src: &Path, out_dir: &Path, opts: &SplitOptions) -> Result<SplitReport> {
-    split_file_reporting(src, out_dir, opts, &|_| {})
-}
-
-/// [`split_file`], calling `progress` with each piece's length once it is written (from the
-/// writer threads: the sum reaches the file's size).
-pub fn split_file_reporting(
-    src: &Path,
-    out_dir: &Path,
-    opts: &SplitOptions,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<SplitReport> {
     let file = fs::File::open(src)?;
-    split_open_file(file.into_parts().0, src, out_dir, opts, progress)
+    split_open_file(file.into_parts().0, src, out_dir, opts, &|_| {})
 }
 
-/// [`split_file_reporting`] of a file the caller has opened (and checked) already, so that the
-/// file split is the one checked even if `src` is replaced meanwhile. `src` names the chunk set
+/// [`split_file`] of a file the caller has opened (and checked) already, so that the file split
+/// is the one checked even if `src` is replaced meanwhile, calling `progress` with each piece's
+/// length once it is written (from the writer threads: the sum reaches the file's size). `src` names the chunk set
 /// and the errors; the size is the open file's. The file is read from its current position: one
 /// already read from gives [`Error::InputChanged`], never a split of part of it.
 pub fn split_open_file(
@@ -111,12 +101,11 @@ pub fn split_open_file(
     opts: &SplitOptions,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<SplitReport> {
-    let name = src
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .ok_or_else(|| Error::InvalidName {
-            name: src.display().to_string(),
-        })?;
+    let name = crate::file_name_of(src);
+    if name.is_empty() {
+        let name = src.display().to_string();
+        return Err(Error::InvalidName { name });
+    }
     // Through fs_err, so that a failure names the file.
     let file = fs::File::from_parts(file, src);
     let size = file.metadata()?.len();
@@ -189,16 +178,7 @@ pub fn plan_split(name: &str, size: u64, out_dir: &Path, opts: &SplitOptions) ->
             size: (size - u64::from(i - 1) * opts.chunk_size).min(opts.chunk_size),
         })
         .collect();
-    let mut listing = Vec::new();
-    match fs::read_dir(out_dir) {
-        Ok(entries) => {
-            for entry in entries {
-                listing.push(entry?.file_name().to_string_lossy().into_owned());
-            }
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e.into()),
-    }
+    let listing = names_in(out_dir)?;
     let mut removed: Vec<String> = listing
         .iter()
         .filter(|f| matches!(form_of(name, f), Some(Form::Chunk { count: c, .. }) if c != count))
@@ -227,28 +207,23 @@ pub fn plan_split(name: &str, size: u64, out_dir: &Path, opts: &SplitOptions) ->
 /// Remove the stale temporaries of the chunk set `name` from `out_dir` (see
 /// [`stale_temporaries`]), so an interrupted split does not leave them for good.
 fn remove_stale_temporaries(out_dir: &Path, name: &str) -> Result<()> {
-    let entries = match fs::read_dir(out_dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e.into()),
-    };
-    let mut names = Vec::new();
-    for entry in entries {
-        names.push(entry?.file_name().to_string_lossy().into_owned());
-    }
-    for stale in stale_temporaries(
-        name,
-        names.iter().map(String::as_str),
-        atomic::process_alive,
-    ) {
-        let path = out_dir.join(stale);
-        match fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e.into()),
-        }
+    let names = names_in(out_dir)?;
+    let alive = atomic::process_alive;
+    for stale in stale_temporaries(name, names.iter().map(String::as_str), alive) {
+        atomic::remove_if_exists(out_dir.join(stale))?;
     }
     Ok(())
+}
+
+/// The names in `dir` (lossily as text); none when it does not exist.
+fn names_in(dir: &Path) -> Result<Vec<String>> {
+    match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+            .collect(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// What [`split_reader`]'s errors call the stream it reads, which it cannot name.
@@ -309,6 +284,9 @@ fn stage_with<R: Read>(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<StagedSplit> {
     let writer_cfg = WriterConfig::prepare(name, size, out_dir, opts)?;
+    let sizes = (1..=writer_cfg.count)
+        .map(|i| writer_cfg.chunk_len(i))
+        .collect();
     let (empty_tx, empty_rx) = sync_channel::<Buf>(BUFFERS_IN_FLIGHT);
     for _ in 0..BUFFERS_IN_FLIGHT {
         empty_tx.send(Buf::new()).expect("pool fits");
@@ -316,10 +294,9 @@ fn stage_with<R: Read>(
     let (read_tx, read_rx) = sync_channel::<Filled>(BUFFERS_IN_FLIGHT);
     let (hashed_tx, hashed_rx) = sync_channel::<Filled>(BUFFERS_IN_FLIGHT);
     let (write_tx, write_rx) = sync_channel::<Filled>(BUFFERS_IN_FLIGHT);
-    let chunk_size = opts.chunk_size;
     let (read_result, whole, digests, write_result) = thread::scope(|scope| {
         let whole = scope.spawn(|| hash_whole(read_rx, hashed_tx));
-        let hasher = scope.spawn(|| hash_chunks(chunk_size, hashed_rx, write_tx));
+        let hasher = scope.spawn(|| hash_chunks(sizes, hashed_rx, write_tx));
         let writer = scope.spawn(move || write_chunks(writer_cfg, write_rx, empty_tx, progress));
         let read_result = read_input(&mut reader, size, read_tx, empty_rx);
         let whole = whole.join().expect("whole-artifact hasher panicked");
@@ -376,13 +353,31 @@ impl StagedSplit {
 
     /// Make the set visible (see the module comment for the crash-safe order).
     pub fn install(self) -> Result<SplitReport> {
-        install(
-            &self.name,
-            &self.out_dir,
-            self.staged,
-            self.whole,
-            self.size,
-        )
+        let Self {
+            name,
+            out_dir,
+            staged,
+            whole,
+            size,
+        } = self;
+        let count = staged.chunks.len() as u32;
+        let manifest_path = out_dir.join(chunk_manifest_name(&name));
+        atomic::remove_if_exists(&manifest_path)?;
+        atomic::sync_dir(&out_dir)?;
+        for file in staged.files {
+            file.commit()?;
+        }
+        remove_stale_chunks(&name, &out_dir, count)?;
+        let sidecar = out_dir.join(sidecar_name(&name));
+        atomic::write_atomic(&sidecar, format_sidecar(&whole, &name).as_bytes())?;
+        atomic::write_atomic(&manifest_path, format_chunk_manifest(count).as_bytes())?;
+        Ok(SplitReport {
+            name,
+            size,
+            sha256: whole,
+            chunk_count: count,
+            chunks: staged.chunks,
+        })
     }
 
     /// [`StagedSplit::install`], then remove every other form of the artifact in `out_dir`
@@ -526,64 +521,21 @@ fn hash_whole(read_rx: Receiver<Filled>, hashed_tx: SyncSender<Filled>) -> Sha25
     whole.finish()
 }
 
-/// Hashing stage: the SHA-256 of each chunk, on a thread of its own so that the two hashes of
-/// every byte run on two cores; buffers go on to the writer untouched. Returns the digests in
-/// order, the last one of whatever the last chunk received.
+/// Hashing stage: the SHA-256 of each chunk (cut at `sizes`), on a thread of its own so that
+/// the two hashes of every byte run on two cores; buffers go on to the writer untouched.
 fn hash_chunks(
-    chunk_size: u64,
+    sizes: Vec<u64>,
     hashed_rx: Receiver<Filled>,
     write_tx: SyncSender<Filled>,
 ) -> Vec<Sha256Digest> {
-    let mut cutter = Cutter::new(chunk_size);
-    let mut digests = Vec::new();
-    let mut current: Option<Hasher> = None;
+    let mut hashes = PieceHashes::new(sizes.into_iter());
     for (buf, len) in hashed_rx {
-        let mut data = &buf[..len];
-        while !data.is_empty() {
-            let (piece, full) = cutter.next(&mut data);
-            let hasher = current.get_or_insert_with(Hasher::new);
-            hasher.update(piece);
-            if full {
-                digests.extend(current.take().map(Hasher::finish));
-            }
-        }
+        hashes.update(&buf[..len]);
         if write_tx.send((buf, len)).is_err() {
             break; // the writer stopped; its error is reported by the caller
         }
     }
-    // A last chunk shorter than the others ends with the stream.
-    digests.extend(current.map(Hasher::finish));
-    digests
-}
-
-/// Cuts a byte stream into chunk-size pieces, remembering where the current chunk stands, so that
-/// the chunk hasher and the writer cut the same stream at the same places.
-struct Cutter {
-    chunk_size: u64,
-    filled: u64,
-}
-
-impl Cutter {
-    fn new(chunk_size: u64) -> Self {
-        Self {
-            chunk_size,
-            filled: 0,
-        }
-    }
-
-    /// Split off the next piece of `data` that fits in the current chunk. The flag says whether
-    /// the piece completes the chunk.
-    fn next<'a>(&mut self, data: &mut &'a [u8]) -> (&'a [u8], bool) {
-        let room = (self.chunk_size - self.filled).min(data.len() as u64) as usize;
-        let (piece, rest) = data.split_at(room);
-        *data = rest;
-        self.filled += room as u64;
-        let full = self.filled == self.chunk_size;
-        if full {
-            self.filled = 0;
-        }
-        (piece, full)
-    }
+    hashes.finish()
 }
 
 struct WriterConfig {
@@ -721,34 +673,6 @@ fn write_chunks(
     Ok(Staged { files, chunks })
 }
 
-/// Make the staged set visible: old manifest out, chunks in, sidecar, manifest last.
-fn install(
-    name: &str,
-    out_dir: &Path,
-    staged: Staged,
-    whole: Sha256Digest,
-    size: u64,
-) -> Result<SplitReport> {
-    let count = staged.chunks.len() as u32;
-    let manifest_path = out_dir.join(chunk_manifest_name(name));
-    atomic::remove_if_exists(&manifest_path)?;
-    atomic::sync_dir(out_dir)?;
-    for file in staged.files {
-        file.commit()?;
-    }
-    remove_stale_chunks(name, out_dir, count)?;
-    let sidecar = out_dir.join(sidecar_name(name));
-    atomic::write_atomic(&sidecar, format_sidecar(&whole, name).as_bytes())?;
-    atomic::write_atomic(&manifest_path, format_chunk_manifest(count).as_bytes())?;
-    Ok(SplitReport {
-        name: name.to_string(),
-        size,
-        sha256: whole,
-        chunk_count: count,
-        chunks: staged.chunks,
-    })
-}
-
 /// Chunks of an earlier split with a different count would only confuse people and tools.
 fn remove_stale_chunks(name: &str, dir: &Path, count: u32) -> Result<()> {
     for entry in fs::read_dir(dir)? {
@@ -821,7 +745,8 @@ mod tests {
             fs::write(&src, &data).unwrap();
             let opts = SplitOptions { chunk_size };
             let done = std::sync::atomic::AtomicU64::new(0);
-            let by_file = split_file_reporting(&src, &a, &opts, &|n| {
+            let file = std::fs::File::open(&src).unwrap();
+            let by_file = split_open_file(file, &src, &a, &opts, &|n| {
                 done.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
             })
             .unwrap();

@@ -12,6 +12,7 @@ use std::thread;
 
 use serde::Serialize;
 
+use crate::digest::PieceHashes;
 use crate::error::{Error, Result};
 use crate::read::{check_chunk_sizes, resolve_strict};
 use crate::{Hasher, IO_BUFFER_SIZE, Resolved, Sha256Digest};
@@ -136,7 +137,7 @@ pub fn verify_with_progress(
         }
     }
     let (wanted_whole, digest_checked) = whole_digests(logical, &resolved, expected)?;
-    for WholeDigest { want, against } in wanted_whole {
+    for (want, against) in wanted_whole {
         if want != whole {
             return Err(Error::DigestMismatch {
                 what: format!("{} (whole artifact{against})", logical.display()),
@@ -149,10 +150,7 @@ pub fn verify_with_progress(
         .iter()
         .enumerate()
         .map(|(i, (path, size))| VerifiedChunk {
-            name: path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            name: crate::file_name_of(path),
             size: *size,
             sha256: chunk_digests.get(i).copied(),
         })
@@ -176,10 +174,7 @@ fn check_shape<'e>(
     pieces: &[(PathBuf, u64)],
     expected: &'e Expected,
 ) -> Result<Option<&'e Vec<Sha256Digest>>> {
-    let name = logical
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = crate::file_name_of(logical);
     let count = resolved.chunk_count();
     if let Some(want) = expected.chunk_count
         && want != count
@@ -213,34 +208,22 @@ fn check_shape<'e>(
     }
 }
 
-/// A digest the whole artifact must hash to, and what it is checked against, for the message.
-struct WholeDigest {
-    want: Sha256Digest,
-    against: String,
-}
-
 /// The digests the whole artifact must hash to (the one expected, a legacy set's sidecar, else
-/// the artifact's own sidecar when asked to check it), and which of them [`DigestChecked`]
-/// names.
+/// the artifact's own sidecar when asked to check it), each with what it is checked against
+/// for the message, and which of them [`DigestChecked`] names.
 fn whole_digests(
     logical: &Path,
     resolved: &Resolved,
     expected: &Expected,
-) -> Result<(Vec<WholeDigest>, DigestChecked)> {
+) -> Result<(Vec<(Sha256Digest, String)>, DigestChecked)> {
     let mut wanted = vec![];
     let mut digest_checked = DigestChecked::Nothing;
     if let Some(want) = expected.sha256 {
-        wanted.push(WholeDigest {
-            want,
-            against: String::new(),
-        });
+        wanted.push((want, String::new()));
         digest_checked = DigestChecked::Expected;
     }
     if let Resolved::Legacy { digest, .. } = resolved {
-        wanted.push(WholeDigest {
-            want: *digest,
-            against: " against its .sha256".to_string(),
-        });
+        wanted.push((*digest, " against its .sha256".to_string()));
         if digest_checked == DigestChecked::Nothing {
             digest_checked = DigestChecked::OwnSidecar;
         }
@@ -248,10 +231,7 @@ fn whole_digests(
     {
         let sidecar = own_sidecar_path(logical);
         if let Some(want) = crate::read_sidecar(&sidecar)? {
-            wanted.push(WholeDigest {
-                want,
-                against: format!(" against {}", sidecar.display()),
-            });
+            wanted.push((want, format!(" against {}", sidecar.display())));
             digest_checked = DigestChecked::OwnSidecar;
         }
     }
@@ -260,11 +240,7 @@ fn whole_digests(
 
 /// `NAME.sha256` beside the logical artifact `NAME`.
 fn own_sidecar_path(logical: &Path) -> PathBuf {
-    let name = logical
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    logical.with_file_name(crate::sidecar_name(&name))
+    logical.with_file_name(crate::sidecar_name(&crate::file_name_of(logical)))
 }
 
 /// The SHA-256 of the whole of `pieces` (in order) and of each piece, in one pass that reads
@@ -295,29 +271,11 @@ fn hash_pieces(
     let (tx, rx) = sync_channel::<Arc<Vec<u8>>>(4);
     thread::scope(|scope| {
         let chunk_thread = scope.spawn(move || {
-            let mut digests = Vec::with_capacity(sizes.len());
-            let mut sizes = sizes.into_iter();
-            let mut remaining = sizes.next().unwrap_or(0);
-            let mut hasher = Hasher::new();
+            let mut hashes = PieceHashes::new(sizes.into_iter());
             for buf in rx {
-                let mut data = &buf[..];
-                while !data.is_empty() {
-                    while remaining == 0 {
-                        digests.push(std::mem::take(&mut hasher).finish());
-                        remaining = sizes.next().unwrap_or(u64::MAX);
-                    }
-                    let take = remaining.min(data.len() as u64) as usize;
-                    hasher.update(&data[..take]);
-                    remaining -= take as u64;
-                    data = &data[take..];
-                }
+                hashes.update(&buf);
             }
-            digests.push(hasher.finish());
-            // Trailing empty pieces still get their digest.
-            for _ in sizes {
-                digests.push(Hasher::new().finish());
-            }
-            digests
+            hashes.finish()
         });
         let mut whole = Hasher::new();
         let result = (|| {

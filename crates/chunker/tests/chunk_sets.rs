@@ -555,7 +555,7 @@ fn join_and_verify_report_progress_up_to_the_artifact_size() {
     let report = split_bytes(dir.path(), &data, 1024).unwrap();
     let logical = dir.path().join(NAME);
     let mut seen = 0u64;
-    chunker::join_with_progress(&logical, &dir.path().join("out"), &mut |n| seen += n).unwrap();
+    chunker::join_checked(&logical, &dir.path().join("out"), None, &mut |n| seen += n).unwrap();
     assert_eq!(seen, 5000);
     for per_chunk in [None, Some(report.chunks.iter().map(|c| c.sha256).collect())] {
         let mut seen = 0u64;

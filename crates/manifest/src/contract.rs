@@ -72,18 +72,8 @@ impl FromStr for ContractName {
             .find(|c| c.name_str == s)
             .map(|c| c.name)
             .ok_or_else(|| {
-                Error::invalid(
-                    "contract",
-                    s,
-                    format!(
-                        "must be one of {}",
-                        CONTRACTS
-                            .iter()
-                            .map(|c| c.name_str)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                )
+                let names = CONTRACTS.map(|c| c.name_str).join(", ");
+                Error::invalid("contract", s, format!("must be one of {names}"))
             })
     }
 }

@@ -59,9 +59,7 @@ impl Artifact {
             chunk_count,
         }
     }
-}
 
-impl Artifact {
     /// An artifact in the format `contract` publishes (v25 `tinygrad_single_v1`, v26
     /// `tinygrad_single_v1_arena`).
     pub fn for_contract(
@@ -185,6 +183,10 @@ impl ModelEntry {
         self.fields.get(key).and_then(Value::as_u64)
     }
 
+    fn flag(&self, key: &str) -> Option<bool> {
+        self.fields.get(key).and_then(Value::as_bool)
+    }
+
     /// `name`, when present.
     pub fn name(&self) -> Option<&str> {
         self.str_field(keys::NAME)
@@ -207,17 +209,12 @@ impl ModelEntry {
 
     /// `community_favorite`, when present.
     pub fn community_favorite(&self) -> Option<bool> {
-        self.fields
-            .get(keys::COMMUNITY_FAVORITE)
-            .and_then(Value::as_bool)
+        self.flag(keys::COMMUNITY_FAVORITE)
     }
 
     /// `uses_external_gpu`, false when absent (as on devices).
     pub fn uses_external_gpu(&self) -> bool {
-        self.fields
-            .get(keys::USES_EXTERNAL_GPU)
-            .and_then(Value::as_bool)
-            .unwrap_or(false)
+        self.flag(keys::USES_EXTERNAL_GPU).unwrap_or(false)
     }
 
     /// `model_size` (`small` or `chestnut`), when present.
@@ -227,9 +224,7 @@ impl ModelEntry {
 
     /// `model_lab_eligible`, when present.
     pub fn model_lab_eligible(&self) -> Option<bool> {
-        self.fields
-            .get(keys::MODEL_LAB_ELIGIBLE)
-            .and_then(Value::as_bool)
+        self.flag(keys::MODEL_LAB_ELIGIBLE)
     }
 
     /// `artifact_format`, when present (an unknown value is [`ArtifactFormat::Unsupported`]).
@@ -341,27 +336,17 @@ impl ModelEntry {
     }
 
     /// Replaces a key's value where it stands, or appends the key at the end — what a Python
-    /// `entry[key] = value` does, so our rewrites order keys like the Python tools' do.
+    /// `entry[key] = value` does (the map keeps insertion order), so our rewrites order keys
+    /// like the Python tools' do.
     fn put(&mut self, key: &str, value: Value) {
-        match self.fields.get_mut(key) {
-            Some(slot) => *slot = value,
-            None => {
-                self.fields.insert(key.to_owned(), value);
-            }
-        }
+        self.fields.insert(key.to_owned(), value);
     }
 
     /// Sets `artifact_format`, `artifact_size`, `artifact_sha256` and `artifact_chunk_count`;
     /// keys that are new are appended in that (the release tool's) order. Per-chunk digests
     /// that no longer match the count are dropped rather than left stale.
     pub fn set_artifact(&mut self, artifact: &Artifact) {
-        self.put(keys::ARTIFACT_FORMAT, artifact.format.as_str().into());
-        self.put(keys::ARTIFACT_SIZE, artifact.size.get().into());
-        self.put(keys::ARTIFACT_SHA256, artifact.sha256.to_hex().into());
-        self.put(
-            keys::ARTIFACT_CHUNK_COUNT,
-            artifact.chunk_count.get().into(),
-        );
+        put_artifact(&mut self.fields, artifact);
         if let Some(Value::Array(d)) = self.fields.get(keys::ARTIFACT_CHUNK_SHA256)
             && d.len() != artifact.chunk_count.get() as usize
         {
@@ -427,19 +412,7 @@ impl ModelEntry {
                     ),
                 )
             })?;
-        let mut put = |k: &str, v: Value| match slot.get_mut(k) {
-            Some(x) => *x = v,
-            None => {
-                slot.insert(k.to_owned(), v);
-            }
-        };
-        put(keys::ARTIFACT_FORMAT, artifact.format.as_str().into());
-        put(keys::ARTIFACT_SIZE, artifact.size.get().into());
-        put(keys::ARTIFACT_SHA256, artifact.sha256.to_hex().into());
-        put(
-            keys::ARTIFACT_CHUNK_COUNT,
-            artifact.chunk_count.get().into(),
-        );
+        put_artifact(slot, artifact);
         Ok(())
     }
 
@@ -456,16 +429,6 @@ impl ModelEntry {
     /// Sets `version` in place, or appends it.
     pub fn set_version(&mut self, version: BehaviorVersion) {
         self.put(keys::VERSION, version.to_string().into());
-    }
-
-    /// Sets `series` in place, or appends it.
-    pub fn set_series(&mut self, series: &str) {
-        self.put(keys::SERIES, series.into());
-    }
-
-    /// Sets `released` in place, or appends it.
-    pub fn set_released(&mut self, released: ReleaseDate) {
-        self.put(keys::RELEASED, released.to_string().into());
     }
 
     /// Sets `community_favorite` in place, or appends it.
@@ -507,6 +470,23 @@ impl ModelEntry {
         }
         Ok(self.fields.shift_remove(key))
     }
+}
+
+/// The four artifact keys of `artifact`, each in place or appended in the release tool's order.
+fn put_artifact(map: &mut Map<String, Value>, artifact: &Artifact) {
+    map.insert(
+        keys::ARTIFACT_FORMAT.into(),
+        artifact.format.as_str().into(),
+    );
+    map.insert(keys::ARTIFACT_SIZE.into(), artifact.size.get().into());
+    map.insert(
+        keys::ARTIFACT_SHA256.into(),
+        artifact.sha256.to_hex().into(),
+    );
+    map.insert(
+        keys::ARTIFACT_CHUNK_COUNT.into(),
+        artifact.chunk_count.get().into(),
+    );
 }
 
 impl Serialize for ModelEntry {

@@ -40,11 +40,11 @@ pub enum Error {
 
     /// The document parsed as JSON but breaks the rules every reader enforces. Every problem is
     /// listed, each with its JSON path.
-    #[error("manifest is invalid ({} problem{}):\n{}", .0.len(), if .0.len() == 1 { "" } else { "s" }, ProblemList(.0))]
+    #[error("manifest is invalid ({} problem{}):\n{}", .0.len(), if .0.len() == 1 { "" } else { "s" }, Lines(.0, "  "))]
     Invalid(Vec<Problem>),
 
     /// A setter was given a value for a known field that is not valid for that field.
-    #[error("invalid value for {key}: {problems}", problems = ProblemList(.problems))]
+    #[error("invalid value for {key}: {problems}", problems = Lines(.problems, "  "))]
     InvalidField {
         /// The field's JSON key.
         key: String,
@@ -100,15 +100,16 @@ pub(crate) fn abbreviate(s: &str) -> String {
     format!("{}…", &s[..end])
 }
 
-struct ProblemList<'a>(&'a [Problem]);
+/// Items one a line, each after a prefix.
+pub(crate) struct Lines<'a, T>(pub(crate) &'a [T], pub(crate) &'static str);
 
-impl fmt::Display for ProblemList<'_> {
+impl<T: fmt::Display> fmt::Display for Lines<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, p) in self.0.iter().enumerate() {
+        for (i, c) in self.0.iter().enumerate() {
             if i > 0 {
                 f.write_str("\n")?;
             }
-            write!(f, "  {p}")?;
+            write!(f, "{}{c}", self.1)?;
         }
         Ok(())
     }

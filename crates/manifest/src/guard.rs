@@ -12,6 +12,7 @@ use std::fmt;
 use serde_json::{Map, Value};
 
 use crate::Manifest;
+use crate::error::Lines;
 use crate::keys;
 use crate::types::ModelId;
 use crate::validate::join_key;
@@ -29,17 +30,16 @@ pub struct FieldChange {
 
 impl fmt::Display for FieldChange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let show = |v: &Option<Value>| match v {
-            Some(v) => crate::validate::abbreviate(&v.to_string()),
-            None => "(absent)".into(),
-        };
-        write!(
-            f,
-            "{}: {} -> {}",
-            self.field,
-            show(&self.old),
-            show(&self.new)
-        )
+        let (old, new) = (shown(&self.old), shown(&self.new));
+        write!(f, "{}: {old} -> {new}", self.field)
+    }
+}
+
+/// A value as a change shows it: abbreviated JSON, or `(absent)`.
+fn shown(v: &Option<Value>) -> String {
+    match v {
+        Some(v) => crate::validate::abbreviate(&v.to_string()),
+        None => "(absent)".into(),
     }
 }
 
@@ -170,13 +170,16 @@ pub fn diff(old: &Manifest, new: &Manifest) -> ManifestDiff {
 }
 
 /// One change the release guard did not expect.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UnexpectedChange {
     /// A model the new manifest adds that is not among the intended ones.
+    #[error("model {0} would be added, but it is not among the intended models")]
     Added(ModelId),
     /// A model the new manifest removes that is not among the intended ones.
+    #[error("model {0} would be removed, but it is not among the intended models")]
     Removed(ModelId),
     /// A field of a model that is not among the intended ones would change.
+    #[error("model {id}: field {field} would change, but {id} is not among the intended models")]
     Changed {
         /// The model.
         id: ModelId,
@@ -185,12 +188,19 @@ pub enum UnexpectedChange {
     },
     /// A top-level key other than `models` would change (adding `generation` or `tinygrad_commit`
     /// is allowed).
+    #[error("top-level field {field} would change")]
     TopLevel {
         /// The key.
         field: String,
     },
     /// The behaviour version or `uses_external_gpu` of a model would change within the
     /// generation: refused for every model, intended or not.
+    #[error(
+        "model {id}: {field} {} -> {} would change within the generation, which devices running \
+         it cannot tell apart; keep {field} as it is live (rerun `release-cli rebuild` with the \
+         live manifest as --base-manifest), or publish the change as a new model ID",
+        shown(.old), shown(.new)
+    )]
     Fixed {
         /// The model.
         id: ModelId,
@@ -201,46 +211,6 @@ pub enum UnexpectedChange {
         /// The new value; `None` when absent.
         new: Option<Value>,
     },
-}
-
-impl fmt::Display for UnexpectedChange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Added(id) => write!(
-                f,
-                "model {id} would be added, but it is not among the intended models"
-            ),
-            Self::Removed(id) => write!(
-                f,
-                "model {id} would be removed, but it is not among the intended models"
-            ),
-            Self::Changed { id, field } => write!(
-                f,
-                "model {id}: field {field} would change, but {id} is not among the intended models"
-            ),
-            Self::TopLevel { field } => write!(f, "top-level field {field} would change"),
-            Self::Fixed {
-                id,
-                field,
-                old,
-                new,
-            } => {
-                let show = |v: &Option<Value>| match v {
-                    Some(v) => crate::validate::abbreviate(&v.to_string()),
-                    None => "(absent)".into(),
-                };
-                write!(
-                    f,
-                    "model {id}: {field} {} -> {} would change within the generation, which \
-                     devices running it cannot tell apart; keep {field} as it is live (rerun \
-                     `release-cli rebuild` with the live manifest as --base-manifest), or \
-                     publish the change as a new model ID",
-                    show(old),
-                    show(new)
-                )
-            }
-        }
-    }
 }
 
 /// Refuses to replace `live` by `new` unless every difference is expected: a model may be
@@ -322,17 +292,31 @@ fn fixed_values_differ(field: &str, before: &crate::ModelEntry, after: &crate::M
 }
 
 /// One way a new generation's manifest departs from the previous generation's.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GenerationChange {
     /// In the new generation but not the old, and not named with `--add-model`.
+    #[error("+ model {0} is new (name it with --add-model {0})")]
     Added(ModelId),
     /// In the old generation but not the new, and not named with `--drop-model`.
+    #[error(
+        "- model {0} is missing (model IDs stay stable across generations; name it with \
+         --drop-model {0} to retire it)"
+    )]
     Dropped(ModelId),
     /// Named with `--add-model` but already in the old generation (or absent from the new).
+    #[error("--add-model {0}, but {0} is not a new model in this manifest")]
     NamedAddNotAdded(ModelId),
     /// Named with `--drop-model` but not in the old generation (or still in the new).
+    #[error(
+        "--drop-model {0}, but {0} is not a model the previous generation had and this one lacks"
+    )]
     NamedDropNotDropped(ModelId),
     /// The behaviour version changed: it must stay when only tinygrad changes.
+    #[error(
+        "~ model {id}: version {} -> {} (behaviour versions stay unchanged when only tinygrad \
+         changes)",
+        .old.as_deref().unwrap_or("(absent)"), .new.as_deref().unwrap_or("(absent)")
+    )]
     Version {
         /// The model.
         id: ModelId,
@@ -342,6 +326,10 @@ pub enum GenerationChange {
         new: Option<String>,
     },
     /// `uses_external_gpu` changed: a Chestnut build stays a Chestnut build.
+    #[error(
+        "~ model {id}: uses_external_gpu {old} -> {new} (only Chestnut builds set it, and a \
+         model keeps its target)"
+    )]
     ExternalGpu {
         /// The model.
         id: ModelId,
@@ -353,6 +341,15 @@ pub enum GenerationChange {
     /// An artifact (the model's own, or an `accelerator_artifacts` variant: `variant`) whose
     /// `artifact_sha256` is one the previous generation published (`from`, `from_variant`): a
     /// pickle compiled with the previous tinygrad, carried into the new generation.
+    #[error(
+        "~ model {id}: {} artifact_sha256 {sha256} is the previous generation's {} of model \
+         {from}, compiled with the previous tinygrad (rebuild it for this generation with \
+         `release-cli rebuild --workspace WS --generation vNN --source-map FILE --base-manifest \
+         FILE --model {id}`, WS: the rebuild workspace, vNN: this generation, FILE: the source \
+         map, then the previous generation's live manifest; or drop the variant; never carry an \
+         artifact across generations)",
+        artifact_kind(.variant), artifact_kind(.from_variant)
+    )]
     Carried {
         /// The model in the new generation carrying the artifact.
         id: ModelId,
@@ -367,75 +364,21 @@ pub enum GenerationChange {
     },
 }
 
-impl fmt::Display for GenerationChange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(absent)".into());
-        match self {
-            Self::Added(id) => write!(f, "+ model {id} is new (name it with --add-model {id})"),
-            Self::Dropped(id) => write!(
-                f,
-                "- model {id} is missing (model IDs stay stable across generations; name it with --drop-model {id} to retire it)"
-            ),
-            Self::NamedAddNotAdded(id) => write!(
-                f,
-                "--add-model {id}, but {id} is not a new model in this manifest"
-            ),
-            Self::NamedDropNotDropped(id) => write!(
-                f,
-                "--drop-model {id}, but {id} is not a model the previous generation had and this one lacks"
-            ),
-            Self::Version { id, old, new } => write!(
-                f,
-                "~ model {id}: version {} -> {} (behaviour versions stay unchanged when only tinygrad changes)",
-                show(old),
-                show(new)
-            ),
-            Self::ExternalGpu { id, old, new } => write!(
-                f,
-                "~ model {id}: uses_external_gpu {old} -> {new} (only Chestnut builds set it, and a model keeps its target)"
-            ),
-            Self::Carried {
-                id,
-                variant,
-                sha256,
-                from,
-                from_variant,
-            } => {
-                let what = |v: &Option<String>| match v {
-                    Some(v) => format!("accelerator variant {v:?}"),
-                    None => "artifact".to_string(),
-                };
-                write!(
-                    f,
-                    "~ model {id}: {} artifact_sha256 {sha256} is the previous generation's {} of model {from}, compiled with the previous tinygrad (rebuild it for this generation with `release-cli rebuild --workspace WS --generation vNN --source-map FILE --base-manifest FILE --model {id}`, WS: the rebuild workspace, vNN: this generation, FILE: the source map, then the previous generation's live manifest; or drop the variant; never carry an artifact across generations)",
-                    what(variant),
-                    what(from_variant)
-                )
-            }
-        }
+/// An entry's own artifact, or its accelerator variant `v`.
+fn artifact_kind(v: &Option<String>) -> String {
+    match v {
+        Some(v) => format!("accelerator variant {v:?}"),
+        None => "artifact".to_string(),
     }
 }
 
 /// Every departure of a new generation from the previous one, refused together.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", Lines(changes, "  "))]
 pub struct GenerationRefusal {
     /// Every change refused, in the order found.
     pub changes: Vec<GenerationChange>,
 }
-
-impl fmt::Display for GenerationRefusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, c) in self.changes.iter().enumerate() {
-            if i > 0 {
-                f.write_str("\n")?;
-            }
-            write!(f, "  {c}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for GenerationRefusal {}
 
 /// The rule between generations: a new generation keeps the previous one's model IDs (except
 /// those named in `add` and `drop`), every behaviour version and every `uses_external_gpu`,
@@ -448,18 +391,7 @@ pub fn generation_guard(
     add: &BTreeSet<ModelId>,
     drop: &BTreeSet<ModelId>,
 ) -> Result<(), GenerationRefusal> {
-    let old: BTreeMap<&ModelId, _> = previous
-        .models()
-        .iter()
-        .filter(|e| !e.id().is_local())
-        .map(|e| (e.id(), e))
-        .collect();
-    let cur: BTreeMap<&ModelId, _> = new
-        .models()
-        .iter()
-        .filter(|e| !e.id().is_local())
-        .map(|e| (e.id(), e))
-        .collect();
+    let (old, cur) = (published(previous), published(new));
     let mut changes = Vec::new();
     for id in cur.keys().filter(|id| !old.contains_key(*id)) {
         if !add.contains(*id) {
@@ -514,6 +446,12 @@ pub fn generation_guard(
     }
 }
 
+/// The entries of `m` that are published (not `local-`), by ID.
+fn published(m: &Manifest) -> BTreeMap<&ModelId, &crate::ModelEntry> {
+    let entries = m.models().iter().filter(|e| !e.id().is_local());
+    entries.map(|e| (e.id(), e)).collect()
+}
+
 /// Every artifact of `cur` (each model's own and each accelerator variant) whose SHA-256 is one
 /// of `old`'s, in `cur`'s order.
 fn carried(
@@ -558,24 +496,10 @@ fn carried(
 /// Why [`crate::guard()`] refuses to publish: every unexpected change, named.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("refusing to publish: the new manifest makes {} unexpected change{} to the live one:\n{}",
-    .changes.len(), if .changes.len() == 1 { "" } else { "s" }, ChangeList(changes))]
+    .changes.len(), if .changes.len() == 1 { "" } else { "s" }, Lines(changes, "  - "))]
 pub struct GuardRefusal {
     /// Every unexpected change, in the order found.
     pub changes: Vec<UnexpectedChange>,
-}
-
-struct ChangeList<'a>(&'a [UnexpectedChange]);
-
-impl fmt::Display for ChangeList<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, c) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("\n")?;
-            }
-            write!(f, "  - {c}")?;
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -216,9 +216,7 @@ impl StoreLayout {
         let dir = self.artifact_dir(generation, id);
         StorePath::from_segments(&[dir.as_str(), file.as_str()])
     }
-}
 
-impl StoreLayout {
     /// What `path` names in this layout: a generation's manifest (`None` as the rest), or
     /// something below a generation's directory (its path relative to that directory).
     fn locate(self, path: &StorePath) -> Option<(Generation, Option<&str>)> {

@@ -63,17 +63,8 @@ impl Manifest {
     /// An empty manifest for a generation built with the given tinygrad commit:
     /// `{"generation": ..., "tinygrad_commit": ..., "models": []}`.
     pub fn for_generation(generation: Generation, tinygrad_commit: &GitCommit) -> Self {
-        let mut top = Map::new();
-        top.insert(keys::GENERATION.into(), generation.to_string().into());
-        top.insert(
-            keys::TINYGRAD_COMMIT.into(),
-            tinygrad_commit.as_str().into(),
-        );
-        top.insert(keys::MODELS.into(), Value::Null);
-        Self {
-            top,
-            models: Vec::new(),
-        }
+        let v25 = crate::ContractName::V25.contract();
+        Self::for_contract(generation, tinygrad_commit, v25)
     }
 
     /// An empty manifest of a generation under `contract`: the contract's required top-level
@@ -208,29 +199,12 @@ impl Manifest {
         if !problems.is_empty() {
             return Err(Error::Invalid(problems));
         }
-        let (mut top, items) = match doc {
-            Value::Array(items) => {
-                let mut top = Map::new();
-                top.insert(keys::MODELS.into(), Value::Null);
-                (top, items)
-            }
-            Value::Object(mut top) => {
-                let items = match top.get_mut(keys::MODELS).map(Value::take) {
-                    Some(Value::Array(items)) => items,
-                    _ => unreachable!("check_document checked the models array"),
-                };
-                (top, items)
-            }
-            _ => unreachable!("check_document checked the document shape"),
-        };
-        let mut models = Vec::with_capacity(items.len());
-        for item in items {
-            let Value::Object(map) = item else {
-                unreachable!("check_document checked every entry is an object")
-            };
-            models.push(ModelEntry::from_map(map)?);
-        }
-        top.entry(keys::MODELS).or_insert(Value::Null);
+        let (top, items) = crate::tolerant::top_and_items(doc)?;
+        let models = items.into_iter().map(|item| match item {
+            Value::Object(map) => ModelEntry::from_map(map),
+            _ => unreachable!("check_document checked every entry is an object"),
+        });
+        let models = models.collect::<Result<_>>()?;
         Ok(Self { top, models })
     }
 
@@ -328,13 +302,9 @@ impl Manifest {
         self.put_top(keys::TINYGRAD_COMMIT, commit.as_str().into());
     }
 
+    /// In place, or appended (the map keeps insertion order).
     fn put_top(&mut self, key: &str, value: Value) {
-        match self.top.get_mut(key) {
-            Some(slot) => *slot = value,
-            None => {
-                self.top.insert(key.into(), value);
-            }
-        }
+        self.top.insert(key.into(), value);
     }
 
     /// Removes a top-level key other than `models`, keeping the order of the others.

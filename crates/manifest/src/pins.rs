@@ -8,7 +8,6 @@
 //! share a pin ([`PinTable::record`] refuses that when the pair is written).
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use serde_json::{Map, Value};
 
@@ -34,19 +33,26 @@ impl Default for PinTable {
 }
 
 /// Why a pin table cannot take a pair, or why a manifest's pin is refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PinRefusal {
     /// The manifest does not say which tinygrad it was built with.
+    #[error(
+        "the manifest has no tinygrad_commit; every {generation} manifest records the tinygrad pin its artifacts were compiled with"
+    )]
     Missing {
         /// The manifest's generation.
         generation: Generation,
     },
     /// No pin is recorded for the generation.
+    #[error(
+        "no tinygrad pin is recorded for {generation}; run `release-cli tinygrad bump --openpilot DIR --tinygrad-src TINYGRAD` for it (DIR: the openpilot checkout; TINYGRAD: a tinygrad tree at the new pin; it records the pair in DIR/{PINS_FILE}) and pass --openpilot DIR"
+    )]
     Unknown {
         /// The generation.
         generation: Generation,
     },
     /// The manifest's pin is not its generation's.
+    #[error("the manifest's tinygrad_commit {found} is not {generation}'s pin {expected}{}", belongs(*.belongs_to, *.generation))]
     Mismatch {
         /// The manifest's generation.
         generation: Generation,
@@ -58,6 +64,9 @@ pub enum PinRefusal {
         belongs_to: Option<Generation>,
     },
     /// Recording a pin already used by another generation.
+    #[error(
+        "tinygrad {commit} is already {owner}'s pin; a new generation ({generation}) needs a new tinygrad commit (same pin means same ABI: keep publishing {owner})"
+    )]
     Reused {
         /// The generation being recorded.
         generation: Generation,
@@ -67,6 +76,9 @@ pub enum PinRefusal {
         owner: Generation,
     },
     /// Recording a different contract for a generation that has one.
+    #[error(
+        "{generation} is already recorded as a {recorded}-contract generation, not {new}; a generation's contract never changes: bump to the next generation instead"
+    )]
     ContractConflict {
         /// The generation.
         generation: Generation,
@@ -76,6 +88,9 @@ pub enum PinRefusal {
         new: ContractName,
     },
     /// Recording a different pin for a generation that has one.
+    #[error(
+        "{generation} is already pinned to tinygrad {recorded}, not {new}; a pin never changes within a generation: bump to the next generation instead"
+    )]
     Conflict {
         /// The generation.
         generation: Generation,
@@ -86,64 +101,15 @@ pub enum PinRefusal {
     },
 }
 
-impl fmt::Display for PinRefusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Missing { generation } => write!(
-                f,
-                "the manifest has no tinygrad_commit; every {generation} manifest records the tinygrad pin its artifacts were compiled with"
-            ),
-            Self::Unknown { generation } => write!(
-                f,
-                "no tinygrad pin is recorded for {generation}; run `release-cli tinygrad bump --openpilot DIR --tinygrad-src TINYGRAD` for it (DIR: the openpilot checkout; TINYGRAD: a tinygrad tree at the new pin; it records the pair in DIR/{PINS_FILE}) and pass --openpilot DIR"
-            ),
-            Self::Mismatch {
-                generation,
-                expected,
-                found,
-                belongs_to,
-            } => {
-                write!(
-                    f,
-                    "the manifest's tinygrad_commit {found} is not {generation}'s pin {expected}"
-                )?;
-                if let Some(g) = belongs_to {
-                    write!(
-                        f,
-                        " (it is {g}'s: a {g} manifest cannot be published as {generation}, and its artifacts target another ABI)"
-                    )?;
-                }
-                Ok(())
-            }
-            Self::Reused {
-                generation,
-                commit,
-                owner,
-            } => write!(
-                f,
-                "tinygrad {commit} is already {owner}'s pin; a new generation ({generation}) needs a new tinygrad commit (same pin means same ABI: keep publishing {owner})"
-            ),
-            Self::ContractConflict {
-                generation,
-                recorded,
-                new,
-            } => write!(
-                f,
-                "{generation} is already recorded as a {recorded}-contract generation, not {new}; a generation's contract never changes: bump to the next generation instead"
-            ),
-            Self::Conflict {
-                generation,
-                recorded,
-                new,
-            } => write!(
-                f,
-                "{generation} is already pinned to tinygrad {recorded}, not {new}; a pin never changes within a generation: bump to the next generation instead"
-            ),
-        }
-    }
+/// What a pin that is another generation's adds to [`PinRefusal::Mismatch`].
+fn belongs(owner: Option<Generation>, generation: Generation) -> String {
+    owner.map_or_else(String::new, |g| {
+        format!(
+            " (it is {g}'s: a {g} manifest cannot be published as {generation}, and its artifacts \
+             target another ABI)"
+        )
+    })
 }
-
-impl std::error::Error for PinRefusal {}
 
 impl PinTable {
     /// The pins this code was released with.
@@ -315,10 +281,7 @@ impl PinTable {
                     .unwrap_or(BASE_CONTRACT);
                 let value = match self.contracts.get(g) {
                     Some(k) if *k != inherited => {
-                        let mut o = Map::new();
-                        o.insert("tinygrad".into(), Value::String(c.to_string()));
-                        o.insert("contract".into(), Value::String(k.to_string()));
-                        Value::Object(o)
+                        serde_json::json!({"tinygrad": c.to_string(), "contract": k.to_string()})
                     }
                     _ => Value::String(c.to_string()),
                 };

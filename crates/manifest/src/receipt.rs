@@ -110,46 +110,29 @@ impl<'de> Deserialize<'de> for SourceDigests {
 }
 
 /// Why a receipt could not be read.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ReceiptReadError {
     /// Reading the receipt failed.
+    #[error("could not read the build receipt: {0}")]
     Io(std::io::Error),
     /// The receipt is over the size cap.
+    #[error("more than {limit} bytes: not a build receipt")]
     TooLarge {
         /// The cap, in bytes ([`MAX_RECEIPT_BYTES`]).
         limit: u64,
     },
     /// Not JSON, a field missing or of the wrong type, or an unknown key; serde_json's message.
+    #[error("not a build receipt: {0}")]
     Invalid(String),
 }
 
-impl fmt::Display for ReceiptReadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Io(e) => write!(f, "could not read the build receipt: {e}"),
-            Self::TooLarge { limit } => {
-                write!(f, "more than {limit} bytes: not a build receipt")
-            }
-            Self::Invalid(why) => write!(f, "not a build receipt: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for ReceiptReadError {}
-
 /// Read a receipt: at most [`MAX_RECEIPT_BYTES`], every field with its type, no other key.
 pub fn read_receipt(input: impl Read) -> Result<BuildReceipt, ReceiptReadError> {
-    let mut bytes = Vec::new();
-    input
-        .take(MAX_RECEIPT_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(ReceiptReadError::Io)?;
-    if bytes.len() as u64 > MAX_RECEIPT_BYTES {
-        return Err(ReceiptReadError::TooLarge {
-            limit: MAX_RECEIPT_BYTES,
-        });
+    let limit = MAX_RECEIPT_BYTES;
+    match chunker::bounded::read_up_to(input, limit).map_err(ReceiptReadError::Io)? {
+        Some(bytes) => parse_receipt(&bytes),
+        None => Err(ReceiptReadError::TooLarge { limit }),
     }
-    parse_receipt(&bytes)
 }
 
 /// Parse a receipt from bytes (no size cap): every field with its type, no other key.
@@ -166,7 +149,11 @@ impl BuildReceipt {
 }
 
 /// A receipt that does not tie its file to this pin and these bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{file}: its build receipt's {field} is {found}, but this generation and file need \
+     {expected}; rebuild it with the pinned tinygrad (its receipt is written beside it)"
+)]
 pub struct ReceiptRefusal {
     /// The artifact's file name.
     pub file: String,
@@ -177,18 +164,6 @@ pub struct ReceiptRefusal {
     /// What the receipt says.
     pub found: String,
 }
-
-impl fmt::Display for ReceiptRefusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: its build receipt's {} is {}, but this generation and file need {}; rebuild it with the pinned tinygrad (its receipt is written beside it)",
-            self.file, self.field, self.found, self.expected
-        )
-    }
-}
-
-impl std::error::Error for ReceiptRefusal {}
 
 /// The decision: `receipt` (of `file`) against the contract's ABI, the pin, and the bytes that
 /// ship (`digest`, `size`). A contract without build receipts accepts anything.

@@ -222,6 +222,37 @@ impl SignatureBlock {
             .and_then(|l| l.strip_prefix("trusted comment: "))
             .unwrap_or_default()
     }
+
+    /// Why this block is not in minisign's form (four lines: `untrusted comment:`, signature,
+    /// `trusted comment: `, global signature), or `None`. A defective block is never decoded.
+    pub fn defect(&self) -> Option<String> {
+        let l: Vec<&str> = self.0.lines().collect();
+        if l.len() != 4 {
+            return Some(format!(
+                "{} lines; a minisign signature block is 4",
+                l.len()
+            ));
+        }
+        if !l[0].starts_with("untrusted comment:") || !l[2].starts_with("trusted comment: ") {
+            return Some("does not have minisign's untrusted/trusted comment lines".into());
+        }
+        None
+    }
+
+    /// A block from one minisign signature's text (as a minisign library prints it).
+    pub fn from_minisign_text(text: &str) -> std::result::Result<Self, Refusal> {
+        let mut blocks = signature_blocks(text)?;
+        if blocks.len() != 1 {
+            return Err(Refusal::Malformed {
+                reason: format!("expected one signature block, found {}", blocks.len()),
+            });
+        }
+        let block = blocks.remove(0);
+        match block.defect() {
+            Some(reason) => Err(Refusal::Malformed { reason }),
+            None => Ok(block),
+        }
+    }
 }
 
 /// Split a signature file into its blocks: a block starts at an `untrusted comment:` line or
@@ -264,44 +295,9 @@ pub fn signature_blocks(text: &str) -> std::result::Result<Vec<SignatureBlock>, 
         .collect())
 }
 
-impl SignatureBlock {
-    /// Why this block is not in minisign's form (four lines: `untrusted comment:`, signature,
-    /// `trusted comment: `, global signature), or `None`. A defective block is never decoded.
-    pub fn defect(&self) -> Option<String> {
-        let l: Vec<&str> = self.0.lines().collect();
-        if l.len() != 4 {
-            return Some(format!(
-                "{} lines; a minisign signature block is 4",
-                l.len()
-            ));
-        }
-        if !l[0].starts_with("untrusted comment:") || !l[2].starts_with("trusted comment: ") {
-            return Some("does not have minisign's untrusted/trusted comment lines".into());
-        }
-        None
-    }
-}
-
 /// Join blocks into one signature file (the first is what `minisign -V` checks).
 pub fn join_signature_blocks(blocks: &[SignatureBlock]) -> String {
     blocks.iter().map(|b| b.as_str()).collect()
-}
-
-impl SignatureBlock {
-    /// A block from one minisign signature's text (as a minisign library prints it).
-    pub fn from_minisign_text(text: &str) -> std::result::Result<Self, Refusal> {
-        let mut blocks = signature_blocks(text)?;
-        if blocks.len() != 1 {
-            return Err(Refusal::Malformed {
-                reason: format!("expected one signature block, found {}", blocks.len()),
-            });
-        }
-        let block = blocks.remove(0);
-        match block.defect() {
-            Some(reason) => Err(Refusal::Malformed { reason }),
-            None => Ok(block),
-        }
-    }
 }
 
 /// Why a device refuses a fetched manifest when it has trusted keys. Refusing changes nothing on
@@ -591,51 +587,48 @@ pub fn uncovered_artifacts(m: &crate::Manifest) -> Vec<Uncovered> {
     use crate::keys;
     use crate::validate::join_key;
     let mut out = Vec::new();
+    let mut check = |model: &ModelId, variant: Option<String>, at: &str, present: [bool; 3]| {
+        let missing: Vec<String> = [
+            keys::ARTIFACT_SIZE,
+            keys::ARTIFACT_SHA256,
+            keys::ARTIFACT_CHUNK_COUNT,
+        ]
+        .into_iter()
+        .zip(present)
+        .filter(|(_, present)| !present)
+        .map(|(k, _)| join_key(at, k))
+        .collect();
+        if !missing.is_empty() {
+            let model = model.clone();
+            out.push(Uncovered {
+                model,
+                variant,
+                missing,
+            });
+        }
+    };
     for (i, e) in m.models().iter().enumerate() {
         if !e.is_supported() || e.id().is_local() {
             continue;
         }
         let here = format!("models[{i}]");
-        let missing: Vec<String> = [
-            (keys::ARTIFACT_SIZE, e.artifact_size().is_some()),
-            (keys::ARTIFACT_SHA256, e.artifact_sha256().is_some()),
-            (
-                keys::ARTIFACT_CHUNK_COUNT,
-                e.artifact_chunk_count().is_some(),
-            ),
-        ]
-        .into_iter()
-        .filter(|(_, present)| !present)
-        .map(|(k, _)| join_key(&here, k))
-        .collect();
-        if !missing.is_empty() {
-            out.push(Uncovered {
-                model: e.id().clone(),
-                variant: None,
-                missing,
-            });
-        }
+        let present = [
+            e.artifact_size().is_some(),
+            e.artifact_sha256().is_some(),
+            e.artifact_chunk_count().is_some(),
+        ];
+        check(e.id(), None, &here, present);
         for (name, v) in e.accelerators() {
             if v.format.as_ref().is_some_and(|f| !f.is_supported()) {
                 continue;
             }
             let at = join_key(&join_key(&here, keys::ACCELERATOR_ARTIFACTS), &name);
-            let missing: Vec<String> = [
-                (keys::ARTIFACT_SIZE, v.size.is_some()),
-                (keys::ARTIFACT_SHA256, v.sha256.is_some()),
-                (keys::ARTIFACT_CHUNK_COUNT, v.chunk_count.is_some()),
-            ]
-            .into_iter()
-            .filter(|(_, present)| !present)
-            .map(|(k, _)| join_key(&at, k))
-            .collect();
-            if !missing.is_empty() {
-                out.push(Uncovered {
-                    model: e.id().clone(),
-                    variant: Some(name),
-                    missing,
-                });
-            }
+            let present = [
+                v.size.is_some(),
+                v.sha256.is_some(),
+                v.chunk_count.is_some(),
+            ];
+            check(e.id(), Some(name), &at, present);
         }
     }
     out

@@ -102,27 +102,24 @@ pub enum Framing {
 
 impl fmt::Display for Framing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (opcode_len, tail) = match self {
-            Self::Plain => return f.write_str("plain pickle"),
+        let head = "length-prefixed pickle";
+        match self {
+            Self::Plain => f.write_str("plain pickle"),
             Self::OobRecords {
-                opcode_len,
-                buffers,
-            } => (
-                opcode_len,
-                format!("out-of-band buffer records ({buffers} buffer reference(s))"),
+                opcode_len: n,
+                buffers: b,
+            } => write!(
+                f,
+                "{head} ({n} opcode bytes) with out-of-band buffer records ({b} buffer reference(s))"
             ),
             Self::LengthArena {
-                opcode_len,
-                persistent_ids,
-            } => (
-                opcode_len,
-                format!("one arena ({persistent_ids} persistent id(s))"),
+                opcode_len: n,
+                persistent_ids: p,
+            } => write!(
+                f,
+                "{head} ({n} opcode bytes) with one arena ({p} persistent id(s))"
             ),
-        };
-        write!(
-            f,
-            "length-prefixed pickle ({opcode_len} opcode bytes) with {tail}"
-        )
+        }
     }
 }
 /// A value of the top-level dict, as far as the stamp reader keeps it.

@@ -105,6 +105,13 @@ const BOOL_KEYS: [&str; 3] = [
     keys::MODEL_LAB_ELIGIBLE,
 ];
 
+/// 64 hex digits, some uppercase: a digest upstream reads case-insensitively.
+fn upper_hex_digest(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes().all(|b| b.is_ascii_hexdigit())
+        && s.bytes().any(|b| b.is_ascii_uppercase())
+}
+
 /// Upstream's reading of one object's scalar fields, applied in place. Pure.
 fn normalise_fields(map: &mut Map<String, Value>, path: &str, out: &mut Vec<Problem>) {
     let mut note = |key: &str, message: String| {
@@ -120,10 +127,7 @@ fn normalise_fields(map: &mut Map<String, Value>, path: &str, out: &mut Vec<Prob
         if s.trim().is_empty() {
             map.shift_remove(key);
             note(key, "empty; read as not declared".into());
-        } else if s.len() == 64
-            && s.bytes().all(|b| b.is_ascii_hexdigit())
-            && s.bytes().any(|b| b.is_ascii_uppercase())
-        {
+        } else if upper_hex_digest(s) {
             let lower = s.to_ascii_lowercase();
             map.insert(key.to_owned(), Value::String(lower));
             note(key, "uppercase hex; lowercased".into());
@@ -145,9 +149,7 @@ fn normalise_fields(map: &mut Map<String, Value>, path: &str, out: &mut Vec<Prob
         let mut changed = false;
         for item in list.iter_mut() {
             if let Value::String(s) = item
-                && s.len() == 64
-                && s.bytes().all(|b| b.is_ascii_hexdigit())
-                && s.bytes().any(|b| b.is_ascii_uppercase())
+                && upper_hex_digest(s)
             {
                 *s = s.to_ascii_lowercase();
                 changed = true;
@@ -213,7 +215,7 @@ impl Manifest {
 /// The document's top level (its `models` key kept, as `null`) and its entries; a document
 /// without a `models` array, or whose top level breaks our rules, is refused whole. A bare array
 /// is the entries of an empty top level.
-fn top_and_items(doc: Value) -> Result<(Map<String, Value>, Vec<Value>)> {
+pub(crate) fn top_and_items(doc: Value) -> Result<(Map<String, Value>, Vec<Value>)> {
     let (mut top, items) = match doc {
         Value::Array(items) => (Map::new(), items),
         Value::Object(mut top) => match top.get_mut(keys::MODELS).map(Value::take) {

@@ -21,6 +21,24 @@ fn parse_v_number(s: &str) -> Option<u32> {
     digits.parse().ok()
 }
 
+/// `as_str`, `Display` and serde through the string for a `String` newtype.
+macro_rules! str_newtype {
+    ($t:ident, $doc:literal) => {
+        impl $t {
+            #[doc = $doc]
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        serde_via_str!($t);
+    };
+}
+
 macro_rules! serde_via_str {
     ($t:ty) => {
         impl Serialize for $t {
@@ -37,21 +55,51 @@ macro_rules! serde_via_str {
     };
 }
 
+/// `new`, `number`, `FromStr`, `Display` and serde of a `vN` newtype.
+macro_rules! v_number {
+    ($t:ident, $kind:literal, $example:literal, $new_doc:literal) => {
+        impl $t {
+            #[doc = $new_doc]
+            pub const fn new(number: u32) -> Self {
+                Self(number)
+            }
+
+            /// The number after the `v`.
+            pub const fn number(self) -> u32 {
+                self.0
+            }
+        }
+
+        impl FromStr for $t {
+            type Err = Error;
+            fn from_str(s: &str) -> Result<Self> {
+                let must = concat!("must look like ", $example);
+                parse_v_number(s)
+                    .map(Self)
+                    .ok_or_else(|| Error::invalid($kind, s, must))
+            }
+        }
+
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "v{}", self.0)
+            }
+        }
+        serde_via_str!($t);
+    };
+}
+
 /// A manifest generation (`v25`): one tinygrad ABI. Ordered by number; generations only go up.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct Generation(u32);
+v_number!(
+    Generation,
+    "generation",
+    "v25",
+    "Generation `number` (`new(25)` is `v25`)."
+);
 
 impl Generation {
-    /// Generation `number` (`new(25)` is `v25`).
-    pub const fn new(number: u32) -> Self {
-        Self(number)
-    }
-
-    /// The number after the `v`.
-    pub const fn number(self) -> u32 {
-        self.0
-    }
-
     /// The generation after this one (`v25` -> `v26`); `None` only at `u32::MAX`.
     pub fn next(self) -> Option<Self> {
         self.0.checked_add(1).map(Self)
@@ -63,53 +111,15 @@ impl Generation {
     }
 }
 
-impl FromStr for Generation {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        parse_v_number(s)
-            .map(Self)
-            .ok_or_else(|| Error::invalid("generation", s, "must look like v25"))
-    }
-}
-
-impl fmt::Display for Generation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "v{}", self.0)
-    }
-}
-serde_via_str!(Generation);
-
 /// A model's behavior version (`v15`): its output-parser contract, independent of the generation.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct BehaviorVersion(u32);
-
-impl BehaviorVersion {
-    /// Behaviour version `number` (`new(15)` is `v15`).
-    pub const fn new(number: u32) -> Self {
-        Self(number)
-    }
-
-    /// The number after the `v`.
-    pub const fn number(self) -> u32 {
-        self.0
-    }
-}
-
-impl FromStr for BehaviorVersion {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        parse_v_number(s)
-            .map(Self)
-            .ok_or_else(|| Error::invalid("behavior version", s, "must look like v15"))
-    }
-}
-
-impl fmt::Display for BehaviorVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "v{}", self.0)
-    }
-}
-serde_via_str!(BehaviorVersion);
+v_number!(
+    BehaviorVersion,
+    "behavior version",
+    "v15",
+    "Behaviour version `number` (`new(15)` is `v15`)."
+);
 
 /// A model ID (`pop223`, `remove-avgpoolv4`, `local-mine`), matching `^[a-z0-9][a-z0-9_-]*$`.
 ///
@@ -125,11 +135,6 @@ impl ModelId {
     /// Prefix of user-built models that live on one device only and are never published,
     /// downloaded, pruned or migrated.
     pub const LOCAL_PREFIX: &'static str = "local-";
-
-    /// The ID as written.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 
     /// Whether this is a `local-` model, built on one device and never published.
     pub fn is_local(&self) -> bool {
@@ -167,30 +172,17 @@ impl FromStr for ModelId {
     }
 }
 
-impl fmt::Display for ModelId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 impl AsRef<str> for ModelId {
     fn as_ref(&self) -> &str {
         &self.0
     }
 }
-serde_via_str!(ModelId);
+str_newtype!(ModelId, "The ID as written.");
 
 /// A display name. Devices store catalogs in comma-joined params, so a comma would shift every
 /// later name onto the wrong model; an empty name would show as a blank row.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct ModelName(String);
-
-impl ModelName {
-    /// The name as written.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
 
 impl FromStr for ModelName {
     type Err = Error;
@@ -213,12 +205,7 @@ impl FromStr for ModelName {
     }
 }
 
-impl fmt::Display for ModelName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-serde_via_str!(ModelName);
+str_newtype!(ModelName, "The name as written.");
 
 /// A calendar date written `YYYY-MM-DD` (the `released` field).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
@@ -296,13 +283,6 @@ serde_via_str!(ReleaseDate);
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct GitCommit(String);
 
-impl GitCommit {
-    /// The 40 hex digits.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
 impl FromStr for GitCommit {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -318,12 +298,7 @@ impl FromStr for GitCommit {
     }
 }
 
-impl fmt::Display for GitCommit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-serde_via_str!(GitCommit);
+str_newtype!(GitCommit, "The 40 hex digits.");
 
 /// A bare file name (one path segment): what `artifact_filename` must be, since it is joined
 /// onto a directory on the device and into URLs.
@@ -333,11 +308,6 @@ pub struct FileName(String);
 impl FileName {
     /// The longest file name accepted, in bytes.
     pub const MAX_LEN: usize = 255;
-
-    /// The name as written.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
 impl FromStr for FileName {
@@ -360,12 +330,7 @@ impl FromStr for FileName {
     }
 }
 
-impl fmt::Display for FileName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-serde_via_str!(FileName);
+str_newtype!(FileName, "The name as written.");
 
 /// Bytes of a logical artifact: in `(0, 2 GiB]`. Nothing larger fits a comma's model budget,
 /// and the cap bounds what a device will agree to download.

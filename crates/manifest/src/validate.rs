@@ -140,23 +140,19 @@ fn expect_uint(v: &Value) -> Result<u64, String> {
         .ok_or_else(|| format!("expected a non-negative integer, found {}", kind_of(v)))
 }
 
+/// A string that parses as `T`.
+fn parsed<T: std::str::FromStr<Err = Error>>(v: &Value) -> Result<(), String> {
+    expect_str(v)?.parse::<T>().map(drop).map_err(reason)
+}
+
 /// Reader-level check of one scalar field, shared by entries and `accelerator_artifacts`
 /// variants. Unknown keys are not ours to judge.
 fn check_scalar(key: &str, v: &Value) -> Result<(), String> {
     match key {
-        keys::ID => expect_str(v)?.parse::<ModelId>().map(drop).map_err(reason),
-        keys::NAME => expect_str(v)?
-            .parse::<ModelName>()
-            .map(drop)
-            .map_err(reason),
-        keys::VERSION => expect_str(v)?
-            .parse::<BehaviorVersion>()
-            .map(drop)
-            .map_err(reason),
-        keys::RELEASED => expect_str(v)?
-            .parse::<ReleaseDate>()
-            .map(drop)
-            .map_err(reason),
+        keys::ID => parsed::<ModelId>(v),
+        keys::NAME => parsed::<ModelName>(v),
+        keys::VERSION => parsed::<BehaviorVersion>(v),
+        keys::RELEASED => parsed::<ReleaseDate>(v),
         // Listed in the device's comma-joined catalog params (`AvailableModelSeries`,
         // `AvailableModelArtifactFormats`) like the name: a newline or NUL would break them.
         keys::SERIES | keys::ARTIFACT_FORMAT => {
@@ -173,11 +169,8 @@ fn check_scalar(key: &str, v: &Value) -> Result<(), String> {
         keys::ARTIFACT_SIZE => ArtifactSize::new(expect_uint(v)?).map(drop).map_err(reason),
         keys::ARTIFACT_CHUNK_COUNT => ChunkCount::new(expect_uint(v)?).map(drop).map_err(reason),
         keys::ARTIFACT_SHA256 => check_digest(v),
-        keys::ARTIFACT_FILENAME => expect_str(v)?.parse::<FileName>().map(drop).map_err(reason),
-        keys::SOURCE_COMMIT => expect_str(v)?
-            .parse::<GitCommit>()
-            .map(drop)
-            .map_err(reason),
+        keys::ARTIFACT_FILENAME => parsed::<FileName>(v),
+        keys::SOURCE_COMMIT => parsed::<GitCommit>(v),
         _ => Ok(()),
     }
 }
@@ -250,12 +243,8 @@ fn check_top_reader(top: &Map<String, Value>, out: &mut Vec<Problem>) {
     let mut sink = Sink(out);
     for (key, v) in top {
         let r = match key.as_str() {
-            keys::GENERATION => {
-                expect_str(v).and_then(|s| s.parse::<Generation>().map(drop).map_err(reason))
-            }
-            keys::TINYGRAD_COMMIT => {
-                expect_str(v).and_then(|s| s.parse::<GitCommit>().map(drop).map_err(reason))
-            }
+            keys::GENERATION => parsed::<Generation>(v),
+            keys::TINYGRAD_COMMIT => parsed::<GitCommit>(v),
             _ => Ok(()),
         };
         if let Err(m) = r {
@@ -417,37 +406,10 @@ pub fn closest_key(unknown: &str, known: &[&'static str]) -> Option<&'static str
     let limit = if unknown.chars().count() <= 4 { 1 } else { 2 };
     known
         .iter()
-        .map(|k| (edit_distance(unknown, k), *k))
+        .map(|k| (strsim::osa_distance(unknown, k), *k))
         .filter(|(d, _)| *d <= limit)
         .min_by_key(|(d, _)| *d)
         .map(|(_, k)| k)
-}
-
-/// Optimal string alignment distance: insertions, deletions, substitutions and adjacent
-/// transpositions (`versoin` is one edit from `version`).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for (i, row) in d.iter_mut().enumerate() {
-        row[0] = i;
-    }
-    for (j, cell) in d[0].iter_mut().enumerate() {
-        *cell = j;
-    }
-    for i in 1..=a.len() {
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            let mut best = (d[i - 1][j] + 1)
-                .min(d[i][j - 1] + 1)
-                .min(d[i - 1][j - 1] + cost);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                best = best.min(d[i - 2][j - 2] + 1);
-            }
-            d[i][j] = best;
-        }
-    }
-    d[a.len()][b.len()]
 }
 
 /// Catalog and release rule: an unknown key close to a known one is a typo, named with the key

@@ -278,8 +278,7 @@ fn check_top(
     }
     if let Some(v) = top.get(contract.revision_key)
         && expect.revision.is_none()
-        && let Err(m) = super::expect_str(v)
-            .and_then(|s| s.parse::<GitCommit>().map(drop).map_err(super::reason))
+        && let Err(m) = super::parsed::<GitCommit>(v)
     {
         sink.push(
             join_key(ROOT, contract.revision_key),
@@ -739,12 +738,7 @@ pub fn runtime_artifact(entry: &ModelEntry, contract: &Contract) -> Result<Model
         if k == keys::MIN_RUNNER_REVISION {
             continue;
         }
-        match out.get_mut(k) {
-            Some(slot) => *slot = v.clone(),
-            None => {
-                out.insert(k.clone(), v.clone());
-            }
-        }
+        out.insert(k.clone(), v.clone());
     }
     ModelEntry::from_map(out)
 }
