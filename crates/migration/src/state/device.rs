@@ -124,6 +124,23 @@ pub(crate) fn catalog_body(
     Ok(body.into_bytes())
 }
 
+/// The names of the regular files and symlinks directly in `dir`, sorted (none when `dir` is
+/// not there).
+fn file_names(dir: &Path) -> Result<Vec<String>> {
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut names: Vec<String> = rd
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
 /// The built-in `driving_tinygrad.pkl` (a chunk set) in `builtin_dir`.
 pub fn builtin_path_in(builtin_dir: &Path) -> PathBuf {
     builtin_dir.join("driving_tinygrad.pkl")
@@ -163,13 +180,14 @@ impl Device {
 
     /// Where the generation's files live and how each is written ([`crate::state::layout`]).
     pub fn files(&self) -> crate::state::layout::DeviceFiles {
-        crate::state::layout::DeviceFiles::new(
-            self.contract,
-            &self.config.data_dir,
-            self.config.generation,
-            self.tree.clone(),
-        )
-        .with_effects(self.effects.clone())
+        self.files_of(self.config.generation)
+    }
+
+    /// [`Device::files`] of another generation, in this device's layout.
+    fn files_of(&self, generation: Generation) -> crate::state::layout::DeviceFiles {
+        let (data, tree) = (&self.config.data_dir, self.tree.clone());
+        crate::state::layout::DeviceFiles::new(self.contract, data, generation, tree)
+            .with_effects(self.effects.clone())
     }
 
     /// This device, on a generation that runs `contract` (what the tree decided).
@@ -362,19 +380,7 @@ impl Device {
 
     /// File names directly in the models dir (regular files and symlinks).
     pub fn model_file_names(&self) -> Result<Vec<String>> {
-        let dir = self.models_dir();
-        let rd = match fs::read_dir(&dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
-        };
-        let mut names: Vec<String> = rd
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()))
-            .filter_map(|e| e.file_name().into_string().ok())
-            .collect();
-        names.sort();
-        Ok(names)
+        file_names(&self.models_dir())
     }
 
     /// The catalog as the UIs list it: the stored manifest's entries plus the local models in
@@ -510,11 +516,7 @@ impl Device {
         // outside never refuses the catalog the device holds.
         let held = downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, None)
             .ok()
-            .map(|a| crate::rules::floor::AcceptedRelease {
-                release: a.release,
-                expires: a.expires,
-                key: a.key,
-            });
+            .map(|a| crate::rules::floor::AcceptedRelease::from(&a));
         let copies = crate::rules::floor::bound(&copies.0, &copies.1, generation, held.as_ref());
         let floor = crate::rules::floor::for_read(&copies, generation);
         match downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, floor) {
@@ -557,11 +559,7 @@ impl Device {
             .ok()??;
         downloader::trust::verify_stored(keys, &bytes, Some(&sig), self.config.generation, None)
             .ok()
-            .map(|a| crate::rules::floor::AcceptedRelease {
-                release: a.release,
-                expires: a.expires,
-                key: a.key,
-            })
+            .map(|a| crate::rules::floor::AcceptedRelease::from(&a))
     }
 
     /// Whether this device installs only what a signed manifest pins (it has trusted keys).
@@ -644,23 +642,20 @@ impl Device {
         // user's choice, carried forward as upstream reads them against this generation's
         // catalog (an id it does not list reads as the bundled model, and drops out of the
         // favourites and exclusions).
-        if let Some(prev) = self.previous_preferences(from_generation) {
-            let carried = prev.read_preferences_as(&files)?;
-            let body = carried.to_bytes();
-            self.effects.create_dir(&files.root())?;
-            let name = format!("{}/{}", files.generation(), gf.preferences);
-            files.with_state_lock(|| self.write_file(&name, &body))?;
-            return Ok(Some(carried));
-        }
-        let choice = crate::state::layout::FlatChoice {
-            slots: slots.clone(),
-            favorites: self.params.get_str(keys::USER_FAVORITES)?,
-            blacklisted: self.params.get_str(keys::BLACKLISTED_MODELS)?,
-            sort_mode: self.params.get_str(keys::MODEL_SORT_MODE)?,
-            randomizer: self.params.get_bool(keys::MODEL_RANDOMIZER)?,
+        let carried = match self.previous_preferences(from_generation) {
+            Some(prev) => prev.read_preferences_as(&files)?,
+            None => {
+                let choice = crate::state::layout::FlatChoice {
+                    slots: slots.clone(),
+                    favorites: self.params.get_str(keys::USER_FAVORITES)?,
+                    blacklisted: self.params.get_str(keys::BLACKLISTED_MODELS)?,
+                    sort_mode: self.params.get_str(keys::MODEL_SORT_MODE)?,
+                    randomizer: self.params.get_bool(keys::MODEL_RANDOMIZER)?,
+                };
+                let rows = files.tree().map_or(&[][..], |t| t.catalog.as_slice());
+                crate::state::layout::carry_flat_choice(from, self.contract, rows, &choice)
+            }
         };
-        let rows = files.tree().map_or(&[][..], |t| t.catalog.as_slice());
-        let carried = crate::state::layout::carry_flat_choice(from, self.contract, rows, &choice);
         let body = carried.to_bytes();
         self.effects.create_dir(&files.root())?;
         let name = format!("{}/{}", files.generation(), gf.preferences);
@@ -718,13 +713,7 @@ impl Device {
             return None;
         }
         self.files().generation_files()?;
-        let prev = crate::state::layout::DeviceFiles::new(
-            self.contract,
-            &self.config.data_dir,
-            generation,
-            self.tree.clone(),
-        )
-        .with_effects(self.effects.clone());
+        let prev = self.files_of(generation);
         fs::symlink_metadata(prev.root())
             .is_ok_and(|m| m.is_dir())
             .then_some(prev)
@@ -804,12 +793,7 @@ impl Device {
             .collect();
         dirs.sort();
         for dir in dirs {
-            let mut names: Vec<String> = fs::read_dir(&dir)?
-                .filter_map(|e| e.ok())
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()))
-                .filter_map(|e| e.file_name().into_string().ok())
-                .collect();
-            names.sort();
+            let names = file_names(&dir)?;
             for name in crate::rules::plan::purge_plan(names.iter().map(String::as_str)) {
                 out.push((dir.clone(), name));
             }

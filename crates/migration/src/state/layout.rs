@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use manifest::contract::{Contract, DeviceLayout, GenerationFiles, TreeDeclaration};
 use manifest::{Generation, ModelId};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::state::effects::Effects;
@@ -199,18 +199,21 @@ impl DeviceFiles {
     pub fn catalog_bytes(&self, raw: Option<&[u8]>, m: &manifest::Manifest) -> Result<Vec<u8>> {
         match self.generation_files() {
             None => crate::state::device::catalog_body(raw, m, self.generation),
-            Some(_) => {
-                let value: Value = match raw {
-                    Some(raw) => serde_json::from_slice(raw).map_err(|e| Error::CorruptState {
-                        path: self.catalog_path(),
-                        message: format!("the accepted manifest is not JSON: {e}"),
-                    })?,
-                    None => serde_json::from_str(&m.to_canonical_string())
-                        .expect("a manifest serializes to JSON"),
-                };
-                Ok(manifest::json::to_python_sorted_string(&value).into_bytes())
-            }
+            Some(_) => match raw {
+                Some(raw) => self.python_sorted(raw),
+                None => self.python_sorted(m.to_canonical_string().as_bytes()),
+            },
         }
+    }
+
+    /// The accepted manifest `raw` as upstream's `atomic_json` writes it (keys sorted,
+    /// Python's separators).
+    fn python_sorted(&self, raw: &[u8]) -> Result<Vec<u8>> {
+        let value: Value = serde_json::from_slice(raw).map_err(|e| Error::CorruptState {
+            path: self.catalog_path(),
+            message: format!("the accepted manifest is not JSON: {e}"),
+        })?;
+        Ok(manifest::json::to_python_sorted_string(&value).into_bytes())
     }
 
     /// The accepted manifest in the form upstream reads, when the layout keeps one apart from
@@ -221,15 +224,8 @@ impl DeviceFiles {
         let Some(files) = self.generation_files() else {
             return Ok(None);
         };
-        let value: Value = serde_json::from_slice(raw).map_err(|e| Error::CorruptState {
-            path: self.catalog_path(),
-            message: format!("the accepted manifest is not JSON: {e}"),
-        })?;
         let name = format!("{}/{}", self.generation, files.catalog);
-        Ok(Some((
-            name,
-            manifest::json::to_python_sorted_string(&value).into_bytes(),
-        )))
+        Ok(Some((name, self.python_sorted(raw)?)))
     }
 
     /// The per-generation files, or an error naming the contract that has none.
@@ -273,16 +269,18 @@ impl DeviceFiles {
     }
 
     fn read_preferences_unlocked(&self) -> Preferences {
-        let Ok(files) = self.per_generation() else {
-            return Preferences::defaults(self.contract);
-        };
-        let path = self.root().join(files.preferences);
         let bytes = self
-            .effects
-            .read(&path, self.contract.preferences_max_bytes)
+            .per_generation()
             .ok()
-            .flatten();
+            .and_then(|f| self.preferences_bytes(f));
         Preferences::parse(self.contract, self.tree_rows(), bytes.as_deref())
+    }
+
+    /// `preferences.json`'s bytes (`None`: missing, unreadable or over the contract's cap).
+    fn preferences_bytes(&self, files: &GenerationFiles) -> Option<Vec<u8>> {
+        let path = self.root().join(files.preferences);
+        let cap = self.contract.preferences_max_bytes;
+        self.effects.read(&path, cap).ok().flatten()
     }
 
     fn tree_rows(&self) -> &[manifest::contract::TreeCatalogRow] {
@@ -477,48 +475,56 @@ impl Preferences {
                 *(if big { &mut p.big } else { &mut p.small }) = id.clone();
             }
         }
-        let known = |id: &str| rows.iter().any(|r| r.id.as_str() == id);
         for (key, out) in [
             ("userFavorites", &mut p.user_favorites),
             ("blacklistedModels", &mut p.blacklisted_models),
         ] {
             if let Some(Value::Array(items)) = saved.get(key) {
-                *out = Vec::new();
-                for id in items.iter().filter_map(Value::as_str) {
-                    if known(id) && !out.iter().any(|o| o == id) {
-                        out.push(id.to_string());
-                    }
-                }
+                *out = known_ids(rows, items.iter().filter_map(Value::as_str));
             }
         }
         if let Some(Value::Bool(b)) = saved.get("randomizer") {
             p.randomizer = *b;
         }
-        if let Some(Value::String(mode)) = saved.get("sortMode")
-            && contract
-                .generation_files
-                .is_some_and(|f| f.sort_modes.contains(&mode.as_str()))
-        {
-            p.sort_mode = mode.clone();
+        if let Some(Value::String(mode)) = saved.get("sortMode") {
+            p.set_sort_mode(contract, mode);
         }
         p
     }
 
+    /// `mode` as the sort mode, when `contract` knows it.
+    fn set_sort_mode(&mut self, contract: &Contract, mode: &str) {
+        if (contract.generation_files).is_some_and(|f| f.sort_modes.contains(&mode)) {
+            self.sort_mode = mode.to_string();
+        }
+    }
+
     /// The bytes upstream writes for these preferences.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let strings = |v: &[String]| Value::Array(v.iter().cloned().map(Value::String).collect());
-        let mut m = Map::new();
-        m.insert("small".into(), Value::String(self.small.clone()));
-        m.insert("big".into(), Value::String(self.big.clone()));
-        m.insert("userFavorites".into(), strings(&self.user_favorites));
-        m.insert("sortMode".into(), Value::String(self.sort_mode.clone()));
-        m.insert("randomizer".into(), Value::Bool(self.randomizer));
-        m.insert(
-            "blacklistedModels".into(),
-            strings(&self.blacklisted_models),
-        );
-        manifest::json::to_python_sorted_string(&Value::Object(m)).into_bytes()
+        let value = serde_json::json!({
+            "small": self.small,
+            "big": self.big,
+            "userFavorites": self.user_favorites,
+            "sortMode": self.sort_mode,
+            "randomizer": self.randomizer,
+            "blacklistedModels": self.blacklisted_models,
+        });
+        manifest::json::to_python_sorted_string(&value).into_bytes()
     }
+}
+
+/// The ids of `ids` that the tree's catalog lists, each once, in order.
+fn known_ids<'a>(
+    rows: &[manifest::contract::TreeCatalogRow],
+    ids: impl Iterator<Item = &'a str>,
+) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for id in ids {
+        if rows.iter().any(|r| r.id.as_str() == id) && !out.iter().any(|o| o == id) {
+            out.push(id.to_string());
+        }
+    }
+    out
 }
 
 /// A job's state.
@@ -605,16 +611,16 @@ impl Job {
 
     /// The bytes upstream writes for this job.
     pub fn to_bytes(&self, files: &GenerationFiles) -> String {
-        let mut m = Map::new();
-        m.insert("schemaVersion".into(), files.job_schema_version.into());
-        m.insert("jobId".into(), Value::String(self.job_id.clone()));
-        m.insert("state".into(), Value::String(self.state.as_str().into()));
-        m.insert("model".into(), Value::String(self.model.clone()));
-        m.insert("progress".into(), Value::String(self.progress.clone()));
-        m.insert("downloadAll".into(), Value::Bool(self.download_all));
-        m.insert("cancelRequested".into(), Value::Bool(self.cancel_requested));
-        m.insert("variant".into(), Value::String(self.variant.clone()));
-        manifest::json::to_python_sorted_string(&Value::Object(m))
+        manifest::json::to_python_sorted_string(&serde_json::json!({
+            "schemaVersion": files.job_schema_version,
+            "jobId": self.job_id,
+            "state": self.state.as_str(),
+            "model": self.model,
+            "progress": self.progress,
+            "downloadAll": self.download_all,
+            "cancelRequested": self.cancel_requested,
+            "variant": self.variant,
+        }))
     }
 }
 
@@ -896,23 +902,13 @@ pub fn carry_flat_choice(
             _ => to.bundled_selection.to_string(),
         },
     };
-    let list = |raw: &Option<String>| -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        for id in raw.iter().flat_map(|r| r.split(',')).map(str::trim) {
-            if rows.iter().any(|r| r.id.as_str() == id) && !out.iter().any(|o| o == id) {
-                out.push(id.to_string());
-            }
-        }
-        out
+    let list = |raw: &Option<String>| {
+        known_ids(rows, raw.iter().flat_map(|r| r.split(',')).map(str::trim))
     };
     p.user_favorites = list(&choice.favorites);
     p.blacklisted_models = list(&choice.blacklisted);
-    if let Some(mode) = &choice.sort_mode
-        && to
-            .generation_files
-            .is_some_and(|f| f.sort_modes.contains(&mode.as_str()))
-    {
-        p.sort_mode = mode.clone();
+    if let Some(mode) = &choice.sort_mode {
+        p.set_sort_mode(to, mode);
     }
     p.randomizer = choice.randomizer;
     p
@@ -953,23 +949,14 @@ impl DeviceFiles {
         }
         manifest::Manifest::from_slice(&bytes).ok()
     }
-}
 
-impl DeviceFiles {
     /// These preferences (read under this generation's state lock) as upstream would read the
     /// same bytes in generation `to`: against `to`'s reviewed catalog, so an id `to` does not
     /// list is the bundled model (small, big) or left out (favourites, exclusions).
     pub fn read_preferences_as(&self, to: &DeviceFiles) -> Result<Preferences> {
         let files = self.per_generation()?;
         self.with_state_lock(|| {
-            let bytes = self
-                .effects
-                .read(
-                    &self.root().join(files.preferences),
-                    self.contract.preferences_max_bytes,
-                )
-                .ok()
-                .flatten();
+            let bytes = self.preferences_bytes(files);
             Ok(Preferences::parse(
                 to.contract,
                 to.tree_rows(),

@@ -509,11 +509,7 @@ pub fn read_on(device: &Device, source: &Source) -> RunningModel {
             Ok(gpu) => gpu,
             Err(why) => return RunningModel::unavailable(why),
         },
-        None => device
-            .catalog()
-            .ok()
-            .flatten()
-            .and_then(|c| c.get(&receipt.model_id).map(|e| e.uses_external_gpu())),
+        None => in_catalog(device, &receipt.model_id, |e| Some(e.uses_external_gpu())),
     };
     match hardware_agrees(receipt, gpu, &source.rule) {
         Ok(()) => running,
@@ -640,12 +636,7 @@ pub fn expected(device: &Device) -> Result<Expected> {
     if crate::rules::contract::is_builtin_id(sel.id.as_str()) || bundled == Some(sel.id.as_str()) {
         return Ok(Expected::Bundled);
     }
-    let sha256 = device
-        .catalog()
-        .ok()
-        .flatten()
-        .and_then(|c| c.get(&sel.id).and_then(|e| device.expected_digest(e)))
-        .map(|d| d.sha256);
+    let sha256 = in_catalog(device, &sel.id, |e| device.expected_digest(e)).map(|d| d.sha256);
     Ok(Expected::Model { id: sel.id, sha256 })
 }
 
@@ -758,21 +749,34 @@ pub fn notice_failed_start(device: &Device) -> Result<Option<(ModelId, Sha256Dig
         id,
         sha256,
     };
-    let catalog_sha = device
-        .catalog()
-        .ok()
-        .flatten()
-        .and_then(|c| c.get(&seen.id).and_then(|e| e.artifact_sha256()));
-    match poison_decision(&running, Some(&seen), catalog_sha.as_ref()) {
-        Poison::Mark { id, sha256 } => {
-            let reason = source.rule.selected_load_failed;
-            Ok(
-                mark_bad(device, &id, &sha256, reason, manifest::UnixSeconds::now().0)?
-                    .then_some((id, sha256)),
-            )
-        }
-        Poison::No(_) => Ok(None),
-    }
+    mark_if_poisoned(device, source, &running, Some(&seen))
+}
+
+/// [`poison_decision`] against the catalog's bytes now, and [`mark_bad`] when it condemns:
+/// what was newly marked.
+fn mark_if_poisoned(
+    device: &Device,
+    source: &Source,
+    running: &RunningModel,
+    seen: Option<&SeenInstall>,
+) -> Result<Option<(ModelId, Sha256Digest)>> {
+    let catalog_sha =
+        seen.and_then(|s| in_catalog(device, &s.id, manifest::ModelEntry::artifact_sha256));
+    let Poison::Mark { id, sha256 } = poison_decision(running, seen, catalog_sha.as_ref()) else {
+        return Ok(None);
+    };
+    let reason = source.rule.selected_load_failed;
+    let marked = mark_bad(device, &id, &sha256, reason, manifest::UnixSeconds::now().0)?;
+    Ok(marked.then_some((id, sha256)))
+}
+
+/// `id`'s entry in `device`'s catalog, through `f` (`None`: no catalog, or no such entry).
+fn in_catalog<T>(
+    device: &Device,
+    id: &ModelId,
+    f: impl FnOnce(&manifest::ModelEntry) -> Option<T>,
+) -> Option<T> {
+    device.catalog().ok().flatten()?.get(id).and_then(f)
 }
 
 /// [`poison_decision`]'s answer.
@@ -967,30 +971,21 @@ impl Watcher {
                 since_mono_ns: monotonic_ns(),
             });
         }
-        let catalog_sha = self.seen.as_ref().and_then(|s| {
-            device
-                .catalog()
-                .ok()
-                .flatten()
-                .and_then(|c| c.get(&s.id).and_then(|e| e.artifact_sha256()))
-        });
-        if let Poison::Mark { id, sha256 } =
-            poison_decision(&running, self.seen.as_ref(), catalog_sha.as_ref())
-        {
-            let reason = source.rule.selected_load_failed;
-            match mark_bad(device, &id, &sha256, reason, manifest::UnixSeconds::now().0) {
-                Ok(true) => log(&format!(
-                    "modeld could not start {id}'s artifact {}: marked bad; the bundled model \
-                     stays in use, the choice stays saved, and it is not downloaded again until \
-                     the catalog publishes other bytes for {id}",
-                    sha256.to_hex()
-                )),
-                Ok(false) => {}
-                Err(e) => log(&format!(
-                    "could not record {id}'s artifact as bad: {}",
-                    crate::error::one_line(&e.to_string())
-                )),
-            }
+        match mark_if_poisoned(device, source, &running, self.seen.as_ref()) {
+            Ok(Some((id, sha256))) => log(&format!(
+                "modeld could not start {id}'s artifact {}: marked bad; the bundled model \
+                 stays in use, the choice stays saved, and it is not downloaded again until \
+                 the catalog publishes other bytes for {id}",
+                sha256.to_hex()
+            )),
+            Ok(None) => {}
+            Err(e) => log(&format!(
+                "could not record {}'s artifact as bad: {}",
+                self.seen
+                    .as_ref()
+                    .map_or("the selection", |s| s.id.as_str()),
+                crate::error::one_line(&e.to_string())
+            )),
         }
         // The UI's param first, then the log: whoever reads the log line finds the param
         // already saying what runs.

@@ -410,19 +410,11 @@ pub(crate) fn accepted_after(
     signed: &trust::Accepted,
 ) -> Option<BTreeMap<String, AcceptedRelease>> {
     let key = generation.to_string();
-    if all.get(&key).is_some_and(|a| {
-        a.release == signed.release && a.expires == signed.expires && a.key == signed.key
-    }) {
+    let accepted = AcceptedRelease::from(signed);
+    if all.get(&key) == Some(&accepted) {
         return None;
     }
-    all.insert(
-        key,
-        AcceptedRelease {
-            release: signed.release,
-            expires: signed.expires,
-            key: signed.key.clone(),
-        },
-    );
+    all.insert(key, accepted);
     Some(all)
 }
 
