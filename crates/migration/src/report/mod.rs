@@ -15,6 +15,7 @@ use manifest::{ModelId, NamedModel};
 
 use crate::error::{Error, Result};
 use crate::rules::contract::{self, ModelKind};
+use crate::run::manager::entry_targets;
 use crate::state::device::{Device, VerifyState};
 use crate::state::journal::Journal;
 use crate::state::view::DeviceView;
@@ -174,20 +175,9 @@ pub fn interrupted_downloads(
     staged: &[downloader::interrupted::StagedDownload],
     catalog: Option<&manifest::Manifest>,
 ) -> Vec<InterruptedDownload> {
-    let targets: Vec<downloader::Target> = catalog
-        .map(|c| {
-            c.models()
-                .iter()
-                .flat_map(|e| {
-                    [
-                        downloader::Target::from_entry(e).ok(),
-                        downloader::Target::chestnut_variant(e).ok().flatten(),
-                    ]
-                })
-                .flatten()
-                .collect()
-        })
-        .unwrap_or_default();
+    let targets: Vec<downloader::Target> = (catalog.iter())
+        .flat_map(|c| c.models().iter().flat_map(entry_targets))
+        .collect();
     staged
         .iter()
         .map(|s| {
@@ -222,11 +212,7 @@ pub fn not_installable(catalog: &manifest::Manifest, protected: bool) -> Vec<Not
         if contract::kind(e.id()) == ModelKind::BuiltIn {
             continue;
         }
-        let targets = [
-            downloader::Target::from_entry(e).ok(),
-            downloader::Target::chestnut_variant(e).ok().flatten(),
-        ];
-        for t in targets.into_iter().flatten() {
+        for t in entry_targets(e) {
             if let Err(missing) = downloader::trust::target_rule(protected, &t) {
                 out.push(NotInstallable {
                     id: e.id().to_string(),

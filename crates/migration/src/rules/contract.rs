@@ -267,17 +267,6 @@ pub fn wanted(sel: &SelectionParams, profiles: &ProfilesRead, catalog: &Catalog)
     }
 }
 
-/// Whether a wanted model can be loaded after the refresh's installs.
-pub trait Availability {
-    fn available(&self, id: &ModelId) -> bool;
-}
-
-impl<F: Fn(&ModelId) -> bool> Availability for F {
-    fn available(&self, id: &ModelId) -> bool {
-        self(id)
-    }
-}
-
 /// The end state of a refresh.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
@@ -301,17 +290,18 @@ pub enum BigOutcome {
 /// (big profile), so what modeld loads is always something that is there. A big profile naming
 /// a model for which `keep_big` holds stays as it is although the model is not available (a
 /// GPU-only model waiting for a ready Chestnut: modeld loads the big profile only with one, and
-/// the first refresh with one fetches it).
+/// the first refresh with one fetches it). `avail`: whether a wanted model can be loaded after
+/// the refresh's installs.
 pub fn decide(
     w: &Wanted,
     catalog: &Catalog,
-    avail: &dyn Availability,
+    avail: &dyn Fn(&ModelId) -> bool,
     keep_big: &dyn Fn(&ModelId) -> bool,
 ) -> Outcome {
     let ok = |id: &ModelId| match kind(id) {
         ModelKind::BuiltIn => true,
-        ModelKind::Catalog => catalog.contains(id) && avail.available(id),
-        ModelKind::Local => avail.available(id),
+        ModelKind::Catalog => catalog.contains(id) && avail(id),
+        ModelKind::Local => avail(id),
     };
     let builtin = catalog.builtin();
     let mut fell_back = false;

@@ -199,14 +199,6 @@ impl<'a> Run<'a> {
     }
 }
 
-/// The first install refused for want of space: the refresh ends with it (exit 8), once
-/// everything else is written.
-struct NoSpace {
-    path: std::path::PathBuf,
-    needed: u64,
-    available: u64,
-}
-
 /// What installing the wanted catalog models came to.
 #[derive(Default)]
 struct InstallRound {
@@ -219,7 +211,9 @@ struct InstallRound {
     /// Models the daily byte budget held back, and what it said of each.
     held_back: BTreeSet<ModelId>,
     held: Vec<crate::rules::budget::HeldBack>,
-    no_space: Option<NoSpace>,
+    /// The first install refused for want of space: the refresh ends with it (exit 8), once
+    /// everything else is written.
+    no_space: Option<Error>,
 }
 
 /// Fetch the manifest, store it, migrate if the generation changed (or a migration was
@@ -309,7 +303,7 @@ pub fn refresh(device: &Device, by: &Run) -> Result<RefreshReport> {
     // Blocked on space: everything else is done (the built-in or the older copy stands in), and
     // the refresh says so with the amount needed (exit 8), instead of "nothing to do".
     match round.no_space {
-        Some(no_space) => Err(no_space.into()),
+        Some(no_space) => Err(no_space),
         None => Ok(report),
     }
 }
@@ -325,17 +319,6 @@ fn finish_migration(device: &Device, j: &Journal, report: &mut RefreshReport) ->
         .params
         .put(keys::MODEL_MANIFEST_VERSION, &j.to.to_string())?;
     device.remove_file(JOURNAL_FILE)
-}
-
-impl From<NoSpace> for Error {
-    fn from(n: NoSpace) -> Error {
-        downloader::Error::InsufficientSpace {
-            path: n.path,
-            needed: n.needed,
-            available: n.available,
-        }
-        .into()
-    }
 }
 
 /// Fetch the manifest (cancellable: SIGTERM, the car going onroad; signature checked when keys
@@ -437,21 +420,11 @@ impl InstallRound {
             // Anything else (every origin refused it, a full disk): the built-in, or the
             // verified older copy, stands in, and later refreshes retry it.
             e => {
-                if let Error::Download(downloader::Error::InsufficientSpace {
-                    path,
-                    needed,
-                    available,
-                }) = &e
-                {
-                    self.no_space.get_or_insert(NoSpace {
-                        path: path.clone(),
-                        needed: *needed,
-                        available: *available,
-                    });
+                let why = Failure::Tried(e.to_string());
+                self.installs.failed.insert(id, why);
+                if let Error::Download(downloader::Error::InsufficientSpace { .. }) = &e {
+                    self.no_space.get_or_insert(e);
                 }
-                self.installs
-                    .failed
-                    .insert(id, Failure::Tried(e.to_string()));
             }
         }
         Ok(())
@@ -486,9 +459,11 @@ impl InstallRound {
             _ if outcome.fell_back => progress(&Progress::SelectedUnavailable),
             _ => {}
         }
-        if let Some(NoSpace {
-            needed, available, ..
-        }) = &self.no_space
+        if let Some(Error::Download(downloader::Error::InsufficientSpace {
+            needed,
+            available,
+            ..
+        })) = &self.no_space
         {
             progress(&Progress::NoSpace {
                 short: needed.saturating_sub(*available),
@@ -557,15 +532,12 @@ pub fn install(
     // The decision `download --dry-run` reports (`preview::download`); a requested download
     // is always due.
     let state = device.verify_entry(entry, false)?;
-    if plan::install_step(state, true) == InstallStep::Keep {
-        if let Some(v) = variant {
-            install_variant(device, dl, &v, cancel)?;
-        }
-        return Ok(None);
-    }
+    let keep = plan::install_step(state, true) == InstallStep::Keep;
     // Planned (a dry run): the download is assumed to succeed.
-    if device.effects().is_plan() {
+    if !keep && device.effects().is_plan() {
         device.effects().installed(entry.id().as_str())?;
+    }
+    if keep || device.effects().is_plan() {
         if let Some(v) = variant {
             install_variant(device, dl, &v, cancel)?;
         }
@@ -744,10 +716,7 @@ fn within_budget(device: &Device, target: &downloader::Target) -> Result<String>
 /// `target`'s name in the daily ledger: its path under the models directory, under the
 /// generation it is of (`v25/<id>_driving_tinygrad.pkl`, `v26/<id>/…`).
 fn artifact_name(device: &Device, target: &downloader::Target) -> String {
-    let path = device
-        .files()
-        .artifact_dir(&target.id)
-        .join(target.local_name.as_str());
+    let path = target_path(device, target);
     let rel = path
         .strip_prefix(device.models_dir())
         .unwrap_or(&path)
@@ -783,16 +752,28 @@ fn count_fetched(device: &Device, artifact: &str, target: &downloader::Target, b
 
 /// Whether a model's Chestnut build is there and matches its digest (then it is not fetched).
 pub(crate) fn variant_in_place(device: &Device, target: &downloader::Target) -> bool {
-    let path = device
-        .files()
-        .artifact_dir(&target.id)
-        .join(target.local_name.as_str());
+    let path = target_path(device, target);
     // Purged earlier in a planned run: not there any more.
     device.effects().exists(&path)
         && target.sha256.is_some_and(|want| {
             chunker::Sha256Digest::of_file(&path)
                 .is_ok_and(|(got, size)| got == want && target.size.is_none_or(|s| s == size))
         })
+}
+
+/// An entry's artifact and its Chestnut build, those that make a download target.
+pub(crate) fn entry_targets(e: &ModelEntry) -> impl Iterator<Item = downloader::Target> {
+    let variant = downloader::Target::chestnut_variant(e).ok().flatten();
+    downloader::Target::from_entry(e)
+        .ok()
+        .into_iter()
+        .chain(variant)
+}
+
+/// Where `target` is installed on `device`.
+fn target_path(device: &Device, target: &downloader::Target) -> std::path::PathBuf {
+    let dir = device.files().artifact_dir(&target.id);
+    dir.join(target.local_name.as_str())
 }
 
 /// Turns byte counts into the percentages the UI shows: each one once, and never going down,
@@ -860,17 +841,8 @@ pub fn gc(device: &Device) -> Result<Vec<String>> {
 /// (`downloader::unusable_staged`: another digest, a model gone), named
 /// `<staging dir>/<name>`; listed only on [`Device::planning`].
 fn gc_staging(device: &Device, catalog: &manifest::Manifest) -> Result<Vec<String>> {
-    let targets: Vec<downloader::Target> = catalog
-        .models()
-        .iter()
-        .flat_map(|e| {
-            let variant = downloader::Target::chestnut_variant(e).ok().flatten();
-            downloader::Target::from_entry(e)
-                .ok()
-                .into_iter()
-                .chain(variant)
-        })
-        .collect();
+    let targets: Vec<downloader::Target> =
+        catalog.models().iter().flat_map(entry_targets).collect();
     let hexes: Vec<Option<String>> = targets
         .iter()
         .map(|t| t.sha256.map(|d| d.to_hex()))
