@@ -41,6 +41,7 @@ pub(crate) fn out_then_notes(
     out.chain(notes.into_iter().map(Line::Note)).collect()
 }
 use crate::state::trust_state::{self, AcceptedRelease, FloorSource, RefusedManifest};
+pub use crate::state::trust_state::{CopyStates, FloorCopies};
 use crate::{Device, VerifyState};
 use crate::{Phase, Progress, state::params};
 
@@ -87,26 +88,10 @@ pub struct TrustReport {
     pub last_refusal: Option<RefusedManifest>,
 }
 
-/// The two copies of the accepted release, as `status` reports them on a device with keys.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FloorCopies {
-    pub accepted_release_source: FloorSource,
-    pub accepted_release_copies: CopyStates,
-    /// Neither copy is valid: the error a refresh gives, with its next step.
-    pub accepted_release_problem: Option<String>,
-}
-
-/// `valid`, `missing` or `corrupt: <why>`, per copy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct CopyStates {
-    pub file: String,
-    pub param: String,
-}
-
 impl TrustReport {
     /// The device's trust state (its trusted keys are the downloader's).
     pub fn of(device: &Device) -> Result<Self> {
-        let floor = trust_state::floor_report(device);
+        let (accepted_release, floor) = trust_state::floor_report(device);
         // The last refusal report; a corrupt or unreadable one is read as absent with a warning
         // (it is a report, not the floor).
         let refused: Option<RefusedManifest> = device.read_json_or_warn(
@@ -118,7 +103,7 @@ impl TrustReport {
                 protected: false,
                 keys_file: None,
                 keys: Vec::new(),
-                accepted_release: floor.accepted_release,
+                accepted_release,
                 floor: None,
                 last_refusal: None,
             },
@@ -126,15 +111,8 @@ impl TrustReport {
                 protected: true,
                 keys_file: Some(keys.path().to_path_buf()),
                 keys: keys.keys().iter().map(|k| k.name().to_string()).collect(),
-                accepted_release: floor.accepted_release,
-                floor: Some(FloorCopies {
-                    accepted_release_source: floor.source,
-                    accepted_release_copies: CopyStates {
-                        file: floor.file,
-                        param: floor.param,
-                    },
-                    accepted_release_problem: floor.problem,
-                }),
+                accepted_release,
+                floor: Some(floor),
                 last_refusal: refused,
             },
         })

@@ -595,7 +595,8 @@ pub fn road_change(before: &Road, now: &Road) -> Option<String> {
     })
 }
 
-fn describe(r: &Request) -> String {
+/// A request as the log names it.
+pub(crate) fn describe(r: &Request) -> String {
     match r {
         Request::DownloadAll => "download all".into(),
         Request::Download { raw, .. } => format!("download {raw}"),
@@ -716,13 +717,18 @@ fn serve_loop(d: Daemon<'_>) -> Result<()> {
             }
             d.serve_requests(&mut st);
         }
-        let wake = Instant::now() + config.poll;
-        while Instant::now() < wake && !d.stopping.load(Ordering::SeqCst) {
-            thread::sleep(Duration::from_millis(20).min(config.poll));
-        }
+        nap(config.poll, d.stopping);
     }
     log("stopped: any download in progress is kept and resumes at the next start");
     Ok(())
+}
+
+/// Wait `poll`, or less once `stopping` is set.
+pub(crate) fn nap(poll: Duration, stopping: &AtomicBool) {
+    let wake = Instant::now() + poll;
+    while Instant::now() < wake && !stopping.load(Ordering::SeqCst) {
+        thread::sleep(Duration::from_millis(20).min(poll));
+    }
 }
 
 impl Daemon<'_> {

@@ -25,7 +25,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
 
 use manifest::contract::{Contract, TreeDeclaration, TreeFiles, declaring_contracts};
 use manifest::pins::PINS_FILE;
@@ -36,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::report::ResolveReport;
 use crate::report::progress::Progress;
 use crate::rules::contract;
-use crate::run::daemon::{DaemonConfig, Request};
+use crate::run::daemon::DaemonConfig;
 use crate::state::bounded::read_capped;
 use crate::state::params::{Params, keys};
 
@@ -484,20 +483,14 @@ pub fn run_paused(
             log(&bad.to_string());
         }
         if let Some(request) = crate::run::daemon::read_request(memory)? {
-            let what = match &request {
-                Request::DownloadAll => "download all".to_string(),
-                Request::Download { raw, .. } => format!("download {raw}"),
-            };
+            let what = crate::run::daemon::describe(&request);
             log(&format!("{what}: not served, {}", paused.progress()));
             announce(memory, paused)?;
             crate::run::daemon::finish(memory, &request)?;
         } else if memory.get_bool(keys::CANCEL_MODEL_DOWNLOAD)? {
             memory.remove(keys::CANCEL_MODEL_DOWNLOAD)?;
         }
-        let wake = Instant::now() + config.poll;
-        while Instant::now() < wake && !stopping.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(20).min(config.poll));
-        }
+        crate::run::daemon::nap(config.poll, stopping);
     }
     log("stopped");
     Ok(())
@@ -507,6 +500,7 @@ pub fn run_paused(
 mod tests {
     use super::*;
     use manifest::layout;
+    use std::time::{Duration, Instant};
 
     /// Issue 37: a marker in uppercase, with a byte-order mark or CRLF names its commit (the
     /// device was paused by these); a short, long or non-hex one is still refused.
