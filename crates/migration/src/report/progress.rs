@@ -31,35 +31,47 @@ impl DisplayName {
 }
 
 /// Why a download request failed, in words for the driver (`"Download failed: <reason>"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum FailReason {
     /// Not enough free space for the model.
+    #[error("not enough free space")]
     NoSpace,
     /// No origin delivered bytes that verify.
+    #[error("model could not be downloaded and verified")]
     NotVerified,
     /// `ModelToDownload` does not name a model.
+    #[error("not a model name")]
     NotAModel,
     /// The model is not in this generation's list.
+    #[error("model not in the model list")]
     NotInList,
     /// No model list on the device yet (no refresh has succeeded).
+    #[error("model list not downloaded yet")]
     NoModelList,
     /// The built-in model's files are missing.
+    #[error("built-in model missing")]
     BuiltinMissing,
     /// Another manager holds the lock.
+    #[error("another download is running")]
     Busy,
     /// The request param itself could not be read (over the size cap, not a regular file): it
     /// was removed.
+    #[error("request could not be read")]
     BadRequest,
     /// Anything else on the device (storage, a corrupt state file): the log says which.
+    #[error("device storage error")]
     DeviceError,
     /// With trusted keys: the signed model list gives no SHA-256, size or chunk count for it,
     /// so nothing the signature covers could check its bytes.
+    #[error("not installable: the signed model list gives no SHA-256, size or chunk count for it")]
     NotSigned,
     /// With trusted keys: the model list stored on the device does not verify against its
     /// signature (changed on the device); a refresh fetches it again.
+    #[error("model list on the device failed its signature check")]
     ModelListNotVerified,
     /// modeld could not start this artifact on this device; it is not downloaded again until
     /// the model list publishes other bytes for it.
+    #[error("this model's file failed to start on this device; the built-in model stays in use")]
     FailedToStart,
 }
 
@@ -91,29 +103,6 @@ impl FailReason {
             | Error::TrustedKeysUnusable(_)
             | Error::GenerationDisagrees { .. }
             | Error::HeldBack(_) => FailReason::DeviceError,
-        }
-    }
-
-    fn text(self) -> &'static str {
-        match self {
-            FailReason::NoSpace => "not enough free space",
-            FailReason::NotVerified => "model could not be downloaded and verified",
-            FailReason::NotAModel => "not a model name",
-            FailReason::NotInList => "model not in the model list",
-            FailReason::NoModelList => "model list not downloaded yet",
-            FailReason::BuiltinMissing => "built-in model missing",
-            FailReason::Busy => "another download is running",
-            FailReason::DeviceError => "device storage error",
-            FailReason::BadRequest => "request could not be read",
-            FailReason::NotSigned => {
-                "not installable: the signed model list gives no SHA-256, size or chunk count for it"
-            }
-            FailReason::FailedToStart => {
-                "this model's file failed to start on this device; the built-in model stays in use"
-            }
-            FailReason::ModelListNotVerified => {
-                "model list on the device failed its signature check"
-            }
         }
     }
 }
@@ -256,7 +245,7 @@ pub enum Progress {
     )]
     HeldBack,
     /// `"Download failed: <reason>"`.
-    #[error("Download failed: {}", .0.text())]
+    #[error("Download failed: {0}")]
     Failed(FailReason),
     /// `"Model list refused: <why>"`: the manifest was not signed as the trusted keys require
     /// (`manifest::signature::Refusal::ui_text`).

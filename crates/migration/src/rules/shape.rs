@@ -12,6 +12,8 @@
 //!
 //! Pure: values in, values and bytes out.
 
+use std::io::{self, Write};
+
 use serde_json::{Map, Value, json};
 
 /// The only artifact format devices load; upstream's default for an entry without one.
@@ -350,63 +352,42 @@ pub fn caches(models: &[Map<String, Value>]) -> Vec<(&'static str, Value)> {
 /// character outside printable ASCII escaped as `\uXXXX` (surrogate pairs above the BMP), no
 /// trailing newline.
 pub fn dumps(v: &Value) -> String {
-    let mut out = String::new();
-    write_value(&mut out, v);
-    out
+    use serde::Serialize;
+    let mut out = Vec::new();
+    (v.serialize(&mut serde_json::Serializer::with_formatter(
+        &mut out, PyDumps,
+    )))
+    .expect("serializing into memory does not fail");
+    String::from_utf8(out).expect("every byte written is ASCII")
 }
 
-fn write_value(out: &mut String, v: &Value) {
-    match v {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => out.push_str(&n.to_string()),
-        Value::String(s) => write_str(out, s),
-        Value::Array(a) => {
-            out.push('[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_value(out, x);
-            }
-            out.push(']');
-        }
-        Value::Object(o) => {
-            out.push('{');
-            for (i, (k, x)) in o.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_str(out, k);
-                out.push_str(": ");
-                write_value(out, x);
-            }
-            out.push('}');
-        }
-    }
-}
+/// [`dumps`]'s layout: `", "` and `": "`, and every character outside printable ASCII as
+/// `\uXXXX` (serde_json escapes `"`, `\\` and the control characters as Python does).
+struct PyDumps;
 
-fn write_str(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            ' '..='~' => out.push(c),
-            _ => {
-                let mut units = [0u16; 2];
-                for u in c.encode_utf16(&mut units) {
-                    out.push_str(&format!("\\u{u:04x}"));
+impl serde_json::ser::Formatter for PyDumps {
+    fn begin_array_value<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+    fn begin_object_key<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+    fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+        w.write_all(b": ")
+    }
+    fn write_string_fragment<W: ?Sized + Write>(&mut self, w: &mut W, s: &str) -> io::Result<()> {
+        for c in s.chars() {
+            match c {
+                ' '..='~' => w.write_all(&[c as u8])?,
+                _ => {
+                    for u in c.encode_utf16(&mut [0; 2]) {
+                        write!(w, "\\u{u:04x}")?;
+                    }
                 }
             }
         }
+        Ok(())
     }
-    out.push('"');
 }
 
 #[cfg(test)]
