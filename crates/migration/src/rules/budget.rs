@@ -125,6 +125,14 @@ pub struct Ledger {
     pub fetched: BTreeMap<String, Fetched>,
 }
 
+impl Ledger {
+    /// An empty ledger of day `day`.
+    fn of(day: u64) -> Self {
+        let fetched = BTreeMap::new();
+        Ledger { day, fetched }
+    }
+}
+
 /// The ledger as read at `today`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Read {
@@ -171,26 +179,21 @@ pub struct ArtifactToday {
 
 /// The ledger read at `today`, as `status` reports it under `budget`. Pure.
 pub fn report(read: &Read, today: u64, budget: DailyBudget) -> TodayReport {
-    match read {
-        Read::Known(l) => TodayReport {
-            day: today,
-            unknown: None,
-            artifacts: l
-                .fetched
-                .iter()
-                .map(|(artifact, f)| ArtifactToday {
-                    artifact: artifact.clone(),
-                    bytes: f.bytes,
-                    budget: budget.bytes_for(f.size),
-                    held_back: hold(artifact, Some(f.bytes), f.size, budget, today).is_some(),
-                })
-                .collect(),
-        },
-        Read::Unknown(why) => TodayReport {
-            day: today,
-            unknown: Some(why.clone()),
-            artifacts: Vec::new(),
-        },
+    let (known, unknown) = match read {
+        Read::Known(l) => (Some(l), None),
+        Read::Unknown(why) => (None, Some(why.clone())),
+    };
+    let artifacts = known.iter().flat_map(|l| &l.fetched);
+    let artifacts = artifacts.map(|(artifact, f)| ArtifactToday {
+        artifact: artifact.clone(),
+        bytes: f.bytes,
+        budget: budget.bytes_for(f.size),
+        held_back: hold(artifact, Some(f.bytes), f.size, budget, today).is_some(),
+    });
+    TodayReport {
+        day: today,
+        unknown,
+        artifacts: artifacts.collect(),
     }
 }
 
@@ -207,10 +210,7 @@ pub fn ledger_path(models_dir: &Path) -> PathBuf {
 /// Interpret the ledger's bytes (`None`: no ledger) at `today`. Pure.
 pub fn interpret(bytes: Option<&[u8]>, today: u64) -> Read {
     let Some(bytes) = bytes else {
-        return Read::Known(Ledger {
-            day: today,
-            ..Ledger::default()
-        });
+        return Read::Known(Ledger::of(today));
     };
     match serde_json::from_slice::<Ledger>(bytes) {
         Err(e) => Read::Unknown(format!("not a ledger: {e}")),
@@ -218,10 +218,7 @@ pub fn interpret(bytes: Option<&[u8]>, today: u64) -> Read {
             "dated day {} after today ({today}): clock or file wrong",
             l.day
         )),
-        Ok(l) if l.day < today => Read::Known(Ledger {
-            day: today,
-            ..Ledger::default()
-        }),
+        Ok(l) if l.day < today => Read::Known(Ledger::of(today)),
         Ok(l) => Read::Known(l),
     }
 }
@@ -239,10 +236,7 @@ pub fn read(models_dir: &Path, today: u64) -> Read {
 pub fn counted(read: Read, artifact: &str, size: u64, bytes: u64, today: u64) -> Vec<u8> {
     let mut ledger = match read {
         Read::Known(l) => l,
-        Read::Unknown(_) => Ledger {
-            day: today,
-            ..Ledger::default()
-        },
+        Read::Unknown(_) => Ledger::of(today),
     };
     let entry = ledger
         .fetched

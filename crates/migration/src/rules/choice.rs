@@ -76,36 +76,17 @@ pub fn remember(record: Option<&Choice>, params: &Slots) -> Slots {
     let Some(r) = record else {
         return params.clone();
     };
-    let pending = r.pending.as_ref();
-    let pick = |now: &Option<String>,
-                written: &Option<String>,
-                pending: Option<&Option<String>>,
-                wanted: &Option<String>| {
-        if now == written || pending == Some(now) {
-            wanted.clone()
-        } else {
-            now.clone()
+    let pick = |slot: fn(&Slots) -> &Option<String>| {
+        let now = slot(params);
+        match now == slot(&r.written) || r.pending.as_ref().map(slot) == Some(now) {
+            true => slot(&r.wanted).clone(),
+            false => now.clone(),
         }
     };
     Slots {
-        selection: pick(
-            &params.selection,
-            &r.written.selection,
-            pending.map(|p| &p.selection),
-            &r.wanted.selection,
-        ),
-        small: pick(
-            &params.small,
-            &r.written.small,
-            pending.map(|p| &p.small),
-            &r.wanted.small,
-        ),
-        big: pick(
-            &params.big,
-            &r.written.big,
-            pending.map(|p| &p.big),
-            &r.wanted.big,
-        ),
+        selection: pick(|s| &s.selection),
+        small: pick(|s| &s.small),
+        big: pick(|s| &s.big),
     }
 }
 
