@@ -48,11 +48,8 @@ use crate::{Phase, Progress, state::params};
 /// A verification state as `status` and `verify` print it.
 pub fn state_text(s: VerifyState) -> &'static str {
     match s {
-        VerifyState::Verified => "verified",
         VerifyState::Outdated => "outdated (verified copy of an earlier publish; in use)",
-        VerifyState::Unverified => "unverified",
-        VerifyState::Corrupt => "corrupt",
-        VerifyState::Missing => "missing",
+        other => dry_run::state_name(other),
     }
 }
 

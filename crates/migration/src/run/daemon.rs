@@ -145,12 +145,6 @@ pub struct Outlets<'a> {
 }
 
 impl Outlets<'_> {
-    /// Nowhere but the UI.
-    pub const NONE: Outlets<'static> = Outlets {
-        log: &|_| {},
-        terminal: None,
-    };
-
     /// `p` to the UI, the log or the terminal, as [`Outlets`] says.
     fn say(&self, device: &Device, p: &Progress) {
         show_in_ui(device, p);
@@ -385,26 +379,9 @@ pub fn not_yet_backoff(config: &DaemonConfig, streak: u32) -> Duration {
         .min(config.refresh_every.max(not_yet_wait(config)))
 }
 
-/// One poll: serve the pending request (watching for a cancel), or drop a leftover cancel flag
-/// when nothing runs. Returns the request served, if any, and its last progress.
-pub fn poll_once(device: &Device, dl: &Downloader) -> Result<Option<(Request, Progress)>> {
-    let stopping = Arc::new(AtomicBool::new(false));
-    Ok(poll(
-        device,
-        dl,
-        &stopping,
-        &DaemonConfig::default(),
-        Outlets::NONE,
-    )?
-    .map(|(r, s)| match s {
-        Served::Finished(p)
-        | Served::Kept { progress: p, .. }
-        | Served::Failed { progress: p, .. } => (r, p),
-    }))
-}
-
-/// [`poll_once`], stopping early when `stopping` is set; says whether the request was kept,
-/// and for how long (`config`'s retry intervals).
+/// One poll: serve the pending request (watching for a cancel, stopping early when `stopping`
+/// is set), or drop a leftover cancel flag when nothing runs. Returns the request served, if
+/// any, and whether it was kept, and for how long (`config`'s retry intervals).
 pub fn poll(
     device: &Device,
     dl: &Downloader,

@@ -131,17 +131,16 @@ pub fn holder(models_dir: &Path) -> Option<u32> {
 /// `1: FLOCK  ADVISORY  WRITE 7990 fe:00:5398791 0 EOF`; waiters, `1: -> FLOCK ...`, are not
 /// holders). Pure.
 pub fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<u32> {
-    // glibc's encoding of a dev_t: the kernel prints major and minor in hex.
-    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
-    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
+    // The kernel prints a dev_t's major and minor in hex.
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
     locks.lines().find_map(|line| {
         let f: Vec<&str> = line.split_whitespace().collect();
         match f.as_slice() {
             [_, "FLOCK", _, "WRITE", pid, file, ..] => {
                 let mut parts = file.split(':');
                 let (ma, mi, i) = (parts.next()?, parts.next()?, parts.next()?);
-                let same = u64::from_str_radix(ma, 16).ok()? == major
-                    && u64::from_str_radix(mi, 16).ok()? == minor
+                let same = u32::from_str_radix(ma, 16).ok()? == major
+                    && u32::from_str_radix(mi, 16).ok()? == minor
                     && i.parse::<u64>().ok()? == ino;
                 same.then(|| pid.parse().ok()).flatten()
             }
