@@ -196,7 +196,8 @@ pub fn ensure_profiles(read: &ProfilesRead, selection: &ModelId, catalog: &Catal
     Profiles { small, big }
 }
 
-fn canonicalise(id: &ModelId) -> ModelId {
+/// `id` under upstream's canonical map ([`canonical_id`]).
+pub(crate) fn canonicalise(id: &ModelId) -> ModelId {
     canonical_id(id.as_str())
         .parse()
         .unwrap_or_else(|_| id.clone())
@@ -580,12 +581,6 @@ impl Catalog {
 }
 
 pub use crate::rules::shape::{ARTIFACTS_CACHE, URLS_CACHE, VERSIONS_CACHE};
-
-/// A cache body as bytes, as upstream writes it: Python's default `json.dumps` layout, no
-/// trailing newline (`shape::dumps`).
-pub fn cache_bytes(v: &Value) -> Vec<u8> {
-    crate::rules::shape::dumps(v).into_bytes()
-}
 
 // ---------------------------------------------------------------------------------------------
 // Where a refresh starts

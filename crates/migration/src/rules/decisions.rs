@@ -196,7 +196,8 @@ pub(crate) fn contract_writes(catalog: &Catalog, outcome: &Outcome) -> ContractW
     let files = catalog
         .caches()
         .into_iter()
-        .map(|(name, body)| (name, contract::cache_bytes(&body)))
+        // Python's default `json.dumps` layout, no trailing newline, as upstream writes them.
+        .map(|(name, body)| (name, crate::rules::shape::dumps(&body).into_bytes()))
         .collect();
     (params, files)
 }
@@ -218,9 +219,7 @@ pub(crate) fn requested(
     generation: Generation,
     catalog: impl FnOnce() -> Result<Manifest>,
 ) -> Result<Requested> {
-    let canonical: ModelId = contract::canonical_id(id.as_str())
-        .parse()
-        .unwrap_or_else(|_| id.clone());
+    let canonical = contract::canonicalise(id);
     if contract::is_builtin_id(canonical.as_str()) {
         return Ok(Requested::BuiltIn(canonical));
     }

@@ -18,12 +18,13 @@ impl Device {
         if self.files().generation_files().is_some() {
             return self.resolve_per_generation();
         }
+        let builtin = || (self.builtin_path(), NamedModel::builtin());
         let sel = self.selection()?;
         if crate::rules::contract::is_builtin_id(&sel.id) || !self.is_current()? {
-            return Ok((self.builtin_path(), NamedModel::builtin()));
+            return Ok(builtin());
         }
         let Ok(id) = sel.id.parse::<ModelId>() else {
-            return Ok((self.builtin_path(), NamedModel::builtin()));
+            return Ok(builtin());
         };
         let sel = NamedModel {
             id: id.clone(),
@@ -33,14 +34,10 @@ impl Device {
         if id.is_local() {
             let path = self.artifact_path(&id);
             let ok = fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() > 0);
-            return Ok(if ok {
-                (path, sel)
-            } else {
-                (self.builtin_path(), NamedModel::builtin())
-            });
+            return Ok(if ok { (path, sel) } else { builtin() });
         }
         let Some(catalog) = self.catalog()? else {
-            return Ok((self.builtin_path(), NamedModel::builtin()));
+            return Ok(builtin());
         };
         match catalog.get(&id) {
             Some(entry)
@@ -51,7 +48,7 @@ impl Device {
             {
                 Ok((self.artifact_path(&id), sel))
             }
-            _ => Ok((self.builtin_path(), NamedModel::builtin())),
+            _ => Ok(builtin()),
         }
     }
 
