@@ -95,23 +95,18 @@ impl TrustReport {
             trust_state::REFUSED_MANIFEST_FILE,
             crate::state::bounded::JOURNAL_LIMIT,
         )?;
-        Ok(match &device.trusted_keys {
-            None => TrustReport {
-                protected: false,
-                keys_file: None,
-                keys: Vec::new(),
-                accepted_release,
-                floor: None,
-                last_refusal: None,
-            },
-            Some(keys) => TrustReport {
-                protected: true,
-                keys_file: Some(keys.path().to_path_buf()),
-                keys: keys.keys().iter().map(|k| k.name().to_string()).collect(),
-                accepted_release,
-                floor: Some(floor),
-                last_refusal: refused,
-            },
+        let keys = device.trusted_keys.as_ref();
+        let names = keys
+            .iter()
+            .flat_map(|k| k.keys())
+            .map(|k| k.name().to_string());
+        Ok(TrustReport {
+            protected: keys.is_some(),
+            keys_file: keys.map(|k| k.path().to_path_buf()),
+            keys: names.collect(),
+            accepted_release,
+            floor: keys.map(|_| floor),
+            last_refusal: refused.filter(|_| keys.is_some()),
         })
     }
 

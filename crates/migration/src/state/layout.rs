@@ -527,34 +527,14 @@ fn known_ids<'a>(
     out
 }
 
-/// A job's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A job's state, named in the job file as upstream names it (`running`, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum JobState {
     Running,
     Completed,
     Failed,
     Interrupted,
-}
-
-impl JobState {
-    const ALL: [(JobState, &'static str); 4] = [
-        (JobState::Running, "running"),
-        (JobState::Completed, "completed"),
-        (JobState::Failed, "failed"),
-        (JobState::Interrupted, "interrupted"),
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(s, _)| *s == self)
-            .map(|(_, n)| *n)
-            .expect("every state is named")
-    }
-
-    fn parse(s: &str) -> Option<Self> {
-        Self::ALL.iter().find(|(_, n)| *n == s).map(|(st, _)| *st)
-    }
 }
 
 /// `.download-job.json`.
@@ -600,7 +580,7 @@ impl Job {
         }
         Some(Job {
             job_id: id.to_string(),
-            state: JobState::parse(j.get("state")?.as_str()?)?,
+            state: serde_json::from_value(j.get("state")?.clone()).ok()?,
             model: j.get("model")?.as_str()?.to_string(),
             progress: j.get("progress")?.as_str()?.to_string(),
             download_all: j.get("downloadAll")?.as_bool()?,
@@ -614,7 +594,7 @@ impl Job {
         manifest::json::to_python_sorted_string(&serde_json::json!({
             "schemaVersion": files.job_schema_version,
             "jobId": self.job_id,
-            "state": self.state.as_str(),
+            "state": self.state,
             "model": self.model,
             "progress": self.progress,
             "downloadAll": self.download_all,
