@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::report::{PendingCase, ResolveReport, StatusReport, VerifyReport};
+use crate::state::effects::lock;
 use crate::state::tree::{PausedStatus, TreeStatus};
 
 pub mod command;
@@ -601,19 +602,15 @@ impl StderrProgress {
         }))
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, Shared> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// What the following percentages are about, e.g. `pop223` (ends a drawn bar).
     pub fn label(&self, label: &str) {
-        let mut s = self.state();
+        let mut s = lock(&self.0);
         end_bar(&mut s.bar);
         s.view.label(label);
     }
 
     pub fn say(&self, p: &Progress) {
-        let mut s = self.state();
+        let mut s = lock(&self.0);
         let Shared {
             view,
             bar,
@@ -659,7 +656,7 @@ impl StderrProgress {
 
     /// A line of its own among the progress (above a drawn bar, which stays).
     pub fn line(&self, text: impl std::fmt::Display) {
-        let s = self.state();
+        let s = lock(&self.0);
         if s.view.verbosity == cli_support::Verbosity::Quiet {
             return;
         }
@@ -671,7 +668,7 @@ impl StderrProgress {
 
     /// End a drawn bar, leaving it as it last was.
     pub fn finish(&self) {
-        end_bar(&mut self.state().bar);
+        end_bar(&mut lock(&self.0).bar);
     }
 }
 

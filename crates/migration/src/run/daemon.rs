@@ -19,6 +19,7 @@ use crate::report::progress::{DisplayName, FailReason, Progress};
 use crate::run::downloads::{download_all, download_model};
 use crate::run::manager::{Run, refresh};
 use crate::state::device::Device;
+use crate::state::effects::lock;
 use crate::state::params::{ParamRead, keys};
 
 /// One request read from the memory params.
@@ -189,16 +190,13 @@ fn serve_outcome(
                 if before {
                     let name = DisplayName::of(entry);
                     say(&Progress::Downloading(name.clone()));
-                    *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(name);
+                    *lock(&current) = Some(name);
                 }
             };
-            let named =
-                |p: &Progress| match (p, &*current.lock().unwrap_or_else(|p| p.into_inner())) {
-                    (Progress::Percent(t), Some(name)) => {
-                        say(&Progress::PercentOf(name.clone(), *t))
-                    }
-                    _ => say(p),
-                };
+            let named = |p: &Progress| match (p, &*lock(&current)) {
+                (Progress::Percent(t), Some(name)) => say(&Progress::PercentOf(name.clone(), *t)),
+                _ => say(p),
+            };
             download_all(device, dl, cancel, &start, &named).map(|all| match all.cancelled {
                 true => Progress::Cancelled,
                 false => Progress::AllDownloaded,
@@ -309,7 +307,7 @@ fn watch(
             };
             let road = Road::of(device.is_onroad());
             if let Some(r) = interrupt(stopping.load(Ordering::SeqCst), &road, cancelled) {
-                *w.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                *lock(&w) = Some(r);
                 t.cancel();
                 return;
             }
@@ -423,7 +421,7 @@ pub fn poll(
     let outcome = serve_outcome(device, dl, &request, &cancel, &say);
     done.store(true, Ordering::SeqCst);
     let _ = watcher.join();
-    let interrupt = *why.lock().unwrap_or_else(|e| e.into_inner());
+    let interrupt = *lock(&why);
     let served = match (outcome, interrupt) {
         (Err(_), Some(Interrupt::Onroad)) | (Err(Error::Onroad { .. }), _) => {
             stopped("deferred while driving")
@@ -778,8 +776,7 @@ impl Daemon<'_> {
             r
         });
         let _ = watcher.join();
-        let ui_cancelled =
-            *why.lock().unwrap_or_else(|e| e.into_inner()) == Some(Interrupt::Cancelled);
+        let ui_cancelled = *lock(&why) == Some(Interrupt::Cancelled);
         RefreshEnded {
             result,
             ui_cancelled,

@@ -36,6 +36,7 @@ use crate::rules::decisions::{
 };
 use crate::rules::plan::{self, InstallStep};
 use crate::state::device::{Device, JOURNAL_FILE, VerifyState};
+use crate::state::effects::lock;
 use crate::state::journal::{Journal, Phase, write_journal};
 use crate::state::params::keys;
 use crate::state::view::{DeviceView, param_slots};
@@ -608,14 +609,11 @@ pub fn install_target(
             |cancel, publish| {
                 let on_event = |e: Event| match e {
                     Event::Origin { origin } => {
-                        let mut o = origins.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut o = lock(&origins);
                         o.push(origin_name(&origin).to_string());
                     }
                     Event::Progress { done, total } => {
-                        first_done
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .get_or_insert(done);
+                        lock(&first_done).get_or_insert(done);
                         if let Some(pct) = percent.advance(done, total) {
                             progress(&Progress::Percent(Transferred { done, total }));
                             publish(&format!("{label}: {pct}%"));
@@ -787,7 +785,7 @@ impl PercentFilter {
             return None;
         }
         let pct = done.min(total) * 100 / total;
-        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = lock(&self.0);
         if last.is_some_and(|prev| pct <= prev) {
             return None;
         }

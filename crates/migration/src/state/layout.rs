@@ -29,6 +29,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::state::effects::Effects;
+use crate::state::effects::lock;
 
 /// Which artifact of a model: the standard one, or its accelerator build (v25: `chestnut`,
 /// v26: `amd`; the contract's [`manifest::contract::AcceleratorRule`]).
@@ -750,10 +751,6 @@ fn new_job_id(digits: usize) -> Result<String> {
     Ok(id)
 }
 
-fn guard(j: &std::sync::Mutex<DownloadJob>) -> std::sync::MutexGuard<'_, DownloadJob> {
-    j.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The shortest time between two progress texts written to the job file.
 pub const JOB_PUBLISH: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -788,7 +785,7 @@ impl DeviceFiles {
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                     finished.recv_timeout(JOB_POLL)
                 {
-                    if cancel.is_cancelled() || guard(job).cancel_requested() {
+                    if cancel.is_cancelled() || lock(job).cancel_requested() {
                         inner.cancel();
                         return;
                     }
@@ -798,12 +795,12 @@ impl DeviceFiles {
             // fsynced replace); the first text at once.
             let last = std::sync::Mutex::new(None::<std::time::Instant>);
             let publish = |text: &str| {
-                let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+                let mut last = lock(&last);
                 if last.is_some_and(|t| t.elapsed() < JOB_PUBLISH) {
                     return;
                 }
                 *last = Some(std::time::Instant::now());
-                if let Ok(JobUpdate::Stop) = guard(job).publish(Some(text), None) {
+                if let Ok(JobUpdate::Stop) = lock(job).publish(Some(text), None) {
                     inner.cancel();
                 }
             };

@@ -327,11 +327,14 @@ fn errno_text(e: &std::io::Error) -> String {
 }
 
 fn open_at(dir: Option<&OwnedFd>, path: &Path, flags: OFlags) -> std::io::Result<OwnedFd> {
-    let flags = flags | OFlags::CLOEXEC;
-    Ok(match dir {
-        Some(d) => rustix::fs::openat(d, path, flags, Mode::empty())?,
-        None => rustix::fs::openat(CWD, path, flags, Mode::empty())?,
-    })
+    use std::os::fd::AsFd as _;
+    let at = dir.map_or(CWD, |d| d.as_fd());
+    Ok(rustix::fs::openat(
+        at,
+        path,
+        flags | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
 }
 
 /// Whether two looks at a file saw the same file, unchanged (device, inode, size, times).
