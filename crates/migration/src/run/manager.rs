@@ -129,10 +129,9 @@ pub(crate) struct RefreshRun {
 }
 
 /// The failure tail of a refresh whose manifest fetch failed with `e`: a trust refusal is
-/// recorded; offline (or every manifest refused), a device still on another generation stops
-/// loading that generation's pickles now, not once it is online (the offline first boot). Not
-/// on a cancel, and not when a manifest was refused on trust grounds (a refused manifest
-/// changes nothing, see docs/device.md, *Trust*).
+/// recorded; offline (or every manifest unusable), a device on another generation runs the
+/// offline first boot now (not on a cancel or a trust refusal, which changes nothing:
+/// docs/device.md, *Trust*).
 pub(crate) fn failed_fetch(device: &Device, e: &Error) -> Result<()> {
     crate::state::trust_state::record_failed_fetch(device, e)?;
     if offline_first_boot_due(e) {
@@ -235,10 +234,8 @@ pub fn refresh(device: &Device, by: &Run) -> Result<RefreshReport> {
     let view = view.strict()?;
     let (journal, purged, interim) = begin_migration(device, &view, &catalog)?;
     let record = view.choice().cloned();
-    // Where the layout keeps the selection in a store of its own (per generation:
-    // preferences.json, upstream's or carried there), that store is what the user chose.
-    // (A purge phase of this run carried the choice there first; the params are that
-    // layout's only where there is no such store.)
+    // A layout's own selection store (per generation: preferences.json, upstream's or carried
+    // there by a purge phase) is what the user chose; else the params.
     let slots_now = match (interim, device.stored_slots()?) {
         (_, Some(stored)) => stored,
         (true, None) => param_slots(device)?,

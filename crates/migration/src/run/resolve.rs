@@ -61,13 +61,10 @@ impl Device {
             .unwrap_or_else(|| crate::rules::contract::builtin_id().to_string()))
     }
 
-    /// [`Device::resolve`] on a per-generation layout: what upstream's runtime resolver loads.
-    /// The small profile of `preferences.json`, when its artifact under `<gen>/<id>/` verifies
-    /// against the accepted `<gen>/catalog.json` (read as upstream reads it,
-    /// [`crate::state::layout::DeviceFiles::accepted_catalog`]) and modeld has not failed to start
-    /// those bytes ([`crate::state::load_receipt`]); else the built-in. Our params, our
-    /// `.catalog.json` and a migration's journal play no part: upstream's modeld does not read
-    /// them.
+    /// [`Device::resolve`] per generation, as upstream's resolver: `preferences.json`'s small
+    /// profile when it verifies against the accepted `<gen>/catalog.json` and modeld has not
+    /// failed to start those bytes; else the built-in. Our params, `.catalog.json` and journal
+    /// play no part: upstream's modeld does not read them.
     fn resolve_per_generation(&self) -> Result<(PathBuf, NamedModel)> {
         let builtin = || (self.builtin_path(), NamedModel::builtin());
         let sel = self.layout_selection()?;

@@ -449,8 +449,8 @@ impl Device {
         })
     }
 
-    /// Write the five selection params (each atomically; `Model`/`DrivingModel` last so a
-    /// reader that sees the new ID also sees its name and version).
+    /// Write the five selection params, `Model`/`DrivingModel` last (the tests' setup).
+    #[cfg(test)]
     pub fn select(&self, s: &NamedModel) -> Result<()> {
         self.params.put(keys::DRIVING_MODEL_NAME, &s.name)?;
         self.params.put(keys::MODEL_VERSION, &s.version)?;
@@ -567,9 +567,8 @@ impl Device {
         self.trusted_keys.is_some()
     }
 
-    /// Store `m` as the catalog (tagged with this generation), atomically. What is written must
-    /// fit the read limit, or the device would refuse its own catalog: over it, nothing is
-    /// written and the error says so.
+    /// Store `m` as the catalog (tagged with this generation), atomically (the tests' setup).
+    #[cfg(test)]
     pub fn store_catalog(&self, m: &Manifest) -> Result<()> {
         self.write_file(
             CATALOG_FILE,

@@ -194,19 +194,6 @@ impl DeviceFiles {
         size.saturating_add(self.contract.download_headroom_bytes)
     }
 
-    /// The bytes the accepted manifest is stored with. Flat: `raw` byte for byte when it names
-    /// this generation (else the canonical form, see `device::catalog_body`); per generation:
-    /// as upstream writes it (keys sorted, Python's separators, no newline).
-    pub fn catalog_bytes(&self, raw: Option<&[u8]>, m: &manifest::Manifest) -> Result<Vec<u8>> {
-        match self.generation_files() {
-            None => crate::state::device::catalog_body(raw, m, self.generation),
-            Some(_) => match raw {
-                Some(raw) => self.python_sorted(raw),
-                None => self.python_sorted(m.to_canonical_string().as_bytes()),
-            },
-        }
-    }
-
     /// The accepted manifest `raw` as upstream's `atomic_json` writes it (keys sorted,
     /// Python's separators).
     fn python_sorted(&self, raw: &[u8]) -> Result<Vec<u8>> {
@@ -286,39 +273,6 @@ impl DeviceFiles {
 
     fn tree_rows(&self) -> &[manifest::contract::TreeCatalogRow] {
         self.tree.as_deref().map_or(&[], |t| t.catalog.as_slice())
-    }
-
-    /// Change the preferences under the state lock: read them as upstream does, apply `f`,
-    /// write them back (atomic, sorted keys), unless the result is what is there.
-    pub fn update_preferences(&self, f: impl FnOnce(&mut Preferences)) -> Result<Preferences> {
-        let files = self.per_generation()?;
-        self.with_state_lock(|| {
-            let mut prefs = self.read_preferences_unlocked();
-            let before = prefs.clone();
-            f(&mut prefs);
-            let path = self.root().join(files.preferences);
-            let body = prefs.to_bytes();
-            if body.len() as u64 > self.contract.preferences_max_bytes {
-                return Err(Error::CorruptState {
-                    path,
-                    message: format!(
-                        "{} bytes, over the {}-byte limit upstream reads",
-                        body.len(),
-                        self.contract.preferences_max_bytes
-                    ),
-                });
-            }
-            let there = self
-                .effects
-                .read(&path, self.contract.preferences_max_bytes)
-                .ok()
-                .flatten();
-            if prefs != before || there.as_deref() != Some(body.as_slice()) {
-                self.effects
-                    .write_file(&self.models, &self.rel(files.preferences), &body)?;
-            }
-            Ok(prefs)
-        })
     }
 
     /// The job as upstream reports it: the job file (when it is one upstream accepts) and

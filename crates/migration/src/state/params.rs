@@ -3,7 +3,7 @@
 //! directory, fsync, rename, fsync the directory), so a power cut leaves the old value or the
 //! new one, never a torn one.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::error::{Error, Result};
 use crate::state::bounded::PARAM_LIMIT;
@@ -158,7 +158,8 @@ impl Params {
         }
     }
 
-    pub fn dir(&self) -> &Path {
+    #[cfg(test)]
+    pub fn dir(&self) -> &std::path::Path {
         &self.dir
     }
 
