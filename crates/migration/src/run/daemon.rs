@@ -207,19 +207,13 @@ fn serve_outcome(
             if let Some(name) = catalog_name(device, id) {
                 say(&Progress::Downloading(name));
             }
-            download_model(device, dl, id, cancel, say).map(|_| {
-                let canonical = crate::rules::contract::canonical_id(id.as_str());
-                match canonical.parse().map(|c| crate::rules::contract::kind(&c)) {
-                    Ok(crate::rules::contract::ModelKind::BuiltIn) => {
-                        Progress::BuiltinAlreadyDownloaded
-                    }
-                    Ok(crate::rules::contract::ModelKind::Local) => {
-                        Progress::LocalNothingToDownload
-                    }
-                    // Also when a verified copy was kept: upstream's text, which the UI takes
-                    // as "the model is there".
-                    _ => Progress::Downloaded,
-                }
+            use crate::rules::contract::{ModelKind, canonicalise, kind};
+            download_model(device, dl, id, cancel, say).map(|_| match kind(&canonicalise(id)) {
+                ModelKind::BuiltIn => Progress::BuiltinAlreadyDownloaded,
+                ModelKind::Local => Progress::LocalNothingToDownload,
+                // Also when a verified copy was kept: upstream's text, which the UI takes as
+                // "the model is there".
+                ModelKind::Catalog => Progress::Downloaded,
             })
         }
         Request::Download { id: None, .. } => Ok(Progress::Failed(FailReason::NotAModel)),
