@@ -85,10 +85,6 @@ impl DeviceFiles {
         self
     }
 
-    pub fn contract(&self) -> &'static Contract {
-        self.contract
-    }
-
     pub fn generation(&self) -> Generation {
         self.generation
     }
@@ -96,11 +92,6 @@ impl DeviceFiles {
     /// The tree's declaration, when it made one.
     pub fn tree(&self) -> Option<&TreeDeclaration> {
         self.tree.as_deref()
-    }
-
-    /// `<data>/models`: where our own state files are, whatever the layout.
-    pub fn models_dir(&self) -> &Path {
-        &self.models
     }
 
     /// The per-generation formats (`None` on a flat layout).
