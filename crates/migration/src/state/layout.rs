@@ -605,10 +605,6 @@ impl DownloadJob {
         })
     }
 
-    pub fn id(&self) -> &str {
-        &self.job.job_id
-    }
-
     /// Whether this job should stop: a cancel was requested on it (by any process), or the
     /// file no longer names it running.
     pub fn cancel_requested(&self) -> bool {

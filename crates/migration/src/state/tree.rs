@@ -223,20 +223,16 @@ pub fn read(openpilot_dir: &Path) -> TreeRead {
         Err(u) => Err(u),
     };
     let pins_path = openpilot_dir.join(PINS_FILE);
-    let pins = match read_tree_file(&pins_path, PINS_LIMIT) {
-        Ok(None) => Ok(PinTable::builtin()),
-        Ok(Some(bytes)) => {
-            let mut table = PinTable::builtin();
+    let pins = read_tree_file(&pins_path, PINS_LIMIT).and_then(|bytes| {
+        let mut table = PinTable::builtin();
+        if let Some(bytes) = bytes {
+            let path = pins_path.clone();
             table
                 .merge_json(&bytes)
-                .map(|()| table)
-                .map_err(|problem| Unreadable {
-                    path: pins_path.clone(),
-                    problem,
-                })
+                .map_err(|problem| Unreadable { path, problem })?;
         }
-        Err(u) => Err(u),
-    };
+        Ok(table)
+    });
     TreeRead {
         openpilot_dir: openpilot_dir.to_path_buf(),
         marker,
