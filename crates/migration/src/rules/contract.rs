@@ -450,10 +450,6 @@ pub fn clean_name(name: &str) -> String {
         .to_string()
 }
 
-fn b(v: Option<&Value>) -> Option<bool> {
-    v.and_then(Value::as_bool)
-}
-
 impl Row {
     pub fn of_entry(e: &ModelEntry) -> Self {
         let model = NamedModel::of_entry(e);
@@ -479,7 +475,8 @@ impl Row {
                 name: listed.name,
                 version: listed.version,
             },
-            uses_external_gpu: b(source.get("uses_external_gpu")).unwrap_or(false),
+            uses_external_gpu: source.get("uses_external_gpu").and_then(Value::as_bool)
+                == Some(true),
             source,
             local: true,
         }

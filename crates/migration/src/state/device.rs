@@ -97,10 +97,9 @@ pub struct Device {
     tree: Option<std::sync::Arc<manifest::TreeDeclaration>>,
 }
 
-/// The bytes `.catalog.json` gets for the accepted manifest `m`: `raw` (what `m` was parsed
-/// from) byte for byte when given, naming `generation` itself and within the read limit; else
-/// `m` tagged with `generation`, canonical. Over the read limit the device would refuse its own
-/// catalog: [`Error::CatalogTooLarge`].
+/// The bytes `.catalog.json` gets for `m`: `raw` (what `m` was parsed from) when it names
+/// `generation` and fits the read limit; else `m` tagged with `generation`, canonical (over the
+/// limit the device would refuse its own catalog: [`Error::CatalogTooLarge`]).
 pub(crate) fn catalog_body(
     raw: Option<&[u8]>,
     m: &Manifest,
@@ -254,10 +253,9 @@ impl Device {
             })
     }
 
-    /// [`Device::read_json`] for a state file that is a record, not a safeguard
-    /// (`.choice.json`, `.refused-manifest.json`): one that cannot be read or parsed is read as
-    /// absent, with a warning naming it ([`Device::warnings`]), so it never wedges `refresh` or
-    /// `status`; the next write replaces it.
+    /// [`Device::read_json`] for a record, not a safeguard (`.choice.json`,
+    /// `.refused-manifest.json`): one that cannot be read is absent, with a warning, so it never
+    /// wedges `refresh` or `status`; the next write replaces it.
     pub(crate) fn read_json_or_warn<T: DeserializeOwned>(
         &self,
         name: &str,
@@ -637,10 +635,8 @@ impl Device {
         if self.effects.exists(&path) {
             return files.read_preferences().map(Some);
         }
-        // The generation moved from kept its own preferences in this layout: they are the
-        // user's choice, carried forward as upstream reads them against this generation's
-        // catalog (an id it does not list reads as the bundled model, and drops out of the
-        // favourites and exclusions).
+        // Preferences the generation moved from kept in this layout are the user's choice,
+        // read as upstream reads them against this generation's catalog.
         let carried = match self.previous_preferences(from_generation) {
             Some(prev) => prev.read_preferences_as(&files)?,
             None => {
@@ -730,10 +726,9 @@ impl Device {
             .then_some(prev)
     }
 
-    /// The selection a migration from `from` starts with: this generation's own store when it
-    /// has one ([`Device::stored_slots`]), else the store of the generation moved from when it
-    /// kept one in this layout (read against this generation's catalog); `None` otherwise (the
-    /// params are the store).
+    /// The selection a migration from `from` starts with: this generation's own store
+    /// ([`Device::stored_slots`]), else that of the generation moved from, read against this
+    /// catalog; `None` when the params are the store.
     pub(crate) fn slots_for_move(
         &self,
         from: Option<&str>,

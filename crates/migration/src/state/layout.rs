@@ -236,11 +236,6 @@ impl DeviceFiles {
         f()
     }
 
-    /// `<gen>/<name>`: a file of the generation's root as the effects log names it.
-    fn rel(&self, name: &str) -> String {
-        format!("{}/{}", self.generation, name)
-    }
-
     /// `preferences.json` as upstream reads it (see [`Preferences::parse`]); defaults when it
     /// is missing or unreadable. Read under the state lock.
     pub fn read_preferences(&self) -> Result<Preferences> {
@@ -307,7 +302,7 @@ impl DeviceFiles {
     fn write_job(&self, files: &GenerationFiles, job: &Job) -> Result<()> {
         self.effects.write_file(
             &self.models,
-            &self.rel(files.job),
+            &format!("{}/{}", self.generation, files.job),
             job.to_bytes(files).as_bytes(),
         )
     }
