@@ -608,14 +608,7 @@ impl Device {
         &self,
         from: &'static manifest::contract::Contract,
     ) -> Result<Option<crate::state::layout::Preferences>> {
-        let (selection, _) = contract::selected(&self.selection_params()?);
-        let profiles = self.profiles_read()?;
-        let lower = |s: Option<String>| s.map(|s| s.to_ascii_lowercase());
-        let slots = crate::rules::choice::Slots {
-            selection: Some(selection),
-            small: lower(profiles.small),
-            big: lower(profiles.big),
-        };
+        let slots = crate::state::view::param_slots(self)?;
         self.carry_slots(from, &slots, None)
     }
 
