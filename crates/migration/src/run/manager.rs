@@ -593,59 +593,37 @@ pub fn install_target(
     let started = std::time::Instant::now();
     let origins = std::sync::Mutex::new(Vec::<String>::new());
     let first_done = std::sync::Mutex::new(None::<u64>);
-    let files = device.files();
-    device
-        .effects()
-        .create_dir(&files.artifact_dir(&target.id))?;
-    files
-        .under_job(
-            target.id.as_str(),
-            crate::state::layout::Variant::Standard,
-            false,
-            cancel,
-            |cancel, publish| {
-                let on_event = |e: Event| match e {
-                    Event::Origin { origin } => {
-                        let mut o = lock(&origins);
-                        o.push(origin_name(&origin).to_string());
-                    }
-                    Event::Progress { done, total } => {
-                        lock(&first_done).get_or_insert(done);
-                        if let Some(pct) = percent.advance(done, total) {
-                            progress(&Progress::Percent(Transferred { done, total }));
-                            publish(&format!("{label}: {pct}%"));
-                        }
-                    }
-                    Event::Verifying => progress(&Progress::Verifying),
-                    Event::Fetched { bytes, .. } => count_fetched(device, &artifact, target, bytes),
-                    _ => {}
-                };
-                Ok(dl.download_target(
-                    device.config.generation,
-                    target,
-                    &files.artifact_dir(&target.id),
-                    cancel,
-                    &on_event,
-                )?)
-            },
-        )
-        .map(|installed| {
-            files.tidy_after_install(&target.id);
-            let origin = origin_name(&installed.origin).to_string();
-            let mut after = origins.into_inner().unwrap_or_else(|p| p.into_inner());
-            after.retain(|o| *o != origin);
-            after.dedup();
-            let staged = first_done.into_inner().unwrap_or_else(|p| p.into_inner());
-            progress(&Progress::Fetched(crate::report::progress::Fetched {
-                what: target.id.to_string(),
-                size: installed.size,
-                moved: installed.size - staged.unwrap_or(0).min(installed.size),
-                took: started.elapsed(),
-                origin,
-                after,
-            }));
-            Some(installed)
-        })
+    (device.effects).create_dir(&device.files().artifact_dir(&target.id))?;
+    let on_event = |e: Event, publish: Publish| match e {
+        Event::Origin { origin } => lock(&origins).push(origin_name(&origin).to_string()),
+        Event::Progress { done, total } => {
+            lock(&first_done).get_or_insert(done);
+            if let Some(pct) = percent.advance(done, total) {
+                progress(&Progress::Percent(Transferred { done, total }));
+                publish(&format!("{label}: {pct}%"));
+            }
+        }
+        Event::Verifying => progress(&Progress::Verifying),
+        Event::Fetched { bytes, .. } => count_fetched(device, &artifact, target, bytes),
+        _ => {}
+    };
+    let standard = crate::state::layout::Variant::Standard;
+    download_in_layout(device, dl, target, standard, cancel, &on_event).map(|installed| {
+        let origin = origin_name(&installed.origin).to_string();
+        let mut after = origins.into_inner().unwrap_or_else(|p| p.into_inner());
+        after.retain(|o| *o != origin);
+        after.dedup();
+        let staged = first_done.into_inner().unwrap_or_else(|p| p.into_inner());
+        progress(&Progress::Fetched(crate::report::progress::Fetched {
+            what: target.id.to_string(),
+            size: installed.size,
+            moved: installed.size - staged.unwrap_or(0).min(installed.size),
+            took: started.elapsed(),
+            origin,
+            after,
+        }));
+        Some(installed)
+    })
 }
 
 /// An origin's name, `Hugging Face`, from how the downloader shows it (`Hugging Face (<base>)`).
@@ -669,28 +647,43 @@ fn install_variant(
         return device.effects().installed(target.local_name.as_str());
     }
     let artifact = within_budget(device, target)?;
+    let on_event = |e: Event, _: Publish| {
+        if let Event::Fetched { bytes, .. } = e {
+            count_fetched(device, &artifact, target, bytes)
+        }
+    };
+    let accelerator = crate::state::layout::Variant::Accelerator;
+    download_in_layout(device, dl, target, accelerator, cancel, &on_event)?;
+    device.effects().installed(target.local_name.as_str())
+}
+
+/// A download job's publisher of progress texts (`DeviceFiles::under_job`).
+type Publish<'a> = &'a (dyn Fn(&str) + Sync);
+
+/// Download `target` (`variant`) into its directory under the layout's job; `on_event` gets
+/// each event and the job's progress publisher. The staging directory is tidied after.
+fn download_in_layout(
+    device: &Device,
+    dl: &Downloader,
+    target: &downloader::Target,
+    variant: crate::state::layout::Variant,
+    cancel: &CancelToken,
+    on_event: &(dyn Fn(Event, Publish) + Sync),
+) -> Result<Installed> {
     let files = device.files();
-    files.under_job(
+    let dir = files.artifact_dir(&target.id);
+    let installed = files.under_job(
         target.id.as_str(),
-        crate::state::layout::Variant::Accelerator,
+        variant,
         false,
         cancel,
-        |cancel, _| {
-            Ok(dl.download_target(
-                device.config.generation,
-                target,
-                &files.artifact_dir(&target.id),
-                cancel,
-                &|e| {
-                    if let Event::Fetched { bytes, .. } = e {
-                        count_fetched(device, &artifact, target, bytes)
-                    }
-                },
-            )?)
+        |cancel, publish| {
+            let generation = device.config.generation;
+            Ok(dl.download_target(generation, target, &dir, cancel, &|e| on_event(e, publish))?)
         },
     )?;
     files.tidy_after_install(&target.id);
-    device.effects().installed(target.local_name.as_str())
+    Ok(installed)
 }
 
 /// The ledger's name for `target` (its path under the models directory), once the daily budget

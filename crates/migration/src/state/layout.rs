@@ -274,10 +274,7 @@ impl DeviceFiles {
                 && lock_file(&lock, Blocking::Try)?.is_none();
             let job = match job {
                 Some(mut j) if !busy && j.state == JobState::Running => {
-                    j.state = JobState::Interrupted;
-                    j.progress = INTERRUPTED.to_string();
-                    j.model = String::new();
-                    j.download_all = false;
+                    j.end(JobState::Interrupted, INTERRUPTED.to_string());
                     j.cancel_requested = false;
                     self.write_job(files, &j)?;
                     Some(j)
@@ -530,6 +527,12 @@ impl Job {
         })
     }
 
+    /// The job ended in `state` with its last `progress`: no model, no download-all.
+    fn end(&mut self, state: JobState, progress: String) {
+        (self.state, self.progress) = (state, progress);
+        (self.model, self.download_all) = (String::new(), false);
+    }
+
     /// The bytes upstream writes for this job.
     pub fn to_bytes(&self, files: &GenerationFiles) -> String {
         manifest::json::to_python_sorted_string(&serde_json::json!({
@@ -651,14 +654,12 @@ impl DownloadJob {
             if let Some(mut j) = files.read_job(gf)
                 && j.job_id == self.job.job_id
             {
-                j.state = if failed {
+                let state = if failed {
                     JobState::Failed
                 } else {
                     JobState::Completed
                 };
-                j.progress = cut(progress, gf.job_progress_max_chars);
-                j.model = String::new();
-                j.download_all = false;
+                j.end(state, cut(progress, gf.job_progress_max_chars));
                 files.write_job(gf, &j)?;
             }
             drop(self);
