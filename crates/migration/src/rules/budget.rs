@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use cli_support::progress::bytes;
+
 use crate::state::bounded;
 
 /// The ledger's file name, in the models directory.
@@ -57,7 +59,14 @@ impl DailyBudget {
 /// An artifact the automatic refresh does not fetch before the next UTC day: one more whole
 /// artifact could take today's count past its budget. Not a failure: no failure is counted, no
 /// backoff starts, and the daemon logs it once per artifact and day (its [`Display`](std::fmt::Display) line).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[error(
+    "{id}: held back, fetched {} of today's {} budget; tries again after {} (a request from the \
+     UI is served now)",
+    bytes(*fetched),
+    bytes(*budget),
+    cli_support::time::rfc3339(*until)
+)]
 pub struct HeldBack {
     /// The artifact, by its path under the models directory (`<gen>/<path>`).
     pub id: String,
@@ -67,21 +76,6 @@ pub struct HeldBack {
     pub budget: u64,
     /// When the automatic refresh may fetch it again (Unix seconds: the next UTC midnight).
     pub until: u64,
-}
-
-impl std::fmt::Display for HeldBack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use cli_support::{progress::bytes, time::rfc3339};
-        write!(
-            f,
-            "{}: held back, fetched {} of today's {} budget; tries again after {} (a request \
-             from the UI is served now)",
-            self.id,
-            bytes(self.fetched),
-            bytes(self.budget),
-            rfc3339(self.until)
-        )
-    }
 }
 
 /// Whether the automatic refresh holds back artifact `id` of `size` bytes when `spent` bytes

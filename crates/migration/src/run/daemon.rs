@@ -60,17 +60,12 @@ pub const REQUEST_KEYS: [&str; 4] = [
 
 /// A request param that could not be read (over the size cap, a FIFO, a directory, a symlink
 /// to a device), removed by [`sweep_bad_params`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("request param {key} ignored: {problem}")]
 pub struct BadParam {
     pub key: &'static str,
     /// Why it could not be read (names the path), and whether removing it failed.
     pub problem: String,
-}
-
-impl std::fmt::Display for BadParam {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "request param {} ignored: {}", self.key, self.problem)
-    }
 }
 
 /// Remove every request param of `memory` that cannot be read (see [`BadParam`]), so no bad
@@ -854,18 +849,12 @@ impl Daemon<'_> {
     /// leftover cancel flag. No error of one request (a param swapped under it, a full disk)
     /// stops the daemon: it is logged, and the next poll goes on.
     fn serve_requests(&self, st: &mut LoopState) {
-        let Daemon {
-            device,
-            dl,
-            config,
-            stopping,
-            out,
-        } = *self;
-        let log = out.log;
+        let (device, log) = (self.device, self.out.log);
+        let poll = || poll(device, self.dl, self.stopping, self.config, self.out);
         match read_request(&device.memory) {
             Ok(Some(request)) if Instant::now() >= st.next_request => {
                 log(&format!("job: {}", describe(&request)));
-                match poll(device, dl, stopping, config, out) {
+                match poll() {
                     Ok(Some((request, served))) => self.served(st, request, served),
                     Ok(None) => {}
                     Err(e) => log(&format!(
@@ -892,7 +881,7 @@ impl Daemon<'_> {
             }
             Ok(None) => {
                 // Nothing pending: drop a leftover cancel flag (see `poll`).
-                if let Err(e) = poll(device, dl, stopping, config, out) {
+                if let Err(e) = poll() {
                     log(&format!("cancel flag: {}", one_line(&e.to_string())));
                 }
             }

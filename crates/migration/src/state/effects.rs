@@ -29,51 +29,28 @@ use crate::state::bounded::read_capped;
 
 /// One durable effect, in the order it was made. Its `Display` is the line the crash
 /// enumeration names it by (`param K=V`, `write NAME`, `remove NAME`, `install ID`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Effect {
     /// A param written (persistent or memory, as the [`Params`](crate::Params) it went through).
-    SetParam {
-        key: String,
-        value: String,
-    },
-    RemoveParam {
-        key: String,
-    },
+    #[error("param {key}={value}")]
+    SetParam { key: String, value: String },
+    #[error("param {key} removed")]
+    RemoveParam { key: String },
     /// A state or cache file of the models directory written atomically, with its bytes.
-    WriteFile {
-        name: String,
-        bytes: Vec<u8>,
-    },
+    #[error("write {name}")]
+    WriteFile { name: String, bytes: Vec<u8> },
     /// A state file of the models directory removed.
-    RemoveFile {
-        name: String,
-    },
+    #[error("remove {name}")]
+    RemoveFile { name: String },
     /// A driving artifact purged by a generation migration.
-    Purge {
-        name: String,
-    },
+    #[error("remove {name}")]
+    Purge { name: String },
     /// A stray removed by `gc` (a file, or a staging directory with what it holds).
-    Collect {
-        name: String,
-    },
+    #[error("remove {name}")]
+    Collect { name: String },
     /// A model (or its Chestnut build, by file name) downloaded, verified and in place.
-    Install {
-        what: String,
-    },
-}
-
-impl fmt::Display for Effect {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Effect::SetParam { key, value } => write!(f, "param {key}={value}"),
-            Effect::RemoveParam { key } => write!(f, "param {key} removed"),
-            Effect::WriteFile { name, .. } => write!(f, "write {name}"),
-            Effect::RemoveFile { name } | Effect::Purge { name } | Effect::Collect { name } => {
-                write!(f, "remove {name}")
-            }
-            Effect::Install { what } => write!(f, "install {what}"),
-        }
-    }
+    #[error("install {what}")]
+    Install { what: String },
 }
 
 /// A param whose value a run changes: the new value, or `None` for a removal.

@@ -56,16 +56,11 @@ pub const DEFAULT_OPENPILOT_DIR: &str = "/data/openpilot";
 pub const BUILTIN_SUBDIR: &str = "selfdrive/modeld/models";
 
 /// A file of the tree that cannot be used, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[error("{}: {problem}", path.display())]
 pub struct Unreadable {
     pub path: PathBuf,
     pub problem: String,
-}
-
-impl std::fmt::Display for Unreadable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.path.display(), self.problem)
-    }
 }
 
 /// The tree as read: its tinygrad, the pin table (built-in plus the tree's pins file), and
