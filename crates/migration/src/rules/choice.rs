@@ -275,17 +275,27 @@ pub fn hold_onroad(
     let in_fallback = |w: &Option<String>, cur: &Option<String>| w != cur;
     let mut o = next;
     let builtin = catalog.builtin();
-    if in_fallback(&r.wanted.selection, &r.written.selection)
-        && current.selection.as_deref() == Some(builtin.id.as_str())
-        && o.selection.id != builtin.id
-    {
-        o.selection = builtin.clone();
-    }
-    if in_fallback(&r.wanted.small, &r.written.small)
-        && current.small.as_deref() == Some(builtin.id.as_str())
-        && o.small.id != builtin.id
-    {
-        o.small = builtin.clone();
+    let slots = [
+        (
+            &r.wanted.selection,
+            &r.written.selection,
+            &current.selection,
+            &mut o.selection,
+        ),
+        (
+            &r.wanted.small,
+            &r.written.small,
+            &current.small,
+            &mut o.small,
+        ),
+    ];
+    for (wanted, written, now, slot) in slots {
+        if in_fallback(wanted, written)
+            && now.as_deref() == Some(builtin.id.as_str())
+            && slot.id != builtin.id
+        {
+            *slot = builtin.clone();
+        }
     }
     if in_fallback(&r.wanted.big, &r.written.big)
         && current.big.is_none()

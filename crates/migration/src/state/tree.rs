@@ -364,15 +364,7 @@ pub struct TreeStatus {
 
 impl TreeStatus {
     pub fn of(openpilot_dir: &Path, decision: &Decision) -> Self {
-        let base = TreeStatus {
-            openpilot_dir: openpilot_dir.to_path_buf(),
-            tinygrad_commit: None,
-            generation: None,
-            state: "known",
-            problem: None,
-            next: None,
-        };
-        match decision {
+        let (commit, generation, state, paused) = match decision {
             Decision::Known {
                 generation, commit, ..
             }
@@ -380,24 +372,19 @@ impl TreeStatus {
                 tree: generation,
                 commit,
                 ..
-            } => TreeStatus {
-                tinygrad_commit: Some(commit.clone()),
-                generation: Some(*generation),
-                ..base
-            },
-            Decision::Paused(p) => TreeStatus {
-                tinygrad_commit: match p {
-                    Paused::Unknown { commit, .. } => Some(commit.clone()),
-                    Paused::Unreadable(_) => None,
-                },
-                state: match p {
-                    Paused::Unknown { .. } => "unknown",
-                    Paused::Unreadable(_) => "unreadable",
-                },
-                problem: Some(p.message()),
-                next: Some(p.next()),
-                ..base
-            },
+            } => (Some(commit), Some(*generation), "known", None),
+            Decision::Paused(p @ Paused::Unknown { commit, .. }) => {
+                (Some(commit), None, "unknown", Some(p))
+            }
+            Decision::Paused(p) => (None, None, "unreadable", Some(p)),
+        };
+        TreeStatus {
+            openpilot_dir: openpilot_dir.to_path_buf(),
+            tinygrad_commit: commit.cloned(),
+            generation,
+            state,
+            problem: paused.map(Paused::message),
+            next: paused.map(Paused::next),
         }
     }
 }
