@@ -352,6 +352,8 @@ fn read_bytes(path: &Path, max: u64) -> std::result::Result<Vec<u8>, String> {
     };
     let name = Path::new(name);
     let uid = rustix::process::geteuid().as_raw();
+    let at = |why: &dyn std::fmt::Display| format!("{}: {why}", path.display());
+    let dir_at = |why: &dyn std::fmt::Display| format!("{}: {why}", dir.display());
     let d = open_at(
         None,
         dir,
@@ -364,18 +366,17 @@ fn read_bytes(path: &Path, max: u64) -> std::result::Result<Vec<u8>, String> {
         ),
         // O_DIRECTORY | O_NOFOLLOW on a link is ENOTDIR: say which it is.
         _ if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) => {
-            format!("{}: a symbolic link (not followed)", dir.display())
+            dir_at(&"a symbolic link (not followed)")
         }
-        _ => format!("{}: {}", dir.display(), errno_text(&e)),
+        _ => dir_at(&errno_text(&e)),
     })?;
-    let ds = fstat(&d).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if ds.st_uid != uid || ds.st_mode & 0o7777 != 0o700 {
-        return Err(format!(
-            "{}: owner {} mode {:o}, not ours ({uid}) with mode 700",
-            dir.display(),
-            ds.st_uid,
-            ds.st_mode & 0o7777
-        ));
+    let ds = fstat(&d).map_err(|e| dir_at(&e))?;
+    let mode = ds.st_mode & 0o7777;
+    if ds.st_uid != uid || mode != 0o700 {
+        let owner = ds.st_uid;
+        return Err(dir_at(&format_args!(
+            "owner {owner} mode {mode:o}, not ours ({uid}) with mode 700"
+        )));
     }
     let f = open_at(
         Some(&d),
@@ -387,43 +388,36 @@ fn read_bytes(path: &Path, max: u64) -> std::result::Result<Vec<u8>, String> {
             "no receipt: {} does not exist (modeld is loading, or has not loaded a model)",
             path.display()
         ),
-        _ => format!("{}: {}", path.display(), errno_text(&e)),
+        _ => at(&errno_text(&e)),
     })?;
-    let before = fstat(&f).map_err(|e| format!("{}: {e}", path.display()))?;
+    let before = fstat(&f).map_err(|e| at(&e))?;
     if FileType::from_raw_mode(before.st_mode) != FileType::RegularFile {
-        return Err(format!("{}: not a regular file", path.display()));
+        return Err(at(&"not a regular file"));
     }
-    if before.st_uid != uid || before.st_mode & 0o077 != 0 {
-        return Err(format!(
-            "{}: owner {} mode {:o}, not ours ({uid}) and closed to group and others",
-            path.display(),
-            before.st_uid,
-            before.st_mode & 0o7777
-        ));
+    let (owner, mode, size) = (before.st_uid, before.st_mode & 0o7777, before.st_size);
+    if owner != uid || mode & 0o077 != 0 {
+        let why = format_args!(
+            "owner {owner} mode {mode:o}, not ours ({uid}) and closed to group and others"
+        );
+        return Err(at(&why));
     }
-    if before.st_size as u64 > max {
-        return Err(format!(
-            "{}: {} bytes, over the receipt's {max}-byte limit",
-            path.display(),
-            before.st_size
-        ));
+    if size as u64 > max {
+        return Err(at(&format_args!(
+            "{size} bytes, over the receipt's {max}-byte limit"
+        )));
     }
     let mut bytes = Vec::new();
     File::from(f.try_clone().map_err(|e| e.to_string())?)
         .take(max + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|e| at(&e))?;
     if bytes.len() as u64 > max {
-        return Err(format!(
-            "{}: over the receipt's {max}-byte limit",
-            path.display()
-        ));
+        return Err(at(&format_args!("over the receipt's {max}-byte limit")));
     }
     let after = fstat(&f).map_err(|e| e.to_string())?;
-    let named = statat(&d, name, AtFlags::SYMLINK_NOFOLLOW)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let named = statat(&d, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| at(&e))?;
     if !same_file(&before, &after) || !same_file(&before, &named) {
-        return Err(format!("{}: replaced while it was read", path.display()));
+        return Err(at(&"replaced while it was read"));
     }
     Ok(bytes)
 }
