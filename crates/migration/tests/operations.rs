@@ -174,7 +174,7 @@ fn the_daemon_serves_one_request_clears_it_and_drops_a_stale_cancel() {
     let dl = origin.downloader();
 
     device.memory.put(keys::CANCEL_MODEL_DOWNLOAD, "1").unwrap();
-    assert_eq!(daemon::poll_once(&device, &dl).unwrap(), None);
+    assert_eq!(common::poll_once(&device, &dl).unwrap(), None);
     assert_eq!(
         device.memory.get(keys::CANCEL_MODEL_DOWNLOAD).unwrap(),
         None
@@ -184,7 +184,7 @@ fn the_daemon_serves_one_request_clears_it_and_drops_a_stale_cancel() {
         .memory
         .put(keys::MODEL_TO_DOWNLOAD, "TR14223")
         .unwrap();
-    let (req, last) = daemon::poll_once(&device, &dl).unwrap().unwrap();
+    let (req, last) = common::poll_once(&device, &dl).unwrap().unwrap();
     assert!(matches!(req, Request::Download { .. }));
     assert_eq!(last, Progress::Downloaded);
     assert_eq!(device.memory.get(keys::MODEL_TO_DOWNLOAD).unwrap(), None);
@@ -192,11 +192,11 @@ fn the_daemon_serves_one_request_clears_it_and_drops_a_stale_cancel() {
 
     // An old alias of a catalog id is canonicalised before it is looked up.
     device.memory.put(keys::MODEL_TO_DOWNLOAD, "rdf").unwrap();
-    let (_, last) = daemon::poll_once(&device, &dl).unwrap().unwrap();
+    let (_, last) = common::poll_once(&device, &dl).unwrap().unwrap();
     assert_eq!(last, Progress::BuiltinAlreadyDownloaded);
 
     device.memory.put(keys::DOWNLOAD_ALL_MODELS, "1").unwrap();
-    let (req, last) = daemon::poll_once(&device, &dl).unwrap().unwrap();
+    let (req, last) = common::poll_once(&device, &dl).unwrap().unwrap();
     assert_eq!(req, Request::DownloadAll);
     assert_eq!(last, Progress::AllDownloaded);
     assert!(f.models().join("pop223_driving_tinygrad.pkl").is_file());
@@ -209,7 +209,7 @@ fn the_daemon_serves_one_request_clears_it_and_drops_a_stale_cancel() {
         .memory
         .put(keys::MODEL_TO_DOWNLOAD, "gone223")
         .unwrap();
-    let (_, last) = daemon::poll_once(&device, &dl).unwrap().unwrap();
+    let (_, last) = common::poll_once(&device, &dl).unwrap().unwrap();
     assert_eq!(last, Progress::Failed(FailReason::NotInList));
     assert_eq!(device.memory.get(keys::MODEL_TO_DOWNLOAD).unwrap(), None);
 }
@@ -245,7 +245,7 @@ fn requests_without_a_catalog_leave_driver_texts_not_cli_hints() {
         ),
     ] {
         device.memory.put(key, value).unwrap();
-        let (_, last) = daemon::poll_once(&device, &dl).unwrap().unwrap();
+        let (_, last) = common::poll_once(&device, &dl).unwrap().unwrap();
         let shown = progress_text(&device).unwrap();
         assert_eq!(shown, last.to_string());
         assert_eq!(shown, want, "{key}={value}");

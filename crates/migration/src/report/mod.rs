@@ -15,6 +15,7 @@ use manifest::{ModelId, NamedModel};
 
 use crate::error::{Error, Result};
 use crate::rules::contract::{self, ModelKind};
+use crate::run::manager::entry_targets;
 use crate::state::device::{Device, VerifyState};
 use crate::state::journal::Journal;
 use crate::state::view::DeviceView;
@@ -174,20 +175,9 @@ pub fn interrupted_downloads(
     staged: &[downloader::interrupted::StagedDownload],
     catalog: Option<&manifest::Manifest>,
 ) -> Vec<InterruptedDownload> {
-    let targets: Vec<downloader::Target> = catalog
-        .map(|c| {
-            c.models()
-                .iter()
-                .flat_map(|e| {
-                    [
-                        downloader::Target::from_entry(e).ok(),
-                        downloader::Target::chestnut_variant(e).ok().flatten(),
-                    ]
-                })
-                .flatten()
-                .collect()
-        })
-        .unwrap_or_default();
+    let targets: Vec<downloader::Target> = (catalog.iter())
+        .flat_map(|c| c.models().iter().flat_map(entry_targets))
+        .collect();
     staged
         .iter()
         .map(|s| {
@@ -222,11 +212,7 @@ pub fn not_installable(catalog: &manifest::Manifest, protected: bool) -> Vec<Not
         if contract::kind(e.id()) == ModelKind::BuiltIn {
             continue;
         }
-        let targets = [
-            downloader::Target::from_entry(e).ok(),
-            downloader::Target::chestnut_variant(e).ok().flatten(),
-        ];
-        for t in targets.into_iter().flatten() {
+        for t in entry_targets(e) {
             if let Err(missing) = downloader::trust::target_rule(protected, &t) {
                 out.push(NotInstallable {
                     id: e.id().to_string(),
@@ -240,18 +226,6 @@ pub fn not_installable(catalog: &manifest::Manifest, protected: bool) -> Vec<Not
         }
     }
     out
-}
-
-/// The stored catalog, or why it is not used: with trusted keys a catalog that does not
-/// verify is reported, not an error (`status` still answers).
-fn catalog_or_problem(device: &Device) -> Result<(Option<manifest::Manifest>, Option<String>)> {
-    match device.catalog() {
-        Ok(c) => Ok((c, None)),
-        Err(e @ Error::CatalogNotTrusted { .. }) => {
-            Ok((None, Some(crate::rules::next_step::with_next(&e))))
-        }
-        Err(e) => Err(e),
-    }
 }
 
 /// `verify` (`verify --dry-run` adds `"dry_run": true` to its `--json`).
@@ -273,9 +247,13 @@ impl VerifyReport {
 fn model_ref(device: &Device, id: &str) -> Result<NamedModel<String>> {
     // A per-generation layout names its models from its own accepted catalog.
     let files = device.files();
+    // With trusted keys a stored catalog that does not verify names nothing (it is reported).
     let catalog = match files.generation_files() {
         Some(_) => files.accepted_catalog(),
-        None => catalog_or_problem(device)?.0,
+        None => match device.catalog() {
+            Err(Error::CatalogNotTrusted { .. }) => None,
+            read => read?,
+        },
     };
     model_ref_in(device, catalog.as_ref(), id)
 }
@@ -300,8 +278,17 @@ fn model_ref_in(
     Ok(named.into_text())
 }
 
-fn digest_source(device: &Device, entry: &manifest::ModelEntry) -> Option<&'static str> {
-    device.expected_digest(entry).map(|d| d.source.as_str())
+impl InstalledModel {
+    /// Catalog model `e` in `state` on `device`.
+    fn of(device: &Device, e: &manifest::ModelEntry, state: VerifyState) -> Self {
+        let digest_source = device.expected_digest(e).map(|d| d.source.as_str());
+        let id = e.id().to_string();
+        InstalledModel {
+            id,
+            state,
+            digest_source,
+        }
+    }
 }
 
 /// What modeld should load. Always an answer: anything that cannot be read (an oversized or
@@ -457,11 +444,7 @@ fn installed_models(device: &Device, catalog: &manifest::Manifest) -> Result<Vec
         }
         let state = device.verify_entry(e, false)?;
         if state != VerifyState::Missing {
-            installed.push(InstalledModel {
-                id: e.id().to_string(),
-                state,
-                digest_source: digest_source(device, e),
-            });
+            installed.push(InstalledModel::of(device, e, state));
         }
     }
     Ok(installed)
@@ -540,11 +523,7 @@ pub fn verify(
         if state == VerifyState::Missing && only.is_none() {
             continue;
         }
-        models.push(InstalledModel {
-            id: e.id().to_string(),
-            state,
-            digest_source: digest_source(device, e),
-        });
+        models.push(InstalledModel::of(device, e, state));
     }
     if let Some(want) = only
         && models.is_empty()

@@ -31,35 +31,47 @@ impl DisplayName {
 }
 
 /// Why a download request failed, in words for the driver (`"Download failed: <reason>"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum FailReason {
     /// Not enough free space for the model.
+    #[error("not enough free space")]
     NoSpace,
     /// No origin delivered bytes that verify.
+    #[error("model could not be downloaded and verified")]
     NotVerified,
     /// `ModelToDownload` does not name a model.
+    #[error("not a model name")]
     NotAModel,
     /// The model is not in this generation's list.
+    #[error("model not in the model list")]
     NotInList,
     /// No model list on the device yet (no refresh has succeeded).
+    #[error("model list not downloaded yet")]
     NoModelList,
     /// The built-in model's files are missing.
+    #[error("built-in model missing")]
     BuiltinMissing,
     /// Another manager holds the lock.
+    #[error("another download is running")]
     Busy,
     /// The request param itself could not be read (over the size cap, not a regular file): it
     /// was removed.
+    #[error("request could not be read")]
     BadRequest,
     /// Anything else on the device (storage, a corrupt state file): the log says which.
+    #[error("device storage error")]
     DeviceError,
     /// With trusted keys: the signed model list gives no SHA-256, size or chunk count for it,
     /// so nothing the signature covers could check its bytes.
+    #[error("not installable: the signed model list gives no SHA-256, size or chunk count for it")]
     NotSigned,
     /// With trusted keys: the model list stored on the device does not verify against its
     /// signature (changed on the device); a refresh fetches it again.
+    #[error("model list on the device failed its signature check")]
     ModelListNotVerified,
     /// modeld could not start this artifact on this device; it is not downloaded again until
     /// the model list publishes other bytes for it.
+    #[error("this model's file failed to start on this device; the built-in model stays in use")]
     FailedToStart,
 }
 
@@ -91,29 +103,6 @@ impl FailReason {
             | Error::TrustedKeysUnusable(_)
             | Error::GenerationDisagrees { .. }
             | Error::HeldBack(_) => FailReason::DeviceError,
-        }
-    }
-
-    fn text(self) -> &'static str {
-        match self {
-            FailReason::NoSpace => "not enough free space",
-            FailReason::NotVerified => "model could not be downloaded and verified",
-            FailReason::NotAModel => "not a model name",
-            FailReason::NotInList => "model not in the model list",
-            FailReason::NoModelList => "model list not downloaded yet",
-            FailReason::BuiltinMissing => "built-in model missing",
-            FailReason::Busy => "another download is running",
-            FailReason::DeviceError => "device storage error",
-            FailReason::BadRequest => "request could not be read",
-            FailReason::NotSigned => {
-                "not installable: the signed model list gives no SHA-256, size or chunk count for it"
-            }
-            FailReason::FailedToStart => {
-                "this model's file failed to start on this device; the built-in model stays in use"
-            }
-            FailReason::ModelListNotVerified => {
-                "model list on the device failed its signature check"
-            }
         }
     }
 }
@@ -177,70 +166,103 @@ impl Transferred {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Progress {
     /// `"42%"` of the current download (the UI sees the percentage; a terminal the bytes).
+    #[error("{}%", .0.percent())]
     Percent(Transferred),
     /// `"Verifying authenticity..."`.
+    #[error("Verifying authenticity...")]
     Verifying,
     /// `"Downloaded!"`.
+    #[error("Downloaded!")]
     Downloaded,
     /// A finished transfer, for the log and a terminal, never the UI (see [`Progress::for_ui`]):
     /// `"downloaded pop223: 12.00 MiB in 3.2 s from GitHub (3.75 MiB/s), after Hugging Face"`.
+    #[error("{0}")]
     Fetched(Fetched),
     /// `"<name>: 42%"`: download-all's percentage, naming the model it is about.
+    #[error("{}: {}%", .0.0, .1.percent())]
     PercentOf(DisplayName, Transferred),
     /// `"Built-in model already downloaded."`.
+    #[error("Built-in model already downloaded.")]
     BuiltinAlreadyDownloaded,
     /// `"Local model, nothing to download."`.
+    #[error("Local model, nothing to download.")]
     LocalNothingToDownload,
     /// `"Downloading selected model \"<id>\"..."` (a migration keeping the selection).
+    #[error("Downloading selected model \"{0}\"...")]
     DownloadingSelected(ModelId),
     /// `"Downloading \"<name>\"..."` (download-all, one model).
+    #[error("Downloading \"{}\"...", .0.0)]
     Downloading(DisplayName),
     /// `"All models downloaded!"`.
+    #[error("All models downloaded!")]
     AllDownloaded,
     /// `"Request received; it starts when the model list check ends..."`: a request the daemon
     /// read while a refresh runs (acknowledged within a second, whatever the origins do).
+    #[error("Request received; it starts when the model list check ends...")]
     AfterRefresh,
     /// `"Download cancelled..."`.
+    #[error("Download cancelled...")]
     Cancelled,
     /// `"Hugging Face and GitHub are offline..."`.
+    #[error("Hugging Face and GitHub are offline...")]
     Offline,
     /// `"Selected model unavailable; using built-in model."`.
+    #[error("Selected model unavailable; using built-in model.")]
     SelectedUnavailable,
     /// `"Selected model download failed; using built-in model until it downloads."`: a
     /// temporary fallback (the model is in the catalog; later refreshes retry it).
+    #[error("Selected model download failed; using built-in model until it downloads.")]
     SelectedRetrying,
     /// `"Model update download failed; using the installed version until it downloads."`: the
     /// catalog republished the selected model, the new bytes could not be had yet, and the
     /// verified older copy stays in use.
+    #[error("Model update download failed; using the installed version until it downloads.")]
     UpdateRetrying,
     /// `"External GPU required..."` (a GPU-only model without a ready Chestnut).
+    #[error("External GPU required...")]
     ExternalGpuRequired,
     /// `"Not yet: the model is still being published; trying again in 2 min..."`: the store's
     /// files do not match its manifest yet (a republish in progress). No failure; the request
     /// is kept and tried again after this long.
+    #[error("Not yet: the model is still being published; trying again in {}...", Wait(*.0))]
     NotYet(std::time::Duration),
     /// `"Not enough free space: 1.20 GiB more needed; the update installs once it is free."`: a
     /// refresh blocked on space (`short` bytes beyond what is free now); nothing to do but free
     /// space, the daemon's next refresh installs it.
+    #[error(
+        "Not enough free space: {} more needed; the update installs once it is free.",
+        cli_support::progress::bytes(*short)
+    )]
     NoSpace { short: u64 },
     /// `"Today's download budget for this model is used up; it downloads tomorrow, or now if
     /// you ask for it."`: the automatic refresh held the selection back by the daily byte
     /// budget (`budget::HeldBack`). Not a failure; a request from the UI is served at once.
+    #[error(
+        "Today's download budget for this model is used up; it downloads tomorrow, or now if you ask for it."
+    )]
     HeldBack,
     /// `"Download failed: <reason>"`.
+    #[error("Download failed: {0}")]
     Failed(FailReason),
     /// `"Model list refused: <why>"`: the manifest was not signed as the trusted keys require
     /// (`manifest::signature::Refusal::ui_text`).
+    #[error("{}", .0.ui_text())]
     ManifestRefused(Refusal),
     /// `"Model downloads paused: openpilot's tinygrad <12 hex> has no model generation; update
     /// openpilot."` (or, `None`, `"...tinygrad version cannot be read..."`): the openpilot tree's
     /// tinygrad is no generation's pin, so nothing is changed (see `tree`).
+    #[error("{}", tree_unknown(.0.as_ref()))]
     TreeUnknown(Option<GitCommit>),
     /// `"Running <id> (<variant>, sha256 <12 hex>), fallback: <reason or none>"`: what modeld
     /// runs, from its load receipt (contracts with one), written when it changes.
+    #[error(
+        "Running {id} ({variant}, sha256 {}), fallback: {}",
+        &sha256.to_hex()[..12],
+        fallback.unwrap_or("none")
+    )]
     Running {
         id: ModelId,
         variant: &'static str,
@@ -257,71 +279,16 @@ impl Progress {
     }
 }
 
-impl fmt::Display for Progress {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Progress::Running {
-                id,
-                variant,
-                sha256,
-                fallback,
-            } => write!(
-                f,
-                "Running {id} ({variant}, sha256 {}), fallback: {}",
-                &sha256.to_hex()[..12],
-                fallback.unwrap_or("none")
-            ),
-            Progress::Percent(t) => write!(f, "{}%", t.percent()),
-            Progress::PercentOf(DisplayName(name), t) => write!(f, "{name}: {}%", t.percent()),
-            Progress::Fetched(fetched) => fetched.fmt(f),
-            Progress::Verifying => f.write_str("Verifying authenticity..."),
-            Progress::Downloaded => f.write_str("Downloaded!"),
-            Progress::BuiltinAlreadyDownloaded => f.write_str("Built-in model already downloaded."),
-            Progress::LocalNothingToDownload => f.write_str("Local model, nothing to download."),
-            Progress::DownloadingSelected(id) => {
-                write!(f, "Downloading selected model \"{id}\"...")
-            }
-            Progress::Downloading(DisplayName(name)) => write!(f, "Downloading \"{name}\"..."),
-            Progress::AllDownloaded => f.write_str("All models downloaded!"),
-            Progress::AfterRefresh => {
-                f.write_str("Request received; it starts when the model list check ends...")
-            }
-            Progress::Cancelled => f.write_str("Download cancelled..."),
-            Progress::Offline => f.write_str("Hugging Face and GitHub are offline..."),
-            Progress::SelectedUnavailable => {
-                f.write_str("Selected model unavailable; using built-in model.")
-            }
-            Progress::SelectedRetrying => f.write_str(
-                "Selected model download failed; using built-in model until it downloads.",
-            ),
-            Progress::UpdateRetrying => f.write_str(
-                "Model update download failed; using the installed version until it downloads.",
-            ),
-            Progress::ExternalGpuRequired => f.write_str("External GPU required..."),
-            Progress::NotYet(wait) => write!(
-                f,
-                "Not yet: the model is still being published; trying again in {}...",
-                Wait(*wait)
-            ),
-            Progress::HeldBack => f.write_str(
-                "Today's download budget for this model is used up; it downloads tomorrow, or now if you ask for it.",
-            ),
-            Progress::NoSpace { short } => write!(
-                f,
-                "Not enough free space: {} more needed; the update installs once it is free.",
-                cli_support::progress::bytes(*short)
-            ),
-            Progress::Failed(reason) => write!(f, "Download failed: {}", reason.text()),
-            Progress::ManifestRefused(refusal) => f.write_str(refusal.ui_text()),
-            Progress::TreeUnknown(Some(commit)) => write!(
-                f,
-                "Model downloads paused: openpilot's tinygrad {} has no model generation; update openpilot.",
-                &commit.as_str()[..12]
-            ),
-            Progress::TreeUnknown(None) => f.write_str(
-                "Model downloads paused: openpilot's tinygrad version cannot be read; update openpilot.",
-            ),
-        }
+/// `Progress::TreeUnknown`'s text.
+fn tree_unknown(commit: Option<&GitCommit>) -> String {
+    match commit {
+        Some(commit) => format!(
+            "Model downloads paused: openpilot's tinygrad {} has no model generation; update openpilot.",
+            &commit.as_str()[..12]
+        ),
+        None => "Model downloads paused: openpilot's tinygrad version cannot be read; update \
+                 openpilot."
+            .to_string(),
     }
 }
 

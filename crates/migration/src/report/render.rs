@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::report::{PendingCase, ResolveReport, StatusReport, VerifyReport};
+use crate::state::effects::lock;
 use crate::state::tree::{PausedStatus, TreeStatus};
 
 pub mod command;
@@ -41,17 +42,15 @@ pub(crate) fn out_then_notes(
     out.chain(notes.into_iter().map(Line::Note)).collect()
 }
 use crate::state::trust_state::{self, AcceptedRelease, FloorSource, RefusedManifest};
+pub use crate::state::trust_state::{CopyStates, FloorCopies};
 use crate::{Device, VerifyState};
 use crate::{Phase, Progress, state::params};
 
 /// A verification state as `status` and `verify` print it.
 pub fn state_text(s: VerifyState) -> &'static str {
     match s {
-        VerifyState::Verified => "verified",
         VerifyState::Outdated => "outdated (verified copy of an earlier publish; in use)",
-        VerifyState::Unverified => "unverified",
-        VerifyState::Corrupt => "corrupt",
-        VerifyState::Missing => "missing",
+        other => dry_run::state_name(other),
     }
 }
 
@@ -87,56 +86,28 @@ pub struct TrustReport {
     pub last_refusal: Option<RefusedManifest>,
 }
 
-/// The two copies of the accepted release, as `status` reports them on a device with keys.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FloorCopies {
-    pub accepted_release_source: FloorSource,
-    pub accepted_release_copies: CopyStates,
-    /// Neither copy is valid: the error a refresh gives, with its next step.
-    pub accepted_release_problem: Option<String>,
-}
-
-/// `valid`, `missing` or `corrupt: <why>`, per copy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct CopyStates {
-    pub file: String,
-    pub param: String,
-}
-
 impl TrustReport {
     /// The device's trust state (its trusted keys are the downloader's).
     pub fn of(device: &Device) -> Result<Self> {
-        let floor = trust_state::floor_report(device);
+        let (accepted_release, floor) = trust_state::floor_report(device);
         // The last refusal report; a corrupt or unreadable one is read as absent with a warning
         // (it is a report, not the floor).
         let refused: Option<RefusedManifest> = device.read_json_or_warn(
             trust_state::REFUSED_MANIFEST_FILE,
             crate::state::bounded::JOURNAL_LIMIT,
         )?;
-        Ok(match &device.trusted_keys {
-            None => TrustReport {
-                protected: false,
-                keys_file: None,
-                keys: Vec::new(),
-                accepted_release: floor.accepted_release,
-                floor: None,
-                last_refusal: None,
-            },
-            Some(keys) => TrustReport {
-                protected: true,
-                keys_file: Some(keys.path().to_path_buf()),
-                keys: keys.keys().iter().map(|k| k.name().to_string()).collect(),
-                accepted_release: floor.accepted_release,
-                floor: Some(FloorCopies {
-                    accepted_release_source: floor.source,
-                    accepted_release_copies: CopyStates {
-                        file: floor.file,
-                        param: floor.param,
-                    },
-                    accepted_release_problem: floor.problem,
-                }),
-                last_refusal: refused,
-            },
+        let keys = device.trusted_keys.as_ref();
+        let names = keys
+            .iter()
+            .flat_map(|k| k.keys())
+            .map(|k| k.name().to_string());
+        Ok(TrustReport {
+            protected: keys.is_some(),
+            keys_file: keys.map(|k| k.path().to_path_buf()),
+            keys: names.collect(),
+            accepted_release,
+            floor: keys.map(|_| floor),
+            last_refusal: refused.filter(|_| keys.is_some()),
         })
     }
 
@@ -631,19 +602,15 @@ impl StderrProgress {
         }))
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, Shared> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// What the following percentages are about, e.g. `pop223` (ends a drawn bar).
     pub fn label(&self, label: &str) {
-        let mut s = self.state();
+        let mut s = lock(&self.0);
         end_bar(&mut s.bar);
         s.view.label(label);
     }
 
     pub fn say(&self, p: &Progress) {
-        let mut s = self.state();
+        let mut s = lock(&self.0);
         let Shared {
             view,
             bar,
@@ -689,7 +656,7 @@ impl StderrProgress {
 
     /// A line of its own among the progress (above a drawn bar, which stays).
     pub fn line(&self, text: impl std::fmt::Display) {
-        let s = self.state();
+        let s = lock(&self.0);
         if s.view.verbosity == cli_support::Verbosity::Quiet {
             return;
         }
@@ -701,7 +668,7 @@ impl StderrProgress {
 
     /// End a drawn bar, leaving it as it last was.
     pub fn finish(&self) {
-        end_bar(&mut self.state().bar);
+        end_bar(&mut lock(&self.0).bar);
     }
 }
 

@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use cli_support::progress::bytes;
+
 use crate::state::bounded;
 
 /// The ledger's file name, in the models directory.
@@ -57,7 +59,14 @@ impl DailyBudget {
 /// An artifact the automatic refresh does not fetch before the next UTC day: one more whole
 /// artifact could take today's count past its budget. Not a failure: no failure is counted, no
 /// backoff starts, and the daemon logs it once per artifact and day (its [`Display`](std::fmt::Display) line).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[error(
+    "{id}: held back, fetched {} of today's {} budget; tries again after {} (a request from the \
+     UI is served now)",
+    bytes(*fetched),
+    bytes(*budget),
+    cli_support::time::rfc3339(*until)
+)]
 pub struct HeldBack {
     /// The artifact, by its path under the models directory (`<gen>/<path>`).
     pub id: String,
@@ -67,21 +76,6 @@ pub struct HeldBack {
     pub budget: u64,
     /// When the automatic refresh may fetch it again (Unix seconds: the next UTC midnight).
     pub until: u64,
-}
-
-impl std::fmt::Display for HeldBack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use cli_support::{progress::bytes, time::rfc3339};
-        write!(
-            f,
-            "{}: held back, fetched {} of today's {} budget; tries again after {} (a request \
-             from the UI is served now)",
-            self.id,
-            bytes(self.fetched),
-            bytes(self.budget),
-            rfc3339(self.until)
-        )
-    }
 }
 
 /// Whether the automatic refresh holds back artifact `id` of `size` bytes when `spent` bytes
@@ -123,6 +117,14 @@ pub struct Ledger {
     pub day: u64,
     /// Each artifact's count that day.
     pub fetched: BTreeMap<String, Fetched>,
+}
+
+impl Ledger {
+    /// An empty ledger of day `day`.
+    fn of(day: u64) -> Self {
+        let fetched = BTreeMap::new();
+        Ledger { day, fetched }
+    }
 }
 
 /// The ledger as read at `today`.
@@ -171,26 +173,21 @@ pub struct ArtifactToday {
 
 /// The ledger read at `today`, as `status` reports it under `budget`. Pure.
 pub fn report(read: &Read, today: u64, budget: DailyBudget) -> TodayReport {
-    match read {
-        Read::Known(l) => TodayReport {
-            day: today,
-            unknown: None,
-            artifacts: l
-                .fetched
-                .iter()
-                .map(|(artifact, f)| ArtifactToday {
-                    artifact: artifact.clone(),
-                    bytes: f.bytes,
-                    budget: budget.bytes_for(f.size),
-                    held_back: hold(artifact, Some(f.bytes), f.size, budget, today).is_some(),
-                })
-                .collect(),
-        },
-        Read::Unknown(why) => TodayReport {
-            day: today,
-            unknown: Some(why.clone()),
-            artifacts: Vec::new(),
-        },
+    let (known, unknown) = match read {
+        Read::Known(l) => (Some(l), None),
+        Read::Unknown(why) => (None, Some(why.clone())),
+    };
+    let artifacts = known.iter().flat_map(|l| &l.fetched);
+    let artifacts = artifacts.map(|(artifact, f)| ArtifactToday {
+        artifact: artifact.clone(),
+        bytes: f.bytes,
+        budget: budget.bytes_for(f.size),
+        held_back: hold(artifact, Some(f.bytes), f.size, budget, today).is_some(),
+    });
+    TodayReport {
+        day: today,
+        unknown,
+        artifacts: artifacts.collect(),
     }
 }
 
@@ -207,10 +204,7 @@ pub fn ledger_path(models_dir: &Path) -> PathBuf {
 /// Interpret the ledger's bytes (`None`: no ledger) at `today`. Pure.
 pub fn interpret(bytes: Option<&[u8]>, today: u64) -> Read {
     let Some(bytes) = bytes else {
-        return Read::Known(Ledger {
-            day: today,
-            ..Ledger::default()
-        });
+        return Read::Known(Ledger::of(today));
     };
     match serde_json::from_slice::<Ledger>(bytes) {
         Err(e) => Read::Unknown(format!("not a ledger: {e}")),
@@ -218,10 +212,7 @@ pub fn interpret(bytes: Option<&[u8]>, today: u64) -> Read {
             "dated day {} after today ({today}): clock or file wrong",
             l.day
         )),
-        Ok(l) if l.day < today => Read::Known(Ledger {
-            day: today,
-            ..Ledger::default()
-        }),
+        Ok(l) if l.day < today => Read::Known(Ledger::of(today)),
         Ok(l) => Read::Known(l),
     }
 }
@@ -239,10 +230,7 @@ pub fn read(models_dir: &Path, today: u64) -> Read {
 pub fn counted(read: Read, artifact: &str, size: u64, bytes: u64, today: u64) -> Vec<u8> {
     let mut ledger = match read {
         Read::Known(l) => l,
-        Read::Unknown(_) => Ledger {
-            day: today,
-            ..Ledger::default()
-        },
+        Read::Unknown(_) => Ledger::of(today),
     };
     let entry = ledger
         .fetched

@@ -76,36 +76,17 @@ pub fn remember(record: Option<&Choice>, params: &Slots) -> Slots {
     let Some(r) = record else {
         return params.clone();
     };
-    let pending = r.pending.as_ref();
-    let pick = |now: &Option<String>,
-                written: &Option<String>,
-                pending: Option<&Option<String>>,
-                wanted: &Option<String>| {
-        if now == written || pending == Some(now) {
-            wanted.clone()
-        } else {
-            now.clone()
+    let pick = |slot: fn(&Slots) -> &Option<String>| {
+        let now = slot(params);
+        match now == slot(&r.written) || r.pending.as_ref().map(slot) == Some(now) {
+            true => slot(&r.wanted).clone(),
+            false => now.clone(),
         }
     };
     Slots {
-        selection: pick(
-            &params.selection,
-            &r.written.selection,
-            pending.map(|p| &p.selection),
-            &r.wanted.selection,
-        ),
-        small: pick(
-            &params.small,
-            &r.written.small,
-            pending.map(|p| &p.small),
-            &r.wanted.small,
-        ),
-        big: pick(
-            &params.big,
-            &r.written.big,
-            pending.map(|p| &p.big),
-            &r.wanted.big,
-        ),
+        selection: pick(|s| &s.selection),
+        small: pick(|s| &s.small),
+        big: pick(|s| &s.big),
     }
 }
 
@@ -294,17 +275,27 @@ pub fn hold_onroad(
     let in_fallback = |w: &Option<String>, cur: &Option<String>| w != cur;
     let mut o = next;
     let builtin = catalog.builtin();
-    if in_fallback(&r.wanted.selection, &r.written.selection)
-        && current.selection.as_deref() == Some(builtin.id.as_str())
-        && o.selection.id != builtin.id
-    {
-        o.selection = builtin.clone();
-    }
-    if in_fallback(&r.wanted.small, &r.written.small)
-        && current.small.as_deref() == Some(builtin.id.as_str())
-        && o.small.id != builtin.id
-    {
-        o.small = builtin.clone();
+    let slots = [
+        (
+            &r.wanted.selection,
+            &r.written.selection,
+            &current.selection,
+            &mut o.selection,
+        ),
+        (
+            &r.wanted.small,
+            &r.written.small,
+            &current.small,
+            &mut o.small,
+        ),
+    ];
+    for (wanted, written, now, slot) in slots {
+        if in_fallback(wanted, written)
+            && now.as_deref() == Some(builtin.id.as_str())
+            && slot.id != builtin.id
+        {
+            *slot = builtin.clone();
+        }
     }
     if in_fallback(&r.wanted.big, &r.written.big)
         && current.big.is_none()

@@ -196,7 +196,8 @@ pub fn ensure_profiles(read: &ProfilesRead, selection: &ModelId, catalog: &Catal
     Profiles { small, big }
 }
 
-fn canonicalise(id: &ModelId) -> ModelId {
+/// `id` under upstream's canonical map ([`canonical_id`]).
+pub(crate) fn canonicalise(id: &ModelId) -> ModelId {
     canonical_id(id.as_str())
         .parse()
         .unwrap_or_else(|_| id.clone())
@@ -267,17 +268,6 @@ pub fn wanted(sel: &SelectionParams, profiles: &ProfilesRead, catalog: &Catalog)
     }
 }
 
-/// Whether a wanted model can be loaded after the refresh's installs.
-pub trait Availability {
-    fn available(&self, id: &ModelId) -> bool;
-}
-
-impl<F: Fn(&ModelId) -> bool> Availability for F {
-    fn available(&self, id: &ModelId) -> bool {
-        self(id)
-    }
-}
-
 /// The end state of a refresh.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
@@ -301,17 +291,18 @@ pub enum BigOutcome {
 /// (big profile), so what modeld loads is always something that is there. A big profile naming
 /// a model for which `keep_big` holds stays as it is although the model is not available (a
 /// GPU-only model waiting for a ready Chestnut: modeld loads the big profile only with one, and
-/// the first refresh with one fetches it).
+/// the first refresh with one fetches it). `avail`: whether a wanted model can be loaded after
+/// the refresh's installs.
 pub fn decide(
     w: &Wanted,
     catalog: &Catalog,
-    avail: &dyn Availability,
+    avail: &dyn Fn(&ModelId) -> bool,
     keep_big: &dyn Fn(&ModelId) -> bool,
 ) -> Outcome {
     let ok = |id: &ModelId| match kind(id) {
         ModelKind::BuiltIn => true,
-        ModelKind::Catalog => catalog.contains(id) && avail.available(id),
-        ModelKind::Local => avail.available(id),
+        ModelKind::Catalog => catalog.contains(id) && avail(id),
+        ModelKind::Local => avail(id),
     };
     let builtin = catalog.builtin();
     let mut fell_back = false;
@@ -459,10 +450,6 @@ pub fn clean_name(name: &str) -> String {
         .to_string()
 }
 
-fn b(v: Option<&Value>) -> Option<bool> {
-    v.and_then(Value::as_bool)
-}
-
 impl Row {
     pub fn of_entry(e: &ModelEntry) -> Self {
         let model = NamedModel::of_entry(e);
@@ -488,7 +475,8 @@ impl Row {
                 name: listed.name,
                 version: listed.version,
             },
-            uses_external_gpu: b(source.get("uses_external_gpu")).unwrap_or(false),
+            uses_external_gpu: source.get("uses_external_gpu").and_then(Value::as_bool)
+                == Some(true),
             source,
             local: true,
         }
@@ -590,12 +578,6 @@ impl Catalog {
 }
 
 pub use crate::rules::shape::{ARTIFACTS_CACHE, URLS_CACHE, VERSIONS_CACHE};
-
-/// A cache body as bytes, as upstream writes it: Python's default `json.dumps` layout, no
-/// trailing newline (`shape::dumps`).
-pub fn cache_bytes(v: &Value) -> Vec<u8> {
-    crate::rules::shape::dumps(v).into_bytes()
-}
 
 // ---------------------------------------------------------------------------------------------
 // Where a refresh starts

@@ -13,11 +13,9 @@ use crate::rules::plan::{self, InstallStep, VerifyState};
 use crate::state::journal::{Journal, journal_step, wanted_of};
 use crate::state::view::DeviceView;
 
-/// The journal a refresh goes on with, from where the device stands ([`contract::start`] over
-/// the journal and `ModelManifestVersion` in `view`), and whether it must be written before
-/// anything else (`manager::begin_migration` writes it).
-/// `stored` is the selection the layout's own store keeps (per generation, see
-/// `Device::stored_slots`): a migration keeps that choice rather than the params'.
+/// The journal a refresh goes on with ([`contract::start`] over `view`'s journal and
+/// `ModelManifestVersion`), and whether it must be written first. `stored`: the layout's own
+/// selection store (`Device::stored_slots`), which a migration keeps over the params.
 pub(crate) fn journal_now(
     view: &DeviceView,
     catalog: &Catalog,
@@ -196,7 +194,8 @@ pub(crate) fn contract_writes(catalog: &Catalog, outcome: &Outcome) -> ContractW
     let files = catalog
         .caches()
         .into_iter()
-        .map(|(name, body)| (name, contract::cache_bytes(&body)))
+        // Python's default `json.dumps` layout, no trailing newline, as upstream writes them.
+        .map(|(name, body)| (name, crate::rules::shape::dumps(&body).into_bytes()))
         .collect();
     (params, files)
 }
@@ -218,9 +217,7 @@ pub(crate) fn requested(
     generation: Generation,
     catalog: impl FnOnce() -> Result<Manifest>,
 ) -> Result<Requested> {
-    let canonical: ModelId = contract::canonical_id(id.as_str())
-        .parse()
-        .unwrap_or_else(|_| id.clone());
+    let canonical = contract::canonicalise(id);
     if contract::is_builtin_id(canonical.as_str()) {
         return Ok(Requested::BuiltIn(canonical));
     }

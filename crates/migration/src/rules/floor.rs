@@ -22,6 +22,17 @@ pub struct AcceptedRelease {
     pub key: String,
 }
 
+impl From<&downloader::trust::Accepted> for AcceptedRelease {
+    fn from(a: &downloader::trust::Accepted) -> Self {
+        let (release, expires, key) = (a.release, a.expires, a.key.clone());
+        AcceptedRelease {
+            release,
+            expires,
+            key,
+        }
+    }
+}
+
 pub type AcceptedReleases = BTreeMap<String, AcceptedRelease>;
 
 /// One copy of the accepted releases as read.

@@ -12,7 +12,9 @@
 //!
 //! Pure: values in, values and bytes out.
 
-use serde_json::{Map, Value};
+use std::io::{self, Write};
+
+use serde_json::{Map, Value, json};
 
 /// The only artifact format devices load; upstream's default for an entry without one.
 pub const UNIFIED_FORMAT: &str = "tinygrad_single_v1";
@@ -131,42 +133,46 @@ pub fn local_model(key: &str, sidecar: Option<&Map<String, Value>>) -> Map<Strin
     let given = clean("name");
     let name_src = or(or(given, Some(&fallback)), Some(&key_value));
     let gpu = truthy(info.get("uses_external_gpu"));
-    let mut m = Map::new();
-    m.insert("id".into(), key.into());
-    m.insert("name".into(), clean_name(name_src).replace(',', " ").into());
-    m.insert("version".into(), text(info.get("version")).into());
-    m.insert(
-        "series".into(),
-        text_or(clean("series"), "Local Series")
-            .replace(',', " ")
-            .into(),
-    );
-    m.insert(
-        "released".into(),
-        text_or(info.get("released"), "2100-01-01").into(),
-    );
-    m.insert("community_favorite".into(), false.into());
-    m.insert("artifact_format".into(), UNIFIED_FORMAT.into());
-    m.insert("uses_external_gpu".into(), gpu.into());
-    m.insert(
-        "model_size".into(),
-        text_or(info.get("model_size"), "small").into(),
-    );
-    m.insert(
-        "model_lab_eligible".into(),
-        match info.get("model_lab_eligible") {
-            Some(v) => truthy(Some(v)),
-            None => !gpu,
-        }
-        .into(),
-    );
-    m.insert(
-        "accelerator_artifacts".into(),
-        info.get("accelerator_artifacts")
-            .cloned()
-            .unwrap_or_else(|| Value::Object(Map::new())),
-    );
+    object(json!({
+        "id": key,
+        "name": clean_name(name_src).replace(',', " "),
+        "version": text(info.get("version")),
+        "series": text_or(clean("series"), "Local Series").replace(',', " "),
+        "released": text_or(info.get("released"), "2100-01-01"),
+        "community_favorite": false,
+        "artifact_format": UNIFIED_FORMAT,
+        "uses_external_gpu": gpu,
+        "model_size": text_or(info.get("model_size"), "small"),
+        "model_lab_eligible": lab_eligible(info, gpu),
+        "accelerator_artifacts": info.get("accelerator_artifacts").cloned().unwrap_or(json!({})),
+    }))
+}
+
+/// `model_lab_eligible` as upstream reads it: the field's truth, else whether it is not a GPU
+/// model.
+fn lab_eligible(m: &Map<String, Value>, gpu: bool) -> bool {
+    m.get("model_lab_eligible")
+        .map_or(!gpu, |v| truthy(Some(v)))
+}
+
+/// The object `json!` built.
+fn object(v: Value) -> Map<String, Value> {
+    let Value::Object(m) = v else {
+        unreachable!("json! of an object literal is an object")
+    };
     m
+}
+
+/// The artifact fields upstream's caches carry, for a model or one of its accelerator builds.
+fn artifact_fields(a: &Map<String, Value>, format: String) -> Map<String, Value> {
+    object(json!({
+        "artifact_format": format,
+        "artifact_filename": text(a.get("artifact_filename")),
+        "artifact_size": int(a.get("artifact_size")),
+        "artifact_sha256": text(a.get("artifact_sha256")).to_lowercase(),
+        "artifact_chunk_count": int(a.get("artifact_chunk_count")),
+        "artifact_url": text(or(a.get("artifact_url"), a.get("download_url"))),
+    }))
 }
 
 /// One model's values in the comma-joined params.
@@ -236,31 +242,9 @@ fn accelerators(m: &Map<String, Value>) -> Value {
             if !supported_format(&format) {
                 continue;
             }
-            let mut o = Map::new();
-            o.insert("artifact_format".into(), format.into());
-            o.insert(
-                "artifact_filename".into(),
-                text(a.get("artifact_filename")).into(),
-            );
-            o.insert("artifact_size".into(), int(a.get("artifact_size")).into());
-            o.insert(
-                "artifact_sha256".into(),
-                text(a.get("artifact_sha256")).to_lowercase().into(),
-            );
-            o.insert(
-                "artifact_chunk_count".into(),
-                int(a.get("artifact_chunk_count")).into(),
-            );
-            o.insert(
-                "artifact_url".into(),
-                text(or(a.get("artifact_url"), a.get("download_url"))).into(),
-            );
-            o.insert(
-                "execution_device".into(),
-                text(or(a.get("execution_device"), a.get("device")))
-                    .to_uppercase()
-                    .into(),
-            );
+            let mut o = artifact_fields(a, format);
+            let device = text(or(a.get("execution_device"), a.get("device")));
+            o.insert("execution_device".into(), device.to_uppercase().into());
             out.insert(name, Value::Object(o));
         }
     }
@@ -276,40 +260,14 @@ pub fn artifacts_entry(m: &Map<String, Value>) -> Option<(String, Map<String, Va
     }
     let gpu = truthy(m.get("uses_external_gpu"));
     let size_src = or(m.get("model_size"), m.get("size_class"));
-    let mut o = Map::new();
-    o.insert("artifact_format".into(), format.into());
-    o.insert(
-        "artifact_filename".into(),
-        text(m.get("artifact_filename")).into(),
-    );
-    o.insert("artifact_size".into(), int(m.get("artifact_size")).into());
-    o.insert(
-        "artifact_sha256".into(),
-        text(m.get("artifact_sha256")).to_lowercase().into(),
-    );
-    o.insert(
-        "artifact_chunk_count".into(),
-        int(m.get("artifact_chunk_count")).into(),
-    );
-    o.insert(
-        "artifact_url".into(),
-        text(or(m.get("artifact_url"), m.get("download_url"))).into(),
-    );
-    o.insert("uses_external_gpu".into(), gpu.into());
-    o.insert(
-        "model_size".into(),
-        text_or(size_src, if gpu { "chestnut" } else { "small" }).into(),
-    );
-    o.insert("model_size_declared".into(), truthy(size_src).into());
-    o.insert(
-        "model_lab_eligible".into(),
-        match m.get("model_lab_eligible") {
-            Some(v) => truthy(Some(v)),
-            None => !gpu,
-        }
-        .into(),
-    );
-    o.insert("accelerator_artifacts".into(), accelerators(m));
+    let mut o = artifact_fields(m, format);
+    o.extend(object(json!({
+        "uses_external_gpu": gpu,
+        "model_size": text_or(size_src, if gpu { "chestnut" } else { "small" }),
+        "model_size_declared": truthy(size_src),
+        "model_lab_eligible": lab_eligible(m, gpu),
+        "accelerator_artifacts": accelerators(m),
+    })));
     Some((key, o))
 }
 
@@ -394,63 +352,42 @@ pub fn caches(models: &[Map<String, Value>]) -> Vec<(&'static str, Value)> {
 /// character outside printable ASCII escaped as `\uXXXX` (surrogate pairs above the BMP), no
 /// trailing newline.
 pub fn dumps(v: &Value) -> String {
-    let mut out = String::new();
-    write_value(&mut out, v);
-    out
+    use serde::Serialize;
+    let mut out = Vec::new();
+    (v.serialize(&mut serde_json::Serializer::with_formatter(
+        &mut out, PyDumps,
+    )))
+    .expect("serializing into memory does not fail");
+    String::from_utf8(out).expect("every byte written is ASCII")
 }
 
-fn write_value(out: &mut String, v: &Value) {
-    match v {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => out.push_str(&n.to_string()),
-        Value::String(s) => write_str(out, s),
-        Value::Array(a) => {
-            out.push('[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_value(out, x);
-            }
-            out.push(']');
-        }
-        Value::Object(o) => {
-            out.push('{');
-            for (i, (k, x)) in o.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_str(out, k);
-                out.push_str(": ");
-                write_value(out, x);
-            }
-            out.push('}');
-        }
-    }
-}
+/// [`dumps`]'s layout: `", "` and `": "`, and every character outside printable ASCII as
+/// `\uXXXX` (serde_json escapes `"`, `\\` and the control characters as Python does).
+struct PyDumps;
 
-fn write_str(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            ' '..='~' => out.push(c),
-            _ => {
-                let mut units = [0u16; 2];
-                for u in c.encode_utf16(&mut units) {
-                    out.push_str(&format!("\\u{u:04x}"));
+impl serde_json::ser::Formatter for PyDumps {
+    fn begin_array_value<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+    fn begin_object_key<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+    fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+        w.write_all(b": ")
+    }
+    fn write_string_fragment<W: ?Sized + Write>(&mut self, w: &mut W, s: &str) -> io::Result<()> {
+        for c in s.chars() {
+            match c {
+                ' '..='~' => w.write_all(&[c as u8])?,
+                _ => {
+                    for u in c.encode_utf16(&mut [0; 2]) {
+                        write!(w, "\\u{u:04x}")?;
+                    }
                 }
             }
         }
+        Ok(())
     }
-    out.push('"');
 }
 
 #[cfg(test)]

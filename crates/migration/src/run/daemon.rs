@@ -19,6 +19,7 @@ use crate::report::progress::{DisplayName, FailReason, Progress};
 use crate::run::downloads::{download_all, download_model};
 use crate::run::manager::{Run, refresh};
 use crate::state::device::Device;
+use crate::state::effects::lock;
 use crate::state::params::{ParamRead, keys};
 
 /// One request read from the memory params.
@@ -59,17 +60,12 @@ pub const REQUEST_KEYS: [&str; 4] = [
 
 /// A request param that could not be read (over the size cap, a FIFO, a directory, a symlink
 /// to a device), removed by [`sweep_bad_params`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("request param {key} ignored: {problem}")]
 pub struct BadParam {
     pub key: &'static str,
     /// Why it could not be read (names the path), and whether removing it failed.
     pub problem: String,
-}
-
-impl std::fmt::Display for BadParam {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "request param {} ignored: {}", self.key, self.problem)
-    }
 }
 
 /// Remove every request param of `memory` that cannot be read (see [`BadParam`]), so no bad
@@ -145,12 +141,6 @@ pub struct Outlets<'a> {
 }
 
 impl Outlets<'_> {
-    /// Nowhere but the UI.
-    pub const NONE: Outlets<'static> = Outlets {
-        log: &|_| {},
-        terminal: None,
-    };
-
     /// `p` to the UI, the log or the terminal, as [`Outlets`] says.
     fn say(&self, device: &Device, p: &Progress) {
         show_in_ui(device, p);
@@ -195,16 +185,13 @@ fn serve_outcome(
                 if before {
                     let name = DisplayName::of(entry);
                     say(&Progress::Downloading(name.clone()));
-                    *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(name);
+                    *lock(&current) = Some(name);
                 }
             };
-            let named =
-                |p: &Progress| match (p, &*current.lock().unwrap_or_else(|p| p.into_inner())) {
-                    (Progress::Percent(t), Some(name)) => {
-                        say(&Progress::PercentOf(name.clone(), *t))
-                    }
-                    _ => say(p),
-                };
+            let named = |p: &Progress| match (p, &*lock(&current)) {
+                (Progress::Percent(t), Some(name)) => say(&Progress::PercentOf(name.clone(), *t)),
+                _ => say(p),
+            };
             download_all(device, dl, cancel, &start, &named).map(|all| match all.cancelled {
                 true => Progress::Cancelled,
                 false => Progress::AllDownloaded,
@@ -215,19 +202,13 @@ fn serve_outcome(
             if let Some(name) = catalog_name(device, id) {
                 say(&Progress::Downloading(name));
             }
-            download_model(device, dl, id, cancel, say).map(|_| {
-                let canonical = crate::rules::contract::canonical_id(id.as_str());
-                match canonical.parse().map(|c| crate::rules::contract::kind(&c)) {
-                    Ok(crate::rules::contract::ModelKind::BuiltIn) => {
-                        Progress::BuiltinAlreadyDownloaded
-                    }
-                    Ok(crate::rules::contract::ModelKind::Local) => {
-                        Progress::LocalNothingToDownload
-                    }
-                    // Also when a verified copy was kept: upstream's text, which the UI takes
-                    // as "the model is there".
-                    _ => Progress::Downloaded,
-                }
+            use crate::rules::contract::{ModelKind, canonicalise, kind};
+            download_model(device, dl, id, cancel, say).map(|_| match kind(&canonicalise(id)) {
+                ModelKind::BuiltIn => Progress::BuiltinAlreadyDownloaded,
+                ModelKind::Local => Progress::LocalNothingToDownload,
+                // Also when a verified copy was kept: upstream's text, which the UI takes as
+                // "the model is there".
+                ModelKind::Catalog => Progress::Downloaded,
             })
         }
         Request::Download { id: None, .. } => Ok(Progress::Failed(FailReason::NotAModel)),
@@ -315,7 +296,7 @@ fn watch(
             };
             let road = Road::of(device.is_onroad());
             if let Some(r) = interrupt(stopping.load(Ordering::SeqCst), &road, cancelled) {
-                *w.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                *lock(&w) = Some(r);
                 t.cancel();
                 return;
             }
@@ -385,26 +366,9 @@ pub fn not_yet_backoff(config: &DaemonConfig, streak: u32) -> Duration {
         .min(config.refresh_every.max(not_yet_wait(config)))
 }
 
-/// One poll: serve the pending request (watching for a cancel), or drop a leftover cancel flag
-/// when nothing runs. Returns the request served, if any, and its last progress.
-pub fn poll_once(device: &Device, dl: &Downloader) -> Result<Option<(Request, Progress)>> {
-    let stopping = Arc::new(AtomicBool::new(false));
-    Ok(poll(
-        device,
-        dl,
-        &stopping,
-        &DaemonConfig::default(),
-        Outlets::NONE,
-    )?
-    .map(|(r, s)| match s {
-        Served::Finished(p)
-        | Served::Kept { progress: p, .. }
-        | Served::Failed { progress: p, .. } => (r, p),
-    }))
-}
-
-/// [`poll_once`], stopping early when `stopping` is set; says whether the request was kept,
-/// and for how long (`config`'s retry intervals).
+/// One poll: serve the pending request (watching for a cancel, stopping early when `stopping`
+/// is set), or drop a leftover cancel flag when nothing runs. Returns the request served, if
+/// any, and whether it was kept, and for how long (`config`'s retry intervals).
 pub fn poll(
     device: &Device,
     dl: &Downloader,
@@ -446,7 +410,7 @@ pub fn poll(
     let outcome = serve_outcome(device, dl, &request, &cancel, &say);
     done.store(true, Ordering::SeqCst);
     let _ = watcher.join();
-    let interrupt = *why.lock().unwrap_or_else(|e| e.into_inner());
+    let interrupt = *lock(&why);
     let served = match (outcome, interrupt) {
         (Err(_), Some(Interrupt::Onroad)) | (Err(Error::Onroad { .. }), _) => {
             stopped("deferred while driving")
@@ -595,7 +559,8 @@ pub fn road_change(before: &Road, now: &Road) -> Option<String> {
     })
 }
 
-fn describe(r: &Request) -> String {
+/// A request as the log names it.
+pub(crate) fn describe(r: &Request) -> String {
     match r {
         Request::DownloadAll => "download all".into(),
         Request::Download { raw, .. } => format!("download {raw}"),
@@ -716,13 +681,18 @@ fn serve_loop(d: Daemon<'_>) -> Result<()> {
             }
             d.serve_requests(&mut st);
         }
-        let wake = Instant::now() + config.poll;
-        while Instant::now() < wake && !d.stopping.load(Ordering::SeqCst) {
-            thread::sleep(Duration::from_millis(20).min(config.poll));
-        }
+        nap(config.poll, d.stopping);
     }
     log("stopped: any download in progress is kept and resumes at the next start");
     Ok(())
+}
+
+/// Wait `poll`, or less once `stopping` is set.
+pub(crate) fn nap(poll: Duration, stopping: &AtomicBool) {
+    let wake = Instant::now() + poll;
+    while Instant::now() < wake && !stopping.load(Ordering::SeqCst) {
+        thread::sleep(Duration::from_millis(20).min(poll));
+    }
 }
 
 impl Daemon<'_> {
@@ -795,8 +765,7 @@ impl Daemon<'_> {
             r
         });
         let _ = watcher.join();
-        let ui_cancelled =
-            *why.lock().unwrap_or_else(|e| e.into_inner()) == Some(Interrupt::Cancelled);
+        let ui_cancelled = *lock(&why) == Some(Interrupt::Cancelled);
         RefreshEnded {
             result,
             ui_cancelled,
@@ -880,18 +849,12 @@ impl Daemon<'_> {
     /// leftover cancel flag. No error of one request (a param swapped under it, a full disk)
     /// stops the daemon: it is logged, and the next poll goes on.
     fn serve_requests(&self, st: &mut LoopState) {
-        let Daemon {
-            device,
-            dl,
-            config,
-            stopping,
-            out,
-        } = *self;
-        let log = out.log;
+        let (device, log) = (self.device, self.out.log);
+        let poll = || poll(device, self.dl, self.stopping, self.config, self.out);
         match read_request(&device.memory) {
             Ok(Some(request)) if Instant::now() >= st.next_request => {
                 log(&format!("job: {}", describe(&request)));
-                match poll(device, dl, stopping, config, out) {
+                match poll() {
                     Ok(Some((request, served))) => self.served(st, request, served),
                     Ok(None) => {}
                     Err(e) => log(&format!(
@@ -918,7 +881,7 @@ impl Daemon<'_> {
             }
             Ok(None) => {
                 // Nothing pending: drop a leftover cancel flag (see `poll`).
-                if let Err(e) = poll(device, dl, stopping, config, out) {
+                if let Err(e) = poll() {
                     log(&format!("cancel flag: {}", one_line(&e.to_string())));
                 }
             }

@@ -79,12 +79,7 @@ pub fn download_all(
 ) -> Result<AllDownloads> {
     let catalog = DeviceView::read(device).take_catalog()?;
     let mut all = AllDownloads::default();
-    for entry in downloadable(
-        &catalog,
-        device.chestnut(),
-        device.is_protected(),
-        device.contract(),
-    ) {
+    for entry in downloadable_on(device, &catalog) {
         // An artifact modeld could not start here is skipped, not a failure of the run.
         if crate::state::load_receipt::condemned(device, entry).is_some() {
             continue;
@@ -124,6 +119,12 @@ pub fn downloadable<'a>(
                 && downloader::egpu::in_download_all(e.uses_external_gpu(), chestnut)
         })
         .collect()
+}
+
+/// [`downloadable`] on `device` (its Chestnut, keys and contract).
+fn downloadable_on<'a>(device: &Device, catalog: &'a Manifest) -> Vec<&'a ModelEntry> {
+    let (chestnut, protected) = (device.chestnut(), device.is_protected());
+    downloadable(catalog, chestnut, protected, device.contract())
 }
 
 /// What `download <ID>` or `download --all` (`all`) did, as `download --json` prints it.
@@ -242,18 +243,9 @@ pub fn plan(
         free: free_bytes(device),
     };
     let entries: Vec<ModelEntry> = match id {
-        None => {
-            let catalog = view.take_catalog()?;
-            downloadable(
-                &catalog,
-                device.chestnut(),
-                device.is_protected(),
-                device.contract(),
-            )
-            .into_iter()
+        None => (downloadable_on(device, &view.take_catalog()?).into_iter())
             .cloned()
-            .collect()
-        }
+            .collect(),
         Some(id) => match requested(id, device.config.generation, || view.take_catalog())? {
             Requested::BuiltIn(id) => return Ok(nothing(id, "built-in")),
             Requested::Local(id) => return Ok(nothing(id, "local")),

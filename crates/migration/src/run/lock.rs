@@ -13,7 +13,7 @@
 use std::fs::TryLockError;
 use std::io;
 use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use fs_err::File;
 
@@ -27,7 +27,6 @@ pub const LOCK_FILE: &str = ".manager.lock";
 pub struct ManagerLock {
     _dir: File,
     _legacy: Option<File>,
-    path: PathBuf,
 }
 
 impl ManagerLock {
@@ -53,13 +52,7 @@ impl ManagerLock {
         Ok(Self {
             _dir: dir,
             _legacy: legacy,
-            path: models_dir.to_path_buf(),
         })
-    }
-
-    /// What is locked: the models directory.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 
@@ -77,11 +70,8 @@ fn take(file: &File, path: &Path) -> Result<()> {
 }
 
 /// The previous build's lock file as a regular file, or `None` when something other than a
-/// regular file or symlink sits at its name.
-///
-/// The open is std's, not fs-err's: what to do next depends on its raw errno (`ELOOP`, `ENXIO`
-/// have no stable `ErrorKind`), which fs-err's wrapped error hides; the caller names the path
-/// in [`Error::Lock`].
+/// regular file or symlink sits at its name. std's open, not fs-err's: the next step depends on
+/// its raw errno (`ELOOP`, `ENXIO`), which fs-err hides; the caller names the path.
 fn open_legacy(path: &Path) -> io::Result<Option<File>> {
     for _ in 0..3 {
         let opened = std::fs::OpenOptions::new()
@@ -131,17 +121,16 @@ pub fn holder(models_dir: &Path) -> Option<u32> {
 /// `1: FLOCK  ADVISORY  WRITE 7990 fe:00:5398791 0 EOF`; waiters, `1: -> FLOCK ...`, are not
 /// holders). Pure.
 pub fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<u32> {
-    // glibc's encoding of a dev_t: the kernel prints major and minor in hex.
-    let major = ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff);
-    let minor = ((dev >> 12) & 0xffff_ff00) | (dev & 0xff);
+    // The kernel prints a dev_t's major and minor in hex.
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
     locks.lines().find_map(|line| {
         let f: Vec<&str> = line.split_whitespace().collect();
         match f.as_slice() {
             [_, "FLOCK", _, "WRITE", pid, file, ..] => {
                 let mut parts = file.split(':');
                 let (ma, mi, i) = (parts.next()?, parts.next()?, parts.next()?);
-                let same = u64::from_str_radix(ma, 16).ok()? == major
-                    && u64::from_str_radix(mi, 16).ok()? == minor
+                let same = u32::from_str_radix(ma, 16).ok()? == major
+                    && u32::from_str_radix(mi, 16).ok()? == minor
                     && i.parse::<u64>().ok()? == ino;
                 same.then(|| pid.parse().ok()).flatten()
             }

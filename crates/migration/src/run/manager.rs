@@ -36,6 +36,7 @@ use crate::rules::decisions::{
 };
 use crate::rules::plan::{self, InstallStep};
 use crate::state::device::{Device, JOURNAL_FILE, VerifyState};
+use crate::state::effects::lock;
 use crate::state::journal::{Journal, Phase, write_journal};
 use crate::state::params::keys;
 use crate::state::view::{DeviceView, param_slots};
@@ -128,10 +129,9 @@ pub(crate) struct RefreshRun {
 }
 
 /// The failure tail of a refresh whose manifest fetch failed with `e`: a trust refusal is
-/// recorded; offline (or every manifest refused), a device still on another generation stops
-/// loading that generation's pickles now, not once it is online (the offline first boot). Not
-/// on a cancel, and not when a manifest was refused on trust grounds (a refused manifest
-/// changes nothing, see docs/device.md, *Trust*).
+/// recorded; offline (or every manifest unusable), a device on another generation runs the
+/// offline first boot now (not on a cancel or a trust refusal, which changes nothing:
+/// docs/device.md, *Trust*).
 pub(crate) fn failed_fetch(device: &Device, e: &Error) -> Result<()> {
     crate::state::trust_state::record_failed_fetch(device, e)?;
     if offline_first_boot_due(e) {
@@ -199,14 +199,6 @@ impl<'a> Run<'a> {
     }
 }
 
-/// The first install refused for want of space: the refresh ends with it (exit 8), once
-/// everything else is written.
-struct NoSpace {
-    path: std::path::PathBuf,
-    needed: u64,
-    available: u64,
-}
-
 /// What installing the wanted catalog models came to.
 #[derive(Default)]
 struct InstallRound {
@@ -219,7 +211,9 @@ struct InstallRound {
     /// Models the daily byte budget held back, and what it said of each.
     held_back: BTreeSet<ModelId>,
     held: Vec<crate::rules::budget::HeldBack>,
-    no_space: Option<NoSpace>,
+    /// The first install refused for want of space: the refresh ends with it (exit 8), once
+    /// everything else is written.
+    no_space: Option<Error>,
 }
 
 /// Fetch the manifest, store it, migrate if the generation changed (or a migration was
@@ -240,10 +234,8 @@ pub fn refresh(device: &Device, by: &Run) -> Result<RefreshReport> {
     let view = view.strict()?;
     let (journal, purged, interim) = begin_migration(device, &view, &catalog)?;
     let record = view.choice().cloned();
-    // Where the layout keeps the selection in a store of its own (per generation:
-    // preferences.json, upstream's or carried there), that store is what the user chose.
-    // (A purge phase of this run carried the choice there first; the params are that
-    // layout's only where there is no such store.)
+    // A layout's own selection store (per generation: preferences.json, upstream's or carried
+    // there by a purge phase) is what the user chose; else the params.
     let slots_now = match (interim, device.stored_slots()?) {
         (_, Some(stored)) => stored,
         (true, None) => param_slots(device)?,
@@ -309,7 +301,7 @@ pub fn refresh(device: &Device, by: &Run) -> Result<RefreshReport> {
     // Blocked on space: everything else is done (the built-in or the older copy stands in), and
     // the refresh says so with the amount needed (exit 8), instead of "nothing to do".
     match round.no_space {
-        Some(no_space) => Err(no_space.into()),
+        Some(no_space) => Err(no_space),
         None => Ok(report),
     }
 }
@@ -325,17 +317,6 @@ fn finish_migration(device: &Device, j: &Journal, report: &mut RefreshReport) ->
         .params
         .put(keys::MODEL_MANIFEST_VERSION, &j.to.to_string())?;
     device.remove_file(JOURNAL_FILE)
-}
-
-impl From<NoSpace> for Error {
-    fn from(n: NoSpace) -> Error {
-        downloader::Error::InsufficientSpace {
-            path: n.path,
-            needed: n.needed,
-            available: n.available,
-        }
-        .into()
-    }
 }
 
 /// Fetch the manifest (cancellable: SIGTERM, the car going onroad; signature checked when keys
@@ -437,21 +418,11 @@ impl InstallRound {
             // Anything else (every origin refused it, a full disk): the built-in, or the
             // verified older copy, stands in, and later refreshes retry it.
             e => {
-                if let Error::Download(downloader::Error::InsufficientSpace {
-                    path,
-                    needed,
-                    available,
-                }) = &e
-                {
-                    self.no_space.get_or_insert(NoSpace {
-                        path: path.clone(),
-                        needed: *needed,
-                        available: *available,
-                    });
+                let why = Failure::Tried(e.to_string());
+                self.installs.failed.insert(id, why);
+                if let Error::Download(downloader::Error::InsufficientSpace { .. }) = &e {
+                    self.no_space.get_or_insert(e);
                 }
-                self.installs
-                    .failed
-                    .insert(id, Failure::Tried(e.to_string()));
             }
         }
         Ok(())
@@ -486,9 +457,11 @@ impl InstallRound {
             _ if outcome.fell_back => progress(&Progress::SelectedUnavailable),
             _ => {}
         }
-        if let Some(NoSpace {
-            needed, available, ..
-        }) = &self.no_space
+        if let Some(Error::Download(downloader::Error::InsufficientSpace {
+            needed,
+            available,
+            ..
+        })) = &self.no_space
         {
             progress(&Progress::NoSpace {
                 short: needed.saturating_sub(*available),
@@ -557,15 +530,12 @@ pub fn install(
     // The decision `download --dry-run` reports (`preview::download`); a requested download
     // is always due.
     let state = device.verify_entry(entry, false)?;
-    if plan::install_step(state, true) == InstallStep::Keep {
-        if let Some(v) = variant {
-            install_variant(device, dl, &v, cancel)?;
-        }
-        return Ok(None);
-    }
+    let keep = plan::install_step(state, true) == InstallStep::Keep;
     // Planned (a dry run): the download is assumed to succeed.
-    if device.effects().is_plan() {
+    if !keep && device.effects().is_plan() {
         device.effects().installed(entry.id().as_str())?;
+    }
+    if keep || device.effects().is_plan() {
         if let Some(v) = variant {
             install_variant(device, dl, &v, cancel)?;
         }
@@ -623,62 +593,37 @@ pub fn install_target(
     let started = std::time::Instant::now();
     let origins = std::sync::Mutex::new(Vec::<String>::new());
     let first_done = std::sync::Mutex::new(None::<u64>);
-    let files = device.files();
-    device
-        .effects()
-        .create_dir(&files.artifact_dir(&target.id))?;
-    files
-        .under_job(
-            target.id.as_str(),
-            crate::state::layout::Variant::Standard,
-            false,
-            cancel,
-            |cancel, publish| {
-                let on_event = |e: Event| match e {
-                    Event::Origin { origin } => {
-                        let mut o = origins.lock().unwrap_or_else(|p| p.into_inner());
-                        o.push(origin_name(&origin).to_string());
-                    }
-                    Event::Progress { done, total } => {
-                        first_done
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .get_or_insert(done);
-                        if let Some(pct) = percent.advance(done, total) {
-                            progress(&Progress::Percent(Transferred { done, total }));
-                            publish(&format!("{label}: {pct}%"));
-                        }
-                    }
-                    Event::Verifying => progress(&Progress::Verifying),
-                    Event::Fetched { bytes, .. } => count_fetched(device, &artifact, target, bytes),
-                    _ => {}
-                };
-                Ok(dl.download_target(
-                    device.config.generation,
-                    target,
-                    &files.artifact_dir(&target.id),
-                    cancel,
-                    &on_event,
-                )?)
-            },
-        )
-        .map(|installed| {
-            files.tidy_after_install(&target.id);
-            let origin = origin_name(&installed.origin).to_string();
-            let mut after = origins.into_inner().unwrap_or_else(|p| p.into_inner());
-            after.retain(|o| *o != origin);
-            after.dedup();
-            let staged = first_done.into_inner().unwrap_or_else(|p| p.into_inner());
-            progress(&Progress::Fetched(crate::report::progress::Fetched {
-                what: target.id.to_string(),
-                size: installed.size,
-                moved: installed.size - staged.unwrap_or(0).min(installed.size),
-                took: started.elapsed(),
-                origin,
-                after,
-            }));
-            Some(installed)
-        })
+    (device.effects).create_dir(&device.files().artifact_dir(&target.id))?;
+    let on_event = |e: Event, publish: Publish| match e {
+        Event::Origin { origin } => lock(&origins).push(origin_name(&origin).to_string()),
+        Event::Progress { done, total } => {
+            lock(&first_done).get_or_insert(done);
+            if let Some(pct) = percent.advance(done, total) {
+                progress(&Progress::Percent(Transferred { done, total }));
+                publish(&format!("{label}: {pct}%"));
+            }
+        }
+        Event::Verifying => progress(&Progress::Verifying),
+        Event::Fetched { bytes, .. } => count_fetched(device, &artifact, target, bytes),
+        _ => {}
+    };
+    let standard = crate::state::layout::Variant::Standard;
+    download_in_layout(device, dl, target, standard, cancel, &on_event).map(|installed| {
+        let origin = origin_name(&installed.origin).to_string();
+        let mut after = origins.into_inner().unwrap_or_else(|p| p.into_inner());
+        after.retain(|o| *o != origin);
+        after.dedup();
+        let staged = first_done.into_inner().unwrap_or_else(|p| p.into_inner());
+        progress(&Progress::Fetched(crate::report::progress::Fetched {
+            what: target.id.to_string(),
+            size: installed.size,
+            moved: installed.size - staged.unwrap_or(0).min(installed.size),
+            took: started.elapsed(),
+            origin,
+            after,
+        }));
+        Some(installed)
+    })
 }
 
 /// An origin's name, `Hugging Face`, from how the downloader shows it (`Hugging Face (<base>)`).
@@ -702,28 +647,43 @@ fn install_variant(
         return device.effects().installed(target.local_name.as_str());
     }
     let artifact = within_budget(device, target)?;
+    let on_event = |e: Event, _: Publish| {
+        if let Event::Fetched { bytes, .. } = e {
+            count_fetched(device, &artifact, target, bytes)
+        }
+    };
+    let accelerator = crate::state::layout::Variant::Accelerator;
+    download_in_layout(device, dl, target, accelerator, cancel, &on_event)?;
+    device.effects().installed(target.local_name.as_str())
+}
+
+/// A download job's publisher of progress texts (`DeviceFiles::under_job`).
+type Publish<'a> = &'a (dyn Fn(&str) + Sync);
+
+/// Download `target` (`variant`) into its directory under the layout's job; `on_event` gets
+/// each event and the job's progress publisher. The staging directory is tidied after.
+fn download_in_layout(
+    device: &Device,
+    dl: &Downloader,
+    target: &downloader::Target,
+    variant: crate::state::layout::Variant,
+    cancel: &CancelToken,
+    on_event: &(dyn Fn(Event, Publish) + Sync),
+) -> Result<Installed> {
     let files = device.files();
-    files.under_job(
+    let dir = files.artifact_dir(&target.id);
+    let installed = files.under_job(
         target.id.as_str(),
-        crate::state::layout::Variant::Accelerator,
+        variant,
         false,
         cancel,
-        |cancel, _| {
-            Ok(dl.download_target(
-                device.config.generation,
-                target,
-                &files.artifact_dir(&target.id),
-                cancel,
-                &|e| {
-                    if let Event::Fetched { bytes, .. } = e {
-                        count_fetched(device, &artifact, target, bytes)
-                    }
-                },
-            )?)
+        |cancel, publish| {
+            let generation = device.config.generation;
+            Ok(dl.download_target(generation, target, &dir, cancel, &|e| on_event(e, publish))?)
         },
     )?;
     files.tidy_after_install(&target.id);
-    device.effects().installed(target.local_name.as_str())
+    Ok(installed)
 }
 
 /// The ledger's name for `target` (its path under the models directory), once the daily budget
@@ -744,10 +704,7 @@ fn within_budget(device: &Device, target: &downloader::Target) -> Result<String>
 /// `target`'s name in the daily ledger: its path under the models directory, under the
 /// generation it is of (`v25/<id>_driving_tinygrad.pkl`, `v26/<id>/…`).
 fn artifact_name(device: &Device, target: &downloader::Target) -> String {
-    let path = device
-        .files()
-        .artifact_dir(&target.id)
-        .join(target.local_name.as_str());
+    let path = target_path(device, target);
     let rel = path
         .strip_prefix(device.models_dir())
         .unwrap_or(&path)
@@ -783,16 +740,28 @@ fn count_fetched(device: &Device, artifact: &str, target: &downloader::Target, b
 
 /// Whether a model's Chestnut build is there and matches its digest (then it is not fetched).
 pub(crate) fn variant_in_place(device: &Device, target: &downloader::Target) -> bool {
-    let path = device
-        .files()
-        .artifact_dir(&target.id)
-        .join(target.local_name.as_str());
+    let path = target_path(device, target);
     // Purged earlier in a planned run: not there any more.
     device.effects().exists(&path)
         && target.sha256.is_some_and(|want| {
             chunker::Sha256Digest::of_file(&path)
                 .is_ok_and(|(got, size)| got == want && target.size.is_none_or(|s| s == size))
         })
+}
+
+/// An entry's artifact and its Chestnut build, those that make a download target.
+pub(crate) fn entry_targets(e: &ModelEntry) -> impl Iterator<Item = downloader::Target> {
+    let variant = downloader::Target::chestnut_variant(e).ok().flatten();
+    downloader::Target::from_entry(e)
+        .ok()
+        .into_iter()
+        .chain(variant)
+}
+
+/// Where `target` is installed on `device`.
+fn target_path(device: &Device, target: &downloader::Target) -> std::path::PathBuf {
+    let dir = device.files().artifact_dir(&target.id);
+    dir.join(target.local_name.as_str())
 }
 
 /// Turns byte counts into the percentages the UI shows: each one once, and never going down,
@@ -806,7 +775,7 @@ impl PercentFilter {
             return None;
         }
         let pct = done.min(total) * 100 / total;
-        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = lock(&self.0);
         if last.is_some_and(|prev| pct <= prev) {
             return None;
         }
@@ -860,17 +829,8 @@ pub fn gc(device: &Device) -> Result<Vec<String>> {
 /// (`downloader::unusable_staged`: another digest, a model gone), named
 /// `<staging dir>/<name>`; listed only on [`Device::planning`].
 fn gc_staging(device: &Device, catalog: &manifest::Manifest) -> Result<Vec<String>> {
-    let targets: Vec<downloader::Target> = catalog
-        .models()
-        .iter()
-        .flat_map(|e| {
-            let variant = downloader::Target::chestnut_variant(e).ok().flatten();
-            downloader::Target::from_entry(e)
-                .ok()
-                .into_iter()
-                .chain(variant)
-        })
-        .collect();
+    let targets: Vec<downloader::Target> =
+        catalog.models().iter().flat_map(entry_targets).collect();
     let hexes: Vec<Option<String>> = targets
         .iter()
         .map(|t| t.sha256.map(|d| d.to_hex()))

@@ -59,9 +59,7 @@ impl Options {
             .clone()
             .unwrap_or_else(|| self.openpilot_dir.join(tree::BUILTIN_SUBDIR))
     }
-}
 
-impl Options {
     /// What `-v` says the command runs against.
     pub fn describe(&self, device: &Device, tinygrad: &GitCommit) -> String {
         format!(

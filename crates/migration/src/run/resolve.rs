@@ -18,12 +18,13 @@ impl Device {
         if self.files().generation_files().is_some() {
             return self.resolve_per_generation();
         }
+        let builtin = || (self.builtin_path(), NamedModel::builtin());
         let sel = self.selection()?;
         if crate::rules::contract::is_builtin_id(&sel.id) || !self.is_current()? {
-            return Ok((self.builtin_path(), NamedModel::builtin()));
+            return Ok(builtin());
         }
         let Ok(id) = sel.id.parse::<ModelId>() else {
-            return Ok((self.builtin_path(), NamedModel::builtin()));
+            return Ok(builtin());
         };
         let sel = NamedModel {
             id: id.clone(),
@@ -33,14 +34,10 @@ impl Device {
         if id.is_local() {
             let path = self.artifact_path(&id);
             let ok = fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() > 0);
-            return Ok(if ok {
-                (path, sel)
-            } else {
-                (self.builtin_path(), NamedModel::builtin())
-            });
+            return Ok(if ok { (path, sel) } else { builtin() });
         }
         let Some(catalog) = self.catalog()? else {
-            return Ok((self.builtin_path(), NamedModel::builtin()));
+            return Ok(builtin());
         };
         match catalog.get(&id) {
             Some(entry)
@@ -51,7 +48,7 @@ impl Device {
             {
                 Ok((self.artifact_path(&id), sel))
             }
-            _ => Ok((self.builtin_path(), NamedModel::builtin())),
+            _ => Ok(builtin()),
         }
     }
 
@@ -64,13 +61,10 @@ impl Device {
             .unwrap_or_else(|| crate::rules::contract::builtin_id().to_string()))
     }
 
-    /// [`Device::resolve`] on a per-generation layout: what upstream's runtime resolver loads.
-    /// The small profile of `preferences.json`, when its artifact under `<gen>/<id>/` verifies
-    /// against the accepted `<gen>/catalog.json` (read as upstream reads it,
-    /// [`crate::state::layout::DeviceFiles::accepted_catalog`]) and modeld has not failed to start
-    /// those bytes ([`crate::state::load_receipt`]); else the built-in. Our params, our
-    /// `.catalog.json` and a migration's journal play no part: upstream's modeld does not read
-    /// them.
+    /// [`Device::resolve`] per generation, as upstream's resolver: `preferences.json`'s small
+    /// profile when it verifies against the accepted `<gen>/catalog.json` and modeld has not
+    /// failed to start those bytes; else the built-in. Our params, `.catalog.json` and journal
+    /// play no part: upstream's modeld does not read them.
     fn resolve_per_generation(&self) -> Result<(PathBuf, NamedModel)> {
         let builtin = || (self.builtin_path(), NamedModel::builtin());
         let sel = self.layout_selection()?;

@@ -185,6 +185,11 @@ impl Device {
     /// downloader verified the bytes against and kept beside the install. `None`: nothing to
     /// check against (reported `unverified`, never handed to modeld).
     pub fn expected_digest(&self, entry: &ModelEntry) -> Option<ExpectedDigest> {
+        let manifest = entry.artifact_sha256().map(|sha256| ExpectedDigest {
+            sha256,
+            size: entry.artifact_size().map(|s| s.get()),
+            source: downloader::DigestSource::Manifest,
+        });
         // With trusted keys only what the signed manifest pins counts: never the sidecar, and
         // not a digest without its size and chunk count (`downloader::trust::digest_rule`).
         if self.is_protected() {
@@ -194,21 +199,10 @@ impl Device {
                 entry.artifact_size().is_some(),
                 entry.artifact_chunk_count().is_some(),
             );
-            return match (pinned, entry.artifact_sha256()) {
-                (Ok(_), Some(sha256)) => Some(ExpectedDigest {
-                    sha256,
-                    size: entry.artifact_size().map(|s| s.get()),
-                    source: downloader::DigestSource::Manifest,
-                }),
-                _ => None,
-            };
+            return manifest.filter(|_| pinned.is_ok());
         }
-        if let Some(sha256) = entry.artifact_sha256() {
-            return Some(ExpectedDigest {
-                sha256,
-                size: entry.artifact_size().map(|s| s.get()),
-                source: downloader::DigestSource::Manifest,
-            });
+        if manifest.is_some() {
+            return manifest;
         }
         let name = layout::artifact_file_name(entry.id());
         downloader::installed_sidecar_digest(&self.files().artifact_dir(entry.id()), name.as_str())

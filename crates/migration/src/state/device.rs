@@ -97,10 +97,9 @@ pub struct Device {
     tree: Option<std::sync::Arc<manifest::TreeDeclaration>>,
 }
 
-/// The bytes `.catalog.json` gets for the accepted manifest `m`: `raw` (what `m` was parsed
-/// from) byte for byte when given, naming `generation` itself and within the read limit; else
-/// `m` tagged with `generation`, canonical. Over the read limit the device would refuse its own
-/// catalog: [`Error::CatalogTooLarge`].
+/// The bytes `.catalog.json` gets for `m`: `raw` (what `m` was parsed from) when it names
+/// `generation` and fits the read limit; else `m` tagged with `generation`, canonical (over the
+/// limit the device would refuse its own catalog: [`Error::CatalogTooLarge`]).
 pub(crate) fn catalog_body(
     raw: Option<&[u8]>,
     m: &Manifest,
@@ -122,6 +121,23 @@ pub(crate) fn catalog_body(
         });
     }
     Ok(body.into_bytes())
+}
+
+/// The names of the regular files and symlinks directly in `dir`, sorted (none when `dir` is
+/// not there).
+fn file_names(dir: &Path) -> Result<Vec<String>> {
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut names: Vec<String> = rd
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    Ok(names)
 }
 
 /// The built-in `driving_tinygrad.pkl` (a chunk set) in `builtin_dir`.
@@ -163,13 +179,14 @@ impl Device {
 
     /// Where the generation's files live and how each is written ([`crate::state::layout`]).
     pub fn files(&self) -> crate::state::layout::DeviceFiles {
-        crate::state::layout::DeviceFiles::new(
-            self.contract,
-            &self.config.data_dir,
-            self.config.generation,
-            self.tree.clone(),
-        )
-        .with_effects(self.effects.clone())
+        self.files_of(self.config.generation)
+    }
+
+    /// [`Device::files`] of another generation, in this device's layout.
+    fn files_of(&self, generation: Generation) -> crate::state::layout::DeviceFiles {
+        let (data, tree) = (&self.config.data_dir, self.tree.clone());
+        crate::state::layout::DeviceFiles::new(self.contract, data, generation, tree)
+            .with_effects(self.effects.clone())
     }
 
     /// This device, on a generation that runs `contract` (what the tree decided).
@@ -236,10 +253,9 @@ impl Device {
             })
     }
 
-    /// [`Device::read_json`] for a state file that is a record, not a safeguard
-    /// (`.choice.json`, `.refused-manifest.json`): one that cannot be read or parsed is read as
-    /// absent, with a warning naming it ([`Device::warnings`]), so it never wedges `refresh` or
-    /// `status`; the next write replaces it.
+    /// [`Device::read_json`] for a record, not a safeguard (`.choice.json`,
+    /// `.refused-manifest.json`): one that cannot be read is absent, with a warning, so it never
+    /// wedges `refresh` or `status`; the next write replaces it.
     pub(crate) fn read_json_or_warn<T: DeserializeOwned>(
         &self,
         name: &str,
@@ -362,19 +378,7 @@ impl Device {
 
     /// File names directly in the models dir (regular files and symlinks).
     pub fn model_file_names(&self) -> Result<Vec<String>> {
-        let dir = self.models_dir();
-        let rd = match fs::read_dir(&dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
-        };
-        let mut names: Vec<String> = rd
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()))
-            .filter_map(|e| e.file_name().into_string().ok())
-            .collect();
-        names.sort();
-        Ok(names)
+        file_names(&self.models_dir())
     }
 
     /// The catalog as the UIs list it: the stored manifest's entries plus the local models in
@@ -443,8 +447,8 @@ impl Device {
         })
     }
 
-    /// Write the five selection params (each atomically; `Model`/`DrivingModel` last so a
-    /// reader that sees the new ID also sees its name and version).
+    /// Write the five selection params, `Model`/`DrivingModel` last (the tests' setup).
+    #[cfg(test)]
     pub fn select(&self, s: &NamedModel) -> Result<()> {
         self.params.put(keys::DRIVING_MODEL_NAME, &s.name)?;
         self.params.put(keys::MODEL_VERSION, &s.version)?;
@@ -510,11 +514,7 @@ impl Device {
         // outside never refuses the catalog the device holds.
         let held = downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, None)
             .ok()
-            .map(|a| crate::rules::floor::AcceptedRelease {
-                release: a.release,
-                expires: a.expires,
-                key: a.key,
-            });
+            .map(|a| crate::rules::floor::AcceptedRelease::from(&a));
         let copies = crate::rules::floor::bound(&copies.0, &copies.1, generation, held.as_ref());
         let floor = crate::rules::floor::for_read(&copies, generation);
         match downloader::trust::verify_stored(keys, bytes, sig.as_deref(), generation, floor) {
@@ -557,11 +557,7 @@ impl Device {
             .ok()??;
         downloader::trust::verify_stored(keys, &bytes, Some(&sig), self.config.generation, None)
             .ok()
-            .map(|a| crate::rules::floor::AcceptedRelease {
-                release: a.release,
-                expires: a.expires,
-                key: a.key,
-            })
+            .map(|a| crate::rules::floor::AcceptedRelease::from(&a))
     }
 
     /// Whether this device installs only what a signed manifest pins (it has trusted keys).
@@ -569,9 +565,8 @@ impl Device {
         self.trusted_keys.is_some()
     }
 
-    /// Store `m` as the catalog (tagged with this generation), atomically. What is written must
-    /// fit the read limit, or the device would refuse its own catalog: over it, nothing is
-    /// written and the error says so.
+    /// Store `m` as the catalog (tagged with this generation), atomically (the tests' setup).
+    #[cfg(test)]
     pub fn store_catalog(&self, m: &Manifest) -> Result<()> {
         self.write_file(
             CATALOG_FILE,
@@ -613,14 +608,7 @@ impl Device {
         &self,
         from: &'static manifest::contract::Contract,
     ) -> Result<Option<crate::state::layout::Preferences>> {
-        let (selection, _) = contract::selected(&self.selection_params()?);
-        let profiles = self.profiles_read()?;
-        let lower = |s: Option<String>| s.map(|s| s.to_ascii_lowercase());
-        let slots = crate::rules::choice::Slots {
-            selection: Some(selection),
-            small: lower(profiles.small),
-            big: lower(profiles.big),
-        };
+        let slots = crate::state::view::param_slots(self)?;
         self.carry_slots(from, &slots, None)
     }
 
@@ -640,27 +628,22 @@ impl Device {
         if self.effects.exists(&path) {
             return files.read_preferences().map(Some);
         }
-        // The generation moved from kept its own preferences in this layout: they are the
-        // user's choice, carried forward as upstream reads them against this generation's
-        // catalog (an id it does not list reads as the bundled model, and drops out of the
-        // favourites and exclusions).
-        if let Some(prev) = self.previous_preferences(from_generation) {
-            let carried = prev.read_preferences_as(&files)?;
-            let body = carried.to_bytes();
-            self.effects.create_dir(&files.root())?;
-            let name = format!("{}/{}", files.generation(), gf.preferences);
-            files.with_state_lock(|| self.write_file(&name, &body))?;
-            return Ok(Some(carried));
-        }
-        let choice = crate::state::layout::FlatChoice {
-            slots: slots.clone(),
-            favorites: self.params.get_str(keys::USER_FAVORITES)?,
-            blacklisted: self.params.get_str(keys::BLACKLISTED_MODELS)?,
-            sort_mode: self.params.get_str(keys::MODEL_SORT_MODE)?,
-            randomizer: self.params.get_bool(keys::MODEL_RANDOMIZER)?,
+        // Preferences the generation moved from kept in this layout are the user's choice,
+        // read as upstream reads them against this generation's catalog.
+        let carried = match self.previous_preferences(from_generation) {
+            Some(prev) => prev.read_preferences_as(&files)?,
+            None => {
+                let choice = crate::state::layout::FlatChoice {
+                    slots: slots.clone(),
+                    favorites: self.params.get_str(keys::USER_FAVORITES)?,
+                    blacklisted: self.params.get_str(keys::BLACKLISTED_MODELS)?,
+                    sort_mode: self.params.get_str(keys::MODEL_SORT_MODE)?,
+                    randomizer: self.params.get_bool(keys::MODEL_RANDOMIZER)?,
+                };
+                let rows = files.tree().map_or(&[][..], |t| t.catalog.as_slice());
+                crate::state::layout::carry_flat_choice(from, self.contract, rows, &choice)
+            }
         };
-        let rows = files.tree().map_or(&[][..], |t| t.catalog.as_slice());
-        let carried = crate::state::layout::carry_flat_choice(from, self.contract, rows, &choice);
         let body = carried.to_bytes();
         self.effects.create_dir(&files.root())?;
         let name = format!("{}/{}", files.generation(), gf.preferences);
@@ -718,13 +701,7 @@ impl Device {
             return None;
         }
         self.files().generation_files()?;
-        let prev = crate::state::layout::DeviceFiles::new(
-            self.contract,
-            &self.config.data_dir,
-            generation,
-            self.tree.clone(),
-        )
-        .with_effects(self.effects.clone());
+        let prev = self.files_of(generation);
         fs::symlink_metadata(prev.root())
             .is_ok_and(|m| m.is_dir())
             .then_some(prev)
@@ -742,10 +719,9 @@ impl Device {
             .then_some(prev)
     }
 
-    /// The selection a migration from `from` starts with: this generation's own store when it
-    /// has one ([`Device::stored_slots`]), else the store of the generation moved from when it
-    /// kept one in this layout (read against this generation's catalog); `None` otherwise (the
-    /// params are the store).
+    /// The selection a migration from `from` starts with: this generation's own store
+    /// ([`Device::stored_slots`]), else that of the generation moved from, read against this
+    /// catalog; `None` when the params are the store.
     pub(crate) fn slots_for_move(
         &self,
         from: Option<&str>,
@@ -804,12 +780,7 @@ impl Device {
             .collect();
         dirs.sort();
         for dir in dirs {
-            let mut names: Vec<String> = fs::read_dir(&dir)?
-                .filter_map(|e| e.ok())
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()))
-                .filter_map(|e| e.file_name().into_string().ok())
-                .collect();
-            names.sort();
+            let names = file_names(&dir)?;
             for name in crate::rules::plan::purge_plan(names.iter().map(String::as_str)) {
                 out.push((dir.clone(), name));
             }

@@ -29,51 +29,28 @@ use crate::state::bounded::read_capped;
 
 /// One durable effect, in the order it was made. Its `Display` is the line the crash
 /// enumeration names it by (`param K=V`, `write NAME`, `remove NAME`, `install ID`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Effect {
     /// A param written (persistent or memory, as the [`Params`](crate::Params) it went through).
-    SetParam {
-        key: String,
-        value: String,
-    },
-    RemoveParam {
-        key: String,
-    },
+    #[error("param {key}={value}")]
+    SetParam { key: String, value: String },
+    #[error("param {key} removed")]
+    RemoveParam { key: String },
     /// A state or cache file of the models directory written atomically, with its bytes.
-    WriteFile {
-        name: String,
-        bytes: Vec<u8>,
-    },
+    #[error("write {name}")]
+    WriteFile { name: String, bytes: Vec<u8> },
     /// A state file of the models directory removed.
-    RemoveFile {
-        name: String,
-    },
+    #[error("remove {name}")]
+    RemoveFile { name: String },
     /// A driving artifact purged by a generation migration.
-    Purge {
-        name: String,
-    },
+    #[error("remove {name}")]
+    Purge { name: String },
     /// A stray removed by `gc` (a file, or a staging directory with what it holds).
-    Collect {
-        name: String,
-    },
+    #[error("remove {name}")]
+    Collect { name: String },
     /// A model (or its Chestnut build, by file name) downloaded, verified and in place.
-    Install {
-        what: String,
-    },
-}
-
-impl fmt::Display for Effect {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Effect::SetParam { key, value } => write!(f, "param {key}={value}"),
-            Effect::RemoveParam { key } => write!(f, "param {key} removed"),
-            Effect::WriteFile { name, .. } => write!(f, "write {name}"),
-            Effect::RemoveFile { name } | Effect::Purge { name } | Effect::Collect { name } => {
-                write!(f, "remove {name}")
-            }
-            Effect::Install { what } => write!(f, "install {what}"),
-        }
-    }
+    #[error("install {what}")]
+    Install { what: String },
 }
 
 /// A param whose value a run changes: the new value, or `None` for a removal.
@@ -109,7 +86,8 @@ impl fmt::Debug for Effects {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// `m` locked, even when a thread panicked holding it.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -191,24 +169,24 @@ impl Effects {
     /// The bytes of `path` as this run sees them: planned bytes in plan mode, else the file
     /// (capped at `limit`, regular files only, see [`read_capped`]).
     pub(crate) fn read(&self, path: &Path, limit: u64) -> Result<Option<Vec<u8>>> {
-        if let Some(i) = &self.0
-            && i.plan
-            && let Some(planned) = lock(&i.planned).get(path)
-        {
-            return Ok(planned.clone());
+        match self.planned_bytes(path) {
+            Some(planned) => Ok(planned),
+            None => read_capped(path, limit),
         }
-        read_capped(path, limit)
     }
 
     /// Whether `path` is there as this run sees it.
     pub(crate) fn exists(&self, path: &Path) -> bool {
-        if let Some(i) = &self.0
-            && i.plan
-            && let Some(planned) = lock(&i.planned).get(path)
-        {
-            return planned.is_some();
+        match self.planned_bytes(path) {
+            Some(planned) => planned.is_some(),
+            None => fs::symlink_metadata(path).is_ok(),
         }
-        fs::symlink_metadata(path).is_ok()
+    }
+
+    /// In plan mode, what this run left at `path` if it planned an effect there.
+    fn planned_bytes(&self, path: &Path) -> Option<Option<Vec<u8>>> {
+        let i = self.0.as_ref().filter(|i| i.plan)?;
+        lock(&i.planned).get(path).cloned()
     }
 
     /// In plan mode, whether a file of `dir` whose name starts with `prefix` (an artifact and
@@ -241,12 +219,7 @@ impl Effects {
 
     /// Remove param `key` of `dir`; nothing when it is not set.
     pub(crate) fn remove_param(&self, dir: &Path, key: &str) -> Result<()> {
-        if self.remove(dir, key)? {
-            self.done(Effect::RemoveParam {
-                key: key.to_string(),
-            })?;
-        }
-        Ok(())
+        self.remove(dir, key, |key| Effect::RemoveParam { key })
     }
 
     /// Remove param `key` of `dir` whatever it is (a directory with what it holds; a symlink,
@@ -282,22 +255,12 @@ impl Effects {
 
     /// Remove state file `name` of `dir`; nothing when it is not there.
     pub(crate) fn remove_file(&self, dir: &Path, name: &str) -> Result<()> {
-        if self.remove(dir, name)? {
-            self.done(Effect::RemoveFile {
-                name: name.to_string(),
-            })?;
-        }
-        Ok(())
+        self.remove(dir, name, |name| Effect::RemoveFile { name })
     }
 
     /// Purge artifact file `name` of `dir` (a migration); nothing when it is not there.
     pub(crate) fn purge(&self, dir: &Path, name: &str) -> Result<()> {
-        if self.remove(dir, name)? {
-            self.done(Effect::Purge {
-                name: name.to_string(),
-            })?;
-        }
-        Ok(())
+        self.remove(dir, name, |name| Effect::Purge { name })
     }
 
     /// Remove stray `name` of `dir` (`gc`): a file, or a directory with what it holds.
@@ -315,19 +278,25 @@ impl Effects {
         })
     }
 
-    /// Whether the removal of `dir/name` happened (or, planned, would happen).
-    fn remove(&self, dir: &Path, name: &str) -> Result<bool> {
+    /// Remove `dir/name` and record `effect` of its name when it was there (or, planned,
+    /// would be).
+    fn remove(&self, dir: &Path, name: &str, effect: fn(String) -> Effect) -> Result<()> {
         let path = dir.join(name);
-        if self.is_plan() {
+        let removed = if self.is_plan() {
             let there = self.exists(&path);
             self.planned(&path, None);
-            return Ok(there);
+            there
+        } else {
+            let removed = remove_if_exists(&path)?;
+            if removed {
+                sync_dir(dir)?;
+            }
+            removed
+        };
+        match removed {
+            true => self.done(effect(name.to_string())),
+            false => Ok(()),
         }
-        let removed = remove_if_exists(&path)?;
-        if removed {
-            sync_dir(dir)?;
-        }
-        Ok(removed)
     }
 
     /// A model (or a Chestnut build) is installed: the downloader put it in place and it

@@ -69,19 +69,7 @@ impl Journal {
 
     /// What the journal says to keep, under the catalog's rules.
     pub(crate) fn wanted(&self, catalog: &Catalog) -> Wanted {
-        if let Some(raw) = &self.raw {
-            return wanted_of(raw, catalog);
-        }
-        let sel = SelectionParams {
-            model: Some(self.selected.to_string()),
-            driving_model: Some(self.selected.to_string()),
-            ..SelectionParams::default()
-        };
-        let profiles = ProfilesRead {
-            small: self.small.as_ref().map(ModelId::to_string),
-            big: self.big.clone(),
-        };
-        contract::wanted(&sel, &profiles, catalog)
+        wanted_of(&self.slots(), catalog)
     }
 }
 

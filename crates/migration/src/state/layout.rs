@@ -25,10 +25,11 @@ use std::sync::Arc;
 
 use manifest::contract::{Contract, DeviceLayout, GenerationFiles, TreeDeclaration};
 use manifest::{Generation, ModelId};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::state::effects::Effects;
+use crate::state::effects::lock;
 
 /// Which artifact of a model: the standard one, or its accelerator build (v25: `chestnut`,
 /// v26: `amd`; the contract's [`manifest::contract::AcceleratorRule`]).
@@ -84,10 +85,6 @@ impl DeviceFiles {
         self
     }
 
-    pub fn contract(&self) -> &'static Contract {
-        self.contract
-    }
-
     pub fn generation(&self) -> Generation {
         self.generation
     }
@@ -95,11 +92,6 @@ impl DeviceFiles {
     /// The tree's declaration, when it made one.
     pub fn tree(&self) -> Option<&TreeDeclaration> {
         self.tree.as_deref()
-    }
-
-    /// `<data>/models`: where our own state files are, whatever the layout.
-    pub fn models_dir(&self) -> &Path {
-        &self.models
     }
 
     /// The per-generation formats (`None` on a flat layout).
@@ -193,24 +185,14 @@ impl DeviceFiles {
         size.saturating_add(self.contract.download_headroom_bytes)
     }
 
-    /// The bytes the accepted manifest is stored with. Flat: `raw` byte for byte when it names
-    /// this generation (else the canonical form, see `device::catalog_body`); per generation:
-    /// as upstream writes it (keys sorted, Python's separators, no newline).
-    pub fn catalog_bytes(&self, raw: Option<&[u8]>, m: &manifest::Manifest) -> Result<Vec<u8>> {
-        match self.generation_files() {
-            None => crate::state::device::catalog_body(raw, m, self.generation),
-            Some(_) => {
-                let value: Value = match raw {
-                    Some(raw) => serde_json::from_slice(raw).map_err(|e| Error::CorruptState {
-                        path: self.catalog_path(),
-                        message: format!("the accepted manifest is not JSON: {e}"),
-                    })?,
-                    None => serde_json::from_str(&m.to_canonical_string())
-                        .expect("a manifest serializes to JSON"),
-                };
-                Ok(manifest::json::to_python_sorted_string(&value).into_bytes())
-            }
-        }
+    /// The accepted manifest `raw` as upstream's `atomic_json` writes it (keys sorted,
+    /// Python's separators).
+    fn python_sorted(&self, raw: &[u8]) -> Result<Vec<u8>> {
+        let value: Value = serde_json::from_slice(raw).map_err(|e| Error::CorruptState {
+            path: self.catalog_path(),
+            message: format!("the accepted manifest is not JSON: {e}"),
+        })?;
+        Ok(manifest::json::to_python_sorted_string(&value).into_bytes())
     }
 
     /// The accepted manifest in the form upstream reads, when the layout keeps one apart from
@@ -221,15 +203,8 @@ impl DeviceFiles {
         let Some(files) = self.generation_files() else {
             return Ok(None);
         };
-        let value: Value = serde_json::from_slice(raw).map_err(|e| Error::CorruptState {
-            path: self.catalog_path(),
-            message: format!("the accepted manifest is not JSON: {e}"),
-        })?;
         let name = format!("{}/{}", self.generation, files.catalog);
-        Ok(Some((
-            name,
-            manifest::json::to_python_sorted_string(&value).into_bytes(),
-        )))
+        Ok(Some((name, self.python_sorted(raw)?)))
     }
 
     /// The per-generation files, or an error naming the contract that has none.
@@ -261,11 +236,6 @@ impl DeviceFiles {
         f()
     }
 
-    /// `<gen>/<name>`: a file of the generation's root as the effects log names it.
-    fn rel(&self, name: &str) -> String {
-        format!("{}/{}", self.generation, name)
-    }
-
     /// `preferences.json` as upstream reads it (see [`Preferences::parse`]); defaults when it
     /// is missing or unreadable. Read under the state lock.
     pub fn read_preferences(&self) -> Result<Preferences> {
@@ -273,53 +243,22 @@ impl DeviceFiles {
     }
 
     fn read_preferences_unlocked(&self) -> Preferences {
-        let Ok(files) = self.per_generation() else {
-            return Preferences::defaults(self.contract);
-        };
-        let path = self.root().join(files.preferences);
         let bytes = self
-            .effects
-            .read(&path, self.contract.preferences_max_bytes)
+            .per_generation()
             .ok()
-            .flatten();
+            .and_then(|f| self.preferences_bytes(f));
         Preferences::parse(self.contract, self.tree_rows(), bytes.as_deref())
+    }
+
+    /// `preferences.json`'s bytes (`None`: missing, unreadable or over the contract's cap).
+    fn preferences_bytes(&self, files: &GenerationFiles) -> Option<Vec<u8>> {
+        let path = self.root().join(files.preferences);
+        let cap = self.contract.preferences_max_bytes;
+        self.effects.read(&path, cap).ok().flatten()
     }
 
     fn tree_rows(&self) -> &[manifest::contract::TreeCatalogRow] {
         self.tree.as_deref().map_or(&[], |t| t.catalog.as_slice())
-    }
-
-    /// Change the preferences under the state lock: read them as upstream does, apply `f`,
-    /// write them back (atomic, sorted keys), unless the result is what is there.
-    pub fn update_preferences(&self, f: impl FnOnce(&mut Preferences)) -> Result<Preferences> {
-        let files = self.per_generation()?;
-        self.with_state_lock(|| {
-            let mut prefs = self.read_preferences_unlocked();
-            let before = prefs.clone();
-            f(&mut prefs);
-            let path = self.root().join(files.preferences);
-            let body = prefs.to_bytes();
-            if body.len() as u64 > self.contract.preferences_max_bytes {
-                return Err(Error::CorruptState {
-                    path,
-                    message: format!(
-                        "{} bytes, over the {}-byte limit upstream reads",
-                        body.len(),
-                        self.contract.preferences_max_bytes
-                    ),
-                });
-            }
-            let there = self
-                .effects
-                .read(&path, self.contract.preferences_max_bytes)
-                .ok()
-                .flatten();
-            if prefs != before || there.as_deref() != Some(body.as_slice()) {
-                self.effects
-                    .write_file(&self.models, &self.rel(files.preferences), &body)?;
-            }
-            Ok(prefs)
-        })
     }
 
     /// The job as upstream reports it: the job file (when it is one upstream accepts) and
@@ -335,10 +274,7 @@ impl DeviceFiles {
                 && lock_file(&lock, Blocking::Try)?.is_none();
             let job = match job {
                 Some(mut j) if !busy && j.state == JobState::Running => {
-                    j.state = JobState::Interrupted;
-                    j.progress = INTERRUPTED.to_string();
-                    j.model = String::new();
-                    j.download_all = false;
+                    j.end(JobState::Interrupted, INTERRUPTED.to_string());
                     j.cancel_requested = false;
                     self.write_job(files, &j)?;
                     Some(j)
@@ -363,7 +299,7 @@ impl DeviceFiles {
     fn write_job(&self, files: &GenerationFiles, job: &Job) -> Result<()> {
         self.effects.write_file(
             &self.models,
-            &self.rel(files.job),
+            &format!("{}/{}", self.generation, files.job),
             job.to_bytes(files).as_bytes(),
         )
     }
@@ -477,78 +413,66 @@ impl Preferences {
                 *(if big { &mut p.big } else { &mut p.small }) = id.clone();
             }
         }
-        let known = |id: &str| rows.iter().any(|r| r.id.as_str() == id);
         for (key, out) in [
             ("userFavorites", &mut p.user_favorites),
             ("blacklistedModels", &mut p.blacklisted_models),
         ] {
             if let Some(Value::Array(items)) = saved.get(key) {
-                *out = Vec::new();
-                for id in items.iter().filter_map(Value::as_str) {
-                    if known(id) && !out.iter().any(|o| o == id) {
-                        out.push(id.to_string());
-                    }
-                }
+                *out = known_ids(rows, items.iter().filter_map(Value::as_str));
             }
         }
         if let Some(Value::Bool(b)) = saved.get("randomizer") {
             p.randomizer = *b;
         }
-        if let Some(Value::String(mode)) = saved.get("sortMode")
-            && contract
-                .generation_files
-                .is_some_and(|f| f.sort_modes.contains(&mode.as_str()))
-        {
-            p.sort_mode = mode.clone();
+        if let Some(Value::String(mode)) = saved.get("sortMode") {
+            p.set_sort_mode(contract, mode);
         }
         p
     }
 
+    /// `mode` as the sort mode, when `contract` knows it.
+    fn set_sort_mode(&mut self, contract: &Contract, mode: &str) {
+        if (contract.generation_files).is_some_and(|f| f.sort_modes.contains(&mode)) {
+            self.sort_mode = mode.to_string();
+        }
+    }
+
     /// The bytes upstream writes for these preferences.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let strings = |v: &[String]| Value::Array(v.iter().cloned().map(Value::String).collect());
-        let mut m = Map::new();
-        m.insert("small".into(), Value::String(self.small.clone()));
-        m.insert("big".into(), Value::String(self.big.clone()));
-        m.insert("userFavorites".into(), strings(&self.user_favorites));
-        m.insert("sortMode".into(), Value::String(self.sort_mode.clone()));
-        m.insert("randomizer".into(), Value::Bool(self.randomizer));
-        m.insert(
-            "blacklistedModels".into(),
-            strings(&self.blacklisted_models),
-        );
-        manifest::json::to_python_sorted_string(&Value::Object(m)).into_bytes()
+        let value = serde_json::json!({
+            "small": self.small,
+            "big": self.big,
+            "userFavorites": self.user_favorites,
+            "sortMode": self.sort_mode,
+            "randomizer": self.randomizer,
+            "blacklistedModels": self.blacklisted_models,
+        });
+        manifest::json::to_python_sorted_string(&value).into_bytes()
     }
 }
 
-/// A job's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The ids of `ids` that the tree's catalog lists, each once, in order.
+fn known_ids<'a>(
+    rows: &[manifest::contract::TreeCatalogRow],
+    ids: impl Iterator<Item = &'a str>,
+) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for id in ids {
+        if rows.iter().any(|r| r.id.as_str() == id) && !out.iter().any(|o| o == id) {
+            out.push(id.to_string());
+        }
+    }
+    out
+}
+
+/// A job's state, named in the job file as upstream names it (`running`, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum JobState {
     Running,
     Completed,
     Failed,
     Interrupted,
-}
-
-impl JobState {
-    const ALL: [(JobState, &'static str); 4] = [
-        (JobState::Running, "running"),
-        (JobState::Completed, "completed"),
-        (JobState::Failed, "failed"),
-        (JobState::Interrupted, "interrupted"),
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(s, _)| *s == self)
-            .map(|(_, n)| *n)
-            .expect("every state is named")
-    }
-
-    fn parse(s: &str) -> Option<Self> {
-        Self::ALL.iter().find(|(_, n)| *n == s).map(|(st, _)| *st)
-    }
 }
 
 /// `.download-job.json`.
@@ -594,7 +518,7 @@ impl Job {
         }
         Some(Job {
             job_id: id.to_string(),
-            state: JobState::parse(j.get("state")?.as_str()?)?,
+            state: serde_json::from_value(j.get("state")?.clone()).ok()?,
             model: j.get("model")?.as_str()?.to_string(),
             progress: j.get("progress")?.as_str()?.to_string(),
             download_all: j.get("downloadAll")?.as_bool()?,
@@ -603,18 +527,24 @@ impl Job {
         })
     }
 
+    /// The job ended in `state` with its last `progress`: no model, no download-all.
+    fn end(&mut self, state: JobState, progress: String) {
+        (self.state, self.progress) = (state, progress);
+        (self.model, self.download_all) = (String::new(), false);
+    }
+
     /// The bytes upstream writes for this job.
     pub fn to_bytes(&self, files: &GenerationFiles) -> String {
-        let mut m = Map::new();
-        m.insert("schemaVersion".into(), files.job_schema_version.into());
-        m.insert("jobId".into(), Value::String(self.job_id.clone()));
-        m.insert("state".into(), Value::String(self.state.as_str().into()));
-        m.insert("model".into(), Value::String(self.model.clone()));
-        m.insert("progress".into(), Value::String(self.progress.clone()));
-        m.insert("downloadAll".into(), Value::Bool(self.download_all));
-        m.insert("cancelRequested".into(), Value::Bool(self.cancel_requested));
-        m.insert("variant".into(), Value::String(self.variant.clone()));
-        manifest::json::to_python_sorted_string(&Value::Object(m))
+        manifest::json::to_python_sorted_string(&serde_json::json!({
+            "schemaVersion": files.job_schema_version,
+            "jobId": self.job_id,
+            "state": self.state,
+            "model": self.model,
+            "progress": self.progress,
+            "downloadAll": self.download_all,
+            "cancelRequested": self.cancel_requested,
+            "variant": self.variant,
+        }))
     }
 }
 
@@ -673,10 +603,6 @@ impl DownloadJob {
         })
     }
 
-    pub fn id(&self) -> &str {
-        &self.job.job_id
-    }
-
     /// Whether this job should stop: a cancel was requested on it (by any process), or the
     /// file no longer names it running.
     pub fn cancel_requested(&self) -> bool {
@@ -728,14 +654,12 @@ impl DownloadJob {
             if let Some(mut j) = files.read_job(gf)
                 && j.job_id == self.job.job_id
             {
-                j.state = if failed {
+                let state = if failed {
                     JobState::Failed
                 } else {
                     JobState::Completed
                 };
-                j.progress = cut(progress, gf.job_progress_max_chars);
-                j.model = String::new();
-                j.download_all = false;
+                j.end(state, cut(progress, gf.job_progress_max_chars));
                 files.write_job(gf, &j)?;
             }
             drop(self);
@@ -762,10 +686,6 @@ fn new_job_id(digits: usize) -> Result<String> {
     let mut id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     id.truncate(digits);
     Ok(id)
-}
-
-fn guard(j: &std::sync::Mutex<DownloadJob>) -> std::sync::MutexGuard<'_, DownloadJob> {
-    j.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The shortest time between two progress texts written to the job file.
@@ -802,7 +722,7 @@ impl DeviceFiles {
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                     finished.recv_timeout(JOB_POLL)
                 {
-                    if cancel.is_cancelled() || guard(job).cancel_requested() {
+                    if cancel.is_cancelled() || lock(job).cancel_requested() {
                         inner.cancel();
                         return;
                     }
@@ -812,12 +732,12 @@ impl DeviceFiles {
             // fsynced replace); the first text at once.
             let last = std::sync::Mutex::new(None::<std::time::Instant>);
             let publish = |text: &str| {
-                let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+                let mut last = lock(&last);
                 if last.is_some_and(|t| t.elapsed() < JOB_PUBLISH) {
                     return;
                 }
                 *last = Some(std::time::Instant::now());
-                if let Ok(JobUpdate::Stop) = guard(job).publish(Some(text), None) {
+                if let Ok(JobUpdate::Stop) = lock(job).publish(Some(text), None) {
                     inner.cancel();
                 }
             };
@@ -896,23 +816,13 @@ pub fn carry_flat_choice(
             _ => to.bundled_selection.to_string(),
         },
     };
-    let list = |raw: &Option<String>| -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        for id in raw.iter().flat_map(|r| r.split(',')).map(str::trim) {
-            if rows.iter().any(|r| r.id.as_str() == id) && !out.iter().any(|o| o == id) {
-                out.push(id.to_string());
-            }
-        }
-        out
+    let list = |raw: &Option<String>| {
+        known_ids(rows, raw.iter().flat_map(|r| r.split(',')).map(str::trim))
     };
     p.user_favorites = list(&choice.favorites);
     p.blacklisted_models = list(&choice.blacklisted);
-    if let Some(mode) = &choice.sort_mode
-        && to
-            .generation_files
-            .is_some_and(|f| f.sort_modes.contains(&mode.as_str()))
-    {
-        p.sort_mode = mode.clone();
+    if let Some(mode) = &choice.sort_mode {
+        p.set_sort_mode(to, mode);
     }
     p.randomizer = choice.randomizer;
     p
@@ -953,23 +863,14 @@ impl DeviceFiles {
         }
         manifest::Manifest::from_slice(&bytes).ok()
     }
-}
 
-impl DeviceFiles {
     /// These preferences (read under this generation's state lock) as upstream would read the
     /// same bytes in generation `to`: against `to`'s reviewed catalog, so an id `to` does not
     /// list is the bundled model (small, big) or left out (favourites, exclusions).
     pub fn read_preferences_as(&self, to: &DeviceFiles) -> Result<Preferences> {
         let files = self.per_generation()?;
         self.with_state_lock(|| {
-            let bytes = self
-                .effects
-                .read(
-                    &self.root().join(files.preferences),
-                    self.contract.preferences_max_bytes,
-                )
-                .ok()
-                .flatten();
+            let bytes = self.preferences_bytes(files);
             Ok(Preferences::parse(
                 to.contract,
                 to.tree_rows(),

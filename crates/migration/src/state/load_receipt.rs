@@ -327,11 +327,14 @@ fn errno_text(e: &std::io::Error) -> String {
 }
 
 fn open_at(dir: Option<&OwnedFd>, path: &Path, flags: OFlags) -> std::io::Result<OwnedFd> {
-    let flags = flags | OFlags::CLOEXEC;
-    Ok(match dir {
-        Some(d) => rustix::fs::openat(d, path, flags, Mode::empty())?,
-        None => rustix::fs::openat(CWD, path, flags, Mode::empty())?,
-    })
+    use std::os::fd::AsFd as _;
+    let at = dir.map_or(CWD, |d| d.as_fd());
+    Ok(rustix::fs::openat(
+        at,
+        path,
+        flags | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
 }
 
 /// Whether two looks at a file saw the same file, unchanged (device, inode, size, times).
@@ -349,6 +352,8 @@ fn read_bytes(path: &Path, max: u64) -> std::result::Result<Vec<u8>, String> {
     };
     let name = Path::new(name);
     let uid = rustix::process::geteuid().as_raw();
+    let at = |why: &dyn std::fmt::Display| format!("{}: {why}", path.display());
+    let dir_at = |why: &dyn std::fmt::Display| format!("{}: {why}", dir.display());
     let d = open_at(
         None,
         dir,
@@ -361,18 +366,17 @@ fn read_bytes(path: &Path, max: u64) -> std::result::Result<Vec<u8>, String> {
         ),
         // O_DIRECTORY | O_NOFOLLOW on a link is ENOTDIR: say which it is.
         _ if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) => {
-            format!("{}: a symbolic link (not followed)", dir.display())
+            dir_at(&"a symbolic link (not followed)")
         }
-        _ => format!("{}: {}", dir.display(), errno_text(&e)),
+        _ => dir_at(&errno_text(&e)),
     })?;
-    let ds = fstat(&d).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if ds.st_uid != uid || ds.st_mode & 0o7777 != 0o700 {
-        return Err(format!(
-            "{}: owner {} mode {:o}, not ours ({uid}) with mode 700",
-            dir.display(),
-            ds.st_uid,
-            ds.st_mode & 0o7777
-        ));
+    let ds = fstat(&d).map_err(|e| dir_at(&e))?;
+    let mode = ds.st_mode & 0o7777;
+    if ds.st_uid != uid || mode != 0o700 {
+        let owner = ds.st_uid;
+        return Err(dir_at(&format_args!(
+            "owner {owner} mode {mode:o}, not ours ({uid}) with mode 700"
+        )));
     }
     let f = open_at(
         Some(&d),
@@ -384,43 +388,36 @@ fn read_bytes(path: &Path, max: u64) -> std::result::Result<Vec<u8>, String> {
             "no receipt: {} does not exist (modeld is loading, or has not loaded a model)",
             path.display()
         ),
-        _ => format!("{}: {}", path.display(), errno_text(&e)),
+        _ => at(&errno_text(&e)),
     })?;
-    let before = fstat(&f).map_err(|e| format!("{}: {e}", path.display()))?;
+    let before = fstat(&f).map_err(|e| at(&e))?;
     if FileType::from_raw_mode(before.st_mode) != FileType::RegularFile {
-        return Err(format!("{}: not a regular file", path.display()));
+        return Err(at(&"not a regular file"));
     }
-    if before.st_uid != uid || before.st_mode & 0o077 != 0 {
-        return Err(format!(
-            "{}: owner {} mode {:o}, not ours ({uid}) and closed to group and others",
-            path.display(),
-            before.st_uid,
-            before.st_mode & 0o7777
-        ));
+    let (owner, mode, size) = (before.st_uid, before.st_mode & 0o7777, before.st_size);
+    if owner != uid || mode & 0o077 != 0 {
+        let why = format_args!(
+            "owner {owner} mode {mode:o}, not ours ({uid}) and closed to group and others"
+        );
+        return Err(at(&why));
     }
-    if before.st_size as u64 > max {
-        return Err(format!(
-            "{}: {} bytes, over the receipt's {max}-byte limit",
-            path.display(),
-            before.st_size
-        ));
+    if size as u64 > max {
+        return Err(at(&format_args!(
+            "{size} bytes, over the receipt's {max}-byte limit"
+        )));
     }
     let mut bytes = Vec::new();
     File::from(f.try_clone().map_err(|e| e.to_string())?)
         .take(max + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|e| at(&e))?;
     if bytes.len() as u64 > max {
-        return Err(format!(
-            "{}: over the receipt's {max}-byte limit",
-            path.display()
-        ));
+        return Err(at(&format_args!("over the receipt's {max}-byte limit")));
     }
     let after = fstat(&f).map_err(|e| e.to_string())?;
-    let named = statat(&d, name, AtFlags::SYMLINK_NOFOLLOW)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let named = statat(&d, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| at(&e))?;
     if !same_file(&before, &after) || !same_file(&before, &named) {
-        return Err(format!("{}: replaced while it was read", path.display()));
+        return Err(at(&"replaced while it was read"));
     }
     Ok(bytes)
 }
@@ -509,11 +506,7 @@ pub fn read_on(device: &Device, source: &Source) -> RunningModel {
             Ok(gpu) => gpu,
             Err(why) => return RunningModel::unavailable(why),
         },
-        None => device
-            .catalog()
-            .ok()
-            .flatten()
-            .and_then(|c| c.get(&receipt.model_id).map(|e| e.uses_external_gpu())),
+        None => in_catalog(device, &receipt.model_id, |e| Some(e.uses_external_gpu())),
     };
     match hardware_agrees(receipt, gpu, &source.rule) {
         Ok(()) => running,
@@ -640,12 +633,7 @@ pub fn expected(device: &Device) -> Result<Expected> {
     if crate::rules::contract::is_builtin_id(sel.id.as_str()) || bundled == Some(sel.id.as_str()) {
         return Ok(Expected::Bundled);
     }
-    let sha256 = device
-        .catalog()
-        .ok()
-        .flatten()
-        .and_then(|c| c.get(&sel.id).and_then(|e| device.expected_digest(e)))
-        .map(|d| d.sha256);
+    let sha256 = in_catalog(device, &sel.id, |e| device.expected_digest(e)).map(|d| d.sha256);
     Ok(Expected::Model { id: sel.id, sha256 })
 }
 
@@ -758,21 +746,34 @@ pub fn notice_failed_start(device: &Device) -> Result<Option<(ModelId, Sha256Dig
         id,
         sha256,
     };
-    let catalog_sha = device
-        .catalog()
-        .ok()
-        .flatten()
-        .and_then(|c| c.get(&seen.id).and_then(|e| e.artifact_sha256()));
-    match poison_decision(&running, Some(&seen), catalog_sha.as_ref()) {
-        Poison::Mark { id, sha256 } => {
-            let reason = source.rule.selected_load_failed;
-            Ok(
-                mark_bad(device, &id, &sha256, reason, manifest::UnixSeconds::now().0)?
-                    .then_some((id, sha256)),
-            )
-        }
-        Poison::No(_) => Ok(None),
-    }
+    mark_if_poisoned(device, source, &running, Some(&seen))
+}
+
+/// [`poison_decision`] against the catalog's bytes now, and [`mark_bad`] when it condemns:
+/// what was newly marked.
+fn mark_if_poisoned(
+    device: &Device,
+    source: &Source,
+    running: &RunningModel,
+    seen: Option<&SeenInstall>,
+) -> Result<Option<(ModelId, Sha256Digest)>> {
+    let catalog_sha =
+        seen.and_then(|s| in_catalog(device, &s.id, manifest::ModelEntry::artifact_sha256));
+    let Poison::Mark { id, sha256 } = poison_decision(running, seen, catalog_sha.as_ref()) else {
+        return Ok(None);
+    };
+    let reason = source.rule.selected_load_failed;
+    let marked = mark_bad(device, &id, &sha256, reason, manifest::UnixSeconds::now().0)?;
+    Ok(marked.then_some((id, sha256)))
+}
+
+/// `id`'s entry in `device`'s catalog, through `f` (`None`: no catalog, or no such entry).
+fn in_catalog<T>(
+    device: &Device,
+    id: &ModelId,
+    f: impl FnOnce(&manifest::ModelEntry) -> Option<T>,
+) -> Option<T> {
+    device.catalog().ok().flatten()?.get(id).and_then(f)
 }
 
 /// [`poison_decision`]'s answer.
@@ -967,30 +968,21 @@ impl Watcher {
                 since_mono_ns: monotonic_ns(),
             });
         }
-        let catalog_sha = self.seen.as_ref().and_then(|s| {
-            device
-                .catalog()
-                .ok()
-                .flatten()
-                .and_then(|c| c.get(&s.id).and_then(|e| e.artifact_sha256()))
-        });
-        if let Poison::Mark { id, sha256 } =
-            poison_decision(&running, self.seen.as_ref(), catalog_sha.as_ref())
-        {
-            let reason = source.rule.selected_load_failed;
-            match mark_bad(device, &id, &sha256, reason, manifest::UnixSeconds::now().0) {
-                Ok(true) => log(&format!(
-                    "modeld could not start {id}'s artifact {}: marked bad; the bundled model \
-                     stays in use, the choice stays saved, and it is not downloaded again until \
-                     the catalog publishes other bytes for {id}",
-                    sha256.to_hex()
-                )),
-                Ok(false) => {}
-                Err(e) => log(&format!(
-                    "could not record {id}'s artifact as bad: {}",
-                    crate::error::one_line(&e.to_string())
-                )),
-            }
+        match mark_if_poisoned(device, source, &running, self.seen.as_ref()) {
+            Ok(Some((id, sha256))) => log(&format!(
+                "modeld could not start {id}'s artifact {}: marked bad; the bundled model \
+                 stays in use, the choice stays saved, and it is not downloaded again until \
+                 the catalog publishes other bytes for {id}",
+                sha256.to_hex()
+            )),
+            Ok(None) => {}
+            Err(e) => log(&format!(
+                "could not record {}'s artifact as bad: {}",
+                self.seen
+                    .as_ref()
+                    .map_or("the selection", |s| s.id.as_str()),
+                crate::error::one_line(&e.to_string())
+            )),
         }
         // The UI's param first, then the log: whoever reads the log line finds the param
         // already saying what runs.

@@ -3,11 +3,12 @@
 //! directory, fsync, rename, fsync the directory), so a power cut leaves the old value or the
 //! new one, never a torn one.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::error::{Error, Result};
 use crate::state::bounded::PARAM_LIMIT;
 use crate::state::effects::Effects;
+use crate::state::effects::lock;
 
 /// Persistent keys this manager reads and writes.
 pub mod keys {
@@ -72,7 +73,7 @@ pub struct Warnings(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
 impl Warnings {
     /// Note `text` (once).
     pub fn add(&self, text: String) {
-        let mut w = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = lock(&self.0);
         if !w.contains(&text) {
             w.push(text);
         }
@@ -80,7 +81,7 @@ impl Warnings {
 
     /// The warnings noted since the last call, oldest first.
     pub fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *lock(&self.0))
     }
 }
 
@@ -157,7 +158,8 @@ impl Params {
         }
     }
 
-    pub fn dir(&self) -> &Path {
+    #[cfg(test)]
+    pub fn dir(&self) -> &std::path::Path {
         &self.dir
     }
 

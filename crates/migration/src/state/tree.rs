@@ -25,7 +25,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
 
 use manifest::contract::{Contract, TreeDeclaration, TreeFiles, declaring_contracts};
 use manifest::pins::PINS_FILE;
@@ -36,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::report::ResolveReport;
 use crate::report::progress::Progress;
 use crate::rules::contract;
-use crate::run::daemon::{DaemonConfig, Request};
+use crate::run::daemon::DaemonConfig;
 use crate::state::bounded::read_capped;
 use crate::state::params::{Params, keys};
 
@@ -57,16 +56,11 @@ pub const DEFAULT_OPENPILOT_DIR: &str = "/data/openpilot";
 pub const BUILTIN_SUBDIR: &str = "selfdrive/modeld/models";
 
 /// A file of the tree that cannot be used, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[error("{}: {problem}", path.display())]
 pub struct Unreadable {
     pub path: PathBuf,
     pub problem: String,
-}
-
-impl std::fmt::Display for Unreadable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.path.display(), self.problem)
-    }
 }
 
 /// The tree as read: its tinygrad, the pin table (built-in plus the tree's pins file), and
@@ -224,20 +218,16 @@ pub fn read(openpilot_dir: &Path) -> TreeRead {
         Err(u) => Err(u),
     };
     let pins_path = openpilot_dir.join(PINS_FILE);
-    let pins = match read_tree_file(&pins_path, PINS_LIMIT) {
-        Ok(None) => Ok(PinTable::builtin()),
-        Ok(Some(bytes)) => {
-            let mut table = PinTable::builtin();
+    let pins = read_tree_file(&pins_path, PINS_LIMIT).and_then(|bytes| {
+        let mut table = PinTable::builtin();
+        if let Some(bytes) = bytes {
+            let path = pins_path.clone();
             table
                 .merge_json(&bytes)
-                .map(|()| table)
-                .map_err(|problem| Unreadable {
-                    path: pins_path.clone(),
-                    problem,
-                })
+                .map_err(|problem| Unreadable { path, problem })?;
         }
-        Err(u) => Err(u),
-    };
+        Ok(table)
+    });
     TreeRead {
         openpilot_dir: openpilot_dir.to_path_buf(),
         marker,
@@ -374,15 +364,7 @@ pub struct TreeStatus {
 
 impl TreeStatus {
     pub fn of(openpilot_dir: &Path, decision: &Decision) -> Self {
-        let base = TreeStatus {
-            openpilot_dir: openpilot_dir.to_path_buf(),
-            tinygrad_commit: None,
-            generation: None,
-            state: "known",
-            problem: None,
-            next: None,
-        };
-        match decision {
+        let (commit, generation, state, paused) = match decision {
             Decision::Known {
                 generation, commit, ..
             }
@@ -390,24 +372,19 @@ impl TreeStatus {
                 tree: generation,
                 commit,
                 ..
-            } => TreeStatus {
-                tinygrad_commit: Some(commit.clone()),
-                generation: Some(*generation),
-                ..base
-            },
-            Decision::Paused(p) => TreeStatus {
-                tinygrad_commit: match p {
-                    Paused::Unknown { commit, .. } => Some(commit.clone()),
-                    Paused::Unreadable(_) => None,
-                },
-                state: match p {
-                    Paused::Unknown { .. } => "unknown",
-                    Paused::Unreadable(_) => "unreadable",
-                },
-                problem: Some(p.message()),
-                next: Some(p.next()),
-                ..base
-            },
+            } => (Some(commit), Some(*generation), "known", None),
+            Decision::Paused(p @ Paused::Unknown { commit, .. }) => {
+                (Some(commit), None, "unknown", Some(p))
+            }
+            Decision::Paused(p) => (None, None, "unreadable", Some(p)),
+        };
+        TreeStatus {
+            openpilot_dir: openpilot_dir.to_path_buf(),
+            tinygrad_commit: commit.cloned(),
+            generation,
+            state,
+            problem: paused.map(Paused::message),
+            next: paused.map(Paused::next),
         }
     }
 }
@@ -484,20 +461,14 @@ pub fn run_paused(
             log(&bad.to_string());
         }
         if let Some(request) = crate::run::daemon::read_request(memory)? {
-            let what = match &request {
-                Request::DownloadAll => "download all".to_string(),
-                Request::Download { raw, .. } => format!("download {raw}"),
-            };
+            let what = crate::run::daemon::describe(&request);
             log(&format!("{what}: not served, {}", paused.progress()));
             announce(memory, paused)?;
             crate::run::daemon::finish(memory, &request)?;
         } else if memory.get_bool(keys::CANCEL_MODEL_DOWNLOAD)? {
             memory.remove(keys::CANCEL_MODEL_DOWNLOAD)?;
         }
-        let wake = Instant::now() + config.poll;
-        while Instant::now() < wake && !stopping.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(20).min(config.poll));
-        }
+        crate::run::daemon::nap(config.poll, stopping);
     }
     log("stopped");
     Ok(())
@@ -507,6 +478,7 @@ pub fn run_paused(
 mod tests {
     use super::*;
     use manifest::layout;
+    use std::time::{Duration, Instant};
 
     /// Issue 37: a marker in uppercase, with a byte-order mark or CRLF names its commit (the
     /// device was paused by these); a short, long or non-hex one is still refused.

@@ -166,43 +166,45 @@ pub fn floor_copies(device: &Device) -> (FloorCopy, FloorCopy) {
 /// resets nothing by itself.
 pub fn floor(device: &Device) -> Result<Floor> {
     let (file, param) = floor_copies(device);
-    merge_device(device, &file, &param).ok_or_else(|| {
-        let problem = |c: &FloorCopy| match c {
-            FloorCopy::Missing => "missing".to_string(),
-            FloorCopy::Corrupt(m) => format!("corrupt: {m}"),
-            FloorCopy::Valid(_) => "valid".to_string(),
-        };
-        Error::TrustStateUnreadable {
-            file: device.models_dir().join(ACCEPTED_RELEASE_FILE),
-            file_problem: problem(&file),
-            param: device.params.path(keys::MODEL_MANIFEST_ACCEPTED_RELEASE),
-            param_problem: problem(&param),
-            generation: device.config.generation.to_string(),
-        }
+    merge_device(device, &file, &param).ok_or_else(|| Error::TrustStateUnreadable {
+        file: device.models_dir().join(ACCEPTED_RELEASE_FILE),
+        file_problem: copy_state(&file),
+        param: device.params.path(keys::MODEL_MANIFEST_ACCEPTED_RELEASE),
+        param_problem: copy_state(&param),
+        generation: device.config.generation.to_string(),
     })
+}
+
+/// `valid`, `missing` or `corrupt: <why>`.
+fn copy_state(c: &FloorCopy) -> String {
+    match c {
+        FloorCopy::Missing => "missing".to_string(),
+        FloorCopy::Corrupt(m) => format!("corrupt: {m}"),
+        FloorCopy::Valid(_) => "valid".to_string(),
+    }
+}
+
+/// The two copies of the accepted release, as `status` reports them on a device with keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FloorCopies {
+    pub accepted_release_source: FloorSource,
+    pub accepted_release_copies: CopyStates,
+    /// Neither copy is valid: the error a refresh gives, with its next step.
+    pub accepted_release_problem: Option<String>,
+}
+
+/// `valid`, `missing` or `corrupt: <why>`, per copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CopyStates {
+    pub file: String,
+    pub param: String,
 }
 
 /// The floor as `status` shows it: this generation's accepted release, which copy it comes
 /// from, and what is wrong with either copy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FloorReport {
-    pub accepted_release: Option<AcceptedRelease>,
-    pub source: FloorSource,
-    /// `valid`, `missing` or `corrupt: <why>`, per copy.
-    pub file: String,
-    pub param: String,
-    /// Neither copy is valid: the error a refresh gives, with its next step.
-    pub problem: Option<String>,
-}
-
-pub fn floor_report(device: &Device) -> FloorReport {
+pub fn floor_report(device: &Device) -> (Option<AcceptedRelease>, FloorCopies) {
     let generation = device.config.generation;
     let (file, param) = floor_copies(device);
-    let state = |c: &FloorCopy| match c {
-        FloorCopy::Missing => "missing".to_string(),
-        FloorCopy::Corrupt(m) => format!("corrupt: {m}"),
-        FloorCopy::Valid(_) => "valid".to_string(),
-    };
     let (accepted_release, source, problem) = match merge_device(device, &file, &param) {
         Some(f) => (
             f.merged.get(&generation.to_string()).cloned(),
@@ -217,13 +219,15 @@ pub fn floor_report(device: &Device) -> FloorReport {
                 .map(|e| crate::rules::next_step::with_next(&e)),
         ),
     };
-    FloorReport {
-        accepted_release,
-        source,
-        file: state(&file),
-        param: state(&param),
-        problem,
-    }
+    let copies = FloorCopies {
+        accepted_release_source: source,
+        accepted_release_copies: CopyStates {
+            file: copy_state(&file),
+            param: copy_state(&param),
+        },
+        accepted_release_problem: problem,
+    };
+    (accepted_release, copies)
 }
 
 /// Rewrite a missing, corrupt or lower copy from the merged floor (a refresh does this before
@@ -410,19 +414,11 @@ pub(crate) fn accepted_after(
     signed: &trust::Accepted,
 ) -> Option<BTreeMap<String, AcceptedRelease>> {
     let key = generation.to_string();
-    if all.get(&key).is_some_and(|a| {
-        a.release == signed.release && a.expires == signed.expires && a.key == signed.key
-    }) {
+    let accepted = AcceptedRelease::from(signed);
+    if all.get(&key) == Some(&accepted) {
         return None;
     }
-    all.insert(
-        key,
-        AcceptedRelease {
-            release: signed.release,
-            expires: signed.expires,
-            key: signed.key.clone(),
-        },
-    );
+    all.insert(key, accepted);
     Some(all)
 }
 

@@ -32,9 +32,7 @@ impl<T> Readable<T> {
     /// The value (its warnings noted); `None` when it could not be read.
     pub fn value(&self) -> Option<&T> {
         let v = self.value.as_ref().ok()?;
-        for w in &self.warnings {
-            self.sink.add(w.clone());
-        }
+        self.note();
         Some(v)
     }
 
@@ -59,16 +57,15 @@ impl<T> Readable<T> {
 
     /// The value, or the error it could not be read with.
     fn into_result(self) -> Result<Self> {
-        let Readable {
-            value,
-            warnings,
-            sink,
-        } = self;
-        Ok(Readable {
-            value: Ok(value?),
-            warnings,
-            sink,
-        })
+        let value = Ok(self.value?);
+        Ok(Readable { value, ..self })
+    }
+
+    /// Note its warnings on the device.
+    fn note(&self) {
+        for w in &self.warnings {
+            self.sink.add(w.clone());
+        }
     }
 }
 
@@ -132,9 +129,7 @@ impl DeviceView {
     /// be read with, or [`Error::NoCatalog`] when none is stored.
     pub fn take_catalog(&mut self) -> Result<Manifest> {
         let value = std::mem::replace(&mut self.catalog.value, Ok(None))?;
-        for w in &self.catalog.warnings {
-            self.catalog.sink.add(w.clone());
-        }
+        self.catalog.note();
         value.ok_or_else(|| Error::NoCatalog {
             generation: self.generation.to_string(),
         })
@@ -179,12 +174,7 @@ impl DeviceView {
 
     /// The slots as the params say them now (selection under upstream's precedence).
     pub fn slots(&self) -> Slots {
-        let p = self.profiles();
-        Slots {
-            selection: Some(self.selected()),
-            small: p.small.map(|s| s.to_ascii_lowercase()),
-            big: p.big.map(|b| b.to_ascii_lowercase()),
-        }
+        slots_of(self.selected(), self.profiles())
     }
 
     /// What the user wants now: the params, with slots still in a fallback taken from the
@@ -212,12 +202,16 @@ impl DeviceView {
 /// The slots as the params say them now (selection under upstream's precedence).
 pub(crate) fn param_slots(device: &Device) -> Result<Slots> {
     let (selection, _) = contract::selected(&device.selection_params()?);
-    let p = device.profiles_read()?;
-    Ok(Slots {
+    Ok(slots_of(selection, device.profiles_read()?))
+}
+
+/// The slots of `selection` and the profiles as read (lower-cased).
+pub(crate) fn slots_of(selection: String, p: ProfilesRead) -> Slots {
+    Slots {
         selection: Some(selection),
         small: p.small.map(|s| s.to_ascii_lowercase()),
         big: p.big.map(|b| b.to_ascii_lowercase()),
-    })
+    }
 }
 
 #[cfg(test)]

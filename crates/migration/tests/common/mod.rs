@@ -341,3 +341,23 @@ pub fn sha_of(path: &Path) -> Option<String> {
         .ok()
         .map(|b| test_support::published::sha256_hex(&b))
 }
+
+/// One daemon poll with the default config, its outlets the UI only: the request served, if
+/// any, and its last progress.
+pub fn poll_once(
+    device: &Device,
+    dl: &Downloader,
+) -> migration::Result<Option<(migration::run::daemon::Request, migration::Progress)>> {
+    use migration::run::daemon::{DaemonConfig, Outlets, Served, poll};
+    let stopping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let out = Outlets {
+        log: &|_| {},
+        terminal: None,
+    };
+    let served = poll(device, dl, &stopping, &DaemonConfig::default(), out)?;
+    Ok(served.map(|(r, s)| match s {
+        Served::Finished(p)
+        | Served::Kept { progress: p, .. }
+        | Served::Failed { progress: p, .. } => (r, p),
+    }))
+}

@@ -90,6 +90,7 @@ pub fn refresh_failure(e: Error, before: &FailedRefreshPlan) -> Failure {
     fail
 }
 
+/// A verification state in one word.
 pub fn state_name(s: VerifyState) -> &'static str {
     match s {
         VerifyState::Verified => "verified",
