@@ -241,24 +241,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = cli_support::parse::<Cli>(VERBOSE_HELP, |c| &c.output);
-    let json = wants_json(&cli.command);
     match run(cli) {
         Ok(()) => ExitCode::from(code::OK),
-        Err(f) => f.report(json),
-    }
-}
-
-/// Whether the command asked for `--json`: then a failure, too, prints one JSON document
-/// (`{"error":{"kind","message","next"}}`) on stdout, and the exit code is unchanged.
-fn wants_json(c: &Command) -> bool {
-    match c {
-        Command::Status { json }
-        | Command::Refresh { json, .. }
-        | Command::Download { json, .. }
-        | Command::Verify { json, .. }
-        | Command::Resolve { json }
-        | Command::Gc { json, .. } => *json,
-        Command::Run { .. } | Command::Completions { .. } => false,
+        // With `--json` a failure, too, prints one JSON document on stdout.
+        Err(f) => f.report(cli_support::json_requested()),
     }
 }
 

@@ -112,22 +112,12 @@ fn url_on(job: &Job<'_>, origin: &Origin, name: &str) -> Result<String> {
 /// The transfer's control for an artifact of `size` bytes (its deadline counted from `start`),
 /// or, while the size is unknown, the manifest's budget.
 fn control(job: &Job<'_>, start: Instant, size: Option<u64>) -> Ctl {
-    let (cancel, id) = (job.cancel, job.target.id.as_str());
-    match size {
-        Some(size) => {
-            let deadline = job.config.http.artifact_deadline(start, size);
-            Ctl::new(
-                cancel,
-                id,
-                deadline.saturating_duration_since(start),
-                deadline,
-            )
-        }
-        None => {
-            let budget = job.config.http.origin_deadline;
-            Ctl::new(cancel, id, budget, start + budget)
-        }
-    }
+    let deadline = match size {
+        Some(size) => job.config.http.artifact_deadline(start, size),
+        None => start + job.config.http.origin_deadline,
+    };
+    let budget = deadline.saturating_duration_since(start);
+    Ctl::new(job.cancel, job.target.id.as_str(), budget, deadline)
 }
 
 pub(crate) fn resolve_from(job: &Job<'_>, origin: &Origin) -> Result<Resolved> {
@@ -192,25 +182,20 @@ fn implied(job: &Job<'_>, origin: &Origin) -> Option<Resolved> {
     placed(job, origin, plan, chunk_len, ctl).ok()
 }
 
-/// Download the job's target from `origin`, and what this origin's payload transfer measured
-/// (bytes fetched now, not resumed ones, and the time from the first range request).
-pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> (Result<Installed>, Measured) {
-    let mut measured = Measured::default();
-    let result = download_measured(job, origin, &mut measured);
-    (result, measured)
-}
-
-fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) -> Result<Installed> {
+/// Download the job's target from `origin`; `measured` gets what this origin's payload transfer
+/// measured (bytes fetched now, not resumed ones, and the time from the first range request).
+pub(crate) fn download_from(
+    job: &Job<'_>,
+    origin: &Origin,
+    measured: &mut Measured,
+) -> Result<Installed> {
     // Per generation: the same file name of another generation is another store.
     let qualified = format!("{}/{}", job.generation, job.target.local_name);
     let (origin_name, local) = (origin.to_string(), qualified.as_str());
     let remembered = job.stale.get(&origin_name, local);
     // Nothing remembered of this store: the transfer starts on what the entry implies while
     // the origin is asked; when the origin says otherwise, it starts over on its word.
-    let implied = match remembered {
-        None => implied(job, origin),
-        Some(_) => None,
-    };
+    let implied = remembered.is_none().then(|| implied(job, origin)).flatten();
     let (said, now, result) = match implied {
         Some(guess) => {
             let said = plan_state(job, origin, &guess);
@@ -251,13 +236,7 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
                 _ => None,
             };
             // A fresh budget for the sidecar: the transfer's may be spent.
-            let budget = job.config.http.origin_deadline;
-            let ctl = Ctl::new(
-                job.cancel,
-                job.target.id.as_str(),
-                budget,
-                Instant::now() + budget,
-            );
+            let ctl = control(job, Instant::now(), None);
             let state = now.unwrap_or_else(|| with_sidecar(job, origin, said, &ctl));
             job.stale.remember(stale_store::Served {
                 state,
@@ -367,10 +346,10 @@ fn transfer(
                     resolve_from(job, origin)
                 }))
                 .unwrap_or_else(|_| {
-                    Err(Error::Protocol {
-                        url: run.urls[0].clone(),
-                        message: "the thread asking the origin panicked".into(),
-                    })
+                    Err(Error::protocol(
+                        &run.urls[0],
+                        "the thread asking the origin panicked",
+                    ))
                 });
                 run.settle(
                     answer
@@ -593,9 +572,7 @@ impl<'a> Run<'a> {
 
     fn check_cancel(&self) -> Result<()> {
         if self.cancel.is_cancelled() {
-            return Err(Error::Cancelled {
-                model: self.target.id.to_string(),
-            });
+            return Err(Error::cancelled(&self.target.id));
         }
         Ok(())
     }
@@ -812,9 +789,7 @@ impl Run<'_> {
         let mut unflushed = piece.offset + seg.start + *written;
         while *written < seg_len {
             if self.stopped() {
-                return Err(Error::Cancelled {
-                    model: self.target.id.to_string(),
-                });
+                return Err(Error::cancelled(&self.target.id));
             }
             // Never ask for more than the segment still needs: extra bytes a server sends are
             // never read, let alone written.
@@ -822,10 +797,10 @@ impl Run<'_> {
             let n = body.read(&mut buf[..want])?;
             self.received.fetch_add(n as u64, Ordering::SeqCst);
             if n == 0 {
-                return Err(Error::Transport {
-                    url: self.urls[seg.piece].clone(),
-                    message: format!("body ended after {} of {} bytes", *written, seg_len),
-                });
+                return Err(Error::transport(
+                    &self.urls[seg.piece],
+                    format!("body ended after {} of {} bytes", *written, seg_len),
+                ));
             }
             let at = piece.offset + seg.start + *written;
             debug_assert!(at + n as u64 <= self.plan.size);
@@ -868,14 +843,8 @@ impl Run<'_> {
         let url = &self.urls[seg.piece];
         let start = seg.start + *written;
         let last = seg.end - 1;
-        let protocol = |message: String| Error::Protocol {
-            url: url.clone(),
-            message,
-        };
-        let mismatch = |message: String| Error::SizeMismatch {
-            url: url.clone(),
-            message,
-        };
+        let protocol = |message: String| Error::protocol(url, message);
+        let mismatch = |message: String| Error::size_mismatch(url, message);
         let validator = if *written > 0 { etag.as_deref() } else { None };
         // This range went out ahead when the previous one was ending: take up its answer.
         let sent_ahead = ahead
@@ -1073,10 +1042,7 @@ impl<'r, 'a> Follower<'r, 'a> {
         let run = self.run;
         let mut written = run.written.lock().unwrap();
         loop {
-            if run.rewritten.load(Ordering::SeqCst)
-                || run.abort.load(Ordering::SeqCst)
-                || run.cancel.is_cancelled()
-            {
+            if run.rewritten.load(Ordering::SeqCst) || run.stopped() {
                 return None;
             }
             if let Some(&(a, b)) = written
