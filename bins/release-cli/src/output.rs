@@ -84,9 +84,7 @@ impl CliError {
         self
     }
 
-    /// Print `error: MESSAGE` (and `next: NEXT`) on stderr and, for a `--json` command, one
-    /// error document `{"error":{"kind","message","next"}}` on stdout; the exit code is the same
-    /// either way.
+    /// Print the failure ([`Failure::report`]).
     pub fn report(&self, json: bool) -> ExitCode {
         self.0.report(json)
     }

@@ -34,15 +34,11 @@ use crate::policy::Measured;
 use crate::stale_store;
 
 struct Run<'a> {
-    http: &'a Http,
-    config: &'a DownloadConfig,
-    target: &'a Target,
+    job: &'a Job<'a>,
     plan: &'a Plan,
     pieces: Vec<Piece>,
     urls: Vec<String>,
     staging: &'a Staging,
-    cancel: &'a CancelToken,
-    on_event: &'a (dyn Fn(Event) + Sync),
     ctl: Ctl,
     queue: Mutex<VecDeque<Block>>,
     open_segments: Mutex<Vec<usize>>,
@@ -61,8 +57,6 @@ struct Run<'a> {
     rewritten: AtomicBool,
     /// Every worker has returned (the follower stops waiting for bytes that will not come).
     workers_done: AtomicBool,
-    /// Every payload byte received, kept or not (the job's count).
-    received: &'a AtomicU64,
     /// Whether the plan is the origin's (`None`: still waiting for its answer); nothing is
     /// recorded before it is `Some(true)`.
     confirmed: Mutex<Option<bool>>,
@@ -404,7 +398,7 @@ impl<'a> Run<'a> {
     /// The run over what staging already holds: the segments still missing, spread over the
     /// connections as blocks, and the bytes the follower may hash at once.
     fn new(
-        job: &Job<'a>,
+        job: &'a Job<'a>,
         plan: &'a Plan,
         staging: &'a Staging,
         pieces: Vec<Piece>,
@@ -425,15 +419,11 @@ impl<'a> Run<'a> {
         let abort = Arc::new(AtomicBool::new(false));
         ctl.abort = Some(abort.clone());
         Run {
-            http: job.http,
+            job,
             ctl,
-            config,
-            target: job.target,
             plan,
             urls,
             staging,
-            cancel: job.cancel,
-            on_event: job.on_event,
             queue: Mutex::new(blocks.into_iter().collect()),
             open_segments: Mutex::new(open_segments),
             done_bytes: AtomicU64::new(resumed),
@@ -445,7 +435,6 @@ impl<'a> Run<'a> {
             wrote: Condvar::new(),
             rewritten: AtomicBool::new(false),
             workers_done: AtomicBool::new(false),
-            received: job.received,
             confirmed: Mutex::new((!implied).then_some(true)),
             settled: Condvar::new(),
             pieces,
@@ -468,7 +457,7 @@ impl<'a> Run<'a> {
             .unwrap_or_else(|p| p.into_inner())
             .is_none();
         if !implied {
-            (self.on_event)(Event::Progress {
+            (self.job.on_event)(Event::Progress {
                 done: self.resumed,
                 total: self.plan.size,
             });
@@ -485,7 +474,7 @@ impl<'a> Run<'a> {
             let (records, recorded) = mpsc::channel::<Record>();
             let recorder = s.spawn(|| self.record(recorded));
             let follower = s.spawn(|| Follower::new(self).follow());
-            let handles: Vec<_> = (0..self.config.connections.max(1))
+            let handles: Vec<_> = (0..self.job.config.connections.max(1))
                 .map(|_| {
                     let records = records.clone();
                     s.spawn(|| self.worker(records))
@@ -520,7 +509,7 @@ impl<'a> Run<'a> {
                 self.wrote.notify_all();
             }
             if !self.stopped() {
-                (self.on_event)(Event::Verifying);
+                (self.job.on_event)(Event::Verifying);
             }
             let _ = recorder.join();
             follower.join().ok().flatten()
@@ -558,7 +547,7 @@ impl<'a> Run<'a> {
                 error: Error::DigestMismatch {
                     what: format!(
                         "{} from {origin} (digest from the {})",
-                        self.target.local_name, plan.digest_source
+                        self.job.target.local_name, plan.digest_source
                     ),
                     expected: plan.sha256,
                     actual,
@@ -571,8 +560,8 @@ impl<'a> Run<'a> {
     }
 
     fn check_cancel(&self) -> Result<()> {
-        if self.cancel.is_cancelled() {
-            return Err(Error::cancelled(&self.target.id));
+        if self.job.cancel.is_cancelled() {
+            return Err(Error::cancelled(&self.job.target.id));
         }
         Ok(())
     }
@@ -580,7 +569,7 @@ impl<'a> Run<'a> {
 
 impl Run<'_> {
     fn stopped(&self) -> bool {
-        self.abort.load(Ordering::SeqCst) || self.cancel.is_cancelled()
+        self.abort.load(Ordering::SeqCst) || self.job.cancel.is_cancelled()
     }
 
     /// The origin answered a transfer started on the entry's word: with the same plan
@@ -750,7 +739,7 @@ impl Run<'_> {
         }
         let mut written = 0u64;
         let mut etag: Option<String> = None;
-        let res = with_retries(self.config, &self.ctl, &self.urls[seg.piece], || {
+        let res = with_retries(self.job.config, &self.ctl, &self.urls[seg.piece], || {
             self.try_segment(seg, &mut written, &mut etag, records, ahead, following)
         });
         if res.is_err() && self.confirmed() {
@@ -789,13 +778,13 @@ impl Run<'_> {
         let mut unflushed = piece.offset + seg.start + *written;
         while *written < seg_len {
             if self.stopped() {
-                return Err(Error::cancelled(&self.target.id));
+                return Err(Error::cancelled(&self.job.target.id));
             }
             // Never ask for more than the segment still needs: extra bytes a server sends are
             // never read, let alone written.
             let want = (seg_len - *written).min(buf.len() as u64) as usize;
             let n = body.read(&mut buf[..want])?;
-            self.received.fetch_add(n as u64, Ordering::SeqCst);
+            self.job.received.fetch_add(n as u64, Ordering::SeqCst);
             if n == 0 {
                 return Err(Error::transport(
                     &self.urls[seg.piece],
@@ -849,12 +838,13 @@ impl Run<'_> {
         // This range went out ahead when the previous one was ending: take up its answer.
         let sent_ahead = ahead
             .take()
-            .filter(|a| a.piece == seg.piece && a.start == start && a.end == seg.end);
+            .filter(|a| (a.seg.piece, a.seg.start, a.seg.end) == (seg.piece, start, seg.end));
         let (sent, mut body) = match sent_ahead {
             Some(a) if validator.is_none() => (a.pending.sent_at(), a.pending.wait(&self.ctl)?),
             _ => (
                 Instant::now(),
-                self.http
+                self.job
+                    .http
                     .get(url, Some((start, last)), validator, &self.ctl)?,
             ),
         };
@@ -919,15 +909,11 @@ impl Run<'_> {
     fn send_ahead(&self, following: &mut dyn FnMut() -> Option<Segment>) -> Option<Ahead> {
         let n = following().filter(|n| n.start < n.end)?;
         let pending = self
+            .job
             .http
             .get_later(&self.urls[n.piece], (n.start, n.end - 1), &self.ctl)
             .ok()?;
-        Some(Ahead {
-            piece: n.piece,
-            start: n.start,
-            end: n.end,
-            pending,
-        })
+        Some(Ahead { seg: n, pending })
     }
 
     /// `n` more bytes done, reported in steps of at most [`PROGRESS_STEP`] however large the
@@ -938,7 +924,7 @@ impl Run<'_> {
             let step = left.min(PROGRESS_STEP);
             left -= step;
             let done = self.done_bytes.fetch_add(step, Ordering::SeqCst) + step;
-            (self.on_event)(Event::Progress {
+            (self.job.on_event)(Event::Progress {
                 done,
                 total: self.plan.size,
             });
@@ -958,9 +944,7 @@ struct Answer {
 /// that the next answer's latency passes while this one's last bytes arrive: one request of
 /// a connection ahead at most, taken up by the next [`Run::try_segment`] of that range.
 struct Ahead {
-    piece: usize,
-    start: u64,
-    end: u64,
+    seg: Segment,
     pending: crate::http::Pending,
 }
 
