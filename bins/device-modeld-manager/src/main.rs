@@ -299,31 +299,6 @@ fn options(cli: &Cli) -> open::Options {
     }
 }
 
-/// The daemon, until SIGTERM. In the foreground on a terminal the progress shows too, and log
-/// lines go above the bar instead of through it.
-fn run_daemon(
-    device: &Device,
-    dl: &downloader::Downloader,
-    config: &migration::run::daemon::DaemonConfig,
-    tree_status: &tree::TreeStatus,
-    progress: &render::StderrProgress,
-) -> Result<(), Failure> {
-    let tty = std::io::stderr().is_terminal();
-    let log_line = |line: &str| match tty {
-        true => progress.line(stamped(line)),
-        false => log(line),
-    };
-    let terminal = tty.then_some(progress);
-    Ok(commands::daemon(
-        device,
-        dl,
-        config,
-        tree_status,
-        &log_line,
-        terminal,
-    )?)
-}
-
 fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Completions { shell } = cli.command {
         let mut cmd = <Cli as clap::CommandFactory>::command();
@@ -397,7 +372,22 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 retry_offline: Duration::from_secs(retry_secs),
                 ..Default::default()
             };
-            run_daemon(device, dl, &config, &tree_status, &progress)
+            // Until SIGTERM. In the foreground on a terminal the progress shows too, and log
+            // lines go above the bar instead of through it.
+            let tty = std::io::stderr().is_terminal();
+            let log_line = |line: &str| match tty {
+                true => progress.line(stamped(line)),
+                false => log(line),
+            };
+            let terminal = tty.then_some(&progress);
+            Ok(commands::daemon(
+                device,
+                dl,
+                &config,
+                &tree_status,
+                &log_line,
+                terminal,
+            )?)
         }
         Command::Completions { .. } => unreachable!("handled before the device is opened"),
     }
