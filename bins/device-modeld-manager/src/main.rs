@@ -241,24 +241,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = cli_support::parse::<Cli>(VERBOSE_HELP, |c| &c.output);
-    let json = wants_json(&cli.command);
     match run(cli) {
         Ok(()) => ExitCode::from(code::OK),
-        Err(f) => f.report(json),
-    }
-}
-
-/// Whether the command asked for `--json`: then a failure, too, prints one JSON document
-/// (`{"error":{"kind","message","next"}}`) on stdout, and the exit code is unchanged.
-fn wants_json(c: &Command) -> bool {
-    match c {
-        Command::Status { json }
-        | Command::Refresh { json, .. }
-        | Command::Download { json, .. }
-        | Command::Verify { json, .. }
-        | Command::Resolve { json }
-        | Command::Gc { json, .. } => *json,
-        Command::Run { .. } | Command::Completions { .. } => false,
+        // With `--json` a failure, too, prints one JSON document on stdout.
+        Err(f) => f.report(cli_support::json_requested()),
     }
 }
 
@@ -311,31 +297,6 @@ fn options(cli: &Cli) -> open::Options {
         openpilot_prefix: std::env::var_os("OPENPILOT_PREFIX")
             .map(|v| v.to_string_lossy().into_owned()),
     }
-}
-
-/// The daemon, until SIGTERM. In the foreground on a terminal the progress shows too, and log
-/// lines go above the bar instead of through it.
-fn run_daemon(
-    device: &Device,
-    dl: &downloader::Downloader,
-    config: &migration::run::daemon::DaemonConfig,
-    tree_status: &tree::TreeStatus,
-    progress: &render::StderrProgress,
-) -> Result<(), Failure> {
-    let tty = std::io::stderr().is_terminal();
-    let log_line = |line: &str| match tty {
-        true => progress.line(stamped(line)),
-        false => log(line),
-    };
-    let terminal = tty.then_some(progress);
-    Ok(commands::daemon(
-        device,
-        dl,
-        config,
-        tree_status,
-        &log_line,
-        terminal,
-    )?)
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
@@ -411,7 +372,22 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 retry_offline: Duration::from_secs(retry_secs),
                 ..Default::default()
             };
-            run_daemon(device, dl, &config, &tree_status, &progress)
+            // Until SIGTERM. In the foreground on a terminal the progress shows too, and log
+            // lines go above the bar instead of through it.
+            let tty = std::io::stderr().is_terminal();
+            let log_line = |line: &str| match tty {
+                true => progress.line(stamped(line)),
+                false => log(line),
+            };
+            let terminal = tty.then_some(&progress);
+            Ok(commands::daemon(
+                device,
+                dl,
+                &config,
+                &tree_status,
+                &log_line,
+                terminal,
+            )?)
         }
         Command::Completions { .. } => unreachable!("handled before the device is opened"),
     }

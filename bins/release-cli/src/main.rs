@@ -1,11 +1,6 @@
 //! `release-cli`: the StarPilot release engineer's tool. A thin clap front over the workspace
-//! crates; every subcommand lives in its own module under `cmd/`.
-//!
-//! Exit codes (stable, shown in `--help`, so in `docs/cli.md`, and in `docs/release.md`):
-//! - 0: success;
-//! - 1: the operation failed (I/O, network, remote command);
-//! - 2: usage error (bad flags or arguments);
-//! - 3: a check failed: verification, validation, or a refused release guard.
+//! crates; every subcommand lives in its own module under `cmd/`, whose `--help` lists the
+//! stable exit codes (`output::EXIT_*`).
 
 mod cmd;
 #[cfg(test)]

@@ -56,16 +56,6 @@ impl CliError {
         Self::from_error(EXIT_USAGE, &e)
     }
 
-    /// [`CliError::failure`] of an error, with its next step.
-    pub fn failure_from<E: Display + NextStep>(e: E) -> Self {
-        Self::from_error(EXIT_FAILURE, &e)
-    }
-
-    /// [`CliError::check_failed`] of an error, with its next step.
-    pub fn check_failed_from<E: Display + NextStep>(e: E) -> Self {
-        Self::from_error(EXIT_CHECK_FAILED, &e)
-    }
-
     /// The next step under the message.
     pub fn with_next(self, next: impl Into<String>) -> Self {
         Self(self.0.with_next(Some(next)))
@@ -94,9 +84,7 @@ impl CliError {
         self
     }
 
-    /// Print `error: MESSAGE` (and `next: NEXT`) on stderr and, for a `--json` command, one
-    /// error document `{"error":{"kind","message","next"}}` on stdout; the exit code is the same
-    /// either way.
+    /// Print the failure ([`Failure::report`]).
     pub fn report(&self, json: bool) -> ExitCode {
         self.0.report(json)
     }
@@ -127,26 +115,28 @@ impl From<chunker::Error> for CliError {
 
 /// Map a `release` error to the CLI's exit codes.
 pub fn release_error(e: release::Error) -> CliError {
-    match e {
-        release::Error::NotACheckout { .. } => CliError::usage_from(e),
+    let code = match e {
+        release::Error::NotACheckout { .. } => EXIT_USAGE,
         release::Error::Record { .. }
         | release::Error::GenerationSelector { .. }
         | release::Error::ValidationGate { .. }
         | release::Error::GpuFlag { .. }
         | release::Error::NotLoadable { .. }
         | release::Error::LatencyBound { .. }
-        | release::Error::ValidationBinding { .. } => CliError::check_failed_from(e),
-        e => CliError::failure_from(e),
-    }
+        | release::Error::ValidationBinding { .. } => EXIT_CHECK_FAILED,
+        _ => EXIT_FAILURE,
+    };
+    CliError::from_error(code, &e)
 }
 
 pub(crate) fn store_error(e: artifact_store::Error) -> CliError {
     use artifact_store::Error as E;
-    match e {
-        E::InvalidStore { .. } | E::InvalidPath { .. } => CliError::usage_from(e),
-        e if e.is_check_failure() => CliError::check_failed_from(e),
-        e => CliError::failure_from(e),
-    }
+    let code = match e {
+        E::InvalidStore { .. } | E::InvalidPath { .. } => EXIT_USAGE,
+        _ if e.is_check_failure() => EXIT_CHECK_FAILED,
+        _ => EXIT_FAILURE,
+    };
+    CliError::from_error(code, &e)
 }
 
 /// Map a compiler error to the CLI's exit codes: refused flags are usage errors, failed checks

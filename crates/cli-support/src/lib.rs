@@ -146,14 +146,11 @@ impl Failure {
     /// What stderr shows: `error: MESSAGE`, then `next: NEXT` on its own line (also with `-q`:
     /// an error's next step is part of the error). An empty message prints nothing.
     pub fn stderr_text(&self) -> String {
-        let mut text = String::new();
-        if !self.message.is_empty() {
-            text.push_str(&format!("error: {}\n", self.message));
-            if let Some(next) = &self.next {
-                text.push_str(&format!("next: {next}\n"));
-            }
+        if self.message.is_empty() {
+            return String::new();
         }
-        text
+        let next = self.next.as_ref().map(|n| format!("next: {n}\n"));
+        format!("error: {}\n{}", self.message, next.unwrap_or_default())
     }
 
     /// Print the failure on stderr and, for a `--json` command, one error document
@@ -304,17 +301,10 @@ thread_local! {
 /// Print one [`info!`] line on stderr (or, inside [`capture_info`] on this thread, keep it).
 #[doc(hidden)]
 pub fn info_line(args: std::fmt::Arguments<'_>) {
-    let line = args.to_string();
-    let kept = INFO_SINK.with(|s| match s.borrow_mut().as_mut() {
-        Some(lines) => {
-            lines.push(line.clone());
-            true
-        }
-        None => false,
+    INFO_SINK.with(|s| match s.borrow_mut().as_mut() {
+        Some(lines) => lines.push(args.to_string()),
+        None => eprintln!("{args}"),
     });
-    if !kept {
-        eprintln!("{line}");
-    }
 }
 
 /// Run `f` and return, with its result, the [`info!`] lines it printed on this thread (the

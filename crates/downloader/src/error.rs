@@ -310,6 +310,30 @@ pub enum Error {
 }
 
 impl Error {
+    /// [`Error::Transport`] at `url`.
+    pub(crate) fn transport(url: &str, message: impl Into<String>) -> Self {
+        let (url, message) = (url.to_string(), message.into());
+        Error::Transport { url, message }
+    }
+
+    /// [`Error::Protocol`] at `url`.
+    pub(crate) fn protocol(url: &str, message: impl Into<String>) -> Self {
+        let (url, message) = (url.to_string(), message.into());
+        Error::Protocol { url, message }
+    }
+
+    /// [`Error::SizeMismatch`] at `url`.
+    pub(crate) fn size_mismatch(url: &str, message: String) -> Self {
+        let url = url.to_string();
+        Error::SizeMismatch { url, message }
+    }
+
+    /// [`Error::Cancelled`] of `model`.
+    pub(crate) fn cancelled(model: impl fmt::Display) -> Self {
+        let model = model.to_string();
+        Error::Cancelled { model }
+    }
+
     /// Whether another try against the same URL may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -332,8 +356,8 @@ impl Error {
             Error::ChunkCountMismatch { .. }
             | Error::DigestMismatch { .. }
             | Error::StoreUnchanged { .. }
-            | Error::BadChunkManifest { .. } => true,
-            Error::SizeMismatch { .. } => true,
+            | Error::BadChunkManifest { .. }
+            | Error::SizeMismatch { .. } => true,
             Error::AllOriginsFailed { attempts, .. } => {
                 attempts.iter().any(|(_, e)| e.is_not_yet())
             }
@@ -520,31 +544,18 @@ pub(crate) fn os_error(op: &'static str, path: &Path, source: std::io::Error) ->
         OsError {
             op,
             path: path.to_path_buf(),
-            source,
+            err: source,
         },
     )
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("failed to {op} `{}`: {err}", path.display())]
 struct OsError {
     op: &'static str,
     path: PathBuf,
-    source: std::io::Error,
+    err: std::io::Error,
 }
-
-impl fmt::Display for OsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "failed to {} `{}`: {}",
-            self.op,
-            self.path.display(),
-            self.source
-        )
-    }
-}
-
-impl std::error::Error for OsError {}
 
 /// Every message of this crate says what to do where there is something to do; none carries a
 /// separate next step.

@@ -119,9 +119,7 @@ impl Ctl {
                 .as_ref()
                 .is_some_and(|a| a.load(Ordering::SeqCst))
         {
-            return Err(Error::Cancelled {
-                model: self.what.clone(),
-            });
+            return Err(Error::cancelled(&self.what));
         }
         if Instant::now() >= self.deadline {
             return Err(Error::Deadline {
@@ -198,23 +196,17 @@ impl Body {
                 }
                 Ok(Msg::End) => self.ended = true,
                 Ok(Msg::Fail(message)) => {
-                    return Err(Error::Transport {
-                        url: self.url.clone(),
-                        message,
-                    });
+                    return Err(Error::transport(&self.url, message));
                 }
                 Ok(Msg::Head(_)) => {
-                    return Err(Error::Protocol {
-                        url: self.url.clone(),
-                        message: "a second response head".into(),
-                    });
+                    return Err(Error::protocol(&self.url, "a second response head"));
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
-                    return Err(Error::Transport {
-                        url: self.url.clone(),
-                        message: "the connection ended without finishing the body".into(),
-                    });
+                    return Err(Error::transport(
+                        &self.url,
+                        "the connection ended without finishing the body",
+                    ));
                 }
             }
         }
@@ -246,10 +238,10 @@ impl Body {
             let want = left.min(buf.len() as u64) as usize;
             let got = self.read(&mut buf[..want])?;
             if got == 0 {
-                return Err(Error::Transport {
-                    url: self.url.clone(),
-                    message: format!("body ended after {} bytes", n - left),
-                });
+                return Err(Error::transport(
+                    &self.url,
+                    format!("body ended after {} bytes", n - left),
+                ));
             }
             left -= got as u64;
         }
@@ -308,10 +300,10 @@ impl Http {
         if let Some(len) = body.meta.content_length
             && len > max
         {
-            return Err(Error::Protocol {
-                url: url.to_string(),
-                message: format!("body is {len} bytes, more than the limit of {max}"),
-            });
+            return Err(Error::protocol(
+                url,
+                format!("body is {len} bytes, more than the limit of {max}"),
+            ));
         }
         let mut out = Vec::new();
         let mut buf = vec![0u8; PIECE];
@@ -322,10 +314,10 @@ impl Http {
             }
             out.extend_from_slice(&buf[..n]);
             if out.len() as u64 > max {
-                return Err(Error::Protocol {
-                    url: url.to_string(),
-                    message: format!("body is more than the limit of {max} bytes"),
-                });
+                return Err(Error::protocol(
+                    url,
+                    format!("body is more than the limit of {max} bytes"),
+                ));
             }
         }
     }
@@ -386,10 +378,7 @@ impl Http {
                     let _ = tx.send(Msg::Fail(message));
                 }
             })
-            .map_err(|e| Error::Transport {
-                url: url.to_string(),
-                message: format!("cannot start a request thread: {e}"),
-            })?;
+            .map_err(|e| Error::transport(url, format!("cannot start a request thread: {e}")))?;
         Ok(Pending {
             url: url.to_string(),
             rx,
@@ -436,23 +425,17 @@ impl Pending {
             match rx.recv_timeout(POLL) {
                 Ok(Msg::Head(h)) => break h?,
                 Ok(Msg::Fail(message)) => {
-                    return Err(Error::Transport {
-                        url: url.to_string(),
-                        message,
-                    });
+                    return Err(Error::transport(url, message));
                 }
                 Ok(_) => {
-                    return Err(Error::Protocol {
-                        url: url.to_string(),
-                        message: "body before the response head".into(),
-                    });
+                    return Err(Error::protocol(url, "body before the response head"));
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
-                    return Err(Error::Transport {
-                        url: url.to_string(),
-                        message: "the request ended without a response".into(),
-                    });
+                    return Err(Error::transport(
+                        url,
+                        "the request ended without a response",
+                    ));
                 }
             }
         };
@@ -512,10 +495,7 @@ impl RequestJob {
         loop {
             let remaining = self.deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(Error::Transport {
-                    url: url0,
-                    message: "the origin's deadline passed".into(),
-                });
+                return Err(Error::transport(&url0, "the origin's deadline passed"));
             }
             let mut req = self.agent.request_url(self.method, &url).timeout(remaining);
             let same_origin = same_origin(&self.first, &url);
@@ -558,14 +538,14 @@ fn call_error(url0: &str, e: ureq::Error) -> Error {
         // A range inside the size the manifest implies lies past the end of the file the
         // origin serves: it has another file than the manifest describes (a store half-way
         // through a republish), "not yet".
-        ureq::Error::Status(416, resp) => Error::SizeMismatch {
-            url,
-            message: format!(
+        ureq::Error::Status(416, resp) => Error::size_mismatch(
+            &url,
+            format!(
                 "HTTP 416: the range asked for is past the end of the published file \
                  (Content-Range {:?})",
                 resp.header("content-range").unwrap_or("")
             ),
-        },
+        ),
         ureq::Error::Status(status, _) => Error::Status { url, status },
         // No connection at all (refused, no address, or a connect that timed out): a network
         // hiccup as much as a dead origin; the policy gives it up only after several in a row
@@ -582,10 +562,7 @@ fn call_error(url0: &str, e: ureq::Error) -> Error {
             message: t.to_string(),
             why: GiveUp::Silent,
         },
-        ureq::Error::Transport(t) => Error::Transport {
-            url,
-            message: t.to_string(),
-        },
+        ureq::Error::Transport(t) => Error::transport(&url, t.to_string()),
     }
 }
 

@@ -171,7 +171,7 @@ impl Downloader {
     /// The origins in the order the next request asks them ([`policy::order`] over what this
     /// downloader saw), each with its standing.
     pub fn origin_order(&self) -> Vec<(Origin, policy::Standing)> {
-        let book = self.book.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let book = self.book().clone();
         let seen: Vec<_> = self
             .origins
             .iter()
@@ -196,10 +196,11 @@ impl Downloader {
 
     /// What this downloader saw of `kind` so far.
     pub fn seen(&self, kind: OriginKind) -> policy::Seen {
-        self.book
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .seen(kind)
+        self.book().seen(kind)
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, policy::Book> {
+        self.book.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The one origin-fallback loop ([`fallback::first_answer`]) over the origins in the
@@ -212,18 +213,12 @@ impl Downloader {
     /// Record what one attempt said of `origin` ([`Error::said`], [`policy::after`]).
     fn note(&self, origin: &Origin, said: Result<(), &Error>) {
         let said = said.map_or_else(Error::said, |()| policy::Said::Answered);
-        self.book
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .note(origin.kind, said, Instant::now());
+        self.book().note(origin.kind, said, Instant::now());
     }
 
     fn note_measured(&self, origin: &Origin, m: policy::Measured) {
         if m.bytes > 0 {
-            self.book
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .measured(origin.kind, m, Instant::now());
+            self.book().measured(origin.kind, m, Instant::now());
         }
     }
 
@@ -586,9 +581,7 @@ impl Downloader {
         // the end, on its resumed turn, to finish from where it stopped.
         let tried = self.first_answer(|origin, turn| {
             if cancel.is_cancelled() {
-                return Err(Error::Cancelled {
-                    model: target.id.to_string(),
-                });
+                return Err(Error::cancelled(&target.id));
             }
             on_event(Event::Origin {
                 origin: origin.to_string(),
@@ -635,7 +628,8 @@ impl Downloader {
                 stale: &self.stale,
                 received: &received,
             };
-            let (result, measured) = download::download_from(&job, origin);
+            let mut measured = policy::Measured::default();
+            let result = download::download_from(&job, origin, &mut measured);
             self.note_measured(origin, measured);
             report_fetched();
             result

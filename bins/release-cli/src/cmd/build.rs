@@ -523,14 +523,14 @@ pub fn compile(args: CompileArgs) -> CliResult {
     if args.local {
         cli_support::info!(
             "next: copy {} to the device's /data/models; local builds are never published",
-            args.out.join(&artifact.name).display()
+            artifact_path.display()
         );
     } else {
         cli_support::info!(
             "next: `release-cli validate --model {} --version {} --artifact {}`, then publish it",
             req.build_id(),
             args.version,
-            args.out.join(&artifact.name).display()
+            artifact_path.display()
         );
     }
     Ok(())
@@ -839,6 +839,8 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
         release::validate::CheckedOn::Ready,
     )
     .map_err(validate_error)?;
+    let at = rec.resolution.map_or(String::new(), |r| format!(" at {r}"));
+    let verdict = if rec.passed { "passed" } else { "FAILED" };
     if args.dry_run {
         if args.json {
             let mut v = serde_json::to_value(&rec).map_err(CliError::failure)?;
@@ -847,9 +849,7 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
             return print_json(&v);
         }
         crate::outln!(
-            "dry run: would record {kind}{} {} by {} in {}; nothing was written",
-            rec.resolution.map_or(String::new(), |r| format!(" at {r}")),
-            if rec.passed { "passed" } else { "FAILED" },
+            "dry run: would record {kind}{at} {verdict} by {} in {}; nothing was written",
             rec.checked_by,
             record.display()
         )?;
@@ -861,9 +861,7 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
         return print_json(&rec);
     }
     crate::outln!(
-        "{kind}{}: recorded {} by {} in {}",
-        rec.resolution.map_or(String::new(), |r| format!(" at {r}")),
-        if rec.passed { "passed" } else { "FAILED" },
+        "{kind}{at}: recorded {verdict} by {} in {}",
         rec.checked_by,
         record.display()
     )?;

@@ -131,19 +131,12 @@ fn oob(mut args: OobArgs) -> CliResult {
         #[derive(serde::Serialize)]
         struct OobReport<'a> {
             path: &'a Path,
-            size: u64,
-            opcode_len: u64,
-            protocol: u8,
-            buffers: u64,
-            buffer_bytes: u64,
+            #[serde(flatten)]
+            layout: chunker::OobLayout,
         }
         return print_json(&OobReport {
             path: &args.logical,
-            size: layout.size,
-            opcode_len: layout.opcode_len,
-            protocol: layout.protocol,
-            buffers: layout.buffers,
-            buffer_bytes: layout.buffer_bytes,
+            layout,
         });
     }
     crate::outln!(
@@ -273,11 +266,16 @@ fn parent_of(file: &Path) -> PathBuf {
     }
 }
 
+/// `chunk join --json` (and, with `dry_run` and `replaces`, its `--dry-run`).
 #[derive(Serialize)]
 struct JoinReport<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dry_run: Option<bool>,
     output: &'a Path,
     size: u64,
     sha256: Sha256Digest,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replaces: Option<bool>,
 }
 
 /// The artifact's size for a progress bar; 0 when it cannot be found (the operation itself then
@@ -316,9 +314,11 @@ fn join(mut args: JoinArgs) -> CliResult {
     let (sha256, size) = joined?;
     if args.json {
         return print_json(&JoinReport {
+            dry_run: None,
             output: &args.output,
             size,
             sha256,
+            replaces: None,
         });
     }
     crate::outln!(
@@ -361,20 +361,12 @@ fn join_dry_run(args: &JoinArgs) -> CliResult {
     let report = report?;
     let replaces = args.output.exists();
     if args.json {
-        #[derive(serde::Serialize)]
-        struct JoinDryRun<'a, D: serde::Serialize> {
-            dry_run: bool,
-            output: &'a Path,
-            size: u64,
-            sha256: &'a D,
-            replaces: bool,
-        }
-        return print_json(&JoinDryRun {
-            dry_run: true,
+        return print_json(&JoinReport {
+            dry_run: Some(true),
             output: &args.output,
             size: report.size,
-            sha256: &report.sha256,
-            replaces,
+            sha256: report.sha256,
+            replaces: Some(replaces),
         });
     }
     crate::outln!(

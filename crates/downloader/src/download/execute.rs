@@ -34,15 +34,11 @@ use crate::policy::Measured;
 use crate::stale_store;
 
 struct Run<'a> {
-    http: &'a Http,
-    config: &'a DownloadConfig,
-    target: &'a Target,
+    job: &'a Job<'a>,
     plan: &'a Plan,
     pieces: Vec<Piece>,
     urls: Vec<String>,
     staging: &'a Staging,
-    cancel: &'a CancelToken,
-    on_event: &'a (dyn Fn(Event) + Sync),
     ctl: Ctl,
     queue: Mutex<VecDeque<Block>>,
     open_segments: Mutex<Vec<usize>>,
@@ -61,8 +57,6 @@ struct Run<'a> {
     rewritten: AtomicBool,
     /// Every worker has returned (the follower stops waiting for bytes that will not come).
     workers_done: AtomicBool,
-    /// Every payload byte received, kept or not (the job's count).
-    received: &'a AtomicU64,
     /// Whether the plan is the origin's (`None`: still waiting for its answer); nothing is
     /// recorded before it is `Some(true)`.
     confirmed: Mutex<Option<bool>>,
@@ -112,22 +106,12 @@ fn url_on(job: &Job<'_>, origin: &Origin, name: &str) -> Result<String> {
 /// The transfer's control for an artifact of `size` bytes (its deadline counted from `start`),
 /// or, while the size is unknown, the manifest's budget.
 fn control(job: &Job<'_>, start: Instant, size: Option<u64>) -> Ctl {
-    let (cancel, id) = (job.cancel, job.target.id.as_str());
-    match size {
-        Some(size) => {
-            let deadline = job.config.http.artifact_deadline(start, size);
-            Ctl::new(
-                cancel,
-                id,
-                deadline.saturating_duration_since(start),
-                deadline,
-            )
-        }
-        None => {
-            let budget = job.config.http.origin_deadline;
-            Ctl::new(cancel, id, budget, start + budget)
-        }
-    }
+    let deadline = match size {
+        Some(size) => job.config.http.artifact_deadline(start, size),
+        None => start + job.config.http.origin_deadline,
+    };
+    let budget = deadline.saturating_duration_since(start);
+    Ctl::new(job.cancel, job.target.id.as_str(), budget, deadline)
 }
 
 pub(crate) fn resolve_from(job: &Job<'_>, origin: &Origin) -> Result<Resolved> {
@@ -192,25 +176,20 @@ fn implied(job: &Job<'_>, origin: &Origin) -> Option<Resolved> {
     placed(job, origin, plan, chunk_len, ctl).ok()
 }
 
-/// Download the job's target from `origin`, and what this origin's payload transfer measured
-/// (bytes fetched now, not resumed ones, and the time from the first range request).
-pub(crate) fn download_from(job: &Job<'_>, origin: &Origin) -> (Result<Installed>, Measured) {
-    let mut measured = Measured::default();
-    let result = download_measured(job, origin, &mut measured);
-    (result, measured)
-}
-
-fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) -> Result<Installed> {
+/// Download the job's target from `origin`; `measured` gets what this origin's payload transfer
+/// measured (bytes fetched now, not resumed ones, and the time from the first range request).
+pub(crate) fn download_from(
+    job: &Job<'_>,
+    origin: &Origin,
+    measured: &mut Measured,
+) -> Result<Installed> {
     // Per generation: the same file name of another generation is another store.
     let qualified = format!("{}/{}", job.generation, job.target.local_name);
     let (origin_name, local) = (origin.to_string(), qualified.as_str());
     let remembered = job.stale.get(&origin_name, local);
     // Nothing remembered of this store: the transfer starts on what the entry implies while
     // the origin is asked; when the origin says otherwise, it starts over on its word.
-    let implied = match remembered {
-        None => implied(job, origin),
-        Some(_) => None,
-    };
+    let implied = remembered.is_none().then(|| implied(job, origin)).flatten();
     let (said, now, result) = match implied {
         Some(guess) => {
             let said = plan_state(job, origin, &guess);
@@ -251,13 +230,7 @@ fn download_measured(job: &Job<'_>, origin: &Origin, measured: &mut Measured) ->
                 _ => None,
             };
             // A fresh budget for the sidecar: the transfer's may be spent.
-            let budget = job.config.http.origin_deadline;
-            let ctl = Ctl::new(
-                job.cancel,
-                job.target.id.as_str(),
-                budget,
-                Instant::now() + budget,
-            );
+            let ctl = control(job, Instant::now(), None);
             let state = now.unwrap_or_else(|| with_sidecar(job, origin, said, &ctl));
             job.stale.remember(stale_store::Served {
                 state,
@@ -367,10 +340,10 @@ fn transfer(
                     resolve_from(job, origin)
                 }))
                 .unwrap_or_else(|_| {
-                    Err(Error::Protocol {
-                        url: run.urls[0].clone(),
-                        message: "the thread asking the origin panicked".into(),
-                    })
+                    Err(Error::protocol(
+                        &run.urls[0],
+                        "the thread asking the origin panicked",
+                    ))
                 });
                 run.settle(
                     answer
@@ -425,7 +398,7 @@ impl<'a> Run<'a> {
     /// The run over what staging already holds: the segments still missing, spread over the
     /// connections as blocks, and the bytes the follower may hash at once.
     fn new(
-        job: &Job<'a>,
+        job: &'a Job<'a>,
         plan: &'a Plan,
         staging: &'a Staging,
         pieces: Vec<Piece>,
@@ -446,15 +419,11 @@ impl<'a> Run<'a> {
         let abort = Arc::new(AtomicBool::new(false));
         ctl.abort = Some(abort.clone());
         Run {
-            http: job.http,
+            job,
             ctl,
-            config,
-            target: job.target,
             plan,
             urls,
             staging,
-            cancel: job.cancel,
-            on_event: job.on_event,
             queue: Mutex::new(blocks.into_iter().collect()),
             open_segments: Mutex::new(open_segments),
             done_bytes: AtomicU64::new(resumed),
@@ -466,7 +435,6 @@ impl<'a> Run<'a> {
             wrote: Condvar::new(),
             rewritten: AtomicBool::new(false),
             workers_done: AtomicBool::new(false),
-            received: job.received,
             confirmed: Mutex::new((!implied).then_some(true)),
             settled: Condvar::new(),
             pieces,
@@ -489,7 +457,7 @@ impl<'a> Run<'a> {
             .unwrap_or_else(|p| p.into_inner())
             .is_none();
         if !implied {
-            (self.on_event)(Event::Progress {
+            (self.job.on_event)(Event::Progress {
                 done: self.resumed,
                 total: self.plan.size,
             });
@@ -506,7 +474,7 @@ impl<'a> Run<'a> {
             let (records, recorded) = mpsc::channel::<Record>();
             let recorder = s.spawn(|| self.record(recorded));
             let follower = s.spawn(|| Follower::new(self).follow());
-            let handles: Vec<_> = (0..self.config.connections.max(1))
+            let handles: Vec<_> = (0..self.job.config.connections.max(1))
                 .map(|_| {
                     let records = records.clone();
                     s.spawn(|| self.worker(records))
@@ -541,7 +509,7 @@ impl<'a> Run<'a> {
                 self.wrote.notify_all();
             }
             if !self.stopped() {
-                (self.on_event)(Event::Verifying);
+                (self.job.on_event)(Event::Verifying);
             }
             let _ = recorder.join();
             follower.join().ok().flatten()
@@ -579,7 +547,7 @@ impl<'a> Run<'a> {
                 error: Error::DigestMismatch {
                     what: format!(
                         "{} from {origin} (digest from the {})",
-                        self.target.local_name, plan.digest_source
+                        self.job.target.local_name, plan.digest_source
                     ),
                     expected: plan.sha256,
                     actual,
@@ -592,10 +560,8 @@ impl<'a> Run<'a> {
     }
 
     fn check_cancel(&self) -> Result<()> {
-        if self.cancel.is_cancelled() {
-            return Err(Error::Cancelled {
-                model: self.target.id.to_string(),
-            });
+        if self.job.cancel.is_cancelled() {
+            return Err(Error::cancelled(&self.job.target.id));
         }
         Ok(())
     }
@@ -603,7 +569,7 @@ impl<'a> Run<'a> {
 
 impl Run<'_> {
     fn stopped(&self) -> bool {
-        self.abort.load(Ordering::SeqCst) || self.cancel.is_cancelled()
+        self.abort.load(Ordering::SeqCst) || self.job.cancel.is_cancelled()
     }
 
     /// The origin answered a transfer started on the entry's word: with the same plan
@@ -773,7 +739,7 @@ impl Run<'_> {
         }
         let mut written = 0u64;
         let mut etag: Option<String> = None;
-        let res = with_retries(self.config, &self.ctl, &self.urls[seg.piece], || {
+        let res = with_retries(self.job.config, &self.ctl, &self.urls[seg.piece], || {
             self.try_segment(seg, &mut written, &mut etag, records, ahead, following)
         });
         if res.is_err() && self.confirmed() {
@@ -812,20 +778,18 @@ impl Run<'_> {
         let mut unflushed = piece.offset + seg.start + *written;
         while *written < seg_len {
             if self.stopped() {
-                return Err(Error::Cancelled {
-                    model: self.target.id.to_string(),
-                });
+                return Err(Error::cancelled(&self.job.target.id));
             }
             // Never ask for more than the segment still needs: extra bytes a server sends are
             // never read, let alone written.
             let want = (seg_len - *written).min(buf.len() as u64) as usize;
             let n = body.read(&mut buf[..want])?;
-            self.received.fetch_add(n as u64, Ordering::SeqCst);
+            self.job.received.fetch_add(n as u64, Ordering::SeqCst);
             if n == 0 {
-                return Err(Error::Transport {
-                    url: self.urls[seg.piece].clone(),
-                    message: format!("body ended after {} of {} bytes", *written, seg_len),
-                });
+                return Err(Error::transport(
+                    &self.urls[seg.piece],
+                    format!("body ended after {} of {} bytes", *written, seg_len),
+                ));
             }
             let at = piece.offset + seg.start + *written;
             debug_assert!(at + n as u64 <= self.plan.size);
@@ -868,24 +832,19 @@ impl Run<'_> {
         let url = &self.urls[seg.piece];
         let start = seg.start + *written;
         let last = seg.end - 1;
-        let protocol = |message: String| Error::Protocol {
-            url: url.clone(),
-            message,
-        };
-        let mismatch = |message: String| Error::SizeMismatch {
-            url: url.clone(),
-            message,
-        };
+        let protocol = |message: String| Error::protocol(url, message);
+        let mismatch = |message: String| Error::size_mismatch(url, message);
         let validator = if *written > 0 { etag.as_deref() } else { None };
         // This range went out ahead when the previous one was ending: take up its answer.
         let sent_ahead = ahead
             .take()
-            .filter(|a| a.piece == seg.piece && a.start == start && a.end == seg.end);
+            .filter(|a| (a.seg.piece, a.seg.start, a.seg.end) == (seg.piece, start, seg.end));
         let (sent, mut body) = match sent_ahead {
             Some(a) if validator.is_none() => (a.pending.sent_at(), a.pending.wait(&self.ctl)?),
             _ => (
                 Instant::now(),
-                self.http
+                self.job
+                    .http
                     .get(url, Some((start, last)), validator, &self.ctl)?,
             ),
         };
@@ -950,15 +909,11 @@ impl Run<'_> {
     fn send_ahead(&self, following: &mut dyn FnMut() -> Option<Segment>) -> Option<Ahead> {
         let n = following().filter(|n| n.start < n.end)?;
         let pending = self
+            .job
             .http
             .get_later(&self.urls[n.piece], (n.start, n.end - 1), &self.ctl)
             .ok()?;
-        Some(Ahead {
-            piece: n.piece,
-            start: n.start,
-            end: n.end,
-            pending,
-        })
+        Some(Ahead { seg: n, pending })
     }
 
     /// `n` more bytes done, reported in steps of at most [`PROGRESS_STEP`] however large the
@@ -969,7 +924,7 @@ impl Run<'_> {
             let step = left.min(PROGRESS_STEP);
             left -= step;
             let done = self.done_bytes.fetch_add(step, Ordering::SeqCst) + step;
-            (self.on_event)(Event::Progress {
+            (self.job.on_event)(Event::Progress {
                 done,
                 total: self.plan.size,
             });
@@ -989,9 +944,7 @@ struct Answer {
 /// that the next answer's latency passes while this one's last bytes arrive: one request of
 /// a connection ahead at most, taken up by the next [`Run::try_segment`] of that range.
 struct Ahead {
-    piece: usize,
-    start: u64,
-    end: u64,
+    seg: Segment,
     pending: crate::http::Pending,
 }
 
@@ -1073,10 +1026,7 @@ impl<'r, 'a> Follower<'r, 'a> {
         let run = self.run;
         let mut written = run.written.lock().unwrap();
         loop {
-            if run.rewritten.load(Ordering::SeqCst)
-                || run.abort.load(Ordering::SeqCst)
-                || run.cancel.is_cancelled()
-            {
+            if run.rewritten.load(Ordering::SeqCst) || run.stopped() {
                 return None;
             }
             if let Some(&(a, b)) = written

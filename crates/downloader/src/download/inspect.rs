@@ -25,9 +25,7 @@ pub(crate) fn hash_file(file: &File, size: u64, ctl: &Ctl) -> Result<Sha256Diges
     let mut at = 0;
     while at < size {
         if ctl.cancel.is_cancelled() {
-            return Err(Error::Cancelled {
-                model: ctl.what.clone(),
-            });
+            return Err(Error::cancelled(&ctl.what));
         }
         let len = step.min(size - at);
         hash_region(file, at, len, &mut hasher)?;

@@ -19,16 +19,15 @@ pub(crate) fn parse_remote_sidecar(body: &[u8], url: &str) -> Result<Sha256Diges
         .ok()
         .and_then(|t| t.split_whitespace().next())
         .unwrap_or("");
-    token
-        .to_ascii_lowercase()
-        .parse()
-        .map_err(|_| Error::Protocol {
-            url: url.to_string(),
-            message: format!(
+    token.to_ascii_lowercase().parse().map_err(|_| {
+        Error::protocol(
+            url,
+            format!(
                 "malformed .sha256 sidecar: first token is not 64 hex digits (got {:?})",
                 &token[..token.len().min(80)]
             ),
-        })
+        )
+    })
 }
 
 /// Where a target's piece count comes from.
@@ -168,10 +167,10 @@ fn resolve_with(
     let first_len = match early_head {
         // Asked for under the declared count, which the `.chunkmanifest` just confirmed.
         Some(h) if chunk_count > 1 => Some(h.join().unwrap_or_else(|_| {
-            Err(Error::Protocol {
-                url: url_of(remote).unwrap_or_default(),
-                message: "the HEAD request's thread panicked".into(),
-            })
+            Err(Error::protocol(
+                &url_of(remote).unwrap_or_default(),
+                "the HEAD request's thread panicked",
+            ))
         })?),
         _ if chunk_count > 1 => Some(ask.head_len(&chunker::chunk_name(remote, 1, chunk_count))?),
         _ => None,
@@ -197,10 +196,7 @@ impl Ask<'_> {
         let (len, _) = with_retries(self.config, self.ctl, &url, || {
             self.http.head(&url, self.ctl)
         })?;
-        len.ok_or_else(|| Error::Protocol {
-            url,
-            message: "HEAD gave no Content-Length".into(),
-        })
+        len.ok_or_else(|| Error::protocol(&url, "HEAD gave no Content-Length"))
     }
 
     /// How many chunks the artifact is published as: 0 for a plain file, the entry's count, or
@@ -274,9 +270,11 @@ impl Ask<'_> {
             (_, None) => unreachable!("the first chunk's length is read for n > 1"),
         };
         Ok(manifest::ArtifactSize::new(learned)
-            .map_err(|e| Error::SizeMismatch {
-                url: (self.url_of)(remote).unwrap_or_default(),
-                message: format!("the published files add up to {learned} bytes: {e}"),
+            .map_err(|e| {
+                Error::size_mismatch(
+                    &(self.url_of)(remote).unwrap_or_default(),
+                    format!("the published files add up to {learned} bytes: {e}"),
+                )
             })?
             .get())
     }

@@ -77,14 +77,15 @@ impl Staging {
                     dir.remove(&data_name)?;
                     dir.remove(&state_name)?;
                 }
-                let available = space::available_bytes(models_dir)?;
                 let needed = plan.size.saturating_add(margin);
+                let no_space = |available| Error::InsufficientSpace {
+                    path: models_dir.to_path_buf(),
+                    needed,
+                    available,
+                };
+                let available = space::available_bytes(models_dir)?;
                 if available < needed {
-                    return Err(Error::InsufficientSpace {
-                        path: models_dir.to_path_buf(),
-                        needed,
-                        available,
-                    });
+                    return Err(no_space(available));
                 }
                 dir.remove(&state_name)?;
                 let f = dir.create_new(&data_name)?;
@@ -92,11 +93,7 @@ impl Staging {
                     drop(f);
                     let _ = dir.remove(&data_name);
                     if e.kind() == std::io::ErrorKind::StorageFull {
-                        return Err(Error::InsufficientSpace {
-                            path: models_dir.to_path_buf(),
-                            needed,
-                            available: space::available_bytes(models_dir).unwrap_or(0),
-                        });
+                        return Err(no_space(space::available_bytes(models_dir).unwrap_or(0)));
                     }
                     return Err(e.into());
                 }
