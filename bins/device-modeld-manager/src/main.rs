@@ -91,7 +91,8 @@ struct Cli {
     /// sysfs root where USB devices are listed, for the external GPU (Chestnut) check.
     #[arg(long, global = true, value_name = "DIR", default_value = "/sys")]
     sysfs_root: PathBuf,
-    /// Free space required beyond the artifact, in MiB.
+    /// Free space required beyond the artifact, in MiB; at least the generation contract's
+    /// headroom (v26: 256 MiB) whatever this says.
     #[arg(long, global = true, value_name = "N", default_value_t = 64)]
     space_margin_mib: u64,
     /// Minisign public keys the release is signed with (one or more, e.g. during a key
@@ -306,7 +307,6 @@ fn run(cli: Cli) -> Result<(), Failure> {
         return write_stdout(&script);
     }
     let options = options(&cli);
-    let space_margin = options.download.space_margin;
     let open::Ready {
         device,
         dl,
@@ -343,10 +343,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             dry_run: true,
             json,
             ..
-        } => show(
-            &commands::download_plan(device, dl, id.as_deref(), space_margin)?,
-            json,
-        ),
+        } => show(&commands::download_plan(device, dl, id.as_deref())?, json),
         Command::Download { id, json, .. } => show(
             &commands::download(device, dl, id.as_deref(), &progress)?,
             json,

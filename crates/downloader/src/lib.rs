@@ -232,7 +232,8 @@ impl Downloader {
     }
 
     /// Read manifests and artifacts as a device of `contract` does, with the tree's
-    /// declaration (its reviewed catalog bounds a v26 manifest's entries).
+    /// declaration (its reviewed catalog bounds a v26 manifest's entries). The configured
+    /// [`DownloadConfig::space_margin`] is raised to the contract's download headroom.
     pub fn with_contract(
         mut self,
         contract: &'static manifest::Contract,
@@ -240,6 +241,10 @@ impl Downloader {
     ) -> Self {
         self.contract = contract;
         self.tree = tree.map(std::sync::Arc::new);
+        // The contract's headroom is a floor: a device of it never starts a download with less
+        // free than the artifact plus that (v26: 256 MiB), whatever margin was configured.
+        let floor = contract.download_headroom_bytes;
+        self.config.space_margin = self.config.space_margin.max(floor);
         self
     }
 
@@ -686,6 +691,54 @@ mod tests {
             e[k] = v.clone();
         }
         e
+    }
+
+    /// The free space a download needs beyond the artifact, per generation as the pin table
+    /// gives its contract (v25: the configured margin; v26 recorded with upstream's v26
+    /// contract, which asks for size + 256 MiB; a made-up v27 inheriting it): the contract's
+    /// headroom is a floor under the configured margin, never a replacement for a larger one.
+    #[test]
+    fn the_contracts_download_headroom_is_a_floor_under_the_margin() {
+        use manifest::{Generation, PinTable, contract::ContractName};
+        const MIB: u64 = 1024 * 1024;
+        let mut pins = PinTable::builtin();
+        pins.record_contract(Generation::new(26), ContractName::V26)
+            .unwrap();
+        let table = [
+            (25, [(0, 0), (64 * MIB, 64 * MIB), (1024 * MIB, 1024 * MIB)]),
+            (
+                26,
+                [
+                    (0, 256 * MIB),
+                    (64 * MIB, 256 * MIB),
+                    (1024 * MIB, 1024 * MIB),
+                ],
+            ),
+            (
+                27,
+                [
+                    (0, 256 * MIB),
+                    (64 * MIB, 256 * MIB),
+                    (1024 * MIB, 1024 * MIB),
+                ],
+            ),
+        ];
+        for (generation, rows) in table {
+            for (configured, want) in rows {
+                let config = DownloadConfig {
+                    space_margin: configured,
+                    ..DownloadConfig::default()
+                };
+                let dl = Downloader::new(Origins::new("http://h", "http://g"), config)
+                    .with_contract(pins.contract(Generation::new(generation)), None);
+                assert_eq!(
+                    dl.config().space_margin,
+                    want,
+                    "v{generation}, --space-margin-mib {}",
+                    configured / MIB
+                );
+            }
+        }
     }
 
     fn no_usable(doc: serde_json::Value) -> Error {

@@ -277,7 +277,7 @@ fn download_agrees(
     let dl = origin.downloader();
     let id: Option<manifest::ModelId> = id.map(|i| i.parse().unwrap());
     let before = f.snapshot();
-    let plan = migration::run::preview::download(&device, &dl, id.as_ref(), 0).unwrap();
+    let plan = migration::run::preview::download(&device, &dl, id.as_ref()).unwrap();
     assert_eq!(
         f.snapshot(),
         before,

@@ -97,15 +97,14 @@ pub fn download(
     Ok(DownloadReport::of(device, id.is_none(), &done))
 }
 
-/// `download --dry-run` of `id` (`None`: `--all`); `space_margin` is the downloader's.
+/// `download --dry-run` of `id` (`None`: `--all`).
 pub fn download_plan(
     device: &Device,
     dl: &Downloader,
     id: Option<&str>,
-    space_margin: u64,
 ) -> Result<DownloadPlanReport, Failure> {
     let id = id.map(model_id).transpose()?;
-    Ok(preview::download(device, dl, id.as_ref(), space_margin)?)
+    Ok(preview::download(device, dl, id.as_ref())?)
 }
 
 /// `verify` of every installed catalog model or of `only`; `json`: no `verifying …` notes.

@@ -223,14 +223,9 @@ pub struct DownloadPlanReport {
 }
 
 /// `download --dry-run` of `id` (`None` = `--all`): what each model would fetch, checked as the
-/// real run checks it (catalog, GPU rule, free space), without a payload byte. `space_margin`
-/// is the downloader's.
-pub fn plan(
-    device: &Device,
-    dl: &Downloader,
-    id: Option<&ModelId>,
-    space_margin: u64,
-) -> Result<DownloadPlanReport> {
+/// real run checks it (catalog, GPU rule, free space with the downloader's margin), without a
+/// payload byte.
+pub fn plan(device: &Device, dl: &Downloader, id: Option<&ModelId>) -> Result<DownloadPlanReport> {
     device.ensure_offroad("download")?;
     let mut view = DeviceView::read(device);
     let nothing = |id: ModelId, why: &'static str| DownloadPlanReport {
@@ -262,7 +257,7 @@ pub fn plan(
     let mut space = SpaceUse {
         free: free_bytes(device),
         needed: 0,
-        margin: space_margin,
+        margin: dl.config().space_margin,
     };
     let mut models = Vec::new();
     for entry in &entries {

@@ -180,11 +180,6 @@ impl DeviceFiles {
         }
     }
 
-    /// Free space a download of `size` bytes needs: the size and the contract's headroom.
-    pub fn space_needed(&self, size: u64) -> u64 {
-        size.saturating_add(self.contract.download_headroom_bytes)
-    }
-
     /// The accepted manifest `raw` as upstream's `atomic_json` writes it (keys sorted,
     /// Python's separators).
     fn python_sorted(&self, raw: &[u8]) -> Result<Vec<u8>> {
@@ -1011,7 +1006,6 @@ mod tests {
         );
         assert_eq!(flat.catalog_path(), Path::new("/data/models/.catalog.json"));
         assert_eq!(flat.selection_store(), SelectionStore::Params);
-        assert_eq!(flat.space_needed(10), 10);
         for n in [26, 27] {
             let f = DeviceFiles::new(ContractName::V26.contract(), data, Generation::new(n), None);
             let root = PathBuf::from(format!("/data/models/v{n}"));
@@ -1026,7 +1020,6 @@ mod tests {
             );
             assert_eq!(f.catalog_path(), root.join("catalog.json"));
             assert_eq!(f.selection_store(), SelectionStore::Preferences);
-            assert_eq!(f.space_needed(10), 10 + 256 * 1024 * 1024);
         }
     }
 }
