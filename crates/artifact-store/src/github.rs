@@ -47,7 +47,7 @@ use crate::error::{Error, Result};
 use crate::local::LocalStore;
 use crate::paths::StorePath;
 use crate::progress::{Finished, Transfer, parse_git_push_bytes, wait_reading_progress};
-use crate::store::{FileStat, ListEntry, Store};
+use crate::store::{FileStat, ListEntry, Store, StoreName};
 
 /// Bucket layout (what every [`Store`] speaks) → branch layout; `None` for what the branch
 /// does not hold.
@@ -819,8 +819,11 @@ fn push_rejected(stderr: &str) -> bool {
 }
 
 impl Store for GithubStore {
-    fn describe(&self) -> String {
-        format!("github:{}", self.checkout.display())
+    fn name(&self) -> StoreName {
+        StoreName {
+            name: format!("github:{}", self.checkout.display()),
+            layout: StoreLayout::GithubBranch,
+        }
     }
 
     fn reads_are_local(&self) -> bool {

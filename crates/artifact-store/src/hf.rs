@@ -43,7 +43,7 @@ use serde::Deserialize;
 use crate::error::{Error, HfFailure, Result};
 use crate::paths::{StorePath, is_under};
 use crate::progress::{HfLine, Measure, Transfer, parse_hf_line, wait_reading_progress};
-use crate::store::{FileStat, ListEntry, Store};
+use crate::store::{FileStat, ListEntry, Store, StoreName};
 
 /// At most this many redirects per request (the Hub answers resolve URLs with one or two).
 const MAX_REDIRECTS: usize = 8;
@@ -767,8 +767,11 @@ impl HfBucketStore {
 }
 
 impl Store for HfBucketStore {
-    fn describe(&self) -> String {
-        format!("hf://buckets/{}", self.bucket)
+    fn name(&self) -> StoreName {
+        StoreName {
+            name: format!("hf://buckets/{}", self.bucket),
+            layout: manifest::StoreLayout::HfBucket,
+        }
     }
 
     fn hub_uri(&self, path: &StorePath) -> Option<String> {

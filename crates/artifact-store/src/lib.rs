@@ -114,4 +114,4 @@ pub use hf::{HfBucketStore, HfConfig};
 pub use local::LocalStore;
 pub use location::{Location, StoreAccess, StoreSpec};
 pub use paths::StorePath;
-pub use store::{FileStat, ListEntry, Store, digest_of};
+pub use store::{FileStat, ListEntry, Store, StoreName, digest_of};

@@ -14,7 +14,7 @@ use chunker::atomic::{self, AtomicFile};
 use crate::error::{Error, Result};
 use crate::paths::{StorePath, to_fs_path};
 use crate::progress::{Measure, Transfer};
-use crate::store::{FileStat, ListEntry, Store};
+use crate::store::{FileStat, ListEntry, Store, StoreName};
 
 /// A directory store reports the bytes it has copied into a file each time this many more are
 /// there (and at the start), so a file larger than this has more than one report.
@@ -71,8 +71,11 @@ fn open_nonblocking(p: &Path) -> io::Result<File> {
 }
 
 impl Store for LocalStore {
-    fn describe(&self) -> String {
-        self.root.display().to_string()
+    fn name(&self) -> StoreName {
+        StoreName {
+            name: self.root.display().to_string(),
+            layout: manifest::StoreLayout::HfBucket,
+        }
     }
 
     fn reads_are_local(&self) -> bool {

@@ -25,7 +25,7 @@ use crate::hf::{HfBucketStore, HfConfig, HubFile, HubHttp};
 use crate::local::LocalStore;
 use crate::paths::StorePath;
 use crate::progress::Transfer;
-use crate::store::{FileStat, ListEntry, Store};
+use crate::store::{FileStat, ListEntry, Store, StoreName};
 
 /// A parsed store name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,15 +103,17 @@ impl RepoKind {
 
 /// The name [`StoreSpec::parse`] reads back as the same store (a Hub repository: as the store
 /// part of a [`Location`]): a directory as its plain path, or as `file:PATH` when the plain
-/// path would read as another store or be refused (`hf://…`, `github:…`, `word:…`).
+/// path would read as another store or be refused (`hf://…`, `github:…`, `word:…`, empty) or
+/// is not the path itself (bytes lost to display).
 impl fmt::Display for StoreSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreSpec::Local(p) => {
                 let plain = p.display().to_string();
-                match StoreSpec::parse(&plain) {
-                    Ok(same) if same == *self => f.write_str(&plain),
-                    _ => write!(f, "file:{plain}"),
+                if plain.is_empty() || scheme_prefix(&plain).is_some() || Path::new(&plain) != p {
+                    write!(f, "file:{plain}")
+                } else {
+                    f.write_str(&plain)
                 }
             }
             StoreSpec::HfBucket { bucket } => write!(f, "hf://buckets/{bucket}"),
@@ -422,13 +424,16 @@ impl HfRepoStore {
 }
 
 impl Store for HfRepoStore {
-    fn describe(&self) -> String {
-        StoreSpec::HfRepo {
+    fn name(&self) -> StoreName {
+        let spec = StoreSpec::HfRepo {
             kind: self.kind,
             repo: self.repo.clone(),
             revision: self.revision.clone(),
+        };
+        StoreName {
+            name: spec.to_string(),
+            layout: manifest::StoreLayout::HfBucket,
         }
-        .to_string()
     }
 
     fn hub_uri(&self, path: &StorePath) -> Option<String> {

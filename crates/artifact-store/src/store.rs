@@ -9,6 +9,8 @@ use std::io::{self, Read};
 use std::path::Path;
 
 use chunker::Sha256Digest;
+use manifest::StoreLayout;
+use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::paths::StorePath;
@@ -79,10 +81,34 @@ pub struct ListEntry {
     pub size: u64,
 }
 
+/// A store's name as publish's events and reports give it, with the layout the store keeps its
+/// files in, which messages show its paths in (a `github:` checkout's: its branch's). Known
+/// from the opened store, never read back from the name. Shown and serialised as the name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct StoreName {
+    /// How the user names the store (`/srv/store`, `hf://buckets/NS/NAME`, `github:/x`).
+    pub name: String,
+    /// The layout of the store's files.
+    #[serde(skip)]
+    pub layout: StoreLayout,
+}
+
+impl std::fmt::Display for StoreName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
 /// A place that holds artifacts and manifests.
 pub trait Store: Send + Sync {
+    /// This store's name and the layout of its files.
+    fn name(&self) -> StoreName;
+
     /// How the user names this store (`/srv/store`, `hf://buckets/NS/NAME`, `github:/x`).
-    fn describe(&self) -> String;
+    fn describe(&self) -> String {
+        self.name().name
+    }
 
     /// Size of a file, `None` when it does not exist.
     fn stat(&self, path: &StorePath) -> Result<Option<FileStat>>;

@@ -12,7 +12,7 @@ use artifact_store::publish::{
 };
 use artifact_store::retry::RetryPolicy;
 use artifact_store::signing::{self, SigningKey, VerifyingKey};
-use artifact_store::{Store, StoreAccess, StoreSpec};
+use artifact_store::{Store, StoreAccess, StoreName, StoreSpec};
 use manifest::{Generation, Manifest, ModelId, ReleaseNumber};
 use serde::Serialize;
 
@@ -634,20 +634,17 @@ fn rerun_dropping(req: &PublishRequest, ws: &Workspace, models: &[ModelId]) -> S
     rerun
 }
 
-/// A store path as messages about `store` (a store's name, as publish's events give it) show
-/// it: a `github:` store's path on its branch (`v25/<id>/<file>`, `model_names_v25.json`), any
-/// other store's as it is (bucket layout, `models/v25/<id>/<file>`,
-/// `manifests/model_names_v25.json`). A path the branch does not hold stays as it is.
-pub fn path_in_store(store: &str, path: &str) -> String {
-    let github = StoreSpec::parse(store).is_ok_and(|s| s.is_github());
-    if !github {
-        return path.to_string();
-    }
+/// A store path as messages about `store` (as publish's events name it) show it, in the layout
+/// the store keeps its files in: a `github:` store's path on its branch (`v25/<id>/<file>`,
+/// `model_names_v25.json`), any other store's as it is (bucket layout,
+/// `models/v25/<id>/<file>`, `manifests/model_names_v25.json`). A path the branch does not
+/// hold stays as it is.
+pub fn path_in_store(store: &StoreName, path: &str) -> String {
+    let bucket = manifest::StoreLayout::HfBucket;
     path.parse::<manifest::StorePath>()
         .ok()
-        .and_then(|p| {
-            manifest::StoreLayout::HfBucket.translate(&p, manifest::StoreLayout::GithubBranch)
-        })
+        .filter(|_| store.layout != bucket)
+        .and_then(|p| bucket.translate(&p, store.layout))
         .map_or_else(|| path.to_string(), |p| p.to_string())
 }
 
@@ -867,35 +864,44 @@ mod tests {
     /// v25 and a made-up v26.
     #[test]
     fn github_messages_use_branch_paths() {
+        let gh = StoreName {
+            name: "github:/srv/gh".into(),
+            layout: manifest::StoreLayout::GithubBranch,
+        };
+        let hf = StoreName {
+            name: "hf://buckets/StarPilot-Driving/StarPilot-Resources".into(),
+            layout: manifest::StoreLayout::HfBucket,
+        };
+        let local = artifact_store::LocalStore::new("/srv/store").name();
         for generation in ["v25", "v26"] {
             let cases = [
                 (
-                    "github:/srv/gh",
+                    &gh,
                     format!("models/{generation}/pop223/pop223_driving_tinygrad.pkl.chunk01of02"),
                     format!("{generation}/pop223/pop223_driving_tinygrad.pkl.chunk01of02"),
                 ),
                 (
-                    "github:/srv/gh",
+                    &gh,
                     format!("manifests/model_names_{generation}.json"),
                     format!("model_names_{generation}.json"),
                 ),
                 (
-                    "github:/srv/gh",
+                    &gh,
                     format!("manifests/model_names_{generation}.json.minisig"),
                     format!("model_names_{generation}.json.minisig"),
                 ),
                 (
-                    "github:/srv/gh",
+                    &gh,
                     "onnx/pop223/x.onnx".to_string(),
                     "onnx/pop223/x.onnx".to_string(),
                 ),
                 (
-                    "hf://buckets/StarPilot-Driving/StarPilot-Resources",
+                    &hf,
                     format!("manifests/model_names_{generation}.json"),
                     format!("manifests/model_names_{generation}.json"),
                 ),
                 (
-                    "/srv/store",
+                    &local,
                     format!("models/{generation}/pop223/x.pkl"),
                     format!("models/{generation}/pop223/x.pkl"),
                 ),
@@ -904,6 +910,20 @@ mod tests {
                 assert_eq!(path_in_store(store, &path), want, "{store} {path}");
             }
         }
+    }
+
+    /// The layout comes from the opened store, not from its name: a directory named like a
+    /// `github:` checkout (`--to file:github:x`) keeps bucket paths.
+    #[test]
+    fn directory_named_like_github_keeps_bucket_paths() {
+        let store = artifact_store::LocalStore::new("github:x");
+        assert_eq!(
+            StoreSpec::parse("file:github:x").unwrap(),
+            StoreSpec::Local(store.root().into())
+        );
+        assert_eq!(store.describe(), "github:x");
+        let path = "models/v25/pop223/x.pkl";
+        assert_eq!(path_in_store(&store.name(), path), path);
     }
 
     /// Every spelling of one store gives one name; for any generation's stores alike.

@@ -219,7 +219,7 @@ fn render_store_event(e: &Event, bar: &mut Option<indicatif::ProgressBar>, dry_r
             upload_bytes,
         } => {
             cli_support::info!("publishing to {store}");
-            *bar = Some(bytes_bar(*upload_bytes, store.clone(), false));
+            *bar = Some(bytes_bar(*upload_bytes, store.to_string(), false));
         }
         Event::Uploaded { sent, .. } => {
             if let Some(b) = bar {
@@ -235,7 +235,7 @@ fn render_store_event(e: &Event, bar: &mut Option<indicatif::ProgressBar>, dry_r
             if let Some(b) = bar {
                 b.set_position(*sent);
                 b.set_message(crate::progress::upload_label(
-                    store,
+                    &store.name,
                     &at(store, path),
                     transfer,
                 ));

@@ -16,7 +16,7 @@ use crate::error::{Error, Refusal, Result};
 use crate::paths::StorePath;
 use crate::progress::{Tally, Transfer};
 use crate::retry::RetryPolicy;
-use crate::store::Store;
+use crate::store::{Store, StoreName};
 
 /// Files a record says a store holds, by store path: the size and SHA-256 they were uploaded
 /// with, recorded only once the store had them (`rebuild --upload-to`'s upload record).
@@ -66,7 +66,7 @@ pub(super) fn publish_one(
     known: &KnownFiles,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<StoreReport> {
-    let name = store.describe();
+    let name = store.name();
     let layout = StoreLayout::HfBucket;
     // 1. Plan every model from what the store holds now, then (unless a dry run) carry it out.
     let plans = plan_store(store, local, opts.generation, known)?;
@@ -134,7 +134,7 @@ pub(super) fn publish_one(
 type ModelPlan<'a> = (&'a LocalArtifact, Vec<Step>);
 
 /// A store's report before anything is done: the plan's steps, nothing uploaded yet.
-fn new_report(store: String, plans: &[ModelPlan<'_>], generation: Generation) -> StoreReport {
+fn new_report(store: StoreName, plans: &[ModelPlan<'_>], generation: Generation) -> StoreReport {
     StoreReport {
         store,
         steps: plans.iter().flat_map(|(_, s)| s.clone()).collect(),
@@ -180,7 +180,7 @@ pub fn upload_artifacts(
                 .into(),
         });
     }
-    let mut rep = new_report(store.describe(), &plans, generation);
+    let mut rep = new_report(store.name(), &plans, generation);
     upload(store, &plans, retry, &mut rep, on_event)?;
     Ok(rep)
 }
@@ -282,7 +282,7 @@ fn upload(
     // the store is checked and its manifest written.
     const HELD: &str = "(writes not yet pushed)";
     retry.run(
-        &name,
+        &name.name,
         HELD,
         |_, _, _| {},
         || {
@@ -313,7 +313,7 @@ fn check_complete(
     opts: &PublishOptions,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<()> {
-    let name = store.describe();
+    let name = store.name();
     let mut problems = Vec::new();
     let mut checked = 0;
     for entry in manifest.models() {
@@ -332,7 +332,7 @@ fn check_complete(
     }
     if !problems.is_empty() {
         return Err(Error::Incomplete {
-            store: name,
+            store: name.name,
             problems,
         });
     }
@@ -409,9 +409,9 @@ fn remove(
     path: &str,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<()> {
-    let name = store.describe();
+    let name = store.name();
     let p: StorePath = path.parse()?;
-    retry.run(&name, path, |_, _, _| {}, || store.delete(&p))?;
+    retry.run(&name.name, path, |_, _, _| {}, || store.delete(&p))?;
     on_event(&Event::Removed {
         store: name,
         path: path.to_string(),
@@ -469,10 +469,10 @@ fn write_small(
     bytes: &[u8],
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<()> {
-    let name = store.describe();
+    let name = store.name();
     let path_s = path.to_string();
     retry.run(
-        &name,
+        &name.name,
         &path_s,
         |attempt, e, wait| {
             on_event(&Event::Retrying {
@@ -501,7 +501,7 @@ fn run_step(
     tally: &mut Tally,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<()> {
-    let name = store.describe();
+    let name = store.name();
     match step {
         Step::Skip { .. } => {
             rep.skipped_files += 1;
@@ -523,7 +523,7 @@ fn run_step(
             });
             let mut retry_events = Vec::new();
             let result = retry.run(
-                &name,
+                &name.name,
                 path,
                 |attempt, e, wait| {
                     retry_events.push(Event::Retrying {

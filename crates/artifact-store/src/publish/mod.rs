@@ -35,7 +35,7 @@ use serde::Serialize;
 use crate::error::{Error, Refusal, Result};
 use crate::location::StoreSpec;
 use crate::retry::RetryPolicy;
-use crate::store::Store;
+use crate::store::{Store, StoreName};
 
 mod ahead;
 mod execute;
@@ -369,14 +369,14 @@ pub enum Event {
     /// Work on a store begins.
     StoreStarted {
         /// The store.
-        store: String,
+        store: StoreName,
         /// Bytes it will upload.
         upload_bytes: u64,
     },
     /// A file upload begins.
     Uploading {
         /// The store.
-        store: String,
+        store: StoreName,
         /// The store path.
         path: String,
         /// The file's size.
@@ -385,7 +385,7 @@ pub enum Event {
     /// A file is in the store.
     Uploaded {
         /// The store.
-        store: String,
+        store: StoreName,
         /// The store path.
         path: String,
         /// The file's size.
@@ -399,7 +399,7 @@ pub enum Event {
     /// since `StoreStarted` (of its `upload_bytes`).
     Progress {
         /// The store.
-        store: String,
+        store: StoreName,
         /// The store path being written.
         path: String,
         /// What the store reported.
@@ -410,7 +410,7 @@ pub enum Event {
     /// A write failed and is tried again after a wait.
     Retrying {
         /// The store.
-        store: String,
+        store: StoreName,
         /// The store path.
         path: String,
         /// The attempt that failed (1-based).
@@ -424,7 +424,7 @@ pub enum Event {
     /// stale chunk, a signature).
     Removed {
         /// The store.
-        store: String,
+        store: StoreName,
         /// The store path.
         path: String,
     },
@@ -432,28 +432,28 @@ pub enum Event {
     /// manifest, by names and sizes (the bytes were hashed earlier).
     Checked {
         /// The store.
-        store: String,
+        store: StoreName,
         /// Models checked (in a dry run, those it would not upload).
         models: usize,
     },
     /// The release guard passed against the store's live manifest.
     Guarded {
         /// The store.
-        store: String,
+        store: StoreName,
         /// No live manifest existed (the guard had nothing to compare).
         first_publish: bool,
     },
     /// The new manifest is live in the store.
     ManifestWritten {
         /// The store.
-        store: String,
+        store: StoreName,
         /// The manifest's store path.
         path: String,
     },
     /// The store already holds exactly this manifest; it was not rewritten.
     ManifestUnchanged {
         /// The store.
-        store: String,
+        store: StoreName,
         /// The manifest's store path.
         path: String,
     },
@@ -463,7 +463,7 @@ pub enum Event {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StoreReport {
     /// The store, as described.
-    pub store: String,
+    pub store: StoreName,
     /// The plan's steps, in order.
     pub steps: Vec<Step>,
     /// Files uploaded (0 in a dry run, whose uploads are the `Upload` steps).
@@ -676,6 +676,20 @@ mod tests {
     use super::*;
     use crate::paths::StorePath;
     use chunker::Sha256Digest;
+
+    /// An event's store is its name in the JSON, whatever layout the store keeps.
+    #[test]
+    fn events_name_the_store_as_a_string() {
+        let store = StoreName {
+            name: "github:/srv/gh".into(),
+            layout: StoreLayout::GithubBranch,
+        };
+        let e = Event::Checked { store, models: 2 };
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            serde_json::json!({"event": "checked", "store": "github:/srv/gh", "models": 2})
+        );
+    }
 
     /// The store-order rule as a table: a Hugging Face store after a GitHub one is refused,
     /// typed, naming both.

@@ -169,8 +169,8 @@ impl<S> Recording<S> {
 }
 
 impl<S: Store> Store for Recording<S> {
-    fn describe(&self) -> String {
-        self.inner.describe()
+    fn name(&self) -> artifact_store::StoreName {
+        self.inner.name()
     }
     fn reads_are_local(&self) -> bool {
         !self.remote && self.inner.reads_are_local()
