@@ -113,22 +113,6 @@ impl From<chunker::Error> for CliError {
     }
 }
 
-/// Map a `release` error to the CLI's exit codes.
-pub fn release_error(e: release::Error) -> CliError {
-    let code = match e {
-        release::Error::NotACheckout { .. } => EXIT_USAGE,
-        release::Error::Record { .. }
-        | release::Error::GenerationSelector { .. }
-        | release::Error::ValidationGate { .. }
-        | release::Error::GpuFlag { .. }
-        | release::Error::NotLoadable { .. }
-        | release::Error::LatencyBound { .. }
-        | release::Error::ValidationBinding { .. } => EXIT_CHECK_FAILED,
-        _ => EXIT_FAILURE,
-    };
-    CliError::from_error(code, &e)
-}
-
 pub(crate) fn store_error(e: artifact_store::Error) -> CliError {
     use artifact_store::Error as E;
     let code = match e {
@@ -163,6 +147,10 @@ pub fn remote_error(e: compiler_remote::Error) -> CliError {
     }
 }
 
+/// A `release` error's exit code, the one mapping of every command (the table of `--help` and
+/// docs/release.md): a flag or argument refused before anything ran is a usage error, a refused
+/// check (gate, guard, pin, record, loadable, latency) a failed check, the rest failures. A
+/// `--workspace` that is not a directory is a failure, as a missing input file is.
 impl From<release::Error> for CliError {
     fn from(e: release::Error) -> Self {
         use release::Error as E;
@@ -170,7 +158,14 @@ impl From<release::Error> for CliError {
             E::Chunk(e) => return e.into(),
             E::Store(e) => return store_error(e),
             E::Compiler(e) => return remote_error(e),
+            E::NotADirectory {
+                flag: "--workspace",
+                ..
+            } => EXIT_FAILURE,
             E::NotADirectory { .. }
+            | E::NotACheckout { .. }
+            | E::ValidateInput { .. }
+            | E::RehearseInput { .. }
             | E::NotAnOpenpilotTree { .. }
             | E::SourceMap { .. }
             | E::SourceMapExists { .. }
@@ -187,7 +182,10 @@ impl From<release::Error> for CliError {
             | E::SkipValidationNoReason
             | E::PublishNeedsWorkspace
             | E::PublishInput(_) => EXIT_USAGE,
-            E::Pins { .. }
+            E::Record { .. }
+            | E::ValidationGate { .. }
+            | E::GpuFlag { .. }
+            | E::Pins { .. }
             | E::GenerationSelector { .. }
             | E::TreePinDisagrees { .. }
             | E::BumpRefused { .. }
@@ -233,4 +231,84 @@ pub fn write_stdout(bytes: &[u8]) -> CliResult {
     cli_support::write_stdout(bytes)
         .map(drop)
         .map_err(|e| CliError::failure(format!("stdout: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    /// The variants the command-by-command mappings disagreed on (`release_error` said 1 for
+    /// every usage error and refused check but a few, `From` said 1 for a bad checkout, an
+    /// unreadable record, the gate's refusal and the GPU flag; validate, rehearse and publish
+    /// each had their own exceptions) now have the one exit code of the table.
+    #[test]
+    fn a_release_error_has_one_exit_code_whichever_command_meets_it() {
+        use release::Error as E;
+        let dir = |flag| E::NotADirectory {
+            flag,
+            path: PathBuf::from("/x"),
+        };
+        let problem = || "a problem".to_string();
+        let table = [
+            (dir("--workspace"), EXIT_FAILURE),
+            (dir("--openpilot"), EXIT_USAGE),
+            (dir("--artifacts"), EXIT_USAGE),
+            (
+                E::NotACheckout {
+                    openpilot: PathBuf::from("/op"),
+                    reason: problem(),
+                },
+                EXIT_USAGE,
+            ),
+            (E::ValidateInput { problem: problem() }, EXIT_USAGE),
+            (E::RehearseInput { problem: problem() }, EXIT_USAGE),
+            (E::SkipValidationNoReason, EXIT_USAGE),
+            (
+                E::Record {
+                    path: PathBuf::from("/ws/results/a.validation.json"),
+                    reason: problem(),
+                },
+                EXIT_CHECK_FAILED,
+            ),
+            (
+                E::ValidationGate {
+                    workspace: PathBuf::from("/ws"),
+                    gaps: vec![problem()],
+                },
+                EXIT_CHECK_FAILED,
+            ),
+            (
+                E::GpuFlag {
+                    mismatches: vec![problem()],
+                },
+                EXIT_CHECK_FAILED,
+            ),
+            (
+                E::PinLive {
+                    generation: manifest::Generation::new(25),
+                    store: "file:/s".into(),
+                    path: "manifests/model_names_v25.json".into(),
+                    recorded: None,
+                },
+                EXIT_CHECK_FAILED,
+            ),
+            (
+                E::Store(artifact_store::Error::InvalidStore {
+                    spec: "nope:".into(),
+                    reason: problem(),
+                }),
+                EXIT_USAGE,
+            ),
+            (E::Chunk(chunker::Error::ZeroChunkSize), EXIT_USAGE),
+            (E::Io(std::io::Error::other("disk")), EXIT_FAILURE),
+        ];
+        for (e, code) in table {
+            let what = format!("{e:?}");
+            let got = CliError::from(e);
+            assert_eq!(got.code(), code, "{what}");
+            assert_eq!(got.0.kind, kind(code), "{what}");
+        }
+    }
 }

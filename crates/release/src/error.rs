@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use cli_support::NextStep;
 
-use manifest::{Generation, GitCommit, ModelId};
+use manifest::{Generation, GitCommit, ModelId, StorePath};
 
 /// What went wrong in a release step. Every message names the file, model or value involved and,
 /// where there is one, the next step.
@@ -409,6 +409,61 @@ pub enum Error {
         results.display()
     )]
     ModelsFailed { ids: Vec<ModelId>, results: PathBuf },
+
+    /// A rebuild could not list a model's ONNX sources in the sources store.
+    #[error("listing {store} {prefix}: {source}")]
+    SourcesUnlisted {
+        store: String,
+        prefix: StorePath,
+        #[source]
+        source: Box<artifact_store::Error>,
+    },
+
+    /// The sources store holds no ONNX file under the model's `source_id`.
+    #[error("no ONNX sources under {store} {prefix}/; archive them there or fix source_id")]
+    NoSources { store: String, prefix: StorePath },
+
+    /// A source file could not be opened or read in the store.
+    #[error("{store} {path}: {source}")]
+    SourceRead {
+        store: String,
+        path: StorePath,
+        #[source]
+        source: Box<artifact_store::Error>,
+    },
+
+    /// A source file ended before the size the store's listing gave.
+    #[error("{store} {path}: listed as {listed} bytes, read {read}")]
+    SourceShort {
+        store: String,
+        path: StorePath,
+        listed: u64,
+        read: u64,
+    },
+
+    /// A file a rebuild fetched or installed could not be written.
+    #[error("{}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The compiler's chunk set holds a file that is not of the set: the accelerator variant
+    /// built from it is not installed.
+    #[error("unexpected output file {file} for {artifact}")]
+    UnexpectedOutput { file: String, artifact: String },
+
+    /// An upload prepared an artifact of `id` the manifest has no row (`artifact: None`) or no
+    /// digest for.
+    #[error(
+        "{}",
+        if artifact.is_some() { "no digest in the manifest row" } else { "no manifest row" }
+    )]
+    NotInManifest {
+        id: ModelId,
+        artifact: Option<String>,
+    },
 
     /// `uses_external_gpu` in the manifest is not what the build records say was built.
     #[error(

@@ -277,13 +277,12 @@ pub fn read_receipt_file(path: &Path) -> std::result::Result<BuildReceipt, LoadP
 }
 
 /// The receipt beside an artifact, when there is one (`status`).
-pub fn receipt_beside(artifact: &Path) -> Option<std::result::Result<BuildReceipt, String>> {
+pub fn receipt_beside(artifact: &Path) -> Option<std::result::Result<BuildReceipt, LoadProblem>> {
     let name = artifact.file_name()?.to_string_lossy().into_owned();
     let path = artifact.with_file_name(receipt::receipt_file_name(&name));
     match read_receipt_file(&path) {
-        Ok(r) => Some(Ok(r)),
         Err(LoadProblem::ReceiptMissing { .. }) => None,
-        Err(e) => Some(Err(e.to_string())),
+        read => Some(read),
     }
 }
 

@@ -104,7 +104,7 @@ fn receipts(files: &[(String, PathBuf)], pin: Option<&GitCommit>) -> Vec<Receipt
                 Err(problem) => ReceiptStatus {
                     of: of.clone(),
                     receipt,
-                    problem: Some(problem),
+                    problem: Some(problem.to_string()),
                     ..Default::default()
                 },
             })

@@ -12,7 +12,7 @@ use compiler_remote::{
 use manifest::{BehaviorVersion, GitCommit, ModelId};
 use serde::Serialize;
 
-use crate::output::{print_json, release_error, remote_error, store_error};
+use crate::output::{print_json, remote_error, store_error};
 use crate::progress::live;
 use crate::{CliError, CliResult};
 
@@ -688,8 +688,7 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         record: args.record.as_deref(),
         log: args.log.as_deref(),
         workspace: args.workspace.as_ref(),
-    })
-    .map_err(validate_error)?;
+    })?;
     let pin = args.remote.pin()?;
     // The runtime gate before anything is sent: the artifact's stamp and build receipt.
     let (job, contract) = release::validate::DeviceValidation {
@@ -732,8 +731,7 @@ pub fn validate(args: ValidateArgs) -> CliResult {
         log.clone(),
         &record,
         contract,
-    )
-    .map_err(release_error)?;
+    )?;
     // The p95 latency the device reported, against the contract's bound (the record keeps it
     // in the device's verdict; publish requires the bound again).
     let p95_ms = release::loadable::reported_p95(&rec, contract);
@@ -837,8 +835,7 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
             .map_err(Box::new)
         },
         release::validate::CheckedOn::Ready,
-    )
-    .map_err(validate_error)?;
+    )?;
     let at = rec.resolution.map_or(String::new(), |r| format!(" at {r}"));
     let verdict = if rec.passed { "passed" } else { "FAILED" };
     if args.dry_run {
@@ -856,7 +853,7 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
         cli_support::info!("next: run the same command without --dry-run");
         return Ok(());
     }
-    release::records::write(&record, &rec).map_err(release_error)?;
+    release::records::write(&record, &rec)?;
     if args.json {
         return print_json(&rec);
     }
@@ -866,14 +863,6 @@ fn record_check(kind: release::gate::CheckKind, args: &ValidateArgs) -> CliResul
         record.display()
     )?;
     Ok(())
-}
-
-/// `validate`'s flags it cannot run or record with are usage errors.
-fn validate_error(e: release::Error) -> CliError {
-    match e {
-        release::Error::ValidateInput { .. } => CliError::usage(e),
-        e => e.into(),
-    }
 }
 
 // ---- tinygrad bump ------------------------------------------------------------------------

@@ -7,7 +7,7 @@ use clap::Args;
 use manifest::GitCommit;
 use serde::Serialize;
 
-use crate::output::{print_json, release_error};
+use crate::output::print_json;
 use crate::{CliError, CliResult};
 
 /// `preflight --dry-run --json`.
@@ -52,7 +52,7 @@ pub fn preflight(args: PreflightArgs) -> CliResult {
     let record_path = args.workspace.preflight();
     let log = args.workspace.preflight_log();
     if args.dry_run {
-        let pin = release::preflight::check(&args.openpilot).map_err(release_error)?;
+        let pin = release::preflight::check(&args.openpilot)?;
         if args.json {
             return print_json(&PreflightPlan {
                 dry_run: true,
@@ -78,9 +78,8 @@ pub fn preflight(args: PreflightArgs) -> CliResult {
         cli_support::info!("next: run the same command without --dry-run");
         return Ok(());
     }
-    let rec = release::preflight::run(&args.openpilot, &log, &mut crate::progress::live)
-        .map_err(release_error)?;
-    release::records::write(&record_path, &rec).map_err(release_error)?;
+    let rec = release::preflight::run(&args.openpilot, &log, &mut crate::progress::live)?;
+    release::records::write(&record_path, &rec)?;
     if args.json {
         print_json(&rec)?;
     } else {

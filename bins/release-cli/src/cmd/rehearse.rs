@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 use manifest::{Generation, ModelId};
 
-use crate::output::{print_json, release_error, store_error};
+use crate::output::{print_json, store_error};
 use crate::{CliError, CliResult};
 
 #[derive(Debug, Args)]
@@ -48,15 +48,6 @@ pub struct RehearseArgs {
     pub json: bool,
 }
 
-fn error(e: release::Error) -> CliError {
-    match e {
-        release::Error::RehearseInput { .. }
-        | release::Error::NotADirectory { .. }
-        | release::Error::ManifestFile { .. } => CliError::usage(e),
-        e => release_error(e),
-    }
-}
-
 pub fn rehearse(args: RehearseArgs) -> CliResult {
     let device_manager = match args.device_manager {
         Some(p) => p,
@@ -77,8 +68,7 @@ pub fn rehearse(args: RehearseArgs) -> CliResult {
             .map(std::sync::Arc::new)
             .collect(),
     };
-    let rec =
-        release::rehearse::run(&opts, &mut |line| cli_support::info!("{line}")).map_err(error)?;
+    let rec = release::rehearse::run(&opts, &mut |line| cli_support::info!("{line}"))?;
     let path = args.workspace.rehearsal_record();
     if args.json {
         print_json(&rec)?;
@@ -175,8 +165,7 @@ pub fn status(args: StatusArgs) -> CliResult {
         args.openpilot.as_deref(),
         args.generation,
         &refs,
-    )
-    .map_err(error)?;
+    )?;
     if args.json {
         return print_json(&st);
     }

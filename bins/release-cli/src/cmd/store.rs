@@ -13,7 +13,7 @@ use manifest::{Generation, GitCommit, Manifest, ModelId, layout};
 use release::gate::GateOutcome;
 use release::publish::{self, PublishRequest};
 
-use crate::output::{print_json, release_error, store_error};
+use crate::output::{print_json, store_error};
 use crate::progress::bytes_bar;
 use crate::{CliError, CliResult};
 
@@ -63,8 +63,7 @@ pub fn publish_cmd(args: PublishArgs) -> CliResult {
     };
     let mut bar = None;
     let mut on_event = |e: &publish::Event| render_publish_event(e, json, &mut bar, dry_run);
-    let outcome = publish::run(request, &mut super::sign::ask_passphrase, &mut on_event)
-        .map_err(publish_error)?;
+    let outcome = publish::run(request, &mut super::sign::ask_passphrase, &mut on_event)?;
     if json {
         return print_json(&outcome);
     }
@@ -190,23 +189,6 @@ pub(crate) fn say_publish_next(
         sh(artifacts),
         sh(workspace.root())
     );
-}
-
-/// A publish error's exit code: the gate's refusals are failed checks (as for `preflight`), and
-/// a `--workspace` whose records cannot be read is a failure, as the gate classifies them.
-fn publish_error(e: release::Error) -> CliError {
-    use release::Error as E;
-    match e {
-        E::Record { .. }
-        | E::ValidationGate { .. }
-        | E::GpuFlag { .. }
-        | E::NotACheckout { .. }
-        | E::NotADirectory {
-            flag: "--workspace",
-            ..
-        } => release_error(e),
-        e => e.into(),
-    }
 }
 
 /// The text form of the upload's progress: a byte bar per store, one line per decision. Paths

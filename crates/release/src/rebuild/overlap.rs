@@ -89,7 +89,7 @@ pub trait Uploader: Send {
     /// The stores, as records name them, in upload order.
     fn stores(&self) -> Vec<String>;
     /// Whether store `store` holds every file of `row` at its recorded size.
-    fn whole(&mut self, store: usize, row: &UploadRow) -> Result<bool, String>;
+    fn whole(&mut self, store: usize, row: &UploadRow) -> crate::Result<bool>;
     /// Upload the artifact files of `id` in the artifacts directory `ready` (each verified
     /// against its row in `manifest`) to store `store`; the rows it now holds whole.
     fn upload(
@@ -98,7 +98,7 @@ pub trait Uploader: Send {
         ready: &Path,
         id: &ModelId,
         manifest: &Manifest,
-    ) -> Result<Vec<UploadRow>, String>;
+    ) -> crate::Result<Vec<UploadRow>>;
 }
 
 /// A finished model handed to the worker: its manifest row and the artifacts it must find.
@@ -151,7 +151,7 @@ fn upload_model(
                 r.store == store
                     && &r.artifact == name
                     && &r.sha256 == sha
-                    && up.whole(i, r) == Ok(true)
+                    && matches!(up.whole(i, r), Ok(true))
             })
         });
         if recorded {
@@ -163,11 +163,11 @@ fn upload_model(
             .and_then(|rows| {
                 rec.uploads.retain(|r| r.store != store);
                 rec.uploads.extend(rows);
-                crate::records::write(&path, &rec).map_err(|e| e.to_string())
+                crate::records::write(&path, &rec)
             });
         out.push(match done {
             Ok(()) => outcome("uploaded", None),
-            Err(e) => outcome("failed", Some(e)),
+            Err(e) => outcome("failed", Some(e.to_string())),
         });
     }
     out
@@ -281,10 +281,9 @@ impl Uploader for StoreUploader {
         self.names.clone()
     }
 
-    fn whole(&mut self, store: usize, row: &UploadRow) -> Result<bool, String> {
+    fn whole(&mut self, store: usize, row: &UploadRow) -> crate::Result<bool> {
         for f in &row.files {
-            let path = f.path.parse().map_err(|e: manifest::Error| e.to_string())?;
-            let stat = self.stores[store].stat(&path).map_err(|e| e.to_string())?;
+            let stat = self.stores[store].stat(&f.path.parse()?)?;
             if stat.map(|s| s.size) != Some(f.size) {
                 return Ok(false);
             }
@@ -298,12 +297,16 @@ impl Uploader for StoreUploader {
         ready: &Path,
         id: &ModelId,
         manifest: &Manifest,
-    ) -> Result<Vec<UploadRow>, String> {
-        let text = |e: artifact_store::Error| e.to_string();
-        let local = prepare_one(ready, id, manifest, self.contract).map_err(text)?;
+    ) -> crate::Result<Vec<UploadRow>> {
+        let local = prepare_one(ready, id, manifest, self.contract)?;
         let s = self.stores[store].as_ref();
-        upload_artifacts(s, &local, self.generation, self.retry, &mut |_| {}).map_err(text)?;
-        let entry = manifest.get(id).ok_or("no manifest row")?;
+        upload_artifacts(s, &local, self.generation, self.retry, &mut |_| {})?;
+        let entry = manifest
+            .get(id)
+            .ok_or_else(|| crate::Error::NotInManifest {
+                id: id.clone(),
+                artifact: None,
+            })?;
         let dir = StoreLayout::HfBucket.artifact_dir(self.generation, id);
         let mut rows = Vec::new();
         for a in local.iter().filter(|a| !a.files.is_empty()) {
@@ -315,7 +318,10 @@ impl Uploader for StoreUploader {
                     .find(|t| t.file_name == a.name)
                     .map(|t| (t.sha256, t.size)),
             }
-            .ok_or("no digest in the manifest row")?;
+            .ok_or_else(|| crate::Error::NotInManifest {
+                id: id.clone(),
+                artifact: Some(a.name.clone()),
+            })?;
             let files = a.files.iter().map(|f| UploadedFile {
                 path: format!("{dir}/{}", f.name),
                 size: f.size,

@@ -128,7 +128,7 @@ impl Uploader for FakeUploader {
         vec!["file:/fake".into()]
     }
 
-    fn whole(&mut self, _store: usize, row: &UploadRow) -> Result<bool, String> {
+    fn whole(&mut self, _store: usize, row: &UploadRow) -> crate::Result<bool> {
         let held = self.held.lock().unwrap();
         Ok(row.files.iter().all(|f| held.contains(&f.path)))
     }
@@ -139,12 +139,12 @@ impl Uploader for FakeUploader {
         ready: &Path,
         id: &ModelId,
         manifest: &Manifest,
-    ) -> Result<Vec<UploadRow>, String> {
+    ) -> crate::Result<Vec<UploadRow>> {
         note(&self.log, format!("upload start {id}"));
         std::thread::sleep(Duration::from_millis(60));
         if self.fails.contains(id) {
             note(&self.log, format!("upload end {id}"));
-            return Err("injected: the store answered 503".into());
+            return Err(std::io::Error::other("injected: the store answered 503").into());
         }
         let a = manifest.get(id).and_then(|e| e.artifact()).expect("a row");
         let mut files = Vec::new();
@@ -410,7 +410,7 @@ fn a_panicking_uploader_does_not_end_the_run() {
         fn stores(&self) -> Vec<String> {
             self.0.stores()
         }
-        fn whole(&mut self, store: usize, row: &UploadRow) -> Result<bool, String> {
+        fn whole(&mut self, store: usize, row: &UploadRow) -> crate::Result<bool> {
             self.0.whole(store, row)
         }
         fn upload(
@@ -419,7 +419,7 @@ fn a_panicking_uploader_does_not_end_the_run() {
             ready: &Path,
             id: &ModelId,
             manifest: &Manifest,
-        ) -> Result<Vec<UploadRow>, String> {
+        ) -> crate::Result<Vec<UploadRow>> {
             assert_ne!(id.as_str(), "sc23", "injected: a store client's bug");
             self.0.upload(store, ready, id, manifest)
         }

@@ -9,6 +9,7 @@ use compiler_remote::{CompileJob, CompileRequest, Compiler, ConnectOptions, Fetc
 use manifest::{FileName, GitCommit, ModelId};
 
 use super::{BuildError, Builder, PlannedModel};
+use crate::Error;
 
 /// The real builder: sources from a store (`onnx/<source-id>/*.onnx`), compiles on the compiler
 /// comma. The store is opened and the SSH session made on first use, so a run with every model
@@ -220,23 +221,23 @@ fn install_variant(
     out: &Path,
     id: &ModelId,
     variant: &str,
-) -> Result<FetchedArtifact, String> {
+) -> crate::Result<FetchedArtifact> {
     let name = format!("{id}_driving_{variant}_tinygrad.pkl");
     let mut files = Vec::new();
     for f in &built.files {
         let Some(tail) = f.strip_prefix(built.name.as_str()) else {
-            return Err(format!("unexpected output file {f} for {}", built.name));
+            return Err(Error::UnexpectedOutput {
+                file: f.clone(),
+                artifact: built.name.clone(),
+            });
         };
         let new = format!("{name}{tail}");
         let dest = out.join(&new);
         if new == chunker::sidecar_name(&name) {
-            atomic::write_atomic(
-                &dest,
-                chunker::format_sidecar(&built.sha256, &name).as_bytes(),
-            )
-            .map_err(|e| e.to_string())?;
+            let sidecar = chunker::format_sidecar(&built.sha256, &name);
+            atomic::write_atomic(&dest, sidecar.as_bytes())?;
         } else {
-            fs::rename(tmp.join(f), &dest).map_err(|e| e.to_string())?;
+            fs::rename(tmp.join(f), &dest)?;
         }
         files.push(new);
     }
@@ -270,61 +271,64 @@ pub fn fetch_sources(
     store: &dyn Store,
     source_id: &ModelId,
     dir: &Path,
-) -> Result<Vec<PathBuf>, String> {
-    let prefix: manifest::StorePath = format!("onnx/{source_id}")
-        .parse()
-        .map_err(|e: manifest::Error| e.to_string())?;
+) -> crate::Result<Vec<PathBuf>> {
+    let prefix: manifest::StorePath = format!("onnx/{source_id}").parse()?;
     let listed = store
         .list(&prefix)
-        .map_err(|e| format!("listing {} {prefix}: {e}", store.describe()))?;
+        .map_err(|source| Error::SourcesUnlisted {
+            store: store.describe(),
+            prefix: prefix.clone(),
+            source: Box::new(source),
+        })?;
     let onnx: Vec<_> = listed
         .into_iter()
         .filter(|e| e.path.file_name().ends_with(".onnx"))
         .collect();
     if onnx.is_empty() {
-        return Err(format!(
-            "no ONNX sources under {} {prefix}/; archive them there or fix source_id",
-            store.describe()
-        ));
+        return Err(Error::NoSources {
+            store: store.describe(),
+            prefix,
+        });
     }
-    fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    fs::create_dir_all(dir)?;
     let wanted: Vec<String> = onnx
         .iter()
         .map(|e| e.path.file_name().to_string())
         .collect();
-    for entry in fs::read_dir(dir).map_err(|e| e.to_string())? {
-        let entry = entry.map_err(|e| e.to_string())?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
         if !wanted.contains(&entry.file_name().to_string_lossy().into_owned()) {
             let _ = fs::remove_file(entry.path());
         }
     }
     let mut out = Vec::new();
     for e in &onnx {
-        let name: FileName = e
-            .path
-            .file_name()
-            .parse()
-            .map_err(|err: manifest::Error| err.to_string())?;
+        let name: FileName = e.path.file_name().parse()?;
         let local = dir.join(name.as_str());
         let have = fs::metadata(&local).map(|m| m.len()).ok();
         if have != Some(e.size) {
-            let mut reader = store
-                .open(&e.path)
-                .map_err(|err| format!("{} {}: {err}", store.describe(), e.path))?;
-            let mut f = atomic::AtomicFile::create(&local)
-                .map_err(|err| format!("{}: {err}", local.display()))?;
+            let unread = |source| Error::SourceRead {
+                store: store.describe(),
+                path: e.path.clone(),
+                source: Box::new(source),
+            };
+            let unwritten = |source| Error::Write {
+                path: local.clone(),
+                source,
+            };
+            let mut reader = store.open(&e.path).map_err(unread)?;
+            let mut f = atomic::AtomicFile::create(&local).map_err(unwritten)?;
             let n = std::io::copy(&mut reader, &mut f)
-                .map_err(|err| format!("{} {}: {err}", store.describe(), e.path))?;
+                .map_err(|err| unread(artifact_store::Error::Io(err)))?;
             if n != e.size {
-                return Err(format!(
-                    "{} {}: listed as {} bytes, read {n}",
-                    store.describe(),
-                    e.path,
-                    e.size
-                ));
+                return Err(Error::SourceShort {
+                    store: store.describe(),
+                    path: e.path.clone(),
+                    listed: e.size,
+                    read: n,
+                });
             }
-            f.commit_and_sync_dir()
-                .map_err(|err| format!("{}: {err}", local.display()))?;
+            f.commit_and_sync_dir().map_err(unwritten)?;
         }
         out.push(local);
     }
@@ -345,6 +349,34 @@ mod tests {
         ] {
             assert_eq!(variant_is_gpu_build(variant), built, "{variant:?}");
         }
+    }
+
+    /// Sources come from the store's `onnx/<source-id>/` (a stray file in the directory goes);
+    /// a store without any says where it looked and what to do, in the text it always had.
+    #[test]
+    fn sources_are_fetched_or_their_absence_named() {
+        let t = tempfile::tempdir().unwrap();
+        let store = artifact_store::LocalStore::new(t.path().join("store"));
+        let (dir, id): (_, ModelId) = (t.path().join("onnx"), "sc23".parse().unwrap());
+        let e = fetch_sources(&store, &id, &dir).unwrap_err();
+        assert!(matches!(e, Error::NoSources { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "no ONNX sources under {} onnx/sc23/; archive them there or fix source_id",
+                store.describe()
+            )
+        );
+        fs::create_dir_all(t.path().join("store/onnx/sc23")).unwrap();
+        fs::write(t.path().join("store/onnx/sc23/a.onnx"), b"onnx").unwrap();
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("stray.onnx"), b"old").unwrap();
+        assert_eq!(
+            fetch_sources(&store, &id, &dir).unwrap(),
+            [dir.join("a.onnx")]
+        );
+        assert!(!dir.join("stray.onnx").exists());
+        assert_eq!(fs::read(dir.join("a.onnx")).unwrap(), b"onnx");
     }
 
     /// The variant's chunk set is moved under its own name; the `.sha256` names it; the
