@@ -850,6 +850,45 @@ fn a_v26_origin_without_chunk_manifests_or_sidecars_is_downloaded() {
     }
 }
 
+/// `download <id> --dry-run` on a v26-contract device plans the artifact as that device fetches
+/// it (the contract's artifact format, docs/device.md): a download before it is installed, then,
+/// after the real download, the verified copy kept. Before, the dry run checked the entry against
+/// v25's format and refused every v26 model ("no downloadable artifact") while the download itself
+/// worked. v26 and a made-up v27.
+#[test]
+fn a_download_dry_run_on_a_v26_contract_device_plans_what_the_download_does() {
+    use migration::run::downloads::Action;
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let t = tempfile::tempdir().unwrap();
+        v25_device_in(t.path());
+        let (device, dl) = v.device_in(t.path(), migration::Effects::none());
+        migration::refresh(&device, &migration::Run::new(&dl)).unwrap();
+        let root = t.path().join("data/models").join(generation);
+        fs::remove_file(root.join("pop223/pop223_driving_tinygrad.pkl")).unwrap();
+        let id: manifest::ModelId = "pop223".parse().unwrap();
+        let plan = |label: &str| {
+            let report = migration::run::preview::download(&device, &dl, Some(&id))
+                .unwrap_or_else(|e| panic!("{generation} {label}: {e}"));
+            assert_eq!(report.models.len(), 1, "{generation} {label}: {report:?}");
+            report.models[0].action.clone()
+        };
+        match plan("before") {
+            Action::Download { artifacts } => {
+                let names: Vec<&str> = artifacts.iter().map(|a| a.name.as_str()).collect();
+                assert_eq!(names, ["pop223_driving_tinygrad.pkl"], "{generation}");
+            }
+            other => panic!("{generation}: before the download: {other:?}"),
+        }
+        migration::download_model(&device, &dl, &id, &CancelToken::new(), &|_| {})
+            .unwrap_or_else(|e| panic!("{generation}: {e}"));
+        assert!(
+            matches!(plan("after"), Action::Installed),
+            "{generation}: after the download"
+        );
+    }
+}
+
 /// A device on a v26-contract generation (v26's own root: upstream's preferences, catalog and
 /// installs) moves to a made-up v27 with the same contract: `v26/preferences.json` is carried
 /// into `v27/preferences.json` as upstream reads it against v27's catalog (an id v27 does not

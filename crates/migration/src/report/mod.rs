@@ -170,13 +170,15 @@ pub struct InterruptedDownload {
     pub current: bool,
 }
 
-/// The staged downloads `staged` matched to the catalog's artifacts. Pure.
+/// The staged downloads `staged` matched to the catalog's artifacts as a device of `contract`
+/// fetches them. Pure.
 pub fn interrupted_downloads(
     staged: &[downloader::interrupted::StagedDownload],
     catalog: Option<&manifest::Manifest>,
+    contract: &'static manifest::Contract,
 ) -> Vec<InterruptedDownload> {
     let targets: Vec<downloader::Target> = (catalog.iter())
-        .flat_map(|c| c.models().iter().flat_map(entry_targets))
+        .flat_map(|c| c.models().iter().flat_map(entry_targets(contract)))
         .collect();
     staged
         .iter()
@@ -204,15 +206,19 @@ pub struct NotInstallable {
     pub reason: String,
 }
 
-/// The catalog's artifacts and Chestnut variants that `protected` rules out, in catalog order.
-/// Pure.
-pub fn not_installable(catalog: &manifest::Manifest, protected: bool) -> Vec<NotInstallable> {
+/// The catalog's artifacts and accelerator variants (as a device of `contract` fetches them)
+/// that `protected` rules out, in catalog order. Pure.
+pub fn not_installable(
+    catalog: &manifest::Manifest,
+    protected: bool,
+    contract: &'static manifest::Contract,
+) -> Vec<NotInstallable> {
     let mut out = Vec::new();
     for e in catalog.models() {
         if contract::kind(e.id()) == ModelKind::BuiltIn {
             continue;
         }
-        for t in entry_targets(e) {
+        for t in entry_targets(contract)(e) {
             if let Err(missing) = downloader::trust::target_rule(protected, &t) {
                 out.push(NotInstallable {
                     id: e.id().to_string(),
@@ -417,10 +423,11 @@ pub fn status(device: &Device) -> Result<StatusReport> {
         interrupted_downloads: interrupted_downloads(
             &downloader::interrupted::staged_downloads(&device.models_dir()),
             catalog,
+            device.contract(),
         ),
         refused_entries: device.refused(),
         not_installable: catalog
-            .map(|c| not_installable(c, device.is_protected()))
+            .map(|c| not_installable(c, device.is_protected(), device.contract()))
             .unwrap_or_default(),
         catalog_problem: view.catalog.problem(),
         waiting_for_chestnut: waiting,

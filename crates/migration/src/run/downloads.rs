@@ -261,7 +261,8 @@ pub fn plan(device: &Device, dl: &Downloader, id: Option<&ModelId>) -> Result<Do
     };
     let mut models = Vec::new();
     for entry in &entries {
-        let targets: Vec<Target> = downloader::egpu::artifacts_to_fetch(entry, device.chestnut())?;
+        let targets: Vec<Target> =
+            downloader::egpu::artifacts_to_fetch_for(entry, device.chestnut(), device.contract())?;
         // As `install`: the model's artifact unless a verified copy is there, its Chestnut
         // build unless that is in place.
         let main_kept = plan::install_step(device.planning().verify_entry(entry, false)?, true)

@@ -749,13 +749,21 @@ pub(crate) fn variant_in_place(device: &Device, target: &downloader::Target) -> 
         })
 }
 
-/// An entry's artifact and its Chestnut build, those that make a download target.
-pub(crate) fn entry_targets(e: &ModelEntry) -> impl Iterator<Item = downloader::Target> {
-    let variant = downloader::Target::chestnut_variant(e).ok().flatten();
-    downloader::Target::from_entry(e)
-        .ok()
-        .into_iter()
+/// An entry's artifact and its accelerator build, those that make a download target on a
+/// device of `contract` (its artifact format and accelerator rule).
+pub(crate) fn entry_targets(
+    contract: &'static manifest::Contract,
+) -> impl Fn(&ModelEntry) -> Vec<downloader::Target> {
+    move |e| {
+        let variant = downloader::Target::accelerator_variant(e, contract)
+            .ok()
+            .flatten();
+        (downloader::Target::from_entry_for(e, contract)
+            .ok()
+            .into_iter())
         .chain(variant)
+        .collect()
+    }
 }
 
 /// Where `target` is installed on `device`.
@@ -829,8 +837,9 @@ pub fn gc(device: &Device) -> Result<Vec<String>> {
 /// (`downloader::unusable_staged`: another digest, a model gone), named
 /// `<staging dir>/<name>`; listed only on [`Device::planning`].
 fn gc_staging(device: &Device, catalog: &manifest::Manifest) -> Result<Vec<String>> {
-    let targets: Vec<downloader::Target> =
-        catalog.models().iter().flat_map(entry_targets).collect();
+    let targets: Vec<downloader::Target> = (catalog.models().iter())
+        .flat_map(entry_targets(device.contract()))
+        .collect();
     let hexes: Vec<Option<String>> = targets
         .iter()
         .map(|t| t.sha256.map(|d| d.to_hex()))
