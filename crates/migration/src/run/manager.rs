@@ -523,7 +523,7 @@ pub fn install(
     let chestnut = device.chestnut();
     // A Chestnut variant the signature does not pin is left out (listed by `status` as not
     // installable); the model itself still installs.
-    let variant = downloader::egpu::artifacts_to_fetch_for(entry, chestnut, dl.contract())?
+    let variant = downloader::egpu::artifacts_to_fetch(entry, chestnut, dl.contract())?
         .into_iter()
         .nth(1)
         .filter(|v| dl.check_signed(v).is_ok());
@@ -751,7 +751,10 @@ pub(crate) fn variant_in_place(device: &Device, target: &downloader::Target) -> 
 
 /// An entry's artifact and its Chestnut build, those that make a download target.
 pub(crate) fn entry_targets(e: &ModelEntry) -> impl Iterator<Item = downloader::Target> {
-    let variant = downloader::Target::chestnut_variant(e).ok().flatten();
+    let variant =
+        downloader::Target::accelerator_variant(e, manifest::contract::BASE_CONTRACT.contract())
+            .ok()
+            .flatten();
     downloader::Target::from_entry(e)
         .ok()
         .into_iter()
