@@ -332,7 +332,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
     let (device, dl) = (&device, &dl);
     match cli.command {
         Command::Resolve { json } => show(&migration::report::resolve(device)?, json),
-        Command::Status { json } => show(&render::StatusDocument::of(device, tree_status)?, json),
+        Command::Status { json } => show(&migration::report::status(device, tree_status)?, json),
         Command::Refresh {
             dry_run: true,
             json,

@@ -124,18 +124,7 @@ pub fn unrequested_download(uses_external_gpu: bool, chestnut: Chestnut) -> bool
     !uses_external_gpu || chestnut.is_ready()
 }
 
-/// Whether "download all" takes a model ([`unrequested_download`]). Pure.
-pub fn in_download_all(uses_external_gpu: bool, chestnut: Chestnut) -> bool {
-    unrequested_download(uses_external_gpu, chestnut)
-}
-
 impl Target {
-    /// The entry's `accelerator_artifacts.chestnut` variant, when it declares an AMD build in a
-    /// supported format; `Ok(None)` when the entry has no such variant.
-    pub fn chestnut_variant(entry: &ModelEntry) -> Result<Option<Self>> {
-        Self::accelerator_variant(entry, manifest::contract::BASE_CONTRACT.contract())
-    }
-
     /// The entry's accelerator variant as a device of `contract` fetches it (the contract's
     /// [`manifest::contract::AcceleratorRule`]: v25 `chestnut`, v26 `amd`): it must declare the
     /// rule's execution device and a format the contract loads; installed as the contract's
@@ -194,19 +183,11 @@ impl Target {
     }
 }
 
-/// What to fetch for one model: its artifact, then (with a ready Chestnut) its Chestnut
-/// variant when it has one. A malformed variant is left out, never the model.
-pub fn artifacts_to_fetch(entry: &ModelEntry, chestnut: Chestnut) -> Result<Vec<Target>> {
-    artifacts_to_fetch_for(
-        entry,
-        chestnut,
-        manifest::contract::BASE_CONTRACT.contract(),
-    )
-}
-
-/// [`artifacts_to_fetch`] for a device of `contract`: its artifact format, and with a ready
-/// external GPU the contract's accelerator variant ([`Target::accelerator_variant`]).
-pub fn artifacts_to_fetch_for(
+/// What a device of `contract` fetches for one model: its artifact in the contract's format,
+/// then with a ready external GPU the contract's accelerator variant
+/// ([`Target::accelerator_variant`]) when it has one. A malformed variant is left out, never the
+/// model.
+pub fn artifacts_to_fetch(
     entry: &ModelEntry,
     chestnut: Chestnut,
     contract: &manifest::Contract,
@@ -277,7 +258,6 @@ mod tests {
                 single,
                 "{gpu} {c:?} {allow}"
             );
-            assert_eq!(in_download_all(gpu, c), all, "{gpu} {c:?}");
             assert_eq!(unrequested_download(gpu, c), all, "{gpu} {c:?}");
         }
         assert_eq!(
@@ -292,6 +272,7 @@ mod tests {
 
     #[test]
     fn chestnut_variants_are_fetched_only_with_a_ready_chestnut() {
+        let base = manifest::contract::BASE_CONTRACT.contract();
         let e = entry(
             json!({"id": "gwm8223", "accelerator_artifacts": {"chestnut": {
             "artifact_format": "tinygrad_single_v1",
@@ -300,7 +281,7 @@ mod tests {
             "artifact_chunk_count": 0, "execution_device": "AMD"}}}),
         );
         let names = |c| -> Vec<(String, String)> {
-            artifacts_to_fetch(&e, c)
+            artifacts_to_fetch(&e, c, base)
                 .unwrap()
                 .into_iter()
                 .map(|t| (t.remote_name.to_string(), t.local_name.to_string()))
@@ -321,22 +302,27 @@ mod tests {
                 "gwm8223_driving_chestnut_tinygrad.pkl".into()
             )
         );
-        let v = Target::chestnut_variant(&e).unwrap().unwrap();
+        let v = Target::accelerator_variant(&e, base).unwrap().unwrap();
         assert_eq!(v.size, Some(7));
         assert_eq!(v.chunk_count, Some(0));
 
         // Not AMD, or no variant: the model alone.
         let cpu = entry(json!({"id": "x1", "accelerator_artifacts": {"chestnut": {
             "execution_device": "QCOM"}}}));
-        assert!(Target::chestnut_variant(&cpu).is_err());
-        assert_eq!(artifacts_to_fetch(&cpu, Chestnut::Ready).unwrap().len(), 1);
+        assert!(Target::accelerator_variant(&cpu, base).is_err());
+        assert_eq!(
+            artifacts_to_fetch(&cpu, Chestnut::Ready, base)
+                .unwrap()
+                .len(),
+            1
+        );
         let plain = entry(json!({"id": "x2"}));
-        assert!(Target::chestnut_variant(&plain).unwrap().is_none());
+        assert!(Target::accelerator_variant(&plain, base).unwrap().is_none());
         // Without a filename the remote name is the local one.
         let bare = entry(json!({"id": "x3", "accelerator_artifacts": {"chestnut": {
             "execution_device": "AMD"}}}));
         assert_eq!(
-            Target::chestnut_variant(&bare)
+            Target::accelerator_variant(&bare, base)
                 .unwrap()
                 .unwrap()
                 .remote_name
@@ -385,7 +371,7 @@ mod tests {
                     "execution_device": "AMD"}}}))
         };
         let locals = |e: &ModelEntry, c: &manifest::Contract, gpu| -> Vec<String> {
-            artifacts_to_fetch_for(e, gpu, c)
+            artifacts_to_fetch(e, gpu, c)
                 .map(|ts| ts.into_iter().map(|t| t.local_name.to_string()).collect())
                 .unwrap_or_default()
         };

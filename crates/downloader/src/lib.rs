@@ -561,7 +561,7 @@ impl Downloader {
     }
 
     /// [`Downloader::download`] of an explicit target: a model's artifact
-    /// ([`Target::from_entry`]) or its Chestnut variant ([`Target::chestnut_variant`]).
+    /// ([`Target::from_entry`]) or its Chestnut variant ([`Target::accelerator_variant`]).
     ///
     /// When it returns `Ok(installed)`: `installed.path` holds, as one plain file fsynced and
     /// renamed into place (its directory fsynced), bytes of `installed.size` whose whole SHA-256

@@ -427,7 +427,12 @@ mod tests {
                     ("artifact", Target::from_entry(&entry).unwrap()),
                     (
                         "variant",
-                        Target::chestnut_variant(&entry).unwrap().unwrap(),
+                        Target::accelerator_variant(
+                            &entry,
+                            manifest::contract::BASE_CONTRACT.contract(),
+                        )
+                        .unwrap()
+                        .unwrap(),
                     ),
                 ];
                 for (what, t) in &targets {

@@ -437,7 +437,7 @@ fn a_chestnut_present_or_absent_decides_gpu_downloads() {
         for entry in m.models() {
             let gpu = entry.uses_external_gpu();
             let go = if all {
-                egpu::in_download_all(gpu, chestnut)
+                egpu::unrequested_download(gpu, chestnut)
             } else {
                 entry.id().as_str() == "gpu223"
                     && egpu::single_download(gpu, chestnut, allow).is_ok()
@@ -445,7 +445,13 @@ fn a_chestnut_present_or_absent_decides_gpu_downloads() {
             if !go {
                 continue;
             }
-            for t in egpu::artifacts_to_fetch(entry, chestnut).unwrap() {
+            for t in egpu::artifacts_to_fetch(
+                entry,
+                chestnut,
+                manifest::contract::BASE_CONTRACT.contract(),
+            )
+            .unwrap()
+            {
                 d.download_target(generation(), &t, &w.models, &CancelToken::new(), &|_| {})
                     .unwrap();
                 fetched.push(t.local_name.to_string());
@@ -492,8 +498,11 @@ fn a_chestnut_present_or_absent_decides_gpu_downloads() {
             .unwrap(),
         amd
     );
-    let t = Target::chestnut_variant(m.get(&id("gpu223")).unwrap())
-        .unwrap()
-        .unwrap();
+    let t = Target::accelerator_variant(
+        m.get(&id("gpu223")).unwrap(),
+        manifest::contract::BASE_CONTRACT.contract(),
+    )
+    .unwrap()
+    .unwrap();
     assert_eq!(t.remote_name.as_str(), "gpu223_amd.pkl");
 }

@@ -61,7 +61,7 @@ fn a_failed_download_falls_back_for_now_is_retried_with_backoff_and_switches_bac
         upstream::modeld(&f.data(), false).small,
         upstream::Load::BuiltIn
     );
-    let s = migration::report::status(&f.device()).unwrap();
+    let s = migration::report::status(&f.device(), crate::common::tree()).unwrap();
     let fb = s.fallback.expect("choice recorded");
     assert_eq!(fb.chosen.selection.as_deref(), Some("pop223"));
     assert_eq!(fb.pending.len(), 1);
@@ -79,7 +79,7 @@ fn a_failed_download_falls_back_for_now_is_retried_with_backoff_and_switches_bac
     let (r, _) = refresh_at(&f, &origin, T0 + 300);
     assert!(r.unwrap().fell_back_to_builtin);
     assert!(pop_requests(&origin) > 0);
-    let fb = migration::report::status(&f.device())
+    let fb = migration::report::status(&f.device(), crate::common::tree())
         .unwrap()
         .fallback
         .unwrap();
@@ -137,7 +137,7 @@ fn a_failed_download_falls_back_for_now_is_retried_with_backoff_and_switches_bac
         upstream::Load::File { ref id, .. } if id == "pop223"
     ));
     assert!(
-        migration::report::status(&f.device())
+        migration::report::status(&f.device(), crate::common::tree())
             .unwrap()
             .fallback
             .unwrap()
@@ -157,7 +157,7 @@ fn a_same_generation_repair_that_fails_keeps_the_choice_and_a_new_pick_replaces_
     let r = refresh_at(&f, &origin, T0 + 10).0.unwrap();
     assert_eq!(r.selected.as_str(), "rdf43");
     assert_eq!(r.retrying, ["pop223"]);
-    let fb = migration::report::status(&f.device())
+    let fb = migration::report::status(&f.device(), crate::common::tree())
         .unwrap()
         .fallback
         .unwrap();
@@ -189,7 +189,7 @@ fn a_model_absent_from_the_catalog_is_dropped_for_good_and_status_says_so() {
     assert_eq!(r.dropped, ["gone223"]);
     assert!(r.retrying.is_empty());
     assert!(seen.contains(&Progress::SelectedUnavailable), "{seen:?}");
-    let fb = migration::report::status(&f.device())
+    let fb = migration::report::status(&f.device(), crate::common::tree())
         .unwrap()
         .fallback
         .unwrap();
@@ -215,7 +215,7 @@ fn a_republished_model_is_fetched_and_switched_to_keeping_the_verified_old_copy_
     assert_eq!(r.retrying, ["pop223"]);
     assert!(seen.contains(&Progress::UpdateRetrying), "{seen:?}");
     let device = f.device();
-    let s = migration::report::status(&device).unwrap();
+    let s = migration::report::status(&device, crate::common::tree()).unwrap();
     assert_eq!(s.installed[0].state, VerifyState::Outdated, "never corrupt");
     assert_eq!(
         s.fallback.unwrap().pending[0].case,
@@ -234,7 +234,7 @@ fn a_republished_model_is_fetched_and_switched_to_keeping_the_verified_old_copy_
         sha_of(&f.models().join("pop223_driving_tinygrad.pkl")).as_deref(),
         Some(origin.sha("pop223"))
     );
-    let s = migration::report::status(&device).unwrap();
+    let s = migration::report::status(&device, crate::common::tree()).unwrap();
     assert_eq!(s.installed[0].state, VerifyState::Verified);
 }
 

@@ -91,7 +91,7 @@ fn a_model_that_fails_its_first_start_is_marked_and_not_downloaded_again() {
     let (path, sel) = device.resolve().unwrap();
     assert!(migration::is_builtin_id(sel.id.as_str()), "{path:?}");
     // `status` says so.
-    let status = migration::report::status(&device).unwrap();
+    let status = migration::report::status(&device, crate::common::tree()).unwrap();
     assert_eq!(status.bad_artifacts.len(), 1);
     assert!(status.bad_artifacts[0].current);
     assert!(
@@ -158,7 +158,7 @@ fn a_model_that_fails_its_first_start_is_marked_and_not_downloaded_again() {
     assert_eq!(f.param("Model").as_deref(), Some("pop223"));
     let (path, sel) = device.resolve().unwrap();
     assert_eq!((sel.id.as_str(), path), ("pop223", artifact));
-    let status = migration::report::status(&device).unwrap();
+    let status = migration::report::status(&device, crate::common::tree()).unwrap();
     assert!(
         !status.bad_artifacts[0].current,
         "{:?}",

@@ -155,7 +155,7 @@ fn verify_passes_on_a_fully_installed_device_whose_catalog_lists_the_builtin() {
 
     // status and resolve name the model from the catalog, not from a stale param.
     f.set(keys::DRIVING_MODEL_NAME, "a stale name");
-    let s = migration::report::status(&device).unwrap();
+    let s = migration::report::status(&device, crate::common::tree()).unwrap();
     assert_eq!(s.selected.name, "Pop");
     assert_eq!(s.selected.version, "v16");
     let resolved = migration::report::resolve(&device).unwrap();

@@ -703,7 +703,7 @@ fn resolve_and_status_answer_what_upstream_loads() {
         let check = |case: &str, want_id: &str, want_installed: bool| {
             let up = rt.resolve_runtime(&root, false);
             let r = migration::report::resolve(&device).unwrap();
-            let s = migration::report::status(&device).unwrap();
+            let s = migration::report::status(&device, crate::common::tree()).unwrap();
             let json: Value = serde_json::to_value(&s).unwrap();
             assert_eq!(
                 up.small_path.clone().unwrap_or(builtin.clone()),
@@ -1207,7 +1207,10 @@ fn a_load_receipt_is_checked_against_the_trees_catalog() {
                 "variant": variant, "artifactSha256": v.sha("pop223"), "fallbackReason": null});
             fs::write(&f, serde_json::to_vec(&body).unwrap()).unwrap();
             fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
-            migration::report::status(&device).unwrap().running.unwrap()
+            migration::report::status(&device, crate::common::tree())
+                .unwrap()
+                .running
+                .unwrap()
         };
         let ok = status_for("pop223", "small");
         assert_eq!(ok.state, "running", "{generation}: {ok:?}");

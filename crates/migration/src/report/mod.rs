@@ -70,7 +70,7 @@ pub struct InstalledModel {
     pub digest_source: Option<&'static str>,
 }
 
-/// `status`.
+/// `status`, with the trust state and the openpilot tree (`status --json` is this report).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StatusReport {
     pub generation: String,
@@ -112,6 +112,13 @@ pub struct StatusReport {
     /// Bytes fetched of each artifact today (UTC) against the daemon's daily budget
     /// ([`crate::rules::budget`]), exact.
     pub fetched_today: crate::rules::budget::TodayReport,
+    pub trust: render::TrustReport,
+    pub tree: crate::state::tree::TreeStatus,
+    /// Another manager holding the lock now (the daemon, or a `refresh` or `download`
+    /// elsewhere): its staged downloads are under way, not interrupted. Only in `--json` when
+    /// there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub another_manager: Option<render::AnotherManager>,
 }
 
 /// A chosen GPU-only model that is not installed because no Chestnut is ready, as `status`
@@ -374,10 +381,10 @@ fn fallback(
     }))
 }
 
-/// `status`, from the device's state read once ([`DeviceView`]): a part that cannot be read is
-/// reported (`unreadable`; a catalog the trusted keys refuse in `catalog_problem`), except the
-/// catalog itself.
-pub fn status(device: &Device) -> Result<StatusReport> {
+/// `status` of the device beside its openpilot `tree`, from the device's state read once
+/// ([`DeviceView`]): a part that cannot be read is reported (`unreadable`; a catalog the trusted
+/// keys refuse in `catalog_problem`), except the catalog itself.
+pub fn status(device: &Device, tree: crate::state::tree::TreeStatus) -> Result<StatusReport> {
     let mut view = DeviceView::read(device);
     // A per-generation layout answers from its own files, as upstream reads them: the
     // selection from `preferences.json`, what is installed against `<gen>/catalog.json`.
@@ -439,6 +446,9 @@ pub fn status(device: &Device) -> Result<StatusReport> {
             let read = crate::rules::budget::read(&device.models_dir(), today);
             crate::rules::budget::report(&read, today, device.budget.unwrap_or_default())
         },
+        trust: render::TrustReport::of(device)?,
+        tree,
+        another_manager: render::AnotherManager::of(device),
     })
 }
 

@@ -158,21 +158,6 @@ impl TrustReport {
     }
 }
 
-/// `status`: the device's report, its trust state and its tree (`status --json` is this
-/// document).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct StatusDocument {
-    #[serde(flatten)]
-    pub report: StatusReport,
-    pub trust: TrustReport,
-    pub tree: TreeStatus,
-    /// Another manager holding the lock now (the daemon, or a `refresh` or `download`
-    /// elsewhere): its staged downloads are under way, not interrupted. Only in `--json` when
-    /// there is one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub another_manager: Option<AnotherManager>,
-}
-
 /// The manager holding the lock, and what the UI's memory params say it is doing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AnotherManager {
@@ -204,45 +189,35 @@ impl AnotherManager {
     }
 }
 
-impl StatusDocument {
-    pub fn of(device: &Device, tree: TreeStatus) -> Result<Self> {
-        Ok(StatusDocument {
-            report: crate::report::status(device)?,
-            trust: TrustReport::of(device)?,
-            tree,
-            another_manager: AnotherManager::of(device),
-        })
-    }
-
+impl StatusReport {
     /// The lines `status` prints on stdout.
     pub fn lines(&self) -> Vec<String> {
-        let r = &self.report;
         let mut lines = vec![
-            format!("generation: {}", r.generation),
+            format!("generation: {}", self.generation),
             tree_line(&self.tree),
             format!(
                 "manifest version: {}",
-                r.manifest_version.as_deref().unwrap_or("none")
+                self.manifest_version.as_deref().unwrap_or("none")
             ),
             format!(
                 "selected: {} ({} {})",
-                r.selected.id, r.selected.name, r.selected.version
+                self.selected.id, self.selected.name, self.selected.version
             ),
-            format!("resolves to: {}", r.resolved.display()),
+            format!("resolves to: {}", self.resolved.display()),
         ];
-        if let Some(run) = &r.running {
+        if let Some(run) = &self.running {
             lines.extend(run.lines());
         }
-        lines.extend(catalog_lines(r));
+        lines.extend(catalog_lines(self));
         lines.push(format!(
             "free space: {}",
-            r.free_bytes
+            self.free_bytes
                 .map_or("unknown".into(), cli_support::progress::bytes)
         ));
-        lines.extend(fallback_lines(r));
+        lines.extend(fallback_lines(self));
         lines.extend(self.under_way_lines());
-        lines.extend(fetched_today_lines(r));
-        lines.extend(r.unreadable.iter().map(|p| format!("unreadable: {p}")));
+        lines.extend(fetched_today_lines(self));
+        lines.extend(self.unreadable.iter().map(|p| format!("unreadable: {p}")));
         lines.extend(self.trust.lines());
         lines
     }
@@ -250,9 +225,8 @@ impl StatusDocument {
     /// An interrupted migration, the manager holding the lock and its request, and the
     /// staged downloads (under way while it holds the lock, interrupted otherwise).
     fn under_way_lines(&self) -> Vec<String> {
-        let r = &self.report;
         let mut lines = Vec::new();
-        if let Some(j) = &r.interrupted_migration {
+        if let Some(j) = &self.interrupted_migration {
             lines.push(format!(
                 "interrupted migration: {} -> {} at the {} phase",
                 j.from.as_deref().unwrap_or("none"),
@@ -277,7 +251,7 @@ impl StatusDocument {
                 ));
             }
         }
-        for d in &r.interrupted_downloads {
+        for d in &self.interrupted_downloads {
             let staged = format!(
                 "{} ({}), {} of {} staged",
                 d.id.as_deref().unwrap_or("not in the catalog"),
@@ -375,7 +349,7 @@ fn fetched_today_lines(r: &StatusReport) -> Vec<String> {
     unknown.chain(artifacts).collect()
 }
 
-impl StatusDocument {
+impl StatusReport {
     /// The `next:` hint `status` adds on stderr, if any.
     pub fn next(&self) -> Option<String> {
         let hint = self.next_alone()?;
@@ -392,21 +366,24 @@ impl StatusDocument {
 
     /// The hint when no other manager runs.
     fn next_alone(&self) -> Option<String> {
-        let r = &self.report;
-        if r.interrupted_migration.is_some() {
+        if self.interrupted_migration.is_some() {
             Some("`refresh` finishes the interrupted migration".into())
-        } else if r.catalog_models.is_none() {
+        } else if self.catalog_models.is_none() {
             Some(format!(
                 "`refresh` (online) fetches the {} catalog",
-                r.generation
+                self.generation
             ))
-        } else if r.installed.iter().any(|m| m.state == VerifyState::Corrupt) {
+        } else if self
+            .installed
+            .iter()
+            .any(|m| m.state == VerifyState::Corrupt)
+        {
             Some(
                 "`download <ID>` replaces a corrupt model; `resolve` never hands one to modeld"
                     .into(),
             )
         } else {
-            r.interrupted_downloads
+            self.interrupted_downloads
                 .iter()
                 .find(|d| d.current)
                 .and_then(|d| d.id.as_deref())
@@ -420,7 +397,7 @@ impl StatusDocument {
     }
 }
 
-impl Render for StatusDocument {
+impl Render for StatusReport {
     fn text(&self) -> Vec<Line> {
         out_then_notes(self.lines(), self.next().map(|n| format!("next: {n}")))
     }

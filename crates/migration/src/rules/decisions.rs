@@ -172,15 +172,6 @@ pub(crate) fn settle(
     }
 }
 
-/// Whether a refresh whose manifest fetch failed with `e` runs the offline first boot
-/// (`offline::first_boot`) before returning it: offline, or every manifest unusable; not on a
-/// cancel, and not when a manifest was refused on trust grounds.
-pub(crate) fn offline_first_boot_due(e: &Error) -> bool {
-    matches!(e, Error::Download(d)
-        if !matches!(d, downloader::Error::Cancelled { .. })
-            && downloader::trust::refusals(d).is_empty())
-}
-
 /// What `manager::write_contract` writes, in its order: the params (`None`: removed), then the files
 /// of the models directory with their bytes.
 pub(crate) type ContractWrites = (

@@ -116,7 +116,7 @@ pub fn downloadable<'a>(
         })
         .filter(|e| {
             !crate::rules::contract::is_builtin_id(e.id().as_str())
-                && downloader::egpu::in_download_all(e.uses_external_gpu(), chestnut)
+                && downloader::egpu::unrequested_download(e.uses_external_gpu(), chestnut)
         })
         .collect()
 }
@@ -262,7 +262,7 @@ pub fn plan(device: &Device, dl: &Downloader, id: Option<&ModelId>) -> Result<Do
     let mut models = Vec::new();
     for entry in &entries {
         let targets: Vec<Target> =
-            downloader::egpu::artifacts_to_fetch_for(entry, device.chestnut(), device.contract())?;
+            downloader::egpu::artifacts_to_fetch(entry, device.chestnut(), device.contract())?;
         // As `install`: the model's artifact unless a verified copy is there, its Chestnut
         // build unless that is in place.
         let main_kept = plan::install_step(device.planning().verify_entry(entry, false)?, true)

@@ -31,9 +31,7 @@ use crate::error::{Error, Result};
 use crate::report::progress::{Progress, ProgressFn, Transferred};
 use crate::rules::choice::{self, Caller, Failure, Fate};
 use crate::rules::contract::{self, Catalog, Outcome};
-use crate::rules::decisions::{
-    Installs, Settled, chosen, contract_writes, journal_now, offline_first_boot_due, settle,
-};
+use crate::rules::decisions::{Installs, Settled, chosen, contract_writes, journal_now, settle};
 use crate::rules::plan::{self, InstallStep};
 use crate::state::device::{Device, JOURNAL_FILE, VerifyState};
 use crate::state::effects::lock;
@@ -128,19 +126,41 @@ pub(crate) struct RefreshRun {
     pub steps: Vec<(ModelId, VerifyState, InstallStep)>,
 }
 
+/// The catalog a device knows without a manifest (the offline first boot: a build of another
+/// generation than the device's, started with no network): the built-in and its local models.
+/// [`begin_migration`] over it journals the choice, points everything modeld and the UIs read
+/// at the built-in and purges the old generation's driving artifacts; once a manifest is
+/// fetched, `refresh` resumes the journal at its download phase and installs the user's model.
+fn offline_catalog(device: &Device) -> Result<Catalog> {
+    let builtin = manifest::Manifest::from_value(serde_json::json!({"models": [{
+        "id": manifest::layout::BUILTIN_MODEL_ID,
+        "name": manifest::layout::BUILTIN_MODEL_NAME,
+        "version": manifest::layout::BUILTIN_MODEL_VERSION.to_string(),
+    }]}))?;
+    device.device_catalog(&builtin)
+}
+
 /// The failure tail of a refresh whose manifest fetch failed with `e`: a trust refusal is
 /// recorded; offline (or every manifest unusable), a device on another generation runs the
 /// offline first boot now (not on a cancel or a trust refusal, which changes nothing:
 /// docs/device.md, *Trust*).
 pub(crate) fn failed_fetch(device: &Device, e: &Error) -> Result<()> {
-    crate::state::trust_state::record_failed_fetch(device, e)?;
-    if offline_first_boot_due(e) {
+    let Error::Download(d) = e else {
+        return Ok(());
+    };
+    let refusals = downloader::trust::refusals(d);
+    if !refusals.is_empty() {
+        let generation = device.config.generation;
+        crate::state::trust_state::record_refusal(device, generation, &refusals)
+    } else if matches!(d, downloader::Error::Cancelled { .. }) {
+        Ok(())
+    } else {
         // The offline first boot: the journal and purge steps over the offline catalog (a
         // device on this generation already changes nothing).
-        let catalog = crate::run::offline::offline_catalog(device)?;
+        let catalog = offline_catalog(device)?;
         begin_migration(device, &DeviceView::read(device).strict()?, &catalog)?;
+        Ok(())
     }
-    Ok(())
 }
 
 /// The first step of `run` on a device whose params still belong to another generation than
@@ -162,7 +182,7 @@ pub fn settle_new_tree(device: &Device) -> Result<Option<String>> {
     if view.previous().is_none() {
         return Ok(None);
     }
-    let catalog = crate::run::offline::offline_catalog(device)?;
+    let catalog = offline_catalog(device)?;
     let (journal, _purged, changed) = begin_migration(device, &view, &catalog)?;
     Ok(changed.then(|| {
         journal
@@ -523,7 +543,7 @@ pub fn install(
     let chestnut = device.chestnut();
     // A Chestnut variant the signature does not pin is left out (listed by `status` as not
     // installable); the model itself still installs.
-    let variant = downloader::egpu::artifacts_to_fetch_for(entry, chestnut, dl.contract())?
+    let variant = downloader::egpu::artifacts_to_fetch(entry, chestnut, dl.contract())?
         .into_iter()
         .nth(1)
         .filter(|v| dl.check_signed(v).is_ok());

@@ -269,7 +269,7 @@ fn write_floor_param(device: &Device, all: &AcceptedReleases) -> Result<()> {
 /// Fetch the generation's manifest; with trusted keys, refuse one older than the accepted
 /// release (a missing or corrupt copy of it is rewritten from the other first; with neither
 /// readable, nothing is fetched). A refusal is returned as the fetch error and recorded by
-/// `record_failed_fetch`. `cancel` stops the fetch. The accepted manifest is stored by
+/// `manager::failed_fetch`. `cancel` stops the fetch. The accepted manifest is stored by
 /// [`store_accepted`].
 pub fn fetch_accepted(
     device: &Device,
@@ -282,18 +282,6 @@ pub fn fetch_accepted(
     }
     let floor = release_floor(device, dl)?;
     Ok(dl.fetch_manifest_accepting(generation, floor, cancel)?)
-}
-
-/// After a failed fetch (`e`, from [`fetch_accepted`]): a refusal on trust grounds is recorded
-/// for `status`; nothing else is written (a cancelled fetch records nothing).
-pub(crate) fn record_failed_fetch(device: &Device, e: &crate::Error) -> Result<()> {
-    if let crate::Error::Download(d) = e {
-        let refusals = trust::refusals(d);
-        if !refusals.is_empty() {
-            record_refusal(device, device.config.generation, &refusals)?;
-        }
-    }
-    Ok(())
 }
 
 /// The release a fetched manifest must not be older than, when keys are trusted: the accepted
@@ -370,7 +358,7 @@ pub(crate) fn accepted_catalog_body(
 }
 
 /// Write the refusal report for `refusals`, or remove it when there are none.
-fn record_refusal(
+pub(crate) fn record_refusal(
     device: &Device,
     generation: Generation,
     refusals: &[(&str, &Refusal)],

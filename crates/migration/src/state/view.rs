@@ -231,6 +231,19 @@ mod tests {
         d
     }
 
+    /// `status` of `d` beside some openpilot tree.
+    fn status_of(d: &Device) -> Result<crate::report::StatusReport> {
+        let tree = crate::state::tree::TreeStatus {
+            openpilot_dir: "/data/openpilot".into(),
+            tinygrad_commit: None,
+            generation: None,
+            state: "known",
+            problem: None,
+            next: None,
+        };
+        crate::report::status(d, tree)
+    }
+
     fn catalog() -> Manifest {
         Manifest::from_value(serde_json::json!({"models": [
             {"id": "pop223", "name": "Pop", "version": "v16"},
@@ -285,7 +298,7 @@ mod tests {
             );
 
             // `status` reports it; `refresh` stops on it.
-            let status = crate::report::status(&d).unwrap();
+            let status = status_of(&d).unwrap();
             assert_eq!(status.unreadable, problems, "{generation}");
             assert_eq!(status.interrupted_migration, None);
             assert_eq!(status.selected.id, "pop223");
@@ -299,7 +312,7 @@ mod tests {
             fs::remove_file(&journal).unwrap();
             let mut view = DeviceView::read(&d).strict().unwrap();
             assert!(view.problems().is_empty());
-            assert!(crate::report::status(&d).unwrap().unreadable.is_empty());
+            assert!(status_of(&d).unwrap().unreadable.is_empty());
             assert_eq!(view.take_catalog().unwrap().models().len(), 1);
             assert!(view.catalog().is_none(), "taken out");
         }
@@ -324,7 +337,7 @@ mod tests {
             assert!(problem.contains(".catalog.json"), "{problem}");
             let e = view.take_catalog().unwrap_err();
             assert!(!matches!(e, Error::NoCatalog { .. }), "{e}");
-            let e = crate::report::status(&d).unwrap_err();
+            let e = status_of(&d).unwrap_err();
             assert!(e.to_string().contains(".catalog.json"), "{e}");
         }
     }

@@ -361,3 +361,15 @@ pub fn poll_once(
         | Served::Failed { progress: p, .. } => (r, p),
     }))
 }
+
+/// An openpilot tree for `migration::report::status` (the binary's is read from the tree).
+pub fn tree() -> migration::state::tree::TreeStatus {
+    migration::state::tree::TreeStatus {
+        openpilot_dir: PathBuf::from("/data/openpilot"),
+        tinygrad_commit: None,
+        generation: None,
+        state: "known",
+        problem: None,
+        next: None,
+    }
+}
