@@ -41,9 +41,10 @@ impl Builder for StandIn {
         dir: &Path,
         _say: &mut dyn FnMut(&str),
     ) -> Result<Vec<PathBuf>, BuildError> {
-        std::fs::create_dir_all(dir).map_err(BuildError::model)?;
+        std::fs::create_dir_all(dir).map_err(|e| BuildError::Sources(Box::new(e.into())))?;
         let src = dir.join("driving_supercombo.onnx");
-        std::fs::write(&src, model.source.id.as_str()).map_err(BuildError::model)?;
+        std::fs::write(&src, model.source.id.as_str())
+            .map_err(|e| BuildError::Sources(Box::new(e.into())))?;
         Ok(vec![src])
     }
 
@@ -73,12 +74,12 @@ impl Builder for StandIn {
         let name = manifest::layout::artifact_file_name(id)
             .as_str()
             .to_string();
-        std::fs::create_dir_all(out).map_err(BuildError::model)?;
+        std::fs::create_dir_all(out).map_err(compiler_remote::Error::from)?;
         let options = chunker::SplitOptions {
             chunk_size: 8 << 20,
         };
         let r = chunker::split_reader(&bytes[..], bytes.len() as u64, &name, out, &options)
-            .map_err(BuildError::model)?;
+            .map_err(compiler_remote::Error::from)?;
         // The compile takes its fixed time, writing the chunk set included.
         std::thread::sleep(self.compile.saturating_sub(started.elapsed()));
         Ok(FetchedArtifact {

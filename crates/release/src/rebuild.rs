@@ -52,56 +52,82 @@ enum Attempt {
     Failed(BuildError),
 }
 
-/// Why one model's build failed, and whether every further model would fail the same way.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BuildError {
-    pub message: String,
-    /// Stop the run: the store or the compiler cannot be used at all.
-    pub stops_the_run: bool,
+/// Why one model's build failed: one variant per step that fails, its text the cause's own
+/// (which names the file, store or compiler and what to do). [`BuildError::stops_the_run`]
+/// says whether every further model would fail the same way.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The source store (`--sources`) cannot be opened: no model's sources can be fetched.
+    #[error(transparent)]
+    SourceStore(artifact_store::Error),
+    /// This model's ONNX sources could not be fetched from the source store.
+    #[error(transparent)]
+    Sources(Box<Error>),
+    /// No session with the compiler: whatever the reason, no further model would get further.
+    #[error(transparent)]
+    Connect(compiler_remote::Error),
+    /// The compiler failed on this model (its compile or its device validation); some of its
+    /// errors every further model would meet too ([`BuildError::stops_the_run`]).
+    #[error(transparent)]
+    Compiler(#[from] compiler_remote::Error),
+    /// The chunks of the compiled artifact could not be hashed for the record.
+    #[error(transparent)]
+    ChunkDigests(Box<Error>),
+    /// The build receipt of an artifact could not be written (its stamp is not this pin's or
+    /// this model's, or the file could not be written).
+    #[error(transparent)]
+    Receipt(Box<Error>),
+    /// A compiled accelerator variant could not be installed under its own name.
+    #[error(transparent)]
+    InstallVariant(Box<Error>),
+    /// The device validation job could not be made for this model.
+    #[error(transparent)]
+    ValidationJob(Box<Error>),
+    /// The device's verdict could not be recorded (`results/<id>.validation.json`): no further
+    /// verdict would be.
+    #[error(transparent)]
+    ValidationRecord(Box<Error>),
+    /// `rebuild --validate` with a [`Builder`] that keeps [`Builder::validate`]'s default.
+    #[error("this builder cannot validate on the device")]
+    CannotValidate,
+    /// `rebuild --validate` with a [`RemoteBuilder`] made without
+    /// [`RemoteBuilder::with_device_check`].
+    #[error("this builder was not given a device check")]
+    NoDeviceCheck,
 }
 
 impl BuildError {
-    /// A failure of this model only; the run goes on with the next one.
-    pub fn model(message: impl std::fmt::Display) -> Self {
-        Self {
-            message: message.to_string(),
-            stops_the_run: false,
+    /// Whether the run stops here: every further model would fail the same way (no source
+    /// store, no compiler, a compiler at another tinygrad, no way to validate or record it).
+    pub fn stops_the_run(&self) -> bool {
+        match self {
+            Self::SourceStore(_)
+            | Self::Connect(_)
+            | Self::ValidationRecord(_)
+            | Self::CannotValidate
+            | Self::NoDeviceCheck => true,
+            // No session, no usable rsync, or a compiler at another tinygrad.
+            Self::Compiler(e) => {
+                use compiler_remote::Error as E;
+                matches!(
+                    e,
+                    E::MarkerMismatch { .. }
+                        | E::MarkerMissing { .. }
+                        | E::MarkerUnreadable { .. }
+                        | E::Connect { .. }
+                        | E::HostKeyNotKnown { .. }
+                        | E::Ssh { .. }
+                        | E::RsyncMissing { .. }
+                        | E::RsyncIncompatible { .. }
+                )
+            }
+            Self::Sources(_)
+            | Self::ChunkDigests(_)
+            | Self::Receipt(_)
+            | Self::InstallVariant(_)
+            | Self::ValidationJob(_) => false,
         }
     }
-
-    /// A failure every further model would meet too: the run stops.
-    pub fn run(message: impl std::fmt::Display) -> Self {
-        Self {
-            message: message.to_string(),
-            stops_the_run: true,
-        }
-    }
-}
-
-impl From<compiler_remote::Error> for BuildError {
-    fn from(e: compiler_remote::Error) -> Self {
-        Self {
-            stops_the_run: stops_the_run(&e),
-            message: e.to_string(),
-        }
-    }
-}
-
-/// Compiler errors after which every further model would fail the same way: no session, no
-/// usable rsync, or a compiler at another tinygrad.
-pub fn stops_the_run(e: &compiler_remote::Error) -> bool {
-    use compiler_remote::Error as E;
-    matches!(
-        e,
-        E::MarkerMismatch { .. }
-            | E::MarkerMissing { .. }
-            | E::MarkerUnreadable { .. }
-            | E::Connect { .. }
-            | E::HostKeyNotKnown { .. }
-            | E::Ssh { .. }
-            | E::RsyncMissing { .. }
-            | E::RsyncIncompatible { .. }
-    )
 }
 
 /// `rebuild --generation` must be the generation of the tinygrad it builds with: `pin` (read
@@ -202,9 +228,7 @@ pub trait Builder {
         say: &mut dyn FnMut(&str),
     ) -> Result<bool, BuildError> {
         let _ = (model, ws, say);
-        Err(BuildError::run(
-            "this builder cannot validate on the device",
-        ))
+        Err(BuildError::CannotValidate)
     }
 }
 
@@ -507,7 +531,7 @@ impl Rebuild {
         };
         crate::loadable::write_build_receipt(&built, self.contract, &self.pin)
             .map(|_| ())
-            .map_err(BuildError::model)
+            .map_err(|e| BuildError::Receipt(e.into()))
     }
 
     /// The success record at `path` if it still counts as done: made for this generation and
@@ -726,10 +750,10 @@ impl Rebuild {
             Attempt::Skipped(r) => (r, false),
             Attempt::Compiled(r) => (r, true),
             Attempt::Failed(e) => {
-                if e.stops_the_run {
-                    ran.stopped = Some(e.message.clone());
+                if e.stops_the_run() {
+                    ran.stopped = Some(e.to_string());
                 }
-                outcome.error = Some(e.message);
+                outcome.error = Some(e.to_string());
                 ran.outcomes.push(outcome);
                 return Ok(None);
             }
@@ -752,12 +776,12 @@ impl Rebuild {
                         passed
                     }
                     Err(e) => {
-                        if e.stops_the_run {
-                            ran.stopped = Some(e.message.clone());
+                        if e.stops_the_run() {
+                            ran.stopped = Some(e.to_string());
                         }
-                        say(&format!("validation FAILED: {}; not uploaded", e.message));
+                        say(&format!("validation FAILED: {e}; not uploaded"));
                         outcome.validation = Some("failed");
-                        outcome.error = Some(e.message);
+                        outcome.error = Some(e.to_string());
                         false
                     }
                 }
@@ -816,11 +840,11 @@ impl Rebuild {
                         id: id.clone(),
                         status: "failed".into(),
                         generation: self.generation,
-                        error: e.message.clone(),
+                        error: e.to_string(),
                         log,
                     },
                 )?;
-                say(&format!("FAILED: {}", e.message));
+                say(&format!("FAILED: {e}"));
                 Ok(Attempt::Failed(e))
             }
         }
@@ -884,8 +908,8 @@ impl Rebuild {
         ));
         let out = self.workspace.ready_model(id);
         let a = builder.compile(p, &sources, &out, log, say)?;
-        let chunk_sha256 =
-            chunk_digests(&out, &a.name, a.chunk_count).map_err(BuildError::model)?;
+        let chunk_sha256 = chunk_digests(&out, &a.name, a.chunk_count)
+            .map_err(|e| BuildError::ChunkDigests(e.into()))?;
         self.receipt(p, &out, &a.name, &sources)?;
         let variants = self.build_variants(builder, p, &sources, &out, log, say);
         Ok(BuildRecord {
@@ -944,8 +968,7 @@ impl Rebuild {
                     "accelerator variant {variant}: this builder cannot build it; dropped"
                 )),
                 Err(e) => say(&format!(
-                    "accelerator variant {variant} FAILED: {}; dropped",
-                    e.message
+                    "accelerator variant {variant} FAILED: {e}; dropped"
                 )),
             }
         }

@@ -46,11 +46,15 @@ impl StoreFetcher {
 impl SourceFetcher for StoreFetcher {
     fn fetch(&mut self, model: &PlannedModel, dir: &Path) -> Result<Vec<PathBuf>, BuildError> {
         if self.store.is_none() {
-            let store = self.sources.open(&self.access).map_err(BuildError::run)?;
+            let store = self
+                .sources
+                .open(&self.access)
+                .map_err(BuildError::SourceStore)?;
             self.store = Some(store);
         }
         let store = self.store.as_deref().expect("opened");
-        super::fetch_sources(store, &model.source.source_id, dir).map_err(BuildError::model)
+        super::fetch_sources(store, &model.source.source_id, dir)
+            .map_err(|e| BuildError::Sources(e.into()))
     }
 }
 

@@ -101,7 +101,7 @@ impl Builder for RemoteBuilder<'_> {
         say: &mut dyn FnMut(&str),
     ) -> Result<bool, BuildError> {
         let Some(check) = self.device_check.clone() else {
-            return Err(BuildError::run("this builder was not given a device check"));
+            return Err(BuildError::NoDeviceCheck);
         };
         let id = &model.source.id;
         let (artifact, log) = (ws.ready_artifact(id), ws.validate_log(id));
@@ -114,7 +114,7 @@ impl Builder for RemoteBuilder<'_> {
             python: &check.python,
         }
         .job(&check.pins, &self.pin)
-        .map_err(BuildError::model)?;
+        .map_err(|e| BuildError::ValidationJob(e.into()))?;
         self.connect_once(say)?;
         let c = self.compiler.as_ref().expect("connected");
         let verdict = c.validate(&job, &self.pin, &mut *self.live)?;
@@ -128,7 +128,7 @@ impl Builder for RemoteBuilder<'_> {
             &record,
             contract,
         )
-        .map_err(BuildError::run)?;
+        .map_err(|e| BuildError::ValidationRecord(e.into()))?;
         Ok(passed)
     }
 
@@ -193,7 +193,8 @@ impl Builder for RemoteBuilder<'_> {
         };
         let c = self.compiler.as_ref().expect("connected");
         let built = c.compile(&job, &self.pin, &mut *self.live)?;
-        let installed = install_variant(&built, &tmp, out, id, variant).map_err(BuildError::model);
+        let installed = install_variant(&built, &tmp, out, id, variant)
+            .map_err(|e| BuildError::InstallVariant(e.into()));
         let _ = fs::remove_dir_all(&tmp);
         installed.map(Some)
     }
@@ -255,11 +256,10 @@ impl RemoteBuilder<'_> {
     fn connect_once(&mut self, say: &mut dyn FnMut(&str)) -> Result<(), BuildError> {
         if self.compiler.is_none() {
             say(&format!("connecting to {}", self.connect.destination));
-            self.compiler = Some(Compiler::connect(self.connect.clone()).map_err(|e| {
-                // Connecting is the run's first contact with the compiler: whatever the
-                // reason, no further model would get further.
-                BuildError::run(e)
-            })?);
+            // Connecting is the run's first contact with the compiler: whatever the reason, no
+            // further model would get further.
+            let compiler = Compiler::connect(self.connect.clone()).map_err(BuildError::Connect)?;
+            self.compiler = Some(compiler);
         }
         Ok(())
     }

@@ -277,8 +277,44 @@ fn which_compiler_errors_stop_the_run() {
         ),
     ];
     for (e, stops) in table {
-        assert_eq!(stops_the_run(&e), stops, "{e}");
-        assert_eq!(BuildError::from(e).stops_the_run, stops);
+        let text = e.to_string();
+        assert_eq!(BuildError::from(e).stops_the_run(), stops, "{text}");
+    }
+}
+
+/// Which steps' failures stop the run (the store, the compiler session, the verdict's record,
+/// a builder that cannot validate), each said in its cause's own words.
+#[test]
+fn which_build_failures_stop_the_run() {
+    let io = || std::io::Error::other("disk full");
+    let cause = || Box::new(Error::Io(io()));
+    let table = [
+        (BuildError::SourceStore(io().into()), true),
+        (BuildError::Sources(cause()), false),
+        (BuildError::Connect(io().into()), true),
+        (BuildError::Compiler(io().into()), false),
+        (BuildError::ChunkDigests(cause()), false),
+        (BuildError::Receipt(cause()), false),
+        (BuildError::InstallVariant(cause()), false),
+        (BuildError::ValidationJob(cause()), false),
+        (BuildError::ValidationRecord(cause()), true),
+    ];
+    for (e, stops) in table {
+        assert_eq!(e.stops_the_run(), stops, "{e:?}");
+        assert_eq!(e.to_string(), "disk full", "{e:?}");
+    }
+    for (e, text) in [
+        (
+            BuildError::CannotValidate,
+            "this builder cannot validate on the device",
+        ),
+        (
+            BuildError::NoDeviceCheck,
+            "this builder was not given a device check",
+        ),
+    ] {
+        assert!(e.stops_the_run(), "{e:?}");
+        assert_eq!(e.to_string(), text);
     }
 }
 
@@ -323,8 +359,8 @@ impl Builder for FakeBuilder {
         self.compiled.push(id.clone());
         say("fake compile");
         fs::write(log, format!("compiling {id}\n")).unwrap();
-        if let Some(e) = self.fail.get(id) {
-            return Err(e.clone());
+        if let Some(e) = self.fail.remove(id) {
+            return Err(e);
         }
         let bytes = format!("{id} {} {} {:?}", model.version, model.gpu, model.source);
         let name = manifest::layout::artifact_file_name(id)
@@ -362,9 +398,8 @@ impl Builder for FakeBuilder {
             return Ok(None);
         }
         if self.variant_fail.contains(id) {
-            return Err(BuildError::model(format!(
-                "{variant} compile of {id} failed"
-            )));
+            let failed = std::io::Error::other(format!("{variant} compile of {id} failed"));
+            return Err(BuildError::Compiler(failed.into()));
         }
         let bytes = format!("{id} {variant} {}", model.version);
         let name = format!("{id}_driving_{variant}_tinygrad.pkl");
@@ -736,7 +771,7 @@ fn a_model_failure_is_recorded_and_the_run_goes_on() {
     let mut b = FakeBuilder::default();
     b.fail.insert(
         id("sc23"),
-        BuildError::model("compile of sc23 failed; see sc23.log"),
+        BuildError::Compiler(std::io::Error::other("compile of sc23 failed; see sc23.log").into()),
     );
     let (summary, lines) = run(&r, &mut b);
     assert_eq!(
@@ -770,7 +805,7 @@ fn a_model_failure_is_recorded_and_the_run_goes_on() {
 #[test]
 fn an_error_every_model_would_meet_stops_the_run() {
     for stop in [
-        BuildError::run("could not open an SSH session"),
+        BuildError::Connect(std::io::Error::other("could not open an SSH session").into()),
         BuildError::from(compiler_remote::Error::MarkerMismatch {
             destination: "c".into(),
             path: "p".into(),
@@ -781,7 +816,8 @@ fn an_error_every_model_would_meet_stops_the_run() {
         let s = setup();
         let r = rebuild(&s, PIN, &[]);
         let mut b = FakeBuilder::default();
-        b.fail.insert(id("pop223"), stop.clone());
+        let message = stop.to_string();
+        b.fail.insert(id("pop223"), stop);
         let (summary, _) = run(&r, &mut b);
         assert_eq!(
             b.compiled,
@@ -791,7 +827,7 @@ fn an_error_every_model_would_meet_stops_the_run() {
         assert_eq!(statuses(&summary), [("pop223", "failed")]);
         assert_eq!(summary.not_attempted, [id("sc23"), id("bmrlnapv6")]);
         match summary.result() {
-            Err(Error::RunStopped { reason }) => assert_eq!(reason, stop.message),
+            Err(Error::RunStopped { reason }) => assert_eq!(reason, message),
             other => panic!("{other:?}"),
         }
         // The manifest is still written, with no artifact for this generation.
