@@ -3,8 +3,9 @@
 //!
 //! A download stages `<16 hex of its digest>-<local name>` and its completion record
 //! `<same>.state`: a header line `<sha256> <size> <piece length>`, then one line per piece done
-//! (`<index>`) or per range done inside an unfinished piece (`<index> <start> <end>`). A resume
-//! continues from that record; it is removed once the artifact is installed.
+//! (`<index>`, from 1) or per range done inside an unfinished piece (`<index> <start> <end>`,
+//! offsets in the piece). A resume continues from that record; it is removed once the artifact
+//! is installed.
 
 use std::path::Path;
 
@@ -41,8 +42,9 @@ pub fn record_progress(text: &str) -> Option<(u64, u64)> {
             .collect::<Result<_, _>>()
             .ok()?;
         done = done.saturating_add(match f[..] {
+            // Pieces are numbered from 1, as the chunks are (`download::plan::Piece`).
             [i] => {
-                let start = i.saturating_mul(piece);
+                let start = i.checked_sub(1)?.saturating_mul(piece);
                 size.saturating_sub(start).min(piece)
             }
             [_, a, b] => b.saturating_sub(a),
@@ -100,13 +102,16 @@ mod tests {
         let sha = "ab".repeat(32);
         for (body, want) in [
             (format!("{sha} 1000 256\n"), Some((1000, 0))),
-            // Pieces 0 and 3 (the last, 232 bytes) done, 100 bytes inside piece 1.
+            // Pieces 1 and 4 (the last, 232 bytes) done, 100 bytes inside piece 2.
             (
-                format!("{sha} 1000 256\n0\n3\n1 256 356\n"),
+                format!("{sha} 1000 256\n1\n4\n2 0 100\n"),
                 Some((1000, 588)),
             ),
-            (format!("{sha} 1000 256\n0\n1\n2\n3\n"), Some((1000, 1000))),
-            (format!("{sha} 1000\n0\n"), None),
+            (format!("{sha} 1000 256\n1\n2\n3\n4\n"), Some((1000, 1000))),
+            // A plain file is one piece, numbered 1.
+            (format!("{sha} 1000 1000\n1\n"), Some((1000, 1000))),
+            (format!("{sha} 1000 256\n0\n"), None),
+            (format!("{sha} 1000\n1\n"), None),
             (format!("{sha} 1000 256\nzero\n"), None),
             (String::new(), None),
         ] {
@@ -126,13 +131,13 @@ mod tests {
         std::fs::write(staging.join(&data), vec![0u8; 1000]).unwrap();
         std::fs::write(
             staging.join(format!("{data}.state")),
-            format!("{sha} 1000 256\n0\n"),
+            format!("{sha} 1000 256\n1\n"),
         )
         .unwrap();
         // A record without its bytes, and a stray, are not downloads.
         std::fs::write(
             staging.join(format!("{}-gone_driving_tinygrad.pkl.state", &sha[..16])),
-            format!("{sha} 1000 256\n0\n"),
+            format!("{sha} 1000 256\n1\n"),
         )
         .unwrap();
         std::fs::write(staging.join(".new-x"), b"x").unwrap();

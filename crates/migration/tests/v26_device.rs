@@ -1463,3 +1463,181 @@ fn the_daily_ledger_names_the_per_generation_path() {
         assert_eq!(day.spent(&v25_key), Some(11 * p.size), "{generation}");
     }
 }
+
+/// The staged files of `dir`'s staging directory (none when there is none).
+fn staged_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir.join(downloader::STAGING_DIR))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// On a v26-contract device a download stages under the model's own directory
+/// (`<gen>/<id>/.starpilot-staging`): one cut off mid-way is listed by `status` (id, bytes,
+/// current), `gc` keeps it and removes a staged file of a model gone from the catalog, one of
+/// another digest and v25's `<models>/.starpilot-staging` (which it no longer downloads into),
+/// never upstream's own files, and the next download resumes it without fetching a recorded
+/// piece again. Before, `status` and `gc` read `<models>/.starpilot-staging` only: the
+/// interrupted download was not listed and nothing was swept. v26 and a made-up v27.
+#[test]
+fn an_interrupted_per_generation_download_is_listed_kept_by_gc_and_resumed() {
+    use migration::report::progress::Progress;
+    for generation in ["v26", "v27"] {
+        let v = V26::start(generation);
+        let (device, dl) = v.open();
+        migration::refresh(&device, &migration::Run::new(&dl)).unwrap();
+        let root = v.root();
+        let models = v.data().join("models");
+        let sc2_dir = root.join("sc2");
+        let record_with_a_piece = || {
+            (staged_names(&sc2_dir).iter())
+                .filter(|n| n.ends_with(".state") && !n.starts_with('.'))
+                .find_map(|n| {
+                    let text = fs::read_to_string(sc2_dir.join(downloader::STAGING_DIR).join(n));
+                    text.ok().filter(|t| t.lines().count() >= 2)
+                })
+        };
+        // Cut the chunk set `sc2` once a piece is recorded (slow enough to be cut mid-way).
+        v.server.set_rate_per_conn(Some(64 * 1024));
+        let cancel = CancelToken::new();
+        let cut = migration::install_target(&device, &dl, &v.target("sc2"), "SC2", &cancel, &|p| {
+            if matches!(p, Progress::Percent(_)) && record_with_a_piece().is_some() {
+                cancel.cancel();
+            }
+        });
+        assert!(cut.is_err(), "{generation}: the download was cut");
+        v.server.set_rate_per_conn(None);
+        let record = record_with_a_piece().expect("a piece recorded");
+        assert!(
+            !sc2_dir.join("sc2_driving_tinygrad.pkl").exists(),
+            "{generation}"
+        );
+
+        let s = migration::report::status(&device, crate::common::tree()).unwrap();
+        assert_eq!(s.interrupted_downloads.len(), 1, "{generation}: {s:?}");
+        let d = &s.interrupted_downloads[0];
+        let size = v.published.iter().find(|p| p.0 == "sc2").unwrap().2;
+        assert_eq!(
+            (d.id.as_deref(), d.file.as_str(), d.size, d.current),
+            (Some("sc2"), "sc2_driving_tinygrad.pkl", size, true),
+            "{generation}"
+        );
+        assert!(
+            d.done_bytes > 0 && d.done_bytes < size,
+            "{generation}: {d:?} {record:?}"
+        );
+
+        // Leftovers no download can use: a model gone from the catalog, another digest of
+        // pop223, and v25's staging directory; upstream's temporary beside them stays.
+        let stage = |dir: &Path, sha: &str, file: &str| -> [String; 2] {
+            let staging = dir.join(downloader::STAGING_DIR);
+            fs::create_dir_all(&staging).unwrap();
+            let data = format!("{}-{file}", &sha[..16]);
+            fs::write(staging.join(&data), vec![1u8; 1000]).unwrap();
+            let state = format!("{data}.state");
+            fs::write(staging.join(&state), format!("{sha} 1000 256\n1\n")).unwrap();
+            [data, state]
+        };
+        let other = "ef".repeat(32);
+        let gone = stage(
+            &root.join("gone223"),
+            &other,
+            "gone223_driving_tinygrad.pkl",
+        );
+        fs::write(root.join("gone223/tmp_upstream"), b"upstream's").unwrap();
+        let stale = stage(&root.join("pop223"), &other, "pop223_driving_tinygrad.pkl");
+        let pop_sha = v.sha("pop223");
+        let resumable = stage(
+            &root.join("pop223"),
+            &pop_sha,
+            "pop223_driving_tinygrad.pkl",
+        );
+        let v25 = stage(&models, &pop_sha, "pop223_driving_tinygrad.pkl");
+        let mut want: Vec<String> = (gone.iter().map(|n| (format!("{generation}/gone223"), n)))
+            .chain(stale.iter().map(|n| (format!("{generation}/pop223"), n)))
+            .map(|(dir, n)| format!("{dir}/{}/{n}", downloader::STAGING_DIR))
+            .chain(
+                v25.iter()
+                    .map(|n| format!("{}/{n}", downloader::STAGING_DIR)),
+            )
+            .collect();
+        want.sort();
+        let before = snapshot(&models);
+        // Of what `gc` removes, the staged files (the rest is the flat layout's own sweep).
+        let staged_only = |mut names: Vec<String>| {
+            names.retain(|n| n.contains(downloader::STAGING_DIR));
+            names.sort();
+            names
+        };
+        let planned = staged_only(migration::gc(&device.planning()).unwrap());
+        assert_eq!(planned, want, "{generation}: gc --dry-run");
+        assert_eq!(
+            snapshot(&models),
+            before,
+            "{generation}: the dry run wrote nothing"
+        );
+        let removed = staged_only(migration::gc(&device).unwrap());
+        assert_eq!(removed, want, "{generation}: gc");
+        assert!(
+            !root.join("gone223").join(downloader::STAGING_DIR).exists(),
+            "{generation}: the emptied staging directory goes"
+        );
+        assert!(root.join("gone223/tmp_upstream").exists(), "{generation}");
+        assert_eq!(staged_names(&models), Vec::<String>::new(), "{generation}");
+        assert_eq!(
+            staged_names(&root.join("pop223")),
+            resumable.to_vec(),
+            "{generation}"
+        );
+        assert!(
+            staged_names(&sc2_dir)
+                .iter()
+                .any(|n| n.ends_with(".state") && !n.starts_with('.')),
+            "{generation}: the interrupted download is kept"
+        );
+        for f in ["catalog.json", ".download-job.json"] {
+            assert!(root.join(f).exists(), "{generation} {f}");
+        }
+
+        // The next download resumes: no piece the record holds is fetched again.
+        let done: Vec<usize> = (record.lines().skip(1))
+            .filter(|l| !l.contains(' '))
+            .map(|l| l.parse().unwrap())
+            .collect();
+        assert!(!done.is_empty(), "{generation}: {record}");
+        v.server.clear_requests();
+        migration::install_target(
+            &device,
+            &dl,
+            &v.target("sc2"),
+            "SC2",
+            &CancelToken::new(),
+            &|_| {},
+        )
+        .unwrap_or_else(|e| panic!("{generation}: {e}"))
+        .expect("installed");
+        let asked: Vec<String> = v.server.requests().into_iter().map(|r| r.path).collect();
+        for i in done {
+            let piece = format!(".chunk{i:02}of03");
+            assert!(
+                !asked.iter().any(|p| p.ends_with(&piece)),
+                "{generation}: {piece} fetched again: {asked:?}"
+            );
+        }
+        let entries = v.runtime().catalog(&root);
+        assert!(
+            crate::upstream_v26::Runtime::verified_artifact(&root, "sc2", &entries).is_some(),
+            "{generation}"
+        );
+        let s = migration::report::status(&device, crate::common::tree()).unwrap();
+        let left: Vec<_> = (s.interrupted_downloads.iter())
+            .map(|d| d.id.as_deref())
+            .collect();
+        assert_eq!(left, [Some("pop223")], "{generation}: only the one gc kept");
+    }
+}

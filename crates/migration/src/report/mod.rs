@@ -428,7 +428,7 @@ pub fn status(device: &Device, tree: crate::state::tree::TreeStatus) -> Result<S
         fallback: fallback(device, view.choice(), catalog)?,
         interrupted_migration: view.journal().cloned(),
         interrupted_downloads: interrupted_downloads(
-            &downloader::interrupted::staged_downloads(&device.models_dir()),
+            &staged_downloads(device),
             catalog,
             device.contract(),
         ),
@@ -450,6 +450,17 @@ pub fn status(device: &Device, tree: crate::state::tree::TreeStatus) -> Result<S
         tree,
         another_manager: render::AnotherManager::of(device),
     })
+}
+
+/// The downloads left unfinished in the staging directory of every artifact directory the
+/// device's layout downloads into (flat: `<models>`; per generation: each model's directory),
+/// by file name.
+fn staged_downloads(device: &Device) -> Vec<downloader::interrupted::StagedDownload> {
+    let mut staged: Vec<_> = (device.files().staging_parents().iter())
+        .flat_map(|dir| downloader::interrupted::staged_downloads(dir))
+        .collect();
+    staged.sort_by(|a, b| a.file.cmp(&b.file));
+    staged
 }
 
 /// The catalog's models (but the built-in) that are on the device, each with its state.

@@ -853,9 +853,13 @@ pub fn gc(device: &Device) -> Result<Vec<String>> {
     Ok(plan)
 }
 
-/// `gc` of the staging directory: staged files and records no plan of `catalog` can use
-/// (`downloader::unusable_staged`: another digest, a model gone), named
-/// `<staging dir>/<name>`; listed only on [`Device::planning`].
+/// `gc` of the staging directories: in each one the layout downloads into
+/// (`DeviceFiles::staging_parents`: `<models>`, or every model's directory under `<gen>/`),
+/// staged files and records no plan of `catalog` can use (`downloader::unusable_staged`:
+/// another digest, a model gone); per generation also every staged file and record of v25's
+/// `<models>/.starpilot-staging`, which it no longer downloads into. Named relative to
+/// `<models>` (`.starpilot-staging/<name>`, `v26/<id>/.starpilot-staging/<name>`); removed
+/// unless on [`Device::planning`].
 fn gc_staging(device: &Device, catalog: &manifest::Manifest) -> Result<Vec<String>> {
     let targets: Vec<downloader::Target> = (catalog.models().iter())
         .flat_map(entry_targets(device.contract()))
@@ -872,12 +876,28 @@ fn gc_staging(device: &Device, catalog: &manifest::Manifest) -> Result<Vec<Strin
             sha256_hex: h.as_deref(),
         })
         .collect();
-    let removed =
-        downloader::collect_unusable(&device.models_dir(), &usable, device.effects().is_plan())?;
-    Ok(removed
+    let files = device.files();
+    let plan = device.effects().is_plan();
+    // The staging directories this layout downloads into keep what a download may resume; one
+    // it no longer downloads into (v25's, on a per-generation device) keeps nothing.
+    let dirs = (files
+        .staging_parents()
         .into_iter()
-        .map(|n| format!("{}/{n}", downloader::STAGING_DIR))
-        .collect())
+        .map(|d| (d, &usable[..])))
+    .chain(files.retired_staging_parent().map(|d| (d, &[][..])));
+    let mut removed = Vec::new();
+    for (dir, usable) in dirs {
+        let staging = dir.join(downloader::STAGING_DIR);
+        for n in downloader::collect_unusable(&dir, usable, plan)? {
+            removed.push(files.models_relative(&staging.join(n)));
+        }
+        // Per generation a model's directory holds its artifacts only: an emptied staging
+        // directory goes, as after an install (`remove_dir` takes an empty one only).
+        if !plan && files.generation_files().is_some() {
+            let _ = std::fs::remove_dir(&staging);
+        }
+    }
+    Ok(removed)
 }
 
 /// A Python temporary as `gc` sees it: its age from its mtime, and whether a process holds it

@@ -139,6 +139,40 @@ impl DeviceFiles {
         }
     }
 
+    /// The artifact directories on the device whose staging directory a download of this
+    /// layout may have left ([`downloader::STAGING_DIR`] under each), sorted: flat, `<models>`;
+    /// per generation, every model's directory under `<gen>/` (a directory named as a model id,
+    /// never a link), whether or not the catalog still lists it. Read-only.
+    pub fn staging_parents(&self) -> Vec<PathBuf> {
+        if self.generation_files().is_none() {
+            return vec![self.models.clone()];
+        }
+        let Ok(rd) = std::fs::read_dir(self.root()) else {
+            return Vec::new();
+        };
+        let mut dirs: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter(|e| (e.file_name().to_str()).is_some_and(|n| n.parse::<ModelId>().is_ok()))
+            .map(|e| e.path())
+            .collect();
+        dirs.sort();
+        dirs
+    }
+
+    /// A staging directory of an earlier layout this one no longer downloads into: per
+    /// generation, the flat layout's `<models>` (v25's `<models>/.starpilot-staging`); flat,
+    /// none.
+    pub fn retired_staging_parent(&self) -> Option<PathBuf> {
+        self.generation_files().map(|_| self.models.clone())
+    }
+
+    /// A path under `<models>` as `gc` names it (relative to `<models>`).
+    pub fn models_relative(&self, path: &Path) -> String {
+        let rel = path.strip_prefix(&self.models).unwrap_or(path);
+        rel.to_string_lossy().into_owned()
+    }
+
     /// After an install into `id`'s directory: per generation, a model's directory holds its
     /// artifacts only, so the downloader's staging directory, empty after a finished install,
     /// is removed (one left non-empty by an interrupted download stays for its resume). Flat:
