@@ -232,8 +232,7 @@ impl Downloader {
     }
 
     /// Read manifests and artifacts as a device of `contract` does, with the tree's
-    /// declaration (its reviewed catalog bounds a v26 manifest's entries). The configured
-    /// [`DownloadConfig::space_margin`] is raised to the contract's download headroom.
+    /// declaration (its reviewed catalog bounds a v26 manifest's entries).
     pub fn with_contract(
         mut self,
         contract: &'static manifest::Contract,
@@ -241,11 +240,14 @@ impl Downloader {
     ) -> Self {
         self.contract = contract;
         self.tree = tree.map(std::sync::Arc::new);
-        // The contract's headroom is a floor: a device of it never starts a download with less
-        // free than the artifact plus that (v26: 256 MiB), whatever margin was configured.
-        let floor = contract.download_headroom_bytes;
-        self.config.space_margin = self.config.space_margin.max(floor);
         self
+    }
+
+    /// Free space a download needs beyond the artifact: the configured
+    /// [`DownloadConfig::space_margin`], at least the contract's download headroom (v26: 256 MiB;
+    /// [`manifest::Contract::download_margin`]).
+    pub fn space_margin(&self) -> u64 {
+        self.contract.download_margin(self.config.space_margin)
     }
 
     /// The contract this downloader reads manifests and fetches artifacts under.
@@ -732,7 +734,7 @@ mod tests {
                 let dl = Downloader::new(Origins::new("http://h", "http://g"), config)
                     .with_contract(pins.contract(Generation::new(generation)), None);
                 assert_eq!(
-                    dl.config().space_margin,
+                    dl.space_margin(),
                     want,
                     "v{generation}, --space-margin-mib {}",
                     configured / MIB

@@ -468,6 +468,32 @@ fn full_disk_is_refused_before_writing() {
     assert_eq!(staged, 0, "nothing was staged");
 }
 
+/// The contract's download headroom is what a download checks free space against, not only the
+/// configured margin: a made-up contract (v25's rules) that asks for more headroom than any disk
+/// has refuses the download with margin 0 before a byte is staged, the installed file untouched.
+#[test]
+fn the_contracts_headroom_is_checked_before_writing() {
+    let w = world();
+    let (_, m) = w.publish("pop223", 12, 3 * CHUNK, true, false);
+    let base = manifest::contract::ContractName::V25.contract();
+    let greedy: &'static manifest::Contract = Box::leak(Box::new(manifest::Contract {
+        download_headroom_bytes: u64::MAX / 2,
+        ..*base
+    }));
+    fs::write(w.models.join("pop223_driving_tinygrad.pkl"), b"previous").unwrap();
+    let entry = m.get(&"pop223".parse().unwrap()).unwrap();
+    let err = w
+        .downloader(config())
+        .with_contract(greedy, None)
+        .download(generation(), entry, &w.models, &CancelToken::new(), &|_| {})
+        .unwrap_err();
+    assert!(matches!(err, Error::InsufficientSpace { .. }), "{err}");
+    let staged = fs::read_dir(w.models.join(STAGING_DIR)).map_or(0, |d| d.count());
+    assert_eq!(staged, 0, "nothing was staged");
+    let previous = fs::read(w.models.join("pop223_driving_tinygrad.pkl")).unwrap();
+    assert_eq!(previous, b"previous");
+}
+
 /// `plan_target` (a dry run's view) learns what a download would fetch with the small requests
 /// a download makes first, never a payload byte, and writes nothing, not even the staging
 /// directory.

@@ -443,6 +443,13 @@ pub const CONTRACTS: [Contract; 2] = [
 pub const BASE_CONTRACT: ContractName = ContractName::V25;
 
 impl Contract {
+    /// Free space a download needs beyond the artifact on a device of this contract when
+    /// `configured` is asked for: the contract's [`Contract::download_headroom_bytes`] is a floor,
+    /// a larger configured margin stands.
+    pub fn download_margin(&self, configured: u64) -> u64 {
+        configured.max(self.download_headroom_bytes)
+    }
+
     /// `<id>_driving_<infix>_tinygrad.pkl`, the accelerator variant's file.
     pub fn accelerator_file_name(&self, id: &ModelId) -> String {
         format!("{id}_driving_{}_tinygrad.pkl", self.accelerator.file_infix)

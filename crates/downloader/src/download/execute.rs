@@ -320,7 +320,7 @@ fn transfer(
         &target.local_name,
         &plan,
         &pieces,
-        job.config.space_margin,
+        job.contract.download_margin(job.config.space_margin),
     ) {
         Ok(staging) => staging,
         // The origin's answer comes before any error of ours, as when it is asked first.

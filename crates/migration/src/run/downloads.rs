@@ -257,7 +257,7 @@ pub fn plan(device: &Device, dl: &Downloader, id: Option<&ModelId>) -> Result<Do
     let mut space = SpaceUse {
         free: free_bytes(device),
         needed: 0,
-        margin: dl.config().space_margin,
+        margin: dl.space_margin(),
     };
     let mut models = Vec::new();
     for entry in &entries {
