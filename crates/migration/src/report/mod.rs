@@ -185,7 +185,7 @@ pub fn interrupted_downloads(
     contract: &'static manifest::Contract,
 ) -> Vec<InterruptedDownload> {
     let targets: Vec<downloader::Target> = (catalog.iter())
-        .flat_map(|c| c.models().iter().flat_map(entry_targets(contract)))
+        .flat_map(|c| c.models().iter().flat_map(|e| entry_targets(e, contract)))
         .collect();
     staged
         .iter()
@@ -225,7 +225,7 @@ pub fn not_installable(
         if contract::kind(e.id()) == ModelKind::BuiltIn {
             continue;
         }
-        for t in entry_targets(contract)(e) {
+        for t in entry_targets(e, contract) {
             if let Err(missing) = downloader::trust::target_rule(protected, &t) {
                 out.push(NotInstallable {
                     id: e.id().to_string(),

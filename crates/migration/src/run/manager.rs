@@ -772,18 +772,17 @@ pub(crate) fn variant_in_place(device: &Device, target: &downloader::Target) -> 
 /// An entry's artifact and its accelerator build, those that make a download target on a
 /// device of `contract` (its artifact format and accelerator rule).
 pub(crate) fn entry_targets(
+    e: &ModelEntry,
     contract: &'static manifest::Contract,
-) -> impl Fn(&ModelEntry) -> Vec<downloader::Target> {
-    move |e| {
-        let variant = downloader::Target::accelerator_variant(e, contract)
-            .ok()
-            .flatten();
-        (downloader::Target::from_entry_for(e, contract)
-            .ok()
-            .into_iter())
-        .chain(variant)
-        .collect()
-    }
+) -> Vec<downloader::Target> {
+    let variant = downloader::Target::accelerator_variant(e, contract)
+        .ok()
+        .flatten();
+    (downloader::Target::from_entry_for(e, contract)
+        .ok()
+        .into_iter())
+    .chain(variant)
+    .collect()
 }
 
 /// Where `target` is installed on `device`.
@@ -862,7 +861,7 @@ pub fn gc(device: &Device) -> Result<Vec<String>> {
 /// unless on [`Device::planning`].
 fn gc_staging(device: &Device, catalog: &manifest::Manifest) -> Result<Vec<String>> {
     let targets: Vec<downloader::Target> = (catalog.models().iter())
-        .flat_map(entry_targets(device.contract()))
+        .flat_map(|e| entry_targets(e, device.contract()))
         .collect();
     let hexes: Vec<Option<String>> = targets
         .iter()
