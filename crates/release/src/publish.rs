@@ -861,7 +861,7 @@ mod tests {
     }
 
     /// Messages about a `github:` store name branch paths; other stores keep bucket paths. For
-    /// v25 and a made-up v26.
+    /// v25, v26 and a made-up v27.
     #[test]
     fn github_messages_use_branch_paths() {
         let gh = StoreName {
@@ -873,7 +873,7 @@ mod tests {
             layout: manifest::StoreLayout::HfBucket,
         };
         let local = artifact_store::LocalStore::new("/srv/store").name();
-        for generation in ["v25", "v26"] {
+        for generation in ["v25", "v26", "v27"] {
             let cases = [
                 (
                     &gh,

@@ -553,11 +553,11 @@ impl Rebuild {
 
     /// Build every planned model that is not done, record each outcome, and write the
     /// manifest. Only I/O errors of the workspace itself end it with `Err`; model failures are
-    /// in the summary ([`Summary::result`]). Overlapping with the compiles what `overlap` asks: the next model's
-    /// sources fetched while one compiles (when the builder has a [`Builder::fetcher`]), each
-    /// model validated right after its compile, each finished (and passing) model uploaded by
-    /// a background worker while the next compiles. The manifest is written last;
-    /// no store ever gets one from here.
+    /// in the summary ([`Summary::result`]). Overlapping with the compiles what `overlap` asks:
+    /// the next model's sources fetched while one compiles (when the builder has a
+    /// [`Builder::fetcher`]), each model validated right after its compile, each finished (and
+    /// passing) model uploaded by a background worker while the next compiles. The manifest is
+    /// written last; no store ever gets one from here.
     pub fn run_with(
         &self,
         builder: &mut dyn Builder,

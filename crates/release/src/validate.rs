@@ -115,8 +115,9 @@ impl DeviceValidation<'_> {
 }
 
 /// The device's verdict written as the validation record at `record` (what the publish gate
-/// reads; per camera resolution, the device's own JSON kept unchanged), and whether it passes: every resolution passed and, where `contract` bounds the
-/// p95 latency, the device reported one within the bound.
+/// reads; per camera resolution, the device's own JSON kept unchanged), and whether it passes:
+/// every resolution passed and, where `contract` bounds the p95 latency, the device reported
+/// one within the bound.
 pub fn record_verdict(
     id: &ModelId,
     version: BehaviorVersion,

@@ -38,10 +38,10 @@ pub struct RebuildArgs {
     /// manifest, and never over other bytes the store holds under their names: publish replaces
     /// those after its gates) to this store from a background worker while the next model
     /// compiles, as publish uploads them (same store forms as publish's --to; repeat for
-    /// several, the Hub before GitHub). Recorded in results/<id>.upload.json once the store has them; a rerun
-    /// skips what is recorded and still there, and publish, still gated as always, then
-    /// uploads only what is missing and the manifest last. A failed upload does not stop the
-    /// compiles: the summary names it and publish uploads it.
+    /// several, the Hub before GitHub). Recorded in results/<id>.upload.json once the store has
+    /// them; a rerun skips what is recorded and still there, and publish, still gated as
+    /// always, then uploads only what is missing and the manifest last. A failed upload does
+    /// not stop the compiles: the summary names it and publish uploads it.
     #[arg(long = "upload-to", value_name = "STORE", value_parser = StoreSpec::parse)]
     pub upload_to: Vec<StoreSpec>,
     /// Validate each model on the device right after its compile, as `validate --model ID
