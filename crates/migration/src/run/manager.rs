@@ -520,10 +520,10 @@ fn purge(device: &Device, from: Option<&str>) -> Result<Vec<String>> {
     for name in &plan {
         device.effects().purge(&dir, name)?;
     }
+    let files = device.files();
     for (sub, name) in device.previous_artifacts(from)? {
         device.effects().purge(&sub, &name)?;
-        let rel = sub.strip_prefix(&dir).unwrap_or(&sub).join(&name);
-        plan.push(rel.display().to_string());
+        plan.push(files.models_relative(&sub.join(&name)));
     }
     Ok(plan)
 }
@@ -724,12 +724,7 @@ fn within_budget(device: &Device, target: &downloader::Target) -> Result<String>
 /// `target`'s name in the daily ledger: its path under the models directory, under the
 /// generation it is of (`v25/<id>_driving_tinygrad.pkl`, `v26/<id>/…`).
 fn artifact_name(device: &Device, target: &downloader::Target) -> String {
-    let path = target_path(device, target);
-    let rel = path
-        .strip_prefix(device.models_dir())
-        .unwrap_or(&path)
-        .to_string_lossy()
-        .into_owned();
+    let rel = device.files().models_relative(&target_path(device, target));
     // A flat layout gives every generation's build of a model the same file name: the ledger
     // names the generation too, so the bytes of the generation moved from are not counted
     // against the new generation's artifact.

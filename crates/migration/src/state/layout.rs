@@ -167,7 +167,7 @@ impl DeviceFiles {
         self.generation_files().map(|_| self.models.clone())
     }
 
-    /// A path under `<models>` as `gc` names it (relative to `<models>`).
+    /// A path under `<models>` relative to it, as `gc`, a purge and the daily ledger name it.
     pub fn models_relative(&self, path: &Path) -> String {
         let rel = path.strip_prefix(&self.models).unwrap_or(path);
         rel.to_string_lossy().into_owned()
