@@ -702,7 +702,7 @@ fn download_in_layout(
             Ok(dl.download_target(generation, target, &dir, cancel, &|e| on_event(e, publish))?)
         },
     )?;
-    files.tidy_after_install(&target.id);
+    files.tidy_staging(&dir);
     Ok(installed)
 }
 
@@ -886,10 +886,9 @@ fn gc_staging(device: &Device, catalog: &manifest::Manifest) -> Result<Vec<Strin
         for n in downloader::collect_unusable(&dir, usable, plan)? {
             removed.push(files.models_relative(&staging.join(n)));
         }
-        // Per generation a model's directory holds its artifacts only: an emptied staging
-        // directory goes, as after an install (`remove_dir` takes an empty one only).
-        if !plan && files.generation_files().is_some() {
-            let _ = std::fs::remove_dir(&staging);
+        // An emptied staging directory goes, as after an install.
+        if !plan {
+            files.tidy_staging(&dir);
         }
     }
     Ok(removed)
