@@ -520,10 +520,10 @@ fn purge(device: &Device, from: Option<&str>) -> Result<Vec<String>> {
     for name in &plan {
         device.effects().purge(&dir, name)?;
     }
+    let files = device.files();
     for (sub, name) in device.previous_artifacts(from)? {
         device.effects().purge(&sub, &name)?;
-        let rel = sub.strip_prefix(&dir).unwrap_or(&sub).join(&name);
-        plan.push(rel.display().to_string());
+        plan.push(files.models_relative(&sub.join(&name)));
     }
     Ok(plan)
 }
@@ -702,7 +702,7 @@ fn download_in_layout(
             Ok(dl.download_target(generation, target, &dir, cancel, &|e| on_event(e, publish))?)
         },
     )?;
-    files.tidy_after_install(&target.id);
+    files.tidy_staging(&dir);
     Ok(installed)
 }
 
@@ -724,12 +724,7 @@ fn within_budget(device: &Device, target: &downloader::Target) -> Result<String>
 /// `target`'s name in the daily ledger: its path under the models directory, under the
 /// generation it is of (`v25/<id>_driving_tinygrad.pkl`, `v26/<id>/…`).
 fn artifact_name(device: &Device, target: &downloader::Target) -> String {
-    let path = target_path(device, target);
-    let rel = path
-        .strip_prefix(device.models_dir())
-        .unwrap_or(&path)
-        .to_string_lossy()
-        .into_owned();
+    let rel = device.files().models_relative(&target_path(device, target));
     // A flat layout gives every generation's build of a model the same file name: the ledger
     // names the generation too, so the bytes of the generation moved from are not counted
     // against the new generation's artifact.
@@ -890,10 +885,9 @@ fn gc_staging(device: &Device, catalog: &manifest::Manifest) -> Result<Vec<Strin
         for n in downloader::collect_unusable(&dir, usable, plan)? {
             removed.push(files.models_relative(&staging.join(n)));
         }
-        // Per generation a model's directory holds its artifacts only: an emptied staging
-        // directory goes, as after an install (`remove_dir` takes an empty one only).
-        if !plan && files.generation_files().is_some() {
-            let _ = std::fs::remove_dir(&staging);
+        // An emptied staging directory goes, as after an install.
+        if !plan {
+            files.tidy_staging(&dir);
         }
     }
     Ok(removed)

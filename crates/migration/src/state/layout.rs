@@ -167,20 +167,20 @@ impl DeviceFiles {
         self.generation_files().map(|_| self.models.clone())
     }
 
-    /// A path under `<models>` as `gc` names it (relative to `<models>`).
+    /// A path under `<models>` relative to it, as `gc`, a purge and the daily ledger name it.
     pub fn models_relative(&self, path: &Path) -> String {
         let rel = path.strip_prefix(&self.models).unwrap_or(path);
         rel.to_string_lossy().into_owned()
     }
 
-    /// After an install into `id`'s directory: per generation, a model's directory holds its
-    /// artifacts only, so the downloader's staging directory, empty after a finished install,
-    /// is removed (one left non-empty by an interrupted download stays for its resume). Flat:
-    /// the staging directory is shared by every model and stays.
-    pub fn tidy_after_install(&self, id: &ModelId) {
+    /// After an install into artifact directory `dir`, or `gc`'s sweep of it: per generation,
+    /// a model's directory holds its artifacts only, so the downloader's staging directory, once
+    /// empty, is removed (one left non-empty by an interrupted download stays for its resume).
+    /// Flat: the staging directory is shared by every model and stays.
+    pub fn tidy_staging(&self, dir: &Path) {
         if self.generation_files().is_some() {
             // `remove_dir` removes an empty directory only, and never follows a symlink.
-            let _ = std::fs::remove_dir(self.artifact_dir(id).join(downloader::STAGING_DIR));
+            let _ = std::fs::remove_dir(dir.join(downloader::STAGING_DIR));
         }
     }
 
