@@ -483,3 +483,42 @@ fn a_listed_model_in_no_store_is_refused_before_any_upload_to_every_store() {
         }
     }
 }
+
+/// Publish's plain-file rule, per generation as the pin table gives its contract (v25; v26
+/// recorded with upstream's v26 contract; a made-up v27 inheriting it): a model whose entry
+/// says `artifact_chunk_count` 0 is read as one plain file in `<id>/` where the contract
+/// publishes an artifact of one chunk so (v26 and on), and refused where release builds are
+/// chunk sets (v25).
+#[test]
+fn a_models_plain_file_is_published_only_where_the_contract_allows_one() {
+    use artifact_store::Refusal;
+    use artifact_store::publish::prepare_local_for;
+    use manifest::contract::ContractName;
+    let t = tempfile::tempdir().unwrap();
+    let m = model("pop", 7, 1_800);
+    let mut e = entry(m.id, &m.data, "Pop");
+    e["artifact_chunk_count"] = json!(0);
+    let manifest = manifest_of(vec![e]);
+    let dir = t.path().join("artifacts");
+    std::fs::create_dir_all(dir.join("pop")).unwrap();
+    std::fs::write(dir.join("pop/pop_driving_tinygrad.pkl"), &m.data).unwrap();
+    let mut pins = PinTable::builtin();
+    pins.record_contract(Generation::new(26), ContractName::V26)
+        .unwrap();
+    for (generation, plain_ok) in [(25, false), (26, true), (27, true)] {
+        let contract = pins.contract(Generation::new(generation));
+        let got = prepare_local_for(&dir, &manifest, contract);
+        if !plain_ok {
+            assert!(
+                matches!(got, Err(Error::Refused(Refusal::PlainFileCount { .. }))),
+                "v{generation}: {got:?}"
+            );
+            continue;
+        }
+        let local = got.unwrap_or_else(|e| panic!("v{generation}: {e}"));
+        assert_eq!(local.len(), 1, "v{generation}");
+        let names: Vec<&str> = local[0].files.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["pop_driving_tinygrad.pkl"], "v{generation}");
+        assert_eq!(local[0].files[0].size, m.data.len() as u64, "v{generation}");
+    }
+}

@@ -394,6 +394,12 @@ mod tests {
         for (c, gpu, want) in table {
             assert_eq!(locals(&e, c, gpu), want, "{} {gpu:?}", c.name_str);
         }
+        // A made-up v27 inherits v26's contract from the pin table, and with it the amd build.
+        let mut pins = manifest::PinTable::builtin();
+        pins.record_contract(manifest::Generation::new(26), ContractName::V26)
+            .unwrap();
+        let v27 = pins.contract(manifest::Generation::new(27));
+        assert_eq!(locals(&e, v27, Chestnut::Ready), table[0].2);
         let amd = Target::accelerator_variant(&e, v26).unwrap().unwrap();
         assert_eq!(
             (amd.remote_name.as_str(), amd.size, amd.chunk_count),

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use fs_err as fs;
 
-use crate::staging::{MAX_STATE_BYTES, STAGING_DIR};
+use crate::staging::{MAX_STATE_BYTES, STAGING_DIR, staged_parts};
 
 /// One unfinished download: the file it installs, the digest it is for, how far it got.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,10 +69,8 @@ pub fn staged_downloads(models_dir: &Path) -> Vec<StagedDownload> {
         .filter_map(|e| e.file_name().into_string().ok())
         .filter_map(|name| {
             let data = name.strip_suffix(".state")?;
-            let (sha, file) = data.split_once('-')?;
-            if sha.len() != 16 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return None;
-            }
+            let (sha, file) = staged_parts(&name)
+                .filter(|(sha, _)| sha.bytes().all(|b| b.is_ascii_hexdigit()))?;
             let bytes = chunker::bounded::read_capped(&dir.join(&name), MAX_STATE_BYTES)
                 .ok()
                 .flatten()?;

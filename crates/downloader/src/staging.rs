@@ -287,7 +287,7 @@ pub(crate) fn staging_names(sha_hex: &str, local_name: &str) -> (String, String)
 }
 
 /// `(sha16, local name)` of a name of the staging files' shape `<sha16>-<local name>[.state]`.
-fn staged_parts(name: &str) -> Option<(&str, &str)> {
+pub(crate) fn staged_parts(name: &str) -> Option<(&str, &str)> {
     let base = name.strip_suffix(".state").unwrap_or(name);
     base.split_once('-').filter(|(sha, _)| sha.len() == 16)
 }

@@ -591,13 +591,9 @@ impl Run<'_> {
 
     /// Wait for the origin's answer ([`Run::settle`]); whether it confirmed the plan.
     fn wait_confirmed(&self) -> bool {
-        let mut confirmed = self.confirmed.lock().unwrap();
-        loop {
-            if let Some(same) = *confirmed {
-                return same;
-            }
-            confirmed = self.settled.wait(confirmed).unwrap();
-        }
+        let confirmed = self.confirmed.lock().unwrap();
+        let confirmed = self.settled.wait_while(confirmed, |c| c.is_none()).unwrap();
+        *confirmed == Some(true)
     }
 
     fn fail(&self, e: Error) {

@@ -110,9 +110,7 @@ pub(crate) fn implied_plan(target: &Target, count_from_manifest: bool) -> Option
 /// when that fits the same way; else `None`. A guess, confirmed by the origin. Pure.
 pub(crate) fn implied_chunk_len(size: u64, count: u32) -> Option<u64> {
     let n = u64::from(count);
-    let fits = |len: u64| {
-        len > 0 && len.checked_mul(n - 1).is_some_and(|b| b < size) && size <= len.saturating_mul(n)
-    };
+    let fits = |len: u64| len > 0 && chunker::chunk_count_for(size, len) == n;
     match count {
         0 => None,
         1 => Some(size),
