@@ -12,6 +12,17 @@ use artifact_store::retry::RetryPolicy;
 use artifact_store::{LocalStore, Store};
 use manifest::layout::CURRENT_GENERATION;
 
+/// What every publish here asks for: the current generation, one try, no deep verification.
+fn opts() -> PublishOptions {
+    PublishOptions {
+        generation: CURRENT_GENERATION,
+        dry_run: false,
+        retry: RetryPolicy::immediate(1),
+        deep_verify: false,
+        contract: Default::default(),
+    }
+}
+
 #[test]
 fn the_last_look_before_the_manifest_reads_no_artifact_bytes() {
     let t = tempfile::tempdir().unwrap();
@@ -24,13 +35,7 @@ fn the_last_look_before_the_manifest_reads_no_artifact_bytes() {
         remote: true,
         ..Recording::new(LocalStore::new(t.path().join("store")))
     };
-    let opts = PublishOptions {
-        generation: CURRENT_GENERATION,
-        dry_run: false,
-        retry: RetryPolicy::immediate(1),
-        deep_verify: false,
-        contract: Default::default(),
-    };
+    let opts = opts();
     publish(&manifest, &artifacts, &[&store], &opts, &mut |_| {}).unwrap();
     assert_eq!(read_artifact(&store.inner, m.id), m.data);
     assert_eq!(
@@ -80,13 +85,7 @@ fn recorded_uploads_are_not_read_back_and_an_upload_writes_no_manifest() {
         .iter()
         .map(|f| (format!("models/v25/pop/{}", f.name), (f.size, f.sha256)))
         .collect();
-    let opts = PublishOptions {
-        generation: CURRENT_GENERATION,
-        dry_run: false,
-        retry: RetryPolicy::immediate(1),
-        deep_verify: false,
-        contract: Default::default(),
-    };
+    let opts = opts();
     let before = store.reads.load(Ordering::SeqCst);
     let report = publish_known(
         &manifest,
@@ -116,13 +115,7 @@ fn an_upload_never_replaces_files_the_store_holds() {
     let old = model("pop", 1, 6_000);
     let manifest = manifest_of(vec![entry(old.id, &old.data, "Pop")]);
     let store = LocalStore::new(t.path().join("store"));
-    let opts = PublishOptions {
-        generation: CURRENT_GENERATION,
-        dry_run: false,
-        retry: RetryPolicy::immediate(1),
-        deep_verify: false,
-        contract: Default::default(),
-    };
+    let opts = opts();
     let first = artifacts_dir(&t.path().join("old"), &[&old]);
     publish(&manifest, &first, &[&store], &opts, &mut |_| {}).unwrap();
     let new = model("pop", 2, 6_000);
@@ -198,13 +191,7 @@ fn a_stale_record_does_not_stand_for_a_chunk_set_replaced_since() {
             }
             .unwrap();
         }
-        let opts = PublishOptions {
-            generation: CURRENT_GENERATION,
-            dry_run: false,
-            retry: RetryPolicy::immediate(1),
-            deep_verify: false,
-            contract: Default::default(),
-        };
+        let opts = opts();
         let report = publish_known(
             &manifest,
             &artifacts,
@@ -248,13 +235,7 @@ fn an_upload_never_overwrites_a_plain_file_the_store_holds() {
         (manifest_of(vec![e]), dir, data)
     };
     let store = LocalStore::new(t.path().join("store"));
-    let opts = PublishOptions {
-        generation: CURRENT_GENERATION,
-        dry_run: false,
-        retry: RetryPolicy::immediate(1),
-        deep_verify: false,
-        contract: Default::default(),
-    };
+    let opts = opts();
     let (live, first, live_variant) = variant(31);
     publish(&live, &first, &[&store], &opts, &mut |_| {}).unwrap();
     let (rebuilt, second, _) = variant(32);
